@@ -1,1 +1,106 @@
-/* placeholder: being written */
+/*
+ * account.c - the slow path of memtally_account() (memtally.h).
+ *
+ * The fast path keeps `biased = drift + T` in [0, 2T] for a set-up thread
+ * (T = threshold). Anything outside, including a brand-new thread whose
+ * state is all zero, lands here: publish the drift, re-centre the window,
+ * and make sure the thread's drift is flushed when it exits.
+ */
+#define _GNU_SOURCE
+#include "client_internal.h"
+
+#include <pthread.h>
+
+__thread struct memtally__tls memtally__t MTC_TLS;
+
+/* Per thread: lane state and the threshold the current window uses. */
+static __thread struct {
+	struct mtc_thread th;
+	uint64_t half; /* T of the current window; 0 for a new thread */
+	uint8_t key_set;
+} acc MTC_TLS;
+
+static pthread_key_t exit_key;
+static pthread_once_t key_once = PTHREAD_ONCE_INIT;
+
+static int64_t drift_now(void)
+{
+	return (int64_t)(memtally__t.biased - acc.half);
+}
+
+/* Thread exit: publish what is left and give the lane back. */
+static void on_thread_exit(void *unused)
+{
+	(void)unused;
+	int64_t d = drift_now();
+	acc.th.busy = 1;
+	if (d)
+		mtc_publish(&acc.th, d);
+	mtc_thread_exit(&acc.th);
+	/* Anything accounted by later destructors is published directly. */
+	memtally__t.biased = 0;
+	memtally__t.span = 0;
+	acc.half = 0;
+	acc.th.busy = 0;
+}
+
+static void make_key(void)
+{
+	pthread_key_create(&exit_key, on_thread_exit);
+}
+
+void memtally__account_slow(void)
+{
+	struct memtally__tls *t = &memtally__t;
+	if (acc.th.busy)
+		return; /* re-entered from our own attach: keep counting */
+	acc.th.busy = 1;
+	uint64_t b0 = t->biased;
+	int64_t drift = (int64_t)(b0 - acc.half);
+	if (!mtc_init()) {
+		/* Disabled: never come back here. */
+		t->biased = 0;
+		t->span = UINT64_MAX;
+		acc.half = 0;
+		acc.th.busy = 0;
+		return;
+	}
+	if (!acc.key_set) {
+		pthread_once(&key_once, make_key);
+		acc.key_set = 1;
+		pthread_setspecific(exit_key, &acc);
+	}
+	if (drift)
+		mtc_publish(&acc.th, drift);
+	/* Keep whatever was accounted re-entrantly while we published. */
+	uint64_t extra = t->biased - b0;
+	uint64_t T = mtc_threshold();
+	acc.half = T;
+	t->biased = T + extra;
+	t->span = 2 * T;
+	acc.th.busy = 0;
+}
+
+int mtc_front_flush(void)
+{
+	int64_t d = drift_now();
+	if (d && !acc.th.busy && acc.half) {
+		acc.th.busy = 1;
+		mtc_publish(&acc.th, d);
+		memtally__t.biased -= (uint64_t)d;
+		acc.th.busy = 0;
+	} else if (d && !acc.half) {
+		memtally__account_slow();
+	}
+	return 0;
+}
+
+int64_t mtc_front_drift(void)
+{
+	return drift_now();
+}
+
+void mtc_front_force_slow(void)
+{
+	memtally__t.span = 0;
+}

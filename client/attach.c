@@ -1,1 +1,595 @@
-/* placeholder: being written */
+/*
+ * attach.c - where a worker's counted bytes go: registration with
+ * memtallyd, the process's slot, and the calling thread's lane in it.
+ *
+ * Invariants:
+ *  - Fail open. Nothing here aborts, prints to stdout, or blocks for more
+ *    than the registration timeout; an attach is tried at most once per
+ *    back-off interval, and only from a flush (never from the fast path).
+ *  - Never allocates: registration packs into and unpacks from stack
+ *    buffers, so it is safe inside the malloc interposer and cannot recurse
+ *    into its own accounting.
+ *  - Nothing is lost: bytes flushed while unattached accumulate in
+ *    `mtc.pending` and are moved into the slot's `overflow` once attached,
+ *    so the slot always carries the process's whole total.
+ *  - A mapping is never unmapped once a slot of it was published: another
+ *    thread may be storing into its lane at any moment.
+ */
+#define _GNU_SOURCE
+#include "client_internal.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "memtally.pb-c.h"
+#include "mtframe.h"
+
+#define MTC_CONNECT_TIMEOUT_MS 500
+#define MTC_BACKOFF_MIN_NS     (100 * 1000000ull)
+#define MTC_BACKOFF_MAX_NS     (5000 * 1000000ull)
+/* Flushes of one thread between two checks that the server is alive. */
+#define MTC_VERIFY_EVERY 256
+/* A heartbeat older than this means the server is gone or the segment was
+ * replaced: re-register (which is harmless if all is well). */
+#define MTC_STALE_NS (2000 * 1000000ull)
+
+static struct {
+	/* Shared between threads: accessed with the mtshm_atomic helpers. */
+	int64_t pending;           /* bytes not yet in any slot */
+	uint64_t slot_addr;        /* struct mtshm_slot_id *, 0 = unattached */
+	uint64_t epoch;            /* bumped whenever the slot changes */
+	uint64_t threshold;        /* bytes; threads pick it up at flush */
+	uint32_t attaching;        /* try-lock of attach() */
+	uint64_t next_try_ns;      /* back-off: no attach before this */
+	uint64_t backoff_ns;
+	uint64_t slot_gen;         /* generation of the published slot */
+	struct mtshm_map map;      /* the mapping of the published slot */
+
+	/* Written once by init(), or under `attaching`. */
+	pthread_once_t once;
+	int disabled;
+	int debug;
+	uint64_t image_id;
+	char sock[sizeof(((struct sockaddr_un *)0)->sun_path)];
+	char group[64];
+	char task[64];
+	pid_t pid;
+} mtc = {.once = PTHREAD_ONCE_INIT,
+	 .threshold = MEMTALLY_DEFAULT_THRESHOLD};
+
+static uint64_t mono_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+void mtc_debug(const char *fmt, ...)
+{
+	if (!mtc.debug)
+		return;
+	char buf[512];
+	int n = snprintf(buf, sizeof(buf), "memtally[%d]: ", (int)getpid());
+	va_list ap;
+	va_start(ap, fmt);
+	int m = vsnprintf(buf + n, sizeof(buf) - (size_t)n - 1, fmt, ap);
+	va_end(ap);
+	if (m < 0)
+		return;
+	size_t len = (size_t)n + ((size_t)m < sizeof(buf) - (size_t)n - 1
+					  ? (size_t)m
+					  : sizeof(buf) - (size_t)n - 2);
+	buf[len++] = '\n';
+	ssize_t r = write(2, buf, len);
+	(void)r;
+}
+
+static struct mtshm_slot_id *cur_slot(void)
+{
+	return (struct mtshm_slot_id *)(uintptr_t)mt_load_acquire64(
+		&mtc.slot_addr);
+}
+
+/*
+ * fork(): the child is a new process. Its starting total is what the parent
+ * had published (its slot, which the child can still read through the
+ * inherited mapping, plus pending); it registers at its next flush. The
+ * forking thread's unflushed drift travels in its thread-local state.
+ */
+static void on_fork_child(void)
+{
+	struct mtshm_slot_id *s = cur_slot();
+	int64_t total = mt_load_relaxeds64(&mtc.pending);
+	if (s)
+		total += mtshm_slot_sum(&mtc.map, s, NULL, NULL);
+	mt_store_relaxeds64(&mtc.pending, total);
+	mt_store_release64(&mtc.slot_addr, 0);
+	mt_store_relaxed64(&mtc.epoch, mt_load_relaxed64(&mtc.epoch) + 1);
+	mtc.attaching = 0;
+	mtc.next_try_ns = 0;
+	mtc.backoff_ns = MTC_BACKOFF_MIN_NS;
+	mtc.pid = getpid();
+	mtc_front_force_slow();
+}
+
+static void copy_env(char *dst, size_t cap, const char *name, const char *def)
+{
+	const char *v = getenv(name);
+	if (!v || !*v)
+		v = def;
+	size_t n = strlen(v);
+	if (n >= cap)
+		n = cap - 1;
+	memcpy(dst, v, n);
+	dst[n] = 0;
+}
+
+static void init_once(void)
+{
+	const char *d = getenv("MEMTALLY_DEBUG");
+	mtc.debug = d && d[0] == '1';
+	d = getenv("MEMTALLY_DISABLE");
+	mtc.disabled = d && d[0] == '1';
+	const char *sock = getenv("MEMTALLY_SOCKET");
+	if (!sock || !*sock)
+		sock = MEMTALLY_DEFAULT_SOCKET;
+	if (strlen(sock) >= sizeof(mtc.sock)) {
+		mtc_debug("MEMTALLY_SOCKET too long; not attaching");
+		mtc.disabled = 1;
+	} else {
+		strcpy(mtc.sock, sock);
+	}
+	if (mtc.group[0] == 0)
+		copy_env(mtc.group, sizeof(mtc.group), "MEMTALLY_GROUP", "");
+	copy_env(mtc.task, sizeof(mtc.task), "MEMTALLY_TASK", "");
+	if (getrandom(&mtc.image_id, sizeof(mtc.image_id), GRND_NONBLOCK) !=
+	    sizeof(mtc.image_id))
+		mtc.image_id = mono_ns() ^ ((uint64_t)getpid() << 40) ^
+			       (uint64_t)(uintptr_t)&mtc;
+	mtc.backoff_ns = MTC_BACKOFF_MIN_NS;
+	mtc.pid = getpid();
+	pthread_atfork(NULL, NULL, on_fork_child);
+	mtc_debug("init: socket=%s group=%s%s", mtc.sock, mtc.group,
+		  mtc.disabled ? " (disabled)" : "");
+}
+
+bool mtc_init(void)
+{
+	pthread_once(&mtc.once, init_once);
+	return !mtc.disabled;
+}
+
+uint64_t mtc_threshold(void)
+{
+	return mt_load_relaxed64(&mtc.threshold);
+}
+
+/* ---- registration --------------------------------------------------- */
+
+/* A bump allocator over a caller's buffer, so unpacking never mallocs. */
+struct arena {
+	uint8_t *buf;
+	size_t cap, used;
+};
+
+static void *arena_alloc(void *data, size_t size)
+{
+	struct arena *a = data;
+	size_t off = (a->used + 15) & ~(size_t)15;
+	if (off + size > a->cap)
+		return NULL;
+	a->used = off + size;
+	return a->buf + off;
+}
+
+static void arena_free(void *data, void *p)
+{
+	(void)data;
+	(void)p;
+}
+
+static int wait_fd(int fd, short ev, uint64_t deadline)
+{
+	for (;;) {
+		uint64_t now = mono_ns();
+		if (now >= deadline)
+			return -ETIMEDOUT;
+		struct pollfd p = {.fd = fd, .events = ev};
+		int r = poll(&p, 1, (int)((deadline - now) / 1000000u) + 1);
+		if (r > 0)
+			return 0;
+		if (r < 0 && errno != EINTR)
+			return -errno;
+	}
+}
+
+struct reg_reply {
+	char segment[256];
+	uint32_t slot;
+	uint64_t slot_gen;
+	uint64_t threshold;
+};
+
+/* Connect, send Register, read Registered. Returns 0 or a negative code. */
+static int do_register(struct reg_reply *out)
+{
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	if (fd < 0)
+		return -errno;
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	memcpy(sa.sun_path, mtc.sock, strlen(mtc.sock) + 1);
+	uint64_t deadline = mono_ns() + MTC_CONNECT_TIMEOUT_MS * 1000000ull;
+	int err = 0;
+	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+		/* A Unix socket connect completes or fails at once, except
+		 * EAGAIN when the backlog is full: treat that as "try later".*/
+		err = -errno;
+		goto out_close;
+	}
+
+	Memtally__V1__Register reg = MEMTALLY__V1__REGISTER__INIT;
+	reg.group = mtc.group;
+	reg.task = mtc.task;
+	reg.image_id = mtc.image_id;
+	reg.layout_major = MTSHM_VERSION_MAJOR;
+	reg.layout_minor = MTSHM_VERSION_MINOR;
+	reg.client_version = (char *)MEMTALLY_VERSION_STRING;
+	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
+	req.id = 1;
+	req.body_case = MEMTALLY__V1__REQUEST__BODY_REGISTER;
+	req.register_ = &reg;
+	uint8_t out_buf[512];
+	size_t len = mtframe_pack(&req.base, out_buf, sizeof(out_buf));
+	if (!len) {
+		err = -EMSGSIZE;
+		goto out_close;
+	}
+	size_t sent = 0;
+	while (sent < len) {
+		ssize_t w = send(fd, out_buf + sent, len - sent, MSG_NOSIGNAL);
+		if (w > 0) {
+			sent += (size_t)w;
+		} else if (w < 0 && (errno == EAGAIN || errno == EINTR)) {
+			if ((err = wait_fd(fd, POLLOUT, deadline)))
+				goto out_close;
+		} else {
+			err = -errno;
+			goto out_close;
+		}
+	}
+
+	uint8_t in_buf[2048];
+	size_t got = 0;
+	uint64_t body = 0;
+	int pre = 0;
+	for (;;) {
+		pre = mtframe_decode_len(in_buf, got, sizeof(in_buf) - 16,
+					 &body);
+		if (pre < 0) {
+			err = MEMTALLY_EPROTO;
+			goto out_close;
+		}
+		if (pre > 0 && got >= (size_t)pre + body)
+			break;
+		ssize_t r = recv(fd, in_buf + got, sizeof(in_buf) - got, 0);
+		if (r > 0) {
+			got += (size_t)r;
+		} else if (r == 0) {
+			err = -ECONNRESET;
+			goto out_close;
+		} else if (errno == EAGAIN || errno == EINTR) {
+			if ((err = wait_fd(fd, POLLIN, deadline)))
+				goto out_close;
+		} else {
+			err = -errno;
+			goto out_close;
+		}
+	}
+
+	uint8_t arena_buf[4096];
+	struct arena ar = {arena_buf, sizeof(arena_buf), 0};
+	ProtobufCAllocator alloc = {arena_alloc, arena_free, &ar};
+	Memtally__V1__Response *resp = memtally__v1__response__unpack(
+		&alloc, (size_t)body, in_buf + pre);
+	if (!resp) {
+		err = MEMTALLY_EPROTO;
+		goto out_close;
+	}
+	if (resp->error) {
+		mtc_debug("server refused registration: %s",
+			  resp->error->message ? resp->error->message : "?");
+		err = MEMTALLY_ESERVER;
+		goto out_close;
+	}
+	if (resp->body_case != MEMTALLY__V1__RESPONSE__BODY_REGISTERED ||
+	    !resp->registered->segment ||
+	    strlen(resp->registered->segment) >= sizeof(out->segment)) {
+		err = MEMTALLY_EPROTO;
+		goto out_close;
+	}
+	strcpy(out->segment, resp->registered->segment);
+	out->slot = resp->registered->slot;
+	out->slot_gen = resp->registered->slot_generation;
+	out->threshold = resp->registered->threshold;
+
+out_close:
+	close(fd);
+	return err;
+}
+
+/*
+ * Register and publish the slot. Called with `attaching` held. On success
+ * moves everything counted so far into the new slot.
+ */
+static int attach(void)
+{
+	struct reg_reply rep;
+	int err = do_register(&rep);
+	if (err)
+		return err;
+
+	/* Reuse our mapping when it is of the same segment; otherwise keep
+	 * the new one (the old mapping stays: threads may still write to
+	 * it). */
+	struct mtshm_slot_id *old = cur_slot();
+	struct mtshm_map map;
+	if ((err = mtshm_open(rep.segment, 1, &map))) {
+		mtc_debug("cannot map segment %s: %s", rep.segment,
+			  mtshm_strerror(err));
+		return err;
+	}
+	if (mtc.map.base && mtc.map.size == map.size &&
+	    mtc.map.hdr->generation == map.hdr->generation) {
+		mtshm_close(&map);
+		map = mtc.map;
+	}
+	if (rep.slot >= map.hdr->slot_count) {
+		err = MEMTALLY_EPROTO;
+		goto fail;
+	}
+	struct mtshm_slot_id *s = mtshm_slot(&map, rep.slot);
+	if (mt_load_acquire32(&s->pid) != (uint32_t)mtc.pid ||
+	    mt_load_relaxed64(&s->generation) != rep.slot_gen) {
+		mtc_debug("slot %u is not ours", rep.slot);
+		err = MEMTALLY_EPROTO;
+		goto fail;
+	}
+	if (s == old && rep.slot_gen == mtc.slot_gen) {
+		/* A repeat registration: the server kept us. Nothing moves. */
+		mtc_debug("re-registered: slot %u kept", rep.slot);
+		return 0;
+	}
+	/* A new slot: carry the total published into the old one. */
+	if (old)
+		mt_add_relaxeds64(&mtc.pending,
+				  mtshm_slot_sum(&mtc.map, old, NULL, NULL));
+	mtc.map = map;
+	mtc.slot_gen = rep.slot_gen;
+	if (rep.threshold)
+		mt_store_relaxed64(&mtc.threshold, rep.threshold);
+	mt_store_relaxed64(&mtc.epoch, mt_load_relaxed64(&mtc.epoch) + 1);
+	mt_store_release64(&mtc.slot_addr, (uint64_t)(uintptr_t)s);
+	mt_add_relaxeds64(&s->overflow,
+			  mt_exchange_relaxeds64(&mtc.pending, 0));
+	mtc_debug("attached: segment %s slot %u threshold %llu", rep.segment,
+		  rep.slot, (unsigned long long)rep.threshold);
+	return 0;
+
+fail:
+	if (map.base != mtc.map.base)
+		mtshm_close(&map);
+	return err;
+}
+
+/* Try to (re)attach if the back-off allows and nobody else is at it. */
+static void maybe_attach(int force)
+{
+	if (mtc.disabled)
+		return;
+	uint64_t now = mono_ns();
+	if (!force && now < mt_load_relaxed64(&mtc.next_try_ns))
+		return;
+	uint32_t zero = 0;
+	if (!__atomic_compare_exchange_n(&mtc.attaching, &zero, 1, 0,
+					 __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+		return;
+	int err = attach();
+	if (err) {
+		mtc_debug("attach failed: %s; retry in %llu ms",
+			  memtally_strerror(err),
+			  (unsigned long long)(mtc.backoff_ns / 1000000u));
+		mt_store_relaxed64(&mtc.next_try_ns, now + mtc.backoff_ns);
+		mtc.backoff_ns *= 2;
+		if (mtc.backoff_ns > MTC_BACKOFF_MAX_NS)
+			mtc.backoff_ns = MTC_BACKOFF_MAX_NS;
+	} else {
+		mtc.backoff_ns = MTC_BACKOFF_MIN_NS;
+		mt_store_relaxed64(&mtc.next_try_ns, now + MTC_STALE_NS);
+	}
+	__atomic_store_n(&mtc.attaching, 0, __ATOMIC_RELEASE);
+}
+
+/* ---- lanes ----------------------------------------------------------- */
+
+static void claim(struct mtc_thread *th, struct mtshm_slot_id *s,
+		  uint64_t epoch)
+{
+	uint32_t tid = (uint32_t)syscall(SYS_gettid);
+	uint32_t lanes = mtc.map.hdr->lane_count;
+	th->lane = NULL;
+	for (uint32_t k = 0; k < lanes; k++) {
+		struct mtshm_lane *l = mtshm_lane(s, k);
+		if (mt_load_relaxed32(&l->owner) == 0 &&
+		    mt_cas_acquire32(&l->owner, 0, tid)) {
+			mt_max_relaxed32(&s->lanes_used, k + 1);
+			th->lane = l;
+			break;
+		}
+	}
+	mt_add_relaxed32(&s->threads, 1);
+	th->counted = 1;
+	th->slot = s;
+	th->epoch = epoch;
+}
+
+static void release(struct mtc_thread *th)
+{
+	if (th->slot && th->epoch == mt_load_relaxed64(&mtc.epoch)) {
+		if (th->counted)
+			mt_add_relaxed32(&th->slot->threads, -1);
+		if (th->lane)
+			mt_store_release32(&th->lane->owner, 0);
+	}
+	th->lane = NULL;
+	th->slot = NULL;
+	th->counted = 0;
+}
+
+/* Is the server still ticking the segment our slot lives in? */
+static void verify(void)
+{
+	uint64_t hb = mt_load_relaxed64(&mtc.map.hdr->fleet.heartbeat_ns);
+	uint64_t now = mono_ns();
+	if (now > hb + MTC_STALE_NS &&
+	    now >= mt_load_relaxed64(&mtc.next_try_ns)) {
+		mtc_debug("server heartbeat stale; re-registering");
+		maybe_attach(1);
+	}
+}
+
+void mtc_publish(struct mtc_thread *th, int64_t delta)
+{
+	struct mtshm_slot_id *s = cur_slot();
+	if (!s) {
+		mt_add_relaxeds64(&mtc.pending, delta);
+		maybe_attach(0);
+		/* If an attach completed meanwhile, our add may have landed
+		 * after its drain: drain again (a no-op when empty). */
+		s = cur_slot();
+		if (s) {
+			int64_t p = mt_exchange_relaxeds64(&mtc.pending, 0);
+			if (p)
+				mt_add_relaxeds64(&s->overflow, p);
+		}
+		return;
+	}
+	if (th->exited) {
+		mt_add_relaxeds64(&s->overflow, delta);
+		return;
+	}
+	uint64_t epoch = mt_load_relaxed64(&mtc.epoch);
+	if (th->epoch != epoch || th->slot != s) {
+		release(th);
+		claim(th, s, epoch);
+	}
+	if (th->lane) {
+		struct mtshm_lane *l = th->lane;
+		mt_store_relaxeds64(&l->bytes,
+				    mt_load_relaxeds64(&l->bytes) + delta);
+		mt_store_relaxed64(&l->flushes,
+				   mt_load_relaxed64(&l->flushes) + 1);
+	} else {
+		mt_add_relaxeds64(&s->overflow, delta);
+	}
+	if (++th->since_verify >= MTC_VERIFY_EVERY) {
+		th->since_verify = 0;
+		verify();
+	}
+}
+
+void mtc_thread_exit(struct mtc_thread *th)
+{
+	release(th);
+	th->exited = 1;
+}
+
+int64_t mtc_published_bytes(void)
+{
+	int64_t total = mt_load_relaxeds64(&mtc.pending);
+	struct mtshm_slot_id *s = cur_slot();
+	if (s)
+		total += mtshm_slot_sum(&mtc.map, s, NULL, NULL);
+	return total;
+}
+
+/* ---- public API shared by both front ends ---------------------------- */
+
+int memtally_flush(void)
+{
+	if (!mtc_init())
+		return MEMTALLY_EDISABLED;
+	mtc_front_flush();
+	if (!cur_slot())
+		maybe_attach(1);
+	return cur_slot() ? 0 : MEMTALLY_ENOTATTACHED;
+}
+
+int64_t memtally_process_bytes(void)
+{
+	return mtc_published_bytes() + mtc_front_drift();
+}
+
+int memtally_set_group(const char *group)
+{
+	if (!group || strlen(group) >= sizeof(mtc.group))
+		return -EINVAL;
+	/* Before init, this wins over MEMTALLY_GROUP; after, it applies at
+	 * the next registration. */
+	strcpy(mtc.group, group);
+	return 0;
+}
+
+bool memtally_over_limit(void)
+{
+	struct mtshm_slot_id *s = cur_slot();
+	return s && (mt_load_relaxed32(&s->flags) & MTSHM_SLOT_OVER_LIMIT);
+}
+
+bool memtally_attached(void)
+{
+	return cur_slot() != NULL;
+}
+
+const char *memtally_version(void)
+{
+	return MEMTALLY_VERSION_STRING;
+}
+
+const char *memtally_strerror(int err)
+{
+	switch (err) {
+	case MEMTALLY_ENOTATTACHED:
+		return "not attached to a memtally server";
+	case MEMTALLY_EDISABLED:
+		return "memtally disabled (MEMTALLY_DISABLE=1)";
+	case MEMTALLY_EPROTO:
+		return "memtally protocol error";
+	case MEMTALLY_ESERVER:
+		return "memtally server returned an error";
+	case -4005:
+		return "not found";
+	case -4006:
+		return "permission denied by the memtally server";
+	case -4007:
+		return "no free slot on the memtally server";
+	case -4008:
+		return "request not supported by this memtally server";
+	case MTFRAME_EVARINT:
+		return "malformed frame length";
+	case MTFRAME_ETOOBIG:
+		return "frame too large";
+	default:
+		return mtshm_strerror(err);
+	}
+}

@@ -1,1 +1,65 @@
-/* placeholder: being written */
+/*
+ * client_internal.h - what libmemtally and the preload share: attach,
+ * registration and the per-thread lane of the process's slot.
+ *
+ * Both front ends (account.c: memtally_account(); preload.c: the malloc
+ * interposer) only decide *how many* bytes a thread has to publish. This
+ * core decides *where* they go: the thread's own lane when the process is
+ * attached, a process-local pending counter otherwise.
+ */
+#ifndef MEMTALLY_CLIENT_INTERNAL_H
+#define MEMTALLY_CLIENT_INTERNAL_H
+
+#include <stdint.h>
+
+#include "memtally.h"
+#include "mtshm.h"
+
+#define MTC_TLS __attribute__((tls_model("initial-exec")))
+
+/* Per-thread lane state, one per front end thread-local. All zero for a new
+ * thread. */
+struct mtc_thread {
+	struct mtshm_lane *lane; /* owned lane, NULL: use slot overflow */
+	struct mtshm_slot_id *slot; /* slot the lane/count belongs to */
+	uint64_t epoch;          /* mtc epoch of `slot`; stale = re-claim */
+	uint32_t since_verify;   /* flushes since the last liveness check */
+	uint8_t busy;            /* re-entrancy guard of the slow path */
+	uint8_t counted;         /* counted in slot->threads */
+	uint8_t exit_round;      /* TSD destructor rounds seen */
+	uint8_t exited;          /* lane released at thread exit: later
+				  * bytes go to the slot's overflow */
+};
+
+/* One-time process setup (environment, fork handler). Cheap after the
+ * first call. Returns false when memtally is disabled for this process. */
+bool mtc_init(void);
+
+/* Threshold threads must use now (server's once attached). */
+uint64_t mtc_threshold(void);
+
+/* Publish `delta` bytes on behalf of the calling thread. Never blocks for
+ * long: may attempt an attach (bounded by a short timeout, rate-limited by
+ * back-off). */
+void mtc_publish(struct mtc_thread *th, int64_t delta);
+
+/* The calling thread is exiting: release its lane. Call after the final
+ * mtc_publish(). */
+void mtc_thread_exit(struct mtc_thread *th);
+
+/* Bytes flushed by this process (slot sum + pending), without any thread's
+ * unflushed drift. */
+int64_t mtc_published_bytes(void);
+
+/* Set by the front end: flush the calling thread's drift now (used by
+ * memtally_flush) and return its remaining unflushed drift (used by
+ * memtally_process_bytes); force the calling thread's next call into the
+ * slow path (used after fork). */
+int mtc_front_flush(void);
+int64_t mtc_front_drift(void);
+void mtc_front_force_slow(void);
+
+/* Diagnostics on stderr when MEMTALLY_DEBUG=1. Never allocates. */
+void mtc_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+#endif /* MEMTALLY_CLIENT_INTERNAL_H */
