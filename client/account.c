@@ -25,6 +25,8 @@ static pthread_once_t key_once = PTHREAD_ONCE_INIT;
 
 static int64_t drift_now(void)
 {
+	if (memtally__t.span == UINT64_MAX)
+		return 0; /* disabled: nothing is counted */
 	return (int64_t)(memtally__t.biased - acc.half);
 }
 

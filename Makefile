@@ -1,0 +1,51 @@
+# The two commands of the README, and a few more. CMake does the building;
+# this file only strings the steps together.
+#   make demo   install what is missing, build, run the demo fleet
+#   make check  install, build with -Werror, run every test, then again under
+#               ASan+UBSan, then the threaded tests under TSan
+#   make bench  Release build, run the benchmark suites, write bench/RESULTS.md
+JOBS ?= $(shell nproc)
+CMAKE_FLAGS ?=
+
+.PHONY: all deps build demo check check-plain check-asan check-tsan bench install clean
+
+all: build
+
+deps:
+	@bash scripts/deps.sh
+
+build: deps
+	cmake -S . -B build -DMEMTALLY_WERROR=ON $(CMAKE_FLAGS)
+	cmake --build build -j$(JOBS)
+
+demo: build
+	bash deploy/demo.sh build
+
+check: deps check-plain check-asan check-tsan
+	@echo "make check: all suites passed"
+
+check-plain:
+	cmake -S . -B build -DMEMTALLY_WERROR=ON $(CMAKE_FLAGS)
+	cmake --build build -j$(JOBS)
+	cd build && ctest --output-on-failure --timeout 600
+
+check-asan:
+	cmake -S . -B build-asan -DMEMTALLY_WERROR=ON -DMEMTALLY_SANITIZE=address,undefined $(CMAKE_FLAGS)
+	cmake --build build-asan -j$(JOBS)
+	cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure --timeout 900 -LE 'fuzz|bench-proof'
+
+check-tsan:
+	cmake -S . -B build-tsan -DMEMTALLY_WERROR=ON -DMEMTALLY_SANITIZE=thread $(CMAKE_FLAGS)
+	cmake --build build-tsan -j$(JOBS)
+	cd build-tsan && ctest --output-on-failure --timeout 900 -L threads
+
+bench: deps
+	cmake -S . -B build-release -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)
+	cmake --build build-release -j$(JOBS)
+	cmake --build build-release --target bench
+
+install: build
+	cmake --install build
+
+clean:
+	rm -rf build build-asan build-tsan build-release

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# The demo fleet: memtallyd, a few unmodified workers under the preload in
+# two groups, and `memtally status` / `memtally ps` watching them. Ends by
+# itself and leaves no process, socket or segment behind.
+# usage: deploy/demo.sh [BUILD_DIR]
+set -euo pipefail
+build=$(cd "${1:-build}" && pwd)
+memtallyd=$build/server/memtallyd
+memtally=$build/client/memtally
+preload=$build/client/libmemtally_preload.so
+workers=$build/tests/integration
+
+dir=$(mktemp -d /tmp/memtally-demo.XXXXXX)
+sock=$dir/memtally.sock
+seg=/memtally-demo-$$
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -f "/dev/shm$seg"
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+
+say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+mt() { "$memtally" --socket "$sock" "$@"; }
+
+say "starting memtallyd (socket $sock, segment $seg)"
+"$memtallyd" --socket "$sock" --segment "$seg" --log-level info 2>"$dir/memtallyd.log" &
+pids+=($!)
+for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
+
+# Workers: unmodified programs, counted through LD_PRELOAD.
+worker() { # group program args...
+  local group=$1; shift
+  LD_PRELOAD=$preload MEMTALLY_SOCKET=$sock MEMTALLY_GROUP=$group \
+    "$@" < <(sleep 3600) > /dev/null &
+  pids+=($!)
+}
+say "starting workers: python3 (etl), a 4-thread C worker and a C++ worker (ml)"
+worker etl python3 -c 'import sys; b=[bytearray((1<<20)-1) for _ in range(150)]; print("ready", flush=True); sys.stdin.read()'
+worker ml "$workers/mt_hold" 96 4
+worker ml "$workers/mt_cxx" 48
+sleep 2
+
+say "memtally status"
+mt status
+say "memtally ps"
+mt ps
+
+victim=${pids[2]}
+say "kill -9 the 4-thread worker (pid $victim): it leaves at once"
+kill -9 "$victim"
+sleep 0.2
+mt ps
+say "memtally status --json"
+mt --json status
+
+say "stopping; memtallyd log:"
+for p in "${pids[@]:1}"; do kill "$p" 2>/dev/null || true; done
+sleep 0.3
+kill "${pids[0]}"
+wait "${pids[0]}" || true
+cat "$dir/memtallyd.log"

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Install what memtally needs to build, test, benchmark and demo, on Debian 12
+# (run as root, or with sudo available). Installs only what is missing, so a
+# second run costs nothing.
+set -euo pipefail
+
+pkgs=(
+  build-essential cmake pkg-config git
+  libjemalloc-dev libjemalloc2 libuv1-dev libprotobuf-c-dev protobuf-c-compiler
+  libjansson-dev
+  # tests
+  libcriterion-dev python3 g++ clang libclang-rt-14-dev procps
+  # benchmarks
+  valgrind util-linux
+)
+
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" \
+    || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+echo "memtally: installing ${missing[*]}" >&2
+SUDO=
+[ "$(id -u)" -eq 0 ] || SUDO=sudo
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

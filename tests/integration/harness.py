@@ -1,0 +1,200 @@
+"""Integration-test harness: a real memtallyd, real workers, the real CLI.
+
+Every wait polls with a deadline (scaled by MEMTALLY_TEST_TIMEOUT_MULT) and
+never sleeps for a fixed time, so the tests pass on a loaded 2-core machine.
+"""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+MULT = float(os.environ.get("MEMTALLY_TEST_TIMEOUT_MULT", "1"))
+MEMTALLYD = os.environ["MEMTALLYD"]
+CLI = os.environ["MEMTALLY_CLI"]
+PRELOAD = os.environ["MEMTALLY_PRELOAD_LIB"]
+WORKERS = os.environ["MT_WORKERS"]
+MIB = 1 << 20
+KIB = 1 << 10
+
+
+def worker(name):
+    return os.path.join(WORKERS, name)
+
+
+def deadline(seconds):
+    return time.monotonic() + seconds * MULT
+
+
+def wait_for(what, pred, timeout=20.0, interval=0.02):
+    """Poll pred() until it returns a truthy value; fail after timeout."""
+    end = deadline(timeout)
+    last = None
+    while True:
+        try:
+            last = pred()
+        except Exception as e:  # noqa: BLE001 - report the last failure
+            last = e
+        if last and not isinstance(last, Exception):
+            return last
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
+        time.sleep(interval)
+
+
+class Server:
+    """A memtallyd on a private socket and segment, stopped on exit."""
+
+    count = 0
+
+    def __init__(self, *args, slots=None, tick=10):
+        Server.count += 1
+        self.dir = tempfile.mkdtemp(prefix="mt-it-")
+        self.socket = os.path.join(self.dir, "memtally.sock")
+        self.segment = f"/mt-it-{os.getpid()}-{Server.count}"
+        self.log = open(os.path.join(self.dir, "memtallyd.log"), "w+b")
+        cmd = [MEMTALLYD, "--socket", self.socket, "--segment", self.segment,
+               "--tick", str(tick), "--log-level", "debug"]
+        if slots:
+            cmd += ["--slots", str(slots)]
+        cmd += list(args)
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=self.log)
+        wait_for("memtallyd socket", self._connectable, timeout=10)
+
+    def _connectable(self):
+        if self.proc.poll() is not None:
+            raise AssertionError("memtallyd exited: " + self.logtext())
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.connect(self.socket)
+            return True
+        except OSError:
+            return False
+        finally:
+            s.close()
+
+    def logtext(self):
+        self.log.flush()
+        with open(self.log.name, "rb") as f:
+            return f.read().decode(errors="replace")
+
+    def env(self, group=None, **extra):
+        e = dict(os.environ)
+        e["LD_PRELOAD"] = PRELOAD
+        e["MEMTALLY_SOCKET"] = self.socket
+        e.pop("MEMTALLY_GROUP", None)
+        if group is not None:
+            e["MEMTALLY_GROUP"] = group
+        e.update(extra)
+        return e
+
+    def cli(self, *args):
+        out = subprocess.run([CLI, "--socket", self.socket, "--json", *args],
+                             capture_output=True, timeout=30 * MULT)
+        if out.returncode != 0:
+            raise AssertionError(f"memtally {' '.join(args)} failed "
+                                 f"({out.returncode}): {out.stderr.decode()}")
+        return json.loads(out.stdout)
+
+    def status(self):
+        return self.cli("status")
+
+    def ps(self):
+        return {p["pid"]: p for p in self.cli("ps")["processes"]}
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10 * MULT)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                raise AssertionError("memtallyd did not stop on SIGTERM")
+        try:
+            os.unlink("/dev/shm" + self.segment)
+        except FileNotFoundError:
+            pass
+        return self.proc.returncode
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        rc = self.stop()
+        if exc[0] is None and rc != 0:
+            raise AssertionError(f"memtallyd exit status {rc}: {self.logtext()}")
+        if exc[0] is not None:
+            sys.stderr.write("---- memtallyd log ----\n" + self.logtext()[-6000:])
+
+
+class Worker:
+    """A worker process talking line by line over stdin/stdout."""
+
+    def __init__(self, argv, env):
+        self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, bufsize=1)
+        self.pid = self.proc.pid
+
+    def readline(self, timeout=30.0):
+        # The worker prints when ready; a dead worker gives EOF.
+        import select
+        end = deadline(timeout)
+        while True:
+            left = end - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"worker {self.pid} said nothing")
+            r, _, _ = select.select([self.proc.stdout], [], [], left)
+            if r:
+                line = self.proc.stdout.readline()
+                if not line:
+                    raise AssertionError(f"worker {self.pid} exited: "
+                                         f"{self.proc.wait()}")
+                return line.strip()
+
+    def send(self, line):
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+
+    def close(self):
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.close()
+            except BrokenPipeError:
+                pass
+            try:
+                self.proc.wait(timeout=20 * MULT)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def kill(self):
+        self.proc.kill()
+        self.proc.wait()
+
+
+def check(cond, msg):
+    if not cond:
+        raise AssertionError(msg)
+
+
+def run(tests):
+    """Run test functions; print a closing 'N passed, N failed' line."""
+    passed = failed = 0
+    for t in tests:
+        t0 = time.monotonic()
+        try:
+            t()
+            passed += 1
+            print(f"PASS {t.__name__} ({time.monotonic() - t0:.1f}s)", flush=True)
+        except Exception as e:  # noqa: BLE001
+            failed += 1
+            import traceback
+            traceback.print_exc()
+            print(f"FAIL {t.__name__}: {e}", flush=True)
+    print(f"{passed} passed, {failed} failed")
+    sys.exit(1 if failed else 0)

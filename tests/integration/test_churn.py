@@ -1,0 +1,35 @@
+"""64 worker processes x 4 threads allocating and freeing at random, then
+exiting: the fleet total returns to exactly 0 and no process is listed
+(must-show 6)."""
+import subprocess
+
+from harness import MULT, Server, check, run, wait_for, worker
+
+
+def test_fleet_returns_to_zero():
+    with Server(slots=256) as s:
+        env = s.env(group="churn")
+        procs = [subprocess.Popen([worker("mt_churn"), "4", "3"], env=env)
+                 for _ in range(64)]
+        most = {"processes": 0, "bytes": 0}
+        while any(p.poll() is None for p in procs):
+            st = s.status()
+            most["processes"] = max(most["processes"], st["processes"])
+            most["bytes"] = max(most["bytes"], st["fleet"]["bytes"])
+        for p in procs:
+            check(p.wait(timeout=60 * MULT) == 0, f"worker exit {p.returncode}")
+        check(most["processes"] >= 16,
+              f"too few workers were ever registered: {most}")
+        check(most["bytes"] > 0, "nothing was ever counted")
+        st = wait_for("fleet back to 0", lambda: (lambda st: st if
+                      st["processes"] == 0 and st["fleet"]["bytes"] == 0
+                      else None)(s.status()))
+        check(s.cli("ps")["processes"] == [], "processes still listed")
+        check(st["unregistered"] == 0 if "unregistered" in st else True,
+              f"workers refused: {st}")
+        print(f"  at most {most['processes']} processes and "
+              f"{most['bytes'] >> 20} MiB at once; back to 0")
+
+
+if __name__ == "__main__":
+    run([test_fleet_returns_to_zero])

@@ -1,0 +1,131 @@
+"""End to end: preloaded workers are counted, grouped, dropped at death,
+and fork/exec keep the counts right (issue 2, must-show 1, 3 and 5)."""
+import os
+import signal
+import time
+
+from harness import (KIB, MIB, Server, Worker, check, run, wait_for, worker)
+
+HOLD_PY = ("import sys\n"
+           "blocks = [bytearray((1 << 20) - 1) for _ in range({mib})]\n"
+           "print('ready', flush=True)\n"
+           "sys.stdin.read()\n")
+
+
+def test_python_groups():
+    """Two unmodified python3 holding 100 and 300 MiB: listed with their
+    groups, bytes differ by 200 MiB +/- 2 MiB."""
+    with Server() as s:
+        small = Worker(["python3", "-c", HOLD_PY.format(mib=100)],
+                       s.env(group="small"))
+        big = Worker(["python3", "-c", HOLD_PY.format(mib=300)],
+                     s.env(group="big"))
+        try:
+            check(small.readline() == "ready", "small not ready")
+            check(big.readline() == "ready", "big not ready")
+
+            def settled():
+                ps = s.ps()
+                a, b = ps.get(small.pid), ps.get(big.pid)
+                if not a or not b:
+                    return None
+                if a["group"] != "small" or b["group"] != "big":
+                    raise AssertionError(f"groups wrong: {a} {b}")
+                d = b["bytes"] - a["bytes"]
+                return (a, b) if abs(d - 200 * MIB) <= 2 * MIB else None
+
+            a, b = wait_for("difference of 200 MiB", settled)
+            check(a["bytes"] >= 100 * MIB, f"small holds {a['bytes']}")
+            st = s.status()
+            groups = {g["name"]: g for g in st["groups"]}
+            check(groups["big"]["bytes"] == b["bytes"] or
+                  abs(groups["big"]["bytes"] - b["bytes"]) <= 2 * MIB,
+                  f"group big {groups['big']} vs process {b}")
+            check(st["processes"] == 2, f"processes {st['processes']}")
+            check(st["fleet"]["bytes"] >= a["bytes"] + b["bytes"] - 2 * MIB,
+                  f"fleet {st['fleet']}")
+        finally:
+            small.close()
+            big.close()
+        wait_for("both gone", lambda: s.status()["processes"] == 0)
+
+
+def test_sigkill_leaves_within_one_tick():
+    """SIGKILL: the worker leaves ps and its bytes leave the fleet total
+    without waiting for a tick (tick set to 2 s to make that visible)."""
+    with Server(tick=2000) as s:
+        keep = Worker([worker("mt_hold"), "20"], s.env(group="keep"))
+        victim = Worker([worker("mt_hold"), "64", "4"], s.env(group="victim"))
+        try:
+            keep.readline()
+            victim.readline()
+            wait_for("victim counted", lambda: s.ps().get(victim.pid, {})
+                     .get("bytes", 0) >= 64 * MIB)
+            wait_for("keep counted", lambda: s.ps().get(keep.pid, {})
+                     .get("bytes", 0) >= 20 * MIB)
+            before = s.status()
+            t0 = time.monotonic()
+            victim.proc.send_signal(signal.SIGKILL)
+            victim.proc.wait()
+            after = wait_for("victim gone",
+                             lambda: (lambda st, ps: (st, ps) if victim.pid
+                                      not in ps else None)(s.status(), s.ps()))
+            elapsed = time.monotonic() - t0
+            st, ps = after
+            check(keep.pid in ps, "the other worker must stay")
+            check(st["fleet"]["bytes"] < 40 * MIB,
+                  f"victim's bytes still in the fleet: {st['fleet']}")
+            ticks = st.get("ticks", before.get("ticks"))
+            check(ticks - before["ticks"] <= 1,
+                  f"removal waited {ticks - before['ticks']} ticks")
+            print(f"  victim gone after {elapsed * 1000:.0f} ms, "
+                  f"{ticks - before['ticks']} tick(s)")
+        finally:
+            keep.close()
+            victim.close()
+
+
+def test_fork_child_starts_with_parent_total():
+    with Server() as s:
+        w = Worker([worker("mt_fork"), "40"], s.env(group="forky"))
+        try:
+            lines = {w.readline().split()[0], w.readline().split()[0]}
+            check(lines == {"child", "parent"}, f"got {lines}")
+            ps = wait_for("parent and child listed",
+                          lambda: (lambda p: p if len(p) == 2 else None)(s.ps()))
+            parent = ps[w.pid]
+            (child,) = [p for pid, p in ps.items() if pid != w.pid]
+            check(parent["bytes"] >= 40 * MIB, f"parent {parent}")
+            check(abs(child["bytes"] - parent["bytes"]) <= 64 * KIB,
+                  f"child {child['bytes']} vs parent {parent['bytes']}")
+            check(child["group"] == "forky", f"child group {child['group']}")
+        finally:
+            w.close()
+
+
+def test_exec_replaces_slot():
+    with Server() as s:
+        w = Worker([worker("mt_exec"), "120", "30"], s.env(group="ex"))
+        try:
+            check(w.readline().startswith("before"), "no before line")
+            wait_for("before image counted",
+                     lambda: s.ps().get(w.pid, {}).get("bytes", 0) >= 120 * MIB)
+            w.send("go")
+            check(w.readline().startswith("after"), "no after line")
+
+            def only_new_image():
+                procs = s.cli("ps")["processes"]
+                mine = [p for p in procs if p["pid"] == w.pid]
+                if len(mine) != 1 or len(procs) != 1:
+                    return None
+                b = mine[0]["bytes"]
+                return b if 30 * MIB <= b <= 32 * MIB else None
+
+            wait_for("one slot with the new image's count", only_new_image)
+        finally:
+            w.close()
+
+
+if __name__ == "__main__":
+    run([test_python_groups, test_sigkill_leaves_within_one_tick,
+         test_fork_child_starts_with_parent_total, test_exec_replaces_slot])

@@ -1,0 +1,53 @@
+/*
+ * mt_churn - THREADS threads allocate and free at random for SECONDS, then
+ * free everything and exit. usage: mt_churn [THREADS] [SECONDS]
+ */
+#include "mt_common.h"
+
+#include <pthread.h>
+#include <time.h>
+
+static double seconds = 2;
+
+static double now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static void *work(void *arg)
+{
+	uint64_t s = (uintptr_t)arg * 0x9E3779B97F4A7C15ull + 7;
+	enum { N = 512 };
+	void *live[N] = {0};
+	double end = now() + seconds;
+	for (unsigned it = 0;; it++) {
+		if ((it & 1023) == 0 && now() > end)
+			break;
+		s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+		unsigned i = s % N;
+		free(live[i]);
+		size_t n = (s >> 20) % 16 ? 8 + (s >> 32) % 4096
+					  : 4096 + (s >> 32) % (256 * 1024);
+		live[i] = (s >> 10) % 3 ? malloc(n) : calloc(1, n);
+	}
+	for (unsigned i = 0; i < N; i++)
+		free(live[i]);
+	return NULL;
+}
+
+int main(int argc, char **argv)
+{
+	int n = argc > 1 ? atoi(argv[1]) : 4;
+	if (argc > 2)
+		seconds = atof(argv[2]);
+	pthread_t t[64];
+	if (n > 64)
+		n = 64;
+	for (int i = 0; i < n; i++)
+		pthread_create(&t[i], NULL, work, (void *)(uintptr_t)(i + 1));
+	for (int i = 0; i < n; i++)
+		pthread_join(t[i], NULL);
+	return 0;
+}

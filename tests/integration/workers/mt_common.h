@@ -1,0 +1,55 @@
+/*
+ * mt_common.h - helpers for the integration-test workers. These programs
+ * run under LD_PRELOAD=libmemtally_preload.so as unmodified programs would:
+ * they never link memtally; what they need of it (memtally_flush, to make a
+ * count exact at a chosen moment) they look up with dlsym, and they still
+ * run when it is absent.
+ */
+#ifndef MT_COMMON_H
+#define MT_COMMON_H
+
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define MIB (1024u * 1024u)
+
+/* memtally_flush() of the preload, if loaded. */
+static inline void mt_flush(void)
+{
+	int (*f)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "memtally_flush");
+	if (f)
+		f();
+}
+
+/* Print a line and flush stdout, for the harness to read. */
+#define mt_say(...)                                                          \
+	do {                                                                 \
+		printf(__VA_ARGS__);                                         \
+		fputc('\n', stdout);                                         \
+		fflush(stdout);                                              \
+	} while (0)
+
+/* Block until the harness closes our stdin or writes a line; returns the
+ * line (static buffer) or NULL at EOF. */
+static inline const char *mt_wait(void)
+{
+	static char line[256];
+	if (!fgets(line, sizeof(line), stdin))
+		return NULL;
+	line[strcspn(line, "\n")] = 0;
+	return line;
+}
+
+/* Touch every page so the memory is real, as a worker's would be. */
+static inline void mt_touch(void *p, size_t n)
+{
+	for (size_t i = 0; i < n; i += 4096)
+		((volatile char *)p)[i] = 1;
+}
+
+#endif

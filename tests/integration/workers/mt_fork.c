@@ -1,0 +1,35 @@
+/*
+ * mt_fork - hold MIB MiB, then fork. The child allocates one small block
+ * (so it reaches a flush and registers), prints "child pid=P", and waits on
+ * stdin like the parent. usage: mt_fork MIB
+ */
+#include "mt_common.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+
+int main(int argc, char **argv)
+{
+	size_t mib = argc > 1 ? strtoul(argv[1], NULL, 10) : 50;
+	void **b = calloc(mib + 1, sizeof(void *));
+	for (size_t i = 0; i < mib; i++) {
+		b[i] = malloc(MIB);
+		mt_touch(b[i], MIB);
+	}
+	mt_flush();
+	pid_t pid = fork();
+	if (pid == 0) {
+		free(malloc(100)); /* first allocator call after the fork */
+		mt_flush();
+		mt_say("child pid=%d", (int)getpid());
+		while (mt_wait())
+			;
+		_exit(0);
+	}
+	mt_say("parent pid=%d", (int)getpid());
+	while (mt_wait())
+		;
+	kill(pid, SIGKILL);
+	waitpid(pid, NULL, 0);
+	return 0;
+}

@@ -1,0 +1,66 @@
+/*
+ * mt_hold - hold MIB mebibytes in 1 MiB blocks (exactly a jemalloc size
+ * class) from THREADS threads, print "ready", and wait on stdin:
+ *   "exit"      exit(0)            EOF   exit(0)
+ *   "free"      free everything, flush, print "freed"
+ *   "more N"    hold N MiB more, flush, print "ready"
+ * usage: mt_hold MIB [THREADS]
+ */
+#include "mt_common.h"
+
+#include <pthread.h>
+
+struct job {
+	size_t mib;
+	void **blocks;
+};
+
+static void *hold(void *arg)
+{
+	struct job *j = arg;
+	for (size_t i = 0; i < j->mib; i++) {
+		j->blocks[i] = malloc(MIB);
+		mt_touch(j->blocks[i], MIB);
+	}
+	mt_flush();
+	return NULL;
+}
+
+int main(int argc, char **argv)
+{
+	size_t mib = argc > 1 ? strtoul(argv[1], NULL, 10) : 10;
+	size_t nthreads = argc > 2 ? strtoul(argv[2], NULL, 10) : 1;
+	if (nthreads < 1)
+		nthreads = 1;
+	struct job *jobs = calloc(nthreads + 64, sizeof(*jobs));
+	size_t njobs = nthreads;
+	pthread_t *t = calloc(nthreads, sizeof(*t));
+	for (size_t i = 0; i < nthreads; i++) {
+		jobs[i].mib = mib / nthreads + (i < mib % nthreads);
+		jobs[i].blocks = calloc(jobs[i].mib + 1, sizeof(void *));
+		pthread_create(&t[i], NULL, hold, &jobs[i]);
+	}
+	for (size_t i = 0; i < nthreads; i++)
+		pthread_join(t[i], NULL);
+	mt_flush();
+	mt_say("ready pid=%d", (int)getpid());
+	const char *cmd;
+	while ((cmd = mt_wait()) && strcmp(cmd, "exit") != 0) {
+		if (strcmp(cmd, "free") == 0) {
+			for (size_t i = 0; i < njobs; i++)
+				for (size_t k = 0; k < jobs[i].mib; k++) {
+					free(jobs[i].blocks[k]);
+					jobs[i].blocks[k] = NULL;
+				}
+			mt_flush();
+			mt_say("freed");
+		} else if (strncmp(cmd, "more ", 5) == 0 && njobs < nthreads + 64) {
+			struct job *j = &jobs[njobs++];
+			j->mib = strtoul(cmd + 5, NULL, 10);
+			j->blocks = calloc(j->mib + 1, sizeof(void *));
+			hold(j);
+			mt_say("ready");
+		}
+	}
+	return 0;
+}
