@@ -98,16 +98,21 @@ enum mtshm_state {
 
 /*
  * Fleet figures the server publishes every tick, under a seqlock so a
- * reader gets one consistent snapshot. Reader loop:
+ * reader gets one consistent snapshot. No standalone fences (ThreadSanitizer
+ * does not model them): the fields are stored with release and loaded with
+ * acquire, which is free on x86-64.
  *
- *	do {
- *		s = mt_load_acquire64(&f->seq);	// odd: writer inside
- *		copy the fields with relaxed loads;
- *		mt_fence_acquire();
- *	} while ((s & 1) || s != mt_load_relaxed64(&f->seq));
+ * Writer (mtshm_fleet_publish):     Reader (mtshm_fleet_read):
+ *   seq = s + 1        (relaxed)      do {
+ *   each field         (release)        s1 = seq           (acquire)
+ *   seq = s + 2        (release)        each field         (acquire)
+ *                                       s2 = seq           (relaxed)
+ *                                     } while (s1 odd || s1 != s2)
  *
- * (mtshm_fleet_read() implements it.)
+ * The reader gives up after MTSHM_FLEET_READ_TRIES rounds (a writer killed
+ * inside leaves `seq` odd forever) and says so.
  */
+#define MTSHM_FLEET_READ_TRIES 10000
 struct mtshm_fleet {
 	uint64_t seq;          /*   0 */
 	uint64_t bytes;        /*   8 accounted live bytes, all slots */
@@ -264,7 +269,7 @@ int mtshm_open(const char *name, int writable, struct mtshm_map *out);
  */
 int mtshm_validate(const void *base, size_t size);
 
-/* Unmap. Accepts a zeroed or already closed map. */
+/* Unmap. Accepts NULL, a zeroed or an already closed map. */
 void mtshm_close(struct mtshm_map *m);
 
 /* Remove the named object. Returns 0 or -errno. */
@@ -273,8 +278,15 @@ int mtshm_unlink(const char *name);
 /* A short description of an MTSHM_E* code or -errno. */
 const char *mtshm_strerror(int err);
 
-/* Read the fleet snapshot (seqlock reader loop). */
-void mtshm_fleet_read(const struct mtshm_header *h, struct mtshm_fleet *out);
+/* Read the fleet snapshot (seqlock reader loop). Returns 0, or -EAGAIN when
+ * no consistent snapshot was seen in MTSHM_FLEET_READ_TRIES rounds (the
+ * writer died inside, or the segment is corrupt); *out then holds the last
+ * attempt. */
+int mtshm_fleet_read(const struct mtshm_header *h, struct mtshm_fleet *out);
+
+/* Publish a fleet snapshot (seqlock writer). Single writer: the server. The
+ * `seq` of `f` is ignored. */
+void mtshm_fleet_publish(struct mtshm_header *h, const struct mtshm_fleet *f);
 
 /* Address of slot `i`'s identity, using the published offset and stride. */
 static inline struct mtshm_slot_id *mtshm_slot(const struct mtshm_map *m,

@@ -96,14 +96,4 @@ static inline void mt_max_relaxed32(uint32_t *p, uint32_t v)
 		;
 }
 
-static inline void mt_fence_acquire(void)
-{
-	__atomic_thread_fence(__ATOMIC_ACQUIRE);
-}
-
-static inline void mt_fence_release(void)
-{
-	__atomic_thread_fence(__ATOMIC_RELEASE);
-}
-
 #endif /* MEMTALLY_SHM_ATOMIC_H */

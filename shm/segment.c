@@ -101,17 +101,15 @@ fail_unlink:
 int mtshm_validate(const void *base, size_t size)
 {
 	const struct mtshm_header *h = base;
-	if (size < MTSHM_HEADER_SIZE)
-		return size < sizeof(uint64_t) ? MTSHM_EBADMAGIC
-					       : (mt_load_acquire64(&h->magic) ==
-							  MTSHM_MAGIC
-						  ? MTSHM_ETRUNCATED
-						  : MTSHM_EBADMAGIC);
+	if (size < sizeof(uint64_t))
+		return MTSHM_EBADMAGIC;
 	uint64_t magic = mt_load_acquire64(&h->magic);
 	if (magic == MTSHM_MAGIC_SWAPPED)
 		return MTSHM_EBYTEORDER;
 	if (magic != MTSHM_MAGIC)
 		return MTSHM_EBADMAGIC;
+	if (size < MTSHM_HEADER_SIZE)
+		return MTSHM_ETRUNCATED;
 	if (h->version_major != MTSHM_VERSION_MAJOR ||
 	    h->compat_minor > MTSHM_VERSION_MINOR)
 		return MTSHM_EVERSION;
@@ -205,25 +203,44 @@ const char *mtshm_strerror(int err)
 	}
 }
 
-void mtshm_fleet_read(const struct mtshm_header *h, struct mtshm_fleet *out)
+int mtshm_fleet_read(const struct mtshm_header *h, struct mtshm_fleet *out)
 {
 	const struct mtshm_fleet *f = &h->fleet;
-	uint64_t s;
-	do {
-		s = mt_load_acquire64(&f->seq);
-		out->bytes = mt_load_relaxed64(&f->bytes);
-		out->peak = mt_load_relaxed64(&f->peak);
-		out->limit = mt_load_relaxed64(&f->limit);
-		out->reserved = mt_load_relaxed64(&f->reserved);
-		out->error_bytes = mt_load_relaxed64(&f->error_bytes);
-		out->heartbeat_ns = mt_load_relaxed64(&f->heartbeat_ns);
-		out->ticks = mt_load_relaxed64(&f->ticks);
-		out->state = mt_load_relaxed32(&f->state);
-		out->processes = mt_load_relaxed32(&f->processes);
-		out->unregistered = mt_load_relaxed32(&f->unregistered);
-		mt_fence_acquire();
-	} while ((s & 1) || s != mt_load_relaxed64(&f->seq));
-	out->seq = s;
+	for (int i = 0; i < MTSHM_FLEET_READ_TRIES; i++) {
+		uint64_t s = mt_load_acquire64(&f->seq);
+		out->bytes = mt_load_acquire64(&f->bytes);
+		out->peak = mt_load_acquire64(&f->peak);
+		out->limit = mt_load_acquire64(&f->limit);
+		out->reserved = mt_load_acquire64(&f->reserved);
+		out->error_bytes = mt_load_acquire64(&f->error_bytes);
+		out->heartbeat_ns = mt_load_acquire64(&f->heartbeat_ns);
+		out->ticks = mt_load_acquire64(&f->ticks);
+		out->state = mt_load_acquire32(&f->state);
+		out->processes = mt_load_acquire32(&f->processes);
+		out->unregistered = mt_load_acquire32(&f->unregistered);
+		out->seq = s;
+		if (!(s & 1) && s == mt_load_relaxed64(&f->seq))
+			return 0;
+	}
+	return -EAGAIN;
+}
+
+void mtshm_fleet_publish(struct mtshm_header *h, const struct mtshm_fleet *in)
+{
+	struct mtshm_fleet *f = &h->fleet;
+	uint64_t s = mt_load_relaxed64(&f->seq);
+	mt_store_relaxed64(&f->seq, s + 1);
+	mt_store_release64(&f->bytes, in->bytes);
+	mt_store_release64(&f->peak, in->peak);
+	mt_store_release64(&f->limit, in->limit);
+	mt_store_release64(&f->reserved, in->reserved);
+	mt_store_release64(&f->error_bytes, in->error_bytes);
+	mt_store_release64(&f->heartbeat_ns, in->heartbeat_ns);
+	mt_store_release64(&f->ticks, in->ticks);
+	mt_store_release32(&f->state, in->state);
+	mt_store_release32(&f->processes, in->processes);
+	mt_store_release32(&f->unregistered, in->unregistered);
+	mt_store_release64(&f->seq, s + 2);
 }
 
 int64_t mtshm_slot_sum(const struct mtshm_map *m, struct mtshm_slot_id *s,

@@ -1,3 +1,4 @@
+#define _GNU_SOURCE
 /*
  * The inline API without a server (fail open): every byte accounted by many
  * threads, including threads that exit with drift below the threshold, is

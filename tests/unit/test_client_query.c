@@ -1,0 +1,765 @@
+/*
+ * test_cli_query.c - the scheduler query library against a scripted fake
+ * server.
+ *
+ * Each test starts a thread that listens on its own Unix socket, decodes
+ * the library's requests and answers through a per-test handler, which may
+ * answer correctly, with an error, with the wrong id, byte by byte, with
+ * garbage, or not at all. That exercises the parts a real server rarely
+ * shows: partial reads, timeouts, out-of-step streams and reconnection.
+ */
+#define _GNU_SOURCE
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <criterion/criterion.h>
+
+#include "memtally.pb-c.h"
+#include "memtally_query.h"
+#include "mtframe.h"
+
+/* ---- the fake server ----------------------------------------------- */
+
+struct fake;
+/* Answer `req`, the n-th request of the server (from 1). Return false to
+ * close the connection. */
+typedef bool (*fake_handler)(struct fake *f, int fd,
+                             const Memtally__V1__Request *req, int n);
+
+struct fake {
+	char path[108];
+	int lfd;
+	pthread_t thread;
+	fake_handler handler;
+	atomic_int requests;
+	atomic_int connections;
+	uint64_t ids[64];    /* ids of the requests seen */
+	char groups[64][64]; /* group of each GetUsage/ListProcesses */
+};
+
+static int test_mult(void)
+{
+	const char *m = getenv("MEMTALLY_TEST_TIMEOUT_MULT");
+	return m && atoi(m) > 0 ? atoi(m) : 1;
+}
+
+static void write_all(int fd, const void *buf, size_t len)
+{
+	const uint8_t *p = buf;
+	while (len) {
+		ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
+		if (n <= 0)
+			return;
+		p += n;
+		len -= (size_t)n;
+	}
+}
+
+static void send_response(int fd, Memtally__V1__Response *r)
+{
+	size_t n = mtframe_packed_size(&r->base);
+	uint8_t *buf = malloc(n);
+	cr_assert_not_null(buf);
+	mtframe_pack(&r->base, buf, n);
+	write_all(fd, buf, n);
+	free(buf);
+}
+
+/* Read one request frame; NULL at EOF. */
+static Memtally__V1__Request *read_request(int fd)
+{
+	uint8_t buf[4096];
+	size_t len = 0;
+	for (;;) {
+		uint64_t blen;
+		int pre = mtframe_decode_len(buf, len, sizeof(buf), &blen);
+		cr_assert_geq(pre, 0, "the library sent a bad length prefix");
+		if (pre > 0 && len >= (size_t)pre + blen) {
+			cr_assert_eq(len, (size_t)pre + blen,
+			             "the library pipelined unasked");
+			Memtally__V1__Request *req =
+			    memtally__v1__request__unpack(NULL, blen,
+			                                  buf + pre);
+			cr_assert_not_null(req, "undecodable request");
+			return req;
+		}
+		ssize_t n = read(fd, buf + len, sizeof(buf) - len);
+		if (n <= 0)
+			return NULL;
+		len += (size_t)n;
+	}
+}
+
+static void *fake_main(void *arg)
+{
+	struct fake *f = arg;
+	for (;;) {
+		int fd = accept(f->lfd, NULL, NULL);
+		if (fd < 0)
+			return NULL; /* shut down */
+		atomic_fetch_add(&f->connections, 1);
+		Memtally__V1__Request *req;
+		bool open = true;
+		while (open && (req = read_request(fd))) {
+			int n = atomic_fetch_add(&f->requests, 1) + 1;
+			if (n <= 64) {
+				f->ids[n - 1] = req->id;
+				const char *g = "";
+				if (req->body_case ==
+				    MEMTALLY__V1__REQUEST__BODY_LIST_PROCESSES)
+					g = req->list_processes->group;
+				else if (
+				    req->body_case ==
+				        MEMTALLY__V1__REQUEST__BODY_GET_USAGE &&
+				    req->get_usage->scope_case ==
+				        MEMTALLY__V1__GET_USAGE__SCOPE_GROUP)
+					g = req->get_usage->group;
+				snprintf(f->groups[n - 1], 64, "%s", g);
+			}
+			open = f->handler(f, fd, req, n);
+			memtally__v1__request__free_unpacked(req, NULL);
+		}
+		close(fd);
+	}
+}
+
+static void fake_start(struct fake *f, fake_handler h)
+{
+	static int seq;
+	memset(f, 0, sizeof(*f));
+	f->handler = h;
+	snprintf(f->path, sizeof(f->path), "/tmp/mtq-test-%d-%d.sock",
+	         (int)getpid(), seq++);
+	unlink(f->path);
+	f->lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	cr_assert_geq(f->lfd, 0);
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	strcpy(sa.sun_path, f->path);
+	cr_assert_eq(bind(f->lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	cr_assert_eq(listen(f->lfd, 8), 0);
+	cr_assert_eq(pthread_create(&f->thread, NULL, fake_main, f), 0);
+}
+
+static void fake_stop(struct fake *f)
+{
+	shutdown(f->lfd, SHUT_RDWR); /* wakes accept() */
+	pthread_join(f->thread, NULL);
+	close(f->lfd);
+	unlink(f->path);
+}
+
+/* ---- canned answers ------------------------------------------------ */
+
+static bool answer_usage(struct fake *f, int fd,
+                         const Memtally__V1__Request *req, int n)
+{
+	Memtally__V1__GroupUsage g[2], *gp[2] = {&g[0], &g[1]};
+	memtally__v1__group_usage__init(&g[0]);
+	memtally__v1__group_usage__init(&g[1]);
+	g[0].name = "batch";
+	g[0].bytes = 1000;
+	g[0].peak = 2000;
+	g[0].processes = 2;
+	g[1].name = "web";
+	g[1].bytes = 5000;
+	g[1].limit = 8000;
+	g[1].state = MEMTALLY__V1__STATE__STATE_HIGH;
+	g[1].reserved_bytes = 300;
+	g[1].error_bytes = 65536;
+	Memtally__V1__ProcessInfo p = MEMTALLY__V1__PROCESS_INFO__INIT;
+	p.pid = req->get_usage->pid;
+	p.group = "web";
+	p.bytes = 4096;
+	p.comm = "worker";
+	p.task = "t-1";
+	p.over_limit = 1;
+	p.threads = 3;
+
+	Memtally__V1__Usage u = MEMTALLY__V1__USAGE__INIT;
+	u.fleet_bytes = 6000;
+	u.fleet_peak = 7000;
+	u.fleet_limit = 10000;
+	u.reserved_bytes = 300;
+	u.state = MEMTALLY__V1__STATE__STATE_OVER;
+	u.processes = 4;
+	u.error_bytes = 262144;
+	u.unregistered = 1;
+	u.ticks = 99;
+	u.threshold = 65536;
+	u.slots = 64;
+	u.slots_free = 60;
+	switch (req->get_usage->scope_case) {
+	case MEMTALLY__V1__GET_USAGE__SCOPE_GROUP:
+		u.group = strcmp(req->get_usage->group, "web") ? NULL : &g[1];
+		break;
+	case MEMTALLY__V1__GET_USAGE__SCOPE_PID:
+		u.process = &p;
+		break;
+	default:
+		u.n_groups = 2;
+		u.groups = gp;
+	}
+	Memtally__V1__Response r = MEMTALLY__V1__RESPONSE__INIT;
+	r.id = req->id;
+	r.body_case = MEMTALLY__V1__RESPONSE__BODY_USAGE;
+	r.usage = &u;
+	send_response(fd, &r);
+	return true;
+}
+
+static bool answer_processes(struct fake *f, int fd,
+                             const Memtally__V1__Request *req, int n)
+{
+	Memtally__V1__ProcessInfo p[3], *pp[3] = {&p[0], &p[1], &p[2]};
+	static const char *groups[3] = {"a", "b", "a"};
+	for (int i = 0; i < 3; i++) {
+		memtally__v1__process_info__init(&p[i]);
+		p[i].pid = 100 + (uint32_t)i;
+		p[i].group = (char *)groups[i];
+		p[i].bytes = 3000 - 1000 * (uint64_t)i;
+		p[i].comm = i == 1 ? "" : "proc";
+		p[i].corrupt = i == 2;
+		p[i].registered_ns = 42;
+	}
+	Memtally__V1__ProcessList pl = MEMTALLY__V1__PROCESS_LIST__INIT;
+	const char *want = req->list_processes->group;
+	Memtally__V1__ProcessInfo *sel[3];
+	for (int i = 0; i < 3; i++)
+		if (!want[0] || !strcmp(want, groups[i]))
+			sel[pl.n_processes++] = pp[i];
+	pl.processes = sel;
+	Memtally__V1__Response r = MEMTALLY__V1__RESPONSE__INIT;
+	r.id = req->id;
+	r.body_case = MEMTALLY__V1__RESPONSE__BODY_PROCESS_LIST;
+	r.process_list = &pl;
+	send_response(fd, &r);
+	return true;
+}
+
+static bool answer_any(struct fake *f, int fd, const Memtally__V1__Request *req,
+                       int n)
+{
+	if (req->body_case == MEMTALLY__V1__REQUEST__BODY_LIST_PROCESSES)
+		return answer_processes(f, fd, req, n);
+	return answer_usage(f, fd, req, n);
+}
+
+static void send_error(int fd, uint64_t id, Memtally__V1__ErrorCode code,
+                       char *msg)
+{
+	Memtally__V1__Error e = MEMTALLY__V1__ERROR__INIT;
+	e.code = code;
+	e.message = msg;
+	Memtally__V1__Response r = MEMTALLY__V1__RESPONSE__INIT;
+	r.id = id;
+	r.error = &e;
+	send_response(fd, &r);
+}
+
+/* ---- tests --------------------------------------------------------- */
+
+static memtally_query *open_ok(struct fake *f, int timeout_ms)
+{
+	memtally_query *q = NULL;
+	int err = memtally_query_open(&q, f->path, timeout_ms);
+	cr_assert_eq(err, 0, "open: %s", strerror(-err));
+	cr_assert_not_null(q);
+	return q;
+}
+
+Test(query, usage_fleet_copies_every_field)
+{
+	struct fake f;
+	fake_start(&f, answer_usage);
+	memtally_query *q = open_ok(&f, 0);
+	struct memtally_usage *u;
+	cr_assert_eq(memtally_query_usage(q, &u), 0);
+	cr_expect_eq(u->bytes, 6000);
+	cr_expect_eq(u->peak, 7000);
+	cr_expect_eq(u->limit, 10000);
+	cr_expect_eq(u->reserved, 300);
+	cr_expect_eq(u->state, MEMTALLY_STATE_OVER);
+	cr_expect_eq(u->processes, 4);
+	cr_expect_eq(u->error_bytes, 262144);
+	cr_expect_eq(u->unregistered, 1);
+	cr_expect_eq(u->ticks, 99);
+	cr_expect_eq(u->threshold, 65536);
+	cr_expect_eq(u->slots, 64);
+	cr_expect_eq(u->slots_free, 60);
+	cr_assert_eq(u->n_groups, 2);
+	cr_expect_str_eq(u->groups[0].name, "batch");
+	cr_expect_eq(u->groups[0].bytes, 1000);
+	cr_expect_eq(u->groups[0].peak, 2000);
+	cr_expect_eq(u->groups[0].limit, 0);
+	cr_expect_eq(u->groups[0].processes, 2);
+	cr_expect_str_eq(u->groups[1].name, "web");
+	cr_expect_eq(u->groups[1].state, MEMTALLY_STATE_HIGH);
+	cr_expect_eq(u->groups[1].limit, 8000);
+	cr_expect_eq(u->groups[1].reserved, 300);
+	cr_expect_eq(u->groups[1].error_bytes, 65536);
+	cr_expect_str_eq(memtally_query_last_error(q), "");
+	memtally_usage_free(u);
+	memtally_query_close(q);
+	fake_stop(&f);
+}
+
+Test(query, group_scope_returns_one_group)
+{
+	struct fake f;
+	fake_start(&f, answer_usage);
+	memtally_query *q = open_ok(&f, 0);
+	struct memtally_usage *u;
+	cr_assert_eq(memtally_query_group(q, "web", &u), 0);
+	cr_expect_str_eq(f.groups[0], "web");
+	cr_assert_eq(u->n_groups, 1);
+	cr_expect_str_eq(u->groups[0].name, "web");
+	cr_expect_eq(u->groups[0].bytes, 5000);
+	cr_expect_eq(u->bytes, 6000);
+	memtally_usage_free(u);
+	/* A Usage without the group asked for is the server's fault. */
+	cr_expect_eq(memtally_query_group(q, "nope", &u), MEMTALLY_EPROTO);
+	cr_expect_null(u);
+	cr_expect_eq(memtally_query_group(q, NULL, &u), -EINVAL);
+	memtally_query_close(q);
+	fake_stop(&f);
+}
+
+Test(query, process_scope)
+{
+	struct fake f;
+	fake_start(&f, answer_usage);
+	memtally_query *q = open_ok(&f, 0);
+	struct memtally_process *p;
+	cr_assert_eq(memtally_query_process(q, 4242, &p), 0);
+	cr_expect_eq(p->pid, 4242);
+	cr_expect_str_eq(p->group, "web");
+	cr_expect_str_eq(p->comm, "worker");
+	cr_expect_str_eq(p->task, "t-1");
+	cr_expect_eq(p->bytes, 4096);
+	cr_expect(p->over_limit);
+	cr_expect_not(p->corrupt);
+	cr_expect_eq(p->threads, 3);
+	memtally_process_free(p);
+	cr_expect_eq(memtally_query_process(q, 0, &p), -EINVAL);
+	cr_expect_null(p);
+	memtally_query_close(q);
+	fake_stop(&f);
+}
+
+Test(query, processes_all_filtered_and_empty)
+{
+	struct fake f;
+	fake_start(&f, answer_processes);
+	memtally_query *q = open_ok(&f, 0);
+	struct memtally_process *p;
+	size_t n;
+	cr_assert_eq(memtally_query_processes(q, NULL, &p, &n), 0);
+	cr_assert_eq(n, 3);
+	cr_expect_eq(p[0].pid, 100);
+	cr_expect_eq(p[0].bytes, 3000);
+	cr_expect_str_eq(p[1].comm, "");
+	cr_expect_str_eq(p[1].task, "");
+	cr_expect(p[2].corrupt);
+	cr_expect_eq(p[2].registered_ns, 42);
+	cr_expect_str_eq(p[2].group, "a");
+	memtally_processes_free(p);
+
+	cr_assert_eq(memtally_query_processes(q, "a", &p, &n), 0);
+	cr_expect_str_eq(f.groups[1], "a");
+	cr_expect_eq(n, 2);
+	memtally_processes_free(p);
+
+	cr_assert_eq(memtally_query_processes(q, "none", &p, &n), 0);
+	cr_expect_eq(n, 0);
+	cr_expect_null(p);
+	cr_expect_eq(atomic_load(&f.connections), 1, "one connection reused");
+	memtally_query_close(q);
+	fake_stop(&f);
+}
+
+Test(query, request_ids_increase)
+{
+	struct fake f;
+	fake_start(&f, answer_any);
+	memtally_query *q = open_ok(&f, 0);
+	struct memtally_usage *u;
+	for (int i = 0; i < 5; i++) {
+		cr_assert_eq(memtally_query_usage(q, &u), 0);
+		memtally_usage_free(u);
+	}
+	cr_assert_eq(atomic_load(&f.requests), 5);
+	for (int i = 1; i < 5; i++)
+		cr_expect_gt(f.ids[i], f.ids[i - 1]);
+	cr_expect_neq(f.ids[0], 0, "id 0 is what the server uses for errors");
+	memtally_query_close(q);
+	fake_stop(&f);
+}
+
+static bool answer_wrong_id_first(struct fake *f, int fd,
+                                  const Memtally__V1__Request *req, int n)
+{
+	if (n == 1) {
+		Memtally__V1__Request copy = *req;
+		copy.id += 7;
+		return answer_usage(f, fd, &copy, n);
+	}
+	return answer_usage(f, fd, req, n);
+}
+
+Test(query, wrong_id_is_eproto_then_reconnects)
+{
+	struct fake f;
+	fake_start(&f, answer_wrong_id_first);
+	memtally_query *q = open_ok(&f, 0);
+	struct memtally_usage *u;
+	cr_expect_eq(memtally_query_usage(q, &u), MEMTALLY_EPROTO);
+	cr_expect_null(u);
+	cr_expect_neq(strstr(memtally_query_last_error(q), "id"), NULL);
+	cr_assert_eq(memtally_query_usage(q, &u), 0);
+	cr_expect_eq(u->bytes, 6000);
+	cr_expect_str_eq(memtally_query_last_error(q), "");
+	cr_expect_eq(atomic_load(&f.connections), 2);
+	memtally_usage_free(u);
+	memtally_query_close(q);
+	fake_stop(&f);
+}
+
+static const struct {
+	Memtally__V1__ErrorCode code;
+	int err;
+} error_map[] = {
+    {MEMTALLY__V1__ERROR_CODE__ERROR_NOT_FOUND, MEMTALLY_ENOTFOUND},
+    {MEMTALLY__V1__ERROR_CODE__ERROR_PERMISSION_DENIED, MEMTALLY_EPERM},
+    {MEMTALLY__V1__ERROR_CODE__ERROR_NO_SLOTS, MEMTALLY_ENOSLOTS},
+    {MEMTALLY__V1__ERROR_CODE__ERROR_UNSUPPORTED, MEMTALLY_EUNSUPPORTED},
+    {MEMTALLY__V1__ERROR_CODE__ERROR_INVALID_REQUEST, MEMTALLY_EBADREQUEST},
+    {MEMTALLY__V1__ERROR_CODE__ERROR_INTERNAL, MEMTALLY_ESERVER},
+    {MEMTALLY__V1__ERROR_CODE__ERROR_NO_PEER_CREDENTIALS, MEMTALLY_ESERVER},
+};
+#define N_ERRORS (sizeof(error_map) / sizeof(error_map[0]))
+
+static bool answer_errors(struct fake *f, int fd,
+                          const Memtally__V1__Request *req, int n)
+{
+	if ((size_t)n <= N_ERRORS) {
+		char msg[32];
+		snprintf(msg, sizeof(msg), "error %d", n);
+		send_error(fd, req->id, error_map[n - 1].code, msg);
+		return true;
+	}
+	return answer_any(f, fd, req, n);
+}
+
+Test(query, server_errors_map_and_keep_the_connection)
+{
+	struct fake f;
+	fake_start(&f, answer_errors);
+	memtally_query *q = open_ok(&f, 0);
+	for (size_t i = 0; i < N_ERRORS; i++) {
+		struct memtally_process *p;
+		size_t n;
+		cr_expect_eq(memtally_query_processes(q, "g", &p, &n),
+		             error_map[i].err, "error %zu", i + 1);
+		cr_expect_null(p);
+		cr_expect_eq(n, 0);
+		char want[32];
+		snprintf(want, sizeof(want), "error %zu", i + 1);
+		cr_expect_str_eq(memtally_query_last_error(q), want);
+	}
+	struct memtally_usage *u;
+	cr_assert_eq(memtally_query_usage(q, &u), 0);
+	memtally_usage_free(u);
+	cr_expect_eq(atomic_load(&f.connections), 1);
+	memtally_query_close(q);
+	fake_stop(&f);
+}
+
+/* The server could not decode the request: error with id 0, then close. */
+static bool answer_undecodable_first(struct fake *f, int fd,
+                                     const Memtally__V1__Request *req, int n)
+{
+	if (n == 1) {
+		send_error(fd, 0, MEMTALLY__V1__ERROR_CODE__ERROR_UNDECODABLE,
+		           "");
+		return false;
+	}
+	return answer_any(f, fd, req, n);
+}
+
+Test(query, id0_error_answers_and_reconnects)
+{
+	struct fake f;
+	fake_start(&f, answer_undecodable_first);
+	memtally_query *q = open_ok(&f, 0);
+	struct memtally_usage *u;
+	cr_expect_eq(memtally_query_usage(q, &u), MEMTALLY_ESERVER);
+	cr_expect_str_eq(memtally_query_last_error(q), "server error code 6");
+	cr_assert_eq(memtally_query_usage(q, &u), 0);
+	memtally_usage_free(u);
+	cr_expect_eq(atomic_load(&f.connections), 2);
+	memtally_query_close(q);
+	fake_stop(&f);
+}
+
+/* Every response byte in its own write, with pauses: partial reads. */
+static bool answer_byte_by_byte(struct fake *f, int fd,
+                                const Memtally__V1__Request *req, int n)
+{
+	int pair[2];
+	cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, pair), 0);
+	answer_any(f, pair[0], req, n);
+	close(pair[0]);
+	uint8_t b;
+	while (read(pair[1], &b, 1) == 1) {
+		write_all(fd, &b, 1);
+		usleep(500);
+	}
+	close(pair[1]);
+	return true;
+}
+
+Test(query, response_in_single_bytes)
+{
+	struct fake f;
+	fake_start(&f, answer_byte_by_byte);
+	memtally_query *q = open_ok(&f, 5000 * test_mult());
+	struct memtally_process *p;
+	size_t n;
+	cr_assert_eq(memtally_query_processes(q, NULL, &p, &n), 0);
+	cr_expect_eq(n, 3);
+	cr_expect_str_eq(p[0].comm, "proc");
+	memtally_processes_free(p);
+	struct memtally_usage *u;
+	cr_assert_eq(memtally_query_usage(q, &u), 0);
+	cr_expect_eq(u->n_groups, 2);
+	memtally_usage_free(u);
+	memtally_query_close(q);
+	fake_stop(&f);
+}
+
+static bool answer_nothing(struct fake *f, int fd,
+                           const Memtally__V1__Request *req, int n)
+{
+	return true;
+}
+
+static int64_t mono_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+Test(query, silent_server_times_out, .timeout = 20)
+{
+	struct fake f;
+	fake_start(&f, answer_nothing);
+	memtally_query *q = open_ok(&f, 200);
+	struct memtally_usage *u;
+	int64_t t0 = mono_ms();
+	cr_expect_eq(memtally_query_usage(q, &u), -ETIMEDOUT);
+	int64_t took = mono_ms() - t0;
+	cr_expect_geq(took, 190, "gave up early: %lld ms", (long long)took);
+	cr_expect_lt(took, 2000 * test_mult(), "took %lld ms", (long long)took);
+	cr_expect_null(u);
+	memtally_query_close(q);
+	fake_stop(&f);
+}
+
+static bool answer_close(struct fake *f, int fd,
+                         const Memtally__V1__Request *req, int n)
+{
+	return false;
+}
+
+Test(query, server_close_is_econnreset)
+{
+	struct fake f;
+	fake_start(&f, answer_close);
+	memtally_query *q = open_ok(&f, 0);
+	struct memtally_usage *u;
+	/* The first call takes the idle connection for a stale one and
+	 * tries once more on a new connection, which fails the same way. */
+	cr_expect_eq(memtally_query_usage(q, &u), -ECONNRESET);
+	cr_expect_neq(memtally_query_last_error(q)[0], '\0');
+	cr_expect_eq(atomic_load(&f.connections), 2);
+	cr_expect_eq(atomic_load(&f.requests), 2);
+	/* The next call reconnects; a fresh connection is not retried. */
+	cr_expect_eq(memtally_query_usage(q, &u), -ECONNRESET);
+	cr_expect_eq(atomic_load(&f.connections), 3);
+	cr_expect_eq(atomic_load(&f.requests), 3);
+	memtally_query_close(q);
+	fake_stop(&f);
+}
+
+/* The server closes each connection after one answer, as a restart
+ * between two queries would. */
+static bool answer_once(struct fake *f, int fd,
+                        const Memtally__V1__Request *req, int n)
+{
+	answer_any(f, fd, req, n);
+	return false;
+}
+
+Test(query, stale_connection_is_retried_once)
+{
+	struct fake f;
+	fake_start(&f, answer_once);
+	memtally_query *q = open_ok(&f, 0);
+	struct memtally_usage *u;
+	for (int i = 0; i < 3; i++) {
+		/* Let the server's close reach us before the next query. */
+		usleep(20000);
+		cr_assert_eq(memtally_query_usage(q, &u), 0, "query %d", i);
+		cr_expect_str_eq(memtally_query_last_error(q), "");
+		memtally_usage_free(u);
+	}
+	/* Query 0 used the connection from open; 1 and 2 each found the
+	 * previous one closed and reconnected without failing. */
+	cr_expect_eq(atomic_load(&f.connections), 3);
+	cr_expect_eq(atomic_load(&f.requests), 3);
+	memtally_query_close(q);
+	fake_stop(&f);
+}
+
+static bool answer_garbage(struct fake *f, int fd,
+                           const Memtally__V1__Request *req, int n)
+{
+	static const uint8_t bad_varint[11] = {
+	    0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01};
+	static const uint8_t huge[] = {0x80, 0x80, 0x80, 0x40}; /* 128 MiB */
+	static const uint8_t junk[] = {0x03, 0xff, 0xff, 0xff};
+	switch (n) {
+	case 1:
+		write_all(fd, bad_varint, sizeof(bad_varint));
+		break;
+	case 2:
+		write_all(fd, huge, sizeof(huge));
+		break;
+	case 3:
+		write_all(fd, junk, sizeof(junk));
+		break;
+	default:
+		return answer_any(f, fd, req, n);
+	}
+	return true;
+}
+
+Test(query, garbled_answers_are_eproto)
+{
+	struct fake f;
+	fake_start(&f, answer_garbage);
+	memtally_query *q = open_ok(&f, 0);
+	struct memtally_usage *u;
+	for (int i = 0; i < 3; i++) {
+		cr_expect_eq(memtally_query_usage(q, &u), MEMTALLY_EPROTO,
+		             "garbage %d", i + 1);
+		cr_expect_neq(memtally_query_last_error(q)[0], '\0');
+	}
+	cr_assert_eq(memtally_query_usage(q, &u), 0);
+	memtally_usage_free(u);
+	cr_expect_eq(atomic_load(&f.connections), 4);
+	memtally_query_close(q);
+	fake_stop(&f);
+}
+
+/* A ProcessList in answer to GetUsage: in step, but not what was asked. */
+static bool answer_wrong_body(struct fake *f, int fd,
+                              const Memtally__V1__Request *req, int n)
+{
+	if (req->body_case == MEMTALLY__V1__REQUEST__BODY_GET_USAGE) {
+		Memtally__V1__ListProcesses lp =
+		    MEMTALLY__V1__LIST_PROCESSES__INIT;
+		Memtally__V1__Request copy = *req;
+		copy.body_case = MEMTALLY__V1__REQUEST__BODY_LIST_PROCESSES;
+		copy.list_processes = &lp;
+		return answer_processes(f, fd, &copy, n);
+	}
+	return answer_processes(f, fd, req, n);
+}
+
+Test(query, wrong_body_is_eproto)
+{
+	struct fake f;
+	fake_start(&f, answer_wrong_body);
+	memtally_query *q = open_ok(&f, 0);
+	struct memtally_usage *u;
+	cr_expect_eq(memtally_query_usage(q, &u), MEMTALLY_EPROTO);
+	struct memtally_process *p;
+	size_t n;
+	cr_assert_eq(memtally_query_processes(q, NULL, &p, &n), 0);
+	memtally_processes_free(p);
+	memtally_query_close(q);
+	fake_stop(&f);
+}
+
+Test(query, open_errors)
+{
+	memtally_query *q = (memtally_query *)&q;
+	cr_expect_eq(memtally_query_open(NULL, "/tmp/x", 0), -EINVAL);
+	cr_expect_eq(memtally_query_open(&q, "/nonexistent/memtally.sock", 0),
+	             -ENOENT);
+	cr_expect_null(q);
+	cr_expect_eq(memtally_query_open(&q, "", 0), -EINVAL);
+	char long_path[200];
+	memset(long_path, 'a', sizeof(long_path) - 1);
+	long_path[sizeof(long_path) - 1] = '\0';
+	long_path[0] = '/';
+	cr_expect_eq(memtally_query_open(&q, long_path, 0), -ENAMETOOLONG);
+
+	/* A socket nobody listens on any more. */
+	struct fake f;
+	fake_start(&f, answer_any);
+	fake_stop(&f);
+	int s = socket(AF_UNIX, SOCK_STREAM, 0);
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	strcpy(sa.sun_path, f.path);
+	cr_assert_eq(bind(s, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	close(s);
+	cr_expect_eq(memtally_query_open(&q, f.path, 0), -ECONNREFUSED);
+	unlink(f.path);
+}
+
+Test(query, default_socket_from_environment)
+{
+	unsetenv("MEMTALLY_SOCKET");
+	cr_expect_str_eq(memtally_query_default_socket(),
+	                 MEMTALLY_DEFAULT_SOCKET);
+	setenv("MEMTALLY_SOCKET", "", 1);
+	cr_expect_str_eq(memtally_query_default_socket(),
+	                 MEMTALLY_DEFAULT_SOCKET);
+	struct fake f;
+	fake_start(&f, answer_any);
+	setenv("MEMTALLY_SOCKET", f.path, 1);
+	cr_expect_str_eq(memtally_query_default_socket(), f.path);
+	memtally_query *q;
+	cr_assert_eq(memtally_query_open(&q, NULL, 0), 0);
+	struct memtally_usage *u;
+	cr_expect_eq(memtally_query_usage(q, &u), 0);
+	memtally_usage_free(u);
+	memtally_query_close(q);
+	fake_stop(&f);
+}
+
+Test(query, destructors_and_names)
+{
+	memtally_query_close(NULL);
+	memtally_usage_free(NULL);
+	memtally_process_free(NULL);
+	memtally_processes_free(NULL);
+	cr_expect_str_eq(memtally_query_last_error(NULL), "");
+	cr_expect_str_eq(memtally_state_name(MEMTALLY_STATE_OK), "ok");
+	cr_expect_str_eq(memtally_state_name(MEMTALLY_STATE_HIGH), "high");
+	cr_expect_str_eq(memtally_state_name(MEMTALLY_STATE_OVER), "over");
+	cr_expect_str_eq(memtally_state_name((enum memtally_state)7),
+	                 "unknown");
+}
