@@ -33,6 +33,7 @@
 #include <unistd.h>
 
 #include "memtally.pb-c.h"
+#include "memtally_query.h"
 #include "mtframe.h"
 
 #define MTC_CONNECT_TIMEOUT_MS 500
@@ -577,14 +578,16 @@ const char *memtally_strerror(int err)
 		return "memtally protocol error";
 	case MEMTALLY_ESERVER:
 		return "memtally server returned an error";
-	case -4005:
+	case MEMTALLY_ENOTFOUND:
 		return "not found";
-	case -4006:
+	case MEMTALLY_EPERM:
 		return "permission denied by the memtally server";
-	case -4007:
+	case MEMTALLY_ENOSLOTS:
 		return "no free slot on the memtally server";
-	case -4008:
+	case MEMTALLY_EUNSUPPORTED:
 		return "request not supported by this memtally server";
+	case MEMTALLY_EBADREQUEST:
+		return "request rejected as invalid by the memtally server";
 	case MTFRAME_EVARINT:
 		return "malformed frame length";
 	case MTFRAME_ETOOBIG:
