@@ -306,7 +306,8 @@ static json_t *json_status(const struct memtally_usage *u)
 			goto fail_put_groups;
 	}
 	/* clang-format off */
-	return json_pack("{s:{s:I, s:I, s:o, s:I, s:s, s:I}, s:I, s:I, s:o}",
+	return json_pack("{s:{s:I, s:I, s:o, s:I, s:s, s:I}, s:I, s:I, s:o, "
+			 "s:I, s:I, s:I, s:I}",
 		"fleet",
 			"bytes", jint(u->bytes),
 			"peak", jint(u->peak),
@@ -316,7 +317,11 @@ static json_t *json_status(const struct memtally_usage *u)
 			"error_bytes", jint(u->error_bytes),
 		"processes", (json_int_t)u->processes,
 		"unregistered", (json_int_t)u->unregistered,
-		"groups", groups);
+		"groups", groups,
+		"ticks", jint(u->ticks),
+		"threshold", jint(u->threshold),
+		"slots", (json_int_t)u->slots,
+		"slots_free", (json_int_t)u->slots_free);
 	/* clang-format on */
 
 fail_put_groups:

@@ -1,0 +1,494 @@
+/*
+ * conn.c - the Unix-socket listener and its connections.
+ *
+ * Each connection has an input buffer and a count of response bytes handed
+ * to libuv but not yet written. Frames are answered as soon as they are
+ * complete (mts_input()); the responses produced in one turn are written
+ * with one uv_write, and libuv keeps writes in order, so responses leave in
+ * request order.
+ *
+ * Nothing a peer does may stall the others, so each connection is bounded
+ * three ways:
+ *  - input: we read 64 KiB at a time and answer before reading more, so
+ *    the buffer holds at most one partial frame (<= 1 MiB) plus one read;
+ *  - output: when unwritten output reaches MTS_OUT_HIGH we stop reading
+ *    and answering ("paused") until it drains below MTS_OUT_LOW;
+ *  - time: a turn answers at most MTS_FRAMES_PER_TURN frames; a connection
+ *    with more complete frames stops reading and joins the backlog, which
+ *    an idle handle serves one turn per connection per loop iteration, so
+ *    every other connection's events run in between.
+ * A connection reads only while it is in none of these states (and not
+ * closing): `reading` mirrors uv_read_start/stop.
+ *
+ * Lifetime: a connection is closed on a read or write error, after a bad
+ * frame once its error answer is written, and on EOF once every buffered
+ * request is answered and written. Memory is freed in the close callback;
+ * libuv runs pending write callbacks (UV_ECANCELED) before it.
+ */
+#include "server.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "log.h"
+
+#define READ_CHUNK (64u * 1024u)
+/* An idle connection keeps a small input buffer. */
+#define IN_KEEP (256u * 1024u)
+
+struct mts_conn {
+	uv_pipe_t pipe; /* pipe.data = this */
+	struct mts_server *srv;
+	struct mts_conn *prev, *next; /* srv->conns */
+	struct mts_conn *bnext;       /* srv->backlog_head */
+	struct mts_peer peer;
+	uint8_t *in;
+	size_t in_off; /* in[in_off, in_len) is not answered yet */
+	size_t in_len;
+	size_t in_cap;
+	size_t out_pending; /* bytes in uv_write requests not completed */
+	bool reading;
+	bool paused;     /* output over MTS_OUT_HIGH */
+	bool backlogged; /* turn spent, more frames waiting */
+	bool eof;        /* the peer will send nothing more */
+	bool close_after_write;
+	bool closing;
+};
+
+struct write_req {
+	uv_write_t req; /* req.data = this */
+	struct mts_conn *conn;
+	uint8_t *data;
+	size_t len;
+};
+
+static void conn_process(struct mts_conn *c);
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
+static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
+static void on_idle(uv_idle_t *h);
+
+static void on_conn_closed(uv_handle_t *h)
+{
+	struct mts_conn *c = h->data;
+	free(c->in);
+	free(c);
+}
+
+static void backlog_remove(struct mts_server *srv, struct mts_conn *c)
+{
+	struct mts_conn *prev = NULL;
+	for (struct mts_conn *x = srv->backlog_head; x; x = x->bnext) {
+		if (x == c) {
+			if (prev)
+				prev->bnext = c->bnext;
+			else
+				srv->backlog_head = c->bnext;
+			if (srv->backlog_tail == c)
+				srv->backlog_tail = prev;
+			break;
+		}
+		prev = x;
+	}
+	c->bnext = NULL;
+	c->backlogged = false;
+}
+
+static void conn_close(struct mts_conn *c)
+{
+	if (c->closing)
+		return;
+	c->closing = true;
+	struct mts_server *srv = c->srv;
+	if (c->backlogged)
+		backlog_remove(srv, c);
+	if (c->prev)
+		c->prev->next = c->next;
+	else
+		srv->conns = c->next;
+	if (c->next)
+		c->next->prev = c->prev;
+	srv->nconns--;
+	mts_log(MTS_LOG_DEBUG, "connection closed", "peer_pid=%u", c->peer.pid);
+	uv_close((uv_handle_t *)&c->pipe, on_conn_closed);
+}
+
+static void stop_reading(struct mts_conn *c)
+{
+	if (c->reading) {
+		uv_read_stop((uv_stream_t *)&c->pipe);
+		c->reading = false;
+	}
+}
+
+static void resume_reading(struct mts_conn *c)
+{
+	if (c->reading || c->closing || c->paused || c->backlogged || c->eof ||
+	    c->close_after_write)
+		return;
+	int err = uv_read_start((uv_stream_t *)&c->pipe, on_alloc, on_read);
+	if (err < 0) {
+		conn_close(c);
+		return;
+	}
+	c->reading = true;
+}
+
+/* Close once nothing is left to do: the peer is done (EOF) or we decided
+ * to close, and every answer is written. */
+static void conn_maybe_finish(struct mts_conn *c)
+{
+	if (c->closing || c->out_pending > 0)
+		return;
+	if (c->close_after_write || (c->eof && !c->paused && !c->backlogged))
+		conn_close(c);
+}
+
+static void backlog_add(struct mts_conn *c)
+{
+	struct mts_server *srv = c->srv;
+	c->backlogged = true;
+	c->bnext = NULL;
+	if (srv->backlog_tail)
+		srv->backlog_tail->bnext = c;
+	else
+		srv->backlog_head = c;
+	srv->backlog_tail = c;
+	if (!uv_is_active((uv_handle_t *)&srv->idle))
+		uv_idle_start(&srv->idle, on_idle);
+}
+
+static void on_write(uv_write_t *req, int status)
+{
+	struct write_req *w = req->data;
+	struct mts_conn *c = w->conn;
+	c->out_pending -= w->len;
+	free(w->data);
+	free(w);
+	if (c->closing)
+		return;
+	if (status < 0) {
+		mts_log(MTS_LOG_DEBUG, "write failed, closing",
+		        "peer_pid=%u err=%s", c->peer.pid, uv_err_name(status));
+		conn_close(c);
+		return;
+	}
+	if (c->paused && c->out_pending <= MTS_OUT_LOW) {
+		/* Answer what was buffered while paused; conn_process reads
+		 * again once nothing answerable is left. */
+		c->paused = false;
+		conn_process(c);
+	}
+	conn_maybe_finish(c);
+}
+
+/* Hand `out`'s bytes to libuv (ownership moves to the write request). */
+static int conn_write(struct mts_conn *c, struct mts_buf *out)
+{
+	struct write_req *w = malloc(sizeof(*w));
+	if (!w)
+		return -ENOMEM;
+	w->conn = c;
+	w->data = out->data;
+	w->len = out->len;
+	w->req.data = w;
+	uv_buf_t b = uv_buf_init((char *)w->data, (unsigned)w->len);
+	int err = uv_write(&w->req, (uv_stream_t *)&c->pipe, &b, 1, on_write);
+	if (err < 0) {
+		/* An error return means the callback never runs. */
+		free(w);
+		return err;
+	}
+	c->out_pending += w->len;
+	memset(out, 0, sizeof(*out));
+	return 0;
+}
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+	struct mts_conn *c = h->data;
+	/* Reading resumes only when nothing answerable is buffered: move
+	 * the partial frame (if any) to the front once, here. */
+	if (c->in_off > 0) {
+		memmove(c->in, c->in + c->in_off, c->in_len - c->in_off);
+		c->in_len -= c->in_off;
+		c->in_off = 0;
+	}
+	if (c->in_cap - c->in_len < READ_CHUNK) {
+		size_t cap = c->in_len + READ_CHUNK;
+		uint8_t *n = realloc(c->in, cap);
+		if (!n) {
+			/* libuv turns an empty buffer into UV_ENOBUFS. */
+			*buf = uv_buf_init(NULL, 0);
+			return;
+		}
+		c->in = n;
+		c->in_cap = cap;
+	}
+	*buf = uv_buf_init((char *)c->in + c->in_len,
+	                   (unsigned)(c->in_cap - c->in_len));
+}
+
+/* One turn: answer buffered frames within the budgets, then decide
+ * whether to read more, wait for the output to drain, or come back on the
+ * next loop iteration. */
+static void conn_process(struct mts_conn *c)
+{
+	if (c->closing || c->close_after_write)
+		return;
+	struct mts_buf out = {0};
+	struct mts_budget budget = {
+	    .out_bytes = c->out_pending >= MTS_OUT_HIGH
+	                     ? 0
+	                     : MTS_OUT_HIGH - c->out_pending,
+	    .frames = MTS_FRAMES_PER_TURN,
+	};
+	size_t used = 0;
+	int r = mts_input(&c->srv->reg, &c->peer, c->in + c->in_off,
+	                  c->in_len - c->in_off, &out, budget, &used);
+	c->in_off += used;
+	if (c->in_off == c->in_len) {
+		c->in_off = c->in_len = 0;
+		if (c->in_cap > IN_KEEP) {
+			/* Do not keep a 1 MiB buffer for a peer that once
+			 * sent a large frame. */
+			free(c->in);
+			c->in = NULL;
+			c->in_cap = 0;
+		}
+	}
+	if (out.len > 0 && conn_write(c, &out) < 0) {
+		mts_buf_free(&out);
+		conn_close(c);
+		return;
+	}
+	mts_buf_free(&out);
+
+	switch (r) {
+	case 0:
+		resume_reading(c);
+		conn_maybe_finish(c);
+		return;
+	case MTS_MORE:
+		stop_reading(c);
+		if (c->out_pending >= MTS_OUT_HIGH) {
+			c->paused = true; /* on_write resumes */
+			mts_log(MTS_LOG_DEBUG, "peer not reading, paused",
+			        "peer_pid=%u pending=%zu", c->peer.pid,
+			        c->out_pending);
+		} else {
+			backlog_add(c); /* on_idle resumes */
+		}
+		return;
+	case MTS_CLOSE:
+		c->close_after_write = true;
+		stop_reading(c);
+		conn_maybe_finish(c);
+		return;
+	default:
+		mts_log(MTS_LOG_ERROR, "out of memory answering a request",
+		        "peer_pid=%u", c->peer.pid);
+		conn_close(c);
+		return;
+	}
+}
+
+/* Once per loop iteration while any connection is backlogged: give each
+ * of them (those queued before this call) one more turn. */
+static void on_idle(uv_idle_t *h)
+{
+	struct mts_server *srv = h->data;
+	struct mts_conn *c = srv->backlog_head;
+	srv->backlog_head = srv->backlog_tail = NULL;
+	while (c) {
+		struct mts_conn *next = c->bnext;
+		c->bnext = NULL;
+		c->backlogged = false;
+		conn_process(c); /* may queue c again, at the new tail */
+		c = next;
+	}
+	if (!srv->backlog_head)
+		uv_idle_stop(h);
+}
+
+static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
+{
+	struct mts_conn *c = s->data;
+	if (nread > 0) {
+		c->in_len += (size_t)nread;
+		conn_process(c);
+		return;
+	}
+	if (nread == UV_EOF) {
+		/* A half-closed peer may still read: answer what it sent. */
+		c->eof = true;
+		stop_reading(c);
+		conn_maybe_finish(c);
+		return;
+	}
+	if (nread < 0) {
+		mts_log(MTS_LOG_DEBUG, "read failed, closing",
+		        "peer_pid=%u err=%s", c->peer.pid,
+		        uv_err_name((int)nread));
+		conn_close(c);
+	}
+}
+
+static void on_connection(uv_stream_t *listener, int status)
+{
+	struct mts_server *srv = listener->data;
+	if (status < 0) {
+		mts_log(MTS_LOG_WARN, "accept failed", "err=%s",
+		        uv_err_name(status));
+		return;
+	}
+	struct mts_conn *c = calloc(1, sizeof(*c));
+	if (!c) {
+		mts_log(MTS_LOG_ERROR, "out of memory accepting a connection",
+		        NULL);
+		return;
+	}
+	c->srv = srv;
+	c->peer.fd = -1;
+	uv_pipe_init(srv->loop, &c->pipe, 0);
+	c->pipe.data = c;
+	/* Link first: conn_close() unlinks. */
+	c->next = srv->conns;
+	if (srv->conns)
+		srv->conns->prev = c;
+	srv->conns = c;
+	srv->nconns++;
+
+	int err = uv_accept(listener, (uv_stream_t *)&c->pipe);
+	if (err < 0) {
+		mts_log(MTS_LOG_WARN, "accept failed", "err=%s",
+		        uv_err_name(err));
+		conn_close(c);
+		return;
+	}
+	uv_os_fd_t fd;
+	if (uv_fileno((uv_handle_t *)&c->pipe, &fd) == 0) {
+		struct ucred cred;
+		socklen_t len = sizeof(cred);
+		c->peer.fd = fd;
+		if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 &&
+		    cred.pid > 0) {
+			c->peer.has_cred = true;
+			c->peer.pid = (uint32_t)cred.pid;
+			c->peer.uid = (uint32_t)cred.uid;
+		}
+	}
+	mts_log(MTS_LOG_DEBUG, "connection accepted", "peer_pid=%u uid=%u",
+	        c->peer.pid, c->peer.uid);
+	resume_reading(c);
+}
+
+/* mkdir -p of `dir`, new directories 0755 (chmod: the umask must not
+ * decide who can reach the socket). */
+static int make_dirs(const char *dir)
+{
+	char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+	size_t len = strlen(dir);
+	if (len >= sizeof(path))
+		return -ENAMETOOLONG;
+	memcpy(path, dir, len + 1);
+	for (size_t i = 1; i <= len; i++) {
+		if (path[i] != '/' && path[i] != '\0')
+			continue;
+		char saved = path[i];
+		path[i] = '\0';
+		if (mkdir(path, 0755) == 0) {
+			if (chmod(path, 0755) < 0)
+				return -errno;
+		} else if (errno != EEXIST) {
+			return -errno;
+		}
+		path[i] = saved;
+	}
+	return 0;
+}
+
+int mts_socket_prepare(const char *path)
+{
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	size_t len = strlen(path);
+	if (len == 0 || len >= sizeof(sa.sun_path))
+		return -ENAMETOOLONG;
+	memcpy(sa.sun_path, path, len + 1);
+
+	char dir[sizeof(sa.sun_path)];
+	memcpy(dir, path, len + 1);
+	int err = make_dirs(dirname(dir));
+	if (err < 0)
+		return err;
+
+	struct stat st;
+	if (lstat(path, &st) < 0)
+		return errno == ENOENT ? 0 : -errno;
+	if (!S_ISSOCK(st.st_mode))
+		return -EEXIST; /* never delete a file we did not make */
+
+	/* A non-blocking connect never waits: refused means nobody
+	 * listens (stale); success or a full backlog means a live server. */
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -errno;
+	int r = connect(fd, (struct sockaddr *)&sa, sizeof(sa));
+	int cerr = r == 0 ? 0 : errno;
+	close(fd);
+	if (cerr == 0 || cerr == EAGAIN || cerr == EINPROGRESS)
+		return -EADDRINUSE;
+	if (cerr != ECONNREFUSED)
+		return -cerr;
+	if (unlink(path) < 0 && errno != ENOENT)
+		return -errno;
+	char q[MTS_LOGQ_MAX];
+	mts_log(MTS_LOG_INFO, "removed stale socket", "path=%s",
+	        mts_logq(q, sizeof(q), path));
+	return 0;
+}
+
+int mts_listen(struct mts_server *srv)
+{
+	const char *path = srv->cfg.socket_path;
+	int err = uv_idle_init(srv->loop, &srv->idle);
+	if (err < 0)
+		return err;
+	srv->idle.data = srv;
+	srv->idle_open = true;
+
+	err = uv_pipe_init(srv->loop, &srv->listener, 0);
+	if (err < 0)
+		return err;
+	srv->listener.data = srv;
+	srv->listening = true; /* the handle is open: close it on stop */
+	err = uv_pipe_bind(&srv->listener, path);
+	if (err < 0)
+		return err;
+	srv->socket_bound = true;
+	/* bind applied the umask; the mode is part of the contract. */
+	if (chmod(path, 0660) < 0)
+		return -errno;
+	return uv_listen((uv_stream_t *)&srv->listener, SOMAXCONN,
+	                 on_connection);
+}
+
+void mts_conns_close(struct mts_server *srv)
+{
+	if (srv->listening) {
+		uv_close((uv_handle_t *)&srv->listener, NULL);
+		srv->listening = false;
+	}
+	while (srv->conns)
+		conn_close(srv->conns);
+	if (srv->idle_open) {
+		uv_close((uv_handle_t *)&srv->idle, NULL);
+		srv->idle_open = false;
+	}
+}

@@ -1,0 +1,414 @@
+/*
+ * dispatch.c - requests in, responses out; no sockets.
+ *
+ * mts_input() splits a connection's input into varint-delimited frames and
+ * mts_dispatch() answers one frame with exactly one framed Response,
+ * appended to an output buffer. Because every request is answered
+ * synchronously, in the order read, pipelined requests are answered in
+ * request order without any bookkeeping.
+ *
+ * The input is hostile: a length prefix over MTS_MAX_FRAME is refused
+ * before anything is allocated for it, and a frame protobuf-c cannot decode
+ * is answered (id 0, as the id could not be read) and ends the connection,
+ * as the protocol says. Everything else that goes wrong is an error
+ * Response on a connection that stays open.
+ *
+ * Answers are built from the registry's figures of the latest tick;
+ * strings in them point into registry memory, which lives at least until
+ * the response is packed (before we return).
+ */
+#include "server.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+
+int mts_buf_reserve(struct mts_buf *b, size_t more)
+{
+	if (b->cap - b->len >= more)
+		return 0;
+	size_t cap = b->cap ? b->cap : 4096;
+	while (cap - b->len < more) {
+		if (cap > SIZE_MAX / 2)
+			return -ENOMEM;
+		cap *= 2;
+	}
+	uint8_t *d = realloc(b->data, cap);
+	if (!d)
+		return -ENOMEM;
+	b->data = d;
+	b->cap = cap;
+	return 0;
+}
+
+void mts_buf_free(struct mts_buf *b)
+{
+	free(b->data);
+	memset(b, 0, sizeof(*b));
+}
+
+/* Append `resp` with its length prefix. */
+static int append_response(struct mts_buf *out, Memtally__V1__Response *resp)
+{
+	size_t need = mtframe_packed_size(&resp->base);
+	int err = mts_buf_reserve(out, need);
+	if (err < 0)
+		return err;
+	size_t n = mtframe_pack(&resp->base, out->data + out->len,
+	                        out->cap - out->len);
+	if (n != need)
+		return -ENOMEM; /* cannot happen: we reserved `need` */
+	out->len += n;
+	return 0;
+}
+
+static int append_error(struct mts_buf *out, uint64_t id,
+                        Memtally__V1__ErrorCode code, const char *msg)
+{
+	Memtally__V1__Response resp = MEMTALLY__V1__RESPONSE__INIT;
+	Memtally__V1__Error e = MEMTALLY__V1__ERROR__INIT;
+	e.code = code;
+	e.message = (char *)msg;
+	resp.id = id;
+	resp.error = &e;
+	return append_response(out, &resp);
+}
+
+/* ---- Register ---------------------------------------------------------- */
+
+static int do_register(struct mts_registry *reg, const struct mts_peer *peer,
+                       uint64_t id, const Memtally__V1__Register *r,
+                       struct mts_buf *out)
+{
+	char msg[160];
+	if (r->layout_major != 0 && r->layout_major != MTSHM_VERSION_MAJOR) {
+		snprintf(msg, sizeof(msg),
+		         "segment layout is %u.%u; client understands %u.x",
+		         MTSHM_VERSION_MAJOR, MTSHM_VERSION_MINOR,
+		         r->layout_major);
+		return append_error(
+		    out, id, MEMTALLY__V1__ERROR_CODE__ERROR_UNSUPPORTED, msg);
+	}
+	struct mts_reg_result res;
+	int err = mts_register(reg, peer, r->group, r->task, r->image_id, &res);
+	switch (err) {
+	case 0:
+		break;
+	case -EINVAL:
+		snprintf(msg, sizeof(msg),
+		         "group and task must be at most %u bytes without "
+		         "control characters",
+		         MTS_NAME_MAX);
+		return append_error(
+		    out, id, MEMTALLY__V1__ERROR_CODE__ERROR_INVALID_REQUEST,
+		    msg);
+	case -EPERM:
+		return append_error(
+		    out, id,
+		    MEMTALLY__V1__ERROR_CODE__ERROR_NO_PEER_CREDENTIALS,
+		    "Register needs a local Unix-socket peer whose pid is "
+		    "visible to the server (SO_PEERCRED)");
+	case -ENOSPC:
+		snprintf(msg, sizeof(msg),
+		         "all %u slots are in use; the worker runs "
+		         "unregistered",
+		         reg->slot_count);
+		return append_error(
+		    out, id, MEMTALLY__V1__ERROR_CODE__ERROR_NO_SLOTS, msg);
+	case -ESRCH:
+		return append_error(out, id,
+		                    MEMTALLY__V1__ERROR_CODE__ERROR_NOT_FOUND,
+		                    "the registering process has exited");
+	default:
+		snprintf(msg, sizeof(msg), "registration failed: %s",
+		         strerror(-err));
+		return append_error(
+		    out, id, MEMTALLY__V1__ERROR_CODE__ERROR_INTERNAL, msg);
+	}
+
+	Memtally__V1__Response resp = MEMTALLY__V1__RESPONSE__INIT;
+	Memtally__V1__Registered ok = MEMTALLY__V1__REGISTERED__INIT;
+	ok.segment = (char *)reg->segment_name;
+	ok.slot = res.slot;
+	ok.slot_generation = res.slot_generation;
+	ok.segment_generation = reg->map->hdr->generation;
+	ok.threshold = reg->threshold;
+	ok.group = (char *)res.group;
+	resp.id = id;
+	resp.body_case = MEMTALLY__V1__RESPONSE__BODY_REGISTERED;
+	resp.registered = &ok;
+	return append_response(out, &resp);
+}
+
+/* ---- GetUsage / ListProcesses ------------------------------------------ */
+
+static void fill_process(const struct mts_registry *reg,
+                         const struct mts_proc *p,
+                         Memtally__V1__ProcessInfo *pi)
+{
+	memtally__v1__process_info__init(pi);
+	pi->pid = p->pid;
+	pi->group = reg->groups[p->group].name;
+	pi->bytes = p->bytes;
+	pi->peak = p->peak;
+	pi->uid = p->uid;
+	pi->slot = p->slot;
+	pi->threads = p->threads;
+	pi->flushes = p->flushes;
+	pi->task = p->task;
+	pi->start_time = p->start_time;
+	pi->comm = (char *)p->comm;
+	pi->corrupt = p->corrupt;
+	pi->error_bytes = p->error_bytes;
+	pi->registered_ns = p->registered_ns;
+}
+
+static void fill_group(const struct mts_group *g, const char *name,
+                       Memtally__V1__GroupUsage *gu)
+{
+	memtally__v1__group_usage__init(gu);
+	gu->name = (char *)name;
+	if (!g)
+		return; /* a group with no process: all zero */
+	gu->bytes = g->bytes;
+	gu->peak = g->peak;
+	gu->processes = g->processes;
+	gu->error_bytes = g->error_bytes;
+}
+
+static int do_get_usage(struct mts_registry *reg, uint64_t id,
+                        const Memtally__V1__GetUsage *q, struct mts_buf *out)
+{
+	const struct mts_totals *t = &reg->totals;
+	Memtally__V1__Response resp = MEMTALLY__V1__RESPONSE__INIT;
+	Memtally__V1__Usage u = MEMTALLY__V1__USAGE__INIT;
+	Memtally__V1__GroupUsage gu;
+	Memtally__V1__ProcessInfo pi;
+	Memtally__V1__GroupUsage *gus = NULL, **gptrs = NULL;
+	int err;
+
+	u.fleet_bytes = t->bytes;
+	u.fleet_peak = t->peak;
+	u.state = MEMTALLY__V1__STATE__STATE_OK;
+	u.processes = t->processes;
+	u.error_bytes = t->error_bytes;
+	u.unregistered = t->unregistered;
+	u.ticks = t->ticks;
+	u.threshold = reg->threshold;
+	u.slots = reg->slot_count;
+	u.slots_free = reg->nfree;
+
+	switch (q ? q->scope_case : MEMTALLY__V1__GET_USAGE__SCOPE__NOT_SET) {
+	case MEMTALLY__V1__GET_USAGE__SCOPE_GROUP: {
+		const char *name = q->group[0] ? q->group : "default";
+		fill_group(mts_find_group(reg, name), name, &gu);
+		u.group = &gu;
+		break;
+	}
+	case MEMTALLY__V1__GET_USAGE__SCOPE_PID: {
+		const struct mts_proc *p = mts_find_pid(reg, q->pid);
+		if (!p) {
+			char msg[64];
+			snprintf(msg, sizeof(msg), "pid %u is not registered",
+			         q->pid);
+			return append_error(
+			    out, id, MEMTALLY__V1__ERROR_CODE__ERROR_NOT_FOUND,
+			    msg);
+		}
+		fill_process(reg, p, &pi);
+		u.process = &pi;
+		break;
+	}
+	default: {
+		/* Fleet scope: every group. */
+		uint32_t n = 0;
+		for (uint32_t i = 0; i < reg->groups_used; i++)
+			n += reg->groups[i].name != NULL;
+		gus = calloc(n ? n : 1, sizeof(*gus));
+		gptrs = calloc(n ? n : 1, sizeof(*gptrs));
+		if (!gus || !gptrs) {
+			err = -ENOMEM;
+			goto out_free;
+		}
+		uint32_t k = 0;
+		for (uint32_t i = 0; i < reg->groups_used; i++) {
+			const struct mts_group *g = &reg->groups[i];
+			if (!g->name)
+				continue;
+			fill_group(g, g->name, &gus[k]);
+			gptrs[k] = &gus[k];
+			k++;
+		}
+		u.n_groups = k;
+		u.groups = gptrs;
+		break;
+	}
+	}
+	resp.id = id;
+	resp.body_case = MEMTALLY__V1__RESPONSE__BODY_USAGE;
+	resp.usage = &u;
+	err = append_response(out, &resp);
+out_free:
+	free(gus);
+	free(gptrs);
+	return err;
+}
+
+/* Largest first; equal sizes by pid so the order is stable. */
+static int cmp_bytes_desc(const void *a, const void *b)
+{
+	const struct mts_proc *x = *(const struct mts_proc *const *)a;
+	const struct mts_proc *y = *(const struct mts_proc *const *)b;
+	if (x->bytes != y->bytes)
+		return x->bytes < y->bytes ? 1 : -1;
+	return x->pid < y->pid ? -1 : x->pid > y->pid;
+}
+
+static int do_list(struct mts_registry *reg, uint64_t id,
+                   const Memtally__V1__ListProcesses *q, struct mts_buf *out)
+{
+	const char *filter = q && q->group && q->group[0] ? q->group : NULL;
+	size_t cap = reg->ndense ? reg->ndense : 1;
+	const struct mts_proc **procs = calloc(cap, sizeof(*procs));
+	Memtally__V1__ProcessInfo *infos = calloc(cap, sizeof(*infos));
+	Memtally__V1__ProcessInfo **ptrs = calloc(cap, sizeof(*ptrs));
+	int err = -ENOMEM;
+	if (!procs || !infos || !ptrs)
+		goto out_free;
+
+	size_t n = 0;
+	for (uint32_t i = 0; i < reg->ndense; i++) {
+		const struct mts_proc *p = reg->by_slot[reg->dense[i]];
+		if (filter && strcmp(reg->groups[p->group].name, filter) != 0)
+			continue;
+		procs[n++] = p;
+	}
+	qsort(procs, n, sizeof(*procs), cmp_bytes_desc);
+	for (size_t i = 0; i < n; i++) {
+		fill_process(reg, procs[i], &infos[i]);
+		ptrs[i] = &infos[i];
+	}
+
+	Memtally__V1__Response resp = MEMTALLY__V1__RESPONSE__INIT;
+	Memtally__V1__ProcessList pl = MEMTALLY__V1__PROCESS_LIST__INIT;
+	pl.n_processes = n;
+	pl.processes = ptrs;
+	resp.id = id;
+	resp.body_case = MEMTALLY__V1__RESPONSE__BODY_PROCESS_LIST;
+	resp.process_list = &pl;
+	err = append_response(out, &resp);
+out_free:
+	free(procs);
+	free(infos);
+	free(ptrs);
+	return err;
+}
+
+/* ---- entry points ------------------------------------------------------ */
+
+int mts_dispatch(struct mts_registry *reg, const struct mts_peer *peer,
+                 const uint8_t *body, size_t len, struct mts_buf *out)
+{
+	Memtally__V1__Request *req =
+	    memtally__v1__request__unpack(NULL, len, body);
+	if (!req) {
+		mts_log(MTS_LOG_WARN, "undecodable request, closing",
+		        "peer_pid=%u bytes=%zu", peer->pid, len);
+		int err = append_error(
+		    out, 0, MEMTALLY__V1__ERROR_CODE__ERROR_UNDECODABLE,
+		    "the request is not a decodable memtally.v1.Request");
+		return err < 0 ? err : MTS_CLOSE;
+	}
+
+	int err;
+	uint64_t id = req->id;
+	switch (req->body_case) {
+	case MEMTALLY__V1__REQUEST__BODY_REGISTER:
+		err = do_register(reg, peer, id, req->register_, out);
+		break;
+	case MEMTALLY__V1__REQUEST__BODY_GET_USAGE:
+		err = do_get_usage(reg, id, req->get_usage, out);
+		break;
+	case MEMTALLY__V1__REQUEST__BODY_LIST_PROCESSES:
+		err = do_list(reg, id, req->list_processes, out);
+		break;
+	case MEMTALLY__V1__REQUEST__BODY_ADMIT:
+	case MEMTALLY__V1__REQUEST__BODY_RELEASE:
+	case MEMTALLY__V1__REQUEST__BODY_SET_LIMIT:
+	case MEMTALLY__V1__REQUEST__BODY_WATCH:
+		err = append_error(out, id,
+		                   MEMTALLY__V1__ERROR_CODE__ERROR_UNSUPPORTED,
+		                   "not implemented in this version");
+		break;
+	default:
+		/* An unknown field number is a body from a newer protocol;
+		 * nothing at all is a malformed request. */
+		if (req->base.n_unknown_fields > 0)
+			err = append_error(
+			    out, id,
+			    MEMTALLY__V1__ERROR_CODE__ERROR_UNSUPPORTED,
+			    "request body not known to this server");
+		else
+			err = append_error(
+			    out, id,
+			    MEMTALLY__V1__ERROR_CODE__ERROR_INVALID_REQUEST,
+			    "request has no body");
+		break;
+	}
+	memtally__v1__request__free_unpacked(req, NULL);
+	return err;
+}
+
+int mts_input(struct mts_registry *reg, const struct mts_peer *peer,
+              const uint8_t *in, size_t len, struct mts_buf *out,
+              struct mts_budget budget, size_t *consumed)
+{
+	size_t pos = 0;
+	unsigned frames = 0;
+	int ret = 0;
+	while (pos < len) {
+		if (out->len >= budget.out_bytes || frames >= budget.frames) {
+			ret = MTS_MORE;
+			break;
+		}
+		uint64_t body_len;
+		int n = mtframe_decode_len(in + pos, len - pos, MTS_MAX_FRAME,
+		                           &body_len);
+		if (n == 0)
+			break; /* the prefix is not complete yet */
+		if (n < 0) {
+			bool big = n == MTFRAME_ETOOBIG;
+			char msg[96];
+			snprintf(msg, sizeof(msg),
+			         big ? "frame longer than %u bytes"
+			             : "bad length prefix (varint over 10 "
+			               "bytes; limit %u)",
+			         (unsigned)MTS_MAX_FRAME);
+			mts_log(MTS_LOG_WARN,
+			        big ? "frame too large, closing"
+			            : "bad frame prefix, closing",
+			        "peer_pid=%u", peer->pid);
+			ret = append_error(
+			    out, 0,
+			    big ? MEMTALLY__V1__ERROR_CODE__ERROR_FRAME_TOO_LARGE
+			        : MEMTALLY__V1__ERROR_CODE__ERROR_UNDECODABLE,
+			    msg);
+			if (ret == 0)
+				ret = MTS_CLOSE;
+			break;
+		}
+		if (len - pos - (size_t)n < body_len)
+			break; /* the body is not complete yet */
+		ret = mts_dispatch(reg, peer, in + pos + n, (size_t)body_len,
+		                   out);
+		pos += (size_t)n + (size_t)body_len;
+		frames++;
+		if (ret != 0)
+			break;
+	}
+	*consumed = pos;
+	return ret;
+}

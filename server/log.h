@@ -1,0 +1,47 @@
+/*
+ * log.h - logfmt lines on stderr for memtallyd.
+ *
+ *   ts=2026-11-29T19:00:00.123Z level=info msg="worker registered" pid=123
+ *
+ * A line is built in one buffer and written with one write(2), so lines
+ * never interleave. Values that come from peers (group, task, comm, paths)
+ * must go through mts_logq(), which quotes and escapes them, so a worker
+ * cannot forge fields or lines.
+ */
+#ifndef MEMTALLY_SERVER_LOG_H
+#define MEMTALLY_SERVER_LOG_H
+
+#include <stddef.h>
+
+enum mts_log_level {
+	MTS_LOG_DEBUG = 0,
+	MTS_LOG_INFO = 1,
+	MTS_LOG_WARN = 2,
+	MTS_LOG_ERROR = 3,
+};
+
+/* Lines below `level` are dropped. Default: info. */
+void mts_log_set_level(enum mts_log_level level);
+
+/* "debug", "info", "warn" (or "warning"), "error" -> 0 and *out; else
+ * -EINVAL. */
+int mts_log_parse_level(const char *s, enum mts_log_level *out);
+
+/* True when a line at `level` would be written. */
+int mts_log_enabled(enum mts_log_level level);
+
+/*
+ * Write one line: ts, level, msg (always quoted), then `fmt` (printf-style
+ * "key=value ..." pairs, may be NULL). Numbers may go in directly; strings
+ * from outside must be passed through mts_logq(). Truncated at 1 KiB.
+ */
+void mts_log(enum mts_log_level level, const char *msg, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Quote `s` for a logfmt value into buf[0..cap): "..." with \", \\ and
+ * control bytes escaped; truncated (still well-formed) if too long.
+ * Returns buf. */
+#define MTS_LOGQ_MAX 160
+const char *mts_logq(char *buf, size_t cap, const char *s);
+
+#endif /* MEMTALLY_SERVER_LOG_H */

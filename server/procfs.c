@@ -1,0 +1,126 @@
+/*
+ * procfs.c - the two facts memtallyd reads from /proc at registration: a
+ * process's start time (its identity across pid reuse) and its comm (for
+ * humans).
+ *
+ * /proc/PID/stat is "pid (comm) state ppid ...", and comm is chosen by the
+ * process: it may hold spaces, ')' and newlines. The only safe anchor is
+ * the LAST ')' in the file; fields 3.. follow it, space-separated. These
+ * are small reads of a pseudo-file, done once per registration; they are
+ * the only blocking syscalls the loop makes on behalf of a peer.
+ */
+#include "server.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* starttime is field 22; fields after ')' start at 3. */
+#define STARTTIME_FIELD        22
+#define FIRST_FIELD_AFTER_COMM 3
+
+int mts_parse_stat_starttime(const char *stat, uint64_t *out)
+{
+	const char *p = strrchr(stat, ')');
+	if (!p)
+		return -EINVAL;
+	p++;
+	for (int field = FIRST_FIELD_AFTER_COMM; field <= STARTTIME_FIELD;
+	     field++) {
+		if (*p != ' ')
+			return -EINVAL;
+		while (*p == ' ')
+			p++;
+		if (*p == '\0')
+			return -EINVAL;
+		if (field == STARTTIME_FIELD) {
+			if (*p < '0' || *p > '9')
+				return -EINVAL;
+			char *end;
+			errno = 0;
+			unsigned long long v = strtoull(p, &end, 10);
+			if (errno ||
+			    (*end != ' ' && *end != '\n' && *end != '\0'))
+				return -EINVAL;
+			*out = v;
+			return 0;
+		}
+		while (*p && *p != ' ')
+			p++;
+	}
+	return -EINVAL;
+}
+
+/* Read a small /proc file into buf (NUL-terminated). Returns bytes read or
+ * -errno. */
+static ssize_t read_proc_file(pid_t pid, const char *name, char *buf,
+                              size_t cap)
+{
+	char path[64];
+	snprintf(path, sizeof(path), "/proc/%d/%s", (int)pid, name);
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	size_t len = 0;
+	while (len < cap - 1) {
+		ssize_t r = read(fd, buf + len, cap - 1 - len);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0) {
+			int err = -errno;
+			close(fd);
+			return err;
+		}
+		if (r == 0)
+			break;
+		len += (size_t)r;
+	}
+	close(fd);
+	buf[len] = '\0';
+	return (ssize_t)len;
+}
+
+int mts_read_starttime(pid_t pid, uint64_t *out)
+{
+	/* comm is at most 64 bytes on current kernels; 52 numeric fields
+	 * follow. 2 KiB holds it all with room to spare. */
+	char buf[2048];
+	ssize_t n = read_proc_file(pid, "stat", buf, sizeof(buf));
+	if (n < 0)
+		return (int)n;
+	/* An embedded NUL would hide the tail from strrchr: refuse. */
+	if (strlen(buf) != (size_t)n)
+		return -EINVAL;
+	return mts_parse_stat_starttime(buf, out);
+}
+
+bool mts_pid_running(pid_t pid)
+{
+	char buf[2048];
+	ssize_t n = read_proc_file(pid, "stat", buf, sizeof(buf));
+	if (n == -ENOENT || n == -ESRCH)
+		return false;
+	if (n < 0)
+		return true; /* cannot tell: assume it runs */
+	const char *p = strrchr(buf, ')');
+	/* State is the field right after comm; Z and X have exited but
+	 * nobody reaped them yet. */
+	if (!p || p[1] != ' ')
+		return true;
+	return p[2] != 'Z' && p[2] != 'X';
+}
+
+void mts_read_comm(pid_t pid, char *buf, size_t cap)
+{
+	if (cap == 0)
+		return;
+	ssize_t n = read_proc_file(pid, "comm", buf, cap);
+	if (n < 0) {
+		buf[0] = '\0';
+		return;
+	}
+	buf[strcspn(buf, "\n")] = '\0';
+}

@@ -1,0 +1,623 @@
+/*
+ * registry.c - registered workers, their slots and groups, and the tick.
+ *
+ * The registry is the server's own record of who holds each slot: pid,
+ * start time, uid, image id and a pidfd. It is authoritative; the identity
+ * fields in the segment are a published copy and never read back. Only
+ * counters (lanes, overflow, threads) are read from shared memory, and
+ * those are sanity-checked: a slot whose sum is absurd is flagged
+ * CORRUPT, reported, and left out of every total.
+ *
+ * Invariants:
+ *  - Until stop: by_slot[s] != NULL  <=>  slot s has pid != 0 in the
+ *    segment (we are its only writer)  <=>  s is in dense[0..ndense)  <=>
+ *    s is not on the free stack. A proc is in the pid hash exactly while
+ *    it holds a slot. (At stop the registry lets go of every proc but
+ *    leaves the pids in the segment, for the next server.)
+ *  - A proc's memory lives until its uv_poll close callback; its slot is
+ *    released before that, at exit, so the slot can be reused at once.
+ *  - totals, and each group's bytes/error_bytes, equal the sums over
+ *    registered procs of their latest-tick figures: the tick recomputes
+ *    them and an exit subtracts the leaving proc at once (so its bytes are
+ *    gone from the published fleet total in the loop iteration that saw
+ *    the exit, not at the next tick).
+ *  - The tick walks dense[] and the group entries in use, never all
+ *    slot_count slots: its cost follows the registered processes.
+ *
+ * Sums saturate instead of wrapping: each sane slot is below 2^50 but
+ * there may be 2^20 of them.
+ */
+#include "server.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/pidfd.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "log.h"
+
+/* Linux 6.5+: a pidfd for the peer of a Unix socket, taken at connect(), so
+ * it names the very process that connected even if its pid was reused
+ * since. Older kernels say ENOPROTOOPT and we fall back to pidfd_open(). */
+#ifndef SO_PEERPIDFD
+#define SO_PEERPIDFD 77
+#endif
+
+/* The error bound of a process is threshold x threads; threads is written
+ * by the client and so untrusted: bound it to keep the product sane. */
+#define THREADS_SANE_MAX (1u << 22)
+
+static uint64_t sat_add(uint64_t a, uint64_t b)
+{
+	uint64_t r;
+	return __builtin_add_overflow(a, b, &r) ? UINT64_MAX : r;
+}
+
+static uint64_t sat_sub(uint64_t a, uint64_t b)
+{
+	return a > b ? a - b : 0;
+}
+
+static uint64_t sat_mul(uint64_t a, uint64_t b)
+{
+	uint64_t r;
+	return __builtin_mul_overflow(a, b, &r) ? UINT64_MAX : r;
+}
+
+uint64_t mts_now_realtime(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+uint64_t mts_now_monotonic(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* ---- tables ------------------------------------------------------------ */
+
+static uint32_t pid_bucket(const struct mts_registry *reg, uint32_t pid)
+{
+	/* Fibonacci hashing: consecutive pids spread over the table. */
+	return (uint32_t)((pid * UINT64_C(0x9E3779B97F4A7C15)) >> 32) &
+	       reg->hash_mask;
+}
+
+struct mts_proc *mts_find_pid(const struct mts_registry *reg, uint32_t pid)
+{
+	struct mts_proc *p = reg->hash[pid_bucket(reg, pid)];
+	while (p && p->pid != pid)
+		p = p->hnext;
+	return p;
+}
+
+static void hash_remove(struct mts_registry *reg, struct mts_proc *p)
+{
+	struct mts_proc **pp = &reg->hash[pid_bucket(reg, p->pid)];
+	while (*pp && *pp != p)
+		pp = &(*pp)->hnext;
+	if (*pp)
+		*pp = p->hnext;
+	p->hnext = NULL;
+}
+
+/*
+ * Groups are few and looked up only at registration, so a linear scan over
+ * the entries in use is enough. An entry is freed when its last process
+ * leaves and reused by the next new group, so groups_used never exceeds
+ * the largest number of groups live at once (<= slot_count).
+ */
+struct mts_group *mts_find_group(const struct mts_registry *reg,
+                                 const char *name)
+{
+	for (uint32_t i = 0; i < reg->groups_used; i++) {
+		struct mts_group *g = &reg->groups[i];
+		if (g->name && strcmp(g->name, name) == 0)
+			return g;
+	}
+	return NULL;
+}
+
+/* Index of group `name`, creating it; takes one process reference. */
+static int group_ref(struct mts_registry *reg, const char *name,
+                     uint32_t *index)
+{
+	struct mts_group *g = mts_find_group(reg, name);
+	if (!g) {
+		uint32_t i = 0;
+		while (i < reg->groups_used && reg->groups[i].name)
+			i++;
+		if (i == reg->groups_cap) {
+			uint32_t cap =
+			    reg->groups_cap ? reg->groups_cap * 2 : 16;
+			struct mts_group *ng =
+			    realloc(reg->groups, cap * sizeof(*ng));
+			if (!ng)
+				return -ENOMEM;
+			memset(ng + reg->groups_cap, 0,
+			       (cap - reg->groups_cap) * sizeof(*ng));
+			reg->groups = ng;
+			reg->groups_cap = cap;
+		}
+		g = &reg->groups[i];
+		memset(g, 0, sizeof(*g));
+		g->name = strdup(name);
+		if (!g->name)
+			return -ENOMEM;
+		if (i == reg->groups_used)
+			reg->groups_used++;
+	}
+	g->processes++;
+	*index = (uint32_t)(g - reg->groups);
+	return 0;
+}
+
+/* Drop one process reference; the last one frees the entry. */
+static void group_unref(struct mts_registry *reg, uint32_t index)
+{
+	struct mts_group *g = &reg->groups[index];
+	if (--g->processes > 0)
+		return;
+	free(g->name);
+	memset(g, 0, sizeof(*g));
+	while (reg->groups_used > 0 && !reg->groups[reg->groups_used - 1].name)
+		reg->groups_used--;
+}
+
+int mts_registry_init(struct mts_registry *reg, uv_loop_t *loop,
+                      struct mtshm_map *map, const char *segment_name)
+{
+	memset(reg, 0, sizeof(*reg));
+	reg->loop = loop;
+	reg->map = map;
+	reg->segment_name = segment_name;
+	reg->slot_count = map->hdr->slot_count;
+	reg->threshold = map->hdr->threshold;
+
+	uint32_t buckets = 16;
+	while (buckets < reg->slot_count * 2u)
+		buckets <<= 1;
+	reg->hash_mask = buckets - 1;
+	reg->hash = calloc(buckets, sizeof(*reg->hash));
+	reg->by_slot = calloc(reg->slot_count, sizeof(*reg->by_slot));
+	reg->free_slots = calloc(reg->slot_count, sizeof(*reg->free_slots));
+	reg->dense = calloc(reg->slot_count, sizeof(*reg->dense));
+	if (!reg->hash || !reg->by_slot || !reg->free_slots || !reg->dense) {
+		mts_registry_free(reg);
+		return -ENOMEM;
+	}
+	/* A stack popping slot 0 first keeps live slots low and dense. */
+	for (uint32_t i = 0; i < reg->slot_count; i++)
+		reg->free_slots[i] = reg->slot_count - 1 - i;
+	reg->nfree = reg->slot_count;
+	reg->totals.heartbeat_ns = mts_now_monotonic();
+	mts_publish(reg);
+	return 0;
+}
+
+static void proc_free(struct mts_proc *p)
+{
+	if (!p)
+		return;
+	free(p->task);
+	free(p);
+}
+
+static void on_proc_closed(uv_handle_t *h)
+{
+	struct mts_proc *p = h->data;
+	if (p->pidfd >= 0)
+		close(p->pidfd);
+	proc_free(p);
+}
+
+void mts_registry_close(struct mts_registry *reg)
+{
+	/* Leave slots (and their pids) in the segment: a later server may
+	 * adopt the workers that are still alive. */
+	for (uint32_t i = 0; i < reg->ndense; i++) {
+		struct mts_proc *p = reg->by_slot[reg->dense[i]];
+		reg->by_slot[p->slot] = NULL;
+		hash_remove(reg, p);
+		group_unref(reg, p->group);
+		uv_close((uv_handle_t *)&p->poll, on_proc_closed);
+	}
+	reg->ndense = 0;
+}
+
+void mts_registry_free(struct mts_registry *reg)
+{
+	for (uint32_t i = 0; i < reg->groups_used; i++)
+		free(reg->groups[i].name);
+	free(reg->groups);
+	free(reg->hash);
+	free(reg->by_slot);
+	free(reg->free_slots);
+	free(reg->dense);
+	memset(reg, 0, sizeof(*reg));
+}
+
+/* ---- publishing -------------------------------------------------------- */
+
+void mts_publish(struct mts_registry *reg)
+{
+	/* mtshm_fleet_publish() is the seqlock writer (seq odd while the
+	 * fields change); we are its only caller. */
+	const struct mts_totals *t = &reg->totals;
+	struct mtshm_fleet f = {
+	    .bytes = t->bytes,
+	    .peak = t->peak,
+	    .limit = 0,    /* limits: a later issue */
+	    .reserved = 0, /* admission: a later issue */
+	    .error_bytes = t->error_bytes,
+	    .heartbeat_ns = t->heartbeat_ns,
+	    .ticks = t->ticks,
+	    .state = MTSHM_STATE_OK,
+	    .processes = t->processes,
+	    .unregistered = t->unregistered,
+	};
+	mtshm_fleet_publish(reg->map->hdr, &f);
+}
+
+/* ---- the tick ---------------------------------------------------------- */
+
+void mts_tick(struct mts_registry *reg)
+{
+	struct mts_totals *t = &reg->totals;
+	uint64_t bytes = 0, error_bytes = 0;
+
+	for (uint32_t i = 0; i < reg->groups_used; i++) {
+		reg->groups[i].bytes = 0;
+		reg->groups[i].error_bytes = 0;
+	}
+	for (uint32_t i = 0; i < reg->ndense; i++) {
+		struct mts_proc *p = reg->by_slot[reg->dense[i]];
+		struct mtshm_slot_id *s = mtshm_slot(reg->map, p->slot);
+		uint64_t flushes = 0;
+		int absurd = 0;
+		int64_t sum = mtshm_slot_sum(reg->map, s, &flushes, &absurd);
+		uint32_t threads = mt_load_relaxed32(&s->threads);
+		p->flushes = flushes;
+		p->threads = threads;
+		if (absurd && !p->corrupt) {
+			p->corrupt = true;
+			mt_store_relaxed32(&s->flags,
+			                   mt_load_relaxed32(&s->flags) |
+			                       MTSHM_SLOT_CORRUPT);
+			mts_log(MTS_LOG_WARN, "slot counters corrupt, excluded",
+			        "pid=%u slot=%u", p->pid, p->slot);
+		}
+		if (p->corrupt) {
+			p->bytes = 0;
+			p->error_bytes = 0;
+			continue;
+		}
+		p->bytes = sum < 0 ? 0 : (uint64_t)sum;
+		if (p->bytes > p->peak) {
+			p->peak = p->bytes;
+			mt_store_relaxed64(&s->peak, p->peak);
+		}
+		if (threads > THREADS_SANE_MAX)
+			threads = THREADS_SANE_MAX;
+		p->error_bytes = sat_mul(reg->threshold, threads);
+
+		struct mts_group *g = &reg->groups[p->group];
+		g->bytes = sat_add(g->bytes, p->bytes);
+		g->error_bytes = sat_add(g->error_bytes, p->error_bytes);
+		bytes = sat_add(bytes, p->bytes);
+		error_bytes = sat_add(error_bytes, p->error_bytes);
+	}
+	for (uint32_t i = 0; i < reg->groups_used; i++) {
+		struct mts_group *g = &reg->groups[i];
+		if (g->bytes > g->peak)
+			g->peak = g->bytes;
+	}
+	t->bytes = bytes;
+	t->error_bytes = error_bytes;
+	if (bytes > t->peak)
+		t->peak = bytes;
+	t->processes = reg->ndense;
+	t->ticks++;
+	t->heartbeat_ns = mts_now_monotonic();
+	mts_publish(reg);
+}
+
+/* ---- slots ------------------------------------------------------------- */
+
+/* Step 3 of the slot protocol: zero the client's counters, set identity,
+ * bump the generation, and store pid last with release order so a client
+ * that sees its pid sees the rest. Nobody else writes a slot whose pid is
+ * 0 or whose owner is gone (exec kills every other thread). */
+static uint64_t slot_init(struct mts_registry *reg, struct mts_proc *p)
+{
+	struct mtshm_slot_id *s = mtshm_slot(reg->map, p->slot);
+	mt_store_release32(&s->pid, 0);
+	for (uint32_t k = 0; k < reg->map->hdr->lane_count; k++) {
+		struct mtshm_lane *l = mtshm_lane(s, k);
+		mt_store_relaxed32(&l->owner, 0);
+		mt_store_relaxeds64(&l->bytes, 0);
+		mt_store_relaxed64(&l->flushes, 0);
+	}
+	mt_store_relaxeds64(&s->overflow, 0);
+	mt_store_relaxed32(&s->threads, 0);
+	mt_store_relaxed32(&s->lanes_used, 0);
+	mt_store_relaxed32(&s->flags, 0);
+	mt_store_relaxed64(&s->peak, 0);
+	mt_store_relaxed32(&s->uid, p->uid);
+	mt_store_relaxed64(&s->start_time, p->start_time);
+	mt_store_relaxed64(&s->limit, 0);
+	mt_store_relaxed32(&s->group, p->group);
+	uint64_t gen = mt_load_relaxed64(&s->generation) + 1;
+	mt_store_relaxed64(&s->generation, gen);
+	mt_store_release32(&s->pid, p->pid);
+	return gen;
+}
+
+/* Take `p`'s latest figures out of the totals (it leaves, or is reset). */
+static void totals_drop(struct mts_registry *reg, struct mts_proc *p)
+{
+	struct mts_group *g = &reg->groups[p->group];
+	g->bytes = sat_sub(g->bytes, p->bytes);
+	g->error_bytes = sat_sub(g->error_bytes, p->error_bytes);
+	reg->totals.bytes = sat_sub(reg->totals.bytes, p->bytes);
+	reg->totals.error_bytes =
+	    sat_sub(reg->totals.error_bytes, p->error_bytes);
+	p->bytes = 0;
+	p->error_bytes = 0;
+}
+
+/*
+ * Remove `p` from the registry: drop its bytes from the totals, free its
+ * slot (pid = 0, release), close its poll handle (the close callback
+ * closes the pidfd and frees p) and publish the new totals at once.
+ */
+static void proc_release(struct mts_registry *reg, struct mts_proc *p,
+                         const char *why)
+{
+	char qg[MTS_LOGQ_MAX], qc[MTS_LOGQ_MAX];
+	mts_log(
+	    MTS_LOG_INFO, why,
+	    "pid=%u slot=%u group=%s comm=%s bytes=%llu peak=%llu "
+	    "lived_ms=%llu",
+	    p->pid, p->slot,
+	    mts_logq(qg, sizeof(qg), reg->groups[p->group].name),
+	    mts_logq(qc, sizeof(qc), p->comm), (unsigned long long)p->bytes,
+	    (unsigned long long)p->peak,
+	    (unsigned long long)(sat_sub(mts_now_realtime(), p->registered_ns) /
+	                         1000000u));
+
+	totals_drop(reg, p);
+	group_unref(reg, p->group);
+
+	struct mtshm_slot_id *s = mtshm_slot(reg->map, p->slot);
+	mt_store_release32(&s->pid, 0);
+	reg->by_slot[p->slot] = NULL;
+	reg->free_slots[reg->nfree++] = p->slot;
+	/* Keep dense[] dense: move its last entry into p's place. */
+	uint32_t last = reg->dense[--reg->ndense];
+	if (last != p->slot) {
+		reg->dense[p->dense] = last;
+		reg->by_slot[last]->dense = p->dense;
+	}
+	hash_remove(reg, p);
+	reg->exits++;
+
+	reg->totals.processes = reg->ndense;
+	mts_publish(reg);
+	uv_close((uv_handle_t *)&p->poll, on_proc_closed);
+}
+
+static void on_pidfd(uv_poll_t *h, int status, int events)
+{
+	struct mts_proc *p = h->data;
+	/* Readable means exited. An error on a pidfd is not expected; treat
+	 * it the same way rather than keep a slot we can no longer watch. */
+	proc_release(p->reg, p,
+	             status < 0 ? "worker dropped (pidfd error)"
+	                        : "worker exited");
+}
+
+/* Open a pidfd for the peer: SO_PEERPIDFD when the kernel has it (exact),
+ * else pidfd_open(pid) (checked against the start time by the caller). */
+static int peer_pidfd(const struct mts_peer *peer)
+{
+	if (peer->fd >= 0) {
+		int pfd = -1;
+		socklen_t len = sizeof(pfd);
+		if (getsockopt(peer->fd, SOL_SOCKET, SO_PEERPIDFD, &pfd,
+		               &len) == 0 &&
+		    pfd >= 0)
+			return pfd;
+	}
+	int pfd = pidfd_open((pid_t)peer->pid, 0);
+	return pfd < 0 ? -errno : pfd;
+}
+
+/* True if the process behind `pidfd` has exited. */
+static bool pidfd_exited(int pidfd)
+{
+	struct pollfd pfd = {.fd = pidfd, .events = POLLIN};
+	return poll(&pfd, 1, 0) != 0;
+}
+
+static bool name_ok(const char *s)
+{
+	size_t n = 0;
+	for (; s[n]; n++) {
+		unsigned char c = (unsigned char)s[n];
+		if (c < 0x20 || c == 0x7f)
+			return false;
+	}
+	return n <= MTS_NAME_MAX;
+}
+
+/* The exec case: the same process, a new program image. Reset its slot to
+ * the new image's figures in place; the pidfd and poll stay. */
+static int proc_reset(struct mts_registry *reg, struct mts_proc *p,
+                      const char *group, const char *task, uint64_t image_id,
+                      uint32_t uid)
+{
+	char *ntask = strdup(task);
+	uint32_t ngroup;
+	if (!ntask)
+		return -ENOMEM;
+	if (group_ref(reg, group, &ngroup) < 0) {
+		free(ntask);
+		return -ENOMEM;
+	}
+	totals_drop(reg, p);
+	group_unref(reg, p->group);
+	free(p->task);
+	p->task = ntask;
+	p->group = ngroup;
+	p->uid = uid;
+	p->image_id = image_id;
+	p->peak = 0;
+	p->threads = 0;
+	p->flushes = 0;
+	p->corrupt = false;
+	p->registered_ns = mts_now_realtime();
+	mts_read_comm((pid_t)p->pid, p->comm, sizeof(p->comm));
+	return 0;
+}
+
+int mts_register(struct mts_registry *reg, const struct mts_peer *peer,
+                 const char *group, const char *task, uint64_t image_id,
+                 struct mts_reg_result *res)
+{
+	char qg[MTS_LOGQ_MAX], qc[MTS_LOGQ_MAX];
+	int err;
+	if (!group || !group[0])
+		group = "default";
+	if (!task)
+		task = "";
+	if (!name_ok(group) || !name_ok(task))
+		return -EINVAL;
+	if (!peer->has_cred || peer->pid == 0)
+		return -EPERM;
+
+	uint64_t start_time;
+	err = mts_read_starttime((pid_t)peer->pid, &start_time);
+	if (err < 0)
+		return err == -ENOENT ? -ESRCH : err;
+
+	struct mts_proc *p = mts_find_pid(reg, peer->pid);
+	if (p && p->start_time != start_time) {
+		/* The pid was reused before we saw the old process's exit
+		 * (both events landed in one loop iteration). */
+		proc_release(reg, p, "slot reclaimed: pid reused");
+		p = NULL;
+	}
+	if (p && p->image_id == image_id) {
+		/* A repeat registration: same slot, nothing changes. */
+		struct mtshm_slot_id *s = mtshm_slot(reg->map, p->slot);
+		res->slot = p->slot;
+		res->slot_generation = mt_load_relaxed64(&s->generation);
+		res->group = reg->groups[p->group].name;
+		mts_log(MTS_LOG_DEBUG, "worker registered again",
+		        "pid=%u slot=%u", p->pid, p->slot);
+		return 0;
+	}
+	if (p) {
+		err = proc_reset(reg, p, group, task, image_id, peer->uid);
+		if (err < 0)
+			return err;
+		res->slot = p->slot;
+		res->slot_generation = slot_init(reg, p);
+		res->group = reg->groups[p->group].name;
+		mts_log(MTS_LOG_INFO, "worker exec'd, slot reset",
+		        "pid=%u slot=%u group=%s comm=%s", p->pid, p->slot,
+		        mts_logq(qg, sizeof(qg), res->group),
+		        mts_logq(qc, sizeof(qc), p->comm));
+		/* Its old bytes left the totals: publish now, as at exit. */
+		mts_publish(reg);
+		return 0;
+	}
+
+	/* A new process. */
+	int pidfd = peer_pidfd(peer);
+	if (pidfd < 0)
+		return pidfd == -ESRCH ? -ESRCH : pidfd;
+	/* If the process is still alive after we read its start time, the
+	 * pidfd and the start time name the same process. */
+	if (pidfd_exited(pidfd)) {
+		err = -ESRCH;
+		goto fail_close_pidfd;
+	}
+	if (reg->nfree == 0) {
+		reg->totals.unregistered++;
+		mts_log(MTS_LOG_WARN, "no free slot, worker runs unregistered",
+		        "pid=%u slots=%u unregistered=%u", peer->pid,
+		        reg->slot_count, reg->totals.unregistered);
+		err = -ENOSPC;
+		goto fail_close_pidfd;
+	}
+	p = calloc(1, sizeof(*p));
+	if (!p) {
+		err = -ENOMEM;
+		goto fail_close_pidfd;
+	}
+	p->task = strdup(task);
+	if (!p->task) {
+		err = -ENOMEM;
+		goto fail_free_proc;
+	}
+	err = group_ref(reg, group, &p->group);
+	if (err < 0)
+		goto fail_free_proc;
+	p->reg = reg;
+	p->pidfd = pidfd;
+	p->pid = peer->pid;
+	p->uid = peer->uid;
+	p->start_time = start_time;
+	p->image_id = image_id;
+	p->registered_ns = mts_now_realtime();
+	mts_read_comm((pid_t)p->pid, p->comm, sizeof(p->comm));
+	err = uv_poll_init(reg->loop, &p->poll, pidfd);
+	if (err < 0)
+		goto fail_unref_group;
+	p->poll.data = p;
+	err = uv_poll_start(&p->poll, UV_READABLE, on_pidfd);
+	if (err < 0) {
+		/* The handle is initialised: its close callback now owns p
+		 * and the pidfd. */
+		group_unref(reg, p->group);
+		uv_close((uv_handle_t *)&p->poll, on_proc_closed);
+		return err;
+	}
+
+	p->slot = reg->free_slots[--reg->nfree];
+	p->dense = reg->ndense;
+	reg->dense[reg->ndense++] = p->slot;
+	reg->by_slot[p->slot] = p;
+	uint32_t b = pid_bucket(reg, p->pid);
+	p->hnext = reg->hash[b];
+	reg->hash[b] = p;
+	reg->registrations++;
+	reg->totals.processes = reg->ndense;
+
+	res->slot = p->slot;
+	res->slot_generation = slot_init(reg, p);
+	res->group = reg->groups[p->group].name;
+	mts_log(MTS_LOG_INFO, "worker registered",
+	        "pid=%u uid=%u slot=%u group=%s comm=%s", p->pid, p->uid,
+	        p->slot, mts_logq(qg, sizeof(qg), res->group),
+	        mts_logq(qc, sizeof(qc), p->comm));
+	return 0;
+
+fail_unref_group:
+	group_unref(reg, p->group);
+fail_free_proc:
+	proc_free(p);
+fail_close_pidfd:
+	close(pidfd);
+	return err;
+}

@@ -1,0 +1,149 @@
+/*
+ * server.c - lifecycle of one memtallyd: listener, segment, registry, tick.
+ *
+ * Start order matters. The socket is bound before the segment is touched:
+ * creating a segment replaces any object of that name, so a second server
+ * started by mistake must fail on the socket (EADDRINUSE) before it can
+ * destroy the segment a live server's workers are writing into. A live
+ * server on another socket but the same segment is caught by its
+ * heartbeat: a segment whose heartbeat is fresh and whose server pid is
+ * alive is refused (-EBUSY).
+ *
+ * Stop closes every handle (listener, connections, tick timer, pidfd
+ * polls) and leaves the segment, slots included, in /dev/shm for the next
+ * server; uv_run() then returns, and mts_server_free() unmaps and removes
+ * the socket file.
+ */
+#include "server.h"
+
+#include <errno.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "log.h"
+
+/* A heartbeat older than this is a dead server's: the longest tick
+ * (MTS_TICK_MAX_MS) plus slack. */
+#define HEARTBEAT_STALE_NS ((MTS_TICK_MAX_MS + 5000ull) * 1000000ull)
+
+static void on_tick(uv_timer_t *t)
+{
+	struct mts_server *srv = t->data;
+	mts_tick(&srv->reg);
+}
+
+/* Is another live server publishing into segment `name`? Returns its pid,
+ * or 0. A segment we cannot open or do not recognise is not in use. All
+ * three are needed: a recent heartbeat, a running (not zombie) pid, and
+ * that pid being a memtallyd -- so a server killed with -9 never blocks
+ * its successor, and a recycled pid alone proves nothing. */
+static uint32_t segment_owner_alive(const char *name)
+{
+	struct mtshm_map m;
+	if (mtshm_open(name, 0, &m) < 0)
+		return 0;
+	struct mtshm_fleet f;
+	/* No snapshot after many tries: its writer died mid-publish. */
+	int err = mtshm_fleet_read(m.hdr, &f);
+	uint32_t pid = m.hdr->server_pid;
+	mtshm_close(&m);
+	if (err < 0)
+		return 0;
+
+	uint64_t now = mts_now_monotonic();
+	if (pid == 0 || pid == (uint32_t)getpid() || f.heartbeat_ns == 0 ||
+	    f.heartbeat_ns > now || now - f.heartbeat_ns > HEARTBEAT_STALE_NS)
+		return 0;
+	if (!mts_pid_running((pid_t)pid))
+		return 0;
+	char comm[64];
+	mts_read_comm((pid_t)pid, comm, sizeof(comm));
+	return strcmp(comm, "memtallyd") == 0 ? pid : 0;
+}
+
+int mts_server_init(struct mts_server *srv, uv_loop_t *loop,
+                    const struct mts_config *cfg)
+{
+	char q[MTS_LOGQ_MAX];
+	int err;
+	memset(srv, 0, sizeof(*srv));
+	srv->loop = loop;
+	srv->cfg = *cfg;
+
+	if (cfg->socket_path) {
+		err = mts_listen(srv);
+		if (err < 0) {
+			mts_log(MTS_LOG_ERROR, "cannot listen on socket",
+			        "path=%s err=%s",
+			        mts_logq(q, sizeof(q), cfg->socket_path),
+			        strerror(-err));
+			goto fail_close_listener;
+		}
+	}
+
+	uint32_t other = segment_owner_alive(cfg->segment);
+	if (other) {
+		mts_log(MTS_LOG_ERROR,
+		        "segment in use by a live memtallyd, refusing to "
+		        "replace it",
+		        "segment=%s server_pid=%u",
+		        mts_logq(q, sizeof(q), cfg->segment), other);
+		err = -EBUSY;
+		goto fail_close_listener;
+	}
+	struct mtshm_params params = {
+	    .slots = cfg->slots,
+	    .lanes = cfg->lanes,
+	    .threshold = cfg->threshold,
+	    .mode = 0660,
+	    .gid = -1,
+	};
+	err = mtshm_create(cfg->segment, &params, &srv->map);
+	if (err < 0) {
+		mts_log(
+		    MTS_LOG_ERROR, "cannot create segment", "segment=%s err=%s",
+		    mts_logq(q, sizeof(q), cfg->segment), mtshm_strerror(err));
+		goto fail_close_listener;
+	}
+	mts_log(MTS_LOG_INFO, "segment created",
+	        "segment=%s bytes=%llu generation=%llu",
+	        mts_logq(q, sizeof(q), cfg->segment),
+	        (unsigned long long)srv->map.size,
+	        (unsigned long long)srv->map.hdr->generation);
+	err = mts_registry_init(&srv->reg, loop, &srv->map, cfg->segment);
+	if (err < 0)
+		goto fail_close_segment;
+
+	uv_timer_init(loop, &srv->tick);
+	srv->tick.data = srv;
+	uv_timer_start(&srv->tick, on_tick, cfg->tick_ms, cfg->tick_ms);
+	return 0;
+
+fail_close_segment:
+	mtshm_close(&srv->map);
+fail_close_listener:
+	/* The caller runs the loop to finish the close, then
+	 * mts_server_free(). */
+	srv->stopping = true;
+	mts_conns_close(srv);
+	return err;
+}
+
+void mts_server_stop(struct mts_server *srv)
+{
+	if (srv->stopping)
+		return;
+	srv->stopping = true;
+	uv_close((uv_handle_t *)&srv->tick, NULL);
+	mts_conns_close(srv);
+	mts_registry_close(&srv->reg);
+}
+
+void mts_server_free(struct mts_server *srv)
+{
+	if (srv->socket_bound && srv->cfg.socket_path)
+		unlink(srv->cfg.socket_path);
+	srv->socket_bound = false;
+	mts_registry_free(&srv->reg);
+	mtshm_close(&srv->map);
+}

@@ -1,0 +1,667 @@
+/*
+ * test_server_dispatch.c - the request dispatcher and the registry behind
+ * it, driven with plain buffers (no socket): framing errors, pipelining,
+ * back-pressure, Register (repeat, exec, pid reuse, no slots), GetUsage
+ * and ListProcesses against counters written straight into the segment,
+ * and a worker's exit leaving the published totals in the same loop
+ * iteration.
+ *
+ * Workers are real processes: forked children that wait on a pipe, so a
+ * pidfd and /proc/PID/stat exist for them. Every test runs in its own
+ * process (Criterion), names its segment after its pid, kills its children
+ * and ends by checking that the loop closes with no live handle.
+ */
+#include "server.h"
+
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "log.h"
+
+#define MAX_KIDS 8
+
+static uv_loop_t loop;
+static struct mts_server srv;
+static char segname[64];
+static pid_t kids[MAX_KIDS];
+static int nkids;
+
+static unsigned timeout_mult(void)
+{
+	const char *s = getenv("MEMTALLY_TEST_TIMEOUT_MULT");
+	int m = s ? atoi(s) : 1;
+	return m > 0 ? (unsigned)m : 1;
+}
+
+static void start(uint32_t slots)
+{
+	mts_log_set_level(MTS_LOG_ERROR); /* keep test output quiet */
+	snprintf(segname, sizeof(segname), "/mt-srv-test-%ld", (long)getpid());
+	struct mts_config cfg = {
+	    .socket_path = NULL,
+	    .segment = segname,
+	    .slots = slots,
+	    .lanes = 2,
+	    .tick_ms = 60000, /* tests call mts_tick() themselves */
+	    .threshold = 1000,
+	};
+	cr_assert_eq(uv_loop_init(&loop), 0);
+	cr_assert_eq(mts_server_init(&srv, &loop, &cfg), 0);
+}
+
+static void setup(void)
+{
+	start(4);
+}
+
+static void teardown(void)
+{
+	for (int i = 0; i < nkids; i++) {
+		kill(kids[i], SIGKILL);
+		waitpid(kids[i], NULL, 0);
+	}
+	mts_server_stop(&srv);
+	uv_run(&loop, UV_RUN_DEFAULT);
+	mts_server_free(&srv);
+	cr_assert_eq(uv_loop_close(&loop), 0, "a handle was left open");
+	mtshm_unlink(segname);
+}
+
+TestSuite(dispatch, .init = setup, .fini = teardown, .timeout = 30);
+
+/* A child that lives until killed. */
+static pid_t spawn(void)
+{
+	int p[2];
+	cr_assert_eq(pipe(p), 0);
+	pid_t pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		close(p[0]);
+		char c = 'x';
+		if (write(p[1], &c, 1) != 1)
+			_exit(1);
+		for (;;)
+			pause();
+	}
+	close(p[1]);
+	char c;
+	cr_assert_eq(read(p[0], &c, 1), 1);
+	close(p[0]);
+	cr_assert_lt(nkids, MAX_KIDS);
+	kids[nkids++] = pid;
+	return pid;
+}
+
+static const struct mts_budget unlimited = {.out_bytes = SIZE_MAX,
+                                            .frames = UINT32_MAX};
+
+static struct mts_peer peer_of(pid_t pid)
+{
+	return (struct mts_peer){
+	    .fd = -1, .has_cred = true, .pid = (uint32_t)pid, .uid = 1000};
+}
+
+/* Pack `req` into a bare body (no prefix). */
+static uint8_t *pack(const Memtally__V1__Request *req, size_t *len)
+{
+	*len = protobuf_c_message_get_packed_size(&req->base);
+	uint8_t *b = malloc(*len ? *len : 1);
+	protobuf_c_message_pack(&req->base, b);
+	return b;
+}
+
+/* Decode the framed response at out[*pos..], advancing *pos. */
+static Memtally__V1__Response *next_response(const struct mts_buf *out,
+                                             size_t *pos)
+{
+	uint64_t blen;
+	int n = mtframe_decode_len(out->data + *pos, out->len - *pos,
+	                           UINT64_MAX, &blen);
+	cr_assert_gt(n, 0, "no complete response frame");
+	cr_assert_leq(*pos + (size_t)n + blen, out->len);
+	Memtally__V1__Response *r =
+	    memtally__v1__response__unpack(NULL, blen, out->data + *pos + n);
+	cr_assert_not_null(r, "response does not decode");
+	*pos += (size_t)n + blen;
+	return r;
+}
+
+/* Dispatch one request and return its only response. */
+static Memtally__V1__Response *call(const struct mts_peer *peer,
+                                    const Memtally__V1__Request *req)
+{
+	size_t len, pos = 0;
+	uint8_t *body = pack(req, &len);
+	struct mts_buf out = {0};
+	cr_assert_eq(mts_dispatch(&srv.reg, peer, body, len, &out), 0);
+	Memtally__V1__Response *r = next_response(&out, &pos);
+	cr_assert_eq(pos, out.len, "more than one response");
+	free(body);
+	mts_buf_free(&out);
+	return r;
+}
+
+static Memtally__V1__Response *do_register(pid_t pid, const char *group,
+                                           uint64_t image_id)
+{
+	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
+	Memtally__V1__Register reg = MEMTALLY__V1__REGISTER__INIT;
+	reg.group = (char *)group;
+	reg.image_id = image_id;
+	req.id = 7;
+	req.body_case = MEMTALLY__V1__REQUEST__BODY_REGISTER;
+	req.register_ = &reg;
+	struct mts_peer peer = peer_of(pid);
+	return call(&peer, &req);
+}
+
+static uint32_t register_ok(pid_t pid, const char *group, uint64_t image_id)
+{
+	Memtally__V1__Response *r = do_register(pid, group, image_id);
+	cr_assert_null(r->error, "register failed: %s",
+	               r->error ? r->error->message : "");
+	cr_assert_eq(r->body_case, MEMTALLY__V1__RESPONSE__BODY_REGISTERED);
+	uint32_t slot = r->registered->slot;
+	memtally__v1__response__free_unpacked(r, NULL);
+	return slot;
+}
+
+static Memtally__V1__Response *get_usage(int scope, const char *group,
+                                         uint32_t pid)
+{
+	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
+	Memtally__V1__GetUsage q = MEMTALLY__V1__GET_USAGE__INIT;
+	q.scope_case = scope;
+	if (scope == MEMTALLY__V1__GET_USAGE__SCOPE_GROUP)
+		q.group = (char *)group;
+	if (scope == MEMTALLY__V1__GET_USAGE__SCOPE_PID)
+		q.pid = pid;
+	req.id = 9;
+	req.body_case = MEMTALLY__V1__REQUEST__BODY_GET_USAGE;
+	req.get_usage = &q;
+	struct mts_peer peer = peer_of(getpid());
+	return call(&peer, &req);
+}
+
+/* What a worker's client would do: lane 0 holds `bytes`. */
+static void write_lane(uint32_t slot, int64_t bytes, uint32_t threads)
+{
+	struct mtshm_slot_id *s = mtshm_slot(&srv.map, slot);
+	mt_store_relaxed32(&s->threads, threads);
+	mt_store_relaxed32(&s->lanes_used, 1);
+	mt_store_relaxeds64(&mtshm_lane(s, 0)->bytes, bytes);
+	mt_store_relaxed64(&mtshm_lane(s, 0)->flushes, 3);
+}
+
+static void expect_error(Memtally__V1__Response *r, uint64_t id,
+                         Memtally__V1__ErrorCode code)
+{
+	cr_assert_not_null(r->error);
+	cr_assert_eq(r->id, id);
+	cr_assert_eq(r->error->code, code, "code %d, want %d (%s)",
+	             r->error->code, code, r->error->message);
+	cr_assert_gt(strlen(r->error->message), 0);
+	memtally__v1__response__free_unpacked(r, NULL);
+}
+
+/* ---- envelope ---------------------------------------------------------- */
+
+Test(dispatch, no_body_is_invalid)
+{
+	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
+	req.id = 42;
+	struct mts_peer peer = peer_of(getpid());
+	expect_error(call(&peer, &req), 42,
+	             MEMTALLY__V1__ERROR_CODE__ERROR_INVALID_REQUEST);
+}
+
+Test(dispatch, later_bodies_unsupported)
+{
+	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
+	Memtally__V1__Admit admit = MEMTALLY__V1__ADMIT__INIT;
+	Memtally__V1__Watch watch = MEMTALLY__V1__WATCH__INIT;
+	struct mts_peer peer = peer_of(getpid());
+	req.id = 5;
+	req.body_case = MEMTALLY__V1__REQUEST__BODY_ADMIT;
+	req.admit = &admit;
+	Memtally__V1__Response *r = call(&peer, &req);
+	cr_assert_str_eq(r->error->message, "not implemented in this version");
+	expect_error(r, 5, MEMTALLY__V1__ERROR_CODE__ERROR_UNSUPPORTED);
+	req.body_case = MEMTALLY__V1__REQUEST__BODY_WATCH;
+	req.watch = &watch;
+	expect_error(call(&peer, &req), 5,
+	             MEMTALLY__V1__ERROR_CODE__ERROR_UNSUPPORTED);
+}
+
+Test(dispatch, unknown_body_field_unsupported)
+{
+	/* id = 3, then field 20 (length-delimited, empty): a body from a
+	 * newer protocol. */
+	const uint8_t body[] = {0x08, 0x03, 0xa2, 0x01, 0x00};
+	struct mts_buf out = {0};
+	size_t pos = 0;
+	struct mts_peer peer = peer_of(getpid());
+	cr_assert_eq(mts_dispatch(&srv.reg, &peer, body, sizeof(body), &out),
+	             0);
+	expect_error(next_response(&out, &pos), 3,
+	             MEMTALLY__V1__ERROR_CODE__ERROR_UNSUPPORTED);
+	mts_buf_free(&out);
+}
+
+Test(dispatch, undecodable_answers_then_closes)
+{
+	const uint8_t junk[] = {0xff, 0xff, 0xff};
+	struct mts_buf out = {0};
+	size_t pos = 0;
+	struct mts_peer peer = peer_of(getpid());
+	cr_assert_eq(mts_dispatch(&srv.reg, &peer, junk, sizeof(junk), &out),
+	             MTS_CLOSE);
+	expect_error(next_response(&out, &pos), 0,
+	             MEMTALLY__V1__ERROR_CODE__ERROR_UNDECODABLE);
+	mts_buf_free(&out);
+}
+
+Test(dispatch, frame_too_large)
+{
+	uint8_t in[MTFRAME_MAX_VARINT];
+	size_t n = mtframe_encode_len(MTS_MAX_FRAME + 1, in);
+	struct mts_buf out = {0};
+	size_t used = 99, pos = 0;
+	struct mts_peer peer = peer_of(getpid());
+	/* Refused from the prefix alone, before any body arrives. */
+	cr_assert_eq(mts_input(&srv.reg, &peer, in, n, &out, unlimited, &used),
+	             MTS_CLOSE);
+	cr_assert_eq(used, 0);
+	expect_error(next_response(&out, &pos), 0,
+	             MEMTALLY__V1__ERROR_CODE__ERROR_FRAME_TOO_LARGE);
+	mts_buf_free(&out);
+}
+
+Test(dispatch, bad_varint)
+{
+	uint8_t in[11];
+	memset(in, 0xff, sizeof(in));
+	struct mts_buf out = {0};
+	size_t used, pos = 0;
+	struct mts_peer peer = peer_of(getpid());
+	cr_assert_eq(
+	    mts_input(&srv.reg, &peer, in, sizeof(in), &out, unlimited, &used),
+	    MTS_CLOSE);
+	expect_error(next_response(&out, &pos), 0,
+	             MEMTALLY__V1__ERROR_CODE__ERROR_UNDECODABLE);
+	mts_buf_free(&out);
+}
+
+/* Three GetUsage frames (ids 1..3) and half of a fourth. */
+static size_t pipelined_input(uint8_t *in, size_t cap, size_t *whole)
+{
+	size_t len = 0;
+	for (uint64_t id = 1; id <= 4; id++) {
+		Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
+		Memtally__V1__GetUsage q = MEMTALLY__V1__GET_USAGE__INIT;
+		req.id = id;
+		req.body_case = MEMTALLY__V1__REQUEST__BODY_GET_USAGE;
+		req.get_usage = &q;
+		if (id == 4)
+			*whole = len;
+		len += mtframe_pack(&req.base, in + len, cap - len);
+	}
+	return len - 1; /* cut the last frame short */
+}
+
+Test(dispatch, pipelined_in_order_and_partial_frame_kept)
+{
+	uint8_t in[256];
+	size_t whole;
+	size_t len = pipelined_input(in, sizeof(in), &whole);
+	struct mts_buf out = {0};
+	size_t used, pos = 0;
+	struct mts_peer peer = peer_of(getpid());
+	cr_assert_eq(
+	    mts_input(&srv.reg, &peer, in, len, &out, unlimited, &used), 0);
+	cr_assert_eq(used, whole, "the partial frame must stay buffered");
+	for (uint64_t id = 1; id <= 3; id++) {
+		Memtally__V1__Response *r = next_response(&out, &pos);
+		cr_assert_eq(r->id, id);
+		cr_assert_eq(r->body_case, MEMTALLY__V1__RESPONSE__BODY_USAGE);
+		memtally__v1__response__free_unpacked(r, NULL);
+	}
+	cr_assert_eq(pos, out.len);
+	mts_buf_free(&out);
+}
+
+Test(dispatch, budgets_stop_answering)
+{
+	uint8_t in[256];
+	size_t whole;
+	size_t len = pipelined_input(in, sizeof(in), &whole);
+	struct mts_peer peer = peer_of(getpid());
+	/* An output budget of one byte, then a budget of two frames: each
+	 * stops with MTS_MORE and leaves the rest in the input. */
+	const struct mts_budget budgets[] = {
+	    {.out_bytes = 1, .frames = UINT32_MAX},
+	    {.out_bytes = SIZE_MAX, .frames = 2},
+	};
+	const uint64_t answered[] = {1, 2};
+	for (int b = 0; b < 2; b++) {
+		struct mts_buf out = {0};
+		size_t used, pos = 0;
+		cr_assert_eq(mts_input(&srv.reg, &peer, in, len, &out,
+		                       budgets[b], &used),
+		             MTS_MORE);
+		for (uint64_t id = 1; id <= answered[b]; id++) {
+			Memtally__V1__Response *r = next_response(&out, &pos);
+			cr_assert_eq(r->id, id);
+			memtally__v1__response__free_unpacked(r, NULL);
+		}
+		cr_assert_eq(pos, out.len, "answered past the budget");
+		cr_assert_lt(used, whole);
+		cr_assert_gt(used, 0);
+		/* The rest is answered by the next call, in order. */
+		size_t used2;
+		cr_assert_eq(mts_input(&srv.reg, &peer, in + used, len - used,
+		                       &out, unlimited, &used2),
+		             0);
+		cr_assert_eq(used + used2, whole);
+		for (uint64_t id = answered[b] + 1; id <= 3; id++) {
+			Memtally__V1__Response *r = next_response(&out, &pos);
+			cr_assert_eq(r->id, id);
+			memtally__v1__response__free_unpacked(r, NULL);
+		}
+		cr_assert_eq(pos, out.len);
+		mts_buf_free(&out);
+	}
+}
+
+/* ---- Register ---------------------------------------------------------- */
+
+Test(dispatch, register_publishes_slot)
+{
+	pid_t kid = spawn();
+	Memtally__V1__Response *r = do_register(kid, "", 11);
+	cr_assert_null(r->error);
+	cr_assert_eq(r->id, 7);
+	Memtally__V1__Registered *ok = r->registered;
+	cr_assert_str_eq(ok->group, "default");
+	cr_assert_str_eq(ok->segment, segname);
+	cr_assert_eq(ok->threshold, 1000);
+	cr_assert_eq(ok->segment_generation, srv.map.hdr->generation);
+	struct mtshm_slot_id *s = mtshm_slot(&srv.map, ok->slot);
+	cr_assert_eq(mt_load_acquire32(&s->pid), (uint32_t)kid);
+	cr_assert_eq(s->uid, 1000);
+	cr_assert_eq(s->generation, ok->slot_generation);
+	uint64_t st;
+	cr_assert_eq(mts_read_starttime(kid, &st), 0);
+	cr_assert_eq(s->start_time, st);
+	memtally__v1__response__free_unpacked(r, NULL);
+	cr_assert_eq(srv.reg.nfree, 3);
+}
+
+Test(dispatch, repeat_keeps_slot_exec_resets_it)
+{
+	pid_t kid = spawn();
+	uint32_t slot = register_ok(kid, "a", 1);
+	struct mtshm_slot_id *s = mtshm_slot(&srv.map, slot);
+	uint64_t gen = s->generation;
+	write_lane(slot, 5000, 1);
+	mts_tick(&srv.reg);
+
+	/* Same image: same slot, counters untouched. */
+	cr_assert_eq(register_ok(kid, "a", 1), slot);
+	cr_assert_eq(s->generation, gen);
+	cr_assert_eq(mtshm_lane(s, 0)->bytes, 5000);
+
+	/* New image (exec): same slot, zeroed, new generation, new group,
+	 * and its old bytes leave the published total at once. */
+	cr_assert_eq(register_ok(kid, "b", 2), slot);
+	cr_assert_eq(s->generation, gen + 1);
+	cr_assert_eq(mtshm_lane(s, 0)->bytes, 0);
+	cr_assert_eq(s->lanes_used, 0);
+	struct mtshm_fleet f;
+	cr_assert_eq(mtshm_fleet_read(srv.map.hdr, &f), 0);
+	cr_assert_eq(f.bytes, 0);
+	cr_assert_eq(f.processes, 1);
+	cr_assert_null(mts_find_group(&srv.reg, "a"), "empty group kept");
+	cr_assert_not_null(mts_find_group(&srv.reg, "b"));
+	cr_assert_eq(srv.reg.nfree, 3);
+}
+
+Test(dispatch, pid_reuse_reclaims)
+{
+	pid_t kid = spawn();
+	uint32_t slot = register_ok(kid, "a", 1);
+	write_lane(slot, 5000, 1);
+	mts_tick(&srv.reg);
+	/* Pretend the registry saw an earlier process with this pid. */
+	struct mts_proc *p = mts_find_pid(&srv.reg, (uint32_t)kid);
+	cr_assert_not_null(p);
+	p->start_time++;
+	uint64_t gen = mtshm_slot(&srv.map, slot)->generation;
+	/* The old entry is reclaimed (its bytes leave the totals) and the
+	 * newcomer gets a fresh slot: the freed one, re-initialised. */
+	cr_assert_eq(register_ok(kid, "a", 1), slot);
+	cr_assert_eq(mtshm_slot(&srv.map, slot)->generation, gen + 1);
+	cr_assert_eq(mtshm_lane(mtshm_slot(&srv.map, slot), 0)->bytes, 0);
+	cr_assert_eq(srv.reg.totals.bytes, 0);
+	cr_assert_eq(srv.reg.totals.processes, 1);
+	cr_assert_eq(srv.reg.exits, 1);
+	uv_run(&loop, UV_RUN_NOWAIT); /* run the old poll's close */
+}
+
+Test(dispatch, bad_names_and_no_credentials)
+{
+	pid_t kid = spawn();
+	expect_error(do_register(kid, "a\x01", 1), 7,
+	             MEMTALLY__V1__ERROR_CODE__ERROR_INVALID_REQUEST);
+	char longname[MTS_NAME_MAX + 2];
+	memset(longname, 'g', sizeof(longname) - 1);
+	longname[sizeof(longname) - 1] = '\0';
+	expect_error(do_register(kid, longname, 1), 7,
+	             MEMTALLY__V1__ERROR_CODE__ERROR_INVALID_REQUEST);
+
+	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
+	Memtally__V1__Register reg = MEMTALLY__V1__REGISTER__INIT;
+	req.id = 8;
+	req.body_case = MEMTALLY__V1__REQUEST__BODY_REGISTER;
+	req.register_ = &reg;
+	struct mts_peer anon = {.fd = -1};
+	expect_error(call(&anon, &req), 8,
+	             MEMTALLY__V1__ERROR_CODE__ERROR_NO_PEER_CREDENTIALS);
+	reg.layout_major = MTSHM_VERSION_MAJOR + 1;
+	struct mts_peer peer = peer_of(kid);
+	expect_error(call(&peer, &req), 8,
+	             MEMTALLY__V1__ERROR_CODE__ERROR_UNSUPPORTED);
+	cr_assert_eq(srv.reg.nfree, 4);
+}
+
+Test(dispatch, dead_peer_not_registered)
+{
+	pid_t kid = spawn();
+	kill(kid, SIGKILL);
+	waitpid(kid, NULL, 0);
+	expect_error(do_register(kid, "a", 1), 7,
+	             MEMTALLY__V1__ERROR_CODE__ERROR_NOT_FOUND);
+	cr_assert_eq(srv.reg.nfree, 4);
+}
+
+Test(dispatch, no_slots_counts_unregistered)
+{
+	for (int i = 0; i < 4; i++)
+		register_ok(spawn(), "g", 1);
+	expect_error(do_register(spawn(), "g", 1), 7,
+	             MEMTALLY__V1__ERROR_CODE__ERROR_NO_SLOTS);
+	mts_tick(&srv.reg);
+	Memtally__V1__Response *r =
+	    get_usage(MEMTALLY__V1__GET_USAGE__SCOPE__NOT_SET, NULL, 0);
+	cr_assert_eq(r->usage->unregistered, 1);
+	cr_assert_eq(r->usage->slots_free, 0);
+	cr_assert_eq(r->usage->processes, 4);
+	memtally__v1__response__free_unpacked(r, NULL);
+	struct mtshm_fleet f;
+	cr_assert_eq(mtshm_fleet_read(srv.map.hdr, &f), 0);
+	cr_assert_eq(f.unregistered, 1);
+}
+
+/* ---- usage, listing, exit ---------------------------------------------- */
+
+Test(dispatch, usage_and_list)
+{
+	pid_t a = spawn(), b = spawn(), c = spawn();
+	uint32_t sa = register_ok(a, "etl", 1);
+	uint32_t sb = register_ok(b, "etl", 1);
+	uint32_t sc = register_ok(c, "web", 1);
+	write_lane(sa, 1000, 1);
+	write_lane(sb, 3000, 2);
+	write_lane(sc, -50, 1); /* frees of another's memory: shows as 0 */
+	mts_tick(&srv.reg);
+
+	Memtally__V1__Response *r =
+	    get_usage(MEMTALLY__V1__GET_USAGE__SCOPE__NOT_SET, NULL, 0);
+	Memtally__V1__Usage *u = r->usage;
+	cr_assert_eq(u->fleet_bytes, 4000);
+	cr_assert_eq(u->fleet_peak, 4000);
+	cr_assert_eq(u->processes, 3);
+	cr_assert_eq(u->error_bytes, 4 * 1000);
+	cr_assert_eq(u->ticks, 1);
+	cr_assert_eq(u->threshold, 1000);
+	cr_assert_eq(u->slots, 4);
+	cr_assert_eq(u->slots_free, 1);
+	cr_assert_eq(u->fleet_limit, 0);
+	cr_assert_eq(u->state, MEMTALLY__V1__STATE__STATE_OK);
+	cr_assert_eq(u->n_groups, 2);
+	for (size_t i = 0; i < u->n_groups; i++) {
+		Memtally__V1__GroupUsage *g = u->groups[i];
+		bool etl = strcmp(g->name, "etl") == 0;
+		cr_assert_eq(g->bytes, etl ? 4000 : 0);
+		cr_assert_eq(g->processes, etl ? 2 : 1);
+		cr_assert_eq(g->error_bytes, etl ? 3000 : 1000);
+	}
+	memtally__v1__response__free_unpacked(r, NULL);
+
+	struct mtshm_fleet f;
+	cr_assert_eq(mtshm_fleet_read(srv.map.hdr, &f), 0);
+	cr_assert_eq(f.bytes, 4000);
+	cr_assert_eq(f.processes, 3);
+	cr_assert_eq(f.ticks, 1);
+	cr_assert_eq(f.seq % 2, 0);
+	cr_assert_gt(f.heartbeat_ns, 0);
+	cr_assert_eq(mtshm_slot(&srv.map, sb)->peak, 3000);
+
+	r = get_usage(MEMTALLY__V1__GET_USAGE__SCOPE_GROUP, "etl", 0);
+	cr_assert_eq(r->usage->group->bytes, 4000);
+	cr_assert_eq(r->usage->group->processes, 2);
+	cr_assert_eq(r->usage->n_groups, 0);
+	memtally__v1__response__free_unpacked(r, NULL);
+	r = get_usage(MEMTALLY__V1__GET_USAGE__SCOPE_GROUP, "nobody", 0);
+	cr_assert_str_eq(r->usage->group->name, "nobody");
+	cr_assert_eq(r->usage->group->processes, 0);
+	memtally__v1__response__free_unpacked(r, NULL);
+
+	r = get_usage(MEMTALLY__V1__GET_USAGE__SCOPE_PID, NULL, (uint32_t)b);
+	Memtally__V1__ProcessInfo *pi = r->usage->process;
+	cr_assert_eq(pi->pid, (uint32_t)b);
+	cr_assert_str_eq(pi->group, "etl");
+	cr_assert_eq(pi->bytes, 3000);
+	cr_assert_eq(pi->threads, 2);
+	cr_assert_eq(pi->flushes, 3);
+	cr_assert_eq(pi->slot, sb);
+	cr_assert_eq(pi->uid, 1000);
+	cr_assert_eq(pi->error_bytes, 2000);
+	cr_assert_gt(pi->registered_ns, 0);
+	cr_assert_gt(pi->start_time, 0);
+	cr_assert_gt(strlen(pi->comm), 0);
+	memtally__v1__response__free_unpacked(r, NULL);
+	expect_error(get_usage(MEMTALLY__V1__GET_USAGE__SCOPE_PID, NULL, 1), 9,
+	             MEMTALLY__V1__ERROR_CODE__ERROR_NOT_FOUND);
+
+	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
+	Memtally__V1__ListProcesses lp = MEMTALLY__V1__LIST_PROCESSES__INIT;
+	req.body_case = MEMTALLY__V1__REQUEST__BODY_LIST_PROCESSES;
+	req.list_processes = &lp;
+	struct mts_peer peer = peer_of(getpid());
+	r = call(&peer, &req);
+	Memtally__V1__ProcessList *pl = r->process_list;
+	cr_assert_eq(pl->n_processes, 3);
+	cr_assert_eq(pl->processes[0]->pid, (uint32_t)b);
+	cr_assert_eq(pl->processes[1]->pid, (uint32_t)a);
+	cr_assert_eq(pl->processes[2]->pid, (uint32_t)c);
+	cr_assert_eq(pl->processes[2]->bytes, 0);
+	memtally__v1__response__free_unpacked(r, NULL);
+	lp.group = "web";
+	r = call(&peer, &req);
+	cr_assert_eq(r->process_list->n_processes, 1);
+	cr_assert_eq(r->process_list->processes[0]->pid, (uint32_t)c);
+	memtally__v1__response__free_unpacked(r, NULL);
+}
+
+Test(dispatch, corrupt_slot_quarantined)
+{
+	pid_t a = spawn(), b = spawn();
+	uint32_t sa = register_ok(a, "g", 1);
+	uint32_t sb = register_ok(b, "g", 1);
+	write_lane(sa, 1000, 1);
+	write_lane(sb, MTSHM_ABSURD_BYTES + 1, 1);
+	mts_tick(&srv.reg);
+	cr_assert_eq(srv.reg.totals.bytes, 1000);
+	cr_assert(mtshm_slot(&srv.map, sb)->flags & MTSHM_SLOT_CORRUPT);
+	Memtally__V1__Response *r =
+	    get_usage(MEMTALLY__V1__GET_USAGE__SCOPE_PID, NULL, (uint32_t)b);
+	cr_assert(r->usage->process->corrupt);
+	cr_assert_eq(r->usage->process->bytes, 0);
+	memtally__v1__response__free_unpacked(r, NULL);
+	/* Sticky until the slot is reset: a sane value later does not
+	 * bring back a slot that once lied. */
+	write_lane(sb, 10, 1);
+	mts_tick(&srv.reg);
+	cr_assert_eq(srv.reg.totals.bytes, 1000);
+}
+
+Test(dispatch, exit_leaves_totals_in_same_iteration)
+{
+	pid_t a = spawn(), b = spawn();
+	uint32_t sa = register_ok(a, "g", 1);
+	uint32_t sb = register_ok(b, "h", 1);
+	write_lane(sa, 1000, 1);
+	write_lane(sb, 7000, 1);
+	mts_tick(&srv.reg);
+	struct mtshm_fleet f;
+	cr_assert_eq(mtshm_fleet_read(srv.map.hdr, &f), 0);
+	cr_assert_eq(f.bytes, 8000);
+
+	kill(b, SIGKILL);
+	waitpid(b, NULL, 0);
+	/* No tick runs (it is 60 s away): only the pidfd callback can
+	 * change the totals. */
+	uint64_t ticks = f.ticks;
+	unsigned spins = 0;
+	while (srv.reg.totals.processes != 1) {
+		uv_run(&loop, UV_RUN_ONCE);
+		cr_assert_lt(++spins, 1000 * timeout_mult());
+	}
+	cr_assert_eq(mtshm_fleet_read(srv.map.hdr, &f), 0);
+	cr_assert_eq(f.bytes, 1000);
+	cr_assert_eq(f.processes, 1);
+	cr_assert_eq(f.ticks, ticks);
+	cr_assert_eq(mtshm_slot(&srv.map, sb)->pid, 0);
+	cr_assert_null(mts_find_pid(&srv.reg, (uint32_t)b));
+	cr_assert_null(mts_find_group(&srv.reg, "h"));
+	cr_assert_eq(srv.reg.nfree, 3);
+	Memtally__V1__Response *r =
+	    get_usage(MEMTALLY__V1__GET_USAGE__SCOPE__NOT_SET, NULL, 0);
+	cr_assert_eq(r->usage->fleet_bytes, 1000);
+	cr_assert_eq(r->usage->fleet_peak, 8000);
+	cr_assert_eq(r->usage->n_groups, 1);
+	memtally__v1__response__free_unpacked(r, NULL);
+
+	/* The freed slot is handed out again, with a new generation. */
+	uint64_t gen = mtshm_slot(&srv.map, sb)->generation;
+	cr_assert_eq(register_ok(spawn(), "h", 1), sb);
+	cr_assert_eq(mtshm_slot(&srv.map, sb)->generation, gen + 1);
+}

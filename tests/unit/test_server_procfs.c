@@ -1,0 +1,131 @@
+/*
+ * test_server_procfs.c - reading a process's start time and comm from
+ * /proc, including stat lines whose comm holds spaces and parentheses, and
+ * the logfmt quoting that keeps such names from forging log fields.
+ */
+#include "log.h"
+#include "server.h"
+
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+/* Fields 3 (state) to 21, then starttime (22) = 777, then more. */
+#define TAIL " S 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 777 99 100\n"
+
+Test(procfs, plain_comm)
+{
+	uint64_t st = 0;
+	cr_assert_eq(mts_parse_stat_starttime("42 (bash)" TAIL, &st), 0);
+	cr_assert_eq(st, 777);
+}
+
+Test(procfs, comm_with_spaces_and_parens)
+{
+	uint64_t st = 0;
+	cr_assert_eq(mts_parse_stat_starttime("42 (a b) c)" TAIL, &st), 0);
+	cr_assert_eq(st, 777);
+	cr_assert_eq(mts_parse_stat_starttime("42 ()) ) 1 2 3)" TAIL, &st), 0);
+	cr_assert_eq(st, 777);
+	cr_assert_eq(mts_parse_stat_starttime("42 (x\ny)" TAIL, &st), 0);
+	cr_assert_eq(st, 777);
+}
+
+Test(procfs, malformed)
+{
+	uint64_t st = 5;
+	cr_assert_eq(mts_parse_stat_starttime("", &st), -EINVAL);
+	cr_assert_eq(mts_parse_stat_starttime("42 bash S 1", &st), -EINVAL);
+	cr_assert_eq(mts_parse_stat_starttime("42 (bash) S 1 2 3", &st),
+	             -EINVAL);
+	cr_assert_eq(mts_parse_stat_starttime("42 (bash)S 1 2 3 4 5 6 7 8 9 "
+	                                      "10 11 12 13 14 15 16 17 18 "
+	                                      "777",
+	                                      &st),
+	             -EINVAL);
+	cr_assert_eq(mts_parse_stat_starttime("42 (b) S 1 2 3 4 5 6 7 8 9 10 "
+	                                      "11 12 13 14 15 16 17 18 "
+	                                      "-7 1",
+	                                      &st),
+	             -EINVAL);
+	cr_assert_eq(mts_parse_stat_starttime("42 (b) S 1 2 3 4 5 6 7 8 9 10 "
+	                                      "11 12 13 14 15 16 17 18 "
+	                                      "7x 1",
+	                                      &st),
+	             -EINVAL);
+	cr_assert_eq(st, 5);
+}
+
+Test(procfs, self)
+{
+	/* Cross-check field 22 with a scanf of our own stat line. */
+	char line[2048];
+	FILE *f = fopen("/proc/self/stat", "r");
+	cr_assert_not_null(f);
+	cr_assert_not_null(fgets(line, sizeof(line), f));
+	fclose(f);
+	unsigned long long want = 0;
+	cr_assert_eq(sscanf(strrchr(line, ')') + 2,
+	                    "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u "
+	                    "%*u %*d %*d %*d %*d %*d %*d %llu",
+	                    &want),
+	             1);
+	uint64_t mine = 0;
+	cr_assert_eq(mts_parse_stat_starttime(line, &mine), 0);
+	cr_assert_eq(mine, want);
+
+	/* A comm that would break a naive parser. */
+	prctl(PR_SET_NAME, "a) b (c", 0, 0, 0);
+	uint64_t st = 0;
+	cr_assert_eq(mts_read_starttime(getpid(), &st), 0);
+	cr_assert_gt(st, 0);
+	char comm[64];
+	mts_read_comm(getpid(), comm, sizeof(comm));
+	cr_assert_str_eq(comm, "a) b (c");
+	cr_assert(mts_pid_running(getpid()));
+}
+
+Test(procfs, gone)
+{
+	uint64_t st;
+	/* pid_max is at most 2^22: this pid never exists. */
+	cr_assert_lt(mts_read_starttime(1 << 23, &st), 0);
+	cr_assert(!mts_pid_running(1 << 23));
+	char comm[16] = "junk";
+	mts_read_comm(1 << 23, comm, sizeof(comm));
+	cr_assert_str_eq(comm, "");
+}
+
+Test(log, quoting)
+{
+	char b[MTS_LOGQ_MAX];
+	cr_assert_str_eq(mts_logq(b, sizeof(b), "etl"), "\"etl\"");
+	cr_assert_str_eq(mts_logq(b, sizeof(b), ""), "\"\"");
+	cr_assert_str_eq(mts_logq(b, sizeof(b), NULL), "\"\"");
+	cr_assert_str_eq(mts_logq(b, sizeof(b), "a \"b\" c\\"),
+	                 "\"a \\\"b\\\" c\\\\\"");
+	cr_assert_str_eq(mts_logq(b, sizeof(b), "x\nlevel=error"),
+	                 "\"x\\x0alevel=error\"");
+	char small[6];
+	cr_assert_str_eq(mts_logq(small, sizeof(small), "abcdef"), "\"abc\"");
+	cr_assert_str_eq(mts_logq(small, sizeof(small), "a\"bcd"), "\"a\\\"\"");
+}
+
+Test(log, levels)
+{
+	enum mts_log_level l;
+	cr_assert_eq(mts_log_parse_level("debug", &l), 0);
+	cr_assert_eq(l, MTS_LOG_DEBUG);
+	cr_assert_eq(mts_log_parse_level("WARN", &l), 0);
+	cr_assert_eq(l, MTS_LOG_WARN);
+	cr_assert_eq(mts_log_parse_level("warning", &l), 0);
+	cr_assert_eq(mts_log_parse_level("error", &l), 0);
+	cr_assert_eq(l, MTS_LOG_ERROR);
+	cr_assert_eq(mts_log_parse_level("loud", &l), -EINVAL);
+	mts_log_set_level(MTS_LOG_ERROR);
+	cr_assert(!mts_log_enabled(MTS_LOG_WARN));
+	cr_assert(mts_log_enabled(MTS_LOG_ERROR));
+}
