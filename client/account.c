@@ -1,8 +1,9 @@
 /*
  * account.c - the slow path of memtally_account() (memtally.h).
  *
- * The fast path keeps `biased = drift + T` in [0, 2T] for a set-up thread
- * (T = threshold). Anything outside, including a brand-new thread whose
+ * The fast path keeps `biased = drift + (T - 1)` in [0, 2(T - 1)] for a
+ * set-up thread (T = threshold), so a flush is due once |drift| >= T, as in
+ * the seed's scheme. Anything outside, including a brand-new thread whose
  * state is all zero, lands here: publish the drift, re-centre the window,
  * and make sure the thread's drift is flushed when it exits.
  */
@@ -59,15 +60,16 @@ void memtally__account_slow(void)
 	acc.th.busy = 1;
 	uint64_t b0 = t->biased;
 	int64_t drift = (int64_t)(b0 - acc.half);
-	if (!mtc_init()) {
-		/* Disabled: never come back here. */
-		t->biased = 0;
-		t->span = UINT64_MAX;
-		acc.half = 0;
-		acc.th.busy = 0;
-		return;
-	}
 	if (!acc.key_set) {
+		/* This thread's first slow path. */
+		if (!mtc_init()) {
+			/* Disabled: never come back here. */
+			t->biased = 0;
+			t->span = UINT64_MAX;
+			acc.half = 0;
+			acc.th.busy = 0;
+			return;
+		}
 		pthread_once(&key_once, make_key);
 		acc.key_set = 1;
 		pthread_setspecific(exit_key, &acc);
@@ -76,10 +78,10 @@ void memtally__account_slow(void)
 		mtc_publish(&acc.th, drift);
 	/* Keep whatever was accounted re-entrantly while we published. */
 	uint64_t extra = t->biased - b0;
-	uint64_t T = mtc_threshold();
-	acc.half = T;
-	t->biased = T + extra;
-	t->span = 2 * T;
+	uint64_t half = mtc_threshold() - 1;
+	acc.half = half;
+	t->biased = half + extra;
+	t->span = 2 * half;
 	acc.th.busy = 0;
 }
 

@@ -12,7 +12,7 @@
  *  - Code that manages its own memory (or uses another allocator): link
  *    libmemtally and call memtally_account(+n) / memtally_account(-n).
  *
- * Each thread accumulates a drift; when it passes the flush threshold
+ * Each thread accumulates a drift; when it reaches the flush threshold
  * (64 KiB by default, set by the server) it is written into the thread's own
  * lane of the process's slot in a shared-memory segment. The hot path is a
  * thread-local add and one compare; no shared write.
@@ -89,8 +89,9 @@ extern "C" {
 #define MEMTALLY_ESERVER      (-4004) /* the server answered an error */
 
 /*
- * Hot-path state of one thread. `biased` is the thread's drift plus the
- * threshold, so it stays within [0, span] while no flush is due; a new
+ * Hot-path state of one thread. `biased` is the thread's drift plus
+ * threshold - 1, so it stays within [0, span] while no flush is due
+ * (|drift| < threshold); a new
  * thread has both fields zero, so its first non-zero call takes the slow
  * path, which sets the thread up. One add, one compare, one branch.
  */

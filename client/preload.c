@@ -37,6 +37,15 @@
 
 /* ---- jemalloc's entry points ------------------------------------------ */
 
+/* jemalloc's non-standard API, which no other allocator defines: called by
+ * name (we link libjemalloc.so.2) to bootstrap before dlsym has run. */
+void *mallocx(size_t size, int flags);
+void *rallocx(void *ptr, size_t size, int flags);
+void dallocx(void *ptr, int flags);
+size_t sallocx(const void *ptr, int flags);
+#define PL_MALLOCX_ZERO 0x40
+#define PL_MALLOCX_ALIGN(a) ((int)__builtin_ctzl(a))
+
 typedef void *(*fn_new)(size_t);
 typedef void *(*fn_new_nt)(size_t, const void *);
 typedef void *(*fn_new_al)(size_t, size_t);
@@ -48,6 +57,22 @@ typedef void (*fn_del_al_nt)(void *, size_t, const void *);
 typedef void (*fn_del_sz)(void *, size_t);
 typedef void (*fn_del_sz_al)(void *, size_t, size_t);
 
+static void *boot_malloc(size_t n);
+static void boot_free(void *p);
+static void *boot_calloc(size_t n, size_t m);
+static void *boot_realloc(void *p, size_t n);
+static int boot_posix_memalign(void **out, size_t align, size_t n);
+static void *boot_aligned_alloc(size_t align, size_t n);
+static size_t boot_usable_size(void *p);
+
+/*
+ * Where every call goes. The C entries start at bootstrap functions that
+ * resolve jemalloc's own entry points on first use (until then, and if a
+ * symbol were missing, they serve the call through jemalloc's mallocx API,
+ * so even memory allocated during dlsym belongs to the one heap). The C++
+ * operators are resolved before any of them can be reached: every
+ * operator entry calls ensure() first.
+ */
 static struct {
 	void *(*malloc)(size_t);
 	void (*free)(void *);
@@ -56,7 +81,6 @@ static struct {
 	int (*posix_memalign)(void **, size_t, size_t);
 	void *(*aligned_alloc)(size_t, size_t);
 	void *(*memalign)(size_t, size_t);
-	void *(*valloc)(size_t);
 	size_t (*malloc_usable_size)(void *);
 	int (*mallctl)(const char *, void *, size_t *, void *, size_t);
 	fn_new znwm, znam;
@@ -69,39 +93,26 @@ static struct {
 	fn_del_al_nt zdlpv_al_nt, zdapv_al_nt;
 	fn_del_sz zdlpvm, zdapvm;
 	fn_del_sz_al zdlpvm_al, zdapvm_al;
-} je;
+} je = {
+	.malloc = boot_malloc,
+	.free = boot_free,
+	.calloc = boot_calloc,
+	.realloc = boot_realloc,
+	.posix_memalign = boot_posix_memalign,
+	.aligned_alloc = boot_aligned_alloc,
+	.memalign = boot_aligned_alloc,
+	.malloc_usable_size = boot_usable_size,
+};
 
 static int pl_resolved;  /* 1 once `je` is complete (acquire/release) */
 static int pl_resolving; /* set while dlopen/dlsym run */
-static int pl_counting;  /* 0: forward only (counters unavailable) */
 
-/* Bootstrap heap for allocations made while resolving. Each block carries
- * its size in front so realloc can copy it. */
-static _Alignas(64) unsigned char pl_boot[64 * 1024];
-static size_t pl_boot_used;
-
-static inline int in_boot(const void *p)
+/* Store a resolved symbol into `*slot` unless it is missing. */
+static void bind(void *h, void *slot, const char *name)
 {
-	return (uintptr_t)p - (uintptr_t)pl_boot < sizeof(pl_boot);
-}
-
-static void *boot_alloc(size_t n, size_t align)
-{
-	if (align < 16)
-		align = 16;
-	size_t off = (pl_boot_used + 16 + align - 1) & ~(align - 1);
-	if (n > sizeof(pl_boot) || off + n > sizeof(pl_boot))
-		return NULL;
-	memcpy(pl_boot + off - sizeof(size_t), &n, sizeof(size_t));
-	pl_boot_used = off + n;
-	return pl_boot + off;
-}
-
-static size_t boot_size(const void *p)
-{
-	size_t n;
-	memcpy(&n, (const unsigned char *)p - sizeof(size_t), sizeof(n));
-	return n;
+	void *f = dlsym(h, name);
+	if (f)
+		__atomic_store_n((void **)slot, f, __ATOMIC_RELAXED);
 }
 
 static void resolve(void)
@@ -109,90 +120,60 @@ static void resolve(void)
 	if (__atomic_load_n(&pl_resolved, __ATOMIC_ACQUIRE) || pl_resolving)
 		return;
 	pl_resolving = 1;
+	/* Our DT_NEEDED, so already loaded: bind in it, not in the global
+	 * search order (where "malloc" may be glibc's). */
 	void *h = dlopen("libjemalloc.so.2", RTLD_NOW | RTLD_NOLOAD);
-	if (!h)
-		h = dlopen("libjemalloc.so.2", RTLD_NOW | RTLD_GLOBAL);
-#define SYM(field, name) (*(void **)&je.field = h ? dlsym(h, name) : NULL)
-	SYM(malloc, "malloc");
-	SYM(free, "free");
-	SYM(calloc, "calloc");
-	SYM(realloc, "realloc");
-	SYM(posix_memalign, "posix_memalign");
-	SYM(aligned_alloc, "aligned_alloc");
-	SYM(memalign, "memalign");
-	SYM(valloc, "valloc");
-	SYM(malloc_usable_size, "malloc_usable_size");
-	SYM(mallctl, "mallctl");
-	SYM(znwm, "_Znwm");
-	SYM(znam, "_Znam");
-	SYM(znwm_nt, "_ZnwmRKSt9nothrow_t");
-	SYM(znam_nt, "_ZnamRKSt9nothrow_t");
-	SYM(znwm_al, "_ZnwmSt11align_val_t");
-	SYM(znam_al, "_ZnamSt11align_val_t");
-	SYM(znwm_al_nt, "_ZnwmSt11align_val_tRKSt9nothrow_t");
-	SYM(znam_al_nt, "_ZnamSt11align_val_tRKSt9nothrow_t");
-	SYM(zdlpv, "_ZdlPv");
-	SYM(zdapv, "_ZdaPv");
-	SYM(zdlpv_nt, "_ZdlPvRKSt9nothrow_t");
-	SYM(zdapv_nt, "_ZdaPvRKSt9nothrow_t");
-	SYM(zdlpv_al, "_ZdlPvSt11align_val_t");
-	SYM(zdapv_al, "_ZdaPvSt11align_val_t");
-	SYM(zdlpv_al_nt, "_ZdlPvSt11align_val_tRKSt9nothrow_t");
-	SYM(zdapv_al_nt, "_ZdaPvSt11align_val_tRKSt9nothrow_t");
-	SYM(zdlpvm, "_ZdlPvm");
-	SYM(zdapvm, "_ZdaPvm");
-	SYM(zdlpvm_al, "_ZdlPvmSt11align_val_t");
-	SYM(zdapvm_al, "_ZdaPvmSt11align_val_t");
-	int ok = je.malloc && je.free && je.calloc && je.realloc &&
-		 je.posix_memalign && je.aligned_alloc && je.memalign &&
-		 je.valloc && je.malloc_usable_size && je.znwm && je.znam &&
-		 je.znwm_nt && je.znam_nt && je.zdlpv && je.zdapv &&
-		 je.zdlpv_nt && je.zdapv_nt && je.zdlpvm && je.zdapvm &&
-		 je.znwm_al && je.znam_al && je.znwm_al_nt && je.znam_al_nt &&
-		 je.zdlpv_al && je.zdapv_al && je.zdlpv_al_nt &&
-		 je.zdapv_al_nt && je.zdlpvm_al && je.zdapvm_al;
-	if (!ok) {
-		/* No usable jemalloc: fail open onto whatever comes next in
-		 * the search order (glibc, libstdc++), and count nothing. */
-		h = RTLD_NEXT;
-		SYM(malloc, "malloc");
-		SYM(free, "free");
-		SYM(calloc, "calloc");
-		SYM(realloc, "realloc");
-		SYM(posix_memalign, "posix_memalign");
-		SYM(aligned_alloc, "aligned_alloc");
-		SYM(memalign, "memalign");
-		SYM(valloc, "valloc");
-		SYM(malloc_usable_size, "malloc_usable_size");
-		je.mallctl = NULL;
-		SYM(znwm, "_Znwm");
-		SYM(znam, "_Znam");
-		SYM(znwm_nt, "_ZnwmRKSt9nothrow_t");
-		SYM(znam_nt, "_ZnamRKSt9nothrow_t");
-		SYM(znwm_al, "_ZnwmSt11align_val_t");
-		SYM(znam_al, "_ZnamSt11align_val_t");
-		SYM(znwm_al_nt, "_ZnwmSt11align_val_tRKSt9nothrow_t");
-		SYM(znam_al_nt, "_ZnamSt11align_val_tRKSt9nothrow_t");
-		SYM(zdlpv, "_ZdlPv");
-		SYM(zdapv, "_ZdaPv");
-		SYM(zdlpv_nt, "_ZdlPvRKSt9nothrow_t");
-		SYM(zdapv_nt, "_ZdaPvRKSt9nothrow_t");
-		SYM(zdlpv_al, "_ZdlPvSt11align_val_t");
-		SYM(zdapv_al, "_ZdaPvSt11align_val_t");
-		SYM(zdlpv_al_nt, "_ZdlPvSt11align_val_tRKSt9nothrow_t");
-		SYM(zdapv_al_nt, "_ZdaPvSt11align_val_tRKSt9nothrow_t");
-		SYM(zdlpvm, "_ZdlPvm");
-		SYM(zdapvm, "_ZdaPvm");
-		SYM(zdlpvm_al, "_ZdlPvmSt11align_val_t");
-		SYM(zdapvm_al, "_ZdaPvmSt11align_val_t");
+	if (h) {
+		bind(h, &je.malloc, "malloc");
+		bind(h, &je.free, "free");
+		bind(h, &je.calloc, "calloc");
+		bind(h, &je.realloc, "realloc");
+		bind(h, &je.posix_memalign, "posix_memalign");
+		bind(h, &je.aligned_alloc, "aligned_alloc");
+		bind(h, &je.memalign, "memalign");
+		bind(h, &je.malloc_usable_size, "malloc_usable_size");
+		bind(h, &je.mallctl, "mallctl");
 	}
-#undef SYM
-	pl_counting = ok && je.mallctl != NULL;
+	/* Each operator from jemalloc, or else from the next definition in
+	 * the search order (libstdc++'s, which calls our malloc). */
+	static const struct {
+		size_t off;
+		const char *name;
+	} ops[] = {
+#define OP(field, sym) {offsetof(__typeof__(je), field), sym}
+		OP(znwm, "_Znwm"),
+		OP(znam, "_Znam"),
+		OP(znwm_nt, "_ZnwmRKSt9nothrow_t"),
+		OP(znam_nt, "_ZnamRKSt9nothrow_t"),
+		OP(znwm_al, "_ZnwmSt11align_val_t"),
+		OP(znam_al, "_ZnamSt11align_val_t"),
+		OP(znwm_al_nt, "_ZnwmSt11align_val_tRKSt9nothrow_t"),
+		OP(znam_al_nt, "_ZnamSt11align_val_tRKSt9nothrow_t"),
+		OP(zdlpv, "_ZdlPv"),
+		OP(zdapv, "_ZdaPv"),
+		OP(zdlpv_nt, "_ZdlPvRKSt9nothrow_t"),
+		OP(zdapv_nt, "_ZdaPvRKSt9nothrow_t"),
+		OP(zdlpv_al, "_ZdlPvSt11align_val_t"),
+		OP(zdapv_al, "_ZdaPvSt11align_val_t"),
+		OP(zdlpv_al_nt, "_ZdlPvSt11align_val_tRKSt9nothrow_t"),
+		OP(zdapv_al_nt, "_ZdaPvSt11align_val_tRKSt9nothrow_t"),
+		OP(zdlpvm, "_ZdlPvm"),
+		OP(zdapvm, "_ZdaPvm"),
+		OP(zdlpvm_al, "_ZdlPvmSt11align_val_t"),
+		OP(zdapvm_al, "_ZdaPvmSt11align_val_t"),
+#undef OP
+	};
+	for (size_t i = 0; i < sizeof(ops) / sizeof(ops[0]); i++) {
+		void *slot = (char *)&je + ops[i].off;
+		if (h)
+			bind(h, slot, ops[i].name);
+		if (!*(void **)slot)
+			bind(RTLD_NEXT, slot, ops[i].name);
+	}
 	pl_resolving = 0;
 	__atomic_store_n(&pl_resolved, 1, __ATOMIC_RELEASE);
-	if (!ok)
-		mtc_debug("libjemalloc.so.2 not usable; forwarding without "
-			  "counting");
+	if (!h || !je.mallctl)
+		mtc_debug("libjemalloc.so.2 not bound; not counting");
 }
 
 __attribute__((constructor(101))) static void pl_constructor(void)
@@ -200,12 +181,91 @@ __attribute__((constructor(101))) static void pl_constructor(void)
 	resolve();
 }
 
+/* Bootstrap entries: resolve, then go to jemalloc's entry if bound, else
+ * serve through mallocx & co (also what happens during resolve itself).
+ * booted() says whether `field` now holds something else than `boot`. */
+static int booted(void *field, void *boot)
+{
+	resolve();
+	return __atomic_load_n((void **)field, __ATOMIC_RELAXED) != boot;
+}
+
+static void *boot_malloc(size_t n)
+{
+	if (booted(&je.malloc, (void *)boot_malloc))
+		return je.malloc(n);
+	return mallocx(n ? n : 1, 0);
+}
+
+static void boot_free(void *p)
+{
+	if (booted(&je.free, (void *)boot_free))
+		je.free(p);
+	else if (p)
+		dallocx(p, 0);
+}
+
+static void *boot_calloc(size_t n, size_t m)
+{
+	size_t t;
+	if (booted(&je.calloc, (void *)boot_calloc))
+		return je.calloc(n, m);
+	if (__builtin_mul_overflow(n, m, &t)) {
+		errno = ENOMEM;
+		return NULL;
+	}
+	return mallocx(t ? t : 1, PL_MALLOCX_ZERO);
+}
+
+static void *boot_realloc(void *p, size_t n)
+{
+	if (booted(&je.realloc, (void *)boot_realloc))
+		return je.realloc(p, n);
+	if (!p)
+		return mallocx(n ? n : 1, 0);
+	return rallocx(p, n ? n : 1, 0);
+}
+
+static int boot_posix_memalign(void **out, size_t align, size_t n)
+{
+	if (booted(&je.posix_memalign, (void *)boot_posix_memalign))
+		return je.posix_memalign(out, align, n);
+	if (!align || (align & (align - 1)) || align % sizeof(void *))
+		return EINVAL;
+	void *p = mallocx(n ? n : 1, PL_MALLOCX_ALIGN(align));
+	if (!p)
+		return ENOMEM;
+	*out = p;
+	return 0;
+}
+
+static void *boot_aligned_alloc(size_t align, size_t n)
+{
+	if (booted(&je.aligned_alloc, (void *)boot_aligned_alloc))
+		return je.aligned_alloc(align, n);
+	if (!align || (align & (align - 1))) {
+		errno = EINVAL;
+		return NULL;
+	}
+	return mallocx(n ? n : 1, PL_MALLOCX_ALIGN(align));
+}
+
+static size_t boot_usable_size(void *p)
+{
+	if (booted(&je.malloc_usable_size, (void *)boot_usable_size))
+		return je.malloc_usable_size(p);
+	return p ? sallocx(p, 0) : 0;
+}
+
 /* ---- accounting ------------------------------------------------------- */
 
 /*
  * Per thread: pointers to jemalloc's cumulative counters, the net published
- * so far, and the window [low, low + span] of nets that need no flush. A
- * new thread has allocp == NULL and takes the slow path once.
+ * so far, and the window of nets that need no flush: a flush is due when
+ * (net - low) > span, i.e. when |net - flushed| >= threshold. A new thread
+ * starts with its pointers on a sentinel whose net is 1 and an empty
+ * window, so the one window check sends it to the slow path: no separate
+ * "is this thread set up" test on the fast path.
  */
 struct pl_tls {
 	const uint64_t *allocp;
@@ -216,10 +276,23 @@ struct pl_tls {
 	struct mtc_thread th;
 };
 
-static __thread struct pl_tls pl_t MTC_TLS;
+static const uint64_t pl_zero;
+static const uint64_t pl_one = 1;
+static __thread struct pl_tls pl_t MTC_TLS = {.allocp = &pl_one,
+					      .deallocp = &pl_zero};
 static pthread_key_t pl_key;
 static pthread_once_t pl_key_once = PTHREAD_ONCE_INIT;
-static const uint64_t pl_zero;
+
+static inline int new_thread(const struct pl_tls *t)
+{
+	return t->allocp == &pl_one;
+}
+
+/* A thread that counts nothing (jemalloc not bound, or disabled). */
+static inline int mute_thread(const struct pl_tls *t)
+{
+	return t->allocp == &pl_zero;
+}
 
 static uint64_t net_now(const struct pl_tls *t)
 {
@@ -233,9 +306,9 @@ static void publish_now(struct pl_tls *t)
 	if (d)
 		mtc_publish(&t->th, d);
 	t->flushed = net;
-	uint64_t T = mtc_threshold();
-	t->low = net - T;
-	t->span = 2 * T;
+	uint64_t half = mtc_threshold() - 1;
+	t->low = net - half;
+	t->span = 2 * half;
 }
 
 /* TSD destructor: flush, and come back for up to three more rounds so that
@@ -244,15 +317,14 @@ static void pl_thread_exit(void *arg)
 {
 	struct pl_tls *t = &pl_t;
 	uintptr_t round = (uintptr_t)arg;
-	if (!t->allocp || t->allocp == &pl_zero)
+	if (new_thread(t) || mute_thread(t))
 		return;
 	t->th.busy = 1;
 	publish_now(t);
-	if (round < 3) {
+	if (round < 3)
 		pthread_setspecific(pl_key, (void *)(round + 1));
-	} else {
+	else
 		mtc_thread_exit(&t->th);
-	}
 	t->th.busy = 0;
 }
 
@@ -261,15 +333,21 @@ static void make_key(void)
 	pthread_key_create(&pl_key, pl_thread_exit);
 }
 
-__attribute__((noinline)) static void pl_slow(struct pl_tls *t)
+/* Set up the calling thread, or publish its net. Never recurses: the
+ * allocations it makes (pthread_setspecific, registration) see `busy`. */
+__attribute__((noinline)) static void pl_slow(void)
 {
-	if (t->th.busy || !__atomic_load_n(&pl_resolved, __ATOMIC_ACQUIRE))
+	struct pl_tls *t = &pl_t;
+	if (t->th.busy)
 		return;
+	resolve();
+	if (!__atomic_load_n(&pl_resolved, __ATOMIC_ACQUIRE))
+		return; /* inside resolve(): stay on the slow path */
 	t->th.busy = 1;
-	if (!t->allocp) {
+	if (new_thread(t)) {
 		const uint64_t *a = NULL, *d = NULL;
 		size_t sz = sizeof(a);
-		int ok = pl_counting && mtc_init() &&
+		int ok = je.mallctl && mtc_init() &&
 			 je.mallctl("thread.allocatedp", &a, &sz, NULL, 0) ==
 				 0 &&
 			 je.mallctl("thread.deallocatedp", &d, &sz, NULL, 0) ==
@@ -292,28 +370,27 @@ __attribute__((noinline)) static void pl_slow(struct pl_tls *t)
 	t->th.busy = 0;
 }
 
-/* The check every entry point makes before (or, for large blocks, after)
- * forwarding: two loads, a subtract, a compare. */
+/* True when no flush is due: two loads, a subtract, a compare. */
+static inline __attribute__((always_inline)) int pl_quiet(void)
+{
+	const struct pl_tls *t = &pl_t;
+	return (*t->allocp - *t->deallocp) - t->low <= t->span;
+}
+
 static inline __attribute__((always_inline)) void pl_check(void)
 {
-	struct pl_tls *t = &pl_t;
-	if (__builtin_expect(t->allocp == NULL, 0)) {
-		pl_slow(t);
-		return;
-	}
-	uint64_t net = *t->allocp - *t->deallocp;
-	if (__builtin_expect(net - t->low > t->span, 0))
-		pl_slow(t);
+	if (__builtin_expect(!pl_quiet(), 0))
+		pl_slow();
 }
 
 int mtc_front_flush(void)
 {
 	struct pl_tls *t = &pl_t;
-	if (!t->allocp) {
-		pl_slow(t);
+	if (new_thread(t)) {
+		pl_slow();
 		return 0;
 	}
-	if (t->allocp == &pl_zero || t->th.busy)
+	if (mute_thread(t) || t->th.busy)
 		return 0;
 	t->th.busy = 1;
 	publish_now(t);
@@ -324,7 +401,9 @@ int mtc_front_flush(void)
 int64_t mtc_front_drift(void)
 {
 	struct pl_tls *t = &pl_t;
-	return t->allocp ? (int64_t)(net_now(t) - t->flushed) : 0;
+	if (new_thread(t) || mute_thread(t))
+		return 0;
+	return (int64_t)(net_now(t) - t->flushed);
 }
 
 void mtc_front_force_slow(void)
@@ -332,55 +411,46 @@ void mtc_front_force_slow(void)
 	pl_t.span = 0;
 }
 
-/* ---- the malloc family ------------------------------------------------ */
+/* ---- the malloc family ------------------------------------------------
+ * The common case is the check and a tail call into jemalloc; anything
+ * else (a flush due, a new thread, a large block) goes through an
+ * out-of-line slow entry so the fast one needs no stack frame. Blocks of
+ * MTC_LARGE bytes or more are checked after the call: a big allocation is
+ * seen at once rather than at the thread's next call. */
 
-static void *boot_or_resolve(size_t n, size_t align)
+__attribute__((noinline)) static void *malloc_slow(size_t n)
 {
-	resolve();
-	if (__atomic_load_n(&pl_resolved, __ATOMIC_ACQUIRE))
-		return NULL;
-	return boot_alloc(n, align);
-}
-
-PL_EXPORT void *malloc(size_t n)
-{
-	if (__builtin_expect(!je.malloc, 0)) {
-		void *p = boot_or_resolve(n, 16);
-		if (p || !je.malloc)
-			return p;
-	}
-	if (__builtin_expect(n >= MTC_LARGE, 0)) {
+	if (n >= MTC_LARGE) {
 		void *p = je.malloc(n);
 		pl_check();
 		return p;
 	}
-	pl_check();
+	pl_slow();
 	return je.malloc(n);
+}
+
+PL_EXPORT void *malloc(size_t n)
+{
+	if (__builtin_expect(n < MTC_LARGE && pl_quiet(), 1))
+		return je.malloc(n);
+	return malloc_slow(n);
+}
+
+__attribute__((noinline)) static void free_slow(void *p)
+{
+	pl_slow();
+	je.free(p);
 }
 
 PL_EXPORT void free(void *p)
 {
-	if (__builtin_expect(in_boot(p), 0))
-		return;
-	if (__builtin_expect(!je.free, 0)) {
-		resolve();
-		if (!je.free)
-			return; /* cannot be ours: leak rather than crash */
-	}
-	pl_check();
-	je.free(p);
+	if (__builtin_expect(pl_quiet(), 1))
+		return je.free(p);
+	free_slow(p);
 }
 
 PL_EXPORT void *calloc(size_t n, size_t m)
 {
-	if (__builtin_expect(!je.calloc, 0)) {
-		size_t t;
-		if (__builtin_mul_overflow(n, m, &t))
-			return NULL;
-		void *p = boot_or_resolve(t, 16);
-		if (p || !je.calloc)
-			return p; /* the boot buffer is zero: never reused */
-	}
 	size_t total;
 	if (__builtin_mul_overflow(n, m, &total) || total >= MTC_LARGE) {
 		void *p = je.calloc(n, m);
@@ -393,18 +463,6 @@ PL_EXPORT void *calloc(size_t n, size_t m)
 
 PL_EXPORT void *realloc(void *p, size_t n)
 {
-	if (__builtin_expect(in_boot(p) || !je.realloc, 0)) {
-		resolve();
-		if (!je.malloc)
-			return boot_alloc(n, 16);
-		void *q = je.malloc(n);
-		if (q && p) {
-			size_t old = boot_size(p);
-			memcpy(q, p, old < n ? old : n);
-		}
-		pl_check();
-		return q;
-	}
 	if (n >= MTC_LARGE) {
 		void *q = je.realloc(p, n);
 		pl_check();
@@ -426,16 +484,6 @@ PL_EXPORT void *reallocarray(void *p, size_t n, size_t m)
 
 PL_EXPORT int posix_memalign(void **out, size_t align, size_t n)
 {
-	if (__builtin_expect(!je.posix_memalign, 0)) {
-		resolve();
-		if (!je.posix_memalign) {
-			if (!align || (align & (align - 1)) ||
-			    align % sizeof(void *))
-				return EINVAL;
-			*out = boot_alloc(n, align);
-			return *out ? 0 : ENOMEM;
-		}
-	}
 	int r = je.posix_memalign(out, align, n);
 	pl_check();
 	return r;
@@ -443,11 +491,6 @@ PL_EXPORT int posix_memalign(void **out, size_t align, size_t n)
 
 PL_EXPORT void *aligned_alloc(size_t align, size_t n)
 {
-	if (__builtin_expect(!je.aligned_alloc, 0)) {
-		resolve();
-		if (!je.aligned_alloc)
-			return boot_alloc(n, align);
-	}
 	void *p = je.aligned_alloc(align, n);
 	pl_check();
 	return p;
@@ -455,11 +498,6 @@ PL_EXPORT void *aligned_alloc(size_t align, size_t n)
 
 PL_EXPORT void *memalign(size_t align, size_t n)
 {
-	if (__builtin_expect(!je.memalign, 0)) {
-		resolve();
-		if (!je.memalign)
-			return boot_alloc(n, align);
-	}
 	void *p = je.memalign(align, n);
 	pl_check();
 	return p;
@@ -484,12 +522,7 @@ PL_EXPORT void *pvalloc(size_t n)
 
 PL_EXPORT size_t malloc_usable_size(void *p)
 {
-	if (!p)
-		return 0;
-	if (in_boot(p))
-		return boot_size(p);
-	resolve();
-	return je.malloc_usable_size ? je.malloc_usable_size(p) : 0;
+	return je.malloc_usable_size(p);
 }
 
 /* C23 sized frees (glibc >= 2.39 declares them): plain free is exact here,
@@ -555,8 +588,6 @@ static inline void ensure(void)
 #define PL_DEL(sym, field, params, args)                                     \
 	PL_EXPORT void sym params                                            \
 	{                                                                    \
-		if (__builtin_expect(in_boot(p), 0))                         \
-			return;                                              \
 		ensure();                                                    \
 		pl_check();                                                  \
 		je.field args;                                               \

@@ -9,7 +9,16 @@
 #include <pthread.h>
 #include <stdlib.h>
 
+#include <signal.h>
+#include <stdio.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
 #include "memtally.h"
+#include "memtally_query.h"
 
 #define THREADS 8
 #define ROUNDS  200000
@@ -77,4 +86,110 @@ Test(client_account, strerror_names_codes)
 			 "not attached to a memtally server");
 	cr_assert_str_eq(memtally_strerror(-ENOENT), "No such file or directory");
 	cr_assert_str_eq(memtally_version(), MEMTALLY_VERSION_STRING);
+}
+
+/* ---- against a real memtallyd: lanes, overflow, exactness -------------- */
+
+static pid_t server_pid;
+static char sock_path[108];
+static char seg_name[64];
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static double mult(void)
+{
+	const char *m = getenv("MEMTALLY_TEST_TIMEOUT_MULT");
+	return m && atof(m) > 0 ? atof(m) : 1;
+}
+
+static void start_server(void)
+{
+	snprintf(sock_path, sizeof(sock_path), "/tmp/mt-unit-%d.sock",
+		 (int)getpid());
+	snprintf(seg_name, sizeof(seg_name), "/mt-unit-%d", (int)getpid());
+	setenv("MEMTALLY_SOCKET", sock_path, 1);
+	server_pid = fork();
+	if (server_pid == 0) {
+		execl(MEMTALLYD_PATH, "memtallyd", "--socket", sock_path,
+		      "--segment", seg_name, "--log-level", "warn", "--lanes",
+		      "4", (char *)NULL);
+		_exit(127);
+	}
+	double end = now_s() + 10 * mult();
+	for (;;) {
+		int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+		struct sockaddr_un sa = {.sun_family = AF_UNIX};
+		strcpy(sa.sun_path, sock_path);
+		int ok = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
+		close(fd);
+		if (ok)
+			return;
+		cr_assert(now_s() < end, "memtallyd did not come up");
+		struct timespec ts = {0, 10 * 1000 * 1000};
+		nanosleep(&ts, NULL);
+	}
+}
+
+static void stop_server(void)
+{
+	if (server_pid > 0) {
+		kill(server_pid, SIGTERM);
+		waitpid(server_pid, NULL, 0);
+	}
+	char path[80];
+	snprintf(path, sizeof(path), "/dev/shm%s", seg_name);
+	unlink(path);
+}
+
+Test(client_account, many_threads_exact_through_the_server,
+     .init = start_server, .fini = stop_server, .timeout = 120)
+{
+	/* 16 threads on 4 lanes: some own a lane, the rest use the slot's
+	 * overflow counter; all exit, so the count must be exact. */
+	enum { N = 16 };
+	pthread_t t[N];
+	int64_t want = 0;
+	memtally_account(1); /* attach from the main thread first */
+	cr_assert_eq(memtally_flush(), 0, "not attached");
+	want += 1;
+	for (int i = 0; i < N; i++)
+		pthread_create(&t[i], NULL, work, (void *)(uintptr_t)(i + 100));
+	for (int i = 0; i < N; i++) {
+		void *r;
+		pthread_join(t[i], &r);
+		want += (intptr_t)r;
+	}
+	cr_assert(memtally_attached());
+	cr_assert_eq(memtally_process_bytes(), want);
+
+	/* The server sees exactly that too, at its next tick. */
+	memtally_query *q;
+	cr_assert_eq(memtally_query_open(&q, sock_path, 5000), 0);
+	double end = now_s() + 10 * mult();
+	int64_t seen = -1;
+	uint32_t threads = 0;
+	while (now_s() < end) {
+		struct memtally_process *p = NULL;
+		cr_assert_eq(memtally_query_process(q, (uint32_t)getpid(), &p),
+			     0);
+		seen = (int64_t)p->bytes;
+		threads = p->threads;
+		memtally_process_free(p);
+		/* Figures are as of the server's latest tick. Only the main
+		 * thread may still be counted (if it flushed after attach). */
+		if (seen == want && threads <= 1)
+			break;
+		struct timespec ts = {0, 10 * 1000 * 1000};
+		nanosleep(&ts, NULL);
+	}
+	memtally_query_close(q);
+	cr_assert_eq(seen, want, "server %lld, want %lld", (long long)seen,
+		     (long long)want);
+	cr_assert_leq(threads, 1, "live threads %u: lanes not released",
+		      threads);
 }

@@ -67,14 +67,12 @@ __attribute__((format(printf, 5, 6))) static void
 mc_report(int fatal, const char *file, int line, const char *expr,
 	  const char *fmt, ...)
 {
+	/* fmt is ":" followed by the caller's format, if any. */
 	fprintf(stderr, "%s:%d: assertion failed: %s", file, line, expr);
-	if (fmt && *fmt) {
-		va_list ap;
-		va_start(ap, fmt);
-		fputs(": ", stderr);
-		vfprintf(stderr, fmt, ap);
-		va_end(ap);
-	}
+	va_list ap;
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
 	fputc('\n', stderr);
 	if (fatal)
 		_exit(1);
@@ -85,7 +83,7 @@ mc_report(int fatal, const char *file, int line, const char *expr,
 	do {                                                                 \
 		if (!(cond))                                                 \
 			mc_report(fatal, __FILE__, __LINE__, expr,           \
-				  "" __VA_ARGS__);                           \
+				  ": " __VA_ARGS__);                         \
 	} while (0)
 
 #define cr_assert(c, ...)        mc_check(1, (c), #c, __VA_ARGS__)

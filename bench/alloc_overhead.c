@@ -1,0 +1,666 @@
+/*
+ * alloc_overhead.c - the worker of the alloc_overhead benchmark (seed 000).
+ *
+ * One process measures one variant: which allocator serves malloc and who
+ * counts the bytes is fixed by how the process was linked and loaded, never
+ * by a flag, so the same source is built twice:
+ *
+ *   bench_alloc_je     linked with -ljemalloc (jemalloc's malloc replaces
+ *                      glibc's) and libmemtally (static). Variants
+ *                      `jemalloc` (no accounting) and `inline`
+ *                      (memtally_account(+size) after malloc and
+ *                      memtally_account(-size) before free, as a program
+ *                      that knows its sizes would call it).
+ *   bench_alloc_plain  linked with nothing special. Variant `glibc` run as
+ *                      is, variant `preload` run under
+ *                      LD_PRELOAD=libmemtally_preload.so.
+ *
+ * A benchmark that runs on the wrong allocator still prints plausible
+ * numbers (seed 000's "jemalloc" baseline was glibc), so before measuring
+ * anything the worker proves what it runs on and exits non-zero, naming
+ * every failed sign, when the proof fails:
+ *  - allocator: jemalloc's mallctl("version") answers (or, for glibc, no
+ *    mallctl exists in the process); malloc_usable_size(malloc(100)) is
+ *    jemalloc's size class 112 (glibc: 104); stats.allocated grows by the
+ *    1 MiB the worker holds; dladdr() of the global `malloc` names the
+ *    library that serves it; under the preload, memtally_preload_allocator()
+ *    reports "jemalloc ...".
+ *  - accounting: memtally_process_bytes() rises by 1 MiB (and not by twice
+ *    that) while the worker holds 16 x 64 KiB, and falls back after; for the
+ *    variants without accounting it does not move (or does not exist).
+ *
+ * Modes: `--serve` reads commands on stdin ("run CASE N", "probe CASE",
+ * "quit") and answers one line each on stdout, so a driver can interleave
+ * the variants' repetitions while every worker stays warm; `--case CASE
+ * --iters N` runs once and prints ns per pair. Diagnostics go to stderr.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <malloc.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "memtally.h"
+#include "mtshm.h"
+
+#ifdef BENCH_LINKED_JEMALLOC
+/* Declared here rather than through <jemalloc/jemalloc.h>, which redefines
+ * the malloc family's prototypes. Referencing it also keeps libjemalloc in
+ * DT_NEEDED under --as-needed. */
+int mallctl(const char *name, void *oldp, size_t *oldlenp, void *newp,
+            size_t newlen);
+#define BENCH_BINARY "bench_alloc_je"
+#else
+#define BENCH_BINARY "bench_alloc_plain"
+#endif
+
+/* Keeps the compiler from eliding a malloc/free pair or merging the two
+ * memtally_account() calls around it: `p` escapes, memory is clobbered. */
+#define BENCH_ESCAPE(p) __asm__ __volatile__("" : : "r"(p) : "memory")
+
+#define HOLD_BLOCKS      16
+#define HOLD_SIZE        (64 * 1024)
+#define HOLD_BYTES       ((int64_t)HOLD_BLOCKS * HOLD_SIZE)
+#define JE_CLASS_100     112 /* jemalloc's size class for malloc(100) */
+#define GLIBC_USABLE_100 104 /* glibc: 112-byte chunk minus its header */
+
+struct bench_case {
+	const char *name;
+	size_t size;
+};
+
+/* Seed 000's single-thread cases, plus one beyond the seed: 80 KiB (a
+ * jemalloc size class) is over the 64 KiB threshold, so the inline API
+ * flushes on every call; at exactly 64 KiB it does not (see RESULTS.md). */
+static const struct bench_case cases[] = {
+    {"alloc_free_16b", 16},         {"alloc_free_256b", 256},
+    {"alloc_free_4096b", 4096},     {"alloc_free_32kb", 32 * 1024},
+    {"alloc_free_64kb", 64 * 1024}, {"alloc_free_80kb", 80 * 1024},
+};
+
+enum variant { V_JEMALLOC, V_INLINE, V_PRELOAD, V_GLIBC };
+static const char *const variant_names[] = {"jemalloc", "inline", "preload",
+                                            "glibc"};
+
+typedef int (*mallctl_fn)(const char *, void *, size_t *, void *, size_t);
+
+/* The process's view of the allocator and of memtally, resolved once. */
+static struct {
+	enum variant variant;
+	int expect_jemalloc;
+	mallctl_fn mallctl;
+	int64_t (*process_bytes)(void);
+	int (*flush)(void);
+	bool (*attached)(void);
+	const char *(*preload_allocator)(void);
+	const char *segment; /* server's segment, for lane flush counts */
+	struct mtshm_map map;
+	int map_ok;
+} g;
+
+/* ---- the timed loops ------------------------------------------------- */
+
+/* Not inlined, not cloned: one symbol each, so callgrind can count just
+ * these (--toggle-collect=bench_loop_*) and each variant runs the same
+ * machine code apart from the accounting. */
+#if defined(__clang__)
+#define BENCH_LOOP __attribute__((noinline, aligned(64)))
+#else
+#define BENCH_LOOP __attribute__((noinline, noclone, aligned(64)))
+#endif
+BENCH_LOOP uint64_t bench_loop_plain(size_t size, uint64_t n)
+{
+	for (uint64_t i = 0; i < n; i++) {
+		void *p = malloc(size);
+		BENCH_ESCAPE(p);
+		free(p);
+	}
+	return n;
+}
+
+#ifdef BENCH_LINKED_JEMALLOC
+BENCH_LOOP uint64_t bench_loop_inline(size_t size, uint64_t n)
+{
+	for (uint64_t i = 0; i < n; i++) {
+		void *p = malloc(size);
+		memtally_account((int64_t)size);
+		BENCH_ESCAPE(p);
+		memtally_account(-(int64_t)size);
+		free(p);
+	}
+	return n;
+}
+#endif
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static uint64_t run_loop(size_t size, uint64_t n)
+{
+#ifdef BENCH_LINKED_JEMALLOC
+	if (g.variant == V_INLINE)
+		return bench_loop_inline(size, n);
+#endif
+	return bench_loop_plain(size, n);
+}
+
+/* Elapsed ns of n pairs. */
+static uint64_t timed_run(size_t size, uint64_t n)
+{
+	uint64_t t0 = now_ns();
+	run_loop(size, n);
+	return now_ns() - t0;
+}
+
+/* ---- what the process runs on ------------------------------------------ */
+
+static void resolve_api(void)
+{
+#ifdef BENCH_LINKED_JEMALLOC
+	g.mallctl = mallctl;
+	g.process_bytes = memtally_process_bytes;
+	g.flush = memtally_flush;
+	g.attached = memtally_attached;
+#else
+	*(void **)&g.mallctl = dlsym(RTLD_DEFAULT, "mallctl");
+	*(void **)&g.process_bytes =
+	    dlsym(RTLD_DEFAULT, "memtally_process_bytes");
+	*(void **)&g.flush = dlsym(RTLD_DEFAULT, "memtally_flush");
+	*(void **)&g.attached = dlsym(RTLD_DEFAULT, "memtally_attached");
+#endif
+	*(void **)&g.preload_allocator =
+	    dlsym(RTLD_DEFAULT, "memtally_preload_allocator");
+}
+
+static int je_allocated(size_t *out)
+{
+	uint64_t epoch = 1;
+	size_t sz = sizeof(epoch);
+	if (!g.mallctl || g.mallctl("epoch", &epoch, &sz, &epoch, sz))
+		return -1;
+	sz = sizeof(*out);
+	return g.mallctl("stats.allocated", out, &sz, NULL, 0) ? -1 : 0;
+}
+
+/* Lane flushes of this process's slot in the server's segment, or -1. */
+static int64_t lane_flushes(void)
+{
+	if (!g.segment)
+		return -1;
+	if (!g.map_ok) {
+		if (mtshm_open(g.segment, 0, &g.map))
+			return -1;
+		g.map_ok = 1;
+	}
+	uint32_t pid = (uint32_t)getpid();
+	for (uint32_t i = 0; i < g.map.hdr->slot_count; i++) {
+		struct mtshm_slot_id *s = mtshm_slot(&g.map, i);
+		if (mt_load_relaxed32(&s->pid) != pid)
+			continue;
+		uint64_t fl = 0;
+		mtshm_slot_sum(&g.map, s, &fl, NULL);
+		return (int64_t)fl;
+	}
+	return -1;
+}
+
+static void hold(void **blk)
+{
+	for (int i = 0; i < HOLD_BLOCKS; i++) {
+		blk[i] = malloc(HOLD_SIZE);
+		BENCH_ESCAPE(blk[i]);
+#ifdef BENCH_LINKED_JEMALLOC
+		if (g.variant == V_INLINE)
+			memtally_account(HOLD_SIZE);
+#endif
+	}
+}
+
+static void unhold(void **blk)
+{
+	for (int i = 0; i < HOLD_BLOCKS; i++) {
+#ifdef BENCH_LINKED_JEMALLOC
+		if (g.variant == V_INLINE)
+			memtally_account(-HOLD_SIZE);
+#endif
+		free(blk[i]);
+	}
+}
+
+/* Append printf output to a fixed buffer; never overflows. */
+struct sbuf {
+	char b[4096];
+	size_t n;
+	int fails; /* lines added with flag() */
+};
+
+static void sb_vadd(struct sbuf *s, const char *fmt, va_list ap)
+{
+	if (s->n >= sizeof(s->b) - 1)
+		return;
+	int k = vsnprintf(s->b + s->n, sizeof(s->b) - s->n, fmt, ap);
+	if (k > 0)
+		s->n += (size_t)k;
+	if (s->n >= sizeof(s->b))
+		s->n = sizeof(s->b) - 1;
+}
+
+__attribute__((format(printf, 2, 3))) static void sb_add(struct sbuf *s,
+                                                         const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	sb_vadd(s, fmt, ap);
+	va_end(ap);
+}
+
+/* One failed sign of the proof: a line of `why`. */
+__attribute__((format(printf, 2, 3))) static void flag(struct sbuf *why,
+                                                       const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	sb_add(why, "  - ");
+	sb_vadd(why, fmt, ap);
+	sb_add(why, "\n");
+	va_end(ap);
+	why->fails++;
+}
+
+/* A JSON string: the values here (paths, version strings) are printable,
+ * but escape what JSON requires anyway. */
+static void sb_json_str(struct sbuf *s, const char *v)
+{
+	if (!v) {
+		sb_add(s, "null");
+		return;
+	}
+	sb_add(s, "\"");
+	for (; *v; v++) {
+		unsigned char c = (unsigned char)*v;
+		if (c == '"' || c == '\\')
+			sb_add(s, "\\%c", c);
+		else if (c < 0x20)
+			sb_add(s, "\\u%04x", c);
+		else
+			sb_add(s, "%c", c);
+	}
+	sb_add(s, "\"");
+}
+
+/*
+ * Prove the allocator and the accounting. Writes a JSON object describing
+ * what was found into `js` and one line per failed sign into `why`.
+ * Returns the number of failed signs.
+ */
+static int prove(struct sbuf *js, struct sbuf *why)
+{
+	/* Sign 1: jemalloc's control interface. */
+	const char *version = NULL;
+	if (g.mallctl) {
+		size_t sz = sizeof(version);
+		if (g.mallctl("version", &version, &sz, NULL, 0))
+			version = NULL;
+	}
+
+	/* Sign 2: the size class of a 100-byte block. */
+	void *p = malloc(100);
+	BENCH_ESCAPE(p);
+	size_t usable = malloc_usable_size(p);
+	free(p);
+
+	/* Sign 3: which library the global `malloc` symbol lives in. */
+	const char *malloc_from = "?";
+	Dl_info info;
+	void *sym = dlsym(RTLD_DEFAULT, "malloc");
+	if (sym && dladdr(sym, &info) && info.dli_fname)
+		malloc_from = info.dli_fname;
+
+	/* Preload's own answer (only present under the preload). */
+	const char *pre = g.preload_allocator ? g.preload_allocator() : NULL;
+
+	/* Signs 4 and 5: hold 1 MiB; jemalloc's stats and memtally's total
+	 * must both see it. */
+	size_t a0 = 0, a1 = 0;
+	int have_stats = je_allocated(&a0) == 0;
+	int64_t m0 = 0, m1 = 0, m2 = 0;
+	if (g.flush)
+		g.flush();
+	if (g.process_bytes)
+		m0 = g.process_bytes();
+	void *blk[HOLD_BLOCKS];
+	hold(blk);
+	if (have_stats)
+		have_stats = je_allocated(&a1) == 0;
+	if (g.flush)
+		g.flush();
+	if (g.process_bytes)
+		m1 = g.process_bytes();
+	unhold(blk);
+	if (g.flush)
+		g.flush();
+	if (g.process_bytes)
+		m2 = g.process_bytes();
+	int64_t stats_delta = have_stats ? (int64_t)a1 - (int64_t)a0 : 0;
+	bool attached = g.attached ? g.attached() : false;
+
+	if (g.expect_jemalloc) {
+		if (!g.mallctl)
+			flag(why, "no mallctl in the process "
+			          "(dlsym(RTLD_DEFAULT, \"mallctl\") is "
+			          "NULL): jemalloc is not loaded");
+		else if (!version)
+			flag(why, "mallctl(\"version\") failed");
+		if (usable != JE_CLASS_100)
+			flag(why,
+			     "malloc_usable_size(malloc(100)) = "
+			     "%zu; jemalloc's size class is %d "
+			     "(glibc gives %d)",
+			     usable, JE_CLASS_100, GLIBC_USABLE_100);
+		if (!have_stats || stats_delta < HOLD_BYTES)
+			flag(why,
+			     "jemalloc stats.allocated grew by "
+			     "%" PRId64 " bytes while %" PRId64 " were held%s",
+			     stats_delta, HOLD_BYTES,
+			     have_stats ? "" : " (no stats)");
+		const char *want = g.variant == V_PRELOAD
+		                       ? "libmemtally_preload"
+		                       : "libjemalloc";
+		if (!strstr(malloc_from, want))
+			flag(why,
+			     "the global malloc is defined in %s, "
+			     "expected %s",
+			     malloc_from, want);
+		if (g.variant == V_PRELOAD &&
+		    (!pre || strncmp(pre, "jemalloc", 8) != 0))
+			flag(why,
+			     "memtally_preload_allocator() = %s; "
+			     "expected \"jemalloc <version>\"",
+			     pre ? pre : "(absent: preload not loaded)");
+	} else {
+		if (g.mallctl)
+			flag(why, "mallctl is present: jemalloc "
+			          "is loaded, expected glibc");
+		if (usable != GLIBC_USABLE_100)
+			flag(why,
+			     "malloc_usable_size(malloc(100)) = "
+			     "%zu; glibc gives %d",
+			     usable, GLIBC_USABLE_100);
+		if (!strstr(malloc_from, "libc.so"))
+			flag(why,
+			     "the global malloc is defined in %s, "
+			     "expected libc.so",
+			     malloc_from);
+	}
+
+	int64_t held = m1 - m0, left = m2 - m0;
+	if (g.variant == V_INLINE || g.variant == V_PRELOAD) {
+		if (!g.process_bytes)
+			flag(why, "memtally_process_bytes not "
+			          "found: no accounting loaded");
+		else if (held < HOLD_BYTES ||
+		         held > HOLD_BYTES + MEMTALLY_DEFAULT_THRESHOLD)
+			flag(why,
+			     "memtally_process_bytes() moved by "
+			     "%" PRId64 " while %" PRId64 " bytes were held",
+			     held, HOLD_BYTES);
+		else if (left < -MEMTALLY_DEFAULT_THRESHOLD ||
+		         left > MEMTALLY_DEFAULT_THRESHOLD)
+			flag(why,
+			     "memtally_process_bytes() still "
+			     "%+" PRId64 " after the blocks were "
+			     "freed",
+			     left);
+	} else if (g.process_bytes && (held != 0 || left != 0)) {
+		flag(why,
+		     "accounting is off, yet "
+		     "memtally_process_bytes() moved by %" PRId64,
+		     held);
+	}
+	if (g.variant != V_PRELOAD && pre)
+		flag(why, "libmemtally_preload is loaded in a "
+		          "variant that must not use it");
+
+	sb_add(js,
+	       "{\"variant\": \"%s\", \"binary\": \"%s\", "
+	       "\"expect\": \"%s\", \"pid\": %d, \"jemalloc_version\": ",
+	       variant_names[g.variant], BENCH_BINARY,
+	       g.expect_jemalloc ? "jemalloc" : "glibc", (int)getpid());
+	sb_json_str(js, version);
+	sb_add(js, ", \"usable_size_100\": %zu, \"malloc_from\": ", usable);
+	sb_json_str(js, malloc_from);
+	sb_add(js, ", \"preload_allocator\": ");
+	sb_json_str(js, pre);
+	sb_add(js, ", \"stats_allocated_delta\": %" PRId64, stats_delta);
+	sb_add(js, ", \"memtally_api\": %s",
+	       g.process_bytes ? "true" : "false");
+	sb_add(js, ", \"process_bytes_held_delta\": %" PRId64, held);
+	sb_add(js, ", \"process_bytes_after_delta\": %" PRId64, left);
+	sb_add(js, ", \"attached\": %s", attached ? "true" : "false");
+	sb_add(js, ", \"lane_flushes\": %" PRId64, lane_flushes());
+	sb_add(js, ", \"failed_signs\": %d}", why->fails);
+	return why->fails;
+}
+
+/* ---- flush probe -------------------------------------------------------- */
+
+/*
+ * How many flushes one pair of `size` causes, measured on a copy of the
+ * timed loop. With a server, from this process's lane flush counter in the
+ * segment; otherwise, for the inline API, from its thread-local state (a
+ * flush re-centres `biased`, so the add is not seen in it). -1: unknown
+ * (the preload without a server).
+ */
+static double probe_flushes(size_t size, int pairs, const char **method)
+{
+	int64_t f0 = lane_flushes();
+	if (f0 >= 0) {
+		for (int i = 0; i < pairs; i++) {
+			void *p = malloc(size);
+#ifdef BENCH_LINKED_JEMALLOC
+			if (g.variant == V_INLINE)
+				memtally_account((int64_t)size);
+#endif
+			BENCH_ESCAPE(p);
+#ifdef BENCH_LINKED_JEMALLOC
+			if (g.variant == V_INLINE)
+				memtally_account(-(int64_t)size);
+#endif
+			free(p);
+		}
+		*method = "segment";
+		return (double)(lane_flushes() - f0) / pairs;
+	}
+#ifdef BENCH_LINKED_JEMALLOC
+	if (g.variant == V_INLINE) {
+		int n = 0;
+		for (int i = 0; i < pairs; i++) {
+			void *p = malloc(size);
+			uint64_t b = memtally__t.biased;
+			memtally_account((int64_t)size);
+			n += memtally__t.biased != b + size;
+			BENCH_ESCAPE(p);
+			b = memtally__t.biased;
+			memtally_account(-(int64_t)size);
+			n += memtally__t.biased != b - size;
+			free(p);
+		}
+		*method = "tls";
+		return (double)n / pairs;
+	}
+#endif
+	if (g.variant == V_JEMALLOC || g.variant == V_GLIBC) {
+		*method = "none";
+		return 0;
+	}
+	*method = "unknown";
+	return -1;
+}
+
+/* ---- command line ------------------------------------------------------- */
+
+static const struct bench_case *find_case(const char *name)
+{
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+		if (!strcmp(cases[i].name, name))
+			return &cases[i];
+	return NULL;
+}
+
+static int pin_cpu(int cpu)
+{
+	cpu_set_t set;
+	CPU_ZERO(&set);
+	CPU_SET(cpu, &set);
+	return sched_setaffinity(0, sizeof(set), &set) ? -errno : 0;
+}
+
+static void usage(FILE *f)
+{
+	fprintf(
+	    f,
+	    "usage: " BENCH_BINARY " --variant %s [--expect jemalloc|glibc]\n"
+	    "         [--cpu N] [--segment NAME]\n"
+	    "         (--serve | --proof | --case CASE --iters N [--reps R])\n"
+	    "cases:",
+#ifdef BENCH_LINKED_JEMALLOC
+	    "jemalloc|inline"
+#else
+	    "glibc|preload"
+#endif
+	);
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+		fprintf(f, " %s", cases[i].name);
+	fprintf(f, "\n");
+}
+
+static int serve(void)
+{
+	char line[256];
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	while (fgets(line, sizeof(line), stdin)) {
+		char cmd[16], name[64];
+		unsigned long long n = 0;
+		int k = sscanf(line, "%15s %63s %llu", cmd, name, &n);
+		if (k >= 1 && !strcmp(cmd, "quit"))
+			return 0;
+		const struct bench_case *c = k >= 2 ? find_case(name) : NULL;
+		if (k == 3 && !strcmp(cmd, "run") && c && n > 0) {
+			printf("ns %" PRIu64 "\n", timed_run(c->size, n));
+		} else if (k >= 2 && !strcmp(cmd, "probe") && c) {
+			const char *method = "";
+			double f = probe_flushes(c->size, 64, &method);
+			printf("flushes %.3f %s\n", f, method);
+		} else {
+			printf("error bad command: %s", line);
+		}
+	}
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	const char *variant = NULL, *expect = NULL, *case_name = NULL;
+	unsigned long long iters = 0, reps = 1;
+	int cpu = -1, do_serve = 0, proof_only = 0;
+	for (int i = 1; i < argc; i++) {
+		const char *a = argv[i];
+		const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+		if (!strcmp(a, "--serve")) {
+			do_serve = 1;
+		} else if (!strcmp(a, "--proof")) {
+			proof_only = 1;
+		} else if (!strcmp(a, "--help")) {
+			usage(stdout);
+			return 0;
+		} else if (v && !strcmp(a, "--variant")) {
+			variant = v, i++;
+		} else if (v && !strcmp(a, "--expect")) {
+			expect = v, i++;
+		} else if (v && !strcmp(a, "--case")) {
+			case_name = v, i++;
+		} else if (v && !strcmp(a, "--iters")) {
+			iters = strtoull(v, NULL, 10), i++;
+		} else if (v && !strcmp(a, "--reps")) {
+			reps = strtoull(v, NULL, 10), i++;
+		} else if (v && !strcmp(a, "--cpu")) {
+			cpu = atoi(v), i++;
+		} else if (v && !strcmp(a, "--segment")) {
+			g.segment = v, i++;
+		} else {
+			fprintf(stderr, BENCH_BINARY ": bad argument: %s\n", a);
+			usage(stderr);
+			return 2;
+		}
+	}
+
+	int vi = -1;
+	for (int k = 0; k < 4 && variant; k++)
+		if (!strcmp(variant, variant_names[k]))
+			vi = k;
+#ifdef BENCH_LINKED_JEMALLOC
+	int vok = vi == V_JEMALLOC || vi == V_INLINE;
+#else
+	int vok = vi == V_PRELOAD || vi == V_GLIBC;
+#endif
+	const struct bench_case *c = case_name ? find_case(case_name) : NULL;
+	if (!vok ||
+	    (expect && strcmp(expect, "jemalloc") && strcmp(expect, "glibc")) ||
+	    (case_name && !c) || (!do_serve && !proof_only && (!c || !iters))) {
+		fprintf(stderr,
+		        BENCH_BINARY ": bad or missing "
+		                     "--variant/--expect/--case/--iters\n");
+		usage(stderr);
+		return 2;
+	}
+	g.variant = (enum variant)vi;
+	g.expect_jemalloc =
+	    expect ? !strcmp(expect, "jemalloc") : g.variant != V_GLIBC;
+	if (cpu >= 0 && pin_cpu(cpu)) {
+		fprintf(stderr, BENCH_BINARY ": cannot pin to CPU %d\n", cpu);
+		return 2;
+	}
+
+	resolve_api();
+	static struct sbuf js, why;
+	int bad = prove(&js, &why);
+	if (bad) {
+		fprintf(stderr,
+		        BENCH_BINARY
+		        ": PROOF FAILED for variant %s "
+		        "(expected allocator %s): %d sign(s) wrong:\n%s"
+		        "  found: %s\n",
+		        variant_names[g.variant],
+		        g.expect_jemalloc ? "jemalloc" : "glibc", bad, why.b,
+		        js.b);
+		return 3;
+	}
+	if (do_serve) {
+		printf("ready %s\n", js.b);
+		fflush(stdout);
+		return serve();
+	}
+	fprintf(stderr, "proof: %s\n", js.b);
+	if (proof_only)
+		return 0;
+	for (unsigned long long r = 0; r < reps; r++) {
+		uint64_t ns = timed_run(c->size, iters);
+		printf("%s %s %.3f ns/pair (%llu pairs)\n", c->name,
+		       variant_names[g.variant], (double)ns / (double)iters,
+		       iters);
+	}
+	return 0;
+}
