@@ -2,12 +2,13 @@
 # this file only strings the steps together.
 #   make demo   install what is missing, build, run the demo fleet
 #   make check  install, build with -Werror, run every test, then again under
-#               ASan+UBSan, then the threaded tests under TSan
+#               ASan+UBSan, then the threaded tests under TSan, then the
+#               fuzz targets for FUZZ_SECONDS each
 #   make bench  Release build, run the benchmark suites, write bench/RESULTS.md
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps build demo check check-plain check-asan check-tsan bench install clean
+.PHONY: all deps build demo check check-plain check-asan check-tsan check-fuzz bench install clean
 
 all: build
 
@@ -21,7 +22,7 @@ build: deps
 demo: build
 	bash deploy/demo.sh build
 
-check: deps check-plain check-asan check-tsan
+check: deps check-plain check-asan check-tsan check-fuzz
 	@echo "make check: all suites passed"
 
 check-plain:
@@ -39,6 +40,13 @@ check-tsan:
 	cmake --build build-tsan -j$(JOBS)
 	cd build-tsan && ctest --output-on-failure --timeout 900 -L threads
 
+# libFuzzer needs clang; each target runs for FUZZ_SECONDS over its corpus.
+FUZZ_SECONDS ?= 20
+check-fuzz:
+	CC=clang CXX=clang++ cmake -S . -B build-fuzz -DMEMTALLY_FUZZ_SECONDS=$(FUZZ_SECONDS) $(CMAKE_FLAGS)
+	cmake --build build-fuzz -j$(JOBS) --target fuzz_frame fuzz_segment
+	cd build-fuzz && ctest --output-on-failure -L fuzz
+
 bench: deps
 	cmake -S . -B build-release -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)
 	cmake --build build-release -j$(JOBS)
@@ -48,4 +56,4 @@ install: build
 	cmake --install build
 
 clean:
-	rm -rf build build-asan build-tsan build-release
+	rm -rf build build-asan build-tsan build-fuzz build-release

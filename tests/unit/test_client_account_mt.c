@@ -11,6 +11,7 @@
 
 #include <signal.h>
 #include <stdio.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -115,6 +116,8 @@ static void start_server(void)
 	setenv("MEMTALLY_SOCKET", sock_path, 1);
 	server_pid = fork();
 	if (server_pid == 0) {
+		/* Never outlive the test, even when it crashes. */
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
 		execl(MEMTALLYD_PATH, "memtallyd", "--socket", sock_path,
 		      "--segment", seg_name, "--log-level", "warn", "--lanes",
 		      "4", (char *)NULL);

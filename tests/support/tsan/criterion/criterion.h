@@ -42,6 +42,10 @@ struct mc_suite {
 static struct mc_test *mc_tests;
 static struct mc_suite *mc_suites;
 static int mc_expect_failed;
+/* The running test's fini functions, run also when an assertion fails (as
+ * Criterion does), so a test's helpers never outlive it. */
+static void (*mc_fini_test)(void);
+static void (*mc_fini_suite)(void);
 
 #define TestSuite(s, ...)                                                    \
 	static struct mc_suite mc_suite_##s = {#s, {.disabled = 0, __VA_ARGS__}, \
@@ -74,8 +78,14 @@ mc_report(int fatal, const char *file, int line, const char *expr,
 	vfprintf(stderr, fmt, ap);
 	va_end(ap);
 	fputc('\n', stderr);
-	if (fatal)
+	if (fatal) {
+		if (mc_fini_test)
+			mc_fini_test();
+		if (mc_fini_suite)
+			mc_fini_suite();
+		fflush(NULL);
 		_exit(1);
+	}
 	mc_expect_failed = 1;
 }
 
@@ -129,6 +139,8 @@ int main(void)
 						 : (so && so->timeout ? so->timeout
 								      : 60);
 			alarm((unsigned)(to * (mult > 0 ? mult : 1)) + 1);
+			mc_fini_test = t->o.fini;
+			mc_fini_suite = so ? so->fini : NULL;
 			if (so && so->init)
 				so->init();
 			if (t->o.init)
