@@ -100,7 +100,7 @@ struct memtally__tls {
 	uint64_t span;
 };
 
-extern __thread struct memtally__tls memtally__t
+MEMTALLY_EXTERN extern __thread struct memtally__tls memtally__t
 	__attribute__((tls_model("initial-exec")));
 
 MEMTALLY_EXTERN void memtally__account_slow(void);
