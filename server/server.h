@@ -100,6 +100,10 @@ struct mts_proc {
 	uint64_t error_bytes; /* threshold x threads */
 	char *task;
 	char comm[64];
+	/* Issue 3 (limits): filled by the limits code. */
+	uint64_t rss;      /* resident bytes, /proc/PID/statm, slower cadence */
+	uint64_t limit;    /* per-process limit in force, 0 = none */
+	uint32_t state;    /* enum mtshm_state against `limit` */
 };
 
 /* A group with at least one registered process. Its index is written to
@@ -110,6 +114,11 @@ struct mts_group {
 	uint64_t bytes; /* latest tick */
 	uint64_t peak;
 	uint64_t error_bytes;
+	/* Issue 3 (limits): filled by the limits code. */
+	uint64_t rss;
+	uint64_t limit;    /* 0 = none */
+	uint64_t reserved; /* outstanding admission reservations */
+	uint32_t state;    /* enum mtshm_state */
 };
 
 /* Fleet figures as of the latest tick (or exit, which subtracts at once). */
@@ -121,6 +130,35 @@ struct mts_totals {
 	uint64_t heartbeat_ns; /* CLOCK_MONOTONIC at the latest tick */
 	uint32_t processes;
 	uint32_t unregistered;
+	/* Issue 3 (limits): filled by the limits code. */
+	uint64_t rss;
+	uint64_t limit;    /* fleet limit, 0 = none */
+	uint64_t reserved; /* outstanding admission reservations */
+	uint32_t state;    /* enum mtshm_state */
+};
+
+/* Why an Admit was denied, for the logs and the metrics' `reason` label. */
+enum mts_denial {
+	MTS_DENY_FLEET_LIMIT, /* fleet bytes + reserved + request > limit */
+	MTS_DENY_GROUP_LIMIT,
+	MTS_DENY_INVALID, /* a malformed request */
+	MTS_DENY__COUNT,
+};
+
+/* Counters for /metrics. Written and read on the loop thread only. */
+struct mts_stats {
+	uint64_t registrations;      /* successful Register */
+	uint64_t reclaims;           /* slots reclaimed at a worker's exit */
+	uint64_t admissions;         /* Admit granted */
+	uint64_t denials[MTS_DENY__COUNT];
+	uint64_t releases;           /* reservations ended by Release */
+	uint64_t expirations;        /* reservations ended by their TTL */
+	uint64_t enforcement_signals;
+	uint64_t events;             /* Watch events sent */
+	uint64_t protocol_errors;    /* error responses for bad frames */
+	uint64_t last_tick_ns;       /* duration of the latest tick */
+	uint64_t tick_ns_sum;        /* all ticks' durations, for _sum */
+	uint64_t tick_count;
 };
 
 struct mts_registry {
@@ -145,6 +183,7 @@ struct mts_registry {
 	struct mts_totals totals;
 	uint64_t registrations;
 	uint64_t exits;
+	struct mts_stats stats;
 };
 
 /* Outcome of a registration, for the Registered answer. */
