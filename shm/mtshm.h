@@ -7,8 +7,10 @@
  * server reads every live slot each tick and publishes fleet totals back
  * into the header, so a reader learns the fleet state with a few loads.
  *
- * Byte layout, version 1.0 (little-endian, as every field is host order and
- * the magic exposes a byte-order mismatch):
+ * Byte layout, version 1.1 (little-endian, as every field is host order and
+ * the magic exposes a byte-order mismatch). 1.1 added the per-slot names
+ * region (names_offset, names_stride); a 1.0 reader ignores it, so
+ * compat_minor stays 0:
  *
  *   offset  size  header page (4096 bytes, server-written)
  *   ------  ----  ---------------------------------------------------------
@@ -30,7 +32,9 @@
  *       60     4  server_uid
  *       64     8  created_ns       CLOCK_REALTIME at creation
  *       72     8  threshold        flush threshold workers must use (bytes)
- *       80    48  reserved1
+ *       80     4  names_offset     (1.1) published: the names region, 0 = none
+ *       84     4  names_stride     (1.1) bytes from slot i's names to i+1's
+ *       88    40  reserved1
  *      128   128  fleet            struct mtshm_fleet (seqlock snapshot)
  *      256  3840  reserved2        zero; later minors may claim it
  *
@@ -42,6 +46,11 @@
  *           64..127 struct mtshm_lane      lane 0
  *   line k   0..63  reserved               (k >= 1)
  *           64..127 struct mtshm_lane      lane k
+ *
+ *   (1.1) after the slots, at names_offset: slot_count entries of
+ *   names_stride bytes, struct mtshm_slot_names (server-written): what a
+ *   restarted server needs to adopt a live worker (its image id, group and
+ *   task), which the slot's 64 identity bytes have no room for.
  *
  * Every lane sits in its own 128-byte line, so two threads flushing into
  * their own lanes never share a cache line nor an adjacent-line prefetch
@@ -74,7 +83,7 @@
 #define MTSHM_MAGIC         UINT64_C(0x594c4c41544d454d) /* "MEMTALLY" */
 #define MTSHM_MAGIC_SWAPPED UINT64_C(0x4d454d54414c4c59)
 #define MTSHM_VERSION_MAJOR 1
-#define MTSHM_VERSION_MINOR 0
+#define MTSHM_VERSION_MINOR 1
 #define MTSHM_COMPAT_MINOR  0
 #define MTSHM_LINE          128u
 #define MTSHM_HEADER_SIZE   4096u
@@ -147,7 +156,9 @@ struct mtshm_header {
 	uint32_t server_uid;    /*  60 */
 	uint64_t created_ns;    /*  64 */
 	uint64_t threshold;     /*  72 */
-	uint64_t reserved1[6];  /*  80 */
+	uint32_t names_offset;  /*  80 (1.1) */
+	uint32_t names_stride;  /*  84 (1.1) */
+	uint64_t reserved1[5];  /*  88 */
 	struct mtshm_fleet fleet;                     /* 128 */
 	uint8_t reserved2[MTSHM_HEADER_SIZE - 256]; /* 256 */
 };
@@ -186,6 +197,23 @@ struct mtshm_lane {
 	uint64_t spare[5]; /* 24 */
 };
 
+/*
+ * (1.1) Names of slot i, server-written at registration, read by a server
+ * that adopts the segment after a restart. Strings are NUL-terminated and
+ * truncated to fit; the client keeps group and task names below 64 bytes.
+ */
+struct mtshm_slot_names {
+	uint64_t image_id;      /*   0 Register.image_id */
+	uint64_t registered_ns; /*   8 CLOCK_REALTIME at registration */
+	char group[64];         /*  16 */
+	char task[64];          /*  80 */
+	uint8_t spare[112];     /* 144 zero in 1.1 */
+};
+#define MTSHM_NAMES_STRIDE 256u
+
+_Static_assert(sizeof(struct mtshm_slot_names) == MTSHM_NAMES_STRIDE, "names");
+_Static_assert(offsetof(struct mtshm_slot_names, group) == 16, "names.group");
+_Static_assert(offsetof(struct mtshm_slot_names, task) == 80, "names.task");
 _Static_assert(sizeof(struct mtshm_fleet) == 128, "fleet line");
 _Static_assert(offsetof(struct mtshm_fleet, bytes) == 8, "fleet.bytes");
 _Static_assert(offsetof(struct mtshm_fleet, limit) == 24, "fleet.limit");
@@ -206,6 +234,9 @@ _Static_assert(offsetof(struct mtshm_header, generation) == 48, "gen");
 _Static_assert(offsetof(struct mtshm_header, server_pid) == 56, "spid");
 _Static_assert(offsetof(struct mtshm_header, created_ns) == 64, "created");
 _Static_assert(offsetof(struct mtshm_header, threshold) == 72, "threshold");
+_Static_assert(offsetof(struct mtshm_header, names_offset) == 80, "names_off");
+_Static_assert(offsetof(struct mtshm_header, names_stride) == 84, "names_str");
+_Static_assert(offsetof(struct mtshm_header, reserved1) == 88, "reserved1");
 _Static_assert(offsetof(struct mtshm_header, fleet) == 128, "fleet");
 _Static_assert(offsetof(struct mtshm_header, reserved2) == 256, "reserved2");
 _Static_assert(sizeof(struct mtshm_slot_id) == 64, "slot id");
@@ -295,6 +326,17 @@ static inline struct mtshm_slot_id *mtshm_slot(const struct mtshm_map *m,
 	const struct mtshm_header *h = m->hdr;
 	return (struct mtshm_slot_id *)((char *)m->base + h->slot_offset +
 					(size_t)i * h->slot_stride);
+}
+
+/* (1.1) Names of slot `i`, or NULL in a segment without the region. */
+static inline struct mtshm_slot_names *mtshm_names(const struct mtshm_map *m,
+						   uint32_t i)
+{
+	const struct mtshm_header *h = m->hdr;
+	if (!h->names_offset)
+		return NULL;
+	return (struct mtshm_slot_names *)((char *)m->base + h->names_offset +
+					   (size_t)i * h->names_stride);
 }
 
 /* Address of lane `k` of the slot whose identity is `s`. */

@@ -44,7 +44,10 @@ int mtshm_create(const char *name, const struct mtshm_params *p,
 		return -EINVAL;
 
 	uint64_t stride = (uint64_t)p->lanes * MTSHM_LINE;
-	uint64_t size = MTSHM_HEADER_SIZE + (uint64_t)p->slots * stride;
+	uint64_t names = MTSHM_HEADER_SIZE + (uint64_t)p->slots * stride;
+	uint64_t size = names + (uint64_t)p->slots * MTSHM_NAMES_STRIDE;
+	if (names > UINT32_MAX)
+		return -EINVAL; /* names_offset is 32 bits */
 
 	/* Replace, never reuse: an old object may be of another layout, and
 	 * an opener holding it keeps its own mapping of the old inode. */
@@ -85,6 +88,8 @@ int mtshm_create(const char *name, const struct mtshm_params *p,
 	h->server_uid = (uint32_t)getuid();
 	h->created_ns = realtime_ns();
 	h->threshold = p->threshold;
+	h->names_offset = (uint32_t)names;
+	h->names_stride = MTSHM_NAMES_STRIDE;
 	mt_store_release64(&h->magic, MTSHM_MAGIC);
 
 	out->base = base;
@@ -124,6 +129,16 @@ int mtshm_validate(const void *base, size_t size)
 		h->slot_offset + (uint64_t)h->slot_count * h->slot_stride;
 	if (h->segment_size < need)
 		return MTSHM_ELAYOUT;
+	if (h->version_minor >= 1 && h->names_offset) {
+		/* (1.1) The names region lies after the slots and fits. */
+		uint64_t end = h->names_offset +
+			       (uint64_t)h->slot_count * h->names_stride;
+		if (h->names_offset < need || h->names_offset % 64 ||
+		    h->names_stride < sizeof(struct mtshm_slot_names) ||
+		    h->names_stride % 64 || h->segment_size < end)
+			return MTSHM_ELAYOUT;
+		need = end;
+	}
 	if (size < need)
 		return MTSHM_ETRUNCATED;
 	return 0;

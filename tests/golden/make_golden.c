@@ -1,5 +1,5 @@
 /*
- * make_golden.c - writes the golden segment image of layout 1.0.
+ * make_golden.c - writes the golden segment images of layouts 1.0 and 1.1.
  *
  * The image is a small segment (4 slots x 4 lanes, 4096 + 4 * 512 bytes)
  * whose every non-zero field has a fixed, documented value: nothing here
@@ -14,7 +14,10 @@
  * version gets its own image (and its own branch here). The version words
  * below are therefore literals, not MTSHM_VERSION_*.
  *
- * Usage: make_golden OUT.bin   (see tests/golden/README.md)
+ * 1.1 is the 1.0 image with minor 1 and the per-slot names region after
+ * the slots (names for slots 0 and 2).
+ *
+ * Usage: make_golden [--v1.1] OUT.bin   (see tests/golden/README.md)
  */
 #include "mtshm.h"
 
@@ -31,7 +34,28 @@ enum {
 	GOLDEN_LANES = 4,
 	GOLDEN_STRIDE = GOLDEN_LANES * MTSHM_LINE,
 	GOLDEN_SIZE = MTSHM_HEADER_SIZE + GOLDEN_SLOTS * GOLDEN_STRIDE,
+	GOLDEN11_NAMES = GOLDEN_SIZE,
+	GOLDEN11_SIZE = GOLDEN_SIZE + GOLDEN_SLOTS * 256,
 };
+
+/* The 1.1 additions, with literal offsets and values. */
+static void fill_v11(unsigned char *img)
+{
+	struct mtshm_header *h = (struct mtshm_header *)img;
+	h->version_minor = 1;
+	h->segment_size = GOLDEN11_SIZE;
+	h->names_offset = GOLDEN11_NAMES;
+	h->names_stride = 256;
+	struct mtshm_slot_names *n =
+		(struct mtshm_slot_names *)(img + GOLDEN11_NAMES);
+	n[0].image_id = UINT64_C(0xfeedface12345678);
+	n[0].registered_ns = UINT64_C(1700000001000000000);
+	strcpy(n[0].group, "etl");
+	strcpy(n[0].task, "job-42");
+	n[2].image_id = 77;
+	n[2].registered_ns = UINT64_C(1700000002000000000);
+	strcpy(n[2].group, "ml");
+}
 
 /* Slot i of the image, addressed the way a reader must: offset + stride. */
 static struct mtshm_slot_id *slot(unsigned char *img, uint32_t i)
@@ -137,33 +161,37 @@ static void fill(unsigned char *img)
 
 int main(int argc, char **argv)
 {
-	if (argc != 2) {
-		fprintf(stderr, "usage: %s OUT.bin\n", argv[0]);
+	int v11 = argc == 3 && strcmp(argv[1], "--v1.1") == 0;
+	if (argc != 2 + v11) {
+		fprintf(stderr, "usage: %s [--v1.1] OUT.bin\n", argv[0]);
 		return 2;
 	}
+	size_t size = v11 ? GOLDEN11_SIZE : GOLDEN_SIZE;
+	const char *path = argv[1 + v11];
 	/* Aligned like a mapping, and zeroed: every byte not set above,
 	 * reserved words included, is zero in the image. */
-	unsigned char *img = aligned_alloc(MTSHM_HEADER_SIZE, GOLDEN_SIZE);
+	unsigned char *img = aligned_alloc(MTSHM_HEADER_SIZE, 2 * 4096 * 2);
 	if (!img) {
 		perror("aligned_alloc");
 		return 1;
 	}
-	memset(img, 0, GOLDEN_SIZE);
+	memset(img, 0, size);
 	fill(img);
-	if (mtshm_validate(img, GOLDEN_SIZE) != 0) {
+	if (v11)
+		fill_v11(img);
+	if (mtshm_validate(img, size) != 0) {
 		fprintf(stderr, "%s: generated image does not validate\n",
 		        argv[0]);
 		return 1;
 	}
 
-	FILE *out = fopen(argv[1], "wb");
+	FILE *out = fopen(path, "wb");
 	if (!out) {
-		perror(argv[1]);
+		perror(path);
 		return 1;
 	}
-	if (fwrite(img, 1, GOLDEN_SIZE, out) != GOLDEN_SIZE ||
-	    fclose(out) != 0) {
-		perror(argv[1]);
+	if (fwrite(img, 1, size, out) != size || fclose(out) != 0) {
+		perror(path);
 		return 1;
 	}
 	free(img);

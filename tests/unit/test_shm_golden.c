@@ -221,7 +221,9 @@ Test(golden, struct_offsets_match_the_diagram)
 	cr_expect_eq(offsetof(struct mtshm_header, server_uid), 60);
 	cr_expect_eq(offsetof(struct mtshm_header, created_ns), 64);
 	cr_expect_eq(offsetof(struct mtshm_header, threshold), 72);
-	cr_expect_eq(offsetof(struct mtshm_header, reserved1), 80);
+	cr_expect_eq(offsetof(struct mtshm_header, names_offset), 80);
+	cr_expect_eq(offsetof(struct mtshm_header, names_stride), 84);
+	cr_expect_eq(offsetof(struct mtshm_header, reserved1), 88);
 	cr_expect_eq(offsetof(struct mtshm_header, fleet), 128);
 	cr_expect_eq(offsetof(struct mtshm_header, reserved2), 256);
 	cr_expect_eq(sizeof(struct mtshm_header), 4096);

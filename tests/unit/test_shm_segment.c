@@ -87,8 +87,9 @@ static void check_header(const struct mtshm_map *m,
                          const struct mtshm_params *p)
 {
 	const struct mtshm_header *h = m->hdr;
-	uint64_t size =
+	uint64_t names =
 	    MTSHM_HEADER_SIZE + (uint64_t)p->slots * p->lanes * MTSHM_LINE;
+	uint64_t size = names + (uint64_t)p->slots * MTSHM_NAMES_STRIDE;
 	cr_assert_not_null(h);
 	cr_expect_eq(m->base, (void *)h);
 	cr_expect_eq(m->size, size);
@@ -107,6 +108,11 @@ static void check_header(const struct mtshm_map *m,
 	cr_expect_eq(h->server_pid, (uint32_t)getpid());
 	cr_expect_eq(h->server_uid, (uint32_t)getuid());
 	cr_expect_eq(h->threshold, p->threshold);
+	/* 1.1: the names region follows the slots. */
+	cr_expect_eq(h->names_offset, names);
+	cr_expect_eq(h->names_stride, MTSHM_NAMES_STRIDE);
+	cr_expect_eq((char *)mtshm_names(m, 1) - (char *)mtshm_names(m, 0),
+		     MTSHM_NAMES_STRIDE);
 }
 
 Test(segment, create_then_open_read_only_and_read_write)
@@ -529,16 +535,16 @@ Test(segment, slot_sum_flags_an_absurd_total)
 
 Test(segment, slot_sum_clamps_lanes_used_to_lane_count)
 {
-	/* One slot of 32 lanes: 4096 + 4096 bytes, so the last lane ends
-	 * exactly at the end of the object, and a lane past lane_count would
-	 * be on a page beyond it (SIGBUS). */
+	/* One slot of 32 lanes: 4096 + 4096 bytes, then 256 bytes of names
+	 * (1.1); lanes far past lane_count would be on a page beyond the
+	 * object (SIGBUS). */
 	struct mtshm_params p = default_params;
 	p.slots = 1;
 	p.lanes = 32;
 	struct mtshm_map m;
 	create_or_die(name, &p, &m);
 	mtshm_unlink(name); /* in case the sum crashes, before fini */
-	cr_assert_eq(m.size, 8192);
+	cr_assert_eq(m.size, 8192 + MTSHM_NAMES_STRIDE);
 	struct mtshm_slot_id *s = mtshm_slot(&m, 0);
 	s->lanes_used = UINT32_MAX;
 	for (uint32_t k = 0; k < 32; k++) {
