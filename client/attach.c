@@ -12,8 +12,15 @@
  *  - Nothing is lost: bytes flushed while unattached accumulate in
  *    `mtc.pending` and are moved into the slot's `overflow` once attached,
  *    so the slot always carries the process's whole total.
- *  - A mapping is never unmapped once a slot of it was published: another
+ *  - An attachment (a mapping and our slot in it) is written once, then
+ *    published through `mtc.cur` with release order and never changed, so
+ *    a flushing thread needs no lock; it is never unmapped, since another
  *    thread may be storing into its lane at any moment.
+ *  - Liveness costs nothing on the flush path while the server ticks: a
+ *    thread compares the header's tick counter with the one it saw last
+ *    (a shared line the server writes once a tick), and only when it has
+ *    not moved for MTC_VERIFY_EVERY flushes reads the clock to decide
+ *    whether the server is gone or its segment replaced.
  */
 #define _GNU_SOURCE
 #include "client_internal.h"
@@ -39,23 +46,36 @@
 #define MTC_CONNECT_TIMEOUT_MS 500
 #define MTC_BACKOFF_MIN_NS     (100 * 1000000ull)
 #define MTC_BACKOFF_MAX_NS     (5000 * 1000000ull)
-/* Flushes of one thread between two checks that the server is alive. */
-#define MTC_VERIFY_EVERY 256
+/* Flushes of one thread without a tick of the server before it looks at
+ * the clock. */
+#define MTC_VERIFY_EVERY 64
+/* Attachments a process may make in its life (each server re-creation of
+ * the segment costs one); past that it counts locally. */
+#define MTC_MAX_ATTACH 16
 /* A heartbeat older than this means the server is gone or the segment was
  * replaced: re-register (which is harmless if all is well). */
 #define MTC_STALE_NS (2000 * 1000000ull)
 
+/* A mapped segment and this process's slot in it; immutable once
+ * published. */
+struct mtc_attachment {
+	struct mtshm_map map;
+	struct mtshm_slot_id *slot;
+	uint64_t slot_gen;
+};
+
+static struct mtc_attachment atts[MTC_MAX_ATTACH];
+
 static struct {
 	/* Shared between threads: accessed with the mtshm_atomic helpers. */
 	int64_t pending;           /* bytes not yet in any slot */
-	uint64_t slot_addr;        /* struct mtshm_slot_id *, 0 = unattached */
+	uint64_t cur;              /* struct mtc_attachment *, 0 = none */
 	uint64_t epoch;            /* bumped whenever the slot changes */
 	uint64_t threshold;        /* bytes; threads pick it up at flush */
 	uint32_t attaching;        /* try-lock of attach() */
 	uint64_t next_try_ns;      /* back-off: no attach before this */
 	uint64_t backoff_ns;
-	uint64_t slot_gen;         /* generation of the published slot */
-	struct mtshm_map map;      /* the mapping of the published slot */
+	uint32_t natts;            /* atts[] used; under `attaching` */
 
 	/* Written once by init(), or under `attaching`. */
 	pthread_once_t once;
@@ -96,10 +116,16 @@ void mtc_debug(const char *fmt, ...)
 	(void)r;
 }
 
+static const struct mtc_attachment *cur_att(void)
+{
+	return (const struct mtc_attachment *)(uintptr_t)mt_load_acquire64(
+		&mtc.cur);
+}
+
 static struct mtshm_slot_id *cur_slot(void)
 {
-	return (struct mtshm_slot_id *)(uintptr_t)mt_load_acquire64(
-		&mtc.slot_addr);
+	const struct mtc_attachment *a = cur_att();
+	return a ? a->slot : NULL;
 }
 
 /*
@@ -110,12 +136,12 @@ static struct mtshm_slot_id *cur_slot(void)
  */
 static void on_fork_child(void)
 {
-	struct mtshm_slot_id *s = cur_slot();
+	const struct mtc_attachment *a = cur_att();
 	int64_t total = mt_load_relaxeds64(&mtc.pending);
-	if (s)
-		total += mtshm_slot_sum(&mtc.map, s, NULL, NULL);
+	if (a)
+		total += mtshm_slot_sum(&a->map, a->slot, NULL, NULL);
 	mt_store_relaxeds64(&mtc.pending, total);
-	mt_store_release64(&mtc.slot_addr, 0);
+	mt_store_release64(&mtc.cur, 0);
 	mt_store_relaxed64(&mtc.epoch, mt_load_relaxed64(&mtc.epoch) + 1);
 	mtc.attaching = 0;
 	mtc.next_try_ns = 0;
@@ -343,17 +369,17 @@ static int attach(void)
 	/* Reuse our mapping when it is of the same segment; otherwise keep
 	 * the new one (the old mapping stays: threads may still write to
 	 * it). */
-	struct mtshm_slot_id *old = cur_slot();
+	const struct mtc_attachment *old = cur_att();
 	struct mtshm_map map;
 	if ((err = mtshm_open(rep.segment, 1, &map))) {
 		mtc_debug("cannot map segment %s: %s", rep.segment,
 			  mtshm_strerror(err));
 		return err;
 	}
-	if (mtc.map.base && mtc.map.size == map.size &&
-	    mtc.map.hdr->generation == map.hdr->generation) {
+	if (old && old->map.size == map.size &&
+	    old->map.hdr->generation == map.hdr->generation) {
 		mtshm_close(&map);
-		map = mtc.map;
+		map = old->map;
 	}
 	if (rep.slot >= map.hdr->slot_count) {
 		err = MEMTALLY_EPROTO;
@@ -366,21 +392,29 @@ static int attach(void)
 		err = MEMTALLY_EPROTO;
 		goto fail;
 	}
-	if (s == old && rep.slot_gen == mtc.slot_gen) {
+	if (old && s == old->slot && rep.slot_gen == old->slot_gen) {
 		/* A repeat registration: the server kept us. Nothing moves. */
 		mtc_debug("re-registered: slot %u kept", rep.slot);
 		return 0;
 	}
+	if (mtc.natts == MTC_MAX_ATTACH) {
+		mtc_debug("too many re-attachments; counting locally");
+		err = -ENOSPC;
+		goto fail;
+	}
+	struct mtc_attachment *a = &atts[mtc.natts++];
+	a->map = map;
+	a->slot = s;
+	a->slot_gen = rep.slot_gen;
 	/* A new slot: carry the total published into the old one. */
 	if (old)
-		mt_add_relaxeds64(&mtc.pending,
-				  mtshm_slot_sum(&mtc.map, old, NULL, NULL));
-	mtc.map = map;
-	mtc.slot_gen = rep.slot_gen;
+		mt_add_relaxeds64(&mtc.pending, mtshm_slot_sum(&old->map,
+							       old->slot, NULL,
+							       NULL));
 	if (rep.threshold)
 		mt_store_relaxed64(&mtc.threshold, rep.threshold);
 	mt_store_relaxed64(&mtc.epoch, mt_load_relaxed64(&mtc.epoch) + 1);
-	mt_store_release64(&mtc.slot_addr, (uint64_t)(uintptr_t)s);
+	mt_store_release64(&mtc.cur, (uint64_t)(uintptr_t)a);
 	mt_add_relaxeds64(&s->overflow,
 			  mt_exchange_relaxeds64(&mtc.pending, 0));
 	mtc_debug("attached: segment %s slot %u threshold %llu", rep.segment,
@@ -388,7 +422,7 @@ static int attach(void)
 	return 0;
 
 fail:
-	if (map.base != mtc.map.base)
+	if (!old || map.base != old->map.base)
 		mtshm_close(&map);
 	return err;
 }
@@ -423,11 +457,12 @@ static void maybe_attach(int force)
 
 /* ---- lanes ----------------------------------------------------------- */
 
-static void claim(struct mtc_thread *th, struct mtshm_slot_id *s,
+static void claim(struct mtc_thread *th, const struct mtc_attachment *a,
 		  uint64_t epoch)
 {
+	struct mtshm_slot_id *s = a->slot;
 	uint32_t tid = (uint32_t)syscall(SYS_gettid);
-	uint32_t lanes = mtc.map.hdr->lane_count;
+	uint32_t lanes = a->map.hdr->lane_count;
 	th->lane = NULL;
 	for (uint32_t k = 0; k < lanes; k++) {
 		struct mtshm_lane *l = mtshm_lane(s, k);
@@ -441,6 +476,7 @@ static void claim(struct mtc_thread *th, struct mtshm_slot_id *s,
 	mt_add_relaxed32(&s->threads, 1);
 	th->counted = 1;
 	th->slot = s;
+	th->hdr = a->map.hdr;
 	th->epoch = epoch;
 }
 
@@ -458,9 +494,9 @@ static void release(struct mtc_thread *th)
 }
 
 /* Is the server still ticking the segment our slot lives in? */
-static void verify(void)
+static void verify(const struct mtshm_header *h)
 {
-	uint64_t hb = mt_load_relaxed64(&mtc.map.hdr->fleet.heartbeat_ns);
+	uint64_t hb = mt_load_relaxed64(&h->fleet.heartbeat_ns);
 	uint64_t now = mono_ns();
 	if (now > hb + MTC_STALE_NS &&
 	    now >= mt_load_relaxed64(&mtc.next_try_ns)) {
@@ -471,7 +507,8 @@ static void verify(void)
 
 void mtc_publish(struct mtc_thread *th, int64_t delta)
 {
-	struct mtshm_slot_id *s = cur_slot();
+	const struct mtc_attachment *a = cur_att();
+	struct mtshm_slot_id *s = a ? a->slot : NULL;
 	if (!s) {
 		mt_add_relaxeds64(&mtc.pending, delta);
 		maybe_attach(0);
@@ -492,7 +529,7 @@ void mtc_publish(struct mtc_thread *th, int64_t delta)
 	uint64_t epoch = mt_load_relaxed64(&mtc.epoch);
 	if (th->epoch != epoch || th->slot != s) {
 		release(th);
-		claim(th, s, epoch);
+		claim(th, a, epoch);
 	}
 	if (th->lane) {
 		struct mtshm_lane *l = th->lane;
@@ -503,9 +540,13 @@ void mtc_publish(struct mtc_thread *th, int64_t delta)
 	} else {
 		mt_add_relaxeds64(&s->overflow, delta);
 	}
-	if (++th->since_verify >= MTC_VERIFY_EVERY) {
+	uint64_t ticks = mt_load_relaxed64(&th->hdr->fleet.ticks);
+	if (ticks != th->seen_ticks) {
+		th->seen_ticks = ticks;
 		th->since_verify = 0;
-		verify();
+	} else if (++th->since_verify >= MTC_VERIFY_EVERY) {
+		th->since_verify = 0;
+		verify(th->hdr);
 	}
 }
 
@@ -518,9 +559,9 @@ void mtc_thread_exit(struct mtc_thread *th)
 int64_t mtc_published_bytes(void)
 {
 	int64_t total = mt_load_relaxeds64(&mtc.pending);
-	struct mtshm_slot_id *s = cur_slot();
-	if (s)
-		total += mtshm_slot_sum(&mtc.map, s, NULL, NULL);
+	const struct mtc_attachment *a = cur_att();
+	if (a)
+		total += mtshm_slot_sum(&a->map, a->slot, NULL, NULL);
 	return total;
 }
 
