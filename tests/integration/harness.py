@@ -50,12 +50,18 @@ class Server:
 
     count = 0
 
-    def __init__(self, *args, slots=None, tick=10):
+    def __init__(self, *args, slots=None, tick=10, after=None):
+        """Start memtallyd; after=<a stopped or killed Server> restarts on
+        that server's socket and segment (its log goes on)."""
         Server.count += 1
-        self.dir = tempfile.mkdtemp(prefix="mt-it-")
-        self.socket = os.path.join(self.dir, "memtally.sock")
-        self.segment = f"/mt-it-{os.getpid()}-{Server.count}"
-        self.log = open(os.path.join(self.dir, "memtallyd.log"), "w+b")
+        if after is not None:
+            self.dir, self.socket = after.dir, after.socket
+            self.segment = after.segment
+        else:
+            self.dir = tempfile.mkdtemp(prefix="mt-it-")
+            self.socket = os.path.join(self.dir, "memtally.sock")
+            self.segment = f"/mt-it-{os.getpid()}-{Server.count}"
+        self.log = open(os.path.join(self.dir, "memtallyd.log"), "a+b")
         cmd = [MEMTALLYD, "--socket", self.socket, "--segment", self.segment,
                "--tick", str(tick), "--log-level", "debug"]
         if slots:
@@ -104,6 +110,11 @@ class Server:
 
     def ps(self):
         return {p["pid"]: p for p in self.cli("ps")["processes"]}
+
+    def kill9(self):
+        """SIGKILL the server: socket file and segment stay behind."""
+        self.proc.kill()
+        self.proc.wait()
 
     def stop(self):
         if self.proc.poll() is None:
