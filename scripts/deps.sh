@@ -7,9 +7,10 @@ set -euo pipefail
 pkgs=(
   build-essential cmake pkg-config git
   libjemalloc-dev libjemalloc2 libuv1-dev libprotobuf-c-dev protobuf-c-compiler
-  libjansson-dev
+  libjansson-dev libmicrohttpd-dev libinih-dev libsystemd-dev
   # tests
   libcriterion-dev python3 g++ clang libclang-rt-14-dev procps
+  prometheus  # promtool, to check /metrics
   # benchmarks
   valgrind util-linux
 )

@@ -1,5 +1,6 @@
 /*
- * conn.c - the Unix-socket listener and its connections.
+ * conn.c - the listeners (the Unix socket, and TCP when configured) and
+ * their connections.
  *
  * Each connection has an input buffer and a count of response bytes handed
  * to libuv but not yet written. Frames are answered as soon as they are
@@ -24,9 +25,25 @@
  * frame once its error answer is written, and on EOF once every buffered
  * request is answered and written. Memory is freed in the close callback;
  * libuv runs pending write callbacks (UV_ECANCELED) before it.
+ *
+ * Both transports share all of this: a connection's handle is a uv_pipe_t
+ * or a uv_tcp_t used as a uv_stream_t. A TCP peer has no SO_PEERCRED, so
+ * it cannot Register and is authorised only by the token (auth.c).
+ *
+ * Watch: a connection that sent a Watch gets every event pushed as a
+ * Response with the Watch's id. Pushed events go through the same write
+ * path and count towards the same output bound: a subscriber whose
+ * unwritten output has reached MTS_OUT_HIGH is not reading, and is
+ * disconnected (logged, stats.watch_disconnects) instead of having events
+ * queued for it without bound or silently dropped -- a gap it could not
+ * see. A client that reconnects and watches again gets the current state
+ * first. An event raised while a connection's own request is being
+ * answered goes into that turn's output, so it stays in order with the
+ * answers around it.
  */
 #include "server.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
@@ -44,7 +61,11 @@
 #define IN_KEEP (256u * 1024u)
 
 struct mts_conn {
-	uv_pipe_t pipe; /* pipe.data = this */
+	union {
+		uv_stream_t stream; /* stream.data = this */
+		uv_pipe_t pipe;
+		uv_tcp_t tcp;
+	} h;
 	struct mts_server *srv;
 	struct mts_conn *prev, *next; /* srv->conns */
 	struct mts_conn *bnext;       /* srv->backlog_head */
@@ -60,6 +81,7 @@ struct mts_conn {
 	bool eof;        /* the peer will send nothing more */
 	bool close_after_write;
 	bool closing;
+	struct mts_buf *turn_out; /* the output of the turn in progress */
 };
 
 struct write_req {
@@ -115,14 +137,15 @@ static void conn_close(struct mts_conn *c)
 	if (c->next)
 		c->next->prev = c->prev;
 	srv->nconns--;
-	mts_log(MTS_LOG_DEBUG, "connection closed", "peer_pid=%u", c->peer.pid);
-	uv_close((uv_handle_t *)&c->pipe, on_conn_closed);
+	mts_log(MTS_LOG_DEBUG, "connection closed", "peer_pid=%u tcp=%d",
+	        c->peer.pid, c->peer.tcp);
+	uv_close((uv_handle_t *)&c->h.stream, on_conn_closed);
 }
 
 static void stop_reading(struct mts_conn *c)
 {
 	if (c->reading) {
-		uv_read_stop((uv_stream_t *)&c->pipe);
+		uv_read_stop(&c->h.stream);
 		c->reading = false;
 	}
 }
@@ -132,7 +155,7 @@ static void resume_reading(struct mts_conn *c)
 	if (c->reading || c->closing || c->paused || c->backlogged || c->eof ||
 	    c->close_after_write)
 		return;
-	int err = uv_read_start((uv_stream_t *)&c->pipe, on_alloc, on_read);
+	int err = uv_read_start(&c->h.stream, on_alloc, on_read);
 	if (err < 0) {
 		conn_close(c);
 		return;
@@ -199,7 +222,7 @@ static int conn_write(struct mts_conn *c, struct mts_buf *out)
 	w->len = out->len;
 	w->req.data = w;
 	uv_buf_t b = uv_buf_init((char *)w->data, (unsigned)w->len);
-	int err = uv_write(&w->req, (uv_stream_t *)&c->pipe, &b, 1, on_write);
+	int err = uv_write(&w->req, &c->h.stream, &b, 1, on_write);
 	if (err < 0) {
 		/* An error return means the callback never runs. */
 		free(w);
@@ -250,8 +273,15 @@ static void conn_process(struct mts_conn *c)
 	    .frames = MTS_FRAMES_PER_TURN,
 	};
 	size_t used = 0;
+	c->turn_out = &out;
 	int r = mts_input(&c->srv->reg, &c->peer, c->in + c->in_off,
 	                  c->in_len - c->in_off, &out, budget, &used);
+	c->turn_out = NULL;
+	if (c->closing) {
+		/* An event pushed during the turn found us not reading. */
+		mts_buf_free(&out);
+		return;
+	}
 	c->in_off += used;
 	if (c->in_off == c->in_len) {
 		c->in_off = c->in_len = 0;
@@ -340,7 +370,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 	}
 }
 
-static void on_connection(uv_stream_t *listener, int status)
+static void accept_one(uv_stream_t *listener, int status, bool tcp)
 {
 	struct mts_server *srv = listener->data;
 	if (status < 0) {
@@ -356,8 +386,12 @@ static void on_connection(uv_stream_t *listener, int status)
 	}
 	c->srv = srv;
 	c->peer.fd = -1;
-	uv_pipe_init(srv->loop, &c->pipe, 0);
-	c->pipe.data = c;
+	c->peer.tcp = tcp;
+	if (tcp)
+		uv_tcp_init(srv->loop, &c->h.tcp);
+	else
+		uv_pipe_init(srv->loop, &c->h.pipe, 0);
+	c->h.stream.data = c;
 	/* Link first: conn_close() unlinks. */
 	c->next = srv->conns;
 	if (srv->conns)
@@ -365,15 +399,34 @@ static void on_connection(uv_stream_t *listener, int status)
 	srv->conns = c;
 	srv->nconns++;
 
-	int err = uv_accept(listener, (uv_stream_t *)&c->pipe);
+	int err = uv_accept(listener, &c->h.stream);
 	if (err < 0) {
 		mts_log(MTS_LOG_WARN, "accept failed", "err=%s",
 		        uv_err_name(err));
 		conn_close(c);
 		return;
 	}
+	if (tcp) {
+		struct sockaddr_storage ss;
+		int len = sizeof(ss);
+		char host[64] = "?";
+		if (uv_tcp_getpeername(&c->h.tcp, (struct sockaddr *)&ss,
+		                       &len) == 0) {
+			if (ss.ss_family == AF_INET6)
+				uv_ip6_name((struct sockaddr_in6 *)&ss, host,
+				            sizeof(host));
+			else
+				uv_ip4_name((struct sockaddr_in *)&ss, host,
+				            sizeof(host));
+		}
+		uv_tcp_nodelay(&c->h.tcp, 1);
+		mts_log(MTS_LOG_DEBUG, "tcp connection accepted", "peer=%s",
+		        host);
+		resume_reading(c);
+		return;
+	}
 	uv_os_fd_t fd;
-	if (uv_fileno((uv_handle_t *)&c->pipe, &fd) == 0) {
+	if (uv_fileno((uv_handle_t *)&c->h.stream, &fd) == 0) {
 		struct ucred cred;
 		socklen_t len = sizeof(cred);
 		c->peer.fd = fd;
@@ -382,11 +435,22 @@ static void on_connection(uv_stream_t *listener, int status)
 			c->peer.has_cred = true;
 			c->peer.pid = (uint32_t)cred.pid;
 			c->peer.uid = (uint32_t)cred.uid;
+			c->peer.gid = (uint32_t)cred.gid;
 		}
 	}
 	mts_log(MTS_LOG_DEBUG, "connection accepted", "peer_pid=%u uid=%u",
 	        c->peer.pid, c->peer.uid);
 	resume_reading(c);
+}
+
+static void on_connection(uv_stream_t *listener, int status)
+{
+	accept_one(listener, status, false);
+}
+
+static void on_tcp_connection(uv_stream_t *listener, int status)
+{
+	accept_one(listener, status, true);
 }
 
 /* mkdir -p of `dir`, new directories 0755 (chmod: the umask must not
@@ -475,8 +539,82 @@ int mts_listen(struct mts_server *srv)
 	/* bind applied the umask; the mode is part of the contract. */
 	if (chmod(path, 0660) < 0)
 		return -errno;
+	if (srv->cfg.has_gid && chown(path, (uid_t)-1, (gid_t)srv->cfg.gid) < 0)
+		return -errno;
 	return uv_listen((uv_stream_t *)&srv->listener, SOMAXCONN,
 	                 on_connection);
+}
+
+int mts_listen_tcp(struct mts_server *srv)
+{
+	struct sockaddr_storage ss;
+	bool loopback;
+	char q[MTS_LOGQ_MAX];
+	int err = mts_parse_hostport(srv->cfg.tcp_addr, &ss, &loopback);
+	if (err < 0)
+		return err;
+	err = uv_tcp_init(srv->loop, &srv->tcp_listener);
+	if (err < 0)
+		return err;
+	srv->tcp_listener.data = srv;
+	srv->tcp_listening = true; /* the handle is open: close it on stop */
+	err = uv_tcp_bind(&srv->tcp_listener, (struct sockaddr *)&ss, 0);
+	if (err < 0)
+		return err;
+	err = uv_listen((uv_stream_t *)&srv->tcp_listener, SOMAXCONN,
+	                on_tcp_connection);
+	if (err < 0)
+		return err;
+	struct sockaddr_storage bound;
+	int len = sizeof(bound);
+	if (uv_tcp_getsockname(&srv->tcp_listener, (struct sockaddr *)&bound,
+	                       &len) == 0)
+		srv->tcp_port = ntohs(bound.ss_family == AF_INET6
+		                          ? ((struct sockaddr_in6 *)&bound)
+		                                ->sin6_port
+		                          : ((struct sockaddr_in *)&bound)
+		                                ->sin_port);
+	mts_log(MTS_LOG_INFO, "tcp listening", "addr=%s port=%u loopback=%d "
+	        "token=%s",
+	        mts_logq(q, sizeof(q), srv->cfg.tcp_addr), srv->tcp_port,
+	        loopback, srv->reg.policy.tcp_token ? "set" : "none");
+	return 0;
+}
+
+void mts_watch_broadcast(void *ctx, const struct mts_event *ev)
+{
+	struct mts_server *srv = ctx;
+	struct mts_conn *next;
+	for (struct mts_conn *c = srv->conns; c; c = next) {
+		next = c->next;
+		if (!c->peer.watching || c->closing || c->close_after_write)
+			continue;
+		if (c->out_pending >= MTS_OUT_HIGH) {
+			srv->reg.stats.watch_disconnects++;
+			mts_log(MTS_LOG_WARN,
+			        "watch subscriber not reading, disconnected",
+			        "peer_pid=%u tcp=%d pending=%zu", c->peer.pid,
+			        c->peer.tcp, c->out_pending);
+			conn_close(c);
+			continue;
+		}
+		if (c->turn_out) {
+			/* Its own request raised the event: keep order. */
+			if (mts_event_append(&srv->reg, c->peer.watch_id, ev,
+			                     c->turn_out) == 0)
+				srv->reg.stats.events++;
+			continue;
+		}
+		struct mts_buf out = {0};
+		if (mts_event_append(&srv->reg, c->peer.watch_id, ev, &out) <
+		        0 ||
+		    conn_write(c, &out) < 0) {
+			mts_buf_free(&out);
+			conn_close(c);
+			continue;
+		}
+		srv->reg.stats.events++;
+	}
 }
 
 void mts_conns_close(struct mts_server *srv)
@@ -484,6 +622,10 @@ void mts_conns_close(struct mts_server *srv)
 	if (srv->listening) {
 		uv_close((uv_handle_t *)&srv->listener, NULL);
 		srv->listening = false;
+	}
+	if (srv->tcp_listening) {
+		uv_close((uv_handle_t *)&srv->tcp_listener, NULL);
+		srv->tcp_listening = false;
 	}
 	while (srv->conns)
 		conn_close(srv->conns);

@@ -16,6 +16,12 @@
  * Answers are built from the registry's figures of the latest tick;
  * strings in them point into registry memory, which lives at least until
  * the response is packed (before we return).
+ *
+ * Admit, Release and SetLimit change the registry at once (admit.c,
+ * limits.c) and their effects -- states, events, the published snapshot --
+ * happen before the answer is appended. A Watch marks the peer as a
+ * subscriber (conn.c pushes its events) and is answered with one Event:
+ * the fleet's current state.
  */
 #include "server.h"
 
@@ -145,6 +151,17 @@ static int do_register(struct mts_registry *reg, const struct mts_peer *peer,
 
 /* ---- GetUsage / ListProcesses ------------------------------------------ */
 
+static Memtally__V1__State proto_state(uint32_t s)
+{
+	return (Memtally__V1__State)s; /* same values as enum mtshm_state */
+}
+
+/* limit x high watermark, where the state turns `high`. */
+static uint64_t high_mark(uint64_t limit, uint32_t bp)
+{
+	return (uint64_t)((unsigned __int128)limit * bp / MTS_BP_ONE);
+}
+
 static void fill_process(const struct mts_registry *reg,
                          const struct mts_proc *p,
                          Memtally__V1__ProcessInfo *pi)
@@ -164,19 +181,31 @@ static void fill_process(const struct mts_registry *reg,
 	pi->corrupt = p->corrupt;
 	pi->error_bytes = p->error_bytes;
 	pi->registered_ns = p->registered_ns;
+	pi->rss_bytes = p->rss;
+	pi->limit = p->limit;
+	pi->state = proto_state(p->state);
+	pi->over_limit = p->state == MTSHM_STATE_OVER;
 }
 
-static void fill_group(const struct mts_group *g, const char *name,
+static void fill_group(const struct mts_registry *reg,
+                       const struct mts_group *g, const char *name,
                        Memtally__V1__GroupUsage *gu)
 {
 	memtally__v1__group_usage__init(gu);
 	gu->name = (char *)name;
 	if (!g)
-		return; /* a group with no process: all zero */
+		return; /* a group with no entry: all zero */
 	gu->bytes = g->bytes;
 	gu->peak = g->peak;
 	gu->processes = g->processes;
 	gu->error_bytes = g->error_bytes;
+	gu->rss_bytes = g->rss;
+	gu->limit = g->limit;
+	gu->state = proto_state(g->state);
+	gu->reserved_bytes = g->reserved;
+	gu->reservations = g->reservations;
+	gu->high_watermark_bytes = high_mark(
+	    g->limit, g->high_bp ? g->high_bp : reg->policy.high_bp);
 }
 
 static int do_get_usage(struct mts_registry *reg, uint64_t id,
@@ -192,7 +221,14 @@ static int do_get_usage(struct mts_registry *reg, uint64_t id,
 
 	u.fleet_bytes = t->bytes;
 	u.fleet_peak = t->peak;
-	u.state = MEMTALLY__V1__STATE__STATE_OK;
+	u.fleet_limit = t->limit;
+	u.reserved_bytes = t->reserved;
+	u.state = proto_state(t->state);
+	u.rss_bytes = t->rss;
+	u.measure = (char *)mts_measure_name(reg->policy.measure);
+	u.reservations = t->reservations;
+	u.process_limit = reg->policy.process_limit;
+	u.high_watermark_bytes = high_mark(t->limit, reg->policy.high_bp);
 	u.processes = t->processes;
 	u.error_bytes = t->error_bytes;
 	u.unregistered = t->unregistered;
@@ -204,7 +240,7 @@ static int do_get_usage(struct mts_registry *reg, uint64_t id,
 	switch (q ? q->scope_case : MEMTALLY__V1__GET_USAGE__SCOPE__NOT_SET) {
 	case MEMTALLY__V1__GET_USAGE__SCOPE_GROUP: {
 		const char *name = q->group[0] ? q->group : "default";
-		fill_group(mts_find_group(reg, name), name, &gu);
+		fill_group(reg, mts_find_group(reg, name), name, &gu);
 		u.group = &gu;
 		break;
 	}
@@ -238,7 +274,7 @@ static int do_get_usage(struct mts_registry *reg, uint64_t id,
 			const struct mts_group *g = &reg->groups[i];
 			if (!g->name)
 				continue;
-			fill_group(g, g->name, &gus[k]);
+			fill_group(reg, g, g->name, &gus[k]);
 			gptrs[k] = &gus[k];
 			k++;
 		}
@@ -307,14 +343,293 @@ out_free:
 	return err;
 }
 
+/* ---- Admit / Release ---------------------------------------------------- */
+
+#define TOP_N 5
+
+static int do_admit(struct mts_registry *reg, const struct mts_peer *peer,
+                    uint64_t id, const Memtally__V1__Admit *q,
+                    struct mts_buf *out)
+{
+	struct mts_admit_req ar = {
+	    .bytes = q->bytes,
+	    .group = q->group,
+	    .task = q->task,
+	    .ttl_s = q->ttl_seconds,
+	};
+	struct mts_admit_out res;
+	char msg[160];
+	int err = mts_admit(reg, peer, &ar, &res);
+	switch (err) {
+	case 0:
+		break;
+	case -EINVAL:
+		snprintf(msg, sizeof(msg),
+		         "bytes must be above 0; group and task at most %u "
+		         "bytes without control characters",
+		         MTS_NAME_MAX);
+		return append_error(
+		    out, id, MEMTALLY__V1__ERROR_CODE__ERROR_INVALID_REQUEST,
+		    msg);
+	case -ENOSPC:
+		snprintf(msg, sizeof(msg),
+		         "%u reservations are outstanding, the most this "
+		         "server keeps; release some",
+		         MTS_RESV_MAX);
+		return append_error(
+		    out, id, MEMTALLY__V1__ERROR_CODE__ERROR_INTERNAL, msg);
+	default:
+		snprintf(msg, sizeof(msg), "admission failed: %s",
+		         strerror(-err));
+		return append_error(
+		    out, id, MEMTALLY__V1__ERROR_CODE__ERROR_INTERNAL, msg);
+	}
+
+	Memtally__V1__Response resp = MEMTALLY__V1__RESPONSE__INIT;
+	Memtally__V1__AdmitResult ar_pb = MEMTALLY__V1__ADMIT_RESULT__INIT;
+	Memtally__V1__ProcessInfo infos[TOP_N];
+	Memtally__V1__ProcessInfo *ptrs[TOP_N];
+	ar_pb.admitted = res.admitted;
+	ar_pb.fleet_bytes = res.measured;
+	ar_pb.reserved_bytes = res.reserved;
+	ar_pb.requested_bytes = res.requested;
+	ar_pb.limit = res.limit;
+	ar_pb.measure = (char *)mts_measure_name(reg->policy.measure);
+	if (res.admitted) {
+		ar_pb.reservation = res.id;
+		ar_pb.ttl_seconds = res.ttl_s;
+	} else {
+		ar_pb.reason = res.why;
+		ar_pb.limit_scope = res.scope;
+		/* The top consumers now, by the measured figure. */
+		const struct mts_proc *top[TOP_N];
+		uint64_t topv[TOP_N];
+		size_t n = 0;
+		for (uint32_t i = 0; i < reg->ndense; i++) {
+			const struct mts_proc *p = reg->by_slot[reg->dense[i]];
+			uint64_t v = mts_measured(reg, p->bytes, p->rss);
+			size_t k = n < TOP_N ? n++ : TOP_N;
+			while (k > 0 && (topv[k - 1] < v ||
+			                 (topv[k - 1] == v &&
+			                  top[k - 1]->pid > p->pid))) {
+				if (k < TOP_N) {
+					top[k] = top[k - 1];
+					topv[k] = topv[k - 1];
+				}
+				k--;
+			}
+			if (k < TOP_N) {
+				top[k] = p;
+				topv[k] = v;
+			}
+		}
+		for (size_t i = 0; i < n; i++) {
+			fill_process(reg, top[i], &infos[i]);
+			ptrs[i] = &infos[i];
+		}
+		ar_pb.n_top = n;
+		ar_pb.top = ptrs;
+	}
+	resp.id = id;
+	resp.body_case = MEMTALLY__V1__RESPONSE__BODY_ADMIT_RESULT;
+	resp.admit_result = &ar_pb;
+	return append_response(out, &resp);
+}
+
+static int do_release(struct mts_registry *reg, const struct mts_peer *peer,
+                      uint64_t id, const Memtally__V1__Release *q,
+                      struct mts_buf *out)
+{
+	uint64_t bytes = 0;
+	char msg[200];
+	int err = mts_release(reg, peer, q->reservation, q->token, &bytes);
+	switch (err) {
+	case 0:
+		break;
+	case -ENOENT:
+		snprintf(msg, sizeof(msg),
+		         "no outstanding reservation '%.*s' (released, expired "
+		         "or never granted)",
+		         (int)MTS_RESV_ID_LEN + 2, q->reservation);
+		return append_error(out, id,
+		                    MEMTALLY__V1__ERROR_CODE__ERROR_NOT_FOUND,
+		                    msg);
+	case -EPERM:
+		return append_error(
+		    out, id, MEMTALLY__V1__ERROR_CODE__ERROR_PERMISSION_DENIED,
+		    peer->tcp ? "releasing a reservation made over the Unix "
+		                "socket needs the server's tcp_token"
+		              : "the reservation belongs to another user; "
+		                "releasing it needs root, the server's uid, "
+		                "the admin uid or gid");
+	default:
+		return append_error(out, id,
+		                    MEMTALLY__V1__ERROR_CODE__ERROR_INTERNAL,
+		                    strerror(-err));
+	}
+	Memtally__V1__Response resp = MEMTALLY__V1__RESPONSE__INIT;
+	Memtally__V1__Released rel = MEMTALLY__V1__RELEASED__INIT;
+	rel.reservation = q->reservation;
+	rel.bytes = bytes;
+	resp.id = id;
+	resp.body_case = MEMTALLY__V1__RESPONSE__BODY_RELEASED;
+	resp.released = &rel;
+	return append_response(out, &resp);
+}
+
+/* ---- SetLimit ------------------------------------------------------------ */
+
+static int do_set_limit(struct mts_registry *reg, const struct mts_peer *peer,
+                        uint64_t id, const Memtally__V1__SetLimit *q,
+                        struct mts_buf *out)
+{
+	char msg[200], q1[MTS_LOGQ_MAX];
+	enum mts_auth a = mts_authorise(reg, peer, q->token);
+	if (a == MTS_AUTH_NONE) {
+		reg->stats.auth_denials++;
+		mts_log(MTS_LOG_WARN, "SetLimit refused: not authorised",
+		        "peer_pid=%u uid=%u tcp=%d token=%s", peer->pid,
+		        peer->uid, peer->tcp,
+		        q->token && q->token[0] ? "wrong" : "none");
+		if (peer->tcp)
+			snprintf(msg, sizeof(msg),
+			         "SetLimit over TCP needs the server's "
+			         "tcp_token in the request%s",
+			         reg->policy.tcp_token
+			             ? ""
+			             : " (none is configured)");
+		else
+			snprintf(msg, sizeof(msg),
+			         "SetLimit needs root, the server's uid (%u) "
+			         "or the admin uid or gid; uid %u is none of "
+			         "them",
+			         reg->server_uid, peer->uid);
+		return append_error(
+		    out, id, MEMTALLY__V1__ERROR_CODE__ERROR_PERMISSION_DENIED,
+		    msg);
+	}
+	uint64_t prev = 0, now = 0;
+	int err;
+	switch (q->scope_case) {
+	case MEMTALLY__V1__SET_LIMIT__SCOPE_GROUP:
+		err = mts_limit_set_group(reg, q->group, q->bytes, &prev, &now);
+		break;
+	case MEMTALLY__V1__SET_LIMIT__SCOPE_PID:
+		err = mts_limit_set_pid(reg, q->pid, q->bytes, &prev, &now);
+		break;
+	default: /* fleet, or no scope: the fleet */
+		err = mts_limit_set_fleet(reg, q->bytes, &prev, &now);
+		break;
+	}
+	switch (err) {
+	case 0:
+		break;
+	case -ENOENT:
+		snprintf(msg, sizeof(msg), "pid %u is not registered", q->pid);
+		return append_error(out, id,
+		                    MEMTALLY__V1__ERROR_CODE__ERROR_NOT_FOUND,
+		                    msg);
+	case -EINVAL:
+		snprintf(msg, sizeof(msg),
+		         "a group name is at most %u bytes without control "
+		         "characters",
+		         MTS_NAME_MAX);
+		return append_error(
+		    out, id, MEMTALLY__V1__ERROR_CODE__ERROR_INVALID_REQUEST,
+		    msg);
+	default:
+		return append_error(out, id,
+		                    MEMTALLY__V1__ERROR_CODE__ERROR_INTERNAL,
+		                    strerror(-err));
+	}
+	char scope[MTS_NAME_MAX + 8];
+	if (q->scope_case == MEMTALLY__V1__SET_LIMIT__SCOPE_GROUP)
+		snprintf(scope, sizeof(scope), "group:%s",
+		         q->group[0] ? q->group : "default");
+	else if (q->scope_case == MEMTALLY__V1__SET_LIMIT__SCOPE_PID)
+		snprintf(scope, sizeof(scope), "pid:%u", q->pid);
+	else
+		snprintf(scope, sizeof(scope), "fleet");
+	mts_log(MTS_LOG_INFO, "limit set",
+	        "scope=%s limit=%llu previous=%llu by=%s peer_pid=%u uid=%u "
+	        "tcp=%d",
+	        mts_logq(q1, sizeof(q1), scope), (unsigned long long)now,
+	        (unsigned long long)prev, mts_auth_name(a), peer->pid,
+	        peer->uid, peer->tcp);
+	Memtally__V1__Response resp = MEMTALLY__V1__RESPONSE__INIT;
+	Memtally__V1__LimitSet ls = MEMTALLY__V1__LIMIT_SET__INIT;
+	ls.bytes = now;
+	ls.previous = prev;
+	resp.id = id;
+	resp.body_case = MEMTALLY__V1__RESPONSE__BODY_LIMIT_SET;
+	resp.limit_set = &ls;
+	return append_response(out, &resp);
+}
+
+/* ---- Watch --------------------------------------------------------------- */
+
+static int do_watch(struct mts_registry *reg, struct mts_peer *peer,
+                    uint64_t id, struct mts_buf *out)
+{
+	const struct mts_totals *t = &reg->totals;
+	Memtally__V1__Response resp = MEMTALLY__V1__RESPONSE__INIT;
+	Memtally__V1__Event ev = MEMTALLY__V1__EVENT__INIT;
+	/* A second Watch on one connection moves the stream to its id. */
+	peer->watching = true;
+	peer->watch_id = id;
+	ev.scope = "fleet";
+	ev.state = proto_state(t->state);
+	ev.previous = proto_state(t->state);
+	ev.bytes = t->bytes;
+	ev.rss_bytes = t->rss;
+	ev.limit = t->limit;
+	ev.reserved_bytes = t->reserved;
+	ev.time_ns = mts_now_realtime();
+	ev.measure = (char *)mts_measure_name(reg->policy.measure);
+	resp.id = id;
+	resp.body_case = MEMTALLY__V1__RESPONSE__BODY_EVENT;
+	resp.event = &ev;
+	int err = append_response(out, &resp);
+	if (err == 0) {
+		reg->stats.events++;
+		mts_log(MTS_LOG_DEBUG, "watch subscribed",
+		        "peer_pid=%u id=%llu", peer->pid,
+		        (unsigned long long)id);
+	}
+	return err;
+}
+
+/* Pack the Response that carries `ev` on a Watch stream with id `id`.
+ * Used by conn.c for pushed events. */
+int mts_event_append(const struct mts_registry *reg, uint64_t id,
+                     const struct mts_event *e, struct mts_buf *out)
+{
+	Memtally__V1__Response resp = MEMTALLY__V1__RESPONSE__INIT;
+	Memtally__V1__Event ev = MEMTALLY__V1__EVENT__INIT;
+	ev.scope = (char *)e->scope;
+	ev.state = proto_state(e->state);
+	ev.previous = proto_state(e->previous);
+	ev.bytes = e->bytes;
+	ev.rss_bytes = e->rss;
+	ev.limit = e->limit;
+	ev.reserved_bytes = e->reserved;
+	ev.time_ns = e->time_ns;
+	ev.measure = (char *)mts_measure_name(reg->policy.measure);
+	resp.id = id;
+	resp.body_case = MEMTALLY__V1__RESPONSE__BODY_EVENT;
+	resp.event = &ev;
+	return append_response(out, &resp);
+}
+
 /* ---- entry points ------------------------------------------------------ */
 
-int mts_dispatch(struct mts_registry *reg, const struct mts_peer *peer,
+int mts_dispatch(struct mts_registry *reg, struct mts_peer *peer,
                  const uint8_t *body, size_t len, struct mts_buf *out)
 {
 	Memtally__V1__Request *req =
 	    memtally__v1__request__unpack(NULL, len, body);
 	if (!req) {
+		reg->stats.protocol_errors++;
 		mts_log(MTS_LOG_WARN, "undecodable request, closing",
 		        "peer_pid=%u bytes=%zu", peer->pid, len);
 		int err = append_error(
@@ -336,12 +651,16 @@ int mts_dispatch(struct mts_registry *reg, const struct mts_peer *peer,
 		err = do_list(reg, id, req->list_processes, out);
 		break;
 	case MEMTALLY__V1__REQUEST__BODY_ADMIT:
+		err = do_admit(reg, peer, id, req->admit, out);
+		break;
 	case MEMTALLY__V1__REQUEST__BODY_RELEASE:
+		err = do_release(reg, peer, id, req->release, out);
+		break;
 	case MEMTALLY__V1__REQUEST__BODY_SET_LIMIT:
+		err = do_set_limit(reg, peer, id, req->set_limit, out);
+		break;
 	case MEMTALLY__V1__REQUEST__BODY_WATCH:
-		err = append_error(out, id,
-		                   MEMTALLY__V1__ERROR_CODE__ERROR_UNSUPPORTED,
-		                   "not implemented in this version");
+		err = do_watch(reg, peer, id, out);
 		break;
 	default:
 		/* An unknown field number is a body from a newer protocol;
@@ -362,7 +681,7 @@ int mts_dispatch(struct mts_registry *reg, const struct mts_peer *peer,
 	return err;
 }
 
-int mts_input(struct mts_registry *reg, const struct mts_peer *peer,
+int mts_input(struct mts_registry *reg, struct mts_peer *peer,
               const uint8_t *in, size_t len, struct mts_buf *out,
               struct mts_budget budget, size_t *consumed)
 {
@@ -381,6 +700,7 @@ int mts_input(struct mts_registry *reg, const struct mts_peer *peer,
 			break; /* the prefix is not complete yet */
 		if (n < 0) {
 			bool big = n == MTFRAME_ETOOBIG;
+			reg->stats.protocol_errors++;
 			char msg[96];
 			snprintf(msg, sizeof(msg),
 			         big ? "frame longer than %u bytes"

@@ -1,12 +1,29 @@
 /*
- * main.c - memtallyd: command line, signals, the loop.
+ * main.c - memtallyd: command line, config file, signals, the loop.
+ *
+ * Settings come from defaults, then the --config file, then the flags
+ * (config.c): each flag is the override of one key, so a flag always wins,
+ * at start and at every reload.
  *
  * Exit status: 0 after a clean stop (SIGTERM/SIGINT), 1 when the server
  * cannot start (socket taken by a live server, segment in use, no
- * permission), 2 for a bad flag or value (one line on stderr naming it).
- * A second SIGTERM/SIGINT during shutdown gets the default action: the
+ * permission), 2 for a bad flag or config value (one line on stderr naming
+ * it). A second SIGTERM/SIGINT during shutdown gets the default action: the
  * signal handles are closed by then, on purpose, so a stuck stop can still
  * be interrupted.
+ *
+ * SIGHUP re-reads the config file (and re-applies the flags over it). A
+ * bad value is logged, naming the key, and the running config is kept
+ * whole; a good one applies at once what can change while running:
+ * limits, watermarks, hysteresis, measure, groups, admission TTLs,
+ * enforcement, admin uid/gid, the TCP token and the log level. Keys that
+ * need a restart (socket, segment, slots, lanes, tick, threshold, tcp,
+ * metrics, group) are reported if changed, and keep their old values.
+ *
+ * Under systemd (NOTIFY_SOCKET set), readiness is reported with
+ * sd_notify: READY=1 once the listener and segment are up, RELOADING=1 and
+ * READY=1 around a reload, STOPPING=1 at stop. Without NOTIFY_SOCKET these
+ * are no-ops.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -16,16 +33,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/un.h>
+#include <systemd/sd-daemon.h>
 #include <unistd.h>
 
 #include "log.h"
 #include "server.h"
 
 #define EXIT_USAGE 2
-
-/* Workers may hold up to threshold x threads unflushed: past 1 GiB the
- * totals would say little. */
-#define THRESHOLD_MAX (UINT64_C(1) << 30)
 
 static void usage(FILE *f)
 {
@@ -46,6 +60,17 @@ static void usage(FILE *f)
 	        "(default 64KiB)\n"
 	        "  --log-level LEVEL   debug, info, warn or error (default "
 	        "info)\n"
+	        "  --config FILE       INI config file (see "
+	        "deploy/memtallyd.conf);\n"
+	        "                      flags override its keys; SIGHUP "
+	        "reloads it\n"
+	        "  --fleet-limit SIZE  fleet limit, or none (default none)\n"
+	        "  --high-watermark PCT  state turns 'high' at PCT%% of a "
+	        "limit (default 90)\n"
+	        "  --tcp HOST:PORT     also listen on TCP (loopback unless the "
+	        "config says\n"
+	        "                      tcp_allow_remote = true)\n"
+	        "  --metrics HOST:PORT Prometheus /metrics endpoint\n"
 	        "  --reset             re-create the segment; this version "
 	        "always does\n"
 	        "                      (adopting a running segment comes "
@@ -59,39 +84,11 @@ static void usage(FILE *f)
 	        "(64KiB, 1.5G, 512MB).\n"
 	        "Logs are logfmt lines on stderr. SIGTERM or SIGINT stop the "
 	        "server and\n"
-	        "leave the segment in /dev/shm.\n",
+	        "leave the segment in /dev/shm. SIGHUP reloads the config "
+	        "file.\n",
 	        MTS_DEFAULT_SOCKET, MTS_DEFAULT_SEGMENT, MTSHM_MAX_SLOTS,
 	        MTS_DEFAULT_SLOTS, MTSHM_MAX_LANES, MTSHM_DEFAULT_LANES,
 	        MTS_TICK_MAX_MS, MTS_DEFAULT_TICK_MS);
-}
-
-static void bad_value(const char *flag, const char *value, const char *want)
-{
-	fprintf(stderr, "memtallyd: %s: %s, got '%s'\n", flag, want, value);
-	exit(EXIT_USAGE);
-}
-
-static uint32_t parse_u32(const char *flag, const char *s, uint32_t lo,
-                          uint32_t hi)
-{
-	char want[80];
-	snprintf(want, sizeof(want), "expected an integer from %u to %u", lo,
-	         hi);
-	if (*s < '0' || *s > '9')
-		bad_value(flag, s, want);
-	char *end;
-	errno = 0;
-	unsigned long long v = strtoull(s, &end, 10);
-	if (errno || *end || v < lo || v > hi)
-		bad_value(flag, s, want);
-	return (uint32_t)v;
-}
-
-static bool segment_name_ok(const char *s)
-{
-	/* POSIX: one leading slash, no other, fits a file name. */
-	return s[0] == '/' && s[1] && !strchr(s + 1, '/') &&
-	       strlen(s) <= NAME_MAX;
 }
 
 enum {
@@ -104,6 +101,11 @@ enum {
 	OPT_LOG_LEVEL,
 	OPT_RESET,
 	OPT_VERSION,
+	OPT_CONFIG,
+	OPT_FLEET_LIMIT,
+	OPT_HIGH_WATERMARK,
+	OPT_TCP,
+	OPT_METRICS,
 };
 
 static const struct option options[] = {
@@ -115,73 +117,62 @@ static const struct option options[] = {
     {"threshold", required_argument, NULL, OPT_THRESHOLD},
     {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
     {"reset", no_argument, NULL, OPT_RESET},
+    {"config", required_argument, NULL, OPT_CONFIG},
+    {"fleet-limit", required_argument, NULL, OPT_FLEET_LIMIT},
+    {"high-watermark", required_argument, NULL, OPT_HIGH_WATERMARK},
+    {"tcp", required_argument, NULL, OPT_TCP},
+    {"metrics", required_argument, NULL, OPT_METRICS},
     {"help", no_argument, NULL, 'h'},
     {"version", no_argument, NULL, OPT_VERSION},
     {NULL, 0, NULL, 0},
 };
 
-static void parse_args(int argc, char **argv, struct mts_config *cfg)
+/* Which config key each value flag overrides. */
+static const struct {
+	int opt;
+	const char *flag, *section, *key;
+} flag_keys[] = {
+    {OPT_SOCKET, "--socket", "server", "socket"},
+    {OPT_SEGMENT, "--segment", "server", "segment"},
+    {OPT_SLOTS, "--slots", "server", "slots"},
+    {OPT_LANES, "--lanes", "server", "lanes"},
+    {OPT_TICK, "--tick", "server", "tick"},
+    {OPT_THRESHOLD, "--threshold", "server", "threshold"},
+    {OPT_LOG_LEVEL, "--log-level", "server", "log_level"},
+    {OPT_FLEET_LIMIT, "--fleet-limit", "limits", "fleet"},
+    {OPT_HIGH_WATERMARK, "--high-watermark", "limits", "high_watermark"},
+    {OPT_TCP, "--tcp", "server", "tcp"},
+    {OPT_METRICS, "--metrics", "server", "metrics"},
+};
+
+/* The command line: --config, --reset, and the overrides. */
+struct cmdline {
+	const char *config;
+	bool reset;
+	struct mts_override *ov;
+	size_t nov;
+};
+
+static void parse_args(int argc, char **argv, struct cmdline *cl)
 {
-	*cfg = (struct mts_config){
-	    .socket_path = MTS_DEFAULT_SOCKET,
-	    .segment = MTS_DEFAULT_SEGMENT,
-	    .slots = MTS_DEFAULT_SLOTS,
-	    .lanes = MTSHM_DEFAULT_LANES,
-	    .tick_ms = MTS_DEFAULT_TICK_MS,
-	    .threshold = MTS_DEFAULT_THRESHOLD,
-	};
-	enum mts_log_level level = MTS_LOG_INFO;
+	memset(cl, 0, sizeof(*cl));
+	cl->ov = calloc((size_t)argc + 1, sizeof(*cl->ov));
+	if (!cl->ov) {
+		fprintf(stderr, "memtallyd: out of memory\n");
+		exit(1);
+	}
 	opterr = 0; /* our own one-line messages */
 	for (;;) {
 		int opt = getopt_long(argc, argv, ":h", options, NULL);
 		if (opt == -1)
 			break;
 		switch (opt) {
-		case OPT_SOCKET:
-			if (!optarg[0] ||
-			    strlen(optarg) >=
-			        sizeof(((struct sockaddr_un *)0)->sun_path))
-				bad_value("--socket", optarg,
-				          "expected a path of 1 to 107 bytes");
-			cfg->socket_path = optarg;
-			break;
-		case OPT_SEGMENT:
-			if (!segment_name_ok(optarg))
-				bad_value("--segment", optarg,
-				          "expected a name like /memtally");
-			cfg->segment = optarg;
-			break;
-		case OPT_SLOTS:
-			cfg->slots =
-			    parse_u32("--slots", optarg, 1, MTSHM_MAX_SLOTS);
-			break;
-		case OPT_LANES:
-			cfg->lanes =
-			    parse_u32("--lanes", optarg, 1, MTSHM_MAX_LANES);
-			break;
-		case OPT_TICK:
-			cfg->tick_ms =
-			    parse_u32("--tick", optarg, 1, MTS_TICK_MAX_MS);
-			break;
-		case OPT_THRESHOLD: {
-			uint64_t v;
-			if (mt_parse_size(optarg, &v) < 0 || v == 0 ||
-			    v > THRESHOLD_MAX)
-				bad_value("--threshold", optarg,
-				          "expected a size from 1 byte to "
-				          "1GiB, e.g. 64KiB");
-			cfg->threshold = v;
-			break;
-		}
-		case OPT_LOG_LEVEL:
-			if (mts_log_parse_level(optarg, &level) < 0)
-				bad_value(
-				    "--log-level", optarg,
-				    "expected debug, info, warn or error");
-			break;
+		case OPT_CONFIG:
+			cl->config = optarg;
+			continue;
 		case OPT_RESET:
-			cfg->reset = true;
-			break;
+			cl->reset = true;
+			continue;
 		case 'h':
 			usage(stdout);
 			exit(0);
@@ -192,11 +183,24 @@ static void parse_args(int argc, char **argv, struct mts_config *cfg)
 			fprintf(stderr, "memtallyd: %s: missing value\n",
 			        argv[optind - 1]);
 			exit(EXIT_USAGE);
-		default:
+		case '?':
 			fprintf(stderr,
 			        "memtallyd: unknown option '%s' (see --help)\n",
 			        argv[optind - 1]);
 			exit(EXIT_USAGE);
+		default:
+			break;
+		}
+		for (size_t i = 0; i < sizeof(flag_keys) / sizeof(flag_keys[0]);
+		     i++) {
+			if (flag_keys[i].opt != opt)
+				continue;
+			cl->ov[cl->nov++] = (struct mts_override){
+			    .flag = flag_keys[i].flag,
+			    .section = flag_keys[i].section,
+			    .key = flag_keys[i].key,
+			    .value = optarg,
+			};
 		}
 	}
 	if (optind < argc) {
@@ -204,40 +208,152 @@ static void parse_args(int argc, char **argv, struct mts_config *cfg)
 		        argv[optind]);
 		exit(EXIT_USAGE);
 	}
-	mts_log_set_level(level);
 }
 
 struct signals {
 	uv_signal_t term;
 	uv_signal_t intr;
+	uv_signal_t hup;
 	struct mts_server *srv;
+	const struct cmdline *cl;
+	const struct mts_settings *boot; /* what the server started with */
 };
 
 static void on_signal(uv_signal_t *h, int signum)
 {
 	struct signals *s = h->data;
+	sd_notify(0, "STOPPING=1");
 	mts_log(MTS_LOG_INFO, "shutting down", "signal=%s",
 	        signum == SIGTERM ? "SIGTERM" : "SIGINT");
 	mts_server_stop(s->srv);
 	uv_close((uv_handle_t *)&s->term, NULL);
 	uv_close((uv_handle_t *)&s->intr, NULL);
+	uv_close((uv_handle_t *)&s->hup, NULL);
+}
+
+static bool str_differs(const char *a, const char *b)
+{
+	if (!a || !b)
+		return a != b;
+	return strcmp(a, b) != 0;
+}
+
+/* Keys read only at start: say which changed and were not applied. */
+static void report_restart_keys(const struct mts_config *was,
+                                const struct mts_config *now)
+{
+	const char *changed[10];
+	size_t n = 0;
+	if (str_differs(was->socket_path, now->socket_path))
+		changed[n++] = "socket";
+	if (str_differs(was->segment, now->segment))
+		changed[n++] = "segment";
+	if (was->slots != now->slots)
+		changed[n++] = "slots";
+	if (was->lanes != now->lanes)
+		changed[n++] = "lanes";
+	if (was->tick_ms != now->tick_ms)
+		changed[n++] = "tick";
+	if (was->threshold != now->threshold)
+		changed[n++] = "threshold";
+	if (str_differs(was->tcp_addr, now->tcp_addr))
+		changed[n++] = "tcp";
+	if (str_differs(was->metrics_addr, now->metrics_addr))
+		changed[n++] = "metrics";
+	if (was->has_gid != now->has_gid || was->gid != now->gid)
+		changed[n++] = "group";
+	for (size_t i = 0; i < n; i++)
+		mts_log(MTS_LOG_WARN,
+		        "config key changed; it takes effect at the next "
+		        "start, not on reload",
+		        "key=%s", changed[i]);
+}
+
+static void on_hup(uv_signal_t *h, int signum)
+{
+	struct signals *s = h->data;
+	struct mts_registry *reg = &s->srv->reg;
+	char err[768], q[MTS_LOGQ_MAX];
+	if (!s->cl->config) {
+		mts_log(MTS_LOG_INFO, "SIGHUP: no --config file, nothing to "
+		                      "reload",
+		        NULL);
+		return;
+	}
+	sd_notifyf(0, "RELOADING=1\nMONOTONIC_USEC=%llu",
+	           (unsigned long long)(mts_now_monotonic() / 1000u));
+	struct mts_settings next;
+	int r = mts_settings_load(&next, s->cl->config, s->cl->ov, s->cl->nov,
+	                          err, sizeof(err));
+	if (r < 0) {
+		reg->stats.reload_failures++;
+		mts_log(MTS_LOG_ERROR, "config reload rejected; the running "
+		                       "config is kept",
+		        "error=%s", mts_logq(q, sizeof(q) , err));
+		sd_notify(0, "READY=1");
+		return;
+	}
+	report_restart_keys(&s->boot->cfg, &next.cfg);
+	r = mts_server_apply_policy(s->srv, &next.policy);
+	if (r < 0) {
+		reg->stats.reload_failures++;
+		mts_log(MTS_LOG_ERROR, "config reload failed; the running "
+		                       "config is kept",
+		        "error=%s", strerror(-r));
+	} else {
+		reg->stats.reloads++;
+		mts_log_set_level((enum mts_log_level)next.log_level);
+		const struct mts_policy *p = &reg->policy;
+		mts_log(MTS_LOG_INFO, "config reloaded",
+		        "path=%s fleet_limit=%llu high_watermark_bp=%u "
+		        "hysteresis_bp=%u process_limit=%llu measure=%s "
+		        "groups=%u default_ttl_s=%u max_ttl_s=%u "
+		        "enforce_signal=%d grace_ms=%u",
+		        mts_logq(q, sizeof(q), s->cl->config),
+		        (unsigned long long)p->fleet_limit, p->high_bp,
+		        p->hyst_bp, (unsigned long long)p->process_limit,
+		        mts_measure_name(p->measure), p->ngroups,
+		        p->default_ttl_s, p->max_ttl_s, p->enforce_signal,
+		        p->grace_ms);
+	}
+	mts_settings_free(&next);
+	sd_notify(0, "READY=1");
 }
 
 int main(int argc, char **argv)
 {
-	struct mts_config cfg;
-	char q1[MTS_LOGQ_MAX], q2[MTS_LOGQ_MAX];
-	parse_args(argc, argv, &cfg);
+	struct cmdline cl;
+	struct mts_settings settings;
+	char q1[MTS_LOGQ_MAX], q2[MTS_LOGQ_MAX], q3[MTS_LOGQ_MAX];
+	char msg[768];
+	parse_args(argc, argv, &cl);
+	if (mts_settings_load(&settings, cl.config, cl.ov, cl.nov, msg,
+	                      sizeof(msg)) < 0) {
+		fprintf(stderr, "memtallyd: %s\n", msg);
+		free(cl.ov);
+		return EXIT_USAGE;
+	}
+	settings.cfg.reset = cl.reset;
+	mts_log_set_level((enum mts_log_level)settings.log_level);
+	const struct mts_config cfg = settings.cfg;
 	/* A peer that hangs up mid-write must not kill the server. */
 	signal(SIGPIPE, SIG_IGN);
 
+	const struct mts_policy *pol = &settings.policy;
 	mts_log(MTS_LOG_INFO, "memtallyd starting",
 	        "version=%s pid=%d socket=%s segment=%s slots=%u lanes=%u "
-	        "tick_ms=%u threshold=%llu",
+	        "tick_ms=%u threshold=%llu config=%s fleet_limit=%llu "
+	        "high_watermark_bp=%u hysteresis_bp=%u process_limit=%llu "
+	        "measure=%s groups=%u enforce_signal=%d",
 	        MTS_VERSION, (int)getpid(),
 	        mts_logq(q1, sizeof(q1), cfg.socket_path),
 	        mts_logq(q2, sizeof(q2), cfg.segment), cfg.slots, cfg.lanes,
-	        cfg.tick_ms, (unsigned long long)cfg.threshold);
+	        cfg.tick_ms, (unsigned long long)cfg.threshold,
+	        mts_logq(q3, sizeof(q3), cl.config ? cl.config : ""),
+	        (unsigned long long)pol->fleet_limit, pol->high_bp,
+	        pol->hyst_bp, (unsigned long long)pol->process_limit,
+	        mts_measure_name(pol->measure), pol->ngroups,
+	        pol->enforce_signal);
 
 	int err = mts_socket_prepare(cfg.socket_path);
 	if (err < 0) {
@@ -250,6 +366,8 @@ int main(int argc, char **argv)
 		mts_log(MTS_LOG_ERROR, "cannot use socket", "path=%s err=%s",
 		        mts_logq(q1, sizeof(q1), cfg.socket_path),
 		        mts_logq(q2, sizeof(q2), why));
+		mts_settings_free(&settings);
+		free(cl.ov);
 		return 1;
 	}
 
@@ -258,6 +376,8 @@ int main(int argc, char **argv)
 	if (err < 0) {
 		mts_log(MTS_LOG_ERROR, "cannot start the event loop", "err=%s",
 		        uv_err_name(err));
+		mts_settings_free(&settings);
+		free(cl.ov);
 		return 1;
 	}
 	struct mts_server srv;
@@ -266,19 +386,27 @@ int main(int argc, char **argv)
 		uv_run(&loop, UV_RUN_DEFAULT); /* finish closing handles */
 		mts_server_free(&srv);
 		uv_loop_close(&loop);
+		mts_settings_free(&settings);
+		free(cl.ov);
 		return 1;
 	}
 
-	struct signals sig = {.srv = &srv};
+	struct signals sig = {.srv = &srv, .cl = &cl, .boot = &settings};
 	uv_signal_init(&loop, &sig.term);
 	uv_signal_init(&loop, &sig.intr);
-	sig.term.data = sig.intr.data = &sig;
+	uv_signal_init(&loop, &sig.hup);
+	sig.term.data = sig.intr.data = sig.hup.data = &sig;
 	uv_signal_start(&sig.term, on_signal, SIGTERM);
 	uv_signal_start(&sig.intr, on_signal, SIGINT);
+	uv_signal_start(&sig.hup, on_hup, SIGHUP);
 
 	mts_log(MTS_LOG_INFO, "listening", "socket=%s segment=%s",
 	        mts_logq(q1, sizeof(q1), cfg.socket_path),
 	        mts_logq(q2, sizeof(q2), cfg.segment));
+	/* Listener and segment are up: a systemd unit may start its
+	 * dependents now. */
+	sd_notifyf(0, "READY=1\nSTATUS=serving %s\nMAINPID=%d",
+	           cfg.socket_path, (int)getpid());
 	uv_run(&loop, UV_RUN_DEFAULT);
 
 	uint64_t registrations = srv.reg.registrations;
@@ -290,5 +418,7 @@ int main(int argc, char **argv)
 		        uv_err_name(err));
 	mts_log(MTS_LOG_INFO, "stopped", "registrations=%llu exits=%llu",
 	        (unsigned long long)registrations, (unsigned long long)exits);
+	mts_settings_free(&settings);
+	free(cl.ov);
 	return err < 0 ? 1 : 0;
 }

@@ -1,7 +1,8 @@
 /*
- * procfs.c - the two facts memtallyd reads from /proc at registration: a
+ * procfs.c - the facts memtallyd reads from /proc: at registration a
  * process's start time (its identity across pid reuse) and its comm (for
- * humans).
+ * humans); every rss_interval its resident set (/proc/PID/statm, read on
+ * the thread pool by rss.c, and once at registration).
  *
  * /proc/PID/stat is "pid (comm) state ppid ...", and comm is chosen by the
  * process: it may hold spaces, ')' and newlines. The only safe anchor is
@@ -123,4 +124,40 @@ void mts_read_comm(pid_t pid, char *buf, size_t cap)
 		return;
 	}
 	buf[strcspn(buf, "\n")] = '\0';
+}
+
+int mts_parse_statm_rss(const char *statm, uint64_t page_size, uint64_t *out)
+{
+	/* "size resident shared text lib data dt", in pages. */
+	const char *p = statm;
+	char *end;
+	if (*p < '0' || *p > '9')
+		return -EINVAL;
+	errno = 0;
+	strtoull(p, &end, 10);
+	if (errno || *end != ' ')
+		return -EINVAL;
+	p = end + 1;
+	if (*p < '0' || *p > '9')
+		return -EINVAL;
+	unsigned long long pages = strtoull(p, &end, 10);
+	if (errno || (*end != ' ' && *end != '\n' && *end != '\0'))
+		return -EINVAL;
+	uint64_t bytes;
+	if (__builtin_mul_overflow((uint64_t)pages, page_size, &bytes))
+		return -EINVAL;
+	*out = bytes;
+	return 0;
+}
+
+int mts_read_rss(pid_t pid, uint64_t *out)
+{
+	/* Called from thread-pool threads too: no static cache. */
+	long ps = sysconf(_SC_PAGESIZE);
+	uint64_t page_size = ps > 0 ? (uint64_t)ps : 4096u;
+	char buf[256];
+	ssize_t n = read_proc_file(pid, "statm", buf, sizeof(buf));
+	if (n < 0)
+		return (int)n;
+	return mts_parse_statm_rss(buf, page_size, out);
 }

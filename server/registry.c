@@ -24,6 +24,16 @@
  *  - The tick walks dense[] and the group entries in use, never all
  *    slot_count slots: its cost follows the registered processes.
  *
+ *  - A group entry lives while it has a process, a limit, a watermark of
+ *    its own or a reservation (mts_group_gc() is the only place that frees
+ *    one); its index is stable while it lives.
+ *
+ * Each tick, after summing the slots (accounted bytes, and the RSS read
+ * by the latest sweep), reservations are reconciled (admit.c), states are
+ * evaluated against the limits with hysteresis (limits.c), enforcement
+ * runs, and the fleet snapshot is published with its limit, reserved
+ * bytes and state.
+ *
  * Sums saturate instead of wrapping: each sane slot is below 2^50 but
  * there may be 2^20 of them.
  */
@@ -110,10 +120,11 @@ static void hash_remove(struct mts_registry *reg, struct mts_proc *p)
 }
 
 /*
- * Groups are few and looked up only at registration, so a linear scan over
- * the entries in use is enough. An entry is freed when its last process
- * leaves and reused by the next new group, so groups_used never exceeds
- * the largest number of groups live at once (<= slot_count).
+ * Groups are few and looked up only at registration, admission and
+ * SetLimit, so a linear scan over the entries in use is enough. An entry is
+ * freed when nothing keeps it (mts_group_gc) and reused by the next new
+ * group, so groups_used never exceeds the largest number of groups live at
+ * once.
  */
 struct mts_group *mts_find_group(const struct mts_registry *reg,
                                  const char *name)
@@ -126,8 +137,7 @@ struct mts_group *mts_find_group(const struct mts_registry *reg,
 	return NULL;
 }
 
-/* Index of group `name`, creating it; takes one process reference. */
-static int group_ref(struct mts_registry *reg, const char *name,
+int mts_group_ensure(struct mts_registry *reg, const char *name,
                      uint32_t *index)
 {
 	struct mts_group *g = mts_find_group(reg, name);
@@ -154,22 +164,46 @@ static int group_ref(struct mts_registry *reg, const char *name,
 			return -ENOMEM;
 		if (i == reg->groups_used)
 			reg->groups_used++;
+		/* A [group NAME] section of the policy applies at once. */
+		const struct mts_group_policy *gp =
+		    mts_policy_group(&reg->policy, name);
+		if (gp) {
+			g->limit = gp->limit;
+			g->high_bp = gp->high_bp;
+		}
 	}
-	g->processes++;
 	*index = (uint32_t)(g - reg->groups);
 	return 0;
 }
 
-/* Drop one process reference; the last one frees the entry. */
-static void group_unref(struct mts_registry *reg, uint32_t index)
+void mts_group_gc(struct mts_registry *reg, uint32_t index)
 {
 	struct mts_group *g = &reg->groups[index];
-	if (--g->processes > 0)
+	if (!g->name || g->processes > 0 || g->reservations > 0 ||
+	    g->limit != 0 || g->high_bp != 0)
 		return;
 	free(g->name);
 	memset(g, 0, sizeof(*g));
 	while (reg->groups_used > 0 && !reg->groups[reg->groups_used - 1].name)
 		reg->groups_used--;
+}
+
+/* Index of group `name`, creating it; takes one process reference. */
+static int group_ref(struct mts_registry *reg, const char *name,
+                     uint32_t *index)
+{
+	int err = mts_group_ensure(reg, name, index);
+	if (err < 0)
+		return err;
+	reg->groups[*index].processes++;
+	return 0;
+}
+
+/* Drop one process reference; the last one may free the entry. */
+static void group_unref(struct mts_registry *reg, uint32_t index)
+{
+	reg->groups[index].processes--;
+	mts_group_gc(reg, index);
 }
 
 int mts_registry_init(struct mts_registry *reg, uv_loop_t *loop,
@@ -181,6 +215,8 @@ int mts_registry_init(struct mts_registry *reg, uv_loop_t *loop,
 	reg->segment_name = segment_name;
 	reg->slot_count = map->hdr->slot_count;
 	reg->threshold = map->hdr->threshold;
+	reg->server_uid = (uint32_t)geteuid();
+	mts_policy_defaults(&reg->policy);
 
 	uint32_t buckets = 16;
 	while (buckets < reg->slot_count * 2u)
@@ -223,6 +259,7 @@ void mts_registry_close(struct mts_registry *reg)
 {
 	/* Leave slots (and their pids) in the segment: a later server may
 	 * adopt the workers that are still alive. */
+	reg->closed = true;
 	for (uint32_t i = 0; i < reg->ndense; i++) {
 		struct mts_proc *p = reg->by_slot[reg->dense[i]];
 		reg->by_slot[p->slot] = NULL;
@@ -235,6 +272,8 @@ void mts_registry_close(struct mts_registry *reg)
 
 void mts_registry_free(struct mts_registry *reg)
 {
+	mts_resv_free_all(reg);
+	mts_policy_free(&reg->policy);
 	for (uint32_t i = 0; i < reg->groups_used; i++)
 		free(reg->groups[i].name);
 	free(reg->groups);
@@ -255,12 +294,12 @@ void mts_publish(struct mts_registry *reg)
 	struct mtshm_fleet f = {
 	    .bytes = t->bytes,
 	    .peak = t->peak,
-	    .limit = 0,    /* limits: a later issue */
-	    .reserved = 0, /* admission: a later issue */
+	    .limit = t->limit,
+	    .reserved = t->reserved,
 	    .error_bytes = t->error_bytes,
 	    .heartbeat_ns = t->heartbeat_ns,
 	    .ticks = t->ticks,
-	    .state = MTSHM_STATE_OK,
+	    .state = t->state,
 	    .processes = t->processes,
 	    .unregistered = t->unregistered,
 	};
@@ -272,11 +311,13 @@ void mts_publish(struct mts_registry *reg)
 void mts_tick(struct mts_registry *reg)
 {
 	struct mts_totals *t = &reg->totals;
-	uint64_t bytes = 0, error_bytes = 0;
+	uint64_t bytes = 0, error_bytes = 0, rss = 0;
+	uint64_t started = mts_now_monotonic();
 
 	for (uint32_t i = 0; i < reg->groups_used; i++) {
 		reg->groups[i].bytes = 0;
 		reg->groups[i].error_bytes = 0;
+		reg->groups[i].rss = 0;
 	}
 	for (uint32_t i = 0; i < reg->ndense; i++) {
 		struct mts_proc *p = reg->by_slot[reg->dense[i]];
@@ -287,6 +328,11 @@ void mts_tick(struct mts_registry *reg)
 		uint32_t threads = mt_load_relaxed32(&s->threads);
 		p->flushes = flushes;
 		p->threads = threads;
+		/* RSS comes from the kernel, not the slot: it counts even for
+		 * a slot whose counters are quarantined. */
+		struct mts_group *pg = &reg->groups[p->group];
+		pg->rss = sat_add(pg->rss, p->rss);
+		rss = sat_add(rss, p->rss);
 		if (absurd && !p->corrupt) {
 			p->corrupt = true;
 			mt_store_relaxed32(&s->flags,
@@ -322,12 +368,23 @@ void mts_tick(struct mts_registry *reg)
 	}
 	t->bytes = bytes;
 	t->error_bytes = error_bytes;
+	t->rss = rss;
 	if (bytes > t->peak)
 		t->peak = bytes;
 	t->processes = reg->ndense;
 	t->ticks++;
+
+	uint64_t now = mts_now_monotonic();
+	mts_resv_tick(reg, now);
+	mts_limits_eval(reg, true);
+	mts_enforce(reg, now);
 	t->heartbeat_ns = mts_now_monotonic();
 	mts_publish(reg);
+
+	uint64_t took = sat_sub(t->heartbeat_ns, started);
+	reg->stats.last_tick_ns = took;
+	reg->stats.tick_ns_sum = sat_add(reg->stats.tick_ns_sum, took);
+	reg->stats.tick_count++;
 }
 
 /* ---- slots ------------------------------------------------------------- */
@@ -336,6 +393,20 @@ void mts_tick(struct mts_registry *reg)
  * bump the generation, and store pid last with release order so a client
  * that sees its pid sees the rest. Nobody else writes a slot whose pid is
  * 0 or whose owner is gone (exec kills every other thread). */
+/* (1.1) What a restarted server needs to adopt `p`: image id, group and
+ * task, next to the slot. Truncated to the fields' size. */
+static void names_write(struct mts_registry *reg, const struct mts_proc *p)
+{
+	struct mtshm_slot_names *n = mtshm_names(reg->map, p->slot);
+	if (!n)
+		return;
+	memset(n, 0, sizeof(*n));
+	n->image_id = p->image_id;
+	n->registered_ns = p->registered_ns;
+	snprintf(n->group, sizeof(n->group), "%s", reg->groups[p->group].name);
+	snprintf(n->task, sizeof(n->task), "%s", p->task);
+}
+
 static uint64_t slot_init(struct mts_registry *reg, struct mts_proc *p)
 {
 	struct mtshm_slot_id *s = mtshm_slot(reg->map, p->slot);
@@ -353,8 +424,9 @@ static uint64_t slot_init(struct mts_registry *reg, struct mts_proc *p)
 	mt_store_relaxed64(&s->peak, 0);
 	mt_store_relaxed32(&s->uid, p->uid);
 	mt_store_relaxed64(&s->start_time, p->start_time);
-	mt_store_relaxed64(&s->limit, 0);
+	mt_store_relaxed64(&s->limit, p->limit);
 	mt_store_relaxed32(&s->group, p->group);
+	names_write(reg, p);
 	uint64_t gen = mt_load_relaxed64(&s->generation) + 1;
 	mt_store_relaxed64(&s->generation, gen);
 	mt_store_release32(&s->pid, p->pid);
@@ -367,11 +439,14 @@ static void totals_drop(struct mts_registry *reg, struct mts_proc *p)
 	struct mts_group *g = &reg->groups[p->group];
 	g->bytes = sat_sub(g->bytes, p->bytes);
 	g->error_bytes = sat_sub(g->error_bytes, p->error_bytes);
+	g->rss = sat_sub(g->rss, p->rss);
 	reg->totals.bytes = sat_sub(reg->totals.bytes, p->bytes);
 	reg->totals.error_bytes =
 	    sat_sub(reg->totals.error_bytes, p->error_bytes);
+	reg->totals.rss = sat_sub(reg->totals.rss, p->rss);
 	p->bytes = 0;
 	p->error_bytes = 0;
+	p->rss = 0;
 }
 
 /*
@@ -394,10 +469,13 @@ static void proc_release(struct mts_registry *reg, struct mts_proc *p,
 	    (unsigned long long)(sat_sub(mts_now_realtime(), p->registered_ns) /
 	                         1000000u));
 
+	mts_limits_proc_gone(reg, p);
 	totals_drop(reg, p);
 	group_unref(reg, p->group);
 
 	struct mtshm_slot_id *s = mtshm_slot(reg->map, p->slot);
+	/* The over-limit flag belongs to this process, not the slot. */
+	mt_store_relaxed32(&s->flags, 0);
 	mt_store_release32(&s->pid, 0);
 	reg->by_slot[p->slot] = NULL;
 	reg->free_slots[reg->nfree++] = p->slot;
@@ -409,6 +487,7 @@ static void proc_release(struct mts_registry *reg, struct mts_proc *p,
 	}
 	hash_remove(reg, p);
 	reg->exits++;
+	reg->stats.reclaims++;
 
 	reg->totals.processes = reg->ndense;
 	mts_publish(reg);
@@ -448,7 +527,7 @@ static bool pidfd_exited(int pidfd)
 	return poll(&pfd, 1, 0) != 0;
 }
 
-static bool name_ok(const char *s)
+bool mts_name_ok(const char *s)
 {
 	size_t n = 0;
 	for (; s[n]; n++) {
@@ -473,6 +552,7 @@ static int proc_reset(struct mts_registry *reg, struct mts_proc *p,
 		free(ntask);
 		return -ENOMEM;
 	}
+	mts_limits_proc_gone(reg, p); /* the old image's over-limit ends */
 	totals_drop(reg, p);
 	group_unref(reg, p->group);
 	free(p->task);
@@ -484,8 +564,12 @@ static int proc_reset(struct mts_registry *reg, struct mts_proc *p,
 	p->threads = 0;
 	p->flushes = 0;
 	p->corrupt = false;
+	p->state = MTSHM_STATE_OK; /* slot_init clears the flag */
+	p->last_signal_ns = 0;
+	p->limit = p->limit_set ? p->limit_set : reg->policy.process_limit;
 	p->registered_ns = mts_now_realtime();
 	mts_read_comm((pid_t)p->pid, p->comm, sizeof(p->comm));
+	/* Its RSS is the new image's from the next sweep on. */
 	return 0;
 }
 
@@ -493,13 +577,13 @@ int mts_register(struct mts_registry *reg, const struct mts_peer *peer,
                  const char *group, const char *task, uint64_t image_id,
                  struct mts_reg_result *res)
 {
-	char qg[MTS_LOGQ_MAX], qc[MTS_LOGQ_MAX];
+	char qg[MTS_LOGQ_MAX], qc[MTS_LOGQ_MAX], qt[MTS_LOGQ_MAX];
 	int err;
 	if (!group || !group[0])
 		group = "default";
 	if (!task)
 		task = "";
-	if (!name_ok(group) || !name_ok(task))
+	if (!mts_name_ok(group) || !mts_name_ok(task))
 		return -EINVAL;
 	if (!peer->has_cred || peer->pid == 0)
 		return -EPERM;
@@ -533,6 +617,8 @@ int mts_register(struct mts_registry *reg, const struct mts_peer *peer,
 		res->slot = p->slot;
 		res->slot_generation = slot_init(reg, p);
 		res->group = reg->groups[p->group].name;
+		if (p->task[0])
+			mts_resv_task_registered(reg, p->task);
 		mts_log(MTS_LOG_INFO, "worker exec'd, slot reset",
 		        "pid=%u slot=%u group=%s comm=%s", p->pid, p->slot,
 		        mts_logq(qg, sizeof(qg), res->group),
@@ -580,6 +666,7 @@ int mts_register(struct mts_registry *reg, const struct mts_peer *peer,
 	p->start_time = start_time;
 	p->image_id = image_id;
 	p->registered_ns = mts_now_realtime();
+	p->limit = reg->policy.process_limit;
 	mts_read_comm((pid_t)p->pid, p->comm, sizeof(p->comm));
 	err = uv_poll_init(reg->loop, &p->poll, pidfd);
 	if (err < 0)
@@ -602,15 +689,19 @@ int mts_register(struct mts_registry *reg, const struct mts_peer *peer,
 	p->hnext = reg->hash[b];
 	reg->hash[b] = p;
 	reg->registrations++;
+	reg->stats.registrations++;
 	reg->totals.processes = reg->ndense;
 
 	res->slot = p->slot;
 	res->slot_generation = slot_init(reg, p);
 	res->group = reg->groups[p->group].name;
 	mts_log(MTS_LOG_INFO, "worker registered",
-	        "pid=%u uid=%u slot=%u group=%s comm=%s", p->pid, p->uid,
-	        p->slot, mts_logq(qg, sizeof(qg), res->group),
+	        "pid=%u uid=%u slot=%u group=%s task=%s comm=%s", p->pid,
+	        p->uid, p->slot, mts_logq(qg, sizeof(qg), res->group),
+	        mts_logq(qt, sizeof(qt), p->task),
 	        mts_logq(qc, sizeof(qc), p->comm));
+	if (p->task[0])
+		mts_resv_task_registered(reg, p->task);
 	return 0;
 
 fail_unref_group:
@@ -620,4 +711,84 @@ fail_free_proc:
 fail_close_pidfd:
 	close(pidfd);
 	return err;
+}
+
+/* ---- adoption (see adopt.c) --------------------------------------------- */
+
+void mts_registry_drop_slot(struct mts_registry *reg, uint32_t slot)
+{
+	struct mtshm_slot_id *s = mtshm_slot(reg->map, slot);
+	mt_store_relaxed32(&s->flags, 0);
+	mt_store_release32(&s->pid, 0);
+}
+
+int mts_registry_adopt_slot(struct mts_registry *reg,
+                            const struct mts_adopted *a)
+{
+	const char *group = a->group[0] ? a->group : "default";
+	if (a->slot >= reg->slot_count || reg->by_slot[a->slot] ||
+	    mts_find_pid(reg, a->pid) || !mts_name_ok(group) ||
+	    !mts_name_ok(a->task))
+		return -EINVAL;
+	struct mts_proc *p = calloc(1, sizeof(*p));
+	if (!p)
+		return -ENOMEM;
+	int err = -ENOMEM;
+	p->task = strdup(a->task);
+	if (!p->task)
+		goto fail_free_proc;
+	err = group_ref(reg, group, &p->group);
+	if (err < 0)
+		goto fail_free_proc;
+	struct mtshm_slot_id *s = mtshm_slot(reg->map, a->slot);
+	p->reg = reg;
+	p->pidfd = a->pidfd;
+	p->pid = a->pid;
+	p->uid = a->uid;
+	p->slot = a->slot;
+	p->start_time = a->start_time;
+	p->image_id = a->image_id;
+	p->registered_ns = a->registered_ns ? a->registered_ns
+	                                    : mts_now_realtime();
+	p->peak = mt_load_relaxed64(&s->peak);
+	p->limit = reg->policy.process_limit;
+	mts_read_comm((pid_t)p->pid, p->comm, sizeof(p->comm));
+	err = uv_poll_init(reg->loop, &p->poll, a->pidfd);
+	if (err < 0)
+		goto fail_unref_group;
+	p->poll.data = p;
+	err = uv_poll_start(&p->poll, UV_READABLE, on_pidfd);
+	if (err < 0) {
+		/* The close callback now owns p; the caller keeps the pidfd
+		 * (on_proc_closed closes it: hand it over). */
+		group_unref(reg, p->group);
+		uv_close((uv_handle_t *)&p->poll, on_proc_closed);
+		return -EAGAIN;
+	}
+	/* The counters stay as the worker left them: that is the point. The
+	 * slot's group index is ours now. */
+	mt_store_relaxed32(&s->group, p->group);
+	p->dense = reg->ndense;
+	reg->dense[reg->ndense++] = p->slot;
+	reg->by_slot[p->slot] = p;
+	uint32_t b = pid_bucket(reg, p->pid);
+	p->hnext = reg->hash[b];
+	reg->hash[b] = p;
+	reg->totals.processes = reg->ndense;
+	return 0;
+
+fail_unref_group:
+	group_unref(reg, p->group);
+fail_free_proc:
+	free(p->task);
+	free(p);
+	return err;
+}
+
+void mts_registry_rebuild_free(struct mts_registry *reg)
+{
+	reg->nfree = 0;
+	for (uint32_t i = reg->slot_count; i-- > 0;)
+		if (!reg->by_slot[i])
+			reg->free_slots[reg->nfree++] = i;
 }

@@ -13,6 +13,12 @@
  * polls) and leaves the segment, slots included, in /dev/shm for the next
  * server; uv_run() then returns, and mts_server_free() unmaps and removes
  * the socket file.
+ *
+ * Issue 3 adds: the policy (limits, admission, enforcement, auth) installed
+ * into the registry before the first tick, the Watch broadcast as the
+ * registry's event sink, an RSS sweep timer at policy.rss_interval_ms, and
+ * the optional TCP listener, opened last (after the segment) so a TCP
+ * client never reaches a server without one.
  */
 #include "server.h"
 
@@ -30,6 +36,30 @@ static void on_tick(uv_timer_t *t)
 {
 	struct mts_server *srv = t->data;
 	mts_tick(&srv->reg);
+}
+
+static void on_rss_timer(uv_timer_t *t)
+{
+	struct mts_server *srv = t->data;
+	mts_rss_sweep_start(&srv->reg);
+}
+
+static void rss_timer_set(struct mts_server *srv, uint32_t ms)
+{
+	if (!srv->rss_timer_open || srv->rss_interval_ms == ms)
+		return;
+	srv->rss_interval_ms = ms;
+	uv_timer_start(&srv->rss_timer, on_rss_timer, ms, ms);
+}
+
+int mts_server_apply_policy(struct mts_server *srv,
+                            const struct mts_policy *pol)
+{
+	int err = mts_limits_apply_policy(&srv->reg, pol);
+	if (err < 0)
+		return err;
+	rss_timer_set(srv, srv->reg.policy.rss_interval_ms);
+	return 0;
 }
 
 /* Is another live server publishing into segment `name`? Returns its pid,
@@ -91,21 +121,15 @@ int mts_server_init(struct mts_server *srv, uv_loop_t *loop,
 		err = -EBUSY;
 		goto fail_close_listener;
 	}
-	struct mtshm_params params = {
-	    .slots = cfg->slots,
-	    .lanes = cfg->lanes,
-	    .threshold = cfg->threshold,
-	    .mode = 0660,
-	    .gid = -1,
-	};
-	err = mtshm_create(cfg->segment, &params, &srv->map);
+	bool adopted;
+	err = mts_segment_setup(cfg, &srv->map, &adopted);
 	if (err < 0) {
 		mts_log(
 		    MTS_LOG_ERROR, "cannot create segment", "segment=%s err=%s",
 		    mts_logq(q, sizeof(q), cfg->segment), mtshm_strerror(err));
 		goto fail_close_listener;
 	}
-	mts_log(MTS_LOG_INFO, "segment created",
+	mts_log(MTS_LOG_INFO, adopted ? "segment adopted" : "segment created",
 	        "segment=%s bytes=%llu generation=%llu",
 	        mts_logq(q, sizeof(q), cfg->segment),
 	        (unsigned long long)srv->map.size,
@@ -113,11 +137,46 @@ int mts_server_init(struct mts_server *srv, uv_loop_t *loop,
 	err = mts_registry_init(&srv->reg, loop, &srv->map, cfg->segment);
 	if (err < 0)
 		goto fail_close_segment;
+	srv->reg.on_event = mts_watch_broadcast;
+	srv->reg.event_ctx = srv;
+	struct mts_policy defaults;
+	mts_policy_defaults(&defaults);
+	err = mts_limits_apply_policy(&srv->reg,
+	                              cfg->policy ? cfg->policy : &defaults);
+	if (err < 0)
+		goto fail_free_registry;
+	if (adopted) {
+		uint32_t kept, dropped;
+		mts_adopt(&srv->reg, &kept, &dropped);
+		mts_log(MTS_LOG_INFO, "restart: live workers adopted",
+		        "kept=%u reclaimed=%u", kept, dropped);
+		mts_tick(&srv->reg);
+	}
 
 	uv_timer_init(loop, &srv->tick);
 	srv->tick.data = srv;
 	uv_timer_start(&srv->tick, on_tick, cfg->tick_ms, cfg->tick_ms);
+	uv_timer_init(loop, &srv->rss_timer);
+	srv->rss_timer.data = srv;
+	srv->rss_timer_open = true;
+	rss_timer_set(srv, srv->reg.policy.rss_interval_ms);
+
+	if (cfg->tcp_addr) {
+		err = mts_listen_tcp(srv);
+		if (err < 0) {
+			mts_log(MTS_LOG_ERROR, "cannot listen on tcp",
+			        "addr=%s err=%s",
+			        mts_logq(q, sizeof(q), cfg->tcp_addr),
+			        uv_strerror(err));
+			/* Everything is open: stop closes it all. */
+			mts_server_stop(srv);
+			return err;
+		}
+	}
 	return 0;
+
+fail_free_registry:
+	mts_registry_free(&srv->reg);
 
 fail_close_segment:
 	mtshm_close(&srv->map);
@@ -135,6 +194,10 @@ void mts_server_stop(struct mts_server *srv)
 		return;
 	srv->stopping = true;
 	uv_close((uv_handle_t *)&srv->tick, NULL);
+	if (srv->rss_timer_open) {
+		uv_close((uv_handle_t *)&srv->rss_timer, NULL);
+		srv->rss_timer_open = false;
+	}
 	mts_conns_close(srv);
 	mts_registry_close(&srv->reg);
 }

@@ -13,6 +13,11 @@
  *    pipelining, back-pressure).
  *  - server.c: lifecycle (segment, listener, tick timer, stop).
  *  - main.c: flags, signals, the loop.
+ *  - config.c: the INI file and flags -> struct mts_settings (issue 3).
+ *  - limits.c: hysteresis states, limits, Watch events, enforcement.
+ *  - admit.c: admission, reservations and their reconciliation by task.
+ *  - auth.c: who may SetLimit or release another's reservation.
+ *  - rss.c: resident set sizes read from /proc at their own cadence.
  *
  * Everything runs on one libuv loop thread; nothing here is locked.
  * Functions return 0 or -errno unless their comment says otherwise.
@@ -23,6 +28,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/socket.h>
 #include <sys/types.h>
 
 #include <uv.h>
@@ -75,6 +81,88 @@ bool mts_pid_running(pid_t pid);
  * failure buf holds "". */
 void mts_read_comm(pid_t pid, char *buf, size_t cap);
 
+/* ---- policy (issue 3): what config.c produces, limits.c applies ------- */
+
+/* What limits compare: accounted heap bytes, resident set, or the larger
+ * of the two (per process, per group and for the fleet, each on its own
+ * sums). */
+enum mts_measure {
+	MTS_MEASURE_ACCOUNTED = 0,
+	MTS_MEASURE_RSS = 1,
+	MTS_MEASURE_MAX = 2,
+};
+
+/* "accounted", "rss", "max". */
+const char *mts_measure_name(enum mts_measure m);
+
+/* A [group NAME] section. */
+struct mts_group_policy {
+	char *name;
+	uint64_t limit;   /* 0 = none */
+	uint32_t high_bp; /* 0 = the fleet's watermark */
+};
+
+/* Percentages are kept in basis points (1% = 100 bp) so "92.5" is exact. */
+#define MTS_BP_ONE 10000u
+
+#define MTS_DEFAULT_HIGH_BP       9000u  /* 90% */
+#define MTS_DEFAULT_HYST_BP       500u   /* 5% */
+#define MTS_DEFAULT_RSS_MS        1000u
+#define MTS_DEFAULT_TTL_S         300u
+#define MTS_DEFAULT_MAX_TTL_S     86400u
+#define MTS_DEFAULT_GRACE_MS      10000u
+/* A peer may hold at most this many reservations in all; each is ~100 B. */
+#define MTS_RESV_MAX              65536u
+/* "r-" + 16 hex digits. */
+#define MTS_RESV_ID_LEN           18u
+
+/* Everything a SIGHUP reload may change. Strings are owned (malloc). */
+struct mts_policy {
+	uint64_t fleet_limit;   /* 0 = none */
+	uint32_t high_bp;       /* fleet (and default) watermark */
+	uint32_t hyst_bp;       /* hysteresis, of the limit */
+	uint64_t process_limit; /* default per-process limit, 0 = none */
+	enum mts_measure measure;
+	uint32_t rss_interval_ms;
+	struct mts_group_policy *groups;
+	uint32_t ngroups;
+	uint32_t default_ttl_s;
+	uint32_t max_ttl_s;
+	int enforce_signal; /* 0 = enforcement off */
+	uint32_t grace_ms;
+	bool has_admin_uid;
+	uint32_t admin_uid;
+	bool has_admin_gid;
+	uint32_t admin_gid;
+	char *tcp_token; /* NULL = none: no TCP peer is authorised */
+};
+
+/* Defaults: no limits, 90% watermark, 5% hysteresis, accounted, ... */
+void mts_policy_defaults(struct mts_policy *p);
+/* Deep copy into *dst (which is overwritten, not freed). 0 or -ENOMEM. */
+int mts_policy_copy(struct mts_policy *dst, const struct mts_policy *src);
+/* Free the strings and groups; the struct is zeroed. Accepts NULL. */
+void mts_policy_free(struct mts_policy *p);
+/* The [group NAME] entry for `name`, or NULL. */
+const struct mts_group_policy *mts_policy_group(const struct mts_policy *p,
+                                                const char *name);
+
+/* A state change, as pushed to Watch subscribers. */
+struct mts_event {
+	const char *scope; /* "fleet", "group:NAME", "pid:N" */
+	uint32_t state;    /* enum mtshm_state */
+	uint32_t previous;
+	uint64_t bytes;    /* accounted */
+	uint64_t rss;
+	uint64_t limit;
+	uint64_t reserved;
+	uint64_t time_ns; /* CLOCK_REALTIME */
+};
+
+struct mts_resv;
+struct mts_task;
+struct mts_rss_sweep;
+
 /* ---- registry.c ------------------------------------------------------ */
 
 /* A registered worker. Lives from registration until its uv_poll's close
@@ -104,10 +192,13 @@ struct mts_proc {
 	uint64_t rss;      /* resident bytes, /proc/PID/statm, slower cadence */
 	uint64_t limit;    /* per-process limit in force, 0 = none */
 	uint32_t state;    /* enum mtshm_state against `limit` */
+	uint64_t limit_set;      /* SetLimit{pid}; 0 = the default applies */
+	uint64_t last_signal_ns; /* enforcement: CLOCK_MONOTONIC, 0 = never */
 };
 
-/* A group with at least one registered process. Its index is written to
- * slot->group; a group is dropped when its last process leaves. */
+/* A group with at least one registered process, a limit, a watermark of
+ * its own or an outstanding reservation. Its index is written to
+ * slot->group; the entry is dropped when none of these is left. */
 struct mts_group {
 	char *name; /* NULL: free entry */
 	uint32_t processes;
@@ -119,6 +210,8 @@ struct mts_group {
 	uint64_t limit;    /* 0 = none */
 	uint64_t reserved; /* outstanding admission reservations */
 	uint32_t state;    /* enum mtshm_state */
+	uint32_t high_bp;      /* own watermark (basis points), 0 = fleet's */
+	uint32_t reservations; /* outstanding reservations naming the group */
 };
 
 /* Fleet figures as of the latest tick (or exit, which subtracts at once). */
@@ -135,6 +228,7 @@ struct mts_totals {
 	uint64_t limit;    /* fleet limit, 0 = none */
 	uint64_t reserved; /* outstanding admission reservations */
 	uint32_t state;    /* enum mtshm_state */
+	uint32_t reservations; /* outstanding reservations (count) */
 };
 
 /* Why an Admit was denied, for the logs and the metrics' `reason` label. */
@@ -159,7 +253,15 @@ struct mts_stats {
 	uint64_t last_tick_ns;       /* duration of the latest tick */
 	uint64_t tick_ns_sum;        /* all ticks' durations, for _sum */
 	uint64_t tick_count;
+	uint64_t fulfilled;          /* reservations ended: task's end */
+	uint64_t watch_disconnects;  /* Watch subscribers not reading */
+	uint64_t reloads;            /* SIGHUP reloads applied */
+	uint64_t reload_failures;    /* SIGHUP reloads rejected (bad value) */
+	uint64_t auth_denials;       /* SetLimit/Release refused */
 };
+
+/* "fleet_limit", "group_limit", "invalid": the `reason` label. */
+const char *mts_denial_name(enum mts_denial d);
 
 struct mts_registry {
 	uv_loop_t *loop;
@@ -184,6 +286,23 @@ struct mts_registry {
 	uint64_t registrations;
 	uint64_t exits;
 	struct mts_stats stats;
+
+	/* Issue 3: limits, admission, events (limits.c, admit.c). */
+	struct mts_policy policy; /* in force; owned (deep copy) */
+	uint32_t server_uid;      /* geteuid() at init: always authorised */
+	struct mts_resv **resv;   /* outstanding reservations, unordered */
+	uint32_t nresv;
+	uint32_t resv_cap;
+	struct mts_task **tasks; /* task name -> its reservations, chained */
+	uint32_t tasks_mask;
+	uint32_t ntasks;
+	uint64_t fleet_over_since_ns; /* CLOCK_MONOTONIC; 0 = not over */
+	bool enforce_idle_logged;     /* "nothing to signal" said once */
+	bool closed;                  /* mts_registry_close() ran */
+	/* Called on every state change (Watch). May be NULL. */
+	void (*on_event)(void *ctx, const struct mts_event *ev);
+	void *event_ctx;
+	struct mts_rss_sweep *rss_sweep; /* the sweep in flight, or NULL */
 };
 
 /* Outcome of a registration, for the Registered answer. */
@@ -199,6 +318,10 @@ struct mts_peer {
 	bool has_cred;
 	uint32_t pid; /* SO_PEERCRED */
 	uint32_t uid;
+	uint32_t gid;      /* SO_PEERCRED (valid with has_cred) */
+	bool tcp;          /* a TCP peer: no credentials, token only */
+	bool watching;     /* set by a Watch request: events are pushed */
+	uint64_t watch_id; /* the Watch request's id, echoed on events */
 };
 
 /* `map` must be a freshly created segment; the registry keeps pointers to
@@ -235,6 +358,49 @@ struct mts_proc *mts_find_pid(const struct mts_registry *reg, uint32_t pid);
 struct mts_group *mts_find_group(const struct mts_registry *reg,
                                  const char *name);
 
+/* ---- adopt.c (and its registry entry points) --------------------------- */
+
+struct mts_config;
+
+/* A live worker found in an adopted segment, checked against /proc. */
+struct mts_adopted {
+	uint32_t slot;
+	uint32_t pid;
+	uint32_t uid;
+	int pidfd; /* opened before the start time was checked */
+	uint64_t start_time;
+	uint64_t image_id;      /* 0 in a 1.0 segment */
+	uint64_t registered_ns; /* 0 in a 1.0 segment */
+	char group[64];         /* "" = "default" */
+	char task[64];
+};
+
+/*
+ * Open cfg->segment to adopt it (unless cfg->reset), or create it. Sets
+ * *adopted. An existing segment that cannot be adopted (another layout,
+ * corrupt) is replaced, with a warning. Returns 0 or a negative code.
+ */
+int mts_segment_setup(const struct mts_config *cfg, struct mtshm_map *map,
+                      bool *adopted);
+
+/* Rebuild the registry from an adopted segment's slots: each slot whose
+ * pid is alive with the recorded start time is adopted, the others are
+ * freed. Counts both. Call right after mts_registry_init(). */
+int mts_adopt(struct mts_registry *reg, uint32_t *kept, uint32_t *dropped);
+
+/* Registry side of adoption: take over a slot as it is (counters, lanes
+ * and generation untouched). On success the registry owns a->pidfd; on
+ * -EAGAIN too (its handle close frees it); on another error the caller
+ * still owns it. */
+int mts_registry_adopt_slot(struct mts_registry *reg,
+                            const struct mts_adopted *a);
+
+/* Free slot `slot` in the segment (pid = 0). */
+void mts_registry_drop_slot(struct mts_registry *reg, uint32_t slot);
+
+/* Recompute the free-slot stack from by_slot[] (after adoption). */
+void mts_registry_rebuild_free(struct mts_registry *reg);
+
 /* ---- dispatch.c ------------------------------------------------------ */
 
 /* A growable byte buffer. */
@@ -259,10 +425,16 @@ void mts_buf_free(struct mts_buf *b);
 /*
  * Answer one packed Request body: append one framed Response to `out`.
  * Returns 0, MTS_CLOSE (undecodable: error answer, then close) or -ENOMEM
- * (nothing appended; the caller should drop the connection).
+ * (nothing appended; the caller should drop the connection). A Watch sets
+ * peer->watching and peer->watch_id; the caller then pushes events.
  */
-int mts_dispatch(struct mts_registry *reg, const struct mts_peer *peer,
+int mts_dispatch(struct mts_registry *reg, struct mts_peer *peer,
                  const uint8_t *body, size_t len, struct mts_buf *out);
+
+/* Append Response{id, event = ev} (a pushed Watch event) to `out`.
+ * 0 or -ENOMEM. */
+int mts_event_append(const struct mts_registry *reg, uint64_t id,
+                     const struct mts_event *ev, struct mts_buf *out);
 
 /* How much one mts_input() call may do. */
 struct mts_budget {
@@ -278,7 +450,7 @@ struct mts_budget {
  * (a bad frame was answered; stop reading and close after the write) or
  * -ENOMEM.
  */
-int mts_input(struct mts_registry *reg, const struct mts_peer *peer,
+int mts_input(struct mts_registry *reg, struct mts_peer *peer,
               const uint8_t *in, size_t len, struct mts_buf *out,
               struct mts_budget budget, size_t *consumed);
 
@@ -302,8 +474,20 @@ int mts_socket_prepare(const char *path);
 /* Bind, chmod 0660 and listen on srv->cfg.socket_path. */
 int mts_listen(struct mts_server *srv);
 
+/* Listen on TCP srv->cfg.tcp_addr (already validated). */
+int mts_listen_tcp(struct mts_server *srv);
+
 /* Close the listener and every connection. */
 void mts_conns_close(struct mts_server *srv);
+
+/*
+ * reg->on_event of a server: push `ev` to every watching connection as
+ * Response{id = its Watch id, event}. A subscriber whose unwritten output
+ * has reached MTS_OUT_HIGH is not reading: it is disconnected (and
+ * counted in stats.watch_disconnects) rather than buffered without bound;
+ * it learns the current state again when it reconnects and watches.
+ */
+void mts_watch_broadcast(void *ctx, const struct mts_event *ev);
 
 /* ---- server.c -------------------------------------------------------- */
 
@@ -315,6 +499,12 @@ struct mts_config {
 	uint32_t tick_ms;
 	uint64_t threshold;
 	bool reset;
+	/* Issue 3. Zero/NULL is the default for each. */
+	const struct mts_policy *policy; /* NULL: mts_policy_defaults() */
+	const char *tcp_addr;            /* HOST:PORT to listen on, or NULL */
+	const char *metrics_addr; /* --metrics / [server] metrics, stored */
+	bool has_gid;             /* chown socket and segment to `gid` */
+	uint32_t gid;
 };
 
 struct mts_conn;
@@ -336,6 +526,13 @@ struct mts_server {
 	bool listening;    /* the listener handle is open */
 	bool socket_bound; /* we created the socket file: remove it at exit */
 	bool stopping;
+	/* Issue 3. */
+	uv_tcp_t tcp_listener;
+	bool tcp_listening;   /* the TCP listener handle is open */
+	uint16_t tcp_port;    /* bound port (useful with port 0) */
+	uv_timer_t rss_timer; /* RSS sweep every policy.rss_interval_ms */
+	bool rss_timer_open;
+	uint32_t rss_interval_ms; /* the interval the timer runs at */
 };
 
 /* Listen on cfg->socket_path (first, see server.c; skipped when NULL, as
@@ -349,6 +546,13 @@ int mts_server_init(struct mts_server *srv, uv_loop_t *loop,
 /* Close every handle the server owns; uv_run then returns. Idempotent. */
 void mts_server_stop(struct mts_server *srv);
 
+/* Install a new policy (SIGHUP reload or start): limits, watermarks,
+ * groups, admission and enforcement settings, auth. Applies at once:
+ * states are re-evaluated and events sent. Returns 0 or -ENOMEM (the old
+ * policy is then kept). */
+int mts_server_apply_policy(struct mts_server *srv,
+                            const struct mts_policy *pol);
+
 /* After the loop has drained: unmap the segment (it stays in /dev/shm),
  * remove the socket file, free memory. */
 void mts_server_free(struct mts_server *srv);
@@ -356,5 +560,242 @@ void mts_server_free(struct mts_server *srv);
 /* Realtime and monotonic clocks in ns. */
 uint64_t mts_now_realtime(void);
 uint64_t mts_now_monotonic(void);
+
+/* ---- issue 3: limits, admission, auth, rss, config ---------------------- */
+
+/* Group entries (registry.c). The index stays valid while the entry lives;
+ * `reg->groups` may move when an entry is created. */
+bool mts_name_ok(const char *s);
+/* Index of group `name`, creating an empty entry if needed. 0 or -ENOMEM. */
+int mts_group_ensure(struct mts_registry *reg, const char *name,
+                     uint32_t *index);
+/* Free entry `index` if nothing keeps it (processes, limit, watermark,
+ * reservations). */
+void mts_group_gc(struct mts_registry *reg, uint32_t index);
+
+/* limits.c */
+
+/*
+ * The hysteresis state machine. `value` is the figure compared (already
+ * including reservations where they count); limit 0 means no limit (ok).
+ *   ok/high -> over   when value > limit
+ *   ok      -> high   when value >= limit x high
+ *   over    -> high   only when value < limit x (1 - hyst)
+ *   high    -> ok     only when value < limit x (high - hyst)
+ * Leaving `over` may land directly in `ok` when both lower marks are
+ * passed at once.
+ */
+uint32_t mts_state_next(uint32_t cur, uint64_t value, uint64_t limit,
+                        uint32_t high_bp, uint32_t hyst_bp);
+
+/* The figure limits compare, per reg->policy.measure. */
+uint64_t mts_measured(const struct mts_registry *reg, uint64_t accounted,
+                      uint64_t rss);
+
+/* Re-evaluate fleet and group states (and every process's when `procs`),
+ * write slot flags, send events. The caller publishes. */
+void mts_limits_eval(struct mts_registry *reg, bool procs);
+
+/* A process that was over its own limit leaves (exit, pid reuse): its
+ * subscribers hear it is no longer over. */
+void mts_limits_proc_gone(struct mts_registry *reg,
+                          const struct mts_proc *p);
+
+/* Install `pol` (deep copy) and apply it: fleet, group and default process
+ * limits, watermarks; runtime SetLimit values for the fleet and groups are
+ * replaced by the policy's, per-pid ones are kept. 0 or -ENOMEM. */
+int mts_limits_apply_policy(struct mts_registry *reg,
+                            const struct mts_policy *pol);
+
+/* SetLimit. *previous gets the limit in force before, *now the one after
+ * (for a pid, 0 falls back to the default per-process limit). Return 0,
+ * -ENOENT (pid not registered), -EINVAL (bad group name), -ENOMEM. */
+int mts_limit_set_fleet(struct mts_registry *reg, uint64_t bytes,
+                        uint64_t *previous, uint64_t *now);
+int mts_limit_set_group(struct mts_registry *reg, const char *name,
+                        uint64_t bytes, uint64_t *previous, uint64_t *now);
+int mts_limit_set_pid(struct mts_registry *reg, uint32_t pid, uint64_t bytes,
+                      uint64_t *previous, uint64_t *now);
+
+/* Enforcement step of a tick (no-op unless policy.enforce_signal). */
+void mts_enforce(struct mts_registry *reg, uint64_t now_ns);
+
+/* admit.c */
+
+struct mts_resv {
+	char id[MTS_RESV_ID_LEN + 1];
+	bool has_owner; /* false: made over TCP (no credentials) */
+	uint32_t uid;   /* owner */
+	uint32_t group; /* index in reg->groups (keeps the entry alive) */
+	struct mts_task *task; /* NULL: no task */
+	struct mts_resv *tnext; /* the task's reservations, oldest first */
+	uint32_t index;         /* in reg->resv */
+	bool taken_over;        /* a worker of its task registered: no TTL */
+	uint64_t bytes;         /* granted */
+	uint64_t effective;     /* counted now: bytes minus what the task's
+	                           workers already use, floored at 0 */
+	uint64_t created_ns;    /* CLOCK_REALTIME */
+	uint64_t expires_ns;    /* CLOCK_MONOTONIC */
+	uint32_t ttl_s;
+};
+
+struct mts_task {
+	struct mts_task *hnext;
+	char *name;
+	uint64_t hash;
+	struct mts_resv *resv; /* oldest first */
+	uint32_t live;         /* live workers with this task, latest tick */
+	uint64_t measured;     /* their measured bytes, latest tick */
+	bool seen;             /* a worker of the task registered */
+};
+
+struct mts_admit_req {
+	uint64_t bytes;
+	const char *group; /* "" or NULL = "default" */
+	const char *task;  /* "" or NULL = none */
+	uint32_t ttl_s;    /* 0 = policy default */
+};
+
+struct mts_admit_out {
+	bool admitted;
+	enum mts_denial reason; /* when !admitted */
+	char scope[MTS_NAME_MAX + 8]; /* "fleet" or "group:NAME" */
+	uint64_t measured;  /* of the scope that decided (fleet if granted) */
+	uint64_t reserved;
+	uint64_t requested;
+	uint64_t limit;
+	uint32_t ttl_s;
+	char id[MTS_RESV_ID_LEN + 1];
+	char why[384]; /* human reason */
+};
+
+/* Decide an Admit; a grant creates a reservation. Logs the decision and
+ * counts it. Returns 0 (see out->admitted), -EINVAL (malformed: bytes 0 or
+ * a bad name; counted as a denial "invalid"), -ENOSPC (MTS_RESV_MAX
+ * outstanding), -ENOMEM. */
+int mts_admit(struct mts_registry *reg, const struct mts_peer *peer,
+              const struct mts_admit_req *req, struct mts_admit_out *out);
+
+/* Release reservation `id`. Returns 0 (*bytes = its granted bytes),
+ * -ENOENT, -EPERM (logged and counted). */
+int mts_release(struct mts_registry *reg, const struct mts_peer *peer,
+                const char *id, const char *token, uint64_t *bytes);
+
+/* The reservation `id`, or NULL. */
+struct mts_resv *mts_resv_find(const struct mts_registry *reg,
+                               const char *id);
+
+/* Tick step: measure each task's workers, end reservations whose TTL
+ * passed or whose task's workers all exited, recompute what each counts
+ * and the reserved sums. */
+void mts_resv_tick(struct mts_registry *reg, uint64_t now_ns);
+
+/* Recompute reservation sums from the latest task figures (after an
+ * admit/release). */
+void mts_resv_sums(struct mts_registry *reg);
+
+/* A worker with task `task` registered: its reservations are taken over. */
+void mts_resv_task_registered(struct mts_registry *reg, const char *task);
+
+/* Free every reservation and task (registry teardown). */
+void mts_resv_free_all(struct mts_registry *reg);
+
+/* auth.c */
+
+/* Why a peer is authorised; MTS_AUTH_NONE = it is not. */
+enum mts_auth {
+	MTS_AUTH_NONE = 0,
+	MTS_AUTH_ROOT,
+	MTS_AUTH_SERVER_UID,
+	MTS_AUTH_ADMIN_UID,
+	MTS_AUTH_ADMIN_GID,
+	MTS_AUTH_TOKEN,
+	MTS_AUTH_OWNER,
+};
+
+const char *mts_auth_name(enum mts_auth a);
+
+/* May `peer` change limits (or release anyone's reservation)? `token` is
+ * the body's token ("" or NULL = none). */
+enum mts_auth mts_authorise(const struct mts_registry *reg,
+                            const struct mts_peer *peer, const char *token);
+
+/* May `peer` release `r`: its owner, or anyone mts_authorise() allows. A
+ * reservation made over TCP is owned by every TCP peer alike. */
+enum mts_auth mts_authorise_release(const struct mts_registry *reg,
+                                    const struct mts_peer *peer,
+                                    const char *token,
+                                    const struct mts_resv *r);
+
+/* Constant-time (in the secret's content) comparison of two strings. */
+bool mts_token_equal(const char *secret, const char *given);
+
+/* Is `gid` the peer's primary group or one of its supplementary groups
+ * (SO_PEERGROUPS on its socket, else /proc/PID/status)? */
+bool mts_peer_in_group(const struct mts_peer *peer, uint32_t gid);
+
+/* rss.c and procfs.c */
+
+/* Resident bytes of `pid` from /proc/PID/statm. 0 or -errno. */
+int mts_read_rss(pid_t pid, uint64_t *out);
+/* Parse the text of a statm file: resident pages x page_size. */
+int mts_parse_statm_rss(const char *statm, uint64_t page_size, uint64_t *out);
+
+/* Start a sweep of every registered process's RSS on the libuv thread
+ * pool (skipped while one is in flight); results are applied on the loop
+ * thread, to the processes still registered with the same pid and start
+ * time. */
+void mts_rss_sweep_start(struct mts_registry *reg);
+/* The same, synchronously on the calling (loop) thread. */
+void mts_rss_sweep_sync(struct mts_registry *reg);
+/* Set p->rss and keep its group's and the fleet's RSS sums in step. */
+void mts_proc_set_rss(struct mts_registry *reg, struct mts_proc *p,
+                      uint64_t rss);
+
+/* size.c: "1.5 GiB", "600 MiB", "0 B" (IEC, one decimal when < 10). */
+const char *mts_format_size(char *buf, size_t cap, uint64_t bytes);
+
+/* config.c */
+
+/* Everything main needs: server settings, policy, log level, reload
+ * bookkeeping. Strings are owned. */
+struct mts_settings {
+	struct mts_config cfg; /* strings point into `owned` */
+	struct mts_policy policy;
+	int log_level;       /* enum mts_log_level */
+	char *config_path;   /* NULL: no file */
+	char *owned[8];      /* socket, segment, tcp, metrics */
+};
+
+/* One command-line value that overrides a key of the file. */
+struct mts_override {
+	const char *flag;    /* "--fleet-limit", for messages */
+	const char *section; /* "server", "limits" */
+	const char *key;
+	const char *value;
+};
+
+/*
+ * Build settings: defaults, then the file at `path` (NULL = none), then
+ * the overrides in order. On a bad value returns -EINVAL with a one-line
+ * message naming the key or flag in err (e.g. "memtallyd.conf:12: [limits]
+ * fleet: expected a size like 64GiB, or none; got 'x'"); -ENOENT/-EACCES
+ * when the file cannot be read (message in err); -ENOMEM. *out is
+ * untouched on failure.
+ */
+int mts_settings_load(struct mts_settings *out, const char *path,
+                      const struct mts_override *ov, size_t nov, char *err,
+                      size_t errlen);
+void mts_settings_free(struct mts_settings *s);
+
+/* Parse "90", "92.5", "90%" (0 to 100, two decimals at most) into basis
+ * points. 0 or -EINVAL. */
+int mts_parse_percent(const char *s, uint32_t *bp);
+/* "SIGTERM", "TERM", "term", "15"; "" -> 0 (off). 0 or -EINVAL. */
+int mts_parse_signal(const char *s, int *sig);
+/* HOST:PORT (IPv4, [IPv6], localhost) -> sockaddr; *loopback says if the
+ * address is a loopback one. 0 or -EINVAL. */
+int mts_parse_hostport(const char *s, struct sockaddr_storage *ss,
+                       bool *loopback);
 
 #endif /* MEMTALLY_SERVER_H */

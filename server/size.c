@@ -1,5 +1,6 @@
 /*
- * size.c - parse human byte sizes ("64KiB", "1.5G", "512MB", "4096").
+ * size.c - parse human byte sizes ("64KiB", "1.5G", "512MB", "4096"), and
+ * format them back for people ("1.1 GiB").
  *
  * The convention (documented in --help): K, M, G, T and their IEC forms
  * Ki/KiB, Mi/MiB, ... are powers of 1024, because that is what people mean
@@ -13,6 +14,7 @@
 #include "server.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <strings.h>
 
 struct unit {
@@ -101,4 +103,36 @@ int mt_parse_size(const char *s, uint64_t *out)
 		return -ERANGE;
 	*out = (uint64_t)v;
 	return 0;
+}
+
+const char *mts_format_size(char *buf, size_t cap, uint64_t bytes)
+{
+	static const char *const iec[] = {"KiB", "MiB", "GiB", "TiB", "PiB",
+	                                  "EiB"};
+	if (bytes < 1024) {
+		snprintf(buf, cap, "%llu B", (unsigned long long)bytes);
+		return buf;
+	}
+	int u = 0;
+	uint64_t div = 1024;
+	while (u < 5 && bytes / div >= 1024) {
+		div *= 1024;
+		u++;
+	}
+	/* Tenths, rounded half up, in integers: exact for any uint64_t. */
+	unsigned __int128 tenths =
+	    ((unsigned __int128)bytes * 10 + div / 2) / div;
+	if (tenths >= 10240 && u < 5) {
+		/* 1023.96 MiB rounds to 1024.0: say 1 GiB instead. */
+		div *= 1024;
+		u++;
+		tenths = ((unsigned __int128)bytes * 10 + div / 2) / div;
+	}
+	unsigned long long whole = (unsigned long long)(tenths / 10);
+	unsigned frac = (unsigned)(tenths % 10);
+	if (frac)
+		snprintf(buf, cap, "%llu.%u %s", whole, frac, iec[u]);
+	else
+		snprintf(buf, cap, "%llu %s", whole, iec[u]);
+	return buf;
 }

@@ -1,0 +1,997 @@
+/*
+ * config.c - memtallyd's settings: defaults, then the INI file, then the
+ * command-line flags, in that order, so a flag always wins.
+ *
+ * The file is parsed by inih. Every section and key is known here and
+ * anything else is an error: a typo ("fleet_limt") must not silently leave
+ * a fleet without its limit. A value is checked where it is read and a bad
+ * one produces one line naming the file, line, section and key (or the
+ * flag), e.g.
+ *
+ *   memtallyd.conf:12: [limits] fleet: expected a size like 64GiB, or
+ *   none; got '12 apples'
+ *
+ * Checks that involve two keys (hysteresis below the watermark, default
+ * TTL within the maximum, ...) run once everything is read and name the
+ * key that has to change.
+ *
+ * Loading is all-or-nothing: the result is built in a scratch struct and
+ * copied out only when every value is good, so a SIGHUP with a bad file
+ * keeps the old settings entirely (main.c logs the message).
+ *
+ * Two traps of inih are closed before it sees the text: a line longer than
+ * its buffer (200 bytes) would be cut silently, so such a line is refused;
+ * and an indented line would be taken as the continuation of the previous
+ * value, so leading blanks are removed from every line first.
+ */
+#include "server.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <ini.h>
+#include <limits.h>
+#include <netinet/in.h>
+#include <pwd.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "log.h"
+
+/* inih's line buffer (INI_MAX_LINE) less the newline and NUL. */
+#define LINE_MAX_CHARS 198
+/* A config file is small; refuse something that is clearly not one. */
+#define FILE_MAX_BYTES (1u << 20)
+/* Workers may hold up to threshold x threads unflushed (see main.c). */
+#define THRESHOLD_MAX (UINT64_C(1) << 30)
+#define TOKEN_MIN     16u
+#define TOKEN_MAX     512u
+#define RSS_MIN_MS    10u
+#define RSS_MAX_MS    3600000u
+#define GRACE_MAX_MS  86400000u
+#define TTL_MAX_S     (365u * 86400u)
+
+/* ---- policy ------------------------------------------------------------ */
+
+const char *mts_measure_name(enum mts_measure m)
+{
+	switch (m) {
+	case MTS_MEASURE_RSS:
+		return "rss";
+	case MTS_MEASURE_MAX:
+		return "max";
+	default:
+		return "accounted";
+	}
+}
+
+void mts_policy_defaults(struct mts_policy *p)
+{
+	memset(p, 0, sizeof(*p));
+	p->high_bp = MTS_DEFAULT_HIGH_BP;
+	p->hyst_bp = MTS_DEFAULT_HYST_BP;
+	p->measure = MTS_MEASURE_ACCOUNTED;
+	p->rss_interval_ms = MTS_DEFAULT_RSS_MS;
+	p->default_ttl_s = MTS_DEFAULT_TTL_S;
+	p->max_ttl_s = MTS_DEFAULT_MAX_TTL_S;
+	p->grace_ms = MTS_DEFAULT_GRACE_MS;
+}
+
+void mts_policy_free(struct mts_policy *p)
+{
+	if (!p)
+		return;
+	for (uint32_t i = 0; i < p->ngroups; i++)
+		free(p->groups[i].name);
+	free(p->groups);
+	if (p->tcp_token) {
+		/* Do not leave the secret in freed memory. */
+		explicit_bzero(p->tcp_token, strlen(p->tcp_token));
+		free(p->tcp_token);
+	}
+	memset(p, 0, sizeof(*p));
+}
+
+int mts_policy_copy(struct mts_policy *dst, const struct mts_policy *src)
+{
+	struct mts_policy c = *src;
+	c.groups = NULL;
+	c.ngroups = 0;
+	c.tcp_token = NULL;
+	if (src->tcp_token) {
+		c.tcp_token = strdup(src->tcp_token);
+		if (!c.tcp_token)
+			goto fail;
+	}
+	if (src->ngroups) {
+		c.groups = calloc(src->ngroups, sizeof(*c.groups));
+		if (!c.groups)
+			goto fail;
+		for (uint32_t i = 0; i < src->ngroups; i++) {
+			c.groups[i] = src->groups[i];
+			c.groups[i].name = strdup(src->groups[i].name);
+			if (!c.groups[i].name)
+				goto fail;
+			c.ngroups = i + 1;
+		}
+	}
+	*dst = c;
+	return 0;
+fail:
+	mts_policy_free(&c);
+	return -ENOMEM;
+}
+
+const struct mts_group_policy *mts_policy_group(const struct mts_policy *p,
+                                                const char *name)
+{
+	for (uint32_t i = 0; i < p->ngroups; i++)
+		if (strcmp(p->groups[i].name, name) == 0)
+			return &p->groups[i];
+	return NULL;
+}
+
+/* ---- value parsers ----------------------------------------------------- */
+
+int mts_parse_percent(const char *s, uint32_t *bp)
+{
+	/* Digits, optionally ".d" or ".dd", optionally "%": exact in bp. */
+	uint64_t whole = 0, frac = 0;
+	const char *p = s;
+	if (*p < '0' || *p > '9')
+		return -EINVAL;
+	while (*p >= '0' && *p <= '9') {
+		whole = whole * 10 + (uint64_t)(*p - '0');
+		if (whole > 100)
+			return -EINVAL;
+		p++;
+	}
+	if (*p == '.') {
+		p++;
+		int digits = 0;
+		while (*p >= '0' && *p <= '9') {
+			if (++digits > 2)
+				return -EINVAL;
+			frac = frac * 10 + (uint64_t)(*p - '0');
+			p++;
+		}
+		if (digits == 0)
+			return -EINVAL;
+		if (digits == 1)
+			frac *= 10;
+	}
+	if (*p == '%')
+		p++;
+	if (*p)
+		return -EINVAL;
+	uint64_t v = whole * 100 + frac;
+	if (v > MTS_BP_ONE)
+		return -EINVAL;
+	*bp = (uint32_t)v;
+	return 0;
+}
+
+int mts_parse_signal(const char *s, int *sig)
+{
+	if (!s[0]) {
+		*sig = 0;
+		return 0;
+	}
+	if (s[0] >= '0' && s[0] <= '9') {
+		char *end;
+		errno = 0;
+		long v = strtol(s, &end, 10);
+		if (errno || *end || v < 1 || v >= NSIG)
+			return -EINVAL;
+		*sig = (int)v;
+		return 0;
+	}
+	const char *name = strncasecmp(s, "SIG", 3) == 0 ? s + 3 : s;
+	for (int i = 1; i < SIGRTMIN; i++) {
+		const char *abbrev = sigabbrev_np(i);
+		if (abbrev && strcasecmp(abbrev, name) == 0) {
+			*sig = i;
+			return 0;
+		}
+	}
+	return -EINVAL;
+}
+
+int mts_parse_hostport(const char *s, struct sockaddr_storage *ss,
+                       bool *loopback)
+{
+	char host[INET6_ADDRSTRLEN + 2];
+	const char *colon = strrchr(s, ':');
+	if (!colon || colon == s)
+		return -EINVAL;
+	size_t hlen = (size_t)(colon - s);
+	const char *port_s = colon + 1;
+	if (*port_s < '0' || *port_s > '9')
+		return -EINVAL;
+	char *end;
+	errno = 0;
+	unsigned long port = strtoul(port_s, &end, 10);
+	if (errno || *end || port > 65535)
+		return -EINVAL;
+
+	memset(ss, 0, sizeof(*ss));
+	if (s[0] == '[') {
+		/* [IPv6]:port */
+		if (hlen < 3 || s[hlen - 1] != ']' || hlen - 2 >= sizeof(host))
+			return -EINVAL;
+		memcpy(host, s + 1, hlen - 2);
+		host[hlen - 2] = '\0';
+		struct sockaddr_in6 *a = (struct sockaddr_in6 *)ss;
+		if (inet_pton(AF_INET6, host, &a->sin6_addr) != 1)
+			return -EINVAL;
+		a->sin6_family = AF_INET6;
+		a->sin6_port = htons((uint16_t)port);
+		*loopback = IN6_IS_ADDR_LOOPBACK(&a->sin6_addr) ||
+		            (IN6_IS_ADDR_V4MAPPED(&a->sin6_addr) &&
+		             a->sin6_addr.s6_addr[12] == 127);
+		return 0;
+	}
+	if (hlen >= sizeof(host))
+		return -EINVAL;
+	memcpy(host, s, hlen);
+	host[hlen] = '\0';
+	if (strcasecmp(host, "localhost") == 0)
+		strcpy(host, "127.0.0.1");
+	struct sockaddr_in *a = (struct sockaddr_in *)ss;
+	if (inet_pton(AF_INET, host, &a->sin_addr) != 1)
+		return -EINVAL;
+	a->sin_family = AF_INET;
+	a->sin_port = htons((uint16_t)port);
+	*loopback = (ntohl(a->sin_addr.s_addr) >> 24) == 127;
+	return 0;
+}
+
+/* ---- loading ------------------------------------------------------------ */
+
+/* The state of one load. */
+struct load {
+	struct mts_settings s;
+	/* Values kept as text until the cross-key checks. */
+	char *tcp_token;
+	char *tcp_token_file;
+	bool tcp_allow_remote;
+	bool group_set;
+	/* The first error: "[section] key: message". */
+	char msg[512];
+};
+
+static int fail(struct load *l, const char *section, const char *key,
+                const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+
+static int fail(struct load *l, const char *section, const char *key,
+                const char *fmt, ...)
+{
+	if (l->msg[0])
+		return -EINVAL; /* keep the first */
+	int n = snprintf(l->msg, sizeof(l->msg), "[%s] %s: ", section, key);
+	if (n < 0 || (size_t)n >= sizeof(l->msg))
+		return -EINVAL;
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(l->msg + n, sizeof(l->msg) - (size_t)n, fmt, ap);
+	va_end(ap);
+	return -EINVAL;
+}
+
+/* Replace an owned string. */
+static int set_str(char **slot, const char *v)
+{
+	char *d = strdup(v);
+	if (!d)
+		return -ENOMEM;
+	free(*slot);
+	*slot = d;
+	return 0;
+}
+
+static int parse_uint(const char *v, uint64_t lo, uint64_t hi, uint64_t *out)
+{
+	if (*v < '0' || *v > '9')
+		return -EINVAL;
+	char *end;
+	errno = 0;
+	unsigned long long x = strtoull(v, &end, 10);
+	if (errno || *end || x < lo || x > hi)
+		return -EINVAL;
+	*out = x;
+	return 0;
+}
+
+static int parse_bool(const char *v, bool *out)
+{
+	static const char *const yes[] = {"true", "yes", "on", "1"};
+	static const char *const no[] = {"false", "no", "off", "0"};
+	for (size_t i = 0; i < 4; i++) {
+		if (strcasecmp(v, yes[i]) == 0) {
+			*out = true;
+			return 0;
+		}
+		if (strcasecmp(v, no[i]) == 0) {
+			*out = false;
+			return 0;
+		}
+	}
+	return -EINVAL;
+}
+
+/* A limit: a size, or 0 / none / off / unlimited for none. */
+static int parse_limit(const char *v, uint64_t *out)
+{
+	if (strcasecmp(v, "none") == 0 || strcasecmp(v, "off") == 0 ||
+	    strcasecmp(v, "unlimited") == 0) {
+		*out = 0;
+		return 0;
+	}
+	return mt_parse_size(v, out);
+}
+
+static int lookup_uid(const char *v, uint32_t *out)
+{
+	uint64_t n;
+	if (parse_uint(v, 0, UINT32_MAX - 1, &n) == 0) {
+		*out = (uint32_t)n;
+		return 0;
+	}
+	char buf[4096];
+	struct passwd pw, *res = NULL;
+	if (getpwnam_r(v, &pw, buf, sizeof(buf), &res) != 0 || !res)
+		return -EINVAL;
+	*out = (uint32_t)res->pw_uid;
+	return 0;
+}
+
+static int lookup_gid(const char *v, uint32_t *out)
+{
+	uint64_t n;
+	if (parse_uint(v, 0, UINT32_MAX - 1, &n) == 0) {
+		*out = (uint32_t)n;
+		return 0;
+	}
+	char buf[16384];
+	struct group gr, *res = NULL;
+	if (getgrnam_r(v, &gr, buf, sizeof(buf), &res) != 0 || !res)
+		return -EINVAL;
+	*out = (uint32_t)res->gr_gid;
+	return 0;
+}
+
+#define OWNED_SOCKET  0
+#define OWNED_SEGMENT 1
+#define OWNED_TCP     2
+#define OWNED_METRICS 3
+
+static int server_key(struct load *l, const char *key, const char *v)
+{
+	struct mts_config *c = &l->s.cfg;
+	const char *sec = "server";
+	uint64_t n;
+	int err = 0;
+	if (strcmp(key, "socket") == 0) {
+		if (!v[0] ||
+		    strlen(v) >= sizeof(((struct sockaddr_un *)0)->sun_path))
+			return fail(
+			    l, sec, key,
+			    "expected a path of 1 to 107 bytes, got '%s'", v);
+		err = set_str(&l->s.owned[OWNED_SOCKET], v);
+	} else if (strcmp(key, "segment") == 0) {
+		if (v[0] != '/' || !v[1] || strchr(v + 1, '/') ||
+		    strlen(v) > NAME_MAX)
+			return fail(l, sec, key,
+			            "expected a name like /memtally, got '%s'",
+			            v);
+		err = set_str(&l->s.owned[OWNED_SEGMENT], v);
+	} else if (strcmp(key, "slots") == 0) {
+		if (parse_uint(v, 1, MTSHM_MAX_SLOTS, &n) < 0)
+			return fail(
+			    l, sec, key,
+			    "expected an integer from 1 to %u, got '%s'",
+			    MTSHM_MAX_SLOTS, v);
+		c->slots = (uint32_t)n;
+	} else if (strcmp(key, "lanes") == 0) {
+		if (parse_uint(v, 1, MTSHM_MAX_LANES, &n) < 0)
+			return fail(
+			    l, sec, key,
+			    "expected an integer from 1 to %u, got '%s'",
+			    MTSHM_MAX_LANES, v);
+		c->lanes = (uint32_t)n;
+	} else if (strcmp(key, "tick") == 0) {
+		if (parse_uint(v, 1, MTS_TICK_MAX_MS, &n) < 0)
+			return fail(
+			    l, sec, key,
+			    "expected milliseconds from 1 to %u, got '%s'",
+			    MTS_TICK_MAX_MS, v);
+		c->tick_ms = (uint32_t)n;
+	} else if (strcmp(key, "threshold") == 0) {
+		if (mt_parse_size(v, &n) < 0 || n == 0 || n > THRESHOLD_MAX)
+			return fail(l, sec, key,
+			            "expected a size from 1 byte to 1GiB, e.g. "
+			            "64KiB, got '%s'",
+			            v);
+		c->threshold = n;
+	} else if (strcmp(key, "log_level") == 0) {
+		enum mts_log_level lv;
+		if (mts_log_parse_level(v, &lv) < 0)
+			return fail(l, sec, key,
+			            "expected debug, info, warn or error, got "
+			            "'%s'",
+			            v);
+		l->s.log_level = (int)lv;
+	} else if (strcmp(key, "tcp") == 0) {
+		if (!v[0] || strcasecmp(v, "none") == 0 ||
+		    strcasecmp(v, "off") == 0) {
+			free(l->s.owned[OWNED_TCP]);
+			l->s.owned[OWNED_TCP] = NULL;
+			return 0;
+		}
+		struct sockaddr_storage ss;
+		bool lo;
+		if (mts_parse_hostport(v, &ss, &lo) < 0)
+			return fail(l, sec, key,
+			            "expected HOST:PORT (IPv4, [IPv6] or "
+			            "localhost), got '%s'",
+			            v);
+		err = set_str(&l->s.owned[OWNED_TCP], v);
+	} else if (strcmp(key, "tcp_allow_remote") == 0) {
+		if (parse_bool(v, &l->tcp_allow_remote) < 0)
+			return fail(l, sec, key,
+			            "expected true or false, got '%s'", v);
+	} else if (strcmp(key, "tcp_token") == 0) {
+		if (!v[0]) {
+			free(l->tcp_token);
+			l->tcp_token = NULL;
+			return 0;
+		}
+		err = set_str(&l->tcp_token, v);
+	} else if (strcmp(key, "tcp_token_file") == 0) {
+		if (!v[0]) {
+			free(l->tcp_token_file);
+			l->tcp_token_file = NULL;
+			return 0;
+		}
+		err = set_str(&l->tcp_token_file, v);
+	} else if (strcmp(key, "admin_uid") == 0) {
+		uint32_t uid;
+		if (!v[0]) {
+			l->s.policy.has_admin_uid = false;
+			return 0;
+		}
+		if (lookup_uid(v, &uid) < 0)
+			return fail(l, sec, key,
+			            "expected a uid or a user name, got '%s'",
+			            v);
+		l->s.policy.has_admin_uid = true;
+		l->s.policy.admin_uid = uid;
+	} else if (strcmp(key, "admin_gid") == 0) {
+		uint32_t gid;
+		if (!v[0]) {
+			l->s.policy.has_admin_gid = false;
+			return 0;
+		}
+		if (lookup_gid(v, &gid) < 0)
+			return fail(l, sec, key,
+			            "expected a gid or a group name, got '%s'",
+			            v);
+		l->s.policy.has_admin_gid = true;
+		l->s.policy.admin_gid = gid;
+	} else if (strcmp(key, "metrics") == 0) {
+		/* Stored only: metrics.c parses and serves it. */
+		if (!v[0]) {
+			free(l->s.owned[OWNED_METRICS]);
+			l->s.owned[OWNED_METRICS] = NULL;
+			return 0;
+		}
+		err = set_str(&l->s.owned[OWNED_METRICS], v);
+	} else if (strcmp(key, "group") == 0) {
+		uint32_t gid;
+		if (!v[0]) {
+			c->has_gid = false;
+			return 0;
+		}
+		if (lookup_gid(v, &gid) < 0)
+			return fail(l, sec, key,
+			            "expected a group name or gid, got '%s'",
+			            v);
+		c->has_gid = true;
+		c->gid = gid;
+	} else {
+		return fail(l, sec, key, "unknown key");
+	}
+	return err;
+}
+
+static int limits_key(struct load *l, const char *key, const char *v)
+{
+	struct mts_policy *p = &l->s.policy;
+	const char *sec = "limits";
+	uint64_t n;
+	if (strcmp(key, "fleet") == 0) {
+		if (parse_limit(v, &p->fleet_limit) < 0)
+			return fail(
+			    l, sec, key,
+			    "expected a size like 64GiB, 1.5G, or none; "
+			    "got '%s'",
+			    v);
+	} else if (strcmp(key, "process") == 0) {
+		if (parse_limit(v, &p->process_limit) < 0)
+			return fail(
+			    l, sec, key,
+			    "expected a size like 2GiB, or none; got '%s'", v);
+	} else if (strcmp(key, "high_watermark") == 0) {
+		uint32_t bp;
+		if (mts_parse_percent(v, &bp) < 0 || bp == 0)
+			return fail(l, sec, key,
+			            "expected a percentage above 0 and at most "
+			            "100, e.g. 90, got '%s'",
+			            v);
+		p->high_bp = bp;
+	} else if (strcmp(key, "hysteresis") == 0) {
+		uint32_t bp;
+		if (mts_parse_percent(v, &bp) < 0 || bp > MTS_BP_ONE / 2)
+			return fail(
+			    l, sec, key,
+			    "expected a percentage from 0 to 50, e.g. 5, "
+			    "got '%s'",
+			    v);
+		p->hyst_bp = bp;
+	} else if (strcmp(key, "measure") == 0) {
+		if (strcasecmp(v, "accounted") == 0)
+			p->measure = MTS_MEASURE_ACCOUNTED;
+		else if (strcasecmp(v, "rss") == 0)
+			p->measure = MTS_MEASURE_RSS;
+		else if (strcasecmp(v, "max") == 0)
+			p->measure = MTS_MEASURE_MAX;
+		else
+			return fail(l, sec, key,
+			            "expected accounted, rss or max, got '%s'",
+			            v);
+	} else if (strcmp(key, "rss_interval") == 0) {
+		if (parse_uint(v, RSS_MIN_MS, RSS_MAX_MS, &n) < 0)
+			return fail(l, sec, key,
+			            "expected milliseconds from %u to %u, got "
+			            "'%s'",
+			            RSS_MIN_MS, RSS_MAX_MS, v);
+		p->rss_interval_ms = (uint32_t)n;
+	} else {
+		return fail(l, sec, key, "unknown key");
+	}
+	return 0;
+}
+
+/* The [group NAME] entry, created on first use. */
+static struct mts_group_policy *group_entry(struct load *l, const char *name)
+{
+	struct mts_policy *p = &l->s.policy;
+	for (uint32_t i = 0; i < p->ngroups; i++)
+		if (strcmp(p->groups[i].name, name) == 0)
+			return &p->groups[i];
+	struct mts_group_policy *g =
+	    realloc(p->groups, (p->ngroups + 1) * sizeof(*g));
+	if (!g)
+		return NULL;
+	p->groups = g;
+	g = &p->groups[p->ngroups];
+	memset(g, 0, sizeof(*g));
+	g->name = strdup(name);
+	if (!g->name)
+		return NULL;
+	p->ngroups++;
+	return g;
+}
+
+static int group_key(struct load *l, const char *section, const char *name,
+                     const char *key, const char *v)
+{
+	if (!name[0] || !mts_name_ok(name))
+		return fail(l, section, key,
+		            "a group name must be 1 to %u bytes without "
+		            "control characters",
+		            MTS_NAME_MAX);
+	struct mts_group_policy *g = group_entry(l, name);
+	if (!g)
+		return -ENOMEM;
+	if (strcmp(key, "limit") == 0) {
+		if (parse_limit(v, &g->limit) < 0)
+			return fail(
+			    l, section, key,
+			    "expected a size like 8GiB, or none; got '%s'", v);
+	} else if (strcmp(key, "high_watermark") == 0) {
+		uint32_t bp;
+		if (mts_parse_percent(v, &bp) < 0 || bp == 0)
+			return fail(l, section, key,
+			            "expected a percentage above 0 and at most "
+			            "100, e.g. 90, got '%s'",
+			            v);
+		g->high_bp = bp;
+	} else {
+		return fail(l, section, key, "unknown key");
+	}
+	return 0;
+}
+
+static int admission_key(struct load *l, const char *key, const char *v)
+{
+	struct mts_policy *p = &l->s.policy;
+	uint64_t n;
+	if (strcmp(key, "default_ttl") == 0 || strcmp(key, "max_ttl") == 0) {
+		if (parse_uint(v, 1, TTL_MAX_S, &n) < 0)
+			return fail(l, "admission", key,
+			            "expected seconds from 1 to %u, got '%s'",
+			            TTL_MAX_S, v);
+		if (key[0] == 'd')
+			p->default_ttl_s = (uint32_t)n;
+		else
+			p->max_ttl_s = (uint32_t)n;
+		return 0;
+	}
+	return fail(l, "admission", key, "unknown key");
+}
+
+static int enforce_key(struct load *l, const char *key, const char *v)
+{
+	struct mts_policy *p = &l->s.policy;
+	uint64_t n;
+	if (strcmp(key, "signal") == 0) {
+		if (mts_parse_signal(v, &p->enforce_signal) < 0)
+			return fail(
+			    l, "enforce", key,
+			    "expected a signal such as SIGTERM, TERM or "
+			    "15, or nothing for off; got '%s'",
+			    v);
+	} else if (strcmp(key, "grace") == 0) {
+		if (parse_uint(v, 0, GRACE_MAX_MS, &n) < 0)
+			return fail(
+			    l, "enforce", key,
+			    "expected milliseconds from 0 to %u, got '%s'",
+			    GRACE_MAX_MS, v);
+		p->grace_ms = (uint32_t)n;
+	} else {
+		return fail(l, "enforce", key, "unknown key");
+	}
+	return 0;
+}
+
+/* One key = value, from the file or a flag. 0, -EINVAL or -ENOMEM. */
+static int apply_key(struct load *l, const char *section, const char *key,
+                     const char *value)
+{
+	if (strcmp(section, "server") == 0)
+		return server_key(l, key, value);
+	if (strcmp(section, "limits") == 0)
+		return limits_key(l, key, value);
+	if (strcmp(section, "admission") == 0)
+		return admission_key(l, key, value);
+	if (strcmp(section, "enforce") == 0)
+		return enforce_key(l, key, value);
+	if (strncmp(section, "group", 5) == 0 &&
+	    (section[5] == ' ' || section[5] == '\t' || section[5] == '\0')) {
+		const char *name = section + 5;
+		while (*name == ' ' || *name == '\t')
+			name++;
+		return group_key(l, section, name, key, value);
+	}
+	if (!section[0])
+		return fail(l, "", key, "a key before any [section]");
+	return fail(l, section, key, "unknown section");
+}
+
+static int on_ini_key(void *user, const char *section, const char *name,
+                      const char *value)
+{
+	struct load *l = user;
+	if (!name)
+		return 1; /* a bare [section] line, if inih reports those */
+	if (l->msg[0])
+		return 0; /* keep the first error only */
+	int err = apply_key(l, section, name, value);
+	if (err == -ENOMEM && !l->msg[0])
+		snprintf(l->msg, sizeof(l->msg), "out of memory");
+	return err == 0;
+}
+
+/*
+ * Read `path` and normalise it for inih: leading blanks removed from each
+ * line (no continuation lines), lines longer than inih's buffer refused.
+ * Returns 0 and a malloc'd text, or -errno / -EINVAL with *bad_line set.
+ */
+static int read_config(const char *path, char **text, int *bad_line)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	struct stat st;
+	if (fstat(fd, &st) < 0) {
+		int e = errno;
+		close(fd);
+		return -e;
+	}
+	if (!S_ISREG(st.st_mode) || st.st_size > (off_t)FILE_MAX_BYTES) {
+		close(fd);
+		return -EFBIG;
+	}
+	size_t cap = (size_t)st.st_size + 1;
+	char *raw = malloc(cap);
+	char *out = malloc(cap + 1);
+	if (!raw || !out) {
+		close(fd);
+		free(raw);
+		free(out);
+		return -ENOMEM;
+	}
+	size_t len = 0;
+	while (len + 1 < cap) {
+		ssize_t n = read(fd, raw + len, cap - 1 - len);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0) {
+			int e = errno;
+			close(fd);
+			free(raw);
+			free(out);
+			return -e;
+		}
+		if (n == 0)
+			break;
+		len += (size_t)n;
+	}
+	close(fd);
+
+	size_t o = 0;
+	int line = 1;
+	for (size_t i = 0; i < len;) {
+		while (i < len && (raw[i] == ' ' || raw[i] == '\t'))
+			i++;
+		size_t start = i;
+		while (i < len && raw[i] != '\n')
+			i++;
+		if (i - start > LINE_MAX_CHARS ||
+		    memchr(raw + start, 0, i - start)) {
+			free(raw);
+			free(out);
+			*bad_line = line;
+			return -EINVAL;
+		}
+		memcpy(out + o, raw + start, i - start);
+		o += i - start;
+		if (i < len) {
+			out[o++] = '\n';
+			i++;
+		}
+		line++;
+	}
+	out[o] = '\0';
+	free(raw);
+	*text = out;
+	return 0;
+}
+
+/* The token from tcp_token_file: first line, trailing blanks cut. */
+static int read_token_file(struct load *l, const char *path)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return fail(l, "server", "tcp_token_file",
+		            "cannot read '%s': %s", path, strerror(errno));
+	char buf[TOKEN_MAX + 2];
+	ssize_t n;
+	do
+		n = read(fd, buf, sizeof(buf) - 1);
+	while (n < 0 && errno == EINTR);
+	int e = errno;
+	struct stat st;
+	bool world = fstat(fd, &st) == 0 && (st.st_mode & 0004);
+	close(fd);
+	if (n < 0)
+		return fail(l, "server", "tcp_token_file",
+		            "cannot read '%s': %s", path, strerror(e));
+	buf[n] = '\0';
+	char *nl = strchr(buf, '\n');
+	if (nl)
+		*nl = '\0';
+	size_t len = strlen(buf);
+	while (len > 0 && (buf[len - 1] == ' ' || buf[len - 1] == '\t' ||
+	                   buf[len - 1] == '\r'))
+		buf[--len] = '\0';
+	if (world) {
+		explicit_bzero(buf, sizeof(buf));
+		return fail(l, "server", "tcp_token_file",
+		            "'%s' is readable by everyone; chmod o-r it", path);
+	}
+	int err = set_str(&l->tcp_token, buf);
+	explicit_bzero(buf, sizeof(buf));
+	return err;
+}
+
+/* Checks across keys, once everything is read. */
+static int finish(struct load *l)
+{
+	struct mts_policy *p = &l->s.policy;
+	char a[16], b[16];
+	if (p->hyst_bp >= p->high_bp) {
+		snprintf(a, sizeof(a), "%u.%02u", p->hyst_bp / 100,
+		         p->hyst_bp % 100);
+		snprintf(b, sizeof(b), "%u.%02u", p->high_bp / 100,
+		         p->high_bp % 100);
+		return fail(l, "limits", "hysteresis",
+		            "must be below high_watermark (%s%% >= %s%%)", a,
+		            b);
+	}
+	for (uint32_t i = 0; i < p->ngroups; i++) {
+		const struct mts_group_policy *g = &p->groups[i];
+		if (g->high_bp && p->hyst_bp >= g->high_bp) {
+			char sec[MTS_NAME_MAX + 8];
+			snprintf(sec, sizeof(sec), "group %s", g->name);
+			return fail(l, sec, "high_watermark",
+			            "must be above [limits] hysteresis");
+		}
+	}
+	if (p->default_ttl_s > p->max_ttl_s)
+		return fail(l, "admission", "default_ttl",
+		            "%u s is above max_ttl (%u s)", p->default_ttl_s,
+		            p->max_ttl_s);
+	if (l->tcp_token && l->tcp_token_file)
+		return fail(l, "server", "tcp_token_file",
+		            "set tcp_token or tcp_token_file, not both");
+	if (l->tcp_token_file) {
+		int err = read_token_file(l, l->tcp_token_file);
+		if (err < 0)
+			return err;
+	}
+	if (l->tcp_token) {
+		size_t n = strlen(l->tcp_token);
+		const char *key =
+		    l->tcp_token_file ? "tcp_token_file" : "tcp_token";
+		if (n < TOKEN_MIN || n > TOKEN_MAX)
+			return fail(
+			    l, "server", key,
+			    "a token must be %u to %u characters (got %zu)",
+			    TOKEN_MIN, TOKEN_MAX, n);
+		for (size_t i = 0; i < n; i++) {
+			unsigned char c = (unsigned char)l->tcp_token[i];
+			if (c <= 0x20 || c == 0x7f)
+				return fail(l, "server", key,
+				            "a token must not hold blanks or "
+				            "control characters");
+		}
+		p->tcp_token = l->tcp_token;
+		l->tcp_token = NULL;
+	}
+	const char *tcp = l->s.owned[OWNED_TCP];
+	if (tcp) {
+		struct sockaddr_storage ss;
+		bool lo = false;
+		if (mts_parse_hostport(tcp, &ss, &lo) < 0)
+			return fail(l, "server", "tcp", "bad address '%s'",
+			            tcp);
+		if (!lo && !l->tcp_allow_remote)
+			return fail(l, "server", "tcp",
+			            "'%s' is not a loopback address; set "
+			            "tcp_allow_remote = true to listen on it",
+			            tcp);
+	}
+	return 0;
+}
+
+static void load_free(struct load *l)
+{
+	mts_settings_free(&l->s);
+	if (l->tcp_token) {
+		explicit_bzero(l->tcp_token, strlen(l->tcp_token));
+		free(l->tcp_token);
+	}
+	free(l->tcp_token_file);
+}
+
+void mts_settings_free(struct mts_settings *s)
+{
+	if (!s)
+		return;
+	mts_policy_free(&s->policy);
+	for (size_t i = 0; i < sizeof(s->owned) / sizeof(s->owned[0]); i++)
+		free(s->owned[i]);
+	free(s->config_path);
+	memset(s, 0, sizeof(*s));
+}
+
+int mts_settings_load(struct mts_settings *out, const char *path,
+                      const struct mts_override *ov, size_t nov, char *err,
+                      size_t errlen)
+{
+	struct load l;
+	int ret = 0;
+	memset(&l, 0, sizeof(l));
+	mts_policy_defaults(&l.s.policy);
+	l.s.log_level = MTS_LOG_INFO;
+	l.s.cfg.slots = MTS_DEFAULT_SLOTS;
+	l.s.cfg.lanes = MTSHM_DEFAULT_LANES;
+	l.s.cfg.tick_ms = MTS_DEFAULT_TICK_MS;
+	l.s.cfg.threshold = MTS_DEFAULT_THRESHOLD;
+	if (set_str(&l.s.owned[OWNED_SOCKET], MTS_DEFAULT_SOCKET) < 0 ||
+	    set_str(&l.s.owned[OWNED_SEGMENT], MTS_DEFAULT_SEGMENT) < 0) {
+		ret = -ENOMEM;
+		snprintf(err, errlen, "out of memory");
+		goto out;
+	}
+
+	if (path) {
+		char *text = NULL;
+		int bad_line = 0;
+		if (set_str(&l.s.config_path, path) < 0) {
+			ret = -ENOMEM;
+			snprintf(err, errlen, "out of memory");
+			goto out;
+		}
+		ret = read_config(path, &text, &bad_line);
+		if (ret == -EINVAL) {
+			snprintf(err, errlen,
+			         "%s:%d: line longer than %u characters or "
+			         "holding a NUL byte",
+			         path, bad_line, LINE_MAX_CHARS);
+			goto out;
+		}
+		if (ret < 0) {
+			snprintf(err, errlen, "%s: cannot read: %s", path,
+			         ret == -EFBIG ? "not a regular file of at "
+			                         "most 1 MiB"
+			                       : strerror(-ret));
+			goto out;
+		}
+		int line = ini_parse_string(text, on_ini_key, &l);
+		free(text);
+		if (line != 0 || l.msg[0]) {
+			if (l.msg[0])
+				snprintf(err, errlen, "%s:%d: %s", path, line,
+				         l.msg);
+			else
+				snprintf(
+				    err, errlen,
+				    "%s:%d: syntax error (expected [section] "
+				    "or key = value)",
+				    path, line);
+			ret = strcmp(l.msg, "out of memory") == 0 ? -ENOMEM
+			                                          : -EINVAL;
+			goto out;
+		}
+	}
+	for (size_t i = 0; i < nov; i++) {
+		ret = apply_key(&l, ov[i].section, ov[i].key, ov[i].value);
+		if (ret < 0) {
+			/* Name the flag, not the key it stands for. */
+			const char *colon = strstr(l.msg, ": ");
+			snprintf(err, errlen, "%s: %s", ov[i].flag,
+			         colon ? colon + 2 : l.msg);
+			goto out;
+		}
+	}
+	ret = finish(&l);
+	if (ret < 0) {
+		snprintf(err, errlen, "%s%s%s", path ? path : "",
+		         path ? ": " : "", l.msg[0] ? l.msg : "out of memory");
+		goto out;
+	}
+
+	l.s.cfg.socket_path = l.s.owned[OWNED_SOCKET];
+	l.s.cfg.segment = l.s.owned[OWNED_SEGMENT];
+	l.s.cfg.tcp_addr = l.s.owned[OWNED_TCP];
+	l.s.cfg.metrics_addr = l.s.owned[OWNED_METRICS];
+	*out = l.s;
+	/* The caller keeps *out in place; policy points into it. */
+	out->cfg.policy = &out->policy;
+	memset(&l.s, 0, sizeof(l.s));
+	ret = 0;
+out:
+	load_free(&l);
+	return ret;
+}

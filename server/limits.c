@@ -1,0 +1,400 @@
+/*
+ * limits.c - limits, states with hysteresis, Watch events, enforcement.
+ *
+ * Three kinds of limit: the fleet's, each group's, and each process's (a
+ * default per-process limit, or one set for a pid with SetLimit). Each
+ * has a state, ok / high / over, moved by mts_state_next():
+ *
+ *           value > limit                value > limit
+ *     ok ------------------> over <------------------- high
+ *     ok --> high at limit x watermark
+ *     over --> high only below limit x (1 - hysteresis)
+ *     high --> ok   only below limit x (watermark - hysteresis)
+ *
+ * so a figure that wobbles around one line changes state once, not on
+ * every tick. What is compared is per policy.measure: accounted bytes,
+ * RSS, or the larger of the two (each of fleet, group and process on its
+ * own sums); for the fleet and groups the outstanding reservations are
+ * added (what a grant has promised is as good as used).
+ *
+ * Every change of the fleet's or a group's state, and every process
+ * entering or leaving `over`, is logged and handed to reg->on_event (the
+ * Watch broadcast). A process in `over` has MTSHM_SLOT_OVER_LIMIT set in
+ * its slot, so the worker can see it with one load; the flag is cleared
+ * when it leaves `over`. Processes are also `high` internally (reported in
+ * ProcessInfo.state), but only over/not-over is an event.
+ *
+ * Enforcement (optional, policy.enforce_signal): once the fleet has been
+ * in `over` for policy.grace_ms, the largest process that is over its own
+ * limit gets the signal, through its pidfd (so never a recycled pid). Then
+ * the grace period starts again: at most one signal per grace period in
+ * all, hence at most one per process. If no process is over its own limit
+ * nothing is signalled -- the fleet is over because of many processes
+ * within their limits, and picking one of them would be a guess.
+ */
+#include "server.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/pidfd.h>
+
+#include "log.h"
+
+static const char *const state_names[] = {"ok", "high", "over"};
+
+static const char *state_name(uint32_t s)
+{
+	return s < 3 ? state_names[s] : "?";
+}
+
+static uint64_t sat_add(uint64_t a, uint64_t b)
+{
+	uint64_t r;
+	return __builtin_add_overflow(a, b, &r) ? UINT64_MAX : r;
+}
+
+/* value >= limit x bp / 10000, compared exactly (128-bit, no rounding:
+ * with a limit of 1 byte, 0 is below 95% of it). */
+static bool at_least(uint64_t value, uint64_t limit, uint32_t bp)
+{
+	return (unsigned __int128)value * MTS_BP_ONE >=
+	       (unsigned __int128)limit * bp;
+}
+
+uint32_t mts_state_next(uint32_t cur, uint64_t value, uint64_t limit,
+                        uint32_t high_bp, uint32_t hyst_bp)
+{
+	if (limit == 0)
+		return MTSHM_STATE_OK;
+	if (value > limit)
+		return MTSHM_STATE_OVER;
+	if (cur == MTSHM_STATE_OVER &&
+	    at_least(value, limit, MTS_BP_ONE - hyst_bp))
+		return MTSHM_STATE_OVER;
+	if (at_least(value, limit, high_bp))
+		return MTSHM_STATE_HIGH;
+	uint32_t low_bp = high_bp > hyst_bp ? high_bp - hyst_bp : 0;
+	if (cur != MTSHM_STATE_OK && low_bp > 0 &&
+	    at_least(value, limit, low_bp))
+		return MTSHM_STATE_HIGH;
+	return MTSHM_STATE_OK;
+}
+
+uint64_t mts_measured(const struct mts_registry *reg, uint64_t accounted,
+                      uint64_t rss)
+{
+	switch (reg->policy.measure) {
+	case MTS_MEASURE_RSS:
+		return rss;
+	case MTS_MEASURE_MAX:
+		return accounted > rss ? accounted : rss;
+	default:
+		return accounted;
+	}
+}
+
+static void emit(struct mts_registry *reg, const char *scope, uint32_t state,
+                 uint32_t previous, uint64_t bytes, uint64_t rss,
+                 uint64_t limit, uint64_t reserved)
+{
+	char q[MTS_LOGQ_MAX];
+	struct mts_event ev = {
+	    .scope = scope,
+	    .state = state,
+	    .previous = previous,
+	    .bytes = bytes,
+	    .rss = rss,
+	    .limit = limit,
+	    .reserved = reserved,
+	    .time_ns = mts_now_realtime(),
+	};
+	mts_log(state == MTSHM_STATE_OVER ? MTS_LOG_WARN : MTS_LOG_INFO,
+	        "state changed",
+	        "scope=%s state=%s previous=%s bytes=%llu rss=%llu "
+	        "measure=%s reserved=%llu limit=%llu",
+	        mts_logq(q, sizeof(q), scope), state_name(state),
+	        state_name(previous), (unsigned long long)bytes,
+	        (unsigned long long)rss, mts_measure_name(reg->policy.measure),
+	        (unsigned long long)reserved, (unsigned long long)limit);
+	if (reg->on_event)
+		reg->on_event(reg->event_ctx, &ev);
+}
+
+static void eval_fleet(struct mts_registry *reg)
+{
+	struct mts_totals *t = &reg->totals;
+	const struct mts_policy *pol = &reg->policy;
+	uint64_t value =
+	    sat_add(mts_measured(reg, t->bytes, t->rss), t->reserved);
+	uint32_t next = mts_state_next(t->state, value, t->limit, pol->high_bp,
+	                               pol->hyst_bp);
+	if (next == t->state)
+		return;
+	uint32_t prev = t->state;
+	t->state = next;
+	if (next == MTSHM_STATE_OVER) {
+		reg->fleet_over_since_ns = mts_now_monotonic();
+	} else if (prev == MTSHM_STATE_OVER) {
+		reg->fleet_over_since_ns = 0;
+		reg->enforce_idle_logged = false;
+	}
+	emit(reg, "fleet", next, prev, t->bytes, t->rss, t->limit, t->reserved);
+}
+
+static void eval_group(struct mts_registry *reg, struct mts_group *g)
+{
+	const struct mts_policy *pol = &reg->policy;
+	uint32_t high = g->high_bp ? g->high_bp : pol->high_bp;
+	uint64_t value =
+	    sat_add(mts_measured(reg, g->bytes, g->rss), g->reserved);
+	uint32_t next =
+	    mts_state_next(g->state, value, g->limit, high, pol->hyst_bp);
+	if (next == g->state)
+		return;
+	uint32_t prev = g->state;
+	g->state = next;
+	char scope[MTS_NAME_MAX + 8];
+	snprintf(scope, sizeof(scope), "group:%s", g->name);
+	emit(reg, scope, next, prev, g->bytes, g->rss, g->limit, g->reserved);
+}
+
+static void eval_proc(struct mts_registry *reg, struct mts_proc *p)
+{
+	const struct mts_policy *pol = &reg->policy;
+	uint64_t value = mts_measured(reg, p->bytes, p->rss);
+	uint32_t next = mts_state_next(p->state, value, p->limit, pol->high_bp,
+	                               pol->hyst_bp);
+	if (next == p->state)
+		return;
+	uint32_t prev = p->state;
+	p->state = next;
+	bool was_over = prev == MTSHM_STATE_OVER;
+	bool is_over = next == MTSHM_STATE_OVER;
+	if (was_over == is_over)
+		return; /* ok <-> high of a process is not an event */
+	/* The flags word has one writer, us; the client only reads it. */
+	struct mtshm_slot_id *s = mtshm_slot(reg->map, p->slot);
+	uint32_t flags = mt_load_relaxed32(&s->flags);
+	flags = is_over ? flags | MTSHM_SLOT_OVER_LIMIT
+	                : flags & ~MTSHM_SLOT_OVER_LIMIT;
+	mt_store_release32(&s->flags, flags);
+	char scope[24];
+	snprintf(scope, sizeof(scope), "pid:%u", p->pid);
+	emit(reg, scope, next, prev, p->bytes, p->rss, p->limit, 0);
+}
+
+void mts_limits_proc_gone(struct mts_registry *reg, const struct mts_proc *p)
+{
+	if (p->state != MTSHM_STATE_OVER)
+		return;
+	char scope[24];
+	snprintf(scope, sizeof(scope), "pid:%u", p->pid);
+	emit(reg, scope, MTSHM_STATE_OK, MTSHM_STATE_OVER, p->bytes, p->rss,
+	     p->limit, 0);
+}
+
+void mts_limits_eval(struct mts_registry *reg, bool procs)
+{
+	eval_fleet(reg);
+	for (uint32_t i = 0; i < reg->groups_used; i++)
+		if (reg->groups[i].name)
+			eval_group(reg, &reg->groups[i]);
+	if (procs)
+		for (uint32_t i = 0; i < reg->ndense; i++)
+			eval_proc(reg, reg->by_slot[reg->dense[i]]);
+}
+
+/* Evaluate and publish at once: a change made by a request (SetLimit,
+ * Admit, Release, reload) is visible before the next tick. */
+static void eval_now(struct mts_registry *reg, bool procs)
+{
+	mts_limits_eval(reg, procs);
+	mts_publish(reg);
+}
+
+static void proc_limit_set(struct mts_registry *reg, struct mts_proc *p,
+                           uint64_t limit)
+{
+	if (p->limit == limit)
+		return;
+	p->limit = limit;
+	mt_store_relaxed64(&mtshm_slot(reg->map, p->slot)->limit, limit);
+}
+
+static void log_limit(const char *why, const char *scope, uint64_t before,
+                      uint64_t after)
+{
+	char q[MTS_LOGQ_MAX];
+	mts_log(MTS_LOG_INFO, why, "scope=%s previous=%llu limit=%llu",
+	        mts_logq(q, sizeof(q), scope), (unsigned long long)before,
+	        (unsigned long long)after);
+}
+
+int mts_limits_apply_policy(struct mts_registry *reg,
+                            const struct mts_policy *pol)
+{
+	struct mts_policy copy;
+	char scope[MTS_NAME_MAX + 8];
+	if (mts_policy_copy(&copy, pol) < 0)
+		return -ENOMEM;
+	/* Create the groups first: the only step that can fail. Empty
+	 * entries made before a failure are collected again below. */
+	for (uint32_t i = 0; i < copy.ngroups; i++) {
+		uint32_t idx;
+		if (mts_group_ensure(reg, copy.groups[i].name, &idx) < 0) {
+			for (uint32_t k = 0; k < reg->groups_used; k++)
+				mts_group_gc(reg, k);
+			mts_policy_free(&copy);
+			return -ENOMEM;
+		}
+	}
+	mts_policy_free(&reg->policy);
+	reg->policy = copy;
+
+	if (reg->totals.limit != copy.fleet_limit)
+		log_limit("limit applied", "fleet", reg->totals.limit,
+		          copy.fleet_limit);
+	reg->totals.limit = copy.fleet_limit;
+	for (uint32_t i = 0; i < reg->groups_used; i++) {
+		struct mts_group *g = &reg->groups[i];
+		if (!g->name)
+			continue;
+		const struct mts_group_policy *gp =
+		    mts_policy_group(&copy, g->name);
+		uint64_t limit = gp ? gp->limit : 0;
+		if (g->limit != limit) {
+			snprintf(scope, sizeof(scope), "group:%s", g->name);
+			log_limit("limit applied", scope, g->limit, limit);
+		}
+		g->limit = limit;
+		g->high_bp = gp ? gp->high_bp : 0;
+		/* A group about to lose its entry says `ok` first. */
+		eval_group(reg, g);
+		mts_group_gc(reg, i);
+	}
+	for (uint32_t i = 0; i < reg->ndense; i++) {
+		struct mts_proc *p = reg->by_slot[reg->dense[i]];
+		proc_limit_set(
+		    reg, p, p->limit_set ? p->limit_set : copy.process_limit);
+	}
+	eval_now(reg, true);
+	return 0;
+}
+
+int mts_limit_set_fleet(struct mts_registry *reg, uint64_t bytes,
+                        uint64_t *previous, uint64_t *now)
+{
+	*previous = reg->totals.limit;
+	reg->totals.limit = bytes;
+	*now = bytes;
+	eval_now(reg, false);
+	return 0;
+}
+
+int mts_limit_set_group(struct mts_registry *reg, const char *name,
+                        uint64_t bytes, uint64_t *previous, uint64_t *now)
+{
+	uint32_t idx;
+	if (!name || !name[0])
+		name = "default";
+	if (!mts_name_ok(name))
+		return -EINVAL;
+	int err = mts_group_ensure(reg, name, &idx);
+	if (err < 0)
+		return err;
+	struct mts_group *g = &reg->groups[idx];
+	*previous = g->limit;
+	g->limit = bytes;
+	*now = bytes;
+	if (bytes == 0 && g->state != MTSHM_STATE_OK) {
+		/* No limit, no state: say so before the entry may go. */
+		eval_group(reg, g);
+	}
+	mts_group_gc(reg, idx);
+	eval_now(reg, false);
+	return 0;
+}
+
+int mts_limit_set_pid(struct mts_registry *reg, uint32_t pid, uint64_t bytes,
+                      uint64_t *previous, uint64_t *now)
+{
+	struct mts_proc *p = mts_find_pid(reg, pid);
+	if (!p)
+		return -ENOENT;
+	*previous = p->limit;
+	p->limit_set = bytes;
+	proc_limit_set(reg, p, bytes ? bytes : reg->policy.process_limit);
+	*now = p->limit;
+	eval_proc(reg, p);
+	eval_now(reg, false);
+	return 0;
+}
+
+void mts_enforce(struct mts_registry *reg, uint64_t now_ns)
+{
+	const struct mts_policy *pol = &reg->policy;
+	if (!pol->enforce_signal || reg->totals.state != MTSHM_STATE_OVER ||
+	    reg->fleet_over_since_ns == 0)
+		return;
+	uint64_t grace = (uint64_t)pol->grace_ms * 1000000u;
+	if (now_ns < reg->fleet_over_since_ns ||
+	    now_ns - reg->fleet_over_since_ns < grace)
+		return;
+
+	struct mts_proc *best = NULL;
+	uint64_t best_v = 0;
+	for (uint32_t i = 0; i < reg->ndense; i++) {
+		struct mts_proc *p = reg->by_slot[reg->dense[i]];
+		if (p->state != MTSHM_STATE_OVER)
+			continue;
+		if (p->last_signal_ns && now_ns - p->last_signal_ns < grace)
+			continue;
+		uint64_t v = mts_measured(reg, p->bytes, p->rss);
+		if (!best || v > best_v ||
+		    (v == best_v && p->pid < best->pid)) {
+			best = p;
+			best_v = v;
+		}
+	}
+	const char *sig = sigabbrev_np(pol->enforce_signal);
+	if (!best) {
+		if (!reg->enforce_idle_logged)
+			mts_log(
+			    MTS_LOG_WARN,
+			    "fleet over its limit past the grace period; no "
+			    "process is over its own limit, nothing "
+			    "signalled",
+			    "signal=SIG%s grace_ms=%u bytes=%llu limit=%llu",
+			    sig ? sig : "?", pol->grace_ms,
+			    (unsigned long long)reg->totals.bytes,
+			    (unsigned long long)reg->totals.limit);
+		reg->enforce_idle_logged = true;
+		return;
+	}
+	char qc[MTS_LOGQ_MAX], qg[MTS_LOGQ_MAX];
+	best->last_signal_ns = now_ns;
+	/* One signal per grace period in all: let this one take effect
+	 * before choosing another process. */
+	reg->fleet_over_since_ns = now_ns;
+	if (pidfd_send_signal(best->pidfd, pol->enforce_signal, NULL, 0) < 0) {
+		mts_log(MTS_LOG_ERROR, "enforcement signal failed",
+		        "pid=%u signal=SIG%s err=%s", best->pid,
+		        sig ? sig : "?", strerror(errno));
+		return;
+	}
+	reg->stats.enforcement_signals++;
+	mts_log(MTS_LOG_WARN, "enforcement: signal sent",
+	        "pid=%u comm=%s group=%s signal=SIG%s bytes=%llu rss=%llu "
+	        "limit=%llu fleet_bytes=%llu fleet_reserved=%llu "
+	        "fleet_limit=%llu grace_ms=%u",
+	        best->pid, mts_logq(qc, sizeof(qc), best->comm),
+	        mts_logq(qg, sizeof(qg), reg->groups[best->group].name),
+	        sig ? sig : "?", (unsigned long long)best->bytes,
+	        (unsigned long long)best->rss, (unsigned long long)best->limit,
+	        (unsigned long long)reg->totals.bytes,
+	        (unsigned long long)reg->totals.reserved,
+	        (unsigned long long)reg->totals.limit, pol->grace_ms);
+}

@@ -1,0 +1,1077 @@
+/*
+ * metrics.c - the Prometheus endpoint: render the registry as text
+ * exposition 0.0.4 and serve it at /metrics over HTTP.
+ *
+ * Threads. The registry belongs to the loop thread and is not locked, so
+ * the HTTP side never reads it. libmicrohttpd runs on a thread of its own
+ * (MHD_USE_INTERNAL_POLLING_THREAD: a well-kept HTTP parser, and a slow or
+ * hostile scraper cannot stall the loop). The two threads share only what
+ * struct mts_metrics keeps under `mu`: the latest rendered text, when it
+ * was rendered, a render sequence number and the `serving` flag.
+ *
+ * Rendering on demand. A scrape that finds the text older than
+ * MTS_METRICS_FRESH_MS wakes the loop with uv_async_send() and waits (on
+ * `cv`, at most MTS_METRICS_WAIT_MS) for the loop to render a new text and
+ * swap it in; then it copies the text out under `mu` and answers. So:
+ *  - Staleness bound: a 200 answer holds a snapshot of the loop's state
+ *    taken at most MTS_METRICS_FRESH_MS (100 ms) before the scrape was
+ *    handled, or during it. Ticks run every 10 ms by default, so the
+ *    figures are those of a tick at most ~110 ms old.
+ *  - Cost: nothing while nobody scrapes (a periodic render would cost a
+ *    few ms every period for thousands of processes), and at most one
+ *    render per MTS_METRICS_FRESH_MS however hard a client hammers us.
+ *  - A loop that does not answer within MTS_METRICS_WAIT_MS gets the
+ *    scrape a 503, not old figures: Prometheus then records the target as
+ *    down, which is the truth about a stuck server.
+ * The render runs on the loop thread outside `mu`; the lock is held only
+ * for a buffer swap (loop) and a memcpy (HTTP thread).
+ *
+ * Listening. We bind the socket ourselves and hand it to libmicrohttpd
+ * (MHD_OPTION_LISTEN_SOCKET) so that mts_metrics_start() can return the
+ * real -errno (EADDRINUSE, EACCES, ...) rather than a bare failure. IPv6
+ * sockets are dual-stack (IPV6_V6ONLY off, what MHD_USE_DUAL_STACK does),
+ * so "[::]:PORT" serves IPv4 scrapers too. Port 0 picks a free port; the
+ * bound one is logged (`msg="metrics listening" addr=...`) and returned by
+ * mts_metrics_port().
+ *
+ * HTTP. GET and HEAD of /metrics (libmicrohttpd drops the body of a HEAD
+ * answer itself); 405 with Allow for other methods, 404 for other paths.
+ * No compression: scrapers ask for gzip but accept identity.
+ *
+ * Exposition choices (each family has # HELP and # TYPE, all its samples
+ * together; `promtool check metrics` is clean on it):
+ *  - Bytes and seconds, counters end in _total, states are the usual enum
+ *    pattern: one gauge per state, exactly one of them 1 (none when the
+ *    recorded state is not one we know).
+ *  - A limit of 0 means "none": its sample is left out rather than shown
+ *    as 0, so `accounted / limit` alerts see no series instead of +Inf,
+ *    and a family with no sample at all is left out whole.
+ *  - `unregistered` only ever grows (workers refused a slot since start),
+ *    so it is the counter memtally_unregistered_processes_total.
+ *  - Label values come from workers (group) and the kernel (comm, which
+ *    prctl() lets a process set to any bytes): backslash, double quote
+ *    and newline are escaped as the format requires, and bytes that are
+ *    not UTF-8 become U+FFFD, since Prometheus rejects the whole scrape
+ *    on an invalid label value.
+ *  - Per-process series carry pid, group and comm. Their number is
+ *    bounded by the slot count, but every new pid is a new series.
+ */
+#include "metrics.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <microhttpd.h>
+
+#include "log.h"
+
+#define FRESH_NS ((uint64_t)MTS_METRICS_FRESH_MS * 1000000u)
+
+/* libmicrohttpd limits: a scraper needs one connection at a time. */
+#define HTTP_CONNECTION_LIMIT 16u
+#define HTTP_IDLE_TIMEOUT_S   10u
+#define LISTEN_BACKLOG        16
+
+/* ---- rendering ------------------------------------------------------- */
+
+static const char *const state_names[] = {"ok", "high", "over"};
+_Static_assert(MTSHM_STATE_OK == 0 && MTSHM_STATE_HIGH == 1 &&
+                   MTSHM_STATE_OVER == 2,
+               "state_names follows enum mtshm_state");
+
+static const char *const denial_names[] = {
+    [MTS_DENY_FLEET_LIMIT] = "fleet_limit",
+    [MTS_DENY_GROUP_LIMIT] = "group_limit",
+    [MTS_DENY_INVALID] = "invalid",
+};
+_Static_assert(sizeof(denial_names) / sizeof(denial_names[0]) ==
+                   MTS_DENY__COUNT,
+               "give each enum mts_denial a reason label in denial_names");
+
+/* An output buffer that remembers its first error, so the renderer can
+ * append without checking every call and look once at the end. */
+struct out {
+	struct mts_buf *b;
+	int err;
+};
+
+static void put(struct out *o, const void *p, size_t n)
+{
+	if (o->err || n == 0)
+		return;
+	int err = mts_buf_reserve(o->b, n);
+	if (err < 0) {
+		o->err = err;
+		return;
+	}
+	memcpy(o->b->data + o->b->len, p, n);
+	o->b->len += n;
+}
+
+static void put_str(struct out *o, const char *s)
+{
+	put(o, s, strlen(s));
+}
+
+static void put_u64(struct out *o, uint64_t v)
+{
+	char d[20];
+	size_t n = sizeof(d);
+	do {
+		d[--n] = (char)('0' + v % 10);
+		v /= 10;
+	} while (v);
+	put(o, d + n, sizeof(d) - n);
+}
+
+/* Nanoseconds as exact decimal seconds, "0.001500000": no floating point,
+ * no locale. */
+static void put_seconds(struct out *o, uint64_t ns)
+{
+	char frac[10];
+	uint64_t f = ns % 1000000000u;
+	put_u64(o, ns / 1000000000u);
+	frac[0] = '.';
+	for (int i = 9; i >= 1; i--) {
+		frac[i] = (char)('0' + f % 10);
+		f /= 10;
+	}
+	put(o, frac, sizeof(frac));
+}
+
+/* Length of the well-formed UTF-8 sequence at s (NUL-terminated), or 0:
+ * overlong forms, surrogates and code points past U+10FFFF are not. Reads
+ * no byte past a NUL. */
+static size_t utf8_len(const unsigned char *s)
+{
+	unsigned char c = s[0], lo = 0x80, hi = 0xbf;
+	if (c < 0x80)
+		return 1;
+	if (c >= 0xc2 && c <= 0xdf)
+		return (s[1] & 0xc0) == 0x80 ? 2 : 0;
+	if (c >= 0xe0 && c <= 0xef) {
+		if (c == 0xe0)
+			lo = 0xa0;
+		if (c == 0xed)
+			hi = 0x9f;
+		if (s[1] < lo || s[1] > hi)
+			return 0;
+		return (s[2] & 0xc0) == 0x80 ? 3 : 0;
+	}
+	if (c >= 0xf0 && c <= 0xf4) {
+		if (c == 0xf0)
+			lo = 0x90;
+		if (c == 0xf4)
+			hi = 0x8f;
+		if (s[1] < lo || s[1] > hi)
+			return 0;
+		if ((s[2] & 0xc0) != 0x80 || (s[3] & 0xc0) != 0x80)
+			return 0;
+		return 4;
+	}
+	return 0;
+}
+
+/* A quoted label value: \\, \" and \n escaped, non-UTF-8 bytes as U+FFFD. */
+static void put_label_value(struct out *o, const char *s)
+{
+	const unsigned char *p = (const unsigned char *)(s ? s : "");
+	put(o, "\"", 1);
+	while (*p) {
+		const unsigned char *run = p;
+		size_t n = 0;
+		while (*p && *p != '\\' && *p != '"' && *p != '\n') {
+			n = utf8_len(p);
+			if (n == 0)
+				break;
+			p += n;
+		}
+		put(o, run, (size_t)(p - run));
+		if (!*p)
+			break;
+		if (*p == '\\')
+			put(o, "\\\\", 2);
+		else if (*p == '"')
+			put(o, "\\\"", 2);
+		else if (*p == '\n')
+			put(o, "\\n", 2);
+		else
+			put(o, "\xef\xbf\xbd", 3);
+		p++;
+	}
+	put(o, "\"", 1);
+}
+
+static void family(struct out *o, const char *name, const char *type,
+                   const char *help)
+{
+	put_str(o, "# HELP ");
+	put_str(o, name);
+	put(o, " ", 1);
+	put_str(o, help);
+	put_str(o, "\n# TYPE ");
+	put_str(o, name);
+	put(o, " ", 1);
+	put_str(o, type);
+	put(o, "\n", 1);
+}
+
+static void sample(struct out *o, const char *name, uint64_t v)
+{
+	put_str(o, name);
+	put(o, " ", 1);
+	put_u64(o, v);
+	put(o, "\n", 1);
+}
+
+/* A gauge family of one unlabelled sample. */
+static void gauge(struct out *o, const char *name, const char *help, uint64_t v)
+{
+	family(o, name, "gauge", help);
+	sample(o, name, v);
+}
+
+static void counter(struct out *o, const char *name, const char *help,
+                    uint64_t v)
+{
+	family(o, name, "counter", help);
+	sample(o, name, v);
+}
+
+/*
+ * Pre-rendered label sets, `k="v",k="v"` without braces, one per group
+ * (by group index) or per process (by dense index): the same set is used
+ * by several families, and escaping it once keeps a render of thousands
+ * of processes cheap.
+ */
+struct labels {
+	struct mts_buf text;
+	size_t *off; /* n + 1 offsets into text; set i is [off[i], off[i+1]) */
+	uint32_t n;
+};
+
+static int labels_init(struct labels *l, uint32_t n)
+{
+	memset(l, 0, sizeof(*l));
+	l->off = calloc((size_t)n + 1, sizeof(*l->off));
+	l->n = n;
+	return l->off ? 0 : -ENOMEM;
+}
+
+static void labels_free(struct labels *l)
+{
+	mts_buf_free(&l->text);
+	free(l->off);
+	l->off = NULL;
+}
+
+/* name{<set i><extra>} v */
+static void sample_l(struct out *o, const char *name, const struct labels *l,
+                     uint32_t i, const char *extra, uint64_t v)
+{
+	put_str(o, name);
+	put(o, "{", 1);
+	put(o, l->text.data + l->off[i], l->off[i + 1] - l->off[i]);
+	if (extra)
+		put_str(o, extra);
+	put(o, "} ", 2);
+	put_u64(o, v);
+	put(o, "\n", 1);
+}
+
+/* The usual enum pattern: name{...,state="ok|high|over"}, one of them 1. */
+static void state_samples(struct out *o, const char *name,
+                          const struct labels *l, uint32_t i, uint32_t state)
+{
+	for (uint32_t s = 0; s < 3; s++) {
+		const char *extra = s == 0   ? ",state=\"ok\""
+		                    : s == 1 ? ",state=\"high\""
+		                             : ",state=\"over\"";
+		if (l) {
+			sample_l(o, name, l, i, extra, state == s);
+		} else {
+			put_str(o, name);
+			put_str(o, "{state=\"");
+			put_str(o, state_names[s]);
+			put_str(o, "\"} ");
+			put_u64(o, state == s);
+			put(o, "\n", 1);
+		}
+	}
+}
+
+static bool group_live(const struct mts_registry *reg, uint32_t i)
+{
+	return reg->groups[i].name != NULL;
+}
+
+static const struct mts_proc *dense_proc(const struct mts_registry *reg,
+                                         uint32_t i)
+{
+	return reg->by_slot[reg->dense[i]];
+}
+
+static int build_group_labels(const struct mts_registry *reg, struct labels *gl)
+{
+	int err = labels_init(gl, reg->groups_used);
+	if (err < 0)
+		return err;
+	struct out o = {.b = &gl->text};
+	for (uint32_t i = 0; i < reg->groups_used; i++) {
+		if (group_live(reg, i)) {
+			put_str(&o, "group=");
+			put_label_value(&o, reg->groups[i].name);
+		}
+		gl->off[i + 1] = gl->text.len;
+	}
+	return o.err;
+}
+
+static int build_proc_labels(const struct mts_registry *reg,
+                             const struct labels *gl, struct labels *pl)
+{
+	int err = labels_init(pl, reg->ndense);
+	if (err < 0)
+		return err;
+	struct out o = {.b = &pl->text};
+	for (uint32_t i = 0; i < reg->ndense; i++) {
+		const struct mts_proc *p = dense_proc(reg, i);
+		put_str(&o, "pid=\"");
+		put_u64(&o, p->pid);
+		put_str(&o, "\",");
+		if (p->group < gl->n)
+			put(&o, gl->text.data + gl->off[p->group],
+			    gl->off[p->group + 1] - gl->off[p->group]);
+		put_str(&o, ",comm=");
+		put_label_value(&o, p->comm);
+		pl->off[i + 1] = pl->text.len;
+	}
+	return o.err;
+}
+
+/* The offset to roll back to if a family turns out to have no sample. */
+static size_t mark(const struct out *o)
+{
+	return o->b->len;
+}
+
+static void drop_if_empty(struct out *o, size_t at, bool any)
+{
+	if (!any && !o->err)
+		o->b->len = at;
+}
+
+static void render_fleet(struct out *o, const struct mts_registry *reg)
+{
+	const struct mts_totals *t = &reg->totals;
+	gauge(
+	    o, "memtally_fleet_accounted_bytes",
+	    "Bytes the fleet's workers have allocated, as of the latest tick.",
+	    t->bytes);
+	gauge(o, "memtally_fleet_error_bytes",
+	      "Error bar of the accounted bytes: threshold times live threads.",
+	      t->error_bytes);
+	gauge(o, "memtally_fleet_peak_bytes",
+	      "Highest fleet accounted bytes seen since the server started.",
+	      t->peak);
+	gauge(o, "memtally_fleet_rss_bytes",
+	      "Resident set of the registered processes, from /proc.", t->rss);
+	gauge(o, "memtally_fleet_reserved_bytes",
+	      "Bytes held by outstanding admission reservations.", t->reserved);
+	if (t->limit) {
+		gauge(o, "memtally_fleet_limit_bytes",
+		      "Fleet limit; absent when there is none.", t->limit);
+	}
+	family(o, "memtally_fleet_state", "gauge",
+	       "Fleet state against its limit: 1 for the current state.");
+	state_samples(o, "memtally_fleet_state", NULL, 0, t->state);
+	gauge(o, "memtally_processes", "Registered worker processes.",
+	      t->processes);
+	counter(o, "memtally_unregistered_processes_total",
+	        "Workers refused a slot because the segment was full; they run "
+	        "unaccounted.",
+	        t->unregistered);
+	gauge(o, "memtally_slots", "Slots in the shared segment.",
+	      reg->slot_count);
+	gauge(o, "memtally_slots_free", "Slots free for new workers.",
+	      reg->nfree);
+}
+
+/* One gauge family over the live groups; `field` picks the value. */
+enum gfield { G_BYTES, G_ERROR, G_PEAK, G_RSS, G_RESERVED, G_LIMIT, G_PROCS };
+
+static uint64_t group_value(const struct mts_group *g, enum gfield f)
+{
+	switch (f) {
+	case G_BYTES:
+		return g->bytes;
+	case G_ERROR:
+		return g->error_bytes;
+	case G_PEAK:
+		return g->peak;
+	case G_RSS:
+		return g->rss;
+	case G_RESERVED:
+		return g->reserved;
+	case G_LIMIT:
+		return g->limit;
+	case G_PROCS:
+		return g->processes;
+	}
+	return 0;
+}
+
+static void group_family(struct out *o, const struct mts_registry *reg,
+                         const struct labels *gl, const char *name,
+                         const char *help, enum gfield f, bool skip_zero)
+{
+	size_t at = mark(o);
+	bool any = false;
+	family(o, name, "gauge", help);
+	for (uint32_t i = 0; i < reg->groups_used; i++) {
+		if (!group_live(reg, i))
+			continue;
+		uint64_t v = group_value(&reg->groups[i], f);
+		if (skip_zero && v == 0)
+			continue;
+		sample_l(o, name, gl, i, NULL, v);
+		any = true;
+	}
+	drop_if_empty(o, at, any);
+}
+
+static void render_groups(struct out *o, const struct mts_registry *reg,
+                          const struct labels *gl)
+{
+	group_family(o, reg, gl, "memtally_group_accounted_bytes",
+	             "Bytes a group's workers have allocated, as of the latest "
+	             "tick.",
+	             G_BYTES, false);
+	group_family(o, reg, gl, "memtally_group_error_bytes",
+	             "Error bar of a group's accounted bytes.", G_ERROR, false);
+	group_family(o, reg, gl, "memtally_group_peak_bytes",
+	             "Highest accounted bytes seen for a group.", G_PEAK,
+	             false);
+	group_family(o, reg, gl, "memtally_group_rss_bytes",
+	             "Resident set of a group's processes, from /proc.", G_RSS,
+	             false);
+	group_family(o, reg, gl, "memtally_group_reserved_bytes",
+	             "Bytes held by a group's outstanding reservations.",
+	             G_RESERVED, false);
+	group_family(o, reg, gl, "memtally_group_limit_bytes",
+	             "Group limit; absent for a group without one.", G_LIMIT,
+	             true);
+	group_family(o, reg, gl, "memtally_group_processes",
+	             "Registered processes in a group.", G_PROCS, false);
+
+	size_t at = mark(o);
+	bool any = false;
+	family(o, "memtally_group_state", "gauge",
+	       "Group state against its limit: 1 for the current state.");
+	for (uint32_t i = 0; i < reg->groups_used; i++) {
+		if (!group_live(reg, i))
+			continue;
+		state_samples(o, "memtally_group_state", gl, i,
+		              reg->groups[i].state);
+		any = true;
+	}
+	drop_if_empty(o, at, any);
+}
+
+enum pfield { P_BYTES, P_RSS, P_LIMIT, P_PEAK, P_THREADS, P_OVER };
+
+static uint64_t proc_value(const struct mts_proc *p, enum pfield f)
+{
+	switch (f) {
+	case P_BYTES:
+		return p->bytes;
+	case P_RSS:
+		return p->rss;
+	case P_LIMIT:
+		return p->limit;
+	case P_PEAK:
+		return p->peak;
+	case P_THREADS:
+		return p->threads;
+	case P_OVER:
+		return p->state == MTSHM_STATE_OVER;
+	}
+	return 0;
+}
+
+static void proc_family(struct out *o, const struct mts_registry *reg,
+                        const struct labels *pl, const char *name,
+                        const char *help, enum pfield f, bool skip_zero)
+{
+	size_t at = mark(o);
+	bool any = false;
+	family(o, name, "gauge", help);
+	for (uint32_t i = 0; i < reg->ndense; i++) {
+		uint64_t v = proc_value(dense_proc(reg, i), f);
+		if (skip_zero && v == 0)
+			continue;
+		sample_l(o, name, pl, i, NULL, v);
+		any = true;
+	}
+	drop_if_empty(o, at, any);
+}
+
+static void render_procs(struct out *o, const struct mts_registry *reg,
+                         const struct labels *pl)
+{
+	proc_family(o, reg, pl, "memtally_process_accounted_bytes",
+	            "Bytes a worker has allocated, as of the latest tick.",
+	            P_BYTES, false);
+	proc_family(o, reg, pl, "memtally_process_rss_bytes",
+	            "Resident set of a worker, from /proc/PID/statm.", P_RSS,
+	            false);
+	proc_family(o, reg, pl, "memtally_process_limit_bytes",
+	            "Per-process limit in force; absent when there is none.",
+	            P_LIMIT, true);
+	proc_family(o, reg, pl, "memtally_process_peak_bytes",
+	            "Highest accounted bytes seen for a worker.", P_PEAK,
+	            false);
+	proc_family(o, reg, pl, "memtally_process_threads",
+	            "Live threads of a worker, as its slot reports them.",
+	            P_THREADS, false);
+	proc_family(o, reg, pl, "memtally_process_over_limit",
+	            "1 while a worker is over its own limit.", P_OVER, false);
+}
+
+static void render_counters(struct out *o, const struct mts_registry *reg)
+{
+	const struct mts_stats *s = &reg->stats;
+	counter(o, "memtally_registrations_total",
+	        "Successful worker registrations.", s->registrations);
+	counter(o, "memtally_reclaims_total",
+	        "Slots reclaimed when their worker exited.", s->reclaims);
+	counter(o, "memtally_admissions_total", "Admit requests granted.",
+	        s->admissions);
+	family(o, "memtally_denials_total", "counter",
+	       "Admit requests denied, by the reason that decided.");
+	for (uint32_t i = 0; i < MTS_DENY__COUNT; i++) {
+		put_str(o, "memtally_denials_total{reason=\"");
+		put_str(o, denial_names[i]);
+		put_str(o, "\"} ");
+		put_u64(o, s->denials[i]);
+		put(o, "\n", 1);
+	}
+	counter(o, "memtally_releases_total",
+	        "Reservations ended by a Release.", s->releases);
+	counter(o, "memtally_reservation_expirations_total",
+	        "Reservations ended by their TTL.", s->expirations);
+	counter(o, "memtally_enforcement_signals_total",
+	        "Signals sent to processes over their limit.",
+	        s->enforcement_signals);
+	counter(o, "memtally_watch_events_total",
+	        "Events sent to Watch subscribers.", s->events);
+	counter(o, "memtally_protocol_errors_total",
+	        "Error responses to malformed frames.", s->protocol_errors);
+
+	family(o, "memtally_tick_duration_seconds", "summary",
+	       "Time one aggregation tick took.");
+	put_str(o, "memtally_tick_duration_seconds_sum ");
+	put_seconds(o, s->tick_ns_sum);
+	put(o, "\n", 1);
+	sample(o, "memtally_tick_duration_seconds_count", s->tick_count);
+	family(o, "memtally_tick_last_duration_seconds", "gauge",
+	       "Time the latest aggregation tick took.");
+	put_str(o, "memtally_tick_last_duration_seconds ");
+	put_seconds(o, s->last_tick_ns);
+	put(o, "\n", 1);
+}
+
+int mts_metrics_render(const struct mts_registry *reg, struct mts_buf *out)
+{
+	struct out o = {.b = out};
+	struct labels gl, pl;
+	int err = build_group_labels(reg, &gl);
+	if (err < 0)
+		goto fail_free_groups;
+	err = build_proc_labels(reg, &gl, &pl);
+	if (err < 0)
+		goto fail_free_procs;
+
+	family(&o, "memtally_build_info", "gauge",
+	       "Always 1; the labels say which memtallyd this is.");
+	put_str(&o, "memtally_build_info{version=");
+	put_label_value(&o, MTS_VERSION);
+	put_str(&o, "} 1\n");
+	render_fleet(&o, reg);
+	render_groups(&o, reg, &gl);
+	render_procs(&o, reg, &pl);
+	render_counters(&o, reg);
+	err = o.err;
+
+fail_free_procs:
+	labels_free(&pl);
+fail_free_groups:
+	labels_free(&gl);
+	return err;
+}
+
+/* ---- addresses ------------------------------------------------------- */
+
+static int parse_port(const char *s, uint16_t *port)
+{
+	uint32_t v = 0;
+	if (!*s || strlen(s) > 5)
+		return -EINVAL;
+	for (; *s; s++) {
+		if (*s < '0' || *s > '9')
+			return -EINVAL;
+		v = v * 10 + (uint32_t)(*s - '0');
+	}
+	if (v > 65535)
+		return -EINVAL;
+	*port = (uint16_t)v;
+	return 0;
+}
+
+int mts_metrics_parse_addr(const char *host_port, struct sockaddr_storage *ss,
+                           socklen_t *len)
+{
+	char host[256];
+	uint16_t port;
+	if (!host_port)
+		return -EINVAL;
+	const char *colon = strrchr(host_port, ':');
+	if (!colon || colon == host_port || parse_port(colon + 1, &port) < 0)
+		return -EINVAL;
+	size_t hlen = (size_t)(colon - host_port);
+	bool v6 = host_port[0] == '[';
+	if (v6) {
+		/* "[addr]": strip the brackets. */
+		if (hlen < 3 || host_port[hlen - 1] != ']')
+			return -EINVAL;
+		host_port++;
+		hlen -= 2;
+	}
+	if (hlen >= sizeof(host))
+		return -EINVAL;
+	memcpy(host, host_port, hlen);
+	host[hlen] = '\0';
+	/* A bare IPv6 literal ("::1:9100") is ambiguous: brackets, please. */
+	if (!v6 && strchr(host, ':'))
+		return -EINVAL;
+
+	memset(ss, 0, sizeof(*ss));
+	if (v6) {
+		struct sockaddr_in6 *a = (struct sockaddr_in6 *)ss;
+		if (inet_pton(AF_INET6, host, &a->sin6_addr) != 1)
+			return -EINVAL;
+		a->sin6_family = AF_INET6;
+		a->sin6_port = htons(port);
+		*len = sizeof(*a);
+		return 0;
+	}
+	struct sockaddr_in *a4 = (struct sockaddr_in *)ss;
+	const char *lit = strcmp(host, "localhost") == 0 ? "127.0.0.1" : host;
+	if (inet_pton(AF_INET, lit, &a4->sin_addr) == 1) {
+		a4->sin_family = AF_INET;
+		a4->sin_port = htons(port);
+		*len = sizeof(*a4);
+		return 0;
+	}
+
+	struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *res = NULL;
+	if (getaddrinfo(host, NULL, &hints, &res) != 0 || !res)
+		return -EINVAL;
+	int err = -EINVAL;
+	if (res->ai_family == AF_INET &&
+	    res->ai_addrlen == sizeof(struct sockaddr_in)) {
+		memcpy(ss, res->ai_addr, res->ai_addrlen);
+		a4->sin_port = htons(port);
+		*len = sizeof(struct sockaddr_in);
+		err = 0;
+	} else if (res->ai_family == AF_INET6 &&
+	           res->ai_addrlen == sizeof(struct sockaddr_in6)) {
+		memcpy(ss, res->ai_addr, res->ai_addrlen);
+		((struct sockaddr_in6 *)ss)->sin6_port = htons(port);
+		*len = sizeof(struct sockaddr_in6);
+		err = 0;
+	}
+	freeaddrinfo(res);
+	return err;
+}
+
+/* "127.0.0.1:9100" or "[::1]:9100" for the logs. */
+static void format_addr(const struct sockaddr_storage *ss, uint16_t port,
+                        char *buf, size_t cap)
+{
+	char ip[INET6_ADDRSTRLEN] = "?";
+	if (ss->ss_family == AF_INET6) {
+		inet_ntop(AF_INET6,
+		          &((const struct sockaddr_in6 *)ss)->sin6_addr, ip,
+		          sizeof(ip));
+		snprintf(buf, cap, "[%s]:%u", ip, port);
+	} else {
+		inet_ntop(AF_INET, &((const struct sockaddr_in *)ss)->sin_addr,
+		          ip, sizeof(ip));
+		snprintf(buf, cap, "%s:%u", ip, port);
+	}
+}
+
+/* ---- serving --------------------------------------------------------- */
+
+struct mts_metrics {
+	uv_async_t async; /* a scrape wants a fresh text; runs on the loop */
+	const struct mts_registry *reg;
+	struct MHD_Daemon *mhd;
+	uint16_t port;
+	struct mts_buf spare; /* loop thread only: the next text goes here */
+
+	pthread_mutex_t mu;
+	pthread_cond_t cv; /* broadcast when seq moves or serving drops */
+	/* Under mu: */
+	struct mts_buf text;  /* the latest text */
+	uint64_t rendered_ns; /* CLOCK_MONOTONIC at its render; 0: none */
+	uint64_t seq;         /* renders attempted */
+	int render_err;       /* of the latest attempt */
+	bool serving;         /* the async handle is usable: set after start,
+	                       * cleared by stop */
+};
+
+/* Loop thread: render a text and publish it. */
+static void on_render(uv_async_t *h)
+{
+	struct mts_metrics *m = h->data;
+	m->spare.len = 0;
+	int err = mts_metrics_render(m->reg, &m->spare);
+	uint64_t now = mts_now_monotonic();
+
+	pthread_mutex_lock(&m->mu);
+	if (err == 0) {
+		struct mts_buf t = m->text;
+		m->text = m->spare;
+		m->spare = t;
+		m->rendered_ns = now;
+	}
+	m->render_err = err;
+	m->seq++;
+	pthread_cond_broadcast(&m->cv);
+	pthread_mutex_unlock(&m->mu);
+}
+
+static void deadline_after_ms(struct timespec *ts, unsigned ms)
+{
+	clock_gettime(CLOCK_MONOTONIC, ts);
+	ts->tv_sec += ms / 1000u;
+	ts->tv_nsec += (long)(ms % 1000u) * 1000000L;
+	if (ts->tv_nsec >= 1000000000L) {
+		ts->tv_sec++;
+		ts->tv_nsec -= 1000000000L;
+	}
+}
+
+/*
+ * HTTP thread: a copy of a text no older than FRESH_NS, rendered on
+ * demand. Returns the status to answer: 200 with *body (malloc'd, the
+ * caller frees) and *len, 503 (the loop did not answer in time, or we are
+ * stopping) or 500 (out of memory).
+ */
+static unsigned snapshot(struct mts_metrics *m, char **body, size_t *len)
+{
+	unsigned status = MHD_HTTP_OK;
+	bool timed_out = false;
+	*body = NULL;
+	pthread_mutex_lock(&m->mu);
+	uint64_t now = mts_now_monotonic();
+	if (!m->serving) {
+		status = MHD_HTTP_SERVICE_UNAVAILABLE;
+	} else if (m->rendered_ns == 0 || now - m->rendered_ns > FRESH_NS) {
+		uint64_t asked = m->seq;
+		struct timespec until;
+		deadline_after_ms(&until, MTS_METRICS_WAIT_MS);
+		uv_async_send(&m->async);
+		while (m->seq == asked && m->serving) {
+			if (pthread_cond_timedwait(&m->cv, &m->mu, &until) ==
+			    ETIMEDOUT)
+				break;
+		}
+		if (m->seq == asked) {
+			status = MHD_HTTP_SERVICE_UNAVAILABLE;
+			timed_out = m->serving;
+		} else if (m->render_err) {
+			status = MHD_HTTP_INTERNAL_SERVER_ERROR;
+		}
+	}
+	if (status == MHD_HTTP_OK) {
+		*len = m->text.len;
+		*body = malloc(*len ? *len : 1);
+		if (*body)
+			memcpy(*body, m->text.data, *len);
+		else
+			status = MHD_HTTP_INTERNAL_SERVER_ERROR;
+	}
+	pthread_mutex_unlock(&m->mu);
+	if (timed_out)
+		mts_log(MTS_LOG_WARN, "metrics scrape got no render in time",
+		        "wait_ms=%u", MTS_METRICS_WAIT_MS);
+	return status;
+}
+
+static enum MHD_Result reply_text(struct MHD_Connection *c, unsigned status,
+                                  const char *text)
+{
+	struct MHD_Response *r = MHD_create_response_from_buffer(
+	    strlen(text), (void *)text, MHD_RESPMEM_PERSISTENT);
+	if (!r)
+		return MHD_NO;
+	MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE,
+	                        "text/plain; charset=utf-8");
+	if (status == MHD_HTTP_METHOD_NOT_ALLOWED)
+		MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, "GET, HEAD");
+	enum MHD_Result ret = MHD_queue_response(c, status, r);
+	MHD_destroy_response(r);
+	return ret;
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c,
+                                  const char *url, const char *method,
+                                  const char *version, const char *upload_data,
+                                  size_t *upload_data_size, void **req_cls)
+{
+	struct mts_metrics *m = cls;
+	/* libmicrohttpd calls once when the headers are in, then with any
+	 * body, then once more: answering on that last call (not the first)
+	 * lets the connection be kept alive for the next scrape. */
+	if (*req_cls == NULL) {
+		*req_cls = m;
+		return MHD_YES;
+	}
+	if (*upload_data_size != 0) {
+		*upload_data_size = 0; /* we want no body: drop it */
+		return MHD_YES;
+	}
+	if (strcmp(url, "/metrics") != 0)
+		return reply_text(c, MHD_HTTP_NOT_FOUND,
+		                  "404 page not found: try /metrics\n");
+	if (strcmp(method, MHD_HTTP_METHOD_GET) != 0 &&
+	    strcmp(method, MHD_HTTP_METHOD_HEAD) != 0)
+		return reply_text(c, MHD_HTTP_METHOD_NOT_ALLOWED,
+		                  "405 method not allowed: GET or HEAD\n");
+
+	char *body;
+	size_t len;
+	unsigned status = snapshot(m, &body, &len);
+	if (status == MHD_HTTP_SERVICE_UNAVAILABLE)
+		return reply_text(c, status,
+		                  "503 memtallyd did not render its metrics in "
+		                  "time\n");
+	if (status != MHD_HTTP_OK)
+		return reply_text(c, status, "500 out of memory\n");
+	struct MHD_Response *r =
+	    MHD_create_response_from_buffer_with_free_callback(len, body, free);
+	if (!r) {
+		free(body);
+		return MHD_NO;
+	}
+	MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE,
+	                        MTS_METRICS_CONTENT_TYPE);
+	enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_OK, r);
+	MHD_destroy_response(r);
+	return ret;
+}
+
+/* libmicrohttpd's complaints, as our log lines. */
+static void on_mhd_log(void *cls, const char *fmt, va_list ap)
+{
+	char msg[256], q[MTS_LOGQ_MAX];
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	size_t n = strlen(msg);
+	while (n && (msg[n - 1] == '\n' || msg[n - 1] == ' '))
+		msg[--n] = '\0';
+	mts_log(MTS_LOG_WARN, "metrics http", "detail=%s",
+	        mts_logq(q, sizeof(q), msg));
+}
+
+static void metrics_free(struct mts_metrics *m)
+{
+	pthread_cond_destroy(&m->cv);
+	pthread_mutex_destroy(&m->mu);
+	mts_buf_free(&m->text);
+	mts_buf_free(&m->spare);
+	free(m);
+}
+
+static void on_async_closed(uv_handle_t *h)
+{
+	metrics_free(h->data);
+}
+
+/* A socket bound to `ss` and listening, or -errno. */
+static int listen_on(const struct sockaddr_storage *ss, socklen_t len)
+{
+	int one = 1, zero = 0;
+	int fd = socket(ss->ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -errno;
+	/* Restarting memtallyd must not wait out TIME_WAIT. */
+	setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+	if (ss->ss_family == AF_INET6)
+		setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
+	if (bind(fd, (const struct sockaddr *)ss, len) < 0 ||
+	    listen(fd, LISTEN_BACKLOG) < 0) {
+		int err = -errno;
+		close(fd);
+		return err;
+	}
+	return fd;
+}
+
+static uint16_t bound_port(int fd)
+{
+	struct sockaddr_storage ss;
+	socklen_t len = sizeof(ss);
+	if (getsockname(fd, (struct sockaddr *)&ss, &len) < 0)
+		return 0;
+	if (ss.ss_family == AF_INET6)
+		return ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+	return ntohs(((struct sockaddr_in *)&ss)->sin_port);
+}
+
+/* Close `fd` unless libmicrohttpd already did on its failure path (it is
+ * then gone, or the number names some other file by now). */
+static void close_if_ours(int fd, const struct stat *was)
+{
+	struct stat st;
+	if (fstat(fd, &st) == 0 && st.st_dev == was->st_dev &&
+	    st.st_ino == was->st_ino)
+		close(fd);
+}
+
+static struct MHD_Daemon *start_mhd(struct mts_metrics *m, int fd, bool v6)
+{
+	unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG |
+	                 MHD_USE_AUTO | MHD_USE_ITC;
+	if (v6)
+		flags |= MHD_USE_DUAL_STACK;
+	/* The HTTP thread inherits our signal mask: block everything so
+	 * signals keep going to the loop thread. */
+	sigset_t all, old;
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old);
+	struct MHD_Daemon *d = MHD_start_daemon(
+	    flags, 0, NULL, NULL, on_request, m,
+	    /* First, so that every message goes through it. */
+	    MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, (void *)m,
+	    MHD_OPTION_LISTEN_SOCKET, (MHD_socket)fd,
+	    MHD_OPTION_CONNECTION_LIMIT, (unsigned int)HTTP_CONNECTION_LIMIT,
+	    MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)HTTP_IDLE_TIMEOUT_S,
+	    MHD_OPTION_END);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	return d;
+}
+
+int mts_metrics_start(struct mts_metrics **out, const char *host_port,
+                      const struct mts_registry *reg, uv_loop_t *loop)
+{
+	char q[MTS_LOGQ_MAX], addr[INET6_ADDRSTRLEN + 16];
+	struct sockaddr_storage ss;
+	socklen_t sslen;
+	struct stat fd_stat;
+	int err, fd;
+	struct mts_metrics *m = NULL;
+
+	*out = NULL;
+	err = mts_metrics_parse_addr(host_port, &ss, &sslen);
+	if (err < 0)
+		goto fail_log;
+	fd = listen_on(&ss, sslen);
+	if (fd < 0) {
+		err = fd;
+		goto fail_log;
+	}
+	if (fstat(fd, &fd_stat) < 0) {
+		err = -errno;
+		goto fail_close_fd;
+	}
+	m = calloc(1, sizeof(*m));
+	if (!m) {
+		err = -ENOMEM;
+		goto fail_close_fd;
+	}
+	m->reg = reg;
+	m->port = bound_port(fd);
+	pthread_condattr_t ca;
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&m->cv, &ca);
+	pthread_condattr_destroy(&ca);
+	pthread_mutex_init(&m->mu, NULL);
+
+	/* `serving` is still false: a scrape arriving before the async
+	 * handle exists gets a 503 instead of touching it. */
+	m->mhd = start_mhd(m, fd, ss.ss_family == AF_INET6);
+	if (!m->mhd) {
+		err = -EIO;
+		goto fail_free;
+	}
+	err = uv_async_init(loop, &m->async, on_render);
+	if (err < 0) {
+		MHD_stop_daemon(m->mhd); /* closes fd */
+		metrics_free(m);
+		goto fail_log;
+	}
+	m->async.data = m;
+	const union MHD_DaemonInfo *info =
+	    MHD_get_daemon_info(m->mhd, MHD_DAEMON_INFO_BIND_PORT);
+	if (info && info->port)
+		m->port = info->port;
+
+	pthread_mutex_lock(&m->mu);
+	m->serving = true;
+	pthread_mutex_unlock(&m->mu);
+
+	format_addr(&ss, m->port, addr, sizeof(addr));
+	mts_log(MTS_LOG_INFO, "metrics listening", "addr=%s", addr);
+	*out = m;
+	return 0;
+
+fail_free:
+	metrics_free(m);
+	close_if_ours(fd, &fd_stat);
+	goto fail_log;
+fail_close_fd:
+	close(fd);
+fail_log:
+	mts_log(MTS_LOG_ERROR, "cannot serve metrics", "addr=%s err=%s",
+	        mts_logq(q, sizeof(q), host_port ? host_port : ""),
+	        err == -EINVAL ? "bad address, want HOST:PORT"
+	                       : strerror(-err));
+	return err;
+}
+
+void mts_metrics_stop(struct mts_metrics *m)
+{
+	if (!m)
+		return;
+	pthread_mutex_lock(&m->mu);
+	m->serving = false;
+	pthread_cond_broadcast(&m->cv);
+	pthread_mutex_unlock(&m->mu);
+	/* Joins the HTTP thread (a scrape in progress answers 503 at once)
+	 * and closes the listening socket. After this nothing touches the
+	 * async handle or the registry from another thread. */
+	MHD_stop_daemon(m->mhd);
+	m->mhd = NULL;
+	uv_close((uv_handle_t *)&m->async, on_async_closed);
+}
+
+uint16_t mts_metrics_port(const struct mts_metrics *m)
+{
+	return m ? m->port : 0;
+}

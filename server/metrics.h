@@ -1,0 +1,80 @@
+/*
+ * metrics.h - memtallyd's Prometheus endpoint (--metrics HOST:PORT).
+ *
+ * GET or HEAD /metrics answers with the text exposition format 0.0.4 of
+ * the registry: fleet, group and process gauges, the counters of struct
+ * mts_stats, the tick duration and build info. Every name starts with
+ * `memtally_` and follows Prometheus' conventions (base units, `_total`
+ * on counters, an enum as one gauge per state). metrics.c says how the
+ * HTTP thread gets a snapshot of a registry that only the loop thread may
+ * read, and how fresh that snapshot is.
+ *
+ * Private to server/, like server.h.
+ */
+#ifndef MEMTALLY_SERVER_METRICS_H
+#define MEMTALLY_SERVER_METRICS_H
+
+#include <stdint.h>
+#include <sys/socket.h>
+
+#include <uv.h>
+
+#include "server.h"
+
+#define MTS_METRICS_CONTENT_TYPE "text/plain; version=0.0.4; charset=utf-8"
+
+/* A scrape is answered from a snapshot at most this old when it arrives;
+ * an older one is re-rendered by the loop first. */
+#define MTS_METRICS_FRESH_MS 100u
+/* How long a scrape waits for the loop to render before it gets 503. */
+#define MTS_METRICS_WAIT_MS 1000u
+
+struct mts_metrics;
+
+/*
+ * Parse HOST:PORT into *ss and *len. HOST is an IPv4 literal, an IPv6
+ * literal in brackets ("[::1]", "[::]"), "localhost" (always 127.0.0.1,
+ * so the address does not depend on resolver order) or a name that
+ * getaddrinfo() resolves (the first address it returns). PORT is decimal,
+ * 0 to 65535; 0 lets the kernel choose. Returns 0 or -EINVAL (malformed,
+ * or a name that does not resolve).
+ */
+int mts_metrics_parse_addr(const char *host_port, struct sockaddr_storage *ss,
+                           socklen_t *len);
+
+/*
+ * Append the exposition of `reg` to `out` (which the caller owns and
+ * frees). Reads `reg` only; call it on the loop thread. Label values
+ * coming from workers (group, comm) are escaped and made valid UTF-8.
+ * Returns 0 or -ENOMEM (out then holds a partial text; discard it).
+ */
+int mts_metrics_render(const struct mts_registry *reg, struct mts_buf *out);
+
+/*
+ * Bind HOST:PORT and serve /metrics from an HTTP thread of its own. `reg`
+ * is kept (not copied) and read only on `loop`'s thread, when the loop
+ * runs after a scrape; it need not be initialised yet, only before the
+ * loop next runs. Logs `msg="metrics listening" addr=HOST:PORT` with the
+ * bound port, or the reason it cannot serve. Call on the loop thread.
+ *
+ * Returns 0 and *out, or -EINVAL (a bad address), -errno from socket(),
+ * bind() or listen() (-EADDRINUSE, -EACCES, -EADDRNOTAVAIL, ...), -ENOMEM,
+ * or -EIO (the HTTP server did not start). On error nothing is left open
+ * and *out is NULL.
+ */
+int mts_metrics_start(struct mts_metrics **out, const char *host_port,
+                      const struct mts_registry *reg, uv_loop_t *loop);
+
+/*
+ * Stop serving: waits for a scrape in progress (at most
+ * MTS_METRICS_WAIT_MS) and joins the HTTP thread, so the port is closed
+ * and `reg` is no longer used when it returns. The memory is freed by a
+ * close callback the next time the loop runs, as for any libuv handle.
+ * Call on the loop thread. Accepts NULL.
+ */
+void mts_metrics_stop(struct mts_metrics *m);
+
+/* The port bound (useful with port 0); 0 for NULL. */
+uint16_t mts_metrics_port(const struct mts_metrics *m);
+
+#endif /* MEMTALLY_SERVER_METRICS_H */

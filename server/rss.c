@@ -1,0 +1,130 @@
+/*
+ * rss.c - the resident set of every registered worker, read from
+ * /proc/PID/statm every rss_interval (1 s by default), not every tick.
+ *
+ * Reading statm is a small open/read/close, but for thousands of workers
+ * that is milliseconds of blocking syscalls, which the loop must not spend
+ * between two ticks. So a sweep copies (pid, start time) of every
+ * registered process, reads their statm files on the libuv thread pool,
+ * and applies the results back on the loop thread to the processes that
+ * are still registered with the same pid and start time. Only one sweep is
+ * in flight at a time; a timer that fires during one is skipped.
+ *
+ * The sweep thread touches nothing but its own array: the registry is
+ * never read off the loop thread. A process that exits and whose pid is
+ * reused during the sweep may have the newcomer's RSS read for it; the
+ * start-time check at apply time drops such a result once the registry
+ * saw the exit, and otherwise the next sweep corrects it.
+ *
+ * A newly registered process shows RSS 0 until the next sweep (at most
+ * rss_interval later); registration itself reads nothing more from /proc.
+ *
+ * The group and fleet RSS sums move with every change of a process's RSS
+ * (mts_proc_set_rss), so they always equal the sum over registered
+ * processes, as the accounted bytes do.
+ */
+#include "server.h"
+
+#include <errno.h>
+#include <stdlib.h>
+
+#include "log.h"
+
+struct rss_entry {
+	uint32_t pid;
+	int err;
+	uint64_t start_time;
+	uint64_t rss;
+};
+
+struct mts_rss_sweep {
+	uv_work_t req; /* req.data = this */
+	struct mts_registry *reg;
+	uint32_t n;
+	struct rss_entry e[];
+};
+
+static uint64_t sat_add(uint64_t a, uint64_t b)
+{
+	uint64_t r;
+	return __builtin_add_overflow(a, b, &r) ? UINT64_MAX : r;
+}
+
+static uint64_t sat_sub(uint64_t a, uint64_t b)
+{
+	return a > b ? a - b : 0;
+}
+
+void mts_proc_set_rss(struct mts_registry *reg, struct mts_proc *p,
+                      uint64_t rss)
+{
+	struct mts_group *g = &reg->groups[p->group];
+	g->rss = sat_add(sat_sub(g->rss, p->rss), rss);
+	reg->totals.rss = sat_add(sat_sub(reg->totals.rss, p->rss), rss);
+	p->rss = rss;
+}
+
+void mts_rss_sweep_sync(struct mts_registry *reg)
+{
+	for (uint32_t i = 0; i < reg->ndense; i++) {
+		struct mts_proc *p = reg->by_slot[reg->dense[i]];
+		uint64_t rss;
+		if (mts_read_rss((pid_t)p->pid, &rss) == 0)
+			mts_proc_set_rss(reg, p, rss);
+	}
+}
+
+static void sweep_work(uv_work_t *req)
+{
+	struct mts_rss_sweep *sw = req->data;
+	for (uint32_t i = 0; i < sw->n; i++)
+		sw->e[i].err = mts_read_rss((pid_t)sw->e[i].pid, &sw->e[i].rss);
+}
+
+static void sweep_done(uv_work_t *req, int status)
+{
+	struct mts_rss_sweep *sw = req->data;
+	struct mts_registry *reg = sw->reg;
+	reg->rss_sweep = NULL;
+	if (status == 0 && !reg->closed) {
+		for (uint32_t i = 0; i < sw->n; i++) {
+			const struct rss_entry *e = &sw->e[i];
+			if (e->err < 0)
+				continue; /* gone: its pidfd says so */
+			struct mts_proc *p = mts_find_pid(reg, e->pid);
+			if (p && p->start_time == e->start_time)
+				mts_proc_set_rss(reg, p, e->rss);
+		}
+	}
+	free(sw);
+}
+
+void mts_rss_sweep_start(struct mts_registry *reg)
+{
+	if (reg->rss_sweep || reg->closed || reg->ndense == 0)
+		return;
+	struct mts_rss_sweep *sw =
+	    malloc(sizeof(*sw) + (size_t)reg->ndense * sizeof(sw->e[0]));
+	if (!sw) {
+		mts_log(MTS_LOG_WARN, "out of memory for an RSS sweep", NULL);
+		return;
+	}
+	sw->reg = reg;
+	sw->n = reg->ndense;
+	sw->req.data = sw;
+	for (uint32_t i = 0; i < reg->ndense; i++) {
+		const struct mts_proc *p = reg->by_slot[reg->dense[i]];
+		sw->e[i].pid = p->pid;
+		sw->e[i].start_time = p->start_time;
+		sw->e[i].err = 0;
+		sw->e[i].rss = 0;
+	}
+	int err = uv_queue_work(reg->loop, &sw->req, sweep_work, sweep_done);
+	if (err < 0) {
+		/* No thread pool: read them here rather than never. */
+		free(sw);
+		mts_rss_sweep_sync(reg);
+		return;
+	}
+	reg->rss_sweep = sw;
+}

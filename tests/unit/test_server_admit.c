@@ -1,0 +1,385 @@
+/*
+ * test_server_admit.c - admission arithmetic: grants and denials with
+ * their figures and top consumers, group limits, reservations counting
+ * until Release, TTL or the end of their task, reconciliation with the
+ * task's workers (the fleet counts the larger of reservation and use, not
+ * their sum), Release authorisation, and the counters.
+ */
+#include "test_server_fixture.h"
+
+#include <ctype.h>
+
+static struct mts_policy pol;
+
+static void stop(void)
+{
+	fx_stop();
+	mts_policy_free(&pol);
+}
+
+TestSuite(admit, .fini = stop, .timeout = 30);
+
+static void start_fleet(uint64_t fleet)
+{
+	mts_policy_defaults(&pol);
+	pol.fleet_limit = fleet;
+	fx_start_policy(&pol);
+}
+
+/* Admit as uid 1000, which must be granted; returns the reservation id
+ * (a static buffer). */
+static const char *grant(uint64_t bytes, const char *group, const char *task,
+                         uint32_t ttl)
+{
+	static char id[64];
+	Memtally__V1__Response *r = fx_admit(1000, bytes, group, task, ttl);
+	cr_assert_null(r->error);
+	cr_assert(r->admit_result->admitted, "denied: %s",
+	          r->admit_result->reason);
+	snprintf(id, sizeof(id), "%s", r->admit_result->reservation);
+	memtally__v1__response__free_unpacked(r, NULL);
+	return id;
+}
+
+static Memtally__V1__Response *release(struct mts_peer *peer, const char *id,
+                                       const char *token)
+{
+	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
+	Memtally__V1__Release rel = MEMTALLY__V1__RELEASE__INIT;
+	rel.reservation = (char *)id;
+	rel.token = (char *)(token ? token : "");
+	req.id = 41;
+	req.body_case = MEMTALLY__V1__REQUEST__BODY_RELEASE;
+	req.release = &rel;
+	return fx_call(peer, &req);
+}
+
+Test(admit, grant_deny_release_with_figures)
+{
+	start_fleet(1024 * MIB);
+	const char *id = grant(600 * MIB, "", "", 0);
+	cr_assert_eq(strlen(id), 18);
+	cr_assert_eq(strncmp(id, "r-", 2), 0);
+	for (int i = 2; i < 18; i++)
+		cr_assert(isxdigit((unsigned char)id[i]) &&
+		          !isupper((unsigned char)id[i]));
+	char first[32];
+	snprintf(first, sizeof(first), "%s", id);
+	cr_assert_eq(fx_fleet().reserved, 600 * MIB, "published at once");
+
+	Memtally__V1__Response *r = fx_admit(1000, 600 * MIB, "", "", 0);
+	Memtally__V1__AdmitResult *a = r->admit_result;
+	cr_assert_not(a->admitted);
+	cr_assert_str_eq(a->reason, "fleet limit: 0 B measured + 600 MiB "
+	                            "reserved + 600 MiB requested > 1 GiB");
+	cr_assert_eq(a->fleet_bytes, 0);
+	cr_assert_eq(a->reserved_bytes, 600 * MIB);
+	cr_assert_eq(a->requested_bytes, 600 * MIB);
+	cr_assert_eq(a->limit, 1024 * MIB);
+	cr_assert_str_eq(a->limit_scope, "fleet");
+	cr_assert_str_eq(a->reservation, "");
+	memtally__v1__response__free_unpacked(r, NULL);
+	cr_assert_eq(srv.reg.stats.admissions, 1);
+	cr_assert_eq(srv.reg.stats.denials[MTS_DENY_FLEET_LIMIT], 1);
+
+	/* Exactly up to the limit is within it. */
+	const char *id2 = grant(424 * MIB, "", "", 0);
+	char second[32];
+	snprintf(second, sizeof(second), "%s", id2);
+	cr_assert_str_neq(first, second);
+
+	/* Someone else's reservation: refused; the owner's: released. */
+	srv.reg.server_uid = 4242;
+	struct mts_peer other = fx_peer(getpid(), 1001);
+	fx_expect_error(release(&other, first, NULL),
+	                MEMTALLY__V1__ERROR_CODE__ERROR_PERMISSION_DENIED);
+	cr_assert_eq(srv.reg.stats.auth_denials, 1);
+	struct mts_peer owner = fx_peer(getpid(), 1000);
+	r = release(&owner, first, NULL);
+	cr_assert_null(r->error);
+	cr_assert_str_eq(r->released->reservation, first);
+	cr_assert_eq(r->released->bytes, 600 * MIB);
+	memtally__v1__response__free_unpacked(r, NULL);
+	cr_assert_eq(srv.reg.stats.releases, 1);
+	fx_expect_error(release(&owner, first, NULL),
+	                MEMTALLY__V1__ERROR_CODE__ERROR_NOT_FOUND);
+	fx_expect_error(release(&owner, "r-nonsense", NULL),
+	                MEMTALLY__V1__ERROR_CODE__ERROR_NOT_FOUND);
+	cr_assert_eq(fx_fleet().reserved, 424 * MIB);
+
+	/* Room again. */
+	grant(600 * MIB, "", "", 0);
+}
+
+Test(admit, denial_counts_measured_bytes_and_lists_top)
+{
+	start_fleet(1024 * MIB);
+	pid_t kid[6];
+	uint32_t slot[6];
+	for (int i = 0; i < 6; i++) {
+		kid[i] = fx_spawn();
+		slot[i] = fx_register(kid[i], "g", "");
+		fx_write(slot[i], (int64_t)(100 + 20 * i) * (int64_t)MIB);
+	}
+	mts_tick(&srv.reg); /* 100+120+...+200 = 900 MiB */
+	Memtally__V1__Response *r = fx_admit(1000, 200 * MIB, "", "", 0);
+	Memtally__V1__AdmitResult *a = r->admit_result;
+	cr_assert_not(a->admitted);
+	cr_assert_eq(a->fleet_bytes, 900 * MIB);
+	cr_assert_str_eq(a->reason, "fleet limit: 900 MiB measured + 0 B "
+	                            "reserved + 200 MiB requested > 1 GiB");
+	cr_assert_eq(a->n_top, 5);
+	for (size_t i = 0; i < 5; i++)
+		cr_assert_eq(a->top[i]->pid, (uint32_t)kid[5 - i], "top[%zu]",
+		             i);
+	cr_assert_eq(a->top[0]->bytes, 200 * MIB);
+	cr_assert_str_eq(a->measure, "accounted");
+	memtally__v1__response__free_unpacked(r, NULL);
+	grant(124 * MIB, "", "", 0);
+}
+
+Test(admit, group_limit)
+{
+	mts_policy_defaults(&pol);
+	struct mts_group_policy gp = {.name = "etl", .limit = 100 * MIB};
+	pol.groups = &gp;
+	pol.ngroups = 1;
+	fx_start_policy(&pol);
+	pol.groups = NULL;
+	pol.ngroups = 0;
+	grant(80 * MIB, "etl", "", 0);
+	Memtally__V1__Response *r = fx_admit(1000, 30 * MIB, "etl", "", 0);
+	Memtally__V1__AdmitResult *a = r->admit_result;
+	cr_assert_not(a->admitted);
+	cr_assert_str_eq(a->limit_scope, "group:etl");
+	cr_assert_str_eq(a->reason, "group limit (etl): 0 B measured + 80 MiB "
+	                            "reserved + 30 MiB requested > 100 MiB");
+	cr_assert_eq(a->limit, 100 * MIB);
+	cr_assert_eq(a->reserved_bytes, 80 * MIB);
+	memtally__v1__response__free_unpacked(r, NULL);
+	cr_assert_eq(srv.reg.stats.denials[MTS_DENY_GROUP_LIMIT], 1);
+	/* No fleet limit and no limit on "web": a missing limit never
+	 * denies. */
+	grant(30 * MIB, "web", "", 0);
+	grant(UINT64_C(1) << 50, "", "", 0);
+	/* Reserved bytes show per group. */
+	cr_assert_eq(mts_find_group(&srv.reg, "etl")->reserved, 80 * MIB);
+	cr_assert_eq(mts_find_group(&srv.reg, "etl")->reservations, 1);
+	cr_assert_eq(mts_find_group(&srv.reg, "web")->reserved, 30 * MIB);
+}
+
+Test(admit, invalid_requests)
+{
+	start_fleet(0);
+	fx_expect_error(fx_admit(1000, 0, "", "", 0),
+	                MEMTALLY__V1__ERROR_CODE__ERROR_INVALID_REQUEST);
+	fx_expect_error(fx_admit(1000, 10, "a\nb", "", 0),
+	                MEMTALLY__V1__ERROR_CODE__ERROR_INVALID_REQUEST);
+	fx_expect_error(fx_admit(1000, 10, "", "t\x7f", 0),
+	                MEMTALLY__V1__ERROR_CODE__ERROR_INVALID_REQUEST);
+	cr_assert_eq(srv.reg.stats.denials[MTS_DENY_INVALID], 3);
+	cr_assert_eq(srv.reg.nresv, 0);
+}
+
+Test(admit, ttl_default_cap_and_expiry)
+{
+	mts_policy_defaults(&pol);
+	pol.default_ttl_s = 30;
+	pol.max_ttl_s = 60;
+	fx_start_policy(&pol);
+	Memtally__V1__Response *r = fx_admit(1000, 10, "", "", 0);
+	cr_assert_eq(r->admit_result->ttl_seconds, 30);
+	memtally__v1__response__free_unpacked(r, NULL);
+	r = fx_admit(1000, 20, "", "", 1000);
+	cr_assert_eq(r->admit_result->ttl_seconds, 60, "capped by max_ttl");
+	memtally__v1__response__free_unpacked(r, NULL);
+	r = fx_admit(1000, 40, "", "", 1);
+	cr_assert_eq(r->admit_result->ttl_seconds, 1);
+	memtally__v1__response__free_unpacked(r, NULL);
+	mts_tick(&srv.reg);
+	cr_assert_eq(srv.reg.totals.reserved, 70);
+
+	/* Ticks move the clock in steps: 2 s, 45 s, 90 s later. */
+	uint64_t now = mts_now_monotonic();
+	mts_resv_tick(&srv.reg, now + 2000000000ull);
+	cr_assert_eq(srv.reg.totals.reserved, 30);
+	cr_assert_eq(srv.reg.stats.expirations, 1);
+	mts_resv_tick(&srv.reg, now + 45000000000ull);
+	cr_assert_eq(srv.reg.totals.reserved, 20);
+	mts_resv_tick(&srv.reg, now + 90000000000ull);
+	cr_assert_eq(srv.reg.totals.reserved, 0);
+	cr_assert_eq(srv.reg.stats.expirations, 3);
+	cr_assert_eq(srv.reg.nresv, 0);
+	cr_assert_null(mts_find_group(&srv.reg, "default"),
+	               "an empty group entry was kept");
+}
+
+Test(admit, expiry_in_a_real_tick)
+{
+	start_fleet(100);
+	grant(100, "", "", 1);
+	Memtally__V1__Response *r = fx_admit(1000, 1, "", "", 0);
+	cr_assert_not(r->admit_result->admitted);
+	memtally__v1__response__free_unpacked(r, NULL);
+	usleep(1100 * 1000);
+	mts_tick(&srv.reg);
+	cr_assert_eq(srv.reg.stats.expirations, 1);
+	cr_assert_eq(fx_fleet().reserved, 0);
+	grant(100, "", "", 0);
+}
+
+Test(admit, reconciled_with_the_tasks_workers)
+{
+	start_fleet(1024 * MIB);
+	grant(500 * MIB, "", "T", 0);
+	pid_t w = fx_spawn();
+	uint32_t sw = fx_register(w, "g", "T");
+	fx_write(sw, 200 * MIB);
+	mts_tick(&srv.reg);
+	/* The fleet counts max(500, 200) = 500, not 700. */
+	cr_assert_eq(srv.reg.totals.bytes, 200 * MIB);
+	cr_assert_eq(srv.reg.totals.reserved, 300 * MIB);
+	struct mtshm_fleet f = fx_fleet();
+	cr_assert_eq(f.bytes + f.reserved, 500 * MIB);
+	/* So 524 MiB more fit, 525 do not. */
+	Memtally__V1__Response *r = fx_admit(1000, 525 * MIB, "", "", 0);
+	cr_assert_not(r->admit_result->admitted);
+	memtally__v1__response__free_unpacked(r, NULL);
+
+	/* The worker grows past its reservation: use counts, reserve 0. */
+	fx_write(sw, 700 * MIB);
+	mts_tick(&srv.reg);
+	cr_assert_eq(srv.reg.totals.reserved, 0);
+	cr_assert_eq(srv.reg.nresv, 1);
+
+	/* Taken over: the TTL no longer ends it. */
+	mts_resv_tick(&srv.reg, mts_now_monotonic() + 3600000000000ull);
+	cr_assert_eq(srv.reg.nresv, 1);
+	cr_assert_eq(srv.reg.stats.expirations, 0);
+
+	/* The task's last worker exits: the reservation ends. */
+	fx_kill(w);
+	mts_tick(&srv.reg);
+	cr_assert_eq(srv.reg.nresv, 0);
+	cr_assert_eq(srv.reg.stats.fulfilled, 1);
+	cr_assert_eq(fx_fleet().reserved, 0);
+}
+
+Test(admit, task_reservations_oldest_first_and_brief_workers)
+{
+	start_fleet(0);
+	grant(100, "", "T", 0);
+	grant(50, "", "T", 0);
+	grant(70, "", "U", 0);
+	pid_t a = fx_spawn(), b = fx_spawn();
+	uint32_t sa = fx_register(a, "g", "T");
+	uint32_t sb = fx_register(b, "g", "T");
+	fx_write(sa, 60);
+	fx_write(sb, 60);
+	mts_tick(&srv.reg);
+	/* T's workers use 120: the older (100) is used up, the newer has
+	 * 30 left; U's untouched. */
+	cr_assert_eq(srv.reg.totals.reserved, 30 + 70);
+	fx_kill(a);
+	mts_tick(&srv.reg);
+	cr_assert_eq(srv.reg.totals.reserved, 40 + 50 + 70);
+	cr_assert_eq(srv.reg.nresv, 3, "one worker of T is still alive");
+	fx_kill(b);
+	mts_tick(&srv.reg);
+	cr_assert_eq(srv.reg.nresv, 1);
+	cr_assert_eq(srv.reg.totals.reserved, 70);
+
+	/* A worker of U that registers and exits between two ticks still
+	 * ends U's reservation. */
+	pid_t c = fx_spawn();
+	fx_register(c, "g", "U");
+	fx_kill(c);
+	mts_tick(&srv.reg);
+	cr_assert_eq(srv.reg.nresv, 0);
+	cr_assert_eq(srv.reg.stats.fulfilled, 3);
+}
+
+Test(admit, release_authorisation)
+{
+	mts_policy_defaults(&pol);
+	pol.tcp_token = strdup("a-long-enough-secret");
+	pol.has_admin_gid = true;
+	pol.admin_gid = 777;
+	fx_start_policy(&pol);
+	srv.reg.server_uid = 4242;
+	struct mts_peer stranger = fx_peer(getpid(), 1001);
+	struct mts_peer admin = fx_peer(getpid(), 1002);
+	admin.gid = 777;
+	struct mts_peer root = fx_peer(getpid(), 0);
+	struct mts_peer server = fx_peer(getpid(), 4242);
+	struct mts_peer tcp = {.fd = -1, .tcp = true};
+	const struct mts_peer *ok[] = {&admin, &root, &server};
+	for (int i = 0; i < 3; i++) {
+		const char *id = grant(10, "", "", 0);
+		char copy[32];
+		snprintf(copy, sizeof(copy), "%s", id);
+		fx_expect_error(
+		    release(&stranger, copy, NULL),
+		    MEMTALLY__V1__ERROR_CODE__ERROR_PERMISSION_DENIED);
+		fx_expect_error(
+		    release(&tcp, copy, NULL),
+		    MEMTALLY__V1__ERROR_CODE__ERROR_PERMISSION_DENIED);
+		struct mts_peer p = *ok[i];
+		Memtally__V1__Response *r = release(&p, copy, NULL);
+		cr_assert_null(r->error, "peer %d refused", i);
+		memtally__v1__response__free_unpacked(r, NULL);
+	}
+	/* The token works on any transport. */
+	const char *id = grant(10, "", "", 0);
+	char copy[32];
+	snprintf(copy, sizeof(copy), "%s", id);
+	Memtally__V1__Response *r = release(&tcp, copy, "a-long-enough-secret");
+	cr_assert_null(r->error);
+	memtally__v1__response__free_unpacked(r, NULL);
+
+	/* A reservation made over TCP belongs to every TCP peer alike. */
+	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
+	Memtally__V1__Admit a = MEMTALLY__V1__ADMIT__INIT;
+	a.bytes = 5;
+	req.body_case = MEMTALLY__V1__REQUEST__BODY_ADMIT;
+	req.admit = &a;
+	r = fx_call(&tcp, &req);
+	cr_assert(r->admit_result->admitted);
+	snprintf(copy, sizeof(copy), "%s", r->admit_result->reservation);
+	memtally__v1__response__free_unpacked(r, NULL);
+	fx_expect_error(release(&stranger, copy, NULL),
+	                MEMTALLY__V1__ERROR_CODE__ERROR_PERMISSION_DENIED);
+	r = release(&tcp, copy, NULL);
+	cr_assert_null(r->error);
+	memtally__v1__response__free_unpacked(r, NULL);
+	cr_assert_eq(srv.reg.nresv, 0);
+}
+
+Test(admit, many_ids_are_distinct)
+{
+	start_fleet(0);
+	enum { N = 500 };
+	static char ids[N][32];
+	for (int i = 0; i < N; i++)
+		snprintf(ids[i], sizeof(ids[i]), "%s", grant(1, "", "", 0));
+	for (int i = 0; i < N; i++) {
+		cr_assert_not_null(mts_resv_find(&srv.reg, ids[i]));
+		for (int j = i + 1; j < N; j++)
+			cr_assert_str_neq(ids[i], ids[j]);
+	}
+	cr_assert_eq(srv.reg.totals.reserved, N);
+	cr_assert_eq(srv.reg.totals.reservations, N);
+}
+
+Test(size, formatting)
+{
+	char b[32];
+	cr_assert_str_eq(mts_format_size(b, sizeof(b), 0), "0 B");
+	cr_assert_str_eq(mts_format_size(b, sizeof(b), 1023), "1023 B");
+	cr_assert_str_eq(mts_format_size(b, sizeof(b), 1024), "1 KiB");
+	cr_assert_str_eq(mts_format_size(b, sizeof(b), 600 * MIB), "600 MiB");
+	cr_assert_str_eq(mts_format_size(b, sizeof(b), 1100 * MIB), "1.1 GiB");
+	cr_assert_str_eq(mts_format_size(b, sizeof(b), 1024 * MIB - 1),
+	                 "1 GiB");
+	cr_assert_str_eq(mts_format_size(b, sizeof(b), UINT64_MAX), "16 EiB");
+}

@@ -1,0 +1,455 @@
+/*
+ * test_server_config.c - the config file and flags: a complete good file,
+ * every kind of bad value naming its file, line, section and key (or its
+ * flag), checks across keys, flags overriding the file, the inih traps
+ * (long lines, indented lines), the token file, and the small parsers
+ * (percent, signal, HOST:PORT).
+ */
+#include "server.h"
+
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "log.h"
+
+static char dir[64];
+static char path[128];
+
+static void setup(void)
+{
+	snprintf(dir, sizeof(dir), "/tmp/mt-cfg-test-%ld", (long)getpid());
+	cr_assert_eq(mkdir(dir, 0700), 0);
+	snprintf(path, sizeof(path), "%s/memtallyd.conf", dir);
+}
+
+static void teardown(void)
+{
+	char cmd[160];
+	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+	cr_assert_eq(system(cmd), 0);
+}
+
+TestSuite(config, .init = setup, .fini = teardown, .timeout = 10);
+
+static void write_file(const char *p, const char *text, mode_t mode)
+{
+	FILE *f = fopen(p, "w");
+	cr_assert_not_null(f);
+	fputs(text, f);
+	fclose(f);
+	cr_assert_eq(chmod(p, mode), 0);
+}
+
+/* Load `text` as the file; returns the error (and message in err). */
+static int load(const char *text, struct mts_settings *s, char *err, size_t cap)
+{
+	write_file(path, text, 0600);
+	err[0] = '\0';
+	return mts_settings_load(s, path, NULL, 0, err, cap);
+}
+
+Test(config, defaults_without_a_file)
+{
+	struct mts_settings s;
+	char err[512];
+	cr_assert_eq(mts_settings_load(&s, NULL, NULL, 0, err, sizeof(err)), 0);
+	cr_assert_str_eq(s.cfg.socket_path, MTS_DEFAULT_SOCKET);
+	cr_assert_str_eq(s.cfg.segment, MTS_DEFAULT_SEGMENT);
+	cr_assert_eq(s.cfg.slots, MTS_DEFAULT_SLOTS);
+	cr_assert_eq(s.cfg.tick_ms, MTS_DEFAULT_TICK_MS);
+	cr_assert_eq(s.cfg.threshold, MTS_DEFAULT_THRESHOLD);
+	cr_assert_null(s.cfg.tcp_addr);
+	cr_assert_null(s.cfg.metrics_addr);
+	cr_assert_eq(s.cfg.policy, &s.policy);
+	cr_assert_eq(s.policy.fleet_limit, 0);
+	cr_assert_eq(s.policy.high_bp, 9000);
+	cr_assert_eq(s.policy.hyst_bp, 500);
+	cr_assert_eq(s.policy.measure, MTS_MEASURE_ACCOUNTED);
+	cr_assert_eq(s.policy.rss_interval_ms, 1000);
+	cr_assert_eq(s.policy.default_ttl_s, 300);
+	cr_assert_eq(s.policy.enforce_signal, 0);
+	cr_assert_eq(s.log_level, MTS_LOG_INFO);
+	mts_settings_free(&s);
+}
+
+Test(config, good_file_every_key)
+{
+	char tokfile[160];
+	snprintf(tokfile, sizeof(tokfile), "%s/token", dir);
+	write_file(tokfile, "0123456789abcdefXYZ\n", 0600);
+	char text[4096];
+	snprintf(text, sizeof(text),
+	         "# a comment\n"
+	         "; another\n"
+	         "[server]\n"
+	         "socket = /tmp/x.sock ; inline comment\n"
+	         "segment = /mt-test\n"
+	         "slots = 128\n"
+	         "lanes = 8\n"
+	         "tick = 20\n"
+	         "threshold = 128KiB\n"
+	         "log_level = debug\n"
+	         "tcp = [::1]:7411\n"
+	         "tcp_allow_remote = false\n"
+	         "tcp_token_file = %s\n"
+	         "admin_uid = 1234\n"
+	         "admin_gid = root\n"
+	         "metrics = 127.0.0.1:9464\n"
+	         "group = 0\n"
+	         "\n"
+	         "[limits]\n"
+	         "   fleet = 64GiB\n" /* indented: not a continuation */
+	         "high_watermark = 92.5%%\n"
+	         "hysteresis = 2.5\n"
+	         "process = 1.5G\n"
+	         "measure = max\n"
+	         "rss_interval = 250\n"
+	         "[group etl]\n"
+	         "limit = 8GiB\n"
+	         "high_watermark = 80\n"
+	         "[group web tier]\n"
+	         "limit = none\n"
+	         "[admission]\n"
+	         "default_ttl = 60\n"
+	         "max_ttl = 3600\n"
+	         "[enforce]\n"
+	         "signal = SIGUSR1\n"
+	         "grace = 2500\n",
+	         tokfile);
+	struct mts_settings s;
+	char err[512];
+	cr_assert_eq(load(text, &s, err, sizeof(err)), 0, "%s", err);
+	cr_assert_str_eq(s.cfg.socket_path, "/tmp/x.sock");
+	cr_assert_str_eq(s.cfg.segment, "/mt-test");
+	cr_assert_eq(s.cfg.slots, 128);
+	cr_assert_eq(s.cfg.lanes, 8);
+	cr_assert_eq(s.cfg.tick_ms, 20);
+	cr_assert_eq(s.cfg.threshold, 128 * 1024);
+	cr_assert_eq(s.log_level, MTS_LOG_DEBUG);
+	cr_assert_str_eq(s.cfg.tcp_addr, "[::1]:7411");
+	cr_assert_str_eq(s.policy.tcp_token, "0123456789abcdefXYZ");
+	cr_assert(s.policy.has_admin_uid);
+	cr_assert_eq(s.policy.admin_uid, 1234);
+	cr_assert(s.policy.has_admin_gid);
+	cr_assert_eq(s.policy.admin_gid, 0);
+	cr_assert_str_eq(s.cfg.metrics_addr, "127.0.0.1:9464");
+	cr_assert(s.cfg.has_gid);
+	cr_assert_eq(s.cfg.gid, 0);
+	cr_assert_eq(s.policy.fleet_limit, UINT64_C(64) << 30);
+	cr_assert_eq(s.policy.high_bp, 9250);
+	cr_assert_eq(s.policy.hyst_bp, 250);
+	cr_assert_eq(s.policy.process_limit, UINT64_C(3) << 29);
+	cr_assert_eq(s.policy.measure, MTS_MEASURE_MAX);
+	cr_assert_eq(s.policy.rss_interval_ms, 250);
+	cr_assert_eq(s.policy.ngroups, 2);
+	const struct mts_group_policy *g = mts_policy_group(&s.policy, "etl");
+	cr_assert_not_null(g);
+	cr_assert_eq(g->limit, UINT64_C(8) << 30);
+	cr_assert_eq(g->high_bp, 8000);
+	g = mts_policy_group(&s.policy, "web tier");
+	cr_assert_not_null(g);
+	cr_assert_eq(g->limit, 0);
+	cr_assert_eq(s.policy.default_ttl_s, 60);
+	cr_assert_eq(s.policy.max_ttl_s, 3600);
+	cr_assert_eq(s.policy.enforce_signal, SIGUSR1);
+	cr_assert_eq(s.policy.grace_ms, 2500);
+
+	/* A deep copy is independent of the original. */
+	struct mts_policy copy;
+	cr_assert_eq(mts_policy_copy(&copy, &s.policy), 0);
+	mts_settings_free(&s);
+	cr_assert_str_eq(copy.tcp_token, "0123456789abcdefXYZ");
+	cr_assert_str_eq(copy.groups[0].name, "etl");
+	mts_policy_free(&copy);
+}
+
+Test(config, the_example_file_loads)
+{
+	/* deploy/memtallyd.conf, found from this file's own path. */
+	char example[4096];
+	snprintf(example, sizeof(example), "%s", __FILE__);
+	char *slash = strrchr(example, '/');
+	cr_assert_not_null(slash, "__FILE__ is not a path: %s", __FILE__);
+	snprintf(slash, sizeof(example) - (size_t)(slash - example),
+	         "/../../deploy/memtallyd.conf");
+	struct mts_settings s;
+	char err[512];
+	cr_assert_eq(mts_settings_load(&s, example, NULL, 0, err, sizeof(err)),
+	             0, "%s", err);
+	cr_assert_eq(s.policy.fleet_limit, 0);
+	cr_assert_eq(s.policy.enforce_signal, 0, "enforcement off by default");
+	mts_settings_free(&s);
+}
+
+struct bad {
+	const char *text;
+	int line;
+	const char *names; /* what the message must contain */
+};
+
+static const struct bad bads[] = {
+    {"[server]\nsocket =\n", 2, "[server] socket"},
+    {"[server]\nsegment = noslash\n", 2, "[server] segment"},
+    {"[server]\nslots = 0\n", 2, "[server] slots"},
+    {"[server]\nslots = 99999999\n", 2, "[server] slots"},
+    {"[server]\nlanes = 65\n", 2, "[server] lanes"},
+    {"[server]\ntick = fast\n", 2, "[server] tick"},
+    {"[server]\nthreshold = 2GiB\n", 2, "[server] threshold"},
+    {"[server]\nlog_level = loud\n", 2, "[server] log_level"},
+    {"[server]\ntcp = localhost\n", 2, "[server] tcp"},
+    {"[server]\ntcp = 127.0.0.1:99999\n", 2, "[server] tcp"},
+    {"[server]\ntcp_allow_remote = maybe\n", 2, "[server] tcp_allow_remote"},
+    {"[server]\nadmin_uid = no-such-user-xyz\n", 2, "[server] admin_uid"},
+    {"[server]\nadmin_gid = no-such-group-xyz\n", 2, "[server] admin_gid"},
+    {"[server]\ngroup = no-such-group-xyz\n", 2, "[server] group"},
+    {"[server]\nport = 1\n", 2, "[server] port: unknown key"},
+    {"\n[limits]\nfleet = 12 apples\n", 3, "[limits] fleet"},
+    {"[limits]\nfleet = -1G\n", 2, "[limits] fleet"},
+    {"[limits]\nprocess = lots\n", 2, "[limits] process"},
+    {"[limits]\nhigh_watermark = 0\n", 2, "[limits] high_watermark"},
+    {"[limits]\nhigh_watermark = 101\n", 2, "[limits] high_watermark"},
+    {"[limits]\nhigh_watermark = 90.123\n", 2, "[limits] high_watermark"},
+    {"[limits]\nhysteresis = 51\n", 2, "[limits] hysteresis"},
+    {"[limits]\nmeasure = pss\n", 2, "[limits] measure"},
+    {"[limits]\nrss_interval = 5\n", 2, "[limits] rss_interval"},
+    {"[limits]\nfleet_limt = 1G\n", 2, "[limits] fleet_limt: unknown key"},
+    {"[group etl]\nlimit = 1x\n", 2, "[group etl] limit"},
+    {"[group etl]\nhigh_watermark = x\n", 2, "[group etl] high_watermark"},
+    {"[group etl]\nsize = 1G\n", 2, "[group etl] size: unknown key"},
+    {"[group]\nlimit = 1G\n", 2, "[group] limit"},
+    {"[admission]\ndefault_ttl = 0\n", 2, "[admission] default_ttl"},
+    {"[admission]\nmax_ttl = forever\n", 2, "[admission] max_ttl"},
+    {"[enforce]\nsignal = SIGFOO\n", 2, "[enforce] signal"},
+    {"[enforce]\ngrace = -5\n", 2, "[enforce] grace"},
+    {"[limitz]\nfleet = 1G\n", 2, "[limitz] fleet: unknown section"},
+    {"fleet = 1G\n", 1, "a key before any [section]"},
+    {"[limits]\nthis line has no equals sign\n", 2, "syntax error"},
+};
+
+Test(config, each_bad_value_names_its_key)
+{
+	for (size_t i = 0; i < sizeof(bads) / sizeof(bads[0]); i++) {
+		struct mts_settings s;
+		memset(&s, 0x5a, sizeof(s));
+		char err[512], where[160];
+		int r = load(bads[i].text, &s, err, sizeof(err));
+		cr_assert_eq(r, -EINVAL, "case %zu accepted: %s", i,
+		             bads[i].text);
+		snprintf(where, sizeof(where), "%s:%d: ", path, bads[i].line);
+		cr_assert(strncmp(err, where, strlen(where)) == 0,
+		          "case %zu: '%s' does not start with '%s'", i, err,
+		          where);
+		cr_assert_not_null(strstr(err, bads[i].names),
+		                   "case %zu: '%s' does not name '%s'", i, err,
+		                   bads[i].names);
+		cr_assert_null(strchr(err, '\n'), "one line");
+		/* Nothing was written to *out. */
+		unsigned char *b = (unsigned char *)&s;
+		for (size_t k = 0; k < sizeof(s); k++)
+			cr_assert_eq(b[k], 0x5a);
+	}
+}
+
+Test(config, checks_across_keys)
+{
+	struct mts_settings s;
+	char err[512];
+	cr_assert_eq(load("[limits]\nhigh_watermark = 10\nhysteresis = 10\n",
+	                  &s, err, sizeof(err)),
+	             -EINVAL);
+	cr_assert_not_null(strstr(err, "[limits] hysteresis: must be below "
+	                               "high_watermark"),
+	                   "%s", err);
+	cr_assert_eq(load("[limits]\nhysteresis = 20\n[group a]\n"
+	                  "high_watermark = 15\n",
+	                  &s, err, sizeof(err)),
+	             -EINVAL);
+	cr_assert_not_null(strstr(err, "[group a] high_watermark"), "%s", err);
+	cr_assert_eq(load("[admission]\ndefault_ttl = 100\nmax_ttl = 50\n", &s,
+	                  err, sizeof(err)),
+	             -EINVAL);
+	cr_assert_not_null(strstr(err, "[admission] default_ttl"), "%s", err);
+	cr_assert_eq(
+	    load("[server]\ntcp_token = short\n", &s, err, sizeof(err)),
+	    -EINVAL);
+	cr_assert_not_null(strstr(err, "[server] tcp_token: a token must be"),
+	                   "%s", err);
+	cr_assert_eq(load("[server]\ntcp_token = 0123456789abcdef\n"
+	                  "tcp_token_file = /etc/hostname\n",
+	                  &s, err, sizeof(err)),
+	             -EINVAL);
+	cr_assert_not_null(strstr(err, "[server] tcp_token_file"), "%s", err);
+	cr_assert_eq(
+	    load("[server]\ntcp = 192.0.2.1:7411\n", &s, err, sizeof(err)),
+	    -EINVAL);
+	cr_assert_not_null(strstr(err, "not a loopback address"), "%s", err);
+	cr_assert_eq(load("[server]\ntcp = 0.0.0.0:7411\ntcp_allow_remote = "
+	                  "yes\n",
+	                  &s, err, sizeof(err)),
+	             0, "%s", err);
+	mts_settings_free(&s);
+}
+
+Test(config, token_file_checks)
+{
+	char tok[160], text[256];
+	struct mts_settings s;
+	char err[512];
+	snprintf(tok, sizeof(tok), "%s/token", dir);
+	write_file(tok, "0123456789abcdef\n", 0644);
+	snprintf(text, sizeof(text), "[server]\ntcp_token_file = %s\n", tok);
+	cr_assert_eq(load(text, &s, err, sizeof(err)), -EINVAL);
+	cr_assert_not_null(strstr(err, "readable by everyone"), "%s", err);
+	snprintf(text, sizeof(text), "[server]\ntcp_token_file = %s/none\n",
+	         dir);
+	cr_assert_eq(load(text, &s, err, sizeof(err)), -EINVAL);
+	cr_assert_not_null(strstr(err, "[server] tcp_token_file: cannot read"),
+	                   "%s", err);
+	write_file(tok, "has blank inside\n", 0600);
+	snprintf(text, sizeof(text), "[server]\ntcp_token_file = %s\n", tok);
+	cr_assert_eq(load(text, &s, err, sizeof(err)), -EINVAL);
+}
+
+Test(config, long_lines_refused_not_cut)
+{
+	char text[512];
+	struct mts_settings s;
+	char err[512];
+	memset(text, 0, sizeof(text));
+	strcpy(text, "[server]\n# ");
+	memset(text + strlen(text), 'x', 250);
+	strcat(text, "\n");
+	cr_assert_eq(load(text, &s, err, sizeof(err)), -EINVAL);
+	cr_assert_not_null(strstr(err, ":2: line longer than"), "%s", err);
+}
+
+Test(config, missing_file)
+{
+	struct mts_settings s;
+	char err[512];
+	cr_assert_eq(mts_settings_load(&s, "/nonexistent/memtallyd.conf", NULL,
+	                               0, err, sizeof(err)),
+	             -ENOENT);
+	cr_assert_not_null(strstr(err, "/nonexistent/memtallyd.conf: cannot "
+	                               "read"),
+	                   "%s", err);
+	cr_assert_eq(mts_settings_load(&s, "/tmp", NULL, 0, err, sizeof(err)),
+	             -EFBIG);
+}
+
+Test(config, flags_override_the_file)
+{
+	struct mts_settings s;
+	char err[512];
+	write_file(path,
+	           "[server]\nslots = 64\n[limits]\nfleet = 1G\n"
+	           "high_watermark = 80\n",
+	           0600);
+	const struct mts_override ov[] = {
+	    {"--fleet-limit", "limits", "fleet", "2GiB"},
+	    {"--slots", "server", "slots", "32"},
+	};
+	cr_assert_eq(mts_settings_load(&s, path, ov, 2, err, sizeof(err)), 0,
+	             "%s", err);
+	cr_assert_eq(s.policy.fleet_limit, UINT64_C(2) << 30);
+	cr_assert_eq(s.cfg.slots, 32);
+	cr_assert_eq(s.policy.high_bp, 8000, "the file's, not overridden");
+	mts_settings_free(&s);
+
+	/* A bad flag names the flag. */
+	const struct mts_override bad[] = {
+	    {"--high-watermark", "limits", "high_watermark", "lots"},
+	};
+	cr_assert_eq(mts_settings_load(&s, path, bad, 1, err, sizeof(err)),
+	             -EINVAL);
+	cr_assert(strncmp(err, "--high-watermark: expected a percentage", 39) ==
+	              0,
+	          "%s", err);
+	/* A flag can break a check across keys; the key is named. */
+	const struct mts_override low[] = {
+	    {"--high-watermark", "limits", "high_watermark", "4"},
+	};
+	cr_assert_eq(mts_settings_load(&s, NULL, low, 1, err, sizeof(err)),
+	             -EINVAL);
+	cr_assert_not_null(strstr(err, "[limits] hysteresis"), "%s", err);
+}
+
+Test(parse, percent)
+{
+	uint32_t bp;
+	cr_assert_eq(mts_parse_percent("90", &bp), 0);
+	cr_assert_eq(bp, 9000);
+	cr_assert_eq(mts_parse_percent("92.5%", &bp), 0);
+	cr_assert_eq(bp, 9250);
+	cr_assert_eq(mts_parse_percent("0.05", &bp), 0);
+	cr_assert_eq(bp, 5);
+	cr_assert_eq(mts_parse_percent("100", &bp), 0);
+	cr_assert_eq(bp, 10000);
+	cr_assert_eq(mts_parse_percent("0", &bp), 0);
+	cr_assert_eq(bp, 0);
+	const char *bad[] = {"",    "100.01", "101", "-1",
+	                     "9.",  ".5",     "5%%", "5 %",
+	                     "1e2", "0.123",  "abc", "50percent"};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+		cr_assert_eq(mts_parse_percent(bad[i], &bp), -EINVAL, "'%s'",
+		             bad[i]);
+}
+
+Test(parse, signal)
+{
+	int sig;
+	cr_assert_eq(mts_parse_signal("SIGTERM", &sig), 0);
+	cr_assert_eq(sig, SIGTERM);
+	cr_assert_eq(mts_parse_signal("term", &sig), 0);
+	cr_assert_eq(sig, SIGTERM);
+	cr_assert_eq(mts_parse_signal("KILL", &sig), 0);
+	cr_assert_eq(sig, SIGKILL);
+	cr_assert_eq(mts_parse_signal("15", &sig), 0);
+	cr_assert_eq(sig, 15);
+	cr_assert_eq(mts_parse_signal("", &sig), 0);
+	cr_assert_eq(sig, 0, "empty is off");
+	cr_assert_eq(mts_parse_signal("0", &sig), -EINVAL);
+	cr_assert_eq(mts_parse_signal("SIGFOO", &sig), -EINVAL);
+	cr_assert_eq(mts_parse_signal("15x", &sig), -EINVAL);
+	cr_assert_eq(mts_parse_signal("999", &sig), -EINVAL);
+}
+
+Test(parse, hostport)
+{
+	struct sockaddr_storage ss;
+	bool lo;
+	cr_assert_eq(mts_parse_hostport("127.0.0.1:7411", &ss, &lo), 0);
+	cr_assert(lo);
+	cr_assert_eq(ss.ss_family, AF_INET);
+	cr_assert_eq(mts_parse_hostport("localhost:0", &ss, &lo), 0);
+	cr_assert(lo);
+	cr_assert_eq(mts_parse_hostport("[::1]:80", &ss, &lo), 0);
+	cr_assert(lo);
+	cr_assert_eq(ss.ss_family, AF_INET6);
+	cr_assert_eq(mts_parse_hostport("127.9.9.9:1", &ss, &lo), 0);
+	cr_assert(lo);
+	cr_assert_eq(mts_parse_hostport("0.0.0.0:1", &ss, &lo), 0);
+	cr_assert_not(lo);
+	cr_assert_eq(mts_parse_hostport("[::]:1", &ss, &lo), 0);
+	cr_assert_not(lo);
+	const char *bad[] = {"",
+	                     "127.0.0.1",
+	                     ":80",
+	                     "127.0.0.1:",
+	                     "1.2.3:4",
+	                     "[::1:80",
+	                     "::1:80",
+	                     "host.example:80",
+	                     "127.0.0.1:65536",
+	                     "127.0.0.1:-1"};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+		cr_assert_eq(mts_parse_hostport(bad[i], &ss, &lo), -EINVAL,
+		             "'%s'", bad[i]);
+}

@@ -1,0 +1,249 @@
+/*
+ * test_server_fixture.h - what the issue-3 server tests share: a server on
+ * a private segment (no socket unless asked), real child processes as
+ * workers, requests dispatched from plain buffers, and the events the
+ * registry raises captured in order.
+ *
+ * Each test is its own process (Criterion), so the statics here are per
+ * test. fx_stop() kills the children and asserts that the loop closes with
+ * no live handle.
+ */
+#ifndef MEMTALLY_TEST_SERVER_FIXTURE_H
+#define MEMTALLY_TEST_SERVER_FIXTURE_H
+
+#include "server.h"
+
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "log.h"
+
+#define FX_MAX_KIDS   16
+#define FX_MAX_EVENTS 256
+#define MIB           (UINT64_C(1) << 20)
+
+struct fx_event {
+	char scope[MTS_NAME_MAX + 8];
+	uint32_t state, previous;
+	uint64_t bytes, limit, reserved;
+};
+
+static __attribute__((unused)) uv_loop_t loop;
+static __attribute__((unused)) struct mts_server srv;
+static __attribute__((unused)) char segname[64];
+static __attribute__((unused)) pid_t kids[FX_MAX_KIDS];
+static __attribute__((unused)) int nkids;
+static __attribute__((unused)) struct fx_event events[FX_MAX_EVENTS];
+static __attribute__((unused)) int nevents;
+
+static inline void fx_on_event(void *ctx, const struct mts_event *ev)
+{
+	(void)ctx;
+	cr_assert_lt(nevents, FX_MAX_EVENTS);
+	struct fx_event *e = &events[nevents++];
+	snprintf(e->scope, sizeof(e->scope), "%s", ev->scope);
+	e->state = ev->state;
+	e->previous = ev->previous;
+	e->bytes = ev->bytes;
+	e->limit = ev->limit;
+	e->reserved = ev->reserved;
+}
+
+/* Start a server with `pol` (NULL = defaults); events are captured. */
+static inline void fx_start_policy(const struct mts_policy *pol)
+{
+	mts_log_set_level(MTS_LOG_ERROR); /* keep test output quiet */
+	snprintf(segname, sizeof(segname), "/mt-s3-test-%ld", (long)getpid());
+	struct mts_config cfg = {
+	    .socket_path = NULL,
+	    .segment = segname,
+	    .slots = 8,
+	    .lanes = 2,
+	    .tick_ms = 60000, /* tests call mts_tick() themselves */
+	    .threshold = 1000,
+	    .policy = pol,
+	};
+	cr_assert_eq(uv_loop_init(&loop), 0);
+	cr_assert_eq(mts_server_init(&srv, &loop, &cfg), 0);
+	srv.reg.on_event = fx_on_event;
+	srv.reg.event_ctx = NULL;
+	nevents = 0;
+}
+
+static inline void fx_start(void)
+{
+	fx_start_policy(NULL);
+}
+
+static inline void fx_stop(void)
+{
+	for (int i = 0; i < nkids; i++) {
+		kill(kids[i], SIGKILL);
+		waitpid(kids[i], NULL, 0);
+	}
+	nkids = 0;
+	mts_server_stop(&srv);
+	uv_run(&loop, UV_RUN_DEFAULT);
+	mts_server_free(&srv);
+	cr_assert_eq(uv_loop_close(&loop), 0, "a handle was left open");
+	mtshm_unlink(segname);
+}
+
+/* A child that lives until killed. */
+static inline pid_t fx_spawn(void)
+{
+	int p[2];
+	cr_assert_eq(pipe(p), 0);
+	pid_t pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		close(p[0]);
+		char c = 'x';
+		if (write(p[1], &c, 1) != 1)
+			_exit(1);
+		for (;;)
+			pause();
+	}
+	close(p[1]);
+	char c;
+	cr_assert_eq(read(p[0], &c, 1), 1);
+	close(p[0]);
+	cr_assert_lt(nkids, FX_MAX_KIDS);
+	kids[nkids++] = pid;
+	return pid;
+}
+
+/* Kill a child and run the loop until the registry saw it go. */
+static inline void fx_kill(pid_t pid)
+{
+	kill(pid, SIGKILL);
+	waitpid(pid, NULL, 0);
+	for (int i = 0; i < nkids; i++)
+		if (kids[i] == pid)
+			kids[i] = kids[--nkids];
+	unsigned spins = 0;
+	while (mts_find_pid(&srv.reg, (uint32_t)pid)) {
+		uv_run(&loop, UV_RUN_ONCE);
+		cr_assert_lt(++spins, 10000u, "exit not seen");
+	}
+}
+
+static inline struct mts_peer fx_peer(pid_t pid, uint32_t uid)
+{
+	return (struct mts_peer){.fd = -1,
+	                         .has_cred = true,
+	                         .pid = (uint32_t)pid,
+	                         .uid = uid,
+	                         .gid = uid};
+}
+
+static inline Memtally__V1__Response *fx_call(struct mts_peer *peer,
+                                              const Memtally__V1__Request *req)
+{
+	size_t len = protobuf_c_message_get_packed_size(&req->base);
+	uint8_t *body = malloc(len ? len : 1);
+	protobuf_c_message_pack(&req->base, body);
+	struct mts_buf out = {0};
+	cr_assert_eq(mts_dispatch(&srv.reg, peer, body, len, &out), 0);
+	uint64_t blen;
+	int n = mtframe_decode_len(out.data, out.len, UINT64_MAX, &blen);
+	cr_assert_gt(n, 0);
+	cr_assert_eq((size_t)n + blen, out.len, "not exactly one response");
+	Memtally__V1__Response *r =
+	    memtally__v1__response__unpack(NULL, blen, out.data + n);
+	cr_assert_not_null(r);
+	free(body);
+	mts_buf_free(&out);
+	return r;
+}
+
+static inline uint32_t fx_register(pid_t pid, const char *group,
+                                   const char *task)
+{
+	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
+	Memtally__V1__Register reg = MEMTALLY__V1__REGISTER__INIT;
+	reg.group = (char *)group;
+	reg.task = (char *)task;
+	reg.image_id = 1;
+	req.body_case = MEMTALLY__V1__REQUEST__BODY_REGISTER;
+	req.register_ = &reg;
+	struct mts_peer peer = fx_peer(pid, 1000);
+	Memtally__V1__Response *r = fx_call(&peer, &req);
+	cr_assert_null(r->error, "register: %s",
+	               r->error ? r->error->message : "");
+	uint32_t slot = r->registered->slot;
+	memtally__v1__response__free_unpacked(r, NULL);
+	return slot;
+}
+
+/* What a worker's client would do: lane 0 holds `bytes`. */
+static inline void fx_write(uint32_t slot, int64_t bytes)
+{
+	struct mtshm_slot_id *s = mtshm_slot(&srv.map, slot);
+	mt_store_relaxed32(&s->threads, 1);
+	mt_store_relaxed32(&s->lanes_used, 1);
+	mt_store_relaxeds64(&mtshm_lane(s, 0)->bytes, bytes);
+}
+
+static inline Memtally__V1__Response *fx_admit(uint32_t uid, uint64_t bytes,
+                                               const char *group,
+                                               const char *task, uint32_t ttl)
+{
+	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
+	Memtally__V1__Admit a = MEMTALLY__V1__ADMIT__INIT;
+	a.bytes = bytes;
+	a.group = (char *)(group ? group : "");
+	a.task = (char *)(task ? task : "");
+	a.ttl_seconds = ttl;
+	req.id = 21;
+	req.body_case = MEMTALLY__V1__REQUEST__BODY_ADMIT;
+	req.admit = &a;
+	struct mts_peer peer = fx_peer(getpid(), uid);
+	return fx_call(&peer, &req);
+}
+
+static inline Memtally__V1__Response *fx_set_limit(struct mts_peer *peer,
+                                                   int scope, const char *group,
+                                                   uint32_t pid, uint64_t bytes,
+                                                   const char *token)
+{
+	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
+	Memtally__V1__SetLimit q = MEMTALLY__V1__SET_LIMIT__INIT;
+	q.scope_case = scope;
+	if (scope == MEMTALLY__V1__SET_LIMIT__SCOPE_FLEET)
+		q.fleet = 1;
+	if (scope == MEMTALLY__V1__SET_LIMIT__SCOPE_GROUP)
+		q.group = (char *)group;
+	if (scope == MEMTALLY__V1__SET_LIMIT__SCOPE_PID)
+		q.pid = pid;
+	q.bytes = bytes;
+	q.token = (char *)(token ? token : "");
+	req.id = 31;
+	req.body_case = MEMTALLY__V1__REQUEST__BODY_SET_LIMIT;
+	req.set_limit = &q;
+	return fx_call(peer, &req);
+}
+
+static inline void fx_expect_error(Memtally__V1__Response *r,
+                                   Memtally__V1__ErrorCode code)
+{
+	cr_assert_not_null(r->error, "expected an error");
+	cr_assert_eq(r->error->code, code, "code %d, want %d (%s)",
+	             r->error->code, code, r->error->message);
+	memtally__v1__response__free_unpacked(r, NULL);
+}
+
+static inline struct mtshm_fleet fx_fleet(void)
+{
+	struct mtshm_fleet f;
+	cr_assert_eq(mtshm_fleet_read(srv.map.hdr, &f), 0);
+	return f;
+}
+
+#endif /* MEMTALLY_TEST_SERVER_FIXTURE_H */

@@ -1,0 +1,605 @@
+/*
+ * test_server_limits.c - limits and states: the hysteresis state machine
+ * (a figure oscillating around any of its lines changes state exactly
+ * once), fleet, group and process states as the tick computes them, the
+ * header snapshot and slot flags, events, SetLimit with its authorisation,
+ * policy reloads, RSS, and enforcement by signal.
+ *
+ * Workers are real forked children; counters are written straight into
+ * their slots, as their client library would.
+ */
+#include "test_server_fixture.h"
+
+#define OK   MTSHM_STATE_OK
+#define HIGH MTSHM_STATE_HIGH
+#define OVER MTSHM_STATE_OVER
+
+/* limit 1000, high at 80%, hysteresis 5%: lines at 800, 1000 (over when
+ * above), leave over below 950, leave high below 750. */
+#define L 1000u
+#define W 8000u
+#define H 500u
+
+Test(state, lines)
+{
+	cr_assert_eq(mts_state_next(OK, 799, L, W, H), OK);
+	cr_assert_eq(mts_state_next(OK, 800, L, W, H), HIGH);
+	cr_assert_eq(mts_state_next(OK, 1000, L, W, H), HIGH);
+	cr_assert_eq(mts_state_next(OK, 1001, L, W, H), OVER);
+	cr_assert_eq(mts_state_next(HIGH, 1000, L, W, H), HIGH);
+	cr_assert_eq(mts_state_next(HIGH, 1001, L, W, H), OVER);
+	cr_assert_eq(mts_state_next(OVER, 950, L, W, H), OVER);
+	cr_assert_eq(mts_state_next(OVER, 949, L, W, H), HIGH);
+	cr_assert_eq(mts_state_next(HIGH, 750, L, W, H), HIGH);
+	cr_assert_eq(mts_state_next(HIGH, 749, L, W, H), OK);
+	/* Both lower marks passed at once: straight to ok. */
+	cr_assert_eq(mts_state_next(OVER, 0, L, W, H), OK);
+	cr_assert_eq(mts_state_next(OVER, 749, L, W, H), OK);
+	/* No limit: always ok. */
+	cr_assert_eq(mts_state_next(OVER, UINT64_MAX, 0, W, H), OK);
+	/* No hysteresis: the lines themselves. */
+	cr_assert_eq(mts_state_next(OVER, 999, L, W, 0), HIGH);
+	cr_assert_eq(mts_state_next(HIGH, 799, L, W, 0), OK);
+	/* Tiny limits: 0 is below 95% of 1 byte. */
+	cr_assert_eq(mts_state_next(OVER, 0, 1, W, H), OK);
+	/* Exact on large limits (128-bit products). */
+	uint64_t big = UINT64_C(4000000000000000000);
+	cr_assert_eq(mts_state_next(OK, big / 10 * 8, big, W, H), HIGH);
+	cr_assert_eq(mts_state_next(OK, big / 10 * 8 - 1, big, W, H), OK);
+}
+
+/* Run `n` steps alternating a and b from state `s`; count changes. */
+static int transitions(uint32_t s, uint64_t a, uint64_t b, int n, uint32_t *end)
+{
+	int changes = 0;
+	for (int i = 0; i < n; i++) {
+		uint32_t next = mts_state_next(s, i % 2 ? b : a, L, W, H);
+		changes += next != s;
+		s = next;
+	}
+	*end = s;
+	return changes;
+}
+
+Test(state, oscillation_changes_once)
+{
+	uint32_t end;
+	/* Around the watermark, from ok. */
+	cr_assert_eq(transitions(OK, 790, 810, 1000, &end), 1);
+	cr_assert_eq(end, HIGH);
+	/* Around the limit, from high. */
+	cr_assert_eq(transitions(HIGH, 990, 1010, 1000, &end), 1);
+	cr_assert_eq(end, OVER);
+	/* Around the limit, from ok: ok -> high -> over, then no more. */
+	cr_assert_eq(transitions(OK, 1010, 990, 1000, &end), 1);
+	cr_assert_eq(end, OVER);
+	/* Around the mark that leaves over. */
+	cr_assert_eq(transitions(OVER, 955, 945, 1000, &end), 1);
+	cr_assert_eq(end, HIGH);
+	/* Around the mark that leaves high. */
+	cr_assert_eq(transitions(HIGH, 755, 745, 1000, &end), 1);
+	cr_assert_eq(end, OK);
+	/* Without hysteresis the same wobble flaps: the reason it exists. */
+	uint32_t s = HIGH;
+	int flaps = 0;
+	for (int i = 0; i < 100; i++) {
+		uint32_t next = mts_state_next(s, i % 2 ? 990 : 1010, L, W, 0);
+		flaps += next != s;
+		s = next;
+	}
+	cr_assert_eq(flaps, 100);
+}
+
+/* ---- the registry ------------------------------------------------------ */
+
+static struct mts_policy pol;
+
+static void policy_fleet(uint64_t fleet, uint32_t high_bp)
+{
+	mts_policy_defaults(&pol);
+	pol.fleet_limit = fleet;
+	pol.high_bp = high_bp;
+}
+
+static void stop(void)
+{
+	fx_stop();
+	mts_policy_free(&pol);
+}
+
+TestSuite(limits, .fini = stop, .timeout = 30);
+
+static int count_events(const char *scope)
+{
+	int n = 0;
+	for (int i = 0; i < nevents; i++)
+		n += strcmp(events[i].scope, scope) == 0;
+	return n;
+}
+
+Test(limits, fleet_states_header_and_events)
+{
+	policy_fleet(10000, 8000); /* high at 8000, over above 10000 */
+	fx_start_policy(&pol);
+	struct mtshm_fleet f = fx_fleet();
+	cr_assert_eq(f.limit, 10000, "limit published at start");
+	cr_assert_eq(f.state, OK);
+
+	pid_t a = fx_spawn();
+	uint32_t sa = fx_register(a, "g", "");
+	fx_write(sa, 8500);
+	mts_tick(&srv.reg);
+	f = fx_fleet();
+	cr_assert_eq(f.state, HIGH);
+	cr_assert_eq(f.bytes, 8500);
+	cr_assert_eq(nevents, 1);
+	cr_assert_str_eq(events[0].scope, "fleet");
+	cr_assert_eq(events[0].previous, OK);
+	cr_assert_eq(events[0].state, HIGH);
+	cr_assert_eq(events[0].bytes, 8500);
+	cr_assert_eq(events[0].limit, 10000);
+
+	fx_write(sa, 11000);
+	mts_tick(&srv.reg);
+	cr_assert_eq(fx_fleet().state, OVER);
+	cr_assert_eq(nevents, 2);
+	cr_assert_eq(events[1].state, OVER);
+	cr_assert_eq(events[1].previous, HIGH);
+
+	/* Wobble around the limit for many ticks: no event. */
+	for (int i = 0; i < 200; i++) {
+		fx_write(sa, i % 2 ? 9900 : 10100);
+		mts_tick(&srv.reg);
+	}
+	cr_assert_eq(nevents, 2, "flapping around the limit");
+	cr_assert_eq(fx_fleet().state, OVER);
+
+	/* The worker dies: back to ok, in one event. */
+	fx_kill(a);
+	mts_tick(&srv.reg);
+	cr_assert_eq(fx_fleet().state, OK);
+	cr_assert_eq(nevents, 3);
+	cr_assert_eq(events[2].previous, OVER);
+	cr_assert_eq(events[2].state, OK);
+
+	/* Usage says the same. */
+	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
+	Memtally__V1__GetUsage q = MEMTALLY__V1__GET_USAGE__INIT;
+	req.body_case = MEMTALLY__V1__REQUEST__BODY_GET_USAGE;
+	req.get_usage = &q;
+	struct mts_peer peer = fx_peer(getpid(), 1000);
+	Memtally__V1__Response *r = fx_call(&peer, &req);
+	cr_assert_eq(r->usage->fleet_limit, 10000);
+	cr_assert_eq(r->usage->state, MEMTALLY__V1__STATE__STATE_OK);
+	cr_assert_eq(r->usage->high_watermark_bytes, 8000);
+	cr_assert_str_eq(r->usage->measure, "accounted");
+	memtally__v1__response__free_unpacked(r, NULL);
+}
+
+Test(limits, reservations_count_towards_state)
+{
+	policy_fleet(10000, 8000);
+	fx_start_policy(&pol);
+	Memtally__V1__Response *r = fx_admit(1000, 9000, "", "", 0);
+	cr_assert(r->admit_result->admitted);
+	memtally__v1__response__free_unpacked(r, NULL);
+	/* Before any tick: the grant itself moved the state. */
+	struct mtshm_fleet f = fx_fleet();
+	cr_assert_eq(f.reserved, 9000);
+	cr_assert_eq(f.state, HIGH);
+	cr_assert_eq(count_events("fleet"), 1);
+}
+
+Test(limits, group_state_with_own_watermark)
+{
+	policy_fleet(0, 9000);
+	struct mts_group_policy gp = {
+	    .name = "etl", .limit = 1000, .high_bp = 5000};
+	pol.groups = &gp;
+	pol.ngroups = 1;
+	fx_start_policy(&pol);
+	pol.groups = NULL; /* not ours to free */
+	pol.ngroups = 0;
+
+	/* A configured group exists with no process. */
+	struct mts_group *g = mts_find_group(&srv.reg, "etl");
+	cr_assert_not_null(g);
+	cr_assert_eq(g->limit, 1000);
+
+	pid_t a = fx_spawn(), b = fx_spawn();
+	uint32_t sa = fx_register(a, "etl", "");
+	uint32_t sb = fx_register(b, "web", "");
+	fx_write(sa, 600); /* 60%: high at the group's own 50% */
+	fx_write(sb, 5000);
+	mts_tick(&srv.reg);
+	g = mts_find_group(&srv.reg, "etl");
+	cr_assert_eq(g->state, HIGH);
+	cr_assert_eq(g->error_bytes, 1000, "threshold x 1 thread");
+	cr_assert_eq(count_events("group:etl"), 1);
+	cr_assert_eq(count_events("group:web"), 0, "no limit, no state");
+	cr_assert_eq(count_events("fleet"), 0);
+
+	fx_write(sa, 1200);
+	mts_tick(&srv.reg);
+	cr_assert_eq(mts_find_group(&srv.reg, "etl")->state, OVER);
+	cr_assert_eq(count_events("group:etl"), 2);
+
+	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
+	Memtally__V1__GetUsage q = MEMTALLY__V1__GET_USAGE__INIT;
+	q.scope_case = MEMTALLY__V1__GET_USAGE__SCOPE_GROUP;
+	q.group = "etl";
+	req.body_case = MEMTALLY__V1__REQUEST__BODY_GET_USAGE;
+	req.get_usage = &q;
+	struct mts_peer peer = fx_peer(getpid(), 1000);
+	Memtally__V1__Response *r = fx_call(&peer, &req);
+	cr_assert_eq(r->usage->group->limit, 1000);
+	cr_assert_eq(r->usage->group->state, MEMTALLY__V1__STATE__STATE_OVER);
+	cr_assert_eq(r->usage->group->high_watermark_bytes, 500);
+	cr_assert_eq(r->usage->group->error_bytes, 1000);
+	memtally__v1__response__free_unpacked(r, NULL);
+
+	/* The last process leaves; the group stays (it has a limit). */
+	fx_kill(a);
+	mts_tick(&srv.reg);
+	g = mts_find_group(&srv.reg, "etl");
+	cr_assert_not_null(g);
+	cr_assert_eq(g->state, OK);
+	cr_assert_eq(g->processes, 0);
+}
+
+Test(limits, process_over_its_limit_flags_slot)
+{
+	policy_fleet(0, 9000);
+	pol.process_limit = 1000;
+	fx_start_policy(&pol);
+	pid_t a = fx_spawn();
+	uint32_t sa = fx_register(a, "g", "");
+	struct mtshm_slot_id *s = mtshm_slot(&srv.map, sa);
+	cr_assert_eq(s->limit, 1000, "limit published in the slot");
+	fx_write(sa, 950); /* high: not an event for a process */
+	mts_tick(&srv.reg);
+	cr_assert_eq(nevents, 0);
+	cr_assert_eq(s->flags & MTSHM_SLOT_OVER_LIMIT, 0);
+
+	fx_write(sa, 1500);
+	mts_tick(&srv.reg);
+	cr_assert(s->flags & MTSHM_SLOT_OVER_LIMIT);
+	cr_assert_eq(nevents, 1);
+	char scope[32];
+	snprintf(scope, sizeof(scope), "pid:%d", (int)a);
+	cr_assert_str_eq(events[0].scope, scope);
+	cr_assert_eq(events[0].state, OVER);
+
+	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
+	Memtally__V1__GetUsage q = MEMTALLY__V1__GET_USAGE__INIT;
+	q.scope_case = MEMTALLY__V1__GET_USAGE__SCOPE_PID;
+	q.pid = (uint32_t)a;
+	req.body_case = MEMTALLY__V1__REQUEST__BODY_GET_USAGE;
+	req.get_usage = &q;
+	struct mts_peer peer = fx_peer(getpid(), 1000);
+	Memtally__V1__Response *r = fx_call(&peer, &req);
+	cr_assert(r->usage->process->over_limit);
+	cr_assert_eq(r->usage->process->limit, 1000);
+	cr_assert_eq(r->usage->process->state, MEMTALLY__V1__STATE__STATE_OVER);
+	memtally__v1__response__free_unpacked(r, NULL);
+
+	/* Still above limit x 95%: stays over. */
+	fx_write(sa, 960);
+	mts_tick(&srv.reg);
+	cr_assert(s->flags & MTSHM_SLOT_OVER_LIMIT);
+	fx_write(sa, 900);
+	mts_tick(&srv.reg);
+	cr_assert_eq(s->flags & MTSHM_SLOT_OVER_LIMIT, 0, "flag cleared");
+	cr_assert_eq(nevents, 2);
+	cr_assert_eq(events[1].previous, OVER);
+	cr_assert_eq(events[1].state, HIGH);
+}
+
+Test(limits, set_limit_needs_authorisation)
+{
+	policy_fleet(0, 9000);
+	pol.process_limit = 5000;
+	fx_start_policy(&pol);
+	pid_t a = fx_spawn();
+	uint32_t sa = fx_register(a, "g", "");
+	fx_write(sa, 3000);
+	mts_tick(&srv.reg);
+
+	/* Tests run as root: the server's uid is 0; uid 1000 is nobody
+	 * special. */
+	srv.reg.server_uid = 4242;
+	struct mts_peer user = fx_peer(getpid(), 1000);
+	fx_expect_error(fx_set_limit(&user,
+	                             MEMTALLY__V1__SET_LIMIT__SCOPE_FLEET, NULL,
+	                             0, 2000, NULL),
+	                MEMTALLY__V1__ERROR_CODE__ERROR_PERMISSION_DENIED);
+	cr_assert_eq(srv.reg.stats.auth_denials, 1);
+	cr_assert_eq(srv.reg.totals.limit, 0, "unchanged");
+
+	/* The server's own uid may. */
+	struct mts_peer self = fx_peer(getpid(), 4242);
+	Memtally__V1__Response *r = fx_set_limit(
+	    &self, MEMTALLY__V1__SET_LIMIT__SCOPE_FLEET, NULL, 0, 2000, NULL);
+	cr_assert_null(r->error);
+	cr_assert_eq(r->limit_set->bytes, 2000);
+	cr_assert_eq(r->limit_set->previous, 0);
+	memtally__v1__response__free_unpacked(r, NULL);
+	/* Applied at once: state, header and event, with no tick. */
+	struct mtshm_fleet f = fx_fleet();
+	cr_assert_eq(f.limit, 2000);
+	cr_assert_eq(f.state, OVER);
+	cr_assert_eq(count_events("fleet"), 1);
+
+	/* So may root and a configured admin uid. */
+	srv.reg.policy.has_admin_uid = true;
+	srv.reg.policy.admin_uid = 1000;
+	r = fx_set_limit(&user, MEMTALLY__V1__SET_LIMIT__SCOPE_FLEET, NULL, 0,
+	                 0, NULL);
+	cr_assert_null(r->error);
+	cr_assert_eq(r->limit_set->previous, 2000);
+	memtally__v1__response__free_unpacked(r, NULL);
+	cr_assert_eq(fx_fleet().state, OK);
+	cr_assert_eq(count_events("fleet"), 2);
+
+	struct mts_peer root = fx_peer(getpid(), 0);
+	r = fx_set_limit(&root, MEMTALLY__V1__SET_LIMIT__SCOPE_GROUP, "g", 0,
+	                 2500, NULL);
+	cr_assert_null(r->error);
+	memtally__v1__response__free_unpacked(r, NULL);
+	cr_assert_eq(mts_find_group(&srv.reg, "g")->state, OVER);
+
+	/* A pid: its own limit, then 0 falls back to the default. */
+	r = fx_set_limit(&root, MEMTALLY__V1__SET_LIMIT__SCOPE_PID, NULL,
+	                 (uint32_t)a, 1000, NULL);
+	cr_assert_null(r->error);
+	cr_assert_eq(r->limit_set->previous, 5000);
+	cr_assert_eq(r->limit_set->bytes, 1000);
+	memtally__v1__response__free_unpacked(r, NULL);
+	cr_assert(mtshm_slot(&srv.map, sa)->flags & MTSHM_SLOT_OVER_LIMIT);
+	cr_assert_eq(mtshm_slot(&srv.map, sa)->limit, 1000);
+	r = fx_set_limit(&root, MEMTALLY__V1__SET_LIMIT__SCOPE_PID, NULL,
+	                 (uint32_t)a, 0, NULL);
+	cr_assert_eq(r->limit_set->bytes, 5000);
+	memtally__v1__response__free_unpacked(r, NULL);
+	cr_assert_eq(mtshm_slot(&srv.map, sa)->flags & MTSHM_SLOT_OVER_LIMIT,
+	             0);
+
+	fx_expect_error(fx_set_limit(&root, MEMTALLY__V1__SET_LIMIT__SCOPE_PID,
+	                             NULL, 1, 10, NULL),
+	                MEMTALLY__V1__ERROR_CODE__ERROR_NOT_FOUND);
+	fx_expect_error(fx_set_limit(&root,
+	                             MEMTALLY__V1__SET_LIMIT__SCOPE_GROUP,
+	                             "bad\x01name", 0, 10, NULL),
+	                MEMTALLY__V1__ERROR_CODE__ERROR_INVALID_REQUEST);
+}
+
+Test(limits, set_limit_over_tcp_needs_token)
+{
+	policy_fleet(0, 9000);
+	pol.tcp_token = strdup("0123456789abcdef-token");
+	fx_start_policy(&pol);
+	struct mts_peer tcp = {.fd = -1, .tcp = true};
+	fx_expect_error(fx_set_limit(&tcp, MEMTALLY__V1__SET_LIMIT__SCOPE_FLEET,
+	                             NULL, 0, 10, NULL),
+	                MEMTALLY__V1__ERROR_CODE__ERROR_PERMISSION_DENIED);
+	fx_expect_error(fx_set_limit(&tcp, MEMTALLY__V1__SET_LIMIT__SCOPE_FLEET,
+	                             NULL, 0, 10, "0123456789abcdef-tokem"),
+	                MEMTALLY__V1__ERROR_CODE__ERROR_PERMISSION_DENIED);
+	Memtally__V1__Response *r =
+	    fx_set_limit(&tcp, MEMTALLY__V1__SET_LIMIT__SCOPE_FLEET, NULL, 0,
+	                 10, "0123456789abcdef-token");
+	cr_assert_null(r->error);
+	memtally__v1__response__free_unpacked(r, NULL);
+	cr_assert_eq(srv.reg.totals.limit, 10);
+}
+
+Test(limits, policy_reload_applies_at_once)
+{
+	policy_fleet(10000, 9000);
+	fx_start_policy(&pol);
+	pid_t a = fx_spawn();
+	uint32_t sa = fx_register(a, "etl", "");
+	fx_write(sa, 6000);
+	mts_tick(&srv.reg);
+	cr_assert_eq(fx_fleet().state, OK);
+	/* A runtime group limit, replaced by the reload. */
+	uint64_t prev, now;
+	cr_assert_eq(mts_limit_set_group(&srv.reg, "web", 77, &prev, &now), 0);
+	cr_assert_not_null(mts_find_group(&srv.reg, "web"));
+
+	struct mts_policy next;
+	mts_policy_defaults(&next);
+	next.fleet_limit = 5000;
+	next.high_bp = 5000;
+	next.process_limit = 4000;
+	struct mts_group_policy gp = {.name = "etl", .limit = 7000};
+	next.groups = &gp;
+	next.ngroups = 1;
+	cr_assert_eq(mts_server_apply_policy(&srv, &next), 0);
+	/* The registry made its own copy. */
+	cr_assert_neq(srv.reg.policy.groups, next.groups);
+	struct mtshm_fleet f = fx_fleet();
+	cr_assert_eq(f.limit, 5000);
+	cr_assert_eq(f.state, OVER);
+	cr_assert_eq(mts_find_group(&srv.reg, "etl")->limit, 7000);
+	/* 6000 of 7000, high at the fleet's 50%: high. */
+	cr_assert_eq(mts_find_group(&srv.reg, "etl")->state, HIGH);
+	cr_assert_null(mts_find_group(&srv.reg, "web"),
+	               "runtime group limit not replaced");
+	struct mts_proc *p = mts_find_pid(&srv.reg, (uint32_t)a);
+	cr_assert_eq(p->limit, 4000);
+	cr_assert_eq(mtshm_slot(&srv.map, sa)->limit, 4000);
+	cr_assert(mtshm_slot(&srv.map, sa)->flags & MTSHM_SLOT_OVER_LIMIT);
+}
+
+Test(limits, watch_answers_current_fleet_state)
+{
+	policy_fleet(100, 9000);
+	fx_start_policy(&pol);
+	Memtally__V1__Response *r = fx_admit(1000, 95, "", "", 0);
+	memtally__v1__response__free_unpacked(r, NULL);
+	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
+	Memtally__V1__Watch w = MEMTALLY__V1__WATCH__INIT;
+	req.id = 77;
+	req.body_case = MEMTALLY__V1__REQUEST__BODY_WATCH;
+	req.watch = &w;
+	struct mts_peer peer = fx_peer(getpid(), 1000);
+	r = fx_call(&peer, &req);
+	cr_assert_eq(r->id, 77);
+	cr_assert_str_eq(r->event->scope, "fleet");
+	cr_assert_eq(r->event->state, MEMTALLY__V1__STATE__STATE_HIGH);
+	cr_assert_eq(r->event->previous, MEMTALLY__V1__STATE__STATE_HIGH);
+	cr_assert_eq(r->event->limit, 100);
+	cr_assert_eq(r->event->reserved_bytes, 95);
+	cr_assert_gt(r->event->time_ns, 0);
+	memtally__v1__response__free_unpacked(r, NULL);
+	cr_assert(peer.watching);
+	cr_assert_eq(peer.watch_id, 77);
+	cr_assert_eq(srv.reg.stats.events, 1);
+}
+
+Test(limits, rss_is_read_summed_and_measurable)
+{
+	policy_fleet(0, 9000);
+	fx_start_policy(&pol);
+	pid_t a = fx_spawn(), b = fx_spawn();
+	fx_register(a, "g", "");
+	fx_register(b, "g", "");
+	/* Nothing until a sweep, which runs on the thread pool. */
+	struct mts_proc *pa = mts_find_pid(&srv.reg, (uint32_t)a);
+	cr_assert_eq(pa->rss, 0);
+	mts_rss_sweep_start(&srv.reg);
+	cr_assert_not_null(srv.reg.rss_sweep);
+	unsigned spins = 0;
+	while (srv.reg.rss_sweep) {
+		uv_run(&loop, UV_RUN_ONCE);
+		cr_assert_lt(++spins, 10000u);
+	}
+	pa = mts_find_pid(&srv.reg, (uint32_t)a);
+	struct mts_proc *pb = mts_find_pid(&srv.reg, (uint32_t)b);
+	cr_assert_gt(pa->rss, 0);
+	mts_tick(&srv.reg);
+	cr_assert_eq(srv.reg.totals.rss, pa->rss + pb->rss);
+	cr_assert_eq(mts_find_group(&srv.reg, "g")->rss, pa->rss + pb->rss);
+
+	/* measure = rss: a 1-byte limit is passed by any resident set. */
+	uint64_t prev, now;
+	srv.reg.policy.measure = MTS_MEASURE_RSS;
+	cr_assert_eq(mts_limit_set_fleet(&srv.reg, 1, &prev, &now), 0);
+	cr_assert_eq(fx_fleet().state, OVER);
+	/* accounted bytes are 0: under accounted it is ok again. */
+	srv.reg.policy.measure = MTS_MEASURE_ACCOUNTED;
+	cr_assert_eq(mts_limit_set_fleet(&srv.reg, 1, &prev, &now), 0);
+	cr_assert_eq(fx_fleet().state, OK);
+	srv.reg.policy.measure = MTS_MEASURE_MAX;
+	cr_assert_eq(mts_measured(&srv.reg, 5, 9), 9);
+	cr_assert_eq(mts_measured(&srv.reg, 9, 5), 9);
+
+	/* An exit takes its RSS out of the sums at once. */
+	fx_kill(a);
+	cr_assert_eq(srv.reg.totals.rss, pb->rss);
+}
+
+Test(limits, enforcement_signals_largest_over_its_own_limit)
+{
+	policy_fleet(3000, 9000);
+	pol.process_limit = 1000;
+	pol.enforce_signal = SIGTERM;
+	pol.grace_ms = 60000;
+	fx_start_policy(&pol);
+	pid_t a = fx_spawn(), b = fx_spawn(), c = fx_spawn();
+	uint32_t sa = fx_register(a, "g", "");
+	uint32_t sb = fx_register(b, "g", "");
+	uint32_t sc = fx_register(c, "g", "");
+	fx_write(sa, 1200); /* over its own limit */
+	fx_write(sb, 1500); /* over its own limit, the largest */
+	fx_write(sc, 900);  /* within */
+	mts_tick(&srv.reg);
+	cr_assert_eq(srv.reg.totals.state, OVER);
+	/* Within the grace period: nothing. */
+	cr_assert_eq(srv.reg.stats.enforcement_signals, 0);
+	/* The grace period has passed. */
+	srv.reg.fleet_over_since_ns -= 61000ull * 1000000ull;
+	mts_tick(&srv.reg);
+	cr_assert_eq(srv.reg.stats.enforcement_signals, 1);
+	int st;
+	cr_assert_eq(waitpid(b, &st, 0), b);
+	cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGTERM);
+	for (int i = 0; i < nkids; i++)
+		if (kids[i] == b)
+			kids[i] = kids[--nkids];
+	/* The grace period started again: no second signal yet, even
+	 * though a is over its own limit too. */
+	mts_tick(&srv.reg);
+	cr_assert_eq(srv.reg.stats.enforcement_signals, 1);
+	cr_assert_eq(kill(a, 0), 0);
+}
+
+Test(limits, enforcement_leaves_processes_within_their_limits)
+{
+	policy_fleet(1000, 9000);
+	pol.process_limit = 5000;
+	pol.enforce_signal = SIGTERM;
+	pol.grace_ms = 0;
+	fx_start_policy(&pol);
+	pid_t a = fx_spawn(), b = fx_spawn();
+	fx_write(fx_register(a, "g", ""), 900);
+	fx_write(fx_register(b, "g", ""), 900);
+	for (int i = 0; i < 5; i++)
+		mts_tick(&srv.reg);
+	cr_assert_eq(srv.reg.totals.state, OVER);
+	cr_assert_eq(srv.reg.stats.enforcement_signals, 0);
+	cr_assert_eq(kill(a, 0), 0);
+	cr_assert_eq(kill(b, 0), 0);
+}
+
+Test(limits, enforcement_off_by_default)
+{
+	policy_fleet(1000, 9000);
+	pol.process_limit = 100;
+	pol.grace_ms = 0;
+	fx_start_policy(&pol);
+	pid_t a = fx_spawn();
+	fx_write(fx_register(a, "g", ""), 5000);
+	for (int i = 0; i < 5; i++)
+		mts_tick(&srv.reg);
+	cr_assert_eq(srv.reg.totals.state, OVER);
+	cr_assert_eq(srv.reg.stats.enforcement_signals, 0);
+	cr_assert_eq(kill(a, 0), 0);
+}
+
+Test(limits, tick_stats)
+{
+	policy_fleet(0, 9000);
+	fx_start_policy(&pol);
+	mts_tick(&srv.reg);
+	mts_tick(&srv.reg);
+	cr_assert_eq(srv.reg.stats.tick_count, 2);
+	cr_assert_geq(srv.reg.stats.tick_ns_sum, srv.reg.stats.last_tick_ns);
+	pid_t a = fx_spawn();
+	fx_register(a, "g", "");
+	cr_assert_eq(srv.reg.stats.registrations, 1);
+	fx_kill(a);
+	cr_assert_eq(srv.reg.stats.reclaims, 1);
+}
+
+Test(limits, process_leaving_while_over_is_an_event)
+{
+	policy_fleet(0, 9000);
+	pol.process_limit = 1000;
+	fx_start_policy(&pol);
+	pid_t a = fx_spawn(), b = fx_spawn();
+	fx_write(fx_register(a, "g", ""), 5000);
+	fx_write(fx_register(b, "g", ""), 10);
+	mts_tick(&srv.reg);
+	cr_assert_eq(nevents, 1);
+	fx_kill(b); /* within its limit: nothing to say */
+	cr_assert_eq(nevents, 1);
+	fx_kill(a);
+	cr_assert_eq(nevents, 2);
+	char scope[32];
+	snprintf(scope, sizeof(scope), "pid:%d", (int)a);
+	cr_assert_str_eq(events[1].scope, scope);
+	cr_assert_eq(events[1].previous, OVER);
+	cr_assert_eq(events[1].state, OK);
+}
