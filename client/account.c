@@ -39,7 +39,7 @@ static void on_thread_exit(void *unused)
 	acc.th.busy = 1;
 	if (d)
 		mtc_publish(&acc.th, d);
-	mtc_thread_exit(&acc.th);
+	mtc_thread_exit(&acc.th); /* hands a due callback to another thread */
 	/* Anything accounted by later destructors is published directly. */
 	memtally__t.biased = 0;
 	memtally__t.span = 0;
@@ -83,6 +83,7 @@ void memtally__account_slow(void)
 	t->biased = half + extra;
 	t->span = 2 * half;
 	acc.th.busy = 0;
+	mtc_after_flush(&acc.th);
 }
 
 int mtc_front_flush(void)
@@ -93,6 +94,7 @@ int mtc_front_flush(void)
 		mtc_publish(&acc.th, d);
 		memtally__t.biased -= (uint64_t)d;
 		acc.th.busy = 0;
+		mtc_after_flush(&acc.th);
 	} else if (d && !acc.half) {
 		memtally__account_slow();
 	}

@@ -21,6 +21,11 @@
  *    (a shared line the server writes once a tick), and only when it has
  *    not moved for MTC_VERIFY_EVERY flushes reads the clock to decide
  *    whether the server is gone or its segment replaced.
+ *  - The over-limit callback runs only from mtc_after_flush(), after the
+ *    front end finished its flush and dropped its re-entrancy guard. The
+ *    flush itself only notes a rising edge of the slot's flag (one relaxed
+ *    load of the slot's flags, one of `over_seen`): it neither blocks nor
+ *    calls out.
  */
 #define _GNU_SOURCE
 #include "client_internal.h"
@@ -28,6 +33,7 @@
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -76,6 +82,25 @@ static struct {
 	uint64_t next_try_ns;      /* back-off: no attach before this */
 	uint64_t backoff_ns;
 	uint32_t natts;            /* atts[] used; under `attaching` */
+	uint32_t over_seen;        /* the slot's over-limit flag as the
+				    * latest flush saw it: edge detection */
+
+	/*
+	 * The over-limit callback and its argument, read as one snapshot
+	 * under a seqlock: a writer makes cb_seq odd, stores both with
+	 * release, makes it even again. A reader (over_cb_load) loops
+	 *	s1 = load_acquire(seq); if (s1 odd) retry;
+	 *	fn = load_acquire(cb_fn); arg = load_acquire(cb_arg);
+	 *	if (load(seq) != s1) retry;
+	 * at most OVER_CB_TRIES times: it runs on the allocator path and
+	 * must not wait for a preempted writer. No standalone fences, as in
+	 * the segment's fleet seqlock (ThreadSanitizer does not model them):
+	 * a reader that loads a new value synchronises with its release
+	 * store, so its re-read of seq sees the writer's odd value.
+	 */
+	uint32_t cb_seq;
+	uint64_t cb_fn;  /* void (*)(void *), 0 = none */
+	uint64_t cb_arg; /* void * */
 
 	/* Written once by init(), or under `attaching`. */
 	pthread_once_t once;
@@ -144,6 +169,14 @@ static void on_fork_child(void)
 	mt_store_release64(&mtc.cur, 0);
 	mt_store_relaxed64(&mtc.epoch, mt_load_relaxed64(&mtc.epoch) + 1);
 	mtc.attaching = 0;
+	mtc.over_seen = 0;
+	/* A registration of the over-limit callback cut short by the fork
+	 * would leave the sequence odd for ever, and the pair torn: drop it. */
+	if (mtc.cb_seq & 1) {
+		mtc.cb_fn = 0;
+		mtc.cb_arg = 0;
+		mtc.cb_seq++;
+	}
 	mtc.next_try_ns = 0;
 	mtc.backoff_ns = MTC_BACKOFF_MIN_NS;
 	mtc.pid = getpid();
@@ -505,6 +538,90 @@ static void verify(const struct mtshm_header *h)
 	}
 }
 
+/* ---- the over-limit callback ----------------------------------------- */
+
+#define OVER_CB_TRIES 64
+
+/* The flag changed since a flush last saw it. On a rise, the one thread
+ * whose CAS wins owes the callback; a fall re-arms. */
+static void over_edge(struct mtc_thread *th, uint32_t over)
+{
+	if (!over)
+		mt_store_relaxed32(&mtc.over_seen, 0);
+	else if (mt_cas_acquire32(&mtc.over_seen, 0, 1))
+		th->over_due = 1;
+}
+
+/* Snapshot the callback pair; false if a writer kept it busy throughout
+ * (see the reader loop at `cb_seq`). */
+static bool over_cb_load(uint64_t *fn, uint64_t *arg)
+{
+	for (int i = 0; i < OVER_CB_TRIES; i++) {
+		uint32_t s1 = __atomic_load_n(&mtc.cb_seq, __ATOMIC_ACQUIRE);
+		if (s1 & 1)
+			continue;
+		*fn = __atomic_load_n(&mtc.cb_fn, __ATOMIC_ACQUIRE);
+		*arg = __atomic_load_n(&mtc.cb_arg, __ATOMIC_ACQUIRE);
+		if (__atomic_load_n(&mtc.cb_seq, __ATOMIC_RELAXED) == s1)
+			return true;
+	}
+	return false;
+}
+
+void mtc_run_over_limit(struct mtc_thread *th)
+{
+	/* Nested in the callback (it allocated and a flush saw a new rise)
+	 * or in a flush: leave it due for a later flush. */
+	if (th->in_over_cb || th->busy)
+		return;
+	uint64_t fn, arg;
+	if (!over_cb_load(&fn, &arg))
+		return; /* a registration in progress: at the next flush */
+	th->over_due = 0;
+	if (!fn)
+		return;
+	th->in_over_cb = 1;
+	((void (*)(void *))(uintptr_t)fn)((void *)(uintptr_t)arg);
+	th->in_over_cb = 0;
+}
+
+void mtc_over_handoff(struct mtc_thread *th)
+{
+	if (!th->over_due)
+		return;
+	th->over_due = 0;
+	/* Re-arm: the next flush (of any thread) that sees the flag still
+	 * up owes the callback. */
+	mt_store_relaxed32(&mtc.over_seen, 0);
+}
+
+int memtally_on_over_limit(void (*cb)(void *arg), void *arg)
+{
+	/* Writers are rare and not on the allocator path: spin for the odd
+	 * sequence, which makes them exclusive. */
+	uint32_t seq;
+	for (;;) {
+		seq = __atomic_load_n(&mtc.cb_seq, __ATOMIC_RELAXED);
+		if (!(seq & 1) &&
+		    __atomic_compare_exchange_n(&mtc.cb_seq, &seq, seq + 1, 0,
+						__ATOMIC_ACQUIRE,
+						__ATOMIC_RELAXED))
+			break;
+		sched_yield();
+	}
+	/* Release: a reader that sees a new value sees the odd sequence. */
+	__atomic_store_n(&mtc.cb_fn, (uint64_t)(uintptr_t)cb,
+			 __ATOMIC_RELEASE);
+	__atomic_store_n(&mtc.cb_arg, (uint64_t)(uintptr_t)arg,
+			 __ATOMIC_RELEASE);
+	__atomic_store_n(&mtc.cb_seq, seq + 2, __ATOMIC_RELEASE);
+	/* A flag already up runs the new callback at the next flush. */
+	mt_store_relaxed32(&mtc.over_seen, 0);
+	return 0;
+}
+
+/* ---- publishing -------------------------------------------------------- */
+
 void mtc_publish(struct mtc_thread *th, int64_t delta)
 {
 	const struct mtc_attachment *a = cur_att();
@@ -540,6 +657,11 @@ void mtc_publish(struct mtc_thread *th, int64_t delta)
 	} else {
 		mt_add_relaxeds64(&s->overflow, delta);
 	}
+	/* The server's verdict as of its latest tick: a change from what the
+	 * previous flush (of any thread) saw is an edge. */
+	uint32_t over = mt_load_relaxed32(&s->flags) & MTSHM_SLOT_OVER_LIMIT;
+	if (__builtin_expect(over != mt_load_relaxed32(&mtc.over_seen), 0))
+		over_edge(th, over);
 	uint64_t ticks = mt_load_relaxed64(&th->hdr->fleet.ticks);
 	if (ticks != th->seen_ticks) {
 		th->seen_ticks = ticks;
@@ -553,6 +675,7 @@ void mtc_publish(struct mtc_thread *th, int64_t delta)
 void mtc_thread_exit(struct mtc_thread *th)
 {
 	release(th);
+	mtc_over_handoff(th);
 	th->exited = 1;
 }
 

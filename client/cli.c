@@ -15,7 +15,12 @@
  *
  * Exit status: 0 ok, 1 the server could not be reached or answered an
  * error (one line on stderr naming the socket), 2 a usage error (one line
- * on stderr). Nothing but the requested output goes to stdout.
+ * on stderr), 3 `admit` was denied (the answer, with its figures, on
+ * stdout). Nothing but the requested output goes to stdout.
+ *
+ * `watch` streams: one line per event, flushed as it comes, so it can feed
+ * a pipe; with --json each line is one compact JSON document. It waits for
+ * events without a deadline unless --timeout is given.
  */
 #define _GNU_SOURCE
 
@@ -28,6 +33,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <jansson.h>
 
@@ -37,51 +43,108 @@
 enum {
 	EXIT_SERVER = 1,
 	EXIT_USAGE = 2,
+	EXIT_DENIED = 3,
 };
+
+/* Operands a command takes at most (`limit set group NAME SIZE`). */
+#define MAX_OPERANDS 4
 
 /* Rows of the process table in `status`. */
 #define STATUS_TOP_PROCESSES 5
 
 struct cli {
 	const char *socket;
+	const char *tcp;   /* --tcp HOST:PORT, instead of the socket */
+	const char *token; /* --token or $MEMTALLY_TOKEN (TCP admin) */
+	const char *where; /* the server, for messages */
 	bool json;
-	int timeout_ms;    /* 0: the library's default */
-	const char *group; /* ps --group */
+	int timeout_ms;                 /* 0: the library's default */
+	const char *group;              /* ps --group, admit --group */
+	const char *bytes;              /* admit --bytes */
+	const char *task;               /* admit --task */
+	const char *ttl;                /* admit --ttl */
+	const char *args[MAX_OPERANDS]; /* operands after the command */
+	int nargs;
 	memtally_query *q;
+
+	/* Parsed by the command's check(), before connecting. */
+	struct memtally_admit_req admit;
+	enum memtally_scope scope;
+	uint32_t pid;
+	uint64_t limit;
+	char label[96]; /* "fleet", "group:NAME", "pid:N" as events say */
+};
+
+/* Options that belong to some commands only. */
+enum {
+	TAKES_GROUP = 1 << 0,
+	TAKES_BYTES = 1 << 1,
+	TAKES_TASK = 1 << 2,
+	TAKES_TTL = 1 << 3,
 };
 
 struct command {
 	const char *name;
+	int (*check)(struct cli *c); /* NULL, or parse operands: 0 or
+	                              * EXIT_USAGE, before connecting */
 	int (*run)(struct cli *c);
-	bool takes_group; /* accepts --group */
+	unsigned takes; /* TAKES_* */
+	int min_args, max_args;
+	bool streams; /* no deadline unless --timeout is given */
 };
 
 static void usage(FILE *f)
 {
-	fprintf(f,
-	        "Usage: memtally [--socket PATH] [--json] [--timeout MS] "
-	        "COMMAND\n"
-	        "\n"
-	        "Ask memtallyd how much heap memory the worker fleet holds.\n"
-	        "\n"
-	        "Commands:\n"
-	        "  status           fleet bytes, limit, reserved, state, "
-	        "groups, top processes\n"
-	        "  ps [--group G]   one line per registered worker process\n"
-	        "\n"
-	        "Options (before or after the command):\n"
-	        "  --socket PATH    server socket (default: $MEMTALLY_SOCKET, "
-	        "else\n"
-	        "                   " MEMTALLY_DEFAULT_SOCKET ")\n"
-	        "  --json           print one JSON document instead of tables\n"
-	        "  --timeout MS     give up on the server after MS "
-	        "milliseconds (default %d)\n"
-	        "  -h, --help       show this help and exit\n"
-	        "  -V, --version    show the version and exit\n"
-	        "\n"
-	        "Exit status: 0 ok, 1 error talking to the server, 2 usage "
-	        "error.\n",
-	        MEMTALLY_QUERY_DEFAULT_TIMEOUT_MS);
+	fprintf(
+	    f,
+	    "Usage: memtally [--socket PATH | --tcp HOST:PORT] [--json] "
+	    "[--timeout MS] COMMAND\n"
+	    "\n"
+	    "Ask memtallyd how much heap memory the worker fleet holds, "
+	    "and whether a\n"
+	    "task may start.\n"
+	    "\n"
+	    "Commands:\n"
+	    "  status           fleet bytes, RSS, limit, reserved, state, "
+	    "groups,\n"
+	    "                   top processes\n"
+	    "  ps [--group G]   one line per registered worker process\n"
+	    "  admit --bytes SIZE [--group G] [--task T] [--ttl SECONDS]\n"
+	    "                   ask to start a task; prints the reservation "
+	    "id, or\n"
+	    "                   why not with the figures (exit status 3)\n"
+	    "  release ID       end a reservation before its TTL\n"
+	    "  limit set fleet SIZE | group NAME SIZE | pid PID SIZE\n"
+	    "                   change a limit; SIZE none or 0 removes it "
+	    "(needs root,\n"
+	    "                   memtallyd's user or an admin uid/gid)\n"
+	    "  watch            print every state change as it happens\n"
+	    "\n"
+	    "SIZE is bytes or a number with a unit: K, M, G, T and KiB, "
+	    "MiB, GiB, TiB\n"
+	    "are powers of 1024, KB, MB, GB, TB powers of 1000 (64KiB, "
+	    "512MiB, 1.5G).\n"
+	    "\n"
+	    "Options (before or after the command):\n"
+	    "  --socket PATH    server socket (default: $MEMTALLY_SOCKET, "
+	    "else\n"
+	    "                   " MEMTALLY_DEFAULT_SOCKET ")\n"
+	    "  --tcp HOST:PORT  talk to memtallyd's TCP listener instead\n"
+	    "  --token T        token for limit set and release over TCP\n"
+	    "                   (default: $MEMTALLY_TOKEN)\n"
+	    "  --json           print one JSON document instead of tables "
+	    "(watch:\n"
+	    "                   one per line)\n"
+	    "  --timeout MS     give up on the server after MS "
+	    "milliseconds (default %d;\n"
+	    "                   watch: none)\n"
+	    "  -h, --help       show this help and exit\n"
+	    "  -V, --version    show the version and exit\n"
+	    "\n"
+	    "Exit status: 0 ok, 1 error talking to the server, 2 usage "
+	    "error,\n"
+	    "3 admission denied.\n",
+	    MEMTALLY_QUERY_DEFAULT_TIMEOUT_MS);
 }
 
 /* One-line usage error; always returns EXIT_USAGE. */
@@ -97,12 +160,19 @@ __attribute__((format(printf, 1, 2))) static int usage_error(const char *fmt,
 	return EXIT_USAGE;
 }
 
-/* A failed query: name the socket, the error and the server's words. */
+/* A failed query: name the server, the error and the server's words. */
 static int query_error(const struct cli *c, const char *what, int err)
 {
 	const char *msg = memtally_query_last_error(c->q);
-	fprintf(stderr, "memtally: cannot %s from %s: %s%s%s\n", what,
-	        c->socket, memtally_strerror(err), msg[0] ? ": " : "", msg);
+	const char *hint = "";
+	if (err == MEMTALLY_EPERM && !msg[0])
+		hint = c->tcp
+		           ? " (over TCP: --token or $MEMTALLY_TOKEN)"
+		           : " (needs root, memtallyd's user or a configured "
+		             "admin uid/gid)";
+	fprintf(stderr, "memtally: cannot %s via %s: %s%s%s%s\n", what,
+	        c->where, memtally_strerror(err), msg[0] ? ": " : "", msg,
+	        hint);
 	return EXIT_SERVER;
 }
 
@@ -182,17 +252,18 @@ static void print_processes(const struct memtally_process *p, size_t n,
 	}
 	printf("%7s  ", "PID");
 	put_clean("GROUP", gw);
-	printf("  %10s  %10s  %10s  %7s  ", "BYTES", "PEAK", "LIMIT",
-	       "THREADS");
+	printf("  %10s  %10s  %10s  %10s  %-5s  %7s  ", "BYTES", "RSS", "PEAK",
+	       "LIMIT", "STATE", "THREADS");
 	put_clean("FLAGS", fw);
 	printf("  COMM\n");
 	for (size_t i = 0; i < n; i++) {
-		char b[16], pk[16], l[16];
+		char b[16], r[16], pk[16], l[16];
 		printf("%7" PRIu32 "  ", p[i].pid);
 		put_clean(p[i].group, gw);
-		printf("  %10s  %10s  %10s  %7" PRIu32 "  ",
-		       fmt_size(b, p[i].bytes), fmt_size(pk, p[i].peak),
-		       fmt_limit(l, p[i].limit), p[i].threads);
+		printf("  %10s  %10s  %10s  %10s  %-5s  %7" PRIu32 "  ",
+		       fmt_size(b, p[i].bytes), fmt_size(r, p[i].rss),
+		       fmt_size(pk, p[i].peak), fmt_limit(l, p[i].limit),
+		       memtally_state_name(p[i].state), p[i].threads);
 		put_clean(process_flags(&p[i]), fw);
 		printf("  ");
 		put_clean(p[i].comm, 0);
@@ -206,15 +277,16 @@ static void print_groups(const struct memtally_usage *u)
 	for (size_t i = 0; i < u->n_groups; i++)
 		gw = max_width(gw, u->groups[i].name);
 	put_clean("GROUP", gw);
-	printf("  %10s  %10s  %10s  %-5s  %5s\n", "BYTES", "PEAK", "LIMIT",
-	       "STATE", "PROCS");
+	printf("  %10s  %10s  %10s  %10s  %10s  %-5s  %5s\n", "BYTES", "RSS",
+	       "PEAK", "LIMIT", "RESERVED", "STATE", "PROCS");
 	for (size_t i = 0; i < u->n_groups; i++) {
 		const struct memtally_group_usage *g = &u->groups[i];
-		char b[16], pk[16], l[16];
+		char b[16], r[16], pk[16], l[16], rs[16];
 		put_clean(g->name, gw);
-		printf("  %10s  %10s  %10s  %-5s  %5" PRIu32 "\n",
-		       fmt_size(b, g->bytes), fmt_size(pk, g->peak),
-		       fmt_limit(l, g->limit), memtally_state_name(g->state),
+		printf("  %10s  %10s  %10s  %10s  %10s  %-5s  %5" PRIu32 "\n",
+		       fmt_size(b, g->bytes), fmt_size(r, g->rss),
+		       fmt_size(pk, g->peak), fmt_limit(l, g->limit),
+		       fmt_size(rs, g->reserved), memtally_state_name(g->state),
 		       g->processes);
 	}
 }
@@ -222,11 +294,24 @@ static void print_groups(const struct memtally_usage *u)
 static void print_status(const struct memtally_usage *u,
                          const struct memtally_process *p, size_t n)
 {
-	char b[16], e[16], pk[16], l[16], r[16];
+	char b[16], e[16], pk[16], l[16], r[16], rss[16], pl[16], hw[16];
 	printf("fleet       %s ± %s  (peak %s)\n", fmt_size(b, u->bytes),
 	       fmt_size(e, u->error_bytes), fmt_size(pk, u->peak));
-	printf("limit       %s\n", fmt_limit(l, u->limit));
-	printf("reserved    %s\n", fmt_size(r, u->reserved));
+	printf("rss         %s\n", fmt_size(rss, u->rss));
+	printf("limit       %s", fmt_limit(l, u->limit));
+	if (u->limit && u->high_watermark)
+		printf("  (high from %s%s%s)", fmt_size(hw, u->high_watermark),
+		       u->measure[0] ? ", measure " : "", u->measure);
+	else if (u->measure[0])
+		printf("  (measure %s)", u->measure);
+	putchar('\n');
+	if (u->process_limit)
+		printf("per process %s\n", fmt_size(pl, u->process_limit));
+	printf("reserved    %s", fmt_size(r, u->reserved));
+	if (u->reservations)
+		printf("  (%" PRIu32 " reservation%s)", u->reservations,
+		       u->reservations == 1 ? "" : "s");
+	putchar('\n');
 	printf("state       %s\n", memtally_state_name(u->state));
 	printf("processes   %" PRIu32, u->processes);
 	if (u->unregistered)
@@ -255,6 +340,14 @@ static json_int_t jint(uint64_t v)
 static json_t *jlimit(uint64_t v)
 {
 	return v ? json_integer(jint(v)) : json_null();
+}
+
+static json_t *jstr(const char *s);
+
+/* A string, or null for "" (a name that is not there). */
+static json_t *jopt(const char *s)
+{
+	return s && s[0] ? jstr(s) : json_null();
 }
 
 /*
@@ -292,7 +385,8 @@ static json_t *json_status(const struct memtally_usage *u)
 		const struct memtally_group_usage *g = &u->groups[i];
 		/* clang-format off */
 		json_t *jg = json_pack(
-			"{s:o, s:I, s:I, s:o, s:s, s:I, s:I, s:I}",
+			"{s:o, s:I, s:I, s:o, s:s, s:I, s:I, s:I, s:I, s:I,"
+			" s:o}",
 			"name", jstr(g->name),
 			"bytes", jint(g->bytes),
 			"peak", jint(g->peak),
@@ -300,14 +394,17 @@ static json_t *json_status(const struct memtally_usage *u)
 			"state", memtally_state_name(g->state),
 			"processes", (json_int_t)g->processes,
 			"reserved", jint(g->reserved),
-			"error_bytes", jint(g->error_bytes));
+			"error_bytes", jint(g->error_bytes),
+			"rss", jint(g->rss),
+			"reservations", (json_int_t)g->reservations,
+			"high_watermark", jlimit(g->high_watermark));
 		/* clang-format on */
 		if (json_array_append_new(groups, jg) < 0)
 			goto fail_put_groups;
 	}
 	/* clang-format off */
-	return json_pack("{s:{s:I, s:I, s:o, s:I, s:s, s:I}, s:I, s:I, s:o, "
-			 "s:I, s:I, s:I, s:I}",
+	return json_pack("{s:{s:I, s:I, s:o, s:I, s:s, s:I, s:I, s:I, s:o, "
+			 "s:o}, s:o, s:I, s:I, s:o, s:I, s:I, s:I, s:I}",
 		"fleet",
 			"bytes", jint(u->bytes),
 			"peak", jint(u->peak),
@@ -315,6 +412,11 @@ static json_t *json_status(const struct memtally_usage *u)
 			"reserved", jint(u->reserved),
 			"state", memtally_state_name(u->state),
 			"error_bytes", jint(u->error_bytes),
+			"rss", jint(u->rss),
+			"reservations", (json_int_t)u->reservations,
+			"measure", jopt(u->measure),
+			"high_watermark", jlimit(u->high_watermark),
+		"process_limit", jlimit(u->process_limit),
 		"processes", (json_int_t)u->processes,
 		"unregistered", (json_int_t)u->unregistered,
 		"groups", groups,
@@ -329,47 +431,60 @@ fail_put_groups:
 	return NULL;
 }
 
-static json_t *json_processes(const struct memtally_process *p, size_t n)
+/* One process, as in `ps --json` and the `top` of a denial. */
+static json_t *json_process(const struct memtally_process *p)
+{
+	/* clang-format off */
+	return json_pack(
+		"{s:I, s:o, s:I, s:I, s:o, s:b, s:I, s:o, s:b, s:I, s:I, s:I,"
+		" s:s, s:o}",
+		"pid", (json_int_t)p->pid,
+		"group", jstr(p->group),
+		"bytes", jint(p->bytes),
+		"peak", jint(p->peak),
+		"limit", jlimit(p->limit),
+		"over_limit", (int)p->over_limit,
+		"threads", (json_int_t)p->threads,
+		"comm", jstr(p->comm),
+		"corrupt", (int)p->corrupt,
+		"uid", (json_int_t)p->uid,
+		"error_bytes", jint(p->error_bytes),
+		"rss", jint(p->rss),
+		"state", memtally_state_name(p->state),
+		"task", jopt(p->task));
+	/* clang-format on */
+}
+
+/* A JSON array of processes (an empty one for n == 0). */
+static json_t *json_process_list(const struct memtally_process *p, size_t n)
 {
 	json_t *list = json_array();
 	if (!list)
 		return NULL;
-	for (size_t i = 0; i < n; i++) {
-		/* clang-format off */
-		json_t *jp = json_pack(
-			"{s:I, s:o, s:I, s:I, s:o, s:b, s:I, s:o, s:b, s:I,"
-			" s:I}",
-			"pid", (json_int_t)p[i].pid,
-			"group", jstr(p[i].group),
-			"bytes", jint(p[i].bytes),
-			"peak", jint(p[i].peak),
-			"limit", jlimit(p[i].limit),
-			"over_limit", (int)p[i].over_limit,
-			"threads", (json_int_t)p[i].threads,
-			"comm", jstr(p[i].comm),
-			"corrupt", (int)p[i].corrupt,
-			"uid", (json_int_t)p[i].uid,
-			"error_bytes", jint(p[i].error_bytes));
-		/* clang-format on */
-		if (json_array_append_new(list, jp) < 0)
+	for (size_t i = 0; i < n; i++)
+		if (json_array_append_new(list, json_process(&p[i])) < 0)
 			goto fail_put_list;
-	}
-	return json_pack("{s:o}", "processes", list);
+	return list;
 
 fail_put_list:
 	json_decref(list);
 	return NULL;
 }
 
+static json_t *json_processes(const struct memtally_process *p, size_t n)
+{
+	return json_pack("{s:o}", "processes", json_process_list(p, n));
+}
+
 /* Print `doc` (a new reference, consumed; NULL after a failed build). */
-static int print_json(json_t *doc)
+static int print_json_as(json_t *doc, size_t flags)
 {
 	if (!doc) {
 		fprintf(stderr, "memtally: cannot build the JSON document: "
 		                "out of memory\n");
 		return EXIT_SERVER;
 	}
-	int rc = json_dumpf(doc, stdout, JSON_INDENT(2));
+	int rc = json_dumpf(doc, stdout, flags);
 	json_decref(doc);
 	if (rc < 0 || putchar('\n') == EOF) {
 		fprintf(stderr, "memtally: cannot write to stdout: %s\n",
@@ -377,6 +492,11 @@ static int print_json(json_t *doc)
 		return EXIT_SERVER;
 	}
 	return 0;
+}
+
+static int print_json(json_t *doc)
+{
+	return print_json_as(doc, JSON_INDENT(2));
 }
 
 /* ---- commands ------------------------------------------------------ */
@@ -441,9 +561,330 @@ static int cmd_ps(struct cli *c)
 	return rc;
 }
 
+/*
+ * A size operand or option value: memtally_parse_size()'s rules, or with
+ * `allow_none`, "none" for 0. Prints the usage error itself.
+ */
+static int parse_size_arg(const char *what, const char *s, bool allow_none,
+                          uint64_t *out)
+{
+	if (allow_none && strcmp(s, "none") == 0) {
+		*out = 0;
+		return 0;
+	}
+	int err = memtally_parse_size(s, out);
+	if (err == -ERANGE)
+		return usage_error("%s '%s' is too large", what, s);
+	if (err)
+		return usage_error(
+		    "invalid %s '%s': expected bytes or a number "
+		    "with a unit, like 512MiB, 1.5G or 64KiB%s",
+		    what, s, allow_none ? ", or none" : "");
+	return 0;
+}
+
+/* ---- admit --------------------------------------------------------- */
+
+static void print_admitted(const struct cli *c,
+                           const struct memtally_admit_result *a)
+{
+	char b[16];
+	printf("admitted: %s (%s", a->reservation,
+	       fmt_size(b, a->requested_bytes));
+	if (c->group && c->group[0]) {
+		printf(", group ");
+		put_clean(c->group, 0);
+	}
+	if (c->task && c->task[0]) {
+		printf(", task ");
+		put_clean(c->task, 0);
+	}
+	if (a->ttl_seconds)
+		printf(", ttl %" PRIu32 " s", a->ttl_seconds);
+	printf(")\n");
+}
+
+static void print_denied(const struct memtally_admit_result *a)
+{
+	char b[16];
+	printf("denied: ");
+	put_clean(a->reason[0] ? a->reason : "(no reason given)", 0);
+	printf("\n  limit       %s", fmt_limit(b, a->limit));
+	if (a->limit_scope[0]) {
+		printf(" (");
+		put_clean(a->limit_scope, 0);
+		if (a->measure[0])
+			printf(", %s", a->measure);
+		putchar(')');
+	}
+	printf("\n  measured    %s\n", fmt_size(b, a->fleet_bytes));
+	printf("  reserved    %s\n", fmt_size(b, a->reserved_bytes));
+	printf("  requested   %s\n", fmt_size(b, a->requested_bytes));
+	if (a->n_top) {
+		printf("\ntop processes\n");
+		print_processes(a->top, a->n_top, SIZE_MAX);
+	}
+}
+
+/* DESIGN.md's shapes: {"admitted": true, "reservation": S, ...} or
+ * {"admitted": false, "reason": S, "fleet_bytes": N, "reserved": N,
+ * "limit": N, ...}. */
+static json_t *json_admit(const struct cli *c, uint32_t ttl,
+                          const struct memtally_admit_result *a)
+{
+	json_t *doc;
+	/* clang-format off */
+	if (a->admitted)
+		doc = json_pack("{s:b, s:s, s:o, s:o, s:I}",
+			"admitted", 1,
+			"reservation", a->reservation,
+			"group", jopt(c->group),
+			"task", jopt(c->task),
+			"ttl", (json_int_t)(a->ttl_seconds ? a->ttl_seconds : ttl));
+	else
+		doc = json_pack("{s:b, s:o, s:o}",
+			"admitted", 0,
+			"reason", jstr(a->reason),
+			"top", json_process_list(a->top, a->n_top));
+	if (!doc)
+		return NULL;
+	json_t *figures = json_pack("{s:I, s:I, s:I, s:o, s:o, s:o}",
+		"requested", jint(a->requested_bytes),
+		"fleet_bytes", jint(a->fleet_bytes),
+		"reserved", jint(a->reserved_bytes),
+		"limit", jlimit(a->limit),
+		"limit_scope", jopt(a->limit_scope),
+		"measure", jopt(a->measure));
+	/* clang-format on */
+	if (!figures || json_object_update(doc, figures) < 0) {
+		json_decref(figures);
+		json_decref(doc);
+		return NULL;
+	}
+	json_decref(figures);
+	return doc;
+}
+
+/* A decimal number in [1, UINT32_MAX]: no sign, no spaces. */
+static bool parse_u32(const char *s, uint32_t *out)
+{
+	char *end;
+	errno = 0;
+	unsigned long v = strtoul(s, &end, 10);
+	if (errno || end == s || *end || s[0] < '0' || s[0] > '9' || v == 0 ||
+	    v > UINT32_MAX)
+		return false;
+	*out = (uint32_t)v;
+	return true;
+}
+
+static int check_admit(struct cli *c)
+{
+	if (!c->bytes)
+		return usage_error("admit: --bytes SIZE is required");
+	c->admit.group = c->group;
+	c->admit.task = c->task;
+	int rc = parse_size_arg("--bytes", c->bytes, false, &c->admit.bytes);
+	if (rc)
+		return rc;
+	if (c->admit.bytes == 0)
+		return usage_error("admit: --bytes must be more than 0");
+	if (c->ttl && !parse_u32(c->ttl, &c->admit.ttl_seconds))
+		return usage_error("invalid --ttl '%s': expected seconds > 0",
+		                   c->ttl);
+	return 0;
+}
+
+static int cmd_admit(struct cli *c)
+{
+	struct memtally_admit_result *a;
+	int err = memtally_query_admit(c->q, &c->admit, &a);
+	if (err)
+		return query_error(c, "ask for admission", err);
+	int rc = 0;
+	if (c->json)
+		rc = print_json(json_admit(c, c->admit.ttl_seconds, a));
+	else if (a->admitted)
+		print_admitted(c, a);
+	else
+		print_denied(a);
+	if (rc == 0 && !a->admitted)
+		rc = EXIT_DENIED;
+	memtally_admit_result_free(a);
+	return rc;
+}
+
+/* ---- release ------------------------------------------------------- */
+
+static int check_release(struct cli *c)
+{
+	if (!c->args[0][0])
+		return usage_error("release: the reservation id is empty");
+	return 0;
+}
+
+static int cmd_release(struct cli *c)
+{
+	const char *id = c->args[0];
+	uint64_t bytes;
+	int err = memtally_query_release(c->q, id, &bytes);
+	if (err) {
+		char what[96];
+		snprintf(what, sizeof(what), "release '%.64s'", id);
+		return query_error(c, what, err);
+	}
+	if (c->json)
+		return print_json(json_pack("{s:o, s:I}", "released", jstr(id),
+		                            "bytes", jint(bytes)));
+	char b[16];
+	printf("released: ");
+	put_clean(id, 0);
+	printf(" (%s)\n", fmt_size(b, bytes));
+	return 0;
+}
+
+/* ---- limit set ----------------------------------------------------- */
+
+static int check_limit(struct cli *c)
+{
+	if (strcmp(c->args[0], "set") != 0)
+		return usage_error("limit: unknown subcommand '%s' (expected "
+		                   "'set')",
+		                   c->args[0]);
+	const char *kind = c->nargs > 1 ? c->args[1] : "";
+	int want;
+	if (strcmp(kind, "fleet") == 0) {
+		c->scope = MEMTALLY_SCOPE_FLEET;
+		want = 3;
+	} else if (strcmp(kind, "group") == 0) {
+		c->scope = MEMTALLY_SCOPE_GROUP;
+		want = 4;
+	} else if (strcmp(kind, "pid") == 0) {
+		c->scope = MEMTALLY_SCOPE_PID;
+		want = 4;
+	} else {
+		return usage_error("limit set: expected fleet SIZE, group NAME "
+		                   "SIZE or pid PID SIZE");
+	}
+	if (c->nargs != want)
+		return usage_error("limit set %s: expected %s", kind,
+		                   want == 3 ? "SIZE"
+		                   : c->scope == MEMTALLY_SCOPE_PID
+		                       ? "PID SIZE"
+		                       : "NAME SIZE");
+	if (c->scope == MEMTALLY_SCOPE_FLEET) {
+		snprintf(c->label, sizeof(c->label), "fleet");
+	} else if (c->scope == MEMTALLY_SCOPE_GROUP) {
+		if (!c->args[2][0])
+			return usage_error("limit set group: empty name");
+		snprintf(c->label, sizeof(c->label), "group:%s", c->args[2]);
+	} else {
+		if (!parse_u32(c->args[2], &c->pid))
+			return usage_error("limit set pid: invalid pid '%s'",
+			                   c->args[2]);
+		snprintf(c->label, sizeof(c->label), "pid:%" PRIu32, c->pid);
+	}
+	return parse_size_arg("size", c->args[want - 1], true, &c->limit);
+}
+
+static int cmd_limit(struct cli *c)
+{
+	const char *group =
+	    c->scope == MEMTALLY_SCOPE_GROUP ? c->args[2] : NULL;
+	uint64_t previous;
+	int err = memtally_query_set_limit(c->q, c->scope, group, c->pid,
+	                                   c->limit, &previous);
+	if (err) {
+		char what[128];
+		snprintf(what, sizeof(what), "set the %s limit", c->label);
+		return query_error(c, what, err);
+	}
+	if (c->json)
+		return print_json(json_pack(
+		    "{s:o, s:o, s:o}", "scope", jstr(c->label), "limit",
+		    jlimit(c->limit), "previous", jlimit(previous)));
+	char l[16], p[16];
+	put_clean(c->label, 0);
+	printf(" limit: %s (was %s)\n", fmt_limit(l, c->limit),
+	       fmt_limit(p, previous));
+	return 0;
+}
+
+/* ---- watch --------------------------------------------------------- */
+
+/* Local wall-clock time of a CLOCK_REALTIME ns stamp, to milliseconds. */
+static const char *fmt_time(char buf[static 32], uint64_t ns)
+{
+	time_t t = (time_t)(ns / 1000000000u);
+	struct tm tm;
+	if (!ns || !localtime_r(&t, &tm)) {
+		snprintf(buf, 32, "-");
+		return buf;
+	}
+	size_t n = strftime(buf, 32, "%Y-%m-%d %H:%M:%S", &tm);
+	snprintf(buf + n, 32 - n, ".%03u", (unsigned)(ns / 1000000u % 1000u));
+	return buf;
+}
+
+static int print_event(const struct memtally_event *ev, void *arg)
+{
+	const struct cli *c = arg;
+	if (c->json) {
+		/* clang-format off */
+		json_t *doc = json_pack(
+			"{s:I, s:o, s:s, s:s, s:I, s:I, s:o, s:I, s:o}",
+			"time_ns", jint(ev->time_ns),
+			"scope", jstr(ev->scope),
+			"state", memtally_state_name(ev->state),
+			"previous", memtally_state_name(ev->previous),
+			"bytes", jint(ev->bytes),
+			"rss", jint(ev->rss),
+			"limit", jlimit(ev->limit),
+			"reserved", jint(ev->reserved),
+			"measure", jopt(ev->measure));
+		/* clang-format on */
+		if (print_json_as(doc, JSON_COMPACT))
+			return -1;
+	} else {
+		char t[32], b[16], l[16], r[16], rs[16];
+		printf("%s  ", fmt_time(t, ev->time_ns));
+		put_clean(ev->scope, 12);
+		/* A server may open the stream with each scope's state as it
+		 * stands: no change, so no arrow. */
+		printf("  %-4s %2s %-4s  %s of %s  rss %s  reserved %s\n",
+		       ev->previous == ev->state
+		           ? "is"
+		           : memtally_state_name(ev->previous),
+		       ev->previous == ev->state ? "" : "->",
+		       memtally_state_name(ev->state), fmt_size(b, ev->bytes),
+		       fmt_limit(l, ev->limit), fmt_size(r, ev->rss),
+		       fmt_size(rs, ev->reserved));
+	}
+	/* One line per event, now: a reader of the pipe acts on it. */
+	if (fflush(stdout) == EOF) {
+		fprintf(stderr, "memtally: cannot write to stdout: %s\n",
+		        strerror(errno));
+		return -1;
+	}
+	return 0;
+}
+
+static int cmd_watch(struct cli *c)
+{
+	int err = memtally_query_watch(c->q, print_event, c);
+	if (err)
+		return query_error(c, "watch", err);
+	return EXIT_SERVER; /* only a failed write stops a watch */
+}
+
 static const struct command commands[] = {
-    {"status", cmd_status, false},
-    {"ps", cmd_ps, true},
+    {"status", NULL, cmd_status, 0, 0, 0, false},
+    {"ps", NULL, cmd_ps, TAKES_GROUP, 0, 0, false},
+    {"admit", check_admit, cmd_admit,
+     TAKES_GROUP | TAKES_BYTES | TAKES_TASK | TAKES_TTL, 0, 0, false},
+    {"release", check_release, cmd_release, 0, 1, 1, false},
+    {"limit", check_limit, cmd_limit, 0, 1, 4, false},
+    {"watch", NULL, cmd_watch, 0, 0, 0, true},
 };
 
 static const struct command *find_command(const char *name)
@@ -461,6 +902,11 @@ enum {
 	OPT_JSON,
 	OPT_TIMEOUT,
 	OPT_GROUP,
+	OPT_BYTES,
+	OPT_TASK,
+	OPT_TTL,
+	OPT_TCP,
+	OPT_TOKEN,
 	OPT_HELP,
 	OPT_VERSION,
 };
@@ -470,6 +916,11 @@ static const struct option long_options[] = {
     {"json", no_argument, NULL, OPT_JSON},
     {"timeout", required_argument, NULL, OPT_TIMEOUT},
     {"group", required_argument, NULL, OPT_GROUP},
+    {"bytes", required_argument, NULL, OPT_BYTES},
+    {"task", required_argument, NULL, OPT_TASK},
+    {"ttl", required_argument, NULL, OPT_TTL},
+    {"tcp", required_argument, NULL, OPT_TCP},
+    {"token", required_argument, NULL, OPT_TOKEN},
     {"help", no_argument, NULL, OPT_HELP},
     {"version", no_argument, NULL, OPT_VERSION},
     {NULL, 0, NULL, 0},
@@ -499,11 +950,33 @@ static int close_stdout(int rc)
 	return rc;
 }
 
+/* An option the command does not take: name the option. */
+static int check_takes(const struct command *cmd, unsigned flag,
+                       const char *value, const char *option)
+{
+	if (value && !(cmd->takes & flag))
+		return usage_error("%s: %s does not apply", cmd->name, option);
+	return 0;
+}
+
+/* Collect an operand: the command, then its arguments; the first past
+ * MAX_OPERANDS goes to *extra for the error message. */
+static void add_operand(struct cli *c, const char **cmd_name, const char *arg,
+                        const char **extra)
+{
+	if (!*cmd_name)
+		*cmd_name = arg;
+	else if (c->nargs < MAX_OPERANDS)
+		c->args[c->nargs++] = arg;
+	else if (!*extra)
+		*extra = arg;
+}
+
 int main(int argc, char **argv)
 {
 	struct cli c = {0};
 	const char *cmd_name = NULL;
-	const char *extra = NULL; /* first operand after the command */
+	const char *extra = NULL; /* an operand past MAX_OPERANDS */
 	bool help = false, version = false;
 
 	opterr = 0;
@@ -512,15 +985,20 @@ int main(int argc, char **argv)
 	       -1) {
 		switch (opt) {
 		case 1: /* an operand, in order */
-			if (!cmd_name)
-				cmd_name = optarg;
-			else if (!extra)
-				extra = optarg;
+			add_operand(&c, &cmd_name, optarg, &extra);
 			break;
 		case OPT_SOCKET:
 			if (!optarg[0])
 				return usage_error("--socket needs a path");
 			c.socket = optarg;
+			break;
+		case OPT_TCP:
+			if (!optarg[0])
+				return usage_error("--tcp needs HOST:PORT");
+			c.tcp = optarg;
+			break;
+		case OPT_TOKEN:
+			c.token = optarg;
 			break;
 		case OPT_JSON:
 			c.json = true;
@@ -533,6 +1011,15 @@ int main(int argc, char **argv)
 			break;
 		case OPT_GROUP:
 			c.group = optarg;
+			break;
+		case OPT_BYTES:
+			c.bytes = optarg;
+			break;
+		case OPT_TASK:
+			c.task = optarg;
+			break;
+		case OPT_TTL:
+			c.ttl = optarg;
 			break;
 		case 'h':
 		case OPT_HELP:
@@ -560,12 +1047,8 @@ int main(int argc, char **argv)
 		}
 	}
 	/* Operands after "--" are left for us at argv[optind..]. */
-	for (; optind < argc; optind++) {
-		if (!cmd_name)
-			cmd_name = argv[optind];
-		else if (!extra)
-			extra = argv[optind];
-	}
+	for (; optind < argc; optind++)
+		add_operand(&c, &cmd_name, argv[optind], &extra);
 
 	if (help) {
 		usage(stdout);
@@ -580,23 +1063,52 @@ int main(int argc, char **argv)
 	const struct command *cmd = find_command(cmd_name);
 	if (!cmd)
 		return usage_error("unknown command '%s'", cmd_name);
-	if (extra)
+	if (extra || c.nargs > cmd->max_args)
 		return usage_error("%s: unexpected argument '%s'", cmd->name,
-		                   extra);
-	if (c.group && !cmd->takes_group)
-		return usage_error("%s: --group applies to ps only", cmd->name);
+		                   extra ? extra : c.args[cmd->max_args]);
+	if (c.nargs < cmd->min_args)
+		return usage_error("%s: missing argument", cmd->name);
+	int rc;
+	if ((rc = check_takes(cmd, TAKES_GROUP, c.group, "--group")) ||
+	    (rc = check_takes(cmd, TAKES_BYTES, c.bytes, "--bytes")) ||
+	    (rc = check_takes(cmd, TAKES_TASK, c.task, "--task")) ||
+	    (rc = check_takes(cmd, TAKES_TTL, c.ttl, "--ttl")))
+		return rc;
+	if (c.tcp && c.socket)
+		return usage_error("--socket and --tcp exclude each other");
+	if (cmd->check && (rc = cmd->check(&c)))
+		return rc;
 
-	if (!c.socket)
-		c.socket = memtally_query_default_socket();
-	int err = memtally_query_open(&c.q, c.socket, c.timeout_ms);
+	/* A stream waits for events as long as it takes, unless told. */
+	int timeout = c.timeout_ms;
+	if (cmd->streams && !timeout)
+		timeout = -1;
+	int err;
+	if (c.tcp) {
+		c.where = c.tcp;
+		err = memtally_query_open_tcp(&c.q, c.tcp, timeout);
+	} else {
+		if (!c.socket)
+			c.socket = memtally_query_default_socket();
+		c.where = c.socket;
+		err = memtally_query_open(&c.q, c.socket, timeout);
+	}
 	if (err) {
 		bool down = err == -ENOENT || err == -ECONNREFUSED;
 		fprintf(stderr, "memtally: cannot connect to %s: %s%s\n",
-		        c.socket, memtally_strerror(err),
+		        c.where, memtally_strerror(err),
 		        down ? " (is memtallyd running?)" : "");
 		return EXIT_SERVER;
 	}
-	int rc = cmd->run(&c);
+	if (!c.token)
+		c.token = getenv("MEMTALLY_TOKEN");
+	if (c.token && c.token[0] &&
+	    (err = memtally_query_set_token(c.q, c.token))) {
+		fprintf(stderr, "memtally: %s\n", memtally_strerror(err));
+		memtally_query_close(c.q);
+		return EXIT_SERVER;
+	}
+	rc = cmd->run(&c);
 	memtally_query_close(c.q);
 	return close_stdout(rc);
 }

@@ -31,6 +31,9 @@ struct mtc_thread {
 	uint8_t exit_round;      /* TSD destructor rounds seen */
 	uint8_t exited;          /* lane released at thread exit: later
 				  * bytes go to the slot's overflow */
+	uint8_t over_due;        /* this thread saw the over-limit flag
+				  * rise: run the callback after the flush */
+	uint8_t in_over_cb;      /* the callback is running on this thread */
 };
 
 /* One-time process setup (environment, fork handler). Cheap after the
@@ -48,6 +51,25 @@ void mtc_publish(struct mtc_thread *th, int64_t delta);
 /* The calling thread is exiting: release its lane. Call after the final
  * mtc_publish(). */
 void mtc_thread_exit(struct mtc_thread *th);
+
+/* Run the over-limit callback that mtc_publish() found due. */
+void mtc_run_over_limit(struct mtc_thread *th);
+
+/* The thread is exiting: a callback it found due is left for the next
+ * flush of another thread. Called by mtc_thread_exit() and after each
+ * flush made at thread exit. */
+void mtc_over_handoff(struct mtc_thread *th);
+
+/*
+ * Call at the end of a front end's slow path, once the flush is complete
+ * and its re-entrancy guard (`busy`) is released: runs the over-limit
+ * callback if the flush saw the flag rise. One byte test otherwise.
+ */
+static inline void mtc_after_flush(struct mtc_thread *th)
+{
+	if (__builtin_expect(th->over_due, 0))
+		mtc_run_over_limit(th);
+}
 
 /* Bytes flushed by this process (slot sum + pending), without any thread's
  * unflushed drift. */

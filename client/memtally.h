@@ -60,6 +60,14 @@
  *    flush is due; do not account from signal handlers.
  *  - Do not combine the preload with memtally_account() calls for malloc'ed
  *    memory in the same process: the bytes would be counted twice.
+ *  - Over-limit latency: the server raises the over-limit flag within a
+ *    tick of the process crossing its limit, but the process only looks
+ *    at the flag when one of its threads flushes (every `threshold` bytes
+ *    of net allocation or free per thread, at memtally_flush(), and on
+ *    attach). A process that crosses its limit and then stops allocating
+ *    learns of it (and runs its memtally_on_over_limit() callback) only at
+ *    its next flush; memtally_over_limit() reads the flag directly and is
+ *    current to within a server tick.
  */
 #ifndef MEMTALLY_H
 #define MEMTALLY_H
@@ -141,6 +149,36 @@ MEMTALLY_EXTERN int memtally_set_group(const char *group);
 
 /* True when the server has flagged this process over its own limit. */
 MEMTALLY_EXTERN bool memtally_over_limit(void);
+
+/*
+ * Register `cb` to run, with `arg`, when the server flags this process
+ * over its own limit: on each rising edge of the flag, so once per
+ * episode; the flag must clear (the process went back below the limit's
+ * lower mark) before it can run again. If the flag is already up when a
+ * callback is registered, it runs at the next flush. NULL removes the
+ * callback. One callback per process; a new one replaces the old.
+ * Returns 0.
+ *
+ * When and where it runs: in whichever thread flushes first after the
+ * flag rose (see "Over-limit latency" in the Caveats above), once that
+ * flush is complete. Under the preload that is inside the malloc, free or
+ * operator new/delete call that triggered the flush, before or after
+ * jemalloc did its work but never inside it, so no allocator lock is held.
+ * With memtally_account() it is inside memtally_account() or
+ * memtally_flush().
+ *
+ * What it may do: allocate and free (those calls are counted but do not
+ * run the callback again while it runs), call memtally_*() functions, and
+ * do a bounded amount of work, such as setting a flag or writing to a pipe
+ * or eventfd so that another thread spills. It runs in the middle of an
+ * arbitrary allocation of the program, which may hold its own locks (or
+ * libc's, e.g. stdio's) around that allocation: it must not take a lock
+ * the program may hold while allocating, must not block for long, and
+ * must not longjmp or throw out of the call. It never runs in a signal
+ * handler; a rise seen by the final flush of an exiting thread is left
+ * for the next flush of another thread.
+ */
+MEMTALLY_EXTERN int memtally_on_over_limit(void (*cb)(void *arg), void *arg);
 
 /* True once the process is registered with a server. */
 MEMTALLY_EXTERN bool memtally_attached(void);

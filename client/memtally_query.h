@@ -23,6 +23,20 @@
  * released with its matching *_free() function; destructors accept NULL.
  * Strings in results are never NULL ("" when the server sent none).
  *
+ * A scheduler asks before it starts a task, and is told no with the
+ * figures that decided it:
+ *
+ *	struct memtally_admit_req rq = {.bytes = need, .group = "etl",
+ *	                                .task = task_id, .ttl_seconds = 600};
+ *	struct memtally_admit_result *ar;
+ *	err = memtally_query_admit(q, &rq, &ar);
+ *	if (err == 0 && ar->admitted)
+ *		... start the task with MEMTALLY_TASK=task_id; keep
+ *		    ar->reservation for memtally_query_release() ...
+ *	else if (err == 0)
+ *		... refused: ar->reason, ar->limit, ar->top[] ...
+ *	memtally_admit_result_free(ar);
+ *
  * Calls block for at most the handle's timeout. A handle is one connection
  * and is not thread-safe: use it from one thread at a time, or open one per
  * thread (connections are cheap). After a transport failure (timeout,
@@ -30,7 +44,14 @@
  * reconnects, so a long-lived handle survives a server restart. A query
  * that finds its idle connection closed by the server before any answer
  * arrived is sent once more on a new connection (queries are safe to
- * repeat); no other failure is retried. The socket is close-on-exec and
+ * repeat). Admit, Release and SetLimit change the server's state and are
+ * never sent twice: before sending one on an idle connection the library
+ * checks that the server has not closed it, and it sends it again on a new
+ * connection only when the first could not even be written whole (so the
+ * server cannot have acted on it). If the connection fails after the
+ * request was written, the call fails and memtally_query_last_error() says
+ * that the request may have taken effect (an admission then holds until
+ * its TTL). No other failure is retried. The socket is close-on-exec and
  * never raises SIGPIPE.
  */
 #ifndef MEMTALLY_QUERY_H
@@ -76,8 +97,11 @@ struct memtally_group_usage {
 	uint64_t limit;
 	enum memtally_state state;
 	uint32_t processes;
-	uint64_t reserved;    /* outstanding admission reservations */
-	uint64_t error_bytes; /* the figures are exact to +/- this */
+	uint64_t reserved;       /* outstanding admission reservations */
+	uint64_t error_bytes;    /* the figures are exact to +/- this */
+	uint64_t rss;            /* resident bytes (0: not reported) */
+	uint32_t reservations;   /* outstanding reservations */
+	uint64_t high_watermark; /* `high` from here, bytes; 0 = no limit */
 };
 
 /* Fleet figures, and the groups they break down into. */
@@ -94,6 +118,12 @@ struct memtally_usage {
 	uint64_t threshold;    /* flush threshold workers use, bytes */
 	uint32_t slots;
 	uint32_t slots_free;
+	uint64_t rss; /* resident bytes of every worker (0: not reported) */
+	const char *measure;     /* what limits compare: "accounted", "rss",
+	                          * "max" (the larger), "" (not reported) */
+	uint32_t reservations;   /* outstanding reservations */
+	uint64_t process_limit;  /* default per-process limit, 0 = none */
+	uint64_t high_watermark; /* `high` from here, bytes; 0 = no limit */
 	size_t n_groups;
 	struct memtally_group_usage *groups;
 };
@@ -115,7 +145,9 @@ struct memtally_process {
 	uint64_t start_time; /* /proc/PID/stat field 22, clock ticks */
 	const char *comm;
 	uint64_t error_bytes;
-	uint64_t registered_ns; /* CLOCK_REALTIME at registration */
+	uint64_t registered_ns;    /* CLOCK_REALTIME at registration */
+	uint64_t rss;              /* resident bytes (0: not reported) */
+	enum memtally_state state; /* against its own limit */
 };
 
 /*
@@ -138,6 +170,19 @@ MEMTALLY_EXTERN const char *memtally_query_default_socket(void);
 MEMTALLY_EXTERN int memtally_query_open(memtally_query **out,
                                         const char *socket_path,
                                         int timeout_ms);
+
+/*
+ * The same over TCP, to memtallyd's --tcp listener: `host_port` is
+ * "HOST:PORT" or "[IPV6]:PORT" (copied). Queries and admission are open
+ * there; SetLimit and releasing another's reservation need the server's
+ * token (memtally_query_set_token()). Name resolution is not bounded by
+ * the timeout. -EINVAL for a malformed `host_port`, -EHOSTUNREACH when the
+ * name does not resolve (memtally_query_last_error() is lost with the
+ * handle), else as memtally_query_open().
+ */
+MEMTALLY_EXTERN int memtally_query_open_tcp(memtally_query **out,
+                                            const char *host_port,
+                                            int timeout_ms);
 
 /* Close the connection and free the handle. Accepts NULL. */
 MEMTALLY_EXTERN void memtally_query_close(memtally_query *q);
@@ -162,6 +207,7 @@ MEMTALLY_EXTERN const char *memtally_query_last_error(const memtally_query *q);
  *                     request, or lacks the body asked for
  *   MEMTALLY_EBADREQUEST, MEMTALLY_EUNSUPPORTED, MEMTALLY_ESERVER
  *                     the server's error answers
+ *   -EBUSY            the handle is watching (memtally_query_watch_start)
  * On failure the out-parameters are set to NULL (and 0).
  */
 
@@ -205,6 +251,181 @@ memtally_query_processes(memtally_query *q, const char *group,
 
 /* Free an array from memtally_query_processes(). Accepts NULL. */
 MEMTALLY_EXTERN void memtally_processes_free(struct memtally_process *array);
+
+/* ---- admission ------------------------------------------------------ */
+
+/* What a task asks for. Strings are only read during the call. */
+struct memtally_admit_req {
+	uint64_t bytes;       /* > 0 */
+	const char *group;    /* NULL or "": the default group */
+	const char *task;     /* NULL or "": none; else the MEMTALLY_TASK its
+	                       * workers will register with */
+	uint32_t ttl_seconds; /* 0: the server's default */
+};
+
+/*
+ * The server's answer. Granted: `reservation` names it and the figures are
+ * as the server counted them with the grant. Denied: `reason` says why,
+ * `limit` and `limit_scope` name the limit that decided, and `top` holds
+ * the largest consumers at that moment (largest first).
+ */
+struct memtally_admit_result {
+	bool admitted;
+	const char *reservation; /* "" when denied */
+	const char *reason;      /* "" when admitted */
+	uint64_t fleet_bytes;    /* measured bytes (of the limit's scope) */
+	uint64_t reserved_bytes; /* outstanding reservations before this */
+	uint64_t requested_bytes;
+	uint64_t limit;          /* 0 = none */
+	const char *limit_scope; /* "fleet", "group:NAME", "" */
+	const char *measure;     /* what fleet_bytes measures (see
+	                          * memtally_usage.measure) */
+	uint32_t ttl_seconds;    /* granted: the TTL in force */
+	size_t n_top;
+	struct memtally_process *top; /* NULL when n_top == 0 */
+};
+
+/*
+ * Ask to start a task of req->bytes. Returns 0 whether admitted or denied
+ * (see (*out)->admitted); an error only when there is no answer. Never
+ * sent twice (see the top of this header): after a connection failure
+ * with the request written, memtally_query_last_error() says the
+ * admission may have been granted. Free *out with
+ * memtally_admit_result_free(). -EINVAL for req NULL or bytes 0.
+ */
+MEMTALLY_EXTERN int memtally_query_admit(memtally_query *q,
+                                         const struct memtally_admit_req *req,
+                                         struct memtally_admit_result **out);
+
+/* Free a result of memtally_query_admit(). Accepts NULL. */
+MEMTALLY_EXTERN void
+memtally_admit_result_free(struct memtally_admit_result *r);
+
+/*
+ * End a reservation before its TTL. *bytes_out (may be NULL) is the size
+ * it held. MEMTALLY_ENOTFOUND when the server knows no such reservation
+ * (released, expired, or never granted), MEMTALLY_EPERM when it is
+ * someone else's and the peer is not authorised.
+ */
+MEMTALLY_EXTERN int memtally_query_release(memtally_query *q,
+                                           const char *reservation,
+                                           uint64_t *bytes_out);
+
+/* ---- limits --------------------------------------------------------- */
+
+/*
+ * The token sent with SetLimit and Release, which the server requires of
+ * peers over TCP (a Unix-socket peer is authorised by its uid instead).
+ * `token` is copied; NULL or "" sends none. Returns 0, -EINVAL, -ENOMEM.
+ */
+MEMTALLY_EXTERN int memtally_query_set_token(memtally_query *q,
+                                             const char *token);
+
+enum memtally_scope {
+	MEMTALLY_SCOPE_FLEET = 0,
+	MEMTALLY_SCOPE_GROUP = 1, /* the group named `group` */
+	MEMTALLY_SCOPE_PID = 2,   /* the process `pid` */
+};
+
+/*
+ * Set the limit of the fleet, of a group or of one process to `bytes`
+ * (0 removes it). `group` is read for MEMTALLY_SCOPE_GROUP only (not NULL
+ * or ""), `pid` for MEMTALLY_SCOPE_PID only (non-zero). *previous_out
+ * (may be NULL) is the limit before, 0 for none. Needs an authorised peer
+ * (root, the server's user or a configured admin uid/gid; over TCP the
+ * token given to memtally_query_set_token()): MEMTALLY_EPERM otherwise.
+ * MEMTALLY_ENOTFOUND for a pid that is not registered.
+ */
+MEMTALLY_EXTERN int memtally_query_set_limit(memtally_query *q,
+                                             enum memtally_scope scope,
+                                             const char *group, uint32_t pid,
+                                             uint64_t bytes,
+                                             uint64_t *previous_out);
+
+/* ---- watching state changes ------------------------------------------ */
+
+/* One state change (fleet, group or process), with the figures. */
+struct memtally_event {
+	const char *scope; /* "fleet", "group:NAME", "pid:N" */
+	enum memtally_state state;
+	enum memtally_state previous;
+	uint64_t bytes;
+	uint64_t limit; /* 0 = none */
+	uint64_t reserved;
+	uint64_t time_ns;    /* the server's CLOCK_REALTIME at the change */
+	uint64_t rss;        /* resident bytes of the scope */
+	const char *measure; /* what was compared with the limit */
+};
+
+/*
+ * Called for each event. `ev` and its strings live until the callback
+ * returns. Return 0 for more, non-zero to stop watching.
+ */
+typedef int (*memtally_event_cb)(const struct memtally_event *ev, void *arg);
+
+/*
+ * Subscribe and call `cb` for every event until it returns non-zero
+ * (then 0 is returned), the server closes the stream (-ECONNRESET), or no
+ * event arrives within the handle's timeout (-ETIMEDOUT: open the handle
+ * with timeout_ms < 0 to wait for ever). A watch occupies the connection:
+ * when it ends the connection is closed, and the next call on the handle
+ * reconnects. Errors as for every call, and the server's error answer to
+ * the Watch request (MEMTALLY_EUNSUPPORTED from a server without it).
+ */
+MEMTALLY_EXTERN int memtally_query_watch(memtally_query *q,
+                                         memtally_event_cb cb, void *arg);
+
+/*
+ * The same, for a caller's own event loop (poll, epoll, libuv's uv_poll):
+ *
+ *	memtally_query_watch_start(q);
+ *	fd = memtally_query_fd(q);   ... wait for fd readable, then:
+ *	while ((err = memtally_query_watch_next(q, &ev)) == 0)
+ *		handle(&ev);
+ *	if (err != -EAGAIN)
+ *		... the watch is over (closed, error) ...
+ *
+ * memtally_query_watch_start() sends the Watch request (blocking for at
+ * most the handle's timeout) and returns 0 or an error as any call.
+ * From then on the handle is watching: other requests on it fail with
+ * -EBUSY until memtally_query_watch_stop() (or an error) ends the watch.
+ *
+ * memtally_query_watch_next() never blocks: it reads what the socket
+ * holds and returns 0 with the next event in *ev_out, or -EAGAIN when no
+ * whole event has arrived (wait for the fd to be readable again). Call it
+ * until -EAGAIN after each wake-up: events may already be buffered in the
+ * handle (this matters with edge-triggered polling). The strings in
+ * *ev_out belong to the handle and last until its next call. Any other
+ * return ends the watch and closes the connection: -ECONNRESET (the
+ * server closed it), MEMTALLY_EPROTO, the server's error answer, -EINVAL
+ * (not watching).
+ */
+MEMTALLY_EXTERN int memtally_query_watch_start(memtally_query *q);
+MEMTALLY_EXTERN int memtally_query_watch_next(memtally_query *q,
+                                              struct memtally_event *ev_out);
+
+/* End a watch: close the connection (the next call reconnects). Does
+ * nothing when the handle is not watching. */
+MEMTALLY_EXTERN void memtally_query_watch_stop(memtally_query *q);
+
+/*
+ * The handle's connected socket, for poll(): readable when
+ * memtally_query_watch_next() has something to read. -1 while
+ * disconnected. Owned by the handle: do not read, write or close it.
+ */
+MEMTALLY_EXTERN int memtally_query_fd(const memtally_query *q);
+
+/* ---- sizes ------------------------------------------------------------ */
+
+/*
+ * Parse a byte size as memtallyd's flags and config do: digits with an
+ * optional fraction, then an optional unit, case-insensitive. K, M, G, T
+ * and KiB, MiB, GiB, TiB (and Ki, Mi, ...) are powers of 1024; KB, MB,
+ * GB, TB powers of 1000; B or nothing is bytes. A fraction needs a unit
+ * ("1.5G"); the result is rounded down. No sign, spaces or hex. Returns 0,
+ * -EINVAL (not a size) or -ERANGE (over UINT64_MAX).
+ */
+MEMTALLY_EXTERN int memtally_parse_size(const char *s, uint64_t *out);
 
 /* "ok", "high", "over", or "unknown" for a value from a newer server. */
 MEMTALLY_EXTERN const char *memtally_state_name(enum memtally_state s);

@@ -321,6 +321,7 @@ static void pl_thread_exit(void *arg)
 		return;
 	t->th.busy = 1;
 	publish_now(t);
+	mtc_over_handoff(&t->th); /* no callback in a dying thread */
 	if (round < 3)
 		pthread_setspecific(pl_key, (void *)(round + 1));
 	else
@@ -334,7 +335,11 @@ static void make_key(void)
 }
 
 /* Set up the calling thread, or publish its net. Never recurses: the
- * allocations it makes (pthread_setspecific, registration) see `busy`. */
+ * allocations it makes (pthread_setspecific, registration) see `busy`.
+ * Every caller runs it before forwarding a call to jemalloc or after that
+ * call returned, never from inside jemalloc, so no allocator lock is held
+ * here, and the over-limit callback may run at its end (mtc_after_flush,
+ * once `busy` is released and the window is re-centred). */
 __attribute__((noinline)) static void pl_slow(void)
 {
 	struct pl_tls *t = &pl_t;
@@ -368,6 +373,7 @@ __attribute__((noinline)) static void pl_slow(void)
 	}
 	publish_now(t);
 	t->th.busy = 0;
+	mtc_after_flush(&t->th);
 }
 
 /* True when no flush is due: two loads, a subtract, a compare. */
@@ -395,6 +401,7 @@ int mtc_front_flush(void)
 	t->th.busy = 1;
 	publish_now(t);
 	t->th.busy = 0;
+	mtc_after_flush(&t->th);
 	return 0;
 }
 

@@ -8,6 +8,20 @@
  * pipelined, so the only response that may legitimately arrive is the one
  * for the request just sent; anything else means the stream is out of step.
  *
+ * Requests that change the server's state (Admit, Release, SetLimit) are
+ * not repeatable: sending one twice could reserve twice or report the wrong
+ * previous limit. They are sent again only when the first copy was not
+ * written whole, which for a stream socket means the server cannot have
+ * read all of it; and before one goes out on an idle connection, a
+ * zero-timeout poll() checks that the server has not already closed it
+ * (the common case after a server restart), so the ambiguous case (the
+ * connection fails after the request was written) is left to real faults.
+ *
+ * A Watch turns the connection into a one-way stream of events with the
+ * Watch request's id. The handle is then `watching`: it refuses other
+ * requests, and memtally_query_watch_next() reads without blocking so the
+ * caller can drive it from its own poll loop.
+ *
  * Invariants:
  *  - The socket is blocking, but every send and recv passes MSG_DONTWAIT
  *    and waits in poll() against one deadline per call, so a call never
@@ -24,6 +38,9 @@
 #define _GNU_SOURCE
 
 #include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -57,7 +74,12 @@ struct memtally_query {
 	uint8_t *rbuf; /* received bytes not yet consumed */
 	size_t rlen;
 	size_t rcap;
-	char *path;
+	char *path; /* socket path, or HOST:PORT when `tcp` */
+	bool tcp;
+	char *token;       /* sent with SetLimit and Release; NULL = none */
+	bool watching;     /* a Watch was sent: only events arrive now */
+	uint64_t watch_id; /* its request id */
+	Memtally__V1__Response *event; /* the last event of watch_next() */
 	char errmsg[256];
 };
 
@@ -150,6 +172,20 @@ static void query_disconnect(memtally_query *q)
 		close(q->fd);
 	q->fd = -1;
 	q->rlen = 0;
+	q->watching = false;
+}
+
+/*
+ * Is the idle connection unusable? Any readiness means so: EOF (the server
+ * closed it, e.g. it restarted), an error, or bytes nobody asked for. A
+ * zero-timeout poll, done only before requests that must not be repeated.
+ */
+static bool conn_unusable(const memtally_query *q)
+{
+	if (q->rlen)
+		return true;
+	struct pollfd p = {.fd = q->fd, .events = POLLIN | POLLRDHUP};
+	return poll(&p, 1, 0) != 0;
 }
 
 /*
@@ -159,7 +195,7 @@ static void query_disconnect(memtally_query *q)
  * (A non-blocking connect would fail with EAGAIN at once and leave nothing
  * to poll for.)
  */
-static int query_connect(memtally_query *q, int64_t deadline)
+static int unix_connect(memtally_query *q, int64_t deadline)
 {
 	struct sockaddr_un sa = {.sun_family = AF_UNIX};
 	size_t len = strlen(q->path);
@@ -202,26 +238,128 @@ fail_close_fd:
 	return err;
 }
 
-int memtally_query_open(memtally_query **out, const char *socket_path,
-                        int timeout_ms)
+/*
+ * Split "HOST:PORT" or "[V6ADDR]:PORT" into buffers of `cap` bytes.
+ * -EINVAL when it is neither.
+ */
+static int split_host_port(const char *s, char *host, char *port, size_t cap)
 {
-	if (!out)
+	const char *colon;
+	const char *h = s;
+	size_t hlen;
+	if (s[0] == '[') {
+		const char *close_br = strchr(s, ']');
+		if (!close_br || close_br[1] != ':')
+			return -EINVAL;
+		h = s + 1;
+		hlen = (size_t)(close_br - h);
+		colon = close_br + 1;
+	} else {
+		colon = strrchr(s, ':');
+		if (!colon)
+			return -EINVAL;
+		hlen = (size_t)(colon - s);
+	}
+	size_t plen = strlen(colon + 1);
+	if (!hlen || !plen || hlen >= cap || plen >= cap)
 		return -EINVAL;
-	*out = NULL;
-	if (!socket_path)
-		socket_path = memtally_query_default_socket();
-	if (!socket_path[0])
-		return -EINVAL;
+	memcpy(host, h, hlen);
+	host[hlen] = '\0';
+	memcpy(port, colon + 1, plen + 1);
+	return 0;
+}
 
+/* Connect one address within the deadline (a non-blocking connect). */
+static int tcp_connect_one(const struct addrinfo *ai, int64_t deadline,
+                           int *fd_out)
+{
+	int fd =
+	    socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK,
+	           ai->ai_protocol);
+	if (fd < 0)
+		return -errno;
+	int err = 0;
+	if (connect(fd, ai->ai_addr, ai->ai_addrlen) < 0) {
+		if (errno != EINPROGRESS) {
+			err = -errno;
+			goto fail_close_fd;
+		}
+		err = wait_fd(fd, POLLOUT, deadline);
+		if (err)
+			goto fail_close_fd;
+		int soerr = 0;
+		socklen_t len = sizeof(soerr);
+		if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &len) < 0)
+			soerr = errno;
+		if (soerr) {
+			err = -soerr;
+			goto fail_close_fd;
+		}
+	}
+	/* One small request, one small answer: do not wait to coalesce. */
+	int one = 1;
+	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	*fd_out = fd;
+	return 0;
+
+fail_close_fd:
+	close(fd);
+	return err;
+}
+
+/*
+ * Connect to HOST:PORT, trying each address it resolves to. Name
+ * resolution itself (getaddrinfo) is not bounded by the deadline: use an
+ * address or a name from /etc/hosts where that matters.
+ */
+static int tcp_connect(memtally_query *q, int64_t deadline)
+{
+	char host[256], port[64];
+	if (split_host_port(q->path, host, port, sizeof(host)))
+		return -EINVAL;
+	struct addrinfo hints = {.ai_socktype = SOCK_STREAM,
+	                         .ai_flags = AI_NUMERICSERV};
+	struct addrinfo *res;
+	int gai = getaddrinfo(host, port, &hints, &res);
+	if (gai)
+		return query_fail(q, gai == EAI_SYSTEM ? -errno : -EHOSTUNREACH,
+		                  "cannot resolve '%s': %s", host,
+		                  gai_strerror(gai));
+	int err = -EHOSTUNREACH;
+	for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
+		int fd = -1;
+		err = tcp_connect_one(ai, deadline, &fd);
+		if (err == 0) {
+			q->fd = fd;
+			q->rlen = 0;
+			break;
+		}
+		if (err == -ETIMEDOUT)
+			break;
+	}
+	freeaddrinfo(res);
+	return err;
+}
+
+static int query_connect(memtally_query *q, int64_t deadline)
+{
+	return q->tcp ? tcp_connect(q, deadline) : unix_connect(q, deadline);
+}
+
+/* The common part of both opens: `target` is a path or HOST:PORT. */
+static int query_open(memtally_query **out, const char *target, bool tcp,
+                      int timeout_ms)
+{
 	memtally_query *q = calloc(1, sizeof(*q));
 	if (!q)
 		return -ENOMEM;
 	q->fd = -1;
+	q->tcp = tcp;
 	q->next_id = 1;
 	q->timeout_ms =
 	    timeout_ms ? timeout_ms : MEMTALLY_QUERY_DEFAULT_TIMEOUT_MS;
 	int err = -ENOMEM;
-	q->path = strdup(socket_path);
+	q->path = strdup(target);
 	if (!q->path)
 		goto fail_free_handle;
 	err = query_connect(q, query_deadline(q));
@@ -237,14 +375,56 @@ fail_free_handle:
 	return err;
 }
 
+int memtally_query_open_tcp(memtally_query **out, const char *host_port,
+                            int timeout_ms)
+{
+	if (!out)
+		return -EINVAL;
+	*out = NULL;
+	if (!host_port || !host_port[0])
+		return -EINVAL;
+	char host[256], port[64];
+	if (split_host_port(host_port, host, port, sizeof(host)))
+		return -EINVAL;
+	return query_open(out, host_port, true, timeout_ms);
+}
+
+int memtally_query_open(memtally_query **out, const char *socket_path,
+                        int timeout_ms)
+{
+	if (!out)
+		return -EINVAL;
+	*out = NULL;
+	if (!socket_path)
+		socket_path = memtally_query_default_socket();
+	if (!socket_path[0])
+		return -EINVAL;
+	return query_open(out, socket_path, false, timeout_ms);
+}
+
 void memtally_query_close(memtally_query *q)
 {
 	if (!q)
 		return;
 	query_disconnect(q);
+	if (q->event)
+		memtally__v1__response__free_unpacked(q->event, NULL);
 	free(q->rbuf);
 	free(q->path);
+	free(q->token);
 	free(q);
+}
+
+int memtally_query_set_token(memtally_query *q, const char *token)
+{
+	if (!q)
+		return -EINVAL;
+	char *copy = NULL;
+	if (token && token[0] && !(copy = strdup(token)))
+		return -ENOMEM;
+	free(q->token);
+	q->token = copy;
+	return 0;
 }
 
 /* ---- one request, one response ------------------------------------- */
@@ -287,53 +467,109 @@ static int rbuf_reserve(memtally_query *q, size_t need)
 }
 
 /*
- * Read until one whole frame is buffered. On success the body is
- * q->rbuf[*body_off, *body_off + *body_len) and the frame ends at
- * *body_off + *body_len, which the caller consumes.
+ * Is one whole frame buffered? 1 with its body at
+ * q->rbuf[*body_off, *body_off + *body_len) (the frame ends there and the
+ * caller consumes it), 0 when more bytes are needed (*body_off then holds
+ * how many the frame needs in all, or rlen + 1 while its length is still
+ * incomplete), MEMTALLY_EPROTO for a bad length prefix.
  */
-static int recv_frame(memtally_query *q, int64_t deadline, size_t *body_off,
-                      size_t *body_len)
+static int frame_buffered(memtally_query *q, size_t *body_off, size_t *body_len)
 {
+	uint64_t blen = 0;
+	int pre =
+	    mtframe_decode_len(q->rbuf, q->rlen, QUERY_MAX_RESPONSE, &blen);
+	if (pre < 0)
+		return query_fail(
+		    q, MEMTALLY_EPROTO, "bad response length prefix (%s)",
+		    pre == MTFRAME_ETOOBIG ? "over 64 MiB" : "varint");
+	size_t need = pre > 0 ? (size_t)pre + (size_t)blen : q->rlen + 1;
+	if (pre > 0 && q->rlen >= need) {
+		*body_off = (size_t)pre;
+		*body_len = (size_t)blen;
+		return 1;
+	}
+	*body_off = need;
+	return 0;
+}
+
+/*
+ * One non-blocking read toward a frame of `need` bytes: 0 when bytes
+ * arrived, -EAGAIN when none are there, -ECONNRESET at EOF, -errno.
+ */
+static int recv_some(memtally_query *q, size_t need)
+{
+	/* Room for the whole frame once its length is known, and for a
+	 * useful read before then. */
+	int err = rbuf_reserve(q, need > q->rlen + QUERY_RBUF_MIN
+	                              ? need
+	                              : q->rlen + QUERY_RBUF_MIN);
+	if (err)
+		return err;
 	for (;;) {
-		uint64_t blen = 0;
-		int pre = mtframe_decode_len(q->rbuf, q->rlen,
-		                             QUERY_MAX_RESPONSE, &blen);
-		if (pre < 0)
-			return query_fail(q, MEMTALLY_EPROTO,
-			                  "bad response length prefix (%s)",
-			                  pre == MTFRAME_ETOOBIG ? "over 64 MiB"
-			                                         : "varint");
-		size_t need =
-		    pre > 0 ? (size_t)pre + (size_t)blen : q->rlen + 1;
-		if (pre > 0 && q->rlen >= need) {
-			*body_off = (size_t)pre;
-			*body_len = (size_t)blen;
-			return 0;
-		}
-		/* Room for the whole frame once its length is known, and for
-		 * a useful read before then. */
-		int err = rbuf_reserve(q, need > q->rlen + QUERY_RBUF_MIN
-		                              ? need
-		                              : q->rlen + QUERY_RBUF_MIN);
-		if (err)
-			return err;
 		ssize_t n = recv(q->fd, q->rbuf + q->rlen, q->rcap - q->rlen,
 		                 MSG_DONTWAIT);
 		if (n > 0) {
 			q->rlen += (size_t)n;
-			continue;
+			return 0;
 		}
 		if (n == 0)
 			return query_fail(q, -ECONNRESET,
 			                  "the server closed the connection");
 		if (errno == EINTR)
 			continue;
-		if (errno != EAGAIN && errno != EWOULDBLOCK)
-			return -errno;
-		err = wait_fd(q->fd, POLLIN, deadline);
-		if (err)
-			return err;
+		if (errno == EAGAIN || errno == EWOULDBLOCK)
+			return -EAGAIN;
+		return -errno;
 	}
+}
+
+/*
+ * Read until one whole frame is buffered; see frame_buffered() for where
+ * its body is on success.
+ */
+static int recv_frame(memtally_query *q, int64_t deadline, size_t *body_off,
+                      size_t *body_len)
+{
+	for (;;) {
+		int r = frame_buffered(q, body_off, body_len);
+		if (r)
+			return r < 0 ? r : 0;
+		r = recv_some(q, *body_off);
+		if (r == -EAGAIN)
+			r = wait_fd(q->fd, POLLIN, deadline);
+		if (r)
+			return r;
+	}
+}
+
+/* Unpack the frame at q->rbuf[off, off + blen) and consume it. NULL (with
+ * the reason recorded) when it does not decode. */
+static Memtally__V1__Response *take_frame(memtally_query *q, size_t off,
+                                          size_t blen)
+{
+	Memtally__V1__Response *r =
+	    memtally__v1__response__unpack(NULL, blen, q->rbuf + off);
+	q->rlen -= off + blen;
+	memmove(q->rbuf, q->rbuf + off + blen, q->rlen);
+	if (!r)
+		query_fail(q, MEMTALLY_EPROTO,
+		           "undecodable response (%zu bytes)", blen);
+	return r;
+}
+
+/* Give `req` the next id and write it whole. */
+static int send_request(memtally_query *q, Memtally__V1__Request *req,
+                        int64_t deadline)
+{
+	req->id = q->next_id++;
+	size_t len = mtframe_packed_size(&req->base);
+	uint8_t *wbuf = malloc(len);
+	if (!wbuf)
+		return -ENOMEM;
+	mtframe_pack(&req->base, wbuf, len);
+	int err = send_all(q, wbuf, len, deadline);
+	free(wbuf);
+	return err;
 }
 
 static int map_server_error(Memtally__V1__ErrorCode code)
@@ -365,22 +601,18 @@ static bool server_error_closes(Memtally__V1__ErrorCode code)
  * Send `req` with the next id and read one response into *out. A
  * transport fault closes the connection (see the invariants at the top);
  * *stale tells whether it was the kind a server restart leaves on an idle
- * connection: reset or EOF before any byte of the answer.
+ * connection: reset or EOF before any byte of the answer. *sent tells
+ * whether the request was written whole, so that the server may have
+ * acted on it.
  */
 static int query_exchange(memtally_query *q, Memtally__V1__Request *req,
                           int64_t deadline, Memtally__V1__Response **out,
-                          bool *stale)
+                          bool *stale, bool *sent)
 {
 	*out = NULL;
 	*stale = false;
-	req->id = q->next_id++;
-	size_t len = mtframe_packed_size(&req->base);
-	uint8_t *wbuf = malloc(len);
-	if (!wbuf)
-		return -ENOMEM;
-	mtframe_pack(&req->base, wbuf, len);
-	int err = send_all(q, wbuf, len, deadline);
-	free(wbuf);
+	int err = send_request(q, req, deadline);
+	*sent = err == 0;
 	size_t off = 0, blen = 0;
 	if (!err)
 		err = recv_frame(q, deadline, &off, &blen);
@@ -388,12 +620,9 @@ static int query_exchange(memtally_query *q, Memtally__V1__Request *req,
 		*stale = err == -ECONNRESET && q->rlen == 0;
 		goto fail_disconnect;
 	}
-	*out = memtally__v1__response__unpack(NULL, blen, q->rbuf + off);
-	q->rlen -= off + blen;
-	memmove(q->rbuf, q->rbuf + off + blen, q->rlen);
+	*out = take_frame(q, off, blen);
 	if (!*out) {
-		err = query_fail(q, MEMTALLY_EPROTO,
-		                 "undecodable response (%zu bytes)", blen);
+		err = MEMTALLY_EPROTO;
 		goto fail_disconnect;
 	}
 	return 0;
@@ -403,6 +632,19 @@ fail_disconnect:
 	return err;
 }
 
+/* Say that a request that changes the server's state was written before
+ * its connection failed: the server may have acted on it. */
+static int sent_but_lost(memtally_query *q, int err)
+{
+	char why[sizeof(q->errmsg)];
+	snprintf(why, sizeof(why), "%s",
+	         q->errmsg[0] ? q->errmsg : memtally_strerror(err));
+	return query_fail(q, err,
+	                  "%s, after the request was sent: the server may "
+	                  "have acted on it",
+	                  why);
+}
+
 /*
  * Send `req` (its id is assigned here) and return the response in *out,
  * which the caller frees with memtally__v1__response__free_unpacked().
@@ -410,32 +652,41 @@ fail_disconnect:
  * has the body `want`.
  *
  * A connection that sat idle may have been closed by a server restart, and
- * the kernel only says so when it is used. Every request sent here is a
- * query, safe to repeat, so one that meets a stale connection is sent once
- * more on a fresh one. (Admit, which is not idempotent, must not take this
- * path unchanged.)
+ * the kernel only says so when it is used. A `repeatable` request (a
+ * query) that meets a stale connection is sent once more on a fresh one.
+ * One that is not (Admit, Release, SetLimit) first has its idle
+ * connection checked, and is sent again only if it could not be written
+ * whole: see the top of this file.
  */
 static int query_call(memtally_query *q, Memtally__V1__Request *req,
-                      Memtally__V1__Response__BodyCase want,
+                      Memtally__V1__Response__BodyCase want, bool repeatable,
                       Memtally__V1__Response **out)
 {
 	*out = NULL;
+	if (q->watching)
+		return -EBUSY;
 	int64_t deadline = query_deadline(q);
 	Memtally__V1__Response *resp;
 	int err;
 	for (int attempt = 0;; attempt++) {
 		q->errmsg[0] = '\0';
-		bool reused = q->fd >= 0, stale;
+		if (!repeatable && q->fd >= 0 && conn_unusable(q))
+			query_disconnect(q);
+		bool reused = q->fd >= 0, stale, sent;
 		if (!reused) {
 			err = query_connect(q, deadline);
 			if (err)
 				return err;
 		}
-		err = query_exchange(q, req, deadline, &resp, &stale);
+		err = query_exchange(q, req, deadline, &resp, &stale, &sent);
 		if (!err)
 			break;
-		if (!(stale && reused && attempt == 0))
-			return err;
+		bool again = repeatable ? stale : !sent && err == -ECONNRESET;
+		if (again && reused && attempt == 0)
+			continue;
+		if (!repeatable && sent)
+			return sent_but_lost(q, err);
+		return err;
 	}
 
 	/* A server that could not decode our request cannot know its id and
@@ -501,8 +752,10 @@ static struct memtally_usage *
 usage_from_pb(const Memtally__V1__Usage *u,
               Memtally__V1__GroupUsage *const *groups, size_t n)
 {
+	const char *measure = str_or_empty(u->measure);
 	size_t size = sizeof(struct memtally_usage) +
-	              n * sizeof(struct memtally_group_usage);
+	              n * sizeof(struct memtally_group_usage) +
+	              strlen(measure) + 1;
 	for (size_t i = 0; i < n; i++)
 		size += strlen(str_or_empty(groups[i]->name)) + 1;
 	struct memtally_usage *r = calloc(1, size);
@@ -521,10 +774,15 @@ usage_from_pb(const Memtally__V1__Usage *u,
 	    .threshold = u->threshold,
 	    .slots = u->slots,
 	    .slots_free = u->slots_free,
+	    .rss = u->rss_bytes,
+	    .reservations = u->reservations,
+	    .process_limit = u->process_limit,
+	    .high_watermark = u->high_watermark_bytes,
 	    .n_groups = n,
 	    .groups = n ? (struct memtally_group_usage *)(r + 1) : NULL,
 	};
 	char *pool = (char *)(r + 1) + n * sizeof(struct memtally_group_usage);
+	r->measure = pool_put(&pool, measure);
 	for (size_t i = 0; i < n; i++) {
 		const Memtally__V1__GroupUsage *g = groups[i];
 		r->groups[i] = (struct memtally_group_usage){
@@ -536,28 +794,35 @@ usage_from_pb(const Memtally__V1__Usage *u,
 		    .processes = g->processes,
 		    .reserved = g->reserved_bytes,
 		    .error_bytes = g->error_bytes,
+		    .rss = g->rss_bytes,
+		    .reservations = g->reservations,
+		    .high_watermark = g->high_watermark_bytes,
 		};
 	}
 	return r;
 }
 
-static struct memtally_process *
-processes_from_pb(Memtally__V1__ProcessInfo *const *infos, size_t n)
+/* Bytes the strings of `n` processes take in a string pool. */
+static size_t processes_pool_size(Memtally__V1__ProcessInfo *const *infos,
+                                  size_t n)
 {
-	size_t size = n * sizeof(struct memtally_process);
+	size_t size = 0;
 	for (size_t i = 0; i < n; i++)
 		size += strlen(str_or_empty(infos[i]->group)) +
 		        strlen(str_or_empty(infos[i]->task)) +
 		        strlen(str_or_empty(infos[i]->comm)) + 3;
-	struct memtally_process *r = calloc(1, size);
-	if (!r)
-		return NULL;
-	char *pool = (char *)(r + n);
+	return size;
+}
+
+/* Fill r[0..n) from `infos`, their strings going to the pool at *pool. */
+static void processes_fill(struct memtally_process *r, char **pool,
+                           Memtally__V1__ProcessInfo *const *infos, size_t n)
+{
 	for (size_t i = 0; i < n; i++) {
 		const Memtally__V1__ProcessInfo *p = infos[i];
 		r[i] = (struct memtally_process){
 		    .pid = p->pid,
-		    .group = pool_put(&pool, str_or_empty(p->group)),
+		    .group = pool_put(pool, str_or_empty(p->group)),
 		    .bytes = p->bytes,
 		    .peak = p->peak,
 		    .limit = p->limit,
@@ -567,13 +832,26 @@ processes_from_pb(Memtally__V1__ProcessInfo *const *infos, size_t n)
 		    .slot = p->slot,
 		    .threads = p->threads,
 		    .flushes = p->flushes,
-		    .task = pool_put(&pool, str_or_empty(p->task)),
+		    .task = pool_put(pool, str_or_empty(p->task)),
 		    .start_time = p->start_time,
-		    .comm = pool_put(&pool, str_or_empty(p->comm)),
+		    .comm = pool_put(pool, str_or_empty(p->comm)),
 		    .error_bytes = p->error_bytes,
 		    .registered_ns = p->registered_ns,
+		    .rss = p->rss_bytes,
+		    .state = (enum memtally_state)p->state,
 		};
 	}
+}
+
+static struct memtally_process *
+processes_from_pb(Memtally__V1__ProcessInfo *const *infos, size_t n)
+{
+	struct memtally_process *r =
+	    calloc(1, n * sizeof(*r) + processes_pool_size(infos, n));
+	if (!r)
+		return NULL;
+	char *pool = (char *)(r + n);
+	processes_fill(r, &pool, infos, n);
 	return r;
 }
 
@@ -584,7 +862,8 @@ static int get_usage(memtally_query *q, Memtally__V1__GetUsage *gu,
 	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
 	req.body_case = MEMTALLY__V1__REQUEST__BODY_GET_USAGE;
 	req.get_usage = gu;
-	return query_call(q, &req, MEMTALLY__V1__RESPONSE__BODY_USAGE, resp);
+	return query_call(q, &req, MEMTALLY__V1__RESPONSE__BODY_USAGE, true,
+	                  resp);
 }
 
 int memtally_query_usage(memtally_query *q, struct memtally_usage **out)
@@ -686,7 +965,7 @@ int memtally_query_processes(memtally_query *q, const char *group,
 	req.list_processes = &lp;
 	Memtally__V1__Response *resp;
 	int err = query_call(q, &req, MEMTALLY__V1__RESPONSE__BODY_PROCESS_LIST,
-	                     &resp);
+	                     true, &resp);
 	if (err)
 		return err;
 	const Memtally__V1__ProcessList *pl = resp->process_list;
@@ -705,4 +984,344 @@ int memtally_query_processes(memtally_query *q, const char *group,
 void memtally_processes_free(struct memtally_process *array)
 {
 	free(array);
+}
+
+/* ---- admission ----------------------------------------------------- */
+
+_Static_assert(sizeof(struct memtally_admit_result) %
+                       _Alignof(struct memtally_process) ==
+                   0,
+               "the top array follows the admit result in one block");
+
+static struct memtally_admit_result *
+admit_from_pb(const Memtally__V1__AdmitResult *a)
+{
+	const char *rsv = str_or_empty(a->reservation);
+	const char *reason = str_or_empty(a->reason);
+	const char *scope = str_or_empty(a->limit_scope);
+	const char *measure = str_or_empty(a->measure);
+	size_t n = a->n_top;
+	size_t size = sizeof(struct memtally_admit_result) +
+	              n * sizeof(struct memtally_process) +
+	              processes_pool_size(a->top, n) + strlen(rsv) +
+	              strlen(reason) + strlen(scope) + strlen(measure) + 4;
+	struct memtally_admit_result *r = calloc(1, size);
+	if (!r)
+		return NULL;
+	struct memtally_process *top = (struct memtally_process *)(r + 1);
+	char *pool = (char *)(top + n);
+	*r = (struct memtally_admit_result){
+	    .admitted = a->admitted,
+	    .reservation = pool_put(&pool, rsv),
+	    .reason = pool_put(&pool, reason),
+	    .fleet_bytes = a->fleet_bytes,
+	    .reserved_bytes = a->reserved_bytes,
+	    .requested_bytes = a->requested_bytes,
+	    .limit = a->limit,
+	    .limit_scope = pool_put(&pool, scope),
+	    .measure = pool_put(&pool, measure),
+	    .ttl_seconds = a->ttl_seconds,
+	    .n_top = n,
+	    .top = n ? top : NULL,
+	};
+	processes_fill(top, &pool, a->top, n);
+	return r;
+}
+
+int memtally_query_admit(memtally_query *q,
+                         const struct memtally_admit_req *req,
+                         struct memtally_admit_result **out)
+{
+	if (!out)
+		return -EINVAL;
+	*out = NULL;
+	if (!q || !req || req->bytes == 0)
+		return -EINVAL;
+	Memtally__V1__Admit ad = MEMTALLY__V1__ADMIT__INIT;
+	ad.bytes = req->bytes;
+	/* protobuf-c only reads the strings. */
+	if (req->group)
+		ad.group = (char *)req->group;
+	if (req->task)
+		ad.task = (char *)req->task;
+	ad.ttl_seconds = req->ttl_seconds;
+	Memtally__V1__Request rq = MEMTALLY__V1__REQUEST__INIT;
+	rq.body_case = MEMTALLY__V1__REQUEST__BODY_ADMIT;
+	rq.admit = &ad;
+	Memtally__V1__Response *resp;
+	int err = query_call(q, &rq, MEMTALLY__V1__RESPONSE__BODY_ADMIT_RESULT,
+	                     false, &resp);
+	if (err)
+		return err;
+	const Memtally__V1__AdmitResult *a = resp->admit_result;
+	if (a->admitted && !(a->reservation && a->reservation[0]))
+		err = query_fail(q, MEMTALLY_EPROTO,
+		                 "an admission without a reservation id");
+	else if (!(*out = admit_from_pb(a)))
+		err = -ENOMEM;
+	memtally__v1__response__free_unpacked(resp, NULL);
+	return err;
+}
+
+void memtally_admit_result_free(struct memtally_admit_result *r)
+{
+	free(r);
+}
+
+int memtally_query_release(memtally_query *q, const char *reservation,
+                           uint64_t *bytes_out)
+{
+	if (bytes_out)
+		*bytes_out = 0;
+	if (!q || !reservation || !reservation[0])
+		return -EINVAL;
+	Memtally__V1__Release rel = MEMTALLY__V1__RELEASE__INIT;
+	/* protobuf-c only reads the strings. */
+	rel.reservation = (char *)reservation;
+	if (q->token)
+		rel.token = q->token;
+	Memtally__V1__Request rq = MEMTALLY__V1__REQUEST__INIT;
+	rq.body_case = MEMTALLY__V1__REQUEST__BODY_RELEASE;
+	rq.release = &rel;
+	Memtally__V1__Response *resp;
+	int err = query_call(q, &rq, MEMTALLY__V1__RESPONSE__BODY_RELEASED,
+	                     false, &resp);
+	if (err)
+		return err;
+	if (bytes_out)
+		*bytes_out = resp->released->bytes;
+	memtally__v1__response__free_unpacked(resp, NULL);
+	return 0;
+}
+
+/* ---- limits -------------------------------------------------------- */
+
+int memtally_query_set_limit(memtally_query *q, enum memtally_scope scope,
+                             const char *group, uint32_t pid, uint64_t bytes,
+                             uint64_t *previous_out)
+{
+	if (previous_out)
+		*previous_out = 0;
+	if (!q)
+		return -EINVAL;
+	Memtally__V1__SetLimit sl = MEMTALLY__V1__SET_LIMIT__INIT;
+	switch (scope) {
+	case MEMTALLY_SCOPE_FLEET:
+		sl.scope_case = MEMTALLY__V1__SET_LIMIT__SCOPE_FLEET;
+		sl.fleet = 1;
+		break;
+	case MEMTALLY_SCOPE_GROUP:
+		if (!group || !group[0])
+			return -EINVAL;
+		sl.scope_case = MEMTALLY__V1__SET_LIMIT__SCOPE_GROUP;
+		sl.group = (char *)group; /* protobuf-c only reads it */
+		break;
+	case MEMTALLY_SCOPE_PID:
+		if (pid == 0)
+			return -EINVAL;
+		sl.scope_case = MEMTALLY__V1__SET_LIMIT__SCOPE_PID;
+		sl.pid = pid;
+		break;
+	default:
+		return -EINVAL;
+	}
+	sl.bytes = bytes;
+	if (q->token)
+		sl.token = q->token;
+	Memtally__V1__Request rq = MEMTALLY__V1__REQUEST__INIT;
+	rq.body_case = MEMTALLY__V1__REQUEST__BODY_SET_LIMIT;
+	rq.set_limit = &sl;
+	Memtally__V1__Response *resp;
+	int err = query_call(q, &rq, MEMTALLY__V1__RESPONSE__BODY_LIMIT_SET,
+	                     false, &resp);
+	if (err)
+		return err;
+	if (previous_out)
+		*previous_out = resp->limit_set->previous;
+	memtally__v1__response__free_unpacked(resp, NULL);
+	return 0;
+}
+
+/* ---- watching ------------------------------------------------------ */
+
+int memtally_query_fd(const memtally_query *q)
+{
+	return q ? q->fd : -1;
+}
+
+static void drop_event(memtally_query *q)
+{
+	if (q->event)
+		memtally__v1__response__free_unpacked(q->event, NULL);
+	q->event = NULL;
+}
+
+int memtally_query_watch_start(memtally_query *q)
+{
+	if (!q)
+		return -EINVAL;
+	if (q->watching)
+		return -EBUSY;
+	drop_event(q);
+	Memtally__V1__Watch w = MEMTALLY__V1__WATCH__INIT;
+	Memtally__V1__Request rq = MEMTALLY__V1__REQUEST__INIT;
+	rq.body_case = MEMTALLY__V1__REQUEST__BODY_WATCH;
+	rq.watch = &w;
+	int64_t deadline = query_deadline(q);
+	/* A Watch is safe to repeat, and the answer is read later: check
+	 * the idle connection first, and send again once if it could not be
+	 * written (the server closed it meanwhile). */
+	for (int attempt = 0;; attempt++) {
+		q->errmsg[0] = '\0';
+		if (q->fd >= 0 && conn_unusable(q))
+			query_disconnect(q);
+		bool reused = q->fd >= 0;
+		int err = reused ? 0 : query_connect(q, deadline);
+		if (err)
+			return err;
+		err = send_request(q, &rq, deadline);
+		if (!err)
+			break;
+		query_disconnect(q);
+		if (!(err == -ECONNRESET && reused && attempt == 0))
+			return err;
+	}
+	q->watching = true;
+	q->watch_id = rq.id;
+	return 0;
+}
+
+void memtally_query_watch_stop(memtally_query *q)
+{
+	if (!q || !q->watching)
+		return;
+	drop_event(q);
+	query_disconnect(q);
+}
+
+/* The watch failed with `err`: end it. */
+static int watch_fail(memtally_query *q, int err)
+{
+	query_disconnect(q);
+	return err;
+}
+
+/*
+ * Turn one response of the watch stream into an event. 0 with *ev filled,
+ * 1 for a response that carries no event (an acknowledgement: skip it),
+ * or an error that ends the watch. Takes ownership of `r`.
+ */
+static int watch_take(memtally_query *q, Memtally__V1__Response *r,
+                      struct memtally_event *ev)
+{
+	int err;
+	if (r->error) {
+		/* The server's error answer to the Watch, or a bad frame of
+		 * ours (id 0): the stream is over either way. */
+		const char *msg = r->error->message;
+		if (msg && msg[0])
+			query_fail(q, 0, "%s", msg);
+		else
+			query_fail(q, 0, "server error code %d",
+			           (int)r->error->code);
+		err = map_server_error(r->error->code);
+		goto fail_free;
+	}
+	if (r->id != q->watch_id) {
+		err = query_fail(q, MEMTALLY_EPROTO,
+		                 "response id %llu on a watch of id %llu",
+		                 (unsigned long long)r->id,
+		                 (unsigned long long)q->watch_id);
+		goto fail_free;
+	}
+	if (r->body_case == MEMTALLY__V1__RESPONSE__BODY__NOT_SET) {
+		memtally__v1__response__free_unpacked(r, NULL);
+		return 1;
+	}
+	if (r->body_case != MEMTALLY__V1__RESPONSE__BODY_EVENT) {
+		err = query_fail(q, MEMTALLY_EPROTO,
+		                 "response body %d on a watch",
+		                 (int)r->body_case);
+		goto fail_free;
+	}
+	const Memtally__V1__Event *e = r->event;
+	*ev = (struct memtally_event){
+	    .scope = str_or_empty(e->scope),
+	    .state = (enum memtally_state)e->state,
+	    .previous = (enum memtally_state)e->previous,
+	    .bytes = e->bytes,
+	    .limit = e->limit,
+	    .reserved = e->reserved_bytes,
+	    .time_ns = e->time_ns,
+	    .rss = e->rss_bytes,
+	    .measure = str_or_empty(e->measure),
+	};
+	q->event = r; /* ev's strings live in it until the next call */
+	return 0;
+
+fail_free:
+	memtally__v1__response__free_unpacked(r, NULL);
+	return watch_fail(q, err);
+}
+
+int memtally_query_watch_next(memtally_query *q, struct memtally_event *ev_out)
+{
+	if (!q || !ev_out)
+		return -EINVAL;
+	drop_event(q);
+	if (!q->watching)
+		return -EINVAL;
+	q->errmsg[0] = '\0';
+	for (;;) {
+		size_t off, blen;
+		int r = frame_buffered(q, &off, &blen);
+		if (r < 0)
+			return watch_fail(q, r);
+		if (r == 0) {
+			r = recv_some(q, off);
+			if (r == -EAGAIN)
+				return r;
+			if (r)
+				return watch_fail(q, r);
+			continue;
+		}
+		Memtally__V1__Response *resp = take_frame(q, off, blen);
+		if (!resp)
+			return watch_fail(q, MEMTALLY_EPROTO);
+		r = watch_take(q, resp, ev_out);
+		if (r <= 0)
+			return r;
+	}
+}
+
+int memtally_query_watch(memtally_query *q, memtally_event_cb cb, void *arg)
+{
+	if (!q || !cb)
+		return -EINVAL;
+	int err = memtally_query_watch_start(q);
+	if (err)
+		return err;
+	for (;;) {
+		struct memtally_event ev;
+		err = memtally_query_watch_next(q, &ev);
+		if (err == 0) {
+			if (cb(&ev, arg)) {
+				memtally_query_watch_stop(q);
+				return 0;
+			}
+			continue;
+		}
+		if (err != -EAGAIN)
+			return err;
+		/* The timeout bounds each wait for the next event. */
+		err = wait_fd(q->fd, POLLIN, query_deadline(q));
+		if (err) {
+			memtally_query_watch_stop(q);
+			if (err == -ETIMEDOUT)
+				return query_fail(q, err,
+				                  "no event within %d ms",
+				                  q->timeout_ms);
+			return err;
+		}
+	}
 }

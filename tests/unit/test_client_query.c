@@ -11,6 +11,7 @@
 #define _GNU_SOURCE
 
 #include <errno.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -762,4 +763,624 @@ Test(query, destructors_and_names)
 	cr_expect_str_eq(memtally_state_name(MEMTALLY_STATE_OVER), "over");
 	cr_expect_str_eq(memtally_state_name((enum memtally_state)7),
 	                 "unknown");
+}
+
+/* ---- admission, release, limits ------------------------------------ */
+
+/* What the fake saw of the latest state-changing request. */
+static struct {
+	uint64_t bytes;
+	char group[64];
+	char task[64];
+	uint32_t ttl;
+	char reservation[64];
+	char token[64];
+	int scope_case;
+	uint32_t pid;
+} seen;
+
+static void process_info(Memtally__V1__ProcessInfo *p, uint32_t pid,
+                         uint64_t bytes)
+{
+	memtally__v1__process_info__init(p);
+	p->pid = pid;
+	p->group = "etl";
+	p->bytes = bytes;
+	p->rss_bytes = bytes + 4096;
+	p->state = MEMTALLY__V1__STATE__STATE_HIGH;
+	p->comm = "worker";
+	p->task = "";
+}
+
+/* Admit: granted below 1000 bytes, else denied with two top processes.
+ * Release and SetLimit: echoed. Usage and lists: as answer_any. */
+static bool answer_admin(struct fake *f, int fd,
+                         const Memtally__V1__Request *req, int n)
+{
+	Memtally__V1__Response r = MEMTALLY__V1__RESPONSE__INIT;
+	r.id = req->id;
+	Memtally__V1__AdmitResult ar = MEMTALLY__V1__ADMIT_RESULT__INIT;
+	Memtally__V1__ProcessInfo top[2], *tp[2] = {&top[0], &top[1]};
+	Memtally__V1__Released rel = MEMTALLY__V1__RELEASED__INIT;
+	Memtally__V1__LimitSet ls = MEMTALLY__V1__LIMIT_SET__INIT;
+	switch (req->body_case) {
+	case MEMTALLY__V1__REQUEST__BODY_ADMIT:
+		seen.bytes = req->admit->bytes;
+		snprintf(seen.group, 64, "%s", req->admit->group);
+		snprintf(seen.task, 64, "%s", req->admit->task);
+		seen.ttl = req->admit->ttl_seconds;
+		r.body_case = MEMTALLY__V1__RESPONSE__BODY_ADMIT_RESULT;
+		r.admit_result = &ar;
+		ar.admitted = req->admit->bytes < 1000;
+		ar.fleet_bytes = 500;
+		ar.reserved_bytes = 300;
+		ar.requested_bytes = req->admit->bytes;
+		ar.limit = 1000;
+		ar.limit_scope = "fleet";
+		ar.measure = "accounted";
+		if (ar.admitted) {
+			ar.reservation = "r-42";
+			ar.ttl_seconds = 60;
+		} else {
+			ar.reason = "fleet limit";
+			process_info(&top[0], 7, 400);
+			process_info(&top[1], 8, 100);
+			ar.n_top = 2;
+			ar.top = tp;
+		}
+		break;
+	case MEMTALLY__V1__REQUEST__BODY_RELEASE:
+		snprintf(seen.reservation, 64, "%s", req->release->reservation);
+		snprintf(seen.token, 64, "%s", req->release->token);
+		if (strcmp(req->release->reservation, "r-42") != 0) {
+			send_error(fd, req->id,
+			           MEMTALLY__V1__ERROR_CODE__ERROR_NOT_FOUND,
+			           "no reservation");
+			return true;
+		}
+		r.body_case = MEMTALLY__V1__RESPONSE__BODY_RELEASED;
+		r.released = &rel;
+		rel.reservation = req->release->reservation;
+		rel.bytes = 600;
+		break;
+	case MEMTALLY__V1__REQUEST__BODY_SET_LIMIT:
+		seen.scope_case = (int)req->set_limit->scope_case;
+		seen.bytes = req->set_limit->bytes;
+		seen.pid = req->set_limit->pid;
+		snprintf(seen.group, 64, "%s",
+		         req->set_limit->scope_case ==
+		                 MEMTALLY__V1__SET_LIMIT__SCOPE_GROUP
+		             ? req->set_limit->group
+		             : "");
+		snprintf(seen.token, 64, "%s", req->set_limit->token);
+		if (strcmp(req->set_limit->token, "sesame") != 0) {
+			send_error(
+			    fd, req->id,
+			    MEMTALLY__V1__ERROR_CODE__ERROR_PERMISSION_DENIED,
+			    "SetLimit needs root");
+			return true;
+		}
+		r.body_case = MEMTALLY__V1__RESPONSE__BODY_LIMIT_SET;
+		r.limit_set = &ls;
+		ls.bytes = req->set_limit->bytes;
+		ls.previous = 12345;
+		break;
+	default:
+		return answer_any(f, fd, req, n);
+	}
+	send_response(fd, &r);
+	return true;
+}
+
+Test(admit, granted_and_denied_copy_every_field)
+{
+	struct fake f;
+	fake_start(&f, answer_admin);
+	memtally_query *q = open_ok(&f, 0);
+	struct memtally_admit_req rq = {
+	    .bytes = 600, .group = "etl", .task = "t-9", .ttl_seconds = 30};
+	struct memtally_admit_result *a;
+	cr_assert_eq(memtally_query_admit(q, &rq, &a), 0);
+	cr_expect_eq(seen.bytes, 600);
+	cr_expect_str_eq(seen.group, "etl");
+	cr_expect_str_eq(seen.task, "t-9");
+	cr_expect_eq(seen.ttl, 30);
+	cr_expect(a->admitted);
+	cr_expect_str_eq(a->reservation, "r-42");
+	cr_expect_str_eq(a->reason, "");
+	cr_expect_eq(a->ttl_seconds, 60);
+	cr_expect_eq(a->n_top, 0);
+	cr_expect_null(a->top);
+	memtally_admit_result_free(a);
+
+	rq = (struct memtally_admit_req){.bytes = 5000};
+	cr_assert_eq(memtally_query_admit(q, &rq, &a), 0, "a denial is 0");
+	cr_expect_str_eq(seen.group, "", "NULL group goes as empty");
+	cr_expect_not(a->admitted);
+	cr_expect_str_eq(a->reservation, "");
+	cr_expect_str_eq(a->reason, "fleet limit");
+	cr_expect_eq(a->fleet_bytes, 500);
+	cr_expect_eq(a->reserved_bytes, 300);
+	cr_expect_eq(a->requested_bytes, 5000);
+	cr_expect_eq(a->limit, 1000);
+	cr_expect_str_eq(a->limit_scope, "fleet");
+	cr_expect_str_eq(a->measure, "accounted");
+	cr_assert_eq(a->n_top, 2);
+	cr_expect_eq(a->top[0].pid, 7);
+	cr_expect_eq(a->top[0].bytes, 400);
+	cr_expect_eq(a->top[0].rss, 400 + 4096);
+	cr_expect_eq(a->top[0].state, MEMTALLY_STATE_HIGH);
+	cr_expect_str_eq(a->top[1].group, "etl");
+	cr_expect_str_eq(a->top[1].comm, "worker");
+	memtally_admit_result_free(a);
+
+	cr_expect_eq(memtally_query_admit(q, NULL, &a), -EINVAL);
+	cr_expect_null(a);
+	rq.bytes = 0;
+	cr_expect_eq(memtally_query_admit(q, &rq, &a), -EINVAL);
+	memtally_admit_result_free(NULL);
+	memtally_query_close(q);
+	fake_stop(&f);
+}
+
+Test(admit, release_and_set_limit)
+{
+	struct fake f;
+	fake_start(&f, answer_admin);
+	memtally_query *q = open_ok(&f, 0);
+	uint64_t b = 1;
+	cr_assert_eq(memtally_query_release(q, "r-42", &b), 0);
+	cr_expect_eq(b, 600);
+	cr_expect_str_eq(seen.reservation, "r-42");
+	cr_expect_str_eq(seen.token, "", "no token unless set");
+	cr_expect_eq(memtally_query_release(q, "r-43", &b), MEMTALLY_ENOTFOUND);
+	cr_expect_eq(b, 0);
+	cr_expect_str_eq(memtally_query_last_error(q), "no reservation");
+	cr_expect_eq(memtally_query_release(q, "", NULL), -EINVAL);
+
+	uint64_t prev = 1;
+	cr_expect_eq(memtally_query_set_limit(q, MEMTALLY_SCOPE_FLEET, NULL, 0,
+	                                      1 << 30, &prev),
+	             MEMTALLY_EPERM);
+	cr_expect_eq(prev, 0);
+	cr_expect_str_eq(memtally_query_last_error(q), "SetLimit needs root");
+	cr_assert_eq(memtally_query_set_token(q, "sesame"), 0);
+	cr_assert_eq(memtally_query_set_limit(q, MEMTALLY_SCOPE_FLEET, NULL, 0,
+	                                      1 << 30, &prev),
+	             0);
+	cr_expect_eq(seen.scope_case, MEMTALLY__V1__SET_LIMIT__SCOPE_FLEET);
+	cr_expect_eq(seen.bytes, 1 << 30);
+	cr_expect_eq(prev, 12345);
+	cr_assert_eq(memtally_query_set_limit(q, MEMTALLY_SCOPE_GROUP, "etl",
+	                                      99, 0, NULL),
+	             0);
+	cr_expect_eq(seen.scope_case, MEMTALLY__V1__SET_LIMIT__SCOPE_GROUP);
+	cr_expect_str_eq(seen.group, "etl");
+	cr_expect_eq(seen.bytes, 0, "0 removes the limit");
+	cr_assert_eq(memtally_query_set_limit(q, MEMTALLY_SCOPE_PID, NULL, 4242,
+	                                      77, NULL),
+	             0);
+	cr_expect_eq(seen.scope_case, MEMTALLY__V1__SET_LIMIT__SCOPE_PID);
+	cr_expect_eq(seen.pid, 4242);
+	/* The token goes with Release too. */
+	cr_assert_eq(memtally_query_release(q, "r-42", NULL), 0);
+	cr_expect_str_eq(seen.token, "sesame");
+	cr_assert_eq(memtally_query_set_token(q, NULL), 0);
+	cr_assert_eq(memtally_query_release(q, "r-42", NULL), 0);
+	cr_expect_str_eq(seen.token, "");
+
+	cr_expect_eq(
+	    memtally_query_set_limit(q, MEMTALLY_SCOPE_GROUP, "", 0, 1, NULL),
+	    -EINVAL);
+	cr_expect_eq(
+	    memtally_query_set_limit(q, MEMTALLY_SCOPE_PID, NULL, 0, 1, NULL),
+	    -EINVAL);
+	cr_expect_eq(memtally_query_set_limit(q, (enum memtally_scope)9, NULL,
+	                                      1, 1, NULL),
+	             -EINVAL);
+	cr_expect_eq(atomic_load(&f.connections), 1);
+	memtally_query_close(q);
+	fake_stop(&f);
+}
+
+/* Admit, then close without answering: the server may have granted it. */
+static bool answer_admit_then_close(struct fake *f, int fd,
+                                    const Memtally__V1__Request *req, int n)
+{
+	if (req->body_case == MEMTALLY__V1__REQUEST__BODY_ADMIT)
+		return false;
+	return answer_admin(f, fd, req, n);
+}
+
+Test(admit, never_sent_twice_when_the_answer_is_lost)
+{
+	struct fake f;
+	fake_start(&f, answer_admit_then_close);
+	memtally_query *q = open_ok(&f, 0);
+	struct memtally_admit_req rq = {.bytes = 10};
+	struct memtally_admit_result *a;
+	cr_expect_eq(memtally_query_admit(q, &rq, &a), -ECONNRESET);
+	cr_expect_null(a);
+	/* A query in the same place is sent again (test
+	 * server_close_is_econnreset); an Admit is not. */
+	cr_expect_eq(atomic_load(&f.requests), 1, "Admit sent twice");
+	cr_expect_neq(strstr(memtally_query_last_error(q), "may have"), NULL,
+	              "last error: %s", memtally_query_last_error(q));
+	/* The handle recovers for the next call. */
+	struct memtally_usage *u;
+	cr_assert_eq(memtally_query_usage(q, &u), 0);
+	memtally_usage_free(u);
+	cr_expect_eq(atomic_load(&f.connections), 2);
+	memtally_query_close(q);
+	fake_stop(&f);
+}
+
+/* Each connection gets one answer, then the server closes it: a restart
+ * between two calls. */
+static bool answer_admin_once(struct fake *f, int fd,
+                              const Memtally__V1__Request *req, int n)
+{
+	answer_admin(f, fd, req, n);
+	return false;
+}
+
+Test(admit, idle_connection_closed_by_the_server_is_replaced_first)
+{
+	struct fake f;
+	fake_start(&f, answer_admin_once);
+	memtally_query *q = open_ok(&f, 0);
+	struct memtally_usage *u;
+	cr_assert_eq(memtally_query_usage(q, &u), 0);
+	memtally_usage_free(u);
+	/* Wait until the server's close has reached us, as it would have
+	 * after a restart: the library must see it before sending. */
+	struct pollfd p = {.fd = memtally_query_fd(q), .events = POLLIN};
+	cr_assert_eq(poll(&p, 1, 5000 * test_mult()), 1);
+	struct memtally_admit_req rq = {.bytes = 10};
+	struct memtally_admit_result *a;
+	cr_assert_eq(memtally_query_admit(q, &rq, &a), 0, "last error: %s",
+	             memtally_query_last_error(q));
+	cr_expect(a->admitted);
+	memtally_admit_result_free(a);
+	cr_expect_eq(atomic_load(&f.requests), 2, "one usage, one admit");
+	cr_expect_eq(atomic_load(&f.connections), 2);
+	uint64_t prev;
+	cr_assert_eq(poll(&p, 1, 0) >= 0, 1);
+	p.fd = memtally_query_fd(q);
+	cr_assert_eq(poll(&p, 1, 5000 * test_mult()), 1);
+	cr_expect_eq(memtally_query_set_limit(q, MEMTALLY_SCOPE_FLEET, NULL, 0,
+	                                      1, &prev),
+	             MEMTALLY_EPERM, "sent once, on a new connection");
+	cr_expect_eq(atomic_load(&f.requests), 3);
+	memtally_query_close(q);
+	fake_stop(&f);
+}
+
+/* ---- watch --------------------------------------------------------- */
+
+static void send_event(int fd, uint64_t id, const char *scope,
+                       Memtally__V1__State from, Memtally__V1__State to,
+                       uint64_t bytes)
+{
+	Memtally__V1__Event e = MEMTALLY__V1__EVENT__INIT;
+	e.scope = (char *)scope;
+	e.state = to;
+	e.previous = from;
+	e.bytes = bytes;
+	e.limit = 1000;
+	e.reserved_bytes = 10;
+	e.time_ns = 1700000000000000000ull;
+	e.rss_bytes = bytes * 2;
+	e.measure = "accounted";
+	Memtally__V1__Response r = MEMTALLY__V1__RESPONSE__INIT;
+	r.id = id;
+	r.body_case = MEMTALLY__V1__RESPONSE__BODY_EVENT;
+	r.event = &e;
+	send_response(fd, &r);
+}
+
+static atomic_int watch_go; /* the test lets the fake send event 3 */
+
+/* Watch: an acknowledgement without a body, two events at once, a third
+ * when the test says, then close. */
+static bool answer_watch(struct fake *f, int fd,
+                         const Memtally__V1__Request *req, int n)
+{
+	if (req->body_case != MEMTALLY__V1__REQUEST__BODY_WATCH)
+		return answer_any(f, fd, req, n);
+	Memtally__V1__Response ack = MEMTALLY__V1__RESPONSE__INIT;
+	ack.id = req->id;
+	send_response(fd, &ack);
+	send_event(fd, req->id, "fleet", MEMTALLY__V1__STATE__STATE_OK,
+	           MEMTALLY__V1__STATE__STATE_HIGH, 850);
+	send_event(fd, req->id, "group:etl", MEMTALLY__V1__STATE__STATE_HIGH,
+	           MEMTALLY__V1__STATE__STATE_OVER, 1100);
+	while (!atomic_load(&watch_go))
+		usleep(1000);
+	send_event(fd, req->id, "pid:7", MEMTALLY__V1__STATE__STATE_OVER,
+	           MEMTALLY__V1__STATE__STATE_OK, 3);
+	return false;
+}
+
+struct seen_events {
+	int n;
+	char scopes[4][32];
+	int stop_at;
+};
+
+static int on_event(const struct memtally_event *ev, void *arg)
+{
+	struct seen_events *s = arg;
+	if (s->n < 4)
+		snprintf(s->scopes[s->n], 32, "%s", ev->scope);
+	s->n++;
+	if (s->n == 1) {
+		cr_expect_eq(ev->state, MEMTALLY_STATE_HIGH);
+		cr_expect_eq(ev->previous, MEMTALLY_STATE_OK);
+		cr_expect_eq(ev->bytes, 850);
+		cr_expect_eq(ev->rss, 1700);
+		cr_expect_eq(ev->limit, 1000);
+		cr_expect_eq(ev->reserved, 10);
+		cr_expect_eq(ev->time_ns, 1700000000000000000ull);
+		cr_expect_str_eq(ev->measure, "accounted");
+		atomic_store(&watch_go, 1);
+	}
+	return s->n == s->stop_at;
+}
+
+Test(watch, blocking_until_the_server_closes)
+{
+	struct fake f;
+	atomic_store(&watch_go, 0);
+	fake_start(&f, answer_watch);
+	memtally_query *q = open_ok(&f, 5000 * test_mult());
+	struct seen_events s = {.stop_at = -1};
+	cr_expect_eq(memtally_query_watch(q, on_event, &s), -ECONNRESET);
+	cr_assert_eq(s.n, 3);
+	cr_expect_str_eq(s.scopes[1], "group:etl");
+	cr_expect_str_eq(s.scopes[2], "pid:7");
+	/* The handle is usable again, on a new connection. */
+	struct memtally_usage *u;
+	cr_assert_eq(memtally_query_usage(q, &u), 0);
+	memtally_usage_free(u);
+	cr_expect_eq(atomic_load(&f.connections), 2);
+	memtally_query_close(q);
+	fake_stop(&f);
+}
+
+Test(watch, callback_stops_it)
+{
+	struct fake f;
+	atomic_store(&watch_go, 0);
+	fake_start(&f, answer_watch);
+	memtally_query *q = open_ok(&f, 5000 * test_mult());
+	struct seen_events s = {.stop_at = 2};
+	cr_expect_eq(memtally_query_watch(q, on_event, &s), 0);
+	cr_expect_eq(s.n, 2);
+	cr_expect_eq(memtally_query_fd(q), -1, "the stream is closed");
+	memtally_query_close(q);
+	fake_stop(&f);
+}
+
+Test(watch, non_blocking_from_a_poll_loop)
+{
+	struct fake f;
+	atomic_store(&watch_go, 0);
+	fake_start(&f, answer_watch);
+	memtally_query *q = open_ok(&f, 5000 * test_mult());
+	struct memtally_event ev;
+	cr_expect_eq(memtally_query_watch_next(q, &ev), -EINVAL,
+	             "not watching yet");
+	cr_assert_eq(memtally_query_watch_start(q), 0);
+	cr_expect_eq(memtally_query_watch_start(q), -EBUSY);
+	struct memtally_usage *u;
+	cr_expect_eq(memtally_query_usage(q, &u), -EBUSY);
+	cr_expect_null(u);
+	int fd = memtally_query_fd(q);
+	cr_assert_geq(fd, 0);
+	int got = 0, rc = 0;
+	while (got < 3) {
+		rc = memtally_query_watch_next(q, &ev);
+		if (rc == 0) {
+			if (++got == 1) {
+				cr_expect_str_eq(ev.scope, "fleet");
+				atomic_store(&watch_go, 1);
+			}
+			continue;
+		}
+		cr_assert_eq(rc, -EAGAIN, "watch_next: %d", rc);
+		struct pollfd p = {.fd = fd, .events = POLLIN};
+		cr_assert_eq(poll(&p, 1, 5000 * test_mult()), 1);
+	}
+	cr_expect_str_eq(ev.scope, "pid:7");
+	cr_expect_eq(ev.state, MEMTALLY_STATE_OK);
+	/* Then the server closes: the watch ends with -ECONNRESET. */
+	for (;;) {
+		rc = memtally_query_watch_next(q, &ev);
+		if (rc != -EAGAIN)
+			break;
+		struct pollfd p = {.fd = fd, .events = POLLIN};
+		cr_assert_eq(poll(&p, 1, 5000 * test_mult()), 1);
+	}
+	cr_expect_eq(rc, -ECONNRESET);
+	cr_expect_eq(memtally_query_watch_next(q, &ev), -EINVAL);
+	cr_assert_eq(memtally_query_usage(q, &u), 0);
+	memtally_usage_free(u);
+	memtally_query_close(q);
+	fake_stop(&f);
+}
+
+Test(watch, stop_and_reuse)
+{
+	struct fake f;
+	atomic_store(&watch_go, 0);
+	fake_start(&f, answer_watch);
+	memtally_query *q = open_ok(&f, 5000 * test_mult());
+	cr_assert_eq(memtally_query_watch_start(q), 0);
+	memtally_query_watch_stop(q);
+	memtally_query_watch_stop(q); /* not watching: nothing */
+	memtally_query_watch_stop(NULL);
+	atomic_store(&watch_go, 1); /* let the fake's first watch finish */
+	struct memtally_usage *u;
+	cr_assert_eq(memtally_query_usage(q, &u), 0);
+	memtally_usage_free(u);
+	memtally_query_close(q);
+	fake_stop(&f);
+}
+
+static bool answer_watch_unsupported(struct fake *f, int fd,
+                                     const Memtally__V1__Request *req, int n)
+{
+	if (req->body_case == MEMTALLY__V1__REQUEST__BODY_WATCH) {
+		send_error(fd, req->id,
+		           MEMTALLY__V1__ERROR_CODE__ERROR_UNSUPPORTED,
+		           "no watch here");
+		return true;
+	}
+	return answer_any(f, fd, req, n);
+}
+
+static int never(const struct memtally_event *ev, void *arg)
+{
+	cr_expect_fail("no event expected");
+	return 1;
+}
+
+Test(watch, server_error_ends_it)
+{
+	struct fake f;
+	fake_start(&f, answer_watch_unsupported);
+	memtally_query *q = open_ok(&f, 0);
+	cr_expect_eq(memtally_query_watch(q, never, NULL),
+	             MEMTALLY_EUNSUPPORTED);
+	cr_expect_str_eq(memtally_query_last_error(q), "no watch here");
+	cr_expect_eq(memtally_query_watch(NULL, never, NULL), -EINVAL);
+	cr_expect_eq(memtally_query_watch(q, NULL, NULL), -EINVAL);
+	memtally_query_close(q);
+	fake_stop(&f);
+}
+
+static bool answer_nothing_to_watch(struct fake *f, int fd,
+                                    const Memtally__V1__Request *req, int n)
+{
+	return true;
+}
+
+Test(watch, quiet_stream_times_out_with_the_handle, .timeout = 20)
+{
+	struct fake f;
+	fake_start(&f, answer_nothing_to_watch);
+	memtally_query *q = open_ok(&f, 200);
+	int64_t t0 = mono_ms();
+	cr_expect_eq(memtally_query_watch(q, never, NULL), -ETIMEDOUT);
+	cr_expect_geq(mono_ms() - t0, 190);
+	memtally_query_close(q);
+	fake_stop(&f);
+}
+
+/* ---- usage gains RSS, state and the limit settings ------------------- */
+
+static bool answer_usage_v3(struct fake *f, int fd,
+                            const Memtally__V1__Request *req, int n)
+{
+	Memtally__V1__GroupUsage g = MEMTALLY__V1__GROUP_USAGE__INIT;
+	Memtally__V1__GroupUsage *gp = &g;
+	g.name = "etl";
+	g.rss_bytes = 777;
+	g.reservations = 2;
+	g.high_watermark_bytes = 800;
+	Memtally__V1__Usage u = MEMTALLY__V1__USAGE__INIT;
+	u.rss_bytes = 999;
+	u.measure = "max";
+	u.reservations = 3;
+	u.process_limit = 1 << 20;
+	u.high_watermark_bytes = 900;
+	u.n_groups = 1;
+	u.groups = &gp;
+	Memtally__V1__Response r = MEMTALLY__V1__RESPONSE__INIT;
+	r.id = req->id;
+	r.body_case = MEMTALLY__V1__RESPONSE__BODY_USAGE;
+	r.usage = &u;
+	send_response(fd, &r);
+	return true;
+}
+
+Test(query, usage_has_rss_and_limit_settings)
+{
+	struct fake f;
+	fake_start(&f, answer_usage_v3);
+	memtally_query *q = open_ok(&f, 0);
+	struct memtally_usage *u;
+	cr_assert_eq(memtally_query_usage(q, &u), 0);
+	cr_expect_eq(u->rss, 999);
+	cr_expect_str_eq(u->measure, "max");
+	cr_expect_eq(u->reservations, 3);
+	cr_expect_eq(u->process_limit, 1 << 20);
+	cr_expect_eq(u->high_watermark, 900);
+	cr_assert_eq(u->n_groups, 1);
+	cr_expect_str_eq(u->groups[0].name, "etl");
+	cr_expect_eq(u->groups[0].rss, 777);
+	cr_expect_eq(u->groups[0].reservations, 2);
+	cr_expect_eq(u->groups[0].high_watermark, 800);
+	memtally_usage_free(u);
+	memtally_query_close(q);
+	fake_stop(&f);
+}
+
+/* ---- sizes ------------------------------------------------------------ */
+
+Test(size, parses_like_the_server)
+{
+	static const struct {
+		const char *s;
+		int err;
+		uint64_t v;
+	} cases[] = {
+	    {"0", 0, 0},
+	    {"4096", 0, 4096},
+	    {"12b", 0, 12},
+	    {"64KiB", 0, 64 << 10},
+	    {"64k", 0, 64 << 10},
+	    {"64KB", 0, 64000},
+	    {"512MiB", 0, 512ull << 20},
+	    {"512mi", 0, 512ull << 20},
+	    {"1.5G", 0, 3ull << 29},
+	    {"1.5GB", 0, 1500000000ull},
+	    {"64GiB", 0, 64ull << 30},
+	    {"2T", 0, 2ull << 40},
+	    {"1TB", 0, 1000000000000ull},
+	    {"0.0001K", 0, 0},
+	    {"1.9999999999999999999999K", 0, 2047},
+	    {"18446744073709551615", 0, UINT64_MAX},
+	    {"18446744073709551616", -ERANGE, 0},
+	    {"16777216T", -ERANGE, 0},
+	    {"99999999999999999999999999999", -ERANGE, 0},
+	    {"", -EINVAL, 0},
+	    {"K", -EINVAL, 0},
+	    {".5G", -EINVAL, 0},
+	    {"1.", -EINVAL, 0},
+	    {"1.5", -EINVAL, 0},
+	    {"1.5B", -EINVAL, 0},
+	    {"-1", -EINVAL, 0},
+	    {"+1", -EINVAL, 0},
+	    {" 1G", -EINVAL, 0},
+	    {"1 G", -EINVAL, 0},
+	    {"1G ", -EINVAL, 0},
+	    {"0x10", -EINVAL, 0},
+	    {"1PiB", -EINVAL, 0},
+	    {"1GiBs", -EINVAL, 0},
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		uint64_t v = 7;
+		int err = memtally_parse_size(cases[i].s, &v);
+		cr_expect_eq(err, cases[i].err, "'%s': %d", cases[i].s, err);
+		if (cases[i].err == 0)
+			cr_expect_eq(v, cases[i].v, "'%s': %llu", cases[i].s,
+			             (unsigned long long)v);
+		else
+			cr_expect_eq(v, 7, "'%s' wrote on failure", cases[i].s);
+	}
+	uint64_t v;
+	cr_expect_eq(memtally_parse_size(NULL, &v), -EINVAL);
+	cr_expect_eq(memtally_parse_size("1", NULL), -EINVAL);
 }

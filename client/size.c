@@ -1,0 +1,93 @@
+/*
+ * size.c - memtally_parse_size(): byte sizes as people write them on a
+ * command line ("64KiB", "1.5G", "512MB", "4096").
+ *
+ * The rules are memtallyd's (server/size.c), so a size means the same in
+ * the server's config and in `memtally limit set`: K, M, G, T and their
+ * IEC forms Ki/KiB, ... are powers of 1024, because "64K" of memory means
+ * that; only the explicit KB, MB, GB, TB are powers of 1000. Units are
+ * case-insensitive. A fraction needs a unit (a fractional byte count is a
+ * typo) and the result is rounded down. No sign, spaces or hex: something
+ * that looks odd is refused, not guessed. The arithmetic is exact in 128
+ * bits, and a value past UINT64_MAX is -ERANGE, never a wrapped one.
+ *
+ * The client does not link server code; once the two copies are moved to
+ * one shared place (shm/ depends on nothing, or a new common/), this one
+ * goes.
+ */
+#include <errno.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <strings.h>
+
+#include "memtally_query.h"
+
+#define KI UINT64_C(1024)
+#define MI (KI << 10)
+#define GI (KI << 20)
+#define TI (KI << 30)
+#define KD UINT64_C(1000)
+#define MD (KD * 1000)
+#define GD (MD * 1000)
+#define TD (GD * 1000)
+
+static const struct {
+	const char *name;
+	uint64_t mult;
+} size_units[] = {
+    {"", 1},     {"b", 1},   {"k", KI},   {"ki", KI}, {"kib", KI}, {"kb", KD},
+    {"m", MI},   {"mi", MI}, {"mib", MI}, {"mb", MD}, {"g", GI},   {"gi", GI},
+    {"gib", GI}, {"gb", GD}, {"t", TI},   {"ti", TI}, {"tib", TI}, {"tb", TD},
+};
+
+/* Fraction digits past this are checked but ignored: 10^-18 of a TiB is
+ * far below a byte, and 10^18 still fits the 128-bit products below. */
+#define SIZE_FRAC_DIGITS 18
+
+int memtally_parse_size(const char *s, uint64_t *out)
+{
+	if (!s || !out)
+		return -EINVAL;
+	unsigned __int128 whole = 0;
+	bool too_big = false;
+	const char *p = s;
+	for (; *p >= '0' && *p <= '9'; p++) {
+		whole = whole * 10 + (unsigned)(*p - '0');
+		if (whole > UINT64_MAX) {
+			too_big = true;
+			whole = (unsigned __int128)UINT64_MAX + 1;
+		}
+	}
+	if (p == s)
+		return -EINVAL; /* "", ".5", "K", "-1", " 1" */
+	unsigned __int128 frac = 0, scale = 1;
+	bool has_frac = *p == '.';
+	if (has_frac) {
+		const char *f = ++p;
+		for (; *p >= '0' && *p <= '9'; p++) {
+			if (p - f < SIZE_FRAC_DIGITS) {
+				frac = frac * 10 + (unsigned)(*p - '0');
+				scale *= 10;
+			}
+		}
+		if (p == f)
+			return -EINVAL; /* "1." */
+	}
+	uint64_t mult = 0;
+	for (size_t i = 0; i < sizeof(size_units) / sizeof(size_units[0]); i++)
+		if (strcasecmp(p, size_units[i].name) == 0) {
+			mult = size_units[i].mult;
+			break;
+		}
+	if (mult == 0 || (has_frac && mult == 1))
+		return -EINVAL;
+	if (too_big)
+		return -ERANGE;
+	/* whole <= 2^64 and mult <= 2^40: no 128-bit overflow. */
+	unsigned __int128 v = whole * mult + frac * mult / scale;
+	if (v > UINT64_MAX)
+		return -ERANGE;
+	*out = (uint64_t)v;
+	return 0;
+}

@@ -1,0 +1,74 @@
+/*
+ * mt_level - hold a level of heap memory that the harness moves up and
+ * down, one command at a time, so that every level is seen by the server
+ * before the next (the harness waits for it) and nothing depends on timing.
+ *   "set N"   hold exactly N MiB in 1 MiB blocks (exactly a jemalloc size
+ *             class): allocate or free the newest blocks, flush, print
+ *             "at N"
+ *   "exit"    exit(0)            EOF   exit(0)
+ * With MT_LEVEL_CALLBACK=1 it registers an over-limit callback through
+ * memtally_on_over_limit() (looked up with dlsym, so it runs unmodified
+ * without the preload too), which writes "over-limit K" (K = calls so far)
+ * straight to stdout with write(2): no stdio lock, no allocation.
+ * usage: mt_level [MIB]
+ */
+#include "mt_common.h"
+
+#include <stdatomic.h>
+
+#define MAX_MIB 8192
+
+static void *blocks[MAX_MIB];
+static size_t held;
+static atomic_uint calls;
+
+static void on_over_limit(void *arg)
+{
+	(void)arg;
+	unsigned k = atomic_fetch_add(&calls, 1) + 1;
+	char line[32];
+	int n = snprintf(line, sizeof(line), "over-limit %u\n", k);
+	ssize_t w = write(1, line, (size_t)n);
+	(void)w;
+}
+
+static void set_level(size_t mib)
+{
+	if (mib > MAX_MIB)
+		mib = MAX_MIB;
+	while (held < mib) {
+		blocks[held] = malloc(MIB);
+		mt_touch(blocks[held], MIB);
+		held++;
+	}
+	while (held > mib) {
+		held--;
+		free(blocks[held]);
+		blocks[held] = NULL;
+	}
+	mt_flush();
+}
+
+int main(int argc, char **argv)
+{
+	const char *cb = getenv("MT_LEVEL_CALLBACK");
+	if (cb && cb[0] == '1') {
+		int (*reg)(void (*)(void *), void *) =
+		    (int (*)(void (*)(void *), void *))dlsym(
+		        RTLD_DEFAULT, "memtally_on_over_limit");
+		if (!reg || reg(on_over_limit, NULL) != 0) {
+			mt_say("no memtally_on_over_limit");
+			return 1;
+		}
+	}
+	set_level(argc > 1 ? strtoul(argv[1], NULL, 10) : 0);
+	mt_say("ready pid=%d", (int)getpid());
+	const char *cmd;
+	while ((cmd = mt_wait()) && strcmp(cmd, "exit") != 0) {
+		if (strncmp(cmd, "set ", 4) == 0) {
+			set_level(strtoul(cmd + 4, NULL, 10));
+			mt_say("at %zu", held);
+		}
+	}
+	return 0;
+}

@@ -1,0 +1,273 @@
+/*
+ * test_client_overlimit.c - memtally_on_over_limit(): the callback runs
+ * once per rising edge of the slot's over-limit flag, at a flush, in the
+ * flushing thread, never nested in itself, and re-arms when the flag
+ * clears.
+ *
+ * The flag is the server's to write; here the test plays the server. A
+ * fake listener answers Register with a segment the test created, so the
+ * test owns the slot and can raise and clear the flag at will, with no
+ * tick racing it. Each test runs in its own process (Criterion), so the
+ * library's process-wide state starts fresh every time.
+ */
+#define _GNU_SOURCE
+
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "memtally.h"
+#include "memtally.pb-c.h"
+#include "mtframe.h"
+#include "mtshm.h"
+#include "mtshm_atomic.h"
+
+#define THRESHOLD 4096
+#define SLOT_GEN  7
+
+static struct {
+	char sock[108];
+	char seg[64];
+	struct mtshm_map map;
+	struct mtshm_slot_id *slot;
+	int lfd;
+	pthread_t thread;
+} fx;
+
+/* Answer every Register on every connection with slot 0 of our segment. */
+static void *fake_server(void *arg)
+{
+	(void)arg;
+	for (;;) {
+		int fd = accept(fx.lfd, NULL, NULL);
+		if (fd < 0)
+			return NULL;
+		uint8_t buf[1024];
+		size_t len = 0;
+		for (;;) {
+			uint64_t blen;
+			int pre =
+			    mtframe_decode_len(buf, len, sizeof(buf), &blen);
+			if (pre > 0 && len >= (size_t)pre + blen) {
+				Memtally__V1__Request *req =
+				    memtally__v1__request__unpack(NULL, blen,
+				                                  buf + pre);
+				Memtally__V1__Registered reg =
+				    MEMTALLY__V1__REGISTERED__INIT;
+				reg.segment = fx.seg;
+				reg.slot = 0;
+				reg.slot_generation = SLOT_GEN;
+				reg.segment_generation = fx.map.hdr->generation;
+				reg.threshold = THRESHOLD;
+				Memtally__V1__Response r =
+				    MEMTALLY__V1__RESPONSE__INIT;
+				r.id = req ? req->id : 0;
+				r.body_case =
+				    MEMTALLY__V1__RESPONSE__BODY_REGISTERED;
+				r.registered = &reg;
+				uint8_t out[512];
+				size_t n =
+				    mtframe_pack(&r.base, out, sizeof(out));
+				ssize_t w = send(fd, out, n, MSG_NOSIGNAL);
+				(void)w;
+				memtally__v1__request__free_unpacked(req, NULL);
+				break;
+			}
+			ssize_t n = read(fd, buf + len, sizeof(buf) - len);
+			if (n <= 0)
+				break;
+			len += (size_t)n;
+		}
+		close(fd);
+	}
+}
+
+static void setup(void)
+{
+	snprintf(fx.sock, sizeof(fx.sock), "/tmp/mt-ol-%d.sock", (int)getpid());
+	snprintf(fx.seg, sizeof(fx.seg), "/mt-ol-%d", (int)getpid());
+	struct mtshm_params p = {.slots = 4,
+	                         .lanes = 4,
+	                         .threshold = THRESHOLD,
+	                         .mode = 0600,
+	                         .gid = -1};
+	cr_assert_eq(mtshm_create(fx.seg, &p, &fx.map), 0);
+	fx.slot = mtshm_slot(&fx.map, 0);
+	mt_store_relaxed64(&fx.slot->generation, SLOT_GEN);
+	mt_store_release32(&fx.slot->pid, (uint32_t)getpid());
+
+	unlink(fx.sock);
+	fx.lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	strcpy(sa.sun_path, fx.sock);
+	cr_assert_eq(bind(fx.lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	cr_assert_eq(listen(fx.lfd, 8), 0);
+	cr_assert_eq(pthread_create(&fx.thread, NULL, fake_server, NULL), 0);
+	setenv("MEMTALLY_SOCKET", fx.sock, 1);
+}
+
+static void teardown(void)
+{
+	shutdown(fx.lfd, SHUT_RDWR);
+	pthread_join(fx.thread, NULL);
+	close(fx.lfd);
+	unlink(fx.sock);
+	mtshm_unlink(fx.seg);
+}
+
+static void set_flag(bool over)
+{
+	mt_store_relaxed32(&fx.slot->flags, over ? MTSHM_SLOT_OVER_LIMIT : 0);
+}
+
+/* A flush of the calling thread with something to publish. */
+static void flush(void)
+{
+	memtally_account(8);
+	memtally_flush();
+}
+
+static atomic_int calls;
+static pthread_t cb_thread;
+
+static void count_cb(void *arg)
+{
+	cb_thread = pthread_self();
+	atomic_fetch_add(&calls, 1);
+	if (arg)
+		atomic_fetch_add((atomic_int *)arg, 1);
+}
+
+static void attach(void)
+{
+	memtally_account(1);
+	cr_assert_eq(memtally_flush(), 0, "not attached to the fake");
+	cr_assert(memtally_attached());
+}
+
+Test(over_limit, once_per_rising_edge, .init = setup, .fini = teardown)
+{
+	atomic_int mine = 0;
+	cr_assert_eq(memtally_on_over_limit(count_cb, &mine), 0);
+	attach();
+	flush();
+	cr_expect_eq(atomic_load(&calls), 0, "flag clear: no call");
+
+	set_flag(true);
+	cr_expect(memtally_over_limit(), "read directly, no flush needed");
+	cr_expect_eq(atomic_load(&calls), 0, "only at a flush");
+	flush();
+	cr_expect_eq(atomic_load(&calls), 1);
+	cr_expect_eq(atomic_load(&mine), 1, "with its argument");
+	cr_expect(pthread_equal(cb_thread, pthread_self()),
+	          "in the flushing thread");
+	/* Still up: no more calls, through either kind of flush. */
+	flush();
+	memtally_account(3 * THRESHOLD);
+	memtally_account(-3 * THRESHOLD);
+	cr_expect_eq(atomic_load(&calls), 1);
+
+	/* Cleared and seen cleared by a flush: re-armed. */
+	set_flag(false);
+	cr_expect(!memtally_over_limit());
+	flush();
+	cr_expect_eq(atomic_load(&calls), 1);
+	set_flag(true);
+	memtally_account(THRESHOLD); /* the slow path flushes, then calls */
+	cr_expect_eq(atomic_load(&calls), 2);
+
+	/* A flag that clears and rises between two flushes is no edge. */
+	set_flag(false);
+	set_flag(true);
+	flush();
+	cr_expect_eq(atomic_load(&calls), 2);
+
+	/* Removed: the next edge calls nothing. */
+	cr_assert_eq(memtally_on_over_limit(NULL, NULL), 0);
+	set_flag(false);
+	flush();
+	set_flag(true);
+	flush();
+	cr_expect_eq(atomic_load(&calls), 2);
+}
+
+Test(over_limit, registered_while_over_runs_at_next_flush, .init = setup,
+     .fini = teardown)
+{
+	attach();
+	set_flag(true);
+	flush(); /* the edge passes with no callback */
+	cr_assert_eq(memtally_on_over_limit(count_cb, NULL), 0);
+	cr_expect_eq(atomic_load(&calls), 0, "not from the registration");
+	flush();
+	cr_expect_eq(atomic_load(&calls), 1);
+	flush();
+	cr_expect_eq(atomic_load(&calls), 1);
+}
+
+/* A callback that allocates (accounts) enough to flush, and meanwhile the
+ * flag falls and rises again: the new edge must not run the callback
+ * inside itself, but at the next flush after it returned. */
+static atomic_int depth, max_depth;
+
+static void nesting_cb(void *arg)
+{
+	int d = atomic_fetch_add(&depth, 1) + 1;
+	if (d > atomic_load(&max_depth))
+		atomic_store(&max_depth, d);
+	atomic_fetch_add(&calls, 1);
+	if (atomic_load(&calls) == 1) {
+		set_flag(false);
+		memtally_account(2 * THRESHOLD); /* flush: sees it clear */
+		set_flag(true);
+		memtally_account(-2 * THRESHOLD); /* flush: sees the rise */
+	}
+	atomic_fetch_sub(&depth, 1);
+}
+
+Test(over_limit, callback_never_nests, .init = setup, .fini = teardown)
+{
+	cr_assert_eq(memtally_on_over_limit(nesting_cb, NULL), 0);
+	attach();
+	set_flag(true);
+	flush();
+	cr_expect_eq(atomic_load(&calls), 1);
+	cr_expect_eq(atomic_load(&max_depth), 1, "ran inside itself");
+	flush(); /* the edge seen inside the callback is run now */
+	cr_expect_eq(atomic_load(&calls), 2);
+	cr_expect_eq(atomic_load(&max_depth), 1);
+	flush();
+	cr_expect_eq(atomic_load(&calls), 2);
+}
+
+static void *flush_many(void *arg)
+{
+	(void)arg;
+	for (int i = 0; i < 2000; i++)
+		memtally_account(i & 1 ? -THRESHOLD : THRESHOLD);
+	return NULL;
+}
+
+Test(over_limit, one_call_per_edge_across_threads, .init = setup,
+     .fini = teardown, .timeout = 60)
+{
+	cr_assert_eq(memtally_on_over_limit(count_cb, NULL), 0);
+	attach();
+	for (int round = 1; round <= 3; round++) {
+		set_flag(true);
+		pthread_t t[4];
+		for (int i = 0; i < 4; i++)
+			pthread_create(&t[i], NULL, flush_many, NULL);
+		for (int i = 0; i < 4; i++)
+			pthread_join(t[i], NULL);
+		cr_expect_eq(atomic_load(&calls), round, "round %d", round);
+		set_flag(false);
+		flush(); /* re-arm */
+	}
+}
