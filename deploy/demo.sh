@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The demo fleet: memtallyd, a few unmodified workers under the preload in
-# two groups, and `memtally status` / `memtally ps` watching them. Ends by
-# itself and leaves no process, socket or segment behind.
+# The demo fleet: memtallyd with a 600 MiB fleet limit, a few unmodified
+# workers under the preload in two groups, `memtally status` / `memtally ps`
+# watching them, and a scheduler asking to start tasks: admitted while the
+# fleet has room, denied with the figures once it does not. Ends by itself
+# and leaves no process, socket or segment behind.
 # usage: deploy/demo.sh [BUILD_DIR]
 set -euo pipefail
 build=$(cd "${1:-build}" && pwd)
@@ -26,7 +28,8 @@ say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 mt() { "$memtally" --socket "$sock" "$@"; }
 
 say "starting memtallyd (socket $sock, segment $seg)"
-"$memtallyd" --socket "$sock" --segment "$seg" --log-level info 2>"$dir/memtallyd.log" &
+"$memtallyd" --socket "$sock" --segment "$seg" --fleet-limit 600MiB \
+  --high-watermark 80 --log-level info 2>"$dir/memtallyd.log" &
 pids+=($!)
 for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
 
@@ -48,11 +51,22 @@ mt status
 say "memtally ps"
 mt ps
 
+say "scheduler: admit a 100 MiB task (fits under the 600 MiB limit)"
+rid=$(mt admit --bytes 100MiB --group etl --task demo-1 | tee /dev/stderr | awk '/^admitted/ {print $2}')
+say "scheduler: admit a 300 MiB task (would not fit): denied, exit status 3"
+set +e
+mt admit --bytes 300MiB --group ml --task demo-2
+echo "(exit status $?)"
+set -e
+
 victim=${pids[2]}
 say "kill -9 the 4-thread worker (pid $victim): it leaves at once"
 kill -9 "$victim"
 sleep 0.2
 mt ps
+say "scheduler: release the first reservation, then try the 300 MiB task again"
+mt release "$rid"
+mt admit --bytes 300MiB --group ml --task demo-2
 say "memtally status --json"
 mt --json status
 
