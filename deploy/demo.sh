@@ -17,6 +17,7 @@ sock=$dir/memtally.sock
 seg=/memtally-demo-$$
 pids=()
 cleanup() {
+  exec 3>&- 2>/dev/null || true
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
   rm -f "/dev/shm$seg"
@@ -33,11 +34,14 @@ say "starting memtallyd (socket $sock, segment $seg)"
 pids+=($!)
 for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
 
-# Workers: unmodified programs, counted through LD_PRELOAD.
+# Workers: unmodified programs, counted through LD_PRELOAD. They hold their
+# memory until their stdin (a FIFO this script keeps open) closes.
+mkfifo "$dir/hold"
+exec 3<>"$dir/hold"
 worker() { # group program args...
   local group=$1; shift
   LD_PRELOAD=$preload MEMTALLY_SOCKET=$sock MEMTALLY_GROUP=$group \
-    "$@" < <(sleep 3600) > /dev/null &
+    "$@" < "$dir/hold" > /dev/null &
   pids+=($!)
 }
 say "starting workers: python3 (etl), a 4-thread C worker and a C++ worker (ml)"
@@ -62,6 +66,7 @@ set -e
 victim=${pids[2]}
 say "kill -9 the 4-thread worker (pid $victim): it leaves at once"
 kill -9 "$victim"
+wait "$victim" 2>/dev/null || true
 sleep 0.2
 mt ps
 say "scheduler: release the first reservation, then try the 300 MiB task again"
