@@ -91,15 +91,6 @@ _Static_assert(MTSHM_STATE_OK == 0 && MTSHM_STATE_HIGH == 1 &&
                    MTSHM_STATE_OVER == 2,
                "state_names follows enum mtshm_state");
 
-static const char *const denial_names[] = {
-    [MTS_DENY_FLEET_LIMIT] = "fleet_limit",
-    [MTS_DENY_GROUP_LIMIT] = "group_limit",
-    [MTS_DENY_INVALID] = "invalid",
-};
-_Static_assert(sizeof(denial_names) / sizeof(denial_names[0]) ==
-                   MTS_DENY__COUNT,
-               "give each enum mts_denial a reason label in denial_names");
-
 /* An output buffer that remembers its first error, so the renderer can
  * append without checking every call and look once at the end. */
 struct out {
@@ -390,6 +381,8 @@ static void render_fleet(struct out *o, const struct mts_registry *reg)
 	      "Resident set of the registered processes, from /proc.", t->rss);
 	gauge(o, "memtally_fleet_reserved_bytes",
 	      "Bytes held by outstanding admission reservations.", t->reserved);
+	gauge(o, "memtally_reservations", "Outstanding admission reservations.",
+	      t->reservations);
 	if (t->limit) {
 		gauge(o, "memtally_fleet_limit_bytes",
 		      "Fleet limit; absent when there is none.", t->limit);
@@ -410,7 +403,16 @@ static void render_fleet(struct out *o, const struct mts_registry *reg)
 }
 
 /* One gauge family over the live groups; `field` picks the value. */
-enum gfield { G_BYTES, G_ERROR, G_PEAK, G_RSS, G_RESERVED, G_LIMIT, G_PROCS };
+enum gfield {
+	G_BYTES,
+	G_ERROR,
+	G_PEAK,
+	G_RSS,
+	G_RESERVED,
+	G_RESV,
+	G_LIMIT,
+	G_PROCS,
+};
 
 static uint64_t group_value(const struct mts_group *g, enum gfield f)
 {
@@ -425,6 +427,8 @@ static uint64_t group_value(const struct mts_group *g, enum gfield f)
 		return g->rss;
 	case G_RESERVED:
 		return g->reserved;
+	case G_RESV:
+		return g->reservations;
 	case G_LIMIT:
 		return g->limit;
 	case G_PROCS:
@@ -470,6 +474,8 @@ static void render_groups(struct out *o, const struct mts_registry *reg,
 	group_family(o, reg, gl, "memtally_group_reserved_bytes",
 	             "Bytes held by a group's outstanding reservations.",
 	             G_RESERVED, false);
+	group_family(o, reg, gl, "memtally_group_reservations",
+	             "Outstanding reservations naming a group.", G_RESV, false);
 	group_family(o, reg, gl, "memtally_group_limit_bytes",
 	             "Group limit; absent for a group without one.", G_LIMIT,
 	             true);
@@ -563,7 +569,7 @@ static void render_counters(struct out *o, const struct mts_registry *reg)
 	       "Admit requests denied, by the reason that decided.");
 	for (uint32_t i = 0; i < MTS_DENY__COUNT; i++) {
 		put_str(o, "memtally_denials_total{reason=\"");
-		put_str(o, denial_names[i]);
+		put_str(o, mts_denial_name((enum mts_denial)i));
 		put_str(o, "\"} ");
 		put_u64(o, s->denials[i]);
 		put(o, "\n", 1);
@@ -572,11 +578,26 @@ static void render_counters(struct out *o, const struct mts_registry *reg)
 	        "Reservations ended by a Release.", s->releases);
 	counter(o, "memtally_reservation_expirations_total",
 	        "Reservations ended by their TTL.", s->expirations);
+	counter(o, "memtally_reservations_fulfilled_total",
+	        "Reservations ended because every worker of their task "
+	        "exited.",
+	        s->fulfilled);
 	counter(o, "memtally_enforcement_signals_total",
 	        "Signals sent to processes over their limit.",
 	        s->enforcement_signals);
 	counter(o, "memtally_watch_events_total",
 	        "Events sent to Watch subscribers.", s->events);
+	counter(o, "memtally_watch_disconnects_total",
+	        "Watch subscribers disconnected for not reading their events.",
+	        s->watch_disconnects);
+	counter(o, "memtally_auth_denials_total",
+	        "SetLimit or Release requests refused to an unauthorised peer.",
+	        s->auth_denials);
+	counter(o, "memtally_config_reloads_total",
+	        "Configuration reloads (SIGHUP) applied.", s->reloads);
+	counter(o, "memtally_config_reload_failures_total",
+	        "Configuration reloads rejected; the old configuration stays.",
+	        s->reload_failures);
 	counter(o, "memtally_protocol_errors_total",
 	        "Error responses to malformed frames.", s->protocol_errors);
 
@@ -787,6 +808,7 @@ static unsigned snapshot(struct mts_metrics *m, char **body, size_t *len)
 	unsigned status = MHD_HTTP_OK;
 	bool timed_out = false;
 	*body = NULL;
+	*len = 0;
 	pthread_mutex_lock(&m->mu);
 	uint64_t now = mts_now_monotonic();
 	if (!m->serving) {
@@ -864,8 +886,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c,
 		return reply_text(c, MHD_HTTP_METHOD_NOT_ALLOWED,
 		                  "405 method not allowed: GET or HEAD\n");
 
-	char *body;
-	size_t len;
+	char *body = NULL;
+	size_t len = 0;
 	unsigned status = snapshot(m, &body, &len);
 	if (status == MHD_HTTP_SERVICE_UNAVAILABLE)
 		return reply_text(c, status,

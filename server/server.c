@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "metrics.h"
 
 /* A heartbeat older than this is a dead server's: the longest tick
  * (MTS_TICK_MAX_MS) plus slack. */
@@ -173,6 +174,15 @@ int mts_server_init(struct mts_server *srv, uv_loop_t *loop,
 			return err;
 		}
 	}
+	if (cfg->metrics_addr) {
+		/* Last, like TCP. It logs where it listens, or why not. */
+		err = mts_metrics_start(&srv->metrics, cfg->metrics_addr,
+		                        &srv->reg, loop);
+		if (err < 0) {
+			mts_server_stop(srv);
+			return err;
+		}
+	}
 	return 0;
 
 fail_free_registry:
@@ -193,6 +203,9 @@ void mts_server_stop(struct mts_server *srv)
 	if (srv->stopping)
 		return;
 	srv->stopping = true;
+	/* First: joins the HTTP thread, so nothing reads reg after this. */
+	mts_metrics_stop(srv->metrics);
+	srv->metrics = NULL;
 	uv_close((uv_handle_t *)&srv->tick, NULL);
 	if (srv->rss_timer_open) {
 		uv_close((uv_handle_t *)&srv->rss_timer, NULL);

@@ -508,6 +508,7 @@ struct mts_config {
 };
 
 struct mts_conn;
+struct mts_metrics;
 
 struct mts_server {
 	uv_loop_t *loop;
@@ -533,6 +534,7 @@ struct mts_server {
 	uv_timer_t rss_timer; /* RSS sweep every policy.rss_interval_ms */
 	bool rss_timer_open;
 	uint32_t rss_interval_ms; /* the interval the timer runs at */
+	struct mts_metrics *metrics; /* --metrics endpoint, or NULL */
 };
 
 /* Listen on cfg->socket_path (first, see server.c; skipped when NULL, as

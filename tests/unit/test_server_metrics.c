@@ -27,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -83,6 +84,9 @@ static pid_t spawn(void)
 	pid_t pid = fork();
 	cr_assert_geq(pid, 0);
 	if (pid == 0) {
+		/* Die with the test even if it crashes before its teardown:
+		 * a leftover child keeps CTest's output pipe open. */
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
 		close(p[0]);
 		char c = 'x';
 		if (write(p[1], &c, 1) != 1)
@@ -214,10 +218,12 @@ Test(render, figures)
 	srv.reg.totals.rss = 1 << 20;
 	srv.reg.totals.limit = 1 << 30;
 	srv.reg.totals.reserved = 4096;
+	srv.reg.totals.reservations = 2;
 	struct mts_group *web = &srv.reg.groups[a->group];
 	web->rss = 300000;
 	web->limit = 8000;
 	web->reserved = 100;
+	web->reservations = 1;
 	a->rss = 300000;
 	a->limit = 4000;
 	a->state = MTSHM_STATE_OVER;
@@ -229,6 +235,7 @@ Test(render, figures)
 	assert_line(t, "memtally_fleet_rss_bytes 1048576");
 	assert_line(t, "memtally_fleet_limit_bytes 1073741824");
 	assert_line(t, "memtally_fleet_reserved_bytes 4096");
+	assert_line(t, "memtally_reservations 2");
 	assert_line(t, "memtally_processes 2");
 	assert_line(t, "memtally_slots_free 2");
 
@@ -238,6 +245,8 @@ Test(render, figures)
 	assert_line(t, "memtally_group_rss_bytes{group=\"web\"} 300000");
 	assert_line(t, "memtally_group_rss_bytes{group=\"db\"} 0");
 	assert_line(t, "memtally_group_reserved_bytes{group=\"web\"} 100");
+	assert_line(t, "memtally_group_reservations{group=\"web\"} 1");
+	assert_line(t, "memtally_group_reservations{group=\"db\"} 0");
 	assert_line(t, "memtally_group_processes{group=\"db\"} 1");
 	/* Only the group with a limit has a limit sample. */
 	assert_line(t, "memtally_group_limit_bytes{group=\"web\"} 8000");
@@ -372,6 +381,11 @@ Test(render, counters_and_tick)
 	s->enforcement_signals = 19;
 	s->events = 20;
 	s->protocol_errors = 21;
+	s->fulfilled = 22;
+	s->watch_disconnects = 23;
+	s->reloads = 24;
+	s->reload_failures = 25;
+	s->auth_denials = 26;
 	s->last_tick_ns = 1500000;
 	s->tick_ns_sum = 2500000123ull;
 	s->tick_count = 1234;
@@ -391,6 +405,11 @@ Test(render, counters_and_tick)
 	assert_line(t, "memtally_enforcement_signals_total 19");
 	assert_line(t, "memtally_watch_events_total 20");
 	assert_line(t, "memtally_protocol_errors_total 21");
+	assert_line(t, "memtally_reservations_fulfilled_total 22");
+	assert_line(t, "memtally_watch_disconnects_total 23");
+	assert_line(t, "memtally_config_reloads_total 24");
+	assert_line(t, "memtally_config_reload_failures_total 25");
+	assert_line(t, "memtally_auth_denials_total 26");
 	assert_line(t, "memtally_unregistered_processes_total 3");
 	assert_line(t, "memtally_tick_last_duration_seconds 0.001500000");
 	assert_line(t, "memtally_tick_duration_seconds_sum 2.500000123");
@@ -669,6 +688,10 @@ static bool has_header(const struct answer *a, const char *h)
 Test(serve, get_head_404_405)
 {
 	struct mts_proc *p = worker("web", 5000, 2);
+	/* p is freed when the loop stops the server: keep what we need. */
+	uint32_t pid = p->pid;
+	char comm[sizeof(p->comm)];
+	memcpy(comm, p->comm, sizeof(comm));
 	srv.reg.stats.registrations = 1;
 	cr_assert_eq(mts_metrics_start(&met, "127.0.0.1:0", &srv.reg, &loop),
 	             0);
@@ -692,7 +715,7 @@ Test(serve, get_head_404_405)
 	assert_line(cl.get.body,
 	            "memtally_process_threads{pid=\"%u\",group=\"web\","
 	            "comm=\"%s\"} 2",
-	            p->pid, p->comm);
+	            pid, comm);
 	/* The second scrape, within MTS_METRICS_FRESH_MS, may reuse the
 	 * text: the same figures either way. */
 	cr_assert_eq(cl.get2.status, 200);

@@ -1,0 +1,164 @@
+"""Prometheus endpoint (issue 3, must-show 6): memtallyd --metrics serves
+/metrics with the fleet, group and process figures of live workers and its
+counters, in a text that `promtool check metrics` accepts without a word;
+other paths are 404, other methods 405; a bad address stops the server."""
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import urllib.error
+import urllib.request
+
+from harness import (MEMTALLYD, MIB, MULT, Server, Worker, check, run,
+                     wait_for, worker)
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
+
+SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$')
+LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def unescape(v):
+    return re.sub(r'\\(.)', lambda m: "\n" if m.group(1) == "n"
+                  else m.group(1), v)
+
+
+def parse(text):
+    """{(name, ((label, value), ...)): float} of every sample line."""
+    out = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = SAMPLE.match(line)
+        check(m is not None, f"not a sample line: {line!r}")
+        labels = tuple(sorted((k, unescape(v))
+                              for k, v in LABEL.findall(m.group(2) or "")))
+        out[(m.group(1), labels)] = float(m.group(3))
+    return out
+
+
+def value(samples, name, **labels):
+    return samples.get((name, tuple(sorted(labels.items()))))
+
+
+def metrics_url(s):
+    """The address memtallyd logged for --metrics ...:0 (the last one)."""
+    found = re.findall(r'msg="metrics listening" addr=(\S+)', s.logtext())
+    return f"http://{found[-1]}/metrics" if found else None
+
+
+def get(url, method="GET"):
+    req = urllib.request.Request(url, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=10 * MULT) as r:
+            return r.status, dict(r.headers), r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), e.read().decode()
+
+
+def promtool(text):
+    check(os.access(PROMTOOL, os.X_OK),
+          "promtool not found: scripts/deps.sh installs it (prometheus)")
+    r = subprocess.run([PROMTOOL, "check", "metrics"], input=text.encode(),
+                       capture_output=True, timeout=60 * MULT)
+    said = (r.stdout + r.stderr).decode()
+    check(r.returncode == 0 and not said.strip(),
+          f"promtool check metrics: exit {r.returncode}: {said}")
+
+
+def test_live_worker():
+    """A preloaded worker holding 32 MiB in group `metrics-it`: its group
+    and process gauges show it, registrations count it, promtool is
+    content; after it exits its series go and reclaims count it."""
+    with Server("--metrics", "127.0.0.1:0") as s:
+        url = wait_for("metrics listening log line", lambda: metrics_url(s))
+        w = Worker([worker("mt_hold"), "32"], s.env(group="metrics-it"))
+        try:
+            check(w.readline().startswith("ready"), "worker not ready")
+
+            def counted():
+                st, hdr, body = get(url)
+                if st != 200:
+                    return None
+                m = parse(body)
+                g = value(m, "memtally_group_accounted_bytes",
+                          group="metrics-it")
+                return (hdr, body, m) if g and g >= 32 * MIB else None
+
+            hdr, body, m = wait_for("group gauge >= 32 MiB", counted)
+            check(hdr.get("Content-Type") == CONTENT_TYPE,
+                  f"Content-Type {hdr.get('Content-Type')!r}")
+            check(value(m, "memtally_registrations_total") >= 1,
+                  "registrations_total < 1")
+            check(value(m, "memtally_processes") == 1, "processes != 1")
+            check(value(m, "memtally_group_processes",
+                        group="metrics-it") == 1, "group processes != 1")
+            check(value(m, "memtally_fleet_accounted_bytes") >= 32 * MIB,
+                  "fleet gauge below the worker's 32 MiB")
+            mine = [k for k in m if k[0] == "memtally_process_accounted_bytes"
+                    and ("pid", str(w.pid)) in k[1]]
+            check(len(mine) == 1, f"process series for {w.pid}: {mine}")
+            check(("group", "metrics-it") in mine[0][1], f"{mine[0]}")
+            check(m[mine[0]] >= 32 * MIB, f"process gauge {m[mine[0]]}")
+            states = [k for k in m if k[0] == "memtally_fleet_state"]
+            check(len(states) == 3 and sum(m[k] for k in states) == 1,
+                  f"fleet_state is not one-hot: {states}")
+            check(value(m, "memtally_build_info", version="0.1.0") == 1,
+                  "build_info")
+            check(value(m, "memtally_tick_duration_seconds_count") > 0,
+                  "no tick counted in memtally_tick_duration_seconds")
+            promtool(body)
+        finally:
+            w.close()
+
+        def gone():
+            st, _, body = get(url)
+            m = parse(body) if st == 200 else {}
+            return m if (m and value(m, "memtally_processes") == 0 and
+                         value(m, "memtally_reclaims_total") >= 1) else None
+
+        m = wait_for("worker gone from /metrics", gone)
+        check(not any(k[0].startswith("memtally_process_") for k in m),
+              "process series outlive their worker")
+
+
+def test_http_surface():
+    """HEAD is GET without a body; other paths 404, other methods 405."""
+    with Server("--metrics", "127.0.0.1:0") as s:
+        url = wait_for("metrics listening log line", lambda: metrics_url(s))
+        st, hdr, body = get(url)
+        check(st == 200, f"GET {st}")
+        promtool(body)
+        st, hdr, head = get(url, "HEAD")
+        check(st == 200 and head == "", f"HEAD {st} {head[:80]!r}")
+        check(int(hdr["Content-Length"]) > 0, f"HEAD headers {hdr}")
+        st, _, _ = get(url.replace("/metrics", "/"))
+        check(st == 404, f"GET / {st}")
+        st, hdr, _ = get(url, "POST")
+        check(st == 405, f"POST {st}")
+        check(hdr.get("Allow") == "GET, HEAD", f"Allow {hdr.get('Allow')}")
+
+
+def test_bad_address_refused():
+    """A --metrics memtallyd cannot serve is a failed start, not a
+    silently missing endpoint."""
+    d = tempfile.mkdtemp(prefix="mt-it-")
+    segment = f"/mt-it-{os.getpid()}-badmetrics"
+    try:
+        r = subprocess.run([MEMTALLYD, "--socket", os.path.join(d, "sock"),
+                            "--segment", segment,
+                            "--metrics", "no-port-here"],
+                           capture_output=True, timeout=20 * MULT)
+        check(r.returncode != 0, "memtallyd started with a bad --metrics")
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+        try:
+            os.unlink("/dev/shm" + segment)
+        except FileNotFoundError:
+            pass
+
+
+if __name__ == "__main__":
+    run([test_live_worker, test_http_surface, test_bad_address_refused])
