@@ -11,6 +11,8 @@ pkgs=(
   # tests
   libcriterion-dev python3 g++ clang libclang-rt-14-dev procps
   prometheus  # promtool, to check /metrics
+  python3-protobuf protobuf-compiler python3-yaml  # Python example, manifest check
+  systemd man-db groff-base dpkg-dev  # unit, man page and package checks
   # benchmarks
   valgrind util-linux
 )

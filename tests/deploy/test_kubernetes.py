@@ -1,0 +1,129 @@
+"""deploy/kubernetes/memtally.yaml parses and holds together: memtallyd
+beside the worker, sharing the process namespace, /dev/shm (in memory) and
+the socket directory; the worker preloads the library from a shared volume
+and names the socket memtallyd listens on; the ConfigMap's memtallyd.conf is
+accepted by the built memtallyd.
+usage: test_kubernetes.py SOURCE_DIR MEMTALLYD
+"""
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+try:
+    import yaml
+except ImportError:
+    print("SKIPPED: python3-yaml is not installed (apt-get install python3-yaml)")
+    sys.exit(0)
+
+src, memtallyd = sys.argv[1], sys.argv[2]
+failures = []
+
+
+def check(cond, msg):
+    if not cond:
+        failures.append(msg)
+        print("FAIL", msg)
+
+
+with open(os.path.join(src, "deploy/kubernetes/memtally.yaml")) as f:
+    docs = [d for d in yaml.safe_load_all(f) if d]
+kinds = {d["kind"]: d for d in docs}
+check(set(kinds) >= {"ConfigMap", "Deployment"}, f"kinds: {sorted(kinds)}")
+for d in docs:
+    check(d.get("apiVersion") and d.get("metadata", {}).get("name"),
+          f"{d.get('kind')}: apiVersion and metadata.name")
+
+dep = kinds["Deployment"]
+tmpl = dep["spec"]["template"]
+check(dep["spec"]["selector"]["matchLabels"].items()
+      <= tmpl["metadata"]["labels"].items(), "selector matches the template")
+pod = tmpl["spec"]
+check(pod.get("shareProcessNamespace") is True or pod.get("hostPID") is True,
+      "memtallyd must see the workers' pids (shareProcessNamespace/hostPID)")
+vols = {v["name"]: v for v in pod["volumes"]}
+everyone = pod.get("initContainers", []) + pod["containers"]
+by_name = {c["name"]: c for c in everyone}
+for c in everyone:
+    check(c.get("image") and c.get("command"), f"{c['name']}: image, command")
+    for m in c.get("volumeMounts", []):
+        check(m["name"] in vols, f"{c['name']}: mount of unknown {m['name']}")
+
+
+def mounts(c):
+    return {m["mountPath"]: m["name"] for m in c.get("volumeMounts", [])}
+
+
+def volume_at(c, path):
+    """The volume that holds `path` in container c (longest mount prefix)."""
+    best = None
+    for mp, name in mounts(c).items():
+        if path == mp or path.startswith(mp.rstrip("/") + "/"):
+            if best is None or len(mp) > len(best[0]):
+                best = (mp, name)
+    return best[1] if best else None
+
+
+servers = [c for c in everyone if any("memtallyd" in a for a in c["command"])]
+check(len(servers) == 1, "one memtallyd container")
+srv = servers[0]
+if srv in pod.get("initContainers", []):
+    check(srv.get("restartPolicy") == "Always",
+          "memtallyd as an init container must be a native sidecar")
+workers = [c for c in pod["containers"] if c is not srv]
+check(workers, "at least one worker container")
+
+cfg_name = volume_at(srv, "/etc/memtally/memtallyd.conf")
+check(cfg_name and vols[cfg_name].get("configMap", {}).get("name")
+      == kinds["ConfigMap"]["metadata"]["name"], "config from the ConfigMap")
+conf = kinds["ConfigMap"]["data"]["memtallyd.conf"]
+sock = next(line.split("=", 1)[1].strip() for line in conf.splitlines()
+            if line.strip().startswith("socket"))
+
+shm = volume_at(srv, "/dev/shm")
+check(shm and vols[shm].get("emptyDir", {}).get("medium") == "Memory"
+      or shm and "hostPath" in vols[shm], "/dev/shm is memory or the host's")
+run_vol = volume_at(srv, sock)
+check(run_vol is not None, f"memtallyd's socket {sock} is on a volume")
+for w in workers:
+    env = {e["name"]: e.get("value") for e in w.get("env", [])}
+    check(env.get("MEMTALLY_SOCKET") == sock,
+          f"{w['name']}: MEMTALLY_SOCKET={env.get('MEMTALLY_SOCKET')} != {sock}")
+    check(volume_at(w, sock) == run_vol, f"{w['name']}: shares the socket dir")
+    check(volume_at(w, "/dev/shm") == shm, f"{w['name']}: shares /dev/shm")
+    pre = env.get("LD_PRELOAD", "")
+    check(pre.endswith("libmemtally_preload.so"), f"{w['name']}: LD_PRELOAD")
+    lib_vol = volume_at(w, pre)
+    if lib_vol:  # preload from a shared volume: something must fill it
+        fillers = [c for c in pod.get("initContainers", [])
+                   if volume_at(c, pre) == lib_vol and c is not srv]
+        check(fillers and any("libmemtally_preload.so" in " ".join(c["command"])
+                              for c in fillers),
+              f"{w['name']}: an init container copies the preload library")
+
+# The ConfigMap's config must be one memtallyd accepts.
+with tempfile.TemporaryDirectory() as tmp:
+    path = os.path.join(tmp, "memtallyd.conf")
+    with open(path, "w") as f:
+        f.write(conf)
+    s = os.path.join(tmp, "s.sock")
+    seg = f"/mt-k8s-{os.getpid()}"
+    p = subprocess.Popen([memtallyd, "--config", path, "--socket", s,
+                          "--segment", seg], stderr=subprocess.PIPE)
+    end = time.monotonic() + 10
+    while not os.path.exists(s) and p.poll() is None and time.monotonic() < end:
+        time.sleep(0.05)
+    started = os.path.exists(s)
+    p.send_signal(signal.SIGTERM) if p.poll() is None else None
+    err = p.communicate(timeout=10)[1].decode()
+    check(started and p.returncode == 0,
+          f"memtallyd with the ConfigMap's config: {p.returncode} {err}")
+    try:
+        os.unlink("/dev/shm" + seg)
+    except FileNotFoundError:
+        pass
+
+print(f"{1 if not failures else 0} passed, {1 if failures else 0} failed")
+sys.exit(1 if failures else 0)

@@ -1,0 +1,108 @@
+"""The Python example scheduler client (examples/python/memtally_client.py)
+against a live memtallyd: GetUsage, ListProcesses, Admit (admitted and
+denied under --fleet-limit), Release and Watch, both as a library and as a
+command. Its protobuf module is generated at build time (MEMTALLY_PB2_DIR).
+"""
+import os
+import subprocess
+import sys
+
+from harness import MIB, MULT, Server, Worker, check, run, wait_for, worker
+
+EXAMPLE = os.path.join(os.environ["MEMTALLY_EXAMPLES"], "python")
+sys.path.insert(0, EXAMPLE)
+import memtally_client as mc  # noqa: E402
+
+pb = mc.pb
+
+
+def example(s, *args):
+    return subprocess.run([sys.executable, os.path.join(EXAMPLE,
+                           "memtally_client.py"), "--socket", s.socket, *args],
+                          capture_output=True, text=True, timeout=30 * MULT)
+
+
+def test_library_admit_deny_release_usage_ps():
+    with Server("--fleet-limit", "64MiB") as s:
+        w = Worker([worker("mt_hold"), "8"], s.env(group="py"))
+        check(w.readline().startswith("ready"), "worker not ready")
+        with mc.Client(s.socket) as c:
+            wait_for("worker registered",
+                     lambda: any(p.pid == w.pid and p.bytes >= 8 * MIB
+                                 for p in c.processes()))
+            procs = c.processes("py")
+            check([p.pid for p in procs] == [w.pid], f"ps py: {procs}")
+            u = c.usage()
+            check(u.fleet_limit == 64 * MIB, f"limit {u.fleet_limit}")
+            check(u.fleet_bytes >= 8 * MIB, f"fleet bytes {u.fleet_bytes}")
+            check(any(g.name == "py" for g in u.groups), "no group py")
+            check(c.usage(group="py").group.processes == 1, "group scope")
+            check(c.usage(pid=w.pid).process.pid == w.pid, "pid scope")
+
+            ok = c.admit(16 * MIB, group="py", task="t1", ttl_seconds=60)
+            check(ok.admitted and ok.reservation.startswith("r-"),
+                  f"not admitted: {ok}")
+            no = c.admit(60 * MIB, group="py")
+            check(not no.admitted, f"admitted over the limit: {no}")
+            check(no.limit == 64 * MIB and no.requested_bytes == 60 * MIB,
+                  f"denial figures: {no}")
+            check("fleet" in no.limit_scope and no.reason, f"reason: {no}")
+            check(c.usage().reserved_bytes >= 16 * MIB, "reservation counted")
+            rel = c.release(ok.reservation)
+            check(rel.reservation == ok.reservation and rel.bytes == 16 * MIB,
+                  f"released: {rel}")
+            try:
+                c.release(ok.reservation)
+                check(False, "second release succeeded")
+            except mc.MemtallyError as e:
+                check(e.code == pb.ERROR_NOT_FOUND, f"code {e.code}")
+            check(c.admit(40 * MIB).admitted, "room after release")
+        w.close()
+
+
+def test_library_watch_sees_over():
+    with Server("--fleet-limit", "32MiB") as s:
+        with mc.Client(s.socket) as c:
+            events = c.watch()
+            first = next(events)
+            check(first.scope == "fleet" and first.state == pb.STATE_OK,
+                  f"first event {first}")
+            w = Worker([worker("mt_hold"), "48"], s.env(group="big"))
+            check(w.readline().startswith("ready"), "worker not ready")
+            c.sock.settimeout(20 * MULT)
+            for ev in events:
+                if ev.scope == "fleet" and ev.state == pb.STATE_OVER:
+                    check(ev.bytes >= 32 * MIB and ev.limit == 32 * MIB,
+                          f"over event {ev}")
+                    break
+            w.close()
+
+
+def test_command_line():
+    with Server("--fleet-limit", "64MiB") as s:
+        r = example(s, "admit", "16MiB", "--group", "cli")
+        check(r.returncode == 0 and r.stdout.startswith("admitted r-"),
+              f"admit: {r.returncode} {r.stdout} {r.stderr}")
+        rid = r.stdout.split()[1]
+        r = example(s, "admit", "1GiB")
+        check(r.returncode == 3 and "denied" in r.stdout, f"deny: {r}")
+        r = example(s, "usage")
+        check(r.returncode == 0 and "limit 64.0 MiB" in r.stdout, f"usage: {r}")
+        r = example(s, "ps")
+        check(r.returncode == 0, f"ps: {r}")
+        r = example(s, "release", rid)
+        check(r.returncode == 0 and f"released {rid}" in r.stdout,
+              f"release: {r}")
+        r = example(s, "watch", "--count", "1")
+        check(r.returncode == 0 and r.stdout.startswith("fleet ok -> ok"),
+              f"watch: {r}")
+    r = subprocess.run([sys.executable, os.path.join(EXAMPLE,
+                        "memtally_client.py"), "--socket", "/nonexistent/s",
+                        "usage"], capture_output=True, text=True)
+    check(r.returncode == 1 and "memtally_client:" in r.stderr,
+          f"no server: {r}")
+
+
+if __name__ == "__main__":
+    run([test_library_admit_deny_release_usage_ps, test_library_watch_sees_over,
+         test_command_line])
