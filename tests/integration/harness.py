@@ -149,22 +149,31 @@ class Worker:
         self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, bufsize=1)
         self.pid = self.proc.pid
+        # A thread owns stdout: select() on a buffered pipe would miss lines
+        # already read into Python's buffer (a forked child and its parent
+        # share one pipe, and two lines often arrive in one read).
+        import queue
+        import threading
+        self.lines = queue.Queue()
+
+        def pump():
+            for line in self.proc.stdout:
+                self.lines.put(line.strip())
+            self.lines.put(None)
+        threading.Thread(target=pump, daemon=True).start()
 
     def readline(self, timeout=30.0):
-        # The worker prints when ready; a dead worker gives EOF.
-        import select
-        end = deadline(timeout)
-        while True:
-            left = end - time.monotonic()
-            if left <= 0:
-                raise AssertionError(f"worker {self.pid} said nothing")
-            r, _, _ = select.select([self.proc.stdout], [], [], left)
-            if r:
-                line = self.proc.stdout.readline()
-                if not line:
-                    raise AssertionError(f"worker {self.pid} exited: "
-                                         f"{self.proc.wait()}")
-                return line.strip()
+        """The worker's next line; fails if it exits or says nothing."""
+        import queue
+        try:
+            line = self.lines.get(timeout=timeout * MULT)
+        except queue.Empty:
+            raise AssertionError(f"worker {self.pid} said nothing")
+        if line is None:
+            self.lines.put(None)
+            raise AssertionError(f"worker {self.pid} exited: "
+                                 f"{self.proc.wait()}")
+        return line
 
     def send(self, line):
         self.proc.stdin.write(line + "\n")
