@@ -73,6 +73,7 @@
 #define MEMTALLY_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -188,6 +189,144 @@ MEMTALLY_EXTERN const char *memtally_version(void);
 
 /* A description of -errno or any memtally error code. */
 MEMTALLY_EXTERN const char *memtally_strerror(int err);
+
+/*
+ * Memory that manages itself: a growable byte buffer, a thread-confined
+ * arena and a fixed-size block pool. Each obtains its memory with malloc()
+ * and accounts it through memtally_account() per chunk (per growth for the
+ * buffer), never per allocation, so memtally_process_bytes() moves by the
+ * chunk sizes. Use them with the inline API; under the preload, malloc()
+ * already counts those chunks and they would be counted twice (pass
+ * MEMTALLY_NO_ACCOUNT there). None of them is thread-safe except a pool
+ * created with MEMTALLY_POOL_LOCKED. All return 0 or -errno where they
+ * return an int; destructors accept NULL.
+ */
+
+/* Flags for memtally_buf_init(), memtally_arena_create() and
+ * memtally_pool_create(). */
+#define MEMTALLY_NO_ACCOUNT    0x100u /* do not call memtally_account() */
+#define MEMTALLY_BUF_GROW_1_5X 0x1u   /* grow by 1.5x instead of 2x */
+#define MEMTALLY_POOL_GROW     0x1u   /* exhausted pool: add a chunk */
+#define MEMTALLY_POOL_LOCKED   0x2u   /* shared pool: a mutex per call */
+
+/*
+ * A growable byte buffer (reserve / append / finish). The fields are
+ * public so that a caller may write into data + len after a reserve and
+ * then add to len; treat cap and flags as read-only. The buffer owns
+ * `data` until memtally_buf_finish() hands it over. Growth doubles the
+ * capacity (at least 64 bytes), the policy bench/buffer_growth chose;
+ * the whole capacity is accounted.
+ */
+typedef struct memtally_buf {
+	uint8_t *data; /* NULL while cap == 0 */
+	size_t len;    /* bytes written */
+	size_t cap;    /* bytes allocated and accounted */
+	unsigned flags;
+} memtally_buf;
+
+/* An empty buffer; allocates nothing. `flags`: MEMTALLY_BUF_GROW_1_5X,
+ * MEMTALLY_NO_ACCOUNT. */
+MEMTALLY_EXTERN void memtally_buf_init(memtally_buf *b, unsigned flags);
+
+/* Make room for `extra` more bytes. 0, or -ENOMEM (the buffer is
+ * unchanged). */
+MEMTALLY_EXTERN int memtally_buf_reserve(memtally_buf *b, size_t extra);
+
+/* Copy `n` bytes from `src` (the caller keeps `src`) to the end. 0, or
+ * -ENOMEM (the buffer is unchanged). */
+MEMTALLY_EXTERN int memtally_buf_append(memtally_buf *b, const void *src,
+                                        size_t n);
+
+/*
+ * Hand the bytes to the caller: returns a malloc()ed block of the buffer's
+ * `len` bytes (shrunk to fit; a 1-byte block when empty) and stores the
+ * length in *len (if len is not NULL). The buffer is left empty and
+ * reusable. The caller owns the block and frees it with
+ * memtally_buf_free_data(block, len), which also un-accounts it (with
+ * MEMTALLY_NO_ACCOUNT, plain free()). NULL when the empty case cannot
+ * allocate its byte (ENOMEM).
+ */
+MEMTALLY_EXTERN void *memtally_buf_finish(memtally_buf *b, size_t *len);
+
+/* Free a block returned by memtally_buf_finish() of an accounting buffer;
+ * `len` is the length it reported. NULL is ignored. */
+MEMTALLY_EXTERN void memtally_buf_free_data(void *data, size_t len);
+
+/* Free the buffer's memory and leave it empty (reusable). NULL is
+ * ignored. */
+MEMTALLY_EXTERN void memtally_buf_free(memtally_buf *b);
+
+/* Slow path of reserve and append; internal. */
+MEMTALLY_EXTERN int memtally__buf_grow(memtally_buf *b, size_t extra);
+
+/*
+ * A thread-confined arena: bump allocation from chunks of `chunk_size`
+ * bytes (0: 16 KiB, which jemalloc serves from its thread cache; a larger
+ * request gets a chunk of its own), 16-byte
+ * aligned, not zeroed. Individual allocations are never freed; reset
+ * releases them all at once.
+ */
+typedef struct memtally_arena memtally_arena;
+
+/* Create an arena in *out (the caller owns it; memtally_arena_destroy()).
+ * No chunk is obtained until the first allocation. `flags`:
+ * MEMTALLY_NO_ACCOUNT. 0, -EINVAL (chunk_size too small, at most 48
+ * bytes, or absurd), -ENOMEM; *out is NULL on error. */
+MEMTALLY_EXTERN int memtally_arena_create(memtally_arena **out,
+                                          size_t chunk_size, unsigned flags);
+
+/* `size` bytes owned by the arena, valid until reset or destroy; NULL when
+ * a chunk could not be obtained (ENOMEM). */
+MEMTALLY_EXTERN void *memtally_arena_alloc(memtally_arena *a, size_t size);
+
+/* Release every allocation. The first chunk is kept (still accounted) for
+ * the next round; the others are freed and un-accounted. NULL is
+ * ignored. */
+MEMTALLY_EXTERN void memtally_arena_reset(memtally_arena *a);
+
+/* Free every chunk, un-account them, free the arena. NULL is ignored. */
+MEMTALLY_EXTERN void memtally_arena_destroy(memtally_arena *a);
+
+/* Bytes of chunks the arena holds (and accounted, unless
+ * MEMTALLY_NO_ACCOUNT). */
+MEMTALLY_EXTERN size_t memtally_arena_accounted(const memtally_arena *a);
+
+/*
+ * A pool of fixed-size blocks, `blocks_per_chunk` per chunk. Blocks are
+ * 16-byte aligned, not zeroed, and rounded up to a multiple of 16 bytes.
+ * Thread-confined unless created with MEMTALLY_POOL_LOCKED.
+ */
+typedef struct memtally_pool memtally_pool;
+
+/* Create a pool in *out with its first chunk (the caller owns the pool;
+ * memtally_pool_destroy()). `flags`: MEMTALLY_POOL_GROW (when no block is
+ * free, obtain another chunk rather than fail), MEMTALLY_POOL_LOCKED,
+ * MEMTALLY_NO_ACCOUNT. 0, -EINVAL (a zero size or count, or too large),
+ * -ENOMEM or another -errno from pthread_mutex_init(); *out is NULL on
+ * error. */
+MEMTALLY_EXTERN int memtally_pool_create(memtally_pool **out,
+                                         size_t block_size,
+                                         size_t blocks_per_chunk,
+                                         unsigned flags);
+
+/* A block owned by the caller until memtally_pool_put(); NULL when the
+ * pool is exhausted and has no MEMTALLY_POOL_GROW, or growing failed. */
+MEMTALLY_EXTERN void *memtally_pool_get(memtally_pool *p);
+
+/* Give a block from memtally_pool_get() of this pool back. NULL is
+ * ignored. */
+MEMTALLY_EXTERN void memtally_pool_put(memtally_pool *p, void *block);
+
+/* The block size after rounding. */
+MEMTALLY_EXTERN size_t memtally_pool_block_size(const memtally_pool *p);
+
+/* Bytes of chunks the pool holds (and accounted, unless
+ * MEMTALLY_NO_ACCOUNT). */
+MEMTALLY_EXTERN size_t memtally_pool_accounted(const memtally_pool *p);
+
+/* Free every chunk (blocks still out become invalid), un-account them,
+ * free the pool. NULL is ignored. */
+MEMTALLY_EXTERN void memtally_pool_destroy(memtally_pool *p);
 
 #ifdef __cplusplus
 }

@@ -1273,7 +1273,7 @@ int memtally_query_watch_next(memtally_query *q, struct memtally_event *ev_out)
 		return -EINVAL;
 	q->errmsg[0] = '\0';
 	for (;;) {
-		size_t off, blen;
+		size_t off = 0, blen = 0;
 		int r = frame_buffered(q, &off, &blen);
 		if (r < 0)
 			return watch_fail(q, r);

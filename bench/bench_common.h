@@ -1,0 +1,245 @@
+/*
+ * bench_common.h - what the buffer_growth and allocators workers share:
+ * a clock, CPU pinning, a bounded string builder, and the proof of the
+ * allocator a process actually runs on.
+ *
+ * The proof follows alloc_overhead.c's prove() (several independent signs,
+ * each reported when it fails; see bench/RESULTS.md): jemalloc's
+ * mallctl("version") answers or, for glibc, no mallctl exists in the
+ * process; malloc_usable_size(malloc(100)) is jemalloc's size class 112 or
+ * glibc's 104; jemalloc's stats.allocated grows while 1 MiB is held; and
+ * dladdr() of the global `malloc` names libjemalloc or libc. The accounting
+ * half of the proof is each suite's own (what must move depends on what it
+ * measures). alloc_overhead.c keeps its own copy for now, because its
+ * proof also covers the preload.
+ *
+ * A worker that includes this defines BENCH_BINARY, and BENCH_LINKED_JEMALLOC
+ * when it is linked with -ljemalloc.
+ */
+#ifndef MEMTALLY_BENCH_COMMON_H
+#define MEMTALLY_BENCH_COMMON_H
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <malloc.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* Keeps the compiler from eliding an allocation: `p` escapes, memory is
+ * clobbered. */
+#define BENCH_ESCAPE(p) __asm__ __volatile__("" : : "r"(p) : "memory")
+
+#define BENCH_JE_CLASS_100     112 /* jemalloc's size class for malloc(100) */
+#define BENCH_GLIBC_USABLE_100 104 /* glibc: 112-byte chunk minus header */
+#define BENCH_HOLD_BLOCKS      16
+#define BENCH_HOLD_SIZE        (64 * 1024)
+
+typedef int (*bench_mallctl_fn)(const char *, void *, size_t *, void *,
+                                size_t);
+
+#ifdef BENCH_LINKED_JEMALLOC
+/* Declared here rather than through <jemalloc/jemalloc.h>, which redefines
+ * the malloc family's prototypes; referencing it keeps libjemalloc in
+ * DT_NEEDED under --as-needed. */
+int mallctl(const char *name, void *oldp, size_t *oldlenp, void *newp,
+            size_t newlen);
+#endif
+
+static inline uint64_t bench_now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static inline int bench_pin_cpu(int cpu)
+{
+	cpu_set_t set;
+	CPU_ZERO(&set);
+	CPU_SET(cpu, &set);
+	return sched_setaffinity(0, sizeof(set), &set) ? -errno : 0;
+}
+
+/* Append printf output to a fixed buffer; never overflows. */
+struct bench_sbuf {
+	char b[4096];
+	size_t n;
+	int fails; /* lines added with bench_flag() */
+};
+
+static inline void bench_sb_vadd(struct bench_sbuf *s, const char *fmt,
+                                 va_list ap)
+{
+	if (s->n >= sizeof(s->b) - 1)
+		return;
+	int k = vsnprintf(s->b + s->n, sizeof(s->b) - s->n, fmt, ap);
+	if (k > 0)
+		s->n += (size_t)k;
+	if (s->n >= sizeof(s->b))
+		s->n = sizeof(s->b) - 1;
+}
+
+__attribute__((format(printf, 2, 3))) static inline void
+bench_sb_add(struct bench_sbuf *s, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	bench_sb_vadd(s, fmt, ap);
+	va_end(ap);
+}
+
+/* One failed sign of a proof: a line of `why`. */
+__attribute__((format(printf, 2, 3))) static inline void
+bench_flag(struct bench_sbuf *why, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	bench_sb_add(why, "  - ");
+	bench_sb_vadd(why, fmt, ap);
+	bench_sb_add(why, "\n");
+	va_end(ap);
+	why->fails++;
+}
+
+/* A JSON string (escaping what JSON requires). */
+static inline void bench_sb_json_str(struct bench_sbuf *s, const char *v)
+{
+	if (!v) {
+		bench_sb_add(s, "null");
+		return;
+	}
+	bench_sb_add(s, "\"");
+	for (; *v; v++) {
+		unsigned char c = (unsigned char)*v;
+		if (c == '"' || c == '\\')
+			bench_sb_add(s, "\\%c", c);
+		else if (c < 0x20)
+			bench_sb_add(s, "\\u%04x", c);
+		else
+			bench_sb_add(s, "%c", c);
+	}
+	bench_sb_add(s, "\"");
+}
+
+static inline bench_mallctl_fn bench_mallctl(void)
+{
+#ifdef BENCH_LINKED_JEMALLOC
+	return mallctl;
+#else
+	bench_mallctl_fn f;
+	*(void **)&f = dlsym(RTLD_DEFAULT, "mallctl");
+	return f;
+#endif
+}
+
+static inline int bench_je_allocated(bench_mallctl_fn mc, size_t *out)
+{
+	uint64_t epoch = 1;
+	size_t sz = sizeof(epoch);
+	if (!mc || mc("epoch", &epoch, &sz, &epoch, sz))
+		return -1;
+	sz = sizeof(*out);
+	return mc("stats.allocated", out, &sz, NULL, 0) ? -1 : 0;
+}
+
+/*
+ * Prove which allocator serves malloc in this process. Appends JSON fields
+ * (no braces) describing what was found to `js`, one line per failed sign
+ * to `why`; returns the number of failed signs so far in `why`.
+ */
+static inline int bench_prove_allocator(bool expect_jemalloc,
+                                        struct bench_sbuf *js,
+                                        struct bench_sbuf *why)
+{
+	bench_mallctl_fn mc = bench_mallctl();
+	const char *version = NULL;
+	if (mc) {
+		size_t sz = sizeof(version);
+		if (mc("version", &version, &sz, NULL, 0))
+			version = NULL;
+	}
+
+	void *p = malloc(100);
+	BENCH_ESCAPE(p);
+	size_t usable = malloc_usable_size(p);
+	free(p);
+
+	const char *malloc_from = "?";
+	Dl_info info;
+	void *sym = dlsym(RTLD_DEFAULT, "malloc");
+	if (sym && dladdr(sym, &info) && info.dli_fname)
+		malloc_from = info.dli_fname;
+
+	size_t a0 = 0, a1 = 0;
+	int have_stats = bench_je_allocated(mc, &a0) == 0;
+	void *blk[BENCH_HOLD_BLOCKS];
+	for (int i = 0; i < BENCH_HOLD_BLOCKS; i++) {
+		blk[i] = malloc(BENCH_HOLD_SIZE);
+		BENCH_ESCAPE(blk[i]);
+	}
+	if (have_stats)
+		have_stats = bench_je_allocated(mc, &a1) == 0;
+	for (int i = 0; i < BENCH_HOLD_BLOCKS; i++)
+		free(blk[i]);
+	int64_t held = (int64_t)BENCH_HOLD_BLOCKS * BENCH_HOLD_SIZE;
+	int64_t stats_delta = have_stats ? (int64_t)a1 - (int64_t)a0 : 0;
+
+	if (expect_jemalloc) {
+		if (!mc)
+			bench_flag(why, "no mallctl in the process: "
+			                "jemalloc is not loaded");
+		else if (!version)
+			bench_flag(why, "mallctl(\"version\") failed");
+		if (usable != BENCH_JE_CLASS_100)
+			bench_flag(why,
+			           "malloc_usable_size(malloc(100)) = %zu; "
+			           "jemalloc's size class is %d (glibc gives "
+			           "%d)",
+			           usable, BENCH_JE_CLASS_100,
+			           BENCH_GLIBC_USABLE_100);
+		if (!have_stats || stats_delta < held)
+			bench_flag(why,
+			           "jemalloc stats.allocated grew by %" PRId64
+			           " bytes while %" PRId64 " were held%s",
+			           stats_delta, held,
+			           have_stats ? "" : " (no stats)");
+		if (!strstr(malloc_from, "libjemalloc"))
+			bench_flag(why,
+			           "the global malloc is defined in %s, "
+			           "expected libjemalloc",
+			           malloc_from);
+	} else {
+		if (mc)
+			bench_flag(why, "mallctl is present: jemalloc is "
+			                "loaded, expected glibc");
+		if (usable != BENCH_GLIBC_USABLE_100)
+			bench_flag(why,
+			           "malloc_usable_size(malloc(100)) = %zu; "
+			           "glibc gives %d",
+			           usable, BENCH_GLIBC_USABLE_100);
+		if (!strstr(malloc_from, "libc.so"))
+			bench_flag(why,
+			           "the global malloc is defined in %s, "
+			           "expected libc.so",
+			           malloc_from);
+	}
+
+	bench_sb_add(js, "\"expect\": \"%s\", \"jemalloc_version\": ",
+	             expect_jemalloc ? "jemalloc" : "glibc");
+	bench_sb_json_str(js, version);
+	bench_sb_add(js, ", \"usable_size_100\": %zu, \"malloc_from\": ",
+	             usable);
+	bench_sb_json_str(js, malloc_from);
+	bench_sb_add(js, ", \"stats_allocated_delta\": %" PRId64,
+	             stats_delta);
+	return why->fails;
+}
+
+#endif /* MEMTALLY_BENCH_COMMON_H */

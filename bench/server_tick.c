@@ -1,0 +1,189 @@
+/*
+ * server_tick.c - the aggregation half of memtallyd's tick, timed over a
+ * real shared-memory segment (the `server` suite, issue 4's "tick cost
+ * against slot count and thread lanes").
+ *
+ * For each slot count S (64 .. 16384) and lanes in use L: create a segment
+ * of S slots (mtshm_create, the server's own code), mark every slot live
+ * with L lanes claimed, and start a writer thread pinned to another CPU
+ * that keeps storing into every lane of every slot, so the reader sums
+ * lines just written by another core (DESIGN.md's "~3 ns per slot" case).
+ * The main thread, pinned to its own CPU, times one tick = mtshm_slot_sum()
+ * over all S slots, as the server does, TICKS times. `--quiet` runs
+ * without the writer (lines stay in the reader's cache).
+ *
+ * Proof: the sum of a tick must equal the sum of the values the writer
+ * stored (checked with the writer stopped), so the loop really read every
+ * lane. This is a lower bound on the server's tick: group totals, limits
+ * and the header publish are not in it.
+ *
+ * Prints one JSON object per (S, L) on stdout.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "mtshm.h"
+#include "mtshm_atomic.h"
+
+#define TICKS 301
+
+static struct mtshm_map map;
+static uint32_t nslots, nlanes;
+static atomic_int stop;
+static int writer_cpu = -1;
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static int pin(int cpu)
+{
+	cpu_set_t set;
+	CPU_ZERO(&set);
+	CPU_SET(cpu, &set);
+	return pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+}
+
+/* Lane k of slot i holds i * 64 + k + 1 (and, while writing, that plus a
+ * round number that is undone before the proof). */
+static void *writer(void *arg)
+{
+	(void)arg;
+	if (writer_cpu >= 0)
+		pin(writer_cpu);
+	uint64_t round = 0;
+	while (!atomic_load_explicit(&stop, memory_order_relaxed)) {
+		round++;
+		for (uint32_t i = 0; i < nslots; i++) {
+			struct mtshm_slot_id *s = mtshm_slot(&map, i);
+			for (uint32_t k = 0; k < nlanes; k++)
+				mt_store_relaxeds64(
+				    &mtshm_lane(s, k)->bytes,
+				    (int64_t)(i * 64u + k + 1 + (round & 1)));
+		}
+	}
+	return NULL;
+}
+
+static int64_t tick(void)
+{
+	int64_t total = 0;
+	for (uint32_t i = 0; i < nslots; i++) {
+		struct mtshm_slot_id *s = mtshm_slot(&map, i);
+		if (!mt_load_relaxed32(&s->pid))
+			continue;
+		int absurd = 0;
+		int64_t b = mtshm_slot_sum(&map, s, NULL, &absurd);
+		if (!absurd)
+			total += b;
+	}
+	return total;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+	return x < y ? -1 : x > y;
+}
+
+int main(int argc, char **argv)
+{
+	int cpu = -1, quiet = 0;
+	uint32_t slots = 0, lanes = 1;
+	for (int i = 1; i < argc; i++) {
+		const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+		if (!strcmp(argv[i], "--quiet"))
+			quiet = 1;
+		else if (v && !strcmp(argv[i], "--cpu"))
+			cpu = atoi(v), i++;
+		else if (v && !strcmp(argv[i], "--writer-cpu"))
+			writer_cpu = atoi(v), i++;
+		else if (v && !strcmp(argv[i], "--slots"))
+			slots = (uint32_t)strtoul(v, NULL, 10), i++;
+		else if (v && !strcmp(argv[i], "--lanes"))
+			lanes = (uint32_t)strtoul(v, NULL, 10), i++;
+		else {
+			fprintf(stderr, "usage: bench_server_tick --slots S "
+			                "[--lanes L] [--cpu N] [--writer-cpu N] "
+			                "[--quiet]\n");
+			return 2;
+		}
+	}
+	if (!slots || !lanes || lanes > MTSHM_MAX_LANES)
+		return 2;
+	nslots = slots, nlanes = lanes;
+	if (cpu >= 0 && pin(cpu))
+		return 2;
+	char name[64];
+	snprintf(name, sizeof(name), "/mtbench-tick-%d", (int)getpid());
+	struct mtshm_params p = {.slots = slots, .lanes = lanes,
+	                         .threshold = 65536, .mode = 0600, .gid = -1};
+	int rc = mtshm_create(name, &p, &map);
+	if (rc) {
+		fprintf(stderr, "mtshm_create: %s\n", mtshm_strerror(rc));
+		return 2;
+	}
+	mtshm_unlink(name); /* the mapping stays; nothing is left behind */
+	for (uint32_t i = 0; i < slots; i++) {
+		struct mtshm_slot_id *s = mtshm_slot(&map, i);
+		mt_store_relaxed32(&s->pid, 100000 + i);
+		mt_store_relaxed32(&s->lanes_used, lanes);
+		for (uint32_t k = 0; k < lanes; k++)
+			mt_store_relaxeds64(&mtshm_lane(s, k)->bytes,
+			                    (int64_t)(i * 64u + k + 1));
+	}
+	pthread_t w;
+	if (!quiet && pthread_create(&w, NULL, writer, NULL))
+		return 2;
+	static uint64_t t[TICKS];
+	int64_t sink = 0;
+	for (int r = 0; r < 20; r++) /* warm-up */
+		sink += tick();
+	for (int r = 0; r < TICKS; r++) {
+		uint64_t t0 = now_ns();
+		sink += tick();
+		t[r] = now_ns() - t0;
+	}
+	if (!quiet) {
+		atomic_store(&stop, 1);
+		pthread_join(w, NULL);
+	}
+	/* Proof: restore the known values and check one tick sums them. */
+	int64_t want = 0;
+	for (uint32_t i = 0; i < slots; i++) {
+		struct mtshm_slot_id *s = mtshm_slot(&map, i);
+		for (uint32_t k = 0; k < lanes; k++) {
+			int64_t v = (int64_t)(i * 64u + k + 1);
+			mt_store_relaxeds64(&mtshm_lane(s, k)->bytes, v);
+			want += v;
+		}
+	}
+	int64_t got = tick();
+	if (got != want) {
+		fprintf(stderr, "PROOF FAILED: a tick summed %" PRId64
+		                ", the lanes hold %" PRId64 "\n",
+		        got, want);
+		return 3;
+	}
+	qsort(t, TICKS, sizeof(t[0]), cmp_u64);
+	printf("{\"slots\": %u, \"lanes\": %u, \"writer\": %s, \"ticks\": %d, "
+	       "\"p50_ns\": %" PRIu64 ", \"p99_ns\": %" PRIu64
+	       ", \"min_ns\": %" PRIu64 ", \"max_ns\": %" PRIu64
+	       ", \"sum_checked\": %" PRId64 ", \"sink\": %" PRId64 "}\n",
+	       slots, lanes, quiet ? "false" : "true", TICKS, t[TICKS / 2],
+	       t[TICKS * 99 / 100], t[0], t[TICKS - 1], got, sink & 1);
+	mtshm_close(&map);
+	return 0;
+}
