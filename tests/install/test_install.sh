@@ -13,11 +13,11 @@ for f in bin/memtallyd bin/memtally lib/libmemtally.so lib/libmemtally.a \
 done
 export MEMTALLY_SOCKET=/nonexistent/memtally.sock
 PKG_CONFIG_PATH=$tmp/prefix/lib/pkgconfig
-cc "$src/consumer/main.c" -o "$tmp/pc" \
+cc "$src/../../examples/c/main.c" -o "$tmp/pc" \
   $(PKG_CONFIG_PATH=$PKG_CONFIG_PATH pkg-config --cflags --libs memtally) \
   -Wl,-rpath,"$tmp/prefix/lib"
 "$tmp/pc"
-cmake -S "$src/consumer" -B "$tmp/b" -DCMAKE_PREFIX_PATH="$tmp/prefix" >/dev/null
+cmake -S "$src/../../examples/c" -B "$tmp/b" -DCMAKE_PREFIX_PATH="$tmp/prefix" >/dev/null
 cmake --build "$tmp/b" >/dev/null
 "$tmp/b/consumer"
 echo "2 passed, 0 failed"
