@@ -33,7 +33,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <jansson.h>
 
@@ -63,6 +65,8 @@ struct cli {
 	const char *bytes;              /* admit --bytes */
 	const char *task;               /* admit --task */
 	const char *ttl;                /* admit --ttl */
+	const char *interval;           /* top --interval SECONDS */
+	const char *iterations;         /* top --iterations N */
 	const char *args[MAX_OPERANDS]; /* operands after the command */
 	int nargs;
 	memtally_query *q;
@@ -81,6 +85,7 @@ enum {
 	TAKES_BYTES = 1 << 1,
 	TAKES_TASK = 1 << 2,
 	TAKES_TTL = 1 << 3,
+	TAKES_REFRESH = 1 << 4, /* --interval, --iterations */
 };
 
 struct command {
@@ -119,6 +124,9 @@ static void usage(FILE *f)
 	    "(needs root,\n"
 	    "                   memtallyd's user or an admin uid/gid)\n"
 	    "  watch            print every state change as it happens\n"
+	    "  top [--interval S] [--iterations N]\n"
+	    "                   status and ps refreshed in place, largest "
+	    "first\n"
 	    "\n"
 	    "SIZE is bytes or a number with a unit: K, M, G, T and KiB, "
 	    "MiB, GiB, TiB\n"
@@ -869,6 +877,82 @@ static int print_event(const struct memtally_event *ev, void *arg)
 	return 0;
 }
 
+/* Terminal rows for the process table, or SIZE_MAX when not a tty. */
+static size_t table_rows(bool tty, size_t used)
+{
+	struct winsize ws;
+	if (!tty || ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) < 0 || !ws.ws_row)
+		return SIZE_MAX;
+	return ws.ws_row > used + 2 ? ws.ws_row - used - 2 : 1;
+}
+
+/*
+ * Like top(1): status and the process table, largest first, redrawn in
+ * place every --interval seconds (default 1) until interrupted or after
+ * --iterations refreshes. On a terminal the screen is cleared before each
+ * refresh and the table cut to fit; piped, refreshes simply follow.
+ */
+static int cmd_top(struct cli *c)
+{
+	double interval = 1;
+	long iterations = 0;
+	if (c->interval) {
+		char *end;
+		interval = strtod(c->interval, &end);
+		if (*end || !(interval >= 0.1 && interval <= 3600))
+			return usage_error("top: --interval wants seconds, "
+			                   "0.1 to 3600");
+	}
+	if (c->iterations) {
+		char *end;
+		iterations = strtol(c->iterations, &end, 10);
+		if (*end || iterations < 1)
+			return usage_error("top: --iterations wants a count");
+	}
+	if (c->json)
+		return usage_error("top: no --json; use status --json");
+	bool tty = isatty(STDOUT_FILENO);
+	for (long i = 0; !iterations || i < iterations; i++) {
+		struct memtally_usage *u = NULL;
+		struct memtally_process *p = NULL;
+		size_t n = 0;
+		int err = memtally_query_usage(c->q, &u);
+		if (err)
+			return query_error(c, "get usage", err);
+		err = memtally_query_processes(c->q, NULL, &p, &n);
+		if (err) {
+			memtally_usage_free(u);
+			return query_error(c, "list processes", err);
+		}
+		sort_processes(p, n);
+		if (tty)
+			fputs("\033[H\033[2J", stdout);
+		time_t now = time(NULL);
+		char when[32];
+		strftime(when, sizeof(when), "%H:%M:%S", localtime(&now));
+		printf("memtally top - %s - %s, every %gs\n\n", when, c->where,
+		       interval);
+		print_status(u, NULL, 0);
+		putchar('\n');
+		print_processes(p, n,
+		                table_rows(tty, 12 + (size_t)u->n_groups));
+		if (!tty)
+			putchar('\n');
+		memtally_processes_free(p);
+		memtally_usage_free(u);
+		if (fflush(stdout) == EOF)
+			return EXIT_SERVER;
+		if (iterations && i + 1 == iterations)
+			break;
+		struct timespec ts = {(time_t)interval,
+		                      (long)((interval - (time_t)interval) *
+		                             1e9)};
+		while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+			;
+	}
+	return 0;
+}
+
 static int cmd_watch(struct cli *c)
 {
 	int err = memtally_query_watch(c->q, print_event, c);
@@ -885,6 +969,7 @@ static const struct command commands[] = {
     {"release", check_release, cmd_release, 0, 1, 1, false},
     {"limit", check_limit, cmd_limit, 0, 1, 4, false},
     {"watch", NULL, cmd_watch, 0, 0, 0, true},
+    {"top", NULL, cmd_top, TAKES_REFRESH, 0, 0, true},
 };
 
 static const struct command *find_command(const char *name)
@@ -905,6 +990,8 @@ enum {
 	OPT_BYTES,
 	OPT_TASK,
 	OPT_TTL,
+	OPT_INTERVAL,
+	OPT_ITERATIONS,
 	OPT_TCP,
 	OPT_TOKEN,
 	OPT_HELP,
@@ -919,6 +1006,8 @@ static const struct option long_options[] = {
     {"bytes", required_argument, NULL, OPT_BYTES},
     {"task", required_argument, NULL, OPT_TASK},
     {"ttl", required_argument, NULL, OPT_TTL},
+    {"interval", required_argument, NULL, OPT_INTERVAL},
+    {"iterations", required_argument, NULL, OPT_ITERATIONS},
     {"tcp", required_argument, NULL, OPT_TCP},
     {"token", required_argument, NULL, OPT_TOKEN},
     {"help", no_argument, NULL, OPT_HELP},
@@ -1021,6 +1110,12 @@ int main(int argc, char **argv)
 		case OPT_TTL:
 			c.ttl = optarg;
 			break;
+		case OPT_INTERVAL:
+			c.interval = optarg;
+			break;
+		case OPT_ITERATIONS:
+			c.iterations = optarg;
+			break;
 		case 'h':
 		case OPT_HELP:
 			help = true;
@@ -1072,7 +1167,10 @@ int main(int argc, char **argv)
 	if ((rc = check_takes(cmd, TAKES_GROUP, c.group, "--group")) ||
 	    (rc = check_takes(cmd, TAKES_BYTES, c.bytes, "--bytes")) ||
 	    (rc = check_takes(cmd, TAKES_TASK, c.task, "--task")) ||
-	    (rc = check_takes(cmd, TAKES_TTL, c.ttl, "--ttl")))
+	    (rc = check_takes(cmd, TAKES_TTL, c.ttl, "--ttl")) ||
+	    (rc = check_takes(cmd, TAKES_REFRESH, c.interval, "--interval")) ||
+	    (rc = check_takes(cmd, TAKES_REFRESH, c.iterations,
+	                      "--iterations")))
 		return rc;
 	if (c.tcp && c.socket)
 		return usage_error("--socket and --tcp exclude each other");
