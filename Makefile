@@ -4,11 +4,12 @@
 #   make check  install, build with -Werror, run every test, then again under
 #               ASan+UBSan, then the threaded tests under TSan, then the
 #               fuzz targets for FUZZ_SECONDS each
+#   make check-long  the long fault/attack variants (MEMTALLY_LONG=1), longer fuzzing
 #   make bench  Release build, run the benchmark suites, write bench/RESULTS.md
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps build demo check check-plain check-asan check-tsan check-fuzz bench install clean
+.PHONY: all deps build demo check check-plain check-asan check-tsan check-fuzz check-long bench install clean
 
 all: build
 
@@ -44,8 +45,18 @@ check-tsan:
 FUZZ_SECONDS ?= 20
 check-fuzz:
 	CC=clang CXX=clang++ cmake -S . -B build-fuzz -DMEMTALLY_FUZZ_SECONDS=$(FUZZ_SECONDS) $(CMAKE_FLAGS)
-	cmake --build build-fuzz -j$(JOBS) --target fuzz_frame fuzz_segment
+	cmake --build build-fuzz -j$(JOBS) --target fuzz_frame fuzz_segment fuzz_dispatch fuzz_size fuzz_config
 	cd build-fuzz && ctest --output-on-failure -L fuzz
+
+# The long variants of the hostile-peer and fault tests (10,000 SIGKILL
+# cycles, heavier attacks) and the fuzz targets for FUZZ_LONG_SECONDS each.
+FUZZ_LONG_SECONDS ?= 600
+check-long: deps
+	cmake -S . -B build -DMEMTALLY_WERROR=ON $(CMAKE_FLAGS)
+	cmake --build build -j$(JOBS)
+	cd build && MEMTALLY_LONG=1 ctest --output-on-failure --timeout 7200 \
+	    -R 'integration/test_(faults|hostile_peers|churn)'
+	$(MAKE) check-fuzz FUZZ_SECONDS=$(FUZZ_LONG_SECONDS)
 
 bench: deps
 	cmake -S . -B build-release -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)

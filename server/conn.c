@@ -218,6 +218,17 @@ static int conn_write(struct mts_conn *c, struct mts_buf *out)
 	if (!w)
 		return -ENOMEM;
 	w->conn = c;
+	/* A turn's output sits in a buffer grown by doubling from 4 KiB: a
+	 * turn of 64 small answers holds ~1.5 KiB in 4 KiB. Give the slack
+	 * back, so that MTS_OUT_HIGH of pending output (what back-pressure
+	 * counts) is close to the memory it really holds, not 3x it. */
+	if (out->cap - out->len > out->len / 4 + 64) {
+		uint8_t *shrunk = realloc(out->data, out->len ? out->len : 1);
+		if (shrunk) {
+			out->data = shrunk;
+			out->cap = out->len;
+		}
+	}
 	w->data = out->data;
 	w->len = out->len;
 	w->req.data = w;
@@ -620,6 +631,14 @@ void mts_watch_broadcast(void *ctx, const struct mts_event *ev)
 void mts_conns_close(struct mts_server *srv)
 {
 	if (srv->listening) {
+		/* libuv unlinks a bound pipe's path when it closes it: not
+		 * when that path is now another server's socket (ours was
+		 * deleted under us). libuv strdup'ed the name and frees it
+		 * only when unlinking, so take it back here. */
+		if (srv->listener.pipe_fname && !mts_socket_is_ours(srv)) {
+			free((void *)srv->listener.pipe_fname);
+			srv->listener.pipe_fname = NULL;
+		}
 		uv_close((uv_handle_t *)&srv->listener, NULL);
 		srv->listening = false;
 	}

@@ -639,8 +639,21 @@ int mts_register(struct mts_registry *reg, const struct mts_peer *peer,
 		goto fail_close_pidfd;
 	}
 	if (reg->nfree == 0) {
-		reg->totals.unregistered++;
-		mts_log(MTS_LOG_WARN, "no free slot, worker runs unregistered",
+		/* A refused worker's client retries: count (and warn about)
+		 * each worker once, not each attempt. */
+		bool again = false;
+		for (uint32_t i = 0; i < MTS_REFUSED_REMEMBERED; i++)
+			if (reg->refused[i].pid == peer->pid &&
+			    reg->refused[i].start_time == start_time)
+				again = true;
+		if (!again) {
+			uint32_t k = reg->refused_next++ % MTS_REFUSED_REMEMBERED;
+			reg->refused[k].pid = peer->pid;
+			reg->refused[k].start_time = start_time;
+			reg->totals.unregistered++;
+		}
+		mts_log(again ? MTS_LOG_DEBUG : MTS_LOG_WARN,
+		        "no free slot, worker runs unregistered",
 		        "pid=%u slots=%u unregistered=%u", peer->pid,
 		        reg->slot_count, reg->totals.unregistered);
 		err = -ENOSPC;

@@ -23,7 +23,10 @@
 #include "server.h"
 
 #include <errno.h>
+#include <limits.h>
+#include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "log.h"
@@ -33,10 +36,89 @@
  * (MTS_TICK_MAX_MS) plus slack. */
 #define HEARTBEAT_STALE_NS ((MTS_TICK_MAX_MS + 5000ull) * 1000000ull)
 
+/* The /dev/shm path of a POSIX shm name ("/mt" -> "/dev/shm/mt"). */
+static void segment_path(const char *name, char *buf, size_t cap)
+{
+	snprintf(buf, cap, "/dev/shm%s%s", name[0] == '/' ? "" : "/", name);
+}
+
+static bool same_file(const char *path, dev_t dev, ino_t ino)
+{
+	struct stat st;
+	return stat(path, &st) == 0 && st.st_dev == dev && st.st_ino == ino;
+}
+
+static void remember_file(const char *path, dev_t *dev, ino_t *ino,
+                          bool *known)
+{
+	struct stat st;
+	*known = path && stat(path, &st) == 0;
+	if (*known) {
+		*dev = st.st_dev;
+		*ino = st.st_ino;
+	}
+}
+
+bool mts_socket_is_ours(const struct mts_server *srv)
+{
+	if (!srv->cfg.socket_path)
+		return false;
+	return !srv->sock_known ||
+	       same_file(srv->cfg.socket_path, srv->sock_dev, srv->sock_ino);
+}
+
+/*
+ * Notice, about once a second, when the socket file or the segment's
+ * /dev/shm entry has been removed (or replaced) under us. Neither can be
+ * put back from here without taking the running workers' counts with it,
+ * so say once, at error level, what it means and what the operator must
+ * do; say again if it comes back.
+ */
+static void check_files(struct mts_server *srv)
+{
+	char q[MTS_LOGQ_MAX], path[PATH_MAX];
+	uint64_t now = uv_now(srv->loop);
+	if (now - srv->files_checked_ms < 1000)
+		return;
+	srv->files_checked_ms = now;
+	if (srv->sock_known) {
+		bool ok = same_file(srv->cfg.socket_path, srv->sock_dev,
+		                    srv->sock_ino);
+		if (!ok && !srv->sock_gone)
+			mts_log(MTS_LOG_ERROR,
+			        "socket file removed or replaced: new workers "
+			        "and clients cannot connect (running workers "
+			        "are still counted); restart memtallyd to "
+			        "recreate it",
+			        "path=%s",
+			        mts_logq(q, sizeof(q), srv->cfg.socket_path));
+		else if (ok && srv->sock_gone)
+			mts_log(MTS_LOG_INFO, "socket file back", "path=%s",
+			        mts_logq(q, sizeof(q), srv->cfg.socket_path));
+		srv->sock_gone = !ok;
+	}
+	if (srv->seg_known) {
+		segment_path(srv->cfg.segment, path, sizeof(path));
+		bool ok = same_file(path, srv->seg_dev, srv->seg_ino);
+		if (!ok && !srv->seg_gone)
+			mts_log(MTS_LOG_ERROR,
+			        "segment removed from /dev/shm or replaced: "
+			        "new workers cannot attach and run uncounted "
+			        "(running workers are still counted); restart "
+			        "memtallyd to recreate it",
+			        "path=%s", mts_logq(q, sizeof(q), path));
+		else if (ok && srv->seg_gone)
+			mts_log(MTS_LOG_INFO, "segment back", "path=%s",
+			        mts_logq(q, sizeof(q), path));
+		srv->seg_gone = !ok;
+	}
+}
+
 static void on_tick(uv_timer_t *t)
 {
 	struct mts_server *srv = t->data;
 	mts_tick(&srv->reg);
+	check_files(srv);
 }
 
 static void on_rss_timer(uv_timer_t *t)
@@ -154,6 +236,16 @@ int mts_server_init(struct mts_server *srv, uv_loop_t *loop,
 		mts_tick(&srv->reg);
 	}
 
+	remember_file(srv->socket_bound ? cfg->socket_path : NULL,
+	              &srv->sock_dev, &srv->sock_ino, &srv->sock_known);
+	{
+		char path[PATH_MAX];
+		segment_path(cfg->segment, path, sizeof(path));
+		remember_file(path, &srv->seg_dev, &srv->seg_ino,
+		              &srv->seg_known);
+	}
+	srv->files_checked_ms = uv_now(loop);
+
 	uv_timer_init(loop, &srv->tick);
 	srv->tick.data = srv;
 	uv_timer_start(&srv->tick, on_tick, cfg->tick_ms, cfg->tick_ms);
@@ -217,7 +309,9 @@ void mts_server_stop(struct mts_server *srv)
 
 void mts_server_free(struct mts_server *srv)
 {
-	if (srv->socket_bound && srv->cfg.socket_path)
+	/* Only our own socket file: if it was removed and another server
+	 * now listens at that path, leave its socket alone. */
+	if (srv->socket_bound && mts_socket_is_ours(srv))
 		unlink(srv->cfg.socket_path);
 	srv->socket_bound = false;
 	mts_registry_free(&srv->reg);

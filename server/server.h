@@ -263,6 +263,10 @@ struct mts_stats {
 /* "fleet_limit", "group_limit", "invalid": the `reason` label. */
 const char *mts_denial_name(enum mts_denial d);
 
+/* Refused workers remembered (see mts_registry.refused): retries of more
+ * distinct workers than this at once are counted again. */
+#define MTS_REFUSED_REMEMBERED 64u
+
 struct mts_registry {
 	uv_loop_t *loop;
 	struct mtshm_map *map;
@@ -303,6 +307,13 @@ struct mts_registry {
 	void (*on_event)(void *ctx, const struct mts_event *ev);
 	void *event_ctx;
 	struct mts_rss_sweep *rss_sweep; /* the sweep in flight, or NULL */
+	/* Issue 5: the last workers refused a slot, so that a worker's
+	 * retries are not counted again in totals.unregistered. */
+	struct {
+		uint32_t pid;
+		uint64_t start_time;
+	} refused[MTS_REFUSED_REMEMBERED];
+	uint32_t refused_next;
 };
 
 /* Outcome of a registration, for the Registered answer. */
@@ -535,7 +546,20 @@ struct mts_server {
 	bool rss_timer_open;
 	uint32_t rss_interval_ms; /* the interval the timer runs at */
 	struct mts_metrics *metrics; /* --metrics endpoint, or NULL */
+	/* Issue 5: the socket file and the segment's /dev/shm entry as
+	 * created, checked about once a second from the tick so their
+	 * removal under a running server is logged with what to do. */
+	dev_t sock_dev, seg_dev;
+	ino_t sock_ino, seg_ino;
+	bool sock_known, seg_known; /* the dev/ino above are valid */
+	bool sock_gone, seg_gone;   /* already reported */
+	uint64_t files_checked_ms;  /* uv_now() of the last check */
 };
+
+/* Whether the file at cfg.socket_path is still the socket this server
+ * bound (true when that is unknown). Another server may have taken the
+ * path after ours was deleted: its socket must not be removed by us. */
+bool mts_socket_is_ours(const struct mts_server *srv);
 
 /* Listen on cfg->socket_path (first, see server.c; skipped when NULL, as
  * unit tests do), create the segment and the registry, start the tick

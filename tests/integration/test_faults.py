@@ -1,0 +1,314 @@
+"""Faults around memtallyd (issue 5, "Faults"), with real workers under the
+real preload:
+
+  a. workers SIGKILLed mid-allocation in spawn/kill cycles (300 here,
+     10,000 with MEMTALLY_LONG=1): no slot leaked, fleet back to exactly 0;
+  b. more workers than slots (--slots 4, 8 workers): the extra ones run
+     unharmed and are counted as unregistered;
+  c. a SIGSTOPped worker stays listed with its bytes and is reclaimed after
+     SIGCONT + exit; a forking worker and an exec'ing worker keep one slot
+     per live pid;
+  d. the socket file deleted under a running server;
+  e. a worker's lane scribbled with an absurd value (through an mmap of
+     /dev/shm/<segment>): the slot is reported corrupt, left out of the
+     fleet total, and the server stays up.
+"""
+import mmap
+import os
+import random
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import MEMTALLYD, MIB, MULT, Server, Worker, check, run, wait_for, worker  # noqa: E402
+
+LONG = os.environ.get("MEMTALLY_LONG") == "1"
+CYCLES = 10000 if LONG else 300
+
+
+def settled(s, slots):
+    """Status once nothing is registered, nothing counted, every slot free."""
+    st = s.status()
+    if (st["processes"] == 0 and st["fleet"]["bytes"] == 0
+            and st["slots_free"] == slots):
+        return st
+    return None
+
+
+def test_a_sigkill_churn():
+    slots = 64
+    with Server(slots=slots) as s:
+        env = s.env(group="churn")
+        rng = random.Random(11)
+        seen = killed = 0
+        batch = 10
+        t0 = time.monotonic()
+        for start in range(0, CYCLES, batch):
+            procs = [subprocess.Popen([worker("mt_churn"), "2", "30"], env=env,
+                                      stdin=subprocess.DEVNULL)
+                     for _ in range(min(batch, CYCLES - start))]
+            # Let them get going (the kill lands mid-allocation, at a random
+            # point: this is the attack's timing, not a synchronisation).
+            time.sleep(rng.uniform(0.0, 0.05))
+            if start % 50 == 0:
+                seen = max(seen, s.status()["processes"])
+            for p in procs:
+                p.kill()
+            for p in procs:
+                p.wait()
+                killed += p.returncode == -signal.SIGKILL
+        st = wait_for("every slot free, fleet 0", lambda: settled(s, slots),
+                      timeout=30)
+        check(s.cli("ps")["processes"] == [], "processes still listed")
+        dt = time.monotonic() - t0
+        log = s.logtext()
+        regs = log.count('msg="worker registered"')
+        check(regs >= CYCLES // 10, f"only {regs} of {CYCLES} workers ever "
+              "registered: the kills came too early to test anything")
+        print(f"  {CYCLES} spawn/SIGKILL cycles ({killed} killed by the "
+              f"signal, {regs} had registered) in {dt:.1f} s; up to {seen} "
+              f"registered at a check; "
+              f"after: processes={st['processes']} bytes="
+              f"{st['fleet']['bytes']} slots_free={st['slots_free']}/{slots}",
+              flush=True)
+
+
+def test_b_more_workers_than_slots():
+    with Server(slots=4) as s:
+        ws = [Worker([worker("mt_hold"), "8"], s.env(group="many"))
+              for _ in range(8)]
+        try:
+            for w in ws:
+                check(w.readline().startswith("ready"), "worker not ready")
+            st = wait_for("4 registered, 4 unregistered", lambda: (
+                lambda st: st if st["processes"] == 4
+                and st["unregistered"] >= 4 else None)(s.status()))
+            # Let the refused clients retry a few times: each worker is
+            # still counted once (it was counted per attempt before).
+            t = st["ticks"]
+            wait_for("50 more ticks", lambda: s.status()["ticks"] >= t + 50)
+            st = s.status()
+            check(st["unregistered"] == 4,
+                  f"unregistered {st['unregistered']}, expected 4")
+            check(st["slots_free"] == 0, f"slots_free {st['slots_free']}")
+            # The registered four are counted exactly.
+            wait_for("4 x 8 MiB counted", lambda:
+                     s.status()["fleet"]["bytes"] >= 4 * 8 * MIB)
+            for w in ws:
+                w.send("free")
+                check(w.readline() == "freed", "worker did not free")
+        finally:
+            codes = [w.close() for w in ws]
+        check(codes == [0] * 8, f"worker exit codes {codes}")
+        st = wait_for("all slots free", lambda: settled(s, 4))
+        print(f"  8 workers on 4 slots: all exited 0; 4 counted, "
+              f"{st['unregistered']} unregistered reported", flush=True)
+
+
+def test_c_stopped_worker():
+    with Server(slots=8) as s:
+        w = Worker([worker("mt_hold"), "16"], s.env(group="stop"))
+        check(w.readline().startswith("ready"), "worker not ready")
+        wait_for("16 MiB counted", lambda: s.ps().get(w.pid, {}).get(
+            "bytes", 0) >= 16 * MIB)
+        os.kill(w.pid, signal.SIGSTOP)
+        try:
+            # Several ticks go by: the stopped worker stays listed, bytes kept.
+            t = s.status()["ticks"]
+            wait_for("20 ticks while stopped",
+                     lambda: s.status()["ticks"] >= t + 20)
+            p = s.ps().get(w.pid)
+            check(p is not None and p["bytes"] >= 16 * MIB,
+                  f"stopped worker lost: {p}")
+        finally:
+            os.kill(w.pid, signal.SIGCONT)
+        check(w.close() == 0, "worker exit")
+        wait_for("reclaimed", lambda: settled(s, 8))
+
+
+def test_c_fork_loop():
+    """A worker that forks children in a loop (each child allocates and
+    exits): the parent holds one slot, children leave no trace."""
+    with Server(slots=8) as s:
+        code = ("import os\n"
+                "for i in range(200):\n"
+                "    pid = os.fork()\n"
+                "    if pid == 0:\n"
+                "        b = bytearray(1 << 20)\n"
+                "        os._exit(0)\n"
+                "    os.waitpid(pid, 0)\n"
+                "print('done', flush=True)\n"
+                "import sys; sys.stdin.readline()\n")
+        w = Worker([sys.executable, "-c", code], s.env(group="forker"))
+        check(w.readline() == "done", "fork loop did not finish")
+        st = wait_for("only the parent listed", lambda: (
+            lambda ps: ps if set(ps) <= {w.pid} else None)(s.ps()))
+        check(s.status()["slots_free"] >= 7, "children leaked slots")
+        check(w.close() == 0, "forker exit")
+        wait_for("reclaimed", lambda: settled(s, 8))
+        print(f"  200 fork/exit children: listed after = {sorted(st)}",
+              flush=True)
+
+
+def test_c_exec_repeatedly():
+    """A worker that execs itself 20 times: one slot throughout, the final
+    image's bytes counted, nothing left after it exits."""
+    with Server(slots=8) as s:
+        code = ("import os, sys\n"
+                "n = int(sys.argv[1])\n"
+                "b = bytearray(4 << 20)\n"
+                "if n > 0:\n"
+                "    me = open('/proc/self/cmdline', 'rb').read()"
+                ".split(b'\\0')[2].decode()\n"
+                "    os.execv(sys.executable, [sys.executable, '-c', me, "
+                "str(n - 1)])\n"
+                "print('last', os.getpid(), flush=True)\n"
+                "sys.stdin.readline()\n")
+        w = Worker([sys.executable, "-c", code, "20"], s.env(group="exec"))
+        line = w.readline()
+        check(line == f"last {w.pid}", f"exec chain: {line}")
+        wait_for("one process listed", lambda: (
+            lambda ps: ps if set(ps) == {w.pid} else None)(s.ps()))
+        check(s.status()["slots_free"] == 7, "exec leaked slots")
+        check(w.close() == 0, "exec worker exit")
+        wait_for("reclaimed", lambda: settled(s, 8))
+
+
+def test_d_socket_deleted():
+    """The socket file removed under a running server: the server keeps
+    counting the workers it has, a new client cannot connect, and the log
+    says at error level what happened and that a restart recreates it; the
+    restarted server (same segment) adopts the running worker."""
+    with Server(slots=8) as s:
+        w = Worker([worker("mt_hold"), "4"], s.env(group="d"))
+        check(w.readline().startswith("ready"), "worker not ready")
+        wait_for("counted", lambda: s.status()["fleet"]["bytes"] >= 4 * MIB)
+        os.unlink(s.socket)
+        c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            c.connect(s.socket)
+            check(False, "connected to a deleted socket")
+        except OSError:
+            pass
+        finally:
+            c.close()
+        wait_for("log line about the socket", lambda:
+                 "socket file removed or replaced" in s.logtext())
+        check(s.proc.poll() is None, "memtallyd died when its socket went")
+        # Another memtallyd (own segment) takes the path meanwhile: the
+        # first one, stopping, must not remove that server's socket.
+        other_seg = s.segment + "-b"
+        other = subprocess.Popen(
+            [MEMTALLYD, "--socket", s.socket, "--segment", other_seg,
+             "--tick", "10"], stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL)
+        try:
+            wait_for("second server listening", lambda: connectable(s.socket))
+            s.proc.send_signal(signal.SIGTERM)
+            s.proc.wait(timeout=10 * MULT)
+            check(connectable(s.socket),
+                  "stopping the first server removed the second's socket")
+        finally:
+            other.send_signal(signal.SIGTERM)
+            other.wait(timeout=10 * MULT)
+            try:
+                os.unlink("/dev/shm" + other_seg)
+            except FileNotFoundError:
+                pass
+        # What the log line tells the operator to do.
+        with Server(slots=8, after=s) as s2:
+            wait_for("worker adopted", lambda: w.pid in s2.ps())
+            w.send("free")
+            check(w.readline() == "freed", "worker did not free")
+            check(w.close() == 0, "worker exit")
+            wait_for("reclaimed", lambda: settled(s2, 8))
+        print("  socket deleted: server stays up and logs 'restart "
+              "memtallyd'; the restart rebinds and adopts the worker",
+              flush=True)
+
+
+def test_d_segment_deleted():
+    """The segment unlinked from /dev/shm under a running server: it stays
+    up, keeps counting the worker it has, and logs what to do."""
+    with Server(slots=8) as s:
+        w = Worker([worker("mt_hold"), "4"], s.env(group="d"))
+        check(w.readline().startswith("ready"), "worker not ready")
+        wait_for("counted", lambda: s.status()["fleet"]["bytes"] >= 4 * MIB)
+        os.unlink("/dev/shm" + s.segment)
+        wait_for("log line about the segment", lambda:
+                 "segment removed from /dev/shm" in s.logtext())
+        check(s.proc.poll() is None, "memtallyd died")
+        st = s.status()
+        check(st["fleet"]["bytes"] >= 4 * MIB, f"count lost: {st['fleet']}")
+        w.send("free")
+        check(w.readline() == "freed", "worker did not free")
+        check(w.close() == 0, "worker exit")
+        wait_for("reclaimed", lambda: settled(s, 8))
+        print("  segment unlinked: server stays up, running worker still "
+              "counted, error logged ('restart memtallyd')", flush=True)
+
+
+def connectable(path):
+    c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        c.connect(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        c.close()
+
+
+def find_slot(segment, pid):
+    """(mmap, offset of the slot of `pid`) in /dev/shm/<segment>."""
+    fd = os.open("/dev/shm" + segment, os.O_RDWR)
+    try:
+        m = mmap.mmap(fd, 0)
+    finally:
+        os.close(fd)
+    off, stride, count = struct.unpack_from("<III", m, 20)
+    for i in range(count):
+        o = off + i * stride
+        if struct.unpack_from("<I", m, o)[0] == pid:
+            return m, o
+    m.close()
+    return None
+
+
+def test_e_scribbled_lane():
+    with Server(slots=8) as s:
+        good = Worker([worker("mt_hold"), "8"], s.env(group="e"))
+        bad = Worker([worker("mt_hold"), "8"], s.env(group="e"))
+        for w in (good, bad):
+            check(w.readline().startswith("ready"), "worker not ready")
+        wait_for("both counted", lambda: s.status()["fleet"]["bytes"] >= 16 * MIB)
+        m, o = wait_for("bad worker's slot", lambda: find_slot(s.segment, bad.pid))
+        # Lane 0's bytes (slot header is 64 bytes; bytes at +8): 2^62.
+        struct.pack_into("<q", m, o + 64 + 8, 1 << 62)
+        m.close()
+        p = wait_for("slot marked corrupt", lambda: (
+            lambda p: p if p and p.get("corrupt") else None)(
+            s.ps().get(bad.pid)))
+        st = s.status()
+        good_bytes = s.ps()[good.pid]["bytes"]
+        check(st["fleet"]["bytes"] == good_bytes,
+              f"fleet {st['fleet']['bytes']} != good worker {good_bytes}")
+        check(s.proc.poll() is None, "memtallyd died")
+        for w in (good, bad):
+            w.close()
+        wait_for("reclaimed", lambda: settled(s, 8))
+        check("corrupt" in s.logtext(), "no log line about the corrupt slot")
+        print(f"  lane scribbled to 2^62: corrupt={p['corrupt']}, fleet = "
+              f"{st['fleet']['bytes'] >> 20} MiB (the good worker only)",
+              flush=True)
+
+
+if __name__ == "__main__":
+    run([test_a_sigkill_churn, test_b_more_workers_than_slots,
+         test_c_stopped_worker, test_c_fork_loop, test_c_exec_repeatedly,
+         test_d_socket_deleted, test_d_segment_deleted,
+         test_e_scribbled_lane])
