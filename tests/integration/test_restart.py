@@ -93,5 +93,67 @@ def test_reset_starts_afresh():
         (second or first).stop()
 
 
+
+
+def test_kill9_under_load_loses_nothing():
+    """memtallyd SIGKILLed while workers churn and queries run; restarted:
+    the steady holders keep exactly their bytes, the churners that exit
+    leave, and the fleet ends at exactly the holders' total."""
+    import subprocess
+    import threading
+    first = Server()
+    holders = [Worker([worker("mt_hold"), str(8 * (i + 1)), "2"],
+                      first.env(group="hold")) for i in range(3)]
+    churn_env = first.env(group="churn")
+    churners = [subprocess.Popen([worker("mt_churn"), "2", "4"], env=churn_env)
+                for _ in range(8)]
+    second = None
+    stop = threading.Event()
+
+    def query_load(srv_ref):
+        while not stop.is_set():
+            try:
+                srv_ref[0].status()
+            except Exception:  # noqa: BLE001 - the server is down for a while
+                pass
+
+    srv_ref = [first]
+    t = threading.Thread(target=query_load, args=(srv_ref,), daemon=True)
+    t.start()
+    try:
+        for h in holders:
+            h.readline()
+        for h in holders:
+            wait_for("holder counted", counted(first, h.pid, 8 * MIB))
+        before = {h.pid: first.ps()[h.pid]["bytes"] for h in holders}
+        first.kill9()
+        second = Server(after=first)
+        srv_ref[0] = second
+        ps = wait_for("holders adopted", lambda: (lambda p: p if all(
+            h.pid in p for h in holders) else None)(second.ps()))
+        for h in holders:
+            check(ps[h.pid]["bytes"] == before[h.pid],
+                  f"holder {h.pid}: {ps[h.pid]['bytes']} after, "
+                  f"{before[h.pid]} before")
+        for c in churners:
+            check(c.wait(timeout=60) == 0, "churner failed")
+        want = sum(before.values())
+        st = wait_for("only the holders left", lambda: (lambda st: st if
+                      st["processes"] == 3 and st["fleet"]["bytes"] == want
+                      else None)(second.status()))
+        print(f"  holders kept {want >> 20} MiB across the restart; "
+              f"fleet {st['fleet']['bytes']} == {want}")
+    finally:
+        stop.set()
+        t.join(timeout=10)
+        for c in churners:
+            c.kill()
+            c.wait()
+        for h in holders:
+            h.close()
+        (second or first).stop()
+
+
 if __name__ == "__main__":
-    run([test_restart_adopts_live_workers, test_reset_starts_afresh])
+    run([test_restart_adopts_live_workers, test_reset_starts_afresh,
+         test_kill9_under_load_loses_nothing])
