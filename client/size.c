@@ -2,18 +2,15 @@
  * size.c - memtally_parse_size(): byte sizes as people write them on a
  * command line ("64KiB", "1.5G", "512MB", "4096").
  *
- * The rules are memtallyd's (server/size.c), so a size means the same in
- * the server's config and in `memtally limit set`: K, M, G, T and their
+ * The one size parser of the project: memtallyd's config and flags use it
+ * too (server.h's mt_parse_size), so a size means the same in the server's
+ * config and in `memtally limit set`: K, M, G, T and their
  * IEC forms Ki/KiB, ... are powers of 1024, because "64K" of memory means
  * that; only the explicit KB, MB, GB, TB are powers of 1000. Units are
  * case-insensitive. A fraction needs a unit (a fractional byte count is a
  * typo) and the result is rounded down. No sign, spaces or hex: something
  * that looks odd is refused, not guessed. The arithmetic is exact in 128
  * bits, and a value past UINT64_MAX is -ERANGE, never a wrapped one.
- *
- * The client does not link server code; once the two copies are moved to
- * one shared place (shm/ depends on nothing, or a new common/), this one
- * goes.
  */
 #include <errno.h>
 #include <stdbool.h>

@@ -34,6 +34,7 @@
 #include <uv.h>
 
 #include "memtally.pb-c.h"
+#include "memtally_query.h"
 #include "mtframe.h"
 #include "mtshm.h"
 
@@ -60,7 +61,10 @@
  * rounded down to whole bytes. Returns 0, -EINVAL (not a size) or -ERANGE
  * (over UINT64_MAX).
  */
-int mt_parse_size(const char *s, uint64_t *out);
+static inline int mt_parse_size(const char *s, uint64_t *out)
+{
+	return memtally_parse_size(s, out); /* client/size.c */
+}
 
 /* ---- procfs.c -------------------------------------------------------- */
 
