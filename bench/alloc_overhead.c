@@ -39,6 +39,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <malloc.h>
+#include <pthread.h>
 #include <sched.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -73,19 +74,55 @@ int mallctl(const char *name, void *oldp, size_t *oldlenp, void *newp,
 #define JE_CLASS_100     112 /* jemalloc's size class for malloc(100) */
 #define GLIBC_USABLE_100 104 /* glibc: 112-byte chunk minus its header */
 
+/* What one op of a case does (one timed unit; see each body below). */
+enum kind { K_PAIR, K_FILL, K_GROW, K_CHURN };
+
 struct bench_case {
 	const char *name;
 	size_t size;
+	enum kind kind;
+	int parallel; /* run on all CPUs: name ends in _x<threads> (or, for
+	               * threshold_churn, always all CPUs) */
 };
 
 /* Seed 000's single-thread cases, plus one beyond the seed: 80 KiB (a
  * jemalloc size class) is over the 64 KiB threshold, so the inline API
- * flushes on every call; at exactly 64 KiB it does not (see RESULTS.md). */
+ * flushes on every call. At exactly 64 KiB the flush probe of the current
+ * client shows the inline API flushing on every call too, the preload
+ * almost never (RESULTS.md, "Flushes per pair").
+ * Then the seed's other cases:
+ *  - alloc_fill_free_64kb: malloc 64 KiB, memset all of it, free.
+ *  - grow_vec_to_64kb: one op = a vector of 8-byte elements grown by push
+ *    from a 16-byte malloc, realloc doubling its capacity when full, up to
+ *    64 KiB (8192 pushes, 12 reallocs), then freed. The inline variant
+ *    accounts each capacity change (+new -old) and -cap at free.
+ *  - threshold_churn: all CPUs, thread i pinned to CPU i. One op = two
+ *    48 KiB mallocs held in a 2-slot ring, then both freed (2 pairs; the
+ *    time reported is per pair per thread). A thread's drift goes
+ *    +48K, +96K (crosses +64K: flush), -48K, -96K (crosses -64K: flush):
+ *    two flushes per op into the shared counter from every thread at once,
+ *    the parallel case around the flush threshold the seed asks for.
+ *  - parallel_alloc_free_{32,64}kb_x<N>: alloc_free on N threads started
+ *    together behind a barrier, thread i pinned to CPU i; ns per pair per
+ *    thread = wall time from the barrier to the last thread's end / pairs. */
 static const struct bench_case cases[] = {
-    {"alloc_free_16b", 16},         {"alloc_free_256b", 256},
-    {"alloc_free_4096b", 4096},     {"alloc_free_32kb", 32 * 1024},
-    {"alloc_free_64kb", 64 * 1024}, {"alloc_free_80kb", 80 * 1024},
+    {"alloc_free_16b", 16, K_PAIR, 0},
+    {"alloc_free_256b", 256, K_PAIR, 0},
+    {"alloc_free_4096b", 4096, K_PAIR, 0},
+    {"alloc_free_32kb", 32 * 1024, K_PAIR, 0},
+    {"alloc_free_64kb", 64 * 1024, K_PAIR, 0},
+    {"alloc_free_80kb", 80 * 1024, K_PAIR, 0},
+    {"alloc_fill_free_64kb", 64 * 1024, K_FILL, 0},
+    {"grow_vec_to_64kb", 64 * 1024, K_GROW, 0},
+    {"threshold_churn", 48 * 1024, K_CHURN, 1},
+    {"parallel_alloc_free_32kb_x", 32 * 1024, K_PAIR, 1},
+    {"parallel_alloc_free_64kb_x", 64 * 1024, K_PAIR, 1},
 };
+
+#define MAX_THREADS 256
+/* The CPUs this process may use, recorded before it pins itself. */
+static int ncpus;
+static int cpu_list[MAX_THREADS];
 
 enum variant { V_JEMALLOC, V_INLINE, V_PRELOAD, V_GLIBC };
 static const char *const variant_names[] = {"jemalloc", "inline", "preload",
@@ -141,6 +178,178 @@ BENCH_LOOP uint64_t bench_loop_inline(size_t size, uint64_t n)
 }
 #endif
 
+/* The bodies of the other cases; `acct` is a constant at every call site,
+ * so each loop below is specialised, as the pair loops are: 0 = no
+ * accounting, 1 = memtally_account(), 2 = memtally_account() counting the
+ * calls that flushed (for the probe, never timed). */
+#ifdef BENCH_LINKED_JEMALLOC
+static int probe_flush_count;
+#endif
+
+static inline __attribute__((always_inline)) void acct_add(int acct,
+                                                           int64_t d)
+{
+#ifdef BENCH_LINKED_JEMALLOC
+	if (acct == 1) {
+		memtally_account(d);
+	} else if (acct == 2) {
+		/* A flush re-centres `biased`: the add is not seen in it. */
+		uint64_t b = memtally__t.biased;
+		memtally_account(d);
+		probe_flush_count += memtally__t.biased != b + (uint64_t)d;
+	}
+#else
+	(void)acct;
+	(void)d;
+#endif
+}
+
+static inline __attribute__((always_inline)) void
+body_fill(int acct, size_t size, uint64_t i)
+{
+	void *p = malloc(size);
+	acct_add(acct, (int64_t)size);
+	memset(p, (int)(i & 0xff), size);
+	BENCH_ESCAPE(p);
+	acct_add(acct, -(int64_t)size);
+	free(p);
+}
+
+/* The growth step is out of line, as a real vector's is (Rust's
+ * RawVec::grow_one, C++'s _M_realloc_insert): the push loop is then the
+ * same machine code in every variant, and only the 12 growths and the
+ * final free differ by the accounting. With it inlined, the inline API's
+ * calls changed the register allocation of the push loop itself and the
+ * difference measured was that, not the accounting. */
+struct vec {
+	uint64_t *v;
+	size_t cap;
+}; /* returned in two registers: the push loop keeps both in registers */
+#define DEFINE_GROW(name, acct)                                              \
+	static __attribute__((noinline)) struct vec name(struct vec a)        \
+	{                                                                     \
+		uint64_t *nv = realloc(a.v, a.cap * 2);                       \
+		if (!nv)                                                      \
+			abort();                                              \
+		acct_add(acct, (int64_t)a.cap); /* +2cap -cap */              \
+		return (struct vec){nv, a.cap * 2};                           \
+	}
+DEFINE_GROW(grow_plain, 0)
+#ifdef BENCH_LINKED_JEMALLOC
+DEFINE_GROW(grow_inline, 1)
+DEFINE_GROW(grow_probe, 2)
+#endif
+
+static inline __attribute__((always_inline)) void body_grow(int acct,
+                                                            size_t limit)
+{
+	struct vec a = {malloc(16), 16};
+	size_t len = 0;
+	acct_add(acct, (int64_t)a.cap);
+	while (len * sizeof(*a.v) < limit) {
+		if (__builtin_expect((len + 1) * sizeof(*a.v) > a.cap, 0)) {
+#ifdef BENCH_LINKED_JEMALLOC
+			a = acct == 2   ? grow_probe(a)
+			    : acct == 1 ? grow_inline(a)
+			                : grow_plain(a);
+#else
+			a = grow_plain(a);
+#endif
+		}
+		a.v[len] = len;
+		len++;
+		BENCH_ESCAPE(a.v);
+	}
+	size_t cap = a.cap;
+	uint64_t *v = a.v;
+	acct_add(acct, -(int64_t)cap);
+	free(v);
+}
+
+static inline __attribute__((always_inline)) void body_churn(int acct,
+                                                             size_t size)
+{
+	void *ring[2];
+	ring[0] = malloc(size);
+	acct_add(acct, (int64_t)size);
+	BENCH_ESCAPE(ring[0]);
+	ring[1] = malloc(size);
+	acct_add(acct, (int64_t)size);
+	BENCH_ESCAPE(ring[1]);
+	acct_add(acct, -(int64_t)size);
+	free(ring[0]);
+	acct_add(acct, -(int64_t)size);
+	free(ring[1]);
+}
+
+/* The push loop of grow_vec_to_64kb is ~9 instructions run 8192 times per
+ * op, so where it falls relative to 32-byte fetch blocks decides its speed:
+ * with default alignment it sat inside one block in bench_loop_grow_plain
+ * and straddled two in bench_loop_grow_inline (the accounting before it
+ * shifted it by 40 bytes), and the inline variant measured +2.5 us per op
+ * (+45%) for +390 instructions, all of them outside that loop. Both loops
+ * are aligned to 64 bytes so they differ only by the accounting. */
+#if defined(__GNUC__) && !defined(__clang__)
+#define BENCH_GROW_LOOP BENCH_LOOP __attribute__((optimize("align-loops=64")))
+#else
+#define BENCH_GROW_LOOP BENCH_LOOP
+#endif
+
+BENCH_LOOP uint64_t bench_loop_fill_plain(size_t size, uint64_t n)
+{
+	for (uint64_t i = 0; i < n; i++)
+		body_fill(0, size, i);
+	return n;
+}
+BENCH_GROW_LOOP uint64_t bench_loop_grow_plain(size_t size, uint64_t n)
+{
+	for (uint64_t i = 0; i < n; i++)
+		body_grow(0, size);
+	return n;
+}
+BENCH_LOOP uint64_t bench_loop_churn_plain(size_t size, uint64_t n)
+{
+	for (uint64_t i = 0; i < n; i++)
+		body_churn(0, size);
+	return n;
+}
+#ifdef BENCH_LINKED_JEMALLOC
+BENCH_LOOP uint64_t bench_loop_fill_inline(size_t size, uint64_t n)
+{
+	for (uint64_t i = 0; i < n; i++)
+		body_fill(1, size, i);
+	return n;
+}
+BENCH_GROW_LOOP uint64_t bench_loop_grow_inline(size_t size, uint64_t n)
+{
+	for (uint64_t i = 0; i < n; i++)
+		body_grow(1, size);
+	return n;
+}
+BENCH_LOOP uint64_t bench_loop_churn_inline(size_t size, uint64_t n)
+{
+	for (uint64_t i = 0; i < n; i++)
+		body_churn(1, size);
+	return n;
+}
+
+/* The flush probe's copy of the three loops above (not timed). */
+static __attribute__((noinline)) int probe_loop_tls(int kind, size_t size,
+                                                    uint64_t n)
+{
+	probe_flush_count = 0;
+	for (uint64_t i = 0; i < n; i++) {
+		if (kind == K_FILL)
+			body_fill(2, size, i);
+		else if (kind == K_GROW)
+			body_grow(2, size);
+		else
+			body_churn(2, size);
+	}
+	return probe_flush_count;
+}
+#endif
+
 static uint64_t now_ns(void)
 {
 	struct timespec ts;
@@ -148,20 +357,113 @@ static uint64_t now_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-static uint64_t run_loop(size_t size, uint64_t n)
+static uint64_t run_loop(const struct bench_case *c, uint64_t n)
 {
+	size_t size = c->size;
 #ifdef BENCH_LINKED_JEMALLOC
-	if (g.variant == V_INLINE)
-		return bench_loop_inline(size, n);
+	if (g.variant == V_INLINE) {
+		switch (c->kind) {
+		case K_FILL:
+			return bench_loop_fill_inline(size, n);
+		case K_GROW:
+			return bench_loop_grow_inline(size, n);
+		case K_CHURN:
+			return bench_loop_churn_inline(size, n);
+		default:
+			return bench_loop_inline(size, n);
+		}
+	}
 #endif
-	return bench_loop_plain(size, n);
+	switch (c->kind) {
+	case K_FILL:
+		return bench_loop_fill_plain(size, n);
+	case K_GROW:
+		return bench_loop_grow_plain(size, n);
+	case K_CHURN:
+		return bench_loop_churn_plain(size, n);
+	default:
+		return bench_loop_plain(size, n);
+	}
 }
 
-/* Elapsed ns of n pairs. */
-static uint64_t timed_run(size_t size, uint64_t n)
+/* ---- parallel runs ------------------------------------------------------ */
+
+struct par_thread {
+	pthread_t tid;
+	int cpu;
+	const struct bench_case *c;
+	uint64_t n;
+	pthread_barrier_t *bar;
+	uint64_t t0, t1;
+	int pin_err;
+};
+
+static void *par_main(void *arg)
 {
+	struct par_thread *t = arg;
+	cpu_set_t set;
+	CPU_ZERO(&set);
+	CPU_SET(t->cpu, &set);
+	t->pin_err = pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+	/* A short warm-up of this thread's caches (allocator and memtally
+	 * thread-local state), outside the timed region. */
+	run_loop(t->c, t->n / 16 + 1);
+	pthread_barrier_wait(t->bar);
+	t->t0 = now_ns();
+	run_loop(t->c, t->n);
+	t->t1 = now_ns();
+	return NULL;
+}
+
+/* Wall ns of n ops on each of `threads` threads, from the earliest start
+ * after the barrier to the latest end; 0 on error. */
+static uint64_t par_run(const struct bench_case *c, int threads, uint64_t n)
+{
+	static struct par_thread t[MAX_THREADS];
+	pthread_barrier_t bar;
+	pthread_barrier_init(&bar, NULL, (unsigned)threads);
+	int started = 0, err = 0;
+	for (int i = 0; i < threads; i++) {
+		t[i] = (struct par_thread){.cpu = cpu_list[i % ncpus], .c = c,
+		                           .n = n, .bar = &bar};
+		if (pthread_create(&t[i].tid, NULL, par_main, &t[i])) {
+			err = 1;
+			break;
+		}
+		started++;
+	}
+	if (err) {
+		/* Cannot release the barrier without all threads: give up. */
+		fprintf(stderr, BENCH_BINARY ": pthread_create failed\n");
+		exit(4);
+	}
+	uint64_t lo = UINT64_MAX, hi = 0;
+	for (int i = 0; i < started; i++) {
+		pthread_join(t[i].tid, NULL);
+		if (t[i].pin_err)
+			err = 1;
+		if (t[i].t0 < lo)
+			lo = t[i].t0;
+		if (t[i].t1 > hi)
+			hi = t[i].t1;
+	}
+	pthread_barrier_destroy(&bar);
+	if (err)
+		fprintf(stderr, BENCH_BINARY ": could not pin a thread\n");
+	return err ? 0 : hi - lo;
+}
+
+/* Threads of a case: 1, or for a parallel one the _x<N> of its name (all
+ * CPUs for threshold_churn). Stored by find_case(). */
+static int case_threads;
+
+/* Elapsed ns of n ops (wall, for a parallel case). */
+static uint64_t timed_run(const struct bench_case *c, uint64_t n)
+{
+	if (c->parallel)
+		return par_run(c, case_threads, n);
 	uint64_t t0 = now_ns();
-	run_loop(size, n);
+	run_loop(c, n);
 	return now_ns() - t0;
 }
 
@@ -464,27 +766,24 @@ static int prove(struct sbuf *js, struct sbuf *why)
  * flush re-centres `biased`, so the add is not seen in it). -1: unknown
  * (the preload without a server).
  */
-static double probe_flushes(size_t size, int pairs, const char **method)
+static double probe_flushes(const struct bench_case *c, int pairs,
+                            const char **method)
 {
+	size_t size = c->size;
+	(void)size;
 	int64_t f0 = lane_flushes();
 	if (f0 >= 0) {
-		for (int i = 0; i < pairs; i++) {
-			void *p = malloc(size);
-#ifdef BENCH_LINKED_JEMALLOC
-			if (g.variant == V_INLINE)
-				memtally_account((int64_t)size);
-#endif
-			BENCH_ESCAPE(p);
-#ifdef BENCH_LINKED_JEMALLOC
-			if (g.variant == V_INLINE)
-				memtally_account(-(int64_t)size);
-#endif
-			free(p);
-		}
+		/* One thread: the lane counter is per process. */
+		run_loop(c, (uint64_t)pairs);
 		*method = "segment";
 		return (double)(lane_flushes() - f0) / pairs;
 	}
 #ifdef BENCH_LINKED_JEMALLOC
+	if (g.variant == V_INLINE && c->kind != K_PAIR) {
+		*method = "tls";
+		return (double)probe_loop_tls(c->kind, size, (uint64_t)pairs) /
+		       pairs;
+	}
 	if (g.variant == V_INLINE) {
 		int n = 0;
 		for (int i = 0; i < pairs; i++) {
@@ -514,9 +813,25 @@ static double probe_flushes(size_t size, int pairs, const char **method)
 
 static const struct bench_case *find_case(const char *name)
 {
-	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
-		if (!strcmp(cases[i].name, name))
-			return &cases[i];
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		const struct bench_case *c = &cases[i];
+		size_t k = strlen(c->name);
+		if (c->parallel && c->name[k - 1] == 'x') {
+			char *end;
+			if (strncmp(c->name, name, k))
+				continue;
+			long t = strtol(name + k, &end, 10);
+			if (end == name + k || *end || t < 1 ||
+			    t > MAX_THREADS)
+				continue;
+			case_threads = (int)t;
+			return c;
+		}
+		if (!strcmp(c->name, name)) {
+			case_threads = c->parallel ? ncpus : 1;
+			return c;
+		}
+	}
 	return NULL;
 }
 
@@ -543,7 +858,10 @@ static void usage(FILE *f)
 #endif
 	);
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
-		fprintf(f, " %s", cases[i].name);
+		fprintf(f, " %s%s", cases[i].name,
+		        cases[i].name[strlen(cases[i].name) - 1] == 'x'
+		            ? "<threads>"
+		            : "");
 	fprintf(f, "\n");
 }
 
@@ -559,10 +877,14 @@ static int serve(void)
 			return 0;
 		const struct bench_case *c = k >= 2 ? find_case(name) : NULL;
 		if (k == 3 && !strcmp(cmd, "run") && c && n > 0) {
-			printf("ns %" PRIu64 "\n", timed_run(c->size, n));
+			uint64_t ns = timed_run(c, n);
+			if (ns)
+				printf("ns %" PRIu64 "\n", ns);
+			else
+				printf("error run failed\n");
 		} else if (k >= 2 && !strcmp(cmd, "probe") && c) {
 			const char *method = "";
-			double f = probe_flushes(c->size, 64, &method);
+			double f = probe_flushes(c, 64, &method);
 			printf("flushes %.3f %s\n", f, method);
 		} else {
 			printf("error bad command: %s", line);
@@ -616,6 +938,17 @@ int main(int argc, char **argv)
 #else
 	int vok = vi == V_PRELOAD || vi == V_GLIBC;
 #endif
+	{
+		cpu_set_t set;
+		ncpus = 0;
+		if (!sched_getaffinity(0, sizeof(set), &set))
+			for (int k = 0; k < CPU_SETSIZE && ncpus < MAX_THREADS;
+			     k++)
+				if (CPU_ISSET(k, &set))
+					cpu_list[ncpus++] = k;
+		if (!ncpus)
+			cpu_list[ncpus++] = 0;
+	}
 	const struct bench_case *c = case_name ? find_case(case_name) : NULL;
 	if (!vok ||
 	    (expect && strcmp(expect, "jemalloc") && strcmp(expect, "glibc")) ||
@@ -657,8 +990,8 @@ int main(int argc, char **argv)
 	if (proof_only)
 		return 0;
 	for (unsigned long long r = 0; r < reps; r++) {
-		uint64_t ns = timed_run(c->size, iters);
-		printf("%s %s %.3f ns/pair (%llu pairs)\n", c->name,
+		uint64_t ns = timed_run(c, iters);
+		printf("%s %s %.3f ns/op (%llu ops)\n", case_name,
 		       variant_names[g.variant], (double)ns / (double)iters,
 		       iters);
 	}
