@@ -64,15 +64,15 @@ int mallctl(const char *name, void *oldp, size_t *oldlenp, void *newp,
 #define BENCH_BINARY "bench_alloc_plain"
 #endif
 
-/* Keeps the compiler from eliding a malloc/free pair or merging the two
- * memtally_account() calls around it: `p` escapes, memory is clobbered. */
-#define BENCH_ESCAPE(p) __asm__ __volatile__("" : : "r"(p) : "memory")
+/* The helpers every suite shares: clock, pinning, the allocator proof's
+ * string buffers, BENCH_ESCAPE. */
+#include "bench_common.h"
 
-#define HOLD_BLOCKS      16
-#define HOLD_SIZE        (64 * 1024)
+#define HOLD_BLOCKS      BENCH_HOLD_BLOCKS
+#define HOLD_SIZE        BENCH_HOLD_SIZE
 #define HOLD_BYTES       ((int64_t)HOLD_BLOCKS * HOLD_SIZE)
-#define JE_CLASS_100     112 /* jemalloc's size class for malloc(100) */
-#define GLIBC_USABLE_100 104 /* glibc: 112-byte chunk minus its header */
+#define JE_CLASS_100     BENCH_JE_CLASS_100
+#define GLIBC_USABLE_100 BENCH_GLIBC_USABLE_100
 
 /* What one op of a case does (one timed unit; see each body below). */
 enum kind { K_PAIR, K_FILL, K_GROW, K_CHURN };
@@ -128,7 +128,7 @@ enum variant { V_JEMALLOC, V_INLINE, V_PRELOAD, V_GLIBC };
 static const char *const variant_names[] = {"jemalloc", "inline", "preload",
                                             "glibc"};
 
-typedef int (*mallctl_fn)(const char *, void *, size_t *, void *, size_t);
+typedef bench_mallctl_fn mallctl_fn;
 
 /* The process's view of the allocator and of memtally, resolved once. */
 static struct {
@@ -350,13 +350,6 @@ static __attribute__((noinline)) int probe_loop_tls(int kind, size_t size,
 }
 #endif
 
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 static uint64_t run_loop(const struct bench_case *c, uint64_t n)
 {
 	size_t size = c->size;
@@ -409,9 +402,9 @@ static void *par_main(void *arg)
 	 * thread-local state), outside the timed region. */
 	run_loop(t->c, t->n / 16 + 1);
 	pthread_barrier_wait(t->bar);
-	t->t0 = now_ns();
+	t->t0 = bench_now_ns();
 	run_loop(t->c, t->n);
-	t->t1 = now_ns();
+	t->t1 = bench_now_ns();
 	return NULL;
 }
 
@@ -462,9 +455,9 @@ static uint64_t timed_run(const struct bench_case *c, uint64_t n)
 {
 	if (c->parallel)
 		return par_run(c, case_threads, n);
-	uint64_t t0 = now_ns();
+	uint64_t t0 = bench_now_ns();
 	run_loop(c, n);
-	return now_ns() - t0;
+	return bench_now_ns() - t0;
 }
 
 /* ---- what the process runs on ------------------------------------------ */
@@ -489,12 +482,7 @@ static void resolve_api(void)
 
 static int je_allocated(size_t *out)
 {
-	uint64_t epoch = 1;
-	size_t sz = sizeof(epoch);
-	if (!g.mallctl || g.mallctl("epoch", &epoch, &sz, &epoch, sz))
-		return -1;
-	sz = sizeof(*out);
-	return g.mallctl("stats.allocated", out, &sz, NULL, 0) ? -1 : 0;
+	return bench_je_allocated(g.mallctl, out);
 }
 
 /* Lane flushes of this process's slot in the server's segment, or -1. */
@@ -542,73 +530,12 @@ static void unhold(void **blk)
 	}
 }
 
-/* Append printf output to a fixed buffer; never overflows. */
-struct sbuf {
-	char b[4096];
-	size_t n;
-	int fails; /* lines added with flag() */
-};
-
-static void sb_vadd(struct sbuf *s, const char *fmt, va_list ap)
-{
-	if (s->n >= sizeof(s->b) - 1)
-		return;
-	int k = vsnprintf(s->b + s->n, sizeof(s->b) - s->n, fmt, ap);
-	if (k > 0)
-		s->n += (size_t)k;
-	if (s->n >= sizeof(s->b))
-		s->n = sizeof(s->b) - 1;
-}
-
-__attribute__((format(printf, 2, 3))) static void sb_add(struct sbuf *s,
-                                                         const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	sb_vadd(s, fmt, ap);
-	va_end(ap);
-}
-
-/* One failed sign of the proof: a line of `why`. */
-__attribute__((format(printf, 2, 3))) static void flag(struct sbuf *why,
-                                                       const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	sb_add(why, "  - ");
-	sb_vadd(why, fmt, ap);
-	sb_add(why, "\n");
-	va_end(ap);
-	why->fails++;
-}
-
-/* A JSON string: the values here (paths, version strings) are printable,
- * but escape what JSON requires anyway. */
-static void sb_json_str(struct sbuf *s, const char *v)
-{
-	if (!v) {
-		sb_add(s, "null");
-		return;
-	}
-	sb_add(s, "\"");
-	for (; *v; v++) {
-		unsigned char c = (unsigned char)*v;
-		if (c == '"' || c == '\\')
-			sb_add(s, "\\%c", c);
-		else if (c < 0x20)
-			sb_add(s, "\\u%04x", c);
-		else
-			sb_add(s, "%c", c);
-	}
-	sb_add(s, "\"");
-}
-
 /*
  * Prove the allocator and the accounting. Writes a JSON object describing
  * what was found into `js` and one line per failed sign into `why`.
  * Returns the number of failed signs.
  */
-static int prove(struct sbuf *js, struct sbuf *why)
+static int prove(struct bench_sbuf *js, struct bench_sbuf *why)
 {
 	/* Sign 1: jemalloc's control interface. */
 	const char *version = NULL;
@@ -661,19 +588,19 @@ static int prove(struct sbuf *js, struct sbuf *why)
 
 	if (g.expect_jemalloc) {
 		if (!g.mallctl)
-			flag(why, "no mallctl in the process "
+			bench_flag(why, "no mallctl in the process "
 			          "(dlsym(RTLD_DEFAULT, \"mallctl\") is "
 			          "NULL): jemalloc is not loaded");
 		else if (!version)
-			flag(why, "mallctl(\"version\") failed");
+			bench_flag(why, "mallctl(\"version\") failed");
 		if (usable != JE_CLASS_100)
-			flag(why,
+			bench_flag(why,
 			     "malloc_usable_size(malloc(100)) = "
 			     "%zu; jemalloc's size class is %d "
 			     "(glibc gives %d)",
 			     usable, JE_CLASS_100, GLIBC_USABLE_100);
 		if (!have_stats || stats_delta < HOLD_BYTES)
-			flag(why,
+			bench_flag(why,
 			     "jemalloc stats.allocated grew by "
 			     "%" PRId64 " bytes while %" PRId64 " were held%s",
 			     stats_delta, HOLD_BYTES,
@@ -682,27 +609,27 @@ static int prove(struct sbuf *js, struct sbuf *why)
 		                       ? "libmemtally_preload"
 		                       : "libjemalloc";
 		if (!strstr(malloc_from, want))
-			flag(why,
+			bench_flag(why,
 			     "the global malloc is defined in %s, "
 			     "expected %s",
 			     malloc_from, want);
 		if (g.variant == V_PRELOAD &&
 		    (!pre || strncmp(pre, "jemalloc", 8) != 0))
-			flag(why,
+			bench_flag(why,
 			     "memtally_preload_allocator() = %s; "
 			     "expected \"jemalloc <version>\"",
 			     pre ? pre : "(absent: preload not loaded)");
 	} else {
 		if (g.mallctl)
-			flag(why, "mallctl is present: jemalloc "
+			bench_flag(why, "mallctl is present: jemalloc "
 			          "is loaded, expected glibc");
 		if (usable != GLIBC_USABLE_100)
-			flag(why,
+			bench_flag(why,
 			     "malloc_usable_size(malloc(100)) = "
 			     "%zu; glibc gives %d",
 			     usable, GLIBC_USABLE_100);
 		if (!strstr(malloc_from, "libc.so"))
-			flag(why,
+			bench_flag(why,
 			     "the global malloc is defined in %s, "
 			     "expected libc.so",
 			     malloc_from);
@@ -711,49 +638,49 @@ static int prove(struct sbuf *js, struct sbuf *why)
 	int64_t held = m1 - m0, left = m2 - m0;
 	if (g.variant == V_INLINE || g.variant == V_PRELOAD) {
 		if (!g.process_bytes)
-			flag(why, "memtally_process_bytes not "
+			bench_flag(why, "memtally_process_bytes not "
 			          "found: no accounting loaded");
 		else if (held < HOLD_BYTES ||
 		         held > HOLD_BYTES + MEMTALLY_DEFAULT_THRESHOLD)
-			flag(why,
+			bench_flag(why,
 			     "memtally_process_bytes() moved by "
 			     "%" PRId64 " while %" PRId64 " bytes were held",
 			     held, HOLD_BYTES);
 		else if (left < -MEMTALLY_DEFAULT_THRESHOLD ||
 		         left > MEMTALLY_DEFAULT_THRESHOLD)
-			flag(why,
+			bench_flag(why,
 			     "memtally_process_bytes() still "
 			     "%+" PRId64 " after the blocks were "
 			     "freed",
 			     left);
 	} else if (g.process_bytes && (held != 0 || left != 0)) {
-		flag(why,
+		bench_flag(why,
 		     "accounting is off, yet "
 		     "memtally_process_bytes() moved by %" PRId64,
 		     held);
 	}
 	if (g.variant != V_PRELOAD && pre)
-		flag(why, "libmemtally_preload is loaded in a "
+		bench_flag(why, "libmemtally_preload is loaded in a "
 		          "variant that must not use it");
 
-	sb_add(js,
+	bench_sb_add(js,
 	       "{\"variant\": \"%s\", \"binary\": \"%s\", "
 	       "\"expect\": \"%s\", \"pid\": %d, \"jemalloc_version\": ",
 	       variant_names[g.variant], BENCH_BINARY,
 	       g.expect_jemalloc ? "jemalloc" : "glibc", (int)getpid());
-	sb_json_str(js, version);
-	sb_add(js, ", \"usable_size_100\": %zu, \"malloc_from\": ", usable);
-	sb_json_str(js, malloc_from);
-	sb_add(js, ", \"preload_allocator\": ");
-	sb_json_str(js, pre);
-	sb_add(js, ", \"stats_allocated_delta\": %" PRId64, stats_delta);
-	sb_add(js, ", \"memtally_api\": %s",
+	bench_sb_json_str(js, version);
+	bench_sb_add(js, ", \"usable_size_100\": %zu, \"malloc_from\": ", usable);
+	bench_sb_json_str(js, malloc_from);
+	bench_sb_add(js, ", \"preload_allocator\": ");
+	bench_sb_json_str(js, pre);
+	bench_sb_add(js, ", \"stats_allocated_delta\": %" PRId64, stats_delta);
+	bench_sb_add(js, ", \"memtally_api\": %s",
 	       g.process_bytes ? "true" : "false");
-	sb_add(js, ", \"process_bytes_held_delta\": %" PRId64, held);
-	sb_add(js, ", \"process_bytes_after_delta\": %" PRId64, left);
-	sb_add(js, ", \"attached\": %s", attached ? "true" : "false");
-	sb_add(js, ", \"lane_flushes\": %" PRId64, lane_flushes());
-	sb_add(js, ", \"failed_signs\": %d}", why->fails);
+	bench_sb_add(js, ", \"process_bytes_held_delta\": %" PRId64, held);
+	bench_sb_add(js, ", \"process_bytes_after_delta\": %" PRId64, left);
+	bench_sb_add(js, ", \"attached\": %s", attached ? "true" : "false");
+	bench_sb_add(js, ", \"lane_flushes\": %" PRId64, lane_flushes());
+	bench_sb_add(js, ", \"failed_signs\": %d}", why->fails);
 	return why->fails;
 }
 
@@ -833,14 +760,6 @@ static const struct bench_case *find_case(const char *name)
 		}
 	}
 	return NULL;
-}
-
-static int pin_cpu(int cpu)
-{
-	cpu_set_t set;
-	CPU_ZERO(&set);
-	CPU_SET(cpu, &set);
-	return sched_setaffinity(0, sizeof(set), &set) ? -errno : 0;
 }
 
 static void usage(FILE *f)
@@ -962,13 +881,13 @@ int main(int argc, char **argv)
 	g.variant = (enum variant)vi;
 	g.expect_jemalloc =
 	    expect ? !strcmp(expect, "jemalloc") : g.variant != V_GLIBC;
-	if (cpu >= 0 && pin_cpu(cpu)) {
+	if (cpu >= 0 && bench_pin_cpu(cpu)) {
 		fprintf(stderr, BENCH_BINARY ": cannot pin to CPU %d\n", cpu);
 		return 2;
 	}
 
 	resolve_api();
-	static struct sbuf js, why;
+	static struct bench_sbuf js, why;
 	int bad = prove(&js, &why);
 	if (bad) {
 		fprintf(stderr,
