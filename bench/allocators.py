@@ -63,45 +63,9 @@ SEED = {
 }
 
 
-class Worker:
-    def __init__(self, exe, alloc, cpu, tmp, env):
-        self.alloc = alloc
-        argv = [exe, "--serve"]
-        if cpu is not None:
-            argv += ["--cpu", str(cpu)]
-        self.err = open(os.path.join(tmp, "worker-%s.err" % alloc), "w+")
-        self.proc = subprocess.Popen(
-            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=self.err, text=True, bufsize=1, env=env)
-        line = self.proc.stdout.readline()
-        if not line.startswith("ready "):
-            rc = self.proc.wait()
-            self.err.seek(0)
-            raise BenchError("%s: the worker refused to run (exit %s):\n%s"
-                             % (alloc, rc, self.err.read().rstrip()))
-        self.proof = json.loads(line[len("ready "):])
-
+class Worker(buffer_growth.ServeWorker):
     def run(self, case, n, ops):
-        cmd = "run %s %d %d" % (case, n, ops)
-        self.proc.stdin.write(cmd + "\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        r = line.split()
-        if not r or r[0] != "ns":
-            self.err.seek(0)
-            raise BenchError("%s: %r failed: %s %s" % (
-                self.alloc, cmd, line.strip(), self.err.read().strip()))
-        return int(r[1])
-
-    def close(self):
-        if self.proc.poll() is None:
-            try:
-                self.proc.stdin.write("quit\n")
-                self.proc.stdin.flush()
-                self.proc.wait(5)
-            except (OSError, subprocess.TimeoutExpired):
-                self.proc.kill()
-                self.proc.wait()
+        return int(self.request("run %s %d %d" % (case, n, ops))[1])
 
 
 def calibrate(w, case, n, target_ns):

@@ -61,10 +61,14 @@ SEED = {
 }
 
 
-class Worker:
-    def __init__(self, exe, alloc, cpu, mib, tmp, env):
+class ServeWorker:
+    """A bench worker in --serve mode: it proves its allocator, prints
+    "ready <proof JSON>", then answers one "run ..." line with one
+    "ns N ..." line. Shared by the buffer_growth and allocators drivers."""
+
+    def __init__(self, exe, alloc, cpu, tmp, env, extra_argv=()):
         self.alloc = alloc
-        argv = [exe, "--serve", "--mib", str(mib)]
+        argv = [exe, "--serve", *extra_argv]
         if cpu is not None:
             argv += ["--cpu", str(cpu)]
         self.err = open(os.path.join(tmp, "worker-%s.err" % alloc), "w+")
@@ -79,8 +83,8 @@ class Worker:
                              % (alloc, rc, self.err.read().rstrip()))
         self.proof = json.loads(line[len("ready "):])
 
-    def run(self, case, growth, acct):
-        cmd = "run %s %s %s" % (case, growth, acct)
+    def request(self, cmd):
+        """Send one command; the answer's words, starting with "ns"."""
         self.proc.stdin.write(cmd + "\n")
         self.proc.stdin.flush()
         line = self.proc.stdout.readline()
@@ -89,8 +93,7 @@ class Worker:
             self.err.seek(0)
             raise BenchError("%s: %r failed: %s %s" % (
                 self.alloc, cmd, line.strip(), self.err.read().strip()))
-        return {"ns": int(r[1]), "cap": int(r[3]), "growths": int(r[5]),
-                "moved": int(r[7])}
+        return r
 
     def close(self):
         if self.proc.poll() is None:
@@ -101,6 +104,16 @@ class Worker:
             except (OSError, subprocess.TimeoutExpired):
                 self.proc.kill()
                 self.proc.wait()
+
+
+class Worker(ServeWorker):
+    def __init__(self, exe, alloc, cpu, mib, tmp, env):
+        super().__init__(exe, alloc, cpu, tmp, env, ("--mib", str(mib)))
+
+    def run(self, case, growth, acct):
+        r = self.request("run %s %s %s" % (case, growth, acct))
+        return {"ns": int(r[1]), "cap": int(r[3]), "growths": int(r[5]),
+                "moved": int(r[7])}
 
 
 def fmt_bps(x):
