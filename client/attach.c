@@ -622,9 +622,35 @@ int memtally_on_over_limit(void (*cb)(void *arg), void *arg)
 
 /* ---- publishing -------------------------------------------------------- */
 
-void mtc_publish(struct mtc_thread *th, int64_t delta)
+/* After a lane or overflow store: the server's verdicts. */
+static inline void after_store(struct mtc_thread *th,
+			       const struct mtshm_slot_id *s)
 {
-	const struct mtc_attachment *a = cur_att();
+	/* The server's verdict as of its latest tick: a change from what the
+	 * previous flush (of any thread) saw is an edge. */
+	uint32_t over = mt_load_relaxed32(&s->flags) & MTSHM_SLOT_OVER_LIMIT;
+	if (__builtin_expect(over != mt_load_relaxed32(&mtc.over_seen), 0))
+		over_edge(th, over);
+	uint64_t ticks = mt_load_relaxed64(&th->hdr->fleet.ticks);
+	if (ticks != th->seen_ticks) {
+		th->seen_ticks = ticks;
+		th->since_verify = 0;
+	} else if (__builtin_expect(++th->since_verify >= MTC_VERIFY_EVERY,
+				    0)) {
+		th->since_verify = 0;
+		verify(th->hdr);
+	}
+}
+
+/* Everything but a set-up thread publishing into its own lane: not
+ * attached (pending), an exited thread, a first flush or one after a
+ * re-attach (claim a lane), no lane free (overflow). Kept out of line so
+ * the common case below needs few registers (callgrind, alloc_free_64kb
+ * with the inline API: 56 -> 38 instructions per flush). */
+__attribute__((noinline, cold)) static void
+publish_cold(struct mtc_thread *th, int64_t delta,
+	     const struct mtc_attachment *a)
+{
 	struct mtshm_slot_id *s = a ? a->slot : NULL;
 	if (!s) {
 		mt_add_relaxeds64(&mtc.pending, delta);
@@ -657,19 +683,26 @@ void mtc_publish(struct mtc_thread *th, int64_t delta)
 	} else {
 		mt_add_relaxeds64(&s->overflow, delta);
 	}
-	/* The server's verdict as of its latest tick: a change from what the
-	 * previous flush (of any thread) saw is an edge. */
-	uint32_t over = mt_load_relaxed32(&s->flags) & MTSHM_SLOT_OVER_LIMIT;
-	if (__builtin_expect(over != mt_load_relaxed32(&mtc.over_seen), 0))
-		over_edge(th, over);
-	uint64_t ticks = mt_load_relaxed64(&th->hdr->fleet.ticks);
-	if (ticks != th->seen_ticks) {
-		th->seen_ticks = ticks;
-		th->since_verify = 0;
-	} else if (++th->since_verify >= MTC_VERIFY_EVERY) {
-		th->since_verify = 0;
-		verify(th->hdr);
+	after_store(th, s);
+}
+
+void mtc_publish(struct mtc_thread *th, int64_t delta)
+{
+	const struct mtc_attachment *a = cur_att();
+	struct mtshm_lane *l = th->lane;
+	/* A lane is owned only while its thread has not exited (release()
+	 * clears it), so lane + same slot + same epoch is the whole test. */
+	if (__builtin_expect(!a || !l || th->slot != a->slot ||
+				     th->epoch !=
+					 mt_load_relaxed64(&mtc.epoch),
+			     0)) {
+		publish_cold(th, delta, a);
+		return;
 	}
+	/* Only this thread writes its lane: plain load + store, no RMW. */
+	mt_store_relaxeds64(&l->bytes, mt_load_relaxeds64(&l->bytes) + delta);
+	mt_store_relaxed64(&l->flushes, mt_load_relaxed64(&l->flushes) + 1);
+	after_store(th, a->slot);
 }
 
 void mtc_thread_exit(struct mtc_thread *th)
