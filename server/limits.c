@@ -161,7 +161,7 @@ static void eval_group(struct mts_registry *reg, struct mts_group *g)
 	emit(reg, scope, next, prev, g->bytes, g->rss, g->limit, g->reserved);
 }
 
-static void eval_proc(struct mts_registry *reg, struct mts_proc *p)
+void mts_limits_eval_proc(struct mts_registry *reg, struct mts_proc *p)
 {
 	const struct mts_policy *pol = &reg->policy;
 	uint64_t value = mts_measured(reg, p->bytes, p->rss);
@@ -204,7 +204,7 @@ void mts_limits_eval(struct mts_registry *reg, bool procs)
 			eval_group(reg, &reg->groups[i]);
 	if (procs)
 		for (uint32_t i = 0; i < reg->ndense; i++)
-			eval_proc(reg, reg->by_slot[reg->dense[i]]);
+			mts_limits_eval_proc(reg, reg->by_slot[reg->dense[i]]);
 }
 
 /* Evaluate and publish at once: a change made by a request (SetLimit,
@@ -328,7 +328,7 @@ int mts_limit_set_pid(struct mts_registry *reg, uint32_t pid, uint64_t bytes,
 	p->limit_set = bytes;
 	proc_limit_set(reg, p, bytes ? bytes : reg->policy.process_limit);
 	*now = p->limit;
-	eval_proc(reg, p);
+	mts_limits_eval_proc(reg, p);
 	eval_now(reg, false);
 	return 0;
 }

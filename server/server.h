@@ -170,34 +170,43 @@ struct mts_rss_sweep;
 /* ---- registry.c ------------------------------------------------------ */
 
 /* A registered worker. Lives from registration until its uv_poll's close
- * callback; `slot` is released (pid = 0) when it exits, before that. */
+ * callback; `slot` is released (pid = 0) when it exits, before that.
+ *
+ * Every tick reads (and may write) the first 64 bytes of each process: the
+ * sum's and the limits pass's fields. They come first and the record is
+ * MTS_PROC_ALIGN-aligned, so a tick touches one line per process instead
+ * of four scattered ones (at 16384 processes the tick is bound by lines
+ * moved, bench/RESULTS.md, server). Keep tick-time fields in that line. */
+#define MTS_PROC_ALIGN 64u
 struct mts_proc {
+	/* Hot: each tick (sum, limits). */
+	uint64_t bytes; /* latest tick; negative sums show as 0 */
+	uint64_t peak;
+	uint64_t error_bytes; /* threshold x threads */
+	uint64_t rss;   /* resident bytes, /proc/PID/statm, slower cadence */
+	uint64_t limit; /* per-process limit in force, 0 = none */
+	uint64_t flushes;
+	uint32_t slot;
+	uint32_t group; /* index in reg->groups */
+	uint32_t threads;
+	uint16_t state; /* enum mtshm_state against `limit` */
+	bool corrupt;   /* sticky until the slot is reset */
+	/* Warm: enforcement and reservations (only while they have work). */
+	uint32_t pid;
+	uint32_t dense; /* index in reg->dense */
+	char *task;
+	uint64_t last_signal_ns; /* enforcement: CLOCK_MONOTONIC, 0 = never */
+	/* Cold: registration, exit, queries. */
 	uv_poll_t poll; /* on the pidfd; poll.data = this */
 	struct mts_registry *reg;
 	struct mts_proc *hnext; /* pid hash chain */
-	uint32_t pid;
 	uint32_t uid;
-	uint32_t slot;
-	uint32_t dense; /* index in reg->dense */
-	uint32_t group; /* index in reg->groups */
-	uint32_t threads;
 	int pidfd;
-	bool corrupt; /* sticky until the slot is reset */
 	uint64_t start_time;
 	uint64_t image_id;
 	uint64_t registered_ns; /* CLOCK_REALTIME */
-	uint64_t bytes;         /* latest tick; negative sums show as 0 */
-	uint64_t peak;
-	uint64_t flushes;
-	uint64_t error_bytes; /* threshold x threads */
-	char *task;
 	char comm[64];
-	/* Issue 3 (limits): filled by the limits code. */
-	uint64_t rss;      /* resident bytes, /proc/PID/statm, slower cadence */
-	uint64_t limit;    /* per-process limit in force, 0 = none */
-	uint32_t state;    /* enum mtshm_state against `limit` */
-	uint64_t limit_set;      /* SetLimit{pid}; 0 = the default applies */
-	uint64_t last_signal_ns; /* enforcement: CLOCK_MONOTONIC, 0 = never */
+	uint64_t limit_set; /* SetLimit{pid}; 0 = the default applies */
 };
 
 /* A group with at least one registered process, a limit, a watermark of
@@ -262,6 +271,15 @@ struct mts_stats {
 	uint64_t reloads;            /* SIGHUP reloads applied */
 	uint64_t reload_failures;    /* SIGHUP reloads rejected (bad value) */
 	uint64_t auth_denials;       /* SetLimit/Release refused */
+	/* Issue 5, conn.c: the server-wide connection budget. */
+	uint64_t conn_rejected;  /* accepted over max_connections, closed */
+	uint64_t conn_throttled; /* reading stopped: over max_buffered */
+	uint64_t conn_evicted;   /* disconnected: largest holder, over it */
+	uint64_t conn_pressure;  /* times the buffered total passed the cap */
+	uint64_t conn_open;      /* gauge: open connections */
+	uint64_t conn_buffered;  /* gauge: their input + unwritten output */
+	uint64_t conn_max;       /* max_connections in force */
+	uint64_t buffered_max;   /* max_buffered in force */
 };
 
 /* "fleet_limit", "group_limit", "invalid": the `reason` label. */
@@ -479,6 +497,24 @@ int mts_input(struct mts_registry *reg, struct mts_peer *peer,
  * loop. */
 #define MTS_FRAMES_PER_TURN 64u
 
+/*
+ * The server-wide budget (issue 5): at most max_connections open, and at
+ * most max_buffered bytes of input and unwritten output over all of them.
+ * Past the cap every connection holding more than its fair share (the
+ * cap over twice the connections, at least MTS_CONN_FLOOR) stops reading
+ * ("throttled") until the total is back under MTS_BUDGET_LOW_PCT of the
+ * cap; if the total is still over the cap MTS_BUDGET_GRACE_MS later, the
+ * largest holders are disconnected until it is not. See conn.c.
+ */
+#define MTS_DEFAULT_MAX_CONNS    1024u
+#define MTS_MAX_CONNS_MAX        1000000u
+#define MTS_DEFAULT_MAX_BUFFERED (UINT64_C(64) << 20)
+#define MTS_MAX_BUFFERED_MIN     (UINT64_C(1) << 20)
+#define MTS_CONN_FLOOR           (64u * 1024u)
+#define MTS_BUDGET_LOW_PCT       75u
+#define MTS_BUDGET_GRACE_MS      1000u
+#define MTS_BUDGET_CHECK_MS      100u
+
 struct mts_server;
 
 /* Make sure `path` is free to bind: create its parent directory (0755) if
@@ -520,6 +556,9 @@ struct mts_config {
 	const char *metrics_addr; /* --metrics / [server] metrics, stored */
 	bool has_gid;             /* chown socket and segment to `gid` */
 	uint32_t gid;
+	/* Issue 5: the connection budget; 0 = the default. */
+	uint32_t max_conns;
+	uint64_t max_buffered;
 };
 
 struct mts_conn;
@@ -558,6 +597,17 @@ struct mts_server {
 	bool sock_known, seg_known; /* the dev/ino above are valid */
 	bool sock_gone, seg_gone;   /* already reported */
 	uint64_t files_checked_ms;  /* uv_now() of the last check */
+	/* Issue 5, conn.c: the server-wide connection budget. */
+	uint32_t max_conns;     /* cfg.max_conns or the default */
+	uint64_t max_buffered;  /* cfg.max_buffered or the default */
+	uint64_t buffered;      /* sum of every connection's input + output */
+	bool pressure;          /* over the cap, not yet under the low mark */
+	uint64_t over_since_ms; /* uv_now() the total passed the cap, or 0 */
+	uv_timer_t budget_timer; /* eviction check while under pressure */
+	bool budget_timer_open;
+	uint8_t *scratch;        /* shared read buffer, READ_CHUNK bytes */
+	uint64_t rejected_logged_ms; /* rate limit of the rejection log */
+	uint64_t rejected_unlogged;
 };
 
 /* Whether the file at cfg.socket_path is still the socket this server
@@ -625,6 +675,10 @@ uint64_t mts_measured(const struct mts_registry *reg, uint64_t accounted,
 /* Re-evaluate fleet and group states (and every process's when `procs`),
  * write slot flags, send events. The caller publishes. */
 void mts_limits_eval(struct mts_registry *reg, bool procs);
+
+/* One process's part of mts_limits_eval(reg, true). The tick calls it
+ * while the process's line is in cache instead of a second pass. */
+void mts_limits_eval_proc(struct mts_registry *reg, struct mts_proc *p);
 
 /* A process that was over its own limit leaves (exit, pid reuse): its
  * subscribers hear it is no longer over. */

@@ -355,4 +355,55 @@ static inline struct mtshm_lane *mtshm_lane(struct mtshm_slot_id *s,
 int64_t mtshm_slot_sum(const struct mtshm_map *m, struct mtshm_slot_id *s,
 		       uint64_t *flushes, int *absurd);
 
+/*
+ * mtshm_slot_sum() itself, inline, for the server's tick: `lane_count` is
+ * the header's, which the caller reads once per tick rather than once per
+ * slot. Same semantics (lanes_used clamped, absurd values flagged and left
+ * out); both pointers must be valid. Inlined, the out-of-line call and the
+ * NULL checks per slot go away (measured in bench/RESULTS.md, server).
+ */
+static inline int64_t mtshm_slot_sum_inline(struct mtshm_slot_id *s,
+                                            uint32_t lane_count,
+                                            uint64_t *flushes, int *absurd)
+{
+	uint32_t used = mt_load_relaxed32(&s->lanes_used);
+	if (used > lane_count)
+		used = lane_count;
+	/* Absurd values are flagged and left out, so the sum of at most
+	 * MTSHM_MAX_LANES + 1 sane values cannot overflow. */
+	int64_t sum = mt_load_relaxeds64(&s->overflow);
+	int bad = sum > MTSHM_ABSURD_BYTES || sum < -MTSHM_ABSURD_BYTES;
+	if (bad)
+		sum = 0;
+	uint64_t nf = 0;
+	for (uint32_t k = 0; k < used; k++) {
+		struct mtshm_lane *l = mtshm_lane(s, k);
+		int64_t b = mt_load_relaxeds64(&l->bytes);
+		if (b > MTSHM_ABSURD_BYTES || b < -MTSHM_ABSURD_BYTES)
+			bad = 1;
+		else
+			sum += b;
+		nf += mt_load_relaxed64(&l->flushes);
+	}
+	if (sum > MTSHM_ABSURD_BYTES || sum < -MTSHM_ABSURD_BYTES)
+		bad = 1;
+	*flushes = nf;
+	*absurd = bad;
+	return sum;
+}
+
+/*
+ * Ask for slot `i`'s first line (identity and lane 0: all a one-thread
+ * process's counters) ahead of its sum. The tick visits slots in an order
+ * the hardware prefetcher cannot guess, so it says which it will need a
+ * few slots early and their misses overlap. A hint: never faults.
+ */
+static inline void mtshm_slot_prefetch(const struct mtshm_map *m, uint32_t i)
+{
+	const char *s = (const char *)mtshm_slot(m, i);
+	/* The 48..127 bytes the sum reads span both 64-byte halves. */
+	__builtin_prefetch(s + 48, 0, 3);
+	__builtin_prefetch(s + 64, 0, 3);
+}
+
 #endif /* MEMTALLY_SHM_H */

@@ -261,28 +261,9 @@ void mtshm_fleet_publish(struct mtshm_header *h, const struct mtshm_fleet *in)
 int64_t mtshm_slot_sum(const struct mtshm_map *m, struct mtshm_slot_id *s,
 		       uint64_t *flushes, int *absurd)
 {
-	uint32_t used = mt_load_relaxed32(&s->lanes_used);
-	uint32_t lanes = m->hdr->lane_count;
-	if (used > lanes)
-		used = lanes;
-	/* Absurd values are flagged and left out, so the sum of at most
-	 * MTSHM_MAX_LANES + 1 sane values cannot overflow. */
-	int64_t sum = mt_load_relaxeds64(&s->overflow);
-	int bad = sum > MTSHM_ABSURD_BYTES || sum < -MTSHM_ABSURD_BYTES;
-	if (bad)
-		sum = 0;
-	uint64_t nf = 0;
-	for (uint32_t k = 0; k < used; k++) {
-		struct mtshm_lane *l = mtshm_lane(s, k);
-		int64_t b = mt_load_relaxeds64(&l->bytes);
-		if (b > MTSHM_ABSURD_BYTES || b < -MTSHM_ABSURD_BYTES)
-			bad = 1;
-		else
-			sum += b;
-		nf += mt_load_relaxed64(&l->flushes);
-	}
-	if (sum > MTSHM_ABSURD_BYTES || sum < -MTSHM_ABSURD_BYTES)
-		bad = 1;
+	uint64_t nf;
+	int bad;
+	int64_t sum = mtshm_slot_sum_inline(s, m->hdr->lane_count, &nf, &bad);
 	if (flushes)
 		*flushes = nf;
 	if (absurd)
