@@ -421,6 +421,20 @@ static int server_key(struct load *l, const char *key, const char *v)
 			            "64KiB, got '%s'",
 			            v);
 		c->threshold = n;
+	} else if (strcmp(key, "max_connections") == 0) {
+		if (parse_uint(v, 1, MTS_MAX_CONNS_MAX, &n) < 0)
+			return fail(
+			    l, sec, key,
+			    "expected an integer from 1 to %u, got '%s'",
+			    MTS_MAX_CONNS_MAX, v);
+		c->max_conns = (uint32_t)n;
+	} else if (strcmp(key, "max_buffered") == 0) {
+		if (mt_parse_size(v, &n) < 0 || n < MTS_MAX_BUFFERED_MIN)
+			return fail(l, sec, key,
+			            "expected a size of at least 1MiB, e.g. "
+			            "64MiB, got '%s'",
+			            v);
+		c->max_buffered = n;
 	} else if (strcmp(key, "log_level") == 0) {
 		enum mts_log_level lv;
 		if (mts_log_parse_level(v, &lv) < 0)
@@ -918,6 +932,8 @@ int mts_settings_load(struct mts_settings *out, const char *path,
 	l.s.cfg.lanes = MTSHM_DEFAULT_LANES;
 	l.s.cfg.tick_ms = MTS_DEFAULT_TICK_MS;
 	l.s.cfg.threshold = MTS_DEFAULT_THRESHOLD;
+	l.s.cfg.max_conns = MTS_DEFAULT_MAX_CONNS;
+	l.s.cfg.max_buffered = MTS_DEFAULT_MAX_BUFFERED;
 	if (set_str(&l.s.owned[OWNED_SOCKET], MTS_DEFAULT_SOCKET) < 0 ||
 	    set_str(&l.s.owned[OWNED_SEGMENT], MTS_DEFAULT_SEGMENT) < 0) {
 		ret = -ENOMEM;

@@ -21,6 +21,34 @@
  * A connection reads only while it is in none of these states (and not
  * closing): `reading` mirrors uv_read_start/stop.
  *
+ * Those bounds are per connection; N peers could still hold N times them.
+ * So the server as a whole has a budget too (issue 5, server.h):
+ *  - connections: past max_connections a new connection is accepted and
+ *    closed at once, logged (at most once a second, with the count) and
+ *    counted (memtally_connections_rejected_total). Accepting and closing
+ *    rather than leaving it in the listen backlog: the peer sees EOF at
+ *    once and a worker's client retries with back-off (fail open), where
+ *    a connection left in the backlog would hang until its timeout, with
+ *    nothing in our logs; and libuv stops watching a listener whose
+ *    pending connection is not accepted, so the next connection after a
+ *    close would wait too.
+ *  - bytes: `held` is what a connection holds (its input buffer's
+ *    capacity plus its unwritten output) and srv->buffered their sum.
+ *    Reads go into one shared buffer and only what is left unanswered is
+ *    copied into the connection's own, so a peer that sends whole
+ *    requests and reads its answers holds next to nothing. When the sum
+ *    passes max_buffered, every connection holding more than its fair
+ *    share stops reading and answering ("throttled"), which freezes what
+ *    it holds; one that is still under it goes on (a well-behaved client
+ *    is answered throughout). Throttling ends for all once the sum is
+ *    back under MTS_BUDGET_LOW_PCT of the cap (a peer that reads drains
+ *    its output). If the sum is still over the cap MTS_BUDGET_GRACE_MS
+ *    later, the largest holders are disconnected, largest first, until it
+ *    is not: peers that do not read their answers cannot make the server
+ *    hold more than about the cap.
+ *    Logged (pressure: warn once per episode; eviction: warn each) and
+ *    counted in /metrics.
+ *
  * Lifetime: a connection is closed on a read or write error, after a bad
  * frame once its error answer is written, and on EOF once every buffered
  * request is answered and written. Memory is freed in the close callback;
@@ -57,8 +85,6 @@
 #include "log.h"
 
 #define READ_CHUNK (64u * 1024u)
-/* An idle connection keeps a small input buffer. */
-#define IN_KEEP (256u * 1024u)
 
 struct mts_conn {
 	union {
@@ -75,8 +101,10 @@ struct mts_conn {
 	size_t in_len;
 	size_t in_cap;
 	size_t out_pending; /* bytes in uv_write requests not completed */
+	size_t held;        /* in_cap + out_pending, as in srv->buffered */
 	bool reading;
 	bool paused;     /* output over MTS_OUT_HIGH */
+	bool throttled;  /* over its share while the server is over budget */
 	bool backlogged; /* turn spent, more frames waiting */
 	bool eof;        /* the peer will send nothing more */
 	bool close_after_write;
@@ -95,6 +123,9 @@ static void conn_process(struct mts_conn *c);
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
 static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
 static void on_idle(uv_idle_t *h);
+static void backlog_add(struct mts_conn *c);
+static void conn_close(struct mts_conn *c);
+static void on_budget_timer(uv_timer_t *t);
 
 static void on_conn_closed(uv_handle_t *h)
 {
@@ -122,12 +153,158 @@ static void backlog_remove(struct mts_server *srv, struct mts_conn *c)
 	c->backlogged = false;
 }
 
+static void stop_reading(struct mts_conn *c)
+{
+	if (c->reading) {
+		uv_read_stop(&c->h.stream);
+		c->reading = false;
+	}
+}
+
+/* A connection may hold this much while the server is over budget. */
+static size_t fair_share(const struct mts_server *srv)
+{
+	uint64_t n = srv->nconns ? srv->nconns : 1;
+	uint64_t share = srv->max_buffered / (2 * n);
+	return share < MTS_CONN_FLOOR ? MTS_CONN_FLOOR : (size_t)share;
+}
+
+static void throttle(struct mts_conn *c)
+{
+	if (c->throttled || c->closing)
+		return;
+	c->throttled = true;
+	stop_reading(c);
+	c->srv->reg.stats.conn_throttled++;
+	mts_log(MTS_LOG_DEBUG, "over the server's buffer budget, throttled",
+	        "peer_pid=%u tcp=%d held=%zu", c->peer.pid, c->peer.tcp,
+	        c->held);
+}
+
+/* Back under the low mark: everyone may read again. Each throttled
+ * connection gets a turn from the idle handle (not from here: this runs
+ * inside other connections' callbacks). */
+static void budget_relieved(struct mts_server *srv)
+{
+	srv->pressure = false;
+	srv->over_since_ms = 0;
+	uint32_t n = 0;
+	for (struct mts_conn *c = srv->conns; c; c = c->next) {
+		if (!c->throttled)
+			continue;
+		c->throttled = false;
+		n++;
+		if (!c->closing && !c->backlogged)
+			backlog_add(c);
+	}
+	if (srv->budget_timer_open)
+		uv_timer_stop(&srv->budget_timer);
+	mts_log(MTS_LOG_INFO, "buffered bytes back under budget",
+	        "buffered=%llu max_buffered=%llu resumed=%u",
+	        (unsigned long long)srv->buffered,
+	        (unsigned long long)srv->max_buffered, n);
+}
+
+static void budget_grew(struct mts_server *srv, struct mts_conn *c)
+{
+	if (srv->pressure) {
+		if (srv->buffered > srv->max_buffered && !srv->over_since_ms)
+			srv->over_since_ms = uv_now(srv->loop);
+		if (c->held > fair_share(srv))
+			throttle(c);
+		return;
+	}
+	if (srv->buffered <= srv->max_buffered)
+		return;
+	srv->pressure = true;
+	srv->over_since_ms = uv_now(srv->loop);
+	srv->reg.stats.conn_pressure++;
+	size_t share = fair_share(srv);
+	uint32_t n = 0;
+	for (struct mts_conn *x = srv->conns; x; x = x->next) {
+		if (x->held > share && !x->throttled && !x->closing) {
+			throttle(x);
+			n++;
+		}
+	}
+	mts_log(MTS_LOG_WARN,
+	        "connections hold more than max_buffered; throttling the "
+	        "largest (reading stopped until their output drains)",
+	        "buffered=%llu max_buffered=%llu connections=%u share=%zu "
+	        "throttled=%u",
+	        (unsigned long long)srv->buffered,
+	        (unsigned long long)srv->max_buffered, srv->nconns, share, n);
+	if (srv->budget_timer_open)
+		uv_timer_start(&srv->budget_timer, on_budget_timer,
+		               MTS_BUDGET_CHECK_MS, MTS_BUDGET_CHECK_MS);
+}
+
+/* While under pressure: throttled peers that do not drain their output
+ * keep the total over the cap; past the grace period, disconnect the
+ * largest holders until it is under. A peer that reads its answers is
+ * not the largest for long. */
+static void on_budget_timer(uv_timer_t *t)
+{
+	struct mts_server *srv = t->data;
+	if (!srv->pressure) {
+		uv_timer_stop(t);
+		return;
+	}
+	uint64_t now = uv_now(srv->loop);
+	if (srv->buffered <= srv->max_buffered) {
+		srv->over_since_ms = 0;
+		return;
+	}
+	if (!srv->over_since_ms)
+		srv->over_since_ms = now;
+	if (now - srv->over_since_ms < MTS_BUDGET_GRACE_MS)
+		return;
+	while (srv->pressure && srv->buffered > srv->max_buffered) {
+		struct mts_conn *big = NULL;
+		for (struct mts_conn *c = srv->conns; c; c = c->next)
+			if (!c->closing && (!big || c->held > big->held))
+				big = c;
+		if (!big || big->held == 0)
+			break;
+		srv->reg.stats.conn_evicted++;
+		mts_log(MTS_LOG_WARN,
+		        "connection holds the most while over max_buffered "
+		        "and did not drain; disconnected",
+		        "peer_pid=%u tcp=%d held=%zu buffered=%llu "
+		        "max_buffered=%llu",
+		        big->peer.pid, big->peer.tcp, big->held,
+		        (unsigned long long)srv->buffered,
+		        (unsigned long long)srv->max_buffered);
+		conn_close(big);
+	}
+	srv->over_since_ms = srv->buffered > srv->max_buffered ? now : 0;
+}
+
+/* Bring c->held and srv->buffered up to date after its input buffer or
+ * its unwritten output changed. A closing connection holds nothing: its
+ * memory is freed by the close and write callbacks that follow. */
+static void conn_account(struct mts_conn *c)
+{
+	struct mts_server *srv = c->srv;
+	size_t now = c->closing ? 0 : c->in_cap + c->out_pending;
+	size_t was = c->held;
+	c->held = now;
+	srv->buffered = srv->buffered - was + now;
+	srv->reg.stats.conn_buffered = srv->buffered;
+	if (now > was)
+		budget_grew(srv, c);
+	else if (srv->pressure &&
+	         srv->buffered <= srv->max_buffered / 100 * MTS_BUDGET_LOW_PCT)
+		budget_relieved(srv);
+}
+
 static void conn_close(struct mts_conn *c)
 {
 	if (c->closing)
 		return;
 	c->closing = true;
 	struct mts_server *srv = c->srv;
+	conn_account(c);
 	if (c->backlogged)
 		backlog_remove(srv, c);
 	if (c->prev)
@@ -137,23 +314,16 @@ static void conn_close(struct mts_conn *c)
 	if (c->next)
 		c->next->prev = c->prev;
 	srv->nconns--;
+	srv->reg.stats.conn_open = srv->nconns;
 	mts_log(MTS_LOG_DEBUG, "connection closed", "peer_pid=%u tcp=%d",
 	        c->peer.pid, c->peer.tcp);
 	uv_close((uv_handle_t *)&c->h.stream, on_conn_closed);
 }
 
-static void stop_reading(struct mts_conn *c)
-{
-	if (c->reading) {
-		uv_read_stop(&c->h.stream);
-		c->reading = false;
-	}
-}
-
 static void resume_reading(struct mts_conn *c)
 {
 	if (c->reading || c->closing || c->paused || c->backlogged || c->eof ||
-	    c->close_after_write)
+	    c->close_after_write || c->throttled)
 		return;
 	int err = uv_read_start(&c->h.stream, on_alloc, on_read);
 	if (err < 0) {
@@ -169,7 +339,8 @@ static void conn_maybe_finish(struct mts_conn *c)
 {
 	if (c->closing || c->out_pending > 0)
 		return;
-	if (c->close_after_write || (c->eof && !c->paused && !c->backlogged))
+	if (c->close_after_write ||
+	    (c->eof && !c->paused && !c->backlogged && !c->throttled))
 		conn_close(c);
 }
 
@@ -196,6 +367,7 @@ static void on_write(uv_write_t *req, int status)
 	free(w);
 	if (c->closing)
 		return;
+	conn_account(c);
 	if (status < 0) {
 		mts_log(MTS_LOG_DEBUG, "write failed, closing",
 		        "peer_pid=%u err=%s", c->peer.pid, uv_err_name(status));
@@ -241,32 +413,52 @@ static int conn_write(struct mts_conn *c, struct mts_buf *out)
 	}
 	c->out_pending += w->len;
 	memset(out, 0, sizeof(*out));
+	conn_account(c);
 	return 0;
 }
 
+/* Every read lands in the server's one scratch buffer: libuv calls
+ * on_alloc, reads and calls on_read for one stream at a time, and on_read
+ * copies the bytes out before returning. */
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 {
 	struct mts_conn *c = h->data;
-	/* Reading resumes only when nothing answerable is buffered: move
+	(void)suggested;
+	*buf = uv_buf_init((char *)c->srv->scratch,
+	                   c->srv->scratch ? READ_CHUNK : 0);
+}
+
+/* Append a read to the connection's input (what is not answered yet).
+ * The buffer grows to what it must hold, by half again at least so that
+ * a large frame arriving in reads is not copied over and over, but not
+ * past one frame's worth. */
+static int conn_append(struct mts_conn *c, const uint8_t *data, size_t n)
+{
+	/* Reading happens only when nothing answerable is buffered: move
 	 * the partial frame (if any) to the front once, here. */
 	if (c->in_off > 0) {
 		memmove(c->in, c->in + c->in_off, c->in_len - c->in_off);
 		c->in_len -= c->in_off;
 		c->in_off = 0;
 	}
-	if (c->in_cap - c->in_len < READ_CHUNK) {
-		size_t cap = c->in_len + READ_CHUNK;
-		uint8_t *n = realloc(c->in, cap);
-		if (!n) {
-			/* libuv turns an empty buffer into UV_ENOBUFS. */
-			*buf = uv_buf_init(NULL, 0);
-			return;
-		}
-		c->in = n;
+	size_t need = c->in_len + n;
+	if (need > c->in_cap) {
+		size_t cap = c->in_cap + c->in_cap / 2;
+		size_t most = MTS_MAX_FRAME + 16u + READ_CHUNK;
+		if (cap > most)
+			cap = most;
+		if (cap < need)
+			cap = need;
+		uint8_t *p = realloc(c->in, cap);
+		if (!p)
+			return -ENOMEM;
+		c->in = p;
 		c->in_cap = cap;
 	}
-	*buf = uv_buf_init((char *)c->in + c->in_len,
-	                   (unsigned)(c->in_cap - c->in_len));
+	memcpy(c->in + c->in_len, data, n);
+	c->in_len = need;
+	conn_account(c);
+	return 0;
 }
 
 /* One turn: answer buffered frames within the budgets, then decide
@@ -276,6 +468,11 @@ static void conn_process(struct mts_conn *c)
 {
 	if (c->closing || c->close_after_write)
 		return;
+	if (c->throttled) {
+		/* budget_relieved() gives it its turn back. */
+		stop_reading(c);
+		return;
+	}
 	struct mts_buf out = {0};
 	struct mts_budget budget = {
 	    .out_bytes = c->out_pending >= MTS_OUT_HIGH
@@ -283,6 +480,10 @@ static void conn_process(struct mts_conn *c)
 	                     : MTS_OUT_HIGH - c->out_pending,
 	    .frames = MTS_FRAMES_PER_TURN,
 	};
+	/* Over budget, a turn of a connection still under its share adds at
+	 * most about that share (one answer at least), not MTS_OUT_HIGH. */
+	if (c->srv->pressure && budget.out_bytes > MTS_CONN_FLOOR)
+		budget.out_bytes = MTS_CONN_FLOOR;
 	size_t used = 0;
 	c->turn_out = &out;
 	int r = mts_input(&c->srv->reg, &c->peer, c->in + c->in_off,
@@ -294,15 +495,13 @@ static void conn_process(struct mts_conn *c)
 		return;
 	}
 	c->in_off += used;
-	if (c->in_off == c->in_len) {
-		c->in_off = c->in_len = 0;
-		if (c->in_cap > IN_KEEP) {
-			/* Do not keep a 1 MiB buffer for a peer that once
-			 * sent a large frame. */
-			free(c->in);
-			c->in = NULL;
-			c->in_cap = 0;
-		}
+	if (c->in_off == c->in_len && c->in_cap > 0) {
+		/* Everything answered: hold nothing for an idle peer (the
+		 * next read comes through the scratch buffer). */
+		free(c->in);
+		c->in = NULL;
+		c->in_off = c->in_len = c->in_cap = 0;
+		conn_account(c);
 	}
 	if (out.len > 0 && conn_write(c, &out) < 0) {
 		mts_buf_free(&out);
@@ -362,7 +561,14 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 {
 	struct mts_conn *c = s->data;
 	if (nread > 0) {
-		c->in_len += (size_t)nread;
+		const uint8_t *data = (const uint8_t *)buf->base;
+		if (conn_append(c, data, (size_t)nread) < 0) {
+			mts_log(MTS_LOG_ERROR,
+			        "out of memory reading a request, closing",
+			        "peer_pid=%u", c->peer.pid);
+			conn_close(c);
+			return;
+		}
 		conn_process(c);
 		return;
 	}
@@ -410,10 +616,34 @@ static void accept_one(uv_stream_t *listener, int status, bool tcp)
 	srv->conns = c;
 	srv->nconns++;
 
+	srv->reg.stats.conn_open = srv->nconns;
+	srv->reg.stats.conn_max = srv->max_conns;
+	srv->reg.stats.buffered_max = srv->max_buffered;
+
 	int err = uv_accept(listener, &c->h.stream);
 	if (err < 0) {
 		mts_log(MTS_LOG_WARN, "accept failed", "err=%s",
 		        uv_err_name(err));
+		conn_close(c);
+		return;
+	}
+	if (srv->nconns > srv->max_conns) {
+		/* Accepted only to be closed (see the top of this file). A
+		 * flood must not flood the log too: one line a second. */
+		srv->reg.stats.conn_rejected++;
+		srv->rejected_unlogged++;
+		uint64_t now = uv_now(srv->loop);
+		if (!srv->rejected_logged_ms ||
+		    now - srv->rejected_logged_ms >= 1000) {
+			mts_log(MTS_LOG_WARN,
+			        "max_connections reached; new connections are "
+			        "closed at once",
+			        "max_connections=%u tcp=%d rejected=%llu",
+			        srv->max_conns, tcp,
+			        (unsigned long long)srv->rejected_unlogged);
+			srv->rejected_logged_ms = now;
+			srv->rejected_unlogged = 0;
+		}
 		conn_close(c);
 		return;
 	}
@@ -529,14 +759,40 @@ int mts_socket_prepare(const char *path)
 	return 0;
 }
 
-int mts_listen(struct mts_server *srv)
+/* What both listeners need: the backlog's idle handle, the budget and
+ * its timer, the scratch buffer. Once. */
+static int conns_init(struct mts_server *srv)
 {
-	const char *path = srv->cfg.socket_path;
-	int err = uv_idle_init(srv->loop, &srv->idle);
+	if (srv->idle_open)
+		return 0;
+	srv->max_conns =
+	    srv->cfg.max_conns ? srv->cfg.max_conns : MTS_DEFAULT_MAX_CONNS;
+	srv->max_buffered = srv->cfg.max_buffered ? srv->cfg.max_buffered
+	                                          : MTS_DEFAULT_MAX_BUFFERED;
+	if (!srv->scratch) {
+		srv->scratch = malloc(READ_CHUNK);
+		if (!srv->scratch)
+			return -ENOMEM;
+	}
+	int err = uv_timer_init(srv->loop, &srv->budget_timer);
+	if (err < 0)
+		return err;
+	srv->budget_timer.data = srv;
+	srv->budget_timer_open = true;
+	err = uv_idle_init(srv->loop, &srv->idle);
 	if (err < 0)
 		return err;
 	srv->idle.data = srv;
 	srv->idle_open = true;
+	return 0;
+}
+
+int mts_listen(struct mts_server *srv)
+{
+	const char *path = srv->cfg.socket_path;
+	int err = conns_init(srv);
+	if (err < 0)
+		return err;
 
 	err = uv_pipe_init(srv->loop, &srv->listener, 0);
 	if (err < 0)
@@ -561,7 +817,10 @@ int mts_listen_tcp(struct mts_server *srv)
 	struct sockaddr_storage ss;
 	bool loopback;
 	char q[MTS_LOGQ_MAX];
-	int err = mts_parse_hostport(srv->cfg.tcp_addr, &ss, &loopback);
+	int err = conns_init(srv);
+	if (err < 0)
+		return err;
+	err = mts_parse_hostport(srv->cfg.tcp_addr, &ss, &loopback);
 	if (err < 0)
 		return err;
 	err = uv_tcp_init(srv->loop, &srv->tcp_listener);
@@ -652,4 +911,11 @@ void mts_conns_close(struct mts_server *srv)
 		uv_close((uv_handle_t *)&srv->idle, NULL);
 		srv->idle_open = false;
 	}
+	if (srv->budget_timer_open) {
+		uv_close((uv_handle_t *)&srv->budget_timer, NULL);
+		srv->budget_timer_open = false;
+	}
+	/* No read can come any more: every stream is closing. */
+	free(srv->scratch);
+	srv->scratch = NULL;
 }

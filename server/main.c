@@ -18,7 +18,8 @@
  * limits, watermarks, hysteresis, measure, groups, admission TTLs,
  * enforcement, admin uid/gid, the TCP token and the log level. Keys that
  * need a restart (socket, segment, slots, lanes, tick, threshold, tcp,
- * metrics, group) are reported if changed, and keep their old values.
+ * metrics, group, max_connections, max_buffered) are reported if changed,
+ * and keep their old values.
  *
  * Under systemd (NOTIFY_SOCKET set), readiness is reported with
  * sd_notify: READY=1 once the listener and segment are up, RELOADING=1 and
@@ -71,6 +72,15 @@ static void usage(FILE *f)
 	        "config says\n"
 	        "                      tcp_allow_remote = true)\n"
 	        "  --metrics HOST:PORT Prometheus /metrics endpoint\n"
+	        "  --max-connections N connections open at once, 1..%u "
+	        "(default %u);\n"
+	        "                      more are accepted and closed at once\n"
+	        "  --max-buffered SIZE cap on the input and unwritten output "
+	        "held for all\n"
+	        "                      connections, at least 1MiB (default "
+	        "64MiB); past it the\n"
+	        "                      largest holders stop being read, then "
+	        "are disconnected\n"
 	        "  --reset             re-create the segment instead of adopting "
 	        "it\n"
 	        "                      (by default live workers keep their "
@@ -88,7 +98,8 @@ static void usage(FILE *f)
 	        "file.\n",
 	        MTS_DEFAULT_SOCKET, MTS_DEFAULT_SEGMENT, MTSHM_MAX_SLOTS,
 	        MTS_DEFAULT_SLOTS, MTSHM_MAX_LANES, MTSHM_DEFAULT_LANES,
-	        MTS_TICK_MAX_MS, MTS_DEFAULT_TICK_MS);
+	        MTS_TICK_MAX_MS, MTS_DEFAULT_TICK_MS, MTS_MAX_CONNS_MAX,
+	        MTS_DEFAULT_MAX_CONNS);
 }
 
 enum {
@@ -106,6 +117,8 @@ enum {
 	OPT_HIGH_WATERMARK,
 	OPT_TCP,
 	OPT_METRICS,
+	OPT_MAX_CONNS,
+	OPT_MAX_BUFFERED,
 };
 
 static const struct option options[] = {
@@ -122,6 +135,8 @@ static const struct option options[] = {
     {"high-watermark", required_argument, NULL, OPT_HIGH_WATERMARK},
     {"tcp", required_argument, NULL, OPT_TCP},
     {"metrics", required_argument, NULL, OPT_METRICS},
+    {"max-connections", required_argument, NULL, OPT_MAX_CONNS},
+    {"max-buffered", required_argument, NULL, OPT_MAX_BUFFERED},
     {"help", no_argument, NULL, 'h'},
     {"version", no_argument, NULL, OPT_VERSION},
     {NULL, 0, NULL, 0},
@@ -143,6 +158,8 @@ static const struct {
     {OPT_HIGH_WATERMARK, "--high-watermark", "limits", "high_watermark"},
     {OPT_TCP, "--tcp", "server", "tcp"},
     {OPT_METRICS, "--metrics", "server", "metrics"},
+    {OPT_MAX_CONNS, "--max-connections", "server", "max_connections"},
+    {OPT_MAX_BUFFERED, "--max-buffered", "server", "max_buffered"},
 };
 
 /* The command line: --config, --reset, and the overrides. */
@@ -242,7 +259,7 @@ static bool str_differs(const char *a, const char *b)
 static void report_restart_keys(const struct mts_config *was,
                                 const struct mts_config *now)
 {
-	const char *changed[10];
+	const char *changed[12];
 	size_t n = 0;
 	if (str_differs(was->socket_path, now->socket_path))
 		changed[n++] = "socket";
@@ -262,6 +279,10 @@ static void report_restart_keys(const struct mts_config *was,
 		changed[n++] = "metrics";
 	if (was->has_gid != now->has_gid || was->gid != now->gid)
 		changed[n++] = "group";
+	if (was->max_conns != now->max_conns)
+		changed[n++] = "max_connections";
+	if (was->max_buffered != now->max_buffered)
+		changed[n++] = "max_buffered";
 	for (size_t i = 0; i < n; i++)
 		mts_log(MTS_LOG_WARN,
 		        "config key changed; it takes effect at the next "
@@ -344,7 +365,8 @@ int main(int argc, char **argv)
 	        "version=%s pid=%d socket=%s segment=%s slots=%u lanes=%u "
 	        "tick_ms=%u threshold=%llu config=%s fleet_limit=%llu "
 	        "high_watermark_bp=%u hysteresis_bp=%u process_limit=%llu "
-	        "measure=%s groups=%u enforce_signal=%d",
+	        "measure=%s groups=%u enforce_signal=%d max_connections=%u "
+	        "max_buffered=%llu",
 	        MTS_VERSION, (int)getpid(),
 	        mts_logq(q1, sizeof(q1), cfg.socket_path),
 	        mts_logq(q2, sizeof(q2), cfg.segment), cfg.slots, cfg.lanes,
@@ -353,7 +375,8 @@ int main(int argc, char **argv)
 	        (unsigned long long)pol->fleet_limit, pol->high_bp,
 	        pol->hyst_bp, (unsigned long long)pol->process_limit,
 	        mts_measure_name(pol->measure), pol->ngroups,
-	        pol->enforce_signal);
+	        pol->enforce_signal, cfg.max_conns,
+	        (unsigned long long)cfg.max_buffered);
 
 	int err = mts_socket_prepare(cfg.socket_path);
 	if (err < 0) {

@@ -600,6 +600,30 @@ static void render_counters(struct out *o, const struct mts_registry *reg)
 	        s->reload_failures);
 	counter(o, "memtally_protocol_errors_total",
 	        "Error responses to malformed frames.", s->protocol_errors);
+	gauge(o, "memtally_connections", "Open client connections.",
+	      s->conn_open);
+	gauge(o, "memtally_connections_max",
+	      "Connections allowed at once (max_connections).", s->conn_max);
+	counter(o, "memtally_connections_rejected_total",
+	        "Connections closed at once: max_connections were open.",
+	        s->conn_rejected);
+	gauge(o, "memtally_connection_buffered_bytes",
+	      "Input and unwritten output held for all connections.",
+	      s->conn_buffered);
+	gauge(o, "memtally_connection_buffered_bytes_max",
+	      "Cap on memtally_connection_buffered_bytes (max_buffered).",
+	      s->buffered_max);
+	counter(o, "memtally_connection_budget_exceeded_total",
+	        "Times the connections' buffered bytes passed max_buffered.",
+	        s->conn_pressure);
+	counter(o, "memtally_connections_throttled_total",
+	        "Connections that stopped being read: over their share of "
+	        "max_buffered.",
+	        s->conn_throttled);
+	counter(o, "memtally_connections_evicted_total",
+	        "Connections disconnected: the largest holders, over "
+	        "max_buffered for longer than a second.",
+	        s->conn_evicted);
 
 	family(o, "memtally_tick_duration_seconds", "summary",
 	       "Time one aggregation tick took.");

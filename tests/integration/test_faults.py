@@ -11,7 +11,10 @@ real preload:
   d. the socket file deleted under a running server;
   e. a worker's lane scribbled with an absurd value (through an mmap of
      /dev/shm/<segment>): the slot is reported corrupt, left out of the
-     fleet total, and the server stays up.
+     fleet total, and the server stays up;
+  f. a worker whose threads allocate and exit without freeing: the blocks
+     stay the process's (its count equals what jemalloc says is still
+     allocated), and once the process exits the fleet is back to 0.
 """
 import mmap
 import os
@@ -307,8 +310,46 @@ def test_e_scribbled_lane():
               flush=True)
 
 
+def test_f_threads_exit_without_freeing():
+    """mt_family: 6 threads allocate ~32 MiB each through every entry of
+    the malloc family, free part of it, and exit holding the rest. Their
+    lanes are released at thread exit, their bytes are not: the process
+    still owns the memory. test_accuracy checks the count against
+    jemalloc too; here the point is what happens after the threads, and
+    then the process, are gone."""
+    with Server(slots=8) as s:
+        w = Worker([worker("mt_family"), "6", "32"], s.env(group="orphans"))
+        try:
+            fields = dict(kv.split("=") for kv in w.readline(120).split())
+            check(fields["jemalloc"] == "1", "mallctl not found")
+            allocated = int(fields["allocated"])
+            check(allocated > 64 * MIB, f"only {allocated} bytes allocated")
+            # Only the main thread is alive now: one flush threshold.
+            bound = 64 * 1024 * int(fields["threads"])
+
+            def owned():
+                p = s.ps().get(w.pid)
+                return (p if p and abs(p["bytes"] - allocated) <= bound
+                        else None)
+
+            p = wait_for("the dead threads' blocks counted", owned)
+            # Ticks go by: nothing is reclaimed while the process lives.
+            t = s.status()["ticks"]
+            wait_for("20 more ticks", lambda: s.status()["ticks"] >= t + 20)
+            p2 = s.ps().get(w.pid)
+            check(p2 is not None and abs(p2["bytes"] - allocated) <= bound,
+                  f"count moved with no thread alive to move it: {p2}")
+            check(p2["threads"] <= 1, f"exited threads still live: {p2}")
+            print(f"  6 threads exited holding {allocated} bytes "
+                  f"(jemalloc); counted {p['bytes']}, "
+                  f"{p2['threads']} live thread(s)")
+        finally:
+            check(w.close() == 0, "worker exit")
+        wait_for("process gone, fleet back to 0", lambda: settled(s, 8))
+
+
 if __name__ == "__main__":
     run([test_a_sigkill_churn, test_b_more_workers_than_slots,
          test_c_stopped_worker, test_c_fork_loop, test_c_exec_repeatedly,
          test_d_socket_deleted, test_d_segment_deleted,
-         test_e_scribbled_lane])
+         test_e_scribbled_lane, test_f_threads_exit_without_freeing])

@@ -1,12 +1,17 @@
 """Hostile peers on memtallyd's socket (issue 5, "Bad input").
 
 Each attack runs against one real memtallyd while a well-behaved client
-issues GetUsage on its own connection in a background thread, timing every
-round trip. Each attacker must get an error response and/or be
-disconnected; after every attack the server is still up and answers; at the
-end the well-behaved client's p99 latency is under a generous bound (1 s:
-the box is a loaded 2-core machine) and the server's RSS grew by less than
-64 MiB. Figures are printed (see tests/RESULTS.md).
+issues GetUsage on its own connection from a process of its own, timing
+every round trip. Each attacker must get an error response and/or be
+disconnected; after every attack the server is still up and answers. The
+well-behaved client's median latency during each attack stays within 2x of
+its median just before it (+ a small allowance; see LAT_ALLOW), its p99
+over the run under a generous bound (1 s: the box is a loaded 2-core
+machine), and the server's RSS within a bound. test_global_buffer_cap:
+64 peers pipelining without reading against a low --max-buffered; the
+server's RSS stays within a bound computed from the cap.
+test_connection_limit: --max-connections. Figures are printed (see
+tests/RESULTS.md).
 
 MEMTALLY_LONG=1 makes every attack heavier (more connections, more bytes).
 """
@@ -14,7 +19,6 @@ import os
 import random
 import socket
 import sys
-import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -57,22 +61,51 @@ def connect(srv):
     return s
 
 
-class Prober(threading.Thread):
-    """A well-behaved client: GetUsage every 10 ms, timing each answer."""
+class Prober:
+    """A well-behaved client: GetUsage every 10 ms, timing each answer.
+
+    It runs in a process of its own (forked), not a thread: the attacks
+    run Python loops in this process, and a prober thread would wait for
+    the GIL (5 ms switch interval) and time that, not the server. Samples
+    are (start, seconds) with start on CLOCK_MONOTONIC, which both
+    processes share, so they can be split into windows afterwards."""
 
     def __init__(self, srv):
-        super().__init__(daemon=True)
+        import multiprocessing as mp
+        ctx = mp.get_context("fork")
         self.srv = srv
-        self.lat = []
-        self.stop = threading.Event()
+        self.stop_ev = ctx.Event()
+        self.count = ctx.Value("l", 0)  # samples so far, read by windows
+        self.rx, tx = ctx.Pipe(duplex=False)
+        self.proc = ctx.Process(target=self._run, args=(tx,), daemon=True)
+        self.lat = []  # (start, seconds), filled by join()
         self.failure = None
 
-    def run(self):
+    def start(self):
+        """Start, and return once the first answer came back (forking and
+        connecting must not fall into the first window)."""
+        self.proc.start()
+        wait_for("the prober's first answer",
+                 lambda: self.count.value > 0 or not self.proc.is_alive(),
+                 timeout=30)
+
+    def wait_samples(self, n, timeout=30):
+        """Wait until n more samples are taken (a window of n samples)."""
+        target = self.count.value + n
+        wait_for(f"{n} prober samples",
+                 lambda: self.count.value >= target or not self.proc.is_alive(),
+                 timeout=timeout)
+
+    def samples(self):
+        return self.count.value
+
+    def _run(self, tx):
+        lat, failure = [], None
         try:
             s = connect(self.srv)
             r = pb.Reader(s)
             i = 0
-            while not self.stop.is_set():
+            while not self.stop_ev.is_set():
                 i += 1
                 t0 = time.monotonic()
                 s.sendall(pb.get_usage(i))
@@ -82,14 +115,29 @@ class Prober(threading.Thread):
                     raise AssertionError(f"bad GetUsage answer: {resp!r}")
                 if resp[1][0] != i:
                     raise AssertionError(f"answer id {resp[1][0]} != {i}")
-                self.lat.append(dt)
-                self.stop.wait(0.01)
+                lat.append((t0, dt))
+                with self.count.get_lock():
+                    self.count.value += 1
+                self.stop_ev.wait(0.01)
             s.close()
         except Exception as e:  # noqa: BLE001
-            self.failure = e
+            failure = repr(e)
+        tx.send((lat, failure))
+        tx.close()
 
-    def quantile(self, q):
-        xs = sorted(self.lat)
+    def stop(self):
+        self.stop_ev.set()
+        if self.rx.poll(30 * MULT):
+            self.lat, self.failure = self.rx.recv()
+        else:
+            self.failure = "prober sent nothing back"
+        self.proc.join(timeout=10)
+
+    def window(self, t0, t1):
+        return [dt for (t, dt) in self.lat if t0 <= t < t1]
+
+    def quantile(self, q, xs=None):
+        xs = sorted(xs if xs is not None else [dt for _, dt in self.lat])
         return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
 
 
@@ -272,50 +320,140 @@ def attack_many_idle(srv):
     return f"{n} idle connections held open: server answers others"
 
 
+# Latency of the well-behaved client during an attack vs. just before it.
+# Each attack gets a window of its own with no attack (WINDOW samples,
+# ~0.6 s) right before it, and runs (repeated if it is short) until at
+# least ATTACK_S have passed and WINDOW samples were taken during it, so
+# both medians come from 50+ samples of the same run and machine load
+# (counted, not timed: on an overloaded box 0.6 s may hold 9 samples).
+# Asserted: median during <= 2 x median before + LAT_ALLOW, in at least
+# one of up to LAT_ROUNDS rounds (a round = a fresh normal window and a
+# fresh attack window). Why this shape:
+#  - medians, not p99: on a loaded 2-core box a few samples of either
+#    window wait for the scheduler, and a p99 ratio of two ~50-sample
+#    windows would flake (p99 ratios are recorded in tests/RESULTS.md and
+#    the whole run's p99 is bounded loosely by P99_MAX);
+#  - the absolute allowance: 2x of a ~0.1 ms median is below the noise of
+#    a Python client on a busy machine;
+#  - rounds: a burst of load from another test can spoil one round; a
+#    server that really stalls (a loop blocked on a slow peer: tens of ms
+#    per probe; a turn that answers thousands of pipelined frames: ms)
+#    fails every round, so the test still fails then.
+WINDOW = 50
+ATTACK_S = 0.6
+LAT_ALLOW = 0.002 * MULT
+LAT_ROUNDS = 3
+
+
 def test_hostile_peers():
     with Server() as srv:
         alive(srv)
         rss0 = rss(srv.proc.pid)
-        # Baseline latency with no attacker.
-        base = Prober(srv)
-        base.start()
-        wait_for("baseline samples", lambda: len(base.lat) >= 100, timeout=30)
-        base.stop.set()
-        base.join()
-        check(base.failure is None, f"baseline prober: {base.failure}")
-
         prober = Prober(srv)
         prober.start()
         peak = rss0
-        for attack in (attack_random_bytes, attack_huge_prefix,
-                       attack_endless_varint, attack_zero_length,
-                       attack_truncated, attack_undecodable, attack_pipelined,
-                       attack_slowloris, attack_many_idle):
+        rounds = []  # (attack, round, normal (t0, t1), attack (t0, t1))
+
+        def one_round(attack, k):
+            nonlocal peak
+            n0 = time.monotonic()
+            prober.wait_samples(WINDOW)
             t0 = time.monotonic()
-            out = attack(srv)
-            if isinstance(out, tuple):
-                out, p = out
-                peak = max(peak, p)
+            c0 = prober.samples()
+            runs = 0
+            while True:
+                out = attack(srv)
+                runs += 1
+                if isinstance(out, tuple):
+                    out, p = out
+                    peak = max(peak, p)
+                if (time.monotonic() - t0 >= ATTACK_S
+                        and prober.samples() - c0 >= WINDOW):
+                    break
+                check(time.monotonic() - t0 < 60 * MULT,
+                      f"{attack.__name__}: the prober took no samples")
+            t1 = time.monotonic()
             alive(srv)
             peak = max(peak, rss(srv.proc.pid))
-            results.append((attack.__name__, out, time.monotonic() - t0))
-            print(f"  {attack.__name__}: {out}", flush=True)
-        wait_for("prober samples", lambda: len(prober.lat) >= 50, timeout=30)
-        prober.stop.set()
-        prober.join(timeout=30 * MULT)
+            rounds.append((attack.__name__, k, (n0, t0), (t0, t1)))
+            if k == 0:
+                results.append((attack.__name__, out, t1 - t0))
+                print(f"  {attack.__name__} (x{runs}): {out}", flush=True)
+
+        attacks = (attack_random_bytes, attack_huge_prefix,
+                   attack_endless_varint, attack_zero_length,
+                   attack_truncated, attack_undecodable, attack_pipelined,
+                   attack_slowloris, attack_many_idle)
+        for attack in attacks:
+            one_round(attack, 0)
+        # The prober's samples are only read at the end: judge the rounds
+        # then, and run more rounds of the attacks that failed.
+        prober.stop()
         check(prober.failure is None, f"well-behaved client: {prober.failure}")
+
+        def judge(name, k, norm_w, att_w):
+            norm, dur = prober.window(*norm_w), prober.window(*att_w)
+            nm, np99 = prober.quantile(.5, norm), prober.quantile(.99, norm)
+            dm, dp99 = prober.quantile(.5, dur), prober.quantile(.99, dur)
+            print(f"    {name} [{k}]: {nm * 1e3:.2f}/{np99 * 1e3:.2f} "
+                  f"({len(norm)}) -> {dm * 1e3:.2f}/{dp99 * 1e3:.2f} "
+                  f"({len(dur)}); x{dm / nm:.2f}, x{dp99 / np99:.2f}",
+                  flush=True)
+            check(len(norm) >= 10 and len(dur) >= 10,
+                  f"{name}: too few samples ({len(norm)}, {len(dur)})")
+            return dm <= 2 * nm + LAT_ALLOW, (nm, dm)
+
+        all_lat = list(prober.lat)
+        print("  GetUsage latency, ms: attack [round]: normal p50/p99 (n) "
+              "-> during p50/p99 (n); ratio p50, p99", flush=True)
+        failing = {}
+        for name, k, nw, aw in rounds:
+            ok, fig = judge(name, k, nw, aw)
+            if not ok:
+                failing[name] = fig
+        for k in range(1, LAT_ROUNDS):
+            if not failing:
+                break
+            rounds.clear()
+            prober = Prober(srv)
+            prober.start()
+            for attack in attacks:
+                if attack.__name__ in failing:
+                    one_round(attack, k)
+            prober.stop()
+            check(prober.failure is None,
+                  f"well-behaved client: {prober.failure}")
+            all_lat += prober.lat
+            for name, k2, nw, aw in rounds:
+                ok, fig = judge(name, k2, nw, aw)
+                if ok:
+                    del failing[name]
+                else:
+                    failing[name] = fig
+        why = "; ".join(f"{n}: median {d * 1e3:.2f} ms during vs "
+                        f"{m * 1e3:.2f} ms before"
+                        for n, (m, d) in failing.items())
+        if sanitized():
+            # ASan/TSan slow the server unevenly, connection-heavy
+            # attacks most (under TSan 200 idle connections opened at
+            # once: 5.8 -> 24 ms median): the ratio would measure the
+            # sanitizer. Recorded only.
+            if failing:
+                print("  (sanitized build: latency ratio not checked: "
+                      + why + ")", flush=True)
+        else:
+            check(not failing, "latency more than 2x normal in every "
+                  "round: " + why)
         rss1 = rss(srv.proc.pid)
         print(f"  server RSS: start {rss0 / MIB:.1f} MiB, peak {peak / MIB:.1f}"
               f" MiB, end {rss1 / MIB:.1f} MiB", flush=True)
-        print(f"  GetUsage latency, no attack: n={len(base.lat)} "
-              f"p50={base.quantile(.5) * 1e3:.2f} ms "
-              f"p99={base.quantile(.99) * 1e3:.2f} ms", flush=True)
-        print(f"  GetUsage latency, under attack: n={len(prober.lat)} "
-              f"p50={prober.quantile(.5) * 1e3:.2f} ms "
-              f"p99={prober.quantile(.99) * 1e3:.2f} ms "
-              f"max={max(prober.lat) * 1e3:.2f} ms", flush=True)
-        check(prober.quantile(.99) < P99_MAX,
-              f"p99 {prober.quantile(.99):.3f} s over {P99_MAX} s")
+        lat = sorted(dt for _, dt in all_lat)
+        p99 = lat[min(len(lat) - 1, int(.99 * len(lat)))]
+        print(f"  GetUsage latency, whole run: n={len(lat)} "
+              f"p50={lat[len(lat) // 2] * 1e3:.2f} ms "
+              f"p99={p99 * 1e3:.2f} ms max={lat[-1] * 1e3:.2f} ms",
+              flush=True)
+        check(p99 < P99_MAX, f"p99 {p99:.3f} s over {P99_MAX} s")
         if sanitized():
             print("  (sanitized build: RSS bound not checked)", flush=True)
         else:
@@ -326,5 +464,165 @@ def test_hostile_peers():
               f"attacks changed the counts: {st}")
 
 
+# The server-wide budget: many peers pipelining without reading, against a
+# low --max-buffered. Each would hold up to ~4.6 MiB on its own bound; the
+# cap keeps the sum to about the cap (the largest are throttled, then
+# disconnected), and a well-behaved client is answered throughout.
+CAP_PEERS = 128 if LONG else 64
+CAP = 8 * MIB
+# The cap, plus the allocator's slack around what it counts (freed blocks
+# of evicted peers, per-write headers), plus libuv and the rest.
+CAP_RSS_GROWTH_MAX = 2 * CAP + 16 * MIB
+
+
+def pipeline_unread(srv, npeers, seconds):
+    payload = b"".join(pb.get_usage(i) for i in range(1, 2001))
+    conns = []
+    for _ in range(npeers):
+        s = connect(srv)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.setblocking(False)
+        conns.append(s)
+    sent = [0] * npeers
+    closed = 0
+    peak = rss(srv.proc.pid)
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        progress = False
+        for k, s in enumerate(conns):
+            if s is None:
+                continue
+            try:
+                n = s.send(payload)
+                sent[k] += n
+                progress = progress or n > 0
+            except BlockingIOError:
+                pass
+            except OSError:  # disconnected by the server
+                s.close()
+                conns[k] = None
+                closed += 1
+        peak = max(peak, rss(srv.proc.pid))
+        if not progress:
+            time.sleep(0.01)  # everyone is blocked: back-pressure holds
+    for s in conns:
+        if s is not None:
+            s.close()
+    return sum(sent), closed, peak
+
+
+def metric(text, name):
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return int(float(line.split()[1]))
+    return None
+
+
+def test_global_buffer_cap():
+    with Server("--max-buffered", f"{CAP // MIB}MiB",
+                "--max-connections", "4096") as srv:
+        alive(srv)
+        rss0 = rss(srv.proc.pid)
+        prober = Prober(srv)
+        prober.start()
+        prober.wait_samples(WINDOW)
+        t0 = time.monotonic()
+        total, closed, peak = pipeline_unread(srv, CAP_PEERS,
+                                              (12 if LONG else 4) * MULT)
+        t1 = time.monotonic()
+        alive(srv)
+        prober.stop()
+        check(prober.failure is None, f"well-behaved client: {prober.failure}")
+        norm, dur = prober.window(0, t0), prober.window(t0, t1)
+        nm, dm = prober.quantile(.5, norm), prober.quantile(.5, dur)
+        log = srv.logtext()
+        throttled = log.count("throttling the largest")
+        evicted = log.count("did not drain; disconnected")
+        out = (f"{CAP_PEERS} conns pipelining unread, max_buffered "
+               f"{CAP // MIB} MiB: {total // 1024} KiB sent, {evicted} "
+               f"evicted ({closed} saw it while sending), RSS "
+               f"{rss0 / MIB:.1f} -> {peak / MIB:.1f} MiB; GetUsage p50 "
+               f"{nm * 1e3:.2f} -> {dm * 1e3:.2f} ms, p99 "
+               f"{prober.quantile(.99, norm) * 1e3:.2f} -> "
+               f"{prober.quantile(.99, dur) * 1e3:.2f} ms (n={len(dur)})")
+        print("  " + out, flush=True)
+        results.append(("global_buffer_cap", out, t1 - t0))
+        check(throttled >= 1, "the cap was never reached: no throttling log")
+        check(evicted >= 1, "nobody was disconnected")
+        check(len(dur) >= 10, f"too few samples during the attack: {len(dur)}")
+        # Answered throughout (the prober fails on a missing answer) and
+        # within P99_MAX; the medians are recorded, not held to 2x here:
+        # the attacker keeps 64 sockets busy from one Python loop and, on
+        # a 2-core box shared with other tests, takes the server's CPU
+        # (measured: x1.0 alone, up to ~x30 of a 0.1 ms median under
+        # `ctest -j2`). test_hostile_peers holds every attack to 2x.
+        p99 = prober.quantile(.99, dur)
+        check(p99 < P99_MAX, f"p99 {p99:.3f} s during the attack")
+        if sanitized():
+            print("  (sanitized build: RSS bound not checked)", flush=True)
+        else:
+            check(peak - rss0 < CAP_RSS_GROWTH_MAX,
+                  f"RSS grew {(peak - rss0) / MIB:.1f} MiB with a cap of "
+                  f"{CAP // MIB} MiB (bound {CAP_RSS_GROWTH_MAX // MIB} MiB)")
+        # Everyone gone: nothing is held any more.
+        wait_for("pressure to end",
+                 lambda: "buffered bytes back under budget" in srv.logtext(),
+                 timeout=20)
+
+
+def test_connection_limit():
+    with Server("--max-connections", "8") as srv:
+        # One at a time, each answered: the harness's own probe of the
+        # socket may not be closed on the server's side yet, and would
+        # take a place.
+        socks = [wait_for("a connection served", lambda: _served(srv))
+                 for _ in range(8)]
+        # The ninth is accepted and closed at once: EOF, no answer.
+        extra = connect(srv)
+        try:
+            extra.sendall(pb.get_usage(2))
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        check(pb.Reader(extra).until_eof(T) == [],
+              "a connection past max_connections was answered")
+        extra.close()
+        wait_for("rejection logged",
+                 lambda: "max_connections reached" in srv.logtext())
+        # One goes, and there is room again.
+        socks.pop().close()
+        wait_for("a free connection", lambda: _answered(srv))
+        for s in socks:
+            s.close()
+        results.append(("connection_limit", "max_connections 8: the 9th "
+                        "closed at once with no answer, logged; room again "
+                        "after one closed", 0))
+
+
+def _served(srv):
+    """A connection that got an answer (kept open), or None."""
+    s = connect(srv)
+    try:
+        s.sendall(pb.get_usage(1))
+        f = pb.Reader(s).frame(2 * MULT)
+        if f is not None and 4 in f:
+            return s
+    except OSError:
+        pass
+    s.close()
+    return None
+
+
+def _answered(srv):
+    s = connect(srv)
+    try:
+        s.sendall(pb.get_usage(3))
+        f = pb.Reader(s).frame(2 * MULT)
+        return f is not None and 4 in f
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
 if __name__ == "__main__":
-    run([test_hostile_peers])
+    run([test_hostile_peers, test_global_buffer_cap, test_connection_limit])

@@ -65,6 +65,8 @@ Test(config, defaults_without_a_file)
 	cr_assert_eq(s.cfg.slots, MTS_DEFAULT_SLOTS);
 	cr_assert_eq(s.cfg.tick_ms, MTS_DEFAULT_TICK_MS);
 	cr_assert_eq(s.cfg.threshold, MTS_DEFAULT_THRESHOLD);
+	cr_assert_eq(s.cfg.max_conns, MTS_DEFAULT_MAX_CONNS);
+	cr_assert_eq(s.cfg.max_buffered, MTS_DEFAULT_MAX_BUFFERED);
 	cr_assert_null(s.cfg.tcp_addr);
 	cr_assert_null(s.cfg.metrics_addr);
 	cr_assert_eq(s.cfg.policy, &s.policy);
@@ -185,6 +187,9 @@ Test(config, the_example_file_loads)
 	             0, "%s", err);
 	cr_assert_eq(s.policy.fleet_limit, 0);
 	cr_assert_eq(s.policy.enforce_signal, 0, "enforcement off by default");
+	/* The example states the defaults of the connection budget. */
+	cr_assert_eq(s.cfg.max_conns, MTS_DEFAULT_MAX_CONNS);
+	cr_assert_eq(s.cfg.max_buffered, MTS_DEFAULT_MAX_BUFFERED);
 	mts_settings_free(&s);
 }
 
@@ -210,6 +215,10 @@ static const struct bad bads[] = {
     {"[server]\nadmin_gid = no-such-group-xyz\n", 2, "[server] admin_gid"},
     {"[server]\ngroup = no-such-group-xyz\n", 2, "[server] group"},
     {"[server]\nport = 1\n", 2, "[server] port: unknown key"},
+    {"[server]\nmax_connections = 0\n", 2, "[server] max_connections"},
+    {"[server]\nmax_connections = many\n", 2, "[server] max_connections"},
+    {"[server]\nmax_buffered = 512KiB\n", 2, "[server] max_buffered"},
+    {"[server]\nmax_buffered = lots\n", 2, "[server] max_buffered"},
     {"\n[limits]\nfleet = 12 apples\n", 3, "[limits] fleet"},
     {"[limits]\nfleet = -1G\n", 2, "[limits] fleet"},
     {"[limits]\nprocess = lots\n", 2, "[limits] process"},
@@ -379,6 +388,35 @@ Test(config, flags_override_the_file)
 	cr_assert_eq(mts_settings_load(&s, NULL, low, 1, err, sizeof(err)),
 	             -EINVAL);
 	cr_assert_not_null(strstr(err, "[limits] hysteresis"), "%s", err);
+}
+
+Test(config, connection_budget_keys_and_flags)
+{
+	struct mts_settings s;
+	char err[512];
+	write_file(path, "[server]\nmax_connections = 64\nmax_buffered = 8MiB\n",
+	           0600);
+	cr_assert_eq(mts_settings_load(&s, path, NULL, 0, err, sizeof(err)), 0,
+	             "%s", err);
+	cr_assert_eq(s.cfg.max_conns, 64);
+	cr_assert_eq(s.cfg.max_buffered, UINT64_C(8) << 20);
+	mts_settings_free(&s);
+	const struct mts_override ov[] = {
+	    {"--max-connections", "server", "max_connections", "10"},
+	    {"--max-buffered", "server", "max_buffered", "1.5G"},
+	};
+	cr_assert_eq(mts_settings_load(&s, path, ov, 2, err, sizeof(err)), 0,
+	             "%s", err);
+	cr_assert_eq(s.cfg.max_conns, 10);
+	cr_assert_eq(s.cfg.max_buffered, UINT64_C(3) << 29);
+	mts_settings_free(&s);
+	const struct mts_override bad[] = {
+	    {"--max-buffered", "server", "max_buffered", "100KiB"},
+	};
+	cr_assert_eq(mts_settings_load(&s, path, bad, 1, err, sizeof(err)),
+	             -EINVAL);
+	cr_assert(strncmp(err, "--max-buffered: expected a size", 31) == 0,
+	          "%s", err);
 }
 
 Test(parse, percent)

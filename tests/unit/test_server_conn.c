@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -298,4 +299,244 @@ Test(conn, tcp_speaks_the_protocol_without_credentials)
 	/* A TCP peer may watch, too. */
 	watch(&t, 6);
 	close(t.fd);
+}
+
+/* ---- the server-wide budget (issue 5) ----------------------------------- */
+
+static void setup_budget(uint32_t max_conns, uint64_t max_buffered)
+{
+	/* As memtallyd does: a write to a peer we disconnected is EPIPE. */
+	signal(SIGPIPE, SIG_IGN);
+	mts_log_set_level(MTS_LOG_ERROR);
+	snprintf(segname, sizeof(segname), "/mt-s5-conn-%ld", (long)getpid());
+	snprintf(sockpath, sizeof(sockpath), "/tmp/mt-s5-conn-%ld.sock",
+	         (long)getpid());
+	unlink(sockpath);
+	mts_policy_defaults(&pol);
+	struct mts_config cfg = {
+	    .socket_path = sockpath,
+	    .segment = segname,
+	    .slots = 8,
+	    .lanes = 2,
+	    .tick_ms = 60000,
+	    .threshold = 1000,
+	    .policy = &pol,
+	    .max_conns = max_conns,
+	    .max_buffered = max_buffered,
+	};
+	cr_assert_eq(uv_loop_init(&loop), 0);
+	cr_assert_eq(mts_server_init(&srv, &loop, &cfg), 0);
+}
+
+static void setup_conns3(void)
+{
+	setup_budget(3, 0);
+}
+
+/* 1 MiB for all: one pipelining peer passes it long before its own
+ * 4 MiB bound. */
+#define SMALL_CAP (1u << 20)
+
+static void setup_cap(void)
+{
+	setup_budget(0, SMALL_CAP);
+}
+
+static void get_usage(struct client *c, uint64_t id)
+{
+	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
+	Memtally__V1__GetUsage q = MEMTALLY__V1__GET_USAGE__INIT;
+	req.body_case = MEMTALLY__V1__REQUEST__BODY_GET_USAGE;
+	req.get_usage = &q;
+	client_send(c, id, &req);
+	Memtally__V1__Response *r = client_recv(c);
+	cr_assert_not_null(r, "no answer to GetUsage %llu",
+	                   (unsigned long long)id);
+	cr_assert_eq(r->id, id);
+	cr_assert_eq(r->body_case, MEMTALLY__V1__RESPONSE__BODY_USAGE);
+	memtally__v1__response__free_unpacked(r, NULL);
+}
+
+/* Run the loop until the server has closed c (EOF), reading what it
+ * sends meanwhile. */
+static bool closed_by_server(struct client *c)
+{
+	char buf[65536];
+	for (int spins = 0; spins < 20000; spins++) {
+		uv_run(&loop, UV_RUN_NOWAIT);
+		ssize_t got = recv(c->fd, buf, sizeof(buf), MSG_DONTWAIT);
+		if (got == 0)
+			return true;
+		if (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK)
+			return true; /* reset: closed too */
+		if (got < 0)
+			poll(NULL, 0, 1);
+	}
+	return false;
+}
+
+Test(budget, connections_past_the_limit_are_closed_at_once,
+     .init = setup_conns3, .fini = teardown, .timeout = 60)
+{
+	struct client a, b, c, d;
+	client_unix(&a);
+	client_unix(&b);
+	client_unix(&c);
+	get_usage(&a, 1);
+	get_usage(&b, 2);
+	get_usage(&c, 3);
+	cr_assert_eq(srv.nconns, 3);
+	/* The fourth is accepted and closed: EOF, not a hang. */
+	client_unix(&d);
+	cr_assert(closed_by_server(&d), "the extra connection stayed open");
+	cr_assert_eq(srv.reg.stats.conn_rejected, 1);
+	cr_assert_eq(srv.nconns, 3);
+	get_usage(&a, 4);
+	close(d.fd);
+	/* One goes: there is room again. */
+	close(c.fd);
+	for (int i = 0; i < 20000 && srv.nconns > 2; i++) {
+		uv_run(&loop, UV_RUN_NOWAIT);
+		poll(NULL, 0, 1);
+	}
+	cr_assert_eq(srv.nconns, 2);
+	client_unix(&d);
+	get_usage(&d, 5);
+	cr_assert_eq(srv.reg.stats.conn_rejected, 1);
+	cr_assert_eq(srv.reg.stats.conn_open, 3);
+	close(a.fd);
+	close(b.fd);
+	close(d.fd);
+}
+
+/* A peer that pipelines GetUsage and never reads: a small receive
+ * buffer, so that the server's unwritten output grows soon. */
+struct hostile {
+	struct client c;
+	uint8_t frames[16384];
+	size_t len, pos;
+};
+
+static void hostile_open(struct hostile *h)
+{
+	client_unix(&h->c);
+	int small = 4096;
+	setsockopt(h->c.fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
+	Memtally__V1__GetUsage q = MEMTALLY__V1__GET_USAGE__INIT;
+	req.body_case = MEMTALLY__V1__REQUEST__BODY_GET_USAGE;
+	req.get_usage = &q;
+	h->len = 0;
+	for (uint64_t id = 1;; id++) {
+		uint8_t one[64];
+		req.id = id;
+		size_t n = mtframe_pack(&req.base, one, sizeof(one));
+		cr_assert_gt(n, 0);
+		if (h->len + n > sizeof(h->frames))
+			break;
+		memcpy(h->frames + h->len, one, n);
+		h->len += n;
+	}
+	h->pos = 0;
+}
+
+/* Send what the socket takes without blocking (whole batches again and
+ * again: frames never straddle a batch). */
+static void hostile_push(struct hostile *h)
+{
+	for (int i = 0; i < 16; i++) {
+		ssize_t n = send(h->c.fd, h->frames + h->pos, h->len - h->pos,
+		                 MSG_DONTWAIT | MSG_NOSIGNAL);
+		if (n <= 0)
+			return;
+		h->pos = (h->pos + (size_t)n) % h->len;
+	}
+}
+
+Test(budget, over_the_cap_the_largest_are_throttled_then_evicted,
+     .init = setup_cap, .fini = teardown, .timeout = 120)
+{
+	enum { N = 4 };
+	static struct hostile h[N];
+	struct client good;
+	client_unix(&good);
+	get_usage(&good, 1);
+	for (int i = 0; i < N; i++)
+		hostile_open(&h[i]);
+
+	/* Push until the server has thrown someone out; meanwhile the
+	 * buffered total never goes far past the cap, and the good client
+	 * is answered every round. */
+	uint64_t peak = 0, id = 2;
+	for (int round = 0; srv.reg.stats.conn_evicted == 0; round++) {
+		cr_assert_lt(round, 20000, "nobody evicted (buffered %llu)",
+		             (unsigned long long)srv.buffered);
+		for (int i = 0; i < N; i++)
+			hostile_push(&h[i]);
+		uv_run(&loop, UV_RUN_NOWAIT);
+		if (srv.buffered > peak)
+			peak = srv.buffered;
+		if (round % 50 == 0)
+			get_usage(&good, id++);
+		if (srv.pressure)
+			poll(NULL, 0, 1); /* the grace period is real time */
+	}
+	/* One turn's output or one read over the cap, at most, per step. */
+	cr_assert_leq(peak, SMALL_CAP + 256u * 1024u, "peak %llu",
+	              (unsigned long long)peak);
+	cr_assert_geq(srv.reg.stats.conn_pressure, 1);
+	cr_assert_geq(srv.reg.stats.conn_throttled, 1);
+	cr_assert_leq(srv.buffered, SMALL_CAP);
+	cr_assert_eq(srv.reg.stats.conn_buffered, srv.buffered);
+	get_usage(&good, id++);
+	/* The good client held the least: it is never the one evicted. */
+	cr_assert_eq(srv.nconns, 1 + N - srv.reg.stats.conn_evicted);
+
+	/* The hostile peers go: nothing is held, pressure is over. */
+	for (int i = 0; i < N; i++)
+		close(h[i].c.fd);
+	for (int i = 0; i < 20000 && (srv.nconns > 1 || srv.pressure); i++) {
+		uv_run(&loop, UV_RUN_NOWAIT);
+		poll(NULL, 0, 1);
+	}
+	cr_assert_eq(srv.nconns, 1);
+	cr_assert(!srv.pressure);
+	cr_assert_eq(srv.buffered, 0);
+	get_usage(&good, id++);
+	close(good.fd);
+}
+
+Test(budget, a_throttled_peer_that_reads_again_is_resumed,
+     .init = setup_cap, .fini = teardown, .timeout = 120)
+{
+	static struct hostile h;
+	hostile_open(&h);
+	/* Pipeline until the server stops reading it for the budget. */
+	for (int round = 0; !srv.pressure; round++) {
+		cr_assert_lt(round, 20000, "never over budget");
+		hostile_push(&h);
+		uv_run(&loop, UV_RUN_NOWAIT);
+	}
+	cr_assert_eq(srv.reg.stats.conn_throttled, 1);
+	/* It reads everything now: its output drains, the total falls
+	 * under the low mark, throttling ends, and the requests it had sent
+	 * are answered (answers keep coming). */
+	uint64_t got = 0;
+	uint8_t buf[65536];
+	for (int spins = 0; spins < 200000 && (srv.pressure || got < (4u << 20));
+	     spins++) {
+		uv_run(&loop, UV_RUN_NOWAIT);
+		ssize_t n = recv(h.c.fd, buf, sizeof(buf), MSG_DONTWAIT);
+		if (n > 0)
+			got += (uint64_t)n;
+		else
+			poll(NULL, 0, 0);
+		if (spins % 8 == 0)
+			hostile_push(&h);
+	}
+	cr_assert(!srv.pressure || srv.reg.stats.conn_pressure > 1);
+	cr_assert_geq(got, 4u << 20, "answers stopped after %llu bytes",
+	              (unsigned long long)got);
+	cr_assert_eq(srv.reg.stats.conn_evicted, 0);
+	close(h.c.fd);
 }
