@@ -8,7 +8,14 @@ lines just written by another core), and the reader, pinned, timing one
 tick = mtshm_slot_sum() over all slots, 301 times. `quiet` = no writer.
 Each run proves that a tick summed exactly what the lanes hold. This is the
 aggregation only (a lower bound on the server's tick): group totals,
-limits and the header publish are not in it. Then query latency: a real
+limits and the header publish are not in it; each row also times the loop
+as it was before issue 4's tuning (`--variant call`), interleaved, for a
+side-by-side ratio. Then the whole tick, mts_tick(), on a registry built
+from the daemon's own code (server_core_tick.c: S workers adopted into a
+real segment, 8 groups, fleet, group and process limits, 30% churn through
+the real exit path). Then exit-to-reclaim latency (server_reclaim.c): a
+real memtallyd at 10 ms and 1000 ms ticks, 200 preloaded workers holding
+10 MiB each killed one at a time. Then query latency: a real
 memtallyd, bench_server_query (server_query.c) timing GetUsage on one
 connection beside a bare Unix-socket round trip, and pipelined GetUsage
 throughput (server_pipeline.c) for windows of 1..256 requests in flight.
@@ -17,6 +24,7 @@ Many connections and Admit rates are not measured yet.
 Run all:   cmake --build BUILD --target bench_server
 Run one:   BUILD/bench/bench_server_tick --slots 16384 --lanes 1 --cpu 1 \\
                --writer-cpu 0
+           BUILD/bench/bench_server_core_tick --slots 16384 --churn 30 --cpu 1
 """
 
 import argparse
@@ -40,6 +48,18 @@ END = "<!-- END server -->"
 TARGET_US = 50.0
 PIPE_WINDOWS = [1, 16, 64, 256]
 TARGET_PIPE = 200000
+CORE_ROWS = [(s, 1, False) for s in SLOTS] + [(16384, 1, True),
+                                              (16384, 4, True)]
+RECLAIM_TICKS = [10, 1000]
+RECLAIM_N = 200
+
+
+def run_json(argv):
+    p = subprocess.run(argv, capture_output=True, text=True)
+    if p.returncode:
+        log("server: FAILED: %s: %s" % (" ".join(argv), p.stderr.strip()))
+        return None
+    return json.loads(p.stdout)
 
 
 def main():
@@ -48,6 +68,10 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--results-md",
                     default=os.path.join(SRC_DIR, "bench", "RESULTS.md"))
+    ap.add_argument("--baseline-build",
+                    help="another build whose bench_server_core_tick is "
+                    "run interleaved as `before` (e.g. one of the commit "
+                    "before a change)")
     args = ap.parse_args()
     build = os.path.abspath(args.build_dir)
     exe = os.path.join(build, "bench", "bench_server_tick")
@@ -61,16 +85,57 @@ def main():
                     "--cpu", str(cpu), "--writer-cpu", str(wcpu)]
             if quiet:
                 argv.append("--quiet")
-            p = subprocess.run(argv, capture_output=True, text=True)
-            if p.returncode:
-                log("server: FAILED: %s: %s" % (" ".join(argv),
-                                                 p.stderr.strip()))
+            # The old loop and the new one, back to back in one row.
+            old = run_json(argv + ["--variant", "call"])
+            r = run_json(argv + ["--variant", "prefetch"])
+            if not old or not r:
                 return 1
-            r = json.loads(p.stdout)
+            r["call"] = old
             rows.append(r)
-            log("  slots %-6d lanes %-3d %-6s p50 %.1f us" % (
+            log("  slots %-6d lanes %-3d %-6s p50 %.1f us (call %.1f us)" % (
                 s, lanes, "writer" if r["writer"] else "quiet",
-                r["p50_ns"] / 1e3))
+                r["p50_ns"] / 1e3, old["p50_ns"] / 1e3))
+    # The whole tick, mts_tick(), on a registry of the daemon's own code.
+    core = []
+    cexe = os.path.join(build, "bench", "bench_server_core_tick")
+    for s, lanes, writer in CORE_ROWS:
+        argv = ["--slots", str(s), "--lanes", str(lanes), "--churn", "30",
+                "--cpu", str(cpu)]
+        if writer:
+            argv += ["--writer", "--writer-cpu", str(wcpu)]
+        r = None
+        if args.baseline_build:
+            bexe = os.path.join(os.path.abspath(args.baseline_build),
+                                "bench", "bench_server_core_tick")
+            before = run_json([bexe] + argv)
+            r = run_json([cexe] + argv)
+            if not before or not r:
+                return 1
+            r["before"] = before
+        else:
+            r = run_json([cexe] + argv)
+            if not r:
+                return 1
+        core.append(r)
+        log("  full tick: slots %-6d lanes %d %-6s p50 %.1f us" % (
+            s, lanes, "writer" if writer else "quiet", r["p50_ns"] / 1e3))
+    # Exit-to-reclaim latency against a real memtallyd.
+    reclaim = []
+    rexe = os.path.join(build, "bench", "bench_server_reclaim")
+    mtd = os.path.join(build, "server", "memtallyd")
+    pre = os.path.join(build, "client", "libmemtally_preload.so")
+    if os.access(mtd, os.X_OK) and os.path.exists(pre):
+        for tick in RECLAIM_TICKS:
+            r = run_json([rexe, "--memtallyd", mtd, "--preload", pre,
+                          "--tick", str(tick), "--n", str(RECLAIM_N)])
+            if not r:
+                return 1
+            reclaim.append(r)
+            log("  reclaim: tick %d ms: %s" % (tick, json.dumps(
+                r["kill_to_reclaim"])))
+    else:
+        log("server: reclaim latency skipped: memtallyd or the preload "
+            "library not built")
     # Query latency against a real memtallyd (pinned to the other CPU).
     tmp = tempfile.mkdtemp(prefix="mtbench-server-")
     # Nothing pinned here: on this shared 2-CPU guest a pinned server waits
@@ -105,7 +170,8 @@ def main():
     finally:
         srv.stop()
 
-    lines = ["## server (tick aggregation, query latency)\n"]
+    lines = ["## server (tick aggregation, full tick, reclaim, query "
+             "latency)\n"]
     lines.append(
         "Measured %s on %s (%d CPUs, Linux %s); commit `%s`%s. Load "
         "average (1 min) %.2f at the start, %.2f at the end.\n" % (
@@ -114,22 +180,30 @@ def main():
             " with uncommitted changes" if info["uncommitted"] else "",
             info["loadavg_start"], os.getloadavg()[0]))
     lines.append(
-        "One tick = `mtshm_slot_sum()` over every live slot of a real "
+        "**Summing loop only** (the first target measurement): one tick "
+        "= `mtshm_slot_sum()` over every live slot of a real "
         "segment (the server's summing loop, nothing else), reader pinned "
         "to CPU %d; `writer`: a thread on CPU %d keeps storing into every "
         "lane in use, so each line is just written by another core; "
         "`quiet`: no writer. 301 ticks per row; p50 / p99 / min in µs; "
         "each run checks the tick summed exactly what the lanes hold. "
+        "The loop is the one mts_tick() runs now (`mtshm_slot_sum_inline`, "
+        "lane count read once, the line 8 slots ahead prefetched); `call "
+        "p50` is the loop as it was (an out-of-line `mtshm_slot_sum()` per "
+        "slot), run just before it. "
         "Target (issue 4): tick ≤ %g µs at 16384 slots.\n"
         % (cpu, wcpu, TARGET_US))
     lines.append("| slots | lanes | writer | p50 µs | p99 µs | min µs | "
-                 "ns per slot (p50) | ns per lane (p50) |")
-    lines.append("|---|---|---|---|---|---|---|---|")
+                 "ns per slot (p50) | ns per lane (p50) | call p50 µs | "
+                 "call min µs |")
+    lines.append("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        lines.append("| %d | %d | %s | %.1f | %.1f | %.1f | %.2f | %.2f |" % (
+        lines.append("| %d | %d | %s | %.1f | %.1f | %.1f | %.2f | %.2f | "
+                     "%.1f | %.1f |" % (
             r["slots"], r["lanes"], "yes" if r["writer"] else "quiet",
             r["p50_ns"] / 1e3, r["p99_ns"] / 1e3, r["min_ns"] / 1e3,
-            r["p50_ns"] / r["slots"], r["p50_ns"] / r["slots"] / r["lanes"]))
+            r["p50_ns"] / r["slots"], r["p50_ns"] / r["slots"] / r["lanes"],
+            r["call"]["p50_ns"] / 1e3, r["call"]["min_ns"] / 1e3))
     big = [r for r in rows if r["slots"] == 16384]
     lines.append("")
     lines.append("Target, 16384 slots, p50: " + "; ".join(
@@ -137,7 +211,88 @@ def main():
             r["lanes"], "writer" if r["writer"] else "quiet",
             r["p50_ns"] / 1e3,
             "met" if r["p50_ns"] / 1e3 <= TARGET_US else "**missed**")
-        for r in big) + ".\n")
+        for r in big) + " (loop only).\n")
+    lines.append(
+        "**Full tick (mts_tick)**: `mts_tick()` itself "
+        "(bench_server_core_tick: "
+        "server_core_tick.c, linked with `memtally_server_core`): a real "
+        "segment with the server's default 4 lanes per slot, a registry "
+        "(`mts_registry_init`) with S workers adopted through "
+        "`mts_registry_adopt_slot` (an eventfd standing in for each pidfd) "
+        "over 8 groups, a fleet limit, a group limit and a per-process "
+        "limit in force (none reached, so every comparison runs and no "
+        "event fires), then 30%% of the workers exited through the server's "
+        "own pidfd path and as many adopted into the freed slots, with heap "
+        "allocations in between (dense, slot and heap order disagree, as in "
+        "a server that has run a while). Sums, group totals, reservations, "
+        "limits (fleet, groups, every process), enforcement and the "
+        "seqlock publish; each run checks the published fleet total and "
+        "the group sums against the lanes. Pinned to CPU %d; 301 ticks per "
+        "row after 20 warm-up. `limits pass` is `mts_limits_eval(reg, "
+        "true)` timed alone right after a tick: a separate pass over every "
+        "process, as the tick ran it before the per-process evaluation "
+        "moved into the summing loop (shown for scale; not part of the "
+        "tick any more).%s\n" % (
+            cpu, " `before`: the same bench built from the baseline tree, "
+            "run just before each row." if args.baseline_build else ""))
+    hdr = ("| slots | lanes used | writer | p50 µs | p99 µs | min µs | "
+           "ns per process (p50) | limits pass p50 µs |")
+    sep = "|---|---|---|---|---|---|---|---|"
+    if args.baseline_build:
+        hdr += " before p50 µs | before min µs | speed-up (p50) |"
+        sep += "---|---|---|"
+    lines.append(hdr)
+    lines.append(sep)
+    for r in core:
+        line = "| %d | %d | %s | %.1f | %.1f | %.1f | %.2f | %.1f |" % (
+            r["slots"], r["lanes"], "yes" if r["writer"] else "quiet",
+            r["p50_ns"] / 1e3, r["p99_ns"] / 1e3, r["min_ns"] / 1e3,
+            r["p50_ns"] / r["slots"], r["limits_p50_ns"] / 1e3)
+        if "before" in r:
+            b = r["before"]
+            line += " %.1f | %.1f | %.2f× |" % (
+                b["p50_ns"] / 1e3, b["min_ns"] / 1e3,
+                b["p50_ns"] / r["p50_ns"])
+        lines.append(line)
+    bigc = [r for r in core if r["slots"] == 16384]
+    lines.append("")
+    lines.append("Target, 16384 slots, p50: " + "; ".join(
+        "full tick %d lane(s) %s %.1f µs %s" % (
+            r["lanes"], "writer" if r["writer"] else "quiet",
+            r["p50_ns"] / 1e3,
+            "met" if r["p50_ns"] / 1e3 <= TARGET_US else "**missed**")
+        for r in bigc) + ".\n")
+    if reclaim:
+        lines.append(
+            "Exit-to-reclaim latency (bench_server_reclaim: "
+            "server_reclaim.c): a real memtallyd (256 slots, `--tick` as "
+            "below), %d real workers one after another, each this bench "
+            "binary under `LD_PRELOAD=libmemtally_preload.so` holding %d MiB "
+            "(registered and flushed: the segment shows its slot with ≥ 90%% "
+            "of the bytes) and then SIGKILLed. The driver spins on the "
+            "segment (yielding each round, nothing pinned): `kill → exit` "
+            "is when its own pidfd on the worker turns readable (the "
+            "kernel's share: tearing down a 10 MiB process), `kill → "
+            "reclaimed` when the fleet snapshot published after the kill "
+            "shows no process and no bytes (and the worker's slot is free), "
+            "`exit → reclaimed` the server's share (0 when both were seen "
+            "in the same spin round). µs:\n" % (
+                RECLAIM_N, reclaim[0]["mib"]))
+        lines.append("| tick | kill → exit p50 / p99 / max | kill → "
+                     "reclaimed p50 / p99 / max | exit → reclaimed p50 / "
+                     "p99 / max |")
+        lines.append("|---|---|---|---|")
+        for r in reclaim:
+            lines.append("| %d ms | %s | %s | %s |" % (
+                r["tick_ms"], *[
+                    "%.0f / %.0f / %.0f" % (r[k]["p50_us"], r[k]["p99_us"],
+                                            r[k]["max_us"])
+                    for k in ("kill_to_exit", "kill_to_reclaim",
+                              "exit_to_reclaim")]))
+        lines.append("")
+    else:
+        lines.append("Exit-to-reclaim latency: not measured (memtallyd or "
+                     "the preload library not built).\n")
     if query:
         lines.append(
             "Query latency, one connection, one request in flight, 20000 "
@@ -182,13 +337,17 @@ def main():
     lines.append(
         "Rerun everything: `cmake --build %s --target bench_server`; one "
         "row: `%s/bench/bench_server_tick --slots 16384 --lanes 1 --cpu %d "
-        "--writer-cpu %d`." % (rel, rel, cpu, wcpu))
+        "--writer-cpu %d`; full tick: `%s/bench/bench_server_core_tick "
+        "--slots 16384 --churn 30 --cpu %d`; reclaim: "
+        "`%s/bench/bench_server_reclaim --memtallyd %s/server/memtallyd "
+        "--preload %s/client/libmemtally_preload.so --tick 1000`." % (
+            rel, rel, cpu, wcpu, rel, cpu, rel, rel, rel))
     text = "\n".join(lines)
     print(text)
     jpath = args.json or os.path.join(build, "bench", "server.json")
     with open(jpath, "w") as f:
-        json.dump({"machine": info, "rows": rows, "query": js_query}, f,
-                  indent=1)
+        json.dump({"machine": info, "rows": rows, "full_tick": core,
+                   "reclaim": reclaim, "query": js_query}, f, indent=1)
     log("JSON: %s" % jpath)
     buffer_growth.BEGIN, buffer_growth.END = BEGIN, END
     buffer_growth.write_results_md(args.results_md, text)

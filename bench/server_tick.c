@@ -8,9 +8,12 @@
  * with L lanes claimed, and start a writer thread pinned to another CPU
  * that keeps storing into every lane of every slot, so the reader sums
  * lines just written by another core (DESIGN.md's "~3 ns per slot" case).
- * The main thread, pinned to its own CPU, times one tick = mtshm_slot_sum()
- * over all S slots, as the server does, TICKS times. `--quiet` runs
- * without the writer (lines stay in the reader's cache).
+ * The main thread, pinned to its own CPU, times one tick = the sum of all
+ * S slots, TICKS times: by default as mts_tick() sums now
+ * (mtshm_slot_sum_inline, the slot `--ahead N` entries on prefetched),
+ * `--variant inline` without the prefetch, `--variant call` as it did
+ * before issue 4's tuning (an out-of-line mtshm_slot_sum() per slot).
+ * `--quiet` runs without the writer (lines stay in the reader's cache).
  *
  * Proof: the sum of a tick must equal the sum of the values the writer
  * stored (checked with the writer stopped), so the loop really read every
@@ -77,7 +80,10 @@ static void *writer(void *arg)
 	return NULL;
 }
 
-static int64_t tick(void)
+/* The loop as it was before issue 4's tuning: an out-of-line
+ * mtshm_slot_sum() per slot. Kept as `--variant call`, the baseline the
+ * other variants are compared with in the same run. */
+static int64_t tick_call(void)
 {
 	int64_t total = 0;
 	for (uint32_t i = 0; i < nslots; i++) {
@@ -92,6 +98,32 @@ static int64_t tick(void)
 	return total;
 }
 
+/* What mts_tick() does now: the sum inlined, lane_count read once, and the
+ * line of the slot `ahead` entries later asked for early (--ahead N). */
+static uint32_t ahead = 8; /* as TICK_PREFETCH in server/registry.c */
+static int prefetch = 1;
+
+static int64_t tick_inline(void)
+{
+	int64_t total = 0;
+	uint32_t lanes = map.hdr->lane_count;
+	for (uint32_t i = 0; i < nslots; i++) {
+		if (prefetch && i + ahead < nslots)
+			mtshm_slot_prefetch(&map, i + ahead);
+		struct mtshm_slot_id *s = mtshm_slot(&map, i);
+		if (!mt_load_relaxed32(&s->pid))
+			continue;
+		uint64_t flushes;
+		int absurd;
+		int64_t b = mtshm_slot_sum_inline(s, lanes, &flushes, &absurd);
+		if (!absurd)
+			total += b;
+	}
+	return total;
+}
+
+static int64_t (*tick)(void) = tick_inline;
+
 static int cmp_u64(const void *a, const void *b)
 {
 	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
@@ -101,12 +133,23 @@ static int cmp_u64(const void *a, const void *b)
 int main(int argc, char **argv)
 {
 	int cpu = -1, quiet = 0;
+	const char *variant = "prefetch";
 	uint32_t slots = 0, lanes = 1;
 	for (int i = 1; i < argc; i++) {
 		const char *v = i + 1 < argc ? argv[i + 1] : NULL;
 		if (!strcmp(argv[i], "--quiet"))
 			quiet = 1;
-		else if (v && !strcmp(argv[i], "--cpu"))
+		else if (v && !strcmp(argv[i], "--ahead"))
+			ahead = (uint32_t)strtoul(v, NULL, 10), i++;
+		else if (v && !strcmp(argv[i], "--variant")) {
+			variant = v, i++;
+			if (!strcmp(v, "call"))
+				tick = tick_call;
+			else if (!strcmp(v, "inline"))
+				prefetch = 0;
+			else if (strcmp(v, "prefetch"))
+				return 2;
+		} else if (v && !strcmp(argv[i], "--cpu"))
 			cpu = atoi(v), i++;
 		else if (v && !strcmp(argv[i], "--writer-cpu"))
 			writer_cpu = atoi(v), i++;
@@ -115,9 +158,11 @@ int main(int argc, char **argv)
 		else if (v && !strcmp(argv[i], "--lanes"))
 			lanes = (uint32_t)strtoul(v, NULL, 10), i++;
 		else {
-			fprintf(stderr, "usage: bench_server_tick --slots S "
-			                "[--lanes L] [--cpu N] [--writer-cpu N] "
-			                "[--quiet]\n");
+			fprintf(stderr,
+			        "usage: bench_server_tick --slots S "
+			        "[--lanes L] [--cpu N] [--writer-cpu N] "
+			        "[--quiet] [--variant call|inline|"
+			        "prefetch]\n");
 			return 2;
 		}
 	}
@@ -178,12 +223,14 @@ int main(int argc, char **argv)
 		return 3;
 	}
 	qsort(t, TICKS, sizeof(t[0]), cmp_u64);
-	printf("{\"slots\": %u, \"lanes\": %u, \"writer\": %s, \"ticks\": %d, "
+	printf("{\"variant\": \"%s\", \"slots\": %u, \"lanes\": %u, "
+	       "\"writer\": %s, \"ticks\": %d, "
 	       "\"p50_ns\": %" PRIu64 ", \"p99_ns\": %" PRIu64
 	       ", \"min_ns\": %" PRIu64 ", \"max_ns\": %" PRIu64
 	       ", \"sum_checked\": %" PRId64 ", \"sink\": %" PRId64 "}\n",
-	       slots, lanes, quiet ? "false" : "true", TICKS, t[TICKS / 2],
-	       t[TICKS * 99 / 100], t[0], t[TICKS - 1], got, sink & 1);
+	       variant, slots, lanes, quiet ? "false" : "true", TICKS,
+	       t[TICKS / 2], t[TICKS * 99 / 100], t[0], t[TICKS - 1], got,
+	       sink & 1);
 	mtshm_close(&map);
 	return 0;
 }

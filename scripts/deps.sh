@@ -15,6 +15,7 @@ pkgs=(
   systemd man-db groff-base dpkg-dev  # unit, man page and package checks
   # benchmarks
   valgrind util-linux
+  sqlite3  # the real suite's sqlite3 CLI (bench/real.py)
 )
 
 missing=()

@@ -1,0 +1,312 @@
+/*
+ * server_reclaim.c - exit-to-reclaim latency of memtallyd (the `server`
+ * suite, issue 4): from SIGKILL of a registered worker to the moment the
+ * server has freed its slot and published a fleet total without it.
+ *
+ * The driver starts a real memtallyd (--tick MS, its own socket and
+ * segment), then N times: starts a real worker (this program with
+ * --worker, under LD_PRELOAD=libmemtally_preload.so, so it registers and
+ * flushes like any preloaded process) that allocates and touches --mib MiB
+ * and sleeps; waits until the segment shows the worker's slot (pid set by
+ * the server) holding at least 90% of those bytes in its lanes; opens a
+ * pidfd of its own on the worker; sends SIGKILL at t0 and spins, reading
+ * the segment without a lock, until
+ *   t_exit     its own pidfd is readable (the kernel says the worker
+ *              exited: the same event the server's pidfd sees),
+ *   t_freed    the worker's slot has pid 0 again (the server released it),
+ *   t_reclaim  the header's fleet snapshot (seqlock), published after
+ *              the kill, shows no process and no bytes (one worker is
+ *              alive at a time).
+ * The spin yields the CPU every round (2 CPUs: the server must run) and is
+ * bounded by a 5 s deadline; a miss is an error, not a sample.
+ *
+ * A tick of 1000 ms against the default 10 ms shows whether reclaim waits
+ * for a tick (it should not: the server watches each worker's pidfd and
+ * releases the slot in the loop iteration that sees the exit).
+ *
+ * Prints one JSON object on stdout: percentiles in µs of kill->exit,
+ * kill->reclaim and exit->reclaim.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/pidfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "mtshm.h"
+#include "mtshm_atomic.h"
+
+#define DEADLINE_NS (5 * UINT64_C(1000000000))
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void nap_us(long us)
+{
+	struct timespec ts = {.tv_sec = 0, .tv_nsec = us * 1000};
+	nanosleep(&ts, NULL);
+}
+
+/* --worker: allocate and touch `mib` MiB in 64 KiB blocks, then wait. */
+static int worker(long mib)
+{
+	size_t n = (size_t)mib * 16;
+	for (size_t i = 0; i < n; i++) {
+		char *b = malloc(64 * 1024);
+		if (!b)
+			return 1;
+		memset(b, (int)i, 64 * 1024);
+		/* kept: the bytes must stay accounted until the kill */
+		__asm__ volatile("" : : "r"(b) : "memory");
+	}
+	for (;;)
+		pause();
+}
+
+static int socket_up(const char *path)
+{
+	struct sockaddr_un a = {.sun_family = AF_UNIX};
+	if (strlen(path) >= sizeof(a.sun_path))
+		return 0;
+	memcpy(a.sun_path, path, strlen(path) + 1);
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	int ok = fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
+	if (fd >= 0)
+		close(fd);
+	return ok;
+}
+
+/* The slot the server gave `pid`, or -1. */
+static int64_t find_slot(const struct mtshm_map *m, pid_t pid)
+{
+	for (uint32_t i = 0; i < m->hdr->slot_count; i++)
+		if (mt_load_acquire32(&mtshm_slot(m, i)->pid) == (uint32_t)pid)
+			return i;
+	return -1;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+	return x < y ? -1 : x > y;
+}
+
+static void stats(const char *name, uint64_t *v, int n, int last)
+{
+	qsort(v, (size_t)n, sizeof(*v), cmp_u64);
+	printf("\"%s\": {\"p50_us\": %.1f, \"p99_us\": %.1f, \"max_us\": %.1f, "
+	       "\"min_us\": %.1f}%s",
+	       name, v[n / 2] / 1e3, v[(size_t)n * 99 / 100] / 1e3,
+	       v[n - 1] / 1e3, v[0] / 1e3, last ? "" : ", ");
+}
+
+int main(int argc, char **argv)
+{
+	const char *memtallyd = NULL, *preload = NULL;
+	long tick_ms = 10, mib = 10;
+	int n = 200;
+	for (int i = 1; i < argc; i++) {
+		const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+		if (v && !strcmp(argv[i], "--worker"))
+			return worker(atol(v));
+		else if (v && !strcmp(argv[i], "--memtallyd"))
+			memtallyd = v, i++;
+		else if (v && !strcmp(argv[i], "--preload"))
+			preload = v, i++;
+		else if (v && !strcmp(argv[i], "--tick"))
+			tick_ms = atol(v), i++;
+		else if (v && !strcmp(argv[i], "--n"))
+			n = atoi(v), i++;
+		else if (v && !strcmp(argv[i], "--mib"))
+			mib = atol(v), i++;
+		else {
+			fprintf(
+			    stderr,
+			    "usage: bench_server_reclaim --memtallyd PATH "
+			    "--preload LIB [--tick MS] [--n N] [--mib M]\n");
+			return 2;
+		}
+	}
+	if (!memtallyd || !preload || n < 1 || mib < 1 || tick_ms < 1)
+		return 2;
+
+	char dir[] = "/tmp/mtbench-reclaim-XXXXXX";
+	if (!mkdtemp(dir))
+		return 2;
+	char sock[256], seg[64], tick[32], log[256];
+	snprintf(sock, sizeof(sock), "%s/memtally.sock", dir);
+	snprintf(log, sizeof(log), "%s/memtallyd.log", dir);
+	snprintf(seg, sizeof(seg), "/mtbench-reclaim-%d", (int)getpid());
+	snprintf(tick, sizeof(tick), "%ld", tick_ms);
+
+	pid_t srv = fork();
+	if (srv < 0)
+		return 2;
+	if (srv == 0) {
+		int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+		if (fd >= 0)
+			dup2(fd, 2);
+		execl(memtallyd, memtallyd, "--socket", sock, "--segment", seg,
+		      "--tick", tick, "--slots", "256", "--reset",
+		      "--log-level", "warn", (char *)NULL);
+		_exit(127);
+	}
+	int rc = 2;
+	pid_t w = 0; /* the worker alive now, if any */
+	uint64_t *k2e = NULL, *k2f = NULL, *k2r = NULL, *e2r = NULL;
+	struct mtshm_map m = {0};
+	uint64_t deadline = now_ns() + DEADLINE_NS;
+	while (now_ns() < deadline &&
+	       !(socket_up(sock) && mtshm_open(seg, 0, &m) == 0))
+		nap_us(10000);
+	if (!m.base) {
+		fprintf(stderr, "memtallyd did not start (see %s)\n", log);
+		goto out_server;
+	}
+
+	char self[4096];
+	ssize_t sl = readlink("/proc/self/exe", self, sizeof(self) - 1);
+	if (sl <= 0)
+		goto out_server;
+	self[sl] = 0;
+	char env_preload[4200], env_sock[300], mibs[32];
+	snprintf(env_preload, sizeof(env_preload), "LD_PRELOAD=%s", preload);
+	snprintf(env_sock, sizeof(env_sock), "MEMTALLY_SOCKET=%s", sock);
+	snprintf(mibs, sizeof(mibs), "%ld", mib);
+	char *wenv[] = {env_preload, env_sock, NULL};
+	int64_t want = mib * (INT64_C(1) << 20) * 9 / 10;
+
+	k2e = calloc((size_t)n, sizeof(uint64_t));
+	k2f = calloc((size_t)n, sizeof(uint64_t));
+	k2r = calloc((size_t)n, sizeof(uint64_t));
+	e2r = calloc((size_t)n, sizeof(uint64_t));
+	if (!k2e || !k2f || !k2r || !e2r)
+		goto out_server;
+	for (int it = 0; it < n; it++) {
+		w = fork();
+		if (w < 0) {
+			w = 0;
+			goto out_server;
+		}
+		if (w == 0) {
+			execle(self, self, "--worker", mibs, (char *)NULL,
+			       wenv);
+			_exit(127);
+		}
+		/* Ready: registered (the server wrote our pid into a slot)
+		 * and flushed (its lanes hold the bytes). */
+		int64_t slot = -1;
+		deadline = now_ns() + DEADLINE_NS;
+		for (;;) {
+			if (slot < 0)
+				slot = find_slot(&m, w);
+			if (slot >= 0 &&
+			    mtshm_slot_sum(&m, mtshm_slot(&m, (uint32_t)slot),
+			                   NULL, NULL) >= want)
+				break;
+			if (now_ns() > deadline) {
+				fprintf(stderr,
+				        "worker %d not registered with %" PRId64
+				        " bytes within 5 s (slot %" PRId64
+				        ")\n",
+				        (int)w, want, slot);
+				goto out_server;
+			}
+			nap_us(200);
+		}
+		struct mtshm_slot_id *s = mtshm_slot(&m, (uint32_t)slot);
+		/* One worker at a time: reclaimed means a snapshot published
+		 * after the kill with no process and no bytes left. */
+		struct mtshm_fleet f;
+		if (mtshm_fleet_read(m.hdr, &f) != 0)
+			goto out_server;
+		uint64_t seq0 = f.seq;
+		int pfd = pidfd_open(w, 0);
+		if (pfd < 0)
+			goto out_server;
+
+		uint64_t t0 = now_ns(), t_exit = 0, t_freed = 0, t_rec = 0;
+		kill(w, SIGKILL);
+		deadline = t0 + DEADLINE_NS;
+		while (!t_rec || !t_exit) {
+			uint64_t t = now_ns();
+			if (!t_exit) {
+				struct pollfd p = {.fd = pfd, .events = POLLIN};
+				if (poll(&p, 1, 0) > 0)
+					t_exit = t;
+			}
+			if (!t_freed &&
+			    mt_load_acquire32(&s->pid) != (uint32_t)w)
+				t_freed = t;
+			if (t_freed && !t_rec &&
+			    mtshm_fleet_read(m.hdr, &f) == 0 && f.seq > seq0 &&
+			    f.processes == 0 && f.bytes == 0)
+				t_rec = t;
+			if (t > deadline) {
+				fprintf(stderr,
+				        "kill %d: not reclaimed within 5 s "
+				        "(exit %s, slot %s)\n",
+				        it, t_exit ? "seen" : "not seen",
+				        t_freed ? "freed" : "held");
+				close(pfd);
+				goto out_server;
+			}
+			sched_yield();
+		}
+		close(pfd);
+		waitpid(w, NULL, 0);
+		w = 0;
+		k2e[it] = t_exit - t0;
+		k2f[it] = t_freed - t0;
+		k2r[it] = t_rec - t0;
+		/* Exit and reclaim are seen by the same spin: exit first
+		 * unless both landed between two of its rounds. */
+		e2r[it] = t_rec > t_exit ? t_rec - t_exit : 0;
+	}
+	printf("{\"tick_ms\": %ld, \"n\": %d, \"mib\": %ld, ", tick_ms, n, mib);
+	stats("kill_to_exit", k2e, n, 0);
+	stats("kill_to_slot_freed", k2f, n, 0);
+	stats("kill_to_reclaim", k2r, n, 0);
+	stats("exit_to_reclaim", e2r, n, 1);
+	printf("}\n");
+	rc = 0;
+
+out_server:
+	if (w > 0) {
+		kill(w, SIGKILL);
+		waitpid(w, NULL, 0);
+	}
+	mtshm_close(&m);
+	kill(srv, SIGTERM);
+	waitpid(srv, NULL, 0);
+	mtshm_unlink(seg);
+	unlink(sock);
+	free(k2e);
+	free(k2f);
+	free(k2r);
+	free(e2r);
+	if (rc) {
+		/* Keep memtallyd's log for the post-mortem. */
+		fprintf(stderr, "memtallyd's log: %s\n", log);
+		return rc;
+	}
+	unlink(log);
+	rmdir(dir);
+	return rc;
+}
