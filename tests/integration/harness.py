@@ -69,6 +69,15 @@ class Server:
         cmd += list(args)
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=self.log)
         wait_for("memtallyd socket", self._connectable, timeout=10)
+        # memtallyd listens before it sets up the segment (so that a
+        # second server on the same socket is refused before it touches
+        # anything): a connect can succeed while the segment is not there
+        # yet, which a slow (TSan) build showed. Ready = segment logged.
+        wait_for("memtallyd segment", lambda: (
+            self._connectable() and any(
+                m in self.logtext() for m in
+                ('msg="segment created"', 'msg="segment adopted"'))),
+            timeout=10)
 
     def _connectable(self):
         if self.proc.poll() is not None:
