@@ -1,6 +1,7 @@
 """64 worker processes x 4 threads allocating and freeing at random, then
 exiting: the fleet total returns to exactly 0 and no process is listed
 (must-show 6)."""
+import re
 import subprocess
 
 from harness import MULT, Server, check, run, wait_for, worker
@@ -18,8 +19,15 @@ def test_fleet_returns_to_zero():
             most["bytes"] = max(most["bytes"], st["fleet"]["bytes"])
         for p in procs:
             check(p.wait(timeout=60 * MULT) == 0, f"worker exit {p.returncode}")
-        check(most["processes"] >= 16,
-              f"too few workers were ever registered: {most}")
+        # Every worker allocates far past the flush threshold, so each
+        # must have registered once: count the server's own log lines
+        # rather than how many a status poll happened to see at once
+        # (which depends on scheduling: 15 of 16 once at load ~29).
+        pids = {p.pid for p in procs}
+        registered = {int(m) for m in re.findall(
+            r'msg="worker registered" pid=(\d+)', s.logtext())} & pids
+        check(len(registered) == len(procs),
+              f"{len(registered)} of {len(procs)} workers registered")
         check(most["bytes"] > 0, "nothing was ever counted")
         st = wait_for("fleet back to 0", lambda: (lambda st: st if
                       st["processes"] == 0 and st["fleet"]["bytes"] == 0
@@ -27,8 +35,9 @@ def test_fleet_returns_to_zero():
         check(s.cli("ps")["processes"] == [], "processes still listed")
         check(st["unregistered"] == 0 if "unregistered" in st else True,
               f"workers refused: {st}")
-        print(f"  at most {most['processes']} processes and "
-              f"{most['bytes'] >> 20} MiB at once; back to 0")
+        print(f"  {len(registered)} workers registered, at most "
+              f"{most['processes']} processes and "
+              f"{most['bytes'] >> 20} MiB seen at once; back to 0")
 
 
 if __name__ == "__main__":
