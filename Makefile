@@ -9,7 +9,7 @@
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps build demo check check-plain check-asan check-tsan check-fuzz check-long bench install clean
+.PHONY: all deps build demo check check-plain check-asan check-tsan check-fuzz fuzz check-long bench install clean
 
 all: build
 
@@ -57,6 +57,12 @@ check-fuzz:
 	CC=clang CXX=clang++ cmake -S . -B build-fuzz -DMEMTALLY_FUZZ_SECONDS=$(FUZZ_SECONDS) $(CMAKE_FLAGS)
 	cmake --build build-fuzz -j$(JOBS) --target fuzz_frame fuzz_segment fuzz_dispatch fuzz_size fuzz_config fuzz_slots
 	cd build-fuzz && ctest --output-on-failure -L fuzz
+
+# Fuzz for as long as asked: make fuzz FUZZ_SECONDS=3600 (each target in
+# turn; inputs that add coverage stay in build-fuzz/tests/fuzz/work/<target>/corpus,
+# a crashing input lands in .../<target>/artifacts/).
+fuzz: deps
+	$(MAKE) check-fuzz FUZZ_SECONDS=$(FUZZ_SECONDS)
 
 # The long variants of the hostile-peer and fault tests (10,000 SIGKILL
 # cycles, heavier attacks) and the fuzz targets for FUZZ_LONG_SECONDS each.
