@@ -5,8 +5,9 @@
  * Each connection has an input buffer and a count of response bytes handed
  * to libuv but not yet written. Frames are answered as soon as they are
  * complete (mts_input()); the responses produced in one turn are written
- * with one uv_write, and libuv keeps writes in order, so responses leave in
- * request order.
+ * together (uv_try_write, then one uv_write for what the socket did not
+ * take; conn_write), and libuv keeps writes in order, so responses leave
+ * in request order.
  *
  * Nothing a peer does may stall the others, so each connection is bounded
  * three ways:
@@ -383,18 +384,59 @@ static void on_write(uv_write_t *req, int status)
 	conn_maybe_finish(c);
 }
 
-/* Hand `out`'s bytes to libuv (ownership moves to the write request). */
+/* Hand `out`'s bytes to the peer (ownership of out->data moves here).
+ *
+ * Write at once what the socket takes (uv_try_write) and queue only the
+ * rest with uv_write: a uv_write that libuv completes at once still costs
+ * an epoll_ctl(EPOLL_CTL_MOD) on the next loop iteration (libuv 1.44;
+ * strace: one per answer), and nearly every answer fits in the socket
+ * buffer. Only when nothing of
+ * ours is queued: bytes written now must not overtake queued ones (libuv
+ * refuses too, with UV_EAGAIN, while its write queue holds bytes). Bytes
+ * written at once are never pending, so out_pending, `held` and the
+ * server's budget see only what is really queued. */
 static int conn_write(struct mts_conn *c, struct mts_buf *out)
 {
+	size_t done = 0;
+	if (c->out_pending == 0) {
+		uv_buf_t b = uv_buf_init((char *)out->data, (unsigned)out->len);
+		int n = uv_try_write(&c->h.stream, &b, 1);
+		if (n >= 0) {
+			done = (size_t)n;
+		} else if (n != UV_EAGAIN) {
+			mts_log(MTS_LOG_DEBUG, "write failed, closing",
+			        "peer_pid=%u err=%s", c->peer.pid,
+			        uv_err_name(n));
+			return n;
+		}
+		if (done == out->len) {
+			mts_buf_free(out);
+			return 0;
+		}
+	}
 	struct write_req *w = malloc(sizeof(*w));
 	if (!w)
 		return -ENOMEM;
 	w->conn = c;
-	/* A turn's output sits in a buffer grown by doubling from 4 KiB: a
-	 * turn of 64 small answers holds ~1.5 KiB in 4 KiB. Give the slack
-	 * back, so that MTS_OUT_HIGH of pending output (what back-pressure
-	 * counts) is close to the memory it really holds, not 3x it. */
-	if (out->cap - out->len > out->len / 4 + 64) {
+	size_t rest = out->len - done;
+	if (done > 0) {
+		/* Keep only what is left, so that what back-pressure counts
+		 * is the memory held (as below). */
+		uint8_t *p = malloc(rest);
+		if (!p) {
+			free(w);
+			return -ENOMEM;
+		}
+		memcpy(p, out->data + done, rest);
+		mts_buf_free(out);
+		out->data = p;
+		out->len = out->cap = rest;
+	} else if (out->cap - out->len > out->len / 4 + 64) {
+		/* A turn's output sits in a buffer grown by doubling from 4
+		 * KiB: a turn of 64 small answers holds ~1.5 KiB in 4 KiB.
+		 * Give the slack back, so that MTS_OUT_HIGH of pending output
+		 * (what back-pressure counts) is close to the memory it really
+		 * holds, not 3x it. */
 		uint8_t *shrunk = realloc(out->data, out->len ? out->len : 1);
 		if (shrunk) {
 			out->data = shrunk;
@@ -402,7 +444,7 @@ static int conn_write(struct mts_conn *c, struct mts_buf *out)
 		}
 	}
 	w->data = out->data;
-	w->len = out->len;
+	w->len = rest;
 	w->req.data = w;
 	uv_buf_t b = uv_buf_init((char *)w->data, (unsigned)w->len);
 	int err = uv_write(&w->req, &c->h.stream, &b, 1, on_write);

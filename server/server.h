@@ -225,6 +225,9 @@ struct mts_group {
 	uint32_t state;    /* enum mtshm_state */
 	uint32_t high_bp;      /* own watermark (basis points), 0 = fleet's */
 	uint32_t reservations; /* outstanding reservations naming the group */
+	/* admit.c: the exact sum behind `reserved` (which saturates), kept
+	 * up to date as reservations come and go. */
+	unsigned __int128 reserved_sum;
 };
 
 /* Fleet figures as of the latest tick (or exit, which subtracts at once). */
@@ -319,9 +322,15 @@ struct mts_registry {
 	struct mts_resv **resv;   /* outstanding reservations, unordered */
 	uint32_t nresv;
 	uint32_t resv_cap;
+	struct mts_resv **resv_ids; /* id -> reservation, open addressing */
+	uint32_t resv_ids_mask;
+	struct mts_resv **resv_heap; /* TTL still applies, by expiry (min) */
+	uint32_t resv_nheap;         /* capacity: resv_cap */
+	unsigned __int128 resv_sum;  /* exact sum behind totals.reserved */
 	struct mts_task **tasks; /* task name -> its reservations, chained */
 	uint32_t tasks_mask;
 	uint32_t ntasks;
+	struct mts_task *tasks_seen;  /* tasks a worker registered with */
 	uint64_t fleet_over_since_ns; /* CLOCK_MONOTONIC; 0 = not over */
 	bool enforce_idle_logged;     /* "nothing to signal" said once */
 	bool closed;                  /* mts_registry_close() ran */
@@ -714,6 +723,7 @@ struct mts_resv {
 	struct mts_task *task; /* NULL: no task */
 	struct mts_resv *tnext; /* the task's reservations, oldest first */
 	uint32_t index;         /* in reg->resv */
+	uint32_t heap_index;    /* in reg->resv_heap; UINT32_MAX: not there */
 	bool taken_over;        /* a worker of its task registered: no TTL */
 	uint64_t bytes;         /* granted */
 	uint64_t effective;     /* counted now: bytes minus what the task's
@@ -730,7 +740,9 @@ struct mts_task {
 	struct mts_resv *resv; /* oldest first */
 	uint32_t live;         /* live workers with this task, latest tick */
 	uint64_t measured;     /* their measured bytes, latest tick */
+	uint64_t counted;      /* `measured` its reservations count against */
 	bool seen;             /* a worker of the task registered */
+	struct mts_task *snext, *sprev; /* reg->tasks_seen, once seen */
 };
 
 struct mts_admit_req {
@@ -774,8 +786,9 @@ struct mts_resv *mts_resv_find(const struct mts_registry *reg,
  * and the reserved sums. */
 void mts_resv_tick(struct mts_registry *reg, uint64_t now_ns);
 
-/* Recompute reservation sums from the latest task figures (after an
- * admit/release). */
+/* Recompute every reservation's count and the reserved sums from scratch,
+ * from the latest task figures. Admit, Release and the tick keep them up
+ * to date incrementally; this is the reference they agree with. */
 void mts_resv_sums(struct mts_registry *reg);
 
 /* A worker with task `task` registered: its reservations are taken over. */

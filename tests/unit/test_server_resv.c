@@ -1,0 +1,313 @@
+/*
+ * test_server_resv.c - the structures behind reservations (admit.c): the
+ * index by id, the heap by expiry and the sums kept up to date as
+ * reservations come and go. Many reservations released in random order;
+ * and a randomized differential test: after every Admit, Release, change
+ * of a task's use and expiry, the figures must equal a recomputation from
+ * scratch by the rule admit.c states (each task's use set against its
+ * reservations oldest first; a reservation counts what is left of it;
+ * the sums saturate), and the reservations left must be exactly those a
+ * model of the rules predicts.
+ */
+#include "test_server_fixture.h"
+
+static struct mts_policy pol;
+
+static void stop(void)
+{
+	fx_stop();
+	mts_policy_free(&pol);
+}
+
+TestSuite(resv, .fini = stop, .timeout = 120);
+
+static void start(void)
+{
+	mts_policy_defaults(&pol);
+	pol.fleet_limit = 0;
+	pol.default_ttl_s = 1000;
+	pol.max_ttl_s = 100000;
+	fx_start_policy(&pol);
+}
+
+static uint64_t sat(uint64_t a, uint64_t b)
+{
+	return a + b < a ? UINT64_MAX : a + b;
+}
+
+static uint64_t rnd(void)
+{
+	return ((uint64_t)(unsigned)rand() << 33) ^
+	       ((uint64_t)(unsigned)rand() << 11) ^ (unsigned)rand();
+}
+
+/* The structures agree with each other and the figures with a brute-force
+ * recomputation (the O(reservations) computation admit.c used to run on
+ * every request). */
+static void check(const struct mts_registry *reg)
+{
+	uint32_t n = reg->nresv;
+	cr_assert_eq(reg->totals.reservations, n);
+	uint32_t in_ids = 0;
+	if (reg->resv_ids)
+		for (uint32_t i = 0; i <= reg->resv_ids_mask; i++)
+			in_ids += reg->resv_ids[i] != NULL;
+	cr_assert_eq(in_ids, n, "index holds %u of %u", in_ids, n);
+	uint32_t ttl_applies = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		const struct mts_resv *r = reg->resv[i];
+		cr_assert_eq(r->index, i);
+		cr_assert_eq(mts_resv_find(reg, r->id), r, "%s not found",
+		             r->id);
+		cr_assert_eq(r->taken_over, r->heap_index == UINT32_MAX);
+		ttl_applies += !r->taken_over;
+	}
+	cr_assert_eq(reg->resv_nheap, ttl_applies);
+	for (uint32_t i = 0; i < reg->resv_nheap; i++) {
+		const struct mts_resv *r = reg->resv_heap[i];
+		cr_assert_eq(r->heap_index, i);
+		if (i > 0)
+			cr_assert_leq(reg->resv_heap[(i - 1) / 2]->expires_ns,
+			              r->expires_ns, "heap order");
+	}
+
+	/* Brute force: what each reservation counts ... */
+	static uint64_t want[MTS_RESV_MAX];
+	for (uint32_t i = 0; i < n; i++)
+		want[i] = reg->resv[i]->bytes;
+	uint32_t in_tasks = 0;
+	if (reg->tasks)
+		for (uint32_t b = 0; b <= reg->tasks_mask; b++)
+			for (const struct mts_task *t = reg->tasks[b]; t;
+			     t = t->hnext) {
+				cr_assert_not_null(t->resv, "task kept empty");
+				uint64_t left = t->measured;
+				for (const struct mts_resv *r = t->resv; r;
+				     r = r->tnext) {
+					uint64_t used =
+					    left < r->bytes ? left : r->bytes;
+					want[r->index] = r->bytes - used;
+					left -= used;
+					in_tasks++;
+				}
+			}
+	/* ... and the sums, saturating. */
+	static uint64_t group_want[1024];
+	cr_assert_lt(reg->groups_used, 1024u);
+	memset(group_want, 0, sizeof(group_want));
+	uint64_t total = 0;
+	uint32_t with_task = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		const struct mts_resv *r = reg->resv[i];
+		with_task += r->task != NULL;
+		if (r->task)
+			cr_assert_eq(r->effective, want[i],
+			             "%s counts %llu, not %llu", r->id,
+			             (unsigned long long)r->effective,
+			             (unsigned long long)want[i]);
+		group_want[r->group] = sat(group_want[r->group], want[i]);
+		total = sat(total, want[i]);
+	}
+	cr_assert_eq(in_tasks, with_task);
+	cr_assert_eq(reg->totals.reserved, total, "fleet %llu, not %llu",
+	             (unsigned long long)reg->totals.reserved,
+	             (unsigned long long)total);
+	for (uint32_t g = 0; g < reg->groups_used; g++)
+		if (reg->groups[g].name)
+			cr_assert_eq(
+			    reg->groups[g].reserved, group_want[g],
+			    "group %s: %llu, not %llu", reg->groups[g].name,
+			    (unsigned long long)reg->groups[g].reserved,
+			    (unsigned long long)group_want[g]);
+}
+
+Test(resv, many_released_in_random_order)
+{
+	start();
+	enum { N = 10000 };
+	static char ids[N][MTS_RESV_ID_LEN + 1];
+	static uint64_t bytes[N];
+	struct mts_peer peer = fx_peer(getpid(), 1000);
+	uint64_t sum = 0;
+	srand(7);
+	for (int i = 0; i < N; i++) {
+		struct mts_admit_out out;
+		bytes[i] = 1 + rnd() % 100000;
+		struct mts_admit_req req = {.bytes = bytes[i],
+		                            .group = i % 3 ? "a" : "b"};
+		cr_assert_eq(mts_admit(&srv.reg, &peer, &req, &out), 0);
+		cr_assert(out.admitted);
+		memcpy(ids[i], out.id, sizeof(ids[i]));
+		sum += bytes[i];
+	}
+	cr_assert_eq(srv.reg.totals.reserved, sum);
+	check(&srv.reg);
+	/* Ids are unique: each finds its own reservation. */
+	for (int i = 0; i < N; i++) {
+		const struct mts_resv *r = mts_resv_find(&srv.reg, ids[i]);
+		cr_assert_not_null(r);
+		cr_assert_str_eq(r->id, ids[i]);
+		cr_assert_eq(r->bytes, bytes[i]);
+	}
+	/* Shuffle, release all; a released id is gone, the others stay. */
+	int order[N];
+	for (int i = 0; i < N; i++)
+		order[i] = i;
+	for (int i = N - 1; i > 0; i--) {
+		int j = rand() % (i + 1), t = order[i];
+		order[i] = order[j];
+		order[j] = t;
+	}
+	for (int k = 0; k < N; k++) {
+		int i = order[k];
+		uint64_t b = 0;
+		cr_assert_eq(mts_release(&srv.reg, &peer, ids[i], NULL, &b), 0);
+		cr_assert_eq(b, bytes[i]);
+		sum -= b;
+		cr_assert_eq(srv.reg.totals.reserved, sum);
+		cr_assert_null(mts_resv_find(&srv.reg, ids[i]));
+		cr_assert_eq(mts_release(&srv.reg, &peer, ids[i], NULL, &b),
+		             -ENOENT);
+		if (k % 997 == 0) {
+			check(&srv.reg);
+			for (int m = k + 1; m < N; m++)
+				cr_assert_not_null(
+				    mts_resv_find(&srv.reg, ids[order[m]]));
+		}
+	}
+	check(&srv.reg);
+	cr_assert_eq(srv.reg.nresv, 0);
+	cr_assert_eq(srv.reg.resv_nheap, 0);
+	cr_assert_null(mts_find_group(&srv.reg, "a"));
+	cr_assert_null(mts_find_group(&srv.reg, "b"));
+}
+
+Test(resv, expiry_in_order_of_deadline_not_of_admission)
+{
+	start();
+	struct mts_peer peer = fx_peer(getpid(), 1000);
+	uint32_t ttls[] = {50, 10, 40, 20, 30, 10};
+	for (unsigned i = 0; i < 6; i++) {
+		struct mts_admit_out out;
+		struct mts_admit_req req = {.bytes = 1u << i, .ttl_s = ttls[i]};
+		cr_assert_eq(mts_admit(&srv.reg, &peer, &req, &out), 0);
+	}
+	uint64_t now = mts_now_monotonic();
+	mts_resv_tick(&srv.reg, now + 5000000000ull);
+	cr_assert_eq(srv.reg.totals.reserved, 63);
+	mts_resv_tick(&srv.reg, now + 15000000000ull);
+	cr_assert_eq(srv.reg.totals.reserved, 63 - 2 - 32);
+	mts_resv_tick(&srv.reg, now + 35000000000ull);
+	cr_assert_eq(srv.reg.totals.reserved, 1 + 4);
+	check(&srv.reg);
+	mts_resv_tick(&srv.reg, now + 60000000000ull);
+	cr_assert_eq(srv.reg.nresv, 0);
+	cr_assert_eq(srv.reg.stats.expirations, 6);
+	check(&srv.reg);
+}
+
+/* The model: what the test admitted and not yet seen end. */
+struct model {
+	char id[MTS_RESV_ID_LEN + 1];
+	uint64_t bytes;
+	uint64_t expires_ns;
+	int task; /* -1: none */
+};
+
+Test(resv, randomized_against_brute_force)
+{
+	start();
+	enum { STEPS = 12000, WORKERS = 3, TASKS = 5, GROUPS = 5 };
+	static struct model m[MTS_RESV_MAX];
+	uint32_t nm = 0;
+	static const char *groups[GROUPS] = {"", "g0", "g1", "g2", "g3"};
+	static const char *tasks[TASKS] = {"T0", "T1", "T2", "T3", "T4"};
+	/* T0..T2 have a live worker throughout (their reservations are
+	 * taken over, never expire); T3, T4 never have one. */
+	uint32_t slot[WORKERS];
+	for (int w = 0; w < WORKERS; w++)
+		slot[w] = fx_register(fx_spawn(), groups[1 + w], tasks[w]);
+	struct mts_peer peer = fx_peer(getpid(), 1000);
+	uint64_t clock = mts_now_monotonic();
+	unsigned seed = 20261129;
+	srand(seed);
+	uint64_t admits = 0, releases = 0, expiries = 0;
+	uint32_t most = 0;
+	for (int step = 0; step < STEPS; step++) {
+		unsigned op = (unsigned)rand() % 100;
+		if (op < 50 || nm == 0) {
+			struct mts_admit_out out;
+			int t = rand() % (TASKS + 2) - 2;
+			uint64_t b = rand() % 50 == 0 ? UINT64_MAX / 3
+			                              : 1 + rnd() % 5000;
+			struct mts_admit_req req = {
+			    .bytes = b,
+			    .group = groups[rand() % GROUPS],
+			    .task = t < 0 ? "" : tasks[t],
+			    .ttl_s = 1000 + (uint32_t)(rand() % 100)};
+			cr_assert_eq(mts_admit(&srv.reg, &peer, &req, &out), 0);
+			cr_assert(out.admitted);
+			const struct mts_resv *r =
+			    mts_resv_find(&srv.reg, out.id);
+			cr_assert_not_null(r);
+			memcpy(m[nm].id, out.id, sizeof(m[nm].id));
+			m[nm].bytes = b;
+			m[nm].expires_ns = r->expires_ns;
+			m[nm].task = t;
+			nm++;
+			admits++;
+		} else if (op < 80) {
+			uint32_t i = (uint32_t)rand() % nm;
+			uint64_t b = 0;
+			cr_assert_eq(
+			    mts_release(&srv.reg, &peer, m[i].id, NULL, &b), 0);
+			cr_assert_eq(b, m[i].bytes);
+			m[i] = m[--nm];
+			releases++;
+		} else if (op < 85) {
+			char id[MTS_RESV_ID_LEN + 1];
+			uint64_t b;
+			snprintf(id, sizeof(id), "r-%016llx",
+			         (unsigned long long)rnd());
+			cr_assert_eq(mts_release(&srv.reg, &peer, id, NULL, &b),
+			             -ENOENT);
+		} else if (op < 95) {
+			/* A worker's use changes; a real tick (nothing is due
+			 * yet by the real clock). */
+			fx_write(slot[rand() % WORKERS], rand() % 12000);
+			mts_tick(&srv.reg);
+		} else {
+			clock += (uint64_t)(rand() % 30) * 1000000000ull;
+			mts_resv_tick(&srv.reg, clock);
+			for (uint32_t i = 0; i < nm;) {
+				bool taken =
+				    m[i].task >= 0 && m[i].task < WORKERS;
+				if (!taken && m[i].expires_ns <= clock) {
+					m[i] = m[--nm];
+					expiries++;
+				} else {
+					i++;
+				}
+			}
+		}
+		cr_assert_eq(srv.reg.nresv, nm, "step %d (seed %u)", step,
+		             seed);
+		for (uint32_t i = 0; i < nm; i++)
+			cr_assert_not_null(mts_resv_find(&srv.reg, m[i].id),
+			                   "step %d: %s lost", step, m[i].id);
+		check(&srv.reg);
+		if (nm > most)
+			most = nm;
+	}
+	cr_assert_eq(srv.reg.stats.expirations, expiries);
+	cr_assert_gt(most, 200, "too few outstanding at once: %u", most);
+	cr_assert_gt(expiries, 100);
+	cr_assert_gt(releases, 1000);
+	cr_assert_gt(admits, 1000);
+
+	/* The incremental figures equal a recomputation by admit.c too. */
+	uint64_t fleet = srv.reg.totals.reserved;
+	mts_resv_sums(&srv.reg);
+	cr_assert_eq(srv.reg.totals.reserved, fleet);
+	check(&srv.reg);
+}
