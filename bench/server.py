@@ -19,7 +19,7 @@ real memtallyd at 10 ms and 1000 ms ticks, 200 preloaded workers holding
 memtallyd, bench_server_query (server_query.c) timing GetUsage on one
 connection beside a bare Unix-socket round trip, and pipelined GetUsage
 throughput (server_pipeline.c) for windows of 1..256 requests in flight.
-Many connections and Admit rates are not measured yet.
+Many connections and Admit rates: bench/loadgen.py.
 
 Run all:   cmake --build BUILD --target bench_server
 Run one:   BUILD/bench/bench_server_tick --slots 16384 --lanes 1 --cpu 1 \\
