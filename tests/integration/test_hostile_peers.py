@@ -267,25 +267,38 @@ def attack_pipelined(srv):
         conns.append(s)
     end = time.monotonic() + (20 if LONG else 4) * MULT
     sent = [0] * ncon
+    evicted = set()
     while time.monotonic() < end:
         progress = False
         for k, s in enumerate(conns):
+            if k in evicted:
+                continue
             try:
                 n = s.send(payload)
                 sent[k] += n
                 progress = progress or n > 0
             except BlockingIOError:
                 pass
+            except (BrokenPipeError, ConnectionResetError):
+                # The server-wide budget (max_buffered, 64 MiB by
+                # default) disconnected the largest holder: 16 peers x
+                # 4 MiB of unread output reach it in the long variant.
+                evicted.add(k)
         if not progress:
             time.sleep(0.01)  # everyone is blocked: back-pressure holds
     frames = sum(sent) // len(pb.get_usage(1000))
     peak = rss(srv.proc.pid)
     for s in conns:
         s.close()
+    # Only the budget may disconnect, and only while over it: never
+    # most of the peers (each holds at most its 4 MiB, the cap is 64).
+    check(len(evicted) <= ncon // 2,
+          f"{len(evicted)} of {ncon} pipelining peers disconnected")
     return (f"{ncon} conns pipelining GetUsage unread for "
             f"{(20 if LONG else 4)} s: ~{frames} requests accepted "
-            f"({sum(sent) // 1024} KiB) before back-pressure; server RSS "
-            f"{peak / MIB:.1f} MiB meanwhile"), peak
+            f"({sum(sent) // 1024} KiB) before back-pressure, "
+            f"{len(evicted)} disconnected by the server-wide budget; "
+            f"server RSS {peak / MIB:.1f} MiB meanwhile"), peak
 
 
 def attack_slowloris(srv):
