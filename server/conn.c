@@ -209,7 +209,7 @@ static void budget_relieved(struct mts_server *srv)
 static void budget_grew(struct mts_server *srv, struct mts_conn *c)
 {
 	if (srv->pressure) {
-		if (srv->buffered > srv->max_buffered && !srv->over_since_ms)
+		if (!srv->over_since_ms)
 			srv->over_since_ms = uv_now(srv->loop);
 		if (c->held > fair_share(srv))
 			throttle(c);
@@ -241,9 +241,13 @@ static void budget_grew(struct mts_server *srv, struct mts_conn *c)
 }
 
 /* While under pressure: throttled peers that do not drain their output
- * keep the total over the cap; past the grace period, disconnect the
- * largest holders until it is under. A peer that reads its answers is
- * not the largest for long. */
+ * keep the total high; once pressure has lasted the grace period,
+ * disconnect the largest holders until the total is under the low mark,
+ * where throttling ends. Stopping at the cap instead could leave the total
+ * between the two for good: a throttled peer holding a partial frame is
+ * not read, so it never shrinks, and nothing would ever resume it (found
+ * in review: six 900 KB frames under a 4 MiB cap, five never answered). A
+ * peer that reads its answers is not the largest for long. */
 static void on_budget_timer(uv_timer_t *t)
 {
 	struct mts_server *srv = t->data;
@@ -252,15 +256,16 @@ static void on_budget_timer(uv_timer_t *t)
 		return;
 	}
 	uint64_t now = uv_now(srv->loop);
-	if (srv->buffered <= srv->max_buffered) {
-		srv->over_since_ms = 0;
+	uint64_t low = srv->max_buffered / 100 * MTS_BUDGET_LOW_PCT;
+	if (srv->buffered <= low) {
+		budget_relieved(srv);
 		return;
 	}
 	if (!srv->over_since_ms)
 		srv->over_since_ms = now;
 	if (now - srv->over_since_ms < MTS_BUDGET_GRACE_MS)
 		return;
-	while (srv->pressure && srv->buffered > srv->max_buffered) {
+	while (srv->pressure && srv->buffered > low) {
 		struct mts_conn *big = NULL;
 		for (struct mts_conn *c = srv->conns; c; c = c->next)
 			if (!c->closing && (!big || c->held > big->held))
@@ -276,9 +281,10 @@ static void on_budget_timer(uv_timer_t *t)
 		        big->peer.pid, big->peer.tcp, big->held,
 		        (unsigned long long)srv->buffered,
 		        (unsigned long long)srv->max_buffered);
-		conn_close(big);
+		conn_close(big); /* relieves the budget once under `low` */
 	}
-	srv->over_since_ms = srv->buffered > srv->max_buffered ? now : 0;
+	if (srv->pressure)
+		srv->over_since_ms = now;
 }
 
 /* Bring c->held and srv->buffered up to date after its input buffer or
@@ -582,18 +588,25 @@ static void conn_process(struct mts_conn *c)
 }
 
 /* Once per loop iteration while any connection is backlogged: give each
- * of them (those queued before this call) one more turn. */
+ * of them (those queued before this call) one more turn. Entries are
+ * popped from the live list, never walked on a detached copy: a turn can
+ * close another backlogged connection (a Watch event that fails to write
+ * to it), and backlog_remove() must find it where it looks, or the walk
+ * would stop there and strand every connection after it. */
 static void on_idle(uv_idle_t *h)
 {
 	struct mts_server *srv = h->data;
-	struct mts_conn *c = srv->backlog_head;
-	srv->backlog_head = srv->backlog_tail = NULL;
-	while (c) {
-		struct mts_conn *next = c->bnext;
+	uint32_t n = 0;
+	for (struct mts_conn *x = srv->backlog_head; x; x = x->bnext)
+		n++;
+	while (n-- > 0 && srv->backlog_head) {
+		struct mts_conn *c = srv->backlog_head;
+		srv->backlog_head = c->bnext;
+		if (!srv->backlog_head)
+			srv->backlog_tail = NULL;
 		c->bnext = NULL;
 		c->backlogged = false;
-		conn_process(c); /* may queue c again, at the new tail */
-		c = next;
+		conn_process(c); /* may queue c again, at the tail */
 	}
 	if (!srv->backlog_head)
 		uv_idle_stop(h);

@@ -512,8 +512,8 @@ int mts_input(struct mts_registry *reg, struct mts_peer *peer,
  * Past the cap every connection holding more than its fair share (the
  * cap over twice the connections, at least MTS_CONN_FLOOR) stops reading
  * ("throttled") until the total is back under MTS_BUDGET_LOW_PCT of the
- * cap; if the total is still over the cap MTS_BUDGET_GRACE_MS later, the
- * largest holders are disconnected until it is not. See conn.c.
+ * cap; if it is not back there MTS_BUDGET_GRACE_MS after the pressure
+ * began, the largest holders are disconnected until it is. See conn.c.
  */
 #define MTS_DEFAULT_MAX_CONNS    1024u
 #define MTS_MAX_CONNS_MAX        1000000u
