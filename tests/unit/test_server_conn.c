@@ -615,3 +615,104 @@ Test(budget, partial_frames_over_the_cap_do_not_stick, .init = setup_cap,
 	             (unsigned long long)answered);
 	cr_assert_geq(answered, 1);
 }
+
+/* Frames of one kind into buf: GetUsage, or SetLimit{fleet} flipping
+ * between 10 bytes and none. Returns the bytes used. */
+static size_t pack_frames(uint8_t *buf, size_t cap, int n, bool set_limit)
+{
+	size_t len = 0;
+	for (int i = 0; i < n; i++) {
+		Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
+		Memtally__V1__GetUsage g = MEMTALLY__V1__GET_USAGE__INIT;
+		Memtally__V1__SetLimit q = MEMTALLY__V1__SET_LIMIT__INIT;
+		if (set_limit) {
+			q.scope_case = MEMTALLY__V1__SET_LIMIT__SCOPE_FLEET;
+			q.fleet = 1;
+			q.bytes = i % 2 ? 0 : 10;
+			q.token = (char *)"";
+			req.body_case = MEMTALLY__V1__REQUEST__BODY_SET_LIMIT;
+			req.set_limit = &q;
+		} else {
+			req.body_case = MEMTALLY__V1__REQUEST__BODY_GET_USAGE;
+			req.get_usage = &g;
+		}
+		req.id = (uint64_t)i + 1;
+		size_t k = mtframe_pack(&req.base, buf + len, cap - len);
+		cr_assert_gt(k, 0);
+		len += k;
+	}
+	return len;
+}
+
+/* Three pipelining peers take turns from the backlog: A (whose requests
+ * raise events), a watcher W that has gone away, B. A's turn writes an
+ * event to W, which fails at once and closes W while W is queued behind
+ * A; B, behind W, must still get every answer (found in review: the turn
+ * loop walked a list it had detached, and stopped at W for good). */
+Test(conn, a_peer_closed_during_another_turn_strands_nobody)
+{
+	enum { NA = 2000, NW = 200, NB = 2000 };
+	static uint8_t fa[NA * 24], fw[NW * 24], fb[NB * 24];
+	/* As memtallyd does: a write to a peer that has gone is EPIPE. */
+	signal(SIGPIPE, SIG_IGN);
+	struct client a, w, b;
+	client_unix(&a);
+	client_unix(&w);
+	client_unix(&b);
+	watch(&w, 1000);
+	/* 50 bytes reserved, so each limit flip is an event. */
+	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
+	Memtally__V1__Admit ad = MEMTALLY__V1__ADMIT__INIT;
+	ad.bytes = 50;
+	req.body_case = MEMTALLY__V1__REQUEST__BODY_ADMIT;
+	req.admit = &ad;
+	client_send(&a, 1, &req);
+	Memtally__V1__Response *r = client_recv(&a);
+	cr_assert(r->admit_result->admitted);
+	memtally__v1__response__free_unpacked(r, NULL);
+
+	size_t la = pack_frames(fa, sizeof(fa), NA, true);
+	size_t lw = pack_frames(fw, sizeof(fw), NW, false);
+	size_t lb = pack_frames(fb, sizeof(fb), NB, false);
+	/* One at a time, so the backlog is A, W, B in that order. */
+	cr_assert_eq(write(a.fd, fa, la), (ssize_t)la);
+	uv_run(&loop, UV_RUN_NOWAIT);
+	cr_assert_eq(write(w.fd, fw, lw), (ssize_t)lw);
+	uv_run(&loop, UV_RUN_NOWAIT);
+	cr_assert_eq(write(b.fd, fb, lb), (ssize_t)lb);
+	uv_run(&loop, UV_RUN_NOWAIT);
+	cr_assert_not_null(srv.backlog_head, "nobody backlogged");
+	/* W goes away with answers unread: the next write to it fails. */
+	close(w.fd);
+
+	/* Read A's and B's answers until B has all of its. */
+	uint64_t got_b = 0;
+	static uint8_t sink[1 << 16];
+	for (int spins = 0; spins < 20000 && got_b < NB; spins++) {
+		uv_run(&loop, UV_RUN_NOWAIT);
+		while (recv(a.fd, sink, sizeof(sink), MSG_DONTWAIT) > 0)
+			;
+		ssize_t n = recv(b.fd, b.buf + b.len, sizeof(b.buf) - b.len,
+		                 MSG_DONTWAIT);
+		if (n > 0)
+			b.len += (size_t)n;
+		for (;;) {
+			uint64_t blen;
+			int h = mtframe_decode_len(b.buf, b.len, UINT64_MAX,
+			                           &blen);
+			if (h <= 0 || b.len < (size_t)h + blen)
+				break;
+			size_t used = (size_t)h + blen;
+			memmove(b.buf, b.buf + used, b.len - used);
+			b.len -= used;
+			got_b++;
+		}
+		if (n <= 0)
+			poll(NULL, 0, 1);
+	}
+	cr_assert_eq(got_b, NB, "B got %llu of %d answers",
+	             (unsigned long long)got_b, NB);
+	cr_assert_geq(srv.reg.stats.events, 2);
+	close(a.fd);
+	close(b.fd);
+}
