@@ -310,6 +310,11 @@ static void conn_close(struct mts_conn *c)
 	if (c->closing)
 		return;
 	c->closing = true;
+	/* We may be inside this connection's own turn (a request's event
+	 * that cannot be written to it): the rest of its frames must not be
+	 * served, and its fd number is about to be reused. */
+	c->peer.gone = true;
+	c->peer.fd = -1;
 	struct mts_server *srv = c->srv;
 	conn_account(c);
 	if (c->backlogged)
@@ -534,8 +539,10 @@ static void conn_process(struct mts_conn *c)
 		budget.out_bytes = MTS_CONN_FLOOR;
 	size_t used = 0;
 	c->turn_out = &out;
-	int r = mts_input(&c->srv->reg, &c->peer, c->in + c->in_off,
-	                  c->in_len - c->in_off, &out, budget, &used);
+	/* c->in is NULL for a peer holding nothing (NULL + 0 is undefined). */
+	const uint8_t *in = c->in ? c->in + c->in_off : NULL;
+	int r = mts_input(&c->srv->reg, &c->peer, in, c->in_len - c->in_off,
+	                  &out, budget, &used);
 	c->turn_out = NULL;
 	if (c->closing) {
 		/* An event pushed during the turn found us not reading. */

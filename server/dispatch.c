@@ -688,7 +688,7 @@ int mts_input(struct mts_registry *reg, struct mts_peer *peer,
 	size_t pos = 0;
 	unsigned frames = 0;
 	int ret = 0;
-	while (pos < len) {
+	while (pos < len && !peer->gone) {
 		if (out->len >= budget.out_bytes || frames >= budget.frames) {
 			ret = MTS_MORE;
 			break;

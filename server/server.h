@@ -364,6 +364,8 @@ struct mts_peer {
 	bool tcp;          /* a TCP peer: no credentials, token only */
 	bool watching;     /* set by a Watch request: events are pushed */
 	uint64_t watch_id; /* the Watch request's id, echoed on events */
+	bool gone; /* closed by the server during a turn (an event that could
+	            * not be written to it): mts_input() stops, fd is -1 */
 };
 
 /* `map` must be a freshly created segment; the registry keeps pointers to
