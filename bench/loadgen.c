@@ -59,6 +59,8 @@
 #include "memtally.pb-c.h"
 #include "mtframe.h"
 
+#include "bench_common.h"
+
 #define MAX_INFLIGHT 64
 #define RBUF_SIZE    (256u * 1024u)
 #define WBUF_SIZE    (MAX_INFLIGHT * 256u)
@@ -171,13 +173,6 @@ static uint32_t opt_ttl = 60;
 static const char *opt_group = "";
 static int opt_drain_ms = 5000;
 static int opt_hold;
-
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 /* ---- wire parsing ------------------------------------------------------ */
 
@@ -626,7 +621,7 @@ static void on_readable(struct worker *w, struct conn *c)
 			return;
 		}
 		c->rlen += (size_t)n;
-		uint64_t now = now_ns();
+		uint64_t now = bench_now_ns();
 		size_t off = 0;
 		for (;;) {
 			uint64_t blen;
@@ -660,7 +655,7 @@ static void on_readable(struct worker *w, struct conn *c)
 		if ((size_t)n < RBUF_SIZE / 2)
 			break;
 	}
-	uint64_t now = now_ns();
+	uint64_t now = bench_now_ns();
 	fill(w, c, now, now < t_end);
 	flush_out(w, c);
 }
@@ -670,9 +665,9 @@ static void *run_worker(void *arg)
 	struct worker *w = arg;
 	struct epoll_event evs[256];
 	atomic_fetch_add(&ready_threads, 1);
-	while (now_ns() < t_start)
+	while (bench_now_ns() < t_start)
 		;
-	uint64_t now = now_ns();
+	uint64_t now = bench_now_ns();
 	for (int i = 0; i < w->nconns; i++) {
 		struct conn *c = &w->conns[i];
 		if (c->dead)
@@ -682,7 +677,7 @@ static void *run_worker(void *arg)
 	}
 	uint64_t hard_end = t_end + (uint64_t)opt_drain_ms * 1000000u;
 	for (;;) {
-		now = now_ns();
+		now = bench_now_ns();
 		bool busy = false;
 		for (int i = 0; i < w->nconns; i++) {
 			struct conn *c = &w->conns[i];
@@ -956,7 +951,7 @@ int main(int argc, char **argv)
 	}
 	struct rusage ru0, ru1;
 	getrusage(RUSAGE_SELF, &ru0);
-	t_start = now_ns() + 20000000u; /* 20 ms for the threads to start */
+	t_start = bench_now_ns() + 20000000u; /* 20 ms for the threads to start */
 	t_warm = t_start + (uint64_t)(opt_warmup * 1e9);
 	t_end = t_warm + (uint64_t)(opt_seconds * 1e9);
 	for (int t = 0; t < opt_threads; t++)
@@ -964,7 +959,7 @@ int main(int argc, char **argv)
 			return 2;
 	for (int t = 0; t < opt_threads; t++)
 		pthread_join(ws[t].th, NULL);
-	uint64_t t_done = now_ns();
+	uint64_t t_done = bench_now_ns();
 	getrusage(RUSAGE_SELF, &ru1);
 	if (opt_hold > 0) {
 		if (hold_batch(hold_fd, false, held_ids, opt_hold, &hold_err)) {

@@ -44,6 +44,8 @@
 
 #include "log.h"
 
+#include "bench_common.h"
+
 #define TICKS_DEFAULT 301
 #define PID_BASE      5000000u /* above any pid_max: never a real process */
 
@@ -51,21 +53,6 @@ static struct mtshm_map map;
 static uint32_t nslots, nlanes;
 static atomic_int stop;
 static int writer_cpu = -1;
-
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-static int pin(int cpu)
-{
-	cpu_set_t set;
-	CPU_ZERO(&set);
-	CPU_SET(cpu, &set);
-	return pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
-}
 
 /* Lane k of slot i holds i * 64 + k + 1 (+ 0 or 1 while writing). */
 static int64_t lane_value(uint32_t i, uint32_t k)
@@ -77,7 +64,7 @@ static void *writer(void *arg)
 {
 	(void)arg;
 	if (writer_cpu >= 0)
-		pin(writer_cpu);
+		bench_pin_cpu(writer_cpu);
 	uint64_t round = 0;
 	while (!atomic_load_explicit(&stop, memory_order_relaxed)) {
 		round++;
@@ -181,7 +168,7 @@ int main(int argc, char **argv)
 	    lanes > seg_lanes || !groups || churn > 100 || ticks < 1)
 		return 2;
 	nslots = slots, nlanes = lanes;
-	if (cpu >= 0 && pin(cpu))
+	if (cpu >= 0 && bench_pin_cpu(cpu))
 		return 2;
 	mts_log_set_level(MTS_LOG_ERROR);
 
@@ -263,18 +250,18 @@ int main(int argc, char **argv)
 	for (int r = 0; r < 20; r++) /* warm-up */
 		mts_tick(&reg);
 	for (int r = 0; r < ticks; r++) {
-		uint64_t t0 = now_ns();
+		uint64_t t0 = bench_now_ns();
 		mts_tick(&reg);
-		t[r] = now_ns() - t0;
+		t[r] = bench_now_ns() - t0;
 	}
 	/* The per-process limits pass alone (idempotent: no state changes
 	 * here), to show which part of the tick costs what. */
 	uint64_t *tl = calloc((size_t)ticks, sizeof(*tl));
 	for (int r = 0; r < ticks; r++) {
 		mts_tick(&reg); /* the same cache state a tick leaves */
-		uint64_t t0 = now_ns();
+		uint64_t t0 = bench_now_ns();
 		mts_limits_eval(&reg, true);
-		tl[r] = now_ns() - t0;
+		tl[r] = bench_now_ns() - t0;
 	}
 	if (use_writer) {
 		atomic_store(&stop, 1);

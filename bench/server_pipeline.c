@@ -25,12 +25,7 @@
 #include "memtally.pb-c.h"
 #include "mtframe.h"
 
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
+#include "bench_common.h"
 
 static uint8_t rbuf[1 << 20];
 static size_t rlen;
@@ -85,7 +80,7 @@ int main(int argc, char **argv)
 	if (!wbuf)
 		return 2;
 	uint64_t id = 1, done = 0;
-	uint64_t t0 = now_ns(), deadline = t0 + (uint64_t)(seconds * 1e9);
+	uint64_t t0 = bench_now_ns(), deadline = t0 + (uint64_t)(seconds * 1e9);
 	uint64_t t_end;
 	for (;;) {
 		size_t wl = 0;
@@ -138,7 +133,7 @@ int main(int argc, char **argv)
 			rlen -= pre + blen;
 		}
 		done += (uint64_t)window;
-		t_end = now_ns();
+		t_end = bench_now_ns();
 		if (t_end >= deadline)
 			break;
 	}

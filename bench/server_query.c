@@ -31,12 +31,7 @@
 #include "memtally.h"
 #include "memtally_query.h"
 
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
+#include "bench_common.h"
 
 static int cmp_u64(const void *a, const void *b)
 {
@@ -112,10 +107,10 @@ int main(int argc, char **argv)
 		if (full_io(sv[0], b, 64, 1) || full_io(sv[0], b, 64, 0))
 			return 2;
 	for (int i = 0; i < n; i++) {
-		uint64_t t0 = now_ns();
+		uint64_t t0 = bench_now_ns();
 		if (full_io(sv[0], b, 64, 1) || full_io(sv[0], b, 64, 0))
 			return 2;
-		t[i] = now_ns() - t0;
+		t[i] = bench_now_ns() - t0;
 	}
 	close(sv[0]);
 	waitpid(child, NULL, 0);
@@ -132,9 +127,9 @@ int main(int argc, char **argv)
 	}
 	for (int i = 0; i < n + 1000; i++) {
 		struct memtally_usage *u;
-		uint64_t t0 = now_ns();
+		uint64_t t0 = bench_now_ns();
 		rc = memtally_query_usage(q, &u);
-		uint64_t dt = now_ns() - t0;
+		uint64_t dt = bench_now_ns() - t0;
 		if (rc) {
 			fprintf(stderr, "PROOF FAILED: GetUsage: %s (%s)\n",
 			        memtally_strerror(rc),

@@ -48,14 +48,9 @@
 #include "mtshm.h"
 #include "mtshm_atomic.h"
 
-#define DEADLINE_NS (5 * UINT64_C(1000000000))
+#include "bench_common.h"
 
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
+#define DEADLINE_NS (5 * UINT64_C(1000000000))
 
 static void nap_us(long us)
 {
@@ -171,8 +166,8 @@ int main(int argc, char **argv)
 	pid_t w = 0; /* the worker alive now, if any */
 	uint64_t *k2e = NULL, *k2f = NULL, *k2r = NULL, *e2r = NULL;
 	struct mtshm_map m = {0};
-	uint64_t deadline = now_ns() + DEADLINE_NS;
-	while (now_ns() < deadline &&
+	uint64_t deadline = bench_now_ns() + DEADLINE_NS;
+	while (bench_now_ns() < deadline &&
 	       !(socket_up(sock) && mtshm_open(seg, 0, &m) == 0))
 		nap_us(10000);
 	if (!m.base) {
@@ -212,7 +207,7 @@ int main(int argc, char **argv)
 		/* Ready: registered (the server wrote our pid into a slot)
 		 * and flushed (its lanes hold the bytes). */
 		int64_t slot = -1;
-		deadline = now_ns() + DEADLINE_NS;
+		deadline = bench_now_ns() + DEADLINE_NS;
 		for (;;) {
 			if (slot < 0)
 				slot = find_slot(&m, w);
@@ -220,7 +215,7 @@ int main(int argc, char **argv)
 			    mtshm_slot_sum(&m, mtshm_slot(&m, (uint32_t)slot),
 			                   NULL, NULL) >= want)
 				break;
-			if (now_ns() > deadline) {
+			if (bench_now_ns() > deadline) {
 				fprintf(stderr,
 				        "worker %d not registered with %" PRId64
 				        " bytes within 5 s (slot %" PRId64
@@ -241,11 +236,11 @@ int main(int argc, char **argv)
 		if (pfd < 0)
 			goto out_server;
 
-		uint64_t t0 = now_ns(), t_exit = 0, t_freed = 0, t_rec = 0;
+		uint64_t t0 = bench_now_ns(), t_exit = 0, t_freed = 0, t_rec = 0;
 		kill(w, SIGKILL);
 		deadline = t0 + DEADLINE_NS;
 		while (!t_rec || !t_exit) {
-			uint64_t t = now_ns();
+			uint64_t t = bench_now_ns();
 			if (!t_exit) {
 				struct pollfd p = {.fd = pfd, .events = POLLIN};
 				if (poll(&p, 1, 0) > 0)

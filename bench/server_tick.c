@@ -37,6 +37,8 @@
 #include "mtshm.h"
 #include "mtshm_atomic.h"
 
+#include "bench_common.h"
+
 #define TICKS 301
 
 static struct mtshm_map map;
@@ -44,28 +46,13 @@ static uint32_t nslots, nlanes;
 static atomic_int stop;
 static int writer_cpu = -1;
 
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-static int pin(int cpu)
-{
-	cpu_set_t set;
-	CPU_ZERO(&set);
-	CPU_SET(cpu, &set);
-	return pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
-}
-
 /* Lane k of slot i holds i * 64 + k + 1 (and, while writing, that plus a
  * round number that is undone before the proof). */
 static void *writer(void *arg)
 {
 	(void)arg;
 	if (writer_cpu >= 0)
-		pin(writer_cpu);
+		bench_pin_cpu(writer_cpu);
 	uint64_t round = 0;
 	while (!atomic_load_explicit(&stop, memory_order_relaxed)) {
 		round++;
@@ -169,7 +156,7 @@ int main(int argc, char **argv)
 	if (!slots || !lanes || lanes > MTSHM_MAX_LANES)
 		return 2;
 	nslots = slots, nlanes = lanes;
-	if (cpu >= 0 && pin(cpu))
+	if (cpu >= 0 && bench_pin_cpu(cpu))
 		return 2;
 	char name[64];
 	snprintf(name, sizeof(name), "/mtbench-tick-%d", (int)getpid());
@@ -197,9 +184,9 @@ int main(int argc, char **argv)
 	for (int r = 0; r < 20; r++) /* warm-up */
 		sink += tick();
 	for (int r = 0; r < TICKS; r++) {
-		uint64_t t0 = now_ns();
+		uint64_t t0 = bench_now_ns();
 		sink += tick();
-		t[r] = now_ns() - t0;
+		t[r] = bench_now_ns() - t0;
 	}
 	if (!quiet) {
 		atomic_store(&stop, 1);
