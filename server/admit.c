@@ -27,7 +27,12 @@
  * applies (the TTL is for admissions whose task never starts) and they end
  * when T has no live worker left. A worker's group need not be the
  * reservation's: the fleet figure is right either way, a group's only when
- * they agree.
+ * they agree. "A worker of T" means one that may act on the reservation:
+ * its owner's or an admin's (see "ownership" below).
+ *
+ * One uid may hold at most policy.max_resv_per_uid reservations (admins
+ * exempt), counted in reg->resv_uids; past it Admit is denied
+ * (MTS_DENY_UID_CAP), so one peer cannot take MTS_RESV_MAX for itself.
  *
  * Reservations (at most MTS_RESV_MAX; a scheduler holds one per task it
  * is starting, and may hold thousands) live in an unordered array, removed
@@ -51,6 +56,11 @@
 
 #include "log.h"
 
+/* struct mts_task_share entries of a task (see "ownership" below). */
+#define SHARE_ADMINS 0u
+#define SHARE_OTHERS 1u
+#define SHARE_OWNERS 2u /* first owner's entry */
+
 static uint64_t sat_add(uint64_t a, uint64_t b)
 {
 	uint64_t r;
@@ -66,6 +76,8 @@ const char *mts_denial_name(enum mts_denial d)
 		return "group_limit";
 	case MTS_DENY_INVALID:
 		return "invalid";
+	case MTS_DENY_UID_CAP:
+		return "uid_reservations";
 	default:
 		return "unknown";
 	}
@@ -135,6 +147,14 @@ static struct mts_task *task_get(struct mts_registry *reg, const char *name)
 		free(t);
 		return NULL;
 	}
+	t->shares = calloc(4, sizeof(*t->shares));
+	if (!t->shares) {
+		free(t->name);
+		free(t);
+		return NULL;
+	}
+	t->shares_cap = 4;
+	t->nshares = SHARE_OWNERS;
 	t->hash = h;
 	t->hnext = reg->tasks[h & reg->tasks_mask];
 	reg->tasks[h & reg->tasks_mask] = t;
@@ -158,8 +178,134 @@ static void task_drop(struct mts_registry *reg, struct mts_task *t)
 			t->snext->sprev = t->sprev;
 	}
 	reg->ntasks--;
+	free(t->shares);
 	free(t->name);
 	free(t);
+}
+
+/* ---- ownership -----------------------------------------------------------
+ *
+ * A task's reservations belong to their owners: only the workers of the
+ * owner's uid, or of an admin (auth.c: root, the server's uid, admin_uid,
+ * admin_gid), take a reservation over, count against it and end it when
+ * they are gone. Anyone can name any task; without this, a worker of
+ * another user started with the same MEMTALLY_TASK would take over a
+ * reservation (lifting its TTL), cancel it out with its own use, and end it
+ * by exiting. A reservation made over TCP has no owner: every worker of the
+ * task matches it, as before ownership existed.
+ *
+ * Each tick sorts the task's workers into shares (struct mts_task_share):
+ * admins', one per owner uid of the task's reservations, and everyone
+ * else's, which counts only against ownerless reservations.
+ */
+
+static struct mts_task_share *share_find(struct mts_task *t, uint32_t uid)
+{
+	for (uint32_t i = SHARE_OWNERS; i < t->nshares; i++)
+		if (t->shares[i].uid == uid)
+			return &t->shares[i];
+	return NULL;
+}
+
+/* Take up to `want` of what is left of share `s`; returns what it took. */
+static uint64_t share_take(struct mts_task_share *s, uint64_t want)
+{
+	uint64_t used = s->left < want ? s->left : want;
+	s->left -= used;
+	return used;
+}
+
+/* `t` gets a reservation owned by `uid`. 0 or -ENOMEM. */
+static int share_ref(struct mts_task *t, uint32_t uid)
+{
+	struct mts_task_share *o = share_find(t, uid);
+	if (o) {
+		o->resv++;
+		return 0;
+	}
+	if (t->nshares == t->shares_cap) {
+		uint32_t cap = t->shares_cap * 2;
+		struct mts_task_share *a = realloc(t->shares, cap * sizeof(*a));
+		if (!a)
+			return -ENOMEM;
+		t->shares = a;
+		t->shares_cap = cap;
+	}
+	/* Its workers were counted as others' until now; the next tick
+	 * sorts them into this entry. */
+	t->shares[t->nshares++] =
+	    (struct mts_task_share){.uid = uid, .resv = 1};
+	return 0;
+}
+
+/* `t` lost a reservation owned by `uid`. Returns true when that was the
+ * owner's last: its workers' figures move to the others' share. */
+static bool share_unref(struct mts_task *t, uint32_t uid)
+{
+	struct mts_task_share *o = share_find(t, uid);
+	if (!o || --o->resv > 0)
+		return false;
+	struct mts_task_share *others = &t->shares[SHARE_OTHERS];
+	others->live += o->live;
+	others->measured = sat_add(others->measured, o->measured);
+	*o = t->shares[--t->nshares];
+	return true;
+}
+
+/* Admins as of the policy in force: when it changes, every worker's cached
+ * flag is recomputed. */
+static void admin_epoch_check(struct mts_registry *reg)
+{
+	const struct mts_policy *pol = &reg->policy;
+	uint32_t now[5] = {reg->server_uid, pol->has_admin_uid,
+	                   pol->has_admin_uid ? pol->admin_uid : 0,
+	                   pol->has_admin_gid,
+	                   pol->has_admin_gid ? pol->admin_gid : 0};
+	if (reg->admin_epoch == 0 ||
+	    memcmp(now, reg->admin_seen, sizeof(now)) != 0) {
+		memcpy(reg->admin_seen, now, sizeof(now));
+		if (++reg->admin_epoch == 0)
+			reg->admin_epoch = 1;
+	}
+}
+
+/* Is `p` an admin's worker? admin_gid needs /proc/PID/status, read once
+ * per worker (and again after an exec or a policy change), not each tick. */
+static bool worker_admin(struct mts_registry *reg, struct mts_proc *p)
+{
+	if (mts_uid_is_admin(reg, p->uid))
+		return true;
+	if (!reg->policy.has_admin_gid)
+		return false;
+	if (p->admin_epoch != reg->admin_epoch || p->admin_uid != p->uid ||
+	    p->admin_image != p->image_id) {
+		p->admin = mts_pid_in_group(p->pid, reg->policy.admin_gid);
+		p->admin_epoch = reg->admin_epoch;
+		p->admin_uid = p->uid;
+		p->admin_image = p->image_id;
+	}
+	return p->admin;
+}
+
+/* The share of `t` that worker `p` counts in. */
+static struct mts_task_share *share_of(struct mts_registry *reg,
+                                       struct mts_task *t, struct mts_proc *p)
+{
+	if (worker_admin(reg, p))
+		return &t->shares[SHARE_ADMINS];
+	struct mts_task_share *o = share_find(t, p->uid);
+	return o ? o : &t->shares[SHARE_OTHERS];
+}
+
+/* Has `r` a live worker that may take it over, as of the latest tick? */
+static bool resv_matched_live(struct mts_task *t, const struct mts_resv *r)
+{
+	if (t->shares[SHARE_ADMINS].live)
+		return true;
+	if (!r->has_owner)
+		return t->live > 0;
+	const struct mts_task_share *o = share_find(t, r->uid);
+	return o && o->live;
 }
 
 /* ---- what reservations count ----------------------------------------------
@@ -192,14 +338,55 @@ static void resv_count(struct mts_registry *reg, struct mts_resv *r, uint64_t e)
 	r->effective = e;
 }
 
-/* Set what `t`'s workers use against its reservations, oldest first. */
+/*
+ * Set what `t`'s workers use against its reservations, oldest first, each
+ * reservation taking only from the workers that may count against it
+ * (share_matches): its owner's, then admins'. One made over TCP has no
+ * owner and takes from every worker of the task: others', owners', then
+ * admins' last, which leaves the most for the owned ones. Calls set(r, e)
+ * with what each reservation counts.
+ */
+static void task_alloc(struct mts_registry *reg, struct mts_task *t,
+                       void (*set)(struct mts_registry *, struct mts_resv *,
+                                   uint64_t))
+{
+	for (uint32_t i = 0; i < t->nshares; i++)
+		t->shares[i].left = t->shares[i].measured;
+	for (struct mts_resv *r = t->resv; r; r = r->tnext) {
+		uint64_t want = r->bytes;
+		if (r->has_owner) {
+			struct mts_task_share *o = share_find(t, r->uid);
+			if (o)
+				want -= share_take(o, want);
+		} else {
+			want -= share_take(&t->shares[SHARE_OTHERS], want);
+			for (uint32_t i = SHARE_OWNERS; i < t->nshares; i++)
+				want -= share_take(&t->shares[i], want);
+		}
+		want -= share_take(&t->shares[SHARE_ADMINS], want);
+		set(reg, r, want);
+	}
+}
+
+static void set_counted(struct mts_registry *reg, struct mts_resv *r,
+                        uint64_t e)
+{
+	resv_count(reg, r, e);
+}
+
+static void set_effective(struct mts_registry *reg, struct mts_resv *r,
+                          uint64_t e)
+{
+	(void)reg;
+	r->effective = e;
+}
+
 static void task_recount(struct mts_registry *reg, struct mts_task *t)
 {
-	uint64_t left = t->measured;
-	for (struct mts_resv *r = t->resv; r; r = r->tnext) {
-		uint64_t used = left < r->bytes ? left : r->bytes;
-		resv_count(reg, r, r->bytes - used);
-		left -= used;
+	task_alloc(reg, t, set_counted);
+	for (uint32_t i = 0; i < t->nshares; i++) {
+		t->shares[i].counted = t->shares[i].measured;
+		t->shares[i].was_live = t->shares[i].live > 0;
 	}
 	t->counted = t->measured;
 }
@@ -207,22 +394,12 @@ static void task_recount(struct mts_registry *reg, struct mts_task *t)
 void mts_resv_sums(struct mts_registry *reg)
 {
 	/* What each reservation of a task counts: its bytes less what the
-	 * task's workers use, set against the oldest first. */
+	 * task's workers it matches use, set against the oldest first. */
 	if (reg->tasks) {
-		for (uint32_t b = 0; b <= reg->tasks_mask; b++) {
+		for (uint32_t b = 0; b <= reg->tasks_mask; b++)
 			for (struct mts_task *t = reg->tasks[b]; t;
-			     t = t->hnext) {
-				uint64_t left = t->measured;
-				for (struct mts_resv *r = t->resv; r;
-				     r = r->tnext) {
-					uint64_t used =
-					    left < r->bytes ? left : r->bytes;
-					r->effective = r->bytes - used;
-					left -= used;
-				}
-				t->counted = t->measured;
-			}
-		}
+			     t = t->hnext)
+				task_alloc(reg, t, set_effective);
 	}
 	for (uint32_t i = 0; i < reg->groups_used; i++)
 		reg->groups[i].reserved_sum = 0;
@@ -377,28 +554,59 @@ static void heap_remove(struct mts_registry *reg, struct mts_resv *r)
 
 /* ---- reservations -------------------------------------------------------- */
 
+/* A worker of `t` was seen: `t` has figures from now on (the tick keeps
+ * them for the tasks in reg->tasks_seen only). */
 static void task_seen(struct mts_registry *reg, struct mts_task *t)
 {
 	t->seen = true;
+	t->dirty = true;
 	t->sprev = NULL;
 	t->snext = reg->tasks_seen;
 	if (t->snext)
 		t->snext->sprev = t;
 	reg->tasks_seen = t;
-	for (struct mts_resv *r = t->resv; r; r = r->tnext) {
-		r->taken_over = true;
-		heap_remove(reg, r);
-		mts_log(MTS_LOG_INFO, "reservation taken over by its task",
-		        "reservation=%s bytes=%llu", r->id,
-		        (unsigned long long)r->bytes);
-	}
+}
+
+static void take_over(struct mts_registry *reg, struct mts_resv *r)
+{
+	r->taken_over = true;
+	heap_remove(reg, r);
+	mts_log(MTS_LOG_INFO, "reservation taken over by its task",
+	        "reservation=%s bytes=%llu owner_uid=%u", r->id,
+	        (unsigned long long)r->bytes, r->uid);
+}
+
+void mts_resv_worker_registered(struct mts_registry *reg, struct mts_proc *p)
+{
+	if (!p->task[0] || reg->ntasks == 0)
+		return;
+	struct mts_task *t = task_find(reg, p->task, hash_str(p->task));
+	if (!t)
+		return;
+	if (!t->seen)
+		task_seen(reg, t);
+	t->dirty = true;
+	/* At once rather than at the next tick: a worker that exits before
+	 * then must still end what it took over. */
+	admin_epoch_check(reg);
+	bool admin = worker_admin(reg, p);
+	for (struct mts_resv *r = t->resv; r; r = r->tnext)
+		if (!r->taken_over &&
+		    (admin || !r->has_owner || r->uid == p->uid))
+			take_over(reg, r);
 }
 
 void mts_resv_task_registered(struct mts_registry *reg, const char *task)
 {
-	struct mts_task *t = task_find(reg, task, hash_str(task));
-	if (t && !t->seen)
-		task_seen(reg, t);
+	if (reg->ntasks == 0 || reg->ndense == 0)
+		return;
+	/* registry.c links a new worker last in reg->dense before it calls
+	 * this. If the newest is not of this task (an exec'd worker keeps
+	 * its place), the next tick sees the worker and decides. Any live
+	 * worker of the task found here may take over what it matches. */
+	struct mts_proc *p = reg->by_slot[reg->dense[reg->ndense - 1]];
+	if (p && p->task && strcmp(p->task, task) == 0)
+		mts_resv_worker_registered(reg, p);
 }
 
 /* Reservation ids are a secret of sorts: over TCP (no credentials) any
@@ -449,14 +657,22 @@ static int new_id(const struct mts_registry *reg, char *id)
 	return -EIO;
 }
 
+/* Whose reservation `r` is, for the per-uid cap: its owner's uid, or
+ * MTS_UID_TCP for every reservation made over TCP. */
+static uint32_t resv_key(const struct mts_resv *r)
+{
+	return r->has_owner ? r->uid : MTS_UID_TCP;
+}
+
 /* Unlink and free `r`, taking its count out of the sums. `recount`: the
  * task's other reservations stay, so what its workers use is set against
  * them again. */
 static void resv_remove(struct mts_registry *reg, struct mts_resv *r,
                         bool recount)
 {
-	/* Only if some of the task's usage was set against `r` can the
-	 * newer reservations of the task count less without it. */
+	/* Only if some of the task's usage was set against `r` (or its
+	 * owner's workers now count as others') can the newer reservations
+	 * of the task count less without it. */
 	bool shifts = r->task && r->effective < r->bytes;
 	resv_count(reg, r, 0);
 	heap_remove(reg, r);
@@ -468,11 +684,14 @@ static void resv_remove(struct mts_registry *reg, struct mts_resv *r,
 			pp = &(*pp)->tnext;
 		if (*pp)
 			*pp = r->tnext;
+		if (r->has_owner && share_unref(t, r->uid))
+			shifts = true;
 		if (!t->resv)
 			task_drop(reg, t);
 		else if (recount && shifts)
 			task_recount(reg, t);
 	}
+	mts_uid_count_sub(&reg->resv_uids, resv_key(r));
 	reg->groups[r->group].reservations--;
 	mts_group_gc(reg, r->group);
 	uint32_t i = r->index;
@@ -501,6 +720,7 @@ void mts_resv_free_all(struct mts_registry *reg)
 			struct mts_task *t = reg->tasks[i];
 			while (t) {
 				struct mts_task *next = t->hnext;
+				free(t->shares);
 				free(t->name);
 				free(t);
 				t = next;
@@ -512,25 +732,52 @@ void mts_resv_free_all(struct mts_registry *reg)
 	reg->tasks_mask = 0;
 	reg->ntasks = 0;
 	reg->tasks_seen = NULL;
+	mts_uid_counts_free(&reg->resv_uids);
 }
 
-/* Every worker of `t` has exited: its reservations end. */
-static void task_end(struct mts_registry *reg, struct mts_task *t)
+/* Has anything that decides what `t`'s reservations count, or whether
+ * they are taken over or end, changed since its last recount? */
+static bool task_changed(const struct mts_task *t)
 {
-	for (;;) {
-		struct mts_resv *r = t->resv;
-		bool last = !r->tnext;
-		char q[MTS_LOGQ_MAX];
-		mts_log(MTS_LOG_INFO,
-		        "reservation ended: its task's workers exited",
-		        "reservation=%s task=%s bytes=%llu", r->id,
-		        mts_logq(q, sizeof(q), t->name),
-		        (unsigned long long)r->bytes);
-		reg->stats.fulfilled++;
-		resv_remove(reg, r, false);
-		if (last)
-			break; /* `t` went with it */
+	if (t->dirty)
+		return true;
+	for (uint32_t i = 0; i < t->nshares; i++) {
+		const struct mts_task_share *sh = &t->shares[i];
+		if (sh->measured != sh->counted ||
+		    (sh->live > 0) != sh->was_live)
+			return true;
 	}
+	return false;
+}
+
+/* After a tick's figures: take over the reservations of `t` that have a
+ * live worker of theirs, end the taken-over ones that have none left,
+ * recount the rest. */
+static void task_settle(struct mts_registry *reg, struct mts_task *t)
+{
+	struct mts_resv *next;
+	for (struct mts_resv *r = t->resv; r; r = next) {
+		next = r->tnext;
+		bool live = resv_matched_live(t, r);
+		if (live && !r->taken_over) {
+			take_over(reg, r);
+		} else if (!live && r->taken_over) {
+			bool last = t->resv == r && !r->tnext;
+			char q[MTS_LOGQ_MAX];
+			mts_log(
+			    MTS_LOG_INFO,
+			    "reservation ended: its task's workers exited",
+			    "reservation=%s task=%s bytes=%llu owner_uid=%u",
+			    r->id, mts_logq(q, sizeof(q), t->name),
+			    (unsigned long long)r->bytes, r->uid);
+			reg->stats.fulfilled++;
+			resv_remove(reg, r, false);
+			if (last)
+				return; /* `t` went with it */
+		}
+	}
+	t->dirty = false;
+	task_recount(reg, t);
 }
 
 void mts_resv_tick(struct mts_registry *reg, uint64_t now_ns)
@@ -539,12 +786,17 @@ void mts_resv_tick(struct mts_registry *reg, uint64_t now_ns)
 	 * worker has named yet has live = measured = 0, so the tick costs
 	 * O(workers + their tasks), not O(tasks). */
 	if (reg->ntasks > 0) {
+		admin_epoch_check(reg);
 		for (struct mts_task *t = reg->tasks_seen; t; t = t->snext) {
 			t->live = 0;
 			t->measured = 0;
+			for (uint32_t i = 0; i < t->nshares; i++) {
+				t->shares[i].live = 0;
+				t->shares[i].measured = 0;
+			}
 		}
 		for (uint32_t i = 0; i < reg->ndense; i++) {
-			const struct mts_proc *p = reg->by_slot[reg->dense[i]];
+			struct mts_proc *p = reg->by_slot[reg->dense[i]];
 			if (!p->task[0])
 				continue;
 			struct mts_task *t =
@@ -553,17 +805,18 @@ void mts_resv_tick(struct mts_registry *reg, uint64_t now_ns)
 				continue;
 			if (!t->seen)
 				task_seen(reg, t);
+			uint64_t m = mts_measured(reg, p->bytes, p->rss);
+			struct mts_task_share *sh = share_of(reg, t, p);
+			sh->live++;
+			sh->measured = sat_add(sh->measured, m);
 			t->live++;
-			t->measured = sat_add(
-			    t->measured, mts_measured(reg, p->bytes, p->rss));
+			t->measured = sat_add(t->measured, m);
 		}
 		struct mts_task *next;
 		for (struct mts_task *t = reg->tasks_seen; t; t = next) {
 			next = t->snext;
-			if (t->live == 0)
-				task_end(reg, t);
-			else if (t->measured != t->counted)
-				task_recount(reg, t);
+			if (task_changed(t))
+				task_settle(reg, t);
 		}
 	}
 
@@ -623,6 +876,42 @@ int mts_admit(struct mts_registry *reg, const struct mts_peer *peer,
 		        "admission refused: too many reservations",
 		        "peer_pid=%u outstanding=%u", peer->pid, reg->nresv);
 		return -ENOSPC;
+	}
+	/* One uid holding max_reservations_per_uid cannot add more, so it
+	 * cannot use up MTS_RESV_MAX (or the server's memory) for everyone
+	 * else. Admins are trusted with the whole server: exempt. */
+	bool owned = peer->has_cred && !peer->tcp;
+	uint32_t key = owned ? peer->uid : MTS_UID_TCP;
+	uint32_t held = mts_uid_count_get(&reg->resv_uids, key);
+	if (pol->max_resv_per_uid && held >= pol->max_resv_per_uid &&
+	    mts_authorise(reg, peer, NULL) == MTS_AUTH_NONE) {
+		char who[32];
+		if (owned)
+			snprintf(who, sizeof(who), "uid %u", key);
+		else
+			snprintf(who, sizeof(who), "TCP peers");
+		out->reason = MTS_DENY_UID_CAP;
+		if (owned)
+			snprintf(out->scope, sizeof(out->scope), "uid:%u", key);
+		else
+			snprintf(out->scope, sizeof(out->scope), "tcp");
+		out->measured =
+		    mts_measured(reg, reg->totals.bytes, reg->totals.rss);
+		out->reserved = reg->totals.reserved;
+		snprintf(out->why, sizeof(out->why),
+		         "per-uid reservation cap: %s holds %u outstanding "
+		         "reservations, the most one uid may hold "
+		         "([admission] max_reservations_per_uid = %u); release "
+		         "some or wait for them to end",
+		         who, held, pol->max_resv_per_uid);
+		reg->stats.denials[MTS_DENY_UID_CAP]++;
+		mts_log(MTS_LOG_WARN,
+		        "admission denied: per-uid reservation cap",
+		        "reason=%s held=%u max_reservations_per_uid=%u "
+		        "peer_pid=%u uid=%u tcp=%d",
+		        mts_denial_name(out->reason), held,
+		        pol->max_resv_per_uid, peer->pid, peer->uid, peer->tcp);
+		return 0;
 	}
 
 	/* The fleet, then the group: the first limit that would be passed
@@ -707,9 +996,19 @@ int mts_admit(struct mts_registry *reg, const struct mts_peer *peer,
 		free(r);
 		return -ENOMEM;
 	}
+	if (mts_uid_count_add(&reg->resv_uids, key) < 0) {
+		mts_group_gc(reg, gi);
+		free(r);
+		return -ENOMEM;
+	}
+	r->has_owner = owned;
+	r->uid = peer->uid;
 	if (task[0]) {
 		r->task = task_get(reg, task);
-		if (!r->task) {
+		if (!r->task || (owned && share_ref(r->task, r->uid) < 0)) {
+			if (r->task && !r->task->resv)
+				task_drop(reg, r->task);
+			mts_uid_count_sub(&reg->resv_uids, key);
 			mts_group_gc(reg, gi);
 			free(r);
 			return -ENOMEM;
@@ -719,13 +1018,14 @@ int mts_admit(struct mts_registry *reg, const struct mts_peer *peer,
 		while (*pp)
 			pp = &(*pp)->tnext;
 		*pp = r;
-		r->taken_over = r->task->seen;
+		/* Taken over at once if a worker of its own already runs
+		 * (latest tick); the next tick looks again either way. */
+		r->taken_over = r->task->seen && resv_matched_live(r->task, r);
+		r->task->dirty = true;
 	}
 	uint32_t ttl = req->ttl_s ? req->ttl_s : pol->default_ttl_s;
 	if (ttl > pol->max_ttl_s)
 		ttl = pol->max_ttl_s;
-	r->has_owner = peer->has_cred && !peer->tcp;
-	r->uid = peer->uid;
 	r->group = gi;
 	reg->groups[gi].reservations++;
 	r->bytes = req->bytes;

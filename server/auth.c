@@ -16,7 +16,13 @@
  * Ownership of a reservation: the uid of the Unix peer that was granted
  * it. A reservation granted over TCP has no uid; every TCP peer is the same
  * anonymous principal, so any TCP peer may release it without a token (as
- * the owner), and a Unix peer needs authorisation to.
+ * the owner), and a Unix peer needs authorisation to. The same principals
+ * decide whose workers may take a task's reservation over (admit.c):
+ * the owner's uid or an admin's (root, the server's uid, admin_uid, a
+ * process in admin_gid); any worker for one made over TCP.
+ *
+ * Admins are also exempt from the per-uid caps on reservations (admit.c)
+ * and connections (conn.c), counted here by uid (mts_uid_count_*).
  */
 #include "server.h"
 
@@ -69,8 +75,25 @@ bool mts_token_equal(const char *secret, const char *given)
 	return diff == 0;
 }
 
-/* Supplementary groups from the Groups: line of /proc/PID/status. */
-static bool status_has_group(uint32_t pid, uint32_t gid)
+/* Does the list of numbers at `p` hold `gid`? (`skip` numbers first.) */
+static bool list_has(const char *p, unsigned skip, unsigned most, uint32_t gid)
+{
+	for (unsigned i = 0; i < skip + most; i++) {
+		char *end;
+		unsigned long v = strtoul(p, &end, 10);
+		if (end == p)
+			return false;
+		if (i >= skip && v == gid)
+			return true;
+		p = end;
+	}
+	return false;
+}
+
+/* Groups of /proc/PID/status: the Groups: line (supplementary), and with
+ * `effective` the Gid: line's effective gid too (the primary group, which
+ * Groups: need not list). */
+static bool status_has_group(uint32_t pid, uint32_t gid, bool effective)
 {
 	char path[64];
 	snprintf(path, sizeof(path), "/proc/%u/status", pid);
@@ -79,25 +102,19 @@ static bool status_has_group(uint32_t pid, uint32_t gid)
 		return false;
 	char line[8192];
 	bool found = false;
-	while (fgets(line, sizeof(line), f)) {
-		if (strncmp(line, "Groups:", 7) != 0)
-			continue;
-		char *p = line + 7;
-		for (;;) {
-			char *end;
-			unsigned long v = strtoul(p, &end, 10);
-			if (end == p)
-				break;
-			if (v == gid) {
-				found = true;
-				break;
-			}
-			p = end;
-		}
-		break;
+	while (!found && fgets(line, sizeof(line), f)) {
+		if (effective && strncmp(line, "Gid:", 4) == 0)
+			found = list_has(line + 4, 1, 1, gid);
+		else if (strncmp(line, "Groups:", 7) == 0)
+			found = list_has(line + 7, 0, UINT32_MAX, gid);
 	}
 	fclose(f);
 	return found;
+}
+
+bool mts_pid_in_group(uint32_t pid, uint32_t gid)
+{
+	return pid && status_has_group(pid, gid, true);
 }
 
 bool mts_peer_in_group(const struct mts_peer *peer, uint32_t gid)
@@ -119,7 +136,14 @@ bool mts_peer_in_group(const struct mts_peer *peer, uint32_t gid)
 	}
 	/* No SO_PEERGROUPS (old kernel, or no socket): the process's
 	 * current groups. */
-	return peer->pid && status_has_group(peer->pid, gid);
+	return peer->pid && status_has_group(peer->pid, gid, false);
+}
+
+bool mts_uid_is_admin(const struct mts_registry *reg, uint32_t uid)
+{
+	const struct mts_policy *pol = &reg->policy;
+	return uid == 0 || uid == reg->server_uid ||
+	       (pol->has_admin_uid && uid == pol->admin_uid);
 }
 
 enum mts_auth mts_authorise(const struct mts_registry *reg,
@@ -151,4 +175,100 @@ enum mts_auth mts_authorise_release(const struct mts_registry *reg,
 	if (!peer->tcp && peer->has_cred && r->has_owner && r->uid == peer->uid)
 		return MTS_AUTH_OWNER;
 	return mts_authorise(reg, peer, token);
+}
+
+/* ---- counts per uid --------------------------------------------------------
+ *
+ * Open addressing with linear probing, at most half full, removal by
+ * shifting back (no tombstones), as for reservation ids (admit.c). Uids
+ * are few (one entry per uid with a reservation or a connection), so the
+ * table stays small; a uid's count is one probe on the hot paths (Admit,
+ * accept, close).
+ */
+
+static uint32_t uid_home(uint32_t uid, uint32_t mask)
+{
+	return (uint32_t)(((uint64_t)uid * UINT64_C(0x9e3779b97f4a7c15)) >>
+	                  32) &
+	       mask;
+}
+
+static struct mts_uid_count *uid_find(const struct mts_uid_counts *t,
+                                      uint32_t uid)
+{
+	if (!t->e)
+		return NULL;
+	for (uint32_t i = uid_home(uid, t->mask); t->e[i].count;
+	     i = (i + 1) & t->mask)
+		if (t->e[i].uid == uid)
+			return &t->e[i];
+	return NULL;
+}
+
+uint32_t mts_uid_count_get(const struct mts_uid_counts *t, uint32_t uid)
+{
+	const struct mts_uid_count *c = uid_find(t, uid);
+	return c ? c->count : 0;
+}
+
+static void uid_put(struct mts_uid_count *e, uint32_t mask,
+                    struct mts_uid_count c)
+{
+	uint32_t i = uid_home(c.uid, mask);
+	while (e[i].count)
+		i = (i + 1) & mask;
+	e[i] = c;
+}
+
+int mts_uid_count_add(struct mts_uid_counts *t, uint32_t uid)
+{
+	struct mts_uid_count *c = uid_find(t, uid);
+	if (c) {
+		if (c->count < UINT32_MAX)
+			c->count++;
+		return 0;
+	}
+	uint32_t n = t->e ? t->mask + 1 : 0;
+	if ((uint64_t)(t->used + 1) * 2 > n) {
+		uint32_t m = n ? n * 2 : 16;
+		struct mts_uid_count *e = calloc(m, sizeof(*e));
+		if (!e)
+			return -ENOMEM;
+		for (uint32_t i = 0; i < n; i++)
+			if (t->e[i].count)
+				uid_put(e, m - 1, t->e[i]);
+		free(t->e);
+		t->e = e;
+		t->mask = m - 1;
+	}
+	uid_put(t->e, t->mask, (struct mts_uid_count){.uid = uid, .count = 1});
+	t->used++;
+	return 0;
+}
+
+void mts_uid_count_sub(struct mts_uid_counts *t, uint32_t uid)
+{
+	struct mts_uid_count *c = uid_find(t, uid);
+	if (!c || --c->count > 0)
+		return;
+	/* Free the entry; move back every later one of the run that may
+	 * not sit after the hole. */
+	struct mts_uid_count *e = t->e;
+	uint32_t m = t->mask;
+	uint32_t i = (uint32_t)(c - e);
+	for (uint32_t j = (i + 1) & m; e[j].count; j = (j + 1) & m) {
+		uint32_t home = uid_home(e[j].uid, m);
+		if (((j - home) & m) >= ((j - i) & m)) {
+			e[i] = e[j];
+			i = j;
+		}
+	}
+	e[i].count = 0;
+	t->used--;
+}
+
+void mts_uid_counts_free(struct mts_uid_counts *t)
+{
+	free(t->e);
+	memset(t, 0, sizeof(*t));
 }

@@ -58,6 +58,8 @@
 #define RSS_MAX_MS    3600000u
 #define GRACE_MAX_MS  86400000u
 #define TTL_MAX_S     (365u * 86400u)
+/* A uid may hold at most MTS_RESV_MAX reservations anyway. */
+#define RESV_PER_UID_MAX MTS_RESV_MAX
 
 /* ---- policy ------------------------------------------------------------ */
 
@@ -83,6 +85,7 @@ void mts_policy_defaults(struct mts_policy *p)
 	p->default_ttl_s = MTS_DEFAULT_TTL_S;
 	p->max_ttl_s = MTS_DEFAULT_MAX_TTL_S;
 	p->grace_ms = MTS_DEFAULT_GRACE_MS;
+	p->max_resv_per_uid = MTS_DEFAULT_MAX_RESV_PER_UID;
 }
 
 void mts_policy_free(struct mts_policy *p)
@@ -327,6 +330,39 @@ static int parse_bool(const char *v, bool *out)
 	return -EINVAL;
 }
 
+/*
+ * A duration: digits with an optional unit, ms, s (the default), m or h;
+ * 0 means 0 (the caller decides what that is). Into milliseconds, at most
+ * `max_ms`. 0 or -EINVAL.
+ */
+static int parse_duration_ms(const char *v, uint64_t max_ms, uint64_t *out)
+{
+	if (*v < '0' || *v > '9')
+		return -EINVAL;
+	char *end;
+	errno = 0;
+	unsigned long long x = strtoull(v, &end, 10);
+	if (errno)
+		return -EINVAL;
+	while (*end == ' ')
+		end++;
+	uint64_t mult;
+	if (strcmp(end, "ms") == 0)
+		mult = 1;
+	else if (!end[0] || strcmp(end, "s") == 0)
+		mult = 1000;
+	else if (strcmp(end, "m") == 0 || strcmp(end, "min") == 0)
+		mult = 60000;
+	else if (strcmp(end, "h") == 0)
+		mult = 3600000;
+	else
+		return -EINVAL;
+	if (x > max_ms / mult)
+		return -EINVAL;
+	*out = x * mult;
+	return 0;
+}
+
 /* A limit: a size, or 0 / none / off / unlimited for none. */
 static int parse_limit(const char *v, uint64_t *out)
 {
@@ -428,6 +464,23 @@ static int server_key(struct load *l, const char *key, const char *v)
 			    "expected an integer from 1 to %u, got '%s'",
 			    MTS_MAX_CONNS_MAX, v);
 		c->max_conns = (uint32_t)n;
+	} else if (strcmp(key, "max_connections_per_uid") == 0) {
+		if (parse_uint(v, 1, MTS_MAX_CONNS_MAX, &n) < 0)
+			return fail(
+			    l, sec, key,
+			    "expected an integer from 1 to %u, got '%s'",
+			    MTS_MAX_CONNS_MAX, v);
+		c->max_conns_per_uid = (uint32_t)n;
+	} else if (strcmp(key, "idle_timeout") == 0) {
+		if (parse_duration_ms(v, MTS_IDLE_MAX_MS, &n) < 0 ||
+		    (n > 0 && n < 100))
+			return fail(l, sec, key,
+			            "expected a duration from 100ms to 24h "
+			            "(60, 60s, 500ms, 5m), or 0 for none; got "
+			            "'%s'",
+			            v);
+		c->idle_timeout_ms = (uint32_t)n;
+		c->no_idle_timeout = n == 0;
 	} else if (strcmp(key, "max_buffered") == 0) {
 		if (mt_parse_size(v, &n) < 0 || n < MTS_MAX_BUFFERED_MIN)
 			return fail(l, sec, key,
@@ -639,6 +692,21 @@ static int admission_key(struct load *l, const char *key, const char *v)
 {
 	struct mts_policy *p = &l->s.policy;
 	uint64_t n;
+	if (strcmp(key, "max_reservations_per_uid") == 0) {
+		if (strcasecmp(v, "none") == 0 || strcasecmp(v, "off") == 0 ||
+		    strcasecmp(v, "unlimited") == 0) {
+			p->max_resv_per_uid = 0;
+			return 0;
+		}
+		if (parse_uint(v, 1, RESV_PER_UID_MAX, &n) < 0)
+			return fail(
+			    l, "admission", key,
+			    "expected an integer from 1 to %u, or none; "
+			    "got '%s'",
+			    RESV_PER_UID_MAX, v);
+		p->max_resv_per_uid = (uint32_t)n;
+		return 0;
+	}
 	if (strcmp(key, "default_ttl") == 0 || strcmp(key, "max_ttl") == 0) {
 		if (parse_uint(v, 1, TTL_MAX_S, &n) < 0)
 			return fail(l, "admission", key,
@@ -934,6 +1002,8 @@ int mts_settings_load(struct mts_settings *out, const char *path,
 	l.s.cfg.threshold = MTS_DEFAULT_THRESHOLD;
 	l.s.cfg.max_conns = MTS_DEFAULT_MAX_CONNS;
 	l.s.cfg.max_buffered = MTS_DEFAULT_MAX_BUFFERED;
+	l.s.cfg.max_conns_per_uid = MTS_DEFAULT_MAX_CONNS_PER_UID;
+	l.s.cfg.idle_timeout_ms = MTS_DEFAULT_IDLE_MS;
 	if (set_str(&l.s.owned[OWNED_SOCKET], MTS_DEFAULT_SOCKET) < 0 ||
 	    set_str(&l.s.owned[OWNED_SEGMENT], MTS_DEFAULT_SEGMENT) < 0) {
 		ret = -ENOMEM;

@@ -49,6 +49,12 @@
  *    hold more than about the cap.
  *    Logged (pressure: warn once per episode; eviction: warn each) and
  *    counted in /metrics.
+ *  - per uid: past max_connections_per_uid connections of one peer uid
+ *    (SO_PEERCRED at accept; every TCP peer in one bucket, MTS_UID_TCP), a
+ *    new one of that uid is accepted and closed at once, as above, so one
+ *    user cannot take max_connections for itself. Admins are exempt.
+ *  - idle: a connection with no complete request for idle_ms is closed
+ *    (on_idle_timer), except a Watch subscriber, which waits by design.
  *
  * Lifetime: a connection is closed on a read or write error, after a bad
  * frame once its error answer is written, and on EOF once every buffered
@@ -110,6 +116,9 @@ struct mts_conn {
 	bool eof;        /* the peer will send nothing more */
 	bool close_after_write;
 	bool closing;
+	bool uid_counted; /* counted in srv->conn_uids under uid_key */
+	uint32_t uid_key; /* peer uid, or MTS_UID_TCP */
+	uint64_t last_ms; /* uv_now() of accept or of the latest request */
 	struct mts_buf *turn_out; /* the output of the turn in progress */
 };
 
@@ -327,6 +336,10 @@ static void conn_close(struct mts_conn *c)
 		c->next->prev = c->prev;
 	srv->nconns--;
 	srv->reg.stats.conn_open = srv->nconns;
+	if (c->uid_counted) {
+		mts_uid_count_sub(&srv->conn_uids, c->uid_key);
+		c->uid_counted = false;
+	}
 	mts_log(MTS_LOG_DEBUG, "connection closed", "peer_pid=%u tcp=%d",
 	        c->peer.pid, c->peer.tcp);
 	uv_close((uv_handle_t *)&c->h.stream, on_conn_closed);
@@ -549,6 +562,8 @@ static void conn_process(struct mts_conn *c)
 		mts_buf_free(&out);
 		return;
 	}
+	if (used > 0)
+		c->last_ms = uv_now(c->srv->loop); /* not idle */
 	c->in_off += used;
 	if (c->in_off == c->in_len && c->in_cap > 0) {
 		/* Everything answered: hold nothing for an idle peer (the
@@ -649,6 +664,47 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 	}
 }
 
+/*
+ * The per-uid cap: count `c` under its peer's uid (all TCP peers, and a
+ * Unix peer without credentials, under MTS_UID_TCP) and close it at once
+ * if that uid already has max_connections_per_uid open, as the global cap
+ * does: one uid holding connections open must not lock the others out.
+ * Admins are exempt (they are bounded by max_connections only). Returns
+ * false when `c` was closed.
+ */
+static bool uid_admit(struct mts_conn *c)
+{
+	struct mts_server *srv = c->srv;
+	c->uid_key =
+	    c->peer.has_cred && !c->peer.tcp ? c->peer.uid : MTS_UID_TCP;
+	uint32_t open = mts_uid_count_get(&srv->conn_uids, c->uid_key);
+	if (open >= srv->max_conns_per_uid &&
+	    mts_authorise(&srv->reg, &c->peer, NULL) == MTS_AUTH_NONE) {
+		srv->reg.stats.conn_rejected_uid++;
+		srv->uid_rejected_unlogged++;
+		uint64_t now = uv_now(srv->loop);
+		if (!srv->uid_rejected_logged_ms ||
+		    now - srv->uid_rejected_logged_ms >= 1000) {
+			mts_log(
+			    MTS_LOG_WARN,
+			    "max_connections_per_uid reached for this uid; "
+			    "its new connections are closed at once",
+			    "uid=%u tcp=%d open=%u max_connections_per_uid=%u "
+			    "rejected=%llu",
+			    c->peer.uid, c->uid_key == MTS_UID_TCP, open,
+			    srv->max_conns_per_uid,
+			    (unsigned long long)srv->uid_rejected_unlogged);
+			srv->uid_rejected_logged_ms = now;
+			srv->uid_rejected_unlogged = 0;
+		}
+		conn_close(c);
+		return false;
+	}
+	/* Out of memory: not counted (nor capped), which is all it costs. */
+	c->uid_counted = mts_uid_count_add(&srv->conn_uids, c->uid_key) == 0;
+	return true;
+}
+
 static void accept_one(uv_stream_t *listener, int status, bool tcp)
 {
 	struct mts_server *srv = listener->data;
@@ -681,6 +737,7 @@ static void accept_one(uv_stream_t *listener, int status, bool tcp)
 	srv->reg.stats.conn_open = srv->nconns;
 	srv->reg.stats.conn_max = srv->max_conns;
 	srv->reg.stats.buffered_max = srv->max_buffered;
+	srv->reg.stats.conn_max_per_uid = srv->max_conns_per_uid;
 
 	int err = uv_accept(listener, &c->h.stream);
 	if (err < 0) {
@@ -709,6 +766,25 @@ static void accept_one(uv_stream_t *listener, int status, bool tcp)
 		conn_close(c);
 		return;
 	}
+	c->last_ms = uv_now(srv->loop);
+	if (!tcp) {
+		uv_os_fd_t fd;
+		if (uv_fileno((uv_handle_t *)&c->h.stream, &fd) == 0) {
+			struct ucred cred;
+			socklen_t len = sizeof(cred);
+			c->peer.fd = fd;
+			if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred,
+			               &len) == 0 &&
+			    cred.pid > 0) {
+				c->peer.has_cred = true;
+				c->peer.pid = (uint32_t)cred.pid;
+				c->peer.uid = (uint32_t)cred.uid;
+				c->peer.gid = (uint32_t)cred.gid;
+			}
+		}
+	}
+	if (!uid_admit(c))
+		return;
 	if (tcp) {
 		struct sockaddr_storage ss;
 		int len = sizeof(ss);
@@ -725,24 +801,10 @@ static void accept_one(uv_stream_t *listener, int status, bool tcp)
 		uv_tcp_nodelay(&c->h.tcp, 1);
 		mts_log(MTS_LOG_DEBUG, "tcp connection accepted", "peer=%s",
 		        host);
-		resume_reading(c);
-		return;
+	} else {
+		mts_log(MTS_LOG_DEBUG, "connection accepted",
+		        "peer_pid=%u uid=%u", c->peer.pid, c->peer.uid);
 	}
-	uv_os_fd_t fd;
-	if (uv_fileno((uv_handle_t *)&c->h.stream, &fd) == 0) {
-		struct ucred cred;
-		socklen_t len = sizeof(cred);
-		c->peer.fd = fd;
-		if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 &&
-		    cred.pid > 0) {
-			c->peer.has_cred = true;
-			c->peer.pid = (uint32_t)cred.pid;
-			c->peer.uid = (uint32_t)cred.uid;
-			c->peer.gid = (uint32_t)cred.gid;
-		}
-	}
-	mts_log(MTS_LOG_DEBUG, "connection accepted", "peer_pid=%u uid=%u",
-	        c->peer.pid, c->peer.uid);
 	resume_reading(c);
 }
 
@@ -821,6 +883,33 @@ int mts_socket_prepare(const char *path)
 	return 0;
 }
 
+/*
+ * The idle timeout: a connection that has sent no request for idle_ms is
+ * closed, so that peers which open connections and leave them do not hold
+ * a share of max_connections (and of their uid's) for ever. A Watch
+ * subscriber waits for events by design and is never idle; a peer that
+ * reconnects is served as before (the client library reconnects by
+ * itself).
+ */
+static void on_idle_timer(uv_timer_t *t)
+{
+	struct mts_server *srv = t->data;
+	uint64_t now = uv_now(srv->loop);
+	struct mts_conn *next;
+	for (struct mts_conn *c = srv->conns; c; c = next) {
+		next = c->next;
+		if (c->peer.watching || c->closing ||
+		    now - c->last_ms < srv->idle_ms)
+			continue;
+		srv->reg.stats.conn_idle_closed++;
+		mts_log(MTS_LOG_DEBUG, "connection idle, closed",
+		        "peer_pid=%u uid=%u tcp=%d idle_ms=%llu", c->peer.pid,
+		        c->peer.uid, c->peer.tcp,
+		        (unsigned long long)(now - c->last_ms));
+		conn_close(c);
+	}
+}
+
 /* What both listeners need: the backlog's idle handle, the budget and
  * its timer, the scratch buffer. Once. */
 static int conns_init(struct mts_server *srv)
@@ -831,6 +920,12 @@ static int conns_init(struct mts_server *srv)
 	    srv->cfg.max_conns ? srv->cfg.max_conns : MTS_DEFAULT_MAX_CONNS;
 	srv->max_buffered = srv->cfg.max_buffered ? srv->cfg.max_buffered
 	                                          : MTS_DEFAULT_MAX_BUFFERED;
+	srv->max_conns_per_uid = srv->cfg.max_conns_per_uid
+	                             ? srv->cfg.max_conns_per_uid
+	                             : MTS_DEFAULT_MAX_CONNS_PER_UID;
+	srv->idle_ms = srv->cfg.no_idle_timeout   ? 0
+	               : srv->cfg.idle_timeout_ms ? srv->cfg.idle_timeout_ms
+	                                          : MTS_DEFAULT_IDLE_MS;
 	if (!srv->scratch) {
 		srv->scratch = malloc(READ_CHUNK);
 		if (!srv->scratch)
@@ -846,6 +941,19 @@ static int conns_init(struct mts_server *srv)
 		return err;
 	srv->idle.data = srv;
 	srv->idle_open = true;
+	if (srv->idle_ms) {
+		err = uv_timer_init(srv->loop, &srv->idle_timer);
+		if (err < 0)
+			return err;
+		srv->idle_timer.data = srv;
+		srv->idle_timer_open = true;
+		/* Checked every quarter of the timeout: a connection goes
+		 * between 1 and 1.25 timeouts after its last request. */
+		uint64_t every = srv->idle_ms / 4 ? srv->idle_ms / 4 : 1;
+		uv_timer_start(&srv->idle_timer, on_idle_timer, every, every);
+		/* Not a reason to keep the loop running. */
+		uv_unref((uv_handle_t *)&srv->idle_timer);
+	}
 	return 0;
 }
 
@@ -977,6 +1085,11 @@ void mts_conns_close(struct mts_server *srv)
 		uv_close((uv_handle_t *)&srv->budget_timer, NULL);
 		srv->budget_timer_open = false;
 	}
+	if (srv->idle_timer_open) {
+		uv_close((uv_handle_t *)&srv->idle_timer, NULL);
+		srv->idle_timer_open = false;
+	}
+	mts_uid_counts_free(&srv->conn_uids);
 	/* No read can come any more: every stream is closing. */
 	free(srv->scratch);
 	srv->scratch = NULL;

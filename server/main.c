@@ -18,8 +18,15 @@
  * limits, watermarks, hysteresis, measure, groups, admission TTLs,
  * enforcement, admin uid/gid, the TCP token and the log level. Keys that
  * need a restart (socket, segment, slots, lanes, tick, threshold, tcp,
- * metrics, group, max_connections, max_buffered) are reported if changed,
- * and keep their old values.
+ * metrics, group, max_connections, max_buffered, max_connections_per_uid,
+ * idle_timeout) are reported if changed, and keep their old values.
+ *
+ * Open files: every registered worker holds a pidfd here and every
+ * connection a socket, so the soft RLIMIT_NOFILE (often 1024) is raised at
+ * start, up to the hard limit, to slots + max_connections + a margin
+ * (raise_nofile). A hard limit below that is logged as a warning naming
+ * the numbers, and the server starts anyway: it serves as many as fit, and
+ * an accept or pidfd_open over the limit fails (EMFILE) and is logged.
  *
  * Under systemd (NOTIFY_SOCKET set), readiness is reported with
  * sd_notify: READY=1 once the listener and segment are up, RELOADING=1 and
@@ -33,6 +40,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/un.h>
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
@@ -259,7 +267,7 @@ static bool str_differs(const char *a, const char *b)
 static void report_restart_keys(const struct mts_config *was,
                                 const struct mts_config *now)
 {
-	const char *changed[12];
+	const char *changed[14];
 	size_t n = 0;
 	if (str_differs(was->socket_path, now->socket_path))
 		changed[n++] = "socket";
@@ -283,6 +291,11 @@ static void report_restart_keys(const struct mts_config *was,
 		changed[n++] = "max_connections";
 	if (was->max_buffered != now->max_buffered)
 		changed[n++] = "max_buffered";
+	if (was->max_conns_per_uid != now->max_conns_per_uid)
+		changed[n++] = "max_connections_per_uid";
+	if (was->idle_timeout_ms != now->idle_timeout_ms ||
+	    was->no_idle_timeout != now->no_idle_timeout)
+		changed[n++] = "idle_timeout";
 	for (size_t i = 0; i < n; i++)
 		mts_log(MTS_LOG_WARN,
 		        "config key changed; it takes effect at the next "
@@ -329,16 +342,74 @@ static void on_hup(uv_signal_t *h, int signum)
 		        "path=%s fleet_limit=%llu high_watermark_bp=%u "
 		        "hysteresis_bp=%u process_limit=%llu measure=%s "
 		        "groups=%u default_ttl_s=%u max_ttl_s=%u "
-		        "enforce_signal=%d grace_ms=%u",
+		        "enforce_signal=%d grace_ms=%u "
+		        "max_reservations_per_uid=%u",
 		        mts_logq(q, sizeof(q), s->cl->config),
 		        (unsigned long long)p->fleet_limit, p->high_bp,
 		        p->hyst_bp, (unsigned long long)p->process_limit,
 		        mts_measure_name(p->measure), p->ngroups,
 		        p->default_ttl_s, p->max_ttl_s, p->enforce_signal,
-		        p->grace_ms);
+		        p->grace_ms, p->max_resv_per_uid);
 	}
 	mts_settings_free(&next);
 	sd_notify(0, "READY=1");
+}
+
+/*
+ * Make room for one pidfd per slot, one socket per connection and
+ * MTS_NOFILE_MARGIN more (server.h): raise the soft RLIMIT_NOFILE to that,
+ * never past the hard limit (raising that needs privileges a unit may not
+ * grant; systemd's LimitNOFILE= sets both). Logs what it did, and a
+ * warning when the hard limit is too low.
+ */
+static void raise_nofile(const struct mts_config *cfg)
+{
+	rlim_t need = (rlim_t)cfg->slots + cfg->max_conns + MTS_NOFILE_MARGIN;
+	struct rlimit rl;
+	if (getrlimit(RLIMIT_NOFILE, &rl) < 0) {
+		mts_log(MTS_LOG_WARN, "cannot read the open-files limit",
+		        "err=%s", strerror(errno));
+		return;
+	}
+	rlim_t was = rl.rlim_cur;
+	if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < need) {
+		rlim_t want = need;
+		if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < want)
+			want = rl.rlim_max;
+		if (want > rl.rlim_cur) {
+			struct rlimit next = {.rlim_cur = want,
+			                      .rlim_max = rl.rlim_max};
+			if (setrlimit(RLIMIT_NOFILE, &next) == 0)
+				rl.rlim_cur = want;
+		}
+	}
+	unsigned long long soft = rl.rlim_cur == RLIM_INFINITY
+	                              ? ULLONG_MAX
+	                              : (unsigned long long)rl.rlim_cur;
+	unsigned long long hard = rl.rlim_max == RLIM_INFINITY
+	                              ? ULLONG_MAX
+	                              : (unsigned long long)rl.rlim_max;
+	if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < need) {
+		mts_log(
+		    MTS_LOG_WARN,
+		    "open-files limit too low for slots + max_connections; "
+		    "workers or connections past it will be refused. Raise "
+		    "the hard limit (LimitNOFILE= in the unit, ulimit -Hn) "
+		    "or lower slots / max_connections",
+		    "nofile_soft=%llu nofile_hard=%llu needed=%llu slots=%u "
+		    "max_connections=%u margin=%u",
+		    soft, hard, (unsigned long long)need, cfg->slots,
+		    cfg->max_conns, MTS_NOFILE_MARGIN);
+		return;
+	}
+	mts_log(rl.rlim_cur != was ? MTS_LOG_INFO : MTS_LOG_DEBUG,
+	        rl.rlim_cur != was ? "open-files limit raised"
+	                           : "open-files limit is enough",
+	        "nofile_soft=%llu nofile_was=%llu nofile_hard=%llu "
+	        "needed=%llu",
+	        soft,
+	        was == RLIM_INFINITY ? ULLONG_MAX : (unsigned long long)was,
+	        hard, (unsigned long long)need);
 }
 
 int main(int argc, char **argv)
@@ -366,7 +437,8 @@ int main(int argc, char **argv)
 	        "tick_ms=%u threshold=%llu config=%s fleet_limit=%llu "
 	        "high_watermark_bp=%u hysteresis_bp=%u process_limit=%llu "
 	        "measure=%s groups=%u enforce_signal=%d max_connections=%u "
-	        "max_buffered=%llu",
+	        "max_buffered=%llu max_connections_per_uid=%u "
+	        "idle_timeout_ms=%u max_reservations_per_uid=%u",
 	        MTS_VERSION, (int)getpid(),
 	        mts_logq(q1, sizeof(q1), cfg.socket_path),
 	        mts_logq(q2, sizeof(q2), cfg.segment), cfg.slots, cfg.lanes,
@@ -376,7 +448,10 @@ int main(int argc, char **argv)
 	        pol->hyst_bp, (unsigned long long)pol->process_limit,
 	        mts_measure_name(pol->measure), pol->ngroups,
 	        pol->enforce_signal, cfg.max_conns,
-	        (unsigned long long)cfg.max_buffered);
+	        (unsigned long long)cfg.max_buffered, cfg.max_conns_per_uid,
+	        cfg.no_idle_timeout ? 0 : cfg.idle_timeout_ms,
+	        pol->max_resv_per_uid);
+	raise_nofile(&cfg);
 
 	int err = mts_socket_prepare(cfg.socket_path);
 	if (err < 0) {

@@ -607,6 +607,16 @@ static void render_counters(struct out *o, const struct mts_registry *reg)
 	counter(o, "memtally_connections_rejected_total",
 	        "Connections closed at once: max_connections were open.",
 	        s->conn_rejected);
+	gauge(o, "memtally_connections_max_per_uid",
+	      "Connections one uid may have open (max_connections_per_uid).",
+	      s->conn_max_per_uid);
+	counter(o, "memtally_connections_rejected_per_uid_total",
+	        "Connections closed at once: their uid had "
+	        "max_connections_per_uid open.",
+	        s->conn_rejected_uid);
+	counter(o, "memtally_connections_idle_closed_total",
+	        "Connections closed after idle_timeout without a request.",
+	        s->conn_idle_closed);
 	gauge(o, "memtally_connection_buffered_bytes",
 	      "Input and unwritten output held for all connections.",
 	      s->conn_buffered);

@@ -119,6 +119,10 @@ struct mts_group_policy {
 #define MTS_RESV_MAX              65536u
 /* "r-" + 16 hex digits. */
 #define MTS_RESV_ID_LEN           18u
+/* [admission] max_reservations_per_uid: one uid's outstanding
+ * reservations, so that one peer holding many cannot use up MTS_RESV_MAX
+ * for everyone. Admins are exempt (auth.c). */
+#define MTS_DEFAULT_MAX_RESV_PER_UID 1024u
 
 /* Everything a SIGHUP reload may change. Strings are owned (malloc). */
 struct mts_policy {
@@ -139,6 +143,7 @@ struct mts_policy {
 	bool has_admin_gid;
 	uint32_t admin_gid;
 	char *tcp_token; /* NULL = none: no TCP peer is authorised */
+	uint32_t max_resv_per_uid; /* 0 = no per-uid cap */
 };
 
 /* Defaults: no limits, 90% watermark, 5% hysteresis, accounted, ... */
@@ -207,6 +212,13 @@ struct mts_proc {
 	uint64_t registered_ns; /* CLOCK_REALTIME */
 	char comm[64];
 	uint64_t limit_set; /* SetLimit{pid}; 0 = the default applies */
+	/* admit.c: whether the worker is an admin's (auth.c), cached for
+	 * the tick; valid while admin_epoch is reg->admin_epoch and uid and
+	 * image_id are still admin_uid and admin_image. */
+	uint32_t admin_epoch; /* 0: not known */
+	uint32_t admin_uid;
+	uint64_t admin_image;
+	bool admin;
 };
 
 /* A group with at least one registered process, a limit, a watermark of
@@ -252,6 +264,7 @@ enum mts_denial {
 	MTS_DENY_FLEET_LIMIT, /* fleet bytes + reserved + request > limit */
 	MTS_DENY_GROUP_LIMIT,
 	MTS_DENY_INVALID, /* a malformed request */
+	MTS_DENY_UID_CAP, /* the uid holds max_reservations_per_uid */
 	MTS_DENY__COUNT,
 };
 
@@ -283,10 +296,28 @@ struct mts_stats {
 	uint64_t conn_buffered;  /* gauge: their input + unwritten output */
 	uint64_t conn_max;       /* max_connections in force */
 	uint64_t buffered_max;   /* max_buffered in force */
+	/* conn.c: per-uid connection cap and idle timeout. */
+	uint64_t conn_rejected_uid; /* closed: over max_connections_per_uid */
+	uint64_t conn_idle_closed;  /* closed: no request for idle_timeout */
+	uint64_t conn_max_per_uid;  /* max_connections_per_uid in force */
 };
 
 /* "fleet_limit", "group_limit", "invalid": the `reason` label. */
 const char *mts_denial_name(enum mts_denial d);
+
+/* A count per uid (open addressing): reservations per owner (admit.c),
+ * connections per peer uid (conn.c). MTS_UID_TCP stands for every peer
+ * without credentials (TCP): one bucket. */
+#define MTS_UID_TCP UINT32_MAX
+struct mts_uid_count {
+	uint32_t uid;
+	uint32_t count; /* 0: free entry */
+};
+struct mts_uid_counts {
+	struct mts_uid_count *e;
+	uint32_t mask; /* entries - 1; e == NULL: empty */
+	uint32_t used;
+};
 
 /* Refused workers remembered (see mts_registry.refused): retries of more
  * distinct workers than this at once are counted again. */
@@ -345,6 +376,12 @@ struct mts_registry {
 		uint64_t start_time;
 	} refused[MTS_REFUSED_REMEMBERED];
 	uint32_t refused_next;
+	/* admit.c: outstanding reservations per owner uid, and what the
+	 * cached admin flags of workers (mts_proc.admin) were computed
+	 * against; a change of any bumps admin_epoch. */
+	struct mts_uid_counts resv_uids;
+	uint32_t admin_epoch;
+	uint32_t admin_seen[5]; /* server uid, has/uid, has/gid */
 };
 
 /* Outcome of a registration, for the Registered answer. */
@@ -525,6 +562,16 @@ int mts_input(struct mts_registry *reg, struct mts_peer *peer,
 #define MTS_BUDGET_LOW_PCT       75u
 #define MTS_BUDGET_GRACE_MS      1000u
 #define MTS_BUDGET_CHECK_MS      100u
+/* Per peer uid (TCP peers are one bucket); admins are exempt. */
+#define MTS_DEFAULT_MAX_CONNS_PER_UID 256u
+/* A connection with no request for this long is closed (Watch
+ * subscribers excepted); checked every quarter of it. */
+#define MTS_DEFAULT_IDLE_MS 60000u
+#define MTS_IDLE_MAX_MS     86400000u
+/* Open files memtallyd wants besides one pidfd per slot and one socket
+ * per connection: listeners, the loop's own, /metrics, RSS reads in
+ * flight, a shared-memory descriptor per uid with workers (main.c). */
+#define MTS_NOFILE_MARGIN 256u
 
 struct mts_server;
 
@@ -570,6 +617,11 @@ struct mts_config {
 	/* Issue 5: the connection budget; 0 = the default. */
 	uint32_t max_conns;
 	uint64_t max_buffered;
+	/* Per peer uid, 0 = the default; and the idle timeout (0 = the
+	 * default unless no_idle_timeout). */
+	uint32_t max_conns_per_uid;
+	uint32_t idle_timeout_ms;
+	bool no_idle_timeout;
 };
 
 struct mts_conn;
@@ -619,6 +671,14 @@ struct mts_server {
 	uint8_t *scratch;        /* shared read buffer, READ_CHUNK bytes */
 	uint64_t rejected_logged_ms; /* rate limit of the rejection log */
 	uint64_t rejected_unlogged;
+	/* conn.c: open connections per peer uid, and the idle sweep. */
+	struct mts_uid_counts conn_uids;
+	uint32_t max_conns_per_uid; /* cfg's or the default */
+	uint32_t idle_ms;           /* 0 = connections never idle out */
+	uv_timer_t idle_timer;
+	bool idle_timer_open;
+	uint64_t uid_rejected_logged_ms;
+	uint64_t uid_rejected_unlogged;
 };
 
 /* Whether the file at cfg.socket_path is still the socket this server
@@ -735,6 +795,19 @@ struct mts_resv {
 	uint32_t ttl_s;
 };
 
+/* What one kind of a task's workers use (admit.c): [0] admins' workers,
+ * [1] workers of a uid that owns none of the task's reservations, then
+ * one entry per owner uid of its reservations. */
+struct mts_task_share {
+	uint32_t uid;      /* owners' entries */
+	uint32_t resv;     /* owners' entries: its reservations of the task */
+	uint32_t live;     /* live workers, latest tick */
+	uint64_t measured; /* their measured bytes, latest tick */
+	uint64_t counted;  /* `measured` as of the last recount */
+	uint64_t left;     /* a recount's scratch */
+	bool was_live;     /* live > 0 at the last recount */
+};
+
 struct mts_task {
 	struct mts_task *hnext;
 	char *name;
@@ -745,6 +818,9 @@ struct mts_task {
 	uint64_t counted;      /* `measured` its reservations count against */
 	bool seen;             /* a worker of the task registered */
 	struct mts_task *snext, *sprev; /* reg->tasks_seen, once seen */
+	struct mts_task_share *shares;  /* see mts_task_share */
+	uint32_t nshares, shares_cap;
+	bool dirty; /* reservations came or went since the last recount */
 };
 
 struct mts_admit_req {
@@ -793,8 +869,13 @@ void mts_resv_tick(struct mts_registry *reg, uint64_t now_ns);
  * to date incrementally; this is the reference they agree with. */
 void mts_resv_sums(struct mts_registry *reg);
 
-/* A worker with task `task` registered: its reservations are taken over. */
+/* A worker with task `task` registered: the reservations of the task it
+ * may take over (docs/ARCHITECTURE.md, ownership) are taken over. The
+ * worker is the newest of reg->dense; when it is not found there, the next
+ * tick decides. */
 void mts_resv_task_registered(struct mts_registry *reg, const char *task);
+/* The same, naming the worker. */
+void mts_resv_worker_registered(struct mts_registry *reg, struct mts_proc *p);
 
 /* Free every reservation and task (registry teardown). */
 void mts_resv_free_all(struct mts_registry *reg);
@@ -825,6 +906,22 @@ enum mts_auth mts_authorise_release(const struct mts_registry *reg,
                                     const struct mts_peer *peer,
                                     const char *token,
                                     const struct mts_resv *r);
+
+/* Is `uid` root, the server's uid or admin_uid (admin_gid needs a
+ * process: mts_peer_in_group, mts_pid_in_group)? */
+bool mts_uid_is_admin(const struct mts_registry *reg, uint32_t uid);
+
+/* Is `gid` the effective or a supplementary group of process `pid`
+ * (/proc/PID/status)? False when it cannot be read. */
+bool mts_pid_in_group(uint32_t pid, uint32_t gid);
+
+/* The count of `uid`, 0 when it has none. */
+uint32_t mts_uid_count_get(const struct mts_uid_counts *t, uint32_t uid);
+/* Count one more for `uid`. 0 or -ENOMEM (nothing counted). */
+int mts_uid_count_add(struct mts_uid_counts *t, uint32_t uid);
+/* Count one less (a uid at 0 leaves the table). */
+void mts_uid_count_sub(struct mts_uid_counts *t, uint32_t uid);
+void mts_uid_counts_free(struct mts_uid_counts *t);
 
 /* Constant-time (in the secret's content) comparison of two strings. */
 bool mts_token_equal(const char *secret, const char *given);

@@ -383,3 +383,246 @@ Test(size, formatting)
 	                 "1 GiB");
 	cr_assert_str_eq(mts_format_size(b, sizeof(b), UINT64_MAX), "16 EiB");
 }
+
+/* ---- ownership: whose workers take a task's reservations over ---------- */
+
+/* fx_register as a worker of `uid`. */
+static uint32_t register_as(pid_t pid, uint32_t uid, const char *task)
+{
+	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
+	Memtally__V1__Register reg = MEMTALLY__V1__REGISTER__INIT;
+	reg.group = "g";
+	reg.task = (char *)task;
+	reg.image_id = 1;
+	req.body_case = MEMTALLY__V1__REQUEST__BODY_REGISTER;
+	req.register_ = &reg;
+	struct mts_peer peer = fx_peer(pid, uid);
+	Memtally__V1__Response *r = fx_call(&peer, &req);
+	cr_assert_null(r->error, "register: %s",
+	               r->error ? r->error->message : "");
+	uint32_t slot = r->registered->slot;
+	memtally__v1__response__free_unpacked(r, NULL);
+	return slot;
+}
+
+Test(admit, another_uids_workers_neither_take_over_count_nor_end_it)
+{
+	start_fleet(1024 * MIB);
+	srv.reg.server_uid = 4242; /* the test runs as root: not an admin */
+	char id[32];
+	snprintf(id, sizeof(id), "%s", grant(500 * MIB, "", "T", 60));
+	const struct mts_resv *r = mts_resv_find(&srv.reg, id);
+
+	/* uid 1001 names uid 1000's task: it does not take it over ... */
+	pid_t w = fx_spawn();
+	uint32_t sw = register_as(w, 1001, "T");
+	cr_assert_not(r->taken_over, "taken over at registration");
+	fx_write(sw, 200 * MIB);
+	mts_tick(&srv.reg);
+	cr_assert_not(r->taken_over, "taken over by another uid's worker");
+	/* ... its use does not cancel the reservation out ... */
+	cr_assert_eq(srv.reg.totals.bytes, 200 * MIB);
+	cr_assert_eq(srv.reg.totals.reserved, 500 * MIB);
+	struct mtshm_fleet f = fx_fleet();
+	cr_assert_eq(f.bytes + f.reserved, 700 * MIB);
+	/* ... and its exit does not end it. */
+	fx_kill(w);
+	mts_tick(&srv.reg);
+	cr_assert_eq(srv.reg.nresv, 1, "ended by another uid's worker");
+	cr_assert_eq(srv.reg.stats.fulfilled, 0);
+	cr_assert_eq(srv.reg.totals.reserved, 500 * MIB);
+
+	/* A brief worker of another uid, gone before any tick saw it, ends
+	 * nothing either. */
+	pid_t b = fx_spawn();
+	register_as(b, 1001, "T");
+	fx_kill(b);
+	mts_tick(&srv.reg);
+	cr_assert_eq(srv.reg.nresv, 1);
+
+	/* Its TTL still applies. */
+	mts_resv_tick(&srv.reg, mts_now_monotonic() + 61000000000ull);
+	cr_assert_eq(srv.reg.nresv, 0);
+	cr_assert_eq(srv.reg.stats.expirations, 1);
+}
+
+Test(admit, the_owners_worker_takes_over_beside_another_uids)
+{
+	start_fleet(0);
+	srv.reg.server_uid = 4242;
+	char id[32];
+	snprintf(id, sizeof(id), "%s", grant(500 * MIB, "", "T", 60));
+	const struct mts_resv *r = mts_resv_find(&srv.reg, id);
+	pid_t stranger = fx_spawn(), owner = fx_spawn();
+	uint32_t ss = register_as(stranger, 1001, "T");
+	fx_write(ss, 300 * MIB);
+	mts_tick(&srv.reg);
+	uint32_t so = register_as(owner, 1000, "T");
+	cr_assert(r->taken_over, "the owner's worker takes it over at once");
+	fx_write(so, 100 * MIB);
+	mts_tick(&srv.reg);
+	/* Only the owner's 100 MiB count against it. */
+	cr_assert_eq(srv.reg.totals.reserved, 400 * MIB);
+	/* The stranger's exit changes nothing; the owner's ends it. */
+	fx_kill(stranger);
+	mts_tick(&srv.reg);
+	cr_assert_eq(srv.reg.totals.reserved, 400 * MIB);
+	cr_assert_eq(srv.reg.nresv, 1);
+	fx_kill(owner);
+	mts_tick(&srv.reg);
+	cr_assert_eq(srv.reg.nresv, 0);
+	cr_assert_eq(srv.reg.stats.fulfilled, 1);
+}
+
+Test(admit, admins_workers_take_over_anyones)
+{
+	mts_policy_defaults(&pol);
+	pol.has_admin_uid = true;
+	pol.admin_uid = 3000;
+	pol.has_admin_gid = true;
+	pol.admin_gid = (uint32_t)getegid(); /* the children's group */
+	fx_start_policy(&pol);
+	srv.reg.server_uid = 4242;
+	/* Root, the server's uid, admin_uid, and a uid whose worker is in
+	 * admin_gid: each takes over, counts against and ends uid 1000's
+	 * reservation. */
+	const uint32_t admins[] = {0, 4242, 3000, 1002};
+	for (unsigned i = 0; i < 4; i++) {
+		char id[32];
+		snprintf(id, sizeof(id), "%s", grant(100, "", "T", 60));
+		const struct mts_resv *r = mts_resv_find(&srv.reg, id);
+		pid_t w = fx_spawn();
+		uint32_t s = register_as(w, admins[i], "T");
+		cr_assert(r->taken_over, "admin %u did not take over",
+		          admins[i]);
+		fx_write(s, 30);
+		mts_tick(&srv.reg);
+		cr_assert_eq(srv.reg.totals.reserved, 70, "admin %u",
+		             admins[i]);
+		fx_kill(w);
+		mts_tick(&srv.reg);
+		cr_assert_eq(srv.reg.nresv, 0, "admin %u did not end it",
+		             admins[i]);
+	}
+	cr_assert_eq(srv.reg.stats.fulfilled, 4);
+
+	/* Not in admin_gid: no admin. The flag is recomputed when the
+	 * policy changes. */
+	pol.admin_gid = (uint32_t)getegid() + 1000;
+	cr_assert_eq(mts_server_apply_policy(&srv, &pol), 0);
+	grant(100, "", "T", 60);
+	pid_t w = fx_spawn();
+	uint32_t s = register_as(w, 1002, "T");
+	fx_write(s, 30);
+	mts_tick(&srv.reg);
+	cr_assert_eq(srv.reg.totals.reserved, 100);
+	cr_assert_eq(srv.reg.resv[0]->taken_over, false);
+}
+
+Test(admit, a_reservation_made_over_tcp_is_matched_by_any_worker)
+{
+	start_fleet(0);
+	srv.reg.server_uid = 4242;
+	struct mts_peer tcp = {.fd = -1, .tcp = true};
+	struct mts_admit_req req = {.bytes = 100, .task = "T", .ttl_s = 60};
+	struct mts_admit_out out;
+	cr_assert_eq(mts_admit(&srv.reg, &tcp, &req, &out), 0);
+	cr_assert(out.admitted);
+	pid_t w = fx_spawn();
+	uint32_t s = register_as(w, 1001, "T");
+	fx_write(s, 40);
+	mts_tick(&srv.reg);
+	cr_assert(mts_resv_find(&srv.reg, out.id)->taken_over);
+	cr_assert_eq(srv.reg.totals.reserved, 60);
+	fx_kill(w);
+	mts_tick(&srv.reg);
+	cr_assert_eq(srv.reg.nresv, 0);
+}
+
+/* ---- the per-uid reservation cap ---------------------------------------- */
+
+Test(admit, per_uid_cap_stops_that_uid_only)
+{
+	mts_policy_defaults(&pol);
+	cr_assert_eq(pol.max_resv_per_uid, MTS_DEFAULT_MAX_RESV_PER_UID);
+	pol.max_resv_per_uid = 3;
+	fx_start_policy(&pol);
+	srv.reg.server_uid = 4242;
+	char ids[3][32];
+	for (int i = 0; i < 3; i++)
+		snprintf(ids[i], sizeof(ids[i]), "%s", grant(10, "", "", 0));
+	Memtally__V1__Response *r = fx_admit(1000, 10, "", "", 0);
+	cr_assert_null(r->error);
+	Memtally__V1__AdmitResult *a = r->admit_result;
+	cr_assert_not(a->admitted);
+	cr_assert_str_eq(a->limit_scope, "uid:1000");
+	cr_assert(strstr(a->reason, "per-uid reservation cap") &&
+	              strstr(a->reason, "max_reservations_per_uid = 3"),
+	          "%s", a->reason);
+	cr_assert_str_eq(a->reservation, "");
+	memtally__v1__response__free_unpacked(r, NULL);
+	cr_assert_eq(srv.reg.stats.denials[MTS_DENY_UID_CAP], 1);
+	cr_assert_str_eq(mts_denial_name(MTS_DENY_UID_CAP), "uid_reservations");
+	cr_assert_eq(srv.reg.nresv, 3);
+
+	/* Another uid is not stopped; nor is an admin (exempt). */
+	r = fx_admit(1001, 10, "", "", 0);
+	cr_assert(r->admit_result->admitted);
+	memtally__v1__response__free_unpacked(r, NULL);
+	for (int i = 0; i < 5; i++) {
+		r = fx_admit(0, 10, "", "", 0);
+		cr_assert(r->admit_result->admitted, "root capped");
+		memtally__v1__response__free_unpacked(r, NULL);
+	}
+
+	/* One ends (Release; TTL and task end go the same way): room for
+	 * one more. */
+	struct mts_peer owner = fx_peer(getpid(), 1000);
+	r = release(&owner, ids[0], NULL);
+	cr_assert_null(r->error);
+	memtally__v1__response__free_unpacked(r, NULL);
+	grant(10, "", "", 0);
+	r = fx_admit(1000, 10, "", "", 0);
+	cr_assert_not(r->admit_result->admitted);
+	memtally__v1__response__free_unpacked(r, NULL);
+
+	/* TCP peers are one bucket. */
+	struct mts_peer tcp = {.fd = -1, .tcp = true};
+	struct mts_admit_req req = {.bytes = 1};
+	struct mts_admit_out out;
+	for (int i = 0; i < 3; i++) {
+		cr_assert_eq(mts_admit(&srv.reg, &tcp, &req, &out), 0);
+		cr_assert(out.admitted);
+	}
+	cr_assert_eq(mts_admit(&srv.reg, &tcp, &req, &out), 0);
+	cr_assert_not(out.admitted);
+	cr_assert_eq(out.reason, MTS_DENY_UID_CAP);
+	cr_assert_str_eq(out.scope, "tcp");
+
+	/* Off: no cap but MTS_RESV_MAX. */
+	pol.max_resv_per_uid = 0;
+	cr_assert_eq(mts_server_apply_policy(&srv, &pol), 0);
+	grant(10, "", "", 0);
+	cr_assert_eq(mts_uid_count_get(&srv.reg.resv_uids, 1000), 4);
+}
+
+Test(uidcount, add_sub_many)
+{
+	struct mts_uid_counts t = {0};
+	for (uint32_t u = 0; u < 5000; u++)
+		for (uint32_t k = 0; k <= u % 3; k++)
+			cr_assert_eq(mts_uid_count_add(&t, u * 7919u), 0);
+	cr_assert_eq(mts_uid_count_add(&t, MTS_UID_TCP), 0);
+	for (uint32_t u = 0; u < 5000; u++)
+		cr_assert_eq(mts_uid_count_get(&t, u * 7919u), u % 3 + 1);
+	for (uint32_t u = 0; u < 5000; u += 2)
+		for (uint32_t k = 0; k <= u % 3; k++)
+			mts_uid_count_sub(&t, u * 7919u);
+	for (uint32_t u = 0; u < 5000; u++)
+		cr_assert_eq(mts_uid_count_get(&t, u * 7919u),
+		             u % 2 ? u % 3 + 1 : 0, "uid %u", u * 7919u);
+	cr_assert_eq(mts_uid_count_get(&t, MTS_UID_TCP), 1);
+	cr_assert_eq(t.used, 2501);
+	mts_uid_count_sub(&t, 12345); /* absent: nothing */
+	mts_uid_counts_free(&t);
+}

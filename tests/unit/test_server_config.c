@@ -190,6 +190,11 @@ Test(config, the_example_file_loads)
 	/* The example states the defaults of the connection budget. */
 	cr_assert_eq(s.cfg.max_conns, MTS_DEFAULT_MAX_CONNS);
 	cr_assert_eq(s.cfg.max_buffered, MTS_DEFAULT_MAX_BUFFERED);
+	/* ... and of the per-uid caps and the idle timeout. */
+	cr_assert_eq(s.cfg.max_conns_per_uid, MTS_DEFAULT_MAX_CONNS_PER_UID);
+	cr_assert_eq(s.cfg.idle_timeout_ms, MTS_DEFAULT_IDLE_MS);
+	cr_assert_not(s.cfg.no_idle_timeout);
+	cr_assert_eq(s.policy.max_resv_per_uid, MTS_DEFAULT_MAX_RESV_PER_UID);
 	mts_settings_free(&s);
 }
 
@@ -219,6 +224,15 @@ static const struct bad bads[] = {
     {"[server]\nmax_connections = many\n", 2, "[server] max_connections"},
     {"[server]\nmax_buffered = 512KiB\n", 2, "[server] max_buffered"},
     {"[server]\nmax_buffered = lots\n", 2, "[server] max_buffered"},
+    {"[server]\nmax_connections_per_uid = 0\n", 2,
+     "[server] max_connections_per_uid"},
+    {"[server]\nidle_timeout = soon\n", 2, "[server] idle_timeout"},
+    {"[server]\nidle_timeout = 50ms\n", 2, "[server] idle_timeout"},
+    {"[server]\nidle_timeout = 25h\n", 2, "[server] idle_timeout"},
+    {"[admission]\nmax_reservations_per_uid = -1\n", 2,
+     "[admission] max_reservations_per_uid"},
+    {"[admission]\nmax_reservations_per_uid = 65537\n", 2,
+     "[admission] max_reservations_per_uid"},
     {"\n[limits]\nfleet = 12 apples\n", 3, "[limits] fleet"},
     {"[limits]\nfleet = -1G\n", 2, "[limits] fleet"},
     {"[limits]\nprocess = lots\n", 2, "[limits] process"},
@@ -417,6 +431,59 @@ Test(config, connection_budget_keys_and_flags)
 	             -EINVAL);
 	cr_assert(strncmp(err, "--max-buffered: expected a size", 31) == 0,
 	          "%s", err);
+}
+
+Test(config, per_uid_caps_and_idle_timeout)
+{
+	struct mts_settings s;
+	char err[512];
+	/* Defaults. */
+	cr_assert_eq(mts_settings_load(&s, NULL, NULL, 0, err, sizeof(err)), 0,
+	             "%s", err);
+	cr_assert_eq(s.cfg.max_conns_per_uid, 256);
+	cr_assert_eq(s.cfg.idle_timeout_ms, 60000);
+	cr_assert_not(s.cfg.no_idle_timeout);
+	cr_assert_eq(s.policy.max_resv_per_uid, 1024);
+	mts_settings_free(&s);
+
+	cr_assert_eq(load("[server]\nmax_connections_per_uid = 8\n"
+	                  "idle_timeout = 500ms\n"
+	                  "[admission]\nmax_reservations_per_uid = 10\n",
+	                  &s, err, sizeof(err)),
+	             0, "%s", err);
+	cr_assert_eq(s.cfg.max_conns_per_uid, 8);
+	cr_assert_eq(s.cfg.idle_timeout_ms, 500);
+	cr_assert_eq(s.policy.max_resv_per_uid, 10);
+	mts_settings_free(&s);
+
+	/* Units; 0 turns the timeout off, none the reservation cap. */
+	static const struct {
+		const char *v;
+		uint32_t ms;
+	} d[] = {{"90", 90000},   {"90s", 90000}, {"2m", 120000},
+	         {"1h", 3600000}, {"100ms", 100}, {"24h", 86400000}};
+	for (size_t i = 0; i < sizeof(d) / sizeof(d[0]); i++) {
+		char text[128];
+		snprintf(text, sizeof(text), "[server]\nidle_timeout = %s\n",
+		         d[i].v);
+		cr_assert_eq(load(text, &s, err, sizeof(err)), 0, "%s", err);
+		cr_assert_eq(s.cfg.idle_timeout_ms, d[i].ms, "%s", d[i].v);
+		cr_assert_not(s.cfg.no_idle_timeout);
+		mts_settings_free(&s);
+	}
+	cr_assert_eq(load("[server]\nidle_timeout = 0\n[admission]\n"
+	                  "max_reservations_per_uid = none\n",
+	                  &s, err, sizeof(err)),
+	             0, "%s", err);
+	cr_assert(s.cfg.no_idle_timeout);
+	cr_assert_eq(s.policy.max_resv_per_uid, 0);
+	/* A policy copy (what a reload installs) carries the cap. */
+	s.policy.max_resv_per_uid = 7;
+	struct mts_policy copy;
+	cr_assert_eq(mts_policy_copy(&copy, &s.policy), 0);
+	cr_assert_eq(copy.max_resv_per_uid, 7);
+	mts_policy_free(&copy);
+	mts_settings_free(&s);
 }
 
 Test(parse, percent)

@@ -20,7 +20,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "log.h"
@@ -715,4 +717,193 @@ Test(conn, a_peer_closed_during_another_turn_strands_nobody)
 	cr_assert_geq(srv.reg.stats.events, 2);
 	close(a.fd);
 	close(b.fd);
+}
+
+/* ---- per uid: the connection cap and the idle timeout ------------------- */
+
+static void setup_uid(uint32_t per_uid, uint32_t idle_ms)
+{
+	signal(SIGPIPE, SIG_IGN);
+	mts_log_set_level(MTS_LOG_ERROR);
+	snprintf(segname, sizeof(segname), "/mt-uid-conn-%ld", (long)getpid());
+	snprintf(sockpath, sizeof(sockpath), "/tmp/mt-uid-conn-%ld.sock",
+	         (long)getpid());
+	unlink(sockpath);
+	mts_policy_defaults(&pol);
+	struct mts_config cfg = {
+	    .socket_path = sockpath,
+	    .segment = segname,
+	    .slots = 8,
+	    .lanes = 2,
+	    .tick_ms = 60000,
+	    .threshold = 1000,
+	    .policy = &pol,
+	    .tcp_addr = "127.0.0.1:0",
+	    .max_conns_per_uid = per_uid,
+	    .idle_timeout_ms = idle_ms,
+	    .no_idle_timeout = idle_ms == 0,
+	};
+	cr_assert_eq(uv_loop_init(&loop), 0);
+	cr_assert_eq(mts_server_init(&srv, &loop, &cfg), 0);
+}
+
+static void setup_uid2(void)
+{
+	setup_uid(2, 0);
+}
+
+static void setup_idle(void)
+{
+	setup_uid(0, 300);
+}
+
+/* Run the loop until pred() holds (or fail). */
+#define SPIN_UNTIL(cond)                                                       \
+	do {                                                                   \
+		int spins_ = 0;                                                \
+		while (!(cond)) {                                              \
+			uv_run(&loop, UV_RUN_NOWAIT);                          \
+			poll(NULL, 0, 1);                                      \
+			cr_assert_lt(++spins_, 20000, "never: %s", #cond);     \
+		}                                                              \
+	} while (0)
+
+Test(peruid, a_uid_over_its_cap_stops_only_itself, .init = setup_uid2,
+     .fini = teardown, .timeout = 60)
+{
+	cr_assert_eq(srv.max_conns_per_uid, 2);
+	cr_assert_eq(srv.idle_ms, 0, "idle_timeout 0 is off");
+	/* A child as nobody holds three connections on the Unix socket. */
+	cr_assert_eq(chmod(sockpath, 0666), 0);
+	int go[2], done[2];
+	cr_assert_eq(pipe(go), 0);
+	cr_assert_eq(pipe(done), 0);
+	pid_t kid = fork();
+	cr_assert_geq(kid, 0);
+	if (kid == 0) {
+		close(go[0]);
+		close(done[1]);
+		if (setgid(65534) < 0 || setuid(65534) < 0)
+			_exit(1);
+		int fds[3];
+		for (int i = 0; i < 3; i++) {
+			struct sockaddr_un sa = {.sun_family = AF_UNIX};
+			snprintf(sa.sun_path, sizeof(sa.sun_path), "%s",
+			         sockpath);
+			fds[i] = socket(AF_UNIX, SOCK_STREAM, 0);
+			if (connect(fds[i], (struct sockaddr *)&sa,
+			            sizeof(sa)) < 0)
+				_exit(2);
+		}
+		char c = 'x';
+		if (write(go[1], &c, 1) != 1)
+			_exit(3);
+		if (read(done[0], &c, 1) < 0)
+			_exit(4);
+		_exit(0);
+	}
+	close(go[1]);
+	close(done[0]);
+	char c;
+	cr_assert_eq(read(go[0], &c, 1), 1, "the child could not connect");
+	/* Two are kept, the third is accepted and closed. */
+	SPIN_UNTIL(srv.reg.stats.conn_rejected_uid == 1 && srv.nconns == 2);
+	cr_assert_eq(mts_uid_count_get(&srv.conn_uids, 65534), 2);
+	cr_assert_eq(srv.reg.stats.conn_max_per_uid, 2);
+
+	/* Root (an admin, exempt anyway) and TCP peers are not stopped. */
+	struct client r1, r2, r3, t1, t2, t3;
+	client_unix(&r1);
+	client_unix(&r2);
+	client_unix(&r3);
+	get_usage(&r1, 1);
+	get_usage(&r2, 2);
+	get_usage(&r3, 3);
+	/* TCP peers are one bucket of their own, capped too. */
+	client_tcp(&t1);
+	client_tcp(&t2);
+	get_usage(&t1, 4);
+	get_usage(&t2, 5);
+	client_tcp(&t3);
+	cr_assert(closed_by_server(&t3), "a third TCP peer stayed");
+	cr_assert_eq(srv.reg.stats.conn_rejected_uid, 2);
+	cr_assert_eq(mts_uid_count_get(&srv.conn_uids, MTS_UID_TCP), 2);
+
+	/* The child goes: its uid may connect again (counted down). */
+	cr_assert_eq(write(done[1], "x", 1), 1);
+	cr_assert_eq(waitpid(kid, NULL, 0), kid);
+	SPIN_UNTIL(mts_uid_count_get(&srv.conn_uids, 65534) == 0);
+	close(t3.fd);
+	close(t2.fd);
+	SPIN_UNTIL(mts_uid_count_get(&srv.conn_uids, MTS_UID_TCP) == 1);
+	client_tcp(&t3);
+	get_usage(&t3, 6);
+	close(r1.fd);
+	close(r2.fd);
+	close(r3.fd);
+	close(t1.fd);
+	close(t3.fd);
+	close(go[0]);
+	close(done[1]);
+}
+
+Test(peruid, idle_connections_are_closed_watchers_stay, .init = setup_idle,
+     .fini = teardown, .timeout = 60)
+{
+	cr_assert_eq(srv.idle_ms, 300);
+	cr_assert_eq(srv.max_conns_per_uid, MTS_DEFAULT_MAX_CONNS_PER_UID);
+	struct client idle, busy, w, t;
+	client_unix(&idle);
+	client_unix(&busy);
+	client_unix(&w);
+	client_tcp(&t);
+	get_usage(&idle, 1);
+	get_usage(&t, 2);
+	watch(&w, 3);
+	uint64_t start = uv_now(&loop);
+	/* `busy` keeps asking, more often than the timeout. */
+	uint64_t id = 10;
+	while (srv.reg.stats.conn_idle_closed < 2) {
+		get_usage(&busy, id++);
+		poll(NULL, 0, 50);
+		uv_run(&loop, UV_RUN_NOWAIT);
+		uv_update_time(&loop);
+		cr_assert_lt(uv_now(&loop) - start, 20000, "idle never closed");
+	}
+	cr_assert_geq(uv_now(&loop) - start, 300, "closed before the timeout");
+	cr_assert(closed_by_server(&idle));
+	cr_assert(closed_by_server(&t));
+	/* Well past the timeout the watcher and the busy one are open. */
+	uint64_t until = uv_now(&loop) + 800;
+	while (uv_now(&loop) < until) {
+		get_usage(&busy, id++);
+		poll(NULL, 0, 50);
+		uv_run(&loop, UV_RUN_NOWAIT);
+		uv_update_time(&loop);
+	}
+	cr_assert_eq(srv.reg.stats.conn_idle_closed, 2);
+	cr_assert_eq(srv.nconns, 2);
+	/* And the watcher still gets its events: 50 bytes reserved, then a
+	 * limit of 10, is `over`. */
+	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
+	Memtally__V1__Admit a = MEMTALLY__V1__ADMIT__INIT;
+	a.bytes = 50;
+	req.body_case = MEMTALLY__V1__REQUEST__BODY_ADMIT;
+	req.admit = &a;
+	client_send(&busy, 98, &req);
+	Memtally__V1__Response *r = client_recv(&busy);
+	cr_assert(r->admit_result->admitted);
+	memtally__v1__response__free_unpacked(r, NULL);
+	set_fleet(&busy, 99, 10, NULL);
+	r = client_recv(&busy);
+	cr_assert_null(r->error);
+	memtally__v1__response__free_unpacked(r, NULL);
+	r = client_recv(&w);
+	cr_assert_eq(r->id, 3);
+	cr_assert_eq(r->body_case, MEMTALLY__V1__RESPONSE__BODY_EVENT);
+	memtally__v1__response__free_unpacked(r, NULL);
+	close(idle.fd);
+	close(busy.fd);
+	close(w.fd);
+	close(t.fd);
 }

@@ -5,9 +5,12 @@
  * and a randomized differential test: after every Admit, Release, change
  * of a task's use and expiry, the figures must equal a recomputation from
  * scratch by the rule admit.c states (each task's use set against its
- * reservations oldest first; a reservation counts what is left of it;
- * the sums saturate), and the reservations left must be exactly those a
- * model of the rules predicts.
+ * reservations oldest first, each taking only from the workers that may
+ * count against it: its owner's and admins', or anyone's when it was made
+ * over TCP; a reservation counts what is left of it; the sums saturate),
+ * and the reservations left must be exactly those a model of the rules
+ * predicts. Workers and admitting peers of several uids, an admin among
+ * them, so that ownership is part of every step.
  */
 #include "test_server_fixture.h"
 
@@ -27,7 +30,11 @@ static void start(void)
 	pol.fleet_limit = 0;
 	pol.default_ttl_s = 1000;
 	pol.max_ttl_s = 100000;
+	/* Thousands of reservations of one uid: these tests are about the
+	 * structures, not the per-uid cap (test_server_admit.c). */
+	pol.max_resv_per_uid = 0;
 	fx_start_policy(&pol);
+	srv.reg.server_uid = 4242; /* the test runs as root */
 }
 
 static uint64_t sat(uint64_t a, uint64_t b)
@@ -71,7 +78,8 @@ static void check(const struct mts_registry *reg)
 			              r->expires_ns, "heap order");
 	}
 
-	/* Brute force: what each reservation counts ... */
+	/* Brute force: what each reservation counts, from the figures of
+	 * the latest tick: [0] admins' workers, [1] others', then owners'. */
 	static uint64_t want[MTS_RESV_MAX];
 	for (uint32_t i = 0; i < n; i++)
 		want[i] = reg->resv[i]->bytes;
@@ -81,14 +89,56 @@ static void check(const struct mts_registry *reg)
 			for (const struct mts_task *t = reg->tasks[b]; t;
 			     t = t->hnext) {
 				cr_assert_not_null(t->resv, "task kept empty");
-				uint64_t left = t->measured;
+				cr_assert_geq(t->nshares, 2u);
+				uint64_t left[64];
+				cr_assert_leq(t->nshares, 64u);
+				for (uint32_t i = 0; i < t->nshares; i++)
+					left[i] = t->shares[i].measured;
 				for (const struct mts_resv *r = t->resv; r;
 				     r = r->tnext) {
-					uint64_t used =
-					    left < r->bytes ? left : r->bytes;
-					want[r->index] = r->bytes - used;
-					left -= used;
+					uint64_t need = r->bytes;
+					for (uint32_t i = 0; i < t->nshares;
+					     i++) {
+						/* Admins' ([0]) last. */
+						uint32_t k =
+						    (i + 1) % t->nshares;
+						const struct mts_task_share
+						    *sh = &t->shares[k];
+						bool may = k == 0 ||
+						           !r->has_owner ||
+						           (k >= 2 &&
+						            sh->uid == r->uid);
+						if (!may)
+							continue;
+						uint64_t u = left[k] < need
+						                 ? left[k]
+						                 : need;
+						left[k] -= u;
+						need -= u;
+					}
+					want[r->index] = need;
 					in_tasks++;
+				}
+				/* One share per owner uid, counting its
+				 * reservations of the task. */
+				for (uint32_t i = 2; i < t->nshares; i++) {
+					uint32_t k = 0;
+					for (const struct mts_resv *r = t->resv;
+					     r; r = r->tnext)
+						k += r->has_owner &&
+						     r->uid == t->shares[i].uid;
+					cr_assert_eq(k, t->shares[i].resv);
+				}
+				for (const struct mts_resv *r = t->resv; r;
+				     r = r->tnext) {
+					bool found = !r->has_owner;
+					for (uint32_t i = 2; i < t->nshares;
+					     i++)
+						found |=
+						    t->shares[i].uid == r->uid;
+					cr_assert(found,
+					          "owner %u has no share",
+					          r->uid);
 				}
 			}
 	/* ... and the sums, saturating. */
@@ -211,23 +261,104 @@ struct model {
 	char id[MTS_RESV_ID_LEN + 1];
 	uint64_t bytes;
 	uint64_t expires_ns;
-	int task; /* -1: none */
+	int task;  /* -1: none */
+	int owner; /* index in owners[] */
 };
+
+/* fx_register as a worker of `uid`. */
+static uint32_t register_as(pid_t pid, uint32_t uid, const char *group,
+                            const char *task)
+{
+	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
+	Memtally__V1__Register reg = MEMTALLY__V1__REGISTER__INIT;
+	reg.group = (char *)group;
+	reg.task = (char *)task;
+	reg.image_id = 1;
+	req.body_case = MEMTALLY__V1__REQUEST__BODY_REGISTER;
+	req.register_ = &reg;
+	struct mts_peer peer = fx_peer(pid, uid);
+	Memtally__V1__Response *r = fx_call(&peer, &req);
+	cr_assert_null(r->error, "register: %s",
+	               r->error ? r->error->message : "");
+	uint32_t slot = r->registered->slot;
+	memtally__v1__response__free_unpacked(r, NULL);
+	return slot;
+}
+
+/* Right after a tick: each task's shares hold exactly its live workers'
+ * figures, sorted by uid (root and the server's uid are the admins). */
+static void check_shares(struct mts_registry *reg)
+{
+	if (!reg->tasks)
+		return;
+	for (uint32_t b = 0; b <= reg->tasks_mask; b++)
+		for (const struct mts_task *t = reg->tasks[b]; t;
+		     t = t->hnext) {
+			uint64_t measured[64] = {0};
+			uint32_t live[64] = {0};
+			for (uint32_t i = 0; i < reg->ndense; i++) {
+				const struct mts_proc *p =
+				    reg->by_slot[reg->dense[i]];
+				if (strcmp(p->task, t->name) != 0)
+					continue;
+				uint32_t k = 1;
+				if (p->uid == 0 || p->uid == reg->server_uid)
+					k = 0;
+				else
+					for (uint32_t j = 2; j < t->nshares;
+					     j++)
+						if (t->shares[j].uid == p->uid)
+							k = j;
+				measured[k] += p->bytes;
+				live[k]++;
+			}
+			for (uint32_t k = 0; k < t->nshares; k++) {
+				cr_assert_eq(t->shares[k].live, live[k],
+				             "%s share %u", t->name, k);
+				cr_assert_eq(t->shares[k].measured, measured[k],
+				             "%s share %u", t->name, k);
+			}
+		}
+}
 
 Test(resv, randomized_against_brute_force)
 {
 	start();
-	enum { STEPS = 12000, WORKERS = 3, TASKS = 5, GROUPS = 5 };
+	enum { STEPS = 12000, WORKERS = 5, TASKS = 5, GROUPS = 5, OWNERS = 3 };
 	static struct model m[MTS_RESV_MAX];
 	uint32_t nm = 0;
 	static const char *groups[GROUPS] = {"", "g0", "g1", "g2", "g3"};
 	static const char *tasks[TASKS] = {"T0", "T1", "T2", "T3", "T4"};
-	/* T0..T2 have a live worker throughout (their reservations are
-	 * taken over, never expire); T3, T4 never have one. */
+	/* Workers live throughout: T0 has one of uid 1000 and one of 1001,
+	 * T1 one of 1001, T2 one of root (an admin), T3 one of 1002 (who
+	 * admits nothing), T4 none. */
+	static const struct {
+		uint32_t uid;
+		int task;
+	} workers[WORKERS] = {
+	    {1000, 0}, {1001, 0}, {1001, 1}, {0, 2}, {1002, 3}};
+	/* Who admits: uid 1000, uid 1001, and a TCP peer (no owner). */
+	struct mts_peer owners[OWNERS] = {fx_peer(getpid(), 1000),
+	                                  fx_peer(getpid(), 1001),
+	                                  {.fd = -1, .tcp = true}};
+	/* A reservation is taken over (never expires) when a worker of its
+	 * task is its owner's or an admin's, or it has no owner. */
+	bool taken[TASKS][OWNERS] = {{0}};
+	for (int t = 0; t < TASKS; t++)
+		for (int o = 0; o < OWNERS; o++)
+			for (int w = 0; w < WORKERS; w++)
+				if (workers[w].task == t &&
+				    (o == 2 || workers[w].uid == 0 ||
+				     workers[w].uid == owners[o].uid))
+					taken[t][o] = true;
+	cr_assert(taken[0][0] && taken[0][1] && taken[1][1] && !taken[1][0]);
+	cr_assert(taken[2][0] && taken[3][2] && !taken[3][0] && !taken[4][2]);
 	uint32_t slot[WORKERS];
 	for (int w = 0; w < WORKERS; w++)
-		slot[w] = fx_register(fx_spawn(), groups[1 + w], tasks[w]);
-	struct mts_peer peer = fx_peer(getpid(), 1000);
+		slot[w] =
+		    register_as(fx_spawn(), workers[w].uid, groups[1 + w % 4],
+		                tasks[workers[w].task]);
+	struct mts_peer root = fx_peer(getpid(), 0);
 	uint64_t clock = mts_now_monotonic();
 	unsigned seed = 20261129;
 	srand(seed);
@@ -238,6 +369,7 @@ Test(resv, randomized_against_brute_force)
 		if (op < 50 || nm == 0) {
 			struct mts_admit_out out;
 			int t = rand() % (TASKS + 2) - 2;
+			int o = rand() % OWNERS;
 			uint64_t b = rand() % 50 == 0 ? UINT64_MAX / 3
 			                              : 1 + rnd() % 5000;
 			struct mts_admit_req req = {
@@ -245,7 +377,8 @@ Test(resv, randomized_against_brute_force)
 			    .group = groups[rand() % GROUPS],
 			    .task = t < 0 ? "" : tasks[t],
 			    .ttl_s = 1000 + (uint32_t)(rand() % 100)};
-			cr_assert_eq(mts_admit(&srv.reg, &peer, &req, &out), 0);
+			cr_assert_eq(
+			    mts_admit(&srv.reg, &owners[o], &req, &out), 0);
 			cr_assert(out.admitted);
 			const struct mts_resv *r =
 			    mts_resv_find(&srv.reg, out.id);
@@ -254,13 +387,14 @@ Test(resv, randomized_against_brute_force)
 			m[nm].bytes = b;
 			m[nm].expires_ns = r->expires_ns;
 			m[nm].task = t;
+			m[nm].owner = o;
 			nm++;
 			admits++;
 		} else if (op < 80) {
 			uint32_t i = (uint32_t)rand() % nm;
 			uint64_t b = 0;
 			cr_assert_eq(
-			    mts_release(&srv.reg, &peer, m[i].id, NULL, &b), 0);
+			    mts_release(&srv.reg, &root, m[i].id, NULL, &b), 0);
 			cr_assert_eq(b, m[i].bytes);
 			m[i] = m[--nm];
 			releases++;
@@ -269,20 +403,21 @@ Test(resv, randomized_against_brute_force)
 			uint64_t b;
 			snprintf(id, sizeof(id), "r-%016llx",
 			         (unsigned long long)rnd());
-			cr_assert_eq(mts_release(&srv.reg, &peer, id, NULL, &b),
+			cr_assert_eq(mts_release(&srv.reg, &root, id, NULL, &b),
 			             -ENOENT);
 		} else if (op < 95) {
 			/* A worker's use changes; a real tick (nothing is due
 			 * yet by the real clock). */
 			fx_write(slot[rand() % WORKERS], rand() % 12000);
 			mts_tick(&srv.reg);
+			check_shares(&srv.reg);
 		} else {
 			clock += (uint64_t)(rand() % 30) * 1000000000ull;
 			mts_resv_tick(&srv.reg, clock);
 			for (uint32_t i = 0; i < nm;) {
-				bool taken =
-				    m[i].task >= 0 && m[i].task < WORKERS;
-				if (!taken && m[i].expires_ns <= clock) {
+				bool t = m[i].task >= 0 &&
+				         taken[m[i].task][m[i].owner];
+				if (!t && m[i].expires_ns <= clock) {
 					m[i] = m[--nm];
 					expiries++;
 				} else {
