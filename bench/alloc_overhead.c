@@ -139,9 +139,8 @@ static struct {
 	int (*flush)(void);
 	bool (*attached)(void);
 	const char *(*preload_allocator)(void);
-	const char *segment; /* server's segment, for lane flush counts */
-	struct mtshm_map map;
-	int map_ok;
+	const char *segment; /* label of the server's objects, for lane
+	                        flush counts */
 } g;
 
 /* ---- the timed loops ------------------------------------------------- */
@@ -485,24 +484,63 @@ static int je_allocated(size_t *out)
 	return bench_je_allocated(g.mallctl, out);
 }
 
-/* Lane flushes of this process's slot in the server's segment, or -1. */
+/*
+ * Lane flushes of this process's slot, or -1. The client mapped the
+ * server's header (read-only) and our uid's slot table (read-write) when it
+ * registered: both are memfds named after the server's label (`--segment`),
+ * the table "LABEL-slots:...". They are found in /proc/self/maps and read
+ * where they are already mapped; the layout comes from the header, as the
+ * client takes it (mtshm_layout_read).
+ */
 static int64_t lane_flushes(void)
 {
 	if (!g.segment)
 		return -1;
-	if (!g.map_ok) {
-		if (mtshm_open(g.segment, 0, &g.map))
-			return -1;
-		g.map_ok = 1;
-	}
-	uint32_t pid = (uint32_t)getpid();
-	for (uint32_t i = 0; i < g.map.hdr->slot_count; i++) {
-		struct mtshm_slot_id *s = mtshm_slot(&g.map, i);
-		if (mt_load_relaxed32(&s->pid) != pid)
+	const char *label = g.segment + (g.segment[0] == '/');
+	char hdr_name[256], tbl_prefix[256];
+	snprintf(hdr_name, sizeof(hdr_name), "/memfd:%s (deleted)", label);
+	snprintf(tbl_prefix, sizeof(tbl_prefix), "/memfd:%s-slots:", label);
+	FILE *f = fopen("/proc/self/maps", "re");
+	if (!f)
+		return -1;
+	struct {
+		uintptr_t lo, hi;
+	} tables[16];
+	int ntables = 0;
+	struct mtshm_layout layout;
+	int have_layout = 0;
+	char line[512];
+	while (fgets(line, sizeof(line), f)) {
+		line[strcspn(line, "\n")] = 0;
+		const char *name = strstr(line, " /memfd:");
+		unsigned long lo, hi;
+		if (!name || sscanf(line, "%lx-%lx", &lo, &hi) != 2)
 			continue;
-		uint64_t fl = 0;
-		mtshm_slot_sum(&g.map, s, &fl, NULL);
-		return (int64_t)fl;
+		name++;
+		if (!strcmp(name, hdr_name) &&
+		    mtshm_layout_read((void *)lo, hi - lo, &layout) == 0)
+			have_layout = 1; /* the latest attachment's, or an equal */
+		else if (!strncmp(name, tbl_prefix, strlen(tbl_prefix)) &&
+		         ntables < 16)
+			tables[ntables].lo = lo, tables[ntables++].hi = hi;
+	}
+	fclose(f);
+	if (!have_layout)
+		return -1;
+	uint32_t pid = (uint32_t)getpid();
+	for (int t = 0; t < ntables; t++) {
+		if (tables[t].hi - tables[t].lo < layout.table_size)
+			continue;
+		void *base = (void *)tables[t].lo;
+		for (uint32_t i = 0; i < layout.slot_count; i++) {
+			struct mtshm_slot_id *s = mtshm_slot(&layout, base, i);
+			if (mt_load_acquire32(&s->pid) != pid)
+				continue;
+			uint64_t fl = 0;
+			int absurd;
+			mtshm_slot_sum(s, layout.lane_count, &fl, &absurd);
+			return (int64_t)fl;
+		}
 	}
 	return -1;
 }
@@ -688,8 +726,8 @@ static int prove(struct bench_sbuf *js, struct bench_sbuf *why)
 
 /*
  * How many flushes one pair of `size` causes, measured on a copy of the
- * timed loop. With a server, from this process's lane flush counter in the
- * segment; otherwise, for the inline API, from its thread-local state (a
+ * timed loop. With a server, from this process's lane flush counter in its
+ * slot; otherwise, for the inline API, from its thread-local state (a
  * flush re-centres `biased`, so the add is not seen in it). -1: unknown
  * (the preload without a server).
  */
@@ -702,7 +740,7 @@ static double probe_flushes(const struct bench_case *c, int pairs,
 	if (f0 >= 0) {
 		/* One thread: the lane counter is per process. */
 		run_loop(c, (uint64_t)pairs);
-		*method = "segment";
+		*method = "slot";
 		return (double)(lane_flushes() - f0) / pairs;
 	}
 #ifdef BENCH_LINKED_JEMALLOC

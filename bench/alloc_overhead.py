@@ -260,12 +260,8 @@ class Server:
                 self.proc.kill()
                 self.proc.wait()
         self.proc = None
-        # memtallyd leaves its segment for the next server on purpose.
-        if self.segment:
-            try:
-                os.unlink("/dev/shm" + self.segment)
-            except OSError:
-                pass
+        # Its shared objects are anonymous (memfd): nothing to remove. The
+        # restart record next to the socket goes with the temporary dir.
 
 
 # ---- workers -------------------------------------------------------------
@@ -712,7 +708,7 @@ def report(info, server_status, attached, results, variants, reps, insn,
         table(results, variants),
         "",
         "Flushes per pair (probe of the same loop; `tls`: from the inline API's "
-        "thread-local state, `segment`: the lane's flush counter, n/a: preload "
+        "thread-local state, `slot`: the flush counters of the worker's slot, read where its client mapped them, n/a: preload "
         "without a server; see the callgrind call counts below):",
         "",
         flush_table(results, variants),

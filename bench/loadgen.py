@@ -203,10 +203,8 @@ class Memtallyd:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        try:
-            os.unlink("/dev/shm" + self.segment)
-        except OSError:
-            pass
+        # Its shared objects are anonymous (memfd): nothing is left behind
+        # but the restart record next to the socket, in our temporary dir.
 
 
 # ---- the workers -----------------------------------------------------------

@@ -37,8 +37,9 @@ holding its memory while the driver checks, independently,
      JSON): present, with >= 1000 allocation requests served (jemalloc,
      preload), or absent (glibc: MALLOC_CONF means nothing to glibc);
   3. preload only: `memtally --json ps` lists the pid with bytes >= half of
-     the program's own figure, and the process's lanes in the shared
-     segment show flushes > 0 (read from /dev/shm directly).
+     the program's own figure, and the process's lanes in its uid's slot
+     table show flushes > 0 (read directly, through the server's
+     descriptor of the table in /proc/SERVER/fd).
 g++ holds nothing and reads no stdin: its proof run is watched instead
 (its process tree polled every ~10 ms; the signs are cc1plus's).
 The same held run compares memtally's figure with the program's own idea
@@ -405,35 +406,77 @@ def memtally_ps(paths, server, pid, patience=5.0):
 
 
 def lane_flushes(server, pid):
-    """Sum of the `flushes` counters of pid's lanes, read from the shared
-    segment (layout: shm/mtshm.h), or None if pid has no slot."""
-    if not server.segment:
+    """Sum of the `flushes` counters of pid's lanes, read from the server's
+    shared objects (layout 2.0: shm/mtshm.h), or None if pid has no slot.
+
+    The objects are anonymous (memfd): the header "LABEL" and one slot table
+    per uid, "LABEL-slots:INSTANCE:UID". memtallyd keeps a descriptor of
+    each while it has a registered process of that uid, so they are opened
+    through /proc/SERVER/fd (the server is our child, of our uid), mapped
+    read-only, and the slot is found by pid, as a reader must: the layout
+    from the header, slot i at i * slot_stride in its table."""
+    if not server.segment or not server.proc:
         return None
+    label = server.segment.lstrip("/")
+    fd_dir = "/proc/%d/fd" % server.proc.pid
+    header, tables = None, []
     try:
-        # Mapped, not read: the segment is megabytes, a slot 64 bytes.
-        with open("/dev/shm" + server.segment, "rb") as f:
-            seg = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+        for fd in os.listdir(fd_dir):
+            try:
+                target = os.readlink(os.path.join(fd_dir, fd))
+            except OSError:
+                continue
+            if target == "/memfd:%s (deleted)" % label and header is None:
+                header = os.path.join(fd_dir, fd)
+            elif target.startswith("/memfd:%s-slots:" % label):
+                tables.append(os.path.join(fd_dir, fd))
+    except OSError:
+        return None
+    if header is None:
+        return None
+
+    def mapped(path):
+        # Mapped, not read: a table is megabytes, a slot 64 bytes.
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            return mmap.mmap(fd, 0, prot=mmap.PROT_READ)
+        finally:
+            os.close(fd)
+
+    try:
+        hdr = mapped(header)
     except (OSError, ValueError):
         return None
     try:
-        (slot_offset, slot_stride, slot_count, lane_count,
-         line_size) = struct.unpack_from("<5I", seg, 20)
-        for i in range(slot_count):
-            base = slot_offset + i * slot_stride
-            if base + slot_stride > len(seg):
-                break
-            if struct.unpack_from("<I", seg, base)[0] != pid:
-                continue
-            used = min(struct.unpack_from("<I", seg, base + 52)[0],
-                       lane_count)
-            # Lane k: line k of the slot, after the 64-byte identity;
-            # `flushes` at +16 (struct mtshm_lane).
-            return sum(struct.unpack_from(
-                "<Q", seg, base + k * line_size + 64 + 16)[0]
-                for k in range(max(used, 1)))
-        return None
+        if hdr[:8] != b"MEMTALLY" or struct.unpack_from("<H", hdr, 8)[0] != 2:
+            return None
+        (slot_stride, slot_count, lane_count,
+         line_size) = struct.unpack_from("<4I", hdr, 24)
+        table_size = struct.unpack_from("<Q", hdr, 40)[0]
     finally:
-        seg.close()
+        hdr.close()
+    for path in tables:
+        try:
+            seg = mapped(path)
+        except (OSError, ValueError):
+            continue
+        try:
+            if len(seg) < table_size:
+                continue
+            for i in range(slot_count):
+                base = i * slot_stride
+                if struct.unpack_from("<I", seg, base)[0] != pid:
+                    continue
+                used = min(struct.unpack_from("<I", seg, base + 52)[0],
+                           lane_count)
+                # Lane k: line k of the slot, after the 64-byte identity;
+                # `flushes` at +16 (struct mtshm_lane).
+                return sum(struct.unpack_from(
+                    "<Q", seg, base + k * line_size + 64 + 16)[0]
+                    for k in range(max(used, 1)))
+        finally:
+            seg.close()
+    return None
 
 
 def maps_of(pid):
@@ -646,7 +689,7 @@ def check_proof(expect, obs, floor=None):
             bad.append("memtally counts %d bytes for the pid, less than "
                        "%d" % (m["bytes"], want))
         if not obs["flushes"]:
-            bad.append("the pid's lanes in the segment show %s flushes" % (
+            bad.append("the pid's lanes in its slot table show %s flushes" % (
                 "no slot, so no" if obs["flushes"] is None else "0"))
     elif m:
         bad.append("memtally ps lists the pid (%d bytes) though it should "

@@ -2,17 +2,17 @@
 """server: memtallyd's tick aggregation against slot count and lanes.
 
 Runs bench_server_tick (server_tick.c) for S = 64 .. 16384 slots and 1, 4
-and 16 lanes in use per slot: a real segment created with mtshm_create, a
-writer thread on another CPU storing into every lane (so the reader sums
+and 16 lanes in use per slot: a real header and slot table created with
+mtshm_header_create and mtshm_table_create (sealed memfds), a writer thread on another CPU storing into every lane (so the reader sums
 lines just written by another core), and the reader, pinned, timing one
 tick = mtshm_slot_sum() over all slots, 301 times. `quiet` = no writer.
 Each run proves that a tick summed exactly what the lanes hold. This is the
 aggregation only (a lower bound on the server's tick): group totals,
 limits and the header publish are not in it; each row also times the loop
-as it was before issue 4's tuning (`--variant call`), interleaved, for a
+as it was before the tick's tuning (`--variant call`), interleaved, for a
 side-by-side ratio. Then the whole tick, mts_tick(), on a registry built
 from the daemon's own code (server_core_tick.c: S workers adopted into a
-real segment, 8 groups, fleet, group and process limits, 30% churn through
+real header and slot table, 8 groups, fleet, group and process limits, 30% churn through
 the real exit path). Then exit-to-reclaim latency (server_reclaim.c): a
 real memtallyd at 10 ms and 1000 ms ticks, 200 preloaded workers holding
 10 MiB each killed one at a time. Then query latency: a real
@@ -182,15 +182,15 @@ def main():
     lines.append(
         "**Summing loop only** (the first target measurement): one tick "
         "= `mtshm_slot_sum()` over every live slot of a real "
-        "segment (the server's summing loop, nothing else), reader pinned "
+        "slot table (the server's summing loop, nothing else), reader pinned "
         "to CPU %d; `writer`: a thread on CPU %d keeps storing into every "
         "lane in use, so each line is just written by another core; "
         "`quiet`: no writer. 301 ticks per row; p50 / p99 / min in µs; "
         "each run checks the tick summed exactly what the lanes hold. "
-        "The loop is the one mts_tick() runs now (`mtshm_slot_sum_inline`, "
-        "lane count read once, the line 8 slots ahead prefetched); `call "
-        "p50` is the loop as it was (an out-of-line `mtshm_slot_sum()` per "
-        "slot), run just before it. "
+        "The loop is the one mts_tick() runs now (`mtshm_slot_sum` inlined, "
+        "lane count from the private layout, the line 8 slots ahead "
+        "prefetched); `call p50` is the loop as it was (an out-of-line call "
+        "per slot), run just before it. "
         "Target (issue 4): tick ≤ %g µs at 16384 slots.\n"
         % (cpu, wcpu, TARGET_US))
     lines.append("| slots | lanes | writer | p50 µs | p99 µs | min µs | "
@@ -216,7 +216,7 @@ def main():
         "**Full tick (mts_tick)**: `mts_tick()` itself "
         "(bench_server_core_tick: "
         "server_core_tick.c, linked with `memtally_server_core`): a real "
-        "segment with the server's default 4 lanes per slot, a registry "
+        "header and slot table with the server's default 4 lanes per slot, a registry "
         "(`mts_registry_init`) with S workers adopted through "
         "`mts_registry_adopt_slot` (an eventfd standing in for each pidfd) "
         "over 8 groups, a fleet limit, a group limit and a per-process "
@@ -268,9 +268,10 @@ def main():
             "server_reclaim.c): a real memtallyd (256 slots, `--tick` as "
             "below), %d real workers one after another, each this bench "
             "binary under `LD_PRELOAD=libmemtally_preload.so` holding %d MiB "
-            "(registered and flushed: the segment shows its slot with ≥ 90%% "
-            "of the bytes) and then SIGKILLed. The driver spins on the "
-            "segment (yielding each round, nothing pinned): `kill → exit` "
+            "(registered and flushed: its slot shows ≥ 90%% of the bytes) "
+            "and then SIGKILLed. The driver spins on the header and the "
+            "slot table, mapped through the server's descriptors in "
+            "/proc/SERVER/fd (yielding each round, nothing pinned): `kill → exit` "
             "is when its own pidfd on the worker turns readable (the "
             "kernel's share: tearing down a 10 MiB process), `kill → "
             "reclaimed` when the fleet snapshot published after the kill "

@@ -1,6 +1,6 @@
 /*
  * server_core_tick.c - memtallyd's whole tick, mts_tick(), timed on a real
- * registry over a real segment (the `server` suite, issue 4).
+ * registry over a real header and slot table (the `server` suite).
  *
  * bench_server_tick times the summing loop alone; this times what the
  * server runs every tick period: the slot sums, per-process figures, group
@@ -8,12 +8,17 @@
  * process), enforcement and the seqlock publish. It links
  * memtally_server_core, the library the daemon is built from.
  *
- * Setup, without sockets or worker processes: a segment of --slots S slots
- * and --seg-lanes lanes (the server's default is 4), a registry
- * (mts_registry_init), a policy with a fleet limit, a per-process limit
- * and one [group] limit (so limits evaluation compares, not skips), then S
- * workers entered through the restart path, mts_registry_adopt_slot(),
- * spread over --groups G groups. Each worker's "pidfd" is an eventfd: the
+ * Setup, without sockets or worker processes: a header of --slots S slots
+ * and --seg-lanes lanes (the server's default is 4; mtshm_header_create,
+ * as memtallyd makes it), a registry on it (mts_registry_init), a policy
+ * with a fleet limit, a per-process limit and one [group] limit (so limits
+ * evaluation compares, not skips), then S workers of this uid entered
+ * through the restart path, mts_registry_adopt_slot(), spread over
+ * --groups G groups, all in one slot table (mtshm_table_create, handed to
+ * the registry with mts_table_adopt() as a restarted server takes over a
+ * worker's table). mts_register() needs a live process per worker (its
+ * /proc start time and a pidfd); the adoption path runs the same registry
+ * code from there on: slot placement, the tick, limits and exits. Each worker's "pidfd" is an eventfd: the
  * registry only polls it for readability, and writing to it makes the
  * server see an exit through its real on_pidfd -> proc_release path. With
  * --churn P, P% of the workers (random) then exit that way and as many new
@@ -22,7 +27,8 @@
  * records no longer agree (what a long-running server looks like).
  *
  * Each worker claims --lanes L lanes (L <= seg lanes). With --writer a
- * thread on another CPU keeps storing into every lane in use.
+ * thread on another CPU keeps storing into every lane in use, through the
+ * addresses the registry computed (mts_slot).
  *
  * Proof: with the writer stopped, one more tick must publish exactly the
  * sum of what the lanes hold, in the header's fleet snapshot.
@@ -31,6 +37,7 @@
  */
 #include "server.h" /* _GNU_SOURCE comes with memtally_server_core */
 
+#include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <sched.h>
@@ -49,7 +56,8 @@
 #define TICKS_DEFAULT 301
 #define PID_BASE      5000000u /* above any pid_max: never a real process */
 
-static struct mtshm_map map;
+static struct mtshm_map map; /* the header */
+static struct mts_registry reg;
 static uint32_t nslots, nlanes;
 static atomic_int stop;
 static int writer_cpu = -1;
@@ -69,7 +77,7 @@ static void *writer(void *arg)
 	while (!atomic_load_explicit(&stop, memory_order_relaxed)) {
 		round++;
 		for (uint32_t i = 0; i < nslots; i++) {
-			struct mtshm_slot_id *s = mtshm_slot(&map, i);
+			struct mtshm_slot_id *s = mts_slot(&reg, i);
 			for (uint32_t k = 0; k < nlanes; k++)
 				mt_store_relaxeds64(&mtshm_lane(s, k)->bytes,
 				                    lane_value(i, k) +
@@ -79,9 +87,10 @@ static void *writer(void *arg)
 	return NULL;
 }
 
-static void slot_fill(uint32_t i)
+/* What a worker's client would have flushed into slot i of `t`. */
+static void slot_fill(const struct mts_table *t, uint32_t i)
 {
-	struct mtshm_slot_id *s = mtshm_slot(&map, i);
+	struct mtshm_slot_id *s = mtshm_slot(&reg.layout, t->map.base, i);
 	for (uint32_t k = 0; k < nlanes; k++)
 		mt_store_relaxeds64(&mtshm_lane(s, k)->bytes, lane_value(i, k));
 	mt_store_relaxed32(&s->lanes_used, nlanes);
@@ -97,9 +106,29 @@ static uint64_t xorshift(void)
 	return rng;
 }
 
-static int adopt(struct mts_registry *reg, uint32_t slot, uint32_t pid,
-                 uint32_t groups)
+/* This uid's slot table: the registry's, or a new one handed to it (the
+ * registry frees a table with its last process). */
+static struct mts_table *uid_table(void)
 {
+	uint32_t uid = (uint32_t)getuid();
+	struct mts_table *t = mts_table_find(&reg, uid);
+	if (t)
+		return t;
+	struct mtshm_map tm;
+	if (mtshm_table_create("mtbench-ctick-slots", &reg.layout, &tm))
+		return NULL;
+	if (mts_table_adopt(&reg, uid, &tm)) {
+		mtshm_close(&tm);
+		return NULL;
+	}
+	return mts_table_find(&reg, uid);
+}
+
+static int adopt(uint32_t slot, uint32_t pid, uint32_t groups)
+{
+	struct mts_table *t = uid_table();
+	if (!t)
+		return -1;
 	struct mts_adopted a = {
 	    .slot = slot,
 	    .pid = pid,
@@ -113,12 +142,15 @@ static int adopt(struct mts_registry *reg, uint32_t slot, uint32_t pid,
 		return -1;
 	snprintf(a.group, sizeof(a.group), "group-%u", pid % groups);
 	snprintf(a.task, sizeof(a.task), "task-%u", pid % 97);
-	slot_fill(slot);
-	/* The pid a registration would have published (adoption finds it). */
-	mt_store_relaxed32(&mtshm_slot(&map, slot)->pid, pid);
-	int err = mts_registry_adopt_slot(reg, &a);
+	slot_fill(t, slot);
+	/* The pid a registration would have published. */
+	mt_store_relaxed32(&mtshm_slot(&reg.layout, t->map.base, slot)->pid,
+	                   pid);
+	int err = mts_registry_adopt_slot(&reg, &a, t);
 	if (err < 0) {
-		close(a.pidfd);
+		if (err != -EAGAIN)
+			close(a.pidfd);
+		mts_table_gc(&reg, t);
 		return -1;
 	}
 	return 0;
@@ -172,23 +204,20 @@ int main(int argc, char **argv)
 		return 2;
 	mts_log_set_level(MTS_LOG_ERROR);
 
-	char name[64];
-	snprintf(name, sizeof(name), "/mtbench-ctick-%d", (int)getpid());
+	/* Anonymous objects: nothing is left behind when the process ends. */
 	struct mtshm_params sp = {.slots = slots,
 	                          .lanes = seg_lanes,
-	                          .threshold = MTS_DEFAULT_THRESHOLD,
-	                          .mode = 0600,
-	                          .gid = -1};
-	int rc = mtshm_create(name, &sp, &map);
+	                          .threshold = MTS_DEFAULT_THRESHOLD};
+	int rc = mtshm_header_create("mtbench-ctick", &sp, &map);
 	if (rc) {
-		fprintf(stderr, "mtshm_create: %s\n", mtshm_strerror(rc));
+		fprintf(stderr, "mtshm_header_create: %s\n",
+		        mtshm_strerror(rc));
 		return 2;
 	}
-	mtshm_unlink(name); /* the mapping stays; nothing is left behind */
 
 	uv_loop_t loop;
-	static struct mts_registry reg;
-	if (uv_loop_init(&loop) || mts_registry_init(&reg, &loop, &map, name))
+	if (uv_loop_init(&loop) ||
+	    mts_registry_init(&reg, &loop, &map, "mtbench-ctick", NULL))
 		return 2;
 	/* Limits that compare but never trip: the tick's steady state. */
 	int64_t want = 0;
@@ -207,7 +236,7 @@ int main(int argc, char **argv)
 		return 2;
 
 	for (uint32_t i = 0; i < slots; i++)
-		if (adopt(&reg, i, PID_BASE + i, groups)) {
+		if (adopt(i, PID_BASE + i, groups)) {
 			perror("adopt (eventfd: raise ulimit -n?)");
 			return 2;
 		}
@@ -233,7 +262,7 @@ int main(int argc, char **argv)
 			if (reg.by_slot[i])
 				continue;
 			noise[i] = malloc(64 + xorshift() % 512);
-			if (adopt(&reg, i, next_pid++, groups))
+			if (adopt(i, next_pid++, groups))
 				return 2;
 		}
 		mts_registry_rebuild_free(&reg);
@@ -271,7 +300,7 @@ int main(int argc, char **argv)
 	/* Proof: known values, one tick, the published fleet total. */
 	want = 0;
 	for (uint32_t i = 0; i < slots; i++) {
-		struct mtshm_slot_id *s = mtshm_slot(&map, i);
+		struct mtshm_slot_id *s = mts_slot(&reg, i);
 		for (uint32_t k = 0; k < lanes; k++) {
 			mt_store_relaxeds64(&mtshm_lane(s, k)->bytes,
 			                    lane_value(i, k));

@@ -1,16 +1,16 @@
 /*
  * server_reclaim.c - exit-to-reclaim latency of memtallyd (the `server`
- * suite, issue 4): from SIGKILL of a registered worker to the moment the
+ * suite): from SIGKILL of a registered worker to the moment the
  * server has freed its slot and published a fleet total without it.
  *
  * The driver starts a real memtallyd (--tick MS, its own socket and
- * segment), then N times: starts a real worker (this program with
+ * label), then N times: starts a real worker (this program with
  * --worker, under LD_PRELOAD=libmemtally_preload.so, so it registers and
  * flushes like any preloaded process) that allocates and touches --mib MiB
- * and sleeps; waits until the segment shows the worker's slot (pid set by
- * the server) holding at least 90% of those bytes in its lanes; opens a
- * pidfd of its own on the worker; sends SIGKILL at t0 and spins, reading
- * the segment without a lock, until
+ * and sleeps; waits until the worker's slot (pid set by the server) holds
+ * at least 90% of those bytes in its lanes; opens a pidfd of its own on
+ * the worker; sends SIGKILL at t0 and spins, reading the shared memory
+ * without a lock, until
  *   t_exit     its own pidfd is readable (the kernel says the worker
  *              exited: the same event the server's pidfd sees),
  *   t_freed    the worker's slot has pid 0 again (the server released it),
@@ -20,6 +20,15 @@
  * The spin yields the CPU every round (2 CPUs: the server must run) and is
  * bounded by a 5 s deadline; a miss is an error, not a sample.
  *
+ * The shared objects are anonymous memfds the server hands to its workers
+ * only: the driver opens them through the server's own descriptors,
+ * /proc/SERVER/fd/N (the server is its child, of its uid), and maps them
+ * as a worker would (mtshm_map_fd: seals and size checked, the header
+ * read-only). The header "LABEL" lives as long as the server; the uid's
+ * slot table "LABEL-slots:..." is created at the worker's registration and
+ * released by the server with its last process, so it is looked up again
+ * for each worker (the driver's mapping keeps it readable after the kill).
+ *
  * A tick of 1000 ms against the default 10 ms shows whether reclaim waits
  * for a tick (it should not: the server watches each worker's pidfd and
  * releases the slot in the loop iteration that sees the exit).
@@ -28,6 +37,7 @@
  * kill->reclaim and exit->reclaim.
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -87,13 +97,67 @@ static int socket_up(const char *path)
 	return ok;
 }
 
-/* The slot the server gave `pid`, or -1. */
-static int64_t find_slot(const struct mtshm_map *m, pid_t pid)
+/*
+ * Map the server's object whose memfd name is `name` (prefix_only: whose
+ * name starts with it) with `seals` and `size`, through /proc/SERVER/fd.
+ * Returns 0 or -1.
+ */
+static int map_server_object(pid_t srv, const char *name, int prefix_only,
+                             unsigned seals, uint64_t size,
+                             struct mtshm_map *out)
 {
-	for (uint32_t i = 0; i < m->hdr->slot_count; i++)
-		if (mt_load_acquire32(&mtshm_slot(m, i)->pid) == (uint32_t)pid)
+	char dir[64];
+	snprintf(dir, sizeof(dir), "/proc/%d/fd", (int)srv);
+	DIR *d = opendir(dir);
+	if (!d)
+		return -1;
+	int rc = -1;
+	struct dirent *e;
+	while (rc && (e = readdir(d))) {
+		if (e->d_name[0] == '.')
+			continue;
+		char path[384], target[256];
+		snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+		ssize_t n = readlink(path, target, sizeof(target) - 1);
+		if (n <= 0)
+			continue;
+		target[n] = 0;
+		if (prefix_only ? strncmp(target, name, strlen(name))
+		                : strcmp(target, name))
+			continue;
+		int fd = open(path, ((seals & F_SEAL_FUTURE_WRITE) ? O_RDONLY
+		                                                   : O_RDWR) |
+		                        O_CLOEXEC);
+		if (fd < 0)
+			continue;
+		if (mtshm_map_fd(fd, seals, size, out) == 0)
+			rc = 0;
+		close(fd);
+	}
+	closedir(d);
+	return rc;
+}
+
+/* The slot the server gave `pid` in `table`, or -1. */
+static int64_t find_slot(const struct mtshm_layout *l,
+                         const struct mtshm_map *table, pid_t pid)
+{
+	if (!table->base)
+		return -1;
+	for (uint32_t i = 0; i < l->slot_count; i++)
+		if (mt_load_acquire32(&mtshm_slot(l, table->base, i)->pid) ==
+		    (uint32_t)pid)
 			return i;
 	return -1;
+}
+
+/* What the worker has published into slot `s`. */
+static int64_t slot_total(const struct mtshm_layout *l,
+                          struct mtshm_slot_id *s)
+{
+	uint64_t flushes;
+	int absurd;
+	return mtshm_slot_sum(s, l->lane_count, &flushes, &absurd);
 }
 
 static int cmp_u64(const void *a, const void *b)
@@ -144,10 +208,15 @@ int main(int argc, char **argv)
 	char dir[] = "/tmp/mtbench-reclaim-XXXXXX";
 	if (!mkdtemp(dir))
 		return 2;
-	char sock[256], seg[64], tick[32], log[256];
+	char sock[256], state[300], seg[64], tick[32], log[256];
+	char hdr_name[128], tbl_prefix[128];
 	snprintf(sock, sizeof(sock), "%s/memtally.sock", dir);
+	snprintf(state, sizeof(state), "%s.state", sock);
 	snprintf(log, sizeof(log), "%s/memtallyd.log", dir);
+	/* --segment /NAME: the server names its memfds NAME. */
 	snprintf(seg, sizeof(seg), "/mtbench-reclaim-%d", (int)getpid());
+	snprintf(hdr_name, sizeof(hdr_name), "/memfd:%s (deleted)", seg + 1);
+	snprintf(tbl_prefix, sizeof(tbl_prefix), "/memfd:%s-slots:", seg + 1);
 	snprintf(tick, sizeof(tick), "%ld", tick_ms);
 
 	pid_t srv = fork();
@@ -165,12 +234,15 @@ int main(int argc, char **argv)
 	int rc = 2;
 	pid_t w = 0; /* the worker alive now, if any */
 	uint64_t *k2e = NULL, *k2f = NULL, *k2r = NULL, *e2r = NULL;
-	struct mtshm_map m = {0};
+	struct mtshm_map m = {.fd = -1}, table = {.fd = -1};
+	struct mtshm_layout layout;
 	uint64_t deadline = bench_now_ns() + DEADLINE_NS;
 	while (bench_now_ns() < deadline &&
-	       !(socket_up(sock) && mtshm_open(seg, 0, &m) == 0))
+	       !(socket_up(sock) &&
+	         map_server_object(srv, hdr_name, 0, MTSHM_SEALS_HEADER,
+	                           MTSHM_HEADER_SIZE, &m) == 0))
 		nap_us(10000);
-	if (!m.base) {
+	if (!m.base || mtshm_layout_read(m.base, m.size, &layout)) {
 		fprintf(stderr, "memtallyd did not start (see %s)\n", log);
 		goto out_server;
 	}
@@ -209,11 +281,18 @@ int main(int argc, char **argv)
 		int64_t slot = -1;
 		deadline = bench_now_ns() + DEADLINE_NS;
 		for (;;) {
+			if (!table.base)
+				map_server_object(srv, tbl_prefix, 1,
+				                  MTSHM_SEALS_TABLE,
+				                  layout.table_size, &table);
 			if (slot < 0)
-				slot = find_slot(&m, w);
+				slot = find_slot(&layout, &table, w);
+			if (slot < 0)
+				mtshm_close(&table); /* not there yet: again */
 			if (slot >= 0 &&
-			    mtshm_slot_sum(&m, mtshm_slot(&m, (uint32_t)slot),
-			                   NULL, NULL) >= want)
+			    slot_total(&layout,
+			               mtshm_slot(&layout, table.base,
+			                          (uint32_t)slot)) >= want)
 				break;
 			if (bench_now_ns() > deadline) {
 				fprintf(stderr,
@@ -225,7 +304,8 @@ int main(int argc, char **argv)
 			}
 			nap_us(200);
 		}
-		struct mtshm_slot_id *s = mtshm_slot(&m, (uint32_t)slot);
+		struct mtshm_slot_id *s =
+		    mtshm_slot(&layout, table.base, (uint32_t)slot);
 		/* One worker at a time: reclaimed means a snapshot published
 		 * after the kill with no process and no bytes left. */
 		struct mtshm_fleet f;
@@ -267,6 +347,7 @@ int main(int argc, char **argv)
 		close(pfd);
 		waitpid(w, NULL, 0);
 		w = 0;
+		mtshm_close(&table); /* the server released it already */
 		k2e[it] = t_exit - t0;
 		k2f[it] = t_freed - t0;
 		k2r[it] = t_rec - t0;
@@ -287,11 +368,12 @@ out_server:
 		kill(w, SIGKILL);
 		waitpid(w, NULL, 0);
 	}
+	mtshm_close(&table);
 	mtshm_close(&m);
 	kill(srv, SIGTERM);
 	waitpid(srv, NULL, 0);
-	mtshm_unlink(seg);
 	unlink(sock);
+	unlink(state);
 	free(k2e);
 	free(k2f);
 	free(k2r);

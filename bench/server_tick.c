@@ -1,18 +1,21 @@
 /*
  * server_tick.c - the aggregation half of memtallyd's tick, timed over a
- * real shared-memory segment (the `server` suite, issue 4's "tick cost
+ * real shared-memory segment (the `server` suite's "tick cost
  * against slot count and thread lanes").
  *
- * For each slot count S (64 .. 16384) and lanes in use L: create a segment
- * of S slots (mtshm_create, the server's own code), mark every slot live
- * with L lanes claimed, and start a writer thread pinned to another CPU
- * that keeps storing into every lane of every slot, so the reader sums
- * lines just written by another core (DESIGN.md's "~3 ns per slot" case).
- * The main thread, pinned to its own CPU, times one tick = the sum of all
- * S slots, TICKS times: by default as mts_tick() sums now
- * (mtshm_slot_sum_inline, the slot `--ahead N` entries on prefetched),
- * `--variant inline` without the prefetch, `--variant call` as it did
- * before issue 4's tuning (an out-of-line mtshm_slot_sum() per slot).
+ * For each slot count S (64 .. 16384) and lanes in use L: create a header
+ * of S slots and one slot table for it (mtshm_header_create and
+ * mtshm_table_create, the server's own code: sealed memfds, as memtallyd
+ * makes them), take the layout from the header once (mtshm_layout_read),
+ * mark every slot live with L lanes claimed, and start a writer thread
+ * pinned to another CPU that keeps storing into every lane of every slot,
+ * so the reader sums lines just written by another core (the "~3 ns per
+ * slot" case). The main thread, pinned to its own CPU, times one tick =
+ * the sum of all S slots, TICKS times: by default as mts_tick() sums now
+ * (mtshm_slot_sum inlined, lane_count from the private layout, the slot
+ * `--ahead N` entries on prefetched), `--variant inline` without the
+ * prefetch, `--variant call` as it did before the tick was tuned (an
+ * out-of-line call per slot that reads the lane count itself).
  * `--quiet` runs without the writer (lines stay in the reader's cache).
  *
  * Proof: the sum of a tick must equal the sum of the values the writer
@@ -41,7 +44,8 @@
 
 #define TICKS 301
 
-static struct mtshm_map map;
+static struct mtshm_map hdr, table;
+static struct mtshm_layout layout; /* private copy, as the server keeps */
 static uint32_t nslots, nlanes;
 static atomic_int stop;
 static int writer_cpu = -1;
@@ -57,7 +61,7 @@ static void *writer(void *arg)
 	while (!atomic_load_explicit(&stop, memory_order_relaxed)) {
 		round++;
 		for (uint32_t i = 0; i < nslots; i++) {
-			struct mtshm_slot_id *s = mtshm_slot(&map, i);
+			struct mtshm_slot_id *s = mtshm_slot(&layout, table.base, i);
 			for (uint32_t k = 0; k < nlanes; k++)
 				mt_store_relaxeds64(
 				    &mtshm_lane(s, k)->bytes,
@@ -67,18 +71,28 @@ static void *writer(void *arg)
 	return NULL;
 }
 
-/* The loop as it was before issue 4's tuning: an out-of-line
- * mtshm_slot_sum() per slot. Kept as `--variant call`, the baseline the
- * other variants are compared with in the same run. */
+/* A slot's sum behind a call, reading the lane count itself each time, as
+ * the out-of-line mtshm_slot_sum() of layout 1.x did. */
+__attribute__((noinline)) static int64_t
+slot_sum_call(const struct mtshm_layout *l, struct mtshm_slot_id *s,
+              int *absurd)
+{
+	uint64_t flushes;
+	return mtshm_slot_sum(s, l->lane_count, &flushes, absurd);
+}
+
+/* The loop as it was before the tick was tuned: an out-of-line call per
+ * slot. Kept as `--variant call`, the baseline the other variants are
+ * compared with in the same run. */
 static int64_t tick_call(void)
 {
 	int64_t total = 0;
 	for (uint32_t i = 0; i < nslots; i++) {
-		struct mtshm_slot_id *s = mtshm_slot(&map, i);
+		struct mtshm_slot_id *s = mtshm_slot(&layout, table.base, i);
 		if (!mt_load_relaxed32(&s->pid))
 			continue;
 		int absurd = 0;
-		int64_t b = mtshm_slot_sum(&map, s, NULL, &absurd);
+		int64_t b = slot_sum_call(&layout, s, &absurd);
 		if (!absurd)
 			total += b;
 	}
@@ -93,16 +107,17 @@ static int prefetch = 1;
 static int64_t tick_inline(void)
 {
 	int64_t total = 0;
-	uint32_t lanes = map.hdr->lane_count;
+	uint32_t lanes = layout.lane_count;
 	for (uint32_t i = 0; i < nslots; i++) {
 		if (prefetch && i + ahead < nslots)
-			mtshm_slot_prefetch(&map, i + ahead);
-		struct mtshm_slot_id *s = mtshm_slot(&map, i);
+			mtshm_slot_prefetch(
+			    mtshm_slot(&layout, table.base, i + ahead));
+		struct mtshm_slot_id *s = mtshm_slot(&layout, table.base, i);
 		if (!mt_load_relaxed32(&s->pid))
 			continue;
 		uint64_t flushes;
 		int absurd;
-		int64_t b = mtshm_slot_sum_inline(s, lanes, &flushes, &absurd);
+		int64_t b = mtshm_slot_sum(s, lanes, &flushes, &absurd);
 		if (!absurd)
 			total += b;
 	}
@@ -158,18 +173,21 @@ int main(int argc, char **argv)
 	nslots = slots, nlanes = lanes;
 	if (cpu >= 0 && bench_pin_cpu(cpu))
 		return 2;
-	char name[64];
-	snprintf(name, sizeof(name), "/mtbench-tick-%d", (int)getpid());
+	/* Anonymous objects: nothing is left behind when the process ends. */
 	struct mtshm_params p = {.slots = slots, .lanes = lanes,
-	                         .threshold = 65536, .mode = 0600, .gid = -1};
-	int rc = mtshm_create(name, &p, &map);
+	                         .threshold = 65536};
+	int rc = mtshm_header_create("mtbench-tick", &p, &hdr);
+	if (!rc)
+		rc = mtshm_layout_read(hdr.base, hdr.size, &layout);
+	if (!rc)
+		rc = mtshm_table_create("mtbench-tick-slots", &layout, &table);
 	if (rc) {
-		fprintf(stderr, "mtshm_create: %s\n", mtshm_strerror(rc));
+		fprintf(stderr, "creating the header and table: %s\n",
+		        mtshm_strerror(rc));
 		return 2;
 	}
-	mtshm_unlink(name); /* the mapping stays; nothing is left behind */
 	for (uint32_t i = 0; i < slots; i++) {
-		struct mtshm_slot_id *s = mtshm_slot(&map, i);
+		struct mtshm_slot_id *s = mtshm_slot(&layout, table.base, i);
 		mt_store_relaxed32(&s->pid, 100000 + i);
 		mt_store_relaxed32(&s->lanes_used, lanes);
 		for (uint32_t k = 0; k < lanes; k++)
@@ -195,7 +213,7 @@ int main(int argc, char **argv)
 	/* Proof: restore the known values and check one tick sums them. */
 	int64_t want = 0;
 	for (uint32_t i = 0; i < slots; i++) {
-		struct mtshm_slot_id *s = mtshm_slot(&map, i);
+		struct mtshm_slot_id *s = mtshm_slot(&layout, table.base, i);
 		for (uint32_t k = 0; k < lanes; k++) {
 			int64_t v = (int64_t)(i * 64u + k + 1);
 			mt_store_relaxeds64(&mtshm_lane(s, k)->bytes, v);
@@ -218,6 +236,7 @@ int main(int argc, char **argv)
 	       variant, slots, lanes, quiet ? "false" : "true", TICKS,
 	       t[TICKS / 2], t[TICKS * 99 / 100], t[0], t[TICKS - 1], got,
 	       sink & 1);
-	mtshm_close(&map);
+	mtshm_close(&table);
+	mtshm_close(&hdr);
 	return 0;
 }

@@ -1,8 +1,9 @@
 /*
  * fuzz_dispatch.c - libFuzzer target: a connection's input as memtallyd
  * answers it, through the real mts_input() / mts_dispatch() and the
- * registry behind them, over a real (small) segment. No socket: the
- * "connection" is the fuzz input, the answers go to a buffer.
+ * registry behind them, over a real (small) header and slot tables. No
+ * socket: the "connection" is the fuzz input, the answers go to a
+ * buffer.
  *
  * Each input is delivered twice:
  *   1. whole, by a local peer with credentials (this process), with no
@@ -16,9 +17,13 @@
  * consume input only in whole frames; and a pass that is not closed must
  * leave less than one complete frame unconsumed.
  *
- * The server (registry + segment /mt-fuzz-<pid>, 4 slots) lives for the
- * whole run, as memtallyd does; every 64 inputs it ticks, so registered
- * state is aged the way the daemon ages it. The segment is unlinked at exit.
+ * The server (registry + header memfd "mt-fuzz-<pid>", 4 slots, a slot
+ * table per uid that registers) lives for the whole run, as memtallyd
+ * does; every 64 inputs it ticks, so registered state is aged the way the
+ * daemon ages it. The objects are anonymous: nothing outlives the run, and
+ * with no socket there is no restart record either. A Register answer's
+ * descriptors are only borrowed from the registry (there is no socket to
+ * pass them on), so they need no closing here.
  */
 #include "server.h"
 
@@ -46,7 +51,6 @@ static void cleanup(void)
 	uv_run(&loop, UV_RUN_DEFAULT);
 	mts_server_free(&srv);
 	uv_loop_close(&loop);
-	mtshm_unlink(segname);
 }
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
@@ -56,7 +60,6 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 	(void)argv;
 	mts_log_set_level((enum mts_log_level)(MTS_LOG_ERROR + 1)); /* silence the per-frame warnings */
 	snprintf(segname, sizeof(segname), "/mt-fuzz-%ld", (long)getpid());
-	mtshm_unlink(segname);
 	struct mts_config cfg = {
 	    .socket_path = NULL,
 	    .segment = segname,

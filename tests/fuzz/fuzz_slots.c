@@ -1,40 +1,56 @@
 /*
- * fuzz_slots.c - libFuzzer target: what a worker (or anything that can map
- * the segment) can write into its slots, as memtallyd's tick and a
- * restarted memtallyd's adoption read it.
+ * fuzz_slots.c - libFuzzer target: what a worker can write into its uid's
+ * slot table, as memtallyd's tick and a restarted memtallyd's adoption
+ * read it.
  *
  * fuzz_segment covers the header and the validator; this target keeps a
- * real, valid segment and scribbles over slot CONTENTS: identity fields
- * (pid, uid, start time, generation, flags), client counters (threads,
- * lanes_used, overflow), lanes (owner, bytes, flushes) and the per-slot
- * names of layout 1.1. Three real child processes are registered through
- * the server core's registry at start (as memtallyd registers workers);
- * slot 3 is free. Each input is applied to a fresh copy of that segment,
- * then:
+ * real server and scribbles over slot CONTENTS in its real uid tables:
+ * identity fields (pid, uid, start time, generation, flags), client
+ * counters (threads, lanes_used, overflow) and lanes (owner, bytes,
+ * flushes). Three real child processes are registered through the server
+ * core's registry at start (as memtallyd registers workers), each as
+ * another uid, so each has its own slot table; each child maps its table
+ * as its client would (the descriptor the Registered answer carries).
+ * Slot 3 is free. Slots are reached through the addresses the registry
+ * computed, mts_slot(&srv.reg, i). Each input is applied to the tables as
+ * registered (restored before each input), then:
  *
  *   1. mts_tick() on the registry that registered them. Checked: no crash
  *      (ASan/UBSan); the registry is authoritative: the same three pids in
  *      the same slots with the same start times whatever the slot's pid
  *      field now says, and ListProcesses (through mts_dispatch) lists
- *      exactly them; a slot whose counters are absurd is quarantined and
+ *      exactly them; a slot whose total is absurd is quarantined and
  *      counts 0; the fleet total is exactly the sum of the processes that
  *      are not quarantined, and equals the sum of the groups.
- *   2. when the input's first byte has bit 7 set, adoption: a second
- *      registry adopts the scribbled segment as a restarted memtallyd
- *      would (mts_adopt) and ticks. Checked: every process it adopted is
- *      alive with the start time the registry recorded (identity from the
- *      segment is only a lead, checked against /proc), at most the slot
- *      count, and the same quarantine and total invariants.
+ *   2. when the input's first byte has bit 7 set, restart adoption: a
+ *      second registry, on a header of its own, adopts the workers as a
+ *      restarted memtallyd would (mts_adopt): who they are from the
+ *      server's restart record (server/state.c, a file no worker can
+ *      write), their tables reopened from the children's own mappings
+ *      (/proc/PID/map_files), and ticks. Checked: every process it adopted
+ *      is one of the children, in its recorded slot, alive with its
+ *      recorded start time, whatever the scribbled slots say; at most the
+ *      slot count; the same quarantine and total invariants, and the same
+ *      fleet total as the first registry when all were adopted. Reopening
+ *      a table through map_files needs CAP_SYS_ADMIN (or
+ *      CAP_CHECKPOINT_RESTORE): without it nothing is adopted, and only
+ *      "all adopted" is not required (probed once at start).
  *
  * Input: byte 0 = flags, then edits of [op][offset][len][len bytes]:
- *   op & 3        the slot
+ *   op & 3        the slot (slot 3 is free: a worker of uid 1000 writes
+ *                 it in its own table, where no process of the registry
+ *                 lives)
  *   (op >> 2) & 3 0: slot identity (64 bytes), 1: the slot's lines
- *                 (identity and lanes), 2: its names entry, 3: an 8-byte
- *                 "interesting" value (op >> 4 picks it) at an aligned
- *                 offset of its lines
+ *                 (identity and lanes), 2: the same slot index in the
+ *                 next uid's table (a worker scribbling the slot of a
+ *                 process of another uid in its own table, which the
+ *                 server must never read as that process's), 3: an
+ *                 8-byte "interesting" value (op >> 4 picks it) at an
+ *                 aligned offset of its lines
  *
- * The segment (/mt-fuzzslots-<pid>, 4 slots x 2 lanes) and the children
- * live for the whole run; both are cleaned up at exit.
+ * The server (header memfd "mt-fuzzslots-<pid>", 4 slots x 2 lanes, its
+ * restart record in a temporary directory) and the children live for the
+ * whole run; they are cleaned up at exit.
  */
 #include "server.h"
 
@@ -47,6 +63,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -57,12 +76,16 @@
 static uv_loop_t loop;
 static struct mts_server srv;
 static char segname[64];
+static char tmpdir[64] = "/tmp/mt-fuzzslots-XXXXXX";
+static char statepath[128];
 static int ready;
+static int can_adopt; /* tables can be reopened from the children */
 static pid_t kids[NKIDS];
 static uint32_t kid_slot[NKIDS];
 static uint64_t kid_start[NKIDS];
-static uint8_t *snapshot; /* the whole segment as registered */
-static size_t stride;     /* bytes from one slot to the next */
+static struct mts_table *kid_table[NKIDS];
+static uint8_t *snapshot[NKIDS]; /* each kid's table as registered */
+static size_t stride;            /* bytes from one slot to the next */
 
 static void cleanup(void)
 {
@@ -72,13 +95,14 @@ static void cleanup(void)
 	for (int i = 0; i < NKIDS; i++) {
 		kill(kids[i], SIGKILL);
 		waitpid(kids[i], NULL, 0);
+		free(snapshot[i]);
 	}
 	mts_server_stop(&srv);
 	uv_run(&loop, UV_RUN_DEFAULT);
 	mts_server_free(&srv);
 	uv_loop_close(&loop);
-	mtshm_unlink(segname);
-	free(snapshot);
+	unlink(statepath);
+	rmdir(tmpdir);
 }
 
 static void die(const char *what)
@@ -87,30 +111,83 @@ static void die(const char *what)
 	abort();
 }
 
-/* A child that lives until killed (reported once it runs). */
-static pid_t spawn(void)
+/* A child that lives until killed (reported once it runs). It maps the
+ * table descriptor it is then sent, read-write, as a worker's client
+ * maps its uid's table, and says so. *sock: our end. */
+static pid_t spawn(int *sock)
 {
-	int p[2];
-	if (pipe(p) != 0)
-		die("pipe");
+	int sv[2];
+	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
+		die("socketpair");
 	pid_t pid = fork();
 	if (pid < 0)
 		die("fork");
 	if (pid == 0) {
-		close(p[0]);
+		close(sv[0]);
 		char c = 'x';
-		if (write(p[1], &c, 1) != 1)
+		if (write(sv[1], &c, 1) != 1)
+			_exit(1);
+		union {
+			struct cmsghdr h;
+			char buf[CMSG_SPACE(sizeof(int))];
+		} cm;
+		struct iovec iov = {.iov_base = &c, .iov_len = 1};
+		struct msghdr mh = {.msg_iov = &iov,
+		                    .msg_iovlen = 1,
+		                    .msg_control = cm.buf,
+		                    .msg_controllen = sizeof(cm.buf)};
+		if (recvmsg(sv[1], &mh, 0) != 1)
+			_exit(1);
+		struct cmsghdr *ch = CMSG_FIRSTHDR(&mh);
+		int fd;
+		struct stat st;
+		if (!ch || ch->cmsg_type != SCM_RIGHTS)
+			_exit(1);
+		memcpy(&fd, CMSG_DATA(ch), sizeof(fd));
+		if (fstat(fd, &st) != 0 ||
+		    mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE,
+		         MAP_SHARED, fd, 0) == MAP_FAILED)
+			_exit(1);
+		close(fd);
+		c = 'y';
+		if (write(sv[1], &c, 1) != 1)
 			_exit(1);
 		for (;;)
 			pause();
 	}
-	close(p[1]);
+	close(sv[1]);
 	char c;
-	if (read(p[0], &c, 1) != 1)
+	if (read(sv[0], &c, 1) != 1)
 		die("child did not start");
-	close(p[0]);
+	*sock = sv[0];
 	return pid;
 }
+
+/* Hand the child at the other end of `sock` its table descriptor. */
+static void send_table(int sock, int fd)
+{
+	union {
+		struct cmsghdr h;
+		char buf[CMSG_SPACE(sizeof(int))];
+	} cm;
+	memset(&cm, 0, sizeof(cm));
+	char c = 't';
+	struct iovec iov = {.iov_base = &c, .iov_len = 1};
+	struct msghdr mh = {.msg_iov = &iov,
+	                    .msg_iovlen = 1,
+	                    .msg_control = cm.buf,
+	                    .msg_controllen = sizeof(cm.buf)};
+	struct cmsghdr *ch = CMSG_FIRSTHDR(&mh);
+	ch->cmsg_level = SOL_SOCKET;
+	ch->cmsg_type = SCM_RIGHTS;
+	ch->cmsg_len = CMSG_LEN(sizeof(int));
+	memcpy(CMSG_DATA(ch), &fd, sizeof(fd));
+	if (sendmsg(sock, &mh, 0) != 1 || read(sock, &c, 1) != 1 || c != 'y')
+		die("child did not map its table");
+	close(sock);
+}
+
+static uint32_t adopt_pass(int untouched);
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerInitialize(int *argc, char ***argv)
@@ -120,22 +197,29 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 	/* Silence the "corrupt, excluded" warnings. */
 	mts_log_set_level((enum mts_log_level)(MTS_LOG_ERROR + 1));
 	snprintf(segname, sizeof(segname), "/mt-fuzzslots-%ld", (long)getpid());
-	mtshm_unlink(segname);
+	if (!mkdtemp(tmpdir))
+		die("mkdtemp");
+	snprintf(statepath, sizeof(statepath), "%s/state", tmpdir);
 	struct mts_config cfg = {
 	    .socket_path = NULL,
 	    .segment = segname,
+	    .state_path = statepath,
 	    .slots = SLOTS,
 	    .lanes = LANES,
 	    .tick_ms = 60000, /* ticked by hand */
 	    .threshold = 1000,
+	    .reset = true,
 	};
 	if (uv_loop_init(&loop) != 0 || mts_server_init(&srv, &loop, &cfg) != 0)
 		die("cannot start a server");
+	if (!srv.reg.state)
+		die("the server keeps no restart record");
 	ready = 1;
 	atexit(cleanup);
 	static const char *const groups[NKIDS] = {"batch", "web", ""};
 	for (int i = 0; i < NKIDS; i++) {
-		kids[i] = spawn();
+		int sock;
+		kids[i] = spawn(&sock);
 		struct mts_peer peer = {.fd = -1,
 		                        .has_cred = true,
 		                        .pid = (uint32_t)kids[i],
@@ -145,14 +229,16 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 		if (mts_register(&srv.reg, &peer, groups[i], i == 1 ? "t1" : "",
 		                 0x1234u + (uint64_t)i, &res) != 0)
 			die("cannot register a child");
+		send_table(sock, res.fds[1]);
 		kid_slot[i] = res.slot;
 		struct mts_proc *p = mts_find_pid(&srv.reg, (uint32_t)kids[i]);
 		if (!p)
 			die("registered child not found");
 		kid_start[i] = p->start_time;
+		kid_table[i] = p->table;
 		/* What its client would have flushed: i+1 MiB in lane 0,
 		 * a little in lane 1 and in overflow. */
-		struct mtshm_slot_id *s = mtshm_slot(&srv.map, res.slot);
+		struct mtshm_slot_id *s = mts_slot(&srv.reg, res.slot);
 		mt_store_relaxed32(&s->threads, 3);
 		mt_store_relaxed32(&s->lanes_used, 2);
 		mt_store_relaxeds64(&s->overflow, 4096);
@@ -160,12 +246,20 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 		                                                  << 20);
 		mt_store_relaxeds64(&mtshm_lane(s, 1)->bytes, -12345);
 	}
-	stride = (size_t)((char *)mtshm_slot(&srv.map, 1) -
-	                  (char *)mtshm_slot(&srv.map, 0));
-	snapshot = malloc(srv.map.size);
-	if (!snapshot)
-		die("out of memory");
-	memcpy(snapshot, srv.map.base, srv.map.size);
+	if (srv.reg.ntables != NKIDS || kid_table[0] == kid_table[1])
+		die("one slot table per uid expected");
+	stride = srv.reg.layout.slot_stride;
+	for (int i = 0; i < NKIDS; i++) {
+		const struct mtshm_map *m = &kid_table[i]->map;
+		snapshot[i] = malloc(m->size);
+		if (!snapshot[i])
+			die("out of memory");
+		memcpy(snapshot[i], m->base, m->size);
+	}
+	/* Whether this process may reopen a worker's table (root, or the
+	 * capability): only then must an untouched run adopt everyone. */
+	mts_tick(&srv.reg);
+	can_adopt = adopt_pass(0) == NKIDS;
 	return 0;
 }
 
@@ -188,20 +282,42 @@ static const uint64_t interesting[16] = {
     UINT64_C(0x00000001ffffffff),
 };
 
+/* The child whose slot is `slot`, or -1 (a free slot). */
+static int kid_of(uint32_t slot)
+{
+	for (int k = 0; k < NKIDS; k++)
+		if (kid_slot[k] == slot)
+			return k;
+	return -1;
+}
+
+/* Where an edit of `slot` lands: its process's line through the
+ * registry's address, or (free slot) its place in kid 0's table; with
+ * `other`, the same index in the next uid's table. */
+static uint8_t *slot_lines(uint32_t slot, int other)
+{
+	int k = kid_of(slot);
+	if (!other && k >= 0)
+		return (uint8_t *)mts_slot(&srv.reg, slot);
+	const struct mts_table *t =
+	    kid_table[other ? (k < 0 ? 1 : (k + 1) % NKIDS) : 0];
+	return (uint8_t *)mtshm_slot(&srv.reg.layout, t->map.base, slot);
+}
+
 static void apply(const uint8_t *d, size_t n)
 {
 	size_t pos = 1;
 	while (pos + 3 <= n) {
 		uint8_t op = d[pos], off = d[pos + 1], len = d[pos + 2] % 17u;
 		pos += 3;
-		struct mtshm_slot_id *s = mtshm_slot(&srv.map, op & 3u);
-		uint8_t *lines = (uint8_t *)s;
-		switch ((op >> 2) & 3u) {
+		uint32_t kind = (op >> 2) & 3u;
+		uint8_t *lines = slot_lines(op & 3u, kind == 2);
+		switch (kind) {
 		case 0:   /* identity */
-		case 1: { /* identity and lanes */
-			size_t span = ((op >> 2) & 3u) == 0
-			                  ? sizeof(struct mtshm_slot_id)
-			                  : stride;
+		case 1:   /* identity and lanes */
+		case 2: { /* the slot index in another uid's table */
+			size_t span = kind == 0 ? sizeof(struct mtshm_slot_id)
+			                        : stride;
 			size_t at = off % span;
 			size_t k = len;
 			if (k > n - pos)
@@ -209,20 +325,6 @@ static void apply(const uint8_t *d, size_t n)
 			if (k > span - at)
 				k = span - at;
 			memcpy(lines + at, d + pos, k);
-			pos += len < n - pos ? len : n - pos;
-			break;
-		}
-		case 2: { /* names */
-			uint8_t *nm = (uint8_t *)mtshm_names(&srv.map, op & 3u);
-			size_t k = len;
-			if (k > n - pos)
-				k = n - pos;
-			size_t span = MTSHM_NAMES_STRIDE;
-			size_t at = (size_t)off % span;
-			if (k > span - at)
-				k = span - at;
-			if (nm)
-				memcpy(nm + at, d + pos, k);
 			pos += len < n - pos ? len : n - pos;
 			break;
 		}
@@ -242,13 +344,19 @@ static void check_totals(const struct mts_registry *reg)
 	uint64_t sum = 0, groups = 0;
 	for (uint32_t i = 0; i < reg->slot_count; i++) {
 		const struct mts_proc *p = reg->by_slot[i];
-		if (!p)
+		if (!p) {
+			if (mts_slot(reg, i))
+				die("a free slot has an address");
 			continue;
+		}
 		if (p->slot != i)
 			die("by_slot and the proc disagree on the slot");
+		struct mtshm_slot_id *s = mts_slot(reg, i);
+		if (s != mtshm_slot(&reg->layout, p->table->map.base, i))
+			die("a slot outside its uid's table");
+		uint64_t flushes;
 		int absurd = 0;
-		mtshm_slot_sum(reg->map, mtshm_slot(reg->map, i), NULL,
-		               &absurd);
+		mtshm_slot_sum(s, reg->layout.lane_count, &flushes, &absurd);
 		if (absurd && !p->corrupt)
 			die("absurd counters not quarantined");
 		if (p->corrupt && p->bytes != 0)
@@ -315,12 +423,26 @@ static void check_listing(void)
 	mts_buf_free(&out);
 }
 
-/* A restarted server adopts the scribbled segment. */
-static void adopt_pass(int untouched)
+/*
+ * A restarted server: a header of its own, a registry on it that adopts
+ * the workers of the restart record. Returns how many it adopted. The
+ * record is put back as the first registry wrote it (adoption clears the
+ * entries of workers it could not take).
+ */
+static uint32_t adopt_pass(int untouched)
 {
+	char label[96];
+	snprintf(label, sizeof(label), "%s-restarted", srv.reg.label);
+	struct mtshm_params params = {
+	    .slots = SLOTS, .lanes = LANES, .threshold = 1000};
+	struct mtshm_map hdr;
+	if (mtshm_header_create(label, &params, &hdr) != 0)
+		die("header of the restarted server");
 	struct mts_registry reg;
-	if (mts_registry_init(&reg, &loop, &srv.map, segname) != 0)
+	if (mts_registry_init(&reg, &loop, &hdr, srv.reg.label,
+	                      srv.reg.state) != 0)
 		die("registry init");
+	reg.instance = srv.reg.instance; /* as the record keeps it */
 	struct mts_policy defaults;
 	mts_policy_defaults(&defaults);
 	if (mts_limits_apply_policy(&reg, &defaults) != 0)
@@ -329,33 +451,45 @@ static void adopt_pass(int untouched)
 	mts_adopt(&reg, &kept, &dropped);
 	if (kept > SLOTS || kept != reg.ndense)
 		die("adopted count");
-	if (untouched && kept != NKIDS)
-		die("an untouched segment's workers were not all adopted");
+	if (untouched && can_adopt && kept != NKIDS)
+		die("an untouched run's workers were not all adopted");
 	mts_tick(&reg);
 	for (uint32_t i = 0; i < reg.slot_count; i++) {
 		const struct mts_proc *p = reg.by_slot[i];
 		if (!p)
 			continue;
+		int k = kid_of(i);
+		if (k < 0 || p->pid != (uint32_t)kids[k] ||
+		    p->start_time != kid_start[k] ||
+		    p->uid != 1000u + (uint32_t)k)
+			die("adopted a process that is not the slot's worker");
 		uint64_t st;
 		if (mts_read_starttime((pid_t)p->pid, &st) != 0 ||
 		    st != p->start_time)
-			die("adopted a process that is not the slot's worker");
+			die("adopted a process that is not alive as recorded");
 	}
 	check_totals(&reg);
+	if (kept == NKIDS && reg.totals.bytes != srv.reg.totals.bytes)
+		die("the restarted server counts other totals");
 	mts_registry_close(&reg);
 	uv_run(&loop, UV_RUN_NOWAIT); /* the pidfd polls' close callbacks */
 	mts_registry_free(&reg);
+	mtshm_close(&hdr);
+	for (int k = 0; k < NKIDS; k++)
+		mts_state_put(srv.reg.state, &srv.reg,
+		              srv.reg.by_slot[kid_slot[k]]);
+	return kept;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-	/* A fresh copy of the registered segment; quarantine is sticky in
-	 * the registry until the slot is reset, which the copy stands for. */
-	memcpy(srv.map.base, snapshot, srv.map.size);
+	/* The tables as registered; quarantine is sticky in the registry
+	 * until the slot is reset, which the copy stands for. */
 	for (int i = 0; i < NKIDS; i++) {
-		struct mts_proc *p = srv.reg.by_slot[kid_slot[i]];
-		p->corrupt = false;
+		memcpy(kid_table[i]->map.base, snapshot[i],
+		       kid_table[i]->map.size);
+		srv.reg.by_slot[kid_slot[i]]->corrupt = false;
 	}
 	if (size == 0)
 		return 0;
@@ -368,7 +502,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		struct mts_proc *p = mts_find_pid(&srv.reg, (uint32_t)kids[i]);
 		if (!p || p->slot != kid_slot[i] ||
 		    p->start_time != kid_start[i] ||
-		    srv.reg.by_slot[kid_slot[i]] != p)
+		    srv.reg.by_slot[kid_slot[i]] != p ||
+		    p->table != kid_table[i])
 			die("the registry's record changed with the slot");
 	}
 	check_totals(&srv.reg);
@@ -379,7 +514,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		for (int i = 0; i < NKIDS; i++)
 			want += ((uint64_t)(i + 1) << 20) + 4096u - 12345u;
 		if (srv.reg.totals.bytes != want)
-			die("untouched segment: wrong fleet total");
+			die("untouched tables: wrong fleet total");
 	}
 	if (data[0] & 0x80)
 		adopt_pass(size == 1);

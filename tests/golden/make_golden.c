@@ -1,23 +1,26 @@
 /*
- * make_golden.c - writes the golden segment images of layouts 1.0 and 1.1.
+ * make_golden.c - writes the golden images of layout 2.0: the header page
+ * and a slot table.
  *
- * The image is a small segment (4 slots x 4 lanes, 4096 + 4 * 512 bytes)
- * whose every non-zero field has a fixed, documented value: nothing here
- * is random or read from the clock, so two runs produce the same bytes.
- * tests/unit/test_shm_golden.c knows these values and checks that every
- * build reads them back through the published geometry, and rejects the
- * corrupted variants it derives from them.
+ * Layout 2.0 has two kinds of shared object (shm/mtshm.h): a 4096-byte
+ * header and one slot table per uid. The header image declares 4 slots x
+ * 4 lanes (stride 512, table_size 2048); the table image is such a table
+ * (2048 bytes) with slots 0, 2 and 3 in use. Every non-zero field has a
+ * fixed, documented value: nothing here is random or read from the clock,
+ * so two runs produce the same bytes. tests/unit/test_shm_golden.c knows
+ * these values and checks that every build reads them back byte for byte
+ * and through the layout, and rejects the corrupted variants it derives.
  *
- * The committed image is the reference, not this program: once a layout
+ * The committed images are the reference, not this program: once a layout
  * version's image is committed it is never regenerated after a change to
  * mtshm.h, because its whole point is to catch such a change. A new layout
- * version gets its own image (and its own branch here). The version words
- * below are therefore literals, not MTSHM_VERSION_*.
+ * version gets its own images (and its own branch here). The version words
+ * below are therefore literals, not MTSHM_VERSION_*. The images of layouts
+ * 1.0 and 1.1 (segment-v1.*.bin) were written by this program's earlier
+ * revisions and stay committed as they are: 2.0 readers must refuse them.
  *
- * 1.1 is the 1.0 image with minor 1 and the per-slot names region after
- * the slots (names for slots 0 and 2).
- *
- * Usage: make_golden [--v1.1] OUT.bin   (see tests/golden/README.md)
+ * Usage: make_golden --header OUT.bin | --table OUT.bin
+ *        (see tests/golden/README.md)
  */
 #include "mtshm.h"
 
@@ -33,58 +36,30 @@ enum {
 	GOLDEN_SLOTS = 4,
 	GOLDEN_LANES = 4,
 	GOLDEN_STRIDE = GOLDEN_LANES * MTSHM_LINE,
-	GOLDEN_SIZE = MTSHM_HEADER_SIZE + GOLDEN_SLOTS * GOLDEN_STRIDE,
-	GOLDEN11_NAMES = GOLDEN_SIZE,
-	GOLDEN11_SIZE = GOLDEN_SIZE + GOLDEN_SLOTS * 256,
+	GOLDEN_TABLE = GOLDEN_SLOTS * GOLDEN_STRIDE, /* 2048 */
 };
 
-/* The 1.1 additions, with literal offsets and values. */
-static void fill_v11(unsigned char *img)
-{
-	struct mtshm_header *h = (struct mtshm_header *)img;
-	h->version_minor = 1;
-	h->segment_size = GOLDEN11_SIZE;
-	h->names_offset = GOLDEN11_NAMES;
-	h->names_stride = 256;
-	struct mtshm_slot_names *n =
-		(struct mtshm_slot_names *)(img + GOLDEN11_NAMES);
-	n[0].image_id = UINT64_C(0xfeedface12345678);
-	n[0].registered_ns = UINT64_C(1700000001000000000);
-	strcpy(n[0].group, "etl");
-	strcpy(n[0].task, "job-42");
-	n[2].image_id = 77;
-	n[2].registered_ns = UINT64_C(1700000002000000000);
-	strcpy(n[2].group, "ml");
-}
-
-/* Slot i of the image, addressed the way a reader must: offset + stride. */
-static struct mtshm_slot_id *slot(unsigned char *img, uint32_t i)
-{
-	return (struct mtshm_slot_id *)(img + MTSHM_HEADER_SIZE +
-	                                (size_t)i * GOLDEN_STRIDE);
-}
-
-static void fill(unsigned char *img)
+static void fill_header(unsigned char *img)
 {
 	struct mtshm_header *h = (struct mtshm_header *)img;
 	h->magic = MTSHM_MAGIC;
-	h->version_major = 1;
+	h->version_major = 2;
 	h->version_minor = 0;
 	h->compat_minor = 0;
 	h->header_size = MTSHM_HEADER_SIZE;
-	h->slot_offset = MTSHM_HEADER_SIZE;
+	h->reserved_off = 0;
 	h->slot_stride = GOLDEN_STRIDE;
 	h->slot_count = GOLDEN_SLOTS;
 	h->lane_count = GOLDEN_LANES;
 	h->line_size = MTSHM_LINE;
-	h->segment_size = GOLDEN_SIZE;
+	h->table_size = GOLDEN_TABLE;
 	h->generation = UINT64_C(0x0123456789abcdef);
 	h->server_pid = 4242;
 	h->server_uid = 1000;
 	h->created_ns = UINT64_C(1700000000123456789);
 	h->threshold = 65536;
 
-	/* Fleet totals consistent with the slots below: slot 0 (754096) +
+	/* Fleet totals consistent with the table below: slot 0 (754096) +
 	 * slot 2 (900); slot 3 is corrupt and not summed. 7 live threads. */
 	struct mtshm_fleet *f = &h->fleet;
 	f->seq = 6;
@@ -98,10 +73,19 @@ static void fill(unsigned char *img)
 	f->state = MTSHM_STATE_HIGH;
 	f->processes = 3;
 	f->unregistered = 1;
+}
 
+/* Slot i of the table image: i * stride, as a reader addresses it. */
+static struct mtshm_slot_id *slot(unsigned char *table, uint32_t i)
+{
+	return (struct mtshm_slot_id *)(table + (size_t)i * GOLDEN_STRIDE);
+}
+
+static void fill_table(unsigned char *t)
+{
 	/* Slot 0: two claimed lanes plus overflow; lane 2 holds a stale value
 	 * beyond lanes_used that a reader must not sum. */
-	struct mtshm_slot_id *s = slot(img, 0);
+	struct mtshm_slot_id *s = slot(t, 0);
 	s->pid = 1234;
 	s->uid = 1000;
 	s->generation = 7;
@@ -125,9 +109,9 @@ static void fill(unsigned char *img)
 	/* Slot 1: free (all zero). */
 
 	/* Slot 2: every lane claimed, negative overflow, over its limit. */
-	s = slot(img, 2);
+	s = slot(t, 2);
 	s->pid = 5678;
-	s->uid = 1001;
+	s->uid = 1000;
 	s->generation = 2;
 	s->start_time = 123;
 	s->limit = 500;
@@ -143,8 +127,8 @@ static void fill(unsigned char *img)
 		mtshm_lane(s, k)->flushes = k + 1;
 	}
 
-	/* Slot 3: a lane with an absurd counter (2^60): quarantined. */
-	s = slot(img, 3);
+	/* Slot 3: a total no machine holds (2^60 + 5): quarantined. */
+	s = slot(t, 3);
 	s->pid = 9999;
 	s->uid = 1000;
 	s->generation = 1;
@@ -161,37 +145,39 @@ static void fill(unsigned char *img)
 
 int main(int argc, char **argv)
 {
-	int v11 = argc == 3 && strcmp(argv[1], "--v1.1") == 0;
-	if (argc != 2 + v11) {
-		fprintf(stderr, "usage: %s [--v1.1] OUT.bin\n", argv[0]);
+	int header = argc == 3 && strcmp(argv[1], "--header") == 0;
+	int table = argc == 3 && strcmp(argv[1], "--table") == 0;
+	if (!header && !table) {
+		fprintf(stderr, "usage: %s --header|--table OUT.bin\n", argv[0]);
 		return 2;
 	}
-	size_t size = v11 ? GOLDEN11_SIZE : GOLDEN_SIZE;
-	const char *path = argv[1 + v11];
+	size_t size = header ? MTSHM_HEADER_SIZE : GOLDEN_TABLE;
 	/* Aligned like a mapping, and zeroed: every byte not set above,
 	 * reserved words included, is zero in the image. */
-	unsigned char *img = aligned_alloc(MTSHM_HEADER_SIZE, 2 * 4096 * 2);
+	unsigned char *img = aligned_alloc(MTSHM_HEADER_SIZE, MTSHM_HEADER_SIZE);
 	if (!img) {
 		perror("aligned_alloc");
 		return 1;
 	}
-	memset(img, 0, size);
-	fill(img);
-	if (v11)
-		fill_v11(img);
-	if (mtshm_validate(img, size) != 0) {
-		fprintf(stderr, "%s: generated image does not validate\n",
-		        argv[0]);
-		return 1;
+	memset(img, 0, MTSHM_HEADER_SIZE);
+	if (header) {
+		fill_header(img);
+		if (mtshm_validate(img, size) != 0) {
+			fprintf(stderr, "%s: generated header does not validate\n",
+			        argv[0]);
+			return 1;
+		}
+	} else {
+		fill_table(img);
 	}
 
-	FILE *out = fopen(path, "wb");
+	FILE *out = fopen(argv[2], "wb");
 	if (!out) {
-		perror(path);
+		perror(argv[2]);
 		return 1;
 	}
 	if (fwrite(img, 1, size, out) != size || fclose(out) != 0) {
-		perror(path);
+		perror(argv[2]);
 		return 1;
 	}
 	free(img);
