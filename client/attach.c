@@ -12,10 +12,17 @@
  *  - Nothing is lost: bytes flushed while unattached accumulate in
  *    `mtc.pending` and are moved into the slot's `overflow` once attached,
  *    so the slot always carries the process's whole total.
- *  - An attachment (a mapping and our slot in it) is written once, then
+ *  - An attachment (the server's header, mapped read-only, our uid's slot
+ *    table, mapped read-write, and our slot in it) is written once, then
  *    published through `mtc.cur` with release order and never changed, so
  *    a flushing thread needs no lock; it is never unmapped, since another
  *    thread may be storing into its lane at any moment.
+ *  - Both objects arrive as descriptors with the Registered answer. They
+ *    are mapped only if sealed against resizing (so no access can fault)
+ *    and of the size the header announces; the layout is copied once into
+ *    the attachment and never read back from shared memory. The
+ *    descriptors are closed at once: the worker's descriptor table is left
+ *    as it was.
  *  - Liveness costs nothing on the flush path while the server ticks: a
  *    thread compares the header's tick counter with the one it saw last
  *    (a shared line the server writes once a tick), and only when it has
@@ -40,6 +47,7 @@
 #include <string.h>
 #include <sys/random.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
 #include <time.h>
@@ -62,11 +70,16 @@
  * replaced: re-register (which is harmless if all is well). */
 #define MTC_STALE_NS (2000 * 1000000ull)
 
-/* A mapped segment and this process's slot in it; immutable once
- * published. */
+/* The server's header, our uid's slot table and our slot in it;
+ * immutable once published. Two attachments may share a table (a server
+ * restarted and kept our slot): `table` is then the same mapping. */
 struct mtc_attachment {
-	struct mtshm_map map;
+	struct mtshm_map hdr_map;
+	struct mtshm_map table;
+	const struct mtshm_header *hdr;
+	struct mtshm_layout layout; /* private copy, validated */
 	struct mtshm_slot_id *slot;
+	uint32_t slot_index;
 	uint64_t slot_gen;
 };
 
@@ -153,6 +166,14 @@ static struct mtshm_slot_id *cur_slot(void)
 	return a ? a->slot : NULL;
 }
 
+/* What the process has published into the slot of `a`. */
+static int64_t slot_total(const struct mtc_attachment *a)
+{
+	uint64_t flushes;
+	int absurd;
+	return mtshm_slot_sum(a->slot, a->layout.lane_count, &flushes, &absurd);
+}
+
 /*
  * fork(): the child is a new process. Its starting total is what the parent
  * had published (its slot, which the child can still read through the
@@ -164,7 +185,7 @@ static void on_fork_child(void)
 	const struct mtc_attachment *a = cur_att();
 	int64_t total = mt_load_relaxeds64(&mtc.pending);
 	if (a)
-		total += mtshm_slot_sum(&a->map, a->slot, NULL, NULL);
+		total += slot_total(a);
 	mt_store_relaxeds64(&mtc.pending, total);
 	mt_store_release64(&mtc.cur, 0);
 	mt_store_relaxed64(&mtc.epoch, mt_load_relaxed64(&mtc.epoch) + 1);
@@ -275,15 +296,61 @@ static int wait_fd(int fd, short ev, uint64_t deadline)
 }
 
 struct reg_reply {
-	char segment[256];
+	int fds[2]; /* header, slot table; -1 = not received */
 	uint32_t slot;
 	uint64_t slot_gen;
 	uint64_t threshold;
 };
 
-/* Connect, send Register, read Registered. Returns 0 or a negative code. */
+static void reply_close(struct reg_reply *r)
+{
+	for (int i = 0; i < 2; i++)
+		if (r->fds[i] >= 0)
+			close(r->fds[i]);
+	r->fds[0] = r->fds[1] = -1;
+}
+
+/* recv() that also collects descriptors passed with the bytes: the first
+ * two into out->fds, any more closed. */
+static ssize_t recv_fds(int fd, void *buf, size_t len, struct reg_reply *out)
+{
+	union {
+		struct cmsghdr h;
+		char buf[CMSG_SPACE(4 * sizeof(int))];
+	} cm;
+	struct iovec iov = {.iov_base = buf, .iov_len = len};
+	struct msghdr mh = {.msg_iov = &iov,
+			    .msg_iovlen = 1,
+			    .msg_control = cm.buf,
+			    .msg_controllen = sizeof(cm.buf)};
+	ssize_t r = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC);
+	if (r < 0)
+		return r;
+	for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c;
+	     c = CMSG_NXTHDR(&mh, c)) {
+		if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+			continue;
+		size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+		for (size_t i = 0; i < n; i++) {
+			int got;
+			memcpy(&got, CMSG_DATA(c) + i * sizeof(int),
+			       sizeof(int));
+			if (out->fds[0] < 0)
+				out->fds[0] = got;
+			else if (out->fds[1] < 0)
+				out->fds[1] = got;
+			else
+				close(got);
+		}
+	}
+	return r;
+}
+
+/* Connect, send Register, read Registered and its two descriptors.
+ * Returns 0 or a negative code; on failure no descriptor is left open. */
 static int do_register(struct reg_reply *out)
 {
+	out->fds[0] = out->fds[1] = -1;
 	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 	if (fd < 0)
 		return -errno;
@@ -342,7 +409,8 @@ static int do_register(struct reg_reply *out)
 		}
 		if (pre > 0 && got >= (size_t)pre + body)
 			break;
-		ssize_t r = recv(fd, in_buf + got, sizeof(in_buf) - got, 0);
+		ssize_t r = recv_fds(fd, in_buf + got, sizeof(in_buf) - got,
+				     out);
 		if (r > 0) {
 			got += (size_t)r;
 		} else if (r == 0) {
@@ -373,18 +441,58 @@ static int do_register(struct reg_reply *out)
 		goto out_close;
 	}
 	if (resp->body_case != MEMTALLY__V1__RESPONSE__BODY_REGISTERED ||
-	    !resp->registered->segment ||
-	    strlen(resp->registered->segment) >= sizeof(out->segment)) {
+	    out->fds[0] < 0 || out->fds[1] < 0) {
+		/* A server of another layout, or one that could not pass the
+		 * descriptors: run as without memtally for now. */
 		err = MEMTALLY_EPROTO;
 		goto out_close;
 	}
-	strcpy(out->segment, resp->registered->segment);
 	out->slot = resp->registered->slot;
 	out->slot_gen = resp->registered->slot_generation;
 	out->threshold = resp->registered->threshold;
 
 out_close:
 	close(fd);
+	if (err)
+		reply_close(out);
+	return err;
+}
+
+/* Map the header (read-only) and take its layout; map our uid's table
+ * (read-write) unless `old` already maps that very object. */
+static int map_reply(struct reg_reply *rep, const struct mtc_attachment *old,
+		     struct mtc_attachment *a)
+{
+	memset(a, 0, sizeof(*a));
+	a->table.fd = -1;
+	int err = mtshm_map_fd(rep->fds[0], MTSHM_SEALS_HEADER,
+			       MTSHM_HEADER_SIZE, &a->hdr_map);
+	if (!err)
+		err = mtshm_layout_read(a->hdr_map.base, a->hdr_map.size,
+					&a->layout);
+	if (err) {
+		mtc_debug("cannot use the server's header: %s",
+			  mtshm_strerror(err));
+		mtshm_close(&a->hdr_map);
+		return err;
+	}
+	a->hdr = a->hdr_map.hdr;
+	struct stat st;
+	if (old && fstat(rep->fds[1], &st) == 0 &&
+	    (uint64_t)st.st_dev == old->table.dev &&
+	    (uint64_t)st.st_ino == old->table.ino &&
+	    old->layout.table_size == a->layout.table_size &&
+	    old->layout.slot_stride == a->layout.slot_stride &&
+	    old->layout.lane_count == a->layout.lane_count) {
+		a->table = old->table;
+		return 0;
+	}
+	err = mtshm_map_fd(rep->fds[1], MTSHM_SEALS_TABLE,
+			   a->layout.table_size, &a->table);
+	if (err) {
+		mtc_debug("cannot use the slot table: %s", mtshm_strerror(err));
+		mtshm_close(&a->hdr_map);
+	}
 	return err;
 }
 
@@ -399,35 +507,33 @@ static int attach(void)
 	if (err)
 		return err;
 
-	/* Reuse our mapping when it is of the same segment; otherwise keep
-	 * the new one (the old mapping stays: threads may still write to
-	 * it). */
+	/* Mappings we make stay (threads may still write into an old
+	 * table): only a failed attach unmaps what it mapped. */
 	const struct mtc_attachment *old = cur_att();
-	struct mtshm_map map;
-	if ((err = mtshm_open(rep.segment, 1, &map))) {
-		mtc_debug("cannot map segment %s: %s", rep.segment,
-			  mtshm_strerror(err));
+	struct mtc_attachment a;
+	err = map_reply(&rep, old, &a);
+	reply_close(&rep);
+	if (err)
 		return err;
-	}
-	if (old && old->map.size == map.size &&
-	    old->map.hdr->generation == map.hdr->generation) {
-		mtshm_close(&map);
-		map = old->map;
-	}
-	if (rep.slot >= map.hdr->slot_count) {
+	bool shared_table = old && a.table.base == old->table.base;
+	if (rep.slot >= a.layout.slot_count) {
 		err = MEMTALLY_EPROTO;
 		goto fail;
 	}
-	struct mtshm_slot_id *s = mtshm_slot(&map, rep.slot);
+	struct mtshm_slot_id *s = mtshm_slot(&a.layout, a.table.base, rep.slot);
 	if (mt_load_acquire32(&s->pid) != (uint32_t)mtc.pid ||
 	    mt_load_relaxed64(&s->generation) != rep.slot_gen) {
 		mtc_debug("slot %u is not ours", rep.slot);
 		err = MEMTALLY_EPROTO;
 		goto fail;
 	}
-	if (old && s == old->slot && rep.slot_gen == old->slot_gen) {
+	bool same_slot = shared_table && s == old->slot &&
+			 rep.slot_gen == old->slot_gen;
+	if (same_slot && old->hdr_map.ino == a.hdr_map.ino &&
+	    old->hdr_map.dev == a.hdr_map.dev) {
 		/* A repeat registration: the server kept us. Nothing moves. */
 		mtc_debug("re-registered: slot %u kept", rep.slot);
+		mtshm_close(&a.hdr_map);
 		return 0;
 	}
 	if (mtc.natts == MTC_MAX_ATTACH) {
@@ -435,28 +541,37 @@ static int attach(void)
 		err = -ENOSPC;
 		goto fail;
 	}
-	struct mtc_attachment *a = &atts[mtc.natts++];
-	a->map = map;
-	a->slot = s;
-	a->slot_gen = rep.slot_gen;
+	struct mtc_attachment *na = &atts[mtc.natts++];
+	a.slot = s;
+	a.slot_index = rep.slot;
+	a.slot_gen = rep.slot_gen;
+	*na = a;
+	if (same_slot) {
+		/* A restarted server adopted our slot and hands us its new
+		 * header: lanes and counts stay as they are, threads keep
+		 * their lanes (same slot, same epoch). */
+		mt_store_release64(&mtc.cur, (uint64_t)(uintptr_t)na);
+		mtc_debug("re-registered: slot %u adopted by a new server",
+			  rep.slot);
+		return 0;
+	}
 	/* A new slot: carry the total published into the old one. */
 	if (old)
-		mt_add_relaxeds64(&mtc.pending, mtshm_slot_sum(&old->map,
-							       old->slot, NULL,
-							       NULL));
+		mt_add_relaxeds64(&mtc.pending, slot_total(old));
 	if (rep.threshold)
 		mt_store_relaxed64(&mtc.threshold, rep.threshold);
 	mt_store_relaxed64(&mtc.epoch, mt_load_relaxed64(&mtc.epoch) + 1);
-	mt_store_release64(&mtc.cur, (uint64_t)(uintptr_t)a);
+	mt_store_release64(&mtc.cur, (uint64_t)(uintptr_t)na);
 	mt_add_relaxeds64(&s->overflow,
 			  mt_exchange_relaxeds64(&mtc.pending, 0));
-	mtc_debug("attached: segment %s slot %u threshold %llu", rep.segment,
-		  rep.slot, (unsigned long long)rep.threshold);
+	mtc_debug("attached: slot %u threshold %llu", rep.slot,
+		  (unsigned long long)rep.threshold);
 	return 0;
 
 fail:
-	if (!old || map.base != old->map.base)
-		mtshm_close(&map);
+	if (!shared_table)
+		mtshm_close(&a.table);
+	mtshm_close(&a.hdr_map);
 	return err;
 }
 
@@ -495,7 +610,7 @@ static void claim(struct mtc_thread *th, const struct mtc_attachment *a,
 {
 	struct mtshm_slot_id *s = a->slot;
 	uint32_t tid = (uint32_t)syscall(SYS_gettid);
-	uint32_t lanes = a->map.hdr->lane_count;
+	uint32_t lanes = a->layout.lane_count;
 	th->lane = NULL;
 	for (uint32_t k = 0; k < lanes; k++) {
 		struct mtshm_lane *l = mtshm_lane(s, k);
@@ -509,7 +624,6 @@ static void claim(struct mtc_thread *th, const struct mtc_attachment *a,
 	mt_add_relaxed32(&s->threads, 1);
 	th->counted = 1;
 	th->slot = s;
-	th->hdr = a->map.hdr;
 	th->epoch = epoch;
 }
 
@@ -622,23 +736,26 @@ int memtally_on_over_limit(void (*cb)(void *arg), void *arg)
 
 /* ---- publishing -------------------------------------------------------- */
 
-/* After a lane or overflow store: the server's verdicts. */
+/* After a lane or overflow store: the server's verdicts, read through the
+ * current attachment (a restarted server that kept our slot publishes its
+ * ticks in a new header, which threads must follow without re-claiming). */
 static inline void after_store(struct mtc_thread *th,
-			       const struct mtshm_slot_id *s)
+			       const struct mtc_attachment *a)
 {
 	/* The server's verdict as of its latest tick: a change from what the
 	 * previous flush (of any thread) saw is an edge. */
-	uint32_t over = mt_load_relaxed32(&s->flags) & MTSHM_SLOT_OVER_LIMIT;
+	uint32_t over =
+		mt_load_relaxed32(&a->slot->flags) & MTSHM_SLOT_OVER_LIMIT;
 	if (__builtin_expect(over != mt_load_relaxed32(&mtc.over_seen), 0))
 		over_edge(th, over);
-	uint64_t ticks = mt_load_relaxed64(&th->hdr->fleet.ticks);
+	uint64_t ticks = mt_load_relaxed64(&a->hdr->fleet.ticks);
 	if (ticks != th->seen_ticks) {
 		th->seen_ticks = ticks;
 		th->since_verify = 0;
 	} else if (__builtin_expect(++th->since_verify >= MTC_VERIFY_EVERY,
 				    0)) {
 		th->since_verify = 0;
-		verify(th->hdr);
+		verify(a->hdr);
 	}
 }
 
@@ -683,7 +800,7 @@ publish_cold(struct mtc_thread *th, int64_t delta,
 	} else {
 		mt_add_relaxeds64(&s->overflow, delta);
 	}
-	after_store(th, s);
+	after_store(th, a);
 }
 
 void mtc_publish(struct mtc_thread *th, int64_t delta)
@@ -702,7 +819,7 @@ void mtc_publish(struct mtc_thread *th, int64_t delta)
 	/* Only this thread writes its lane: plain load + store, no RMW. */
 	mt_store_relaxeds64(&l->bytes, mt_load_relaxeds64(&l->bytes) + delta);
 	mt_store_relaxed64(&l->flushes, mt_load_relaxed64(&l->flushes) + 1);
-	after_store(th, a->slot);
+	after_store(th, a);
 }
 
 void mtc_thread_exit(struct mtc_thread *th)
@@ -717,7 +834,7 @@ int64_t mtc_published_bytes(void)
 	int64_t total = mt_load_relaxeds64(&mtc.pending);
 	const struct mtc_attachment *a = cur_att();
 	if (a)
-		total += mtshm_slot_sum(&a->map, a->slot, NULL, NULL);
+		total += slot_total(a);
 	return total;
 }
 

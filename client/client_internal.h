@@ -22,7 +22,6 @@
 struct mtc_thread {
 	struct mtshm_lane *lane; /* owned lane, NULL: use slot overflow */
 	struct mtshm_slot_id *slot; /* slot the lane/count belongs to */
-	const struct mtshm_header *hdr; /* header of that slot's segment */
 	uint64_t seen_ticks;     /* header's tick counter at the last flush */
 	uint64_t epoch;          /* mtc epoch of `slot`; stale = re-claim */
 	uint32_t since_verify;   /* flushes since the tick counter moved */

@@ -596,19 +596,6 @@ void mts_resv_worker_registered(struct mts_registry *reg, struct mts_proc *p)
 			take_over(reg, r);
 }
 
-void mts_resv_task_registered(struct mts_registry *reg, const char *task)
-{
-	if (reg->ntasks == 0 || reg->ndense == 0)
-		return;
-	/* registry.c links a new worker last in reg->dense before it calls
-	 * this. If the newest is not of this task (an exec'd worker keeps
-	 * its place), the next tick sees the worker and decides. Any live
-	 * worker of the task found here may take over what it matches. */
-	struct mts_proc *p = reg->by_slot[reg->dense[reg->ndense - 1]];
-	if (p && p->task && strcmp(p->task, task) == 0)
-		mts_resv_worker_registered(reg, p);
-}
-
 /* Reservation ids are a secret of sorts: over TCP (no credentials) any
  * peer may release a reservation made over TCP, given its id, so an id
  * must not be guessable from others. They come from getrandom() -- the

@@ -1,155 +1,183 @@
 /*
- * adopt.c - restart without loss: take over the segment a previous
- * memtallyd left behind, with the live workers still writing into it.
+ * adopt.c - restart without loss: take over the workers a previous
+ * memtallyd left behind, with their counts.
  *
- * A worker never notices a server restart: its lanes are in shared memory,
- * not in the server. So a new server that finds a compatible segment keeps
- * it (same object, same generation) and rebuilds its registry from the
- * slots: a slot whose pid is alive with the start time recorded in the
- * slot is the same process (pids are reused, start times are not) and is
- * adopted with a fresh pidfd; any other slot is reclaimed. Group, task and
- * image id come from the per-slot names region (layout 1.1); a 1.0
- * segment has none, and its workers are adopted into group "default".
+ * A worker never notices a server restart: its lanes are in its uid's slot
+ * table, which lives as long as some worker maps it. What a new server
+ * needs is (1) who those workers are and (2) the tables themselves.
  *
- * Identity read back from the segment is only used to *find* candidates:
- * each one is checked against /proc before it is trusted, as at
- * registration. What cannot be adopted (a segment of another layout, a
- * corrupt header) is replaced, and its workers re-register at their next
- * flush when they see its heartbeat stop.
+ * (1) comes from the restart record (state.c), a file only the server's
+ * uid can write. Nothing a worker wrote is used to decide who is adopted:
+ * a record is taken only if its pid is alive with the recorded start time
+ * (pids are reused, start times are not), checked after a pidfd is
+ * opened, as at registration. So a forged slot cannot make an unrelated
+ * process a target of enforcement.
+ *
+ * (2) comes from the workers' own mappings: the table of uid U is the
+ * memfd "<label>-slots:<instance>:<U>" that a live recorded worker of U
+ * maps; /proc/PID/map_files gives a descriptor of it (this needs
+ * CAP_SYS_ADMIN or CAP_CHECKPOINT_RESTORE, which a root memtallyd has).
+ * It is mapped only if it is sealed against resizing and exactly the size
+ * the layout says, like any table. A worker could map a table of its own
+ * making under that name; it would only be believed for its own uid,
+ * whose figures it can write anyway.
+ *
+ * A recorded worker that cannot be adopted (the table cannot be reopened:
+ * a server without the capability, say) is dropped, not lost: its client
+ * sees the old header's heartbeat stop, re-registers at its next flush and
+ * carries the total it had published into its new slot.
  */
 #include "server.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/pidfd.h>
 #include <unistd.h>
 
 #include "log.h"
 
-/* Copy a NUL-terminated name out of a fixed shared field, never trusting
- * it to be terminated. */
-static void copy_name(char *dst, size_t cap, const char *src, size_t srccap)
+/*
+ * Find the mapping of `label` (a memfd) in /proc/PID/maps and open it
+ * through /proc/PID/map_files. Returns the descriptor or -errno.
+ */
+static int open_worker_table(uint32_t pid, const char *label)
 {
-	size_t n = strnlen(src, srccap);
-	if (n >= cap)
-		n = cap - 1;
-	memcpy(dst, src, n);
-	dst[n] = 0;
+	char path[64], want[128];
+	snprintf(path, sizeof(path), "/proc/%u/maps", pid);
+	snprintf(want, sizeof(want), "/memfd:%s (deleted)", label);
+	FILE *f = fopen(path, "re");
+	if (!f)
+		return -errno;
+	char line[512];
+	int fd = -ENOENT;
+	while (fgets(line, sizeof(line), f)) {
+		size_t n = strlen(line);
+		if (n && line[n - 1] == '\n')
+			line[--n] = 0;
+		const char *name = strstr(line, " /memfd:");
+		if (!name || strcmp(name + 1, want) != 0)
+			continue;
+		char range[64];
+		const char *sp = strchr(line, ' ');
+		size_t rl = (size_t)(sp - line);
+		if (rl >= sizeof(range))
+			continue;
+		memcpy(range, line, rl);
+		range[rl] = 0;
+		char mf[128];
+		snprintf(mf, sizeof(mf), "/proc/%u/map_files/%s", pid, range);
+		fd = open(mf, O_RDWR | O_CLOEXEC);
+		if (fd < 0)
+			fd = -errno;
+		else
+			break;
+	}
+	fclose(f);
+	return fd;
 }
 
-int mts_segment_setup(const struct mts_config *cfg, struct mtshm_map *map,
-		      bool *adopted)
+/* The table of `uid`: already adopted, or reopened from worker `pid`. */
+static int table_for(struct mts_registry *reg, uint32_t uid, uint32_t pid,
+                     struct mts_table **out)
 {
-	char q[MTS_LOGQ_MAX];
-	*adopted = false;
-	if (!cfg->reset) {
-		int err = mtshm_open(cfg->segment, 1, map);
-		if (err == 0) {
-			struct mtshm_header *h = map->hdr;
-			if (h->slot_count != cfg->slots ||
-			    h->lane_count != cfg->lanes)
-				mts_log(MTS_LOG_WARN,
-					"adopting the segment with its own "
-					"geometry (--reset to apply the "
-					"configured one)",
-					"segment=%s slots=%u lanes=%u "
-					"configured_slots=%u configured_lanes=%u",
-					mts_logq(q, sizeof(q), cfg->segment),
-					h->slot_count, h->lane_count,
-					cfg->slots, cfg->lanes);
-			h->server_pid = (uint32_t)getpid();
-			h->server_uid = (uint32_t)getuid();
-			mt_store_relaxed64(&h->threshold, cfg->threshold);
-			*adopted = true;
-			return 0;
-		}
-		if (err != -ENOENT)
-			mts_log(MTS_LOG_WARN,
-				"existing segment cannot be adopted, "
-				"replacing it",
-				"segment=%s err=%s",
-				mts_logq(q, sizeof(q), cfg->segment),
-				mtshm_strerror(err));
+	*out = mts_table_find(reg, uid);
+	if (*out)
+		return 0;
+	char label[96];
+	snprintf(label, sizeof(label), "%s-slots:%016llx:%u", reg->label,
+	         (unsigned long long)reg->instance, uid);
+	int fd = open_worker_table(pid, label);
+	if (fd < 0)
+		return fd;
+	struct mtshm_map map;
+	int err = mtshm_map_fd(fd, MTSHM_SEALS_TABLE, reg->layout.table_size,
+	                       &map);
+	if (err) {
+		close(fd);
+		return err;
 	}
-	struct mtshm_params params = {
-		.slots = cfg->slots,
-		.lanes = cfg->lanes,
-		.threshold = cfg->threshold,
-		.mode = 0660,
-		.gid = cfg->has_gid ? (int)cfg->gid : -1,
-	};
-	return mtshm_create(cfg->segment, &params, map);
+	map.fd = fd; /* kept: handed to the uid's workers */
+	if ((err = mts_table_adopt(reg, uid, &map)) < 0) {
+		mtshm_close(&map);
+		return err;
+	}
+	*out = mts_table_find(reg, uid);
+	return 0;
 }
 
 int mts_adopt(struct mts_registry *reg, uint32_t *kept, uint32_t *dropped)
 {
-	const struct mtshm_map *m = reg->map;
 	char q[MTS_LOGQ_MAX], qg[MTS_LOGQ_MAX];
 	*kept = *dropped = 0;
-	for (uint32_t i = 0; i < m->hdr->slot_count; i++) {
-		struct mtshm_slot_id *s = mtshm_slot(m, i);
-		uint32_t pid = mt_load_acquire32(&s->pid);
-		if (!pid)
+	for (uint32_t i = 0; i < reg->slot_count; i++) {
+		struct mts_state_rec r;
+		if (mts_state_get(reg->state, i, &r) < 0)
 			continue;
-		uint64_t recorded = mt_load_relaxed64(&s->start_time);
 		uint64_t st = 0;
 		int pidfd = -1;
 		/* Open the pidfd first, then check the start time: if the
 		 * pid was reused in between, the start time says so. */
-		if (pid <= INT32_MAX)
-			pidfd = pidfd_open((pid_t)pid, 0);
-		if (pidfd < 0 || mts_read_starttime((pid_t)pid, &st) < 0 ||
-		    st != recorded) {
+		if (r.pid <= INT32_MAX)
+			pidfd = pidfd_open((pid_t)r.pid, 0);
+		if (pidfd < 0 || mts_read_starttime((pid_t)r.pid, &st) < 0 ||
+		    st != r.start_time) {
 			if (pidfd >= 0)
 				close(pidfd);
-			mts_registry_drop_slot(reg, i);
+			mts_state_clear(reg->state, i);
 			++*dropped;
 			mts_log(MTS_LOG_INFO, "slot of a dead worker reclaimed",
-				"slot=%u pid=%u", i, pid);
+			        "slot=%u pid=%u", i, r.pid);
+			continue;
+		}
+		struct mts_table *table;
+		int err = table_for(reg, r.uid, r.pid, &table);
+		if (err < 0) {
+			close(pidfd);
+			mts_state_clear(reg->state, i);
+			++*dropped;
+			mts_log(MTS_LOG_WARN,
+			        "cannot reopen a live worker's slot table; it "
+			        "re-registers at its next flush, keeping its count",
+			        "slot=%u pid=%u uid=%u err=%s", i, r.pid, r.uid,
+			        mtshm_strerror(err));
 			continue;
 		}
 		struct mts_adopted a = {
-			.slot = i,
-			.pid = pid,
-			.uid = mt_load_relaxed32(&s->uid),
-			.start_time = st,
-			.pidfd = pidfd,
+		    .slot = i,
+		    .pid = r.pid,
+		    .uid = r.uid,
+		    .start_time = st,
+		    .pidfd = pidfd,
+		    .image_id = r.image_id,
+		    .registered_ns = r.registered_ns,
+		    .slot_gen = r.slot_gen,
 		};
-		const struct mtshm_slot_names *n = mtshm_names(m, i);
-		if (n) {
-			a.image_id = n->image_id;
-			a.registered_ns = n->registered_ns;
-			copy_name(a.group, sizeof(a.group), n->group,
-				  sizeof(n->group));
-			copy_name(a.task, sizeof(a.task), n->task,
-				  sizeof(n->task));
-		}
-		int err = mts_registry_adopt_slot(reg, &a);
-		if (err == -EAGAIN) {
-			/* The poll could not start; the registry closed
-			 * the pidfd. Free the slot: the worker re-registers
-			 * when it sees the heartbeat stale. */
-			mts_registry_drop_slot(reg, i);
-			++*dropped;
-			continue;
-		}
+		snprintf(a.group, sizeof(a.group), "%s", r.group);
+		snprintf(a.task, sizeof(a.task), "%s", r.task);
+		err = mts_registry_adopt_slot(reg, &a, table);
 		if (err < 0) {
-			/* Out of memory or a bad name: let the worker
-			 * re-register rather than keep a slot we cannot
-			 * track. */
-			close(pidfd);
-			mts_registry_drop_slot(reg, i);
+			/* -EAGAIN: the poll could not start and the registry
+			 * closed the pidfd. Otherwise out of memory or a bad
+			 * name. Either way the worker re-registers when it
+			 * sees the heartbeat stale. */
+			if (err != -EAGAIN)
+				close(pidfd);
+			mts_state_clear(reg->state, i);
+			mts_table_gc(reg, table);
 			++*dropped;
 			mts_log(MTS_LOG_WARN, "cannot adopt worker",
-				"slot=%u pid=%u err=%s", i, pid,
-				strerror(-err));
+			        "slot=%u pid=%u err=%s", i, r.pid,
+			        strerror(-err));
 			continue;
 		}
 		++*kept;
 		mts_log(MTS_LOG_INFO, "worker adopted",
-			"pid=%u slot=%u group=%s task=%s", pid, i,
-			mts_logq(q, sizeof(q), a.group[0] ? a.group : "default"),
-			mts_logq(qg, sizeof(qg), a.task));
+		        "pid=%u uid=%u slot=%u group=%s task=%s", r.pid, r.uid,
+		        i, mts_logq(q, sizeof(q), a.group[0] ? a.group : "default"),
+		        mts_logq(qg, sizeof(qg), a.task));
 	}
 	mts_registry_rebuild_free(reg);
 	return 0;

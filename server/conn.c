@@ -408,6 +408,39 @@ static void on_write(uv_write_t *req, int status)
 	conn_maybe_finish(c);
 }
 
+/* sendmsg() out's bytes with the peer's pending descriptors
+ * (SCM_RIGHTS) on the first one. Returns the bytes written (0: the socket
+ * took none; the descriptors are then not sent) or -errno. */
+static int send_with_fds(struct mts_conn *c, const struct mts_buf *out)
+{
+	uv_os_fd_t fd;
+	if (uv_fileno((uv_handle_t *)&c->h.stream, &fd) < 0 || out->len == 0)
+		return 0;
+	union {
+		struct cmsghdr h;
+		char buf[CMSG_SPACE(sizeof(c->peer.send_fds))];
+	} cm;
+	memset(&cm, 0, sizeof(cm));
+	size_t nfds = c->peer.nsend_fds;
+	struct iovec iov = {.iov_base = out->data, .iov_len = out->len};
+	struct msghdr mh = {.msg_iov = &iov,
+	                    .msg_iovlen = 1,
+	                    .msg_control = cm.buf,
+	                    .msg_controllen = CMSG_SPACE(nfds * sizeof(int))};
+	struct cmsghdr *ch = CMSG_FIRSTHDR(&mh);
+	ch->cmsg_level = SOL_SOCKET;
+	ch->cmsg_type = SCM_RIGHTS;
+	ch->cmsg_len = CMSG_LEN(nfds * sizeof(int));
+	memcpy(CMSG_DATA(ch), c->peer.send_fds, nfds * sizeof(int));
+	ssize_t n;
+	do
+		n = sendmsg(fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+	while (n < 0 && errno == EINTR);
+	if (n < 0)
+		return errno == EAGAIN ? 0 : -errno;
+	return (int)n;
+}
+
 /* Hand `out`'s bytes to the peer (ownership of out->data moves here).
  *
  * Write at once what the socket takes (uv_try_write) and queue only the
@@ -422,7 +455,29 @@ static void on_write(uv_write_t *req, int status)
 static int conn_write(struct mts_conn *c, struct mts_buf *out)
 {
 	size_t done = 0;
-	if (c->out_pending == 0) {
+	if (c->peer.nsend_fds) {
+		/* A Registered answer: its descriptors ride on its first
+		 * byte. Only when nothing of ours is queued ahead of it (a
+		 * worker registers on a connection of its own); otherwise
+		 * the answer goes without them and the worker, finding none,
+		 * runs uncounted and retries later. */
+		int n = 0;
+		if (c->out_pending == 0)
+			n = send_with_fds(c, out);
+		c->peer.nsend_fds = 0;
+		if (n < 0) {
+			mts_log(MTS_LOG_DEBUG, "write failed, closing",
+			        "peer_pid=%u err=%s", c->peer.pid,
+			        strerror(-n));
+			return n;
+		}
+		done = (size_t)n;
+		if (done == out->len) {
+			mts_buf_free(out);
+			return 0;
+		}
+	}
+	if (c->out_pending == 0 && done == 0) {
 		uv_buf_t b = uv_buf_init((char *)out->data, (unsigned)out->len);
 		int n = uv_try_write(&c->h.stream, &b, 1);
 		if (n >= 0) {

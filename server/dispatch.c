@@ -85,7 +85,7 @@ static int append_error(struct mts_buf *out, uint64_t id,
 
 /* ---- Register ---------------------------------------------------------- */
 
-static int do_register(struct mts_registry *reg, const struct mts_peer *peer,
+static int do_register(struct mts_registry *reg, struct mts_peer *peer,
                        uint64_t id, const Memtally__V1__Register *r,
                        struct mts_buf *out)
 {
@@ -137,10 +137,14 @@ static int do_register(struct mts_registry *reg, const struct mts_peer *peer,
 
 	Memtally__V1__Response resp = MEMTALLY__V1__RESPONSE__INIT;
 	Memtally__V1__Registered ok = MEMTALLY__V1__REGISTERED__INIT;
-	ok.segment = (char *)reg->segment_name;
+	ok.segment = (char *)reg->label;
 	ok.slot = res.slot;
 	ok.slot_generation = res.slot_generation;
-	ok.segment_generation = reg->map->hdr->generation;
+	ok.segment_generation = reg->layout.generation;
+	/* The header and the uid's table travel with this answer. */
+	peer->send_fds[0] = res.fds[0];
+	peer->send_fds[1] = res.fds[1];
+	peer->nsend_fds = 2;
 	ok.threshold = reg->threshold;
 	ok.group = (char *)res.group;
 	resp.id = id;

@@ -176,7 +176,7 @@ void mts_limits_eval_proc(struct mts_registry *reg, struct mts_proc *p)
 	if (was_over == is_over)
 		return; /* ok <-> high of a process is not an event */
 	/* The flags word has one writer, us; the client only reads it. */
-	struct mtshm_slot_id *s = mtshm_slot(reg->map, p->slot);
+	struct mtshm_slot_id *s = reg->slot_at[p->slot];
 	uint32_t flags = mt_load_relaxed32(&s->flags);
 	flags = is_over ? flags | MTSHM_SLOT_OVER_LIMIT
 	                : flags & ~MTSHM_SLOT_OVER_LIMIT;
@@ -221,7 +221,7 @@ static void proc_limit_set(struct mts_registry *reg, struct mts_proc *p,
 	if (p->limit == limit)
 		return;
 	p->limit = limit;
-	mt_store_relaxed64(&mtshm_slot(reg->map, p->slot)->limit, limit);
+	mt_store_relaxed64(&reg->slot_at[p->slot]->limit, limit);
 }
 
 static void log_limit(const char *why, const char *scope, uint64_t before,

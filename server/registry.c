@@ -2,18 +2,24 @@
  * registry.c - registered workers, their slots and groups, and the tick.
  *
  * The registry is the server's own record of who holds each slot: pid,
- * start time, uid, image id and a pidfd. It is authoritative; the identity
- * fields in the segment are a published copy and never read back. Only
- * counters (lanes, overflow, threads) are read from shared memory, and
- * those are sanity-checked: a slot whose sum is absurd is flagged
- * CORRUPT, reported, and left out of every total.
+ * start time, uid, image id, generation and a pidfd. It is authoritative;
+ * the identity fields in the shared slot tables are a published copy and
+ * never read back. Only counters (lanes, overflow, threads) are read from
+ * shared memory, at addresses computed from the registry's private copy of
+ * the layout, and judged on each slot's total: a slot whose total is
+ * absurd is flagged CORRUPT, reported, and left out of every total.
+ *
+ * Shared memory is split by uid (mtshm.h): a process's slot lives in the
+ * table of its uid, which only that uid's workers can write. slot_at[]
+ * holds each used slot's address in its table.
  *
  * Invariants:
- *  - Until stop: by_slot[s] != NULL  <=>  slot s has pid != 0 in the
- *    segment (we are its only writer)  <=>  s is in dense[0..ndense)  <=>
- *    s is not on the free stack. A proc is in the pid hash exactly while
- *    it holds a slot. (At stop the registry lets go of every proc but
- *    leaves the pids in the segment, for the next server.)
+ *  - Until stop: by_slot[s] != NULL  <=>  slot_at[s] != NULL  <=>  s is
+ *    in dense[0..ndense)  <=>  s is not on the free stack  <=>  the
+ *    restart record holds s. A proc is in the pid hash exactly while it
+ *    holds a slot, and counts one in its table's `procs`. (At stop the
+ *    registry lets go of every proc but leaves the restart record, for
+ *    the next server.)
  *  - A proc's memory lives until its uv_poll close callback; its slot is
  *    released before that, at exit, so the slot can be reused at once.
  *  - totals, and each group's bytes/error_bytes, equal the sums over
@@ -207,15 +213,28 @@ static void group_unref(struct mts_registry *reg, uint32_t index)
 }
 
 int mts_registry_init(struct mts_registry *reg, uv_loop_t *loop,
-                      struct mtshm_map *map, const char *segment_name)
+                      struct mtshm_map *map, const char *label,
+                      struct mts_state *state)
 {
 	memset(reg, 0, sizeof(*reg));
+	reg->hdr_ro_fd = -1;
 	reg->loop = loop;
 	reg->map = map;
-	reg->segment_name = segment_name;
-	reg->slot_count = map->hdr->slot_count;
-	reg->threshold = map->hdr->threshold;
+	reg->label = label;
+	reg->state = state;
+	/* The layout is read once, here, and only the copy is used. */
+	int err = mtshm_layout_read(map->base, map->size, &reg->layout);
+	if (err)
+		return -EINVAL;
+	reg->slot_count = reg->layout.slot_count;
+	reg->threshold = reg->layout.threshold;
 	reg->server_uid = (uint32_t)geteuid();
+	reg->hdr_ro_fd = mtshm_reopen_ro(map->fd);
+	if (reg->hdr_ro_fd < 0) {
+		err = reg->hdr_ro_fd;
+		reg->hdr_ro_fd = -1;
+		return err;
+	}
 	mts_policy_defaults(&reg->policy);
 
 	uint32_t buckets = 16;
@@ -226,7 +245,10 @@ int mts_registry_init(struct mts_registry *reg, uv_loop_t *loop,
 	reg->by_slot = calloc(reg->slot_count, sizeof(*reg->by_slot));
 	reg->free_slots = calloc(reg->slot_count, sizeof(*reg->free_slots));
 	reg->dense = calloc(reg->slot_count, sizeof(*reg->dense));
-	if (!reg->hash || !reg->by_slot || !reg->free_slots || !reg->dense) {
+	reg->slot_at = calloc(reg->slot_count, sizeof(*reg->slot_at));
+	reg->slot_gens = calloc(reg->slot_count, sizeof(*reg->slot_gens));
+	if (!reg->hash || !reg->by_slot || !reg->free_slots || !reg->dense ||
+	    !reg->slot_at || !reg->slot_gens) {
 		mts_registry_free(reg);
 		return -ENOMEM;
 	}
@@ -271,14 +293,16 @@ static void on_proc_closed(uv_handle_t *h)
 
 void mts_registry_close(struct mts_registry *reg)
 {
-	/* Leave slots (and their pids) in the segment: a later server may
-	 * adopt the workers that are still alive. */
+	/* Leave the restart record (and the workers' slots) as they are: a
+	 * later server may adopt the workers that are still alive. */
 	reg->closed = true;
 	for (uint32_t i = 0; i < reg->ndense; i++) {
 		struct mts_proc *p = reg->by_slot[reg->dense[i]];
 		reg->by_slot[p->slot] = NULL;
+		reg->slot_at[p->slot] = NULL;
 		hash_remove(reg, p);
 		group_unref(reg, p->group);
+		p->table->procs--;
 		uv_close((uv_handle_t *)&p->poll, on_proc_closed);
 	}
 	reg->ndense = 0;
@@ -295,7 +319,17 @@ void mts_registry_free(struct mts_registry *reg)
 	free(reg->by_slot);
 	free(reg->free_slots);
 	free(reg->dense);
+	free(reg->slot_at);
+	free(reg->slot_gens);
+	for (uint32_t i = 0; i < reg->ntables; i++) {
+		mtshm_close(&reg->tables[i]->map);
+		free(reg->tables[i]);
+	}
+	free(reg->tables);
+	if (reg->hdr_ro_fd >= 0)
+		close(reg->hdr_ro_fd);
 	memset(reg, 0, sizeof(*reg));
+	reg->hdr_ro_fd = -1;
 }
 
 /* ---- publishing -------------------------------------------------------- */
@@ -338,10 +372,10 @@ struct tick_sums {
 static inline void tick_proc(struct mts_registry *reg, struct mts_proc *p,
                              uint32_t lanes, struct tick_sums *acc)
 {
-	struct mtshm_slot_id *s = mtshm_slot(reg->map, p->slot);
+	struct mtshm_slot_id *s = reg->slot_at[p->slot];
 	uint64_t flushes;
 	int absurd;
-	int64_t sum = mtshm_slot_sum_inline(s, lanes, &flushes, &absurd);
+	int64_t sum = mtshm_slot_sum(s, lanes, &flushes, &absurd);
 	uint32_t threads = mt_load_relaxed32(&s->threads);
 	/* Here and below: store only what changed. Most workers are idle
 	 * between two ticks, and a line left clean is dropped from the
@@ -390,9 +424,9 @@ void mts_tick(struct mts_registry *reg)
 	struct mts_totals *t = &reg->totals;
 	struct tick_sums acc = {0, 0, 0};
 	uint64_t started = mts_now_monotonic();
-	const struct mtshm_map *map = reg->map;
-	/* Validated at open, written once at creation: read it once. */
-	uint32_t lanes = map->hdr->lane_count;
+	/* The private copy of the layout, never the shared header. */
+	uint32_t lanes = reg->layout.lane_count;
+	struct mtshm_slot_id *const *slot_at = reg->slot_at;
 	struct mts_proc *const *by_slot = reg->by_slot;
 	uint32_t n = reg->ndense;
 
@@ -410,7 +444,7 @@ void mts_tick(struct mts_registry *reg)
 	for (uint32_t i = 0; i < n; i++) {
 		if (i + TICK_PREFETCH < n) {
 			uint32_t ahead = dense[i + TICK_PREFETCH];
-			mtshm_slot_prefetch(map, ahead);
+			mtshm_slot_prefetch(slot_at[ahead]);
 			__builtin_prefetch(by_slot[ahead], 1, 3);
 		}
 		struct mts_proc *p = by_slot[dense[i]];
@@ -451,29 +485,104 @@ void mts_tick(struct mts_registry *reg)
 
 /* ---- slots ------------------------------------------------------------- */
 
-/* Step 3 of the slot protocol: zero the client's counters, set identity,
- * bump the generation, and store pid last with release order so a client
- * that sees its pid sees the rest. Nobody else writes a slot whose pid is
- * 0 or whose owner is gone (exec kills every other thread). */
-/* (1.1) What a restarted server needs to adopt `p`: image id, group and
- * task, next to the slot. Truncated to the fields' size. */
-static void names_write(struct mts_registry *reg, const struct mts_proc *p)
+/* ---- slot tables ------------------------------------------------------- */
+
+struct mts_table *mts_table_find(const struct mts_registry *reg, uint32_t uid)
 {
-	struct mtshm_slot_names *n = mtshm_names(reg->map, p->slot);
-	if (!n)
-		return;
-	memset(n, 0, sizeof(*n));
-	n->image_id = p->image_id;
-	n->registered_ns = p->registered_ns;
-	snprintf(n->group, sizeof(n->group), "%s", reg->groups[p->group].name);
-	snprintf(n->task, sizeof(n->task), "%s", p->task);
+	/* Few uids register on one machine: a scan is enough. */
+	for (uint32_t i = 0; i < reg->ntables; i++)
+		if (reg->tables[i]->uid == uid)
+			return reg->tables[i];
+	return NULL;
 }
 
+static int table_insert(struct mts_registry *reg, struct mts_table *t)
+{
+	if (reg->ntables == reg->tables_cap) {
+		uint32_t cap = reg->tables_cap ? reg->tables_cap * 2 : 4;
+		struct mts_table **nt =
+		    realloc(reg->tables, cap * sizeof(*nt));
+		if (!nt)
+			return -ENOMEM;
+		reg->tables = nt;
+		reg->tables_cap = cap;
+	}
+	reg->tables[reg->ntables++] = t;
+	return 0;
+}
+
+int mts_table_adopt(struct mts_registry *reg, uint32_t uid,
+                    struct mtshm_map *map)
+{
+	struct mts_table *t = calloc(1, sizeof(*t));
+	if (!t || table_insert(reg, t) < 0) {
+		free(t);
+		return -ENOMEM;
+	}
+	t->uid = uid;
+	t->map = *map;
+	return 0;
+}
+
+/* The table of `uid`, created (sealed, zeroed) if it has none. */
+static int table_get(struct mts_registry *reg, uint32_t uid,
+                     struct mts_table **out)
+{
+	struct mts_table *t = mts_table_find(reg, uid);
+	if (t) {
+		*out = t;
+		return 0;
+	}
+	char label[96];
+	snprintf(label, sizeof(label), "%s-slots:%016llx:%u", reg->label,
+	         (unsigned long long)reg->instance, uid);
+	struct mtshm_map map;
+	int err = mtshm_table_create(label, &reg->layout, &map);
+	if (err < 0)
+		return err;
+	if ((err = mts_table_adopt(reg, uid, &map)) < 0) {
+		mtshm_close(&map);
+		return err;
+	}
+	mts_log(MTS_LOG_DEBUG, "slot table created", "uid=%u bytes=%llu", uid,
+	        (unsigned long long)map.size);
+	*out = reg->tables[reg->ntables - 1];
+	return 0;
+}
+
+void mts_table_gc(struct mts_registry *reg, struct mts_table *t)
+{
+	if (t->procs > 0 || reg->closed)
+		return;
+	for (uint32_t i = 0; i < reg->ntables; i++) {
+		if (reg->tables[i] != t)
+			continue;
+		reg->tables[i] = reg->tables[--reg->ntables];
+		break;
+	}
+	mts_log(MTS_LOG_DEBUG, "slot table released", "uid=%u", t->uid);
+	mtshm_close(&t->map);
+	free(t);
+}
+
+/* Put slot `slot` of `p` in `t`: its address, the table's count. */
+static void slot_place(struct mts_registry *reg, struct mts_proc *p,
+                       struct mts_table *t)
+{
+	p->table = t;
+	t->procs++;
+	reg->slot_at[p->slot] = mtshm_slot(&reg->layout, t->map.base, p->slot);
+}
+
+/* Zero the client's counters, set identity, take a new generation, and
+ * store pid last with release order so a client that sees its pid sees
+ * the rest. The generation is the registry's own (slot_gens), never read
+ * back from the table. */
 static uint64_t slot_init(struct mts_registry *reg, struct mts_proc *p)
 {
-	struct mtshm_slot_id *s = mtshm_slot(reg->map, p->slot);
+	struct mtshm_slot_id *s = reg->slot_at[p->slot];
 	mt_store_release32(&s->pid, 0);
-	for (uint32_t k = 0; k < reg->map->hdr->lane_count; k++) {
+	for (uint32_t k = 0; k < reg->layout.lane_count; k++) {
 		struct mtshm_lane *l = mtshm_lane(s, k);
 		mt_store_relaxed32(&l->owner, 0);
 		mt_store_relaxeds64(&l->bytes, 0);
@@ -488,11 +597,20 @@ static uint64_t slot_init(struct mts_registry *reg, struct mts_proc *p)
 	mt_store_relaxed64(&s->start_time, p->start_time);
 	mt_store_relaxed64(&s->limit, p->limit);
 	mt_store_relaxed32(&s->group, p->group);
-	names_write(reg, p);
-	uint64_t gen = mt_load_relaxed64(&s->generation) + 1;
+	uint64_t gen = ++reg->slot_gens[p->slot];
+	p->slot_gen = gen;
 	mt_store_relaxed64(&s->generation, gen);
 	mt_store_release32(&s->pid, p->pid);
+	mts_state_put(reg->state, reg, p);
 	return gen;
+}
+
+/* What the Registered answer passes: the header and `p`'s table. */
+static void result_fds(const struct mts_registry *reg,
+                       const struct mts_proc *p, struct mts_reg_result *res)
+{
+	res->fds[0] = reg->hdr_ro_fd;
+	res->fds[1] = p->table->map.fd;
 }
 
 /* Take `p`'s latest figures out of the totals (it leaves, or is reset). */
@@ -535,10 +653,15 @@ static void proc_release(struct mts_registry *reg, struct mts_proc *p,
 	totals_drop(reg, p);
 	group_unref(reg, p->group);
 
-	struct mtshm_slot_id *s = mtshm_slot(reg->map, p->slot);
+	struct mtshm_slot_id *s = reg->slot_at[p->slot];
 	/* The over-limit flag belongs to this process, not the slot. */
 	mt_store_relaxed32(&s->flags, 0);
 	mt_store_release32(&s->pid, 0);
+	mts_state_clear(reg->state, p->slot);
+	reg->slot_at[p->slot] = NULL;
+	p->table->procs--;
+	mts_table_gc(reg, p->table);
+	p->table = NULL;
 	reg->by_slot[p->slot] = NULL;
 	reg->free_slots[reg->nfree++] = p->slot;
 	/* Keep dense[] dense: move its last entry into p's place. */
@@ -608,11 +731,28 @@ static int proc_reset(struct mts_registry *reg, struct mts_proc *p,
 {
 	char *ntask = strdup(task);
 	uint32_t ngroup;
+	struct mts_table *nt = p->table;
 	if (!ntask)
 		return -ENOMEM;
+	if (uid != p->uid) {
+		/* A set-uid program: its slot moves to its new uid's table,
+		 * out of reach of the uid it had. */
+		int err = table_get(reg, uid, &nt);
+		if (err < 0) {
+			free(ntask);
+			return err;
+		}
+	}
 	if (group_ref(reg, group, &ngroup) < 0) {
 		free(ntask);
 		return -ENOMEM;
+	}
+	if (nt != p->table) {
+		struct mts_table *old = p->table;
+		mt_store_release32(&reg->slot_at[p->slot]->pid, 0);
+		old->procs--;
+		mts_table_gc(reg, old);
+		slot_place(reg, p, nt);
 	}
 	mts_limits_proc_gone(reg, p); /* the old image's over-limit ends */
 	totals_drop(reg, p);
@@ -662,12 +802,13 @@ int mts_register(struct mts_registry *reg, const struct mts_peer *peer,
 		proc_release(reg, p, "slot reclaimed: pid reused");
 		p = NULL;
 	}
-	if (p && p->image_id == image_id) {
-		/* A repeat registration: same slot, nothing changes. */
-		struct mtshm_slot_id *s = mtshm_slot(reg->map, p->slot);
+	if (p && p->image_id == image_id && p->uid == peer->uid) {
+		/* A repeat registration: same slot, nothing changes (the
+		 * worker may be picking up a restarted server's header). */
 		res->slot = p->slot;
-		res->slot_generation = mt_load_relaxed64(&s->generation);
+		res->slot_generation = p->slot_gen;
 		res->group = reg->groups[p->group].name;
+		result_fds(reg, p, res);
 		mts_log(MTS_LOG_DEBUG, "worker registered again",
 		        "pid=%u slot=%u", p->pid, p->slot);
 		return 0;
@@ -679,8 +820,9 @@ int mts_register(struct mts_registry *reg, const struct mts_peer *peer,
 		res->slot = p->slot;
 		res->slot_generation = slot_init(reg, p);
 		res->group = reg->groups[p->group].name;
+		result_fds(reg, p, res);
 		if (p->task[0])
-			mts_resv_task_registered(reg, p->task);
+			mts_resv_worker_registered(reg, p);
 		mts_log(MTS_LOG_INFO, "worker exec'd, slot reset",
 		        "pid=%u slot=%u group=%s comm=%s", p->pid, p->slot,
 		        mts_logq(qg, sizeof(qg), res->group),
@@ -721,10 +863,16 @@ int mts_register(struct mts_registry *reg, const struct mts_peer *peer,
 		err = -ENOSPC;
 		goto fail_close_pidfd;
 	}
+	struct mts_table *table;
+	if ((err = table_get(reg, peer->uid, &table)) < 0) {
+		mts_log(MTS_LOG_WARN, "cannot create a slot table",
+		        "uid=%u err=%s", peer->uid, strerror(-err));
+		goto fail_close_pidfd;
+	}
 	p = proc_alloc();
 	if (!p) {
 		err = -ENOMEM;
-		goto fail_close_pidfd;
+		goto fail_table;
 	}
 	p->task = strdup(task);
 	if (!p->task) {
@@ -753,10 +901,12 @@ int mts_register(struct mts_registry *reg, const struct mts_peer *peer,
 		 * and the pidfd. */
 		group_unref(reg, p->group);
 		uv_close((uv_handle_t *)&p->poll, on_proc_closed);
+		mts_table_gc(reg, table);
 		return err;
 	}
 
 	p->slot = reg->free_slots[--reg->nfree];
+	slot_place(reg, p, table);
 	p->dense = reg->ndense;
 	reg->dense[reg->ndense++] = p->slot;
 	reg->by_slot[p->slot] = p;
@@ -770,19 +920,22 @@ int mts_register(struct mts_registry *reg, const struct mts_peer *peer,
 	res->slot = p->slot;
 	res->slot_generation = slot_init(reg, p);
 	res->group = reg->groups[p->group].name;
+	result_fds(reg, p, res);
 	mts_log(MTS_LOG_INFO, "worker registered",
 	        "pid=%u uid=%u slot=%u group=%s task=%s comm=%s", p->pid,
 	        p->uid, p->slot, mts_logq(qg, sizeof(qg), res->group),
 	        mts_logq(qt, sizeof(qt), p->task),
 	        mts_logq(qc, sizeof(qc), p->comm));
 	if (p->task[0])
-		mts_resv_task_registered(reg, p->task);
+		mts_resv_worker_registered(reg, p);
 	return 0;
 
 fail_unref_group:
 	group_unref(reg, p->group);
 fail_free_proc:
 	proc_free(p);
+fail_table:
+	mts_table_gc(reg, table);
 fail_close_pidfd:
 	close(pidfd);
 	return err;
@@ -790,20 +943,14 @@ fail_close_pidfd:
 
 /* ---- adoption (see adopt.c) --------------------------------------------- */
 
-void mts_registry_drop_slot(struct mts_registry *reg, uint32_t slot)
-{
-	struct mtshm_slot_id *s = mtshm_slot(reg->map, slot);
-	mt_store_relaxed32(&s->flags, 0);
-	mt_store_release32(&s->pid, 0);
-}
-
 int mts_registry_adopt_slot(struct mts_registry *reg,
-                            const struct mts_adopted *a)
+                            const struct mts_adopted *a,
+                            struct mts_table *table)
 {
 	const char *group = a->group[0] ? a->group : "default";
 	if (a->slot >= reg->slot_count || reg->by_slot[a->slot] ||
 	    mts_find_pid(reg, a->pid) || !mts_name_ok(group) ||
-	    !mts_name_ok(a->task))
+	    !mts_name_ok(a->task) || table->uid != a->uid)
 		return -EINVAL;
 	struct mts_proc *p = proc_alloc();
 	if (!p)
@@ -815,7 +962,6 @@ int mts_registry_adopt_slot(struct mts_registry *reg,
 	err = group_ref(reg, group, &p->group);
 	if (err < 0)
 		goto fail_free_proc;
-	struct mtshm_slot_id *s = mtshm_slot(reg->map, a->slot);
 	p->reg = reg;
 	p->pidfd = a->pidfd;
 	p->pid = a->pid;
@@ -823,9 +969,9 @@ int mts_registry_adopt_slot(struct mts_registry *reg,
 	p->slot = a->slot;
 	p->start_time = a->start_time;
 	p->image_id = a->image_id;
+	p->slot_gen = a->slot_gen;
 	p->registered_ns = a->registered_ns ? a->registered_ns
 	                                    : mts_now_realtime();
-	p->peak = mt_load_relaxed64(&s->peak);
 	p->limit = reg->policy.process_limit;
 	mts_read_comm((pid_t)p->pid, p->comm, sizeof(p->comm));
 	err = uv_poll_init(reg->loop, &p->poll, a->pidfd);
@@ -840,9 +986,19 @@ int mts_registry_adopt_slot(struct mts_registry *reg,
 		uv_close((uv_handle_t *)&p->poll, on_proc_closed);
 		return -EAGAIN;
 	}
-	/* The counters stay as the worker left them: that is the point. The
-	 * slot's group index is ours now. */
+	/* The counters stay as the worker left them: that is the point.
+	 * Identity is rewritten from our record (the table is writable by
+	 * the uid's workers: what it says is not evidence). */
+	slot_place(reg, p, table);
+	struct mtshm_slot_id *s = reg->slot_at[p->slot];
+	if (a->slot_gen > reg->slot_gens[p->slot])
+		reg->slot_gens[p->slot] = a->slot_gen;
 	mt_store_relaxed32(&s->group, p->group);
+	mt_store_relaxed32(&s->uid, p->uid);
+	mt_store_relaxed32(&s->flags, 0);
+	mt_store_relaxed64(&s->limit, p->limit);
+	/* Its peak so far is lost with the old server; it starts again
+	 * from its current figure at the first tick. */
 	p->dense = reg->ndense;
 	reg->dense[reg->ndense++] = p->slot;
 	reg->by_slot[p->slot] = p;

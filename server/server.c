@@ -1,24 +1,26 @@
 /*
- * server.c - lifecycle of one memtallyd: listener, segment, registry, tick.
+ * server.c - lifecycle of one memtallyd: listener, restart record, shared
+ * header, registry, tick.
  *
- * Start order matters. The socket is bound before the segment is touched:
- * creating a segment replaces any object of that name, so a second server
- * started by mistake must fail on the socket (EADDRINUSE) before it can
- * destroy the segment a live server's workers are writing into. A live
- * server on another socket but the same segment is caught by its
- * heartbeat: a segment whose heartbeat is fresh and whose server pid is
- * alive is refused (-EBUSY).
+ * Start order matters. The socket is bound first, so a second server
+ * started by mistake fails there (EADDRINUSE) before it touches anything.
+ * Then the restart record (state.c) is opened and locked: a live server on
+ * another socket but the same record is refused (-EBUSY) by its lock. The
+ * record says whether there are workers to adopt, and with which geometry;
+ * the header (a sealed memfd, mtshm.h) is created with that geometry and
+ * the registry adopts what the record lists.
  *
  * Stop closes every handle (listener, connections, tick timer, pidfd
- * polls) and leaves the segment, slots included, in /dev/shm for the next
- * server; uv_run() then returns, and mts_server_free() unmaps and removes
- * the socket file.
+ * polls) and leaves the restart record for the next server; uv_run() then
+ * returns, and mts_server_free() unmaps, closes the record (releasing its
+ * lock) and removes the socket file. The workers keep their slot tables
+ * mapped: that is what the next server adopts.
  *
- * Issue 3 adds: the policy (limits, admission, enforcement, auth) installed
- * into the registry before the first tick, the Watch broadcast as the
- * registry's event sink, an RSS sweep timer at policy.rss_interval_ms, and
- * the optional TCP listener, opened last (after the segment) so a TCP
- * client never reaches a server without one.
+ * Then the policy (limits, admission, enforcement, auth) is installed into
+ * the registry before the first tick, the Watch broadcast is the
+ * registry's event sink, an RSS sweep timer runs at
+ * policy.rss_interval_ms, and the optional TCP listener opens last, so a
+ * TCP client never reaches a half-started server.
  */
 #include "server.h"
 
@@ -31,16 +33,6 @@
 
 #include "log.h"
 #include "metrics.h"
-
-/* A heartbeat older than this is a dead server's: the longest tick
- * (MTS_TICK_MAX_MS) plus slack. */
-#define HEARTBEAT_STALE_NS ((MTS_TICK_MAX_MS + 5000ull) * 1000000ull)
-
-/* The /dev/shm path of a POSIX shm name ("/mt" -> "/dev/shm/mt"). */
-static void segment_path(const char *name, char *buf, size_t cap)
-{
-	snprintf(buf, cap, "/dev/shm%s%s", name[0] == '/' ? "" : "/", name);
-}
 
 static bool same_file(const char *path, dev_t dev, ino_t ino)
 {
@@ -68,15 +60,15 @@ bool mts_socket_is_ours(const struct mts_server *srv)
 }
 
 /*
- * Notice, about once a second, when the socket file or the segment's
- * /dev/shm entry has been removed (or replaced) under us. Neither can be
- * put back from here without taking the running workers' counts with it,
- * so say once, at error level, what it means and what the operator must
- * do; say again if it comes back.
+ * Notice, about once a second, when the socket file has been removed (or
+ * replaced) under us. It cannot be put back from here without a window in
+ * which another server could take the path, so say once, at error level,
+ * what it means and what the operator must do; say again if it comes
+ * back. (The shared objects have no name anyone could remove.)
  */
 static void check_files(struct mts_server *srv)
 {
-	char q[MTS_LOGQ_MAX], path[PATH_MAX];
+	char q[MTS_LOGQ_MAX];
 	uint64_t now = uv_now(srv->loop);
 	if (now - srv->files_checked_ms < 1000)
 		return;
@@ -96,21 +88,6 @@ static void check_files(struct mts_server *srv)
 			mts_log(MTS_LOG_INFO, "socket file back", "path=%s",
 			        mts_logq(q, sizeof(q), srv->cfg.socket_path));
 		srv->sock_gone = !ok;
-	}
-	if (srv->seg_known) {
-		segment_path(srv->cfg.segment, path, sizeof(path));
-		bool ok = same_file(path, srv->seg_dev, srv->seg_ino);
-		if (!ok && !srv->seg_gone)
-			mts_log(MTS_LOG_ERROR,
-			        "segment removed from /dev/shm or replaced: "
-			        "new workers cannot attach and run uncounted "
-			        "(running workers are still counted); restart "
-			        "memtallyd to recreate it",
-			        "path=%s", mts_logq(q, sizeof(q), path));
-		else if (ok && srv->seg_gone)
-			mts_log(MTS_LOG_INFO, "segment back", "path=%s",
-			        mts_logq(q, sizeof(q), path));
-		srv->seg_gone = !ok;
 	}
 }
 
@@ -145,33 +122,18 @@ int mts_server_apply_policy(struct mts_server *srv,
 	return 0;
 }
 
-/* Is another live server publishing into segment `name`? Returns its pid,
- * or 0. A segment we cannot open or do not recognise is not in use. All
- * three are needed: a recent heartbeat, a running (not zombie) pid, and
- * that pid being a memtallyd -- so a server killed with -9 never blocks
- * its successor, and a recycled pid alone proves nothing. */
-static uint32_t segment_owner_alive(const char *name)
+/* Where the restart record lives: the configured path, else next to the
+ * socket (SOCKET.state), else nowhere. */
+static const char *state_path(const struct mts_config *cfg, char *buf,
+                              size_t cap)
 {
-	struct mtshm_map m;
-	if (mtshm_open(name, 0, &m) < 0)
-		return 0;
-	struct mtshm_fleet f;
-	/* No snapshot after many tries: its writer died mid-publish. */
-	int err = mtshm_fleet_read(m.hdr, &f);
-	uint32_t pid = m.hdr->server_pid;
-	mtshm_close(&m);
-	if (err < 0)
-		return 0;
-
-	uint64_t now = mts_now_monotonic();
-	if (pid == 0 || pid == (uint32_t)getpid() || f.heartbeat_ns == 0 ||
-	    f.heartbeat_ns > now || now - f.heartbeat_ns > HEARTBEAT_STALE_NS)
-		return 0;
-	if (!mts_pid_running((pid_t)pid))
-		return 0;
-	char comm[64];
-	mts_read_comm((pid_t)pid, comm, sizeof(comm));
-	return strcmp(comm, "memtallyd") == 0 ? pid : 0;
+	if (cfg->state_path)
+		return cfg->state_path[0] ? cfg->state_path : NULL;
+	if (!cfg->socket_path)
+		return NULL;
+	if ((size_t)snprintf(buf, cap, "%s.state", cfg->socket_path) >= cap)
+		return NULL;
+	return buf;
 }
 
 int mts_server_init(struct mts_server *srv, uv_loop_t *loop,
@@ -194,32 +156,58 @@ int mts_server_init(struct mts_server *srv, uv_loop_t *loop,
 		}
 	}
 
-	uint32_t other = segment_owner_alive(cfg->segment);
-	if (other) {
-		mts_log(MTS_LOG_ERROR,
-		        "segment in use by a live memtallyd, refusing to "
-		        "replace it",
-		        "segment=%s server_pid=%u",
-		        mts_logq(q, sizeof(q), cfg->segment), other);
-		err = -EBUSY;
-		goto fail_close_listener;
+	char pathbuf[PATH_MAX];
+	const char *spath = state_path(cfg, pathbuf, sizeof(pathbuf));
+	struct mts_state_info info = {
+	    .slots = cfg->slots,
+	    .lanes = cfg->lanes,
+	    .threshold = cfg->threshold,
+	};
+	bool adopted = false;
+	if (spath) {
+		err = mts_state_open(spath, cfg->reset, &info, &adopted,
+		                     &srv->state);
+		if (err == -EBUSY) {
+			mts_log(MTS_LOG_ERROR,
+			        "state file locked by a live memtallyd, refusing "
+			        "to start beside it",
+			        "state=%s", mts_logq(q, sizeof(q), spath));
+			goto fail_close_listener;
+		}
+		if (err < 0)
+			goto fail_close_listener;
+		if (adopted && (info.slots != cfg->slots ||
+		                info.lanes != cfg->lanes))
+			mts_log(MTS_LOG_WARN,
+			        "adopting the previous server's geometry "
+			        "(--reset to apply the configured one)",
+			        "slots=%u lanes=%u configured_slots=%u "
+			        "configured_lanes=%u",
+			        info.slots, info.lanes, cfg->slots, cfg->lanes);
 	}
-	bool adopted;
-	err = mts_segment_setup(cfg, &srv->map, &adopted);
+	const char *label = cfg->segment && cfg->segment[0]
+	                        ? cfg->segment + (cfg->segment[0] == '/')
+	                        : "memtally";
+	struct mtshm_params params = {
+	    .slots = info.slots,
+	    .lanes = info.lanes,
+	    .threshold = cfg->threshold,
+	};
+	err = mtshm_header_create(label, &params, &srv->map);
 	if (err < 0) {
-		mts_log(
-		    MTS_LOG_ERROR, "cannot create segment", "segment=%s err=%s",
-		    mts_logq(q, sizeof(q), cfg->segment), mtshm_strerror(err));
-		goto fail_close_listener;
+		mts_log(MTS_LOG_ERROR, "cannot create the shared header",
+		        "err=%s", mtshm_strerror(err));
+		goto fail_close_state;
 	}
 	mts_log(MTS_LOG_INFO, adopted ? "segment adopted" : "segment created",
-	        "segment=%s bytes=%llu generation=%llu",
-	        mts_logq(q, sizeof(q), cfg->segment),
-	        (unsigned long long)srv->map.size,
+	        "label=%s state=%s slots=%u lanes=%u generation=%llu",
+	        mts_logq(q, sizeof(q), label), spath ? spath : "none",
+	        info.slots, info.lanes,
 	        (unsigned long long)srv->map.hdr->generation);
-	err = mts_registry_init(&srv->reg, loop, &srv->map, cfg->segment);
+	err = mts_registry_init(&srv->reg, loop, &srv->map, label, srv->state);
 	if (err < 0)
 		goto fail_close_segment;
+	srv->reg.instance = info.instance;
 	srv->reg.on_event = mts_watch_broadcast;
 	srv->reg.event_ctx = srv;
 	struct mts_policy defaults;
@@ -238,12 +226,6 @@ int mts_server_init(struct mts_server *srv, uv_loop_t *loop,
 
 	remember_file(srv->socket_bound ? cfg->socket_path : NULL,
 	              &srv->sock_dev, &srv->sock_ino, &srv->sock_known);
-	{
-		char path[PATH_MAX];
-		segment_path(cfg->segment, path, sizeof(path));
-		remember_file(path, &srv->seg_dev, &srv->seg_ino,
-		              &srv->seg_known);
-	}
 	srv->files_checked_ms = uv_now(loop);
 
 	uv_timer_init(loop, &srv->tick);
@@ -282,6 +264,9 @@ fail_free_registry:
 
 fail_close_segment:
 	mtshm_close(&srv->map);
+fail_close_state:
+	mts_state_close(srv->state);
+	srv->state = NULL;
 fail_close_listener:
 	/* The caller runs the loop to finish the close, then
 	 * mts_server_free(). */
@@ -316,4 +301,6 @@ void mts_server_free(struct mts_server *srv)
 	srv->socket_bound = false;
 	mts_registry_free(&srv->reg);
 	mtshm_close(&srv->map);
+	mts_state_close(srv->state);
+	srv->state = NULL;
 }

@@ -204,6 +204,8 @@ struct mts_proc {
 	/* Cold: registration, exit, queries. */
 	uv_poll_t poll; /* on the pidfd; poll.data = this */
 	struct mts_registry *reg;
+	struct mts_table *table; /* its uid's slot table */
+	uint64_t slot_gen;       /* generation of its slot assignment */
 	struct mts_proc *hnext; /* pid hash chain */
 	uint32_t uid;
 	int pidfd;
@@ -305,6 +307,20 @@ struct mts_stats {
 /* "fleet_limit", "group_limit", "invalid": the `reason` label. */
 const char *mts_denial_name(enum mts_denial d);
 
+/*
+ * A uid's slot table (mtshm.h): the only shared memory a worker can write,
+ * holding the slots of that uid's processes only. Created at the first
+ * registration of a process of the uid, unmapped with its last one (the
+ * workers keep their own mappings).
+ */
+struct mts_table {
+	uint32_t uid;
+	uint32_t procs;       /* registered processes whose slot is in it */
+	struct mtshm_map map; /* fd kept: handed to the uid's workers */
+};
+
+struct mts_state;
+
 /* A count per uid (open addressing): reservations per owner (admit.c),
  * connections per peer uid (conn.c). MTS_UID_TCP stands for every peer
  * without credentials (TCP): one bucket. */
@@ -325,10 +341,22 @@ struct mts_uid_counts {
 
 struct mts_registry {
 	uv_loop_t *loop;
-	struct mtshm_map *map;
-	const char *segment_name;
+	struct mtshm_map *map;     /* the header: ours is the writable map */
+	struct mtshm_layout layout; /* private copy; never read back */
+	int hdr_ro_fd;              /* read-only descriptor for workers */
+	const char *label;          /* names the memfds (/proc/PID/maps) */
+	uint64_t instance;          /* random, in table labels, kept across
+	                               restarts through the state file */
 	uint32_t slot_count;
 	uint64_t threshold;
+
+	struct mts_table **tables; /* one per uid with a registered process */
+	uint32_t ntables;
+	uint32_t tables_cap;
+	struct mtshm_slot_id **slot_at; /* slot_count: slot s in its table,
+	                                   NULL = free */
+	uint64_t *slot_gens;            /* slot_count: latest generation */
+	struct mts_state *state;        /* restart record, or NULL */
 
 	struct mts_proc **by_slot; /* slot_count entries, NULL = free */
 	uint32_t *free_slots;      /* stack of free slot indices */
@@ -389,6 +417,8 @@ struct mts_reg_result {
 	uint32_t slot;
 	uint64_t slot_generation;
 	const char *group; /* owned by the registry */
+	int fds[2];        /* header (read-only), the uid's table: borrowed,
+	                      sent with the answer (SCM_RIGHTS) */
 };
 
 /* Who is on the other end of a connection. */
@@ -403,12 +433,24 @@ struct mts_peer {
 	uint64_t watch_id; /* the Watch request's id, echoed on events */
 	bool gone; /* closed by the server during a turn (an event that could
 	            * not be written to it): mts_input() stops, fd is -1 */
+	/* Descriptors to pass with the next answer written (a Registered):
+	 * borrowed from the registry, attached to its first byte. */
+	int send_fds[2];
+	uint8_t nsend_fds;
 };
 
-/* `map` must be a freshly created segment; the registry keeps pointers to
- * map and segment_name. */
+/* `map` must be a freshly created header (its fd kept); the registry
+ * keeps pointers to map, label and state (NULL: no restart record). */
 int mts_registry_init(struct mts_registry *reg, uv_loop_t *loop,
-                      struct mtshm_map *map, const char *segment_name);
+                      struct mtshm_map *map, const char *label,
+                      struct mts_state *state);
+
+/* Slot `slot`'s identity in its table, or NULL when the slot is free. */
+static inline struct mtshm_slot_id *mts_slot(const struct mts_registry *reg,
+                                             uint32_t slot)
+{
+	return reg->slot_at[slot];
+}
 
 /* Close every pidfd poll handle (their close callbacks free the procs).
  * Slots are left as they are for the next server. */
@@ -439,45 +481,107 @@ struct mts_proc *mts_find_pid(const struct mts_registry *reg, uint32_t pid);
 struct mts_group *mts_find_group(const struct mts_registry *reg,
                                  const char *name);
 
+/* ---- state.c: the restart record ------------------------------------- */
+
+/*
+ * What a restarted memtallyd needs to adopt the workers of the one before:
+ * a file only the server can write (owned by its uid, mode 0600, one link,
+ * opened without following symlinks), with the geometry, the instance id
+ * and one fixed-size record per slot (pid, uid, start time, image id,
+ * generation, group, task). Written with pwrite() as workers come and go,
+ * never mapped: a truncated or damaged file reads as fewer records, it
+ * cannot fault. An flock() held for the server's life tells a second
+ * server that this one is alive.
+ */
+struct mts_state_rec {
+	uint32_t pid;           /*   0 0 = free */
+	uint32_t uid;           /*   4 */
+	uint64_t start_time;    /*   8 /proc/PID/stat starttime */
+	uint64_t image_id;      /*  16 */
+	uint64_t registered_ns; /*  24 CLOCK_REALTIME */
+	uint64_t slot_gen;      /*  32 */
+	uint64_t check;         /*  40 MTS_STATE_REC_CHECK ^ pid ^ slot */
+	char group[64];         /*  48 */
+	char task[64];          /* 112 */
+	uint8_t spare[80];      /* 176 */
+};
+#define MTS_STATE_REC_SIZE 256u
+_Static_assert(sizeof(struct mts_state_rec) == MTS_STATE_REC_SIZE, "rec");
+
+/* Geometry and identity a state file records (and a restart adopts). */
+struct mts_state_info {
+	uint32_t slots;
+	uint32_t lanes;
+	uint64_t threshold;
+	uint64_t instance;
+};
+
+/*
+ * Open (or create) the state file at `path` and lock it. When it exists,
+ * is ours and valid, and `reset` is false, *adopt is set and *info gets
+ * what it records; otherwise it is (re)initialised from *info (a file we
+ * do not own, with other links or the wrong mode is never written: it is
+ * unlinked and replaced, or, when that fails, the server runs without a
+ * restart record: *out = NULL, warning logged). Returns 0, -EBUSY (a live
+ * server holds the lock) or -errno.
+ */
+int mts_state_open(const char *path, bool reset, struct mts_state_info *info,
+                   bool *adopt, struct mts_state **out);
+/* Record `p` in its slot's entry / free slot `slot`'s entry. Errors are
+ * logged once and otherwise ignored: the record is a convenience for the
+ * next server, never a reason to refuse a worker. */
+void mts_state_put(struct mts_state *st, const struct mts_registry *reg,
+                   const struct mts_proc *p);
+void mts_state_clear(struct mts_state *st, uint32_t slot);
+/* Read record `slot` into *rec. Returns 0, or -ENOENT for a free or
+ * unreadable entry. */
+int mts_state_get(struct mts_state *st, uint32_t slot,
+                  struct mts_state_rec *rec);
+/* Close and unlock (the file stays for the next server). NULL is fine. */
+void mts_state_close(struct mts_state *st);
+
 /* ---- adopt.c (and its registry entry points) --------------------------- */
 
-struct mts_config;
-
-/* A live worker found in an adopted segment, checked against /proc. */
+/* A live worker found in the restart record, checked against /proc. */
 struct mts_adopted {
 	uint32_t slot;
 	uint32_t pid;
 	uint32_t uid;
 	int pidfd; /* opened before the start time was checked */
 	uint64_t start_time;
-	uint64_t image_id;      /* 0 in a 1.0 segment */
-	uint64_t registered_ns; /* 0 in a 1.0 segment */
-	char group[64];         /* "" = "default" */
+	uint64_t image_id;
+	uint64_t registered_ns;
+	uint64_t slot_gen;
+	char group[64]; /* "" = "default" */
 	char task[64];
 };
 
 /*
- * Open cfg->segment to adopt it (unless cfg->reset), or create it. Sets
- * *adopted. An existing segment that cannot be adopted (another layout,
- * corrupt) is replaced, with a warning. Returns 0 or a negative code.
+ * Rebuild the registry from the restart record: each recorded worker whose
+ * pid is alive with the recorded start time is adopted with a fresh pidfd,
+ * its slot table reopened from the worker's own mapping; the others are
+ * freed. Counts both. Call right after mts_registry_init().
  */
-int mts_segment_setup(const struct mts_config *cfg, struct mtshm_map *map,
-                      bool *adopted);
-
-/* Rebuild the registry from an adopted segment's slots: each slot whose
- * pid is alive with the recorded start time is adopted, the others are
- * freed. Counts both. Call right after mts_registry_init(). */
 int mts_adopt(struct mts_registry *reg, uint32_t *kept, uint32_t *dropped);
 
-/* Registry side of adoption: take over a slot as it is (counters, lanes
- * and generation untouched). On success the registry owns a->pidfd; on
- * -EAGAIN too (its handle close frees it); on another error the caller
- * still owns it. */
-int mts_registry_adopt_slot(struct mts_registry *reg,
-                            const struct mts_adopted *a);
+/* The table of `uid`, or NULL. */
+struct mts_table *mts_table_find(const struct mts_registry *reg, uint32_t uid);
 
-/* Free slot `slot` in the segment (pid = 0). */
-void mts_registry_drop_slot(struct mts_registry *reg, uint32_t slot);
+/* Take over `map` (a table reopened from a worker, fd kept) as uid's
+ * table. 0 or -ENOMEM (the caller still owns map). */
+int mts_table_adopt(struct mts_registry *reg, uint32_t uid,
+                    struct mtshm_map *map);
+
+/* Registry side of adoption: take over a slot as it is (counters, lanes
+ * and generation untouched), in `table`. On success the registry owns
+ * a->pidfd; on -EAGAIN too (its handle close frees it); on another error
+ * the caller still owns it. */
+int mts_registry_adopt_slot(struct mts_registry *reg,
+                            const struct mts_adopted *a,
+                            struct mts_table *table);
+
+/* Free `uid`'s table if no process uses it. */
+void mts_table_gc(struct mts_registry *reg, struct mts_table *t);
 
 /* Recompute the free-slot stack from by_slot[] (after adoption). */
 void mts_registry_rebuild_free(struct mts_registry *reg);
@@ -602,7 +706,9 @@ void mts_watch_broadcast(void *ctx, const struct mts_event *ev);
 
 struct mts_config {
 	const char *socket_path;
-	const char *segment;
+	const char *segment; /* label of the shared objects */
+	const char *state_path; /* restart record; NULL: next to the socket
+	                           (SOCKET.state), none without a socket */
 	uint32_t slots;
 	uint32_t lanes;
 	uint32_t tick_ms;
@@ -630,7 +736,7 @@ struct mts_metrics;
 struct mts_server {
 	uv_loop_t *loop;
 	struct mts_config cfg;
-	struct mtshm_map map;
+	struct mtshm_map map; /* the shared header */
 	struct mts_registry reg;
 	uv_pipe_t listener;
 	uv_timer_t tick;
@@ -652,13 +758,14 @@ struct mts_server {
 	bool rss_timer_open;
 	uint32_t rss_interval_ms; /* the interval the timer runs at */
 	struct mts_metrics *metrics; /* --metrics endpoint, or NULL */
-	/* Issue 5: the socket file and the segment's /dev/shm entry as
-	 * created, checked about once a second from the tick so their
-	 * removal under a running server is logged with what to do. */
-	dev_t sock_dev, seg_dev;
-	ino_t sock_ino, seg_ino;
-	bool sock_known, seg_known; /* the dev/ino above are valid */
-	bool sock_gone, seg_gone;   /* already reported */
+	/* The socket file as created, checked about once a second from the
+	 * tick so its removal under a running server is logged with what to
+	 * do. */
+	dev_t sock_dev;
+	ino_t sock_ino;
+	bool sock_known; /* the dev/ino above are valid */
+	bool sock_gone;  /* already reported */
+	struct mts_state *state; /* the restart record, or NULL */
 	uint64_t files_checked_ms;  /* uv_now() of the last check */
 	/* Issue 5, conn.c: the server-wide connection budget. */
 	uint32_t max_conns;     /* cfg.max_conns or the default */
@@ -869,12 +976,9 @@ void mts_resv_tick(struct mts_registry *reg, uint64_t now_ns);
  * to date incrementally; this is the reference they agree with. */
 void mts_resv_sums(struct mts_registry *reg);
 
-/* A worker with task `task` registered: the reservations of the task it
- * may take over (docs/ARCHITECTURE.md, ownership) are taken over. The
- * worker is the newest of reg->dense; when it is not found there, the next
- * tick decides. */
-void mts_resv_task_registered(struct mts_registry *reg, const char *task);
-/* The same, naming the worker. */
+/* Worker `p` registered with a task: the reservations of that task it may
+ * take over (its owner's uid or an admin's: docs/ARCHITECTURE.md,
+ * ownership) are taken over. */
 void mts_resv_worker_registered(struct mts_registry *reg, struct mts_proc *p);
 
 /* Free every reservation and task (registry teardown). */

@@ -1,45 +1,62 @@
 /*
  * mtshm.h - the memtally shared-memory segment. This header IS the format.
  *
- * A segment is a named POSIX shared-memory object created by memtallyd. It
- * holds one header page followed by `slot_count` slots, one per registered
- * worker process. Workers write their counters into their own slot; the
- * server reads every live slot each tick and publishes fleet totals back
- * into the header, so a reader learns the fleet state with a few loads.
+ * Layout 2.0. Two kinds of object, both anonymous memory (memfd_create),
+ * never names in /dev/shm that someone else could pre-create, open or
+ * truncate, and both handed to a worker over the registration socket
+ * (SCM_RIGHTS):
  *
- * Byte layout, version 1.1 (little-endian, as every field is host order and
- * the magic exposes a byte-order mismatch). 1.1 added the per-slot names
- * region (names_offset, names_stride); a 1.0 reader ignores it, so
- * compat_minor stays 0:
+ *  - the header: one 4096-byte page the server alone writes (layout, flush
+ *    threshold, heartbeat, fleet snapshot). Sealed against resizing and
+ *    against new writable mappings (F_SEAL_SHRINK | F_SEAL_GROW |
+ *    F_SEAL_FUTURE_WRITE | F_SEAL_SEAL): the server's own mapping, made
+ *    before the seal, stays writable; a worker can only map it read-only,
+ *    whatever descriptor it holds or reopens through /proc.
+ *  - a slot table per uid: slot_count slots of slot_stride bytes, holding
+ *    the slots of that uid's processes only. Sealed against resizing
+ *    (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL): its size is fixed for
+ *    every mapper, so no access inside it can ever fault with SIGBUS.
+ *    Workers of the uid map it read-write; processes of one uid can
+ *    ptrace each other anyway, so they share nothing they could not
+ *    already reach, and other uids share nothing writable at all.
  *
- *   offset  size  header page (4096 bytes, server-written)
+ * Whoever maps an object checks its seals and size first (mtshm_map_fd),
+ * and copies every layout value it will use, once, into private memory
+ * (struct mtshm_layout). Nothing is ever read back from shared memory to
+ * compute an address.
+ *
+ * Slot indices are the server's, fleet-wide: slot i of the fleet lives at
+ * i * slot_stride in the table of its process's uid (the tables are
+ * sparse: only the pages of used slots are ever touched).
+ *
+ * Header page, version 2.0 (little-endian host order; the magic exposes a
+ * byte-order mismatch):
+ *
+ *   offset  size  field
  *   ------  ----  ---------------------------------------------------------
  *        0     8  magic            "MEMTALLY" read as a little-endian u64
  *        8     2  version_major    readers refuse a major they do not know
  *       10     2  version_minor    minors only add fields at the end
  *       12     2  compat_minor     oldest minor a reader may have and still
- *                                  use this segment (0 in 1.x so far)
+ *                                  use this segment (0 in 2.x so far)
  *       14     2  reserved0
- *       16     4  header_size      bytes before the first slot (4096)
- *       20     4  slot_offset      published: readers use this, not sizeof
- *       24     4  slot_stride      published: bytes from slot i to i+1
+ *       16     4  header_size      4096
+ *       20     4  reserved_off     0 (1.x: slots followed the header)
+ *       24     4  slot_stride      bytes from slot i to i+1 in a table
  *       28     4  slot_count
  *       32     4  lane_count       lanes per slot; lane k is in line k
  *       36     4  line_size        128
- *       40     8  segment_size     bytes the creator sized the object to
- *       48     8  generation       new random value on every re-creation
+ *       40     8  table_size       bytes of each slot table object
+ *       48     8  generation       new random value per created header
  *       56     4  server_pid
  *       60     4  server_uid
  *       64     8  created_ns       CLOCK_REALTIME at creation
  *       72     8  threshold        flush threshold workers must use (bytes)
- *       80     4  names_offset     (1.1) published: the names region, 0 = none
- *       84     4  names_stride     (1.1) bytes from slot i's names to i+1's
- *       88    40  reserved1
+ *       80    48  reserved1
  *      128   128  fleet            struct mtshm_fleet (seqlock snapshot)
  *      256  3840  reserved2        zero; later minors may claim it
  *
- *   slot i starts at slot_offset + i * slot_stride and spans lane_count
- *   lines of 128 bytes:
+ *   slot i spans lane_count lines of 128 bytes:
  *
  *   line 0   0..63  struct mtshm_slot_id   identity (server) + a few
  *                                          client-written process words
@@ -47,20 +64,18 @@
  *   line k   0..63  reserved               (k >= 1)
  *           64..127 struct mtshm_lane      lane k
  *
- *   (1.1) after the slots, at names_offset: slot_count entries of
- *   names_stride bytes, struct mtshm_slot_names (server-written): what a
- *   restarted server needs to adopt a live worker (its image id, group and
- *   task), which the slot's 64 identity bytes have no room for.
- *
  * Every lane sits in its own 128-byte line, so two threads flushing into
  * their own lanes never share a cache line nor an adjacent-line prefetch
  * pair (measured: +250 ns per pair when they do, +10 ns when they do not).
  *
- * Writers: each field has exactly one writer. The server writes identity,
+ * Writers: each field has one intended writer. The server writes identity,
  * limit, peak and flags; a lane's `bytes` and `flushes` are written only by
  * the thread that owns the lane (claimed with a CAS on `owner`); `overflow`,
  * `threads` and `lanes_used` are written by any thread of the slot's process
- * with atomic read-modify-writes. Nobody takes a lock.
+ * with atomic read-modify-writes. Nobody takes a lock. A misbehaving
+ * process of the same uid may write anything into its uid's table: the
+ * server never trusts identity read back (its registry is authoritative)
+ * and judges counters only on a slot's total.
  *
  * Readers: the server sums lanes [0, lanes_used) plus `overflow` without a
  * lock. A read that races a flush sees the lane either before or after the
@@ -76,14 +91,15 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <fcntl.h>
 #include <sys/types.h>
 
 #include "mtshm_atomic.h"
 
 #define MTSHM_MAGIC         UINT64_C(0x594c4c41544d454d) /* "MEMTALLY" */
 #define MTSHM_MAGIC_SWAPPED UINT64_C(0x4d454d54414c4c59)
-#define MTSHM_VERSION_MAJOR 1
-#define MTSHM_VERSION_MINOR 1
+#define MTSHM_VERSION_MAJOR 2
+#define MTSHM_VERSION_MINOR 0
 #define MTSHM_COMPAT_MINOR  0
 #define MTSHM_LINE          128u
 #define MTSHM_HEADER_SIZE   4096u
@@ -91,7 +107,9 @@
 #define MTSHM_MAX_SLOTS     (1u << 20)
 #define MTSHM_DEFAULT_LANES 4u
 
-/* A counter no machine could hold (1 PiB): a slot showing one is corrupt. */
+/* A total no machine could hold (1 PiB): a slot whose lanes add up to one
+ * is corrupt. Judged on the slot's total only: one lane's running value
+ * may grow without bound (a thread that frees what others allocated). */
 #define MTSHM_ABSURD_BYTES (INT64_C(1) << 50)
 
 /* Fleet states, as published in the header and in the protocol. */
@@ -145,20 +163,18 @@ struct mtshm_header {
 	uint16_t compat_minor;  /*  12 */
 	uint16_t reserved0;     /*  14 */
 	uint32_t header_size;   /*  16 */
-	uint32_t slot_offset;   /*  20 */
+	uint32_t reserved_off;  /*  20 */
 	uint32_t slot_stride;   /*  24 */
 	uint32_t slot_count;    /*  28 */
 	uint32_t lane_count;    /*  32 */
 	uint32_t line_size;     /*  36 */
-	uint64_t segment_size;  /*  40 */
+	uint64_t table_size;    /*  40 */
 	uint64_t generation;    /*  48 */
 	uint32_t server_pid;    /*  56 */
 	uint32_t server_uid;    /*  60 */
 	uint64_t created_ns;    /*  64 */
 	uint64_t threshold;     /*  72 */
-	uint32_t names_offset;  /*  80 (1.1) */
-	uint32_t names_stride;  /*  84 (1.1) */
-	uint64_t reserved1[5];  /*  88 */
+	uint64_t reserved1[6];  /*  80 */
 	struct mtshm_fleet fleet;                     /* 128 */
 	uint8_t reserved2[MTSHM_HEADER_SIZE - 256]; /* 256 */
 };
@@ -197,23 +213,6 @@ struct mtshm_lane {
 	uint64_t spare[5]; /* 24 */
 };
 
-/*
- * (1.1) Names of slot i, server-written at registration, read by a server
- * that adopts the segment after a restart. Strings are NUL-terminated and
- * truncated to fit; the client keeps group and task names below 64 bytes.
- */
-struct mtshm_slot_names {
-	uint64_t image_id;      /*   0 Register.image_id */
-	uint64_t registered_ns; /*   8 CLOCK_REALTIME at registration */
-	char group[64];         /*  16 */
-	char task[64];          /*  80 */
-	uint8_t spare[112];     /* 144 zero in 1.1 */
-};
-#define MTSHM_NAMES_STRIDE 256u
-
-_Static_assert(sizeof(struct mtshm_slot_names) == MTSHM_NAMES_STRIDE, "names");
-_Static_assert(offsetof(struct mtshm_slot_names, group) == 16, "names.group");
-_Static_assert(offsetof(struct mtshm_slot_names, task) == 80, "names.task");
 _Static_assert(sizeof(struct mtshm_fleet) == 128, "fleet line");
 _Static_assert(offsetof(struct mtshm_fleet, bytes) == 8, "fleet.bytes");
 _Static_assert(offsetof(struct mtshm_fleet, limit) == 24, "fleet.limit");
@@ -225,18 +224,16 @@ _Static_assert(sizeof(struct mtshm_header) == MTSHM_HEADER_SIZE, "header");
 _Static_assert(offsetof(struct mtshm_header, version_major) == 8, "major");
 _Static_assert(offsetof(struct mtshm_header, compat_minor) == 12, "compat");
 _Static_assert(offsetof(struct mtshm_header, header_size) == 16, "hsize");
-_Static_assert(offsetof(struct mtshm_header, slot_offset) == 20, "soff");
+_Static_assert(offsetof(struct mtshm_header, reserved_off) == 20, "roff");
 _Static_assert(offsetof(struct mtshm_header, slot_stride) == 24, "stride");
 _Static_assert(offsetof(struct mtshm_header, slot_count) == 28, "count");
 _Static_assert(offsetof(struct mtshm_header, lane_count) == 32, "lanes");
-_Static_assert(offsetof(struct mtshm_header, segment_size) == 40, "size");
+_Static_assert(offsetof(struct mtshm_header, table_size) == 40, "tsize");
 _Static_assert(offsetof(struct mtshm_header, generation) == 48, "gen");
 _Static_assert(offsetof(struct mtshm_header, server_pid) == 56, "spid");
 _Static_assert(offsetof(struct mtshm_header, created_ns) == 64, "created");
 _Static_assert(offsetof(struct mtshm_header, threshold) == 72, "threshold");
-_Static_assert(offsetof(struct mtshm_header, names_offset) == 80, "names_off");
-_Static_assert(offsetof(struct mtshm_header, names_stride) == 84, "names_str");
-_Static_assert(offsetof(struct mtshm_header, reserved1) == 88, "reserved1");
+_Static_assert(offsetof(struct mtshm_header, reserved1) == 80, "reserved1");
 _Static_assert(offsetof(struct mtshm_header, fleet) == 128, "fleet");
 _Static_assert(offsetof(struct mtshm_header, reserved2) == 256, "reserved2");
 _Static_assert(sizeof(struct mtshm_slot_id) == 64, "slot id");
@@ -260,51 +257,103 @@ _Static_assert(sizeof(struct mtshm_slot_id) + sizeof(struct mtshm_lane) ==
 #define MTSHM_ETRUNCATED (-3003) /* object smaller than its declared slots */
 #define MTSHM_ELAYOUT    (-3004) /* impossible offsets, stride or counts */
 #define MTSHM_EBYTEORDER (-3005) /* written by a machine of other byte order */
+#define MTSHM_EUNSEALED  (-3006) /* an object that could be resized */
 
-/* A mapped segment. Plain struct: owned by the caller, closed with
- * mtshm_close(). */
+/* memfd seals (linux/fcntl.h), for includers without _GNU_SOURCE. */
+#ifndef F_SEAL_SEAL
+#define F_SEAL_SEAL   0x0001
+#define F_SEAL_SHRINK 0x0002
+#define F_SEAL_GROW   0x0004
+#define F_SEAL_WRITE  0x0008
+#endif
+#ifndef F_SEAL_FUTURE_WRITE
+#define F_SEAL_FUTURE_WRITE 0x0010
+#endif
+
+/* The seals each kind of object must carry before anyone maps it. */
+#define MTSHM_SEALS_TABLE  (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
+#define MTSHM_SEALS_HEADER (MTSHM_SEALS_TABLE | F_SEAL_FUTURE_WRITE)
+
+/*
+ * Every layout value a reader uses, copied once from a validated header
+ * into private memory. Addresses are computed from this copy only.
+ */
+struct mtshm_layout {
+	uint32_t slot_count;
+	uint32_t lane_count;
+	uint32_t slot_stride;
+	uint64_t table_size; /* slot_count * slot_stride */
+	uint64_t threshold;
+	uint64_t generation;
+};
+
+/*
+ * A mapped object. Plain struct: owned by the caller, closed with
+ * mtshm_close(). `hdr` is set for a header, NULL for a slot table. `fd` is
+ * the object's descriptor when the mapper kept it, else -1. `dev`/`ino`
+ * identify the object (two mappings of one table have the same pair).
+ */
 struct mtshm_map {
 	void *base;
 	size_t size;
 	struct mtshm_header *hdr;
+	int fd;
+	uint64_t dev;
+	uint64_t ino;
 };
 
-/* Parameters for mtshm_create(). */
+/* Parameters for mtshm_header_create(). */
 struct mtshm_params {
 	uint32_t slots;     /* >= 1, <= MTSHM_MAX_SLOTS */
 	uint32_t lanes;     /* >= 1, <= MTSHM_MAX_LANES */
 	uint64_t threshold; /* flush threshold, bytes, > 0 */
-	mode_t mode;        /* e.g. 0660 */
-	int gid;            /* group to chown to, or -1 to keep */
 };
 
 /*
- * Create (replacing any existing object of that name) and map a segment.
- * Everything is initialised before the magic is written, with release
- * order, so a concurrent opener either refuses it or sees it whole.
- * Returns 0 or -errno (-EINVAL for bad params).
+ * Create a header object (memfd `label`), fill it in, map it read-write
+ * and seal it (MTSHM_SEALS_HEADER). Everything is written before the
+ * magic, which is stored with release order. out->fd is kept (read-write:
+ * for the server only; hand workers mtshm_reopen_ro()'s). Returns 0 or
+ * -errno (-EINVAL for bad params).
  */
-int mtshm_create(const char *name, const struct mtshm_params *p,
-		 struct mtshm_map *out);
+int mtshm_header_create(const char *label, const struct mtshm_params *p,
+			struct mtshm_map *out);
 
 /*
- * Open and map an existing segment, read-write or read-only, and validate
- * it with mtshm_validate(). Returns 0, -errno, or an MTSHM_E* code.
+ * Create a slot table object (memfd `label`) of l->table_size zero bytes,
+ * sealed (MTSHM_SEALS_TABLE), mapped read-write; out->fd is kept.
+ * Returns 0 or -errno.
  */
-int mtshm_open(const char *name, int writable, struct mtshm_map *out);
+int mtshm_table_create(const char *label, const struct mtshm_layout *l,
+		       struct mtshm_map *out);
+
+/*
+ * Map object `fd` after checking that it carries at least `seals` (so it
+ * cannot be resized under the mapping) and, when `size` is not 0, that it
+ * is exactly `size` bytes. A header (seals include F_SEAL_FUTURE_WRITE) is
+ * mapped read-only and validated; a table read-write. The descriptor is
+ * not consumed: out->fd is -1 and the caller closes `fd`. Returns 0,
+ * -errno, MTSHM_EUNSEALED or another MTSHM_E* code.
+ */
+int mtshm_map_fd(int fd, unsigned seals, uint64_t size, struct mtshm_map *out);
+
+/* A read-only descriptor of the same object as `fd` (through
+ * /proc/self/fd), close-on-exec. Returns it or -errno. */
+int mtshm_reopen_ro(int fd);
 
 /*
  * Check a header of `size` mapped bytes: magic (and byte order), version,
- * published geometry, and that `size` covers every declared slot.
- * Returns 0 or an MTSHM_E* code. Never reads beyond `size`.
+ * and a possible geometry. Returns 0 or an MTSHM_E* code. Never reads
+ * beyond `size`.
  */
 int mtshm_validate(const void *base, size_t size);
 
-/* Unmap. Accepts NULL, a zeroed or an already closed map. */
-void mtshm_close(struct mtshm_map *m);
+/* Validate the header at `base` and copy its layout into *out. Returns 0
+ * or an MTSHM_E* code (then *out is zeroed). */
+int mtshm_layout_read(const void *base, size_t size, struct mtshm_layout *out);
 
-/* Remove the named object. Returns 0 or -errno. */
-int mtshm_unlink(const char *name);
+/* Unmap and close. Accepts NULL, a zeroed or an already closed map. */
+void mtshm_close(struct mtshm_map *m);
 
 /* A short description of an MTSHM_E* code or -errno. */
 const char *mtshm_strerror(int err);
@@ -319,24 +368,13 @@ int mtshm_fleet_read(const struct mtshm_header *h, struct mtshm_fleet *out);
  * `seq` of `f` is ignored. */
 void mtshm_fleet_publish(struct mtshm_header *h, const struct mtshm_fleet *f);
 
-/* Address of slot `i`'s identity, using the published offset and stride. */
-static inline struct mtshm_slot_id *mtshm_slot(const struct mtshm_map *m,
-					       uint32_t i)
+/* Address of slot `i` in the table mapped at `table`, from a private
+ * layout. The caller checked i < l->slot_count. */
+static inline struct mtshm_slot_id *mtshm_slot(const struct mtshm_layout *l,
+					       void *table, uint32_t i)
 {
-	const struct mtshm_header *h = m->hdr;
-	return (struct mtshm_slot_id *)((char *)m->base + h->slot_offset +
-					(size_t)i * h->slot_stride);
-}
-
-/* (1.1) Names of slot `i`, or NULL in a segment without the region. */
-static inline struct mtshm_slot_names *mtshm_names(const struct mtshm_map *m,
-						   uint32_t i)
-{
-	const struct mtshm_header *h = m->hdr;
-	if (!h->names_offset)
-		return NULL;
-	return (struct mtshm_slot_names *)((char *)m->base + h->names_offset +
-					   (size_t)i * h->names_stride);
+	return (struct mtshm_slot_id *)((char *)table +
+					(size_t)i * l->slot_stride);
 }
 
 /* Address of lane `k` of the slot whose identity is `s`. */
@@ -349,61 +387,50 @@ static inline struct mtshm_lane *mtshm_lane(struct mtshm_slot_id *s,
 
 /*
  * Sum a slot's counters: lanes [0, min(lanes_used, lane_count)) plus
- * overflow. Lock-free; see the comment at the top for why a racing read is
- * harmless. Sets *absurd when a counter is beyond MTSHM_ABSURD_BYTES.
+ * overflow, `lane_count` from the reader's private layout. Lock-free; see
+ * the comment at the top for why a racing read is harmless.
+ *
+ * The lanes are added modulo 2^64, so one lane's value may run as far as
+ * it likes (a producer thread's lane up, a consumer's down) and the total
+ * is still exact; only a total beyond +/-MTSHM_ABSURD_BYTES sets *absurd
+ * (and the sum is then not to be used).
  */
-int64_t mtshm_slot_sum(const struct mtshm_map *m, struct mtshm_slot_id *s,
-		       uint64_t *flushes, int *absurd);
-
-/*
- * mtshm_slot_sum() itself, inline, for the server's tick: `lane_count` is
- * the header's, which the caller reads once per tick rather than once per
- * slot. Same semantics (lanes_used clamped, absurd values flagged and left
- * out); both pointers must be valid. Inlined, the out-of-line call and the
- * NULL checks per slot go away (measured in bench/RESULTS.md, server).
- */
-static inline int64_t mtshm_slot_sum_inline(struct mtshm_slot_id *s,
-                                            uint32_t lane_count,
-                                            uint64_t *flushes, int *absurd)
+static inline int64_t mtshm_slot_sum(struct mtshm_slot_id *s,
+				     uint32_t lane_count, uint64_t *flushes,
+				     int *absurd)
 {
 	uint32_t used = mt_load_relaxed32(&s->lanes_used);
 	if (used > lane_count)
 		used = lane_count;
-	/* Absurd values are flagged and left out, so the sum of at most
-	 * MTSHM_MAX_LANES + 1 sane values cannot overflow. */
-	int64_t sum = mt_load_relaxeds64(&s->overflow);
-	int bad = sum > MTSHM_ABSURD_BYTES || sum < -MTSHM_ABSURD_BYTES;
-	if (bad)
-		sum = 0;
+	uint64_t sum = (uint64_t)mt_load_relaxeds64(&s->overflow);
 	uint64_t nf = 0;
 	for (uint32_t k = 0; k < used; k++) {
 		struct mtshm_lane *l = mtshm_lane(s, k);
-		int64_t b = mt_load_relaxeds64(&l->bytes);
-		if (b > MTSHM_ABSURD_BYTES || b < -MTSHM_ABSURD_BYTES)
-			bad = 1;
-		else
-			sum += b;
+		sum += (uint64_t)mt_load_relaxeds64(&l->bytes);
 		nf += mt_load_relaxed64(&l->flushes);
 	}
-	if (sum > MTSHM_ABSURD_BYTES || sum < -MTSHM_ABSURD_BYTES)
-		bad = 1;
+	/* Two's complement: the wrapped sum read as signed is the exact
+	 * total whenever the true total fits, which a sane one does. */
+	int64_t total = sum <= (uint64_t)INT64_MAX
+				? (int64_t)sum
+				: -(int64_t)(~sum) - 1;
 	*flushes = nf;
-	*absurd = bad;
-	return sum;
+	*absurd = total > MTSHM_ABSURD_BYTES || total < -MTSHM_ABSURD_BYTES;
+	return total;
 }
 
 /*
- * Ask for slot `i`'s first line (identity and lane 0: all a one-thread
+ * Ask for a slot's first line (identity and lane 0: all a one-thread
  * process's counters) ahead of its sum. The tick visits slots in an order
  * the hardware prefetcher cannot guess, so it says which it will need a
  * few slots early and their misses overlap. A hint: never faults.
  */
-static inline void mtshm_slot_prefetch(const struct mtshm_map *m, uint32_t i)
+static inline void mtshm_slot_prefetch(const struct mtshm_slot_id *s)
 {
-	const char *s = (const char *)mtshm_slot(m, i);
+	const char *p = (const char *)s;
 	/* The 48..127 bytes the sum reads span both 64-byte halves. */
-	__builtin_prefetch(s + 48, 0, 3);
-	__builtin_prefetch(s + 64, 0, 3);
+	__builtin_prefetch(p + 48, 0, 3);
+	__builtin_prefetch(p + 64, 0, 3);
 }
 
 #endif /* MEMTALLY_SHM_H */

@@ -1,17 +1,21 @@
 /*
- * segment.c - create, open, validate and map a memtally segment.
+ * segment.c - create, seal, validate and map memtally's shared objects.
  *
- * Invariants: a segment is only ever handed out after mtshm_validate()
- * accepted it, so every other piece of code may trust the published
- * geometry (slot_offset + slot_count * slot_stride <= mapped size). The
- * creator writes every field, then the magic last with release order: an
- * opener that sees the magic sees the rest.
+ * Invariants: an object is only ever mapped after its seals were checked
+ * (it cannot shrink under a mapping, so no access inside the mapped size
+ * can fault), and a header is only used after mtshm_validate() accepted
+ * it; every reader then copies the layout into a private struct
+ * mtshm_layout and never reads it back. The creator writes every field,
+ * then the magic last with release order: a reader that sees the magic
+ * sees the rest.
  */
 #define _GNU_SOURCE
 #include "mtshm.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdbool.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/random.h>
@@ -34,73 +38,156 @@ static uint64_t new_generation(void)
 	return g ? g : 1;
 }
 
-int mtshm_create(const char *name, const struct mtshm_params *p,
-		 struct mtshm_map *out)
+static void map_reset(struct mtshm_map *m)
 {
-	memset(out, 0, sizeof(*out));
-	if (!name || name[0] != '/' || !p || p->slots < 1 ||
-	    p->slots > MTSHM_MAX_SLOTS || p->lanes < 1 ||
-	    p->lanes > MTSHM_MAX_LANES || p->threshold == 0)
+	memset(m, 0, sizeof(*m));
+	m->fd = -1;
+}
+
+/* A memfd of `size` zero bytes, mapped read-write into *out (fd kept). */
+static int memfd_new(const char *label, uint64_t size, struct mtshm_map *out)
+{
+	if (size == 0 || size > (uint64_t)SIZE_MAX / 2)
 		return -EINVAL;
-
-	uint64_t stride = (uint64_t)p->lanes * MTSHM_LINE;
-	uint64_t names = MTSHM_HEADER_SIZE + (uint64_t)p->slots * stride;
-	uint64_t size = names + (uint64_t)p->slots * MTSHM_NAMES_STRIDE;
-	if (names > UINT32_MAX)
-		return -EINVAL; /* names_offset is 32 bits */
-
-	/* Replace, never reuse: an old object may be of another layout, and
-	 * an opener holding it keeps its own mapping of the old inode. */
-	shm_unlink(name);
-	int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC,
-			  p->mode & 0777);
+	int fd = memfd_create(label, MFD_CLOEXEC | MFD_ALLOW_SEALING);
 	if (fd < 0)
 		return -errno;
-	int err = 0;
-	/* shm_open applies the umask; the mode is part of the contract. */
-	if (fchmod(fd, p->mode & 0777) < 0 ||
-	    (p->gid >= 0 && fchown(fd, (uid_t)-1, (gid_t)p->gid) < 0) ||
-	    ftruncate(fd, (off_t)size) < 0) {
-		err = -errno;
-		goto fail_unlink;
+	if (fd <= 2) {
+		/* A process started with stdio closed: keep the object off
+		 * 0..2 (mtshm_close() treats fd 0 as "none"). */
+		int moved = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+		close(fd);
+		if (moved < 0)
+			return -errno;
+		fd = moved;
 	}
-	void *base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	int err = 0;
+	if (ftruncate(fd, (off_t)size) < 0) {
+		err = -errno;
+		goto fail;
+	}
+	void *base = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE,
+			  MAP_SHARED, fd, 0);
 	if (base == MAP_FAILED) {
 		err = -errno;
-		goto fail_unlink;
+		goto fail;
 	}
+	struct stat st;
+	if (fstat(fd, &st) < 0) {
+		err = -errno;
+		munmap(base, (size_t)size);
+		goto fail;
+	}
+	out->base = base;
+	out->size = (size_t)size;
+	out->fd = fd;
+	out->dev = st.st_dev;
+	out->ino = st.st_ino;
+	return 0;
+fail:
 	close(fd);
+	return err;
+}
+
+int mtshm_header_create(const char *label, const struct mtshm_params *p,
+			struct mtshm_map *out)
+{
+	map_reset(out);
+	if (!label || !p || p->slots < 1 || p->slots > MTSHM_MAX_SLOTS ||
+	    p->lanes < 1 || p->lanes > MTSHM_MAX_LANES || p->threshold == 0)
+		return -EINVAL;
+	int err = memfd_new(label, MTSHM_HEADER_SIZE, out);
+	if (err)
+		return err;
 
 	/* ftruncate gave zero pages; fill in the rest, magic last. */
-	struct mtshm_header *h = base;
+	struct mtshm_header *h = out->base;
+	uint32_t stride = p->lanes * MTSHM_LINE;
 	h->version_major = MTSHM_VERSION_MAJOR;
 	h->version_minor = MTSHM_VERSION_MINOR;
 	h->compat_minor = MTSHM_COMPAT_MINOR;
 	h->header_size = MTSHM_HEADER_SIZE;
-	h->slot_offset = MTSHM_HEADER_SIZE;
-	h->slot_stride = (uint32_t)stride;
+	h->slot_stride = stride;
 	h->slot_count = p->slots;
 	h->lane_count = p->lanes;
 	h->line_size = MTSHM_LINE;
-	h->segment_size = size;
+	h->table_size = (uint64_t)p->slots * stride;
 	h->generation = new_generation();
 	h->server_pid = (uint32_t)getpid();
 	h->server_uid = (uint32_t)getuid();
 	h->created_ns = realtime_ns();
 	h->threshold = p->threshold;
-	h->names_offset = (uint32_t)names;
-	h->names_stride = MTSHM_NAMES_STRIDE;
 	mt_store_release64(&h->magic, MTSHM_MAGIC);
 
-	out->base = base;
-	out->size = size;
+	/* From here on no new writable mapping of it can be made, by anyone;
+	 * ours, made before, stays writable. */
+	if (fcntl(out->fd, F_ADD_SEALS, MTSHM_SEALS_HEADER) < 0) {
+		err = -errno;
+		mtshm_close(out);
+		return err;
+	}
 	out->hdr = h;
 	return 0;
+}
 
-fail_unlink:
-	close(fd);
-	shm_unlink(name);
+int mtshm_table_create(const char *label, const struct mtshm_layout *l,
+		       struct mtshm_map *out)
+{
+	map_reset(out);
+	if (!label || !l || l->slot_count < 1 || l->table_size == 0 ||
+	    l->table_size != (uint64_t)l->slot_count * l->slot_stride)
+		return -EINVAL;
+	int err = memfd_new(label, l->table_size, out);
+	if (err)
+		return err;
+	if (fcntl(out->fd, F_ADD_SEALS, MTSHM_SEALS_TABLE) < 0) {
+		err = -errno;
+		mtshm_close(out);
+	}
 	return err;
+}
+
+int mtshm_map_fd(int fd, unsigned seals, uint64_t size, struct mtshm_map *out)
+{
+	map_reset(out);
+	int have = fcntl(fd, F_GET_SEALS);
+	if (have < 0)
+		return errno == EINVAL ? MTSHM_EUNSEALED : -errno;
+	if (((unsigned)have & seals) != seals)
+		return MTSHM_EUNSEALED;
+	struct stat st;
+	if (fstat(fd, &st) < 0)
+		return -errno;
+	if (!S_ISREG(st.st_mode) || st.st_size <= 0 ||
+	    (size && (uint64_t)st.st_size != size))
+		return MTSHM_ETRUNCATED;
+	bool header = seals & F_SEAL_FUTURE_WRITE;
+	size_t len = (size_t)st.st_size;
+	void *base = mmap(NULL, len, PROT_READ | (header ? 0 : PROT_WRITE),
+			  MAP_SHARED, fd, 0);
+	if (base == MAP_FAILED)
+		return -errno;
+	if (header) {
+		int err = mtshm_validate(base, len);
+		if (err) {
+			munmap(base, len);
+			return err;
+		}
+		out->hdr = base;
+	}
+	out->base = base;
+	out->size = len;
+	out->dev = st.st_dev;
+	out->ino = st.st_ino;
+	return 0;
+}
+
+int mtshm_reopen_ro(int fd)
+{
+	char path[64];
+	snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+	int ro = open(path, O_RDONLY | O_CLOEXEC);
+	return ro < 0 ? -errno : ro;
 }
 
 int mtshm_validate(const void *base, size_t size)
@@ -118,84 +205,47 @@ int mtshm_validate(const void *base, size_t size)
 	if (h->version_major != MTSHM_VERSION_MAJOR ||
 	    h->compat_minor > MTSHM_VERSION_MINOR)
 		return MTSHM_EVERSION;
-	if (h->line_size != MTSHM_LINE || h->header_size < MTSHM_HEADER_SIZE ||
-	    h->slot_offset < h->header_size || h->slot_offset % MTSHM_LINE ||
+	if (h->line_size != MTSHM_LINE || h->header_size != MTSHM_HEADER_SIZE ||
 	    h->lane_count < 1 || h->lane_count > MTSHM_MAX_LANES ||
 	    h->slot_stride < (uint64_t)h->lane_count * MTSHM_LINE ||
 	    h->slot_stride % MTSHM_LINE || h->slot_count < 1 ||
-	    h->slot_count > MTSHM_MAX_SLOTS)
+	    h->slot_count > MTSHM_MAX_SLOTS ||
+	    h->table_size != (uint64_t)h->slot_count * h->slot_stride)
 		return MTSHM_ELAYOUT;
-	uint64_t need =
-		h->slot_offset + (uint64_t)h->slot_count * h->slot_stride;
-	if (h->segment_size < need)
-		return MTSHM_ELAYOUT;
-	if (h->version_minor >= 1 && h->names_offset) {
-		/* (1.1) The names region lies after the slots and fits. */
-		uint64_t end = h->names_offset +
-			       (uint64_t)h->slot_count * h->names_stride;
-		if (h->names_offset < need || h->names_offset % 64 ||
-		    h->names_stride < sizeof(struct mtshm_slot_names) ||
-		    h->names_stride % 64 || h->segment_size < end)
-			return MTSHM_ELAYOUT;
-		need = end;
-	}
-	if (size < need)
-		return MTSHM_ETRUNCATED;
 	return 0;
 }
 
-int mtshm_open(const char *name, int writable, struct mtshm_map *out)
+int mtshm_layout_read(const void *base, size_t size, struct mtshm_layout *out)
 {
 	memset(out, 0, sizeof(*out));
-	if (!name || name[0] != '/')
-		return -EINVAL;
-	int fd = shm_open(name, (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC, 0);
-	if (fd < 0)
-		return -errno;
-	struct stat st;
-	int err = 0;
-	if (fstat(fd, &st) < 0) {
-		err = -errno;
-		goto fail_close;
-	}
-	if (st.st_size < (off_t)sizeof(uint64_t)) {
-		err = MTSHM_EBADMAGIC;
-		goto fail_close;
-	}
-	size_t size = (size_t)st.st_size;
-	void *base = mmap(NULL, size, PROT_READ | (writable ? PROT_WRITE : 0),
-			  MAP_SHARED, fd, 0);
-	if (base == MAP_FAILED) {
-		err = -errno;
-		goto fail_close;
-	}
-	close(fd);
-	err = mtshm_validate(base, size);
-	if (err) {
-		munmap(base, size);
+	/* Validate and copy from one snapshot of the fields: a header the
+	 * reader cannot write still changes under it only if it is the
+	 * server's own, and the server never changes these. */
+	struct mtshm_header copy;
+	if (size < sizeof(copy))
+		return mtshm_validate(base, size);
+	memcpy(&copy, base, sizeof(copy));
+	int err = mtshm_validate(&copy, sizeof(copy));
+	if (err)
 		return err;
-	}
-	out->base = base;
-	out->size = size;
-	out->hdr = base;
+	out->slot_count = copy.slot_count;
+	out->lane_count = copy.lane_count;
+	out->slot_stride = copy.slot_stride;
+	out->table_size = copy.table_size;
+	out->threshold = copy.threshold;
+	out->generation = copy.generation;
 	return 0;
-
-fail_close:
-	close(fd);
-	return err;
 }
 
 void mtshm_close(struct mtshm_map *m)
 {
-	if (m && m->base)
+	if (!m)
+		return;
+	if (m->base)
 		munmap(m->base, m->size);
-	if (m)
-		memset(m, 0, sizeof(*m));
-}
-
-int mtshm_unlink(const char *name)
-{
-	return shm_unlink(name) < 0 ? -errno : 0;
+	if (m->fd > 0) /* 0: a zeroed map; objects are never on 0..2 */
+		close(m->fd);
+	map_reset(m);
 }
 
 const char *mtshm_strerror(int err)
@@ -213,6 +263,8 @@ const char *mtshm_strerror(int err)
 		return "memtally segment with an impossible layout";
 	case MTSHM_EBYTEORDER:
 		return "memtally segment written with the other byte order";
+	case MTSHM_EUNSEALED:
+		return "memtally shared object not sealed against resizing";
 	default:
 		return err < 0 ? strerror(-err) : "unknown error";
 	}
@@ -256,17 +308,4 @@ void mtshm_fleet_publish(struct mtshm_header *h, const struct mtshm_fleet *in)
 	mt_store_release32(&f->processes, in->processes);
 	mt_store_release32(&f->unregistered, in->unregistered);
 	mt_store_release64(&f->seq, s + 2);
-}
-
-int64_t mtshm_slot_sum(const struct mtshm_map *m, struct mtshm_slot_id *s,
-		       uint64_t *flushes, int *absurd)
-{
-	uint64_t nf;
-	int bad;
-	int64_t sum = mtshm_slot_sum_inline(s, m->hdr->lane_count, &nf, &bad);
-	if (flushes)
-		*flushes = nf;
-	if (absurd)
-		*absurd = bad;
-	return sum;
 }

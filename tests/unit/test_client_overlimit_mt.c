@@ -33,8 +33,9 @@
 
 static struct {
 	char sock[108];
-	char seg[64];
-	struct mtshm_map map;
+	struct mtshm_map map;   /* the header */
+	struct mtshm_map table; /* our uid's slot table */
+	int hdr_ro;             /* what workers are handed */
 	struct mtshm_slot_id *slot;
 	int lfd;
 	pthread_t thread;
@@ -60,7 +61,7 @@ static void *fake_server(void *arg)
 				                                  buf + pre);
 				Memtally__V1__Registered reg =
 				    MEMTALLY__V1__REGISTERED__INIT;
-				reg.segment = fx.seg;
+				reg.segment = "mt-ol";
 				reg.slot = 0;
 				reg.slot_generation = SLOT_GEN;
 				reg.segment_generation = fx.map.hdr->generation;
@@ -74,7 +75,26 @@ static void *fake_server(void *arg)
 				uint8_t out[512];
 				size_t n =
 				    mtframe_pack(&r.base, out, sizeof(out));
-				ssize_t w = send(fd, out, n, MSG_NOSIGNAL);
+				/* Both descriptors ride on the answer,
+				 * as memtallyd sends them. */
+				union {
+					struct cmsghdr h;
+					char b[CMSG_SPACE(2 * sizeof(int))];
+				} cm;
+				memset(&cm, 0, sizeof(cm));
+				int fds[2] = {fx.hdr_ro, fx.table.fd};
+				struct iovec iov = {out, n};
+				struct msghdr mh = {
+				    .msg_iov = &iov,
+				    .msg_iovlen = 1,
+				    .msg_control = cm.b,
+				    .msg_controllen = sizeof(cm.b)};
+				struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+				c->cmsg_level = SOL_SOCKET;
+				c->cmsg_type = SCM_RIGHTS;
+				c->cmsg_len = CMSG_LEN(sizeof(fds));
+				memcpy(CMSG_DATA(c), fds, sizeof(fds));
+				ssize_t w = sendmsg(fd, &mh, MSG_NOSIGNAL);
 				(void)w;
 				memtally__v1__request__free_unpacked(req, NULL);
 				break;
@@ -91,14 +111,14 @@ static void *fake_server(void *arg)
 static void setup(void)
 {
 	snprintf(fx.sock, sizeof(fx.sock), "/tmp/mt-ol-%d.sock", (int)getpid());
-	snprintf(fx.seg, sizeof(fx.seg), "/mt-ol-%d", (int)getpid());
-	struct mtshm_params p = {.slots = 4,
-	                         .lanes = 4,
-	                         .threshold = THRESHOLD,
-	                         .mode = 0600,
-	                         .gid = -1};
-	cr_assert_eq(mtshm_create(fx.seg, &p, &fx.map), 0);
-	fx.slot = mtshm_slot(&fx.map, 0);
+	struct mtshm_params p = {.slots = 4, .lanes = 4, .threshold = THRESHOLD};
+	cr_assert_eq(mtshm_header_create("mt-ol", &p, &fx.map), 0);
+	struct mtshm_layout l;
+	cr_assert_eq(mtshm_layout_read(fx.map.base, fx.map.size, &l), 0);
+	cr_assert_eq(mtshm_table_create("mt-ol-slots", &l, &fx.table), 0);
+	fx.hdr_ro = mtshm_reopen_ro(fx.map.fd);
+	cr_assert_geq(fx.hdr_ro, 0);
+	fx.slot = mtshm_slot(&l, fx.table.base, 0);
 	mt_store_relaxed64(&fx.slot->generation, SLOT_GEN);
 	mt_store_release32(&fx.slot->pid, (uint32_t)getpid());
 
@@ -118,7 +138,9 @@ static void teardown(void)
 	pthread_join(fx.thread, NULL);
 	close(fx.lfd);
 	unlink(fx.sock);
-	mtshm_unlink(fx.seg);
+	close(fx.hdr_ro);
+	mtshm_close(&fx.table);
+	mtshm_close(&fx.map);
 }
 
 static void set_flag(bool over)

@@ -65,7 +65,6 @@ static void teardown(void)
 	uv_run(&loop, UV_RUN_DEFAULT);
 	mts_server_free(&srv);
 	cr_assert_eq(uv_loop_close(&loop), 0, "a handle was left open");
-	mtshm_unlink(segname);
 	mts_policy_free(&pol);
 	cr_assert_neq(access(sockpath, F_OK), 0, "socket file left behind");
 }

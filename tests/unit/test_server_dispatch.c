@@ -15,6 +15,7 @@
 
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -70,7 +71,6 @@ static void teardown(void)
 	uv_run(&loop, UV_RUN_DEFAULT);
 	mts_server_free(&srv);
 	cr_assert_eq(uv_loop_close(&loop), 0, "a handle was left open");
-	mtshm_unlink(segname);
 }
 
 TestSuite(dispatch, .init = setup, .fini = teardown, .timeout = 30);
@@ -148,6 +148,9 @@ static Memtally__V1__Response *call(struct mts_peer *peer,
 	return r;
 }
 
+/* The peer of the latest do_register(): the descriptors it is to get. */
+static struct mts_peer last_peer;
+
 static Memtally__V1__Response *do_register(pid_t pid, const char *group,
                                            uint64_t image_id)
 {
@@ -159,7 +162,9 @@ static Memtally__V1__Response *do_register(pid_t pid, const char *group,
 	req.body_case = MEMTALLY__V1__REQUEST__BODY_REGISTER;
 	req.register_ = &reg;
 	struct mts_peer peer = peer_of(pid);
-	return call(&peer, &req);
+	Memtally__V1__Response *r = call(&peer, &req);
+	last_peer = peer;
+	return r;
 }
 
 static uint32_t register_ok(pid_t pid, const char *group, uint64_t image_id)
@@ -193,7 +198,7 @@ static Memtally__V1__Response *get_usage(int scope, const char *group,
 /* What a worker's client would do: lane 0 holds `bytes`. */
 static void write_lane(uint32_t slot, int64_t bytes, uint32_t threads)
 {
-	struct mtshm_slot_id *s = mtshm_slot(&srv.map, slot);
+	struct mtshm_slot_id *s = mts_slot(&srv.reg, slot);
 	mt_store_relaxed32(&s->threads, threads);
 	mt_store_relaxed32(&s->lanes_used, 1);
 	mt_store_relaxeds64(&mtshm_lane(s, 0)->bytes, bytes);
@@ -397,16 +402,30 @@ Test(dispatch, register_publishes_slot)
 	cr_assert_eq(r->id, 7);
 	Memtally__V1__Registered *ok = r->registered;
 	cr_assert_str_eq(ok->group, "default");
-	cr_assert_str_eq(ok->segment, segname);
+	cr_assert_str_eq(ok->segment, segname + 1); /* a label, no '/' */
 	cr_assert_eq(ok->threshold, 1000);
 	cr_assert_eq(ok->segment_generation, srv.map.hdr->generation);
-	struct mtshm_slot_id *s = mtshm_slot(&srv.map, ok->slot);
+	struct mtshm_slot_id *s = mts_slot(&srv.reg, ok->slot);
 	cr_assert_eq(mt_load_acquire32(&s->pid), (uint32_t)kid);
 	cr_assert_eq(s->uid, 1000);
 	cr_assert_eq(s->generation, ok->slot_generation);
 	uint64_t st;
 	cr_assert_eq(mts_read_starttime(kid, &st), 0);
 	cr_assert_eq(s->start_time, st);
+	/* The answer carries the header (read-only, write-sealed) and the
+	 * table of the peer's uid (resize-sealed), in that order. */
+	cr_assert_eq(last_peer.nsend_fds, 2);
+	int hs = fcntl(last_peer.send_fds[0], F_GET_SEALS);
+	int ts = fcntl(last_peer.send_fds[1], F_GET_SEALS);
+	cr_assert_eq(hs & MTSHM_SEALS_HEADER, MTSHM_SEALS_HEADER);
+	cr_assert_eq(ts & MTSHM_SEALS_TABLE, MTSHM_SEALS_TABLE);
+	cr_assert_eq(fcntl(last_peer.send_fds[0], F_GETFL) & O_ACCMODE,
+	             O_RDONLY);
+	struct mts_table *t = mts_table_find(&srv.reg, 1000);
+	cr_assert_not_null(t);
+	cr_assert_eq(last_peer.send_fds[1], t->map.fd);
+	cr_assert_eq((char *)s, (char *)t->map.base +
+	                            (size_t)ok->slot * srv.reg.layout.slot_stride);
 	memtally__v1__response__free_unpacked(r, NULL);
 	cr_assert_eq(srv.reg.nfree, 3);
 }
@@ -415,7 +434,7 @@ Test(dispatch, repeat_keeps_slot_exec_resets_it)
 {
 	pid_t kid = spawn();
 	uint32_t slot = register_ok(kid, "a", 1);
-	struct mtshm_slot_id *s = mtshm_slot(&srv.map, slot);
+	struct mtshm_slot_id *s = mts_slot(&srv.reg, slot);
 	uint64_t gen = s->generation;
 	write_lane(slot, 5000, 1);
 	mts_tick(&srv.reg);
@@ -450,12 +469,12 @@ Test(dispatch, pid_reuse_reclaims)
 	struct mts_proc *p = mts_find_pid(&srv.reg, (uint32_t)kid);
 	cr_assert_not_null(p);
 	p->start_time++;
-	uint64_t gen = mtshm_slot(&srv.map, slot)->generation;
+	uint64_t gen = mts_slot(&srv.reg, slot)->generation;
 	/* The old entry is reclaimed (its bytes leave the totals) and the
 	 * newcomer gets a fresh slot: the freed one, re-initialised. */
 	cr_assert_eq(register_ok(kid, "a", 1), slot);
-	cr_assert_eq(mtshm_slot(&srv.map, slot)->generation, gen + 1);
-	cr_assert_eq(mtshm_lane(mtshm_slot(&srv.map, slot), 0)->bytes, 0);
+	cr_assert_eq(mts_slot(&srv.reg, slot)->generation, gen + 1);
+	cr_assert_eq(mtshm_lane(mts_slot(&srv.reg, slot), 0)->bytes, 0);
 	cr_assert_eq(srv.reg.totals.bytes, 0);
 	cr_assert_eq(srv.reg.totals.processes, 1);
 	cr_assert_eq(srv.reg.exits, 1);
@@ -559,7 +578,7 @@ Test(dispatch, usage_and_list)
 	cr_assert_eq(f.ticks, 1);
 	cr_assert_eq(f.seq % 2, 0);
 	cr_assert_gt(f.heartbeat_ns, 0);
-	cr_assert_eq(mtshm_slot(&srv.map, sb)->peak, 3000);
+	cr_assert_eq(mts_slot(&srv.reg, sb)->peak, 3000);
 
 	r = get_usage(MEMTALLY__V1__GET_USAGE__SCOPE_GROUP, "etl", 0);
 	cr_assert_eq(r->usage->group->bytes, 4000);
@@ -617,7 +636,7 @@ Test(dispatch, corrupt_slot_quarantined)
 	write_lane(sb, MTSHM_ABSURD_BYTES + 1, 1);
 	mts_tick(&srv.reg);
 	cr_assert_eq(srv.reg.totals.bytes, 1000);
-	cr_assert(mtshm_slot(&srv.map, sb)->flags & MTSHM_SLOT_CORRUPT);
+	cr_assert(mts_slot(&srv.reg, sb)->flags & MTSHM_SLOT_CORRUPT);
 	Memtally__V1__Response *r =
 	    get_usage(MEMTALLY__V1__GET_USAGE__SCOPE_PID, NULL, (uint32_t)b);
 	cr_assert(r->usage->process->corrupt);
@@ -642,6 +661,7 @@ Test(dispatch, exit_leaves_totals_in_same_iteration)
 	cr_assert_eq(mtshm_fleet_read(srv.map.hdr, &f), 0);
 	cr_assert_eq(f.bytes, 8000);
 
+	struct mtshm_slot_id *sbp = mts_slot(&srv.reg, sb);
 	kill(b, SIGKILL);
 	waitpid(b, NULL, 0);
 	/* No tick runs (it is 60 s away): only the pidfd callback can
@@ -656,7 +676,9 @@ Test(dispatch, exit_leaves_totals_in_same_iteration)
 	cr_assert_eq(f.bytes, 1000);
 	cr_assert_eq(f.processes, 1);
 	cr_assert_eq(f.ticks, ticks);
-	cr_assert_eq(mtshm_slot(&srv.map, sb)->pid, 0);
+	/* a, of the same uid, keeps the table mapped. */
+	cr_assert_eq(sbp->pid, 0);
+	cr_assert_null(mts_slot(&srv.reg, sb));
 	cr_assert_null(mts_find_pid(&srv.reg, (uint32_t)b));
 	cr_assert_null(mts_find_group(&srv.reg, "h"));
 	cr_assert_eq(srv.reg.nfree, 3);
@@ -668,7 +690,50 @@ Test(dispatch, exit_leaves_totals_in_same_iteration)
 	memtally__v1__response__free_unpacked(r, NULL);
 
 	/* The freed slot is handed out again, with a new generation. */
-	uint64_t gen = mtshm_slot(&srv.map, sb)->generation;
+	uint64_t gen = srv.reg.slot_gens[sb];
 	cr_assert_eq(register_ok(spawn(), "h", 1), sb);
-	cr_assert_eq(mtshm_slot(&srv.map, sb)->generation, gen + 1);
+	cr_assert_eq(mts_slot(&srv.reg, sb)->generation, gen + 1);
+}
+
+/* Each uid gets a table of its own: a worker can write only the slots of
+ * its own uid's processes. The table goes with the uid's last process. */
+Test(dispatch, each_uid_has_its_own_table)
+{
+	pid_t a = spawn(), b = spawn();
+	uint32_t sa = register_ok(a, "g", 1); /* uid 1000, see peer_of */
+	struct mts_peer pb = peer_of(b);
+	pb.uid = 2000;
+	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
+	Memtally__V1__Register rg = MEMTALLY__V1__REGISTER__INIT;
+	rg.image_id = 1;
+	req.body_case = MEMTALLY__V1__REQUEST__BODY_REGISTER;
+	req.register_ = &rg;
+	Memtally__V1__Response *r = call(&pb, &req);
+	cr_assert_null(r->error);
+	uint32_t sb = r->registered->slot;
+	memtally__v1__response__free_unpacked(r, NULL);
+	struct mts_table *ta = mts_table_find(&srv.reg, 1000);
+	struct mts_table *tb = mts_table_find(&srv.reg, 2000);
+	cr_assert(ta && tb && ta != tb);
+	cr_assert_neq(ta->map.ino, tb->map.ino);
+	cr_assert_eq(pb.send_fds[1], tb->map.fd);
+	cr_assert_eq(srv.reg.ntables, 2);
+	/* Slot sb in uid 1000's table is not b's: scribbling it changes
+	 * nothing the server counts. */
+	struct mtshm_slot_id *fake =
+	    mtshm_slot(&srv.reg.layout, ta->map.base, sb);
+	fake->overflow = 123456;
+	write_lane(sa, 1000, 1);
+	write_lane(sb, 2000, 1);
+	mts_tick(&srv.reg);
+	cr_assert_eq(srv.reg.totals.bytes, 3000);
+	kill(b, SIGKILL);
+	waitpid(b, NULL, 0);
+	unsigned spins = 0;
+	while (srv.reg.ntables != 1) {
+		uv_run(&loop, UV_RUN_ONCE);
+		cr_assert_lt(++spins, 1000 * timeout_mult());
+	}
+	cr_assert_null(mts_table_find(&srv.reg, 2000));
+	cr_assert_eq(mts_table_find(&srv.reg, 1000), ta);
 }

@@ -92,7 +92,6 @@ static inline void fx_stop(void)
 	uv_run(&loop, UV_RUN_DEFAULT);
 	mts_server_free(&srv);
 	cr_assert_eq(uv_loop_close(&loop), 0, "a handle was left open");
-	mtshm_unlink(segname);
 }
 
 /* A child that lives until killed. */
@@ -185,7 +184,7 @@ static inline uint32_t fx_register(pid_t pid, const char *group,
 /* What a worker's client would do: lane 0 holds `bytes`. */
 static inline void fx_write(uint32_t slot, int64_t bytes)
 {
-	struct mtshm_slot_id *s = mtshm_slot(&srv.map, slot);
+	struct mtshm_slot_id *s = mts_slot(&srv.reg, slot);
 	mt_store_relaxed32(&s->threads, 1);
 	mt_store_relaxed32(&s->lanes_used, 1);
 	mt_store_relaxeds64(&mtshm_lane(s, 0)->bytes, bytes);

@@ -254,7 +254,7 @@ Test(limits, process_over_its_limit_flags_slot)
 	fx_start_policy(&pol);
 	pid_t a = fx_spawn();
 	uint32_t sa = fx_register(a, "g", "");
-	struct mtshm_slot_id *s = mtshm_slot(&srv.map, sa);
+	struct mtshm_slot_id *s = mts_slot(&srv.reg, sa);
 	cr_assert_eq(s->limit, 1000, "limit published in the slot");
 	fx_write(sa, 950); /* high: not an event for a process */
 	mts_tick(&srv.reg);
@@ -355,13 +355,13 @@ Test(limits, set_limit_needs_authorisation)
 	cr_assert_eq(r->limit_set->previous, 5000);
 	cr_assert_eq(r->limit_set->bytes, 1000);
 	memtally__v1__response__free_unpacked(r, NULL);
-	cr_assert(mtshm_slot(&srv.map, sa)->flags & MTSHM_SLOT_OVER_LIMIT);
-	cr_assert_eq(mtshm_slot(&srv.map, sa)->limit, 1000);
+	cr_assert(mts_slot(&srv.reg, sa)->flags & MTSHM_SLOT_OVER_LIMIT);
+	cr_assert_eq(mts_slot(&srv.reg, sa)->limit, 1000);
 	r = fx_set_limit(&root, MEMTALLY__V1__SET_LIMIT__SCOPE_PID, NULL,
 	                 (uint32_t)a, 0, NULL);
 	cr_assert_eq(r->limit_set->bytes, 5000);
 	memtally__v1__response__free_unpacked(r, NULL);
-	cr_assert_eq(mtshm_slot(&srv.map, sa)->flags & MTSHM_SLOT_OVER_LIMIT,
+	cr_assert_eq(mts_slot(&srv.reg, sa)->flags & MTSHM_SLOT_OVER_LIMIT,
 	             0);
 
 	fx_expect_error(fx_set_limit(&root, MEMTALLY__V1__SET_LIMIT__SCOPE_PID,
@@ -428,8 +428,8 @@ Test(limits, policy_reload_applies_at_once)
 	               "runtime group limit not replaced");
 	struct mts_proc *p = mts_find_pid(&srv.reg, (uint32_t)a);
 	cr_assert_eq(p->limit, 4000);
-	cr_assert_eq(mtshm_slot(&srv.map, sa)->limit, 4000);
-	cr_assert(mtshm_slot(&srv.map, sa)->flags & MTSHM_SLOT_OVER_LIMIT);
+	cr_assert_eq(mts_slot(&srv.reg, sa)->limit, 4000);
+	cr_assert(mts_slot(&srv.reg, sa)->flags & MTSHM_SLOT_OVER_LIMIT);
 }
 
 Test(limits, watch_answers_current_fleet_state)

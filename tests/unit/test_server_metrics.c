@@ -70,7 +70,6 @@ static void teardown(void)
 	uv_run(&loop, UV_RUN_DEFAULT);
 	mts_server_free(&srv);
 	cr_assert_eq(uv_loop_close(&loop), 0, "a handle was left open");
-	mtshm_unlink(segname);
 }
 
 TestSuite(render, .init = setup, .fini = teardown, .timeout = 30);
@@ -113,7 +112,7 @@ static struct mts_proc *worker(const char *group, int64_t bytes,
 	    .fd = -1, .has_cred = true, .pid = (uint32_t)pid, .uid = 1000};
 	struct mts_reg_result res;
 	cr_assert_eq(mts_register(&srv.reg, &peer, group, NULL, 1, &res), 0);
-	struct mtshm_slot_id *s = mtshm_slot(&srv.map, res.slot);
+	struct mtshm_slot_id *s = mts_slot(&srv.reg, res.slot);
 	mt_store_relaxed32(&s->threads, threads);
 	mt_store_relaxed32(&s->lanes_used, 1);
 	mt_store_relaxeds64(&mtshm_lane(s, 0)->bytes, bytes);

@@ -32,19 +32,7 @@
 #include <time.h>
 #include <unistd.h>
 
-static char name[64];
-
-static void make_name(void)
-{
-	snprintf(name, sizeof(name), "/memtally-test-%ld-seq", (long)getpid());
-}
-
-static void unlink_name(void)
-{
-	mtshm_unlink(name);
-}
-
-TestSuite(seqlock, .init = make_name, .fini = unlink_name);
+TestSuite(seqlock);
 
 static unsigned timeout_mult(void)
 {
@@ -60,15 +48,16 @@ static double now_s(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-/* Create the segment and a second, read-only mapping of it; the name is
- * unlinked at once so a test killed by alarm() leaves nothing behind. */
+/* Create a header and a second, read-only mapping of it, as a worker
+ * maps the descriptor it is handed. */
 static void setup(struct mtshm_map *w, struct mtshm_map *r)
 {
-	struct mtshm_params p = {
-	    .slots = 1, .lanes = 1, .threshold = 1, .mode = 0600, .gid = -1};
-	cr_assert_eq(mtshm_create(name, &p, w), 0);
-	cr_assert_eq(mtshm_open(name, 0, r), 0);
-	mtshm_unlink(name);
+	struct mtshm_params p = {.slots = 1, .lanes = 1, .threshold = 1};
+	cr_assert_eq(mtshm_header_create("mt-seq", &p, w), 0);
+	int ro = mtshm_reopen_ro(w->fd);
+	cr_assert_geq(ro, 0);
+	cr_assert_eq(mtshm_map_fd(ro, MTSHM_SEALS_HEADER, 0, r), 0);
+	close(ro);
 	cr_assert_neq(w->base, r->base);
 }
 

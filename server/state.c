@@ -1,0 +1,266 @@
+/*
+ * state.c - the restart record: what a memtallyd that is killed and started
+ * again needs to adopt the workers of the one before, without trusting
+ * anything another process could write.
+ *
+ * Shared memory cannot carry it: every byte a worker can write is a byte a
+ * worker can forge, and a forged record naming an unrelated process would
+ * make that process a target of enforcement signals. So the record is a
+ * plain file only the server's uid can write:
+ *
+ *   offset  size
+ *        0  4096  struct state_hdr (magic, version, geometry, instance)
+ *     4096   256  slot 0's struct mts_state_rec
+ *      ...        one record per slot
+ *
+ * Opening it (mts_state_open) refuses any file it did not make: it is
+ * opened with O_NOFOLLOW, and must be a regular file owned by our uid,
+ * with no other link, not writable by group or others, with our magic.
+ * Anything else is unlinked and replaced (a pre-created file cannot be
+ * adopted), or, where we may not unlink it, the server runs without a
+ * record and says so. An flock() held for the server's life marks it live.
+ *
+ * Records are written with pwrite() as workers register and leave (one
+ * system call each, beside the several a registration already costs), and
+ * read with pread(): a truncated file reads as free records, never a fault.
+ */
+#include "server.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "log.h"
+
+#define STATE_MAGIC   UINT64_C(0x3174617453544d4d) /* "MMTStat1" */
+#define STATE_VERSION 1u
+#define STATE_HDR     4096u
+#define REC_CHECK     UINT64_C(0x6d656d74616c6c79)
+
+struct state_hdr {
+	uint64_t magic;
+	uint32_t version;
+	uint32_t slots;
+	uint32_t lanes;
+	uint32_t spare0;
+	uint64_t threshold;
+	uint64_t instance;
+};
+
+struct mts_state {
+	int fd;
+	uint32_t slots;
+	bool write_failed; /* logged once */
+};
+
+static uint64_t rec_check(uint32_t pid, uint32_t slot)
+{
+	return REC_CHECK ^ ((uint64_t)pid << 32) ^ slot;
+}
+
+/* Is the file open on `fd` one we made and nobody else can write? */
+static bool state_file_ok(int fd, const char *path)
+{
+	char q[MTS_LOGQ_MAX];
+	struct stat st;
+	if (fstat(fd, &st) < 0)
+		return false;
+	const char *why = NULL;
+	if (!S_ISREG(st.st_mode))
+		why = "not a regular file";
+	else if (st.st_uid != geteuid())
+		why = "owned by another user";
+	else if (st.st_nlink != 1)
+		why = "has other links";
+	else if (st.st_mode & 022)
+		why = "writable by group or others";
+	if (why)
+		mts_log(MTS_LOG_WARN, "state file refused, not adopting it",
+		        "path=%s why=\"%s\"", mts_logq(q, sizeof(q), path), why);
+	return why == NULL;
+}
+
+static int state_init(int fd, const struct mts_state_info *info)
+{
+	/* Empty it first: records of another geometry must not survive. */
+	if (ftruncate(fd, 0) < 0)
+		return -errno;
+	uint8_t page[STATE_HDR] = {0};
+	struct state_hdr h = {
+	    .magic = STATE_MAGIC,
+	    .version = STATE_VERSION,
+	    .slots = info->slots,
+	    .lanes = info->lanes,
+	    .threshold = info->threshold,
+	    .instance = info->instance,
+	};
+	memcpy(page, &h, sizeof(h));
+	if (pwrite(fd, page, sizeof(page), 0) != (ssize_t)sizeof(page))
+		return -EIO;
+	off_t size = STATE_HDR + (off_t)info->slots * MTS_STATE_REC_SIZE;
+	if (ftruncate(fd, size) < 0)
+		return -errno;
+	return 0;
+}
+
+int mts_state_open(const char *path, bool reset, struct mts_state_info *info,
+                   bool *adopt, struct mts_state **out)
+{
+	char q[MTS_LOGQ_MAX];
+	*adopt = false;
+	*out = NULL;
+	if (!info->instance &&
+	    getrandom(&info->instance, sizeof(info->instance), 0) !=
+	        sizeof(info->instance))
+		info->instance = mts_now_realtime() ^ (uint64_t)getpid();
+	int fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+	bool fresh = false;
+	if (fd >= 0 && !state_file_ok(fd, path)) {
+		close(fd);
+		fd = -1;
+		/* Replace it: a file we did not make is never written. */
+		if (unlink(path) < 0 && errno != ENOENT) {
+			mts_log(MTS_LOG_WARN,
+			        "cannot replace the state file: running "
+			        "without a restart record (a restart will not "
+			        "keep live workers' counts until they "
+			        "re-register)",
+			        "path=%s err=%s", mts_logq(q, sizeof(q), path),
+			        strerror(errno));
+			return 0;
+		}
+	}
+	if (fd < 0) {
+		if (errno != ENOENT && errno != ELOOP && errno != EACCES &&
+		    errno != EPERM) {
+			int err = -errno;
+			mts_log(MTS_LOG_ERROR, "cannot open the state file",
+			        "path=%s err=%s", mts_logq(q, sizeof(q), path),
+			        strerror(-err));
+			return err;
+		}
+		if (errno == ELOOP)
+			unlink(path); /* a symlink: never followed */
+		fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+		          0600);
+		if (fd < 0) {
+			mts_log(MTS_LOG_WARN,
+			        "cannot create the state file: running without "
+			        "a restart record",
+			        "path=%s err=%s", mts_logq(q, sizeof(q), path),
+			        strerror(errno));
+			return 0;
+		}
+		fresh = true;
+	}
+	if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+		int err = errno == EWOULDBLOCK ? -EBUSY : -errno;
+		close(fd);
+		return err;
+	}
+	struct state_hdr h;
+	bool valid = !fresh && pread(fd, &h, sizeof(h), 0) == sizeof(h) &&
+	             h.magic == STATE_MAGIC && h.version == STATE_VERSION &&
+	             h.slots >= 1 && h.slots <= MTSHM_MAX_SLOTS &&
+	             h.lanes >= 1 && h.lanes <= MTSHM_MAX_LANES &&
+	             h.threshold > 0;
+	if (valid && !reset) {
+		info->slots = h.slots;
+		info->lanes = h.lanes;
+		info->threshold = h.threshold;
+		info->instance = h.instance;
+		*adopt = true;
+	} else {
+		if (!fresh && !valid)
+			mts_log(MTS_LOG_WARN,
+			        "state file of another format, starting afresh",
+			        "path=%s", mts_logq(q, sizeof(q), path));
+		int err = state_init(fd, info);
+		if (err < 0) {
+			close(fd);
+			mts_log(MTS_LOG_ERROR, "cannot write the state file",
+			        "path=%s err=%s", mts_logq(q, sizeof(q), path),
+			        strerror(-err));
+			return err;
+		}
+	}
+	struct mts_state *st = calloc(1, sizeof(*st));
+	if (!st) {
+		close(fd);
+		return -ENOMEM;
+	}
+	st->fd = fd;
+	st->slots = info->slots;
+	*out = st;
+	return 0;
+}
+
+static void state_write(struct mts_state *st, uint32_t slot, const void *buf,
+                        size_t len)
+{
+	off_t off = STATE_HDR + (off_t)slot * MTS_STATE_REC_SIZE;
+	if (pwrite(st->fd, buf, len, off) == (ssize_t)len)
+		return;
+	if (!st->write_failed)
+		mts_log(MTS_LOG_WARN,
+		        "cannot write the state file: a restart may not keep "
+		        "every live worker",
+		        "err=%s", strerror(errno));
+	st->write_failed = true;
+}
+
+void mts_state_put(struct mts_state *st, const struct mts_registry *reg,
+                   const struct mts_proc *p)
+{
+	if (!st || p->slot >= st->slots)
+		return;
+	struct mts_state_rec r;
+	memset(&r, 0, sizeof(r));
+	r.pid = p->pid;
+	r.uid = p->uid;
+	r.start_time = p->start_time;
+	r.image_id = p->image_id;
+	r.registered_ns = p->registered_ns;
+	r.slot_gen = p->slot_gen;
+	r.check = rec_check(p->pid, p->slot);
+	snprintf(r.group, sizeof(r.group), "%s", reg->groups[p->group].name);
+	snprintf(r.task, sizeof(r.task), "%s", p->task);
+	state_write(st, p->slot, &r, sizeof(r));
+}
+
+void mts_state_clear(struct mts_state *st, uint32_t slot)
+{
+	if (!st || slot >= st->slots)
+		return;
+	struct mts_state_rec r;
+	memset(&r, 0, sizeof(r));
+	state_write(st, slot, &r, sizeof(r));
+}
+
+int mts_state_get(struct mts_state *st, uint32_t slot,
+                  struct mts_state_rec *rec)
+{
+	if (!st || slot >= st->slots)
+		return -ENOENT;
+	off_t off = STATE_HDR + (off_t)slot * MTS_STATE_REC_SIZE;
+	if (pread(st->fd, rec, sizeof(*rec), off) != (ssize_t)sizeof(*rec) ||
+	    rec->pid == 0 || rec->check != rec_check(rec->pid, slot))
+		return -ENOENT;
+	/* Ours, but still read as untrusted text. */
+	rec->group[sizeof(rec->group) - 1] = 0;
+	rec->task[sizeof(rec->task) - 1] = 0;
+	return 0;
+}
+
+void mts_state_close(struct mts_state *st)
+{
+	if (!st)
+		return;
+	close(st->fd); /* releases the lock */
+	free(st);
+}
