@@ -408,6 +408,7 @@ static int lookup_gid(const char *v, uint32_t *out)
 #define OWNED_SEGMENT 1
 #define OWNED_TCP     2
 #define OWNED_METRICS 3
+#define OWNED_STATE   4
 
 static int server_key(struct load *l, const char *key, const char *v)
 {
@@ -423,12 +424,21 @@ static int server_key(struct load *l, const char *key, const char *v)
 			    "expected a path of 1 to 107 bytes, got '%s'", v);
 		err = set_str(&l->s.owned[OWNED_SOCKET], v);
 	} else if (strcmp(key, "segment") == 0) {
-		if (v[0] != '/' || !v[1] || strchr(v + 1, '/') ||
-		    strlen(v) > NAME_MAX)
+		/* The label of the shared objects (memfd names, as seen in
+		 * /proc/PID/maps); the leading '/' of older configs is
+		 * accepted and dropped. */
+		const char *name = v[0] == '/' ? v + 1 : v;
+		if (!name[0] || strchr(name, '/') || strlen(name) > 64)
 			return fail(l, sec, key,
-			            "expected a name like /memtally, got '%s'",
+			            "expected a name like memtally (1 to 64 "
+			            "bytes, no '/'), got '%s'",
 			            v);
 		err = set_str(&l->s.owned[OWNED_SEGMENT], v);
+	} else if (strcmp(key, "state") == 0) {
+		if (!v[0] || v[0] != '/' || strlen(v) >= PATH_MAX)
+			return fail(l, sec, key,
+			            "expected an absolute path, got '%s'", v);
+		err = set_str(&l->s.owned[OWNED_STATE], v);
 	} else if (strcmp(key, "slots") == 0) {
 		if (parse_uint(v, 1, MTSHM_MAX_SLOTS, &n) < 0)
 			return fail(
@@ -1072,6 +1082,7 @@ int mts_settings_load(struct mts_settings *out, const char *path,
 	l.s.cfg.segment = l.s.owned[OWNED_SEGMENT];
 	l.s.cfg.tcp_addr = l.s.owned[OWNED_TCP];
 	l.s.cfg.metrics_addr = l.s.owned[OWNED_METRICS];
+	l.s.cfg.state_path = l.s.owned[OWNED_STATE];
 	*out = l.s;
 	/* The caller keeps *out in place; policy points into it. */
 	out->cfg.policy = &out->policy;

@@ -6,7 +6,8 @@
  * at start and at every reload.
  *
  * Exit status: 0 after a clean stop (SIGTERM/SIGINT), 1 when the server
- * cannot start (socket taken by a live server, segment in use, no
+ * cannot start (socket taken by a live server, restart record locked by
+ * a live server, no
  * permission), 2 for a bad flag or config value (one line on stderr naming
  * it). A second SIGTERM/SIGINT during shutdown gets the default action: the
  * signal handles are closed by then, on purpose, so a stuck stop can still
@@ -59,7 +60,12 @@ static void usage(FILE *f)
 	        "  --socket PATH       Unix socket to listen on (default %s);\n"
 	        "                      its directory is created (0755) if "
 	        "missing\n"
-	        "  --segment NAME      shared-memory segment (default %s)\n"
+	        "  --segment NAME      label of the shared objects, as shown in\n"
+	        "                      /proc/PID/maps (default %s)\n"
+	        "  --state PATH        restart record (default SOCKET.state): "
+	        "what a\n"
+	        "                      restarted server needs to keep live "
+	        "workers\n"
 	        "  --slots N           worker slots, 1..%u (default %u)\n"
 	        "  --lanes N           per-thread lanes per slot, 1..%u "
 	        "(default %u)\n"
@@ -89,10 +95,11 @@ static void usage(FILE *f)
 	        "64MiB); past it the\n"
 	        "                      largest holders stop being read, then "
 	        "are disconnected\n"
-	        "  --reset             re-create the segment instead of adopting "
-	        "it\n"
-	        "                      (by default live workers keep their "
-	        "slots)\n"
+	        "  --reset             start afresh instead of adopting the "
+	        "workers of the\n"
+	        "                      previous server (by default live "
+	        "workers keep their\n"
+	        "                      slots and counts)\n"
 	        "  --help              this text\n"
 	        "  --version           print the version\n"
 	        "\n"
@@ -102,8 +109,8 @@ static void usage(FILE *f)
 	        "(64KiB, 1.5G, 512MB).\n"
 	        "Logs are logfmt lines on stderr. SIGTERM or SIGINT stop the "
 	        "server and\n"
-	        "leave the segment in /dev/shm. SIGHUP reloads the config "
-	        "file.\n",
+	        "leave the restart record for the next one. SIGHUP reloads "
+	        "the config file.\n",
 	        MTS_DEFAULT_SOCKET, MTS_DEFAULT_SEGMENT, MTSHM_MAX_SLOTS,
 	        MTS_DEFAULT_SLOTS, MTSHM_MAX_LANES, MTSHM_DEFAULT_LANES,
 	        MTS_TICK_MAX_MS, MTS_DEFAULT_TICK_MS, MTS_MAX_CONNS_MAX,
@@ -127,11 +134,13 @@ enum {
 	OPT_METRICS,
 	OPT_MAX_CONNS,
 	OPT_MAX_BUFFERED,
+	OPT_STATE,
 };
 
 static const struct option options[] = {
     {"socket", required_argument, NULL, OPT_SOCKET},
     {"segment", required_argument, NULL, OPT_SEGMENT},
+    {"state", required_argument, NULL, OPT_STATE},
     {"slots", required_argument, NULL, OPT_SLOTS},
     {"lanes", required_argument, NULL, OPT_LANES},
     {"tick", required_argument, NULL, OPT_TICK},
@@ -157,6 +166,7 @@ static const struct {
 } flag_keys[] = {
     {OPT_SOCKET, "--socket", "server", "socket"},
     {OPT_SEGMENT, "--segment", "server", "segment"},
+    {OPT_STATE, "--state", "server", "state"},
     {OPT_SLOTS, "--slots", "server", "slots"},
     {OPT_LANES, "--lanes", "server", "lanes"},
     {OPT_TICK, "--tick", "server", "tick"},
@@ -267,12 +277,14 @@ static bool str_differs(const char *a, const char *b)
 static void report_restart_keys(const struct mts_config *was,
                                 const struct mts_config *now)
 {
-	const char *changed[14];
+	const char *changed[16];
 	size_t n = 0;
 	if (str_differs(was->socket_path, now->socket_path))
 		changed[n++] = "socket";
 	if (str_differs(was->segment, now->segment))
 		changed[n++] = "segment";
+	if (str_differs(was->state_path, now->state_path))
+		changed[n++] = "state";
 	if (was->slots != now->slots)
 		changed[n++] = "slots";
 	if (was->lanes != now->lanes)

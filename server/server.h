@@ -41,7 +41,7 @@
 #define MTS_VERSION "0.1.0"
 
 #define MTS_DEFAULT_SOCKET    "/run/memtally/memtally.sock"
-#define MTS_DEFAULT_SEGMENT   "/memtally"
+#define MTS_DEFAULT_SEGMENT   "memtally"
 #define MTS_DEFAULT_SLOTS     4096u
 #define MTS_DEFAULT_TICK_MS   10u
 #define MTS_TICK_MAX_MS       60000u

@@ -46,13 +46,14 @@ def wait_for(what, pred, timeout=20.0, interval=0.02):
 
 
 class Server:
-    """A memtallyd on a private socket and segment, stopped on exit."""
+    """A memtallyd on a private socket (and restart record), stopped on exit."""
 
     count = 0
 
-    def __init__(self, *args, slots=None, tick=10, after=None):
+    def __init__(self, *args, slots=None, tick=10, after=None, prefix=()):
         """Start memtallyd; after=<a stopped or killed Server> restarts on
-        that server's socket and segment (its log goes on)."""
+        that server's socket and restart record (its log goes on); prefix is
+        a command memtallyd runs under (e.g. prlimit ...)."""
         Server.count += 1
         if after is not None:
             self.dir, self.socket = after.dir, after.socket
@@ -62,7 +63,8 @@ class Server:
             self.socket = os.path.join(self.dir, "memtally.sock")
             self.segment = f"/mt-it-{os.getpid()}-{Server.count}"
         self.log = open(os.path.join(self.dir, "memtallyd.log"), "a+b")
-        cmd = [MEMTALLYD, "--socket", self.socket, "--segment", self.segment,
+        cmd = [*prefix, MEMTALLYD, "--socket", self.socket,
+               "--segment", self.segment,
                "--tick", str(tick), "--log-level", "debug"]
         if slots:
             cmd += ["--slots", str(slots)]
@@ -121,7 +123,7 @@ class Server:
         return {p["pid"]: p for p in self.cli("ps")["processes"]}
 
     def kill9(self):
-        """SIGKILL the server: socket file and segment stay behind."""
+        """SIGKILL the server: socket file and restart record stay behind."""
         self.proc.kill()
         self.proc.wait()
 
@@ -134,11 +136,14 @@ class Server:
                 self.proc.kill()
                 self.proc.wait()
                 raise AssertionError("memtallyd did not stop on SIGTERM")
+        return self.proc.returncode
+
+    def forget(self):
+        """Remove the restart record, so no later server adopts from it."""
         try:
-            os.unlink("/dev/shm" + self.segment)
+            os.unlink(self.socket + ".state")
         except FileNotFoundError:
             pass
-        return self.proc.returncode
 
     def __enter__(self):
         return self
@@ -154,9 +159,17 @@ class Server:
 class Worker:
     """A worker process talking line by line over stdin/stdout."""
 
-    def __init__(self, argv, env):
+    def __init__(self, argv, env, user=None):
+        """user=(uid, gid) runs it as that user (the tests run as root)."""
+        pre = None
+        if user is not None:
+            def pre():
+                os.setgroups([])
+                os.setgid(user[1])
+                os.setuid(user[0])
         self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True, bufsize=1)
+                                     stdout=subprocess.PIPE, text=True,
+                                     bufsize=1, preexec_fn=pre)
         self.pid = self.proc.pid
         # A thread owns stdout: select() on a buffered pipe would miss lines
         # already read into Python's buffer (a forked child and its parent

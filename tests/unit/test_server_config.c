@@ -206,7 +206,8 @@ struct bad {
 
 static const struct bad bads[] = {
     {"[server]\nsocket =\n", 2, "[server] socket"},
-    {"[server]\nsegment = noslash\n", 2, "[server] segment"},
+    {"[server]\nsegment = a/b\n", 2, "[server] segment"},
+    {"[server]\nstate = relative/path\n", 2, "[server] state"},
     {"[server]\nslots = 0\n", 2, "[server] slots"},
     {"[server]\nslots = 99999999\n", 2, "[server] slots"},
     {"[server]\nlanes = 65\n", 2, "[server] lanes"},
