@@ -546,6 +546,8 @@ static int attach(void)
 	a.slot_index = rep.slot;
 	a.slot_gen = rep.slot_gen;
 	*na = a;
+	if (rep.threshold)
+		mt_store_relaxed64(&mtc.threshold, rep.threshold);
 	if (same_slot) {
 		/* A restarted server adopted our slot and hands us its new
 		 * header: lanes and counts stay as they are, threads keep
@@ -558,8 +560,6 @@ static int attach(void)
 	/* A new slot: carry the total published into the old one. */
 	if (old)
 		mt_add_relaxeds64(&mtc.pending, slot_total(old));
-	if (rep.threshold)
-		mt_store_relaxed64(&mtc.threshold, rep.threshold);
 	mt_store_relaxed64(&mtc.epoch, mt_load_relaxed64(&mtc.epoch) + 1);
 	mt_store_release64(&mtc.cur, (uint64_t)(uintptr_t)na);
 	mt_add_relaxeds64(&s->overflow,

@@ -649,6 +649,24 @@ Test(dispatch, corrupt_slot_quarantined)
 	cr_assert_eq(srv.reg.totals.bytes, 1000);
 }
 
+/* A producer thread's lane climbs for ever, a consumer's falls: each lane
+ * alone is far past the absurd mark, but the process holds 4 KiB. It is
+ * counted, not quarantined. */
+Test(dispatch, lanes_past_the_mark_with_a_sane_total_count)
+{
+	pid_t a = spawn();
+	uint32_t sa = register_ok(a, "g", 1);
+	struct mtshm_slot_id *s = mts_slot(&srv.reg, sa);
+	mt_store_relaxed32(&s->lanes_used, 2);
+	mt_store_relaxeds64(&mtshm_lane(s, 0)->bytes, INT64_C(3) << 60);
+	mt_store_relaxeds64(&mtshm_lane(s, 1)->bytes,
+	                    -(INT64_C(3) << 60) + 4096);
+	mts_tick(&srv.reg);
+	cr_assert_eq(srv.reg.totals.bytes, 4096);
+	cr_assert_eq(s->flags & MTSHM_SLOT_CORRUPT, 0);
+	cr_assert_not(mts_find_pid(&srv.reg, (uint32_t)a)->corrupt);
+}
+
 Test(dispatch, exit_leaves_totals_in_same_iteration)
 {
 	pid_t a = spawn(), b = spawn();
