@@ -190,15 +190,15 @@ int mtshm_reopen_ro(int fd)
 	return ro < 0 ? -errno : ro;
 }
 
-int mtshm_validate(const void *base, size_t size)
+/* Check a header already copied into aligned private memory; `size` is
+ * how many bytes the object really has. */
+static int validate_copy(const struct mtshm_header *h, size_t size)
 {
-	const struct mtshm_header *h = base;
 	if (size < sizeof(uint64_t))
 		return MTSHM_EBADMAGIC;
-	uint64_t magic = mt_load_acquire64(&h->magic);
-	if (magic == MTSHM_MAGIC_SWAPPED)
+	if (h->magic == MTSHM_MAGIC_SWAPPED)
 		return MTSHM_EBYTEORDER;
-	if (magic != MTSHM_MAGIC)
+	if (h->magic != MTSHM_MAGIC)
 		return MTSHM_EBADMAGIC;
 	if (size < MTSHM_HEADER_SIZE)
 		return MTSHM_ETRUNCATED;
@@ -215,17 +215,29 @@ int mtshm_validate(const void *base, size_t size)
 	return 0;
 }
 
+/* Copy what `base` holds of a header (at most one header) into *h, zero
+ * the rest. Works on any alignment. No acquire is needed: a header is
+ * complete before its descriptor is passed to anyone. */
+static void header_copy(struct mtshm_header *h, const void *base, size_t size)
+{
+	memset(h, 0, sizeof(*h));
+	memcpy(h, base, size < sizeof(*h) ? size : sizeof(*h));
+}
+
+int mtshm_validate(const void *base, size_t size)
+{
+	struct mtshm_header copy;
+	header_copy(&copy, base, size);
+	return validate_copy(&copy, size);
+}
+
 int mtshm_layout_read(const void *base, size_t size, struct mtshm_layout *out)
 {
 	memset(out, 0, sizeof(*out));
-	/* Validate and copy from one snapshot of the fields: a header the
-	 * reader cannot write still changes under it only if it is the
-	 * server's own, and the server never changes these. */
+	/* Validate and copy from one snapshot of the fields. */
 	struct mtshm_header copy;
-	if (size < sizeof(copy))
-		return mtshm_validate(base, size);
-	memcpy(&copy, base, sizeof(copy));
-	int err = mtshm_validate(&copy, sizeof(copy));
+	header_copy(&copy, base, size);
+	int err = validate_copy(&copy, size);
 	if (err)
 		return err;
 	out->slot_count = copy.slot_count;
