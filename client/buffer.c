@@ -9,7 +9,7 @@
  * by what was written into it.
  *
  * Growth policy: 2x by default (MEMTALLY_BUF_GROW_1_5X selects 1.5x for
- * comparison), chosen by bench/buffer_growth (seed 003's cases; the table
+ * comparison), chosen by bench/buffer_growth (its cases; the table
  * is in bench/RESULTS.md). On this machine, building 64 MiB, 2x was
  * +36% to +68% faster than 1.5x with jemalloc in every case (8 B, 700 B
  * and 1.5 MB appends; two runs, p <= 0.001), and not significantly

@@ -381,7 +381,7 @@ static json_t *jstr(const char *s)
 }
 
 /*
- * The documents below are DESIGN.md's `--json` shapes; a field may be
+ * The documents below are the documented `--json` shapes (README); a field may be
  * added, never renamed. One key per line so the shape reads as JSON.
  */
 static json_t *json_status(const struct memtally_usage *u)
@@ -634,7 +634,7 @@ static void print_denied(const struct memtally_admit_result *a)
 	}
 }
 
-/* DESIGN.md's shapes: {"admitted": true, "reservation": S, ...} or
+/* The documented shapes: {"admitted": true, "reservation": S, ...} or
  * {"admitted": false, "reason": S, "fleet_bytes": N, "reserved": N,
  * "limit": N, ...}. */
 static json_t *json_admit(const struct cli *c, uint32_t ttl,

@@ -11,7 +11,7 @@
  *
  * When no block is free: with MEMTALLY_POOL_GROW the pool obtains another
  * chunk; without it memtally_pool_get() returns NULL and the caller falls
- * back to something else (seed 004's "exhausted pool").
+ * back to something else (the "exhausted pool" case of bench/allocators).
  *
  * The default pool is thread-confined: no locks, no atomics. With
  * MEMTALLY_POOL_LOCKED every get and put takes a mutex, so one pool may be

@@ -13,7 +13,8 @@
  * (allocated - deallocated) with what it last published and then tail-calls
  * jemalloc, so the common path adds two loads, a subtract and one compare:
  * measured +0.7..1.8 ns per pair, against +2.1..7 ns for sallocx on every
- * free and +3 ns for reading the counters after each call (DESIGN.md).
+ * free and +3 ns for reading the counters after each call (measured on
+ * the benchmark machine, bench/RESULTS.md).
  * The price is that a call's own bytes are seen at the thread's next call;
  * allocations of MTC_LARGE bytes or more are checked after the call so a
  * big block is seen at once.

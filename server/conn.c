@@ -23,7 +23,7 @@
  * closing): `reading` mirrors uv_read_start/stop.
  *
  * Those bounds are per connection; N peers could still hold N times them.
- * So the server as a whole has a budget too (issue 5, server.h):
+ * So the server as a whole has a budget too (server.h):
  *  - connections: past max_connections a new connection is accepted and
  *    closed at once, logged (at most once a second, with the count) and
  *    counted (memtally_connections_rejected_total). Accepting and closing

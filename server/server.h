@@ -13,7 +13,7 @@
  *    pipelining, back-pressure).
  *  - server.c: lifecycle (segment, listener, tick timer, stop).
  *  - main.c: flags, signals, the loop.
- *  - config.c: the INI file and flags -> struct mts_settings (issue 3).
+ *  - config.c: the INI file and flags -> struct mts_settings.
  *  - limits.c: hysteresis states, limits, Watch events, enforcement.
  *  - admit.c: admission, reservations and their reconciliation by task.
  *  - auth.c: who may SetLimit or release another's reservation.
@@ -85,7 +85,7 @@ bool mts_pid_running(pid_t pid);
  * failure buf holds "". */
 void mts_read_comm(pid_t pid, char *buf, size_t cap);
 
-/* ---- policy (issue 3): what config.c produces, limits.c applies ------- */
+/* ---- policy: what config.c produces, limits.c applies ------- */
 
 /* What limits compare: accounted heap bytes, resident set, or the larger
  * of the two (per process, per group and for the fleet, each on its own
@@ -232,7 +232,7 @@ struct mts_group {
 	uint64_t bytes; /* latest tick */
 	uint64_t peak;
 	uint64_t error_bytes;
-	/* Issue 3 (limits): filled by the limits code. */
+	/* Filled by the limits code. */
 	uint64_t rss;
 	uint64_t limit;    /* 0 = none */
 	uint64_t reserved; /* outstanding admission reservations */
@@ -253,7 +253,7 @@ struct mts_totals {
 	uint64_t heartbeat_ns; /* CLOCK_MONOTONIC at the latest tick */
 	uint32_t processes;
 	uint32_t unregistered;
-	/* Issue 3 (limits): filled by the limits code. */
+	/* Filled by the limits code. */
 	uint64_t rss;
 	uint64_t limit;    /* fleet limit, 0 = none */
 	uint64_t reserved; /* outstanding admission reservations */
@@ -289,7 +289,7 @@ struct mts_stats {
 	uint64_t reloads;            /* SIGHUP reloads applied */
 	uint64_t reload_failures;    /* SIGHUP reloads rejected (bad value) */
 	uint64_t auth_denials;       /* SetLimit/Release refused */
-	/* Issue 5, conn.c: the server-wide connection budget. */
+	/* conn.c: the server-wide connection budget. */
 	uint64_t conn_rejected;  /* accepted over max_connections, closed */
 	uint64_t conn_throttled; /* reading stopped: over max_buffered */
 	uint64_t conn_evicted;   /* disconnected: largest holder, over it */
@@ -375,7 +375,7 @@ struct mts_registry {
 	uint64_t exits;
 	struct mts_stats stats;
 
-	/* Issue 3: limits, admission, events (limits.c, admit.c). */
+	/* Limits, admission, events (limits.c, admit.c). */
 	struct mts_policy policy; /* in force; owned (deep copy) */
 	uint32_t server_uid;      /* geteuid() at init: always authorised */
 	struct mts_resv **resv;   /* outstanding reservations, unordered */
@@ -397,7 +397,7 @@ struct mts_registry {
 	void (*on_event)(void *ctx, const struct mts_event *ev);
 	void *event_ctx;
 	struct mts_rss_sweep *rss_sweep; /* the sweep in flight, or NULL */
-	/* Issue 5: the last workers refused a slot, so that a worker's
+	/* The last workers refused a slot, so that a worker's
 	 * retries are not counted again in totals.unregistered. */
 	struct {
 		uint32_t pid;
@@ -650,7 +650,7 @@ int mts_input(struct mts_registry *reg, struct mts_peer *peer,
 #define MTS_FRAMES_PER_TURN 64u
 
 /*
- * The server-wide budget (issue 5): at most max_connections open, and at
+ * The server-wide budget: at most max_connections open, and at
  * most max_buffered bytes of input and unwritten output over all of them.
  * Past the cap every connection holding more than its fair share (the
  * cap over twice the connections, at least MTS_CONN_FLOOR) stops reading
@@ -714,13 +714,13 @@ struct mts_config {
 	uint32_t tick_ms;
 	uint64_t threshold;
 	bool reset;
-	/* Issue 3. Zero/NULL is the default for each. */
+	/* Policy and listeners. Zero/NULL is the default for each. */
 	const struct mts_policy *policy; /* NULL: mts_policy_defaults() */
 	const char *tcp_addr;            /* HOST:PORT to listen on, or NULL */
 	const char *metrics_addr; /* --metrics / [server] metrics, stored */
 	bool has_gid;             /* chown socket and segment to `gid` */
 	uint32_t gid;
-	/* Issue 5: the connection budget; 0 = the default. */
+	/* The connection budget; 0 = the default. */
 	uint32_t max_conns;
 	uint64_t max_buffered;
 	/* Per peer uid, 0 = the default; and the idle timeout (0 = the
@@ -750,7 +750,7 @@ struct mts_server {
 	bool listening;    /* the listener handle is open */
 	bool socket_bound; /* we created the socket file: remove it at exit */
 	bool stopping;
-	/* Issue 3. */
+	/* TCP, RSS sweep, metrics. */
 	uv_tcp_t tcp_listener;
 	bool tcp_listening;   /* the TCP listener handle is open */
 	uint16_t tcp_port;    /* bound port (useful with port 0) */
@@ -767,7 +767,7 @@ struct mts_server {
 	bool sock_gone;  /* already reported */
 	struct mts_state *state; /* the restart record, or NULL */
 	uint64_t files_checked_ms;  /* uv_now() of the last check */
-	/* Issue 5, conn.c: the server-wide connection budget. */
+	/* conn.c: the server-wide connection budget. */
 	uint32_t max_conns;     /* cfg.max_conns or the default */
 	uint64_t max_buffered;  /* cfg.max_buffered or the default */
 	uint64_t buffered;      /* sum of every connection's input + output */
@@ -819,7 +819,7 @@ void mts_server_free(struct mts_server *srv);
 uint64_t mts_now_realtime(void);
 uint64_t mts_now_monotonic(void);
 
-/* ---- issue 3: limits, admission, auth, rss, config ---------------------- */
+/* ---- limits, admission, auth, rss, config ------------------------------- */
 
 /* Group entries (registry.c). The index stays valid while the entry lives;
  * `reg->groups` may move when an entry is created. */
