@@ -3,7 +3,7 @@
 # workers under the preload in two groups, `memtally status` / `memtally ps`
 # watching them, and a scheduler asking to start tasks: admitted while the
 # fleet has room, denied with the figures once it does not. Ends by itself
-# and leaves no process, socket or segment behind.
+# and leaves no process, socket or restart record behind.
 # usage: deploy/demo.sh [BUILD_DIR]
 set -euo pipefail
 build=$(cd "${1:-build}" && pwd)
@@ -14,13 +14,12 @@ workers=$build/tests/integration
 
 dir=$(mktemp -d /tmp/memtally-demo.XXXXXX)
 sock=$dir/memtally.sock
-seg=/memtally-demo-$$
+label=memtally-demo-$$
 pids=()
 cleanup() {
   exec 3>&- 2>/dev/null || true
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
-  rm -f "/dev/shm$seg"
   rm -rf "$dir"
 }
 trap cleanup EXIT
@@ -28,8 +27,8 @@ trap cleanup EXIT
 say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 mt() { "$memtally" --socket "$sock" "$@"; }
 
-say "starting memtallyd (socket $sock, segment $seg)"
-"$memtallyd" --socket "$sock" --segment "$seg" --fleet-limit 600MiB \
+say "starting memtallyd (socket $sock, shared objects $label)"
+"$memtallyd" --socket "$sock" --segment "$label" --fleet-limit 600MiB \
   --high-watermark 80 --log-level info 2>"$dir/memtallyd.log" &
 pids+=($!)
 for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done

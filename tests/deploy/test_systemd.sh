@@ -16,7 +16,7 @@ if ! command -v systemd-analyze >/dev/null; then
 fi
 tmp=$(mktemp -d)
 pid=
-trap '[ -n "$pid" ] && kill "$pid" 2>/dev/null; rm -rf "$tmp"; rm -f "/dev/shm/mt-unit-$$"' EXIT
+trap '[ -n "$pid" ] && kill "$pid" 2>/dev/null; rm -rf "$tmp"' EXIT
 pass=0
 fail() { echo "FAIL: $*"; exit 1; }
 
@@ -24,13 +24,21 @@ unit=$src/deploy/memtallyd.service
 grep -q '^ExecStart=/usr/bin/memtallyd --config /etc/memtally/memtallyd.conf$' "$unit" \
   || fail "ExecStart is not /usr/bin/memtallyd --config /etc/memtally/memtallyd.conf"
 for key in Type=notify RuntimeDirectory=memtally Group=memtally ProtectSystem=strict \
-           ProtectHome=yes PrivateTmp=yes NoNewPrivileges=yes \
+           ProtectHome=yes PrivateTmp=yes PrivateDevices=yes NoNewPrivileges=yes \
            'RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6' \
            'ExecReload=/bin/kill -HUP $MAINPID'; do
   grep -qxF "$key" "$unit" || fail "unit lacks $key"
 done
-for bad in PrivateDevices=yes ProtectProc=invisible ProtectProc=noaccess ProcSubset=pid; do
-  ! grep -qxF "$bad" "$unit" || fail "unit sets $bad (breaks /dev/shm or /proc access)"
+for bad in ProtectProc=invisible ProtectProc=noaccess ProcSubset=pid PrivateUsers=yes; do
+  ! grep -qxF "$bad" "$unit" || fail "unit sets $bad (breaks access to other users' /proc)"
+done
+# The shared memory is memfds passed over the socket: nothing in /dev/shm.
+! grep -q '^[^#]*/dev/shm' "$unit" || fail "unit still gives memtallyd /dev/shm"
+! grep -q '^[^#]*/dev/shm' "$src/deploy/memtally.tmpfiles" \
+  || fail "tmpfiles still manages a /dev/shm segment"
+# Restart adoption reopens other users' slot tables through /proc/PID/map_files.
+for cap in CAP_SYS_PTRACE CAP_DAC_READ_SEARCH CAP_CHECKPOINT_RESTORE; do
+  grep -q "^CapabilityBoundingSet=.*\b$cap\b" "$unit" || fail "unit lacks $cap (restart adoption)"
 done
 pass=$((pass + 1))
 
@@ -44,14 +52,15 @@ pass=$((pass + 1))
 
 # The config the unit names must be one memtallyd accepts.
 "$memtallyd" --config "$src/deploy/memtallyd.conf" --socket "$tmp/s.sock" \
-  --segment "/mt-unit-$$" 2>"$tmp/log" &
+  --segment "mt-unit-$$" 2>"$tmp/log" &
 pid=$!
 for _ in $(seq 200); do [ -S "$tmp/s.sock" ] && break; sleep 0.05; done
 [ -S "$tmp/s.sock" ] || { kill $pid 2>/dev/null; cat "$tmp/log"; fail "memtallyd did not start with deploy/memtallyd.conf"; }
-kill -HUP $pid; sleep 0.2
+kill -HUP $pid
+for _ in $(seq 200); do grep -q 'msg="config reloaded"' "$tmp/log" && break; sleep 0.05; done
+grep -q 'msg="config reloaded"' "$tmp/log" || { cat "$tmp/log"; fail "no reload after SIGHUP"; }
 kill -TERM $pid; wait $pid || fail "memtallyd exit status $? after SIGTERM"
 pid=
-rm -f "/dev/shm/mt-unit-$$"
 grep -q 'level=error' "$tmp/log" && fail "errors in log: $(cat "$tmp/log")"
 pass=$((pass + 1))
 

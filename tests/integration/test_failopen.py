@@ -1,15 +1,20 @@
-"""Fail open: with no server, a bad socket path, a stale socket or a segment
-of a wrong layout version, a preloaded program's stdout, stderr and exit
-status are exactly what they are without the preload (must-show 4)."""
+"""Fail open: with no server, a bad socket path, a stale socket, or a
+server that hands out shared objects a client must refuse (a header of an
+unknown major layout version, objects without their seals, a table of the
+wrong size, no descriptors at all), a preloaded program's stdout, stderr
+and exit status are exactly what they are without the preload."""
+import fcntl
 import mmap
 import os
 import socket
 import struct
 import subprocess
 import tempfile
+import threading
 import time
 
-from harness import MULT, PRELOAD, Server, check, run, worker
+import pbwire as pb
+from harness import MULT, PRELOAD, check, run, worker
 
 PROGRAMS = [
     ["python3", "-c",
@@ -67,18 +72,198 @@ def test_stale_socket():
     compare(p, "stale socket")
 
 
-def test_segment_of_wrong_version():
-    with Server() as srv:
-        # Rewrite version_major (offset 8) to a future major: the server
-        # keeps answering Register, the client must refuse the mapping.
-        fd = os.open("/dev/shm" + srv.segment, os.O_RDWR)
-        m = mmap.mmap(fd, 4096)
-        m[8:10] = struct.pack("<H", 99)
-        m.close()
-        os.close(fd)
-        compare(srv.socket, "wrong version")
+# ---- a server that hands out bad shared objects ----------------------------
+#
+# memtallyd is trusted to hand out good objects, so a fake server plays the
+# bad one: it answers every Register with a Registered frame and the
+# descriptors a case builds (header first, then slot table, as memtallyd
+# passes them). The client must map nothing it cannot trust, and the
+# program runs exactly as it would without the preload.
+
+F_SEAL_SEAL, F_SEAL_SHRINK, F_SEAL_GROW = 0x1, 0x2, 0x4
+F_SEAL_FUTURE_WRITE = 0x10
+SEALS_TABLE = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL
+SEALS_HEADER = SEALS_TABLE | F_SEAL_FUTURE_WRITE
+MAGIC = 0x594C4C41544D454D  # "MEMTALLY" read as a little-endian u64
+HEADER_SIZE = 4096
+LINE = 128
+LANES = 4
+SLOTS = 4
+STRIDE = LANES * LINE
+TABLE_SIZE = SLOTS * STRIDE
+SLOT_GEN = 0x5107
+THRESHOLD = 64 * 1024
+
+
+def memfd(name, size, seals):
+    """A memfd of `size` zero bytes, mapped read-write (this mapping stays
+    writable whatever seals follow), then sealed with `seals`."""
+    fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, size)
+    m = mmap.mmap(fd, size)
+    if seals:
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+    return fd, m
+
+
+def header(major=2, seals=SEALS_HEADER):
+    """A header page as memtallyd fills it in, of layout `major`."""
+    fd, m = memfd("memtally-test", HEADER_SIZE, 0)
+    struct.pack_into("<HHHH", m, 8, major, 0, 0, 0)
+    struct.pack_into("<IIIIIIQQIIQQ", m, 16, HEADER_SIZE, 0, STRIDE, SLOTS,
+                     LANES, LINE, TABLE_SIZE, 0x6E6E, os.getpid(),
+                     os.getuid(), time.time_ns(), THRESHOLD)
+    struct.pack_into("<Q", m, 0, MAGIC)
+    if seals:
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+    return fd, m
+
+
+def registered():
+    """A Response(id 1) carrying Registered{slot 0, its generation, the
+    threshold}."""
+    body = (pb.field(2, 0, 0) + pb.field(3, 0, SLOT_GEN) +
+            pb.field(4, 0, 0x6E6E) + pb.field(5, 0, THRESHOLD) +
+            pb.field(6, 2, b"default"))
+    return pb.frame(pb.field(1, 0, 1) + pb.field(3, 2, body))
+
+
+class FakeServer:
+    """Listens on a socket of its own; each Register gets registered() and
+    the descriptors objects(pid) returns (a list of (fd, mmap), which are
+    kept, so a test can look at what the client wrote into them)."""
+
+    def __init__(self, objects):
+        self.objects = objects
+        self.dir = tempfile.mkdtemp(prefix="mt-fake-")
+        self.socket = os.path.join(self.dir, "fake.sock")
+        self.lsock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.lsock.bind(self.socket)
+        self.lsock.listen(64)
+        self.lsock.settimeout(0.05)  # accept() wakes up to see `stop`
+        self.stop = threading.Event()
+        self.registers = 0
+        self.handed = []  # [(pid, [(fd, mmap), ...])]
+        self.errors = []
+        self.lock = threading.Lock()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        while not self.stop.is_set():
+            try:
+                c, _ = self.lsock.accept()
+            except socket.timeout:
+                continue
+            c.settimeout(None)
+            try:
+                self._answer(c)
+            except Exception as e:  # noqa: BLE001 - reported by close()
+                with self.lock:
+                    self.errors.append(repr(e))
+            finally:
+                c.close()
+
+    def _answer(self, c):
+        cred = c.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                            struct.calcsize("3i"))
+        pid = struct.unpack("3i", cred)[0]
+        req = pb.Reader(c).frame(10 * MULT)
+        if req is None or pb.REGISTER not in req:
+            return  # not a Register: nothing to answer
+        objs = self.objects(pid)
+        with self.lock:
+            self.registers += 1
+            self.handed.append((pid, objs))
+        fds = [fd for fd, _ in objs]
+        socket.send_fds(c, [registered()], fds)
+
+    def close(self):
+        self.stop.set()
+        self.thread.join(timeout=10 * MULT)
+        self.lsock.close()
+        check(not self.errors, f"fake server failed: {self.errors}")
+        for _, objs in self.handed:
+            for fd, m in objs:
+                m.close()
+                os.close(fd)
+
+
+def table_written(m):
+    """Whether a client wrote anything into slot 0 (threads, lanes_used,
+    overflow, or lane 0's owner, bytes or flushes) beyond what table()
+    wrote."""
+    threads, lanes, overflow = struct.unpack_from("<IIq", m, 48)
+    owner, _, lbytes, flushes = struct.unpack_from("<IIqQ", m, 64)
+    return any((threads, lanes, overflow, owner, lbytes, flushes))
+
+
+def table(pid, size=TABLE_SIZE, seals=SEALS_TABLE):
+    """A slot table whose slot 0 is pid's, as the server writes it."""
+    fd, m = memfd("memtally-test-slots", size, 0)
+    struct.pack_into("<IIQ", m, 0, pid, os.getuid(), SLOT_GEN)
+    if seals:
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+    return fd, m
+
+
+def good(pid):
+    return [header(), table(pid)]
+
+
+BAD = [
+    # (label, objects(pid)): each breaks one thing a client must check.
+    ("future major", lambda pid: [header(major=99), table(pid)]),
+    ("header without F_SEAL_FUTURE_WRITE",
+     lambda pid: [header(seals=SEALS_TABLE), table(pid)]),
+    ("unsealed header", lambda pid: [header(seals=0), table(pid)]),
+    ("unsealed table", lambda pid: [header(), table(pid, seals=0)]),
+    ("table of the wrong size",
+     lambda pid: [header(), table(pid, size=TABLE_SIZE + 4096)]),
+    ("no descriptors", lambda pid: []),
+]
+
+
+def test_fake_server_control():
+    """The fake server, with good objects: the client does attach (it
+    writes into its slot). Without this, the refusals below could be the
+    fake server's fault rather than the client's checks."""
+    fake = FakeServer(good)
+    try:
+        compare(fake.socket, "good objects")
+        with fake.lock:
+            used = [pid for pid, objs in fake.handed
+                    if len(objs) == 2 and table_written(objs[1][1])]
+        check(used, f"no client attached to good objects "
+                    f"({fake.registers} registrations)")
+        print(f"  good objects: {fake.registers} registrations, "
+              f"{len(set(used))} process(es) wrote into their slot")
+    finally:
+        fake.close()
+
+
+def test_bad_objects_from_server():
+    """Each bad answer: the programs behave exactly as without the
+    preload, they did register (so the objects were offered), and no
+    client wrote a byte into any table it was handed."""
+    for label, objects in BAD:
+        fake = FakeServer(objects)
+        try:
+            compare(fake.socket, label)
+            with fake.lock:
+                regs = fake.registers
+                written = [pid for pid, objs in fake.handed
+                           if len(objs) == 2 and table_written(objs[1][1])]
+            check(regs > 0, f"{label}: no client registered: the case "
+                            "tested nothing")
+            check(not written, f"{label}: clients {written} used a table "
+                               "they should have refused")
+            print(f"  {label}: {regs} registrations refused")
+        finally:
+            fake.close()
 
 
 if __name__ == "__main__":
     run([test_no_server, test_socket_dir_missing, test_socket_is_regular_file,
-         test_stale_socket, test_segment_of_wrong_version])
+         test_stale_socket, test_fake_server_control,
+         test_bad_objects_from_server])

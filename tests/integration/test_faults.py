@@ -1,5 +1,4 @@
-"""Faults around memtallyd (issue 5, "Faults"), with real workers under the
-real preload:
+"""Faults around memtallyd, with real workers under the real preload:
 
   a. workers SIGKILLed mid-allocation in spawn/kill cycles (300 here,
      10,000 with MEMTALLY_LONG=1): no slot leaked, fleet back to exactly 0;
@@ -8,9 +7,11 @@ real preload:
   c. a SIGSTOPped worker stays listed with its bytes and is reclaimed after
      SIGCONT + exit; a forking worker and an exec'ing worker keep one slot
      per live pid;
-  d. the socket file deleted under a running server;
-  e. a worker's lane scribbled with an absurd value (through an mmap of
-     /dev/shm/<segment>): the slot is reported corrupt, left out of the
+  d. the socket file deleted under a running server; the restart record
+     (SOCKET.state) deleted, or truncated, under a running server;
+  e. a worker's lane scribbled with an absurd value (through the worker's
+     own mapping of its uid's slot table, reopened as root through
+     /proc/PID/map_files): the slot is reported corrupt, left out of the
      fleet total, and the server stays up;
   f. a worker whose threads allocate and exit without freeing: the blocks
      stay the process's (its count equals what jemalloc says is still
@@ -185,7 +186,8 @@ def test_d_socket_deleted():
     """The socket file removed under a running server: the server keeps
     counting the workers it has, a new client cannot connect, and the log
     says at error level what happened and that a restart recreates it; the
-    restarted server (same segment) adopts the running worker."""
+    restarted server (same socket, same restart record) adopts the running
+    worker."""
     with Server(slots=8) as s:
         w = Worker([worker("mt_hold"), "4"], s.env(group="d"))
         check(w.readline().startswith("ready"), "worker not ready")
@@ -202,15 +204,37 @@ def test_d_socket_deleted():
         wait_for("log line about the socket", lambda:
                  "socket file removed or replaced" in s.logtext())
         check(s.proc.poll() is None, "memtallyd died when its socket went")
-        # Another memtallyd (own segment) takes the path meanwhile: the
-        # first one, stopping, must not remove that server's socket.
-        other_seg = s.segment + "-b"
+        # A second memtallyd on the same path, with the same (default)
+        # restart record: the first one's lock on the record refuses it,
+        # and it leaves the path as it found it.
+        refused = subprocess.run(
+            [MEMTALLYD, "--socket", s.socket, "--segment", s.segment + "-b",
+             "--tick", "10"], stdin=subprocess.DEVNULL,
+            capture_output=True, timeout=30 * MULT)
+        err = refused.stderr.decode(errors="replace")
+        check(refused.returncode == 1,
+              f"second server on the same record: exit {refused.returncode}"
+              f"\n{err}")
+        check("state file locked by a live memtallyd" in err,
+              f"no log line about the locked record:\n{err}")
+        check(not os.path.exists(s.socket),
+              "the refused server left a socket file behind")
+        check(s.proc.poll() is None, "memtallyd died beside a refused one")
+        # Another memtallyd (own label, own restart record) takes the path
+        # meanwhile: the first one, stopping, must not remove that
+        # server's socket.
+        other_state = os.path.join(s.dir, "other.state")
         other = subprocess.Popen(
-            [MEMTALLYD, "--socket", s.socket, "--segment", other_seg,
-             "--tick", "10"], stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL)
+            [MEMTALLYD, "--socket", s.socket, "--segment", s.segment + "-b",
+             "--state", other_state, "--tick", "10"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            wait_for("second server listening", lambda: connectable(s.socket))
+            def listening():
+                check(other.poll() is None,
+                      f"second server exited {other.returncode}")
+                return connectable(s.socket)
+
+            wait_for("second server listening", listening)
             s.proc.send_signal(signal.SIGTERM)
             s.proc.wait(timeout=10 * MULT)
             check(connectable(s.socket),
@@ -219,9 +243,10 @@ def test_d_socket_deleted():
             other.send_signal(signal.SIGTERM)
             other.wait(timeout=10 * MULT)
             try:
-                os.unlink("/dev/shm" + other_seg)
+                os.unlink(other_state)
             except FileNotFoundError:
                 pass
+        check(other.returncode == 0, f"second server exit {other.returncode}")
         # What the log line tells the operator to do.
         with Server(slots=8, after=s) as s2:
             wait_for("worker adopted", lambda: w.pid in s2.ps())
@@ -230,29 +255,133 @@ def test_d_socket_deleted():
             check(w.close() == 0, "worker exit")
             wait_for("reclaimed", lambda: settled(s2, 8))
         print("  socket deleted: server stays up and logs 'restart "
-              "memtallyd'; the restart rebinds and adopts the worker",
-              flush=True)
+              "memtallyd'; a second server on the same record is refused; "
+              "one on its own record keeps its socket when the first stops; "
+              "the restart rebinds and adopts the worker", flush=True)
 
 
-def test_d_segment_deleted():
-    """The segment unlinked from /dev/shm under a running server: it stays
-    up, keeps counting the worker it has, and logs what to do."""
-    with Server(slots=8) as s:
-        w = Worker([worker("mt_hold"), "4"], s.env(group="d"))
+def counted(s, pid, at_least):
+    p = s.ps().get(pid)
+    return p if p and p["bytes"] >= at_least else None
+
+
+def carries_its_total(s2, w, held_mib):
+    """After a restart that started afresh: `w` is not listed until it
+    re-registers, which it does at a flush once it sees the old header's
+    heartbeat stop (> 2 s); so keep it allocating until then. It must come
+    back with its whole total (what it held before plus every step)."""
+    check(w.pid not in s2.ps(), "worker listed by a server with no record")
+    held = [held_mib]
+
+    def reattached():
+        if w.pid in s2.ps():
+            return True
+        w.send("more 4")
+        check(w.readline() == "ready", "worker did not allocate")
+        held[0] += 4
+        return None
+
+    wait_for("worker re-registered", reattached, timeout=30, interval=0.2)
+    p = wait_for("the worker's whole total counted",
+                 lambda: counted(s2, w.pid, held[0] * MIB))
+    return p, held[0]
+
+
+def test_d_state_deleted():
+    """The restart record deleted under a running server: the server
+    keeps running on the record it has open (registrations and exits are
+    still recorded, in the unlinked file), keeps counting, and stops
+    cleanly. Nothing is at the path any more, so the next server starts
+    afresh (adopts no one); the running worker re-registers at a flush
+    and carries its whole total into its new slot."""
+    s = Server(slots=8)
+    w = Worker([worker("mt_hold"), "4"], s.env(group="d"))
+    s2 = None
+    try:
         check(w.readline().startswith("ready"), "worker not ready")
-        wait_for("counted", lambda: s.status()["fleet"]["bytes"] >= 4 * MIB)
-        os.unlink("/dev/shm" + s.segment)
-        wait_for("log line about the segment", lambda:
-                 "segment removed from /dev/shm" in s.logtext())
+        wait_for("counted", lambda: counted(s, w.pid, 4 * MIB))
+        state = s.socket + ".state"
+        check(os.path.exists(state), f"no restart record at {state}")
+        os.unlink(state)
+        # Still counting: the running worker's new bytes, a new worker
+        # registering and leaving, ticks going on.
+        w.send("more 4")
+        check(w.readline() == "ready", "worker did not allocate")
+        wait_for("new bytes counted", lambda: counted(s, w.pid, 8 * MIB))
+        n = Worker([worker("mt_hold"), "2"], s.env(group="d2"))
+        check(n.readline().startswith("ready"), "new worker not ready")
+        wait_for("new worker counted", lambda: counted(s, n.pid, 2 * MIB))
+        check(n.close() == 0, "new worker exit")
+        wait_for("new worker reclaimed", lambda: n.pid not in s.ps())
+        t = s.status()["ticks"]
+        wait_for("20 more ticks", lambda: s.status()["ticks"] >= t + 20)
         check(s.proc.poll() is None, "memtallyd died")
-        st = s.status()
-        check(st["fleet"]["bytes"] >= 4 * MIB, f"count lost: {st['fleet']}")
+        check(not os.path.exists(state), "the record came back by itself")
+        check(s.stop() == 0, f"memtallyd exit status {s.proc.returncode}")
+        s2 = Server(slots=8, after=s)
+        log = wait_for("the restarted server's start line", lambda: (
+            lambda t: t if t.count('msg="segment created"') +
+            t.count('msg="segment adopted"') == 2 else None)(s2.logtext()))
+        check(log.count('msg="segment created"') == 2
+              and "restart: live workers adopted" not in log,
+              "the restarted server did not start afresh")
+        p, held = carries_its_total(s2, w, 8)
+        check(os.path.exists(state), "the restarted server wrote no record")
         w.send("free")
         check(w.readline() == "freed", "worker did not free")
         check(w.close() == 0, "worker exit")
-        wait_for("reclaimed", lambda: settled(s, 8))
-        print("  segment unlinked: server stays up, running worker still "
-              "counted, error logged ('restart memtallyd')", flush=True)
+        wait_for("reclaimed", lambda: settled(s2, 8))
+        print(f"  record deleted: server kept counting and stopped cleanly; "
+              f"the restart started afresh and the worker came back with "
+              f"its whole {held} MiB ({p['bytes']} bytes)", flush=True)
+    finally:
+        w.close()
+        (s2 or s).stop()
+
+
+def test_d_state_truncated():
+    """The restart record truncated to nothing under a running server:
+    records are read and written with pread/pwrite, never mapped, so
+    nothing can fault; the server keeps counting and recording
+    (registrations write past the cut). The next server finds no valid
+    record header, says so, starts afresh, and the running worker
+    carries its whole total into a new slot."""
+    s = Server(slots=8)
+    w = Worker([worker("mt_hold"), "4"], s.env(group="d"))
+    s2 = None
+    try:
+        check(w.readline().startswith("ready"), "worker not ready")
+        wait_for("counted", lambda: counted(s, w.pid, 4 * MIB))
+        state = s.socket + ".state"
+        os.truncate(state, 0)
+        n = Worker([worker("mt_hold"), "2"], s.env(group="d2"))
+        check(n.readline().startswith("ready"), "new worker not ready")
+        wait_for("new worker counted", lambda: counted(s, n.pid, 2 * MIB))
+        check(n.close() == 0, "new worker exit")
+        wait_for("new worker reclaimed", lambda: n.pid not in s.ps())
+        w.send("more 4")
+        check(w.readline() == "ready", "worker did not allocate")
+        wait_for("new bytes counted", lambda: counted(s, w.pid, 8 * MIB))
+        t = s.status()["ticks"]
+        wait_for("20 more ticks", lambda: s.status()["ticks"] >= t + 20)
+        check(s.proc.poll() is None, "memtallyd died")
+        check(s.stop() == 0, f"memtallyd exit status {s.proc.returncode}")
+        s2 = Server(slots=8, after=s)
+        wait_for("a log line about the cut record", lambda:
+                 "state file of another format, starting afresh" in
+                 s2.logtext())
+        p, held = carries_its_total(s2, w, 8)
+        w.send("free")
+        check(w.readline() == "freed", "worker did not free")
+        check(w.close() == 0, "worker exit")
+        wait_for("reclaimed", lambda: settled(s2, 8))
+        print(f"  record truncated: server kept counting and stopped "
+              f"cleanly; the restart started afresh and the worker came "
+              f"back with its whole {held} MiB ({p['bytes']} bytes)",
+              flush=True)
+    finally:
+        w.close()
+        (s2 or s).stop()
 
 
 def connectable(path):
@@ -266,19 +395,48 @@ def connectable(path):
         c.close()
 
 
+def maps_of(pid, label):
+    """{address range: name} of the memfd mappings of `pid` whose name
+    starts with `label` ("/memfd:<label>... (deleted)" in its maps)."""
+    out = {}
+    with open(f"/proc/{pid}/maps") as f:
+        for line in f:
+            fields = line.split(None, 5)
+            if len(fields) == 6 and fields[5].startswith("/memfd:" + label):
+                out[fields[0]] = fields[5].strip()
+    return out
+
+
 def find_slot(segment, pid):
-    """(mmap, offset of the slot of `pid`) in /dev/shm/<segment>."""
-    fd = os.open("/dev/shm" + segment, os.O_RDWR)
+    """(mmap, offset of the slot of `pid`) in the slot table that `pid`
+    itself maps, reopened (as root) through /proc/PID/map_files; the
+    stride comes from the header it maps, read the same way."""
+    label = segment.lstrip("/")
+    maps = maps_of(pid, label)
+    header = [r for r, n in maps.items()
+              if n == f"/memfd:{label} (deleted)"]
+    tables = [r for r, n in maps.items()
+              if n.startswith(f"/memfd:{label}-slots:")]
+    if not header or not tables:
+        return None
+    fd = os.open(f"/proc/{pid}/map_files/{header[0]}", os.O_RDONLY)
     try:
-        m = mmap.mmap(fd, 0)
+        h = mmap.mmap(fd, 4096, prot=mmap.PROT_READ)
     finally:
         os.close(fd)
-    off, stride, count = struct.unpack_from("<III", m, 20)
-    for i in range(count):
-        o = off + i * stride
-        if struct.unpack_from("<I", m, o)[0] == pid:
-            return m, o
-    m.close()
+    stride, count = struct.unpack_from("<II", h, 24)
+    h.close()
+    for r in tables:
+        fd = os.open(f"/proc/{pid}/map_files/{r}", os.O_RDWR)
+        try:
+            m = mmap.mmap(fd, 0)
+        finally:
+            os.close(fd)
+        for i in range(min(count, len(m) // stride)):
+            o = i * stride
+            if struct.unpack_from("<I", m, o)[0] == pid:
+                return m, o
+        m.close()
     return None
 
 
@@ -351,5 +509,6 @@ def test_f_threads_exit_without_freeing():
 if __name__ == "__main__":
     run([test_a_sigkill_churn, test_b_more_workers_than_slots,
          test_c_stopped_worker, test_c_fork_loop, test_c_exec_repeatedly,
-         test_d_socket_deleted, test_d_segment_deleted,
+         test_d_socket_deleted, test_d_state_deleted,
+         test_d_state_truncated,
          test_e_scribbled_lane, test_f_threads_exit_without_freeing])
