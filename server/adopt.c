@@ -16,7 +16,9 @@
  * (2) comes from the workers' own mappings: the table of uid U is the
  * memfd "<label>-slots:<instance>:<U>" that a live recorded worker of U
  * maps; /proc/PID/map_files gives a descriptor of it (this needs
- * CAP_SYS_ADMIN or CAP_CHECKPOINT_RESTORE, which a root memtallyd has).
+ * CAP_CHECKPOINT_RESTORE or CAP_SYS_ADMIN, and to see another user's
+ * process, CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH: a root memtallyd has
+ * them, and the systemd unit keeps them in its bounding set).
  * It is mapped only if it is sealed against resizing and exactly the size
  * the layout says, like any table. A worker could map a table of its own
  * making under that name; it would only be believed for its own uid,

@@ -11,7 +11,8 @@
  *    so tests and fuzz targets drive it with plain buffers.
  *  - conn.c: the Unix listener and per-connection buffers (framing,
  *    pipelining, back-pressure).
- *  - server.c: lifecycle (segment, listener, tick timer, stop).
+ *  - server.c: lifecycle (listener, restart record, header, tick, stop).
+ *  - state.c: the restart record; adopt.c: adoption after a restart.
  *  - main.c: flags, signals, the loop.
  *  - config.c: the INI file and flags -> struct mts_settings.
  *  - limits.c: hysteresis states, limits, Watch events, enforcement.
@@ -718,7 +719,7 @@ struct mts_config {
 	const struct mts_policy *policy; /* NULL: mts_policy_defaults() */
 	const char *tcp_addr;            /* HOST:PORT to listen on, or NULL */
 	const char *metrics_addr; /* --metrics / [server] metrics, stored */
-	bool has_gid;             /* chown socket and segment to `gid` */
+	bool has_gid;             /* chown the socket to `gid` */
 	uint32_t gid;
 	/* The connection budget; 0 = the default. */
 	uint32_t max_conns;
@@ -795,7 +796,7 @@ bool mts_socket_is_ours(const struct mts_server *srv);
 
 /* Listen on cfg->socket_path (first, see server.c; skipped when NULL, as
  * unit tests do), create the segment and the registry, start the tick
- * timer. Returns 0, -EBUSY (a live server publishes into that segment) or
+ * timer. Returns 0, -EBUSY (a live server holds the restart record) or
  * -errno; on failure the caller runs the loop (to finish closing handles),
  * then calls mts_server_free(). */
 int mts_server_init(struct mts_server *srv, uv_loop_t *loop,
@@ -811,7 +812,7 @@ void mts_server_stop(struct mts_server *srv);
 int mts_server_apply_policy(struct mts_server *srv,
                             const struct mts_policy *pol);
 
-/* After the loop has drained: unmap the segment (it stays in /dev/shm),
+/* After the loop has drained: unmap the header, close the restart record,
  * remove the socket file, free memory. */
 void mts_server_free(struct mts_server *srv);
 
@@ -1064,7 +1065,7 @@ struct mts_settings {
 	struct mts_policy policy;
 	int log_level;       /* enum mts_log_level */
 	char *config_path;   /* NULL: no file */
-	char *owned[8];      /* socket, segment, tcp, metrics */
+	char *owned[8];      /* socket, segment, tcp, metrics, state */
 };
 
 /* One command-line value that overrides a key of the file. */

@@ -63,6 +63,9 @@ class Server:
             self.socket = os.path.join(self.dir, "memtally.sock")
             self.segment = f"/mt-it-{os.getpid()}-{Server.count}"
         self.log = open(os.path.join(self.dir, "memtallyd.log"), "a+b")
+        # A restarted server appends to its predecessor's log: it is ready
+        # at the first ready line after those already there.
+        ready_before = self._ready_lines()
         cmd = [*prefix, MEMTALLYD, "--socket", self.socket,
                "--segment", self.segment,
                "--tick", str(tick), "--log-level", "debug"]
@@ -76,9 +79,7 @@ class Server:
         # anything): a connect can succeed while the segment is not there
         # yet, which a slow (TSan) build showed. Ready = segment logged.
         wait_for("memtallyd segment", lambda: (
-            self._connectable() and any(
-                m in self.logtext() for m in
-                ('msg="segment created"', 'msg="segment adopted"'))),
+            self._connectable() and self._ready_lines() > ready_before),
             timeout=10)
 
     def _connectable(self):
@@ -92,6 +93,11 @@ class Server:
             return False
         finally:
             s.close()
+
+    def _ready_lines(self):
+        text = self.logtext()
+        return (text.count('msg="segment created"') +
+                text.count('msg="segment adopted"'))
 
     def logtext(self):
         self.log.flush()

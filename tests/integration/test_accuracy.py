@@ -1,6 +1,6 @@
 """The preload's count agrees with jemalloc's own stats.allocated within
 64 KiB per live thread, for every entry of the malloc family and C++ new
-(issue 2, must-show 2)."""
+."""
 from harness import KIB, MIB, Server, Worker, check, run, wait_for, worker
 
 

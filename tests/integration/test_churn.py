@@ -1,6 +1,6 @@
 """64 worker processes x 4 threads allocating and freeing at random, then
 exiting: the fleet total returns to exactly 0 and no process is listed
-(must-show 6)."""
+."""
 import re
 import subprocess
 

@@ -1,5 +1,5 @@
 """End to end: preloaded workers are counted, grouped, dropped at death,
-and fork/exec keep the counts right (issue 2, must-show 1, 3 and 5)."""
+and fork/exec keep the counts right."""
 import os
 import signal
 import time

@@ -1,4 +1,4 @@
-"""Hostile peers on memtallyd's socket (issue 5, "Bad input").
+"""Hostile peers on memtallyd's socket: bad input of every kind.
 
 Each attack runs against one real memtallyd while a well-behaved client
 issues GetUsage on its own connection from a process of its own, timing

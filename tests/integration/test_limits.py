@@ -1,6 +1,6 @@
-"""Limits, admission and notification (issue 3, must-shows 1, 2, 3, 5 and
-the SIGHUP half of 6), through the real CLI against a real memtallyd with
-preloaded workers.
+"""Limits, admission and notification (admission, states and Watch,
+reservations and their task's workers, who may change limits, SIGHUP),
+through the real CLI against a real memtallyd with preloaded workers.
 
 Every wait polls the server with a deadline (harness.wait_for); the only
 sleeps are the polling intervals. A `memtally --json watch` subprocess is
@@ -134,7 +134,7 @@ def fleet_events(events):
             if e["scope"] == "fleet" and e["previous"] != e["state"]]
 
 
-# ---- must-show 1: admission --------------------------------------------
+# ---- admission --------------------------------------------
 
 def test_admit_release_and_ttl():
     """1 GiB fleet limit: 600 MiB admitted, another 600 MiB denied (exit 3)
@@ -201,7 +201,7 @@ def test_admit_release_and_ttl():
         hog.close()
 
 
-# ---- must-show 2: states, Watch, hysteresis ------------------------------
+# ---- states, Watch, hysteresis ------------------------------
 
 def test_states_seen_by_watch():
     """900 MiB of a 1 GiB fleet at an 80% watermark: high; 200 MiB more:
@@ -275,7 +275,7 @@ def test_oscillation_does_not_flap():
             watch.close()
 
 
-# ---- must-show 3: a reservation and its task's workers -----------------
+# ---- a reservation and its task's workers -----------------
 
 def test_task_counts_the_larger_not_the_sum():
     """600 MiB reserved for task T, a worker of T holding 400 MiB of it:
@@ -327,7 +327,7 @@ def test_task_counts_the_larger_not_the_sum():
         check(rc == 1, f"the reservation should be gone: {rc} {err}")
 
 
-# ---- must-show 5: who may change limits ----------------------------------
+# ---- who may change limits ----------------------------------
 
 def test_unprivileged_may_query_not_set_limits():
     with Server() as s:
@@ -368,7 +368,7 @@ def test_unprivileged_may_query_not_set_limits():
               f"root: clear: {rc} {out}")
 
 
-# ---- must-show 6 (part): SIGHUP applies a changed limit -------------------
+# ---- SIGHUP applies a changed limit -------------------
 
 def test_sighup_reloads_the_fleet_limit():
     cfgdir = tempfile.mkdtemp(prefix="mt-it-cfg-")

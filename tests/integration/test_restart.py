@@ -1,7 +1,7 @@
 """kill -9 memtallyd with live workers and start it again: every live worker
 is listed with the bytes it had, a worker that died meanwhile is gone, and
-the adopted workers go on being counted and reclaimed (issue 3,
-must-show 4). --reset starts afresh instead."""
+the adopted workers go on being counted and reclaimed. --reset starts
+afresh instead."""
 from harness import MIB, Server, Worker, check, run, wait_for, worker
 
 

@@ -302,7 +302,7 @@ Test(conn, tcp_speaks_the_protocol_without_credentials)
 	close(t.fd);
 }
 
-/* ---- the server-wide budget (issue 5) ----------------------------------- */
+/* ---- the server-wide budget ------------------------------------------- */
 
 static void setup_budget(uint32_t max_conns, uint64_t max_buffered)
 {

@@ -229,7 +229,7 @@ Test(dispatch, no_body_is_invalid)
 
 Test(dispatch, empty_admit_invalid_watch_answered)
 {
-	/* Issue 3 bodies are implemented (see test_server_admit.c and
+	/* Admission bodies are implemented (see test_server_admit.c and
 	 * test_server_limits.c); an Admit of nothing is malformed. */
 	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
 	Memtally__V1__Admit admit = MEMTALLY__V1__ADMIT__INIT;
