@@ -55,7 +55,12 @@ say "memtally ps"
 mt ps
 
 say "scheduler: admit a 100 MiB task (fits under the 600 MiB limit)"
-rid=$(mt admit --bytes 100MiB --group etl --task demo-1 | tee /dev/stderr | awk '/^admitted/ {print $2}')
+# Print the answer and keep its reservation id. (Not `tee /dev/stderr`:
+# with the demo's output redirected to a file, that reopens the file and
+# truncates what was written before.)
+answer=$(mt admit --bytes 100MiB --group etl --task demo-1)
+printf '%s\n' "$answer"
+rid=$(printf '%s\n' "$answer" | awk '/^admitted/ {print $2}')
 say "scheduler: admit a 300 MiB task (would not fit): denied, exit status 3"
 set +e
 mt admit --bytes 300MiB --group ml --task demo-2

@@ -7,7 +7,14 @@ build=$1 src=$(cd "$(dirname "$0")/../.." && pwd)
 shopt -s nullglob
 demo_dirs() { local d=(/tmp/memtally-demo.*); echo ${#d[@]}; }
 before=$(demo_dirs)
-out=$(timeout 120 bash "$src/deploy/demo.sh" "$build" 2>&1)
+# Into a file, as `make demo > demo.log 2>&1` does: nothing may be lost
+# (a `tee /dev/stderr` inside once truncated the file mid-run).
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+timeout 120 bash "$src/deploy/demo.sh" "$build" >"$log" 2>&1
+out=$(cat "$log")
+grep -q '== starting memtallyd' <<<"$out" \
+  || { echo "the start of the demo's output was lost"; exit 1; }
 grep -q '^admitted: r-' <<<"$out" || { echo "no admission shown"; exit 1; }
 grep -q '^denied: fleet limit: .* measured + .* reserved + .* requested > ' <<<"$out" \
   || { echo "no denial with figures shown"; exit 1; }

@@ -18,7 +18,7 @@ try:
     import yaml
 except ImportError:
     print("SKIPPED: python3-yaml is not installed (apt-get install python3-yaml)")
-    sys.exit(0)
+    sys.exit(77)
 
 src, memtallyd = sys.argv[1], sys.argv[2]
 failures = []

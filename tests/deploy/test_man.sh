@@ -5,7 +5,7 @@
 set -euo pipefail
 src=$1 memtallyd=$2 memtally=$3
 fail() { echo "FAIL: $*"; exit 1; }
-command -v groff >/dev/null || { echo "SKIPPED: groff not installed (apt-get install groff-base)"; exit 0; }
+command -v groff >/dev/null || { echo "SKIPPED: groff not installed (apt-get install groff-base)"; exit 77; }
 n=0
 check_page() { # page binary [commands...]
   local page=$1 bin=$2; shift 2

@@ -6,7 +6,7 @@
 set -euo pipefail
 build=$1
 for tool in cpack dpkg-deb dpkg-shlibdeps; do
-  command -v $tool >/dev/null || { echo "SKIPPED: $tool not installed (apt-get install dpkg-dev cmake)"; exit 0; }
+  command -v $tool >/dev/null || { echo "SKIPPED: $tool not installed (apt-get install dpkg-dev cmake)"; exit 77; }
 done
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

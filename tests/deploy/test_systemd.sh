@@ -12,7 +12,7 @@ set -euo pipefail
 src=$(realpath "$1") memtallyd=$(realpath "$2")
 if ! command -v systemd-analyze >/dev/null; then
   echo "SKIPPED: systemd-analyze not installed (apt-get install systemd)"
-  exit 0
+  exit 77
 fi
 tmp=$(mktemp -d)
 pid=

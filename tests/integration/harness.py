@@ -230,19 +230,32 @@ def check(cond, msg):
         raise AssertionError(msg)
 
 
+class Skip(Exception):
+    """Raised by a test whose tool or precondition is missing; the message
+    says which."""
+
+
 def run(tests):
-    """Run test functions; print a closing 'N passed, N failed' line."""
-    passed = failed = 0
+    """Run test functions; print a closing 'N passed, N failed' line (and
+    ', N skipped'). Exit 1 if any failed, else 77 (ctest: skipped) if any
+    was skipped: a skipped check is never reported as passed."""
+    passed = failed = skipped = 0
     for t in tests:
         t0 = time.monotonic()
         try:
             t()
             passed += 1
             print(f"PASS {t.__name__} ({time.monotonic() - t0:.1f}s)", flush=True)
+        except Skip as e:
+            skipped += 1
+            print(f"SKIP {t.__name__}: {e}", flush=True)
         except Exception as e:  # noqa: BLE001
             failed += 1
             import traceback
             traceback.print_exc()
             print(f"FAIL {t.__name__}: {e}", flush=True)
-    print(f"{passed} passed, {failed} failed")
-    sys.exit(1 if failed else 0)
+    line = f"{passed} passed, {failed} failed"
+    if skipped:
+        line += f", {skipped} skipped"
+    print(line)
+    sys.exit(1 if failed else 77 if skipped else 0)
