@@ -14,12 +14,15 @@
  *
  * Each thread accumulates a drift; when it reaches the flush threshold
  * (64 KiB by default, set by the server) it is written into the thread's own
- * lane of the process's slot in a shared-memory segment. The hot path is a
- * thread-local add and one compare; no shared write.
+ * lane of the process's slot in shared memory (a table holding only the
+ * slots of the process's own uid; the server's header is read-only to it).
+ * The hot path is a thread-local add and one compare; no shared write.
  *
  * Attach is lazy, on the first flush: the library connects to
- * MEMTALLY_SOCKET (default /run/memtally/memtally.sock), registers, maps the
- * segment and publishes the process's whole count so far.
+ * MEMTALLY_SOCKET (default /run/memtally/memtally.sock), registers, receives
+ * the header and its uid's slot table as two descriptors, checks that both
+ * are sealed against resizing and of the announced size, maps them, closes
+ * the descriptors and publishes the process's whole count so far.
  *
  * Environment:
  *   MEMTALLY_SOCKET  server socket path
@@ -28,8 +31,9 @@
  *   MEMTALLY_DEBUG   1: diagnostics on stderr (never anything on stdout)
  *   MEMTALLY_DISABLE 1: count nothing, never connect
  *
- * Fail open: without a server, with a bad socket path or a segment of an
- * unknown layout, the worker runs exactly as it would without memtally. The
+ * Fail open: without a server, with a bad socket path, or handed shared
+ * memory of an unknown layout or not sealed, the worker runs exactly as it
+ * would without memtally. The
  * library keeps counting locally, retries with back-off (100 ms doubling to
  * 5 s, only when a flush happens) and publishes the full total once attached.
  *

@@ -73,7 +73,7 @@ extern "C" {
  */
 #define MEMTALLY_ENOTFOUND    (-4005) /* no such pid, group or reservation */
 #define MEMTALLY_EPERM        (-4006) /* the request needs an authorised peer */
-#define MEMTALLY_ENOSLOTS     (-4007) /* the segment has no free slot */
+#define MEMTALLY_ENOSLOTS     (-4007) /* the server has no free slot */
 #define MEMTALLY_EUNSUPPORTED (-4008) /* the server does not implement it */
 #define MEMTALLY_EBADREQUEST  (-4009) /* the server rejected the request */
 

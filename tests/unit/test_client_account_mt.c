@@ -144,8 +144,9 @@ static void stop_server(void)
 		kill(server_pid, SIGTERM);
 		waitpid(server_pid, NULL, 0);
 	}
-	char path[80];
-	snprintf(path, sizeof(path), "/dev/shm%s", seg_name);
+	/* The restart record next to the socket: nothing else is left. */
+	char path[160];
+	snprintf(path, sizeof(path), "%s.state", sock_path);
 	unlink(path);
 }
 
