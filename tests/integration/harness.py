@@ -230,6 +230,24 @@ def check(cond, msg):
         raise AssertionError(msg)
 
 
+def world_readable_copy(*paths):
+    """Copies of `paths` in a fresh directory every user can read and run.
+
+    A test that runs a process as another user (nobody) cannot count on the
+    build or source tree being reachable by it: a fresh clone may sit in a
+    0700 directory."""
+    import shutil
+    d = tempfile.mkdtemp(prefix="mt-pub-")
+    os.chmod(d, 0o755)
+    out = []
+    for p in paths:
+        q = os.path.join(d, os.path.basename(p))
+        shutil.copy2(p, q)
+        os.chmod(q, 0o755)
+        out.append(q)
+    return out
+
+
 class Skip(Exception):
     """Raised by a test whose tool or precondition is missing; the message
     says which."""

@@ -28,8 +28,24 @@ import sys
 import tempfile
 import time
 
-from harness import (MIB, MULT, Server, Skip, Worker, check, run, wait_for,
-                     worker)
+from harness import (MIB, MULT, PRELOAD, Server, Skip, Worker, check, run,
+                     wait_for, world_readable_copy)
+from harness import worker as built_worker
+
+# Workers run as nobody too: they and the preload come from copies every
+# user can reach (the build tree may be in a 0700 directory).
+HOLD, PUB_PRELOAD = world_readable_copy(built_worker("mt_hold"), PRELOAD)
+
+
+def worker(name):
+    assert name == "mt_hold", name
+    return HOLD
+
+
+def wenv(s, group):
+    e = s.env(group=group)
+    e["LD_PRELOAD"] = PUB_PRELOAD
+    return e
 
 NOBODY, NOGROUP = 65534, 65534
 ROOT = (0, 0)
@@ -146,7 +162,7 @@ def start(user, env, argv):
 
 
 def attack(s, attacker_user, victim_user):
-    victim = start(victim_user, s.env(group="victim"),
+    victim = start(victim_user, wenv(s, "victim"),
                    [worker("mt_hold"), "64"])
     attacker = None
     try:
@@ -155,7 +171,7 @@ def attack(s, attacker_user, victim_user):
                  lambda: s.ps().get(victim.pid, {}).get("bytes", 0)
                  >= 64 * MIB)
         before = s.ps()[victim.pid]["bytes"]
-        attacker = start(attacker_user, s.env(group="attacker"),
+        attacker = start(attacker_user, wenv(s, "attacker"),
                          [sys.executable, "-c", ATTACKER])
         rep = json.loads(attacker.readline(timeout=60))
         check(attacker.readline(timeout=60) == "alive",
@@ -193,7 +209,7 @@ def attack(s, attacker_user, victim_user):
               f"victim's figure changed: {before} -> {after}")
         check(after >= 64 * MIB, f"victim counted {after}")
         # A new worker of the victim's uid registers and is counted.
-        fresh = start(victim_user, s.env(group="fresh"),
+        fresh = start(victim_user, wenv(s, "fresh"),
                       [worker("mt_hold"), "8"])
         try:
             check(fresh.readline().startswith("ready"), "new worker did not start")
@@ -261,7 +277,7 @@ def test_another_uid_cannot_reach_roots_figures():
     conf = config("[server]\ngroup = 65534\n")
     with Server("--config", conf) as s:
         open_to_nobody(s)
-        w = Worker([worker("mt_hold"), "32"], s.env(group="root"))
+        w = Worker([worker("mt_hold"), "32"], wenv(s, "root"))
         try:
             check(w.readline().startswith("ready"), "root worker did not start")
             wait_for("root worker counted",
@@ -343,7 +359,7 @@ def test_precreated_state_file_is_refused():
               f"uid {st.st_uid} mode {st.st_mode & 0o777:o}")
         # Positive control: enforcement is live and kills a registered
         # worker over its limit...
-        w = Worker([worker("mt_hold"), "8"], s.env())
+        w = Worker([worker("mt_hold"), "8"], wenv(s, "over"))
         w.readline()
         wait_for("the registered worker over its limit is signalled",
                  lambda: w.proc.poll() is not None, timeout=30)
@@ -378,7 +394,7 @@ def test_forged_slot_is_not_adopted():
     victim = bystander()
     conf = config("[server]\ngroup = 65534\n")
     first = Server("--config", conf)
-    w = Worker([worker("mt_hold"), "16"], first.env(group="liar"))
+    w = Worker([worker("mt_hold"), "16"], wenv(first, "liar"))
     second = third = None
     try:
         check(w.readline().startswith("ready"), "worker did not start")
@@ -439,7 +455,7 @@ def test_many_workers_under_default_fd_limit():
             line = [x for x in f if x.startswith("Max open files")][0]
         soft = int(line.split()[3])
         check(soft >= n + 100, f"memtallyd kept a soft limit of {soft}")
-        env = s.env(group="many")
+        env = wenv(s, "many")
         t0 = time.monotonic()
         for i in range(n):
             procs.append(subprocess.Popen(

@@ -34,7 +34,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from harness import (MEMTALLYD, MIB, MULT, Server, Skip, check, run,  # noqa: E402
-                     wait_for)
+                     wait_for, world_readable_copy)
 import pbwire as pb  # noqa: E402
 
 NOBODY, NOGROUP = 65534, 65534
@@ -123,8 +123,12 @@ class Peer:
                 os.setgroups([])
                 os.setgid(gid)
                 os.setuid(uid)
+        # pbwire.py from a directory nobody can read too (the tree may
+        # be in a 0700 directory).
+        pub = os.path.dirname(world_readable_copy(
+            os.path.join(HERE, "pbwire.py"))[0])
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", PEER, HERE, srv.socket, str(T)],
+            [sys.executable, "-c", PEER, pub, srv.socket, str(T)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
             bufsize=1, preexec_fn=pre)
         self.pid = self.proc.pid

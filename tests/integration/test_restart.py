@@ -9,6 +9,22 @@ def counted(s, pid, at_least):
     return lambda: s.ps().get(pid, {}).get("bytes", 0) >= at_least
 
 
+def settled(s, pids, ticks=20):
+    """ps once every worker's figure has stayed the same over `ticks` ticks
+    (a thread's last flush may land just after it first looked complete)."""
+    last = {}
+
+    def same():
+        t0 = s.status()["ticks"]
+        ps = s.ps()
+        now = {p: ps.get(p, {}).get("bytes") for p in pids}
+        wait_for(f"{ticks} ticks", lambda: s.status()["ticks"] >= t0 + ticks)
+        ok = now == last.get("v")
+        last["v"] = now
+        return ps if ok else None
+    return wait_for("figures settled", same)
+
+
 def test_restart_adopts_live_workers():
     first = Server()
     a = Worker([worker("mt_hold"), "64", "2"], first.env(group="alpha"))
@@ -21,7 +37,7 @@ def test_restart_adopts_live_workers():
         wait_for("a counted", counted(first, a.pid, 64 * MIB))
         wait_for("b counted", counted(first, b.pid, 32 * MIB))
         wait_for("c counted", counted(first, c.pid, 16 * MIB))
-        before = first.ps()
+        before = settled(first, (a.pid, b.pid, c.pid))
 
         first.kill9()
         c.kill()  # dies while no server runs
