@@ -885,6 +885,8 @@ int mts_admit(struct mts_registry *reg, const struct mts_peer *peer,
 		out->measured =
 		    mts_measured(reg, reg->totals.bytes, reg->totals.rss);
 		out->reserved = reg->totals.reserved;
+		out->growth = reg->totals.growth;
+		out->forecast_s = mts_fleet_forecast(reg);
 		snprintf(out->why, sizeof(out->why),
 		         "per-uid reservation cap: %s holds %u outstanding "
 		         "reservations, the most one uid may hold "
@@ -910,6 +912,9 @@ int mts_admit(struct mts_registry *reg, const struct mts_peer *peer,
 	out->measured = fm;
 	out->reserved = t->reserved;
 	out->limit = t->limit;
+	/* The forecast as before the request, as the figures are. */
+	out->growth = t->growth;
+	out->forecast_s = mts_fleet_forecast(reg);
 	if (t->limit &&
 	    sat_add(sat_add(fm, t->reserved), req->bytes) > t->limit) {
 		out->reason = MTS_DENY_FLEET_LIMIT;
@@ -926,6 +931,8 @@ int mts_admit(struct mts_registry *reg, const struct mts_peer *peer,
 			out->measured = gm;
 			out->reserved = g->reserved;
 			out->limit = g->limit;
+			out->growth = g->growth;
+			out->forecast_s = mts_group_forecast(reg, g);
 			why(out, what, pol->measure, gm, g->reserved,
 			    req->bytes, g->limit);
 		} else {

@@ -86,6 +86,8 @@ void mts_policy_defaults(struct mts_policy *p)
 	p->max_ttl_s = MTS_DEFAULT_MAX_TTL_S;
 	p->grace_ms = MTS_DEFAULT_GRACE_MS;
 	p->max_resv_per_uid = MTS_DEFAULT_MAX_RESV_PER_UID;
+	p->growth_window_ms = MTS_DEFAULT_GROWTH_WINDOW_MS;
+	p->forecast_horizon_ms = 0; /* off: only the watermark makes `high` */
 }
 
 void mts_policy_free(struct mts_policy *p)
@@ -641,6 +643,24 @@ static int limits_key(struct load *l, const char *key, const char *v)
 			            "'%s'",
 			            RSS_MIN_MS, RSS_MAX_MS, v);
 		p->rss_interval_ms = (uint32_t)n;
+	} else if (strcmp(key, "growth_window") == 0) {
+		if (parse_duration_ms(v, MTS_GROWTH_WINDOW_MAX_MS, &n) < 0 ||
+		    n < MTS_GROWTH_WINDOW_MIN_MS)
+			return fail(l, sec, key,
+			            "expected a duration from 1s to 1h, e.g. "
+			            "10s, got '%s'",
+			            v);
+		p->growth_window_ms = (uint32_t)n;
+	} else if (strcmp(key, "forecast_horizon") == 0) {
+		if (strcasecmp(v, "off") == 0 || strcasecmp(v, "none") == 0)
+			n = 0;
+		else if (parse_duration_ms(v, MTS_FORECAST_HORIZON_MAX_MS, &n) <
+		         0)
+			return fail(l, sec, key,
+			            "expected a duration up to 24h, e.g. 30s, "
+			            "or off; got '%s'",
+			            v);
+		p->forecast_horizon_ms = (uint32_t)n;
 	} else {
 		return fail(l, sec, key, "unknown key");
 	}

@@ -189,6 +189,8 @@ static void fill_process(const struct mts_registry *reg,
 	pi->limit = p->limit;
 	pi->state = proto_state(p->state);
 	pi->over_limit = p->state == MTSHM_STATE_OVER;
+	pi->growth_bytes_per_s = mts_proc_growth(reg, p);
+	pi->seconds_to_limit = mts_proc_forecast(reg, p);
 }
 
 static void fill_group(const struct mts_registry *reg,
@@ -210,6 +212,8 @@ static void fill_group(const struct mts_registry *reg,
 	gu->reservations = g->reservations;
 	gu->high_watermark_bytes = high_mark(
 	    g->limit, g->high_bp ? g->high_bp : reg->policy.high_bp);
+	gu->growth_bytes_per_s = g->growth;
+	gu->seconds_to_limit = mts_group_forecast(reg, g);
 }
 
 static int do_get_usage(struct mts_registry *reg, uint64_t id,
@@ -233,6 +237,10 @@ static int do_get_usage(struct mts_registry *reg, uint64_t id,
 	u.reservations = t->reservations;
 	u.process_limit = reg->policy.process_limit;
 	u.high_watermark_bytes = high_mark(t->limit, reg->policy.high_bp);
+	u.growth_bytes_per_s = t->growth;
+	u.seconds_to_limit = mts_fleet_forecast(reg);
+	u.growth_window_ms = (uint32_t)(mts_growth_window_ns(reg) / 1000000u);
+	u.forecast_horizon_ms = reg->policy.forecast_horizon_ms;
 	u.processes = t->processes;
 	u.error_bytes = t->error_bytes;
 	u.unregistered = t->unregistered;
@@ -399,6 +407,8 @@ static int do_admit(struct mts_registry *reg, const struct mts_peer *peer,
 	ar_pb.requested_bytes = res.requested;
 	ar_pb.limit = res.limit;
 	ar_pb.measure = (char *)mts_measure_name(reg->policy.measure);
+	ar_pb.growth_bytes_per_s = res.growth;
+	ar_pb.seconds_to_limit = res.forecast_s;
 	if (res.admitted) {
 		ar_pb.reservation = res.id;
 		ar_pb.ttl_seconds = res.ttl_s;
@@ -590,6 +600,9 @@ static int do_watch(struct mts_registry *reg, struct mts_peer *peer,
 	ev.reserved_bytes = t->reserved;
 	ev.time_ns = mts_now_realtime();
 	ev.measure = (char *)mts_measure_name(reg->policy.measure);
+	ev.reason = "current state";
+	ev.growth_bytes_per_s = t->growth;
+	ev.seconds_to_limit = mts_fleet_forecast(reg);
 	resp.id = id;
 	resp.body_case = MEMTALLY__V1__RESPONSE__BODY_EVENT;
 	resp.event = &ev;
@@ -619,6 +632,9 @@ int mts_event_append(const struct mts_registry *reg, uint64_t id,
 	ev.reserved_bytes = e->reserved;
 	ev.time_ns = e->time_ns;
 	ev.measure = (char *)mts_measure_name(reg->policy.measure);
+	ev.reason = (char *)(e->reason ? e->reason : "");
+	ev.growth_bytes_per_s = e->growth;
+	ev.seconds_to_limit = e->forecast_s;
 	resp.id = id;
 	resp.body_case = MEMTALLY__V1__RESPONSE__BODY_EVENT;
 	resp.event = &ev;

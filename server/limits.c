@@ -12,10 +12,15 @@
  *     high --> ok   only below limit x (watermark - hysteresis)
  *
  * so a figure that wobbles around one line changes state once, not on
- * every tick. What is compared is per policy.measure: accounted bytes,
- * RSS, or the larger of the two (each of fleet, group and process on its
- * own sums); for the fleet and groups the outstanding reservations are
- * added (what a grant has promised is as good as used).
+ * every tick. With [limits] forecast_horizon, the fleet and each group
+ * also turn `high` below the watermark when their growth rate (rate.c)
+ * says the limit will be crossed within the horizon; that input has its
+ * own hysteresis (mts_forecast_gate: entered at the horizon, left only
+ * after a growth window beyond 1.5 x the horizon or without a forecast),
+ * so a noisy rate does not flap. What is compared is per policy.measure:
+ * accounted bytes, RSS, or the larger of the two (each of fleet, group and
+ * process on its own sums); for the fleet and groups the outstanding
+ * reservations are added (what a grant has promised is as good as used).
  *
  * Every change of the fleet's or a group's state, and every process
  * entering or leaving `over`, is logged and handed to reg->on_event (the
@@ -50,12 +55,6 @@ static const char *state_name(uint32_t s)
 	return s < 3 ? state_names[s] : "?";
 }
 
-static uint64_t sat_add(uint64_t a, uint64_t b)
-{
-	uint64_t r;
-	return __builtin_add_overflow(a, b, &r) ? UINT64_MAX : r;
-}
-
 /* value >= limit x bp / 10000, compared exactly (128-bit, no rounding:
  * with a limit of 1 byte, 0 is below 95% of it). */
 static bool at_least(uint64_t value, uint64_t limit, uint32_t bp)
@@ -64,8 +63,8 @@ static bool at_least(uint64_t value, uint64_t limit, uint32_t bp)
 	       (unsigned __int128)limit * bp;
 }
 
-uint32_t mts_state_next(uint32_t cur, uint64_t value, uint64_t limit,
-                        uint32_t high_bp, uint32_t hyst_bp)
+static uint32_t state_by_value(uint32_t cur, uint64_t value, uint64_t limit,
+                               uint32_t high_bp, uint32_t hyst_bp)
 {
 	if (limit == 0)
 		return MTSHM_STATE_OK;
@@ -83,6 +82,15 @@ uint32_t mts_state_next(uint32_t cur, uint64_t value, uint64_t limit,
 	return MTSHM_STATE_OK;
 }
 
+uint32_t mts_state_next(uint32_t cur, uint64_t value, uint64_t limit,
+                        uint32_t high_bp, uint32_t hyst_bp, bool forecast)
+{
+	uint32_t s = state_by_value(cur, value, limit, high_bp, hyst_bp);
+	if (s == MTSHM_STATE_OK && forecast && limit != 0)
+		return MTSHM_STATE_HIGH;
+	return s;
+}
+
 uint64_t mts_measured(const struct mts_registry *reg, uint64_t accounted,
                       uint64_t rss)
 {
@@ -96,11 +104,38 @@ uint64_t mts_measured(const struct mts_registry *reg, uint64_t accounted,
 	}
 }
 
+/* Why a scope is in `next`, for the event and the log. */
+static void reason_of(char *buf, size_t cap, uint32_t next, uint32_t prev,
+                      bool by_forecast, double growth, double forecast_s)
+{
+	if (by_forecast) {
+		char r[32];
+		uint64_t g =
+		    growth > 0 && growth < 1.8e19 ? (uint64_t)growth : 0;
+		snprintf(buf, cap, "forecast: limit in %.0f s at %s/s",
+		         forecast_s < 1 ? 1 : forecast_s,
+		         mts_format_size(r, sizeof(r), g));
+	} else if (next == MTSHM_STATE_OVER) {
+		snprintf(buf, cap, "over the limit");
+	} else if (next == MTSHM_STATE_HIGH) {
+		snprintf(buf, cap,
+		         prev == MTSHM_STATE_OVER
+		             ? "back under the limit, above the "
+		               "lower mark"
+		             : "at the high watermark");
+	} else {
+		snprintf(buf, cap,
+		         "below the lower mark, no forecast within "
+		         "the horizon");
+	}
+}
+
 static void emit(struct mts_registry *reg, const char *scope, uint32_t state,
                  uint32_t previous, uint64_t bytes, uint64_t rss,
-                 uint64_t limit, uint64_t reserved)
+                 uint64_t limit, uint64_t reserved, const char *reason,
+                 double growth, double forecast_s)
 {
-	char q[MTS_LOGQ_MAX];
+	char q[MTS_LOGQ_MAX], qr[MTS_LOGQ_MAX];
 	struct mts_event ev = {
 	    .scope = scope,
 	    .state = state,
@@ -110,30 +145,49 @@ static void emit(struct mts_registry *reg, const char *scope, uint32_t state,
 	    .limit = limit,
 	    .reserved = reserved,
 	    .time_ns = mts_now_realtime(),
+	    .reason = reason,
+	    .growth = growth,
+	    .forecast_s = forecast_s,
 	};
 	mts_log(state == MTSHM_STATE_OVER ? MTS_LOG_WARN : MTS_LOG_INFO,
 	        "state changed",
 	        "scope=%s state=%s previous=%s bytes=%llu rss=%llu "
-	        "measure=%s reserved=%llu limit=%llu",
+	        "measure=%s reserved=%llu limit=%llu growth_bytes_per_s=%.0f "
+	        "seconds_to_limit=%.1f reason=%s",
 	        mts_logq(q, sizeof(q), scope), state_name(state),
 	        state_name(previous), (unsigned long long)bytes,
 	        (unsigned long long)rss, mts_measure_name(reg->policy.measure),
-	        (unsigned long long)reserved, (unsigned long long)limit);
+	        (unsigned long long)reserved, (unsigned long long)limit, growth,
+	        forecast_s, mts_logq(qr, sizeof(qr), reason));
 	if (reg->on_event)
 		reg->on_event(reg->event_ctx, &ev);
+}
+
+/* The forecast gate of a scope, stepped once per evaluation. */
+static bool gate_step(const struct mts_registry *reg,
+                      struct mts_forecast_gate *g, double forecast_s)
+{
+	return mts_forecast_gate(g, forecast_s, reg->policy.forecast_horizon_ms,
+	                         mts_growth_window_ns(reg),
+	                         reg->totals.heartbeat_ns);
 }
 
 static void eval_fleet(struct mts_registry *reg)
 {
 	struct mts_totals *t = &reg->totals;
 	const struct mts_policy *pol = &reg->policy;
-	uint64_t value =
-	    sat_add(mts_measured(reg, t->bytes, t->rss), t->reserved);
+	uint64_t value = mts_fleet_value(reg);
+	double fc = mts_fleet_forecast(reg);
+	bool gate = gate_step(reg, &t->fgate, fc);
 	uint32_t next = mts_state_next(t->state, value, t->limit, pol->high_bp,
-	                               pol->hyst_bp);
+	                               pol->hyst_bp, gate);
 	if (next == t->state)
 		return;
 	uint32_t prev = t->state;
+	bool by_forecast =
+	    next == MTSHM_STATE_HIGH && gate &&
+	    state_by_value(t->state, value, t->limit, pol->high_bp,
+	                   pol->hyst_bp) == MTSHM_STATE_OK;
 	t->state = next;
 	if (next == MTSHM_STATE_OVER) {
 		reg->fleet_over_since_ns = mts_now_monotonic();
@@ -141,24 +195,33 @@ static void eval_fleet(struct mts_registry *reg)
 		reg->fleet_over_since_ns = 0;
 		reg->enforce_idle_logged = false;
 	}
-	emit(reg, "fleet", next, prev, t->bytes, t->rss, t->limit, t->reserved);
+	char why[96];
+	reason_of(why, sizeof(why), next, prev, by_forecast, t->growth, fc);
+	emit(reg, "fleet", next, prev, t->bytes, t->rss, t->limit, t->reserved,
+	     why, t->growth, fc);
 }
 
 static void eval_group(struct mts_registry *reg, struct mts_group *g)
 {
 	const struct mts_policy *pol = &reg->policy;
 	uint32_t high = g->high_bp ? g->high_bp : pol->high_bp;
-	uint64_t value =
-	    sat_add(mts_measured(reg, g->bytes, g->rss), g->reserved);
+	uint64_t value = mts_group_value(reg, g);
+	double fc = mts_group_forecast(reg, g);
+	bool gate = gate_step(reg, &g->fgate, fc);
 	uint32_t next =
-	    mts_state_next(g->state, value, g->limit, high, pol->hyst_bp);
+	    mts_state_next(g->state, value, g->limit, high, pol->hyst_bp, gate);
 	if (next == g->state)
 		return;
 	uint32_t prev = g->state;
+	bool by_forecast = next == MTSHM_STATE_HIGH && gate &&
+	                   state_by_value(g->state, value, g->limit, high,
+	                                  pol->hyst_bp) == MTSHM_STATE_OK;
 	g->state = next;
-	char scope[MTS_NAME_MAX + 8];
+	char scope[MTS_NAME_MAX + 8], why[96];
 	snprintf(scope, sizeof(scope), "group:%s", g->name);
-	emit(reg, scope, next, prev, g->bytes, g->rss, g->limit, g->reserved);
+	reason_of(why, sizeof(why), next, prev, by_forecast, g->growth, fc);
+	emit(reg, scope, next, prev, g->bytes, g->rss, g->limit, g->reserved,
+	     why, g->growth, fc);
 }
 
 void mts_limits_eval_proc(struct mts_registry *reg, struct mts_proc *p)
@@ -166,7 +229,7 @@ void mts_limits_eval_proc(struct mts_registry *reg, struct mts_proc *p)
 	const struct mts_policy *pol = &reg->policy;
 	uint64_t value = mts_measured(reg, p->bytes, p->rss);
 	uint32_t next = mts_state_next(p->state, value, p->limit, pol->high_bp,
-	                               pol->hyst_bp);
+	                               pol->hyst_bp, false);
 	if (next == p->state)
 		return;
 	uint32_t prev = p->state;
@@ -183,7 +246,9 @@ void mts_limits_eval_proc(struct mts_registry *reg, struct mts_proc *p)
 	mt_store_release32(&s->flags, flags);
 	char scope[24];
 	snprintf(scope, sizeof(scope), "pid:%u", p->pid);
-	emit(reg, scope, next, prev, p->bytes, p->rss, p->limit, 0);
+	emit(reg, scope, next, prev, p->bytes, p->rss, p->limit, 0,
+	     is_over ? "over its limit" : "back under its limit",
+	     mts_proc_growth(reg, p), 0);
 }
 
 void mts_limits_proc_gone(struct mts_registry *reg, const struct mts_proc *p)
@@ -193,7 +258,7 @@ void mts_limits_proc_gone(struct mts_registry *reg, const struct mts_proc *p)
 	char scope[24];
 	snprintf(scope, sizeof(scope), "pid:%u", p->pid);
 	emit(reg, scope, MTSHM_STATE_OK, MTSHM_STATE_OVER, p->bytes, p->rss,
-	     p->limit, 0);
+	     p->limit, 0, "exited", 0, 0);
 }
 
 void mts_limits_eval(struct mts_registry *reg, bool procs)
@@ -250,6 +315,18 @@ int mts_limits_apply_policy(struct mts_registry *reg,
 			mts_policy_free(&copy);
 			return -ENOMEM;
 		}
+	}
+	if (copy.measure != reg->policy.measure) {
+		/* Another figure: its rate starts from nothing, not from a
+		 * jump between two figures. */
+		reg->totals.rate.n = 0;
+		reg->totals.growth = 0;
+		for (uint32_t i = 0; i < reg->groups_used; i++) {
+			reg->groups[i].rate.n = 0;
+			reg->groups[i].growth = 0;
+		}
+		for (uint32_t i = 0; i < reg->ndense; i++)
+			mts_rate_reset(&reg->by_slot[reg->dense[i]]->rate);
 	}
 	mts_policy_free(&reg->policy);
 	reg->policy = copy;

@@ -60,6 +60,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <math.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -140,6 +141,16 @@ static void put_seconds(struct out *o, uint64_t ns)
 		f /= 10;
 	}
 	put(o, frac, sizeof(frac));
+}
+
+/* A float sample value. memtallyd never calls setlocale(), so the C
+ * locale's '.' is the decimal point the format wants. */
+static void put_f64(struct out *o, double v)
+{
+	char d[32];
+	int n = isfinite(v) ? snprintf(d, sizeof(d), "%.9g", v)
+	                    : snprintf(d, sizeof(d), "NaN");
+	put(o, d, (size_t)n);
 }
 
 /* Length of the well-formed UTF-8 sequence at s (NUL-terminated), or 0:
@@ -390,6 +401,23 @@ static void render_fleet(struct out *o, const struct mts_registry *reg)
 	family(o, "memtally_fleet_state", "gauge",
 	       "Fleet state against its limit: 1 for the current state.");
 	state_samples(o, "memtally_fleet_state", NULL, 0, t->state);
+	family(o, "memtally_fleet_growth_bytes_per_second", "gauge",
+	       "Growth rate of the fleet's measured bytes over the growth "
+	       "window; negative when shrinking.");
+	put_str(o, "memtally_fleet_growth_bytes_per_second ");
+	put_f64(o, t->growth);
+	put(o, "\n", 1);
+	/* No forecast, no sample (as for the limit): a NaN would be a value
+	 * that alerts and graphs must all special-case. */
+	double fc = mts_fleet_forecast(reg);
+	if (fc > 0) {
+		family(o, "memtally_fleet_seconds_to_limit", "gauge",
+		       "Seconds until the fleet reaches its limit at its "
+		       "growth rate; absent without a forecast.");
+		put_str(o, "memtally_fleet_seconds_to_limit ");
+		put_f64(o, fc);
+		put(o, "\n", 1);
+	}
 	gauge(o, "memtally_processes", "Registered worker processes.",
 	      t->processes);
 	counter(o, "memtally_unregistered_processes_total",
@@ -456,6 +484,53 @@ static void group_family(struct out *o, const struct mts_registry *reg,
 	drop_if_empty(o, at, any);
 }
 
+/* name{<set i>} v, v a float. */
+static void sample_lf(struct out *o, const char *name, const struct labels *l,
+                      uint32_t i, double v)
+{
+	put_str(o, name);
+	put(o, "{", 1);
+	put(o, l->text.data + l->off[i], l->off[i + 1] - l->off[i]);
+	put(o, "} ", 2);
+	put_f64(o, v);
+	put(o, "\n", 1);
+}
+
+static void group_rates(struct out *o, const struct mts_registry *reg,
+                        const struct labels *gl)
+{
+	size_t at = mark(o);
+	bool any = false;
+	family(o, "memtally_group_growth_bytes_per_second", "gauge",
+	       "Growth rate of a group's measured bytes over the growth "
+	       "window.");
+	for (uint32_t i = 0; i < reg->groups_used; i++) {
+		if (!group_live(reg, i))
+			continue;
+		sample_lf(o, "memtally_group_growth_bytes_per_second", gl, i,
+		          reg->groups[i].growth);
+		any = true;
+	}
+	drop_if_empty(o, at, any);
+
+	at = mark(o);
+	any = false;
+	family(o, "memtally_group_seconds_to_limit", "gauge",
+	       "Seconds until a group reaches its limit at its growth rate; "
+	       "absent for a group without a forecast.");
+	for (uint32_t i = 0; i < reg->groups_used; i++) {
+		if (!group_live(reg, i))
+			continue;
+		double fc = mts_group_forecast(reg, &reg->groups[i]);
+		if (fc > 0) {
+			sample_lf(o, "memtally_group_seconds_to_limit", gl, i,
+			          fc);
+			any = true;
+		}
+	}
+	drop_if_empty(o, at, any);
+}
+
 static void render_groups(struct out *o, const struct mts_registry *reg,
                           const struct labels *gl)
 {
@@ -481,6 +556,8 @@ static void render_groups(struct out *o, const struct mts_registry *reg,
 	             true);
 	group_family(o, reg, gl, "memtally_group_processes",
 	             "Registered processes in a group.", G_PROCS, false);
+
+	group_rates(o, reg, gl);
 
 	size_t at = mark(o);
 	bool any = false;

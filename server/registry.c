@@ -272,7 +272,7 @@ static struct mts_proc *proc_alloc(void)
 		memset(p, 0, size);
 	return p;
 }
-_Static_assert(offsetof(struct mts_proc, pid) <= MTS_PROC_ALIGN,
+_Static_assert(offsetof(struct mts_proc, rate) >= MTS_PROC_ALIGN,
                "the tick's fields of a proc fit its first line");
 
 static void proc_free(struct mts_proc *p)
@@ -419,15 +419,53 @@ static inline void tick_proc(struct mts_registry *reg, struct mts_proc *p,
 	acc->error_bytes = sat_add(acc->error_bytes, pe);
 }
 
+/* Ticks [from, to) of dense[]; with `rate` (a constant at each call, so
+ * the branch is compiled away) each process's rate is also sampled, while
+ * its line is in cache. */
+static inline __attribute__((always_inline)) void
+tick_range(struct mts_registry *reg, uint32_t from, uint32_t to, bool rate,
+           uint64_t now, struct tick_sums *acc)
+{
+	uint32_t lanes = reg->layout.lane_count;
+	struct mtshm_slot_id *const *slot_at = reg->slot_at;
+	struct mts_proc *const *by_slot = reg->by_slot;
+	const uint32_t *dense = reg->dense;
+	uint32_t n = reg->ndense;
+	uint64_t window = rate ? mts_growth_window_ns(reg) : 0;
+	struct mts_decay_cache cache = {0};
+
+	/* dense[] is in no useful memory order (an exit moves the last entry
+	 * into its hole): ask for the slot line and the proc TICK_PREFETCH
+	 * entries ahead so their misses overlap with this entry's work.
+	 * (Walking by_slot[] in slot order instead, so that the hardware
+	 * prefetcher follows the slot lines, measured no better.) */
+	for (uint32_t i = from; i < to; i++) {
+		if (i + TICK_PREFETCH < n) {
+			uint32_t ahead = dense[i + TICK_PREFETCH];
+			mtshm_slot_prefetch(slot_at[ahead]);
+			__builtin_prefetch(by_slot[ahead], 1, 3);
+			if (rate)
+				__builtin_prefetch(&by_slot[ahead]->rate, 1, 3);
+		}
+		struct mts_proc *p = by_slot[dense[i]];
+		tick_proc(reg, p, lanes, acc);
+		/* The process's limit state, while its line is in cache (a
+		 * second pass over 16384 processes cost ~90 us, mostly
+		 * misses). Without a limit a process stays ok: skip. */
+		if (p->limit || p->state != MTSHM_STATE_OK)
+			mts_limits_eval_proc(reg, p);
+		if (rate)
+			mts_rate_add(&p->rate, now,
+			             mts_measured(reg, p->bytes, p->rss),
+			             window, &cache);
+	}
+}
+
 void mts_tick(struct mts_registry *reg)
 {
 	struct mts_totals *t = &reg->totals;
 	struct tick_sums acc = {0, 0, 0};
 	uint64_t started = mts_now_monotonic();
-	/* The private copy of the layout, never the shared header. */
-	uint32_t lanes = reg->layout.lane_count;
-	struct mtshm_slot_id *const *slot_at = reg->slot_at;
-	struct mts_proc *const *by_slot = reg->by_slot;
 	uint32_t n = reg->ndense;
 
 	for (uint32_t i = 0; i < reg->groups_used; i++) {
@@ -435,26 +473,20 @@ void mts_tick(struct mts_registry *reg)
 		reg->groups[i].error_bytes = 0;
 		reg->groups[i].rss = 0;
 	}
-	/* dense[] is in no useful memory order (an exit moves the last entry
-	 * into its hole): ask for the slot line and the proc TICK_PREFETCH
-	 * entries ahead so their misses overlap with this entry's work.
-	 * (Walking by_slot[] in slot order instead, so that the hardware
-	 * prefetcher follows the slot lines, measured no better.) */
-	const uint32_t *dense = reg->dense;
-	for (uint32_t i = 0; i < n; i++) {
-		if (i + TICK_PREFETCH < n) {
-			uint32_t ahead = dense[i + TICK_PREFETCH];
-			mtshm_slot_prefetch(slot_at[ahead]);
-			__builtin_prefetch(by_slot[ahead], 1, 3);
-		}
-		struct mts_proc *p = by_slot[dense[i]];
-		tick_proc(reg, p, lanes, &acc);
-		/* The process's limit state, while its line is in cache (a
-		 * second pass over 16384 processes cost ~90 us, mostly
-		 * misses). Without a limit a process stays ok: skip. */
-		if (p->limit || p->state != MTSHM_STATE_OK)
-			mts_limits_eval_proc(reg, p);
-	}
+	/* Processes' rates: one slice of dense[] per tick, so each is
+	 * sampled every MTS_RATE_PROC_SLICES ticks and no tick pays for all
+	 * of them (an exit reorders dense[]: a process may be sampled twice
+	 * in a round or skipped once, which the rate, fitted on sample
+	 * times, does not mind). */
+	uint32_t per = (n + MTS_RATE_PROC_SLICES - 1) / MTS_RATE_PROC_SLICES;
+	uint32_t lo = t->rate_slice * per;
+	uint32_t hi = lo + per;
+	lo = lo < n ? lo : n;
+	hi = hi < n ? hi : n;
+	t->rate_slice = (t->rate_slice + 1) % MTS_RATE_PROC_SLICES;
+	tick_range(reg, 0, lo, false, started, &acc);
+	tick_range(reg, lo, hi, true, started, &acc);
+	tick_range(reg, hi, n, false, started, &acc);
 	for (uint32_t i = 0; i < reg->groups_used; i++) {
 		struct mts_group *g = &reg->groups[i];
 		if (g->bytes > g->peak)
@@ -470,6 +502,8 @@ void mts_tick(struct mts_registry *reg)
 
 	uint64_t now = mts_now_monotonic();
 	mts_resv_tick(reg, now);
+	if (now - t->rate_ns >= (uint64_t)MTS_RATE_SAMPLE_MS * 1000000u)
+		mts_rates_sample(reg, now);
 	/* Processes were evaluated in the loop above (their events come
 	 * before the fleet's and groups' of the same tick). */
 	mts_limits_eval(reg, false);
@@ -768,6 +802,7 @@ static int proc_reset(struct mts_registry *reg, struct mts_proc *p,
 	p->corrupt = false;
 	p->state = MTSHM_STATE_OK; /* slot_init clears the flag */
 	p->last_signal_ns = 0;
+	mts_rate_reset(&p->rate); /* a new program: its own growth */
 	p->limit = p->limit_set ? p->limit_set : reg->policy.process_limit;
 	p->registered_ns = mts_now_realtime();
 	mts_read_comm((pid_t)p->pid, p->comm, sizeof(p->comm));

@@ -145,6 +145,9 @@ struct mts_policy {
 	uint32_t admin_gid;
 	char *tcp_token; /* NULL = none: no TCP peer is authorised */
 	uint32_t max_resv_per_uid; /* 0 = no per-uid cap */
+	uint32_t growth_window_ms;    /* rate.c: the rate's window */
+	uint32_t forecast_horizon_ms; /* `high` when the limit is forecast
+	                                 within this; 0 = off */
 };
 
 /* Defaults: no limits, 90% watermark, 5% hysteresis, accounted, ... */
@@ -167,11 +170,90 @@ struct mts_event {
 	uint64_t limit;
 	uint64_t reserved;
 	uint64_t time_ns; /* CLOCK_REALTIME */
+	const char *reason; /* why, in words: "forecast: limit in 12 s ..." */
+	double growth;      /* bytes per second of the measured figure */
+	double forecast_s;  /* seconds to the limit, 0 = no forecast */
 };
 
 struct mts_resv;
 struct mts_task;
 struct mts_rss_sweep;
+
+/* ---- rate.c: growth rate and forecast --------------------------------- */
+
+#define MTS_DEFAULT_GROWTH_WINDOW_MS 10000u
+#define MTS_GROWTH_WINDOW_MIN_MS     1000u
+#define MTS_GROWTH_WINDOW_MAX_MS     3600000u
+#define MTS_FORECAST_HORIZON_MAX_MS  86400000u
+/* Fleet and groups are sampled this often (a tick longer than this: every
+ * tick); processes MTS_RATE_PROC_SLICES ticks apart, a slice of them per
+ * tick, so no tick makes a second pass over every process. */
+#define MTS_RATE_SAMPLE_MS   100u
+#define MTS_RATE_PROC_SLICES 32u
+/* A forecast `high` is left only when the forecast is beyond the horizon
+ * plus this margin (or gone) for one growth window. */
+#define MTS_FORECAST_LEAVE_PCT 50u
+
+/* The weighted sums behind one rate (rate.c). 64 bytes: one line. */
+struct mts_rate {
+	double s0, st, sv, stt, stv; /* relative to the latest sample */
+	uint64_t last_ns;            /* CLOCK_MONOTONIC; 0 = no sample */
+	uint64_t last_v;
+	uint64_t first_ns; /* start of the current run of samples */
+};
+
+/* The fleet's and a group's rate: an ordinary least-squares line through
+ * the samples of the last window (a ring of at most MTS_WRATE_SAMPLES,
+ * spaced at least window / (MTS_WRATE_SAMPLES - 1) apart). Unlike the
+ * weighted fit of a process's rate, it forgets a sample entirely once it
+ * is a window old: a figure flat for a window reads exactly 0. */
+#define MTS_WRATE_SAMPLES 64u
+struct mts_wrate {
+	uint64_t t[MTS_WRATE_SAMPLES]; /* CLOCK_MONOTONIC ns */
+	uint64_t v[MTS_WRATE_SAMPLES];
+	uint32_t head; /* next write */
+	uint32_t n;
+};
+
+/* Add sample `v` at `now_ns` (kept if the newest is old enough). */
+void mts_wrate_add(struct mts_wrate *r, uint64_t now_ns, uint64_t v,
+                   uint64_t window_ns);
+/* Slope in bytes per second of the samples of the window ending at the
+ * newest; 0 until they span a fifth of the window. */
+double mts_wrate_get(const struct mts_wrate *r, uint64_t window_ns);
+
+/* exp() of the last interval, reused while intervals repeat (a slice of
+ * processes sampled at one tick all have the same). */
+struct mts_decay_cache {
+	uint64_t dt_ns, window_ns;
+	double decay;
+};
+
+/* Forecast hysteresis of one scope. */
+struct mts_forecast_gate {
+	bool on;                 /* the forecast holds the scope `high` */
+	uint64_t clear_since_ns; /* out of the margin since, 0 = not */
+};
+
+void mts_rate_reset(struct mts_rate *r);
+/* e^(-dt / tau) for a window (cached in `c` when not NULL). */
+double mts_rate_decay(struct mts_decay_cache *c, uint64_t dt_ns,
+                      uint64_t window_ns);
+/* Add sample `v` taken at `now_ns`. */
+void mts_rate_add(struct mts_rate *r, uint64_t now_ns, uint64_t v,
+                  uint64_t window_ns, struct mts_decay_cache *cache);
+/* Bytes per second (negative: shrinking); 0 until the samples span a
+ * fifth of the window. */
+double mts_rate_get(const struct mts_rate *r, uint64_t window_ns);
+/* Seconds until `value` reaches `limit` at `rate`; 0 = no forecast (no
+ * limit, not growing, or already there). */
+double mts_forecast_s(double rate, uint64_t value, uint64_t limit);
+/* Step the gate with the current forecast `secs` (0 = none): on when
+ * secs <= horizon; off again only after hold_ns beyond horizon x (1 +
+ * MTS_FORECAST_LEAVE_PCT%) or without a forecast. horizon_ms 0: always
+ * off. Returns g->on. */
+bool mts_forecast_gate(struct mts_forecast_gate *g, double secs,
+                       uint64_t horizon_ms, uint64_t hold_ns, uint64_t now_ns);
 
 /* ---- registry.c ------------------------------------------------------ */
 
@@ -197,6 +279,9 @@ struct mts_proc {
 	uint32_t threads;
 	uint16_t state; /* enum mtshm_state against `limit` */
 	bool corrupt;   /* sticky until the slot is reset */
+	/* Growth rate (rate.c): one slice of processes per tick, never in
+	 * the hot line above. */
+	struct mts_rate rate;
 	/* Warm: enforcement and reservations (only while they have work). */
 	uint32_t pid;
 	uint32_t dense; /* index in reg->dense */
@@ -243,6 +328,10 @@ struct mts_group {
 	/* admit.c: the exact sum behind `reserved` (which saturates), kept
 	 * up to date as reservations come and go. */
 	unsigned __int128 reserved_sum;
+	/* rate.c: the measured figure's rate, sampled by the tick. */
+	struct mts_wrate rate;
+	double growth;     /* bytes per second, as of the latest sample */
+	struct mts_forecast_gate fgate;
 };
 
 /* Fleet figures as of the latest tick (or exit, which subtracts at once). */
@@ -260,6 +349,12 @@ struct mts_totals {
 	uint64_t reserved; /* outstanding admission reservations */
 	uint32_t state;    /* enum mtshm_state */
 	uint32_t reservations; /* outstanding reservations (count) */
+	/* rate.c, as for a group. */
+	struct mts_wrate rate;
+	double growth;
+	struct mts_forecast_gate fgate;
+	uint64_t rate_ns;    /* CLOCK_MONOTONIC of the latest sample */
+	uint32_t rate_slice; /* processes sampled next: dense[] slice */
 };
 
 /* Why an Admit was denied, for the logs and the metrics' `reason` label. */
@@ -842,14 +937,35 @@ void mts_group_gc(struct mts_registry *reg, uint32_t index);
  *   over    -> high   only when value < limit x (1 - hyst)
  *   high    -> ok     only when value < limit x (high - hyst)
  * Leaving `over` may land directly in `ok` when both lower marks are
- * passed at once.
+ * passed at once. `forecast` (the scope's forecast gate is on) makes what
+ * would be `ok` `high`.
  */
 uint32_t mts_state_next(uint32_t cur, uint64_t value, uint64_t limit,
-                        uint32_t high_bp, uint32_t hyst_bp);
+                        uint32_t high_bp, uint32_t hyst_bp, bool forecast);
 
 /* The figure limits compare, per reg->policy.measure. */
 uint64_t mts_measured(const struct mts_registry *reg, uint64_t accounted,
                       uint64_t rss);
+
+/* The growth window in force, in ns. */
+uint64_t mts_growth_window_ns(const struct mts_registry *reg);
+/* What the fleet's or a group's state compares (measured + reserved),
+ * and its forecast: seconds to the limit at the current rate, 0 = none. */
+uint64_t mts_fleet_value(const struct mts_registry *reg);
+uint64_t mts_group_value(const struct mts_registry *reg,
+                         const struct mts_group *g);
+double mts_fleet_forecast(const struct mts_registry *reg);
+double mts_group_forecast(const struct mts_registry *reg,
+                          const struct mts_group *g);
+/* A process's rate and forecast against its own limit. */
+double mts_proc_growth(const struct mts_registry *reg,
+                       const struct mts_proc *p);
+double mts_proc_forecast(const struct mts_registry *reg,
+                         const struct mts_proc *p);
+
+/* Sample the fleet's and every group's measured figure (the tick calls it
+ * every MTS_RATE_SAMPLE_MS). */
+void mts_rates_sample(struct mts_registry *reg, uint64_t now_ns);
 
 /* Re-evaluate fleet and group states (and every process's when `procs`),
  * write slot flags, send events. The caller publishes. */
@@ -942,6 +1058,8 @@ struct mts_admit_out {
 	bool admitted;
 	enum mts_denial reason; /* when !admitted */
 	char scope[MTS_NAME_MAX + 8]; /* "fleet" or "group:NAME" */
+	double growth;      /* of the scope that decided, bytes per second */
+	double forecast_s;  /* its seconds to the limit, 0 = no forecast */
 	uint64_t measured;  /* of the scope that decided (fleet if granted) */
 	uint64_t reserved;
 	uint64_t requested;

@@ -75,6 +75,8 @@ Test(config, defaults_without_a_file)
 	cr_assert_eq(s.policy.hyst_bp, 500);
 	cr_assert_eq(s.policy.measure, MTS_MEASURE_ACCOUNTED);
 	cr_assert_eq(s.policy.rss_interval_ms, 1000);
+	cr_assert_eq(s.policy.growth_window_ms, 10000);
+	cr_assert_eq(s.policy.forecast_horizon_ms, 0, "off by default");
 	cr_assert_eq(s.policy.default_ttl_s, 300);
 	cr_assert_eq(s.policy.enforce_signal, 0);
 	cr_assert_eq(s.log_level, MTS_LOG_INFO);
@@ -113,6 +115,8 @@ Test(config, good_file_every_key)
 	         "process = 1.5G\n"
 	         "measure = max\n"
 	         "rss_interval = 250\n"
+	         "growth_window = 30s\n"
+	         "forecast_horizon = 2m\n"
 	         "[group etl]\n"
 	         "limit = 8GiB\n"
 	         "high_watermark = 80\n"
@@ -150,6 +154,8 @@ Test(config, good_file_every_key)
 	cr_assert_eq(s.policy.process_limit, UINT64_C(3) << 29);
 	cr_assert_eq(s.policy.measure, MTS_MEASURE_MAX);
 	cr_assert_eq(s.policy.rss_interval_ms, 250);
+	cr_assert_eq(s.policy.growth_window_ms, 30000);
+	cr_assert_eq(s.policy.forecast_horizon_ms, 120000);
 	cr_assert_eq(s.policy.ngroups, 2);
 	const struct mts_group_policy *g = mts_policy_group(&s.policy, "etl");
 	cr_assert_not_null(g);
@@ -243,6 +249,9 @@ static const struct bad bads[] = {
     {"[limits]\nhysteresis = 51\n", 2, "[limits] hysteresis"},
     {"[limits]\nmeasure = pss\n", 2, "[limits] measure"},
     {"[limits]\nrss_interval = 5\n", 2, "[limits] rss_interval"},
+    {"[limits]\ngrowth_window = 500ms\n", 2, "[limits] growth_window"},
+    {"[limits]\ngrowth_window = 2h\n", 2, "[limits] growth_window"},
+    {"[limits]\nforecast_horizon = soon\n", 2, "[limits] forecast_horizon"},
     {"[limits]\nfleet_limt = 1G\n", 2, "[limits] fleet_limt: unknown key"},
     {"[group etl]\nlimit = 1x\n", 2, "[group etl] limit"},
     {"[group etl]\nhigh_watermark = x\n", 2, "[group etl] high_watermark"},

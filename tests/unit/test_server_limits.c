@@ -22,30 +22,30 @@
 
 Test(state, lines)
 {
-	cr_assert_eq(mts_state_next(OK, 799, L, W, H), OK);
-	cr_assert_eq(mts_state_next(OK, 800, L, W, H), HIGH);
-	cr_assert_eq(mts_state_next(OK, 1000, L, W, H), HIGH);
-	cr_assert_eq(mts_state_next(OK, 1001, L, W, H), OVER);
-	cr_assert_eq(mts_state_next(HIGH, 1000, L, W, H), HIGH);
-	cr_assert_eq(mts_state_next(HIGH, 1001, L, W, H), OVER);
-	cr_assert_eq(mts_state_next(OVER, 950, L, W, H), OVER);
-	cr_assert_eq(mts_state_next(OVER, 949, L, W, H), HIGH);
-	cr_assert_eq(mts_state_next(HIGH, 750, L, W, H), HIGH);
-	cr_assert_eq(mts_state_next(HIGH, 749, L, W, H), OK);
+	cr_assert_eq(mts_state_next(OK, 799, L, W, H, false), OK);
+	cr_assert_eq(mts_state_next(OK, 800, L, W, H, false), HIGH);
+	cr_assert_eq(mts_state_next(OK, 1000, L, W, H, false), HIGH);
+	cr_assert_eq(mts_state_next(OK, 1001, L, W, H, false), OVER);
+	cr_assert_eq(mts_state_next(HIGH, 1000, L, W, H, false), HIGH);
+	cr_assert_eq(mts_state_next(HIGH, 1001, L, W, H, false), OVER);
+	cr_assert_eq(mts_state_next(OVER, 950, L, W, H, false), OVER);
+	cr_assert_eq(mts_state_next(OVER, 949, L, W, H, false), HIGH);
+	cr_assert_eq(mts_state_next(HIGH, 750, L, W, H, false), HIGH);
+	cr_assert_eq(mts_state_next(HIGH, 749, L, W, H, false), OK);
 	/* Both lower marks passed at once: straight to ok. */
-	cr_assert_eq(mts_state_next(OVER, 0, L, W, H), OK);
-	cr_assert_eq(mts_state_next(OVER, 749, L, W, H), OK);
+	cr_assert_eq(mts_state_next(OVER, 0, L, W, H, false), OK);
+	cr_assert_eq(mts_state_next(OVER, 749, L, W, H, false), OK);
 	/* No limit: always ok. */
-	cr_assert_eq(mts_state_next(OVER, UINT64_MAX, 0, W, H), OK);
+	cr_assert_eq(mts_state_next(OVER, UINT64_MAX, 0, W, H, false), OK);
 	/* No hysteresis: the lines themselves. */
-	cr_assert_eq(mts_state_next(OVER, 999, L, W, 0), HIGH);
-	cr_assert_eq(mts_state_next(HIGH, 799, L, W, 0), OK);
+	cr_assert_eq(mts_state_next(OVER, 999, L, W, 0, false), HIGH);
+	cr_assert_eq(mts_state_next(HIGH, 799, L, W, 0, false), OK);
 	/* Tiny limits: 0 is below 95% of 1 byte. */
-	cr_assert_eq(mts_state_next(OVER, 0, 1, W, H), OK);
+	cr_assert_eq(mts_state_next(OVER, 0, 1, W, H, false), OK);
 	/* Exact on large limits (128-bit products). */
 	uint64_t big = UINT64_C(4000000000000000000);
-	cr_assert_eq(mts_state_next(OK, big / 10 * 8, big, W, H), HIGH);
-	cr_assert_eq(mts_state_next(OK, big / 10 * 8 - 1, big, W, H), OK);
+	cr_assert_eq(mts_state_next(OK, big / 10 * 8, big, W, H, false), HIGH);
+	cr_assert_eq(mts_state_next(OK, big / 10 * 8 - 1, big, W, H, false), OK);
 }
 
 /* Run `n` steps alternating a and b from state `s`; count changes. */
@@ -53,7 +53,7 @@ static int transitions(uint32_t s, uint64_t a, uint64_t b, int n, uint32_t *end)
 {
 	int changes = 0;
 	for (int i = 0; i < n; i++) {
-		uint32_t next = mts_state_next(s, i % 2 ? b : a, L, W, H);
+		uint32_t next = mts_state_next(s, i % 2 ? b : a, L, W, H, false);
 		changes += next != s;
 		s = next;
 	}
@@ -83,7 +83,7 @@ Test(state, oscillation_changes_once)
 	uint32_t s = HIGH;
 	int flaps = 0;
 	for (int i = 0; i < 100; i++) {
-		uint32_t next = mts_state_next(s, i % 2 ? 990 : 1010, L, W, 0);
+		uint32_t next = mts_state_next(s, i % 2 ? 990 : 1010, L, W, 0, false);
 		flaps += next != s;
 		s = next;
 	}
