@@ -28,6 +28,7 @@
 #include <getopt.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -214,6 +215,48 @@ static const char *fmt_limit(char buf[static 16], uint64_t v)
 	return v ? fmt_size(buf, v) : "none";
 }
 
+/* A growth rate: "+40.0 MiB/s", "-1.5 KiB/s", "0 B/s". */
+static const char *fmt_rate(char buf[static 24], double v)
+{
+	char b[16];
+	double a = fabs(v);
+	uint64_t n = isfinite(a) && a < 1.8e19 ? (uint64_t)(a + 0.5) : 0;
+	const char *sign = n == 0 ? "" : v < 0 ? "-" : "+";
+	snprintf(buf, 24, "%s%s/s", sign, fmt_size(b, n));
+	return buf;
+}
+
+/* Seconds to the limit: "42 s", "12 min", "3.5 h", "9 d"; "—" for no
+ * forecast. */
+static const char *fmt_eta(char buf[static 16], double s)
+{
+	if (!(s > 0))
+		return "\u2014";
+	if (s < 99.5)
+		snprintf(buf, 16, "%.0f s", s < 1 ? 1 : s);
+	else if (s < 99.5 * 60)
+		snprintf(buf, 16, "%.0f min", s / 60);
+	else if (s < 48 * 3600)
+		snprintf(buf, 16, "%.1f h", s / 3600);
+	else if (s < 1e9)
+		snprintf(buf, 16, "%.0f d", s / 86400);
+	else
+		snprintf(buf, 16, "> 1e4 d");
+	return buf;
+}
+
+/* printf's widths count bytes: pad `s` (ASCII or the one "—") to `width`
+ * columns, right-aligned. */
+static void put_right(const char *s, int width)
+{
+	int cols = 0;
+	for (const char *c = s; *c; c++)
+		cols += ((unsigned char)*c & 0xc0) != 0x80;
+	for (; cols < width; cols++)
+		putchar(' ');
+	fputs(s, stdout);
+}
+
 /*
  * Print `s` left-aligned in `width` columns, control characters replaced
  * by '?': group names and comm come from other users' processes and must
@@ -260,18 +303,20 @@ static void print_processes(const struct memtally_process *p, size_t n,
 	}
 	printf("%7s  ", "PID");
 	put_clean("GROUP", gw);
-	printf("  %10s  %10s  %10s  %10s  %-5s  %7s  ", "BYTES", "RSS", "PEAK",
-	       "LIMIT", "STATE", "THREADS");
+	printf("  %10s  %10s  %10s  %10s  %-5s  %8s  %7s  ", "BYTES", "RSS",
+	       "PEAK", "LIMIT", "STATE", "TO LIMIT", "THREADS");
 	put_clean("FLAGS", fw);
 	printf("  COMM\n");
 	for (size_t i = 0; i < n; i++) {
-		char b[16], r[16], pk[16], l[16];
+		char b[16], r[16], pk[16], l[16], eta[16];
 		printf("%7" PRIu32 "  ", p[i].pid);
 		put_clean(p[i].group, gw);
-		printf("  %10s  %10s  %10s  %10s  %-5s  %7" PRIu32 "  ",
+		printf("  %10s  %10s  %10s  %10s  %-5s  ",
 		       fmt_size(b, p[i].bytes), fmt_size(r, p[i].rss),
 		       fmt_size(pk, p[i].peak), fmt_limit(l, p[i].limit),
-		       memtally_state_name(p[i].state), p[i].threads);
+		       memtally_state_name(p[i].state));
+		put_right(fmt_eta(eta, p[i].seconds_to_limit), 8);
+		printf("  %7" PRIu32 "  ", p[i].threads);
 		put_clean(process_flags(&p[i]), fw);
 		printf("  ");
 		put_clean(p[i].comm, 0);
@@ -285,17 +330,20 @@ static void print_groups(const struct memtally_usage *u)
 	for (size_t i = 0; i < u->n_groups; i++)
 		gw = max_width(gw, u->groups[i].name);
 	put_clean("GROUP", gw);
-	printf("  %10s  %10s  %10s  %10s  %10s  %-5s  %5s\n", "BYTES", "RSS",
-	       "PEAK", "LIMIT", "RESERVED", "STATE", "PROCS");
+	printf("  %10s  %10s  %10s  %10s  %10s  %-5s  %12s  %8s  %5s\n",
+	       "BYTES", "RSS", "PEAK", "LIMIT", "RESERVED", "STATE", "GROWTH",
+	       "TO LIMIT", "PROCS");
 	for (size_t i = 0; i < u->n_groups; i++) {
 		const struct memtally_group_usage *g = &u->groups[i];
-		char b[16], r[16], pk[16], l[16], rs[16];
+		char b[16], r[16], pk[16], l[16], rs[16], gr[24], eta[16];
 		put_clean(g->name, gw);
-		printf("  %10s  %10s  %10s  %10s  %10s  %-5s  %5" PRIu32 "\n",
+		printf("  %10s  %10s  %10s  %10s  %10s  %-5s  %12s  ",
 		       fmt_size(b, g->bytes), fmt_size(r, g->rss),
 		       fmt_size(pk, g->peak), fmt_limit(l, g->limit),
 		       fmt_size(rs, g->reserved), memtally_state_name(g->state),
-		       g->processes);
+		       fmt_rate(gr, g->growth));
+		put_right(fmt_eta(eta, g->seconds_to_limit), 8);
+		printf("  %5" PRIu32 "\n", g->processes);
 	}
 }
 
@@ -321,6 +369,16 @@ static void print_status(const struct memtally_usage *u,
 		       u->reservations == 1 ? "" : "s");
 	putchar('\n');
 	printf("state       %s\n", memtally_state_name(u->state));
+	char gr[24], eta[16];
+	printf("growth      %s", fmt_rate(gr, u->growth));
+	if (u->growth_window_ms)
+		printf("  (over %g s)", u->growth_window_ms / 1000.0);
+	putchar('\n');
+	printf("to limit    %s", fmt_eta(eta, u->seconds_to_limit));
+	if (u->forecast_horizon_ms)
+		printf("  (high when under %g s)",
+		       u->forecast_horizon_ms / 1000.0);
+	putchar('\n');
 	printf("processes   %" PRIu32, u->processes);
 	if (u->unregistered)
 		printf(" (+%" PRIu32 " unregistered: no free slot)",
@@ -351,6 +409,24 @@ static json_t *jlimit(uint64_t v)
 }
 
 static json_t *jstr(const char *s);
+
+/* A rate as a JSON number. */
+static json_t *jrate(double v)
+{
+	return json_real(isfinite(v) ? v : 0);
+}
+
+/* Seconds to the limit, or null for no forecast. */
+static json_t *jforecast(double v)
+{
+	return v > 0 && isfinite(v) ? json_real(v) : json_null();
+}
+
+/* The horizon (or window) in seconds, null when off. */
+static json_t *jms(uint32_t ms)
+{
+	return ms ? json_real(ms / 1000.0) : json_null();
+}
 
 /* A string, or null for "" (a name that is not there). */
 static json_t *jopt(const char *s)
@@ -395,7 +471,7 @@ static json_t *json_status(const struct memtally_usage *u)
 		/* clang-format off */
 		json_t *jg = json_pack(
 			"{s:o, s:I, s:I, s:o, s:s, s:I, s:I, s:I, s:I, s:I,"
-			" s:o}",
+			" s:o, s:o, s:o}",
 			"name", jstr(g->name),
 			"bytes", jint(g->bytes),
 			"peak", jint(g->peak),
@@ -406,14 +482,17 @@ static json_t *json_status(const struct memtally_usage *u)
 			"error_bytes", jint(g->error_bytes),
 			"rss", jint(g->rss),
 			"reservations", (json_int_t)g->reservations,
-			"high_watermark", jlimit(g->high_watermark));
+			"high_watermark", jlimit(g->high_watermark),
+			"growth_bytes_per_s", jrate(g->growth),
+			"seconds_to_limit", jforecast(g->seconds_to_limit));
 		/* clang-format on */
 		if (json_array_append_new(groups, jg) < 0)
 			goto fail_put_groups;
 	}
 	/* clang-format off */
 	return json_pack("{s:{s:I, s:I, s:o, s:I, s:s, s:I, s:I, s:I, s:o, "
-			 "s:o}, s:o, s:I, s:I, s:o, s:I, s:I, s:I, s:I}",
+			 "s:o, s:o, s:o}, s:o, s:I, s:I, s:o, s:I, s:I, s:I, "
+			 "s:I, s:o, s:o}",
 		"fleet",
 			"bytes", jint(u->bytes),
 			"peak", jint(u->peak),
@@ -425,6 +504,8 @@ static json_t *json_status(const struct memtally_usage *u)
 			"reservations", (json_int_t)u->reservations,
 			"measure", jopt(u->measure),
 			"high_watermark", jlimit(u->high_watermark),
+			"growth_bytes_per_s", jrate(u->growth),
+			"seconds_to_limit", jforecast(u->seconds_to_limit),
 		"process_limit", jlimit(u->process_limit),
 		"processes", (json_int_t)u->processes,
 		"unregistered", (json_int_t)u->unregistered,
@@ -432,7 +513,9 @@ static json_t *json_status(const struct memtally_usage *u)
 		"ticks", jint(u->ticks),
 		"threshold", jint(u->threshold),
 		"slots", (json_int_t)u->slots,
-		"slots_free", (json_int_t)u->slots_free);
+		"slots_free", (json_int_t)u->slots_free,
+		"growth_window_s", jms(u->growth_window_ms),
+		"forecast_horizon_s", jms(u->forecast_horizon_ms));
 	/* clang-format on */
 
 fail_put_groups:
@@ -446,7 +529,7 @@ static json_t *json_process(const struct memtally_process *p)
 	/* clang-format off */
 	return json_pack(
 		"{s:I, s:o, s:I, s:I, s:o, s:b, s:I, s:o, s:b, s:I, s:I, s:I,"
-		" s:s, s:o}",
+		" s:s, s:o, s:o, s:o}",
 		"pid", (json_int_t)p->pid,
 		"group", jstr(p->group),
 		"bytes", jint(p->bytes),
@@ -460,7 +543,9 @@ static json_t *json_process(const struct memtally_process *p)
 		"error_bytes", jint(p->error_bytes),
 		"rss", jint(p->rss),
 		"state", memtally_state_name(p->state),
-		"task", jopt(p->task));
+		"task", jopt(p->task),
+		"growth_bytes_per_s", jrate(p->growth),
+		"seconds_to_limit", jforecast(p->seconds_to_limit));
 	/* clang-format on */
 }
 
@@ -594,6 +679,16 @@ static int parse_size_arg(const char *what, const char *s, bool allow_none,
 
 /* ---- admit --------------------------------------------------------- */
 
+/* The forecast of the scope that decided (the fleet when granted). */
+static void print_admit_forecast(const struct memtally_admit_result *a)
+{
+	char gr[24], eta[16];
+	printf("  forecast    ");
+	put_clean(a->limit_scope[0] ? a->limit_scope : "fleet", 0);
+	printf(" growing %s, limit in %s\n", fmt_rate(gr, a->growth),
+	       fmt_eta(eta, a->seconds_to_limit));
+}
+
 static void print_admitted(const struct cli *c,
                            const struct memtally_admit_result *a)
 {
@@ -611,6 +706,7 @@ static void print_admitted(const struct cli *c,
 	if (a->ttl_seconds)
 		printf(", ttl %" PRIu32 " s", a->ttl_seconds);
 	printf(")\n");
+	print_admit_forecast(a);
 }
 
 static void print_denied(const struct memtally_admit_result *a)
@@ -629,6 +725,7 @@ static void print_denied(const struct memtally_admit_result *a)
 	printf("\n  measured    %s\n", fmt_size(b, a->fleet_bytes));
 	printf("  reserved    %s\n", fmt_size(b, a->reserved_bytes));
 	printf("  requested   %s\n", fmt_size(b, a->requested_bytes));
+	print_admit_forecast(a);
 	if (a->n_top) {
 		printf("\ntop processes\n");
 		print_processes(a->top, a->n_top, SIZE_MAX);
@@ -657,13 +754,15 @@ static json_t *json_admit(const struct cli *c, uint32_t ttl,
 			"top", json_process_list(a->top, a->n_top));
 	if (!doc)
 		return NULL;
-	json_t *figures = json_pack("{s:I, s:I, s:I, s:o, s:o, s:o}",
+	json_t *figures = json_pack("{s:I, s:I, s:I, s:o, s:o, s:o, s:o, s:o}",
 		"requested", jint(a->requested_bytes),
 		"fleet_bytes", jint(a->fleet_bytes),
 		"reserved", jint(a->reserved_bytes),
 		"limit", jlimit(a->limit),
 		"limit_scope", jopt(a->limit_scope),
-		"measure", jopt(a->measure));
+		"measure", jopt(a->measure),
+		"growth_bytes_per_s", jrate(a->growth),
+		"seconds_to_limit", jforecast(a->seconds_to_limit));
 	/* clang-format on */
 	if (!figures || json_object_update(doc, figures) < 0) {
 		json_decref(figures);
@@ -841,7 +940,8 @@ static int print_event(const struct memtally_event *ev, void *arg)
 	if (c->json) {
 		/* clang-format off */
 		json_t *doc = json_pack(
-			"{s:I, s:o, s:s, s:s, s:I, s:I, s:o, s:I, s:o}",
+			"{s:I, s:o, s:s, s:s, s:I, s:I, s:o, s:I, s:o, s:o, s:o,"
+			" s:o}",
 			"time_ns", jint(ev->time_ns),
 			"scope", jstr(ev->scope),
 			"state", memtally_state_name(ev->state),
@@ -850,7 +950,10 @@ static int print_event(const struct memtally_event *ev, void *arg)
 			"rss", jint(ev->rss),
 			"limit", jlimit(ev->limit),
 			"reserved", jint(ev->reserved),
-			"measure", jopt(ev->measure));
+			"measure", jopt(ev->measure),
+			"reason", jopt(ev->reason),
+			"growth_bytes_per_s", jrate(ev->growth),
+			"seconds_to_limit", jforecast(ev->seconds_to_limit));
 		/* clang-format on */
 		if (print_json_as(doc, JSON_COMPACT))
 			return -1;
@@ -860,7 +963,7 @@ static int print_event(const struct memtally_event *ev, void *arg)
 		put_clean(ev->scope, 12);
 		/* A server may open the stream with each scope's state as it
 		 * stands: no change, so no arrow. */
-		printf("  %-4s %2s %-4s  %s of %s  rss %s  reserved %s\n",
+		printf("  %-4s %2s %-4s  %s of %s  rss %s  reserved %s",
 		       ev->previous == ev->state
 		           ? "is"
 		           : memtally_state_name(ev->previous),
@@ -868,6 +971,12 @@ static int print_event(const struct memtally_event *ev, void *arg)
 		       memtally_state_name(ev->state), fmt_size(b, ev->bytes),
 		       fmt_limit(l, ev->limit), fmt_size(r, ev->rss),
 		       fmt_size(rs, ev->reserved));
+		if (ev->reason[0]) {
+			printf("  (");
+			put_clean(ev->reason, 0);
+			putchar(')');
+		}
+		putchar('\n');
 	}
 	/* One line per event, now: a reader of the pipe acts on it. */
 	if (fflush(stdout) == EOF) {

@@ -102,6 +102,11 @@ struct memtally_group_usage {
 	uint64_t rss;            /* resident bytes (0: not reported) */
 	uint32_t reservations;   /* outstanding reservations */
 	uint64_t high_watermark; /* `high` from here, bytes; 0 = no limit */
+	double growth;           /* bytes per second of the measured figure
+	                          * over the server's growth window;
+	                          * negative: shrinking */
+	double seconds_to_limit; /* at that rate; 0 = no forecast (no limit,
+	                          * not growing, or already over) */
 };
 
 /* Fleet figures, and the groups they break down into. */
@@ -119,11 +124,17 @@ struct memtally_usage {
 	uint32_t slots;
 	uint32_t slots_free;
 	uint64_t rss; /* resident bytes of every worker (0: not reported) */
-	const char *measure;     /* what limits compare: "accounted", "rss",
-	                          * "max" (the larger), "" (not reported) */
-	uint32_t reservations;   /* outstanding reservations */
-	uint64_t process_limit;  /* default per-process limit, 0 = none */
-	uint64_t high_watermark; /* `high` from here, bytes; 0 = no limit */
+	const char *measure;       /* what limits compare: "accounted", "rss",
+	                            * "max" (the larger), "" (not reported) */
+	uint32_t reservations;     /* outstanding reservations */
+	uint64_t process_limit;    /* default per-process limit, 0 = none */
+	uint64_t high_watermark;   /* `high` from here, bytes; 0 = no limit */
+	double growth;             /* as for a group, of the fleet */
+	double seconds_to_limit;   /* 0 = no forecast */
+	uint32_t growth_window_ms; /* the window of the rates (0: not
+	                            * reported) */
+	uint32_t forecast_horizon_ms; /* `high` when the limit is forecast
+	                               * within this; 0 = off */
 	size_t n_groups;
 	struct memtally_group_usage *groups;
 };
@@ -148,6 +159,9 @@ struct memtally_process {
 	uint64_t registered_ns;    /* CLOCK_REALTIME at registration */
 	uint64_t rss;              /* resident bytes (0: not reported) */
 	enum memtally_state state; /* against its own limit */
+	double growth;             /* bytes per second (sampled less often
+	                            * than the fleet's) */
+	double seconds_to_limit;   /* to its own limit; 0 = no forecast */
 };
 
 /*
@@ -281,6 +295,9 @@ struct memtally_admit_result {
 	const char *measure;     /* what fleet_bytes measures (see
 	                          * memtally_usage.measure) */
 	uint32_t ttl_seconds;    /* granted: the TTL in force */
+	double growth;           /* of the deciding scope (limit_scope, the
+	                          * fleet when granted), bytes per second */
+	double seconds_to_limit; /* its forecast; 0 = none */
 	size_t n_top;
 	struct memtally_process *top; /* NULL when n_top == 0 */
 };
@@ -352,9 +369,12 @@ struct memtally_event {
 	uint64_t bytes;
 	uint64_t limit; /* 0 = none */
 	uint64_t reserved;
-	uint64_t time_ns;    /* the server's CLOCK_REALTIME at the change */
-	uint64_t rss;        /* resident bytes of the scope */
-	const char *measure; /* what was compared with the limit */
+	uint64_t time_ns;        /* the server's CLOCK_REALTIME at the change */
+	uint64_t rss;            /* resident bytes of the scope */
+	const char *measure;     /* what was compared with the limit */
+	const char *reason;      /* why, in words ("" from an older server) */
+	double growth;           /* the scope's bytes per second then */
+	double seconds_to_limit; /* its forecast then; 0 = none */
 };
 
 /*

@@ -38,6 +38,7 @@
 #define _GNU_SOURCE
 
 #include <errno.h>
+#include <math.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -743,6 +744,18 @@ static const char *str_or_empty(const char *s)
 	return s ? s : "";
 }
 
+/* A rate from the wire: a number, or 0 (a NaN or infinity is no figure). */
+static double rate_or_0(double v)
+{
+	return isfinite(v) ? v : 0;
+}
+
+/* A forecast from the wire: seconds > 0, else 0 (none). */
+static double forecast_or_0(double v)
+{
+	return isfinite(v) && v > 0 ? v : 0;
+}
+
 _Static_assert(sizeof(struct memtally_usage) %
                        _Alignof(struct memtally_group_usage) ==
                    0,
@@ -778,6 +791,10 @@ usage_from_pb(const Memtally__V1__Usage *u,
 	    .reservations = u->reservations,
 	    .process_limit = u->process_limit,
 	    .high_watermark = u->high_watermark_bytes,
+	    .growth = rate_or_0(u->growth_bytes_per_s),
+	    .seconds_to_limit = forecast_or_0(u->seconds_to_limit),
+	    .growth_window_ms = u->growth_window_ms,
+	    .forecast_horizon_ms = u->forecast_horizon_ms,
 	    .n_groups = n,
 	    .groups = n ? (struct memtally_group_usage *)(r + 1) : NULL,
 	};
@@ -797,6 +814,8 @@ usage_from_pb(const Memtally__V1__Usage *u,
 		    .rss = g->rss_bytes,
 		    .reservations = g->reservations,
 		    .high_watermark = g->high_watermark_bytes,
+		    .growth = rate_or_0(g->growth_bytes_per_s),
+		    .seconds_to_limit = forecast_or_0(g->seconds_to_limit),
 		};
 	}
 	return r;
@@ -839,6 +858,8 @@ static void processes_fill(struct memtally_process *r, char **pool,
 		    .registered_ns = p->registered_ns,
 		    .rss = p->rss_bytes,
 		    .state = (enum memtally_state)p->state,
+		    .growth = rate_or_0(p->growth_bytes_per_s),
+		    .seconds_to_limit = forecast_or_0(p->seconds_to_limit),
 		};
 	}
 }
@@ -1021,6 +1042,8 @@ admit_from_pb(const Memtally__V1__AdmitResult *a)
 	    .limit_scope = pool_put(&pool, scope),
 	    .measure = pool_put(&pool, measure),
 	    .ttl_seconds = a->ttl_seconds,
+	    .growth = rate_or_0(a->growth_bytes_per_s),
+	    .seconds_to_limit = forecast_or_0(a->seconds_to_limit),
 	    .n_top = n,
 	    .top = n ? top : NULL,
 	};
@@ -1255,6 +1278,9 @@ static int watch_take(memtally_query *q, Memtally__V1__Response *r,
 	    .time_ns = e->time_ns,
 	    .rss = e->rss_bytes,
 	    .measure = str_or_empty(e->measure),
+	    .reason = str_or_empty(e->reason),
+	    .growth = rate_or_0(e->growth_bytes_per_s),
+	    .seconds_to_limit = forecast_or_0(e->seconds_to_limit),
 	};
 	q->event = r; /* ev's strings live in it until the next call */
 	return 0;
