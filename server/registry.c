@@ -501,6 +501,7 @@ void mts_tick(struct mts_registry *reg)
 	t->ticks++;
 
 	uint64_t now = mts_now_monotonic();
+	mts_tables_sweep(reg, now); /* a few tables: one per uid */
 	mts_resv_tick(reg, now);
 	if (now - t->rate_ns >= (uint64_t)MTS_RATE_SAMPLE_MS * 1000000u)
 		mts_rates_sample(reg, now);
@@ -564,6 +565,7 @@ static int table_get(struct mts_registry *reg, uint32_t uid,
 {
 	struct mts_table *t = mts_table_find(reg, uid);
 	if (t) {
+		t->idle_since_ns = 0; /* in use again (maybe it was idle) */
 		*out = t;
 		return 0;
 	}
@@ -584,19 +586,43 @@ static int table_get(struct mts_registry *reg, uint32_t uid,
 	return 0;
 }
 
-void mts_table_gc(struct mts_registry *reg, struct mts_table *t)
+static void table_free(struct mts_registry *reg, uint32_t i)
 {
-	if (t->procs > 0 || reg->closed)
-		return;
-	for (uint32_t i = 0; i < reg->ntables; i++) {
-		if (reg->tables[i] != t)
-			continue;
-		reg->tables[i] = reg->tables[--reg->ntables];
-		break;
-	}
+	struct mts_table *t = reg->tables[i];
+	reg->tables[i] = reg->tables[--reg->ntables];
 	mts_log(MTS_LOG_DEBUG, "slot table released", "uid=%u", t->uid);
 	mtshm_close(&t->map);
 	free(t);
+}
+
+void mts_table_gc(struct mts_registry *reg, struct mts_table *t)
+{
+	if (t->procs > 0 || reg->closed || t->idle_since_ns)
+		return;
+	t->idle_since_ns = mts_now_monotonic();
+	uint32_t idle = 0, oldest = UINT32_MAX;
+	for (uint32_t i = 0; i < reg->ntables; i++) {
+		const struct mts_table *o = reg->tables[i];
+		if (!o->idle_since_ns)
+			continue;
+		idle++;
+		if (oldest == UINT32_MAX ||
+		    o->idle_since_ns < reg->tables[oldest]->idle_since_ns)
+			oldest = i;
+	}
+	if (idle > MTS_TABLES_IDLE_MAX)
+		table_free(reg, oldest);
+}
+
+void mts_tables_sweep(struct mts_registry *reg, uint64_t now_ns)
+{
+	for (uint32_t i = reg->ntables; i-- > 0;) {
+		const struct mts_table *t = reg->tables[i];
+		if (t->idle_since_ns && now_ns >= t->idle_since_ns &&
+		    now_ns - t->idle_since_ns >=
+		        (uint64_t)MTS_TABLE_IDLE_MS * 1000000u)
+			table_free(reg, i);
+	}
 }
 
 /* Put slot `slot` of `p` in `t`: its address, the table's count. */
@@ -691,7 +717,6 @@ static void proc_release(struct mts_registry *reg, struct mts_proc *p,
 	/* The over-limit flag belongs to this process, not the slot. */
 	mt_store_relaxed32(&s->flags, 0);
 	mt_store_release32(&s->pid, 0);
-	mts_state_clear(reg->state, p->slot);
 	reg->slot_at[p->slot] = NULL;
 	p->table->procs--;
 	mts_table_gc(reg, p->table);

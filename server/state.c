@@ -20,9 +20,10 @@
  * adopted), or, where we may not unlink it, the server runs without a
  * record and says so. An flock() held for the server's life marks it live.
  *
- * Records are written with pwrite() as workers register and leave (one
- * system call each, beside the several a registration already costs), and
- * read with pread(): a truncated file reads as free records, never a fault.
+ * Records are written with pwrite() as workers register (one system call,
+ * beside the several a registration already costs; an exit writes nothing:
+ * a restarted server drops entries whose process is gone), and read with
+ * pread(): a truncated file reads as free records, never a fault.
  */
 #include "server.h"
 

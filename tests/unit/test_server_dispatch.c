@@ -748,10 +748,63 @@ Test(dispatch, each_uid_has_its_own_table)
 	kill(b, SIGKILL);
 	waitpid(b, NULL, 0);
 	unsigned spins = 0;
-	while (srv.reg.ntables != 1) {
+	while (tb->procs != 0) {
 		uv_run(&loop, UV_RUN_ONCE);
 		cr_assert_lt(++spins, 1000 * timeout_mult());
 	}
+	/* Idle, kept for the uid's next process: the same object again. */
+	cr_assert_neq(tb->idle_since_ns, 0);
+	uint64_t ino = tb->map.ino;
+	pid_t b2 = spawn();
+	struct mts_peer pb2 = peer_of(b2);
+	pb2.uid = 2000;
+	r = call(&pb2, &req);
+	cr_assert_null(r->error);
+	memtally__v1__response__free_unpacked(r, NULL);
+	cr_assert_eq(mts_table_find(&srv.reg, 2000), tb);
+	cr_assert_eq(tb->map.ino, ino);
+	cr_assert_eq(tb->idle_since_ns, 0);
+	kill(b2, SIGKILL);
+	waitpid(b2, NULL, 0);
+	spins = 0;
+	while (tb->procs != 0) {
+		uv_run(&loop, UV_RUN_ONCE);
+		cr_assert_lt(++spins, 1000 * timeout_mult());
+	}
+	/* Released once idle long enough; uid 1000's, in use, stays. */
+	mts_tables_sweep(&srv.reg, tb->idle_since_ns +
+	                               (uint64_t)MTS_TABLE_IDLE_MS * 1000000u);
 	cr_assert_null(mts_table_find(&srv.reg, 2000));
 	cr_assert_eq(mts_table_find(&srv.reg, 1000), ta);
+	cr_assert_eq(srv.reg.ntables, 1);
+}
+
+/* At most MTS_TABLES_IDLE_MAX tables are kept idle: the oldest goes. */
+Test(dispatch, idle_tables_are_bounded)
+{
+	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
+	Memtally__V1__Register rg = MEMTALLY__V1__REGISTER__INIT;
+	rg.image_id = 1;
+	req.body_case = MEMTALLY__V1__REQUEST__BODY_REGISTER;
+	req.register_ = &rg;
+	for (uint32_t u = 0; u < MTS_TABLES_IDLE_MAX + 2; u++) {
+		pid_t k = spawn();
+		struct mts_peer pk = peer_of(k);
+		pk.uid = 3000 + u;
+		Memtally__V1__Response *r = call(&pk, &req);
+		cr_assert_null(r->error);
+		memtally__v1__response__free_unpacked(r, NULL);
+		kill(k, SIGKILL);
+		waitpid(k, NULL, 0);
+		unsigned spins = 0;
+		while (mts_table_find(&srv.reg, 3000 + u)->procs != 0) {
+			uv_run(&loop, UV_RUN_ONCE);
+			cr_assert_lt(++spins, 1000 * timeout_mult());
+		}
+		nkids = 0; /* reaped */
+	}
+	cr_assert_eq(srv.reg.ntables, MTS_TABLES_IDLE_MAX);
+	cr_assert_null(mts_table_find(&srv.reg, 3000));
+	cr_assert_null(mts_table_find(&srv.reg, 3001));
+	cr_assert_not_null(mts_table_find(&srv.reg, 3002));
 }
