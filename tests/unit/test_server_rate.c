@@ -17,6 +17,10 @@
 #define STEP  (100 * MS)   /* the fleet's sampling cadence */
 #define WIN10 (10 * SEC)
 
+/* |a - b| <= eps (the TSan stand-in for Criterion has no float_eq). */
+#define assert_near(a, b, eps, ...)                                            \
+	cr_assert(fabs((double)(a) - (double)(b)) <= (eps), __VA_ARGS__)
+
 /* Feed f(t) every STEP for [from, to) seconds; the rate after each sample
  * goes to the callback when there is one. */
 typedef double (*level_fn)(double t);
@@ -81,7 +85,7 @@ Test(rate, steady_ramp_within_window)
 {
 	struct mts_rate r = {0};
 	feed(&r, ramp, 0, 20, WIN10, NULL, NULL);
-	cr_assert_float_eq(mts_rate_get(&r, WIN10), 0, 1, "flat before");
+	assert_near(mts_rate_get(&r, WIN10), 0, 1, "flat before");
 	double got = feed(&r, ramp, 20, 30.05, WIN10, NULL, NULL);
 	cr_assert(got > 0.9 * 40 * MIB && got < 1.02 * 40 * MIB,
 	          "after one window: %.1f MiB/s, want 40", got / MIB);
@@ -141,15 +145,17 @@ Test(rate, decay_cache)
 {
 	struct mts_decay_cache c = {0};
 	double a = mts_rate_decay(&c, STEP, WIN10);
-	cr_assert_float_eq(a, exp(-0.05), 1e-12);
-	cr_assert_float_eq(mts_rate_decay(&c, STEP, WIN10), a, 0);
-	cr_assert_float_eq(mts_rate_decay(&c, 2 * STEP, WIN10), exp(-0.1),
-	                   1e-12);
+	assert_near(a, exp(-0.05), 1e-12, "off by more than allowed");
+	assert_near(mts_rate_decay(&c, STEP, WIN10), a, 0,
+	            "off by more than allowed");
+	assert_near(mts_rate_decay(&c, 2 * STEP, WIN10), exp(-0.1), 1e-12, "%s",
+	            "near");
 }
 
 Test(forecast, seconds_to_limit)
 {
-	cr_assert_float_eq(mts_forecast_s(10.0, 100, 1100), 100.0, 1e-9);
+	assert_near(mts_forecast_s(10.0, 100, 1100), 100.0, 1e-9,
+	            "off by more than allowed");
 	cr_assert_eq(mts_forecast_s(10.0, 100, 0), 0, "no limit");
 	cr_assert_eq(mts_forecast_s(0.0, 100, 1000), 0, "flat");
 	cr_assert_eq(mts_forecast_s(-5.0, 100, 1000), 0, "shrinking");
