@@ -89,7 +89,7 @@ extern "C" {
 #define MEMTALLY_VERSION_MAJOR 0
 #define MEMTALLY_VERSION_MINOR 1
 #define MEMTALLY_VERSION_PATCH 0
-#define MEMTALLY_VERSION_STRING "0.1.0"
+#define MEMTALLY_VERSION_STRING "0.2.0"
 
 #define MEMTALLY_DEFAULT_SOCKET    "/run/memtally/memtally.sock"
 #define MEMTALLY_DEFAULT_THRESHOLD (64 * 1024)
@@ -188,7 +188,7 @@ MEMTALLY_EXTERN int memtally_on_over_limit(void (*cb)(void *arg), void *arg);
 /* True once the process is registered with a server. */
 MEMTALLY_EXTERN bool memtally_attached(void);
 
-/* "0.1.0" */
+/* "0.2.0" */
 MEMTALLY_EXTERN const char *memtally_version(void);
 
 /* A description of -errno or any memtally error code. */
