@@ -230,6 +230,28 @@ def check(cond, msg):
         raise AssertionError(msg)
 
 
+NOBODY, NOGROUP = 65534, 65534
+
+
+def config_file(text):
+    """A memtallyd config file holding `text`, in a fresh directory."""
+    d = tempfile.mkdtemp(prefix="mt-it-cfg-")
+    path = os.path.join(d, "memtallyd.conf")
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
+def open_to_nobody(s):
+    """Let nobody reach a server started with `[server] group = 65534`:
+    the harness's directory is 0700; the socket must be 0660, group
+    nogroup."""
+    os.chmod(s.dir, 0o755)
+    st = os.stat(s.socket)
+    check(st.st_gid == NOGROUP and st.st_mode & 0o777 == 0o660,
+          f"socket mode {st.st_mode & 0o777:o} group {st.st_gid}")
+
+
 def world_readable_copy(*paths):
     """Copies of `paths` in a fresh directory every user can read and run.
 

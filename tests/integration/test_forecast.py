@@ -16,22 +16,12 @@ known rates (mt_ramp, clock-driven):
 
 Short growth windows (3-4 s) keep the file under a minute of wall time; the
 rate code is the same at any window (tests/unit/test_server_rate.c)."""
-import os
-import tempfile
 import time
 
-from harness import (MIB, Server, Worker, check, deadline, run, wait_for,
-                     worker)
+from harness import MIB, Server, Worker, check, run, wait_for, worker
+from harness import config_file as config
 from test_limits import Watcher
 from test_metrics import get, metrics_url, parse, promtool, value
-
-
-def config(text):
-    d = tempfile.mkdtemp(prefix="mt-it-cfg-")
-    path = os.path.join(d, "memtallyd.conf")
-    with open(path, "w") as f:
-        f.write(text)
-    return path
 
 
 def ramp_worker(s, mib, group):

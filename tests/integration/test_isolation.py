@@ -28,8 +28,10 @@ import sys
 import tempfile
 import time
 
-from harness import (MIB, MULT, PRELOAD, Server, Skip, Worker, check, run,
-                     wait_for, world_readable_copy)
+from harness import (MIB, MULT, NOBODY, NOGROUP, PRELOAD, Server, Skip,
+                     Worker, check, open_to_nobody, run, wait_for,
+                     world_readable_copy)
+from harness import config_file as config
 from harness import worker as built_worker
 
 # Workers run as nobody too: they and the preload come from copies every
@@ -47,7 +49,6 @@ def wenv(s, group):
     e["LD_PRELOAD"] = PUB_PRELOAD
     return e
 
-NOBODY, NOGROUP = 65534, 65534
 ROOT = (0, 0)
 USER = (NOBODY, NOGROUP)
 
@@ -141,19 +142,6 @@ for i in range(200):
 print("alive", flush=True)
 sys.stdin.readline()
 '''
-
-
-def config(text):
-    d = tempfile.mkdtemp(prefix="mt-iso-")
-    path = os.path.join(d, "memtallyd.conf")
-    with open(path, "w") as f:
-        f.write(text)
-    return path
-
-
-def open_to_nobody(s):
-    """The harness's directory is 0700; the socket is 0660, group nogroup."""
-    os.chmod(s.dir, 0o755)
 
 
 def start(user, env, argv):

@@ -33,11 +33,12 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from harness import (MEMTALLYD, MIB, MULT, Server, Skip, check, run,  # noqa: E402
-                     wait_for, world_readable_copy)
+from harness import (MEMTALLYD, MIB, MULT, NOBODY, NOGROUP,  # noqa: E402
+                     Server, Skip, check, open_to_nobody, run, wait_for,
+                     world_readable_copy)
+from harness import config_file as config  # noqa: E402
 import pbwire as pb  # noqa: E402
 
-NOBODY, NOGROUP = 65534, 65534
 T = 10 * MULT  # per-response deadline
 
 # A process that speaks the raw protocol on memtallyd's socket, one command
@@ -154,22 +155,6 @@ class Peer:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
-
-
-def config(text):
-    d = tempfile.mkdtemp(prefix="mt-own-")
-    path = os.path.join(d, "memtallyd.conf")
-    with open(path, "w") as f:
-        f.write(text)
-    return path
-
-
-def open_to_nobody(s):
-    """The harness's directory is 0700; the socket is 0660, group nogroup."""
-    os.chmod(s.dir, 0o755)
-    st = os.stat(s.socket)
-    check(st.st_gid == NOGROUP and st.st_mode & 0o777 == 0o660,
-          f"socket mode {st.st_mode & 0o777:o} group {st.st_gid}")
 
 
 def fleet(s):
