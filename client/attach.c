@@ -79,7 +79,6 @@ struct mtc_attachment {
 	const struct mtshm_header *hdr;
 	struct mtshm_layout layout; /* private copy, validated */
 	struct mtshm_slot_id *slot;
-	uint32_t slot_index;
 	uint64_t slot_gen;
 };
 
@@ -543,7 +542,6 @@ static int attach(void)
 	}
 	struct mtc_attachment *na = &atts[mtc.natts++];
 	a.slot = s;
-	a.slot_index = rep.slot;
 	a.slot_gen = rep.slot_gen;
 	*na = a;
 	if (rep.threshold)

@@ -89,8 +89,7 @@ static int table_for(struct mts_registry *reg, uint32_t uid, uint32_t pid,
 	if (*out)
 		return 0;
 	char label[96];
-	snprintf(label, sizeof(label), "%s-slots:%016llx:%u", reg->label,
-	         (unsigned long long)reg->instance, uid);
+	mts_table_label(reg, uid, label, sizeof(label));
 	int fd = open_worker_table(pid, label);
 	if (fd < 0)
 		return fd;

@@ -522,6 +522,13 @@ void mts_tick(struct mts_registry *reg)
 
 /* ---- slot tables ------------------------------------------------------- */
 
+void mts_table_label(const struct mts_registry *reg, uint32_t uid, char *buf,
+                     size_t cap)
+{
+	snprintf(buf, cap, "%s-slots:%016llx:%u", reg->label,
+	         (unsigned long long)reg->instance, uid);
+}
+
 struct mts_table *mts_table_find(const struct mts_registry *reg, uint32_t uid)
 {
 	/* Few uids register on one machine: a scan is enough. */
@@ -570,8 +577,7 @@ static int table_get(struct mts_registry *reg, uint32_t uid,
 		return 0;
 	}
 	char label[96];
-	snprintf(label, sizeof(label), "%s-slots:%016llx:%u", reg->label,
-	         (unsigned long long)reg->instance, uid);
+	mts_table_label(reg, uid, label, sizeof(label));
 	struct mtshm_map map;
 	int err = mtshm_table_create(label, &reg->layout, &map);
 	if (err < 0)

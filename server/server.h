@@ -675,6 +675,11 @@ int mts_adopt(struct mts_registry *reg, uint32_t *kept, uint32_t *dropped);
 /* The table of `uid`, or NULL. */
 struct mts_table *mts_table_find(const struct mts_registry *reg, uint32_t uid);
 
+/* The memfd name of `uid`'s table, "LABEL-slots:INSTANCE:UID": made by
+ * the server that creates it, looked for by one that adopts it. */
+void mts_table_label(const struct mts_registry *reg, uint32_t uid, char *buf,
+                     size_t cap);
+
 /* Take over `map` (a table reopened from a worker, fd kept) as uid's
  * table. 0 or -ENOMEM (the caller still owns map). */
 int mts_table_adopt(struct mts_registry *reg, uint32_t uid,

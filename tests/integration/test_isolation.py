@@ -223,36 +223,26 @@ def test_scribbling_worker_harms_nobody():
 
 
 # Run as nobody beside a root worker: every way into root's figures fails.
+# The paths to try come from the root parent: nobody cannot even list them.
 PROBE = r'''
 import json, os, sys
-pid, server = int(sys.argv[1]), int(sys.argv[2])
+pid = int(sys.argv[1])
+targets = json.loads(sys.argv[2])
 res = {}
 def tried(what, fn):
     try:
         fn()
-        res[what] = True
-    except OSError as e:
-        res[what] = False
-maps = []
-try:
-    maps = [l.split()[0] for l in open("/proc/%d/maps" % pid)
-            if "-slots:" in l]
-except OSError:
-    pass
-res["maps_readable"] = bool(maps)
-for rng in maps or ["0-0"]:
-    tried("map_files", lambda: os.open("/proc/%d/map_files/%s" % (pid, rng),
-                                       os.O_RDWR))
+        ok = True
+    except OSError:
+        ok = False
+    res[what] = res.get(what, False) or ok
+for path in targets["map_files"]:
+    tried("map_files", lambda: os.open(path, os.O_RDWR))
+    tried("map_files", lambda: os.open(path, os.O_RDONLY))
 tried("mem", lambda: open("/proc/%d/mem" % pid, "r+b"))
-fds = []
-try:
-    fds = os.listdir("/proc/%d/fd" % server)
-except OSError:
-    pass
-res["server_fds_listed"] = bool(fds)
-for fd in fds:
-    tried("server_fd", lambda: os.open("/proc/%d/fd/%s" % (server, fd),
-                                       os.O_RDWR))
+for path in targets["server_fds"]:
+    tried("server_fd", lambda: os.open(path, os.O_RDWR))
+    tried("server_fd", lambda: os.open(path, os.O_RDONLY))
 tried("dev_shm", lambda: [os.open("/dev/shm/" + n, os.O_RDWR)
                           for n in os.listdir("/dev/shm") if "memtally" in n
                           or n.startswith("mt-")] or (_ for _ in ()).throw(
@@ -277,8 +267,23 @@ def test_another_uid_cannot_reach_roots_figures():
                 os.setgroups([])
                 os.setgid(NOGROUP)
                 os.setuid(NOBODY)
+            # What nobody will try: the worker's table mapping and every
+            # descriptor memtallyd holds (its header and tables among
+            # them). Root can list them; the test makes sure there is
+            # something real to try, so the refusals below mean something.
+            tables = [ln.split()[0] for ln in open(f"/proc/{w.pid}/maps")
+                      if "-slots:" in ln]
+            check(tables, "the root worker maps no slot table")
+            fd_dir = f"/proc/{s.proc.pid}/fd"
+            server_fds = [os.path.join(fd_dir, f) for f in os.listdir(fd_dir)
+                          if "memfd:" in os.readlink(os.path.join(fd_dir, f))]
+            check(len(server_fds) >= 2,
+                  f"memtallyd holds {len(server_fds)} memfds, want >= 2")
+            targets = {"map_files": [f"/proc/{w.pid}/map_files/{r}"
+                                     for r in tables],
+                       "server_fds": server_fds}
             out = subprocess.run(
-                [sys.executable, "-c", PROBE, str(w.pid), str(s.proc.pid)],
+                [sys.executable, "-c", PROBE, str(w.pid), json.dumps(targets)],
                 capture_output=True, text=True, timeout=60 * MULT,
                 preexec_fn=pre)
             check(out.returncode == 0, f"probe failed: {out.stderr}")
