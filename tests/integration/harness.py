@@ -12,11 +12,29 @@ import sys
 import tempfile
 import time
 
+
+
+def _build_default(var, rel):
+    """Where ctest would point `var`: run outside ctest, a test finds the
+    binaries in MEMTALLY_BUILD (default: the source tree's build/)."""
+    if var in os.environ:
+        return os.environ[var]
+    here = os.path.dirname(os.path.abspath(__file__))
+    build = os.environ.get("MEMTALLY_BUILD",
+                           os.path.join(here, "..", "..", "build"))
+    path = os.path.normpath(os.path.join(build, rel))
+    os.environ[var] = path  # for the test's own children
+    return path
+
+
 MULT = float(os.environ.get("MEMTALLY_TEST_TIMEOUT_MULT", "1"))
-MEMTALLYD = os.environ["MEMTALLYD"]
-CLI = os.environ["MEMTALLY_CLI"]
-PRELOAD = os.environ["MEMTALLY_PRELOAD_LIB"]
-WORKERS = os.environ["MT_WORKERS"]
+MEMTALLYD = _build_default("MEMTALLYD", "server/memtallyd")
+CLI = _build_default("MEMTALLY_CLI", "client/memtally")
+PRELOAD = _build_default("MEMTALLY_PRELOAD_LIB", "client/libmemtally_preload.so")
+WORKERS = _build_default("MT_WORKERS", "tests/integration")
+_build_default("MEMTALLY_PB2_DIR", "examples/python")
+_build_default("MEMTALLY_EXAMPLES", os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples"))
 MIB = 1 << 20
 KIB = 1 << 10
 
@@ -275,10 +293,30 @@ class Skip(Exception):
     says which."""
 
 
+def _select(tests, argv):
+    """The tests named on the command line (all when none is named), so one
+    test can be run alone: `python3 test_x.py test_name`. `--list` prints
+    the names. An unknown name is an error, not an empty pass."""
+    names = [t.__name__ for t in tests]
+    if "--list" in argv:
+        print("\n".join(names))
+        sys.exit(0)
+    if not argv:
+        return tests
+    unknown = [a for a in argv if a not in names]
+    if unknown:
+        print(f"unknown test(s): {' '.join(unknown)}; this file has: "
+              f"{' '.join(names)}", file=sys.stderr)
+        sys.exit(2)
+    return [t for t in tests if t.__name__ in argv]
+
+
 def run(tests):
-    """Run test functions; print a closing 'N passed, N failed' line (and
-    ', N skipped'). Exit 1 if any failed, else 77 (ctest: skipped) if any
-    was skipped: a skipped check is never reported as passed."""
+    """Run test functions (or those named in sys.argv); print a closing
+    'N passed, N failed' line (and ', N skipped'). Exit 1 if any failed,
+    else 77 (ctest: skipped) if any was skipped: a skipped check is never
+    reported as passed."""
+    tests = _select(tests, sys.argv[1:])
     passed = failed = skipped = 0
     for t in tests:
         t0 = time.monotonic()
