@@ -120,7 +120,12 @@ static struct {
 	int debug;
 	uint64_t image_id;
 	char sock[sizeof(((struct sockaddr_un *)0)->sun_path)];
-	char group[64];
+	/* The group the next registration carries, NUL-padded, as words
+	 * under group_seq: the same seqlock as cb_seq, because
+	 * memtally_set_group() may run on any thread while another thread
+	 * registers (see group_load / group_store). */
+	uint32_t group_seq;
+	uint64_t group_w[MTC_GROUP_MAX / 8];
 	char task[64];
 	pid_t pid;
 } mtc = {.once = PTHREAD_ONCE_INIT,
@@ -197,10 +202,61 @@ static void on_fork_child(void)
 		mtc.cb_arg = 0;
 		mtc.cb_seq++;
 	}
+	/* Likewise a memtally_set_group() cut short: the child keeps no
+	 * group rather than a torn one. */
+	if (mtc.group_seq & 1) {
+		memset(mtc.group_w, 0, sizeof(mtc.group_w));
+		mtc.group_seq++;
+	}
 	mtc.next_try_ns = 0;
 	mtc.backoff_ns = MTC_BACKOFF_MIN_NS;
 	mtc.pid = getpid();
 	mtc_front_force_slow();
+}
+
+/* Writers of the group exclude one another by making the sequence odd;
+ * `only_if_empty` (init's MEMTALLY_GROUP) leaves a group already set by
+ * memtally_set_group() in place. */
+static void group_store(const char *g, bool only_if_empty)
+{
+	uint64_t w[MTC_GROUP_MAX / 8] = {0};
+	memcpy(w, g, strlen(g)); /* callers checked the length */
+	uint32_t seq;
+	for (;;) {
+		seq = __atomic_load_n(&mtc.group_seq, __ATOMIC_RELAXED);
+		if (!(seq & 1) &&
+		    __atomic_compare_exchange_n(&mtc.group_seq, &seq, seq + 1,
+						0, __ATOMIC_ACQUIRE,
+						__ATOMIC_RELAXED))
+			break;
+		sched_yield();
+	}
+	bool keep = only_if_empty &&
+		    __atomic_load_n(&mtc.group_w[0], __ATOMIC_RELAXED) != 0;
+	for (size_t i = 0; !keep && i < MTC_GROUP_MAX / 8; i++)
+		__atomic_store_n(&mtc.group_w[i], w[i], __ATOMIC_RELEASE);
+	__atomic_store_n(&mtc.group_seq, seq + 2, __ATOMIC_RELEASE);
+}
+
+bool mtc_group_copy(char out[MTC_GROUP_MAX])
+{
+	uint64_t w[MTC_GROUP_MAX / 8];
+	for (int tries = 0; tries < 1000; tries++) {
+		uint32_t s1 = __atomic_load_n(&mtc.group_seq, __ATOMIC_ACQUIRE);
+		if (s1 & 1) {
+			sched_yield();
+			continue;
+		}
+		for (size_t i = 0; i < MTC_GROUP_MAX / 8; i++)
+			w[i] = __atomic_load_n(&mtc.group_w[i],
+					       __ATOMIC_ACQUIRE);
+		if (__atomic_load_n(&mtc.group_seq, __ATOMIC_RELAXED) == s1) {
+			memcpy(out, w, MTC_GROUP_MAX);
+			out[MTC_GROUP_MAX - 1] = 0;
+			return true;
+		}
+	}
+	return false;
 }
 
 static void copy_env(char *dst, size_t cap, const char *name, const char *def)
@@ -230,8 +286,9 @@ static void init_once(void)
 	} else {
 		strcpy(mtc.sock, sock);
 	}
-	if (mtc.group[0] == 0)
-		copy_env(mtc.group, sizeof(mtc.group), "MEMTALLY_GROUP", "");
+	char group[MTC_GROUP_MAX];
+	copy_env(group, sizeof(group), "MEMTALLY_GROUP", "");
+	group_store(group, true);
 	copy_env(mtc.task, sizeof(mtc.task), "MEMTALLY_TASK", "");
 	if (getrandom(&mtc.image_id, sizeof(mtc.image_id), GRND_NONBLOCK) !=
 	    sizeof(mtc.image_id))
@@ -240,7 +297,9 @@ static void init_once(void)
 	mtc.backoff_ns = MTC_BACKOFF_MIN_NS;
 	mtc.pid = getpid();
 	pthread_atfork(NULL, NULL, on_fork_child);
-	mtc_debug("init: socket=%s group=%s%s", mtc.sock, mtc.group,
+	if (!mtc_group_copy(group))
+		group[0] = 0;
+	mtc_debug("init: socket=%s group=%s%s", mtc.sock, group,
 		  mtc.disabled ? " (disabled)" : "");
 }
 
@@ -350,6 +409,9 @@ static ssize_t recv_fds(int fd, void *buf, size_t len, struct reg_reply *out)
 static int do_register(struct reg_reply *out)
 {
 	out->fds[0] = out->fds[1] = -1;
+	char group[MTC_GROUP_MAX];
+	if (!mtc_group_copy(group))
+		return -EAGAIN; /* being changed right now: try later */
 	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 	if (fd < 0)
 		return -errno;
@@ -365,7 +427,7 @@ static int do_register(struct reg_reply *out)
 	}
 
 	Memtally__V1__Register reg = MEMTALLY__V1__REGISTER__INIT;
-	reg.group = mtc.group;
+	reg.group = group;
 	reg.task = mtc.task;
 	reg.image_id = mtc.image_id;
 	reg.layout_major = MTSHM_VERSION_MAJOR;
@@ -855,11 +917,11 @@ int64_t memtally_process_bytes(void)
 
 int memtally_set_group(const char *group)
 {
-	if (!group || strlen(group) >= sizeof(mtc.group))
+	if (!group || strlen(group) >= MTC_GROUP_MAX)
 		return -EINVAL;
 	/* Before init, this wins over MEMTALLY_GROUP; after, it applies at
 	 * the next registration. */
-	strcpy(mtc.group, group);
+	group_store(group, false);
 	return 0;
 }
 

@@ -82,6 +82,14 @@ int mtc_front_flush(void);
 int64_t mtc_front_drift(void);
 void mtc_front_force_slow(void);
 
+/* Longest group name + 1, as the server accepts it. */
+#define MTC_GROUP_MAX 64
+
+/* A consistent copy of the group the next registration carries (set by
+ * MEMTALLY_GROUP or memtally_set_group(), possibly concurrently). False
+ * only if writers kept it busy through every retry. */
+bool mtc_group_copy(char out[MTC_GROUP_MAX]);
+
 /* Diagnostics on stderr when MEMTALLY_DEBUG=1. Never allocates. */
 void mtc_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 

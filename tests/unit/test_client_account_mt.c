@@ -7,6 +7,8 @@
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
+#include <string.h>
 #include <stdlib.h>
 
 #include <signal.h>
@@ -18,6 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "client_internal.h"
 #include "memtally.h"
 #include "memtally_query.h"
 
@@ -196,4 +199,70 @@ Test(client_account, many_threads_exact_through_the_server,
 		     (long long)want);
 	cr_assert_leq(threads, 1, "live threads %u: lanes not released",
 		      threads);
+}
+
+/* ---- memtally_set_group() ---------------------------------------------- */
+
+static const char *const group_names[] = {
+	"a",
+	"analytics-batch-nightly-0123456789-abcdefghijklmnopqrstuvwxyz",
+	"web",
+};
+
+static atomic_int group_stop;
+
+static void *group_writer(void *arg)
+{
+	unsigned i = (unsigned)(uintptr_t)arg;
+	while (!atomic_load(&group_stop))
+		memtally_set_group(group_names[i++ % 3]);
+	return NULL;
+}
+
+Test(client_group, concurrent_set_group_is_never_torn, .init = setup,
+     .timeout = 60)
+{
+	/* Two threads change the group while a third copies it as a
+	 * registration would: each copy is one whole name, never a mix of
+	 * two (the names share no suffix, so a torn copy differs from all). */
+	pthread_t w[2];
+	for (unsigned i = 0; i < 2; i++)
+		pthread_create(&w[i], NULL, group_writer, (void *)(uintptr_t)i);
+	unsigned seen[3] = {0}, copies = 0;
+	for (int n = 0; n < 200000; n++) {
+		char g[MTC_GROUP_MAX];
+		if (!mtc_group_copy(g))
+			continue;
+		copies++;
+		bool whole = false;
+		for (int k = 0; k < 3; k++)
+			if (strcmp(g, group_names[k]) == 0)
+				seen[k]++, whole = true;
+		cr_assert(whole || g[0] == 0, "torn group copy \"%s\"", g);
+	}
+	atomic_store(&group_stop, 1);
+	for (int i = 0; i < 2; i++)
+		pthread_join(w[i], NULL);
+	cr_assert_gt(copies, 100000, "only %u copies succeeded", copies);
+	cr_assert_eq(memtally_set_group(
+			     "x123456789x123456789x123456789x123456789x123456789"
+			     "x123456789x12345"),
+		     -EINVAL, "a 65-byte name must be refused");
+}
+
+Test(client_group, set_group_wins_over_the_environment, .init = start_server,
+     .fini = stop_server, .timeout = 60)
+{
+	setenv("MEMTALLY_GROUP", "from-env", 1);
+	cr_assert_eq(memtally_set_group("analytics"), 0);
+	memtally_account(1 << 20);
+	cr_assert_eq(memtally_flush(), 0, "not attached");
+	memtally_query *q;
+	cr_assert_eq(memtally_query_open(&q, sock_path, 5000), 0);
+	struct memtally_process *p = NULL;
+	cr_assert_eq(memtally_query_process(q, (uint32_t)getpid(), &p), 0);
+	cr_assert_str_eq(p->group, "analytics");
+	memtally_process_free(p);
+	memtally_query_close(q);
+	memtally_account(-(1 << 20));
 }
