@@ -49,6 +49,8 @@ void memtally_buf_init(memtally_buf *b, unsigned flags)
 	b->len = 0;
 	b->cap = 0;
 	b->flags = flags;
+	b->reserved32 = 0;
+	b->reserved[0] = b->reserved[1] = 0;
 }
 
 /* The capacity to grow to so that `need` bytes fit. */
@@ -69,7 +71,8 @@ static size_t buf_next_cap(const memtally_buf *b, size_t need)
 	return grown;
 }
 
-int memtally__buf_grow(memtally_buf *b, size_t extra)
+/* Slow path of reserve and append. */
+static int buf_grow(memtally_buf *b, size_t extra)
 {
 	/* No object may exceed PTRDIFF_MAX bytes; refuse such a request here
 	 * rather than ask the allocator (sanitizers abort on it). */
@@ -94,13 +97,13 @@ int memtally_buf_reserve(memtally_buf *b, size_t extra)
 {
 	if (b->cap - b->len >= extra)
 		return 0;
-	return memtally__buf_grow(b, extra);
+	return buf_grow(b, extra);
 }
 
 int memtally_buf_append(memtally_buf *b, const void *src, size_t n)
 {
 	if (b->cap - b->len < n) {
-		int rc = memtally__buf_grow(b, n);
+		int rc = buf_grow(b, n);
 		if (rc)
 			return rc;
 	}

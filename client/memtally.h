@@ -80,26 +80,19 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "memtally_errors.h"
+#include "memtally_version.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 #define MEMTALLY_EXTERN __attribute__((visibility("default")))
 
-#define MEMTALLY_VERSION_MAJOR 0
-#define MEMTALLY_VERSION_MINOR 1
-#define MEMTALLY_VERSION_PATCH 0
-#define MEMTALLY_VERSION_STRING "0.2.0"
 
 #define MEMTALLY_DEFAULT_SOCKET    "/run/memtally/memtally.sock"
 #define MEMTALLY_DEFAULT_THRESHOLD (64 * 1024)
 
-/* Our own error codes sit in a reserved range below -errno's; shm and frame
- * codes (-3001.., -3101..) are named by memtally_strerror() too. */
-#define MEMTALLY_ENOTATTACHED (-4001) /* no server reached (yet) */
-#define MEMTALLY_EDISABLED    (-4002) /* MEMTALLY_DISABLE=1 */
-#define MEMTALLY_EPROTO       (-4003) /* the server answered nonsense */
-#define MEMTALLY_ESERVER      (-4004) /* the server answered an error */
 
 /*
  * Hot-path state of one thread. `biased` is the thread's drift plus
@@ -226,6 +219,8 @@ typedef struct memtally_buf {
 	size_t len;    /* bytes written */
 	size_t cap;    /* bytes allocated and accounted */
 	unsigned flags;
+	unsigned reserved32;  /* room to grow without an ABI break: */
+	uintptr_t reserved[2]; /* memtally_buf_init() zeroes them */
 } memtally_buf;
 
 /* An empty buffer; allocates nothing. `flags`: MEMTALLY_BUF_GROW_1_5X,
@@ -259,9 +254,6 @@ MEMTALLY_EXTERN void memtally_buf_free_data(void *data, size_t len);
 /* Free the buffer's memory and leave it empty (reusable). NULL is
  * ignored. */
 MEMTALLY_EXTERN void memtally_buf_free(memtally_buf *b);
-
-/* Slow path of reserve and append; internal. */
-MEMTALLY_EXTERN int memtally__buf_grow(memtally_buf *b, size_t extra);
 
 /*
  * A thread-confined arena: bump allocation from chunks of `chunk_size`

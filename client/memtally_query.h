@@ -67,16 +67,6 @@
 extern "C" {
 #endif
 
-/*
- * The server's error answers, beyond MEMTALLY_ESERVER (-4004, any other
- * error answer). memtally_query_last_error() holds the server's message.
- */
-#define MEMTALLY_ENOTFOUND    (-4005) /* no such pid, group or reservation */
-#define MEMTALLY_EPERM        (-4006) /* the request needs an authorised peer */
-#define MEMTALLY_ENOSLOTS     (-4007) /* the server has no free slot */
-#define MEMTALLY_EUNSUPPORTED (-4008) /* the server does not implement it */
-#define MEMTALLY_EBADREQUEST  (-4009) /* the server rejected the request */
-
 /* Timeout of each call when memtally_query_open() is given 0. */
 #define MEMTALLY_QUERY_DEFAULT_TIMEOUT_MS 5000
 
@@ -268,13 +258,21 @@ MEMTALLY_EXTERN void memtally_processes_free(struct memtally_process *array);
 
 /* ---- admission ------------------------------------------------------ */
 
-/* What a task asks for. Strings are only read during the call. */
+/*
+ * What a task asks for. Strings are only read during the call. The caller
+ * allocates it, so it carries room to grow: `reserved` must be zero
+ * (initialise the struct with `= {...}` or memset), or the call returns
+ * -EINVAL; a later release gives those words a meaning whose zero is
+ * today's behaviour.
+ */
 struct memtally_admit_req {
 	uint64_t bytes;       /* > 0 */
 	const char *group;    /* NULL or "": the default group */
 	const char *task;     /* NULL or "": none; else the MEMTALLY_TASK its
 	                       * workers will register with */
 	uint32_t ttl_seconds; /* 0: the server's default */
+	uint32_t reserved32;  /* zero */
+	uint64_t reserved[4]; /* zero */
 };
 
 /*

@@ -1058,8 +1058,12 @@ int memtally_query_admit(memtally_query *q,
 	if (!out)
 		return -EINVAL;
 	*out = NULL;
-	if (!q || !req || req->bytes == 0)
+	if (!q || !req || req->bytes == 0 || req->reserved32)
 		return -EINVAL;
+	for (size_t i = 0; i < sizeof(req->reserved) / sizeof(req->reserved[0]);
+	     i++)
+		if (req->reserved[i])
+			return -EINVAL;
 	Memtally__V1__Admit ad = MEMTALLY__V1__ADMIT__INIT;
 	ad.bytes = req->bytes;
 	/* protobuf-c only reads the strings. */

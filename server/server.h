@@ -39,7 +39,7 @@
 #include "mtframe.h"
 #include "mtshm.h"
 
-#define MTS_VERSION "0.2.0"
+#define MTS_VERSION MEMTALLY_VERSION_STRING
 
 #define MTS_DEFAULT_SOCKET    "/run/memtally/memtally.sock"
 #define MTS_DEFAULT_SEGMENT   "memtally"

@@ -918,6 +918,12 @@ Test(admit, granted_and_denied_copy_every_field)
 	cr_expect_null(a);
 	rq.bytes = 0;
 	cr_expect_eq(memtally_query_admit(q, &rq, &a), -EINVAL);
+	/* Words reserved for later fields must be zero: an old library
+	 * refuses a request that means more than it knows. */
+	rq = (struct memtally_admit_req){.bytes = 10, .reserved = {0, 0, 1}};
+	cr_expect_eq(memtally_query_admit(q, &rq, &a), -EINVAL);
+	rq = (struct memtally_admit_req){.bytes = 10, .reserved32 = 1};
+	cr_expect_eq(memtally_query_admit(q, &rq, &a), -EINVAL);
 	memtally_admit_result_free(NULL);
 	memtally_query_close(q);
 	fake_stop(&f);
