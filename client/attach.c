@@ -55,6 +55,7 @@
 
 #include "memtally.pb-c.h"
 #include "memtally_query.h"
+#include "mtcommon.h"
 #include "mtframe.h"
 
 #define MTC_CONNECT_TIMEOUT_MS 500
@@ -129,14 +130,8 @@ static struct {
 	char task[64];
 	pid_t pid;
 } mtc = {.once = PTHREAD_ONCE_INIT,
-	 .threshold = MEMTALLY_DEFAULT_THRESHOLD};
+	 .threshold = MT_DEFAULT_THRESHOLD};
 
-static uint64_t mono_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 void mtc_debug(const char *fmt, ...)
 {
@@ -279,7 +274,7 @@ static void init_once(void)
 	mtc.disabled = d && d[0] == '1';
 	const char *sock = getenv("MEMTALLY_SOCKET");
 	if (!sock || !*sock)
-		sock = MEMTALLY_DEFAULT_SOCKET;
+		sock = MT_DEFAULT_SOCKET;
 	if (strlen(sock) >= sizeof(mtc.sock)) {
 		mtc_debug("MEMTALLY_SOCKET too long; not attaching");
 		mtc.disabled = 1;
@@ -292,7 +287,7 @@ static void init_once(void)
 	copy_env(mtc.task, sizeof(mtc.task), "MEMTALLY_TASK", "");
 	if (getrandom(&mtc.image_id, sizeof(mtc.image_id), GRND_NONBLOCK) !=
 	    sizeof(mtc.image_id))
-		mtc.image_id = mono_ns() ^ ((uint64_t)getpid() << 40) ^
+		mtc.image_id = mt_mono_ns() ^ ((uint64_t)getpid() << 40) ^
 			       (uint64_t)(uintptr_t)&mtc;
 	mtc.backoff_ns = MTC_BACKOFF_MIN_NS;
 	mtc.pid = getpid();
@@ -338,20 +333,6 @@ static void arena_free(void *data, void *p)
 	(void)p;
 }
 
-static int wait_fd(int fd, short ev, uint64_t deadline)
-{
-	for (;;) {
-		uint64_t now = mono_ns();
-		if (now >= deadline)
-			return -ETIMEDOUT;
-		struct pollfd p = {.fd = fd, .events = ev};
-		int r = poll(&p, 1, (int)((deadline - now) / 1000000u) + 1);
-		if (r > 0)
-			return 0;
-		if (r < 0 && errno != EINTR)
-			return -errno;
-	}
-}
 
 struct reg_reply {
 	int fds[2]; /* header, slot table; -1 = not received */
@@ -417,7 +398,7 @@ static int do_register(struct reg_reply *out)
 		return -errno;
 	struct sockaddr_un sa = {.sun_family = AF_UNIX};
 	memcpy(sa.sun_path, mtc.sock, strlen(mtc.sock) + 1);
-	uint64_t deadline = mono_ns() + MTC_CONNECT_TIMEOUT_MS * 1000000ull;
+	uint64_t deadline = mt_mono_ns() + MTC_CONNECT_TIMEOUT_MS * 1000000ull;
 	int err = 0;
 	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
 		/* A Unix socket connect completes or fails at once, except
@@ -449,7 +430,7 @@ static int do_register(struct reg_reply *out)
 		if (w > 0) {
 			sent += (size_t)w;
 		} else if (w < 0 && (errno == EAGAIN || errno == EINTR)) {
-			if ((err = wait_fd(fd, POLLOUT, deadline)))
+			if ((err = mt_wait_fd(fd, POLLOUT, deadline)))
 				goto out_close;
 		} else {
 			err = -errno;
@@ -478,7 +459,7 @@ static int do_register(struct reg_reply *out)
 			err = -ECONNRESET;
 			goto out_close;
 		} else if (errno == EAGAIN || errno == EINTR) {
-			if ((err = wait_fd(fd, POLLIN, deadline)))
+			if ((err = mt_wait_fd(fd, POLLIN, deadline)))
 				goto out_close;
 		} else {
 			err = -errno;
@@ -640,7 +621,7 @@ static void maybe_attach(int force)
 {
 	if (mtc.disabled)
 		return;
-	uint64_t now = mono_ns();
+	uint64_t now = mt_mono_ns();
 	if (!force && now < mt_load_relaxed64(&mtc.next_try_ns))
 		return;
 	uint32_t zero = 0;
@@ -704,7 +685,7 @@ static void release(struct mtc_thread *th)
 static void verify(const struct mtshm_header *h)
 {
 	uint64_t hb = mt_load_relaxed64(&h->fleet.heartbeat_ns);
-	uint64_t now = mono_ns();
+	uint64_t now = mt_mono_ns();
 	if (now > hb + MTC_STALE_NS &&
 	    now >= mt_load_relaxed64(&mtc.next_try_ns)) {
 		mtc_debug("server heartbeat stale; re-registering");

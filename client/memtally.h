@@ -90,6 +90,7 @@ extern "C" {
 #define MEMTALLY_EXTERN __attribute__((visibility("default")))
 
 
+/* memtallyd's defaults too (a unit test holds the two sides together). */
 #define MEMTALLY_DEFAULT_SOCKET    "/run/memtally/memtally.sock"
 #define MEMTALLY_DEFAULT_THRESHOLD (64 * 1024)
 

@@ -55,6 +55,7 @@
 
 #include "memtally.pb-c.h"
 #include "memtally_query.h"
+#include "mtcommon.h"
 #include "mtframe.h"
 
 /*
@@ -87,20 +88,17 @@ struct memtally_query {
 const char *memtally_query_default_socket(void)
 {
 	const char *env = getenv("MEMTALLY_SOCKET");
-	return env && env[0] ? env : MEMTALLY_DEFAULT_SOCKET;
+	return env && env[0] ? env : MT_DEFAULT_SOCKET;
 }
 
 const char *memtally_state_name(enum memtally_state s)
 {
-	switch (s) {
-	case MEMTALLY_STATE_OK:
-		return "ok";
-	case MEMTALLY_STATE_HIGH:
-		return "high";
-	case MEMTALLY_STATE_OVER:
-		return "over";
-	}
-	return "unknown";
+	return mt_state_name((unsigned)s);
+}
+
+int memtally_parse_size(const char *s, uint64_t *out)
+{
+	return mt_parse_size(s, out);
 }
 
 const char *memtally_query_last_error(const memtally_query *q)
@@ -146,23 +144,13 @@ static int remaining_ms(int64_t deadline)
 	return left > 1000000 ? 1000000 : (int)left;
 }
 
-/* Wait until `fd` is ready for `events` or the deadline passes. Errors and
- * hang-ups count as ready: the following send/recv reports them. */
+/* Wait for `events` on `fd` until the deadline (now_ms() time; -1:
+ * none). */
 static int wait_fd(int fd, short events, int64_t deadline)
 {
-	for (;;) {
-		struct pollfd p = {.fd = fd, .events = events};
-		int left = remaining_ms(deadline);
-		if (left == 0)
-			return -ETIMEDOUT;
-		int n = poll(&p, 1, left);
-		if (n > 0)
-			return 0;
-		if (n == 0)
-			return -ETIMEDOUT;
-		if (errno != EINTR)
-			return -errno;
-	}
+	return mt_wait_fd(fd, events,
+	                  deadline < 0 ? UINT64_MAX
+	                               : (uint64_t)deadline * 1000000u);
 }
 
 /* ---- connection ---------------------------------------------------- */
@@ -239,36 +227,6 @@ fail_close_fd:
 	return err;
 }
 
-/*
- * Split "HOST:PORT" or "[V6ADDR]:PORT" into buffers of `cap` bytes.
- * -EINVAL when it is neither.
- */
-static int split_host_port(const char *s, char *host, char *port, size_t cap)
-{
-	const char *colon;
-	const char *h = s;
-	size_t hlen;
-	if (s[0] == '[') {
-		const char *close_br = strchr(s, ']');
-		if (!close_br || close_br[1] != ':')
-			return -EINVAL;
-		h = s + 1;
-		hlen = (size_t)(close_br - h);
-		colon = close_br + 1;
-	} else {
-		colon = strrchr(s, ':');
-		if (!colon)
-			return -EINVAL;
-		hlen = (size_t)(colon - s);
-	}
-	size_t plen = strlen(colon + 1);
-	if (!hlen || !plen || hlen >= cap || plen >= cap)
-		return -EINVAL;
-	memcpy(host, h, hlen);
-	host[hlen] = '\0';
-	memcpy(port, colon + 1, plen + 1);
-	return 0;
-}
 
 /* Connect one address within the deadline (a non-blocking connect). */
 static int tcp_connect_one(const struct addrinfo *ai, int64_t deadline,
@@ -315,9 +273,11 @@ fail_close_fd:
  */
 static int tcp_connect(memtally_query *q, int64_t deadline)
 {
-	char host[256], port[64];
-	if (split_host_port(q->path, host, port, sizeof(host)))
+	char host[256], port[8];
+	uint16_t port_n;
+	if (mt_split_hostport(q->path, host, sizeof(host), &port_n))
 		return -EINVAL;
+	snprintf(port, sizeof(port), "%u", port_n);
 	struct addrinfo hints = {.ai_socktype = SOCK_STREAM,
 	                         .ai_flags = AI_NUMERICSERV};
 	struct addrinfo *res;
@@ -384,8 +344,9 @@ int memtally_query_open_tcp(memtally_query **out, const char *host_port,
 	*out = NULL;
 	if (!host_port || !host_port[0])
 		return -EINVAL;
-	char host[256], port[64];
-	if (split_host_port(host_port, host, port, sizeof(host)))
+	char host[256];
+	uint16_t port;
+	if (mt_split_hostport(host_port, host, sizeof(host), &port))
 		return -EINVAL;
 	return query_open(out, host_port, true, timeout_ms);
 }

@@ -61,12 +61,6 @@
 #define SHARE_OTHERS 1u
 #define SHARE_OWNERS 2u /* first owner's entry */
 
-static uint64_t sat_add(uint64_t a, uint64_t b)
-{
-	uint64_t r;
-	return __builtin_add_overflow(a, b, &r) ? UINT64_MAX : r;
-}
-
 const char *mts_denial_name(enum mts_denial d)
 {
 	switch (d) {
@@ -247,7 +241,7 @@ static bool share_unref(struct mts_task *t, uint32_t uid)
 		return false;
 	struct mts_task_share *others = &t->shares[SHARE_OTHERS];
 	others->live += o->live;
-	others->measured = sat_add(others->measured, o->measured);
+	others->measured = mt_sat_add(others->measured, o->measured);
 	*o = t->shares[--t->nshares];
 	return true;
 }
@@ -795,9 +789,9 @@ void mts_resv_tick(struct mts_registry *reg, uint64_t now_ns)
 			uint64_t m = mts_measured(reg, p->bytes, p->rss);
 			struct mts_task_share *sh = share_of(reg, t, p);
 			sh->live++;
-			sh->measured = sat_add(sh->measured, m);
+			sh->measured = mt_sat_add(sh->measured, m);
 			t->live++;
-			t->measured = sat_add(t->measured, m);
+			t->measured = mt_sat_add(t->measured, m);
 		}
 		struct mts_task *next;
 		for (struct mts_task *t = reg->tasks_seen; t; t = next) {
@@ -829,10 +823,10 @@ static void why(struct mts_admit_out *out, const char *what, enum mts_measure m,
 	char a[32], b[32], c[32], d[32];
 	snprintf(out->why, sizeof(out->why),
 	         "%s: %s measured + %s reserved + %s requested > %s%s%s", what,
-	         mts_format_size(a, sizeof(a), measured),
-	         mts_format_size(b, sizeof(b), reserved),
-	         mts_format_size(c, sizeof(c), requested),
-	         mts_format_size(d, sizeof(d), limit),
+	         mt_format_size(a, sizeof(a), measured),
+	         mt_format_size(b, sizeof(b), reserved),
+	         mt_format_size(c, sizeof(c), requested),
+	         mt_format_size(d, sizeof(d), limit),
 	         m == MTS_MEASURE_ACCOUNTED ? "" : " (measure: ",
 	         m == MTS_MEASURE_ACCOUNTED ? ""
 	         : m == MTS_MEASURE_RSS     ? "rss)"
@@ -916,13 +910,13 @@ int mts_admit(struct mts_registry *reg, const struct mts_peer *peer,
 	out->growth = t->growth;
 	out->forecast_s = mts_fleet_forecast(reg);
 	if (t->limit &&
-	    sat_add(sat_add(fm, t->reserved), req->bytes) > t->limit) {
+	    mt_sat_add(mt_sat_add(fm, t->reserved), req->bytes) > t->limit) {
 		out->reason = MTS_DENY_FLEET_LIMIT;
 		why(out, "fleet limit", pol->measure, fm, t->reserved,
 		    req->bytes, t->limit);
 	} else if (g && g->limit) {
 		uint64_t gm = mts_measured(reg, g->bytes, g->rss);
-		if (sat_add(sat_add(gm, g->reserved), req->bytes) > g->limit) {
+		if (mt_sat_add(mt_sat_add(gm, g->reserved), req->bytes) > g->limit) {
 			char what[MTS_NAME_MAX + 16];
 			out->reason = MTS_DENY_GROUP_LIMIT;
 			snprintf(out->scope, sizeof(out->scope), "group:%s",

@@ -31,6 +31,7 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <ini.h>
+#include <netdb.h>
 #include <limits.h>
 #include <netinet/in.h>
 #include <pwd.h>
@@ -210,52 +211,66 @@ int mts_parse_signal(const char *s, int *sig)
 	return -EINVAL;
 }
 
-int mts_parse_hostport(const char *s, struct sockaddr_storage *ss,
-                       bool *loopback)
+static bool is_loopback(const struct sockaddr_storage *ss)
 {
-	char host[INET6_ADDRSTRLEN + 2];
-	const char *colon = strrchr(s, ':');
-	if (!colon || colon == s)
-		return -EINVAL;
-	size_t hlen = (size_t)(colon - s);
-	const char *port_s = colon + 1;
-	if (*port_s < '0' || *port_s > '9')
-		return -EINVAL;
-	char *end;
-	errno = 0;
-	unsigned long port = strtoul(port_s, &end, 10);
-	if (errno || *end || port > 65535)
-		return -EINVAL;
-
-	memset(ss, 0, sizeof(*ss));
-	if (s[0] == '[') {
-		/* [IPv6]:port */
-		if (hlen < 3 || s[hlen - 1] != ']' || hlen - 2 >= sizeof(host))
-			return -EINVAL;
-		memcpy(host, s + 1, hlen - 2);
-		host[hlen - 2] = '\0';
-		struct sockaddr_in6 *a = (struct sockaddr_in6 *)ss;
-		if (inet_pton(AF_INET6, host, &a->sin6_addr) != 1)
-			return -EINVAL;
-		a->sin6_family = AF_INET6;
-		a->sin6_port = htons((uint16_t)port);
-		*loopback = IN6_IS_ADDR_LOOPBACK(&a->sin6_addr) ||
-		            (IN6_IS_ADDR_V4MAPPED(&a->sin6_addr) &&
-		             a->sin6_addr.s6_addr[12] == 127);
-		return 0;
+	if (ss->ss_family == AF_INET6) {
+		const struct in6_addr *a =
+		    &((const struct sockaddr_in6 *)ss)->sin6_addr;
+		return IN6_IS_ADDR_LOOPBACK(a) ||
+		       (IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127);
 	}
-	if (hlen >= sizeof(host))
+	const struct sockaddr_in *a = (const struct sockaddr_in *)ss;
+	return (ntohl(a->sin_addr.s_addr) >> 24) == 127;
+}
+
+int mts_parse_hostport(const char *s, struct sockaddr_storage *ss,
+                       socklen_t *len, bool *loopback)
+{
+	char host[256];
+	uint16_t port;
+	if (mt_split_hostport(s, host, sizeof(host), &port) < 0)
 		return -EINVAL;
-	memcpy(host, s, hlen);
-	host[hlen] = '\0';
-	if (strcasecmp(host, "localhost") == 0)
-		strcpy(host, "127.0.0.1");
-	struct sockaddr_in *a = (struct sockaddr_in *)ss;
-	if (inet_pton(AF_INET, host, &a->sin_addr) != 1)
+	memset(ss, 0, sizeof(*ss));
+	struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)ss;
+	struct sockaddr_in *a4 = (struct sockaddr_in *)ss;
+	if (s[0] == '[') {
+		/* Brackets hold an IPv6 literal and nothing else. */
+		if (inet_pton(AF_INET6, host, &a6->sin6_addr) != 1)
+			return -EINVAL;
+		a6->sin6_family = AF_INET6;
+		a6->sin6_port = htons(port);
+		*len = sizeof(*a6);
+	} else if (inet_pton(AF_INET,
+	                     strcasecmp(host, "localhost") == 0 ? "127.0.0.1"
+	                                                         : host,
+	                     &a4->sin_addr) == 1) {
+		a4->sin_family = AF_INET;
+		a4->sin_port = htons(port);
+		*len = sizeof(*a4);
+	} else if (host[strspn(host, "0123456789.")] == '\0') {
+		/* "1.2.3" is a mistyped address, not a name (getaddrinfo
+		 * would read it as 1.2.0.3). */
 		return -EINVAL;
-	a->sin_family = AF_INET;
-	a->sin_port = htons((uint16_t)port);
-	*loopback = (ntohl(a->sin_addr.s_addr) >> 24) == 127;
+	} else {
+		struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *res;
+		if (getaddrinfo(host, NULL, &hints, &res) != 0)
+			return -EINVAL;
+		int err = -EINVAL;
+		if ((res->ai_family == AF_INET || res->ai_family == AF_INET6) &&
+		    res->ai_addrlen <= sizeof(*ss)) {
+			memcpy(ss, res->ai_addr, res->ai_addrlen);
+			*len = res->ai_addrlen;
+			if (res->ai_family == AF_INET6)
+				a6->sin6_port = htons(port);
+			else
+				a4->sin_port = htons(port);
+			err = 0;
+		}
+		freeaddrinfo(res);
+		if (err)
+			return err;
+	}
+	*loopback = is_loopback(ss);
 	return 0;
 }
 
@@ -516,11 +531,12 @@ static int server_key(struct load *l, const char *key, const char *v)
 			return 0;
 		}
 		struct sockaddr_storage ss;
+		socklen_t len;
 		bool lo;
-		if (mts_parse_hostport(v, &ss, &lo) < 0)
+		if (mts_parse_hostport(v, &ss, &len, &lo) < 0)
 			return fail(l, sec, key,
-			            "expected HOST:PORT (IPv4, [IPv6] or "
-			            "localhost), got '%s'",
+			            "expected HOST:PORT (IPv4, [IPv6], "
+			            "localhost or a name), got '%s'",
 			            v);
 		err = set_str(&l->s.owned[OWNED_TCP], v);
 	} else if (strcmp(key, "tcp_allow_remote") == 0) {
@@ -983,8 +999,9 @@ static int finish(struct load *l)
 	const char *tcp = l->s.owned[OWNED_TCP];
 	if (tcp) {
 		struct sockaddr_storage ss;
+		socklen_t len;
 		bool lo = false;
-		if (mts_parse_hostport(tcp, &ss, &lo) < 0)
+		if (mts_parse_hostport(tcp, &ss, &len, &lo) < 0)
 			return fail(l, "server", "tcp", "bad address '%s'",
 			            tcp);
 		if (!lo && !l->tcp_allow_remote)

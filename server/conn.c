@@ -1040,12 +1040,13 @@ int mts_listen(struct mts_server *srv)
 int mts_listen_tcp(struct mts_server *srv)
 {
 	struct sockaddr_storage ss;
+	socklen_t sslen;
 	bool loopback;
 	char q[MTS_LOGQ_MAX];
 	int err = conns_init(srv);
 	if (err < 0)
 		return err;
-	err = mts_parse_hostport(srv->cfg.tcp_addr, &ss, &loopback);
+	err = mts_parse_hostport(srv->cfg.tcp_addr, &ss, &sslen, &loopback);
 	if (err < 0)
 		return err;
 	err = uv_tcp_init(srv->loop, &srv->tcp_listener);

@@ -48,13 +48,6 @@
 
 #include "log.h"
 
-static const char *const state_names[] = {"ok", "high", "over"};
-
-static const char *state_name(uint32_t s)
-{
-	return s < 3 ? state_names[s] : "?";
-}
-
 /* value >= limit x bp / 10000, compared exactly (128-bit, no rounding:
  * with a limit of 1 byte, 0 is below 95% of it). */
 static bool at_least(uint64_t value, uint64_t limit, uint32_t bp)
@@ -114,7 +107,7 @@ static void reason_of(char *buf, size_t cap, uint32_t next, uint32_t prev,
 		    growth > 0 && growth < 1.8e19 ? (uint64_t)growth : 0;
 		snprintf(buf, cap, "forecast: limit in %.0f s at %s/s",
 		         forecast_s < 1 ? 1 : forecast_s,
-		         mts_format_size(r, sizeof(r), g));
+		         mt_format_size(r, sizeof(r), g));
 	} else if (next == MTSHM_STATE_OVER) {
 		snprintf(buf, cap, "over the limit");
 	} else if (next == MTSHM_STATE_HIGH) {
@@ -154,8 +147,8 @@ static void emit(struct mts_registry *reg, const char *scope, uint32_t state,
 	        "scope=%s state=%s previous=%s bytes=%llu rss=%llu "
 	        "measure=%s reserved=%llu limit=%llu growth_bytes_per_s=%.0f "
 	        "seconds_to_limit=%.1f reason=%s",
-	        mts_logq(q, sizeof(q), scope), state_name(state),
-	        state_name(previous), (unsigned long long)bytes,
+	        mts_logq(q, sizeof(q), scope), mt_state_name(state),
+	        mt_state_name(previous), (unsigned long long)bytes,
 	        (unsigned long long)rss, mts_measure_name(reg->policy.measure),
 	        (unsigned long long)reserved, (unsigned long long)limit, growth,
 	        forecast_s, mts_logq(qr, sizeof(qr), reason));

@@ -87,10 +87,9 @@
 
 /* ---- rendering ------------------------------------------------------- */
 
-static const char *const state_names[] = {"ok", "high", "over"};
 _Static_assert(MTSHM_STATE_OK == 0 && MTSHM_STATE_HIGH == 1 &&
                    MTSHM_STATE_OVER == 2,
-               "state_names follows enum mtshm_state");
+               "mt_state_name() follows enum mtshm_state");
 
 /* An output buffer that remembers its first error, so the renderer can
  * append without checking every call and look once at the end. */
@@ -306,7 +305,7 @@ static void state_samples(struct out *o, const char *name,
 		} else {
 			put_str(o, name);
 			put_str(o, "{state=\"");
-			put_str(o, state_names[s]);
+			put_str(o, mt_state_name(s));
 			put_str(o, "\"} ");
 			put_u64(o, state == s);
 			put(o, "\n", 1);
@@ -756,89 +755,6 @@ fail_free_groups:
 
 /* ---- addresses ------------------------------------------------------- */
 
-static int parse_port(const char *s, uint16_t *port)
-{
-	uint32_t v = 0;
-	if (!*s || strlen(s) > 5)
-		return -EINVAL;
-	for (; *s; s++) {
-		if (*s < '0' || *s > '9')
-			return -EINVAL;
-		v = v * 10 + (uint32_t)(*s - '0');
-	}
-	if (v > 65535)
-		return -EINVAL;
-	*port = (uint16_t)v;
-	return 0;
-}
-
-int mts_metrics_parse_addr(const char *host_port, struct sockaddr_storage *ss,
-                           socklen_t *len)
-{
-	char host[256];
-	uint16_t port;
-	if (!host_port)
-		return -EINVAL;
-	const char *colon = strrchr(host_port, ':');
-	if (!colon || colon == host_port || parse_port(colon + 1, &port) < 0)
-		return -EINVAL;
-	size_t hlen = (size_t)(colon - host_port);
-	bool v6 = host_port[0] == '[';
-	if (v6) {
-		/* "[addr]": strip the brackets. */
-		if (hlen < 3 || host_port[hlen - 1] != ']')
-			return -EINVAL;
-		host_port++;
-		hlen -= 2;
-	}
-	if (hlen >= sizeof(host))
-		return -EINVAL;
-	memcpy(host, host_port, hlen);
-	host[hlen] = '\0';
-	/* A bare IPv6 literal ("::1:9100") is ambiguous: brackets, please. */
-	if (!v6 && strchr(host, ':'))
-		return -EINVAL;
-
-	memset(ss, 0, sizeof(*ss));
-	if (v6) {
-		struct sockaddr_in6 *a = (struct sockaddr_in6 *)ss;
-		if (inet_pton(AF_INET6, host, &a->sin6_addr) != 1)
-			return -EINVAL;
-		a->sin6_family = AF_INET6;
-		a->sin6_port = htons(port);
-		*len = sizeof(*a);
-		return 0;
-	}
-	struct sockaddr_in *a4 = (struct sockaddr_in *)ss;
-	const char *lit = strcmp(host, "localhost") == 0 ? "127.0.0.1" : host;
-	if (inet_pton(AF_INET, lit, &a4->sin_addr) == 1) {
-		a4->sin_family = AF_INET;
-		a4->sin_port = htons(port);
-		*len = sizeof(*a4);
-		return 0;
-	}
-
-	struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *res = NULL;
-	if (getaddrinfo(host, NULL, &hints, &res) != 0 || !res)
-		return -EINVAL;
-	int err = -EINVAL;
-	if (res->ai_family == AF_INET &&
-	    res->ai_addrlen == sizeof(struct sockaddr_in)) {
-		memcpy(ss, res->ai_addr, res->ai_addrlen);
-		a4->sin_port = htons(port);
-		*len = sizeof(struct sockaddr_in);
-		err = 0;
-	} else if (res->ai_family == AF_INET6 &&
-	           res->ai_addrlen == sizeof(struct sockaddr_in6)) {
-		memcpy(ss, res->ai_addr, res->ai_addrlen);
-		((struct sockaddr_in6 *)ss)->sin6_port = htons(port);
-		*len = sizeof(struct sockaddr_in6);
-		err = 0;
-	}
-	freeaddrinfo(res);
-	return err;
-}
-
 /* "127.0.0.1:9100" or "[::1]:9100" for the logs. */
 static void format_addr(const struct sockaddr_storage *ss, uint16_t port,
                         char *buf, size_t cap)
@@ -1120,7 +1036,8 @@ int mts_metrics_start(struct mts_metrics **out, const char *host_port,
 	struct mts_metrics *m = NULL;
 
 	*out = NULL;
-	err = mts_metrics_parse_addr(host_port, &ss, &sslen);
+	bool loopback;
+	err = mts_parse_hostport(host_port, &ss, &sslen, &loopback);
 	if (err < 0)
 		goto fail_log;
 	fd = listen_on(&ss, sslen);

@@ -32,17 +32,6 @@
 struct mts_metrics;
 
 /*
- * Parse HOST:PORT into *ss and *len. HOST is an IPv4 literal, an IPv6
- * literal in brackets ("[::1]", "[::]"), "localhost" (always 127.0.0.1,
- * so the address does not depend on resolver order) or a name that
- * getaddrinfo() resolves (the first address it returns). PORT is decimal,
- * 0 to 65535; 0 lets the kernel choose. Returns 0 or -EINVAL (malformed,
- * or a name that does not resolve).
- */
-int mts_metrics_parse_addr(const char *host_port, struct sockaddr_storage *ss,
-                           socklen_t *len);
-
-/*
  * Append the exposition of `reg` to `out` (which the caller owns and
  * frees). Reads `reg` only; call it on the loop thread. Label values
  * coming from workers (group, comm) are escaped and made valid UTF-8.

@@ -198,12 +198,6 @@ double mts_wrate_get(const struct mts_wrate *r, uint64_t window_ns)
 
 /* ---- the registry's rates ------------------------------------------------ */
 
-static uint64_t sat_add(uint64_t a, uint64_t b)
-{
-	uint64_t r;
-	return __builtin_add_overflow(a, b, &r) ? UINT64_MAX : r;
-}
-
 uint64_t mts_growth_window_ns(const struct mts_registry *reg)
 {
 	uint32_t ms = reg->policy.growth_window_ms;
@@ -213,13 +207,13 @@ uint64_t mts_growth_window_ns(const struct mts_registry *reg)
 uint64_t mts_fleet_value(const struct mts_registry *reg)
 {
 	const struct mts_totals *t = &reg->totals;
-	return sat_add(mts_measured(reg, t->bytes, t->rss), t->reserved);
+	return mt_sat_add(mts_measured(reg, t->bytes, t->rss), t->reserved);
 }
 
 uint64_t mts_group_value(const struct mts_registry *reg,
                          const struct mts_group *g)
 {
-	return sat_add(mts_measured(reg, g->bytes, g->rss), g->reserved);
+	return mt_sat_add(mts_measured(reg, g->bytes, g->rss), g->reserved);
 }
 
 /* The distance is to what the state compares (reservations count as

@@ -67,12 +67,6 @@
  * by the client and so untrusted: bound it to keep the product sane. */
 #define THREADS_SANE_MAX (1u << 22)
 
-static uint64_t sat_add(uint64_t a, uint64_t b)
-{
-	uint64_t r;
-	return __builtin_add_overflow(a, b, &r) ? UINT64_MAX : r;
-}
-
 static uint64_t sat_sub(uint64_t a, uint64_t b)
 {
 	return a > b ? a - b : 0;
@@ -387,8 +381,8 @@ static inline void tick_proc(struct mts_registry *reg, struct mts_proc *p,
 	/* RSS comes from the kernel, not the slot: it counts even for a
 	 * slot whose counters are quarantined. */
 	struct mts_group *g = &reg->groups[p->group];
-	g->rss = sat_add(g->rss, p->rss);
-	acc->rss = sat_add(acc->rss, p->rss);
+	g->rss = mt_sat_add(g->rss, p->rss);
+	acc->rss = mt_sat_add(acc->rss, p->rss);
 	if (absurd && !p->corrupt) {
 		p->corrupt = true;
 		mt_store_relaxed32(&s->flags, mt_load_relaxed32(&s->flags) |
@@ -413,10 +407,10 @@ static inline void tick_proc(struct mts_registry *reg, struct mts_proc *p,
 	uint64_t pe = sat_mul(reg->threshold, threads);
 	if (p->error_bytes != pe)
 		p->error_bytes = pe;
-	g->bytes = sat_add(g->bytes, pb);
-	g->error_bytes = sat_add(g->error_bytes, pe);
-	acc->bytes = sat_add(acc->bytes, pb);
-	acc->error_bytes = sat_add(acc->error_bytes, pe);
+	g->bytes = mt_sat_add(g->bytes, pb);
+	g->error_bytes = mt_sat_add(g->error_bytes, pe);
+	acc->bytes = mt_sat_add(acc->bytes, pb);
+	acc->error_bytes = mt_sat_add(acc->error_bytes, pe);
 }
 
 /* Ticks [from, to) of dense[]; with `rate` (a constant at each call, so
@@ -514,7 +508,7 @@ void mts_tick(struct mts_registry *reg)
 
 	uint64_t took = sat_sub(t->heartbeat_ns, started);
 	reg->stats.last_tick_ns = took;
-	reg->stats.tick_ns_sum = sat_add(reg->stats.tick_ns_sum, took);
+	reg->stats.tick_ns_sum = mt_sat_add(reg->stats.tick_ns_sum, took);
 	reg->stats.tick_count++;
 }
 

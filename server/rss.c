@@ -44,12 +44,6 @@ struct mts_rss_sweep {
 	struct rss_entry e[];
 };
 
-static uint64_t sat_add(uint64_t a, uint64_t b)
-{
-	uint64_t r;
-	return __builtin_add_overflow(a, b, &r) ? UINT64_MAX : r;
-}
-
 static uint64_t sat_sub(uint64_t a, uint64_t b)
 {
 	return a > b ? a - b : 0;
@@ -59,8 +53,8 @@ void mts_proc_set_rss(struct mts_registry *reg, struct mts_proc *p,
                       uint64_t rss)
 {
 	struct mts_group *g = &reg->groups[p->group];
-	g->rss = sat_add(sat_sub(g->rss, p->rss), rss);
-	reg->totals.rss = sat_add(sat_sub(reg->totals.rss, p->rss), rss);
+	g->rss = mt_sat_add(sat_sub(g->rss, p->rss), rss);
+	reg->totals.rss = mt_sat_add(sat_sub(reg->totals.rss, p->rss), rss);
 	p->rss = rss;
 }
 

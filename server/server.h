@@ -36,36 +36,22 @@
 
 #include "memtally.pb-c.h"
 #include "memtally_query.h"
+#include "mtcommon.h"
 #include "mtframe.h"
 #include "mtshm.h"
 
 #define MTS_VERSION MEMTALLY_VERSION_STRING
 
-#define MTS_DEFAULT_SOCKET    "/run/memtally/memtally.sock"
+#define MTS_DEFAULT_SOCKET    MT_DEFAULT_SOCKET
 #define MTS_DEFAULT_SEGMENT   "memtally"
 #define MTS_DEFAULT_SLOTS     4096u
 #define MTS_DEFAULT_TICK_MS   10u
 #define MTS_TICK_MAX_MS       60000u
-#define MTS_DEFAULT_THRESHOLD (64u * 1024u)
+#define MTS_DEFAULT_THRESHOLD MT_DEFAULT_THRESHOLD
 
 /* Largest group or task name a worker may register (the client keeps at
  * most 63 bytes of a group; this leaves room without being unbounded). */
 #define MTS_NAME_MAX 255u
-
-/* ---- size.c ---------------------------------------------------------- */
-
-/*
- * Parse a byte size: digits with an optional fraction, then an optional
- * unit. K, M, G, T and KiB, MiB, GiB, TiB (and Ki, Mi, ...) are powers of
- * 1024; KB, MB, GB, TB are powers of 1000; B or nothing is bytes. Units
- * are case-insensitive. A fraction needs a unit ("1.5G"); the result is
- * rounded down to whole bytes. Returns 0, -EINVAL (not a size) or -ERANGE
- * (over UINT64_MAX).
- */
-static inline int mt_parse_size(const char *s, uint64_t *out)
-{
-	return memtally_parse_size(s, out); /* client/size.c */
-}
 
 /* ---- procfs.c -------------------------------------------------------- */
 
@@ -1193,8 +1179,6 @@ void mts_rss_sweep_sync(struct mts_registry *reg);
 void mts_proc_set_rss(struct mts_registry *reg, struct mts_proc *p,
                       uint64_t rss);
 
-/* size.c: "1.5 GiB", "600 MiB", "0 B" (IEC, one decimal when < 10). */
-const char *mts_format_size(char *buf, size_t cap, uint64_t bytes);
 
 /* config.c */
 
@@ -1234,9 +1218,17 @@ void mts_settings_free(struct mts_settings *s);
 int mts_parse_percent(const char *s, uint32_t *bp);
 /* "SIGTERM", "TERM", "term", "15"; "" -> 0 (off). 0 or -EINVAL. */
 int mts_parse_signal(const char *s, int *sig);
-/* HOST:PORT (IPv4, [IPv6], localhost) -> sockaddr; *loopback says if the
- * address is a loopback one. 0 or -EINVAL. */
+/*
+ * A listening address, HOST:PORT (the one syntax, mt_split_hostport()),
+ * into *ss and *len. HOST is an IPv4 literal, an IPv6 literal in brackets
+ * ("[::1]", "[::]"), "localhost" (always 127.0.0.1, so the address does
+ * not depend on resolver order) or a name getaddrinfo() resolves (its
+ * first address). PORT 0 lets the kernel choose. *loopback says whether
+ * the address is a loopback one. 0 or -EINVAL (malformed, or a name that
+ * does not resolve). Used for --tcp and --metrics alike.
+ */
 int mts_parse_hostport(const char *s, struct sockaddr_storage *ss,
+                       socklen_t *len,
                        bool *loopback);
 
 #endif /* MEMTALLY_SERVER_H */

@@ -37,7 +37,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		if (mt_parse_size(back, &again) != 0 || again != v)
 			abort();
 		char human[32];
-		mts_format_size(human, sizeof(human), v);
+		mt_format_size(human, sizeof(human), v);
 		if (!memchr(human, '\0', sizeof(human)))
 			abort();
 	}
@@ -48,8 +48,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	int sig = 0;
 	(void)mts_parse_signal(s, &sig);
 	struct sockaddr_storage ss;
+	socklen_t len;
 	bool loopback = false;
-	(void)mts_parse_hostport(s, &ss, &loopback);
+	(void)mts_parse_hostport(s, &ss, &len, &loopback);
 	free(s);
 	return 0;
 }

@@ -374,14 +374,14 @@ Test(admit, many_ids_are_distinct)
 Test(size, formatting)
 {
 	char b[32];
-	cr_assert_str_eq(mts_format_size(b, sizeof(b), 0), "0 B");
-	cr_assert_str_eq(mts_format_size(b, sizeof(b), 1023), "1023 B");
-	cr_assert_str_eq(mts_format_size(b, sizeof(b), 1024), "1 KiB");
-	cr_assert_str_eq(mts_format_size(b, sizeof(b), 600 * MIB), "600 MiB");
-	cr_assert_str_eq(mts_format_size(b, sizeof(b), 1100 * MIB), "1.1 GiB");
-	cr_assert_str_eq(mts_format_size(b, sizeof(b), 1024 * MIB - 1),
+	cr_assert_str_eq(mt_format_size(b, sizeof(b), 0), "0 B");
+	cr_assert_str_eq(mt_format_size(b, sizeof(b), 1023), "1023 B");
+	cr_assert_str_eq(mt_format_size(b, sizeof(b), 1024), "1 KiB");
+	cr_assert_str_eq(mt_format_size(b, sizeof(b), 600 * MIB), "600 MiB");
+	cr_assert_str_eq(mt_format_size(b, sizeof(b), 1100 * MIB), "1.1 GiB");
+	cr_assert_str_eq(mt_format_size(b, sizeof(b), 1024 * MIB - 1),
 	                 "1 GiB");
-	cr_assert_str_eq(mts_format_size(b, sizeof(b), UINT64_MAX), "16 EiB");
+	cr_assert_str_eq(mt_format_size(b, sizeof(b), UINT64_MAX), "16 EiB");
 }
 
 /* ---- ownership: whose workers take a task's reservations over ---------- */

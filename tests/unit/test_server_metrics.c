@@ -534,9 +534,10 @@ Test(render, address_parsing)
 {
 	struct sockaddr_storage ss;
 	socklen_t len;
+	bool lo;
 	char ip[INET6_ADDRSTRLEN];
 
-	cr_assert_eq(mts_metrics_parse_addr("127.0.0.1:9464", &ss, &len), 0);
+	cr_assert_eq(mts_parse_hostport("127.0.0.1:9464", &ss, &len, &lo), 0);
 	struct sockaddr_in *a4 = (struct sockaddr_in *)&ss;
 	cr_assert_eq(ss.ss_family, AF_INET);
 	cr_assert_eq(len, sizeof(*a4));
@@ -544,23 +545,23 @@ Test(render, address_parsing)
 	cr_assert_str_eq(inet_ntop(AF_INET, &a4->sin_addr, ip, sizeof(ip)),
 	                 "127.0.0.1");
 
-	cr_assert_eq(mts_metrics_parse_addr("localhost:0", &ss, &len), 0);
+	cr_assert_eq(mts_parse_hostport("localhost:0", &ss, &len, &lo), 0);
 	cr_assert_eq(ss.ss_family, AF_INET);
 	cr_assert_str_eq(inet_ntop(AF_INET, &a4->sin_addr, ip, sizeof(ip)),
 	                 "127.0.0.1");
 	cr_assert_eq(ntohs(a4->sin_port), 0);
 
-	cr_assert_eq(mts_metrics_parse_addr("0.0.0.0:65535", &ss, &len), 0);
+	cr_assert_eq(mts_parse_hostport("0.0.0.0:65535", &ss, &len, &lo), 0);
 	cr_assert_eq(ntohs(a4->sin_port), 65535);
 
-	cr_assert_eq(mts_metrics_parse_addr("[::1]:80", &ss, &len), 0);
+	cr_assert_eq(mts_parse_hostport("[::1]:80", &ss, &len, &lo), 0);
 	struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)&ss;
 	cr_assert_eq(ss.ss_family, AF_INET6);
 	cr_assert_eq(len, sizeof(*a6));
 	cr_assert_eq(ntohs(a6->sin6_port), 80);
 	cr_assert_str_eq(inet_ntop(AF_INET6, &a6->sin6_addr, ip, sizeof(ip)),
 	                 "::1");
-	cr_assert_eq(mts_metrics_parse_addr("[::]:1", &ss, &len), 0);
+	cr_assert_eq(mts_parse_hostport("[::]:1", &ss, &len, &lo), 0);
 
 	static const char *const bad[] = {
 	    "",
@@ -581,9 +582,9 @@ Test(render, address_parsing)
 	    "127.0.0.1:123456",
 	};
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
-		cr_assert_eq(mts_metrics_parse_addr(bad[i], &ss, &len), -EINVAL,
+		cr_assert_eq(mts_parse_hostport(bad[i], &ss, &len, &lo), -EINVAL,
 		             "accepted \"%s\"", bad[i]);
-	cr_assert_eq(mts_metrics_parse_addr(NULL, &ss, &len), -EINVAL);
+	cr_assert_eq(mts_parse_hostport(NULL, &ss, &len, &lo), -EINVAL);
 }
 
 /* ---- serve ----------------------------------------------------------- */

@@ -1,10 +1,10 @@
 /*
- * size.c - memtally_parse_size(): byte sizes as people write them on a
- * command line ("64KiB", "1.5G", "512MB", "4096").
+ * size.c - byte sizes as people write them ("64KiB", "1.5G", "512MB",
+ * "4096") and as they read them ("1.1 GiB").
  *
- * The one size parser of the project: memtallyd's config and flags use it
- * too (server.h's mt_parse_size), so a size means the same in the server's
- * config and in `memtally limit set`: K, M, G, T and their
+ * The one size parser of the project: memtallyd's config and flags, the
+ * CLI and the public memtally_parse_size() use it, so a size means the
+ * same in the server's config and in `memtally limit set`: K, M, G, T and their
  * IEC forms Ki/KiB, ... are powers of 1024, because "64K" of memory means
  * that; only the explicit KB, MB, GB, TB are powers of 1000. Units are
  * case-insensitive. A fraction needs a unit (a fractional byte count is a
@@ -18,7 +18,9 @@
 #include <stdint.h>
 #include <strings.h>
 
-#include "memtally_query.h"
+#include "mtcommon.h"
+
+#include <stdio.h>
 
 #define KI UINT64_C(1024)
 #define MI (KI << 10)
@@ -42,7 +44,7 @@ static const struct {
  * far below a byte, and 10^18 still fits the 128-bit products below. */
 #define SIZE_FRAC_DIGITS 18
 
-int memtally_parse_size(const char *s, uint64_t *out)
+int mt_parse_size(const char *s, uint64_t *out)
 {
 	if (!s || !out)
 		return -EINVAL;
@@ -87,4 +89,37 @@ int memtally_parse_size(const char *s, uint64_t *out)
 		return -ERANGE;
 	*out = (uint64_t)v;
 	return 0;
+}
+
+/* Tenths of the largest IEC unit that keeps the number >= 1. */
+const char *mt_format_size(char *buf, size_t cap, uint64_t bytes)
+{
+	static const char *const iec[] = {"KiB", "MiB", "GiB", "TiB", "PiB",
+	                                  "EiB"};
+	if (bytes < 1024) {
+		snprintf(buf, cap, "%llu B", (unsigned long long)bytes);
+		return buf;
+	}
+	int u = 0;
+	uint64_t div = 1024;
+	while (u < 5 && bytes / div >= 1024) {
+		div *= 1024;
+		u++;
+	}
+	/* Tenths, rounded half up, in integers: exact for any uint64_t. */
+	unsigned __int128 tenths =
+	    ((unsigned __int128)bytes * 10 + div / 2) / div;
+	if (tenths >= 10240 && u < 5) {
+		/* 1023.96 MiB rounds to 1024.0: say 1 GiB instead. */
+		div *= 1024;
+		u++;
+		tenths = ((unsigned __int128)bytes * 10 + div / 2) / div;
+	}
+	unsigned long long whole = (unsigned long long)(tenths / 10);
+	unsigned frac = (unsigned)(tenths % 10);
+	if (frac)
+		snprintf(buf, cap, "%llu.%u %s", whole, frac, iec[u]);
+	else
+		snprintf(buf, cap, "%llu %s", whole, iec[u]);
+	return buf;
 }

@@ -1,0 +1,62 @@
+/*
+ * mtcommon.h - what the worker library, the CLI and memtallyd share, so
+ * that each thing is done one way: the size syntax ("64KiB", "1.5G"), the
+ * HOST:PORT syntax, the state names, saturating sums, waiting on a
+ * descriptor with a deadline, and the defaults both sides assume.
+ *
+ * Nothing here allocates or keeps state; every function is safe on any
+ * thread and inside the malloc interposer.
+ */
+#ifndef MTCOMMON_H
+#define MTCOMMON_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Where memtallyd listens and the drift a worker flushes at, unless
+ * configured otherwise. */
+#define MT_DEFAULT_SOCKET    "/run/memtally/memtally.sock"
+#define MT_DEFAULT_THRESHOLD (64u * 1024u)
+
+/* a + b, or UINT64_MAX when it would wrap: byte sums that feed a limit
+ * comparison must never come out small. */
+static inline uint64_t mt_sat_add(uint64_t a, uint64_t b)
+{
+	uint64_t r;
+	return __builtin_add_overflow(a, b, &r) ? UINT64_MAX : r;
+}
+
+/* "ok", "high", "over" for states 0, 1, 2 (as on the wire and in the
+ * segment); "unknown" for anything else. */
+const char *mt_state_name(unsigned state);
+
+/*
+ * A byte size as people write it: digits, an optional fraction (which
+ * needs a unit) and a unit. K, M, G, T and Ki/KiB, ... are powers of 1024;
+ * only KB, MB, GB, TB are powers of 1000; case-insensitive. No sign,
+ * spaces or hex. 0, -EINVAL (not a size) or -ERANGE (past UINT64_MAX).
+ */
+int mt_parse_size(const char *s, uint64_t *out);
+
+/* `bytes` for people ("1.1 GiB", "512 B") into buf; returns buf. */
+const char *mt_format_size(char *buf, size_t cap, uint64_t bytes);
+
+/*
+ * Split "HOST:PORT" or "[IPV6]:PORT" into host (a NUL-terminated copy of
+ * at most cap - 1 bytes, brackets removed) and port (decimal, 0..65535).
+ * A bare IPv6 literal ("::1:9100") is ambiguous and refused. 0 or -EINVAL.
+ */
+int mt_split_hostport(const char *s, char *host, size_t cap, uint16_t *port);
+
+/* CLOCK_MONOTONIC in nanoseconds. */
+uint64_t mt_mono_ns(void);
+
+/*
+ * Wait until `fd` is ready for `events` (poll(2) bits) or the monotonic
+ * deadline (mt_mono_ns() time; UINT64_MAX: none) passes. Errors and
+ * hang-ups count as ready: the following send/recv reports them. 0,
+ * -ETIMEDOUT or -errno; EINTR is retried.
+ */
+int mt_wait_fd(int fd, short events, uint64_t deadline_ns);
+
+#endif /* MTCOMMON_H */

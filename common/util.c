@@ -1,0 +1,85 @@
+/*
+ * util.c - state names, HOST:PORT, the monotonic clock and waiting on a
+ * descriptor: the small things client and server must do the same way.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "mtcommon.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdbool.h>
+#include <string.h>
+#include <time.h>
+
+const char *mt_state_name(unsigned state)
+{
+	static const char *const names[] = {"ok", "high", "over"};
+	return state < sizeof(names) / sizeof(names[0]) ? names[state]
+	                                                : "unknown";
+}
+
+int mt_split_hostport(const char *s, char *host, size_t cap, uint16_t *port)
+{
+	if (!s || !host || !cap || !port)
+		return -EINVAL;
+	const char *colon = strrchr(s, ':');
+	if (!colon || colon == s)
+		return -EINVAL;
+	const char *h = s;
+	size_t hlen = (size_t)(colon - s);
+	bool v6 = s[0] == '[';
+	if (v6) {
+		if (hlen < 3 || s[hlen - 1] != ']')
+			return -EINVAL;
+		h++;
+		hlen -= 2;
+	}
+	if (hlen >= cap || (!v6 && memchr(h, ':', hlen)))
+		return -EINVAL; /* too long, or an IPv6 literal without [] */
+	/* Decimal digits only: no sign, space or hex in a port. */
+	const char *p = colon + 1;
+	if (!*p || strlen(p) > 5)
+		return -EINVAL;
+	unsigned v = 0;
+	for (; *p; p++) {
+		if (*p < '0' || *p > '9')
+			return -EINVAL;
+		v = v * 10 + (unsigned)(*p - '0');
+	}
+	if (v > 65535)
+		return -EINVAL;
+	memcpy(host, h, hlen);
+	host[hlen] = '\0';
+	*port = (uint16_t)v;
+	return 0;
+}
+
+uint64_t mt_mono_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+int mt_wait_fd(int fd, short events, uint64_t deadline_ns)
+{
+	for (;;) {
+		int ms = -1;
+		if (deadline_ns != UINT64_MAX) {
+			uint64_t now = mt_mono_ns();
+			if (now >= deadline_ns)
+				return -ETIMEDOUT;
+			/* Round up: never wake just before the deadline. */
+			uint64_t left = (deadline_ns - now + 999999u) / 1000000u;
+			ms = left > 1000000u ? 1000000 : (int)left;
+		}
+		struct pollfd p = {.fd = fd, .events = events};
+		int n = poll(&p, 1, ms);
+		if (n > 0)
+			return 0;
+		if (n < 0 && errno != EINTR)
+			return -errno;
+	}
+}

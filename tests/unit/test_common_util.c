@@ -1,0 +1,114 @@
+/*
+ * What client and server share (common/): the state names, the HOST:PORT
+ * syntax, saturating sums, waiting on a descriptor and the defaults the
+ * public header repeats.
+ */
+#define _GNU_SOURCE
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <poll.h>
+#include <stdint.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "memtally.h"
+#include "mtcommon.h"
+
+Test(common, state_names)
+{
+	cr_assert_str_eq(mt_state_name(0), "ok");
+	cr_assert_str_eq(mt_state_name(1), "high");
+	cr_assert_str_eq(mt_state_name(2), "over");
+	cr_assert_str_eq(mt_state_name(3), "unknown");
+	cr_assert_str_eq(mt_state_name(UINT32_MAX), "unknown");
+}
+
+Test(common, sat_add)
+{
+	cr_assert_eq(mt_sat_add(1, 2), 3);
+	cr_assert_eq(mt_sat_add(UINT64_MAX - 1, 1), UINT64_MAX);
+	cr_assert_eq(mt_sat_add(UINT64_MAX - 1, 2), UINT64_MAX);
+	cr_assert_eq(mt_sat_add(UINT64_MAX, UINT64_MAX), UINT64_MAX);
+}
+
+Test(common, hostport_accepts)
+{
+	static const struct {
+		const char *in, *host;
+		uint16_t port;
+	} ok[] = {
+	    {"127.0.0.1:7411", "127.0.0.1", 7411},
+	    {"localhost:0", "localhost", 0},
+	    {"[::1]:80", "::1", 80},
+	    {"[::]:65535", "::", 65535},
+	    {"node-7.example:9464", "node-7.example", 9464},
+	};
+	for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
+		char host[64] = "unchanged";
+		uint16_t port = 1;
+		cr_assert_eq(mt_split_hostport(ok[i].in, host, sizeof(host),
+		                               &port),
+		             0, "refused \"%s\"", ok[i].in);
+		cr_assert_str_eq(host, ok[i].host);
+		cr_assert_eq(port, ok[i].port, "%s", ok[i].in);
+	}
+}
+
+Test(common, hostport_refuses)
+{
+	static const char *const bad[] = {
+	    "",          ":9464",      "127.0.0.1",       "127.0.0.1:",
+	    "h:x",       "h:65536",    "h:-1",            "h: 1",
+	    "h:+1",      "h:0x10",     "h:123456",        "::1:80",
+	    "[::1]",     "[::1:80",    "::1]:80",         "[]:80",
+	    "[::1]x:80",
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		char host[64];
+		uint16_t port;
+		cr_assert_eq(mt_split_hostport(bad[i], host, sizeof(host),
+		                               &port),
+		             -EINVAL, "accepted \"%s\"", bad[i]);
+	}
+	char small[4];
+	uint16_t port;
+	cr_assert_eq(mt_split_hostport("abcd:1", small, sizeof(small), &port),
+	             -EINVAL, "a host longer than the buffer");
+	cr_assert_eq(mt_split_hostport("abc:1", small, sizeof(small), &port),
+	             0);
+	cr_assert_eq(mt_split_hostport(NULL, small, sizeof(small), &port),
+	             -EINVAL);
+}
+
+Test(common, wait_fd_times_out_and_sees_readiness)
+{
+	int p[2];
+	cr_assert_eq(pipe(p), 0);
+	uint64_t t0 = mt_mono_ns();
+	cr_assert_eq(mt_wait_fd(p[0], POLLIN, t0 + 50 * 1000000ull),
+	             -ETIMEDOUT);
+	cr_assert_geq(mt_mono_ns() - t0, 50 * 1000000ull,
+	              "returned before the deadline");
+	cr_assert_eq(mt_wait_fd(p[0], POLLIN, t0), -ETIMEDOUT, "past");
+	cr_assert_eq(write(p[1], "x", 1), 1);
+	cr_assert_eq(mt_wait_fd(p[0], POLLIN, UINT64_MAX), 0);
+	close(p[1]);
+	close(p[0]);
+}
+
+Test(common, sizes_round_trip)
+{
+	uint64_t v;
+	char buf[32];
+	cr_assert_eq(mt_parse_size("1.5GiB", &v), 0);
+	cr_assert_eq(v, 3ull << 29);
+	cr_assert_str_eq(mt_format_size(buf, sizeof(buf), v), "1.5 GiB");
+	cr_assert_eq(mt_parse_size("1.5", &v), -EINVAL);
+	cr_assert_eq(mt_parse_size("16EiB", &v), -EINVAL, "no E unit");
+}
+
+Test(common, public_defaults_match)
+{
+	cr_assert_str_eq(MEMTALLY_DEFAULT_SOCKET, MT_DEFAULT_SOCKET);
+	cr_assert_eq(MEMTALLY_DEFAULT_THRESHOLD, MT_DEFAULT_THRESHOLD);
+}
