@@ -1,5 +1,5 @@
 /*
- * allocators.c - the worker of the allocators benchmark (seed 004).
+ * allocators.c - the worker of the allocators benchmark.
  *
  * Seed 004 (Panama's AllocatorsForLongRun) timed one "op" of N allocations
  * followed by their release, for N = 1 .. 1000, with malloc/free, an arena,

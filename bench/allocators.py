@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""allocators: arena and pool against malloc/free (seed 004).
+"""allocators: arena and pool against malloc/free (against the reference table).
 
 Seed 004 (Panama's AllocatorsForLongRun, JMH) timed one op of N
 allocations and their release for N = 1, 10, 16, 100, 200, 1000 with
@@ -126,7 +126,7 @@ def main():
         for w in workers.values():
             w.close()
 
-    lines = ["## allocators (seed 004)\n"]
+    lines = ["## allocators\n"]
     lines.append(
         "Measured %s on %s (%d CPUs, Linux %s), %s; commit `%s`%s. Load "
         "average (1 min) %.2f at the start, %.2f at the end.\n" % (
@@ -151,7 +151,7 @@ def main():
             workers["jemalloc"].proof.get("malloc_from"),
             workers["glibc"].proof.get("malloc_from")))
     for a in ALLOCS:
-        lines.append("%s, seed 004's shape:\n" % a)
+        lines.append("%s, the reference table's shape:\n" % a)
         lines.append("```")
         lines.append("%-38s %-13s %4s %3s %10s   %8s  %s" % (
             "Benchmark", "(allocations)", "Mode", "Cnt", "Score", "Error",
@@ -165,7 +165,7 @@ def main():
                     (q3 - q1) / 2))
         lines.append("```\n")
     lines.append("Side by side, median ns/op (ns per allocation in "
-                 "parentheses); seed 004 for reference:\n")
+                 "parentheses); the reference table below it:\n")
     head = "| N | " + " | ".join("%s %s" % (a[:2], c) for a in ALLOCS
                                   for c in CASES) + " |"
     lines.append("| N | allocator | " + " | ".join(CASES) + " |")
@@ -177,11 +177,11 @@ def main():
                 med = statistics.median(res[(a, c, n)]["ns_per_op"])
                 cells.append("%.0f (%.1f)" % (med, med / n))
             lines.append("| %d | %s | %s |" % (n, a, " | ".join(cells)))
-        seed = []
+        ref = []
         for c in CASES:
             v = SEED.get(c, {}).get(n)
-            seed.append("%.0f" % v if v else "–")
-        lines.append("| %d | seed 004 | %s |" % (n, " | ".join(seed)))
+            ref.append("%.0f" % v if v else "–")
+        lines.append("| %d | reference | %s |" % (n, " | ".join(ref)))
     del head
     lines.append("")
     rel = os.path.relpath(build, SRC_DIR)

@@ -1,5 +1,5 @@
 /*
- * buffer_growth.c - the worker of the buffer_growth benchmark (seed 003).
+ * buffer_growth.c - the worker of the buffer_growth benchmark.
  *
  * Seed 003 (Arrow's BufferBuilder) chose 2x over 1.5x growth from three
  * cases: tiny (8-byte), small (700-byte) and large (1.5 MB) appends into

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""buffer_growth: memtally_buf with 1.5x vs 2x growth (seed 003).
+"""buffer_growth: memtally_buf with 1.5x vs 2x growth (against the reference table).
 
 Seed 003 (Arrow's BufferBuilder, ARROW-6450) measured tiny (8 B), small
 (700 B) and large (1.5 MB) appends into one growable buffer with 1.5x and
@@ -140,7 +140,7 @@ def main():
     ap.add_argument("--case", action="append", choices=CASES)
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--mib", type=int, default=64,
-                    help="bytes built per buffer, MiB (seed: 256)")
+                    help="bytes built per buffer, MiB (reference: 256)")
     ap.add_argument("--cpu", type=int)
     ap.add_argument("--json")
     ap.add_argument("--results-md",
@@ -193,7 +193,7 @@ def main():
 
     # ---- tables ----------------------------------------------------------
     lines = []
-    lines.append("## buffer_growth (seed 003)\n")
+    lines.append("## buffer_growth\n")
     lines.append(
         "Measured %s on %s (%d CPUs, Linux %s), %s; commit `%s`%s. "
         "Load average (1 min) %.2f at the start, %.2f at the end: the "
@@ -216,7 +216,7 @@ def main():
             workers["jemalloc"].proof.get("malloc_from"),
             workers["glibc"].proof.get("malloc_from")))
     lines.append("| case | allocator | growth | acct off | acct on | on/off "
-                 "| p | growths | seed 003 |")
+                 "| p | growths | reference |")
     lines.append("|---|---|---|---|---|---|---|---|---|")
     summary = {}
     for case in cases:
@@ -240,7 +240,7 @@ def main():
     lines.append("2x against 1.5x (accounting on; median of 2x / median of "
                  "1.5x; p: Mann-Whitney U):\n")
     lines.append("| case | jemalloc 2x/1.5x | p | glibc 2x/1.5x | p | "
-                 "seed jemalloc | seed system |")
+                 "reference jemalloc | reference system |")
     lines.append("|---|---|---|---|---|---|---|")
     choice = {}
     for case in cases:

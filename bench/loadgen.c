@@ -1,7 +1,6 @@
 /*
  * loadgen.c - scheduler-side load on a real memtallyd (the `loadgen`
- * suite; issue 5, and issue 4's "many connections" and "Admit decisions
- * per second").
+ * suite: many connections, and Admit decisions per second).
  *
  * Opens C connections to memtallyd's Unix socket and keeps every one busy
  * for --seconds: each connection has K requests in flight (--inflight,

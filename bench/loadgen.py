@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """loadgen: memtallyd under many workers and many scheduler connections.
 
-Issue 5 ("Load") and the many-connection parts of issue 4. Three parts,
+Load: thousands of workers and many scheduler connections. Three parts,
 each against a real memtallyd of this build (its own socket, segment,
 --metrics on a kernel-chosen loopback port, a fleet limit of 1 TiB so
 that every Admit is decided against a limit):

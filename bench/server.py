@@ -452,7 +452,7 @@ def main():
         "lane count from the private layout, the line 8 slots ahead "
         "prefetched); `call p50` is the loop as it was (an out-of-line call "
         "per slot), run just before it. "
-        "Target (issue 4): tick ≤ %g µs at 16384 slots.\n"
+        "Target: tick ≤ %g µs at 16384 slots.\n"
         % (cpu, wcpu, TARGET_US))
     lines.append("| slots | lanes | writer | p50 µs | p99 µs | min µs | "
                  "ns per slot (p50) | ns per lane (p50) | call p50 µs | "

@@ -1,7 +1,6 @@
 /*
  * server_pipeline.c - pipelined GetUsage throughput on one connection to a
- * real memtallyd (the `server` suite; issue 4's target: >= 200k/s on one
- * core).
+ * real memtallyd (the `server` suite; target: >= 200k/s on one core).
  *
  * The protocol lets a client keep many requests in flight (each Response
  * echoes its Request's id). This client packs a window of W GetUsage

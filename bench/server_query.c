@@ -1,8 +1,8 @@
 /*
  * server_query.c - query latency over the Unix socket against a real
  * memtallyd, beside a bare round trip on this machine (the `server`
- * suite; issue 4's target: GetUsage p99 on one connection within 2x a
- * bare round trip).
+ * suite; target: GetUsage p99 on one connection within 2x a bare round
+ * trip).
  *
  * Bare round trip: a forked child echoes 64 bytes over an AF_UNIX stream
  * socketpair; the parent times write + read of 64 bytes. GetUsage: one
