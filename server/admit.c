@@ -833,90 +833,70 @@ static void why(struct mts_admit_out *out, const char *what, enum mts_measure m,
 	                                    : "max of accounted and rss)");
 }
 
-int mts_admit(struct mts_registry *reg, const struct mts_peer *peer,
-              const struct mts_admit_req *req, struct mts_admit_out *out)
+/* The uid a reservation is counted against, and whether it has an owner
+ * (Unix peers with credentials; TCP peers share one count). */
+static uint32_t peer_key(const struct mts_peer *peer, bool *owned)
+{
+	*owned = peer->has_cred && !peer->tcp;
+	return *owned ? peer->uid : MTS_UID_TCP;
+}
+
+void mts_admit_decide(const struct mts_registry *reg,
+                      const struct mts_peer *peer, const char *group,
+                      uint64_t bytes, struct mts_admit_out *out)
 {
 	const struct mts_policy *pol = &reg->policy;
-	const char *group =
-	    req->group && req->group[0] ? req->group : "default";
-	const char *task = req->task ? req->task : "";
-	char qg[MTS_LOGQ_MAX], qt[MTS_LOGQ_MAX], qs[MTS_LOGQ_MAX];
+	const struct mts_totals *t = &reg->totals;
 	memset(out, 0, sizeof(*out));
-	out->requested = req->bytes;
+	out->requested = bytes;
+	uint64_t fm = mts_measured(reg, t->bytes, t->rss);
+	snprintf(out->scope, sizeof(out->scope), "fleet");
+	out->measured = fm;
+	out->reserved = t->reserved;
+	/* The forecast as before the request, as the figures are. */
+	out->growth = t->growth;
+	out->forecast_s = mts_fleet_forecast(reg);
 
-	if (req->bytes == 0 || !mts_name_ok(group) || !mts_name_ok(task)) {
-		reg->stats.denials[MTS_DENY_INVALID]++;
-		out->reason = MTS_DENY_INVALID;
-		mts_log(MTS_LOG_INFO, "admission refused: invalid request",
-		        "peer_pid=%u bytes=%llu", peer->pid,
-		        (unsigned long long)req->bytes);
-		return -EINVAL;
-	}
-	if (reg->nresv >= MTS_RESV_MAX) {
-		mts_log(MTS_LOG_WARN,
-		        "admission refused: too many reservations",
-		        "peer_pid=%u outstanding=%u", peer->pid, reg->nresv);
-		return -ENOSPC;
-	}
 	/* One uid holding max_reservations_per_uid cannot add more, so it
 	 * cannot use up MTS_RESV_MAX (or the server's memory) for everyone
 	 * else. Admins are trusted with the whole server: exempt. */
-	bool owned = peer->has_cred && !peer->tcp;
-	uint32_t key = owned ? peer->uid : MTS_UID_TCP;
+	bool owned;
+	uint32_t key = peer_key(peer, &owned);
 	uint32_t held = mts_uid_count_get(&reg->resv_uids, key);
 	if (pol->max_resv_per_uid && held >= pol->max_resv_per_uid &&
 	    mts_authorise(reg, peer, NULL) == MTS_AUTH_NONE) {
 		char who[32];
-		if (owned)
-			snprintf(who, sizeof(who), "uid %u", key);
-		else
-			snprintf(who, sizeof(who), "TCP peers");
 		out->reason = MTS_DENY_UID_CAP;
-		if (owned)
+		if (owned) {
 			snprintf(out->scope, sizeof(out->scope), "uid:%u", key);
-		else
+			snprintf(who, sizeof(who), "uid %u", key);
+		} else {
 			snprintf(out->scope, sizeof(out->scope), "tcp");
-		out->measured =
-		    mts_measured(reg, reg->totals.bytes, reg->totals.rss);
-		out->reserved = reg->totals.reserved;
-		out->growth = reg->totals.growth;
-		out->forecast_s = mts_fleet_forecast(reg);
+			snprintf(who, sizeof(who), "TCP peers");
+		}
 		snprintf(out->why, sizeof(out->why),
 		         "per-uid reservation cap: %s holds %u outstanding "
 		         "reservations, the most one uid may hold "
 		         "([admission] max_reservations_per_uid = %u); release "
 		         "some or wait for them to end",
 		         who, held, pol->max_resv_per_uid);
-		reg->stats.denials[MTS_DENY_UID_CAP]++;
-		mts_log(MTS_LOG_WARN,
-		        "admission denied: per-uid reservation cap",
-		        "reason=%s held=%u max_reservations_per_uid=%u "
-		        "peer_pid=%u uid=%u tcp=%d",
-		        mts_denial_name(out->reason), held,
-		        pol->max_resv_per_uid, peer->pid, peer->uid, peer->tcp);
-		return 0;
+		return;
 	}
 
 	/* The fleet, then the group: the first limit that would be passed
 	 * decides. */
-	const struct mts_totals *t = &reg->totals;
-	uint64_t fm = mts_measured(reg, t->bytes, t->rss);
-	const struct mts_group *g = mts_find_group(reg, group);
-	snprintf(out->scope, sizeof(out->scope), "fleet");
-	out->measured = fm;
-	out->reserved = t->reserved;
 	out->limit = t->limit;
-	/* The forecast as before the request, as the figures are. */
-	out->growth = t->growth;
-	out->forecast_s = mts_fleet_forecast(reg);
+	const struct mts_group *g = mts_find_group(reg, group);
 	if (t->limit &&
-	    mt_sat_add(mt_sat_add(fm, t->reserved), req->bytes) > t->limit) {
+	    mt_sat_add(mt_sat_add(fm, t->reserved), bytes) > t->limit) {
 		out->reason = MTS_DENY_FLEET_LIMIT;
-		why(out, "fleet limit", pol->measure, fm, t->reserved,
-		    req->bytes, t->limit);
-	} else if (g && g->limit) {
+		why(out, "fleet limit", pol->measure, fm, t->reserved, bytes,
+		    t->limit);
+		return;
+	}
+	if (g && g->limit) {
 		uint64_t gm = mts_measured(reg, g->bytes, g->rss);
-		if (mt_sat_add(mt_sat_add(gm, g->reserved), req->bytes) > g->limit) {
+		if (mt_sat_add(mt_sat_add(gm, g->reserved), bytes) > g->limit) {
 			char what[MTS_NAME_MAX + 16];
 			out->reason = MTS_DENY_GROUP_LIMIT;
 			snprintf(out->scope, sizeof(out->scope), "group:%s",
@@ -927,35 +907,53 @@ int mts_admit(struct mts_registry *reg, const struct mts_peer *peer,
 			out->limit = g->limit;
 			out->growth = g->growth;
 			out->forecast_s = mts_group_forecast(reg, g);
-			why(out, what, pol->measure, gm, g->reserved,
-			    req->bytes, g->limit);
-		} else {
-			out->admitted = true;
+			why(out, what, pol->measure, gm, g->reserved, bytes,
+			    g->limit);
+			return;
 		}
-	} else {
-		out->admitted = true;
 	}
+	out->admitted = true;
+}
 
-	if (!out->admitted) {
-		reg->stats.denials[out->reason]++;
-		mts_log(MTS_LOG_INFO, "admission denied",
-		        "reason=%s scope=%s measured=%llu reserved=%llu "
-		        "requested=%llu limit=%llu measure=%s group=%s task=%s "
-		        "peer_pid=%u uid=%u",
-		        mts_denial_name(out->reason),
-		        mts_logq(qs, sizeof(qs), out->scope),
-		        (unsigned long long)out->measured,
-		        (unsigned long long)out->reserved,
-		        (unsigned long long)req->bytes,
-		        (unsigned long long)out->limit,
-		        mts_measure_name(pol->measure),
-		        mts_logq(qg, sizeof(qg), group),
-		        mts_logq(qt, sizeof(qt), task), peer->pid, peer->uid);
-		return 0;
-	}
+static void log_denial(const struct mts_registry *reg,
+                       const struct mts_peer *peer, const char *group,
+                       const char *task, const struct mts_admit_out *out)
+{
+	char qg[MTS_LOGQ_MAX], qt[MTS_LOGQ_MAX], qs[MTS_LOGQ_MAX];
+	/* A uid at its cap is a misbehaving client, not a full fleet. */
+	bool cap = out->reason == MTS_DENY_UID_CAP;
+	mts_log(cap ? MTS_LOG_WARN : MTS_LOG_INFO,
+	        cap ? "admission denied: per-uid reservation cap"
+	            : "admission denied",
+	        "reason=%s scope=%s measured=%llu reserved=%llu "
+	        "requested=%llu limit=%llu measure=%s group=%s task=%s "
+	        "peer_pid=%u uid=%u tcp=%d",
+	        mts_denial_name(out->reason),
+	        mts_logq(qs, sizeof(qs), out->scope),
+	        (unsigned long long)out->measured,
+	        (unsigned long long)out->reserved,
+	        (unsigned long long)out->requested,
+	        (unsigned long long)out->limit,
+	        mts_measure_name(reg->policy.measure),
+	        mts_logq(qg, sizeof(qg), group), mts_logq(qt, sizeof(qt), task),
+	        peer->pid, peer->uid, peer->tcp);
+}
 
-	/* Grant: a reservation. Make room first: nothing below may fail
-	 * once the reservation is linked. */
+/* Link a granted reservation of req->bytes into the registry (index, heap,
+ * task, group, per-uid count) and count it. Nothing is changed when it
+ * fails (-ENOMEM). */
+static int resv_grant(struct mts_registry *reg, const struct mts_peer *peer,
+                      const char *group, const char *task,
+                      const struct mts_admit_req *req,
+                      struct mts_admit_out *out)
+{
+	const struct mts_policy *pol = &reg->policy;
+	char qg[MTS_LOGQ_MAX], qt[MTS_LOGQ_MAX];
+	bool owned;
+	uint32_t key = peer_key(peer, &owned);
+	uint64_t fm = out->measured;
+	/* Make room first: nothing below may fail once the reservation is
+	 * linked. */
 	if (reg->nresv == reg->resv_cap) {
 		uint32_t cap = reg->resv_cap ? reg->resv_cap * 2 : 16;
 		struct mts_resv **a = realloc(reg->resv, cap * sizeof(*a));
@@ -1049,6 +1047,39 @@ int mts_admit(struct mts_registry *reg, const struct mts_peer *peer,
 	mts_limits_eval(reg, false);
 	mts_publish(reg);
 	return 0;
+}
+
+int mts_admit(struct mts_registry *reg, const struct mts_peer *peer,
+              const struct mts_admit_req *req, struct mts_admit_out *out)
+{
+	const char *group =
+	    req->group && req->group[0] ? req->group : "default";
+	const char *task = req->task ? req->task : "";
+	if (req->bytes == 0 || !mts_name_ok(group) || !mts_name_ok(task)) {
+		memset(out, 0, sizeof(*out));
+		out->requested = req->bytes;
+		reg->stats.denials[MTS_DENY_INVALID]++;
+		out->reason = MTS_DENY_INVALID;
+		mts_log(MTS_LOG_INFO, "admission refused: invalid request",
+		        "peer_pid=%u bytes=%llu", peer->pid,
+		        (unsigned long long)req->bytes);
+		return -EINVAL;
+	}
+	if (reg->nresv >= MTS_RESV_MAX) {
+		memset(out, 0, sizeof(*out));
+		out->requested = req->bytes;
+		mts_log(MTS_LOG_WARN,
+		        "admission refused: too many reservations",
+		        "peer_pid=%u outstanding=%u", peer->pid, reg->nresv);
+		return -ENOSPC;
+	}
+	mts_admit_decide(reg, peer, group, req->bytes, out);
+	if (!out->admitted) {
+		reg->stats.denials[out->reason]++;
+		log_denial(reg, peer, group, task, out);
+		return 0;
+	}
+	return resv_grant(reg, peer, group, task, req, out);
 }
 
 /* ---- Release ------------------------------------------------------------- */

@@ -1084,6 +1084,15 @@ struct mts_admit_out {
 int mts_admit(struct mts_registry *reg, const struct mts_peer *peer,
               const struct mts_admit_req *req, struct mts_admit_out *out);
 
+/* The decision alone, for a valid request of `bytes` to `group`: the
+ * per-uid reservation cap, then the fleet limit, then the group's; fills
+ * out (admitted, or the reason, scope, figures and words that decided).
+ * Reads the registry and changes nothing: no reservation, no counter, no
+ * log line. */
+void mts_admit_decide(const struct mts_registry *reg,
+                      const struct mts_peer *peer, const char *group,
+                      uint64_t bytes, struct mts_admit_out *out);
+
 /* Release reservation `id`. Returns 0 (*bytes = its granted bytes),
  * -ENOENT, -EPERM (logged and counted). */
 int mts_release(struct mts_registry *reg, const struct mts_peer *peer,

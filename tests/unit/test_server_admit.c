@@ -168,6 +168,65 @@ Test(admit, group_limit)
 	cr_assert_eq(mts_find_group(&srv.reg, "web")->reserved, 30 * MIB);
 }
 
+/* The decision alone: the same answers as Admit, and nothing changes. */
+Test(admit, decide_changes_nothing)
+{
+	mts_policy_defaults(&pol);
+	struct mts_group_policy gp = {.name = "etl", .limit = 100 * MIB};
+	pol.groups = &gp;
+	pol.ngroups = 1;
+	pol.fleet_limit = 1024 * MIB;
+	pol.max_resv_per_uid = 2;
+	fx_start_policy(&pol);
+	pol.groups = NULL;
+	pol.ngroups = 0;
+	srv.reg.server_uid = 4242;
+	grant(80 * MIB, "etl", "", 0);
+	grant(800 * MIB, "web", "", 0);
+
+	struct mts_registry before = srv.reg;
+	struct mts_peer p1000 = fx_peer(getpid(), 1000);
+	struct mts_peer p1001 = fx_peer(getpid(), 1001);
+	struct mts_admit_out out;
+
+	/* uid 1000 holds 2 = its cap: the cap decides first. */
+	mts_admit_decide(&srv.reg, &p1000, "etl", 1, &out);
+	cr_assert_not(out.admitted);
+	cr_assert_eq(out.reason, MTS_DENY_UID_CAP);
+	cr_assert_str_eq(out.scope, "uid:1000");
+
+	/* Fleet: 880 reserved + 200 > 1024 MiB. */
+	mts_admit_decide(&srv.reg, &p1001, "web", 200 * MIB, &out);
+	cr_assert_not(out.admitted);
+	cr_assert_eq(out.reason, MTS_DENY_FLEET_LIMIT);
+	cr_assert_str_eq(out.scope, "fleet");
+	cr_assert_eq(out.reserved, 880 * MIB);
+	cr_assert_eq(out.requested, 200 * MIB);
+
+	/* Group: within the fleet, over etl's 100 MiB. */
+	mts_admit_decide(&srv.reg, &p1001, "etl", 30 * MIB, &out);
+	cr_assert_not(out.admitted);
+	cr_assert_eq(out.reason, MTS_DENY_GROUP_LIMIT);
+	cr_assert_str_eq(out.scope, "group:etl");
+	cr_assert_eq(out.limit, 100 * MIB);
+	cr_assert_str_eq(out.why, "group limit (etl): 0 B measured + 80 MiB "
+	                          "reserved + 30 MiB requested > 100 MiB");
+
+	/* Room: admitted, with the fleet's figures. */
+	mts_admit_decide(&srv.reg, &p1001, "etl", 20 * MIB, &out);
+	cr_assert(out.admitted);
+	cr_assert_str_eq(out.scope, "fleet");
+	cr_assert_eq(out.limit, 1024 * MIB);
+
+	/* Nothing was reserved, counted or denied by deciding. */
+	cr_assert_eq(srv.reg.nresv, before.nresv);
+	cr_assert_eq(srv.reg.totals.reserved, before.totals.reserved);
+	cr_assert_eq(srv.reg.stats.admissions, before.stats.admissions);
+	for (int d = 0; d < MTS_DENY__COUNT; d++)
+		cr_assert_eq(srv.reg.stats.denials[d], before.stats.denials[d]);
+	cr_assert_eq(mts_find_group(&srv.reg, "etl")->reserved, 80 * MIB);
+}
+
 Test(admit, invalid_requests)
 {
 	start_fleet(0);
