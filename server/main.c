@@ -519,8 +519,8 @@ int main(int argc, char **argv)
 	           cfg.socket_path, (int)getpid());
 	uv_run(&loop, UV_RUN_DEFAULT);
 
-	uint64_t registrations = srv.reg.registrations;
-	uint64_t exits = srv.reg.exits;
+	uint64_t registrations = srv.reg.stats.registrations;
+	uint64_t exits = srv.reg.stats.reclaims;
 	mts_server_free(&srv);
 	err = uv_loop_close(&loop);
 	if (err < 0)

@@ -730,7 +730,6 @@ static void proc_release(struct mts_registry *reg, struct mts_proc *p,
 		reg->by_slot[last]->dense = p->dense;
 	}
 	hash_remove(reg, p);
-	reg->exits++;
 	reg->stats.reclaims++;
 
 	reg->totals.processes = reg->ndense;
@@ -835,6 +834,79 @@ static int proc_reset(struct mts_registry *reg, struct mts_proc *p,
 	return 0;
 }
 
+/* What a new process starts with: from a Register, or from the restart
+ * record when a restarted server adopts a live worker. */
+struct proc_init {
+	uint32_t pid, uid, slot;
+	int pidfd; /* owned by the process once proc_insert() has taken it */
+	uint64_t start_time, image_id, registered_ns;
+	const char *group, *task;
+};
+
+/*
+ * The one create-and-insert path of a process: allocate it, name it,
+ * watch its pidfd and link it into its slot of `table` and the dense,
+ * by-slot and pid indexes. 0 on success. On failure nothing is linked;
+ * *pidfd_taken says whether the pidfd went with it (a libuv handle was
+ * opened on it: its close callback closes the pidfd) or is still the
+ * caller's.
+ */
+static int proc_insert(struct mts_registry *reg, const struct proc_init *in,
+                       struct mts_table *table, struct mts_proc **out,
+                       bool *pidfd_taken)
+{
+	*pidfd_taken = false;
+	struct mts_proc *p = proc_alloc();
+	if (!p)
+		return -ENOMEM;
+	int err = -ENOMEM;
+	p->task = strdup(in->task);
+	if (!p->task)
+		goto fail_free_proc;
+	err = group_ref(reg, in->group, &p->group);
+	if (err < 0)
+		goto fail_free_proc;
+	p->reg = reg;
+	p->pidfd = in->pidfd;
+	p->pid = in->pid;
+	p->uid = in->uid;
+	p->slot = in->slot;
+	p->start_time = in->start_time;
+	p->image_id = in->image_id;
+	p->registered_ns = in->registered_ns;
+	p->limit = reg->policy.process_limit;
+	mts_read_comm((pid_t)p->pid, p->comm, sizeof(p->comm));
+	err = uv_poll_init(reg->loop, &p->poll, in->pidfd);
+	if (err < 0)
+		goto fail_unref_group;
+	p->poll.data = p;
+	err = uv_poll_start(&p->poll, UV_READABLE, on_pidfd);
+	if (err < 0) {
+		/* The handle is initialised: its close callback now owns p
+		 * and the pidfd. */
+		group_unref(reg, p->group);
+		uv_close((uv_handle_t *)&p->poll, on_proc_closed);
+		*pidfd_taken = true;
+		return err;
+	}
+	slot_place(reg, p, table);
+	p->dense = reg->ndense;
+	reg->dense[reg->ndense++] = p->slot;
+	reg->by_slot[p->slot] = p;
+	uint32_t b = pid_bucket(reg, p->pid);
+	p->hnext = reg->hash[b];
+	reg->hash[b] = p;
+	reg->totals.processes = reg->ndense;
+	*out = p;
+	return 0;
+
+fail_unref_group:
+	group_unref(reg, p->group);
+fail_free_proc:
+	proc_free(p);
+	return err;
+}
+
 int mts_register(struct mts_registry *reg, const struct mts_peer *peer,
                  const char *group, const char *task, uint64_t image_id,
                  struct mts_reg_result *res)
@@ -929,53 +1001,27 @@ int mts_register(struct mts_registry *reg, const struct mts_peer *peer,
 		        "uid=%u err=%s", peer->uid, strerror(-err));
 		goto fail_close_pidfd;
 	}
-	p = proc_alloc();
-	if (!p) {
-		err = -ENOMEM;
-		goto fail_table;
-	}
-	p->task = strdup(task);
-	if (!p->task) {
-		err = -ENOMEM;
-		goto fail_free_proc;
-	}
-	err = group_ref(reg, group, &p->group);
-	if (err < 0)
-		goto fail_free_proc;
-	p->reg = reg;
-	p->pidfd = pidfd;
-	p->pid = peer->pid;
-	p->uid = peer->uid;
-	p->start_time = start_time;
-	p->image_id = image_id;
-	p->registered_ns = mts_now_realtime();
-	p->limit = reg->policy.process_limit;
-	mts_read_comm((pid_t)p->pid, p->comm, sizeof(p->comm));
-	err = uv_poll_init(reg->loop, &p->poll, pidfd);
-	if (err < 0)
-		goto fail_unref_group;
-	p->poll.data = p;
-	err = uv_poll_start(&p->poll, UV_READABLE, on_pidfd);
+	struct proc_init in = {
+	    .pid = peer->pid,
+	    .uid = peer->uid,
+	    .slot = reg->free_slots[reg->nfree - 1],
+	    .pidfd = pidfd,
+	    .start_time = start_time,
+	    .image_id = image_id,
+	    .registered_ns = mts_now_realtime(),
+	    .group = group,
+	    .task = task,
+	};
+	bool taken;
+	err = proc_insert(reg, &in, table, &p, &taken);
 	if (err < 0) {
-		/* The handle is initialised: its close callback now owns p
-		 * and the pidfd. */
-		group_unref(reg, p->group);
-		uv_close((uv_handle_t *)&p->poll, on_proc_closed);
 		mts_table_gc(reg, table);
-		return err;
+		if (taken)
+			return err;
+		goto fail_close_pidfd;
 	}
-
-	p->slot = reg->free_slots[--reg->nfree];
-	slot_place(reg, p, table);
-	p->dense = reg->ndense;
-	reg->dense[reg->ndense++] = p->slot;
-	reg->by_slot[p->slot] = p;
-	uint32_t b = pid_bucket(reg, p->pid);
-	p->hnext = reg->hash[b];
-	reg->hash[b] = p;
-	reg->registrations++;
+	reg->nfree--;
 	reg->stats.registrations++;
-	reg->totals.processes = reg->ndense;
 
 	res->slot = p->slot;
 	res->slot_generation = slot_init(reg, p);
@@ -990,12 +1036,6 @@ int mts_register(struct mts_registry *reg, const struct mts_peer *peer,
 		mts_resv_worker_registered(reg, p);
 	return 0;
 
-fail_unref_group:
-	group_unref(reg, p->group);
-fail_free_proc:
-	proc_free(p);
-fail_table:
-	mts_table_gc(reg, table);
 fail_close_pidfd:
 	close(pidfd);
 	return err;
@@ -1012,44 +1052,27 @@ int mts_registry_adopt_slot(struct mts_registry *reg,
 	    mts_find_pid(reg, a->pid) || !mts_name_ok(group) ||
 	    !mts_name_ok(a->task) || table->uid != a->uid)
 		return -EINVAL;
-	struct mts_proc *p = proc_alloc();
-	if (!p)
-		return -ENOMEM;
-	int err = -ENOMEM;
-	p->task = strdup(a->task);
-	if (!p->task)
-		goto fail_free_proc;
-	err = group_ref(reg, group, &p->group);
+	struct proc_init in = {
+	    .pid = a->pid,
+	    .uid = a->uid,
+	    .slot = a->slot,
+	    .pidfd = a->pidfd,
+	    .start_time = a->start_time,
+	    .image_id = a->image_id,
+	    .registered_ns =
+	        a->registered_ns ? a->registered_ns : mts_now_realtime(),
+	    .group = group,
+	    .task = a->task,
+	};
+	struct mts_proc *p;
+	bool taken;
+	int err = proc_insert(reg, &in, table, &p, &taken);
 	if (err < 0)
-		goto fail_free_proc;
-	p->reg = reg;
-	p->pidfd = a->pidfd;
-	p->pid = a->pid;
-	p->uid = a->uid;
-	p->slot = a->slot;
-	p->start_time = a->start_time;
-	p->image_id = a->image_id;
-	p->slot_gen = a->slot_gen;
-	p->registered_ns = a->registered_ns ? a->registered_ns
-	                                    : mts_now_realtime();
-	p->limit = reg->policy.process_limit;
-	mts_read_comm((pid_t)p->pid, p->comm, sizeof(p->comm));
-	err = uv_poll_init(reg->loop, &p->poll, a->pidfd);
-	if (err < 0)
-		goto fail_unref_group;
-	p->poll.data = p;
-	err = uv_poll_start(&p->poll, UV_READABLE, on_pidfd);
-	if (err < 0) {
-		/* The close callback now owns p; the caller keeps the pidfd
-		 * (on_proc_closed closes it: hand it over). */
-		group_unref(reg, p->group);
-		uv_close((uv_handle_t *)&p->poll, on_proc_closed);
-		return -EAGAIN;
-	}
+		return taken ? -EAGAIN : err; /* -EAGAIN: the pidfd is gone */
 	/* The counters stay as the worker left them: that is the point.
 	 * Identity is rewritten from our record (the table is writable by
 	 * the uid's workers: what it says is not evidence). */
-	slot_place(reg, p, table);
+	p->slot_gen = a->slot_gen;
 	struct mtshm_slot_id *s = reg->slot_at[p->slot];
 	if (a->slot_gen > reg->slot_gens[p->slot])
 		reg->slot_gens[p->slot] = a->slot_gen;
@@ -1059,21 +1082,7 @@ int mts_registry_adopt_slot(struct mts_registry *reg,
 	mt_store_relaxed64(&s->limit, p->limit);
 	/* Its peak so far is lost with the old server; it starts again
 	 * from its current figure at the first tick. */
-	p->dense = reg->ndense;
-	reg->dense[reg->ndense++] = p->slot;
-	reg->by_slot[p->slot] = p;
-	uint32_t b = pid_bucket(reg, p->pid);
-	p->hnext = reg->hash[b];
-	reg->hash[b] = p;
-	reg->totals.processes = reg->ndense;
 	return 0;
-
-fail_unref_group:
-	group_unref(reg, p->group);
-fail_free_proc:
-	free(p->task);
-	free(p);
-	return err;
 }
 
 void mts_registry_rebuild_free(struct mts_registry *reg)

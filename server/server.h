@@ -462,8 +462,6 @@ struct mts_registry {
 	uint32_t groups_cap;
 
 	struct mts_totals totals;
-	uint64_t registrations;
-	uint64_t exits;
 	struct mts_stats stats;
 
 	/* Limits, admission, events (limits.c, admit.c). */

@@ -477,7 +477,7 @@ Test(dispatch, pid_reuse_reclaims)
 	cr_assert_eq(mtshm_lane(mts_slot(&srv.reg, slot), 0)->bytes, 0);
 	cr_assert_eq(srv.reg.totals.bytes, 0);
 	cr_assert_eq(srv.reg.totals.processes, 1);
-	cr_assert_eq(srv.reg.exits, 1);
+	cr_assert_eq(srv.reg.stats.reclaims, 1);
 	uv_run(&loop, UV_RUN_NOWAIT); /* run the old poll's close */
 }
 
