@@ -1,7 +1,7 @@
 /*
  * mtshm.h - the memtally shared-memory segment. This header IS the format.
  *
- * Layout 2.0. Two kinds of object, both anonymous memory (memfd_create),
+ * Layout 2.1. Two kinds of object, both anonymous memory (memfd_create),
  * never names in /dev/shm that someone else could pre-create, open or
  * truncate, and both handed to a worker over the registration socket
  * (SCM_RIGHTS):
@@ -29,7 +29,7 @@
  * i * slot_stride in the table of its process's uid (the tables are
  * sparse: only the pages of used slots are ever touched).
  *
- * Header page, version 2.0 (little-endian host order; the magic exposes a
+ * Header page, version 2.1 (little-endian host order; the magic exposes a
  * byte-order mismatch):
  *
  *   offset  size  field
@@ -60,9 +60,17 @@
  *
  *   line 0   0..63  struct mtshm_slot_id   identity (server) + a few
  *                                          client-written process words
- *           64..127 struct mtshm_lane      lane 0
+ *           64..127 struct mtshm_lane      lane 0, whose `mapped` word
+ *                                          (line offset 88) is the
+ *                                          process's mapped bytes (2.1)
  *   line k   0..63  reserved               (k >= 1)
- *           64..127 struct mtshm_lane      lane k
+ *           64..127 struct mtshm_lane      lane k (`mapped` unused, 0)
+ *
+ * Minor versions: 2.1 added the process's mapped bytes (lane 0's
+ * `mapped`, written by the client) and the fleet's (`fleet.mapped`,
+ * written by the server), both in words that were zero in 2.0, and keeps
+ * compat_minor 0: a 2.0 reader ignores them and reads every 2.0 field
+ * where it was; a 2.0 client leaves `mapped` at the 0 the server stored.
  *
  * Every lane sits in its own 128-byte line, so two threads flushing into
  * their own lanes never share a cache line nor an adjacent-line prefetch
@@ -99,7 +107,7 @@
 #define MTSHM_MAGIC         UINT64_C(0x594c4c41544d454d) /* "MEMTALLY" */
 #define MTSHM_MAGIC_SWAPPED UINT64_C(0x4d454d54414c4c59)
 #define MTSHM_VERSION_MAJOR 2
-#define MTSHM_VERSION_MINOR 0
+#define MTSHM_VERSION_MINOR 1
 #define MTSHM_COMPAT_MINOR  0
 #define MTSHM_LINE          128u
 #define MTSHM_HEADER_SIZE   4096u
@@ -153,7 +161,9 @@ struct mtshm_fleet {
 	uint32_t processes;    /*  68 registered live processes */
 	uint32_t unregistered; /*  72 workers refused for lack of slots */
 	uint32_t spare0;       /*  76 */
-	uint64_t spare[6];     /*  80 zero in 1.0 */
+	uint64_t mapped;       /*  80 mapped bytes, all slots (2.1; part
+				*     of `bytes`) */
+	uint64_t spare[5];     /*  88 zero */
 };
 
 struct mtshm_header {
@@ -204,13 +214,23 @@ struct mtshm_slot_id {
  * than lanes, lane-less threads add into `overflow` instead). `bytes` is
  * the net bytes flushed through this lane since the slot was assigned; it
  * may be negative when one thread frees what another allocated.
+ *
+ * `mapped` (2.1) is meaningful in lane 0 only: the bytes of anonymous
+ * memory the process mapped itself and still holds, as an absolute value
+ * (never a delta), stored by whichever thread of the process just changed
+ * its table of mapped regions (client/mmap.c, under that table's lock, so
+ * stores are ordered). It is exact, not a drift: it adds nothing to the
+ * error bar. The server adds it to the slot's heap bytes (`bytes` of the
+ * lanes) for the process's total. It sits in lane 0's line, which the
+ * tick reads anyway.
  */
 struct mtshm_lane {
 	uint32_t owner;    /*  0 client: tid holding the lane, 0 = none */
 	uint32_t spare0;   /*  4 */
 	int64_t bytes;     /*  8 client (owner only) */
 	uint64_t flushes;  /* 16 client (owner only) */
-	uint64_t spare[5]; /* 24 */
+	int64_t mapped;    /* 24 client, lane 0 only (see above) */
+	uint64_t spare[4]; /* 32 */
 };
 
 _Static_assert(sizeof(struct mtshm_fleet) == 128, "fleet line");
@@ -219,7 +239,8 @@ _Static_assert(offsetof(struct mtshm_fleet, limit) == 24, "fleet.limit");
 _Static_assert(offsetof(struct mtshm_fleet, heartbeat_ns) == 48, "fleet.hb");
 _Static_assert(offsetof(struct mtshm_fleet, state) == 64, "fleet.state");
 _Static_assert(offsetof(struct mtshm_fleet, unregistered) == 72, "fleet.unreg");
-_Static_assert(offsetof(struct mtshm_fleet, spare) == 80, "fleet.spare");
+_Static_assert(offsetof(struct mtshm_fleet, mapped) == 80, "fleet.mapped");
+_Static_assert(offsetof(struct mtshm_fleet, spare) == 88, "fleet.spare");
 _Static_assert(sizeof(struct mtshm_header) == MTSHM_HEADER_SIZE, "header");
 _Static_assert(offsetof(struct mtshm_header, version_major) == 8, "major");
 _Static_assert(offsetof(struct mtshm_header, compat_minor) == 12, "compat");
@@ -247,6 +268,7 @@ _Static_assert(offsetof(struct mtshm_slot_id, overflow) == 56, "slot ovf");
 _Static_assert(sizeof(struct mtshm_lane) == 64, "lane");
 _Static_assert(offsetof(struct mtshm_lane, bytes) == 8, "lane bytes");
 _Static_assert(offsetof(struct mtshm_lane, flushes) == 16, "lane flushes");
+_Static_assert(offsetof(struct mtshm_lane, mapped) == 24, "lane mapped");
 _Static_assert(sizeof(struct mtshm_slot_id) + sizeof(struct mtshm_lane) ==
 		       MTSHM_LINE,
 	       "line 0 is identity + lane 0");
@@ -417,6 +439,19 @@ static inline int64_t mtshm_slot_sum(struct mtshm_slot_id *s,
 	*flushes = nf;
 	*absurd = total > MTSHM_ABSURD_BYTES || total < -MTSHM_ABSURD_BYTES;
 	return total;
+}
+
+/*
+ * The process's mapped bytes (lane 0's `mapped`, layout 2.1): an absolute
+ * value the client stores, so one relaxed load is the whole read. *absurd
+ * is set when it is negative or beyond MTSHM_ABSURD_BYTES (then it is not
+ * to be used). In the line the slot's sum reads anyway.
+ */
+static inline uint64_t mtshm_slot_mapped(struct mtshm_slot_id *s, int *absurd)
+{
+	int64_t m = mt_load_relaxeds64(&mtshm_lane(s, 0)->mapped);
+	*absurd = m < 0 || m > MTSHM_ABSURD_BYTES;
+	return *absurd ? 0 : (uint64_t)m;
 }
 
 /*

@@ -86,7 +86,9 @@ Test(segment, header_bytes_at_the_diagram_offsets)
 	cr_expect_eq(memcmp(b, "MEMTALLY", 8), 0);
 	cr_expect_eq(magic, MTSHM_MAGIC);
 	cr_expect_eq(major, 2);
-	cr_expect_eq(minor, 0);
+	/* 2.1 (mapped bytes), still readable by a 2.0 reader: compat 0. */
+	cr_expect_eq(minor, 1);
+	cr_expect_eq(b[12] | b[13] << 8, 0, "compat_minor");
 	cr_expect_eq(stride, 5 * 128);
 	cr_expect_eq(count, 3);
 	cr_expect_eq(lanes, 5);
