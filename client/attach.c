@@ -97,6 +97,7 @@ static struct {
 	uint32_t natts;            /* atts[] used; under `attaching` */
 	uint32_t over_seen;        /* the slot's over-limit flag as the
 				    * latest flush saw it: edge detection */
+	uint64_t mapped;           /* mapped bytes (mmap.c), absolute */
 
 	/*
 	 * The over-limit callback and its argument, read as one snapshot
@@ -605,6 +606,7 @@ static int attach(void)
 	mt_store_release64(&mtc.cur, (uint64_t)(uintptr_t)na);
 	mt_add_relaxeds64(&s->overflow,
 			  mt_exchange_relaxeds64(&mtc.pending, 0));
+	mtc_mapped_resync();
 	mtc_debug("attached: slot %u threshold %llu", rep.slot,
 		  (unsigned long long)rep.threshold);
 	return 0;
@@ -614,6 +616,33 @@ fail:
 		mtshm_close(&a.table);
 	mtshm_close(&a.hdr_map);
 	return err;
+}
+
+/* ---- mapped memory ---------------------------------------------------- */
+
+void mtc_mapped_store(uint64_t total)
+{
+	mt_store_relaxed64(&mtc.mapped, total);
+	const struct mtc_attachment *a = cur_att();
+	if (a)
+		mt_store_relaxeds64(&mtshm_lane(a->slot, 0)->mapped,
+				    (int64_t)total);
+}
+
+/* Where mapped memory is not counted, there is nothing to resync. */
+__attribute__((weak)) void mtc_mapped_resync(void)
+{
+}
+
+static void maybe_attach(int force);
+
+void mtc_mapped_changed(void)
+{
+	/* Only once the process set memtally up (its first allocation did):
+	 * an mmap may come from inside a program's own allocator, where
+	 * setting up (which allocates) is not safe. */
+	if (mtc.pid && !cur_att())
+		maybe_attach(0);
 }
 
 /* Try to (re)attach if the back-off allows and nobody else is at it. */

@@ -90,6 +90,23 @@ void mtc_front_force_slow(void);
  * only if writers kept it busy through every retry. */
 bool mtc_group_copy(char out[MTC_GROUP_MAX]);
 
+/*
+ * Mapped memory (mmap.c, in the preloads): the process's counted mapped
+ * bytes changed to `total`. Stores it for the process and into the
+ * current slot; called by mmap.c under its table's lock, so the stores
+ * come in the order of the changes. Never blocks.
+ */
+void mtc_mapped_store(uint64_t total);
+
+/* After a change stored by mtc_mapped_store(), outside the table's lock:
+ * an unattached process tries to attach (back-off permitting). */
+void mtc_mapped_changed(void);
+
+/* Store the current total into the current slot (under the table's
+ * lock). Called by attach() once a new slot is published. A no-op where
+ * mapped memory is not counted (libmemtally). */
+void mtc_mapped_resync(void);
+
 /* Diagnostics on stderr when MEMTALLY_DEBUG=1. Never allocates. */
 void mtc_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 

@@ -1,0 +1,334 @@
+/*
+ * mmap.c - anonymous memory a program maps itself: mmap, mmap64, mremap
+ * and munmap, interposed by the preloads.
+ *
+ * Runtimes keep their heaps on mappings they make themselves (CPython's
+ * pymalloc arenas, GCC's GGC pages, custom arenas, a JVM's committed heap):
+ * a malloc interposer never sees them. This front end counts them, in
+ * their own figure (`mapped`, lane 0 of the slot, mtshm.h), beside the heap
+ * bytes the malloc front end counts.
+ *
+ * What counts: a private, anonymous, writable mapping the program asked
+ * for (MAP_PRIVATE | MAP_ANONYMOUS, PROT_WRITE), not MAP_NORESERVE -- the
+ * mappings the kernel charges to the commit limit. Not counted: shared or
+ * file mappings (page cache), PROT_NONE reservations (a later mprotect is
+ * not seen), MAP_NORESERVE, and every mapping of the allocators memtally
+ * already counts through malloc: glibc's malloc calls its internal mmap
+ * directly (never this one), and libjemalloc.so.2 calls mmap and munmap
+ * through its PLT, so calls whose return address lies in jemalloc's code,
+ * or in the preload's own (its shared memory; a jemalloc linked into it),
+ * go straight to the kernel, uncounted, without a lock.
+ *
+ * Invariants:
+ *  - Counted once, uncounted exactly once: the counted ranges are kept in
+ *    a per-process table (maptable.h), page-granular, so munmap or mremap
+ *    of any part subtracts just the part that was counted.
+ *  - The table changes under one mutex, held across the system call of
+ *    the operation: the kernel serialises mmap, munmap and mremap of one
+ *    process on its mmap lock anyway, so this costs no parallelism, and an
+ *    address freed by one thread's munmap cannot be handed to another
+ *    thread's mmap and inserted before the first thread removed it. The
+ *    total is published as an absolute value while the lock is held, so
+ *    the last store is the last state.
+ *  - A thread that re-enters (a signal handler mapping memory while its
+ *    thread holds the lock) maps uncounted: never a deadlock. fork() takes
+ *    the lock around it (pthread_atfork), so the child's table is
+ *    consistent and its lock free.
+ *  - No cost on malloc or free: nothing here is on those paths. The
+ *    table's own memory comes from raw system calls.
+ *  - Fail open: a table that cannot grow stops counting new regions; the
+ *    program's calls behave exactly as the kernel's.
+ */
+#define _GNU_SOURCE
+#include "client_internal.h"
+#include "maptable.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <link.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define MM_EXPORT __attribute__((visibility("default")))
+#define MM_MAX_EXCL 8
+#define MM_INITIAL_CAP 512
+
+static struct {
+	pthread_mutex_t lock;
+	struct mtc_maptable t;
+	/* Code ranges whose mmap calls are an allocator's or our own; set
+	 * once by the constructor, before `ready`. */
+	struct mtc_range excl[MM_MAX_EXCL];
+	uint32_t nexcl;
+	int ready;     /* 1 once excl is complete (acquire/release) */
+	uintptr_t page;
+} mm = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static __thread int mm_busy MTC_TLS; /* this thread holds mm.lock */
+
+/* ---- the kernel's calls ------------------------------------------------ */
+
+static void *sys_mmap(void *a, size_t len, int prot, int flags, int fd,
+		      off_t off)
+{
+	return (void *)syscall(SYS_mmap, a, len, prot, flags, fd, off);
+}
+
+static int sys_munmap(void *a, size_t len)
+{
+	return (int)syscall(SYS_munmap, a, len);
+}
+
+static void *sys_mremap(void *old, size_t old_len, size_t new_len, int flags,
+			void *new_addr)
+{
+	return (void *)syscall(SYS_mremap, old, old_len, new_len, flags,
+			       new_addr);
+}
+
+/* The table's own storage: anonymous memory from the kernel directly. */
+static int table_grow(struct mtc_maptable *t, size_t want)
+{
+	size_t cap = t->cap ? t->cap : MM_INITIAL_CAP;
+	while (cap < want)
+		cap *= 2;
+	size_t bytes = cap * sizeof(struct mtc_range);
+	void *p;
+	if (t->v)
+		p = sys_mremap(t->v, t->cap * sizeof(struct mtc_range), bytes,
+			       MREMAP_MAYMOVE, NULL);
+	else
+		p = sys_mmap(NULL, bytes, PROT_READ | PROT_WRITE,
+			     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (p == MAP_FAILED)
+		return -ENOMEM;
+	t->v = p;
+	t->cap = cap;
+	return 0;
+}
+
+/* ---- who is calling ---------------------------------------------------- */
+
+static int is_excluded(const void *ret)
+{
+	uintptr_t a = (uintptr_t)ret;
+	for (uint32_t i = 0; i < mm.nexcl; i++)
+		if (a >= mm.excl[i].lo && a < mm.excl[i].hi)
+			return 1;
+	return 0;
+}
+
+static int add_excl(struct dl_phdr_info *info, size_t size, void *self)
+{
+	(void)size;
+	const char *name = info->dlpi_name ? info->dlpi_name : "";
+	int ours = 0;
+	for (int i = 0; i < info->dlpi_phnum; i++) {
+		const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+		uintptr_t lo = info->dlpi_addr + ph->p_vaddr;
+		if (ph->p_type == PT_LOAD && (uintptr_t)self >= lo &&
+		    (uintptr_t)self < lo + ph->p_memsz)
+			ours = 1;
+	}
+	if (!ours && !strstr(name, "libjemalloc"))
+		return 0;
+	for (int i = 0; i < info->dlpi_phnum && mm.nexcl < MM_MAX_EXCL; i++) {
+		const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+		if (ph->p_type != PT_LOAD || !(ph->p_flags & PF_X))
+			continue;
+		uintptr_t lo = info->dlpi_addr + ph->p_vaddr;
+		mm.excl[mm.nexcl++] = (struct mtc_range){lo, lo + ph->p_memsz};
+	}
+	return 0;
+}
+
+static void mm_prepare(void)
+{
+	if (!mm_busy)
+		pthread_mutex_lock(&mm.lock);
+}
+
+static void mm_parent(void)
+{
+	if (!mm_busy)
+		pthread_mutex_unlock(&mm.lock);
+}
+
+static void mm_child(void)
+{
+	/* The table is the parent's, and so are the mappings: both stay.
+	 * The lock was taken by prepare in this thread: reset it. */
+	pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
+	if (!mm_busy)
+		mm.lock = fresh;
+}
+
+/* Early: a constructor of its own, so the allocators' ranges are known
+ * before most of the program runs (calls made earlier are not counted,
+ * and so never uncounted). */
+__attribute__((constructor(102))) static void mm_init(void)
+{
+	const char *off = getenv("MEMTALLY_MAPPED");
+	mm.page = (uintptr_t)sysconf(_SC_PAGESIZE);
+	if (off && off[0] == '0')
+		return; /* counting of mapped memory switched off */
+	dl_iterate_phdr(add_excl, (void *)(uintptr_t)mm_init);
+	mm.t.grow = table_grow;
+	pthread_atfork(mm_prepare, mm_parent, mm_child);
+	__atomic_store_n(&mm.ready, 1, __ATOMIC_RELEASE);
+}
+
+static inline int counted_kind(int prot, int flags, int fd)
+{
+	return (flags & MAP_ANONYMOUS) && (flags & MAP_TYPE) == MAP_PRIVATE &&
+	       (prot & PROT_WRITE) && !(flags & MAP_NORESERVE) && fd == -1;
+}
+
+static inline uintptr_t page_up(uintptr_t a)
+{
+	return (a + mm.page - 1) & ~(mm.page - 1);
+}
+
+/* Enter the table, or say no: not ready, excluded caller, or re-entry. */
+static int enter(const void *ret)
+{
+	if (!__atomic_load_n(&mm.ready, __ATOMIC_ACQUIRE) || mm_busy ||
+	    is_excluded(ret))
+		return 0;
+	pthread_mutex_lock(&mm.lock);
+	mm_busy = 1;
+	return 1;
+}
+
+/* Publish a changed total while still holding the lock (so stores are in
+ * the order of the changes), then let go; an unattached process tries to
+ * attach now, outside the lock, so a program that only maps is seen. */
+static void leave(uint64_t before)
+{
+	uint64_t now = mm.t.total;
+	if (now != before)
+		mtc_mapped_store(now);
+	pthread_mutex_unlock(&mm.lock);
+	mm_busy = 0;
+	if (now != before)
+		mtc_mapped_changed();
+}
+
+void mtc_mapped_resync(void)
+{
+	if (!__atomic_load_n(&mm.ready, __ATOMIC_ACQUIRE))
+		return;
+	if (mm_busy) { /* a signal handler of a thread inside the table */
+		mtc_mapped_store(mm.t.total);
+		return;
+	}
+	pthread_mutex_lock(&mm.lock);
+	mtc_mapped_store(mm.t.total);
+	pthread_mutex_unlock(&mm.lock);
+}
+
+/* ---- the interposed calls ---------------------------------------------- */
+
+static void *do_mmap(void *addr, size_t len, int prot, int flags, int fd,
+		     off_t off, const void *ret)
+{
+	int counted = counted_kind(prot, flags, fd);
+	int fixed = flags & MAP_FIXED; /* replaces what was there */
+	if (!(counted || fixed) || !enter(ret))
+		return sys_mmap(addr, len, prot, flags, fd, off);
+	uint64_t before = mm.t.total;
+	void *p = sys_mmap(addr, len, prot, flags, fd, off);
+	if (p != MAP_FAILED) {
+		uintptr_t lo = (uintptr_t)p, hi = page_up(lo + len);
+		if (fixed)
+			mtc_maptable_remove(&mm.t, lo, hi, NULL, 0, NULL);
+		if (counted)
+			mtc_maptable_add(&mm.t, lo, hi);
+	}
+	int e = errno;
+	leave(before);
+	errno = e;
+	return p;
+}
+
+MM_EXPORT void *mmap(void *addr, size_t len, int prot, int flags, int fd,
+		     off_t off)
+{
+	return do_mmap(addr, len, prot, flags, fd, off,
+		       __builtin_return_address(0));
+}
+
+MM_EXPORT void *mmap64(void *addr, size_t len, int prot, int flags, int fd,
+		       off_t off)
+{
+	return do_mmap(addr, len, prot, flags, fd, off,
+		       __builtin_return_address(0));
+}
+
+MM_EXPORT int munmap(void *addr, size_t len)
+{
+	uintptr_t lo = (uintptr_t)addr;
+	/* Nothing counted, or arguments the kernel refuses before it unmaps
+	 * anything: straight through. */
+	if (__atomic_load_n(&mm.t.n, __ATOMIC_RELAXED) == 0 || !len ||
+	    (lo & (mm.page - 1)) || !enter(__builtin_return_address(0)))
+		return sys_munmap(addr, len);
+	uint64_t before = mm.t.total;
+	struct mtc_range back[16];
+	size_t nback = 0;
+	uintptr_t hi = page_up(lo + len);
+	mtc_maptable_remove(&mm.t, lo, hi, back, 16, &nback);
+	int r = sys_munmap(addr, len);
+	int e = errno;
+	if (r != 0) /* nothing was unmapped: count it again */
+		for (size_t i = 0; i < nback; i++)
+			mtc_maptable_add(&mm.t, back[i].lo, back[i].hi);
+	leave(before);
+	errno = e;
+	return r;
+}
+
+MM_EXPORT void *mremap(void *old, size_t old_len, size_t new_len, int flags,
+		       ...)
+{
+	void *new_addr = NULL;
+	if (flags & (MREMAP_FIXED | MREMAP_DONTUNMAP)) {
+		va_list ap;
+		va_start(ap, flags);
+		new_addr = va_arg(ap, void *);
+		va_end(ap);
+	}
+	uintptr_t lo = (uintptr_t)old;
+	if (__atomic_load_n(&mm.t.n, __ATOMIC_RELAXED) == 0 || !old_len ||
+	    (lo & (mm.page - 1)) || !enter(__builtin_return_address(0)))
+		return sys_mremap(old, old_len, new_len, flags, new_addr);
+	uint64_t before = mm.t.total;
+	uintptr_t hi = page_up(lo + old_len);
+	/* The kernel moves one mapping: counted or not, it stays so. */
+	int was = mtc_maptable_counted(&mm.t, lo, hi) != 0;
+	struct mtc_range back[16];
+	size_t nback = 0;
+	int keep_old = flags & MREMAP_DONTUNMAP;
+	if (was && !keep_old)
+		mtc_maptable_remove(&mm.t, lo, hi, back, 16, &nback);
+	void *p = sys_mremap(old, old_len, new_len, flags, new_addr);
+	int e = errno;
+	if (p == MAP_FAILED) {
+		for (size_t i = 0; i < nback; i++)
+			mtc_maptable_add(&mm.t, back[i].lo, back[i].hi);
+	} else {
+		uintptr_t nlo = (uintptr_t)p, nhi = page_up(nlo + new_len);
+		/* MREMAP_FIXED replaced whatever was at the target. */
+		mtc_maptable_remove(&mm.t, nlo, nhi, NULL, 0, NULL);
+		if (was)
+			mtc_maptable_add(&mm.t, nlo, nhi);
+	}
+	leave(before);
+	errno = e;
+	return p;
+}
