@@ -97,11 +97,14 @@ struct memtally_group_usage {
 	                          * negative: shrinking */
 	double seconds_to_limit; /* at that rate; 0 = no forecast (no limit,
 	                          * not growing, or already over) */
+	uint64_t mapped;         /* part of `bytes`: memory the workers
+	                          * mapped themselves (0: not reported) */
 };
 
 /* Fleet figures, and the groups they break down into. */
 struct memtally_usage {
-	uint64_t bytes; /* accounted live heap bytes of every worker */
+	uint64_t bytes; /* accounted bytes of every worker: live heap +
+	                 * `mapped` */
 	uint64_t peak;
 	uint64_t limit; /* 0 = no fleet limit */
 	uint64_t reserved;
@@ -127,13 +130,16 @@ struct memtally_usage {
 	                               * within this; 0 = off */
 	size_t n_groups;
 	struct memtally_group_usage *groups;
+	uint64_t mapped; /* part of `bytes`: anonymous memory the workers
+	                  * mapped themselves (pymalloc arenas, GGC pages,
+	                  * ...); heap = bytes - mapped (0: not reported) */
 };
 
 /* One registered worker process. */
 struct memtally_process {
 	uint32_t pid;
 	const char *group;
-	uint64_t bytes; /* negative counts show as 0 */
+	uint64_t bytes; /* heap (negative counts show as 0) + mapped */
 	uint64_t peak;
 	uint64_t limit; /* 0 = no per-process limit */
 	bool over_limit;
@@ -152,6 +158,7 @@ struct memtally_process {
 	double growth;             /* bytes per second (sampled less often
 	                            * than the fleet's) */
 	double seconds_to_limit;   /* to its own limit; 0 = no forecast */
+	uint64_t mapped;           /* part of `bytes` (see memtally_usage) */
 };
 
 /*

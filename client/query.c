@@ -756,6 +756,7 @@ usage_from_pb(const Memtally__V1__Usage *u,
 	    .seconds_to_limit = forecast_or_0(u->seconds_to_limit),
 	    .growth_window_ms = u->growth_window_ms,
 	    .forecast_horizon_ms = u->forecast_horizon_ms,
+	    .mapped = u->mapped_bytes,
 	    .n_groups = n,
 	    .groups = n ? (struct memtally_group_usage *)(r + 1) : NULL,
 	};
@@ -777,6 +778,7 @@ usage_from_pb(const Memtally__V1__Usage *u,
 		    .high_watermark = g->high_watermark_bytes,
 		    .growth = rate_or_0(g->growth_bytes_per_s),
 		    .seconds_to_limit = forecast_or_0(g->seconds_to_limit),
+		    .mapped = g->mapped_bytes,
 		};
 	}
 	return r;
@@ -821,6 +823,7 @@ static void processes_fill(struct memtally_process *r, char **pool,
 		    .state = (enum memtally_state)p->state,
 		    .growth = rate_or_0(p->growth_bytes_per_s),
 		    .seconds_to_limit = forecast_or_0(p->seconds_to_limit),
+		    .mapped = p->mapped_bytes,
 		};
 	}
 }

@@ -166,6 +166,20 @@ static uint64_t high_mark(uint64_t limit, uint32_t bp)
 	return (uint64_t)((unsigned __int128)limit * bp / MTS_BP_ONE);
 }
 
+/* The lanes' flush count, read from the slot when asked (the tick keeps
+ * its process line for what it compares). */
+static uint64_t proc_flushes(const struct mts_registry *reg,
+                             const struct mts_proc *p)
+{
+	struct mtshm_slot_id *s = reg->slot_at ? reg->slot_at[p->slot] : NULL;
+	if (!s)
+		return 0;
+	uint64_t flushes;
+	int absurd;
+	mtshm_slot_sum(s, reg->layout.lane_count, &flushes, &absurd);
+	return flushes;
+}
+
 static void fill_process(const struct mts_registry *reg,
                          const struct mts_proc *p,
                          Memtally__V1__ProcessInfo *pi)
@@ -178,7 +192,8 @@ static void fill_process(const struct mts_registry *reg,
 	pi->uid = p->uid;
 	pi->slot = p->slot;
 	pi->threads = p->threads;
-	pi->flushes = p->flushes;
+	pi->flushes = proc_flushes(reg, p);
+	pi->mapped_bytes = p->mapped;
 	pi->task = p->task;
 	pi->start_time = p->start_time;
 	pi->comm = (char *)p->comm;
@@ -202,6 +217,7 @@ static void fill_group(const struct mts_registry *reg,
 	if (!g)
 		return; /* a group with no entry: all zero */
 	gu->bytes = g->bytes;
+	gu->mapped_bytes = g->mapped;
 	gu->peak = g->peak;
 	gu->processes = g->processes;
 	gu->error_bytes = g->error_bytes;
@@ -228,6 +244,7 @@ static int do_get_usage(struct mts_registry *reg, uint64_t id,
 	int err;
 
 	u.fleet_bytes = t->bytes;
+	u.mapped_bytes = t->mapped;
 	u.fleet_peak = t->peak;
 	u.fleet_limit = t->limit;
 	u.reserved_bytes = t->reserved;

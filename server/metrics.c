@@ -381,6 +381,10 @@ static void render_fleet(struct out *o, const struct mts_registry *reg)
 	    o, "memtally_fleet_accounted_bytes",
 	    "Bytes the fleet's workers have allocated, as of the latest tick.",
 	    t->bytes);
+	gauge(o, "memtally_fleet_mapped_bytes",
+	      "Part of the accounted bytes: anonymous memory the workers "
+	      "mapped themselves.",
+	      t->mapped);
 	gauge(o, "memtally_fleet_error_bytes",
 	      "Error bar of the accounted bytes: threshold times live threads.",
 	      t->error_bytes);
@@ -432,6 +436,7 @@ static void render_fleet(struct out *o, const struct mts_registry *reg)
 /* One gauge family over the live groups; `field` picks the value. */
 enum gfield {
 	G_BYTES,
+	G_MAPPED,
 	G_ERROR,
 	G_PEAK,
 	G_RSS,
@@ -446,6 +451,8 @@ static uint64_t group_value(const struct mts_group *g, enum gfield f)
 	switch (f) {
 	case G_BYTES:
 		return g->bytes;
+	case G_MAPPED:
+		return g->mapped;
 	case G_ERROR:
 		return g->error_bytes;
 	case G_PEAK:
@@ -537,6 +544,10 @@ static void render_groups(struct out *o, const struct mts_registry *reg,
 	             "Bytes a group's workers have allocated, as of the latest "
 	             "tick.",
 	             G_BYTES, false);
+	group_family(o, reg, gl, "memtally_group_mapped_bytes",
+	             "Part of a group's accounted bytes: memory its workers "
+	             "mapped themselves.",
+	             G_MAPPED, false);
 	group_family(o, reg, gl, "memtally_group_error_bytes",
 	             "Error bar of a group's accounted bytes.", G_ERROR, false);
 	group_family(o, reg, gl, "memtally_group_peak_bytes",
@@ -572,13 +583,15 @@ static void render_groups(struct out *o, const struct mts_registry *reg,
 	drop_if_empty(o, at, any);
 }
 
-enum pfield { P_BYTES, P_RSS, P_LIMIT, P_PEAK, P_THREADS, P_OVER };
+enum pfield { P_BYTES, P_MAPPED, P_RSS, P_LIMIT, P_PEAK, P_THREADS, P_OVER };
 
 static uint64_t proc_value(const struct mts_proc *p, enum pfield f)
 {
 	switch (f) {
 	case P_BYTES:
 		return p->bytes;
+	case P_MAPPED:
+		return p->mapped;
 	case P_RSS:
 		return p->rss;
 	case P_LIMIT:
@@ -616,6 +629,10 @@ static void render_procs(struct out *o, const struct mts_registry *reg,
 	proc_family(o, reg, pl, "memtally_process_accounted_bytes",
 	            "Bytes a worker has allocated, as of the latest tick.",
 	            P_BYTES, false);
+	proc_family(o, reg, pl, "memtally_process_mapped_bytes",
+	            "Part of a worker's accounted bytes: memory it mapped "
+	            "itself.",
+	            P_MAPPED, false);
 	proc_family(o, reg, pl, "memtally_process_rss_bytes",
 	            "Resident set of a worker, from /proc/PID/statm.", P_RSS,
 	            false);

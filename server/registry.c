@@ -344,6 +344,7 @@ void mts_publish(struct mts_registry *reg)
 	    .state = t->state,
 	    .processes = t->processes,
 	    .unregistered = t->unregistered,
+	    .mapped = t->mapped,
 	};
 	mtshm_fleet_publish(reg->map->hdr, &f);
 }
@@ -358,7 +359,7 @@ void mts_publish(struct mts_registry *reg)
 
 /* What the tick adds up over the processes. */
 struct tick_sums {
-	uint64_t bytes, error_bytes, rss;
+	uint64_t bytes, error_bytes, rss, mapped;
 };
 
 /* One process's share of a tick: sum its slot, update its figures, add
@@ -368,14 +369,15 @@ static inline void tick_proc(struct mts_registry *reg, struct mts_proc *p,
 {
 	struct mtshm_slot_id *s = reg->slot_at[p->slot];
 	uint64_t flushes;
-	int absurd;
+	int absurd, mapped_absurd;
 	int64_t sum = mtshm_slot_sum(s, lanes, &flushes, &absurd);
+	/* Lane 0's line, which the sum just read. */
+	uint64_t pm = mtshm_slot_mapped(s, &mapped_absurd);
+	absurd |= mapped_absurd;
 	uint32_t threads = mt_load_relaxed32(&s->threads);
 	/* Here and below: store only what changed. Most workers are idle
 	 * between two ticks, and a line left clean is dropped from the
 	 * cache for free instead of written back. */
-	if (p->flushes != flushes)
-		p->flushes = flushes;
 	if (p->threads != threads)
 		p->threads = threads;
 	/* RSS comes from the kernel, not the slot: it counts even for a
@@ -393,9 +395,13 @@ static inline void tick_proc(struct mts_registry *reg, struct mts_proc *p,
 	if (p->corrupt) {
 		p->bytes = 0;
 		p->error_bytes = 0;
+		p->mapped = 0;
 		return;
 	}
-	uint64_t pb = sum < 0 ? 0 : (uint64_t)sum;
+	/* Both parts are below 2^50 here: no overflow. */
+	uint64_t pb = (sum < 0 ? 0 : (uint64_t)sum) + pm;
+	if (p->mapped != pm)
+		p->mapped = pm;
 	if (p->bytes != pb)
 		p->bytes = pb;
 	if (pb > p->peak) {
@@ -408,7 +414,9 @@ static inline void tick_proc(struct mts_registry *reg, struct mts_proc *p,
 	if (p->error_bytes != pe)
 		p->error_bytes = pe;
 	g->bytes = mt_sat_add(g->bytes, pb);
+	g->mapped = mt_sat_add(g->mapped, pm);
 	g->error_bytes = mt_sat_add(g->error_bytes, pe);
+	acc->mapped = mt_sat_add(acc->mapped, pm);
 	acc->bytes = mt_sat_add(acc->bytes, pb);
 	acc->error_bytes = mt_sat_add(acc->error_bytes, pe);
 }
@@ -458,12 +466,13 @@ tick_range(struct mts_registry *reg, uint32_t from, uint32_t to, bool rate,
 void mts_tick(struct mts_registry *reg)
 {
 	struct mts_totals *t = &reg->totals;
-	struct tick_sums acc = {0, 0, 0};
+	struct tick_sums acc = {0, 0, 0, 0};
 	uint64_t started = mts_now_monotonic();
 	uint32_t n = reg->ndense;
 
 	for (uint32_t i = 0; i < reg->groups_used; i++) {
 		reg->groups[i].bytes = 0;
+		reg->groups[i].mapped = 0;
 		reg->groups[i].error_bytes = 0;
 		reg->groups[i].rss = 0;
 	}
@@ -487,6 +496,7 @@ void mts_tick(struct mts_registry *reg)
 			g->peak = g->bytes;
 	}
 	t->bytes = acc.bytes;
+	t->mapped = acc.mapped;
 	t->error_bytes = acc.error_bytes;
 	t->rss = acc.rss;
 	if (acc.bytes > t->peak)
@@ -647,6 +657,7 @@ static uint64_t slot_init(struct mts_registry *reg, struct mts_proc *p)
 		mt_store_relaxed32(&l->owner, 0);
 		mt_store_relaxeds64(&l->bytes, 0);
 		mt_store_relaxed64(&l->flushes, 0);
+		mt_store_relaxeds64(&l->mapped, 0);
 	}
 	mt_store_relaxeds64(&s->overflow, 0);
 	mt_store_relaxed32(&s->threads, 0);
@@ -678,13 +689,16 @@ static void totals_drop(struct mts_registry *reg, struct mts_proc *p)
 {
 	struct mts_group *g = &reg->groups[p->group];
 	g->bytes = sat_sub(g->bytes, p->bytes);
+	g->mapped = sat_sub(g->mapped, p->mapped);
 	g->error_bytes = sat_sub(g->error_bytes, p->error_bytes);
 	g->rss = sat_sub(g->rss, p->rss);
 	reg->totals.bytes = sat_sub(reg->totals.bytes, p->bytes);
+	reg->totals.mapped = sat_sub(reg->totals.mapped, p->mapped);
 	reg->totals.error_bytes =
 	    sat_sub(reg->totals.error_bytes, p->error_bytes);
 	reg->totals.rss = sat_sub(reg->totals.rss, p->rss);
 	p->bytes = 0;
+	p->mapped = 0;
 	p->error_bytes = 0;
 	p->rss = 0;
 }
@@ -822,7 +836,7 @@ static int proc_reset(struct mts_registry *reg, struct mts_proc *p,
 	p->image_id = image_id;
 	p->peak = 0;
 	p->threads = 0;
-	p->flushes = 0;
+	p->mapped = 0;
 	p->corrupt = false;
 	p->state = MTSHM_STATE_OK; /* slot_init clears the flag */
 	p->last_signal_ns = 0;

@@ -254,12 +254,15 @@ bool mts_forecast_gate(struct mts_forecast_gate *g, double secs,
 #define MTS_PROC_ALIGN 64u
 struct mts_proc {
 	/* Hot: each tick (sum, limits). */
-	uint64_t bytes; /* latest tick; negative sums show as 0 */
+	uint64_t bytes; /* latest tick: heap (negative sums show as 0) +
+			 * mapped; what limits compare */
 	uint64_t peak;
 	uint64_t error_bytes; /* threshold x threads */
 	uint64_t rss;   /* resident bytes, /proc/PID/statm, slower cadence */
 	uint64_t limit; /* per-process limit in force, 0 = none */
-	uint64_t flushes;
+	uint64_t mapped; /* part of `bytes`: memory it mapped itself (the
+			  * lanes' flush count, for queries only, is read
+			  * from the slot then: it has no place here) */
 	uint32_t slot;
 	uint32_t group; /* index in reg->groups */
 	uint32_t threads;
@@ -301,7 +304,8 @@ struct mts_proc {
 struct mts_group {
 	char *name; /* NULL: free entry */
 	uint32_t processes;
-	uint64_t bytes; /* latest tick */
+	uint64_t bytes; /* latest tick, mapped included */
+	uint64_t mapped;
 	uint64_t peak;
 	uint64_t error_bytes;
 	/* Filled by the limits code. */
@@ -322,7 +326,8 @@ struct mts_group {
 
 /* Fleet figures as of the latest tick (or exit, which subtracts at once). */
 struct mts_totals {
-	uint64_t bytes;
+	uint64_t bytes; /* heap + mapped */
+	uint64_t mapped;
 	uint64_t peak;
 	uint64_t error_bytes;
 	uint64_t ticks;
