@@ -1,0 +1,117 @@
+"""Memory a program maps itself, counted by the preload (`mapped`):
+
+- a C worker maps 256 MiB of private anonymous memory and touches it:
+  exactly 256 MiB mapped; munmap of its upper half: exactly 128 MiB;
+  mremap to 384 MiB: exactly 384 MiB; shared anonymous memory and a
+  PROT_NONE reservation: not counted; munmap of the rest: 0. `bytes` (what
+  limits compare) carries it; `status`, `ps` and /metrics show it.
+- the allocator's own mappings are never counted twice: the same worker
+  holding 1 GiB through malloc (16 MiB blocks, which the allocator maps
+  for itself) on two threads keeps `mapped` where it was, its heap bytes
+  say 1 GiB, and after free it is back within its error bar.
+"""
+import subprocess
+
+from harness import CLI, MIB, Server, Worker, check, run, wait_for, worker
+from test_metrics import get, metrics_url, parse, value
+
+
+def table(s, *args):
+    """The human-readable output of `memtally ARGS`."""
+    return subprocess.run([CLI, "--socket", s.socket, *args],
+                          capture_output=True, text=True, timeout=30).stdout
+
+
+def say(w, cmd):
+    w.send(cmd)
+    line = w.readline()
+    check(line.startswith("ok"), f"{cmd}: {line!r}")
+    return line
+
+
+def tol(p):
+    """The error bar of a process's heap figure: threshold x threads, and
+    at least one threshold (a thread not yet holding a lane)."""
+    return max(p["error_bytes"], 64 * 1024)
+
+
+def settled(s, pid, pred, what):
+    """The process's ps entry once `pred` holds for it."""
+    return wait_for(what, lambda: (lambda p: p if p and pred(p) else None)(
+        s.ps().get(pid)))
+
+
+def test_own_mappings_counted_exactly():
+    with Server("--metrics", "127.0.0.1:0") as s:
+        url = wait_for("metrics listening", lambda: metrics_url(s))
+        w = Worker([worker("mt_map")], s.env(group="maps"))
+        try:
+            check(w.readline().startswith("ready"), "worker not ready")
+            say(w, "reserve 1")  # stdio's buffers allocated and flushed
+            base = settled(s, w.pid, lambda p: p["bytes"] > 0, "registered")
+            check(base["mapped"] == 0, f"nothing mapped yet: {base}")
+            heap0 = base["bytes"]
+
+            say(w, "map 256")
+            p = settled(s, w.pid, lambda p: p["mapped"] == 256 * MIB,
+                        "256 MiB mapped")
+            check(abs(p["bytes"] - 256 * MIB - heap0) <= tol(p),
+                  f"bytes carry mapped: {p}, heap before {heap0}")
+            st = s.status()
+            check(st["fleet"]["mapped"] == 256 * MIB and
+                  st["fleet"]["bytes"] >= 256 * MIB, f"status: {st['fleet']}")
+            g = next(g for g in st["groups"] if g["name"] == "maps")
+            check(g["mapped"] == 256 * MIB, f"group: {g}")
+            m = wait_for("metrics show it", lambda: (lambda t: t if value(
+                t, "memtally_fleet_mapped_bytes") == 256 * MIB else None)(
+                    parse(get(url)[2])))
+            mine = [v for k, v in m.items()
+                    if k[0] == "memtally_process_mapped_bytes" and
+                    ("pid", str(w.pid)) in k[1]]
+            check(mine == [256 * MIB], f"process gauge: {mine}")
+            check(value(m, "memtally_group_mapped_bytes",
+                        group="maps") == 256 * MIB, "group gauge")
+            human = table(s, "ps")
+            check("MAPPED" in human and "256" in human, f"ps:\n{human}")
+            human = table(s, "status")
+            check("mapped" in human and "256" in human, f"status:\n{human}")
+
+            say(w, "unmap_half")
+            settled(s, w.pid, lambda p: p["mapped"] == 128 * MIB,
+                    "half unmapped: 128 MiB")
+            say(w, "grow 384")
+            settled(s, w.pid, lambda p: p["mapped"] == 384 * MIB,
+                    "grown by mremap: 384 MiB")
+            say(w, "shared 64")
+            say(w, "reserve 64")
+            w.send("map 0")  # EINVAL from the kernel: nothing counted
+            check(w.readline().startswith("error"), "mmap of 0 bytes")
+            w.send("malloc 1024 2")  # 1 GiB through the allocator
+            check(w.readline().startswith("ok"), "malloc 1 GiB")
+            held = settled(s, w.pid, lambda p: p["bytes"] - p["mapped"] >=
+                           heap0 + 1024 * MIB - tol(p),
+                           "1 GiB of heap counted")
+            check(held["mapped"] == 384 * MIB,
+                  f"the allocator's own mappings are not in mapped: {held}")
+            check(held["bytes"] - held["mapped"] <= heap0 + 1100 * MIB,
+                  f"heap counted once: {held}")
+            say(w, "free")
+            after = settled(s, w.pid, lambda p: abs(
+                p["bytes"] - p["mapped"] - heap0) <= tol(p),
+                "heap back after free")
+            print(f"  heap before {heap0}, held "
+                  f"{(held['bytes'] - held['mapped']) / MIB:.1f} MiB, after "
+                  f"{after['bytes'] - after['mapped']} (error bar "
+                  f"{after['error_bytes']}), mapped {after['mapped'] / MIB} "
+                  "MiB throughout", flush=True)
+            check(after["mapped"] == 384 * MIB, f"mapped kept: {after}")
+            say(w, "unmap")
+            settled(s, w.pid, lambda p: p["mapped"] == 0, "all unmapped: 0")
+        finally:
+            w.close()
+        wait_for("fleet mapped back to 0",
+                 lambda: s.status()["fleet"]["mapped"] == 0)
+
+
+if __name__ == "__main__":
+    run([test_own_mappings_counted_exactly])

@@ -1,0 +1,136 @@
+/*
+ * mt_map - maps anonymous memory itself, as runtimes with their own heaps
+ * do, and allocates through malloc, on command (one per stdin line; each
+ * answered with "ok ..." once done and flushed):
+ *   "map N"        mmap N MiB private anonymous read-write, touch it
+ *   "unmap_half"   munmap the upper half of that region
+ *   "grow N"       mremap the region to N MiB (may move), touch it
+ *   "shared N"     mmap N MiB shared anonymous, touch it (not counted)
+ *   "reserve N"    mmap N MiB PROT_NONE (a reservation: not counted)
+ *   "unmap"        munmap the region (what is left of it)
+ *   "malloc N T"   malloc N MiB in 16 MiB blocks over T threads, touch
+ *   "free"         free those blocks
+ *   "exit"
+ * usage: mt_map
+ */
+#include "mt_common.h"
+
+#include <pthread.h>
+#include <sys/mman.h>
+
+#define BLOCK (16u * MIB)
+#define MAX_BLOCKS 1024
+
+static char *region;
+static size_t region_len;
+static void *blocks[MAX_BLOCKS];
+static size_t nblocks;
+
+struct job {
+	size_t from, to;
+};
+
+static void *alloc_some(void *arg)
+{
+	struct job *j = arg;
+	for (size_t i = j->from; i < j->to; i++) {
+		blocks[i] = malloc(BLOCK);
+		if (blocks[i])
+			mt_touch(blocks[i], BLOCK);
+	}
+	mt_flush();
+	return NULL;
+}
+
+static void *free_some(void *arg)
+{
+	struct job *j = arg;
+	for (size_t i = j->from; i < j->to; i++) {
+		free(blocks[i]);
+		blocks[i] = NULL;
+	}
+	mt_flush();
+	return NULL;
+}
+
+static void on_threads(void *(*fn)(void *), size_t n, size_t threads)
+{
+	pthread_t t[16];
+	struct job j[16];
+	if (threads < 1 || threads > 16)
+		threads = 1;
+	for (size_t k = 0; k < threads; k++) {
+		j[k].from = n * k / threads;
+		j[k].to = n * (k + 1) / threads;
+		pthread_create(&t[k], NULL, fn, &j[k]);
+	}
+	for (size_t k = 0; k < threads; k++)
+		pthread_join(t[k], NULL);
+}
+
+int main(void)
+{
+	mt_flush(); /* registered from the start */
+	mt_say("ready pid=%d", (int)getpid());
+	const char *cmd;
+	unsigned long n, t;
+	while ((cmd = mt_wait()) && strcmp(cmd, "exit") != 0) {
+		mt_flush(); /* stdio's buffers, now allocated */
+		if (sscanf(cmd, "map %lu", &n) == 1) {
+			char *p = mmap(NULL, n * MIB, PROT_READ | PROT_WRITE,
+				       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+			if (p == MAP_FAILED) {
+				mt_say("error mmap");
+				continue;
+			}
+			region = p;
+			region_len = n * MIB;
+			mt_touch(region, region_len);
+			mt_say("ok mapped %p", (void *)region);
+		} else if (strcmp(cmd, "unmap_half") == 0) {
+			size_t half = region_len / 2;
+			int r = munmap(region + half, region_len - half);
+			region_len = half;
+			mt_say("ok unmapped %d", r);
+		} else if (sscanf(cmd, "grow %lu", &n) == 1) {
+			void *p = mremap(region, region_len, n * MIB,
+					 MREMAP_MAYMOVE);
+			if (p == MAP_FAILED) {
+				mt_say("error mremap");
+				continue;
+			}
+			region = p;
+			region_len = n * MIB;
+			mt_touch(region, region_len);
+			mt_say("ok grown %p", p);
+		} else if (sscanf(cmd, "shared %lu", &n) == 1) {
+			char *p = mmap(NULL, n * MIB, PROT_READ | PROT_WRITE,
+				       MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+			if (p != MAP_FAILED)
+				mt_touch(p, n * MIB);
+			mt_say("ok shared");
+		} else if (sscanf(cmd, "reserve %lu", &n) == 1) {
+			void *p = mmap(NULL, n * MIB, PROT_NONE,
+				       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+			mt_say("ok reserved %d", p != MAP_FAILED);
+		} else if (strcmp(cmd, "unmap") == 0) {
+			int r = munmap(region, region_len);
+			region_len = 0;
+			mt_say("ok unmapped %d", r);
+		} else if (sscanf(cmd, "malloc %lu %lu", &n, &t) == 2) {
+			nblocks = n * MIB / BLOCK;
+			if (nblocks > MAX_BLOCKS)
+				nblocks = MAX_BLOCKS;
+			on_threads(alloc_some, nblocks, t);
+			mt_flush();
+			mt_say("ok allocated");
+		} else if (strcmp(cmd, "free") == 0) {
+			on_threads(free_some, nblocks, 2);
+			mt_flush();
+			mt_say("ok freed");
+		} else {
+			mt_say("error unknown");
+		}
+	}
+	return 0;
+}
