@@ -182,7 +182,7 @@ MEMTALLY_EXTERN int memtally_on_over_limit(void (*cb)(void *arg), void *arg);
 /* True once the process is registered with a server. */
 MEMTALLY_EXTERN bool memtally_attached(void);
 
-/* "0.2.0" */
+/* The library's release, MEMTALLY_VERSION_STRING when it was built. */
 MEMTALLY_EXTERN const char *memtally_version(void);
 
 /* A description of -errno or any memtally error code. */

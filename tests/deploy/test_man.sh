@@ -16,8 +16,12 @@ check_page() { # page binary [commands...]
     err=$(MANWIDTH=80 man --warnings -l "$page" 2>&1 >/dev/null) || fail "man -l $page: $err"
     [ -z "$err" ] || fail "man warns on $page: $err"
   fi
-  local text opts
+  local text opts version
   text=$(sed 's/\\-/-/g' "$page")
+  # The page's header names the release the binary reports.
+  version=$("$bin" --version | awk '{print $2}')
+  head -1 "$page" | grep -qF "\"memtally $version\"" ||
+    fail "$page's .TH does not say memtally $version: $(head -1 "$page")"
   opts=$("$bin" --help | grep -oE -- '--[a-z][a-z-]*' | sort -u)
   for o in $opts; do
     grep -qF -- "$o" <<<"$text" || fail "$page does not document $o (from $(basename "$bin") --help)"

@@ -105,7 +105,10 @@ def test_live_worker():
             states = [k for k in m if k[0] == "memtally_fleet_state"]
             check(len(states) == 3 and sum(m[k] for k in states) == 1,
                   f"fleet_state is not one-hot: {states}")
-            check(value(m, "memtally_build_info", version="0.2.0") == 1,
+            version = subprocess.run([MEMTALLYD, "--version"],
+                                     capture_output=True, text=True,
+                                     check=True).stdout.split()[1]
+            check(value(m, "memtally_build_info", version=version) == 1,
                   "build_info")
             check(value(m, "memtally_tick_duration_seconds_count") > 0,
                   "no tick counted in memtally_tick_duration_seconds")
