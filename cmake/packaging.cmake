@@ -19,10 +19,16 @@ install(FILES ${_deploy}/memtally.tmpfiles DESTINATION lib/tmpfiles.d
         RENAME memtally.conf)
 install(FILES ${_deploy}/memtallyd.conf ${_deploy}/kubernetes/memtally.yaml
         DESTINATION ${CMAKE_INSTALL_DOCDIR}/examples)
-install(PROGRAMS ${PROJECT_SOURCE_DIR}/examples/python/memtally_client.py
-        DESTINATION ${CMAKE_INSTALL_DOCDIR}/examples/python)
-install(FILES ${PROJECT_BINARY_DIR}/examples/python/memtally_pb2.py OPTIONAL
-        DESTINATION ${CMAKE_INSTALL_DOCDIR}/examples/python)
+# The Python package (client, `python3 -m memtally`, Celery integration),
+# where Debian's python3 looks for packages, with its generated protobuf
+# module inside it.
+file(GLOB _pyfiles ${PROJECT_SOURCE_DIR}/python/memtally/*.py)
+install(FILES ${_pyfiles} DESTINATION lib/python3/dist-packages/memtally)
+install(FILES ${PROJECT_BINARY_DIR}/python/memtally_pb2.py OPTIONAL
+        DESTINATION lib/python3/dist-packages/memtally)
+install(DIRECTORY ${_deploy}/prometheus
+        DESTINATION ${CMAKE_INSTALL_DOCDIR}/examples
+        USE_SOURCE_PERMISSIONS)
 install(FILES ${PROJECT_SOURCE_DIR}/proto/memtally.proto
         DESTINATION ${CMAKE_INSTALL_DATADIR}/memtally/proto)
 install(FILES ${PROJECT_SOURCE_DIR}/README.md DESTINATION ${CMAKE_INSTALL_DOCDIR})

@@ -11,7 +11,10 @@ pkgs=(
   # tests
   libcriterion-dev python3 g++ clang libclang-rt-14-dev procps
   prometheus  # promtool, to check /metrics
-  python3-protobuf protobuf-compiler python3-yaml  # Python example, manifest check
+  python3-protobuf protobuf-compiler python3-yaml  # Python package, manifest check
+  # the cluster integrations, each run for real by its test
+  python3-celery python3-redis redis-server  # Celery with a redis broker
+  slurm-wlm munge  # slurmctld + slurmd + munged started by the Slurm test
   systemd man-db groff-base dpkg-dev  # unit, man page and package checks
   # benchmarks
   valgrind util-linux

@@ -26,8 +26,11 @@ for f in /usr/bin/memtallyd /usr/bin/memtally /usr/lib/libmemtally.so \
          /usr/lib/systemd/system/memtallyd.service \
          /usr/lib/sysusers.d/memtally.conf /usr/lib/tmpfiles.d/memtally.conf \
          /usr/share/doc/memtally/examples/memtallyd.conf \
-         /usr/share/doc/memtally/examples/python/memtally_client.py \
-         /usr/share/doc/memtally/examples/python/memtally_pb2.py \
+         /usr/lib/python3/dist-packages/memtally/__init__.py \
+         /usr/lib/python3/dist-packages/memtally/client.py \
+         /usr/lib/python3/dist-packages/memtally/celery.py \
+         /usr/lib/python3/dist-packages/memtally/memtally_pb2.py \
+         /usr/share/doc/memtally/examples/prometheus/memtally.rules.yml \
          /usr/share/memtally/proto/memtally.proto \
          /usr/share/man/man8/memtallyd.8 /usr/share/man/man1/memtally.1; do
   grep -qxF "$f" "$tmp/files" || { cat "$tmp/files"; fail "package lacks $f"; }

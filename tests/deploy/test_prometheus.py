@@ -86,6 +86,19 @@ def scrape_config(tmp, targets):
     return path
 
 
+def settle(what, fn, timeout=30):
+    """Poll fn() -> (ok, detail) until ok; fail with the last detail."""
+    box = {}
+
+    def pred():
+        ok, box["detail"] = fn()
+        return ok
+    try:
+        wait_for(what, pred, timeout=timeout, interval=0.5)
+    except AssertionError:
+        raise AssertionError(f"{what}: {box.get('detail')}") from None
+
+
 def query(base, expr):
     url = base + "/api/v1/query?" + urllib.parse.urlencode({"query": expr})
     with urllib.request.urlopen(url, timeout=5) as r:
@@ -113,7 +126,6 @@ def test_prometheus_records_cluster_total():
                  lambda: a.status()["fleet"]["bytes"] >= 32 * MIB)
         wait_for("node B counts 40 MiB",
                  lambda: b.status()["fleet"]["bytes"] >= 40 * MIB)
-        fa, fb = a.status()["fleet"]["bytes"], b.status()["fleet"]["bytes"]
         pa = metrics_addr(a).rsplit(":", 1)[1]
         pb = metrics_addr(b).rsplit(":", 1)[1]
         # A names its node in the targets file; B gets the host part of
@@ -142,35 +154,34 @@ def test_prometheus_records_cluster_total():
             nodes = sorted(dict(k)["node"] for k in up)
             check(nodes == ["localhost", "node-a"], f"node labels {nodes}")
 
-            per_node = wait_for("per-node fleet series", lambda: (
-                lambda r: len(r) == 2 and r)(
-                    query(base, "memtally_fleet_accounted_bytes")),
-                timeout=30, interval=0.5)
-            got = {dict(k)["node"]: v for k, v in per_node.items()}
-            check(got == {"node-a": fa, "localhost": fb},
-                  f"scraped {got}, nodes say A {fa} B {fb}")
+            # The figures Prometheus holds are the nodes' own (polled: a
+            # scrape or a rule evaluation may lag a node by a second).
+            def fleets():
+                return a.status()["fleet"]["bytes"], b.status()["fleet"]["bytes"]
 
-            def total():
+            def scraped_match():
+                fa, fb = fleets()
+                r = query(base, "memtally_fleet_accounted_bytes")
+                got = {dict(k)["node"]: v for k, v in r.items()}
+                return got == {"node-a": fa, "localhost": fb}, (got, fa, fb)
+            settle("scraped fleet figures = the nodes' own", scraped_match)
+
+            def total_match():
+                fa, fb = fleets()
                 r = query(base, "job:memtally_fleet_accounted_bytes:sum")
-                return len(r) == 1 and r
-            t = wait_for("recorded cluster total", total, timeout=30,
-                         interval=0.5)
-            (labels, value), = t.items()
-            check(dict(labels) == {"__name__":
-                                   "job:memtally_fleet_accounted_bytes:sum",
-                                   "job": "memtally"}, f"labels {labels}")
-            check(value == fa + fb and value >= 72 * MIB,
-                  f"cluster total {value}, nodes {fa} + {fb}")
+                want = {(("__name__", "job:memtally_fleet_accounted_bytes:sum"),
+                         ("job", "memtally")): float(fa + fb)}
+                return r == want and fa + fb >= 72 * MIB, (r, fa, fb)
+            settle("recorded cluster total = node A + node B", total_match)
 
-            ga = {g["name"]: g["bytes"] for g in a.status()["groups"]}
-            gb = {g["name"]: g["bytes"] for g in b.status()["groups"]}
-            g = wait_for("recorded group totals", lambda: (
-                lambda r: len(r) == 2 and r)(
-                    query(base, "job_group:memtally_group_accounted_bytes:sum")),
-                timeout=30, interval=0.5)
-            groups = {dict(k)["group"]: v for k, v in g.items()}
-            check(groups == {"etl": ga["etl"] + gb["etl"], "web": ga["web"]},
-                  f"group totals {groups}, nodes {ga} {gb}")
+            def groups_match():
+                ga = {g["name"]: g["bytes"] for g in a.status()["groups"]}
+                gb = {g["name"]: g["bytes"] for g in b.status()["groups"]}
+                r = query(base, "job_group:memtally_group_accounted_bytes:sum")
+                got = {dict(k)["group"]: v for k, v in r.items()}
+                want = {"etl": ga["etl"] + gb["etl"], "web": ga["web"]}
+                return got == want, (got, ga, gb)
+            settle("recorded group totals = node A + node B", groups_match)
             # The per-process series are dropped at the scrape.
             check(query(base, "memtally_process_accounted_bytes") == {},
                   "per-process series kept")

@@ -1,7 +1,7 @@
-"""The Python example scheduler client (examples/python/memtally_client.py)
-against a live memtallyd: GetUsage, ListProcesses, Admit (admitted and
-denied under --fleet-limit), Release and Watch, both as a library and as a
-command. Its protobuf module is generated at build time (MEMTALLY_PB2_DIR).
+"""The Python client (python/memtally/, `python3 -m memtally`) against a
+live memtallyd: GetUsage, ListProcesses, Admit (admitted and denied under
+--fleet-limit), Release and Watch, both as a library and as a command. Its
+protobuf module is generated at build time (MEMTALLY_PB2_DIR).
 """
 import os
 import subprocess
@@ -9,17 +9,21 @@ import sys
 
 from harness import MIB, MULT, Server, Worker, check, run, wait_for, worker
 
-EXAMPLE = os.path.join(os.environ["MEMTALLY_EXAMPLES"], "python")
-sys.path.insert(0, EXAMPLE)
-import memtally_client as mc  # noqa: E402
+PYDIR = os.environ["MEMTALLY_PYTHON"]
+sys.path.insert(0, PYDIR)
+import memtally as mc  # noqa: E402
 
 pb = mc.pb
 
 
-def example(s, *args):
-    return subprocess.run([sys.executable, os.path.join(EXAMPLE,
-                           "memtally_client.py"), "--socket", s.socket, *args],
+def command(*args):
+    env = dict(os.environ, PYTHONPATH=PYDIR)
+    return subprocess.run([sys.executable, "-m", "memtally", *args], env=env,
                           capture_output=True, text=True, timeout=30 * MULT)
+
+
+def example(s, *args):
+    return command("--socket", s.socket, *args)
 
 
 def test_library_admit_deny_release_usage_ps():
@@ -96,10 +100,8 @@ def test_command_line():
         r = example(s, "watch", "--count", "1")
         check(r.returncode == 0 and r.stdout.startswith("fleet ok -> ok"),
               f"watch: {r}")
-    r = subprocess.run([sys.executable, os.path.join(EXAMPLE,
-                        "memtally_client.py"), "--socket", "/nonexistent/s",
-                        "usage"], capture_output=True, text=True)
-    check(r.returncode == 1 and "memtally_client:" in r.stderr,
+    r = command("--socket", "/nonexistent/s", "usage")
+    check(r.returncode == 1 and r.stderr.startswith("memtally: "),
           f"no server: {r}")
 
 

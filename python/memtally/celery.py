@@ -1,0 +1,245 @@
+"""memtally.celery - ask the node's memtallyd before a Celery task runs.
+
+    from celery import Celery
+    import memtally.celery
+
+    app = Celery("jobs", broker="redis://broker:6379/0")
+    memtally.celery.setup(app)
+
+    @app.task(base=memtally.celery.AdmittedTask, memtally_bytes="600MiB",
+              memtally_group="etl")
+    def crunch(path):
+        ...
+
+Each worker asks its own node's memtallyd (`memtally_socket` in the app's
+config, else $MEMTALLY_SOCKET, else /run/memtally/memtally.sock) for
+`memtally_bytes` before it runs such a task. Admitted: the task runs under
+the reservation (released when it returns, or by its TTL if the worker
+dies). Denied: the message goes back to the broker's queue untouched, for
+another node's worker (or this one, later) to take.
+
+How a denied task goes back, and why this way:
+
+- `Reject(requeue=True)`, not `retry()`. A retry acknowledges the message and
+  publishes a new one (with a retry count that can run out: the task would
+  be lost after max_retries), and with a countdown the new message sits in
+  one worker's memory until then. A reject hands the same message back to
+  the broker before any of the task's code ran: same id, no count, nothing
+  stored in the result backend, so no task is lost and none runs twice.
+- That needs late acknowledgement (`acks_late = True`, set on the class):
+  with Celery's default early acknowledgement the message is already gone
+  when the task starts. Late acknowledgement has a cost of its own: a task
+  whose worker is killed mid-run is delivered again (redis: after the
+  broker transport's visibility_timeout), as with any acks_late task. Leave
+  `worker_prefetch_multiplier` at its default (4) with the redis broker: at
+  1 an acks_late worker restarts its BRPOP only when its event loop next
+  wakes up, which cost 1.3 s per task here (4 s with --without-heartbeat)
+  against 0.1 s. Prefetched messages a worker cannot admit go back to the
+  queue one by one, as above.
+- A node whose memtallyd says no would otherwise take its own requeued task
+  straight back (the redis transport puts it at the far end of the queue,
+  but a short queue comes round fast) and deny it again, in a loop. So the
+  worker that denied stops consuming (its consumer cancels its queues; the
+  tasks it runs go on) for `memtally_pause` seconds (default 2), and
+  resumes only once its memtallyd no longer reports the fleet `over` (asked
+  once per pause: one GetUsage). Other nodes' workers take the queue
+  meanwhile. `setup(app)` installs this consumer step.
+
+Fail open: when the node's memtallyd cannot be reached, the task runs (the
+worker logs it once); memtally must never stop work because it is missing.
+
+Task options (class attributes, or keyword arguments of @app.task):
+`memtally_bytes` (int or "600MiB"; unset or 0: no admission),
+`memtally_group`, `memtally_ttl` (seconds the reservation outlives a lost
+worker; 0: the server's default). App config: `memtally_socket`,
+`memtally_pause`, `memtally_timeout` (seconds per memtallyd request,
+default 2).
+"""
+import logging
+import os
+import threading
+
+from celery import Task, bootsteps
+from celery.exceptions import Reject
+from celery.worker.request import Request
+
+from .client import DEFAULT_SOCKET, STATES, Client, MemtallyError, parse_size
+
+log = logging.getLogger("memtally.celery")
+
+_failing_open = set()   # sockets we already said we run without
+
+
+class Denied(Reject):
+    """A task memtallyd did not admit; requeued for another worker."""
+
+    def __init__(self, reason, node):
+        super().__init__(f"memtally denied on {node}: {reason}", requeue=True)
+        self.reason = reason
+        self.node = node
+
+    def __reduce__(self):
+        # It crosses from the pool process to the worker: rebuild it from
+        # its own arguments, not Reject's.
+        return (Denied, (self.reason, self.node))
+
+
+def _conf(app, key, default):
+    v = app.conf.get(key)
+    return default if v is None else v
+
+
+def _socket(app):
+    return (_conf(app, "memtally_socket", None)
+            or os.environ.get("MEMTALLY_SOCKET") or DEFAULT_SOCKET)
+
+
+def _bytes(v):
+    if v in (None, "", 0):
+        return 0
+    return v if isinstance(v, int) else parse_size(str(v))
+
+
+def _fail_open(sock, err):
+    if sock not in _failing_open:
+        _failing_open.add(sock)
+        log.warning("memtally: memtallyd at %s not reachable (%s); running "
+                    "tasks without admission", sock, err)
+
+
+class AdmittedRequest(Request):
+    """The worker side of a denial: the task's message is rejected (the
+    Reject raised in the pool process does that) and this worker stops
+    taking tasks for a while, so that it does not take the same one back."""
+
+    def on_failure(self, exc_info, send_failed_event=True, return_ok=False):
+        exc = getattr(exc_info, "exception", None)
+        if isinstance(exc, Denied):
+            log.info("memtally: task %s[%s] denied on %s (%s); requeued",
+                     self.name, self.id, exc.node, exc.reason)
+            _Pauser.pause_current()
+        return super().on_failure(exc_info, send_failed_event, return_ok)
+
+
+class AdmittedTask(Task):
+    """A task that runs only when its node's memtallyd admits it."""
+
+    acks_late = True            # a rejected message must still be ours
+    Request = "memtally.celery:AdmittedRequest"
+    memtally_bytes = 0
+    memtally_group = ""
+    memtally_ttl = 0
+
+    def __call__(self, *args, **kwargs):
+        nbytes = _bytes(self.memtally_bytes)
+        if not nbytes:
+            return super().__call__(*args, **kwargs)
+        sock = _socket(self.app)
+        task_id = self.request.id or ""
+        try:
+            with Client(sock, timeout=float(_conf(self.app,
+                                                  "memtally_timeout", 2))) as c:
+                r = c.admit(nbytes, group=self.memtally_group or "",
+                            task=task_id, ttl_seconds=int(self.memtally_ttl))
+        except (OSError, MemtallyError) as e:
+            _fail_open(sock, e)
+            return super().__call__(*args, **kwargs)
+        _failing_open.discard(sock)
+        if not r.admitted:
+            raise Denied(r.reason, self.request.hostname or sock)
+        try:
+            return super().__call__(*args, **kwargs)
+        finally:
+            try:
+                with Client(sock, timeout=float(
+                        _conf(self.app, "memtally_timeout", 2))) as c:
+                    c.release(r.reservation)
+            except (OSError, MemtallyError) as e:
+                # Its TTL ends it; nothing else to do.
+                log.warning("memtally: releasing %s: %s", r.reservation, e)
+
+
+class _Pauser(bootsteps.StartStopStep):
+    """Consumer step: stop and resume taking tasks after a denial. Runs in
+    the worker's main process, on its event loop (where on_failure runs
+    too), so the consumer is only ever touched from that one thread."""
+
+    requires = {"celery.worker.consumer.tasks:Tasks"}
+    current = None
+    lock = threading.Lock()
+
+    def __init__(self, c, **kwargs):
+        super().__init__(c, **kwargs)
+        self.c = c
+        self.paused = []        # the kombu queues we stopped consuming
+        self.timer = None
+
+    def start(self, c):
+        self.c = c
+        with _Pauser.lock:
+            _Pauser.current = self
+
+    def stop(self, c):
+        with _Pauser.lock:
+            if _Pauser.current is self:
+                _Pauser.current = None
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    @classmethod
+    def pause_current(cls):
+        with cls.lock:
+            p = cls.current
+        if p is not None:
+            p.pause()
+
+    def pause(self):
+        c = self.c
+        tc = getattr(c, "task_consumer", None)
+        if tc is None:
+            return
+        for q in list(tc.queues):
+            if tc.consuming_from(q.name):
+                tc.cancel_by_queue(q.name)
+                self.paused.append(q)
+        if self.paused and self.timer is None:
+            log.info("memtally: not taking tasks from %s for %ss",
+                     ",".join(q.name for q in self.paused), self._delay())
+            self._arm()
+
+    def _delay(self):
+        return float(_conf(self.c.app, "memtally_pause", 2))
+
+    def _arm(self):
+        self.timer = self.c.timer.call_after(self._delay(), self._maybe_resume)
+
+    def _fleet_over(self):
+        sock = _socket(self.c.app)
+        try:
+            with Client(sock, timeout=float(
+                    _conf(self.c.app, "memtally_timeout", 2))) as cl:
+                return STATES[cl.usage().state] == "over"
+        except (OSError, MemtallyError) as e:
+            _fail_open(sock, e)
+            return False
+
+    def _maybe_resume(self):
+        self.timer = None
+        if self._fleet_over():
+            self._arm()
+            return
+        tc = self.c.task_consumer
+        for q in self.paused:
+            if not tc.consuming_from(q.name):
+                tc.add_queue(q)
+        self.paused = []
+        tc.consume()
+        log.info("memtally: taking tasks again")
+
+
+def setup(app):
+    """Install the consumer step that pauses a worker after a denial.
+    Call it before the worker starts (where the app is made)."""
+    app.steps["consumer"].add(_Pauser)
+    return app

@@ -1,0 +1,28 @@
+"""The Celery app of tests/deploy/test_celery.py: one task that needs
+16 MiB from its node's memtallyd and records where it ran."""
+import os
+import time
+
+import redis
+from celery import Celery
+
+import memtally.celery
+
+BROKER_SOCKET = os.environ["MT_REDIS_SOCKET"]
+app = Celery("mtjobs", broker="redis+socket://" + BROKER_SOCKET)
+app.conf.update(
+    task_default_queue="mt",
+    memtally_pause=float(os.environ.get("MT_PAUSE", "1")),
+    broker_connection_retry_on_startup=True,
+)
+memtally.celery.setup(app)
+ledger = redis.Redis(unix_socket_path=BROKER_SOCKET)
+
+
+@app.task(base=memtally.celery.AdmittedTask, memtally_bytes="16MiB",
+          memtally_group="celery", memtally_ttl=60)
+def work(i):
+    node = os.environ.get("MT_NODE", "?")
+    ledger.rpush("mt:ran", f"{work.request.id} {node} {i}")
+    time.sleep(0.1)
+    return node

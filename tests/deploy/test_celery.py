@@ -1,0 +1,175 @@
+"""memtally.celery with real Celery workers and a real redis broker: two
+"nodes" (a memtallyd each, 64 MiB fleet limit), one Celery worker per node
+pointed at its node's memtallyd, one broker. With node A over budget every
+task completes on node B, each exactly once, and A's worker did take and
+requeue some; then with B over and A back under, A takes every task.
+usage: test_celery.py SOURCE_DIR   (env as for the integration tests)
+"""
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+from harness import MIB, MULT, Server, Skip, Worker, check, run, wait_for, worker
+
+SRC = sys.argv[1]
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def need_modules():
+    missing = []
+    for mod, pkg in (("celery", "python3-celery"), ("redis", "python3-redis")):
+        try:
+            __import__(mod)
+        except ImportError:
+            missing.append(pkg)
+    if missing:
+        raise Skip(f"{' '.join(missing)} not installed for {sys.executable} "
+                   f"(apt-get install {' '.join(missing)})")
+    if not shutil.which("redis-server"):
+        raise Skip("redis-server is not installed (apt-get install redis-server)")
+
+
+class Redis:
+    def __init__(self, tmp):
+        self.sock = os.path.join(tmp, "redis.sock")
+        self.log = open(os.path.join(tmp, "redis.log"), "w+")
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", "0", "--unixsocket", self.sock,
+             "--save", "", "--appendonly", "no", "--dir", tmp],
+            stdout=self.log, stderr=subprocess.STDOUT)
+        import redis
+        self.r = redis.Redis(unix_socket_path=self.sock)
+        wait_for("redis-server", lambda: os.path.exists(self.sock)
+                 and self.r.ping(), timeout=20)
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(timeout=20)
+
+
+class CeleryWorker:
+    def __init__(self, tmp, node, server, env):
+        self.node = node
+        self.logpath = os.path.join(tmp, f"worker-{node}.log")
+        self.log = open(self.logpath, "w+")
+        e = dict(env, MT_NODE=node, MEMTALLY_SOCKET=server.socket)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "celery_app", "worker",
+             "-n", f"{node}@%h", "-c", "1", "-P", "prefork", "-Q", "mt",
+             "--without-gossip", "--without-mingle",
+             "-l", "info"], env=e, cwd=tmp, stdout=self.log,
+            stderr=subprocess.STDOUT)
+
+    def text(self):
+        with open(self.logpath) as f:
+            return f.read()
+
+    def ready(self):
+        if self.proc.poll() is not None:
+            raise AssertionError(f"worker {self.node} exited: {self.text()}")
+        return " ready." in self.text()
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()   # warm shutdown
+            try:
+                self.proc.wait(timeout=30 * MULT)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def ledger(rd):
+    return [x.decode().split() for x in rd.r.lrange("mt:ran", 0, -1)]
+
+
+def run_batch(rd, app_mod, n, first):
+    ids = [app_mod.work.delay(first + i).id for i in range(n)]
+    wait_for(f"{n} tasks ran", lambda: len(ledger(rd)) >= first + n,
+             timeout=60, interval=0.1)
+    # Nothing left in the queue or unacknowledged: no task is still to run
+    # (and so none can run a second time later).
+    wait_for("queue drained", lambda: rd.r.llen("mt") == 0
+             and rd.r.hlen("unacked") == 0, timeout=20, interval=0.1)
+    return ids
+
+
+def test_two_nodes_one_broker():
+    need_modules()
+    tmp = tempfile.mkdtemp(prefix="mt-celery-")
+    rd = Redis(tmp)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [os.path.join(SRC, "python"), HERE, env.get("PYTHONPATH", "")])
+    env["MT_REDIS_SOCKET"] = rd.sock
+    os.environ["MT_REDIS_SOCKET"] = rd.sock
+    sys.path[:0] = [os.path.join(SRC, "python"), HERE]
+    import celery_app
+    workers = []
+    hogs = []
+    try:
+        with Server("--fleet-limit", "64MiB") as a, \
+                Server("--fleet-limit", "64MiB") as b:
+            # Node A over budget: 80 MiB held against 64 MiB.
+            hog_a = Worker([worker("mt_hold"), "80"], a.env(group="hog"))
+            hogs.append(hog_a)
+            check(hog_a.readline().startswith("ready"), "hog not ready")
+            wait_for("node A over", lambda: a.status()["fleet"]["state"] == "over")
+            workers = [CeleryWorker(tmp, "A", a, env),
+                       CeleryWorker(tmp, "B", b, env)]
+            for w in workers:
+                wait_for(f"celery worker {w.node} ready", w.ready, timeout=60)
+
+            ids1 = run_batch(rd, celery_app, 10, 0)
+            ran = ledger(rd)
+            check(sorted(r[0] for r in ran) == sorted(ids1),
+                  f"ran {ran}, sent {ids1}")
+            check({r[1] for r in ran} == {"B"}, f"nodes while A over: {ran}")
+            denied_a = workers[0].text().count("denied on")
+            check(denied_a >= 1, "A's worker never took (and requeued) a task:\n"
+                  + workers[0].text())
+            check(a.status()["fleet"]["reserved"] == 0
+                  and b.status()["fleet"]["reserved"] == 0,
+                  "reservations left behind")
+
+            # A has room again, B is over: every task runs on A.
+            hog_a.send("free")
+            check(hog_a.readline() == "freed", "hog did not free")
+            wait_for("node A ok", lambda: a.status()["fleet"]["state"] == "ok")
+            hog_b = Worker([worker("mt_hold"), "80"], b.env(group="hog"))
+            hogs.append(hog_b)
+            check(hog_b.readline().startswith("ready"), "hog not ready")
+            wait_for("node B over", lambda: b.status()["fleet"]["state"] == "over")
+            ids2 = run_batch(rd, celery_app, 10, 10)
+            ran = ledger(rd)
+            check(sorted(r[0] for r in ran) == sorted(ids1 + ids2),
+                  f"ran {ran}, sent {ids1 + ids2}")
+            second = [r for r in ran if r[0] in set(ids2)]
+            check({r[1] for r in second} == {"A"},
+                  f"nodes once A had room and B was over: {second}")
+            check(a.status()["fleet"]["reserved"] == 0, "reservations on A")
+            print(f"A denied {denied_a} while over; B denied "
+                  f"{workers[1].text().count('denied on')} while over")
+            for h in hogs:
+                h.close()
+            hogs = []
+            for w in workers:
+                w.stop()
+    except BaseException:
+        for w in workers:
+            sys.stderr.write(f"---- celery worker {w.node} ----\n"
+                             + w.text()[-4000:])
+        raise
+    finally:
+        for h in hogs:
+            h.kill()
+        for w in workers:
+            w.stop()
+        rd.stop()
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    run([test_two_nodes_one_broker])
