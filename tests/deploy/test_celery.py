@@ -3,7 +3,7 @@
 pointed at its node's memtallyd, one broker. With node A over budget every
 task completes on node B, each exactly once, and A's worker did take and
 requeue some; then with B over and A back under, A takes every task.
-usage: test_celery.py SOURCE_DIR   (env as for the integration tests)
+Environment: as for the integration tests, and MEMTALLY_SOURCE_DIR.
 """
 import os
 import shutil
@@ -13,7 +13,7 @@ import tempfile
 
 from harness import MIB, MULT, Server, Skip, Worker, check, run, wait_for, worker
 
-SRC = sys.argv[1]
+SRC = os.environ["MEMTALLY_SOURCE_DIR"]
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 

@@ -4,7 +4,7 @@ config`; and a real Prometheus server, run with that scrape config (its
 file_sd targets and relabelling) and those rules, scrapes two memtallyd
 ("nodes") and records a cluster total equal to the two nodes' sum, for the
 fleet and for a group both nodes share.
-usage: test_prometheus.py SOURCE_DIR   (env as for the integration tests)
+Environment: as for the integration tests, and MEMTALLY_SOURCE_DIR.
 """
 import json
 import os
@@ -18,7 +18,7 @@ import urllib.request
 
 from harness import MIB, MULT, Server, Skip, Worker, check, run, wait_for, worker
 
-SRC = sys.argv[1]
+SRC = os.environ["MEMTALLY_SOURCE_DIR"]
 PROM = os.path.join(SRC, "deploy", "prometheus")
 RULES = [os.path.join(PROM, f) for f in ("memtally.rules.yml",
                                          "memtally.alerts.yml")]
