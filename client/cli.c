@@ -18,6 +18,10 @@
  * on stderr), 3 `admit` was denied (the answer, with its figures, on
  * stdout). Nothing but the requested output goes to stdout.
  *
+ * `run` (cli_run.c) is the exception to all of this: it starts a command,
+ * connects by itself, fails open, writes nothing to stdout (the command's),
+ * and exits with the command's status.
+ *
  * `watch` streams: one line per event, flushed as it comes, so it can feed
  * a pipe; with --json each line is one compact JSON document. It waits for
  * events without a deadline unless --timeout is given.
@@ -40,6 +44,7 @@
 
 #include <jansson.h>
 
+#include "cli_run.h"
 #include "memtally.h"
 #include "memtally_query.h"
 
@@ -68,6 +73,8 @@ struct cli {
 	const char *ttl;                /* admit --ttl */
 	const char *interval;           /* top --interval SECONDS */
 	const char *iterations;         /* top --iterations N */
+	const char *wait;               /* run --wait SECONDS */
+	char **run_argv;                /* run: the command, NULL-terminated */
 	const char *args[MAX_OPERANDS]; /* operands after the command */
 	int nargs;
 	memtally_query *q;
@@ -77,7 +84,9 @@ struct cli {
 	enum memtally_scope scope;
 	uint32_t pid;
 	uint64_t limit;
-	char label[96]; /* "fleet", "group:NAME", "pid:N" as events say */
+	char label[96];    /* "fleet", "group:NAME", "pid:N" as events say */
+	double wait_s;     /* run --wait */
+	bool socket_given; /* run: --socket was given */
 };
 
 /* Options that belong to some commands only. */
@@ -87,6 +96,7 @@ enum {
 	TAKES_TASK = 1 << 2,
 	TAKES_TTL = 1 << 3,
 	TAKES_REFRESH = 1 << 4, /* --interval, --iterations */
+	TAKES_WAIT = 1 << 5,
 };
 
 struct command {
@@ -128,6 +138,19 @@ static void usage(FILE *f)
 	    "  top [--interval S] [--iterations N]\n"
 	    "                   status and ps refreshed in place, largest "
 	    "first\n"
+	    "  run [--bytes SIZE] [--group G] [--task T] [--wait SECONDS] "
+	    "[--ttl S]\n"
+	    "      -- CMD [ARGS...]\n"
+	    "                   run CMD under the preload as task T (with "
+	    "--bytes: once\n"
+	    "                   admitted, waiting up to --wait for room; "
+	    "exit 3 if\n"
+	    "                   denied); signals are forwarded, the "
+	    "reservation released\n"
+	    "                   at its end (TTL default %u s); exits with "
+	    "CMD's status\n"
+	    "                   (128+N for signal N). Without memtallyd "
+	    "CMD runs anyway\n"
 	    "\n"
 	    "SIZE is bytes or a number with a unit: K, M, G, T and KiB, "
 	    "MiB, GiB, TiB\n"
@@ -152,8 +175,8 @@ static void usage(FILE *f)
 	    "\n"
 	    "Exit status: 0 ok, 1 error talking to the server, 2 usage "
 	    "error,\n"
-	    "3 admission denied.\n",
-	    MEMTALLY_QUERY_DEFAULT_TIMEOUT_MS);
+	    "3 admission denied; run: CMD's.\n",
+	    MTCLI_RUN_DEFAULT_TTL_S, MEMTALLY_QUERY_DEFAULT_TIMEOUT_MS);
 }
 
 /* One-line usage error; always returns EXIT_USAGE. */
@@ -208,6 +231,12 @@ static const char *fmt_size(char buf[static 16], uint64_t v)
 	}
 	snprintf(buf, 16, "%.1f %s", d, units[u]);
 	return buf;
+}
+
+/* The same for cli_run.c's messages. */
+const char *mtcli_fmt_size(char buf[static 16], uint64_t v)
+{
+	return fmt_size(buf, v);
 }
 
 static const char *fmt_limit(char buf[static 16], uint64_t v)
@@ -1083,6 +1112,66 @@ static int cmd_watch(struct cli *c)
 	return EXIT_SERVER; /* only a failed write stops a watch */
 }
 
+/* ---- run ----------------------------------------------------------- */
+
+static int check_run(struct cli *c)
+{
+	if (!c->run_argv || !c->run_argv[0])
+		return usage_error("run: no command given (memtally run "
+		                   "[OPTIONS] -- CMD [ARGS...])");
+	if (c->json)
+		return usage_error("run: no --json (stdout is the command's)");
+	if (c->bytes) {
+		int rc =
+		    parse_size_arg("--bytes", c->bytes, false, &c->admit.bytes);
+		if (rc)
+			return rc;
+		if (c->admit.bytes == 0)
+			return usage_error("run: --bytes must be more than 0");
+	} else if (c->wait || c->ttl) {
+		return usage_error("run: --%s applies to an admission: give "
+		                   "--bytes",
+		                   c->wait ? "wait" : "ttl");
+	}
+	if (c->ttl && !parse_u32(c->ttl, &c->admit.ttl_seconds))
+		return usage_error("invalid --ttl '%s': expected seconds > 0",
+		                   c->ttl);
+	if (c->wait) {
+		char *end;
+		errno = 0;
+		double w = strtod(c->wait, &end);
+		/* At most a year: a deadline, not "for ever". */
+		if (errno || end == c->wait || *end || !(w >= 0) ||
+		    w > 366.0 * 86400)
+			return usage_error("invalid --wait '%s': expected "
+			                   "seconds, 0 to 31622400",
+			                   c->wait);
+		c->wait_s = w;
+	}
+	if ((c->group && !c->group[0]) || (c->task && !c->task[0]))
+		return usage_error("run: --%s is empty",
+		                   c->group && !c->group[0] ? "group" : "task");
+	return 0;
+}
+
+static int cmd_run(struct cli *c)
+{
+	struct mtcli_run_opts o = {
+	    .socket = c->socket,
+	    .socket_given = c->socket_given,
+	    .tcp = c->tcp,
+	    .token = c->token,
+	    .timeout_ms = c->timeout_ms,
+	    .bytes = c->admit.bytes,
+	    .group = c->group,
+	    .task = c->task,
+	    .ttl_s = c->admit.ttl_seconds,
+	    .wait_s = c->wait_s,
+	    .argv = c->run_argv,
+	};
+	return mtcli_run(&o);
+}
+
 static const struct command commands[] = {
     {"status", NULL, cmd_status, 0, 0, 0, false},
     {"ps", NULL, cmd_ps, TAKES_GROUP, 0, 0, false},
@@ -1092,6 +1181,10 @@ static const struct command commands[] = {
     {"limit", check_limit, cmd_limit, 0, 1, 4, false},
     {"watch", NULL, cmd_watch, 0, 0, 0, true},
     {"top", NULL, cmd_top, TAKES_REFRESH, 0, 0, true},
+    /* Connects by itself (cli_run.c): it fails open. */
+    {"run", check_run, cmd_run,
+     TAKES_GROUP | TAKES_BYTES | TAKES_TASK | TAKES_TTL | TAKES_WAIT, 0, 0,
+     false},
 };
 
 static const struct command *find_command(const char *name)
@@ -1116,6 +1209,7 @@ enum {
 	OPT_ITERATIONS,
 	OPT_TCP,
 	OPT_TOKEN,
+	OPT_WAIT,
 	OPT_HELP,
 	OPT_VERSION,
 };
@@ -1132,6 +1226,7 @@ static const struct option long_options[] = {
     {"iterations", required_argument, NULL, OPT_ITERATIONS},
     {"tcp", required_argument, NULL, OPT_TCP},
     {"token", required_argument, NULL, OPT_TOKEN},
+    {"wait", required_argument, NULL, OPT_WAIT},
     {"help", no_argument, NULL, OPT_HELP},
     {"version", no_argument, NULL, OPT_VERSION},
     {NULL, 0, NULL, 0},
@@ -1192,11 +1287,17 @@ int main(int argc, char **argv)
 
 	opterr = 0;
 	int opt;
-	while ((opt = getopt_long(argc, argv, "-:hV", long_options, NULL)) !=
-	       -1) {
+	while (!c.run_argv && (opt = getopt_long(argc, argv, "-:hV",
+	                                         long_options, NULL)) != -1) {
 		switch (opt) {
 		case 1: /* an operand, in order */
-			add_operand(&c, &cmd_name, optarg, &extra);
+			/* run: the first operand after the command starts
+			 * the command line to run, which is not ours to
+			 * parse ("--" before it is optional). */
+			if (cmd_name && strcmp(cmd_name, "run") == 0)
+				c.run_argv = &argv[optind - 1];
+			else
+				add_operand(&c, &cmd_name, optarg, &extra);
 			break;
 		case OPT_SOCKET:
 			if (!optarg[0])
@@ -1238,6 +1339,9 @@ int main(int argc, char **argv)
 		case OPT_ITERATIONS:
 			c.iterations = optarg;
 			break;
+		case OPT_WAIT:
+			c.wait = optarg;
+			break;
 		case 'h':
 		case OPT_HELP:
 			help = true;
@@ -1264,7 +1368,10 @@ int main(int argc, char **argv)
 		}
 	}
 	/* Operands after "--" are left for us at argv[optind..]. */
-	for (; optind < argc; optind++)
+	if (!c.run_argv && cmd_name && strcmp(cmd_name, "run") == 0 &&
+	    optind < argc)
+		c.run_argv = &argv[optind];
+	for (; !c.run_argv && optind < argc; optind++)
 		add_operand(&c, &cmd_name, argv[optind], &extra);
 
 	if (help) {
@@ -1292,12 +1399,21 @@ int main(int argc, char **argv)
 	    (rc = check_takes(cmd, TAKES_TTL, c.ttl, "--ttl")) ||
 	    (rc = check_takes(cmd, TAKES_REFRESH, c.interval, "--interval")) ||
 	    (rc = check_takes(cmd, TAKES_REFRESH, c.iterations,
-	                      "--iterations")))
+	                      "--iterations")) ||
+	    (rc = check_takes(cmd, TAKES_WAIT, c.wait, "--wait")))
 		return rc;
 	if (c.tcp && c.socket)
 		return usage_error("--socket and --tcp exclude each other");
 	if (cmd->check && (rc = cmd->check(&c)))
 		return rc;
+	if (!c.token)
+		c.token = getenv("MEMTALLY_TOKEN");
+	if (cmd->run == cmd_run) {
+		c.socket_given = c.socket != NULL;
+		if (!c.tcp && !c.socket)
+			c.socket = memtally_query_default_socket();
+		return cmd_run(&c);
+	}
 
 	/* A stream waits for events as long as it takes, unless told. */
 	int timeout = c.timeout_ms;
@@ -1320,8 +1436,6 @@ int main(int argc, char **argv)
 		        down ? " (is memtallyd running?)" : "");
 		return EXIT_SERVER;
 	}
-	if (!c.token)
-		c.token = getenv("MEMTALLY_TOKEN");
 	if (c.token && c.token[0] &&
 	    (err = memtally_query_set_token(c.q, c.token))) {
 		fprintf(stderr, "memtally: %s\n", memtally_strerror(err));

@@ -1,0 +1,592 @@
+/*
+ * cli_run.c - `memtally run [--bytes SIZE] ... -- CMD [ARGS...]`: make any
+ * job runner memtally-aware with one word.
+ *
+ * The sequence, and why each step is shaped so:
+ *
+ *  1. The forwarded signals (INT, TERM, HUP, QUIT, USR1, USR2) and SIGCHLD
+ *     are blocked at once and read from a signalfd, so one poll() loop
+ *     serves the wait for room, the command's life and its end, with no
+ *     asynchronous handler and no race between a signal and a fork.
+ *  2. With --bytes, Admit{bytes, group, task, ttl}. Denied: the reason on
+ *     stderr, exit 3, the command never started. With --wait, the denial
+ *     is retried until the deadline: at once after every Watch event of
+ *     the fleet or the request's group (a state change: memory freed,
+ *     a limit raised), and otherwise at a slowly growing interval (0.2 s
+ *     doubling to 2 s, with jitter), because room can appear without any
+ *     state change (a task ends while the fleet stays `high`): the
+ *     protocol has no event for "bytes went down". A signal while waiting
+ *     ends the wait: 128 + N, nothing started, nothing reserved.
+ *  3. The command runs under the preload (LD_PRELOAD of
+ *     libmemtally_preload.so, found by find_preload()) with MEMTALLY_TASK
+ *     set to the reservation's task, so its workers take the reservation
+ *     over as they register and count only what they have not used yet;
+ *     MEMTALLY_GROUP (--group) and MEMTALLY_SOCKET (--socket) as given.
+ *     It stays in our process group and session, so a terminal and job
+ *     control see it as they would without us.
+ *  4. Signals we receive are forwarded to the command, except those the
+ *     kernel sent (si_code SI_KERNEL: a terminal's ^C, ^\, hangup), which
+ *     the command, being in the same foreground process group, already
+ *     got. The command has PR_SET_PDEATHSIG = SIGKILL: if we are killed
+ *     with SIGKILL (which cannot be forwarded), it goes too, so nothing
+ *     runs on outside its reservation; the reservation then ends with its
+ *     workers or at its TTL.
+ *  5. When the command ends: Release (a reservation its workers already
+ *     ended is not an error), and exit with its status, 128 + N for a
+ *     signal N.
+ *
+ * Fail open: when memtallyd cannot be reached, or does not answer in
+ * time, the command runs anyway, after one line on stderr saying so.
+ * Nothing is ever written to stdout: it belongs to the command.
+ */
+#define _GNU_SOURCE
+
+#include "cli_run.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <math.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/random.h>
+#include <sys/signalfd.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "memtally.h"
+#include "memtally_query.h"
+
+#define EXIT_LOCAL  1
+#define EXIT_DENIED 3
+
+/* Retries of a denied admission without events: first after this, then
+ * doubling up to the maximum; each within +-25% (jitter, so waiters do
+ * not all ask at once). */
+#define RETRY_FIRST_MS 200
+#define RETRY_MAX_MS   2000
+/* At most one Admit per this many ms however many events come. */
+#define RETRY_MIN_GAP_MS 50
+
+#define PRELOAD_NAME "libmemtally_preload.so"
+
+static const int forwarded[] = {SIGINT,  SIGTERM, SIGHUP,
+                                SIGQUIT, SIGUSR1, SIGUSR2};
+
+struct run {
+	const struct mtcli_run_opts *o;
+	const char *where; /* the server, for messages */
+	const char *group; /* what Admit and the workers use, or NULL */
+	char task[96];     /* "" when no task is set */
+	memtally_query *q; /* admission and release; NULL: none */
+	memtally_query *w; /* the watch while waiting, or NULL */
+	char reservation[64];
+	bool failed_open; /* the fail-open line was printed */
+	int sfd;          /* signalfd */
+	sigset_t mask;    /* blocked by us: restored in the command */
+	sigset_t old_mask;
+	int signo;      /* a signal ended the wait, or 0 */
+	char *added[4]; /* the "NAME=value" strings command_env() made */
+	size_t nadded;
+};
+
+static int64_t now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Say once, on stderr, that the command runs without memtally. */
+static void fail_open(struct run *r, const char *what, int err,
+                      const char *detail)
+{
+	if (!r->failed_open)
+		fprintf(stderr,
+		        "memtally: %s %s: %s%s%s%s; running the command "
+		        "without admission\n",
+		        what, r->where, memtally_strerror(err),
+		        detail && detail[0] ? " (" : "", detail ? detail : "",
+		        detail && detail[0] ? ")" : "");
+	r->failed_open = true;
+}
+
+static int open_handle(const struct run *r, memtally_query **out)
+{
+	const struct mtcli_run_opts *o = r->o;
+	int err = o->tcp ? memtally_query_open_tcp(out, o->tcp, o->timeout_ms)
+	                 : memtally_query_open(out, o->socket, o->timeout_ms);
+	if (err == 0 && o->token && o->token[0])
+		err = memtally_query_set_token(*out, o->token);
+	if (err) {
+		memtally_query_close(*out);
+		*out = NULL;
+	}
+	return err;
+}
+
+/* A denial, for people, on stderr. */
+static void print_denial(const struct memtally_admit_result *a,
+                         const char *lead)
+{
+	char l[16], m[16], rs[16], rq[16];
+	fprintf(stderr,
+	        "memtally: %s: %s\n"
+	        "  limit %s%s%s, measured %s, reserved %s, requested %s\n",
+	        lead, a->reason[0] ? a->reason : "(no reason given)",
+	        a->limit ? mtcli_fmt_size(l, a->limit) : "none",
+	        a->limit_scope[0] ? " of " : "", a->limit_scope,
+	        mtcli_fmt_size(m, a->fleet_bytes),
+	        mtcli_fmt_size(rs, a->reserved_bytes),
+	        mtcli_fmt_size(rq, a->requested_bytes));
+}
+
+/*
+ * One Admit. 1 granted (r->reservation set), 0 denied (*denied holds the
+ * answer, the caller frees it), < 0 no answer: the caller fails open.
+ */
+static int ask(struct run *r, struct memtally_admit_result **denied)
+{
+	const struct mtcli_run_opts *o = r->o;
+	struct memtally_admit_req rq = {
+	    .bytes = o->bytes,
+	    .group = r->group,
+	    .task = r->task,
+	    .ttl_seconds = o->ttl_s ? o->ttl_s : MTCLI_RUN_DEFAULT_TTL_S,
+	};
+	struct memtally_admit_result *a = NULL;
+	int err = memtally_query_admit(r->q, &rq, &a);
+	if (err) {
+		fail_open(r, "cannot ask for admission at", err,
+		          memtally_query_last_error(r->q));
+		return err;
+	}
+	if (a->admitted) {
+		snprintf(r->reservation, sizeof(r->reservation), "%s",
+		         a->reservation);
+		memtally_admit_result_free(a);
+		return 1;
+	}
+	*denied = a;
+	return 0;
+}
+
+/* Is `ev` about a scope whose change may make room for us? */
+static bool relevant(const struct run *r, const struct memtally_event *ev)
+{
+	if (strcmp(ev->scope, "fleet") == 0)
+		return true;
+	const char *g = r->group && r->group[0] ? r->group : "default";
+	return strncmp(ev->scope, "group:", 6) == 0 &&
+	       strcmp(ev->scope + 6, g) == 0;
+}
+
+/* Subscribe to Watch on a second connection; without one (an old server,
+ * a refusal) the periodic retries still run. */
+static void watch_open(struct run *r)
+{
+	if (open_handle(r, &r->w) != 0)
+		return;
+	if (memtally_query_watch_start(r->w) != 0) {
+		memtally_query_close(r->w);
+		r->w = NULL;
+	}
+}
+
+/* Read what the watch holds: true if an event worth a retry came. Ends
+ * the watch (and frees it) when its stream ends. */
+static bool watch_drain(struct run *r)
+{
+	bool any = false;
+	for (;;) {
+		struct memtally_event ev;
+		int err = memtally_query_watch_next(r->w, &ev);
+		if (err == 0) {
+			any |= relevant(r, &ev);
+			continue;
+		}
+		if (err != -EAGAIN) {
+			memtally_query_close(r->w);
+			r->w = NULL;
+			/* The server may have restarted: ask again now, and
+			 * subscribe again with that answer. */
+			any = true;
+		}
+		return any;
+	}
+}
+
+/* The next periodic retry interval (doubling *base), with jitter. */
+static int next_interval(int *base)
+{
+	*base = *base * 2 > RETRY_MAX_MS ? RETRY_MAX_MS : *base * 2;
+	uint32_t rnd = 0;
+	if (getrandom(&rnd, sizeof(rnd), GRND_NONBLOCK) != sizeof(rnd))
+		rnd = (uint32_t)getpid() * 2654435761u;
+	return *base * 3 / 4 + (int)(rnd % (uint32_t)(*base / 2 + 1));
+}
+
+/*
+ * Wait until Admit grants, the deadline passes or a signal comes.
+ * Returns 1 granted, 0 still denied at the deadline (*denied: the last
+ * answer), < 0 no answer (fail open), or 2 when a signal ended the wait
+ * (r->signo).
+ */
+static int wait_for_room(struct run *r, struct memtally_admit_result **denied)
+{
+	int64_t start = now_ms();
+	int64_t end = start + (int64_t)(r->o->wait_s * 1000.0 + 0.5);
+	int base = RETRY_FIRST_MS;
+	int64_t next = start + base;
+	int64_t last_ask = start;
+	fprintf(stderr, "memtally: waiting up to %g s for room: %s\n",
+	        r->o->wait_s, (*denied)->reason);
+	watch_open(r);
+	for (;;) {
+		int64_t now = now_ms();
+		bool retry = now >= next || now >= end;
+		if (!retry) {
+			int64_t until = next < end ? next : end;
+			struct pollfd p[2] = {
+			    {.fd = r->sfd, .events = POLLIN},
+			    {.fd = r->w ? memtally_query_fd(r->w) : -1,
+			     .events = POLLIN},
+			};
+			int n = poll(p, 2, (int)(until - now));
+			if (n < 0 && errno != EINTR)
+				return -errno;
+			if (n > 0 && (p[0].revents & POLLIN)) {
+				struct signalfd_siginfo si;
+				if (read(r->sfd, &si, sizeof(si)) ==
+				        (ssize_t)sizeof(si) &&
+				    si.ssi_signo != SIGCHLD) {
+					r->signo = (int)si.ssi_signo;
+					return 2;
+				}
+			}
+			if (n > 0 && p[1].revents && r->w && watch_drain(r)) {
+				/* Ask now, but not more often than the gap
+				 * however many events come. */
+				int64_t soon = last_ask + RETRY_MIN_GAP_MS;
+				if (soon < next)
+					next = soon;
+			}
+			continue;
+		}
+		memtally_admit_result_free(*denied);
+		*denied = NULL;
+		last_ask = now_ms();
+		int got = ask(r, denied);
+		if (got != 0)
+			return got;
+		if (last_ask >= end)
+			return 0;
+		if (!r->w)
+			watch_open(r);
+		next = last_ask + next_interval(&base);
+	}
+}
+
+/*
+ * The preload library: $MEMTALLY_PRELOAD_LIB when set ("" = none), else
+ * the first that exists of: next to this executable (a build tree), the
+ * library directory relative to it (an installation, moved or not), the
+ * library directory it was configured for. NULL when none is found.
+ */
+static const char *find_preload(char *buf, size_t cap)
+{
+	const char *env = getenv("MEMTALLY_PRELOAD_LIB");
+	if (env)
+		return env;
+	char exe[PATH_MAX];
+	ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+	if (n > 0) {
+		exe[n] = '\0';
+		char *slash = strrchr(exe, '/');
+		if (slash) {
+			*slash = '\0';
+			if ((size_t)snprintf(buf, cap, "%s/%s", exe,
+			                     PRELOAD_NAME) < cap &&
+			    access(buf, R_OK) == 0)
+				return buf;
+			if ((size_t)snprintf(buf, cap, "%s/%s/%s", exe,
+			                     MEMTALLY_RUN_LIBDIR_REL,
+			                     PRELOAD_NAME) < cap &&
+			    access(buf, R_OK) == 0)
+				return buf;
+		}
+	}
+	if ((size_t)snprintf(buf, cap, "%s/%s", MEMTALLY_RUN_LIBDIR,
+	                     PRELOAD_NAME) < cap &&
+	    access(buf, R_OK) == 0)
+		return buf;
+	return NULL;
+}
+
+/* Is `lib` (a path) already one of the entries of LD_PRELOAD `list`? */
+static bool preload_has(const char *list, const char *lib)
+{
+	size_t n = strlen(lib);
+	for (const char *p = list; *p;) {
+		size_t len = strcspn(p, ": ");
+		if (len == n && strncmp(p, lib, n) == 0)
+			return true;
+		p += len;
+		p += strspn(p, ": ");
+	}
+	return false;
+}
+
+/* Set name=value in the command's environment (*envp, *n entries, a
+ * malloc'd copy of ours); the new string is kept in r->added. */
+static int env_set(struct run *r, char ***envp, size_t *n, const char *name,
+                   const char *value)
+{
+	size_t nl = strlen(name);
+	char *kv;
+	if (r->nadded == sizeof(r->added) / sizeof(r->added[0]) ||
+	    asprintf(&kv, "%s=%s", name, value) < 0)
+		return -ENOMEM;
+	r->added[r->nadded++] = kv;
+	for (size_t i = 0; i < *n; i++) {
+		if (strncmp((*envp)[i], name, nl) == 0 &&
+		    (*envp)[i][nl] == '=') {
+			(*envp)[i] = kv; /* the old string is environ's */
+			return 0;
+		}
+	}
+	char **e = realloc(*envp, (*n + 2) * sizeof(*e));
+	if (!e)
+		return -ENOMEM;
+	e[(*n)++] = kv;
+	e[*n] = NULL;
+	*envp = e;
+	return 0;
+}
+
+/*
+ * The command's environment: ours, with the preload added in front of
+ * LD_PRELOAD and MEMTALLY_TASK / GROUP / SOCKET set. The array is
+ * malloc'd; the strings added are in r->added (free_env()).
+ */
+static char **command_env(struct run *r)
+{
+	extern char **environ;
+	size_t n = 0;
+	while (environ[n])
+		n++;
+	char **e = malloc((n + 1) * sizeof(*e));
+	if (!e)
+		return NULL;
+	memcpy(e, environ, (n + 1) * sizeof(*e));
+	char buf[PATH_MAX];
+	const char *lib = find_preload(buf, sizeof(buf));
+	if (!lib)
+		fprintf(stderr,
+		        "memtally: %s not found next to memtally or in %s "
+		        "(set MEMTALLY_PRELOAD_LIB); the command's memory is "
+		        "not counted\n",
+		        PRELOAD_NAME, MEMTALLY_RUN_LIBDIR);
+	int err = 0;
+	if (lib && lib[0]) {
+		const char *old = getenv("LD_PRELOAD");
+		if (!old || !old[0]) {
+			err = env_set(r, &e, &n, "LD_PRELOAD", lib);
+		} else if (!preload_has(old, lib)) {
+			char *v;
+			if (asprintf(&v, "%s:%s", lib, old) < 0) {
+				err = -ENOMEM;
+			} else {
+				err = env_set(r, &e, &n, "LD_PRELOAD", v);
+				free(v);
+			}
+		}
+	}
+	if (!err && r->task[0])
+		err = env_set(r, &e, &n, "MEMTALLY_TASK", r->task);
+	if (!err && r->o->group)
+		err = env_set(r, &e, &n, "MEMTALLY_GROUP", r->o->group);
+	if (!err && r->o->socket_given)
+		err = env_set(r, &e, &n, "MEMTALLY_SOCKET", r->o->socket);
+	if (err) {
+		free(e);
+		return NULL;
+	}
+	return e;
+}
+
+static void free_env(struct run *r, char **envp)
+{
+	free(envp);
+	for (size_t i = 0; i < r->nadded; i++)
+		free(r->added[i]);
+	r->nadded = 0;
+}
+
+/* In the child: restore the signal mask, die with our parent, exec. */
+static _Noreturn void exec_command(struct run *r, char **envp, pid_t parent)
+{
+	/* Dispositions are left as we got them: a command started by a
+	 * shell with SIGINT ignored (`memtally run ... &`) keeps it so. */
+	sigprocmask(SIG_SETMASK, &r->old_mask, NULL);
+	/* If we are killed with SIGKILL, which cannot be forwarded, the
+	 * command goes too. Our parent may have died before the prctl: then
+	 * the signal would never come. */
+	if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || getppid() != parent)
+		_exit(128 + SIGKILL);
+	execvpe(r->o->argv[0], r->o->argv, envp);
+	int e = errno;
+	fprintf(stderr, "memtally: cannot run '%s': %s\n", r->o->argv[0],
+	        strerror(e));
+	_exit(e == ENOENT ? MTCLI_RUN_EXIT_NOTFOUND : MTCLI_RUN_EXIT_NOEXEC);
+}
+
+/* Run the command to its end, forwarding signals. Its exit status, as a
+ * shell reports it. */
+static int supervise(struct run *r, char **envp)
+{
+	pid_t parent = getpid();
+	fflush(NULL);
+	pid_t pid = fork();
+	if (pid < 0) {
+		fprintf(stderr, "memtally: cannot fork: %s\n", strerror(errno));
+		return EXIT_LOCAL;
+	}
+	if (pid == 0)
+		exec_command(r, envp, parent);
+	for (;;) {
+		int status;
+		pid_t w = waitpid(pid, &status, WNOHANG);
+		if (w == pid) {
+			if (WIFEXITED(status))
+				return WEXITSTATUS(status);
+			if (WIFSIGNALED(status))
+				return 128 + WTERMSIG(status);
+			continue;
+		}
+		if (w < 0 && errno != EINTR) {
+			fprintf(stderr, "memtally: waitpid: %s\n",
+			        strerror(errno));
+			return EXIT_LOCAL;
+		}
+		struct signalfd_siginfo si;
+		ssize_t n = read(r->sfd, &si, sizeof(si));
+		if (n != (ssize_t)sizeof(si))
+			continue; /* EINTR */
+		if (si.ssi_signo == SIGCHLD)
+			continue;
+		/* The terminal signalled the whole foreground process
+		 * group, the command included. */
+		if (si.ssi_code == SI_KERNEL)
+			continue;
+		kill(pid, (int)si.ssi_signo);
+	}
+}
+
+/* Release the reservation the command ran under. */
+static void release(struct run *r)
+{
+	if (!r->reservation[0] || !r->q)
+		return;
+	int err = memtally_query_release(r->q, r->reservation, NULL);
+	/* Its workers' exit may have ended it already. */
+	if (err && err != MEMTALLY_ENOTFOUND)
+		fprintf(stderr,
+		        "memtally: cannot release reservation %s at %s: %s%s%s "
+		        "(it ends at its TTL)\n",
+		        r->reservation, r->where, memtally_strerror(err),
+		        memtally_query_last_error(r->q)[0] ? ": " : "",
+		        memtally_query_last_error(r->q));
+}
+
+static int block_signals(struct run *r)
+{
+	sigemptyset(&r->mask);
+	for (size_t i = 0; i < sizeof(forwarded) / sizeof(forwarded[0]); i++)
+		sigaddset(&r->mask, forwarded[i]);
+	sigaddset(&r->mask, SIGCHLD);
+	if (sigprocmask(SIG_BLOCK, &r->mask, &r->old_mask) < 0)
+		return -errno;
+	r->sfd = signalfd(-1, &r->mask, SFD_CLOEXEC);
+	return r->sfd < 0 ? -errno : 0;
+}
+
+/* Admission per the options: 1 run the command (granted, not asked, or
+ * failing open), else the exit status to return at once. */
+static int admission(struct run *r)
+{
+	if (!r->o->bytes)
+		return 1;
+	int err = open_handle(r, &r->q);
+	if (err) {
+		fail_open(r, "cannot reach memtallyd at", err,
+		          err == -ENOENT || err == -ECONNREFUSED
+		              ? "is it running?"
+		              : NULL);
+		return 1;
+	}
+	struct memtally_admit_result *a = NULL;
+	int got = ask(r, &a);
+	if (got == 0 && r->o->wait_s > 0)
+		got = wait_for_room(r, &a);
+	if (got == 2) {
+		memtally_admit_result_free(a);
+		return 128 + r->signo;
+	}
+	if (got != 0) /* granted, or failing open */
+		return 1;
+	print_denial(a, r->o->wait_s > 0 ? "no room in time, not run"
+	                                 : "denied, not run");
+	memtally_admit_result_free(a);
+	return EXIT_DENIED;
+}
+
+int mtcli_run(const struct mtcli_run_opts *o)
+{
+	struct run r = {.o = o, .sfd = -1};
+	r.where = o->tcp ? o->tcp : o->socket;
+	r.group = o->group;
+	if (!r.group) {
+		const char *g = getenv("MEMTALLY_GROUP");
+		r.group = g && g[0] ? g : NULL;
+	}
+	if (o->task) {
+		snprintf(r.task, sizeof(r.task), "%s", o->task);
+	} else if (o->bytes) {
+		/* A name of our own: the reservation must be reconciled by
+		 * this command's workers only. */
+		uint32_t rnd = 0;
+		if (getrandom(&rnd, sizeof(rnd), GRND_NONBLOCK) != sizeof(rnd))
+			rnd = (uint32_t)now_ms();
+		snprintf(r.task, sizeof(r.task), "run-%d-%08" PRIx32,
+		         (int)getpid(), rnd);
+	}
+	int err = block_signals(&r);
+	if (err) {
+		fprintf(stderr, "memtally: cannot set up signals: %s\n",
+		        strerror(-err));
+		return EXIT_LOCAL;
+	}
+	int rc = admission(&r);
+	memtally_query_close(r.w);
+	r.w = NULL;
+	if (rc == 1) {
+		char **envp = command_env(&r);
+		if (!envp) {
+			fprintf(stderr, "memtally: out of memory\n");
+			rc = EXIT_LOCAL;
+		} else {
+			rc = supervise(&r, envp);
+		}
+		free_env(&r, envp);
+		release(&r);
+	}
+	memtally_query_close(r.q);
+	close(r.sfd);
+	return rc;
+}

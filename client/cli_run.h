@@ -1,0 +1,53 @@
+/*
+ * cli_run.h - `memtally run`, the part of the CLI that starts a command:
+ * admission (waiting for room on request), the preload, signal
+ * forwarding, release. Internal to the `memtally` tool.
+ */
+#ifndef MEMTALLY_CLI_RUN_H
+#define MEMTALLY_CLI_RUN_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* The reservation's TTL when --ttl is not given: how long an admission
+ * holds room for a command whose workers have not registered yet (a
+ * reservation its workers took over ends with them instead). Long enough
+ * for a job's start-up (an interpreter, imports, reading its input) before
+ * its memory shows in its own processes; short enough that the
+ * reservation of a `memtally run` killed with SIGKILL is gone two minutes
+ * later. */
+#define MTCLI_RUN_DEFAULT_TTL_S 120u
+
+/* Exit status when the command cannot be started (as a shell's). */
+#define MTCLI_RUN_EXIT_NOEXEC   126
+#define MTCLI_RUN_EXIT_NOTFOUND 127
+
+struct mtcli_run_opts {
+	const char *socket; /* the server's socket (NULL with tcp) */
+	bool socket_given;  /* --socket: hand it to the command too */
+	const char *tcp;    /* HOST:PORT, or NULL */
+	const char *token;  /* for Release over TCP, or NULL */
+	int timeout_ms;     /* bounds each call to the server; 0: default */
+	uint64_t bytes;     /* 0: no admission */
+	const char *group;  /* --group, or NULL: $MEMTALLY_GROUP */
+	const char *task;   /* --task, or NULL: generated when bytes > 0 */
+	uint32_t ttl_s;     /* 0: MTCLI_RUN_DEFAULT_TTL_S */
+	double wait_s;      /* wait this long for room; 0: do not wait */
+	char **argv;        /* the command, NULL-terminated, argv[0] set */
+};
+
+/*
+ * Run the command per `o` and return the exit status for the tool:
+ * the command's own, 128 + N when a signal N ended it, 3 when admission
+ * was denied (the command never started), 128 + N when signal N came
+ * while waiting for room, 126/127 when it cannot be executed, 1 on a
+ * local failure (fork, out of memory). Never fails because memtallyd is
+ * missing or broken: the command then runs anyway, after one line on
+ * stderr.
+ */
+int mtcli_run(const struct mtcli_run_opts *o);
+
+/* `v` bytes in IEC units ("312.5 MiB"), for people (cli.c). */
+const char *mtcli_fmt_size(char buf[static 16], uint64_t v);
+
+#endif /* MEMTALLY_CLI_RUN_H */

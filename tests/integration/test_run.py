@@ -1,0 +1,316 @@
+"""`memtally run`: a real memtallyd, the real CLI, real commands.
+
+- a denied admission never starts the command (a marker file it would
+  create is never there), exit status 3, nothing reserved;
+- the command's exit status passes through, and a signal that ends it
+  comes back as 128 + N;
+- a signal sent to `memtally run` reaches the command (USR1 handled, TERM
+  ending it with its own status), and SIGINT ends a plain command: 130;
+- --wait waits (the command not started) and runs the command once
+  another task's memory is freed; without room it gives up at the
+  deadline, exit 3;
+- the command runs under the preload as the reservation's task and group:
+  its worker registers with them and the reservation counts only what the
+  worker does not use yet; the reservation is released at the end;
+- a SIGKILLed `memtally run`: its command dies with it, and the
+  reservation is gone after its TTL (not before); one its worker had taken
+  over is gone as soon as the worker is;
+- no server: the command runs anyway, with identical stdout and exit
+  status, after exactly one line on stderr.
+"""
+import os
+import signal
+import subprocess
+import tempfile
+import time
+
+from harness import (CLI, MIB, MULT, Server, Worker, check, deadline, run,
+                     wait_for, worker)
+from harness import config_file as config
+
+
+def run_env(**extra):
+    """The environment of `memtally run` itself: no preload of its own
+    (it adds it for the command), no task or group from outside."""
+    e = dict(os.environ)
+    for k in ("LD_PRELOAD", "MEMTALLY_TASK", "MEMTALLY_GROUP",
+              "MEMTALLY_SOCKET"):
+        e.pop(k, None)
+    e.update(extra)
+    return e
+
+
+def mt_run(s_or_sock, *args, **kw):
+    sock = s_or_sock if isinstance(s_or_sock, str) else s_or_sock.socket
+    return [CLI, "--socket", sock, "run", *args]
+
+
+def fleet(s):
+    return s.status()["fleet"]
+
+
+def limited(limit="100MiB"):
+    return Server("--config", config(f"[limits]\nfleet = {limit}\n"))
+
+
+def test_denied_never_starts():
+    d = tempfile.mkdtemp(prefix="mt-run-")
+    marker = os.path.join(d, "started")
+    with limited() as s:
+        r = subprocess.run(mt_run(s, "--bytes", "200MiB", "--",
+                                  "sh", "-c", f"touch {marker}"),
+                           env=run_env(), capture_output=True,
+                           timeout=30 * MULT)
+        err = r.stderr.decode()
+        check(r.returncode == 3, f"exit {r.returncode}: {err}")
+        check(not os.path.exists(marker), "the command was started")
+        check(r.stdout == b"", f"stdout: {r.stdout!r}")
+        check("denied" in err and "fleet" in err and "200" in err,
+              f"no reason on stderr: {err!r}")
+        f = fleet(s)
+        check(f["reserved"] == 0 and f["reservations"] == 0,
+              f"a denial left a reservation: {f}")
+
+
+def test_exit_status_and_signal_pass_through():
+    with limited() as s:
+        for args, want in ((["sh", "-c", "exit 7"], 7),
+                           (["sh", "-c", "exit 0"], 0),
+                           (["sh", "-c", "kill -KILL $$"], 128 + 9),
+                           (["sh", "-c", "kill -SEGV $$"], 128 + 11),
+                           (["/nonexistent/cmd"], 127)):
+            r = subprocess.run(mt_run(s, "--bytes", "10MiB", "--", *args),
+                               env=run_env(), capture_output=True,
+                               timeout=30 * MULT)
+            check(r.returncode == want,
+                  f"{args}: exit {r.returncode}, want {want}: "
+                  f"{r.stderr.decode()}")
+            f = fleet(s)
+            check(f["reservations"] == 0 and f["reserved"] == 0,
+                  f"{args}: reservation not released: {f}")
+        # Without --bytes nothing is asked: still the same status.
+        r = subprocess.run(mt_run(s, "--", "sh", "-c", "exit 42"),
+                           env=run_env(), timeout=30 * MULT)
+        check(r.returncode == 42, f"no --bytes: exit {r.returncode}")
+
+
+def test_signals_reach_the_command():
+    d = tempfile.mkdtemp(prefix="mt-run-")
+    log = os.path.join(d, "log")
+    script = (f"trap 'echo usr1 >> {log}' USR1; "
+              f"trap 'echo term >> {log}; exit 42' TERM; "
+              f"echo ready >> {log}; "
+              "while :; do sleep 0.05; done")
+    with limited() as s:
+        # Its own session: the signals come from outside its group, as
+        # from a job runner (the terminal's own case is not forwarded).
+        p = subprocess.Popen(mt_run(s, "--bytes", "10MiB", "--",
+                                    "sh", "-c", script),
+                             env=run_env(), start_new_session=True)
+        try:
+            signals_to(p, log)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        # A command that does not handle the signal: 128 + SIGINT.
+        p = subprocess.Popen(mt_run(s, "--", "sleep", "600"), env=run_env(),
+                             start_new_session=True)
+        try:
+            wait_for("sleep running", lambda: any(
+                open(f"/proc/{c}/comm").read().strip() == "sleep"
+                for c in children(p.pid)))
+            p.send_signal(signal.SIGINT)
+            rc = p.wait(timeout=20 * MULT)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        check(rc == 130, f"INT: exit {rc}, want 130")
+
+
+def signals_to(p, log):
+    """USR1 handled by the command, then TERM ending it with its status."""
+
+    def lines():
+        try:
+            with open(log) as f:
+                return f.read().split()
+        except FileNotFoundError:
+            return []
+    wait_for("command started", lambda: "ready" in lines())
+    p.send_signal(signal.SIGUSR1)
+    wait_for("USR1 handled", lambda: "usr1" in lines())
+    check(p.poll() is None, "USR1 ended memtally run")
+    p.send_signal(signal.SIGTERM)
+    rc = p.wait(timeout=20 * MULT)
+    check(rc == 42, f"TERM: exit {rc}, want the command's 42")
+    check(lines() == ["ready", "usr1", "term"], f"log {lines()}")
+
+
+def children(pid):
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(x) for x in f.read().split()]
+    except FileNotFoundError:
+        return []
+
+
+def test_wait_then_runs_when_room_appears():
+    d = tempfile.mkdtemp(prefix="mt-run-")
+    marker = os.path.join(d, "started")
+    with limited() as s:
+        holder = Worker([worker("mt_hold"), "80"], s.env(group="other"))
+        check(holder.readline().startswith("ready"), "holder not ready")
+        wait_for("80 MiB counted", lambda: fleet(s)["bytes"] >= 80 * MIB)
+        # No room, short deadline: gives up, never starts.
+        t0 = time.monotonic()
+        r = subprocess.run(mt_run(s, "--bytes", "50MiB", "--wait", "1",
+                                  "--", "touch", marker),
+                           env=run_env(), capture_output=True,
+                           timeout=30 * MULT)
+        took = time.monotonic() - t0
+        check(r.returncode == 3 and not os.path.exists(marker),
+              f"no room: exit {r.returncode}: {r.stderr.decode()}")
+        check(took >= 1.0, f"gave up after {took:.2f} s, before --wait 1")
+        check(b"no room in time" in r.stderr, f"stderr {r.stderr!r}")
+
+        p = subprocess.Popen(mt_run(s, "--bytes", "50MiB", "--wait", "60",
+                                    "--", "touch", marker),
+                             env=run_env(), stderr=subprocess.PIPE)
+        line = p.stderr.readline().decode()
+        check("waiting up to 60 s for room" in line, f"stderr {line!r}")
+        # It waits: still running, the command not started.
+        end = time.monotonic() + 1.0
+        while time.monotonic() < end:
+            check(p.poll() is None and not os.path.exists(marker),
+                  "started without room")
+            time.sleep(0.05)
+        holder.send("free")
+        check(holder.readline() == "freed", "holder did not free")
+        t_free = time.monotonic()
+        rc = p.wait(timeout=30 * MULT)
+        took = time.monotonic() - t_free
+        check(rc == 0 and os.path.exists(marker),
+              f"after room: exit {rc}, started {os.path.exists(marker)}")
+        print(f"  started {took:.2f} s after the other task freed its "
+              f"memory")
+        check(took < 10 * MULT, f"took {took:.1f} s after room appeared")
+        holder.close()
+
+
+def test_command_is_the_reservations_task():
+    with limited("1GiB") as s:
+        argv = mt_run(s, "--bytes", "64MiB", "--task", "job-7", "--group",
+                      "etl", "--", worker("mt_hold"), "20")
+        # MEMTALLY_PRELOAD_LIB unset: the preload is found next to the CLI.
+        env = run_env()
+        env.pop("MEMTALLY_PRELOAD_LIB", None)
+        w = Worker(argv, env)
+        first = w.readline()
+        check(first.startswith("ready pid="), f"worker said {first!r}")
+        pid = int(first.split("=")[1])
+        p = wait_for("worker registered", lambda: s.ps().get(pid))
+        check(p["group"] == "etl" and p.get("task") == "job-7",
+              f"registered as {p}")
+        # Reconciled: the reservation counts what the worker has not used.
+        f = wait_for("reconciled", lambda: (
+            lambda f: f if f["reservations"] == 1 and
+            f["reserved"] <= 45 * MIB else None)(fleet(s)))
+        check(f["reserved"] >= 40 * MIB,
+              f"reserved {f['reserved'] / MIB:.1f} MiB, want 64 - ~20")
+        grp = next(g for g in s.status()["groups"] if g["name"] == "etl")
+        check(grp["reserved"] == f["reserved"], f"group {grp}")
+        check(w.close() == 0, "exit status")
+        f = wait_for("released", lambda: (
+            lambda f: f if f["reservations"] == 0 else None)(fleet(s)))
+        check(f["reserved"] == 0, f"reserved left: {f}")
+
+
+def test_sigkilled_run_leaves_no_reservation_after_its_ttl():
+    d = tempfile.mkdtemp(prefix="mt-run-")
+    pidfile = os.path.join(d, "pid")
+    ttl = 4
+    with limited() as s:
+        # A command whose processes never register (MEMTALLY_DISABLE, as
+        # a static binary would): nothing takes the reservation over, so
+        # only its TTL can end it. (Any preloaded process registers at
+        # once, jemalloc's own start-up is over the flush threshold.)
+        t0 = time.monotonic()
+        p = subprocess.Popen(mt_run(s, "--bytes", "30MiB", "--ttl", str(ttl),
+                                    "--", "sh", "-c",
+                                    f"echo $$ > {pidfile}; exec sleep 600"),
+                             env=run_env(MEMTALLY_DISABLE="1"),
+                             start_new_session=True)
+        try:
+            cmd_pid = int(wait_for("command pid", lambda: (
+                open(pidfile).read().strip() if os.path.exists(pidfile)
+                else None)))
+            f = fleet(s)
+            check(f["reservations"] == 1 and f["reserved"] == 30 * MIB,
+                  f"admitted: {f}")
+        finally:
+            p.kill()
+            p.wait()
+        # The command dies with it (it cannot be forwarded SIGKILL).
+        wait_for("command gone", lambda: not os.path.exists(
+            f"/proc/{cmd_pid}") or open(f"/proc/{cmd_pid}/stat").read()
+            .split(")")[1].split()[0] == "Z", timeout=10)
+        # Nothing of it registered: only the TTL ends the reservation.
+        check(time.monotonic() - t0 < ttl - 1 or MULT > 1,
+              "too slow to see the reservation before its TTL")
+        if time.monotonic() - t0 < ttl - 1:
+            check(fleet(s)["reservations"] == 1,
+                  "reservation ended before its TTL")
+        wait_for("reservation expired", lambda: fleet(s)["reservations"] == 0,
+                 timeout=ttl + 10)
+        gone = time.monotonic() - t0
+        check(gone >= ttl - 0.5, f"gone after {gone:.1f} s, TTL {ttl}")
+        check(fleet(s)["reserved"] == 0, "reserved bytes left")
+        print(f"  reservation gone {gone:.1f} s after admission (TTL {ttl})")
+
+        # Taken over by the command's worker: gone with the worker, at
+        # once, whatever the TTL.
+        w = Worker(mt_run(s, "--bytes", "30MiB", "--ttl", "600", "--",
+                          worker("mt_hold"), "10"), run_env())
+        try:
+            wpid = int(w.readline().split("=")[1])
+            wait_for("worker registered", lambda: s.ps().get(wpid))
+            check(fleet(s)["reservations"] == 1, "no reservation")
+        finally:
+            w.kill()
+        wait_for("taken-over reservation ended",
+                 lambda: fleet(s)["reservations"] == 0 and
+                 wpid not in s.ps(), timeout=10)
+
+
+def test_fail_open_without_server():
+    d = tempfile.mkdtemp(prefix="mt-run-")
+    sock = os.path.join(d, "no-server.sock")
+    prog = ["sh", "-c", "echo out; echo err >&2; exit 5"]
+    plain = subprocess.run(prog, capture_output=True, timeout=30 * MULT)
+    for extra in ([], ["--bytes", "1GiB"], ["--bytes", "1GiB", "--wait", "30"]):
+        t0 = time.monotonic()
+        r = subprocess.run(mt_run(sock, *extra, "--", *prog), env=run_env(),
+                           capture_output=True, timeout=30 * MULT)
+        took = time.monotonic() - t0
+        check(r.returncode == plain.returncode and r.stdout == plain.stdout,
+              f"{extra}: exit {r.returncode}, stdout {r.stdout!r}")
+        err = r.stderr.decode().splitlines()
+        if extra:
+            check(len(err) == 2 and "without admission" in err[0] and
+                  sock in err[0] and err[1] == "err",
+                  f"{extra}: stderr {err}")
+        else:
+            check(err == ["err"], f"no --bytes, no server: stderr {err}")
+        check(took < 5 * MULT, f"{extra}: took {took:.1f} s")
+
+
+if __name__ == "__main__":
+    run([test_denied_never_starts,
+         test_exit_status_and_signal_pass_through,
+         test_signals_reach_the_command,
+         test_wait_then_runs_when_room_appears,
+         test_command_is_the_reservations_task,
+         test_sigkilled_run_leaves_no_reservation_after_its_ttl,
+         test_fail_open_without_server])
