@@ -1,0 +1,262 @@
+"""benchlib: what every benchmark driver shares.
+
+The machine a run was made on (machine_info), the statistics the tables
+report (quartiles, a Mann-Whitney p-value), a memtallyd for the run
+(Server), a bench worker in --serve mode (ServeWorker), and the one way a
+driver writes its section of bench/RESULTS.md (write_section). Drivers
+import this module, never one another.
+"""
+import datetime
+import json
+import math
+import os
+import signal
+import socket
+import stat
+import statistics
+import subprocess
+import sys
+import time
+
+SRC_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class BenchError(Exception):
+    pass
+
+
+def log(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+
+# ---- statistics ------------------------------------------------------------
+
+
+def quartiles(xs):
+    q = statistics.quantiles(xs, n=4, method="inclusive")
+    return q[0], statistics.median(xs), q[2]
+
+
+def mann_whitney_p(a, b):
+    """Two-sided Mann-Whitney U p-value, normal approximation with tie
+    correction and continuity correction (fine for 15 vs 15)."""
+    n1, n2 = len(a), len(b)
+    n = n1 + n2
+    # (15 vs 15 for the first cases, --new-reps vs --new-reps for the rest)
+    pooled = sorted([(x, 0) for x in a] + [(x, 1) for x in b])
+    ranks = [0.0] * n
+    ties = 0.0
+    i = 0
+    while i < n:
+        j = i
+        while j + 1 < n and pooled[j + 1][0] == pooled[i][0]:
+            j += 1
+        r = (i + j) / 2 + 1
+        for k in range(i, j + 1):
+            ranks[k] = r
+        t = j - i + 1
+        ties += t**3 - t
+        i = j + 1
+    r1 = sum(r for r, (_, g) in zip(ranks, pooled) if g == 0)
+    u1 = r1 - n1 * (n1 + 1) / 2
+    mu = n1 * n2 / 2
+    var = n1 * n2 / 12 * ((n + 1) - ties / (n * (n - 1)))
+    if var <= 0:
+        return 1.0
+    z = max(0.0, abs(u1 - mu) - 0.5) / math.sqrt(var)
+    return math.erfc(z / math.sqrt(2))
+
+
+# ---- machine and tree ------------------------------------------------------
+
+
+def run_text(argv, cwd=None):
+    try:
+        return subprocess.run(
+            argv, cwd=cwd, capture_output=True, text=True, check=False
+        ).stdout.strip()
+    except OSError:
+        return ""
+
+
+def machine_info():
+    model = ""
+    for line in run_text(["lscpu"]).splitlines():
+        if line.startswith("Model name:"):
+            model = line.split(":", 1)[1].strip()
+            break
+    commit = run_text(["git", "rev-parse", "--short", "HEAD"], cwd=SRC_DIR)
+    dirty = run_text(
+        ["git", "status", "--porcelain", "--", "client", "shm", "bench"],
+        cwd=SRC_DIR,
+    )
+    try:
+        glibc = os.confstr("CS_GNU_LIBC_VERSION") or ""
+    except (ValueError, OSError):
+        glibc = ""
+    return {
+        "cpu_model": model,
+        "nproc": os.cpu_count(),
+        "kernel": os.uname().release,
+        "glibc": glibc,
+        "loadavg_start": os.getloadavg()[0],
+        "commit": commit,
+        "uncommitted": bool(dirty),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime(
+            "%Y-%m-%d %H:%M UTC"
+        ),
+    }
+
+
+# ---- server --------------------------------------------------------------
+
+
+class Server:
+    """A memtallyd for the run, if the build has one. Without it the
+    workers' flushes go to the process-local pending counter (fail open)."""
+
+    def __init__(self, build_dir, tmp, enabled, cpus):
+        self.proc = None
+        self.segment = None
+        self.socket = os.path.join(tmp, "memtally.sock")
+        self.status = ""
+        exe = os.path.join(build_dir, "server", "memtallyd")
+        if not enabled:
+            self.status = "no server (--no-server)"
+            return
+        if not os.access(exe, os.X_OK):
+            self.status = "no server (memtallyd not built)"
+            return
+        self.segment = "/mtbench-%d" % os.getpid()
+        self.errlog = open(os.path.join(tmp, "memtallyd.log"), "w+")
+        self.proc = subprocess.Popen(
+            [exe, "--socket", self.socket, "--segment", self.segment],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=self.errlog,
+        )
+        if cpus:
+            try:
+                os.sched_setaffinity(self.proc.pid, cpus)
+            except OSError:
+                pass
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                break
+            if self._socket_up():
+                self.status = "memtallyd running"
+                return
+            time.sleep(0.02)
+        self.errlog.seek(0)
+        tail = self.errlog.read()[-400:].strip().replace("\n", " | ")
+        self.stop()
+        self.segment = None
+        self.status = "no server (memtallyd did not start: %s)" % (
+            tail or "no socket within 5 s"
+        )
+
+    def _socket_up(self):
+        try:
+            if not stat.S_ISSOCK(os.stat(self.socket).st_mode):
+                return False
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(self.socket)
+            s.close()
+            return True
+        except OSError:
+            return False
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+        # Its shared objects are anonymous (memfd): nothing to remove. The
+        # restart record next to the socket goes with the temporary dir.
+
+
+# ---- bench workers ---------------------------------------------------------
+
+
+class ServeWorker:
+    """A bench worker in --serve mode: it proves its allocator, prints
+    "ready <proof JSON>", then answers one "run ..." line with one
+    "ns N ..." line. Shared by the buffer_growth and allocators drivers."""
+
+    def __init__(self, exe, alloc, cpu, tmp, env, extra_argv=()):
+        self.alloc = alloc
+        argv = [exe, "--serve", *extra_argv]
+        if cpu is not None:
+            argv += ["--cpu", str(cpu)]
+        self.err = open(os.path.join(tmp, "worker-%s.err" % alloc), "w+")
+        self.proc = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=self.err, text=True, bufsize=1, env=env)
+        line = self.proc.stdout.readline()
+        if not line.startswith("ready "):
+            rc = self.proc.wait()
+            self.err.seek(0)
+            raise BenchError("%s: the worker refused to run (exit %s):\n%s"
+                             % (alloc, rc, self.err.read().rstrip()))
+        self.proof = json.loads(line[len("ready "):])
+
+    def request(self, cmd):
+        """Send one command; the answer's words, starting with "ns"."""
+        self.proc.stdin.write(cmd + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        r = line.split()
+        if not r or r[0] != "ns":
+            self.err.seek(0)
+            raise BenchError("%s: %r failed: %s %s" % (
+                self.alloc, cmd, line.strip(), self.err.read().strip()))
+        return r
+
+    def close(self):
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.write("quit\n")
+                self.proc.stdin.flush()
+                self.proc.wait(5)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+
+
+# ---- bench/RESULTS.md --------------------------------------------------------
+
+
+def section_markers(name, generator=None):
+    """The BEGIN/END lines around a driver's section: what lies between
+    them is rewritten by each run, notes outside them are kept."""
+    generator = generator or "bench/%s.py" % name
+    return ("<!-- BEGIN %s (generated by %s; edits here are overwritten) -->"
+            % (name, generator), "<!-- END %s -->" % name)
+
+
+def write_section(path, name, text, generator=None):
+    """Put `text` between section `name`'s markers in the file at `path`
+    (replacing the previous run's), or append the section."""
+    begin, end = section_markers(name, generator)
+    old = ""
+    if os.path.exists(path):
+        with open(path) as f:
+            old = f.read()
+    block = begin + "\n" + text.rstrip() + "\n" + end
+    if begin in old and end in old:
+        a = old.index(begin)
+        b = old.index(end) + len(end)
+        old = old[:a] + block + old[b:]
+    else:
+        if not old:
+            old = ("# memtally benchmark results\n\n"
+                   "Sections between BEGIN/END markers are written by the "
+                   "suites' drivers; notes outside them are kept.\n\n")
+        old = old.rstrip() + "\n\n" + block + "\n"
+    with open(path, "w") as f:
+        f.write(old)
