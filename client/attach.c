@@ -386,30 +386,29 @@ static ssize_t recv_fds(int fd, void *buf, size_t len, struct reg_reply *out)
 	return r;
 }
 
-/* Connect, send Register, read Registered and its two descriptors.
- * Returns 0 or a negative code; on failure no descriptor is left open. */
-static int do_register(struct reg_reply *out)
+/* A connected, non-blocking socket to the server, or -errno. A Unix
+ * socket connect completes or fails at once, except EAGAIN when the
+ * backlog is full: the caller treats that as "try later". */
+static int reg_connect(void)
 {
-	out->fds[0] = out->fds[1] = -1;
-	char group[MTC_GROUP_MAX];
-	if (!mtc_group_copy(group))
-		return -EAGAIN; /* being changed right now: try later */
 	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 	if (fd < 0)
 		return -errno;
 	struct sockaddr_un sa = {.sun_family = AF_UNIX};
 	memcpy(sa.sun_path, mtc.sock, strlen(mtc.sock) + 1);
-	uint64_t deadline = mt_mono_ns() + MTC_CONNECT_TIMEOUT_MS * 1000000ull;
-	int err = 0;
 	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
-		/* A Unix socket connect completes or fails at once, except
-		 * EAGAIN when the backlog is full: treat that as "try later".*/
-		err = -errno;
-		goto out_close;
+		int err = -errno;
+		close(fd);
+		return err;
 	}
+	return fd;
+}
 
+/* Send the Register request, naming `group`. */
+static int reg_send(int fd, const char *group, uint64_t deadline)
+{
 	Memtally__V1__Register reg = MEMTALLY__V1__REGISTER__INIT;
-	reg.group = group;
+	reg.group = (char *)group;
 	reg.task = mtc.task;
 	reg.image_id = mtc.image_id;
 	reg.layout_major = MTSHM_VERSION_MAJOR;
@@ -419,82 +418,93 @@ static int do_register(struct reg_reply *out)
 	req.id = 1;
 	req.body_case = MEMTALLY__V1__REQUEST__BODY_REGISTER;
 	req.register_ = &reg;
-	uint8_t out_buf[512];
-	size_t len = mtframe_pack(&req.base, out_buf, sizeof(out_buf));
-	if (!len) {
-		err = -EMSGSIZE;
-		goto out_close;
-	}
-	size_t sent = 0;
-	while (sent < len) {
-		ssize_t w = send(fd, out_buf + sent, len - sent, MSG_NOSIGNAL);
-		if (w > 0) {
-			sent += (size_t)w;
-		} else if (w < 0 && (errno == EAGAIN || errno == EINTR)) {
-			if ((err = mt_wait_fd(fd, POLLOUT, deadline)))
-				goto out_close;
-		} else {
-			err = -errno;
-			goto out_close;
-		}
-	}
+	uint8_t buf[512];
+	size_t len = mtframe_pack(&req.base, buf, sizeof(buf));
+	if (!len)
+		return -EMSGSIZE;
+	return mt_send_all(fd, buf, len, deadline);
+}
 
-	uint8_t in_buf[2048];
+/*
+ * Read one whole response frame into buf (cap bytes), collecting the
+ * descriptors that come with it into *out. On success *pre is the length
+ * prefix's size and *body the body's. The query library's reader cannot
+ * serve here: it allocates, and this runs inside the allocator and must
+ * take descriptors (SCM_RIGHTS) off the socket as it reads.
+ */
+static int reg_recv(int fd, uint8_t *buf, size_t cap, uint64_t deadline,
+                    struct reg_reply *out, int *pre, uint64_t *body)
+{
 	size_t got = 0;
-	uint64_t body = 0;
-	int pre = 0;
 	for (;;) {
-		pre = mtframe_decode_len(in_buf, got, sizeof(in_buf) - 16,
-					 &body);
-		if (pre < 0) {
-			err = MEMTALLY_EPROTO;
-			goto out_close;
-		}
-		if (pre > 0 && got >= (size_t)pre + body)
-			break;
-		ssize_t r = recv_fds(fd, in_buf + got, sizeof(in_buf) - got,
-				     out);
+		*pre = mtframe_decode_len(buf, got, cap - 16, body);
+		if (*pre < 0)
+			return MEMTALLY_EPROTO;
+		if (*pre > 0 && got >= (size_t)*pre + *body)
+			return 0;
+		ssize_t r = recv_fds(fd, buf + got, cap - got, out);
 		if (r > 0) {
 			got += (size_t)r;
 		} else if (r == 0) {
-			err = -ECONNRESET;
-			goto out_close;
+			return -ECONNRESET;
 		} else if (errno == EAGAIN || errno == EINTR) {
-			if ((err = mt_wait_fd(fd, POLLIN, deadline)))
-				goto out_close;
+			int err = mt_wait_fd(fd, POLLIN, deadline);
+			if (err)
+				return err;
 		} else {
-			err = -errno;
-			goto out_close;
+			return -errno;
 		}
 	}
+}
 
+/* Decode the Registered answer (into a stack arena: no malloc here) and
+ * keep what the worker needs of it. */
+static int reg_decode(const uint8_t *body, size_t len, struct reg_reply *out)
+{
 	uint8_t arena_buf[4096];
 	struct arena ar = {arena_buf, sizeof(arena_buf), 0};
 	ProtobufCAllocator alloc = {arena_alloc, arena_free, &ar};
-	Memtally__V1__Response *resp = memtally__v1__response__unpack(
-		&alloc, (size_t)body, in_buf + pre);
-	if (!resp) {
-		err = MEMTALLY_EPROTO;
-		goto out_close;
-	}
+	Memtally__V1__Response *resp =
+	    memtally__v1__response__unpack(&alloc, len, body);
+	if (!resp)
+		return MEMTALLY_EPROTO;
 	if (resp->error) {
 		mtc_debug("server refused registration: %s",
 			  resp->error->message ? resp->error->message : "?");
-		err = MEMTALLY_ESERVER;
-		goto out_close;
+		return MEMTALLY_ESERVER;
 	}
 	if (resp->body_case != MEMTALLY__V1__RESPONSE__BODY_REGISTERED ||
 	    out->fds[0] < 0 || out->fds[1] < 0) {
 		/* A server of another layout, or one that could not pass the
 		 * descriptors: run as without memtally for now. */
-		err = MEMTALLY_EPROTO;
-		goto out_close;
+		return MEMTALLY_EPROTO;
 	}
 	out->slot = resp->registered->slot;
 	out->slot_gen = resp->registered->slot_generation;
 	out->threshold = resp->registered->threshold;
+	return 0;
+}
 
-out_close:
+/* Connect, send Register, read Registered and its two descriptors.
+ * Returns 0 or a negative code; on failure no descriptor is left open. */
+static int do_register(struct reg_reply *out)
+{
+	out->fds[0] = out->fds[1] = -1;
+	char group[MTC_GROUP_MAX];
+	if (!mtc_group_copy(group))
+		return -EAGAIN; /* being changed right now: try later */
+	uint64_t deadline = mt_mono_ns() + MTC_CONNECT_TIMEOUT_MS * 1000000ull;
+	int fd = reg_connect();
+	if (fd < 0)
+		return fd;
+	uint8_t in[2048];
+	int pre;
+	uint64_t body;
+	int err = reg_send(fd, group, deadline);
+	if (!err)
+		err = reg_recv(fd, in, sizeof(in), deadline, out, &pre, &body);
+	if (!err)
+		err = reg_decode(in + pre, (size_t)body, out);
 	close(fd);
 	if (err)
 		reply_close(out);

@@ -394,23 +394,9 @@ int memtally_query_set_token(memtally_query *q, const char *token)
 static int send_all(memtally_query *q, const uint8_t *buf, size_t len,
                     int64_t deadline)
 {
-	size_t off = 0;
-	while (off < len) {
-		ssize_t n = send(q->fd, buf + off, len - off,
-		                 MSG_NOSIGNAL | MSG_DONTWAIT);
-		if (n >= 0) {
-			off += (size_t)n;
-			continue;
-		}
-		if (errno == EINTR)
-			continue;
-		if (errno != EAGAIN && errno != EWOULDBLOCK)
-			return errno == EPIPE ? -ECONNRESET : -errno;
-		int err = wait_fd(q->fd, POLLOUT, deadline);
-		if (err)
-			return err;
-	}
-	return 0;
+	return mt_send_all(q->fd, buf, len,
+	                   deadline < 0 ? UINT64_MAX
+	                                : (uint64_t)deadline * 1000000u);
 }
 
 static int rbuf_reserve(memtally_query *q, size_t need)

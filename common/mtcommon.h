@@ -59,4 +59,11 @@ uint64_t mt_mono_ns(void);
  */
 int mt_wait_fd(int fd, short events, uint64_t deadline_ns);
 
+/*
+ * Send all `len` bytes on a stream socket before the deadline (as for
+ * mt_wait_fd), never raising SIGPIPE. 0, -ETIMEDOUT, -ECONNRESET (the
+ * peer is gone) or -errno.
+ */
+int mt_send_all(int fd, const void *buf, size_t len, uint64_t deadline_ns);
+
 #endif /* MTCOMMON_H */

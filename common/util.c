@@ -11,6 +11,7 @@
 #include <poll.h>
 #include <stdbool.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 
 const char *mt_state_name(unsigned state)
@@ -61,6 +62,28 @@ uint64_t mt_mono_ns(void)
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+int mt_send_all(int fd, const void *buf, size_t len, uint64_t deadline_ns)
+{
+	const uint8_t *p = buf;
+	size_t off = 0;
+	while (off < len) {
+		ssize_t n = send(fd, p + off, len - off,
+		                 MSG_NOSIGNAL | MSG_DONTWAIT);
+		if (n >= 0) {
+			off += (size_t)n;
+			continue;
+		}
+		if (errno == EINTR)
+			continue;
+		if (errno != EAGAIN && errno != EWOULDBLOCK)
+			return errno == EPIPE ? -ECONNRESET : -errno;
+		int err = mt_wait_fd(fd, POLLOUT, deadline_ns);
+		if (err)
+			return err;
+	}
+	return 0;
 }
 
 int mt_wait_fd(int fd, short events, uint64_t deadline_ns)

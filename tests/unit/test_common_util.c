@@ -9,6 +9,7 @@
 #include <poll.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "memtally.h"
@@ -111,4 +112,25 @@ Test(common, public_defaults_match)
 {
 	cr_assert_str_eq(MEMTALLY_DEFAULT_SOCKET, MT_DEFAULT_SOCKET);
 	cr_assert_eq(MEMTALLY_DEFAULT_THRESHOLD, MT_DEFAULT_THRESHOLD);
+}
+
+Test(common, send_all_delivers_times_out_and_sees_a_closed_peer)
+{
+	int sv[2];
+	cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+	cr_assert_eq(mt_send_all(sv[0], "hello", 5, UINT64_MAX), 0);
+	char got[8] = {0};
+	cr_assert_eq(read(sv[1], got, sizeof(got)), 5);
+	cr_assert_str_eq(got, "hello");
+
+	/* Nobody reads: the socket fills and the deadline ends the wait. */
+	static char big[1 << 20];
+	uint64_t t0 = mt_mono_ns();
+	cr_assert_eq(mt_send_all(sv[0], big, sizeof(big), t0 + 50000000ull),
+	             -ETIMEDOUT);
+
+	/* The peer is gone: no SIGPIPE, an error. */
+	close(sv[1]);
+	cr_assert_eq(mt_send_all(sv[0], "x", 1, UINT64_MAX), -ECONNRESET);
+	close(sv[0]);
 }
