@@ -791,6 +791,52 @@ static int enforce_key(struct load *l, const char *key, const char *v)
 	return 0;
 }
 
+/*
+ * [hooks]: on_ok, on_high, on_over (a shell command line, run with
+ * /bin/sh -c; empty = none), timeout (a duration), node (MEMTALLY_NODE).
+ * A command is one line of at most LINE_MAX_CHARS with its key: a longer
+ * one belongs in a script.
+ */
+static int hooks_key(struct load *l, const char *key, const char *v)
+{
+	struct mts_hook_conf *h = &l->s.hooks;
+	static const char *const on[3] = {"on_ok", "on_high", "on_over"};
+	for (int i = 0; i < 3; i++) {
+		if (strcmp(key, on[i]) != 0)
+			continue;
+		if (!v[0]) {
+			free(h->cmd[i]);
+			h->cmd[i] = NULL;
+			return 0;
+		}
+		return set_str(&h->cmd[i], v);
+	}
+	if (strcmp(key, "timeout") == 0) {
+		uint64_t n;
+		if (parse_duration_ms(v, MTS_HOOK_TIMEOUT_MAX_MS, &n) < 0 ||
+		    n < MTS_HOOK_TIMEOUT_MIN_MS)
+			return fail(l, "hooks", key,
+			            "expected a duration from 100ms to 1h, e.g. "
+			            "30s, got '%s'",
+			            v);
+		h->timeout_ms = (uint32_t)n;
+		return 0;
+	}
+	if (strcmp(key, "node") == 0) {
+		for (const char *c = v; *c; c++)
+			if ((unsigned char)*c < 0x20 || *c == 0x7f)
+				return fail(l, "hooks", key,
+				            "no control characters, got '%s'",
+				            v);
+		if (!v[0] || strlen(v) > 255)
+			return fail(l, "hooks", key,
+			            "expected a name of 1 to 255 bytes, got '%s'",
+			            v);
+		return set_str(&h->node, v);
+	}
+	return fail(l, "hooks", key, "unknown key");
+}
+
 /* One key = value, from the file or a flag. 0, -EINVAL or -ENOMEM. */
 static int apply_key(struct load *l, const char *section, const char *key,
                      const char *value)
@@ -803,6 +849,8 @@ static int apply_key(struct load *l, const char *section, const char *key,
 		return admission_key(l, key, value);
 	if (strcmp(section, "enforce") == 0)
 		return enforce_key(l, key, value);
+	if (strcmp(section, "hooks") == 0)
+		return hooks_key(l, key, value);
 	if (strncmp(section, "group", 5) == 0 &&
 	    (section[5] == ' ' || section[5] == '\t' || section[5] == '\0')) {
 		const char *name = section + 5;
@@ -1028,6 +1076,7 @@ void mts_settings_free(struct mts_settings *s)
 	if (!s)
 		return;
 	mts_policy_free(&s->policy);
+	mts_hook_conf_free(&s->hooks);
 	for (size_t i = 0; i < sizeof(s->owned) / sizeof(s->owned[0]); i++)
 		free(s->owned[i]);
 	free(s->config_path);
@@ -1121,8 +1170,9 @@ int mts_settings_load(struct mts_settings *out, const char *path,
 	l.s.cfg.metrics_addr = l.s.owned[OWNED_METRICS];
 	l.s.cfg.state_path = l.s.owned[OWNED_STATE];
 	*out = l.s;
-	/* The caller keeps *out in place; policy points into it. */
+	/* The caller keeps *out in place; policy and hooks point into it. */
 	out->cfg.policy = &out->policy;
+	out->cfg.hooks = &out->hooks;
 	memset(&l.s, 0, sizeof(l.s));
 	ret = 0;
 out:

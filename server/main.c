@@ -17,7 +17,8 @@
  * bad value is logged, naming the key, and the running config is kept
  * whole; a good one applies at once what can change while running:
  * limits, watermarks, hysteresis, measure, groups, admission TTLs,
- * enforcement, admin uid/gid, the TCP token and the log level. Keys that
+ * enforcement, admin uid/gid, the TCP token, the state hooks ([hooks], for
+ * the hooks started after it) and the log level. Keys that
  * need a restart (socket, segment, slots, lanes, tick, threshold, tcp,
  * metrics, group, max_connections, max_buffered, max_connections_per_uid,
  * idle_timeout) are reported if changed, and keep their old values.
@@ -107,6 +108,10 @@ static void usage(FILE *f)
 	        "GiB, TiB\n"
 	        "are powers of 1024; KB, MB, GB, TB are powers of 1000 "
 	        "(64KiB, 1.5G, 512MB).\n"
+	        "State hooks ([hooks] on_ok, on_high, on_over, timeout, node "
+	        "in the config\n"
+	        "file) run a shell command at every fleet or group state "
+	        "change.\n"
 	        "Logs are logfmt lines on stderr. SIGTERM or SIGINT stop the "
 	        "server and\n"
 	        "leave the restart record for the next one. SIGHUP reloads "
@@ -315,6 +320,12 @@ static void report_restart_keys(const struct mts_config *was,
 		        "key=%s", changed[i]);
 }
 
+/* How many of on_ok, on_high, on_over are set. */
+static int hook_count(const struct mts_hook_conf *h)
+{
+	return !!h->cmd[0] + !!h->cmd[1] + !!h->cmd[2];
+}
+
 static void on_hup(uv_signal_t *h, int signum)
 {
 	struct signals *s = h->data;
@@ -341,6 +352,8 @@ static void on_hup(uv_signal_t *h, int signum)
 	}
 	report_restart_keys(&s->boot->cfg, &next.cfg);
 	r = mts_server_apply_policy(s->srv, &next.policy);
+	if (r == 0)
+		r = mts_server_apply_hooks(s->srv, &next.hooks);
 	if (r < 0) {
 		reg->stats.reload_failures++;
 		mts_log(MTS_LOG_ERROR, "config reload failed; the running "
@@ -355,13 +368,14 @@ static void on_hup(uv_signal_t *h, int signum)
 		        "hysteresis_bp=%u process_limit=%llu measure=%s "
 		        "groups=%u default_ttl_s=%u max_ttl_s=%u "
 		        "enforce_signal=%d grace_ms=%u "
-		        "max_reservations_per_uid=%u",
+		        "max_reservations_per_uid=%u hooks=%d",
 		        mts_logq(q, sizeof(q), s->cl->config),
 		        (unsigned long long)p->fleet_limit, p->high_bp,
 		        p->hyst_bp, (unsigned long long)p->process_limit,
 		        mts_measure_name(p->measure), p->ngroups,
 		        p->default_ttl_s, p->max_ttl_s, p->enforce_signal,
-		        p->grace_ms, p->max_resv_per_uid);
+		        p->grace_ms, p->max_resv_per_uid,
+		        hook_count(&next.hooks));
 	}
 	mts_settings_free(&next);
 	sd_notify(0, "READY=1");
@@ -450,7 +464,8 @@ int main(int argc, char **argv)
 	        "high_watermark_bp=%u hysteresis_bp=%u process_limit=%llu "
 	        "measure=%s groups=%u enforce_signal=%d max_connections=%u "
 	        "max_buffered=%llu max_connections_per_uid=%u "
-	        "idle_timeout_ms=%u max_reservations_per_uid=%u",
+	        "idle_timeout_ms=%u max_reservations_per_uid=%u hooks=%d "
+	        "hook_timeout_ms=%u",
 	        MTS_VERSION, (int)getpid(),
 	        mts_logq(q1, sizeof(q1), cfg.socket_path),
 	        mts_logq(q2, sizeof(q2), cfg.segment), cfg.slots, cfg.lanes,
@@ -462,7 +477,9 @@ int main(int argc, char **argv)
 	        pol->enforce_signal, cfg.max_conns,
 	        (unsigned long long)cfg.max_buffered, cfg.max_conns_per_uid,
 	        cfg.no_idle_timeout ? 0 : cfg.idle_timeout_ms,
-	        pol->max_resv_per_uid);
+	        pol->max_resv_per_uid, hook_count(&settings.hooks),
+	        settings.hooks.timeout_ms ? settings.hooks.timeout_ms
+	                                  : MTS_HOOK_DEFAULT_TIMEOUT_MS);
 	raise_nofile(&cfg);
 
 	int err = mts_socket_prepare(cfg.socket_path);

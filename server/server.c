@@ -112,6 +112,20 @@ static void rss_timer_set(struct mts_server *srv, uint32_t ms)
 	uv_timer_start(&srv->rss_timer, on_rss_timer, ms, ms);
 }
 
+/* The registry's event sink: Watch subscribers, then the state hooks. */
+static void on_event(void *ctx, const struct mts_event *ev)
+{
+	struct mts_server *srv = ctx;
+	mts_watch_broadcast(srv, ev);
+	mts_hooks_event(srv->hooks, ev);
+}
+
+int mts_server_apply_hooks(struct mts_server *srv,
+                           const struct mts_hook_conf *conf)
+{
+	return srv->hooks ? mts_hooks_configure(srv->hooks, conf) : 0;
+}
+
 int mts_server_apply_policy(struct mts_server *srv,
                             const struct mts_policy *pol)
 {
@@ -204,11 +218,15 @@ int mts_server_init(struct mts_server *srv, uv_loop_t *loop,
 	        mts_logq(q, sizeof(q), label), spath ? spath : "none",
 	        info.slots, info.lanes,
 	        (unsigned long long)srv->map.hdr->generation);
-	err = mts_registry_init(&srv->reg, loop, &srv->map, label, srv->state);
+	/* Before the registry, whose policy may send the first events. */
+	err = mts_hooks_new(&srv->hooks, loop, cfg->hooks, cfg->socket_path);
 	if (err < 0)
 		goto fail_close_segment;
+	err = mts_registry_init(&srv->reg, loop, &srv->map, label, srv->state);
+	if (err < 0)
+		goto fail_stop_hooks;
 	srv->reg.instance = info.instance;
-	srv->reg.on_event = mts_watch_broadcast;
+	srv->reg.on_event = on_event;
 	srv->reg.event_ctx = srv;
 	struct mts_policy defaults;
 	mts_policy_defaults(&defaults);
@@ -261,7 +279,9 @@ int mts_server_init(struct mts_server *srv, uv_loop_t *loop,
 
 fail_free_registry:
 	mts_registry_free(&srv->reg);
-
+fail_stop_hooks:
+	mts_hooks_stop(srv->hooks);
+	srv->hooks = NULL;
 fail_close_segment:
 	mtshm_close(&srv->map);
 fail_close_state:
@@ -284,6 +304,9 @@ void mts_server_stop(struct mts_server *srv)
 	mts_metrics_stop(srv->metrics);
 	srv->metrics = NULL;
 	uv_close((uv_handle_t *)&srv->tick, NULL);
+	/* Running hooks are killed; their handles close with the rest. */
+	mts_hooks_stop(srv->hooks);
+	srv->hooks = NULL;
 	if (srv->rss_timer_open) {
 		uv_close((uv_handle_t *)&srv->rss_timer, NULL);
 		srv->rss_timer_open = false;

@@ -19,6 +19,8 @@
  *  - admit.c: admission, reservations and their reconciliation by task.
  *  - auth.c: who may SetLimit or release another's reservation.
  *  - rss.c: resident set sizes read from /proc at their own cadence.
+ *  - hooks.c (hooks.h): a shell command run at every fleet or group state
+ *    change, asynchronously, one per scope at a time, bounded in time.
  *
  * Everything runs on one libuv loop thread; nothing here is locked.
  * Functions return 0 or -errno unless their comment says otherwise.
@@ -34,6 +36,7 @@
 
 #include <uv.h>
 
+#include "hooks.h"
 #include "memtally.pb-c.h"
 #include "memtally_query.h"
 #include "mtcommon.h"
@@ -835,6 +838,7 @@ struct mts_config {
 	uint32_t max_conns_per_uid;
 	uint32_t idle_timeout_ms;
 	bool no_idle_timeout;
+	const struct mts_hook_conf *hooks; /* [hooks], or NULL: none */
 };
 
 struct mts_conn;
@@ -865,6 +869,7 @@ struct mts_server {
 	bool rss_timer_open;
 	uint32_t rss_interval_ms; /* the interval the timer runs at */
 	struct mts_metrics *metrics; /* --metrics endpoint, or NULL */
+	struct mts_hooks *hooks;     /* state hooks (hooks.c), or NULL */
 	/* The socket file as created, checked about once a second from the
 	 * tick so its removal under a running server is logged with what to
 	 * do. */
@@ -917,6 +922,11 @@ void mts_server_stop(struct mts_server *srv);
  * policy is then kept). */
 int mts_server_apply_policy(struct mts_server *srv,
                             const struct mts_policy *pol);
+
+/* Install a new [hooks] configuration (SIGHUP reload): it applies to the
+ * hooks started from now on. 0 or -ENOMEM (the old one is kept). */
+int mts_server_apply_hooks(struct mts_server *srv,
+                           const struct mts_hook_conf *conf);
 
 /* After the loop has drained: unmap the header, close the restart record,
  * remove the socket file, free memory. */
@@ -1202,6 +1212,7 @@ struct mts_settings {
 	int log_level;       /* enum mts_log_level */
 	char *config_path;   /* NULL: no file */
 	char *owned[8];      /* socket, segment, tcp, metrics, state */
+	struct mts_hook_conf hooks; /* [hooks] */
 };
 
 /* One command-line value that overrides a key of the file. */

@@ -201,7 +201,58 @@ Test(config, the_example_file_loads)
 	cr_assert_eq(s.cfg.idle_timeout_ms, MTS_DEFAULT_IDLE_MS);
 	cr_assert_not(s.cfg.no_idle_timeout);
 	cr_assert_eq(s.policy.max_resv_per_uid, MTS_DEFAULT_MAX_RESV_PER_UID);
+	/* Hooks are off in the example; it states their default timeout. */
+	for (int i = 0; i < 3; i++)
+		cr_assert_null(s.hooks.cmd[i]);
+	cr_assert_eq(s.hooks.timeout_ms, MTS_HOOK_DEFAULT_TIMEOUT_MS);
 	mts_settings_free(&s);
+}
+
+Test(config, hooks_section)
+{
+	struct mts_settings s;
+	char err[512];
+	cr_assert_eq(load("[hooks]\n"
+	                  "on_ok = scontrol update nodename=$MEMTALLY_NODE "
+	                  "state=resume\n"
+	                  "on_over = logger -t memtally \"$MEMTALLY_SCOPE "
+	                  "over\"\n"
+	                  "timeout = 1500ms\n"
+	                  "node = node-17\n",
+	                  &s, err, sizeof(err)),
+	             0, "%s", err);
+	cr_assert_str_eq(s.hooks.cmd[MTSHM_STATE_OK],
+	                 "scontrol update nodename=$MEMTALLY_NODE "
+	                 "state=resume");
+	cr_assert_null(s.hooks.cmd[MTSHM_STATE_HIGH]);
+	cr_assert_str_eq(s.hooks.cmd[MTSHM_STATE_OVER],
+	                 "logger -t memtally \"$MEMTALLY_SCOPE over\"");
+	cr_assert_eq(s.hooks.timeout_ms, 1500);
+	cr_assert_str_eq(s.hooks.node, "node-17");
+	cr_assert_eq(s.cfg.hooks, &s.hooks);
+	mts_settings_free(&s);
+
+	/* An empty command is none; without the section nothing is set and
+	 * the default timeout applies (0 here, the default in hooks.c). */
+	cr_assert_eq(load("[hooks]\non_high =\n", &s, err, sizeof(err)), 0,
+	             "%s", err);
+	cr_assert_null(s.hooks.cmd[MTSHM_STATE_HIGH]);
+	cr_assert_eq(s.hooks.timeout_ms, 0);
+	cr_assert_null(s.hooks.node);
+	mts_settings_free(&s);
+
+	/* A copy is deep. */
+	struct mts_hook_conf a = {.timeout_ms = 7}, b;
+	a.cmd[2] = strdup("true");
+	a.node = strdup("n");
+	cr_assert_eq(mts_hook_conf_copy(&b, &a), 0);
+	cr_assert_neq(b.cmd[2], a.cmd[2]);
+	cr_assert_str_eq(b.cmd[2], "true");
+	cr_assert_str_eq(b.node, "n");
+	cr_assert_eq(b.timeout_ms, 7);
+	mts_hook_conf_free(&a);
+	mts_hook_conf_free(&b);
+	cr_assert_null(b.cmd[2]);
 }
 
 struct bad {
@@ -261,6 +312,11 @@ static const struct bad bads[] = {
     {"[admission]\nmax_ttl = forever\n", 2, "[admission] max_ttl"},
     {"[enforce]\nsignal = SIGFOO\n", 2, "[enforce] signal"},
     {"[enforce]\ngrace = -5\n", 2, "[enforce] grace"},
+    {"[hooks]\ntimeout = 50ms\n", 2, "[hooks] timeout"},
+    {"[hooks]\ntimeout = 2h\n", 2, "[hooks] timeout"},
+    {"[hooks]\ntimeout = soon\n", 2, "[hooks] timeout"},
+    {"[hooks]\nnode =\n", 2, "[hooks] node"},
+    {"[hooks]\non_overr = true\n", 2, "[hooks] on_overr: unknown key"},
     {"[limitz]\nfleet = 1G\n", 2, "[limitz] fleet: unknown section"},
     {"fleet = 1G\n", 1, "a key before any [section]"},
     {"[limits]\nthis line has no equals sign\n", 2, "syntax error"},

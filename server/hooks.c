@@ -1,0 +1,633 @@
+/*
+ * hooks.c - state hooks: `[hooks] on_ok`, `on_high`, `on_over`, each a
+ * shell command line run (`/bin/sh -c`) when the fleet or a group enters
+ * that state, with the figures in its environment:
+ *
+ *   MEMTALLY_SCOPE     "fleet", or the group's name
+ *   MEMTALLY_KIND      "fleet" or "group" (a group may be named "fleet")
+ *   MEMTALLY_STATE     ok, high, over: the state the hook is run for
+ *   MEMTALLY_PREVIOUS  the state the scope's previous hook was run for
+ *                      (ok when none was): what a consumer last heard
+ *   MEMTALLY_BYTES, MEMTALLY_RSS, MEMTALLY_RESERVED, MEMTALLY_LIMIT
+ *                      bytes, as the event that led to it (limit 0: none)
+ *   MEMTALLY_MEASURE, MEMTALLY_REASON, MEMTALLY_NODE ([hooks] node, or the
+ *   host name), MEMTALLY_SOCKET (this server's, for `memtally` in a hook)
+ *
+ * Invariants, and why:
+ *  - Never on the loop's time. A hook is a child process (uv_spawn: one
+ *    fork and exec on the loop thread, ~0.3 ms) whose end, stderr and
+ *    deadline are libuv handles; nothing waits for it. A query is answered
+ *    between a hook's start and its end as at any other time.
+ *  - One per scope at a time, latest state wins. A scope's states can
+ *    change faster than a hook runs (drain takes a second, the fleet
+ *    flaps around a mark): a change while the scope's hook runs is only
+ *    remembered; when the hook ends, the hook of the scope's latest state
+ *    runs if that state is not the one last reported. So the hooks of a
+ *    scope run one after the other, and the last one to run always has
+ *    the scope's current state: ok -> high -> over -> high seen during
+ *    one slow hook (for high) runs nothing more; ok -> over -> ok during
+ *    one (for over) runs on_ok.
+ *  - A state without a command counts as reported: on_over and on_ok
+ *    alone (drain / resume) see ok -> high -> over as PREVIOUS=high.
+ *  - Bounded in time. Each hook runs in its own session and process group
+ *    (UV_PROCESS_DETACHED: setsid); `[hooks] timeout` after its start the
+ *    whole group is killed with SIGKILL (a `sleep` it started included)
+ *    and that is logged. A hook is over when its shell has exited and its
+ *    stderr is closed, or at the deadline: a background process that
+ *    keeps stderr open is killed with the group then.
+ *  - Bounded in number: MTS_HOOKS_MAX_RUNNING at once in all, the others
+ *    wait their turn (FIFO); a scope is tracked only while it has a hook
+ *    running or waiting or is not `ok`, so the table holds the scopes
+ *    that matter, never every group a worker ever named.
+ *  - Logged: start (info), end with exit status or signal, duration and
+ *    the first MTS_HOOK_STDERR_MAX bytes of stderr (info when it exited
+ *    0, warn otherwise), a timeout (warn). stdout goes to /dev/null.
+ *  - The server's own state never leaks into a hook: every descriptor of
+ *    memtallyd is close-on-exec, and NOTIFY_SOCKET (systemd's readiness
+ *    socket) is removed from the hook's environment.
+ */
+#include "hooks.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "server.h"
+
+struct hook_run;
+
+/* A fleet or group scope with hooks to run or a state not `ok`. */
+struct hook_scope {
+	struct hook_scope *next;
+	char *name; /* "fleet" or the group's name */
+	bool group;
+	uint32_t reported; /* the state the last hook was for */
+	/* The latest event of the scope, not yet acted on when `pending`. */
+	bool pending;
+	uint32_t state;
+	uint64_t bytes, rss, reserved, limit;
+	char reason[96];
+	struct hook_run *run; /* running, or NULL */
+	bool queued;          /* waiting for a free place (MAX_RUNNING) */
+};
+
+struct hook_run {
+	struct mts_hooks *h;
+	struct hook_scope *scope; /* NULL once the scope is gone (stop) */
+	uv_process_t proc;
+	uv_pipe_t err;
+	uv_timer_t timer;
+	int open_handles; /* closed ones are counted down; 0: free */
+	int pid;
+	uint32_t state, previous;
+	uint64_t start_ms;
+	bool exited, eof, timed_out, reading;
+	int64_t exit_status;
+	int term_signal;
+	char errbuf[MTS_HOOK_STDERR_MAX];
+	size_t errlen;
+	bool truncated;
+	char drain[256]; /* stderr past errbuf is read into this, dropped */
+};
+
+struct mts_hooks {
+	uv_loop_t *loop;
+	struct mts_hook_conf conf;
+	char node[256];
+	char *socket;
+	bool enabled; /* any command configured */
+	struct hook_scope *scopes;
+	uint32_t running;
+	uint32_t live_runs; /* runs not yet freed (their handles closing) */
+	bool stopping;
+};
+
+int mts_hook_conf_copy(struct mts_hook_conf *dst,
+                       const struct mts_hook_conf *src)
+{
+	struct mts_hook_conf c = {.timeout_ms = src->timeout_ms};
+	for (int i = 0; i < 3; i++)
+		if (src->cmd[i] && !(c.cmd[i] = strdup(src->cmd[i])))
+			goto fail;
+	if (src->node && !(c.node = strdup(src->node)))
+		goto fail;
+	*dst = c;
+	return 0;
+fail:
+	mts_hook_conf_free(&c);
+	return -ENOMEM;
+}
+
+void mts_hook_conf_free(struct mts_hook_conf *c)
+{
+	if (!c)
+		return;
+	for (int i = 0; i < 3; i++)
+		free(c->cmd[i]);
+	free(c->node);
+	memset(c, 0, sizeof(*c));
+}
+
+static void set_conf(struct mts_hooks *h, struct mts_hook_conf *conf)
+{
+	mts_hook_conf_free(&h->conf);
+	h->conf = *conf;
+	if (!h->conf.timeout_ms)
+		h->conf.timeout_ms = MTS_HOOK_DEFAULT_TIMEOUT_MS;
+	h->enabled = conf->cmd[0] || conf->cmd[1] || conf->cmd[2];
+	if (h->conf.node) {
+		snprintf(h->node, sizeof(h->node), "%s", h->conf.node);
+	} else if (gethostname(h->node, sizeof(h->node)) < 0) {
+		snprintf(h->node, sizeof(h->node), "localhost");
+	}
+	h->node[sizeof(h->node) - 1] = '\0';
+}
+
+int mts_hooks_new(struct mts_hooks **out, uv_loop_t *loop,
+                  const struct mts_hook_conf *conf, const char *socket)
+{
+	struct mts_hooks *h = calloc(1, sizeof(*h));
+	if (!h)
+		return -ENOMEM;
+	h->loop = loop;
+	struct mts_hook_conf c = {0};
+	if ((conf && mts_hook_conf_copy(&c, conf) < 0) ||
+	    (socket && !(h->socket = strdup(socket)))) {
+		mts_hook_conf_free(&c);
+		free(h);
+		return -ENOMEM;
+	}
+	set_conf(h, &c);
+	*out = h;
+	return 0;
+}
+
+static void scope_gc(struct mts_hooks *h, struct hook_scope *s);
+
+int mts_hooks_configure(struct mts_hooks *h, const struct mts_hook_conf *conf)
+{
+	struct mts_hook_conf c;
+	if (mts_hook_conf_copy(&c, conf) < 0)
+		return -ENOMEM;
+	set_conf(h, &c);
+	if (h->enabled)
+		return 0;
+	/* No hooks any more: forget the scopes (a running hook's is dropped
+	 * when it ends), so that hooks configured again later start from
+	 * the next change. */
+	for (struct hook_scope *s = h->scopes, *next; s; s = next) {
+		next = s->next;
+		s->pending = s->queued = false;
+		s->reported = MTSHM_STATE_OK;
+		scope_gc(h, s);
+	}
+	return 0;
+}
+
+uint32_t mts_hooks_running(const struct mts_hooks *h)
+{
+	return h ? h->running : 0;
+}
+
+static void free_hooks(struct mts_hooks *h)
+{
+	while (h->scopes) {
+		struct hook_scope *s = h->scopes;
+		h->scopes = s->next;
+		free(s->name);
+		free(s);
+	}
+	mts_hook_conf_free(&h->conf);
+	free(h->socket);
+	free(h);
+}
+
+/* ---- scopes ----------------------------------------------------------- */
+
+/* Linear: the list holds only scopes that are not `ok` or have a hook
+ * running or waiting, a handful in practice (see the top). */
+static struct hook_scope *scope_find(struct mts_hooks *h, const char *name,
+                                     bool group)
+{
+	for (struct hook_scope *s = h->scopes; s; s = s->next)
+		if (s->group == group && strcmp(s->name, name) == 0)
+			return s;
+	return NULL;
+}
+
+static struct hook_scope *scope_add(struct mts_hooks *h, const char *name,
+                                    bool group)
+{
+	struct hook_scope *s = calloc(1, sizeof(*s));
+	if (!s || !(s->name = strdup(name))) {
+		free(s);
+		return NULL;
+	}
+	s->group = group;
+	s->reported = MTSHM_STATE_OK;
+	/* At the tail: queued scopes start in the order they came. */
+	struct hook_scope **p = &h->scopes;
+	while (*p)
+		p = &(*p)->next;
+	*p = s;
+	return s;
+}
+
+/* Drop a scope with nothing left to do and nothing to remember. */
+static void scope_gc(struct mts_hooks *h, struct hook_scope *s)
+{
+	if (s->run || s->queued || s->pending || s->reported != MTSHM_STATE_OK)
+		return;
+	for (struct hook_scope **p = &h->scopes; *p; p = &(*p)->next) {
+		if (*p == s) {
+			*p = s->next;
+			break;
+		}
+	}
+	free(s->name);
+	free(s);
+}
+
+/* ---- running one ------------------------------------------------------ */
+
+static void maybe_start(struct mts_hooks *h, struct hook_scope *s);
+static void start_queued(struct mts_hooks *h);
+
+static void on_run_closed(uv_handle_t *handle)
+{
+	struct hook_run *r = handle->data;
+	if (--r->open_handles > 0)
+		return;
+	struct mts_hooks *h = r->h;
+	free(r);
+	if (--h->live_runs == 0 && h->stopping)
+		free_hooks(h);
+}
+
+static void close_run(struct hook_run *r)
+{
+	uv_close((uv_handle_t *)&r->proc, on_run_closed);
+	uv_close((uv_handle_t *)&r->err, on_run_closed);
+	uv_close((uv_handle_t *)&r->timer, on_run_closed);
+}
+
+/* The hook is over: log it, free its place, run what waits. */
+static void finish(struct hook_run *r)
+{
+	struct mts_hooks *h = r->h;
+	char qs[MTS_LOGQ_MAX], qe[MTS_HOOK_STDERR_MAX * 2 + 8], how[48];
+	uint64_t ms = uv_now(h->loop) - r->start_ms;
+	/* One line: newlines of stderr are escaped by mts_logq. */
+	r->errbuf[r->errlen < sizeof(r->errbuf) ? r->errlen
+	                                        : sizeof(r->errbuf) - 1] = '\0';
+	if (r->term_signal)
+		snprintf(how, sizeof(how), "signal=%s",
+		         sigabbrev_np(r->term_signal)
+		             ? sigabbrev_np(r->term_signal)
+		             : "?");
+	else
+		snprintf(how, sizeof(how), "exit_status=%" PRId64,
+		         r->exit_status);
+	bool ok = !r->term_signal && r->exit_status == 0 && !r->timed_out;
+	mts_log(
+	    ok ? MTS_LOG_INFO : MTS_LOG_WARN, "hook finished",
+	    "scope=%s state=%s previous=%s pid=%d %s duration_ms=%llu "
+	    "timed_out=%d stderr=%s%s",
+	    mts_logq(qs, sizeof(qs), r->scope ? r->scope->name : "(stopped)"),
+	    mt_state_name(r->state), mt_state_name(r->previous), r->pid, how,
+	    (unsigned long long)ms, r->timed_out,
+	    mts_logq(qe, sizeof(qe), r->errbuf),
+	    r->truncated ? " stderr_truncated=1" : "");
+	close_run(r);
+	h->running--;
+	struct hook_scope *s = r->scope;
+	if (s) {
+		s->run = NULL;
+		if (!h->stopping)
+			maybe_start(h, s);
+	}
+	if (!h->stopping)
+		start_queued(h);
+}
+
+static void maybe_finish(struct hook_run *r)
+{
+	if (r->exited && (r->eof || r->timed_out))
+		finish(r);
+}
+
+static void kill_group(struct hook_run *r)
+{
+	/* The hook leads its own process group (setsid): the shell and
+	 * whatever it started, unless they moved out on purpose. */
+	if (r->pid > 0 && kill(-r->pid, SIGKILL) < 0 && errno == ESRCH)
+		kill(r->pid, SIGKILL);
+}
+
+static void on_exited(uv_process_t *p, int64_t status, int term_signal)
+{
+	struct hook_run *r = p->data;
+	r->exited = true;
+	r->exit_status = status;
+	r->term_signal = term_signal;
+	maybe_finish(r);
+}
+
+static void on_deadline(uv_timer_t *t)
+{
+	struct hook_run *r = t->data;
+	char q[MTS_LOGQ_MAX];
+	r->timed_out = true;
+	if (r->exited) {
+		/* The shell is gone but something of the group still holds
+		 * its stderr: kill what is left and be done. */
+		kill_group(r);
+		finish(r);
+		return;
+	}
+	mts_log(MTS_LOG_WARN, "hook timed out, killing its process group",
+	        "scope=%s state=%s pid=%d timeout_ms=%u",
+	        mts_logq(q, sizeof(q), r->scope ? r->scope->name : "(stopped)"),
+	        mt_state_name(r->state), r->pid, r->h->conf.timeout_ms);
+	kill_group(r);
+	/* on_exited follows at once and finishes it. */
+}
+
+static void on_alloc(uv_handle_t *handle, size_t hint, uv_buf_t *buf)
+{
+	struct hook_run *r = handle->data;
+	(void)hint;
+	if (r->errlen + 1 < sizeof(r->errbuf))
+		*buf =
+		    uv_buf_init(r->errbuf + r->errlen,
+		                (unsigned)(sizeof(r->errbuf) - 1 - r->errlen));
+	else
+		*buf = uv_buf_init(r->drain, sizeof(r->drain));
+}
+
+static void on_read(uv_stream_t *stream, ssize_t n, const uv_buf_t *buf)
+{
+	struct hook_run *r = stream->data;
+	if (n > 0) {
+		if (buf->base == r->drain)
+			r->truncated = true;
+		else
+			r->errlen += (size_t)n;
+		return;
+	}
+	if (n < 0) { /* UV_EOF, or an error: nothing more will come */
+		uv_read_stop(stream);
+		r->reading = false;
+		r->eof = true;
+		maybe_finish(r);
+	}
+}
+
+/* One environment entry "NAME=value" appended at *pos of buf; its start is
+ * stored in env[(*n)++]. */
+static void env_add(char **env, size_t *n, char *buf, size_t cap, size_t *pos,
+                    const char *name, const char *fmt, ...)
+    __attribute__((format(printf, 7, 8)));
+
+static void env_add(char **env, size_t *n, char *buf, size_t cap, size_t *pos,
+                    const char *name, const char *fmt, ...)
+{
+	if (*pos >= cap)
+		return;
+	char *start = buf + *pos;
+	int k = snprintf(start, cap - *pos, "%s=", name);
+	if (k < 0 || (size_t)k >= cap - *pos)
+		return;
+	va_list ap;
+	va_start(ap, fmt);
+	int v = vsnprintf(start + k, cap - *pos - (size_t)k, fmt, ap);
+	va_end(ap);
+	if (v < 0 || (size_t)(k + v) >= cap - *pos)
+		return;
+	*pos += (size_t)(k + v) + 1;
+	env[(*n)++] = start;
+}
+
+/* Names we set, and NOTIFY_SOCKET: not inherited from the server. */
+static bool env_ours(const char *kv)
+{
+	return strncmp(kv, "MEMTALLY_", 9) == 0 ||
+	       strncmp(kv, "NOTIFY_SOCKET=", 14) == 0;
+}
+
+#define OUR_VARS 13
+
+static int spawn(struct mts_hooks *h, struct hook_scope *s, const char *cmd)
+{
+	extern char **environ;
+	char q[MTS_LOGQ_MAX], qc[MTS_LOGQ_MAX];
+	struct hook_run *r = calloc(1, sizeof(*r));
+	if (!r)
+		return -ENOMEM;
+	size_t n = 0, inherited = 0;
+	while (environ[inherited])
+		inherited++;
+	char **env = calloc(inherited + OUR_VARS + 1, sizeof(*env));
+	char *buf = malloc(4096);
+	if (!env || !buf) {
+		free(env);
+		free(buf);
+		free(r);
+		return -ENOMEM;
+	}
+	for (size_t i = 0; i < inherited; i++)
+		if (!env_ours(environ[i]))
+			env[n++] = environ[i];
+	size_t pos = 0, cap = 4096;
+	env_add(env, &n, buf, cap, &pos, "MEMTALLY_SCOPE", "%s", s->name);
+	env_add(env, &n, buf, cap, &pos, "MEMTALLY_KIND", "%s",
+	        s->group ? "group" : "fleet");
+	env_add(env, &n, buf, cap, &pos, "MEMTALLY_STATE", "%s",
+	        mt_state_name(s->state));
+	env_add(env, &n, buf, cap, &pos, "MEMTALLY_PREVIOUS", "%s",
+	        mt_state_name(s->reported));
+	env_add(env, &n, buf, cap, &pos, "MEMTALLY_BYTES", "%" PRIu64,
+	        s->bytes);
+	env_add(env, &n, buf, cap, &pos, "MEMTALLY_RSS", "%" PRIu64, s->rss);
+	env_add(env, &n, buf, cap, &pos, "MEMTALLY_RESERVED", "%" PRIu64,
+	        s->reserved);
+	env_add(env, &n, buf, cap, &pos, "MEMTALLY_LIMIT", "%" PRIu64,
+	        s->limit);
+	env_add(env, &n, buf, cap, &pos, "MEMTALLY_REASON", "%s", s->reason);
+	env_add(env, &n, buf, cap, &pos, "MEMTALLY_NODE", "%s", h->node);
+	if (h->socket)
+		env_add(env, &n, buf, cap, &pos, "MEMTALLY_SOCKET", "%s",
+		        h->socket);
+	env[n] = NULL;
+
+	r->h = h;
+	r->scope = s;
+	r->state = s->state;
+	r->previous = s->reported;
+	r->start_ms = uv_now(h->loop);
+	uv_pipe_init(h->loop, &r->err, 0);
+	uv_timer_init(h->loop, &r->timer);
+	r->proc.data = r->err.data = r->timer.data = r;
+	r->open_handles = 3;
+	h->live_runs++;
+
+	char *args[] = {"sh", "-c", (char *)cmd, NULL};
+	uv_stdio_container_t stdio[3] = {
+	    {.flags = UV_IGNORE},
+	    {.flags = UV_IGNORE},
+	    {.flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE,
+	     .data.stream = (uv_stream_t *)&r->err},
+	};
+	uv_process_options_t opt = {
+	    .exit_cb = on_exited,
+	    .file = "/bin/sh",
+	    .args = args,
+	    .env = env,
+	    .flags = UV_PROCESS_DETACHED, /* setsid: its own group */
+	    .stdio_count = 3,
+	    .stdio = stdio,
+	};
+	int err = uv_spawn(h->loop, &r->proc, &opt);
+	free(env);
+	free(buf);
+	if (err < 0) {
+		mts_log(MTS_LOG_ERROR, "hook could not be started",
+		        "scope=%s state=%s err=%s",
+		        mts_logq(q, sizeof(q), s->name),
+		        mt_state_name(s->state), uv_strerror(err));
+		/* A handle of a failed uv_spawn is closed all the same. */
+		close_run(r);
+		return err;
+	}
+	r->pid = r->proc.pid;
+	r->reading =
+	    uv_read_start((uv_stream_t *)&r->err, on_alloc, on_read) == 0;
+	r->eof = !r->reading;
+	uv_timer_start(&r->timer, on_deadline, h->conf.timeout_ms, 0);
+	s->run = r;
+	h->running++;
+	mts_log(MTS_LOG_INFO, "hook started",
+	        "scope=%s state=%s previous=%s pid=%d command=%s",
+	        mts_logq(q, sizeof(q), s->name), mt_state_name(s->state),
+	        mt_state_name(s->reported), r->pid,
+	        mts_logq(qc, sizeof(qc), cmd));
+	return 0;
+}
+
+/* Act on the scope's latest state if it is not what was last reported. */
+static void maybe_start(struct mts_hooks *h, struct hook_scope *s)
+{
+	if (s->run || !s->pending) {
+		scope_gc(h, s);
+		return;
+	}
+	if (s->state == s->reported) {
+		s->pending = false; /* back where the last hook left it */
+		scope_gc(h, s);
+		return;
+	}
+	const char *cmd = s->state < 3 ? h->conf.cmd[s->state] : NULL;
+	if (!cmd || !cmd[0]) {
+		/* Nothing to run for this state: reported all the same. */
+		s->reported = s->state;
+		s->pending = false;
+		scope_gc(h, s);
+		return;
+	}
+	if (h->running >= MTS_HOOKS_MAX_RUNNING) {
+		s->queued = true;
+		return;
+	}
+	s->queued = false;
+	s->pending = false;
+	if (spawn(h, s, cmd) == 0) {
+		s->reported = s->state;
+		return;
+	}
+	/* Not started (logged): count it as reported, so a failing fork
+	 * is not retried in a loop; the next change tries again. */
+	s->reported = s->state;
+	scope_gc(h, s);
+}
+
+static void start_queued(struct mts_hooks *h)
+{
+	struct hook_scope *s = h->scopes;
+	while (s && h->running < MTS_HOOKS_MAX_RUNNING) {
+		struct hook_scope *next = s->next; /* s may be freed */
+		if (s->queued) {
+			s->queued = false;
+			maybe_start(h, s);
+		}
+		s = next;
+	}
+}
+
+void mts_hooks_event(struct mts_hooks *h, const struct mts_event *ev)
+{
+	if (!h || h->stopping || !h->enabled)
+		return;
+	bool group;
+	const char *name;
+	if (strcmp(ev->scope, "fleet") == 0) {
+		group = false;
+		name = "fleet";
+	} else if (strncmp(ev->scope, "group:", 6) == 0) {
+		group = true;
+		name = ev->scope + 6;
+	} else {
+		return; /* a process's: not a hook's business */
+	}
+	struct hook_scope *s = scope_find(h, name, group);
+	if (!s) {
+		if (ev->state == MTSHM_STATE_OK)
+			return; /* untracked means ok, reported */
+		s = scope_add(h, name, group);
+		if (!s) {
+			mts_log(MTS_LOG_ERROR, "hook skipped: out of memory",
+			        NULL);
+			return;
+		}
+	}
+	s->pending = true;
+	s->state = ev->state;
+	s->bytes = ev->bytes;
+	s->rss = ev->rss;
+	s->reserved = ev->reserved;
+	s->limit = ev->limit;
+	snprintf(s->reason, sizeof(s->reason), "%s",
+	         ev->reason ? ev->reason : "");
+	maybe_start(h, s);
+}
+
+void mts_hooks_stop(struct mts_hooks *h)
+{
+	if (!h || h->stopping)
+		return;
+	h->stopping = true;
+	char q[MTS_LOGQ_MAX];
+	for (struct hook_scope *s = h->scopes; s; s = s->next) {
+		struct hook_run *r = s->run;
+		if (!r)
+			continue;
+		mts_log(MTS_LOG_WARN, "hook still running at stop, killed",
+		        "scope=%s state=%s pid=%d",
+		        mts_logq(q, sizeof(q), s->name),
+		        mt_state_name(r->state), r->pid);
+		kill_group(r);
+		r->scope = NULL;
+		s->run = NULL;
+		uv_read_stop((uv_stream_t *)&r->err);
+		close_run(r);
+		h->running--;
+	}
+	if (h->live_runs == 0)
+		free_hooks(h);
+}

@@ -1,0 +1,66 @@
+/*
+ * hooks.h - memtallyd's state hooks (hooks.c): a shell command run for
+ * every change of the fleet's or a group's state, so that a cluster
+ * scheduler's own mechanism (draining a Slurm node, pausing a queue)
+ * hears what this node's memtallyd decided. Internal to server/.
+ */
+#ifndef MEMTALLY_SERVER_HOOKS_H
+#define MEMTALLY_SERVER_HOOKS_H
+
+#include <stdint.h>
+
+#include <uv.h>
+
+/* [hooks] timeout: a hook still running after it is killed (its whole
+ * process group, SIGKILL). */
+#define MTS_HOOK_DEFAULT_TIMEOUT_MS 30000u
+#define MTS_HOOK_TIMEOUT_MIN_MS     100u
+#define MTS_HOOK_TIMEOUT_MAX_MS     3600000u
+/* Hooks running at once over all scopes; more wait for one to end. */
+#define MTS_HOOKS_MAX_RUNNING 16u
+/* What is kept of a hook's stderr for the log. */
+#define MTS_HOOK_STDERR_MAX 512u
+
+/* The [hooks] section. Strings are owned (malloc); NULL = not set. */
+struct mts_hook_conf {
+	char *cmd[3];        /* on_ok, on_high, on_over: by enum mtshm_state */
+	uint32_t timeout_ms; /* 0 = MTS_HOOK_DEFAULT_TIMEOUT_MS */
+	char *node;          /* MEMTALLY_NODE; NULL = the host name */
+};
+
+/* Deep copy into *dst (overwritten, not freed). 0 or -ENOMEM. */
+int mts_hook_conf_copy(struct mts_hook_conf *dst,
+                       const struct mts_hook_conf *src);
+/* Free the strings; the struct is zeroed. Accepts NULL. */
+void mts_hook_conf_free(struct mts_hook_conf *c);
+
+struct mts_hooks;
+struct mts_event;
+
+/*
+ * The hooks of one server on `loop`, configured per `conf` (copied; NULL:
+ * none). `socket` (copied; may be NULL) is handed to hooks as
+ * MEMTALLY_SOCKET, so a `memtally` they run asks this server. 0, -ENOMEM.
+ */
+int mts_hooks_new(struct mts_hooks **out, uv_loop_t *loop,
+                  const struct mts_hook_conf *conf, const char *socket);
+
+/* A reload: the new commands, timeout and node apply to the hooks
+ * started from now on; running ones keep theirs. 0 or -ENOMEM (the old
+ * configuration is then kept). */
+int mts_hooks_configure(struct mts_hooks *h, const struct mts_hook_conf *conf);
+
+/* A state change (the registry's event sink calls it): fleet and group
+ * scopes run their hook, processes' changes are ignored. Never blocks:
+ * at most a fork. Accepts h NULL. */
+void mts_hooks_event(struct mts_hooks *h, const struct mts_event *ev);
+
+/* Hooks running now (for tests and the log). */
+uint32_t mts_hooks_running(const struct mts_hooks *h);
+
+/* Stop: kill the hooks still running (their process groups, SIGKILL, each
+ * logged), close every handle; the object is freed once their close
+ * callbacks have run (the loop must run on). Accepts NULL. */
+void mts_hooks_stop(struct mts_hooks *h);
+
+#endif /* MEMTALLY_SERVER_HOOKS_H */

@@ -1,0 +1,278 @@
+"""State hooks ([hooks] on_ok, on_high, on_over): real memtallyd, real
+workers, real shell commands.
+
+- the environment a hook gets, for the fleet and for a group, through
+  ok -> high -> over -> ok driven by real memory: scope, kind, state,
+  previous, bytes, reserved, limit, node, socket;
+- one hook per scope at a time, the latest state wins: changes during a
+  running hook are coalesced into (at most) the hook of the scope's latest
+  state, run after it, with PREVIOUS = what was last reported; a hook's
+  exit status and stderr are logged;
+- a hook that hangs (sleep 1000) is killed with its process group after
+  [hooks] timeout, and that is logged; meanwhile memtallyd answers
+  GetUsage with its usual latency (medians compared, generously: the
+  machine is shared);
+- a SIGHUP reload installs hooks.
+"""
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import tempfile
+import time
+
+import pbwire as pb
+from harness import (CLI, MIB, MULT, Server, Worker, check, run, wait_for,
+                     worker)
+from harness import config_file as config
+
+
+def env_dump_cmd(d):
+    """A hook that writes its MEMTALLY_* environment to a new file."""
+    return (f"f={d}/$(date +%s%N); env | grep ^MEMTALLY_ > $f.tmp; "
+            "mv $f.tmp $f.env")
+
+
+def dumps(d):
+    out = []
+    for name in sorted(os.listdir(d)):
+        if name.endswith(".env"):
+            with open(os.path.join(d, name)) as f:
+                out.append(dict(line.rstrip("\n").split("=", 1)
+                                for line in f if "=" in line))
+    return out
+
+
+def cli(s, *args):
+    r = subprocess.run([CLI, "--socket", s.socket, *args],
+                       capture_output=True, timeout=30 * MULT)
+    check(r.returncode == 0, f"memtally {args}: {r.stderr.decode()}")
+
+
+def test_environment_fleet_and_group():
+    d = tempfile.mkdtemp(prefix="mt-hooks-")
+    cmd = env_dump_cmd(d)
+    cfg = config("[limits]\nfleet = 100MiB\n[group g]\nlimit = 50MiB\n"
+                 f"[hooks]\nnode = node-a\non_ok = {cmd}\n"
+                 f"on_high = {cmd}\non_over = {cmd}\n")
+    with Server("--config", cfg) as s:
+        seen = []
+
+        def expect(scope, state, previous, limit, lo_mib, hi_mib):
+            n = len(seen) + 1
+            got = wait_for(f"hook {scope} {state}", lambda: (
+                lambda ds: ds if len(ds) >= n else None)(dumps(d)))
+            check(len(got) == n, f"more hooks than changes: {got[len(seen):]}")
+            e = got[-1]
+            seen.append(e)
+            kind = "fleet" if scope == "fleet" else "group"
+            want = {"MEMTALLY_SCOPE": scope, "MEMTALLY_KIND": kind,
+                    "MEMTALLY_STATE": state, "MEMTALLY_PREVIOUS": previous,
+                    "MEMTALLY_LIMIT": str(limit), "MEMTALLY_RESERVED": "0",
+                    "MEMTALLY_NODE": "node-a",
+                    "MEMTALLY_SOCKET": s.socket}
+            for k, v in want.items():
+                check(e.get(k) == v, f"{scope} {state}: {k}={e.get(k)!r}, "
+                      f"want {v!r}: {e}")
+            b = int(e["MEMTALLY_BYTES"])
+            check(lo_mib * MIB <= b <= hi_mib * MIB,
+                  f"{scope} {state}: MEMTALLY_BYTES {b / MIB:.2f} MiB, "
+                  f"want {lo_mib}..{hi_mib}")
+            check(e.get("MEMTALLY_REASON"), f"no reason: {e}")
+            print(f"  {scope} {previous} -> {state}: "
+                  f"{b / MIB:.1f} MiB of {limit // MIB} MiB")
+
+        w1 = Worker([worker("mt_hold"), "20"], s.env(group="g"))
+        w2 = None
+        try:
+            check(w1.readline().startswith("ready"), "w1")
+            w1.send("more 27")  # group 47 MiB: high at 45
+            check(w1.readline().startswith("ready"), "w1 more")
+            # The figure as the tick saw it cross the mark: from the mark
+            # up to where the worker stopped.
+            expect("g", "high", "ok", 50 * MIB, 45, 48)
+            w1.send("more 10")  # group 57 MiB: over 50
+            check(w1.readline().startswith("ready"), "w1 more")
+            expect("g", "over", "high", 50 * MIB, 50, 58)
+            w2 = Worker([worker("mt_hold"), "36"], s.env(group="h"))
+            check(w2.readline().startswith("ready"), "w2")  # fleet 93
+            expect("fleet", "high", "ok", 100 * MIB, 90, 94)
+            w2.send("more 10")  # fleet 103 MiB: over 100
+            check(w2.readline().startswith("ready"), "w2 more")
+            expect("fleet", "over", "high", 100 * MIB, 100, 104)
+            w2.send("free")  # fleet 57: below both lower marks
+            check(w2.readline() == "freed", "w2 free")
+            expect("fleet", "ok", "over", 100 * MIB, 57, 85)
+            w1.send("free")
+            check(w1.readline() == "freed", "w1 free")
+            expect("g", "ok", "over", 50 * MIB, 0, 1)
+        finally:
+            w1.close()
+            if w2:
+                w2.close()
+        wait_for("six hook ends logged", lambda: s.logtext().count(
+            'msg="hook finished"') == 6)
+        check(s.logtext().count("exit_status=0") == 6, "hooks failed")
+
+
+def hook_log(path):
+    try:
+        with open(path) as f:
+            return [line.split() for line in f.read().splitlines()]
+    except FileNotFoundError:
+        return []
+
+
+def test_one_at_a_time_latest_state_wins():
+    d = tempfile.mkdtemp(prefix="mt-hooks-")
+    log = os.path.join(d, "log")
+    # Each hook takes ~1 s; the over hook also complains and fails.
+    cmd = (f"echo start $MEMTALLY_STATE $MEMTALLY_PREVIOUS >> {log}; "
+           f"sleep 1; echo end $MEMTALLY_STATE >> {log}")
+    cfg = config("[limits]\nfleet = 1GiB\n[hooks]\n"
+                 f"on_ok = {cmd}\non_high = {cmd}\n"
+                 f"on_over = {cmd}; echo over-stderr >&2; exit 3\n")
+    with Server("--config", cfg) as s:
+        # 100 MiB reserved: the fleet's figure, moved by its limit.
+        cli(s, "admit", "--bytes", "100MiB", "--ttl", "600")
+        # high, over, ok, high, over while the first (high) runs: only
+        # the latest, over, runs after it, told PREVIOUS=high.
+        for lim in ("105MiB", "99MiB", "1GiB", "105MiB", "99MiB"):
+            cli(s, "limit", "set", "fleet", lim)
+        # A last change, to ok, marks the end: nothing ran between.
+        wait_for("over hook", lambda: ["start", "over", "high"] in
+                 hook_log(log), timeout=30)
+        cli(s, "limit", "set", "fleet", "1GiB")
+        wait_for("ok hook ended", lambda: ["end", "ok"] in hook_log(log),
+                 timeout=30)
+        got = hook_log(log)
+        check(got == [["start", "high", "ok"], ["end", "high"],
+                      ["start", "over", "high"], ["end", "over"],
+                      ["start", "ok", "over"], ["end", "ok"]],
+              f"hooks ran: {got}")
+        # Back to the reported state during a hook: nothing more runs.
+        # (100 MiB of 110 MiB leaves `over` for `high`: below 95% of the
+        # limit, above 85%.)
+        os.unlink(log)
+        for lim in ("105MiB", "99MiB", "110MiB"):
+            cli(s, "limit", "set", "fleet", lim)
+        wait_for("high hook ended", lambda: ["end", "high"] in
+                 hook_log(log), timeout=30)
+        cli(s, "limit", "set", "fleet", "1GiB")
+        wait_for("ok hook ended", lambda: ["end", "ok"] in hook_log(log),
+                 timeout=30)
+        got = hook_log(log)
+        check(got == [["start", "high", "ok"], ["end", "high"],
+                      ["start", "ok", "high"], ["end", "ok"]],
+              f"hooks ran: {got}")
+        text = s.logtext()
+        over = [line for line in text.splitlines()
+                if 'msg="hook finished"' in line and "state=over" in line]
+        check(len(over) == 1 and "level=warn" in over[0] and
+              "exit_status=3" in over[0] and
+              'stderr="over-stderr\\x0a"' in over[0],
+              f"the failing hook's end: {over}")
+
+
+def usage_latencies(sock_path, n):
+    """n GetUsage round trips on one connection, in seconds each."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(sock_path)
+    r = pb.Reader(s)
+    out = []
+    try:
+        for i in range(1, n + 1):
+            t0 = time.perf_counter()
+            s.sendall(pb.get_usage(i))
+            resp = r.frame(10 * MULT)
+            out.append(time.perf_counter() - t0)
+            check(resp is not None and resp[1] == [i] and 4 in resp,
+                  f"GetUsage {i}: {resp}")
+    finally:
+        s.close()
+    return out
+
+
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_hanging_hook_is_killed_and_queries_go_on():
+    d = tempfile.mkdtemp(prefix="mt-hooks-")
+    timeout = 3
+    cfg = config("[limits]\nfleet = 1GiB\n[hooks]\n"
+                 f"timeout = {timeout}s\n"
+                 f"on_high = echo $MEMTALLY_NODE > {d}/node; "
+                 f"echo $$ > {d}/pid; sleep 1000; touch {d}/never\n")
+    with Server("--config", cfg) as s:
+        cli(s, "admit", "--bytes", "100MiB", "--ttl", "600")
+        before = usage_latencies(s.socket, 400)
+        cli(s, "limit", "set", "fleet", "105MiB")
+        t_start = time.monotonic()
+        pid = int(wait_for("hook running", lambda: (
+            open(f"{d}/pid").read().strip()
+            if os.path.exists(f"{d}/pid") else None)))
+        sleeps = wait_for("its sleep", lambda: [
+            c for c in open(f"/proc/{pid}/task/{pid}/children")
+            .read().split()])
+        during = usage_latencies(s.socket, 400)
+        hung = time.monotonic() - t_start
+        check(alive(pid), "the hook ended before the measurement did")
+        mb, md = statistics.median(before), statistics.median(during)
+        print(f"  GetUsage median {mb * 1e6:.0f} us before, "
+              f"{md * 1e6:.0f} us while the hook hangs "
+              f"(p90 {sorted(before)[360] * 1e6:.0f} / "
+              f"{sorted(during)[360] * 1e6:.0f} us; measured "
+              f"{hung:.2f} s into it)")
+        check(md <= 4 * mb + 0.0005,
+              f"queries slowed by the hook: median {md * 1e6:.0f} us vs "
+              f"{mb * 1e6:.0f} us")
+        wait_for("timeout logged", lambda: 'msg="hook timed out' in
+                 s.logtext(), timeout=timeout + 15)
+        killed = time.monotonic() - t_start
+        check(killed >= timeout - 0.5, f"killed after {killed:.1f} s")
+        wait_for("hook end logged", lambda: 'msg="hook finished"' in
+                 s.logtext(), timeout=15)
+        end = next(line for line in s.logtext().splitlines()
+                   if 'msg="hook finished"' in line)
+        check("signal=KILL" in end and "timed_out=1" in end and
+              "level=warn" in end, f"end: {end}")
+        ms = int(end.split("duration_ms=")[1].split()[0])
+        check(ms >= (timeout - 0.5) * 1000, f"duration_ms={ms}")
+        # The whole process group went: the shell and its sleep.
+        wait_for("shell and sleep gone", lambda: not alive(pid) and not any(
+            alive(int(c)) for c in sleeps), timeout=10)
+        check(not os.path.exists(f"{d}/never"), "the hook ran on")
+        with open(f"{d}/node") as f:
+            node = f.read().strip()
+        check(node == socket.gethostname(), f"MEMTALLY_NODE={node!r}")
+        print(f"  killed {killed:.1f} s after it started (timeout "
+              f"{timeout} s)")
+
+
+def test_reload_installs_hooks():
+    d = tempfile.mkdtemp(prefix="mt-hooks-")
+    cfg = config("[limits]\nfleet = 1GiB\n")
+    with Server("--config", cfg) as s:
+        cli(s, "admit", "--bytes", "100MiB", "--ttl", "600")
+        with open(cfg, "a") as f:
+            f.write(f"[hooks]\non_over = {env_dump_cmd(d)}\n")
+        s.proc.send_signal(signal.SIGHUP)
+        wait_for("reloaded", lambda: 'msg="config reloaded"' in s.logtext()
+                 and "hooks=1" in s.logtext())
+        cli(s, "limit", "set", "fleet", "99MiB")
+        e = wait_for("hook ran", lambda: dumps(d))[0]
+        check(e["MEMTALLY_STATE"] == "over" and
+              e["MEMTALLY_PREVIOUS"] == "ok", f"after reload: {e}")
+
+
+if __name__ == "__main__":
+    run([test_environment_fleet_and_group,
+         test_one_at_a_time_latest_state_wins,
+         test_hanging_hook_is_killed_and_queries_go_on,
+         test_reload_installs_hooks])
