@@ -2,8 +2,10 @@
 # The demo fleet: memtallyd with a 600 MiB fleet limit, a few unmodified
 # workers under the preload in two groups, `memtally status` / `memtally ps`
 # watching them, and a scheduler asking to start tasks: admitted while the
-# fleet has room, denied with the figures once it does not. Ends by itself
-# and leaves no process, socket or restart record behind.
+# fleet has room, denied with the figures once it does not; then a job
+# started with `memtally run --wait` that waits for room and runs once
+# another task's memory is freed. Ends by itself and leaves no process,
+# socket or restart record behind.
 # usage: deploy/demo.sh [BUILD_DIR]
 set -euo pipefail
 build=$(cd "${1:-build}" && pwd)
@@ -78,6 +80,21 @@ mt release "$rid"
 mt admit --bytes 300MiB --group ml --task demo-2
 say "memtally status --json"
 mt --json status
+
+etl=${pids[1]}
+say "memtally run: a job of 200 MiB waits for room (--wait 30), not started"
+mt run --bytes 200MiB --group ml --task demo-job --wait 30 -- python3 -c \
+  'import os; b = bytearray(150 << 20); print("job", os.environ["MEMTALLY_TASK"], "ran, holding 150 MiB", flush=True)' &
+job=$!
+pids+=($job)
+sleep 1.5
+say "the etl worker (pid $etl) ends: its 150 MiB are freed, the job starts"
+kill "$etl"
+wait "$etl" 2>/dev/null || true
+set +e
+wait "$job"
+echo "(job exit status $?)"
+set -e
 
 say "stopping; memtallyd log:"
 for p in "${pids[@]:1}"; do kill "$p" 2>/dev/null || true; done
