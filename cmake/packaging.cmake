@@ -26,9 +26,14 @@ file(GLOB _pyfiles ${PROJECT_SOURCE_DIR}/python/memtally/*.py)
 install(FILES ${_pyfiles} DESTINATION lib/python3/dist-packages/memtally)
 install(FILES ${PROJECT_BINARY_DIR}/python/memtally_pb2.py OPTIONAL
         DESTINATION lib/python3/dist-packages/memtally)
-install(DIRECTORY ${_deploy}/prometheus
+install(DIRECTORY ${_deploy}/prometheus ${_deploy}/slurm
         DESTINATION ${CMAKE_INSTALL_DOCDIR}/examples
         USE_SOURCE_PERMISSIONS)
+# Slurm: the task wrapper users put after srun on PATH; the hook (memtallyd
+# [hooks]) and the TaskProlog where slurm.conf and memtallyd.conf name them.
+install(PROGRAMS ${_deploy}/slurm/memtally-slurm-task DESTINATION ${CMAKE_INSTALL_BINDIR})
+install(PROGRAMS ${_deploy}/slurm/memtally-slurm-hook ${_deploy}/slurm/memtally-slurm-taskprolog
+        DESTINATION ${CMAKE_INSTALL_LIBEXECDIR}/memtally)
 install(FILES ${PROJECT_SOURCE_DIR}/proto/memtally.proto
         DESTINATION ${CMAKE_INSTALL_DATADIR}/memtally/proto)
 install(FILES ${PROJECT_SOURCE_DIR}/README.md DESTINATION ${CMAKE_INSTALL_DOCDIR})

@@ -31,6 +31,8 @@ for f in /usr/bin/memtallyd /usr/bin/memtally /usr/lib/libmemtally.so \
          /usr/lib/python3/dist-packages/memtally/celery.py \
          /usr/lib/python3/dist-packages/memtally/memtally_pb2.py \
          /usr/share/doc/memtally/examples/prometheus/memtally.rules.yml \
+         /usr/bin/memtally-slurm-task /usr/libexec/memtally/memtally-slurm-hook \
+         /usr/libexec/memtally/memtally-slurm-taskprolog \
          /usr/share/memtally/proto/memtally.proto \
          /usr/share/man/man8/memtallyd.8 /usr/share/man/man1/memtally.1; do
   grep -qxF "$f" "$tmp/files" || { cat "$tmp/files"; fail "package lacks $f"; }

@@ -1,0 +1,299 @@
+"""deploy/slurm/ with a real Slurm: munged, slurmctld and slurmd from
+Debian's packages, started by the test on this machine (the local short
+host name as the one node, proctrack/linuxproc, task/none, private ports,
+state directories and munge socket), and a memtallyd whose [hooks] run
+memtally-slurm-hook.
+
+- memtally-slurm-task under srun: a job whose --mem fits runs under
+  `memtally run` (its task name and group set); one whose --mem does not
+  fit fails with exit status 3 and its command never starts.
+- memtally-slurm-taskprolog (TaskProlog): a plain srun task is counted,
+  as its partition's group.
+- Fleet over budget: the hook drains the node (reason "memtally: fleet over
+  budget") and a newly submitted job stays pending; fleet back under: the
+  hook resumes the node and the job runs.
+
+Environment: as for the integration tests, and MEMTALLY_SOURCE_DIR.
+"""
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+
+from harness import (MIB, MULT, Server, Skip, Worker, check, config_file, run,
+                     wait_for, worker)
+
+SRC = os.environ["MEMTALLY_SOURCE_DIR"]
+SLURM = os.path.join(SRC, "deploy", "slurm")
+HOOK = os.path.join(SLURM, "memtally-slurm-hook")
+REASON = "memtally: fleet over budget"
+
+
+def need():
+    for tool, pkg in (("munged", "munge"), ("mungekey", "munge"),
+                      ("slurmctld", "slurm-wlm"), ("slurmd", "slurm-wlm"),
+                      ("scontrol", "slurm-wlm"), ("sbatch", "slurm-wlm")):
+        if not shutil.which(tool, path=os.environ.get("PATH", "") +
+                            ":/usr/sbin:/sbin"):
+            raise Skip(f"{tool} is not installed (apt-get install {pkg})")
+    if os.geteuid() != 0:
+        raise Skip("slurmd must run as root to start jobs")
+
+
+def free_ports(n):
+    socks, ports = [], []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+        ports.append(s.getsockname()[1])
+    for s in socks:
+        s.close()
+    return ports
+
+
+def sbin(tool):
+    return shutil.which(tool, path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin")
+
+
+class Cluster:
+    """munged + slurmctld + slurmd in a temporary directory."""
+
+    def __init__(self, tmp):
+        self.tmp = tmp
+        self.node = socket.gethostname().split(".")[0]
+        self.procs = []
+        m = os.path.join(tmp, "munge")
+        os.mkdir(m, 0o700)
+        self.munge_sock = os.path.join(m, "munge.socket")
+        key = os.path.join(m, "munge.key")
+        subprocess.run([sbin("mungekey"), "--create", "--keyfile", key],
+                       check=True, capture_output=True)
+        # --force: munged refuses a socket directory others cannot search
+        # (ours is private to this test) and running as root without it.
+        self.start("munged", [sbin("munged"), "-F", "--force",
+                              f"--socket={self.munge_sock}",
+                              f"--key-file={key}",
+                              f"--pid-file={m}/munged.pid",
+                              f"--seed-file={m}/munged.seed",
+                              f"--log-file={m}/munged.log"])
+        wait_for("munged socket", lambda: self.alive()
+                 and os.path.exists(self.munge_sock), timeout=20)
+        ctld_port, d_port = free_ports(2)
+        for d in ("ctld", "spool", "log"):
+            os.mkdir(os.path.join(tmp, d))
+        self.conf = os.path.join(tmp, "slurm.conf")
+        with open(self.conf, "w") as f:
+            f.write(f"""\
+ClusterName=memtally
+SlurmctldHost={self.node}(127.0.0.1)
+SlurmUser=root
+SlurmdUser=root
+SlurmctldPort={ctld_port}
+SlurmdPort={d_port}
+AuthType=auth/munge
+AuthInfo=socket={self.munge_sock}
+CredType=cred/munge
+StateSaveLocation={tmp}/ctld
+SlurmdSpoolDir={tmp}/spool
+SlurmctldPidFile={tmp}/slurmctld.pid
+SlurmdPidFile={tmp}/slurmd.pid
+SlurmctldLogFile={tmp}/log/slurmctld.log
+SlurmdLogFile={tmp}/log/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+TaskProlog={SLURM}/memtally-slurm-taskprolog
+MpiDefault=none
+SchedulerType=sched/builtin
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+ReturnToService=2
+JobCompType=jobcomp/none
+AccountingStorageType=accounting_storage/none
+JobAcctGatherType=jobacct_gather/none
+NodeName={self.node} NodeAddr=127.0.0.1 CPUs={os.cpu_count()} RealMemory=1024 State=UNKNOWN
+PartitionName=mt Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
+""")
+        os.environ["SLURM_CONF"] = self.conf
+        self.start("slurmctld", [sbin("slurmctld"), "-D", "-i", "-f", self.conf])
+        self.start("slurmd", [sbin("slurmd"), "-D", "-f", self.conf])
+        wait_for("node idle", lambda: self.alive()
+                 and self.node_state()[0].startswith("idle"), timeout=60,
+                 interval=0.2)
+
+    def start(self, name, argv):
+        log = open(os.path.join(self.tmp, f"{name}.out"), "w")
+        self.procs.append((name, subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, cwd=self.tmp)))
+
+    def alive(self):
+        for name, p in self.procs:
+            if p.poll() is not None:
+                raise AssertionError(f"{name} exited {p.returncode}: "
+                                     + self.logs())
+        return True
+
+    def logs(self):
+        out = []
+        for name in ("munged.out", "slurmctld.out", "slurmd.out",
+                     "log/slurmctld.log", "log/slurmd.log"):
+            try:
+                with open(os.path.join(self.tmp, name)) as f:
+                    out.append(f"---- {name} ----\n" + f.read()[-3000:])
+            except FileNotFoundError:
+                pass
+        return "\n".join(out)
+
+    def cmd(self, *argv):
+        r = subprocess.run(argv, capture_output=True, text=True,
+                           timeout=30 * MULT)
+        check(r.returncode == 0, f"{' '.join(argv)}: {r.returncode} "
+              f"{r.stdout}{r.stderr}")
+        return r.stdout.strip()
+
+    def node_state(self):
+        """(state, reason) of our node, as sinfo has them."""
+        out = self.cmd("sinfo", "-h", "-N", "-n", self.node, "-o", "%T|%E")
+        state, _, reason = out.partition("|")
+        return state, reason
+
+    def sbatch(self, *args, env=None):
+        r = subprocess.run(["sbatch", "--parsable", "-D", self.tmp,
+                            "-o", f"{self.tmp}/job-%j.out", *args],
+                           capture_output=True, text=True, env=env,
+                           timeout=30 * MULT)
+        check(r.returncode == 0, f"sbatch {args}: {r.stdout}{r.stderr}")
+        return r.stdout.strip().split(";")[0]
+
+    def job(self, jobid):
+        """JobState, Reason and ExitCode of a job (kept MinJobAge, 300 s)."""
+        out = self.cmd("scontrol", "-o", "show", "job", jobid)
+        fields = dict(f.split("=", 1) for f in out.split() if "=" in f)
+        return fields
+
+    def wait_done(self, jobid, timeout=40):
+        return wait_for(f"job {jobid} done", lambda: (
+            self.alive() and self.job(jobid)["JobState"] in
+            ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL")
+            and self.job(jobid)), timeout=timeout, interval=0.2)
+
+    def stop(self):
+        for name, p in reversed(self.procs):
+            if p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+
+
+def read(path):
+    with open(path) as f:
+        return f.read()
+
+
+def test_slurm_drain_resume_and_task_wrapper():
+    need()
+    tmp = tempfile.mkdtemp(prefix="mt-slurm-")
+    os.chmod(tmp, 0o755)
+    cluster = None
+    hog = None
+    try:
+        cluster = Cluster(tmp)
+        conf = config_file(f"""\
+[limits]
+fleet = 64MiB
+[hooks]
+on_ok = {HOOK}
+on_high = {HOOK}
+on_over = {HOOK}
+timeout = 20s
+""")
+        with Server("--config", conf) as s:
+            env = dict(os.environ, MEMTALLY=os.environ["MEMTALLY_CLI"],
+                       MEMTALLY_SOCKET=s.socket,
+                       MEMTALLY_PRELOAD=os.environ["MEMTALLY_PRELOAD_LIB"],
+                       PATH=f"{SLURM}:{os.environ['PATH']}")
+            hold = worker("mt_hold")
+
+            # A task that fits: admitted, runs under memtally run.
+            out = os.path.join(tmp, "fits.out")
+            j = cluster.sbatch("--mem=16M", "--wrap",
+                               "srun memtally-slurm-task -- sh -c "
+                               f"'echo \"$MEMTALLY_TASK $MEMTALLY_GROUP\" > {out}'",
+                               env=env)
+            job = cluster.wait_done(j)
+            check(job["JobState"] == "COMPLETED" and job["ExitCode"] == "0:0",
+                  f"job {j}: {job}\n" + read(f"{tmp}/job-{j}.out"))
+            check(read(out).split() == [f"slurm-{j}.0.0", "mt"],
+                  f"task and group in the job: {read(out)!r}")
+            check(s.status()["fleet"]["reserved"] == 0, "reservation left")
+
+            # A task that does not fit (100 MiB > 64 MiB): exit 3, the
+            # command never started.
+            out2 = os.path.join(tmp, "too-big.out")
+            j = cluster.sbatch("--mem=100M", "--wrap",
+                               f"srun memtally-slurm-task -- touch {out2}",
+                               env=env)
+            job = cluster.wait_done(j)
+            check(job["JobState"] == "FAILED" and job["ExitCode"] == "3:0",
+                  f"job {j}: {job}\n" + read(f"{tmp}/job-{j}.out"))
+            check(not os.path.exists(out2), "denied command ran")
+            check(s.status()["fleet"]["reserved"] == 0, "reservation left")
+
+            # The TaskProlog alone: a plain srun task is counted, as the
+            # partition's group.
+            j = cluster.sbatch("--wrap", f"srun {hold} 8 </dev/null", env=env)
+            job = cluster.wait_done(j)
+            check(job["JobState"] == "COMPLETED", f"job {j}: {job}")
+            check('group="mt" task="" comm="mt_hold"' in s.logtext(),
+                  "TaskProlog's task not registered as group mt:\n"
+                  + s.logtext()[-3000:])
+
+            # Over budget: drained, and a new job stays pending.
+            hog = Worker([hold, "80"], s.env(group="hog"))
+            check(hog.readline().startswith("ready"), "hog not ready")
+            wait_for("node drained by the hook", lambda: (
+                lambda st: st[0].startswith("drain") and st[1] == REASON)(
+                    cluster.node_state()), timeout=30, interval=0.2)
+            out3 = os.path.join(tmp, "later.out")
+            j = cluster.sbatch("--wrap", f"echo ran > {out3}", env=env)
+            # slurmctld has looked at it (a reason other than None) and left
+            # it pending because of the drained node.
+            job = wait_for("job considered", lambda: (
+                lambda f: f["Reason"] not in ("None", "") and f)(cluster.job(j)),
+                timeout=30, interval=0.2)
+            check(job["JobState"] == "PENDING", f"job {j} while drained: {job}")
+            check(not os.path.exists(out3), "job ran on a drained node")
+
+            # Back under: resumed, the job runs.
+            hog.send("free")
+            check(hog.readline() == "freed", "hog did not free")
+            wait_for("node resumed by the hook", lambda: (
+                cluster.node_state()[0] in ("idle", "mixed", "allocated",
+                                            "completing")), timeout=30,
+                interval=0.2)
+            job = cluster.wait_done(j)
+            check(job["JobState"] == "COMPLETED" and read(out3) == "ran\n",
+                  f"job {j} after resume: {job}")
+            log = s.logtext()
+            check("drained" in log and "resumed" in log,
+                  "hook output not in memtallyd's log:\n" + log[-3000:])
+            hog.close()
+            hog = None
+    except BaseException:
+        if cluster:
+            print(cluster.logs())
+        raise
+    finally:
+        if hog:
+            hog.kill()
+        if cluster:
+            cluster.stop()
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    run([test_slurm_drain_resume_and_task_wrapper])
