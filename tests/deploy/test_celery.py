@@ -11,7 +11,7 @@ import subprocess
 import sys
 import tempfile
 
-from harness import MIB, MULT, Server, Skip, Worker, check, run, wait_for, worker
+from harness import MULT, Server, Skip, Worker, check, run, wait_for, worker
 
 SRC = os.environ["MEMTALLY_SOURCE_DIR"]
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -11,7 +11,6 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
 import tempfile
 import urllib.parse
 import urllib.request
@@ -110,9 +109,8 @@ def query(base, expr):
 
 def test_prometheus_records_cluster_total():
     need("prometheus")
-    try:
-        import yaml  # noqa: F401
-    except ImportError:
+    import importlib.util
+    if importlib.util.find_spec("yaml") is None:
         raise Skip("python3-yaml is not installed (apt-get install python3-yaml)")
     tmp = tempfile.mkdtemp(prefix="mt-prom-")
     with Server("--metrics", "127.0.0.1:0") as a, \

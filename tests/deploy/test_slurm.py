@@ -21,7 +21,7 @@ import socket
 import subprocess
 import tempfile
 
-from harness import (MIB, MULT, Server, Skip, Worker, check, config_file, run,
+from harness import (MULT, Server, Skip, Worker, check, config_file, run,
                      wait_for, worker)
 
 SRC = os.environ["MEMTALLY_SOURCE_DIR"]
