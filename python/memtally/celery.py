@@ -45,8 +45,9 @@ How a denied task goes back, and why this way:
   once per pause: one GetUsage). Other nodes' workers take the queue
   meanwhile. `setup(app)` installs this consumer step.
 
-Fail open: when the node's memtallyd cannot be reached, the task runs (the
-worker logs it once); memtally must never stop work because it is missing.
+Fail open: when the node's memtallyd cannot be reached, the task runs (each
+worker process says so once, and again after memtallyd was back); memtally
+must never stop work because it is missing.
 
 Task options (class attributes, or keyword arguments of @app.task):
 `memtally_bytes` (int or "600MiB"; unset or 0: no admission),

@@ -2,7 +2,8 @@
 "nodes" (a memtallyd each, 64 MiB fleet limit), one Celery worker per node
 pointed at its node's memtallyd, one broker. With node A over budget every
 task completes on node B, each exactly once, and A's worker did take and
-requeue some; then with B over and A back under, A takes every task.
+requeue some; then with B over and A back under, A takes every task; and
+with A's memtallyd gone, A's worker runs tasks anyway (fail open).
 Environment: as for the integration tests, and MEMTALLY_SOURCE_DIR.
 """
 import os
@@ -150,6 +151,21 @@ def test_two_nodes_one_broker():
             check({r[1] for r in second} == {"A"},
                   f"nodes once A had room and B was over: {second}")
             check(a.status()["fleet"]["reserved"] == 0, "reservations on A")
+
+            # Fail open: with node A's memtallyd gone, A's worker runs
+            # tasks without asking (B, still over, takes none), and says so
+            # once.
+            a.stop()
+            ids3 = run_batch(rd, celery_app, 6, 20)
+            ran = ledger(rd)
+            check(sorted(r[0] for r in ran) == sorted(ids1 + ids2 + ids3),
+                  f"ran {ran}, sent {ids1 + ids2 + ids3}")
+            third = [r for r in ran if r[0] in set(ids3)]
+            check({r[1] for r in third} == {"A"},
+                  f"nodes with A's memtallyd gone: {third}")
+            check(workers[0].text().count("not reachable") == 1,
+                  "A's worker did not say once that it runs without memtallyd:\n"
+                  + workers[0].text()[-3000:])
             print(f"A denied {denied_a} while over; B denied "
                   f"{workers[1].text().count('denied on')} while over")
             for h in hogs:
