@@ -11,7 +11,8 @@ memtally-slurm-hook.
   as its partition's group.
 - Fleet over budget: the hook drains the node (reason "memtally: fleet over
   budget") and a newly submitted job stays pending; fleet back under: the
-  hook resumes the node and the job runs.
+  hook resumes the node and the job runs. A node an administrator drained
+  stays drained, with its reason, through memtally's over and back.
 
 Environment: as for the integration tests, and MEMTALLY_SOURCE_DIR.
 """
@@ -265,7 +266,9 @@ timeout = 20s
             job = wait_for("job considered", lambda: (
                 lambda f: f["Reason"] not in ("None", "") and f)(cluster.job(j)),
                 timeout=30, interval=0.2)
-            check(job["JobState"] == "PENDING", f"job {j} while drained: {job}")
+            check(job["JobState"] == "PENDING" and ("DRAINED" in job["Reason"]
+                  or "ReqNodeNotAvail" in job["Reason"]),
+                  f"job {j} while drained: {job}")
             check(not os.path.exists(out3), "job ran on a drained node")
 
             # Back under: resumed, the job runs.
@@ -281,6 +284,25 @@ timeout = 20s
             log = s.logtext()
             check("drained" in log and "resumed" in log,
                   "hook output not in memtallyd's log:\n" + log[-3000:])
+
+            # A node an administrator drained keeps its drain and reason
+            # through a fleet over and back.
+            admin = "admin: new disk"
+            cluster.cmd("scontrol", "update", f"nodename={cluster.node}",
+                        "state=drain", f"reason={admin}")
+            back = 'msg="hook finished" scope="fleet" state=ok previous=over'
+            backs = log.count(back)
+            hog.send("more 80")
+            check(hog.readline().startswith("ready"), "hog not ready")
+            wait_for("fleet over", lambda: s.status()["fleet"]["state"] == "over")
+            hog.send("free")
+            check(hog.readline() == "freed", "hog did not free")
+            wait_for("fleet ok", lambda: s.status()["fleet"]["state"] == "ok")
+            wait_for("the hook of over -> ok ran", lambda: s.logtext().count(
+                back) == backs + 1, timeout=30)
+            st = cluster.node_state()
+            check(st[0].startswith("drain") and st[1] == admin,
+                  f"administrator's drain after memtally's over and ok: {st}")
             hog.close()
             hog = None
     except BaseException:
