@@ -131,6 +131,10 @@ def test_two_nodes_one_broker():
             denied_a = workers[0].text().count("denied on")
             check(denied_a >= 1, "A's worker never took (and requeued) a task:\n"
                   + workers[0].text())
+            # ...and then stopped taking tasks, and stays so while over.
+            check("not taking tasks from mt" in workers[0].text()
+                  and "taking tasks again" not in workers[0].text(),
+                  "A's worker did not pause:\n" + workers[0].text()[-3000:])
             check(a.status()["fleet"]["reserved"] == 0
                   and b.status()["fleet"]["reserved"] == 0,
                   "reservations left behind")
@@ -151,6 +155,9 @@ def test_two_nodes_one_broker():
             check({r[1] for r in second} == {"A"},
                   f"nodes once A had room and B was over: {second}")
             check(a.status()["fleet"]["reserved"] == 0, "reservations on A")
+            check("taking tasks again" in workers[0].text()
+                  and "not taking tasks from mt" in workers[1].text(),
+                  "A did not resume, or B did not pause")
 
             # Fail open: with node A's memtallyd gone, A's worker runs
             # tasks without asking (B, still over, takes none), and says so
