@@ -4,6 +4,7 @@ host name as the one node, proctrack/linuxproc, task/none, private ports,
 state directories and munge socket), and a memtallyd whose [hooks] run
 memtally-slurm-hook.
 
+- A group over its limit (even one named "fleet") drains nothing.
 - memtally-slurm-task under srun: a job whose --mem fits runs under
   `memtally run` (its task name and group set); one whose --mem does not
   fit fails with exit status 3 and its command never starts.
@@ -34,7 +35,8 @@ REASON = "memtally: fleet over budget"
 def need():
     for tool, pkg in (("munged", "munge"), ("mungekey", "munge"),
                       ("slurmctld", "slurm-wlm"), ("slurmd", "slurm-wlm"),
-                      ("scontrol", "slurm-wlm"), ("sbatch", "slurm-wlm")):
+                      ("scontrol", "slurm-wlm"), ("sbatch", "slurm-wlm"),
+                      ("sinfo", "slurm-wlm")):
         if not shutil.which(tool, path=os.environ.get("PATH", "") +
                             ":/usr/sbin:/sbin"):
             raise Skip(f"{tool} is not installed (apt-get install {pkg})")
@@ -206,6 +208,8 @@ def test_slurm_drain_resume_and_task_wrapper():
         conf = config_file(f"""\
 [limits]
 fleet = 64MiB
+[group fleet]
+limit = 1MiB
 [hooks]
 on_ok = {HOOK}
 on_high = {HOOK}
@@ -218,6 +222,17 @@ timeout = 20s
                        MEMTALLY_PRELOAD=os.environ["MEMTALLY_PRELOAD_LIB"],
                        PATH=f"{SLURM}:{os.environ['PATH']}")
             hold = worker("mt_hold")
+
+            # A group over its limit, even one named "fleet", drains nothing.
+            g = Worker([hold, "4"], s.env(group="fleet"))
+            check(g.readline().startswith("ready"), "worker not ready")
+            wait_for("the group's hook ran", lambda: 'msg="hook finished" '
+                     'scope="fleet" state=over' in s.logtext(), timeout=30)
+            g.close()
+            check(s.status()["fleet"]["state"] == "ok", "fleet not ok")
+            st = cluster.node_state()
+            check(st[0] == "idle" and st[1] == "none",
+                  f"node after a group named fleet went over: {st}")
 
             # A task that fits: admitted, runs under memtally run.
             out = os.path.join(tmp, "fits.out")
