@@ -197,6 +197,12 @@ def read(path):
         return f.read()
 
 
+def test_shipped_config_accepted():
+    """deploy/slurm/memtallyd.conf is a config memtallyd starts with."""
+    with Server("--config", os.path.join(SLURM, "memtallyd.conf")) as s:
+        check(s.status()["fleet"]["limit"] == 200 << 30, "fleet limit")
+
+
 def test_slurm_drain_resume_and_task_wrapper():
     need()
     tmp = tempfile.mkdtemp(prefix="mt-slurm-")
@@ -333,4 +339,4 @@ timeout = 20s
 
 
 if __name__ == "__main__":
-    run([test_slurm_drain_resume_and_task_wrapper])
+    run([test_shipped_config_accepted, test_slurm_drain_resume_and_task_wrapper])
