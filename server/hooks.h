@@ -52,7 +52,7 @@ int mts_hooks_configure(struct mts_hooks *h, const struct mts_hook_conf *conf);
 
 /* A state change (the registry's event sink calls it): fleet and group
  * scopes run their hook, processes' changes are ignored. Never blocks:
- * at most a fork. Accepts h NULL. */
+ * at most a vfork. Accepts h NULL. */
 void mts_hooks_event(struct mts_hooks *h, const struct mts_event *ev);
 
 /* Hooks running now (for tests and the log). */
