@@ -1,0 +1,124 @@
+/*
+ * mts_admit.h - admission: Admit decisions, reservations and their
+ * reconciliation with the workers of their task (admit.c).
+ */
+#ifndef MTS_ADMIT_H
+#define MTS_ADMIT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "mts_registry.h"
+
+struct mts_resv {
+	char id[MTS_RESV_ID_LEN + 1];
+	bool has_owner; /* false: made over TCP (no credentials) */
+	uint32_t uid;   /* owner */
+	uint32_t group; /* index in reg->groups (keeps the entry alive) */
+	struct mts_task *task; /* NULL: no task */
+	struct mts_resv *tnext; /* the task's reservations, oldest first */
+	uint32_t index;         /* in reg->resv */
+	uint32_t heap_index;    /* in reg->resv_heap; UINT32_MAX: not there */
+	bool taken_over;        /* a worker of its task registered: no TTL */
+	uint64_t bytes;         /* granted */
+	uint64_t effective;     /* counted now: bytes minus what the task's
+	                           workers already use, floored at 0 */
+	uint64_t created_ns;    /* CLOCK_REALTIME */
+	uint64_t expires_ns;    /* CLOCK_MONOTONIC */
+	uint32_t ttl_s;
+};
+
+/* What one kind of a task's workers use (admit.c): [0] admins' workers,
+ * [1] workers of a uid that owns none of the task's reservations, then
+ * one entry per owner uid of its reservations. */
+struct mts_task_share {
+	uint32_t uid;      /* owners' entries */
+	uint32_t resv;     /* owners' entries: its reservations of the task */
+	uint32_t live;     /* live workers, latest tick */
+	uint64_t measured; /* their measured bytes, latest tick */
+	uint64_t counted;  /* `measured` as of the last recount */
+	uint64_t left;     /* a recount's scratch */
+	bool was_live;     /* live > 0 at the last recount */
+};
+
+struct mts_task {
+	struct mts_task *hnext;
+	char *name;
+	uint64_t hash;
+	struct mts_resv *resv; /* oldest first */
+	uint32_t live;         /* live workers with this task, latest tick */
+	uint64_t measured;     /* their measured bytes, latest tick */
+	uint64_t counted;      /* `measured` its reservations count against */
+	bool seen;             /* a worker of the task registered */
+	struct mts_task *snext, *sprev; /* reg->tasks_seen, once seen */
+	struct mts_task_share *shares;  /* see mts_task_share */
+	uint32_t nshares, shares_cap;
+	bool dirty; /* reservations came or went since the last recount */
+};
+
+struct mts_admit_req {
+	uint64_t bytes;
+	const char *group; /* "" or NULL = "default" */
+	const char *task;  /* "" or NULL = none */
+	uint32_t ttl_s;    /* 0 = policy default */
+};
+
+struct mts_admit_out {
+	bool admitted;
+	enum mts_denial reason; /* when !admitted */
+	char scope[MTS_NAME_MAX + 8]; /* "fleet" or "group:NAME" */
+	double growth;      /* of the scope that decided, bytes per second */
+	double forecast_s;  /* its seconds to the limit, 0 = no forecast */
+	uint64_t measured;  /* of the scope that decided (fleet if granted) */
+	uint64_t reserved;
+	uint64_t requested;
+	uint64_t limit;
+	uint32_t ttl_s;
+	char id[MTS_RESV_ID_LEN + 1];
+	char why[384]; /* human reason */
+};
+
+/* Decide an Admit; a grant creates a reservation. Logs the decision and
+ * counts it. Returns 0 (see out->admitted), -EINVAL (malformed: bytes 0 or
+ * a bad name; counted as a denial "invalid"), -ENOSPC (MTS_RESV_MAX
+ * outstanding), -ENOMEM. */
+int mts_admit(struct mts_registry *reg, const struct mts_peer *peer,
+              const struct mts_admit_req *req, struct mts_admit_out *out);
+
+/* The decision alone, for a valid request of `bytes` to `group`: the
+ * per-uid reservation cap, then the fleet limit, then the group's; fills
+ * out (admitted, or the reason, scope, figures and words that decided).
+ * Reads the registry and changes nothing: no reservation, no counter, no
+ * log line. */
+void mts_admit_decide(const struct mts_registry *reg,
+                      const struct mts_peer *peer, const char *group,
+                      uint64_t bytes, struct mts_admit_out *out);
+
+/* Release reservation `id`. Returns 0 (*bytes = its granted bytes),
+ * -ENOENT, -EPERM (logged and counted). */
+int mts_release(struct mts_registry *reg, const struct mts_peer *peer,
+                const char *id, const char *token, uint64_t *bytes);
+
+/* The reservation `id`, or NULL. */
+struct mts_resv *mts_resv_find(const struct mts_registry *reg,
+                               const char *id);
+
+/* Tick step: measure each task's workers, end reservations whose TTL
+ * passed or whose task's workers all exited, recompute what each counts
+ * and the reserved sums. */
+void mts_resv_tick(struct mts_registry *reg, uint64_t now_ns);
+
+/* Recompute every reservation's count and the reserved sums from scratch,
+ * from the latest task figures. Admit, Release and the tick keep them up
+ * to date incrementally; this is the reference they agree with. */
+void mts_resv_sums(struct mts_registry *reg);
+
+/* Worker `p` registered with a task: the reservations of that task it may
+ * take over (its owner's uid or an admin's: docs/ARCHITECTURE.md,
+ * ownership) are taken over. */
+void mts_resv_worker_registered(struct mts_registry *reg, struct mts_proc *p);
+
+/* Free every reservation and task (registry teardown). */
+void mts_resv_free_all(struct mts_registry *reg);
+
+#endif /* MTS_ADMIT_H */

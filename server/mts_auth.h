@@ -1,0 +1,62 @@
+/*
+ * mts_auth.h - who may SetLimit or end another's reservation, and the
+ * per-uid counts behind the caps (auth.c).
+ */
+#ifndef MTS_AUTH_H
+#define MTS_AUTH_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "mts_admit.h"
+#include "mts_registry.h"
+
+/* Why a peer is authorised; MTS_AUTH_NONE = it is not. */
+enum mts_auth {
+	MTS_AUTH_NONE = 0,
+	MTS_AUTH_ROOT,
+	MTS_AUTH_SERVER_UID,
+	MTS_AUTH_ADMIN_UID,
+	MTS_AUTH_ADMIN_GID,
+	MTS_AUTH_TOKEN,
+	MTS_AUTH_OWNER,
+};
+
+const char *mts_auth_name(enum mts_auth a);
+
+/* May `peer` change limits (or release anyone's reservation)? `token` is
+ * the body's token ("" or NULL = none). */
+enum mts_auth mts_authorise(const struct mts_registry *reg,
+                            const struct mts_peer *peer, const char *token);
+
+/* May `peer` release `r`: its owner, or anyone mts_authorise() allows. A
+ * reservation made over TCP is owned by every TCP peer alike. */
+enum mts_auth mts_authorise_release(const struct mts_registry *reg,
+                                    const struct mts_peer *peer,
+                                    const char *token,
+                                    const struct mts_resv *r);
+
+/* Is `uid` root, the server's uid or admin_uid (admin_gid needs a
+ * process: mts_peer_in_group, mts_pid_in_group)? */
+bool mts_uid_is_admin(const struct mts_registry *reg, uint32_t uid);
+
+/* Is `gid` the effective or a supplementary group of process `pid`
+ * (/proc/PID/status)? False when it cannot be read. */
+bool mts_pid_in_group(uint32_t pid, uint32_t gid);
+
+/* The count of `uid`, 0 when it has none. */
+uint32_t mts_uid_count_get(const struct mts_uid_counts *t, uint32_t uid);
+/* Count one more for `uid`. 0 or -ENOMEM (nothing counted). */
+int mts_uid_count_add(struct mts_uid_counts *t, uint32_t uid);
+/* Count one less (a uid at 0 leaves the table). */
+void mts_uid_count_sub(struct mts_uid_counts *t, uint32_t uid);
+void mts_uid_counts_free(struct mts_uid_counts *t);
+
+/* Constant-time (in the secret's content) comparison of two strings. */
+bool mts_token_equal(const char *secret, const char *given);
+
+/* Is `gid` the peer's primary group or one of its supplementary groups
+ * (SO_PEERGROUPS on its socket, else /proc/PID/status)? */
+bool mts_peer_in_group(const struct mts_peer *peer, uint32_t gid);
+
+#endif /* MTS_AUTH_H */

@@ -1,0 +1,94 @@
+/*
+ * mts_config.h - the configuration: the INI file and flags turned into
+ * the server's settings and policy, and the parsers of its values
+ * (config.c).
+ */
+#ifndef MTS_CONFIG_H
+#define MTS_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/socket.h>
+
+#include "hooks.h"
+#include "mts_policy.h"
+
+struct mts_config {
+	const char *socket_path;
+	const char *segment; /* label of the shared objects */
+	const char *state_path; /* restart record; NULL: next to the socket
+	                           (SOCKET.state), none without a socket */
+	uint32_t slots;
+	uint32_t lanes;
+	uint32_t tick_ms;
+	uint64_t threshold;
+	bool reset;
+	/* Policy and listeners. Zero/NULL is the default for each. */
+	const struct mts_policy *policy; /* NULL: mts_policy_defaults() */
+	const char *tcp_addr;            /* HOST:PORT to listen on, or NULL */
+	const char *metrics_addr; /* --metrics / [server] metrics, stored */
+	bool has_gid;             /* chown the socket to `gid` */
+	uint32_t gid;
+	/* The connection budget; 0 = the default. */
+	uint32_t max_conns;
+	uint64_t max_buffered;
+	/* Per peer uid, 0 = the default; and the idle timeout (0 = the
+	 * default unless no_idle_timeout). */
+	uint32_t max_conns_per_uid;
+	uint32_t idle_timeout_ms;
+	bool no_idle_timeout;
+	const struct mts_hook_conf *hooks; /* [hooks], or NULL: none */
+};
+
+/* Everything main needs: server settings, policy, log level, reload
+ * bookkeeping. Strings are owned. */
+struct mts_settings {
+	struct mts_config cfg; /* strings point into `owned` */
+	struct mts_policy policy;
+	int log_level;       /* enum mts_log_level */
+	char *config_path;   /* NULL: no file */
+	char *owned[8];      /* socket, segment, tcp, metrics, state */
+	struct mts_hook_conf hooks; /* [hooks] */
+};
+
+/* One command-line value that overrides a key of the file. */
+struct mts_override {
+	const char *flag;    /* "--fleet-limit", for messages */
+	const char *section; /* "server", "limits" */
+	const char *key;
+	const char *value;
+};
+
+/*
+ * Build settings: defaults, then the file at `path` (NULL = none), then
+ * the overrides in order. On a bad value returns -EINVAL with a one-line
+ * message naming the key or flag in err (e.g. "memtallyd.conf:12: [limits]
+ * fleet: expected a size like 64GiB, or none; got 'x'"); -ENOENT/-EACCES
+ * when the file cannot be read (message in err); -ENOMEM. *out is
+ * untouched on failure.
+ */
+int mts_settings_load(struct mts_settings *out, const char *path,
+                      const struct mts_override *ov, size_t nov, char *err,
+                      size_t errlen);
+void mts_settings_free(struct mts_settings *s);
+
+/* Parse "90", "92.5", "90%" (0 to 100, two decimals at most) into basis
+ * points. 0 or -EINVAL. */
+int mts_parse_percent(const char *s, uint32_t *bp);
+/* "SIGTERM", "TERM", "term", "15"; "" -> 0 (off). 0 or -EINVAL. */
+int mts_parse_signal(const char *s, int *sig);
+/*
+ * A listening address, HOST:PORT (the one syntax, mt_split_hostport()),
+ * into *ss and *len. HOST is an IPv4 literal, an IPv6 literal in brackets
+ * ("[::1]", "[::]"), "localhost" (always 127.0.0.1, so the address does
+ * not depend on resolver order) or a name getaddrinfo() resolves (its
+ * first address). PORT 0 lets the kernel choose. *loopback says whether
+ * the address is a loopback one. 0 or -EINVAL (malformed, or a name that
+ * does not resolve). Used for --tcp and --metrics alike.
+ */
+int mts_parse_hostport(const char *s, struct sockaddr_storage *ss,
+                       socklen_t *len,
+                       bool *loopback);
+
+#endif /* MTS_CONFIG_H */

@@ -1,0 +1,73 @@
+/*
+ * mts_conn.h - the Unix and TCP listeners and the connections: framing,
+ * pipelining, back-pressure, the server-wide budget, Watch broadcast
+ * (conn.c).
+ */
+#ifndef MTS_CONN_H
+#define MTS_CONN_H
+
+#include "mts_dispatch.h"
+#include "mts_policy.h"
+
+/* Per-connection output above which we stop reading from the peer. */
+#define MTS_OUT_HIGH (4u << 20)
+#define MTS_OUT_LOW  (1u << 20)
+/* Frames one connection may have answered per loop turn before the others
+ * get theirs: a peer pipelining thousands of requests must not stall the
+ * loop. */
+#define MTS_FRAMES_PER_TURN 64u
+
+/*
+ * The server-wide budget: at most max_connections open, and at
+ * most max_buffered bytes of input and unwritten output over all of them.
+ * Past the cap every connection holding more than its fair share (the
+ * cap over twice the connections, at least MTS_CONN_FLOOR) stops reading
+ * ("throttled") until the total is back under MTS_BUDGET_LOW_PCT of the
+ * cap; if it is not back there MTS_BUDGET_GRACE_MS after the pressure
+ * began, the largest holders are disconnected until it is. See conn.c.
+ */
+#define MTS_DEFAULT_MAX_CONNS    1024u
+#define MTS_MAX_CONNS_MAX        1000000u
+#define MTS_DEFAULT_MAX_BUFFERED (UINT64_C(64) << 20)
+#define MTS_MAX_BUFFERED_MIN     (UINT64_C(1) << 20)
+#define MTS_CONN_FLOOR           (64u * 1024u)
+#define MTS_BUDGET_LOW_PCT       75u
+#define MTS_BUDGET_GRACE_MS      1000u
+#define MTS_BUDGET_CHECK_MS      100u
+/* Per peer uid (TCP peers are one bucket); admins are exempt. */
+#define MTS_DEFAULT_MAX_CONNS_PER_UID 256u
+/* A connection with no request for this long is closed (Watch
+ * subscribers excepted); checked every quarter of it. */
+#define MTS_DEFAULT_IDLE_MS 60000u
+#define MTS_IDLE_MAX_MS     86400000u
+/* Open files memtallyd wants besides one pidfd per slot and one socket
+ * per connection: listeners, the loop's own, /metrics, RSS reads in
+ * flight, a shared-memory descriptor per uid with workers (main.c). */
+#define MTS_NOFILE_MARGIN 256u
+
+struct mts_server;
+
+/* Make sure `path` is free to bind: create its parent directory (0755) if
+ * missing, replace a stale socket, refuse (-EADDRINUSE) if a server
+ * answers there, refuse (-EEXIST) a file that is not a socket. */
+int mts_socket_prepare(const char *path);
+
+/* Bind, chmod 0660 and listen on srv->cfg.socket_path. */
+int mts_listen(struct mts_server *srv);
+
+/* Listen on TCP srv->cfg.tcp_addr (already validated). */
+int mts_listen_tcp(struct mts_server *srv);
+
+/* Close the listener and every connection. */
+void mts_conns_close(struct mts_server *srv);
+
+/*
+ * reg->on_event of a server: push `ev` to every watching connection as
+ * Response{id = its Watch id, event}. A subscriber whose unwritten output
+ * has reached MTS_OUT_HIGH is not reading: it is disconnected (and
+ * counted in stats.watch_disconnects) rather than buffered without bound;
+ * it learns the current state again when it reconnects and watches.
+ */
+void mts_watch_broadcast(void *ctx, const struct mts_event *ev);
+
+#endif /* MTS_CONN_H */

@@ -1,0 +1,66 @@
+/*
+ * mts_dispatch.h - one request frame in, one response frame out; no
+ * sockets, so tests and fuzz targets drive it with plain buffers
+ * (dispatch.c).
+ */
+#ifndef MTS_DISPATCH_H
+#define MTS_DISPATCH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "mtframe.h"
+#include "mts_registry.h"
+
+/* A growable byte buffer. */
+struct mts_buf {
+	uint8_t *data;
+	size_t len;
+	size_t cap;
+};
+
+int mts_buf_reserve(struct mts_buf *b, size_t more);
+void mts_buf_free(struct mts_buf *b);
+
+#define MTS_MAX_FRAME MTFRAME_DEFAULT_MAX
+
+/* Returned (positive) by mts_dispatch/mts_input: the connection must be
+ * closed once the response already appended has been written. */
+#define MTS_CLOSE 1
+/* Returned by mts_input: it stopped at a budget with input left over;
+ * call again later (after the output drains, or on the next turn). */
+#define MTS_MORE 2
+
+/*
+ * Answer one packed Request body: append one framed Response to `out`.
+ * Returns 0, MTS_CLOSE (undecodable: error answer, then close) or -ENOMEM
+ * (nothing appended; the caller should drop the connection). A Watch sets
+ * peer->watching and peer->watch_id; the caller then pushes events.
+ */
+int mts_dispatch(struct mts_registry *reg, struct mts_peer *peer,
+                 const uint8_t *body, size_t len, struct mts_buf *out);
+
+/* Append Response{id, event = ev} (a pushed Watch event) to `out`.
+ * 0 or -ENOMEM. */
+int mts_event_append(const struct mts_registry *reg, uint64_t id,
+                     const struct mts_event *ev, struct mts_buf *out);
+
+/* How much one mts_input() call may do. */
+struct mts_budget {
+	size_t out_bytes; /* stop once out->len reaches this */
+	unsigned frames;  /* stop after answering this many frames */
+};
+
+/*
+ * Split in[0..len) into frames and answer each in order, appending the
+ * responses to `out`, until the input holds no complete frame or the
+ * budget is spent. *consumed is how many input bytes were used. Returns 0
+ * (no complete frame left), MTS_MORE (budget spent, input left), MTS_CLOSE
+ * (a bad frame was answered; stop reading and close after the write) or
+ * -ENOMEM.
+ */
+int mts_input(struct mts_registry *reg, struct mts_peer *peer,
+              const uint8_t *in, size_t len, struct mts_buf *out,
+              struct mts_budget budget, size_t *consumed);
+
+#endif /* MTS_DISPATCH_H */

@@ -1,0 +1,102 @@
+/*
+ * mts_policy.h - the policy: what the configuration produces and limits.c
+ * applies (limits, watermarks, measure, admission), and the state-change
+ * event Watch subscribers and hooks hear.
+ */
+#ifndef MTS_POLICY_H
+#define MTS_POLICY_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "mts_defs.h"
+
+/* What limits compare: accounted heap bytes, resident set, or the larger
+ * of the two (per process, per group and for the fleet, each on its own
+ * sums). */
+enum mts_measure {
+	MTS_MEASURE_ACCOUNTED = 0,
+	MTS_MEASURE_RSS = 1,
+	MTS_MEASURE_MAX = 2,
+};
+
+/* "accounted", "rss", "max". */
+const char *mts_measure_name(enum mts_measure m);
+
+/* A [group NAME] section. */
+struct mts_group_policy {
+	char *name;
+	uint64_t limit;   /* 0 = none */
+	uint32_t high_bp; /* 0 = the fleet's watermark */
+};
+
+/* Percentages are kept in basis points (1% = 100 bp) so "92.5" is exact. */
+#define MTS_BP_ONE 10000u
+
+#define MTS_DEFAULT_HIGH_BP       9000u  /* 90% */
+#define MTS_DEFAULT_HYST_BP       500u   /* 5% */
+#define MTS_DEFAULT_RSS_MS        1000u
+#define MTS_DEFAULT_TTL_S         300u
+#define MTS_DEFAULT_MAX_TTL_S     86400u
+#define MTS_DEFAULT_GRACE_MS      10000u
+/* A peer may hold at most this many reservations in all; each is ~100 B. */
+#define MTS_RESV_MAX              65536u
+/* "r-" + 16 hex digits. */
+#define MTS_RESV_ID_LEN           18u
+/* [admission] max_reservations_per_uid: one uid's outstanding
+ * reservations, so that one peer holding many cannot use up MTS_RESV_MAX
+ * for everyone. Admins are exempt (auth.c). */
+#define MTS_DEFAULT_MAX_RESV_PER_UID 1024u
+
+/* Everything a SIGHUP reload may change. Strings are owned (malloc). */
+struct mts_policy {
+	uint64_t fleet_limit;   /* 0 = none */
+	uint32_t high_bp;       /* fleet (and default) watermark */
+	uint32_t hyst_bp;       /* hysteresis, of the limit */
+	uint64_t process_limit; /* default per-process limit, 0 = none */
+	enum mts_measure measure;
+	uint32_t rss_interval_ms;
+	struct mts_group_policy *groups;
+	uint32_t ngroups;
+	uint32_t default_ttl_s;
+	uint32_t max_ttl_s;
+	int enforce_signal; /* 0 = enforcement off */
+	uint32_t grace_ms;
+	bool has_admin_uid;
+	uint32_t admin_uid;
+	bool has_admin_gid;
+	uint32_t admin_gid;
+	char *tcp_token; /* NULL = none: no TCP peer is authorised */
+	uint32_t max_resv_per_uid; /* 0 = no per-uid cap */
+	uint32_t growth_window_ms;    /* rate.c: the rate's window */
+	uint32_t forecast_horizon_ms; /* `high` when the limit is forecast
+	                                 within this; 0 = off */
+};
+
+/* Defaults: no limits, 90% watermark, 5% hysteresis, accounted, ... */
+void mts_policy_defaults(struct mts_policy *p);
+/* Deep copy into *dst (which is overwritten, not freed). 0 or -ENOMEM. */
+int mts_policy_copy(struct mts_policy *dst, const struct mts_policy *src);
+/* Free the strings and groups; the struct is zeroed. Accepts NULL. */
+void mts_policy_free(struct mts_policy *p);
+/* The [group NAME] entry for `name`, or NULL. */
+const struct mts_group_policy *mts_policy_group(const struct mts_policy *p,
+                                                const char *name);
+
+/* A state change, as pushed to Watch subscribers. */
+struct mts_event {
+	const char *scope; /* "fleet", "group:NAME", "pid:N" */
+	uint32_t state;    /* enum mtshm_state */
+	uint32_t previous;
+	uint64_t bytes;    /* accounted */
+	uint64_t rss;
+	uint64_t limit;
+	uint64_t reserved;
+	uint64_t time_ns; /* CLOCK_REALTIME */
+	const char *reason; /* why, in words: "forecast: limit in 12 s ..." */
+	double growth;      /* bytes per second of the measured figure */
+	double forecast_s;  /* seconds to the limit, 0 = no forecast */
+};
+
+#endif /* MTS_POLICY_H */

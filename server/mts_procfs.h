@@ -1,0 +1,30 @@
+/*
+ * mts_procfs.h - what memtallyd reads of another process in /proc: start
+ * time, comm, whether it still runs (procfs.c).
+ */
+#ifndef MTS_PROCFS_H
+#define MTS_PROCFS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+/* Start time (field 22 of /proc/PID/stat, clock ticks since boot) from the
+ * text of a stat file. Parses after the last ')' because comm may hold
+ * spaces and parentheses. Returns 0 or -EINVAL. */
+int mts_parse_stat_starttime(const char *stat, uint64_t *out);
+
+/* Read the start time of `pid`. Returns 0, -ENOENT/-ESRCH (gone), -EINVAL. */
+int mts_read_starttime(pid_t pid, uint64_t *out);
+
+/* False when `pid` does not exist or has exited (a zombie not yet
+ * reaped); true when it runs or we cannot tell. A heuristic for other
+ * servers only: workers are tracked by pidfd and start time. */
+bool mts_pid_running(pid_t pid);
+
+/* Read /proc/PID/comm into buf (NUL-terminated, newline stripped); on
+ * failure buf holds "". */
+void mts_read_comm(pid_t pid, char *buf, size_t cap);
+
+#endif /* MTS_PROCFS_H */

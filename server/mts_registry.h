@@ -1,0 +1,368 @@
+/*
+ * mts_registry.h - the registry: every registered worker (pid, start time,
+ * uid, pidfd, slot), the slot tables, groups, totals and counters, and
+ * the peer of a connection (registry.c). The only writer of the header's
+ * fleet snapshot and of server-owned slot fields.
+ */
+#ifndef MTS_REGISTRY_H
+#define MTS_REGISTRY_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include <uv.h>
+
+#include "mts_defs.h"
+#include "mtshm.h"
+#include "mts_policy.h"
+#include "mts_rate.h"
+
+struct mts_resv;
+struct mts_task;
+struct mts_rss_sweep;
+
+/* A registered worker. Lives from registration until its uv_poll's close
+ * callback; `slot` is released (pid = 0) when it exits, before that.
+ *
+ * Every tick reads (and may write) the first 64 bytes of each process: the
+ * sum's and the limits pass's fields. They come first and the record is
+ * MTS_PROC_ALIGN-aligned, so a tick touches one line per process instead
+ * of four scattered ones (at 16384 processes the tick is bound by lines
+ * moved, bench/RESULTS.md, server). Keep tick-time fields in that line. */
+#define MTS_PROC_ALIGN 64u
+struct mts_proc {
+	/* Hot: each tick (sum, limits). */
+	uint64_t bytes; /* latest tick: heap (negative sums show as 0) +
+			 * mapped; what limits compare */
+	uint64_t peak;
+	uint64_t error_bytes; /* threshold x threads */
+	uint64_t rss;   /* resident bytes, /proc/PID/statm, slower cadence */
+	uint64_t limit; /* per-process limit in force, 0 = none */
+	uint64_t mapped; /* part of `bytes`: memory it mapped itself (the
+			  * lanes' flush count, for queries only, is read
+			  * from the slot then: it has no place here) */
+	uint32_t slot;
+	uint32_t group; /* index in reg->groups */
+	uint32_t threads;
+	uint16_t state; /* enum mtshm_state against `limit` */
+	bool corrupt;   /* sticky until the slot is reset */
+	/* Growth rate (rate.c): one slice of processes per tick, never in
+	 * the hot line above. */
+	struct mts_rate rate;
+	/* Warm: enforcement and reservations (only while they have work). */
+	uint32_t pid;
+	uint32_t dense; /* index in reg->dense */
+	char *task;
+	uint64_t last_signal_ns; /* enforcement: CLOCK_MONOTONIC, 0 = never */
+	/* Cold: registration, exit, queries. */
+	uv_poll_t poll; /* on the pidfd; poll.data = this */
+	struct mts_registry *reg;
+	struct mts_table *table; /* its uid's slot table */
+	uint64_t slot_gen;       /* generation of its slot assignment */
+	struct mts_proc *hnext; /* pid hash chain */
+	uint32_t uid;
+	int pidfd;
+	uint64_t start_time;
+	uint64_t image_id;
+	uint64_t registered_ns; /* CLOCK_REALTIME */
+	char comm[64];
+	uint64_t limit_set; /* SetLimit{pid}; 0 = the default applies */
+	/* admit.c: whether the worker is an admin's (auth.c), cached for
+	 * the tick; valid while admin_epoch is reg->admin_epoch and uid and
+	 * image_id are still admin_uid and admin_image. */
+	uint32_t admin_epoch; /* 0: not known */
+	uint32_t admin_uid;
+	uint64_t admin_image;
+	bool admin;
+};
+
+/* A group with at least one registered process, a limit, a watermark of
+ * its own or an outstanding reservation. Its index is written to
+ * slot->group; the entry is dropped when none of these is left. */
+struct mts_group {
+	char *name; /* NULL: free entry */
+	uint32_t processes;
+	uint64_t bytes; /* latest tick, mapped included */
+	uint64_t mapped;
+	uint64_t peak;
+	uint64_t error_bytes;
+	/* Filled by the limits code. */
+	uint64_t rss;
+	uint64_t limit;    /* 0 = none */
+	uint64_t reserved; /* outstanding admission reservations */
+	uint32_t state;    /* enum mtshm_state */
+	uint32_t high_bp;      /* own watermark (basis points), 0 = fleet's */
+	uint32_t reservations; /* outstanding reservations naming the group */
+	/* admit.c: the exact sum behind `reserved` (which saturates), kept
+	 * up to date as reservations come and go. */
+	unsigned __int128 reserved_sum;
+	/* rate.c: the measured figure's rate, sampled by the tick. */
+	struct mts_wrate rate;
+	double growth;     /* bytes per second, as of the latest sample */
+	struct mts_forecast_gate fgate;
+};
+
+/* Fleet figures as of the latest tick (or exit, which subtracts at once). */
+struct mts_totals {
+	uint64_t bytes; /* heap + mapped */
+	uint64_t mapped;
+	uint64_t peak;
+	uint64_t error_bytes;
+	uint64_t ticks;
+	uint64_t heartbeat_ns; /* CLOCK_MONOTONIC at the latest tick */
+	uint32_t processes;
+	uint32_t unregistered;
+	/* Filled by the limits code. */
+	uint64_t rss;
+	uint64_t limit;    /* fleet limit, 0 = none */
+	uint64_t reserved; /* outstanding admission reservations */
+	uint32_t state;    /* enum mtshm_state */
+	uint32_t reservations; /* outstanding reservations (count) */
+	/* rate.c, as for a group. */
+	struct mts_wrate rate;
+	double growth;
+	struct mts_forecast_gate fgate;
+	uint64_t rate_ns;    /* CLOCK_MONOTONIC of the latest sample */
+	uint32_t rate_slice; /* processes sampled next: dense[] slice */
+};
+
+/* Why an Admit was denied, for the logs and the metrics' `reason` label. */
+enum mts_denial {
+	MTS_DENY_FLEET_LIMIT, /* fleet bytes + reserved + request > limit */
+	MTS_DENY_GROUP_LIMIT,
+	MTS_DENY_INVALID, /* a malformed request */
+	MTS_DENY_UID_CAP, /* the uid holds max_reservations_per_uid */
+	MTS_DENY__COUNT,
+};
+
+/* Counters for /metrics. Written and read on the loop thread only. */
+struct mts_stats {
+	uint64_t registrations;      /* successful Register */
+	uint64_t reclaims;           /* slots reclaimed at a worker's exit */
+	uint64_t admissions;         /* Admit granted */
+	uint64_t denials[MTS_DENY__COUNT];
+	uint64_t releases;           /* reservations ended by Release */
+	uint64_t expirations;        /* reservations ended by their TTL */
+	uint64_t enforcement_signals;
+	uint64_t events;             /* Watch events sent */
+	uint64_t protocol_errors;    /* error responses for bad frames */
+	uint64_t last_tick_ns;       /* duration of the latest tick */
+	uint64_t tick_ns_sum;        /* all ticks' durations, for _sum */
+	uint64_t tick_count;
+	uint64_t fulfilled;          /* reservations ended: task's end */
+	uint64_t watch_disconnects;  /* Watch subscribers not reading */
+	uint64_t reloads;            /* SIGHUP reloads applied */
+	uint64_t reload_failures;    /* SIGHUP reloads rejected (bad value) */
+	uint64_t auth_denials;       /* SetLimit/Release refused */
+	/* conn.c: the server-wide connection budget. */
+	uint64_t conn_rejected;  /* accepted over max_connections, closed */
+	uint64_t conn_throttled; /* reading stopped: over max_buffered */
+	uint64_t conn_evicted;   /* disconnected: largest holder, over it */
+	uint64_t conn_pressure;  /* times the buffered total passed the cap */
+	uint64_t conn_open;      /* gauge: open connections */
+	uint64_t conn_buffered;  /* gauge: their input + unwritten output */
+	uint64_t conn_max;       /* max_connections in force */
+	uint64_t buffered_max;   /* max_buffered in force */
+	/* conn.c: per-uid connection cap and idle timeout. */
+	uint64_t conn_rejected_uid; /* closed: over max_connections_per_uid */
+	uint64_t conn_idle_closed;  /* closed: no request for idle_timeout */
+	uint64_t conn_max_per_uid;  /* max_connections_per_uid in force */
+};
+
+/* "fleet_limit", "group_limit", "invalid": the `reason` label. */
+const char *mts_denial_name(enum mts_denial d);
+
+/*
+ * A uid's slot table (mtshm.h): the only shared memory a worker can write,
+ * holding the slots of that uid's processes only. Created at the first
+ * registration of a process of the uid. When its last process leaves it
+ * is kept idle for MTS_TABLE_IDLE_MS (a uid whose short-lived processes
+ * come one at a time, like cron jobs or a shell's commands, would
+ * otherwise pay a memfd creation, sealing and mapping per process:
+ * measured +35 us of server CPU per registration), and at most
+ * MTS_TABLES_IDLE_MAX tables are idle at once. The workers keep their
+ * own mappings either way.
+ */
+#define MTS_TABLE_IDLE_MS   10000u
+#define MTS_TABLES_IDLE_MAX 16u
+struct mts_table {
+	uint32_t uid;
+	uint32_t procs;       /* registered processes whose slot is in it */
+	uint64_t idle_since_ns; /* CLOCK_MONOTONIC when procs fell to 0;
+	                           0 while in use */
+	struct mtshm_map map; /* fd kept: handed to the uid's workers */
+};
+
+struct mts_state;
+
+/* A count per uid (open addressing): reservations per owner (admit.c),
+ * connections per peer uid (conn.c). MTS_UID_TCP stands for every peer
+ * without credentials (TCP): one bucket. */
+#define MTS_UID_TCP UINT32_MAX
+struct mts_uid_count {
+	uint32_t uid;
+	uint32_t count; /* 0: free entry */
+};
+struct mts_uid_counts {
+	struct mts_uid_count *e;
+	uint32_t mask; /* entries - 1; e == NULL: empty */
+	uint32_t used;
+};
+
+/* Refused workers remembered (see mts_registry.refused): retries of more
+ * distinct workers than this at once are counted again. */
+#define MTS_REFUSED_REMEMBERED 64u
+
+struct mts_registry {
+	uv_loop_t *loop;
+	struct mtshm_map *map;     /* the header: ours is the writable map */
+	struct mtshm_layout layout; /* private copy; never read back */
+	int hdr_ro_fd;              /* read-only descriptor for workers */
+	const char *label;          /* names the memfds (/proc/PID/maps) */
+	uint64_t instance;          /* random, in table labels, kept across
+	                               restarts through the state file */
+	uint32_t slot_count;
+	uint64_t threshold;
+
+	struct mts_table **tables; /* one per uid with a registered process */
+	uint32_t ntables;
+	uint32_t tables_cap;
+	struct mtshm_slot_id **slot_at; /* slot_count: slot s in its table,
+	                                   NULL = free */
+	uint64_t *slot_gens;            /* slot_count: latest generation */
+	struct mts_state *state;        /* restart record, or NULL */
+
+	struct mts_proc **by_slot; /* slot_count entries, NULL = free */
+	uint32_t *free_slots;      /* stack of free slot indices */
+	uint32_t nfree;
+	uint32_t *dense; /* registered slots, dense: the tick walks these */
+	uint32_t ndense;
+	struct mts_proc **hash; /* pid -> proc, chained */
+	uint32_t hash_mask;
+
+	struct mts_group *groups;
+	uint32_t groups_used; /* entries [0, groups_used) may be live */
+	uint32_t groups_cap;
+
+	struct mts_totals totals;
+	struct mts_stats stats;
+
+	/* Limits, admission, events (limits.c, admit.c). */
+	struct mts_policy policy; /* in force; owned (deep copy) */
+	uint32_t server_uid;      /* geteuid() at init: always authorised */
+	struct mts_resv **resv;   /* outstanding reservations, unordered */
+	uint32_t nresv;
+	uint32_t resv_cap;
+	struct mts_resv **resv_ids; /* id -> reservation, open addressing */
+	uint32_t resv_ids_mask;
+	struct mts_resv **resv_heap; /* TTL still applies, by expiry (min) */
+	uint32_t resv_nheap;         /* capacity: resv_cap */
+	unsigned __int128 resv_sum;  /* exact sum behind totals.reserved */
+	struct mts_task **tasks; /* task name -> its reservations, chained */
+	uint32_t tasks_mask;
+	uint32_t ntasks;
+	struct mts_task *tasks_seen;  /* tasks a worker registered with */
+	uint64_t fleet_over_since_ns; /* CLOCK_MONOTONIC; 0 = not over */
+	bool enforce_idle_logged;     /* "nothing to signal" said once */
+	bool closed;                  /* mts_registry_close() ran */
+	/* Called on every state change (Watch). May be NULL. */
+	void (*on_event)(void *ctx, const struct mts_event *ev);
+	void *event_ctx;
+	struct mts_rss_sweep *rss_sweep; /* the sweep in flight, or NULL */
+	/* The last workers refused a slot, so that a worker's
+	 * retries are not counted again in totals.unregistered. */
+	struct {
+		uint32_t pid;
+		uint64_t start_time;
+	} refused[MTS_REFUSED_REMEMBERED];
+	uint32_t refused_next;
+	/* admit.c: outstanding reservations per owner uid, and what the
+	 * cached admin flags of workers (mts_proc.admin) were computed
+	 * against; a change of any bumps admin_epoch. */
+	struct mts_uid_counts resv_uids;
+	uint32_t admin_epoch;
+	uint32_t admin_seen[5]; /* server uid, has/uid, has/gid */
+};
+
+/* Outcome of a registration, for the Registered answer. */
+struct mts_reg_result {
+	uint32_t slot;
+	uint64_t slot_generation;
+	const char *group; /* owned by the registry */
+	int fds[2];        /* header (read-only), the uid's table: borrowed,
+	                      sent with the answer (SCM_RIGHTS) */
+};
+
+/* Who is on the other end of a connection. */
+struct mts_peer {
+	int fd; /* the socket, for SO_PEERPIDFD; -1 when there is none */
+	bool has_cred;
+	uint32_t pid; /* SO_PEERCRED */
+	uint32_t uid;
+	uint32_t gid;      /* SO_PEERCRED (valid with has_cred) */
+	bool tcp;          /* a TCP peer: no credentials, token only */
+	bool watching;     /* set by a Watch request: events are pushed */
+	uint64_t watch_id; /* the Watch request's id, echoed on events */
+	bool gone; /* closed by the server during a turn (an event that could
+	            * not be written to it): mts_input() stops, fd is -1 */
+	/* Descriptors to pass with the next answer written (a Registered):
+	 * borrowed from the registry, attached to its first byte. */
+	int send_fds[2];
+	uint8_t nsend_fds;
+};
+
+/* `map` must be a freshly created header (its fd kept); the registry
+ * keeps pointers to map, label and state (NULL: no restart record). */
+int mts_registry_init(struct mts_registry *reg, uv_loop_t *loop,
+                      struct mtshm_map *map, const char *label,
+                      struct mts_state *state);
+
+/* Slot `slot`'s identity in its table, or NULL when the slot is free. */
+static inline struct mtshm_slot_id *mts_slot(const struct mts_registry *reg,
+                                             uint32_t slot)
+{
+	return reg->slot_at[slot];
+}
+
+/* Close every pidfd poll handle (their close callbacks free the procs).
+ * Slots are left as they are for the next server. */
+void mts_registry_close(struct mts_registry *reg);
+
+/* Free the tables. Call after the loop ran the close callbacks. */
+void mts_registry_free(struct mts_registry *reg);
+
+/*
+ * Register the peer per docs/ARCHITECTURE.md. Returns 0 and fills *res, or
+ * a negative code: -ENOSPC (no free slot; counted as unregistered),
+ * -ESRCH (the peer is gone), -EINVAL (a bad name), -errno.
+ */
+int mts_register(struct mts_registry *reg, const struct mts_peer *peer,
+                 const char *group, const char *task, uint64_t image_id,
+                 struct mts_reg_result *res);
+
+/* One aggregation pass; publishes the fleet snapshot. */
+void mts_tick(struct mts_registry *reg);
+
+/* Publish reg->totals into the header under the seqlock. */
+void mts_publish(struct mts_registry *reg);
+
+/* The registered process `pid`, or NULL. */
+struct mts_proc *mts_find_pid(const struct mts_registry *reg, uint32_t pid);
+
+/* The live group named `name`, or NULL. */
+struct mts_group *mts_find_group(const struct mts_registry *reg,
+                                 const char *name);
+
+/* Group entries (registry.c). The index stays valid while the entry lives;
+ * `reg->groups` may move when an entry is created. */
+bool mts_name_ok(const char *s);
+/* Index of group `name`, creating an empty entry if needed. 0 or -ENOMEM. */
+int mts_group_ensure(struct mts_registry *reg, const char *name,
+                     uint32_t *index);
+/* Free entry `index` if nothing keeps it (processes, limit, watermark,
+ * reservations). */
+void mts_group_gc(struct mts_registry *reg, uint32_t index);
+
+#endif /* MTS_REGISTRY_H */

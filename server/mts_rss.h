@@ -1,0 +1,29 @@
+/*
+ * mts_rss.h - resident set sizes, read from /proc at their own cadence
+ * on the thread pool and applied on the loop (rss.c).
+ */
+#ifndef MTS_RSS_H
+#define MTS_RSS_H
+
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "mts_registry.h"
+
+/* Resident bytes of `pid` from /proc/PID/statm. 0 or -errno. */
+int mts_read_rss(pid_t pid, uint64_t *out);
+/* Parse the text of a statm file: resident pages x page_size. */
+int mts_parse_statm_rss(const char *statm, uint64_t page_size, uint64_t *out);
+
+/* Start a sweep of every registered process's RSS on the libuv thread
+ * pool (skipped while one is in flight); results are applied on the loop
+ * thread, to the processes still registered with the same pid and start
+ * time. */
+void mts_rss_sweep_start(struct mts_registry *reg);
+/* The same, synchronously on the calling (loop) thread. */
+void mts_rss_sweep_sync(struct mts_registry *reg);
+/* Set p->rss and keep its group's and the fleet's RSS sums in step. */
+void mts_proc_set_rss(struct mts_registry *reg, struct mts_proc *p,
+                      uint64_t rss);
+
+#endif /* MTS_RSS_H */

@@ -1,0 +1,74 @@
+/*
+ * mts_state.h - the restart record: a private file of the server's uid
+ * from which a restarted memtallyd adopts the workers of the one before
+ * (state.c).
+ */
+#ifndef MTS_STATE_H
+#define MTS_STATE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "mts_registry.h"
+
+/*
+ * What a restarted memtallyd needs to adopt the workers of the one before:
+ * a file only the server can write (owned by its uid, mode 0600, one link,
+ * opened without following symlinks), with the geometry, the instance id
+ * and one fixed-size record per slot (pid, uid, start time, image id,
+ * generation, group, task). Written with pwrite() as workers come and go,
+ * never mapped: a truncated or damaged file reads as fewer records, it
+ * cannot fault. An flock() held for the server's life tells a second
+ * server that this one is alive.
+ */
+struct mts_state_rec {
+	uint32_t pid;           /*   0 0 = free */
+	uint32_t uid;           /*   4 */
+	uint64_t start_time;    /*   8 /proc/PID/stat starttime */
+	uint64_t image_id;      /*  16 */
+	uint64_t registered_ns; /*  24 CLOCK_REALTIME */
+	uint64_t slot_gen;      /*  32 */
+	uint64_t check;         /*  40 MTS_STATE_REC_CHECK ^ pid ^ slot */
+	char group[64];         /*  48 */
+	char task[64];          /* 112 */
+	uint8_t spare[80];      /* 176 */
+};
+#define MTS_STATE_REC_SIZE 256u
+_Static_assert(sizeof(struct mts_state_rec) == MTS_STATE_REC_SIZE, "rec");
+
+/* Geometry and identity a state file records (and a restart adopts). */
+struct mts_state_info {
+	uint32_t slots;
+	uint32_t lanes;
+	uint64_t threshold;
+	uint64_t instance;
+};
+
+/*
+ * Open (or create) the state file at `path` and lock it. When it exists,
+ * is ours and valid, and `reset` is false, *adopt is set and *info gets
+ * what it records; otherwise it is (re)initialised from *info (a file we
+ * do not own, with other links or the wrong mode is never written: it is
+ * unlinked and replaced, or, when that fails, the server runs without a
+ * restart record: *out = NULL, warning logged). Returns 0, -EBUSY (a live
+ * server holds the lock) or -errno.
+ */
+int mts_state_open(const char *path, bool reset, struct mts_state_info *info,
+                   bool *adopt, struct mts_state **out);
+/* Record `p` in its slot's entry / free slot `slot`'s entry. Errors are
+ * logged once and otherwise ignored: the record is a convenience for the
+ * next server, never a reason to refuse a worker. An entry is written when
+ * a worker registers, not cleared when it exits (one pwrite per worker,
+ * not two): a restarted server drops entries whose pid is gone or has
+ * another start time, and a reused slot's entry is overwritten. */
+void mts_state_put(struct mts_state *st, const struct mts_registry *reg,
+                   const struct mts_proc *p);
+void mts_state_clear(struct mts_state *st, uint32_t slot);
+/* Read record `slot` into *rec. Returns 0, or -ENOENT for a free or
+ * unreadable entry. */
+int mts_state_get(struct mts_state *st, uint32_t slot,
+                  struct mts_state_rec *rec);
+/* Close and unlock (the file stays for the next server). NULL is fine. */
+void mts_state_close(struct mts_state *st);
+
+#endif /* MTS_STATE_H */
