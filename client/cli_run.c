@@ -292,6 +292,18 @@ static int wait_for_room(struct run *r, struct memtally_admit_result **denied)
 	}
 }
 
+/* Does buf[0..cap) name a readable file? Then make it canonical
+ * ("bin/../lib" -> "lib": LD_PRELOAD is shown in ps and logs). */
+static bool usable(char *buf, size_t cap, int n)
+{
+	if (n < 0 || (size_t)n >= cap || access(buf, R_OK) != 0)
+		return false;
+	char real[PATH_MAX];
+	if (realpath(buf, real) && strlen(real) < cap)
+		strcpy(buf, real);
+	return true;
+}
+
 /*
  * The preload library: $MEMTALLY_PRELOAD_LIB when set ("" = none), else
  * the first that exists of: next to this executable (a build tree), the
@@ -305,25 +317,19 @@ static const char *find_preload(char *buf, size_t cap)
 		return env;
 	char exe[PATH_MAX];
 	ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-	if (n > 0) {
-		exe[n] = '\0';
-		char *slash = strrchr(exe, '/');
-		if (slash) {
-			*slash = '\0';
-			if ((size_t)snprintf(buf, cap, "%s/%s", exe,
-			                     PRELOAD_NAME) < cap &&
-			    access(buf, R_OK) == 0)
-				return buf;
-			if ((size_t)snprintf(buf, cap, "%s/%s/%s", exe,
-			                     MEMTALLY_RUN_LIBDIR_REL,
-			                     PRELOAD_NAME) < cap &&
-			    access(buf, R_OK) == 0)
-				return buf;
-		}
+	char *slash = n > 0 ? (exe[n] = '\0', strrchr(exe, '/')) : NULL;
+	if (slash) {
+		*slash = '\0';
+		if (usable(buf, cap,
+		           snprintf(buf, cap, "%s/%s", exe, PRELOAD_NAME)) ||
+		    usable(buf, cap,
+		           snprintf(buf, cap, "%s/%s/%s", exe,
+		                    MEMTALLY_RUN_LIBDIR_REL, PRELOAD_NAME)))
+			return buf;
 	}
-	if ((size_t)snprintf(buf, cap, "%s/%s", MEMTALLY_RUN_LIBDIR,
-	                     PRELOAD_NAME) < cap &&
-	    access(buf, R_OK) == 0)
+	if (usable(
+	        buf, cap,
+	        snprintf(buf, cap, "%s/%s", MEMTALLY_RUN_LIBDIR, PRELOAD_NAME)))
 		return buf;
 	return NULL;
 }
