@@ -184,6 +184,7 @@ class Program:
 
     name = ""
     exe = ""
+    links_jemalloc = False  # DT_NEEDED libjemalloc.so.2 (redis-server)
 
     def available(self):
         return os.access(self.exe, os.X_OK)
@@ -558,7 +559,7 @@ def held_run(prog, variant, expect, paths, server, tmp, scale, cpu):
         raise BenchError("%s under %s: exit %d:\n%s" % (
             prog.name, variant, rc, stderr_text[-2000:]))
     obs["jemalloc_requests"] = jemalloc_requests(stderr_text)
-    failures = check_proof(expect, obs)
+    failures = check_proof(expect, obs, links=prog.links_jemalloc)
     obs["proof"] = "ok" if not failures else failures
     if failures:
         raise BenchError("PROOF FAILED for %s under variant %s (expected %s): "
@@ -645,7 +646,8 @@ def watched_run(prog, variant, expect, paths, server, tmp, cpu):
     obs["jemalloc_requests"] = jemalloc_requests(stderr_text)
     # Most of cc1plus's memory is its GGC heap, pages it maps itself: a
     # floor of 1 MiB of malloc'd bytes, not a share of its own figure.
-    failures = check_proof(expect, obs, floor=1 << 20)
+    failures = check_proof(expect, obs, floor=1 << 20,
+                           links=prog.links_jemalloc)
     obs["proof"] = "ok" if not failures else failures
     if failures:
         raise BenchError("PROOF FAILED for %s under variant %s (expected %s): "
@@ -654,16 +656,20 @@ def watched_run(prog, variant, expect, paths, server, tmp, cpu):
     return obs
 
 
-def check_proof(expect, obs, floor=None):
+def check_proof(expect, obs, floor=None, links=False):
     """What does not hold for a process that should run as `expect`.
     Under the preload, memtally must count at least `floor` bytes (by
-    default half the program's own figure)."""
+    default half the program's own figure). libjemalloc.so.2 is mapped
+    under the `jemalloc` variant, and in every variant of a program linked
+    to it (`links`); the preload carries its own jemalloc, so a program
+    that does not link it shows no libjemalloc.so.2 under the preload."""
     bad = []
     je = expect in ("jemalloc", "preload")
     pre = expect == "preload"
-    if obs["maps"]["libjemalloc"] != je:
+    je_lib = expect == "jemalloc" or links
+    if obs["maps"]["libjemalloc"] != je_lib:
         bad.append("libjemalloc.so.2 %s in /proc/PID/maps" % (
-            "is not mapped" if je else "is mapped"))
+            "is not mapped" if je_lib else "is mapped"))
     if obs["maps"]["libmemtally_preload"] != pre:
         bad.append("libmemtally_preload.so %s in /proc/PID/maps" % (
             "is not mapped" if pre else "is mapped"))

@@ -86,7 +86,7 @@ void memtally__account_slow(void)
 	mtc_after_flush(&acc.th);
 }
 
-int mtc_front_flush(void)
+int mta_front_flush(void)
 {
 	int64_t d = drift_now();
 	if (d && !acc.th.busy && acc.half) {
@@ -101,12 +101,12 @@ int mtc_front_flush(void)
 	return 0;
 }
 
-int64_t mtc_front_drift(void)
+int64_t mta_front_drift(void)
 {
 	return drift_now();
 }
 
-void mtc_front_force_slow(void)
+void mta_front_force_slow(void)
 {
 	memtally__t.span = 0;
 }

@@ -10,6 +10,7 @@
 #ifndef MEMTALLY_CLIENT_INTERNAL_H
 #define MEMTALLY_CLIENT_INTERNAL_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "memtally.h"
@@ -74,7 +75,7 @@ static inline void mtc_after_flush(struct mtc_thread *th)
  * unflushed drift. */
 int64_t mtc_published_bytes(void);
 
-/* Set by the front end: flush the calling thread's drift now (used by
+/* Set by the library (dispatching to its front ends): flush the calling thread's drift now (used by
  * memtally_flush) and return its remaining unflushed drift (used by
  * memtally_process_bytes); force the calling thread's next call into the
  * slow path (used after fork). */
@@ -106,6 +107,30 @@ void mtc_mapped_changed(void);
  * lock). Called by attach() once a new slot is published. A no-op where
  * mapped memory is not counted (libmemtally). */
 void mtc_mapped_resync(void);
+
+/*
+ * The jemalloc front end (jemalloc_fe.c). `mallctl` is jemalloc's (linked
+ * into the preload, or found in the process by a linked worker).
+ * mtj_init() chooses the mode once per process and sets up the calling
+ * thread; `allow_counting` lets it fall back to counting on every call
+ * (jemalloc's hooks) when the activity callback is unavailable.
+ * mtj_thread_start() sets up the calling thread. Both return 0 or a
+ * negative code (MEMTALLY_EDISABLED: not counting).
+ */
+typedef int (*mtj_mallctl_fn)(const char *, void *, size_t *, void *,
+			      size_t);
+enum mtj_mode { MTJ_OFF, MTJ_CALLBACK, MTJ_COUNTING };
+int mtj_init(mtj_mallctl_fn mallctl, int allow_counting);
+int mtj_thread_start(void);
+int mtj_mode(void);
+int mtj_front_flush(void);
+int64_t mtj_front_drift(void);
+void mtj_front_force_slow(void);
+
+/* The inline API's side of the same (account.c). */
+int mta_front_flush(void);
+int64_t mta_front_drift(void);
+void mta_front_force_slow(void);
 
 /* Diagnostics on stderr when MEMTALLY_DEBUG=1. Never allocates. */
 void mtc_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

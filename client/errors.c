@@ -23,6 +23,9 @@ const char *memtally_strerror(int err)
 		return "memtally protocol error";
 	case MEMTALLY_ESERVER:
 		return "memtally server returned an error";
+	case MEMTALLY_ENOHOOK:
+		return "this jemalloc has no activity callback (jemalloc 5.3 "
+		       "has it)";
 	case MEMTALLY_ENOTFOUND:
 		return "not found";
 	case MEMTALLY_EPERM:

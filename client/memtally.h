@@ -126,6 +126,26 @@ static inline void memtally_account(int64_t delta)
 }
 
 /*
+ * Count the calling thread's malloc'd memory through jemalloc itself, at
+ * no cost per call: jemalloc 5.3 runs a per-thread callback every 64 KiB
+ * of allocation or deallocation and at every block of 64 KiB or more, and
+ * the callback publishes the thread's net usable bytes.
+ *
+ * Under the preload this is done for every thread already; a program
+ * linked to libjemalloc and libmemtally calls memtally_init() once in each
+ * thread that allocates (in main, and at the start of each thread it
+ * creates; memtally_flush() also sets up a thread it finds without it).
+ * Do not also memtally_account() memory that comes from malloc then: it
+ * would be counted twice.
+ *
+ * Returns 0; MEMTALLY_ENOHOOK when the process's jemalloc has no
+ * activity callback (no jemalloc, or another version: count with
+ * memtally_account() instead); MEMTALLY_EDISABLED; or -errno from
+ * jemalloc's mallctl.
+ */
+MEMTALLY_EXTERN int memtally_init(void);
+
+/*
  * Publish the calling thread's drift now (and, if due, try to attach).
  * Returns 0 when the process is attached, MEMTALLY_ENOTATTACHED when the
  * bytes were kept locally, MEMTALLY_EDISABLED.

@@ -14,6 +14,8 @@
 #define MEMTALLY_EDISABLED    (-4002) /* MEMTALLY_DISABLE=1 */
 #define MEMTALLY_EPROTO       (-4003) /* the server answered nonsense */
 #define MEMTALLY_ESERVER      (-4004) /* the server answered an error */
+#define MEMTALLY_ENOHOOK      (-4010) /* jemalloc without the activity
+                                       * callback (memtally_init) */
 
 /* The server's error answers, beyond MEMTALLY_ESERVER (any other error
  * answer). memtally_query_last_error() holds the server's message. */

@@ -43,7 +43,7 @@ grep -qE '^/usr/lib/libmemtally\.so\.[0-9]' "$tmp/files" \
 
 dpkg-deb -f "$deb" Package Version Architecture Depends Section Maintainer Description > "$tmp/control"
 grep -qx 'Package: memtally' "$tmp/control" || fail "Package: $(cat "$tmp/control")"
-for dep in libjemalloc2 libuv1 libprotobuf-c1 libc6; do
+for dep in libstdc++6 libuv1 libprotobuf-c1 libc6; do
   grep -q "^Depends:.*\b$dep\b" "$tmp/control" || fail "Depends lacks $dep: $(grep ^Depends "$tmp/control")"
 done
 grep -q '^Maintainer: .\+' "$tmp/control" || fail "no Maintainer"
