@@ -1,14 +1,22 @@
 """The preload's count agrees with jemalloc's own stats.allocated within
-64 KiB per live thread, for every entry of the malloc family and C++ new
-."""
+64 KiB per live thread, for every entry of the malloc family and C++ new,
+and a large block is seen inside the very call that allocates or frees it,
+even when its thread then goes idle.
+
+The same functions run with the activity callback made unavailable
+(test_fallback.py): the counting fallback must agree just as well.
+"""
 from harness import KIB, MIB, Server, Worker, check, run, wait_for, worker
 
+FRONT = "activity-callback"
 
-def test_malloc_family_matches_jemalloc():
+
+def family_matches_jemalloc(threads, mib, env=None, front=FRONT):
     with Server() as s:
-        w = Worker([worker("mt_family"), "8", "48"], s.env(group="family"))
+        w = Worker([worker("mt_family"), str(threads), str(mib)],
+                   s.env(group="family", **(env or {})))
         try:
-            line = w.readline(timeout=120)
+            line = w.readline(timeout=180)
             fields = dict(kv.split("=") for kv in line.split())
             check(fields["jemalloc"] == "1", "mallctl not found: not jemalloc")
             allocated = int(fields["allocated"])
@@ -26,15 +34,27 @@ def test_malloc_family_matches_jemalloc():
                 p = s.ps().get(w.pid)
                 raise AssertionError(f"memtally {p and p['bytes']} vs jemalloc "
                                      f"{allocated}, bound {bound}")
-            print(f"  jemalloc stats.allocated={allocated} memtally="
-                  f"{p['bytes']} diff={p['bytes'] - allocated}")
+            print(f"  {threads} threads x {mib} MiB ({front}): jemalloc "
+                  f"stats.allocated={allocated} memtally={p['bytes']} "
+                  f"diff={p['bytes'] - allocated}")
         finally:
             w.close()
 
 
-def test_cxx_new_delete_counted():
+def test_malloc_family_matches_jemalloc():
+    family_matches_jemalloc(8, 48)
+
+
+def test_600mb_two_threads_match_jemalloc():
+    """~600 MB through every entry (malloc, calloc, realloc, reallocarray,
+    posix_memalign, aligned_alloc, memalign, valloc, pvalloc, mallocx,
+    rallocx, dallocx, sdallocx, free) on two threads."""
+    family_matches_jemalloc(2, 300)
+
+
+def cxx_new_delete_counted(env=None):
     with Server() as s:
-        w = Worker([worker("mt_cxx"), "64"], s.env(group="cxx"))
+        w = Worker([worker("mt_cxx"), "64"], s.env(group="cxx", **(env or {})))
         try:
             check(w.readline().startswith("ready"), "mt_cxx not ready")
             wait_for("C++ vectors counted",
@@ -44,10 +64,14 @@ def test_cxx_new_delete_counted():
             w.close()
 
 
-def test_threads_counted_and_freed():
+def test_cxx_new_delete_counted():
+    cxx_new_delete_counted()
+
+
+def threads_counted_and_freed(env=None):
     """Blocks held by 4 threads, then freed by the main thread."""
     with Server() as s:
-        w = Worker([worker("mt_hold"), "100", "4"], s.env())
+        w = Worker([worker("mt_hold"), "100", "4"], s.env(**(env or {})))
         try:
             w.readline()
             wait_for("100 MiB counted", lambda: 100 * MIB <= s.ps()
@@ -60,6 +84,39 @@ def test_threads_counted_and_freed():
             w.close()
 
 
+def test_threads_counted_and_freed():
+    threads_counted_and_freed()
+
+
+def idle_block(s, w, front):
+    """mt_idle's thread holds 256 MiB and is idle: counted at once."""
+    line = w.readline()
+    check(line == f"held front={front}", f"mt_idle said {line!r}")
+    # One or two server ticks (10 ms); the deadline only absorbs a loaded
+    # machine. The thread makes no allocator call after its malloc.
+    wait_for("the idle thread's 256 MiB counted",
+             lambda: 256 * MIB <= s.ps().get(w.pid, {}).get("bytes", 0)
+             <= 257 * MIB, timeout=5)
+
+
+def test_idle_thread_large_free_seen_at_once():
+    """A thread frees 256 MiB and goes idle: the process's figure drops
+    without any further call of that thread (its free published itself)."""
+    with Server() as s:
+        w = Worker([worker("mt_idle"), "256"], s.env(group="idle"))
+        try:
+            idle_block(s, w, FRONT)
+            w.send("free")
+            check(w.readline() == "freed", "not freed")
+            wait_for("the idle thread's free seen",
+                     lambda: s.ps().get(w.pid, {}).get("bytes", 1 << 40)
+                     < MIB, timeout=5)
+        finally:
+            w.close()
+
+
 if __name__ == "__main__":
-    run([test_malloc_family_matches_jemalloc, test_cxx_new_delete_counted,
-         test_threads_counted_and_freed])
+    run([test_malloc_family_matches_jemalloc,
+         test_600mb_two_threads_match_jemalloc, test_cxx_new_delete_counted,
+         test_threads_counted_and_freed,
+         test_idle_thread_large_free_seen_at_once])

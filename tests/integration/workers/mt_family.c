@@ -1,6 +1,7 @@
 /*
  * mt_family - allocate hundreds of MiB through every entry of the malloc
- * family from several threads, free part of it at random, let the threads
+ * family (and jemalloc's mallocx/rallocx/dallocx/sdallocx where the
+ * process has them) from several threads, free part of it at random, let the threads
  * exit (their blocks stay live), then report jemalloc's own idea of the
  * heap: stats.allocated after thread.tcache.flush and epoch.
  * Prints "allocated=N threads=T" and waits on stdin.
@@ -12,6 +13,36 @@
 #include <pthread.h>
 
 static size_t mib_per_thread = 64;
+
+/* jemalloc's own API, found at run time (absent under glibc). */
+static void *(*je_mallocx)(size_t, int);
+static void *(*je_rallocx)(void *, size_t, int);
+static void (*je_dallocx)(void *, int);
+static void (*je_sdallocx)(void *, size_t, int);
+static size_t (*je_sallocx)(const void *, int);
+
+static void find_jemalloc_api(void)
+{
+	*(void **)&je_mallocx = dlsym(RTLD_DEFAULT, "mallocx");
+	*(void **)&je_rallocx = dlsym(RTLD_DEFAULT, "rallocx");
+	*(void **)&je_dallocx = dlsym(RTLD_DEFAULT, "dallocx");
+	*(void **)&je_sdallocx = dlsym(RTLD_DEFAULT, "sdallocx");
+	*(void **)&je_sallocx = dlsym(RTLD_DEFAULT, "sallocx");
+	if (!je_mallocx || !je_rallocx || !je_dallocx || !je_sdallocx ||
+	    !je_sallocx)
+		je_mallocx = NULL;
+}
+
+/* Free through one of the entries that free. */
+static void family_free(void *p, uint64_t r)
+{
+	if (je_mallocx && r % 3 == 1)
+		je_dallocx(p, 0);
+	else if (je_mallocx && r % 3 == 2)
+		je_sdallocx(p, je_sallocx(p, 0), 0);
+	else
+		free(p);
+}
 
 static uint64_t rng(uint64_t *s)
 {
@@ -34,7 +65,11 @@ static void *family_alloc(int k, size_t n, void *old)
 	case 5: return aligned_alloc(4096, (n + 4095) & ~(size_t)4095);
 	case 6: return memalign(256, n);
 	case 7: return valloc(n);
-	default: return pvalloc(n);
+	case 8: return pvalloc(n);
+	case 9: return je_mallocx ? je_mallocx(n, 0) : malloc(n);
+	default: /* rallocx grows or moves `old` */
+		return je_mallocx && old ? je_rallocx(old, n, 0)
+					 : realloc(old, n);
 	}
 }
 
@@ -46,17 +81,17 @@ static void *work(void *arg)
 	void **keep = calloc(SLOTS, sizeof(void *));
 	size_t nkeep = 0;
 	while (used < budget && nkeep < SLOTS) {
-		int k = (int)(rng(&seed) % 9);
+		int k = (int)(rng(&seed) % 11);
 		/* Mostly small and medium blocks, some large ones. */
 		size_t n = rng(&seed) % 8 ? 16 + rng(&seed) % 8192
 					  : 65536 + rng(&seed) % (2 * MIB);
-		void *old = k == 2 && nkeep ? keep[--nkeep] : NULL;
+		void *old = (k == 2 || k == 10) && nkeep ? keep[--nkeep] : NULL;
 		void *p = family_alloc(k, n, old);
 		if (!p)
 			continue;
 		used += n;
 		if (rng(&seed) % 3 == 0) {
-			free(p); /* a third is freed at once */
+			family_free(p, rng(&seed)); /* a third at once */
 		} else {
 			keep[nkeep++] = p;
 		}
@@ -70,7 +105,7 @@ static void *work(void *arg)
 		/* And free some older ones at random. */
 		if (nkeep > 8 && rng(&seed) % 5 == 0) {
 			size_t i = rng(&seed) % nkeep;
-			free(keep[i]);
+			family_free(keep[i], rng(&seed));
 			keep[i] = keep[--nkeep];
 		}
 	}
@@ -80,6 +115,7 @@ static void *work(void *arg)
 int main(int argc, char **argv)
 {
 	int nthreads = argc > 1 ? atoi(argv[1]) : 4;
+	find_jemalloc_api();
 	if (argc > 2)
 		mib_per_thread = strtoul(argv[2], NULL, 10);
 	pthread_t t[64];
