@@ -7,10 +7,12 @@
  *
  *   bench_alloc_je     linked with -ljemalloc (jemalloc's malloc replaces
  *                      glibc's) and libmemtally (static). Variants
- *                      `jemalloc` (no accounting) and `inline`
+ *                      `jemalloc` (no accounting), `inline`
  *                      (memtally_account(+size) after malloc and
  *                      memtally_account(-size) before free, as a program
- *                      that knows its sizes would call it).
+ *                      that knows its sizes would call it) and `linked`
+ *                      (memtally_init() in every thread: jemalloc's
+ *                      activity callback counts, nothing in the loop).
  *   bench_alloc_plain  linked with nothing special. Variant `glibc` run as
  *                      is, variant `preload` run under
  *                      LD_PRELOAD=libmemtally_preload.so.
@@ -124,9 +126,9 @@ static const struct bench_case cases[] = {
 static int ncpus;
 static int cpu_list[MAX_THREADS];
 
-enum variant { V_JEMALLOC, V_INLINE, V_PRELOAD, V_GLIBC };
+enum variant { V_JEMALLOC, V_INLINE, V_PRELOAD, V_GLIBC, V_LINKED };
 static const char *const variant_names[] = {"jemalloc", "inline", "preload",
-                                            "glibc"};
+                                            "glibc", "linked"};
 
 typedef bench_mallctl_fn mallctl_fn;
 
@@ -397,6 +399,11 @@ static void *par_main(void *arg)
 	CPU_ZERO(&set);
 	CPU_SET(t->cpu, &set);
 	t->pin_err = pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+#ifdef BENCH_LINKED_JEMALLOC
+	/* A linked worker sets up each thread it starts. */
+	if (g.variant == V_LINKED && memtally_init() != 0)
+		t->pin_err = 1;
+#endif
 	/* A short warm-up of this thread's caches (allocator and memtally
 	 * thread-local state), outside the timed region. */
 	run_loop(t->c, t->n / 16 + 1);
@@ -674,7 +681,8 @@ static int prove(struct bench_sbuf *js, struct bench_sbuf *why)
 	}
 
 	int64_t held = m1 - m0, left = m2 - m0;
-	if (g.variant == V_INLINE || g.variant == V_PRELOAD) {
+	if (g.variant == V_INLINE || g.variant == V_PRELOAD ||
+	    g.variant == V_LINKED) {
 		if (!g.process_bytes)
 			bench_flag(why, "memtally_process_bytes not "
 			          "found: no accounting loaded");
@@ -809,7 +817,7 @@ static void usage(FILE *f)
 	    "         (--serve | --proof | --case CASE --iters N [--reps R])\n"
 	    "cases:",
 #ifdef BENCH_LINKED_JEMALLOC
-	    "jemalloc|inline"
+	    "jemalloc|inline|linked"
 #else
 	    "glibc|preload"
 #endif
@@ -887,11 +895,11 @@ int main(int argc, char **argv)
 	}
 
 	int vi = -1;
-	for (int k = 0; k < 4 && variant; k++)
+	for (int k = 0; k < 5 && variant; k++)
 		if (!strcmp(variant, variant_names[k]))
 			vi = k;
 #ifdef BENCH_LINKED_JEMALLOC
-	int vok = vi == V_JEMALLOC || vi == V_INLINE;
+	int vok = vi == V_JEMALLOC || vi == V_INLINE || vi == V_LINKED;
 #else
 	int vok = vi == V_PRELOAD || vi == V_GLIBC;
 #endif
@@ -925,8 +933,20 @@ int main(int argc, char **argv)
 	}
 
 	resolve_api();
+#ifdef BENCH_LINKED_JEMALLOC
+	int init_err = 0;
+	if (g.variant == V_LINKED)
+		init_err = memtally_init();
+#endif
 	static struct bench_sbuf js, why;
 	int bad = prove(&js, &why);
+#ifdef BENCH_LINKED_JEMALLOC
+	if (init_err) {
+		bench_flag(&why, "memtally_init() = %d (%s)", init_err,
+		           memtally_strerror(init_err));
+		bad = why.fails;
+	}
+#endif
 	if (bad) {
 		fprintf(stderr,
 		        BENCH_BINARY

@@ -1,12 +1,15 @@
 #!/usr/bin/python3
 """alloc_overhead: malloc/free cost with and without memtally (seed 000).
 
-Four variants, each a separate worker process so the allocator really
+Five variants, each a separate worker process so the allocator really
 differs (see alloc_overhead.c):
 
   jemalloc  bench_alloc_je, jemalloc's malloc, no accounting (the baseline)
   inline    bench_alloc_je, memtally_account(+size/-size) around each pair
+  linked    bench_alloc_je, memtally_init() in each thread: jemalloc's
+            activity callback counts, nothing is added to the loop
   preload   bench_alloc_plain under LD_PRELOAD=libmemtally_preload.so
+            (jemalloc linked into the preload, counted by the same callback)
   glibc     bench_alloc_plain as is, for reference
 
 Every worker proves at start which allocator serves it and that the
@@ -79,16 +82,30 @@ UNITS = {
     PAR_32: "ns per pair per thread",
     PAR_64: "ns per pair per thread",
 }
-VARIANTS = ["jemalloc", "inline", "preload", "glibc"]
-ACCOUNTING = ["inline", "preload"]
+VARIANTS = ["jemalloc", "inline", "linked", "preload", "glibc"]
+ACCOUNTING = ["inline", "linked", "preload"]
 INSN_CASES = ["alloc_free_16b", "alloc_free_64kb", "alloc_free_80kb"]
 INSN_ITERS = 200_000
+# Out-of-line paths whose calls per pair callgrind reports: the inline
+# API's slow path, jemalloc's activity callback (the front end's
+# on_activity), the counting fallback's slow path, and the publish itself.
+SLOW_FUNCTIONS = ("memtally__account_slow", "on_activity", "count_slow",
+                  "mtc_publish")
 OWN_OBJECTS = ("bench_alloc_je", "bench_alloc_plain", "libmemtally_preload.so")
 
 # Targets from the brief; reported, never used to bend the measurement.
 TARGETS = [
     ("inline", "alloc_free_16b", "ns", 0.5),
     ("preload", "alloc_free_16b", "ns", 1.5),
+    # jemalloc's activity callback: nothing on the path at all.
+    ("linked", "alloc_free_16b", "nsd", 0.05),
+    ("preload", "alloc_free_16b", "nsd", 0.05),
+    ("linked", "alloc_free_64kb", "nsd", 0.05),
+    ("preload", "alloc_free_64kb", "nsd", 0.05),
+    ("linked", PAR_64, "nsd", 0.05),
+    ("preload", PAR_64, "nsd", 0.05),
+    ("linked", "threshold_churn", "nsd", 0.05),
+    ("preload", "threshold_churn", "nsd", 0.05),
     ("inline", "alloc_free_64kb", "pct", 3.0),
     ("preload", "alloc_free_64kb", "pct", 3.0),
     ("inline", PAR_64, "pct", 5.0),
@@ -97,6 +114,8 @@ TARGETS = [
     ("inline", "alloc_fill_free_64kb", "nsd", 0.05),
     ("preload", "alloc_fill_free_64kb", "nsd", 0.05),
     ("inline", "grow_vec_to_64kb", "nsd", 0.05),
+    ("linked", "alloc_fill_free_64kb", "nsd", 0.05),
+    ("linked", "grow_vec_to_64kb", "nsd", 0.05),
     ("preload", "grow_vec_to_64kb", "nsd", 0.05),
 ]
 
@@ -107,7 +126,8 @@ TARGETS = [
 
 
 def worker_argv(paths, variant):
-    exe = paths["je"] if variant in ("jemalloc", "inline") else paths["plain"]
+    exe = (paths["je"] if variant in ("jemalloc", "inline", "linked")
+           else paths["plain"])
     return [exe, "--variant", variant]
 
 
@@ -347,8 +367,8 @@ def count_instructions(paths, server, tmp, cases):
             top = sorted(self_ir.items(), key=lambda kv: -kv[1])
             slow = {}
             for (obj, fn), c in calls.items():
-                base = fn.split(".")[0]  # pl_slow.constprop.0 -> pl_slow
-                if base in ("pl_slow", "memtally__account_slow", "mtc_publish"):
+                base = fn.split(".")[0]  # count_slow.constprop.0 -> count_slow
+                if base in SLOW_FUNCTIONS:
                     slow[base] = slow.get(base, 0) + per(c)
             own_ir = sum(ir for (o, f), ir in self_ir.items()
                          if o in OWN_OBJECTS)
@@ -429,38 +449,39 @@ def flush_table(results, variants):
 
 def insn_table(insn):
     if insn.get("status") != "ok":
-        return "Instruction counts: not measured (%s)." % insn.get("status")
-    lines = ["| case | " + " | ".join(VARIANTS) + " | Δ inline | Δ preload "
-             "| memtally's own: inline | memtally's own: preload |",
-             "|---|" + "---|" * (len(VARIANTS) + 4)]
+        return "Instructions: not measured (%s)." % insn.get("status")
+    lines = ["| case | " + " | ".join(VARIANTS) + " | " +
+             " | ".join("Δ " + v for v in ACCOUNTING) + " | " +
+             " | ".join("memtally's own: " + v for v in ACCOUNTING) + " |",
+             "|---|" + "---|" * (len(VARIANTS) + 2 * len(ACCOUNTING))]
     for case, per in insn["cases"].items():
         ir = {v: per[v]["ir_per_pair"] for v in VARIANTS}
         own = {v: per[v]["own_ir_per_pair"] - per["jemalloc"]["own_ir_per_pair"]
                for v in ACCOUNTING}
-        lines.append("| `%s` | %s | %+.1f | %+.1f | %+.1f | %+.1f |" % (
+        lines.append("| `%s` | %s | %s | %s |" % (
             case, " | ".join("%.1f" % ir[v] for v in VARIANTS),
-            ir["inline"] - ir["jemalloc"], ir["preload"] - ir["jemalloc"],
-            own["inline"], own["preload"]))
+            " | ".join("%+.1f" % (ir[v] - ir["jemalloc"]) for v in ACCOUNTING),
+            " | ".join("%+.1f" % own[v] for v in ACCOUNTING)))
     lines.append("")
     lines.append("Totals include jemalloc's own work, which for the large "
                  "cases depends on heap state and elapsed time (extent reuse, "
                  "decay), so their Δ is noise of hundreds of instructions; "
                  "*memtally's own* counts only the instructions executed in "
                  "the bench executable and libmemtally_preload.so (the "
-                 "interposer, or the inline API and its slow path), minus the "
-                 "jemalloc variant's bare loop.")
+                 "inline API and its slow path, or the activity callback), "
+                 "minus the jemalloc variant's bare loop; for the preload it "
+                 "also holds jemalloc itself, which is linked into it, so "
+                 "there its Δ is the total's.")
     lines.append("")
-    lines.append("Slow-path calls per pair (callgrind call counts):")
+    lines.append("Out-of-line calls per pair (callgrind call counts):")
     lines.append("")
-    lines.append("| case | inline: memtally__account_slow | inline: mtc_publish "
-                 "| preload: pl_slow | preload: mtc_publish |")
-    lines.append("|---|---|---|---|---|")
+    lines.append("| case | " + " | ".join(
+        "%s: %s" % (v, f) for v in ACCOUNTING for f in SLOW_FUNCTIONS) + " |")
+    lines.append("|---|" + "---|" * (len(ACCOUNTING) * len(SLOW_FUNCTIONS)))
     for case, per in insn["cases"].items():
-        si = per["inline"]["slow_calls_per_pair"]
-        sp = per["preload"]["slow_calls_per_pair"]
-        lines.append("| `%s` | %.3g | %.3g | %.3g | %.3g |" % (
-            case, si.get("memtally__account_slow", 0), si.get("mtc_publish", 0),
-            sp.get("pl_slow", 0), sp.get("mtc_publish", 0)))
+        lines.append("| `%s` | %s |" % (case, " | ".join(
+            "%.3g" % per[v]["slow_calls_per_pair"].get(f, 0)
+            for v in ACCOUNTING for f in SLOW_FUNCTIONS)))
     c16 = insn["cases"].get("alloc_free_16b")
     if c16:
         lines.append("")

@@ -16,6 +16,7 @@ pkgs=(
   python3-celery python3-redis redis-server  # Celery with a redis broker
   slurm-wlm munge  # slurmctld + slurmd + munged started by the Slurm test
   systemd man-db groff-base dpkg-dev  # unit, man page and package checks
+  redis-server redis-tools  # a program linked to libjemalloc (one heap; real suite)
   # benchmarks
   valgrind util-linux
   sqlite3  # the real suite's sqlite3 CLI (bench/real.py)

@@ -1,0 +1,99 @@
+"""One heap per process, even for a program linked to libjemalloc.so.2.
+
+The preload carries its own jemalloc and exports jemalloc's whole API, so
+Debian's redis-server (which calls malloc, free, malloc_usable_size and
+mallctl of the libjemalloc.so.2 it is linked to) must have every one of
+those calls served by the preload's copy: redis's own allocator figures
+(INFO memory: allocator_allocated is jemalloc's stats.allocated, read with
+mallctl) move with its data, and agree with memtally's count, while
+libjemalloc.so.2 stays mapped and idle. Were mallctl answered by the other
+copy, allocator_allocated would stay at that copy's ~1 MB.
+"""
+import os
+import shutil
+import subprocess
+
+from harness import (KIB, MIB, MULT, PRELOAD, Server, Skip, check, run,
+                     wait_for)
+
+REDIS = shutil.which("redis-server") or "/usr/bin/redis-server"
+REDIS_CLI = shutil.which("redis-cli") or "/usr/bin/redis-cli"
+KEYS = 200000
+
+
+def info_memory(sock):
+    out = subprocess.run([REDIS_CLI, "-s", sock, "INFO", "memory"],
+                         capture_output=True, text=True, timeout=30 * MULT)
+    return dict(line.strip().split(":", 1) for line in out.stdout.splitlines()
+                if ":" in line)
+
+
+def cli(sock, *args):
+    out = subprocess.run([REDIS_CLI, "-s", sock, *args], capture_output=True,
+                         text=True, timeout=60 * MULT)
+    check(out.returncode == 0, f"redis-cli {args}: {out.stderr}")
+    return out.stdout.strip()
+
+
+def test_redis_one_heap():
+    for exe in (REDIS, REDIS_CLI):
+        if not os.access(exe, os.X_OK):
+            raise Skip(f"{exe} not installed (scripts/deps.sh installs it)")
+    with Server() as s:
+        sock = os.path.join(s.dir, "redis.sock")
+        env = s.env(group="redis")
+        proc = subprocess.Popen(
+            [REDIS, "--port", "0", "--unixsocket", sock, "--save", "",
+             "--appendonly", "no", "--enable-debug-command", "yes",
+             "--dir", s.dir],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            wait_for("redis-server up",
+                     lambda: os.path.exists(sock) and cli(sock, "PING")
+                     == "PONG")
+            with open(f"/proc/{proc.pid}/maps") as f:
+                maps = f.read()
+            check("libjemalloc.so.2" in maps, "redis-server does not map "
+                  "libjemalloc.so.2: not the program this test is about")
+            check(os.path.basename(PRELOAD) in maps, "preload not mapped")
+            m0 = info_memory(sock)
+            check(m0.get("mem_allocator", "").startswith("jemalloc"),
+                  f"redis says mem_allocator={m0.get('mem_allocator')}")
+            a0 = int(m0["allocator_allocated"])
+            cli(sock, "DEBUG", "POPULATE", str(KEYS), "key", "256")
+            check(cli(sock, "DBSIZE") == str(KEYS), "keys not populated")
+            m1 = info_memory(sock)
+            a1 = int(m1["allocator_allocated"])
+            used = int(m1["used_memory"]) - int(m0["used_memory"])
+            # 200,000 keys of 256 B values: ~60 MB in the heap.
+            check(a1 - a0 >= 40 * MIB,
+                  f"redis's allocator_allocated moved {a0} -> {a1}: its "
+                  "mallctl does not see the heap that serves its mallocs")
+            check(abs((a1 - a0) - used) <= used // 10,
+                  f"allocator_allocated grew by {a1 - a0}, used_memory "
+                  f"(malloc_usable_size) by {used}")
+            # memtally's count against jemalloc's own: the bound is 64 KiB
+            # per thread (redis runs a few background threads).
+            threads = len(os.listdir(f"/proc/{proc.pid}/task"))
+            bound = 64 * KIB * threads + 256 * KIB
+
+            def agrees():
+                a = int(info_memory(sock)["allocator_allocated"])
+                p = s.ps().get(proc.pid)
+                return (p, a) if p and abs(p["bytes"] - a) <= bound else None
+
+            p, a = wait_for("memtally count == redis's allocator_allocated",
+                            agrees)
+            print(f"  redis: allocator_allocated {a0} -> {a}, used_memory "
+                  f"+{used}, memtally {p['bytes']}, threads {threads}")
+            cli(sock, "FLUSHALL", "SYNC")
+            wait_for("memtally count back down after FLUSHALL",
+                     lambda: s.ps().get(proc.pid, {}).get("bytes", 1 << 40)
+                     < a0 + 8 * MIB)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30 * MULT)
+
+
+if __name__ == "__main__":
+    run([test_redis_one_heap])
