@@ -63,6 +63,23 @@ def wait_for(what, pred, timeout=20.0, interval=0.02):
         time.sleep(interval)
 
 
+def settled_bytes(s, pid, ticks=5):
+    """pid's figure once it has stopped moving: the same before and after
+    `ticks` server ticks. A worker that says "ready" has flushed, but the
+    server may publish the last of its threads' flushes a tick later."""
+    last = {}
+
+    def same():
+        t0 = s.status()["ticks"]
+        now = s.ps().get(pid, {}).get("bytes")
+        wait_for(f"{ticks} ticks", lambda: s.status()["ticks"] >= t0 + ticks)
+        ok = now is not None and now == last.get("v")
+        last["v"] = now
+        return now if ok else None
+
+    return wait_for(f"pid {pid}'s figure settled", same)
+
+
 class Server:
     """A memtallyd on a private socket (and restart record), stopped on exit."""
 

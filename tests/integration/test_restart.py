@@ -2,7 +2,8 @@
 is listed with the bytes it had, a worker that died meanwhile is gone, and
 the adopted workers go on being counted and reclaimed. --reset starts
 afresh instead."""
-from harness import MIB, Server, Worker, check, run, wait_for, worker
+from harness import (MIB, Server, Worker, check, run, settled_bytes,
+                     wait_for, worker)
 
 
 def counted(s, pid, at_least):
@@ -141,7 +142,7 @@ def test_kill9_under_load_loses_nothing():
             h.readline()
         for h in holders:
             wait_for("holder counted", counted(first, h.pid, 8 * MIB))
-        before = {h.pid: first.ps()[h.pid]["bytes"] for h in holders}
+        before = {h.pid: settled_bytes(first, h.pid) for h in holders}
         first.kill9()
         second = Server(after=first)
         srv_ref[0] = second

@@ -18,6 +18,20 @@
 
 #define MIB (1024u * 1024u)
 
+/*
+ * stdio's buffers are static: stdio would otherwise malloc them at the
+ * first printf/fgets, i.e. after the worker's last flush, and jemalloc's
+ * activity callback may publish that little drift whenever the thread's
+ * next 64 KiB event falls, so an idle worker's figure could still move by
+ * a few KiB after "ready". With these, an idle worker allocates nothing.
+ */
+__attribute__((constructor)) static void mt_static_stdio(void)
+{
+	static char in[4096], out[4096];
+	setvbuf(stdin, in, _IOFBF, sizeof(in));
+	setvbuf(stdout, out, _IOFBF, sizeof(out));
+}
+
 /* memtally_flush() of the preload, if loaded. */
 static inline void mt_flush(void)
 {
