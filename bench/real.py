@@ -81,7 +81,7 @@ from benchlib import (  # noqa: E402
     quartiles, write_section)
 
 VARIANTS = ["glibc", "jemalloc", "preload"]
-PROGRAMS = ["sqlite3", "python3", "g++"]
+PROGRAMS = ["sqlite3", "python3", "g++", "redis"]
 TARGET = 0.99  # preload throughput / jemalloc-alone throughput
 MIN_JE_REQUESTS = 1000  # proof: jemalloc served at least this many mallocs
 EXIT_SKIP = 77
@@ -185,6 +185,8 @@ class Program:
     name = ""
     exe = ""
     links_jemalloc = False  # DT_NEEDED libjemalloc.so.2 (redis-server)
+    variants = VARIANTS     # those that mean something for the program
+    served = False          # a server driven by a client (Redis below)
 
     def available(self):
         return os.access(self.exe, os.X_OK)
@@ -335,7 +337,98 @@ class Gxx(Program):
                 "what": "cc1plus's GGC heap at the end (-fmem-report)"}
 
 
-ALL_PROGRAMS = {p.name: p for p in (Sqlite(), Python(), Gxx())}
+# Debian's redis-server is linked to libjemalloc.so.2 and calls its malloc,
+# free, malloc_usable_size and mallctl: under the preload every one of them
+# must reach the preload's jemalloc (one heap).
+REDIS_REQUESTS = 200000
+REDIS_KEYSPACE = 100000
+
+
+class Redis(Program):
+    """redis-server on a Unix socket, driven by redis-benchmark (SET then
+    GET, 256 B values, random keys out of REDIS_KEYSPACE, pipelined by 16),
+    then shut down. The timed process is the server; the client runs on
+    the other CPUs. redis as installed already runs on jemalloc, so its
+    variants are jemalloc and preload only."""
+
+    name = "redis"
+    exe = shutil.which("redis-server") or "/usr/bin/redis-server"
+    bench = shutil.which("redis-benchmark") or "/usr/bin/redis-benchmark"
+    cli = shutil.which("redis-cli") or "/usr/bin/redis-cli"
+    links_jemalloc = True
+    variants = ["jemalloc", "preload"]
+    served = True
+
+    def available(self):
+        return all(os.access(x, os.X_OK)
+                   for x in (self.exe, self.bench, self.cli))
+
+    def sock(self, tmp):
+        return os.path.join(tmp, "redis.sock")
+
+    def server_argv(self, tmp):
+        # --hz 1: redis's cron reads jemalloc's statistics (mallctl
+        # "epoch", ~70k instructions) each time it runs, 10 times a second
+        # by default, so a run's instruction count would grow with its wall
+        # time (under cachegrind, with the machine's load): a cron once a
+        # second keeps that below 0.01% of a run.
+        return [self.exe, "--port", "0", "--unixsocket", self.sock(tmp),
+                "--save", "", "--appendonly", "no", "--dir", tmp,
+                "--loglevel", "warning", "--hz", "1"]
+
+    def requests(self, scale):
+        return max(1000, int(REDIS_REQUESTS * scale))
+
+    def wait_up(self, tmp, proc, timeout):
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if proc.poll() is not None:
+                raise BenchError("redis-server exited at start (%s)" %
+                                 proc.returncode)
+            if os.path.exists(self.sock(tmp)) and subprocess.run(
+                    [self.cli, "-s", self.sock(tmp), "PING"],
+                    capture_output=True, text=True).stdout.strip() == "PONG":
+                return
+            time.sleep(0.02)
+        raise BenchError("redis-server did not answer within %d s" % timeout)
+
+    def drive(self, tmp, scale, cpus):
+        p = subprocess.run(
+            [self.bench, "-s", self.sock(tmp), "-n", str(self.requests(scale)),
+             "-d", "256", "-P", "16", "-t", "set,get",
+             "-r", str(REDIS_KEYSPACE), "-q"],
+            capture_output=True, text=True,
+            preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus
+            else None)
+        if p.returncode != 0:
+            raise BenchError("redis-benchmark failed: %s" % p.stderr[-500:])
+
+    def shutdown(self, tmp):
+        # The server closes the connection as it exits: no reply to check.
+        subprocess.run([self.cli, "-s", self.sock(tmp), "SHUTDOWN", "NOSAVE"],
+                       capture_output=True, text=True)
+
+    def info(self, tmp):
+        """INFO memory, plus `je_allocated`: jemalloc's own "Allocated"
+        figure as redis prints it with malloc_stats_print (MEMORY
+        MALLOC-STATS), read fresh (INFO's allocator_* figures are those of
+        redis's last cron)."""
+        out = subprocess.run([self.cli, "-s", self.sock(tmp), "INFO",
+                              "memory"], capture_output=True, text=True).stdout
+        d = dict(x.strip().split(":", 1) for x in out.splitlines()
+                 if ":" in x)
+        out = subprocess.run([self.cli, "-s", self.sock(tmp), "MEMORY",
+                              "MALLOC-STATS"], capture_output=True,
+                             text=True).stdout
+        m = re.search(r"^Allocated: (\d+)", out, re.M)
+        d["je_allocated"] = int(m.group(1)) if m else -1
+        return d
+
+    def timed(self, tmp, scale):
+        return self.server_argv(tmp), None
+
+
+ALL_PROGRAMS = {p.name: p for p in (Sqlite(), Python(), Gxx(), Redis())}
 
 # ---- environment -------------------------------------------------------------
 
@@ -568,6 +661,65 @@ def held_run(prog, variant, expect, paths, server, tmp, scale, cpu):
     return obs
 
 
+def held_run_served(prog, variant, expect, paths, server, tmp, scale, cpu):
+    """The proof run of a served program: start it, read its own memory
+    figures (redis: INFO memory) and memtally's, drive it, read both
+    again while it holds its data, shut it down (jemalloc's statistics
+    print at exit). Besides the common signs: under the preload, the
+    program's own jemalloc figure (the "Allocated" of the statistics redis
+    prints with its malloc_stats_print) must move with its data: its
+    jemalloc API reaches the heap that serves its mallocs."""
+    err = open(os.path.join(tmp, "%s-%s-held.err" % (prog.name, variant)),
+               "w+")
+    proc = subprocess.Popen(prog.server_argv(tmp), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=err,
+                            env=variant_env(variant, paths, server, True),
+                            preexec_fn=pin(cpu))
+    obs = {"variant": variant, "expect": expect, "pid": proc.pid}
+    try:
+        prog.wait_up(tmp, proc, 30)
+        obs["memtally_base"] = memtally_ps(paths, server, proc.pid) \
+            if variant == "preload" else None
+        i0 = prog.info(tmp)
+        prog.drive(tmp, scale, others(cpu))
+        i1 = prog.info(tmp)
+        obs["maps"] = maps_of(proc.pid)
+        patience = 0.2
+        if variant == "preload":
+            patience = 5.0 if obs["memtally_base"] else 1.0
+        obs["memtally"] = memtally_ps(paths, server, proc.pid, patience)
+        obs["flushes"] = lane_flushes(server, proc.pid)
+        prog.shutdown(tmp)
+        rc = proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    err.seek(0)
+    stderr_text = err.read()
+    if rc != 0:
+        raise BenchError("%s under %s: exit %d:\n%s" % (
+            prog.name, variant, rc, stderr_text[-2000:]))
+    used0, used1 = int(i0["used_memory"]), int(i1["used_memory"])
+    a0, a1 = i0["je_allocated"], i1["je_allocated"]
+    obs["own"] = {"base": used0, "held": used1,
+                  "je_allocated": [a0, a1],
+                  "what": "used_memory of INFO memory (zmalloc: "
+                          "malloc_usable_size of each block)"}
+    obs["jemalloc_requests"] = jemalloc_requests(stderr_text)
+    failures = check_proof(expect, obs, links=prog.links_jemalloc)
+    if expect in ("jemalloc", "preload") and a1 - a0 < (used1 - used0) // 2:
+        failures.append("the Allocated of redis's malloc_stats_print moved "
+                        "%d -> %d while used_memory grew by %d: its jemalloc "
+                        "API reads another heap" % (a0, a1, used1 - used0))
+    obs["proof"] = "ok" if not failures else failures
+    if failures:
+        raise BenchError("PROOF FAILED for %s under variant %s (expected %s): "
+                         "%s" % (prog.name, variant, expect,
+                                 "; ".join(failures)))
+    return obs
+
+
 def descendants(pid):
     """pid's live descendants, from /proc/PID/task/PID/children."""
     out, todo = [], [pid]
@@ -702,7 +854,43 @@ def check_proof(expect, obs, floor=None, links=False):
 # ---- timed runs --------------------------------------------------------------
 
 
+def others(cpu):
+    """The CPUs a driving client may use: all but the program's."""
+    allowed = os.sched_getaffinity(0)
+    return (allowed - {cpu}) or allowed if cpu is not None else None
+
+
+def timed_run_served(prog, variant, paths, server, tmp, scale, cpu):
+    """A served program: start it, drive it from the other CPUs, shut it
+    down; wall time from start to exit, CPU time of the server."""
+    err = open(os.path.join(tmp, "%s-%s.err" % (prog.name, variant)), "w+")
+    t0 = time.monotonic()
+    proc = subprocess.Popen(prog.server_argv(tmp), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=err,
+                            env=variant_env(variant, paths, server),
+                            preexec_fn=pin(cpu))
+    try:
+        prog.wait_up(tmp, proc, 30)
+        prog.drive(tmp, scale, others(cpu))
+        prog.shutdown(tmp)
+    except BenchError:
+        proc.kill()
+        raise
+    _, status, ru = os.wait4(proc.pid, 0)
+    wall = time.monotonic() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        err.seek(0)
+        raise BenchError("%s under %s: exit %d:\n%s" % (
+            prog.name, variant, proc.returncode, err.read()[-2000:]))
+    return {"wall": wall, "cpu": ru.ru_utime + ru.ru_stime,
+            "user": ru.ru_utime, "sys": ru.ru_stime,
+            "minflt": ru.ru_minflt, "maxrss_kib": ru.ru_maxrss}
+
+
 def timed_run(prog, variant, paths, server, tmp, scale, cpu):
+    if prog.served:
+        return timed_run_served(prog, variant, paths, server, tmp, scale, cpu)
     argv, stdin_path = prog.timed(tmp, scale)
     stdin = open(stdin_path) if stdin_path else subprocess.DEVNULL
     err = open(os.path.join(tmp, "%s-%s.err" % (prog.name, variant)), "w+")
@@ -747,6 +935,9 @@ def count_instructions(prog, variant, paths, server, tmp, scale,
     cachegrind does not replace malloc, so jemalloc and the preload run
     as they would). PYTHONHASHSEED fixed: the same dict layouts in both.
     empty: the program with nothing on stdin (its start and exit only)."""
+    if prog.served:
+        return count_instructions_served(prog, variant, paths, server, tmp,
+                                         scale)
     argv, stdin_path = prog.timed(tmp, scale)
     if empty:
         stdin_path = None
@@ -772,6 +963,35 @@ def count_instructions(prog, variant, paths, server, tmp, scale,
         total += int(m.group(1)) if m else 0
     shutil.rmtree(out, ignore_errors=True)
     return total
+
+
+def count_instructions_served(prog, variant, paths, server, tmp, scale):
+    """Instructions the server executes for one driven run (start, the
+    client's requests, shutdown), under cachegrind; the client is not."""
+    out = os.path.join(tmp, "cg-%s-%s.out" % (prog.name, variant))
+    env = variant_env(variant, paths, server)
+    proc = subprocess.Popen(["valgrind", "--tool=cachegrind", "--cache-sim=no",
+                             "--cachegrind-out-file=" + out]
+                            + prog.server_argv(tmp),
+                            stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        prog.wait_up(tmp, proc, 300)
+        prog.drive(tmp, scale, None)
+        prog.shutdown(tmp)
+        _, errtext = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    if proc.returncode != 0:
+        raise BenchError("%s under %s, cachegrind: exit %d:\n%s" % (
+            prog.name, variant, proc.returncode, errtext[-2000:]))
+    with open(out) as fh:
+        m = re.search(r"^summary: (\d+)", fh.read(), re.M)
+    os.unlink(out)
+    return int(m.group(1)) if m else 0
 
 
 def stats(runs, base="jemalloc"):
@@ -1010,6 +1230,10 @@ def versions():
     p = subprocess.run([ALL_PROGRAMS["g++"].exe, "-dumpfullversion"],
                        capture_output=True, text=True)
     v["g++"] = p.stdout.strip() if p.returncode == 0 else "?"
+    p = subprocess.run([ALL_PROGRAMS["redis"].exe, "--version"],
+                       capture_output=True, text=True)
+    m = re.search(r"v=(\S+)", p.stdout) if p.returncode == 0 else None
+    v["redis"] = m.group(1) if m else "?"
     return v
 
 
@@ -1087,8 +1311,11 @@ def main():
         for name in programs:
             prog = ALL_PROGRAMS[name]
             proofs[name] = {}
-            for v in variants:
-                if isinstance(prog, Gxx):
+            for v in [v for v in variants if v in prog.variants]:
+                if prog.served:
+                    o = held_run_served(prog, v, args.expect or v, paths,
+                                        server, tmp, args.scale, cpu)
+                elif isinstance(prog, Gxx):
                     o = watched_run(prog, v, args.expect or v, paths, server,
                                     tmp, cpu)
                 else:
@@ -1107,7 +1334,10 @@ def main():
             raise BenchError("a timed run needs every variant, as itself")
         for name in programs:
             t0 = time.monotonic()
-            runs = measure(ALL_PROGRAMS[name], variants, args.reps, paths,
+            runs = measure(ALL_PROGRAMS[name],
+                           [v for v in variants
+                            if v in ALL_PROGRAMS[name].variants],
+                           args.reps, paths,
                            server, tmp, args.scale, cpu)
             results[name] = {"runs": runs, "stats": stats(runs)}
             log("  %-7s %s  (%.0f s)" % (name, "  ".join(

@@ -2,8 +2,10 @@
  * client_internal.h - what libmemtally and the preload share: attach,
  * registration and the per-thread lane of the process's slot.
  *
- * Both front ends (account.c: memtally_account(); preload.c: the malloc
- * interposer) only decide *how many* bytes a thread has to publish. This
+ * The front ends (account.c: memtally_account(); jemalloc_fe.c: jemalloc's
+ * activity callback, in the preload and for memtally_init(); mmap.c: the
+ * program's own mappings, in the preload) only decide *how many* bytes a
+ * thread has to publish. This
  * core decides *where* they go: the thread's own lane when the process is
  * attached, a process-local pending counter otherwise.
  */

@@ -5,10 +5,13 @@
  * (the server beside it) sums every worker's count into fleet totals that a
  * scheduler asks before it starts more work. Two ways to count:
  *
- *  - Unmodified programs: LD_PRELOAD=libmemtally_preload.so. Every malloc,
- *    free, C++ new and delete goes to the process's libjemalloc, and the
- *    preload learns sizes from jemalloc's own per-thread counters
- *    (thread.allocatedp / thread.deallocatedp). Nothing to call.
+ *  - Unmodified programs: LD_PRELOAD=libmemtally_preload.so. The preload
+ *    is jemalloc 5.3 (linked in, its whole API exported), so every malloc,
+ *    free, C++ new and delete of the process goes to it with nothing added;
+ *    jemalloc's per-thread activity callback publishes each thread's net
+ *    usable bytes every 64 KiB of its activity. Nothing to call.
+ *  - A program linked to libjemalloc 5.3 and libmemtally: memtally_init()
+ *    in each thread, and jemalloc counts the same way.
  *  - Code that manages its own memory (or uses another allocator): link
  *    libmemtally and call memtally_account(+n) / memtally_account(-n).
  *
@@ -46,17 +49,24 @@
  *    glibc malloc reached by name), stacks, code, page tables. For those,
  *    compare with RSS.
  *  - Accuracy: each thread holds up to `threshold` bytes unflushed, so a
- *    process total is exact to +/- threshold x live threads. Under the
- *    preload a free is seen at the thread's next allocator call (or its
- *    exit), so a thread that frees a large block and goes idle shows it
- *    until then; allocations at or over the threshold are seen at once.
+ *    process total is exact to +/- threshold x live threads. Counted by
+ *    jemalloc's activity callback (the preload, memtally_init()), a thread
+ *    publishes after every 64 KiB it allocates and every 64 KiB it frees,
+ *    and inside any single malloc or free of 64 KiB or more: it holds less
+ *    than 64 KiB unpublished, whatever the threshold, and a large block is
+ *    seen at once, also when its thread then goes idle. Its figure may
+ *    still move by a few KiB after memtally_flush(), when jemalloc's next
+ *    event falls. Without the callback (a jemalloc lacking it) the preload
+ *    checks on every call and a free is seen at the thread's next
+ *    allocator call (or its exit).
  *  - Threads: a thread's drift is flushed when it exits (pthread TSD
  *    destructor). Memory freed by later TSD destructors of that thread is
  *    not seen. The main thread's drift is not flushed at exit(); the server
  *    drops the process at exit anyway.
  *  - fork(): the child counts as a new process whose starting total is the
  *    parent's published total at the fork (plus the forking thread's drift);
- *    it registers at its first flush after the fork. Other threads' unflushed
+ *    it registers at its first flush after the fork (under the preload: its
+ *    first 64 KiB of activity, or memtally_flush()). Other threads' unflushed
  *    drift (< threshold each) is not carried over.
  *  - exec(): the pid keeps one slot; the new image's registration resets it
  *    to the new image's count.
@@ -67,8 +77,8 @@
  *  - Over-limit latency: the server raises the over-limit flag within a
  *    tick of the process crossing its limit, but the process only looks
  *    at the flag when one of its threads flushes (every `threshold` bytes
- *    of net allocation or free per thread, at memtally_flush(), and on
- *    attach). A process that crosses its limit and then stops allocating
+ *    of net allocation or free per thread, or every 64 KiB of activity
+ *    under jemalloc's callback, at memtally_flush(), and on attach). A process that crosses its limit and then stops allocating
  *    learns of it (and runs its memtally_on_over_limit() callback) only at
  *    its next flush; memtally_over_limit() reads the flag directly and is
  *    current to within a server tick.
@@ -181,8 +191,9 @@ MEMTALLY_EXTERN bool memtally_over_limit(void);
  * When and where it runs: in whichever thread flushes first after the
  * flag rose (see "Over-limit latency" in the Caveats above), once that
  * flush is complete. Under the preload that is inside the malloc, free or
- * operator new/delete call that triggered the flush, before or after
- * jemalloc did its work but never inside it, so no allocator lock is held.
+ * operator new/delete call that triggered the flush, after jemalloc did its
+ * work (from its activity callback, or from its hooks without it), with no
+ * allocator lock held.
  * With memtally_account() it is inside memtally_account() or
  * memtally_flush().
  *
