@@ -427,259 +427,406 @@ static int lookup_gid(const char *v, uint32_t *out)
 #define OWNED_METRICS 3
 #define OWNED_STATE   4
 
-static int server_key(struct load *l, const char *key, const char *v)
+/* ---- one function per key ----------------------------------------- */
+
+static int key_server_socket(struct load *l, const char *sec, const char *key,
+                             const char *v)
 {
-	struct mts_config *c = &l->s.cfg;
-	const char *sec = "server";
-	uint64_t n;
-	int err = 0;
-	if (strcmp(key, "socket") == 0) {
-		if (!v[0] ||
-		    strlen(v) >= sizeof(((struct sockaddr_un *)0)->sun_path))
-			return fail(
-			    l, sec, key,
-			    "expected a path of 1 to 107 bytes, got '%s'", v);
-		err = set_str(&l->s.owned[OWNED_SOCKET], v);
-	} else if (strcmp(key, "segment") == 0) {
-		/* The label of the shared objects (memfd names, as seen in
-		 * /proc/PID/maps); the leading '/' of older configs is
-		 * accepted and dropped. */
-		const char *name = v[0] == '/' ? v + 1 : v;
-		if (!name[0] || strchr(name, '/') || strlen(name) > 64)
-			return fail(l, sec, key,
-			            "expected a name like memtally (1 to 64 "
-			            "bytes, no '/'), got '%s'",
-			            v);
-		err = set_str(&l->s.owned[OWNED_SEGMENT], v);
-	} else if (strcmp(key, "state") == 0) {
-		if (!v[0] || v[0] != '/' || strlen(v) >= PATH_MAX)
-			return fail(l, sec, key,
-			            "expected an absolute path, got '%s'", v);
-		err = set_str(&l->s.owned[OWNED_STATE], v);
-	} else if (strcmp(key, "slots") == 0) {
-		if (parse_uint(v, 1, MTSHM_MAX_SLOTS, &n) < 0)
-			return fail(
-			    l, sec, key,
-			    "expected an integer from 1 to %u, got '%s'",
-			    MTSHM_MAX_SLOTS, v);
-		c->slots = (uint32_t)n;
-	} else if (strcmp(key, "lanes") == 0) {
-		if (parse_uint(v, 1, MTSHM_MAX_LANES, &n) < 0)
-			return fail(
-			    l, sec, key,
-			    "expected an integer from 1 to %u, got '%s'",
-			    MTSHM_MAX_LANES, v);
-		c->lanes = (uint32_t)n;
-	} else if (strcmp(key, "tick") == 0) {
-		if (parse_uint(v, 1, MTS_TICK_MAX_MS, &n) < 0)
-			return fail(
-			    l, sec, key,
-			    "expected milliseconds from 1 to %u, got '%s'",
-			    MTS_TICK_MAX_MS, v);
-		c->tick_ms = (uint32_t)n;
-	} else if (strcmp(key, "threshold") == 0) {
-		if (mt_parse_size(v, &n) < 0 || n == 0 || n > THRESHOLD_MAX)
-			return fail(l, sec, key,
-			            "expected a size from 1 byte to 1GiB, e.g. "
-			            "64KiB, got '%s'",
-			            v);
-		c->threshold = n;
-	} else if (strcmp(key, "max_connections") == 0) {
-		if (parse_uint(v, 1, MTS_MAX_CONNS_MAX, &n) < 0)
-			return fail(
-			    l, sec, key,
-			    "expected an integer from 1 to %u, got '%s'",
-			    MTS_MAX_CONNS_MAX, v);
-		c->max_conns = (uint32_t)n;
-	} else if (strcmp(key, "max_connections_per_uid") == 0) {
-		if (parse_uint(v, 1, MTS_MAX_CONNS_MAX, &n) < 0)
-			return fail(
-			    l, sec, key,
-			    "expected an integer from 1 to %u, got '%s'",
-			    MTS_MAX_CONNS_MAX, v);
-		c->max_conns_per_uid = (uint32_t)n;
-	} else if (strcmp(key, "idle_timeout") == 0) {
-		if (parse_duration_ms(v, MTS_IDLE_MAX_MS, &n) < 0 ||
-		    (n > 0 && n < 100))
-			return fail(l, sec, key,
-			            "expected a duration from 100ms to 24h "
-			            "(60, 60s, 500ms, 5m), or 0 for none; got "
-			            "'%s'",
-			            v);
-		c->idle_timeout_ms = (uint32_t)n;
-		c->no_idle_timeout = n == 0;
-	} else if (strcmp(key, "max_buffered") == 0) {
-		if (mt_parse_size(v, &n) < 0 || n < MTS_MAX_BUFFERED_MIN)
-			return fail(l, sec, key,
-			            "expected a size of at least 1MiB, e.g. "
-			            "64MiB, got '%s'",
-			            v);
-		c->max_buffered = n;
-	} else if (strcmp(key, "log_level") == 0) {
-		enum mts_log_level lv;
-		if (mts_log_parse_level(v, &lv) < 0)
-			return fail(l, sec, key,
-			            "expected debug, info, warn or error, got "
-			            "'%s'",
-			            v);
-		l->s.log_level = (int)lv;
-	} else if (strcmp(key, "tcp") == 0) {
-		if (!v[0] || strcasecmp(v, "none") == 0 ||
-		    strcasecmp(v, "off") == 0) {
-			free(l->s.owned[OWNED_TCP]);
-			l->s.owned[OWNED_TCP] = NULL;
-			return 0;
-		}
-		struct sockaddr_storage ss;
-		socklen_t len;
-		bool lo;
-		if (mts_parse_hostport(v, &ss, &len, &lo) < 0)
-			return fail(l, sec, key,
-			            "expected HOST:PORT (IPv4, [IPv6], "
-			            "localhost or a name), got '%s'",
-			            v);
-		err = set_str(&l->s.owned[OWNED_TCP], v);
-	} else if (strcmp(key, "tcp_allow_remote") == 0) {
-		if (parse_bool(v, &l->tcp_allow_remote) < 0)
-			return fail(l, sec, key,
-			            "expected true or false, got '%s'", v);
-	} else if (strcmp(key, "tcp_token") == 0) {
-		if (!v[0]) {
-			free(l->tcp_token);
-			l->tcp_token = NULL;
-			return 0;
-		}
-		err = set_str(&l->tcp_token, v);
-	} else if (strcmp(key, "tcp_token_file") == 0) {
-		if (!v[0]) {
-			free(l->tcp_token_file);
-			l->tcp_token_file = NULL;
-			return 0;
-		}
-		err = set_str(&l->tcp_token_file, v);
-	} else if (strcmp(key, "admin_uid") == 0) {
-		uint32_t uid;
-		if (!v[0]) {
-			l->s.policy.has_admin_uid = false;
-			return 0;
-		}
-		if (lookup_uid(v, &uid) < 0)
-			return fail(l, sec, key,
-			            "expected a uid or a user name, got '%s'",
-			            v);
-		l->s.policy.has_admin_uid = true;
-		l->s.policy.admin_uid = uid;
-	} else if (strcmp(key, "admin_gid") == 0) {
-		uint32_t gid;
-		if (!v[0]) {
-			l->s.policy.has_admin_gid = false;
-			return 0;
-		}
-		if (lookup_gid(v, &gid) < 0)
-			return fail(l, sec, key,
-			            "expected a gid or a group name, got '%s'",
-			            v);
-		l->s.policy.has_admin_gid = true;
-		l->s.policy.admin_gid = gid;
-	} else if (strcmp(key, "metrics") == 0) {
-		/* Stored only: metrics.c parses and serves it. */
-		if (!v[0]) {
-			free(l->s.owned[OWNED_METRICS]);
-			l->s.owned[OWNED_METRICS] = NULL;
-			return 0;
-		}
-		err = set_str(&l->s.owned[OWNED_METRICS], v);
-	} else if (strcmp(key, "group") == 0) {
-		uint32_t gid;
-		if (!v[0]) {
-			c->has_gid = false;
-			return 0;
-		}
-		if (lookup_gid(v, &gid) < 0)
-			return fail(l, sec, key,
-			            "expected a group name or gid, got '%s'",
-			            v);
-		c->has_gid = true;
-		c->gid = gid;
-	} else {
-		return fail(l, sec, key, "unknown key");
-	}
-	return err;
+	if (!v[0] || strlen(v) >= sizeof(((struct sockaddr_un *)0)->sun_path))
+		return fail(l, sec, key,
+		            "expected a path of 1 to 107 bytes, got '%s'", v);
+	return set_str(&l->s.owned[OWNED_SOCKET], v);
 }
 
-static int limits_key(struct load *l, const char *key, const char *v)
+static int key_server_segment(struct load *l, const char *sec, const char *key,
+                              const char *v)
+{
+	/* The label of the shared objects (memfd names, as seen in
+	 * /proc/PID/maps); the leading '/' of older configs is
+	 * accepted and dropped. */
+	const char *name = v[0] == '/' ? v + 1 : v;
+	if (!name[0] || strchr(name, '/') || strlen(name) > 64)
+		return fail(l, sec, key,
+		            "expected a name like memtally (1 to 64 "
+		            "bytes, no '/'), got '%s'",
+		            v);
+	return set_str(&l->s.owned[OWNED_SEGMENT], v);
+}
+
+static int key_server_state(struct load *l, const char *sec, const char *key,
+                            const char *v)
+{
+	if (!v[0] || v[0] != '/' || strlen(v) >= PATH_MAX)
+		return fail(l, sec, key, "expected an absolute path, got '%s'",
+		            v);
+	return set_str(&l->s.owned[OWNED_STATE], v);
+}
+
+static int key_server_slots(struct load *l, const char *sec, const char *key,
+                            const char *v)
+{
+	struct mts_config *c = &l->s.cfg;
+	uint64_t n;
+	if (parse_uint(v, 1, MTSHM_MAX_SLOTS, &n) < 0)
+		return fail(l, sec, key,
+		            "expected an integer from 1 to %u, got '%s'",
+		            MTSHM_MAX_SLOTS, v);
+	c->slots = (uint32_t)n;
+	return 0;
+}
+
+static int key_server_lanes(struct load *l, const char *sec, const char *key,
+                            const char *v)
+{
+	struct mts_config *c = &l->s.cfg;
+	uint64_t n;
+	if (parse_uint(v, 1, MTSHM_MAX_LANES, &n) < 0)
+		return fail(l, sec, key,
+		            "expected an integer from 1 to %u, got '%s'",
+		            MTSHM_MAX_LANES, v);
+	c->lanes = (uint32_t)n;
+	return 0;
+}
+
+static int key_server_tick(struct load *l, const char *sec, const char *key,
+                           const char *v)
+{
+	struct mts_config *c = &l->s.cfg;
+	uint64_t n;
+	if (parse_uint(v, 1, MTS_TICK_MAX_MS, &n) < 0)
+		return fail(l, sec, key,
+		            "expected milliseconds from 1 to %u, got '%s'",
+		            MTS_TICK_MAX_MS, v);
+	c->tick_ms = (uint32_t)n;
+	return 0;
+}
+
+static int key_server_threshold(struct load *l, const char *sec,
+                                const char *key, const char *v)
+{
+	struct mts_config *c = &l->s.cfg;
+	uint64_t n;
+	if (mt_parse_size(v, &n) < 0 || n == 0 || n > THRESHOLD_MAX)
+		return fail(l, sec, key,
+		            "expected a size from 1 byte to 1GiB, e.g. "
+		            "64KiB, got '%s'",
+		            v);
+	c->threshold = n;
+	return 0;
+}
+
+static int key_server_max_connections(struct load *l, const char *sec,
+                                      const char *key, const char *v)
+{
+	struct mts_config *c = &l->s.cfg;
+	uint64_t n;
+	if (parse_uint(v, 1, MTS_MAX_CONNS_MAX, &n) < 0)
+		return fail(l, sec, key,
+		            "expected an integer from 1 to %u, got '%s'",
+		            MTS_MAX_CONNS_MAX, v);
+	c->max_conns = (uint32_t)n;
+	return 0;
+}
+
+static int key_server_max_connections_per_uid(struct load *l, const char *sec,
+                                              const char *key, const char *v)
+{
+	struct mts_config *c = &l->s.cfg;
+	uint64_t n;
+	if (parse_uint(v, 1, MTS_MAX_CONNS_MAX, &n) < 0)
+		return fail(l, sec, key,
+		            "expected an integer from 1 to %u, got '%s'",
+		            MTS_MAX_CONNS_MAX, v);
+	c->max_conns_per_uid = (uint32_t)n;
+	return 0;
+}
+
+static int key_server_idle_timeout(struct load *l, const char *sec,
+                                   const char *key, const char *v)
+{
+	struct mts_config *c = &l->s.cfg;
+	uint64_t n;
+	if (parse_duration_ms(v, MTS_IDLE_MAX_MS, &n) < 0 || (n > 0 && n < 100))
+		return fail(l, sec, key,
+		            "expected a duration from 100ms to 24h "
+		            "(60, 60s, 500ms, 5m), or 0 for none; got "
+		            "'%s'",
+		            v);
+	c->idle_timeout_ms = (uint32_t)n;
+	c->no_idle_timeout = n == 0;
+	return 0;
+}
+
+static int key_server_max_buffered(struct load *l, const char *sec,
+                                   const char *key, const char *v)
+{
+	struct mts_config *c = &l->s.cfg;
+	uint64_t n;
+	if (mt_parse_size(v, &n) < 0 || n < MTS_MAX_BUFFERED_MIN)
+		return fail(l, sec, key,
+		            "expected a size of at least 1MiB, e.g. "
+		            "64MiB, got '%s'",
+		            v);
+	c->max_buffered = n;
+	return 0;
+}
+
+static int key_server_log_level(struct load *l, const char *sec,
+                                const char *key, const char *v)
+{
+	enum mts_log_level lv;
+	if (mts_log_parse_level(v, &lv) < 0)
+		return fail(l, sec, key,
+		            "expected debug, info, warn or error, got "
+		            "'%s'",
+		            v);
+	l->s.log_level = (int)lv;
+	return 0;
+}
+
+static int key_server_tcp(struct load *l, const char *sec, const char *key,
+                          const char *v)
+{
+	if (!v[0] || strcasecmp(v, "none") == 0 || strcasecmp(v, "off") == 0) {
+		free(l->s.owned[OWNED_TCP]);
+		l->s.owned[OWNED_TCP] = NULL;
+		return 0;
+	}
+	struct sockaddr_storage ss;
+	socklen_t len;
+	bool lo;
+	if (mts_parse_hostport(v, &ss, &len, &lo) < 0)
+		return fail(l, sec, key,
+		            "expected HOST:PORT (IPv4, [IPv6], "
+		            "localhost or a name), got '%s'",
+		            v);
+	return set_str(&l->s.owned[OWNED_TCP], v);
+}
+
+static int key_server_tcp_allow_remote(struct load *l, const char *sec,
+                                       const char *key, const char *v)
+{
+	if (parse_bool(v, &l->tcp_allow_remote) < 0)
+		return fail(l, sec, key, "expected true or false, got '%s'", v);
+	return 0;
+}
+
+static int key_server_tcp_token(struct load *l, const char *sec,
+                                const char *key, const char *v)
+{
+	if (!v[0]) {
+		free(l->tcp_token);
+		l->tcp_token = NULL;
+		return 0;
+	}
+	return set_str(&l->tcp_token, v);
+}
+
+static int key_server_tcp_token_file(struct load *l, const char *sec,
+                                     const char *key, const char *v)
+{
+	if (!v[0]) {
+		free(l->tcp_token_file);
+		l->tcp_token_file = NULL;
+		return 0;
+	}
+	return set_str(&l->tcp_token_file, v);
+}
+
+static int key_server_admin_uid(struct load *l, const char *sec,
+                                const char *key, const char *v)
+{
+	uint32_t uid;
+	if (!v[0]) {
+		l->s.policy.has_admin_uid = false;
+		return 0;
+	}
+	if (lookup_uid(v, &uid) < 0)
+		return fail(l, sec, key,
+		            "expected a uid or a user name, got '%s'", v);
+	l->s.policy.has_admin_uid = true;
+	l->s.policy.admin_uid = uid;
+	return 0;
+}
+
+static int key_server_admin_gid(struct load *l, const char *sec,
+                                const char *key, const char *v)
+{
+	uint32_t gid;
+	if (!v[0]) {
+		l->s.policy.has_admin_gid = false;
+		return 0;
+	}
+	if (lookup_gid(v, &gid) < 0)
+		return fail(l, sec, key,
+		            "expected a gid or a group name, got '%s'", v);
+	l->s.policy.has_admin_gid = true;
+	l->s.policy.admin_gid = gid;
+	return 0;
+}
+
+static int key_server_metrics(struct load *l, const char *sec, const char *key,
+                              const char *v)
+{
+	/* Stored only: metrics.c parses and serves it. */
+	if (!v[0]) {
+		free(l->s.owned[OWNED_METRICS]);
+		l->s.owned[OWNED_METRICS] = NULL;
+		return 0;
+	}
+	return set_str(&l->s.owned[OWNED_METRICS], v);
+}
+
+static int key_server_group(struct load *l, const char *sec, const char *key,
+                            const char *v)
+{
+	struct mts_config *c = &l->s.cfg;
+	uint32_t gid;
+	if (!v[0]) {
+		c->has_gid = false;
+		return 0;
+	}
+	if (lookup_gid(v, &gid) < 0)
+		return fail(l, sec, key,
+		            "expected a group name or gid, got '%s'", v);
+	c->has_gid = true;
+	c->gid = gid;
+	return 0;
+}
+
+static int key_limits_fleet(struct load *l, const char *sec, const char *key,
+                            const char *v)
 {
 	struct mts_policy *p = &l->s.policy;
-	const char *sec = "limits";
+	if (parse_limit(v, &p->fleet_limit) < 0)
+		return fail(l, sec, key,
+		            "expected a size like 64GiB, 1.5G, or none; "
+		            "got '%s'",
+		            v);
+	return 0;
+}
+
+static int key_limits_process(struct load *l, const char *sec, const char *key,
+                              const char *v)
+{
+	struct mts_policy *p = &l->s.policy;
+	if (parse_limit(v, &p->process_limit) < 0)
+		return fail(l, sec, key,
+		            "expected a size like 2GiB, or none; got '%s'", v);
+	return 0;
+}
+
+static int key_limits_high_watermark(struct load *l, const char *sec,
+                                     const char *key, const char *v)
+{
+	struct mts_policy *p = &l->s.policy;
+	uint32_t bp;
+	if (mts_parse_percent(v, &bp) < 0 || bp == 0)
+		return fail(l, sec, key,
+		            "expected a percentage above 0 and at most "
+		            "100, e.g. 90, got '%s'",
+		            v);
+	p->high_bp = bp;
+	return 0;
+}
+
+static int key_limits_hysteresis(struct load *l, const char *sec,
+                                 const char *key, const char *v)
+{
+	struct mts_policy *p = &l->s.policy;
+	uint32_t bp;
+	if (mts_parse_percent(v, &bp) < 0 || bp > MTS_BP_ONE / 2)
+		return fail(l, sec, key,
+		            "expected a percentage from 0 to 50, e.g. 5, "
+		            "got '%s'",
+		            v);
+	p->hyst_bp = bp;
+	return 0;
+}
+
+static int key_limits_measure(struct load *l, const char *sec, const char *key,
+                              const char *v)
+{
+	struct mts_policy *p = &l->s.policy;
+	if (strcasecmp(v, "accounted") == 0)
+		p->measure = MTS_MEASURE_ACCOUNTED;
+	else if (strcasecmp(v, "rss") == 0)
+		p->measure = MTS_MEASURE_RSS;
+	else if (strcasecmp(v, "max") == 0)
+		p->measure = MTS_MEASURE_MAX;
+	else
+		return fail(l, sec, key,
+		            "expected accounted, rss or max, got '%s'", v);
+	return 0;
+}
+
+static int key_limits_rss_interval(struct load *l, const char *sec,
+                                   const char *key, const char *v)
+{
+	struct mts_policy *p = &l->s.policy;
 	uint64_t n;
-	if (strcmp(key, "fleet") == 0) {
-		if (parse_limit(v, &p->fleet_limit) < 0)
-			return fail(
-			    l, sec, key,
-			    "expected a size like 64GiB, 1.5G, or none; "
-			    "got '%s'",
-			    v);
-	} else if (strcmp(key, "process") == 0) {
-		if (parse_limit(v, &p->process_limit) < 0)
-			return fail(
-			    l, sec, key,
-			    "expected a size like 2GiB, or none; got '%s'", v);
-	} else if (strcmp(key, "high_watermark") == 0) {
-		uint32_t bp;
-		if (mts_parse_percent(v, &bp) < 0 || bp == 0)
-			return fail(l, sec, key,
-			            "expected a percentage above 0 and at most "
-			            "100, e.g. 90, got '%s'",
-			            v);
-		p->high_bp = bp;
-	} else if (strcmp(key, "hysteresis") == 0) {
-		uint32_t bp;
-		if (mts_parse_percent(v, &bp) < 0 || bp > MTS_BP_ONE / 2)
-			return fail(
-			    l, sec, key,
-			    "expected a percentage from 0 to 50, e.g. 5, "
-			    "got '%s'",
-			    v);
-		p->hyst_bp = bp;
-	} else if (strcmp(key, "measure") == 0) {
-		if (strcasecmp(v, "accounted") == 0)
-			p->measure = MTS_MEASURE_ACCOUNTED;
-		else if (strcasecmp(v, "rss") == 0)
-			p->measure = MTS_MEASURE_RSS;
-		else if (strcasecmp(v, "max") == 0)
-			p->measure = MTS_MEASURE_MAX;
-		else
-			return fail(l, sec, key,
-			            "expected accounted, rss or max, got '%s'",
-			            v);
-	} else if (strcmp(key, "rss_interval") == 0) {
-		if (parse_uint(v, RSS_MIN_MS, RSS_MAX_MS, &n) < 0)
-			return fail(l, sec, key,
-			            "expected milliseconds from %u to %u, got "
-			            "'%s'",
-			            RSS_MIN_MS, RSS_MAX_MS, v);
-		p->rss_interval_ms = (uint32_t)n;
-	} else if (strcmp(key, "growth_window") == 0) {
-		if (parse_duration_ms(v, MTS_GROWTH_WINDOW_MAX_MS, &n) < 0 ||
-		    n < MTS_GROWTH_WINDOW_MIN_MS)
-			return fail(l, sec, key,
-			            "expected a duration from 1s to 1h, e.g. "
-			            "10s, got '%s'",
-			            v);
-		p->growth_window_ms = (uint32_t)n;
-	} else if (strcmp(key, "forecast_horizon") == 0) {
-		if (strcasecmp(v, "off") == 0 || strcasecmp(v, "none") == 0)
-			n = 0;
-		else if (parse_duration_ms(v, MTS_FORECAST_HORIZON_MAX_MS, &n) <
-		         0)
-			return fail(l, sec, key,
-			            "expected a duration up to 24h, e.g. 30s, "
-			            "or off; got '%s'",
-			            v);
-		p->forecast_horizon_ms = (uint32_t)n;
-	} else {
-		return fail(l, sec, key, "unknown key");
-	}
+	if (parse_uint(v, RSS_MIN_MS, RSS_MAX_MS, &n) < 0)
+		return fail(l, sec, key,
+		            "expected milliseconds from %u to %u, got "
+		            "'%s'",
+		            RSS_MIN_MS, RSS_MAX_MS, v);
+	p->rss_interval_ms = (uint32_t)n;
+	return 0;
+}
+
+static int key_limits_growth_window(struct load *l, const char *sec,
+                                    const char *key, const char *v)
+{
+	struct mts_policy *p = &l->s.policy;
+	uint64_t n;
+	if (parse_duration_ms(v, MTS_GROWTH_WINDOW_MAX_MS, &n) < 0 ||
+	    n < MTS_GROWTH_WINDOW_MIN_MS)
+		return fail(l, sec, key,
+		            "expected a duration from 1s to 1h, e.g. "
+		            "10s, got '%s'",
+		            v);
+	p->growth_window_ms = (uint32_t)n;
+	return 0;
+}
+
+static int key_limits_forecast_horizon(struct load *l, const char *sec,
+                                       const char *key, const char *v)
+{
+	struct mts_policy *p = &l->s.policy;
+	uint64_t n;
+	if (strcasecmp(v, "off") == 0 || strcasecmp(v, "none") == 0)
+		n = 0;
+	else if (parse_duration_ms(v, MTS_FORECAST_HORIZON_MAX_MS, &n) < 0)
+		return fail(l, sec, key,
+		            "expected a duration up to 24h, e.g. 30s, "
+		            "or off; got '%s'",
+		            v);
+	p->forecast_horizon_ms = (uint32_t)n;
+	return 0;
+}
+
+static int key_enforce_signal(struct load *l, const char *sec, const char *key,
+                              const char *v)
+{
+	struct mts_policy *p = &l->s.policy;
+	if (mts_parse_signal(v, &p->enforce_signal) < 0)
+		return fail(l, sec, key,
+		            "expected a signal such as SIGTERM, TERM or "
+		            "15, or nothing for off; got '%s'",
+		            v);
+	return 0;
+}
+
+static int key_enforce_grace(struct load *l, const char *sec, const char *key,
+                             const char *v)
+{
+	struct mts_policy *p = &l->s.policy;
+	uint64_t n;
+	if (parse_uint(v, 0, GRACE_MAX_MS, &n) < 0)
+		return fail(l, sec, key,
+		            "expected milliseconds from 0 to %u, got '%s'",
+		            GRACE_MAX_MS, v);
+	p->grace_ms = (uint32_t)n;
 	return 0;
 }
 
@@ -734,7 +881,8 @@ static int group_key(struct load *l, const char *section, const char *name,
 	return 0;
 }
 
-static int admission_key(struct load *l, const char *key, const char *v)
+static int key_admission(struct load *l, const char *sec, const char *key,
+                         const char *v)
 {
 	struct mts_policy *p = &l->s.policy;
 	uint64_t n;
@@ -746,7 +894,7 @@ static int admission_key(struct load *l, const char *key, const char *v)
 		}
 		if (parse_uint(v, 1, RESV_PER_UID_MAX, &n) < 0)
 			return fail(
-			    l, "admission", key,
+			    l, sec, key,
 			    "expected an integer from 1 to %u, or none; "
 			    "got '%s'",
 			    RESV_PER_UID_MAX, v);
@@ -755,7 +903,7 @@ static int admission_key(struct load *l, const char *key, const char *v)
 	}
 	if (strcmp(key, "default_ttl") == 0 || strcmp(key, "max_ttl") == 0) {
 		if (parse_uint(v, 1, TTL_MAX_S, &n) < 0)
-			return fail(l, "admission", key,
+			return fail(l, sec, key,
 			            "expected seconds from 1 to %u, got '%s'",
 			            TTL_MAX_S, v);
 		if (key[0] == 'd')
@@ -764,31 +912,7 @@ static int admission_key(struct load *l, const char *key, const char *v)
 			p->max_ttl_s = (uint32_t)n;
 		return 0;
 	}
-	return fail(l, "admission", key, "unknown key");
-}
-
-static int enforce_key(struct load *l, const char *key, const char *v)
-{
-	struct mts_policy *p = &l->s.policy;
-	uint64_t n;
-	if (strcmp(key, "signal") == 0) {
-		if (mts_parse_signal(v, &p->enforce_signal) < 0)
-			return fail(
-			    l, "enforce", key,
-			    "expected a signal such as SIGTERM, TERM or "
-			    "15, or nothing for off; got '%s'",
-			    v);
-	} else if (strcmp(key, "grace") == 0) {
-		if (parse_uint(v, 0, GRACE_MAX_MS, &n) < 0)
-			return fail(
-			    l, "enforce", key,
-			    "expected milliseconds from 0 to %u, got '%s'",
-			    GRACE_MAX_MS, v);
-		p->grace_ms = (uint32_t)n;
-	} else {
-		return fail(l, "enforce", key, "unknown key");
-	}
-	return 0;
+	return fail(l, sec, key, "unknown key");
 }
 
 /*
@@ -797,7 +921,8 @@ static int enforce_key(struct load *l, const char *key, const char *v)
  * A command is one line of at most LINE_MAX_CHARS with its key: a longer
  * one belongs in a script.
  */
-static int hooks_key(struct load *l, const char *key, const char *v)
+static int key_hooks(struct load *l, const char *sec, const char *key,
+                     const char *v)
 {
 	struct mts_hook_conf *h = &l->s.hooks;
 	static const char *const on[3] = {"on_ok", "on_high", "on_over"};
@@ -815,42 +940,104 @@ static int hooks_key(struct load *l, const char *key, const char *v)
 		uint64_t n;
 		if (parse_duration_ms(v, MTS_HOOK_TIMEOUT_MAX_MS, &n) < 0 ||
 		    n < MTS_HOOK_TIMEOUT_MIN_MS)
-			return fail(l, "hooks", key,
-			            "expected a duration from 100ms to 1h, e.g. "
-			            "30s, got '%s'",
-			            v);
+			return fail(
+			    l, sec, key,
+			    "expected a duration from 100ms to 1h, e.g. "
+			    "30s, got '%s'",
+			    v);
 		h->timeout_ms = (uint32_t)n;
 		return 0;
 	}
 	if (strcmp(key, "node") == 0) {
 		for (const char *c = v; *c; c++)
 			if ((unsigned char)*c < 0x20 || *c == 0x7f)
-				return fail(l, "hooks", key,
+				return fail(l, sec, key,
 				            "no control characters, got '%s'",
 				            v);
 		if (!v[0] || strlen(v) > 255)
-			return fail(l, "hooks", key,
-			            "expected a name of 1 to 255 bytes, got '%s'",
-			            v);
+			return fail(
+			    l, sec, key,
+			    "expected a name of 1 to 255 bytes, got '%s'", v);
 		return set_str(&h->node, v);
 	}
-	return fail(l, "hooks", key, "unknown key");
+	return fail(l, sec, key, "unknown key");
+}
+
+/*
+ * Every key of every fixed section, and the function that parses it: the
+ * file, the flags that override keys (mts_flags) and a reload all go
+ * through this table, so a key is added in one place. [group NAME]
+ * sections have keys of their own (group_key).
+ */
+typedef int (*key_fn)(struct load *l, const char *sec, const char *key,
+                      const char *v);
+static const struct {
+	const char *section, *key;
+	key_fn parse;
+} cfg_keys[] = {
+    {"server", "socket", key_server_socket},
+    {"server", "segment", key_server_segment},
+    {"server", "state", key_server_state},
+    {"server", "slots", key_server_slots},
+    {"server", "lanes", key_server_lanes},
+    {"server", "tick", key_server_tick},
+    {"server", "threshold", key_server_threshold},
+    {"server", "max_connections", key_server_max_connections},
+    {"server", "max_connections_per_uid", key_server_max_connections_per_uid},
+    {"server", "idle_timeout", key_server_idle_timeout},
+    {"server", "max_buffered", key_server_max_buffered},
+    {"server", "log_level", key_server_log_level},
+    {"server", "tcp", key_server_tcp},
+    {"server", "tcp_allow_remote", key_server_tcp_allow_remote},
+    {"server", "tcp_token", key_server_tcp_token},
+    {"server", "tcp_token_file", key_server_tcp_token_file},
+    {"server", "admin_uid", key_server_admin_uid},
+    {"server", "admin_gid", key_server_admin_gid},
+    {"server", "metrics", key_server_metrics},
+    {"server", "group", key_server_group},
+    {"limits", "fleet", key_limits_fleet},
+    {"limits", "process", key_limits_process},
+    {"limits", "high_watermark", key_limits_high_watermark},
+    {"limits", "hysteresis", key_limits_hysteresis},
+    {"limits", "measure", key_limits_measure},
+    {"limits", "rss_interval", key_limits_rss_interval},
+    {"limits", "growth_window", key_limits_growth_window},
+    {"limits", "forecast_horizon", key_limits_forecast_horizon},
+    {"enforce", "signal", key_enforce_signal},
+    {"enforce", "grace", key_enforce_grace},
+    {"admission", "max_reservations_per_uid", key_admission},
+    {"admission", "default_ttl", key_admission},
+    {"admission", "max_ttl", key_admission},
+    {"hooks", "on_ok", key_hooks},
+    {"hooks", "on_high", key_hooks},
+    {"hooks", "on_over", key_hooks},
+    {"hooks", "timeout", key_hooks},
+    {"hooks", "node", key_hooks},
+};
+
+bool mts_config_key_known(const char *section, const char *key)
+{
+	for (size_t i = 0; i < sizeof(cfg_keys) / sizeof(cfg_keys[0]); i++)
+		if (strcmp(section, cfg_keys[i].section) == 0 &&
+		    strcmp(key, cfg_keys[i].key) == 0)
+			return true;
+	return false;
 }
 
 /* One key = value, from the file or a flag. 0, -EINVAL or -ENOMEM. */
 static int apply_key(struct load *l, const char *section, const char *key,
                      const char *value)
 {
-	if (strcmp(section, "server") == 0)
-		return server_key(l, key, value);
-	if (strcmp(section, "limits") == 0)
-		return limits_key(l, key, value);
-	if (strcmp(section, "admission") == 0)
-		return admission_key(l, key, value);
-	if (strcmp(section, "enforce") == 0)
-		return enforce_key(l, key, value);
-	if (strcmp(section, "hooks") == 0)
-		return hooks_key(l, key, value);
+	bool known_section = false;
+	for (size_t i = 0; i < sizeof(cfg_keys) / sizeof(cfg_keys[0]); i++) {
+		if (strcmp(section, cfg_keys[i].section) != 0)
+			continue;
+		known_section = true;
+		if (strcmp(key, cfg_keys[i].key) == 0)
+			return cfg_keys[i].parse(l, section, key, value);
+	}
+	if (known_section)
+		return fail(l, section, key, "unknown key");
 	if (strncmp(section, "group", 5) == 0 &&
 	    (section[5] == ' ' || section[5] == '\t' || section[5] == '\0')) {
 		const char *name = section + 5;
@@ -862,6 +1049,58 @@ static int apply_key(struct load *l, const char *section, const char *key,
 		return fail(l, "", key, "a key before any [section]");
 	return fail(l, section, key, "unknown section");
 }
+
+/*
+ * The flags that set a key. Help texts are printf formats of the two
+ * numbers beside them (unused ones are 0); continuation lines start with
+ * a newline and are indented by the printer.
+ */
+const struct mts_flag mts_flags[] = {
+    {"--socket", "PATH", "server", "socket",
+     "Unix socket to listen on (default " MTS_DEFAULT_SOCKET ");\n"
+     "its directory is created (0755) if missing",
+     0, 0},
+    {"--segment", "NAME", "server", "segment",
+     "label of the shared objects, as shown in\n"
+     "/proc/PID/maps (default " MTS_DEFAULT_SEGMENT ")",
+     0, 0},
+    {"--state", "PATH", "server", "state",
+     "restart record (default SOCKET.state): what a\n"
+     "restarted server needs to keep live workers",
+     0, 0},
+    {"--slots", "N", "server", "slots", "worker slots, 1..%llu (default %llu)",
+     MTSHM_MAX_SLOTS, MTS_DEFAULT_SLOTS},
+    {"--lanes", "N", "server", "lanes",
+     "per-thread lanes per slot, 1..%llu (default %llu)", MTSHM_MAX_LANES,
+     MTSHM_DEFAULT_LANES},
+    {"--tick", "MS", "server", "tick",
+     "aggregation period, 1..%llu ms (default %llu)", MTS_TICK_MAX_MS,
+     MTS_DEFAULT_TICK_MS},
+    {"--threshold", "SIZE", "server", "threshold",
+     "worker flush threshold, 1 B..1 GiB (default 64KiB)", 0, 0},
+    {"--log-level", "LEVEL", "server", "log_level",
+     "debug, info, warn or error (default info)", 0, 0},
+    {"--fleet-limit", "SIZE", "limits", "fleet",
+     "fleet limit, or none (default none)", 0, 0},
+    {"--high-watermark", "PCT", "limits", "high_watermark",
+     "state turns 'high' at PCT%% of a limit (default 90)", 0, 0},
+    {"--tcp", "HOST:PORT", "server", "tcp",
+     "also listen on TCP (loopback unless the config says\n"
+     "tcp_allow_remote = true)",
+     0, 0},
+    {"--metrics", "HOST:PORT", "server", "metrics",
+     "Prometheus /metrics endpoint", 0, 0},
+    {"--max-connections", "N", "server", "max_connections",
+     "connections open at once, 1..%llu (default %llu);\n"
+     "more are accepted and closed at once",
+     MTS_MAX_CONNS_MAX, MTS_DEFAULT_MAX_CONNS},
+    {"--max-buffered", "SIZE", "server", "max_buffered",
+     "cap on the input and unwritten output held for all\n"
+     "connections, at least 1MiB (default 64MiB); past it the\n"
+     "largest holders stop being read, then are disconnected",
+     0, 0},
+};
+const size_t mts_nflags = sizeof(mts_flags) / sizeof(mts_flags[0]);
 
 static int on_ini_key(void *user, const char *section, const char *name,
                       const char *value)

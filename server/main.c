@@ -52,138 +52,89 @@
 
 #define EXIT_USAGE 2
 
+/* One option of --help: the flag and its argument in a 20-column field,
+ * then the text, continuation lines indented to the same column. */
+static void usage_option(FILE *f, const char *flag, const char *arg,
+                         const char *text)
+{
+	char head[64];
+	snprintf(head, sizeof(head), "%s%s%s", flag, arg ? " " : "",
+	         arg ? arg : "");
+	/* A long head pushes the first line's text right, as it reads best. */
+	fprintf(f, "  %-19s%s", head, strlen(head) >= 19 ? "  " : " ");
+	for (const char *p = text; *p; p++) {
+		fputc(*p, f);
+		if (*p == '\n' && p[1])
+			fprintf(f, "%22s", "");
+	}
+	fputc('\n', f);
+}
+
 static void usage(FILE *f)
 {
+	fprintf(f, "Usage: memtallyd [OPTIONS]\n"
+	           "Memory accounting server for a fleet of worker processes.\n"
+	           "\n");
+	for (size_t i = 0; i < mts_nflags; i++) {
+		char text[512];
+		snprintf(text, sizeof(text), mts_flags[i].help, mts_flags[i].a,
+		         mts_flags[i].b);
+		usage_option(f, mts_flags[i].flag, mts_flags[i].arg, text);
+		if (strcmp(mts_flags[i].flag, "--log-level") == 0)
+			usage_option(
+			    f, "--config", "FILE",
+			    "INI config file (see deploy/memtallyd.conf);\n"
+			    "flags override its keys; SIGHUP reloads it");
+	}
+	usage_option(f, "--reset", NULL,
+	             "start afresh instead of adopting the workers of the\n"
+	             "previous server (by default live workers keep their\n"
+	             "slots and counts)");
+	usage_option(f, "--help", NULL, "this text");
+	usage_option(f, "--version", NULL, "print the version");
 	fprintf(f,
-	        "Usage: memtallyd [OPTIONS]\n"
-	        "Memory accounting server for a fleet of worker processes.\n"
 	        "\n"
-	        "  --socket PATH       Unix socket to listen on (default %s);\n"
-	        "                      its directory is created (0755) if "
-	        "missing\n"
-	        "  --segment NAME      label of the shared objects, as shown in\n"
-	        "                      /proc/PID/maps (default %s)\n"
-	        "  --state PATH        restart record (default SOCKET.state): "
-	        "what a\n"
-	        "                      restarted server needs to keep live "
-	        "workers\n"
-	        "  --slots N           worker slots, 1..%u (default %u)\n"
-	        "  --lanes N           per-thread lanes per slot, 1..%u "
-	        "(default %u)\n"
-	        "  --tick MS           aggregation period, 1..%u ms (default "
-	        "%u)\n"
-	        "  --threshold SIZE    worker flush threshold, 1 B..1 GiB "
-	        "(default 64KiB)\n"
-	        "  --log-level LEVEL   debug, info, warn or error (default "
-	        "info)\n"
-	        "  --config FILE       INI config file (see "
-	        "deploy/memtallyd.conf);\n"
-	        "                      flags override its keys; SIGHUP "
-	        "reloads it\n"
-	        "  --fleet-limit SIZE  fleet limit, or none (default none)\n"
-	        "  --high-watermark PCT  state turns 'high' at PCT%% of a "
-	        "limit (default 90)\n"
-	        "  --tcp HOST:PORT     also listen on TCP (loopback unless the "
-	        "config says\n"
-	        "                      tcp_allow_remote = true)\n"
-	        "  --metrics HOST:PORT Prometheus /metrics endpoint\n"
-	        "  --max-connections N connections open at once, 1..%u "
-	        "(default %u);\n"
-	        "                      more are accepted and closed at once\n"
-	        "  --max-buffered SIZE cap on the input and unwritten output "
-	        "held for all\n"
-	        "                      connections, at least 1MiB (default "
-	        "64MiB); past it the\n"
-	        "                      largest holders stop being read, then "
-	        "are disconnected\n"
-	        "  --reset             start afresh instead of adopting the "
-	        "workers of the\n"
-	        "                      previous server (by default live "
-	        "workers keep their\n"
-	        "                      slots and counts)\n"
-	        "  --help              this text\n"
-	        "  --version           print the version\n"
-	        "\n"
-	        "SIZE is bytes with an optional unit: K, M, G, T and KiB, MiB, "
-	        "GiB, TiB\n"
-	        "are powers of 1024; KB, MB, GB, TB are powers of 1000 "
-	        "(64KiB, 1.5G, 512MB).\n"
-	        "State hooks ([hooks] on_ok, on_high, on_over, timeout, node "
-	        "in the config\n"
-	        "file) run a shell command at every fleet or group state "
-	        "change.\n"
+	        "Each value flag sets a key of the config file and is parsed "
+	        "as that key\n"
+	        "is. SIZE is bytes with an optional unit: K, M, G, T "
+	        "and KiB, MiB,\n"
+	        "GiB, TiB are powers of 1024; KB, MB, GB, TB are powers of "
+	        "1000 (64KiB,\n"
+	        "1.5G, 512MB). State hooks ([hooks] on_ok, on_high, on_over, "
+	        "timeout, node in\n"
+	        "the config file) run a shell command at every fleet or group "
+	        "state change.\n"
 	        "Logs are logfmt lines on stderr. SIGTERM or SIGINT stop the "
 	        "server and\n"
 	        "leave the restart record for the next one. SIGHUP reloads "
-	        "the config file.\n",
-	        MTS_DEFAULT_SOCKET, MTS_DEFAULT_SEGMENT, MTSHM_MAX_SLOTS,
-	        MTS_DEFAULT_SLOTS, MTSHM_MAX_LANES, MTSHM_DEFAULT_LANES,
-	        MTS_TICK_MAX_MS, MTS_DEFAULT_TICK_MS, MTS_MAX_CONNS_MAX,
-	        MTS_DEFAULT_MAX_CONNS);
+	        "the config file.\n");
 }
 
+/* getopt values: a flag of mts_flags is OPT_FLAG + its index. */
 enum {
-	OPT_SOCKET = 256,
-	OPT_SEGMENT,
-	OPT_SLOTS,
-	OPT_LANES,
-	OPT_TICK,
-	OPT_THRESHOLD,
-	OPT_LOG_LEVEL,
+	OPT_CONFIG = 256,
 	OPT_RESET,
 	OPT_VERSION,
-	OPT_CONFIG,
-	OPT_FLEET_LIMIT,
-	OPT_HIGH_WATERMARK,
-	OPT_TCP,
-	OPT_METRICS,
-	OPT_MAX_CONNS,
-	OPT_MAX_BUFFERED,
-	OPT_STATE,
+	OPT_FLAG = 512,
 };
 
-static const struct option options[] = {
-    {"socket", required_argument, NULL, OPT_SOCKET},
-    {"segment", required_argument, NULL, OPT_SEGMENT},
-    {"state", required_argument, NULL, OPT_STATE},
-    {"slots", required_argument, NULL, OPT_SLOTS},
-    {"lanes", required_argument, NULL, OPT_LANES},
-    {"tick", required_argument, NULL, OPT_TICK},
-    {"threshold", required_argument, NULL, OPT_THRESHOLD},
-    {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
-    {"reset", no_argument, NULL, OPT_RESET},
-    {"config", required_argument, NULL, OPT_CONFIG},
-    {"fleet-limit", required_argument, NULL, OPT_FLEET_LIMIT},
-    {"high-watermark", required_argument, NULL, OPT_HIGH_WATERMARK},
-    {"tcp", required_argument, NULL, OPT_TCP},
-    {"metrics", required_argument, NULL, OPT_METRICS},
-    {"max-connections", required_argument, NULL, OPT_MAX_CONNS},
-    {"max-buffered", required_argument, NULL, OPT_MAX_BUFFERED},
-    {"help", no_argument, NULL, 'h'},
-    {"version", no_argument, NULL, OPT_VERSION},
-    {NULL, 0, NULL, 0},
-};
-
-/* Which config key each value flag overrides. */
-static const struct {
-	int opt;
-	const char *flag, *section, *key;
-} flag_keys[] = {
-    {OPT_SOCKET, "--socket", "server", "socket"},
-    {OPT_SEGMENT, "--segment", "server", "segment"},
-    {OPT_STATE, "--state", "server", "state"},
-    {OPT_SLOTS, "--slots", "server", "slots"},
-    {OPT_LANES, "--lanes", "server", "lanes"},
-    {OPT_TICK, "--tick", "server", "tick"},
-    {OPT_THRESHOLD, "--threshold", "server", "threshold"},
-    {OPT_LOG_LEVEL, "--log-level", "server", "log_level"},
-    {OPT_FLEET_LIMIT, "--fleet-limit", "limits", "fleet"},
-    {OPT_HIGH_WATERMARK, "--high-watermark", "limits", "high_watermark"},
-    {OPT_TCP, "--tcp", "server", "tcp"},
-    {OPT_METRICS, "--metrics", "server", "metrics"},
-    {OPT_MAX_CONNS, "--max-connections", "server", "max_connections"},
-    {OPT_MAX_BUFFERED, "--max-buffered", "server", "max_buffered"},
-};
+/* getopt's table: mts_flags, then the flags main handles itself. */
+static struct option *build_options(void)
+{
+	struct option *o = calloc(mts_nflags + 5, sizeof(*o));
+	if (!o)
+		return NULL;
+	size_t n = 0;
+	for (size_t i = 0; i < mts_nflags; i++)
+		o[n++] =
+		    (struct option){mts_flags[i].flag + 2, required_argument,
+		                    NULL, OPT_FLAG + (int)i};
+	o[n++] = (struct option){"config", required_argument, NULL, OPT_CONFIG};
+	o[n++] = (struct option){"reset", no_argument, NULL, OPT_RESET};
+	o[n++] = (struct option){"help", no_argument, NULL, 'h'};
+	o[n++] = (struct option){"version", no_argument, NULL, OPT_VERSION};
+	return o;
+}
 
 /* The command line: --config, --reset, and the overrides. */
 struct cmdline {
@@ -198,6 +149,11 @@ static void parse_args(int argc, char **argv, struct cmdline *cl)
 	memset(cl, 0, sizeof(*cl));
 	cl->ov = calloc((size_t)argc + 1, sizeof(*cl->ov));
 	if (!cl->ov) {
+		fprintf(stderr, "memtallyd: out of memory\n");
+		exit(1);
+	}
+	struct option *options = build_options();
+	if (!options) {
 		fprintf(stderr, "memtallyd: out of memory\n");
 		exit(1);
 	}
@@ -231,18 +187,17 @@ static void parse_args(int argc, char **argv, struct cmdline *cl)
 		default:
 			break;
 		}
-		for (size_t i = 0; i < sizeof(flag_keys) / sizeof(flag_keys[0]);
-		     i++) {
-			if (flag_keys[i].opt != opt)
-				continue;
+		if (opt >= OPT_FLAG && (size_t)(opt - OPT_FLAG) < mts_nflags) {
+			const struct mts_flag *fl = &mts_flags[opt - OPT_FLAG];
 			cl->ov[cl->nov++] = (struct mts_override){
-			    .flag = flag_keys[i].flag,
-			    .section = flag_keys[i].section,
-			    .key = flag_keys[i].key,
+			    .flag = fl->flag,
+			    .section = fl->section,
+			    .key = fl->key,
 			    .value = optarg,
 			};
 		}
 	}
+	free(options);
 	if (optind < argc) {
 		fprintf(stderr, "memtallyd: unexpected argument '%s'\n",
 		        argv[optind]);

@@ -73,6 +73,23 @@ int mts_settings_load(struct mts_settings *out, const char *path,
                       size_t errlen);
 void mts_settings_free(struct mts_settings *s);
 
+/* A command-line flag that sets a configuration key: the same parser and
+ * messages as the file's key. main.c builds its options and --help from
+ * these. `help` is a printf format of `a` and `b` (unsigned long long);
+ * a newline in it starts a continuation line. */
+struct mts_flag {
+	const char *flag; /* "--slots" */
+	const char *arg;  /* "N", as --help shows it */
+	const char *section, *key;
+	const char *help;
+	unsigned long long a, b;
+};
+extern const struct mts_flag mts_flags[];
+extern const size_t mts_nflags;
+
+/* Is [section] key one of the file's keys (outside [group NAME])? */
+bool mts_config_key_known(const char *section, const char *key);
+
 /* Parse "90", "92.5", "90%" (0 to 100, two decimals at most) into basis
  * points. 0 or -EINVAL. */
 int mts_parse_percent(const char *s, uint32_t *bp);

@@ -637,3 +637,26 @@ Test(parse, hostport)
 		cr_assert_eq(mts_parse_hostport_lo(bad[i], &ss, &lo), -EINVAL,
 		             "'%s'", bad[i]);
 }
+
+/* Every flag sets a key the file knows, through that key's parser: a bad
+ * value is refused naming the flag with the key's own message. */
+Test(flags, every_flag_is_a_known_key)
+{
+	struct mts_settings s;
+	char err[512];
+	cr_assert_gt(mts_nflags, 10);
+	for (size_t i = 0; i < mts_nflags; i++) {
+		const struct mts_flag *f = &mts_flags[i];
+		cr_assert_eq(strncmp(f->flag, "--", 2), 0, "%s", f->flag);
+		cr_assert(mts_config_key_known(f->section, f->key),
+		          "%s sets [%s] %s, which the file does not know",
+		          f->flag, f->section, f->key);
+	}
+	cr_assert_not(mts_config_key_known("server", "no_such_key"));
+	cr_assert_not(mts_config_key_known("limits", "socket"));
+	const struct mts_override bad = {"--slots", "server", "slots", "x"};
+	cr_assert_eq(mts_settings_load(&s, NULL, &bad, 1, err, sizeof(err)),
+	             -EINVAL);
+	cr_assert_str_eq(err, "--slots: expected an integer from 1 to 1048576, "
+	                      "got 'x'");
+}
