@@ -17,8 +17,8 @@ struct mts_resv {
 	uint32_t group; /* index in reg->groups (keeps the entry alive) */
 	struct mts_task *task; /* NULL: no task */
 	struct mts_resv *tnext; /* the task's reservations, oldest first */
-	uint32_t index;         /* in reg->resv */
-	uint32_t heap_index;    /* in reg->resv_heap; UINT32_MAX: not there */
+	uint32_t index;         /* in reg->adm.resv */
+	uint32_t heap_index;    /* in reg->adm.resv_heap; UINT32_MAX: not there */
 	bool taken_over;        /* a worker of its task registered: no TTL */
 	uint64_t bytes;         /* granted */
 	uint64_t effective;     /* counted now: bytes minus what the task's
@@ -50,7 +50,7 @@ struct mts_task {
 	uint64_t measured;     /* their measured bytes, latest tick */
 	uint64_t counted;      /* `measured` its reservations count against */
 	bool seen;             /* a worker of the task registered */
-	struct mts_task *snext, *sprev; /* reg->tasks_seen, once seen */
+	struct mts_task *snext, *sprev; /* reg->adm.tasks_seen, once seen */
 	struct mts_task_share *shares;  /* see mts_task_share */
 	uint32_t nshares, shares_cap;
 	bool dirty; /* reservations came or went since the last recount */

@@ -70,7 +70,7 @@ struct mts_proc {
 	char comm[64];
 	uint64_t limit_set; /* SetLimit{pid}; 0 = the default applies */
 	/* admit.c: whether the worker is an admin's (auth.c), cached for
-	 * the tick; valid while admin_epoch is reg->admin_epoch and uid and
+	 * the tick; valid while admin_epoch is reg->adm.admin_epoch and uid and
 	 * image_id are still admin_uid and admin_image. */
 	uint32_t admin_epoch; /* 0: not known */
 	uint32_t admin_uid;
@@ -211,6 +211,33 @@ struct mts_uid_counts {
 	uint32_t used;
 };
 
+/*
+ * Admission's state, changed by admit.c alone (others read its counts):
+ * the outstanding reservations, indexed by id, by expiry and by task, the
+ * per-owner counts behind max_reservations_per_uid, and what the cached
+ * admin flags of workers were computed against.
+ */
+struct mts_admission {
+	struct mts_resv **resv; /* outstanding reservations, unordered */
+	uint32_t nresv;
+	uint32_t resv_cap;
+	struct mts_resv **resv_ids; /* id -> reservation, open addressing */
+	uint32_t resv_ids_mask;
+	struct mts_resv **resv_heap; /* TTL still applies, by expiry (min) */
+	uint32_t resv_nheap;         /* capacity: resv_cap */
+	unsigned __int128 resv_sum;  /* exact sum behind totals.reserved */
+	struct mts_task **tasks; /* task name -> its reservations, chained */
+	uint32_t tasks_mask;
+	uint32_t ntasks;
+	struct mts_task *tasks_seen; /* tasks a worker registered with */
+	/* Outstanding reservations per owner uid; a change of the admin
+	 * policy (server uid, admin_uid, admin_gid) bumps admin_epoch, which
+	 * the workers' cached flags (mts_proc.admin) are checked against. */
+	struct mts_uid_counts resv_uids;
+	uint32_t admin_epoch;
+	uint32_t admin_seen[5]; /* server uid, has/uid, has/gid */
+};
+
 /* Refused workers remembered (see mts_registry.refused): retries of more
  * distinct workers than this at once are counted again. */
 #define MTS_REFUSED_REMEMBERED 64u
@@ -252,18 +279,7 @@ struct mts_registry {
 	/* Limits, admission, events (limits.c, admit.c). */
 	struct mts_policy policy; /* in force; owned (deep copy) */
 	uint32_t server_uid;      /* geteuid() at init: always authorised */
-	struct mts_resv **resv;   /* outstanding reservations, unordered */
-	uint32_t nresv;
-	uint32_t resv_cap;
-	struct mts_resv **resv_ids; /* id -> reservation, open addressing */
-	uint32_t resv_ids_mask;
-	struct mts_resv **resv_heap; /* TTL still applies, by expiry (min) */
-	uint32_t resv_nheap;         /* capacity: resv_cap */
-	unsigned __int128 resv_sum;  /* exact sum behind totals.reserved */
-	struct mts_task **tasks; /* task name -> its reservations, chained */
-	uint32_t tasks_mask;
-	uint32_t ntasks;
-	struct mts_task *tasks_seen;  /* tasks a worker registered with */
+	struct mts_admission adm; /* admit.c's: reservations and tasks */
 	uint64_t fleet_over_since_ns; /* CLOCK_MONOTONIC; 0 = not over */
 	bool enforce_idle_logged;     /* "nothing to signal" said once */
 	bool closed;                  /* mts_registry_close() ran */
@@ -278,12 +294,6 @@ struct mts_registry {
 		uint64_t start_time;
 	} refused[MTS_REFUSED_REMEMBERED];
 	uint32_t refused_next;
-	/* admit.c: outstanding reservations per owner uid, and what the
-	 * cached admin flags of workers (mts_proc.admin) were computed
-	 * against; a change of any bumps admin_epoch. */
-	struct mts_uid_counts resv_uids;
-	uint32_t admin_epoch;
-	uint32_t admin_seen[5]; /* server uid, has/uid, has/gid */
 };
 
 /* Outcome of a registration, for the Registered answer. */

@@ -219,7 +219,7 @@ Test(admit, decide_changes_nothing)
 	cr_assert_eq(out.limit, 1024 * MIB);
 
 	/* Nothing was reserved, counted or denied by deciding. */
-	cr_assert_eq(srv.reg.nresv, before.nresv);
+	cr_assert_eq(srv.reg.adm.nresv, before.adm.nresv);
 	cr_assert_eq(srv.reg.totals.reserved, before.totals.reserved);
 	cr_assert_eq(srv.reg.stats.admissions, before.stats.admissions);
 	for (int d = 0; d < MTS_DENY__COUNT; d++)
@@ -237,7 +237,7 @@ Test(admit, invalid_requests)
 	fx_expect_error(fx_admit(1000, 10, "", "t\x7f", 0),
 	                MEMTALLY__V1__ERROR_CODE__ERROR_INVALID_REQUEST);
 	cr_assert_eq(srv.reg.stats.denials[MTS_DENY_INVALID], 3);
-	cr_assert_eq(srv.reg.nresv, 0);
+	cr_assert_eq(srv.reg.adm.nresv, 0);
 }
 
 Test(admit, ttl_default_cap_and_expiry)
@@ -268,7 +268,7 @@ Test(admit, ttl_default_cap_and_expiry)
 	mts_resv_tick(&srv.reg, now + 90000000000ull);
 	cr_assert_eq(srv.reg.totals.reserved, 0);
 	cr_assert_eq(srv.reg.stats.expirations, 3);
-	cr_assert_eq(srv.reg.nresv, 0);
+	cr_assert_eq(srv.reg.adm.nresv, 0);
 	cr_assert_null(mts_find_group(&srv.reg, "default"),
 	               "an empty group entry was kept");
 }
@@ -309,17 +309,17 @@ Test(admit, reconciled_with_the_tasks_workers)
 	fx_write(sw, 700 * MIB);
 	mts_tick(&srv.reg);
 	cr_assert_eq(srv.reg.totals.reserved, 0);
-	cr_assert_eq(srv.reg.nresv, 1);
+	cr_assert_eq(srv.reg.adm.nresv, 1);
 
 	/* Taken over: the TTL no longer ends it. */
 	mts_resv_tick(&srv.reg, mts_now_monotonic() + 3600000000000ull);
-	cr_assert_eq(srv.reg.nresv, 1);
+	cr_assert_eq(srv.reg.adm.nresv, 1);
 	cr_assert_eq(srv.reg.stats.expirations, 0);
 
 	/* The task's last worker exits: the reservation ends. */
 	fx_kill(w);
 	mts_tick(&srv.reg);
-	cr_assert_eq(srv.reg.nresv, 0);
+	cr_assert_eq(srv.reg.adm.nresv, 0);
 	cr_assert_eq(srv.reg.stats.fulfilled, 1);
 	cr_assert_eq(fx_fleet().reserved, 0);
 }
@@ -342,10 +342,10 @@ Test(admit, task_reservations_oldest_first_and_brief_workers)
 	fx_kill(a);
 	mts_tick(&srv.reg);
 	cr_assert_eq(srv.reg.totals.reserved, 40 + 50 + 70);
-	cr_assert_eq(srv.reg.nresv, 3, "one worker of T is still alive");
+	cr_assert_eq(srv.reg.adm.nresv, 3, "one worker of T is still alive");
 	fx_kill(b);
 	mts_tick(&srv.reg);
-	cr_assert_eq(srv.reg.nresv, 1);
+	cr_assert_eq(srv.reg.adm.nresv, 1);
 	cr_assert_eq(srv.reg.totals.reserved, 70);
 
 	/* A worker of U that registers and exits between two ticks still
@@ -354,7 +354,7 @@ Test(admit, task_reservations_oldest_first_and_brief_workers)
 	fx_register(c, "g", "U");
 	fx_kill(c);
 	mts_tick(&srv.reg);
-	cr_assert_eq(srv.reg.nresv, 0);
+	cr_assert_eq(srv.reg.adm.nresv, 0);
 	cr_assert_eq(srv.reg.stats.fulfilled, 3);
 }
 
@@ -411,7 +411,7 @@ Test(admit, release_authorisation)
 	r = release(&tcp, copy, NULL);
 	cr_assert_null(r->error);
 	memtally__v1__response__free_unpacked(r, NULL);
-	cr_assert_eq(srv.reg.nresv, 0);
+	cr_assert_eq(srv.reg.adm.nresv, 0);
 }
 
 Test(admit, many_ids_are_distinct)
@@ -487,7 +487,7 @@ Test(admit, another_uids_workers_neither_take_over_count_nor_end_it)
 	/* ... and its exit does not end it. */
 	fx_kill(w);
 	mts_tick(&srv.reg);
-	cr_assert_eq(srv.reg.nresv, 1, "ended by another uid's worker");
+	cr_assert_eq(srv.reg.adm.nresv, 1, "ended by another uid's worker");
 	cr_assert_eq(srv.reg.stats.fulfilled, 0);
 	cr_assert_eq(srv.reg.totals.reserved, 500 * MIB);
 
@@ -497,11 +497,11 @@ Test(admit, another_uids_workers_neither_take_over_count_nor_end_it)
 	register_as(b, 1001, "T");
 	fx_kill(b);
 	mts_tick(&srv.reg);
-	cr_assert_eq(srv.reg.nresv, 1);
+	cr_assert_eq(srv.reg.adm.nresv, 1);
 
 	/* Its TTL still applies. */
 	mts_resv_tick(&srv.reg, mts_now_monotonic() + 61000000000ull);
-	cr_assert_eq(srv.reg.nresv, 0);
+	cr_assert_eq(srv.reg.adm.nresv, 0);
 	cr_assert_eq(srv.reg.stats.expirations, 1);
 }
 
@@ -526,10 +526,10 @@ Test(admit, the_owners_worker_takes_over_beside_another_uids)
 	fx_kill(stranger);
 	mts_tick(&srv.reg);
 	cr_assert_eq(srv.reg.totals.reserved, 400 * MIB);
-	cr_assert_eq(srv.reg.nresv, 1);
+	cr_assert_eq(srv.reg.adm.nresv, 1);
 	fx_kill(owner);
 	mts_tick(&srv.reg);
-	cr_assert_eq(srv.reg.nresv, 0);
+	cr_assert_eq(srv.reg.adm.nresv, 0);
 	cr_assert_eq(srv.reg.stats.fulfilled, 1);
 }
 
@@ -560,7 +560,7 @@ Test(admit, admins_workers_take_over_anyones)
 		             admins[i]);
 		fx_kill(w);
 		mts_tick(&srv.reg);
-		cr_assert_eq(srv.reg.nresv, 0, "admin %u did not end it",
+		cr_assert_eq(srv.reg.adm.nresv, 0, "admin %u did not end it",
 		             admins[i]);
 	}
 	cr_assert_eq(srv.reg.stats.fulfilled, 4);
@@ -575,7 +575,7 @@ Test(admit, admins_workers_take_over_anyones)
 	fx_write(s, 30);
 	mts_tick(&srv.reg);
 	cr_assert_eq(srv.reg.totals.reserved, 100);
-	cr_assert_eq(srv.reg.resv[0]->taken_over, false);
+	cr_assert_eq(srv.reg.adm.resv[0]->taken_over, false);
 }
 
 Test(admit, a_reservation_made_over_tcp_is_matched_by_any_worker)
@@ -595,7 +595,7 @@ Test(admit, a_reservation_made_over_tcp_is_matched_by_any_worker)
 	cr_assert_eq(srv.reg.totals.reserved, 60);
 	fx_kill(w);
 	mts_tick(&srv.reg);
-	cr_assert_eq(srv.reg.nresv, 0);
+	cr_assert_eq(srv.reg.adm.nresv, 0);
 }
 
 /* ---- the per-uid reservation cap ---------------------------------------- */
@@ -622,7 +622,7 @@ Test(admit, per_uid_cap_stops_that_uid_only)
 	memtally__v1__response__free_unpacked(r, NULL);
 	cr_assert_eq(srv.reg.stats.denials[MTS_DENY_UID_CAP], 1);
 	cr_assert_str_eq(mts_denial_name(MTS_DENY_UID_CAP), "uid_reservations");
-	cr_assert_eq(srv.reg.nresv, 3);
+	cr_assert_eq(srv.reg.adm.nresv, 3);
 
 	/* Another uid is not stopped; nor is an admin (exempt). */
 	r = fx_admit(1001, 10, "", "", 0);
@@ -662,7 +662,7 @@ Test(admit, per_uid_cap_stops_that_uid_only)
 	pol.max_resv_per_uid = 0;
 	cr_assert_eq(mts_server_apply_policy(&srv, &pol), 0);
 	grant(10, "", "", 0);
-	cr_assert_eq(mts_uid_count_get(&srv.reg.resv_uids, 1000), 4);
+	cr_assert_eq(mts_uid_count_get(&srv.reg.adm.resv_uids, 1000), 4);
 }
 
 Test(uidcount, add_sub_many)

@@ -53,28 +53,28 @@ static uint64_t rnd(void)
  * every request). */
 static void check(const struct mts_registry *reg)
 {
-	uint32_t n = reg->nresv;
+	uint32_t n = reg->adm.nresv;
 	cr_assert_eq(reg->totals.reservations, n);
 	uint32_t in_ids = 0;
-	if (reg->resv_ids)
-		for (uint32_t i = 0; i <= reg->resv_ids_mask; i++)
-			in_ids += reg->resv_ids[i] != NULL;
+	if (reg->adm.resv_ids)
+		for (uint32_t i = 0; i <= reg->adm.resv_ids_mask; i++)
+			in_ids += reg->adm.resv_ids[i] != NULL;
 	cr_assert_eq(in_ids, n, "index holds %u of %u", in_ids, n);
 	uint32_t ttl_applies = 0;
 	for (uint32_t i = 0; i < n; i++) {
-		const struct mts_resv *r = reg->resv[i];
+		const struct mts_resv *r = reg->adm.resv[i];
 		cr_assert_eq(r->index, i);
 		cr_assert_eq(mts_resv_find(reg, r->id), r, "%s not found",
 		             r->id);
 		cr_assert_eq(r->taken_over, r->heap_index == UINT32_MAX);
 		ttl_applies += !r->taken_over;
 	}
-	cr_assert_eq(reg->resv_nheap, ttl_applies);
-	for (uint32_t i = 0; i < reg->resv_nheap; i++) {
-		const struct mts_resv *r = reg->resv_heap[i];
+	cr_assert_eq(reg->adm.resv_nheap, ttl_applies);
+	for (uint32_t i = 0; i < reg->adm.resv_nheap; i++) {
+		const struct mts_resv *r = reg->adm.resv_heap[i];
 		cr_assert_eq(r->heap_index, i);
 		if (i > 0)
-			cr_assert_leq(reg->resv_heap[(i - 1) / 2]->expires_ns,
+			cr_assert_leq(reg->adm.resv_heap[(i - 1) / 2]->expires_ns,
 			              r->expires_ns, "heap order");
 	}
 
@@ -82,11 +82,11 @@ static void check(const struct mts_registry *reg)
 	 * the latest tick: [0] admins' workers, [1] others', then owners'. */
 	static uint64_t want[MTS_RESV_MAX];
 	for (uint32_t i = 0; i < n; i++)
-		want[i] = reg->resv[i]->bytes;
+		want[i] = reg->adm.resv[i]->bytes;
 	uint32_t in_tasks = 0;
-	if (reg->tasks)
-		for (uint32_t b = 0; b <= reg->tasks_mask; b++)
-			for (const struct mts_task *t = reg->tasks[b]; t;
+	if (reg->adm.tasks)
+		for (uint32_t b = 0; b <= reg->adm.tasks_mask; b++)
+			for (const struct mts_task *t = reg->adm.tasks[b]; t;
 			     t = t->hnext) {
 				cr_assert_not_null(t->resv, "task kept empty");
 				cr_assert_geq(t->nshares, 2u);
@@ -148,7 +148,7 @@ static void check(const struct mts_registry *reg)
 	uint64_t total = 0;
 	uint32_t with_task = 0;
 	for (uint32_t i = 0; i < n; i++) {
-		const struct mts_resv *r = reg->resv[i];
+		const struct mts_resv *r = reg->adm.resv[i];
 		with_task += r->task != NULL;
 		if (r->task)
 			cr_assert_eq(r->effective, want[i],
@@ -226,8 +226,8 @@ Test(resv, many_released_in_random_order)
 		}
 	}
 	check(&srv.reg);
-	cr_assert_eq(srv.reg.nresv, 0);
-	cr_assert_eq(srv.reg.resv_nheap, 0);
+	cr_assert_eq(srv.reg.adm.nresv, 0);
+	cr_assert_eq(srv.reg.adm.resv_nheap, 0);
 	cr_assert_null(mts_find_group(&srv.reg, "a"));
 	cr_assert_null(mts_find_group(&srv.reg, "b"));
 }
@@ -251,7 +251,7 @@ Test(resv, expiry_in_order_of_deadline_not_of_admission)
 	cr_assert_eq(srv.reg.totals.reserved, 1 + 4);
 	check(&srv.reg);
 	mts_resv_tick(&srv.reg, now + 60000000000ull);
-	cr_assert_eq(srv.reg.nresv, 0);
+	cr_assert_eq(srv.reg.adm.nresv, 0);
 	cr_assert_eq(srv.reg.stats.expirations, 6);
 	check(&srv.reg);
 }
@@ -289,10 +289,10 @@ static uint32_t register_as(pid_t pid, uint32_t uid, const char *group,
  * figures, sorted by uid (root and the server's uid are the admins). */
 static void check_shares(struct mts_registry *reg)
 {
-	if (!reg->tasks)
+	if (!reg->adm.tasks)
 		return;
-	for (uint32_t b = 0; b <= reg->tasks_mask; b++)
-		for (const struct mts_task *t = reg->tasks[b]; t;
+	for (uint32_t b = 0; b <= reg->adm.tasks_mask; b++)
+		for (const struct mts_task *t = reg->adm.tasks[b]; t;
 		     t = t->hnext) {
 			uint64_t measured[64] = {0};
 			uint32_t live[64] = {0};
@@ -425,7 +425,7 @@ Test(resv, randomized_against_brute_force)
 				}
 			}
 		}
-		cr_assert_eq(srv.reg.nresv, nm, "step %d (seed %u)", step,
+		cr_assert_eq(srv.reg.adm.nresv, nm, "step %d (seed %u)", step,
 		             seed);
 		for (uint32_t i = 0; i < nm; i++)
 			cr_assert_not_null(mts_resv_find(&srv.reg, m[i].id),
