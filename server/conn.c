@@ -185,7 +185,7 @@ static void throttle(struct mts_conn *c)
 		return;
 	c->throttled = true;
 	stop_reading(c);
-	c->srv->reg.stats.conn_throttled++;
+	c->srv->conn_stats.throttled++;
 	mts_log(MTS_LOG_DEBUG, "over the server's buffer budget, throttled",
 	        "peer_pid=%u tcp=%d held=%zu", c->peer.pid, c->peer.tcp,
 	        c->held);
@@ -228,7 +228,7 @@ static void budget_grew(struct mts_server *srv, struct mts_conn *c)
 		return;
 	srv->pressure = true;
 	srv->over_since_ms = uv_now(srv->loop);
-	srv->reg.stats.conn_pressure++;
+	srv->conn_stats.pressure++;
 	size_t share = fair_share(srv);
 	uint32_t n = 0;
 	for (struct mts_conn *x = srv->conns; x; x = x->next) {
@@ -281,7 +281,7 @@ static void on_budget_timer(uv_timer_t *t)
 				big = c;
 		if (!big || big->held == 0)
 			break;
-		srv->reg.stats.conn_evicted++;
+		srv->conn_stats.evicted++;
 		mts_log(MTS_LOG_WARN,
 		        "connection holds the most while over max_buffered "
 		        "and did not drain; disconnected",
@@ -306,7 +306,7 @@ static void conn_account(struct mts_conn *c)
 	size_t was = c->held;
 	c->held = now;
 	srv->buffered = srv->buffered - was + now;
-	srv->reg.stats.conn_buffered = srv->buffered;
+	srv->conn_stats.buffered = srv->buffered;
 	if (now > was)
 		budget_grew(srv, c);
 	else if (srv->pressure &&
@@ -335,7 +335,7 @@ static void conn_close(struct mts_conn *c)
 	if (c->next)
 		c->next->prev = c->prev;
 	srv->nconns--;
-	srv->reg.stats.conn_open = srv->nconns;
+	srv->conn_stats.open = srv->nconns;
 	if (c->uid_counted) {
 		mts_uid_count_sub(&srv->conn_uids, c->uid_key);
 		c->uid_counted = false;
@@ -735,7 +735,7 @@ static bool uid_admit(struct mts_conn *c)
 	uint32_t open = mts_uid_count_get(&srv->conn_uids, c->uid_key);
 	if (open >= srv->max_conns_per_uid &&
 	    mts_authorise(&srv->reg, &c->peer, NULL) == MTS_AUTH_NONE) {
-		srv->reg.stats.conn_rejected_uid++;
+		srv->conn_stats.rejected_uid++;
 		srv->uid_rejected_unlogged++;
 		uint64_t now = uv_now(srv->loop);
 		if (!srv->uid_rejected_logged_ms ||
@@ -789,10 +789,10 @@ static void accept_one(uv_stream_t *listener, int status, bool tcp)
 	srv->conns = c;
 	srv->nconns++;
 
-	srv->reg.stats.conn_open = srv->nconns;
-	srv->reg.stats.conn_max = srv->max_conns;
-	srv->reg.stats.buffered_max = srv->max_buffered;
-	srv->reg.stats.conn_max_per_uid = srv->max_conns_per_uid;
+	srv->conn_stats.open = srv->nconns;
+	srv->conn_stats.max = srv->max_conns;
+	srv->conn_stats.buffered_max = srv->max_buffered;
+	srv->conn_stats.max_per_uid = srv->max_conns_per_uid;
 
 	int err = uv_accept(listener, &c->h.stream);
 	if (err < 0) {
@@ -804,7 +804,7 @@ static void accept_one(uv_stream_t *listener, int status, bool tcp)
 	if (srv->nconns > srv->max_conns) {
 		/* Accepted only to be closed (see the top of this file). A
 		 * flood must not flood the log too: one line a second. */
-		srv->reg.stats.conn_rejected++;
+		srv->conn_stats.rejected++;
 		srv->rejected_unlogged++;
 		uint64_t now = uv_now(srv->loop);
 		if (!srv->rejected_logged_ms ||
@@ -956,7 +956,7 @@ static void on_idle_timer(uv_timer_t *t)
 		if (c->peer.watching || c->closing ||
 		    now - c->last_ms < srv->idle_ms)
 			continue;
-		srv->reg.stats.conn_idle_closed++;
+		srv->conn_stats.idle_closed++;
 		mts_log(MTS_LOG_DEBUG, "connection idle, closed",
 		        "peer_pid=%u uid=%u tcp=%d idle_ms=%llu", c->peer.pid,
 		        c->peer.uid, c->peer.tcp,

@@ -649,7 +649,8 @@ static void render_procs(struct out *o, const struct mts_registry *reg,
 	            "1 while a worker is over its own limit.", P_OVER, false);
 }
 
-static void render_counters(struct out *o, const struct mts_registry *reg)
+static void render_counters(struct out *o, const struct mts_registry *reg,
+                            const struct mts_conn_stats *cs)
 {
 	const struct mts_stats *s = &reg->stats;
 	counter(o, "memtally_registrations_total",
@@ -693,40 +694,49 @@ static void render_counters(struct out *o, const struct mts_registry *reg)
 	        s->reload_failures);
 	counter(o, "memtally_protocol_errors_total",
 	        "Error responses to malformed frames.", s->protocol_errors);
-	gauge(o, "memtally_connections", "Open client connections.",
-	      s->conn_open);
-	gauge(o, "memtally_connections_max",
-	      "Connections allowed at once (max_connections).", s->conn_max);
-	counter(o, "memtally_connections_rejected_total",
-	        "Connections closed at once: max_connections were open.",
-	        s->conn_rejected);
-	gauge(o, "memtally_connections_max_per_uid",
-	      "Connections one uid may have open (max_connections_per_uid).",
-	      s->conn_max_per_uid);
-	counter(o, "memtally_connections_rejected_per_uid_total",
-	        "Connections closed at once: their uid had "
-	        "max_connections_per_uid open.",
-	        s->conn_rejected_uid);
-	counter(o, "memtally_connections_idle_closed_total",
-	        "Connections closed after idle_timeout without a request.",
-	        s->conn_idle_closed);
-	gauge(o, "memtally_connection_buffered_bytes",
-	      "Input and unwritten output held for all connections.",
-	      s->conn_buffered);
-	gauge(o, "memtally_connection_buffered_bytes_max",
-	      "Cap on memtally_connection_buffered_bytes (max_buffered).",
-	      s->buffered_max);
-	counter(o, "memtally_connection_budget_exceeded_total",
-	        "Times the connections' buffered bytes passed max_buffered.",
-	        s->conn_pressure);
-	counter(o, "memtally_connections_throttled_total",
-	        "Connections that stopped being read: over their share of "
-	        "max_buffered.",
-	        s->conn_throttled);
-	counter(o, "memtally_connections_evicted_total",
-	        "Connections disconnected: the largest holders, over "
-	        "max_buffered for longer than a second.",
-	        s->conn_evicted);
+	if (cs) {
+		gauge(o, "memtally_connections", "Open client connections.",
+		      cs->open);
+		gauge(o, "memtally_connections_max",
+		      "Connections allowed at once (max_connections).",
+		      cs->max);
+		counter(
+		    o, "memtally_connections_rejected_total",
+		    "Connections closed at once: max_connections were open.",
+		    cs->rejected);
+		gauge(o, "memtally_connections_max_per_uid",
+		      "Connections one uid may have open "
+		      "(max_connections_per_uid).",
+		      cs->max_per_uid);
+		counter(o, "memtally_connections_rejected_per_uid_total",
+		        "Connections closed at once: their uid had "
+		        "max_connections_per_uid open.",
+		        cs->rejected_uid);
+		counter(
+		    o, "memtally_connections_idle_closed_total",
+		    "Connections closed after idle_timeout without a request.",
+		    cs->idle_closed);
+		gauge(o, "memtally_connection_buffered_bytes",
+		      "Input and unwritten output held for all connections.",
+		      cs->buffered);
+		gauge(
+		    o, "memtally_connection_buffered_bytes_max",
+		    "Cap on memtally_connection_buffered_bytes (max_buffered).",
+		    cs->buffered_max);
+		counter(o, "memtally_connection_budget_exceeded_total",
+		        "Times the connections' buffered bytes passed "
+		        "max_buffered.",
+		        cs->pressure);
+		counter(
+		    o, "memtally_connections_throttled_total",
+		    "Connections that stopped being read: over their share of "
+		    "max_buffered.",
+		    cs->throttled);
+		counter(o, "memtally_connections_evicted_total",
+		        "Connections disconnected: the largest holders, over "
+		        "max_buffered for longer than a second.",
+		        cs->evicted);
+	}
 
 	family(o, "memtally_tick_duration_seconds", "summary",
 	       "Time one aggregation tick took.");
@@ -741,7 +751,8 @@ static void render_counters(struct out *o, const struct mts_registry *reg)
 	put(o, "\n", 1);
 }
 
-int mts_metrics_render(const struct mts_registry *reg, struct mts_buf *out)
+int mts_metrics_render(const struct mts_registry *reg,
+                       const struct mts_conn_stats *cs, struct mts_buf *out)
 {
 	struct out o = {.b = out};
 	struct labels gl, pl;
@@ -760,7 +771,7 @@ int mts_metrics_render(const struct mts_registry *reg, struct mts_buf *out)
 	render_fleet(&o, reg);
 	render_groups(&o, reg, &gl);
 	render_procs(&o, reg, &pl);
-	render_counters(&o, reg);
+	render_counters(&o, reg, cs);
 	err = o.err;
 
 fail_free_procs:
@@ -794,6 +805,7 @@ static void format_addr(const struct sockaddr_storage *ss, uint16_t port,
 struct mts_metrics {
 	uv_async_t async; /* a scrape wants a fresh text; runs on the loop */
 	const struct mts_registry *reg;
+	const struct mts_conn_stats *cs; /* NULL: no connection figures */
 	struct MHD_Daemon *mhd;
 	uint16_t port;
 	struct mts_buf spare; /* loop thread only: the next text goes here */
@@ -814,7 +826,7 @@ static void on_render(uv_async_t *h)
 {
 	struct mts_metrics *m = h->data;
 	m->spare.len = 0;
-	int err = mts_metrics_render(m->reg, &m->spare);
+	int err = mts_metrics_render(m->reg, m->cs, &m->spare);
 	uint64_t now = mts_now_monotonic();
 
 	pthread_mutex_lock(&m->mu);
@@ -1043,7 +1055,8 @@ static struct MHD_Daemon *start_mhd(struct mts_metrics *m, int fd, bool v6)
 }
 
 int mts_metrics_start(struct mts_metrics **out, const char *host_port,
-                      const struct mts_registry *reg, uv_loop_t *loop)
+                      const struct mts_registry *reg,
+                      const struct mts_conn_stats *cs, uv_loop_t *loop)
 {
 	char q[MTS_LOGQ_MAX], addr[INET6_ADDRSTRLEN + 16];
 	struct sockaddr_storage ss;
@@ -1072,6 +1085,7 @@ int mts_metrics_start(struct mts_metrics **out, const char *host_port,
 		goto fail_close_fd;
 	}
 	m->reg = reg;
+	m->cs = cs;
 	m->port = bound_port(fd);
 	pthread_condattr_t ca;
 	pthread_condattr_init(&ca);

@@ -35,14 +35,16 @@ struct mts_metrics;
  * Append the exposition of `reg` to `out` (which the caller owns and
  * frees). Reads `reg` only; call it on the loop thread. Label values
  * coming from workers (group, comm) are escaped and made valid UTF-8.
- * Returns 0 or -ENOMEM (out then holds a partial text; discard it).
+ * `cs`: the server's connection counters (NULL: those families are left
+ * out). Returns 0 or -ENOMEM (out then holds a partial text; discard it).
  */
-int mts_metrics_render(const struct mts_registry *reg, struct mts_buf *out);
+int mts_metrics_render(const struct mts_registry *reg,
+                       const struct mts_conn_stats *cs, struct mts_buf *out);
 
 /*
  * Bind HOST:PORT and serve /metrics from an HTTP thread of its own. `reg`
- * is kept (not copied) and read only on `loop`'s thread, when the loop
- * runs after a scrape; it need not be initialised yet, only before the
+ * and `cs` are kept (not copied) and read only on `loop`'s thread, when the
+ * loop runs after a scrape; it need not be initialised yet, only before the
  * loop next runs. Logs `msg="metrics listening" addr=HOST:PORT` with the
  * bound port, or the reason it cannot serve. Call on the loop thread.
  *
@@ -52,7 +54,8 @@ int mts_metrics_render(const struct mts_registry *reg, struct mts_buf *out);
  * and *out is NULL.
  */
 int mts_metrics_start(struct mts_metrics **out, const char *host_port,
-                      const struct mts_registry *reg, uv_loop_t *loop);
+                      const struct mts_registry *reg,
+                      const struct mts_conn_stats *cs, uv_loop_t *loop);
 
 /*
  * Stop serving: waits for a scrape in progress (at most

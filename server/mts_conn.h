@@ -45,6 +45,21 @@
  * flight, a shared-memory descriptor per uid with workers (main.c). */
 #define MTS_NOFILE_MARGIN 256u
 
+/* conn.c's counters, kept in struct mts_server and read by /metrics. */
+struct mts_conn_stats {
+	uint64_t rejected;     /* accepted over max_connections, closed */
+	uint64_t throttled;    /* reading stopped: over max_buffered */
+	uint64_t evicted;      /* disconnected: largest holder, over it */
+	uint64_t pressure;     /* times the buffered total passed the cap */
+	uint64_t open;         /* gauge: open connections */
+	uint64_t buffered;     /* gauge: their input + unwritten output */
+	uint64_t max;          /* max_connections in force */
+	uint64_t buffered_max; /* max_buffered in force */
+	uint64_t rejected_uid; /* closed: over max_connections_per_uid */
+	uint64_t idle_closed;  /* closed: no request for idle_timeout */
+	uint64_t max_per_uid;  /* max_connections_per_uid in force */
+};
+
 struct mts_server;
 
 /* Make sure `path` is free to bind: create its parent directory (0755) if

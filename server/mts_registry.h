@@ -156,19 +156,6 @@ struct mts_stats {
 	uint64_t reloads;            /* SIGHUP reloads applied */
 	uint64_t reload_failures;    /* SIGHUP reloads rejected (bad value) */
 	uint64_t auth_denials;       /* SetLimit/Release refused */
-	/* conn.c: the server-wide connection budget. */
-	uint64_t conn_rejected;  /* accepted over max_connections, closed */
-	uint64_t conn_throttled; /* reading stopped: over max_buffered */
-	uint64_t conn_evicted;   /* disconnected: largest holder, over it */
-	uint64_t conn_pressure;  /* times the buffered total passed the cap */
-	uint64_t conn_open;      /* gauge: open connections */
-	uint64_t conn_buffered;  /* gauge: their input + unwritten output */
-	uint64_t conn_max;       /* max_connections in force */
-	uint64_t buffered_max;   /* max_buffered in force */
-	/* conn.c: per-uid connection cap and idle timeout. */
-	uint64_t conn_rejected_uid; /* closed: over max_connections_per_uid */
-	uint64_t conn_idle_closed;  /* closed: no request for idle_timeout */
-	uint64_t conn_max_per_uid;  /* max_connections_per_uid in force */
 };
 
 /* "fleet_limit", "group_limit", "invalid": the `reason` label. */

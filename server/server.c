@@ -269,7 +269,7 @@ int mts_server_init(struct mts_server *srv, uv_loop_t *loop,
 	if (cfg->metrics_addr) {
 		/* Last, like TCP. It logs where it listens, or why not. */
 		err = mts_metrics_start(&srv->metrics, cfg->metrics_addr,
-		                        &srv->reg, loop);
+		                        &srv->reg, &srv->conn_stats, loop);
 		if (err < 0) {
 			mts_server_stop(srv);
 			return err;

@@ -71,6 +71,7 @@ struct mts_server {
 	uv_pipe_t listener;
 	uv_timer_t tick;
 	struct mts_conn *conns; /* doubly linked list of open connections */
+	struct mts_conn_stats conn_stats; /* conn.c's, for /metrics */
 	uint32_t nconns;
 	/* Connections with answerable input left after their turn, served
 	 * one turn each per loop iteration from `idle`. */

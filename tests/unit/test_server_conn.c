@@ -390,7 +390,7 @@ Test(budget, connections_past_the_limit_are_closed_at_once,
 	/* The fourth is accepted and closed: EOF, not a hang. */
 	client_unix(&d);
 	cr_assert(closed_by_server(&d), "the extra connection stayed open");
-	cr_assert_eq(srv.reg.stats.conn_rejected, 1);
+	cr_assert_eq(srv.conn_stats.rejected, 1);
 	cr_assert_eq(srv.nconns, 3);
 	get_usage(&a, 4);
 	close(d.fd);
@@ -403,8 +403,8 @@ Test(budget, connections_past_the_limit_are_closed_at_once,
 	cr_assert_eq(srv.nconns, 2);
 	client_unix(&d);
 	get_usage(&d, 5);
-	cr_assert_eq(srv.reg.stats.conn_rejected, 1);
-	cr_assert_eq(srv.reg.stats.conn_open, 3);
+	cr_assert_eq(srv.conn_stats.rejected, 1);
+	cr_assert_eq(srv.conn_stats.open, 3);
 	close(a.fd);
 	close(b.fd);
 	close(d.fd);
@@ -469,7 +469,7 @@ Test(budget, over_the_cap_the_largest_are_throttled_then_evicted,
 	 * buffered total never goes far past the cap, and the good client
 	 * is answered every round. */
 	uint64_t peak = 0, id = 2;
-	for (int round = 0; srv.reg.stats.conn_evicted == 0; round++) {
+	for (int round = 0; srv.conn_stats.evicted == 0; round++) {
 		cr_assert_lt(round, 20000, "nobody evicted (buffered %llu)",
 		             (unsigned long long)srv.buffered);
 		for (int i = 0; i < N; i++)
@@ -485,13 +485,13 @@ Test(budget, over_the_cap_the_largest_are_throttled_then_evicted,
 	/* One turn's output or one read over the cap, at most, per step. */
 	cr_assert_leq(peak, SMALL_CAP + 256u * 1024u, "peak %llu",
 	              (unsigned long long)peak);
-	cr_assert_geq(srv.reg.stats.conn_pressure, 1);
-	cr_assert_geq(srv.reg.stats.conn_throttled, 1);
+	cr_assert_geq(srv.conn_stats.pressure, 1);
+	cr_assert_geq(srv.conn_stats.throttled, 1);
 	cr_assert_leq(srv.buffered, SMALL_CAP);
-	cr_assert_eq(srv.reg.stats.conn_buffered, srv.buffered);
+	cr_assert_eq(srv.conn_stats.buffered, srv.buffered);
 	get_usage(&good, id++);
 	/* The good client held the least: it is never the one evicted. */
-	cr_assert_eq(srv.nconns, 1 + N - srv.reg.stats.conn_evicted);
+	cr_assert_eq(srv.nconns, 1 + N - srv.conn_stats.evicted);
 
 	/* The hostile peers go: nothing is held, pressure is over. */
 	for (int i = 0; i < N; i++)
@@ -518,7 +518,7 @@ Test(budget, a_throttled_peer_that_reads_again_is_resumed,
 		hostile_push(&h);
 		uv_run(&loop, UV_RUN_NOWAIT);
 	}
-	cr_assert_eq(srv.reg.stats.conn_throttled, 1);
+	cr_assert_eq(srv.conn_stats.throttled, 1);
 	/* It reads everything now: its output drains, the total falls
 	 * under the low mark, throttling ends, and the requests it had sent
 	 * are answered (answers keep coming). */
@@ -535,10 +535,10 @@ Test(budget, a_throttled_peer_that_reads_again_is_resumed,
 		if (spins % 8 == 0)
 			hostile_push(&h);
 	}
-	cr_assert(!srv.pressure || srv.reg.stats.conn_pressure > 1);
+	cr_assert(!srv.pressure || srv.conn_stats.pressure > 1);
 	cr_assert_geq(got, 4u << 20, "answers stopped after %llu bytes",
 	              (unsigned long long)got);
-	cr_assert_eq(srv.reg.stats.conn_evicted, 0);
+	cr_assert_eq(srv.conn_stats.evicted, 0);
 	close(h.c.fd);
 }
 
@@ -584,8 +584,8 @@ Test(budget, partial_frames_over_the_cap_do_not_stick, .init = setup_cap,
 	}
 	cr_assert(!srv.pressure, "still throttled: buffered %llu, evicted %llu",
 	          (unsigned long long)srv.buffered,
-	          (unsigned long long)srv.reg.stats.conn_evicted);
-	cr_assert_geq(srv.reg.stats.conn_evicted, 1);
+	          (unsigned long long)srv.conn_stats.evicted);
+	cr_assert_geq(srv.conn_stats.evicted, 1);
 	/* Every peer either was disconnected or gets its frame answered. */
 	uint64_t answered = 0, closed = 0;
 	for (int i = 0; i < N; i++) {
@@ -612,7 +612,7 @@ Test(budget, partial_frames_over_the_cap_do_not_stick, .init = setup_cap,
 		}
 		close(p[i].fd);
 	}
-	cr_assert_eq(closed, srv.reg.stats.conn_evicted, "answered %llu",
+	cr_assert_eq(closed, srv.conn_stats.evicted, "answered %llu",
 	             (unsigned long long)answered);
 	cr_assert_geq(answered, 1);
 }
@@ -806,9 +806,9 @@ Test(peruid, a_uid_over_its_cap_stops_only_itself, .init = setup_uid2,
 	char c;
 	cr_assert_eq(read(go[0], &c, 1), 1, "the child could not connect");
 	/* Two are kept, the third is accepted and closed. */
-	SPIN_UNTIL(srv.reg.stats.conn_rejected_uid == 1 && srv.nconns == 2);
+	SPIN_UNTIL(srv.conn_stats.rejected_uid == 1 && srv.nconns == 2);
 	cr_assert_eq(mts_uid_count_get(&srv.conn_uids, 65534), 2);
-	cr_assert_eq(srv.reg.stats.conn_max_per_uid, 2);
+	cr_assert_eq(srv.conn_stats.max_per_uid, 2);
 
 	/* Root (an admin, exempt anyway) and TCP peers are not stopped. */
 	struct client r1, r2, r3, t1, t2, t3;
@@ -825,7 +825,7 @@ Test(peruid, a_uid_over_its_cap_stops_only_itself, .init = setup_uid2,
 	get_usage(&t2, 5);
 	client_tcp(&t3);
 	cr_assert(closed_by_server(&t3), "a third TCP peer stayed");
-	cr_assert_eq(srv.reg.stats.conn_rejected_uid, 2);
+	cr_assert_eq(srv.conn_stats.rejected_uid, 2);
 	cr_assert_eq(mts_uid_count_get(&srv.conn_uids, MTS_UID_TCP), 2);
 
 	/* The child goes: its uid may connect again (counted down). */
@@ -862,7 +862,7 @@ Test(peruid, idle_connections_are_closed_watchers_stay, .init = setup_idle,
 	uint64_t start = uv_now(&loop);
 	/* `busy` keeps asking, more often than the timeout. */
 	uint64_t id = 10;
-	while (srv.reg.stats.conn_idle_closed < 2) {
+	while (srv.conn_stats.idle_closed < 2) {
 		get_usage(&busy, id++);
 		poll(NULL, 0, 50);
 		uv_run(&loop, UV_RUN_NOWAIT);
@@ -880,7 +880,7 @@ Test(peruid, idle_connections_are_closed_watchers_stay, .init = setup_idle,
 		uv_run(&loop, UV_RUN_NOWAIT);
 		uv_update_time(&loop);
 	}
-	cr_assert_eq(srv.reg.stats.conn_idle_closed, 2);
+	cr_assert_eq(srv.conn_stats.idle_closed, 2);
 	cr_assert_eq(srv.nconns, 2);
 	/* And the watcher still gets its events: 50 bytes reserved, then a
 	 * limit of 10, is `over`. */

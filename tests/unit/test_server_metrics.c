@@ -126,7 +126,7 @@ static struct mts_proc *worker(const char *group, int64_t bytes,
 static char *render(void)
 {
 	struct mts_buf b = {0};
-	cr_assert_eq(mts_metrics_render(&srv.reg, &b), 0);
+	cr_assert_eq(mts_metrics_render(&srv.reg, &srv.conn_stats, &b), 0);
 	cr_assert_eq(mts_buf_reserve(&b, 1), 0);
 	b.data[b.len] = '\0';
 	cr_assert_eq(strlen((char *)b.data), b.len, "a NUL in the text");
@@ -693,7 +693,8 @@ Test(serve, get_head_404_405)
 	char comm[sizeof(p->comm)];
 	memcpy(comm, p->comm, sizeof(comm));
 	srv.reg.stats.registrations = 1;
-	cr_assert_eq(mts_metrics_start(&met, "127.0.0.1:0", &srv.reg, &loop),
+	cr_assert_eq(mts_metrics_start(&met, "127.0.0.1:0", &srv.reg,
+	                               &srv.conn_stats, &loop),
 	             0);
 	cl.port = mts_metrics_port(met);
 	cr_assert_neq(cl.port, 0);
@@ -739,7 +740,8 @@ Test(serve, get_head_404_405)
  * after MTS_METRICS_WAIT_MS, never figures older than it asked for. */
 Test(serve, stuck_loop_is_503)
 {
-	cr_assert_eq(mts_metrics_start(&met, "127.0.0.1:0", &srv.reg, &loop),
+	cr_assert_eq(mts_metrics_start(&met, "127.0.0.1:0", &srv.reg,
+	                               &srv.conn_stats, &loop),
 	             0);
 	cl.port = mts_metrics_port(met);
 	cl.stop_from_loop = false;
@@ -763,7 +765,8 @@ static void *one_get(void *arg)
 Test(serve, stop_during_scrape)
 {
 	struct answer a;
-	cr_assert_eq(mts_metrics_start(&met, "127.0.0.1:0", &srv.reg, &loop),
+	cr_assert_eq(mts_metrics_start(&met, "127.0.0.1:0", &srv.reg,
+	                               &srv.conn_stats, &loop),
 	             0);
 	cl.port = mts_metrics_port(met);
 	pthread_t th;
@@ -788,7 +791,8 @@ Test(serve, port_in_use)
 	char addr[64];
 	snprintf(addr, sizeof(addr), "127.0.0.1:%u", ntohs(sa.sin_port));
 	struct mts_metrics *m = (struct mts_metrics *)&m;
-	cr_assert_eq(mts_metrics_start(&m, addr, &srv.reg, &loop), -EADDRINUSE);
+	cr_assert_eq(mts_metrics_start(&m, addr, &srv.reg, NULL, &loop),
+	             -EADDRINUSE);
 	cr_assert_null(m);
 	close(fd);
 }
@@ -796,7 +800,7 @@ Test(serve, port_in_use)
 Test(serve, bad_address)
 {
 	struct mts_metrics *m = (struct mts_metrics *)&m;
-	cr_assert_eq(mts_metrics_start(&m, "nonsense", &srv.reg, &loop),
+	cr_assert_eq(mts_metrics_start(&m, "nonsense", &srv.reg, NULL, &loop),
 	             -EINVAL);
 	cr_assert_null(m);
 	mts_metrics_stop(NULL);
@@ -805,7 +809,7 @@ Test(serve, bad_address)
 
 Test(serve, ipv6_loopback)
 {
-	int err = mts_metrics_start(&met, "[::1]:0", &srv.reg, &loop);
+	int err = mts_metrics_start(&met, "[::1]:0", &srv.reg, NULL, &loop);
 	if (err == -EADDRNOTAVAIL || err == -EAFNOSUPPORT) {
 		cr_log_warn("no IPv6 loopback here: skipped");
 		return;
