@@ -1,5 +1,6 @@
 /*
- * alloc_overhead.c - the worker of the alloc_overhead benchmark (seed 000).
+ * alloc_overhead.c - the worker of the alloc_overhead benchmark, the cases
+ * of Comet's alloc_overhead benchmark (apache/datafusion-comet#5934).
  *
  * One process measures one variant: which allocator serves malloc and who
  * counts the bytes is fixed by how the process was linked and loaded, never
@@ -18,7 +19,7 @@
  *                      LD_PRELOAD=libmemtally_preload.so.
  *
  * A benchmark that runs on the wrong allocator still prints plausible
- * numbers (seed 000's "jemalloc" baseline was glibc), so before measuring
+ * numbers (the Comet run's first "jemalloc" baseline was glibc), so before measuring
  * anything the worker proves what it runs on and exits non-zero, naming
  * every failed sign, when the proof fails:
  *  - allocator: jemalloc's mallctl("version") answers (or, for glibc, no
@@ -87,12 +88,12 @@ struct bench_case {
 	               * threshold_churn, always all CPUs) */
 };
 
-/* Seed 000's single-thread cases, plus one beyond the seed: 80 KiB (a
+/* The reference's single-thread cases, plus one beyond them: 80 KiB (a
  * jemalloc size class) is over the 64 KiB threshold, so the inline API
  * flushes on every call. At exactly 64 KiB the flush probe of the current
  * client shows the inline API flushing on every call too, the preload
  * almost never (RESULTS.md, "Flushes per pair").
- * Then the seed's other cases:
+ * Then the reference's other cases:
  *  - alloc_fill_free_64kb: malloc 64 KiB, memset all of it, free.
  *  - grow_vec_to_64kb: one op = a vector of 8-byte elements grown by push
  *    from a 16-byte malloc, realloc doubling its capacity when full, up to
@@ -103,7 +104,7 @@ struct bench_case {
  *    time reported is per pair per thread). A thread's drift goes
  *    +48K, +96K (crosses +64K: flush), -48K, -96K (crosses -64K: flush):
  *    two flushes per op into the shared counter from every thread at once,
- *    the parallel case around the flush threshold the seed asks for.
+ *    the parallel case around the flush threshold.
  *  - parallel_alloc_free_{32,64}kb_x<N>: alloc_free on N threads started
  *    together behind a barrier, thread i pinned to CPU i; ns per pair per
  *    thread = wall time from the barrier to the last thread's end / pairs. */

@@ -1,5 +1,6 @@
 #!/usr/bin/python3
-"""alloc_overhead: malloc/free cost with and without memtally (seed 000).
+"""alloc_overhead: malloc/free cost with and without memtally (the cases of
+Comet's alloc_overhead benchmark (apache/datafusion-comet#5934)).
 
 Five variants, each a separate worker process so the allocator really
 differs (see alloc_overhead.c):
@@ -529,7 +530,7 @@ def report(info, server_status, attached, results, variants, reps, insn,
            build_rel):
     je = info.get("jemalloc", "?")
     head = [
-        "## alloc_overhead (seed 000)",
+        "## alloc_overhead",
         "",
         "Measured %s on %s (%s CPUs, Linux %s), jemalloc %s, %s; commit `%s`%s." % (
             info["date"], info["cpu_model"], info["nproc"], info["kernel"], je,
@@ -558,7 +559,7 @@ def report(info, server_status, attached, results, variants, reps, insn,
         "a vector that starts as malloc(16) and reallocs to twice its "
         "capacity when full, to 64 KiB (12 reallocs), then frees it (the "
         "inline variant accounts +new−old per realloc); `threshold_churn` "
-        "(the seed's parallel case around the flush threshold): on every CPU, "
+        "(the parallel case around the flush threshold): on every CPU, "
         "each thread mallocs two 48 KiB blocks into a 2-slot ring, then frees "
         "both, so its drift goes +48K, +96K (past +64 KiB: flush), −48K, "
         "−96K (past −64 KiB: flush), i.e. one flush per pair on every thread "

@@ -1,7 +1,7 @@
 /*
  * allocators.c - the worker of the allocators benchmark.
  *
- * Seed 004 (Panama's AllocatorsForLongRun) timed one "op" of N allocations
+ * Panama's AllocatorsForLongRun (OpenJDK foreign-jextract) timed one "op" of N allocations
  * followed by their release, for N = 1 .. 1000, with malloc/free, an arena,
  * a pool, an exhausted pool and a locked pool. This worker runs the same
  * ops on memtally's client, all with accounting on:

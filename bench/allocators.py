@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """allocators: arena and pool against malloc/free (against the reference table).
 
-Seed 004 (Panama's AllocatorsForLongRun, JMH) timed one op of N
+Panama's AllocatorsForLongRun (OpenJDK foreign-jextract, JMH) timed one op of N
 allocations and their release for N = 1, 10, 16, 100, 200, 1000 with
 malloc/free, an arena, a pool, an exhausted pool, and a pool with and
 without its lock. This suite runs those ops on memtally's client
@@ -43,7 +43,7 @@ CASES = ["malloc_free", "arena", "arena_reuse", "pool", "pool_exhausted",
 NS = [1, 10, 16, 100, 200, 1000]
 ALLOCS = ["jemalloc", "glibc"]
 
-# Seed 004, ns/op (the Panama run after the arena stopped zeroing, and the
+# The reference, ns/op (the Panama run after the arena stopped zeroing, and the
 # confined pool without its lock where given).
 SEED = {
     "malloc_free": {1: 26.440, 10: 349.220, 16: 602.258, 100: 4755.480,

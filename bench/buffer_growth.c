@@ -1,7 +1,7 @@
 /*
  * buffer_growth.c - the worker of the buffer_growth benchmark.
  *
- * Seed 003 (Arrow's BufferBuilder) chose 2x over 1.5x growth from three
+ * Arrow's BufferBuilder (ARROW-6450) chose 2x over 1.5x growth from three
  * cases: tiny (8-byte), small (700-byte) and large (1.5 MB) appends into
  * one builder, with jemalloc and with the system allocator. This worker
  * runs the same cases on memtally_buf, for both growth factors, with the
@@ -41,7 +41,7 @@ struct write_case {
 	size_t chunk;
 };
 
-/* Seed 003's chunk sizes (Arrow's builder-benchmark). */
+/* The chunk sizes of Arrow's builder-benchmark. */
 static const struct write_case writes[] = {
     {"tiny", 8},
     {"small", 700},

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """buffer_growth: memtally_buf with 1.5x vs 2x growth (against the reference table).
 
-Seed 003 (Arrow's BufferBuilder, ARROW-6450) measured tiny (8 B), small
+Arrow's BufferBuilder (ARROW-6450) measured tiny (8 B), small
 (700 B) and large (1.5 MB) appends into one growable buffer with 1.5x and
 2x growth, on jemalloc and on the system allocator, and kept 2x. This suite
 runs the same three cases on memtally_buf (client/buffer.c) with the
@@ -45,7 +45,7 @@ ALLOCS = ["jemalloc", "glibc"]
 GROWTHS = ["1.5", "2"]
 ACCTS = ["off", "on"]
 
-# Seed 003, pitrou's Ryzen 7 1700 run (jemalloc) and wesm's i9-9960X run
+# The reference: ARROW-6450, pitrou's Ryzen 7 1700 run (jemalloc) and wesm's i9-9960X run
 # (system allocator), bytes per second, for the shape of the comparison.
 SEED = {
     ("jemalloc", "1.5", "tiny"): 768.4e6, ("jemalloc", "2", "tiny"): 778.6e6,

@@ -2,8 +2,9 @@
  * account.c - the slow path of memtally_account() (memtally.h).
  *
  * The fast path keeps `biased = drift + (T - 1)` in [0, 2(T - 1)] for a
- * set-up thread (T = threshold), so a flush is due once |drift| >= T, as in
- * the seed's scheme. Anything outside, including a brand-new thread whose
+ * set-up thread (T = threshold), so a flush is due once |drift| >= T: a
+ * thread-local drift flushed past a threshold, the scheme DataFusion
+ * Comet's allocator accounting uses. Anything outside, including a brand-new thread whose
  * state is all zero, lands here: publish the drift, re-centre the window,
  * and make sure the thread's drift is flushed when it exits.
  */

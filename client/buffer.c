@@ -22,7 +22,7 @@
  * 64.7k minor faults at 1.5x against 33.0k at 2x; glibc 17.6k at both.
  * (1.5x also ends at 89 MiB of capacity for 64 MiB of data where 2x ends
  * at exactly 64 MiB; a size that is not a power of two narrows the gap.)
- * Seed 003 (Arrow's BufferBuilder) reached the same choice
+ * Arrow's BufferBuilder (ARROW-6450) reached the same choice
  * with the opposite allocator mattering more on its machines. 2x is never
  * slower here; its extra slack is at most one capacity's worth of memory,
  * and that slack is accounted, so a scheduler sees it.
