@@ -921,64 +921,78 @@ fail_free_proc:
 	return err;
 }
 
-int mts_register(struct mts_registry *reg, const struct mts_peer *peer,
-                 const char *group, const char *task, uint64_t image_id,
-                 struct mts_reg_result *res)
+/* A worker refused for want of a free slot: its client retries, so each
+ * worker is counted (and warned about) once, not each attempt. */
+static void note_refused(struct mts_registry *reg, uint32_t pid,
+                         uint64_t start_time)
 {
-	char qg[MTS_LOGQ_MAX], qc[MTS_LOGQ_MAX], qt[MTS_LOGQ_MAX];
-	int err;
-	if (!group || !group[0])
-		group = "default";
-	if (!task)
-		task = "";
-	if (!mts_name_ok(group) || !mts_name_ok(task))
-		return -EINVAL;
-	if (!peer->has_cred || peer->pid == 0)
-		return -EPERM;
-
-	uint64_t start_time;
-	err = mts_read_starttime((pid_t)peer->pid, &start_time);
-	if (err < 0)
-		return err == -ENOENT ? -ESRCH : err;
-
-	struct mts_proc *p = mts_find_pid(reg, peer->pid);
-	if (p && p->start_time != start_time) {
-		/* The pid was reused before we saw the old process's exit
-		 * (both events landed in one loop iteration). */
-		proc_release(reg, p, "slot reclaimed: pid reused");
-		p = NULL;
+	bool again = false;
+	for (uint32_t i = 0; i < MTS_REFUSED_REMEMBERED; i++)
+		if (reg->refused[i].pid == pid &&
+		    reg->refused[i].start_time == start_time)
+			again = true;
+	if (!again) {
+		uint32_t k = reg->refused_next++ % MTS_REFUSED_REMEMBERED;
+		reg->refused[k].pid = pid;
+		reg->refused[k].start_time = start_time;
+		reg->totals.unregistered++;
 	}
-	if (p && p->image_id == image_id && p->uid == peer->uid) {
-		/* A repeat registration: same slot, nothing changes (the
-		 * worker may be picking up a restarted server's header). */
-		res->slot = p->slot;
-		res->slot_generation = p->slot_gen;
-		res->group = reg->groups[p->group].name;
-		result_fds(reg, p, res);
+	mts_log(again ? MTS_LOG_DEBUG : MTS_LOG_WARN,
+	        "no free slot, worker runs unregistered",
+	        "pid=%u slots=%u unregistered=%u", pid, reg->slot_count,
+	        reg->totals.unregistered);
+}
+
+/* What the Registered answer carries for `p`; `gen` is its slot's
+ * generation. */
+static void result_fill(const struct mts_registry *reg,
+                        const struct mts_proc *p, uint64_t gen,
+                        struct mts_reg_result *res)
+{
+	res->slot = p->slot;
+	res->slot_generation = gen;
+	res->group = reg->groups[p->group].name;
+	result_fds(reg, p, res);
+}
+
+/* A registered process registers again. Same image and uid: nothing
+ * changes (it may be picking up a restarted server's header). Otherwise
+ * it exec'd: its slot starts afresh under the new group and task. */
+static int register_known(struct mts_registry *reg, struct mts_proc *p,
+                          const struct mts_peer *peer, const char *group,
+                          const char *task, uint64_t image_id,
+                          struct mts_reg_result *res)
+{
+	if (p->image_id == image_id && p->uid == peer->uid) {
+		result_fill(reg, p, p->slot_gen, res);
 		mts_log(MTS_LOG_DEBUG, "worker registered again",
 		        "pid=%u slot=%u", p->pid, p->slot);
 		return 0;
 	}
-	if (p) {
-		err = proc_reset(reg, p, group, task, image_id, peer->uid);
-		if (err < 0)
-			return err;
-		res->slot = p->slot;
-		res->slot_generation = slot_init(reg, p);
-		res->group = reg->groups[p->group].name;
-		result_fds(reg, p, res);
-		if (p->task[0])
-			mts_resv_worker_registered(reg, p);
-		mts_log(MTS_LOG_INFO, "worker exec'd, slot reset",
-		        "pid=%u slot=%u group=%s comm=%s", p->pid, p->slot,
-		        mts_logq(qg, sizeof(qg), res->group),
-		        mts_logq(qc, sizeof(qc), p->comm));
-		/* Its old bytes left the totals: publish now, as at exit. */
-		mts_publish(reg);
-		return 0;
-	}
+	int err = proc_reset(reg, p, group, task, image_id, peer->uid);
+	if (err < 0)
+		return err;
+	result_fill(reg, p, slot_init(reg, p), res);
+	if (p->task[0])
+		mts_resv_worker_registered(reg, p);
+	char qg[MTS_LOGQ_MAX], qc[MTS_LOGQ_MAX];
+	mts_log(MTS_LOG_INFO, "worker exec'd, slot reset",
+	        "pid=%u slot=%u group=%s comm=%s", p->pid, p->slot,
+	        mts_logq(qg, sizeof(qg), res->group),
+	        mts_logq(qc, sizeof(qc), p->comm));
+	/* Its old bytes left the totals: publish now, as at exit. */
+	mts_publish(reg);
+	return 0;
+}
 
-	/* A new process. */
+/* A process not registered yet: a pidfd, a free slot in its uid's table,
+ * a new proc. */
+static int register_new(struct mts_registry *reg, const struct mts_peer *peer,
+                        uint64_t start_time, const char *group,
+                        const char *task, uint64_t image_id,
+                        struct mts_reg_result *res)
+{
+	int err;
 	int pidfd = peer_pidfd(peer);
 	if (pidfd < 0)
 		return pidfd == -ESRCH ? -ESRCH : pidfd;
@@ -989,23 +1003,7 @@ int mts_register(struct mts_registry *reg, const struct mts_peer *peer,
 		goto fail_close_pidfd;
 	}
 	if (reg->nfree == 0) {
-		/* A refused worker's client retries: count (and warn about)
-		 * each worker once, not each attempt. */
-		bool again = false;
-		for (uint32_t i = 0; i < MTS_REFUSED_REMEMBERED; i++)
-			if (reg->refused[i].pid == peer->pid &&
-			    reg->refused[i].start_time == start_time)
-				again = true;
-		if (!again) {
-			uint32_t k = reg->refused_next++ % MTS_REFUSED_REMEMBERED;
-			reg->refused[k].pid = peer->pid;
-			reg->refused[k].start_time = start_time;
-			reg->totals.unregistered++;
-		}
-		mts_log(again ? MTS_LOG_DEBUG : MTS_LOG_WARN,
-		        "no free slot, worker runs unregistered",
-		        "pid=%u slots=%u unregistered=%u", peer->pid,
-		        reg->slot_count, reg->totals.unregistered);
+		note_refused(reg, peer->pid, start_time);
 		err = -ENOSPC;
 		goto fail_close_pidfd;
 	}
@@ -1026,6 +1024,7 @@ int mts_register(struct mts_registry *reg, const struct mts_peer *peer,
 	    .group = group,
 	    .task = task,
 	};
+	struct mts_proc *p;
 	bool taken;
 	err = proc_insert(reg, &in, table, &p, &taken);
 	if (err < 0) {
@@ -1036,11 +1035,8 @@ int mts_register(struct mts_registry *reg, const struct mts_peer *peer,
 	}
 	reg->nfree--;
 	reg->stats.registrations++;
-
-	res->slot = p->slot;
-	res->slot_generation = slot_init(reg, p);
-	res->group = reg->groups[p->group].name;
-	result_fds(reg, p, res);
+	result_fill(reg, p, slot_init(reg, p), res);
+	char qg[MTS_LOGQ_MAX], qc[MTS_LOGQ_MAX], qt[MTS_LOGQ_MAX];
 	mts_log(MTS_LOG_INFO, "worker registered",
 	        "pid=%u uid=%u slot=%u group=%s task=%s comm=%s", p->pid,
 	        p->uid, p->slot, mts_logq(qg, sizeof(qg), res->group),
@@ -1053,6 +1049,36 @@ int mts_register(struct mts_registry *reg, const struct mts_peer *peer,
 fail_close_pidfd:
 	close(pidfd);
 	return err;
+}
+
+int mts_register(struct mts_registry *reg, const struct mts_peer *peer,
+                 const char *group, const char *task, uint64_t image_id,
+                 struct mts_reg_result *res)
+{
+	if (!group || !group[0])
+		group = "default";
+	if (!task)
+		task = "";
+	if (!mts_name_ok(group) || !mts_name_ok(task))
+		return -EINVAL;
+	if (!peer->has_cred || peer->pid == 0)
+		return -EPERM;
+
+	uint64_t start_time;
+	int err = mts_read_starttime((pid_t)peer->pid, &start_time);
+	if (err < 0)
+		return err == -ENOENT ? -ESRCH : err;
+
+	struct mts_proc *p = mts_find_pid(reg, peer->pid);
+	if (p && p->start_time != start_time) {
+		/* The pid was reused before we saw the old process's exit
+		 * (both events landed in one loop iteration). */
+		proc_release(reg, p, "slot reclaimed: pid reused");
+		p = NULL;
+	}
+	if (p)
+		return register_known(reg, p, peer, group, task, image_id, res);
+	return register_new(reg, peer, start_time, group, task, image_id, res);
 }
 
 /* ---- adoption (see adopt.c) --------------------------------------------- */
