@@ -499,23 +499,43 @@ def insn_table(insn):
     return "\n".join(lines)
 
 
+# "No significant difference" is only evidence when the run could have
+# shown one: the baseline's interquartile range and the difference of the
+# medians must both be within this share of the baseline's median.
+NSD_RESOLUTION_PCT = 5.0
+
+
+def nsd_verdict(st, base, limit):
+    """met / missed / inconclusive for a no-significant-difference target,
+    and why when it is not met."""
+    spread = 100 * (base["q3"] - base["q1"]) / base["median"]
+    if st["p"] < limit:
+        if st["delta_ns"] < 0:
+            return "inconclusive", (
+                " (the accounting side was the faster one: the difference "
+                "is the machine's drift, not a cost)")
+        return "missed", ""
+    if spread > NSD_RESOLUTION_PCT or abs(st["delta_pct"]) > NSD_RESOLUTION_PCT:
+        return "inconclusive", (
+            " (the baseline's spread is ±%.1f%% and the medians differ by "
+            "%+.1f%%: too noisy a run to show a difference of %g%%)" % (
+                spread / 2, st["delta_pct"], NSD_RESOLUTION_PCT))
+    return "met", ""
+
+
 def targets_text(results):
     out = []
     for v, case, unit, limit in TARGETS:
-        st = results.get(case, {}).get("stats", {}).get(v)
+        stats = results.get(case, {}).get("stats", {})
+        st = stats.get(v)
         if not st or "delta_ns" not in st:
             continue
         if unit == "nsd":
-            ok = st["p"] >= limit
-            why = ""
-            if not ok and st["delta_ns"] < 0:
-                why = (" (the accounting side was the faster one: the "
-                       "difference is the machine's drift, not a cost)")
+            verdict, why = nsd_verdict(st, stats["jemalloc"], limit)
             out.append("- %s `%s` vs jemalloc: %+.2f ns (%+.1f%%), p = %s "
                        "(target: no significant difference, p ≥ %g): **%s**%s" % (
                            v, case, st["delta_ns"], st["delta_pct"],
-                           fmt_p(st["p"]), limit, "met" if ok else "missed",
-                           why))
+                           fmt_p(st["p"]), limit, verdict, why))
             continue
         val = st["delta_ns"] if unit == "ns" else st["delta_pct"]
         ok = val <= limit
