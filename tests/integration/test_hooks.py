@@ -12,6 +12,8 @@ workers, real shell commands.
   [hooks] timeout, and that is logged; meanwhile memtallyd answers
   GetUsage with its usual latency (medians compared, generously: the
   machine is shared);
+- a hook still running when memtallyd stops is killed with its group,
+  and the stop is clean;
 - a SIGHUP reload installs hooks.
 """
 import os
@@ -255,6 +257,29 @@ def test_hanging_hook_is_killed_and_queries_go_on():
               f"{timeout} s)")
 
 
+def test_stop_kills_a_running_hook():
+    d = tempfile.mkdtemp(prefix="mt-hooks-")
+    cfg = config("[limits]\nfleet = 1GiB\n[hooks]\n"
+                 f"on_high = echo $$ > {d}/pid; sleep 1000\n")
+    s = Server("--config", cfg)
+    try:
+        cli(s, "admit", "--bytes", "100MiB", "--ttl", "600")
+        cli(s, "limit", "set", "fleet", "105MiB")
+        pid = int(wait_for("hook running", lambda: (
+            open(f"{d}/pid").read().strip()
+            if os.path.exists(f"{d}/pid") else None)))
+        sleeps = wait_for("its sleep", lambda: open(
+            f"/proc/{pid}/task/{pid}/children").read().split())
+    finally:
+        rc = s.stop()
+    # A clean stop (under ASan: nothing leaked), the hook's group gone.
+    check(rc == 0, f"memtallyd exit status {rc}: {s.logtext()[-2000:]}")
+    check('msg="hook still running at stop, killed"' in s.logtext(),
+          "the kill at stop is not logged")
+    wait_for("hook gone", lambda: not alive(pid) and not any(
+        alive(int(c)) for c in sleeps), timeout=10)
+
+
 def test_reload_installs_hooks():
     d = tempfile.mkdtemp(prefix="mt-hooks-")
     cfg = config("[limits]\nfleet = 1GiB\n")
@@ -275,4 +300,5 @@ if __name__ == "__main__":
     run([test_environment_fleet_and_group,
          test_one_at_a_time_latest_state_wins,
          test_hanging_hook_is_killed_and_queries_go_on,
+         test_stop_kills_a_running_hook,
          test_reload_installs_hooks])
