@@ -19,7 +19,12 @@
  * 1.0 and 1.1 (segment-v1.*.bin) were written by this program's earlier
  * revisions and stay committed as they are: 2.0 readers must refuse them.
  *
- * Usage: make_golden --header OUT.bin | --table OUT.bin
+ * Layout 2.1 (mapped bytes) is 2.0 plus two words that were zero: lane
+ * 0's `mapped` and `fleet.mapped`. Its images (--minor 1) are the 2.0
+ * images with those words set, the fleet's bytes including them, and the
+ * version word 2.1.
+ *
+ * Usage: make_golden --header OUT.bin | --table OUT.bin [--minor 1]
  *        (see tests/golden/README.md)
  */
 #include "mtshm.h"
@@ -38,6 +43,10 @@ enum {
 	GOLDEN_STRIDE = GOLDEN_LANES * MTSHM_LINE,
 	GOLDEN_TABLE = GOLDEN_SLOTS * GOLDEN_STRIDE, /* 2048 */
 };
+
+/* Layout 2.1's mapped bytes in the images: slot 0 and slot 2. */
+#define GOLDEN_MAPPED_0 (3 * 1048576)
+#define GOLDEN_MAPPED_2 4096
 
 static void fill_header(unsigned char *img)
 {
@@ -76,6 +85,18 @@ static void fill_header(unsigned char *img)
 }
 
 /* Slot i of the table image: i * stride, as a reader addresses it. */
+static struct mtshm_slot_id *slot(unsigned char *table, uint32_t i);
+
+/* 2.1: the version word, and the fleet's mapped bytes (part of bytes). */
+static void fill_header_21(unsigned char *img)
+{
+	struct mtshm_header *h = (struct mtshm_header *)img;
+	fill_header(img);
+	h->version_minor = 1;
+	h->fleet.mapped = GOLDEN_MAPPED_0 + GOLDEN_MAPPED_2;
+	h->fleet.bytes += GOLDEN_MAPPED_0 + GOLDEN_MAPPED_2;
+}
+
 static struct mtshm_slot_id *slot(unsigned char *table, uint32_t i)
 {
 	return (struct mtshm_slot_id *)(table + (size_t)i * GOLDEN_STRIDE);
@@ -143,12 +164,25 @@ static void fill_table(unsigned char *t)
 	mtshm_lane(s, 0)->flushes = 1;
 }
 
+/* 2.1: lane 0's mapped word of the live slots (the corrupt one keeps 0). */
+static void fill_table_21(unsigned char *t)
+{
+	fill_table(t);
+	mtshm_lane(slot(t, 0), 0)->mapped = GOLDEN_MAPPED_0;
+	mtshm_lane(slot(t, 2), 0)->mapped = GOLDEN_MAPPED_2;
+}
+
 int main(int argc, char **argv)
 {
+	int minor1 = argc == 5 && strcmp(argv[3], "--minor") == 0 &&
+	             strcmp(argv[4], "1") == 0;
+	if (minor1)
+		argc = 3;
 	int header = argc == 3 && strcmp(argv[1], "--header") == 0;
 	int table = argc == 3 && strcmp(argv[1], "--table") == 0;
 	if (!header && !table) {
-		fprintf(stderr, "usage: %s --header|--table OUT.bin\n", argv[0]);
+		fprintf(stderr, "usage: %s --header|--table OUT.bin [--minor 1]\n",
+		        argv[0]);
 		return 2;
 	}
 	size_t size = header ? MTSHM_HEADER_SIZE : GOLDEN_TABLE;
@@ -161,14 +195,14 @@ int main(int argc, char **argv)
 	}
 	memset(img, 0, MTSHM_HEADER_SIZE);
 	if (header) {
-		fill_header(img);
+		(minor1 ? fill_header_21 : fill_header)(img);
 		if (mtshm_validate(img, size) != 0) {
 			fprintf(stderr, "%s: generated header does not validate\n",
 			        argv[0]);
 			return 1;
 		}
 	} else {
-		fill_table(img);
+		(minor1 ? fill_table_21 : fill_table)(img);
 	}
 
 	FILE *out = fopen(argv[2], "wb");
