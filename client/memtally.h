@@ -43,11 +43,14 @@
  * Caveats
  *  - Counted: bytes that pass through memtally_account(), or, under the
  *    preload, the usable size (jemalloc size class) of every live block of
- *    the process's jemalloc heap. A single malloc(100 MiB) counts 112 MiB,
- *    the size class jemalloc reserved. Not counted: mmap() made by the
- *    program itself, memory of other allocators (Python's pymalloc arenas,
- *    glibc malloc reached by name), stacks, code, page tables. For those,
- *    compare with RSS.
+ *    the process's jemalloc heap (glibc's chunk size under
+ *    libmemtally_glibc.so). A single malloc(100 MiB) counts 112 MiB, the
+ *    size class jemalloc reserved. The preloads also count the private,
+ *    writable anonymous memory the program maps itself (mmap: pymalloc's
+ *    arenas, GC heaps), reported apart as `mapped` and included in the
+ *    process's total; memtally_process_bytes() is the heap part. Not
+ *    counted: shared and file mappings, stacks, code, page tables, and,
+ *    with the inline API, any mmap. For those, compare with RSS.
  *  - Accuracy: each thread holds up to `threshold` bytes unflushed, so a
  *    process total is exact to +/- threshold x live threads. Counted by
  *    jemalloc's activity callback (the preload, memtally_init()), a thread
