@@ -15,6 +15,10 @@ a program counted under its own glibc malloc.
   gap stays within what the caches can hold.
 - The same worker's 1 GiB of malloc/free under glibc ends within its error
   bar (glibc's own mmaps are never counted as mapped).
+- MEMTALLY_ALLOCATOR names the front end whichever library was preloaded:
+  =glibc under libmemtally_preload.so runs the program under the glibc
+  front end (same pid, same arguments), =jemalloc under
+  libmemtally_glibc.so the other way round.
 """
 import os
 
@@ -127,6 +131,51 @@ def test_gigabyte_through_glibc():
             w.close()
 
 
+def switched(lib, allocator):
+    """Start mt_glibc (2 threads, 3 points) with LD_PRELOAD=lib and
+    MEMTALLY_ALLOCATOR=allocator; return its ready line, its maps and its
+    last ps entry."""
+    with Server() as s:
+        env = s.env(LD_PRELOAD=lib, MEMTALLY_ALLOCATOR=allocator,
+                    GLIBC_TUNABLES="glibc.malloc.tcache_count=0")
+        w = Worker([worker("mt_glibc"), "2", "3"], env)
+        try:
+            ready = w.readline()
+            with open(f"/proc/{w.pid}/maps") as f:
+                maps = f.read()
+            for k in range(3):
+                words = w.readline().split()
+                check(words[:2] == ["point", str(k)],
+                      f"the arguments survived: point {k}: {words}")
+                w.send("go")
+            check(w.readline().startswith("done"), "done after 3 points")
+            p = wait_for("counted", lambda: s.ps().get(w.pid))
+            w.send("exit")
+        finally:
+            w.close()
+        return ready, maps, p
+
+
+def test_allocator_variable_switches_the_front_end():
+    ready, maps, p = switched(PRELOAD, "glibc")
+    print(f"  jemalloc preload, MEMTALLY_ALLOCATOR=glibc: {ready.strip()}",
+          flush=True)
+    check("allocator=glibc" in ready and "usable100=104" in ready,
+          f"not glibc: {ready}")
+    check("libmemtally_glibc.so" in maps and "libjemalloc" not in maps,
+          "the glibc front end, and no jemalloc, in the process")
+    check(p["bytes"] > 0, f"counted: {p}")
+    ready, maps, p = switched(GLIBC_LIB, "jemalloc")
+    print(f"  glibc preload, MEMTALLY_ALLOCATOR=jemalloc: {ready.strip()}",
+          flush=True)
+    check("allocator=jemalloc" in ready and "usable100=112" in ready,
+          f"not jemalloc: {ready}")
+    check("libmemtally_preload.so" in maps and "libjemalloc" in maps,
+          "the jemalloc preload in the process")
+    check(p["bytes"] > 0, f"counted: {p}")
+
+
 if __name__ == "__main__":
     run([test_counted_as_glibc_counts, test_thread_caches_are_the_only_gap,
-         test_gigabyte_through_glibc])
+         test_gigabyte_through_glibc,
+         test_allocator_variable_switches_the_front_end])

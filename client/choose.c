@@ -1,0 +1,166 @@
+/*
+ * choose.c - MEMTALLY_ALLOCATOR=glibc|jemalloc with either preload.
+ *
+ * The front end is a library (libmemtally_preload.so: jemalloc;
+ * libmemtally_glibc.so: glibc's malloc), and which malloc a process uses
+ * is settled when the dynamic linker loads it. A worker started with one
+ * library and MEMTALLY_ALLOCATOR naming the other is switched before any
+ * of its own code runs: this constructor puts the other library in the
+ * preloaded one's place in LD_PRELOAD and executes the same program again
+ * (/proc/self/exe, the same argv from /proc/self/cmdline, the same
+ * environment otherwise). Its children inherit the new LD_PRELOAD, so a
+ * process tree pays the extra exec once, at its root; a tool that starts
+ * workers (memtally run) sets the right library itself and pays nothing.
+ *
+ * Fail open: an unknown value, a secure-execution process (set-uid),
+ * a library not found beside this one, a preload not named in
+ * LD_PRELOAD, no /proc, or a failed exec leave the process running as it
+ * is, counted by the front end it has. MEMTALLY_ALLOCATOR_SWITCHED marks
+ * the switched process so that nothing can loop.
+ */
+#define _GNU_SOURCE
+#include "client_internal.h"
+
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/auxv.h>
+#include <unistd.h>
+
+#ifndef MTC_FRONT_ALLOCATOR
+#error "MTC_FRONT_ALLOCATOR: the allocator of this front end"
+#endif
+
+#define SWITCHED "MEMTALLY_ALLOCATOR_SWITCHED=1"
+
+extern char **environ;
+
+/* The whole of /proc/self/cmdline, or NULL. */
+static char *read_cmdline(size_t *len)
+{
+	int fd = open("/proc/self/cmdline", O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return NULL;
+	size_t cap = 4096, n = 0;
+	char *buf = malloc(cap);
+	while (buf) {
+		ssize_t r = read(fd, buf + n, cap - n - 1);
+		if (r <= 0)
+			break;
+		n += (size_t)r;
+		if (n + 1 == cap) {
+			char *b = realloc(buf, cap * 2);
+			if (!b) {
+				free(buf);
+				buf = NULL;
+			} else {
+				buf = b;
+				cap *= 2;
+			}
+		}
+	}
+	close(fd);
+	if (buf && n == 0) {
+		free(buf);
+		buf = NULL;
+	}
+	if (buf)
+		buf[n] = 0;
+	*len = n;
+	return buf;
+}
+
+/* LD_PRELOAD with the token `self` replaced by `other`, or NULL if
+ * `self` is not one of its tokens (separated by ':' or ' '). */
+static char *swap_preload(const char *lp, const char *self, const char *other)
+{
+	size_t ls = strlen(self);
+	for (const char *p = lp; *p;) {
+		size_t n = strcspn(p, ": ");
+		if (n == ls && memcmp(p, self, n) == 0) {
+			size_t before = (size_t)(p - lp);
+			size_t total = strlen("LD_PRELOAD=") + strlen(lp) - n +
+				       strlen(other) + 1;
+			char *out = malloc(total);
+			if (!out)
+				return NULL;
+			strcpy(out, "LD_PRELOAD=");
+			strncat(out, lp, before);
+			strcat(out, other);
+			strcat(out, p + n);
+			return out;
+		}
+		p += n;
+		if (*p)
+			p++;
+	}
+	return NULL;
+}
+
+__attribute__((constructor(103))) static void mtc_choose(void)
+{
+	const char *want = getenv("MEMTALLY_ALLOCATOR");
+	if (!want || !*want || strcmp(want, MTC_FRONT_ALLOCATOR) == 0 ||
+	    getenv("MEMTALLY_ALLOCATOR_SWITCHED"))
+		return;
+	const char *other_name;
+	if (strcmp(want, "glibc") == 0)
+		other_name = "libmemtally_glibc.so";
+	else if (strcmp(want, "jemalloc") == 0)
+		other_name = "libmemtally_preload.so";
+	else
+		return; /* unknown: MEMTALLY_DEBUG says so at init */
+	Dl_info di;
+	const char *lp = getenv("LD_PRELOAD");
+	if (getauxval(AT_SECURE) || !lp ||
+	    !dladdr((void *)(uintptr_t)mtc_choose, &di) || !di.dli_fname)
+		return;
+	const char *slash = strrchr(di.dli_fname, '/');
+	size_t dir = slash ? (size_t)(slash - di.dli_fname) + 1 : 0;
+	char *other = malloc(dir + strlen(other_name) + 1);
+	if (!other)
+		return;
+	memcpy(other, di.dli_fname, dir);
+	strcpy(other + dir, other_name);
+	char *preload = NULL, *cmd = NULL;
+	char **argv = NULL, **envp = NULL;
+	size_t len = 0;
+	if (access(other, R_OK) != 0 ||
+	    !(preload = swap_preload(lp, di.dli_fname, other)) ||
+	    !(cmd = read_cmdline(&len)))
+		goto out_free;
+	size_t argc = 0, envc = 0;
+	for (size_t i = 0; i < len; i++)
+		argc += cmd[i] == 0;
+	if (cmd[len - 1] != 0)
+		argc++;
+	while (environ[envc])
+		envc++;
+	argv = calloc(argc + 1, sizeof(char *));
+	envp = calloc(envc + 3, sizeof(char *));
+	if (!argv || !envp)
+		goto out_free;
+	for (size_t i = 0, k = 0; i < len && k < argc; k++) {
+		argv[k] = cmd + i;
+		i += strlen(cmd + i) + 1;
+	}
+	size_t e = 0;
+	for (size_t i = 0; i < envc; i++)
+		if (strncmp(environ[i], "LD_PRELOAD=", 11) != 0)
+			envp[e++] = environ[i];
+	envp[e++] = preload;
+	envp[e++] = (char *)SWITCHED;
+	mtc_init(); /* MEMTALLY_DEBUG */
+	mtc_debug("MEMTALLY_ALLOCATOR=%s: running again under %s", want,
+		  other);
+	execve("/proc/self/exe", argv, envp);
+	mtc_debug("MEMTALLY_ALLOCATOR=%s: exec failed; staying on %s", want,
+		  MTC_FRONT_ALLOCATOR);
+out_free:
+	free(argv);
+	free(envp);
+	free(cmd);
+	free(preload);
+	free(other);
+}
