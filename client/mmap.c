@@ -183,10 +183,12 @@ __attribute__((constructor(102))) static void mm_init(void)
 	__atomic_store_n(&mm.ready, 1, __ATOMIC_RELEASE);
 }
 
-static inline int counted_kind(int prot, int flags, int fd)
+/* The kernel ignores the descriptor of an anonymous mapping (some
+ * programs pass 0), so neither do we. */
+static inline int counted_kind(int prot, int flags)
 {
 	return (flags & MAP_ANONYMOUS) && (flags & MAP_TYPE) == MAP_PRIVATE &&
-	       (prot & PROT_WRITE) && !(flags & MAP_NORESERVE) && fd == -1;
+	       (prot & PROT_WRITE) && !(flags & MAP_NORESERVE);
 }
 
 static inline uintptr_t page_up(uintptr_t a)
@@ -237,7 +239,7 @@ void mtc_mapped_resync(void)
 static void *do_mmap(void *addr, size_t len, int prot, int flags, int fd,
 		     off_t off, const void *ret)
 {
-	int counted = counted_kind(prot, flags, fd);
+	int counted = counted_kind(prot, flags);
 	int fixed = flags & MAP_FIXED; /* replaces what was there */
 	if (!(counted || fixed) || !enter(ret))
 		return sys_mmap(addr, len, prot, flags, fd, off);
