@@ -150,6 +150,30 @@ GL_EXPORT void free_aligned_sized(void *p, size_t align, size_t n)
 	free(p);
 }
 
+/* The core's hooks into the front end: account.c's counting is the
+ * whole of it here. */
+int mtc_front_flush(void)
+{
+	return mta_front_flush();
+}
+
+int64_t mtc_front_drift(void)
+{
+	return mta_front_drift();
+}
+
+void mtc_front_force_slow(void)
+{
+	mta_front_force_slow();
+}
+
+/* A program that calls memtally_init() (written for a linked
+ * libmemtally): everything is counted already. */
+GL_EXPORT int memtally_init(void)
+{
+	return mtc_init() ? 0 : MEMTALLY_EDISABLED;
+}
+
 /* Which allocator the calls reach, for tests and benchmarks. */
 GL_EXPORT const char *memtally_preload_allocator(void)
 {
