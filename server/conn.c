@@ -34,7 +34,7 @@
  *    pending connection is not accepted, so the next connection after a
  *    close would wait too.
  *  - bytes: `held` is what a connection holds (its input buffer's
- *    capacity plus its unwritten output) and srv->buffered their sum.
+ *    capacity plus its unwritten output) and srv->net.buffered their sum.
  *    Reads go into one shared buffer and only what is left unanswered is
  *    copied into the connection's own, so a peer that sends whole
  *    requests and reads its answers holds next to nothing. When the sum
@@ -100,15 +100,15 @@ struct mts_conn {
 		uv_tcp_t tcp;
 	} h;
 	struct mts_server *srv;
-	struct mts_conn *prev, *next; /* srv->conns */
-	struct mts_conn *bnext;       /* srv->backlog_head */
+	struct mts_conn *prev, *next; /* srv->net.conns */
+	struct mts_conn *bnext;       /* srv->net.backlog_head */
 	struct mts_peer peer;
 	uint8_t *in;
 	size_t in_off; /* in[in_off, in_len) is not answered yet */
 	size_t in_len;
 	size_t in_cap;
 	size_t out_pending; /* bytes in uv_write requests not completed */
-	size_t held;        /* in_cap + out_pending, as in srv->buffered */
+	size_t held;        /* in_cap + out_pending, as in srv->net.buffered */
 	bool reading;
 	bool paused;     /* output over MTS_OUT_HIGH */
 	bool throttled;  /* over its share while the server is over budget */
@@ -116,7 +116,7 @@ struct mts_conn {
 	bool eof;        /* the peer will send nothing more */
 	bool close_after_write;
 	bool closing;
-	bool uid_counted; /* counted in srv->conn_uids under uid_key */
+	bool uid_counted; /* counted in srv->net.conn_uids under uid_key */
 	uint32_t uid_key; /* peer uid, or MTS_UID_TCP */
 	uint64_t last_ms; /* uv_now() of accept or of the latest request */
 	struct mts_buf *turn_out; /* the output of the turn in progress */
@@ -147,14 +147,14 @@ static void on_conn_closed(uv_handle_t *h)
 static void backlog_remove(struct mts_server *srv, struct mts_conn *c)
 {
 	struct mts_conn *prev = NULL;
-	for (struct mts_conn *x = srv->backlog_head; x; x = x->bnext) {
+	for (struct mts_conn *x = srv->net.backlog_head; x; x = x->bnext) {
 		if (x == c) {
 			if (prev)
 				prev->bnext = c->bnext;
 			else
-				srv->backlog_head = c->bnext;
-			if (srv->backlog_tail == c)
-				srv->backlog_tail = prev;
+				srv->net.backlog_head = c->bnext;
+			if (srv->net.backlog_tail == c)
+				srv->net.backlog_tail = prev;
 			break;
 		}
 		prev = x;
@@ -174,8 +174,8 @@ static void stop_reading(struct mts_conn *c)
 /* A connection may hold this much while the server is over budget. */
 static size_t fair_share(const struct mts_server *srv)
 {
-	uint64_t n = srv->nconns ? srv->nconns : 1;
-	uint64_t share = srv->max_buffered / (2 * n);
+	uint64_t n = srv->net.nconns ? srv->net.nconns : 1;
+	uint64_t share = srv->net.max_buffered / (2 * n);
 	return share < MTS_CONN_FLOOR ? MTS_CONN_FLOOR : (size_t)share;
 }
 
@@ -185,7 +185,7 @@ static void throttle(struct mts_conn *c)
 		return;
 	c->throttled = true;
 	stop_reading(c);
-	c->srv->conn_stats.throttled++;
+	c->srv->net.conn_stats.throttled++;
 	mts_log(MTS_LOG_DEBUG, "over the server's buffer budget, throttled",
 	        "peer_pid=%u tcp=%d held=%zu", c->peer.pid, c->peer.tcp,
 	        c->held);
@@ -196,10 +196,10 @@ static void throttle(struct mts_conn *c)
  * inside other connections' callbacks). */
 static void budget_relieved(struct mts_server *srv)
 {
-	srv->pressure = false;
-	srv->over_since_ms = 0;
+	srv->net.pressure = false;
+	srv->net.over_since_ms = 0;
 	uint32_t n = 0;
-	for (struct mts_conn *c = srv->conns; c; c = c->next) {
+	for (struct mts_conn *c = srv->net.conns; c; c = c->next) {
 		if (!c->throttled)
 			continue;
 		c->throttled = false;
@@ -207,31 +207,31 @@ static void budget_relieved(struct mts_server *srv)
 		if (!c->closing && !c->backlogged)
 			backlog_add(c);
 	}
-	if (srv->budget_timer_open)
-		uv_timer_stop(&srv->budget_timer);
+	if (srv->net.budget_timer_open)
+		uv_timer_stop(&srv->net.budget_timer);
 	mts_log(MTS_LOG_INFO, "buffered bytes back under budget",
 	        "buffered=%llu max_buffered=%llu resumed=%u",
-	        (unsigned long long)srv->buffered,
-	        (unsigned long long)srv->max_buffered, n);
+	        (unsigned long long)srv->net.buffered,
+	        (unsigned long long)srv->net.max_buffered, n);
 }
 
 static void budget_grew(struct mts_server *srv, struct mts_conn *c)
 {
-	if (srv->pressure) {
-		if (!srv->over_since_ms)
-			srv->over_since_ms = uv_now(srv->loop);
+	if (srv->net.pressure) {
+		if (!srv->net.over_since_ms)
+			srv->net.over_since_ms = uv_now(srv->loop);
 		if (c->held > fair_share(srv))
 			throttle(c);
 		return;
 	}
-	if (srv->buffered <= srv->max_buffered)
+	if (srv->net.buffered <= srv->net.max_buffered)
 		return;
-	srv->pressure = true;
-	srv->over_since_ms = uv_now(srv->loop);
-	srv->conn_stats.pressure++;
+	srv->net.pressure = true;
+	srv->net.over_since_ms = uv_now(srv->loop);
+	srv->net.conn_stats.pressure++;
 	size_t share = fair_share(srv);
 	uint32_t n = 0;
-	for (struct mts_conn *x = srv->conns; x; x = x->next) {
+	for (struct mts_conn *x = srv->net.conns; x; x = x->next) {
 		if (x->held > share && !x->throttled && !x->closing) {
 			throttle(x);
 			n++;
@@ -242,10 +242,11 @@ static void budget_grew(struct mts_server *srv, struct mts_conn *c)
 	        "largest (reading stopped until their output drains)",
 	        "buffered=%llu max_buffered=%llu connections=%u share=%zu "
 	        "throttled=%u",
-	        (unsigned long long)srv->buffered,
-	        (unsigned long long)srv->max_buffered, srv->nconns, share, n);
-	if (srv->budget_timer_open)
-		uv_timer_start(&srv->budget_timer, on_budget_timer,
+	        (unsigned long long)srv->net.buffered,
+	        (unsigned long long)srv->net.max_buffered, srv->net.nconns,
+	        share, n);
+	if (srv->net.budget_timer_open)
+		uv_timer_start(&srv->net.budget_timer, on_budget_timer,
 		               MTS_BUDGET_CHECK_MS, MTS_BUDGET_CHECK_MS);
 }
 
@@ -260,43 +261,43 @@ static void budget_grew(struct mts_server *srv, struct mts_conn *c)
 static void on_budget_timer(uv_timer_t *t)
 {
 	struct mts_server *srv = t->data;
-	if (!srv->pressure) {
+	if (!srv->net.pressure) {
 		uv_timer_stop(t);
 		return;
 	}
 	uint64_t now = uv_now(srv->loop);
-	uint64_t low = srv->max_buffered / 100 * MTS_BUDGET_LOW_PCT;
-	if (srv->buffered <= low) {
+	uint64_t low = srv->net.max_buffered / 100 * MTS_BUDGET_LOW_PCT;
+	if (srv->net.buffered <= low) {
 		budget_relieved(srv);
 		return;
 	}
-	if (!srv->over_since_ms)
-		srv->over_since_ms = now;
-	if (now - srv->over_since_ms < MTS_BUDGET_GRACE_MS)
+	if (!srv->net.over_since_ms)
+		srv->net.over_since_ms = now;
+	if (now - srv->net.over_since_ms < MTS_BUDGET_GRACE_MS)
 		return;
-	while (srv->pressure && srv->buffered > low) {
+	while (srv->net.pressure && srv->net.buffered > low) {
 		struct mts_conn *big = NULL;
-		for (struct mts_conn *c = srv->conns; c; c = c->next)
+		for (struct mts_conn *c = srv->net.conns; c; c = c->next)
 			if (!c->closing && (!big || c->held > big->held))
 				big = c;
 		if (!big || big->held == 0)
 			break;
-		srv->conn_stats.evicted++;
+		srv->net.conn_stats.evicted++;
 		mts_log(MTS_LOG_WARN,
 		        "connection holds the most while over max_buffered "
 		        "and did not drain; disconnected",
 		        "peer_pid=%u tcp=%d held=%zu buffered=%llu "
 		        "max_buffered=%llu",
 		        big->peer.pid, big->peer.tcp, big->held,
-		        (unsigned long long)srv->buffered,
-		        (unsigned long long)srv->max_buffered);
+		        (unsigned long long)srv->net.buffered,
+		        (unsigned long long)srv->net.max_buffered);
 		conn_close(big); /* relieves the budget once under `low` */
 	}
-	if (srv->pressure)
-		srv->over_since_ms = now;
+	if (srv->net.pressure)
+		srv->net.over_since_ms = now;
 }
 
-/* Bring c->held and srv->buffered up to date after its input buffer or
+/* Bring c->held and srv->net.buffered up to date after its input buffer or
  * its unwritten output changed. A closing connection holds nothing: its
  * memory is freed by the close and write callbacks that follow. */
 static void conn_account(struct mts_conn *c)
@@ -305,12 +306,13 @@ static void conn_account(struct mts_conn *c)
 	size_t now = c->closing ? 0 : c->in_cap + c->out_pending;
 	size_t was = c->held;
 	c->held = now;
-	srv->buffered = srv->buffered - was + now;
-	srv->conn_stats.buffered = srv->buffered;
+	srv->net.buffered = srv->net.buffered - was + now;
+	srv->net.conn_stats.buffered = srv->net.buffered;
 	if (now > was)
 		budget_grew(srv, c);
-	else if (srv->pressure &&
-	         srv->buffered <= srv->max_buffered / 100 * MTS_BUDGET_LOW_PCT)
+	else if (srv->net.pressure &&
+	         srv->net.buffered <=
+	             srv->net.max_buffered / 100 * MTS_BUDGET_LOW_PCT)
 		budget_relieved(srv);
 }
 
@@ -331,13 +333,13 @@ static void conn_close(struct mts_conn *c)
 	if (c->prev)
 		c->prev->next = c->next;
 	else
-		srv->conns = c->next;
+		srv->net.conns = c->next;
 	if (c->next)
 		c->next->prev = c->prev;
-	srv->nconns--;
-	srv->conn_stats.open = srv->nconns;
+	srv->net.nconns--;
+	srv->net.conn_stats.open = srv->net.nconns;
 	if (c->uid_counted) {
-		mts_uid_count_sub(&srv->conn_uids, c->uid_key);
+		mts_uid_count_sub(&srv->net.conn_uids, c->uid_key);
 		c->uid_counted = false;
 	}
 	mts_log(MTS_LOG_DEBUG, "connection closed", "peer_pid=%u tcp=%d",
@@ -374,13 +376,13 @@ static void backlog_add(struct mts_conn *c)
 	struct mts_server *srv = c->srv;
 	c->backlogged = true;
 	c->bnext = NULL;
-	if (srv->backlog_tail)
-		srv->backlog_tail->bnext = c;
+	if (srv->net.backlog_tail)
+		srv->net.backlog_tail->bnext = c;
 	else
-		srv->backlog_head = c;
-	srv->backlog_tail = c;
-	if (!uv_is_active((uv_handle_t *)&srv->idle))
-		uv_idle_start(&srv->idle, on_idle);
+		srv->net.backlog_head = c;
+	srv->net.backlog_tail = c;
+	if (!uv_is_active((uv_handle_t *)&srv->net.idle))
+		uv_idle_start(&srv->net.idle, on_idle);
 }
 
 static void on_write(uv_write_t *req, int status)
@@ -545,8 +547,8 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 {
 	struct mts_conn *c = h->data;
 	(void)suggested;
-	*buf = uv_buf_init((char *)c->srv->scratch,
-	                   c->srv->scratch ? READ_CHUNK : 0);
+	*buf = uv_buf_init((char *)c->srv->net.scratch,
+	                   c->srv->net.scratch ? READ_CHUNK : 0);
 }
 
 /* Append a read to the connection's input (what is not answered yet).
@@ -603,7 +605,7 @@ static void conn_process(struct mts_conn *c)
 	};
 	/* Over budget, a turn of a connection still under its share adds at
 	 * most about that share (one answer at least), not MTS_OUT_HIGH. */
-	if (c->srv->pressure && budget.out_bytes > MTS_CONN_FLOOR)
+	if (c->srv->net.pressure && budget.out_bytes > MTS_CONN_FLOOR)
 		budget.out_bytes = MTS_CONN_FLOOR;
 	size_t used = 0;
 	c->turn_out = &out;
@@ -674,18 +676,18 @@ static void on_idle(uv_idle_t *h)
 {
 	struct mts_server *srv = h->data;
 	uint32_t n = 0;
-	for (struct mts_conn *x = srv->backlog_head; x; x = x->bnext)
+	for (struct mts_conn *x = srv->net.backlog_head; x; x = x->bnext)
 		n++;
-	while (n-- > 0 && srv->backlog_head) {
-		struct mts_conn *c = srv->backlog_head;
-		srv->backlog_head = c->bnext;
-		if (!srv->backlog_head)
-			srv->backlog_tail = NULL;
+	while (n-- > 0 && srv->net.backlog_head) {
+		struct mts_conn *c = srv->net.backlog_head;
+		srv->net.backlog_head = c->bnext;
+		if (!srv->net.backlog_head)
+			srv->net.backlog_tail = NULL;
 		c->bnext = NULL;
 		c->backlogged = false;
 		conn_process(c); /* may queue c again, at the tail */
 	}
-	if (!srv->backlog_head)
+	if (!srv->net.backlog_head)
 		uv_idle_stop(h);
 }
 
@@ -732,14 +734,14 @@ static bool uid_admit(struct mts_conn *c)
 	struct mts_server *srv = c->srv;
 	c->uid_key =
 	    c->peer.has_cred && !c->peer.tcp ? c->peer.uid : MTS_UID_TCP;
-	uint32_t open = mts_uid_count_get(&srv->conn_uids, c->uid_key);
-	if (open >= srv->max_conns_per_uid &&
+	uint32_t open = mts_uid_count_get(&srv->net.conn_uids, c->uid_key);
+	if (open >= srv->net.max_conns_per_uid &&
 	    mts_authorise(&srv->reg, &c->peer, NULL) == MTS_AUTH_NONE) {
-		srv->conn_stats.rejected_uid++;
-		srv->uid_rejected_unlogged++;
+		srv->net.conn_stats.rejected_uid++;
+		srv->net.uid_rejected_unlogged++;
 		uint64_t now = uv_now(srv->loop);
-		if (!srv->uid_rejected_logged_ms ||
-		    now - srv->uid_rejected_logged_ms >= 1000) {
+		if (!srv->net.uid_rejected_logged_ms ||
+		    now - srv->net.uid_rejected_logged_ms >= 1000) {
 			mts_log(
 			    MTS_LOG_WARN,
 			    "max_connections_per_uid reached for this uid; "
@@ -747,16 +749,17 @@ static bool uid_admit(struct mts_conn *c)
 			    "uid=%u tcp=%d open=%u max_connections_per_uid=%u "
 			    "rejected=%llu",
 			    c->peer.uid, c->uid_key == MTS_UID_TCP, open,
-			    srv->max_conns_per_uid,
-			    (unsigned long long)srv->uid_rejected_unlogged);
-			srv->uid_rejected_logged_ms = now;
-			srv->uid_rejected_unlogged = 0;
+			    srv->net.max_conns_per_uid,
+			    (unsigned long long)srv->net.uid_rejected_unlogged);
+			srv->net.uid_rejected_logged_ms = now;
+			srv->net.uid_rejected_unlogged = 0;
 		}
 		conn_close(c);
 		return false;
 	}
 	/* Out of memory: not counted (nor capped), which is all it costs. */
-	c->uid_counted = mts_uid_count_add(&srv->conn_uids, c->uid_key) == 0;
+	c->uid_counted =
+	    mts_uid_count_add(&srv->net.conn_uids, c->uid_key) == 0;
 	return true;
 }
 
@@ -783,16 +786,16 @@ static void accept_one(uv_stream_t *listener, int status, bool tcp)
 		uv_pipe_init(srv->loop, &c->h.pipe, 0);
 	c->h.stream.data = c;
 	/* Link first: conn_close() unlinks. */
-	c->next = srv->conns;
-	if (srv->conns)
-		srv->conns->prev = c;
-	srv->conns = c;
-	srv->nconns++;
+	c->next = srv->net.conns;
+	if (srv->net.conns)
+		srv->net.conns->prev = c;
+	srv->net.conns = c;
+	srv->net.nconns++;
 
-	srv->conn_stats.open = srv->nconns;
-	srv->conn_stats.max = srv->max_conns;
-	srv->conn_stats.buffered_max = srv->max_buffered;
-	srv->conn_stats.max_per_uid = srv->max_conns_per_uid;
+	srv->net.conn_stats.open = srv->net.nconns;
+	srv->net.conn_stats.max = srv->net.max_conns;
+	srv->net.conn_stats.buffered_max = srv->net.max_buffered;
+	srv->net.conn_stats.max_per_uid = srv->net.max_conns_per_uid;
 
 	int err = uv_accept(listener, &c->h.stream);
 	if (err < 0) {
@@ -801,22 +804,22 @@ static void accept_one(uv_stream_t *listener, int status, bool tcp)
 		conn_close(c);
 		return;
 	}
-	if (srv->nconns > srv->max_conns) {
+	if (srv->net.nconns > srv->net.max_conns) {
 		/* Accepted only to be closed (see the top of this file). A
 		 * flood must not flood the log too: one line a second. */
-		srv->conn_stats.rejected++;
-		srv->rejected_unlogged++;
+		srv->net.conn_stats.rejected++;
+		srv->net.rejected_unlogged++;
 		uint64_t now = uv_now(srv->loop);
-		if (!srv->rejected_logged_ms ||
-		    now - srv->rejected_logged_ms >= 1000) {
+		if (!srv->net.rejected_logged_ms ||
+		    now - srv->net.rejected_logged_ms >= 1000) {
 			mts_log(MTS_LOG_WARN,
 			        "max_connections reached; new connections are "
 			        "closed at once",
 			        "max_connections=%u tcp=%d rejected=%llu",
-			        srv->max_conns, tcp,
-			        (unsigned long long)srv->rejected_unlogged);
-			srv->rejected_logged_ms = now;
-			srv->rejected_unlogged = 0;
+			        srv->net.max_conns, tcp,
+			        (unsigned long long)srv->net.rejected_unlogged);
+			srv->net.rejected_logged_ms = now;
+			srv->net.rejected_unlogged = 0;
 		}
 		conn_close(c);
 		return;
@@ -951,12 +954,12 @@ static void on_idle_timer(uv_timer_t *t)
 	struct mts_server *srv = t->data;
 	uint64_t now = uv_now(srv->loop);
 	struct mts_conn *next;
-	for (struct mts_conn *c = srv->conns; c; c = next) {
+	for (struct mts_conn *c = srv->net.conns; c; c = next) {
 		next = c->next;
 		if (c->peer.watching || c->closing ||
-		    now - c->last_ms < srv->idle_ms)
+		    now - c->last_ms < srv->net.idle_ms)
 			continue;
-		srv->conn_stats.idle_closed++;
+		srv->net.conn_stats.idle_closed++;
 		mts_log(MTS_LOG_DEBUG, "connection idle, closed",
 		        "peer_pid=%u uid=%u tcp=%d idle_ms=%llu", c->peer.pid,
 		        c->peer.uid, c->peer.tcp,
@@ -969,45 +972,48 @@ static void on_idle_timer(uv_timer_t *t)
  * its timer, the scratch buffer. Once. */
 static int conns_init(struct mts_server *srv)
 {
-	if (srv->idle_open)
+	if (srv->net.idle_open)
 		return 0;
-	srv->max_conns =
+	srv->net.max_conns =
 	    srv->cfg.max_conns ? srv->cfg.max_conns : MTS_DEFAULT_MAX_CONNS;
-	srv->max_buffered = srv->cfg.max_buffered ? srv->cfg.max_buffered
-	                                          : MTS_DEFAULT_MAX_BUFFERED;
-	srv->max_conns_per_uid = srv->cfg.max_conns_per_uid
-	                             ? srv->cfg.max_conns_per_uid
-	                             : MTS_DEFAULT_MAX_CONNS_PER_UID;
-	srv->idle_ms = srv->cfg.no_idle_timeout   ? 0
-	               : srv->cfg.idle_timeout_ms ? srv->cfg.idle_timeout_ms
-	                                          : MTS_DEFAULT_IDLE_MS;
-	if (!srv->scratch) {
-		srv->scratch = malloc(READ_CHUNK);
-		if (!srv->scratch)
+	srv->net.max_buffered = srv->cfg.max_buffered
+	                            ? srv->cfg.max_buffered
+	                            : MTS_DEFAULT_MAX_BUFFERED;
+	srv->net.max_conns_per_uid = srv->cfg.max_conns_per_uid
+	                                 ? srv->cfg.max_conns_per_uid
+	                                 : MTS_DEFAULT_MAX_CONNS_PER_UID;
+	srv->net.idle_ms = srv->cfg.no_idle_timeout   ? 0
+	                   : srv->cfg.idle_timeout_ms ? srv->cfg.idle_timeout_ms
+	                                              : MTS_DEFAULT_IDLE_MS;
+	if (!srv->net.scratch) {
+		srv->net.scratch = malloc(READ_CHUNK);
+		if (!srv->net.scratch)
 			return -ENOMEM;
 	}
-	int err = uv_timer_init(srv->loop, &srv->budget_timer);
+	int err = uv_timer_init(srv->loop, &srv->net.budget_timer);
 	if (err < 0)
 		return err;
-	srv->budget_timer.data = srv;
-	srv->budget_timer_open = true;
-	err = uv_idle_init(srv->loop, &srv->idle);
+	srv->net.budget_timer.data = srv;
+	srv->net.budget_timer_open = true;
+	err = uv_idle_init(srv->loop, &srv->net.idle);
 	if (err < 0)
 		return err;
-	srv->idle.data = srv;
-	srv->idle_open = true;
-	if (srv->idle_ms) {
-		err = uv_timer_init(srv->loop, &srv->idle_timer);
+	srv->net.idle.data = srv;
+	srv->net.idle_open = true;
+	if (srv->net.idle_ms) {
+		err = uv_timer_init(srv->loop, &srv->net.idle_timer);
 		if (err < 0)
 			return err;
-		srv->idle_timer.data = srv;
-		srv->idle_timer_open = true;
+		srv->net.idle_timer.data = srv;
+		srv->net.idle_timer_open = true;
 		/* Checked every quarter of the timeout: a connection goes
 		 * between 1 and 1.25 timeouts after its last request. */
-		uint64_t every = srv->idle_ms / 4 ? srv->idle_ms / 4 : 1;
-		uv_timer_start(&srv->idle_timer, on_idle_timer, every, every);
+		uint64_t every =
+		    srv->net.idle_ms / 4 ? srv->net.idle_ms / 4 : 1;
+		uv_timer_start(&srv->net.idle_timer, on_idle_timer, every,
+		               every);
 		/* Not a reason to keep the loop running. */
-		uv_unref((uv_handle_t *)&srv->idle_timer);
+		uv_unref((uv_handle_t *)&srv->net.idle_timer);
 	}
 	return 0;
 }
@@ -1019,21 +1025,21 @@ int mts_listen(struct mts_server *srv)
 	if (err < 0)
 		return err;
 
-	err = uv_pipe_init(srv->loop, &srv->listener, 0);
+	err = uv_pipe_init(srv->loop, &srv->net.listener, 0);
 	if (err < 0)
 		return err;
-	srv->listener.data = srv;
-	srv->listening = true; /* the handle is open: close it on stop */
-	err = uv_pipe_bind(&srv->listener, path);
+	srv->net.listener.data = srv;
+	srv->net.listening = true; /* the handle is open: close it on stop */
+	err = uv_pipe_bind(&srv->net.listener, path);
 	if (err < 0)
 		return err;
-	srv->socket_bound = true;
+	srv->net.socket_bound = true;
 	/* bind applied the umask; the mode is part of the contract. */
 	if (chmod(path, 0660) < 0)
 		return -errno;
 	if (srv->cfg.has_gid && chown(path, (uid_t)-1, (gid_t)srv->cfg.gid) < 0)
 		return -errno;
-	return uv_listen((uv_stream_t *)&srv->listener, SOMAXCONN,
+	return uv_listen((uv_stream_t *)&srv->net.listener, SOMAXCONN,
 	                 on_connection);
 }
 
@@ -1049,30 +1055,31 @@ int mts_listen_tcp(struct mts_server *srv)
 	err = mts_parse_hostport(srv->cfg.tcp_addr, &ss, &sslen, &loopback);
 	if (err < 0)
 		return err;
-	err = uv_tcp_init(srv->loop, &srv->tcp_listener);
+	err = uv_tcp_init(srv->loop, &srv->net.tcp_listener);
 	if (err < 0)
 		return err;
-	srv->tcp_listener.data = srv;
-	srv->tcp_listening = true; /* the handle is open: close it on stop */
-	err = uv_tcp_bind(&srv->tcp_listener, (struct sockaddr *)&ss, 0);
+	srv->net.tcp_listener.data = srv;
+	srv->net.tcp_listening =
+	    true; /* the handle is open: close it on stop */
+	err = uv_tcp_bind(&srv->net.tcp_listener, (struct sockaddr *)&ss, 0);
 	if (err < 0)
 		return err;
-	err = uv_listen((uv_stream_t *)&srv->tcp_listener, SOMAXCONN,
+	err = uv_listen((uv_stream_t *)&srv->net.tcp_listener, SOMAXCONN,
 	                on_tcp_connection);
 	if (err < 0)
 		return err;
 	struct sockaddr_storage bound;
 	int len = sizeof(bound);
-	if (uv_tcp_getsockname(&srv->tcp_listener, (struct sockaddr *)&bound,
-	                       &len) == 0)
-		srv->tcp_port = ntohs(bound.ss_family == AF_INET6
-		                          ? ((struct sockaddr_in6 *)&bound)
-		                                ->sin6_port
-		                          : ((struct sockaddr_in *)&bound)
-		                                ->sin_port);
-	mts_log(MTS_LOG_INFO, "tcp listening", "addr=%s port=%u loopback=%d "
+	if (uv_tcp_getsockname(&srv->net.tcp_listener,
+	                       (struct sockaddr *)&bound, &len) == 0)
+		srv->net.tcp_port =
+		    ntohs(bound.ss_family == AF_INET6
+		              ? ((struct sockaddr_in6 *)&bound)->sin6_port
+		              : ((struct sockaddr_in *)&bound)->sin_port);
+	mts_log(MTS_LOG_INFO, "tcp listening",
+	        "addr=%s port=%u loopback=%d "
 	        "token=%s",
-	        mts_logq(q, sizeof(q), srv->cfg.tcp_addr), srv->tcp_port,
+	        mts_logq(q, sizeof(q), srv->cfg.tcp_addr), srv->net.tcp_port,
 	        loopback, srv->reg.policy.tcp_token ? "set" : "none");
 	return 0;
 }
@@ -1081,7 +1088,7 @@ void mts_watch_broadcast(void *ctx, const struct mts_event *ev)
 {
 	struct mts_server *srv = ctx;
 	struct mts_conn *next;
-	for (struct mts_conn *c = srv->conns; c; c = next) {
+	for (struct mts_conn *c = srv->net.conns; c; c = next) {
 		next = c->next;
 		if (!c->peer.watching || c->closing || c->close_after_write)
 			continue;
@@ -1115,38 +1122,38 @@ void mts_watch_broadcast(void *ctx, const struct mts_event *ev)
 
 void mts_conns_close(struct mts_server *srv)
 {
-	if (srv->listening) {
+	if (srv->net.listening) {
 		/* libuv unlinks a bound pipe's path when it closes it: not
 		 * when that path is now another server's socket (ours was
 		 * deleted under us). libuv strdup'ed the name and frees it
 		 * only when unlinking, so take it back here. */
-		if (srv->listener.pipe_fname && !mts_socket_is_ours(srv)) {
-			free((void *)srv->listener.pipe_fname);
-			srv->listener.pipe_fname = NULL;
+		if (srv->net.listener.pipe_fname && !mts_socket_is_ours(srv)) {
+			free((void *)srv->net.listener.pipe_fname);
+			srv->net.listener.pipe_fname = NULL;
 		}
-		uv_close((uv_handle_t *)&srv->listener, NULL);
-		srv->listening = false;
+		uv_close((uv_handle_t *)&srv->net.listener, NULL);
+		srv->net.listening = false;
 	}
-	if (srv->tcp_listening) {
-		uv_close((uv_handle_t *)&srv->tcp_listener, NULL);
-		srv->tcp_listening = false;
+	if (srv->net.tcp_listening) {
+		uv_close((uv_handle_t *)&srv->net.tcp_listener, NULL);
+		srv->net.tcp_listening = false;
 	}
-	while (srv->conns)
-		conn_close(srv->conns);
-	if (srv->idle_open) {
-		uv_close((uv_handle_t *)&srv->idle, NULL);
-		srv->idle_open = false;
+	while (srv->net.conns)
+		conn_close(srv->net.conns);
+	if (srv->net.idle_open) {
+		uv_close((uv_handle_t *)&srv->net.idle, NULL);
+		srv->net.idle_open = false;
 	}
-	if (srv->budget_timer_open) {
-		uv_close((uv_handle_t *)&srv->budget_timer, NULL);
-		srv->budget_timer_open = false;
+	if (srv->net.budget_timer_open) {
+		uv_close((uv_handle_t *)&srv->net.budget_timer, NULL);
+		srv->net.budget_timer_open = false;
 	}
-	if (srv->idle_timer_open) {
-		uv_close((uv_handle_t *)&srv->idle_timer, NULL);
-		srv->idle_timer_open = false;
+	if (srv->net.idle_timer_open) {
+		uv_close((uv_handle_t *)&srv->net.idle_timer, NULL);
+		srv->net.idle_timer_open = false;
 	}
-	mts_uid_counts_free(&srv->conn_uids);
+	mts_uid_counts_free(&srv->net.conn_uids);
 	/* No read can come any more: every stream is closing. */
-	free(srv->scratch);
-	srv->scratch = NULL;
+	free(srv->net.scratch);
+	srv->net.scratch = NULL;
 }

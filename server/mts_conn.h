@@ -60,6 +60,49 @@ struct mts_conn_stats {
 	uint64_t max_per_uid;  /* max_connections_per_uid in force */
 };
 
+struct mts_conn;
+
+/*
+ * The listeners and connections, which conn.c alone changes: the open
+ * connections and their backlog, the server-wide and per-uid budgets,
+ * the idle sweep and the counters /metrics shows.
+ */
+struct mts_conns {
+	uv_pipe_t listener;
+	bool listening;    /* the listener handle is open */
+	bool socket_bound; /* we created the socket file: remove it at exit */
+	uv_tcp_t tcp_listener;
+	bool tcp_listening;     /* the TCP listener handle is open */
+	uint16_t tcp_port;      /* bound port (useful with port 0) */
+	struct mts_conn *conns; /* doubly linked list of open connections */
+	uint32_t nconns;
+	struct mts_conn_stats conn_stats; /* for /metrics */
+	/* Connections with answerable input left after their turn, served
+	 * one turn each per loop iteration from `idle`. */
+	struct mts_conn *backlog_head, *backlog_tail;
+	uv_idle_t idle;
+	bool idle_open;
+	/* The server-wide connection budget. */
+	uint32_t max_conns;      /* cfg.max_conns or the default */
+	uint64_t max_buffered;   /* cfg.max_buffered or the default */
+	uint64_t buffered;       /* sum of every connection's input + output */
+	bool pressure;           /* over the cap, not yet under the low mark */
+	uint64_t over_since_ms;  /* uv_now() the total passed the cap, or 0 */
+	uv_timer_t budget_timer; /* eviction check while under pressure */
+	bool budget_timer_open;
+	uint8_t *scratch;            /* shared read buffer, READ_CHUNK bytes */
+	uint64_t rejected_logged_ms; /* rate limit of the rejection log */
+	uint64_t rejected_unlogged;
+	/* Open connections per peer uid, and the idle sweep. */
+	struct mts_uid_counts conn_uids;
+	uint32_t max_conns_per_uid; /* cfg's or the default */
+	uint32_t idle_ms;           /* 0 = connections never idle out */
+	uv_timer_t idle_timer;
+	bool idle_timer_open;
+	uint64_t uid_rejected_logged_ms;
+	uint64_t uid_rejected_unlogged;
+};
+
 struct mts_server;
 
 /* Make sure `path` is free to bind: create its parent directory (0755) if

@@ -242,7 +242,7 @@ int mts_server_init(struct mts_server *srv, uv_loop_t *loop,
 		mts_tick(&srv->reg);
 	}
 
-	remember_file(srv->socket_bound ? cfg->socket_path : NULL,
+	remember_file(srv->net.socket_bound ? cfg->socket_path : NULL,
 	              &srv->sock_dev, &srv->sock_ino, &srv->sock_known);
 	srv->files_checked_ms = uv_now(loop);
 
@@ -269,7 +269,7 @@ int mts_server_init(struct mts_server *srv, uv_loop_t *loop,
 	if (cfg->metrics_addr) {
 		/* Last, like TCP. It logs where it listens, or why not. */
 		err = mts_metrics_start(&srv->metrics, cfg->metrics_addr,
-		                        &srv->reg, &srv->conn_stats, loop);
+		                        &srv->reg, &srv->net.conn_stats, loop);
 		if (err < 0) {
 			mts_server_stop(srv);
 			return err;
@@ -319,9 +319,9 @@ void mts_server_free(struct mts_server *srv)
 {
 	/* Only our own socket file: if it was removed and another server
 	 * now listens at that path, leave its socket alone. */
-	if (srv->socket_bound && mts_socket_is_ours(srv))
+	if (srv->net.socket_bound && mts_socket_is_ours(srv))
 		unlink(srv->cfg.socket_path);
-	srv->socket_bound = false;
+	srv->net.socket_bound = false;
 	mts_registry_free(&srv->reg);
 	mtshm_close(&srv->map);
 	mts_state_close(srv->state);

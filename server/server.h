@@ -68,23 +68,10 @@ struct mts_server {
 	struct mts_config cfg;
 	struct mtshm_map map; /* the shared header */
 	struct mts_registry reg;
-	uv_pipe_t listener;
+	struct mts_conns net; /* listeners and connections: conn.c's */
 	uv_timer_t tick;
-	struct mts_conn *conns; /* doubly linked list of open connections */
-	struct mts_conn_stats conn_stats; /* conn.c's, for /metrics */
-	uint32_t nconns;
-	/* Connections with answerable input left after their turn, served
-	 * one turn each per loop iteration from `idle`. */
-	struct mts_conn *backlog_head, *backlog_tail;
-	uv_idle_t idle;
-	bool idle_open;
-	bool listening;    /* the listener handle is open */
-	bool socket_bound; /* we created the socket file: remove it at exit */
 	bool stopping;
-	/* TCP, RSS sweep, metrics. */
-	uv_tcp_t tcp_listener;
-	bool tcp_listening;   /* the TCP listener handle is open */
-	uint16_t tcp_port;    /* bound port (useful with port 0) */
+	/* RSS sweep, metrics, hooks. */
 	uv_timer_t rss_timer; /* RSS sweep every policy.rss_interval_ms */
 	bool rss_timer_open;
 	uint32_t rss_interval_ms; /* the interval the timer runs at */
@@ -98,26 +85,7 @@ struct mts_server {
 	bool sock_known; /* the dev/ino above are valid */
 	bool sock_gone;  /* already reported */
 	struct mts_state *state; /* the restart record, or NULL */
-	uint64_t files_checked_ms;  /* uv_now() of the last check */
-	/* conn.c: the server-wide connection budget. */
-	uint32_t max_conns;     /* cfg.max_conns or the default */
-	uint64_t max_buffered;  /* cfg.max_buffered or the default */
-	uint64_t buffered;      /* sum of every connection's input + output */
-	bool pressure;          /* over the cap, not yet under the low mark */
-	uint64_t over_since_ms; /* uv_now() the total passed the cap, or 0 */
-	uv_timer_t budget_timer; /* eviction check while under pressure */
-	bool budget_timer_open;
-	uint8_t *scratch;        /* shared read buffer, READ_CHUNK bytes */
-	uint64_t rejected_logged_ms; /* rate limit of the rejection log */
-	uint64_t rejected_unlogged;
-	/* conn.c: open connections per peer uid, and the idle sweep. */
-	struct mts_uid_counts conn_uids;
-	uint32_t max_conns_per_uid; /* cfg's or the default */
-	uint32_t idle_ms;           /* 0 = connections never idle out */
-	uv_timer_t idle_timer;
-	bool idle_timer_open;
-	uint64_t uid_rejected_logged_ms;
-	uint64_t uid_rejected_unlogged;
+	uint64_t files_checked_ms; /* uv_now() of the last check */
 };
 
 /* Whether the file at cfg.socket_path is still the socket this server

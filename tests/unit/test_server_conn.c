@@ -56,7 +56,7 @@ static void setup(void)
 	};
 	cr_assert_eq(uv_loop_init(&loop), 0);
 	cr_assert_eq(mts_server_init(&srv, &loop, &cfg), 0);
-	cr_assert_gt(srv.tcp_port, 0);
+	cr_assert_gt(srv.net.tcp_port, 0);
 }
 
 static void teardown(void)
@@ -90,7 +90,7 @@ static void client_unix(struct client *c)
 static void client_tcp(struct client *c)
 {
 	struct sockaddr_in sa = {.sin_family = AF_INET,
-	                         .sin_port = htons(srv.tcp_port),
+	                         .sin_port = htons(srv.net.tcp_port),
 	                         .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
 	c->fd = socket(AF_INET, SOCK_STREAM, 0);
 	cr_assert_geq(c->fd, 0);
@@ -243,7 +243,7 @@ Test(conn, subscriber_that_never_reads_is_dropped)
 	/* Bounded: the queue never grew much past MTS_OUT_HIGH of events
 	 * (about 80 bytes each) plus what the socket buffers hold. */
 	cr_assert_lt(flips, (MTS_OUT_HIGH + (8u << 20)) / 40u);
-	cr_assert_eq(srv.nconns, 1, "the quiet client stays");
+	cr_assert_eq(srv.net.nconns, 1, "the quiet client stays");
 	/* The dropped subscriber sees the stream end. */
 	uv_run(&loop, UV_RUN_NOWAIT);
 	char buf[65536];
@@ -386,25 +386,25 @@ Test(budget, connections_past_the_limit_are_closed_at_once,
 	get_usage(&a, 1);
 	get_usage(&b, 2);
 	get_usage(&c, 3);
-	cr_assert_eq(srv.nconns, 3);
+	cr_assert_eq(srv.net.nconns, 3);
 	/* The fourth is accepted and closed: EOF, not a hang. */
 	client_unix(&d);
 	cr_assert(closed_by_server(&d), "the extra connection stayed open");
-	cr_assert_eq(srv.conn_stats.rejected, 1);
-	cr_assert_eq(srv.nconns, 3);
+	cr_assert_eq(srv.net.conn_stats.rejected, 1);
+	cr_assert_eq(srv.net.nconns, 3);
 	get_usage(&a, 4);
 	close(d.fd);
 	/* One goes: there is room again. */
 	close(c.fd);
-	for (int i = 0; i < 20000 && srv.nconns > 2; i++) {
+	for (int i = 0; i < 20000 && srv.net.nconns > 2; i++) {
 		uv_run(&loop, UV_RUN_NOWAIT);
 		poll(NULL, 0, 1);
 	}
-	cr_assert_eq(srv.nconns, 2);
+	cr_assert_eq(srv.net.nconns, 2);
 	client_unix(&d);
 	get_usage(&d, 5);
-	cr_assert_eq(srv.conn_stats.rejected, 1);
-	cr_assert_eq(srv.conn_stats.open, 3);
+	cr_assert_eq(srv.net.conn_stats.rejected, 1);
+	cr_assert_eq(srv.net.conn_stats.open, 3);
 	close(a.fd);
 	close(b.fd);
 	close(d.fd);
@@ -469,40 +469,41 @@ Test(budget, over_the_cap_the_largest_are_throttled_then_evicted,
 	 * buffered total never goes far past the cap, and the good client
 	 * is answered every round. */
 	uint64_t peak = 0, id = 2;
-	for (int round = 0; srv.conn_stats.evicted == 0; round++) {
+	for (int round = 0; srv.net.conn_stats.evicted == 0; round++) {
 		cr_assert_lt(round, 20000, "nobody evicted (buffered %llu)",
-		             (unsigned long long)srv.buffered);
+		             (unsigned long long)srv.net.buffered);
 		for (int i = 0; i < N; i++)
 			hostile_push(&h[i]);
 		uv_run(&loop, UV_RUN_NOWAIT);
-		if (srv.buffered > peak)
-			peak = srv.buffered;
+		if (srv.net.buffered > peak)
+			peak = srv.net.buffered;
 		if (round % 50 == 0)
 			get_usage(&good, id++);
-		if (srv.pressure)
+		if (srv.net.pressure)
 			poll(NULL, 0, 1); /* the grace period is real time */
 	}
 	/* One turn's output or one read over the cap, at most, per step. */
 	cr_assert_leq(peak, SMALL_CAP + 256u * 1024u, "peak %llu",
 	              (unsigned long long)peak);
-	cr_assert_geq(srv.conn_stats.pressure, 1);
-	cr_assert_geq(srv.conn_stats.throttled, 1);
-	cr_assert_leq(srv.buffered, SMALL_CAP);
-	cr_assert_eq(srv.conn_stats.buffered, srv.buffered);
+	cr_assert_geq(srv.net.conn_stats.pressure, 1);
+	cr_assert_geq(srv.net.conn_stats.throttled, 1);
+	cr_assert_leq(srv.net.buffered, SMALL_CAP);
+	cr_assert_eq(srv.net.conn_stats.buffered, srv.net.buffered);
 	get_usage(&good, id++);
 	/* The good client held the least: it is never the one evicted. */
-	cr_assert_eq(srv.nconns, 1 + N - srv.conn_stats.evicted);
+	cr_assert_eq(srv.net.nconns, 1 + N - srv.net.conn_stats.evicted);
 
 	/* The hostile peers go: nothing is held, pressure is over. */
 	for (int i = 0; i < N; i++)
 		close(h[i].c.fd);
-	for (int i = 0; i < 20000 && (srv.nconns > 1 || srv.pressure); i++) {
+	for (int i = 0; i < 20000 && (srv.net.nconns > 1 || srv.net.pressure);
+	     i++) {
 		uv_run(&loop, UV_RUN_NOWAIT);
 		poll(NULL, 0, 1);
 	}
-	cr_assert_eq(srv.nconns, 1);
-	cr_assert(!srv.pressure);
-	cr_assert_eq(srv.buffered, 0);
+	cr_assert_eq(srv.net.nconns, 1);
+	cr_assert(!srv.net.pressure);
+	cr_assert_eq(srv.net.buffered, 0);
 	get_usage(&good, id++);
 	close(good.fd);
 }
@@ -513,18 +514,19 @@ Test(budget, a_throttled_peer_that_reads_again_is_resumed,
 	static struct hostile h;
 	hostile_open(&h);
 	/* Pipeline until the server stops reading it for the budget. */
-	for (int round = 0; !srv.pressure; round++) {
+	for (int round = 0; !srv.net.pressure; round++) {
 		cr_assert_lt(round, 20000, "never over budget");
 		hostile_push(&h);
 		uv_run(&loop, UV_RUN_NOWAIT);
 	}
-	cr_assert_eq(srv.conn_stats.throttled, 1);
+	cr_assert_eq(srv.net.conn_stats.throttled, 1);
 	/* It reads everything now: its output drains, the total falls
 	 * under the low mark, throttling ends, and the requests it had sent
 	 * are answered (answers keep coming). */
 	uint64_t got = 0;
 	uint8_t buf[65536];
-	for (int spins = 0; spins < 200000 && (srv.pressure || got < (4u << 20));
+	for (int spins = 0;
+	     spins < 200000 && (srv.net.pressure || got < (4u << 20));
 	     spins++) {
 		uv_run(&loop, UV_RUN_NOWAIT);
 		ssize_t n = recv(h.c.fd, buf, sizeof(buf), MSG_DONTWAIT);
@@ -535,10 +537,10 @@ Test(budget, a_throttled_peer_that_reads_again_is_resumed,
 		if (spins % 8 == 0)
 			hostile_push(&h);
 	}
-	cr_assert(!srv.pressure || srv.conn_stats.pressure > 1);
+	cr_assert(!srv.net.pressure || srv.net.conn_stats.pressure > 1);
 	cr_assert_geq(got, 4u << 20, "answers stopped after %llu bytes",
 	              (unsigned long long)got);
-	cr_assert_eq(srv.conn_stats.evicted, 0);
+	cr_assert_eq(srv.net.conn_stats.evicted, 0);
 	close(h.c.fd);
 }
 
@@ -575,17 +577,18 @@ Test(budget, partial_frames_over_the_cap_do_not_stick, .init = setup_cap,
 		uv_run(&loop, UV_RUN_NOWAIT);
 		poll(NULL, 0, 1);
 	}
-	cr_assert(srv.pressure, "never over the cap (buffered %llu)",
-	          (unsigned long long)srv.buffered);
+	cr_assert(srv.net.pressure, "never over the cap (buffered %llu)",
+	          (unsigned long long)srv.net.buffered);
 	/* The grace period passes, the largest go, pressure ends. */
-	for (int i = 0; i < 20000 && srv.pressure; i++) {
+	for (int i = 0; i < 20000 && srv.net.pressure; i++) {
 		uv_run(&loop, UV_RUN_NOWAIT);
 		poll(NULL, 0, 1);
 	}
-	cr_assert(!srv.pressure, "still throttled: buffered %llu, evicted %llu",
-	          (unsigned long long)srv.buffered,
-	          (unsigned long long)srv.conn_stats.evicted);
-	cr_assert_geq(srv.conn_stats.evicted, 1);
+	cr_assert(!srv.net.pressure,
+	          "still throttled: buffered %llu, evicted %llu",
+	          (unsigned long long)srv.net.buffered,
+	          (unsigned long long)srv.net.conn_stats.evicted);
+	cr_assert_geq(srv.net.conn_stats.evicted, 1);
 	/* Every peer either was disconnected or gets its frame answered. */
 	uint64_t answered = 0, closed = 0;
 	for (int i = 0; i < N; i++) {
@@ -612,7 +615,7 @@ Test(budget, partial_frames_over_the_cap_do_not_stick, .init = setup_cap,
 		}
 		close(p[i].fd);
 	}
-	cr_assert_eq(closed, srv.conn_stats.evicted, "answered %llu",
+	cr_assert_eq(closed, srv.net.conn_stats.evicted, "answered %llu",
 	             (unsigned long long)answered);
 	cr_assert_geq(answered, 1);
 }
@@ -682,7 +685,7 @@ Test(conn, a_peer_closed_during_another_turn_strands_nobody)
 	uv_run(&loop, UV_RUN_NOWAIT);
 	cr_assert_eq(write(b.fd, fb, lb), (ssize_t)lb);
 	uv_run(&loop, UV_RUN_NOWAIT);
-	cr_assert_not_null(srv.backlog_head, "nobody backlogged");
+	cr_assert_not_null(srv.net.backlog_head, "nobody backlogged");
 	/* W goes away with answers unread: the next write to it fails. */
 	close(w.fd);
 
@@ -770,8 +773,8 @@ static void setup_idle(void)
 Test(peruid, a_uid_over_its_cap_stops_only_itself, .init = setup_uid2,
      .fini = teardown, .timeout = 60)
 {
-	cr_assert_eq(srv.max_conns_per_uid, 2);
-	cr_assert_eq(srv.idle_ms, 0, "idle_timeout 0 is off");
+	cr_assert_eq(srv.net.max_conns_per_uid, 2);
+	cr_assert_eq(srv.net.idle_ms, 0, "idle_timeout 0 is off");
 	/* A child as nobody holds three connections on the Unix socket. */
 	cr_assert_eq(chmod(sockpath, 0666), 0);
 	int go[2], done[2];
@@ -806,9 +809,9 @@ Test(peruid, a_uid_over_its_cap_stops_only_itself, .init = setup_uid2,
 	char c;
 	cr_assert_eq(read(go[0], &c, 1), 1, "the child could not connect");
 	/* Two are kept, the third is accepted and closed. */
-	SPIN_UNTIL(srv.conn_stats.rejected_uid == 1 && srv.nconns == 2);
-	cr_assert_eq(mts_uid_count_get(&srv.conn_uids, 65534), 2);
-	cr_assert_eq(srv.conn_stats.max_per_uid, 2);
+	SPIN_UNTIL(srv.net.conn_stats.rejected_uid == 1 && srv.net.nconns == 2);
+	cr_assert_eq(mts_uid_count_get(&srv.net.conn_uids, 65534), 2);
+	cr_assert_eq(srv.net.conn_stats.max_per_uid, 2);
 
 	/* Root (an admin, exempt anyway) and TCP peers are not stopped. */
 	struct client r1, r2, r3, t1, t2, t3;
@@ -825,16 +828,16 @@ Test(peruid, a_uid_over_its_cap_stops_only_itself, .init = setup_uid2,
 	get_usage(&t2, 5);
 	client_tcp(&t3);
 	cr_assert(closed_by_server(&t3), "a third TCP peer stayed");
-	cr_assert_eq(srv.conn_stats.rejected_uid, 2);
-	cr_assert_eq(mts_uid_count_get(&srv.conn_uids, MTS_UID_TCP), 2);
+	cr_assert_eq(srv.net.conn_stats.rejected_uid, 2);
+	cr_assert_eq(mts_uid_count_get(&srv.net.conn_uids, MTS_UID_TCP), 2);
 
 	/* The child goes: its uid may connect again (counted down). */
 	cr_assert_eq(write(done[1], "x", 1), 1);
 	cr_assert_eq(waitpid(kid, NULL, 0), kid);
-	SPIN_UNTIL(mts_uid_count_get(&srv.conn_uids, 65534) == 0);
+	SPIN_UNTIL(mts_uid_count_get(&srv.net.conn_uids, 65534) == 0);
 	close(t3.fd);
 	close(t2.fd);
-	SPIN_UNTIL(mts_uid_count_get(&srv.conn_uids, MTS_UID_TCP) == 1);
+	SPIN_UNTIL(mts_uid_count_get(&srv.net.conn_uids, MTS_UID_TCP) == 1);
 	client_tcp(&t3);
 	get_usage(&t3, 6);
 	close(r1.fd);
@@ -849,8 +852,8 @@ Test(peruid, a_uid_over_its_cap_stops_only_itself, .init = setup_uid2,
 Test(peruid, idle_connections_are_closed_watchers_stay, .init = setup_idle,
      .fini = teardown, .timeout = 60)
 {
-	cr_assert_eq(srv.idle_ms, 300);
-	cr_assert_eq(srv.max_conns_per_uid, MTS_DEFAULT_MAX_CONNS_PER_UID);
+	cr_assert_eq(srv.net.idle_ms, 300);
+	cr_assert_eq(srv.net.max_conns_per_uid, MTS_DEFAULT_MAX_CONNS_PER_UID);
 	struct client idle, busy, w, t;
 	client_unix(&idle);
 	client_unix(&busy);
@@ -862,7 +865,7 @@ Test(peruid, idle_connections_are_closed_watchers_stay, .init = setup_idle,
 	uint64_t start = uv_now(&loop);
 	/* `busy` keeps asking, more often than the timeout. */
 	uint64_t id = 10;
-	while (srv.conn_stats.idle_closed < 2) {
+	while (srv.net.conn_stats.idle_closed < 2) {
 		get_usage(&busy, id++);
 		poll(NULL, 0, 50);
 		uv_run(&loop, UV_RUN_NOWAIT);
@@ -880,8 +883,8 @@ Test(peruid, idle_connections_are_closed_watchers_stay, .init = setup_idle,
 		uv_run(&loop, UV_RUN_NOWAIT);
 		uv_update_time(&loop);
 	}
-	cr_assert_eq(srv.conn_stats.idle_closed, 2);
-	cr_assert_eq(srv.nconns, 2);
+	cr_assert_eq(srv.net.conn_stats.idle_closed, 2);
+	cr_assert_eq(srv.net.nconns, 2);
 	/* And the watcher still gets its events: 50 bytes reserved, then a
 	 * limit of 10, is `over`. */
 	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;

@@ -126,7 +126,7 @@ static struct mts_proc *worker(const char *group, int64_t bytes,
 static char *render(void)
 {
 	struct mts_buf b = {0};
-	cr_assert_eq(mts_metrics_render(&srv.reg, &srv.conn_stats, &b), 0);
+	cr_assert_eq(mts_metrics_render(&srv.reg, &srv.net.conn_stats, &b), 0);
 	cr_assert_eq(mts_buf_reserve(&b, 1), 0);
 	b.data[b.len] = '\0';
 	cr_assert_eq(strlen((char *)b.data), b.len, "a NUL in the text");
@@ -694,7 +694,7 @@ Test(serve, get_head_404_405)
 	memcpy(comm, p->comm, sizeof(comm));
 	srv.reg.stats.registrations = 1;
 	cr_assert_eq(mts_metrics_start(&met, "127.0.0.1:0", &srv.reg,
-	                               &srv.conn_stats, &loop),
+	                               &srv.net.conn_stats, &loop),
 	             0);
 	cl.port = mts_metrics_port(met);
 	cr_assert_neq(cl.port, 0);
@@ -741,7 +741,7 @@ Test(serve, get_head_404_405)
 Test(serve, stuck_loop_is_503)
 {
 	cr_assert_eq(mts_metrics_start(&met, "127.0.0.1:0", &srv.reg,
-	                               &srv.conn_stats, &loop),
+	                               &srv.net.conn_stats, &loop),
 	             0);
 	cl.port = mts_metrics_port(met);
 	cl.stop_from_loop = false;
@@ -766,7 +766,7 @@ Test(serve, stop_during_scrape)
 {
 	struct answer a;
 	cr_assert_eq(mts_metrics_start(&met, "127.0.0.1:0", &srv.reg,
-	                               &srv.conn_stats, &loop),
+	                               &srv.net.conn_stats, &loop),
 	             0);
 	cl.port = mts_metrics_port(met);
 	pthread_t th;
