@@ -118,22 +118,29 @@ enum {
 	OPT_FLAG = 512,
 };
 
-/* getopt's table: mts_flags, then the flags main handles itself. */
-static struct option *build_options(void)
+/* getopt's table: mts_flags, then the flags main handles itself. Static
+ * storage, so no exit path (--help, a bad flag) leaves it allocated. */
+#define MAX_OPTIONS 64
+static struct option options[MAX_OPTIONS];
+
+static void build_options(void)
 {
-	struct option *o = calloc(mts_nflags + 5, sizeof(*o));
-	if (!o)
-		return NULL;
 	size_t n = 0;
+	if (mts_nflags + 5 > MAX_OPTIONS) {
+		fprintf(stderr, "memtallyd: too many flags for MAX_OPTIONS\n");
+		exit(1);
+	}
 	for (size_t i = 0; i < mts_nflags; i++)
-		o[n++] =
+		options[n++] =
 		    (struct option){mts_flags[i].flag + 2, required_argument,
 		                    NULL, OPT_FLAG + (int)i};
-	o[n++] = (struct option){"config", required_argument, NULL, OPT_CONFIG};
-	o[n++] = (struct option){"reset", no_argument, NULL, OPT_RESET};
-	o[n++] = (struct option){"help", no_argument, NULL, 'h'};
-	o[n++] = (struct option){"version", no_argument, NULL, OPT_VERSION};
-	return o;
+	options[n++] =
+	    (struct option){"config", required_argument, NULL, OPT_CONFIG};
+	options[n++] = (struct option){"reset", no_argument, NULL, OPT_RESET};
+	options[n++] = (struct option){"help", no_argument, NULL, 'h'};
+	options[n++] =
+	    (struct option){"version", no_argument, NULL, OPT_VERSION};
+	options[n] = (struct option){NULL, 0, NULL, 0};
 }
 
 /* The command line: --config, --reset, and the overrides. */
@@ -152,11 +159,7 @@ static void parse_args(int argc, char **argv, struct cmdline *cl)
 		fprintf(stderr, "memtallyd: out of memory\n");
 		exit(1);
 	}
-	struct option *options = build_options();
-	if (!options) {
-		fprintf(stderr, "memtallyd: out of memory\n");
-		exit(1);
-	}
+	build_options();
 	opterr = 0; /* our own one-line messages */
 	for (;;) {
 		int opt = getopt_long(argc, argv, ":h", options, NULL);
@@ -197,7 +200,6 @@ static void parse_args(int argc, char **argv, struct cmdline *cl)
 			};
 		}
 	}
-	free(options);
 	if (optind < argc) {
 		fprintf(stderr, "memtallyd: unexpected argument '%s'\n",
 		        argv[optind]);
