@@ -89,8 +89,6 @@ static struct {
 	/* Shared between threads: accessed with the mtshm_atomic helpers. */
 	int64_t pending;           /* bytes not yet in any slot */
 	uint64_t cur;              /* struct mtc_attachment *, 0 = none */
-	uint64_t epoch;            /* bumped whenever the slot changes */
-	uint64_t threshold;        /* bytes; threads pick it up at flush */
 	uint32_t attaching;        /* try-lock of attach() */
 	uint64_t next_try_ns;      /* back-off: no attach before this */
 	uint64_t backoff_ns;
@@ -130,8 +128,12 @@ static struct {
 	uint64_t group_w[MTC_GROUP_MAX / 8];
 	char task[64];
 	pid_t pid;
-} mtc = {.once = PTHREAD_ONCE_INIT,
-	 .threshold = MT_DEFAULT_THRESHOLD};
+} mtc = {.once = PTHREAD_ONCE_INIT};
+
+/* Read by the front ends' fast paths (client_internal.h): bumped whenever
+ * the slot changes; the threshold threads use, in bytes. */
+uint64_t mtc_epoch;
+uint64_t mtc_thresh = MT_DEFAULT_THRESHOLD;
 
 
 void mtc_debug(const char *fmt, ...)
@@ -188,7 +190,7 @@ static void on_fork_child(void)
 		total += slot_total(a);
 	mt_store_relaxeds64(&mtc.pending, total);
 	mt_store_release64(&mtc.cur, 0);
-	mt_store_relaxed64(&mtc.epoch, mt_load_relaxed64(&mtc.epoch) + 1);
+	mt_store_relaxed64(&mtc_epoch, mt_load_relaxed64(&mtc_epoch) + 1);
 	mtc.attaching = 0;
 	mtc.over_seen = 0;
 	/* A registration of the over-limit callback cut short by the fork
@@ -307,7 +309,7 @@ bool mtc_init(void)
 
 uint64_t mtc_threshold(void)
 {
-	return mt_load_relaxed64(&mtc.threshold);
+	return mt_load_relaxed64(&mtc_thresh);
 }
 
 /* ---- registration --------------------------------------------------- */
@@ -599,7 +601,7 @@ static int attach(void)
 	a.slot_gen = rep.slot_gen;
 	*na = a;
 	if (rep.threshold)
-		mt_store_relaxed64(&mtc.threshold, rep.threshold);
+		mt_store_relaxed64(&mtc_thresh, rep.threshold);
 	if (same_slot) {
 		/* A restarted server adopted our slot and hands us its new
 		 * header: lanes and counts stay as they are, threads keep
@@ -612,7 +614,7 @@ static int attach(void)
 	/* A new slot: carry the total published into the old one. */
 	if (old)
 		mt_add_relaxeds64(&mtc.pending, slot_total(old));
-	mt_store_relaxed64(&mtc.epoch, mt_load_relaxed64(&mtc.epoch) + 1);
+	mt_store_relaxed64(&mtc_epoch, mt_load_relaxed64(&mtc_epoch) + 1);
 	mt_store_release64(&mtc.cur, (uint64_t)(uintptr_t)na);
 	mt_add_relaxeds64(&s->overflow,
 			  mt_exchange_relaxeds64(&mtc.pending, 0));
@@ -709,7 +711,7 @@ static void claim(struct mtc_thread *th, const struct mtc_attachment *a,
 
 static void release(struct mtc_thread *th)
 {
-	if (th->slot && th->epoch == mt_load_relaxed64(&mtc.epoch)) {
+	if (th->slot && th->epoch == mt_load_relaxed64(&mtc_epoch)) {
 		if (th->counted)
 			mt_add_relaxed32(&th->slot->threads, -1);
 		if (th->lane)
@@ -866,7 +868,7 @@ publish_cold(struct mtc_thread *th, int64_t delta,
 		mt_add_relaxeds64(&s->overflow, delta);
 		return;
 	}
-	uint64_t epoch = mt_load_relaxed64(&mtc.epoch);
+	uint64_t epoch = mt_load_relaxed64(&mtc_epoch);
 	if (th->epoch != epoch || th->slot != s) {
 		release(th);
 		claim(th, a, epoch);
@@ -891,7 +893,7 @@ void mtc_publish(struct mtc_thread *th, int64_t delta)
 	 * clears it), so lane + same slot + same epoch is the whole test. */
 	if (__builtin_expect(!a || !l || th->slot != a->slot ||
 				     th->epoch !=
-					 mt_load_relaxed64(&mtc.epoch),
+					 mt_load_relaxed64(&mtc_epoch),
 			     0)) {
 		publish_cold(th, delta, a);
 		return;

@@ -50,6 +50,29 @@ uint64_t mtc_threshold(void);
  * back-off). */
 void mtc_publish(struct mtc_thread *th, int64_t delta);
 
+/* attach.c's state that fast paths read: the epoch (bumped whenever the
+ * process's slot changes: attach, re-attach, fork) and the threshold. */
+extern uint64_t mtc_epoch;
+extern uint64_t mtc_thresh;
+
+/*
+ * A publish of less than the threshold by a thread that owns a lane of the
+ * current slot: just the lane's store, no flush counted, no look at the
+ * server's flags or heartbeat (those come with the next mtc_publish()).
+ * False, and nothing done, when the thread must go through mtc_publish().
+ * The lane is the thread's while the epoch is the one it claimed it in.
+ */
+static inline bool mtc_publish_quiet(struct mtc_thread *th, int64_t delta)
+{
+	struct mtshm_lane *l = th->lane;
+	int64_t lim = (int64_t)mt_load_relaxed64(&mtc_thresh);
+	if (!l || delta <= -lim || delta >= lim ||
+	    th->epoch != mt_load_relaxed64(&mtc_epoch))
+		return false;
+	mt_store_relaxeds64(&l->bytes, mt_load_relaxeds64(&l->bytes) + delta);
+	return true;
+}
+
 /* The calling thread is exiting: release its lane. Call after the final
  * mtc_publish(). */
 void mtc_thread_exit(struct mtc_thread *th);

@@ -124,23 +124,39 @@ static void publish_now(struct mtj_tls *t)
 
 /* ---- callback mode ---------------------------------------------------- */
 
-/* jemalloc's activity callback: publish the thread's net since the last
- * one. `allocated`/`deallocated` are the very counters allocp/deallocp
- * point at. */
-static void on_activity(void *uctx, uint64_t allocated, uint64_t deallocated)
+/* The rest of on_activity(): a publish of the threshold or more, or one
+ * the quiet path cannot make (no lane yet, a re-attach, not attached). */
+__attribute__((noinline)) static void activity_slow(struct mtj_tls *t,
+                                                    uint64_t net)
 {
-	struct mtj_tls *t = uctx;
-	if (t->th.busy)
-		return;
-	uint64_t net = allocated - deallocated;
 	int64_t d = (int64_t)(net - t->flushed);
-	if (!d)
+	if (t->th.busy || !d)
 		return;
 	t->th.busy = 1;
 	t->flushed = net;
 	mtc_publish(&t->th, d);
 	t->th.busy = 0;
 	mtc_after_flush(&t->th);
+}
+
+/* jemalloc's activity callback: publish the thread's net since the last
+ * one. `allocated`/`deallocated` are the very counters allocp/deallocp
+ * point at. Below the threshold only the lane's figure changes (one store,
+ * no call: a thread churning blocks of half the event interval meets an
+ * event on every pair); the server's flags and heartbeat are looked at
+ * when |drift| reaches the threshold, as with the interposer. */
+static void on_activity(void *uctx, uint64_t allocated, uint64_t deallocated)
+{
+	struct mtj_tls *t = uctx;
+	uint64_t net = allocated - deallocated;
+	if (__builtin_expect(
+	        !t->th.busy &&
+	            mtc_publish_quiet(&t->th, (int64_t)(net - t->flushed)),
+	        1)) {
+		t->flushed = net;
+		return;
+	}
+	activity_slow(t, net);
 }
 
 /* ---- thread exit ------------------------------------------------------ */
