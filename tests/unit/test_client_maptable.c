@@ -6,6 +6,7 @@
  * consistent. Checked case by case and against a page bitmap over random
  * operations.
  */
+#define _GNU_SOURCE /* rand_r, whichever criterion.h the build uses */
 #include <criterion/criterion.h>
 #include <stdlib.h>
 #include <string.h>
