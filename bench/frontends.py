@@ -169,9 +169,12 @@ def rss_anon(pid):
 
 
 def allocator_of(pid):
+    """jemalloc when a libjemalloc or the jemalloc preload (which links
+    jemalloc in) is mapped, else glibc; from /proc/PID/maps."""
     with open("/proc/%d/maps" % pid) as f:
         maps = f.read()
-    return ("jemalloc" if "libjemalloc" in maps else "glibc",
+    je = "libjemalloc" in maps or "libmemtally_preload" in maps
+    return ("jemalloc" if je else "glibc",
             "libmemtally_glibc" in maps, "libmemtally_preload" in maps)
 
 
