@@ -99,6 +99,9 @@ struct memtally_group_usage {
 	                          * not growing, or already over) */
 	uint64_t mapped;         /* part of `bytes`: memory the workers
 	                          * mapped themselves (0: not reported) */
+	/* Zero. Elements of an array (memtally_usage.groups) cannot grow
+	 * without changing the array's stride: later fields take these. */
+	uint64_t reserved_words[4];
 };
 
 /* Fleet figures, and the groups they break down into. */
@@ -159,6 +162,9 @@ struct memtally_process {
 	                            * than the fleet's) */
 	double seconds_to_limit;   /* to its own limit; 0 = no forecast */
 	uint64_t mapped;           /* part of `bytes` (see memtally_usage) */
+	/* Zero. Elements of an array (memtally_query_processes(),
+	 * memtally_admit_result.top): later fields take these words. */
+	uint64_t reserved_words[4];
 };
 
 /*
