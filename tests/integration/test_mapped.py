@@ -5,11 +5,15 @@
   mremap to 384 MiB: exactly 384 MiB; shared anonymous memory and a
   PROT_NONE reservation: not counted; munmap of the rest: 0. `bytes` (what
   limits compare) carries it; `status`, `ps` and /metrics show it.
+- fork: the child, which inherits the mappings, is counted for them as a
+  process of its own; its exit takes nothing from the parent's figure.
 - the allocator's own mappings are never counted twice: the same worker
   holding 1 GiB through malloc (16 MiB blocks, which the allocator maps
   for itself) on two threads keeps `mapped` where it was, its heap bytes
   say 1 GiB, and after free it is back within its error bar.
 """
+import os
+import signal
 import subprocess
 
 from harness import CLI, MIB, Server, Worker, check, run, wait_for, worker
@@ -82,6 +86,18 @@ def test_own_mappings_counted_exactly():
             say(w, "grow 384")
             settled(s, w.pid, lambda p: p["mapped"] == 384 * MIB,
                     "grown by mremap: 384 MiB")
+            w.send("fork")
+            lines = [w.readline(), w.readline()]  # either order
+            child = int(next(x for x in lines if x.startswith("child"))
+                        .split("=")[1])
+            check(any(x.startswith("ok forked") for x in lines), f"{lines}")
+            c = settled(s, child, lambda p: p["mapped"] == 384 * MIB,
+                        "the child counted for what it inherited")
+            os.kill(child, signal.SIGTERM)
+            wait_for("child gone", lambda: child not in s.ps())
+            p = s.ps()[w.pid]
+            check(p["mapped"] == 384 * MIB, f"parent unchanged: {p}, "
+                  f"child was {c}")
             say(w, "shared 64")
             say(w, "reserve 64")
             w.send("map 0")  # EINVAL from the kernel: nothing counted

@@ -10,12 +10,15 @@
  *   "unmap"        munmap the region (what is left of it)
  *   "malloc N T"   malloc N MiB in 16 MiB blocks over T threads, touch
  *   "free"         free those blocks
+ *   "fork"         fork a child that keeps every mapping, registers and
+ *                  prints "child pid=N", then waits for SIGTERM
  *   "exit"
  * usage: mt_map
  */
 #include "mt_common.h"
 
 #include <pthread.h>
+#include <signal.h>
 #include <sys/mman.h>
 
 #define BLOCK (16u * MIB)
@@ -124,6 +127,15 @@ int main(void)
 			on_threads(alloc_some, nblocks, t);
 			mt_flush();
 			mt_say("ok allocated");
+		} else if (strcmp(cmd, "fork") == 0) {
+			pid_t c = fork();
+			if (c == 0) {
+				mt_flush(); /* registers as a process of its own */
+				mt_say("child pid=%d", (int)getpid());
+				for (;;)
+					pause();
+			}
+			mt_say("ok forked %d", (int)c);
 		} else if (strcmp(cmd, "free") == 0) {
 			on_threads(free_some, nblocks, 2);
 			mt_flush();
