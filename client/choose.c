@@ -71,14 +71,17 @@ static char *read_cmdline(size_t *len)
 	return buf;
 }
 
-/* LD_PRELOAD with the token `self` replaced by `other`, or NULL if
- * `self` is not one of its tokens (separated by ':' or ' '). */
-static char *swap_preload(const char *lp, const char *self, const char *other)
+/* LD_PRELOAD with the token naming this library -- its path `self`, or
+ * its file name `base` when it was found by the library search -- replaced
+ * by `other`, or NULL if no token (separated by ':' or ' ') names it. */
+static char *swap_preload(const char *lp, const char *self, const char *base,
+			  const char *other)
 {
-	size_t ls = strlen(self);
+	size_t ls = strlen(self), lb = strlen(base);
 	for (const char *p = lp; *p;) {
 		size_t n = strcspn(p, ": ");
-		if (n == ls && memcmp(p, self, n) == 0) {
+		if ((n == ls && memcmp(p, self, n) == 0) ||
+		    (n == lb && memcmp(p, base, n) == 0)) {
 			size_t before = (size_t)(p - lp);
 			size_t total = strlen("LD_PRELOAD=") + strlen(lp) - n +
 				       strlen(other) + 1;
@@ -126,8 +129,14 @@ __attribute__((constructor(103))) static void mtc_choose(void)
 	char *preload = NULL, *cmd = NULL;
 	char **argv = NULL, **envp = NULL;
 	size_t len = 0;
-	if (access(other, R_OK) != 0 ||
-	    !(preload = swap_preload(lp, di.dli_fname, other)) ||
+	if (access(other, R_OK) != 0) {
+		mtc_init(); /* MEMTALLY_DEBUG */
+		mtc_debug("MEMTALLY_ALLOCATOR=%s: no %s; staying on %s", want,
+			  other, MTC_FRONT_ALLOCATOR);
+		goto out_free;
+	}
+	if (!(preload = swap_preload(lp, di.dli_fname, di.dli_fname + dir,
+				     other)) ||
 	    !(cmd = read_cmdline(&len)))
 		goto out_free;
 	size_t argc = 0, envc = 0;
