@@ -103,6 +103,11 @@ def env_of(variant, paths, server):
     env["MEMTALLY_SOCKET"] = server.socket
     if variant != "plain":
         env["LD_PRELOAD"] = paths[variant]
+    # Each variant is the front end it names: without the variable a
+    # python3 under the jemalloc preload would keep glibc's malloc.
+    env["MEMTALLY_ALLOCATOR"] = "jemalloc" if variant == "preload" else \
+        "glibc"
+    env.pop("MEMTALLY_ALLOCATOR_SWITCHED", None)
     return env
 
 

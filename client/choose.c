@@ -12,6 +12,9 @@
  * process tree pays the extra exec once, at its root; a tool that starts
  * workers (memtally run) sets the right library itself and pays nothing.
  *
+ * Without MEMTALLY_ALLOCATOR, a CPython interpreter under the jemalloc
+ * preload is switched to the glibc front end (is_python(), below).
+ *
  * Fail open: an unknown value, a secure-execution process (set-uid),
  * a library not found beside this one, a preload not named in
  * LD_PRELOAD, no /proc, or a failed exec leave the process running as it
@@ -101,9 +104,38 @@ static char *swap_preload(const char *lp, const char *self, const char *base,
 	return NULL;
 }
 
+/*
+ * Is this process a CPython interpreter (python, python3, python3.11)?
+ * Under jemalloc CPython runs 20-30% slower here (page faults: jemalloc
+ * purges and copies growing blocks where glibc keeps and mremaps them),
+ * while the glibc front end counts it as exactly, at plain python3's
+ * speed. So without MEMTALLY_ALLOCATOR, an interpreter started under the
+ * jemalloc preload keeps glibc's malloc, which is also what it has
+ * without memtally.
+ */
+static bool is_python(void)
+{
+	char exe[4096];
+	ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+	if (n <= 0)
+		return false;
+	exe[n] = 0;
+	const char *base = strrchr(exe, '/');
+	base = base ? base + 1 : exe;
+	if (strncmp(base, "python", 6) != 0)
+		return false;
+	for (const char *c = base + 6; *c; c++)
+		if ((*c < '0' || *c > '9') && *c != '.')
+			return false;
+	return true;
+}
+
 __attribute__((constructor(103))) static void mtc_choose(void)
 {
 	const char *want = getenv("MEMTALLY_ALLOCATOR");
+	if ((!want || !*want) && strcmp(MTC_FRONT_ALLOCATOR, "jemalloc") == 0 &&
+	    is_python())
+		want = "glibc";
 	if (!want || !*want || strcmp(want, MTC_FRONT_ALLOCATOR) == 0 ||
 	    getenv("MEMTALLY_ALLOCATOR_SWITCHED"))
 		return;

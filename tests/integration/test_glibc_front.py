@@ -175,7 +175,54 @@ def test_allocator_variable_switches_the_front_end():
     check(p["bytes"] > 0, f"counted: {p}")
 
 
+PY_PROBE = r"""
+import sys
+maps = open("/proc/self/maps").read()
+front = ("glibc" if "libmemtally_glibc.so" in maps else
+         "jemalloc" if "libmemtally_preload.so" in maps else "none")
+held = [bytearray(1 << 20) for _ in range(64)]
+print("front", front, sys.argv[1], flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_python_defaults_to_glibc():
+    """A CPython interpreter under the jemalloc preload, with no variable
+    set, keeps glibc's malloc (the glibc front end): what it has without
+    memtally, at its speed. MEMTALLY_ALLOCATOR=jemalloc still asks for
+    jemalloc; a program that is not python is not switched."""
+    import sys
+    with Server() as s:
+        for allocator, want in ((None, "glibc"), ("jemalloc", "jemalloc")):
+            extra = {"MEMTALLY_ALLOCATOR": allocator} if allocator else {}
+            env = s.env(LD_PRELOAD=PRELOAD, **extra)
+            if not allocator:
+                env.pop("MEMTALLY_ALLOCATOR", None)
+                env.pop("MEMTALLY_ALLOCATOR_SWITCHED", None)
+            w = Worker([sys.executable, "-c", PY_PROBE, "argv-kept"], env)
+            try:
+                line = w.readline(timeout=30)
+                check(line == f"front {want} argv-kept",
+                      f"MEMTALLY_ALLOCATOR={allocator}: {line!r}")
+                p = wait_for("counted", lambda: (lambda p: p if p and
+                             p["bytes"] >= 64 * MIB else None)(
+                                 s.ps().get(w.pid)))
+                print(f"  python3, MEMTALLY_ALLOCATOR={allocator}: {want}, "
+                      f"{p['bytes'] / MIB:.1f} MiB counted", flush=True)
+            finally:
+                w.close()
+        w = Worker([worker("mt_glibc"), "1", "1"],
+                   s.env(LD_PRELOAD=PRELOAD))
+        try:
+            ready = w.readline()
+            check("allocator=jemalloc" in ready,
+                  f"a C worker stays on jemalloc: {ready}")
+        finally:
+            w.close()
+
+
 if __name__ == "__main__":
     run([test_counted_as_glibc_counts, test_thread_caches_are_the_only_gap,
          test_gigabyte_through_glibc,
-         test_allocator_variable_switches_the_front_end])
+         test_allocator_variable_switches_the_front_end,
+         test_python_defaults_to_glibc])
