@@ -31,7 +31,9 @@
  * published and publishes once |drift| reaches the threshold (mtj_check).
  * The calls arrive through jemalloc's experimental.hooks (alloc hooks run
  * after the allocation, free hooks before the free, so a free is seen at
- * the thread's next call, as before), which cost a slow path per call.
+ * the thread's next call, as before). Hooks send every call through
+ * jemalloc's slow path and hook dispatch: ~10x the cost of a 16 B pair
+ * (bench/RESULTS.md), a fallback that keeps the figures right.
  * MEMTALLY_TEST_NO_ACTIVITY_CALLBACK=1 makes the mallctl fail on purpose
  * so that tests can exercise the fallback.
  */
