@@ -16,7 +16,8 @@ DELETE), `/usr/bin/python3` (JSON dumps/loads of a list of dicts, bytes
 objects of 100 B to 40 KB joined, a growing bytearray) and `g++ -O2 -c` of
 a small template-heavy C++ file (three processes: driver, cc1plus, as), and
 Debian's redis-server (linked to libjemalloc.so.2: variants jemalloc and
-preload only) driven by redis-benchmark from the other CPUs (200,000 SET
+preload only), filled with 100,000 keys, then driven by redis-benchmark
+from the other CPUs (200,000 SET
 then GET of 256 B, pipelined by 16).
 Target: throughput with the preload >= 99% of jemalloc alone; for redis,
 instructions within 0.3% of jemalloc alone.
@@ -352,9 +353,9 @@ REDIS_KEYSPACE = 100000
 
 
 class Redis(Program):
-    """redis-server on a Unix socket, driven by redis-benchmark (SET then
-    GET, 256 B values, random keys out of REDIS_KEYSPACE, pipelined by 16),
-    then shut down. The timed process is the server; the client runs on
+    """redis-server on a Unix socket, filled with REDIS_KEYSPACE keys of
+    256 B (DEBUG POPULATE), then driven by redis-benchmark (SET then GET of
+    256 B values, one connection, pipelined by 16), then shut down. The timed process is the server; the client runs on
     the other CPUs. redis as installed already runs on jemalloc, so its
     variants are jemalloc and preload only."""
 
@@ -381,7 +382,8 @@ class Redis(Program):
         # second keeps that below 0.01% of a run.
         return [self.exe, "--port", "0", "--unixsocket", self.sock(tmp),
                 "--save", "", "--appendonly", "no", "--dir", tmp,
-                "--loglevel", "warning", "--hz", "1"]
+                "--loglevel", "warning", "--hz", "1",
+                "--enable-debug-command", "local"]
 
     def requests(self, scale):
         return max(1000, int(REDIS_REQUESTS * scale))
@@ -399,14 +401,28 @@ class Redis(Program):
             time.sleep(0.02)
         raise BenchError("redis-server did not answer within %d s" % timeout)
 
+    def keys(self, scale):
+        return max(100, int(REDIS_KEYSPACE * scale))
+
     def drive(self, tmp, scale, cpus):
+        """The same load every time, so that two runs execute the same
+        instructions: DEBUG POPULATE fills the keyspace (keys key:0..N-1,
+        256 B values), then one redis-benchmark connection sends the SETs
+        and GETs of a 256 B value, pipelined by 16. (redis-benchmark's
+        random keys, -r, are seeded from the clock: two runs of the same
+        variant then differed by up to 0.75% in instructions.)"""
+        aff = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
+        p = subprocess.run([self.cli, "-s", self.sock(tmp), "DEBUG",
+                            "POPULATE", str(self.keys(scale)), "key", "256"],
+                           capture_output=True, text=True, preexec_fn=aff)
+        if p.returncode != 0 or p.stdout.strip() != "OK":
+            raise BenchError("DEBUG POPULATE failed: %s %s" % (
+                p.stdout[-200:], p.stderr[-200:]))
         p = subprocess.run(
-            [self.bench, "-s", self.sock(tmp), "-n", str(self.requests(scale)),
-             "-d", "256", "-P", "16", "-t", "set,get",
-             "-r", str(REDIS_KEYSPACE), "-q"],
-            capture_output=True, text=True,
-            preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus
-            else None)
+            [self.bench, "-s", self.sock(tmp), "-c", "1",
+             "-n", str(self.requests(scale)), "-d", "256", "-P", "16",
+             "-t", "set,get", "-q"],
+            capture_output=True, text=True, preexec_fn=aff)
         if p.returncode != 0:
             raise BenchError("redis-benchmark failed: %s" % p.stderr[-500:])
 
@@ -1091,17 +1107,18 @@ def report(info, args, programs, results, proofs, paths, cpu, build_rel):
         "preload, registered). **redis** %s (Debian's redis-server, linked "
         "to libjemalloc.so.2, so its `glibc` run would be jemalloc too: "
         "not run): the server on a Unix socket with `--save '' --hz 1`, "
-        "driven from the other CPUs by `redis-benchmark -n %d -d 256 -P 16 "
-        "-t set,get -r %d` (%d SET then %d GET of 256 B values, random keys, "
-        "pipelined by 16), then SHUTDOWN NOSAVE; timed and counted: the "
-        "server process.\n" % (
+        "from the other CPUs `DEBUG POPULATE %d key 256`, then "
+        "`redis-benchmark -c 1 -n %d -d 256 -P 16 -t set,get` (%d SET then "
+        "%d GET of 256 B values, pipelined by 16), then SHUTDOWN NOSAVE; "
+        "timed and counted: the server process.\n" % (
             info["versions"].get("sqlite3", "?"),
             max(100, int(SQLITE_ROWS * args.scale)),
             info["versions"].get("python3", "?"),
             max(100, int(PY_RECORDS * args.scale)),
             info["versions"].get("g++", "?"),
             info["versions"].get("redis", "?"),
-            ALL_PROGRAMS["redis"].requests(args.scale), REDIS_KEYSPACE,
+            ALL_PROGRAMS["redis"].keys(args.scale),
+            ALL_PROGRAMS["redis"].requests(args.scale),
             ALL_PROGRAMS["redis"].requests(args.scale),
             ALL_PROGRAMS["redis"].requests(args.scale)))
     lines.append("| program | variant | wall s | CPU s | rel (wall) | p | "
