@@ -6,8 +6,10 @@ unmodified, under three variants:
 
   glibc     as installed (glibc's malloc), for reference
   jemalloc  LD_PRELOAD=libjemalloc.so.2: jemalloc alone, the baseline
-  preload   LD_PRELOAD=libmemtally_preload.so (jemalloc 5.3 linked into
-            the preload, counted by its activity callback), with a real
+  preload   LD_PRELOAD=libmemtally_preload.so with
+            MEMTALLY_ALLOCATOR=jemalloc (jemalloc 5.3 linked into the
+            preload, counted by its activity callback; a python interpreter
+            would otherwise switch to the glibc front end), with a real
             memtallyd running, so the process registers and is counted
 
 Programs: the `sqlite3` CLI (an in-memory database fed on stdin: rows built
@@ -473,13 +475,17 @@ def variant_env(variant, paths, server, stats=False):
     # LD_PRELOAD and MALLOC_CONF are the variant's; MEMTALLY_DISABLE and
     # the like pass through on purpose: a run that is not counted must
     # fail the proof, not be reported.
-    for k in ("LD_PRELOAD", "MALLOC_CONF"):
+    for k in ("LD_PRELOAD", "MALLOC_CONF", "MEMTALLY_ALLOCATOR"):
         env.pop(k, None)
     env["MEMTALLY_SOCKET"] = server.socket
     if variant == "jemalloc":
         env["LD_PRELOAD"] = paths["jemalloc"]
     elif variant == "preload":
         env["LD_PRELOAD"] = paths["preload"]
+        # The jemalloc front end against jemalloc alone, for every program:
+        # without this a python interpreter would switch itself to the
+        # glibc front end (client/choose.c).
+        env["MEMTALLY_ALLOCATOR"] = "jemalloc"
     if stats:
         # jemalloc prints its statistics at exit, as one JSON document.
         env["MALLOC_CONF"] = "stats_print:true,stats_print_opts:J"
