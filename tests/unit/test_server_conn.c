@@ -525,9 +525,17 @@ Test(budget, a_throttled_peer_that_reads_again_is_resumed,
 	 * are answered (answers keep coming). */
 	uint64_t got = 0;
 	uint8_t buf[65536];
+	/* The longest the loop went unrun: eviction after MTS_BUDGET_GRACE_MS
+	 * over the cap is right when the test itself stalled that long. */
+	uv_update_time(&loop);
+	uint64_t last = uv_now(&loop), stall = 0;
 	for (int spins = 0;
 	     spins < 200000 && (srv.net.pressure || got < (4u << 20));
 	     spins++) {
+		uv_update_time(&loop);
+		if (uv_now(&loop) - last > stall)
+			stall = uv_now(&loop) - last;
+		last = uv_now(&loop);
 		uv_run(&loop, UV_RUN_NOWAIT);
 		ssize_t n = recv(h.c.fd, buf, sizeof(buf), MSG_DONTWAIT);
 		if (n > 0)
@@ -540,7 +548,11 @@ Test(budget, a_throttled_peer_that_reads_again_is_resumed,
 	cr_assert(!srv.net.pressure || srv.net.conn_stats.pressure > 1);
 	cr_assert_geq(got, 4u << 20, "answers stopped after %llu bytes",
 	              (unsigned long long)got);
-	cr_assert_eq(srv.net.conn_stats.evicted, 0);
+	if (stall < MTS_BUDGET_GRACE_MS / 2)
+		cr_assert_eq(srv.net.conn_stats.evicted, 0);
+	else
+		cr_log_warn("the test stalled %llu ms: eviction not checked",
+		            (unsigned long long)stall);
 	close(h.c.fd);
 }
 
@@ -754,9 +766,11 @@ static void setup_uid2(void)
 	setup_uid(2, 0);
 }
 
+/* 1 s: `busy` below asks every 50 ms, so only a stall of the whole test
+ * process for a second (a loaded machine) could make it look idle. */
 static void setup_idle(void)
 {
-	setup_uid(0, 300);
+	setup_uid(0, 1000);
 }
 
 /* Run the loop until pred() holds (or fail). */
@@ -852,7 +866,7 @@ Test(peruid, a_uid_over_its_cap_stops_only_itself, .init = setup_uid2,
 Test(peruid, idle_connections_are_closed_watchers_stay, .init = setup_idle,
      .fini = teardown, .timeout = 60)
 {
-	cr_assert_eq(srv.net.idle_ms, 300);
+	cr_assert_eq(srv.net.idle_ms, 1000);
 	cr_assert_eq(srv.net.max_conns_per_uid, MTS_DEFAULT_MAX_CONNS_PER_UID);
 	struct client idle, busy, w, t;
 	client_unix(&idle);
@@ -872,11 +886,11 @@ Test(peruid, idle_connections_are_closed_watchers_stay, .init = setup_idle,
 		uv_update_time(&loop);
 		cr_assert_lt(uv_now(&loop) - start, 20000, "idle never closed");
 	}
-	cr_assert_geq(uv_now(&loop) - start, 300, "closed before the timeout");
+	cr_assert_geq(uv_now(&loop) - start, 1000, "closed before the timeout");
 	cr_assert(closed_by_server(&idle));
 	cr_assert(closed_by_server(&t));
 	/* Well past the timeout the watcher and the busy one are open. */
-	uint64_t until = uv_now(&loop) + 800;
+	uint64_t until = uv_now(&loop) + 2500;
 	while (uv_now(&loop) < until) {
 		get_usage(&busy, id++);
 		poll(NULL, 0, 50);
