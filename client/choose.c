@@ -78,7 +78,7 @@ static char *read_cmdline(size_t *len)
  * its file name `base` when it was found by the library search -- replaced
  * by `other`, or NULL if no token (separated by ':' or ' ') names it. */
 static char *swap_preload(const char *lp, const char *self, const char *base,
-			  const char *other)
+                          const char *other)
 {
 	size_t ls = strlen(self), lb = strlen(base);
 	for (const char *p = lp; *p;) {
@@ -87,7 +87,7 @@ static char *swap_preload(const char *lp, const char *self, const char *base,
 		    (n == lb && memcmp(p, base, n) == 0)) {
 			size_t before = (size_t)(p - lp);
 			size_t total = strlen("LD_PRELOAD=") + strlen(lp) - n +
-				       strlen(other) + 1;
+			               strlen(other) + 1;
 			char *out = malloc(total);
 			if (!out)
 				return NULL;
@@ -164,11 +164,11 @@ __attribute__((constructor(103))) static void mtc_choose(void)
 	if (access(other, R_OK) != 0) {
 		mtc_init(); /* MEMTALLY_DEBUG */
 		mtc_debug("MEMTALLY_ALLOCATOR=%s: no %s; staying on %s", want,
-			  other, MTC_FRONT_ALLOCATOR);
+		          other, MTC_FRONT_ALLOCATOR);
 		goto out_free;
 	}
-	if (!(preload = swap_preload(lp, di.dli_fname, di.dli_fname + dir,
-				     other)) ||
+	if (!(preload =
+	          swap_preload(lp, di.dli_fname, di.dli_fname + dir, other)) ||
 	    !(cmd = read_cmdline(&len)))
 		goto out_free;
 	size_t argc = 0, envc = 0;
@@ -193,11 +193,10 @@ __attribute__((constructor(103))) static void mtc_choose(void)
 	envp[e++] = preload;
 	envp[e++] = (char *)SWITCHED;
 	mtc_init(); /* MEMTALLY_DEBUG */
-	mtc_debug("MEMTALLY_ALLOCATOR=%s: running again under %s", want,
-		  other);
+	mtc_debug("MEMTALLY_ALLOCATOR=%s: running again under %s", want, other);
 	execve("/proc/self/exe", argv, envp);
 	mtc_debug("MEMTALLY_ALLOCATOR=%s: exec failed; staying on %s", want,
-		  MTC_FRONT_ALLOCATOR);
+	          MTC_FRONT_ALLOCATOR);
 out_free:
 	free(argv);
 	free(envp);

@@ -25,8 +25,7 @@ static size_t first_after(const struct mtc_maptable *t, uintptr_t a)
 }
 
 /* First index at or after `from` whose range starts at or after `a`. */
-static size_t first_from(const struct mtc_maptable *t, size_t from,
-			 uintptr_t a)
+static size_t first_from(const struct mtc_maptable *t, size_t from, uintptr_t a)
 {
 	size_t lo = from, hi = t->n;
 	while (lo < hi) {
@@ -56,7 +55,7 @@ static int room(struct mtc_maptable *t, size_t want)
 /* Replace entries [j0, j1) by the k entries of `with`. The caller made
  * room when k > j1 - j0. */
 static void splice(struct mtc_maptable *t, size_t j0, size_t j1,
-		   const struct mtc_range *with, size_t k)
+                   const struct mtc_range *with, size_t k)
 {
 	size_t tail = t->n - j1;
 	memmove(&t->v[j0 + k], &t->v[j1], tail * sizeof(t->v[0]));
@@ -65,9 +64,9 @@ static void splice(struct mtc_maptable *t, size_t j0, size_t j1,
 	t->n = j0 + k + tail;
 }
 
-uint64_t mtc_maptable_remove(struct mtc_maptable *t, uintptr_t lo,
-			     uintptr_t hi, struct mtc_range *removed,
-			     size_t cap, size_t *nremoved)
+uint64_t mtc_maptable_remove(struct mtc_maptable *t, uintptr_t lo, uintptr_t hi,
+                             struct mtc_range *removed, size_t cap,
+                             size_t *nremoved)
 {
 	if (nremoved)
 		*nremoved = 0;
@@ -137,7 +136,7 @@ uint64_t mtc_maptable_add(struct mtc_maptable *t, uintptr_t lo, uintptr_t hi)
 }
 
 uint64_t mtc_maptable_counted(const struct mtc_maptable *t, uintptr_t lo,
-			      uintptr_t hi)
+                              uintptr_t hi)
 {
 	uint64_t c = 0;
 	for (size_t j = first_after(t, lo); j < t->n && t->v[j].lo < hi; j++)

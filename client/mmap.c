@@ -54,8 +54,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#define MM_EXPORT __attribute__((visibility("default")))
-#define MM_MAX_EXCL 8
+#define MM_EXPORT      __attribute__((visibility("default")))
+#define MM_MAX_EXCL    8
 #define MM_INITIAL_CAP 512
 
 static struct {
@@ -65,7 +65,7 @@ static struct {
 	 * once by the constructor, before `ready`. */
 	struct mtc_range excl[MM_MAX_EXCL];
 	uint32_t nexcl;
-	int ready;     /* 1 once excl is complete (acquire/release) */
+	int ready; /* 1 once excl is complete (acquire/release) */
 	uintptr_t page;
 } mm = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
@@ -74,7 +74,7 @@ static __thread int mm_busy MTC_TLS; /* this thread holds mm.lock */
 /* ---- the kernel's calls ------------------------------------------------ */
 
 static void *sys_mmap(void *a, size_t len, int prot, int flags, int fd,
-		      off_t off)
+                      off_t off)
 {
 	return (void *)syscall(SYS_mmap, a, len, prot, flags, fd, off);
 }
@@ -85,10 +85,10 @@ static int sys_munmap(void *a, size_t len)
 }
 
 static void *sys_mremap(void *old, size_t old_len, size_t new_len, int flags,
-			void *new_addr)
+                        void *new_addr)
 {
 	return (void *)syscall(SYS_mremap, old, old_len, new_len, flags,
-			       new_addr);
+	                       new_addr);
 }
 
 /* The table's own storage: anonymous memory from the kernel directly. */
@@ -101,10 +101,10 @@ static int table_grow(struct mtc_maptable *t, size_t want)
 	void *p;
 	if (t->v)
 		p = sys_mremap(t->v, t->cap * sizeof(struct mtc_range), bytes,
-			       MREMAP_MAYMOVE, NULL);
+		               MREMAP_MAYMOVE, NULL);
 	else
 		p = sys_mmap(NULL, bytes, PROT_READ | PROT_WRITE,
-			     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		             MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (p == MAP_FAILED)
 		return -ENOMEM;
 	t->v = p;
@@ -237,7 +237,7 @@ void mtc_mapped_resync(void)
 /* ---- the interposed calls ---------------------------------------------- */
 
 static void *do_mmap(void *addr, size_t len, int prot, int flags, int fd,
-		     off_t off, const void *ret)
+                     off_t off, const void *ret)
 {
 	int counted = counted_kind(prot, flags);
 	int fixed = flags & MAP_FIXED; /* replaces what was there */
@@ -259,17 +259,17 @@ static void *do_mmap(void *addr, size_t len, int prot, int flags, int fd,
 }
 
 MM_EXPORT void *mmap(void *addr, size_t len, int prot, int flags, int fd,
-		     off_t off)
+                     off_t off)
 {
 	return do_mmap(addr, len, prot, flags, fd, off,
-		       __builtin_return_address(0));
+	               __builtin_return_address(0));
 }
 
 MM_EXPORT void *mmap64(void *addr, size_t len, int prot, int flags, int fd,
-		       off_t off)
+                       off_t off)
 {
 	return do_mmap(addr, len, prot, flags, fd, off,
-		       __builtin_return_address(0));
+	               __builtin_return_address(0));
 }
 
 MM_EXPORT int munmap(void *addr, size_t len)
@@ -296,7 +296,7 @@ MM_EXPORT int munmap(void *addr, size_t len)
 }
 
 MM_EXPORT void *mremap(void *old, size_t old_len, size_t new_len, int flags,
-		       ...)
+                       ...)
 {
 	void *new_addr = NULL;
 	if (flags & (MREMAP_FIXED | MREMAP_DONTUNMAP)) {

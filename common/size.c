@@ -94,8 +94,8 @@ int mt_parse_size(const char *s, uint64_t *out)
 /* Tenths of the largest IEC unit that keeps the number >= 1. */
 const char *mt_format_size(char *buf, size_t cap, uint64_t bytes)
 {
-	static const char *const iec[] = {"KiB", "MiB", "GiB", "TiB", "PiB",
-	                                  "EiB"};
+	static const char *const iec[] = {"KiB", "MiB", "GiB",
+	                                  "TiB", "PiB", "EiB"};
 	if (bytes < 1024) {
 		snprintf(buf, cap, "%llu B", (unsigned long long)bytes);
 		return buf;

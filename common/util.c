@@ -69,8 +69,8 @@ int mt_send_all(int fd, const void *buf, size_t len, uint64_t deadline_ns)
 	const uint8_t *p = buf;
 	size_t off = 0;
 	while (off < len) {
-		ssize_t n = send(fd, p + off, len - off,
-		                 MSG_NOSIGNAL | MSG_DONTWAIT);
+		ssize_t n =
+		    send(fd, p + off, len - off, MSG_NOSIGNAL | MSG_DONTWAIT);
 		if (n >= 0) {
 			off += (size_t)n;
 			continue;
@@ -95,7 +95,8 @@ int mt_wait_fd(int fd, short events, uint64_t deadline_ns)
 			if (now >= deadline_ns)
 				return -ETIMEDOUT;
 			/* Round up: never wake just before the deadline. */
-			uint64_t left = (deadline_ns - now + 999999u) / 1000000u;
+			uint64_t left =
+			    (deadline_ns - now + 999999u) / 1000000u;
 			ms = left > 1000000u ? 1000000 : (int)left;
 		}
 		struct pollfd p = {.fd = fd, .events = events};
