@@ -202,8 +202,12 @@ static int enter(const void *ret)
 	if (!__atomic_load_n(&mm.ready, __ATOMIC_ACQUIRE) || mm_busy ||
 	    is_excluded(ret))
 		return 0;
-	pthread_mutex_lock(&mm.lock);
+	/* Busy before the lock: a signal landing between the lock's
+	 * acquisition and this store would otherwise find the thread not
+	 * busy and wait for the lock it holds itself. */
 	mm_busy = 1;
+	__atomic_signal_fence(__ATOMIC_SEQ_CST);
+	pthread_mutex_lock(&mm.lock);
 	return 1;
 }
 
@@ -216,6 +220,7 @@ static void leave(uint64_t before)
 	if (now != before)
 		mtc_mapped_store(now);
 	pthread_mutex_unlock(&mm.lock);
+	__atomic_signal_fence(__ATOMIC_SEQ_CST);
 	mm_busy = 0;
 	if (now != before)
 		mtc_mapped_changed();
@@ -229,9 +234,13 @@ void mtc_mapped_resync(void)
 		mtc_mapped_store(mm.t.total);
 		return;
 	}
+	mm_busy = 1; /* as in enter(): busy before the lock */
+	__atomic_signal_fence(__ATOMIC_SEQ_CST);
 	pthread_mutex_lock(&mm.lock);
 	mtc_mapped_store(mm.t.total);
 	pthread_mutex_unlock(&mm.lock);
+	__atomic_signal_fence(__ATOMIC_SEQ_CST);
+	mm_busy = 0;
 }
 
 /* ---- the interposed calls ---------------------------------------------- */

@@ -129,5 +129,30 @@ def test_own_mappings_counted_exactly():
                  lambda: s.status()["fleet"]["mapped"] == 0)
 
 
+def test_signal_handler_mapping_never_deadlocks():
+    """A signal handler that maps memory while its thread is inside the
+    interposer (or taking its lock) maps uncounted; the process never waits
+    for the lock its own thread holds. Thousands of signals land in a
+    map/unmap loop, attached (3 s) and with no server (8 s: the window
+    is widest there; the old code stalled in about one such run of three);
+    a watchdog in the worker says "stalled" when the loop stops moving."""
+    with Server() as s:
+        for seconds, env in ((3, s.env(group="sig")),
+                             (8, s.env(MEMTALLY_SOCKET="/nonexistent/x"))):
+            w = Worker([worker("mt_sigmap"), str(seconds)], env)
+            try:
+                line = w.readline(timeout=60 + seconds)
+                words = line.split()
+                check(words[:1] == ["done"], f"the worker stalled: {line!r}")
+                check(int(words[1]) > 1000 and int(words[2]) > 100,
+                      f"too few iterations or signals to mean anything: "
+                      f"{line}")
+                print(f"  {seconds} s: {words[1]} map/unmap pairs, "
+                      f"{words[2]} signals handled, no stall", flush=True)
+            finally:
+                w.close()
+
+
 if __name__ == "__main__":
-    run([test_own_mappings_counted_exactly])
+    run([test_own_mappings_counted_exactly,
+         test_signal_handler_mapping_never_deadlocks])
