@@ -36,6 +36,8 @@
 #endif
 
 #define SWITCHED "MEMTALLY_ALLOCATOR_SWITCHED=1"
+/* After an automatic switch: the LD_PRELOAD to give back to children. */
+#define ORIG "MEMTALLY_PRELOAD_ORIG"
 
 extern char **environ;
 
@@ -132,12 +134,27 @@ static bool is_python(void)
 
 __attribute__((constructor(103))) static void mtc_choose(void)
 {
+	if (getenv("MEMTALLY_ALLOCATOR_SWITCHED")) {
+		/* This image is the switched one. The marker is for this exec
+		 * only, or every descendant would ignore its own
+		 * MEMTALLY_ALLOCATOR; after an automatic switch (python) the
+		 * children get back the LD_PRELOAD they would have had. The
+		 * process is still single-threaded here. */
+		const char *orig = getenv(ORIG);
+		if (orig)
+			setenv("LD_PRELOAD", orig, 1);
+		unsetenv(ORIG);
+		unsetenv("MEMTALLY_ALLOCATOR_SWITCHED");
+		return;
+	}
 	const char *want = getenv("MEMTALLY_ALLOCATOR");
+	bool automatic = false;
 	if ((!want || !*want) && strcmp(MTC_FRONT_ALLOCATOR, "jemalloc") == 0 &&
-	    is_python())
+	    is_python()) {
 		want = "glibc";
-	if (!want || !*want || strcmp(want, MTC_FRONT_ALLOCATOR) == 0 ||
-	    getenv("MEMTALLY_ALLOCATOR_SWITCHED"))
+		automatic = true;
+	}
+	if (!want || !*want || strcmp(want, MTC_FRONT_ALLOCATOR) == 0)
 		return;
 	const char *other_name;
 	if (strcmp(want, "glibc") == 0)
@@ -158,7 +175,7 @@ __attribute__((constructor(103))) static void mtc_choose(void)
 		return;
 	memcpy(other, di.dli_fname, dir);
 	strcpy(other + dir, other_name);
-	char *preload = NULL, *cmd = NULL;
+	char *preload = NULL, *cmd = NULL, *orig = NULL;
 	char **argv = NULL, **envp = NULL;
 	size_t len = 0;
 	if (access(other, R_OK) != 0) {
@@ -179,7 +196,7 @@ __attribute__((constructor(103))) static void mtc_choose(void)
 	while (environ[envc])
 		envc++;
 	argv = calloc(argc + 1, sizeof(char *));
-	envp = calloc(envc + 3, sizeof(char *));
+	envp = calloc(envc + 4, sizeof(char *));
 	if (!argv || !envp)
 		goto out_free;
 	for (size_t i = 0, k = 0; i < len && k < argc; k++) {
@@ -188,10 +205,19 @@ __attribute__((constructor(103))) static void mtc_choose(void)
 	}
 	size_t e = 0;
 	for (size_t i = 0; i < envc; i++)
-		if (strncmp(environ[i], "LD_PRELOAD=", 11) != 0)
+		if (strncmp(environ[i], "LD_PRELOAD=", 11) != 0 &&
+		    strncmp(environ[i], ORIG "=", sizeof(ORIG)) != 0)
 			envp[e++] = environ[i];
 	envp[e++] = preload;
 	envp[e++] = (char *)SWITCHED;
+	if (automatic) {
+		orig = malloc(strlen(ORIG) + 1 + strlen(lp) + 1);
+		if (!orig)
+			goto out_free;
+		strcpy(orig, ORIG "=");
+		strcat(orig, lp);
+		envp[e++] = orig;
+	}
 	mtc_init(); /* MEMTALLY_DEBUG */
 	mtc_debug("MEMTALLY_ALLOCATOR=%s: running again under %s", want, other);
 	execve("/proc/self/exe", argv, envp);
@@ -202,5 +228,6 @@ out_free:
 	free(envp);
 	free(cmd);
 	free(preload);
+	free(orig);
 	free(other);
 }

@@ -176,12 +176,18 @@ def test_allocator_variable_switches_the_front_end():
 
 
 PY_PROBE = r"""
-import sys
-maps = open("/proc/self/maps").read()
-front = ("glibc" if "libmemtally_glibc.so" in maps else
-         "jemalloc" if "libmemtally_preload.so" in maps else "none")
+import os, subprocess, sys
+def front(maps):
+    return ("glibc" if "libmemtally_glibc.so" in maps else
+            "jemalloc" if "libmemtally_preload.so" in maps else "none")
+# A child that is not python: the front end it gets, and whether the
+# switch's marker reached it (it must not).
+child = subprocess.run(["sh", "-c", "cat /proc/self/maps; "
+                        "echo marker=${MEMTALLY_ALLOCATOR_SWITCHED:-none}"],
+                       capture_output=True, text=True).stdout
 held = [bytearray(1 << 20) for _ in range(64)]
-print("front", front, sys.argv[1], flush=True)
+print("front", front(open("/proc/self/maps").read()), sys.argv[1],
+      "child", front(child), child.split("marker=")[1].strip(), flush=True)
 sys.stdin.readline()
 """
 
@@ -202,7 +208,9 @@ def test_python_defaults_to_glibc():
             w = Worker([sys.executable, "-c", PY_PROBE, "argv-kept"], env)
             try:
                 line = w.readline(timeout=30)
-                check(line == f"front {want} argv-kept",
+                # The child (sh) gets the default front end back, and
+                # no marker: it could switch on its own variable.
+                check(line == f"front {want} argv-kept child jemalloc none",
                       f"MEMTALLY_ALLOCATOR={allocator}: {line!r}")
                 p = wait_for("counted", lambda: (lambda p: p if p and
                              p["bytes"] >= 64 * MIB else None)(
