@@ -282,6 +282,13 @@ static void on_run_closed(uv_handle_t *handle)
 
 static void close_run(struct hook_run *r)
 {
+	/* Reap the shell only now, after any kill of its group: until then
+	 * the zombie keeps its pid -- the group's id -- from being reused,
+	 * so kill_group() can never reach a stranger's group. */
+	if (r->exited) {
+		siginfo_t si = {0};
+		(void)waitid(P_PIDFD, (id_t)r->pidfd, &si, WEXITED | WNOHANG);
+	}
 	uv_close((uv_handle_t *)&r->exit, on_run_closed);
 	uv_close((uv_handle_t *)&r->err, on_run_closed);
 	uv_close((uv_handle_t *)&r->timer, on_run_closed);
@@ -336,23 +343,26 @@ static void kill_group(struct hook_run *r)
 {
 	/* The hook leads its own session and process group (setsid): the
 	 * shell and whatever it started, unless they moved out on purpose.
-	 * A group id is not reused while the group has a member, so this
-	 * cannot hit a stranger; the shell itself, which may have left its
-	 * group, through its pidfd until it is reaped. */
+	 * The shell is reaped only in close_run(), after this: its zombie
+	 * keeps the group's id from being reused, so this cannot hit a
+	 * stranger even when every member has left the group; the shell
+	 * itself, which may have left its group, through its pidfd. */
 	kill(-r->pid, SIGKILL);
 	if (!r->exited)
 		pidfd_send_signal(r->pidfd, SIGKILL, NULL, 0);
 }
 
-/* The pidfd is readable: the shell exited. Reap it (it is our child and
- * only we wait for it: libuv's own reaping is for uv_spawn, unused). */
+/* The pidfd is readable: the shell exited. Take its status but leave the
+ * zombie (WNOWAIT) until close_run(): see kill_group(). It is our child
+ * and only we wait for it (libuv's own reaping is for uv_spawn, unused). */
 static void on_exited(uv_poll_t *p, int status, int events)
 {
 	struct hook_run *r = p->data;
 	(void)status;
 	(void)events;
 	siginfo_t si = {0};
-	if (waitid(P_PIDFD, (id_t)r->pidfd, &si, WEXITED | WNOHANG) < 0 ||
+	if (waitid(P_PIDFD, (id_t)r->pidfd, &si,
+	           WEXITED | WNOHANG | WNOWAIT) < 0 ||
 	    si.si_pid == 0)
 		return; /* not yet (a spurious wake-up) */
 	uv_poll_stop(p);
