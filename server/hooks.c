@@ -361,8 +361,8 @@ static void on_exited(uv_poll_t *p, int status, int events)
 	(void)status;
 	(void)events;
 	siginfo_t si = {0};
-	if (waitid(P_PIDFD, (id_t)r->pidfd, &si,
-	           WEXITED | WNOHANG | WNOWAIT) < 0 ||
+	if (waitid(P_PIDFD, (id_t)r->pidfd, &si, WEXITED | WNOHANG | WNOWAIT) <
+	        0 ||
 	    si.si_pid == 0)
 		return; /* not yet (a spurious wake-up) */
 	uv_poll_stop(p);
