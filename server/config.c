@@ -427,6 +427,20 @@ static int lookup_gid(const char *v, uint32_t *out)
 #define OWNED_METRICS 3
 #define OWNED_STATE   4
 
+/* A uint32_t key that is an integer in [lo, hi]; `what` names its unit in
+ * the message ("an integer", "milliseconds"). */
+static int set_u32(struct load *l, const char *sec, const char *key,
+                   const char *v, uint32_t lo, uint32_t hi, const char *what,
+                   uint32_t *dst)
+{
+	uint64_t n;
+	if (parse_uint(v, lo, hi, &n) < 0)
+		return fail(l, sec, key, "expected %s from %u to %u, got '%s'",
+		            what, lo, hi, v);
+	*dst = (uint32_t)n;
+	return 0;
+}
+
 /* ---- one function per key ----------------------------------------- */
 
 static int key_server_socket(struct load *l, const char *sec, const char *key,
@@ -465,40 +479,22 @@ static int key_server_state(struct load *l, const char *sec, const char *key,
 static int key_server_slots(struct load *l, const char *sec, const char *key,
                             const char *v)
 {
-	struct mts_config *c = &l->s.cfg;
-	uint64_t n;
-	if (parse_uint(v, 1, MTSHM_MAX_SLOTS, &n) < 0)
-		return fail(l, sec, key,
-		            "expected an integer from 1 to %u, got '%s'",
-		            MTSHM_MAX_SLOTS, v);
-	c->slots = (uint32_t)n;
-	return 0;
+	return set_u32(l, sec, key, v, 1, MTSHM_MAX_SLOTS, "an integer",
+	               &l->s.cfg.slots);
 }
 
 static int key_server_lanes(struct load *l, const char *sec, const char *key,
                             const char *v)
 {
-	struct mts_config *c = &l->s.cfg;
-	uint64_t n;
-	if (parse_uint(v, 1, MTSHM_MAX_LANES, &n) < 0)
-		return fail(l, sec, key,
-		            "expected an integer from 1 to %u, got '%s'",
-		            MTSHM_MAX_LANES, v);
-	c->lanes = (uint32_t)n;
-	return 0;
+	return set_u32(l, sec, key, v, 1, MTSHM_MAX_LANES, "an integer",
+	               &l->s.cfg.lanes);
 }
 
 static int key_server_tick(struct load *l, const char *sec, const char *key,
                            const char *v)
 {
-	struct mts_config *c = &l->s.cfg;
-	uint64_t n;
-	if (parse_uint(v, 1, MTS_TICK_MAX_MS, &n) < 0)
-		return fail(l, sec, key,
-		            "expected milliseconds from 1 to %u, got '%s'",
-		            MTS_TICK_MAX_MS, v);
-	c->tick_ms = (uint32_t)n;
-	return 0;
+	return set_u32(l, sec, key, v, 1, MTS_TICK_MAX_MS, "milliseconds",
+	               &l->s.cfg.tick_ms);
 }
 
 static int key_server_threshold(struct load *l, const char *sec,
@@ -518,27 +514,15 @@ static int key_server_threshold(struct load *l, const char *sec,
 static int key_server_max_connections(struct load *l, const char *sec,
                                       const char *key, const char *v)
 {
-	struct mts_config *c = &l->s.cfg;
-	uint64_t n;
-	if (parse_uint(v, 1, MTS_MAX_CONNS_MAX, &n) < 0)
-		return fail(l, sec, key,
-		            "expected an integer from 1 to %u, got '%s'",
-		            MTS_MAX_CONNS_MAX, v);
-	c->max_conns = (uint32_t)n;
-	return 0;
+	return set_u32(l, sec, key, v, 1, MTS_MAX_CONNS_MAX, "an integer",
+	               &l->s.cfg.max_conns);
 }
 
 static int key_server_max_connections_per_uid(struct load *l, const char *sec,
                                               const char *key, const char *v)
 {
-	struct mts_config *c = &l->s.cfg;
-	uint64_t n;
-	if (parse_uint(v, 1, MTS_MAX_CONNS_MAX, &n) < 0)
-		return fail(l, sec, key,
-		            "expected an integer from 1 to %u, got '%s'",
-		            MTS_MAX_CONNS_MAX, v);
-	c->max_conns_per_uid = (uint32_t)n;
-	return 0;
+	return set_u32(l, sec, key, v, 1, MTS_MAX_CONNS_MAX, "an integer",
+	               &l->s.cfg.max_conns_per_uid);
 }
 
 static int key_server_idle_timeout(struct load *l, const char *sec,
@@ -763,15 +747,8 @@ static int key_limits_measure(struct load *l, const char *sec, const char *key,
 static int key_limits_rss_interval(struct load *l, const char *sec,
                                    const char *key, const char *v)
 {
-	struct mts_policy *p = &l->s.policy;
-	uint64_t n;
-	if (parse_uint(v, RSS_MIN_MS, RSS_MAX_MS, &n) < 0)
-		return fail(l, sec, key,
-		            "expected milliseconds from %u to %u, got "
-		            "'%s'",
-		            RSS_MIN_MS, RSS_MAX_MS, v);
-	p->rss_interval_ms = (uint32_t)n;
-	return 0;
+	return set_u32(l, sec, key, v, RSS_MIN_MS, RSS_MAX_MS, "milliseconds",
+	               &l->s.policy.rss_interval_ms);
 }
 
 static int key_limits_growth_window(struct load *l, const char *sec,
@@ -820,14 +797,8 @@ static int key_enforce_signal(struct load *l, const char *sec, const char *key,
 static int key_enforce_grace(struct load *l, const char *sec, const char *key,
                              const char *v)
 {
-	struct mts_policy *p = &l->s.policy;
-	uint64_t n;
-	if (parse_uint(v, 0, GRACE_MAX_MS, &n) < 0)
-		return fail(l, sec, key,
-		            "expected milliseconds from 0 to %u, got '%s'",
-		            GRACE_MAX_MS, v);
-	p->grace_ms = (uint32_t)n;
-	return 0;
+	return set_u32(l, sec, key, v, 0, GRACE_MAX_MS, "milliseconds",
+	               &l->s.policy.grace_ms);
 }
 
 /* The [group NAME] entry, created on first use. */
