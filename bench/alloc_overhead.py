@@ -50,7 +50,7 @@ sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchlib import (  # noqa: E402
     SRC_DIR, BenchError, Server, log, machine_info, mann_whitney_p,
-    quartiles, write_section)
+    quartiles, quit_worker, write_section)
 
 # N of the parallel cases: every CPU this driver may use (thread i of a
 # parallel case is pinned to the i-th of them).
@@ -195,14 +195,7 @@ class Worker:
         return (None if f < 0 else f), r[2]
 
     def close(self):
-        if self.proc.poll() is None:
-            try:
-                self.proc.stdin.write("quit\n")
-                self.proc.stdin.flush()
-                self.proc.wait(5)
-            except (OSError, subprocess.TimeoutExpired):
-                self.proc.kill()
-                self.proc.wait()
+        quit_worker(self.proc)
 
 
 def calibrate(w, case, target_ns):

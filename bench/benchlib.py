@@ -10,6 +10,7 @@ import datetime
 import json
 import math
 import os
+import re
 import signal
 import socket
 import stat
@@ -108,6 +109,60 @@ def machine_info():
     }
 
 
+# ---- processes ---------------------------------------------------------------
+
+
+def socket_up(path):
+    """Whether a server answers on the Unix socket at `path`."""
+    try:
+        if not stat.S_ISSOCK(os.stat(path).st_mode):
+            return False
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(path)
+        s.close()
+        return True
+    except OSError:
+        return False
+
+
+def quit_worker(proc):
+    """Ask a --serve worker to quit; kill it if it does not within 5 s."""
+    if proc.poll() is None:
+        try:
+            proc.stdin.write("quit\n")
+            proc.stdin.flush()
+            proc.wait(5)
+        except (OSError, subprocess.TimeoutExpired):
+            proc.kill()
+            proc.wait()
+
+
+def cachegrind_total(argv, stdin_path, env, out, what):
+    """Instructions executed by argv and every process it starts
+    (cachegrind, no cache simulation), their output files kept in the
+    directory `out`. `what` names the run in an error."""
+    os.makedirs(out, exist_ok=True)
+    stdin = open(stdin_path) if stdin_path else subprocess.DEVNULL
+    try:
+        p = subprocess.run(["valgrind", "--tool=cachegrind", "--cache-sim=no",
+                            "--trace-children=yes",
+                            "--cachegrind-out-file=%s/cg.%%p" % out] + argv,
+                           stdin=stdin, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, text=True, env=env)
+    finally:
+        if stdin_path:
+            stdin.close()
+    if p.returncode != 0:
+        raise BenchError("%s, cachegrind: exit %d:\n%s" % (
+            what, p.returncode, p.stderr[-2000:]))
+    total = 0
+    for f in os.listdir(out):
+        with open(os.path.join(out, f)) as fh:
+            m = re.search(r"^summary: (\d+)", fh.read(), re.M)
+        total += int(m.group(1)) if m else 0
+    return total
+
+
 # ---- server --------------------------------------------------------------
 
 
@@ -144,7 +199,7 @@ class Server:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 break
-            if self._socket_up():
+            if socket_up(self.socket):
                 self.status = "memtallyd running"
                 return
             time.sleep(0.02)
@@ -155,17 +210,6 @@ class Server:
         self.status = "no server (memtallyd did not start: %s)" % (
             tail or "no socket within 5 s"
         )
-
-    def _socket_up(self):
-        try:
-            if not stat.S_ISSOCK(os.stat(self.socket).st_mode):
-                return False
-            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            s.connect(self.socket)
-            s.close()
-            return True
-        except OSError:
-            return False
 
     def stop(self):
         if self.proc and self.proc.poll() is None:
@@ -218,14 +262,7 @@ class ServeWorker:
         return r
 
     def close(self):
-        if self.proc.poll() is None:
-            try:
-                self.proc.stdin.write("quit\n")
-                self.proc.stdin.flush()
-                self.proc.wait(5)
-            except (OSError, subprocess.TimeoutExpired):
-                self.proc.kill()
-                self.proc.wait()
+        quit_worker(self.proc)
 
 
 # ---- bench/RESULTS.md --------------------------------------------------------

@@ -41,7 +41,7 @@ sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchlib import (  # noqa: E402
     SRC_DIR, BenchError, Server, log, machine_info, mann_whitney_p,
-    quartiles, write_section)
+    quartiles, cachegrind_total, write_section)
 # The programs and workloads are real.py's, so that both suites run the
 # very same python3 and g++ work; only those definitions are used.
 import real  # noqa: E402
@@ -133,24 +133,10 @@ def instructions(prog, variant, paths, server, tmp, scale):
     argv, stdin_path = prog.timed(tmp, scale)
     out = os.path.join(tmp, "cg")
     shutil.rmtree(out, ignore_errors=True)
-    os.makedirs(out)
     env = env_of(variant, paths, server)
     env["PYTHONHASHSEED"] = "0"
-    stdin = open(stdin_path) if stdin_path else subprocess.DEVNULL
-    p = subprocess.run(["valgrind", "--tool=cachegrind", "--cache-sim=no",
-                        "--trace-children=yes",
-                        "--cachegrind-out-file=%s/cg.%%p" % out] + argv,
-                       stdin=stdin, stdout=subprocess.DEVNULL,
-                       stderr=subprocess.PIPE, text=True, env=env)
-    if p.returncode != 0:
-        raise BenchError("cachegrind %s %s: %s" % (prog.name, variant,
-                                                    p.stderr[-1000:]))
-    total = 0
-    for f in os.listdir(out):
-        with open(os.path.join(out, f)) as fh:
-            m = re.search(r"^summary: (\d+)", fh.read(), re.M)
-        total += int(m.group(1)) if m else 0
-    return total
+    return cachegrind_total(argv, stdin_path, env, out, "%s %s" % (
+        prog.name, variant))
 
 
 def ps_entry(paths, server, pid):

@@ -52,8 +52,6 @@ import resource
 import shlex
 import shutil
 import signal
-import socket
-import stat
 import statistics
 import subprocess
 import sys
@@ -64,7 +62,8 @@ import urllib.request
 
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import SRC_DIR, log, machine_info, write_section  # noqa: E402
+from benchlib import (  # noqa: E402
+    SRC_DIR, log, machine_info, socket_up, write_section)
 
 WORKERS = [0, 100, 300]
 CONNS = [0, 1, 16, 100, 300]
@@ -121,7 +120,7 @@ class Memtallyd:
         while time.monotonic() < end and self.proc.poll() is None:
             if self.port is None:
                 self.port = self._metrics_port()
-            if self.port and self._up():
+            if self.port and socket_up(self.socket):
                 return
             time.sleep(0.02)
         self.stop()
@@ -148,17 +147,6 @@ class Memtallyd:
         except OSError:
             pass
         return None
-
-    def _up(self):
-        try:
-            if not stat.S_ISSOCK(os.stat(self.socket).st_mode):
-                return False
-            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            s.connect(self.socket)
-            s.close()
-            return True
-        except OSError:
-            return False
 
     def tail(self):
         self.log.flush()

@@ -85,7 +85,7 @@ sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchlib import (  # noqa: E402
     SRC_DIR, BenchError, Server, log, machine_info, mann_whitney_p,
-    quartiles, write_section)
+    quartiles, cachegrind_total, write_section)
 
 VARIANTS = ["glibc", "jemalloc", "preload"]
 PROGRAMS = ["sqlite3", "python3", "g++", "redis"]
@@ -971,27 +971,13 @@ def count_instructions(prog, variant, paths, server, tmp, scale,
     if empty:
         stdin_path = None
     out = os.path.join(tmp, "cg-%s-%s" % (prog.name, variant))
-    os.makedirs(out, exist_ok=True)
     env = variant_env(variant, paths, server)
     env["PYTHONHASHSEED"] = "0"
-    stdin = open(stdin_path) if stdin_path else subprocess.DEVNULL
-    p = subprocess.run(["valgrind", "--tool=cachegrind", "--cache-sim=no",
-                        "--trace-children=yes",
-                        "--cachegrind-out-file=%s/cg.%%p" % out] + argv,
-                       stdin=stdin, stdout=subprocess.DEVNULL,
-                       stderr=subprocess.PIPE, text=True, env=env)
-    if stdin_path:
-        stdin.close()
-    if p.returncode != 0:
-        raise BenchError("%s under %s, cachegrind: exit %d:\n%s" % (
-            prog.name, variant, p.returncode, p.stderr[-2000:]))
-    total = 0
-    for f in os.listdir(out):
-        with open(os.path.join(out, f)) as fh:
-            m = re.search(r"^summary: (\d+)", fh.read(), re.M)
-        total += int(m.group(1)) if m else 0
-    shutil.rmtree(out, ignore_errors=True)
-    return total
+    try:
+        return cachegrind_total(argv, stdin_path, env, out, "%s under %s" % (
+            prog.name, variant))
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
 
 
 def count_instructions_served(prog, variant, paths, server, tmp, scale,

@@ -13,7 +13,7 @@ pkgs=(
   prometheus  # promtool, to check /metrics
   python3-protobuf protobuf-compiler python3-yaml  # Python package, manifest check
   # the cluster integrations, each run for real by its test
-  python3-celery python3-redis redis-server  # Celery with a redis broker
+  python3-celery python3-redis  # Celery (its redis broker: redis-server, below)
   slurm-wlm munge  # slurmctld + slurmd + munged started by the Slurm test
   systemd man-db groff-base dpkg-dev  # unit, man page and package checks
   redis-server redis-tools  # a program linked to libjemalloc (one heap; real suite)
