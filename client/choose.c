@@ -29,13 +29,17 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/auxv.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #ifndef MTC_FRONT_ALLOCATOR
 #error "MTC_FRONT_ALLOCATOR: the allocator of this front end"
 #endif
 
-#define SWITCHED "MEMTALLY_ALLOCATOR_SWITCHED=1"
+/* The marker's value is the process's name before the exec: executing
+ * /proc/self/exe renames it "exe", and ps, top, the OOM killer's log and
+ * memtally's own ps would show that instead of the program. */
+#define SWITCHED "MEMTALLY_ALLOCATOR_SWITCHED="
 /* After an automatic switch: the LD_PRELOAD to give back to children. */
 #define ORIG "MEMTALLY_PRELOAD_ORIG"
 
@@ -134,13 +138,16 @@ static bool is_python(void)
 
 __attribute__((constructor(103))) static void mtc_choose(void)
 {
-	if (getenv("MEMTALLY_ALLOCATOR_SWITCHED")) {
+	const char *switched = getenv("MEMTALLY_ALLOCATOR_SWITCHED");
+	if (switched) {
 		/* This image is the switched one. The marker is for this exec
 		 * only, or every descendant would ignore its own
 		 * MEMTALLY_ALLOCATOR; after an automatic switch (python) the
 		 * children get back the LD_PRELOAD they would have had. The
 		 * process is still single-threaded here. */
 		const char *orig = getenv(ORIG);
+		if (*switched)
+			prctl(PR_SET_NAME, (unsigned long)switched, 0, 0, 0);
 		if (orig)
 			setenv("LD_PRELOAD", orig, 1);
 		unsetenv(ORIG);
@@ -176,6 +183,7 @@ __attribute__((constructor(103))) static void mtc_choose(void)
 	memcpy(other, di.dli_fname, dir);
 	strcpy(other + dir, other_name);
 	char *preload = NULL, *cmd = NULL, *orig = NULL;
+	char marker[sizeof(SWITCHED) + 16] = SWITCHED;
 	char **argv = NULL, **envp = NULL;
 	size_t len = 0;
 	if (access(other, R_OK) != 0) {
@@ -209,7 +217,11 @@ __attribute__((constructor(103))) static void mtc_choose(void)
 		    strncmp(environ[i], ORIG "=", sizeof(ORIG)) != 0)
 			envp[e++] = environ[i];
 	envp[e++] = preload;
-	envp[e++] = (char *)SWITCHED;
+	/* The name: at most 15 bytes and a NUL (TASK_COMM_LEN). */
+	if (prctl(PR_GET_NAME, (unsigned long)(marker + sizeof(SWITCHED) - 1),
+	          0, 0, 0) != 0)
+		marker[sizeof(SWITCHED) - 1] = 0;
+	envp[e++] = marker;
 	if (automatic) {
 		orig = malloc(strlen(ORIG) + 1 + strlen(lp) + 1);
 		if (!orig)

@@ -164,6 +164,8 @@ def test_allocator_variable_switches_the_front_end():
     check("libmemtally_glibc.so" in maps and "libjemalloc" not in maps,
           "the glibc front end, and no jemalloc, in the process")
     check(p["bytes"] > 0, f"counted: {p}")
+    # The exec through /proc/self/exe must not rename the process "exe".
+    check(p["comm"] == "mt_glibc", f"the program keeps its name: {p}")
     ready, maps, p = switched(GLIBC_LIB, "jemalloc")
     print(f"  glibc preload, MEMTALLY_ALLOCATOR=jemalloc: {ready.strip()}",
           flush=True)
@@ -215,6 +217,8 @@ def test_python_defaults_to_glibc():
                 p = wait_for("counted", lambda: (lambda p: p if p and
                              p["bytes"] >= 64 * MIB else None)(
                                  s.ps().get(w.pid)))
+                name = os.path.basename(sys.executable)[:15]
+                check(p["comm"] == name, f"named {name}: {p}")
                 print(f"  python3, MEMTALLY_ALLOCATOR={allocator}: {want}, "
                       f"{p['bytes'] / MIB:.1f} MiB counted", flush=True)
             finally:
