@@ -49,7 +49,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "log.h"
+#include "mts_log.h"
 
 #include "bench_common.h"
 

@@ -45,7 +45,7 @@
  * full recomputations made each request ~10x dearer. Tasks are in a small
  * hash table so the tick's pass over the workers is O(1) per worker.
  */
-#include "server.h"
+#include "mts_admit.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -54,7 +54,12 @@
 #include <string.h>
 #include <sys/random.h>
 
-#include "log.h"
+#include "mts_auth.h"
+#include "mts_defs.h"
+#include "mts_limits.h"
+#include "mts_log.h"
+#include "mts_policy.h"
+#include "mts_registry.h"
 
 /* struct mts_task_share entries of a task (see "ownership" below). */
 #define SHARE_ADMINS 0u

@@ -29,7 +29,7 @@
  * sees the old header's heartbeat stop, re-registers at its next flush and
  * carries the total it had published into its new slot.
  */
-#include "server.h"
+#include "mts_adopt.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -39,7 +39,11 @@
 #include <sys/pidfd.h>
 #include <unistd.h>
 
-#include "log.h"
+#include "mts_log.h"
+#include "mts_procfs.h"
+#include "mts_registry.h"
+#include "mts_state.h"
+#include "mtshm.h"
 
 /*
  * Find the mapping of `label` (a memfd) in /proc/PID/maps and open it

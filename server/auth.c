@@ -24,7 +24,7 @@
  * Admins are also exempt from the per-uid caps on reservations (admit.c)
  * and connections (conn.c), counted here by uid (mts_uid_count_*).
  */
-#include "server.h"
+#include "mts_auth.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -32,6 +32,10 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
+
+#include "mts_admit.h"
+#include "mts_policy.h"
+#include "mts_registry.h"
 
 #ifndef SO_PEERGROUPS
 #define SO_PEERGROUPS 59

@@ -24,7 +24,7 @@
  * and an indented line would be taken as the continuation of the previous
  * value, so leading blanks are removed from every line first.
  */
-#include "server.h"
+#include "mts_config.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -45,7 +45,14 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "log.h"
+#include "mts_conn.h"
+#include "mts_defs.h"
+#include "mts_hooks.h"
+#include "mts_log.h"
+#include "mts_policy.h"
+#include "mts_rate.h"
+#include "mts_registry.h"
+#include "mtshm.h"
 
 /* inih's line buffer (INI_MAX_LINE) less the newline and NUL. */
 #define LINE_MAX_CHARS 198

@@ -76,7 +76,7 @@
  * answered goes into that turn's output, so it stays in order with the
  * answers around it.
  */
-#include "server.h"
+#include "mts_conn.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -89,7 +89,13 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "log.h"
+#include "mts_auth.h"
+#include "mts_config.h"
+#include "mts_dispatch.h"
+#include "mts_log.h"
+#include "mts_policy.h"
+#include "mts_registry.h"
+#include "server.h"
 
 #define READ_CHUNK (64u * 1024u)
 

@@ -23,14 +23,23 @@
  * subscriber (conn.c pushes its events) and is answered with one Event:
  * the fleet's current state.
  */
-#include "server.h"
+#include "mts_dispatch.h"
 
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "log.h"
+#include "memtally.pb-c.h"
+#include "mtframe.h"
+#include "mts_admit.h"
+#include "mts_auth.h"
+#include "mts_defs.h"
+#include "mts_limits.h"
+#include "mts_log.h"
+#include "mts_policy.h"
+#include "mts_registry.h"
+#include "mtshm.h"
 
 int mts_buf_reserve(struct mts_buf *b, size_t more)
 {

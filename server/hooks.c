@@ -47,7 +47,7 @@
  *    memtallyd is close-on-exec, and NOTIFY_SOCKET (systemd's readiness
  *    socket) is removed from the hook's environment.
  */
-#include "hooks.h"
+#include "mts_hooks.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -63,8 +63,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "log.h"
-#include "server.h"
+#include "mts_log.h"
+#include "mts_policy.h"
+#include "mts_registry.h"
+#include "mtshm.h"
 
 struct hook_run;
 

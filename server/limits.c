@@ -37,7 +37,7 @@
  * nothing is signalled -- the fleet is over because of many processes
  * within their limits, and picking one of them would be a guess.
  */
-#include "server.h"
+#include "mts_limits.h"
 
 #include <errno.h>
 #include <signal.h>
@@ -46,7 +46,12 @@
 #include <string.h>
 #include <sys/pidfd.h>
 
-#include "log.h"
+#include "mts_defs.h"
+#include "mts_log.h"
+#include "mts_policy.h"
+#include "mts_rate.h"
+#include "mts_registry.h"
+#include "mtshm.h"
 
 /* value >= limit x bp / 10000, compared exactly (128-bit, no rounding:
  * with a limit of 1 byte, 0 is below 95% of it). */

@@ -8,7 +8,7 @@
  * single-threaded. Peer-supplied strings are escaped by mts_logq(); a
  * line is cut at 1 KiB and always ends in a newline.
  */
-#include "log.h"
+#include "mts_log.h"
 
 #include <errno.h>
 #include <stdarg.h>

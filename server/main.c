@@ -47,7 +47,13 @@
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
 
-#include "log.h"
+#include "mts_config.h"
+#include "mts_conn.h"
+#include "mts_defs.h"
+#include "mts_hooks.h"
+#include "mts_log.h"
+#include "mts_policy.h"
+#include "mts_registry.h"
 #include "server.h"
 
 #define EXIT_USAGE 2

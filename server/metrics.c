@@ -56,7 +56,7 @@
  *  - Per-process series carry pid, group and comm. Their number is
  *    bounded by the slot count, but every new pid is a new series.
  */
-#include "metrics.h"
+#include "mts_metrics.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -76,7 +76,12 @@
 
 #include <microhttpd.h>
 
-#include "log.h"
+#include "mts_config.h"
+#include "mts_defs.h"
+#include "mts_dispatch.h"
+#include "mts_limits.h"
+#include "mts_log.h"
+#include "mtshm.h"
 
 #define FRESH_NS ((uint64_t)MTS_METRICS_FRESH_MS * 1000000u)
 

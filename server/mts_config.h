@@ -11,7 +11,7 @@
 #include <stdint.h>
 #include <sys/socket.h>
 
-#include "hooks.h"
+#include "mts_hooks.h"
 #include "mts_policy.h"
 
 struct mts_config {

@@ -10,7 +10,7 @@
  * are small reads of a pseudo-file, done once per registration; they are
  * the only blocking syscalls the loop makes on behalf of a peer.
  */
-#include "server.h"
+#include "mts_procfs.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -18,6 +18,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#include "mts_registry.h"
+#include "mts_rss.h"
 
 /* starttime is field 22; fields after ')' start at 3. */
 #define STARTTIME_FIELD        22

@@ -25,9 +25,12 @@
  * precision is lost on a fleet of terabytes. The window fit works on
  * differences from its newest sample for the same reason.
  */
-#include "server.h"
+#include "mts_rate.h"
 
 #include <math.h>
+
+#include "mts_limits.h"
+#include "mts_registry.h"
 
 /* The weights' time constant, in windows. */
 #define TAU_PER_WINDOW 5.0

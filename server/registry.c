@@ -43,7 +43,7 @@
  * Sums saturate instead of wrapping: each sane slot is below 2^50 but
  * there may be 2^20 of them.
  */
-#include "server.h"
+#include "mts_registry.h"
 
 #include <errno.h>
 #include <poll.h>
@@ -54,7 +54,16 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "log.h"
+#include "mts_admit.h"
+#include "mts_adopt.h"
+#include "mts_defs.h"
+#include "mts_limits.h"
+#include "mts_log.h"
+#include "mts_policy.h"
+#include "mts_procfs.h"
+#include "mts_rate.h"
+#include "mts_state.h"
+#include "mtshm.h"
 
 /* Linux 6.5+: a pidfd for the peer of a Unix socket, taken at connect(), so
  * it names the very process that connected even if its pid was reused
@@ -76,20 +85,6 @@ static uint64_t sat_mul(uint64_t a, uint64_t b)
 {
 	uint64_t r;
 	return __builtin_mul_overflow(a, b, &r) ? UINT64_MAX : r;
-}
-
-uint64_t mts_now_realtime(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_REALTIME, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-uint64_t mts_now_monotonic(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
 /* ---- tables ------------------------------------------------------------ */

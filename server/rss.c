@@ -23,12 +23,13 @@
  * (mts_proc_set_rss), so they always equal the sum over registered
  * processes, as the accounted bytes do.
  */
-#include "server.h"
+#include "mts_rss.h"
 
 #include <errno.h>
 #include <stdlib.h>
 
-#include "log.h"
+#include "mts_log.h"
+#include "mts_registry.h"
 
 struct rss_entry {
 	uint32_t pid;

@@ -31,8 +31,18 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "log.h"
-#include "metrics.h"
+#include "mts_adopt.h"
+#include "mts_config.h"
+#include "mts_conn.h"
+#include "mts_hooks.h"
+#include "mts_limits.h"
+#include "mts_log.h"
+#include "mts_metrics.h"
+#include "mts_policy.h"
+#include "mts_registry.h"
+#include "mts_rss.h"
+#include "mts_state.h"
+#include "mtshm.h"
 
 static bool same_file(const char *path, dev_t dev, ino_t ino)
 {

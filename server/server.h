@@ -1,7 +1,9 @@
 /*
- * server.h - memtallyd's lifecycle (server.c) and the one header a module
- * of memtallyd includes to see the others. Nothing outside server/ (and
- * its unit tests and fuzz targets) includes it.
+ * server.h - memtallyd's lifecycle (server.c): struct mts_server, which
+ * owns the loop's handles. It also includes every module's header, for
+ * the unit tests, fuzz targets and benchmarks that drive the whole
+ * server; a module of memtallyd includes only the headers of the modules
+ * it uses. Nothing outside server/, tests/ and bench/ includes it.
  *
  * Each module declares what it offers in its own header:
  *  - mts_defs.h: version, defaults, name length.
@@ -19,8 +21,8 @@
  *  - mts_rss.h (rss.c), mts_procfs.h (procfs.c): what /proc says of a
  *    process.
  *  - mts_config.h (config.c): the INI file and flags -> settings.
- *  - hooks.h (hooks.c): a command at every fleet or group state change.
- *  - metrics.h (metrics.c): the Prometheus endpoint; log.h (log.c).
+ *  - mts_hooks.h (hooks.c): a command at every fleet or group state change.
+ *  - mts_metrics.h (metrics.c): the Prometheus endpoint; mts_log.h (log.c).
  *  - this header: struct mts_server, which owns the loop's handles, and
  *    its lifecycle (listener, restart record, header, tick, stop);
  *    main.c: flags, signals, the loop.
@@ -46,7 +48,7 @@
 #include "mts_conn.h"
 #include "mts_defs.h"
 #include "mts_dispatch.h"
-#include "hooks.h"
+#include "mts_hooks.h"
 #include "mts_limits.h"
 #include "memtally.pb-c.h"
 #include "mtframe.h"
@@ -119,9 +121,5 @@ int mts_server_apply_hooks(struct mts_server *srv,
 /* After the loop has drained: unmap the header, close the restart record,
  * remove the socket file, free memory. */
 void mts_server_free(struct mts_server *srv);
-
-/* Realtime and monotonic clocks in ns. */
-uint64_t mts_now_realtime(void);
-uint64_t mts_now_monotonic(void);
 
 #endif /* MEMTALLY_SERVER_H */

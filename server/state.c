@@ -25,7 +25,7 @@
  * a restarted server drops entries whose process is gone), and read with
  * pread(): a truncated file reads as free records, never a fault.
  */
-#include "server.h"
+#include "mts_state.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -36,7 +36,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "log.h"
+#include "mts_defs.h"
+#include "mts_log.h"
+#include "mts_registry.h"
+#include "mtshm.h"
 
 #define STATE_MAGIC   UINT64_C(0x3174617453544d4d) /* "MMTStat1" */
 #define STATE_VERSION 1u

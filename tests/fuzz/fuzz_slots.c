@@ -54,7 +54,7 @@
  */
 #include "server.h"
 
-#include "log.h"
+#include "mts_log.h"
 #include "memtally.pb-c.h"
 #include "mtframe.h"
 

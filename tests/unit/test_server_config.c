@@ -17,7 +17,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "log.h"
+#include "mts_log.h"
 
 static char dir[64];
 static char path[128];

@@ -25,7 +25,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "log.h"
+#include "mts_log.h"
 
 #define TOKEN "conn-test-token-0123456789"
 

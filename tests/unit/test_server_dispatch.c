@@ -23,7 +23,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "log.h"
+#include "mts_log.h"
 
 #define MAX_KIDS 8
 

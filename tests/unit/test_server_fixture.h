@@ -22,7 +22,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "log.h"
+#include "mts_log.h"
 
 #define FX_MAX_KIDS   16
 #define FX_MAX_EVENTS 256

@@ -15,7 +15,7 @@
  * (Criterion asserts belong on the test's thread). Every test ends by
  * checking that the loop closes with no live handle.
  */
-#include "metrics.h"
+#include "mts_metrics.h"
 
 #include <arpa/inet.h>
 #include <criterion/criterion.h>
@@ -32,7 +32,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "log.h"
+#include "mts_log.h"
 #include "server.h"
 
 #define MAX_KIDS 4

@@ -3,7 +3,7 @@
  * /proc, including stat lines whose comm holds spaces and parentheses, and
  * the logfmt quoting that keeps such names from forging log fields.
  */
-#include "log.h"
+#include "mts_log.h"
 #include "server.h"
 
 #include <criterion/criterion.h>

@@ -1,5 +1,5 @@
 /*
- * log.h - logfmt lines on stderr for memtallyd.
+ * mts_log.h - logfmt lines on stderr for memtallyd.
  *
  *   ts=2026-11-29T19:00:00.123Z level=info msg="worker registered" pid=123
  *

@@ -1,5 +1,5 @@
 /*
- * hooks.h - memtallyd's state hooks (hooks.c): a shell command run for
+ * mts_hooks.h - memtallyd's state hooks (hooks.c): a shell command run for
  * every change of the fleet's or a group's state, so that a cluster
  * scheduler's own mechanism (draining a Slurm node, pausing a queue)
  * hears what this node's memtallyd decided. Internal to server/.

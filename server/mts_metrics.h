@@ -1,5 +1,5 @@
 /*
- * metrics.h - memtallyd's Prometheus endpoint (--metrics HOST:PORT).
+ * mts_metrics.h - memtallyd's Prometheus endpoint (--metrics HOST:PORT).
  *
  * GET or HEAD /metrics answers with the text exposition format 0.0.4 of
  * the registry: fleet, group and process gauges, the counters of struct
@@ -19,7 +19,8 @@
 
 #include <uv.h>
 
-#include "server.h"
+#include "mts_conn.h"
+#include "mts_registry.h"
 
 #define MTS_METRICS_CONTENT_TYPE "text/plain; version=0.0.4; charset=utf-8"
 
