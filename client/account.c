@@ -85,20 +85,27 @@ void memtally__account_slow(void)
 	t->span = 2 * half;
 	acc.th.busy = 0;
 	mtc_after_flush(&acc.th);
+	mtc_front_sample();
 }
 
 int mta_front_flush(void)
 {
 	int64_t d = drift_now();
-	if (d && !acc.th.busy && acc.half) {
+	if (d && !acc.half) {
+		memtally__account_slow(); /* sets the thread up, samples */
+		return 0;
+	}
+	if (acc.th.busy)
+		return 0;
+	if (d) {
 		acc.th.busy = 1;
 		mtc_publish(&acc.th, d);
 		memtally__t.biased -= (uint64_t)d;
 		acc.th.busy = 0;
 		mtc_after_flush(&acc.th);
-	} else if (d && !acc.half) {
-		memtally__account_slow();
 	}
+	/* memtally_flush(): the allocator's free bytes too, when due. */
+	mtc_front_sample();
 	return 0;
 }
 

@@ -332,18 +332,18 @@ static void print_processes(const struct memtally_process *p, size_t n,
 	}
 	printf("%7s  ", "PID");
 	put_clean("GROUP", gw);
-	printf("  %10s  %10s  %10s  %10s  %10s  %-5s  %8s  %7s  ", "BYTES",
-	       "MAPPED", "RSS", "PEAK", "LIMIT", "STATE", "TO LIMIT",
-	       "THREADS");
+	printf("  %10s  %10s  %10s  %10s  %10s  %10s  %-5s  %8s  %7s  ",
+	       "BYTES", "MAPPED", "ALLOC FREE", "RSS", "PEAK", "LIMIT", "STATE",
+	       "TO LIMIT", "THREADS");
 	put_clean("FLAGS", fw);
 	printf("  COMM\n");
 	for (size_t i = 0; i < n; i++) {
-		char b[16], m[16], r[16], pk[16], l[16], eta[16];
+		char b[16], m[16], af[16], r[16], pk[16], l[16], eta[16];
 		printf("%7" PRIu32 "  ", p[i].pid);
 		put_clean(p[i].group, gw);
-		printf("  %10s  %10s  %10s  %10s  %10s  %-5s  ",
+		printf("  %10s  %10s  %10s  %10s  %10s  %10s  %-5s  ",
 		       fmt_size(b, p[i].bytes), fmt_size(m, p[i].mapped),
-		       fmt_size(r, p[i].rss),
+		       fmt_size(af, p[i].allocator_free), fmt_size(r, p[i].rss),
 		       fmt_size(pk, p[i].peak), fmt_limit(l, p[i].limit),
 		       memtally_state_name(p[i].state));
 		put_right(fmt_eta(eta, p[i].seconds_to_limit), 8);
@@ -361,21 +361,22 @@ static void print_groups(const struct memtally_usage *u)
 	for (size_t i = 0; i < u->n_groups; i++)
 		gw = max_width(gw, u->groups[i].name);
 	put_clean("GROUP", gw);
-	printf("  %10s  %10s  %10s  %10s  %10s  %10s  %-5s  %12s  %8s  "
+	printf("  %10s  %10s  %10s  %10s  %10s  %10s  %10s  %-5s  %12s  %8s  "
 	       "%5s\n",
-	       "BYTES", "MAPPED", "RSS", "PEAK", "LIMIT", "RESERVED", "STATE",
-	       "GROWTH", "TO LIMIT", "PROCS");
+	       "BYTES", "MAPPED", "ALLOC FREE", "RSS", "PEAK", "LIMIT",
+	       "RESERVED", "STATE", "GROWTH", "TO LIMIT", "PROCS");
 	for (size_t i = 0; i < u->n_groups; i++) {
 		const struct memtally_group_usage *g = &u->groups[i];
-		char b[16], m[16], r[16], pk[16], l[16], rs[16], gr[24],
+		char b[16], m[16], af[16], r[16], pk[16], l[16], rs[16], gr[24],
 		    eta[16];
 		put_clean(g->name, gw);
-		printf("  %10s  %10s  %10s  %10s  %10s  %10s  %-5s  %12s  ",
-		       fmt_size(b, g->bytes), fmt_size(m, g->mapped),
-		       fmt_size(r, g->rss),
-		       fmt_size(pk, g->peak), fmt_limit(l, g->limit),
-		       fmt_size(rs, g->reserved), memtally_state_name(g->state),
-		       fmt_rate(gr, g->growth));
+		printf(
+		    "  %10s  %10s  %10s  %10s  %10s  %10s  %10s  %-5s  %12s  ",
+		    fmt_size(b, g->bytes), fmt_size(m, g->mapped),
+		    fmt_size(af, g->allocator_free), fmt_size(r, g->rss),
+		    fmt_size(pk, g->peak), fmt_limit(l, g->limit),
+		    fmt_size(rs, g->reserved), memtally_state_name(g->state),
+		    fmt_rate(gr, g->growth));
 		put_right(fmt_eta(eta, g->seconds_to_limit), 8);
 		printf("  %5" PRIu32 "\n", g->processes);
 	}
@@ -385,12 +386,15 @@ static void print_status(const struct memtally_usage *u,
                          const struct memtally_process *p, size_t n)
 {
 	char b[16], e[16], pk[16], l[16], r[16], rss[16], pl[16], hw[16],
-	    mp[16];
+	    mp[16], af[16];
 	printf("fleet       %s ± %s  (peak %s)\n", fmt_size(b, u->bytes),
 	       fmt_size(e, u->error_bytes), fmt_size(pk, u->peak));
 	printf("mapped      %s  (of which: memory the workers mapped "
 	       "themselves)\n",
 	       fmt_size(mp, u->mapped));
+	printf("alloc free  %s  (of which: memory the workers' allocators keep "
+	       "free for them)\n",
+	       fmt_size(af, u->allocator_free));
 	printf("rss         %s\n", fmt_size(rss, u->rss));
 	printf("limit       %s", fmt_limit(l, u->limit));
 	if (u->limit && u->high_watermark)
@@ -509,7 +513,7 @@ static json_t *json_status(const struct memtally_usage *u)
 		/* clang-format off */
 		json_t *jg = json_pack(
 			"{s:o, s:I, s:I, s:o, s:s, s:I, s:I, s:I, s:I, s:I,"
-			" s:o, s:o, s:o, s:I}",
+			" s:o, s:o, s:o, s:I, s:I}",
 			"name", jstr(g->name),
 			"bytes", jint(g->bytes),
 			"peak", jint(g->peak),
@@ -523,14 +527,15 @@ static json_t *json_status(const struct memtally_usage *u)
 			"high_watermark", jlimit(g->high_watermark),
 			"growth_bytes_per_s", jrate(g->growth),
 			"seconds_to_limit", jforecast(g->seconds_to_limit),
-			"mapped", jint(g->mapped));
+			"mapped", jint(g->mapped),
+			"allocator_free", jint(g->allocator_free));
 		/* clang-format on */
 		if (json_array_append_new(groups, jg) < 0)
 			goto fail_put_groups;
 	}
 	/* clang-format off */
 	return json_pack("{s:{s:I, s:I, s:o, s:I, s:s, s:I, s:I, s:I, s:o, "
-			 "s:o, s:o, s:o, s:I}, s:o, s:I, s:I, s:o, s:I, s:I, s:I, "
+			 "s:o, s:o, s:o, s:I, s:I}, s:o, s:I, s:I, s:o, s:I, s:I, s:I, "
 			 "s:I, s:o, s:o}",
 		"fleet",
 			"bytes", jint(u->bytes),
@@ -546,6 +551,7 @@ static json_t *json_status(const struct memtally_usage *u)
 			"growth_bytes_per_s", jrate(u->growth),
 			"seconds_to_limit", jforecast(u->seconds_to_limit),
 			"mapped", jint(u->mapped),
+			"allocator_free", jint(u->allocator_free),
 		"process_limit", jlimit(u->process_limit),
 		"processes", (json_int_t)u->processes,
 		"unregistered", (json_int_t)u->unregistered,
@@ -569,7 +575,7 @@ static json_t *json_process(const struct memtally_process *p)
 	/* clang-format off */
 	return json_pack(
 		"{s:I, s:o, s:I, s:I, s:o, s:b, s:I, s:o, s:b, s:I, s:I, s:I,"
-		" s:s, s:o, s:o, s:o, s:I}",
+		" s:s, s:o, s:o, s:o, s:I, s:I}",
 		"pid", (json_int_t)p->pid,
 		"group", jstr(p->group),
 		"bytes", jint(p->bytes),
@@ -586,7 +592,8 @@ static json_t *json_process(const struct memtally_process *p)
 		"task", jopt(p->task),
 		"growth_bytes_per_s", jrate(p->growth),
 		"seconds_to_limit", jforecast(p->seconds_to_limit),
-		"mapped", jint(p->mapped));
+		"mapped", jint(p->mapped),
+		"allocator_free", jint(p->allocator_free));
 	/* clang-format on */
 }
 

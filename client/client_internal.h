@@ -134,6 +134,25 @@ void mtc_mapped_changed(void);
 void mtc_mapped_resync(void);
 
 /*
+ * The allocator's free memory (layout 2.2): what it keeps of what the
+ * program freed, resident but not given back. The glibc front end samples
+ * it (mtc_front_sample(), after a flush: account.c calls it) every
+ * MTC_FREE_INTERVAL_NS, and sooner when the heap moved by MTC_FREE_MOVED
+ * or an eighth (attach.c says why): mtc_free_due() says whether a sample is due
+ * and, when it returns true, gives the calling thread the turn, which
+ * mtc_free_publish() gives back after storing `held` (the bytes the
+ * allocator holds from the system for the heap, in use or free) less the
+ * slot's heap bytes into lane 0, with the heap bytes it was measured
+ * against. `started_ns`: mt_mono_ns() before the allocator was asked, to
+ * space out dear samples.
+ */
+#define MTC_FREE_INTERVAL_NS (100u * 1000000u)
+#define MTC_FREE_MOVED       (INT64_C(4) << 20)
+void mtc_front_sample(void);
+bool mtc_free_due(void);
+void mtc_free_publish(uint64_t held, uint64_t started_ns);
+
+/*
  * The jemalloc front end (jemalloc_fe.c). `mallctl` is jemalloc's (linked
  * into the preload, or found in the process by a linked worker).
  * mtj_init() chooses the mode once per process and sets up the calling

@@ -22,15 +22,30 @@
  * exit and handles fork, as for the inline API). Memory the program maps
  * itself is counted by mmap.c, as in the jemalloc preload; glibc's malloc
  * maps through its internal mmap, never through ours.
+ *
+ * glibc gives back to the kernel only the top of its heap (and blocks it
+ * mmapped on their own): what the program frees below the top stays
+ * resident, free for the program's next allocations. That memory is held
+ * by the process as surely as its live blocks, so it is counted too, as
+ * the process's allocator_free bytes: after a flush, every
+ * MTC_FREE_INTERVAL_NS or when the heap moved by an eighth (at least
+ * MTC_FREE_MOVED), one thread asks mallinfo2() for what glibc holds from
+ * the system (arena + hblkhd) and stores that less the process's heap
+ * bytes (attach.c). mallinfo2() walks glibc's free lists under each
+ * arena's lock, typically in a few microseconds; a slower walk spaces the
+ * next sample out (never more than 0.5% of the time).
  */
 #define _GNU_SOURCE
 #include "client_internal.h"
 
 #include <errno.h>
 #include <gnu/libc-version.h>
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
+
+#include "mtcommon.h"
 
 #define GL_EXPORT __attribute__((visibility("default")))
 
@@ -70,9 +85,14 @@ GL_EXPORT void *malloc(size_t n)
 
 GL_EXPORT void free(void *p)
 {
-	if (p)
-		memtally_account(-chunk_bytes(p));
+	if (!p)
+		return;
+	/* Counted once glibc has it back: a flush here may sample glibc's
+	 * free memory (mtc_front_sample), which must not see the block as
+	 * still held by glibc and no longer by the program. */
+	int64_t n = chunk_bytes(p);
 	__libc_free(p);
+	memtally_account(-n);
 }
 
 GL_EXPORT void *calloc(size_t n, size_t m)
@@ -165,6 +185,16 @@ int64_t mtc_front_drift(void)
 void mtc_front_force_slow(void)
 {
 	mta_front_force_slow();
+}
+
+/* After a flush: glibc's footprint, when a sample is due. */
+void mtc_front_sample(void)
+{
+	if (!mtc_free_due())
+		return;
+	uint64_t started = mt_mono_ns();
+	struct mallinfo2 mi = mallinfo2();
+	mtc_free_publish(mi.arena + mi.hblkhd, started);
 }
 
 /* A program that calls memtally_init() (written for a linked

@@ -99,15 +99,18 @@ struct memtally_group_usage {
 	                          * not growing, or already over) */
 	uint64_t mapped;         /* part of `bytes`: memory the workers
 	                          * mapped themselves (0: not reported) */
+	uint64_t allocator_free; /* part of `bytes`: memory the workers'
+	                          * allocators keep free for them (0: not
+	                          * reported) */
 	/* Zero. Elements of an array (memtally_usage.groups) cannot grow
 	 * without changing the array's stride: later fields take these. */
-	uint64_t reserved_words[4];
+	uint64_t reserved_words[3];
 };
 
 /* Fleet figures, and the groups they break down into. */
 struct memtally_usage {
 	uint64_t bytes; /* accounted bytes of every worker: live heap +
-	                 * `mapped` */
+	                 * `mapped` + `allocator_free` */
 	uint64_t peak;
 	uint64_t limit; /* 0 = no fleet limit */
 	uint64_t reserved;
@@ -135,14 +138,20 @@ struct memtally_usage {
 	struct memtally_group_usage *groups;
 	uint64_t mapped; /* part of `bytes`: anonymous memory the workers
 	                  * mapped themselves (pymalloc arenas, GGC pages,
-	                  * ...); heap = bytes - mapped (0: not reported) */
+	                  * ...) (0: not reported) */
+	uint64_t allocator_free; /* part of `bytes`: memory the workers'
+	                          * allocators keep free for them, resident
+	                          * but not given back (glibc's freed chunks);
+	                          * heap = bytes - mapped - allocator_free (0:
+	                          * not reported) */
 };
 
 /* One registered worker process. */
 struct memtally_process {
 	uint32_t pid;
 	const char *group;
-	uint64_t bytes; /* heap (negative counts show as 0) + mapped */
+	uint64_t bytes; /* heap (negative counts show as 0) + mapped +
+	                 * allocator_free */
 	uint64_t peak;
 	uint64_t limit; /* 0 = no per-process limit */
 	bool over_limit;
@@ -162,9 +171,10 @@ struct memtally_process {
 	                            * than the fleet's) */
 	double seconds_to_limit;   /* to its own limit; 0 = no forecast */
 	uint64_t mapped;           /* part of `bytes` (see memtally_usage) */
+	uint64_t allocator_free;   /* part of `bytes` (see memtally_usage) */
 	/* Zero. Elements of an array (memtally_query_processes(),
 	 * memtally_admit_result.top): later fields take these words. */
-	uint64_t reserved_words[4];
+	uint64_t reserved_words[3];
 };
 
 /*

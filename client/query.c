@@ -743,6 +743,7 @@ usage_from_pb(const Memtally__V1__Usage *u,
 	    .growth_window_ms = u->growth_window_ms,
 	    .forecast_horizon_ms = u->forecast_horizon_ms,
 	    .mapped = u->mapped_bytes,
+	    .allocator_free = u->allocator_free_bytes,
 	    .n_groups = n,
 	    .groups = n ? (struct memtally_group_usage *)(r + 1) : NULL,
 	};
@@ -765,6 +766,7 @@ usage_from_pb(const Memtally__V1__Usage *u,
 		    .growth = rate_or_0(g->growth_bytes_per_s),
 		    .seconds_to_limit = forecast_or_0(g->seconds_to_limit),
 		    .mapped = g->mapped_bytes,
+		    .allocator_free = g->allocator_free_bytes,
 		};
 	}
 	return r;
@@ -810,6 +812,7 @@ static void processes_fill(struct memtally_process *r, char **pool,
 		    .growth = rate_or_0(p->growth_bytes_per_s),
 		    .seconds_to_limit = forecast_or_0(p->seconds_to_limit),
 		    .mapped = p->mapped_bytes,
+		    .allocator_free = p->allocator_free_bytes,
 		};
 	}
 }

@@ -203,6 +203,7 @@ static void fill_process(const struct mts_registry *reg,
 	pi->threads = p->threads;
 	pi->flushes = proc_flushes(reg, p);
 	pi->mapped_bytes = p->mapped;
+	pi->allocator_free_bytes = p->allocator_free;
 	pi->task = p->task;
 	pi->start_time = p->start_time;
 	pi->comm = (char *)p->comm;
@@ -227,6 +228,7 @@ static void fill_group(const struct mts_registry *reg,
 		return; /* a group with no entry: all zero */
 	gu->bytes = g->bytes;
 	gu->mapped_bytes = g->mapped;
+	gu->allocator_free_bytes = g->allocator_free;
 	gu->peak = g->peak;
 	gu->processes = g->processes;
 	gu->error_bytes = g->error_bytes;
@@ -254,6 +256,7 @@ static int do_get_usage(struct mts_registry *reg, uint64_t id,
 
 	u.fleet_bytes = t->bytes;
 	u.mapped_bytes = t->mapped;
+	u.allocator_free_bytes = t->allocator_free;
 	u.fleet_peak = t->peak;
 	u.fleet_limit = t->limit;
 	u.reserved_bytes = t->reserved;

@@ -390,6 +390,10 @@ static void render_fleet(struct out *o, const struct mts_registry *reg)
 	      "Part of the accounted bytes: anonymous memory the workers "
 	      "mapped themselves.",
 	      t->mapped);
+	gauge(o, "memtally_fleet_allocator_free_bytes",
+	      "Part of the accounted bytes: memory the workers' allocators "
+	      "keep free for them (glibc's freed chunks).",
+	      t->allocator_free);
 	gauge(o, "memtally_fleet_error_bytes",
 	      "Error bar of the accounted bytes: threshold times live threads.",
 	      t->error_bytes);
@@ -442,6 +446,7 @@ static void render_fleet(struct out *o, const struct mts_registry *reg)
 enum gfield {
 	G_BYTES,
 	G_MAPPED,
+	G_AFREE,
 	G_ERROR,
 	G_PEAK,
 	G_RSS,
@@ -458,6 +463,8 @@ static uint64_t group_value(const struct mts_group *g, enum gfield f)
 		return g->bytes;
 	case G_MAPPED:
 		return g->mapped;
+	case G_AFREE:
+		return g->allocator_free;
 	case G_ERROR:
 		return g->error_bytes;
 	case G_PEAK:
@@ -553,6 +560,10 @@ static void render_groups(struct out *o, const struct mts_registry *reg,
 	             "Part of a group's accounted bytes: memory its workers "
 	             "mapped themselves.",
 	             G_MAPPED, false);
+	group_family(o, reg, gl, "memtally_group_allocator_free_bytes",
+	             "Part of a group's accounted bytes: memory its workers' "
+	             "allocators keep free for them.",
+	             G_AFREE, false);
 	group_family(o, reg, gl, "memtally_group_error_bytes",
 	             "Error bar of a group's accounted bytes.", G_ERROR, false);
 	group_family(o, reg, gl, "memtally_group_peak_bytes",
@@ -588,7 +599,16 @@ static void render_groups(struct out *o, const struct mts_registry *reg,
 	drop_if_empty(o, at, any);
 }
 
-enum pfield { P_BYTES, P_MAPPED, P_RSS, P_LIMIT, P_PEAK, P_THREADS, P_OVER };
+enum pfield {
+	P_BYTES,
+	P_MAPPED,
+	P_AFREE,
+	P_RSS,
+	P_LIMIT,
+	P_PEAK,
+	P_THREADS,
+	P_OVER
+};
 
 static uint64_t proc_value(const struct mts_proc *p, enum pfield f)
 {
@@ -597,6 +617,8 @@ static uint64_t proc_value(const struct mts_proc *p, enum pfield f)
 		return p->bytes;
 	case P_MAPPED:
 		return p->mapped;
+	case P_AFREE:
+		return p->allocator_free;
 	case P_RSS:
 		return p->rss;
 	case P_LIMIT:
@@ -638,6 +660,10 @@ static void render_procs(struct out *o, const struct mts_registry *reg,
 	            "Part of a worker's accounted bytes: memory it mapped "
 	            "itself.",
 	            P_MAPPED, false);
+	proc_family(o, reg, pl, "memtally_process_allocator_free_bytes",
+	            "Part of a worker's accounted bytes: memory its allocator "
+	            "keeps free for it.",
+	            P_AFREE, false);
 	proc_family(o, reg, pl, "memtally_process_rss_bytes",
 	            "Resident set of a worker, from /proc/PID/statm.", P_RSS,
 	            false);

@@ -35,7 +35,7 @@ struct mts_rss_sweep;
 struct mts_proc {
 	/* Hot: each tick (sum, limits). */
 	uint64_t bytes; /* latest tick: heap (negative sums show as 0) +
-			 * mapped; what limits compare */
+	                 * mapped + allocator_free; what limits compare */
 	uint64_t peak;
 	uint64_t error_bytes; /* threshold x threads */
 	uint64_t rss;   /* resident bytes, /proc/PID/statm, slower cadence */
@@ -48,6 +48,7 @@ struct mts_proc {
 	uint32_t threads;
 	uint16_t state; /* enum mtshm_state against `limit` */
 	bool corrupt;   /* sticky until the slot is reset */
+	bool has_free;  /* allocator_free was sampled: read it */
 	/* Growth rate (rate.c): one slice of processes per tick, never in
 	 * the hot line above. */
 	struct mts_rate rate;
@@ -56,6 +57,10 @@ struct mts_proc {
 	uint32_t dense; /* index in reg->dense */
 	char *task;
 	uint64_t last_signal_ns; /* enforcement: CLOCK_MONOTONIC, 0 = never */
+	/* Part of `bytes`: what its allocator keeps free (layout 2.2), from
+	 * the client's sample. Outside the hot line: only processes whose
+	 * front end samples it (has_free) touch it at a tick. */
+	uint64_t allocator_free;
 	/* Cold: registration, exit, queries. */
 	uv_poll_t poll; /* on the pidfd; poll.data = this */
 	struct mts_registry *reg;
@@ -84,8 +89,9 @@ struct mts_proc {
 struct mts_group {
 	char *name; /* NULL: free entry */
 	uint32_t processes;
-	uint64_t bytes; /* latest tick, mapped included */
+	uint64_t bytes; /* latest tick, mapped and allocator_free included */
 	uint64_t mapped;
+	uint64_t allocator_free;
 	uint64_t peak;
 	uint64_t error_bytes;
 	/* Filled by the limits code. */
@@ -106,8 +112,9 @@ struct mts_group {
 
 /* Fleet figures as of the latest tick (or exit, which subtracts at once). */
 struct mts_totals {
-	uint64_t bytes; /* heap + mapped */
+	uint64_t bytes; /* heap + mapped + allocator_free */
 	uint64_t mapped;
+	uint64_t allocator_free;
 	uint64_t peak;
 	uint64_t error_bytes;
 	uint64_t ticks;

@@ -263,6 +263,8 @@ static struct mts_proc *proc_alloc(void)
 }
 _Static_assert(offsetof(struct mts_proc, rate) >= MTS_PROC_ALIGN,
                "the tick's fields of a proc fit its first line");
+_Static_assert(offsetof(struct mts_proc, has_free) < MTS_PROC_ALIGN,
+               "has_free is read at every tick: in the first line");
 
 static void proc_free(struct mts_proc *p)
 {
@@ -340,6 +342,7 @@ void mts_publish(struct mts_registry *reg)
 	    .processes = t->processes,
 	    .unregistered = t->unregistered,
 	    .mapped = t->mapped,
+	    .allocator_free = t->allocator_free,
 	};
 	mtshm_fleet_publish(reg->map->hdr, &f);
 }
@@ -354,8 +357,26 @@ void mts_publish(struct mts_registry *reg)
 
 /* What the tick adds up over the processes. */
 struct tick_sums {
-	uint64_t bytes, error_bytes, rss, mapped;
+	uint64_t bytes, error_bytes, rss, mapped, allocator_free;
 };
+
+/* The allocator's free bytes of `p` this tick (layout 2.2), `heap` being
+ * its heap bytes. Most processes never publish a sample (the jemalloc
+ * front end does not: it gives its free pages back on its own): for them
+ * this reads lane 0's line, which the sum just read, and nothing else. A
+ * sample being written is skipped: the last value stands. */
+static inline uint64_t tick_free(struct mts_proc *p, struct mtshm_slot_id *s,
+                                 uint64_t heap, int *absurd)
+{
+	*absurd = 0;
+	if (!p->has_free && mt_load_relaxed64(&mtshm_lane(s, 0)->free_seq) == 0)
+		return 0;
+	p->has_free = true;
+	uint64_t f;
+	if (mtshm_free_now(s, heap, &f, absurd) && p->allocator_free != f)
+		p->allocator_free = f;
+	return p->allocator_free;
+}
 
 /* One process's share of a tick: sum its slot, update its figures, add
  * them to its group and to `acc`. */
@@ -364,11 +385,13 @@ static inline void tick_proc(struct mts_registry *reg, struct mts_proc *p,
 {
 	struct mtshm_slot_id *s = reg->slot_at[p->slot];
 	uint64_t flushes;
-	int absurd, mapped_absurd;
+	int absurd, mapped_absurd, free_absurd;
 	int64_t sum = mtshm_slot_sum(s, lanes, &flushes, &absurd);
+	uint64_t heap = sum < 0 ? 0 : (uint64_t)sum;
 	/* Lane 0's line, which the sum just read. */
 	uint64_t pm = mtshm_slot_mapped(s, &mapped_absurd);
-	absurd |= mapped_absurd;
+	uint64_t pf = tick_free(p, s, heap, &free_absurd);
+	absurd |= mapped_absurd | free_absurd;
 	uint32_t threads = mt_load_relaxed32(&s->threads);
 	/* Here and below: store only what changed. Most workers are idle
 	 * between two ticks, and a line left clean is dropped from the
@@ -391,10 +414,11 @@ static inline void tick_proc(struct mts_registry *reg, struct mts_proc *p,
 		p->bytes = 0;
 		p->error_bytes = 0;
 		p->mapped = 0;
+		p->allocator_free = 0;
 		return;
 	}
-	/* Both parts are below 2^50 here: no overflow. */
-	uint64_t pb = (sum < 0 ? 0 : (uint64_t)sum) + pm;
+	/* The three parts are below 2^50 here: no overflow. */
+	uint64_t pb = heap + pm + pf;
 	if (p->mapped != pm)
 		p->mapped = pm;
 	if (p->bytes != pb)
@@ -410,8 +434,10 @@ static inline void tick_proc(struct mts_registry *reg, struct mts_proc *p,
 		p->error_bytes = pe;
 	g->bytes = mt_sat_add(g->bytes, pb);
 	g->mapped = mt_sat_add(g->mapped, pm);
+	g->allocator_free = mt_sat_add(g->allocator_free, pf);
 	g->error_bytes = mt_sat_add(g->error_bytes, pe);
 	acc->mapped = mt_sat_add(acc->mapped, pm);
+	acc->allocator_free = mt_sat_add(acc->allocator_free, pf);
 	acc->bytes = mt_sat_add(acc->bytes, pb);
 	acc->error_bytes = mt_sat_add(acc->error_bytes, pe);
 }
@@ -461,13 +487,14 @@ tick_range(struct mts_registry *reg, uint32_t from, uint32_t to, bool rate,
 void mts_tick(struct mts_registry *reg)
 {
 	struct mts_totals *t = &reg->totals;
-	struct tick_sums acc = {0, 0, 0, 0};
+	struct tick_sums acc = {0};
 	uint64_t started = mts_now_monotonic();
 	uint32_t n = reg->ndense;
 
 	for (uint32_t i = 0; i < reg->groups_used; i++) {
 		reg->groups[i].bytes = 0;
 		reg->groups[i].mapped = 0;
+		reg->groups[i].allocator_free = 0;
 		reg->groups[i].error_bytes = 0;
 		reg->groups[i].rss = 0;
 	}
@@ -492,6 +519,7 @@ void mts_tick(struct mts_registry *reg)
 	}
 	t->bytes = acc.bytes;
 	t->mapped = acc.mapped;
+	t->allocator_free = acc.allocator_free;
 	t->error_bytes = acc.error_bytes;
 	t->rss = acc.rss;
 	if (acc.bytes > t->peak)
@@ -653,6 +681,9 @@ static uint64_t slot_init(struct mts_registry *reg, struct mts_proc *p)
 		mt_store_relaxeds64(&l->bytes, 0);
 		mt_store_relaxed64(&l->flushes, 0);
 		mt_store_relaxeds64(&l->mapped, 0);
+		mt_store_relaxed64(&l->free_seq, 0);
+		mt_store_relaxeds64(&l->free_bytes, 0);
+		mt_store_relaxeds64(&l->free_heap, 0);
 	}
 	mt_store_relaxeds64(&s->overflow, 0);
 	mt_store_relaxed32(&s->threads, 0);
@@ -685,15 +716,19 @@ static void totals_drop(struct mts_registry *reg, struct mts_proc *p)
 	struct mts_group *g = &reg->groups[p->group];
 	g->bytes = sat_sub(g->bytes, p->bytes);
 	g->mapped = sat_sub(g->mapped, p->mapped);
+	g->allocator_free = sat_sub(g->allocator_free, p->allocator_free);
 	g->error_bytes = sat_sub(g->error_bytes, p->error_bytes);
 	g->rss = sat_sub(g->rss, p->rss);
 	reg->totals.bytes = sat_sub(reg->totals.bytes, p->bytes);
 	reg->totals.mapped = sat_sub(reg->totals.mapped, p->mapped);
+	reg->totals.allocator_free =
+	    sat_sub(reg->totals.allocator_free, p->allocator_free);
 	reg->totals.error_bytes =
 	    sat_sub(reg->totals.error_bytes, p->error_bytes);
 	reg->totals.rss = sat_sub(reg->totals.rss, p->rss);
 	p->bytes = 0;
 	p->mapped = 0;
+	p->allocator_free = 0;
 	p->error_bytes = 0;
 	p->rss = 0;
 }
@@ -832,6 +867,8 @@ static int proc_reset(struct mts_registry *reg, struct mts_proc *p,
 	p->peak = 0;
 	p->threads = 0;
 	p->mapped = 0;
+	p->allocator_free = 0;
+	p->has_free = false;
 	p->corrupt = false;
 	p->state = MTSHM_STATE_OK; /* slot_init clears the flag */
 	p->last_signal_ns = 0;

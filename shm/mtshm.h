@@ -63,14 +63,22 @@
  *           64..127 struct mtshm_lane      lane 0, whose `mapped` word
  *                                          (line offset 88) is the
  *                                          process's mapped bytes (2.1)
+ *                                          and whose words at line offsets
+ *                                          96..119 its allocator's free
+ *                                          bytes (2.2)
  *   line k   0..63  reserved               (k >= 1)
- *           64..127 struct mtshm_lane      lane k (`mapped` unused, 0)
+ *           64..127 struct mtshm_lane      lane k (`mapped` and the free
+ *                                          words unused, 0)
  *
  * Minor versions: 2.1 added the process's mapped bytes (lane 0's
  * `mapped`, written by the client) and the fleet's (`fleet.mapped`,
  * written by the server), both in words that were zero in 2.0, and keeps
  * compat_minor 0: a 2.0 reader ignores them and reads every 2.0 field
  * where it was; a 2.0 client leaves `mapped` at the 0 the server stored.
+ * 2.2 added the bytes the process's allocator keeps free (lane 0's
+ * `free_seq`, `free_bytes`, `free_heap`, written by the client; the
+ * fleet's `allocator_free`, written by the server), again in words that
+ * were zero, again with compat_minor 0.
  *
  * Every lane sits in its own 128-byte line, so two threads flushing into
  * their own lanes never share a cache line nor an adjacent-line prefetch
@@ -107,7 +115,7 @@
 #define MTSHM_MAGIC         UINT64_C(0x594c4c41544d454d) /* "MEMTALLY" */
 #define MTSHM_MAGIC_SWAPPED UINT64_C(0x4d454d54414c4c59)
 #define MTSHM_VERSION_MAJOR 2
-#define MTSHM_VERSION_MINOR 1
+#define MTSHM_VERSION_MINOR 2
 #define MTSHM_COMPAT_MINOR  0
 #define MTSHM_LINE          128u
 #define MTSHM_HEADER_SIZE   4096u
@@ -163,7 +171,9 @@ struct mtshm_fleet {
 	uint32_t spare0;       /*  76 */
 	uint64_t mapped;       /*  80 mapped bytes, all slots (2.1; part
 				*     of `bytes`) */
-	uint64_t spare[5];     /*  88 zero */
+	uint64_t allocator_free; /* 88 allocators' free bytes, all slots
+	                          *    (2.2; part of `bytes`) */
+	uint64_t spare[4];       /*  96 zero */
 };
 
 struct mtshm_header {
@@ -223,6 +233,17 @@ struct mtshm_slot_id {
  * error bar. The server adds it to the slot's heap bytes (`bytes` of the
  * lanes) for the process's total. It sits in lane 0's line, which the
  * tick reads anyway.
+ *
+ * `free_seq`, `free_bytes` and `free_heap` (2.2), lane 0 only: a sample of
+ * the memory the process's allocator holds free (glibc: freed chunks it
+ * has not given back to the kernel), taken now and then by the client.
+ * `free_bytes` is that free memory at the sample and `free_heap` the
+ * process's heap bytes (the lanes and `overflow`) at the same moment; the
+ * server scales the sample by what the heap did since (mtshm_free_now()).
+ * The client writes the pair under `free_seq` (odd while writing, one
+ * writer at a time); a reader that sees it odd or changed keeps its
+ * previous value. All zero: nothing sampled (the jemalloc front end, a
+ * 2.1 client).
  */
 struct mtshm_lane {
 	uint32_t owner;    /*  0 client: tid holding the lane, 0 = none */
@@ -230,7 +251,10 @@ struct mtshm_lane {
 	int64_t bytes;     /*  8 client (owner only) */
 	uint64_t flushes;  /* 16 client (owner only) */
 	int64_t mapped;    /* 24 client, lane 0 only (see above) */
-	uint64_t spare[4]; /* 32 */
+	uint64_t free_seq; /* 32 client, lane 0 only (2.2, see above) */
+	int64_t free_bytes; /* 40 client, lane 0 only (2.2) */
+	int64_t free_heap;  /* 48 client, lane 0 only (2.2) */
+	uint64_t spare;     /* 56 */
 };
 
 _Static_assert(sizeof(struct mtshm_fleet) == 128, "fleet line");
@@ -240,7 +264,9 @@ _Static_assert(offsetof(struct mtshm_fleet, heartbeat_ns) == 48, "fleet.hb");
 _Static_assert(offsetof(struct mtshm_fleet, state) == 64, "fleet.state");
 _Static_assert(offsetof(struct mtshm_fleet, unregistered) == 72, "fleet.unreg");
 _Static_assert(offsetof(struct mtshm_fleet, mapped) == 80, "fleet.mapped");
-_Static_assert(offsetof(struct mtshm_fleet, spare) == 88, "fleet.spare");
+_Static_assert(offsetof(struct mtshm_fleet, allocator_free) == 88,
+               "fleet.allocator_free");
+_Static_assert(offsetof(struct mtshm_fleet, spare) == 96, "fleet.spare");
 _Static_assert(sizeof(struct mtshm_header) == MTSHM_HEADER_SIZE, "header");
 _Static_assert(offsetof(struct mtshm_header, version_major) == 8, "major");
 _Static_assert(offsetof(struct mtshm_header, compat_minor) == 12, "compat");
@@ -269,6 +295,9 @@ _Static_assert(sizeof(struct mtshm_lane) == 64, "lane");
 _Static_assert(offsetof(struct mtshm_lane, bytes) == 8, "lane bytes");
 _Static_assert(offsetof(struct mtshm_lane, flushes) == 16, "lane flushes");
 _Static_assert(offsetof(struct mtshm_lane, mapped) == 24, "lane mapped");
+_Static_assert(offsetof(struct mtshm_lane, free_seq) == 32, "lane free_seq");
+_Static_assert(offsetof(struct mtshm_lane, free_bytes) == 40, "lane free");
+_Static_assert(offsetof(struct mtshm_lane, free_heap) == 48, "lane heap");
 _Static_assert(sizeof(struct mtshm_slot_id) + sizeof(struct mtshm_lane) ==
 		       MTSHM_LINE,
 	       "line 0 is identity + lane 0");
@@ -452,6 +481,53 @@ static inline uint64_t mtshm_slot_mapped(struct mtshm_slot_id *s, int *absurd)
 	int64_t m = mt_load_relaxeds64(&mtshm_lane(s, 0)->mapped);
 	*absurd = m < 0 || m > MTSHM_ABSURD_BYTES;
 	return *absurd ? 0 : (uint64_t)m;
+}
+
+/*
+ * The process's allocator's free bytes (layout 2.2) now, from the sample
+ * in lane 0 and `heap`, the slot's heap bytes this tick (its lanes and
+ * overflow, clamped at 0). Returns 1 and sets *out when the sample was
+ * read whole, 0 when a client was writing it (the caller keeps its last
+ * value). *absurd: a sample that cannot be (negative, beyond
+ * MTSHM_ABSURD_BYTES).
+ *
+ * The sample is free bytes F at heap H0. Since then the heap moved to H:
+ * - it grew (H > H0): first out of that free memory, so F - (H - H0),
+ *   at least 0 (had the allocator grown instead, the next sample says so);
+ * - it shrank (H < H0): F x H / H0. What was freed since may have been
+ *   kept or given back, and freeing the blocks around a free one lets the
+ *   allocator give that back too; only the next sample can tell. Scaling
+ *   with the heap means a process that frees everything is left with
+ *   nothing counted as free, even if it goes quiet before the next sample
+ *   (no ghost of its old heap), at the price of undercounting, until the
+ *   next sample, a heap that frees into holes it keeps.
+ */
+static inline int mtshm_free_now(struct mtshm_slot_id *s, uint64_t heap,
+                                 uint64_t *out, int *absurd)
+{
+	struct mtshm_lane *l = mtshm_lane(s, 0);
+	*absurd = 0;
+	uint64_t s1 = mt_load_acquire64(&l->free_seq);
+	int64_t f = mt_load_acquires64(&l->free_bytes);
+	int64_t h0 = mt_load_acquires64(&l->free_heap);
+	uint64_t s2 = mt_load_relaxed64(&l->free_seq);
+	if ((s1 & 1) || s1 != s2)
+		return 0;
+	if (f < 0 || f > MTSHM_ABSURD_BYTES || h0 < -MTSHM_ABSURD_BYTES ||
+	    h0 > MTSHM_ABSURD_BYTES) {
+		*absurd = 1;
+		*out = 0;
+		return 1;
+	}
+	uint64_t hs = h0 < 0 ? 0 : (uint64_t)h0;
+	if (heap >= hs) {
+		uint64_t grew = heap - hs;
+		*out = (uint64_t)f > grew ? (uint64_t)f - grew : 0;
+	} else {
+		/* Both below 2^50: the product fits in 128 bits. */
+		*out = (uint64_t)((unsigned __int128)(uint64_t)f * heap / hs);
+	}
+	return 1;
 }
 
 /*

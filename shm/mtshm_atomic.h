@@ -27,6 +27,11 @@ static inline int64_t mt_load_relaxeds64(const int64_t *p)
 	return __atomic_load_n(p, __ATOMIC_RELAXED);
 }
 
+static inline int64_t mt_load_acquires64(const int64_t *p)
+{
+	return __atomic_load_n(p, __ATOMIC_ACQUIRE);
+}
+
 static inline uint32_t mt_load_relaxed32(const uint32_t *p)
 {
 	return __atomic_load_n(p, __ATOMIC_RELAXED);
@@ -50,6 +55,11 @@ static inline void mt_store_release64(uint64_t *p, uint64_t v)
 static inline void mt_store_relaxeds64(int64_t *p, int64_t v)
 {
 	__atomic_store_n(p, v, __ATOMIC_RELAXED);
+}
+
+static inline void mt_store_releases64(int64_t *p, int64_t v)
+{
+	__atomic_store_n(p, v, __ATOMIC_RELEASE);
 }
 
 static inline void mt_store_relaxed32(uint32_t *p, uint32_t v)

@@ -298,6 +298,7 @@ int mtshm_fleet_read(const struct mtshm_header *h, struct mtshm_fleet *out)
 		out->processes = mt_load_acquire32(&f->processes);
 		out->unregistered = mt_load_acquire32(&f->unregistered);
 		out->mapped = mt_load_acquire64(&f->mapped);
+		out->allocator_free = mt_load_acquire64(&f->allocator_free);
 		out->seq = s;
 		if (!(s & 1) && s == mt_load_relaxed64(&f->seq))
 			return 0;
@@ -321,5 +322,6 @@ void mtshm_fleet_publish(struct mtshm_header *h, const struct mtshm_fleet *in)
 	mt_store_release32(&f->processes, in->processes);
 	mt_store_release32(&f->unregistered, in->unregistered);
 	mt_store_release64(&f->mapped, in->mapped);
+	mt_store_release64(&f->allocator_free, in->allocator_free);
 	mt_store_release64(&f->seq, s + 2);
 }

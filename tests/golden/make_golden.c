@@ -47,6 +47,9 @@ enum {
 /* Layout 2.1's mapped bytes in the images: slot 0 and slot 2. */
 #define GOLDEN_MAPPED_0 (3 * 1048576)
 #define GOLDEN_MAPPED_2 4096
+/* Layout 2.2's allocator free bytes: slot 0's sample, at its heap. */
+#define GOLDEN_FREE_0      (2 * 1048576)
+#define GOLDEN_FREE_HEAP_0 754096
 
 static void fill_header(unsigned char *img)
 {
@@ -95,6 +98,17 @@ static void fill_header_21(unsigned char *img)
 	h->version_minor = 1;
 	h->fleet.mapped = GOLDEN_MAPPED_0 + GOLDEN_MAPPED_2;
 	h->fleet.bytes += GOLDEN_MAPPED_0 + GOLDEN_MAPPED_2;
+}
+
+/* 2.2: the version word, and the fleet's allocator free bytes (part of
+ * bytes). */
+static void fill_header_22(unsigned char *img)
+{
+	struct mtshm_header *h = (struct mtshm_header *)img;
+	fill_header_21(img);
+	h->version_minor = 2;
+	h->fleet.allocator_free = GOLDEN_FREE_0;
+	h->fleet.bytes += GOLDEN_FREE_0;
 }
 
 static struct mtshm_slot_id *slot(unsigned char *table, uint32_t i)
@@ -172,16 +186,30 @@ static void fill_table_21(unsigned char *t)
 	mtshm_lane(slot(t, 2), 0)->mapped = GOLDEN_MAPPED_2;
 }
 
+/* 2.2: slot 0's sample of its allocator's free bytes (seq 4: two
+ * samples stored), taken at its heap of the image. */
+static void fill_table_22(unsigned char *t)
+{
+	fill_table_21(t);
+	mtshm_lane(slot(t, 0), 0)->free_seq = 4;
+	mtshm_lane(slot(t, 0), 0)->free_bytes = GOLDEN_FREE_0;
+	mtshm_lane(slot(t, 0), 0)->free_heap = GOLDEN_FREE_HEAP_0;
+}
+
 int main(int argc, char **argv)
 {
-	int minor1 = argc == 5 && strcmp(argv[3], "--minor") == 0 &&
-	             strcmp(argv[4], "1") == 0;
-	if (minor1)
-		argc = 3;
+	int minor = 0;
+	if (argc == 5 && strcmp(argv[3], "--minor") == 0) {
+		minor = strcmp(argv[4], "1") == 0   ? 1
+		        : strcmp(argv[4], "2") == 0 ? 2
+		                                    : -1;
+		argc = minor < 0 ? 0 : 3;
+	}
 	int header = argc == 3 && strcmp(argv[1], "--header") == 0;
 	int table = argc == 3 && strcmp(argv[1], "--table") == 0;
 	if (!header && !table) {
-		fprintf(stderr, "usage: %s --header|--table OUT.bin [--minor 1]\n",
+		fprintf(stderr,
+		        "usage: %s --header|--table OUT.bin [--minor 1|2]\n",
 		        argv[0]);
 		return 2;
 	}
@@ -195,14 +223,18 @@ int main(int argc, char **argv)
 	}
 	memset(img, 0, MTSHM_HEADER_SIZE);
 	if (header) {
-		(minor1 ? fill_header_21 : fill_header)(img);
+		(minor == 2   ? fill_header_22
+		 : minor == 1 ? fill_header_21
+		              : fill_header)(img);
 		if (mtshm_validate(img, size) != 0) {
 			fprintf(stderr, "%s: generated header does not validate\n",
 			        argv[0]);
 			return 1;
 		}
 	} else {
-		(minor1 ? fill_table_21 : fill_table)(img);
+		(minor == 2   ? fill_table_22
+		 : minor == 1 ? fill_table_21
+		              : fill_table)(img);
 	}
 
 	FILE *out = fopen(argv[2], "wb");

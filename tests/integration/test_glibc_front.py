@@ -32,7 +32,8 @@ TCACHE_PER_THREAD = 7 * sum(32 + 16 * i for i in range(64))
 
 
 def heap(p):
-    return p["bytes"] - p["mapped"]
+    """The heap part of a process's figure (what mallinfo2 calls in use)."""
+    return p["bytes"] - p["mapped"] - p["allocator_free"]
 
 
 def points(tunables):
@@ -124,8 +125,95 @@ def test_gigabyte_through_glibc():
                 heap(p) - h0) <= max(p["error_bytes"], 64 * 1024) else None)(
                     s.ps().get(w.pid)))
             print(f"  heap {h0} -> {heap(held) / MIB:.1f} MiB -> "
-                  f"{heap(after)} (error bar {after['error_bytes']})",
-                  flush=True)
+                  f"{heap(after)} (error bar {after['error_bytes']}), "
+                  f"allocator free {held['allocator_free']} -> "
+                  f"{after['allocator_free']}", flush=True)
+            # The gigabyte glibc gave back is not left in the figure as
+            # free memory: never more than the process holds.
+            anon = rss_anon(w.pid)
+            check(after["bytes"] <= anon + 4 * MIB,
+                  f"no ghost of the freed gigabyte: {after}, RssAnon {anon}")
+        finally:
+            w.close()
+
+
+def rss_anon(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError(f"no RssAnon for {pid}")
+
+
+def test_free_memory_glibc_keeps_is_counted():
+    """A heap with holes: 128 MiB of 4 KiB blocks, every other one freed.
+    glibc keeps the freed half (each free block sits between live ones),
+    resident: memtally counts it as allocator_free, so the process's
+    figure is what glibc holds (arena + hblkhd), not half of it, and
+    follows RSS. When everything is freed glibc gives the heap back, and
+    the figure falls with it at once: nothing stays counted as free."""
+    with Server() as s:
+        w = Worker([worker("mt_frag"), "128", "4096"],
+                   s.env(LD_PRELOAD=GLIBC_LIB))
+
+        def report():
+            w.send("report")
+            words = w.readline().split()
+            check(words[0] == "report", f"report: {words}")
+            return tuple(int(x.split("=")[1]) for x in words[1:4])
+
+        def figure_is(want, tol):
+            # A sample happens at a flush once due: ask the worker to
+            # flush until one has been taken and the server shows it.
+            def seen():
+                inuse, held, walk = report()
+                p = s.ps().get(w.pid)
+                t0 = s.status()["ticks"]
+                wait_for("a tick", lambda: s.status()["ticks"] > t0 + 1)
+                p = s.ps().get(w.pid)
+                ok = p and abs(p["bytes"] - p["mapped"] - want(held)) <= tol
+                return (p, inuse, held, walk) if ok else None
+            return wait_for("the free memory sampled", seen, timeout=30)
+
+        try:
+            check(w.readline().startswith("ready"), "worker ready")
+            wait_for("registered", lambda: s.ps().get(w.pid))
+            anon0 = rss_anon(w.pid)
+            w.send("frag")
+            check(w.readline() == "fragmented", "fragmented")
+            tol = 2 * MIB
+            p, inuse, held, walk = figure_is(lambda held: held, tol)
+            anon = rss_anon(w.pid) - anon0
+            print(f"  fragmented: mallinfo2 in use {inuse / MIB:.1f} MiB, "
+                  f"held {held / MIB:.1f} MiB (its walk {walk} us); "
+                  f"memtally heap {heap(p) / MIB:.1f} MiB + allocator free "
+                  f"{p['allocator_free'] / MIB:.1f} MiB = "
+                  f"{(p['bytes'] - p['mapped']) / MIB:.1f} MiB; RssAnon grew "
+                  f"{anon / MIB:.1f} MiB", flush=True)
+            check(held - inuse >= 50 * MIB,
+                  f"glibc keeps the holes: in use {inuse}, held {held}")
+            check(abs(heap(p) - inuse) <= tol,
+                  f"heap {heap(p)} vs in use {inuse}")
+            check(p["allocator_free"] >= 50 * MIB, f"free counted: {p}")
+            check(p["bytes"] >= 0.9 * anon,
+                  f"figure {p['bytes']} vs RssAnon growth {anon}")
+            w.send("free")
+            check(w.readline() == "freed", "freed")
+            # At once, before any new sample: the heap emptied, so did the
+            # free part.
+            t0 = s.status()["ticks"]
+            wait_for("a tick", lambda: s.status()["ticks"] > t0 + 1)
+            now = s.ps()[w.pid]
+            print(f"  freed, before a new sample: heap {heap(now)} B, "
+                  f"allocator free {now['allocator_free']} B", flush=True)
+            check(now["bytes"] <= p["bytes"] // 10,
+                  f"no ghost of the holes once the heap is empty: {now}, "
+                  f"when fragmented {p}")
+            p, inuse, held, walk = figure_is(lambda held: held, tol)
+            print(f"  freed: glibc holds {held / MIB:.1f} MiB; memtally "
+                  f"{(p['bytes'] - p['mapped']) / MIB:.1f} MiB", flush=True)
+            check(held <= 16 * MIB, f"glibc gave the heap back: {held}")
+            w.send("exit")
         finally:
             w.close()
 
@@ -236,5 +324,6 @@ def test_python_defaults_to_glibc():
 if __name__ == "__main__":
     run([test_counted_as_glibc_counts, test_thread_caches_are_the_only_gap,
          test_gigabyte_through_glibc,
+         test_free_memory_glibc_keeps_is_counted,
          test_allocator_variable_switches_the_front_end,
          test_python_defaults_to_glibc])

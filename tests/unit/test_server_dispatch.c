@@ -627,6 +627,95 @@ Test(dispatch, usage_and_list)
 	memtally__v1__response__free_unpacked(r, NULL);
 }
 
+/* What the glibc front end does: a sample of its free bytes in lane 0. */
+static void write_free(uint32_t slot, int64_t free_bytes, int64_t heap_at)
+{
+	struct mtshm_lane *l = mtshm_lane(mts_slot(&srv.reg, slot), 0);
+	uint64_t seq = mt_load_relaxed64(&l->free_seq);
+	mt_store_relaxed64(&l->free_seq, seq + 1);
+	mt_store_releases64(&l->free_bytes, free_bytes);
+	mt_store_releases64(&l->free_heap, heap_at);
+	mt_store_release64(&l->free_seq, seq + 2);
+}
+
+/* The allocator's free bytes: part of a process's bytes, its group's and
+ * the fleet's, shown on their own, scaled by the heap since the sample,
+ * kept while a sample is being written, gone with the process. */
+Test(dispatch, allocator_free_is_part_of_the_figures)
+{
+	pid_t a = spawn(), b = spawn();
+	uint32_t sa = register_ok(a, "py", 1);
+	uint32_t sb = register_ok(b, "py", 1);
+	write_lane(sa, 10000, 1);
+	write_lane(sb, 3000, 1);
+	write_free(sa, 6000, 10000); /* glibc held 16000 at heap 10000 */
+	mts_tick(&srv.reg);
+	Memtally__V1__Response *r =
+	    get_usage(MEMTALLY__V1__GET_USAGE__SCOPE__NOT_SET, NULL, 0);
+	cr_assert_eq(r->usage->fleet_bytes, 19000);
+	cr_assert_eq(r->usage->allocator_free_bytes, 6000);
+	cr_assert_eq(r->usage->n_groups, 1);
+	cr_assert_eq(r->usage->groups[0]->bytes, 19000);
+	cr_assert_eq(r->usage->groups[0]->allocator_free_bytes, 6000);
+	memtally__v1__response__free_unpacked(r, NULL);
+	r = get_usage(MEMTALLY__V1__GET_USAGE__SCOPE_PID, NULL, (uint32_t)a);
+	cr_assert_eq(r->usage->process->bytes, 16000);
+	cr_assert_eq(r->usage->process->allocator_free_bytes, 6000);
+	memtally__v1__response__free_unpacked(r, NULL);
+	struct mtshm_fleet f;
+	cr_assert_eq(mtshm_fleet_read(srv.map.hdr, &f), 0);
+	cr_assert_eq(f.allocator_free, 6000);
+	cr_assert_eq(f.bytes, 19000);
+
+	/* The heap grew by 4000 out of the free memory: 2000 left. */
+	write_lane(sa, 14000, 1);
+	mts_tick(&srv.reg);
+	cr_assert_eq(srv.reg.totals.allocator_free, 2000);
+	cr_assert_eq(srv.reg.totals.bytes, 14000 + 2000 + 3000);
+	/* It halved since the sample: so did the free part. */
+	write_lane(sa, 5000, 1);
+	mts_tick(&srv.reg);
+	cr_assert_eq(srv.reg.totals.allocator_free, 3000);
+	/* A sample being written is not read: the last value stands. */
+	struct mtshm_lane *l = mtshm_lane(mts_slot(&srv.reg, sa), 0);
+	mt_store_relaxed64(&l->free_seq, mt_load_relaxed64(&l->free_seq) + 1);
+	mt_store_relaxeds64(&l->free_bytes, 999999);
+	mts_tick(&srv.reg);
+	cr_assert_eq(srv.reg.totals.allocator_free, 3000);
+	/* A negative sample is a lie: the slot is quarantined. */
+	mt_store_relaxed64(&l->free_seq, mt_load_relaxed64(&l->free_seq) + 1);
+	write_free(sa, -1, 5000);
+	mts_tick(&srv.reg);
+	cr_assert(mts_slot(&srv.reg, sa)->flags & MTSHM_SLOT_CORRUPT);
+	cr_assert_eq(srv.reg.totals.allocator_free, 0);
+	cr_assert_eq(srv.reg.totals.bytes, 3000);
+}
+
+/* Exit takes a process's free bytes out with the rest of its figure. */
+Test(dispatch, allocator_free_leaves_with_its_process)
+{
+	pid_t a = spawn(), b = spawn();
+	uint32_t sa = register_ok(a, "py", 1);
+	uint32_t sb = register_ok(b, "py", 1);
+	write_lane(sa, 1000, 1);
+	write_lane(sb, 2000, 1);
+	write_free(sa, 500, 1000);
+	write_free(sb, 700, 2000);
+	mts_tick(&srv.reg);
+	cr_assert_eq(srv.reg.totals.allocator_free, 1200);
+	cr_assert_eq(srv.reg.groups[0].allocator_free, 1200);
+	kill(a, SIGKILL);
+	waitpid(a, NULL, 0);
+	unsigned spins = 0;
+	while (srv.reg.totals.processes != 1) {
+		uv_run(&loop, UV_RUN_ONCE);
+		cr_assert_lt(++spins, 1000 * timeout_mult());
+	}
+	cr_assert_eq(srv.reg.totals.allocator_free, 700);
+	cr_assert_eq(srv.reg.totals.bytes, 2700);
+	cr_assert_eq(srv.reg.groups[0].allocator_free, 700);
+}
+
 Test(dispatch, corrupt_slot_quarantined)
 {
 	pid_t a = spawn(), b = spawn();

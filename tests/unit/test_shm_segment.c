@@ -86,8 +86,9 @@ Test(segment, header_bytes_at_the_diagram_offsets)
 	cr_expect_eq(memcmp(b, "MEMTALLY", 8), 0);
 	cr_expect_eq(magic, MTSHM_MAGIC);
 	cr_expect_eq(major, 2);
-	/* 2.1 (mapped bytes), still readable by a 2.0 reader: compat 0. */
-	cr_expect_eq(minor, 1);
+	/* 2.2 (mapped bytes in 2.1, the allocator's free bytes in 2.2),
+	 * still readable by a 2.0 reader: compat 0. */
+	cr_expect_eq(minor, 2);
 	cr_expect_eq(b[12] | b[13] << 8, 0, "compat_minor");
 	cr_expect_eq(stride, 5 * 128);
 	cr_expect_eq(count, 3);
@@ -425,4 +426,72 @@ Test(segment, slot_sum_clamps_lanes_used_to_lane_count)
 	cr_expect_eq(r.flushes, 10);
 	r = sum_of(0, 2, lanes, 4);
 	cr_expect_eq(r.sum, 3);
+}
+
+/* Lane 0's free-bytes sample (2.2), scaled by what the heap did since. */
+Test(segment, allocator_free_follows_the_heap_from_its_sample)
+{
+	_Alignas(128) uint8_t line[2 * MTSHM_LINE];
+	memset(line, 0, sizeof(line));
+	struct mtshm_slot_id *s = (struct mtshm_slot_id *)line;
+	struct mtshm_lane *l = mtshm_lane(s, 0);
+	const uint64_t mib = 1u << 20;
+	uint64_t f = 77;
+	int absurd = 1;
+	/* Never sampled: all zero, 0 free whatever the heap. */
+	cr_expect_eq(mtshm_free_now(s, 500 * mib, &f, &absurd), 1);
+	cr_expect_eq(f, 0);
+	cr_expect_eq(absurd, 0);
+	/* 10 MiB free when the heap was 100 MiB. */
+	l->free_seq = 2;
+	l->free_bytes = (int64_t)(10 * mib);
+	l->free_heap = (int64_t)(100 * mib);
+	struct {
+		uint64_t heap, want;
+	} cases[] = {
+	    {100 * mib, 10 * mib}, /* unchanged */
+	    {104 * mib, 6 * mib},  /* grew out of the free memory */
+	    {110 * mib, 0},        /* used all of it */
+	    {300 * mib, 0},        /* and more: never negative */
+	    {40 * mib, 4 * mib},   /* shrank: the free part with it */
+	    {0, 0},                /* all freed: nothing left free */
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		f = 77;
+		cr_expect_eq(mtshm_free_now(s, cases[i].heap, &f, &absurd), 1);
+		cr_expect_eq(f, cases[i].want, "heap %llu MiB: %llu",
+		             (unsigned long long)(cases[i].heap / mib),
+		             (unsigned long long)f);
+		cr_expect_eq(absurd, 0);
+	}
+	/* A negative heap at the sample counts as 0. */
+	l->free_heap = -(int64_t)mib;
+	cr_expect_eq(mtshm_free_now(s, 4 * mib, &f, &absurd), 1);
+	cr_expect_eq(f, 6 * mib);
+	/* Near the limits, the scaling does not overflow. */
+	l->free_bytes = MTSHM_ABSURD_BYTES;
+	l->free_heap = MTSHM_ABSURD_BYTES;
+	cr_expect_eq(
+	    mtshm_free_now(s, (uint64_t)MTSHM_ABSURD_BYTES / 2, &f, &absurd),
+	    1);
+	cr_expect_eq(f, (uint64_t)MTSHM_ABSURD_BYTES / 2);
+	/* Being written: not read, the caller keeps its value. */
+	l->free_seq = 3;
+	f = 77;
+	cr_expect_eq(mtshm_free_now(s, 100 * mib, &f, &absurd), 0);
+	cr_expect_eq(f, 77);
+	/* Absurd: negative, or beyond MTSHM_ABSURD_BYTES. */
+	l->free_seq = 4;
+	l->free_heap = 0;
+	l->free_bytes = -1;
+	cr_expect_eq(mtshm_free_now(s, 0, &f, &absurd), 1);
+	cr_expect_eq(absurd, 1);
+	cr_expect_eq(f, 0);
+	l->free_bytes = MTSHM_ABSURD_BYTES + 1;
+	cr_expect_eq(mtshm_free_now(s, 0, &f, &absurd), 1);
+	cr_expect_eq(absurd, 1);
+	l->free_bytes = 0;
+	l->free_heap = MTSHM_ABSURD_BYTES + 1;
+	cr_expect_eq(mtshm_free_now(s, 0, &f, &absurd), 1);
+	cr_expect_eq(absurd, 1);
 }

@@ -1,0 +1,72 @@
+/*
+ * mt_frag - a worker that leaves glibc's heap full of holes: on "frag" it
+ * allocates MIB MiB in blocks of BLOCK bytes (touched) and frees every
+ * other one, so half the heap is free memory glibc cannot give back (each free
+ * block sits between two live ones); on "free" it frees the rest, and
+ * glibc, its heap free from top to bottom, gives it back. On "report" it
+ * waits WAIT_MS, calls memtally_flush() (which samples glibc's free
+ * memory when a sample is due) and prints
+ *   "report inuse=U held=H walk_us=W"
+ * with mallinfo2()'s in-use bytes (uordblks + hblkhd), what glibc holds
+ * from the system (arena + hblkhd) and how long that mallinfo2() took.
+ * "frag" and "free" answer "fragmented" and "freed" when done. First it
+ * prints "ready pid=P".
+ * usage: mt_frag MIB [BLOCK]
+ */
+#include "mt_common.h"
+
+#include <malloc.h>
+#include <time.h>
+
+#define WAIT_MS 150
+
+static void report(void)
+{
+	struct timespec ts = {0, WAIT_MS * 1000000L}, t0, t1;
+	nanosleep(&ts, NULL);
+	mt_flush();
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	struct mallinfo2 mi = mallinfo2();
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	long us = (t1.tv_sec - t0.tv_sec) * 1000000L +
+	          (t1.tv_nsec - t0.tv_nsec) / 1000;
+	mt_say("report inuse=%zu held=%zu walk_us=%ld", mi.uordblks + mi.hblkhd,
+	       mi.arena + mi.hblkhd, us);
+}
+
+int main(int argc, char **argv)
+{
+	size_t mib = argc > 1 ? strtoul(argv[1], NULL, 10) : 64;
+	size_t block = argc > 2 ? strtoul(argv[2], NULL, 10) : 256;
+	if (block < 16)
+		block = 16;
+	size_t n = mib * MIB / block;
+	void **blocks = calloc(n, sizeof(void *));
+	if (!blocks)
+		return 1;
+	mt_say("ready pid=%d", (int)getpid());
+	const char *cmd;
+	while ((cmd = mt_wait()) && strcmp(cmd, "exit") != 0) {
+		if (strcmp(cmd, "frag") == 0) {
+			for (size_t i = 0; i < n; i++) {
+				blocks[i] = malloc(block);
+				mt_touch(blocks[i], block);
+			}
+			for (size_t i = 0; i < n; i += 2) {
+				free(blocks[i]);
+				blocks[i] = NULL;
+			}
+			mt_say("fragmented");
+		} else if (strcmp(cmd, "free") == 0) {
+			for (size_t i = 0; i < n; i++) {
+				free(blocks[i]);
+				blocks[i] = NULL;
+			}
+			mt_say("freed");
+		} else if (strcmp(cmd, "report") == 0) {
+			report();
+		}
+	}
+	free(blocks);
+	return 0;
+}
