@@ -485,11 +485,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	/* The tables as registered; quarantine is sticky in the registry
-	 * until the slot is reset, which the copy stands for. */
+	 * until the slot is reset, which the copy stands for, and so is the
+	 * last allocator-free sample read (kept while a sample is being
+	 * written). */
 	for (int i = 0; i < NKIDS; i++) {
 		memcpy(kid_table[i]->map.base, snapshot[i],
 		       kid_table[i]->map.size);
-		srv.reg.by_slot[kid_slot[i]]->corrupt = false;
+		struct mts_proc *p = srv.reg.by_slot[kid_slot[i]];
+		p->corrupt = false;
+		p->has_free = false;
+		p->allocator_free = 0;
 	}
 	if (size == 0)
 		return 0;
