@@ -707,14 +707,8 @@ void mtc_free_publish(uint64_t held, uint64_t started_ns)
 		    held > (uint64_t)hs ? (int64_t)(held - (uint64_t)hs) : 0;
 		if (f > MTSHM_ABSURD_BYTES)
 			f = MTSHM_ABSURD_BYTES;
-		/* One writer at a time (free_turn): an even sequence made odd
-		 * while the pair changes, as for the fleet's snapshot. */
-		struct mtshm_lane *l = mtshm_lane(a->slot, 0);
-		uint64_t seq = (mt_load_relaxed64(&l->free_seq) + 1) & ~1ull;
-		mt_store_relaxed64(&l->free_seq, seq + 1);
-		mt_store_releases64(&l->free_bytes, f);
-		mt_store_releases64(&l->free_heap, heap);
-		mt_store_release64(&l->free_seq, seq + 2);
+		/* One writer at a time: free_turn. */
+		mtshm_free_store(a->slot, f, heap);
 		mt_store_relaxeds64(&mtc.free_heap, heap);
 	}
 	/* However the heap moves, the next sample waits 200 times what this

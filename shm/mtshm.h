@@ -484,6 +484,23 @@ static inline uint64_t mtshm_slot_mapped(struct mtshm_slot_id *s, int *absurd)
 }
 
 /*
+ * Store a free-bytes sample (layout 2.2) into lane 0: `free_bytes` free at
+ * heap `heap`. One writer at a time (the caller excludes the others): the
+ * sequence is made odd while the pair changes, as for the fleet's
+ * snapshot.
+ */
+static inline void mtshm_free_store(struct mtshm_slot_id *s,
+                                    int64_t free_bytes, int64_t heap)
+{
+	struct mtshm_lane *l = mtshm_lane(s, 0);
+	uint64_t seq = (mt_load_relaxed64(&l->free_seq) + 1) & ~UINT64_C(1);
+	mt_store_relaxed64(&l->free_seq, seq + 1);
+	mt_store_releases64(&l->free_bytes, free_bytes);
+	mt_store_releases64(&l->free_heap, heap);
+	mt_store_release64(&l->free_seq, seq + 2);
+}
+
+/*
  * The process's allocator's free bytes (layout 2.2) now, from the sample
  * in lane 0 and `heap`, the slot's heap bytes this tick (its lanes and
  * overflow, clamped at 0). Returns 1 and sets *out when the sample was

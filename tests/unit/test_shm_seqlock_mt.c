@@ -259,3 +259,69 @@ Test(seqlock, dead_writer_is_reported_not_spun_on)
 	cr_assert_eq(mtshm_fleet_read(rm.hdr, &out), 0);
 	cr_assert_eq(out.bytes, 5);
 }
+
+/*
+ * Lane 0's free-bytes sample (layout 2.2): a writer stores the pairs
+ * (free i, heap 2^40 - i) with mtshm_free_store(); a reader asks
+ * mtshm_free_now() at heap 2^40. A whole pair gives i - i = 0; a torn one
+ * (a new free with an old heap) gives more. The reader must only ever get
+ * 0, or be told to keep its last value.
+ */
+struct free_writer {
+	struct mtshm_slot_id *s;
+	int stop;
+	uint64_t published;
+};
+
+static void *free_writer_main(void *arg)
+{
+	struct free_writer *w = arg;
+	int64_t i = 0;
+	while (!__atomic_load_n(&w->stop, __ATOMIC_RELAXED)) {
+		i++;
+		mtshm_free_store(w->s, i, (INT64_C(1) << 40) - i);
+	}
+	__atomic_store_n(&w->published, (uint64_t)i, __ATOMIC_RELAXED);
+	return NULL;
+}
+
+Test(seqlock, free_sample_never_torn)
+{
+	enum { READS = 200000, MIN_WHOLE = 100 };
+	const unsigned mult = timeout_mult();
+	alarm(60 * mult);
+	_Alignas(128) static uint8_t line[2 * MTSHM_LINE];
+	struct mtshm_slot_id *s = (struct mtshm_slot_id *)line;
+	struct free_writer w = {.s = s};
+	pthread_t th;
+	cr_assert_eq(pthread_create(&th, NULL, free_writer_main, &w), 0);
+	while (mt_load_acquire64(&mtshm_lane(s, 0)->free_seq) < 2)
+		sched_yield();
+	const double deadline = now_s() + 5.0 * mult;
+	uint64_t reads = 0, whole = 0, bad = 0, out = 0;
+	while (!bad && reads < READS && now_s() < deadline) {
+		sched_yield();
+		for (int i = 0; i < 1024; i++, reads++) {
+			int absurd;
+			out = 77;
+			if (!mtshm_free_now(s, UINT64_C(1) << 40, &out,
+			                    &absurd))
+				continue;
+			whole++;
+			if (out != 0 || absurd) {
+				bad = 1;
+				break;
+			}
+		}
+	}
+	__atomic_store_n(&w.stop, 1, __ATOMIC_RELAXED);
+	pthread_join(th, NULL);
+	cr_assert(!bad, "torn sample after %llu reads: free now %llu",
+	          (unsigned long long)reads, (unsigned long long)out);
+	cr_log_info("%llu reads, %llu whole samples, %llu published",
+	            (unsigned long long)reads, (unsigned long long)whole,
+	            (unsigned long long)w.published);
+	cr_expect_geq(whole, MIN_WHOLE, "only %llu whole samples read",
+	              (unsigned long long)whole);
+	cr_expect_geq(w.published, 100, "the writer barely moved");
+}
