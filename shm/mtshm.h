@@ -489,8 +489,8 @@ static inline uint64_t mtshm_slot_mapped(struct mtshm_slot_id *s, int *absurd)
  * sequence is made odd while the pair changes, as for the fleet's
  * snapshot.
  */
-static inline void mtshm_free_store(struct mtshm_slot_id *s,
-                                    int64_t free_bytes, int64_t heap)
+static inline void mtshm_free_store(struct mtshm_slot_id *s, int64_t free_bytes,
+                                    int64_t heap)
 {
 	struct mtshm_lane *l = mtshm_lane(s, 0);
 	uint64_t seq = (mt_load_relaxed64(&l->free_seq) + 1) & ~UINT64_C(1);
