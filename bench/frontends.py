@@ -197,7 +197,8 @@ def held(prog, variant, paths, server, tmp):
             time.sleep(0.03)
         anon = rss_anon(p.pid)
         alloc = allocator_of(p.pid)
-        return {"bytes": e["bytes"], "mapped": e["mapped"], "anon": anon,
+        return {"bytes": e["bytes"], "mapped": e["mapped"],
+                "free": e.get("allocator_free", 0), "anon": anon,
                 "allocator": alloc[0]}
     finally:
         p.stdin.close()
@@ -211,7 +212,7 @@ def watched(prog, variant, paths, server, tmp):
                          stdout=subprocess.DEVNULL,
                          stderr=subprocess.DEVNULL,
                          env=env_of(variant, paths, server))
-    peak_b = peak_m = peak_a = 0
+    peak_b = peak_m = peak_f = peak_a = 0
     while p.poll() is None:
         for pid in real.descendants(p.pid):
             if real.comm_of(pid) != "cc1plus":
@@ -222,8 +223,10 @@ def watched(prog, variant, paths, server, tmp):
             if e:
                 peak_b = max(peak_b, e["bytes"])
                 peak_m = max(peak_m, e["mapped"])
+                peak_f = max(peak_f, e.get("allocator_free", 0))
         time.sleep(0.005)
-    return {"bytes": peak_b, "mapped": peak_m, "anon": peak_a,
+    return {"bytes": peak_b, "mapped": peak_m, "free": peak_f,
+            "anon": peak_a,
             "allocator": "jemalloc" if variant == "preload" else "glibc"}
 
 
@@ -284,14 +287,16 @@ def report(info, results, reps, cpu, build, build_type):
              "cc1plus while it compiles):")
     L.append("")
     L.append("| program | variant | allocator in the process | memtally "
-             "bytes | of which mapped | RssAnon | bytes / RssAnon |")
-    L.append("|---|---|---|---|---|---|---|")
+             "bytes | of which mapped | of which allocator free | RssAnon "
+             "| bytes / RssAnon |")
+    L.append("|---|---|---|---|---|---|---|---|")
     for name, r in results.items():
         for v in ("preload", "glibc"):
             h = r["held"][v]
-            L.append("| %s | %s | %s | %s | %s | %s | %.3f |" % (
+            L.append("| %s | %s | %s | %s | %s | %s | %s | %.3f |" % (
                 name, v, h["allocator"], mib(h["bytes"]), mib(h["mapped"]),
-                mib(h["anon"]), h["bytes"] / h["anon"] if h["anon"] else 0))
+                mib(h["free"]), mib(h["anon"]),
+                h["bytes"] / h["anon"] if h["anon"] else 0))
     L.append("")
     L.append("Rerun: `/usr/bin/python3 bench/frontends.py --build-dir "
              "BUILD` (this run: `%s`, %s; cachegrind adds a few minutes; "
