@@ -434,10 +434,12 @@ static inline void tick_proc(struct mts_registry *reg, struct mts_proc *p,
 		p->error_bytes = pe;
 	g->bytes = mt_sat_add(g->bytes, pb);
 	g->mapped = mt_sat_add(g->mapped, pm);
-	g->allocator_free = mt_sat_add(g->allocator_free, pf);
 	g->error_bytes = mt_sat_add(g->error_bytes, pe);
 	acc->mapped = mt_sat_add(acc->mapped, pm);
-	acc->allocator_free = mt_sat_add(acc->allocator_free, pf);
+	if (pf) { /* most processes: none (every jemalloc one) */
+		g->allocator_free = mt_sat_add(g->allocator_free, pf);
+		acc->allocator_free = mt_sat_add(acc->allocator_free, pf);
+	}
 	acc->bytes = mt_sat_add(acc->bytes, pb);
 	acc->error_bytes = mt_sat_add(acc->error_bytes, pe);
 }
