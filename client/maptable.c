@@ -135,6 +135,19 @@ uint64_t mtc_maptable_add(struct mtc_maptable *t, uintptr_t lo, uintptr_t hi)
 	return hi - lo;
 }
 
+size_t mtc_maptable_pieces(const struct mtc_maptable *t, uintptr_t lo,
+                           uintptr_t hi, struct mtc_range *out, size_t cap)
+{
+	size_t k = 0;
+	for (size_t j = first_after(t, lo);
+	     j < t->n && t->v[j].lo < hi && k < cap; j++) {
+		uintptr_t a = t->v[j].lo > lo ? t->v[j].lo : lo;
+		uintptr_t b = t->v[j].hi < hi ? t->v[j].hi : hi;
+		out[k++] = (struct mtc_range){a, b};
+	}
+	return k;
+}
+
 uint64_t mtc_maptable_counted(const struct mtc_maptable *t, uintptr_t lo,
                               uintptr_t hi)
 {

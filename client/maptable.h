@@ -47,6 +47,12 @@ uint64_t mtc_maptable_remove(struct mtc_maptable *t, uintptr_t lo,
 			     uintptr_t hi, struct mtc_range *removed,
 			     size_t cap, size_t *nremoved);
 
+/* The parts of [lo, hi) in the set, in address order, clipped to [lo, hi):
+ * at most `cap` written to `out`; returns how many. When that is `cap`,
+ * more may follow: ask again from out[cap - 1].hi. */
+size_t mtc_maptable_pieces(const struct mtc_maptable *t, uintptr_t lo,
+                           uintptr_t hi, struct mtc_range *out, size_t cap);
+
 /* Bytes of [lo, hi) that are counted. */
 uint64_t mtc_maptable_counted(const struct mtc_maptable *t, uintptr_t lo,
 			      uintptr_t hi);

@@ -1,6 +1,6 @@
 /*
- * mmap.c - anonymous memory a program maps itself: mmap, mmap64, mremap
- * and munmap, interposed by the preloads.
+ * mmap.c - anonymous memory a program maps itself: mmap, mmap64, mremap,
+ * munmap and mprotect, interposed by the preloads.
  *
  * Runtimes keep their heaps on mappings they make themselves (CPython's
  * pymalloc arenas, GCC's GGC pages, custom arenas, a JVM's committed heap):
@@ -11,13 +11,23 @@
  * What counts: a private, anonymous, writable mapping the program asked
  * for (MAP_PRIVATE | MAP_ANONYMOUS, PROT_WRITE), not MAP_NORESERVE -- the
  * mappings the kernel charges to the commit limit. Not counted: shared or
- * file mappings (page cache), PROT_NONE reservations (a later mprotect is
- * not seen), MAP_NORESERVE, and every mapping of the allocators memtally
+ * file mappings (page cache), PROT_NONE reservations, MAP_NORESERVE, and
+ * every mapping of the allocators memtally
  * already counts through malloc: glibc's malloc calls its internal mmap
  * directly (never this one), and libjemalloc.so.2 calls mmap and munmap
  * through its PLT, so calls whose return address lies in jemalloc's code,
  * or in the preload's own (its shared memory; a jemalloc linked into it),
  * go straight to the kernel, uncounted, without a lock.
+ *
+ * Reservations: runtimes reserve address space as a private anonymous
+ * mapping without write access (PROT_NONE, often MAP_NORESERVE) and
+ * commit pieces of it with mprotect (V8, .NET) or with mmap(MAP_FIXED)
+ * (HotSpot: that is an mmap like any other). Such a mapping made through
+ * this mmap is kept in a second table, `r`; an mprotect that makes part of
+ * it writable counts that part, and one that takes write access away
+ * uncounts it (V8 and .NET decommit that way). mprotect of any other
+ * memory (a writable mapping made read-only, a guard page, code) changes
+ * nothing: a mapping counted at mmap stays counted until it is unmapped.
  *
  * Invariants:
  *  - Counted once, uncounted exactly once: the counted ranges are kept in
@@ -60,7 +70,8 @@
 
 static struct {
 	pthread_mutex_t lock;
-	struct mtc_maptable t;
+	struct mtc_maptable t; /* counted ranges */
+	struct mtc_maptable r; /* reservations: counted while writable */
 	/* Code ranges whose mmap calls are an allocator's or our own; set
 	 * once by the constructor, before `ready`. */
 	struct mtc_range excl[MM_MAX_EXCL];
@@ -82,6 +93,11 @@ static void *sys_mmap(void *a, size_t len, int prot, int flags, int fd,
 static int sys_munmap(void *a, size_t len)
 {
 	return (int)syscall(SYS_munmap, a, len);
+}
+
+static int sys_mprotect(void *a, size_t len, int prot)
+{
+	return (int)syscall(SYS_mprotect, a, len, prot);
 }
 
 static void *sys_mremap(void *old, size_t old_len, size_t new_len, int flags,
@@ -179,6 +195,7 @@ __attribute__((constructor(102))) static void mm_init(void)
 		return; /* counting of mapped memory switched off */
 	dl_iterate_phdr(add_excl, (void *)(uintptr_t)mm_init);
 	mm.t.grow = table_grow;
+	mm.r.grow = table_grow;
 	pthread_atfork(mm_prepare, mm_parent, mm_child);
 	__atomic_store_n(&mm.ready, 1, __ATOMIC_RELEASE);
 }
@@ -189,6 +206,13 @@ static inline int counted_kind(int prot, int flags)
 {
 	return (flags & MAP_ANONYMOUS) && (flags & MAP_TYPE) == MAP_PRIVATE &&
 	       (prot & PROT_WRITE) && !(flags & MAP_NORESERVE);
+}
+
+/* A reservation: private and anonymous, but not writable (yet). */
+static inline int reserved_kind(int prot, int flags)
+{
+	return (flags & MAP_ANONYMOUS) && (flags & MAP_TYPE) == MAP_PRIVATE &&
+	       !(prot & PROT_WRITE);
 }
 
 static inline uintptr_t page_up(uintptr_t a)
@@ -249,8 +273,9 @@ static void *do_mmap(void *addr, size_t len, int prot, int flags, int fd,
                      off_t off, const void *ret)
 {
 	int counted = counted_kind(prot, flags);
+	int reserved = reserved_kind(prot, flags);
 	int fixed = flags & MAP_FIXED; /* replaces what was there */
-	if (!(counted || fixed) || !enter(ret))
+	if (!(counted || reserved || fixed) || !enter(ret))
 		return sys_mmap(addr, len, prot, flags, fd, off);
 	uint64_t before = mm.t.total;
 	void *p = sys_mmap(addr, len, prot, flags, fd, off);
@@ -258,8 +283,12 @@ static void *do_mmap(void *addr, size_t len, int prot, int flags, int fd,
 		uintptr_t lo = (uintptr_t)p, hi = page_up(lo + len);
 		if (fixed)
 			mtc_maptable_remove(&mm.t, lo, hi, NULL, 0, NULL);
+		/* Whatever the kernel handed out is no older reservation. */
+		mtc_maptable_remove(&mm.r, lo, hi, NULL, 0, NULL);
 		if (counted)
 			mtc_maptable_add(&mm.t, lo, hi);
+		else if (reserved)
+			mtc_maptable_add(&mm.r, lo, hi);
 	}
 	int e = errno;
 	leave(before);
@@ -286,19 +315,24 @@ MM_EXPORT int munmap(void *addr, size_t len)
 	uintptr_t lo = (uintptr_t)addr;
 	/* Nothing counted, or arguments the kernel refuses before it unmaps
 	 * anything: straight through. */
-	if (__atomic_load_n(&mm.t.n, __ATOMIC_RELAXED) == 0 || !len ||
-	    (lo & (mm.page - 1)) || !enter(__builtin_return_address(0)))
+	if ((__atomic_load_n(&mm.t.n, __ATOMIC_RELAXED) == 0 &&
+	     __atomic_load_n(&mm.r.n, __ATOMIC_RELAXED) == 0) ||
+	    !len || (lo & (mm.page - 1)) || !enter(__builtin_return_address(0)))
 		return sys_munmap(addr, len);
 	uint64_t before = mm.t.total;
-	struct mtc_range back[16];
-	size_t nback = 0;
+	struct mtc_range back[16], rback[16];
+	size_t nback = 0, nrback = 0;
 	uintptr_t hi = page_up(lo + len);
 	mtc_maptable_remove(&mm.t, lo, hi, back, 16, &nback);
+	mtc_maptable_remove(&mm.r, lo, hi, rback, 16, &nrback);
 	int r = sys_munmap(addr, len);
 	int e = errno;
-	if (r != 0) /* nothing was unmapped: count it again */
+	if (r != 0) { /* nothing was unmapped: count it again */
 		for (size_t i = 0; i < nback; i++)
 			mtc_maptable_add(&mm.t, back[i].lo, back[i].hi);
+		for (size_t i = 0; i < nrback; i++)
+			mtc_maptable_add(&mm.r, rback[i].lo, rback[i].hi);
+	}
 	leave(before);
 	errno = e;
 	return r;
@@ -315,31 +349,81 @@ MM_EXPORT void *mremap(void *old, size_t old_len, size_t new_len, int flags,
 		va_end(ap);
 	}
 	uintptr_t lo = (uintptr_t)old;
-	if (__atomic_load_n(&mm.t.n, __ATOMIC_RELAXED) == 0 || !old_len ||
-	    (lo & (mm.page - 1)) || !enter(__builtin_return_address(0)))
+	if ((__atomic_load_n(&mm.t.n, __ATOMIC_RELAXED) == 0 &&
+	     __atomic_load_n(&mm.r.n, __ATOMIC_RELAXED) == 0) ||
+	    !old_len || (lo & (mm.page - 1)) ||
+	    !enter(__builtin_return_address(0)))
 		return sys_mremap(old, old_len, new_len, flags, new_addr);
 	uint64_t before = mm.t.total;
 	uintptr_t hi = page_up(lo + old_len);
-	/* The kernel moves one mapping: counted or not, it stays so. */
+	/* The kernel moves one mapping: counted or not, it stays so, and a
+	 * reservation stays one. */
 	int was = mtc_maptable_counted(&mm.t, lo, hi) != 0;
-	struct mtc_range back[16];
-	size_t nback = 0;
+	int was_r = mtc_maptable_counted(&mm.r, lo, hi) != 0;
+	struct mtc_range back[16], rback[16];
+	size_t nback = 0, nrback = 0;
 	int keep_old = flags & MREMAP_DONTUNMAP;
 	if (was && !keep_old)
 		mtc_maptable_remove(&mm.t, lo, hi, back, 16, &nback);
+	if (was_r && !keep_old)
+		mtc_maptable_remove(&mm.r, lo, hi, rback, 16, &nrback);
 	void *p = sys_mremap(old, old_len, new_len, flags, new_addr);
 	int e = errno;
 	if (p == MAP_FAILED) {
 		for (size_t i = 0; i < nback; i++)
 			mtc_maptable_add(&mm.t, back[i].lo, back[i].hi);
+		for (size_t i = 0; i < nrback; i++)
+			mtc_maptable_add(&mm.r, rback[i].lo, rback[i].hi);
 	} else {
 		uintptr_t nlo = (uintptr_t)p, nhi = page_up(nlo + new_len);
 		/* MREMAP_FIXED replaced whatever was at the target. */
 		mtc_maptable_remove(&mm.t, nlo, nhi, NULL, 0, NULL);
+		mtc_maptable_remove(&mm.r, nlo, nhi, NULL, 0, NULL);
 		if (was)
 			mtc_maptable_add(&mm.t, nlo, nhi);
+		else if (was_r)
+			mtc_maptable_add(&mm.r, nlo, nhi);
 	}
 	leave(before);
 	errno = e;
 	return p;
+}
+
+/* Count the parts of [lo, hi) that are reservations (when they became
+ * writable), or uncount them (when they no longer are). */
+static void reservation_protect(uintptr_t lo, uintptr_t hi, int writable)
+{
+	struct mtc_range piece[16];
+	size_t n;
+	do {
+		n = mtc_maptable_pieces(&mm.r, lo, hi, piece, 16);
+		for (size_t i = 0; i < n; i++) {
+			if (writable)
+				mtc_maptable_add(&mm.t, piece[i].lo,
+				                 piece[i].hi);
+			else
+				mtc_maptable_remove(&mm.t, piece[i].lo,
+				                    piece[i].hi, NULL, 0, NULL);
+		}
+		if (n)
+			lo = piece[n - 1].hi;
+	} while (n == 16);
+}
+
+MM_EXPORT int mprotect(void *addr, size_t len, int prot)
+{
+	uintptr_t lo = (uintptr_t)addr;
+	/* No reservation made: nothing mprotect could count. */
+	if (__atomic_load_n(&mm.r.n, __ATOMIC_RELAXED) == 0 || !len ||
+	    (lo & (mm.page - 1)) || !enter(__builtin_return_address(0)))
+		return sys_mprotect(addr, len, prot);
+	uint64_t before = mm.t.total;
+	int r = sys_mprotect(addr, len, prot);
+	int e = errno;
+	if (r == 0)
+		reservation_protect(lo, page_up(lo + len),
+		                    (prot & PROT_WRITE) != 0);
+	leave(before);
+	errno = e;
+	return r;
 }

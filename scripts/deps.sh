@@ -17,6 +17,7 @@ pkgs=(
   slurm-wlm munge  # slurmctld + slurmd + munged started by the Slurm test
   systemd man-db groff-base dpkg-dev  # unit, man page and package checks
   redis-server redis-tools  # a program linked to libjemalloc (one heap; real suite)
+  nodejs  # a V8 runtime: a heap committed with mprotect (test_node_heap)
   # benchmarks
   valgrind util-linux
   sqlite3  # the real suite's sqlite3 CLI (bench/real.py)

@@ -129,6 +129,47 @@ def test_own_mappings_counted_exactly():
                  lambda: s.status()["fleet"]["mapped"] == 0)
 
 
+def test_reservations_counted_when_committed():
+    """Address space reserved PROT_NONE and committed piece by piece, as
+    runtimes do: with mprotect (V8, .NET) or with mmap(MAP_FIXED) over it
+    (HotSpot). A committed piece counts once, however the commits overlap;
+    a decommitted one stops counting; the reservation itself never counts.
+    mprotect of a mapping that was counted when it was made changes
+    nothing."""
+    with Server() as s:
+        w = Worker([worker("mt_map")], s.env())
+        try:
+            check(w.readline().startswith("ready"), "worker ready")
+            say(w, "reserve 1")  # stdio's buffers allocated and flushed
+            settled(s, w.pid, lambda p: p["bytes"] > 0, "registered")
+            steps = [
+                ("reserve 256", 0),
+                ("commit 0 64", 64),
+                ("commit 32 64", 96),      # overlaps [32, 64): once
+                ("decommit 0 32", 64),     # [32, 96) left
+                ("commit_fixed 128 32", 96),
+                ("uncommit_fixed 128 32", 64),
+                ("commit 200 8", 72),      # again by mprotect
+                ("map 16", 88),            # an ordinary mapping
+                ("protect_ro", 88),        # counted when made: stays
+                ("unreserve", 16),
+                ("unmap", 0),
+            ]
+            for cmd, mib in steps:
+                say(w, cmd)
+                # The worker stores its figure before it answers: two
+                # ticks later the server has it, changed or not.
+                t0 = s.status()["ticks"]
+                wait_for("two ticks", lambda: s.status()["ticks"] >= t0 + 2)
+                p = s.ps()[w.pid]
+                print(f"  {cmd:24s} mapped {p['mapped'] / MIB:.0f} MiB",
+                      flush=True)
+                check(p["mapped"] == mib * MIB,
+                      f"after {cmd!r}: {mib} MiB expected: {p}")
+        finally:
+            w.close()
+
+
 def test_signal_handler_mapping_never_deadlocks():
     """A signal handler that maps memory while its thread is inside the
     interposer (or taking its lock) maps uncounted; the process never waits
@@ -155,4 +196,5 @@ def test_signal_handler_mapping_never_deadlocks():
 
 if __name__ == "__main__":
     run([test_own_mappings_counted_exactly,
+         test_reservations_counted_when_committed,
          test_signal_handler_mapping_never_deadlocks])

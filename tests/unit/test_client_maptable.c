@@ -178,3 +178,27 @@ Test(maptable, random_operations_match_a_page_bitmap)
 		pages += bit[i];
 	cr_assert_eq(t.total, pages * PG);
 }
+
+/* The parts of a range that are in the set, clipped, in order, and handed
+ * out `cap` at a time. */
+Test(maptable, pieces_are_the_clipped_overlap)
+{
+	struct mtc_maptable t = fresh(CAP_MAX);
+	mtc_maptable_add(&t, pg(0), pg(10));
+	mtc_maptable_add(&t, pg(20), pg(30));
+	mtc_maptable_add(&t, pg(40), pg(50));
+	struct mtc_range out[2];
+	cr_assert_eq(mtc_maptable_pieces(&t, pg(5), pg(45), out, 2), 2);
+	cr_assert_eq(out[0].lo, pg(5));
+	cr_assert_eq(out[0].hi, pg(10));
+	cr_assert_eq(out[1].lo, pg(20));
+	cr_assert_eq(out[1].hi, pg(30));
+	/* Full: the rest from the last one's end. */
+	cr_assert_eq(mtc_maptable_pieces(&t, out[1].hi, pg(45), out, 2), 1);
+	cr_assert_eq(out[0].lo, pg(40));
+	cr_assert_eq(out[0].hi, pg(45));
+	cr_assert_eq(mtc_maptable_pieces(&t, pg(10), pg(20), out, 2), 0,
+	             "a gap has no pieces");
+	cr_assert_eq(mtc_maptable_pieces(&t, pg(60), pg(70), out, 2), 0);
+	cr_assert_eq(t.total, 30 * PG, "pieces change nothing");
+}

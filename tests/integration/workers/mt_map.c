@@ -7,6 +7,14 @@
  *   "grow N"       mremap the region to N MiB (may move), touch it
  *   "shared N"     mmap N MiB shared anonymous, touch it (not counted)
  *   "reserve N"    mmap N MiB PROT_NONE (a reservation: not counted)
+ *   "commit O N"   mprotect MiB [O, O+N) of the reservation read-write and
+ *                  touch them (V8, .NET)
+ *   "decommit O N" give those pages back (madvise) and mprotect PROT_NONE
+ *   "commit_fixed O N"   mmap(MAP_FIXED) read-write over them, touch
+ *                        (HotSpot)
+ *   "uncommit_fixed O N" mmap(MAP_FIXED | MAP_NORESERVE) PROT_NONE over them
+ *   "unreserve"    munmap the reservation
+ *   "protect_ro"   mprotect the region read-only (stays counted)
  *   "unmap"        munmap the region (what is left of it)
  *   "malloc N T"   malloc N MiB in 16 MiB blocks over T threads, touch
  *   "free"         free those blocks
@@ -26,6 +34,8 @@
 
 static char *region;
 static size_t region_len;
+static char *resv;
+static size_t resv_len;
 static void *blocks[MAX_BLOCKS];
 static size_t nblocks;
 
@@ -115,7 +125,43 @@ int main(void)
 		} else if (sscanf(cmd, "reserve %lu", &n) == 1) {
 			void *p = mmap(NULL, n * MIB, PROT_NONE,
 				       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+			if (p != MAP_FAILED) {
+				resv = p;
+				resv_len = n * MIB;
+			}
 			mt_say("ok reserved %d", p != MAP_FAILED);
+		} else if (sscanf(cmd, "commit %lu %lu", &t, &n) == 2) {
+			int r = mprotect(resv + t * MIB, n * MIB,
+			                 PROT_READ | PROT_WRITE);
+			if (r == 0)
+				mt_touch(resv + t * MIB, n * MIB);
+			mt_say("%s committed", r == 0 ? "ok" : "error");
+		} else if (sscanf(cmd, "decommit %lu %lu", &t, &n) == 2) {
+			madvise(resv + t * MIB, n * MIB, MADV_DONTNEED);
+			int r = mprotect(resv + t * MIB, n * MIB, PROT_NONE);
+			mt_say("%s decommitted", r == 0 ? "ok" : "error");
+		} else if (sscanf(cmd, "commit_fixed %lu %lu", &t, &n) == 2) {
+			void *p = mmap(
+			    resv + t * MIB, n * MIB, PROT_READ | PROT_WRITE,
+			    MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+			if (p != MAP_FAILED)
+				mt_touch(p, n * MIB);
+			mt_say("%s committed",
+			       p != MAP_FAILED ? "ok" : "error");
+		} else if (sscanf(cmd, "uncommit_fixed %lu %lu", &t, &n) == 2) {
+			void *p = mmap(resv + t * MIB, n * MIB, PROT_NONE,
+			               MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED |
+			                   MAP_NORESERVE,
+			               -1, 0);
+			mt_say("%s uncommitted",
+			       p != MAP_FAILED ? "ok" : "error");
+		} else if (strcmp(cmd, "unreserve") == 0) {
+			int r = munmap(resv, resv_len);
+			resv_len = 0;
+			mt_say("%s unreserved", r == 0 ? "ok" : "error");
+		} else if (strcmp(cmd, "protect_ro") == 0) {
+			int r = mprotect(region, region_len, PROT_READ);
+			mt_say("%s protected", r == 0 ? "ok" : "error");
 		} else if (strcmp(cmd, "unmap") == 0) {
 			int r = munmap(region, region_len);
 			region_len = 0;
