@@ -160,6 +160,106 @@ static const char *state_path(const struct mts_config *cfg, char *buf,
 	return buf;
 }
 
+/* The restart record: open (or create) it and learn whether a previous
+ * server's workers are to be adopted, and with which geometry. 0, or
+ * -EBUSY (a live server holds it), or -errno. */
+static int open_record(struct mts_server *srv, const struct mts_config *cfg,
+                       const char *spath, struct mts_state_info *info,
+                       bool *adopted)
+{
+	char q[MTS_LOGQ_MAX];
+	*adopted = false;
+	if (!spath)
+		return 0;
+	int err = mts_state_open(spath, cfg->reset, info, adopted, &srv->state);
+	if (err == -EBUSY)
+		mts_log(MTS_LOG_ERROR,
+		        "state file locked by a live memtallyd, refusing "
+		        "to start beside it",
+		        "state=%s", mts_logq(q, sizeof(q), spath));
+	if (err < 0)
+		return err;
+	if (*adopted &&
+	    (info->slots != cfg->slots || info->lanes != cfg->lanes))
+		mts_log(MTS_LOG_WARN,
+		        "adopting the previous server's geometry "
+		        "(--reset to apply the configured one)",
+		        "slots=%u lanes=%u configured_slots=%u "
+		        "configured_lanes=%u",
+		        info->slots, info->lanes, cfg->slots, cfg->lanes);
+	return 0;
+}
+
+/* The registry on the new header: policy applied, a previous server's
+ * live workers adopted (and ticked once, so the first answers count
+ * them). */
+static int start_registry(struct mts_server *srv,
+                          const struct mts_config *cfg, const char *label,
+                          const struct mts_state_info *info, bool adopted)
+{
+	int err = mts_registry_init(&srv->reg, srv->loop, &srv->map, label,
+	                            srv->state);
+	if (err < 0)
+		return err;
+	srv->reg.instance = info->instance;
+	srv->reg.on_event = on_event;
+	srv->reg.event_ctx = srv;
+	struct mts_policy defaults;
+	mts_policy_defaults(&defaults);
+	err = mts_limits_apply_policy(&srv->reg,
+	                              cfg->policy ? cfg->policy : &defaults);
+	if (err < 0) {
+		mts_registry_free(&srv->reg);
+		return err;
+	}
+	if (adopted) {
+		uint32_t kept, dropped;
+		mts_adopt(&srv->reg, &kept, &dropped);
+		mts_log(MTS_LOG_INFO, "restart: live workers adopted",
+		        "kept=%u reclaimed=%u", kept, dropped);
+		mts_tick(&srv->reg);
+	}
+	return 0;
+}
+
+/* The tick, the RSS sweep and the socket-file check. */
+static void start_timers(struct mts_server *srv, const struct mts_config *cfg)
+{
+	remember_file(srv->net.socket_bound ? cfg->socket_path : NULL,
+	              &srv->sock_dev, &srv->sock_ino, &srv->sock_known);
+	srv->files_checked_ms = uv_now(srv->loop);
+	uv_timer_init(srv->loop, &srv->tick);
+	srv->tick.data = srv;
+	uv_timer_start(&srv->tick, on_tick, cfg->tick_ms, cfg->tick_ms);
+	uv_timer_init(srv->loop, &srv->rss_timer);
+	srv->rss_timer.data = srv;
+	srv->rss_timer_open = true;
+	rss_timer_set(srv, srv->reg.policy.rss_interval_ms);
+}
+
+/* TCP and /metrics, once everything else runs: on failure the caller
+ * stops the whole server. Each logs where it listens, or why not. */
+static int start_late_listeners(struct mts_server *srv,
+                                const struct mts_config *cfg)
+{
+	char q[MTS_LOGQ_MAX];
+	if (cfg->tcp_addr) {
+		int err = mts_listen_tcp(srv);
+		if (err < 0) {
+			mts_log(MTS_LOG_ERROR, "cannot listen on tcp",
+			        "addr=%s err=%s",
+			        mts_logq(q, sizeof(q), cfg->tcp_addr),
+			        uv_strerror(err));
+			return err;
+		}
+	}
+	if (cfg->metrics_addr)
+		return mts_metrics_start(&srv->metrics, cfg->metrics_addr,
+		                         &srv->reg, &srv->net.conn_stats,
+		                         srv->loop);
+	return 0;
+}
+
 int mts_server_init(struct mts_server *srv, uv_loop_t *loop,
                     const struct mts_config *cfg)
 {
@@ -169,6 +269,8 @@ int mts_server_init(struct mts_server *srv, uv_loop_t *loop,
 	srv->loop = loop;
 	srv->cfg = *cfg;
 
+	/* The socket first: a second server fails here, before it touches
+	 * the first one's restart record. */
 	if (cfg->socket_path) {
 		err = mts_listen(srv);
 		if (err < 0) {
@@ -179,7 +281,6 @@ int mts_server_init(struct mts_server *srv, uv_loop_t *loop,
 			goto fail_close_listener;
 		}
 	}
-
 	char pathbuf[PATH_MAX];
 	const char *spath = state_path(cfg, pathbuf, sizeof(pathbuf));
 	struct mts_state_info info = {
@@ -187,28 +288,10 @@ int mts_server_init(struct mts_server *srv, uv_loop_t *loop,
 	    .lanes = cfg->lanes,
 	    .threshold = cfg->threshold,
 	};
-	bool adopted = false;
-	if (spath) {
-		err = mts_state_open(spath, cfg->reset, &info, &adopted,
-		                     &srv->state);
-		if (err == -EBUSY) {
-			mts_log(MTS_LOG_ERROR,
-			        "state file locked by a live memtallyd, refusing "
-			        "to start beside it",
-			        "state=%s", mts_logq(q, sizeof(q), spath));
-			goto fail_close_listener;
-		}
-		if (err < 0)
-			goto fail_close_listener;
-		if (adopted && (info.slots != cfg->slots ||
-		                info.lanes != cfg->lanes))
-			mts_log(MTS_LOG_WARN,
-			        "adopting the previous server's geometry "
-			        "(--reset to apply the configured one)",
-			        "slots=%u lanes=%u configured_slots=%u "
-			        "configured_lanes=%u",
-			        info.slots, info.lanes, cfg->slots, cfg->lanes);
-	}
+	bool adopted;
+	err = open_record(srv, cfg, spath, &info, &adopted);
+	if (err < 0)
+		goto fail_close_listener;
 	const char *label = cfg->segment && cfg->segment[0]
 	                        ? cfg->segment + (cfg->segment[0] == '/')
 	                        : "memtally";
@@ -232,63 +315,18 @@ int mts_server_init(struct mts_server *srv, uv_loop_t *loop,
 	err = mts_hooks_new(&srv->hooks, loop, cfg->hooks, cfg->socket_path);
 	if (err < 0)
 		goto fail_close_segment;
-	err = mts_registry_init(&srv->reg, loop, &srv->map, label, srv->state);
+	err = start_registry(srv, cfg, label, &info, adopted);
 	if (err < 0)
 		goto fail_stop_hooks;
-	srv->reg.instance = info.instance;
-	srv->reg.on_event = on_event;
-	srv->reg.event_ctx = srv;
-	struct mts_policy defaults;
-	mts_policy_defaults(&defaults);
-	err = mts_limits_apply_policy(&srv->reg,
-	                              cfg->policy ? cfg->policy : &defaults);
-	if (err < 0)
-		goto fail_free_registry;
-	if (adopted) {
-		uint32_t kept, dropped;
-		mts_adopt(&srv->reg, &kept, &dropped);
-		mts_log(MTS_LOG_INFO, "restart: live workers adopted",
-		        "kept=%u reclaimed=%u", kept, dropped);
-		mts_tick(&srv->reg);
-	}
-
-	remember_file(srv->net.socket_bound ? cfg->socket_path : NULL,
-	              &srv->sock_dev, &srv->sock_ino, &srv->sock_known);
-	srv->files_checked_ms = uv_now(loop);
-
-	uv_timer_init(loop, &srv->tick);
-	srv->tick.data = srv;
-	uv_timer_start(&srv->tick, on_tick, cfg->tick_ms, cfg->tick_ms);
-	uv_timer_init(loop, &srv->rss_timer);
-	srv->rss_timer.data = srv;
-	srv->rss_timer_open = true;
-	rss_timer_set(srv, srv->reg.policy.rss_interval_ms);
-
-	if (cfg->tcp_addr) {
-		err = mts_listen_tcp(srv);
-		if (err < 0) {
-			mts_log(MTS_LOG_ERROR, "cannot listen on tcp",
-			        "addr=%s err=%s",
-			        mts_logq(q, sizeof(q), cfg->tcp_addr),
-			        uv_strerror(err));
-			/* Everything is open: stop closes it all. */
-			mts_server_stop(srv);
-			return err;
-		}
-	}
-	if (cfg->metrics_addr) {
-		/* Last, like TCP. It logs where it listens, or why not. */
-		err = mts_metrics_start(&srv->metrics, cfg->metrics_addr,
-		                        &srv->reg, &srv->net.conn_stats, loop);
-		if (err < 0) {
-			mts_server_stop(srv);
-			return err;
-		}
+	start_timers(srv, cfg);
+	err = start_late_listeners(srv, cfg);
+	if (err < 0) {
+		/* Everything is open: stop closes it all. */
+		mts_server_stop(srv);
+		return err;
 	}
 	return 0;
 
-fail_free_registry:
-	mts_registry_free(&srv->reg);
 fail_stop_hooks:
 	mts_hooks_stop(srv->hooks);
 	srv->hooks = NULL;
