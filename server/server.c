@@ -193,9 +193,9 @@ static int open_record(struct mts_server *srv, const struct mts_config *cfg,
 /* The registry on the new header: policy applied, a previous server's
  * live workers adopted (and ticked once, so the first answers count
  * them). */
-static int start_registry(struct mts_server *srv,
-                          const struct mts_config *cfg, const char *label,
-                          const struct mts_state_info *info, bool adopted)
+static int start_registry(struct mts_server *srv, const struct mts_config *cfg,
+                          const char *label, const struct mts_state_info *info,
+                          bool adopted)
 {
 	int err = mts_registry_init(&srv->reg, srv->loop, &srv->map, label,
 	                            srv->state);
