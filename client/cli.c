@@ -1285,77 +1285,81 @@ static void add_operand(struct cli *c, const char **cmd_name, const char *arg,
 		*extra = arg;
 }
 
-int main(int argc, char **argv)
-{
-	struct cli c = {0};
-	const char *cmd_name = NULL;
-	const char *extra = NULL; /* an operand past MAX_OPERANDS */
-	bool help = false, version = false;
+/* What the command line says besides the options stored in the cli. */
+struct cmdline {
+	const char *cmd_name;
+	const char *extra; /* an operand past MAX_OPERANDS */
+	bool help, version;
+};
 
+/* getopt over argv into `c` and `p`: 0, or the exit status of a usage
+ * error (said on stderr). */
+static int parse_args(struct cli *c, struct cmdline *p, int argc, char **argv)
+{
 	opterr = 0;
 	int opt;
-	while (!c.run_argv && (opt = getopt_long(argc, argv, "-:hV",
-	                                         long_options, NULL)) != -1) {
+	while (!c->run_argv && (opt = getopt_long(argc, argv, "-:hV",
+	                                          long_options, NULL)) != -1) {
 		switch (opt) {
 		case 1: /* an operand, in order */
 			/* run: the first operand after the command starts
 			 * the command line to run, which is not ours to
 			 * parse ("--" before it is optional). */
-			if (cmd_name && strcmp(cmd_name, "run") == 0)
-				c.run_argv = &argv[optind - 1];
+			if (p->cmd_name && strcmp(p->cmd_name, "run") == 0)
+				c->run_argv = &argv[optind - 1];
 			else
-				add_operand(&c, &cmd_name, optarg, &extra);
+				add_operand(c, &p->cmd_name, optarg, &p->extra);
 			break;
 		case OPT_SOCKET:
 			if (!optarg[0])
 				return usage_error("--socket needs a path");
-			c.socket = optarg;
+			c->socket = optarg;
 			break;
 		case OPT_TCP:
 			if (!optarg[0])
 				return usage_error("--tcp needs HOST:PORT");
-			c.tcp = optarg;
+			c->tcp = optarg;
 			break;
 		case OPT_TOKEN:
-			c.token = optarg;
+			c->token = optarg;
 			break;
 		case OPT_JSON:
-			c.json = true;
+			c->json = true;
 			break;
 		case OPT_TIMEOUT:
-			if (parse_timeout(optarg, &c.timeout_ms))
+			if (parse_timeout(optarg, &c->timeout_ms))
 				return usage_error("invalid --timeout '%s': "
 				                   "expected milliseconds > 0",
 				                   optarg);
 			break;
 		case OPT_GROUP:
-			c.group = optarg;
+			c->group = optarg;
 			break;
 		case OPT_BYTES:
-			c.bytes = optarg;
+			c->bytes = optarg;
 			break;
 		case OPT_TASK:
-			c.task = optarg;
+			c->task = optarg;
 			break;
 		case OPT_TTL:
-			c.ttl = optarg;
+			c->ttl = optarg;
 			break;
 		case OPT_INTERVAL:
-			c.interval = optarg;
+			c->interval = optarg;
 			break;
 		case OPT_ITERATIONS:
-			c.iterations = optarg;
+			c->iterations = optarg;
 			break;
 		case OPT_WAIT:
-			c.wait = optarg;
+			c->wait = optarg;
 			break;
 		case 'h':
 		case OPT_HELP:
-			help = true;
+			p->help = true;
 			break;
 		case 'V':
 		case OPT_VERSION:
-			version = true;
+			p->version = true;
 			break;
 		case ':':
 			return usage_error("option '%s' needs a value",
@@ -1375,43 +1379,95 @@ int main(int argc, char **argv)
 		}
 	}
 	/* Operands after "--" are left for us at argv[optind..]. */
-	if (!c.run_argv && cmd_name && strcmp(cmd_name, "run") == 0 &&
+	if (!c->run_argv && p->cmd_name && strcmp(p->cmd_name, "run") == 0 &&
 	    optind < argc)
-		c.run_argv = &argv[optind];
-	for (; !c.run_argv && optind < argc; optind++)
-		add_operand(&c, &cmd_name, argv[optind], &extra);
+		c->run_argv = &argv[optind];
+	for (; !c->run_argv && optind < argc; optind++)
+		add_operand(c, &p->cmd_name, argv[optind], &p->extra);
+	return 0;
+}
 
-	if (help) {
+/* The command's operands and options against what it takes: 0, or the
+ * exit status of a usage error. */
+static int check_command(struct cli *c, const struct command *cmd,
+                         const char *extra)
+{
+	int rc;
+	if (extra || c->nargs > cmd->max_args)
+		return usage_error("%s: unexpected argument '%s'", cmd->name,
+		                   extra ? extra : c->args[cmd->max_args]);
+	if (c->nargs < cmd->min_args)
+		return usage_error("%s: missing argument", cmd->name);
+	if ((rc = check_takes(cmd, TAKES_GROUP, c->group, "--group")) ||
+	    (rc = check_takes(cmd, TAKES_BYTES, c->bytes, "--bytes")) ||
+	    (rc = check_takes(cmd, TAKES_TASK, c->task, "--task")) ||
+	    (rc = check_takes(cmd, TAKES_TTL, c->ttl, "--ttl")) ||
+	    (rc = check_takes(cmd, TAKES_REFRESH, c->interval, "--interval")) ||
+	    (rc = check_takes(cmd, TAKES_REFRESH, c->iterations,
+	                      "--iterations")) ||
+	    (rc = check_takes(cmd, TAKES_WAIT, c->wait, "--wait")))
+		return rc;
+	if (c->tcp && c->socket)
+		return usage_error("--socket and --tcp exclude each other");
+	if (cmd->check && (rc = cmd->check(c)))
+		return rc;
+	return 0;
+}
+
+/* Connect to the server as asked: 0, or EXIT_SERVER after saying why. */
+static int connect_server(struct cli *c, const struct command *cmd)
+{
+	/* A stream waits for events as long as it takes, unless told. */
+	int timeout = c->timeout_ms;
+	if (cmd->streams && !timeout)
+		timeout = -1;
+	int err;
+	if (c->tcp) {
+		c->where = c->tcp;
+		err = memtally_query_open_tcp(&c->q, c->tcp, timeout);
+	} else {
+		if (!c->socket)
+			c->socket = memtally_query_default_socket();
+		c->where = c->socket;
+		err = memtally_query_open(&c->q, c->socket, timeout);
+	}
+	if (err) {
+		bool down = err == -ENOENT || err == -ECONNREFUSED;
+		fprintf(stderr, "memtally: cannot connect to %s: %s%s\n",
+		        c->where, memtally_strerror(err),
+		        down ? " (is memtallyd running?)" : "");
+		return EXIT_SERVER;
+	}
+	if (c->token && c->token[0] &&
+	    (err = memtally_query_set_token(c->q, c->token))) {
+		fprintf(stderr, "memtally: %s\n", memtally_strerror(err));
+		memtally_query_close(c->q);
+		return EXIT_SERVER;
+	}
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	struct cli c = {0};
+	struct cmdline p = {0};
+	int rc = parse_args(&c, &p, argc, argv);
+	if (rc)
+		return rc;
+	if (p.help) {
 		usage(stdout);
 		return close_stdout(0);
 	}
-	if (version) {
+	if (p.version) {
 		printf("memtally %s\n", MEMTALLY_VERSION_STRING);
 		return close_stdout(0);
 	}
-	if (!cmd_name)
+	if (!p.cmd_name)
 		return usage_error("no command given");
-	const struct command *cmd = find_command(cmd_name);
+	const struct command *cmd = find_command(p.cmd_name);
 	if (!cmd)
-		return usage_error("unknown command '%s'", cmd_name);
-	if (extra || c.nargs > cmd->max_args)
-		return usage_error("%s: unexpected argument '%s'", cmd->name,
-		                   extra ? extra : c.args[cmd->max_args]);
-	if (c.nargs < cmd->min_args)
-		return usage_error("%s: missing argument", cmd->name);
-	int rc;
-	if ((rc = check_takes(cmd, TAKES_GROUP, c.group, "--group")) ||
-	    (rc = check_takes(cmd, TAKES_BYTES, c.bytes, "--bytes")) ||
-	    (rc = check_takes(cmd, TAKES_TASK, c.task, "--task")) ||
-	    (rc = check_takes(cmd, TAKES_TTL, c.ttl, "--ttl")) ||
-	    (rc = check_takes(cmd, TAKES_REFRESH, c.interval, "--interval")) ||
-	    (rc = check_takes(cmd, TAKES_REFRESH, c.iterations,
-	                      "--iterations")) ||
-	    (rc = check_takes(cmd, TAKES_WAIT, c.wait, "--wait")))
-		return rc;
-	if (c.tcp && c.socket)
-		return usage_error("--socket and --tcp exclude each other");
-	if (cmd->check && (rc = cmd->check(&c)))
+		return usage_error("unknown command '%s'", p.cmd_name);
+	if ((rc = check_command(&c, cmd, p.extra)))
 		return rc;
 	if (!c.token)
 		c.token = getenv("MEMTALLY_TOKEN");
@@ -1421,34 +1477,8 @@ int main(int argc, char **argv)
 			c.socket = memtally_query_default_socket();
 		return cmd_run(&c);
 	}
-
-	/* A stream waits for events as long as it takes, unless told. */
-	int timeout = c.timeout_ms;
-	if (cmd->streams && !timeout)
-		timeout = -1;
-	int err;
-	if (c.tcp) {
-		c.where = c.tcp;
-		err = memtally_query_open_tcp(&c.q, c.tcp, timeout);
-	} else {
-		if (!c.socket)
-			c.socket = memtally_query_default_socket();
-		c.where = c.socket;
-		err = memtally_query_open(&c.q, c.socket, timeout);
-	}
-	if (err) {
-		bool down = err == -ENOENT || err == -ECONNREFUSED;
-		fprintf(stderr, "memtally: cannot connect to %s: %s%s\n",
-		        c.where, memtally_strerror(err),
-		        down ? " (is memtallyd running?)" : "");
-		return EXIT_SERVER;
-	}
-	if (c.token && c.token[0] &&
-	    (err = memtally_query_set_token(c.q, c.token))) {
-		fprintf(stderr, "memtally: %s\n", memtally_strerror(err));
-		memtally_query_close(c.q);
-		return EXIT_SERVER;
-	}
+	if ((rc = connect_server(&c, cmd)))
+		return rc;
 	rc = cmd->run(&c);
 	memtally_query_close(c.q);
 	return close_stdout(rc);

@@ -1,0 +1,57 @@
+"""memtally's command line refuses what it cannot do before it connects:
+each mistake gets exit status 2 and one line on stderr that names it, and
+nothing on stdout; --help and --version answer without a server."""
+import subprocess
+
+from harness import CLI, check, run
+
+# (arguments, what stderr must say)
+MISTAKES = [
+    ([], "no command given"),
+    (["--bogus", "status"], "unknown option '--bogus'"),
+    (["-x", "status"], "unknown option '-x'"),
+    (["--json=1", "status"], "option '--json' takes no value"),
+    (["status", "--timeout"], "option '--timeout' needs a value"),
+    (["--timeout", "0", "status"], "invalid --timeout '0'"),
+    (["nosuch"], "unknown command 'nosuch'"),
+    (["status", "extra"], "status: unexpected argument 'extra'"),
+    (["limit"], "limit: missing argument"),
+    (["ps", "--bytes", "5"], "ps: --bytes does not apply"),
+    (["--socket", "/a", "--tcp", "b:1", "status"],
+     "--socket and --tcp exclude each other"),
+    (["admit", "--bytes", "zz"], "invalid --bytes 'zz'"),
+    (["--socket", "", "status"], "--socket needs a path"),
+]
+
+
+def test_usage_errors():
+    for args, says in MISTAKES:
+        # A socket that does not exist: a mistake must be caught before
+        # any connection is tried.
+        r = subprocess.run([CLI, *args], capture_output=True, text=True,
+                           env={"MEMTALLY_SOCKET": "/nonexistent/sock"})
+        check(r.returncode == 2, f"{args}: exit {r.returncode}, "
+              f"stderr {r.stderr!r}")
+        check(says in r.stderr and r.stderr.count("\n") == 1,
+              f"{args}: stderr {r.stderr!r}, expected {says!r}")
+        check(r.stdout == "", f"{args}: stdout {r.stdout!r}")
+    print(f"  {len(MISTAKES)} mistakes refused with exit 2", flush=True)
+
+
+def test_help_and_version_need_no_server():
+    env = {"MEMTALLY_SOCKET": "/nonexistent/sock"}
+    h = subprocess.run([CLI, "--help"], capture_output=True, text=True,
+                       env=env)
+    check(h.returncode == 0 and h.stdout.startswith("Usage: memtally"),
+          f"--help: {h.returncode} {h.stdout[:80]!r}")
+    v = subprocess.run([CLI, "-V"], capture_output=True, text=True, env=env)
+    check(v.returncode == 0 and v.stdout.startswith("memtally "),
+          f"-V: {v.returncode} {v.stdout!r}")
+    down = subprocess.run([CLI, "status"], capture_output=True, text=True,
+                          env=env)
+    check(down.returncode == 1 and "is memtallyd running?" in down.stderr,
+          f"no server: {down.returncode} {down.stderr!r}")
+
+
+if __name__ == "__main__":
+    run([test_usage_errors, test_help_and_version_need_no_server])
