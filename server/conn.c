@@ -769,19 +769,15 @@ static bool uid_admit(struct mts_conn *c)
 	return true;
 }
 
-static void accept_one(uv_stream_t *listener, int status, bool tcp)
+/* A new connection record, linked into the server's list (conn_close()
+ * unlinks it), or NULL when out of memory. */
+static struct mts_conn *conn_new(struct mts_server *srv, bool tcp)
 {
-	struct mts_server *srv = listener->data;
-	if (status < 0) {
-		mts_log(MTS_LOG_WARN, "accept failed", "err=%s",
-		        uv_err_name(status));
-		return;
-	}
 	struct mts_conn *c = calloc(1, sizeof(*c));
 	if (!c) {
 		mts_log(MTS_LOG_ERROR, "out of memory accepting a connection",
 		        NULL);
-		return;
+		return NULL;
 	}
 	c->srv = srv;
 	c->peer.fd = -1;
@@ -791,18 +787,89 @@ static void accept_one(uv_stream_t *listener, int status, bool tcp)
 	else
 		uv_pipe_init(srv->loop, &c->h.pipe, 0);
 	c->h.stream.data = c;
-	/* Link first: conn_close() unlinks. */
 	c->next = srv->net.conns;
 	if (srv->net.conns)
 		srv->net.conns->prev = c;
 	srv->net.conns = c;
 	srv->net.nconns++;
-
 	srv->net.conn_stats.open = srv->net.nconns;
 	srv->net.conn_stats.max = srv->net.max_conns;
 	srv->net.conn_stats.buffered_max = srv->net.max_buffered;
 	srv->net.conn_stats.max_per_uid = srv->net.max_conns_per_uid;
+	return c;
+}
 
+/* Over max_connections: the connection was accepted only to be closed
+ * (see the top of this file). A flood must not flood the log too: one
+ * line a second. */
+static void conn_refuse_over_max(struct mts_conn *c)
+{
+	struct mts_server *srv = c->srv;
+	srv->net.conn_stats.rejected++;
+	srv->net.rejected_unlogged++;
+	uint64_t now = uv_now(srv->loop);
+	if (!srv->net.rejected_logged_ms ||
+	    now - srv->net.rejected_logged_ms >= 1000) {
+		mts_log(MTS_LOG_WARN,
+		        "max_connections reached; new connections are closed "
+		        "at once",
+		        "max_connections=%u tcp=%d rejected=%llu",
+		        srv->net.max_conns, c->peer.tcp,
+		        (unsigned long long)srv->net.rejected_unlogged);
+		srv->net.rejected_logged_ms = now;
+		srv->net.rejected_unlogged = 0;
+	}
+	conn_close(c);
+}
+
+/* Who is at the other end of a Unix socket: SO_PEERCRED, taken once at
+ * accept (the kernel's record of the connecting process). */
+static void conn_peer_cred(struct mts_conn *c)
+{
+	uv_os_fd_t fd;
+	if (uv_fileno((uv_handle_t *)&c->h.stream, &fd) != 0)
+		return;
+	struct ucred cred;
+	socklen_t len = sizeof(cred);
+	c->peer.fd = fd;
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 &&
+	    cred.pid > 0) {
+		c->peer.has_cred = true;
+		c->peer.pid = (uint32_t)cred.pid;
+		c->peer.uid = (uint32_t)cred.uid;
+		c->peer.gid = (uint32_t)cred.gid;
+	}
+}
+
+/* A TCP peer: no credentials; its address for the log, no Nagle delay. */
+static void conn_tcp_setup(struct mts_conn *c)
+{
+	struct sockaddr_storage ss;
+	int len = sizeof(ss);
+	char host[64] = "?";
+	if (uv_tcp_getpeername(&c->h.tcp, (struct sockaddr *)&ss, &len) == 0) {
+		if (ss.ss_family == AF_INET6)
+			uv_ip6_name((struct sockaddr_in6 *)&ss, host,
+			            sizeof(host));
+		else
+			uv_ip4_name((struct sockaddr_in *)&ss, host,
+			            sizeof(host));
+	}
+	uv_tcp_nodelay(&c->h.tcp, 1);
+	mts_log(MTS_LOG_DEBUG, "tcp connection accepted", "peer=%s", host);
+}
+
+static void accept_one(uv_stream_t *listener, int status, bool tcp)
+{
+	struct mts_server *srv = listener->data;
+	if (status < 0) {
+		mts_log(MTS_LOG_WARN, "accept failed", "err=%s",
+		        uv_err_name(status));
+		return;
+	}
+	struct mts_conn *c = conn_new(srv, tcp);
+	if (!c)
+		return;
 	int err = uv_accept(listener, &c->h.stream);
 	if (err < 0) {
 		mts_log(MTS_LOG_WARN, "accept failed", "err=%s",
@@ -811,64 +878,19 @@ static void accept_one(uv_stream_t *listener, int status, bool tcp)
 		return;
 	}
 	if (srv->net.nconns > srv->net.max_conns) {
-		/* Accepted only to be closed (see the top of this file). A
-		 * flood must not flood the log too: one line a second. */
-		srv->net.conn_stats.rejected++;
-		srv->net.rejected_unlogged++;
-		uint64_t now = uv_now(srv->loop);
-		if (!srv->net.rejected_logged_ms ||
-		    now - srv->net.rejected_logged_ms >= 1000) {
-			mts_log(MTS_LOG_WARN,
-			        "max_connections reached; new connections are "
-			        "closed at once",
-			        "max_connections=%u tcp=%d rejected=%llu",
-			        srv->net.max_conns, tcp,
-			        (unsigned long long)srv->net.rejected_unlogged);
-			srv->net.rejected_logged_ms = now;
-			srv->net.rejected_unlogged = 0;
-		}
-		conn_close(c);
+		conn_refuse_over_max(c);
 		return;
 	}
 	c->last_ms = uv_now(srv->loop);
-	if (!tcp) {
-		uv_os_fd_t fd;
-		if (uv_fileno((uv_handle_t *)&c->h.stream, &fd) == 0) {
-			struct ucred cred;
-			socklen_t len = sizeof(cred);
-			c->peer.fd = fd;
-			if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred,
-			               &len) == 0 &&
-			    cred.pid > 0) {
-				c->peer.has_cred = true;
-				c->peer.pid = (uint32_t)cred.pid;
-				c->peer.uid = (uint32_t)cred.uid;
-				c->peer.gid = (uint32_t)cred.gid;
-			}
-		}
-	}
+	if (!tcp)
+		conn_peer_cred(c);
 	if (!uid_admit(c))
 		return;
-	if (tcp) {
-		struct sockaddr_storage ss;
-		int len = sizeof(ss);
-		char host[64] = "?";
-		if (uv_tcp_getpeername(&c->h.tcp, (struct sockaddr *)&ss,
-		                       &len) == 0) {
-			if (ss.ss_family == AF_INET6)
-				uv_ip6_name((struct sockaddr_in6 *)&ss, host,
-				            sizeof(host));
-			else
-				uv_ip4_name((struct sockaddr_in *)&ss, host,
-				            sizeof(host));
-		}
-		uv_tcp_nodelay(&c->h.tcp, 1);
-		mts_log(MTS_LOG_DEBUG, "tcp connection accepted", "peer=%s",
-		        host);
-	} else {
+	if (tcp)
+		conn_tcp_setup(c);
+	else
 		mts_log(MTS_LOG_DEBUG, "connection accepted",
 		        "peer_pid=%u uid=%u", c->peer.pid, c->peer.uid);
-	}
 	resume_reading(c);
 }
 
