@@ -944,21 +944,10 @@ static void log_denial(const struct mts_registry *reg,
 	        peer->pid, peer->uid, peer->tcp);
 }
 
-/* Link a granted reservation of req->bytes into the registry (index, heap,
- * task, group, per-uid count) and count it. Nothing is changed when it
- * fails (-ENOMEM). */
-static int resv_grant(struct mts_registry *reg, const struct mts_peer *peer,
-                      const char *group, const char *task,
-                      const struct mts_admit_req *req,
-                      struct mts_admit_out *out)
+/* Room for one more reservation in the arrays and the id index, so that
+ * nothing fails once a reservation is linked. 0 or -ENOMEM. */
+static int resv_make_room(struct mts_registry *reg)
 {
-	const struct mts_policy *pol = &reg->policy;
-	char qg[MTS_LOGQ_MAX], qt[MTS_LOGQ_MAX];
-	bool owned;
-	uint32_t key = peer_key(peer, &owned);
-	uint64_t fm = out->measured;
-	/* Make room first: nothing below may fail once the reservation is
-	 * linked. */
 	if (reg->adm.nresv == reg->adm.resv_cap) {
 		uint32_t cap = reg->adm.resv_cap ? reg->adm.resv_cap * 2 : 16;
 		struct mts_resv **a = realloc(reg->adm.resv, cap * sizeof(*a));
@@ -971,7 +960,68 @@ static int resv_grant(struct mts_registry *reg, const struct mts_peer *peer,
 		reg->adm.resv_heap = a;
 		reg->adm.resv_cap = cap;
 	}
-	if (ids_reserve(reg) < 0)
+	return ids_reserve(reg) < 0 ? -ENOMEM : 0;
+}
+
+/* `r` joins its task's reservations (oldest first), and is taken over at
+ * once if a worker of the task already runs (latest tick; the next tick
+ * looks again either way). -ENOMEM: nothing changed. */
+static int resv_join_task(struct mts_registry *reg, struct mts_resv *r,
+                          const char *task, bool owned)
+{
+	r->task = task_get(reg, task);
+	if (!r->task || (owned && share_ref(r->task, r->uid) < 0)) {
+		if (r->task && !r->task->resv)
+			task_drop(reg, r->task);
+		r->task = NULL;
+		return -ENOMEM;
+	}
+	struct mts_resv **pp = &r->task->resv;
+	while (*pp)
+		pp = &(*pp)->tnext;
+	*pp = r;
+	r->taken_over = r->task->seen && resv_matched_live(r->task, r);
+	r->task->dirty = true;
+	return 0;
+}
+
+/* Make `r` (of group gi) live for `ttl` seconds: indexed, in the expiry
+ * heap unless a worker took it over, and counted. Cannot fail. */
+static void resv_link(struct mts_registry *reg, struct mts_resv *r, uint32_t gi,
+                      uint64_t bytes, uint32_t ttl)
+{
+	r->group = gi;
+	reg->groups[gi].reservations++;
+	r->bytes = bytes;
+	r->effective = 0; /* counts nothing until counted below */
+	r->ttl_s = ttl;
+	r->created_ns = mts_now_realtime();
+	r->expires_ns = mts_now_monotonic() + (uint64_t)ttl * 1000000000u;
+	r->index = reg->adm.nresv;
+	reg->adm.resv[reg->adm.nresv++] = r;
+	reg->totals.reservations = reg->adm.nresv;
+	ids_put(reg->adm.resv_ids, reg->adm.resv_ids_mask, r);
+	if (!r->taken_over)
+		heap_add(reg, r);
+	if (r->task)
+		task_recount(reg, r->task);
+	else
+		resv_count(reg, r, r->bytes);
+}
+
+/* Link a granted reservation of req->bytes into the registry (index, heap,
+ * task, group, per-uid count) and count it. Nothing is changed when it
+ * fails (-ENOMEM). */
+static int resv_grant(struct mts_registry *reg, const struct mts_peer *peer,
+                      const char *group, const char *task,
+                      const struct mts_admit_req *req,
+                      struct mts_admit_out *out)
+{
+	const struct mts_policy *pol = &reg->policy;
+	char qg[MTS_LOGQ_MAX], qt[MTS_LOGQ_MAX];
+	bool owned;
+	uint32_t key = peer_key(peer, &owned);
+	if (resv_make_room(reg) < 0)
 		return -ENOMEM;
 	struct mts_resv *r = calloc(1, sizeof(*r));
 	if (!r)
@@ -994,46 +1044,16 @@ static int resv_grant(struct mts_registry *reg, const struct mts_peer *peer,
 	}
 	r->has_owner = owned;
 	r->uid = peer->uid;
-	if (task[0]) {
-		r->task = task_get(reg, task);
-		if (!r->task || (owned && share_ref(r->task, r->uid) < 0)) {
-			if (r->task && !r->task->resv)
-				task_drop(reg, r->task);
-			mts_uid_count_sub(&reg->adm.resv_uids, key);
-			mts_group_gc(reg, gi);
-			free(r);
-			return -ENOMEM;
-		}
-		/* Oldest first: append. */
-		struct mts_resv **pp = &r->task->resv;
-		while (*pp)
-			pp = &(*pp)->tnext;
-		*pp = r;
-		/* Taken over at once if a worker of its own already runs
-		 * (latest tick); the next tick looks again either way. */
-		r->taken_over = r->task->seen && resv_matched_live(r->task, r);
-		r->task->dirty = true;
+	if (task[0] && resv_join_task(reg, r, task, owned) < 0) {
+		mts_uid_count_sub(&reg->adm.resv_uids, key);
+		mts_group_gc(reg, gi);
+		free(r);
+		return -ENOMEM;
 	}
 	uint32_t ttl = req->ttl_s ? req->ttl_s : pol->default_ttl_s;
 	if (ttl > pol->max_ttl_s)
 		ttl = pol->max_ttl_s;
-	r->group = gi;
-	reg->groups[gi].reservations++;
-	r->bytes = req->bytes;
-	r->effective = 0; /* counts nothing until counted below */
-	r->ttl_s = ttl;
-	r->created_ns = mts_now_realtime();
-	r->expires_ns = mts_now_monotonic() + (uint64_t)ttl * 1000000000u;
-	r->index = reg->adm.nresv;
-	reg->adm.resv[reg->adm.nresv++] = r;
-	reg->totals.reservations = reg->adm.nresv;
-	ids_put(reg->adm.resv_ids, reg->adm.resv_ids_mask, r);
-	if (!r->taken_over)
-		heap_add(reg, r);
-	if (r->task)
-		task_recount(reg, r->task);
-	else
-		resv_count(reg, r, r->bytes);
+	resv_link(reg, r, gi, req->bytes, ttl);
 
 	reg->stats.admissions++;
 	out->ttl_s = ttl;
@@ -1044,7 +1064,7 @@ static int resv_grant(struct mts_registry *reg, const struct mts_peer *peer,
 	        "measure=%s peer_pid=%u uid=%u",
 	        r->id, (unsigned long long)r->bytes,
 	        mts_logq(qg, sizeof(qg), group), mts_logq(qt, sizeof(qt), task),
-	        ttl, (unsigned long long)fm,
+	        ttl, (unsigned long long)out->measured,
 	        (unsigned long long)reg->totals.reserved,
 	        (unsigned long long)reg->totals.limit,
 	        mts_measure_name(pol->measure), peer->pid, peer->uid);
