@@ -630,6 +630,10 @@ static int attach(void)
 	mt_add_relaxeds64(&s->overflow,
 			  mt_exchange_relaxeds64(&mtc.pending, 0));
 	mtc_mapped_resync();
+	/* The new slot has no sample of the allocator's free memory: take
+	 * one at the next flush, not after the old slot's spacing. */
+	mt_store_relaxed64(&mtc.free_min_ns, 0);
+	mt_store_relaxed64(&mtc.free_next_ns, 0);
 	mtc_debug("attached: slot %u threshold %llu", rep.slot,
 		  (unsigned long long)rep.threshold);
 	return 0;
@@ -671,7 +675,25 @@ __attribute__((weak)) void mtc_front_sample(void)
  * spell, would otherwise leave the figure at what it was before the
  * burst for as long as the process stays quiet.
  */
-bool mtc_free_due(void)
+/* When this thread last looked at how far the heap moved: at most every
+ * MTC_FREE_CHECK_NS, since summing the lanes reads lines other threads
+ * write. */
+static __thread uint64_t free_checked_ns MTC_TLS;
+
+static int64_t free_enough(int64_t last)
+{
+	return last / 8 > MTC_FREE_MOVED ? last / 8 : MTC_FREE_MOVED;
+}
+
+static uint64_t thread_cpu_ns(void)
+{
+	struct timespec ts;
+	if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0)
+		return 0;
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+bool mtc_free_due(struct mtc_free_sample *fs)
 {
 	const struct mtc_attachment *a = cur_att();
 	if (!a || mtc.free_off)
@@ -680,12 +702,13 @@ bool mtc_free_due(void)
 	if (now < mt_load_relaxed64(&mtc.free_min_ns))
 		return false;
 	if (now < mt_load_relaxed64(&mtc.free_next_ns)) {
+		if (now - free_checked_ns < MTC_FREE_CHECK_NS)
+			return false;
+		free_checked_ns = now;
 		int64_t last = mt_load_relaxeds64(&mtc.free_heap);
 		int64_t heap = slot_total(a);
 		int64_t moved = heap > last ? heap - last : last - heap;
-		int64_t enough =
-		    last / 8 > MTC_FREE_MOVED ? last / 8 : MTC_FREE_MOVED;
-		if (moved < enough)
+		if (moved < free_enough(last))
 			return false;
 	}
 	uint32_t zero = 0;
@@ -694,34 +717,58 @@ bool mtc_free_due(void)
 		return false;
 	/* Until this sample is stored, nobody else starts one. */
 	mt_store_relaxed64(&mtc.free_min_ns, UINT64_MAX);
+	fs->cpu_ns = thread_cpu_ns();
+	fs->heap_before = slot_total(a);
 	return true;
 }
 
-void mtc_free_publish(uint64_t held, uint64_t started_ns)
+void mtc_free_publish(const struct mtc_free_sample *fs, uint64_t held)
 {
 	const struct mtc_attachment *a = cur_att();
+	bool again = false;
 	if (a) {
-		int64_t heap = slot_total(a);
+		/* The heap before and after the allocator was asked: a block
+		 * another thread freed meanwhile may be out of the heap and
+		 * still in `held`, or the other way round; the larger heap
+		 * errs low, never counting memory given back. */
+		int64_t after = slot_total(a);
+		int64_t heap =
+		    after > fs->heap_before ? after : fs->heap_before;
 		int64_t hs = heap < 0 ? 0 : heap;
 		int64_t f =
 		    held > (uint64_t)hs ? (int64_t)(held - (uint64_t)hs) : 0;
 		if (f > MTSHM_ABSURD_BYTES)
 			f = MTSHM_ABSURD_BYTES;
 		/* One writer at a time: free_turn. */
-		mtshm_free_store(a->slot, f, heap);
-		mt_store_relaxeds64(&mtc.free_heap, heap);
+		mtshm_free_store(a->slot, f, after);
+		mt_store_relaxeds64(&mtc.free_heap, after);
+		int64_t moved = after > fs->heap_before
+		                    ? after - fs->heap_before
+		                    : fs->heap_before - after;
+		again = moved >= free_enough(fs->heap_before);
 	}
-	/* However the heap moves, the next sample waits 200 times what this
-	 * one took, and 1000 times when it took over a millisecond: sampling
-	 * never takes more than 0.5% of the process's time, and a walk long
+	/*
+	 * However the heap moves, the next sample waits 200 times the CPU
+	 * time this one took, and 1000 times above a millisecond: sampling
+	 * never takes more than 0.5% of the thread's time, and a walk long
 	 * enough to be felt (the allocator holds its arena's lock while it
 	 * walks: 17 ms for 262,144 free blocks here) comes at most once in
-	 * 1000 times its length. */
+	 * 1000 times its length; never more than MTC_FREE_SPACE_MAX_NS, so a
+	 * figure is never stale for long. CPU time, not wall time: a thread
+	 * descheduled or stopped meanwhile did not cost the process anything.
+	 * A heap that moved much while the allocator was asked is sampled
+	 * again at the next flush.
+	 */
 	uint64_t now = mt_mono_ns();
-	uint64_t took = now > started_ns ? now - started_ns : 0;
+	uint64_t cpu = thread_cpu_ns();
+	uint64_t took = cpu > fs->cpu_ns ? cpu - fs->cpu_ns : 0;
 	uint64_t space = took * (took > 1000000u ? 1000u : 200u);
+	if (space > MTC_FREE_SPACE_MAX_NS)
+		space = MTC_FREE_SPACE_MAX_NS;
+	if (again)
+		space = 0;
 	mt_store_relaxed64(&mtc.free_next_ns,
-	                   now + (space > MTC_FREE_INTERVAL_NS
+	                   now + (space > MTC_FREE_INTERVAL_NS || again
 	                              ? space
 	                              : MTC_FREE_INTERVAL_NS));
 	mt_store_relaxed64(&mtc.free_min_ns, now + space);
@@ -1009,8 +1056,11 @@ int memtally_flush(void)
 	if (!mtc_init())
 		return MEMTALLY_EDISABLED;
 	mtc_front_flush();
-	if (!cur_slot())
+	if (!cur_slot()) {
 		maybe_attach(1);
+		if (cur_slot())
+			mtc_front_sample(); /* the new slot's first sample */
+	}
 	return cur_slot() ? 0 : MEMTALLY_ENOTATTACHED;
 }
 

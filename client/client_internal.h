@@ -138,19 +138,24 @@ void mtc_mapped_resync(void);
  * program freed, resident but not given back. The glibc front end samples
  * it (mtc_front_sample(), after a flush: account.c calls it) every
  * MTC_FREE_INTERVAL_NS, and sooner when the heap moved by MTC_FREE_MOVED
- * or an eighth (attach.c says why): mtc_free_due() says whether a sample is due
- * and, when it returns true, gives the calling thread the turn, which
- * mtc_free_publish() gives back after storing `held` (the bytes the
- * allocator holds from the system for the heap, in use or free) less the
- * slot's heap bytes into lane 0, with the heap bytes it was measured
- * against. `started_ns`: mt_mono_ns() before the allocator was asked, to
- * space out dear samples.
+ * or an eighth (looked at every MTC_FREE_CHECK_NS at most; attach.c says
+ * why): mtc_free_due() says whether a sample is due and, when it returns
+ * true, gives the calling thread the turn and fills `fs`;
+ * mtc_free_publish() gives the turn back after storing `held` (the bytes
+ * the allocator holds from the system for the heap, in use or free) less
+ * the slot's heap bytes into lane 0.
  */
-#define MTC_FREE_INTERVAL_NS (100u * 1000000u)
-#define MTC_FREE_MOVED       (INT64_C(4) << 20)
+#define MTC_FREE_INTERVAL_NS  (100u * 1000000u)
+#define MTC_FREE_CHECK_NS     (10u * 1000000u)
+#define MTC_FREE_SPACE_MAX_NS (UINT64_C(2) * 1000000000u)
+#define MTC_FREE_MOVED        (INT64_C(4) << 20)
+struct mtc_free_sample {
+	uint64_t cpu_ns;     /* the thread's CPU time when it began */
+	int64_t heap_before; /* the slot's heap bytes then */
+};
 void mtc_front_sample(void);
-bool mtc_free_due(void);
-void mtc_free_publish(uint64_t held, uint64_t started_ns);
+bool mtc_free_due(struct mtc_free_sample *fs);
+void mtc_free_publish(const struct mtc_free_sample *fs, uint64_t held);
 
 /*
  * The jemalloc front end (jemalloc_fe.c). `mallctl` is jemalloc's (linked

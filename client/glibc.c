@@ -33,7 +33,8 @@
  * the system (arena + hblkhd) and stores that less the process's heap
  * bytes (attach.c). mallinfo2() walks glibc's free lists under each
  * arena's lock, typically in a few microseconds; a slower walk spaces the
- * next sample out (never more than 0.5% of the time).
+ * next sample out (never more than 0.5% of the thread's CPU time, and at
+ * most 2 s).
  */
 #define _GNU_SOURCE
 #include "client_internal.h"
@@ -44,8 +45,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
-
-#include "mtcommon.h"
 
 #define GL_EXPORT __attribute__((visibility("default")))
 
@@ -190,11 +189,11 @@ void mtc_front_force_slow(void)
 /* After a flush: glibc's footprint, when a sample is due. */
 void mtc_front_sample(void)
 {
-	if (!mtc_free_due())
+	struct mtc_free_sample fs;
+	if (!mtc_free_due(&fs))
 		return;
-	uint64_t started = mt_mono_ns();
 	struct mallinfo2 mi = mallinfo2();
-	mtc_free_publish(mi.arena + mi.hblkhd, started);
+	mtc_free_publish(&fs, mi.arena + mi.hblkhd);
 }
 
 /* A program that calls memtally_init() (written for a linked

@@ -24,8 +24,9 @@
  * commit pieces of it with mprotect (V8, .NET) or with mmap(MAP_FIXED)
  * (HotSpot: that is an mmap like any other). Such a mapping made through
  * this mmap is kept in a second table, `r`; an mprotect that makes part of
- * it writable counts that part, and one that takes write access away
- * uncounts it (V8 and .NET decommit that way). mprotect of any other
+ * it writable counts that part, and one that takes all access away
+ * (PROT_NONE) uncounts it (V8 and .NET decommit that way); read-only or
+ * read-execute changes nothing (a JIT's W^X flips). mprotect of any other
  * memory (a writable mapping made read-only, a guard page, code) changes
  * nothing: a mapping counted at mmap stays counted until it is unmapped.
  *
@@ -98,6 +99,11 @@ static int sys_munmap(void *a, size_t len)
 static int sys_mprotect(void *a, size_t len, int prot)
 {
 	return (int)syscall(SYS_mprotect, a, len, prot);
+}
+
+static int sys_pkey_mprotect(void *a, size_t len, int prot, int pkey)
+{
+	return (int)syscall(SYS_pkey_mprotect, a, len, prot, pkey);
 }
 
 static void *sys_mremap(void *old, size_t old_len, size_t new_len, int flags,
@@ -338,6 +344,38 @@ MM_EXPORT int munmap(void *addr, size_t len)
 	return r;
 }
 
+/* The pieces of one table inside a range that mremap moves. Beyond
+ * MM_MOVE_PIECES pieces the rest is not carried (it is uncounted). */
+#define MM_MOVE_PIECES 64
+struct move {
+	struct mtc_range v[MM_MOVE_PIECES];
+	size_t n;
+};
+
+static void move_take(const struct mtc_maptable *t, uintptr_t lo, uintptr_t hi,
+                      struct move *m)
+{
+	m->n = mtc_maptable_pieces(t, lo, hi, m->v, MM_MOVE_PIECES);
+}
+
+/* Put the pieces taken from [lo, hi) at [nlo, nhi): shifted, clipped to
+ * the new length, and a grown mapping's new pages in the state of the
+ * last old page (the kernel extends the last mapping). */
+static void move_put(struct mtc_maptable *t, const struct move *m, uintptr_t lo,
+                     uintptr_t hi, uintptr_t nlo, uintptr_t nhi)
+{
+	for (size_t i = 0; i < m->n; i++) {
+		uintptr_t a = m->v[i].lo - lo + nlo;
+		uintptr_t b = m->v[i].hi - lo + nlo;
+		if (a >= nhi)
+			break;
+		mtc_maptable_add(t, a, b < nhi ? b : nhi);
+	}
+	uintptr_t old_end = nlo + (hi - lo);
+	if (nhi > old_end && m->n && m->v[m->n - 1].hi == hi)
+		mtc_maptable_add(t, old_end, nhi);
+}
+
 MM_EXPORT void *mremap(void *old, size_t old_len, size_t new_len, int flags,
                        ...)
 {
@@ -356,41 +394,39 @@ MM_EXPORT void *mremap(void *old, size_t old_len, size_t new_len, int flags,
 		return sys_mremap(old, old_len, new_len, flags, new_addr);
 	uint64_t before = mm.t.total;
 	uintptr_t hi = page_up(lo + old_len);
-	/* The kernel moves one mapping: counted or not, it stays so, and a
-	 * reservation stays one. */
-	int was = mtc_maptable_counted(&mm.t, lo, hi) != 0;
-	int was_r = mtc_maptable_counted(&mm.r, lo, hi) != 0;
-	struct mtc_range back[16], rback[16];
-	size_t nback = 0, nrback = 0;
+	/* What moves keeps its state page by page: the counted pieces and the
+	 * reservation's pieces of [lo, hi) (a committed reservation is both;
+	 * the kernel moves several mappings at once since Linux 6.17). */
+	struct move mt = {0}, mr = {0};
+	move_take(&mm.t, lo, hi, &mt);
+	move_take(&mm.r, lo, hi, &mr);
 	int keep_old = flags & MREMAP_DONTUNMAP;
-	if (was && !keep_old)
-		mtc_maptable_remove(&mm.t, lo, hi, back, 16, &nback);
-	if (was_r && !keep_old)
-		mtc_maptable_remove(&mm.r, lo, hi, rback, 16, &nrback);
+	if (!keep_old) {
+		mtc_maptable_remove(&mm.t, lo, hi, NULL, 0, NULL);
+		mtc_maptable_remove(&mm.r, lo, hi, NULL, 0, NULL);
+	}
 	void *p = sys_mremap(old, old_len, new_len, flags, new_addr);
 	int e = errno;
 	if (p == MAP_FAILED) {
-		for (size_t i = 0; i < nback; i++)
-			mtc_maptable_add(&mm.t, back[i].lo, back[i].hi);
-		for (size_t i = 0; i < nrback; i++)
-			mtc_maptable_add(&mm.r, rback[i].lo, rback[i].hi);
+		if (!keep_old) { /* nothing moved: put them back */
+			move_put(&mm.t, &mt, lo, lo, hi, hi);
+			move_put(&mm.r, &mr, lo, lo, hi, hi);
+		}
 	} else {
 		uintptr_t nlo = (uintptr_t)p, nhi = page_up(nlo + new_len);
 		/* MREMAP_FIXED replaced whatever was at the target. */
 		mtc_maptable_remove(&mm.t, nlo, nhi, NULL, 0, NULL);
 		mtc_maptable_remove(&mm.r, nlo, nhi, NULL, 0, NULL);
-		if (was)
-			mtc_maptable_add(&mm.t, nlo, nhi);
-		else if (was_r)
-			mtc_maptable_add(&mm.r, nlo, nhi);
+		move_put(&mm.t, &mt, lo, hi, nlo, nhi);
+		move_put(&mm.r, &mr, lo, hi, nlo, nhi);
 	}
 	leave(before);
 	errno = e;
 	return p;
 }
 
-/* Count the parts of [lo, hi) that are reservations (when they became
- * writable), or uncount them (when they no longer are). */
+/* Count the parts of [lo, hi) that are reservations (made writable), or
+ * uncount them (made inaccessible: decommitted). */
 static void reservation_protect(uintptr_t lo, uintptr_t hi, int writable)
 {
 	struct mtc_range piece[16];
@@ -410,15 +446,33 @@ static void reservation_protect(uintptr_t lo, uintptr_t hi, int writable)
 	} while (n == 16);
 }
 
-MM_EXPORT int mprotect(void *addr, size_t len, int prot)
+/*
+ * Write access given counts a reservation's pages; all access taken away
+ * (PROT_NONE: how V8 and .NET decommit) uncounts them. Read-only or
+ * read-execute leaves them as they are: a JIT flipping its pages between
+ * read-write and read-execute (W^X) still holds them, and so does a
+ * runtime's read-only space. A call that fails is taken as having changed
+ * nothing (Linux may have changed a prefix before an ENOMEM; the next
+ * mprotect or munmap of those pages corrects the figure).
+ */
+static int kernel_mprotect(void *addr, size_t len, int prot, int use_pkey,
+                           int pkey)
+{
+	return use_pkey ? sys_pkey_mprotect(addr, len, prot, pkey)
+	                : sys_mprotect(addr, len, prot);
+}
+
+static int do_mprotect(void *addr, size_t len, int prot, int use_pkey, int pkey,
+                       const void *ret)
 {
 	uintptr_t lo = (uintptr_t)addr;
-	/* No reservation made: nothing mprotect could count. */
-	if (__atomic_load_n(&mm.r.n, __ATOMIC_RELAXED) == 0 || !len ||
-	    (lo & (mm.page - 1)) || !enter(__builtin_return_address(0)))
-		return sys_mprotect(addr, len, prot);
+	int counts = (prot & PROT_WRITE) || prot == PROT_NONE;
+	/* No reservation made, or no change that counts: straight through. */
+	if (__atomic_load_n(&mm.r.n, __ATOMIC_RELAXED) == 0 || !counts ||
+	    !len || (lo & (mm.page - 1)) || !enter(ret))
+		return kernel_mprotect(addr, len, prot, use_pkey, pkey);
 	uint64_t before = mm.t.total;
-	int r = sys_mprotect(addr, len, prot);
+	int r = kernel_mprotect(addr, len, prot, use_pkey, pkey);
 	int e = errno;
 	if (r == 0)
 		reservation_protect(lo, page_up(lo + len),
@@ -426,4 +480,16 @@ MM_EXPORT int mprotect(void *addr, size_t len, int prot)
 	leave(before);
 	errno = e;
 	return r;
+}
+
+MM_EXPORT int mprotect(void *addr, size_t len, int prot)
+{
+	return do_mprotect(addr, len, prot, 0, 0, __builtin_return_address(0));
+}
+
+/* The same with a memory protection key (V8 may use them for its code). */
+MM_EXPORT int pkey_mprotect(void *addr, size_t len, int prot, int pkey)
+{
+	return do_mprotect(addr, len, prot, 1, pkey,
+	                   __builtin_return_address(0));
 }

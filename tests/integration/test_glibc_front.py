@@ -218,6 +218,53 @@ def test_free_memory_glibc_keeps_is_counted():
             w.close()
 
 
+def test_free_memory_sampled_again_in_a_new_slot():
+    """A server restarted without adoption (--reset) gives a worker a new
+    slot, whose free-memory words are empty: the worker samples at its
+    first flush there, not after the old slot's spacing."""
+    first = Server()
+    second = None
+    w = Worker([worker("mt_frag"), "64", "4096"],
+               first.env(LD_PRELOAD=GLIBC_LIB))
+    try:
+        check(w.readline().startswith("ready"), "worker ready")
+        w.send("frag")
+        check(w.readline() == "fragmented", "fragmented")
+
+        def sampled():
+            w.send("report")
+            check(w.readline().startswith("report"), "report")
+            p = first.ps().get(w.pid)
+            return p if p and p["allocator_free"] >= 24 * MIB else None
+        before = wait_for("free memory counted", sampled)
+        first.kill9()
+        second = Server("--reset", after=first)
+
+        def registered_again():
+            w.send("churn")
+            check(w.readline() == "churned", "churned")
+            return second.ps().get(w.pid)
+        # The worker notices the old server is gone (its tick counter
+        # stopped) only when it flushes: keep it busy until it registers.
+        wait_for("registered with the new server", registered_again,
+                 timeout=30, interval=0.2)
+        # One more flush in the new slot is enough: no waiting out the
+        # old slot's spacing (up to 2 s).
+        t0 = second.status()["ticks"]
+        w.send("churn")
+        check(w.readline() == "churned", "churned")
+        wait_for("two ticks", lambda: second.status()["ticks"] >= t0 + 2)
+        p = second.ps()[w.pid]
+        print(f"  old slot {before['allocator_free'] / MIB:.1f} MiB free, "
+              f"new slot {p['allocator_free'] / MIB:.1f} MiB after one "
+              f"flush", flush=True)
+        check(p["allocator_free"] >= 24 * MIB,
+              f"sampled in the new slot at once: {p}")
+    finally:
+        w.close()
+        (second or first).stop()
+
+
 def switched(lib, allocator):
     """Start mt_glibc (2 threads, 3 points) with LD_PRELOAD=lib and
     MEMTALLY_ALLOCATOR=allocator; return its ready line, its maps and its
@@ -325,5 +372,6 @@ if __name__ == "__main__":
     run([test_counted_as_glibc_counts, test_thread_caches_are_the_only_gap,
          test_gigabyte_through_glibc,
          test_free_memory_glibc_keeps_is_counted,
+         test_free_memory_sampled_again_in_a_new_slot,
          test_allocator_variable_switches_the_front_end,
          test_python_defaults_to_glibc])

@@ -9,7 +9,9 @@
  *   "report inuse=U held=H walk_us=W"
  * with mallinfo2()'s in-use bytes (uordblks + hblkhd), what glibc holds
  * from the system (arena + hblkhd) and how long that mallinfo2() took.
- * "frag" and "free" answer "fragmented" and "freed" when done. First it
+ * "frag" and "free" answer "fragmented" and "freed" when done; "churn"
+ * allocates and frees 128 KiB 200 times (activity that flushes, and so
+ * notices a server that went away) and answers "churned". First it
  * prints "ready pid=P".
  * usage: mt_frag MIB [BLOCK]
  */
@@ -63,6 +65,13 @@ int main(int argc, char **argv)
 				blocks[i] = NULL;
 			}
 			mt_say("freed");
+		} else if (strcmp(cmd, "churn") == 0) {
+			for (int i = 0; i < 200; i++) {
+				void *volatile x = malloc(128u << 10);
+				mt_touch(x, 128u << 10);
+				free(x);
+			}
+			mt_say("churned");
 		} else if (strcmp(cmd, "report") == 0) {
 			report();
 		}

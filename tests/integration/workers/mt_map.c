@@ -13,6 +13,12 @@
  *   "commit_fixed O N"   mmap(MAP_FIXED) read-write over them, touch
  *                        (HotSpot)
  *   "uncommit_fixed O N" mmap(MAP_FIXED | MAP_NORESERVE) PROT_NONE over them
+ *   "protect O N P"  mprotect MiB [O, O+N) of the reservation to P: "rx"
+ *                  (read-execute), "ro" (read-only), "none"
+ *   "pkey_commit O N"  as commit, through pkey_mprotect (key -1)
+ *   "move_resv"    mremap the whole reservation elsewhere (MREMAP_MAYMOVE
+ *                  | MREMAP_FIXED to a fresh address): "ok moved", or
+ *                  "ok unmoved" where the kernel cannot move it
  *   "unreserve"    munmap the reservation
  *   "protect_ro"   mprotect the region read-only (stays counted)
  *   "unmap"        munmap the region (what is left of it)
@@ -87,6 +93,7 @@ int main(void)
 	mt_say("ready pid=%d", (int)getpid());
 	const char *cmd;
 	unsigned long n, t;
+	char what[16];
 	while ((cmd = mt_wait()) && strcmp(cmd, "exit") != 0) {
 		mt_flush(); /* stdio's buffers, now allocated */
 		if (sscanf(cmd, "map %lu", &n) == 1) {
@@ -155,6 +162,38 @@ int main(void)
 			               -1, 0);
 			mt_say("%s uncommitted",
 			       p != MAP_FAILED ? "ok" : "error");
+		} else if (sscanf(cmd, "protect %lu %lu %15s", &t, &n, what) ==
+		           3) {
+			int prot = strcmp(what, "rx") == 0
+			               ? PROT_READ | PROT_EXEC
+			           : strcmp(what, "ro") == 0 ? PROT_READ
+			                                     : PROT_NONE;
+			int r = mprotect(resv + t * MIB, n * MIB, prot);
+			mt_say("%s protected", r == 0 ? "ok" : "error");
+		} else if (sscanf(cmd, "pkey_commit %lu %lu", &t, &n) == 2) {
+			int r = pkey_mprotect(resv + t * MIB, n * MIB,
+			                      PROT_READ | PROT_WRITE, -1);
+			if (r == 0)
+				mt_touch(resv + t * MIB, n * MIB);
+			mt_say("%s committed", r == 0 ? "ok" : "error");
+		} else if (strcmp(cmd, "move_resv") == 0) {
+			/* A fresh place to move to, then MREMAP_FIXED. */
+			void *to = mmap(
+			    NULL, resv_len, PROT_NONE,
+			    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+			void *p =
+			    to == MAP_FAILED
+			        ? MAP_FAILED
+			        : mremap(resv, resv_len, resv_len,
+			                 MREMAP_MAYMOVE | MREMAP_FIXED, to);
+			/* Before Linux 6.17 the kernel moves one mapping at a
+			 * time, and a reservation with commits is several:
+			 * EFAULT, nothing moved, the figure as it was. */
+			if (p != MAP_FAILED)
+				resv = p;
+			else if (to != MAP_FAILED)
+				munmap(to, resv_len);
+			mt_say("ok %s", p != MAP_FAILED ? "moved" : "unmoved");
 		} else if (strcmp(cmd, "unreserve") == 0) {
 			int r = munmap(resv, resv_len);
 			resv_len = 0;
