@@ -14,7 +14,12 @@ a program counted under its own glibc malloc.
   (glibc.malloc.tcache_count=0); a second run with the cache on shows the
   gap stays within what the caches can hold.
 - The same worker's 1 GiB of malloc/free under glibc ends within its error
-  bar (glibc's own mmaps are never counted as mapped).
+  bar (glibc's own mmaps are never counted as mapped), and no more than
+  the process holds (no ghost of the gigabyte as glibc's free memory).
+- The free memory glibc keeps (allocator_free): a heap freed into holes
+  is counted at what glibc holds, equal to its RSS growth; it falls at
+  once when everything is freed; a worker moved to a new slot (a server
+  restarted with --reset) samples again at its next flush.
 - MEMTALLY_ALLOCATOR names the front end whichever library was preloaded:
   =glibc under libmemtally_preload.so runs the program under the glibc
   front end (same pid, same arguments), =jemalloc under
