@@ -63,6 +63,15 @@ def wait_for(what, pred, timeout=20.0, interval=0.02):
         time.sleep(interval)
 
 
+def rss_anon(pid):
+    """pid's anonymous resident bytes (RssAnon of /proc/PID/status)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError(f"no RssAnon for {pid}")
+
+
 def settled_bytes(s, pid, ticks=5):
     """pid's figure once it has stopped moving: the same before and after
     `ticks` server ticks. A worker that says "ready" has flushed, but the

@@ -28,7 +28,7 @@ a program counted under its own glibc malloc.
 import os
 
 from harness import MIB, PRELOAD, Server, Worker, check, run, wait_for
-from harness import worker
+from harness import rss_anon, worker
 
 GLIBC_LIB = os.path.join(os.path.dirname(PRELOAD), "libmemtally_glibc.so")
 THREADS = 4
@@ -140,14 +140,6 @@ def test_gigabyte_through_glibc():
                   f"no ghost of the freed gigabyte: {after}, RssAnon {anon}")
         finally:
             w.close()
-
-
-def rss_anon(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError(f"no RssAnon for {pid}")
 
 
 def test_free_memory_glibc_keeps_is_counted():

@@ -12,7 +12,8 @@ without it this test is skipped with the reason, never passed.
 """
 import shutil
 
-from harness import MIB, Server, Worker, check, run, wait_for, Skip
+from harness import (MIB, Server, Skip, Worker, check, rss_anon, run,
+                     wait_for)
 
 SCRIPT = r"""
 const fs = require("fs");
@@ -43,16 +44,7 @@ console.log("base " + anon());
 
 
 def figure(s, pid):
-    p = s.ps().get(pid)
-    return p if p else None
-
-
-def rss_anon(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError(f"no RssAnon for {pid}")
+    return s.ps().get(pid)
 
 
 def test_v8_heap_counted():

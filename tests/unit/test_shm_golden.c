@@ -16,6 +16,7 @@
  * only under ASan: a read past the end is a SIGSEGV and the test fails.
  */
 #define _GNU_SOURCE
+#include "golden_image.h"
 #include "mtshm.h"
 
 #include <criterion/criterion.h>
@@ -39,21 +40,10 @@ enum {
 static unsigned char golden[G_HSIZE];
 static unsigned char gtable[G_TSIZE];
 
-static void load(const char *path, unsigned char *buf, size_t want)
-{
-	FILE *f = fopen(path, "rb");
-	cr_assert_not_null(f, "cannot open %s", path);
-	size_t n = fread(buf, 1, want, f);
-	int extra = fgetc(f);
-	fclose(f);
-	cr_assert_eq(n, want, "%s: %zu bytes, want %zu", path, n, want);
-	cr_assert_eq(extra, EOF, "%s: longer than %zu bytes", path, want);
-}
-
 static void load_golden(void)
 {
-	load(HEADER_PATH, golden, G_HSIZE);
-	load(TABLE_PATH, gtable, G_TSIZE);
+	golden_load(HEADER_PATH, golden, G_HSIZE);
+	golden_load(TABLE_PATH, gtable, G_TSIZE);
 }
 
 TestSuite(golden, .init = load_golden);
@@ -94,16 +84,8 @@ static void expect_code(int got, int want, const char *what)
 	             mtshm_strerror(got), want, mtshm_strerror(want));
 }
 
-/* Little-endian reads and writes at a byte offset, independent of any
- * struct. */
-static uint64_t le(const unsigned char *p, size_t off, int width)
-{
-	uint64_t v = 0;
-	for (int i = width - 1; i >= 0; i--)
-		v = v << 8 | p[off + (size_t)i];
-	return v;
-}
-
+/* Little-endian writes at a byte offset, independent of any struct (the
+ * reads: golden_le). */
 static void put(unsigned char *p, size_t off, int width, uint64_t v)
 {
 	for (int i = 0; i < width; i++, v >>= 8)
@@ -196,7 +178,7 @@ Test(golden, header_byte_for_byte)
 		             golden[off], want[off]);
 	/* Reserved words are zero: reserved0 (14..15), reserved1 (80..127),
 	 * the fleet's spares (128+76..255) and reserved2 (256..4095). */
-	cr_expect_eq(le(golden, 14, 2), 0, "reserved0");
+	cr_expect_eq(golden_le(golden, 14, 2), 0, "reserved0");
 	for (size_t off = 80; off < 128; off++)
 		cr_expect_eq(golden[off], 0, "reserved1 byte %zu", off);
 	for (size_t off = 128 + 76; off < 4096; off++)
@@ -304,7 +286,8 @@ Test(golden, struct_offsets_match_the_diagram)
 	cr_expect_eq(offsetof(struct mtshm_slot_id, group), 44);
 	cr_expect_eq(offsetof(struct mtshm_slot_id, lanes_used), 52);
 	cr_expect_eq(offsetof(struct mtshm_lane, owner), 0);
-	cr_expect_eq(MTSHM_MAGIC, le((const unsigned char *)"MEMTALLY", 0, 8));
+	cr_expect_eq(MTSHM_MAGIC,
+	             golden_le((const unsigned char *)"MEMTALLY", 0, 8));
 }
 
 Test(golden, header_fields)

@@ -14,6 +14,7 @@
  * are checked at the 1.x offsets so that they stay what they were.
  */
 #define _GNU_SOURCE
+#include "golden_image.h"
 #include "mtshm.h"
 
 #include <criterion/criterion.h>
@@ -41,14 +42,6 @@ static unsigned char *load(const char *path, size_t want)
 	return img;
 }
 
-static uint64_t le(const unsigned char *p, size_t off, int width)
-{
-	uint64_t v = 0;
-	for (int i = width - 1; i >= 0; i--)
-		v = v << 8 | p[off + (size_t)i];
-	return v;
-}
-
 static void expect_code(int got, int want, const char *what)
 {
 	cr_expect_eq(got, want, "%s: got %d (%s), want %d (%s)", what, got,
@@ -60,17 +53,18 @@ static void check_v1_bytes(const unsigned char *g, uint64_t minor,
                            uint64_t size)
 {
 	cr_assert_eq(memcmp(g, "MEMTALLY", 8), 0, "magic bytes at 0");
-	cr_expect_eq(le(g, 8, 2), 1, "version_major at 8");
-	cr_expect_eq(le(g, 10, 2), minor, "version_minor at 10");
-	cr_expect_eq(le(g, 12, 2), 0, "compat_minor at 12");
-	cr_expect_eq(le(g, 16, 4), 4096, "header_size at 16");
-	cr_expect_eq(le(g, 20, 4), 4096, "slot_offset at 20 (1.x)");
-	cr_expect_eq(le(g, 24, 4), 512, "slot_stride at 24");
-	cr_expect_eq(le(g, 28, 4), 4, "slot_count at 28");
-	cr_expect_eq(le(g, 32, 4), 4, "lane_count at 32");
-	cr_expect_eq(le(g, 40, 8), size, "segment_size at 40 (1.x)");
-	cr_expect_eq(le(g, 128 + 8, 8), 754996, "fleet.bytes");
-	cr_expect_eq(le(g, 4096 + 0, 4), 1234, "slot 0 pid, after the header");
+	cr_expect_eq(golden_le(g, 8, 2), 1, "version_major at 8");
+	cr_expect_eq(golden_le(g, 10, 2), minor, "version_minor at 10");
+	cr_expect_eq(golden_le(g, 12, 2), 0, "compat_minor at 12");
+	cr_expect_eq(golden_le(g, 16, 4), 4096, "header_size at 16");
+	cr_expect_eq(golden_le(g, 20, 4), 4096, "slot_offset at 20 (1.x)");
+	cr_expect_eq(golden_le(g, 24, 4), 512, "slot_stride at 24");
+	cr_expect_eq(golden_le(g, 28, 4), 4, "slot_count at 28");
+	cr_expect_eq(golden_le(g, 32, 4), 4, "lane_count at 32");
+	cr_expect_eq(golden_le(g, 40, 8), size, "segment_size at 40 (1.x)");
+	cr_expect_eq(golden_le(g, 128 + 8, 8), 754996, "fleet.bytes");
+	cr_expect_eq(golden_le(g, 4096 + 0, 4), 1234,
+	             "slot 0 pid, after the header");
 }
 
 /* Everything a 2.0 reader does with a header, on image `img`. */
@@ -121,8 +115,8 @@ Test(golden_v1, v11_bytes_unchanged)
 {
 	unsigned char *img = load(GOLDEN11, SIZE11);
 	check_v1_bytes(img, 1, SIZE11);
-	cr_expect_eq(le(img, 80, 4), 6144, "names_offset at 80 (1.1)");
-	cr_expect_eq(le(img, 84, 4), 256, "names_stride at 84 (1.1)");
+	cr_expect_eq(golden_le(img, 80, 4), 6144, "names_offset at 80 (1.1)");
+	cr_expect_eq(golden_le(img, 84, 4), 256, "names_stride at 84 (1.1)");
 	cr_expect_eq(memcmp(img + 6144 + 16, "etl", 4), 0, "slot 0 group");
 	free(img);
 }

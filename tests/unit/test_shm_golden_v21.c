@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "golden_image.h"
 #include "mtshm.h"
 
 #define G_HSIZE 4096u
@@ -27,10 +28,7 @@ static void load(const char *name, unsigned char *buf, size_t size)
 {
 	char path[512];
 	snprintf(path, sizeof(path), "%s/%s", MEMTALLY_GOLDEN_DIR, name);
-	FILE *f = fopen(path, "rb");
-	cr_assert(f, "open %s", path);
-	cr_assert_eq(fread(buf, 1, size, f), size, "%s: short", path);
-	fclose(f);
+	golden_load(path, buf, size);
 }
 
 static void load_all(void)
@@ -43,19 +41,12 @@ static void load_all(void)
 
 TestSuite(golden21, .init = load_all);
 
-static uint64_t le(const unsigned char *b, size_t off, size_t n)
-{
-	uint64_t v = 0;
-	for (size_t i = 0; i < n; i++)
-		v |= (uint64_t)b[off + i] << (8 * i);
-	return v;
-}
-
 /* 2.0's acceptance rule, as a 2.0 build applies it. */
 static int reader20_accepts(const unsigned char *h)
 {
-	return le(h, 0, 8) == UINT64_C(0x594c4c41544d454d) &&
-	       le(h, 8, 2) == 2 && le(h, 12, 2) <= 0 && le(h, 16, 4) == 4096;
+	return golden_le(h, 0, 8) == UINT64_C(0x594c4c41544d454d) &&
+	       golden_le(h, 8, 2) == 2 && golden_le(h, 12, 2) <= 0 &&
+	       golden_le(h, 16, 4) == 4096;
 }
 
 /* 2.0's slot sum: lanes [0, lanes_used) at 128k + 64 + 8, plus overflow at
@@ -63,23 +54,25 @@ static int reader20_accepts(const unsigned char *h)
 static int64_t reader20_sum(const unsigned char *t, uint32_t i)
 {
 	size_t s = (size_t)i * 512;
-	uint64_t used = le(t, s + 52, 4);
+	uint64_t used = golden_le(t, s + 52, 4);
 	if (used > 4)
 		used = 4;
-	uint64_t sum = le(t, s + 56, 8);
+	uint64_t sum = golden_le(t, s + 56, 8);
 	for (uint64_t k = 0; k < used; k++)
-		sum += le(t, s + 128 * k + 64 + 8, 8);
+		sum += golden_le(t, s + 128 * k + 64 + 8, 8);
 	return (int64_t)sum;
 }
 
 Test(golden21, header_is_2_0_plus_the_new_words)
 {
-	cr_expect_eq(le(h21, 10, 2), 1, "version_minor");
-	cr_expect_eq(le(h21, 12, 2), 0, "compat_minor: 2.0 readers accepted");
-	cr_expect_eq(le(h21, 128 + 80, 8), 3 * 1048576 + 4096, "fleet.mapped");
-	cr_expect_eq(le(h21, 128 + 8, 8), le(h20, 128 + 8, 8) + 3 * 1048576 +
-						  4096,
-		     "fleet bytes include mapped");
+	cr_expect_eq(golden_le(h21, 10, 2), 1, "version_minor");
+	cr_expect_eq(golden_le(h21, 12, 2), 0,
+	             "compat_minor: 2.0 readers accepted");
+	cr_expect_eq(golden_le(h21, 128 + 80, 8), 3 * 1048576 + 4096,
+	             "fleet.mapped");
+	cr_expect_eq(golden_le(h21, 128 + 8, 8),
+	             golden_le(h20, 128 + 8, 8) + 3 * 1048576 + 4096,
+	             "fleet bytes include mapped");
 	for (size_t off = 0; off < G_HSIZE; off++) {
 		if (off == 10 || (off >= 136 && off < 144) ||
 		    (off >= 208 && off < 216))
@@ -91,8 +84,8 @@ Test(golden21, header_is_2_0_plus_the_new_words)
 
 Test(golden21, table_is_2_0_plus_lane_0_mapped)
 {
-	cr_expect_eq(le(t21, 64 + 24, 8), 3 * 1048576, "slot 0 mapped");
-	cr_expect_eq(le(t21, 1024 + 64 + 24, 8), 4096, "slot 2 mapped");
+	cr_expect_eq(golden_le(t21, 64 + 24, 8), 3 * 1048576, "slot 0 mapped");
+	cr_expect_eq(golden_le(t21, 1024 + 64 + 24, 8), 4096, "slot 2 mapped");
 	for (size_t off = 0; off < G_TSIZE; off++) {
 		if ((off >= 88 && off < 96) || (off >= 1112 && off < 1120))
 			continue;

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "golden_image.h"
 #include "mtshm.h"
 
 #define G_HSIZE 4096u
@@ -28,10 +29,7 @@ static void load(const char *name, unsigned char *buf, size_t size)
 {
 	char path[512];
 	snprintf(path, sizeof(path), "%s/%s", MEMTALLY_GOLDEN_DIR, name);
-	FILE *f = fopen(path, "rb");
-	cr_assert(f, "open %s", path);
-	cr_assert_eq(fread(buf, 1, size, f), size, "%s: short", path);
-	fclose(f);
+	golden_load(path, buf, size);
 }
 
 static void load_all(void)
@@ -44,19 +42,12 @@ static void load_all(void)
 
 TestSuite(golden22, .init = load_all);
 
-static uint64_t le(const unsigned char *b, size_t off, size_t n)
-{
-	uint64_t v = 0;
-	for (size_t i = 0; i < n; i++)
-		v |= (uint64_t)b[off + i] << (8 * i);
-	return v;
-}
-
 /* 2.1's acceptance rule, as a 2.1 build applies it. */
 static int reader21_accepts(const unsigned char *h)
 {
-	return le(h, 0, 8) == UINT64_C(0x594c4c41544d454d) &&
-	       le(h, 8, 2) == 2 && le(h, 12, 2) <= 1 && le(h, 16, 4) == 4096;
+	return golden_le(h, 0, 8) == UINT64_C(0x594c4c41544d454d) &&
+	       golden_le(h, 8, 2) == 2 && golden_le(h, 12, 2) <= 1 &&
+	       golden_le(h, 16, 4) == 4096;
 }
 
 /* 2.1's process total: lanes [0, lanes_used) at 128k + 64 + 8, overflow
@@ -65,21 +56,24 @@ static int reader21_accepts(const unsigned char *h)
 static int64_t reader21_total(const unsigned char *t, uint32_t i)
 {
 	size_t s = (size_t)i * 512;
-	uint64_t used = le(t, s + 52, 4);
+	uint64_t used = golden_le(t, s + 52, 4);
 	if (used > 4)
 		used = 4;
-	uint64_t sum = le(t, s + 56, 8);
+	uint64_t sum = golden_le(t, s + 56, 8);
 	for (uint64_t k = 0; k < used; k++)
-		sum += le(t, s + 128 * k + 64 + 8, 8);
-	return (int64_t)(sum + le(t, s + 64 + 24, 8));
+		sum += golden_le(t, s + 128 * k + 64 + 8, 8);
+	return (int64_t)(sum + golden_le(t, s + 64 + 24, 8));
 }
 
 Test(golden22, header_is_2_1_plus_the_new_words)
 {
-	cr_expect_eq(le(h22, 10, 2), 2, "version_minor");
-	cr_expect_eq(le(h22, 12, 2), 0, "compat_minor: 2.0 readers accepted");
-	cr_expect_eq(le(h22, 128 + 88, 8), G_FREE, "fleet.allocator_free");
-	cr_expect_eq(le(h22, 128 + 8, 8), le(h21, 128 + 8, 8) + G_FREE,
+	cr_expect_eq(golden_le(h22, 10, 2), 2, "version_minor");
+	cr_expect_eq(golden_le(h22, 12, 2), 0,
+	             "compat_minor: 2.0 readers accepted");
+	cr_expect_eq(golden_le(h22, 128 + 88, 8), G_FREE,
+	             "fleet.allocator_free");
+	cr_expect_eq(golden_le(h22, 128 + 8, 8),
+	             golden_le(h21, 128 + 8, 8) + G_FREE,
 	             "fleet bytes include the free bytes");
 	for (size_t off = 0; off < G_HSIZE; off++) {
 		if (off == 10 || (off >= 136 && off < 144) ||
@@ -92,9 +86,9 @@ Test(golden22, header_is_2_1_plus_the_new_words)
 
 Test(golden22, table_is_2_1_plus_lane_0_free_words)
 {
-	cr_expect_eq(le(t22, 64 + 32, 8), 4, "slot 0 free_seq");
-	cr_expect_eq(le(t22, 64 + 40, 8), G_FREE, "slot 0 free_bytes");
-	cr_expect_eq(le(t22, 64 + 48, 8), 754096, "slot 0 free_heap");
+	cr_expect_eq(golden_le(t22, 64 + 32, 8), 4, "slot 0 free_seq");
+	cr_expect_eq(golden_le(t22, 64 + 40, 8), G_FREE, "slot 0 free_bytes");
+	cr_expect_eq(golden_le(t22, 64 + 48, 8), 754096, "slot 0 free_heap");
 	for (size_t off = 0; off < G_TSIZE; off++) {
 		if (off >= 96 && off < 120)
 			continue;
