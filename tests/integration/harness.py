@@ -277,6 +277,35 @@ def check(cond, msg):
 NOBODY, NOGROUP = 65534, 65534
 
 
+SECOND_USER = "memtally-test2"
+
+
+def second_user():
+    """(uid, gid) of a second unprivileged user, created on first use.
+
+    Trust is per uid: a test of what one user may do to another needs two
+    users that are neither root nor each other, and nobody is only one.
+    Raises Skip when the user can neither be found nor made (not root, no
+    useradd)."""
+    import pwd
+    import shutil
+    try:
+        pw = pwd.getpwnam(SECOND_USER)
+        return pw.pw_uid, pw.pw_gid
+    except KeyError:
+        pass
+    if os.geteuid() != 0 or not shutil.which("useradd"):
+        raise Skip(f"no user {SECOND_USER} and cannot create one "
+                   "(needs root and useradd)")
+    r = subprocess.run(["useradd", "--system", "--no-create-home",
+                        "--shell", "/usr/sbin/nologin", "--user-group",
+                        SECOND_USER], capture_output=True, text=True)
+    if r.returncode not in (0, 9):  # 9: made meanwhile by a parallel test
+        raise Skip(f"useradd {SECOND_USER} failed: {r.stderr.strip()}")
+    pw = pwd.getpwnam(SECOND_USER)
+    return pw.pw_uid, pw.pw_gid
+
+
 def config_file(text):
     """A memtallyd config file holding `text`, in a fresh directory."""
     d = tempfile.mkdtemp(prefix="mt-it-cfg-")
