@@ -332,18 +332,20 @@ static void print_processes(const struct memtally_process *p, size_t n,
 	}
 	printf("%7s  ", "PID");
 	put_clean("GROUP", gw);
-	printf("  %10s  %10s  %10s  %10s  %10s  %10s  %-5s  %8s  %7s  ",
-	       "BYTES", "MAPPED", "ALLOC FREE", "RSS", "PEAK", "LIMIT", "STATE",
-	       "TO LIMIT", "THREADS");
+	printf("  %10s  %10s  %10s  %10s  %10s  %10s  %10s  %-5s  %8s  %7s  ",
+	       "BYTES", "MAPPED", "ALLOC FREE", "UNVOUCHED", "RSS", "PEAK",
+	       "LIMIT", "STATE", "TO LIMIT", "THREADS");
 	put_clean("FLAGS", fw);
 	printf("  COMM\n");
 	for (size_t i = 0; i < n; i++) {
-		char b[16], m[16], af[16], r[16], pk[16], l[16], eta[16];
+		char b[16], m[16], af[16], uv[16], r[16], pk[16], l[16],
+		    eta[16];
 		printf("%7" PRIu32 "  ", p[i].pid);
 		put_clean(p[i].group, gw);
-		printf("  %10s  %10s  %10s  %10s  %10s  %10s  %-5s  ",
+		printf("  %10s  %10s  %10s  %10s  %10s  %10s  %10s  %-5s  ",
 		       fmt_size(b, p[i].bytes), fmt_size(m, p[i].mapped),
-		       fmt_size(af, p[i].allocator_free), fmt_size(r, p[i].rss),
+		       fmt_size(af, p[i].allocator_free),
+		       fmt_size(uv, p[i].unvouched), fmt_size(r, p[i].rss),
 		       fmt_size(pk, p[i].peak), fmt_limit(l, p[i].limit),
 		       memtally_state_name(p[i].state));
 		put_right(fmt_eta(eta, p[i].seconds_to_limit), 8);
@@ -386,7 +388,7 @@ static void print_status(const struct memtally_usage *u,
                          const struct memtally_process *p, size_t n)
 {
 	char b[16], e[16], pk[16], l[16], r[16], rss[16], pl[16], hw[16],
-	    mp[16], af[16];
+	    mp[16], af[16], uv[16];
 	printf("fleet       %s ± %s  (peak %s)\n", fmt_size(b, u->bytes),
 	       fmt_size(e, u->error_bytes), fmt_size(pk, u->peak));
 	printf("mapped      %s  (of which: memory the workers mapped "
@@ -395,6 +397,10 @@ static void print_status(const struct memtally_usage *u,
 	printf("alloc free  %s  (of which: memory the workers' allocators keep "
 	       "free for them)\n",
 	       fmt_size(af, u->allocator_free));
+	if (u->unvouched)
+		printf("unvouched   %s  (claimed by workers of untrusted users "
+		       "beyond what the kernel vouches for: not counted)\n",
+		       fmt_size(uv, u->unvouched));
 	printf("rss         %s\n", fmt_size(rss, u->rss));
 	printf("limit       %s", fmt_limit(l, u->limit));
 	if (u->limit && u->high_watermark)
@@ -513,7 +519,7 @@ static json_t *json_status(const struct memtally_usage *u)
 		/* clang-format off */
 		json_t *jg = json_pack(
 			"{s:o, s:I, s:I, s:o, s:s, s:I, s:I, s:I, s:I, s:I,"
-			" s:o, s:o, s:o, s:I, s:I}",
+			" s:o, s:o, s:o, s:I, s:I, s:I}",
 			"name", jstr(g->name),
 			"bytes", jint(g->bytes),
 			"peak", jint(g->peak),
@@ -528,14 +534,15 @@ static json_t *json_status(const struct memtally_usage *u)
 			"growth_bytes_per_s", jrate(g->growth),
 			"seconds_to_limit", jforecast(g->seconds_to_limit),
 			"mapped", jint(g->mapped),
-			"allocator_free", jint(g->allocator_free));
+			"allocator_free", jint(g->allocator_free),
+			"unvouched", jint(g->unvouched));
 		/* clang-format on */
 		if (json_array_append_new(groups, jg) < 0)
 			goto fail_put_groups;
 	}
 	/* clang-format off */
 	return json_pack("{s:{s:I, s:I, s:o, s:I, s:s, s:I, s:I, s:I, s:o, "
-			 "s:o, s:o, s:o, s:I, s:I}, s:o, s:I, s:I, s:o, s:I, s:I, s:I, "
+			 "s:o, s:o, s:o, s:I, s:I, s:I}, s:o, s:I, s:I, s:o, s:I, s:I, s:I, "
 			 "s:I, s:o, s:o}",
 		"fleet",
 			"bytes", jint(u->bytes),
@@ -552,6 +559,7 @@ static json_t *json_status(const struct memtally_usage *u)
 			"seconds_to_limit", jforecast(u->seconds_to_limit),
 			"mapped", jint(u->mapped),
 			"allocator_free", jint(u->allocator_free),
+			"unvouched", jint(u->unvouched),
 		"process_limit", jlimit(u->process_limit),
 		"processes", (json_int_t)u->processes,
 		"unregistered", (json_int_t)u->unregistered,
@@ -575,7 +583,7 @@ static json_t *json_process(const struct memtally_process *p)
 	/* clang-format off */
 	return json_pack(
 		"{s:I, s:o, s:I, s:I, s:o, s:b, s:I, s:o, s:b, s:I, s:I, s:I,"
-		" s:s, s:o, s:o, s:o, s:I, s:I}",
+		" s:s, s:o, s:o, s:o, s:I, s:I, s:I}",
 		"pid", (json_int_t)p->pid,
 		"group", jstr(p->group),
 		"bytes", jint(p->bytes),
@@ -593,7 +601,8 @@ static json_t *json_process(const struct memtally_process *p)
 		"growth_bytes_per_s", jrate(p->growth),
 		"seconds_to_limit", jforecast(p->seconds_to_limit),
 		"mapped", jint(p->mapped),
-		"allocator_free", jint(p->allocator_free));
+		"allocator_free", jint(p->allocator_free),
+		"unvouched", jint(p->unvouched));
 	/* clang-format on */
 }
 

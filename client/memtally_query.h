@@ -102,9 +102,12 @@ struct memtally_group_usage {
 	uint64_t allocator_free; /* part of `bytes`: memory the workers'
 	                          * allocators keep free for them (0: not
 	                          * reported) */
+	uint64_t unvouched; /* claimed by members of untrusted uids beyond
+	                     * what the kernel vouches for: left out of
+	                     * `bytes` (see memtally_usage) */
 	/* Zero. Elements of an array (memtally_usage.groups) cannot grow
 	 * without changing the array's stride: later fields take these. */
-	uint64_t reserved_words[3];
+	uint64_t reserved_words[2];
 };
 
 /* Fleet figures, and the groups they break down into. */
@@ -144,6 +147,12 @@ struct memtally_usage {
 	                          * but not given back (glibc's freed chunks);
 	                          * heap = bytes - mapped - allocator_free (0:
 	                          * not reported) */
+	uint64_t unvouched; /* what workers of uids the server does not
+	                     * trust claim beyond what the kernel vouches
+	                     * for (resident and swapped anonymous memory,
+	                     * plus a bounded allowance): left out of `bytes`,
+	                     * of the state and of admission for other users
+	                     * (0: none, or not reported) */
 };
 
 /* One registered worker process. */
@@ -172,9 +181,12 @@ struct memtally_process {
 	double seconds_to_limit;   /* to its own limit; 0 = no forecast */
 	uint64_t mapped;           /* part of `bytes` (see memtally_usage) */
 	uint64_t allocator_free;   /* part of `bytes` (see memtally_usage) */
+	uint64_t unvouched;        /* the part of `bytes` the kernel does not
+	                            * vouch for: not added to its group or the
+	                            * fleet (see memtally_usage) */
 	/* Zero. Elements of an array (memtally_query_processes(),
 	 * memtally_admit_result.top): later fields take these words. */
-	uint64_t reserved_words[3];
+	uint64_t reserved_words[2];
 };
 
 /*

@@ -744,6 +744,7 @@ usage_from_pb(const Memtally__V1__Usage *u,
 	    .forecast_horizon_ms = u->forecast_horizon_ms,
 	    .mapped = u->mapped_bytes,
 	    .allocator_free = u->allocator_free_bytes,
+	    .unvouched = u->unvouched_bytes,
 	    .n_groups = n,
 	    .groups = n ? (struct memtally_group_usage *)(r + 1) : NULL,
 	};
@@ -767,6 +768,7 @@ usage_from_pb(const Memtally__V1__Usage *u,
 		    .seconds_to_limit = forecast_or_0(g->seconds_to_limit),
 		    .mapped = g->mapped_bytes,
 		    .allocator_free = g->allocator_free_bytes,
+		    .unvouched = g->unvouched_bytes,
 		};
 	}
 	return r;
@@ -813,6 +815,7 @@ static void processes_fill(struct memtally_process *r, char **pool,
 		    .seconds_to_limit = forecast_or_0(p->seconds_to_limit),
 		    .mapped = p->mapped_bytes,
 		    .allocator_free = p->allocator_free_bytes,
+		    .unvouched = p->unvouched_bytes,
 		};
 	}
 }

@@ -60,6 +60,7 @@
 #include "mts_log.h"
 #include "mts_policy.h"
 #include "mts_registry.h"
+#include "mts_vouch.h"
 
 /* struct mts_task_share entries of a task (see "ownership" below). */
 #define SHARE_ADMINS 0u
@@ -854,7 +855,11 @@ void mts_admit_decide(const struct mts_registry *reg,
 	const struct mts_totals *t = &reg->totals;
 	memset(out, 0, sizeof(*out));
 	out->requested = bytes;
-	uint64_t fm = mts_measured(reg, t->bytes, t->rss);
+	/* The fleet's figure counts other uids as far as the kernel vouches
+	 * for them; the asking uid's own claims count in full (vouch.c). */
+	uint64_t own = peer->has_cred ? mts_vouch_unvouched_of(reg, peer->uid)
+	                              : 0;
+	uint64_t fm = mts_measured(reg, mt_sat_add(t->bytes, own), t->rss);
 	snprintf(out->scope, sizeof(out->scope), "fleet");
 	out->measured = fm;
 	out->reserved = t->reserved;
@@ -900,7 +905,13 @@ void mts_admit_decide(const struct mts_registry *reg,
 		return;
 	}
 	if (g && g->limit) {
-		uint64_t gm = mts_measured(reg, g->bytes, g->rss);
+		/* Likewise a group: its unvouched bytes count when they are
+		 * the asking uid's alone. */
+		uint64_t gb = g->bytes;
+		if (peer->has_cred && g->unvouched &&
+		    g->unvouched_uid == peer->uid)
+			gb = mt_sat_add(gb, g->unvouched);
+		uint64_t gm = mts_measured(reg, gb, g->rss);
 		if (mt_sat_add(mt_sat_add(gm, g->reserved), bytes) > g->limit) {
 			char what[MTS_NAME_MAX + 16];
 			out->reason = MTS_DENY_GROUP_LIMIT;

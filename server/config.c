@@ -96,6 +96,8 @@ void mts_policy_defaults(struct mts_policy *p)
 	p->max_resv_per_uid = MTS_DEFAULT_MAX_RESV_PER_UID;
 	p->growth_window_ms = MTS_DEFAULT_GROWTH_WINDOW_MS;
 	p->forecast_horizon_ms = 0; /* off: only the watermark makes `high` */
+	p->untouched_allowance = MTS_DEFAULT_UNTOUCHED_ALLOWANCE;
+	p->untouched_ms = MTS_DEFAULT_UNTOUCHED_MS;
 }
 
 void mts_policy_free(struct mts_policy *p)
@@ -894,6 +896,50 @@ static int key_admission(struct load *l, const char *sec, const char *key,
 }
 
 /*
+ * [trust]: trusted_uids (a list of user names or numbers, separated by
+ * commas or blanks; replaces the list), untouched_allowance (a size, per
+ * uid), untouched_time (a duration). See vouch.c.
+ */
+static int key_trust(struct load *l, const char *sec, const char *key,
+                     const char *v)
+{
+	struct mts_policy *p = &l->s.policy;
+	uint64_t n;
+	if (strcmp(key, "untouched_allowance") == 0) {
+		if (mt_parse_size(v, &n) < 0)
+			return fail(l, sec, key,
+			            "expected a size like 256MiB, or 0; got '%s'",
+			            v);
+		p->untouched_allowance = n;
+		return 0;
+	}
+	if (strcmp(key, "untouched_time") == 0) {
+		if (parse_duration_ms(v, MTS_UNTOUCHED_MAX_MS, &n) < 0)
+			return fail(l, sec, key,
+			            "expected a duration up to 1h, e.g. 10s, "
+			            "got '%s'",
+			            v);
+		p->untouched_ms = (uint32_t)n;
+		return 0;
+	}
+	/* trusted_uids */
+	char buf[LINE_MAX_CHARS + 1];
+	snprintf(buf, sizeof(buf), "%s", v);
+	p->ntrusted = 0;
+	for (char *save = NULL, *t = strtok_r(buf, ", \t", &save); t;
+	     t = strtok_r(NULL, ", \t", &save)) {
+		uint32_t uid;
+		if (lookup_uid(t, &uid) < 0)
+			return fail(l, sec, key, "no such user '%s'", t);
+		if (p->ntrusted == MTS_TRUSTED_UIDS_MAX)
+			return fail(l, sec, key, "at most %u users",
+			            MTS_TRUSTED_UIDS_MAX);
+		p->trusted_uids[p->ntrusted++] = uid;
+	}
+	return 0;
+}
+
+/*
  * [hooks]: on_ok, on_high, on_over (a shell command line, run with
  * /bin/sh -c; empty = none), timeout (a duration), node (MEMTALLY_NODE).
  * A command is one line of at most LINE_MAX_CHARS with its key: a longer
@@ -924,6 +970,16 @@ static int key_hooks(struct load *l, const char *sec, const char *key,
 			    "30s, got '%s'",
 			    v);
 		h->timeout_ms = (uint32_t)n;
+		return 0;
+	}
+	if (strcmp(key, "min_interval") == 0) {
+		uint64_t n;
+		if (parse_duration_ms(v, MTS_HOOK_TIMEOUT_MAX_MS, &n) < 0)
+			return fail(l, sec, key,
+			            "expected a duration up to 1h, e.g. 1s, "
+			            "or 0; got '%s'",
+			            v);
+		h->min_interval_ms = (uint32_t)n;
 		return 0;
 	}
 	if (strcmp(key, "node") == 0) {
@@ -991,6 +1047,10 @@ static const struct {
     {"hooks", "on_over", key_hooks},
     {"hooks", "timeout", key_hooks},
     {"hooks", "node", key_hooks},
+    {"hooks", "min_interval", key_hooks},
+    {"trust", "trusted_uids", key_trust},
+    {"trust", "untouched_allowance", key_trust},
+    {"trust", "untouched_time", key_trust},
 };
 
 bool mts_config_key_known(const char *section, const char *key)
@@ -1317,6 +1377,7 @@ int mts_settings_load(struct mts_settings *out, const char *path,
 	l.s.cfg.max_buffered = MTS_DEFAULT_MAX_BUFFERED;
 	l.s.cfg.max_conns_per_uid = MTS_DEFAULT_MAX_CONNS_PER_UID;
 	l.s.cfg.idle_timeout_ms = MTS_DEFAULT_IDLE_MS;
+	l.s.hooks.min_interval_ms = MTS_HOOK_DEFAULT_MIN_INTERVAL_MS;
 	if (set_str(&l.s.owned[OWNED_SOCKET], MTS_DEFAULT_SOCKET) < 0 ||
 	    set_str(&l.s.owned[OWNED_SEGMENT], MTS_DEFAULT_SEGMENT) < 0) {
 		ret = -ENOMEM;

@@ -204,6 +204,7 @@ static void fill_process(const struct mts_registry *reg,
 	pi->flushes = proc_flushes(reg, p);
 	pi->mapped_bytes = p->mapped;
 	pi->allocator_free_bytes = p->allocator_free;
+	pi->unvouched_bytes = p->unvouched;
 	pi->task = p->task;
 	pi->start_time = p->start_time;
 	pi->comm = (char *)p->comm;
@@ -229,6 +230,7 @@ static void fill_group(const struct mts_registry *reg,
 	gu->bytes = g->bytes;
 	gu->mapped_bytes = g->mapped;
 	gu->allocator_free_bytes = g->allocator_free;
+	gu->unvouched_bytes = g->unvouched;
 	gu->peak = g->peak;
 	gu->processes = g->processes;
 	gu->error_bytes = g->error_bytes;
@@ -257,6 +259,7 @@ static int do_get_usage(struct mts_registry *reg, uint64_t id,
 	u.fleet_bytes = t->bytes;
 	u.mapped_bytes = t->mapped;
 	u.allocator_free_bytes = t->allocator_free;
+	u.unvouched_bytes = t->unvouched;
 	u.fleet_peak = t->peak;
 	u.fleet_limit = t->limit;
 	u.reserved_bytes = t->reserved;

@@ -36,6 +36,12 @@
  *    and that is logged. A hook is over when its shell has exited and its
  *    stderr is closed, or at the deadline: a background process that
  *    keeps stderr open is killed with the group then.
+ *  - At most one start per `[hooks] min_interval` per scope. A scope
+ *    whose next hook would start sooner waits (its latest state still
+ *    wins, so a figure flapping every few milliseconds costs one hook per
+ *    interval, not one per flap); the scope is remembered until its
+ *    interval has passed, so it cannot start afresh by being forgotten.
+ *    One timer serves every waiting scope.
  *  - Bounded in number: MTS_HOOKS_MAX_RUNNING at once in all, the others
  *    wait their turn (FIFO); a scope is tracked only while it has a hook
  *    running or waiting or is not `ok`, so the table holds the scopes
@@ -83,6 +89,8 @@ struct hook_scope {
 	char reason[96];
 	struct hook_run *run; /* running, or NULL */
 	bool queued;          /* waiting for a free place (MAX_RUNNING) */
+	bool started;         /* a hook was started: last_start_ms is set */
+	uint64_t last_start_ms; /* uv_now() of its latest hook's start */
 };
 
 struct hook_run {
@@ -116,12 +124,17 @@ struct mts_hooks {
 	uint32_t running;
 	uint32_t live_runs; /* runs not yet freed (their handles closing) */
 	bool stopping;
+	/* Wakes scopes held back by min_interval (see the top). Closed at
+	 * stop; the hooks are freed once it and every run are closed. */
+	uv_timer_t interval;
+	bool interval_closed;
 };
 
 int mts_hook_conf_copy(struct mts_hook_conf *dst,
                        const struct mts_hook_conf *src)
 {
-	struct mts_hook_conf c = {.timeout_ms = src->timeout_ms};
+	struct mts_hook_conf c = {.timeout_ms = src->timeout_ms,
+	                          .min_interval_ms = src->min_interval_ms};
 	for (int i = 0; i < 3; i++)
 		if (src->cmd[i] && !(c.cmd[i] = strdup(src->cmd[i])))
 			goto fail;
@@ -174,6 +187,8 @@ int mts_hooks_new(struct mts_hooks **out, uv_loop_t *loop,
 		return -ENOMEM;
 	}
 	set_conf(h, &c);
+	uv_timer_init(loop, &h->interval);
+	h->interval.data = h;
 	*out = h;
 	return 0;
 }
@@ -249,11 +264,38 @@ static struct hook_scope *scope_add(struct mts_hooks *h, const char *name,
 	return s;
 }
 
+/* Milliseconds before scope `s` may start its next hook; 0 = now. */
+static uint64_t interval_left(const struct mts_hooks *h,
+                              const struct hook_scope *s)
+{
+	uint64_t min = h->conf.min_interval_ms;
+	if (!min || !s->started)
+		return 0;
+	uint64_t since = uv_now(h->loop) - s->last_start_ms;
+	return since >= min ? 0 : min - since;
+}
+
+static void on_interval(uv_timer_t *t);
+
+/* Wake in `ms` (or sooner, if the timer is already due sooner). */
+static void interval_arm(struct mts_hooks *h, uint64_t ms)
+{
+	if (h->stopping)
+		return;
+	uint64_t due = uv_now(h->loop) + ms;
+	if (uv_is_active((uv_handle_t *)&h->interval) &&
+	    uv_timer_get_due_in(&h->interval) + uv_now(h->loop) <= due)
+		return;
+	uv_timer_start(&h->interval, on_interval, ms, 0);
+}
+
 /* Drop a scope with nothing left to do and nothing to remember. */
 static void scope_gc(struct mts_hooks *h, struct hook_scope *s)
 {
 	if (s->run || s->queued || s->pending || s->reported != MTSHM_STATE_OK)
 		return;
+	if (!h->stopping && interval_left(h, s) > 0)
+		return; /* the interval timer collects it */
 	for (struct hook_scope **p = &h->scopes; *p; p = &(*p)->next) {
 		if (*p == s) {
 			*p = s->next;
@@ -278,7 +320,15 @@ static void on_run_closed(uv_handle_t *handle)
 	if (r->pidfd >= 0)
 		close(r->pidfd);
 	free(r);
-	if (--h->live_runs == 0 && h->stopping)
+	if (--h->live_runs == 0 && h->stopping && h->interval_closed)
+		free_hooks(h);
+}
+
+static void on_interval_closed(uv_handle_t *handle)
+{
+	struct mts_hooks *h = handle->data;
+	h->interval_closed = true;
+	if (h->live_runs == 0)
 		free_hooks(h);
 }
 
@@ -636,12 +686,19 @@ static void maybe_start(struct mts_hooks *h, struct hook_scope *s)
 		scope_gc(h, s);
 		return;
 	}
+	uint64_t wait = interval_left(h, s);
+	if (wait > 0) {
+		interval_arm(h, wait); /* pending stays set */
+		return;
+	}
 	if (h->running >= MTS_HOOKS_MAX_RUNNING) {
 		s->queued = true;
 		return;
 	}
 	s->queued = false;
 	s->pending = false;
+	s->started = true;
+	s->last_start_ms = uv_now(h->loop);
 	if (spawn(h, s, cmd) == 0) {
 		s->reported = s->state;
 		return;
@@ -650,6 +707,27 @@ static void maybe_start(struct mts_hooks *h, struct hook_scope *s)
 	 * is not retried in a loop; the next change tries again. */
 	s->reported = s->state;
 	scope_gc(h, s);
+}
+
+/* Scopes whose interval has passed: start their hook if one is due,
+ * forget them if nothing is left; re-arm for the others. */
+static void on_interval(uv_timer_t *t)
+{
+	struct mts_hooks *h = t->data;
+	uint64_t next = 0;
+	for (struct hook_scope *s = h->scopes, *n; s; s = n) {
+		n = s->next; /* s may be freed */
+		uint64_t left = interval_left(h, s);
+		if (left > 0) {
+			if (!next || left < next)
+				next = left;
+			continue;
+		}
+		if (!s->run && !s->queued)
+			maybe_start(h, s); /* runs, or collects, it */
+	}
+	if (next)
+		interval_arm(h, next);
 }
 
 static void start_queued(struct mts_hooks *h)
@@ -723,6 +801,5 @@ void mts_hooks_stop(struct mts_hooks *h)
 		close_run(r);
 		h->running--;
 	}
-	if (h->live_runs == 0)
-		free_hooks(h);
+	uv_close((uv_handle_t *)&h->interval, on_interval_closed);
 }

@@ -51,6 +51,7 @@
 #include "mts_policy.h"
 #include "mts_rate.h"
 #include "mts_registry.h"
+#include "mts_vouch.h"
 #include "mtshm.h"
 
 /* value >= limit x bp / 10000, compared exactly (128-bit, no rounding:
@@ -328,6 +329,7 @@ int mts_limits_apply_policy(struct mts_registry *reg,
 	}
 	mts_policy_free(&reg->policy);
 	reg->policy = copy;
+	mts_vouch_refresh(reg); /* trusted_uids may have changed */
 
 	if (reg->totals.limit != copy.fleet_limit)
 		log_limit("limit applied", "fleet", reg->totals.limit,

@@ -394,6 +394,10 @@ static void render_fleet(struct out *o, const struct mts_registry *reg)
 	      "Part of the accounted bytes: memory the workers' allocators "
 	      "keep free for them (glibc's freed chunks).",
 	      t->allocator_free);
+	gauge(o, "memtally_fleet_unvouched_bytes",
+	      "Bytes claimed by workers of untrusted users beyond what the "
+	      "kernel vouches for; left out of the accounted bytes.",
+	      t->unvouched);
 	gauge(o, "memtally_fleet_error_bytes",
 	      "Error bar of the accounted bytes: threshold times live threads.",
 	      t->error_bytes);
@@ -447,6 +451,7 @@ enum gfield {
 	G_BYTES,
 	G_MAPPED,
 	G_AFREE,
+	G_UNVOUCHED,
 	G_ERROR,
 	G_PEAK,
 	G_RSS,
@@ -465,6 +470,8 @@ static uint64_t group_value(const struct mts_group *g, enum gfield f)
 		return g->mapped;
 	case G_AFREE:
 		return g->allocator_free;
+	case G_UNVOUCHED:
+		return g->unvouched;
 	case G_ERROR:
 		return g->error_bytes;
 	case G_PEAK:
@@ -564,6 +571,11 @@ static void render_groups(struct out *o, const struct mts_registry *reg,
 	             "Part of a group's accounted bytes: memory its workers' "
 	             "allocators keep free for them.",
 	             G_AFREE, false);
+	group_family(o, reg, gl, "memtally_group_unvouched_bytes",
+	             "Bytes a group's workers of untrusted users claim beyond "
+	             "what the kernel vouches for; left out of its accounted "
+	             "bytes.",
+	             G_UNVOUCHED, false);
 	group_family(o, reg, gl, "memtally_group_error_bytes",
 	             "Error bar of a group's accounted bytes.", G_ERROR, false);
 	group_family(o, reg, gl, "memtally_group_peak_bytes",
@@ -603,6 +615,7 @@ enum pfield {
 	P_BYTES,
 	P_MAPPED,
 	P_AFREE,
+	P_UNVOUCHED,
 	P_RSS,
 	P_LIMIT,
 	P_PEAK,
@@ -619,6 +632,8 @@ static uint64_t proc_value(const struct mts_proc *p, enum pfield f)
 		return p->mapped;
 	case P_AFREE:
 		return p->allocator_free;
+	case P_UNVOUCHED:
+		return p->unvouched;
 	case P_RSS:
 		return p->rss;
 	case P_LIMIT:
@@ -664,6 +679,11 @@ static void render_procs(struct out *o, const struct mts_registry *reg,
 	            "Part of a worker's accounted bytes: memory its allocator "
 	            "keeps free for it.",
 	            P_AFREE, false);
+	proc_family(o, reg, pl, "memtally_process_unvouched_bytes",
+	            "Part of a worker's accounted bytes the kernel does not "
+	            "vouch for (untrusted users only); not added to its group "
+	            "or the fleet.",
+	            P_UNVOUCHED, false);
 	proc_family(o, reg, pl, "memtally_process_rss_bytes",
 	            "Resident set of a worker, from /proc/PID/statm.", P_RSS,
 	            false);

@@ -16,6 +16,10 @@
 #define MTS_HOOK_DEFAULT_TIMEOUT_MS 30000u
 #define MTS_HOOK_TIMEOUT_MIN_MS     100u
 #define MTS_HOOK_TIMEOUT_MAX_MS     3600000u
+/* [hooks] min_interval: a scope's hooks start at least this far apart,
+ * so a figure flapping around a mark cannot drain and resume a node many
+ * times a second (the latest state still wins: see hooks.c). */
+#define MTS_HOOK_DEFAULT_MIN_INTERVAL_MS 1000u
 /* Hooks running at once over all scopes; more wait for one to end. */
 #define MTS_HOOKS_MAX_RUNNING 16u
 /* What is kept of a hook's stderr for the log. */
@@ -25,6 +29,7 @@
 struct mts_hook_conf {
 	char *cmd[3];        /* on_ok, on_high, on_over: by enum mtshm_state */
 	uint32_t timeout_ms; /* 0 = MTS_HOOK_DEFAULT_TIMEOUT_MS */
+	uint32_t min_interval_ms; /* 0 = none */
 	char *node;          /* MEMTALLY_NODE; NULL = the host name */
 };
 

@@ -48,6 +48,15 @@ struct mts_group_policy {
  * reservations, so that one peer holding many cannot use up MTS_RESV_MAX
  * for everyone. Admins are exempt (auth.c). */
 #define MTS_DEFAULT_MAX_RESV_PER_UID 1024u
+/* [trust]: what an untrusted uid's claims may exceed the kernel's figure
+ * of its processes by (memory allocated but not touched yet), and for how
+ * long an excess may stay before it is no longer vouched for. */
+#define MTS_DEFAULT_UNTOUCHED_ALLOWANCE (UINT64_C(256) << 20)
+#define MTS_DEFAULT_UNTOUCHED_MS        10000u
+#define MTS_UNTOUCHED_MAX_MS            3600000u
+/* [trust] trusted_uids: at most this many (root and the server's own uid
+ * are trusted besides, always). */
+#define MTS_TRUSTED_UIDS_MAX 64u
 
 /* Everything a SIGHUP reload may change. Strings are owned (malloc). */
 struct mts_policy {
@@ -72,6 +81,13 @@ struct mts_policy {
 	uint32_t growth_window_ms;    /* rate.c: the rate's window */
 	uint32_t forecast_horizon_ms; /* `high` when the limit is forecast
 	                                 within this; 0 = off */
+	/* [trust] (vouch.c): uids whose claims count in full toward
+	 * everyone (root and the server's uid always do), and the bounded,
+	 * time-limited allowance of every other uid. */
+	uint32_t trusted_uids[MTS_TRUSTED_UIDS_MAX];
+	uint32_t ntrusted;
+	uint64_t untouched_allowance;
+	uint32_t untouched_ms;
 };
 
 /* Defaults: no limits, 90% watermark, 5% hysteresis, accounted, ... */

@@ -18,6 +18,7 @@
 #include "mtshm.h"
 #include "mts_policy.h"
 #include "mts_rate.h"
+#include "mts_vouch.h"
 
 struct mts_resv;
 struct mts_task;
@@ -46,7 +47,9 @@ struct mts_proc {
 	uint32_t slot;
 	uint32_t group; /* index in reg->groups */
 	uint32_t threads;
-	uint16_t state; /* enum mtshm_state against `limit` */
+	uint8_t state;  /* enum mtshm_state against `limit` */
+	bool untrusted; /* its uid's claims count toward others only as far
+	                 * as the kernel vouches for them (vouch.c) */
 	bool corrupt;   /* sticky until the slot is reset */
 	bool has_free;  /* allocator_free was sampled: read it */
 	/* Growth rate (rate.c): one slice of processes per tick, never in
@@ -61,6 +64,13 @@ struct mts_proc {
 	 * the client's sample. Outside the hot line: only processes whose
 	 * front end samples it (has_free) touch it at a tick. */
 	uint64_t allocator_free;
+	/* vouch.c, untrusted processes only: the kernel's figure (resident
+	 * and swapped anonymous memory, read by the RSS sweep) and the part
+	 * of `bytes` it does not vouch for as of the latest tick. */
+	uint64_t kernel;
+	uint64_t kernel_ns; /* CLOCK_MONOTONIC of the read; 0 = none yet */
+	uint64_t claim_at_read; /* `bytes` when the read was applied */
+	uint64_t unvouched;
 	/* Cold: registration, exit, queries. */
 	uv_poll_t poll; /* on the pidfd; poll.data = this */
 	struct mts_registry *reg;
@@ -89,7 +99,10 @@ struct mts_proc {
 struct mts_group {
 	char *name; /* NULL: free entry */
 	uint32_t processes;
-	uint64_t bytes; /* latest tick, mapped and allocator_free included */
+	uint64_t bytes; /* latest tick, mapped and allocator_free included;
+	                 * of untrusted uids only what is vouched for */
+	uint64_t unvouched; /* claimed beyond `bytes` (vouch.c) */
+	uint32_t unvouched_uid; /* whose: a uid, or MTS_UID_MIXED */
 	uint64_t mapped;
 	uint64_t allocator_free;
 	uint64_t peak;
@@ -112,7 +125,9 @@ struct mts_group {
 
 /* Fleet figures as of the latest tick (or exit, which subtracts at once). */
 struct mts_totals {
-	uint64_t bytes; /* heap + mapped + allocator_free */
+	uint64_t bytes; /* heap + mapped + allocator_free; of untrusted uids
+	                 * only what the kernel vouches for (vouch.c) */
+	uint64_t unvouched; /* claimed beyond `bytes` */
 	uint64_t mapped;
 	uint64_t allocator_free;
 	uint64_t peak;
@@ -187,6 +202,7 @@ struct mts_table {
 	uint64_t idle_since_ns; /* CLOCK_MONOTONIC when procs fell to 0;
 	                           0 while in use */
 	struct mtshm_map map; /* fd kept: handed to the uid's workers */
+	struct mts_vouch_uid vouch; /* vouch.c */
 };
 
 struct mts_state;
@@ -195,6 +211,8 @@ struct mts_state;
  * connections per peer uid (conn.c). MTS_UID_TCP stands for every peer
  * without credentials (TCP): one bucket. */
 #define MTS_UID_TCP UINT32_MAX
+/* mts_group.unvouched_uid when more than one uid has unvouched bytes. */
+#define MTS_UID_MIXED (UINT32_MAX - 1)
 struct mts_uid_count {
 	uint32_t uid;
 	uint32_t count; /* 0: free entry */
@@ -281,6 +299,11 @@ struct mts_registry {
 	void (*on_event)(void *ctx, const struct mts_event *ev);
 	void *event_ctx;
 	struct mts_rss_sweep *rss_sweep; /* the sweep in flight, or NULL */
+	/* vouch.c: claims of untrusted processes ran ahead of their kernel
+	 * figures; an early sweep of those reads them again (at most every
+	 * MTS_VOUCH_SWEEP_MS). */
+	bool vouch_wanted;
+	uint64_t vouch_sweep_ns;
 	/* The last workers refused a slot, so that a worker's
 	 * retries are not counted again in totals.unregistered. */
 	struct {

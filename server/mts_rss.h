@@ -20,6 +20,9 @@ int mts_parse_statm_rss(const char *statm, uint64_t page_size, uint64_t *out);
  * thread, to the processes still registered with the same pid and start
  * time. */
 void mts_rss_sweep_start(struct mts_registry *reg);
+/* The same for only the untrusted processes whose claims ran ahead of
+ * their kernel figures (mts_vouch_want_read). */
+void mts_rss_sweep_vouch(struct mts_registry *reg);
 /* The same, synchronously on the calling (loop) thread. */
 void mts_rss_sweep_sync(struct mts_registry *reg);
 /* Set p->rss and keep its group's and the fleet's RSS sums in step. */

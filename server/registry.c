@@ -62,7 +62,9 @@
 #include "mts_policy.h"
 #include "mts_procfs.h"
 #include "mts_rate.h"
+#include "mts_rss.h"
 #include "mts_state.h"
+#include "mts_vouch.h"
 #include "mtshm.h"
 
 /* Linux 6.5+: a pidfd for the peer of a Unix socket, taken at connect(), so
@@ -357,8 +359,18 @@ void mts_publish(struct mts_registry *reg)
 
 /* What the tick adds up over the processes. */
 struct tick_sums {
-	uint64_t bytes, error_bytes, rss, mapped, allocator_free;
+	uint64_t bytes, error_bytes, rss, mapped, allocator_free, unvouched;
 };
+
+/* Note `n` unvouched bytes of `uid` in group `g`. */
+static void group_unvouched(struct mts_group *g, uint32_t uid, uint64_t n)
+{
+	if (g->unvouched == 0)
+		g->unvouched_uid = uid;
+	else if (g->unvouched_uid != uid)
+		g->unvouched_uid = MTS_UID_MIXED;
+	g->unvouched = mt_sat_add(g->unvouched, n);
+}
 
 /* The allocator's free bytes of `p` this tick (layout 2.2), `heap` being
  * its heap bytes. Most processes never publish a sample (the jemalloc
@@ -412,6 +424,7 @@ static inline void tick_proc(struct mts_registry *reg, struct mts_proc *p,
 	}
 	if (p->corrupt) {
 		p->bytes = 0;
+		p->unvouched = 0;
 		p->error_bytes = 0;
 		p->mapped = 0;
 		p->allocator_free = 0;
@@ -423,6 +436,15 @@ static inline void tick_proc(struct mts_registry *reg, struct mts_proc *p,
 		p->mapped = pm;
 	if (p->bytes != pb)
 		p->bytes = pb;
+	/* What counts toward others: all of it, but for an untrusted uid
+	 * (vouch.c). Its own limit (below) sees the claim. */
+	uint64_t pv = pb;
+	if (p->untrusted) {
+		pv = mts_vouch_proc(reg, p, pb);
+		if (pb != pv)
+			group_unvouched(g, p->uid, pb - pv);
+		acc->unvouched += pb - pv;
+	}
 	if (pb > p->peak) {
 		p->peak = pb;
 		mt_store_relaxed64(&s->peak, pb);
@@ -432,7 +454,7 @@ static inline void tick_proc(struct mts_registry *reg, struct mts_proc *p,
 	uint64_t pe = sat_mul(reg->threshold, threads);
 	if (p->error_bytes != pe)
 		p->error_bytes = pe;
-	g->bytes = mt_sat_add(g->bytes, pb);
+	g->bytes = mt_sat_add(g->bytes, pv);
 	g->mapped = mt_sat_add(g->mapped, pm);
 	g->error_bytes = mt_sat_add(g->error_bytes, pe);
 	acc->mapped = mt_sat_add(acc->mapped, pm);
@@ -440,7 +462,7 @@ static inline void tick_proc(struct mts_registry *reg, struct mts_proc *p,
 		g->allocator_free = mt_sat_add(g->allocator_free, pf);
 		acc->allocator_free = mt_sat_add(acc->allocator_free, pf);
 	}
-	acc->bytes = mt_sat_add(acc->bytes, pb);
+	acc->bytes = mt_sat_add(acc->bytes, pv);
 	acc->error_bytes = mt_sat_add(acc->error_bytes, pe);
 }
 
@@ -499,7 +521,9 @@ void mts_tick(struct mts_registry *reg)
 		reg->groups[i].allocator_free = 0;
 		reg->groups[i].error_bytes = 0;
 		reg->groups[i].rss = 0;
+		reg->groups[i].unvouched = 0;
 	}
+	mts_vouch_begin(reg);
 	/* Processes' rates: one slice of dense[] per tick, so each is
 	 * sampled every MTS_RATE_PROC_SLICES ticks and no tick pays for all
 	 * of them (an exit reorders dense[]: a process may be sampled twice
@@ -520,6 +544,7 @@ void mts_tick(struct mts_registry *reg)
 			g->peak = g->bytes;
 	}
 	t->bytes = acc.bytes;
+	t->unvouched = acc.unvouched;
 	t->mapped = acc.mapped;
 	t->allocator_free = acc.allocator_free;
 	t->error_bytes = acc.error_bytes;
@@ -530,6 +555,13 @@ void mts_tick(struct mts_registry *reg)
 	t->ticks++;
 
 	uint64_t now = mts_now_monotonic();
+	mts_vouch_end(reg, now);
+	if (reg->vouch_wanted &&
+	    now - reg->vouch_sweep_ns >= (uint64_t)MTS_VOUCH_SWEEP_MS * 1000000u) {
+		reg->vouch_wanted = false;
+		reg->vouch_sweep_ns = now;
+		mts_rss_sweep_vouch(reg);
+	}
 	mts_tables_sweep(reg, now); /* a few tables: one per uid */
 	mts_resv_tick(reg, now);
 	if (now - t->rate_ns >= (uint64_t)MTS_RATE_SAMPLE_MS * 1000000u)
@@ -592,6 +624,7 @@ int mts_table_adopt(struct mts_registry *reg, uint32_t uid,
 	}
 	t->uid = uid;
 	t->map = *map;
+	t->vouch.trusted = mts_uid_trusted(reg, uid);
 	return 0;
 }
 
@@ -716,12 +749,15 @@ static void result_fds(const struct mts_registry *reg,
 static void totals_drop(struct mts_registry *reg, struct mts_proc *p)
 {
 	struct mts_group *g = &reg->groups[p->group];
-	g->bytes = sat_sub(g->bytes, p->bytes);
+	uint64_t vouched = sat_sub(p->bytes, p->unvouched);
+	g->bytes = sat_sub(g->bytes, vouched);
+	g->unvouched = sat_sub(g->unvouched, p->unvouched);
 	g->mapped = sat_sub(g->mapped, p->mapped);
 	g->allocator_free = sat_sub(g->allocator_free, p->allocator_free);
 	g->error_bytes = sat_sub(g->error_bytes, p->error_bytes);
 	g->rss = sat_sub(g->rss, p->rss);
-	reg->totals.bytes = sat_sub(reg->totals.bytes, p->bytes);
+	reg->totals.bytes = sat_sub(reg->totals.bytes, vouched);
+	reg->totals.unvouched = sat_sub(reg->totals.unvouched, p->unvouched);
 	reg->totals.mapped = sat_sub(reg->totals.mapped, p->mapped);
 	reg->totals.allocator_free =
 	    sat_sub(reg->totals.allocator_free, p->allocator_free);
@@ -729,6 +765,7 @@ static void totals_drop(struct mts_registry *reg, struct mts_proc *p)
 	    sat_sub(reg->totals.error_bytes, p->error_bytes);
 	reg->totals.rss = sat_sub(reg->totals.rss, p->rss);
 	p->bytes = 0;
+	p->unvouched = 0;
 	p->mapped = 0;
 	p->allocator_free = 0;
 	p->error_bytes = 0;
@@ -865,6 +902,9 @@ static int proc_reset(struct mts_registry *reg, struct mts_proc *p,
 	p->task = ntask;
 	p->group = ngroup;
 	p->uid = uid;
+	mts_vouch_proc_init(reg, p);
+	p->kernel = 0; /* the new image's, from its first read */
+	p->kernel_ns = 0;
 	p->image_id = image_id;
 	p->peak = 0;
 	p->threads = 0;
@@ -923,6 +963,7 @@ static int proc_insert(struct mts_registry *reg, const struct proc_init *in,
 	p->image_id = in->image_id;
 	p->registered_ns = in->registered_ns;
 	p->limit = reg->policy.process_limit;
+	mts_vouch_proc_init(reg, p);
 	mts_read_comm((pid_t)p->pid, p->comm, sizeof(p->comm));
 	err = uv_poll_init(reg->loop, &p->poll, in->pidfd);
 	if (err < 0)

@@ -4,9 +4,11 @@ Every wait polls with a deadline (scaled by MEMTALLY_TEST_TIMEOUT_MULT) and
 never sleeps for a fixed time, so the tests pass on a loaded 2-core machine.
 """
 import json
+import mmap
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -275,6 +277,51 @@ def check(cond, msg):
 
 
 NOBODY, NOGROUP = 65534, 65534
+
+
+def maps_of(pid, label):
+    """{address range: name} of the memfd mappings of `pid` whose name
+    starts with `label` ("/memfd:<label>... (deleted)" in its maps)."""
+    out = {}
+    with open(f"/proc/{pid}/maps") as f:
+        for line in f:
+            fields = line.split(None, 5)
+            if len(fields) == 6 and fields[5].startswith("/memfd:" + label):
+                out[fields[0]] = fields[5].strip()
+    return out
+
+
+def find_slot(segment, pid):
+    """(mmap, offset of the slot of `pid`) in the slot table that `pid`
+    itself maps, reopened (as root) through /proc/PID/map_files; the
+    stride comes from the header it maps, read the same way."""
+    label = segment.lstrip("/")
+    maps = maps_of(pid, label)
+    header = [r for r, n in maps.items()
+              if n == f"/memfd:{label} (deleted)"]
+    tables = [r for r, n in maps.items()
+              if n.startswith(f"/memfd:{label}-slots:")]
+    if not header or not tables:
+        return None
+    fd = os.open(f"/proc/{pid}/map_files/{header[0]}", os.O_RDONLY)
+    try:
+        h = mmap.mmap(fd, 4096, prot=mmap.PROT_READ)
+    finally:
+        os.close(fd)
+    stride, count = struct.unpack_from("<II", h, 24)
+    h.close()
+    for r in tables:
+        fd = os.open(f"/proc/{pid}/map_files/{r}", os.O_RDWR)
+        try:
+            m = mmap.mmap(fd, 0)
+        finally:
+            os.close(fd)
+        for i in range(min(count, len(m) // stride)):
+            o = i * stride
+            if struct.unpack_from("<I", m, o)[0] == pid:
+                return m, o
+        m.close()
+    return None
 
 
 SECOND_USER = "memtally-test2"

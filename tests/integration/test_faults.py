@@ -17,7 +17,6 @@
      stay the process's (its count equals what jemalloc says is still
      allocated), and once the process exits the fleet is back to 0.
 """
-import mmap
 import os
 import random
 import signal
@@ -28,7 +27,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import MEMTALLYD, MIB, MULT, Server, Worker, check, run, wait_for, worker  # noqa: E402
+from harness import MEMTALLYD, MIB, MULT, Server, Worker, check, find_slot, run, wait_for, worker  # noqa: E402
 
 LONG = os.environ.get("MEMTALLY_LONG") == "1"
 CYCLES = 10000 if LONG else 300
@@ -393,51 +392,6 @@ def connectable(path):
         return False
     finally:
         c.close()
-
-
-def maps_of(pid, label):
-    """{address range: name} of the memfd mappings of `pid` whose name
-    starts with `label` ("/memfd:<label>... (deleted)" in its maps)."""
-    out = {}
-    with open(f"/proc/{pid}/maps") as f:
-        for line in f:
-            fields = line.split(None, 5)
-            if len(fields) == 6 and fields[5].startswith("/memfd:" + label):
-                out[fields[0]] = fields[5].strip()
-    return out
-
-
-def find_slot(segment, pid):
-    """(mmap, offset of the slot of `pid`) in the slot table that `pid`
-    itself maps, reopened (as root) through /proc/PID/map_files; the
-    stride comes from the header it maps, read the same way."""
-    label = segment.lstrip("/")
-    maps = maps_of(pid, label)
-    header = [r for r, n in maps.items()
-              if n == f"/memfd:{label} (deleted)"]
-    tables = [r for r, n in maps.items()
-              if n.startswith(f"/memfd:{label}-slots:")]
-    if not header or not tables:
-        return None
-    fd = os.open(f"/proc/{pid}/map_files/{header[0]}", os.O_RDONLY)
-    try:
-        h = mmap.mmap(fd, 4096, prot=mmap.PROT_READ)
-    finally:
-        os.close(fd)
-    stride, count = struct.unpack_from("<II", h, 24)
-    h.close()
-    for r in tables:
-        fd = os.open(f"/proc/{pid}/map_files/{r}", os.O_RDWR)
-        try:
-            m = mmap.mmap(fd, 0)
-        finally:
-            os.close(fd)
-        for i in range(min(count, len(m) // stride)):
-            o = i * stride
-            if struct.unpack_from("<I", m, o)[0] == pid:
-                return m, o
-        m.close()
-    return None
 
 
 def test_e_scribbled_lane():

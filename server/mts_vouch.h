@@ -1,0 +1,78 @@
+/*
+ * mts_vouch.h - what the kernel vouches for (vouch.c): how much of each
+ * process's claim counts toward anyone but its own uid.
+ */
+#ifndef MTS_VOUCH_H
+#define MTS_VOUCH_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* Per uid, kept in its slot table's record (struct mts_table). The sums
+ * are the latest tick's; the rest carries from tick to tick. */
+struct mts_vouch_uid {
+	bool trusted; /* its claims count in full toward everyone */
+	uint64_t claimed; /* sum of its processes' claims */
+	uint64_t vouched; /* the part of `claimed` that counts for others */
+	uint64_t excess;  /* sum of max(0, claim - kernel figure) */
+	/* During a tick: excess not yet handed out, as stale (no longer
+	 * vouched) and as allowance (vouched). */
+	uint64_t stale_left;
+	uint64_t allow_left;
+	/* The smallest excess seen in the current bucket and in the one
+	 * before it, each `untouched_time` long: an excess present for a
+	 * whole window (their minimum) is stale. */
+	uint64_t min_cur;
+	uint64_t min_prev;
+	uint64_t bucket_ns; /* start of the current bucket; 0 = none yet */
+	bool has_prev;
+};
+
+struct mts_registry;
+struct mts_proc;
+struct mts_table;
+
+/* Early reads of kernel figures: at most one sweep of them this often,
+ * for the processes whose claims rose by MTS_VOUCH_JUMP since their
+ * figure was last read (or that have none yet). */
+#define MTS_VOUCH_SWEEP_MS 100u
+#define MTS_VOUCH_JUMP     (UINT64_C(1) << 20)
+
+/* Should `p`'s kernel figure be read early? */
+bool mts_vouch_want_read(const struct mts_proc *p);
+
+/* Does `uid` count in full toward everyone: root, the server's own uid,
+ * [trust] trusted_uids? */
+bool mts_uid_trusted(const struct mts_registry *reg, uint32_t uid);
+
+/* After a change of policy or of a process's uid: every table's and
+ * process's `trusted` flag again. */
+void mts_vouch_refresh(struct mts_registry *reg);
+/* The flags of one process (at registration, exec, adoption). */
+void mts_vouch_proc_init(const struct mts_registry *reg, struct mts_proc *p);
+
+/* Start of a tick: clear the sums, hand out each untrusted uid's stale
+ * excess and allowance afresh. */
+void mts_vouch_begin(struct mts_registry *reg);
+
+/* The part of `claim` (an untrusted process's, this tick) that counts
+ * toward others; sets p->unvouched. */
+uint64_t mts_vouch_proc(struct mts_registry *reg, struct mts_proc *p,
+                        uint64_t claim);
+
+/* End of a tick: roll each untrusted uid's excess window; ask for fresh
+ * kernel figures where claims ran ahead of them. */
+void mts_vouch_end(struct mts_registry *reg, uint64_t now_ns);
+
+/* What `uid`'s processes claim beyond what counts for others, as of the
+ * latest tick (0 for a trusted uid or one with no process). */
+uint64_t mts_vouch_unvouched_of(const struct mts_registry *reg, uint32_t uid);
+
+/* The kernel's figure of a process: resident and swapped anonymous
+ * memory, from the text of /proc/PID/status; also its VmRSS. 0 or
+ * -EINVAL. */
+int mts_parse_status_mem(const char *status, uint64_t *rss, uint64_t *anon);
+/* The same read from /proc/PID/status. 0 or -errno. */
+int mts_read_status_mem(int pid, uint64_t *rss, uint64_t *anon);
+
+#endif /* MTS_VOUCH_H */

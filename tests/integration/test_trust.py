@@ -1,0 +1,277 @@
+"""A claim counts for the claimant, and toward anyone else only as far as
+the kernel vouches for it. Real memtallyd as root, real workers of two
+unprivileged users (nobody, and a second user the harness creates), the
+real CLI run as each of them.
+
+A worker's figures are whatever its own slot says, and a worker can write
+its own slot (its uid's table is mapped read-write in it): here the test
+writes the lie into the liar's slot as the liar itself could, through
+/proc/PID/map_files.
+
+test_lies_hurt_only_the_liar: a nobody process holding ~1 MiB claims 2^49
+bytes, ten more claim 950 MiB each, all in group etl which a genuine
+worker of the second user shares. The fleet (limit 1 GiB, enforcement
+SIGKILL after 200 ms, hooks on every state) stays ok, its peak stays below
+the limit, the shared group stays ok, no hook runs, nothing is signalled:
+the second user's genuine worker, over its own process limit all along,
+lives; the second user's Admit of 100 MiB is granted. The liars' own
+scopes see the claim: each liar is over its own process limit, a liar's
+Admit is denied, `ps` shows its unvouched bytes, and once the excess has
+stayed for two untouched_time windows the allowance is gone too.
+
+test_a_genuine_allocation_is_vouched_for: a nobody worker that really
+allocates and touches 200 MiB is counted in full toward the fleet (its
+kernel figure follows), so vouching never undercounts an honest worker.
+
+test_flapping_claim_runs_hooks_at_most_once_per_interval: a claim of
+9 GiB toggled every 15 ms for 4 s. As nobody's, it changes no shared state
+at all; as root's (trusted: counted in full), the fleet flaps, and the
+hooks still run at most once per [hooks] min_interval.
+"""
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from harness import (CLI, MIB, MULT, NOBODY, NOGROUP, Server,  # noqa: E402
+                     Worker, check, find_slot, open_to_nobody, run,
+                     second_user, wait_for, worker, world_readable_copy)
+from harness import config_file as config  # noqa: E402
+
+GIB = 1 << 30
+# Lane 0's bytes in a slot: the slot's identity line (64 bytes), then the
+# lane's owner word and its bytes at +8 (shm/mtshm.h).
+LANE0_BYTES = 64 + 8
+
+
+def as_user(user):
+    uid, gid = user
+
+    def pre():
+        os.setgroups([])
+        os.setgid(gid)
+        os.setuid(uid)
+    return pre
+
+
+def cli_as(s, user, cli, *args):
+    """The CLI run as `user`; (exit status, stdout)."""
+    out = subprocess.run([cli, "--socket", s.socket, "--json", *args],
+                         capture_output=True, text=True, timeout=30 * MULT,
+                         preexec_fn=as_user(user))
+    return out.returncode, out.stdout + out.stderr
+
+
+def claim(s, pid, nbytes):
+    """Make `pid`'s own slot claim `nbytes` more than it holds, as the
+    process itself could (its lane 0's bytes)."""
+    m, o = wait_for(f"slot of {pid}", lambda: find_slot(s.segment, pid))
+    try:
+        cur = struct.unpack_from("<q", m, o + LANE0_BYTES)[0]
+        struct.pack_into("<q", m, o + LANE0_BYTES, cur + nbytes)
+    finally:
+        m.close()
+
+
+def hook_runs(path):
+    try:
+        with open(path) as f:
+            return [ln.strip() for ln in f if ln.strip()]
+    except FileNotFoundError:
+        return []
+
+
+def hooks_conf(d):
+    log = os.path.join(d, "hooks.log")
+    cmd = f'echo "$MEMTALLY_SCOPE $MEMTALLY_STATE" >> {log}'
+    return log, (f"[hooks]\non_ok = {cmd}\non_high = {cmd}\n"
+                 f"on_over = {cmd}\nmin_interval = 1s\n")
+
+
+def test_lies_hurt_only_the_liar():
+    second = second_user()
+    d = tempfile.mkdtemp(prefix="mt-trust-")
+    hooks, hconf = hooks_conf(d)
+    cfg = config("[server]\ngroup = nogroup\n"
+                 "[limits]\nfleet = 1GiB\nprocess = 100MiB\n"
+                 "[group etl]\nlimit = 768MiB\n"
+                 "[enforce]\nsignal = SIGKILL\ngrace = 200\n"
+                 "[trust]\nuntouched_allowance = 64MiB\n"
+                 "untouched_time = 1s\n" + hconf)
+    preload, cli, hold = world_readable_copy(
+        os.environ["MEMTALLY_PRELOAD_LIB"], CLI, worker("mt_hold"))
+    with Server("--config", cfg) as s:
+        open_to_nobody(s)
+        env = s.env(group="etl")
+        env["LD_PRELOAD"] = preload
+        # The second user's genuine worker: 150 MiB, over its own limit.
+        victim = Worker([hold, "150"], env, user=(second[0], NOGROUP))
+        liars = [Worker([hold, "1"], env, user=(NOBODY, NOGROUP))
+                 for _ in range(11)]
+        workers = [victim] + liars
+        try:
+            for w in workers:
+                check(w.readline().startswith("ready"), "worker not ready")
+            wait_for("all registered",
+                     lambda: len(s.ps()) == len(workers))
+            wait_for("the victim over its own limit", lambda: s.ps()[
+                victim.pid]["state"] == "over")
+            claim(s, liars[0].pid, 1 << 49)
+            for w in liars[1:]:
+                claim(s, w.pid, 950 * MIB)
+            claimed = (1 << 49) + 10 * 950 * MIB
+            wait_for("the lies published", lambda: sum(
+                p["bytes"] for p in s.ps().values()) >= claimed)
+            # For three untouched_time windows: nothing shared moves.
+            end = time.monotonic() + 3.5 * MULT
+            worst = 0
+            while time.monotonic() < end:
+                st = s.status()
+                f = st["fleet"]
+                worst = max(worst, f["bytes"])
+                check(f["state"] == "ok", f"fleet {f}")
+                check(f["peak"] < GIB, f"fleet peak {f['peak']}")
+                check(f["unvouched"] >= claimed - 64 * MIB - 16 * MIB,
+                      f"fleet unvouched {f['unvouched']}")
+                etl = [g for g in st["groups"] if g["name"] == "etl"][0]
+                check(etl["state"] == "ok", f"group etl {etl}")
+            check(hook_runs(hooks) == [], f"hooks ran: {hook_runs(hooks)}")
+            check(victim.proc.poll() is None, "the victim was killed")
+            check("enforcement: signal sent" not in s.logtext(),
+                  "memtallyd signalled someone")
+            # Admission of another user: granted.
+            rc, out = cli_as(s, (second[0], NOGROUP), cli, "admit",
+                             "--bytes", "100MiB", "--ttl", "60")
+            check(rc == 0, f"second user's admit: {rc} {out}")
+            # The liar's own scopes see its claim.
+            ps = s.ps()
+            for w in liars:
+                check(ps[w.pid]["state"] == "over",
+                      f"liar {w.pid} not over its own limit: {ps[w.pid]}")
+            big = ps[liars[0].pid]
+            check(big["unvouched"] >= (1 << 49) - 64 * MIB - 16 * MIB,
+                  f"ps does not show the lie: {big}")
+            rc, out = cli_as(s, (NOBODY, NOGROUP), cli, "admit",
+                             "--bytes", "1MiB", "--ttl", "60")
+            check(rc == 3, f"liar's own admit not denied: {rc} {out}")
+            # Stale: two windows on, the allowance is gone; the fleet
+            # counts the kernel's figures of the liars (~1-3 MiB each).
+            vouched_liars = sum(p["bytes"] - p["unvouched"] for pid, p in
+                                s.ps().items() if pid != victim.pid)
+            check(vouched_liars < 64 * MIB,
+                  f"liars still vouched for {vouched_liars >> 20} MiB")
+            print(f"  lies of {claimed >> 40} TiB: fleet at most "
+                  f"{worst >> 20} MiB (state ok), no hook, no signal; "
+                  f"liars vouched for {vouched_liars >> 20} MiB after "
+                  f"the allowance went stale", flush=True)
+        finally:
+            for w in workers:
+                w.kill()
+
+
+def test_a_genuine_allocation_is_vouched_for():
+    cfg = config("[server]\ngroup = nogroup\n"
+                 "[trust]\nuntouched_allowance = 16MiB\n"
+                 "untouched_time = 1s\n")
+    preload, level = world_readable_copy(
+        os.environ["MEMTALLY_PRELOAD_LIB"], worker("mt_level"))
+    with Server("--config", cfg) as s:
+        open_to_nobody(s)
+        env = s.env()
+        env["LD_PRELOAD"] = preload
+        w = Worker([level], env, user=(NOBODY, NOGROUP))
+        try:
+            check(w.readline().startswith("ready"), "worker not ready")
+            w.send("set 200")
+            check(w.readline() == "at 200", "worker did not reach 200 MiB")
+
+            def counted():
+                p = s.ps().get(w.pid)
+                f = s.status()["fleet"]
+                return (p if p and p["bytes"] >= 200 * MIB and
+                        p["unvouched"] == 0 and f["bytes"] >= 200 * MIB
+                        else None)
+            p = wait_for("200 MiB vouched for", counted)
+            # And it stays so, past the untouched windows.
+            t0 = time.monotonic()
+            wait_for("3 s", lambda: time.monotonic() > t0 + 3)
+            p = s.ps()[w.pid]
+            check(p["unvouched"] == 0 and
+                  s.status()["fleet"]["bytes"] >= 200 * MIB,
+                  f"a genuine worker lost its count: {p}")
+            w.send("set 20")
+            check(w.readline() == "at 20", "worker did not free")
+            wait_for("down to 20 MiB", lambda: s.status()["fleet"][
+                "bytes"] < 40 * MIB)
+        finally:
+            w.kill()
+
+
+def flap(s, pid, seconds):
+    m, o = wait_for(f"slot of {pid}", lambda: find_slot(s.segment, pid))
+    base = struct.unpack_from("<q", m, o + LANE0_BYTES)[0]
+    end = time.monotonic() + seconds
+    n = 0
+    try:
+        while time.monotonic() < end:
+            n += 1
+            v = base + (9 * GIB if n % 2 else 0)
+            struct.pack_into("<q", m, o + LANE0_BYTES, v)
+            time.sleep(0.015)
+        struct.pack_into("<q", m, o + LANE0_BYTES, base)
+    finally:
+        m.close()
+    return n
+
+
+def test_flapping_claim_runs_hooks_at_most_once_per_interval():
+    d = tempfile.mkdtemp(prefix="mt-trust-")
+    hooks, hconf = hooks_conf(d)
+    cfg = config("[server]\ngroup = nogroup\n[limits]\nfleet = 1GiB\n"
+                 "[trust]\nuntouched_allowance = 64MiB\n" + hconf)
+    preload, hold = world_readable_copy(
+        os.environ["MEMTALLY_PRELOAD_LIB"], worker("mt_hold"))
+    with Server("--config", cfg) as s:
+        open_to_nobody(s)
+        env = s.env()
+        env["LD_PRELOAD"] = preload
+        for user, most in (((NOBODY, NOGROUP), 0), (None, None)):
+            w = Worker([hold, "1"], env, user=user)
+            try:
+                check(w.readline().startswith("ready"), "not ready")
+                wait_for("registered", lambda: w.pid in s.ps())
+                before = len(hook_runs(hooks))
+                t0 = time.monotonic()
+                flips = flap(s, w.pid, 4.0)
+                took = time.monotonic() - t0
+                wait_for("the fleet ok again", lambda: s.status()[
+                    "fleet"]["state"] == "ok")
+                # Hooks still under way end within their interval.
+                t1 = time.monotonic()
+                wait_for("1.5 s", lambda: time.monotonic() > t1 + 1.5)
+                runs = len(hook_runs(hooks)) - before
+                # Every start lies between t0 and now, 1 s apart at least
+                # (and one for the loop clock's millisecond rounding).
+                elapsed = time.monotonic() - t0
+                bound = most if most is not None else int(elapsed) + 2
+                who = "nobody" if user else "root"
+                check(runs <= bound,
+                      f"{who}: {runs} hook runs for {flips} flips in "
+                      f"{took:.1f} s (at most {bound})")
+                if user is None:
+                    check(runs >= 1, "root's flapping ran no hook at all")
+                print(f"  {who}: {flips} flips of 9 GiB in {took:.1f} s, "
+                      f"{runs} hook runs", flush=True)
+            finally:
+                w.kill()
+            wait_for("gone", lambda: w.pid not in s.ps())
+
+
+if __name__ == "__main__":
+    run([test_lies_hurt_only_the_liar,
+         test_a_genuine_allocation_is_vouched_for,
+         test_flapping_claim_runs_hooks_at_most_once_per_interval])
