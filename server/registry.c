@@ -23,7 +23,8 @@
  *  - A proc's memory lives until its uv_poll close callback; its slot is
  *    released before that, at exit, so the slot can be reused at once.
  *  - totals, and each group's bytes/error_bytes, equal the sums over
- *    registered procs of their latest-tick figures: the tick recomputes
+ *    registered procs of their latest-tick figures (bytes: the vouched
+ *    part, bytes - unvouched, see vouch.c): the tick recomputes
  *    them and an exit subtracts the leaving proc at once (so its bytes are
  *    gone from the published fleet total in the loop iteration that saw
  *    the exit, not at the next tick).

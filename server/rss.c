@@ -19,6 +19,11 @@
  * A newly registered process shows RSS 0 until the next sweep (at most
  * rss_interval later); registration itself reads nothing more from /proc.
  *
+ * For a process of an untrusted uid the sweep reads /proc/PID/status
+ * instead, which also gives the kernel's figure vouch.c compares its claim
+ * with (RssAnon + VmSwap); mts_rss_sweep_vouch() reads just those whose
+ * claims ran ahead of it, between two full sweeps.
+ *
  * The group and fleet RSS sums move with every change of a process's RSS
  * (mts_proc_set_rss), so they always equal the sum over registered
  * processes, as the accounted bytes do.

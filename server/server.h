@@ -20,6 +20,8 @@
  *    adoption after a restart.
  *  - mts_rss.h (rss.c), mts_procfs.h (procfs.c): what /proc says of a
  *    process.
+ *  - mts_vouch.h (vouch.c): how much of an untrusted uid's claim counts
+ *    toward others (what the kernel vouches for).
  *  - mts_config.h (config.c): the INI file and flags -> settings.
  *  - mts_hooks.h (hooks.c): a command at every fleet or group state change.
  *  - mts_metrics.h (metrics.c): the Prometheus endpoint; mts_log.h (log.c).
@@ -59,6 +61,7 @@
 #include "mts_registry.h"
 #include "mts_rss.h"
 #include "mts_state.h"
+#include "mts_vouch.h"
 
 
 
