@@ -1,5 +1,5 @@
 /*
- * test_server_fixture.h - what the issue-3 server tests share: a server on
+ * test_server_fixture.h - what the server unit tests share: a server on
  * a private segment (no socket unless asked), real child processes as
  * workers, requests dispatched from plain buffers, and the events the
  * registry raises captured in order.
@@ -55,9 +55,23 @@ static inline void fx_on_event(void *ctx, const struct mts_event *ev)
 	e->reserved = ev->reserved;
 }
 
+/* The uid fx_register() gives its workers. The fixture's children run as
+ * root, whatever uid their peer says: trusting FX_UID keeps the figures
+ * what the slots say (a test of trust itself uses another uid). */
+#define FX_UID 1000u
+
 /* Start a server with `pol` (NULL = defaults); events are captured. */
 static inline void fx_start_policy(const struct mts_policy *pol)
 {
+	static struct mts_policy with_fx;
+	if (!pol) {
+		mts_policy_defaults(&with_fx);
+	} else {
+		with_fx = *pol; /* shallow: the server copies it */
+	}
+	if (with_fx.ntrusted < MTS_TRUSTED_UIDS_MAX)
+		with_fx.trusted_uids[with_fx.ntrusted++] = FX_UID;
+	pol = &with_fx;
 	mts_log_set_level(MTS_LOG_ERROR); /* keep test output quiet */
 	snprintf(segname, sizeof(segname), "/mt-s3-test-%ld", (long)getpid());
 	struct mts_config cfg = {
@@ -172,7 +186,7 @@ static inline uint32_t fx_register(pid_t pid, const char *group,
 	reg.image_id = 1;
 	req.body_case = MEMTALLY__V1__REQUEST__BODY_REGISTER;
 	req.register_ = &reg;
-	struct mts_peer peer = fx_peer(pid, 1000);
+	struct mts_peer peer = fx_peer(pid, FX_UID);
 	Memtally__V1__Response *r = fx_call(&peer, &req);
 	cr_assert_null(r->error, "register: %s",
 	               r->error ? r->error->message : "");

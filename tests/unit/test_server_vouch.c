@@ -1,0 +1,223 @@
+/*
+ * test_server_vouch.c - a claim counts for the claimant, and toward others
+ * only as far as the kernel vouches for it (server/vouch.c), on a real
+ * registry with real child processes of an untrusted uid.
+ */
+#include "test_server_fixture.h"
+
+#include <time.h>
+
+#define LIAR_UID 2000u
+#define GIB      (UINT64_C(1) << 30)
+
+/* A child running as `uid` (its real uid too), living until killed. */
+static pid_t spawn_as(uint32_t uid)
+{
+	int p[2];
+	cr_assert_eq(pipe(p), 0);
+	pid_t pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		close(p[0]);
+		if (setresgid(uid, uid, uid) != 0 ||
+		    setresuid(uid, uid, uid) != 0)
+			_exit(1);
+		char c = 'x';
+		if (write(p[1], &c, 1) != 1)
+			_exit(1);
+		for (;;)
+			pause();
+	}
+	close(p[1]);
+	char c;
+	cr_assert_eq(read(p[0], &c, 1), 1, "child could not change uid");
+	close(p[0]);
+	cr_assert_lt(nkids, FX_MAX_KIDS);
+	kids[nkids++] = pid;
+	return pid;
+}
+
+static uint32_t register_as(pid_t pid, uint32_t uid, const char *group)
+{
+	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
+	Memtally__V1__Register reg = MEMTALLY__V1__REGISTER__INIT;
+	reg.group = (char *)group;
+	reg.task = "";
+	reg.image_id = 1;
+	req.body_case = MEMTALLY__V1__REQUEST__BODY_REGISTER;
+	req.register_ = &reg;
+	struct mts_peer peer = fx_peer(pid, uid);
+	Memtally__V1__Response *r = fx_call(&peer, &req);
+	cr_assert_null(r->error, "register: %s",
+	               r->error ? r->error->message : "");
+	uint32_t slot = r->registered->slot;
+	memtally__v1__response__free_unpacked(r, NULL);
+	return slot;
+}
+
+static void start(uint64_t allowance, uint32_t untouched_ms)
+{
+	if (geteuid() != 0)
+		cr_skip_test("needs root: the children run as another uid");
+	struct mts_policy pol;
+	mts_policy_defaults(&pol);
+	pol.fleet_limit = GIB;
+	pol.untouched_allowance = allowance;
+	pol.untouched_ms = untouched_ms;
+	pol.grace_ms = 0;
+	fx_start_policy(&pol);
+}
+
+/* Read every process's kernel figure now, then tick. */
+static void tick_with_kernel(void)
+{
+	mts_rss_sweep_sync(&srv.reg);
+	mts_tick(&srv.reg);
+}
+
+static uint64_t kernel_of(pid_t pid)
+{
+	return mts_find_pid(&srv.reg, (uint32_t)pid)->kernel;
+}
+
+Test(vouch, a_lie_counts_for_the_liar_alone)
+{
+	start(64 * MIB, 60000);
+	pid_t liar = spawn_as(LIAR_UID);
+	pid_t honest = fx_spawn();
+	uint32_t ls = register_as(liar, LIAR_UID, "shared");
+	uint32_t hs = register_as(honest, FX_UID, "shared");
+	fx_write(ls, (int64_t)1 << 49);
+	fx_write(hs, 100 * (int64_t)MIB);
+	tick_with_kernel();
+
+	const struct mts_proc *p = mts_find_pid(&srv.reg, (uint32_t)liar);
+	uint64_t k = kernel_of(liar);
+	cr_assert_gt(k, 0, "no kernel figure read for the liar");
+	cr_assert_lt(k, 64 * MIB);
+	/* Its own figure is its claim; what counts for others is its kernel
+	 * figure plus the allowance. */
+	cr_assert_eq(p->bytes, UINT64_C(1) << 49);
+	cr_assert_eq(p->unvouched, (UINT64_C(1) << 49) - k - 64 * MIB);
+	const struct mts_totals *t = &srv.reg.totals;
+	cr_assert_eq(t->bytes, 100 * MIB + k + 64 * MIB);
+	cr_assert_eq(t->unvouched, p->unvouched);
+	cr_assert_eq(t->state, MTSHM_STATE_OK);
+	cr_assert_lt(t->peak, GIB);
+	const struct mts_group *g = mts_find_group(&srv.reg, "shared");
+	cr_assert_eq(g->bytes, t->bytes);
+	cr_assert_eq(g->unvouched, p->unvouched);
+	cr_assert_eq(g->unvouched_uid, LIAR_UID);
+
+	/* Admission: the honest uid is admitted, the liar is denied on its
+	 * own claim. */
+	struct mts_admit_out out;
+	struct mts_peer hp = fx_peer(honest, FX_UID);
+	mts_admit_decide(&srv.reg, &hp, "", 100 * MIB, &out);
+	cr_assert(out.admitted, "the honest uid was denied: %s", out.why);
+	struct mts_peer lp = fx_peer(liar, LIAR_UID);
+	mts_admit_decide(&srv.reg, &lp, "", MIB, &out);
+	cr_assert_not(out.admitted, "the liar was admitted");
+	cr_assert_eq(out.reason, MTS_DENY_FLEET_LIMIT);
+	fx_stop();
+}
+
+Test(vouch, processes_of_one_uid_share_one_allowance)
+{
+	start(64 * MIB, 60000);
+	pid_t a = spawn_as(LIAR_UID), b = spawn_as(LIAR_UID);
+	fx_write(register_as(a, LIAR_UID, ""), (int64_t)GIB);
+	fx_write(register_as(b, LIAR_UID, ""), (int64_t)GIB);
+	tick_with_kernel();
+	uint64_t k = kernel_of(a) + kernel_of(b);
+	cr_assert_eq(srv.reg.totals.bytes, k + 64 * MIB);
+	cr_assert_eq(srv.reg.totals.unvouched, 2 * GIB - k - 64 * MIB);
+	cr_assert_eq(mts_vouch_unvouched_of(&srv.reg, LIAR_UID),
+	             2 * GIB - k - 64 * MIB);
+	cr_assert_eq(mts_vouch_unvouched_of(&srv.reg, FX_UID), 0);
+	fx_stop();
+}
+
+Test(vouch, a_claim_within_the_kernel_figure_is_all_vouched_for)
+{
+	start(0, 60000);
+	pid_t w = spawn_as(LIAR_UID);
+	uint32_t s = register_as(w, LIAR_UID, "");
+	tick_with_kernel();
+	uint64_t k = kernel_of(w);
+	cr_assert_gt(k, 4096);
+	fx_write(s, (int64_t)(k - 4096));
+	mts_tick(&srv.reg);
+	cr_assert_eq(srv.reg.totals.bytes, k - 4096);
+	cr_assert_eq(srv.reg.totals.unvouched, 0);
+	/* No allowance: anything beyond the kernel figure is unvouched. */
+	fx_write(s, (int64_t)(k + MIB));
+	mts_tick(&srv.reg);
+	cr_assert_eq(srv.reg.totals.bytes, k);
+	cr_assert_eq(srv.reg.totals.unvouched, MIB);
+	fx_stop();
+}
+
+static uint64_t now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+Test(vouch, an_excess_that_stays_goes_stale)
+{
+	start(64 * MIB, 100);
+	pid_t w = spawn_as(LIAR_UID);
+	fx_write(register_as(w, LIAR_UID, ""), (int64_t)GIB);
+	tick_with_kernel();
+	uint64_t k = kernel_of(w);
+	cr_assert_eq(srv.reg.totals.bytes, k + 64 * MIB, "fresh: allowed");
+	/* Present for two windows of 100 ms: no longer vouched for. Poll
+	 * with a deadline: a loaded machine may tick late, never early. */
+	uint64_t deadline = now_ms() + 10000;
+	while (srv.reg.totals.bytes != k) {
+		cr_assert_lt(now_ms(), deadline, "allowance never went stale");
+		usleep(10000);
+		mts_tick(&srv.reg);
+	}
+	cr_assert_eq(srv.reg.totals.unvouched, GIB - k);
+	fx_stop();
+}
+
+Test(vouch, trusted_uids_count_in_full)
+{
+	start(0, 60000);
+	pid_t w = spawn_as(LIAR_UID);
+	uint32_t s = register_as(w, LIAR_UID, "");
+	fx_write(s, 200 * (int64_t)MIB);
+	tick_with_kernel();
+	cr_assert_lt(srv.reg.totals.bytes, 200 * MIB);
+	/* Trusted by a policy change (a reload): counted in full. */
+	struct mts_policy pol;
+	cr_assert_eq(mts_policy_copy(&pol, &srv.reg.policy), 0);
+	pol.trusted_uids[pol.ntrusted++] = LIAR_UID;
+	cr_assert_eq(mts_limits_apply_policy(&srv.reg, &pol), 0);
+	mts_policy_free(&pol);
+	mts_tick(&srv.reg);
+	cr_assert_eq(srv.reg.totals.bytes, 200 * MIB);
+	cr_assert_eq(srv.reg.totals.unvouched, 0);
+	fx_stop();
+}
+
+Test(vouch, status_parser)
+{
+	uint64_t rss, anon;
+	const char *st = "Name:\tx\nVmRSS:\t  2048 kB\nRssAnon:\t 1024 kB\n"
+	                 "RssFile:\t1024 kB\nVmSwap:\t  512 kB\n";
+	cr_assert_eq(mts_parse_status_mem(st, &rss, &anon), 0);
+	cr_assert_eq(rss, 2048 * 1024);
+	cr_assert_eq(anon, (1024 + 512) * 1024);
+	/* A kernel thread has no memory lines: refused, nothing vouched. */
+	cr_assert_eq(mts_parse_status_mem("Name:\tkthreadd\n", &rss, &anon),
+	             -EINVAL);
+	cr_assert_eq(mts_parse_status_mem("VmRSS:\t99999999999999999999 kB\n"
+	                                  "RssAnon:\t1 kB\n",
+	                                  &rss, &anon),
+	             -EINVAL);
+}
