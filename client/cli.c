@@ -1111,9 +1111,9 @@ static int cmd_top(struct cli *c)
 			return EXIT_SERVER;
 		if (iterations && i + 1 == iterations)
 			break;
-		struct timespec ts = {(time_t)interval,
-		                      (long)((interval - (time_t)interval) *
-		                             1e9)};
+		struct timespec ts = {
+		    (time_t)interval,
+		    (long)((interval - (time_t)interval) * 1e9)};
 		while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
 			;
 	}

@@ -227,7 +227,6 @@ fail_close_fd:
 	return err;
 }
 
-
 /* Connect one address within the deadline (a non-blocking connect). */
 static int tcp_connect_one(const struct addrinfo *ai, int64_t deadline,
                            int *fd_out)

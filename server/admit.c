@@ -136,7 +136,8 @@ static struct mts_task *task_get(struct mts_registry *reg, const char *name)
 	struct mts_task *t = task_find(reg, name, h);
 	if (t)
 		return t;
-	if ((!reg->adm.tasks || reg->adm.ntasks >= 2 * (reg->adm.tasks_mask + 1)) &&
+	if ((!reg->adm.tasks ||
+	     reg->adm.ntasks >= 2 * (reg->adm.tasks_mask + 1)) &&
 	    tasks_grow(reg) < 0)
 		return NULL;
 	t = calloc(1, sizeof(*t));
@@ -774,7 +775,8 @@ void mts_resv_tick(struct mts_registry *reg, uint64_t now_ns)
 	 * O(workers + their tasks), not O(tasks). */
 	if (reg->adm.ntasks > 0) {
 		admin_epoch_check(reg);
-		for (struct mts_task *t = reg->adm.tasks_seen; t; t = t->snext) {
+		for (struct mts_task *t = reg->adm.tasks_seen; t;
+		     t = t->snext) {
 			t->live = 0;
 			t->measured = 0;
 			for (uint32_t i = 0; i < t->nshares; i++) {
@@ -808,7 +810,8 @@ void mts_resv_tick(struct mts_registry *reg, uint64_t now_ns)
 	}
 
 	/* Taken-over reservations left the heap: its top is the next due. */
-	while (reg->adm.resv_nheap > 0 && now_ns >= reg->adm.resv_heap[0]->expires_ns) {
+	while (reg->adm.resv_nheap > 0 &&
+	       now_ns >= reg->adm.resv_heap[0]->expires_ns) {
 		struct mts_resv *r = reg->adm.resv_heap[0];
 		char q[MTS_LOGQ_MAX];
 		mts_log(MTS_LOG_INFO, "reservation expired",
@@ -857,8 +860,8 @@ void mts_admit_decide(const struct mts_registry *reg,
 	out->requested = bytes;
 	/* The fleet's figure counts other uids as far as the kernel vouches
 	 * for them; the asking uid's own claims count in full (vouch.c). */
-	uint64_t own = peer->has_cred ? mts_vouch_unvouched_of(reg, peer->uid)
-	                              : 0;
+	uint64_t own =
+	    peer->has_cred ? mts_vouch_unvouched_of(reg, peer->uid) : 0;
 	uint64_t fm = mts_measured(reg, mt_sat_add(t->bytes, own), t->rss);
 	snprintf(out->scope, sizeof(out->scope), "fleet");
 	out->measured = fm;
@@ -938,21 +941,20 @@ static void log_denial(const struct mts_registry *reg,
 	char qg[MTS_LOGQ_MAX], qt[MTS_LOGQ_MAX], qs[MTS_LOGQ_MAX];
 	/* A uid at its cap is a misbehaving client, not a full fleet. */
 	bool cap = out->reason == MTS_DENY_UID_CAP;
-	mts_log(cap ? MTS_LOG_WARN : MTS_LOG_INFO,
-	        cap ? "admission denied: per-uid reservation cap"
-	            : "admission denied",
-	        "reason=%s scope=%s measured=%llu reserved=%llu "
-	        "requested=%llu limit=%llu measure=%s group=%s task=%s "
-	        "peer_pid=%u uid=%u tcp=%d",
-	        mts_denial_name(out->reason),
-	        mts_logq(qs, sizeof(qs), out->scope),
-	        (unsigned long long)out->measured,
-	        (unsigned long long)out->reserved,
-	        (unsigned long long)out->requested,
-	        (unsigned long long)out->limit,
-	        mts_measure_name(reg->policy.measure),
-	        mts_logq(qg, sizeof(qg), group), mts_logq(qt, sizeof(qt), task),
-	        peer->pid, peer->uid, peer->tcp);
+	mts_log(
+	    cap ? MTS_LOG_WARN : MTS_LOG_INFO,
+	    cap ? "admission denied: per-uid reservation cap"
+	        : "admission denied",
+	    "reason=%s scope=%s measured=%llu reserved=%llu "
+	    "requested=%llu limit=%llu measure=%s group=%s task=%s "
+	    "peer_pid=%u uid=%u tcp=%d",
+	    mts_denial_name(out->reason), mts_logq(qs, sizeof(qs), out->scope),
+	    (unsigned long long)out->measured,
+	    (unsigned long long)out->reserved,
+	    (unsigned long long)out->requested, (unsigned long long)out->limit,
+	    mts_measure_name(reg->policy.measure),
+	    mts_logq(qg, sizeof(qg), group), mts_logq(qt, sizeof(qt), task),
+	    peer->pid, peer->uid, peer->tcp);
 }
 
 /* Room for one more reservation in the arrays and the id index, so that
@@ -1104,9 +1106,9 @@ int mts_admit(struct mts_registry *reg, const struct mts_peer *peer,
 	if (reg->adm.nresv >= MTS_RESV_MAX) {
 		memset(out, 0, sizeof(*out));
 		out->requested = req->bytes;
-		mts_log(MTS_LOG_WARN,
-		        "admission refused: too many reservations",
-		        "peer_pid=%u outstanding=%u", peer->pid, reg->adm.nresv);
+		mts_log(
+		    MTS_LOG_WARN, "admission refused: too many reservations",
+		    "peer_pid=%u outstanding=%u", peer->pid, reg->adm.nresv);
 		return -ENOSPC;
 	}
 	mts_admit_decide(reg, peer, group, req->bytes, out);

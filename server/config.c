@@ -251,7 +251,7 @@ int mts_parse_hostport(const char *s, struct sockaddr_storage *ss,
 		*len = sizeof(*a6);
 	} else if (inet_pton(AF_INET,
 	                     strcasecmp(host, "localhost") == 0 ? "127.0.0.1"
-	                                                         : host,
+	                                                        : host,
 	                     &a4->sin_addr) == 1) {
 		a4->sin_family = AF_INET;
 		a4->sin_port = htons(port);
@@ -907,9 +907,9 @@ static int key_trust(struct load *l, const char *sec, const char *key,
 	uint64_t n;
 	if (strcmp(key, "untouched_allowance") == 0) {
 		if (mt_parse_size(v, &n) < 0)
-			return fail(l, sec, key,
-			            "expected a size like 256MiB, or 0; got '%s'",
-			            v);
+			return fail(
+			    l, sec, key,
+			    "expected a size like 256MiB, or 0; got '%s'", v);
 		p->untouched_allowance = n;
 		return 0;
 	}

@@ -239,8 +239,8 @@ static void fill_group(const struct mts_registry *reg,
 	gu->state = proto_state(g->state);
 	gu->reserved_bytes = g->reserved;
 	gu->reservations = g->reservations;
-	gu->high_watermark_bytes = high_mark(
-	    g->limit, g->high_bp ? g->high_bp : reg->policy.high_bp);
+	gu->high_watermark_bytes =
+	    high_mark(g->limit, g->high_bp ? g->high_bp : reg->policy.high_bp);
 	gu->growth_bytes_per_s = g->growth;
 	gu->seconds_to_limit = mts_group_forecast(reg, g);
 }
@@ -497,9 +497,8 @@ static int do_release(struct mts_registry *reg, const struct mts_peer *peer,
 		         "no outstanding reservation '%.*s' (released, expired "
 		         "or never granted)",
 		         (int)MTS_RESV_ID_LEN + 2, q->reservation);
-		return append_error(out, id,
-		                    MEMTALLY__V1__ERROR_CODE__ERROR_NOT_FOUND,
-		                    msg);
+		return append_error(
+		    out, id, MEMTALLY__V1__ERROR_CODE__ERROR_NOT_FOUND, msg);
 	case -EPERM:
 		return append_error(
 		    out, id, MEMTALLY__V1__ERROR_CODE__ERROR_PERMISSION_DENIED,
@@ -572,9 +571,8 @@ static int do_set_limit(struct mts_registry *reg, const struct mts_peer *peer,
 		break;
 	case -ENOENT:
 		snprintf(msg, sizeof(msg), "pid %u is not registered", q->pid);
-		return append_error(out, id,
-		                    MEMTALLY__V1__ERROR_CODE__ERROR_NOT_FOUND,
-		                    msg);
+		return append_error(
+		    out, id, MEMTALLY__V1__ERROR_CODE__ERROR_NOT_FOUND, msg);
 	case -EINVAL:
 		snprintf(msg, sizeof(msg),
 		         "a group name is at most %u bytes without control "

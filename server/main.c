@@ -295,8 +295,9 @@ static void on_hup(uv_signal_t *h, int signum)
 	struct mts_registry *reg = &s->srv->reg;
 	char err[768], q[MTS_LOGQ_MAX];
 	if (!s->cl->config) {
-		mts_log(MTS_LOG_INFO, "SIGHUP: no --config file, nothing to "
-		                      "reload",
+		mts_log(MTS_LOG_INFO,
+		        "SIGHUP: no --config file, nothing to "
+		        "reload",
 		        NULL);
 		return;
 	}
@@ -307,9 +308,10 @@ static void on_hup(uv_signal_t *h, int signum)
 	                          err, sizeof(err));
 	if (r < 0) {
 		reg->stats.reload_failures++;
-		mts_log(MTS_LOG_ERROR, "config reload rejected; the running "
-		                       "config is kept",
-		        "error=%s", mts_logq(q, sizeof(q) , err));
+		mts_log(MTS_LOG_ERROR,
+		        "config reload rejected; the running "
+		        "config is kept",
+		        "error=%s", mts_logq(q, sizeof(q), err));
 		sd_notify(0, "READY=1");
 		return;
 	}
@@ -319,8 +321,9 @@ static void on_hup(uv_signal_t *h, int signum)
 		r = mts_server_apply_hooks(s->srv, &next.hooks);
 	if (r < 0) {
 		reg->stats.reload_failures++;
-		mts_log(MTS_LOG_ERROR, "config reload failed; the running "
-		                       "config is kept",
+		mts_log(MTS_LOG_ERROR,
+		        "config reload failed; the running "
+		        "config is kept",
 		        "error=%s", strerror(-r));
 	} else {
 		reg->stats.reloads++;
@@ -495,8 +498,8 @@ int main(int argc, char **argv)
 	        mts_logq(q2, sizeof(q2), cfg.segment));
 	/* Listener and segment are up: a systemd unit may start its
 	 * dependents now. */
-	sd_notifyf(0, "READY=1\nSTATUS=serving %s\nMAINPID=%d",
-	           cfg.socket_path, (int)getpid());
+	sd_notifyf(0, "READY=1\nSTATUS=serving %s\nMAINPID=%d", cfg.socket_path,
+	           (int)getpid());
 	uv_run(&loop, UV_RUN_DEFAULT);
 
 	uint64_t registrations = srv.reg.stats.registrations;

@@ -16,7 +16,7 @@
 
 struct mts_config {
 	const char *socket_path;
-	const char *segment; /* label of the shared objects */
+	const char *segment;    /* label of the shared objects */
 	const char *state_path; /* restart record; NULL: next to the socket
 	                           (SOCKET.state), none without a socket */
 	uint32_t slots;
@@ -46,9 +46,9 @@ struct mts_config {
 struct mts_settings {
 	struct mts_config cfg; /* strings point into `owned` */
 	struct mts_policy policy;
-	int log_level;       /* enum mts_log_level */
-	char *config_path;   /* NULL: no file */
-	char *owned[8];      /* socket, segment, tcp, metrics, state */
+	int log_level;              /* enum mts_log_level */
+	char *config_path;          /* NULL: no file */
+	char *owned[8];             /* socket, segment, tcp, metrics, state */
 	struct mts_hook_conf hooks; /* [hooks] */
 };
 
@@ -105,7 +105,6 @@ int mts_parse_signal(const char *s, int *sig);
  * does not resolve). Used for --tcp and --metrics alike.
  */
 int mts_parse_hostport(const char *s, struct sockaddr_storage *ss,
-                       socklen_t *len,
-                       bool *loopback);
+                       socklen_t *len, bool *loopback);
 
 #endif /* MTS_CONFIG_H */

@@ -18,8 +18,11 @@
 #define MTS_HOOK_TIMEOUT_MAX_MS     3600000u
 /* [hooks] min_interval: a scope's hooks start at least this far apart,
  * so a figure flapping around a mark cannot drain and resume a node many
- * times a second (the latest state still wins: see hooks.c). */
-#define MTS_HOOK_DEFAULT_MIN_INTERVAL_MS 1000u
+ * times a second (the latest state still wins: see hooks.c). Off by
+ * default: with it, an over and back within the interval runs no hook at
+ * all, which a setup that must see every crossing would not want; the
+ * example configuration turns it on. */
+#define MTS_HOOK_DEFAULT_MIN_INTERVAL_MS 0u
 /* Hooks running at once over all scopes; more wait for one to end. */
 #define MTS_HOOKS_MAX_RUNNING 16u
 /* What is kept of a hook's stderr for the log. */

@@ -39,11 +39,11 @@ struct mts_proc {
 	                 * mapped + allocator_free; what limits compare */
 	uint64_t peak;
 	uint64_t error_bytes; /* threshold x threads */
-	uint64_t rss;   /* resident bytes, /proc/PID/statm, slower cadence */
-	uint64_t limit; /* per-process limit in force, 0 = none */
+	uint64_t rss;    /* resident bytes, /proc/PID/statm, slower cadence */
+	uint64_t limit;  /* per-process limit in force, 0 = none */
 	uint64_t mapped; /* part of `bytes`: memory it mapped itself (the
-			  * lanes' flush count, for queries only, is read
-			  * from the slot then: it has no place here) */
+	                  * lanes' flush count, for queries only, is read
+	                  * from the slot then: it has no place here) */
 	uint32_t slot;
 	uint32_t group; /* index in reg->groups */
 	uint32_t threads;
@@ -68,7 +68,7 @@ struct mts_proc {
 	 * and swapped anonymous memory, read by the RSS sweep) and the part
 	 * of `bytes` it does not vouch for as of the latest tick. */
 	uint64_t kernel;
-	uint64_t kernel_ns; /* CLOCK_MONOTONIC of the read; 0 = none yet */
+	uint64_t kernel_ns;     /* CLOCK_MONOTONIC of the read; 0 = none yet */
 	uint64_t claim_at_read; /* `bytes` when the read was applied */
 	uint64_t unvouched;
 	/* Cold: registration, exit, queries. */
@@ -76,7 +76,7 @@ struct mts_proc {
 	struct mts_registry *reg;
 	struct mts_table *table; /* its uid's slot table */
 	uint64_t slot_gen;       /* generation of its slot assignment */
-	struct mts_proc *hnext; /* pid hash chain */
+	struct mts_proc *hnext;  /* pid hash chain */
 	uint32_t uid;
 	int pidfd;
 	uint64_t start_time;
@@ -99,8 +99,8 @@ struct mts_proc {
 struct mts_group {
 	char *name; /* NULL: free entry */
 	uint32_t processes;
-	uint64_t bytes; /* latest tick, mapped and allocator_free included;
-	                 * of untrusted uids only what is vouched for */
+	uint64_t bytes;     /* latest tick, mapped and allocator_free included;
+	                     * of untrusted uids only what is vouched for */
 	uint64_t unvouched; /* claimed beyond `bytes` (vouch.c) */
 	uint32_t unvouched_uid; /* whose: a uid, or MTS_UID_MIXED */
 	uint64_t mapped;
@@ -109,9 +109,9 @@ struct mts_group {
 	uint64_t error_bytes;
 	/* Filled by the limits code. */
 	uint64_t rss;
-	uint64_t limit;    /* 0 = none */
-	uint64_t reserved; /* outstanding admission reservations */
-	uint32_t state;    /* enum mtshm_state */
+	uint64_t limit;        /* 0 = none */
+	uint64_t reserved;     /* outstanding admission reservations */
+	uint32_t state;        /* enum mtshm_state */
 	uint32_t high_bp;      /* own watermark (basis points), 0 = fleet's */
 	uint32_t reservations; /* outstanding reservations naming the group */
 	/* admit.c: the exact sum behind `reserved` (which saturates), kept
@@ -119,14 +119,14 @@ struct mts_group {
 	unsigned __int128 reserved_sum;
 	/* rate.c: the measured figure's rate, sampled by the tick. */
 	struct mts_wrate rate;
-	double growth;     /* bytes per second, as of the latest sample */
+	double growth; /* bytes per second, as of the latest sample */
 	struct mts_forecast_gate fgate;
 };
 
 /* Fleet figures as of the latest tick (or exit, which subtracts at once). */
 struct mts_totals {
-	uint64_t bytes; /* heap + mapped + allocator_free; of untrusted uids
-	                 * only what the kernel vouches for (vouch.c) */
+	uint64_t bytes;     /* heap + mapped + allocator_free; of untrusted uids
+	                     * only what the kernel vouches for (vouch.c) */
 	uint64_t unvouched; /* claimed beyond `bytes` */
 	uint64_t mapped;
 	uint64_t allocator_free;
@@ -138,9 +138,9 @@ struct mts_totals {
 	uint32_t unregistered;
 	/* Filled by the limits code. */
 	uint64_t rss;
-	uint64_t limit;    /* fleet limit, 0 = none */
-	uint64_t reserved; /* outstanding admission reservations */
-	uint32_t state;    /* enum mtshm_state */
+	uint64_t limit;        /* fleet limit, 0 = none */
+	uint64_t reserved;     /* outstanding admission reservations */
+	uint32_t state;        /* enum mtshm_state */
 	uint32_t reservations; /* outstanding reservations (count) */
 	/* rate.c, as for a group. */
 	struct mts_wrate rate;
@@ -161,23 +161,23 @@ enum mts_denial {
 
 /* Counters for /metrics. Written and read on the loop thread only. */
 struct mts_stats {
-	uint64_t registrations;      /* successful Register */
-	uint64_t reclaims;           /* slots reclaimed at a worker's exit */
-	uint64_t admissions;         /* Admit granted */
+	uint64_t registrations; /* successful Register */
+	uint64_t reclaims;      /* slots reclaimed at a worker's exit */
+	uint64_t admissions;    /* Admit granted */
 	uint64_t denials[MTS_DENY__COUNT];
-	uint64_t releases;           /* reservations ended by Release */
-	uint64_t expirations;        /* reservations ended by their TTL */
+	uint64_t releases;    /* reservations ended by Release */
+	uint64_t expirations; /* reservations ended by their TTL */
 	uint64_t enforcement_signals;
-	uint64_t events;             /* Watch events sent */
-	uint64_t protocol_errors;    /* error responses for bad frames */
-	uint64_t last_tick_ns;       /* duration of the latest tick */
-	uint64_t tick_ns_sum;        /* all ticks' durations, for _sum */
+	uint64_t events;          /* Watch events sent */
+	uint64_t protocol_errors; /* error responses for bad frames */
+	uint64_t last_tick_ns;    /* duration of the latest tick */
+	uint64_t tick_ns_sum;     /* all ticks' durations, for _sum */
 	uint64_t tick_count;
-	uint64_t fulfilled;          /* reservations ended: task's end */
-	uint64_t watch_disconnects;  /* Watch subscribers not reading */
-	uint64_t reloads;            /* SIGHUP reloads applied */
-	uint64_t reload_failures;    /* SIGHUP reloads rejected (bad value) */
-	uint64_t auth_denials;       /* SetLimit/Release refused */
+	uint64_t fulfilled;         /* reservations ended: task's end */
+	uint64_t watch_disconnects; /* Watch subscribers not reading */
+	uint64_t reloads;           /* SIGHUP reloads applied */
+	uint64_t reload_failures;   /* SIGHUP reloads rejected (bad value) */
+	uint64_t auth_denials;      /* SetLimit/Release refused */
 };
 
 /* "fleet_limit", "group_limit", "invalid": the `reason` label. */
@@ -198,10 +198,10 @@ const char *mts_denial_name(enum mts_denial d);
 #define MTS_TABLES_IDLE_MAX 16u
 struct mts_table {
 	uint32_t uid;
-	uint32_t procs;       /* registered processes whose slot is in it */
+	uint32_t procs;         /* registered processes whose slot is in it */
 	uint64_t idle_since_ns; /* CLOCK_MONOTONIC when procs fell to 0;
 	                           0 while in use */
-	struct mtshm_map map; /* fd kept: handed to the uid's workers */
+	struct mtshm_map map;   /* fd kept: handed to the uid's workers */
 	struct mts_vouch_uid vouch; /* vouch.c */
 };
 
@@ -256,7 +256,7 @@ struct mts_admission {
 
 struct mts_registry {
 	uv_loop_t *loop;
-	struct mtshm_map *map;     /* the header: ours is the writable map */
+	struct mtshm_map *map;      /* the header: ours is the writable map */
 	struct mtshm_layout layout; /* private copy; never read back */
 	int hdr_ro_fd;              /* read-only descriptor for workers */
 	const char *label;          /* names the memfds (/proc/PID/maps) */
@@ -289,9 +289,9 @@ struct mts_registry {
 	struct mts_stats stats;
 
 	/* Limits, admission, events (limits.c, admit.c). */
-	struct mts_policy policy; /* in force; owned (deep copy) */
-	uint32_t server_uid;      /* geteuid() at init: always authorised */
-	struct mts_admission adm; /* admit.c's: reservations and tasks */
+	struct mts_policy policy;     /* in force; owned (deep copy) */
+	uint32_t server_uid;          /* geteuid() at init: always authorised */
+	struct mts_admission adm;     /* admit.c's: reservations and tasks */
 	uint64_t fleet_over_since_ns; /* CLOCK_MONOTONIC; 0 = not over */
 	bool enforce_idle_logged;     /* "nothing to signal" said once */
 	bool closed;                  /* mts_registry_close() ran */

@@ -438,8 +438,7 @@ Test(size, formatting)
 	cr_assert_str_eq(mt_format_size(b, sizeof(b), 1024), "1 KiB");
 	cr_assert_str_eq(mt_format_size(b, sizeof(b), 600 * MIB), "600 MiB");
 	cr_assert_str_eq(mt_format_size(b, sizeof(b), 1100 * MIB), "1.1 GiB");
-	cr_assert_str_eq(mt_format_size(b, sizeof(b), 1024 * MIB - 1),
-	                 "1 GiB");
+	cr_assert_str_eq(mt_format_size(b, sizeof(b), 1024 * MIB - 1), "1 GiB");
 	cr_assert_str_eq(mt_format_size(b, sizeof(b), UINT64_MAX), "16 EiB");
 }
 

@@ -474,7 +474,8 @@ Test(config, connection_budget_keys_and_flags)
 {
 	struct mts_settings s;
 	char err[512];
-	write_file(path, "[server]\nmax_connections = 64\nmax_buffered = 8MiB\n",
+	write_file(path,
+	           "[server]\nmax_connections = 64\nmax_buffered = 8MiB\n",
 	           0600);
 	cr_assert_eq(mts_settings_load(&s, path, NULL, 0, err, sizeof(err)), 0,
 	             "%s", err);

@@ -508,8 +508,8 @@ Test(budget, over_the_cap_the_largest_are_throttled_then_evicted,
 	close(good.fd);
 }
 
-Test(budget, a_throttled_peer_that_reads_again_is_resumed,
-     .init = setup_cap, .fini = teardown, .timeout = 120)
+Test(budget, a_throttled_peer_that_reads_again_is_resumed, .init = setup_cap,
+     .fini = teardown, .timeout = 120)
 {
 	static struct hostile h;
 	hostile_open(&h);
@@ -581,8 +581,9 @@ Test(budget, partial_frames_over_the_cap_do_not_stick, .init = setup_cap,
 	/* Three quarters of each frame, as far as the sockets take it. */
 	for (int round = 0; round < 2000; round++) {
 		for (int i = 0; i < N; i++) {
-			ssize_t n = send(p[i].fd, data + sent[i], first - sent[i],
-			                 MSG_DONTWAIT | MSG_NOSIGNAL);
+			ssize_t n =
+			    send(p[i].fd, data + sent[i], first - sent[i],
+			         MSG_DONTWAIT | MSG_NOSIGNAL);
 			if (n > 0)
 				sent[i] += (size_t)n;
 		}
@@ -606,11 +607,13 @@ Test(budget, partial_frames_over_the_cap_do_not_stick, .init = setup_cap,
 	for (int i = 0; i < N; i++) {
 		bool gone = false;
 		for (int spins = 0; spins < 20000 && sent[i] < total; spins++) {
-			ssize_t n = send(p[i].fd, data + sent[i], total - sent[i],
-			                 MSG_DONTWAIT | MSG_NOSIGNAL);
+			ssize_t n =
+			    send(p[i].fd, data + sent[i], total - sent[i],
+			         MSG_DONTWAIT | MSG_NOSIGNAL);
 			if (n > 0)
 				sent[i] += (size_t)n;
-			else if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
+			else if (n < 0 && errno != EAGAIN &&
+			         errno != EWOULDBLOCK) {
 				gone = true;
 				break;
 			}
@@ -619,7 +622,8 @@ Test(budget, partial_frames_over_the_cap_do_not_stick, .init = setup_cap,
 		}
 		Memtally__V1__Response *r = gone ? NULL : client_recv(&p[i]);
 		if (r) {
-			cr_assert_not_null(r->error, "a garbage frame not refused");
+			cr_assert_not_null(r->error,
+			                   "a garbage frame not refused");
 			memtally__v1__response__free_unpacked(r, NULL);
 			answered++;
 		} else {
@@ -714,8 +718,8 @@ Test(conn, a_peer_closed_during_another_turn_strands_nobody)
 			b.len += (size_t)n;
 		for (;;) {
 			uint64_t blen;
-			int h = mtframe_decode_len(b.buf, b.len, UINT64_MAX,
-			                           &blen);
+			int h =
+			    mtframe_decode_len(b.buf, b.len, UINT64_MAX, &blen);
 			if (h <= 0 || b.len < (size_t)h + blen)
 				break;
 			size_t used = (size_t)h + blen;
