@@ -10,6 +10,10 @@ Checked under the jemalloc preload and the glibc front end, as root and as
 nobody (both workers of one uid each time), with the block taken before
 memtally attached (its slot is then mapped right below the block) and
 after.
+
+A worker's only writable memtally mapping is the page of its own slot. A
+forked child (which inherits its parent's) keeps none of its parent's: it
+ends with its own slot's page only, and both are counted.
 """
 import os
 
@@ -23,6 +27,21 @@ GLIBC_LIB = os.path.join(os.path.dirname(PRELOAD), "libmemtally_glibc.so")
 HOLD, WILD, PUB_PRELOAD, PUB_GLIBC = world_readable_copy(
     worker("mt_hold"), worker("mt_wild"), PRELOAD, GLIBC_LIB)
 HOLD_MIB = 50
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def slot_mappings(pid):
+    """pid's writable shared mappings of a slot table: (size, offset)."""
+    out = []
+    with open(f"/proc/{pid}/maps") as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) < 6 or "-slots:" not in line:
+                continue
+            lo, hi = (int(x, 16) for x in fields[0].split("-"))
+            if fields[1].startswith("rw") and fields[1][3] == "s":
+                out.append((hi - lo, int(fields[2], 16)))
+    return out
 
 
 def plain_dies():
@@ -84,6 +103,42 @@ def one_wild(lib, user, order):
             hold.close()
 
 
+def fork_child_maps_its_own_slot(lib):
+    with Server() as s:
+        w = Worker([worker("mt_fork"), "8"], s.env(LD_PRELOAD=lib))
+        try:
+            pids = {}
+            for _ in range(2):
+                who, pid = w.readline().split()
+                pids[who] = int(pid.split("=")[1])
+            child = pids["child"]
+            wait_for("parent and child counted", lambda: all(
+                s.ps().get(p, {}).get("bytes", 0) >= 8 * MIB
+                for p in pids.values()))
+            own = {who: slot_mappings(pid) for who, pid in pids.items()}
+            for who, maps in own.items():
+                check(len(maps) == 1 and maps[0][0] <= 2 * PAGE,
+                      f"the {who} maps more than its own slot's page: "
+                      f"{maps}")
+            # The child started from its parent's heap total, in its own
+            # slot (the free memory glibc keeps is sampled by each apart).
+            ps = s.ps()
+            heap = {p: ps[p]["bytes"] - ps[p]["allocator_free"]
+                    for p in pids.values()}
+            check(abs(heap[child] - heap[w.pid]) <= 64 * 1024,
+                  f"child {heap[child]} vs parent {heap[w.pid]}")
+        finally:
+            w.close()
+
+
+def test_fork_preload():
+    fork_child_maps_its_own_slot(PRELOAD)
+
+
+def test_fork_glibc():
+    fork_child_maps_its_own_slot(GLIBC_LIB)
+
+
 def test_plain_program_segfaults():
     plain_dies()
 
@@ -106,4 +161,5 @@ def test_glibc_nobody():
 
 if __name__ == "__main__":
     run([test_plain_program_segfaults, test_preload_root,
-         test_preload_nobody, test_glibc_root, test_glibc_nobody])
+         test_preload_nobody, test_glibc_root, test_glibc_nobody,
+         test_fork_preload, test_fork_glibc])
