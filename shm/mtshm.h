@@ -16,7 +16,10 @@
  *    the slots of that uid's processes only. Sealed against resizing
  *    (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL): its size is fixed for
  *    every mapper, so no access inside it can ever fault with SIGBUS.
- *    Workers of the uid map it read-write; processes of one uid can
+ *    The server maps it whole; a worker of the uid maps read-write only
+ *    the page(s) holding its own slot, between inaccessible guards
+ *    (mtshm_map_window), so a stray write of its own program faults
+ *    rather than reach a neighbour's slot. Processes of one uid can
  *    ptrace each other anyway, so they share nothing they could not
  *    already reach, and other uids share nothing writable at all.
  *
