@@ -12,8 +12,8 @@
  *  - Nothing is lost: bytes flushed while unattached accumulate in
  *    `mtc.pending` and are moved into the slot's `overflow` once attached,
  *    so the slot always carries the process's whole total.
- *  - An attachment (the server's header, mapped read-only, our uid's slot
- *    table, mapped read-write, and our slot in it) is written once, then
+ *  - An attachment (the server's header, mapped read-only, and our slot,
+ *    mapped read-write) is written once, then
  *    published through `mtc.cur` with release order and never changed, so
  *    a flushing thread needs no lock; it is never unmapped, since another
  *    thread may be storing into its lane at any moment.
@@ -23,6 +23,12 @@
  *    the attachment and never read back from shared memory. The
  *    descriptors are closed at once: the worker's descriptor table is left
  *    as it was.
+ *  - Of our uid's slot table only the page(s) holding our own slot are
+ *    mapped, between two inaccessible guards (mtshm_map_window): a
+ *    program's write that runs off one of its own blocks faults in a guard,
+ *    as it would have faulted without memtally, instead of landing in the
+ *    figures of the uid's other processes. A forked child makes the
+ *    windows it inherited inaccessible: they are its parent's slots.
  *  - Liveness costs nothing on the flush path while the server ticks: a
  *    thread compares the header's tick counter with the one it saw last
  *    (a shared line the server writes once a tick), and only when it has
@@ -46,6 +52,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -71,15 +78,16 @@
  * replaced: re-register (which is harmless if all is well). */
 #define MTC_STALE_NS (2000 * 1000000ull)
 
-/* The server's header, our uid's slot table and our slot in it;
- * immutable once published. Two attachments may share a table (a server
+/* The server's header and our slot, in a window of our uid's slot table;
+ * immutable once published. Two attachments may share a window (a server
  * restarted and kept our slot): `table` is then the same mapping. */
 struct mtc_attachment {
 	struct mtshm_map hdr_map;
-	struct mtshm_map table;
+	struct mtshm_map table; /* the window holding our slot only */
 	const struct mtshm_header *hdr;
 	struct mtshm_layout layout; /* private copy, validated */
 	struct mtshm_slot_id *slot;
+	uint32_t slot_index;
 	uint64_t slot_gen;
 };
 
@@ -92,7 +100,8 @@ static struct {
 	uint32_t attaching;        /* try-lock of attach() */
 	uint64_t next_try_ns;      /* back-off: no attach before this */
 	uint64_t backoff_ns;
-	uint32_t natts;            /* atts[] used; under `attaching` */
+	uint32_t natts;            /* atts[] used; under `attaching`, raised
+				    * after the entry is written (release) */
 	uint32_t over_seen;        /* the slot's over-limit flag as the
 				    * latest flush saw it: edge detection */
 	uint64_t mapped;           /* mapped bytes (mmap.c), absolute */
@@ -182,6 +191,27 @@ static int64_t slot_total(const struct mtc_attachment *a)
 }
 
 /*
+ * In a forked child: the slot windows it inherited are its parent's slots
+ * (or slots the server may since have given to another process). Make
+ * them inaccessible, keeping the address range reserved: the child writes
+ * only into the slot it will be given at its own registration. Only the
+ * forking thread runs in the child, and its lane is dropped by the epoch
+ * change, so nothing here still points into them.
+ */
+static void fence_inherited(void)
+{
+	uint32_t n = __atomic_load_n(&mtc.natts, __ATOMIC_ACQUIRE);
+	for (uint32_t i = 0; i < n && i < MTC_MAX_ATTACH; i++) {
+		struct mtshm_map *t = &atts[i].table;
+		if (t->base)
+			(void)mmap(t->base, t->size, PROT_NONE,
+				   MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED |
+					   MAP_NORESERVE,
+				   -1, 0);
+	}
+}
+
+/*
  * fork(): the child is a new process. Its starting total is what the parent
  * had published (its slot, which the child can still read through the
  * inherited mapping, plus pending); it registers at its next flush. The
@@ -195,6 +225,7 @@ static void on_fork_child(void)
 		total += slot_total(a);
 	mt_store_relaxeds64(&mtc.pending, total);
 	mt_store_release64(&mtc.cur, 0);
+	fence_inherited();
 	mt_store_relaxed64(&mtc_epoch, mt_load_relaxed64(&mtc_epoch) + 1);
 	mtc.attaching = 0;
 	mtc.over_seen = 0;
@@ -524,8 +555,9 @@ static int do_register(struct reg_reply *out)
 	return err;
 }
 
-/* Map the header (read-only) and take its layout; map our uid's table
- * (read-write) unless `old` already maps that very object. */
+/* Map the header (read-only) and take its layout; map the window of our
+ * uid's table that holds our slot (read-write), unless `old` already maps
+ * that very slot of that very object. */
 static int map_reply(struct reg_reply *rep, const struct mtc_attachment *old,
 		     struct mtc_attachment *a)
 {
@@ -536,6 +568,8 @@ static int map_reply(struct reg_reply *rep, const struct mtc_attachment *old,
 	if (!err)
 		err = mtshm_layout_read(a->hdr_map.base, a->hdr_map.size,
 					&a->layout);
+	if (!err && rep->slot >= a->layout.slot_count)
+		err = MEMTALLY_EPROTO;
 	if (err) {
 		mtc_debug("cannot use the server's header: %s",
 			  mtshm_strerror(err));
@@ -543,23 +577,32 @@ static int map_reply(struct reg_reply *rep, const struct mtc_attachment *old,
 		return err;
 	}
 	a->hdr = a->hdr_map.hdr;
+	a->slot_index = rep->slot;
 	struct stat st;
 	if (old && fstat(rep->fds[1], &st) == 0 &&
 	    (uint64_t)st.st_dev == old->table.dev &&
 	    (uint64_t)st.st_ino == old->table.ino &&
+	    old->slot_index == rep->slot &&
 	    old->layout.table_size == a->layout.table_size &&
 	    old->layout.slot_stride == a->layout.slot_stride &&
 	    old->layout.lane_count == a->layout.lane_count) {
 		a->table = old->table;
+		a->slot = old->slot;
 		return 0;
 	}
-	err = mtshm_map_fd(rep->fds[1], MTSHM_SEALS_TABLE,
-			   a->layout.table_size, &a->table);
+	/* A slot's bytes: its lane_count lines (identity in line 0). */
+	uint64_t off = (uint64_t)rep->slot * a->layout.slot_stride;
+	err = mtshm_map_window(rep->fds[1], a->layout.table_size, off,
+			       (uint64_t)a->layout.lane_count * MTSHM_LINE,
+			       MTSHM_GUARD, &a->table);
 	if (err) {
 		mtc_debug("cannot use the slot table: %s", mtshm_strerror(err));
 		mtshm_close(&a->hdr_map);
+		return err;
 	}
-	return err;
+	a->slot = (struct mtshm_slot_id *)((char *)a->table.base +
+					   (off - a->table.off));
+	return 0;
 }
 
 /*
@@ -582,11 +625,7 @@ static int attach(void)
 	if (err)
 		return err;
 	bool shared_table = old && a.table.base == old->table.base;
-	if (rep.slot >= a.layout.slot_count) {
-		err = MEMTALLY_EPROTO;
-		goto fail;
-	}
-	struct mtshm_slot_id *s = mtshm_slot(&a.layout, a.table.base, rep.slot);
+	struct mtshm_slot_id *s = a.slot;
 	if (mt_load_acquire32(&s->pid) != (uint32_t)mtc.pid ||
 	    mt_load_relaxed64(&s->generation) != rep.slot_gen) {
 		mtc_debug("slot %u is not ours", rep.slot);
@@ -607,10 +646,12 @@ static int attach(void)
 		err = -ENOSPC;
 		goto fail;
 	}
-	struct mtc_attachment *na = &atts[mtc.natts++];
-	a.slot = s;
+	struct mtc_attachment *na = &atts[mtc.natts];
 	a.slot_gen = rep.slot_gen;
 	*na = a;
+	/* Written whole before counted: a fork at any moment fences only
+	 * complete entries (fence_inherited). */
+	__atomic_store_n(&mtc.natts, mtc.natts + 1, __ATOMIC_RELEASE);
 	if (rep.threshold)
 		mt_store_relaxed64(&mtc_thresh, rep.threshold);
 	if (same_slot) {

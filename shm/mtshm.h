@@ -16,7 +16,10 @@
  *    the slots of that uid's processes only. Sealed against resizing
  *    (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL): its size is fixed for
  *    every mapper, so no access inside it can ever fault with SIGBUS.
- *    Workers of the uid map it read-write; processes of one uid can
+ *    The server maps it whole; a worker of the uid maps read-write only
+ *    the page(s) holding its own slot, between inaccessible guards
+ *    (mtshm_map_window), so a stray write of its own program faults
+ *    rather than reach a neighbour's slot. Processes of one uid can
  *    ptrace each other anyway, so they share nothing they could not
  *    already reach, and other uids share nothing writable at all.
  *
@@ -347,6 +350,8 @@ struct mtshm_layout {
 struct mtshm_map {
 	void *base;
 	size_t size;
+	uint64_t off; /* object offset mapped at base (a window), else 0 */
+	size_t guard; /* inaccessible bytes reserved on each side of base */
 	struct mtshm_header *hdr;
 	int fd;
 	uint64_t dev;
@@ -387,6 +392,28 @@ int mtshm_table_create(const char *label, const struct mtshm_layout *l,
  * -errno, MTSHM_EUNSEALED or another MTSHM_E* code.
  */
 int mtshm_map_fd(int fd, unsigned seals, uint64_t size, struct mtshm_map *out);
+
+/*
+ * Guard regions around a worker's slot window: 1 MiB of inaccessible
+ * address space on each side, no memory. A program's own loop that runs
+ * off the end or the start of one of its blocks, byte by byte or with any
+ * stride below 1 MiB, faults in a guard before it can reach a slot.
+ */
+#define MTSHM_GUARD (UINT64_C(1) << 20)
+
+/*
+ * Map read-write only the page(s) of slot table `fd` that hold bytes
+ * [off, off + len), between two PROT_NONE guards of `guard` bytes (rounded
+ * up to pages) reserved with it: a worker maps its own slot this way, and
+ * no other part of its uid's table. Checks seals and size as
+ * mtshm_map_fd(). out->base is the first mapped page and out->off its
+ * offset in the object, so byte `off` is at base + (off - out->off);
+ * mtshm_close() releases the guards too. Returns 0, -errno,
+ * MTSHM_EUNSEALED, MTSHM_ETRUNCATED or MTSHM_ELAYOUT (a range outside the
+ * object).
+ */
+int mtshm_map_window(int fd, uint64_t size, uint64_t off, uint64_t len,
+		     size_t guard, struct mtshm_map *out);
 
 /* A read-only descriptor of the same object as `fd` (through
  * /proc/self/fd), close-on-exec. Returns it or -errno. */

@@ -147,20 +147,30 @@ int mtshm_table_create(const char *label, const struct mtshm_layout *l,
 	return err;
 }
 
-int mtshm_map_fd(int fd, unsigned seals, uint64_t size, struct mtshm_map *out)
+/* Is `fd` an object sealed with at least `seals` and, when `size` is not
+ * 0, exactly `size` bytes? Fills *st. */
+static int object_check(int fd, unsigned seals, uint64_t size, struct stat *st)
 {
-	map_reset(out);
 	int have = fcntl(fd, F_GET_SEALS);
 	if (have < 0)
 		return errno == EINVAL ? MTSHM_EUNSEALED : -errno;
 	if (((unsigned)have & seals) != seals)
 		return MTSHM_EUNSEALED;
-	struct stat st;
-	if (fstat(fd, &st) < 0)
+	if (fstat(fd, st) < 0)
 		return -errno;
-	if (!S_ISREG(st.st_mode) || st.st_size <= 0 ||
-	    (size && (uint64_t)st.st_size != size))
+	if (!S_ISREG(st->st_mode) || st->st_size <= 0 ||
+	    (size && (uint64_t)st->st_size != size))
 		return MTSHM_ETRUNCATED;
+	return 0;
+}
+
+int mtshm_map_fd(int fd, unsigned seals, uint64_t size, struct mtshm_map *out)
+{
+	map_reset(out);
+	struct stat st;
+	int err = object_check(fd, seals, size, &st);
+	if (err)
+		return err;
 	bool header = seals & F_SEAL_FUTURE_WRITE;
 	size_t len = (size_t)st.st_size;
 	void *base = mmap(NULL, len, PROT_READ | (header ? 0 : PROT_WRITE),
@@ -168,7 +178,7 @@ int mtshm_map_fd(int fd, unsigned seals, uint64_t size, struct mtshm_map *out)
 	if (base == MAP_FAILED)
 		return -errno;
 	if (header) {
-		int err = mtshm_validate(base, len);
+		err = mtshm_validate(base, len);
 		if (err) {
 			munmap(base, len);
 			return err;
@@ -177,6 +187,47 @@ int mtshm_map_fd(int fd, unsigned seals, uint64_t size, struct mtshm_map *out)
 	}
 	out->base = base;
 	out->size = len;
+	out->dev = st.st_dev;
+	out->ino = st.st_ino;
+	return 0;
+}
+
+int mtshm_map_window(int fd, uint64_t size, uint64_t off, uint64_t len,
+		     size_t guard, struct mtshm_map *out)
+{
+	map_reset(out);
+	struct stat st;
+	int err = object_check(fd, MTSHM_SEALS_TABLE, size, &st);
+	if (err)
+		return err;
+	uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+	if (len == 0 || off > (uint64_t)st.st_size ||
+	    len > (uint64_t)st.st_size - off)
+		return MTSHM_ELAYOUT;
+	uint64_t first = off & ~(page - 1);
+	uint64_t span = ((off + len + page - 1) & ~(page - 1)) - first;
+	guard = (size_t)((guard + page - 1) & ~(page - 1));
+	if (span > SIZE_MAX / 4 || guard > SIZE_MAX / 4)
+		return -ENOMEM;
+	/* Reserve guard + window + guard as inaccessible address space (no
+	 * memory, no commit charge), then put the window in its middle:
+	 * nothing the program maps later can sit right against it. */
+	size_t total = (size_t)span + 2 * guard;
+	char *res = mmap(NULL, total, PROT_NONE,
+			 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	if (res == MAP_FAILED)
+		return -errno;
+	void *base = mmap(res + guard, (size_t)span, PROT_READ | PROT_WRITE,
+			  MAP_SHARED | MAP_FIXED, fd, (off_t)first);
+	if (base == MAP_FAILED) {
+		err = -errno;
+		munmap(res, total);
+		return err;
+	}
+	out->base = base;
+	out->size = (size_t)span;
+	out->off = first;
+	out->guard = guard;
 	out->dev = st.st_dev;
 	out->ino = st.st_ino;
 	return 0;
@@ -254,7 +305,7 @@ void mtshm_close(struct mtshm_map *m)
 	if (!m)
 		return;
 	if (m->base)
-		munmap(m->base, m->size);
+		munmap((char *)m->base - m->guard, m->size + 2 * m->guard);
 	if (m->fd > 0) /* 0: a zeroed map; objects are never on 0..2 */
 		close(m->fd);
 	map_reset(m);

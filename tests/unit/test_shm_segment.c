@@ -201,6 +201,77 @@ Test(segment, table_is_sealed_against_resizing)
 	mtshm_close(&h);
 }
 
+/* Is the page at `p` mapped at all? (mincore fails with ENOMEM on a
+ * hole.) */
+static int mapped(void *p)
+{
+	unsigned char v;
+	return mincore(p, 4096, &v) == 0;
+}
+
+Test(segment, window_maps_one_slot_between_guards)
+{
+	/* 40 slots of 4 lanes: 512-byte slots, eight to a page. */
+	struct mtshm_params p = {.slots = 40, .lanes = 4, .threshold = 1};
+	struct mtshm_map h, t, w;
+	header_or_die(&p, &h);
+	struct mtshm_layout l;
+	layout_or_die(&h, &l);
+	cr_assert_eq(mtshm_table_create("t", &l, &t), 0);
+	uint64_t off = 17 * (uint64_t)l.slot_stride; /* 8704: third page */
+	int err = mtshm_map_window(t.fd, l.table_size, off,
+	                           (uint64_t)l.lane_count * MTSHM_LINE,
+	                           MTSHM_GUARD, &w);
+	cr_assert_eq(err, 0, "%s", mtshm_strerror(err));
+	cr_expect_eq(w.off, 8192);
+	cr_expect_eq(w.size, 4096);
+	cr_expect_eq(w.guard, MTSHM_GUARD);
+	cr_expect_eq(w.ino, t.ino);
+	/* The slot through the window is the slot in the table. */
+	struct mtshm_slot_id *s =
+	    (struct mtshm_slot_id *)((char *)w.base + (off - w.off));
+	s->threads = 7;
+	cr_expect_eq(mtshm_slot(&l, t.base, 17)->threads, 7);
+	/* Right below and right above the page, and the guards' far ends:
+	 * nothing writable, not even the neighbouring pages of the table. */
+	char *b = w.base;
+	cr_expect_eq(write_faults((uint32_t *)(b - 4)), 1, "below the window");
+	cr_expect_eq(write_faults((uint32_t *)(b + w.size)), 1,
+	             "above the window");
+	cr_expect_eq(write_faults((uint32_t *)(b - MTSHM_GUARD)), 1,
+	             "the lower guard's start");
+	cr_expect_eq(write_faults((uint32_t *)(b + w.size + MTSHM_GUARD - 4)),
+	             1, "the upper guard's end");
+	cr_expect_eq(mtshm_slot(&l, t.base, 15)->threads, 0);
+	cr_expect_eq(mtshm_slot(&l, t.base, 24)->threads, 0);
+	char *lo = b - MTSHM_GUARD;
+	mtshm_close(&w);
+	cr_expect_not(mapped(lo), "the guard is released with it");
+	cr_expect_not(mapped(b), "the window is released");
+
+	/* A slot across a page boundary gets both pages; a range outside
+	 * the table, or an unsealed object, nothing. */
+	cr_assert_eq(mtshm_map_window(t.fd, l.table_size, 4096 - 128, 512, 0,
+	                              &w),
+	             0);
+	cr_expect_eq(w.off, 0);
+	cr_expect_eq(w.size, 8192);
+	mtshm_close(&w);
+	expect_code(mtshm_map_window(t.fd, l.table_size, l.table_size - 256,
+	                             512, 0, &w),
+	            MTSHM_ELAYOUT, "a range past the end");
+	cr_expect_null(w.base);
+	expect_code(mtshm_map_window(t.fd, l.table_size + 128, 0, 512, 0, &w),
+	            MTSHM_ETRUNCATED, "a table of another size");
+	int plain = memfd_create("plain", MFD_CLOEXEC);
+	cr_assert_eq(ftruncate(plain, 4096), 0);
+	expect_code(mtshm_map_window(plain, 4096, 0, 512, 0, &w),
+	            MTSHM_EUNSEALED, "an unsealed object");
+	close(plain);
+	mtshm_close(&t);
+	mtshm_close(&h);
+}
+
 Test(segment, map_fd_refuses_what_could_be_resized)
 {
 	/* An unsealed memfd, a sealable one without the seals, a regular
