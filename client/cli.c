@@ -1483,9 +1483,9 @@ static int read_token(struct cli *c)
 	bool got = fgets(c->token_buf, sizeof(c->token_buf), f) != NULL;
 	fclose(f);
 	size_t n = got ? strcspn(c->token_buf, "\n") : 0;
-	while (n > 0 && (c->token_buf[n - 1] == ' ' ||
-	                 c->token_buf[n - 1] == '\t' ||
-	                 c->token_buf[n - 1] == '\r'))
+	while (n > 0 &&
+	       (c->token_buf[n - 1] == ' ' || c->token_buf[n - 1] == '\t' ||
+	        c->token_buf[n - 1] == '\r'))
 		n--;
 	c->token_buf[n] = '\0';
 	if (n == 0) {

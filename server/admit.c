@@ -929,20 +929,19 @@ static void log_denial(const struct mts_registry *reg,
 	char who[MTS_PEER_WHO_MAX];
 	/* A uid at its cap is a misbehaving client, not a full fleet. */
 	bool cap = out->reason == MTS_DENY_UID_CAP;
-	mts_log(cap ? MTS_LOG_WARN : MTS_LOG_INFO,
-	        cap ? "admission denied: per-uid reservation cap"
-	            : "admission denied",
-	        "reason=%s scope=%s measured=%llu reserved=%llu "
-	        "requested=%llu limit=%llu measure=%s group=%s task=%s %s",
-	        mts_denial_name(out->reason),
-	        mts_logq(qs, sizeof(qs), out->scope),
-	        (unsigned long long)out->measured,
-	        (unsigned long long)out->reserved,
-	        (unsigned long long)out->requested,
-	        (unsigned long long)out->limit,
-	        mts_measure_name(reg->policy.measure),
-	        mts_logq(qg, sizeof(qg), group), mts_logq(qt, sizeof(qt), task),
-	        mts_peer_who(peer, who, sizeof(who)));
+	mts_log(
+	    cap ? MTS_LOG_WARN : MTS_LOG_INFO,
+	    cap ? "admission denied: per-uid reservation cap"
+	        : "admission denied",
+	    "reason=%s scope=%s measured=%llu reserved=%llu "
+	    "requested=%llu limit=%llu measure=%s group=%s task=%s %s",
+	    mts_denial_name(out->reason), mts_logq(qs, sizeof(qs), out->scope),
+	    (unsigned long long)out->measured,
+	    (unsigned long long)out->reserved,
+	    (unsigned long long)out->requested, (unsigned long long)out->limit,
+	    mts_measure_name(reg->policy.measure),
+	    mts_logq(qg, sizeof(qg), group), mts_logq(qt, sizeof(qt), task),
+	    mts_peer_who(peer, who, sizeof(who)));
 }
 
 /* Room for one more reservation in the arrays and the id index, so that

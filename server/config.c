@@ -1259,11 +1259,12 @@ static int finish(struct load *l)
 	/* The token gives admin rights: a config file every local user can
 	 * read must not hold it. */
 	if (l->tcp_token && l->path && (l->mode & 0044))
-		return fail(l, "server", "tcp_token",
-		            "'%s' (mode %04o) is readable by group or others "
-		            "and holds the token: move it to a tcp_token_file of "
-		            "mode 0600 or 0640, or chmod 0600 the config",
-		            l->path, (unsigned)(l->mode & 07777));
+		return fail(
+		    l, "server", "tcp_token",
+		    "'%s' (mode %04o) is readable by group or others "
+		    "and holds the token: move it to a tcp_token_file of "
+		    "mode 0600 or 0640, or chmod 0600 the config",
+		    l->path, (unsigned)(l->mode & 07777));
 	if (l->tcp_token_file) {
 		int err = read_token_file(l, l->tcp_token_file);
 		if (err < 0)

@@ -26,14 +26,14 @@
  * So the server as a whole has a budget too (server.h):
  *  - connections: past max_connections a new connection is accepted and
  *    closed at once (past max_connections minus a small admin reserve,
- *    unless its peer is an admin: root can always get in to look), logged (at most once a second, with the count) and
- *    counted (memtally_connections_rejected_total). Accepting and closing
- *    rather than leaving it in the listen backlog: the peer sees EOF at
- *    once and a worker's client retries with back-off (fail open), where
- *    a connection left in the backlog would hang until its timeout, with
- *    nothing in our logs; and libuv stops watching a listener whose
- *    pending connection is not accepted, so the next connection after a
- *    close would wait too.
+ *    unless its peer is an admin: root can always get in to look), logged (at
+ * most once a second, with the count) and counted
+ * (memtally_connections_rejected_total). Accepting and closing rather than
+ * leaving it in the listen backlog: the peer sees EOF at once and a worker's
+ * client retries with back-off (fail open), where a connection left in the
+ * backlog would hang until its timeout, with nothing in our logs; and libuv
+ * stops watching a listener whose pending connection is not accepted, so the
+ * next connection after a close would wait too.
  *  - bytes: `held` is what a connection holds (its input buffer's
  *    capacity plus its unwritten output) and srv->net.buffered their sum.
  *    Reads go into one shared buffer and only what is left unanswered is
@@ -1050,7 +1050,8 @@ static void on_idle_timer(uv_timer_t *t)
 		srv->net.conn_stats.idle_closed++;
 		char who[MTS_PEER_WHO_MAX];
 		mts_log(MTS_LOG_DEBUG, "connection idle, closed",
-		        "%s idle_ms=%llu", mts_peer_who(&c->peer, who, sizeof(who)),
+		        "%s idle_ms=%llu",
+		        mts_peer_who(&c->peer, who, sizeof(who)),
 		        (unsigned long long)(now - c->last_ms));
 		conn_close(c);
 	}

@@ -307,7 +307,7 @@ struct mts_reg_result {
 struct mts_peer {
 	int fd; /* the socket, for SO_PEERPIDFD; -1 when there is none */
 	bool has_cred; /* uid known (and, on the Unix socket, pid and gid) */
-	uint32_t pid; /* SO_PEERCRED; 0 over TCP */
+	uint32_t pid;  /* SO_PEERCRED; 0 over TCP */
 	uint32_t uid;
 	uint32_t gid;      /* SO_PEERCRED (valid with has_cred, not TCP) */
 	bool tcp;          /* a TCP peer */

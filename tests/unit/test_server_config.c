@@ -417,9 +417,9 @@ Test(config, inline_token_needs_a_private_file)
 	for (size_t i = 0; i < 3; i++) {
 		write_file(path, text, modes[i]);
 		err[0] = '\0';
-		cr_assert_eq(mts_settings_load(&s, path, NULL, 0, err,
-		                               sizeof(err)),
-		             -EINVAL, "mode %o accepted", modes[i]);
+		cr_assert_eq(
+		    mts_settings_load(&s, path, NULL, 0, err, sizeof(err)),
+		    -EINVAL, "mode %o accepted", modes[i]);
 		cr_assert_not_null(strstr(err, path), "%s", err);
 		cr_assert_not_null(strstr(err, "tcp_token_file"), "%s", err);
 		cr_assert_null(strchr(err, '\n'), "one line: %s", err);

@@ -817,10 +817,10 @@ Test(peruid, a_uid_over_its_cap_stops_only_itself, .init = setup_uid2,
 			            sizeof(sa)) < 0)
 				_exit(2);
 		}
-		struct sockaddr_in in = {
-		    .sin_family = AF_INET,
-		    .sin_port = htons(srv.net.tcp_port),
-		    .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+		struct sockaddr_in in = {.sin_family = AF_INET,
+		                         .sin_port = htons(srv.net.tcp_port),
+		                         .sin_addr.s_addr =
+		                             htonl(INADDR_LOOPBACK)};
 		fds[2] = socket(AF_INET, SOCK_STREAM, 0);
 		if (connect(fds[2], (struct sockaddr *)&in, sizeof(in)) < 0)
 			_exit(2);
