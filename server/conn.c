@@ -757,16 +757,18 @@ static bool uid_admit(struct mts_conn *c, bool admin)
 		uint64_t now = uv_now(srv->loop);
 		if (!srv->net.uid_rejected_logged_ms ||
 		    now - srv->net.uid_rejected_logged_ms >= 1000) {
-			mts_log(
-			    MTS_LOG_WARN,
-			    "per-uid connection cap reached for this uid; "
-			    "its new connections are closed at once",
-			    "%s open=%u cap=%u key=%s rejected=%llu",
-			    mts_peer_who(&c->peer, who, sizeof(who)), open, cap,
-			    c->uid_key == MTS_UID_TCP
-			        ? "max_connections_unidentified"
-			        : "max_connections_per_uid",
-			    (unsigned long long)srv->net.uid_rejected_unlogged);
+			bool anon = c->uid_key == MTS_UID_TCP;
+			mts_log(MTS_LOG_WARN,
+			        anon ? "max_connections_unidentified reached; "
+			               "new TCP connections of unknown uid are "
+			               "closed at once"
+			             : "max_connections_per_uid reached for this "
+			               "uid; its new connections are closed at "
+			               "once",
+			        "%s open=%u cap=%u rejected=%llu",
+			        mts_peer_who(&c->peer, who, sizeof(who)), open,
+			        cap,
+			        (unsigned long long)srv->net.uid_rejected_unlogged);
 			srv->net.uid_rejected_logged_ms = now;
 			srv->net.uid_rejected_unlogged = 0;
 		}

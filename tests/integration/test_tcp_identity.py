@@ -252,7 +252,7 @@ def test_per_uid_caps_leave_room_for_others_and_root():
             # Every place but the admins' is taken: root still answers.
             st = s.status()
             check("fleet" in st, f"root's status: {st}")
-            check("per-uid connection cap reached" in s.logtext() and
+            check("max_connections_per_uid reached" in s.logtext() and
                   f"uid={NOBODY} " in s.logtext(), "no cap log line")
         finally:
             for p in procs:
