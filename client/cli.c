@@ -63,7 +63,9 @@ enum {
 struct cli {
 	const char *socket;
 	const char *tcp;   /* --tcp HOST:PORT, instead of the socket */
-	const char *token; /* --token or $MEMTALLY_TOKEN (TCP admin) */
+	const char *token; /* $MEMTALLY_TOKEN or --token-file's (TCP admin) */
+	const char *token_file; /* --token-file PATH */
+	char token_buf[1024];   /* the token read from token_file */
 	const char *where; /* the server, for messages */
 	bool json;
 	int timeout_ms;                 /* 0: the library's default */
@@ -162,8 +164,13 @@ static void usage(FILE *f)
 	    "else\n"
 	    "                   " MEMTALLY_DEFAULT_SOCKET ")\n"
 	    "  --tcp HOST:PORT  talk to memtallyd's TCP listener instead\n"
-	    "  --token T        token for limit set and release over TCP\n"
-	    "                   (default: $MEMTALLY_TOKEN)\n"
+	    "  --token-file PATH  read memtallyd's tcp_token from PATH (its "
+	    "first line)\n"
+	    "                   instead of $MEMTALLY_TOKEN; the token is sent "
+	    "with every\n"
+	    "                   request (a command line is readable by every "
+	    "user: no\n"
+	    "                   --token VALUE)\n"
 	    "  --json           print one JSON document instead of tables "
 	    "(watch:\n"
 	    "                   one per line)\n"
@@ -199,7 +206,7 @@ static int query_error(const struct cli *c, const char *what, int err)
 	const char *hint = "";
 	if (err == MEMTALLY_EPERM && !msg[0])
 		hint = c->tcp
-		           ? " (over TCP: --token or $MEMTALLY_TOKEN)"
+		           ? " (over TCP: $MEMTALLY_TOKEN or --token-file)"
 		           : " (needs root, memtallyd's user or a configured "
 		             "admin uid/gid)";
 	fprintf(stderr, "memtally: cannot %s via %s: %s%s%s%s\n", what,
@@ -1225,6 +1232,7 @@ enum {
 	OPT_ITERATIONS,
 	OPT_TCP,
 	OPT_TOKEN,
+	OPT_TOKEN_FILE,
 	OPT_WAIT,
 	OPT_HELP,
 	OPT_VERSION,
@@ -1242,6 +1250,7 @@ static const struct option long_options[] = {
     {"iterations", required_argument, NULL, OPT_ITERATIONS},
     {"tcp", required_argument, NULL, OPT_TCP},
     {"token", required_argument, NULL, OPT_TOKEN},
+    {"token-file", required_argument, NULL, OPT_TOKEN_FILE},
     {"wait", required_argument, NULL, OPT_WAIT},
     {"help", no_argument, NULL, OPT_HELP},
     {"version", no_argument, NULL, OPT_VERSION},
@@ -1330,7 +1339,17 @@ static int parse_args(struct cli *c, struct cmdline *p, int argc, char **argv)
 			c->tcp = optarg;
 			break;
 		case OPT_TOKEN:
-			c->token = optarg;
+			/* Every user can read a command line
+			 * (/proc/PID/cmdline, ps): a secret has no place in
+			 * it. */
+			return usage_error(
+			    "--token is not accepted: a command line is "
+			    "readable by every user; set MEMTALLY_TOKEN in the "
+			    "environment or use --token-file PATH");
+		case OPT_TOKEN_FILE:
+			if (!optarg[0])
+				return usage_error("--token-file needs a path");
+			c->token_file = optarg;
 			break;
 		case OPT_JSON:
 			c->json = true;
@@ -1456,6 +1475,37 @@ static int connect_server(struct cli *c, const struct command *cmd)
 	return 0;
 }
 
+/* The token: --token-file's first line (trailing blanks cut), else
+ * $MEMTALLY_TOKEN, else none. */
+static int read_token(struct cli *c)
+{
+	if (!c->token_file) {
+		c->token = getenv("MEMTALLY_TOKEN");
+		return 0;
+	}
+	FILE *f = fopen(c->token_file, "re");
+	if (!f) {
+		fprintf(stderr, "memtally: cannot read --token-file %s: %s\n",
+		        c->token_file, strerror(errno));
+		return EXIT_USAGE;
+	}
+	bool got = fgets(c->token_buf, sizeof(c->token_buf), f) != NULL;
+	fclose(f);
+	size_t n = got ? strcspn(c->token_buf, "\n") : 0;
+	while (n > 0 &&
+	       (c->token_buf[n - 1] == ' ' || c->token_buf[n - 1] == '\t' ||
+	        c->token_buf[n - 1] == '\r'))
+		n--;
+	c->token_buf[n] = '\0';
+	if (n == 0) {
+		fprintf(stderr, "memtally: --token-file %s holds no token\n",
+		        c->token_file);
+		return EXIT_USAGE;
+	}
+	c->token = c->token_buf;
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	struct cli c = {0};
@@ -1478,8 +1528,8 @@ int main(int argc, char **argv)
 		return usage_error("unknown command '%s'", p.cmd_name);
 	if ((rc = check_command(&c, cmd, p.extra)))
 		return rc;
-	if (!c.token)
-		c.token = getenv("MEMTALLY_TOKEN");
+	if ((rc = read_token(&c)))
+		return rc;
 	if (cmd->run == cmd_run) {
 		c.socket_given = c.socket != NULL;
 		if (!c.tcp && !c.socket)

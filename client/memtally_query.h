@@ -364,8 +364,10 @@ MEMTALLY_EXTERN int memtally_query_release(memtally_query *q,
 /* ---- limits --------------------------------------------------------- */
 
 /*
- * The token sent with SetLimit and Release, which the server requires of
- * peers over TCP (a Unix-socket peer is authorised by its uid instead).
+ * The server's tcp_token, sent with every request from then on. It
+ * authorises SetLimit and Release for a peer that is not an admin by uid,
+ * and a TCP connection the server cannot tie to a local uid (a remote
+ * peer) needs it on every request.
  * `token` is copied; NULL or "" sends none. Returns 0, -EINVAL, -ENOMEM.
  */
 MEMTALLY_EXTERN int memtally_query_set_token(memtally_query *q,

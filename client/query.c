@@ -78,7 +78,7 @@ struct memtally_query {
 	size_t rcap;
 	char *path; /* socket path, or HOST:PORT when `tcp` */
 	bool tcp;
-	char *token;       /* sent with SetLimit and Release; NULL = none */
+	char *token;       /* sent with every request; NULL = none */
 	bool watching;     /* a Watch was sent: only events arrive now */
 	uint64_t watch_id; /* its request id */
 	Memtally__V1__Response *event; /* the last event of watch_next() */
@@ -509,6 +509,10 @@ static int send_request(memtally_query *q, Memtally__V1__Request *req,
                         int64_t deadline)
 {
 	req->id = q->next_id++;
+	/* With every request: a TCP connection the server cannot tie to a
+	 * local uid needs it on each one. */
+	if (q->token)
+		req->token = q->token;
 	size_t len = mtframe_packed_size(&req->base);
 	uint8_t *wbuf = malloc(len);
 	if (!wbuf)

@@ -6,7 +6,8 @@
 # sysusers.d and tmpfiles.d entries to lib/sysusers.d and lib/tmpfiles.d
 # (/usr/lib/... in the package), the example config to share/doc. The
 # package's postinst creates the `memtally` group and, if absent,
-# /etc/memtally/memtallyd.conf from the example with `group = memtally`.
+# /etc/memtally/memtallyd.conf from the example with `group = memtally`,
+# mode 0640 root:memtally (it may hold the TCP token).
 if(NOT MEMTALLY_TOP_LEVEL)  # a subproject of someone else's build
   return()
 endif()

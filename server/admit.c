@@ -843,10 +843,11 @@ static void why(struct mts_admit_out *out, const char *what, enum mts_measure m,
 }
 
 /* The uid a reservation is counted against, and whether it has an owner
- * (Unix peers with credentials; TCP peers share one count). */
+ * (every peer whose uid is known, over either transport; unidentified TCP
+ * peers share one count). */
 static uint32_t peer_key(const struct mts_peer *peer, bool *owned)
 {
-	*owned = peer->has_cred && !peer->tcp;
+	*owned = peer->has_cred;
 	return *owned ? peer->uid : MTS_UID_TCP;
 }
 
@@ -885,7 +886,7 @@ void mts_admit_decide(const struct mts_registry *reg,
 			snprintf(who, sizeof(who), "uid %u", key);
 		} else {
 			snprintf(out->scope, sizeof(out->scope), "tcp");
-			snprintf(who, sizeof(who), "TCP peers");
+			snprintf(who, sizeof(who), "unidentified TCP peers");
 		}
 		snprintf(out->why, sizeof(out->why),
 		         "per-uid reservation cap: %s holds %u outstanding "
@@ -939,6 +940,7 @@ static void log_denial(const struct mts_registry *reg,
                        const char *task, const struct mts_admit_out *out)
 {
 	char qg[MTS_LOGQ_MAX], qt[MTS_LOGQ_MAX], qs[MTS_LOGQ_MAX];
+	char who[MTS_PEER_WHO_MAX];
 	/* A uid at its cap is a misbehaving client, not a full fleet. */
 	bool cap = out->reason == MTS_DENY_UID_CAP;
 	mts_log(
@@ -946,15 +948,14 @@ static void log_denial(const struct mts_registry *reg,
 	    cap ? "admission denied: per-uid reservation cap"
 	        : "admission denied",
 	    "reason=%s scope=%s measured=%llu reserved=%llu "
-	    "requested=%llu limit=%llu measure=%s group=%s task=%s "
-	    "peer_pid=%u uid=%u tcp=%d",
+	    "requested=%llu limit=%llu measure=%s group=%s task=%s %s",
 	    mts_denial_name(out->reason), mts_logq(qs, sizeof(qs), out->scope),
 	    (unsigned long long)out->measured,
 	    (unsigned long long)out->reserved,
 	    (unsigned long long)out->requested, (unsigned long long)out->limit,
 	    mts_measure_name(reg->policy.measure),
 	    mts_logq(qg, sizeof(qg), group), mts_logq(qt, sizeof(qt), task),
-	    peer->pid, peer->uid, peer->tcp);
+	    mts_peer_who(peer, who, sizeof(who)));
 }
 
 /* Room for one more reservation in the arrays and the id index, so that
@@ -1031,7 +1032,7 @@ static int resv_grant(struct mts_registry *reg, const struct mts_peer *peer,
                       struct mts_admit_out *out)
 {
 	const struct mts_policy *pol = &reg->policy;
-	char qg[MTS_LOGQ_MAX], qt[MTS_LOGQ_MAX];
+	char qg[MTS_LOGQ_MAX], qt[MTS_LOGQ_MAX], who[MTS_PEER_WHO_MAX];
 	bool owned;
 	uint32_t key = peer_key(peer, &owned);
 	if (resv_make_room(reg) < 0)
@@ -1074,13 +1075,14 @@ static int resv_grant(struct mts_registry *reg, const struct mts_peer *peer,
 	mts_log(MTS_LOG_INFO, "admission granted",
 	        "reservation=%s bytes=%llu group=%s task=%s ttl_s=%u "
 	        "fleet_measured=%llu fleet_reserved=%llu fleet_limit=%llu "
-	        "measure=%s peer_pid=%u uid=%u",
+	        "measure=%s %s",
 	        r->id, (unsigned long long)r->bytes,
 	        mts_logq(qg, sizeof(qg), group), mts_logq(qt, sizeof(qt), task),
 	        ttl, (unsigned long long)out->measured,
 	        (unsigned long long)reg->totals.reserved,
 	        (unsigned long long)reg->totals.limit,
-	        mts_measure_name(pol->measure), peer->pid, peer->uid);
+	        mts_measure_name(pol->measure),
+	        mts_peer_who(peer, who, sizeof(who)));
 	/* Reserved bytes count: the fleet or the group may now be high. */
 	mts_limits_eval(reg, false);
 	mts_publish(reg);
@@ -1125,28 +1127,28 @@ int mts_admit(struct mts_registry *reg, const struct mts_peer *peer,
 int mts_release(struct mts_registry *reg, const struct mts_peer *peer,
                 const char *id, const char *token, uint64_t *bytes)
 {
-	char q[MTS_LOGQ_MAX];
+	char q[MTS_LOGQ_MAX], who[MTS_PEER_WHO_MAX];
 	struct mts_resv *r = mts_resv_find(reg, id);
 	if (!r) {
 		mts_log(MTS_LOG_INFO, "release of an unknown reservation",
-		        "reservation=%s peer_pid=%u uid=%u",
-		        mts_logq(q, sizeof(q), id ? id : ""), peer->pid,
-		        peer->uid);
+		        "reservation=%s %s",
+		        mts_logq(q, sizeof(q), id ? id : ""),
+		        mts_peer_who(peer, who, sizeof(who)));
 		return -ENOENT;
 	}
 	enum mts_auth a = mts_authorise_release(reg, peer, token, r);
 	if (a == MTS_AUTH_NONE) {
 		reg->stats.auth_denials++;
 		mts_log(MTS_LOG_WARN, "release refused: not authorised",
-		        "reservation=%s owner_uid=%u peer_pid=%u uid=%u tcp=%d",
-		        r->id, r->uid, peer->pid, peer->uid, peer->tcp);
+		        "reservation=%s owner_uid=%u %s", r->id, r->uid,
+		        mts_peer_who(peer, who, sizeof(who)));
 		return -EPERM;
 	}
 	*bytes = r->bytes;
 	mts_log(MTS_LOG_INFO, "reservation released",
-	        "reservation=%s bytes=%llu by=%s peer_pid=%u uid=%u", r->id,
-	        (unsigned long long)r->bytes, mts_auth_name(a), peer->pid,
-	        peer->uid);
+	        "reservation=%s bytes=%llu by=%s %s", r->id,
+	        (unsigned long long)r->bytes, mts_auth_name(a),
+	        mts_peer_who(peer, who, sizeof(who)));
 	reg->stats.releases++;
 	resv_remove(reg, r, true);
 	mts_limits_eval(reg, false);

@@ -1,25 +1,28 @@
 /*
  * auth.c - who may change limits and release someone else's reservation.
  *
- * Queries and admission are open to anyone who can reach a socket (the
- * Unix socket is 0660, TCP is loopback unless configured otherwise).
- * SetLimit, and Release of a reservation the peer does not own, need an
- * authorised peer:
- *  - on the Unix socket, by SO_PEERCRED: root, the server's own uid, the
- *    configured admin_uid, or a member of admin_gid (primary group, or a
- *    supplementary one: SO_PEERGROUPS of the socket, else the Groups: line
- *    of /proc/PID/status);
- *  - on any transport, the configured tcp_token in the request body. Over
- *    TCP that is the only way: there are no peer credentials there.
+ * Every peer is a uid when the kernel can say which: SO_PEERCRED on the
+ * Unix socket, sock_diag for a TCP peer on this host (conn.c at accept).
+ * Queries and admission are open to any identified peer that can reach a
+ * socket (the Unix socket is 0660, TCP is loopback unless configured
+ * otherwise); a TCP peer whose uid is unknown needs the token on every
+ * request (dispatch.c). SetLimit, and Release of a reservation the peer
+ * does not own, need an authorised peer:
+ *  - by uid: root, the server's own uid, the configured admin_uid, or (on
+ *    the Unix socket, where there is a process to ask) a member of
+ *    admin_gid (primary group, or a supplementary one: SO_PEERGROUPS of
+ *    the socket, else the Groups: line of /proc/PID/status);
+ *  - on any transport, the configured tcp_token in the request.
  * The token is compared in time that does not depend on its content.
  *
- * Ownership of a reservation: the uid of the Unix peer that was granted
- * it. A reservation granted over TCP has no uid; every TCP peer is the same
- * anonymous principal, so any TCP peer may release it without a token (as
- * the owner), and a Unix peer needs authorisation to. The same principals
- * decide whose workers may take a task's reservation over (admit.c):
- * the owner's uid or an admin's (root, the server's uid, admin_uid, a
- * process in admin_gid); any worker for one made over TCP.
+ * Ownership of a reservation: the uid of the peer that was granted it,
+ * over either transport. A reservation granted to an unidentified TCP
+ * peer has no uid; those peers are one principal (each of them showed the
+ * token), so any of them may release it as the owner, and anyone else
+ * needs authorisation to. The same principals decide whose workers may
+ * take a task's reservation over (admit.c): the owner's uid or an admin's
+ * (root, the server's uid, admin_uid, a process in admin_gid); any worker
+ * for one without an owner.
  *
  * Admins are also exempt from the per-uid caps on reservations (admit.c)
  * and connections (conn.c), counted here by uid (mts_uid_count_*).
@@ -123,7 +126,8 @@ bool mts_pid_in_group(uint32_t pid, uint32_t gid)
 
 bool mts_peer_in_group(const struct mts_peer *peer, uint32_t gid)
 {
-	if (!peer->has_cred)
+	/* A TCP peer's groups are unknown: sock_diag gives the uid alone. */
+	if (!peer->has_cred || peer->tcp)
 		return false;
 	if (peer->gid == gid)
 		return true;
@@ -154,7 +158,7 @@ enum mts_auth mts_authorise(const struct mts_registry *reg,
                             const struct mts_peer *peer, const char *token)
 {
 	const struct mts_policy *pol = &reg->policy;
-	if (peer->has_cred && !peer->tcp) {
+	if (peer->has_cred) {
 		if (peer->uid == 0)
 			return MTS_AUTH_ROOT;
 		if (peer->uid == reg->server_uid)
@@ -174,11 +178,24 @@ enum mts_auth mts_authorise_release(const struct mts_registry *reg,
                                     const struct mts_peer *peer,
                                     const char *token, const struct mts_resv *r)
 {
-	if (peer->tcp && !r->has_owner)
+	if (!peer->has_cred && !r->has_owner)
 		return MTS_AUTH_OWNER;
-	if (!peer->tcp && peer->has_cred && r->has_owner && r->uid == peer->uid)
+	if (peer->has_cred && r->has_owner && r->uid == peer->uid)
 		return MTS_AUTH_OWNER;
 	return mts_authorise(reg, peer, token);
+}
+
+const char *mts_peer_who(const struct mts_peer *peer, char *buf, size_t cap)
+{
+	if (peer->tcp && peer->has_cred)
+		snprintf(buf, cap, "uid=%u peer=%s", peer->uid, peer->addr);
+	else if (peer->tcp)
+		snprintf(buf, cap, "uid=unknown peer=%s", peer->addr);
+	else if (peer->has_cred)
+		snprintf(buf, cap, "peer_pid=%u uid=%u", peer->pid, peer->uid);
+	else
+		snprintf(buf, cap, "uid=unknown");
+	return buf;
 }
 
 /* ---- counts per uid --------------------------------------------------------

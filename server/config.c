@@ -293,6 +293,10 @@ struct load {
 	char *tcp_token_file;
 	bool tcp_allow_remote;
 	bool group_set;
+	/* The config file's path and mode (an inline tcp_token needs a file
+	 * nobody else can read); path NULL: no file. */
+	const char *path;
+	mode_t mode;
 	/* The first error: "[section] key: message". */
 	char msg[512];
 };
@@ -532,6 +536,15 @@ static int key_server_max_connections_per_uid(struct load *l, const char *sec,
 {
 	return set_u32(l, sec, key, v, 1, MTS_MAX_CONNS_MAX, "an integer",
 	               &l->s.cfg.max_conns_per_uid);
+}
+
+static int key_server_max_connections_unidentified(struct load *l,
+                                                   const char *sec,
+                                                   const char *key,
+                                                   const char *v)
+{
+	return set_u32(l, sec, key, v, 1, MTS_MAX_CONNS_MAX, "an integer",
+	               &l->s.cfg.max_conns_unidentified);
 }
 
 static int key_server_idle_timeout(struct load *l, const char *sec,
@@ -1018,6 +1031,8 @@ static const struct {
     {"server", "threshold", key_server_threshold},
     {"server", "max_connections", key_server_max_connections},
     {"server", "max_connections_per_uid", key_server_max_connections_per_uid},
+    {"server", "max_connections_unidentified",
+     key_server_max_connections_unidentified},
     {"server", "idle_timeout", key_server_idle_timeout},
     {"server", "max_buffered", key_server_max_buffered},
     {"server", "log_level", key_server_log_level},
@@ -1159,7 +1174,8 @@ static int on_ini_key(void *user, const char *section, const char *name,
  * line (no continuation lines), lines longer than inih's buffer refused.
  * Returns 0 and a malloc'd text, or -errno / -EINVAL with *bad_line set.
  */
-static int read_config(const char *path, char **text, int *bad_line)
+static int read_config(const char *path, char **text, int *bad_line,
+                       mode_t *mode)
 {
 	int fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
@@ -1174,6 +1190,7 @@ static int read_config(const char *path, char **text, int *bad_line)
 		close(fd);
 		return -EFBIG;
 	}
+	*mode = st.st_mode;
 	size_t cap = (size_t)st.st_size + 1;
 	char *raw = malloc(cap);
 	char *out = malloc(cap + 1);
@@ -1260,7 +1277,9 @@ static int read_token_file(struct load *l, const char *path)
 	if (world) {
 		explicit_bzero(buf, sizeof(buf));
 		return fail(l, "server", "tcp_token_file",
-		            "'%s' is readable by everyone; chmod o-r it", path);
+		            "'%s' is readable by everyone: use a token file of "
+		            "mode 0600 or 0640 (chmod o-r it)",
+		            path);
 	}
 	int err = set_str(&l->tcp_token, buf);
 	explicit_bzero(buf, sizeof(buf));
@@ -1297,6 +1316,15 @@ static int finish(struct load *l)
 	if (l->tcp_token && l->tcp_token_file)
 		return fail(l, "server", "tcp_token_file",
 		            "set tcp_token or tcp_token_file, not both");
+	/* The token gives admin rights: a config file every local user can
+	 * read must not hold it. */
+	if (l->tcp_token && l->path && (l->mode & 0044))
+		return fail(
+		    l, "server", "tcp_token",
+		    "'%s' (mode %04o) is readable by group or others "
+		    "and holds the token: move it to a tcp_token_file of "
+		    "mode 0600 or 0640, or chmod 0600 the config",
+		    l->path, (unsigned)(l->mode & 07777));
 	if (l->tcp_token_file) {
 		int err = read_token_file(l, l->tcp_token_file);
 		if (err < 0)
@@ -1376,6 +1404,7 @@ int mts_settings_load(struct mts_settings *out, const char *path,
 	l.s.cfg.max_conns = MTS_DEFAULT_MAX_CONNS;
 	l.s.cfg.max_buffered = MTS_DEFAULT_MAX_BUFFERED;
 	l.s.cfg.max_conns_per_uid = MTS_DEFAULT_MAX_CONNS_PER_UID;
+	l.s.cfg.max_conns_unidentified = MTS_DEFAULT_MAX_CONNS_UNIDENTIFIED;
 	l.s.cfg.idle_timeout_ms = MTS_DEFAULT_IDLE_MS;
 	l.s.hooks.min_interval_ms = MTS_HOOK_DEFAULT_MIN_INTERVAL_MS;
 	if (set_str(&l.s.owned[OWNED_SOCKET], MTS_DEFAULT_SOCKET) < 0 ||
@@ -1393,7 +1422,8 @@ int mts_settings_load(struct mts_settings *out, const char *path,
 			snprintf(err, errlen, "out of memory");
 			goto out;
 		}
-		ret = read_config(path, &text, &bad_line);
+		l.path = path;
+		ret = read_config(path, &text, &bad_line, &l.mode);
 		if (ret == -EINVAL) {
 			snprintf(err, errlen,
 			         "%s:%d: line longer than %u characters or "

@@ -25,14 +25,15 @@
  * Those bounds are per connection; N peers could still hold N times them.
  * So the server as a whole has a budget too (server.h):
  *  - connections: past max_connections a new connection is accepted and
- *    closed at once, logged (at most once a second, with the count) and
- *    counted (memtally_connections_rejected_total). Accepting and closing
- *    rather than leaving it in the listen backlog: the peer sees EOF at
- *    once and a worker's client retries with back-off (fail open), where
- *    a connection left in the backlog would hang until its timeout, with
- *    nothing in our logs; and libuv stops watching a listener whose
- *    pending connection is not accepted, so the next connection after a
- *    close would wait too.
+ *    closed at once (past max_connections minus a small admin reserve,
+ *    unless its peer is an admin: root can always get in to look), logged (at
+ * most once a second, with the count) and counted
+ * (memtally_connections_rejected_total). Accepting and closing rather than
+ * leaving it in the listen backlog: the peer sees EOF at once and a worker's
+ * client retries with back-off (fail open), where a connection left in the
+ * backlog would hang until its timeout, with nothing in our logs; and libuv
+ * stops watching a listener whose pending connection is not accepted, so the
+ * next connection after a close would wait too.
  *  - bytes: `held` is what a connection holds (its input buffer's
  *    capacity plus its unwritten output) and srv->net.buffered their sum.
  *    Reads go into one shared buffer and only what is left unanswered is
@@ -50,9 +51,11 @@
  *    Logged (pressure: warn once per episode; eviction: warn each) and
  *    counted in /metrics.
  *  - per uid: past max_connections_per_uid connections of one peer uid
- *    (SO_PEERCRED at accept; every TCP peer in one bucket, MTS_UID_TCP), a
- *    new one of that uid is accepted and closed at once, as above, so one
- *    user cannot take max_connections for itself. Admins are exempt.
+ *    (SO_PEERCRED at accept, or sock_diag for a TCP peer on this host;
+ *    Watch subscribers count too), a new one of that uid is accepted and
+ *    closed at once, as above, so one user cannot take max_connections for
+ *    itself. TCP peers of unknown uid are one bucket, MTS_UID_TCP, capped
+ *    by max_connections_unidentified. Admins are exempt.
  *  - idle: a connection with no complete request for idle_ms is closed
  *    (on_idle_timer), except a Watch subscriber, which waits by design.
  *
@@ -62,8 +65,9 @@
  * libuv runs pending write callbacks (UV_ECANCELED) before it.
  *
  * Both transports share all of this: a connection's handle is a uv_pipe_t
- * or a uv_tcp_t used as a uv_stream_t. A TCP peer has no SO_PEERCRED, so
- * it cannot Register and is authorised only by the token (auth.c).
+ * or a uv_tcp_t used as a uv_stream_t. A TCP peer has no SO_PEERCRED and
+ * no pid, so it cannot Register; its uid comes from sock_diag when it is
+ * on this host (conn_tcp_setup), else it needs the token (dispatch.c).
  *
  * Watch: a connection that sent a Watch gets every event pushed as a
  * Response with the Watch's id. Pushed events go through the same write
@@ -82,6 +86,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -95,6 +100,7 @@
 #include "mts_log.h"
 #include "mts_policy.h"
 #include "mts_registry.h"
+#include "mts_sockdiag.h"
 #include "server.h"
 
 #define READ_CHUNK (64u * 1024u)
@@ -728,35 +734,41 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 }
 
 /*
- * The per-uid cap: count `c` under its peer's uid (all TCP peers, and a
- * Unix peer without credentials, under MTS_UID_TCP) and close it at once
- * if that uid already has max_connections_per_uid open, as the global cap
- * does: one uid holding connections open must not lock the others out.
- * Admins are exempt (they are bounded by max_connections only). Returns
- * false when `c` was closed.
+ * The per-uid cap: count `c` under its peer's uid (SO_PEERCRED, or
+ * sock_diag for a TCP peer on this host; every peer of unknown uid under
+ * MTS_UID_TCP, capped by max_connections_unidentified) and close it at
+ * once if that uid already has its cap open, as the global cap does: one
+ * uid holding connections open must not lock the others out. Admins are
+ * exempt (they are bounded by max_connections only). Returns false when
+ * `c` was closed.
  */
-static bool uid_admit(struct mts_conn *c)
+static bool uid_admit(struct mts_conn *c, bool admin)
 {
 	struct mts_server *srv = c->srv;
-	c->uid_key =
-	    c->peer.has_cred && !c->peer.tcp ? c->peer.uid : MTS_UID_TCP;
+	c->uid_key = c->peer.has_cred ? c->peer.uid : MTS_UID_TCP;
 	uint32_t open = mts_uid_count_get(&srv->net.conn_uids, c->uid_key);
-	if (open >= srv->net.max_conns_per_uid &&
-	    mts_authorise(&srv->reg, &c->peer, NULL) == MTS_AUTH_NONE) {
+	uint32_t cap = c->uid_key == MTS_UID_TCP
+	                   ? srv->net.max_conns_unidentified
+	                   : srv->net.max_conns_per_uid;
+	if (open >= cap && !admin) {
+		char who[MTS_PEER_WHO_MAX];
 		srv->net.conn_stats.rejected_uid++;
 		srv->net.uid_rejected_unlogged++;
 		uint64_t now = uv_now(srv->loop);
 		if (!srv->net.uid_rejected_logged_ms ||
 		    now - srv->net.uid_rejected_logged_ms >= 1000) {
-			mts_log(
-			    MTS_LOG_WARN,
-			    "max_connections_per_uid reached for this uid; "
-			    "its new connections are closed at once",
-			    "uid=%u tcp=%d open=%u max_connections_per_uid=%u "
-			    "rejected=%llu",
-			    c->peer.uid, c->uid_key == MTS_UID_TCP, open,
-			    srv->net.max_conns_per_uid,
-			    (unsigned long long)srv->net.uid_rejected_unlogged);
+			bool anon = c->uid_key == MTS_UID_TCP;
+			mts_log(MTS_LOG_WARN,
+			        anon ? "max_connections_unidentified reached; "
+			               "new TCP connections of unknown uid are "
+			               "closed at once"
+			             : "max_connections_per_uid reached for this "
+			               "uid; its new connections are closed at "
+			               "once",
+			        "%s open=%u cap=%u rejected=%llu",
+			        mts_peer_who(&c->peer, who, sizeof(who)), open,
+			        cap,
+			        (unsigned long long)srv->net.uid_rejected_unlogged);
 			srv->net.uid_rejected_logged_ms = now;
 			srv->net.uid_rejected_unlogged = 0;
 		}
@@ -802,7 +814,7 @@ static struct mts_conn *conn_new(struct mts_server *srv, bool tcp)
 /* Over max_connections: the connection was accepted only to be closed
  * (see the top of this file). A flood must not flood the log too: one
  * line a second. */
-static void conn_refuse_over_max(struct mts_conn *c)
+static void conn_refuse_over_max(struct mts_conn *c, bool admin)
 {
 	struct mts_server *srv = c->srv;
 	srv->net.conn_stats.rejected++;
@@ -813,8 +825,10 @@ static void conn_refuse_over_max(struct mts_conn *c)
 		mts_log(MTS_LOG_WARN,
 		        "max_connections reached; new connections are closed "
 		        "at once",
-		        "max_connections=%u tcp=%d rejected=%llu",
-		        srv->net.max_conns, c->peer.tcp,
+		        "max_connections=%u admin_reserve=%u admin=%d tcp=%d "
+		        "rejected=%llu",
+		        srv->net.max_conns, srv->net.admin_reserve, admin,
+		        c->peer.tcp,
 		        (unsigned long long)srv->net.rejected_unlogged);
 		srv->net.rejected_logged_ms = now;
 		srv->net.rejected_unlogged = 0;
@@ -841,22 +855,65 @@ static void conn_peer_cred(struct mts_conn *c)
 	}
 }
 
-/* A TCP peer: no credentials; its address for the log, no Nagle delay. */
+/* "ADDR:PORT" ("[ADDR]:PORT" for IPv6) of `ss`, for the logs. */
+static void format_addr(const struct sockaddr_storage *ss, char *buf,
+                        size_t cap)
+{
+	char host[INET6_ADDRSTRLEN] = "?";
+	if (ss->ss_family == AF_INET6) {
+		const struct sockaddr_in6 *s6 = (const void *)ss;
+		uv_ip6_name(s6, host, sizeof(host));
+		snprintf(buf, cap, "[%s]:%u", host, ntohs(s6->sin6_port));
+	} else if (ss->ss_family == AF_INET) {
+		const struct sockaddr_in *s4 = (const void *)ss;
+		uv_ip4_name(s4, host, sizeof(host));
+		snprintf(buf, cap, "%s:%u", host, ntohs(s4->sin_port));
+	} else {
+		snprintf(buf, cap, "?");
+	}
+}
+
+/*
+ * A TCP peer: no SO_PEERCRED, but a peer on this host is a uid all the
+ * same: the kernel knows who owns its end of the connection (sock_diag,
+ * sockdiag.c). Found, the peer is that uid for caps, ownership of its
+ * reservations, authorisation and the logs, as on the Unix socket (no
+ * pid: it cannot Register). Not found (a remote peer, a peer already gone,
+ * no sock_diag), it is unidentified: every request needs the token
+ * (dispatch.c). Also: its address for the logs, no Nagle delay.
+ */
 static void conn_tcp_setup(struct mts_conn *c)
 {
-	struct sockaddr_storage ss;
-	int len = sizeof(ss);
-	char host[64] = "?";
-	if (uv_tcp_getpeername(&c->h.tcp, (struct sockaddr *)&ss, &len) == 0) {
-		if (ss.ss_family == AF_INET6)
-			uv_ip6_name((struct sockaddr_in6 *)&ss, host,
-			            sizeof(host));
-		else
-			uv_ip4_name((struct sockaddr_in *)&ss, host,
-			            sizeof(host));
-	}
+	struct sockaddr_storage peer, local;
+	int plen = sizeof(peer), llen = sizeof(local);
 	uv_tcp_nodelay(&c->h.tcp, 1);
-	mts_log(MTS_LOG_DEBUG, "tcp connection accepted", "peer=%s", host);
+	snprintf(c->peer.addr, sizeof(c->peer.addr), "?");
+	if (uv_tcp_getpeername(&c->h.tcp, (struct sockaddr *)&peer, &plen) ||
+	    uv_tcp_getsockname(&c->h.tcp, (struct sockaddr *)&local, &llen))
+		return;
+	format_addr(&peer, c->peer.addr, sizeof(c->peer.addr));
+	if (!mts_addr_is_local((struct sockaddr *)&peer,
+	                       (struct sockaddr *)&local))
+		return;
+	uint32_t uid;
+	int err = mts_sockdiag_uid((struct sockaddr *)&peer,
+	                           (struct sockaddr *)&local, &uid);
+	if (err < 0) {
+		mts_log(MTS_LOG_DEBUG, "tcp peer's uid not found",
+		        "peer=%s err=%s", c->peer.addr, strerror(-err));
+		return;
+	}
+	c->peer.has_cred = true;
+	c->peer.uid = uid;
+	c->peer.gid = UINT32_MAX; /* unknown: sock_diag gives the uid only */
+}
+
+/* Root, the server's uid, admin_uid, a Unix peer in admin_gid: exempt
+ * from the per-uid caps and allowed into the admin reserve. */
+static bool conn_is_admin(struct mts_conn *c)
+{
+	return c->peer.has_cred &&
+	       mts_authorise(&c->srv->reg, &c->peer, NULL) != MTS_AUTH_NONE;
 }
 
 static void accept_one(uv_stream_t *listener, int status, bool tcp)
@@ -877,20 +934,25 @@ static void accept_one(uv_stream_t *listener, int status, bool tcp)
 		conn_close(c);
 		return;
 	}
-	if (srv->net.nconns > srv->net.max_conns) {
-		conn_refuse_over_max(c);
-		return;
-	}
 	c->last_ms = uv_now(srv->loop);
-	if (!tcp)
-		conn_peer_cred(c);
-	if (!uid_admit(c))
-		return;
 	if (tcp)
 		conn_tcp_setup(c);
 	else
-		mts_log(MTS_LOG_DEBUG, "connection accepted",
-		        "peer_pid=%u uid=%u", c->peer.pid, c->peer.uid);
+		conn_peer_cred(c);
+	/* Who it is decides which caps apply: the last admin_reserve
+	 * places of max_connections are kept for admins. */
+	bool admin = conn_is_admin(c);
+	uint32_t room = admin ? srv->net.max_conns
+	                      : srv->net.max_conns - srv->net.admin_reserve;
+	if (srv->net.nconns > room) {
+		conn_refuse_over_max(c, admin);
+		return;
+	}
+	if (!uid_admit(c, admin))
+		return;
+	char who[MTS_PEER_WHO_MAX];
+	mts_log(MTS_LOG_DEBUG, "connection accepted", "%s admin=%d",
+	        mts_peer_who(&c->peer, who, sizeof(who)), admin);
 	resume_reading(c);
 }
 
@@ -988,9 +1050,10 @@ static void on_idle_timer(uv_timer_t *t)
 		    now - c->last_ms < srv->net.idle_ms)
 			continue;
 		srv->net.conn_stats.idle_closed++;
+		char who[MTS_PEER_WHO_MAX];
 		mts_log(MTS_LOG_DEBUG, "connection idle, closed",
-		        "peer_pid=%u uid=%u tcp=%d idle_ms=%llu", c->peer.pid,
-		        c->peer.uid, c->peer.tcp,
+		        "%s idle_ms=%llu",
+		        mts_peer_who(&c->peer, who, sizeof(who)),
 		        (unsigned long long)(now - c->last_ms));
 		conn_close(c);
 	}
@@ -1010,6 +1073,18 @@ static int conns_init(struct mts_server *srv)
 	srv->net.max_conns_per_uid = srv->cfg.max_conns_per_uid
 	                                 ? srv->cfg.max_conns_per_uid
 	                                 : MTS_DEFAULT_MAX_CONNS_PER_UID;
+	srv->net.max_conns_unidentified =
+	    srv->cfg.max_conns_unidentified
+	        ? srv->cfg.max_conns_unidentified
+	        : MTS_DEFAULT_MAX_CONNS_UNIDENTIFIED;
+	/* No reserve when there is a single place: it would lock out
+	 * everyone but the admins. */
+	uint32_t reserve = srv->net.max_conns / MTS_ADMIN_RESERVE_DIV;
+	if (reserve < 1)
+		reserve = 1;
+	if (reserve > MTS_ADMIN_RESERVE_MAX)
+		reserve = MTS_ADMIN_RESERVE_MAX;
+	srv->net.admin_reserve = srv->net.max_conns > 1 ? reserve : 0;
 	srv->net.idle_ms = srv->cfg.no_idle_timeout   ? 0
 	                   : srv->cfg.idle_timeout_ms ? srv->cfg.idle_timeout_ms
 	                                              : MTS_DEFAULT_IDLE_MS;

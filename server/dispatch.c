@@ -484,11 +484,11 @@ static int do_admit(struct mts_registry *reg, const struct mts_peer *peer,
 
 static int do_release(struct mts_registry *reg, const struct mts_peer *peer,
                       uint64_t id, const Memtally__V1__Release *q,
-                      struct mts_buf *out)
+                      const char *token, struct mts_buf *out)
 {
 	uint64_t bytes = 0;
 	char msg[200];
-	int err = mts_release(reg, peer, q->reservation, q->token, &bytes);
+	int err = mts_release(reg, peer, q->reservation, token, &bytes);
 	switch (err) {
 	case 0:
 		break;
@@ -502,11 +502,12 @@ static int do_release(struct mts_registry *reg, const struct mts_peer *peer,
 	case -EPERM:
 		return append_error(
 		    out, id, MEMTALLY__V1__ERROR_CODE__ERROR_PERMISSION_DENIED,
-		    peer->tcp ? "releasing a reservation made over the Unix "
-		                "socket needs the server's tcp_token"
-		              : "the reservation belongs to another user; "
-		                "releasing it needs root, the server's uid, "
-		                "the admin uid or gid");
+		    !peer->has_cred
+		        ? "the reservation is not this connection's; "
+		          "releasing it needs the server's tcp_token"
+		        : "the reservation belongs to another user; "
+		          "releasing it needs root, the server's uid, "
+		          "the admin uid or gid, or the server's tcp_token");
 	default:
 		return append_error(out, id,
 		                    MEMTALLY__V1__ERROR_CODE__ERROR_INTERNAL,
@@ -526,28 +527,27 @@ static int do_release(struct mts_registry *reg, const struct mts_peer *peer,
 
 static int do_set_limit(struct mts_registry *reg, const struct mts_peer *peer,
                         uint64_t id, const Memtally__V1__SetLimit *q,
-                        struct mts_buf *out)
+                        const char *token, struct mts_buf *out)
 {
-	char msg[200], q1[MTS_LOGQ_MAX];
-	enum mts_auth a = mts_authorise(reg, peer, q->token);
+	char msg[200], q1[MTS_LOGQ_MAX], who[MTS_PEER_WHO_MAX];
+	enum mts_auth a = mts_authorise(reg, peer, token);
 	if (a == MTS_AUTH_NONE) {
 		reg->stats.auth_denials++;
 		mts_log(MTS_LOG_WARN, "SetLimit refused: not authorised",
-		        "peer_pid=%u uid=%u tcp=%d token=%s", peer->pid,
-		        peer->uid, peer->tcp,
-		        q->token && q->token[0] ? "wrong" : "none");
-		if (peer->tcp)
+		        "%s token=%s", mts_peer_who(peer, who, sizeof(who)),
+		        token && token[0] ? "wrong" : "none");
+		if (!peer->has_cred)
 			snprintf(msg, sizeof(msg),
-			         "SetLimit over TCP needs the server's "
-			         "tcp_token in the request%s",
+			         "SetLimit from a peer of unknown uid needs "
+			         "the server's tcp_token in the request%s",
 			         reg->policy.tcp_token
 			             ? ""
 			             : " (none is configured)");
 		else
 			snprintf(msg, sizeof(msg),
-			         "SetLimit needs root, the server's uid (%u) "
-			         "or the admin uid or gid; uid %u is none of "
-			         "them",
+			         "SetLimit needs root, the server's uid (%u), "
+			         "the admin uid or gid, or the server's "
+			         "tcp_token; uid %u is none of them",
 			         reg->server_uid, peer->uid);
 		return append_error(
 		    out, id, MEMTALLY__V1__ERROR_CODE__ERROR_PERMISSION_DENIED,
@@ -595,11 +595,10 @@ static int do_set_limit(struct mts_registry *reg, const struct mts_peer *peer,
 	else
 		snprintf(scope, sizeof(scope), "fleet");
 	mts_log(MTS_LOG_INFO, "limit set",
-	        "scope=%s limit=%llu previous=%llu by=%s peer_pid=%u uid=%u "
-	        "tcp=%d",
+	        "scope=%s limit=%llu previous=%llu by=%s %s",
 	        mts_logq(q1, sizeof(q1), scope), (unsigned long long)now,
-	        (unsigned long long)prev, mts_auth_name(a), peer->pid,
-	        peer->uid, peer->tcp);
+	        (unsigned long long)prev, mts_auth_name(a),
+	        mts_peer_who(peer, who, sizeof(who)));
 	Memtally__V1__Response resp = MEMTALLY__V1__RESPONSE__INIT;
 	Memtally__V1__LimitSet ls = MEMTALLY__V1__LIMIT_SET__INIT;
 	ls.bytes = now;
@@ -673,6 +672,49 @@ int mts_event_append(const struct mts_registry *reg, uint64_t id,
 
 /* ---- entry points ------------------------------------------------------ */
 
+/* The token a request carries: its body's (Release, SetLimit, as older
+ * clients send it) or else the envelope's. */
+static const char *request_token(const Memtally__V1__Request *req)
+{
+	const char *t = NULL;
+	if (req->body_case == MEMTALLY__V1__REQUEST__BODY_RELEASE)
+		t = req->release->token;
+	else if (req->body_case == MEMTALLY__V1__REQUEST__BODY_SET_LIMIT)
+		t = req->set_limit->token;
+	return t && t[0] ? t : req->token;
+}
+
+/*
+ * A TCP peer whose uid the kernel did not give us (not on this host, or
+ * no sock_diag) is nobody in particular: without the token it could
+ * reserve memory and hold connections in no uid's name. So each of its
+ * requests must carry the token. False (and an error answer appended)
+ * when this one does not.
+ */
+static bool unidentified_refused(struct mts_registry *reg,
+                                 const struct mts_peer *peer,
+                                 const Memtally__V1__Request *req,
+                                 struct mts_buf *out, int *err)
+{
+	if (!peer->tcp || peer->has_cred ||
+	    mts_token_equal(reg->policy.tcp_token, request_token(req)))
+		return false;
+	reg->stats.auth_denials++;
+	char who[MTS_PEER_WHO_MAX];
+	mts_log(MTS_LOG_DEBUG, "request refused: unknown uid and no token",
+	        "%s", mts_peer_who(peer, who, sizeof(who)));
+	*err = append_error(
+	    out, req->id, MEMTALLY__V1__ERROR_CODE__ERROR_PERMISSION_DENIED,
+	    reg->policy.tcp_token
+	        ? "a token is needed: this TCP connection could not be tied "
+	          "to a local uid, so every request on it needs the "
+	          "server's tcp_token"
+	        : "a token is needed: this TCP connection could not be tied "
+	          "to a local uid, and the server has no tcp_token "
+	          "configured");
+	return true;
+}
+
 int mts_dispatch(struct mts_registry *reg, struct mts_peer *peer,
                  const uint8_t *body, size_t len, struct mts_buf *out)
 {
@@ -690,6 +732,10 @@ int mts_dispatch(struct mts_registry *reg, struct mts_peer *peer,
 
 	int err;
 	uint64_t id = req->id;
+	if (unidentified_refused(reg, peer, req, out, &err)) {
+		memtally__v1__request__free_unpacked(req, NULL);
+		return err;
+	}
 	switch (req->body_case) {
 	case MEMTALLY__V1__REQUEST__BODY_REGISTER:
 		err = do_register(reg, peer, id, req->register_, out);
@@ -704,10 +750,12 @@ int mts_dispatch(struct mts_registry *reg, struct mts_peer *peer,
 		err = do_admit(reg, peer, id, req->admit, out);
 		break;
 	case MEMTALLY__V1__REQUEST__BODY_RELEASE:
-		err = do_release(reg, peer, id, req->release, out);
+		err = do_release(reg, peer, id, req->release,
+		                 request_token(req), out);
 		break;
 	case MEMTALLY__V1__REQUEST__BODY_SET_LIMIT:
-		err = do_set_limit(reg, peer, id, req->set_limit, out);
+		err = do_set_limit(reg, peer, id, req->set_limit,
+		                   request_token(req), out);
 		break;
 	case MEMTALLY__V1__REQUEST__BODY_WATCH:
 		err = do_watch(reg, peer, id, out);

@@ -273,6 +273,8 @@ static void report_restart_keys(const struct mts_config *was,
 		changed[n++] = "max_buffered";
 	if (was->max_conns_per_uid != now->max_conns_per_uid)
 		changed[n++] = "max_connections_per_uid";
+	if (was->max_conns_unidentified != now->max_conns_unidentified)
+		changed[n++] = "max_connections_unidentified";
 	if (was->idle_timeout_ms != now->idle_timeout_ms ||
 	    was->no_idle_timeout != now->no_idle_timeout)
 		changed[n++] = "idle_timeout";

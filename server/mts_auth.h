@@ -6,6 +6,7 @@
 #define MTS_AUTH_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "mts_admit.h"
@@ -30,7 +31,7 @@ enum mts_auth mts_authorise(const struct mts_registry *reg,
                             const struct mts_peer *peer, const char *token);
 
 /* May `peer` release `r`: its owner, or anyone mts_authorise() allows. A
- * reservation made over TCP is owned by every TCP peer alike. */
+ * reservation made by an unidentified TCP peer is owned by all of them. */
 enum mts_auth mts_authorise_release(const struct mts_registry *reg,
                                     const struct mts_peer *peer,
                                     const char *token,
@@ -51,6 +52,11 @@ int mts_uid_count_add(struct mts_uid_counts *t, uint32_t uid);
 /* Count one less (a uid at 0 leaves the table). */
 void mts_uid_count_sub(struct mts_uid_counts *t, uint32_t uid);
 void mts_uid_counts_free(struct mts_uid_counts *t);
+
+/* Who `peer` is, for a log line: "peer_pid=P uid=U" on the Unix socket,
+ * "uid=U peer=ADDR:PORT" or "uid=unknown peer=ADDR:PORT" over TCP. */
+#define MTS_PEER_WHO_MAX 112
+const char *mts_peer_who(const struct mts_peer *peer, char *buf, size_t cap);
 
 /* Constant-time (in the secret's content) comparison of two strings. */
 bool mts_token_equal(const char *secret, const char *given);

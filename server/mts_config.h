@@ -36,6 +36,8 @@ struct mts_config {
 	/* Per peer uid, 0 = the default; and the idle timeout (0 = the
 	 * default unless no_idle_timeout). */
 	uint32_t max_conns_per_uid;
+	/* All TCP peers of unknown uid together; 0 = the default. */
+	uint32_t max_conns_unidentified;
 	uint32_t idle_timeout_ms;
 	bool no_idle_timeout;
 	const struct mts_hook_conf *hooks; /* [hooks], or NULL: none */

@@ -34,8 +34,15 @@
 #define MTS_BUDGET_LOW_PCT       75u
 #define MTS_BUDGET_GRACE_MS      1000u
 #define MTS_BUDGET_CHECK_MS      100u
-/* Per peer uid (TCP peers are one bucket); admins are exempt. */
-#define MTS_DEFAULT_MAX_CONNS_PER_UID 256u
+/* Per peer uid; admins are exempt. TCP peers of unknown uid are one
+ * bucket with a cap of its own. */
+#define MTS_DEFAULT_MAX_CONNS_PER_UID      256u
+#define MTS_DEFAULT_MAX_CONNS_UNIDENTIFIED 64u
+/* The last max_connections / MTS_ADMIN_RESERVE_DIV connections (at least
+ * 1, at most MTS_ADMIN_RESERVE_MAX) are for admins only, so that with
+ * every other uid at its cap root can still ask what is going on. */
+#define MTS_ADMIN_RESERVE_DIV 16u
+#define MTS_ADMIN_RESERVE_MAX 8u
 /* A connection with no request for this long is closed (Watch
  * subscribers excepted); checked every quarter of it. */
 #define MTS_DEFAULT_IDLE_MS 60000u
@@ -96,6 +103,8 @@ struct mts_conns {
 	/* Open connections per peer uid, and the idle sweep. */
 	struct mts_uid_counts conn_uids;
 	uint32_t max_conns_per_uid; /* cfg's or the default */
+	uint32_t max_conns_unidentified; /* likewise, for MTS_UID_TCP */
+	uint32_t admin_reserve;          /* of max_conns, admins only */
 	uint32_t idle_ms;           /* 0 = connections never idle out */
 	uv_timer_t idle_timer;
 	bool idle_timer_open;

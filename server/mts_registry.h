@@ -209,7 +209,8 @@ struct mts_state;
 
 /* A count per uid (open addressing): reservations per owner (admit.c),
  * connections per peer uid (conn.c). MTS_UID_TCP stands for every peer
- * without credentials (TCP): one bucket. */
+ * whose uid is unknown (a TCP peer not on this host, or not found by
+ * sock_diag): one bucket. */
 #define MTS_UID_TCP UINT32_MAX
 /* mts_group.unvouched_uid when more than one uid has unvouched bytes. */
 #define MTS_UID_MIXED (UINT32_MAX - 1)
@@ -322,14 +323,18 @@ struct mts_reg_result {
 	                      sent with the answer (SCM_RIGHTS) */
 };
 
-/* Who is on the other end of a connection. */
+/* Who is on the other end of a connection. A Unix peer has SO_PEERCRED; a
+ * TCP peer on this host has the uid the kernel reports for its socket
+ * (sock_diag: has_cred, uid, no pid and no gid); any other TCP peer is
+ * unidentified (has_cred false) and needs the token on every request. */
 struct mts_peer {
 	int fd; /* the socket, for SO_PEERPIDFD; -1 when there is none */
-	bool has_cred;
-	uint32_t pid; /* SO_PEERCRED */
+	bool has_cred; /* uid known (and, on the Unix socket, pid and gid) */
+	uint32_t pid;  /* SO_PEERCRED; 0 over TCP */
 	uint32_t uid;
-	uint32_t gid;      /* SO_PEERCRED (valid with has_cred) */
-	bool tcp;          /* a TCP peer: no credentials, token only */
+	uint32_t gid;      /* SO_PEERCRED (valid with has_cred, not TCP) */
+	bool tcp;          /* a TCP peer */
+	char addr[64];     /* a TCP peer's address:port, for the logs */
 	bool watching;     /* set by a Watch request: events are pushed */
 	uint64_t watch_id; /* the Watch request's id, echoed on events */
 	bool gone; /* closed by the server during a turn (an event that could

@@ -62,7 +62,12 @@ class MemtallyError(Exception):
 class Client:
     """One connection to memtallyd; blocking calls with a timeout."""
 
-    def __init__(self, path=None, tcp=None, timeout=5.0):
+    def __init__(self, path=None, tcp=None, timeout=5.0, token=None):
+        # The server's tcp_token, sent with every request (needed on each
+        # one by a TCP connection the server cannot tie to a local uid).
+        # Default: $MEMTALLY_TOKEN. Never take it from a command line.
+        self.token = token if token is not None else \
+            os.environ.get("MEMTALLY_TOKEN", "")
         if tcp:
             host, _, port = tcp.rpartition(":")
             self.sock = socket.create_connection((host.strip("[]"), int(port)),
@@ -114,7 +119,7 @@ class Client:
     def call(self, **body):
         """Send a Request with one body (e.g. admit=pb.Admit(...)), return
         the matching Response's body; raise MemtallyError on an error."""
-        req = pb.Request(id=self.next_id, **body)
+        req = pb.Request(id=self.next_id, token=self.token, **body)
         self.next_id += 1
         self.send(req)
         resp = self.recv()
@@ -147,7 +152,7 @@ class Client:
     def watch(self):
         """Subscribe; yield Events for ever (the first is the fleet's
         current state). The connection is a stream from then on."""
-        req = pb.Request(id=self.next_id, watch=pb.Watch())
+        req = pb.Request(id=self.next_id, token=self.token, watch=pb.Watch())
         self.next_id += 1
         self.send(req)
         self.sock.settimeout(None)

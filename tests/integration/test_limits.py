@@ -15,8 +15,9 @@ import subprocess
 import tempfile
 import time
 
-from harness import (CLI, MIB, MULT, Server, Worker, check, deadline, run,
-                     wait_for, worker)
+from harness import (CLI, MIB, MULT, Server, Skip, Worker, check,  # noqa
+                     deadline, run, wait_for, worker, world_readable_copy)
+from harness import NOBODY as NOBODY_UID, NOGROUP  # noqa: E402
 
 GIB = 1 << 30
 NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
@@ -397,6 +398,17 @@ def test_sighup_reloads_the_fleet_limit():
 # ---- TCP: queries open, limits need the token ------------------------------
 
 def test_tcp_needs_the_token_for_limits():
+    # A loopback peer is its uid (the server asks the kernel): root would
+    # be an admin, so the CLI runs as nobody, whom only the token lets in.
+    if os.geteuid() != 0:
+        raise Skip("needs root to run the CLI as nobody")
+    cli = world_readable_copy(CLI)[0]
+
+    def as_nobody():
+        os.setgroups([])
+        os.setgid(NOGROUP)
+        os.setuid(NOBODY_UID)
+
     token = "test-token-0123456789"
     cfgdir = tempfile.mkdtemp(prefix="mt-it-cfg-")
     cfg = os.path.join(cfgdir, "memtallyd.conf")
@@ -412,9 +424,10 @@ def test_tcp_needs_the_token_for_limits():
 
         def tcp(*args, token_env=None):
             e = dict(env, MEMTALLY_TOKEN=token_env) if token_env else env
-            r = subprocess.run([CLI, "--tcp", f"127.0.0.1:{port}", "--json",
+            r = subprocess.run([cli, "--tcp", f"127.0.0.1:{port}", "--json",
                                 *args], capture_output=True, text=True,
-                               env=e, timeout=30 * MULT)
+                               env=e, timeout=30 * MULT, cwd="/",
+                               preexec_fn=as_nobody)
             return r.returncode, r.stdout, r.stderr
 
         rc, out, err = tcp("status")
@@ -426,13 +439,13 @@ def test_tcp_needs_the_token_for_limits():
         rc, out, err = tcp("limit", "set", "fleet", "1GiB")
         check(rc == 1 and "permission denied" in err.lower(),
               f"no token: {rc} {err}")
-        rc, out, err = tcp("--token", "not-the-token-at-all", "limit", "set",
-                           "fleet", "1GiB")
+        rc, out, err = tcp("limit", "set", "fleet", "1GiB",
+                           token_env="not-the-token-at-all")
         check(rc == 1 and "permission denied" in err.lower(),
               f"wrong token: {rc} {err}")
-        rc, out, err = tcp("--token", token, "limit", "set", "fleet", "1GiB")
+        rc, out, err = tcp("limit", "set", "fleet", "1GiB", token_env=token)
         check(rc == 0 and json.loads(out)["limit"] == GIB,
-              f"--token: {rc} {out}{err}")
+              f"MEMTALLY_TOKEN: {rc} {out}{err}")
         rc, out, err = tcp("limit", "set", "fleet", "2GiB", token_env=token)
         check(rc == 0 and json.loads(out)["previous"] == GIB,
               f"MEMTALLY_TOKEN: {rc} {out}{err}")

@@ -396,19 +396,48 @@ Test(admit, release_authorisation)
 	cr_assert_null(r->error);
 	memtally__v1__response__free_unpacked(r, NULL);
 
-	/* A reservation made over TCP belongs to every TCP peer alike. */
+	/* A TCP peer of unknown uid needs the token even to Admit. */
 	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
 	Memtally__V1__Admit a = MEMTALLY__V1__ADMIT__INIT;
 	a.bytes = 5;
 	req.body_case = MEMTALLY__V1__REQUEST__BODY_ADMIT;
 	req.admit = &a;
-	r = fx_call(&tcp, &req);
+	fx_expect_error(fx_call(&tcp, &req),
+	                MEMTALLY__V1__ERROR_CODE__ERROR_PERMISSION_DENIED);
+	cr_assert_eq(srv.reg.adm.nresv, 0);
+
+	/* A TCP peer the kernel named (sock_diag) owns what it reserves,
+	 * like a Unix peer of that uid: another uid over either transport
+	 * may not release it, the owner may, without a token. */
+	struct mts_peer tcp_owner = {
+	    .fd = -1, .tcp = true, .has_cred = true, .uid = 1003, .gid = ~0u};
+	struct mts_peer tcp_other = tcp_owner;
+	tcp_other.uid = 1001;
+	r = fx_call(&tcp_owner, &req);
 	cr_assert(r->admit_result->admitted);
 	snprintf(copy, sizeof(copy), "%s", r->admit_result->reservation);
 	memtally__v1__response__free_unpacked(r, NULL);
 	fx_expect_error(release(&stranger, copy, NULL),
 	                MEMTALLY__V1__ERROR_CODE__ERROR_PERMISSION_DENIED);
-	r = release(&tcp, copy, NULL);
+	fx_expect_error(release(&tcp_other, copy, NULL),
+	                MEMTALLY__V1__ERROR_CODE__ERROR_PERMISSION_DENIED);
+	fx_expect_error(release(&tcp, copy, NULL),
+	                MEMTALLY__V1__ERROR_CODE__ERROR_PERMISSION_DENIED);
+	r = release(&tcp_owner, copy, NULL);
+	cr_assert_null(r->error);
+	memtally__v1__response__free_unpacked(r, NULL);
+	cr_assert_eq(srv.reg.adm.nresv, 0);
+
+	/* With the token (in the envelope) an unidentified peer may Admit;
+	 * what it reserves belongs to all such peers, not to a uid. */
+	req.token = (char *)"a-long-enough-secret";
+	r = fx_call(&tcp, &req);
+	cr_assert(r->admit_result->admitted);
+	snprintf(copy, sizeof(copy), "%s", r->admit_result->reservation);
+	memtally__v1__response__free_unpacked(r, NULL);
+	fx_expect_error(release(&tcp_other, copy, NULL),
+	                MEMTALLY__V1__ERROR_CODE__ERROR_PERMISSION_DENIED);
+	r = release(&tcp, copy, "a-long-enough-secret");
 	cr_assert_null(r->error);
 	memtally__v1__response__free_unpacked(r, NULL);
 	cr_assert_eq(srv.reg.adm.nresv, 0);

@@ -89,10 +89,22 @@ Test(auth, tcp_needs_the_token)
 	             MTS_AUTH_NONE);
 	cr_assert_eq(mts_authorise(&reg, &tcp, "s3cret-s3cret-s3cret"),
 	             MTS_AUTH_TOKEN);
-	/* A TCP peer never passes as root, whatever its fields say. */
+	/* A TCP peer the kernel tied to a uid (sock_diag) is that uid:
+	 * root is root, admin_uid is admin; its groups are not known, so
+	 * admin_gid never matches over TCP. */
 	tcp.has_cred = true;
 	tcp.uid = 0;
+	cr_assert_eq(mts_authorise(&reg, &tcp, NULL), MTS_AUTH_ROOT);
+	tcp.uid = 1000;
+	tcp.gid = 555;
+	reg.policy.has_admin_gid = true;
+	reg.policy.admin_gid = 555;
 	cr_assert_eq(mts_authorise(&reg, &tcp, NULL), MTS_AUTH_NONE);
+	reg.policy.has_admin_gid = false;
+	reg.policy.has_admin_uid = true;
+	reg.policy.admin_uid = 1000;
+	cr_assert_eq(mts_authorise(&reg, &tcp, NULL), MTS_AUTH_ADMIN_UID);
+	reg.policy.has_admin_uid = false;
 	/* The token also authorises a Unix peer. */
 	struct mts_peer p = unix_peer(1000, 1000);
 	cr_assert_eq(mts_authorise(&reg, &p, "s3cret-s3cret-s3cret"),
@@ -118,6 +130,18 @@ Test(auth, release_by_owner)
 	cr_assert_eq(mts_authorise_release(&reg, &tcp, NULL, &by_tcp),
 	             MTS_AUTH_OWNER);
 	cr_assert_eq(mts_authorise_release(&reg, &other, NULL, &by_tcp),
+	             MTS_AUTH_NONE);
+	/* Over loopback TCP the kernel names the uid: the owner's own TCP
+	 * connection owns it, another uid's does not. */
+	struct mts_peer tcp_owner = {
+	    .fd = -1, .tcp = true, .has_cred = true, .uid = 1000};
+	struct mts_peer tcp_other = tcp_owner;
+	tcp_other.uid = 1001;
+	cr_assert_eq(mts_authorise_release(&reg, &tcp_owner, NULL, &r),
+	             MTS_AUTH_OWNER);
+	cr_assert_eq(mts_authorise_release(&reg, &tcp_other, NULL, &r),
+	             MTS_AUTH_NONE);
+	cr_assert_eq(mts_authorise_release(&reg, &tcp_owner, NULL, &by_tcp),
 	             MTS_AUTH_NONE);
 }
 

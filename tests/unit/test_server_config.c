@@ -406,6 +406,29 @@ Test(config, token_file_checks)
 	cr_assert_eq(load(text, &s, err, sizeof(err)), -EINVAL);
 }
 
+/* The token gives admin rights: inline, only in a file nobody else can
+ * read. */
+Test(config, inline_token_needs_a_private_file)
+{
+	struct mts_settings s;
+	char err[512];
+	const char *text = "[server]\ntcp_token = 0123456789abcdef\n";
+	mode_t modes[] = {0644, 0640, 0604};
+	for (size_t i = 0; i < 3; i++) {
+		write_file(path, text, modes[i]);
+		err[0] = '\0';
+		cr_assert_eq(
+		    mts_settings_load(&s, path, NULL, 0, err, sizeof(err)),
+		    -EINVAL, "mode %o accepted", modes[i]);
+		cr_assert_not_null(strstr(err, path), "%s", err);
+		cr_assert_not_null(strstr(err, "tcp_token_file"), "%s", err);
+		cr_assert_null(strchr(err, '\n'), "one line: %s", err);
+	}
+	cr_assert_eq(load(text, &s, err, sizeof(err)), 0, "%s", err);
+	cr_assert_str_eq(s.policy.tcp_token, "0123456789abcdef");
+	mts_settings_free(&s);
+}
+
 Test(config, long_lines_refused_not_cut)
 {
 	char text[512];

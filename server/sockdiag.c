@@ -1,0 +1,190 @@
+/*
+ * sockdiag.c - the uid behind a local TCP connection.
+ *
+ * TCP has no SO_PEERCRED. But when the peer is on this host, its end of
+ * the connection is a socket here too, and the kernel records who made it
+ * (sk_uid): NETLINK_SOCK_DIAG answers a query for one socket by its exact
+ * 4-tuple (SOCK_DIAG_BY_FAMILY, struct inet_diag_req_v2, not a dump) with
+ * a struct inet_diag_msg carrying idiag_uid. No privilege is needed; the
+ * kernel answers within the sendmsg(), so the query costs one netlink
+ * socket and two system calls per accepted TCP connection.
+ *
+ * The peer's socket is the one whose source is the peer's address:port
+ * and whose destination is ours. For a remote peer there is no such
+ * socket; we ask only when the peer's address is one of this host's
+ * (mts_addr_is_local), so that a socket of another network namespace or
+ * host cannot be confused with one here.
+ */
+#include "mts_sockdiag.h"
+
+#include <errno.h>
+#include <ifaddrs.h>
+#include <linux/inet_diag.h>
+#include <linux/netlink.h>
+#include <linux/sock_diag.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <string.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+/* An address in the form inet_diag wants: a family, up to 16 bytes, a
+ * port in network order. IPv4-mapped IPv6 addresses (a dual-stack
+ * listener's view of an IPv4 peer) become the IPv4 addresses they are:
+ * the peer's own socket is an AF_INET one. */
+struct addr {
+	int family;
+	uint8_t a[16];
+	uint16_t port; /* network order */
+};
+
+static int addr_of(const struct sockaddr *sa, struct addr *out)
+{
+	memset(out, 0, sizeof(*out));
+	if (sa->sa_family == AF_INET) {
+		const struct sockaddr_in *s = (const struct sockaddr_in *)sa;
+		out->family = AF_INET;
+		memcpy(out->a, &s->sin_addr, 4);
+		out->port = s->sin_port;
+		return 0;
+	}
+	if (sa->sa_family == AF_INET6) {
+		const struct sockaddr_in6 *s = (const struct sockaddr_in6 *)sa;
+		out->port = s->sin6_port;
+		if (IN6_IS_ADDR_V4MAPPED(&s->sin6_addr)) {
+			out->family = AF_INET;
+			memcpy(out->a, s->sin6_addr.s6_addr + 12, 4);
+		} else {
+			out->family = AF_INET6;
+			memcpy(out->a, &s->sin6_addr, 16);
+		}
+		return 0;
+	}
+	return -EAFNOSUPPORT;
+}
+
+static size_t addr_len(const struct addr *a)
+{
+	return a->family == AF_INET ? 4 : 16;
+}
+
+static bool addr_loopback(const struct addr *a)
+{
+	if (a->family == AF_INET)
+		return a->a[0] == 127;
+	static const uint8_t lo6[16] = {[15] = 1};
+	return memcmp(a->a, lo6, 16) == 0;
+}
+
+/* Is `a` an address of one of this host's interfaces? */
+static bool addr_on_host(const struct addr *a)
+{
+	struct ifaddrs *ifs;
+	if (getifaddrs(&ifs) < 0)
+		return false;
+	bool found = false;
+	for (struct ifaddrs *i = ifs; i && !found; i = i->ifa_next) {
+		struct addr x;
+		if (i->ifa_addr && addr_of(i->ifa_addr, &x) == 0 &&
+		    x.family == a->family &&
+		    memcmp(x.a, a->a, addr_len(a)) == 0)
+			found = true;
+	}
+	freeifaddrs(ifs);
+	return found;
+}
+
+bool mts_addr_is_local(const struct sockaddr *peer,
+                       const struct sockaddr *local)
+{
+	struct addr p, l;
+	if (addr_of(peer, &p) < 0)
+		return false;
+	if (addr_loopback(&p))
+		return true;
+	if (addr_of(local, &l) == 0 && l.family == p.family &&
+	    memcmp(l.a, p.a, addr_len(&p)) == 0)
+		return true;
+	return addr_on_host(&p);
+}
+
+/* Read the answer to our one request: the socket's uid, or the kernel's
+ * error (-ENOENT when no socket has that 4-tuple). */
+static int read_answer(int fd, const struct addr *p, uint32_t *uid)
+{
+	/* Aligned for struct nlmsghdr; one answer is about 100 bytes. */
+	long buf[1024];
+	ssize_t n;
+	do
+		n = recv(fd, buf, sizeof(buf), 0);
+	while (n < 0 && errno == EINTR);
+	if (n < 0)
+		return -errno;
+	size_t len = (size_t)n;
+	for (struct nlmsghdr *h = (struct nlmsghdr *)buf; NLMSG_OK(h, len);
+	     h = NLMSG_NEXT(h, len)) {
+		if (h->nlmsg_type == NLMSG_ERROR) {
+			const struct nlmsgerr *e = NLMSG_DATA(h);
+			if (h->nlmsg_len < NLMSG_LENGTH(sizeof(*e)))
+				return -EPROTO;
+			return e->error < 0 ? e->error : -ENOENT;
+		}
+		if (h->nlmsg_type != SOCK_DIAG_BY_FAMILY ||
+		    h->nlmsg_len < NLMSG_LENGTH(sizeof(struct inet_diag_msg)))
+			continue;
+		const struct inet_diag_msg *m = NLMSG_DATA(h);
+		/* The socket asked for, not another one. */
+		if (m->idiag_family != p->family ||
+		    m->id.idiag_sport != p->port ||
+		    memcmp(m->id.idiag_src, p->a, addr_len(p)) != 0)
+			continue;
+		*uid = m->idiag_uid;
+		return 0;
+	}
+	return -ENOENT;
+}
+
+int mts_sockdiag_uid(const struct sockaddr *peer, const struct sockaddr *local,
+                     uint32_t *uid)
+{
+	struct addr p, l;
+	if (addr_of(peer, &p) < 0 || addr_of(local, &l) < 0)
+		return -EAFNOSUPPORT;
+	if (p.family != l.family)
+		return -ENOENT;
+	struct {
+		struct nlmsghdr nlh;
+		struct inet_diag_req_v2 r;
+	} req;
+	memset(&req, 0, sizeof(req));
+	req.nlh.nlmsg_len = sizeof(req);
+	req.nlh.nlmsg_type = SOCK_DIAG_BY_FAMILY;
+	req.nlh.nlmsg_flags = NLM_F_REQUEST; /* one socket, not a dump */
+	req.r.sdiag_family = (uint8_t)p.family;
+	req.r.sdiag_protocol = IPPROTO_TCP;
+	req.r.idiag_states = 1u << TCP_ESTABLISHED;
+	req.r.id.idiag_sport = p.port;
+	req.r.id.idiag_dport = l.port;
+	memcpy(req.r.id.idiag_src, p.a, addr_len(&p));
+	memcpy(req.r.id.idiag_dst, l.a, addr_len(&l));
+	req.r.id.idiag_cookie[0] = INET_DIAG_NOCOOKIE;
+	req.r.id.idiag_cookie[1] = INET_DIAG_NOCOOKIE;
+
+	int fd =
+	    socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
+	if (fd < 0)
+		return -errno;
+	/* The kernel answers during sendto(); the timeout only bounds a
+	 * kernel that does not (it must never hold the loop). */
+	struct timeval tv = {.tv_sec = 0, .tv_usec = 200000};
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	struct sockaddr_nl kernel = {.nl_family = AF_NETLINK};
+	int err = 0;
+	if (sendto(fd, &req, sizeof(req), 0, (struct sockaddr *)&kernel,
+	           sizeof(kernel)) < 0)
+		err = -errno;
+	else
+		err = read_answer(fd, &p, uid);
+	close(fd);
+	return err;
+}

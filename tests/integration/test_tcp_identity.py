@@ -1,0 +1,267 @@
+#!/usr/bin/env python3
+"""Who a TCP peer is, and what the token may and may not be.
+
+A loopback TCP peer is the uid the kernel says owns its end of the
+connection (sock_diag), like a Unix-socket peer: its reservations are its
+own, the logs name it, and it counts under that uid's connection cap. The
+token gives admin rights, so it must not sit in a file other users can read
+nor on a command line. Admins keep a few places of max_connections.
+
+Runs as root (the tests do) and drives the CLI as nobody and as a second
+unprivileged user over TCP on 127.0.0.1 with a port the server picks.
+"""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from harness import (CLI, MEMTALLYD, MULT, NOBODY, NOGROUP, Server, Skip,  # noqa: E402
+                     check, config_file, open_to_nobody, run, second_user,
+                     wait_for, world_readable_copy)
+import pbwire as pb  # noqa: E402
+
+TOKEN = "tcp-identity-token-0123456789"
+GIB = 1 << 30
+
+
+def private_config(text, mode=0o600):
+    path = config_file(text)
+    os.chmod(path, mode)
+    return path
+
+
+def tcp_port(s):
+    """The port the server picked (--tcp 127.0.0.1:0), from its log."""
+    return wait_for("the TCP port in the log", lambda: next(
+        (int(w[5:]) for line in s.logtext().splitlines()
+         if "tcp listening" in line for w in line.split()
+         if w.startswith("port=")), None))
+
+
+def require_root():
+    if os.geteuid() != 0:
+        raise Skip("needs root to run processes as other users")
+
+
+_PUB_CLI = None
+
+
+def pub_cli():
+    """The CLI, copied where every user may run it."""
+    global _PUB_CLI
+    if _PUB_CLI is None:
+        _PUB_CLI = world_readable_copy(CLI)[0]
+    return _PUB_CLI
+
+
+def cli_as(user, port, *args, env_extra=None):
+    """The CLI over TCP as user=(uid, gid) (None: root); (rc, out, err)."""
+    env = {k: v for k, v in os.environ.items() if k != "MEMTALLY_TOKEN"}
+    env.update(env_extra or {})
+    pre = None
+    if user is not None:
+        def pre():
+            os.setgroups([])
+            os.setgid(user[1])
+            os.setuid(user[0])
+    r = subprocess.run([pub_cli(), "--tcp", f"127.0.0.1:{port}", "--json",
+                        *args], capture_output=True, text=True, env=env,
+                       preexec_fn=pre, cwd="/", timeout=30 * MULT)
+    return r.returncode, r.stdout, r.stderr
+
+
+# ---- the token: not in a readable file, not on a command line -------------
+
+def test_inline_token_needs_a_private_config():
+    cfg = config_file(f"[server]\ntcp_token = {TOKEN}\n")
+    os.chmod(cfg, 0o644)
+    r = subprocess.run([MEMTALLYD, "--config", cfg, "--socket",
+                        os.path.join(os.path.dirname(cfg), "s.sock")],
+                       capture_output=True, text=True, timeout=30 * MULT)
+    err = r.stderr.strip()
+    check(r.returncode == 2, f"started with a 0644 config holding the "
+          f"token: rc {r.returncode} {err}")
+    check(cfg in err and "tcp_token_file" in err and "0600" in err and
+          len(err.splitlines()) == 1, f"error: {err!r}")
+    # A token file other users can read is refused the same way.
+    tok = os.path.join(os.path.dirname(cfg), "token")
+    with open(tok, "w") as f:
+        f.write(TOKEN + "\n")
+    os.chmod(tok, 0o644)
+    cfg2 = private_config(f"[server]\ntcp_token_file = {tok}\n")
+    r = subprocess.run([MEMTALLYD, "--config", cfg2, "--socket",
+                        os.path.join(os.path.dirname(cfg2), "s.sock")],
+                       capture_output=True, text=True, timeout=30 * MULT)
+    check(r.returncode == 2 and tok in r.stderr,
+          f"world-readable token file: rc {r.returncode} {r.stderr}")
+
+    # 0600: it starts; made readable later, a reload is rejected and the
+    # token in force stays.
+    os.chmod(cfg, 0o600)
+    with Server("--config", cfg, "--tcp", "127.0.0.1:0") as s:
+        tcp_port(s)
+        os.chmod(cfg, 0o640)
+        before = s.logtext().count("config reload rejected")
+        s.proc.send_signal(signal.SIGHUP)
+        wait_for("the reload rejected", lambda: s.logtext().count(
+            "config reload rejected") > before)
+        line = [x for x in s.logtext().splitlines()
+                if "config reload rejected" in x][-1]
+        check(cfg in line and "tcp_token" in line, f"reload: {line}")
+
+
+def test_cli_takes_the_token_from_env_or_file_only():
+    require_root()
+    cfg = private_config(f"[server]\ntcp_token = {TOKEN}\n")
+    with Server("--config", cfg, "--tcp", "127.0.0.1:0") as s:
+        port = tcp_port(s)
+        # On the command line every user could read it: refused, before
+        # anything is sent.
+        rc, out, err = cli_as((NOBODY, NOGROUP), port, "--token", TOKEN, "limit",
+                              "set", "fleet", "1GiB")
+        check(rc == 2 and "MEMTALLY_TOKEN" in err and "--token-file" in err,
+              f"--token VALUE: {rc} {err}")
+        check(s.status()["fleet"]["limit"] is None, "a limit was set")
+        # Nobody over loopback TCP is nobody: no admin, no token, refused.
+        rc, out, err = cli_as((NOBODY, NOGROUP), port, "limit", "set", "fleet", "1GiB")
+        check(rc == 1 and "permission denied" in err.lower(),
+              f"no token: {rc} {err}")
+        rc, out, err = cli_as((NOBODY, NOGROUP), port, "limit", "set", "fleet", "1GiB",
+                              env_extra={"MEMTALLY_TOKEN": TOKEN})
+        check(rc == 0 and json.loads(out)["limit"] == GIB,
+              f"MEMTALLY_TOKEN: {rc} {out}{err}")
+        tdir = tempfile.mkdtemp(prefix="mt-tok-")
+        os.chmod(tdir, 0o755)
+        tok = os.path.join(tdir, "token")
+        with open(tok, "w") as f:
+            f.write(TOKEN + "\n")
+        os.chown(tok, NOBODY, NOGROUP)
+        os.chmod(tok, 0o600)
+        rc, out, err = cli_as((NOBODY, NOGROUP), port, "--token-file", tok, "limit",
+                              "set", "fleet", "2GiB")
+        check(rc == 0 and json.loads(out)["previous"] == GIB,
+              f"--token-file: {rc} {out}{err}")
+        check(s.status()["fleet"]["limit"] == 2 * GIB, "limit not applied")
+
+
+# ---- a loopback TCP peer is its uid ---------------------------------------
+
+def test_tcp_reservation_belongs_to_its_uid():
+    require_root()
+    u2 = second_user()
+    cfg = private_config(f"[server]\ntcp_token = {TOKEN}\n")
+    with Server("--config", cfg, "--tcp", "127.0.0.1:0") as s:
+        port = tcp_port(s)
+        rc, out, err = cli_as(u2, port, "admit", "--bytes", "1MiB")
+        check(rc == 0 and json.loads(out)["admitted"],
+              f"admit as uid {u2[0]}: {rc} {out}{err}")
+        rid = json.loads(out)["reservation"]
+        line = wait_for("the grant in the log", lambda: next(
+            (x for x in s.logtext().splitlines()
+             if "admission granted" in x and rid in x), None))
+        check(f" uid={u2[0]} " in line and "peer=127.0.0.1:" in line and
+              " uid=0" not in line, f"log line: {line}")
+        # Another uid over TCP may not release it without the token ...
+        rc, out, err = cli_as((NOBODY, NOGROUP), port, "release", rid)
+        check(rc == 1 and "permission denied" in err.lower(),
+              f"nobody released uid {u2[0]}'s reservation: {rc} {out}{err}")
+        check(s.status()["fleet"]["reservations"] == 1, "the reservation went")
+        # ... its owner may, with none.
+        rc, out, err = cli_as(u2, port, "release", rid)
+        check(rc == 0, f"the owner's release: {rc} {out}{err}")
+        check(s.status()["fleet"]["reservations"] == 0, "still reserved")
+
+
+# ---- caps per uid, and room for admins -------------------------------------
+
+HOLDER = r'''
+import socket, sys
+sys.path.insert(0, sys.argv[1])
+import pbwire as pb
+path, port = sys.argv[2], int(sys.argv[3])
+held = []
+for kind in sys.argv[4:]:
+    if kind == "unix":
+        c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        c.settimeout(20)
+        c.connect(path)
+    else:
+        c = socket.create_connection(("127.0.0.1", port), timeout=20)
+    c.sendall(pb.get_usage(1))
+    try:
+        got = c.recv(1)
+    except OSError:
+        got = b""
+    print("ok" if got else "closed", flush=True)
+    held.append(c)
+sys.stdin.read()
+'''
+
+
+def hold(s, port, user, kinds):
+    """A process as `user` holding connections of `kinds` ("unix", "tcp")
+    open, one after the other; returns it and whether each was answered
+    (True) or closed by the server at once (False)."""
+    pub = os.path.dirname(world_readable_copy(
+        os.path.join(HERE, "pbwire.py"))[0])
+
+    def pre():
+        os.setgroups([])
+        os.setgid(user[1])
+        os.setuid(user[0])
+    p = subprocess.Popen([sys.executable, "-c", HOLDER, pub, s.socket,
+                          str(port), *kinds], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True, preexec_fn=pre,
+                         cwd="/")
+    got = []
+    for _ in kinds:
+        line = p.stdout.readline().strip()
+        check(line in ("ok", "closed"), f"holder said {line!r}")
+        got.append(line == "ok")
+    return p, got
+
+
+def test_per_uid_caps_leave_room_for_others_and_root():
+    require_root()
+    u2 = second_user()
+    # 8 places: the last (8 / 16, at least 1) is for admins.
+    cfg = private_config("[server]\ngroup = 65534\nmax_connections = 8\n"
+                         "max_connections_per_uid = 4\nidle_timeout = 0\n")
+    procs = []
+    with Server("--config", cfg, "--tcp", "127.0.0.1:0") as s:
+        try:
+            open_to_nobody(s)
+            port = tcp_port(s)
+            # Nobody: four places over both transports, the fifth closed.
+            p, got = hold(s, port, (NOBODY, NOGROUP),
+                          ["unix", "tcp", "unix", "tcp", "tcp"])
+            procs.append(p)
+            check(got == [True, True, True, True, False],
+                  f"nobody's connections: {got}")
+            # Another uid still gets in and is answered (a GetUsage on
+            # each), up to what is left to non-admins: 3.
+            p, got = hold(s, port, u2, ["tcp", "tcp", "tcp", "tcp"])
+            procs.append(p)
+            check(got == [True, True, True, False],
+                  f"uid {u2[0]}'s connections: {got}")
+            # Every place but the admins' is taken: root still answers.
+            st = s.status()
+            check("fleet" in st, f"root's status: {st}")
+            check("max_connections_per_uid reached" in s.logtext() and
+                  f"uid={NOBODY} " in s.logtext(), "no cap log line")
+        finally:
+            for p in procs:
+                p.stdin.close()
+                p.wait(timeout=20 * MULT)
+
+
+if __name__ == "__main__":
+    run([test_inline_token_needs_a_private_config,
+         test_cli_takes_the_token_from_env_or_file_only,
+         test_tcp_reservation_belongs_to_its_uid,
+         test_per_uid_caps_leave_room_for_others_and_root])
