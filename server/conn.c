@@ -89,6 +89,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "mts_auth.h"
@@ -833,7 +834,11 @@ static void conn_peer_cred(struct mts_conn *c)
 		return;
 	struct ucred cred;
 	socklen_t len = sizeof(cred);
+	struct timespec ts;
 	c->peer.fd = fd;
+	if (clock_gettime(CLOCK_BOOTTIME, &ts) == 0)
+		c->peer.accept_boot_ns =
+		    (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 &&
 	    cred.pid > 0) {
 		c->peer.has_cred = true;

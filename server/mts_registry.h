@@ -238,6 +238,9 @@ struct mts_admission {
 
 struct mts_registry {
 	uv_loop_t *loop;
+	/* Test switch MEMTALLY_TEST_NO_PEERPIDFD=1, read once at init:
+	 * behave as on a kernel without SO_PEERPIDFD (registry.c). */
+	bool no_peerpidfd;
 	struct mtshm_map *map;     /* the header: ours is the writable map */
 	struct mtshm_layout layout; /* private copy; never read back */
 	int hdr_ro_fd;              /* read-only descriptor for workers */
@@ -306,6 +309,9 @@ struct mts_peer {
 	uint32_t pid; /* SO_PEERCRED */
 	uint32_t uid;
 	uint32_t gid;      /* SO_PEERCRED (valid with has_cred) */
+	/* CLOCK_BOOTTIME (ns) when the connection was accepted: a process
+	 * started after it cannot be the one that connected. */
+	uint64_t accept_boot_ns;
 	bool tcp;          /* a TCP peer: no credentials, token only */
 	bool watching;     /* set by a Watch request: events are pushed */
 	uint64_t watch_id; /* the Watch request's id, echoed on events */
