@@ -960,8 +960,8 @@ int mts_dir_check(const char *file, char *msg, size_t cap)
 		if (errno != ENOENT || strcmp(d, "/") == 0 ||
 		    strcmp(d, ".") == 0) {
 			int err = -errno;
-			snprintf(msg, cap, "cannot examine directory %s: %s",
-			         d, strerror(-err));
+			snprintf(msg, cap, "cannot examine directory %s: %s", d,
+			         strerror(-err));
 			return err;
 		}
 		memmove(dir, d, strlen(d) + 1);
@@ -1137,10 +1137,8 @@ static int conns_init(struct mts_server *srv)
 static int bind_in(struct mts_server *srv, int dfd, int *out)
 {
 	struct sockaddr_un sa = {.sun_family = AF_UNIX};
-	snprintf(sa.sun_path, sizeof(sa.sun_path), "/proc/self/fd/%d/s",
-	         dfd);
-	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC,
-	                0);
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "/proc/self/fd/%d/s", dfd);
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
 	if (fd < 0)
 		return -errno;
 	struct stat st;
@@ -1186,8 +1184,8 @@ int mts_listen(struct mts_server *srv)
 	char tmp[PATH_MAX];
 	char dir[PATH_MAX];
 	if (snprintf(dir, sizeof(dir), "%s", path) >= (int)sizeof(dir) ||
-	    snprintf(tmp, sizeof(tmp), "%s/.memtallyd-XXXXXX",
-	             dirname(dir)) >= (int)sizeof(tmp))
+	    snprintf(tmp, sizeof(tmp), "%s/.memtallyd-XXXXXX", dirname(dir)) >=
+	        (int)sizeof(tmp))
 		return -ENAMETOOLONG;
 	if (!mkdtemp(tmp))
 		return -errno;

@@ -1186,8 +1186,8 @@ int mts_register(struct mts_registry *reg, const struct mts_peer *peer,
 		close(pidfd); /* it has one */
 		return register_known(reg, p, peer, group, task, image_id, res);
 	}
-	return register_new(reg, peer, pidfd, start_time, group, task,
-	                    image_id, res);
+	return register_new(reg, peer, pidfd, start_time, group, task, image_id,
+	                    res);
 }
 
 /* ---- adoption (see adopt.c) --------------------------------------------- */

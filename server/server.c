@@ -214,7 +214,7 @@ static int start_registry(struct mts_server *srv, const struct mts_config *cfg,
 /* The tick, the RSS sweep and the socket-file check. */
 static void start_timers(struct mts_server *srv, const struct mts_config *cfg)
 {
-	/* The socket file's identity was taken when it was made (mts_listen). */
+	/* The socket file's identity was taken at its making (mts_listen). */
 	srv->files_checked_ms = uv_now(srv->loop);
 	uv_timer_init(srv->loop, &srv->tick);
 	srv->tick.data = srv;
