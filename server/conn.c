@@ -86,12 +86,14 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "mts_auth.h"
@@ -845,7 +847,11 @@ static void conn_peer_cred(struct mts_conn *c)
 		return;
 	struct ucred cred;
 	socklen_t len = sizeof(cred);
+	struct timespec ts;
 	c->peer.fd = fd;
+	if (clock_gettime(CLOCK_BOOTTIME, &ts) == 0)
+		c->peer.accept_boot_ns =
+		    (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 &&
 	    cred.pid > 0) {
 		c->peer.has_cred = true;
@@ -991,6 +997,71 @@ static int make_dirs(const char *dir)
 	return 0;
 }
 
+/*
+ * Whoever may rename entries in a directory on the way to the socket or
+ * the restart record can put their own files, symlinks or directories
+ * there, between our checks and our uses. So, as OpenSSH's StrictModes
+ * does for its key files, every directory from `file`'s (or, when that
+ * does not exist yet, the nearest existing one above it, where
+ * make_dirs() would create it) up to / must be owned by root or by us,
+ * and not writable by group or others unless it is sticky (like /tmp,
+ * where only an entry's owner may rename it). A few stat()s, once at
+ * start. 0, or -EPERM (or -errno when it cannot be examined) with `msg`
+ * saying which directory and why.
+ */
+int mts_dir_check(const char *file, char *msg, size_t cap)
+{
+	char dir[PATH_MAX], real[PATH_MAX];
+	if (snprintf(dir, sizeof(dir), "%s", file) >= (int)sizeof(dir)) {
+		snprintf(msg, cap, "path too long: %s", file);
+		return -ENAMETOOLONG;
+	}
+	char *d = dirname(dir);
+	while (!realpath(d, real)) {
+		if (errno != ENOENT || strcmp(d, "/") == 0 ||
+		    strcmp(d, ".") == 0) {
+			int err = -errno;
+			snprintf(msg, cap, "cannot examine directory %s: %s", d,
+			         strerror(-err));
+			return err;
+		}
+		memmove(dir, d, strlen(d) + 1);
+		d = dirname(dir);
+	}
+	uid_t me = geteuid();
+	for (;;) {
+		struct stat st;
+		if (stat(real, &st) < 0) {
+			int err = -errno;
+			snprintf(msg, cap, "cannot examine directory %s: %s",
+			         real, strerror(-err));
+			return err;
+		}
+		if (st.st_uid != 0 && st.st_uid != me) {
+			snprintf(msg, cap,
+			         "directory %s is owned by uid %u, not by root "
+			         "or memtallyd's uid %u: move the socket or "
+			         "state file, or chown the directory",
+			         real, (unsigned)st.st_uid, (unsigned)me);
+			return -EPERM;
+		}
+		if ((st.st_mode & (S_IWGRP | S_IWOTH)) &&
+		    !(st.st_mode & S_ISVTX)) {
+			snprintf(msg, cap,
+			         "directory %s is writable by group or others "
+			         "(mode %04o) without the sticky bit: chmod "
+			         "go-w (or +t) it, or move the socket or state "
+			         "file",
+			         real, (unsigned)(st.st_mode & 07777));
+			return -EPERM;
+		}
+		if (strcmp(real, "/") == 0)
+			return 0;
+		char *slash = strrchr(real, '/');
+		slash[slash == real ? 1 : 0] = '\0';
+	}
+}
+
 int mts_socket_prepare(const char *path)
 {
 	struct sockaddr_un sa = {.sun_family = AF_UNIX};
@@ -1121,29 +1192,107 @@ static int conns_init(struct mts_server *srv)
 	return 0;
 }
 
+/*
+ * The socket is born with its mode and group. bind() creates the file with
+ * the umask's mode and our group, and a chmod or chown by path after it
+ * acts on whatever is at that path by then: in a directory another user
+ * can write, their symlink to any file. So the socket is bound inside a
+ * fresh directory of our own beside the target (mkdtemp: 0700, ours; the
+ * directory it is in was checked at start not to let anyone else rename
+ * its entries, mts_dir_check), given its mode and group there through
+ * that directory's descriptor, where nobody else can reach it, listened
+ * on, and only then renamed into place. RENAME_NOREPLACE: a server that
+ * took the path since mts_socket_prepare() keeps it (-EADDRINUSE). The
+ * bind goes through /proc/self/fd/N, so the temporary path is never
+ * longer than sun_path allows. The descriptor is ours, handed to libuv
+ * with uv_pipe_open(): libuv knows no path to unlink at close, and
+ * mts_server_free() removes the socket, if it is still ours.
+ */
+static int bind_in(struct mts_server *srv, int dfd, int *out)
+{
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "/proc/self/fd/%d/s", dfd);
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -errno;
+	struct stat st;
+	if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ||
+	    fchmodat(dfd, "s", 0660, 0) < 0 ||
+	    (srv->cfg.has_gid &&
+	     fchownat(dfd, "s", (uid_t)-1, (gid_t)srv->cfg.gid,
+	              AT_SYMLINK_NOFOLLOW) < 0) ||
+	    fstatat(dfd, "s", &st, AT_SYMLINK_NOFOLLOW) < 0) {
+		int err = -errno;
+		close(fd);
+		return err;
+	}
+	/* The file we made: the socket-file check and the removal at exit
+	 * compare the path with it. */
+	srv->sock_dev = st.st_dev;
+	srv->sock_ino = st.st_ino;
+	srv->sock_known = true;
+	*out = fd;
+	return 0;
+}
+
+/* Move the socket from the private directory to `path`, never over
+ * anything there. Filesystems without RENAME_NOREPLACE: a hard link,
+ * which never replaces either. */
+static int move_into_place(int dfd, const char *path)
+{
+	if (renameat2(dfd, "s", AT_FDCWD, path, RENAME_NOREPLACE) == 0)
+		return 0;
+	if (errno != EINVAL && errno != ENOSYS)
+		return errno == EEXIST ? -EADDRINUSE : -errno;
+	if (linkat(dfd, "s", AT_FDCWD, path, 0) < 0)
+		return errno == EEXIST ? -EADDRINUSE : -errno;
+	return 0;
+}
+
 int mts_listen(struct mts_server *srv)
 {
 	const char *path = srv->cfg.socket_path;
 	int err = conns_init(srv);
 	if (err < 0)
 		return err;
-
-	err = uv_pipe_init(srv->loop, &srv->net.listener, 0);
-	if (err < 0)
-		return err;
-	srv->net.listener.data = srv;
-	srv->net.listening = true; /* the handle is open: close it on stop */
-	err = uv_pipe_bind(&srv->net.listener, path);
-	if (err < 0)
-		return err;
-	srv->net.socket_bound = true;
-	/* bind applied the umask; the mode is part of the contract. */
-	if (chmod(path, 0660) < 0)
+	char tmp[PATH_MAX];
+	char dir[PATH_MAX];
+	if (snprintf(dir, sizeof(dir), "%s", path) >= (int)sizeof(dir) ||
+	    snprintf(tmp, sizeof(tmp), "%s/.memtallyd-XXXXXX", dirname(dir)) >=
+	        (int)sizeof(tmp))
+		return -ENAMETOOLONG;
+	if (!mkdtemp(tmp))
 		return -errno;
-	if (srv->cfg.has_gid && chown(path, (uid_t)-1, (gid_t)srv->cfg.gid) < 0)
-		return -errno;
-	return uv_listen((uv_stream_t *)&srv->net.listener, SOMAXCONN,
-	                 on_connection);
+	int dfd = open(tmp, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (dfd < 0) {
+		err = -errno;
+		rmdir(tmp);
+		return err;
+	}
+	int fd = -1;
+	err = bind_in(srv, dfd, &fd);
+	if (err == 0)
+		err = uv_pipe_init(srv->loop, &srv->net.listener, 0);
+	if (err == 0) {
+		srv->net.listener.data = srv;
+		srv->net.listening = true; /* open: close it on stop */
+		err = uv_pipe_open(&srv->net.listener, fd);
+		if (err < 0)
+			close(fd); /* not the handle's yet */
+	} else if (fd >= 0) {
+		close(fd);
+	}
+	if (err == 0)
+		err = uv_listen((uv_stream_t *)&srv->net.listener, SOMAXCONN,
+		                on_connection);
+	if (err == 0)
+		err = move_into_place(dfd, path);
+	if (err == 0)
+		srv->net.socket_bound = true;
+	unlinkat(dfd, "s", 0); /* the link fallback's, or after a failure */
+	close(dfd);
+	rmdir(tmp);
+	return err;
 }
 
 int mts_listen_tcp(struct mts_server *srv)
@@ -1226,14 +1375,8 @@ void mts_watch_broadcast(void *ctx, const struct mts_event *ev)
 void mts_conns_close(struct mts_server *srv)
 {
 	if (srv->net.listening) {
-		/* libuv unlinks a bound pipe's path when it closes it: not
-		 * when that path is now another server's socket (ours was
-		 * deleted under us). libuv strdup'ed the name and frees it
-		 * only when unlinking, so take it back here. */
-		if (srv->net.listener.pipe_fname && !mts_socket_is_ours(srv)) {
-			free((void *)srv->net.listener.pipe_fname);
-			srv->net.listener.pipe_fname = NULL;
-		}
+		/* libuv unlinks no path: it did not bind the socket
+		 * (mts_listen), mts_server_free() removes it if ours. */
 		uv_close((uv_handle_t *)&srv->net.listener, NULL);
 		srv->net.listening = false;
 	}

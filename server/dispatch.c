@@ -137,6 +137,12 @@ static int do_register(struct mts_registry *reg, struct mts_peer *peer,
 		return append_error(out, id,
 		                    MEMTALLY__V1__ERROR_CODE__ERROR_NOT_FOUND,
 		                    "the registering process has exited");
+	case -ESTALE:
+		return append_error(
+		    out, id, MEMTALLY__V1__ERROR_CODE__ERROR_PERMISSION_DENIED,
+		    "the connecting process's pid now names another process "
+		    "(started after the connection, or of another user); "
+		    "register from the process that connected");
 	default:
 		snprintf(msg, sizeof(msg), "registration failed: %s",
 		         strerror(-err));

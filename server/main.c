@@ -9,7 +9,8 @@
  * cannot start (socket taken by a live server, restart record locked by
  * a live server, no
  * permission), 2 for a bad flag or config value (one line on stderr naming
- * it). A second SIGTERM/SIGINT during shutdown gets the default action: the
+ * it), or a socket or state file in a directory others could change. A
+ * second SIGTERM/SIGINT during shutdown gets the default action: the
  * signal handles are closed by then, on purpose, so a stuck stop can still
  * be interrupted.
  *
@@ -450,6 +451,21 @@ int main(int argc, char **argv)
 	                                  : MTS_HOOK_DEFAULT_TIMEOUT_MS);
 	raise_nofile(&cfg);
 
+	/* Where the socket and the restart record go must not let anyone
+	 * else swap what is there (mts_dir_check): a configuration error. */
+	const char *dirs_of[2] = {
+	    cfg.socket_path,
+	    cfg.state_path && cfg.state_path[0] ? cfg.state_path : NULL};
+	for (int i = 0; i < 2; i++) {
+		if (dirs_of[i] &&
+		    mts_dir_check(dirs_of[i], msg, sizeof(msg)) < 0) {
+			fprintf(stderr, "memtallyd: unsafe %s location: %s\n",
+			        i == 0 ? "socket" : "state file", msg);
+			mts_settings_free(&settings);
+			free(cl.ov);
+			return EXIT_USAGE;
+		}
+	}
 	int err = mts_socket_prepare(cfg.socket_path);
 	if (err < 0) {
 		const char *why =

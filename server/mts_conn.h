@@ -114,12 +114,20 @@ struct mts_conns {
 
 struct mts_server;
 
+/* May `file` (the socket, the restart record) live where it is: is every
+ * directory from its own up to / owned by root or us, and not writable by
+ * group or others unless sticky? 0, or -EPERM / -errno with `msg` naming
+ * the directory and why (conn.c). */
+int mts_dir_check(const char *file, char *msg, size_t cap);
+
 /* Make sure `path` is free to bind: create its parent directory (0755) if
  * missing, replace a stale socket, refuse (-EADDRINUSE) if a server
  * answers there, refuse (-EEXIST) a file that is not a socket. */
 int mts_socket_prepare(const char *path);
 
-/* Bind, chmod 0660 and listen on srv->cfg.socket_path. */
+/* Listen on srv->cfg.socket_path: a socket made mode 0660, group
+ * cfg.gid, in a private directory and renamed into place (conn.c);
+ * -EADDRINUSE if the path is taken meanwhile. */
 int mts_listen(struct mts_server *srv);
 
 /* Listen on TCP srv->cfg.tcp_addr (already validated). */

@@ -18,6 +18,10 @@ int mts_parse_stat_starttime(const char *stat, uint64_t *out);
 /* Read the start time of `pid`. Returns 0, -ENOENT/-ESRCH (gone), -EINVAL. */
 int mts_read_starttime(pid_t pid, uint64_t *out);
 
+/* The real uid of `pid` (first field of Uid: in /proc/PID/status).
+ * Returns 0, -ENOENT/-ESRCH (gone), -EINVAL. */
+int mts_read_real_uid(pid_t pid, uint32_t *out);
+
 /* False when `pid` does not exist or has exited (a zombie not yet
  * reaped); true when it runs or we cannot tell. A heuristic for other
  * servers only: workers are tracked by pidfd and start time. */

@@ -257,7 +257,10 @@ struct mts_admission {
 
 struct mts_registry {
 	uv_loop_t *loop;
-	struct mtshm_map *map;      /* the header: ours is the writable map */
+	/* Test switch MEMTALLY_TEST_NO_PEERPIDFD=1, read once at init:
+	 * behave as on a kernel without SO_PEERPIDFD (registry.c). */
+	bool no_peerpidfd;
+	struct mtshm_map *map;     /* the header: ours is the writable map */
 	struct mtshm_layout layout; /* private copy; never read back */
 	int hdr_ro_fd;              /* read-only descriptor for workers */
 	const char *label;          /* names the memfds (/proc/PID/maps) */
@@ -333,8 +336,10 @@ struct mts_peer {
 	uint32_t pid;  /* SO_PEERCRED; 0 over TCP */
 	uint32_t uid;
 	uint32_t gid;      /* SO_PEERCRED (valid with has_cred, not TCP) */
+	/* CLOCK_BOOTTIME (ns) when the connection was accepted: a process
+	 * started after it cannot be the one that connected. */
+	uint64_t accept_boot_ns;
 	bool tcp;          /* a TCP peer */
-	char addr[64];     /* a TCP peer's address:port, for the logs */
 	bool watching;     /* set by a Watch request: events are pushed */
 	uint64_t watch_id; /* the Watch request's id, echoed on events */
 	bool gone; /* closed by the server during a turn (an event that could

@@ -14,6 +14,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -99,6 +100,30 @@ int mts_read_starttime(pid_t pid, uint64_t *out)
 	if (strlen(buf) != (size_t)n)
 		return -EINVAL;
 	return mts_parse_stat_starttime(buf, out);
+}
+
+int mts_read_real_uid(pid_t pid, uint32_t *out)
+{
+	/* Uid: is among the first lines; 4 KiB holds the whole file today. */
+	char buf[4096];
+	ssize_t n = read_proc_file(pid, "status", buf, sizeof(buf));
+	if (n < 0)
+		return (int)n;
+	const char *p = strstr(buf, "\nUid:");
+	if (!p)
+		return -EINVAL;
+	p += 5;
+	while (*p == ' ' || *p == '\t')
+		p++;
+	if (*p < '0' || *p > '9')
+		return -EINVAL;
+	char *end;
+	errno = 0;
+	unsigned long v = strtoul(p, &end, 10);
+	if (errno || v > UINT32_MAX || (*end != '\t' && *end != ' '))
+		return -EINVAL;
+	*out = (uint32_t)v;
+	return 0;
 }
 
 bool mts_pid_running(pid_t pid)

@@ -210,6 +210,15 @@ int mts_registry_init(struct mts_registry *reg, uv_loop_t *loop,
 {
 	memset(reg, 0, sizeof(*reg));
 	reg->hdr_ro_fd = -1;
+	/* A test switch: the fallback of kernels without SO_PEERPIDFD,
+	 * exercised on kernels that have it. */
+	const char *no_ppfd = getenv("MEMTALLY_TEST_NO_PEERPIDFD");
+	reg->no_peerpidfd = no_ppfd && strcmp(no_ppfd, "1") == 0;
+	if (reg->no_peerpidfd)
+		mts_log(MTS_LOG_WARN,
+		        "test switch MEMTALLY_TEST_NO_PEERPIDFD: SO_PEERPIDFD "
+		        "not used",
+		        NULL);
 	reg->loop = loop;
 	reg->map = map;
 	reg->label = label;
@@ -324,6 +333,15 @@ void mts_registry_free(struct mts_registry *reg)
 		close(reg->hdr_ro_fd);
 	memset(reg, 0, sizeof(*reg));
 	reg->hdr_ro_fd = -1;
+	/* A test switch: the fallback of kernels without SO_PEERPIDFD,
+	 * exercised on kernels that have it. */
+	const char *no_ppfd = getenv("MEMTALLY_TEST_NO_PEERPIDFD");
+	reg->no_peerpidfd = no_ppfd && strcmp(no_ppfd, "1") == 0;
+	if (reg->no_peerpidfd)
+		mts_log(MTS_LOG_WARN,
+		        "test switch MEMTALLY_TEST_NO_PEERPIDFD: SO_PEERPIDFD "
+		        "not used",
+		        NULL);
 }
 
 /* ---- publishing -------------------------------------------------------- */
@@ -831,20 +849,71 @@ static void on_pidfd(uv_poll_t *h, int status, int events)
 	                        : "worker exited");
 }
 
-/* Open a pidfd for the peer: SO_PEERPIDFD when the kernel has it (exact),
- * else pidfd_open(pid) (checked against the start time by the caller). */
-static int peer_pidfd(const struct mts_peer *peer)
+/* Open a pidfd for the peer: SO_PEERPIDFD when the kernel has it (exact:
+ * the very process that connected, *exact = true). A kernel without it
+ * (before Linux 6.5) says ENOPROTOOPT, and we fall back to
+ * pidfd_open(SO_PEERCRED pid), which names whoever has that pid now: the
+ * caller must vouch for it (peer_vouch). Any other failure means the
+ * peer is gone: its pid may be someone else's already, so no fallback.
+ * A peer without a socket (fd -1: built by hand in unit tests) is taken
+ * at its word. */
+static int peer_pidfd(const struct mts_registry *reg,
+                      const struct mts_peer *peer, bool *exact)
 {
-	if (peer->fd >= 0) {
+	*exact = false;
+	if (peer->fd >= 0 && !reg->no_peerpidfd) {
 		int pfd = -1;
 		socklen_t len = sizeof(pfd);
 		if (getsockopt(peer->fd, SOL_SOCKET, SO_PEERPIDFD, &pfd,
 		               &len) == 0 &&
-		    pfd >= 0)
+		    pfd >= 0) {
+			*exact = true;
 			return pfd;
+		}
+		if (errno != ENOPROTOOPT)
+			return -ESRCH;
 	}
 	int pfd = pidfd_open((pid_t)peer->pid, 0);
 	return pfd < 0 ? -errno : pfd;
+}
+
+/*
+ * The fallback's pid is only a number: the process that connected may
+ * have exited (after handing its socket to another) and the pid been
+ * given to a process of another user, whose claims would then be
+ * attributed to it. So that process is accepted only if it had started
+ * by the time the connection was accepted (start times are clock ticks
+ * of CLOCK_BOOTTIME since boot: one started later, in a later tick,
+ * cannot have connected; one in the same tick is taken, since a worker
+ * connects within its first tick) and its real uid is the peer's
+ * SO_PEERCRED uid (a process of another user never is, whenever it
+ * started). The caller reads these through a pidfd that is still alive
+ * afterwards, so they are the pidfd's process's. 0, -ESTALE (refused,
+ * logged), or -errno.
+ */
+static int peer_vouch(const struct mts_peer *peer, uint64_t start_time)
+{
+	if (peer->fd < 0)
+		return 0;
+	long hz = sysconf(_SC_CLK_TCK);
+	if (hz <= 0 || hz > 1000000000L)
+		return -EINVAL;
+	uint64_t accept_ticks =
+	    peer->accept_boot_ns / (1000000000u / (uint64_t)hz);
+	uint32_t ruid;
+	int err = mts_read_real_uid((pid_t)peer->pid, &ruid);
+	if (err < 0)
+		return err == -ENOENT ? -ESRCH : err;
+	if (start_time <= accept_ticks && ruid == peer->uid)
+		return 0;
+	mts_log(MTS_LOG_WARN,
+	        "registration refused: the peer's pid now names another "
+	        "process (no SO_PEERPIDFD to tell)",
+	        "pid=%u uid=%u process_uid=%u start_ticks=%llu "
+	        "accept_ticks=%llu",
+	        peer->pid, peer->uid, ruid, (unsigned long long)start_time,
+	        (unsigned long long)accept_ticks);
+	return -ESTALE;
 }
 
 /* True if the process behind `pidfd` has exited. */
@@ -1064,20 +1133,11 @@ static int register_known(struct mts_registry *reg, struct mts_proc *p,
 /* A process not registered yet: a pidfd, a free slot in its uid's table,
  * a new proc. */
 static int register_new(struct mts_registry *reg, const struct mts_peer *peer,
-                        uint64_t start_time, const char *group,
+                        int pidfd, uint64_t start_time, const char *group,
                         const char *task, uint64_t image_id,
                         struct mts_reg_result *res)
 {
 	int err;
-	int pidfd = peer_pidfd(peer);
-	if (pidfd < 0)
-		return pidfd == -ESRCH ? -ESRCH : pidfd;
-	/* If the process is still alive after we read its start time, the
-	 * pidfd and the start time name the same process. */
-	if (pidfd_exited(pidfd)) {
-		err = -ESRCH;
-		goto fail_close_pidfd;
-	}
 	if (reg->nfree == 0) {
 		note_refused(reg, peer->pid, start_time);
 		err = -ENOSPC;
@@ -1140,10 +1200,22 @@ int mts_register(struct mts_registry *reg, const struct mts_peer *peer,
 	if (!peer->has_cred || peer->pid == 0)
 		return -EPERM;
 
+	/* The pidfd first, then what /proc says of the pid: if the pidfd's
+	 * process is still alive after that, it is what /proc described. */
+	bool exact;
+	int pidfd = peer_pidfd(reg, peer, &exact);
+	if (pidfd < 0)
+		return pidfd;
 	uint64_t start_time;
 	int err = mts_read_starttime((pid_t)peer->pid, &start_time);
-	if (err < 0)
+	if (err == 0 && !exact)
+		err = peer_vouch(peer, start_time);
+	if (err == 0 && pidfd_exited(pidfd))
+		err = -ESRCH;
+	if (err < 0) {
+		close(pidfd);
 		return err == -ENOENT ? -ESRCH : err;
+	}
 
 	struct mts_proc *p = mts_find_pid(reg, peer->pid);
 	if (p && p->start_time != start_time) {
@@ -1152,9 +1224,12 @@ int mts_register(struct mts_registry *reg, const struct mts_peer *peer,
 		proc_release(reg, p, "slot reclaimed: pid reused");
 		p = NULL;
 	}
-	if (p)
+	if (p) {
+		close(pidfd); /* it has one */
 		return register_known(reg, p, peer, group, task, image_id, res);
-	return register_new(reg, peer, start_time, group, task, image_id, res);
+	}
+	return register_new(reg, peer, pidfd, start_time, group, task, image_id,
+	                    res);
 }
 
 /* ---- adoption (see adopt.c) --------------------------------------------- */

@@ -50,17 +50,6 @@ static bool same_file(const char *path, dev_t dev, ino_t ino)
 	return stat(path, &st) == 0 && st.st_dev == dev && st.st_ino == ino;
 }
 
-static void remember_file(const char *path, dev_t *dev, ino_t *ino,
-                          bool *known)
-{
-	struct stat st;
-	*known = path && stat(path, &st) == 0;
-	if (*known) {
-		*dev = st.st_dev;
-		*ino = st.st_ino;
-	}
-}
-
 bool mts_socket_is_ours(const struct mts_server *srv)
 {
 	if (!srv->cfg.socket_path)
@@ -225,8 +214,7 @@ static int start_registry(struct mts_server *srv, const struct mts_config *cfg,
 /* The tick, the RSS sweep and the socket-file check. */
 static void start_timers(struct mts_server *srv, const struct mts_config *cfg)
 {
-	remember_file(srv->net.socket_bound ? cfg->socket_path : NULL,
-	              &srv->sock_dev, &srv->sock_ino, &srv->sock_known);
+	/* The socket file's identity was taken at its making (mts_listen). */
 	srv->files_checked_ms = uv_now(srv->loop);
 	uv_timer_init(srv->loop, &srv->tick);
 	srv->tick.data = srv;
