@@ -340,6 +340,7 @@ struct mts_peer {
 	 * started after it cannot be the one that connected. */
 	uint64_t accept_boot_ns;
 	bool tcp;          /* a TCP peer */
+	char addr[64];     /* a TCP peer's address:port, for the logs */
 	bool watching;     /* set by a Watch request: events are pushed */
 	uint64_t watch_id; /* the Watch request's id, echoed on events */
 	bool gone; /* closed by the server during a turn (an event that could
