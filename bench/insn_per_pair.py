@@ -40,7 +40,10 @@ PAIRS = [("jemalloc", "preload"), ("glibc", "glibcfe")]
 JEMALLOC_SO = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
 
 
-def callgrind_total(argv, env, tmp):
+def callgrind_total(argv, env, tmp, callee=None):
+    """callgrind's total Ir of the process; with `callee`, also the
+    inclusive Ir of all calls to that function (name compression
+    understood)."""
     out = os.path.join(tmp, "cg.out")
     r = subprocess.run(["valgrind", "--tool=callgrind",
                         "--callgrind-out-file=" + out] + argv,
@@ -49,9 +52,27 @@ def callgrind_total(argv, env, tmp):
         raise BenchError("callgrind of %s: exit %d:\n%s"
                          % (" ".join(argv), r.returncode, r.stderr[-2000:]))
     with open(out) as f:
-        m = re.search(r"^(?:summary|totals): (\d+)", f.read(), re.M)
+        text = f.read()
     os.unlink(out)
-    return int(m.group(1))
+    total = int(re.search(r"^(?:summary|totals): (\d+)", text, re.M)
+                .group(1))
+    if not callee:
+        return total
+    names, inc, cfn, want = {}, 0, None, 0
+    for line in text.splitlines():
+        m = re.match(r"^c?fn=\((\d+)\)(?: (.*))?$", line)
+        if m:
+            if m.group(2) is not None:
+                names[m.group(1)] = m.group(2)
+            cfn = names.get(m.group(1)) if line.startswith("cfn") else None
+            continue
+        if line.startswith("calls="):
+            want = cfn == callee
+            continue
+        if want and line and (line[0].isdigit() or line[0] in "+-*"):
+            inc += int(line.split()[1])
+            want = False
+    return total, inc
 
 
 def base_env(server):
@@ -86,12 +107,16 @@ def per_pair(build, server, tmp, cases, n):
         for pair in PAIRS:
             for v in pair:
                 argv, env = variant_run(build, v, server)
-                tot = []
+                tot, cb = [], []
                 for k in (n, 2 * n):
-                    tot.append(callgrind_total(
+                    t, c = callgrind_total(
                         argv + ["--case", case, "--iters", str(k),
-                                "--reps", "1"], env, tmp))
+                                "--reps", "1"], env, tmp, "on_activity")
+                    tot.append(t)
+                    cb.append(c)
                 res[case][v] = (tot[1] - tot[0]) / n
+                if v == "preload":
+                    res[case]["callback"] = (cb[1] - cb[0]) / n
                 log("  %-16s %-9s %.1f" % (case, v, res[case][v]))
     return res
 
@@ -124,13 +149,21 @@ def report(info, server_status, n, res, starts):
              "cancels and every instruction a pair causes counts (flushes "
              "and samples included)." % (2 * n, n, n))
     L.append("")
-    L.append("| case | jemalloc | preload | Δ preload | glibc | glibc front "
-             "end | Δ glibc front end |")
-    L.append("|---|---|---|---|---|---|---|")
+    L.append("| case | jemalloc | preload | Δ preload | preload: activity "
+             "callback | glibc | glibc front end | Δ glibc front end |")
+    L.append("|---|---|---|---|---|---|---|---|")
     for case, r in res.items():
-        L.append("| `%s` | %.1f | %.1f | %+.1f | %.1f | %.1f | %+.1f |" % (
-            case, r["jemalloc"], r["preload"], r["preload"] - r["jemalloc"],
-            r["glibc"], r["glibcfe"], r["glibcfe"] - r["glibc"]))
+        L.append("| `%s` | %.1f | %.1f | %+.1f | %.1f | %.1f | %.1f | %+.1f |"
+                 % (case, r["jemalloc"], r["preload"],
+                    r["preload"] - r["jemalloc"], r["callback"],
+                    r["glibc"], r["glibcfe"], r["glibcfe"] - r["glibc"]))
+    L.append("")
+    L.append("glibc's figures are exact (the same instructions every run); "
+             "jemalloc's at 64 KiB are not: extent reuse and decay depend on "
+             "heap state and elapsed time, so its Δ moves by hundreds from "
+             "run to run. memtally's own part of the preload is the activity "
+             "callback's inclusive cost (jemalloc_fe.c's on_activity and "
+             "everything it calls), which is exact.")
     if starts:
         L += ["", "Start: callgrind's total for `/bin/true` (one run each; "
               "%s):" % server_status, "",

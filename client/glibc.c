@@ -99,25 +99,24 @@ static inline uint64_t chunk_bytes_unaligned(const void *p)
 
 /*
  * Per thread: two counters that only grow, `alloc` (bytes of blocks the
- * thread was given) and `freed` (bytes of blocks it gave back), each
+ * thread was given) and `freed` (bytes of blocks it gave back), both
  * started at -T (T = threshold, modulo 2^64) by the last flush, so that
  * the add that brings either to T bytes since that flush carries out of
  * 64 bits: one add to thread-local memory and one branch on the carry per
- * call, nothing else. Unflushed drift: (alloc - alloc0) - (freed - freed0)
- * + carry, each term below T, so within (-T, +T) as with the inline API;
- * the scheme of jemalloc's activity callback (a flush after every T bytes
- * allocated, and after every T bytes freed).
+ * call, nothing else. Both start from the same value, so the unflushed
+ * drift is alloc - freed (+ carry), each side below T since the flush:
+ * within (-T, +T) as with the inline API; the scheme of jemalloc's
+ * activity callback (a flush after every T bytes allocated, and after
+ * every T bytes freed).
  *
- * A new thread starts with both counters (and their bases) at 2^64 - 1:
- * its first call carries and sets it up. A disabled process puts them at
- * 0, which 2^64 bytes would carry. `carry` keeps drift the counters no
- * longer hold (after a fork, or added while the thread flushed).
+ * A new thread starts with both counters at 2^64 - 1: its first call
+ * carries and sets it up. A disabled process puts them at 0, which 2^64
+ * bytes would carry. `carry` keeps drift the counters no longer hold
+ * (after a fork, or added while the thread flushed).
  */
 struct gl_tls {
 	uint64_t alloc;
 	uint64_t freed;
-	uint64_t alloc0;
-	uint64_t freed0;
 	int64_t carry;
 	uint8_t set;          /* set up (1), or disabled (2) */
 	struct mtc_thread th; /* th.exited: past its exit flush, every call
@@ -127,8 +126,6 @@ struct gl_tls {
 static __thread struct gl_tls gl MTC_TLS = {
     .alloc = UINT64_MAX,
     .freed = UINT64_MAX,
-    .alloc0 = UINT64_MAX,
-    .freed0 = UINT64_MAX,
 };
 
 static pthread_key_t gl_key;
@@ -138,8 +135,7 @@ static int64_t gl_drift(const struct gl_tls *t)
 {
 	if (t->set == 2)
 		return 0;
-	return t->carry +
-	       (int64_t)((t->alloc - t->alloc0) - (t->freed - t->freed0));
+	return t->carry + (int64_t)(t->alloc - t->freed);
 }
 
 /* Take the drift out of the counters (into the return value) and start a
@@ -148,7 +144,7 @@ static int64_t gl_take(struct gl_tls *t, uint64_t window)
 {
 	int64_t d = gl_drift(t);
 	t->carry = 0;
-	t->alloc = t->alloc0 = t->freed = t->freed0 = -window;
+	t->alloc = t->freed = -window;
 	return d;
 }
 
@@ -204,7 +200,7 @@ __attribute__((noinline)) static void gl_slow_rare(void)
 			/* Disabled: never come back here. */
 			t->set = 2;
 			t->carry = 0;
-			t->alloc = t->alloc0 = t->freed = t->freed0 = 0;
+			t->alloc = t->freed = 0;
 			t->th.busy = 0;
 			return;
 		}
@@ -226,12 +222,11 @@ __attribute__((noinline)) static void gl_slow(void)
 {
 	struct gl_tls *t = &gl;
 	if (__builtin_expect(t->set == 1 && !t->th.busy, 1)) {
-		int64_t d = t->carry + (int64_t)((t->alloc - t->alloc0) -
-		                                 (t->freed - t->freed0));
+		int64_t d = t->carry + (int64_t)(t->alloc - t->freed);
 		if (__builtin_expect(mtc_publish_quiet(&t->th, d), 1)) {
 			uint64_t w = -mt_load_relaxed64(&mtc_thresh);
 			t->carry = 0;
-			t->alloc = t->alloc0 = t->freed = t->freed0 = w;
+			t->alloc = t->freed = w;
 			return;
 		}
 	}
