@@ -139,7 +139,7 @@ def start_costs(build, server, tmp):
 
 
 def report(info, server_status, n, res, starts):
-    L = ["Measured %s on %s (%s CPUs, Linux %s), glibc %s; commit `%s`%s. "
+    L = ["Measured %s on %s (%s CPUs, Linux %s), %s; commit `%s`%s. "
          "%s." % (info["date"], info["cpu_model"], info["nproc"],
                   info["kernel"], info["glibc"], info["commit"],
                   " with uncommitted changes" if info["uncommitted"] else "",
