@@ -16,7 +16,9 @@
  *                      activity callback counts, nothing in the loop).
  *   bench_alloc_plain  linked with nothing special. Variant `glibc` run as
  *                      is, variant `preload` run under
- *                      LD_PRELOAD=libmemtally_preload.so.
+ *                      LD_PRELOAD=libmemtally_preload.so, variant `glibcfe`
+ *                      under LD_PRELOAD=libmemtally_glibc.so (glibc's
+ *                      malloc, counted by the glibc front end).
  *
  * A benchmark that runs on the wrong allocator still prints plausible
  * numbers (the Comet run's first "jemalloc" baseline was glibc), so before measuring
@@ -127,9 +129,17 @@ static const struct bench_case cases[] = {
 static int ncpus;
 static int cpu_list[MAX_THREADS];
 
-enum variant { V_JEMALLOC, V_INLINE, V_PRELOAD, V_GLIBC, V_LINKED };
-static const char *const variant_names[] = {"jemalloc", "inline", "preload",
-                                            "glibc", "linked"};
+enum variant {
+	V_JEMALLOC,
+	V_INLINE,
+	V_PRELOAD,
+	V_GLIBC,
+	V_LINKED,
+	V_GLIBCFE,
+	V_COUNT
+};
+static const char *const variant_names[] = {
+    "jemalloc", "inline", "preload", "glibc", "linked", "glibcfe"};
 
 typedef bench_mallctl_fn mallctl_fn;
 
@@ -674,16 +684,25 @@ static int prove(struct bench_sbuf *js, struct bench_sbuf *why)
 			     "malloc_usable_size(malloc(100)) = "
 			     "%zu; glibc gives %d",
 			     usable, GLIBC_USABLE_100);
-		if (!strstr(malloc_from, "libc.so"))
+		const char *want = g.variant == V_GLIBCFE
+		                       ? "libmemtally_glibc"
+		                       : "libc.so";
+		if (!strstr(malloc_from, want))
 			bench_flag(why,
 			     "the global malloc is defined in %s, "
-			     "expected libc.so",
-			     malloc_from);
+			     "expected %s",
+			     malloc_from, want);
+		if (g.variant == V_GLIBCFE &&
+		    (!pre || strncmp(pre, "glibc", 5) != 0))
+			bench_flag(why,
+			     "memtally_preload_allocator() = %s; "
+			     "expected \"glibc <version>\"",
+			     pre ? pre : "(absent: front end not loaded)");
 	}
 
 	int64_t held = m1 - m0, left = m2 - m0;
 	if (g.variant == V_INLINE || g.variant == V_PRELOAD ||
-	    g.variant == V_LINKED) {
+	    g.variant == V_LINKED || g.variant == V_GLIBCFE) {
 		if (!g.process_bytes)
 			bench_flag(why, "memtally_process_bytes not "
 			          "found: no accounting loaded");
@@ -706,7 +725,7 @@ static int prove(struct bench_sbuf *js, struct bench_sbuf *why)
 		     "memtally_process_bytes() moved by %" PRId64,
 		     held);
 	}
-	if (g.variant != V_PRELOAD && pre)
+	if (g.variant != V_PRELOAD && g.variant != V_GLIBCFE && pre)
 		bench_flag(why, "libmemtally_preload is loaded in a "
 		          "variant that must not use it");
 
@@ -820,7 +839,7 @@ static void usage(FILE *f)
 #ifdef BENCH_LINKED_JEMALLOC
 	    "jemalloc|inline|linked"
 #else
-	    "glibc|preload"
+	    "glibc|preload|glibcfe"
 #endif
 	);
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
@@ -896,13 +915,13 @@ int main(int argc, char **argv)
 	}
 
 	int vi = -1;
-	for (int k = 0; k < 5 && variant; k++)
+	for (int k = 0; k < V_COUNT && variant; k++)
 		if (!strcmp(variant, variant_names[k]))
 			vi = k;
 #ifdef BENCH_LINKED_JEMALLOC
 	int vok = vi == V_JEMALLOC || vi == V_INLINE || vi == V_LINKED;
 #else
-	int vok = vi == V_PRELOAD || vi == V_GLIBC;
+	int vok = vi == V_PRELOAD || vi == V_GLIBC || vi == V_GLIBCFE;
 #endif
 	{
 		cpu_set_t set;
@@ -927,7 +946,8 @@ int main(int argc, char **argv)
 	}
 	g.variant = (enum variant)vi;
 	g.expect_jemalloc =
-	    expect ? !strcmp(expect, "jemalloc") : g.variant != V_GLIBC;
+	    expect ? !strcmp(expect, "jemalloc")
+	           : g.variant != V_GLIBC && g.variant != V_GLIBCFE;
 	if (cpu >= 0 && bench_pin_cpu(cpu)) {
 		fprintf(stderr, BENCH_BINARY ": cannot pin to CPU %d\n", cpu);
 		return 2;

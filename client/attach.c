@@ -68,9 +68,6 @@
 #define MTC_CONNECT_TIMEOUT_MS 500
 #define MTC_BACKOFF_MIN_NS     (100 * 1000000ull)
 #define MTC_BACKOFF_MAX_NS     (5000 * 1000000ull)
-/* Flushes of one thread without a tick of the server before it looks at
- * the clock. */
-#define MTC_VERIFY_EVERY 64
 /* Attachments a process may make in its life (each server re-creation of
  * the segment costs one); past that it counts locally. */
 #define MTC_MAX_ATTACH 16
@@ -1000,7 +997,8 @@ static inline void after_store(struct mtc_thread *th,
 		mt_load_relaxed32(&a->slot->flags) & MTSHM_SLOT_OVER_LIMIT;
 	if (__builtin_expect(over != mt_load_relaxed32(&mtc.over_seen), 0))
 		over_edge(th, over);
-	uint64_t ticks = mt_load_relaxed64(&a->hdr->fleet.ticks);
+	th->ticks_at = &a->hdr->fleet.ticks;
+	uint64_t ticks = mt_load_relaxed64(th->ticks_at);
 	if (ticks != th->seen_ticks) {
 		th->seen_ticks = ticks;
 		th->since_verify = 0;

@@ -26,6 +26,7 @@ struct mtc_thread {
 	struct mtshm_lane *lane; /* owned lane, NULL: use slot overflow */
 	struct mtshm_slot_id *slot; /* slot the lane/count belongs to */
 	uint64_t seen_ticks;     /* header's tick counter at the last flush */
+	const uint64_t *ticks_at; /* where it was read (set with `lane`) */
 	uint64_t epoch;          /* mtc epoch of `slot`; stale = re-claim */
 	uint32_t since_verify;   /* flushes since the tick counter moved */
 	uint8_t busy;            /* re-entrancy guard of the slow path */
@@ -55,20 +56,36 @@ void mtc_publish(struct mtc_thread *th, int64_t delta);
 extern uint64_t mtc_epoch;
 extern uint64_t mtc_thresh;
 
+/* Flushes of one thread without a tick of the server before it looks at
+ * the server's heartbeat. */
+#define MTC_VERIFY_EVERY 64
+
 /*
- * A publish of less than the threshold by a thread that owns a lane of the
- * current slot: just the lane's store, no flush counted, no look at the
- * server's flags or heartbeat (those come with the next mtc_publish()).
- * False, and nothing done, when the thread must go through mtc_publish().
- * The lane is the thread's while the epoch is the one it claimed it in.
+ * A publish by a thread that owns a lane of the current slot, with no look
+ * at the server's flags or heartbeat: just the lane's store. Below the
+ * threshold always (no flush counted). At or past it (a large block: every
+ * call of 64 KiB or more) only while the server has not ticked since the
+ * thread's last full look and fewer than MTC_VERIFY_EVERY flushes went by
+ * without a tick: the over-limit flag changes only in a tick, so the first
+ * flush after the tick that raised it still sees it, as when every large
+ * call looked, and a server that stopped ticking is still noticed after
+ * MTC_VERIFY_EVERY flushes. False, and nothing done, when the thread must
+ * go through mtc_publish(). The lane is the thread's while the epoch is
+ * the one it claimed it in.
  */
 static inline bool mtc_publish_quiet(struct mtc_thread *th, int64_t delta)
 {
 	struct mtshm_lane *l = th->lane;
 	int64_t lim = (int64_t)mt_load_relaxed64(&mtc_thresh);
-	if (!l || delta <= -lim || delta >= lim ||
-	    th->epoch != mt_load_relaxed64(&mtc_epoch))
+	if (!l || th->epoch != mt_load_relaxed64(&mtc_epoch))
 		return false;
+	if (delta <= -lim || delta >= lim) {
+		if (mt_load_relaxed64(th->ticks_at) != th->seen_ticks ||
+		    ++th->since_verify >= MTC_VERIFY_EVERY)
+			return false;
+		mt_store_relaxed64(&l->flushes,
+		                   mt_load_relaxed64(&l->flushes) + 1);
+	}
 	mt_store_relaxeds64(&l->bytes, mt_load_relaxeds64(&l->bytes) + delta);
 	return true;
 }

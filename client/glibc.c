@@ -17,17 +17,24 @@
  * (tcache: at most 7 blocks of each size up to 1032 bytes per thread),
  * which mallinfo2() still counts as in use and we do not.
  *
- * Each call adds one load of the header and memtally_account() (a
- * thread-local add and a compare; account.c flushes, publishes at thread
- * exit and handles fork, as for the inline API). Memory the program maps
- * itself is counted by mmap.c, as in the jemalloc preload; glibc's malloc
- * maps through its internal mmap, never through ours.
+ * Each call adds one load of the header and one add to a thread-local
+ * counter with a branch on its carry (struct gl_tls, below): 24
+ * instructions per 16 B malloc+free pair over glibc alone, the call into
+ * glibc made through the GOT (bench/RESULTS.md). The slow path publishes
+ * the thread's drift, quietly (the lane's store) unless the server ticked
+ * since the thread last looked at its flags; it flushes at thread exit and
+ * handles fork, as account.c does for the inline API (which stays
+ * available: a program linked to libmemtally reaches account.c here).
+ * Memory the program maps itself is counted by mmap.c, as in the jemalloc
+ * preload; glibc's malloc maps through its internal mmap, never through
+ * ours.
  *
  * glibc gives back to the kernel only the top of its heap (and blocks it
  * mmapped on their own): what the program frees below the top stays
  * resident, free for the program's next allocations. That memory is held
  * by the process as surely as its live blocks, so it is counted too, as
- * the process's allocator_free bytes: after a flush, every
+ * the process's allocator_free bytes: after a full flush (never after a
+ * quiet one, so never on a common malloc or free), every
  * MTC_FREE_INTERVAL_NS or when the heap moved by an eighth (at least
  * MTC_FREE_MOVED), one thread asks mallinfo2() for what glibc holds from
  * the system (arena + hblkhd) and stores that less the process's heap
@@ -42,71 +49,252 @@
 #include <errno.h>
 #include <gnu/libc-version.h>
 #include <malloc.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
 
 #define GL_EXPORT __attribute__((visibility("default")))
 
-/* glibc's own entry points (GLIBC_2.2.5), never another allocator's. */
-void *__libc_malloc(size_t n);
-void __libc_free(void *p);
-void *__libc_calloc(size_t n, size_t m);
-void *__libc_realloc(void *p, size_t n);
-void *__libc_memalign(size_t align, size_t n);
-void *__libc_valloc(size_t n);
-void *__libc_pvalloc(size_t n);
+/* glibc's own entry points (GLIBC_2.2.5), never another allocator's,
+ * called through the GOT: no PLT stub on the way (noplt). */
+#define GL_LIBC __attribute__((noplt))
+GL_LIBC void *__libc_malloc(size_t n);
+GL_LIBC void __libc_free(void *p);
+GL_LIBC void *__libc_calloc(size_t n, size_t m);
+GL_LIBC void *__libc_realloc(void *p, size_t n);
+GL_LIBC void *__libc_memalign(size_t align, size_t n);
+GL_LIBC void *__libc_valloc(size_t n);
+GL_LIBC void *__libc_pvalloc(size_t n);
 
 #define GL_IS_MMAPPED 0x2u
 
 /* The bytes glibc's mallinfo2() counts for the live block `p`. */
-static inline int64_t chunk_bytes(const void *p)
+static inline uint64_t chunk_bytes(const void *p)
 {
 	const size_t *h = (const size_t *)p;
 	size_t sz = h[-1];
 	size_t bytes = sz & ~(size_t)7;
 	if (sz & GL_IS_MMAPPED)
 		bytes += h[-2]; /* the pad before an aligned mmapped chunk */
-	return (int64_t)bytes;
+	return bytes;
+}
+
+/*
+ * The same for a block malloc(), calloc() or realloc() just returned,
+ * without the pad: glibc aligns those to MALLOC_ALIGNMENT, which on 64-bit
+ * targets is the chunk header's size (2 * SIZE_SZ = 16), so an mmapped
+ * chunk of theirs starts at its mapping (sysmalloc sets prev_size to 0,
+ * mremap_chunk keeps it). Only memalign & co leave a pad, and they use
+ * chunk_bytes(). Elsewhere, the test is made.
+ */
+static inline uint64_t chunk_bytes_unaligned(const void *p)
+{
+#if defined(__x86_64__) || defined(__aarch64__)
+	return ((const size_t *)p)[-1] & ~(size_t)7;
+#else
+	return chunk_bytes(p);
+#endif
+}
+
+/*
+ * Per thread: two counters that only grow, `alloc` (bytes of blocks the
+ * thread was given) and `freed` (bytes of blocks it gave back), both
+ * started at -T (T = threshold, modulo 2^64) by the last flush, so that
+ * the add that brings either to T bytes since that flush carries out of
+ * 64 bits: one add to thread-local memory and one branch on the carry per
+ * call, nothing else. Both start from the same value, so the unflushed
+ * drift is alloc - freed (+ carry), each side below T since the flush:
+ * within (-T, +T) as with the inline API; the scheme of jemalloc's
+ * activity callback (a flush after every T bytes allocated, and after
+ * every T bytes freed).
+ *
+ * A new thread starts with both counters at 2^64 - 1: its first call
+ * carries and sets it up. A disabled process puts them at 0, which 2^64
+ * bytes would carry. `carry` keeps drift the counters no longer hold
+ * (after a fork, or added while the thread flushed).
+ */
+struct gl_tls {
+	uint64_t alloc;
+	uint64_t freed;
+	int64_t carry;
+	uint8_t set;          /* set up (1), or disabled (2) */
+	struct mtc_thread th; /* th.exited: past its exit flush, every call
+	                       * publishes (into the slot's overflow) */
+};
+
+static __thread struct gl_tls gl MTC_TLS = {
+    .alloc = UINT64_MAX,
+    .freed = UINT64_MAX,
+};
+
+static pthread_key_t gl_key;
+static pthread_once_t gl_key_once = PTHREAD_ONCE_INIT;
+
+static int64_t gl_drift(const struct gl_tls *t)
+{
+	if (t->set == 2)
+		return 0;
+	return t->carry + (int64_t)(t->alloc - t->freed);
+}
+
+/* Take the drift out of the counters (into the return value) and start a
+ * new window: the next call carries after `window` bytes (1: at once). */
+static int64_t gl_take(struct gl_tls *t, uint64_t window)
+{
+	int64_t d = gl_drift(t);
+	t->carry = 0;
+	t->alloc = t->freed = -window;
+	return d;
+}
+
+/* Publish `d` in full (mtc_publish: the server's flags and heartbeat are
+ * looked at), then run the callback the flush found due and sample
+ * glibc's free memory when a sample is due, both outside the busy guard.
+ * After the thread's exit flush, into the slot's overflow, and the next
+ * call comes back here. */
+static void gl_publish(struct gl_tls *t, int64_t d)
+{
+	t->th.busy = 1;
+	if (d)
+		mtc_publish(&t->th, d);
+	/* Keep what was counted re-entrantly meanwhile (our own attach). */
+	int64_t extra = gl_take(t, t->th.exited ? 1 : mtc_threshold());
+	t->carry = extra;
+	t->th.busy = 0;
+	if (!t->th.exited) {
+		mtc_after_flush(&t->th);
+		mtc_front_sample();
+	}
+}
+
+static void gl_on_exit(void *unused)
+{
+	(void)unused;
+	struct gl_tls *t = &gl;
+	if (t->set != 1)
+		return;
+	t->th.busy = 1;
+	int64_t d = gl_take(t, 1);
+	if (d)
+		mtc_publish(&t->th, d);
+	mtc_thread_exit(&t->th); /* hands a due callback to another thread */
+	t->th.busy = 0;
+}
+
+static void gl_make_key(void)
+{
+	pthread_key_create(&gl_key, gl_on_exit);
+}
+
+/* The rest of gl_slow(): a new or disabled thread, a re-entered one,
+ * and a publish the quiet path cannot make. */
+__attribute__((noinline)) static void gl_slow_rare(void)
+{
+	struct gl_tls *t = &gl;
+	if (t->th.busy || t->set == 2)
+		return; /* re-entered from our own publish: keep counting */
+	if (!t->set) {
+		t->th.busy = 1;
+		if (!mtc_init()) {
+			/* Disabled: never come back here. */
+			t->set = 2;
+			t->carry = 0;
+			t->alloc = t->freed = 0;
+			t->th.busy = 0;
+			return;
+		}
+		pthread_once(&gl_key_once, gl_make_key);
+		pthread_setspecific(gl_key, t);
+		t->set = 1;
+		t->th.busy = 0;
+	}
+	gl_publish(t, gl_take(t, 1));
+}
+
+/*
+ * A counter carried: T bytes allocated or freed since the last flush (a
+ * thread churning blocks of T or more comes here on every call), a new
+ * thread, or one forced here (fork, thread exit). The common case is the
+ * quiet publish: the lane's store and a new window, no call.
+ */
+__attribute__((noinline)) static void gl_slow(void)
+{
+	struct gl_tls *t = &gl;
+	if (__builtin_expect(t->set == 1 && !t->th.busy, 1)) {
+		int64_t d = t->carry + (int64_t)(t->alloc - t->freed);
+		if (__builtin_expect(mtc_publish_quiet(&t->th, d), 1)) {
+			uint64_t w = -mt_load_relaxed64(&mtc_thresh);
+			t->carry = 0;
+			t->alloc = t->freed = w;
+			return;
+		}
+	}
+	gl_slow_rare();
 }
 
 static inline void *counted(void *p)
 {
-	if (p)
-		memtally_account(chunk_bytes(p));
+	if (p && __builtin_add_overflow(gl.alloc, chunk_bytes(p), &gl.alloc))
+		gl_slow();
 	return p;
 }
 
 GL_EXPORT void *malloc(size_t n)
 {
-	return counted(__libc_malloc(n));
+	void *p = __libc_malloc(n);
+	if (__builtin_expect(p != NULL, 1) &&
+	    __builtin_expect(__builtin_add_overflow(
+	                         gl.alloc, chunk_bytes_unaligned(p), &gl.alloc),
+	                     0))
+		gl_slow();
+	return p;
+}
+
+/* A free whose count carried: the flush after glibc has the block back,
+ * since it may sample glibc's free memory, which must not see the block
+ * as still held by glibc and no longer by the program. */
+__attribute__((noinline)) static void free_slow(void *p)
+{
+	__libc_free(p);
+	gl_slow();
 }
 
 GL_EXPORT void free(void *p)
 {
 	if (!p)
 		return;
-	/* Counted once glibc has it back: a flush here may sample glibc's
-	 * free memory (mtc_front_sample), which must not see the block as
-	 * still held by glibc and no longer by the program. */
-	int64_t n = chunk_bytes(p);
+	if (__builtin_expect(
+	        __builtin_add_overflow(gl.freed, chunk_bytes(p), &gl.freed),
+	        0)) {
+		free_slow(p);
+		return;
+	}
 	__libc_free(p);
-	memtally_account(-n);
 }
 
 GL_EXPORT void *calloc(size_t n, size_t m)
 {
-	return counted(__libc_calloc(n, m));
+	void *p = __libc_calloc(n, m);
+	if (p && __builtin_add_overflow(gl.alloc, chunk_bytes_unaligned(p),
+	                                &gl.alloc))
+		gl_slow();
+	return p;
 }
 
 GL_EXPORT void *realloc(void *p, size_t n)
 {
-	int64_t old = p ? chunk_bytes(p) : 0;
+	uint64_t old = p ? chunk_bytes(p) : 0;
 	void *q = __libc_realloc(p, n);
+	/* Both counts after glibc is done, each with its own carry test. */
+	int slow = 0;
 	if (q)
-		memtally_account(chunk_bytes(q) - old);
-	else if (p && n == 0)
-		memtally_account(-old); /* glibc freed it */
+		slow =
+		    __builtin_add_overflow(gl.alloc, chunk_bytes(q), &gl.alloc);
+	if (q || (p && n == 0)) /* the old block is gone (moved or freed) */
+		slow |= __builtin_add_overflow(gl.freed, old, &gl.freed);
+	if (slow)
+		gl_slow();
 	return q;
 }
 
@@ -169,20 +357,30 @@ GL_EXPORT void free_aligned_sized(void *p, size_t align, size_t n)
 	free(p);
 }
 
-/* The core's hooks into the front end: account.c's counting is the
- * whole of it here. */
+/* The core's hooks into the front end: the malloc family's counters,
+ * and those of memtally_account() (account.c) for a program that also
+ * calls the inline API. */
 int mtc_front_flush(void)
 {
+	struct gl_tls *t = &gl;
+	if (!t->set) {
+		gl_slow(); /* sets the thread up, publishes, samples */
+	} else if (t->set == 1 && !t->th.busy) {
+		gl_publish(t, gl_take(t, 1));
+	}
 	return mta_front_flush();
 }
 
 int64_t mtc_front_drift(void)
 {
-	return mta_front_drift();
+	return gl_drift(&gl) + mta_front_drift();
 }
 
 void mtc_front_force_slow(void)
 {
+	struct gl_tls *t = &gl;
+	if (t->set == 1)
+		t->carry += gl_take(t, 1);
 	mta_front_force_slow();
 }
 

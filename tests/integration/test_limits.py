@@ -15,8 +15,9 @@ import subprocess
 import tempfile
 import time
 
-from harness import (CLI, MIB, MULT, Server, Skip, Worker, check,  # noqa
-                     deadline, run, wait_for, worker, world_readable_copy)
+from harness import (CLI, MIB, MULT, PRELOAD, Server, Skip, Worker,  # noqa
+                     check, deadline, run, wait_for, worker,
+                     world_readable_copy)
 from harness import NOBODY as NOBODY_UID, NOGROUP  # noqa: E402
 
 GIB = 1 << 30
@@ -502,6 +503,43 @@ def test_over_limit_callback_runs_in_the_worker():
             w.close()
 
 
+GLIBC_LIB = os.path.join(os.path.dirname(PRELOAD), "libmemtally_glibc.so")
+
+
+def test_over_limit_seen_by_large_blocks_at_once():
+    """A worker churning 64 KiB blocks (every call a flush past the
+    threshold, published quietly while the server has not ticked) sees
+    the server's over-limit flag at its first call after the flag rose:
+    the callback has run before the first malloc+free pair completes,
+    under both front ends."""
+    for lib in (PRELOAD, GLIBC_LIB):
+        with Server() as s:
+            w = Worker([worker("mt_level"), "10"],
+                       s.env(MT_LEVEL_CALLBACK="1", LD_PRELOAD=lib))
+            try:
+                check(w.readline().startswith("ready"), "worker not ready")
+                wait_for("worker counted", lambda: s.ps().get(w.pid))
+                rc, _, out, err = cli(s, "limit", "set", "pid", str(w.pid),
+                                      "64MiB")
+                check(rc == 0, f"limit set pid: {rc} {out}{err}")
+                lines = []
+                w.send("set 100")
+                until(w, "at 100", lines)
+                wait_for("flagged over", lambda: s.ps()[w.pid]["over_limit"])
+                w.send("churn")
+                while not lines[-1].startswith("churned"):
+                    lines.append(w.readline())
+                pairs = int(lines[-1].split()[1])
+                calls = [x for x in lines if x.startswith("over-limit")]
+                check(calls == ["over-limit 1"] and pairs == 0,
+                      f"{os.path.basename(lib)}: callback after {pairs} "
+                      f"pairs of 64 KiB: {lines}")
+                print(f"  {os.path.basename(lib)}: callback after {pairs} "
+                      "pairs")
+            finally:
+                w.close()
+
+
 if __name__ == "__main__":
     run([test_admit_release_and_ttl, test_states_seen_by_watch,
          test_oscillation_does_not_flap,
@@ -509,4 +547,5 @@ if __name__ == "__main__":
          test_unprivileged_may_query_not_set_limits,
          test_sighup_reloads_the_fleet_limit,
          test_tcp_needs_the_token_for_limits,
-         test_over_limit_callback_runs_in_the_worker])
+         test_over_limit_callback_runs_in_the_worker,
+         test_over_limit_seen_by_large_blocks_at_once])

@@ -5,6 +5,10 @@
  *   "set N"   hold exactly N MiB in 1 MiB blocks (exactly a jemalloc size
  *             class): allocate or free the newest blocks, flush, print
  *             "at N"
+ *   "churn"   malloc and free 64 KiB blocks (each a flush of its own)
+ *             until the over-limit callback has run (at once if it ran
+ *             already), at most 100000 pairs; print "churned K" (K =
+ *             pairs completed before it ran)
  *   "exit"    exit(0)            EOF   exit(0)
  * With MT_LEVEL_CALLBACK=1 it registers an over-limit callback through
  * memtally_on_over_limit() (looked up with dlsym, so it runs unmodified
@@ -68,6 +72,13 @@ int main(int argc, char **argv)
 		if (strncmp(cmd, "set ", 4) == 0) {
 			set_level(strtoul(cmd + 4, NULL, 10));
 			mt_say("at %zu", held);
+		} else if (strcmp(cmd, "churn") == 0) {
+			unsigned long k = 0;
+			for (; k < 100000 && atomic_load(&calls) == 0; k++) {
+				void *volatile p = malloc(64 << 10);
+				free(p);
+			}
+			mt_say("churned %lu", k);
 		}
 	}
 	return 0;
