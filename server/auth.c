@@ -21,8 +21,11 @@
  * the owner's uid or an admin's (root, the server's uid, admin_uid, a
  * process in admin_gid); any worker for one made over TCP.
  *
- * Admins are also exempt from the per-uid caps on reservations (admit.c)
- * and connections (conn.c), counted here by uid (mts_uid_count_*).
+ * Admins are also exempt from the per-uid caps on reservations (admit.c),
+ * slots and groups (registry.c) and connections (conn.c), counted here by
+ * uid (mts_uid_count_*), and may join any group. A [group NAME] with
+ * `uids` or `gids` may be joined (by a worker, or an Admit naming it)
+ * only by a listed uid, a member of a listed gid, or an admin.
  */
 #include "mts_auth.h"
 
@@ -181,6 +184,31 @@ enum mts_auth mts_authorise_release(const struct mts_registry *reg,
 	return mts_authorise(reg, peer, token);
 }
 
+bool mts_peer_is_admin(const struct mts_registry *reg,
+                       const struct mts_peer *peer)
+{
+	return peer->has_cred && !peer->tcp &&
+	       mts_authorise(reg, peer, NULL) != MTS_AUTH_NONE;
+}
+
+bool mts_may_join_group(const struct mts_registry *reg,
+                        const struct mts_peer *peer, const char *group)
+{
+	const struct mts_group_policy *g = mts_policy_group(&reg->policy, group);
+	if (!g || (g->nuids == 0 && g->ngids == 0))
+		return true;
+	/* Only a peer the kernel vouches for can be in a list. */
+	if (!peer->has_cred || peer->tcp)
+		return false;
+	for (uint32_t i = 0; i < g->nuids; i++)
+		if (g->uids[i] == peer->uid)
+			return true;
+	for (uint32_t i = 0; i < g->ngids; i++)
+		if (mts_peer_in_group(peer, g->gids[i]))
+			return true;
+	return mts_peer_is_admin(reg, peer);
+}
+
 /* ---- counts per uid --------------------------------------------------------
  *
  * Open addressing with linear probing, at most half full, removal by
@@ -207,6 +235,18 @@ static struct mts_uid_count *uid_find(const struct mts_uid_counts *t,
 		if (t->e[i].uid == uid)
 			return &t->e[i];
 	return NULL;
+}
+
+uint64_t *mts_uid_count_bytes(struct mts_uid_counts *t, uint32_t uid)
+{
+	struct mts_uid_count *c = uid_find(t, uid);
+	return c ? &c->bytes : NULL;
+}
+
+uint64_t mts_uid_bytes_get(const struct mts_uid_counts *t, uint32_t uid)
+{
+	const struct mts_uid_count *c = uid_find(t, uid);
+	return c ? c->bytes : 0;
 }
 
 uint32_t mts_uid_count_get(const struct mts_uid_counts *t, uint32_t uid)
@@ -268,6 +308,7 @@ void mts_uid_count_sub(struct mts_uid_counts *t, uint32_t uid)
 		}
 	}
 	e[i].count = 0;
+	e[i].bytes = 0;
 	t->used--;
 }
 

@@ -58,6 +58,10 @@ static void setup(void)
 	};
 	cr_assert_eq(uv_loop_init(&loop), 0);
 	cr_assert_eq(mts_server_init(&srv, &loop, &cfg), 0);
+	/* The workers are all of one uid; the per-process series are
+	 * opted in (the tests of the bound turn them off). */
+	srv.reg.policy.slots_per_uid = MTS_CAP_NONE;
+	srv.reg.policy.metrics_per_process = true;
 }
 
 static void teardown(void)
