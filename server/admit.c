@@ -628,8 +628,8 @@ void mts_resv_worker_registered(struct mts_registry *reg, struct mts_proc *p)
 		        "worker names a task reserved by another uid; its "
 		        "reservations are left alone",
 		        "pid=%u uid=%u task=%s reservations=%u owner_uid=%u",
-		        p->pid, p->uid, mts_logq(q, sizeof(q), t->name), foreign,
-		        foreign_uid);
+		        p->pid, p->uid, mts_logq(q, sizeof(q), t->name),
+		        foreign, foreign_uid);
 	}
 }
 
@@ -918,7 +918,8 @@ static bool deny_group(const struct mts_registry *reg,
 		snprintf(out->why, sizeof(out->why),
 		         "group not allowed: %s may not use group %.*s (its "
 		         "[group] section lists the uids and gids that may)",
-		         peer->tcp || !peer->has_cred ? "a TCP peer" : "this uid",
+		         peer->tcp || !peer->has_cred ? "a TCP peer"
+		                                      : "this uid",
 		         (int)MTS_NAME_MAX, group);
 	else
 		snprintf(out->why, sizeof(out->why),
@@ -1016,7 +1017,8 @@ void mts_admit_decide(const struct mts_registry *reg,
 		return;
 	}
 
-	if (deny_group(reg, peer, group, out) || deny_uid_bytes(reg, peer, bytes, out))
+	if (deny_group(reg, peer, group, out) ||
+	    deny_uid_bytes(reg, peer, bytes, out))
 		return;
 
 	/* The fleet, then the group: the first limit that would be passed
@@ -1255,10 +1257,11 @@ int mts_release(struct mts_registry *reg, const struct mts_peer *peer,
 	struct mts_resv *r = mts_resv_find(reg, id);
 	if (!r) {
 		if (mts_log_peer(mts_peer_log_uid(peer)))
-			mts_log(MTS_LOG_INFO, "release of an unknown reservation",
-		        "reservation=%s peer_pid=%u uid=%u",
-		        mts_logq(q, sizeof(q), id ? id : ""), peer->pid,
-		        peer->uid);
+			mts_log(MTS_LOG_INFO,
+			        "release of an unknown reservation",
+			        "reservation=%s peer_pid=%u uid=%u",
+			        mts_logq(q, sizeof(q), id ? id : ""), peer->pid,
+			        peer->uid);
 		return -ENOENT;
 	}
 	enum mts_auth a = mts_authorise_release(reg, peer, token, r);
@@ -1266,8 +1269,9 @@ int mts_release(struct mts_registry *reg, const struct mts_peer *peer,
 		reg->stats.auth_denials++;
 		if (mts_log_peer(mts_peer_log_uid(peer)))
 			mts_log(MTS_LOG_WARN, "release refused: not authorised",
-		        "reservation=%s owner_uid=%u peer_pid=%u uid=%u tcp=%d",
-		        r->id, r->uid, peer->pid, peer->uid, peer->tcp);
+			        "reservation=%s owner_uid=%u peer_pid=%u "
+			        "uid=%u tcp=%d",
+			        r->id, r->uid, peer->pid, peer->uid, peer->tcp);
 		return -EPERM;
 	}
 	*bytes = r->bytes;

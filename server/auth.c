@@ -194,7 +194,8 @@ bool mts_peer_is_admin(const struct mts_registry *reg,
 bool mts_may_join_group(const struct mts_registry *reg,
                         const struct mts_peer *peer, const char *group)
 {
-	const struct mts_group_policy *g = mts_policy_group(&reg->policy, group);
+	const struct mts_group_policy *g =
+	    mts_policy_group(&reg->policy, group);
 	if (!g || (g->nuids == 0 && g->ngids == 0))
 		return true;
 	/* Only a peer the kernel vouches for can be in a list. */

@@ -967,12 +967,12 @@ static int group_key(struct load *l, const char *section, const char *name,
 		if (err == -ENOMEM)
 			return err;
 		if (err < 0)
-			return fail(l, section, key,
-			            "expected a comma-separated list of %s, got "
-			            "'%s'",
-			            uids ? "user names or uids"
-			                 : "group names or gids",
-			            v);
+			return fail(
+			    l, section, key,
+			    "expected a comma-separated list of %s, got "
+			    "'%s'",
+			    uids ? "user names or uids" : "group names or gids",
+			    v);
 	} else {
 		return fail(l, section, key, "unknown key");
 	}
@@ -1003,18 +1003,19 @@ static int key_admission(struct load *l, const char *sec, const char *key,
 		/* A size, a percentage of the fleet limit, or none. */
 		size_t len = strlen(v);
 		uint32_t bp;
-		if (len && v[len - 1] == '%' && mts_parse_percent(v, &bp) == 0 &&
-		    bp > 0) {
+		if (len && v[len - 1] == '%' &&
+		    mts_parse_percent(v, &bp) == 0 && bp > 0) {
 			p->resv_bytes_bp = bp;
 			p->resv_bytes_per_uid = 0;
 			return 0;
 		}
 		uint64_t b;
 		if (parse_limit(v, &b) < 0)
-			return fail(l, sec, key,
-			            "expected a size like 8GiB, a percentage of "
-			            "the fleet limit like 50%%, or none; got '%s'",
-			            v);
+			return fail(
+			    l, sec, key,
+			    "expected a size like 8GiB, a percentage of "
+			    "the fleet limit like 50%%, or none; got '%s'",
+			    v);
 		p->resv_bytes_per_uid = b;
 		p->resv_bytes_bp = 0;
 		return 0;

@@ -95,9 +95,9 @@ const char *mts_logq(char *buf, size_t cap, const char *s)
 static struct {
 	unsigned uid;
 	int used;
-	unsigned count;      /* lines written in `second` */
+	unsigned count;           /* lines written in `second` */
 	unsigned long suppressed; /* lines held back, not reported yet */
-	long long second;    /* CLOCK_MONOTONIC seconds */
+	long long second;         /* CLOCK_MONOTONIC seconds */
 } peers[PEER_ENTRIES];
 
 static long long mono_second(void)
@@ -119,9 +119,10 @@ static void peer_report(unsigned i)
 
 int mts_log_peer(unsigned uid)
 {
-	unsigned i = (unsigned)(((unsigned long long)uid * 0x9e3779b97f4a7c15ull) >>
-	                        58) %
-	             PEER_ENTRIES;
+	unsigned i =
+	    (unsigned)(((unsigned long long)uid * 0x9e3779b97f4a7c15ull) >>
+	               58) %
+	    PEER_ENTRIES;
 	long long now = mono_second();
 	if (!peers[i].used || peers[i].uid != uid) {
 		if (peers[i].used)

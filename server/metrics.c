@@ -405,7 +405,8 @@ static int select_groups(const struct mts_registry *reg, struct labels *gl)
 	memset(&gl->other, 0, sizeof(gl->other));
 	for (uint32_t k = 0; k < nrest; k++) {
 		uint32_t i = rest[k].i;
-		if (nshown < max && strcmp(reg->groups[i].name, "_other") != 0) {
+		if (nshown < max &&
+		    strcmp(reg->groups[i].name, "_other") != 0) {
 			gl->shown[i] = true;
 			nshown++;
 		} else {

@@ -26,7 +26,7 @@ struct mts_resv {
 	                           workers already use, floored at 0 */
 	uint64_t created_ns;    /* CLOCK_REALTIME */
 	uint64_t created_mono_ns; /* CLOCK_MONOTONIC */
-	uint64_t expires_ns;    /* CLOCK_MONOTONIC: its deadline now */
+	uint64_t expires_ns;      /* CLOCK_MONOTONIC: its deadline now */
 	uint32_t ttl_s;
 };
 

@@ -59,7 +59,7 @@ struct mts_group_policy {
  * node shared by tenants sets a size or a percentage of the fleet. */
 /* [limits] max_groups_per_uid: distinct group names one uid may bring
  * into existence (groups of the configuration do not count). */
-#define MTS_DEFAULT_GROUPS_PER_UID   64u
+#define MTS_DEFAULT_GROUPS_PER_UID 64u
 /* [limits] max_slots_per_uid: 0 in the policy means this default, a
  * fraction of the slots, so that one uid cannot take every slot. */
 #define MTS_DEFAULT_SLOTS_PER_UID_DIV 2u
@@ -67,7 +67,7 @@ struct mts_group_policy {
 #define MTS_CAP_NONE UINT32_MAX
 /* [metrics] max_groups: group series on /metrics; the rest are summed
  * into one series group="_other". */
-#define MTS_DEFAULT_METRICS_GROUPS   256u
+#define MTS_DEFAULT_METRICS_GROUPS 256u
 
 /* Everything a SIGHUP reload may change. Strings are owned (malloc). */
 struct mts_policy {
@@ -94,10 +94,10 @@ struct mts_policy {
 	 * cap. Admins are exempt. */
 	uint64_t resv_bytes_per_uid;
 	uint32_t resv_bytes_bp;
-	uint32_t slots_per_uid;  /* 0 = slots / 2, MTS_CAP_NONE = no cap */
-	uint32_t groups_per_uid; /* 0 = no cap */
-	bool metrics_per_process;   /* per-process series on /metrics */
-	uint32_t metrics_max_groups; /* group series on /metrics, >= 1 */
+	uint32_t slots_per_uid;       /* 0 = slots / 2, MTS_CAP_NONE = no cap */
+	uint32_t groups_per_uid;      /* 0 = no cap */
+	bool metrics_per_process;     /* per-process series on /metrics */
+	uint32_t metrics_max_groups;  /* group series on /metrics, >= 1 */
 	uint32_t growth_window_ms;    /* rate.c: the rate's window */
 	uint32_t forecast_horizon_ms; /* `high` when the limit is forecast
 	                                 within this; 0 = off */

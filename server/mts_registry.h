@@ -143,10 +143,10 @@ struct mts_totals {
 enum mts_denial {
 	MTS_DENY_FLEET_LIMIT, /* fleet bytes + reserved + request > limit */
 	MTS_DENY_GROUP_LIMIT,
-	MTS_DENY_INVALID, /* a malformed request */
-	MTS_DENY_UID_CAP, /* the uid holds max_reservations_per_uid */
+	MTS_DENY_INVALID,           /* a malformed request */
+	MTS_DENY_UID_CAP,           /* the uid holds max_reservations_per_uid */
 	MTS_DENY_GROUP_NOT_ALLOWED, /* the group's uids/gids exclude the peer */
-	MTS_DENY_UID_BYTES, /* past max_reserved_bytes_per_uid */
+	MTS_DENY_UID_BYTES,         /* past max_reserved_bytes_per_uid */
 	MTS_DENY__COUNT,
 };
 
@@ -392,9 +392,8 @@ int mts_group_ensure(struct mts_registry *reg, const char *name,
 /* The same for a peer: a group it may not join (mts_may_join_group) is
  * -EACCES; a new group past its uid's max_groups_per_uid is -EDQUOT
  * (admins exempt). Nothing is created then. */
-int mts_group_ensure_peer(struct mts_registry *reg,
-                          const struct mts_peer *peer, const char *name,
-                          uint32_t *index);
+int mts_group_ensure_peer(struct mts_registry *reg, const struct mts_peer *peer,
+                          const char *name, uint32_t *index);
 /* Slots one (non-admin) uid may hold: max_slots_per_uid, by default
  * slot_count / MTS_DEFAULT_SLOTS_PER_UID_DIV; MTS_CAP_NONE = no cap. */
 uint32_t mts_slots_per_uid(const struct mts_registry *reg);

@@ -187,9 +187,8 @@ void mts_group_gc(struct mts_registry *reg, uint32_t index)
 		reg->groups_used--;
 }
 
-int mts_group_ensure_peer(struct mts_registry *reg,
-                          const struct mts_peer *peer, const char *name,
-                          uint32_t *index)
+int mts_group_ensure_peer(struct mts_registry *reg, const struct mts_peer *peer,
+                          const char *name, uint32_t *index)
 {
 	if (!mts_may_join_group(reg, peer, name))
 		return -EACCES;
@@ -1217,8 +1216,8 @@ static void note_group_refused(struct mts_registry *reg,
  * "default" when it may not join it or its uid may not create another
  * group. The entry exists on success (a failed registration leaves it to
  * mts_group_gc). */
-static int group_for_peer(struct mts_registry *reg,
-                          const struct mts_peer *peer, const char **group)
+static int group_for_peer(struct mts_registry *reg, const struct mts_peer *peer,
+                          const char **group)
 {
 	uint32_t gi;
 	int err = mts_group_ensure_peer(reg, peer, *group, &gi);
@@ -1259,9 +1258,9 @@ int mts_register(struct mts_registry *reg, const struct mts_peer *peer,
 		return register_known(reg, p, peer, group, task, image_id, res);
 	if ((err = group_for_peer(reg, peer, &group)) < 0)
 		return err;
-	err = p ? register_known(reg, p, peer, group, task, image_id, res)
-	        : register_new(reg, peer, start_time, group, task, image_id,
-	                       res);
+	err =
+	    p ? register_known(reg, p, peer, group, task, image_id, res)
+	      : register_new(reg, peer, start_time, group, task, image_id, res);
 	if (err < 0) {
 		/* A group created for a worker that did not register. */
 		struct mts_group *g = mts_find_group(reg, group);

@@ -703,8 +703,8 @@ Test(admit, group_not_allowed)
 	cr_assert_null(r->error);
 	cr_assert_not(r->admit_result->admitted);
 	cr_assert_str_eq(r->admit_result->limit_scope, "group:etl");
-	cr_assert(strstr(r->admit_result->reason, "group not allowed"),
-	          "%s", r->admit_result->reason);
+	cr_assert(strstr(r->admit_result->reason, "group not allowed"), "%s",
+	          r->admit_result->reason);
 	memtally__v1__response__free_unpacked(r, NULL);
 	cr_assert_eq(srv.reg.stats.denials[MTS_DENY_GROUP_NOT_ALLOWED], 1);
 	cr_assert_eq(srv.reg.adm.nresv, 0);
@@ -803,9 +803,9 @@ Test(admit, worker_group_and_slot_cap)
 	pol.groups = NULL;
 	pol.ngroups = 0;
 	uint32_t s = fx_register(fx_spawn(), "etl", "");
-	cr_assert_eq(srv.reg.by_slot[s]->group,
-	             (uint32_t)(mts_find_group(&srv.reg, "default") -
-	                        srv.reg.groups));
+	cr_assert_eq(
+	    srv.reg.by_slot[s]->group,
+	    (uint32_t)(mts_find_group(&srv.reg, "default") - srv.reg.groups));
 	cr_assert_null(mts_find_group(&srv.reg, "etl"), "etl has no process");
 	fx_register(fx_spawn(), "", "");
 	/* The third of uid 1000: the answer of a full segment. */

@@ -717,9 +717,8 @@ Test(config, group_owners_caps_and_metrics)
 	cr_assert_neq(load("[group default]\nuids = 0\n", &s, err, sizeof(err)),
 	              0);
 	cr_assert(strstr(err, "[group default] uids:"), "%s", err);
-	cr_assert_neq(load("[limits]\nmax_slots_per_uid = 0\n", &s, err,
-	                   sizeof(err)),
-	              0);
+	cr_assert_neq(
+	    load("[limits]\nmax_slots_per_uid = 0\n", &s, err, sizeof(err)), 0);
 	cr_assert_neq(load("[admission]\nmax_reserved_bytes_per_uid = lots\n",
 	                   &s, err, sizeof(err)),
 	              0);
@@ -730,21 +729,24 @@ Test(config, names)
 {
 	cr_assert(mts_name_ok("etl"));
 	cr_assert(mts_name_ok("caf\xc3\xa9-\xe6\x97\xa5\xf0\x9f\x98\x80"));
-	cr_assert_not(mts_name_ok("a\xc2\x9b" "31m"));  /* U+009B CSI */
-	cr_assert_not(mts_name_ok("a\xc2\x9d" "0;x")); /* U+009D OSC */
-	cr_assert_not(mts_name_ok("a\xc2\x80"));        /* U+0080 */
-	cr_assert(mts_name_ok("a\xc2\xa0"));            /* U+00A0: fine */
-	cr_assert_not(mts_name_ok("\xe2\x80\xae" "evil")); /* U+202E */
-	cr_assert_not(mts_name_ok("\xe2\x80\xaa"));        /* U+202A */
-	cr_assert_not(mts_name_ok("\xe2\x81\xa6"));        /* U+2066 */
-	cr_assert_not(mts_name_ok("\xe2\x81\xa9"));        /* U+2069 */
-	cr_assert_not(mts_name_ok("\xe2\x80\x8e"));        /* U+200E */
-	cr_assert_not(mts_name_ok("\xe2\x80\x8f"));        /* U+200F */
-	cr_assert_not(mts_name_ok("\xd8\x9c"));            /* U+061C */
-	cr_assert_not(mts_name_ok("a\xff"));               /* not UTF-8 */
-	cr_assert_not(mts_name_ok("a\xc3"));               /* cut short */
-	cr_assert_not(mts_name_ok("\xc0\xaf"));            /* overlong */
-	cr_assert_not(mts_name_ok("\xed\xa0\x80"));        /* surrogate */
+	cr_assert_not(mts_name_ok("a\xc2\x9b"
+	                          "31m")); /* U+009B CSI */
+	cr_assert_not(mts_name_ok("a\xc2\x9d"
+	                          "0;x"));       /* U+009D OSC */
+	cr_assert_not(mts_name_ok("a\xc2\x80")); /* U+0080 */
+	cr_assert(mts_name_ok("a\xc2\xa0"));     /* U+00A0: fine */
+	cr_assert_not(mts_name_ok("\xe2\x80\xae"
+	                          "evil"));         /* U+202E */
+	cr_assert_not(mts_name_ok("\xe2\x80\xaa")); /* U+202A */
+	cr_assert_not(mts_name_ok("\xe2\x81\xa6")); /* U+2066 */
+	cr_assert_not(mts_name_ok("\xe2\x81\xa9")); /* U+2069 */
+	cr_assert_not(mts_name_ok("\xe2\x80\x8e")); /* U+200E */
+	cr_assert_not(mts_name_ok("\xe2\x80\x8f")); /* U+200F */
+	cr_assert_not(mts_name_ok("\xd8\x9c"));     /* U+061C */
+	cr_assert_not(mts_name_ok("a\xff"));        /* not UTF-8 */
+	cr_assert_not(mts_name_ok("a\xc3"));        /* cut short */
+	cr_assert_not(mts_name_ok("\xc0\xaf"));     /* overlong */
+	cr_assert_not(mts_name_ok("\xed\xa0\x80")); /* surrogate */
 	cr_assert_not(mts_name_ok("a\x1b[31m"));
 	cr_assert_not(mts_name_ok("a\x7f"));
 }
