@@ -298,11 +298,52 @@ static void put_right(const char *s, int width)
  * by '?': group names and comm come from other users' processes and must
  * not reach the terminal as escape sequences.
  */
+/* Length of the valid UTF-8 sequence at s (1..4, its code point in *cp),
+ * or 0. */
+static size_t utf8_seq(const unsigned char *s, uint32_t *cp)
+{
+	if (s[0] < 0x80) {
+		*cp = s[0];
+		return 1;
+	}
+	size_t n = s[0] >= 0xf0 ? 4 : s[0] >= 0xe0 ? 3 : s[0] >= 0xc0 ? 2 : 0;
+	if (n == 0 || s[0] > 0xf4)
+		return 0;
+	uint32_t c = s[0] & (0x7fu >> n);
+	for (size_t i = 1; i < n; i++) {
+		if ((s[i] & 0xc0) != 0x80)
+			return 0;
+		c = (c << 6) | (s[i] & 0x3fu);
+	}
+	static const uint32_t min[5] = {0, 0, 0x80, 0x800, 0x10000};
+	if (c < min[n] || c > 0x10ffff || (c >= 0xd800 && c <= 0xdfff))
+		return 0;
+	*cp = c;
+	return n;
+}
+
+/* Print a string the server sent (a worker's group, task, comm) so that
+ * it cannot drive the terminal: C0 and C1 controls (U+009B is CSI), DEL,
+ * bidirectional formatting characters and bytes that are not UTF-8 show
+ * as '?'. An older server passes such names through. */
 static void put_clean(const char *s, int width)
 {
 	int n = 0;
-	for (; *s; s++, n++)
-		putchar((unsigned char)*s < 0x20 || *s == 0x7f ? '?' : *s);
+	const unsigned char *u = (const unsigned char *)s;
+	while (*u) {
+		uint32_t c = 0;
+		size_t k = utf8_seq(u, &c);
+		bool bad = k == 0 || c < 0x20 || (c >= 0x7f && c <= 0x9f) ||
+		           c == 0x061c || c == 0x200e || c == 0x200f ||
+		           (c >= 0x202a && c <= 0x202e) ||
+		           (c >= 0x2066 && c <= 0x2069);
+		if (bad)
+			putchar('?');
+		else
+			fwrite(u, 1, k, stdout);
+		u += k ? k : 1;
+		n++;
+	}
 	for (; n < width; n++)
 		putchar(' ');
 }

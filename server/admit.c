@@ -25,7 +25,8 @@
  * and the fleet sees max(reserved, used), not their sum. Once a worker of
  * T has registered, T's reservations are "taken over": their TTL no longer
  * applies (the TTL is for admissions whose task never starts) and they end
- * when T has no live worker left. A worker's group need not be the
+ * when T has no live worker left, or max_ttl after they were granted,
+ * whichever comes first. A worker's group need not be the
  * reservation's: the fleet figure is right either way, a group's only when
  * they agree. "A worker of T" means one that may act on the reservation:
  * its owner's or an admin's (see "ownership" below).
@@ -78,6 +79,10 @@ const char *mts_denial_name(enum mts_denial d)
 		return "invalid";
 	case MTS_DENY_UID_CAP:
 		return "uid_reservations";
+	case MTS_DENY_GROUP_NOT_ALLOWED:
+		return "group_not_allowed";
+	case MTS_DENY_UID_BYTES:
+		return "uid_reserved_bytes";
 	default:
 		return "unknown";
 	}
@@ -500,8 +505,9 @@ static void ids_remove(struct mts_registry *reg, const struct mts_resv *r)
 
 /* ---- reservations by expiry -----------------------------------------------
  *
- * A binary min-heap of the reservations whose TTL applies (not taken over),
- * so that a tick looks at the ones due and no others.
+ * A binary min-heap of every reservation by its deadline (its TTL, or
+ * max_ttl once taken over: resv_deadline), so that a tick looks at the ones
+ * due and no others.
  */
 
 static void heap_set(struct mts_registry *reg, uint32_t i, struct mts_resv *r)
@@ -568,10 +574,25 @@ static void task_seen(struct mts_registry *reg, struct mts_task *t)
 	reg->adm.tasks_seen = t;
 }
 
+/* When `r` ends at the latest: its TTL until a worker takes it over,
+ * then max_ttl from its creation (a task's workers keep it alive, but not
+ * for ever: a worker that names a task and stays small would otherwise
+ * hold the task's reserved bytes as long as it lives). */
+static uint64_t resv_deadline(const struct mts_registry *reg,
+                              const struct mts_resv *r)
+{
+	uint32_t s = r->taken_over ? reg->policy.max_ttl_s : r->ttl_s;
+	return r->created_mono_ns + (uint64_t)s * 1000000000u;
+}
+
 static void take_over(struct mts_registry *reg, struct mts_resv *r)
 {
 	r->taken_over = true;
-	heap_remove(reg, r);
+	r->expires_ns = resv_deadline(reg, r);
+	if (r->heap_index != UINT32_MAX)
+		heap_fix(reg, r->heap_index);
+	else
+		heap_add(reg, r);
 	mts_log(MTS_LOG_INFO, "reservation taken over by its task",
 	        "reservation=%s bytes=%llu owner_uid=%u", r->id,
 	        (unsigned long long)r->bytes, r->uid);
@@ -591,10 +612,27 @@ void mts_resv_worker_registered(struct mts_registry *reg, struct mts_proc *p)
 	 * then must still end what it took over. */
 	admin_epoch_check(reg);
 	bool admin = worker_admin(reg, p);
-	for (struct mts_resv *r = t->resv; r; r = r->tnext)
-		if (!r->taken_over &&
-		    (admin || !r->has_owner || r->uid == p->uid))
+	uint32_t foreign = 0, foreign_uid = 0;
+	for (struct mts_resv *r = t->resv; r; r = r->tnext) {
+		bool mine = admin || !r->has_owner || r->uid == p->uid;
+		if (!mine) {
+			foreign++;
+			foreign_uid = r->uid;
+		} else if (!r->taken_over) {
 			take_over(reg, r);
+		}
+	}
+	/* Another uid's worker naming the task is accounted as a worker,
+	 * but neither keeps the reservation alive nor ends it. */
+	if (foreign && mts_log_peer(p->uid)) {
+		char q[MTS_LOGQ_MAX];
+		mts_log(MTS_LOG_WARN,
+		        "worker names a task reserved by another uid; its "
+		        "reservations are left alone",
+		        "pid=%u uid=%u task=%s reservations=%u owner_uid=%u",
+		        p->pid, p->uid, mts_logq(q, sizeof(q), t->name),
+		        foreign, foreign_uid);
+	}
 }
 
 /* Reservation ids are a secret of sorts: over TCP (no credentials) any
@@ -679,6 +717,9 @@ static void resv_remove(struct mts_registry *reg, struct mts_resv *r,
 		else if (recount && shifts)
 			task_recount(reg, t);
 	}
+	uint64_t *held = mts_uid_count_bytes(&reg->adm.resv_uids, resv_key(r));
+	if (held)
+		*held = *held > r->bytes ? *held - r->bytes : 0;
 	mts_uid_count_sub(&reg->adm.resv_uids, resv_key(r));
 	reg->groups[r->group].reservations--;
 	mts_group_gc(reg, r->group);
@@ -809,14 +850,19 @@ void mts_resv_tick(struct mts_registry *reg, uint64_t now_ns)
 		}
 	}
 
-	/* Taken-over reservations left the heap: its top is the next due. */
-	while (reg->adm.resv_nheap > 0 &&
-	       now_ns >= reg->adm.resv_heap[0]->expires_ns) {
+	/* Every reservation is in the heap, by its deadline (resv_deadline):
+	 * its top is the next due. */
+	while (reg->adm.resv_nheap > 0 && now_ns >= reg->adm.resv_heap[0]->expires_ns) {
 		struct mts_resv *r = reg->adm.resv_heap[0];
 		char q[MTS_LOGQ_MAX];
-		mts_log(MTS_LOG_INFO, "reservation expired",
-		        "reservation=%s bytes=%llu ttl_s=%u group=%s", r->id,
-		        (unsigned long long)r->bytes, r->ttl_s,
+		mts_log(MTS_LOG_INFO,
+		        r->taken_over ? "reservation expired: max_ttl passed "
+		                        "while its task runs"
+		                      : "reservation expired",
+		        "reservation=%s bytes=%llu ttl_s=%u max_ttl_s=%u "
+		        "group=%s",
+		        r->id, (unsigned long long)r->bytes, r->ttl_s,
+		        reg->policy.max_ttl_s,
 		        mts_logq(q, sizeof(q), reg->groups[r->group].name));
 		reg->stats.expirations++;
 		resv_remove(reg, r, true);
@@ -849,6 +895,88 @@ static uint32_t peer_key(const struct mts_peer *peer, bool *owned)
 {
 	*owned = peer->has_cred;
 	return *owned ? peer->uid : MTS_UID_TCP;
+}
+
+/* A group the peer may not join ([group NAME] uids/gids), or a new group
+ * past its uid's max_groups_per_uid: denied, the reservation would put
+ * bytes in a group that is not the peer's. */
+static bool deny_group(const struct mts_registry *reg,
+                       const struct mts_peer *peer, const char *group,
+                       struct mts_admit_out *out)
+{
+	const struct mts_policy *pol = &reg->policy;
+	bool allowed = mts_may_join_group(reg, peer, group);
+	bool over = false;
+	uint32_t held = 0;
+	if (allowed && pol->groups_per_uid && peer->has_cred && !peer->tcp &&
+	    !mts_find_group(reg, group) && strcmp(group, "default") != 0 &&
+	    !mts_policy_group(pol, group) && !mts_peer_is_admin(reg, peer)) {
+		held = mts_uid_count_get(&reg->groups_by_uid, peer->uid);
+		over = held >= pol->groups_per_uid;
+	}
+	if (allowed && !over)
+		return false;
+	out->reason = MTS_DENY_GROUP_NOT_ALLOWED;
+	snprintf(out->scope, sizeof(out->scope), "group:%s", group);
+	if (!allowed)
+		snprintf(out->why, sizeof(out->why),
+		         "group not allowed: %s may not use group %.*s (its "
+		         "[group] section lists the uids and gids that may)",
+		         peer->tcp || !peer->has_cred ? "a TCP peer"
+		                                      : "this uid",
+		         (int)MTS_NAME_MAX, group);
+	else
+		snprintf(out->why, sizeof(out->why),
+		         "group not allowed: uid %u has brought %u groups into "
+		         "existence, the most one uid may ([limits] "
+		         "max_groups_per_uid = %u)",
+		         peer->uid, held, pol->groups_per_uid);
+	return true;
+}
+
+/* The per-uid cap on outstanding reserved bytes in force, 0 = none. */
+static uint64_t uid_bytes_cap(const struct mts_policy *pol)
+{
+	if (pol->resv_bytes_per_uid)
+		return pol->resv_bytes_per_uid;
+	if (pol->resv_bytes_bp && pol->fleet_limit)
+		return (uint64_t)((unsigned __int128)pol->fleet_limit *
+		                  pol->resv_bytes_bp / MTS_BP_ONE);
+	return 0;
+}
+
+/* One uid's outstanding reserved bytes plus this request past the cap
+ * ([admission] max_reserved_bytes_per_uid; admins exempt): denied, so
+ * that one uid cannot reserve the whole fleet. */
+static bool deny_uid_bytes(const struct mts_registry *reg,
+                           const struct mts_peer *peer, uint64_t bytes,
+                           struct mts_admit_out *out)
+{
+	uint64_t cap = uid_bytes_cap(&reg->policy);
+	if (!cap)
+		return false;
+	bool owned;
+	uint32_t key = peer_key(peer, &owned);
+	uint64_t held = mts_uid_bytes_get(&reg->adm.resv_uids, key);
+	if (mt_sat_add(held, bytes) <= cap ||
+	    mts_authorise(reg, peer, NULL) != MTS_AUTH_NONE)
+		return false;
+	char a[32], b[32], c[32];
+	out->reason = MTS_DENY_UID_BYTES;
+	if (owned)
+		snprintf(out->scope, sizeof(out->scope), "uid:%u", key);
+	else
+		snprintf(out->scope, sizeof(out->scope), "tcp");
+	out->reserved = held;
+	out->limit = cap;
+	snprintf(out->why, sizeof(out->why),
+	         "per-uid reserved bytes: %s reserved + %s requested > %s, "
+	         "the most one uid may hold ([admission] "
+	         "max_reserved_bytes_per_uid)",
+	         mt_format_size(a, sizeof(a), held),
+	         mt_format_size(b, sizeof(b), bytes),
+	         mt_format_size(c, sizeof(c), cap));
+	return true;
 }
 
 void mts_admit_decide(const struct mts_registry *reg,
@@ -897,6 +1025,10 @@ void mts_admit_decide(const struct mts_registry *reg,
 		return;
 	}
 
+	if (deny_group(reg, peer, group, out) ||
+	    deny_uid_bytes(reg, peer, bytes, out))
+		return;
+
 	/* The fleet, then the group: the first limit that would be passed
 	 * decides. */
 	out->limit = t->limit;
@@ -943,6 +1075,8 @@ static void log_denial(const struct mts_registry *reg,
 	char who[MTS_PEER_WHO_MAX];
 	/* A uid at its cap is a misbehaving client, not a full fleet. */
 	bool cap = out->reason == MTS_DENY_UID_CAP;
+	if (!mts_log_peer(mts_peer_log_uid(peer)))
+		return;
 	mts_log(
 	    cap ? MTS_LOG_WARN : MTS_LOG_INFO,
 	    cap ? "admission denied: per-uid reservation cap"
@@ -1010,13 +1144,13 @@ static void resv_link(struct mts_registry *reg, struct mts_resv *r, uint32_t gi,
 	r->effective = 0; /* counts nothing until counted below */
 	r->ttl_s = ttl;
 	r->created_ns = mts_now_realtime();
-	r->expires_ns = mts_now_monotonic() + (uint64_t)ttl * 1000000000u;
+	r->created_mono_ns = mts_now_monotonic();
+	r->expires_ns = resv_deadline(reg, r);
 	r->index = reg->adm.nresv;
 	reg->adm.resv[reg->adm.nresv++] = r;
 	reg->totals.reservations = reg->adm.nresv;
 	ids_put(reg->adm.resv_ids, reg->adm.resv_ids_mask, r);
-	if (!r->taken_over)
-		heap_add(reg, r);
+	heap_add(reg, r);
 	if (r->task)
 		task_recount(reg, r->task);
 	else
@@ -1047,7 +1181,9 @@ static int resv_grant(struct mts_registry *reg, const struct mts_peer *peer,
 		return err;
 	}
 	uint32_t gi;
-	if (mts_group_ensure(reg, group, &gi) < 0) {
+	/* mts_admit_decide checked the group's access and the uid's group
+	 * cap: only -ENOMEM can fail here. */
+	if (mts_group_ensure_peer(reg, peer, group, &gi) < 0) {
 		free(r);
 		return -ENOMEM;
 	}
@@ -1056,6 +1192,8 @@ static int resv_grant(struct mts_registry *reg, const struct mts_peer *peer,
 		free(r);
 		return -ENOMEM;
 	}
+	uint64_t *held = mts_uid_count_bytes(&reg->adm.resv_uids, key);
+	*held = mt_sat_add(*held, req->bytes);
 	r->has_owner = owned;
 	r->uid = peer->uid;
 	if (task[0] && resv_join_task(reg, r, task, owned) < 0) {
@@ -1100,9 +1238,11 @@ int mts_admit(struct mts_registry *reg, const struct mts_peer *peer,
 		out->requested = req->bytes;
 		reg->stats.denials[MTS_DENY_INVALID]++;
 		out->reason = MTS_DENY_INVALID;
-		mts_log(MTS_LOG_INFO, "admission refused: invalid request",
-		        "peer_pid=%u bytes=%llu", peer->pid,
-		        (unsigned long long)req->bytes);
+		if (mts_log_peer(mts_peer_log_uid(peer)))
+			mts_log(MTS_LOG_INFO,
+			        "admission refused: invalid request",
+			        "peer_pid=%u bytes=%llu", peer->pid,
+			        (unsigned long long)req->bytes);
 		return -EINVAL;
 	}
 	if (reg->adm.nresv >= MTS_RESV_MAX) {
@@ -1130,18 +1270,21 @@ int mts_release(struct mts_registry *reg, const struct mts_peer *peer,
 	char q[MTS_LOGQ_MAX], who[MTS_PEER_WHO_MAX];
 	struct mts_resv *r = mts_resv_find(reg, id);
 	if (!r) {
-		mts_log(MTS_LOG_INFO, "release of an unknown reservation",
-		        "reservation=%s %s",
-		        mts_logq(q, sizeof(q), id ? id : ""),
-		        mts_peer_who(peer, who, sizeof(who)));
+		if (mts_log_peer(mts_peer_log_uid(peer)))
+			mts_log(MTS_LOG_INFO,
+			        "release of an unknown reservation",
+			        "reservation=%s %s",
+			        mts_logq(q, sizeof(q), id ? id : ""),
+			        mts_peer_who(peer, who, sizeof(who)));
 		return -ENOENT;
 	}
 	enum mts_auth a = mts_authorise_release(reg, peer, token, r);
 	if (a == MTS_AUTH_NONE) {
 		reg->stats.auth_denials++;
-		mts_log(MTS_LOG_WARN, "release refused: not authorised",
-		        "reservation=%s owner_uid=%u %s", r->id, r->uid,
-		        mts_peer_who(peer, who, sizeof(who)));
+		if (mts_log_peer(mts_peer_log_uid(peer)))
+			mts_log(MTS_LOG_WARN, "release refused: not authorised",
+			        "reservation=%s owner_uid=%u %s", r->id, r->uid,
+			        mts_peer_who(peer, who, sizeof(who)));
 		return -EPERM;
 	}
 	*bytes = r->bytes;

@@ -24,8 +24,11 @@
  * (root, the server's uid, admin_uid, a process in admin_gid); any worker
  * for one without an owner.
  *
- * Admins are also exempt from the per-uid caps on reservations (admit.c)
- * and connections (conn.c), counted here by uid (mts_uid_count_*).
+ * Admins are also exempt from the per-uid caps on reservations (admit.c),
+ * slots and groups (registry.c) and connections (conn.c), counted here by
+ * uid (mts_uid_count_*), and may join any group. A [group NAME] with
+ * `uids` or `gids` may be joined (by a worker, or an Admit naming it)
+ * only by a listed uid, a member of a listed gid, or an admin.
  */
 #include "mts_auth.h"
 
@@ -198,6 +201,33 @@ const char *mts_peer_who(const struct mts_peer *peer, char *buf, size_t cap)
 	return buf;
 }
 
+bool mts_peer_is_admin(const struct mts_registry *reg,
+                       const struct mts_peer *peer)
+{
+	return peer->has_cred &&
+	       mts_authorise(reg, peer, NULL) != MTS_AUTH_NONE;
+}
+
+bool mts_may_join_group(const struct mts_registry *reg,
+                        const struct mts_peer *peer, const char *group)
+{
+	const struct mts_group_policy *g =
+	    mts_policy_group(&reg->policy, group);
+	if (!g || (g->nuids == 0 && g->ngids == 0))
+		return true;
+	/* Only a peer the kernel vouches for can be in a list; a TCP peer
+	 * (sock_diag: a uid, no process) by its uid only. */
+	if (!peer->has_cred)
+		return false;
+	for (uint32_t i = 0; i < g->nuids; i++)
+		if (g->uids[i] == peer->uid)
+			return true;
+	for (uint32_t i = 0; !peer->tcp && i < g->ngids; i++)
+		if (mts_peer_in_group(peer, g->gids[i]))
+			return true;
+	return mts_peer_is_admin(reg, peer);
+}
+
 /* ---- counts per uid --------------------------------------------------------
  *
  * Open addressing with linear probing, at most half full, removal by
@@ -224,6 +254,18 @@ static struct mts_uid_count *uid_find(const struct mts_uid_counts *t,
 		if (t->e[i].uid == uid)
 			return &t->e[i];
 	return NULL;
+}
+
+uint64_t *mts_uid_count_bytes(struct mts_uid_counts *t, uint32_t uid)
+{
+	struct mts_uid_count *c = uid_find(t, uid);
+	return c ? &c->bytes : NULL;
+}
+
+uint64_t mts_uid_bytes_get(const struct mts_uid_counts *t, uint32_t uid)
+{
+	const struct mts_uid_count *c = uid_find(t, uid);
+	return c ? c->bytes : 0;
 }
 
 uint32_t mts_uid_count_get(const struct mts_uid_counts *t, uint32_t uid)
@@ -285,6 +327,7 @@ void mts_uid_count_sub(struct mts_uid_counts *t, uint32_t uid)
 		}
 	}
 	e[i].count = 0;
+	e[i].bytes = 0;
 	t->used--;
 }
 

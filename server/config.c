@@ -94,6 +94,8 @@ void mts_policy_defaults(struct mts_policy *p)
 	p->max_ttl_s = MTS_DEFAULT_MAX_TTL_S;
 	p->grace_ms = MTS_DEFAULT_GRACE_MS;
 	p->max_resv_per_uid = MTS_DEFAULT_MAX_RESV_PER_UID;
+	p->groups_per_uid = MTS_DEFAULT_GROUPS_PER_UID;
+	p->metrics_max_groups = MTS_DEFAULT_METRICS_GROUPS;
 	p->growth_window_ms = MTS_DEFAULT_GROWTH_WINDOW_MS;
 	p->forecast_horizon_ms = 0; /* off: only the watermark makes `high` */
 	p->untouched_allowance = MTS_DEFAULT_UNTOUCHED_ALLOWANCE;
@@ -104,8 +106,11 @@ void mts_policy_free(struct mts_policy *p)
 {
 	if (!p)
 		return;
-	for (uint32_t i = 0; i < p->ngroups; i++)
+	for (uint32_t i = 0; i < p->ngroups; i++) {
 		free(p->groups[i].name);
+		free(p->groups[i].uids);
+		free(p->groups[i].gids);
+	}
 	free(p->groups);
 	if (p->tcp_token) {
 		/* Do not leave the secret in freed memory. */
@@ -113,6 +118,19 @@ void mts_policy_free(struct mts_policy *p)
 		free(p->tcp_token);
 	}
 	memset(p, 0, sizeof(*p));
+}
+
+/* *dst = a copy of n ids at src (NULL when n is 0). 0 or -ENOMEM. */
+static int u32_dup(uint32_t **dst, const uint32_t *src, uint32_t n)
+{
+	*dst = NULL;
+	if (!n)
+		return 0;
+	*dst = malloc(n * sizeof(**dst));
+	if (!*dst)
+		return -ENOMEM;
+	memcpy(*dst, src, n * sizeof(**dst));
+	return 0;
 }
 
 int mts_policy_copy(struct mts_policy *dst, const struct mts_policy *src)
@@ -131,11 +149,16 @@ int mts_policy_copy(struct mts_policy *dst, const struct mts_policy *src)
 		if (!c.groups)
 			goto fail;
 		for (uint32_t i = 0; i < src->ngroups; i++) {
-			c.groups[i] = src->groups[i];
-			c.groups[i].name = strdup(src->groups[i].name);
-			if (!c.groups[i].name)
-				goto fail;
+			const struct mts_group_policy *g = &src->groups[i];
+			c.groups[i] = *g;
+			c.groups[i].uids = NULL;
+			c.groups[i].gids = NULL;
 			c.ngroups = i + 1;
+			c.groups[i].name = strdup(g->name);
+			if (!c.groups[i].name ||
+			    u32_dup(&c.groups[i].uids, g->uids, g->nuids) < 0 ||
+			    u32_dup(&c.groups[i].gids, g->gids, g->ngids) < 0)
+				goto fail;
 		}
 	}
 	*dst = c;
@@ -823,6 +846,42 @@ static int key_enforce_grace(struct load *l, const char *sec, const char *key,
 	               &l->s.policy.grace_ms);
 }
 
+/* [limits] max_slots_per_uid, max_groups_per_uid: an integer or none. */
+static int key_limits_per_uid(struct load *l, const char *sec, const char *key,
+                              const char *v)
+{
+	struct mts_policy *p = &l->s.policy;
+	bool slots = strcmp(key, "max_slots_per_uid") == 0;
+	bool none = strcasecmp(v, "none") == 0 || strcasecmp(v, "off") == 0 ||
+	            strcasecmp(v, "unlimited") == 0;
+	uint64_t n = 0;
+	if (!none && parse_uint(v, 1, MTSHM_MAX_SLOTS, &n) < 0)
+		return fail(l, sec, key,
+		            "expected an integer from 1 to %llu, or none; got "
+		            "'%s'",
+		            (unsigned long long)MTSHM_MAX_SLOTS, v);
+	if (slots)
+		p->slots_per_uid = none ? MTS_CAP_NONE : (uint32_t)n;
+	else
+		p->groups_per_uid = none ? 0 : (uint32_t)n;
+	return 0;
+}
+
+/* [metrics] per_process (true/false), max_groups (an integer). */
+static int key_metrics(struct load *l, const char *sec, const char *key,
+                       const char *v)
+{
+	struct mts_policy *p = &l->s.policy;
+	if (strcmp(key, "per_process") == 0) {
+		if (parse_bool(v, &p->metrics_per_process) < 0)
+			return fail(l, sec, key,
+			            "expected true or false, got '%s'", v);
+		return 0;
+	}
+	return set_u32(l, sec, key, v, 1, 65536, "an integer",
+	               &p->metrics_max_groups);
+}
+
 /* The [group NAME] entry, created on first use. */
 static struct mts_group_policy *group_entry(struct load *l, const char *name)
 {
@@ -842,6 +901,48 @@ static struct mts_group_policy *group_entry(struct load *l, const char *name)
 		return NULL;
 	p->ngroups++;
 	return g;
+}
+
+/* "1000, alice, 2000": each a number or a name `lookup` resolves; the
+ * result replaces *ids. 0, -EINVAL (a bad entry or an empty list) or
+ * -ENOMEM. */
+static int id_list(const char *v, int (*lookup)(const char *, uint32_t *),
+                   uint32_t **ids, uint32_t *n)
+{
+	uint32_t *a = NULL, na = 0;
+	const char *p = v;
+	for (;;) {
+		p += strspn(p, " \t");
+		size_t len = strcspn(p, ",");
+		while (len && (p[len - 1] == ' ' || p[len - 1] == '\t'))
+			len--;
+		char name[256];
+		if (len == 0 || len >= sizeof(name))
+			goto bad;
+		memcpy(name, p, len);
+		name[len] = '\0';
+		uint32_t id;
+		if (lookup(name, &id) < 0)
+			goto bad;
+		uint32_t *na_ = realloc(a, (na + 1) * sizeof(*a));
+		if (!na_) {
+			free(a);
+			return -ENOMEM;
+		}
+		a = na_;
+		a[na++] = id;
+		p += strcspn(p, ",");
+		if (!*p)
+			break;
+		p++;
+	}
+	free(*ids);
+	*ids = a;
+	*n = na;
+	return 0;
+bad:
+	free(a);
+	return -EINVAL;
 }
 
 static int group_key(struct load *l, const char *section, const char *name,
@@ -868,6 +969,25 @@ static int group_key(struct load *l, const char *section, const char *name,
 			            "100, e.g. 90, got '%s'",
 			            v);
 		g->high_bp = bp;
+	} else if (strcmp(key, "uids") == 0 || strcmp(key, "gids") == 0) {
+		/* "default" is where a worker refused a group goes: it must
+		 * stay open to everyone. */
+		if (strcmp(name, "default") == 0)
+			return fail(l, section, key,
+			            "the group default is open to every uid; "
+			            "restrict another group");
+		bool uids = key[0] == 'u';
+		int err = uids ? id_list(v, lookup_uid, &g->uids, &g->nuids)
+		               : id_list(v, lookup_gid, &g->gids, &g->ngids);
+		if (err == -ENOMEM)
+			return err;
+		if (err < 0)
+			return fail(
+			    l, section, key,
+			    "expected a comma-separated list of %s, got "
+			    "'%s'",
+			    uids ? "user names or uids" : "group names or gids",
+			    v);
 	} else {
 		return fail(l, section, key, "unknown key");
 	}
@@ -892,6 +1012,27 @@ static int key_admission(struct load *l, const char *sec, const char *key,
 			    "got '%s'",
 			    RESV_PER_UID_MAX, v);
 		p->max_resv_per_uid = (uint32_t)n;
+		return 0;
+	}
+	if (strcmp(key, "max_reserved_bytes_per_uid") == 0) {
+		/* A size, a percentage of the fleet limit, or none. */
+		size_t len = strlen(v);
+		uint32_t bp;
+		if (len && v[len - 1] == '%' &&
+		    mts_parse_percent(v, &bp) == 0 && bp > 0) {
+			p->resv_bytes_bp = bp;
+			p->resv_bytes_per_uid = 0;
+			return 0;
+		}
+		uint64_t b;
+		if (parse_limit(v, &b) < 0)
+			return fail(
+			    l, sec, key,
+			    "expected a size like 8GiB, a percentage of "
+			    "the fleet limit like 50%%, or none; got '%s'",
+			    v);
+		p->resv_bytes_per_uid = b;
+		p->resv_bytes_bp = 0;
 		return 0;
 	}
 	if (strcmp(key, "default_ttl") == 0 || strcmp(key, "max_ttl") == 0) {
@@ -1057,6 +1198,11 @@ static const struct {
     {"admission", "max_reservations_per_uid", key_admission},
     {"admission", "default_ttl", key_admission},
     {"admission", "max_ttl", key_admission},
+    {"admission", "max_reserved_bytes_per_uid", key_admission},
+    {"limits", "max_slots_per_uid", key_limits_per_uid},
+    {"limits", "max_groups_per_uid", key_limits_per_uid},
+    {"metrics", "per_process", key_metrics},
+    {"metrics", "max_groups", key_metrics},
     {"hooks", "on_ok", key_hooks},
     {"hooks", "on_high", key_hooks},
     {"hooks", "on_over", key_hooks},

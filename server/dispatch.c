@@ -114,8 +114,9 @@ static int do_register(struct mts_registry *reg, struct mts_peer *peer,
 		break;
 	case -EINVAL:
 		snprintf(msg, sizeof(msg),
-		         "group and task must be at most %u bytes without "
-		         "control characters",
+		         "group and task must be at most %u bytes of valid "
+		         "UTF-8 without control or bidirectional formatting "
+		         "characters",
 		         MTS_NAME_MAX);
 		return append_error(
 		    out, id, MEMTALLY__V1__ERROR_CODE__ERROR_INVALID_REQUEST,
@@ -128,8 +129,8 @@ static int do_register(struct mts_registry *reg, struct mts_peer *peer,
 		    "visible to the server (SO_PEERCRED)");
 	case -ENOSPC:
 		snprintf(msg, sizeof(msg),
-		         "all %u slots are in use; the worker runs "
-		         "unregistered",
+		         "no slot for this worker (all %u in use, or its uid "
+		         "holds max_slots_per_uid); it runs unregistered",
 		         reg->slot_count);
 		return append_error(
 		    out, id, MEMTALLY__V1__ERROR_CODE__ERROR_NO_SLOTS, msg);
@@ -539,9 +540,12 @@ static int do_set_limit(struct mts_registry *reg, const struct mts_peer *peer,
 	enum mts_auth a = mts_authorise(reg, peer, token);
 	if (a == MTS_AUTH_NONE) {
 		reg->stats.auth_denials++;
-		mts_log(MTS_LOG_WARN, "SetLimit refused: not authorised",
-		        "%s token=%s", mts_peer_who(peer, who, sizeof(who)),
-		        token && token[0] ? "wrong" : "none");
+		if (mts_log_peer(mts_peer_log_uid(peer)))
+			mts_log(MTS_LOG_WARN,
+			        "SetLimit refused: not authorised",
+			        "%s token=%s",
+			        mts_peer_who(peer, who, sizeof(who)),
+			        token && token[0] ? "wrong" : "none");
 		if (!peer->has_cred)
 			snprintf(msg, sizeof(msg),
 			         "SetLimit from a peer of unknown uid needs "
@@ -728,8 +732,9 @@ int mts_dispatch(struct mts_registry *reg, struct mts_peer *peer,
 	    memtally__v1__request__unpack(NULL, len, body);
 	if (!req) {
 		reg->stats.protocol_errors++;
-		mts_log(MTS_LOG_WARN, "undecodable request, closing",
-		        "peer_pid=%u bytes=%zu", peer->pid, len);
+		if (mts_log_peer(mts_peer_log_uid(peer)))
+			mts_log(MTS_LOG_WARN, "undecodable request, closing",
+			        "peer_pid=%u bytes=%zu", peer->pid, len);
 		int err = append_error(
 		    out, 0, MEMTALLY__V1__ERROR_CODE__ERROR_UNDECODABLE,
 		    "the request is not a decodable memtally.v1.Request");
@@ -811,10 +816,11 @@ int mts_input(struct mts_registry *reg, struct mts_peer *peer,
 			             : "bad length prefix (varint over 10 "
 			               "bytes; limit %u)",
 			         (unsigned)MTS_MAX_FRAME);
-			mts_log(MTS_LOG_WARN,
-			        big ? "frame too large, closing"
-			            : "bad frame prefix, closing",
-			        "peer_pid=%u", peer->pid);
+			if (mts_log_peer(mts_peer_log_uid(peer)))
+				mts_log(MTS_LOG_WARN,
+				        big ? "frame too large, closing"
+				            : "bad frame prefix, closing",
+				        "peer_pid=%u", peer->pid);
 			ret = append_error(
 			    out, 0,
 			    big ? MEMTALLY__V1__ERROR_CODE__ERROR_FRAME_TOO_LARGE

@@ -7,6 +7,11 @@
  * are UTC with milliseconds. The level is a plain global: the server is
  * single-threaded. Peer-supplied strings are escaped by mts_logq(); a
  * line is cut at 1 KiB and always ends in a newline.
+ *
+ * The per-uid budget (mts_log_peer) is a small direct-mapped table: a
+ * uid's entry counts its lines in the current second; a uid taking over
+ * an entry first reports what the previous one had suppressed. Loop
+ * thread only, like the rest of the server.
  */
 #include "mts_log.h"
 
@@ -83,6 +88,71 @@ const char *mts_logq(char *buf, size_t cap, const char *s)
 	buf[n++] = '"';
 	buf[n] = '\0';
 	return buf;
+}
+
+#define PEER_ENTRIES 64u
+
+static struct {
+	unsigned uid;
+	int used;
+	unsigned count;           /* lines written in `second` */
+	unsigned long suppressed; /* lines held back, not reported yet */
+	long long second;         /* CLOCK_MONOTONIC seconds */
+} peers[PEER_ENTRIES];
+
+static long long mono_second(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (long long)ts.tv_sec;
+}
+
+static void peer_report(unsigned i)
+{
+	if (!peers[i].suppressed)
+		return;
+	mts_log(MTS_LOG_WARN, "similar lines suppressed",
+	        "uid=%u suppressed=%lu budget_per_s=%u", peers[i].uid,
+	        peers[i].suppressed, MTS_LOG_PEER_BURST);
+	peers[i].suppressed = 0;
+}
+
+int mts_log_peer(unsigned uid)
+{
+	unsigned i =
+	    (unsigned)(((unsigned long long)uid * 0x9e3779b97f4a7c15ull) >>
+	               58) %
+	    PEER_ENTRIES;
+	long long now = mono_second();
+	if (!peers[i].used || peers[i].uid != uid) {
+		if (peers[i].used)
+			peer_report(i);
+		peers[i].used = 1;
+		peers[i].uid = uid;
+		peers[i].count = 0;
+		peers[i].suppressed = 0;
+		peers[i].second = now;
+	}
+	if (peers[i].second != now) {
+		peer_report(i);
+		peers[i].second = now;
+		peers[i].count = 0;
+	}
+	if (peers[i].count < MTS_LOG_PEER_BURST) {
+		peers[i].count++;
+		return 1;
+	}
+	peers[i].suppressed++;
+	return 0;
+}
+
+void mts_log_peer_flush(void)
+{
+	long long now = mono_second();
+	for (unsigned i = 0; i < PEER_ENTRIES; i++)
+		if (peers[i].used && peers[i].suppressed &&
+		    peers[i].second != now)
+			peer_report(i);
 }
 
 static void write_all(const char *p, size_t len)

@@ -54,7 +54,13 @@
  *    not UTF-8 become U+FFFD, since Prometheus rejects the whole scrape
  *    on an invalid label value.
  *  - Per-process series carry pid, group and comm. Their number is
- *    bounded by the slot count, but every new pid is a new series.
+ *    bounded by the slot count, but every new pid is a new series: they
+ *    are rendered only when [metrics] per_process is true.
+ *  - Group names come from workers, so group series are bounded: at most
+ *    [metrics] max_groups of them, the configured groups first, then the
+ *    largest by accounted bytes; the others are summed into one series
+ *    group="_other" (a worker's own group named "_other" is always
+ *    summed there, so no two series share a label set).
  */
 #include "mts_metrics.h"
 
@@ -266,6 +272,10 @@ struct labels {
 	struct mts_buf text;
 	size_t *off; /* n + 1 offsets into text; set i is [off[i], off[i+1]) */
 	uint32_t n;
+	/* Groups only: which sets are rendered (group i for i < n - 1,
+	 * "_other" at n - 1), and the sum "_other" stands for. */
+	bool *shown;
+	struct mts_group other;
 };
 
 static int labels_init(struct labels *l, uint32_t n)
@@ -280,7 +290,9 @@ static void labels_free(struct labels *l)
 {
 	mts_buf_free(&l->text);
 	free(l->off);
+	free(l->shown);
 	l->off = NULL;
+	l->shown = NULL;
 }
 
 /* name{<set i><extra>} v */
@@ -323,6 +335,89 @@ static bool group_live(const struct mts_registry *reg, uint32_t i)
 	return reg->groups[i].name != NULL;
 }
 
+/* Group series i (0 .. groups_used, the last "_other") is rendered. */
+static bool group_shown(const struct labels *gl, uint32_t i)
+{
+	return gl->shown[i];
+}
+
+/* The figures of group series i. */
+static const struct mts_group *group_at(const struct mts_registry *reg,
+                                        const struct labels *gl, uint32_t i)
+{
+	return i < reg->groups_used ? &reg->groups[i] : &gl->other;
+}
+
+struct gsize {
+	uint64_t bytes;
+	uint32_t i;
+};
+
+static int gsize_desc(const void *a, const void *b)
+{
+	const struct gsize *x = a, *y = b;
+	if (x->bytes != y->bytes)
+		return x->bytes < y->bytes ? 1 : -1;
+	return x->i < y->i ? -1 : x->i > y->i;
+}
+
+static void other_add(struct mts_group *o, const struct mts_group *g)
+{
+	o->processes += g->processes;
+	o->bytes = mt_sat_add(o->bytes, g->bytes);
+	o->mapped = mt_sat_add(o->mapped, g->mapped);
+	o->allocator_free = mt_sat_add(o->allocator_free, g->allocator_free);
+	o->peak = mt_sat_add(o->peak, g->peak);
+	o->error_bytes = mt_sat_add(o->error_bytes, g->error_bytes);
+	o->rss = mt_sat_add(o->rss, g->rss);
+	o->reserved = mt_sat_add(o->reserved, g->reserved);
+	o->reservations += g->reservations;
+	o->growth += g->growth;
+	if (g->state > o->state && g->state <= MTSHM_STATE_OVER)
+		o->state = g->state; /* the worst of them */
+}
+
+/* Which groups get series of their own (see the top of the file), and
+ * the sum of the rest. 0 or -ENOMEM. */
+static int select_groups(const struct mts_registry *reg, struct labels *gl)
+{
+	uint32_t n = reg->groups_used;
+	gl->shown = calloc((size_t)n + 1, sizeof(*gl->shown));
+	struct gsize *rest = calloc(n ? n : 1, sizeof(*rest));
+	if (!gl->shown || !rest) {
+		free(rest);
+		return -ENOMEM;
+	}
+	uint32_t max = reg->policy.metrics_max_groups, nshown = 0, nrest = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		const struct mts_group *g = &reg->groups[i];
+		if (!g->name)
+			continue;
+		if (strcmp(g->name, "_other") != 0 &&
+		    mts_policy_group(&reg->policy, g->name)) {
+			gl->shown[i] = true;
+			nshown++;
+		} else {
+			rest[nrest++] = (struct gsize){g->bytes, i};
+		}
+	}
+	qsort(rest, nrest, sizeof(*rest), gsize_desc);
+	memset(&gl->other, 0, sizeof(gl->other));
+	for (uint32_t k = 0; k < nrest; k++) {
+		uint32_t i = rest[k].i;
+		if (nshown < max &&
+		    strcmp(reg->groups[i].name, "_other") != 0) {
+			gl->shown[i] = true;
+			nshown++;
+		} else {
+			other_add(&gl->other, &reg->groups[i]);
+			gl->shown[n] = true;
+		}
+	}
+	free(rest);
+	return 0;
+}
+
 static const struct mts_proc *dense_proc(const struct mts_registry *reg,
                                          uint32_t i)
 {
@@ -331,8 +426,8 @@ static const struct mts_proc *dense_proc(const struct mts_registry *reg,
 
 static int build_group_labels(const struct mts_registry *reg, struct labels *gl)
 {
-	int err = labels_init(gl, reg->groups_used);
-	if (err < 0)
+	int err = labels_init(gl, reg->groups_used + 1);
+	if (err < 0 || (err = select_groups(reg, gl)) < 0)
 		return err;
 	struct out o = {.b = &gl->text};
 	for (uint32_t i = 0; i < reg->groups_used; i++) {
@@ -342,6 +437,8 @@ static int build_group_labels(const struct mts_registry *reg, struct labels *gl)
 		}
 		gl->off[i + 1] = gl->text.len;
 	}
+	put_str(&o, "group=\"_other\"");
+	gl->off[reg->groups_used + 1] = gl->text.len;
 	return o.err;
 }
 
@@ -357,7 +454,7 @@ static int build_proc_labels(const struct mts_registry *reg,
 		put_str(&o, "pid=\"");
 		put_u64(&o, p->pid);
 		put_str(&o, "\",");
-		if (p->group < gl->n)
+		if (p->group < reg->groups_used)
 			put(&o, gl->text.data + gl->off[p->group],
 			    gl->off[p->group + 1] - gl->off[p->group]);
 		put_str(&o, ",comm=");
@@ -497,10 +594,10 @@ static void group_family(struct out *o, const struct mts_registry *reg,
 	size_t at = mark(o);
 	bool any = false;
 	family(o, name, "gauge", help);
-	for (uint32_t i = 0; i < reg->groups_used; i++) {
-		if (!group_live(reg, i))
+	for (uint32_t i = 0; i <= reg->groups_used; i++) {
+		if (!group_shown(gl, i))
 			continue;
-		uint64_t v = group_value(&reg->groups[i], f);
+		uint64_t v = group_value(group_at(reg, gl, i), f);
 		if (skip_zero && v == 0)
 			continue;
 		sample_l(o, name, gl, i, NULL, v);
@@ -529,11 +626,11 @@ static void group_rates(struct out *o, const struct mts_registry *reg,
 	family(o, "memtally_group_growth_bytes_per_second", "gauge",
 	       "Growth rate of a group's measured bytes over the growth "
 	       "window.");
-	for (uint32_t i = 0; i < reg->groups_used; i++) {
-		if (!group_live(reg, i))
+	for (uint32_t i = 0; i <= reg->groups_used; i++) {
+		if (!group_shown(gl, i))
 			continue;
 		sample_lf(o, "memtally_group_growth_bytes_per_second", gl, i,
-		          reg->groups[i].growth);
+		          group_at(reg, gl, i)->growth);
 		any = true;
 	}
 	drop_if_empty(o, at, any);
@@ -544,7 +641,7 @@ static void group_rates(struct out *o, const struct mts_registry *reg,
 	       "Seconds until a group reaches its limit at its growth rate; "
 	       "absent for a group without a forecast.");
 	for (uint32_t i = 0; i < reg->groups_used; i++) {
-		if (!group_live(reg, i))
+		if (!group_shown(gl, i))
 			continue;
 		double fc = mts_group_forecast(reg, &reg->groups[i]);
 		if (fc > 0) {
@@ -601,11 +698,11 @@ static void render_groups(struct out *o, const struct mts_registry *reg,
 	bool any = false;
 	family(o, "memtally_group_state", "gauge",
 	       "Group state against its limit: 1 for the current state.");
-	for (uint32_t i = 0; i < reg->groups_used; i++) {
-		if (!group_live(reg, i))
+	for (uint32_t i = 0; i <= reg->groups_used; i++) {
+		if (!group_shown(gl, i))
 			continue;
 		state_samples(o, "memtally_group_state", gl, i,
-		              reg->groups[i].state);
+		              group_at(reg, gl, i)->state);
 		any = true;
 	}
 	drop_if_empty(o, at, any);
@@ -810,7 +907,9 @@ int mts_metrics_render(const struct mts_registry *reg,
 	int err = build_group_labels(reg, &gl);
 	if (err < 0)
 		goto fail_free_groups;
-	err = build_proc_labels(reg, &gl, &pl);
+	memset(&pl, 0, sizeof(pl));
+	err = reg->policy.metrics_per_process ? build_proc_labels(reg, &gl, &pl)
+	                                      : 0;
 	if (err < 0)
 		goto fail_free_procs;
 
@@ -821,7 +920,8 @@ int mts_metrics_render(const struct mts_registry *reg,
 	put_str(&o, "} 1\n");
 	render_fleet(&o, reg);
 	render_groups(&o, reg, &gl);
-	render_procs(&o, reg, &pl);
+	if (reg->policy.metrics_per_process)
+		render_procs(&o, reg, &pl);
 	render_counters(&o, reg, cs);
 	err = o.err;
 

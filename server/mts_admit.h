@@ -19,12 +19,14 @@ struct mts_resv {
 	struct mts_resv *tnext; /* the task's reservations, oldest first */
 	uint32_t index;         /* in reg->adm.resv */
 	uint32_t heap_index;    /* in reg->adm.resv_heap; UINT32_MAX: not there */
-	bool taken_over;        /* a worker of its task registered: no TTL */
+	bool taken_over;        /* a worker of its task registered: max_ttl
+	                           from creation instead of its TTL */
 	uint64_t bytes;         /* granted */
 	uint64_t effective;     /* counted now: bytes minus what the task's
 	                           workers already use, floored at 0 */
 	uint64_t created_ns;    /* CLOCK_REALTIME */
-	uint64_t expires_ns;    /* CLOCK_MONOTONIC */
+	uint64_t created_mono_ns; /* CLOCK_MONOTONIC */
+	uint64_t expires_ns;      /* CLOCK_MONOTONIC: its deadline now */
 	uint32_t ttl_s;
 };
 
@@ -86,7 +88,9 @@ int mts_admit(struct mts_registry *reg, const struct mts_peer *peer,
               const struct mts_admit_req *req, struct mts_admit_out *out);
 
 /* The decision alone, for a valid request of `bytes` to `group`: the
- * per-uid reservation cap, then the fleet limit, then the group's; fills
+ * per-uid reservation cap, the group's access (and the uid's cap on new
+ * groups), the per-uid reserved bytes, then the fleet limit, then the
+ * group's; fills
  * out (admitted, or the reason, scope, figures and words that decided).
  * Reads the registry and changes nothing: no reservation, no counter, no
  * log line. */

@@ -45,6 +45,23 @@ bool mts_uid_is_admin(const struct mts_registry *reg, uint32_t uid);
  * (/proc/PID/status)? False when it cannot be read. */
 bool mts_pid_in_group(uint32_t pid, uint32_t gid);
 
+/* Is the peer an admin (root, the server's uid, admin_uid, admin_gid)?
+ * Tokens do not count: this is about a process's uid. */
+bool mts_peer_is_admin(const struct mts_registry *reg,
+                       const struct mts_peer *peer);
+
+/* May the peer put workers or reservations in `group`: the group has no
+ * uids/gids list, or lists the peer's uid or one of its groups, or the
+ * peer is an admin. */
+bool mts_may_join_group(const struct mts_registry *reg,
+                        const struct mts_peer *peer, const char *group);
+
+/* The bytes kept beside `uid`'s count (reserved bytes, admit.c): a
+ * pointer valid until the table changes, NULL when the uid has no
+ * entry; the entry's bytes are 0 when it is created. */
+uint64_t *mts_uid_count_bytes(struct mts_uid_counts *t, uint32_t uid);
+uint64_t mts_uid_bytes_get(const struct mts_uid_counts *t, uint32_t uid);
+
 /* The count of `uid`, 0 when it has none. */
 uint32_t mts_uid_count_get(const struct mts_uid_counts *t, uint32_t uid);
 /* Count one more for `uid`. 0 or -ENOMEM (nothing counted). */

@@ -38,6 +38,21 @@ int mts_log_enabled(enum mts_log_level level);
 void mts_log(enum mts_log_level level, const char *msg, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/*
+ * Lines a peer can cause (refused requests, bad frames, denied
+ * admissions, refused workers) are budgeted per peer uid, so that one
+ * peer cannot flood the journal (which then drops everyone's lines):
+ * at most MTS_LOG_PEER_BURST such lines per second per uid. Call
+ * mts_log_peer(uid) before such a line and write it only when it returns
+ * true; the lines it held back are reported as one "similar lines
+ * suppressed" line when the uid's next second starts, or at the latest
+ * by mts_log_peer_flush() (the server calls it each tick). `uid` is the
+ * peer's uid, UINT32_MAX for peers without credentials (TCP).
+ */
+#define MTS_LOG_PEER_BURST 10u
+int mts_log_peer(unsigned uid);
+void mts_log_peer_flush(void);
+
 /* Quote `s` for a logfmt value into buf[0..cap): "..." with \", \\ and
  * control bytes escaped; truncated (still well-formed) if too long.
  * Returns buf. */

@@ -24,11 +24,16 @@ enum mts_measure {
 /* "accounted", "rss", "max". */
 const char *mts_measure_name(enum mts_measure m);
 
-/* A [group NAME] section. */
+/* A [group NAME] section. `uids` and `gids` (owned arrays) say who may
+ * join the group; a group with neither is open to every uid. */
 struct mts_group_policy {
 	char *name;
 	uint64_t limit;   /* 0 = none */
 	uint32_t high_bp; /* 0 = the fleet's watermark */
+	uint32_t *uids;
+	uint32_t nuids;
+	uint32_t *gids;
+	uint32_t ngids;
 };
 
 /* Percentages are kept in basis points (1% = 100 bp) so "92.5" is exact. */
@@ -57,6 +62,21 @@ struct mts_group_policy {
 /* [trust] trusted_uids: at most this many (root and the server's own uid
  * are trusted besides, always). */
 #define MTS_TRUSTED_UIDS_MAX 64u
+/* [admission] max_reserved_bytes_per_uid: none by default. A scheduler
+ * usually admits every job of the node under one uid, and a default
+ * fraction would silently cap how much of the fleet it may reserve; a
+ * node shared by tenants sets a size or a percentage of the fleet. */
+/* [limits] max_groups_per_uid: distinct group names one uid may bring
+ * into existence (groups of the configuration do not count). */
+#define MTS_DEFAULT_GROUPS_PER_UID 64u
+/* [limits] max_slots_per_uid: 0 in the policy means this default, a
+ * fraction of the slots, so that one uid cannot take every slot. */
+#define MTS_DEFAULT_SLOTS_PER_UID_DIV 2u
+/* "none" for a per-uid cap whose 0 means "the default". */
+#define MTS_CAP_NONE UINT32_MAX
+/* [metrics] max_groups: group series on /metrics; the rest are summed
+ * into one series group="_other". */
+#define MTS_DEFAULT_METRICS_GROUPS 256u
 
 /* Everything a SIGHUP reload may change. Strings are owned (malloc). */
 struct mts_policy {
@@ -78,6 +98,15 @@ struct mts_policy {
 	uint32_t admin_gid;
 	char *tcp_token; /* NULL = none: no TCP peer is authorised */
 	uint32_t max_resv_per_uid; /* 0 = no per-uid cap */
+	/* Outstanding reserved bytes per uid: a size (resv_bytes_per_uid),
+	 * else a fraction of the fleet limit (resv_bytes_bp); both 0 = no
+	 * cap. Admins are exempt. */
+	uint64_t resv_bytes_per_uid;
+	uint32_t resv_bytes_bp;
+	uint32_t slots_per_uid;       /* 0 = slots / 2, MTS_CAP_NONE = no cap */
+	uint32_t groups_per_uid;      /* 0 = no cap */
+	bool metrics_per_process;     /* per-process series on /metrics */
+	uint32_t metrics_max_groups;  /* group series on /metrics, >= 1 */
 	uint32_t growth_window_ms;    /* rate.c: the rate's window */
 	uint32_t forecast_horizon_ms; /* `high` when the limit is forecast
 	                                 within this; 0 = off */

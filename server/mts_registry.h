@@ -98,6 +98,10 @@ struct mts_proc {
  * slot->group; the entry is dropped when none of these is left. */
 struct mts_group {
 	char *name; /* NULL: free entry */
+	/* The uid whose worker or Admit brought the name into existence,
+	 * counted in reg->groups_by_uid; MTS_UID_TCP when none is counted
+	 * (configured groups, admins, TCP peers). */
+	uint32_t creator;
 	uint32_t processes;
 	uint64_t bytes;     /* latest tick, mapped and allocator_free included;
 	                     * of untrusted uids only what is vouched for */
@@ -154,8 +158,10 @@ struct mts_totals {
 enum mts_denial {
 	MTS_DENY_FLEET_LIMIT, /* fleet bytes + reserved + request > limit */
 	MTS_DENY_GROUP_LIMIT,
-	MTS_DENY_INVALID, /* a malformed request */
-	MTS_DENY_UID_CAP, /* the uid holds max_reservations_per_uid */
+	MTS_DENY_INVALID,           /* a malformed request */
+	MTS_DENY_UID_CAP,           /* the uid holds max_reservations_per_uid */
+	MTS_DENY_GROUP_NOT_ALLOWED, /* the group's uids/gids exclude the peer */
+	MTS_DENY_UID_BYTES,         /* past max_reserved_bytes_per_uid */
 	MTS_DENY__COUNT,
 };
 
@@ -217,6 +223,7 @@ struct mts_state;
 struct mts_uid_count {
 	uint32_t uid;
 	uint32_t count; /* 0: free entry */
+	uint64_t bytes; /* reservations: the uid's outstanding bytes */
 };
 struct mts_uid_counts {
 	struct mts_uid_count *e;
@@ -288,6 +295,9 @@ struct mts_registry {
 	struct mts_group *groups;
 	uint32_t groups_used; /* entries [0, groups_used) may be live */
 	uint32_t groups_cap;
+	/* Live groups each uid brought into existence (max_groups_per_uid);
+	 * admins are not counted. */
+	struct mts_uid_counts groups_by_uid;
 
 	struct mts_totals totals;
 	struct mts_stats stats;
@@ -315,6 +325,13 @@ struct mts_registry {
 		uint64_t start_time;
 	} refused[MTS_REFUSED_REMEMBERED];
 	uint32_t refused_next;
+	/* The last (uid, group) refusals logged, so that a worker's
+	 * retries do not log again. */
+	struct {
+		uint32_t uid;
+		uint64_t hash;
+	} group_refused[MTS_REFUSED_REMEMBERED];
+	uint32_t group_refused_next;
 };
 
 /* Outcome of a registration, for the Registered answer. */
@@ -350,6 +367,14 @@ struct mts_peer {
 	int send_fds[2];
 	uint8_t nsend_fds;
 };
+
+/* The uid a peer's log lines are budgeted under (mts_log_peer): its
+ * own (a TCP peer's too, when sock_diag named it), or MTS_UID_TCP for
+ * every peer of unknown uid. */
+static inline unsigned mts_peer_log_uid(const struct mts_peer *peer)
+{
+	return peer->has_cred ? peer->uid : MTS_UID_TCP;
+}
 
 /* `map` must be a freshly created header (its fd kept); the registry
  * keeps pointers to map, label and state (NULL: no restart record). */
@@ -399,6 +424,14 @@ bool mts_name_ok(const char *s);
 /* Index of group `name`, creating an empty entry if needed. 0 or -ENOMEM. */
 int mts_group_ensure(struct mts_registry *reg, const char *name,
                      uint32_t *index);
+/* The same for a peer: a group it may not join (mts_may_join_group) is
+ * -EACCES; a new group past its uid's max_groups_per_uid is -EDQUOT
+ * (admins exempt). Nothing is created then. */
+int mts_group_ensure_peer(struct mts_registry *reg, const struct mts_peer *peer,
+                          const char *name, uint32_t *index);
+/* Slots one (non-admin) uid may hold: max_slots_per_uid, by default
+ * slot_count / MTS_DEFAULT_SLOTS_PER_UID_DIV; MTS_CAP_NONE = no cap. */
+uint32_t mts_slots_per_uid(const struct mts_registry *reg);
 /* Free entry `index` if nothing keeps it (processes, limit, watermark,
  * reservations). */
 void mts_group_gc(struct mts_registry *reg, uint32_t index);

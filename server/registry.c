@@ -56,6 +56,7 @@
 #include <unistd.h>
 
 #include "mts_admit.h"
+#include "mts_auth.h"
 #include "mts_adopt.h"
 #include "mts_defs.h"
 #include "mts_limits.h"
@@ -157,6 +158,7 @@ int mts_group_ensure(struct mts_registry *reg, const char *name,
 		}
 		g = &reg->groups[i];
 		memset(g, 0, sizeof(*g));
+		g->creator = MTS_UID_TCP;
 		g->name = strdup(name);
 		if (!g->name)
 			return -ENOMEM;
@@ -180,10 +182,57 @@ void mts_group_gc(struct mts_registry *reg, uint32_t index)
 	if (!g->name || g->processes > 0 || g->reservations > 0 ||
 	    g->limit != 0 || g->high_bp != 0)
 		return;
+	if (g->creator != MTS_UID_TCP)
+		mts_uid_count_sub(&reg->groups_by_uid, g->creator);
 	free(g->name);
 	memset(g, 0, sizeof(*g));
 	while (reg->groups_used > 0 && !reg->groups[reg->groups_used - 1].name)
 		reg->groups_used--;
+}
+
+int mts_group_ensure_peer(struct mts_registry *reg, const struct mts_peer *peer,
+                          const char *name, uint32_t *index)
+{
+	if (!mts_may_join_group(reg, peer, name))
+		return -EACCES;
+	struct mts_group *g = mts_find_group(reg, name);
+	if (g) {
+		*index = (uint32_t)(g - reg->groups);
+		return 0;
+	}
+	/* Names a uid brings into existence are what it costs the server
+	 * (entries, /metrics series): counted per uid. Configured groups
+	 * and "default" are the operator's; admins are trusted. */
+	bool counted = peer->has_cred && !peer->tcp &&
+	               strcmp(name, "default") != 0 &&
+	               !mts_policy_group(&reg->policy, name) &&
+	               !mts_peer_is_admin(reg, peer);
+	if (counted && reg->policy.groups_per_uid &&
+	    mts_uid_count_get(&reg->groups_by_uid, peer->uid) >=
+	        reg->policy.groups_per_uid)
+		return -EDQUOT;
+	int err = mts_group_ensure(reg, name, index);
+	if (err < 0)
+		return err;
+	if (counted) {
+		if (mts_uid_count_add(&reg->groups_by_uid, peer->uid) < 0) {
+			mts_group_gc(reg, *index);
+			return -ENOMEM;
+		}
+		reg->groups[*index].creator = peer->uid;
+	}
+	return 0;
+}
+
+uint32_t mts_slots_per_uid(const struct mts_registry *reg)
+{
+	uint32_t cap = reg->policy.slots_per_uid;
+	if (cap == 0) {
+		cap = reg->slot_count / MTS_DEFAULT_SLOTS_PER_UID_DIV;
+		if (cap == 0)
+			cap = 1;
+	}
+	return cap;
 }
 
 /* Index of group `name`, creating it; takes one process reference. */
@@ -318,6 +367,7 @@ void mts_registry_free(struct mts_registry *reg)
 	for (uint32_t i = 0; i < reg->groups_used; i++)
 		free(reg->groups[i].name);
 	free(reg->groups);
+	mts_uid_counts_free(&reg->groups_by_uid);
 	free(reg->hash);
 	free(reg->by_slot);
 	free(reg->free_slots);
@@ -923,13 +973,49 @@ static bool pidfd_exited(int pidfd)
 	return poll(&pfd, 1, 0) != 0;
 }
 
+/* Length of the UTF-8 sequence at s (1..4), 0 when it is not valid
+ * (overlong, a surrogate, past U+10FFFF, cut short); *cp = its code point. */
+static size_t utf8_seq(const unsigned char *s, uint32_t *cp)
+{
+	if (s[0] < 0x80) {
+		*cp = s[0];
+		return 1;
+	}
+	size_t n = s[0] >= 0xf0 ? 4 : s[0] >= 0xe0 ? 3 : s[0] >= 0xc0 ? 2 : 0;
+	if (n == 0 || s[0] > 0xf4)
+		return 0;
+	uint32_t c = s[0] & (0x7fu >> n);
+	for (size_t i = 1; i < n; i++) {
+		if ((s[i] & 0xc0) != 0x80)
+			return 0; /* also stops at the NUL */
+		c = (c << 6) | (s[i] & 0x3fu);
+	}
+	static const uint32_t min[5] = {0, 0, 0x80, 0x800, 0x10000};
+	if (c < min[n] || c > 0x10ffff || (c >= 0xd800 && c <= 0xdfff))
+		return 0;
+	*cp = c;
+	return n;
+}
+
+/* Code points that change how a terminal or a text view shows what
+ * follows: C0 and C1 controls (U+009B is CSI, U+009D OSC), DEL, and the
+ * bidirectional marks, embeddings, overrides and isolates. */
+static bool cp_hostile(uint32_t c)
+{
+	return c < 0x20 || (c >= 0x7f && c <= 0x9f) || c == 0x061c ||
+	       c == 0x200e || c == 0x200f || (c >= 0x202a && c <= 0x202e) ||
+	       (c >= 0x2066 && c <= 0x2069);
+}
+
 bool mts_name_ok(const char *s)
 {
 	size_t n = 0;
-	for (; s[n]; n++) {
-		unsigned char c = (unsigned char)s[n];
-		if (c < 0x20 || c == 0x7f)
+	while (s[n]) {
+		uint32_t c;
+		size_t k = utf8_seq((const unsigned char *)s + n, &c);
+		if (k == 0 || cp_hostile(c))
 			return false;
+		n += k;
 	}
 	return n <= MTS_NAME_MAX;
 }
@@ -1069,7 +1155,7 @@ fail_free_proc:
 /* A worker refused for want of a free slot: its client retries, so each
  * worker is counted (and warned about) once, not each attempt. */
 static void note_refused(struct mts_registry *reg, uint32_t pid,
-                         uint64_t start_time)
+                         uint64_t start_time, uint32_t uid, bool uid_cap)
 {
 	bool again = false;
 	for (uint32_t i = 0; i < MTS_REFUSED_REMEMBERED; i++)
@@ -1082,10 +1168,13 @@ static void note_refused(struct mts_registry *reg, uint32_t pid,
 		reg->refused[k].start_time = start_time;
 		reg->totals.unregistered++;
 	}
-	mts_log(again ? MTS_LOG_DEBUG : MTS_LOG_WARN,
-	        "no free slot, worker runs unregistered",
-	        "pid=%u slots=%u unregistered=%u", pid, reg->slot_count,
-	        reg->totals.unregistered);
+	if (again || mts_log_peer(uid))
+		mts_log(again ? MTS_LOG_DEBUG : MTS_LOG_WARN,
+		        uid_cap ? "uid at max_slots_per_uid, worker runs "
+		                  "unregistered"
+		                : "no free slot, worker runs unregistered",
+		        "pid=%u uid=%u slots=%u unregistered=%u", pid, uid,
+		        reg->slot_count, reg->totals.unregistered);
 }
 
 /* What the Registered answer carries for `p`; `gen` is its slot's
@@ -1139,7 +1228,17 @@ static int register_new(struct mts_registry *reg, const struct mts_peer *peer,
 {
 	int err;
 	if (reg->nfree == 0) {
-		note_refused(reg, peer->pid, start_time);
+		note_refused(reg, peer->pid, start_time, peer->uid, false);
+		err = -ENOSPC;
+		goto fail_close_pidfd;
+	}
+	/* One uid cannot take every slot: past its cap a worker gets the
+	 * answer of a full segment. */
+	uint32_t cap = mts_slots_per_uid(reg);
+	const struct mts_table *own = mts_table_find(reg, peer->uid);
+	if (cap != MTS_CAP_NONE && own && own->procs >= cap &&
+	    !mts_peer_is_admin(reg, peer)) {
+		note_refused(reg, peer->pid, start_time, peer->uid, true);
 		err = -ENOSPC;
 		goto fail_close_pidfd;
 	}
@@ -1187,6 +1286,51 @@ fail_close_pidfd:
 	return err;
 }
 
+/* A worker named a group it may not join (or one too many new groups of
+ * its uid): said once per (uid, group) among the last few, and within the
+ * uid's log budget. */
+static void note_group_refused(struct mts_registry *reg,
+                               const struct mts_peer *peer, const char *group,
+                               int why)
+{
+	uint64_t h = 1469598103934665603u;
+	for (const char *c = group; *c; c++)
+		h = (h ^ (unsigned char)*c) * 1099511628211u;
+	for (uint32_t i = 0; i < MTS_REFUSED_REMEMBERED; i++)
+		if (reg->group_refused[i].uid == peer->uid &&
+		    reg->group_refused[i].hash == h)
+			return;
+	uint32_t k = reg->group_refused_next++ % MTS_REFUSED_REMEMBERED;
+	reg->group_refused[k].uid = peer->uid;
+	reg->group_refused[k].hash = h;
+	if (!mts_log_peer(peer->uid))
+		return;
+	char qg[MTS_LOGQ_MAX];
+	mts_log(MTS_LOG_WARN,
+	        why == -EACCES
+	            ? "group not allowed for this uid, worker put in default"
+	            : "uid at max_groups_per_uid, worker put in default",
+	        "pid=%u uid=%u group=%s", peer->pid, peer->uid,
+	        mts_logq(qg, sizeof(qg), group));
+}
+
+/* The group a worker of `peer` naming `group` goes in: that one, or
+ * "default" when it may not join it or its uid may not create another
+ * group. The entry exists on success (a failed registration leaves it to
+ * mts_group_gc). */
+static int group_for_peer(struct mts_registry *reg, const struct mts_peer *peer,
+                          const char **group)
+{
+	uint32_t gi;
+	int err = mts_group_ensure_peer(reg, peer, *group, &gi);
+	if (err == -EACCES || err == -EDQUOT) {
+		note_group_refused(reg, peer, *group, err);
+		*group = "default";
+		err = mts_group_ensure(reg, *group, &gi);
+	}
+	return err;
+}
+
 int mts_register(struct mts_registry *reg, const struct mts_peer *peer,
                  const char *group, const char *task, uint64_t image_id,
                  struct mts_reg_result *res)
@@ -1224,12 +1368,28 @@ int mts_register(struct mts_registry *reg, const struct mts_peer *peer,
 		proc_release(reg, p, "slot reclaimed: pid reused");
 		p = NULL;
 	}
-	if (p) {
+	if (p && p->image_id == image_id && p->uid == peer->uid) {
 		close(pidfd); /* it has one */
 		return register_known(reg, p, peer, group, task, image_id, res);
 	}
-	return register_new(reg, peer, pidfd, start_time, group, task, image_id,
-	                    res);
+	if ((err = group_for_peer(reg, peer, &group)) < 0) {
+		close(pidfd);
+		return err;
+	}
+	if (p) {
+		close(pidfd); /* it has one */
+		err = register_known(reg, p, peer, group, task, image_id, res);
+	} else {
+		err = register_new(reg, peer, pidfd, start_time, group, task,
+		                   image_id, res);
+	}
+	if (err < 0) {
+		/* A group created for a worker that did not register. */
+		struct mts_group *g = mts_find_group(reg, group);
+		if (g)
+			mts_group_gc(reg, (uint32_t)(g - reg->groups));
+	}
+	return err;
 }
 
 /* ---- adoption (see adopt.c) --------------------------------------------- */

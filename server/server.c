@@ -94,6 +94,8 @@ static void on_tick(uv_timer_t *t)
 {
 	struct mts_server *srv = t->data;
 	mts_tick(&srv->reg);
+	/* Peers' suppressed log lines are reported within a tick or so. */
+	mts_log_peer_flush();
 	check_files(srv);
 }
 

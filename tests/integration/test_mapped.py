@@ -16,7 +16,8 @@ import os
 import signal
 import subprocess
 
-from harness import CLI, MIB, Server, Worker, check, run, wait_for, worker
+from harness import (CLI, MIB, Server, Worker, check, config_file, run,
+                     wait_for, worker)
 from test_metrics import get, metrics_url, parse, value
 
 
@@ -46,7 +47,9 @@ def settled(s, pid, pred, what):
 
 
 def test_own_mappings_counted_exactly():
-    with Server("--metrics", "127.0.0.1:0") as s:
+    # Per-process series are opted in.
+    conf = config_file("[metrics]\nper_process = true\n")
+    with Server("--config", conf, "--metrics", "127.0.0.1:0") as s:
         url = wait_for("metrics listening", lambda: metrics_url(s))
         w = Worker([worker("mt_map")], s.env(group="maps"))
         try:

@@ -10,8 +10,8 @@ import tempfile
 import urllib.error
 import urllib.request
 
-from harness import (MEMTALLYD, MIB, MULT, Server, Worker, check, run,
-                     wait_for, worker)
+from harness import (MEMTALLYD, MIB, MULT, Server, Worker, check, config_file,
+                     run, wait_for, worker)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
@@ -71,8 +71,10 @@ def promtool(text):
 def test_live_worker():
     """A preloaded worker holding 32 MiB in group `metrics-it`: its group
     and process gauges show it, registrations count it, promtool is
-    content; after it exits its series go and reclaims count it."""
-    with Server("--metrics", "127.0.0.1:0") as s:
+    content; after it exits its series go and reclaims count it. (Per-process
+    series are opted in: [metrics] per_process.)"""
+    conf = config_file("[metrics]\nper_process = true\n")
+    with Server("--config", conf, "--metrics", "127.0.0.1:0") as s:
         url = wait_for("metrics listening log line", lambda: metrics_url(s))
         w = Worker([worker("mt_hold"), "32"], s.env(group="metrics-it"))
         try:

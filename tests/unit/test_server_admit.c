@@ -713,3 +713,172 @@ Test(uidcount, add_sub_many)
 	mts_uid_count_sub(&t, 12345); /* absent: nothing */
 	mts_uid_counts_free(&t);
 }
+
+/* A group whose section lists uids: an Admit naming it by another uid is
+ * denied (group_not_allowed) and changes nothing; the listed uid and root
+ * are granted. */
+Test(admit, group_not_allowed)
+{
+	mts_policy_defaults(&pol);
+	uint32_t uids[] = {2000};
+	struct mts_group_policy gp = {.name = "etl", .uids = uids, .nuids = 1};
+	pol.groups = &gp;
+	pol.ngroups = 1;
+	fx_start_policy(&pol);
+	pol.groups = NULL;
+	pol.ngroups = 0;
+	Memtally__V1__Response *r = fx_admit(1000, MIB, "etl", "", 0);
+	cr_assert_null(r->error);
+	cr_assert_not(r->admit_result->admitted);
+	cr_assert_str_eq(r->admit_result->limit_scope, "group:etl");
+	cr_assert(strstr(r->admit_result->reason, "group not allowed"), "%s",
+	          r->admit_result->reason);
+	memtally__v1__response__free_unpacked(r, NULL);
+	cr_assert_eq(srv.reg.stats.denials[MTS_DENY_GROUP_NOT_ALLOWED], 1);
+	cr_assert_eq(srv.reg.adm.nresv, 0);
+	cr_assert_str_eq(mts_denial_name(MTS_DENY_GROUP_NOT_ALLOWED),
+	                 "group_not_allowed");
+
+	r = fx_admit(2000, MIB, "etl", "", 0);
+	cr_assert(r->admit_result->admitted, "%s", r->admit_result->reason);
+	memtally__v1__response__free_unpacked(r, NULL);
+	r = fx_admit(0, MIB, "etl", "", 0);
+	cr_assert(r->admit_result->admitted, "%s", r->admit_result->reason);
+	memtally__v1__response__free_unpacked(r, NULL);
+	cr_assert_eq(mts_find_group(&srv.reg, "etl")->reservations, 2);
+}
+
+/* Outstanding reserved bytes per uid: past the cap Admit is denied
+ * (uid_reserved_bytes); another uid and root are not held back; a Release
+ * gives the room back. A percentage is of the fleet limit. */
+Test(admit, reserved_bytes_per_uid)
+{
+	mts_policy_defaults(&pol);
+	pol.resv_bytes_per_uid = 100 * MIB;
+	fx_start_policy(&pol);
+	char id[64];
+	snprintf(id, sizeof(id), "%s", grant(60 * MIB, "", "", 0));
+	Memtally__V1__Response *r = fx_admit(1000, 50 * MIB, "", "", 0);
+	cr_assert_not(r->admit_result->admitted);
+	cr_assert_str_eq(r->admit_result->limit_scope, "uid:1000");
+	cr_assert_eq(r->admit_result->limit, 100 * MIB);
+	cr_assert_eq(r->admit_result->reserved_bytes, 60 * MIB);
+	memtally__v1__response__free_unpacked(r, NULL);
+	cr_assert_eq(srv.reg.stats.denials[MTS_DENY_UID_BYTES], 1);
+	r = fx_admit(2000, 100 * MIB, "", "", 0);
+	cr_assert(r->admit_result->admitted, "%s", r->admit_result->reason);
+	memtally__v1__response__free_unpacked(r, NULL);
+	r = fx_admit(0, 500 * MIB, "", "", 0);
+	cr_assert(r->admit_result->admitted, "%s", r->admit_result->reason);
+	memtally__v1__response__free_unpacked(r, NULL);
+	/* 40 MiB fit exactly. */
+	grant(40 * MIB, "", "", 0);
+	r = fx_admit(1000, 1, "", "", 0);
+	cr_assert_not(r->admit_result->admitted);
+	memtally__v1__response__free_unpacked(r, NULL);
+	struct mts_peer owner = fx_peer(getpid(), 1000);
+	r = release(&owner, id, NULL);
+	cr_assert_null(r->error);
+	memtally__v1__response__free_unpacked(r, NULL);
+	grant(60 * MIB, "", "", 0);
+
+	/* 25% of a 1 GiB fleet: 256 MiB. */
+	srv.reg.policy.resv_bytes_per_uid = 0;
+	srv.reg.policy.resv_bytes_bp = 2500;
+	srv.reg.policy.fleet_limit = 1024 * MIB;
+	r = fx_admit(3000, 257 * MIB, "", "", 0);
+	cr_assert_not(r->admit_result->admitted);
+	cr_assert_eq(r->admit_result->limit, 256 * MIB);
+	memtally__v1__response__free_unpacked(r, NULL);
+}
+
+/* One uid brings at most max_groups_per_uid new group names into
+ * existence by its Admits; names that exist, configured groups and other
+ * uids are not held back. */
+Test(admit, groups_per_uid)
+{
+	mts_policy_defaults(&pol);
+	pol.groups_per_uid = 2;
+	fx_start_policy(&pol);
+	grant(1, "g1", "", 0);
+	grant(1, "g2", "", 0);
+	Memtally__V1__Response *r = fx_admit(1000, 1, "g3", "", 0);
+	cr_assert_not(r->admit_result->admitted);
+	cr_assert(strstr(r->admit_result->reason, "max_groups_per_uid = 2"),
+	          "%s", r->admit_result->reason);
+	memtally__v1__response__free_unpacked(r, NULL);
+	cr_assert_null(mts_find_group(&srv.reg, "g3"));
+	grant(1, "g1", "", 0);
+	grant(1, "default", "", 0);
+	r = fx_admit(2000, 1, "g3", "", 0);
+	cr_assert(r->admit_result->admitted, "%s", r->admit_result->reason);
+	memtally__v1__response__free_unpacked(r, NULL);
+	cr_assert_eq(mts_uid_count_get(&srv.reg.groups_by_uid, 1000), 2);
+	cr_assert_eq(mts_uid_count_get(&srv.reg.groups_by_uid, 2000), 1);
+}
+
+/* A worker naming a group it may not join is registered in default, and
+ * the answer says so; one past its uid's slot cap gets no slot. */
+Test(admit, worker_group_and_slot_cap)
+{
+	mts_policy_defaults(&pol);
+	uint32_t uids[] = {2000};
+	struct mts_group_policy gp = {.name = "etl", .uids = uids, .nuids = 1};
+	pol.groups = &gp;
+	pol.ngroups = 1;
+	pol.slots_per_uid = 2;
+	fx_start_policy(&pol);
+	pol.groups = NULL;
+	pol.ngroups = 0;
+	uint32_t s = fx_register(fx_spawn(), "etl", "");
+	cr_assert_eq(
+	    srv.reg.by_slot[s]->group,
+	    (uint32_t)(mts_find_group(&srv.reg, "default") - srv.reg.groups));
+	cr_assert_null(mts_find_group(&srv.reg, "etl"), "etl has no process");
+	fx_register(fx_spawn(), "", "");
+	/* The third of uid 1000: the answer of a full segment. */
+	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
+	Memtally__V1__Register rg = MEMTALLY__V1__REGISTER__INIT;
+	rg.group = "";
+	rg.task = "";
+	rg.image_id = 1;
+	req.body_case = MEMTALLY__V1__REQUEST__BODY_REGISTER;
+	req.register_ = &rg;
+	struct mts_peer peer = fx_peer(fx_spawn(), 1000);
+	fx_expect_error(fx_call(&peer, &req),
+	                MEMTALLY__V1__ERROR_CODE__ERROR_NO_SLOTS);
+	cr_assert_eq(srv.reg.totals.unregistered, 1);
+	cr_assert_eq(srv.reg.ndense, 2);
+	/* uid 2000 registers, in etl. */
+	struct mts_peer p2 = fx_peer(fx_spawn(), 2000);
+	Memtally__V1__Response *r = fx_call(&p2, &req);
+	cr_assert_null(r->error);
+	memtally__v1__response__free_unpacked(r, NULL);
+	rg.group = "etl";
+	struct mts_peer p3 = fx_peer(fx_spawn(), 2000);
+	r = fx_call(&p3, &req);
+	cr_assert_null(r->error);
+	cr_assert_str_eq(r->registered->group, "etl");
+	memtally__v1__response__free_unpacked(r, NULL);
+	cr_assert_eq(mts_find_group(&srv.reg, "etl")->processes, 1);
+}
+
+/* max_ttl applies to a reservation its task's worker took over. */
+Test(admit, max_ttl_after_takeover)
+{
+	mts_policy_defaults(&pol);
+	pol.max_ttl_s = 5;
+	fx_start_policy(&pol);
+	grant(10 * MIB, "", "T", 1);
+	fx_register(fx_spawn(), "", "T"); /* uid 1000: the owner's worker */
+	struct mts_resv *r = srv.reg.adm.resv[0];
+	cr_assert(r->taken_over);
+	uint64_t t0 = r->created_mono_ns;
+	/* Past its TTL, within max_ttl: it stays. */
+	mts_resv_tick(&srv.reg, t0 + UINT64_C(2) * 1000000000u);
+	cr_assert_eq(srv.reg.adm.nresv, 1);
+	/* Past max_ttl, its worker alive: it ends. */
+	mts_resv_tick(&srv.reg, t0 + UINT64_C(5) * 1000000000u);
+	cr_assert_eq(srv.reg.adm.nresv, 0);
+	cr_assert_eq(srv.reg.stats.expirations, 1);
+}

@@ -684,3 +684,109 @@ Test(flags, every_flag_is_a_known_key)
 	cr_assert_str_eq(err, "--slots: expected an integer from 1 to 1048576, "
 	                      "got 'x'");
 }
+
+/* [group NAME] uids and gids (numbers or names), the per-uid caps and
+ * [metrics]; a bad entry is a one-line error naming the key. */
+Test(config, group_owners_caps_and_metrics)
+{
+	struct mts_settings s;
+	char err[512];
+	cr_assert_eq(load("[group etl]\nuids = 1000, root ,2000\n"
+	                  "gids = 0\nlimit = 1GiB\n"
+	                  "[limits]\nmax_slots_per_uid = 16\n"
+	                  "max_groups_per_uid = none\n"
+	                  "[admission]\nmax_reserved_bytes_per_uid = 25%\n"
+	                  "[metrics]\nper_process = true\nmax_groups = 50\n",
+	                  &s, err, sizeof(err)),
+	             0, "%s", err);
+	const struct mts_group_policy *g = mts_policy_group(&s.policy, "etl");
+	cr_assert_not_null(g);
+	cr_assert_eq(g->nuids, 3);
+	cr_assert_eq(g->uids[0], 1000);
+	cr_assert_eq(g->uids[1], 0);
+	cr_assert_eq(g->uids[2], 2000);
+	cr_assert_eq(g->ngids, 1);
+	cr_assert_eq(g->gids[0], 0);
+	cr_assert_eq(s.policy.slots_per_uid, 16);
+	cr_assert_eq(s.policy.groups_per_uid, 0);
+	cr_assert_eq(s.policy.resv_bytes_bp, 2500);
+	cr_assert_eq(s.policy.resv_bytes_per_uid, 0);
+	cr_assert(s.policy.metrics_per_process);
+	cr_assert_eq(s.policy.metrics_max_groups, 50);
+	/* The reload path deep-copies the lists. */
+	struct mts_policy c;
+	cr_assert_eq(mts_policy_copy(&c, &s.policy), 0);
+	cr_assert_neq(c.groups[0].uids, g->uids);
+	cr_assert_eq(c.groups[0].uids[2], 2000);
+	mts_policy_free(&c);
+	mts_settings_free(&s);
+
+	/* Defaults: slots capped at a fraction, 64 groups, no byte cap,
+	 * no per-process series, 256 group series. */
+	cr_assert_eq(mts_settings_load(&s, NULL, NULL, 0, err, sizeof(err)), 0);
+	cr_assert_eq(s.policy.slots_per_uid, 0);
+	cr_assert_eq(s.policy.groups_per_uid, MTS_DEFAULT_GROUPS_PER_UID);
+	cr_assert_eq(s.policy.resv_bytes_per_uid, 0);
+	cr_assert_eq(s.policy.resv_bytes_bp, 0);
+	cr_assert_not(s.policy.metrics_per_process);
+	cr_assert_eq(s.policy.metrics_max_groups, MTS_DEFAULT_METRICS_GROUPS);
+	mts_settings_free(&s);
+
+	cr_assert_neq(load("[group etl]\nuids = 1000, no-such-user-here\n", &s,
+	                   err, sizeof(err)),
+	              0);
+	cr_assert(strstr(err, "[group etl] uids:"), "%s", err);
+	cr_assert_neq(load("[group etl]\ngids = ,\n", &s, err, sizeof(err)), 0);
+	cr_assert(strstr(err, "[group etl] gids:"), "%s", err);
+	cr_assert_neq(load("[group default]\nuids = 0\n", &s, err, sizeof(err)),
+	              0);
+	cr_assert(strstr(err, "[group default] uids:"), "%s", err);
+	cr_assert_neq(
+	    load("[limits]\nmax_slots_per_uid = 0\n", &s, err, sizeof(err)), 0);
+	cr_assert_neq(load("[admission]\nmax_reserved_bytes_per_uid = lots\n",
+	                   &s, err, sizeof(err)),
+	              0);
+}
+
+/* Names: valid UTF-8 without C0/C1 controls or bidi formatting. */
+Test(config, names)
+{
+	cr_assert(mts_name_ok("etl"));
+	cr_assert(mts_name_ok("caf\xc3\xa9-\xe6\x97\xa5\xf0\x9f\x98\x80"));
+	cr_assert_not(mts_name_ok("a\xc2\x9b"
+	                          "31m")); /* U+009B CSI */
+	cr_assert_not(mts_name_ok("a\xc2\x9d"
+	                          "0;x"));       /* U+009D OSC */
+	cr_assert_not(mts_name_ok("a\xc2\x80")); /* U+0080 */
+	cr_assert(mts_name_ok("a\xc2\xa0"));     /* U+00A0: fine */
+	cr_assert_not(mts_name_ok("\xe2\x80\xae"
+	                          "evil"));         /* U+202E */
+	cr_assert_not(mts_name_ok("\xe2\x80\xaa")); /* U+202A */
+	cr_assert_not(mts_name_ok("\xe2\x81\xa6")); /* U+2066 */
+	cr_assert_not(mts_name_ok("\xe2\x81\xa9")); /* U+2069 */
+	cr_assert_not(mts_name_ok("\xe2\x80\x8e")); /* U+200E */
+	cr_assert_not(mts_name_ok("\xe2\x80\x8f")); /* U+200F */
+	cr_assert_not(mts_name_ok("\xd8\x9c"));     /* U+061C */
+	cr_assert_not(mts_name_ok("a\xff"));        /* not UTF-8 */
+	cr_assert_not(mts_name_ok("a\xc3"));        /* cut short */
+	cr_assert_not(mts_name_ok("\xc0\xaf"));     /* overlong */
+	cr_assert_not(mts_name_ok("\xed\xa0\x80")); /* surrogate */
+	cr_assert_not(mts_name_ok("a\x1b[31m"));
+	cr_assert_not(mts_name_ok("a\x7f"));
+}
+
+/* A peer's lines: MTS_LOG_PEER_BURST a second per uid, then held back;
+ * another uid has its own budget. */
+Test(config, peer_log_budget)
+{
+	mts_log_set_level(MTS_LOG_ERROR); /* the summary line is a warning */
+	unsigned ok = 0, other = 0;
+	for (int i = 0; i < 1000; i++)
+		ok += mts_log_peer(65534) != 0;
+	for (int i = 0; i < 5; i++)
+		other += mts_log_peer(4242) != 0;
+	/* A second may have turned meanwhile: at most two budgets. */
+	cr_assert_geq(ok, MTS_LOG_PEER_BURST);
+	cr_assert_leq(ok, 2 * MTS_LOG_PEER_BURST);
+	cr_assert_eq(other, 5);
+}

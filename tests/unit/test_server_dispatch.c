@@ -54,6 +54,8 @@ static void start(uint32_t slots)
 	};
 	cr_assert_eq(uv_loop_init(&loop), 0);
 	cr_assert_eq(mts_server_init(&srv, &loop, &cfg), 0);
+	/* The tests fill every slot with workers of one uid. */
+	srv.reg.policy.slots_per_uid = MTS_CAP_NONE;
 }
 
 static void setup(void)

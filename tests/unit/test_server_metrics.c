@@ -58,6 +58,10 @@ static void setup(void)
 	};
 	cr_assert_eq(uv_loop_init(&loop), 0);
 	cr_assert_eq(mts_server_init(&srv, &loop, &cfg), 0);
+	/* The workers are all of one uid; the per-process series are
+	 * opted in (the tests of the bound turn them off). */
+	srv.reg.policy.slots_per_uid = MTS_CAP_NONE;
+	srv.reg.policy.metrics_per_process = true;
 }
 
 static void teardown(void)
@@ -364,6 +368,68 @@ Test(render, state_one_hot)
 	assert_one_hot(t, "memtally_group_state", "group=\"full\",", "over");
 	cr_assert_eq(count_prefix(t, "memtally_group_state{"), 9);
 	free(t);
+}
+
+/* Lines of `t` that start with `prefix`. */
+static unsigned count_prefixed(const char *t, const char *prefix)
+{
+	unsigned n = 0;
+	size_t k = strlen(prefix);
+	for (const char *l = t; l && *l; l = strchr(l, '\n'), l = l ? l + 1 : l)
+		n += strncmp(l, prefix, k) == 0;
+	return n;
+}
+
+/* 500 groups named by workers: at most max_groups series of their own,
+ * a configured group among them whatever its size, the largest of the
+ * rest, and one "_other" series holding the sum of the others; no
+ * per-process series unless opted in. */
+Test(render, groups_bounded_per_process_opt_in)
+{
+	struct mts_group_policy gp = {.name = "etl", .limit = 1 << 30};
+	srv.reg.policy.groups = &gp;
+	srv.reg.policy.ngroups = 1;
+	srv.reg.policy.metrics_max_groups = 50;
+	srv.reg.policy.metrics_per_process = false;
+	struct mts_proc *w = worker("tiny", 1, 1);
+	uint32_t etl;
+	cr_assert_eq(mts_group_ensure(&srv.reg, "etl", &etl), 0);
+	uint64_t other_sum = srv.reg.groups[w->group].bytes;
+	for (unsigned i = 0; i < 500; i++) {
+		char name[32];
+		uint32_t gi;
+		snprintf(name, sizeof(name), "g%03u", i);
+		cr_assert_eq(mts_group_ensure(&srv.reg, name, &gi), 0);
+		srv.reg.groups[gi].bytes = 1000 + i; /* g499 the largest */
+		srv.reg.groups[gi].limit = 1;        /* keeps the entry */
+		if (i < 500 - 49)
+			other_sum += 1000 + i;
+	}
+	char *t = render();
+	unsigned n = count_prefixed(t, "memtally_group_accounted_bytes{");
+	cr_assert_eq(n, 51, "%u group series", n); /* 50 + _other */
+	cr_assert_lt(strlen(t), 64 * 1024, "%zu bytes", strlen(t));
+	assert_line(t, "memtally_group_accounted_bytes{group=\"etl\"} 0");
+	assert_line(t, "memtally_group_accounted_bytes{group=\"g499\"} 1499");
+	assert_line(t, "memtally_group_accounted_bytes{group=\"g451\"} 1451");
+	cr_assert_null(strstr(t, "group=\"g450\""));
+	cr_assert_null(strstr(t, "group=\"tiny\""));
+	char want[96];
+	snprintf(want, sizeof(want),
+	         "memtally_group_accounted_bytes{group=\"_other\"} %llu",
+	         (unsigned long long)other_sum);
+	assert_line(t, want);
+	cr_assert_eq(count_prefixed(t, "memtally_group_state{group=\"_other\""),
+	             3);
+	cr_assert_eq(count_prefixed(t, "memtally_process_"), 0);
+	free(t);
+
+	srv.reg.policy.metrics_per_process = true;
+	t = render();
+	cr_assert_eq(count_prefixed(t, "memtally_process_accounted_bytes{"), 1);
+	free(t);
+	srv.reg.policy.groups = NULL;
+	srv.reg.policy.ngroups = 0;
 }
 
 Test(render, counters_and_tick)

@@ -60,16 +60,19 @@ static void check(const struct mts_registry *reg)
 		for (uint32_t i = 0; i <= reg->adm.resv_ids_mask; i++)
 			in_ids += reg->adm.resv_ids[i] != NULL;
 	cr_assert_eq(in_ids, n, "index holds %u of %u", in_ids, n);
-	uint32_t ttl_applies = 0;
 	for (uint32_t i = 0; i < n; i++) {
 		const struct mts_resv *r = reg->adm.resv[i];
 		cr_assert_eq(r->index, i);
 		cr_assert_eq(mts_resv_find(reg, r->id), r, "%s not found",
 		             r->id);
-		cr_assert_eq(r->taken_over, r->heap_index == UINT32_MAX);
-		ttl_applies += !r->taken_over;
+		/* Every reservation has a deadline: its TTL, or max_ttl
+		 * from its grant once a worker took it over. */
+		cr_assert_neq(r->heap_index, UINT32_MAX);
+		uint32_t s = r->taken_over ? reg->policy.max_ttl_s : r->ttl_s;
+		cr_assert_eq(r->expires_ns,
+		             r->created_mono_ns + (uint64_t)s * 1000000000u);
 	}
-	cr_assert_eq(reg->adm.resv_nheap, ttl_applies);
+	cr_assert_eq(reg->adm.resv_nheap, n);
 	for (uint32_t i = 0; i < reg->adm.resv_nheap; i++) {
 		const struct mts_resv *r = reg->adm.resv_heap[i];
 		cr_assert_eq(r->heap_index, i);
