@@ -29,11 +29,12 @@ struct mts_rate {
 	uint64_t first_ns; /* start of the current run of samples */
 };
 
-/* The fleet's and a group's rate: an ordinary least-squares line through
- * the samples of the last window (a ring of at most MTS_WRATE_SAMPLES,
- * spaced at least window / (MTS_WRATE_SAMPLES - 1) apart). Unlike the
- * weighted fit of a process's rate, it forgets a sample entirely once it
- * is a window old: a figure flat for a window reads exactly 0. */
+/* The fleet's and a group's rate: the slope both halves of the last
+ * window show, each half's the Theil-Sen median of its pairwise slopes
+ * (rate.c), over a ring of at most MTS_WRATE_SAMPLES spaced at least
+ * window / (MTS_WRATE_SAMPLES - 1) apart. A step reads 0 from a few
+ * samples after it, a ramp exactly; unlike the weighted fit of a
+ * process's rate, a sample is forgotten once it is a window old. */
 #define MTS_WRATE_SAMPLES 64u
 struct mts_wrate {
 	uint64_t t[MTS_WRATE_SAMPLES]; /* CLOCK_MONOTONIC ns */

@@ -1,23 +1,30 @@
 /*
  * rate.c - growth rate of a figure and the forecast of its limit.
  *
- * Two least-squares fits, both lines through samples rather than averages
- * of sample-to-sample differences, so a one-tick spike (or a step) never
- * shows as a burst of rate: a step of S bytes moves the slope by at most
- * ~2.5 S / window (tests/unit/test_server_rate.c), spread over the window,
- * never S / tick.
+ * Lines through samples rather than averages of sample-to-sample
+ * differences, so a one-tick spike never shows as a burst of rate.
  *
- * - Fleet and groups (struct mts_wrate): an ordinary fit over the samples
- *   of the last growth window, from a ring of 64. A steady ramp is read
- *   exactly once it has lasted one window, and a figure flat for a window
- *   reads exactly 0 (no forecast), whatever happened before. O(64) per
- *   sample, every MTS_RATE_SAMPLE_MS, for 1 + groups figures.
+ * - Fleet and groups (struct mts_wrate): the samples of the last growth
+ *   window, from a ring of 64, split into halves; the rate is the slope
+ *   both halves show (the one nearer 0, none if they disagree in sign),
+ *   each half's slope the Theil-Sen median of its pairwise slopes. A step
+ *   (or a burst of steps, as workers starting together make) lies in one
+ *   half and leaves the other flat, and sits near an end of the half it
+ *   is in for all but a few samples, where the median ignores it: a
+ *   figure that stepped once and holds still reads exactly 0 from a few
+ *   samples after the step, where a least-squares line read up to 1.5 x
+ *   step / window for a whole window (tests/unit/test_server_rate.c). A
+ *   steady ramp reads exactly in both halves, with or without a step in
+ *   it. O(64^2 / 4) per sample, every MTS_RATE_SAMPLE_MS, for 1 + groups
+ *   figures.
  * - Processes (struct mts_rate): 16384 rings would be 16 MiB, so an
  *   exponentially weighted fit in 64 bytes, O(1) per sample: weight
  *   e^(-age / tau), tau = window / 5, so a sample one window old weighs
  *   under 1% and a ramp is tracked to within ~5% after one window. The
  *   price: an old step fades rather than leaving, so a flat process can
- *   read a small residual rate for a few windows after a big change.
+ *   read a small residual rate for a few windows after a big change (and
+ *   a step reads as growth while it fades: a process's forecast is shown,
+ *   never acted on).
  *
  * The weighted sums are kept relative to the latest sample (time 0, value
  * 0) and shifted when a new one comes, so the doubles hold differences
@@ -168,35 +175,108 @@ void mts_wrate_add(struct mts_wrate *r, uint64_t now_ns, uint64_t v,
 		r->n++;
 }
 
+/* The k-th smallest of a[0..n) (k < n), reordering a: Hoare's selection,
+ * O(n) on average. n is at most a window's samples. */
+static double select_kth(double *a, int n, int k)
+{
+	int lo = 0, hi = n - 1;
+	while (lo < hi) {
+		double pivot = a[lo + (hi - lo) / 2];
+		int i = lo, j = hi;
+		while (i <= j) {
+			while (a[i] < pivot)
+				i++;
+			while (a[j] > pivot)
+				j--;
+			if (i <= j) {
+				double tmp = a[i];
+				a[i++] = a[j];
+				a[j--] = tmp;
+			}
+		}
+		if (k <= j)
+			hi = j;
+		else if (k >= i)
+			lo = i;
+		else
+			return a[k];
+	}
+	return a[k];
+}
+
+/* The median of a[0..n) (n >= 1), reordering a; of an even count, the
+ * mean of the two middle values. */
+static double median(double *a, int n)
+{
+	int k = n / 2;
+	double hi = select_kth(a, n, k);
+	if (n % 2)
+		return hi;
+	double lo = a[0]; /* after the selection, a[0..k) <= a[k] */
+	for (int i = 1; i < k; i++)
+		lo = a[i] > lo ? a[i] : lo;
+	return (lo + hi) / 2;
+}
+
+/* The most pairs of samples a half window holds (the halves share the
+ * middle sample of an odd count). */
+#define HALF_MAX  (MTS_WRATE_SAMPLES / 2 + 1)
+#define PAIRS_MAX (HALF_MAX * (HALF_MAX - 1) / 2)
+
+/* The Theil-Sen slope of the points (x[i], y[i]), i < n <= HALF_MAX: the
+ * median of the slopes of all pairs. Exact on a line, and unmoved by a
+ * minority of points off it: a step near either end of the points leaves
+ * most pairs on one level (slope 0), where a least-squares line tilts by
+ * up to 1.5 x step / span. O(n^2): at most 528 slopes and one selection. */
+static double theil_sen(const double *x, const double *y, int n)
+{
+	double s[PAIRS_MAX];
+	int k = 0;
+	for (int i = 0; i < n; i++)
+		for (int j = i + 1; j < n; j++)
+			if (x[j] != x[i])
+				s[k++] = (y[j] - y[i]) / (x[j] - x[i]);
+	return k > 0 ? median(s, k) : 0;
+}
+
 double mts_wrate_get(const struct mts_wrate *r, uint64_t window_ns)
 {
 	if (r->n < 2)
 		return 0;
 	uint32_t ni = wrate_at(r, 0);
 	uint64_t tn = r->t[ni], vn = r->v[ni];
-	/* Relative to the newest sample, as for the weighted fit. */
-	double sx = 0, sy = 0, sxx = 0, sxy = 0, oldest = 0;
-	uint32_t k = 0;
-	for (uint32_t b = 0; b < r->n; b++) {
-		uint32_t i = wrate_at(r, b);
+	/* Relative to the newest sample, as for the weighted fit; oldest
+	 * first. */
+	double x[MTS_WRATE_SAMPLES], y[MTS_WRATE_SAMPLES];
+	int k = 0;
+	while ((uint32_t)k < r->n) {
+		uint32_t i = wrate_at(r, (uint32_t)k);
 		if (tn - r->t[i] > window_ns)
 			break;
-		double x = -(double)(tn - r->t[i]) / 1e9;
-		double y = r->v[i] >= vn ? (double)(r->v[i] - vn)
-		                         : -(double)(vn - r->v[i]);
-		sx += x;
-		sy += y;
-		sxx += x * x;
-		sxy += x * y;
-		oldest = x;
 		k++;
 	}
-	if (k < 2 || -oldest * TAU_PER_WINDOW * 1e9 < (double)window_ns)
+	for (int b = 0; b < k; b++) {
+		uint32_t i = wrate_at(r, (uint32_t)b);
+		x[k - 1 - b] = -(double)(tn - r->t[i]) / 1e9;
+		y[k - 1 - b] = r->v[i] >= vn ? (double)(r->v[i] - vn)
+		                             : -(double)(vn - r->v[i]);
+	}
+	if (k < 3 || -x[0] * TAU_PER_WINDOW * 1e9 < (double)window_ns)
 		return 0;
-	double den = k * sxx - sx * sx;
-	if (!(den > 0))
-		return 0;
-	return (k * sxy - sx * sy) / den;
+	/* Growth is what both halves of the window show: the slope nearer
+	 * 0 of the two, 0 when they disagree in sign. A step, or a burst
+	 * of steps shorter than half a window, lies in (or near the edge
+	 * of) one half and leaves the other flat; a ramp reads the same in
+	 * both, with or without a step in it. (The halves share the middle
+	 * sample of an odd count.) */
+	int h = (k + 1) / 2;
+	double a = theil_sen(x, y, h);
+	double b = theil_sen(x + (k - h), y + (k - h), h);
+	if (a > 0 && b > 0)
+		return a < b ? a : b;
+	if (a < 0 && b < 0)
+		return a > b ? a : b;
+	return 0;
 }
 
 /* ---- the registry's rates ------------------------------------------------ */

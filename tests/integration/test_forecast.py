@@ -7,6 +7,9 @@ known rates (mt_ramp, clock-driven):
   both and promtool accepts it;
 - a flat worker reads 0 within 1 MiB/s and a shrinking one a negative rate,
   neither with a forecast (groups with limits, and their processes);
+- three workers that allocate 200 MiB each at once and then hold still: a
+  step is not growth, so neither the fleet nor their group (both with
+  limits and a forecast_horizon) shows a forecast or turns `high`;
 - with forecast_horizon, the fleet turns `high` below the watermark when
   the forecast says the limit is near: one Watch event with the reason;
   20 s of a noisy but flat figure before it change nothing. (Leaving
@@ -59,10 +62,11 @@ def test_steady_growth_and_time_to_limit():
             rate, eta = f["growth_bytes_per_s"], f["seconds_to_limit"]
             print(f"  fleet at {f['bytes'] / MIB:.0f} MiB: "
                   f"{rate / MIB:.2f} MiB/s, limit in {eta} s")
-            check(abs(rate - 40 * MIB) <= 0.10 * 40 * MIB,
-                  f"fleet rate {rate / MIB:.2f} MiB/s, want 40 +/- 10%")
+            check(abs(rate - 40 * MIB) <= 0.025 * 40 * MIB,
+                  f"fleet rate {rate / MIB:.2f} MiB/s, want 40 +/- 2.5%")
             g = group(st, "ramp")
-            check(abs(g["growth_bytes_per_s"] - 40 * MIB) <= 4 * MIB and
+            check(abs(g["growth_bytes_per_s"] - 40 * MIB) <= 0.025 * 40 * MIB
+                  and
                   g["seconds_to_limit"] is None,
                   f"group (no limit): {g}")
             p = s.ps()[w.pid]
@@ -126,6 +130,60 @@ def test_flat_and_shrinking():
             shrink.close()
 
 
+def test_step_then_still_is_no_forecast():
+    # 3 x 200 MiB under 1 GiB: 59%, far below the watermark, so only a
+    # forecast could make the fleet or the group `high`; any rate above
+    # ~7 MiB/s would be a forecast within the 60 s horizon.
+    cfg = config("[limits]\nfleet = 1GiB\nhigh_watermark = 90\n"
+                 "growth_window = 4s\nforecast_horizon = 60s\n"
+                 "[group held]\nlimit = 1GiB\n")
+    with Server("--config", cfg) as s:
+        ws = []
+        try:
+            for _ in range(3):
+                ws.append(Worker([worker("mt_hold"), "1"],
+                                 s.env(group="held")))
+                check(ws[-1].readline().startswith("ready"), "not ready")
+            wait_for("workers counted", lambda: len(s.ps()) == 3 and
+                     s.status()["fleet"]["bytes"] >= 3 * MIB)
+            watch = Watcher(s)
+            watch.wait("subscribed", lambda e: e["scope"] == "fleet")
+            # All three allocate at once (each 200 MiB, touched), then
+            # hold still.
+            for w in ws:
+                w.send("more 200")
+            for w in ws:
+                check(w.readline().startswith("ready"), "more not held")
+            t0 = time.monotonic()
+            seen, polls = 0, 0
+            # Two growth windows: the step crosses the whole window.
+            while time.monotonic() - t0 < 8.5:
+                st = s.status()
+                f, g = st["fleet"], group(st, "held")
+                seen = max(seen, f["bytes"])
+                polls += 1
+                check(f["seconds_to_limit"] is None and
+                      f["growth_bytes_per_s"] == 0,
+                      f"a step forecast for the fleet: {f}")
+                check(g["seconds_to_limit"] is None and
+                      g["growth_bytes_per_s"] == 0,
+                      f"a step forecast for the group: {g}")
+                check(f["state"] == "ok" and g["state"] == "ok",
+                      f"high by forecast: {f} {g}")
+                time.sleep(0.05)
+            check(seen >= 603 * MIB, f"the step was not seen: {seen}")
+            watch.drain()
+            moved = [e for e in watch.events if e["state"] != e["previous"]]
+            check(not moved, f"states changed: {moved}")
+            print(f"  {polls} polls over 2 windows after "
+                  f"{seen / MIB:.0f} MiB at once: no rate, no forecast")
+        finally:
+            for w in ws:
+                w.close()
+            if "watch" in locals():
+                watch.close()
+
+
 def test_forecast_horizon_turns_high_once():
     # Watermark at 360 MiB; the forecast is to make it `high` well before.
     cfg = config("[limits]\nhigh_watermark = 90\n"
@@ -179,4 +237,5 @@ def test_forecast_horizon_turns_high_once():
 
 if __name__ == "__main__":
     run([test_steady_growth_and_time_to_limit, test_flat_and_shrinking,
+         test_step_then_still_is_no_forecast,
          test_forecast_horizon_turns_high_once])

@@ -297,3 +297,135 @@ Test(wrate, noisy_flat_does_not_flap)
 	}
 	cr_assert_eq(changes, 0);
 }
+
+/* ---- a step is not growth ------------------------------------------------ */
+
+/* 600 MiB more at t = 20 s (three workers allocating 200 MiB at once),
+ * flat before and after. */
+static double big_step(double t)
+{
+	return 64 * MIB + (t >= 20 ? 600 * MIB : 0);
+}
+
+/* The same 600 MiB in three steps 100 ms apart, as workers starting one
+ * after another do. */
+static double staircase(double t)
+{
+	return 64 * MIB + (t >= 20 ? 200 * MIB : 0) +
+	       (t >= 20.1 ? 200 * MIB : 0) + (t >= 20.2 ? 200 * MIB : 0);
+}
+
+/* 40 MiB/s from t = 20 s, with 300 MiB more at once at t = 27 s. */
+static double ramp_with_step(double t)
+{
+	return ramp(t) + (t >= 27 ? 300 * MIB : 0);
+}
+
+/* 40 MiB/s held in whole MiB, as a worker holding 1 MiB blocks does. */
+static double ramp_mib(double t)
+{
+	return floor(ramp(t) / MIB + 0.5) * MIB;
+}
+
+/* The largest |rate| from `settle` seconds after the step to the end. */
+static double after_step(level_fn f, uint64_t window, double settle)
+{
+	static struct mts_wrate r;
+	memset(&r, 0, sizeof(r));
+	wfeed(&r, f, 0, 20, window, NULL);
+	double worst = 0;
+	for (double t = 20; t < 20 + 3 * (double)window / SEC; t += 0.1) {
+		uint64_t now = T0 + (uint64_t)llround(t * SEC);
+		mts_wrate_add(&r, now, (uint64_t)llround(f(t)), window);
+		double rate = mts_wrate_get(&r, window);
+		if (t >= 20 + settle && fabs(rate) > worst)
+			worst = fabs(rate);
+	}
+	return worst;
+}
+
+Test(wrate, step_then_flat_is_no_growth)
+{
+	/* At every window length, from the third sample after the step
+	 * (and through the time it crosses the middle of the window) the
+	 * rate is exactly 0: no forecast. A least-squares line through the
+	 * window reads up to ~1.5 x 600 MiB / window (450 MiB/s at 2 s). */
+	uint64_t windows[] = {2 * SEC, 3 * SEC, WIN10};
+	for (unsigned i = 0; i < 3; i++) {
+		double w = after_step(big_step, windows[i], 0.25);
+		cr_assert_eq(w, 0, "step, window %.0f s: %.1f MiB/s",
+		             (double)windows[i] / SEC, w / MIB);
+		w = after_step(staircase, windows[i], 0.45);
+		cr_assert_eq(w, 0, "three steps, window %.0f s: %.1f MiB/s",
+		             (double)windows[i] / SEC, w / MIB);
+	}
+	cr_assert_eq(mts_forecast_s(0, 664u << 20, 1024u << 20), 0);
+}
+
+Test(wrate, ramp_with_a_step_reads_the_ramp)
+{
+	/* The step lands while the ramp fills the window: the rate stays
+	 * the ramp's, where a least-squares line adds up to ~45 MiB/s. */
+	static struct mts_wrate r;
+	wfeed(&r, ramp_with_step, 0, 30.2, WIN10, NULL);
+	for (double t = 30.2; t < 45; t += 0.1) {
+		uint64_t now = T0 + (uint64_t)llround(t * SEC);
+		mts_wrate_add(&r, now, (uint64_t)llround(ramp_with_step(t)),
+		              WIN10);
+		double got = mts_wrate_get(&r, WIN10);
+		cr_assert(fabs(got - 40 * MIB) < 0.01 * 40 * MIB,
+		          "at %.1f s: %.3f MiB/s", t, got / MIB);
+	}
+}
+
+Test(wrate, ramp_in_whole_mib_within_one_percent)
+{
+	/* Held in 1 MiB blocks and sampled 100 ms apart with up to 20 ms of
+	 * lateness, as a loaded tick does: 40 MiB/s within 1% once the ramp
+	 * has lasted a window, at 3 s (the integration tests') and 10 s. */
+	uint64_t windows[] = {3 * SEC, WIN10};
+	for (unsigned i = 0; i < 2; i++) {
+		static struct mts_wrate r;
+		memset(&r, 0, sizeof(r));
+		unsigned jit = 777;
+		double w = (double)windows[i] / SEC;
+		for (double t = 0; t < 20 + 3 * w; t += 0.1) {
+			jit = jit * 1103515245u + 12345u;
+			double late = (double)((jit >> 8) % 21) / 1000;
+			uint64_t now = T0 + (uint64_t)llround((t + late) * SEC);
+			mts_wrate_add(&r, now,
+			              (uint64_t)llround(ramp_mib(t + late)),
+			              windows[i]);
+			double got = mts_wrate_get(&r, windows[i]);
+			if (t >= 20 + w)
+				cr_assert(
+				    fabs(got - 40 * MIB) < 0.01 * 40 * MIB,
+				    "window %.0f s, at %.1f s: %.3f MiB/s", w,
+				    t, got / MIB);
+		}
+	}
+}
+
+Test(wrate, noise_then_step_gives_no_forecast)
+{
+	/* +/- 8 MiB every 100 ms around 200 MiB under a 700 MiB limit, then
+	 * 150 MiB more at once and the same noise: the forecast never comes
+	 * within a 10 s horizon (35 MiB/s would make it; a least-squares
+	 * line reads ~55 MiB/s as the step crosses the window). */
+	static struct mts_wrate r;
+	struct mts_forecast_gate g = {0};
+	uint64_t win = 4 * SEC, limit = 700u << 20;
+	double worst = 0;
+	for (uint64_t k = 0; k < 400; k++) { /* 40 s */
+		uint64_t now = T0 + k * STEP;
+		uint64_t v = (uint64_t)noisy(0) + (k >= 200 ? 150u << 20 : 0);
+		mts_wrate_add(&r, now, v, win);
+		double rate = mts_wrate_get(&r, win);
+		worst = fabs(rate) > worst ? fabs(rate) : worst;
+		double fc = mts_forecast_s(rate, v, limit);
+		cr_assert_not(mts_forecast_gate(&g, fc, 10000, win, now),
+		              "forecast %.1f s at %.1f s (%.1f MiB/s)", fc,
+		              (double)(k * STEP) / SEC, rate / MIB);
+	}
+	cr_assert(worst < 10 * MIB, "%.1f MiB/s", worst / MIB);
+}
