@@ -47,6 +47,7 @@
 #include "cli_run.h"
 #include "memtally.h"
 #include "memtally_query.h"
+#include "mtcommon.h"
 
 enum {
 	EXIT_SERVER = 1,
@@ -293,35 +294,6 @@ static void put_right(const char *s, int width)
 	fputs(s, stdout);
 }
 
-/*
- * Print `s` left-aligned in `width` columns, control characters replaced
- * by '?': group names and comm come from other users' processes and must
- * not reach the terminal as escape sequences.
- */
-/* Length of the valid UTF-8 sequence at s (1..4, its code point in *cp),
- * or 0. */
-static size_t utf8_seq(const unsigned char *s, uint32_t *cp)
-{
-	if (s[0] < 0x80) {
-		*cp = s[0];
-		return 1;
-	}
-	size_t n = s[0] >= 0xf0 ? 4 : s[0] >= 0xe0 ? 3 : s[0] >= 0xc0 ? 2 : 0;
-	if (n == 0 || s[0] > 0xf4)
-		return 0;
-	uint32_t c = s[0] & (0x7fu >> n);
-	for (size_t i = 1; i < n; i++) {
-		if ((s[i] & 0xc0) != 0x80)
-			return 0;
-		c = (c << 6) | (s[i] & 0x3fu);
-	}
-	static const uint32_t min[5] = {0, 0, 0x80, 0x800, 0x10000};
-	if (c < min[n] || c > 0x10ffff || (c >= 0xd800 && c <= 0xdfff))
-		return 0;
-	*cp = c;
-	return n;
-}
-
 /* Print a string the server sent (a worker's group, task, comm) so that
  * it cannot drive the terminal: C0 and C1 controls (U+009B is CSI), DEL,
  * bidirectional formatting characters and bytes that are not UTF-8 show
@@ -332,12 +304,8 @@ static void put_clean(const char *s, int width)
 	const unsigned char *u = (const unsigned char *)s;
 	while (*u) {
 		uint32_t c = 0;
-		size_t k = utf8_seq(u, &c);
-		bool bad = k == 0 || c < 0x20 || (c >= 0x7f && c <= 0x9f) ||
-		           c == 0x061c || c == 0x200e || c == 0x200f ||
-		           (c >= 0x202a && c <= 0x202e) ||
-		           (c >= 0x2066 && c <= 0x2069);
-		if (bad)
+		size_t k = mt_utf8_seq(u, &c);
+		if (k == 0 || mt_cp_hostile(c))
 			putchar('?');
 		else
 			fwrite(u, 1, k, stdout);

@@ -10,6 +10,7 @@
 #ifndef MTCOMMON_H
 #define MTCOMMON_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -47,6 +48,21 @@ const char *mt_format_size(char *buf, size_t cap, uint64_t bytes);
  * A bare IPv6 literal ("::1:9100") is ambiguous and refused. 0 or -EINVAL.
  */
 int mt_split_hostport(const char *s, char *host, size_t cap, uint16_t *port);
+
+/*
+ * Length of the UTF-8 sequence at `s` (1..4; *cp = its code point), 0
+ * when it is not valid UTF-8 (overlong, a surrogate, past U+10FFFF, cut
+ * short: it stops at a NUL).
+ */
+size_t mt_utf8_seq(const unsigned char *s, uint32_t *cp);
+
+/*
+ * Code points that change how a terminal or a text view shows what
+ * follows: C0 and C1 controls (U+009B is CSI, U+009D OSC), DEL, and the
+ * bidirectional marks, embeddings, overrides and isolates. A name another
+ * user chose must carry none of them to a log line or a terminal.
+ */
+bool mt_cp_hostile(uint32_t c);
 
 /* CLOCK_MONOTONIC in nanoseconds. */
 uint64_t mt_mono_ns(void);

@@ -973,47 +973,13 @@ static bool pidfd_exited(int pidfd)
 	return poll(&pfd, 1, 0) != 0;
 }
 
-/* Length of the UTF-8 sequence at s (1..4), 0 when it is not valid
- * (overlong, a surrogate, past U+10FFFF, cut short); *cp = its code point. */
-static size_t utf8_seq(const unsigned char *s, uint32_t *cp)
-{
-	if (s[0] < 0x80) {
-		*cp = s[0];
-		return 1;
-	}
-	size_t n = s[0] >= 0xf0 ? 4 : s[0] >= 0xe0 ? 3 : s[0] >= 0xc0 ? 2 : 0;
-	if (n == 0 || s[0] > 0xf4)
-		return 0;
-	uint32_t c = s[0] & (0x7fu >> n);
-	for (size_t i = 1; i < n; i++) {
-		if ((s[i] & 0xc0) != 0x80)
-			return 0; /* also stops at the NUL */
-		c = (c << 6) | (s[i] & 0x3fu);
-	}
-	static const uint32_t min[5] = {0, 0, 0x80, 0x800, 0x10000};
-	if (c < min[n] || c > 0x10ffff || (c >= 0xd800 && c <= 0xdfff))
-		return 0;
-	*cp = c;
-	return n;
-}
-
-/* Code points that change how a terminal or a text view shows what
- * follows: C0 and C1 controls (U+009B is CSI, U+009D OSC), DEL, and the
- * bidirectional marks, embeddings, overrides and isolates. */
-static bool cp_hostile(uint32_t c)
-{
-	return c < 0x20 || (c >= 0x7f && c <= 0x9f) || c == 0x061c ||
-	       c == 0x200e || c == 0x200f || (c >= 0x202a && c <= 0x202e) ||
-	       (c >= 0x2066 && c <= 0x2069);
-}
-
 bool mts_name_ok(const char *s)
 {
 	size_t n = 0;
 	while (s[n]) {
 		uint32_t c;
-		size_t k = utf8_seq((const unsigned char *)s + n, &c);
-		if (k == 0 || cp_hostile(c))
+		size_t k = mt_utf8_seq((const unsigned char *)s + n, &c);
+		if (k == 0 || mt_cp_hostile(c))
 			return false;
 		n += k;
 	}

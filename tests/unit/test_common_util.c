@@ -134,3 +134,33 @@ Test(common, send_all_delivers_times_out_and_sees_a_closed_peer)
 	cr_assert_eq(mt_send_all(sv[0], "x", 1, UINT64_MAX), -ECONNRESET);
 	close(sv[0]);
 }
+
+Test(common, utf8_and_hostile_code_points)
+{
+	uint32_t c;
+	cr_assert_eq(mt_utf8_seq((const unsigned char *)"a", &c), 1);
+	cr_assert_eq(c, 'a');
+	/* U+00E9 (2 bytes), U+202E RLO (3), U+1F600 (4). */
+	cr_assert_eq(mt_utf8_seq((const unsigned char *)"\xc3\xa9", &c), 2);
+	cr_assert_eq(c, 0xe9);
+	cr_assert_eq(mt_utf8_seq((const unsigned char *)"\xe2\x80\xae", &c), 3);
+	cr_assert_eq(c, 0x202e);
+	cr_assert_eq(mt_utf8_seq((const unsigned char *)"\xf0\x9f\x98\x80", &c),
+	             4);
+	cr_assert_eq(c, 0x1f600);
+	/* Overlong '/', a surrogate, a lone continuation, cut short. */
+	cr_assert_eq(mt_utf8_seq((const unsigned char *)"\xc0\xaf", &c), 0);
+	cr_assert_eq(mt_utf8_seq((const unsigned char *)"\xed\xa0\x80", &c), 0);
+	cr_assert_eq(mt_utf8_seq((const unsigned char *)"\x80", &c), 0);
+	cr_assert_eq(mt_utf8_seq((const unsigned char *)"\xe2\x80", &c), 0);
+	/* C0, DEL, C1 (CSI), the bidi controls; not ordinary letters. */
+	cr_assert(mt_cp_hostile(0x1b));
+	cr_assert(mt_cp_hostile(0x7f));
+	cr_assert(mt_cp_hostile(0x9b));
+	cr_assert(mt_cp_hostile(0x202e));
+	cr_assert(mt_cp_hostile(0x2066));
+	cr_assert(mt_cp_hostile(0x061c));
+	cr_assert_not(mt_cp_hostile('a'));
+	cr_assert_not(mt_cp_hostile(0xe9));
+	cr_assert_not(mt_cp_hostile(0x1f600));
+}

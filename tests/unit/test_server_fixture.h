@@ -181,8 +181,9 @@ static inline Memtally__V1__Response *fx_call(struct mts_peer *peer,
 	return r;
 }
 
-static inline uint32_t fx_register(pid_t pid, const char *group,
-                                   const char *task)
+/* Register `pid` as a worker of `uid`; its slot. */
+static inline uint32_t fx_register_as(pid_t pid, uint32_t uid,
+                                      const char *group, const char *task)
 {
 	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
 	Memtally__V1__Register reg = MEMTALLY__V1__REGISTER__INIT;
@@ -191,13 +192,19 @@ static inline uint32_t fx_register(pid_t pid, const char *group,
 	reg.image_id = 1;
 	req.body_case = MEMTALLY__V1__REQUEST__BODY_REGISTER;
 	req.register_ = &reg;
-	struct mts_peer peer = fx_peer(pid, FX_UID);
+	struct mts_peer peer = fx_peer(pid, uid);
 	Memtally__V1__Response *r = fx_call(&peer, &req);
 	cr_assert_null(r->error, "register: %s",
 	               r->error ? r->error->message : "");
 	uint32_t slot = r->registered->slot;
 	memtally__v1__response__free_unpacked(r, NULL);
 	return slot;
+}
+
+static inline uint32_t fx_register(pid_t pid, const char *group,
+                                   const char *task)
+{
+	return fx_register_as(pid, FX_UID, group, task);
 }
 
 /* What a worker's client would do: lane 0 holds `bytes`. */

@@ -39,20 +39,7 @@ static pid_t spawn_as(uint32_t uid)
 
 static uint32_t register_as(pid_t pid, uint32_t uid, const char *group)
 {
-	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
-	Memtally__V1__Register reg = MEMTALLY__V1__REGISTER__INIT;
-	reg.group = (char *)group;
-	reg.task = "";
-	reg.image_id = 1;
-	req.body_case = MEMTALLY__V1__REQUEST__BODY_REGISTER;
-	req.register_ = &reg;
-	struct mts_peer peer = fx_peer(pid, uid);
-	Memtally__V1__Response *r = fx_call(&peer, &req);
-	cr_assert_null(r->error, "register: %s",
-	               r->error ? r->error->message : "");
-	uint32_t slot = r->registered->slot;
-	memtally__v1__response__free_unpacked(r, NULL);
-	return slot;
+	return fx_register_as(pid, uid, group, "");
 }
 
 static void start(uint64_t allowance, uint32_t untouched_ms)
