@@ -11,7 +11,7 @@
 /* Per uid, kept in its slot table's record (struct mts_table). The sums
  * are the latest tick's; the rest carries from tick to tick. */
 struct mts_vouch_uid {
-	bool trusted; /* its claims count in full toward everyone */
+	bool trusted;     /* its claims count in full toward everyone */
 	uint64_t claimed; /* sum of its processes' claims */
 	uint64_t vouched; /* the part of `claimed` that counts for others */
 	uint64_t excess;  /* sum of max(0, claim - kernel figure) */

@@ -106,7 +106,8 @@ void mts_vouch_begin(struct mts_registry *reg)
 		if (v->trusted)
 			continue;
 		v->stale_left = stale_of(v);
-		v->allow_left = pol->untouched_ms ? pol->untouched_allowance : 0;
+		v->allow_left =
+		    pol->untouched_ms ? pol->untouched_allowance : 0;
 	}
 }
 
@@ -166,9 +167,9 @@ uint64_t mts_vouch_unvouched_of(const struct mts_registry *reg, uint32_t uid)
 	for (uint32_t i = 0; i < reg->ntables; i++) {
 		const struct mts_table *t = reg->tables[i];
 		if (t->uid == uid)
-			return t->vouch.trusted ? 0
-			                        : t->vouch.claimed -
-			                              t->vouch.vouched;
+			return t->vouch.trusted
+			           ? 0
+			           : t->vouch.claimed - t->vouch.vouched;
 	}
 	return 0;
 }
