@@ -434,7 +434,8 @@ int main(int argc, char **argv)
 	        "measure=%s groups=%u enforce_signal=%d max_connections=%u "
 	        "max_buffered=%llu max_connections_per_uid=%u "
 	        "idle_timeout_ms=%u max_reservations_per_uid=%u hooks=%d "
-	        "hook_timeout_ms=%u",
+	        "hook_timeout_ms=%u hook_min_interval_ms=%u trusted_uids=%u "
+	        "untouched_allowance=%llu untouched_ms=%u",
 	        MTS_VERSION, (int)getpid(),
 	        mts_logq(q1, sizeof(q1), cfg.socket_path),
 	        mts_logq(q2, sizeof(q2), cfg.segment), cfg.slots, cfg.lanes,
@@ -448,7 +449,10 @@ int main(int argc, char **argv)
 	        cfg.no_idle_timeout ? 0 : cfg.idle_timeout_ms,
 	        pol->max_resv_per_uid, hook_count(&settings.hooks),
 	        settings.hooks.timeout_ms ? settings.hooks.timeout_ms
-	                                  : MTS_HOOK_DEFAULT_TIMEOUT_MS);
+	                                  : MTS_HOOK_DEFAULT_TIMEOUT_MS,
+	        settings.hooks.min_interval_ms, pol->ntrusted,
+	        (unsigned long long)pol->untouched_allowance,
+	        pol->untouched_ms);
 	raise_nofile(&cfg);
 
 	/* Where the socket and the restart record go must not let anyone
