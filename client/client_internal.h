@@ -187,6 +187,16 @@ typedef int (*mtj_mallctl_fn)(const char *, void *, size_t *, void *,
 			      size_t);
 enum mtj_mode { MTJ_OFF, MTJ_CALLBACK, MTJ_COUNTING };
 int mtj_init(mtj_mallctl_fn mallctl, int allow_counting);
+/* A front end that knows where its jemalloc keeps the calling thread's
+ * state (the preload, jemalloc_tsd_probe.c) reaches it without mallctl:
+ * `counters` points at the thread's cumulative allocated and deallocated
+ * counters, `set_callback` sets its activity callback thunk; each returns
+ * 0 or -errno. Given before mtj_init(). */
+struct mtj_direct {
+	int (*counters)(const uint64_t **alloc, const uint64_t **dealloc);
+	int (*set_callback)(const void *thunk, size_t len);
+};
+void mtj_use_direct(const struct mtj_direct *d);
 int mtj_thread_start(void);
 int mtj_mode(void);
 int mtj_front_flush(void);

@@ -87,6 +87,7 @@ static __thread struct mtj_tls mtj_t MTC_TLS = {.allocp = &mtj_one,
 
 static struct {
 	mtj_mallctl_fn mallctl;
+	const struct mtj_direct *direct;
 	int mode;      /* enum mtj_mode */
 	int test_fail; /* MEMTALLY_TEST_NO_ACTIVITY_CALLBACK=1 */
 	pthread_key_t key;
@@ -186,16 +187,26 @@ static void make_key(void)
 	pthread_key_create(&mtj.key, on_thread_exit);
 }
 
+/* The calling thread's cumulative counters: directly where the front end
+ * knows them, else through mallctl (whose first call in a process builds
+ * jemalloc's whole ctl state: ~150,000 instructions). */
+static int counters(const uint64_t **a, const uint64_t **d)
+{
+	if (mtj.direct)
+		return mtj.direct->counters(a, d);
+	size_t sz = sizeof(*a);
+	if (mtj.mallctl("thread.allocatedp", (void *)a, &sz, NULL, 0) ||
+	    mtj.mallctl("thread.deallocatedp", (void *)d, &sz, NULL, 0))
+		return -ENOENT;
+	return 0;
+}
+
 /* Point the thread at jemalloc's counters and arrange its exit flush.
  * False (and the thread muted) when jemalloc or memtally is not there. */
 static int setup_thread(struct mtj_tls *t)
 {
 	const uint64_t *a = NULL, *d = NULL;
-	size_t sz = sizeof(a);
-	int ok = mtj.mallctl && mtc_init() &&
-	         mtj.mallctl("thread.allocatedp", &a, &sz, NULL, 0) == 0 &&
-	         mtj.mallctl("thread.deallocatedp", &d, &sz, NULL, 0) == 0 &&
-	         a && d;
+	int ok = mtj.mallctl && mtc_init() && counters(&a, &d) == 0 && a && d;
 	if (!ok) {
 		/* Count nothing for this thread, never come back. */
 		t->allocp = t->deallocp = &mtj_zero;
@@ -217,6 +228,8 @@ static int install_callback(struct mtj_tls *t)
 	if (mtj.test_fail)
 		return -ENOENT;
 	struct mtj_thunk thunk = {on_activity, t};
+	if (mtj.direct)
+		return mtj.direct->set_callback(&thunk, sizeof(thunk));
 	int err = mtj.mallctl("experimental.thread.activity_callback", NULL,
 	                      NULL, &thunk, sizeof(thunk));
 	return -err;
@@ -320,6 +333,12 @@ static void choose_mode(void)
 	mtc_debug("activity callback unavailable (%s); not counting",
 	          strerror(-err));
 	mtj.mode = MTJ_OFF;
+}
+
+void mtj_use_direct(const struct mtj_direct *d)
+{
+	if (!mtj.mallctl)
+		mtj.direct = d;
 }
 
 int mtj_init(mtj_mallctl_fn mallctl, int allow_counting)
