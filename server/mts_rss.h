@@ -21,8 +21,11 @@ int mts_parse_statm_rss(const char *statm, uint64_t page_size, uint64_t *out);
  * time. */
 void mts_rss_sweep_start(struct mts_registry *reg);
 /* The same for only the untrusted processes whose claims ran ahead of
- * their kernel figures (mts_vouch_want_read). */
-void mts_rss_sweep_vouch(struct mts_registry *reg);
+ * their kernel figures (mts_vouch_want_read), when the latest tick asked
+ * for it (reg->vouch_wanted) and the previous such sweep is at least
+ * MTS_VOUCH_SWEEP_MS old. Called by the server after its tick: the tick
+ * itself starts no work on the thread pool. */
+void mts_rss_sweep_vouch(struct mts_registry *reg, uint64_t now_ns);
 /* The same, synchronously on the calling (loop) thread. */
 void mts_rss_sweep_sync(struct mts_registry *reg);
 /* Set p->rss and keep its group's and the fleet's RSS sums in step. */

@@ -64,7 +64,6 @@
 #include "mts_policy.h"
 #include "mts_procfs.h"
 #include "mts_rate.h"
-#include "mts_rss.h"
 #include "mts_state.h"
 #include "mts_vouch.h"
 #include "mtshm.h"
@@ -624,13 +623,7 @@ void mts_tick(struct mts_registry *reg)
 	t->ticks++;
 
 	uint64_t now = mts_now_monotonic();
-	mts_vouch_end(reg, now);
-	if (reg->vouch_wanted &&
-	    now - reg->vouch_sweep_ns >= (uint64_t)MTS_VOUCH_SWEEP_MS * 1000000u) {
-		reg->vouch_wanted = false;
-		reg->vouch_sweep_ns = now;
-		mts_rss_sweep_vouch(reg);
-	}
+	mts_vouch_end(reg, now); /* may set vouch_wanted: server.c reads */
 	mts_tables_sweep(reg, now); /* a few tables: one per uid */
 	mts_resv_tick(reg, now);
 	if (now - t->rate_ns >= (uint64_t)MTS_RATE_SAMPLE_MS * 1000000u)

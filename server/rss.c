@@ -176,7 +176,12 @@ void mts_rss_sweep_start(struct mts_registry *reg)
 	sweep_start(reg, false);
 }
 
-void mts_rss_sweep_vouch(struct mts_registry *reg)
+void mts_rss_sweep_vouch(struct mts_registry *reg, uint64_t now_ns)
 {
+	if (!reg->vouch_wanted ||
+	    now_ns - reg->vouch_sweep_ns < (uint64_t)MTS_VOUCH_SWEEP_MS * 1000000u)
+		return;
+	reg->vouch_wanted = false;
+	reg->vouch_sweep_ns = now_ns;
 	sweep_start(reg, true);
 }

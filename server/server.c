@@ -94,6 +94,8 @@ static void on_tick(uv_timer_t *t)
 {
 	struct mts_server *srv = t->data;
 	mts_tick(&srv->reg);
+	/* Kernel figures the tick found claims running ahead of. */
+	mts_rss_sweep_vouch(&srv->reg, mts_now_monotonic());
 	/* Peers' suppressed log lines are reported within a tick or so. */
 	mts_log_peer_flush();
 	check_files(srv);

@@ -64,6 +64,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -123,6 +124,11 @@ static pid_t spawn(int *sock)
 	if (pid < 0)
 		die("fork");
 	if (pid == 0) {
+		/* Die with the fuzzer: a crash must not leave children that
+		 * hold its output pipe open (and the test runner waiting). */
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		if (getppid() == 1)
+			_exit(1);
 		close(sv[0]);
 		char c = 'x';
 		if (write(sv[1], &c, 1) != 1)
@@ -341,7 +347,7 @@ static void apply(const uint8_t *d, size_t n)
 /* The invariants of a registry after a tick. */
 static void check_totals(const struct mts_registry *reg)
 {
-	uint64_t sum = 0, groups = 0;
+	uint64_t sum = 0, groups = 0, unvouched = 0, gunvouched = 0;
 	for (uint32_t i = 0; i < reg->slot_count; i++) {
 		const struct mts_proc *p = reg->by_slot[i];
 		if (!p) {
@@ -361,18 +367,30 @@ static void check_totals(const struct mts_registry *reg)
 			die("absurd counters not quarantined");
 		if (p->corrupt && p->bytes != 0)
 			die("a quarantined slot still counts bytes");
-		uint64_t next = sum + p->bytes;
+		/* What counts toward the fleet: the vouched part of the
+		 * claim (the children's uids are not trusted). */
+		if (p->unvouched > p->bytes)
+			die("more unvouched than claimed");
+		if (!p->untrusted && p->unvouched)
+			die("a trusted process with unvouched bytes");
+		uint64_t next = sum + (p->bytes - p->unvouched);
 		sum = next < sum ? UINT64_MAX : next;
+		next = unvouched + p->unvouched;
+		unvouched = next < unvouched ? UINT64_MAX : next;
 	}
 	if (reg->totals.bytes != sum)
 		die("fleet total is not the sum of the counted processes");
+	if (reg->totals.unvouched != unvouched)
+		die("fleet unvouched is not the sum of the processes'");
 	for (uint32_t i = 0; i < reg->groups_used; i++) {
 		if (!reg->groups[i].name)
 			continue;
 		uint64_t next = groups + reg->groups[i].bytes;
 		groups = next < groups ? UINT64_MAX : next;
+		next = gunvouched + reg->groups[i].unvouched;
+		gunvouched = next < gunvouched ? UINT64_MAX : next;
 	}
-	if (groups != sum)
+	if (groups != sum || gunvouched != unvouched)
 		die("the groups do not add up to the fleet");
 	if (reg->totals.processes != reg->ndense)
 		die("process count");
@@ -469,7 +487,10 @@ static uint32_t adopt_pass(int untouched)
 			die("adopted a process that is not alive as recorded");
 	}
 	check_totals(&reg);
-	if (kept == NKIDS && reg.totals.bytes != srv.reg.totals.bytes)
+	/* The claims, whole: what is vouched for starts afresh (no kernel
+	 * figure read yet, a new allowance window). */
+	if (kept == NKIDS && reg.totals.bytes + reg.totals.unvouched !=
+	                         srv.reg.totals.bytes + srv.reg.totals.unvouched)
 		die("the restarted server counts other totals");
 	mts_registry_close(&reg);
 	uv_run(&loop, UV_RUN_NOWAIT); /* the pidfd polls' close callbacks */
