@@ -9,14 +9,19 @@
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps build demo check check-plain check-asan check-tsan check-fuzz fuzz check-long bench install clean
+.PHONY: all deps deps-build build demo check check-plain check-asan check-tsan check-fuzz fuzz check-long bench install clean
 
 all: build
 
 deps:
 	@bash scripts/deps.sh
 
-build: deps
+# What building and the demo need, and nothing the tests alone run (Slurm,
+# Prometheus, Celery, redis, ...).
+deps-build:
+	@bash scripts/deps.sh build
+
+build: deps-build
 	cmake -S . -B build -DMEMTALLY_WERROR=ON $(CMAKE_FLAGS)
 	cmake --build build -j$(JOBS)
 

@@ -1,15 +1,22 @@
 #!/usr/bin/env bash
-# Install what memtally needs to build, test, benchmark and demo, on Debian 12
-# (run as root, or with sudo available). Installs only what is missing, so a
-# second run costs nothing.
+# Install what memtally needs on Debian 12 (run as root, or with sudo
+# available). Installs only what is missing, so a second run costs nothing.
+#   scripts/deps.sh build   what building and the demo need (make demo)
+#   scripts/deps.sh         that and everything the tests and benchmarks
+#                           run for real: Slurm, Prometheus, Celery, redis,
+#                           ... (make check, make bench)
 set -euo pipefail
 
-pkgs=(
+build_pkgs=(
   build-essential cmake pkg-config git
   libjemalloc-dev libjemalloc2 libuv1-dev libprotobuf-c-dev protobuf-c-compiler
   libjansson-dev libmicrohttpd-dev libinih-dev libsystemd-dev
+  libcriterion-dev python3 g++  # the build compiles the tests too
+)
+pkgs=(
+  "${build_pkgs[@]}"
   # tests
-  libcriterion-dev python3 g++ clang libclang-rt-14-dev procps
+  clang libclang-rt-14-dev procps
   prometheus  # promtool, to check /metrics
   python3-protobuf protobuf-compiler python3-yaml  # Python package, manifest check
   # the cluster integrations, each run for real by its test
@@ -22,6 +29,12 @@ pkgs=(
   valgrind util-linux
   sqlite3  # the real suite's sqlite3 CLI (bench/real.py)
 )
+
+case "${1:-all}" in
+  build) pkgs=("${build_pkgs[@]}") ;;
+  all) ;;
+  *) echo "usage: scripts/deps.sh [build]" >&2; exit 2 ;;
+esac
 
 missing=()
 for p in "${pkgs[@]}"; do
