@@ -208,20 +208,28 @@ class Server:
             sys.stderr.write("---- memtallyd log ----\n" + self.logtext()[-6000:])
 
 
+def as_user(user):
+    """A preexec_fn that makes a child user=(uid, gid), with no
+    supplementary groups; None for user None (the child stays root)."""
+    if user is None:
+        return None
+    uid, gid = user
+
+    def pre():
+        os.setgroups([])
+        os.setgid(gid)
+        os.setuid(uid)
+    return pre
+
+
 class Worker:
     """A worker process talking line by line over stdin/stdout."""
 
     def __init__(self, argv, env, user=None):
         """user=(uid, gid) runs it as that user (the tests run as root)."""
-        pre = None
-        if user is not None:
-            def pre():
-                os.setgroups([])
-                os.setgid(user[1])
-                os.setuid(user[0])
         self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True,
-                                     bufsize=1, preexec_fn=pre)
+                                     bufsize=1, preexec_fn=as_user(user))
         self.pid = self.proc.pid
         # A thread owns stdout: select() on a buffered pipe would miss lines
         # already read into Python's buffer (a forked child and its parent

@@ -32,7 +32,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from harness import (CLI, MULT, NOBODY, NOGROUP, Server,  # noqa: E402
+from harness import (as_user, CLI, MULT, NOBODY, NOGROUP, Server,  # noqa: E402
                      check, open_to_nobody, run, second_user, wait_for,
                      world_readable_copy)
 from harness import config_file as config  # noqa: E402
@@ -111,20 +111,12 @@ class Peer:
     """A PEER process, as root or (uid, gid)."""
 
     def __init__(self, srv, user=None):
-        pre = None
-        if user is not None:
-            uid, gid = user
-
-            def pre():
-                os.setgroups([])
-                os.setgid(gid)
-                os.setuid(uid)
         pub = os.path.dirname(world_readable_copy(
             os.path.join(HERE, "pbwire.py"))[0])
         self.proc = subprocess.Popen(
             [sys.executable, "-c", PEER, pub, srv.socket, str(T)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-            bufsize=1, preexec_fn=pre)
+            bufsize=1, preexec_fn=as_user(user))
         self.pid = self.proc.pid
 
     def ask(self, line):

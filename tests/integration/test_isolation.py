@@ -29,7 +29,7 @@ import sys
 import tempfile
 import time
 
-from harness import (MIB, MULT, NOBODY, NOGROUP, PRELOAD, Server, Skip,
+from harness import (as_user, MIB, MULT, NOBODY, NOGROUP, PRELOAD, Server, Skip,
                      settled_bytes,
                      Worker, check, open_to_nobody, run, wait_for,
                      world_readable_copy)
@@ -265,10 +265,7 @@ def test_another_uid_cannot_reach_roots_figures():
                      >= 32 * MIB)
             before = settled_bytes(s, w.pid)
 
-            def pre():
-                os.setgroups([])
-                os.setgid(NOGROUP)
-                os.setuid(NOBODY)
+            pre = as_user((NOBODY, NOGROUP))
             # What nobody will try: the worker's table mapping and every
             # descriptor memtallyd holds (its header and tables among
             # them). Root can list them; the test makes sure there is

@@ -15,7 +15,7 @@ import subprocess
 import tempfile
 import time
 
-from harness import (CLI, MIB, MULT, PRELOAD, Server, Skip, Worker,  # noqa
+from harness import (as_user, CLI, MIB, MULT, PRELOAD, Server, Skip, Worker,  # noqa
                      check, deadline, run, wait_for, worker,
                      world_readable_copy)
 from harness import NOBODY as NOBODY_UID, NOGROUP  # noqa: E402
@@ -405,10 +405,7 @@ def test_tcp_needs_the_token_for_limits():
         raise Skip("needs root to run the CLI as nobody")
     cli = world_readable_copy(CLI)[0]
 
-    def as_nobody():
-        os.setgroups([])
-        os.setgid(NOGROUP)
-        os.setuid(NOBODY_UID)
+    as_nobody = as_user((NOBODY_UID, NOGROUP))
 
     token = "test-token-0123456789"
     cfgdir = tempfile.mkdtemp(prefix="mt-it-cfg-")

@@ -33,7 +33,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from harness import (MEMTALLYD, MIB, MULT, NOBODY, NOGROUP,  # noqa: E402
+from harness import (as_user, MEMTALLYD, MIB, MULT, NOBODY, NOGROUP,  # noqa: E402
                      Server, Skip, check, open_to_nobody, run, wait_for,
                      world_readable_copy)
 from harness import config_file as config  # noqa: E402
@@ -116,14 +116,6 @@ class Peer:
     """A PEER process, as root or (uid, gid)."""
 
     def __init__(self, srv, user=None):
-        pre = None
-        if user is not None:
-            uid, gid = user
-
-            def pre():
-                os.setgroups([])
-                os.setgid(gid)
-                os.setuid(uid)
         # pbwire.py from a directory nobody can read too (the tree may
         # be in a 0700 directory).
         pub = os.path.dirname(world_readable_copy(
@@ -131,7 +123,7 @@ class Peer:
         self.proc = subprocess.Popen(
             [sys.executable, "-c", PEER, pub, srv.socket, str(T)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-            bufsize=1, preexec_fn=pre)
+            bufsize=1, preexec_fn=as_user(user))
         self.pid = self.proc.pid
 
     def ask(self, line):

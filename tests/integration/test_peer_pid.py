@@ -29,7 +29,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pbwire  # noqa: E402
-from harness import (MULT, NOBODY, NOGROUP, PRELOAD, Server, Skip,  # noqa: E402
+from harness import (as_user, MULT, NOBODY, NOGROUP, PRELOAD, Server, Skip,  # noqa: E402
                      Worker, check, config_file, open_to_nobody, run,
                      second_user, wait_for, worker, world_readable_copy)
 
@@ -86,14 +86,6 @@ def fallback_server(**kw):
           "the test switch was not taken")
     open_to_nobody(s)
     return s
-
-
-def as_user(user):
-    def pre():
-        os.setgroups([])
-        os.setgid(user[1])
-        os.setuid(user[0])
-    return pre
 
 
 def victim_at(pid, user):

@@ -36,7 +36,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import (MEMTALLYD, MULT, NOGROUP, check,  # noqa: E402
+from harness import (as_user, MEMTALLYD, MULT, NOGROUP, check,  # noqa: E402
                      run, second_user, wait_for)
 
 TRIES = 200
@@ -163,15 +163,11 @@ def test_unsafe_dirs_refused():
 
 
 def attacker(d, target, user):
-    def pre():
-        os.setgroups([])
-        os.setgid(user[1])
-        os.setuid(user[0])
     # The distribution's interpreter: another user may not reach ours.
     py = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else \
         sys.executable
     a = subprocess.Popen([py, "-c", ATTACKER, d, target],
-                         stdout=subprocess.PIPE, text=True, preexec_fn=pre)
+                         stdout=subprocess.PIPE, text=True, preexec_fn=as_user(user))
     check(a.stdout.readline().strip() == "ready", "attacker did not start")
     return a
 

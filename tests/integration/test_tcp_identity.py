@@ -20,7 +20,7 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from harness import (CLI, MEMTALLYD, MULT, NOBODY, NOGROUP, Server, Skip,  # noqa: E402
+from harness import (as_user, CLI, MEMTALLYD, MULT, NOBODY, NOGROUP, Server, Skip,  # noqa: E402
                      check, config_file, open_to_nobody, run, second_user,
                      wait_for, world_readable_copy)
 import pbwire as pb  # noqa: E402
@@ -63,15 +63,10 @@ def cli_as(user, port, *args, env_extra=None):
     """The CLI over TCP as user=(uid, gid) (None: root); (rc, out, err)."""
     env = {k: v for k, v in os.environ.items() if k != "MEMTALLY_TOKEN"}
     env.update(env_extra or {})
-    pre = None
-    if user is not None:
-        def pre():
-            os.setgroups([])
-            os.setgid(user[1])
-            os.setuid(user[0])
     r = subprocess.run([pub_cli(), "--tcp", f"127.0.0.1:{port}", "--json",
                         *args], capture_output=True, text=True, env=env,
-                       preexec_fn=pre, cwd="/", timeout=30 * MULT)
+                       preexec_fn=as_user(user), cwd="/",
+                       timeout=30 * MULT)
     return r.returncode, r.stdout, r.stderr
 
 
@@ -209,14 +204,9 @@ def hold(s, port, user, kinds):
     (True) or closed by the server at once (False)."""
     pub = os.path.dirname(world_readable_copy(
         os.path.join(HERE, "pbwire.py"))[0])
-
-    def pre():
-        os.setgroups([])
-        os.setgid(user[1])
-        os.setuid(user[0])
     p = subprocess.Popen([sys.executable, "-c", HOLDER, pub, s.socket,
                           str(port), *kinds], stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, text=True, preexec_fn=pre,
+                         stdout=subprocess.PIPE, text=True, preexec_fn=as_user(user),
                          cwd="/")
     got = []
     for _ in kinds:

@@ -37,7 +37,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from harness import (CLI, MIB, MULT, NOBODY, NOGROUP, Server,  # noqa: E402
+from harness import (as_user, CLI, MIB, MULT, NOBODY, NOGROUP, Server,  # noqa: E402
                      Worker, check, find_slot, open_to_nobody, run,
                      second_user, wait_for, worker, world_readable_copy)
 from harness import config_file as config  # noqa: E402
@@ -46,16 +46,6 @@ GIB = 1 << 30
 # Lane 0's bytes in a slot: the slot's identity line (64 bytes), then the
 # lane's owner word and its bytes at +8 (shm/mtshm.h).
 LANE0_BYTES = 64 + 8
-
-
-def as_user(user):
-    uid, gid = user
-
-    def pre():
-        os.setgroups([])
-        os.setgid(gid)
-        os.setuid(uid)
-    return pre
 
 
 def cli_as(s, user, cli, *args):
