@@ -252,14 +252,10 @@ static void group_unref(struct mts_registry *reg, uint32_t index)
 	mts_group_gc(reg, index);
 }
 
-int mts_registry_init(struct mts_registry *reg, uv_loop_t *loop,
-                      struct mtshm_map *map, const char *label,
-                      struct mts_state *state)
+/* A test switch: the fallback of kernels without SO_PEERPIDFD,
+ * exercised on kernels that have it. */
+static void read_test_switches(struct mts_registry *reg)
 {
-	memset(reg, 0, sizeof(*reg));
-	reg->hdr_ro_fd = -1;
-	/* A test switch: the fallback of kernels without SO_PEERPIDFD,
-	 * exercised on kernels that have it. */
 	const char *no_ppfd = getenv("MEMTALLY_TEST_NO_PEERPIDFD");
 	reg->no_peerpidfd = no_ppfd && strcmp(no_ppfd, "1") == 0;
 	if (reg->no_peerpidfd)
@@ -267,6 +263,15 @@ int mts_registry_init(struct mts_registry *reg, uv_loop_t *loop,
 		        "test switch MEMTALLY_TEST_NO_PEERPIDFD: SO_PEERPIDFD "
 		        "not used",
 		        NULL);
+}
+
+int mts_registry_init(struct mts_registry *reg, uv_loop_t *loop,
+                      struct mtshm_map *map, const char *label,
+                      struct mts_state *state)
+{
+	memset(reg, 0, sizeof(*reg));
+	reg->hdr_ro_fd = -1;
+	read_test_switches(reg);
 	reg->loop = loop;
 	reg->map = map;
 	reg->label = label;
@@ -382,15 +387,7 @@ void mts_registry_free(struct mts_registry *reg)
 		close(reg->hdr_ro_fd);
 	memset(reg, 0, sizeof(*reg));
 	reg->hdr_ro_fd = -1;
-	/* A test switch: the fallback of kernels without SO_PEERPIDFD,
-	 * exercised on kernels that have it. */
-	const char *no_ppfd = getenv("MEMTALLY_TEST_NO_PEERPIDFD");
-	reg->no_peerpidfd = no_ppfd && strcmp(no_ppfd, "1") == 0;
-	if (reg->no_peerpidfd)
-		mts_log(MTS_LOG_WARN,
-		        "test switch MEMTALLY_TEST_NO_PEERPIDFD: SO_PEERPIDFD "
-		        "not used",
-		        NULL);
+	read_test_switches(reg);
 }
 
 /* ---- publishing -------------------------------------------------------- */

@@ -113,8 +113,9 @@ static inline void fx_stop(void)
 	cr_assert_eq(uv_loop_close(&loop), 0, "a handle was left open");
 }
 
-/* A child that lives until killed. */
-static inline pid_t fx_spawn(void)
+/* A child that lives until killed, running as `uid` (its real uid too)
+ * when uid >= 0. */
+static inline pid_t fx_spawn_as(long uid)
 {
 	int p[2];
 	cr_assert_eq(pipe(p), 0);
@@ -122,6 +123,9 @@ static inline pid_t fx_spawn(void)
 	cr_assert_geq(pid, 0);
 	if (pid == 0) {
 		close(p[0]);
+		if (uid >= 0 && (setresgid((gid_t)uid, (gid_t)uid, (gid_t)uid) ||
+		                 setresuid((uid_t)uid, (uid_t)uid, (uid_t)uid)))
+			_exit(1);
 		char c = 'x';
 		if (write(p[1], &c, 1) != 1)
 			_exit(1);
@@ -130,11 +134,17 @@ static inline pid_t fx_spawn(void)
 	}
 	close(p[1]);
 	char c;
-	cr_assert_eq(read(p[0], &c, 1), 1);
+	cr_assert_eq(read(p[0], &c, 1), 1, "child did not start");
 	close(p[0]);
 	cr_assert_lt(nkids, FX_MAX_KIDS);
 	kids[nkids++] = pid;
 	return pid;
+}
+
+/* A child that lives until killed. */
+static inline pid_t fx_spawn(void)
+{
+	return fx_spawn_as(-1);
 }
 
 /* Kill a child and run the loop until the registry saw it go. */

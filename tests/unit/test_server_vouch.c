@@ -10,31 +10,9 @@
 #define LIAR_UID 2000u
 #define GIB      (UINT64_C(1) << 30)
 
-/* A child running as `uid` (its real uid too), living until killed. */
 static pid_t spawn_as(uint32_t uid)
 {
-	int p[2];
-	cr_assert_eq(pipe(p), 0);
-	pid_t pid = fork();
-	cr_assert_geq(pid, 0);
-	if (pid == 0) {
-		close(p[0]);
-		if (setresgid(uid, uid, uid) != 0 ||
-		    setresuid(uid, uid, uid) != 0)
-			_exit(1);
-		char c = 'x';
-		if (write(p[1], &c, 1) != 1)
-			_exit(1);
-		for (;;)
-			pause();
-	}
-	close(p[1]);
-	char c;
-	cr_assert_eq(read(p[0], &c, 1), 1, "child could not change uid");
-	close(p[0]);
-	cr_assert_lt(nkids, FX_MAX_KIDS);
-	kids[nkids++] = pid;
-	return pid;
+	return fx_spawn_as((long)uid);
 }
 
 static uint32_t register_as(pid_t pid, uint32_t uid, const char *group)
