@@ -1,5 +1,5 @@
 /*
- * server_core_tick.c - memtallyd's whole tick, mts_tick(), timed on a real
+ * server_core_tick.c - memtallyd's whole tick, mts_core_tick(), timed on a real
  * registry over a real header and slot table (the `server` suite).
  *
  * bench_server_tick times the summing loop alone; this times what the
@@ -225,7 +225,7 @@ int main(int argc, char **argv)
 
 	uv_loop_t loop;
 	if (uv_loop_init(&loop) ||
-	    mts_registry_init(&reg, &loop, &map, "mtbench-ctick", NULL))
+	    mts_core_init(&reg, &loop, &map, "mtbench-ctick", NULL))
 		return 2;
 	/* Limits that compare but never trip: the tick's steady state. */
 	int64_t want = 0;
@@ -285,17 +285,17 @@ int main(int argc, char **argv)
 		return 2;
 	uint64_t *t = calloc((size_t)ticks, sizeof(*t));
 	for (int r = 0; r < 20; r++) /* warm-up */
-		mts_tick(&reg);
+		mts_core_tick(&reg);
 	for (int r = 0; r < ticks; r++) {
 		uint64_t t0 = bench_now_ns();
-		mts_tick(&reg);
+		mts_core_tick(&reg);
 		t[r] = bench_now_ns() - t0;
 	}
 	/* The per-process limits pass alone (idempotent: no state changes
 	 * here), to show which part of the tick costs what. */
 	uint64_t *tl = calloc((size_t)ticks, sizeof(*tl));
 	for (int r = 0; r < ticks; r++) {
-		mts_tick(&reg); /* the same cache state a tick leaves */
+		mts_core_tick(&reg); /* the same cache state a tick leaves */
 		uint64_t t0 = bench_now_ns();
 		mts_limits_eval(&reg, true);
 		tl[r] = bench_now_ns() - t0;
@@ -315,7 +315,7 @@ int main(int argc, char **argv)
 			want += lane_value(i, k);
 		}
 	}
-	mts_tick(&reg);
+	mts_core_tick(&reg);
 	/* Workers of an untrusted --uid: the fleet counts what the kernel
 	 * vouches for (nothing here: there are no such processes) and the
 	 * rest is unvouched; the two add up to the lanes. */
@@ -357,7 +357,7 @@ int main(int argc, char **argv)
 
 	mts_registry_close(&reg);
 	uv_run(&loop, UV_RUN_DEFAULT);
-	mts_registry_free(&reg);
+	mts_core_free(&reg);
 	uv_loop_close(&loop);
 	mtshm_close(&map);
 	for (uint32_t i = 0; i < slots; i++)

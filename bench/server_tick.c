@@ -11,7 +11,7 @@
  * pinned to another CPU that keeps storing into every lane of every slot,
  * so the reader sums lines just written by another core (the "~3 ns per
  * slot" case). The main thread, pinned to its own CPU, times one tick =
- * the sum of all S slots, TICKS times: by default as mts_tick() sums now
+ * the sum of all S slots, TICKS times: by default as mts_core_tick() sums now
  * (mtshm_slot_sum inlined, lane_count from the private layout, the slot
  * `--ahead N` entries on prefetched), `--variant inline` without the
  * prefetch, `--variant call` as it did before the tick was tuned (an
@@ -99,7 +99,7 @@ static int64_t tick_call(void)
 	return total;
 }
 
-/* What mts_tick() does now: the sum inlined, lane_count read once, and the
+/* What mts_core_tick() does now: the sum inlined, lane_count read once, and the
  * line of the slot `ahead` entries later asked for early (--ahead N). */
 static uint32_t ahead = 8; /* as TICK_PREFETCH in server/registry.c */
 static int prefetch = 1;

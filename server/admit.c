@@ -1278,7 +1278,7 @@ int mts_release(struct mts_registry *reg, const struct mts_peer *peer,
 			        mts_peer_who(peer, who, sizeof(who)));
 		return -ENOENT;
 	}
-	enum mts_auth a = mts_authorise_release(reg, peer, token, r);
+	enum mts_auth a = mts_authorise_release(reg, peer, token, r->has_owner, r->uid);
 	if (a == MTS_AUTH_NONE) {
 		reg->stats.auth_denials++;
 		if (mts_log_peer(mts_peer_log_uid(peer)))

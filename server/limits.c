@@ -475,3 +475,67 @@ void mts_enforce(struct mts_registry *reg, uint64_t now_ns)
 	        (unsigned long long)reg->totals.reserved,
 	        (unsigned long long)reg->totals.limit, pol->grace_ms);
 }
+
+/* ---- the registry's rates ------------------------------------------------ */
+
+uint64_t mts_growth_window_ns(const struct mts_registry *reg)
+{
+	uint32_t ms = reg->policy.growth_window_ms;
+	return (uint64_t)(ms ? ms : MTS_DEFAULT_GROWTH_WINDOW_MS) * 1000000u;
+}
+
+uint64_t mts_fleet_value(const struct mts_registry *reg)
+{
+	const struct mts_totals *t = &reg->totals;
+	return mt_sat_add(mts_measured(reg, t->bytes, t->rss), t->reserved);
+}
+
+uint64_t mts_group_value(const struct mts_registry *reg,
+                         const struct mts_group *g)
+{
+	return mt_sat_add(mts_measured(reg, g->bytes, g->rss), g->reserved);
+}
+
+/* The distance is to what the state compares (reservations count as
+ * used), the rate that of the measured figure alone: a grant is a step,
+ * not growth. */
+double mts_fleet_forecast(const struct mts_registry *reg)
+{
+	return mts_forecast_s(reg->totals.growth, mts_fleet_value(reg),
+	                      reg->totals.limit);
+}
+
+double mts_group_forecast(const struct mts_registry *reg,
+                          const struct mts_group *g)
+{
+	return mts_forecast_s(g->growth, mts_group_value(reg, g), g->limit);
+}
+
+double mts_proc_growth(const struct mts_registry *reg, const struct mts_proc *p)
+{
+	return mts_rate_get(&p->rate, mts_growth_window_ns(reg));
+}
+
+double mts_proc_forecast(const struct mts_registry *reg,
+                         const struct mts_proc *p)
+{
+	return mts_forecast_s(mts_proc_growth(reg, p),
+	                      mts_measured(reg, p->bytes, p->rss), p->limit);
+}
+
+void mts_rates_sample(struct mts_registry *reg, uint64_t now_ns)
+{
+	uint64_t w = mts_growth_window_ns(reg);
+	struct mts_totals *t = &reg->totals;
+	mts_wrate_add(&t->rate, now_ns, mts_measured(reg, t->bytes, t->rss), w);
+	t->growth = mts_wrate_get(&t->rate, w);
+	t->rate_ns = now_ns;
+	for (uint32_t i = 0; i < reg->groups_used; i++) {
+		struct mts_group *g = &reg->groups[i];
+		if (!g->name)
+			continue;
+		mts_wrate_add(&g->rate, now_ns,
+		              mts_measured(reg, g->bytes, g->rss), w);
+		g->growth = mts_wrate_get(&g->rate, w);
+	}
+}

@@ -9,7 +9,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "mts_admit.h"
 #include "mts_registry.h"
 
 /* Why a peer is authorised; MTS_AUTH_NONE = it is not. */
@@ -30,12 +29,13 @@ const char *mts_auth_name(enum mts_auth a);
 enum mts_auth mts_authorise(const struct mts_registry *reg,
                             const struct mts_peer *peer, const char *token);
 
-/* May `peer` release `r`: its owner, or anyone mts_authorise() allows. A
- * reservation made by an unidentified TCP peer is owned by all of them. */
+/* May `peer` release a reservation owned by uid `owner` (`has_owner`
+ * false: made by an unidentified TCP peer, owned by all of them): its
+ * owner, or anyone mts_authorise() allows. */
 enum mts_auth mts_authorise_release(const struct mts_registry *reg,
                                     const struct mts_peer *peer,
-                                    const char *token,
-                                    const struct mts_resv *r);
+                                    const char *token, bool has_owner,
+                                    uint32_t owner);
 
 /* Is `uid` root, the server's uid or admin_uid (admin_gid needs a
  * process: mts_peer_in_group, mts_pid_in_group)? */
@@ -55,20 +55,6 @@ bool mts_peer_is_admin(const struct mts_registry *reg,
  * peer is an admin. */
 bool mts_may_join_group(const struct mts_registry *reg,
                         const struct mts_peer *peer, const char *group);
-
-/* The bytes kept beside `uid`'s count (reserved bytes, admit.c): a
- * pointer valid until the table changes, NULL when the uid has no
- * entry; the entry's bytes are 0 when it is created. */
-uint64_t *mts_uid_count_bytes(struct mts_uid_counts *t, uint32_t uid);
-uint64_t mts_uid_bytes_get(const struct mts_uid_counts *t, uint32_t uid);
-
-/* The count of `uid`, 0 when it has none. */
-uint32_t mts_uid_count_get(const struct mts_uid_counts *t, uint32_t uid);
-/* Count one more for `uid`. 0 or -ENOMEM (nothing counted). */
-int mts_uid_count_add(struct mts_uid_counts *t, uint32_t uid);
-/* Count one less (a uid at 0 leaves the table). */
-void mts_uid_count_sub(struct mts_uid_counts *t, uint32_t uid);
-void mts_uid_counts_free(struct mts_uid_counts *t);
 
 /* Who `peer` is, for a log line: "peer_pid=P uid=U" on the Unix socket,
  * "uid=U peer=ADDR:PORT" or "uid=unknown peer=ADDR:PORT" over TCP. */

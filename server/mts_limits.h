@@ -1,6 +1,7 @@
 /*
  * mts_limits.h - hysteresis states, limits, enforcement, and the figures
- * they compare (limits.c, with the rate-derived figures of rate.c).
+ * they compare, and the registry's growth rates and forecasts (limits.c, on
+ * the rate arithmetic of rate.c).
  */
 #ifndef MTS_LIMITS_H
 #define MTS_LIMITS_H

@@ -31,4 +31,9 @@ bool mts_pid_running(pid_t pid);
  * failure buf holds "". */
 void mts_read_comm(pid_t pid, char *buf, size_t cap);
 
+/* Resident bytes of `pid` from /proc/PID/statm. 0 or -errno. */
+int mts_read_rss(pid_t pid, uint64_t *out);
+/* Parse the text of a statm file: resident pages x page_size. */
+int mts_parse_statm_rss(const char *statm, uint64_t page_size, uint64_t *out);
+
 #endif /* MTS_PROCFS_H */

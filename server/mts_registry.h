@@ -18,7 +18,8 @@
 #include "mtshm.h"
 #include "mts_policy.h"
 #include "mts_rate.h"
-#include "mts_vouch.h"
+#include "mts_uidcount.h"
+#include "mts_vouch_types.h"
 
 struct mts_resv;
 struct mts_task;
@@ -213,23 +214,6 @@ struct mts_table {
 
 struct mts_state;
 
-/* A count per uid (open addressing): reservations per owner (admit.c),
- * connections per peer uid (conn.c). MTS_UID_TCP stands for every peer
- * whose uid is unknown (a TCP peer not on this host, or not found by
- * sock_diag): one bucket. */
-#define MTS_UID_TCP UINT32_MAX
-/* mts_group.unvouched_uid when more than one uid has unvouched bytes. */
-#define MTS_UID_MIXED (UINT32_MAX - 1)
-struct mts_uid_count {
-	uint32_t uid;
-	uint32_t count; /* 0: free entry */
-	uint64_t bytes; /* reservations: the uid's outstanding bytes */
-};
-struct mts_uid_counts {
-	struct mts_uid_count *e;
-	uint32_t mask; /* entries - 1; e == NULL: empty */
-	uint32_t used;
-};
 
 /*
  * Admission's state, changed by admit.c alone (others read its counts):
@@ -262,8 +246,34 @@ struct mts_admission {
  * distinct workers than this at once are counted again. */
 #define MTS_REFUSED_REMEMBERED 64u
 
+/*
+ * What the modules above the registry (vouching, admission, limits,
+ * permissions) want to hear of it or to decide for it, given once at
+ * init (mts_core_init() fills it); the registry calls these and knows
+ * nothing of what they do. A NULL member is not called (is_admin: no one
+ * is; may_join: anyone may).
+ */
+struct mts_peer;
+struct mts_registry_watch {
+	/* `p` registered, was adopted after a restart, or began a new
+	 * image (exec): its slot and group are set, its figures zero. */
+	void (*joined)(struct mts_registry *reg, struct mts_proc *p);
+	/* `p` leaves (exit) or its image ends (exec); its figures are still
+	 * in the totals. */
+	void (*leaving)(struct mts_registry *reg, const struct mts_proc *p);
+	/* A uid got a slot table (created, or adopted after a restart). */
+	void (*table_added)(struct mts_registry *reg, struct mts_table *t);
+	/* Is `peer` an admin (exempt from the per-uid caps)? */
+	bool (*is_admin)(const struct mts_registry *reg,
+	                 const struct mts_peer *peer);
+	/* May `peer` put a worker in group `name`? */
+	bool (*may_join)(const struct mts_registry *reg,
+	                 const struct mts_peer *peer, const char *name);
+};
+
 struct mts_registry {
 	uv_loop_t *loop;
+	const struct mts_registry_watch *watch; /* never NULL after init */
 	/* Test switch MEMTALLY_TEST_NO_PEERPIDFD=1, read once at init:
 	 * behave as on a kernel without SO_PEERPIDFD (registry.c). */
 	bool no_peerpidfd;
@@ -380,7 +390,8 @@ static inline unsigned mts_peer_log_uid(const struct mts_peer *peer)
  * keeps pointers to map, label and state (NULL: no restart record). */
 int mts_registry_init(struct mts_registry *reg, uv_loop_t *loop,
                       struct mtshm_map *map, const char *label,
-                      struct mts_state *state);
+                      struct mts_state *state,
+                      const struct mts_registry_watch *watch);
 
 /* Slot `slot`'s identity in its table, or NULL when the slot is free. */
 static inline struct mtshm_slot_id *mts_slot(const struct mts_registry *reg,
@@ -404,9 +415,6 @@ void mts_registry_free(struct mts_registry *reg);
 int mts_register(struct mts_registry *reg, const struct mts_peer *peer,
                  const char *group, const char *task, uint64_t image_id,
                  struct mts_reg_result *res);
-
-/* One aggregation pass; publishes the fleet snapshot. */
-void mts_tick(struct mts_registry *reg);
 
 /* Publish reg->totals into the header under the seqlock. */
 void mts_publish(struct mts_registry *reg);
@@ -435,5 +443,58 @@ uint32_t mts_slots_per_uid(const struct mts_registry *reg);
 /* Free entry `index` if nothing keeps it (processes, limit, watermark,
  * reservations). */
 void mts_group_gc(struct mts_registry *reg, uint32_t index);
+
+
+/* ---- slot tables and adoption after a restart (adopt.c drives these) ---- */
+
+/* A live worker found in the restart record, checked against /proc. */
+struct mts_adopted {
+	uint32_t slot;
+	uint32_t pid;
+	uint32_t uid;
+	int pidfd; /* opened before the start time was checked */
+	uint64_t start_time;
+	uint64_t image_id;
+	uint64_t registered_ns;
+	uint64_t slot_gen;
+	char group[64]; /* "" = "default" */
+	char task[64];
+};
+
+/* The table of `uid`, or NULL. */
+struct mts_table *mts_table_find(const struct mts_registry *reg, uint32_t uid);
+
+/* The memfd name of `uid`'s table, "LABEL-slots:INSTANCE:UID": made by
+ * the server that creates it, looked for by one that adopts it. */
+void mts_table_label(const struct mts_registry *reg, uint32_t uid, char *buf,
+                     size_t cap);
+
+/* Take over `map` (a table reopened from a worker, fd kept) as uid's
+ * table. 0 or -ENOMEM (the caller still owns map). */
+int mts_table_adopt(struct mts_registry *reg, uint32_t uid,
+                    struct mtshm_map *map);
+
+/* Registry side of adoption: take over a slot as it is (counters, lanes
+ * and generation untouched), in `table`. On success the registry owns
+ * a->pidfd; on -EAGAIN too (its handle close frees it); on another error
+ * the caller still owns it. */
+int mts_registry_adopt_slot(struct mts_registry *reg,
+                            const struct mts_adopted *a,
+                            struct mts_table *table);
+
+/* `t` may have lost its last process: mark it idle (see struct
+ * mts_table), freeing the longest idle table beyond MTS_TABLES_IDLE_MAX. */
+void mts_table_gc(struct mts_registry *reg, struct mts_table *t);
+
+/* Free the tables idle for MTS_TABLE_IDLE_MS or more at `now_ns`
+ * (CLOCK_MONOTONIC). The tick calls it. */
+void mts_tables_sweep(struct mts_registry *reg, uint64_t now_ns);
+
+/* Recompute the free-slot stack from by_slot[] (after adoption). */
+void mts_registry_rebuild_free(struct mts_registry *reg);
+
+/* Write `p`'s entry in the restart record (mts_state_put). */
+void mts_registry_record(const struct mts_registry *reg,
+                         const struct mts_proc *p);
 
 #endif /* MTS_REGISTRY_H */

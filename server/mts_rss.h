@@ -10,11 +10,6 @@
 
 #include "mts_registry.h"
 
-/* Resident bytes of `pid` from /proc/PID/statm. 0 or -errno. */
-int mts_read_rss(pid_t pid, uint64_t *out);
-/* Parse the text of a statm file: resident pages x page_size. */
-int mts_parse_statm_rss(const char *statm, uint64_t page_size, uint64_t *out);
-
 /* Start a sweep of every registered process's RSS on the libuv thread
  * pool (skipped while one is in flight); results are applied on the loop
  * thread, to the processes still registered with the same pid and start

@@ -9,7 +9,6 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "mts_registry.h"
 
 /*
  * What a restarted memtallyd needs to adopt the workers of the one before:
@@ -21,6 +20,8 @@
  * cannot fault. An flock() held for the server's life tells a second
  * server that this one is alive.
  */
+struct mts_state;
+
 struct mts_state_rec {
 	uint32_t pid;           /*   0 0 = free */
 	uint32_t uid;           /*   4 */
@@ -55,14 +56,16 @@ struct mts_state_info {
  */
 int mts_state_open(const char *path, bool reset, struct mts_state_info *info,
                    bool *adopt, struct mts_state **out);
-/* Record `p` in its slot's entry / free slot `slot`'s entry. Errors are
+/* Write `r` (zeroed, then filled by the caller: pid, uid, start time,
+ * image, registration time, slot generation, group and task; the check
+ * is ours) as slot `slot`'s entry / free slot `slot`'s entry. Errors are
  * logged once and otherwise ignored: the record is a convenience for the
  * next server, never a reason to refuse a worker. An entry is written when
  * a worker registers, not cleared when it exits (one pwrite per worker,
  * not two): a restarted server drops entries whose pid is gone or has
  * another start time, and a reused slot's entry is overwritten. */
-void mts_state_put(struct mts_state *st, const struct mts_registry *reg,
-                   const struct mts_proc *p);
+void mts_state_put(struct mts_state *st, uint32_t slot,
+                   struct mts_state_rec *r);
 void mts_state_clear(struct mts_state *st, uint32_t slot);
 /* Read record `slot` into *rec. Returns 0, or -ENOENT for a free or
  * unreadable entry. */

@@ -20,8 +20,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "mts_registry.h"
-#include "mts_rss.h"
 
 /* starttime is field 22; fields after ')' start at 3. */
 #define STARTTIME_FIELD        22

@@ -1,5 +1,5 @@
 /*
- * registry.c - registered workers, their slots and groups, and the tick.
+ * registry.c - registered workers, their slots, groups and totals.
  *
  * The registry is the server's own record of who holds each slot: pid,
  * start time, uid, image id, generation and a pidfd. It is authoritative;
@@ -35,19 +35,16 @@
  *    its own or a reservation (mts_group_gc() is the only place that frees
  *    one); its index is stable while it lives.
  *
- * Each tick, after summing the slots (accounted bytes, and the RSS read
- * by the latest sweep), reservations are reconciled (admit.c), states are
- * evaluated against the limits with hysteresis (limits.c), enforcement
- * runs, and the fleet snapshot is published with its limit, reserved
- * bytes and state.
- *
- * Sums saturate instead of wrapping: each sane slot is below 2^50 but
- * there may be 2^20 of them.
+ * The registry knows nothing of the modules that act on its figures:
+ * the tick, vouching, admission, limits (core.c wires them). It tells
+ * them through reg->watch when a process joins or leaves and when a uid
+ * gets a table, and asks them who may join which group.
  */
 #include "mts_registry.h"
 
 #include <errno.h>
 #include <poll.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/pidfd.h>
@@ -55,17 +52,13 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "mts_admit.h"
-#include "mts_auth.h"
-#include "mts_adopt.h"
 #include "mts_defs.h"
-#include "mts_limits.h"
 #include "mts_log.h"
 #include "mts_policy.h"
 #include "mts_procfs.h"
 #include "mts_rate.h"
 #include "mts_state.h"
-#include "mts_vouch.h"
+#include "mts_uidcount.h"
 #include "mtshm.h"
 
 /* Linux 6.5+: a pidfd for the peer of a Unix socket, taken at connect(), so
@@ -75,19 +68,24 @@
 #define SO_PEERPIDFD 77
 #endif
 
-/* The error bound of a process is threshold x threads; threads is written
- * by the client and so untrusted: bound it to keep the product sane. */
-#define THREADS_SANE_MAX (1u << 22)
-
 static uint64_t sat_sub(uint64_t a, uint64_t b)
 {
 	return a > b ? a - b : 0;
 }
 
-static uint64_t sat_mul(uint64_t a, uint64_t b)
+/* ---- the modules above, through reg->watch ----------------------------- */
+
+static bool peer_is_admin(const struct mts_registry *reg,
+                          const struct mts_peer *peer)
 {
-	uint64_t r;
-	return __builtin_mul_overflow(a, b, &r) ? UINT64_MAX : r;
+	return reg->watch->is_admin && reg->watch->is_admin(reg, peer);
+}
+
+/* `p` registered, was adopted or began a new image. */
+static void tell_joined(struct mts_registry *reg, struct mts_proc *p)
+{
+	if (reg->watch->joined)
+		reg->watch->joined(reg, p);
 }
 
 /* ---- tables ------------------------------------------------------------ */
@@ -192,7 +190,7 @@ void mts_group_gc(struct mts_registry *reg, uint32_t index)
 int mts_group_ensure_peer(struct mts_registry *reg, const struct mts_peer *peer,
                           const char *name, uint32_t *index)
 {
-	if (!mts_may_join_group(reg, peer, name))
+	if (reg->watch->may_join && !reg->watch->may_join(reg, peer, name))
 		return -EACCES;
 	struct mts_group *g = mts_find_group(reg, name);
 	if (g) {
@@ -205,7 +203,7 @@ int mts_group_ensure_peer(struct mts_registry *reg, const struct mts_peer *peer,
 	bool counted = peer->has_cred && !peer->tcp &&
 	               strcmp(name, "default") != 0 &&
 	               !mts_policy_group(&reg->policy, name) &&
-	               !mts_peer_is_admin(reg, peer);
+	               !peer_is_admin(reg, peer);
 	if (counted && reg->policy.groups_per_uid &&
 	    mts_uid_count_get(&reg->groups_by_uid, peer->uid) >=
 	        reg->policy.groups_per_uid)
@@ -267,9 +265,12 @@ static void read_test_switches(struct mts_registry *reg)
 
 int mts_registry_init(struct mts_registry *reg, uv_loop_t *loop,
                       struct mtshm_map *map, const char *label,
-                      struct mts_state *state)
+                      struct mts_state *state,
+                      const struct mts_registry_watch *watch)
 {
+	static const struct mts_registry_watch none;
 	memset(reg, 0, sizeof(*reg));
+	reg->watch = watch ? watch : &none;
 	reg->hdr_ro_fd = -1;
 	read_test_switches(reg);
 	reg->loop = loop;
@@ -366,7 +367,6 @@ void mts_registry_close(struct mts_registry *reg)
 
 void mts_registry_free(struct mts_registry *reg)
 {
-	mts_resv_free_all(reg);
 	mts_policy_free(&reg->policy);
 	for (uint32_t i = 0; i < reg->groups_used; i++)
 		free(reg->groups[i].name);
@@ -414,230 +414,6 @@ void mts_publish(struct mts_registry *reg)
 	mtshm_fleet_publish(reg->map->hdr, &f);
 }
 
-/* ---- the tick ---------------------------------------------------------- */
-
-/* How many entries ahead the tick asks for a slot's line and its proc's:
- * enough for a last-level-cache miss to overlap with the work of the
- * slots in between (bench/RESULTS.md, server: 4, 8 and 16 measure the
- * same; none at all is 1.7x slower at 16384 processes). */
-#define TICK_PREFETCH 8u
-
-/* What the tick adds up over the processes. */
-struct tick_sums {
-	uint64_t bytes, error_bytes, rss, mapped, allocator_free, unvouched;
-};
-
-/* Note `n` unvouched bytes of `uid` in group `g`. */
-static void group_unvouched(struct mts_group *g, uint32_t uid, uint64_t n)
-{
-	if (g->unvouched == 0)
-		g->unvouched_uid = uid;
-	else if (g->unvouched_uid != uid)
-		g->unvouched_uid = MTS_UID_MIXED;
-	g->unvouched = mt_sat_add(g->unvouched, n);
-}
-
-/* The allocator's free bytes of `p` this tick (layout 2.2), `heap` being
- * its heap bytes. Most processes never publish a sample (the jemalloc
- * front end does not: it gives its free pages back on its own): for them
- * this reads lane 0's line, which the sum just read, and nothing else. A
- * sample being written is skipped: the last value stands. */
-static inline uint64_t tick_free(struct mts_proc *p, struct mtshm_slot_id *s,
-                                 uint64_t heap, int *absurd)
-{
-	*absurd = 0;
-	if (!p->has_free && mt_load_relaxed64(&mtshm_lane(s, 0)->free_seq) == 0)
-		return 0;
-	p->has_free = true;
-	uint64_t f;
-	if (mtshm_free_now(s, heap, &f, absurd) && p->allocator_free != f)
-		p->allocator_free = f;
-	return p->allocator_free;
-}
-
-/* One process's share of a tick: sum its slot, update its figures, add
- * them to its group and to `acc`. */
-static inline void tick_proc(struct mts_registry *reg, struct mts_proc *p,
-                             uint32_t lanes, struct tick_sums *acc)
-{
-	struct mtshm_slot_id *s = reg->slot_at[p->slot];
-	uint64_t flushes;
-	int absurd, mapped_absurd, free_absurd;
-	int64_t sum = mtshm_slot_sum(s, lanes, &flushes, &absurd);
-	uint64_t heap = sum < 0 ? 0 : (uint64_t)sum;
-	/* Lane 0's line, which the sum just read. */
-	uint64_t pm = mtshm_slot_mapped(s, &mapped_absurd);
-	uint64_t pf = tick_free(p, s, heap, &free_absurd);
-	absurd |= mapped_absurd | free_absurd;
-	uint32_t threads = mt_load_relaxed32(&s->threads);
-	/* Here and below: store only what changed. Most workers are idle
-	 * between two ticks, and a line left clean is dropped from the
-	 * cache for free instead of written back. */
-	if (p->threads != threads)
-		p->threads = threads;
-	/* RSS comes from the kernel, not the slot: it counts even for a
-	 * slot whose counters are quarantined. */
-	struct mts_group *g = &reg->groups[p->group];
-	g->rss = mt_sat_add(g->rss, p->rss);
-	acc->rss = mt_sat_add(acc->rss, p->rss);
-	if (absurd && !p->corrupt) {
-		p->corrupt = true;
-		mt_store_relaxed32(&s->flags, mt_load_relaxed32(&s->flags) |
-		                                  MTSHM_SLOT_CORRUPT);
-		mts_log(MTS_LOG_WARN, "slot counters corrupt, excluded",
-		        "pid=%u slot=%u", p->pid, p->slot);
-	}
-	if (p->corrupt) {
-		p->bytes = 0;
-		p->unvouched = 0;
-		p->error_bytes = 0;
-		p->mapped = 0;
-		p->allocator_free = 0;
-		return;
-	}
-	/* The three parts are below 2^50 here: no overflow. */
-	uint64_t pb = heap + pm + pf;
-	if (p->mapped != pm)
-		p->mapped = pm;
-	if (p->bytes != pb)
-		p->bytes = pb;
-	/* What counts toward others: all of it, but for an untrusted uid
-	 * (vouch.c). Its own limit (below) sees the claim. */
-	uint64_t pv = pb;
-	if (p->untrusted) {
-		pv = mts_vouch_proc(reg, p, pb);
-		if (pb != pv)
-			group_unvouched(g, p->uid, pb - pv);
-		acc->unvouched += pb - pv;
-	}
-	if (pb > p->peak) {
-		p->peak = pb;
-		mt_store_relaxed64(&s->peak, pb);
-	}
-	if (threads > THREADS_SANE_MAX)
-		threads = THREADS_SANE_MAX;
-	uint64_t pe = sat_mul(reg->threshold, threads);
-	if (p->error_bytes != pe)
-		p->error_bytes = pe;
-	g->bytes = mt_sat_add(g->bytes, pv);
-	g->mapped = mt_sat_add(g->mapped, pm);
-	g->error_bytes = mt_sat_add(g->error_bytes, pe);
-	acc->mapped = mt_sat_add(acc->mapped, pm);
-	if (pf) { /* most processes: none (every jemalloc one) */
-		g->allocator_free = mt_sat_add(g->allocator_free, pf);
-		acc->allocator_free = mt_sat_add(acc->allocator_free, pf);
-	}
-	acc->bytes = mt_sat_add(acc->bytes, pv);
-	acc->error_bytes = mt_sat_add(acc->error_bytes, pe);
-}
-
-/* Ticks [from, to) of dense[]; with `rate` (a constant at each call, so
- * the branch is compiled away) each process's rate is also sampled, while
- * its line is in cache. */
-static inline __attribute__((always_inline)) void
-tick_range(struct mts_registry *reg, uint32_t from, uint32_t to, bool rate,
-           uint64_t now, struct tick_sums *acc)
-{
-	uint32_t lanes = reg->layout.lane_count;
-	struct mtshm_slot_id *const *slot_at = reg->slot_at;
-	struct mts_proc *const *by_slot = reg->by_slot;
-	const uint32_t *dense = reg->dense;
-	uint32_t n = reg->ndense;
-	uint64_t window = rate ? mts_growth_window_ns(reg) : 0;
-	struct mts_decay_cache cache = {0};
-
-	/* dense[] is in no useful memory order (an exit moves the last entry
-	 * into its hole): ask for the slot line and the proc TICK_PREFETCH
-	 * entries ahead so their misses overlap with this entry's work.
-	 * (Walking by_slot[] in slot order instead, so that the hardware
-	 * prefetcher follows the slot lines, measured no better.) */
-	for (uint32_t i = from; i < to; i++) {
-		if (i + TICK_PREFETCH < n) {
-			uint32_t ahead = dense[i + TICK_PREFETCH];
-			mtshm_slot_prefetch(slot_at[ahead]);
-			__builtin_prefetch(by_slot[ahead], 1, 3);
-			if (rate)
-				__builtin_prefetch(&by_slot[ahead]->rate, 1, 3);
-		}
-		struct mts_proc *p = by_slot[dense[i]];
-		tick_proc(reg, p, lanes, acc);
-		/* The process's limit state, while its line is in cache (a
-		 * second pass over 16384 processes cost ~90 us, mostly
-		 * misses). Without a limit a process stays ok: skip. */
-		if (p->limit || p->state != MTSHM_STATE_OK)
-			mts_limits_eval_proc(reg, p);
-		if (rate)
-			mts_rate_add(&p->rate, now,
-			             mts_measured(reg, p->bytes, p->rss),
-			             window, &cache);
-	}
-}
-
-void mts_tick(struct mts_registry *reg)
-{
-	struct mts_totals *t = &reg->totals;
-	struct tick_sums acc = {0};
-	uint64_t started = mts_now_monotonic();
-	uint32_t n = reg->ndense;
-
-	for (uint32_t i = 0; i < reg->groups_used; i++) {
-		reg->groups[i].bytes = 0;
-		reg->groups[i].mapped = 0;
-		reg->groups[i].allocator_free = 0;
-		reg->groups[i].error_bytes = 0;
-		reg->groups[i].rss = 0;
-		reg->groups[i].unvouched = 0;
-	}
-	mts_vouch_begin(reg);
-	/* Processes' rates: one slice of dense[] per tick, so each is
-	 * sampled every MTS_RATE_PROC_SLICES ticks and no tick pays for all
-	 * of them (an exit reorders dense[]: a process may be sampled twice
-	 * in a round or skipped once, which the rate, fitted on sample
-	 * times, does not mind). */
-	uint32_t per = (n + MTS_RATE_PROC_SLICES - 1) / MTS_RATE_PROC_SLICES;
-	uint32_t lo = t->rate_slice * per;
-	uint32_t hi = lo + per;
-	lo = lo < n ? lo : n;
-	hi = hi < n ? hi : n;
-	t->rate_slice = (t->rate_slice + 1) % MTS_RATE_PROC_SLICES;
-	tick_range(reg, 0, lo, false, started, &acc);
-	tick_range(reg, lo, hi, true, started, &acc);
-	tick_range(reg, hi, n, false, started, &acc);
-	for (uint32_t i = 0; i < reg->groups_used; i++) {
-		struct mts_group *g = &reg->groups[i];
-		if (g->bytes > g->peak)
-			g->peak = g->bytes;
-	}
-	t->bytes = acc.bytes;
-	t->unvouched = acc.unvouched;
-	t->mapped = acc.mapped;
-	t->allocator_free = acc.allocator_free;
-	t->error_bytes = acc.error_bytes;
-	t->rss = acc.rss;
-	if (acc.bytes > t->peak)
-		t->peak = acc.bytes;
-	t->processes = reg->ndense;
-	t->ticks++;
-
-	uint64_t now = mts_now_monotonic();
-	mts_vouch_end(reg, now); /* may set vouch_wanted: server.c reads */
-	mts_tables_sweep(reg, now); /* a few tables: one per uid */
-	mts_resv_tick(reg, now);
-	if (now - t->rate_ns >= (uint64_t)MTS_RATE_SAMPLE_MS * 1000000u)
-		mts_rates_sample(reg, now);
-	/* Processes were evaluated in the loop above (their events come
-	 * before the fleet's and groups' of the same tick). */
-	mts_limits_eval(reg, false);
-	mts_enforce(reg, now);
-	t->heartbeat_ns = mts_now_monotonic();
-	mts_publish(reg);
-
-	uint64_t took = sat_sub(t->heartbeat_ns, started);
-	reg->stats.last_tick_ns = took;
-	reg->stats.tick_ns_sum = mt_sat_add(reg->stats.tick_ns_sum, took);
-	reg->stats.tick_count++;
-}
-
 /* ---- slots ------------------------------------------------------------- */
 
 /* ---- slot tables ------------------------------------------------------- */
@@ -683,7 +459,8 @@ int mts_table_adopt(struct mts_registry *reg, uint32_t uid,
 	}
 	t->uid = uid;
 	t->map = *map;
-	t->vouch.trusted = mts_uid_trusted(reg, uid);
+	if (reg->watch->table_added)
+		reg->watch->table_added(reg, t);
 	return 0;
 }
 
@@ -792,8 +569,24 @@ static uint64_t slot_init(struct mts_registry *reg, struct mts_proc *p)
 	p->slot_gen = gen;
 	mt_store_relaxed64(&s->generation, gen);
 	mt_store_release32(&s->pid, p->pid);
-	mts_state_put(reg->state, reg, p);
+	mts_registry_record(reg, p);
 	return gen;
+}
+
+void mts_registry_record(const struct mts_registry *reg,
+                         const struct mts_proc *p)
+{
+	struct mts_state_rec r;
+	memset(&r, 0, sizeof(r));
+	r.pid = p->pid;
+	r.uid = p->uid;
+	r.start_time = p->start_time;
+	r.image_id = p->image_id;
+	r.registered_ns = p->registered_ns;
+	r.slot_gen = p->slot_gen;
+	snprintf(r.group, sizeof(r.group), "%s", reg->groups[p->group].name);
+	snprintf(r.task, sizeof(r.task), "%s", p->task);
+	mts_state_put(reg->state, p->slot, &r);
 }
 
 /* What the Registered answer passes: the header and `p`'s table. */
@@ -851,7 +644,8 @@ static void proc_release(struct mts_registry *reg, struct mts_proc *p,
 	    (unsigned long long)(sat_sub(mts_now_realtime(), p->registered_ns) /
 	                         1000000u));
 
-	mts_limits_proc_gone(reg, p);
+	if (reg->watch->leaving)
+		reg->watch->leaving(reg, p);
 	totals_drop(reg, p);
 	group_unref(reg, p->group);
 
@@ -1007,14 +801,16 @@ static int proc_reset(struct mts_registry *reg, struct mts_proc *p,
 		mts_table_gc(reg, old);
 		slot_place(reg, p, nt);
 	}
-	mts_limits_proc_gone(reg, p); /* the old image's over-limit ends */
+	if (reg->watch->leaving) /* the old image's over-limit ends */
+		reg->watch->leaving(reg, p);
 	totals_drop(reg, p);
 	group_unref(reg, p->group);
 	free(p->task);
 	p->task = ntask;
 	p->group = ngroup;
 	p->uid = uid;
-	mts_vouch_proc_init(reg, p);
+	p->untrusted = false; /* until joined() says (vouch.c) */
+	p->unvouched = 0;
 	p->kernel = 0; /* the new image's, from its first read */
 	p->kernel_ns = 0;
 	p->image_id = image_id;
@@ -1075,7 +871,6 @@ static int proc_insert(struct mts_registry *reg, const struct proc_init *in,
 	p->image_id = in->image_id;
 	p->registered_ns = in->registered_ns;
 	p->limit = reg->policy.process_limit;
-	mts_vouch_proc_init(reg, p);
 	mts_read_comm((pid_t)p->pid, p->comm, sizeof(p->comm));
 	err = uv_poll_init(reg->loop, &p->poll, in->pidfd);
 	if (err < 0)
@@ -1163,8 +958,7 @@ static int register_known(struct mts_registry *reg, struct mts_proc *p,
 	if (err < 0)
 		return err;
 	result_fill(reg, p, slot_init(reg, p), res);
-	if (p->task[0])
-		mts_resv_worker_registered(reg, p);
+	tell_joined(reg, p);
 	char qg[MTS_LOGQ_MAX], qc[MTS_LOGQ_MAX];
 	mts_log(MTS_LOG_INFO, "worker exec'd, slot reset",
 	        "pid=%u slot=%u group=%s comm=%s", p->pid, p->slot,
@@ -1193,7 +987,7 @@ static int register_new(struct mts_registry *reg, const struct mts_peer *peer,
 	uint32_t cap = mts_slots_per_uid(reg);
 	const struct mts_table *own = mts_table_find(reg, peer->uid);
 	if (cap != MTS_CAP_NONE && own && own->procs >= cap &&
-	    !mts_peer_is_admin(reg, peer)) {
+	    !peer_is_admin(reg, peer)) {
 		note_refused(reg, peer->pid, start_time, peer->uid, true);
 		err = -ENOSPC;
 		goto fail_close_pidfd;
@@ -1233,8 +1027,7 @@ static int register_new(struct mts_registry *reg, const struct mts_peer *peer,
 	        p->uid, p->slot, mts_logq(qg, sizeof(qg), res->group),
 	        mts_logq(qt, sizeof(qt), p->task),
 	        mts_logq(qc, sizeof(qc), p->comm));
-	if (p->task[0])
-		mts_resv_worker_registered(reg, p);
+	tell_joined(reg, p);
 	return 0;
 
 fail_close_pidfd:
@@ -1389,6 +1182,7 @@ int mts_registry_adopt_slot(struct mts_registry *reg,
 	mt_store_relaxed64(&s->limit, p->limit);
 	/* Its peak so far is lost with the old server; it starts again
 	 * from its current figure at the first tick. */
+	tell_joined(reg, p);
 	return 0;
 }
 

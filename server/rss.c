@@ -35,6 +35,7 @@
 
 #include "mts_defs.h"
 #include "mts_log.h"
+#include "mts_procfs.h"
 #include "mts_registry.h"
 #include "mts_vouch.h"
 

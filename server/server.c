@@ -34,6 +34,7 @@
 #include "mts_adopt.h"
 #include "mts_config.h"
 #include "mts_conn.h"
+#include "mts_core.h"
 #include "mts_hooks.h"
 #include "mts_limits.h"
 #include "mts_log.h"
@@ -93,7 +94,7 @@ static void check_files(struct mts_server *srv)
 static void on_tick(uv_timer_t *t)
 {
 	struct mts_server *srv = t->data;
-	mts_tick(&srv->reg);
+	mts_core_tick(&srv->reg);
 	/* Kernel figures the tick found claims running ahead of. */
 	mts_rss_sweep_vouch(&srv->reg, mts_now_monotonic());
 	/* Peers' suppressed log lines are reported within a tick or so. */
@@ -190,7 +191,7 @@ static int start_registry(struct mts_server *srv, const struct mts_config *cfg,
                           const char *label, const struct mts_state_info *info,
                           bool adopted)
 {
-	int err = mts_registry_init(&srv->reg, srv->loop, &srv->map, label,
+	int err = mts_core_init(&srv->reg, srv->loop, &srv->map, label,
 	                            srv->state);
 	if (err < 0)
 		return err;
@@ -202,7 +203,7 @@ static int start_registry(struct mts_server *srv, const struct mts_config *cfg,
 	err = mts_limits_apply_policy(&srv->reg,
 	                              cfg->policy ? cfg->policy : &defaults);
 	if (err < 0) {
-		mts_registry_free(&srv->reg);
+		mts_core_free(&srv->reg);
 		return err;
 	}
 	if (adopted) {
@@ -210,7 +211,7 @@ static int start_registry(struct mts_server *srv, const struct mts_config *cfg,
 		mts_adopt(&srv->reg, &kept, &dropped);
 		mts_log(MTS_LOG_INFO, "restart: live workers adopted",
 		        "kept=%u reclaimed=%u", kept, dropped);
-		mts_tick(&srv->reg);
+		mts_core_tick(&srv->reg);
 	}
 	return 0;
 }
@@ -362,7 +363,7 @@ void mts_server_free(struct mts_server *srv)
 	if (srv->net.socket_bound && mts_socket_is_ours(srv))
 		unlink(srv->cfg.socket_path);
 	srv->net.socket_bound = false;
-	mts_registry_free(&srv->reg);
+	mts_core_free(&srv->reg);
 	mtshm_close(&srv->map);
 	mts_state_close(srv->state);
 	srv->state = NULL;

@@ -48,6 +48,7 @@
 #include "mts_auth.h"
 #include "mts_config.h"
 #include "mts_conn.h"
+#include "mts_core.h"
 #include "mts_defs.h"
 #include "mts_dispatch.h"
 #include "mts_hooks.h"

@@ -38,7 +38,6 @@
 
 #include "mts_defs.h"
 #include "mts_log.h"
-#include "mts_registry.h"
 #include "mtshm.h"
 
 #define STATE_MAGIC   UINT64_C(0x3174617453544d4d) /* "MMTStat1" */
@@ -218,23 +217,13 @@ static void state_write(struct mts_state *st, uint32_t slot, const void *buf,
 	st->write_failed = true;
 }
 
-void mts_state_put(struct mts_state *st, const struct mts_registry *reg,
-                   const struct mts_proc *p)
+void mts_state_put(struct mts_state *st, uint32_t slot,
+                   struct mts_state_rec *r)
 {
-	if (!st || p->slot >= st->slots)
+	if (!st || slot >= st->slots)
 		return;
-	struct mts_state_rec r;
-	memset(&r, 0, sizeof(r));
-	r.pid = p->pid;
-	r.uid = p->uid;
-	r.start_time = p->start_time;
-	r.image_id = p->image_id;
-	r.registered_ns = p->registered_ns;
-	r.slot_gen = p->slot_gen;
-	r.check = rec_check(p->pid, p->slot);
-	snprintf(r.group, sizeof(r.group), "%s", reg->groups[p->group].name);
-	snprintf(r.task, sizeof(r.task), "%s", p->task);
-	state_write(st, p->slot, &r, sizeof(r));
+	r->check = rec_check(r->pid, slot);
+	state_write(st, slot, r, sizeof(*r));
 }
 
 void mts_state_clear(struct mts_state *st, uint32_t slot)

@@ -178,7 +178,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	pass_whole(data, size);
 	pass_chunked(data, size);
 	if (++runs % 64 == 0) {
-		mts_tick(&srv.reg);
+		mts_core_tick(&srv.reg);
 		uv_run(&loop, UV_RUN_NOWAIT);
 	}
 	return 0;

@@ -15,7 +15,7 @@
  * computed, mts_slot(&srv.reg, i). Each input is applied to the tables as
  * registered (restored before each input), then:
  *
- *   1. mts_tick() on the registry that registered them. Checked: no crash
+ *   1. mts_core_tick() on the registry that registered them. Checked: no crash
  *      (ASan/UBSan); the registry is authoritative: the same three pids in
  *      the same slots with the same start times whatever the slot's pid
  *      field now says, and ListProcesses (through mts_dispatch) lists
@@ -264,7 +264,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 	}
 	/* Whether this process may reopen a worker's table (root, or the
 	 * capability): only then must an untouched run adopt everyone. */
-	mts_tick(&srv.reg);
+	mts_core_tick(&srv.reg);
 	can_adopt = adopt_pass(0) == NKIDS;
 	return 0;
 }
@@ -457,7 +457,7 @@ static uint32_t adopt_pass(int untouched)
 	if (mtshm_header_create(label, &params, &hdr) != 0)
 		die("header of the restarted server");
 	struct mts_registry reg;
-	if (mts_registry_init(&reg, &loop, &hdr, srv.reg.label,
+	if (mts_core_init(&reg, &loop, &hdr, srv.reg.label,
 	                      srv.reg.state) != 0)
 		die("registry init");
 	reg.instance = srv.reg.instance; /* as the record keeps it */
@@ -471,7 +471,7 @@ static uint32_t adopt_pass(int untouched)
 		die("adopted count");
 	if (untouched && can_adopt && kept != NKIDS)
 		die("an untouched run's workers were not all adopted");
-	mts_tick(&reg);
+	mts_core_tick(&reg);
 	for (uint32_t i = 0; i < reg.slot_count; i++) {
 		const struct mts_proc *p = reg.by_slot[i];
 		if (!p)
@@ -494,11 +494,10 @@ static uint32_t adopt_pass(int untouched)
 		die("the restarted server counts other totals");
 	mts_registry_close(&reg);
 	uv_run(&loop, UV_RUN_NOWAIT); /* the pidfd polls' close callbacks */
-	mts_registry_free(&reg);
+	mts_core_free(&reg);
 	mtshm_close(&hdr);
 	for (int k = 0; k < NKIDS; k++)
-		mts_state_put(srv.reg.state, &srv.reg,
-		              srv.reg.by_slot[kid_slot[k]]);
+		mts_registry_record(&srv.reg, srv.reg.by_slot[kid_slot[k]]);
 	return kept;
 }
 
@@ -521,7 +520,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		return 0;
 	apply(data, size);
 
-	mts_tick(&srv.reg);
+	mts_core_tick(&srv.reg);
 	if (srv.reg.ndense != NKIDS)
 		die("the registry lost or gained a process");
 	for (int i = 0; i < NKIDS; i++) {

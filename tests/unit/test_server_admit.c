@@ -121,7 +121,7 @@ Test(admit, denial_counts_measured_bytes_and_lists_top)
 		slot[i] = fx_register(kid[i], "g", "");
 		fx_write(slot[i], (int64_t)(100 + 20 * i) * (int64_t)MIB);
 	}
-	mts_tick(&srv.reg); /* 100+120+...+200 = 900 MiB */
+	mts_core_tick(&srv.reg); /* 100+120+...+200 = 900 MiB */
 	Memtally__V1__Response *r = fx_admit(1000, 200 * MIB, "", "", 0);
 	Memtally__V1__AdmitResult *a = r->admit_result;
 	cr_assert_not(a->admitted);
@@ -255,7 +255,7 @@ Test(admit, ttl_default_cap_and_expiry)
 	r = fx_admit(1000, 40, "", "", 1);
 	cr_assert_eq(r->admit_result->ttl_seconds, 1);
 	memtally__v1__response__free_unpacked(r, NULL);
-	mts_tick(&srv.reg);
+	mts_core_tick(&srv.reg);
 	cr_assert_eq(srv.reg.totals.reserved, 70);
 
 	/* Ticks move the clock in steps: 2 s, 45 s, 90 s later. */
@@ -281,7 +281,7 @@ Test(admit, expiry_in_a_real_tick)
 	cr_assert_not(r->admit_result->admitted);
 	memtally__v1__response__free_unpacked(r, NULL);
 	usleep(1100 * 1000);
-	mts_tick(&srv.reg);
+	mts_core_tick(&srv.reg);
 	cr_assert_eq(srv.reg.stats.expirations, 1);
 	cr_assert_eq(fx_fleet().reserved, 0);
 	grant(100, "", "", 0);
@@ -294,7 +294,7 @@ Test(admit, reconciled_with_the_tasks_workers)
 	pid_t w = fx_spawn();
 	uint32_t sw = fx_register(w, "g", "T");
 	fx_write(sw, 200 * MIB);
-	mts_tick(&srv.reg);
+	mts_core_tick(&srv.reg);
 	/* The fleet counts max(500, 200) = 500, not 700. */
 	cr_assert_eq(srv.reg.totals.bytes, 200 * MIB);
 	cr_assert_eq(srv.reg.totals.reserved, 300 * MIB);
@@ -307,7 +307,7 @@ Test(admit, reconciled_with_the_tasks_workers)
 
 	/* The worker grows past its reservation: use counts, reserve 0. */
 	fx_write(sw, 700 * MIB);
-	mts_tick(&srv.reg);
+	mts_core_tick(&srv.reg);
 	cr_assert_eq(srv.reg.totals.reserved, 0);
 	cr_assert_eq(srv.reg.adm.nresv, 1);
 
@@ -318,7 +318,7 @@ Test(admit, reconciled_with_the_tasks_workers)
 
 	/* The task's last worker exits: the reservation ends. */
 	fx_kill(w);
-	mts_tick(&srv.reg);
+	mts_core_tick(&srv.reg);
 	cr_assert_eq(srv.reg.adm.nresv, 0);
 	cr_assert_eq(srv.reg.stats.fulfilled, 1);
 	cr_assert_eq(fx_fleet().reserved, 0);
@@ -335,16 +335,16 @@ Test(admit, task_reservations_oldest_first_and_brief_workers)
 	uint32_t sb = fx_register(b, "g", "T");
 	fx_write(sa, 60);
 	fx_write(sb, 60);
-	mts_tick(&srv.reg);
+	mts_core_tick(&srv.reg);
 	/* T's workers use 120: the older (100) is used up, the newer has
 	 * 30 left; U's untouched. */
 	cr_assert_eq(srv.reg.totals.reserved, 30 + 70);
 	fx_kill(a);
-	mts_tick(&srv.reg);
+	mts_core_tick(&srv.reg);
 	cr_assert_eq(srv.reg.totals.reserved, 40 + 50 + 70);
 	cr_assert_eq(srv.reg.adm.nresv, 3, "one worker of T is still alive");
 	fx_kill(b);
-	mts_tick(&srv.reg);
+	mts_core_tick(&srv.reg);
 	cr_assert_eq(srv.reg.adm.nresv, 1);
 	cr_assert_eq(srv.reg.totals.reserved, 70);
 
@@ -353,7 +353,7 @@ Test(admit, task_reservations_oldest_first_and_brief_workers)
 	pid_t c = fx_spawn();
 	fx_register(c, "g", "U");
 	fx_kill(c);
-	mts_tick(&srv.reg);
+	mts_core_tick(&srv.reg);
 	cr_assert_eq(srv.reg.adm.nresv, 0);
 	cr_assert_eq(srv.reg.stats.fulfilled, 3);
 }
@@ -505,7 +505,7 @@ Test(admit, another_uids_workers_neither_take_over_count_nor_end_it)
 	uint32_t sw = register_as(w, 1001, "T");
 	cr_assert_not(r->taken_over, "taken over at registration");
 	fx_write(sw, 200 * MIB);
-	mts_tick(&srv.reg);
+	mts_core_tick(&srv.reg);
 	cr_assert_not(r->taken_over, "taken over by another uid's worker");
 	/* ... its use does not cancel the reservation out ... */
 	cr_assert_eq(srv.reg.totals.bytes, 200 * MIB);
@@ -514,7 +514,7 @@ Test(admit, another_uids_workers_neither_take_over_count_nor_end_it)
 	cr_assert_eq(f.bytes + f.reserved, 700 * MIB);
 	/* ... and its exit does not end it. */
 	fx_kill(w);
-	mts_tick(&srv.reg);
+	mts_core_tick(&srv.reg);
 	cr_assert_eq(srv.reg.adm.nresv, 1, "ended by another uid's worker");
 	cr_assert_eq(srv.reg.stats.fulfilled, 0);
 	cr_assert_eq(srv.reg.totals.reserved, 500 * MIB);
@@ -524,7 +524,7 @@ Test(admit, another_uids_workers_neither_take_over_count_nor_end_it)
 	pid_t b = fx_spawn();
 	register_as(b, 1001, "T");
 	fx_kill(b);
-	mts_tick(&srv.reg);
+	mts_core_tick(&srv.reg);
 	cr_assert_eq(srv.reg.adm.nresv, 1);
 
 	/* Its TTL still applies. */
@@ -543,20 +543,20 @@ Test(admit, the_owners_worker_takes_over_beside_another_uids)
 	pid_t stranger = fx_spawn(), owner = fx_spawn();
 	uint32_t ss = register_as(stranger, 1001, "T");
 	fx_write(ss, 300 * MIB);
-	mts_tick(&srv.reg);
+	mts_core_tick(&srv.reg);
 	uint32_t so = register_as(owner, 1000, "T");
 	cr_assert(r->taken_over, "the owner's worker takes it over at once");
 	fx_write(so, 100 * MIB);
-	mts_tick(&srv.reg);
+	mts_core_tick(&srv.reg);
 	/* Only the owner's 100 MiB count against it. */
 	cr_assert_eq(srv.reg.totals.reserved, 400 * MIB);
 	/* The stranger's exit changes nothing; the owner's ends it. */
 	fx_kill(stranger);
-	mts_tick(&srv.reg);
+	mts_core_tick(&srv.reg);
 	cr_assert_eq(srv.reg.totals.reserved, 400 * MIB);
 	cr_assert_eq(srv.reg.adm.nresv, 1);
 	fx_kill(owner);
-	mts_tick(&srv.reg);
+	mts_core_tick(&srv.reg);
 	cr_assert_eq(srv.reg.adm.nresv, 0);
 	cr_assert_eq(srv.reg.stats.fulfilled, 1);
 }
@@ -583,11 +583,11 @@ Test(admit, admins_workers_take_over_anyones)
 		cr_assert(r->taken_over, "admin %u did not take over",
 		          admins[i]);
 		fx_write(s, 30);
-		mts_tick(&srv.reg);
+		mts_core_tick(&srv.reg);
 		cr_assert_eq(srv.reg.totals.reserved, 70, "admin %u",
 		             admins[i]);
 		fx_kill(w);
-		mts_tick(&srv.reg);
+		mts_core_tick(&srv.reg);
 		cr_assert_eq(srv.reg.adm.nresv, 0, "admin %u did not end it",
 		             admins[i]);
 	}
@@ -601,7 +601,7 @@ Test(admit, admins_workers_take_over_anyones)
 	pid_t w = fx_spawn();
 	uint32_t s = register_as(w, 1002, "T");
 	fx_write(s, 30);
-	mts_tick(&srv.reg);
+	mts_core_tick(&srv.reg);
 	cr_assert_eq(srv.reg.totals.reserved, 100);
 	cr_assert_eq(srv.reg.adm.resv[0]->taken_over, false);
 }
@@ -618,11 +618,11 @@ Test(admit, a_reservation_made_over_tcp_is_matched_by_any_worker)
 	pid_t w = fx_spawn();
 	uint32_t s = register_as(w, 1001, "T");
 	fx_write(s, 40);
-	mts_tick(&srv.reg);
+	mts_core_tick(&srv.reg);
 	cr_assert(mts_resv_find(&srv.reg, out.id)->taken_over);
 	cr_assert_eq(srv.reg.totals.reserved, 60);
 	fx_kill(w);
-	mts_tick(&srv.reg);
+	mts_core_tick(&srv.reg);
 	cr_assert_eq(srv.reg.adm.nresv, 0);
 }
 

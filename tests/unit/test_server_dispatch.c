@@ -49,7 +49,7 @@ static void start(uint32_t slots)
 	    .segment = segname,
 	    .slots = slots,
 	    .lanes = 2,
-	    .tick_ms = 60000, /* tests call mts_tick() themselves */
+	    .tick_ms = 60000, /* tests call mts_core_tick() themselves */
 	    .threshold = 1000,
 	};
 	cr_assert_eq(uv_loop_init(&loop), 0);
@@ -439,7 +439,7 @@ Test(dispatch, repeat_keeps_slot_exec_resets_it)
 	struct mtshm_slot_id *s = mts_slot(&srv.reg, slot);
 	uint64_t gen = s->generation;
 	write_lane(slot, 5000, 1);
-	mts_tick(&srv.reg);
+	mts_core_tick(&srv.reg);
 
 	/* Same image: same slot, counters untouched. */
 	cr_assert_eq(register_ok(kid, "a", 1), slot);
@@ -466,7 +466,7 @@ Test(dispatch, pid_reuse_reclaims)
 	pid_t kid = spawn();
 	uint32_t slot = register_ok(kid, "a", 1);
 	write_lane(slot, 5000, 1);
-	mts_tick(&srv.reg);
+	mts_core_tick(&srv.reg);
 	/* Pretend the registry saw an earlier process with this pid. */
 	struct mts_proc *p = mts_find_pid(&srv.reg, (uint32_t)kid);
 	cr_assert_not_null(p);
@@ -525,7 +525,7 @@ Test(dispatch, no_slots_counts_unregistered)
 		register_ok(spawn(), "g", 1);
 	expect_error(do_register(spawn(), "g", 1), 7,
 	             MEMTALLY__V1__ERROR_CODE__ERROR_NO_SLOTS);
-	mts_tick(&srv.reg);
+	mts_core_tick(&srv.reg);
 	Memtally__V1__Response *r =
 	    get_usage(MEMTALLY__V1__GET_USAGE__SCOPE__NOT_SET, NULL, 0);
 	cr_assert_eq(r->usage->unregistered, 1);
@@ -548,7 +548,7 @@ Test(dispatch, usage_and_list)
 	write_lane(sa, 1000, 1);
 	write_lane(sb, 3000, 2);
 	write_lane(sc, -50, 1); /* frees of another's memory: shows as 0 */
-	mts_tick(&srv.reg);
+	mts_core_tick(&srv.reg);
 
 	Memtally__V1__Response *r =
 	    get_usage(MEMTALLY__V1__GET_USAGE__SCOPE__NOT_SET, NULL, 0);
@@ -646,7 +646,7 @@ Test(dispatch, allocator_free_is_part_of_the_figures)
 	write_lane(sa, 10000, 1);
 	write_lane(sb, 3000, 1);
 	write_free(sa, 6000, 10000); /* glibc held 16000 at heap 10000 */
-	mts_tick(&srv.reg);
+	mts_core_tick(&srv.reg);
 	Memtally__V1__Response *r =
 	    get_usage(MEMTALLY__V1__GET_USAGE__SCOPE__NOT_SET, NULL, 0);
 	cr_assert_eq(r->usage->fleet_bytes, 19000);
@@ -666,23 +666,23 @@ Test(dispatch, allocator_free_is_part_of_the_figures)
 
 	/* The heap grew by 4000 out of the free memory: 2000 left. */
 	write_lane(sa, 14000, 1);
-	mts_tick(&srv.reg);
+	mts_core_tick(&srv.reg);
 	cr_assert_eq(srv.reg.totals.allocator_free, 2000);
 	cr_assert_eq(srv.reg.totals.bytes, 14000 + 2000 + 3000);
 	/* It halved since the sample: so did the free part. */
 	write_lane(sa, 5000, 1);
-	mts_tick(&srv.reg);
+	mts_core_tick(&srv.reg);
 	cr_assert_eq(srv.reg.totals.allocator_free, 3000);
 	/* A sample being written is not read: the last value stands. */
 	struct mtshm_lane *l = mtshm_lane(mts_slot(&srv.reg, sa), 0);
 	mt_store_relaxed64(&l->free_seq, mt_load_relaxed64(&l->free_seq) + 1);
 	mt_store_relaxeds64(&l->free_bytes, 999999);
-	mts_tick(&srv.reg);
+	mts_core_tick(&srv.reg);
 	cr_assert_eq(srv.reg.totals.allocator_free, 3000);
 	/* A negative sample is a lie: the slot is quarantined. (The
 	 * writer makes an odd sequence even again first.) */
 	write_free(sa, -1, 5000);
-	mts_tick(&srv.reg);
+	mts_core_tick(&srv.reg);
 	cr_assert(mts_slot(&srv.reg, sa)->flags & MTSHM_SLOT_CORRUPT);
 	cr_assert_eq(srv.reg.totals.allocator_free, 0);
 	cr_assert_eq(srv.reg.totals.bytes, 3000);
@@ -698,7 +698,7 @@ Test(dispatch, allocator_free_leaves_with_its_process)
 	write_lane(sb, 2000, 1);
 	write_free(sa, 500, 1000);
 	write_free(sb, 700, 2000);
-	mts_tick(&srv.reg);
+	mts_core_tick(&srv.reg);
 	cr_assert_eq(srv.reg.totals.allocator_free, 1200);
 	cr_assert_eq(srv.reg.groups[0].allocator_free, 1200);
 	kill(a, SIGKILL);
@@ -720,7 +720,7 @@ Test(dispatch, corrupt_slot_quarantined)
 	uint32_t sb = register_ok(b, "g", 1);
 	write_lane(sa, 1000, 1);
 	write_lane(sb, MTSHM_ABSURD_BYTES + 1, 1);
-	mts_tick(&srv.reg);
+	mts_core_tick(&srv.reg);
 	cr_assert_eq(srv.reg.totals.bytes, 1000);
 	cr_assert(mts_slot(&srv.reg, sb)->flags & MTSHM_SLOT_CORRUPT);
 	Memtally__V1__Response *r =
@@ -731,7 +731,7 @@ Test(dispatch, corrupt_slot_quarantined)
 	/* Sticky until the slot is reset: a sane value later does not
 	 * bring back a slot that once lied. */
 	write_lane(sb, 10, 1);
-	mts_tick(&srv.reg);
+	mts_core_tick(&srv.reg);
 	cr_assert_eq(srv.reg.totals.bytes, 1000);
 }
 
@@ -747,7 +747,7 @@ Test(dispatch, lanes_past_the_mark_with_a_sane_total_count)
 	mt_store_relaxeds64(&mtshm_lane(s, 0)->bytes, INT64_C(3) << 60);
 	mt_store_relaxeds64(&mtshm_lane(s, 1)->bytes,
 	                    -(INT64_C(3) << 60) + 4096);
-	mts_tick(&srv.reg);
+	mts_core_tick(&srv.reg);
 	cr_assert_eq(srv.reg.totals.bytes, 4096);
 	cr_assert_eq(s->flags & MTSHM_SLOT_CORRUPT, 0);
 	cr_assert_not(mts_find_pid(&srv.reg, (uint32_t)a)->corrupt);
@@ -760,7 +760,7 @@ Test(dispatch, exit_leaves_totals_in_same_iteration)
 	uint32_t sb = register_ok(b, "h", 1);
 	write_lane(sa, 1000, 1);
 	write_lane(sb, 7000, 1);
-	mts_tick(&srv.reg);
+	mts_core_tick(&srv.reg);
 	struct mtshm_fleet f;
 	cr_assert_eq(mtshm_fleet_read(srv.map.hdr, &f), 0);
 	cr_assert_eq(f.bytes, 8000);
@@ -829,7 +829,7 @@ Test(dispatch, each_uid_has_its_own_table)
 	fake->overflow = 123456;
 	write_lane(sa, 1000, 1);
 	write_lane(sb, 2000, 1);
-	mts_tick(&srv.reg);
+	mts_core_tick(&srv.reg);
 	cr_assert_eq(srv.reg.totals.bytes, 3000);
 	kill(b, SIGKILL);
 	waitpid(b, NULL, 0);

@@ -79,7 +79,7 @@ static inline void fx_start_policy(const struct mts_policy *pol)
 	    .segment = segname,
 	    .slots = 8,
 	    .lanes = 2,
-	    .tick_ms = 60000, /* tests call mts_tick() themselves */
+	    .tick_ms = 60000, /* tests call mts_core_tick() themselves */
 	    .threshold = 1000,
 	    .policy = pol,
 	};

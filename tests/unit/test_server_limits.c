@@ -128,7 +128,7 @@ Test(limits, fleet_states_header_and_events)
 	pid_t a = fx_spawn();
 	uint32_t sa = fx_register(a, "g", "");
 	fx_write(sa, 8500);
-	mts_tick(&srv.reg);
+	mts_core_tick(&srv.reg);
 	f = fx_fleet();
 	cr_assert_eq(f.state, HIGH);
 	cr_assert_eq(f.bytes, 8500);
@@ -140,7 +140,7 @@ Test(limits, fleet_states_header_and_events)
 	cr_assert_eq(events[0].limit, 10000);
 
 	fx_write(sa, 11000);
-	mts_tick(&srv.reg);
+	mts_core_tick(&srv.reg);
 	cr_assert_eq(fx_fleet().state, OVER);
 	cr_assert_eq(nevents, 2);
 	cr_assert_eq(events[1].state, OVER);
@@ -149,14 +149,14 @@ Test(limits, fleet_states_header_and_events)
 	/* Wobble around the limit for many ticks: no event. */
 	for (int i = 0; i < 200; i++) {
 		fx_write(sa, i % 2 ? 9900 : 10100);
-		mts_tick(&srv.reg);
+		mts_core_tick(&srv.reg);
 	}
 	cr_assert_eq(nevents, 2, "flapping around the limit");
 	cr_assert_eq(fx_fleet().state, OVER);
 
 	/* The worker dies: back to ok, in one event. */
 	fx_kill(a);
-	mts_tick(&srv.reg);
+	mts_core_tick(&srv.reg);
 	cr_assert_eq(fx_fleet().state, OK);
 	cr_assert_eq(nevents, 3);
 	cr_assert_eq(events[2].previous, OVER);
@@ -211,7 +211,7 @@ Test(limits, group_state_with_own_watermark)
 	uint32_t sb = fx_register(b, "web", "");
 	fx_write(sa, 600); /* 60%: high at the group's own 50% */
 	fx_write(sb, 5000);
-	mts_tick(&srv.reg);
+	mts_core_tick(&srv.reg);
 	g = mts_find_group(&srv.reg, "etl");
 	cr_assert_eq(g->state, HIGH);
 	cr_assert_eq(g->error_bytes, 1000, "threshold x 1 thread");
@@ -220,7 +220,7 @@ Test(limits, group_state_with_own_watermark)
 	cr_assert_eq(count_events("fleet"), 0);
 
 	fx_write(sa, 1200);
-	mts_tick(&srv.reg);
+	mts_core_tick(&srv.reg);
 	cr_assert_eq(mts_find_group(&srv.reg, "etl")->state, OVER);
 	cr_assert_eq(count_events("group:etl"), 2);
 
@@ -240,7 +240,7 @@ Test(limits, group_state_with_own_watermark)
 
 	/* The last process leaves; the group stays (it has a limit). */
 	fx_kill(a);
-	mts_tick(&srv.reg);
+	mts_core_tick(&srv.reg);
 	g = mts_find_group(&srv.reg, "etl");
 	cr_assert_not_null(g);
 	cr_assert_eq(g->state, OK);
@@ -257,12 +257,12 @@ Test(limits, process_over_its_limit_flags_slot)
 	struct mtshm_slot_id *s = mts_slot(&srv.reg, sa);
 	cr_assert_eq(s->limit, 1000, "limit published in the slot");
 	fx_write(sa, 950); /* high: not an event for a process */
-	mts_tick(&srv.reg);
+	mts_core_tick(&srv.reg);
 	cr_assert_eq(nevents, 0);
 	cr_assert_eq(s->flags & MTSHM_SLOT_OVER_LIMIT, 0);
 
 	fx_write(sa, 1500);
-	mts_tick(&srv.reg);
+	mts_core_tick(&srv.reg);
 	cr_assert(s->flags & MTSHM_SLOT_OVER_LIMIT);
 	cr_assert_eq(nevents, 1);
 	char scope[32];
@@ -285,10 +285,10 @@ Test(limits, process_over_its_limit_flags_slot)
 
 	/* Still above limit x 95%: stays over. */
 	fx_write(sa, 960);
-	mts_tick(&srv.reg);
+	mts_core_tick(&srv.reg);
 	cr_assert(s->flags & MTSHM_SLOT_OVER_LIMIT);
 	fx_write(sa, 900);
-	mts_tick(&srv.reg);
+	mts_core_tick(&srv.reg);
 	cr_assert_eq(s->flags & MTSHM_SLOT_OVER_LIMIT, 0, "flag cleared");
 	cr_assert_eq(nevents, 2);
 	cr_assert_eq(events[1].previous, OVER);
@@ -303,7 +303,7 @@ Test(limits, set_limit_needs_authorisation)
 	pid_t a = fx_spawn();
 	uint32_t sa = fx_register(a, "g", "");
 	fx_write(sa, 3000);
-	mts_tick(&srv.reg);
+	mts_core_tick(&srv.reg);
 
 	/* Tests run as root: the server's uid is 0; uid 1000 is nobody
 	 * special. */
@@ -400,7 +400,7 @@ Test(limits, policy_reload_applies_at_once)
 	pid_t a = fx_spawn();
 	uint32_t sa = fx_register(a, "etl", "");
 	fx_write(sa, 6000);
-	mts_tick(&srv.reg);
+	mts_core_tick(&srv.reg);
 	cr_assert_eq(fx_fleet().state, OK);
 	/* A runtime group limit, replaced by the reload. */
 	uint64_t prev, now;
@@ -478,7 +478,7 @@ Test(limits, rss_is_read_summed_and_measurable)
 	pa = mts_find_pid(&srv.reg, (uint32_t)a);
 	struct mts_proc *pb = mts_find_pid(&srv.reg, (uint32_t)b);
 	cr_assert_gt(pa->rss, 0);
-	mts_tick(&srv.reg);
+	mts_core_tick(&srv.reg);
 	cr_assert_eq(srv.reg.totals.rss, pa->rss + pb->rss);
 	cr_assert_eq(mts_find_group(&srv.reg, "g")->rss, pa->rss + pb->rss);
 
@@ -514,13 +514,13 @@ Test(limits, enforcement_signals_largest_over_its_own_limit)
 	fx_write(sa, 1200); /* over its own limit */
 	fx_write(sb, 1500); /* over its own limit, the largest */
 	fx_write(sc, 900);  /* within */
-	mts_tick(&srv.reg);
+	mts_core_tick(&srv.reg);
 	cr_assert_eq(srv.reg.totals.state, OVER);
 	/* Within the grace period: nothing. */
 	cr_assert_eq(srv.reg.stats.enforcement_signals, 0);
 	/* The grace period has passed. */
 	srv.reg.fleet_over_since_ns -= 61000ull * 1000000ull;
-	mts_tick(&srv.reg);
+	mts_core_tick(&srv.reg);
 	cr_assert_eq(srv.reg.stats.enforcement_signals, 1);
 	int st;
 	cr_assert_eq(waitpid(b, &st, 0), b);
@@ -530,7 +530,7 @@ Test(limits, enforcement_signals_largest_over_its_own_limit)
 			kids[i] = kids[--nkids];
 	/* The grace period started again: no second signal yet, even
 	 * though a is over its own limit too. */
-	mts_tick(&srv.reg);
+	mts_core_tick(&srv.reg);
 	cr_assert_eq(srv.reg.stats.enforcement_signals, 1);
 	cr_assert_eq(kill(a, 0), 0);
 }
@@ -546,7 +546,7 @@ Test(limits, enforcement_leaves_processes_within_their_limits)
 	fx_write(fx_register(a, "g", ""), 900);
 	fx_write(fx_register(b, "g", ""), 900);
 	for (int i = 0; i < 5; i++)
-		mts_tick(&srv.reg);
+		mts_core_tick(&srv.reg);
 	cr_assert_eq(srv.reg.totals.state, OVER);
 	cr_assert_eq(srv.reg.stats.enforcement_signals, 0);
 	cr_assert_eq(kill(a, 0), 0);
@@ -562,7 +562,7 @@ Test(limits, enforcement_off_by_default)
 	pid_t a = fx_spawn();
 	fx_write(fx_register(a, "g", ""), 5000);
 	for (int i = 0; i < 5; i++)
-		mts_tick(&srv.reg);
+		mts_core_tick(&srv.reg);
 	cr_assert_eq(srv.reg.totals.state, OVER);
 	cr_assert_eq(srv.reg.stats.enforcement_signals, 0);
 	cr_assert_eq(kill(a, 0), 0);
@@ -572,8 +572,8 @@ Test(limits, tick_stats)
 {
 	policy_fleet(0, 9000);
 	fx_start_policy(&pol);
-	mts_tick(&srv.reg);
-	mts_tick(&srv.reg);
+	mts_core_tick(&srv.reg);
+	mts_core_tick(&srv.reg);
 	cr_assert_eq(srv.reg.stats.tick_count, 2);
 	cr_assert_geq(srv.reg.stats.tick_ns_sum, srv.reg.stats.last_tick_ns);
 	pid_t a = fx_spawn();
@@ -591,7 +591,7 @@ Test(limits, process_leaving_while_over_is_an_event)
 	pid_t a = fx_spawn(), b = fx_spawn();
 	fx_write(fx_register(a, "g", ""), 5000);
 	fx_write(fx_register(b, "g", ""), 10);
-	mts_tick(&srv.reg);
+	mts_core_tick(&srv.reg);
 	cr_assert_eq(nevents, 1);
 	fx_kill(b); /* within its limit: nothing to say */
 	cr_assert_eq(nevents, 1);

@@ -53,7 +53,7 @@ static void setup(void)
 	    .segment = segname,
 	    .slots = 4,
 	    .lanes = 2,
-	    .tick_ms = 60000, /* tests call mts_tick() themselves */
+	    .tick_ms = 60000, /* tests call mts_core_tick() themselves */
 	    .threshold = 1000,
 	};
 	cr_assert_eq(uv_loop_init(&loop), 0);
@@ -120,7 +120,7 @@ static struct mts_proc *worker(const char *group, int64_t bytes,
 	mt_store_relaxed32(&s->threads, threads);
 	mt_store_relaxed32(&s->lanes_used, 1);
 	mt_store_relaxeds64(&mtshm_lane(s, 0)->bytes, bytes);
-	mts_tick(&srv.reg);
+	mts_core_tick(&srv.reg);
 	struct mts_proc *p = mts_find_pid(&srv.reg, (uint32_t)pid);
 	cr_assert_not_null(p);
 	return p;

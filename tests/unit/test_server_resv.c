@@ -412,7 +412,7 @@ Test(resv, randomized_against_brute_force)
 			/* A worker's use changes; a real tick (nothing is due
 			 * yet by the real clock). */
 			fx_write(slot[rand() % WORKERS], rand() % 12000);
-			mts_tick(&srv.reg);
+			mts_core_tick(&srv.reg);
 			check_shares(&srv.reg);
 		} else {
 			clock += (uint64_t)(rand() % 30) * 1000000000ull;

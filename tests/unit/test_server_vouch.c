@@ -37,7 +37,7 @@ static void start(uint64_t allowance, uint32_t untouched_ms)
 static void tick_with_kernel(void)
 {
 	mts_rss_sweep_sync(&srv.reg);
-	mts_tick(&srv.reg);
+	mts_core_tick(&srv.reg);
 }
 
 static uint64_t kernel_of(pid_t pid)
@@ -112,12 +112,12 @@ Test(vouch, a_claim_within_the_kernel_figure_is_all_vouched_for)
 	uint64_t k = kernel_of(w);
 	cr_assert_gt(k, 4096);
 	fx_write(s, (int64_t)(k - 4096));
-	mts_tick(&srv.reg);
+	mts_core_tick(&srv.reg);
 	cr_assert_eq(srv.reg.totals.bytes, k - 4096);
 	cr_assert_eq(srv.reg.totals.unvouched, 0);
 	/* No allowance: anything beyond the kernel figure is unvouched. */
 	fx_write(s, (int64_t)(k + MIB));
-	mts_tick(&srv.reg);
+	mts_core_tick(&srv.reg);
 	cr_assert_eq(srv.reg.totals.bytes, k);
 	cr_assert_eq(srv.reg.totals.unvouched, MIB);
 	fx_stop();
@@ -144,7 +144,7 @@ Test(vouch, an_excess_that_stays_goes_stale)
 	while (srv.reg.totals.bytes != k) {
 		cr_assert_lt(now_ms(), deadline, "allowance never went stale");
 		usleep(10000);
-		mts_tick(&srv.reg);
+		mts_core_tick(&srv.reg);
 	}
 	cr_assert_eq(srv.reg.totals.unvouched, GIB - k);
 	fx_stop();
@@ -164,7 +164,7 @@ Test(vouch, trusted_uids_count_in_full)
 	pol.trusted_uids[pol.ntrusted++] = LIAR_UID;
 	cr_assert_eq(mts_limits_apply_policy(&srv.reg, &pol), 0);
 	mts_policy_free(&pol);
-	mts_tick(&srv.reg);
+	mts_core_tick(&srv.reg);
 	cr_assert_eq(srv.reg.totals.bytes, 200 * MIB);
 	cr_assert_eq(srv.reg.totals.unvouched, 0);
 	fx_stop();

@@ -1,0 +1,311 @@
+/*
+ * core.c - the server's core above the registry: the tick, and the wiring
+ * of the registry's notifications to the modules that act on its figures.
+ *
+ * The registry (registry.c) knows identity, slots, groups and totals and
+ * nothing above them. What the modules above it keep per process or per
+ * uid, it hears of through struct mts_registry_watch, filled here:
+ * a process joins (vouch.c's flags, admit.c's reservations of its task)
+ * or leaves (limits.c: a process over its limit is over no more); a new
+ * uid's table (vouch.c); who may put a worker in which group (auth.c).
+ *
+ * Each tick, after summing the slots (accounted bytes, and the RSS read
+ * by the latest sweep), what is vouched for is settled (vouch.c),
+ * reservations are reconciled (admit.c), rates sampled (rate.c, through
+ * limits.c), states evaluated against the limits with hysteresis
+ * (limits.c), enforcement runs, and the fleet snapshot is published with
+ * its limit, reserved bytes and state.
+ *
+ * Sums saturate instead of wrapping: each sane slot is below 2^50 but
+ * there may be 2^20 of them.
+ */
+#include "mts_core.h"
+
+#include "mts_admit.h"
+#include "mts_auth.h"
+#include "mts_defs.h"
+#include "mts_limits.h"
+#include "mts_log.h"
+#include "mts_rate.h"
+#include "mts_registry.h"
+#include "mts_vouch.h"
+#include "mtshm.h"
+
+/* The error bound of a process is threshold x threads; threads is written
+ * by the client and so untrusted: bound it to keep the product sane. */
+#define THREADS_SANE_MAX (1u << 22)
+
+static uint64_t sat_sub(uint64_t a, uint64_t b)
+{
+	return a > b ? a - b : 0;
+}
+
+static uint64_t sat_mul(uint64_t a, uint64_t b)
+{
+	uint64_t r;
+	return __builtin_mul_overflow(a, b, &r) ? UINT64_MAX : r;
+}
+
+/* ---- what the registry tells the modules above it ------------------------ */
+
+static void on_joined(struct mts_registry *reg, struct mts_proc *p)
+{
+	mts_vouch_proc_init(reg, p);
+	if (p->task[0])
+		mts_resv_worker_registered(reg, p);
+}
+
+static void on_leaving(struct mts_registry *reg, const struct mts_proc *p)
+{
+	mts_limits_proc_gone(reg, p);
+}
+
+static void on_table(struct mts_registry *reg, struct mts_table *t)
+{
+	t->vouch.trusted = mts_uid_trusted(reg, t->uid);
+}
+
+static const struct mts_registry_watch core_watch = {
+    .joined = on_joined,
+    .leaving = on_leaving,
+    .table_added = on_table,
+    .is_admin = mts_peer_is_admin,
+    .may_join = mts_may_join_group,
+};
+
+int mts_core_init(struct mts_registry *reg, uv_loop_t *loop,
+                  struct mtshm_map *map, const char *label,
+                  struct mts_state *state)
+{
+	return mts_registry_init(reg, loop, map, label, state, &core_watch);
+}
+
+void mts_core_free(struct mts_registry *reg)
+{
+	mts_resv_free_all(reg);
+	mts_registry_free(reg);
+}
+
+/* ---- the tick ------------------------------------------------------------ */
+
+/* How many entries ahead the tick asks for a slot's line and its proc's:
+ * enough for a last-level-cache miss to overlap with the work of the
+ * slots in between (bench/RESULTS.md, server: 4, 8 and 16 measure the
+ * same; none at all is 1.7x slower at 16384 processes). */
+#define TICK_PREFETCH 8u
+
+/* What the tick adds up over the processes. */
+struct tick_sums {
+	uint64_t bytes, error_bytes, rss, mapped, allocator_free, unvouched;
+};
+
+/* Note `n` unvouched bytes of `uid` in group `g`. */
+static void group_unvouched(struct mts_group *g, uint32_t uid, uint64_t n)
+{
+	if (g->unvouched == 0)
+		g->unvouched_uid = uid;
+	else if (g->unvouched_uid != uid)
+		g->unvouched_uid = MTS_UID_MIXED;
+	g->unvouched = mt_sat_add(g->unvouched, n);
+}
+
+/* The allocator's free bytes of `p` this tick (layout 2.2), `heap` being
+ * its heap bytes. Most processes never publish a sample (the jemalloc
+ * front end does not: it gives its free pages back on its own): for them
+ * this reads lane 0's line, which the sum just read, and nothing else. A
+ * sample being written is skipped: the last value stands. */
+static inline uint64_t tick_free(struct mts_proc *p, struct mtshm_slot_id *s,
+                                 uint64_t heap, int *absurd)
+{
+	*absurd = 0;
+	if (!p->has_free && mt_load_relaxed64(&mtshm_lane(s, 0)->free_seq) == 0)
+		return 0;
+	p->has_free = true;
+	uint64_t f;
+	if (mtshm_free_now(s, heap, &f, absurd) && p->allocator_free != f)
+		p->allocator_free = f;
+	return p->allocator_free;
+}
+
+/* One process's share of a tick: sum its slot, update its figures, add
+ * them to its group and to `acc`. */
+static inline void tick_proc(struct mts_registry *reg, struct mts_proc *p,
+                             uint32_t lanes, struct tick_sums *acc)
+{
+	struct mtshm_slot_id *s = reg->slot_at[p->slot];
+	uint64_t flushes;
+	int absurd, mapped_absurd, free_absurd;
+	int64_t sum = mtshm_slot_sum(s, lanes, &flushes, &absurd);
+	uint64_t heap = sum < 0 ? 0 : (uint64_t)sum;
+	/* Lane 0's line, which the sum just read. */
+	uint64_t pm = mtshm_slot_mapped(s, &mapped_absurd);
+	uint64_t pf = tick_free(p, s, heap, &free_absurd);
+	absurd |= mapped_absurd | free_absurd;
+	uint32_t threads = mt_load_relaxed32(&s->threads);
+	/* Here and below: store only what changed. Most workers are idle
+	 * between two ticks, and a line left clean is dropped from the
+	 * cache for free instead of written back. */
+	if (p->threads != threads)
+		p->threads = threads;
+	/* RSS comes from the kernel, not the slot: it counts even for a
+	 * slot whose counters are quarantined. */
+	struct mts_group *g = &reg->groups[p->group];
+	g->rss = mt_sat_add(g->rss, p->rss);
+	acc->rss = mt_sat_add(acc->rss, p->rss);
+	if (absurd && !p->corrupt) {
+		p->corrupt = true;
+		mt_store_relaxed32(&s->flags, mt_load_relaxed32(&s->flags) |
+		                                  MTSHM_SLOT_CORRUPT);
+		mts_log(MTS_LOG_WARN, "slot counters corrupt, excluded",
+		        "pid=%u slot=%u", p->pid, p->slot);
+	}
+	if (p->corrupt) {
+		p->bytes = 0;
+		p->unvouched = 0;
+		p->error_bytes = 0;
+		p->mapped = 0;
+		p->allocator_free = 0;
+		return;
+	}
+	/* The three parts are below 2^50 here: no overflow. */
+	uint64_t pb = heap + pm + pf;
+	if (p->mapped != pm)
+		p->mapped = pm;
+	if (p->bytes != pb)
+		p->bytes = pb;
+	/* What counts toward others: all of it, but for an untrusted uid
+	 * (vouch.c). Its own limit (below) sees the claim. */
+	uint64_t pv = pb;
+	if (p->untrusted) {
+		pv = mts_vouch_proc(reg, p, pb);
+		if (pb != pv)
+			group_unvouched(g, p->uid, pb - pv);
+		acc->unvouched += pb - pv;
+	}
+	if (pb > p->peak) {
+		p->peak = pb;
+		mt_store_relaxed64(&s->peak, pb);
+	}
+	if (threads > THREADS_SANE_MAX)
+		threads = THREADS_SANE_MAX;
+	uint64_t pe = sat_mul(reg->threshold, threads);
+	if (p->error_bytes != pe)
+		p->error_bytes = pe;
+	g->bytes = mt_sat_add(g->bytes, pv);
+	g->mapped = mt_sat_add(g->mapped, pm);
+	g->error_bytes = mt_sat_add(g->error_bytes, pe);
+	acc->mapped = mt_sat_add(acc->mapped, pm);
+	if (pf) { /* most processes: none (every jemalloc one) */
+		g->allocator_free = mt_sat_add(g->allocator_free, pf);
+		acc->allocator_free = mt_sat_add(acc->allocator_free, pf);
+	}
+	acc->bytes = mt_sat_add(acc->bytes, pv);
+	acc->error_bytes = mt_sat_add(acc->error_bytes, pe);
+}
+
+/* Ticks [from, to) of dense[]; with `rate` (a constant at each call, so
+ * the branch is compiled away) each process's rate is also sampled, while
+ * its line is in cache. */
+static inline __attribute__((always_inline)) void
+tick_range(struct mts_registry *reg, uint32_t from, uint32_t to, bool rate,
+           uint64_t now, struct tick_sums *acc)
+{
+	uint32_t lanes = reg->layout.lane_count;
+	struct mtshm_slot_id *const *slot_at = reg->slot_at;
+	struct mts_proc *const *by_slot = reg->by_slot;
+	const uint32_t *dense = reg->dense;
+	uint32_t n = reg->ndense;
+	uint64_t window = rate ? mts_growth_window_ns(reg) : 0;
+	struct mts_decay_cache cache = {0};
+
+	/* dense[] is in no useful memory order (an exit moves the last entry
+	 * into its hole): ask for the slot line and the proc TICK_PREFETCH
+	 * entries ahead so their misses overlap with this entry's work.
+	 * (Walking by_slot[] in slot order instead, so that the hardware
+	 * prefetcher follows the slot lines, measured no better.) */
+	for (uint32_t i = from; i < to; i++) {
+		if (i + TICK_PREFETCH < n) {
+			uint32_t ahead = dense[i + TICK_PREFETCH];
+			mtshm_slot_prefetch(slot_at[ahead]);
+			__builtin_prefetch(by_slot[ahead], 1, 3);
+			if (rate)
+				__builtin_prefetch(&by_slot[ahead]->rate, 1, 3);
+		}
+		struct mts_proc *p = by_slot[dense[i]];
+		tick_proc(reg, p, lanes, acc);
+		/* The process's limit state, while its line is in cache (a
+		 * second pass over 16384 processes cost ~90 us, mostly
+		 * misses). Without a limit a process stays ok: skip. */
+		if (p->limit || p->state != MTSHM_STATE_OK)
+			mts_limits_eval_proc(reg, p);
+		if (rate)
+			mts_rate_add(&p->rate, now,
+			             mts_measured(reg, p->bytes, p->rss),
+			             window, &cache);
+	}
+}
+
+void mts_core_tick(struct mts_registry *reg)
+{
+	struct mts_totals *t = &reg->totals;
+	struct tick_sums acc = {0};
+	uint64_t started = mts_now_monotonic();
+	uint32_t n = reg->ndense;
+
+	for (uint32_t i = 0; i < reg->groups_used; i++) {
+		reg->groups[i].bytes = 0;
+		reg->groups[i].mapped = 0;
+		reg->groups[i].allocator_free = 0;
+		reg->groups[i].error_bytes = 0;
+		reg->groups[i].rss = 0;
+		reg->groups[i].unvouched = 0;
+	}
+	mts_vouch_begin(reg);
+	/* Processes' rates: one slice of dense[] per tick, so each is
+	 * sampled every MTS_RATE_PROC_SLICES ticks and no tick pays for all
+	 * of them (an exit reorders dense[]: a process may be sampled twice
+	 * in a round or skipped once, which the rate, fitted on sample
+	 * times, does not mind). */
+	uint32_t per = (n + MTS_RATE_PROC_SLICES - 1) / MTS_RATE_PROC_SLICES;
+	uint32_t lo = t->rate_slice * per;
+	uint32_t hi = lo + per;
+	lo = lo < n ? lo : n;
+	hi = hi < n ? hi : n;
+	t->rate_slice = (t->rate_slice + 1) % MTS_RATE_PROC_SLICES;
+	tick_range(reg, 0, lo, false, started, &acc);
+	tick_range(reg, lo, hi, true, started, &acc);
+	tick_range(reg, hi, n, false, started, &acc);
+	for (uint32_t i = 0; i < reg->groups_used; i++) {
+		struct mts_group *g = &reg->groups[i];
+		if (g->bytes > g->peak)
+			g->peak = g->bytes;
+	}
+	t->bytes = acc.bytes;
+	t->unvouched = acc.unvouched;
+	t->mapped = acc.mapped;
+	t->allocator_free = acc.allocator_free;
+	t->error_bytes = acc.error_bytes;
+	t->rss = acc.rss;
+	if (acc.bytes > t->peak)
+		t->peak = acc.bytes;
+	t->processes = reg->ndense;
+	t->ticks++;
+
+	uint64_t now = mts_now_monotonic();
+	mts_vouch_end(reg, now); /* may set vouch_wanted: server.c reads */
+	mts_tables_sweep(reg, now); /* a few tables: one per uid */
+	mts_resv_tick(reg, now);
+	if (now - t->rate_ns >= (uint64_t)MTS_RATE_SAMPLE_MS * 1000000u)
+		mts_rates_sample(reg, now);
+	/* Processes were evaluated in the loop above (their events come
+	 * before the fleet's and groups' of the same tick). */
+	mts_limits_eval(reg, false);
+	mts_enforce(reg, now);
+	t->heartbeat_ns = mts_now_monotonic();
+	mts_publish(reg);
+
+	uint64_t took = sat_sub(t->heartbeat_ns, started);
+	reg->stats.last_tick_ns = took;
+	reg->stats.tick_ns_sum = mt_sat_add(reg->stats.tick_ns_sum, took);
+	reg->stats.tick_count++;
+}
