@@ -45,7 +45,6 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "mts_conn.h"
 #include "mts_defs.h"
 #include "mts_hooks.h"
 #include "mts_log.h"

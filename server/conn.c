@@ -35,7 +35,7 @@
  * stops watching a listener whose pending connection is not accepted, so the
  * next connection after a close would wait too.
  *  - bytes: `held` is what a connection holds (its input buffer's
- *    capacity plus its unwritten output) and srv->net.buffered their sum.
+ *    capacity plus its unwritten output) and net->buffered their sum.
  *    Reads go into one shared buffer and only what is left unanswered is
  *    copied into the connection's own, so a peer that sends whole
  *    requests and reads its answers holds next to nothing. When the sum
@@ -103,7 +103,6 @@
 #include "mts_policy.h"
 #include "mts_registry.h"
 #include "mts_sockdiag.h"
-#include "server.h"
 
 #define READ_CHUNK (64u * 1024u)
 
@@ -113,16 +112,16 @@ struct mts_conn {
 		uv_pipe_t pipe;
 		uv_tcp_t tcp;
 	} h;
-	struct mts_server *srv;
-	struct mts_conn *prev, *next; /* srv->net.conns */
-	struct mts_conn *bnext;       /* srv->net.backlog_head */
+	struct mts_conns *net;
+	struct mts_conn *prev, *next; /* net->conns */
+	struct mts_conn *bnext;       /* net->backlog_head */
 	struct mts_peer peer;
 	uint8_t *in;
 	size_t in_off; /* in[in_off, in_len) is not answered yet */
 	size_t in_len;
 	size_t in_cap;
 	size_t out_pending; /* bytes in uv_write requests not completed */
-	size_t held;        /* in_cap + out_pending, as in srv->net.buffered */
+	size_t held;        /* in_cap + out_pending, as in net->buffered */
 	bool reading;
 	bool paused;     /* output over MTS_OUT_HIGH */
 	bool throttled;  /* over its share while the server is over budget */
@@ -130,7 +129,7 @@ struct mts_conn {
 	bool eof;        /* the peer will send nothing more */
 	bool close_after_write;
 	bool closing;
-	bool uid_counted; /* counted in srv->net.conn_uids under uid_key */
+	bool uid_counted; /* counted in net->conn_uids under uid_key */
 	uint32_t uid_key; /* peer uid, or MTS_UID_TCP */
 	uint64_t last_ms; /* uv_now() of accept or of the latest request */
 	struct mts_buf *turn_out; /* the output of the turn in progress */
@@ -158,17 +157,17 @@ static void on_conn_closed(uv_handle_t *h)
 	free(c);
 }
 
-static void backlog_remove(struct mts_server *srv, struct mts_conn *c)
+static void backlog_remove(struct mts_conns *net, struct mts_conn *c)
 {
 	struct mts_conn *prev = NULL;
-	for (struct mts_conn *x = srv->net.backlog_head; x; x = x->bnext) {
+	for (struct mts_conn *x = net->backlog_head; x; x = x->bnext) {
 		if (x == c) {
 			if (prev)
 				prev->bnext = c->bnext;
 			else
-				srv->net.backlog_head = c->bnext;
-			if (srv->net.backlog_tail == c)
-				srv->net.backlog_tail = prev;
+				net->backlog_head = c->bnext;
+			if (net->backlog_tail == c)
+				net->backlog_tail = prev;
 			break;
 		}
 		prev = x;
@@ -186,10 +185,10 @@ static void stop_reading(struct mts_conn *c)
 }
 
 /* A connection may hold this much while the server is over budget. */
-static size_t fair_share(const struct mts_server *srv)
+static size_t fair_share(const struct mts_conns *net)
 {
-	uint64_t n = srv->net.nconns ? srv->net.nconns : 1;
-	uint64_t share = srv->net.max_buffered / (2 * n);
+	uint64_t n = net->nconns ? net->nconns : 1;
+	uint64_t share = net->max_buffered / (2 * n);
 	return share < MTS_CONN_FLOOR ? MTS_CONN_FLOOR : (size_t)share;
 }
 
@@ -199,7 +198,7 @@ static void throttle(struct mts_conn *c)
 		return;
 	c->throttled = true;
 	stop_reading(c);
-	c->srv->net.conn_stats.throttled++;
+	c->net->conn_stats.throttled++;
 	mts_log(MTS_LOG_DEBUG, "over the server's buffer budget, throttled",
 	        "peer_pid=%u tcp=%d held=%zu", c->peer.pid, c->peer.tcp,
 	        c->held);
@@ -208,12 +207,12 @@ static void throttle(struct mts_conn *c)
 /* Back under the low mark: everyone may read again. Each throttled
  * connection gets a turn from the idle handle (not from here: this runs
  * inside other connections' callbacks). */
-static void budget_relieved(struct mts_server *srv)
+static void budget_relieved(struct mts_conns *net)
 {
-	srv->net.pressure = false;
-	srv->net.over_since_ms = 0;
+	net->pressure = false;
+	net->over_since_ms = 0;
 	uint32_t n = 0;
-	for (struct mts_conn *c = srv->net.conns; c; c = c->next) {
+	for (struct mts_conn *c = net->conns; c; c = c->next) {
 		if (!c->throttled)
 			continue;
 		c->throttled = false;
@@ -221,31 +220,31 @@ static void budget_relieved(struct mts_server *srv)
 		if (!c->closing && !c->backlogged)
 			backlog_add(c);
 	}
-	if (srv->net.budget_timer_open)
-		uv_timer_stop(&srv->net.budget_timer);
+	if (net->budget_timer_open)
+		uv_timer_stop(&net->budget_timer);
 	mts_log(MTS_LOG_INFO, "buffered bytes back under budget",
 	        "buffered=%llu max_buffered=%llu resumed=%u",
-	        (unsigned long long)srv->net.buffered,
-	        (unsigned long long)srv->net.max_buffered, n);
+	        (unsigned long long)net->buffered,
+	        (unsigned long long)net->max_buffered, n);
 }
 
-static void budget_grew(struct mts_server *srv, struct mts_conn *c)
+static void budget_grew(struct mts_conns *net, struct mts_conn *c)
 {
-	if (srv->net.pressure) {
-		if (!srv->net.over_since_ms)
-			srv->net.over_since_ms = uv_now(srv->loop);
-		if (c->held > fair_share(srv))
+	if (net->pressure) {
+		if (!net->over_since_ms)
+			net->over_since_ms = uv_now(net->loop);
+		if (c->held > fair_share(net))
 			throttle(c);
 		return;
 	}
-	if (srv->net.buffered <= srv->net.max_buffered)
+	if (net->buffered <= net->max_buffered)
 		return;
-	srv->net.pressure = true;
-	srv->net.over_since_ms = uv_now(srv->loop);
-	srv->net.conn_stats.pressure++;
-	size_t share = fair_share(srv);
+	net->pressure = true;
+	net->over_since_ms = uv_now(net->loop);
+	net->conn_stats.pressure++;
+	size_t share = fair_share(net);
 	uint32_t n = 0;
-	for (struct mts_conn *x = srv->net.conns; x; x = x->next) {
+	for (struct mts_conn *x = net->conns; x; x = x->next) {
 		if (x->held > share && !x->throttled && !x->closing) {
 			throttle(x);
 			n++;
@@ -256,11 +255,11 @@ static void budget_grew(struct mts_server *srv, struct mts_conn *c)
 	        "largest (reading stopped until their output drains)",
 	        "buffered=%llu max_buffered=%llu connections=%u share=%zu "
 	        "throttled=%u",
-	        (unsigned long long)srv->net.buffered,
-	        (unsigned long long)srv->net.max_buffered, srv->net.nconns,
+	        (unsigned long long)net->buffered,
+	        (unsigned long long)net->max_buffered, net->nconns,
 	        share, n);
-	if (srv->net.budget_timer_open)
-		uv_timer_start(&srv->net.budget_timer, on_budget_timer,
+	if (net->budget_timer_open)
+		uv_timer_start(&net->budget_timer, on_budget_timer,
 		               MTS_BUDGET_CHECK_MS, MTS_BUDGET_CHECK_MS);
 }
 
@@ -274,60 +273,60 @@ static void budget_grew(struct mts_server *srv, struct mts_conn *c)
  * peer that reads its answers is not the largest for long. */
 static void on_budget_timer(uv_timer_t *t)
 {
-	struct mts_server *srv = t->data;
-	if (!srv->net.pressure) {
+	struct mts_conns *net = t->data;
+	if (!net->pressure) {
 		uv_timer_stop(t);
 		return;
 	}
-	uint64_t now = uv_now(srv->loop);
-	uint64_t low = srv->net.max_buffered / 100 * MTS_BUDGET_LOW_PCT;
-	if (srv->net.buffered <= low) {
-		budget_relieved(srv);
+	uint64_t now = uv_now(net->loop);
+	uint64_t low = net->max_buffered / 100 * MTS_BUDGET_LOW_PCT;
+	if (net->buffered <= low) {
+		budget_relieved(net);
 		return;
 	}
-	if (!srv->net.over_since_ms)
-		srv->net.over_since_ms = now;
-	if (now - srv->net.over_since_ms < MTS_BUDGET_GRACE_MS)
+	if (!net->over_since_ms)
+		net->over_since_ms = now;
+	if (now - net->over_since_ms < MTS_BUDGET_GRACE_MS)
 		return;
-	while (srv->net.pressure && srv->net.buffered > low) {
+	while (net->pressure && net->buffered > low) {
 		struct mts_conn *big = NULL;
-		for (struct mts_conn *c = srv->net.conns; c; c = c->next)
+		for (struct mts_conn *c = net->conns; c; c = c->next)
 			if (!c->closing && (!big || c->held > big->held))
 				big = c;
 		if (!big || big->held == 0)
 			break;
-		srv->net.conn_stats.evicted++;
+		net->conn_stats.evicted++;
 		mts_log(MTS_LOG_WARN,
 		        "connection holds the most while over max_buffered "
 		        "and did not drain; disconnected",
 		        "peer_pid=%u tcp=%d held=%zu buffered=%llu "
 		        "max_buffered=%llu",
 		        big->peer.pid, big->peer.tcp, big->held,
-		        (unsigned long long)srv->net.buffered,
-		        (unsigned long long)srv->net.max_buffered);
+		        (unsigned long long)net->buffered,
+		        (unsigned long long)net->max_buffered);
 		conn_close(big); /* relieves the budget once under `low` */
 	}
-	if (srv->net.pressure)
-		srv->net.over_since_ms = now;
+	if (net->pressure)
+		net->over_since_ms = now;
 }
 
-/* Bring c->held and srv->net.buffered up to date after its input buffer or
+/* Bring c->held and net->buffered up to date after its input buffer or
  * its unwritten output changed. A closing connection holds nothing: its
  * memory is freed by the close and write callbacks that follow. */
 static void conn_account(struct mts_conn *c)
 {
-	struct mts_server *srv = c->srv;
+	struct mts_conns *net = c->net;
 	size_t now = c->closing ? 0 : c->in_cap + c->out_pending;
 	size_t was = c->held;
 	c->held = now;
-	srv->net.buffered = srv->net.buffered - was + now;
-	srv->net.conn_stats.buffered = srv->net.buffered;
+	net->buffered = net->buffered - was + now;
+	net->conn_stats.buffered = net->buffered;
 	if (now > was)
-		budget_grew(srv, c);
-	else if (srv->net.pressure &&
-	         srv->net.buffered <=
-	             srv->net.max_buffered / 100 * MTS_BUDGET_LOW_PCT)
-		budget_relieved(srv);
+		budget_grew(net, c);
+	else if (net->pressure &&
+	         net->buffered <=
+	             net->max_buffered / 100 * MTS_BUDGET_LOW_PCT)
+		budget_relieved(net);
 }
 
 static void conn_close(struct mts_conn *c)
@@ -340,20 +339,20 @@ static void conn_close(struct mts_conn *c)
 	 * served, and its fd number is about to be reused. */
 	c->peer.gone = true;
 	c->peer.fd = -1;
-	struct mts_server *srv = c->srv;
+	struct mts_conns *net = c->net;
 	conn_account(c);
 	if (c->backlogged)
-		backlog_remove(srv, c);
+		backlog_remove(net, c);
 	if (c->prev)
 		c->prev->next = c->next;
 	else
-		srv->net.conns = c->next;
+		net->conns = c->next;
 	if (c->next)
 		c->next->prev = c->prev;
-	srv->net.nconns--;
-	srv->net.conn_stats.open = srv->net.nconns;
+	net->nconns--;
+	net->conn_stats.open = net->nconns;
 	if (c->uid_counted) {
-		mts_uid_count_sub(&srv->net.conn_uids, c->uid_key);
+		mts_uid_count_sub(&net->conn_uids, c->uid_key);
 		c->uid_counted = false;
 	}
 	mts_log(MTS_LOG_DEBUG, "connection closed", "peer_pid=%u tcp=%d",
@@ -387,16 +386,16 @@ static void conn_maybe_finish(struct mts_conn *c)
 
 static void backlog_add(struct mts_conn *c)
 {
-	struct mts_server *srv = c->srv;
+	struct mts_conns *net = c->net;
 	c->backlogged = true;
 	c->bnext = NULL;
-	if (srv->net.backlog_tail)
-		srv->net.backlog_tail->bnext = c;
+	if (net->backlog_tail)
+		net->backlog_tail->bnext = c;
 	else
-		srv->net.backlog_head = c;
-	srv->net.backlog_tail = c;
-	if (!uv_is_active((uv_handle_t *)&srv->net.idle))
-		uv_idle_start(&srv->net.idle, on_idle);
+		net->backlog_head = c;
+	net->backlog_tail = c;
+	if (!uv_is_active((uv_handle_t *)&net->idle))
+		uv_idle_start(&net->idle, on_idle);
 }
 
 static void on_write(uv_write_t *req, int status)
@@ -561,8 +560,8 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 {
 	struct mts_conn *c = h->data;
 	(void)suggested;
-	*buf = uv_buf_init((char *)c->srv->net.scratch,
-	                   c->srv->net.scratch ? READ_CHUNK : 0);
+	*buf = uv_buf_init((char *)c->net->scratch,
+	                   c->net->scratch ? READ_CHUNK : 0);
 }
 
 /* Append a read to the connection's input (what is not answered yet).
@@ -619,13 +618,13 @@ static void conn_process(struct mts_conn *c)
 	};
 	/* Over budget, a turn of a connection still under its share adds at
 	 * most about that share (one answer at least), not MTS_OUT_HIGH. */
-	if (c->srv->net.pressure && budget.out_bytes > MTS_CONN_FLOOR)
+	if (c->net->pressure && budget.out_bytes > MTS_CONN_FLOOR)
 		budget.out_bytes = MTS_CONN_FLOOR;
 	size_t used = 0;
 	c->turn_out = &out;
 	/* c->in is NULL for a peer holding nothing (NULL + 0 is undefined). */
 	const uint8_t *in = c->in ? c->in + c->in_off : NULL;
-	int r = mts_input(&c->srv->reg, &c->peer, in, c->in_len - c->in_off,
+	int r = mts_input(c->net->reg, &c->peer, in, c->in_len - c->in_off,
 	                  &out, budget, &used);
 	c->turn_out = NULL;
 	if (c->closing) {
@@ -634,7 +633,7 @@ static void conn_process(struct mts_conn *c)
 		return;
 	}
 	if (used > 0)
-		c->last_ms = uv_now(c->srv->loop); /* not idle */
+		c->last_ms = uv_now(c->net->loop); /* not idle */
 	c->in_off += used;
 	if (c->in_off == c->in_len && c->in_cap > 0) {
 		/* Everything answered: hold nothing for an idle peer (the
@@ -688,20 +687,20 @@ static void conn_process(struct mts_conn *c)
  * would stop there and strand every connection after it. */
 static void on_idle(uv_idle_t *h)
 {
-	struct mts_server *srv = h->data;
+	struct mts_conns *net = h->data;
 	uint32_t n = 0;
-	for (struct mts_conn *x = srv->net.backlog_head; x; x = x->bnext)
+	for (struct mts_conn *x = net->backlog_head; x; x = x->bnext)
 		n++;
-	while (n-- > 0 && srv->net.backlog_head) {
-		struct mts_conn *c = srv->net.backlog_head;
-		srv->net.backlog_head = c->bnext;
-		if (!srv->net.backlog_head)
-			srv->net.backlog_tail = NULL;
+	while (n-- > 0 && net->backlog_head) {
+		struct mts_conn *c = net->backlog_head;
+		net->backlog_head = c->bnext;
+		if (!net->backlog_head)
+			net->backlog_tail = NULL;
 		c->bnext = NULL;
 		c->backlogged = false;
 		conn_process(c); /* may queue c again, at the tail */
 	}
-	if (!srv->net.backlog_head)
+	if (!net->backlog_head)
 		uv_idle_stop(h);
 }
 
@@ -746,19 +745,19 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
  */
 static bool uid_admit(struct mts_conn *c, bool admin)
 {
-	struct mts_server *srv = c->srv;
+	struct mts_conns *net = c->net;
 	c->uid_key = c->peer.has_cred ? c->peer.uid : MTS_UID_TCP;
-	uint32_t open = mts_uid_count_get(&srv->net.conn_uids, c->uid_key);
+	uint32_t open = mts_uid_count_get(&net->conn_uids, c->uid_key);
 	uint32_t cap = c->uid_key == MTS_UID_TCP
-	                   ? srv->net.max_conns_unidentified
-	                   : srv->net.max_conns_per_uid;
+	                   ? net->max_conns_unidentified
+	                   : net->max_conns_per_uid;
 	if (open >= cap && !admin) {
 		char who[MTS_PEER_WHO_MAX];
-		srv->net.conn_stats.rejected_uid++;
-		srv->net.uid_rejected_unlogged++;
-		uint64_t now = uv_now(srv->loop);
-		if (!srv->net.uid_rejected_logged_ms ||
-		    now - srv->net.uid_rejected_logged_ms >= 1000) {
+		net->conn_stats.rejected_uid++;
+		net->uid_rejected_unlogged++;
+		uint64_t now = uv_now(net->loop);
+		if (!net->uid_rejected_logged_ms ||
+		    now - net->uid_rejected_logged_ms >= 1000) {
 			bool anon = c->uid_key == MTS_UID_TCP;
 			mts_log(MTS_LOG_WARN,
 			        anon ? "max_connections_unidentified reached; "
@@ -770,22 +769,22 @@ static bool uid_admit(struct mts_conn *c, bool admin)
 			        "%s open=%u cap=%u rejected=%llu",
 			        mts_peer_who(&c->peer, who, sizeof(who)), open,
 			        cap,
-			        (unsigned long long)srv->net.uid_rejected_unlogged);
-			srv->net.uid_rejected_logged_ms = now;
-			srv->net.uid_rejected_unlogged = 0;
+			        (unsigned long long)net->uid_rejected_unlogged);
+			net->uid_rejected_logged_ms = now;
+			net->uid_rejected_unlogged = 0;
 		}
 		conn_close(c);
 		return false;
 	}
 	/* Out of memory: not counted (nor capped), which is all it costs. */
 	c->uid_counted =
-	    mts_uid_count_add(&srv->net.conn_uids, c->uid_key) == 0;
+	    mts_uid_count_add(&net->conn_uids, c->uid_key) == 0;
 	return true;
 }
 
 /* A new connection record, linked into the server's list (conn_close()
  * unlinks it), or NULL when out of memory. */
-static struct mts_conn *conn_new(struct mts_server *srv, bool tcp)
+static struct mts_conn *conn_new(struct mts_conns *net, bool tcp)
 {
 	struct mts_conn *c = calloc(1, sizeof(*c));
 	if (!c) {
@@ -793,23 +792,23 @@ static struct mts_conn *conn_new(struct mts_server *srv, bool tcp)
 		        NULL);
 		return NULL;
 	}
-	c->srv = srv;
+	c->net = net;
 	c->peer.fd = -1;
 	c->peer.tcp = tcp;
 	if (tcp)
-		uv_tcp_init(srv->loop, &c->h.tcp);
+		uv_tcp_init(net->loop, &c->h.tcp);
 	else
-		uv_pipe_init(srv->loop, &c->h.pipe, 0);
+		uv_pipe_init(net->loop, &c->h.pipe, 0);
 	c->h.stream.data = c;
-	c->next = srv->net.conns;
-	if (srv->net.conns)
-		srv->net.conns->prev = c;
-	srv->net.conns = c;
-	srv->net.nconns++;
-	srv->net.conn_stats.open = srv->net.nconns;
-	srv->net.conn_stats.max = srv->net.max_conns;
-	srv->net.conn_stats.buffered_max = srv->net.max_buffered;
-	srv->net.conn_stats.max_per_uid = srv->net.max_conns_per_uid;
+	c->next = net->conns;
+	if (net->conns)
+		net->conns->prev = c;
+	net->conns = c;
+	net->nconns++;
+	net->conn_stats.open = net->nconns;
+	net->conn_stats.max = net->max_conns;
+	net->conn_stats.buffered_max = net->max_buffered;
+	net->conn_stats.max_per_uid = net->max_conns_per_uid;
 	return c;
 }
 
@@ -818,22 +817,22 @@ static struct mts_conn *conn_new(struct mts_server *srv, bool tcp)
  * line a second. */
 static void conn_refuse_over_max(struct mts_conn *c, bool admin)
 {
-	struct mts_server *srv = c->srv;
-	srv->net.conn_stats.rejected++;
-	srv->net.rejected_unlogged++;
-	uint64_t now = uv_now(srv->loop);
-	if (!srv->net.rejected_logged_ms ||
-	    now - srv->net.rejected_logged_ms >= 1000) {
+	struct mts_conns *net = c->net;
+	net->conn_stats.rejected++;
+	net->rejected_unlogged++;
+	uint64_t now = uv_now(net->loop);
+	if (!net->rejected_logged_ms ||
+	    now - net->rejected_logged_ms >= 1000) {
 		mts_log(MTS_LOG_WARN,
 		        "max_connections reached; new connections are closed "
 		        "at once",
 		        "max_connections=%u admin_reserve=%u admin=%d tcp=%d "
 		        "rejected=%llu",
-		        srv->net.max_conns, srv->net.admin_reserve, admin,
+		        net->max_conns, net->admin_reserve, admin,
 		        c->peer.tcp,
-		        (unsigned long long)srv->net.rejected_unlogged);
-		srv->net.rejected_logged_ms = now;
-		srv->net.rejected_unlogged = 0;
+		        (unsigned long long)net->rejected_unlogged);
+		net->rejected_logged_ms = now;
+		net->rejected_unlogged = 0;
 	}
 	conn_close(c);
 }
@@ -919,18 +918,18 @@ static void conn_tcp_setup(struct mts_conn *c)
 static bool conn_is_admin(struct mts_conn *c)
 {
 	return c->peer.has_cred &&
-	       mts_authorise(&c->srv->reg, &c->peer, NULL) != MTS_AUTH_NONE;
+	       mts_authorise(c->net->reg, &c->peer, NULL) != MTS_AUTH_NONE;
 }
 
 static void accept_one(uv_stream_t *listener, int status, bool tcp)
 {
-	struct mts_server *srv = listener->data;
+	struct mts_conns *net = listener->data;
 	if (status < 0) {
 		mts_log(MTS_LOG_WARN, "accept failed", "err=%s",
 		        uv_err_name(status));
 		return;
 	}
-	struct mts_conn *c = conn_new(srv, tcp);
+	struct mts_conn *c = conn_new(net, tcp);
 	if (!c)
 		return;
 	int err = uv_accept(listener, &c->h.stream);
@@ -940,7 +939,7 @@ static void accept_one(uv_stream_t *listener, int status, bool tcp)
 		conn_close(c);
 		return;
 	}
-	c->last_ms = uv_now(srv->loop);
+	c->last_ms = uv_now(net->loop);
 	if (tcp)
 		conn_tcp_setup(c);
 	else
@@ -948,9 +947,9 @@ static void accept_one(uv_stream_t *listener, int status, bool tcp)
 	/* Who it is decides which caps apply: the last admin_reserve
 	 * places of max_connections are kept for admins. */
 	bool admin = conn_is_admin(c);
-	uint32_t room = admin ? srv->net.max_conns
-	                      : srv->net.max_conns - srv->net.admin_reserve;
-	if (srv->net.nconns > room) {
+	uint32_t room = admin ? net->max_conns
+	                      : net->max_conns - net->admin_reserve;
+	if (net->nconns > room) {
 		conn_refuse_over_max(c, admin);
 		return;
 	}
@@ -1112,15 +1111,15 @@ int mts_socket_prepare(const char *path)
  */
 static void on_idle_timer(uv_timer_t *t)
 {
-	struct mts_server *srv = t->data;
-	uint64_t now = uv_now(srv->loop);
+	struct mts_conns *net = t->data;
+	uint64_t now = uv_now(net->loop);
 	struct mts_conn *next;
-	for (struct mts_conn *c = srv->net.conns; c; c = next) {
+	for (struct mts_conn *c = net->conns; c; c = next) {
 		next = c->next;
 		if (c->peer.watching || c->closing ||
-		    now - c->last_ms < srv->net.idle_ms)
+		    now - c->last_ms < net->idle_ms)
 			continue;
-		srv->net.conn_stats.idle_closed++;
+		net->conn_stats.idle_closed++;
 		char who[MTS_PEER_WHO_MAX];
 		mts_log(MTS_LOG_DEBUG, "connection idle, closed",
 		        "%s idle_ms=%llu",
@@ -1132,62 +1131,62 @@ static void on_idle_timer(uv_timer_t *t)
 
 /* What both listeners need: the backlog's idle handle, the budget and
  * its timer, the scratch buffer. Once. */
-static int conns_init(struct mts_server *srv)
+static int conns_init(struct mts_conns *net)
 {
-	if (srv->net.idle_open)
+	if (net->idle_open)
 		return 0;
-	srv->net.max_conns =
-	    srv->cfg.max_conns ? srv->cfg.max_conns : MTS_DEFAULT_MAX_CONNS;
-	srv->net.max_buffered = srv->cfg.max_buffered
-	                            ? srv->cfg.max_buffered
+	net->max_conns =
+	    net->cfg->max_conns ? net->cfg->max_conns : MTS_DEFAULT_MAX_CONNS;
+	net->max_buffered = net->cfg->max_buffered
+	                            ? net->cfg->max_buffered
 	                            : MTS_DEFAULT_MAX_BUFFERED;
-	srv->net.max_conns_per_uid = srv->cfg.max_conns_per_uid
-	                                 ? srv->cfg.max_conns_per_uid
+	net->max_conns_per_uid = net->cfg->max_conns_per_uid
+	                                 ? net->cfg->max_conns_per_uid
 	                                 : MTS_DEFAULT_MAX_CONNS_PER_UID;
-	srv->net.max_conns_unidentified =
-	    srv->cfg.max_conns_unidentified
-	        ? srv->cfg.max_conns_unidentified
+	net->max_conns_unidentified =
+	    net->cfg->max_conns_unidentified
+	        ? net->cfg->max_conns_unidentified
 	        : MTS_DEFAULT_MAX_CONNS_UNIDENTIFIED;
 	/* No reserve when there is a single place: it would lock out
 	 * everyone but the admins. */
-	uint32_t reserve = srv->net.max_conns / MTS_ADMIN_RESERVE_DIV;
+	uint32_t reserve = net->max_conns / MTS_ADMIN_RESERVE_DIV;
 	if (reserve < 1)
 		reserve = 1;
 	if (reserve > MTS_ADMIN_RESERVE_MAX)
 		reserve = MTS_ADMIN_RESERVE_MAX;
-	srv->net.admin_reserve = srv->net.max_conns > 1 ? reserve : 0;
-	srv->net.idle_ms = srv->cfg.no_idle_timeout   ? 0
-	                   : srv->cfg.idle_timeout_ms ? srv->cfg.idle_timeout_ms
+	net->admin_reserve = net->max_conns > 1 ? reserve : 0;
+	net->idle_ms = net->cfg->no_idle_timeout   ? 0
+	                   : net->cfg->idle_timeout_ms ? net->cfg->idle_timeout_ms
 	                                              : MTS_DEFAULT_IDLE_MS;
-	if (!srv->net.scratch) {
-		srv->net.scratch = malloc(READ_CHUNK);
-		if (!srv->net.scratch)
+	if (!net->scratch) {
+		net->scratch = malloc(READ_CHUNK);
+		if (!net->scratch)
 			return -ENOMEM;
 	}
-	int err = uv_timer_init(srv->loop, &srv->net.budget_timer);
+	int err = uv_timer_init(net->loop, &net->budget_timer);
 	if (err < 0)
 		return err;
-	srv->net.budget_timer.data = srv;
-	srv->net.budget_timer_open = true;
-	err = uv_idle_init(srv->loop, &srv->net.idle);
+	net->budget_timer.data = net;
+	net->budget_timer_open = true;
+	err = uv_idle_init(net->loop, &net->idle);
 	if (err < 0)
 		return err;
-	srv->net.idle.data = srv;
-	srv->net.idle_open = true;
-	if (srv->net.idle_ms) {
-		err = uv_timer_init(srv->loop, &srv->net.idle_timer);
+	net->idle.data = net;
+	net->idle_open = true;
+	if (net->idle_ms) {
+		err = uv_timer_init(net->loop, &net->idle_timer);
 		if (err < 0)
 			return err;
-		srv->net.idle_timer.data = srv;
-		srv->net.idle_timer_open = true;
+		net->idle_timer.data = net;
+		net->idle_timer_open = true;
 		/* Checked every quarter of the timeout: a connection goes
 		 * between 1 and 1.25 timeouts after its last request. */
 		uint64_t every =
-		    srv->net.idle_ms / 4 ? srv->net.idle_ms / 4 : 1;
-		uv_timer_start(&srv->net.idle_timer, on_idle_timer, every,
+		    net->idle_ms / 4 ? net->idle_ms / 4 : 1;
+		uv_timer_start(&net->idle_timer, on_idle_timer, every,
 		               every);
 		/* Not a reason to keep the loop running. */
-		uv_unref((uv_handle_t *)&srv->net.idle_timer);
+		uv_unref((uv_handle_t *)&net->idle_timer);
 	}
 	return 0;
 }
@@ -1208,7 +1207,7 @@ static int conns_init(struct mts_server *srv)
  * with uv_pipe_open(): libuv knows no path to unlink at close, and
  * mts_server_free() removes the socket, if it is still ours.
  */
-static int bind_in(struct mts_server *srv, int dfd, int *out)
+static int bind_in(struct mts_conns *net, int dfd, int *out)
 {
 	struct sockaddr_un sa = {.sun_family = AF_UNIX};
 	snprintf(sa.sun_path, sizeof(sa.sun_path), "/proc/self/fd/%d/s", dfd);
@@ -1218,8 +1217,8 @@ static int bind_in(struct mts_server *srv, int dfd, int *out)
 	struct stat st;
 	if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ||
 	    fchmodat(dfd, "s", 0660, 0) < 0 ||
-	    (srv->cfg.has_gid &&
-	     fchownat(dfd, "s", (uid_t)-1, (gid_t)srv->cfg.gid,
+	    (net->cfg->has_gid &&
+	     fchownat(dfd, "s", (uid_t)-1, (gid_t)net->cfg->gid,
 	              AT_SYMLINK_NOFOLLOW) < 0) ||
 	    fstatat(dfd, "s", &st, AT_SYMLINK_NOFOLLOW) < 0) {
 		int err = -errno;
@@ -1228,9 +1227,9 @@ static int bind_in(struct mts_server *srv, int dfd, int *out)
 	}
 	/* The file we made: the socket-file check and the removal at exit
 	 * compare the path with it. */
-	srv->sock_dev = st.st_dev;
-	srv->sock_ino = st.st_ino;
-	srv->sock_known = true;
+	net->sock_dev = st.st_dev;
+	net->sock_ino = st.st_ino;
+	net->sock_known = true;
 	*out = fd;
 	return 0;
 }
@@ -1249,10 +1248,10 @@ static int move_into_place(int dfd, const char *path)
 	return 0;
 }
 
-int mts_listen(struct mts_server *srv)
+int mts_listen(struct mts_conns *net)
 {
-	const char *path = srv->cfg.socket_path;
-	int err = conns_init(srv);
+	const char *path = net->cfg->socket_path;
+	int err = conns_init(net);
 	if (err < 0)
 		return err;
 	char tmp[PATH_MAX];
@@ -1270,82 +1269,82 @@ int mts_listen(struct mts_server *srv)
 		return err;
 	}
 	int fd = -1;
-	err = bind_in(srv, dfd, &fd);
+	err = bind_in(net, dfd, &fd);
 	if (err == 0)
-		err = uv_pipe_init(srv->loop, &srv->net.listener, 0);
+		err = uv_pipe_init(net->loop, &net->listener, 0);
 	if (err == 0) {
-		srv->net.listener.data = srv;
-		srv->net.listening = true; /* open: close it on stop */
-		err = uv_pipe_open(&srv->net.listener, fd);
+		net->listener.data = net;
+		net->listening = true; /* open: close it on stop */
+		err = uv_pipe_open(&net->listener, fd);
 		if (err < 0)
 			close(fd); /* not the handle's yet */
 	} else if (fd >= 0) {
 		close(fd);
 	}
 	if (err == 0)
-		err = uv_listen((uv_stream_t *)&srv->net.listener, SOMAXCONN,
+		err = uv_listen((uv_stream_t *)&net->listener, SOMAXCONN,
 		                on_connection);
 	if (err == 0)
 		err = move_into_place(dfd, path);
 	if (err == 0)
-		srv->net.socket_bound = true;
+		net->socket_bound = true;
 	unlinkat(dfd, "s", 0); /* the link fallback's, or after a failure */
 	close(dfd);
 	rmdir(tmp);
 	return err;
 }
 
-int mts_listen_tcp(struct mts_server *srv)
+int mts_listen_tcp(struct mts_conns *net)
 {
 	struct sockaddr_storage ss;
 	socklen_t sslen;
 	bool loopback;
 	char q[MTS_LOGQ_MAX];
-	int err = conns_init(srv);
+	int err = conns_init(net);
 	if (err < 0)
 		return err;
-	err = mts_parse_hostport(srv->cfg.tcp_addr, &ss, &sslen, &loopback);
+	err = mts_parse_hostport(net->cfg->tcp_addr, &ss, &sslen, &loopback);
 	if (err < 0)
 		return err;
-	err = uv_tcp_init(srv->loop, &srv->net.tcp_listener);
+	err = uv_tcp_init(net->loop, &net->tcp_listener);
 	if (err < 0)
 		return err;
-	srv->net.tcp_listener.data = srv;
-	srv->net.tcp_listening =
+	net->tcp_listener.data = net;
+	net->tcp_listening =
 	    true; /* the handle is open: close it on stop */
-	err = uv_tcp_bind(&srv->net.tcp_listener, (struct sockaddr *)&ss, 0);
+	err = uv_tcp_bind(&net->tcp_listener, (struct sockaddr *)&ss, 0);
 	if (err < 0)
 		return err;
-	err = uv_listen((uv_stream_t *)&srv->net.tcp_listener, SOMAXCONN,
+	err = uv_listen((uv_stream_t *)&net->tcp_listener, SOMAXCONN,
 	                on_tcp_connection);
 	if (err < 0)
 		return err;
 	struct sockaddr_storage bound;
 	int len = sizeof(bound);
-	if (uv_tcp_getsockname(&srv->net.tcp_listener,
+	if (uv_tcp_getsockname(&net->tcp_listener,
 	                       (struct sockaddr *)&bound, &len) == 0)
-		srv->net.tcp_port =
+		net->tcp_port =
 		    ntohs(bound.ss_family == AF_INET6
 		              ? ((struct sockaddr_in6 *)&bound)->sin6_port
 		              : ((struct sockaddr_in *)&bound)->sin_port);
 	mts_log(MTS_LOG_INFO, "tcp listening",
 	        "addr=%s port=%u loopback=%d "
 	        "token=%s",
-	        mts_logq(q, sizeof(q), srv->cfg.tcp_addr), srv->net.tcp_port,
-	        loopback, srv->reg.policy.tcp_token ? "set" : "none");
+	        mts_logq(q, sizeof(q), net->cfg->tcp_addr), net->tcp_port,
+	        loopback, net->reg->policy.tcp_token ? "set" : "none");
 	return 0;
 }
 
 void mts_watch_broadcast(void *ctx, const struct mts_event *ev)
 {
-	struct mts_server *srv = ctx;
+	struct mts_conns *net = ctx;
 	struct mts_conn *next;
-	for (struct mts_conn *c = srv->net.conns; c; c = next) {
+	for (struct mts_conn *c = net->conns; c; c = next) {
 		next = c->next;
 		if (!c->peer.watching || c->closing || c->close_after_write)
 			continue;
 		if (c->out_pending >= MTS_OUT_HIGH) {
-			srv->reg.stats.watch_disconnects++;
+			net->reg->stats.watch_disconnects++;
 			mts_log(MTS_LOG_WARN,
 			        "watch subscriber not reading, disconnected",
 			        "peer_pid=%u tcp=%d pending=%zu", c->peer.pid,
@@ -1355,51 +1354,51 @@ void mts_watch_broadcast(void *ctx, const struct mts_event *ev)
 		}
 		if (c->turn_out) {
 			/* Its own request raised the event: keep order. */
-			if (mts_event_append(&srv->reg, c->peer.watch_id, ev,
+			if (mts_event_append(net->reg, c->peer.watch_id, ev,
 			                     c->turn_out) == 0)
-				srv->reg.stats.events++;
+				net->reg->stats.events++;
 			continue;
 		}
 		struct mts_buf out = {0};
-		if (mts_event_append(&srv->reg, c->peer.watch_id, ev, &out) <
+		if (mts_event_append(net->reg, c->peer.watch_id, ev, &out) <
 		        0 ||
 		    conn_write(c, &out) < 0) {
 			mts_buf_free(&out);
 			conn_close(c);
 			continue;
 		}
-		srv->reg.stats.events++;
+		net->reg->stats.events++;
 	}
 }
 
-void mts_conns_close(struct mts_server *srv)
+void mts_conns_close(struct mts_conns *net)
 {
-	if (srv->net.listening) {
+	if (net->listening) {
 		/* libuv unlinks no path: it did not bind the socket
 		 * (mts_listen), mts_server_free() removes it if ours. */
-		uv_close((uv_handle_t *)&srv->net.listener, NULL);
-		srv->net.listening = false;
+		uv_close((uv_handle_t *)&net->listener, NULL);
+		net->listening = false;
 	}
-	if (srv->net.tcp_listening) {
-		uv_close((uv_handle_t *)&srv->net.tcp_listener, NULL);
-		srv->net.tcp_listening = false;
+	if (net->tcp_listening) {
+		uv_close((uv_handle_t *)&net->tcp_listener, NULL);
+		net->tcp_listening = false;
 	}
-	while (srv->net.conns)
-		conn_close(srv->net.conns);
-	if (srv->net.idle_open) {
-		uv_close((uv_handle_t *)&srv->net.idle, NULL);
-		srv->net.idle_open = false;
+	while (net->conns)
+		conn_close(net->conns);
+	if (net->idle_open) {
+		uv_close((uv_handle_t *)&net->idle, NULL);
+		net->idle_open = false;
 	}
-	if (srv->net.budget_timer_open) {
-		uv_close((uv_handle_t *)&srv->net.budget_timer, NULL);
-		srv->net.budget_timer_open = false;
+	if (net->budget_timer_open) {
+		uv_close((uv_handle_t *)&net->budget_timer, NULL);
+		net->budget_timer_open = false;
 	}
-	if (srv->net.idle_timer_open) {
-		uv_close((uv_handle_t *)&srv->net.idle_timer, NULL);
-		srv->net.idle_timer_open = false;
+	if (net->idle_timer_open) {
+		uv_close((uv_handle_t *)&net->idle_timer, NULL);
+		net->idle_timer_open = false;
 	}
-	mts_uid_counts_free(&srv->net.conn_uids);
+	mts_uid_counts_free(&net->conn_uids);
 	/* No read can come any more: every stream is closing. */
-	free(srv->net.scratch);
-	srv->net.scratch = NULL;
+	free(net->scratch);
+	net->scratch = NULL;
 }

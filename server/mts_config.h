@@ -14,6 +14,21 @@
 #include "mts_hooks.h"
 #include "mts_policy.h"
 
+/* Connections (conn.c): the defaults and bounds of their keys. The
+ * server-wide budget: at most max_connections open and max_buffered
+ * bytes of input and unwritten output over all of them; per peer uid
+ * (admins exempt; TCP peers of unknown uid are one bucket with a cap of
+ * its own); a connection with no request for idle_timeout is closed
+ * (Watch subscribers excepted), checked every quarter of it. */
+#define MTS_DEFAULT_MAX_CONNS              1024u
+#define MTS_MAX_CONNS_MAX                  1000000u
+#define MTS_DEFAULT_MAX_BUFFERED           (UINT64_C(64) << 20)
+#define MTS_MAX_BUFFERED_MIN               (UINT64_C(1) << 20)
+#define MTS_DEFAULT_MAX_CONNS_PER_UID      256u
+#define MTS_DEFAULT_MAX_CONNS_UNIDENTIFIED 64u
+#define MTS_DEFAULT_IDLE_MS                60000u
+#define MTS_IDLE_MAX_MS                    86400000u
+
 struct mts_config {
 	const char *socket_path;
 	const char *segment;    /* label of the shared objects */

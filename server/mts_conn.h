@@ -6,6 +6,8 @@
 #ifndef MTS_CONN_H
 #define MTS_CONN_H
 
+#include <sys/types.h>
+
 #include "mts_dispatch.h"
 #include "mts_policy.h"
 
@@ -25,34 +27,24 @@
  * ("throttled") until the total is back under MTS_BUDGET_LOW_PCT of the
  * cap; if it is not back there MTS_BUDGET_GRACE_MS after the pressure
  * began, the largest holders are disconnected until it is. See conn.c.
+ * The keys' defaults and bounds (max_connections, max_buffered, per uid,
+ * idle timeout) are in mts_config.h.
  */
-#define MTS_DEFAULT_MAX_CONNS    1024u
-#define MTS_MAX_CONNS_MAX        1000000u
-#define MTS_DEFAULT_MAX_BUFFERED (UINT64_C(64) << 20)
-#define MTS_MAX_BUFFERED_MIN     (UINT64_C(1) << 20)
 #define MTS_CONN_FLOOR           (64u * 1024u)
 #define MTS_BUDGET_LOW_PCT       75u
 #define MTS_BUDGET_GRACE_MS      1000u
 #define MTS_BUDGET_CHECK_MS      100u
-/* Per peer uid; admins are exempt. TCP peers of unknown uid are one
- * bucket with a cap of its own. */
-#define MTS_DEFAULT_MAX_CONNS_PER_UID      256u
-#define MTS_DEFAULT_MAX_CONNS_UNIDENTIFIED 64u
 /* The last max_connections / MTS_ADMIN_RESERVE_DIV connections (at least
  * 1, at most MTS_ADMIN_RESERVE_MAX) are for admins only, so that with
  * every other uid at its cap root can still ask what is going on. */
 #define MTS_ADMIN_RESERVE_DIV 16u
 #define MTS_ADMIN_RESERVE_MAX 8u
-/* A connection with no request for this long is closed (Watch
- * subscribers excepted); checked every quarter of it. */
-#define MTS_DEFAULT_IDLE_MS 60000u
-#define MTS_IDLE_MAX_MS     86400000u
 /* Open files memtallyd wants besides one pidfd per slot and one socket
  * per connection: listeners, the loop's own, /metrics, RSS reads in
  * flight, a shared-memory descriptor per uid with workers (main.c). */
 #define MTS_NOFILE_MARGIN 256u
 
-/* conn.c's counters, kept in struct mts_server and read by /metrics. */
+/* conn.c's counters, read by /metrics. */
 struct mts_conn_stats {
 	uint64_t rejected;     /* accepted over max_connections, closed */
 	uint64_t throttled;    /* reading stopped: over max_buffered */
@@ -68,6 +60,7 @@ struct mts_conn_stats {
 };
 
 struct mts_conn;
+struct mts_config;
 
 /*
  * The listeners and connections, which conn.c alone changes: the open
@@ -110,9 +103,18 @@ struct mts_conns {
 	bool idle_timer_open;
 	uint64_t uid_rejected_logged_ms;
 	uint64_t uid_rejected_unlogged;
+	/* The socket file as created (mts_listen): the server checks that
+	 * the path still names it. */
+	dev_t sock_dev;
+	ino_t sock_ino;
+	bool sock_known; /* the dev/ino above are valid */
+	/* What connections need of the server, set before mts_listen(): its
+	 * loop, the registry requests act on, the configuration (socket
+	 * path and mode, TCP address, budgets). */
+	uv_loop_t *loop;
+	struct mts_registry *reg;
+	const struct mts_config *cfg;
 };
-
-struct mts_server;
 
 /* May `file` (the socket, the restart record) live where it is: is every
  * directory from its own up to / owned by root or us, and not writable by
@@ -125,19 +127,19 @@ int mts_dir_check(const char *file, char *msg, size_t cap);
  * answers there, refuse (-EEXIST) a file that is not a socket. */
 int mts_socket_prepare(const char *path);
 
-/* Listen on srv->cfg.socket_path: a socket made mode 0660, group
+/* Listen on cfg->socket_path: a socket made mode 0660, group
  * cfg.gid, in a private directory and renamed into place (conn.c);
  * -EADDRINUSE if the path is taken meanwhile. */
-int mts_listen(struct mts_server *srv);
+int mts_listen(struct mts_conns *net);
 
-/* Listen on TCP srv->cfg.tcp_addr (already validated). */
-int mts_listen_tcp(struct mts_server *srv);
+/* Listen on TCP cfg->tcp_addr (already validated). */
+int mts_listen_tcp(struct mts_conns *net);
 
 /* Close the listener and every connection. */
-void mts_conns_close(struct mts_server *srv);
+void mts_conns_close(struct mts_conns *net);
 
 /*
- * reg->on_event of a server: push `ev` to every watching connection as
+ * reg->on_event of a server (ctx: its struct mts_conns): push `ev` to every watching connection as
  * Response{id = its Watch id, event}. A subscriber whose unwritten output
  * has reached MTS_OUT_HIGH is not reading: it is disconnected (and
  * counted in stats.watch_disconnects) rather than buffered without bound;

@@ -55,8 +55,8 @@ bool mts_socket_is_ours(const struct mts_server *srv)
 {
 	if (!srv->cfg.socket_path)
 		return false;
-	return !srv->sock_known ||
-	       same_file(srv->cfg.socket_path, srv->sock_dev, srv->sock_ino);
+	return !srv->net.sock_known ||
+	       same_file(srv->cfg.socket_path, srv->net.sock_dev, srv->net.sock_ino);
 }
 
 /*
@@ -73,9 +73,9 @@ static void check_files(struct mts_server *srv)
 	if (now - srv->files_checked_ms < 1000)
 		return;
 	srv->files_checked_ms = now;
-	if (srv->sock_known) {
-		bool ok = same_file(srv->cfg.socket_path, srv->sock_dev,
-		                    srv->sock_ino);
+	if (srv->net.sock_known) {
+		bool ok = same_file(srv->cfg.socket_path, srv->net.sock_dev,
+		                    srv->net.sock_ino);
 		if (!ok && !srv->sock_gone)
 			mts_log(MTS_LOG_ERROR,
 			        "socket file removed or replaced: new workers "
@@ -120,7 +120,7 @@ static void rss_timer_set(struct mts_server *srv, uint32_t ms)
 static void on_event(void *ctx, const struct mts_event *ev)
 {
 	struct mts_server *srv = ctx;
-	mts_watch_broadcast(srv, ev);
+	mts_watch_broadcast(&srv->net, ev);
 	mts_hooks_event(srv->hooks, ev);
 }
 
@@ -237,7 +237,7 @@ static int start_late_listeners(struct mts_server *srv,
 {
 	char q[MTS_LOGQ_MAX];
 	if (cfg->tcp_addr) {
-		int err = mts_listen_tcp(srv);
+		int err = mts_listen_tcp(&srv->net);
 		if (err < 0) {
 			mts_log(MTS_LOG_ERROR, "cannot listen on tcp",
 			        "addr=%s err=%s",
@@ -261,11 +261,14 @@ int mts_server_init(struct mts_server *srv, uv_loop_t *loop,
 	memset(srv, 0, sizeof(*srv));
 	srv->loop = loop;
 	srv->cfg = *cfg;
+	srv->net.loop = loop;
+	srv->net.reg = &srv->reg;
+	srv->net.cfg = &srv->cfg;
 
 	/* The socket first: a second server fails here, before it touches
 	 * the first one's restart record. */
 	if (cfg->socket_path) {
-		err = mts_listen(srv);
+		err = mts_listen(&srv->net);
 		if (err < 0) {
 			mts_log(MTS_LOG_ERROR, "cannot listen on socket",
 			        "path=%s err=%s",
@@ -332,7 +335,7 @@ fail_close_listener:
 	/* The caller runs the loop to finish the close, then
 	 * mts_server_free(). */
 	srv->stopping = true;
-	mts_conns_close(srv);
+	mts_conns_close(&srv->net);
 	return err;
 }
 
@@ -352,7 +355,7 @@ void mts_server_stop(struct mts_server *srv)
 		uv_close((uv_handle_t *)&srv->rss_timer, NULL);
 		srv->rss_timer_open = false;
 	}
-	mts_conns_close(srv);
+	mts_conns_close(&srv->net);
 	mts_registry_close(&srv->reg);
 }
 

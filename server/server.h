@@ -83,12 +83,8 @@ struct mts_server {
 	uint32_t rss_interval_ms; /* the interval the timer runs at */
 	struct mts_metrics *metrics; /* --metrics endpoint, or NULL */
 	struct mts_hooks *hooks;     /* state hooks (hooks.c), or NULL */
-	/* The socket file as created, checked about once a second from the
-	 * tick so its removal under a running server is logged with what to
-	 * do. */
-	dev_t sock_dev;
-	ino_t sock_ino;
-	bool sock_known; /* the dev/ino above are valid */
+	/* The socket file as created (srv->net.sock_*) is checked about once
+	 * a second from the tick timer: gone or replaced, it is reported. */
 	bool sock_gone;  /* already reported */
 	struct mts_state *state; /* the restart record, or NULL */
 	uint64_t files_checked_ms; /* uv_now() of the last check */
