@@ -215,11 +215,6 @@ int mts_hooks_configure(struct mts_hooks *h, const struct mts_hook_conf *conf)
 	return 0;
 }
 
-uint32_t mts_hooks_running(const struct mts_hooks *h)
-{
-	return h ? h->running : 0;
-}
-
 static void free_hooks(struct mts_hooks *h)
 {
 	while (h->scopes) {

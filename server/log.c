@@ -170,7 +170,7 @@ static void write_all(const char *p, size_t len)
 
 void mts_log(enum mts_log_level level, const char *msg, const char *fmt, ...)
 {
-	if (level < min_level)
+	if (!mts_log_enabled(level))
 		return;
 	char line[LINE_MAX_BYTES];
 	char qmsg[MTS_LOGQ_MAX];

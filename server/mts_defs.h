@@ -8,10 +8,7 @@
 #include <stdint.h>
 #include <time.h>
 
-#include "memtally_query.h"
 #include "mtcommon.h"
-
-#define MTS_VERSION MEMTALLY_VERSION_STRING
 
 #define MTS_DEFAULT_SOCKET    MT_DEFAULT_SOCKET
 #define MTS_DEFAULT_SEGMENT   "memtally"

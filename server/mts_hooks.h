@@ -63,8 +63,6 @@ int mts_hooks_configure(struct mts_hooks *h, const struct mts_hook_conf *conf);
  * at most a vfork. Accepts h NULL. */
 void mts_hooks_event(struct mts_hooks *h, const struct mts_event *ev);
 
-/* Hooks running now (for tests and the log). */
-uint32_t mts_hooks_running(const struct mts_hooks *h);
 
 /* Stop: kill the hooks still running (their process groups, SIGKILL, each
  * logged), close every handle; the object is freed once their close

@@ -22,10 +22,6 @@ int mts_read_starttime(pid_t pid, uint64_t *out);
  * Returns 0, -ENOENT/-ESRCH (gone), -EINVAL. */
 int mts_read_real_uid(pid_t pid, uint32_t *out);
 
-/* False when `pid` does not exist or has exited (a zombie not yet
- * reaped); true when it runs or we cannot tell. A heuristic for other
- * servers only: workers are tracked by pidfd and start time. */
-bool mts_pid_running(pid_t pid);
 
 /* Read /proc/PID/comm into buf (NUL-terminated, newline stripped); on
  * failure buf holds "". */

@@ -124,22 +124,6 @@ int mts_read_real_uid(pid_t pid, uint32_t *out)
 	return 0;
 }
 
-bool mts_pid_running(pid_t pid)
-{
-	char buf[2048];
-	ssize_t n = read_proc_file(pid, "stat", buf, sizeof(buf));
-	if (n == -ENOENT || n == -ESRCH)
-		return false;
-	if (n < 0)
-		return true; /* cannot tell: assume it runs */
-	const char *p = strrchr(buf, ')');
-	/* State is the field right after comm; Z and X have exited but
-	 * nobody reaped them yet. */
-	if (!p || p[1] != ' ')
-		return true;
-	return p[2] != 'Z' && p[2] != 'X';
-}
-
 void mts_read_comm(pid_t pid, char *buf, size_t cap)
 {
 	if (cap == 0)

@@ -1,10 +1,10 @@
 /*
  * mtshm.h - the memtally shared-memory segment. This header IS the format.
  *
- * Layout 2.1. Two kinds of object, both anonymous memory (memfd_create),
- * never names in /dev/shm that someone else could pre-create, open or
- * truncate, and both handed to a worker over the registration socket
- * (SCM_RIGHTS):
+ * Layout 2.2 (MTSHM_VERSION_MAJOR.MTSHM_VERSION_MINOR). Two kinds of
+ * object, both anonymous memory (memfd_create), never names in /dev/shm
+ * that someone else could pre-create, open or truncate, and both handed
+ * to a worker over the registration socket (SCM_RIGHTS):
  *
  *  - the header: one 4096-byte page the server alone writes (layout, flush
  *    threshold, heartbeat, fleet snapshot). Sealed against resizing and
