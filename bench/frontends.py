@@ -317,7 +317,7 @@ def main():
     b = os.path.abspath(args.build_dir)
     paths = {"preload": os.path.join(b, "client", "libmemtally_preload.so"),
              "glibc": os.path.join(b, "client", "libmemtally_glibc.so"),
-             "cli": os.path.join(b, "client", "memtally")}
+             "cli": os.path.join(b, "programs", "memtally")}
     for k, p in paths.items():
         if not os.path.exists(p):
             raise BenchError("%s not built: %s" % (k, p))

@@ -105,7 +105,7 @@ class Memtallyd:
         os.makedirs(self.dir)
         self.socket = os.path.join(self.dir, "mt.sock")
         self.segment = "/mtload-%d-%s" % (os.getpid(), name)
-        self.cli = os.path.join(build, "client", "memtally")
+        self.cli = os.path.join(build, "programs", "memtally")
         self.log = open(os.path.join(self.dir, "memtallyd.log"), "w+")
         self.proc = subprocess.Popen(
             [os.path.join(build, "server", "memtallyd"), "--socket",
@@ -788,7 +788,7 @@ def main():
                                                      ""))
     args = ap.parse_args(argv)
     build = os.path.abspath(args.build_dir)
-    for exe in ("server/memtallyd", "client/memtally",
+    for exe in ("server/memtallyd", "programs/memtally",
                 "client/libmemtally_preload.so",
                 "bench/bench_loadgen_client", "bench/bench_loadgen_worker"):
         if not os.path.exists(os.path.join(build, exe)):

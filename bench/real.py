@@ -1325,7 +1325,7 @@ def main():
                 ALL_PROGRAMS[name].exe)
             return EXIT_SKIP
     paths = {"preload": os.path.join(build, "client", "libmemtally_preload.so"),
-             "cli": os.path.join(build, "client", "memtally"),
+             "cli": os.path.join(build, "programs", "memtally"),
              "jemalloc": find_jemalloc()}
     for k in ("preload", "cli"):
         if not os.path.exists(paths[k]):

@@ -10,7 +10,7 @@
 set -euo pipefail
 build=$(cd "${1:-build}" && pwd)
 memtallyd=$build/server/memtallyd
-memtally=$build/client/memtally
+memtally=$build/programs/memtally
 preload=$build/client/libmemtally_preload.so
 workers=$build/tests/integration
 

@@ -31,7 +31,7 @@ def _build_default(var, rel):
 
 MULT = float(os.environ.get("MEMTALLY_TEST_TIMEOUT_MULT", "1"))
 MEMTALLYD = _build_default("MEMTALLYD", "server/memtallyd")
-CLI = _build_default("MEMTALLY_CLI", "client/memtally")
+CLI = _build_default("MEMTALLY_CLI", "programs/memtally")
 PRELOAD = _build_default("MEMTALLY_PRELOAD_LIB", "client/libmemtally_preload.so")
 WORKERS = _build_default("MT_WORKERS", "tests/integration")
 _build_default("MEMTALLY_PB2_DIR", "examples/python")

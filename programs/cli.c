@@ -218,33 +218,11 @@ static int query_error(const struct cli *c, const char *what, int err)
 
 /* ---- human output -------------------------------------------------- */
 
-/*
- * `v` bytes in IEC units with one decimal ("312.5 MiB"), plain bytes below
- * 1 KiB ("0 B"). A value that would round up to 1024.0 of a unit is shown
- * in the next unit instead.
- */
+/* `v` bytes for people ("312.5 MiB", "1 GiB", "0 B"): common/'s
+ * formatter, as the server's messages use. */
 static const char *fmt_size(char buf[static 16], uint64_t v)
 {
-	static const char *const units[] = {"KiB", "MiB", "GiB",
-	                                    "TiB", "PiB", "EiB"};
-	if (v < 1024) {
-		snprintf(buf, 16, "%" PRIu64 " B", v);
-		return buf;
-	}
-	double d = (double)v / 1024;
-	size_t u = 0;
-	while (d >= 1023.95 && u + 1 < sizeof(units) / sizeof(units[0])) {
-		d /= 1024;
-		u++;
-	}
-	snprintf(buf, 16, "%.1f %s", d, units[u]);
-	return buf;
-}
-
-/* The same for cli_run.c's messages. */
-const char *mtcli_fmt_size(char buf[static 16], uint64_t v)
-{
-	return fmt_size(buf, v);
+	return mt_format_size(buf, 16, v);
 }
 
 static const char *fmt_limit(char buf[static 16], uint64_t v)
@@ -252,7 +230,7 @@ static const char *fmt_limit(char buf[static 16], uint64_t v)
 	return v ? fmt_size(buf, v) : "none";
 }
 
-/* A growth rate: "+40.0 MiB/s", "-1.5 KiB/s", "0 B/s". */
+/* A growth rate: "+40 MiB/s", "-1.5 KiB/s", "0 B/s". */
 static const char *fmt_rate(char buf[static 24], double v)
 {
 	char b[16];

@@ -47,7 +47,4 @@ struct mtcli_run_opts {
  */
 int mtcli_run(const struct mtcli_run_opts *o);
 
-/* `v` bytes in IEC units ("312.5 MiB"), for people (cli.c). */
-const char *mtcli_fmt_size(char buf[static 16], uint64_t v);
-
 #endif /* MEMTALLY_CLI_RUN_H */

@@ -61,6 +61,7 @@
 
 #include "memtally.h"
 #include "memtally_query.h"
+#include "mtcommon.h"
 
 #define EXIT_LOCAL  1
 #define EXIT_DENIED 3
@@ -139,11 +140,11 @@ static void print_denial(const struct memtally_admit_result *a,
 	        "memtally: %s: %s\n"
 	        "  limit %s%s%s, measured %s, reserved %s, requested %s\n",
 	        lead, a->reason[0] ? a->reason : "(no reason given)",
-	        a->limit ? mtcli_fmt_size(l, a->limit) : "none",
+	        a->limit ? mt_format_size(l, sizeof(l), a->limit) : "none",
 	        a->limit_scope[0] ? " of " : "", a->limit_scope,
-	        mtcli_fmt_size(m, a->fleet_bytes),
-	        mtcli_fmt_size(rs, a->reserved_bytes),
-	        mtcli_fmt_size(rq, a->requested_bytes));
+	        mt_format_size(m, sizeof(m), a->fleet_bytes),
+	        mt_format_size(rs, sizeof(rs), a->reserved_bytes),
+	        mt_format_size(rq, sizeof(rq), a->requested_bytes));
 }
 
 /*
@@ -306,7 +307,8 @@ static bool usable(char *buf, size_t cap, int n)
 
 /*
  * The preload library: $MEMTALLY_PRELOAD_LIB when set ("" = none), else
- * the first that exists of: next to this executable (a build tree), the
+ * the first that exists of: next to this executable, in the client/
+ * folder beside its own (a build tree: programs/ and client/), the
  * library directory relative to it (an installation, moved or not), the
  * library directory it was configured for. NULL when none is found.
  */
@@ -322,6 +324,9 @@ static const char *find_preload(char *buf, size_t cap)
 		*slash = '\0';
 		if (usable(buf, cap,
 		           snprintf(buf, cap, "%s/%s", exe, PRELOAD_NAME)) ||
+		    usable(buf, cap,
+		           snprintf(buf, cap, "%s/../client/%s", exe,
+		                    PRELOAD_NAME)) ||
 		    usable(buf, cap,
 		           snprintf(buf, cap, "%s/%s/%s", exe,
 		                    MEMTALLY_RUN_LIBDIR_REL, PRELOAD_NAME)))
