@@ -32,7 +32,7 @@
  * its owner's or an admin's (see "ownership" below).
  *
  * One uid may hold at most policy.max_resv_per_uid reservations (admins
- * exempt), counted in reg->adm.resv_uids; past it Admit is denied
+ * exempt), counted in reg->adm->resv_uids; past it Admit is denied
  * (MTS_DENY_UID_CAP), so one peer cannot take MTS_RESV_MAX for itself.
  *
  * Reservations (at most MTS_RESV_MAX; a scheduler holds one per task it
@@ -104,9 +104,9 @@ static uint64_t hash_str(const char *s)
 static struct mts_task *task_find(const struct mts_registry *reg,
                                   const char *name, uint64_t h)
 {
-	if (!reg->adm.tasks)
+	if (!reg->adm->tasks)
 		return NULL;
-	struct mts_task *t = reg->adm.tasks[h & reg->adm.tasks_mask];
+	struct mts_task *t = reg->adm->tasks[h & reg->adm->tasks_mask];
 	while (t && (t->hash != h || strcmp(t->name, name) != 0))
 		t = t->hnext;
 	return t;
@@ -114,13 +114,13 @@ static struct mts_task *task_find(const struct mts_registry *reg,
 
 static int tasks_grow(struct mts_registry *reg)
 {
-	uint32_t n = reg->adm.tasks ? (reg->adm.tasks_mask + 1) * 2 : 64;
+	uint32_t n = reg->adm->tasks ? (reg->adm->tasks_mask + 1) * 2 : 64;
 	struct mts_task **b = calloc(n, sizeof(*b));
 	if (!b)
 		return -ENOMEM;
-	if (reg->adm.tasks) {
-		for (uint32_t i = 0; i <= reg->adm.tasks_mask; i++) {
-			struct mts_task *t = reg->adm.tasks[i];
+	if (reg->adm->tasks) {
+		for (uint32_t i = 0; i <= reg->adm->tasks_mask; i++) {
+			struct mts_task *t = reg->adm->tasks[i];
 			while (t) {
 				struct mts_task *next = t->hnext;
 				t->hnext = b[t->hash & (n - 1)];
@@ -128,10 +128,10 @@ static int tasks_grow(struct mts_registry *reg)
 				t = next;
 			}
 		}
-		free(reg->adm.tasks);
+		free(reg->adm->tasks);
 	}
-	reg->adm.tasks = b;
-	reg->adm.tasks_mask = n - 1;
+	reg->adm->tasks = b;
+	reg->adm->tasks_mask = n - 1;
 	return 0;
 }
 
@@ -141,8 +141,8 @@ static struct mts_task *task_get(struct mts_registry *reg, const char *name)
 	struct mts_task *t = task_find(reg, name, h);
 	if (t)
 		return t;
-	if ((!reg->adm.tasks ||
-	     reg->adm.ntasks >= 2 * (reg->adm.tasks_mask + 1)) &&
+	if ((!reg->adm->tasks ||
+	     reg->adm->ntasks >= 2 * (reg->adm->tasks_mask + 1)) &&
 	    tasks_grow(reg) < 0)
 		return NULL;
 	t = calloc(1, sizeof(*t));
@@ -162,15 +162,15 @@ static struct mts_task *task_get(struct mts_registry *reg, const char *name)
 	t->shares_cap = 4;
 	t->nshares = SHARE_OWNERS;
 	t->hash = h;
-	t->hnext = reg->adm.tasks[h & reg->adm.tasks_mask];
-	reg->adm.tasks[h & reg->adm.tasks_mask] = t;
-	reg->adm.ntasks++;
+	t->hnext = reg->adm->tasks[h & reg->adm->tasks_mask];
+	reg->adm->tasks[h & reg->adm->tasks_mask] = t;
+	reg->adm->ntasks++;
 	return t;
 }
 
 static void task_drop(struct mts_registry *reg, struct mts_task *t)
 {
-	struct mts_task **pp = &reg->adm.tasks[t->hash & reg->adm.tasks_mask];
+	struct mts_task **pp = &reg->adm->tasks[t->hash & reg->adm->tasks_mask];
 	while (*pp && *pp != t)
 		pp = &(*pp)->hnext;
 	if (*pp)
@@ -179,11 +179,11 @@ static void task_drop(struct mts_registry *reg, struct mts_task *t)
 		if (t->sprev)
 			t->sprev->snext = t->snext;
 		else
-			reg->adm.tasks_seen = t->snext;
+			reg->adm->tasks_seen = t->snext;
 		if (t->snext)
 			t->snext->sprev = t->sprev;
 	}
-	reg->adm.ntasks--;
+	reg->adm->ntasks--;
 	free(t->shares);
 	free(t->name);
 	free(t);
@@ -267,11 +267,11 @@ static void admin_epoch_check(struct mts_registry *reg)
 	                   pol->has_admin_uid ? pol->admin_uid : 0,
 	                   pol->has_admin_gid,
 	                   pol->has_admin_gid ? pol->admin_gid : 0};
-	if (reg->adm.admin_epoch == 0 ||
-	    memcmp(now, reg->adm.admin_seen, sizeof(now)) != 0) {
-		memcpy(reg->adm.admin_seen, now, sizeof(now));
-		if (++reg->adm.admin_epoch == 0)
-			reg->adm.admin_epoch = 1;
+	if (reg->adm->admin_epoch == 0 ||
+	    memcmp(now, reg->adm->admin_seen, sizeof(now)) != 0) {
+		memcpy(reg->adm->admin_seen, now, sizeof(now));
+		if (++reg->adm->admin_epoch == 0)
+			reg->adm->admin_epoch = 1;
 	}
 }
 
@@ -283,10 +283,10 @@ static bool worker_admin(struct mts_registry *reg, struct mts_proc *p)
 		return true;
 	if (!reg->policy.has_admin_gid)
 		return false;
-	if (p->admin_epoch != reg->adm.admin_epoch || p->admin_uid != p->uid ||
+	if (p->admin_epoch != reg->adm->admin_epoch || p->admin_uid != p->uid ||
 	    p->admin_image != p->image_id) {
 		p->admin = mts_pid_in_group(p->pid, reg->policy.admin_gid);
-		p->admin_epoch = reg->adm.admin_epoch;
+		p->admin_epoch = reg->adm->admin_epoch;
 		p->admin_uid = p->uid;
 		p->admin_image = p->image_id;
 	}
@@ -339,8 +339,8 @@ static void resv_count(struct mts_registry *reg, struct mts_resv *r, uint64_t e)
 	struct mts_group *g = &reg->groups[r->group];
 	g->reserved_sum = g->reserved_sum - r->effective + e;
 	g->reserved = sat64(g->reserved_sum);
-	reg->adm.resv_sum = reg->adm.resv_sum - r->effective + e;
-	reg->totals.reserved = sat64(reg->adm.resv_sum);
+	reg->adm->resv_sum = reg->adm->resv_sum - r->effective + e;
+	reg->totals.reserved = sat64(reg->adm->resv_sum);
 	r->effective = e;
 }
 
@@ -401,17 +401,17 @@ void mts_resv_sums(struct mts_registry *reg)
 {
 	/* What each reservation of a task counts: its bytes less what the
 	 * task's workers it matches use, set against the oldest first. */
-	if (reg->adm.tasks) {
-		for (uint32_t b = 0; b <= reg->adm.tasks_mask; b++)
-			for (struct mts_task *t = reg->adm.tasks[b]; t;
+	if (reg->adm->tasks) {
+		for (uint32_t b = 0; b <= reg->adm->tasks_mask; b++)
+			for (struct mts_task *t = reg->adm->tasks[b]; t;
 			     t = t->hnext)
 				task_alloc(reg, t, set_effective);
 	}
 	for (uint32_t i = 0; i < reg->groups_used; i++)
 		reg->groups[i].reserved_sum = 0;
 	unsigned __int128 total = 0;
-	for (uint32_t i = 0; i < reg->adm.nresv; i++) {
-		struct mts_resv *r = reg->adm.resv[i];
+	for (uint32_t i = 0; i < reg->adm->nresv; i++) {
+		struct mts_resv *r = reg->adm->resv[i];
 		if (!r->task)
 			r->effective = r->bytes;
 		reg->groups[r->group].reserved_sum += r->effective;
@@ -419,9 +419,9 @@ void mts_resv_sums(struct mts_registry *reg)
 	}
 	for (uint32_t i = 0; i < reg->groups_used; i++)
 		reg->groups[i].reserved = sat64(reg->groups[i].reserved_sum);
-	reg->adm.resv_sum = total;
+	reg->adm->resv_sum = total;
 	reg->totals.reserved = sat64(total);
-	reg->totals.reservations = reg->adm.nresv;
+	reg->totals.reservations = reg->adm->nresv;
 }
 
 /* ---- reservations by id ---------------------------------------------------
@@ -446,13 +446,13 @@ static uint64_t hash_id(const char *id)
 
 struct mts_resv *mts_resv_find(const struct mts_registry *reg, const char *id)
 {
-	if (!id || !reg->adm.resv_ids || strlen(id) != MTS_RESV_ID_LEN)
+	if (!id || !reg->adm->resv_ids || strlen(id) != MTS_RESV_ID_LEN)
 		return NULL;
-	uint32_t m = reg->adm.resv_ids_mask;
-	for (uint32_t i = (uint32_t)hash_id(id) & m; reg->adm.resv_ids[i];
+	uint32_t m = reg->adm->resv_ids_mask;
+	for (uint32_t i = (uint32_t)hash_id(id) & m; reg->adm->resv_ids[i];
 	     i = (i + 1) & m)
-		if (memcmp(reg->adm.resv_ids[i]->id, id, MTS_RESV_ID_LEN) == 0)
-			return reg->adm.resv_ids[i];
+		if (memcmp(reg->adm->resv_ids[i]->id, id, MTS_RESV_ID_LEN) == 0)
+			return reg->adm->resv_ids[i];
 	return NULL;
 }
 
@@ -467,25 +467,25 @@ static void ids_put(struct mts_resv **slots, uint32_t m, struct mts_resv *r)
 /* Room for one more id, keeping the table at most half full. */
 static int ids_reserve(struct mts_registry *reg)
 {
-	uint32_t n = reg->adm.resv_ids ? reg->adm.resv_ids_mask + 1 : 0;
-	if ((uint64_t)(reg->adm.nresv + 1) * 2 <= n)
+	uint32_t n = reg->adm->resv_ids ? reg->adm->resv_ids_mask + 1 : 0;
+	if ((uint64_t)(reg->adm->nresv + 1) * 2 <= n)
 		return 0;
 	n = n ? n * 2 : 64;
 	struct mts_resv **slots = calloc(n, sizeof(*slots));
 	if (!slots)
 		return -ENOMEM;
-	for (uint32_t i = 0; i < reg->adm.nresv; i++)
-		ids_put(slots, n - 1, reg->adm.resv[i]);
-	free(reg->adm.resv_ids);
-	reg->adm.resv_ids = slots;
-	reg->adm.resv_ids_mask = n - 1;
+	for (uint32_t i = 0; i < reg->adm->nresv; i++)
+		ids_put(slots, n - 1, reg->adm->resv[i]);
+	free(reg->adm->resv_ids);
+	reg->adm->resv_ids = slots;
+	reg->adm->resv_ids_mask = n - 1;
 	return 0;
 }
 
 static void ids_remove(struct mts_registry *reg, const struct mts_resv *r)
 {
-	struct mts_resv **s = reg->adm.resv_ids;
-	uint32_t m = reg->adm.resv_ids_mask;
+	struct mts_resv **s = reg->adm->resv_ids;
+	uint32_t m = reg->adm->resv_ids_mask;
 	uint32_t i = (uint32_t)hash_id(r->id) & m;
 	while (s[i] && s[i] != r)
 		i = (i + 1) & m;
@@ -512,13 +512,13 @@ static void ids_remove(struct mts_registry *reg, const struct mts_resv *r)
 
 static void heap_set(struct mts_registry *reg, uint32_t i, struct mts_resv *r)
 {
-	reg->adm.resv_heap[i] = r;
+	reg->adm->resv_heap[i] = r;
 	r->heap_index = i;
 }
 
 static void heap_fix(struct mts_registry *reg, uint32_t i)
 {
-	struct mts_resv **h = reg->adm.resv_heap;
+	struct mts_resv **h = reg->adm->resv_heap;
 	struct mts_resv *r = h[i];
 	while (i > 0 && h[(i - 1) / 2]->expires_ns > r->expires_ns) {
 		heap_set(reg, i, h[(i - 1) / 2]);
@@ -526,9 +526,9 @@ static void heap_fix(struct mts_registry *reg, uint32_t i)
 	}
 	for (;;) {
 		uint32_t c = 2 * i + 1;
-		if (c >= reg->adm.resv_nheap)
+		if (c >= reg->adm->resv_nheap)
 			break;
-		if (c + 1 < reg->adm.resv_nheap &&
+		if (c + 1 < reg->adm->resv_nheap &&
 		    h[c + 1]->expires_ns < h[c]->expires_ns)
 			c++;
 		if (h[c]->expires_ns >= r->expires_ns)
@@ -539,10 +539,10 @@ static void heap_fix(struct mts_registry *reg, uint32_t i)
 	heap_set(reg, i, r);
 }
 
-/* Capacity is reg->adm.resv_cap (mts_admit grows both). */
+/* Capacity is reg->adm->resv_cap (mts_admit grows both). */
 static void heap_add(struct mts_registry *reg, struct mts_resv *r)
 {
-	heap_set(reg, reg->adm.resv_nheap++, r);
+	heap_set(reg, reg->adm->resv_nheap++, r);
 	heap_fix(reg, r->heap_index);
 }
 
@@ -552,7 +552,7 @@ static void heap_remove(struct mts_registry *reg, struct mts_resv *r)
 	if (i == UINT32_MAX)
 		return;
 	r->heap_index = UINT32_MAX;
-	struct mts_resv *last = reg->adm.resv_heap[--reg->adm.resv_nheap];
+	struct mts_resv *last = reg->adm->resv_heap[--reg->adm->resv_nheap];
 	if (last != r) {
 		heap_set(reg, i, last);
 		heap_fix(reg, i);
@@ -562,16 +562,16 @@ static void heap_remove(struct mts_registry *reg, struct mts_resv *r)
 /* ---- reservations -------------------------------------------------------- */
 
 /* A worker of `t` was seen: `t` has figures from now on (the tick keeps
- * them for the tasks in reg->adm.tasks_seen only). */
+ * them for the tasks in reg->adm->tasks_seen only). */
 static void task_seen(struct mts_registry *reg, struct mts_task *t)
 {
 	t->seen = true;
 	t->dirty = true;
 	t->sprev = NULL;
-	t->snext = reg->adm.tasks_seen;
+	t->snext = reg->adm->tasks_seen;
 	if (t->snext)
 		t->snext->sprev = t;
-	reg->adm.tasks_seen = t;
+	reg->adm->tasks_seen = t;
 }
 
 /* When `r` ends at the latest: its TTL until a worker takes it over,
@@ -600,7 +600,7 @@ static void take_over(struct mts_registry *reg, struct mts_resv *r)
 
 void mts_resv_worker_registered(struct mts_registry *reg, struct mts_proc *p)
 {
-	if (!p->task[0] || reg->adm.ntasks == 0)
+	if (!p->task[0] || reg->adm->ntasks == 0)
 		return;
 	struct mts_task *t = task_find(reg, p->task, hash_str(p->task));
 	if (!t)
@@ -717,36 +717,36 @@ static void resv_remove(struct mts_registry *reg, struct mts_resv *r,
 		else if (recount && shifts)
 			task_recount(reg, t);
 	}
-	uint64_t *held = mts_uid_count_bytes(&reg->adm.resv_uids, resv_key(r));
+	uint64_t *held = mts_uid_count_bytes(&reg->adm->resv_uids, resv_key(r));
 	if (held)
 		*held = *held > r->bytes ? *held - r->bytes : 0;
-	mts_uid_count_sub(&reg->adm.resv_uids, resv_key(r));
+	mts_uid_count_sub(&reg->adm->resv_uids, resv_key(r));
 	reg->groups[r->group].reservations--;
 	mts_group_gc(reg, r->group);
 	uint32_t i = r->index;
-	struct mts_resv *last = reg->adm.resv[--reg->adm.nresv];
-	reg->adm.resv[i] = last;
+	struct mts_resv *last = reg->adm->resv[--reg->adm->nresv];
+	reg->adm->resv[i] = last;
 	last->index = i;
-	reg->totals.reservations = reg->adm.nresv;
+	reg->totals.reservations = reg->adm->nresv;
 	free(r);
 }
 
 void mts_resv_free_all(struct mts_registry *reg)
 {
-	for (uint32_t i = 0; i < reg->adm.nresv; i++)
-		free(reg->adm.resv[i]);
-	free(reg->adm.resv);
-	free(reg->adm.resv_ids);
-	free(reg->adm.resv_heap);
-	reg->adm.resv = NULL;
-	reg->adm.resv_ids = NULL;
-	reg->adm.resv_heap = NULL;
-	reg->adm.nresv = reg->adm.resv_cap = reg->adm.resv_nheap = 0;
-	reg->adm.resv_ids_mask = 0;
-	reg->adm.resv_sum = 0;
-	if (reg->adm.tasks) {
-		for (uint32_t i = 0; i <= reg->adm.tasks_mask; i++) {
-			struct mts_task *t = reg->adm.tasks[i];
+	for (uint32_t i = 0; i < reg->adm->nresv; i++)
+		free(reg->adm->resv[i]);
+	free(reg->adm->resv);
+	free(reg->adm->resv_ids);
+	free(reg->adm->resv_heap);
+	reg->adm->resv = NULL;
+	reg->adm->resv_ids = NULL;
+	reg->adm->resv_heap = NULL;
+	reg->adm->nresv = reg->adm->resv_cap = reg->adm->resv_nheap = 0;
+	reg->adm->resv_ids_mask = 0;
+	reg->adm->resv_sum = 0;
+	if (reg->adm->tasks) {
+		for (uint32_t i = 0; i <= reg->adm->tasks_mask; i++) {
+			struct mts_task *t = reg->adm->tasks[i];
 			while (t) {
 				struct mts_task *next = t->hnext;
 				free(t->shares);
@@ -755,13 +755,13 @@ void mts_resv_free_all(struct mts_registry *reg)
 				t = next;
 			}
 		}
-		free(reg->adm.tasks);
+		free(reg->adm->tasks);
 	}
-	reg->adm.tasks = NULL;
-	reg->adm.tasks_mask = 0;
-	reg->adm.ntasks = 0;
-	reg->adm.tasks_seen = NULL;
-	mts_uid_counts_free(&reg->adm.resv_uids);
+	reg->adm->tasks = NULL;
+	reg->adm->tasks_mask = 0;
+	reg->adm->ntasks = 0;
+	reg->adm->tasks_seen = NULL;
+	mts_uid_counts_free(&reg->adm->resv_uids);
 }
 
 /* Has anything that decides what `t`'s reservations count, or whether
@@ -799,7 +799,7 @@ static void task_settle(struct mts_registry *reg, struct mts_task *t)
 			    "reservation=%s task=%s bytes=%llu owner_uid=%u",
 			    r->id, mts_logq(q, sizeof(q), t->name),
 			    (unsigned long long)r->bytes, r->uid);
-			reg->stats.fulfilled++;
+			reg->adm->stats.fulfilled++;
 			resv_remove(reg, r, false);
 			if (last)
 				return; /* `t` went with it */
@@ -814,9 +814,9 @@ void mts_resv_tick(struct mts_registry *reg, uint64_t now_ns)
 	/* Only tasks a worker has registered with have figures: a task no
 	 * worker has named yet has live = measured = 0, so the tick costs
 	 * O(workers + their tasks), not O(tasks). */
-	if (reg->adm.ntasks > 0) {
+	if (reg->adm->ntasks > 0) {
 		admin_epoch_check(reg);
-		for (struct mts_task *t = reg->adm.tasks_seen; t;
+		for (struct mts_task *t = reg->adm->tasks_seen; t;
 		     t = t->snext) {
 			t->live = 0;
 			t->measured = 0;
@@ -843,7 +843,7 @@ void mts_resv_tick(struct mts_registry *reg, uint64_t now_ns)
 			t->measured = mt_sat_add(t->measured, m);
 		}
 		struct mts_task *next;
-		for (struct mts_task *t = reg->adm.tasks_seen; t; t = next) {
+		for (struct mts_task *t = reg->adm->tasks_seen; t; t = next) {
 			next = t->snext;
 			if (task_changed(t))
 				task_settle(reg, t);
@@ -852,8 +852,8 @@ void mts_resv_tick(struct mts_registry *reg, uint64_t now_ns)
 
 	/* Every reservation is in the heap, by its deadline (resv_deadline):
 	 * its top is the next due. */
-	while (reg->adm.resv_nheap > 0 && now_ns >= reg->adm.resv_heap[0]->expires_ns) {
-		struct mts_resv *r = reg->adm.resv_heap[0];
+	while (reg->adm->resv_nheap > 0 && now_ns >= reg->adm->resv_heap[0]->expires_ns) {
+		struct mts_resv *r = reg->adm->resv_heap[0];
 		char q[MTS_LOGQ_MAX];
 		mts_log(MTS_LOG_INFO,
 		        r->taken_over ? "reservation expired: max_ttl passed "
@@ -864,7 +864,7 @@ void mts_resv_tick(struct mts_registry *reg, uint64_t now_ns)
 		        r->id, (unsigned long long)r->bytes, r->ttl_s,
 		        reg->policy.max_ttl_s,
 		        mts_logq(q, sizeof(q), reg->groups[r->group].name));
-		reg->stats.expirations++;
+		reg->adm->stats.expirations++;
 		resv_remove(reg, r, true);
 	}
 }
@@ -957,7 +957,7 @@ static bool deny_uid_bytes(const struct mts_registry *reg,
 		return false;
 	bool owned;
 	uint32_t key = peer_key(peer, &owned);
-	uint64_t held = mts_uid_bytes_get(&reg->adm.resv_uids, key);
+	uint64_t held = mts_uid_bytes_get(&reg->adm->resv_uids, key);
 	if (mt_sat_add(held, bytes) <= cap ||
 	    mts_authorise(reg, peer, NULL) != MTS_AUTH_NONE)
 		return false;
@@ -1004,7 +1004,7 @@ void mts_admit_decide(const struct mts_registry *reg,
 	 * else. Admins are trusted with the whole server: exempt. */
 	bool owned;
 	uint32_t key = peer_key(peer, &owned);
-	uint32_t held = mts_uid_count_get(&reg->adm.resv_uids, key);
+	uint32_t held = mts_uid_count_get(&reg->adm->resv_uids, key);
 	if (pol->max_resv_per_uid && held >= pol->max_resv_per_uid &&
 	    mts_authorise(reg, peer, NULL) == MTS_AUTH_NONE) {
 		char who[32];
@@ -1096,17 +1096,17 @@ static void log_denial(const struct mts_registry *reg,
  * nothing fails once a reservation is linked. 0 or -ENOMEM. */
 static int resv_make_room(struct mts_registry *reg)
 {
-	if (reg->adm.nresv == reg->adm.resv_cap) {
-		uint32_t cap = reg->adm.resv_cap ? reg->adm.resv_cap * 2 : 16;
-		struct mts_resv **a = realloc(reg->adm.resv, cap * sizeof(*a));
+	if (reg->adm->nresv == reg->adm->resv_cap) {
+		uint32_t cap = reg->adm->resv_cap ? reg->adm->resv_cap * 2 : 16;
+		struct mts_resv **a = realloc(reg->adm->resv, cap * sizeof(*a));
 		if (!a)
 			return -ENOMEM;
-		reg->adm.resv = a;
-		a = realloc(reg->adm.resv_heap, cap * sizeof(*a));
+		reg->adm->resv = a;
+		a = realloc(reg->adm->resv_heap, cap * sizeof(*a));
 		if (!a)
 			return -ENOMEM;
-		reg->adm.resv_heap = a;
-		reg->adm.resv_cap = cap;
+		reg->adm->resv_heap = a;
+		reg->adm->resv_cap = cap;
 	}
 	return ids_reserve(reg) < 0 ? -ENOMEM : 0;
 }
@@ -1146,10 +1146,10 @@ static void resv_link(struct mts_registry *reg, struct mts_resv *r, uint32_t gi,
 	r->created_ns = mts_now_realtime();
 	r->created_mono_ns = mts_now_monotonic();
 	r->expires_ns = resv_deadline(reg, r);
-	r->index = reg->adm.nresv;
-	reg->adm.resv[reg->adm.nresv++] = r;
-	reg->totals.reservations = reg->adm.nresv;
-	ids_put(reg->adm.resv_ids, reg->adm.resv_ids_mask, r);
+	r->index = reg->adm->nresv;
+	reg->adm->resv[reg->adm->nresv++] = r;
+	reg->totals.reservations = reg->adm->nresv;
+	ids_put(reg->adm->resv_ids, reg->adm->resv_ids_mask, r);
 	heap_add(reg, r);
 	if (r->task)
 		task_recount(reg, r->task);
@@ -1187,17 +1187,17 @@ static int resv_grant(struct mts_registry *reg, const struct mts_peer *peer,
 		free(r);
 		return -ENOMEM;
 	}
-	if (mts_uid_count_add(&reg->adm.resv_uids, key) < 0) {
+	if (mts_uid_count_add(&reg->adm->resv_uids, key) < 0) {
 		mts_group_gc(reg, gi);
 		free(r);
 		return -ENOMEM;
 	}
-	uint64_t *held = mts_uid_count_bytes(&reg->adm.resv_uids, key);
+	uint64_t *held = mts_uid_count_bytes(&reg->adm->resv_uids, key);
 	*held = mt_sat_add(*held, req->bytes);
 	r->has_owner = owned;
 	r->uid = peer->uid;
 	if (task[0] && resv_join_task(reg, r, task, owned) < 0) {
-		mts_uid_count_sub(&reg->adm.resv_uids, key);
+		mts_uid_count_sub(&reg->adm->resv_uids, key);
 		mts_group_gc(reg, gi);
 		free(r);
 		return -ENOMEM;
@@ -1207,7 +1207,7 @@ static int resv_grant(struct mts_registry *reg, const struct mts_peer *peer,
 		ttl = pol->max_ttl_s;
 	resv_link(reg, r, gi, req->bytes, ttl);
 
-	reg->stats.admissions++;
+	reg->adm->stats.admissions++;
 	out->ttl_s = ttl;
 	memcpy(out->id, r->id, sizeof(out->id));
 	mts_log(MTS_LOG_INFO, "admission granted",
@@ -1236,7 +1236,7 @@ int mts_admit(struct mts_registry *reg, const struct mts_peer *peer,
 	if (req->bytes == 0 || !mts_name_ok(group) || !mts_name_ok(task)) {
 		memset(out, 0, sizeof(*out));
 		out->requested = req->bytes;
-		reg->stats.denials[MTS_DENY_INVALID]++;
+		reg->adm->stats.denials[MTS_DENY_INVALID]++;
 		out->reason = MTS_DENY_INVALID;
 		if (mts_log_peer(mts_peer_log_uid(peer)))
 			mts_log(MTS_LOG_INFO,
@@ -1245,17 +1245,17 @@ int mts_admit(struct mts_registry *reg, const struct mts_peer *peer,
 			        (unsigned long long)req->bytes);
 		return -EINVAL;
 	}
-	if (reg->adm.nresv >= MTS_RESV_MAX) {
+	if (reg->adm->nresv >= MTS_RESV_MAX) {
 		memset(out, 0, sizeof(*out));
 		out->requested = req->bytes;
 		mts_log(
 		    MTS_LOG_WARN, "admission refused: too many reservations",
-		    "peer_pid=%u outstanding=%u", peer->pid, reg->adm.nresv);
+		    "peer_pid=%u outstanding=%u", peer->pid, reg->adm->nresv);
 		return -ENOSPC;
 	}
 	mts_admit_decide(reg, peer, group, req->bytes, out);
 	if (!out->admitted) {
-		reg->stats.denials[out->reason]++;
+		reg->adm->stats.denials[out->reason]++;
 		log_denial(reg, peer, group, task, out);
 		return 0;
 	}
@@ -1280,7 +1280,7 @@ int mts_release(struct mts_registry *reg, const struct mts_peer *peer,
 	}
 	enum mts_auth a = mts_authorise_release(reg, peer, token, r->has_owner, r->uid);
 	if (a == MTS_AUTH_NONE) {
-		reg->stats.auth_denials++;
+		reg->adm->stats.auth_denials++;
 		if (mts_log_peer(mts_peer_log_uid(peer)))
 			mts_log(MTS_LOG_WARN, "release refused: not authorised",
 			        "reservation=%s owner_uid=%u %s", r->id, r->uid,
@@ -1292,7 +1292,7 @@ int mts_release(struct mts_registry *reg, const struct mts_peer *peer,
 	        "reservation=%s bytes=%llu by=%s %s", r->id,
 	        (unsigned long long)r->bytes, mts_auth_name(a),
 	        mts_peer_who(peer, who, sizeof(who)));
-	reg->stats.releases++;
+	reg->adm->stats.releases++;
 	resv_remove(reg, r, true);
 	mts_limits_eval(reg, false);
 	mts_publish(reg);

@@ -256,8 +256,7 @@ static void budget_grew(struct mts_conns *net, struct mts_conn *c)
 	        "buffered=%llu max_buffered=%llu connections=%u share=%zu "
 	        "throttled=%u",
 	        (unsigned long long)net->buffered,
-	        (unsigned long long)net->max_buffered, net->nconns,
-	        share, n);
+	        (unsigned long long)net->max_buffered, net->nconns, share, n);
 	if (net->budget_timer_open)
 		uv_timer_start(&net->budget_timer, on_budget_timer,
 		               MTS_BUDGET_CHECK_MS, MTS_BUDGET_CHECK_MS);
@@ -324,8 +323,7 @@ static void conn_account(struct mts_conn *c)
 	if (now > was)
 		budget_grew(net, c);
 	else if (net->pressure &&
-	         net->buffered <=
-	             net->max_buffered / 100 * MTS_BUDGET_LOW_PCT)
+	         net->buffered <= net->max_buffered / 100 * MTS_BUDGET_LOW_PCT)
 		budget_relieved(net);
 }
 
@@ -748,9 +746,8 @@ static bool uid_admit(struct mts_conn *c, bool admin)
 	struct mts_conns *net = c->net;
 	c->uid_key = c->peer.has_cred ? c->peer.uid : MTS_UID_TCP;
 	uint32_t open = mts_uid_count_get(&net->conn_uids, c->uid_key);
-	uint32_t cap = c->uid_key == MTS_UID_TCP
-	                   ? net->max_conns_unidentified
-	                   : net->max_conns_per_uid;
+	uint32_t cap = c->uid_key == MTS_UID_TCP ? net->max_conns_unidentified
+	                                         : net->max_conns_per_uid;
 	if (open >= cap && !admin) {
 		char who[MTS_PEER_WHO_MAX];
 		net->conn_stats.rejected_uid++;
@@ -759,17 +756,17 @@ static bool uid_admit(struct mts_conn *c, bool admin)
 		if (!net->uid_rejected_logged_ms ||
 		    now - net->uid_rejected_logged_ms >= 1000) {
 			bool anon = c->uid_key == MTS_UID_TCP;
-			mts_log(MTS_LOG_WARN,
-			        anon ? "max_connections_unidentified reached; "
-			               "new TCP connections of unknown uid are "
-			               "closed at once"
-			             : "max_connections_per_uid reached for this "
-			               "uid; its new connections are closed at "
-			               "once",
-			        "%s open=%u cap=%u rejected=%llu",
-			        mts_peer_who(&c->peer, who, sizeof(who)), open,
-			        cap,
-			        (unsigned long long)net->uid_rejected_unlogged);
+			mts_log(
+			    MTS_LOG_WARN,
+			    anon ? "max_connections_unidentified reached; "
+			           "new TCP connections of unknown uid are "
+			           "closed at once"
+			         : "max_connections_per_uid reached for this "
+			           "uid; its new connections are closed at "
+			           "once",
+			    "%s open=%u cap=%u rejected=%llu",
+			    mts_peer_who(&c->peer, who, sizeof(who)), open, cap,
+			    (unsigned long long)net->uid_rejected_unlogged);
 			net->uid_rejected_logged_ms = now;
 			net->uid_rejected_unlogged = 0;
 		}
@@ -777,8 +774,7 @@ static bool uid_admit(struct mts_conn *c, bool admin)
 		return false;
 	}
 	/* Out of memory: not counted (nor capped), which is all it costs. */
-	c->uid_counted =
-	    mts_uid_count_add(&net->conn_uids, c->uid_key) == 0;
+	c->uid_counted = mts_uid_count_add(&net->conn_uids, c->uid_key) == 0;
 	return true;
 }
 
@@ -821,15 +817,13 @@ static void conn_refuse_over_max(struct mts_conn *c, bool admin)
 	net->conn_stats.rejected++;
 	net->rejected_unlogged++;
 	uint64_t now = uv_now(net->loop);
-	if (!net->rejected_logged_ms ||
-	    now - net->rejected_logged_ms >= 1000) {
+	if (!net->rejected_logged_ms || now - net->rejected_logged_ms >= 1000) {
 		mts_log(MTS_LOG_WARN,
 		        "max_connections reached; new connections are closed "
 		        "at once",
 		        "max_connections=%u admin_reserve=%u admin=%d tcp=%d "
 		        "rejected=%llu",
-		        net->max_conns, net->admin_reserve, admin,
-		        c->peer.tcp,
+		        net->max_conns, net->admin_reserve, admin, c->peer.tcp,
 		        (unsigned long long)net->rejected_unlogged);
 		net->rejected_logged_ms = now;
 		net->rejected_unlogged = 0;
@@ -947,8 +941,8 @@ static void accept_one(uv_stream_t *listener, int status, bool tcp)
 	/* Who it is decides which caps apply: the last admin_reserve
 	 * places of max_connections are kept for admins. */
 	bool admin = conn_is_admin(c);
-	uint32_t room = admin ? net->max_conns
-	                      : net->max_conns - net->admin_reserve;
+	uint32_t room =
+	    admin ? net->max_conns : net->max_conns - net->admin_reserve;
 	if (net->nconns > room) {
 		conn_refuse_over_max(c, admin);
 		return;
@@ -1137,16 +1131,14 @@ static int conns_init(struct mts_conns *net)
 		return 0;
 	net->max_conns =
 	    net->cfg->max_conns ? net->cfg->max_conns : MTS_DEFAULT_MAX_CONNS;
-	net->max_buffered = net->cfg->max_buffered
-	                            ? net->cfg->max_buffered
-	                            : MTS_DEFAULT_MAX_BUFFERED;
+	net->max_buffered = net->cfg->max_buffered ? net->cfg->max_buffered
+	                                           : MTS_DEFAULT_MAX_BUFFERED;
 	net->max_conns_per_uid = net->cfg->max_conns_per_uid
-	                                 ? net->cfg->max_conns_per_uid
-	                                 : MTS_DEFAULT_MAX_CONNS_PER_UID;
-	net->max_conns_unidentified =
-	    net->cfg->max_conns_unidentified
-	        ? net->cfg->max_conns_unidentified
-	        : MTS_DEFAULT_MAX_CONNS_UNIDENTIFIED;
+	                             ? net->cfg->max_conns_per_uid
+	                             : MTS_DEFAULT_MAX_CONNS_PER_UID;
+	net->max_conns_unidentified = net->cfg->max_conns_unidentified
+	                                  ? net->cfg->max_conns_unidentified
+	                                  : MTS_DEFAULT_MAX_CONNS_UNIDENTIFIED;
 	/* No reserve when there is a single place: it would lock out
 	 * everyone but the admins. */
 	uint32_t reserve = net->max_conns / MTS_ADMIN_RESERVE_DIV;
@@ -1156,8 +1148,8 @@ static int conns_init(struct mts_conns *net)
 		reserve = MTS_ADMIN_RESERVE_MAX;
 	net->admin_reserve = net->max_conns > 1 ? reserve : 0;
 	net->idle_ms = net->cfg->no_idle_timeout   ? 0
-	                   : net->cfg->idle_timeout_ms ? net->cfg->idle_timeout_ms
-	                                              : MTS_DEFAULT_IDLE_MS;
+	               : net->cfg->idle_timeout_ms ? net->cfg->idle_timeout_ms
+	                                           : MTS_DEFAULT_IDLE_MS;
 	if (!net->scratch) {
 		net->scratch = malloc(READ_CHUNK);
 		if (!net->scratch)
@@ -1181,10 +1173,8 @@ static int conns_init(struct mts_conns *net)
 		net->idle_timer_open = true;
 		/* Checked every quarter of the timeout: a connection goes
 		 * between 1 and 1.25 timeouts after its last request. */
-		uint64_t every =
-		    net->idle_ms / 4 ? net->idle_ms / 4 : 1;
-		uv_timer_start(&net->idle_timer, on_idle_timer, every,
-		               every);
+		uint64_t every = net->idle_ms / 4 ? net->idle_ms / 4 : 1;
+		uv_timer_start(&net->idle_timer, on_idle_timer, every, every);
 		/* Not a reason to keep the loop running. */
 		uv_unref((uv_handle_t *)&net->idle_timer);
 	}
@@ -1310,8 +1300,7 @@ int mts_listen_tcp(struct mts_conns *net)
 	if (err < 0)
 		return err;
 	net->tcp_listener.data = net;
-	net->tcp_listening =
-	    true; /* the handle is open: close it on stop */
+	net->tcp_listening = true; /* the handle is open: close it on stop */
 	err = uv_tcp_bind(&net->tcp_listener, (struct sockaddr *)&ss, 0);
 	if (err < 0)
 		return err;
@@ -1321,8 +1310,8 @@ int mts_listen_tcp(struct mts_conns *net)
 		return err;
 	struct sockaddr_storage bound;
 	int len = sizeof(bound);
-	if (uv_tcp_getsockname(&net->tcp_listener,
-	                       (struct sockaddr *)&bound, &len) == 0)
+	if (uv_tcp_getsockname(&net->tcp_listener, (struct sockaddr *)&bound,
+	                       &len) == 0)
 		net->tcp_port =
 		    ntohs(bound.ss_family == AF_INET6
 		              ? ((struct sockaddr_in6 *)&bound)->sin6_port

@@ -21,6 +21,9 @@
  */
 #include "mts_core.h"
 
+#include <errno.h>
+#include <stdlib.h>
+
 #include "mts_admit.h"
 #include "mts_auth.h"
 #include "mts_defs.h"
@@ -77,12 +80,24 @@ int mts_core_init(struct mts_registry *reg, uv_loop_t *loop,
                   struct mtshm_map *map, const char *label,
                   struct mts_state *state)
 {
-	return mts_registry_init(reg, loop, map, label, state, &core_watch);
+	int err = mts_registry_init(reg, loop, map, label, state, &core_watch);
+	if (err < 0)
+		return err;
+	reg->adm = calloc(1, sizeof(*reg->adm));
+	if (!reg->adm) {
+		mts_registry_free(reg);
+		return -ENOMEM;
+	}
+	return 0;
 }
 
 void mts_core_free(struct mts_registry *reg)
 {
-	mts_resv_free_all(reg);
+	if (reg->adm) {
+		mts_resv_free_all(reg);
+		free(reg->adm);
+		reg->adm = NULL;
+	}
 	mts_registry_free(reg);
 }
 
@@ -292,7 +307,7 @@ void mts_core_tick(struct mts_registry *reg)
 	t->ticks++;
 
 	uint64_t now = mts_now_monotonic();
-	mts_vouch_end(reg, now); /* may set vouch_wanted: server.c reads */
+	mts_vouch_end(reg, now);    /* may set vouch_wanted: server.c reads */
 	mts_tables_sweep(reg, now); /* a few tables: one per uid */
 	mts_resv_tick(reg, now);
 	if (now - t->rate_ns >= (uint64_t)MTS_RATE_SAMPLE_MS * 1000000u)

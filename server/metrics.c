@@ -82,6 +82,7 @@
 
 #include <microhttpd.h>
 
+#include "mts_admit.h"
 #include "mts_config.h"
 #include "mts_defs.h"
 #include "mts_dispatch.h"
@@ -801,29 +802,30 @@ static void render_counters(struct out *o, const struct mts_registry *reg,
                             const struct mts_conn_stats *cs)
 {
 	const struct mts_stats *s = &reg->stats;
+	const struct mts_admit_stats *a = &reg->adm->stats;
 	counter(o, "memtally_registrations_total",
 	        "Successful worker registrations.", s->registrations);
 	counter(o, "memtally_reclaims_total",
 	        "Slots reclaimed when their worker exited.", s->reclaims);
 	counter(o, "memtally_admissions_total", "Admit requests granted.",
-	        s->admissions);
+	        a->admissions);
 	family(o, "memtally_denials_total", "counter",
 	       "Admit requests denied, by the reason that decided.");
 	for (uint32_t i = 0; i < MTS_DENY__COUNT; i++) {
 		put_str(o, "memtally_denials_total{reason=\"");
 		put_str(o, mts_denial_name((enum mts_denial)i));
 		put_str(o, "\"} ");
-		put_u64(o, s->denials[i]);
+		put_u64(o, a->denials[i]);
 		put(o, "\n", 1);
 	}
 	counter(o, "memtally_releases_total",
-	        "Reservations ended by a Release.", s->releases);
+	        "Reservations ended by a Release.", a->releases);
 	counter(o, "memtally_reservation_expirations_total",
-	        "Reservations ended by their TTL.", s->expirations);
+	        "Reservations ended by their TTL.", a->expirations);
 	counter(o, "memtally_reservations_fulfilled_total",
 	        "Reservations ended because every worker of their task "
 	        "exited.",
-	        s->fulfilled);
+	        a->fulfilled);
 	counter(o, "memtally_enforcement_signals_total",
 	        "Signals sent to processes over their limit.",
 	        s->enforcement_signals);
@@ -834,7 +836,7 @@ static void render_counters(struct out *o, const struct mts_registry *reg,
 	        s->watch_disconnects);
 	counter(o, "memtally_auth_denials_total",
 	        "SetLimit or Release requests refused to an unauthorised peer.",
-	        s->auth_denials);
+	        s->auth_denials + a->auth_denials);
 	counter(o, "memtally_config_reloads_total",
 	        "Configuration reloads (SIGHUP) applied.", s->reloads);
 	counter(o, "memtally_config_reload_failures_total",

@@ -10,21 +10,73 @@
 
 #include "mts_registry.h"
 
+/* Why an Admit was denied, for the logs and the metrics' `reason` label. */
+enum mts_denial {
+	MTS_DENY_FLEET_LIMIT, /* fleet bytes + reserved + request > limit */
+	MTS_DENY_GROUP_LIMIT,
+	MTS_DENY_INVALID,           /* a malformed request */
+	MTS_DENY_UID_CAP,           /* the uid holds max_reservations_per_uid */
+	MTS_DENY_GROUP_NOT_ALLOWED, /* the group's uids/gids exclude the peer */
+	MTS_DENY_UID_BYTES,         /* past max_reserved_bytes_per_uid */
+	MTS_DENY__COUNT,
+};
+
+/* "fleet_limit", "group_limit", "invalid": the `reason` label. */
+const char *mts_denial_name(enum mts_denial d);
+
+/* Admission's counters, read by /metrics. */
+struct mts_admit_stats {
+	uint64_t admissions; /* Admit granted */
+	uint64_t denials[MTS_DENY__COUNT];
+	uint64_t releases;     /* reservations ended by Release */
+	uint64_t expirations;  /* reservations ended by their TTL */
+	uint64_t fulfilled;    /* reservations ended: their task's end */
+	uint64_t auth_denials; /* Release refused to a peer */
+};
+
+/*
+ * Admission's state, changed by admit.c alone (others read its counts):
+ * the outstanding reservations, indexed by id, by expiry and by task, the
+ * per-owner counts behind max_reservations_per_uid, and what the cached
+ * admin flags of workers were computed against.
+ */
+struct mts_admission {
+	struct mts_resv **resv; /* outstanding reservations, unordered */
+	uint32_t nresv;
+	uint32_t resv_cap;
+	struct mts_resv **resv_ids; /* id -> reservation, open addressing */
+	uint32_t resv_ids_mask;
+	struct mts_resv **resv_heap; /* TTL still applies, by expiry (min) */
+	uint32_t resv_nheap;         /* capacity: resv_cap */
+	unsigned __int128 resv_sum;  /* exact sum behind totals.reserved */
+	struct mts_task **tasks; /* task name -> its reservations, chained */
+	uint32_t tasks_mask;
+	uint32_t ntasks;
+	struct mts_task *tasks_seen; /* tasks a worker registered with */
+	/* Outstanding reservations per owner uid; a change of the admin
+	 * policy (server uid, admin_uid, admin_gid) bumps admin_epoch, which
+	 * the workers' cached flags (mts_proc.admin) are checked against. */
+	struct mts_uid_counts resv_uids;
+	uint32_t admin_epoch;
+	uint32_t admin_seen[5]; /* server uid, has/uid, has/gid */
+	struct mts_admit_stats stats;
+};
+
 struct mts_resv {
 	char id[MTS_RESV_ID_LEN + 1];
 	bool has_owner; /* false: made over TCP (no credentials) */
 	uint32_t uid;   /* owner */
 	uint32_t group; /* index in reg->groups (keeps the entry alive) */
-	struct mts_task *task; /* NULL: no task */
+	struct mts_task *task;  /* NULL: no task */
 	struct mts_resv *tnext; /* the task's reservations, oldest first */
 	uint32_t index;         /* in reg->adm.resv */
-	uint32_t heap_index;    /* in reg->adm.resv_heap; UINT32_MAX: not there */
-	bool taken_over;        /* a worker of its task registered: max_ttl
-	                           from creation instead of its TTL */
-	uint64_t bytes;         /* granted */
-	uint64_t effective;     /* counted now: bytes minus what the task's
-	                           workers already use, floored at 0 */
-	uint64_t created_ns;    /* CLOCK_REALTIME */
+	uint32_t heap_index; /* in reg->adm.resv_heap; UINT32_MAX: not there */
+	bool taken_over;     /* a worker of its task registered: max_ttl
+	                        from creation instead of its TTL */
+	uint64_t bytes;      /* granted */
+	uint64_t effective;  /* counted now: bytes minus what the task's
+	                        workers already use, floored at 0 */
+	uint64_t created_ns; /* CLOCK_REALTIME */
 	uint64_t created_mono_ns; /* CLOCK_MONOTONIC */
 	uint64_t expires_ns;      /* CLOCK_MONOTONIC: its deadline now */
 	uint32_t ttl_s;
@@ -67,11 +119,11 @@ struct mts_admit_req {
 
 struct mts_admit_out {
 	bool admitted;
-	enum mts_denial reason; /* when !admitted */
+	enum mts_denial reason;       /* when !admitted */
 	char scope[MTS_NAME_MAX + 8]; /* "fleet" or "group:NAME" */
-	double growth;      /* of the scope that decided, bytes per second */
-	double forecast_s;  /* its seconds to the limit, 0 = no forecast */
-	uint64_t measured;  /* of the scope that decided (fleet if granted) */
+	double growth;     /* of the scope that decided, bytes per second */
+	double forecast_s; /* its seconds to the limit, 0 = no forecast */
+	uint64_t measured; /* of the scope that decided (fleet if granted) */
 	uint64_t reserved;
 	uint64_t requested;
 	uint64_t limit;
@@ -104,8 +156,7 @@ int mts_release(struct mts_registry *reg, const struct mts_peer *peer,
                 const char *id, const char *token, uint64_t *bytes);
 
 /* The reservation `id`, or NULL. */
-struct mts_resv *mts_resv_find(const struct mts_registry *reg,
-                               const char *id);
+struct mts_resv *mts_resv_find(const struct mts_registry *reg, const char *id);
 
 /* Tick step: measure each task's workers, end reservations whose TTL
  * passed or whose task's workers all exited, recompute what each counts

@@ -30,10 +30,10 @@
  * The keys' defaults and bounds (max_connections, max_buffered, per uid,
  * idle timeout) are in mts_config.h.
  */
-#define MTS_CONN_FLOOR           (64u * 1024u)
-#define MTS_BUDGET_LOW_PCT       75u
-#define MTS_BUDGET_GRACE_MS      1000u
-#define MTS_BUDGET_CHECK_MS      100u
+#define MTS_CONN_FLOOR      (64u * 1024u)
+#define MTS_BUDGET_LOW_PCT  75u
+#define MTS_BUDGET_GRACE_MS 1000u
+#define MTS_BUDGET_CHECK_MS 100u
 /* The last max_connections / MTS_ADMIN_RESERVE_DIV connections (at least
  * 1, at most MTS_ADMIN_RESERVE_MAX) are for admins only, so that with
  * every other uid at its cap root can still ask what is going on. */
@@ -95,10 +95,10 @@ struct mts_conns {
 	uint64_t rejected_unlogged;
 	/* Open connections per peer uid, and the idle sweep. */
 	struct mts_uid_counts conn_uids;
-	uint32_t max_conns_per_uid; /* cfg's or the default */
+	uint32_t max_conns_per_uid;      /* cfg's or the default */
 	uint32_t max_conns_unidentified; /* likewise, for MTS_UID_TCP */
 	uint32_t admin_reserve;          /* of max_conns, admins only */
-	uint32_t idle_ms;           /* 0 = connections never idle out */
+	uint32_t idle_ms;                /* 0 = connections never idle out */
 	uv_timer_t idle_timer;
 	bool idle_timer_open;
 	uint64_t uid_rejected_logged_ms;
@@ -139,10 +139,10 @@ int mts_listen_tcp(struct mts_conns *net);
 void mts_conns_close(struct mts_conns *net);
 
 /*
- * reg->on_event of a server (ctx: its struct mts_conns): push `ev` to every watching connection as
- * Response{id = its Watch id, event}. A subscriber whose unwritten output
- * has reached MTS_OUT_HIGH is not reading: it is disconnected (and
- * counted in stats.watch_disconnects) rather than buffered without bound;
+ * reg->on_event of a server (ctx: its struct mts_conns): push `ev` to every
+ * watching connection as Response{id = its Watch id, event}. A subscriber whose
+ * unwritten output has reached MTS_OUT_HIGH is not reading: it is disconnected
+ * (and counted in stats.watch_disconnects) rather than buffered without bound;
  * it learns the current state again when it reconnects and watches.
  */
 void mts_watch_broadcast(void *ctx, const struct mts_event *ev);

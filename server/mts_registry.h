@@ -155,40 +155,21 @@ struct mts_totals {
 	uint32_t rate_slice; /* processes sampled next: dense[] slice */
 };
 
-/* Why an Admit was denied, for the logs and the metrics' `reason` label. */
-enum mts_denial {
-	MTS_DENY_FLEET_LIMIT, /* fleet bytes + reserved + request > limit */
-	MTS_DENY_GROUP_LIMIT,
-	MTS_DENY_INVALID,           /* a malformed request */
-	MTS_DENY_UID_CAP,           /* the uid holds max_reservations_per_uid */
-	MTS_DENY_GROUP_NOT_ALLOWED, /* the group's uids/gids exclude the peer */
-	MTS_DENY_UID_BYTES,         /* past max_reserved_bytes_per_uid */
-	MTS_DENY__COUNT,
-};
-
 /* Counters for /metrics. Written and read on the loop thread only. */
 struct mts_stats {
 	uint64_t registrations; /* successful Register */
 	uint64_t reclaims;      /* slots reclaimed at a worker's exit */
-	uint64_t admissions;    /* Admit granted */
-	uint64_t denials[MTS_DENY__COUNT];
-	uint64_t releases;    /* reservations ended by Release */
-	uint64_t expirations; /* reservations ended by their TTL */
 	uint64_t enforcement_signals;
 	uint64_t events;          /* Watch events sent */
 	uint64_t protocol_errors; /* error responses for bad frames */
 	uint64_t last_tick_ns;    /* duration of the latest tick */
 	uint64_t tick_ns_sum;     /* all ticks' durations, for _sum */
 	uint64_t tick_count;
-	uint64_t fulfilled;         /* reservations ended: task's end */
 	uint64_t watch_disconnects; /* Watch subscribers not reading */
 	uint64_t reloads;           /* SIGHUP reloads applied */
 	uint64_t reload_failures;   /* SIGHUP reloads rejected (bad value) */
 	uint64_t auth_denials;      /* SetLimit/Release refused */
 };
-
-/* "fleet_limit", "group_limit", "invalid": the `reason` label. */
-const char *mts_denial_name(enum mts_denial d);
 
 /*
  * A uid's slot table (mtshm.h): the only shared memory a worker can write,
@@ -213,34 +194,6 @@ struct mts_table {
 };
 
 struct mts_state;
-
-
-/*
- * Admission's state, changed by admit.c alone (others read its counts):
- * the outstanding reservations, indexed by id, by expiry and by task, the
- * per-owner counts behind max_reservations_per_uid, and what the cached
- * admin flags of workers were computed against.
- */
-struct mts_admission {
-	struct mts_resv **resv; /* outstanding reservations, unordered */
-	uint32_t nresv;
-	uint32_t resv_cap;
-	struct mts_resv **resv_ids; /* id -> reservation, open addressing */
-	uint32_t resv_ids_mask;
-	struct mts_resv **resv_heap; /* TTL still applies, by expiry (min) */
-	uint32_t resv_nheap;         /* capacity: resv_cap */
-	unsigned __int128 resv_sum;  /* exact sum behind totals.reserved */
-	struct mts_task **tasks; /* task name -> its reservations, chained */
-	uint32_t tasks_mask;
-	uint32_t ntasks;
-	struct mts_task *tasks_seen; /* tasks a worker registered with */
-	/* Outstanding reservations per owner uid; a change of the admin
-	 * policy (server uid, admin_uid, admin_gid) bumps admin_epoch, which
-	 * the workers' cached flags (mts_proc.admin) are checked against. */
-	struct mts_uid_counts resv_uids;
-	uint32_t admin_epoch;
-	uint32_t admin_seen[5]; /* server uid, has/uid, has/gid */
-};
 
 /* Refused workers remembered (see mts_registry.refused): retries of more
  * distinct workers than this at once are counted again. */
@@ -277,7 +230,7 @@ struct mts_registry {
 	/* Test switch MEMTALLY_TEST_NO_PEERPIDFD=1, read once at init:
 	 * behave as on a kernel without SO_PEERPIDFD (registry.c). */
 	bool no_peerpidfd;
-	struct mtshm_map *map;     /* the header: ours is the writable map */
+	struct mtshm_map *map;      /* the header: ours is the writable map */
 	struct mtshm_layout layout; /* private copy; never read back */
 	int hdr_ro_fd;              /* read-only descriptor for workers */
 	const char *label;          /* names the memfds (/proc/PID/maps) */
@@ -315,7 +268,8 @@ struct mts_registry {
 	/* Limits, admission, events (limits.c, admit.c). */
 	struct mts_policy policy;     /* in force; owned (deep copy) */
 	uint32_t server_uid;          /* geteuid() at init: always authorised */
-	struct mts_admission adm;     /* admit.c's: reservations and tasks */
+	struct mts_admission *adm;    /* admit.c's: reservations, tasks and
+	                               * their counters (mts_core_init) */
 	uint64_t fleet_over_since_ns; /* CLOCK_MONOTONIC; 0 = not over */
 	bool enforce_idle_logged;     /* "nothing to signal" said once */
 	bool closed;                  /* mts_registry_close() ran */
@@ -358,11 +312,11 @@ struct mts_reg_result {
  * (sock_diag: has_cred, uid, no pid and no gid); any other TCP peer is
  * unidentified (has_cred false) and needs the token on every request. */
 struct mts_peer {
-	int fd; /* the socket, for SO_PEERPIDFD; -1 when there is none */
+	int fd;        /* the socket, for SO_PEERPIDFD; -1 when there is none */
 	bool has_cred; /* uid known (and, on the Unix socket, pid and gid) */
 	uint32_t pid;  /* SO_PEERCRED; 0 over TCP */
 	uint32_t uid;
-	uint32_t gid;      /* SO_PEERCRED (valid with has_cred, not TCP) */
+	uint32_t gid; /* SO_PEERCRED (valid with has_cred, not TCP) */
 	/* CLOCK_BOOTTIME (ns) when the connection was accepted: a process
 	 * started after it cannot be the one that connected. */
 	uint64_t accept_boot_ns;
@@ -443,7 +397,6 @@ uint32_t mts_slots_per_uid(const struct mts_registry *reg);
 /* Free entry `index` if nothing keeps it (processes, limit, watermark,
  * reservations). */
 void mts_group_gc(struct mts_registry *reg, uint32_t index);
-
 
 /* ---- slot tables and adoption after a restart (adopt.c drives these) ---- */
 

@@ -200,10 +200,9 @@ int mts_group_ensure_peer(struct mts_registry *reg, const struct mts_peer *peer,
 	/* Names a uid brings into existence are what it costs the server
 	 * (entries, /metrics series): counted per uid. Configured groups
 	 * and "default" are the operator's; admins are trusted. */
-	bool counted = peer->has_cred && !peer->tcp &&
-	               strcmp(name, "default") != 0 &&
-	               !mts_policy_group(&reg->policy, name) &&
-	               !peer_is_admin(reg, peer);
+	bool counted =
+	    peer->has_cred && !peer->tcp && strcmp(name, "default") != 0 &&
+	    !mts_policy_group(&reg->policy, name) && !peer_is_admin(reg, peer);
 	if (counted && reg->policy.groups_per_uid &&
 	    mts_uid_count_get(&reg->groups_by_uid, peer->uid) >=
 	        reg->policy.groups_per_uid)
@@ -438,8 +437,7 @@ static int table_insert(struct mts_registry *reg, struct mts_table *t)
 {
 	if (reg->ntables == reg->tables_cap) {
 		uint32_t cap = reg->tables_cap ? reg->tables_cap * 2 : 4;
-		struct mts_table **nt =
-		    realloc(reg->tables, cap * sizeof(*nt));
+		struct mts_table **nt = realloc(reg->tables, cap * sizeof(*nt));
 		if (!nt)
 			return -ENOMEM;
 		reg->tables = nt;
@@ -590,8 +588,8 @@ void mts_registry_record(const struct mts_registry *reg,
 }
 
 /* What the Registered answer passes: the header and `p`'s table. */
-static void result_fds(const struct mts_registry *reg,
-                       const struct mts_proc *p, struct mts_reg_result *res)
+static void result_fds(const struct mts_registry *reg, const struct mts_proc *p,
+                       struct mts_reg_result *res)
 {
 	res->fds[0] = reg->hdr_ro_fd;
 	res->fds[1] = p->table->map.fd;

@@ -79,8 +79,8 @@ Test(admit, grant_deny_release_with_figures)
 	cr_assert_str_eq(a->limit_scope, "fleet");
 	cr_assert_str_eq(a->reservation, "");
 	memtally__v1__response__free_unpacked(r, NULL);
-	cr_assert_eq(srv.reg.stats.admissions, 1);
-	cr_assert_eq(srv.reg.stats.denials[MTS_DENY_FLEET_LIMIT], 1);
+	cr_assert_eq(srv.reg.adm->stats.admissions, 1);
+	cr_assert_eq(srv.reg.adm->stats.denials[MTS_DENY_FLEET_LIMIT], 1);
 
 	/* Exactly up to the limit is within it. */
 	const char *id2 = grant(424 * MIB, "", "", 0);
@@ -93,14 +93,14 @@ Test(admit, grant_deny_release_with_figures)
 	struct mts_peer other = fx_peer(getpid(), 1001);
 	fx_expect_error(release(&other, first, NULL),
 	                MEMTALLY__V1__ERROR_CODE__ERROR_PERMISSION_DENIED);
-	cr_assert_eq(srv.reg.stats.auth_denials, 1);
+	cr_assert_eq(srv.reg.adm->stats.auth_denials, 1);
 	struct mts_peer owner = fx_peer(getpid(), 1000);
 	r = release(&owner, first, NULL);
 	cr_assert_null(r->error);
 	cr_assert_str_eq(r->released->reservation, first);
 	cr_assert_eq(r->released->bytes, 600 * MIB);
 	memtally__v1__response__free_unpacked(r, NULL);
-	cr_assert_eq(srv.reg.stats.releases, 1);
+	cr_assert_eq(srv.reg.adm->stats.releases, 1);
 	fx_expect_error(release(&owner, first, NULL),
 	                MEMTALLY__V1__ERROR_CODE__ERROR_NOT_FOUND);
 	fx_expect_error(release(&owner, "r-nonsense", NULL),
@@ -157,7 +157,7 @@ Test(admit, group_limit)
 	cr_assert_eq(a->limit, 100 * MIB);
 	cr_assert_eq(a->reserved_bytes, 80 * MIB);
 	memtally__v1__response__free_unpacked(r, NULL);
-	cr_assert_eq(srv.reg.stats.denials[MTS_DENY_GROUP_LIMIT], 1);
+	cr_assert_eq(srv.reg.adm->stats.denials[MTS_DENY_GROUP_LIMIT], 1);
 	/* No fleet limit and no limit on "web": a missing limit never
 	 * denies. */
 	grant(30 * MIB, "web", "", 0);
@@ -185,6 +185,7 @@ Test(admit, decide_changes_nothing)
 	grant(800 * MIB, "web", "", 0);
 
 	struct mts_registry before = srv.reg;
+	struct mts_admission adm_before = *srv.reg.adm;
 	struct mts_peer p1000 = fx_peer(getpid(), 1000);
 	struct mts_peer p1001 = fx_peer(getpid(), 1001);
 	struct mts_admit_out out;
@@ -219,11 +220,13 @@ Test(admit, decide_changes_nothing)
 	cr_assert_eq(out.limit, 1024 * MIB);
 
 	/* Nothing was reserved, counted or denied by deciding. */
-	cr_assert_eq(srv.reg.adm.nresv, before.adm.nresv);
+	cr_assert_eq(srv.reg.adm->nresv, adm_before.nresv);
 	cr_assert_eq(srv.reg.totals.reserved, before.totals.reserved);
-	cr_assert_eq(srv.reg.stats.admissions, before.stats.admissions);
+	cr_assert_eq(srv.reg.adm->stats.admissions,
+	             adm_before.stats.admissions);
 	for (int d = 0; d < MTS_DENY__COUNT; d++)
-		cr_assert_eq(srv.reg.stats.denials[d], before.stats.denials[d]);
+		cr_assert_eq(srv.reg.adm->stats.denials[d],
+		             adm_before.stats.denials[d]);
 	cr_assert_eq(mts_find_group(&srv.reg, "etl")->reserved, 80 * MIB);
 }
 
@@ -236,8 +239,8 @@ Test(admit, invalid_requests)
 	                MEMTALLY__V1__ERROR_CODE__ERROR_INVALID_REQUEST);
 	fx_expect_error(fx_admit(1000, 10, "", "t\x7f", 0),
 	                MEMTALLY__V1__ERROR_CODE__ERROR_INVALID_REQUEST);
-	cr_assert_eq(srv.reg.stats.denials[MTS_DENY_INVALID], 3);
-	cr_assert_eq(srv.reg.adm.nresv, 0);
+	cr_assert_eq(srv.reg.adm->stats.denials[MTS_DENY_INVALID], 3);
+	cr_assert_eq(srv.reg.adm->nresv, 0);
 }
 
 Test(admit, ttl_default_cap_and_expiry)
@@ -262,13 +265,13 @@ Test(admit, ttl_default_cap_and_expiry)
 	uint64_t now = mts_now_monotonic();
 	mts_resv_tick(&srv.reg, now + 2000000000ull);
 	cr_assert_eq(srv.reg.totals.reserved, 30);
-	cr_assert_eq(srv.reg.stats.expirations, 1);
+	cr_assert_eq(srv.reg.adm->stats.expirations, 1);
 	mts_resv_tick(&srv.reg, now + 45000000000ull);
 	cr_assert_eq(srv.reg.totals.reserved, 20);
 	mts_resv_tick(&srv.reg, now + 90000000000ull);
 	cr_assert_eq(srv.reg.totals.reserved, 0);
-	cr_assert_eq(srv.reg.stats.expirations, 3);
-	cr_assert_eq(srv.reg.adm.nresv, 0);
+	cr_assert_eq(srv.reg.adm->stats.expirations, 3);
+	cr_assert_eq(srv.reg.adm->nresv, 0);
 	cr_assert_null(mts_find_group(&srv.reg, "default"),
 	               "an empty group entry was kept");
 }
@@ -282,7 +285,7 @@ Test(admit, expiry_in_a_real_tick)
 	memtally__v1__response__free_unpacked(r, NULL);
 	usleep(1100 * 1000);
 	mts_core_tick(&srv.reg);
-	cr_assert_eq(srv.reg.stats.expirations, 1);
+	cr_assert_eq(srv.reg.adm->stats.expirations, 1);
 	cr_assert_eq(fx_fleet().reserved, 0);
 	grant(100, "", "", 0);
 }
@@ -309,18 +312,18 @@ Test(admit, reconciled_with_the_tasks_workers)
 	fx_write(sw, 700 * MIB);
 	mts_core_tick(&srv.reg);
 	cr_assert_eq(srv.reg.totals.reserved, 0);
-	cr_assert_eq(srv.reg.adm.nresv, 1);
+	cr_assert_eq(srv.reg.adm->nresv, 1);
 
 	/* Taken over: the TTL no longer ends it. */
 	mts_resv_tick(&srv.reg, mts_now_monotonic() + 3600000000000ull);
-	cr_assert_eq(srv.reg.adm.nresv, 1);
-	cr_assert_eq(srv.reg.stats.expirations, 0);
+	cr_assert_eq(srv.reg.adm->nresv, 1);
+	cr_assert_eq(srv.reg.adm->stats.expirations, 0);
 
 	/* The task's last worker exits: the reservation ends. */
 	fx_kill(w);
 	mts_core_tick(&srv.reg);
-	cr_assert_eq(srv.reg.adm.nresv, 0);
-	cr_assert_eq(srv.reg.stats.fulfilled, 1);
+	cr_assert_eq(srv.reg.adm->nresv, 0);
+	cr_assert_eq(srv.reg.adm->stats.fulfilled, 1);
 	cr_assert_eq(fx_fleet().reserved, 0);
 }
 
@@ -342,10 +345,10 @@ Test(admit, task_reservations_oldest_first_and_brief_workers)
 	fx_kill(a);
 	mts_core_tick(&srv.reg);
 	cr_assert_eq(srv.reg.totals.reserved, 40 + 50 + 70);
-	cr_assert_eq(srv.reg.adm.nresv, 3, "one worker of T is still alive");
+	cr_assert_eq(srv.reg.adm->nresv, 3, "one worker of T is still alive");
 	fx_kill(b);
 	mts_core_tick(&srv.reg);
-	cr_assert_eq(srv.reg.adm.nresv, 1);
+	cr_assert_eq(srv.reg.adm->nresv, 1);
 	cr_assert_eq(srv.reg.totals.reserved, 70);
 
 	/* A worker of U that registers and exits between two ticks still
@@ -354,8 +357,8 @@ Test(admit, task_reservations_oldest_first_and_brief_workers)
 	fx_register(c, "g", "U");
 	fx_kill(c);
 	mts_core_tick(&srv.reg);
-	cr_assert_eq(srv.reg.adm.nresv, 0);
-	cr_assert_eq(srv.reg.stats.fulfilled, 3);
+	cr_assert_eq(srv.reg.adm->nresv, 0);
+	cr_assert_eq(srv.reg.adm->stats.fulfilled, 3);
 }
 
 Test(admit, release_authorisation)
@@ -404,7 +407,7 @@ Test(admit, release_authorisation)
 	req.admit = &a;
 	fx_expect_error(fx_call(&tcp, &req),
 	                MEMTALLY__V1__ERROR_CODE__ERROR_PERMISSION_DENIED);
-	cr_assert_eq(srv.reg.adm.nresv, 0);
+	cr_assert_eq(srv.reg.adm->nresv, 0);
 
 	/* A TCP peer the kernel named (sock_diag) owns what it reserves,
 	 * like a Unix peer of that uid: another uid over either transport
@@ -426,7 +429,7 @@ Test(admit, release_authorisation)
 	r = release(&tcp_owner, copy, NULL);
 	cr_assert_null(r->error);
 	memtally__v1__response__free_unpacked(r, NULL);
-	cr_assert_eq(srv.reg.adm.nresv, 0);
+	cr_assert_eq(srv.reg.adm->nresv, 0);
 
 	/* With the token (in the envelope) an unidentified peer may Admit;
 	 * what it reserves belongs to all such peers, not to a uid. */
@@ -440,7 +443,7 @@ Test(admit, release_authorisation)
 	r = release(&tcp, copy, "a-long-enough-secret");
 	cr_assert_null(r->error);
 	memtally__v1__response__free_unpacked(r, NULL);
-	cr_assert_eq(srv.reg.adm.nresv, 0);
+	cr_assert_eq(srv.reg.adm->nresv, 0);
 }
 
 Test(admit, many_ids_are_distinct)
@@ -515,8 +518,8 @@ Test(admit, another_uids_workers_neither_take_over_count_nor_end_it)
 	/* ... and its exit does not end it. */
 	fx_kill(w);
 	mts_core_tick(&srv.reg);
-	cr_assert_eq(srv.reg.adm.nresv, 1, "ended by another uid's worker");
-	cr_assert_eq(srv.reg.stats.fulfilled, 0);
+	cr_assert_eq(srv.reg.adm->nresv, 1, "ended by another uid's worker");
+	cr_assert_eq(srv.reg.adm->stats.fulfilled, 0);
 	cr_assert_eq(srv.reg.totals.reserved, 500 * MIB);
 
 	/* A brief worker of another uid, gone before any tick saw it, ends
@@ -525,12 +528,12 @@ Test(admit, another_uids_workers_neither_take_over_count_nor_end_it)
 	register_as(b, 1001, "T");
 	fx_kill(b);
 	mts_core_tick(&srv.reg);
-	cr_assert_eq(srv.reg.adm.nresv, 1);
+	cr_assert_eq(srv.reg.adm->nresv, 1);
 
 	/* Its TTL still applies. */
 	mts_resv_tick(&srv.reg, mts_now_monotonic() + 61000000000ull);
-	cr_assert_eq(srv.reg.adm.nresv, 0);
-	cr_assert_eq(srv.reg.stats.expirations, 1);
+	cr_assert_eq(srv.reg.adm->nresv, 0);
+	cr_assert_eq(srv.reg.adm->stats.expirations, 1);
 }
 
 Test(admit, the_owners_worker_takes_over_beside_another_uids)
@@ -554,11 +557,11 @@ Test(admit, the_owners_worker_takes_over_beside_another_uids)
 	fx_kill(stranger);
 	mts_core_tick(&srv.reg);
 	cr_assert_eq(srv.reg.totals.reserved, 400 * MIB);
-	cr_assert_eq(srv.reg.adm.nresv, 1);
+	cr_assert_eq(srv.reg.adm->nresv, 1);
 	fx_kill(owner);
 	mts_core_tick(&srv.reg);
-	cr_assert_eq(srv.reg.adm.nresv, 0);
-	cr_assert_eq(srv.reg.stats.fulfilled, 1);
+	cr_assert_eq(srv.reg.adm->nresv, 0);
+	cr_assert_eq(srv.reg.adm->stats.fulfilled, 1);
 }
 
 Test(admit, admins_workers_take_over_anyones)
@@ -588,10 +591,10 @@ Test(admit, admins_workers_take_over_anyones)
 		             admins[i]);
 		fx_kill(w);
 		mts_core_tick(&srv.reg);
-		cr_assert_eq(srv.reg.adm.nresv, 0, "admin %u did not end it",
+		cr_assert_eq(srv.reg.adm->nresv, 0, "admin %u did not end it",
 		             admins[i]);
 	}
-	cr_assert_eq(srv.reg.stats.fulfilled, 4);
+	cr_assert_eq(srv.reg.adm->stats.fulfilled, 4);
 
 	/* Not in admin_gid: no admin. The flag is recomputed when the
 	 * policy changes. */
@@ -603,7 +606,7 @@ Test(admit, admins_workers_take_over_anyones)
 	fx_write(s, 30);
 	mts_core_tick(&srv.reg);
 	cr_assert_eq(srv.reg.totals.reserved, 100);
-	cr_assert_eq(srv.reg.adm.resv[0]->taken_over, false);
+	cr_assert_eq(srv.reg.adm->resv[0]->taken_over, false);
 }
 
 Test(admit, a_reservation_made_over_tcp_is_matched_by_any_worker)
@@ -623,7 +626,7 @@ Test(admit, a_reservation_made_over_tcp_is_matched_by_any_worker)
 	cr_assert_eq(srv.reg.totals.reserved, 60);
 	fx_kill(w);
 	mts_core_tick(&srv.reg);
-	cr_assert_eq(srv.reg.adm.nresv, 0);
+	cr_assert_eq(srv.reg.adm->nresv, 0);
 }
 
 /* ---- the per-uid reservation cap ---------------------------------------- */
@@ -648,9 +651,9 @@ Test(admit, per_uid_cap_stops_that_uid_only)
 	          "%s", a->reason);
 	cr_assert_str_eq(a->reservation, "");
 	memtally__v1__response__free_unpacked(r, NULL);
-	cr_assert_eq(srv.reg.stats.denials[MTS_DENY_UID_CAP], 1);
+	cr_assert_eq(srv.reg.adm->stats.denials[MTS_DENY_UID_CAP], 1);
 	cr_assert_str_eq(mts_denial_name(MTS_DENY_UID_CAP), "uid_reservations");
-	cr_assert_eq(srv.reg.adm.nresv, 3);
+	cr_assert_eq(srv.reg.adm->nresv, 3);
 
 	/* Another uid is not stopped; nor is an admin (exempt). */
 	r = fx_admit(1001, 10, "", "", 0);
@@ -690,7 +693,7 @@ Test(admit, per_uid_cap_stops_that_uid_only)
 	pol.max_resv_per_uid = 0;
 	cr_assert_eq(mts_server_apply_policy(&srv, &pol), 0);
 	grant(10, "", "", 0);
-	cr_assert_eq(mts_uid_count_get(&srv.reg.adm.resv_uids, 1000), 4);
+	cr_assert_eq(mts_uid_count_get(&srv.reg.adm->resv_uids, 1000), 4);
 }
 
 Test(uidcount, add_sub_many)
@@ -734,8 +737,8 @@ Test(admit, group_not_allowed)
 	cr_assert(strstr(r->admit_result->reason, "group not allowed"), "%s",
 	          r->admit_result->reason);
 	memtally__v1__response__free_unpacked(r, NULL);
-	cr_assert_eq(srv.reg.stats.denials[MTS_DENY_GROUP_NOT_ALLOWED], 1);
-	cr_assert_eq(srv.reg.adm.nresv, 0);
+	cr_assert_eq(srv.reg.adm->stats.denials[MTS_DENY_GROUP_NOT_ALLOWED], 1);
+	cr_assert_eq(srv.reg.adm->nresv, 0);
 	cr_assert_str_eq(mts_denial_name(MTS_DENY_GROUP_NOT_ALLOWED),
 	                 "group_not_allowed");
 
@@ -764,7 +767,7 @@ Test(admit, reserved_bytes_per_uid)
 	cr_assert_eq(r->admit_result->limit, 100 * MIB);
 	cr_assert_eq(r->admit_result->reserved_bytes, 60 * MIB);
 	memtally__v1__response__free_unpacked(r, NULL);
-	cr_assert_eq(srv.reg.stats.denials[MTS_DENY_UID_BYTES], 1);
+	cr_assert_eq(srv.reg.adm->stats.denials[MTS_DENY_UID_BYTES], 1);
 	r = fx_admit(2000, 100 * MIB, "", "", 0);
 	cr_assert(r->admit_result->admitted, "%s", r->admit_result->reason);
 	memtally__v1__response__free_unpacked(r, NULL);
@@ -871,14 +874,14 @@ Test(admit, max_ttl_after_takeover)
 	fx_start_policy(&pol);
 	grant(10 * MIB, "", "T", 1);
 	fx_register(fx_spawn(), "", "T"); /* uid 1000: the owner's worker */
-	struct mts_resv *r = srv.reg.adm.resv[0];
+	struct mts_resv *r = srv.reg.adm->resv[0];
 	cr_assert(r->taken_over);
 	uint64_t t0 = r->created_mono_ns;
 	/* Past its TTL, within max_ttl: it stays. */
 	mts_resv_tick(&srv.reg, t0 + UINT64_C(2) * 1000000000u);
-	cr_assert_eq(srv.reg.adm.nresv, 1);
+	cr_assert_eq(srv.reg.adm->nresv, 1);
 	/* Past max_ttl, its worker alive: it ends. */
 	mts_resv_tick(&srv.reg, t0 + UINT64_C(5) * 1000000000u);
-	cr_assert_eq(srv.reg.adm.nresv, 0);
-	cr_assert_eq(srv.reg.stats.expirations, 1);
+	cr_assert_eq(srv.reg.adm->nresv, 0);
+	cr_assert_eq(srv.reg.adm->stats.expirations, 1);
 }

@@ -118,14 +118,18 @@ Test(auth, release_by_owner)
 	struct mts_peer other = unix_peer(1001, 1001);
 	struct mts_peer root = unix_peer(0, 0);
 	struct mts_peer tcp = {.fd = -1, .tcp = true};
-	cr_assert_eq(mts_authorise_release(&reg, &owner, NULL, r.has_owner, r.uid),
-	             MTS_AUTH_OWNER);
-	cr_assert_eq(mts_authorise_release(&reg, &other, NULL, r.has_owner, r.uid),
-	             MTS_AUTH_NONE);
-	cr_assert_eq(mts_authorise_release(&reg, &root, NULL, r.has_owner, r.uid),
-	             MTS_AUTH_ROOT);
-	cr_assert_eq(mts_authorise_release(&reg, &tcp, NULL, r.has_owner, r.uid),
-	             MTS_AUTH_NONE);
+	cr_assert_eq(
+	    mts_authorise_release(&reg, &owner, NULL, r.has_owner, r.uid),
+	    MTS_AUTH_OWNER);
+	cr_assert_eq(
+	    mts_authorise_release(&reg, &other, NULL, r.has_owner, r.uid),
+	    MTS_AUTH_NONE);
+	cr_assert_eq(
+	    mts_authorise_release(&reg, &root, NULL, r.has_owner, r.uid),
+	    MTS_AUTH_ROOT);
+	cr_assert_eq(
+	    mts_authorise_release(&reg, &tcp, NULL, r.has_owner, r.uid),
+	    MTS_AUTH_NONE);
 	struct mts_resv by_tcp = {.has_owner = false};
 	cr_assert_eq(mts_authorise_release(&reg, &tcp, NULL, by_tcp.has_owner,
 	                                   by_tcp.uid),
@@ -139,12 +143,14 @@ Test(auth, release_by_owner)
 	    .fd = -1, .tcp = true, .has_cred = true, .uid = 1000};
 	struct mts_peer tcp_other = tcp_owner;
 	tcp_other.uid = 1001;
-	cr_assert_eq(mts_authorise_release(&reg, &tcp_owner, NULL, r.has_owner, r.uid),
-	             MTS_AUTH_OWNER);
-	cr_assert_eq(mts_authorise_release(&reg, &tcp_other, NULL, r.has_owner, r.uid),
-	             MTS_AUTH_NONE);
-	cr_assert_eq(mts_authorise_release(&reg, &tcp_owner, NULL, by_tcp.has_owner,
-	                                   by_tcp.uid),
+	cr_assert_eq(
+	    mts_authorise_release(&reg, &tcp_owner, NULL, r.has_owner, r.uid),
+	    MTS_AUTH_OWNER);
+	cr_assert_eq(
+	    mts_authorise_release(&reg, &tcp_other, NULL, r.has_owner, r.uid),
+	    MTS_AUTH_NONE);
+	cr_assert_eq(mts_authorise_release(&reg, &tcp_owner, NULL,
+	                                   by_tcp.has_owner, by_tcp.uid),
 	             MTS_AUTH_NONE);
 }
 

@@ -242,7 +242,7 @@ Test(dispatch, empty_admit_invalid_watch_answered)
 	req.admit = &admit;
 	expect_error(call(&peer, &req), 5,
 	             MEMTALLY__V1__ERROR_CODE__ERROR_INVALID_REQUEST);
-	cr_assert_eq(srv.reg.stats.denials[MTS_DENY_INVALID], 1);
+	cr_assert_eq(srv.reg.adm->stats.denials[MTS_DENY_INVALID], 1);
 	req.body_case = MEMTALLY__V1__REQUEST__BODY_WATCH;
 	req.watch = &watch;
 	Memtally__V1__Response *r = call(&peer, &req);

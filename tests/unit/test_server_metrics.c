@@ -435,22 +435,24 @@ Test(render, groups_bounded_per_process_opt_in)
 Test(render, counters_and_tick)
 {
 	struct mts_stats *s = &srv.reg.stats;
+	struct mts_admit_stats *a = &srv.reg.adm->stats;
 	s->registrations = 11;
 	s->reclaims = 12;
-	s->admissions = 13;
-	s->denials[MTS_DENY_FLEET_LIMIT] = 14;
-	s->denials[MTS_DENY_GROUP_LIMIT] = 15;
-	s->denials[MTS_DENY_INVALID] = 16;
-	s->releases = 17;
-	s->expirations = 18;
+	a->admissions = 13;
+	a->denials[MTS_DENY_FLEET_LIMIT] = 14;
+	a->denials[MTS_DENY_GROUP_LIMIT] = 15;
+	a->denials[MTS_DENY_INVALID] = 16;
+	a->releases = 17;
+	a->expirations = 18;
 	s->enforcement_signals = 19;
 	s->events = 20;
 	s->protocol_errors = 21;
-	s->fulfilled = 22;
+	a->fulfilled = 22;
 	s->watch_disconnects = 23;
 	s->reloads = 24;
 	s->reload_failures = 25;
-	s->auth_denials = 26;
+	s->auth_denials = 20; /* SetLimit refused (dispatch.c) */
+	a->auth_denials = 6;  /* Release refused (admit.c) */
 	s->last_tick_ns = 1500000;
 	s->tick_ns_sum = 2500000123ull;
 	s->tick_count = 1234;
@@ -648,8 +650,8 @@ Test(render, address_parsing)
 	    "127.0.0.1:123456",
 	};
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
-		cr_assert_eq(mts_parse_hostport(bad[i], &ss, &len, &lo), -EINVAL,
-		             "accepted \"%s\"", bad[i]);
+		cr_assert_eq(mts_parse_hostport(bad[i], &ss, &len, &lo),
+		             -EINVAL, "accepted \"%s\"", bad[i]);
 	cr_assert_eq(mts_parse_hostport(NULL, &ss, &len, &lo), -EINVAL);
 }
 

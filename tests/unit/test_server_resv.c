@@ -53,15 +53,15 @@ static uint64_t rnd(void)
  * every request). */
 static void check(const struct mts_registry *reg)
 {
-	uint32_t n = reg->adm.nresv;
+	uint32_t n = reg->adm->nresv;
 	cr_assert_eq(reg->totals.reservations, n);
 	uint32_t in_ids = 0;
-	if (reg->adm.resv_ids)
-		for (uint32_t i = 0; i <= reg->adm.resv_ids_mask; i++)
-			in_ids += reg->adm.resv_ids[i] != NULL;
+	if (reg->adm->resv_ids)
+		for (uint32_t i = 0; i <= reg->adm->resv_ids_mask; i++)
+			in_ids += reg->adm->resv_ids[i] != NULL;
 	cr_assert_eq(in_ids, n, "index holds %u of %u", in_ids, n);
 	for (uint32_t i = 0; i < n; i++) {
-		const struct mts_resv *r = reg->adm.resv[i];
+		const struct mts_resv *r = reg->adm->resv[i];
 		cr_assert_eq(r->index, i);
 		cr_assert_eq(mts_resv_find(reg, r->id), r, "%s not found",
 		             r->id);
@@ -72,12 +72,12 @@ static void check(const struct mts_registry *reg)
 		cr_assert_eq(r->expires_ns,
 		             r->created_mono_ns + (uint64_t)s * 1000000000u);
 	}
-	cr_assert_eq(reg->adm.resv_nheap, n);
-	for (uint32_t i = 0; i < reg->adm.resv_nheap; i++) {
-		const struct mts_resv *r = reg->adm.resv_heap[i];
+	cr_assert_eq(reg->adm->resv_nheap, n);
+	for (uint32_t i = 0; i < reg->adm->resv_nheap; i++) {
+		const struct mts_resv *r = reg->adm->resv_heap[i];
 		cr_assert_eq(r->heap_index, i);
 		if (i > 0)
-			cr_assert_leq(reg->adm.resv_heap[(i - 1) / 2]->expires_ns,
+			cr_assert_leq(reg->adm->resv_heap[(i - 1) / 2]->expires_ns,
 			              r->expires_ns, "heap order");
 	}
 
@@ -85,11 +85,11 @@ static void check(const struct mts_registry *reg)
 	 * the latest tick: [0] admins' workers, [1] others', then owners'. */
 	static uint64_t want[MTS_RESV_MAX];
 	for (uint32_t i = 0; i < n; i++)
-		want[i] = reg->adm.resv[i]->bytes;
+		want[i] = reg->adm->resv[i]->bytes;
 	uint32_t in_tasks = 0;
-	if (reg->adm.tasks)
-		for (uint32_t b = 0; b <= reg->adm.tasks_mask; b++)
-			for (const struct mts_task *t = reg->adm.tasks[b]; t;
+	if (reg->adm->tasks)
+		for (uint32_t b = 0; b <= reg->adm->tasks_mask; b++)
+			for (const struct mts_task *t = reg->adm->tasks[b]; t;
 			     t = t->hnext) {
 				cr_assert_not_null(t->resv, "task kept empty");
 				cr_assert_geq(t->nshares, 2u);
@@ -151,7 +151,7 @@ static void check(const struct mts_registry *reg)
 	uint64_t total = 0;
 	uint32_t with_task = 0;
 	for (uint32_t i = 0; i < n; i++) {
-		const struct mts_resv *r = reg->adm.resv[i];
+		const struct mts_resv *r = reg->adm->resv[i];
 		with_task += r->task != NULL;
 		if (r->task)
 			cr_assert_eq(r->effective, want[i],
@@ -229,8 +229,8 @@ Test(resv, many_released_in_random_order)
 		}
 	}
 	check(&srv.reg);
-	cr_assert_eq(srv.reg.adm.nresv, 0);
-	cr_assert_eq(srv.reg.adm.resv_nheap, 0);
+	cr_assert_eq(srv.reg.adm->nresv, 0);
+	cr_assert_eq(srv.reg.adm->resv_nheap, 0);
 	cr_assert_null(mts_find_group(&srv.reg, "a"));
 	cr_assert_null(mts_find_group(&srv.reg, "b"));
 }
@@ -254,8 +254,8 @@ Test(resv, expiry_in_order_of_deadline_not_of_admission)
 	cr_assert_eq(srv.reg.totals.reserved, 1 + 4);
 	check(&srv.reg);
 	mts_resv_tick(&srv.reg, now + 60000000000ull);
-	cr_assert_eq(srv.reg.adm.nresv, 0);
-	cr_assert_eq(srv.reg.stats.expirations, 6);
+	cr_assert_eq(srv.reg.adm->nresv, 0);
+	cr_assert_eq(srv.reg.adm->stats.expirations, 6);
 	check(&srv.reg);
 }
 
@@ -292,10 +292,10 @@ static uint32_t register_as(pid_t pid, uint32_t uid, const char *group,
  * figures, sorted by uid (root and the server's uid are the admins). */
 static void check_shares(struct mts_registry *reg)
 {
-	if (!reg->adm.tasks)
+	if (!reg->adm->tasks)
 		return;
-	for (uint32_t b = 0; b <= reg->adm.tasks_mask; b++)
-		for (const struct mts_task *t = reg->adm.tasks[b]; t;
+	for (uint32_t b = 0; b <= reg->adm->tasks_mask; b++)
+		for (const struct mts_task *t = reg->adm->tasks[b]; t;
 		     t = t->hnext) {
 			uint64_t measured[64] = {0};
 			uint32_t live[64] = {0};
@@ -428,7 +428,7 @@ Test(resv, randomized_against_brute_force)
 				}
 			}
 		}
-		cr_assert_eq(srv.reg.adm.nresv, nm, "step %d (seed %u)", step,
+		cr_assert_eq(srv.reg.adm->nresv, nm, "step %d (seed %u)", step,
 		             seed);
 		for (uint32_t i = 0; i < nm; i++)
 			cr_assert_not_null(mts_resv_find(&srv.reg, m[i].id),
@@ -437,7 +437,7 @@ Test(resv, randomized_against_brute_force)
 		if (nm > most)
 			most = nm;
 	}
-	cr_assert_eq(srv.reg.stats.expirations, expiries);
+	cr_assert_eq(srv.reg.adm->stats.expirations, expiries);
 	cr_assert_gt(most, 200, "too few outstanding at once: %u", most);
 	cr_assert_gt(expiries, 100);
 	cr_assert_gt(releases, 1000);
