@@ -73,7 +73,7 @@
  * Response with the Watch's id. Pushed events go through the same write
  * path and count towards the same output bound: a subscriber whose
  * unwritten output has reached MTS_OUT_HIGH is not reading, and is
- * disconnected (logged, stats.watch_disconnects) instead of having events
+ * disconnected (logged, conn_stats.watch_disconnects) instead of having events
  * queued for it without bound or silently dropped -- a gap it could not
  * see. A client that reconnects and watches again gets the current state
  * first. An event raised while a connection's own request is being
@@ -1333,7 +1333,7 @@ void mts_watch_broadcast(void *ctx, const struct mts_event *ev)
 		if (!c->peer.watching || c->closing || c->close_after_write)
 			continue;
 		if (c->out_pending >= MTS_OUT_HIGH) {
-			net->reg->stats.watch_disconnects++;
+			net->conn_stats.watch_disconnects++;
 			mts_log(MTS_LOG_WARN,
 			        "watch subscriber not reading, disconnected",
 			        "peer_pid=%u tcp=%d pending=%zu", c->peer.pid,
@@ -1345,7 +1345,7 @@ void mts_watch_broadcast(void *ctx, const struct mts_event *ev)
 			/* Its own request raised the event: keep order. */
 			if (mts_event_append(net->reg, c->peer.watch_id, ev,
 			                     c->turn_out) == 0)
-				net->reg->stats.events++;
+				net->conn_stats.watch_events++;
 			continue;
 		}
 		struct mts_buf out = {0};
@@ -1356,7 +1356,7 @@ void mts_watch_broadcast(void *ctx, const struct mts_event *ev)
 			conn_close(c);
 			continue;
 		}
-		net->reg->stats.events++;
+		net->conn_stats.watch_events++;
 	}
 }
 

@@ -830,10 +830,11 @@ static void render_counters(struct out *o, const struct mts_registry *reg,
 	        "Signals sent to processes over their limit.",
 	        s->enforcement_signals);
 	counter(o, "memtally_watch_events_total",
-	        "Events sent to Watch subscribers.", s->events);
+	        "Events sent to Watch subscribers.",
+	        s->events + (cs ? cs->watch_events : 0));
 	counter(o, "memtally_watch_disconnects_total",
 	        "Watch subscribers disconnected for not reading their events.",
-	        s->watch_disconnects);
+	        cs ? cs->watch_disconnects : 0);
 	counter(o, "memtally_auth_denials_total",
 	        "SetLimit or Release requests refused to an unauthorised peer.",
 	        s->auth_denials + a->auth_denials);

@@ -57,6 +57,8 @@ struct mts_conn_stats {
 	uint64_t rejected_uid; /* closed: over max_connections_per_uid */
 	uint64_t idle_closed;  /* closed: no request for idle_timeout */
 	uint64_t max_per_uid;  /* max_connections_per_uid in force */
+	uint64_t watch_events; /* events pushed to Watch subscribers */
+	uint64_t watch_disconnects; /* subscribers dropped: not reading */
 };
 
 struct mts_conn;
@@ -142,8 +144,8 @@ void mts_conns_close(struct mts_conns *net);
  * reg->on_event of a server (ctx: its struct mts_conns): push `ev` to every
  * watching connection as Response{id = its Watch id, event}. A subscriber whose
  * unwritten output has reached MTS_OUT_HIGH is not reading: it is disconnected
- * (and counted in stats.watch_disconnects) rather than buffered without bound;
- * it learns the current state again when it reconnects and watches.
+ * (and counted in conn_stats.watch_disconnects) rather than buffered without
+ * bound; it learns the current state again when it reconnects and watches.
  */
 void mts_watch_broadcast(void *ctx, const struct mts_event *ev);
 

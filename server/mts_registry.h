@@ -160,15 +160,15 @@ struct mts_stats {
 	uint64_t registrations; /* successful Register */
 	uint64_t reclaims;      /* slots reclaimed at a worker's exit */
 	uint64_t enforcement_signals;
-	uint64_t events;          /* Watch events sent */
+	uint64_t events; /* a Watch's first event, in its answer (dispatch.c);
+	                  * those pushed later: conn_stats.watch_events */
 	uint64_t protocol_errors; /* error responses for bad frames */
 	uint64_t last_tick_ns;    /* duration of the latest tick */
 	uint64_t tick_ns_sum;     /* all ticks' durations, for _sum */
 	uint64_t tick_count;
-	uint64_t watch_disconnects; /* Watch subscribers not reading */
-	uint64_t reloads;           /* SIGHUP reloads applied */
-	uint64_t reload_failures;   /* SIGHUP reloads rejected (bad value) */
-	uint64_t auth_denials;      /* SetLimit/Release refused */
+	uint64_t reloads;         /* SIGHUP reloads applied */
+	uint64_t reload_failures; /* SIGHUP reloads rejected (bad value) */
+	uint64_t auth_denials;    /* SetLimit/Release refused */
 };
 
 /*

@@ -445,10 +445,11 @@ Test(render, counters_and_tick)
 	a->releases = 17;
 	a->expirations = 18;
 	s->enforcement_signals = 19;
-	s->events = 20;
+	s->events = 5; /* a Watch's first event (dispatch.c) */
+	srv.net.conn_stats.watch_events = 15; /* pushed later (conn.c) */
 	s->protocol_errors = 21;
 	a->fulfilled = 22;
-	s->watch_disconnects = 23;
+	srv.net.conn_stats.watch_disconnects = 23;
 	s->reloads = 24;
 	s->reload_failures = 25;
 	s->auth_denials = 20; /* SetLimit refused (dispatch.c) */
