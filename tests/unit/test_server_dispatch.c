@@ -11,27 +11,9 @@
  * process (Criterion), names its segment after its pid, kills its children
  * and ends by checking that the loop closes with no live handle.
  */
-#include "server.h"
+#include "test_server_fixture.h"
 
-#include <criterion/criterion.h>
-#include <errno.h>
 #include <fcntl.h>
-#include <signal.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include "mts_log.h"
-
-#define MAX_KIDS 8
-
-static uv_loop_t loop;
-static struct mts_server srv;
-static char segname[64];
-static pid_t kids[MAX_KIDS];
-static int nkids;
 
 static unsigned timeout_mult(void)
 {
@@ -40,83 +22,20 @@ static unsigned timeout_mult(void)
 	return m > 0 ? (unsigned)m : 1;
 }
 
-static void start(uint32_t slots)
-{
-	mts_log_set_level(MTS_LOG_ERROR); /* keep test output quiet */
-	snprintf(segname, sizeof(segname), "/mt-srv-test-%ld", (long)getpid());
-	struct mts_config cfg = {
-	    .socket_path = NULL,
-	    .segment = segname,
-	    .slots = slots,
-	    .lanes = 2,
-	    .tick_ms = 60000, /* tests call mts_core_tick() themselves */
-	    .threshold = 1000,
-	};
-	cr_assert_eq(uv_loop_init(&loop), 0);
-	cr_assert_eq(mts_server_init(&srv, &loop, &cfg), 0);
-	/* The tests fill every slot with workers of one uid. */
-	srv.reg.policy.slots_per_uid = MTS_CAP_NONE;
-}
-
+/* Four slots: the tests fill every one with workers of one uid. */
 static void setup(void)
 {
-	start(4);
+	fx_start_slots(NULL, 4);
 }
 
-static void teardown(void)
-{
-	for (int i = 0; i < nkids; i++) {
-		kill(kids[i], SIGKILL);
-		waitpid(kids[i], NULL, 0);
-	}
-	mts_server_stop(&srv);
-	uv_run(&loop, UV_RUN_DEFAULT);
-	mts_server_free(&srv);
-	cr_assert_eq(uv_loop_close(&loop), 0, "a handle was left open");
-}
-
-TestSuite(dispatch, .init = setup, .fini = teardown, .timeout = 30);
-
-/* A child that lives until killed. */
-static pid_t spawn(void)
-{
-	int p[2];
-	cr_assert_eq(pipe(p), 0);
-	pid_t pid = fork();
-	cr_assert_geq(pid, 0);
-	if (pid == 0) {
-		close(p[0]);
-		char c = 'x';
-		if (write(p[1], &c, 1) != 1)
-			_exit(1);
-		for (;;)
-			pause();
-	}
-	close(p[1]);
-	char c;
-	cr_assert_eq(read(p[0], &c, 1), 1);
-	close(p[0]);
-	cr_assert_lt(nkids, MAX_KIDS);
-	kids[nkids++] = pid;
-	return pid;
-}
+TestSuite(dispatch, .init = setup, .fini = fx_stop, .timeout = 30);
 
 static const struct mts_budget unlimited = {.out_bytes = SIZE_MAX,
                                             .frames = UINT32_MAX};
 
 static struct mts_peer peer_of(pid_t pid)
 {
-	return (struct mts_peer){
-	    .fd = -1, .has_cred = true, .pid = (uint32_t)pid, .uid = 1000};
-}
-
-/* Pack `req` into a bare body (no prefix). */
-static uint8_t *pack(const Memtally__V1__Request *req, size_t *len)
-{
-	*len = protobuf_c_message_get_packed_size(&req->base);
-	uint8_t *b = malloc(*len ? *len : 1);
-	protobuf_c_message_pack(&req->base, b);
-	return b;
+	return fx_peer(pid, FX_UID);
 }
 
 /* Decode the framed response at out[*pos..], advancing *pos. */
@@ -135,21 +54,6 @@ static Memtally__V1__Response *next_response(const struct mts_buf *out,
 	return r;
 }
 
-/* Dispatch one request and return its only response. */
-static Memtally__V1__Response *call(struct mts_peer *peer,
-                                    const Memtally__V1__Request *req)
-{
-	size_t len, pos = 0;
-	uint8_t *body = pack(req, &len);
-	struct mts_buf out = {0};
-	cr_assert_eq(mts_dispatch(&srv.reg, peer, body, len, &out), 0);
-	Memtally__V1__Response *r = next_response(&out, &pos);
-	cr_assert_eq(pos, out.len, "more than one response");
-	free(body);
-	mts_buf_free(&out);
-	return r;
-}
-
 /* The peer of the latest do_register(): the descriptors it is to get. */
 static struct mts_peer last_peer;
 
@@ -164,7 +68,7 @@ static Memtally__V1__Response *do_register(pid_t pid, const char *group,
 	req.body_case = MEMTALLY__V1__REQUEST__BODY_REGISTER;
 	req.register_ = &reg;
 	struct mts_peer peer = peer_of(pid);
-	Memtally__V1__Response *r = call(&peer, &req);
+	Memtally__V1__Response *r = fx_call(&peer, &req);
 	last_peer = peer;
 	return r;
 }
@@ -194,7 +98,7 @@ static Memtally__V1__Response *get_usage(int scope, const char *group,
 	req.body_case = MEMTALLY__V1__REQUEST__BODY_GET_USAGE;
 	req.get_usage = &q;
 	struct mts_peer peer = peer_of(getpid());
-	return call(&peer, &req);
+	return fx_call(&peer, &req);
 }
 
 /* What a worker's client would do: lane 0 holds `bytes`. */
@@ -225,7 +129,7 @@ Test(dispatch, no_body_is_invalid)
 	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
 	req.id = 42;
 	struct mts_peer peer = peer_of(getpid());
-	expect_error(call(&peer, &req), 42,
+	expect_error(fx_call(&peer, &req), 42,
 	             MEMTALLY__V1__ERROR_CODE__ERROR_INVALID_REQUEST);
 }
 
@@ -240,12 +144,12 @@ Test(dispatch, empty_admit_invalid_watch_answered)
 	req.id = 5;
 	req.body_case = MEMTALLY__V1__REQUEST__BODY_ADMIT;
 	req.admit = &admit;
-	expect_error(call(&peer, &req), 5,
+	expect_error(fx_call(&peer, &req), 5,
 	             MEMTALLY__V1__ERROR_CODE__ERROR_INVALID_REQUEST);
 	cr_assert_eq(srv.reg.adm->stats.denials[MTS_DENY_INVALID], 1);
 	req.body_case = MEMTALLY__V1__REQUEST__BODY_WATCH;
 	req.watch = &watch;
-	Memtally__V1__Response *r = call(&peer, &req);
+	Memtally__V1__Response *r = fx_call(&peer, &req);
 	cr_assert_null(r->error);
 	cr_assert_eq(r->body_case, MEMTALLY__V1__RESPONSE__BODY_EVENT);
 	cr_assert_str_eq(r->event->scope, "fleet");
@@ -398,7 +302,7 @@ Test(dispatch, budgets_stop_answering)
 
 Test(dispatch, register_publishes_slot)
 {
-	pid_t kid = spawn();
+	pid_t kid = fx_spawn();
 	Memtally__V1__Response *r = do_register(kid, "", 11);
 	cr_assert_null(r->error);
 	cr_assert_eq(r->id, 7);
@@ -426,15 +330,16 @@ Test(dispatch, register_publishes_slot)
 	struct mts_table *t = mts_table_find(&srv.reg, 1000);
 	cr_assert_not_null(t);
 	cr_assert_eq(last_peer.send_fds[1], t->map.fd);
-	cr_assert_eq((char *)s, (char *)t->map.base +
-	                            (size_t)ok->slot * srv.reg.layout.slot_stride);
+	cr_assert_eq((char *)s,
+	             (char *)t->map.base +
+	                 (size_t)ok->slot * srv.reg.layout.slot_stride);
 	memtally__v1__response__free_unpacked(r, NULL);
 	cr_assert_eq(srv.reg.nfree, 3);
 }
 
 Test(dispatch, repeat_keeps_slot_exec_resets_it)
 {
-	pid_t kid = spawn();
+	pid_t kid = fx_spawn();
 	uint32_t slot = register_ok(kid, "a", 1);
 	struct mtshm_slot_id *s = mts_slot(&srv.reg, slot);
 	uint64_t gen = s->generation;
@@ -463,7 +368,7 @@ Test(dispatch, repeat_keeps_slot_exec_resets_it)
 
 Test(dispatch, pid_reuse_reclaims)
 {
-	pid_t kid = spawn();
+	pid_t kid = fx_spawn();
 	uint32_t slot = register_ok(kid, "a", 1);
 	write_lane(slot, 5000, 1);
 	mts_core_tick(&srv.reg);
@@ -485,7 +390,7 @@ Test(dispatch, pid_reuse_reclaims)
 
 Test(dispatch, bad_names_and_no_credentials)
 {
-	pid_t kid = spawn();
+	pid_t kid = fx_spawn();
 	expect_error(do_register(kid, "a\x01", 1), 7,
 	             MEMTALLY__V1__ERROR_CODE__ERROR_INVALID_REQUEST);
 	char longname[MTS_NAME_MAX + 2];
@@ -500,18 +405,18 @@ Test(dispatch, bad_names_and_no_credentials)
 	req.body_case = MEMTALLY__V1__REQUEST__BODY_REGISTER;
 	req.register_ = &reg;
 	struct mts_peer anon = {.fd = -1};
-	expect_error(call(&anon, &req), 8,
+	expect_error(fx_call(&anon, &req), 8,
 	             MEMTALLY__V1__ERROR_CODE__ERROR_NO_PEER_CREDENTIALS);
 	reg.layout_major = MTSHM_VERSION_MAJOR + 1;
 	struct mts_peer peer = peer_of(kid);
-	expect_error(call(&peer, &req), 8,
+	expect_error(fx_call(&peer, &req), 8,
 	             MEMTALLY__V1__ERROR_CODE__ERROR_UNSUPPORTED);
 	cr_assert_eq(srv.reg.nfree, 4);
 }
 
 Test(dispatch, dead_peer_not_registered)
 {
-	pid_t kid = spawn();
+	pid_t kid = fx_spawn();
 	kill(kid, SIGKILL);
 	waitpid(kid, NULL, 0);
 	expect_error(do_register(kid, "a", 1), 7,
@@ -522,8 +427,8 @@ Test(dispatch, dead_peer_not_registered)
 Test(dispatch, no_slots_counts_unregistered)
 {
 	for (int i = 0; i < 4; i++)
-		register_ok(spawn(), "g", 1);
-	expect_error(do_register(spawn(), "g", 1), 7,
+		register_ok(fx_spawn(), "g", 1);
+	expect_error(do_register(fx_spawn(), "g", 1), 7,
 	             MEMTALLY__V1__ERROR_CODE__ERROR_NO_SLOTS);
 	mts_core_tick(&srv.reg);
 	Memtally__V1__Response *r =
@@ -541,7 +446,7 @@ Test(dispatch, no_slots_counts_unregistered)
 
 Test(dispatch, usage_and_list)
 {
-	pid_t a = spawn(), b = spawn(), c = spawn();
+	pid_t a = fx_spawn(), b = fx_spawn(), c = fx_spawn();
 	uint32_t sa = register_ok(a, "etl", 1);
 	uint32_t sb = register_ok(b, "etl", 1);
 	uint32_t sc = register_ok(c, "web", 1);
@@ -614,7 +519,7 @@ Test(dispatch, usage_and_list)
 	req.body_case = MEMTALLY__V1__REQUEST__BODY_LIST_PROCESSES;
 	req.list_processes = &lp;
 	struct mts_peer peer = peer_of(getpid());
-	r = call(&peer, &req);
+	r = fx_call(&peer, &req);
 	Memtally__V1__ProcessList *pl = r->process_list;
 	cr_assert_eq(pl->n_processes, 3);
 	cr_assert_eq(pl->processes[0]->pid, (uint32_t)b);
@@ -623,7 +528,7 @@ Test(dispatch, usage_and_list)
 	cr_assert_eq(pl->processes[2]->bytes, 0);
 	memtally__v1__response__free_unpacked(r, NULL);
 	lp.group = "web";
-	r = call(&peer, &req);
+	r = fx_call(&peer, &req);
 	cr_assert_eq(r->process_list->n_processes, 1);
 	cr_assert_eq(r->process_list->processes[0]->pid, (uint32_t)c);
 	memtally__v1__response__free_unpacked(r, NULL);
@@ -640,7 +545,7 @@ static void write_free(uint32_t slot, int64_t free_bytes, int64_t heap_at)
  * kept while a sample is being written, gone with the process. */
 Test(dispatch, allocator_free_is_part_of_the_figures)
 {
-	pid_t a = spawn(), b = spawn();
+	pid_t a = fx_spawn(), b = fx_spawn();
 	uint32_t sa = register_ok(a, "py", 1);
 	uint32_t sb = register_ok(b, "py", 1);
 	write_lane(sa, 10000, 1);
@@ -691,7 +596,7 @@ Test(dispatch, allocator_free_is_part_of_the_figures)
 /* Exit takes a process's free bytes out with the rest of its figure. */
 Test(dispatch, allocator_free_leaves_with_its_process)
 {
-	pid_t a = spawn(), b = spawn();
+	pid_t a = fx_spawn(), b = fx_spawn();
 	uint32_t sa = register_ok(a, "py", 1);
 	uint32_t sb = register_ok(b, "py", 1);
 	write_lane(sa, 1000, 1);
@@ -715,7 +620,7 @@ Test(dispatch, allocator_free_leaves_with_its_process)
 
 Test(dispatch, corrupt_slot_quarantined)
 {
-	pid_t a = spawn(), b = spawn();
+	pid_t a = fx_spawn(), b = fx_spawn();
 	uint32_t sa = register_ok(a, "g", 1);
 	uint32_t sb = register_ok(b, "g", 1);
 	write_lane(sa, 1000, 1);
@@ -740,7 +645,7 @@ Test(dispatch, corrupt_slot_quarantined)
  * counted, not quarantined. */
 Test(dispatch, lanes_past_the_mark_with_a_sane_total_count)
 {
-	pid_t a = spawn();
+	pid_t a = fx_spawn();
 	uint32_t sa = register_ok(a, "g", 1);
 	struct mtshm_slot_id *s = mts_slot(&srv.reg, sa);
 	mt_store_relaxed32(&s->lanes_used, 2);
@@ -755,7 +660,7 @@ Test(dispatch, lanes_past_the_mark_with_a_sane_total_count)
 
 Test(dispatch, exit_leaves_totals_in_same_iteration)
 {
-	pid_t a = spawn(), b = spawn();
+	pid_t a = fx_spawn(), b = fx_spawn();
 	uint32_t sa = register_ok(a, "g", 1);
 	uint32_t sb = register_ok(b, "h", 1);
 	write_lane(sa, 1000, 1);
@@ -795,7 +700,7 @@ Test(dispatch, exit_leaves_totals_in_same_iteration)
 
 	/* The freed slot is handed out again, with a new generation. */
 	uint64_t gen = srv.reg.slot_gens[sb];
-	cr_assert_eq(register_ok(spawn(), "h", 1), sb);
+	cr_assert_eq(register_ok(fx_spawn(), "h", 1), sb);
 	cr_assert_eq(mts_slot(&srv.reg, sb)->generation, gen + 1);
 }
 
@@ -803,7 +708,7 @@ Test(dispatch, exit_leaves_totals_in_same_iteration)
  * its own uid's processes. The table goes with the uid's last process. */
 Test(dispatch, each_uid_has_its_own_table)
 {
-	pid_t a = spawn(), b = spawn();
+	pid_t a = fx_spawn(), b = fx_spawn();
 	uint32_t sa = register_ok(a, "g", 1); /* uid 1000, see peer_of */
 	struct mts_peer pb = peer_of(b);
 	pb.uid = 2000;
@@ -812,7 +717,7 @@ Test(dispatch, each_uid_has_its_own_table)
 	rg.image_id = 1;
 	req.body_case = MEMTALLY__V1__REQUEST__BODY_REGISTER;
 	req.register_ = &rg;
-	Memtally__V1__Response *r = call(&pb, &req);
+	Memtally__V1__Response *r = fx_call(&pb, &req);
 	cr_assert_null(r->error);
 	uint32_t sb = r->registered->slot;
 	memtally__v1__response__free_unpacked(r, NULL);
@@ -841,10 +746,10 @@ Test(dispatch, each_uid_has_its_own_table)
 	/* Idle, kept for the uid's next process: the same object again. */
 	cr_assert_neq(tb->idle_since_ns, 0);
 	uint64_t ino = tb->map.ino;
-	pid_t b2 = spawn();
+	pid_t b2 = fx_spawn();
 	struct mts_peer pb2 = peer_of(b2);
 	pb2.uid = 2000;
-	r = call(&pb2, &req);
+	r = fx_call(&pb2, &req);
 	cr_assert_null(r->error);
 	memtally__v1__response__free_unpacked(r, NULL);
 	cr_assert_eq(mts_table_find(&srv.reg, 2000), tb);
@@ -874,10 +779,10 @@ Test(dispatch, idle_tables_are_bounded)
 	req.body_case = MEMTALLY__V1__REQUEST__BODY_REGISTER;
 	req.register_ = &rg;
 	for (uint32_t u = 0; u < MTS_TABLES_IDLE_MAX + 2; u++) {
-		pid_t k = spawn();
+		pid_t k = fx_spawn();
 		struct mts_peer pk = peer_of(k);
 		pk.uid = 3000 + u;
-		Memtally__V1__Response *r = call(&pk, &req);
+		Memtally__V1__Response *r = fx_call(&pk, &req);
 		cr_assert_null(r->error);
 		memtally__v1__response__free_unpacked(r, NULL);
 		kill(k, SIGKILL);

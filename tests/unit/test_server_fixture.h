@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -60,8 +61,9 @@ static inline void fx_on_event(void *ctx, const struct mts_event *ev)
  * what the slots say (a test of trust itself uses another uid). */
 #define FX_UID 1000u
 
-/* Start a server with `pol` (NULL = defaults); events are captured. */
-static inline void fx_start_policy(const struct mts_policy *pol)
+/* Start a server of `slots` slots with `pol` (NULL = defaults); events
+ * are captured. */
+static inline void fx_start_slots(const struct mts_policy *pol, uint32_t slots)
 {
 	static struct mts_policy with_fx;
 	if (!pol) {
@@ -77,7 +79,7 @@ static inline void fx_start_policy(const struct mts_policy *pol)
 	struct mts_config cfg = {
 	    .socket_path = NULL,
 	    .segment = segname,
-	    .slots = 8,
+	    .slots = slots,
 	    .lanes = 2,
 	    .tick_ms = 60000, /* tests call mts_core_tick() themselves */
 	    .threshold = 1000,
@@ -85,14 +87,19 @@ static inline void fx_start_policy(const struct mts_policy *pol)
 	};
 	cr_assert_eq(uv_loop_init(&loop), 0);
 	cr_assert_eq(mts_server_init(&srv, &loop, &cfg), 0);
-	/* 8 slots would make the default per-uid slot cap 4: tests of
-	 * other things register more workers of one uid. Tests of the cap
-	 * set max_slots_per_uid in their policy. */
+	/* A few slots would make the default per-uid slot cap smaller
+	 * still: tests of other things register more workers of one uid. Tests
+	 * of the cap set max_slots_per_uid in their policy. */
 	if (srv.reg.policy.slots_per_uid == 0)
 		srv.reg.policy.slots_per_uid = MTS_CAP_NONE;
 	srv.reg.on_event = fx_on_event;
 	srv.reg.event_ctx = NULL;
 	nevents = 0;
+}
+
+static inline void fx_start_policy(const struct mts_policy *pol)
+{
+	fx_start_slots(pol, 8);
 }
 
 static inline void fx_start(void)
@@ -123,9 +130,14 @@ static inline pid_t fx_spawn_as(long uid)
 	cr_assert_geq(pid, 0);
 	if (pid == 0) {
 		close(p[0]);
-		if (uid >= 0 && (setresgid((gid_t)uid, (gid_t)uid, (gid_t)uid) ||
-		                 setresuid((uid_t)uid, (uid_t)uid, (uid_t)uid)))
+		if (uid >= 0 &&
+		    (setresgid((gid_t)uid, (gid_t)uid, (gid_t)uid) ||
+		     setresuid((uid_t)uid, (uid_t)uid, (uid_t)uid)))
 			_exit(1);
+		/* Die with the test even if it crashes before its teardown:
+		 * a leftover child keeps CTest's output pipe open. (After the
+		 * uid change, which clears the setting.) */
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
 		char c = 'x';
 		if (write(p[1], &c, 1) != 1)
 			_exit(1);

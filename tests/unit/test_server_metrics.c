@@ -32,86 +32,27 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "mts_log.h"
-#include "server.h"
+#include "test_server_fixture.h"
 
-#define MAX_KIDS 4
 #define PROMTOOL "/usr/bin/promtool"
-
-static uv_loop_t loop;
-static struct mts_server srv;
-static char segname[64];
-static pid_t kids[MAX_KIDS];
-static int nkids;
 
 static void setup(void)
 {
-	mts_log_set_level(MTS_LOG_ERROR); /* keep test output quiet */
-	snprintf(segname, sizeof(segname), "/mt-met-test-%ld", (long)getpid());
-	struct mts_config cfg = {
-	    .socket_path = NULL,
-	    .segment = segname,
-	    .slots = 4,
-	    .lanes = 2,
-	    .tick_ms = 60000, /* tests call mts_core_tick() themselves */
-	    .threshold = 1000,
-	};
-	cr_assert_eq(uv_loop_init(&loop), 0);
-	cr_assert_eq(mts_server_init(&srv, &loop, &cfg), 0);
-	/* The workers are all of one uid; the per-process series are
-	 * opted in (the tests of the bound turn them off). */
-	srv.reg.policy.slots_per_uid = MTS_CAP_NONE;
+	fx_start_slots(NULL, 4);
+	/* The per-process series are opted in (the tests of the bound turn
+	 * them off). */
 	srv.reg.policy.metrics_per_process = true;
 }
 
-static void teardown(void)
-{
-	for (int i = 0; i < nkids; i++) {
-		kill(kids[i], SIGKILL);
-		waitpid(kids[i], NULL, 0);
-	}
-	mts_server_stop(&srv);
-	uv_run(&loop, UV_RUN_DEFAULT);
-	mts_server_free(&srv);
-	cr_assert_eq(uv_loop_close(&loop), 0, "a handle was left open");
-}
-
-TestSuite(render, .init = setup, .fini = teardown, .timeout = 30);
-TestSuite(serve, .init = setup, .fini = teardown, .timeout = 60);
-
-/* A child that lives until killed. */
-static pid_t spawn(void)
-{
-	int p[2];
-	cr_assert_eq(pipe(p), 0);
-	pid_t pid = fork();
-	cr_assert_geq(pid, 0);
-	if (pid == 0) {
-		/* Die with the test even if it crashes before its teardown:
-		 * a leftover child keeps CTest's output pipe open. */
-		prctl(PR_SET_PDEATHSIG, SIGKILL);
-		close(p[0]);
-		char c = 'x';
-		if (write(p[1], &c, 1) != 1)
-			_exit(1);
-		for (;;)
-			pause();
-	}
-	close(p[1]);
-	char c;
-	cr_assert_eq(read(p[0], &c, 1), 1);
-	close(p[0]);
-	cr_assert_lt(nkids, MAX_KIDS);
-	kids[nkids++] = pid;
-	return pid;
-}
+TestSuite(render, .init = setup, .fini = fx_stop, .timeout = 30);
+TestSuite(serve, .init = setup, .fini = fx_stop, .timeout = 60);
 
 /* Register a new child in `group` holding `bytes` over `threads`
  * threads, and return its proc (after a tick). */
 static struct mts_proc *worker(const char *group, int64_t bytes,
                                uint32_t threads)
 {
-	pid_t pid = spawn();
+	pid_t pid = fx_spawn();
 	struct mts_peer peer = {
 	    .fd = -1, .has_cred = true, .pid = (uint32_t)pid, .uid = 1000};
 	struct mts_reg_result res;
