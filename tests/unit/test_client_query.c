@@ -277,11 +277,26 @@ static memtally_query *open_ok(struct fake *f, int timeout_ms)
 	return q;
 }
 
-Test(query, usage_fleet_copies_every_field)
+/*
+ * A test against a fake server answering with `handler`, through a handle
+ * `q` opened on it (no timeout): the body gets both; the handle is closed
+ * and the server stopped after it.
+ */
+#define FAKE_TEST(suite, name, handler, ...)                                   \
+	static void suite##_##name##_body(struct fake *f, memtally_query *q);  \
+	Test(suite, name, ##__VA_ARGS__)                                       \
+	{                                                                      \
+		struct fake fk;                                                \
+		fake_start(&fk, handler);                                      \
+		memtally_query *q = open_ok(&fk, 0);                           \
+		suite##_##name##_body(&fk, q);                                 \
+		memtally_query_close(q);                                       \
+		fake_stop(&fk);                                                \
+	}                                                                      \
+	static void suite##_##name##_body(struct fake *f, memtally_query *q)
+
+FAKE_TEST(query, usage_fleet_copies_every_field, answer_usage)
 {
-	struct fake f;
-	fake_start(&f, answer_usage);
-	memtally_query *q = open_ok(&f, 0);
 	struct memtally_usage *u;
 	cr_assert_eq(memtally_query_usage(q, &u), 0);
 	cr_expect_eq(u->bytes, 6000);
@@ -309,18 +324,13 @@ Test(query, usage_fleet_copies_every_field)
 	cr_expect_eq(u->groups[1].error_bytes, 65536);
 	cr_expect_str_eq(memtally_query_last_error(q), "");
 	memtally_usage_free(u);
-	memtally_query_close(q);
-	fake_stop(&f);
 }
 
-Test(query, group_scope_returns_one_group)
+FAKE_TEST(query, group_scope_returns_one_group, answer_usage)
 {
-	struct fake f;
-	fake_start(&f, answer_usage);
-	memtally_query *q = open_ok(&f, 0);
 	struct memtally_usage *u;
 	cr_assert_eq(memtally_query_group(q, "web", &u), 0);
-	cr_expect_str_eq(f.groups[0], "web");
+	cr_expect_str_eq(f->groups[0], "web");
 	cr_assert_eq(u->n_groups, 1);
 	cr_expect_str_eq(u->groups[0].name, "web");
 	cr_expect_eq(u->groups[0].bytes, 5000);
@@ -330,15 +340,10 @@ Test(query, group_scope_returns_one_group)
 	cr_expect_eq(memtally_query_group(q, "nope", &u), MEMTALLY_EPROTO);
 	cr_expect_null(u);
 	cr_expect_eq(memtally_query_group(q, NULL, &u), -EINVAL);
-	memtally_query_close(q);
-	fake_stop(&f);
 }
 
-Test(query, process_scope)
+FAKE_TEST(query, process_scope, answer_usage)
 {
-	struct fake f;
-	fake_start(&f, answer_usage);
-	memtally_query *q = open_ok(&f, 0);
 	struct memtally_process *p;
 	cr_assert_eq(memtally_query_process(q, 4242, &p), 0);
 	cr_expect_eq(p->pid, 4242);
@@ -352,15 +357,10 @@ Test(query, process_scope)
 	memtally_process_free(p);
 	cr_expect_eq(memtally_query_process(q, 0, &p), -EINVAL);
 	cr_expect_null(p);
-	memtally_query_close(q);
-	fake_stop(&f);
 }
 
-Test(query, processes_all_filtered_and_empty)
+FAKE_TEST(query, processes_all_filtered_and_empty, answer_processes)
 {
-	struct fake f;
-	fake_start(&f, answer_processes);
-	memtally_query *q = open_ok(&f, 0);
 	struct memtally_process *p;
 	size_t n;
 	cr_assert_eq(memtally_query_processes(q, NULL, &p, &n), 0);
@@ -375,34 +375,27 @@ Test(query, processes_all_filtered_and_empty)
 	memtally_processes_free(p);
 
 	cr_assert_eq(memtally_query_processes(q, "a", &p, &n), 0);
-	cr_expect_str_eq(f.groups[1], "a");
+	cr_expect_str_eq(f->groups[1], "a");
 	cr_expect_eq(n, 2);
 	memtally_processes_free(p);
 
 	cr_assert_eq(memtally_query_processes(q, "none", &p, &n), 0);
 	cr_expect_eq(n, 0);
 	cr_expect_null(p);
-	cr_expect_eq(atomic_load(&f.connections), 1, "one connection reused");
-	memtally_query_close(q);
-	fake_stop(&f);
+	cr_expect_eq(atomic_load(&f->connections), 1, "one connection reused");
 }
 
-Test(query, request_ids_increase)
+FAKE_TEST(query, request_ids_increase, answer_any)
 {
-	struct fake f;
-	fake_start(&f, answer_any);
-	memtally_query *q = open_ok(&f, 0);
 	struct memtally_usage *u;
 	for (int i = 0; i < 5; i++) {
 		cr_assert_eq(memtally_query_usage(q, &u), 0);
 		memtally_usage_free(u);
 	}
-	cr_assert_eq(atomic_load(&f.requests), 5);
+	cr_assert_eq(atomic_load(&f->requests), 5);
 	for (int i = 1; i < 5; i++)
-		cr_expect_gt(f.ids[i], f.ids[i - 1]);
-	cr_expect_neq(f.ids[0], 0, "id 0 is what the server uses for errors");
-	memtally_query_close(q);
-	fake_stop(&f);
+		cr_expect_gt(f->ids[i], f->ids[i - 1]);
+	cr_expect_neq(f->ids[0], 0, "id 0 is what the server uses for errors");
 }
 
 static bool answer_wrong_id_first(struct fake *f, int fd,
@@ -416,11 +409,8 @@ static bool answer_wrong_id_first(struct fake *f, int fd,
 	return answer_usage(f, fd, req, n);
 }
 
-Test(query, wrong_id_is_eproto_then_reconnects)
+FAKE_TEST(query, wrong_id_is_eproto_then_reconnects, answer_wrong_id_first)
 {
-	struct fake f;
-	fake_start(&f, answer_wrong_id_first);
-	memtally_query *q = open_ok(&f, 0);
 	struct memtally_usage *u;
 	cr_expect_eq(memtally_query_usage(q, &u), MEMTALLY_EPROTO);
 	cr_expect_null(u);
@@ -428,10 +418,8 @@ Test(query, wrong_id_is_eproto_then_reconnects)
 	cr_assert_eq(memtally_query_usage(q, &u), 0);
 	cr_expect_eq(u->bytes, 6000);
 	cr_expect_str_eq(memtally_query_last_error(q), "");
-	cr_expect_eq(atomic_load(&f.connections), 2);
+	cr_expect_eq(atomic_load(&f->connections), 2);
 	memtally_usage_free(u);
-	memtally_query_close(q);
-	fake_stop(&f);
 }
 
 static const struct {
@@ -460,11 +448,8 @@ static bool answer_errors(struct fake *f, int fd,
 	return answer_any(f, fd, req, n);
 }
 
-Test(query, server_errors_map_and_keep_the_connection)
+FAKE_TEST(query, server_errors_map_and_keep_the_connection, answer_errors)
 {
-	struct fake f;
-	fake_start(&f, answer_errors);
-	memtally_query *q = open_ok(&f, 0);
 	for (size_t i = 0; i < N_ERRORS; i++) {
 		struct memtally_process *p;
 		size_t n;
@@ -479,9 +464,7 @@ Test(query, server_errors_map_and_keep_the_connection)
 	struct memtally_usage *u;
 	cr_assert_eq(memtally_query_usage(q, &u), 0);
 	memtally_usage_free(u);
-	cr_expect_eq(atomic_load(&f.connections), 1);
-	memtally_query_close(q);
-	fake_stop(&f);
+	cr_expect_eq(atomic_load(&f->connections), 1);
 }
 
 /* The server could not decode the request: error with id 0, then close. */
@@ -496,19 +479,14 @@ static bool answer_undecodable_first(struct fake *f, int fd,
 	return answer_any(f, fd, req, n);
 }
 
-Test(query, id0_error_answers_and_reconnects)
+FAKE_TEST(query, id0_error_answers_and_reconnects, answer_undecodable_first)
 {
-	struct fake f;
-	fake_start(&f, answer_undecodable_first);
-	memtally_query *q = open_ok(&f, 0);
 	struct memtally_usage *u;
 	cr_expect_eq(memtally_query_usage(q, &u), MEMTALLY_ESERVER);
 	cr_expect_str_eq(memtally_query_last_error(q), "server error code 6");
 	cr_assert_eq(memtally_query_usage(q, &u), 0);
 	memtally_usage_free(u);
-	cr_expect_eq(atomic_load(&f.connections), 2);
-	memtally_query_close(q);
-	fake_stop(&f);
+	cr_expect_eq(atomic_load(&f->connections), 2);
 }
 
 /* Every response byte in its own write, with pauses: partial reads. */
@@ -582,24 +560,19 @@ static bool answer_close(struct fake *f, int fd,
 	return false;
 }
 
-Test(query, server_close_is_econnreset)
+FAKE_TEST(query, server_close_is_econnreset, answer_close)
 {
-	struct fake f;
-	fake_start(&f, answer_close);
-	memtally_query *q = open_ok(&f, 0);
 	struct memtally_usage *u;
 	/* The first call takes the idle connection for a stale one and
 	 * tries once more on a new connection, which fails the same way. */
 	cr_expect_eq(memtally_query_usage(q, &u), -ECONNRESET);
 	cr_expect_neq(memtally_query_last_error(q)[0], '\0');
-	cr_expect_eq(atomic_load(&f.connections), 2);
-	cr_expect_eq(atomic_load(&f.requests), 2);
+	cr_expect_eq(atomic_load(&f->connections), 2);
+	cr_expect_eq(atomic_load(&f->requests), 2);
 	/* The next call reconnects; a fresh connection is not retried. */
 	cr_expect_eq(memtally_query_usage(q, &u), -ECONNRESET);
-	cr_expect_eq(atomic_load(&f.connections), 3);
-	cr_expect_eq(atomic_load(&f.requests), 3);
-	memtally_query_close(q);
-	fake_stop(&f);
+	cr_expect_eq(atomic_load(&f->connections), 3);
+	cr_expect_eq(atomic_load(&f->requests), 3);
 }
 
 /* The server closes each connection after one answer, as a restart
@@ -611,11 +584,8 @@ static bool answer_once(struct fake *f, int fd,
 	return false;
 }
 
-Test(query, stale_connection_is_retried_once)
+FAKE_TEST(query, stale_connection_is_retried_once, answer_once)
 {
-	struct fake f;
-	fake_start(&f, answer_once);
-	memtally_query *q = open_ok(&f, 0);
 	struct memtally_usage *u;
 	for (int i = 0; i < 3; i++) {
 		/* Let the server's close reach us before the next query. */
@@ -626,10 +596,8 @@ Test(query, stale_connection_is_retried_once)
 	}
 	/* Query 0 used the connection from open; 1 and 2 each found the
 	 * previous one closed and reconnected without failing. */
-	cr_expect_eq(atomic_load(&f.connections), 3);
-	cr_expect_eq(atomic_load(&f.requests), 3);
-	memtally_query_close(q);
-	fake_stop(&f);
+	cr_expect_eq(atomic_load(&f->connections), 3);
+	cr_expect_eq(atomic_load(&f->requests), 3);
 }
 
 static bool answer_garbage(struct fake *f, int fd,
@@ -655,11 +623,8 @@ static bool answer_garbage(struct fake *f, int fd,
 	return true;
 }
 
-Test(query, garbled_answers_are_eproto)
+FAKE_TEST(query, garbled_answers_are_eproto, answer_garbage)
 {
-	struct fake f;
-	fake_start(&f, answer_garbage);
-	memtally_query *q = open_ok(&f, 0);
 	struct memtally_usage *u;
 	for (int i = 0; i < 3; i++) {
 		cr_expect_eq(memtally_query_usage(q, &u), MEMTALLY_EPROTO,
@@ -668,9 +633,7 @@ Test(query, garbled_answers_are_eproto)
 	}
 	cr_assert_eq(memtally_query_usage(q, &u), 0);
 	memtally_usage_free(u);
-	cr_expect_eq(atomic_load(&f.connections), 4);
-	memtally_query_close(q);
-	fake_stop(&f);
+	cr_expect_eq(atomic_load(&f->connections), 4);
 }
 
 /* A ProcessList in answer to GetUsage: in step, but not what was asked. */
@@ -688,19 +651,14 @@ static bool answer_wrong_body(struct fake *f, int fd,
 	return answer_processes(f, fd, req, n);
 }
 
-Test(query, wrong_body_is_eproto)
+FAKE_TEST(query, wrong_body_is_eproto, answer_wrong_body)
 {
-	struct fake f;
-	fake_start(&f, answer_wrong_body);
-	memtally_query *q = open_ok(&f, 0);
 	struct memtally_usage *u;
 	cr_expect_eq(memtally_query_usage(q, &u), MEMTALLY_EPROTO);
 	struct memtally_process *p;
 	size_t n;
 	cr_assert_eq(memtally_query_processes(q, NULL, &p, &n), 0);
 	memtally_processes_free(p);
-	memtally_query_close(q);
-	fake_stop(&f);
 }
 
 Test(query, open_errors)
@@ -872,11 +830,8 @@ static bool answer_admin(struct fake *f, int fd,
 	return true;
 }
 
-Test(admit, granted_and_denied_copy_every_field)
+FAKE_TEST(admit, granted_and_denied_copy_every_field, answer_admin)
 {
-	struct fake f;
-	fake_start(&f, answer_admin);
-	memtally_query *q = open_ok(&f, 0);
 	struct memtally_admit_req rq = {
 	    .bytes = 600, .group = "etl", .task = "t-9", .ttl_seconds = 30};
 	struct memtally_admit_result *a;
@@ -925,15 +880,10 @@ Test(admit, granted_and_denied_copy_every_field)
 	rq = (struct memtally_admit_req){.bytes = 10, .reserved32 = 1};
 	cr_expect_eq(memtally_query_admit(q, &rq, &a), -EINVAL);
 	memtally_admit_result_free(NULL);
-	memtally_query_close(q);
-	fake_stop(&f);
 }
 
-Test(admit, release_and_set_limit)
+FAKE_TEST(admit, release_and_set_limit, answer_admin)
 {
-	struct fake f;
-	fake_start(&f, answer_admin);
-	memtally_query *q = open_ok(&f, 0);
 	uint64_t b = 1;
 	cr_assert_eq(memtally_query_release(q, "r-42", &b), 0);
 	cr_expect_eq(b, 600);
@@ -984,9 +934,7 @@ Test(admit, release_and_set_limit)
 	cr_expect_eq(memtally_query_set_limit(q, (enum memtally_scope)9, NULL,
 	                                      1, 1, NULL),
 	             -EINVAL);
-	cr_expect_eq(atomic_load(&f.connections), 1);
-	memtally_query_close(q);
-	fake_stop(&f);
+	cr_expect_eq(atomic_load(&f->connections), 1);
 }
 
 /* Admit, then close without answering: the server may have granted it. */
@@ -998,27 +946,23 @@ static bool answer_admit_then_close(struct fake *f, int fd,
 	return answer_admin(f, fd, req, n);
 }
 
-Test(admit, never_sent_twice_when_the_answer_is_lost)
+FAKE_TEST(admit, never_sent_twice_when_the_answer_is_lost,
+          answer_admit_then_close)
 {
-	struct fake f;
-	fake_start(&f, answer_admit_then_close);
-	memtally_query *q = open_ok(&f, 0);
 	struct memtally_admit_req rq = {.bytes = 10};
 	struct memtally_admit_result *a;
 	cr_expect_eq(memtally_query_admit(q, &rq, &a), -ECONNRESET);
 	cr_expect_null(a);
 	/* A query in the same place is sent again (test
 	 * server_close_is_econnreset); an Admit is not. */
-	cr_expect_eq(atomic_load(&f.requests), 1, "Admit sent twice");
+	cr_expect_eq(atomic_load(&f->requests), 1, "Admit sent twice");
 	cr_expect_neq(strstr(memtally_query_last_error(q), "may have"), NULL,
 	              "last error: %s", memtally_query_last_error(q));
 	/* The handle recovers for the next call. */
 	struct memtally_usage *u;
 	cr_assert_eq(memtally_query_usage(q, &u), 0);
 	memtally_usage_free(u);
-	cr_expect_eq(atomic_load(&f.connections), 2);
-	memtally_query_close(q);
-	fake_stop(&f);
+	cr_expect_eq(atomic_load(&f->connections), 2);
 }
 
 /* Each connection gets one answer, then the server closes it: a restart
@@ -1030,11 +974,9 @@ static bool answer_admin_once(struct fake *f, int fd,
 	return false;
 }
 
-Test(admit, idle_connection_closed_by_the_server_is_replaced_first)
+FAKE_TEST(admit, idle_connection_closed_by_the_server_is_replaced_first,
+          answer_admin_once)
 {
-	struct fake f;
-	fake_start(&f, answer_admin_once);
-	memtally_query *q = open_ok(&f, 0);
 	struct memtally_usage *u;
 	cr_assert_eq(memtally_query_usage(q, &u), 0);
 	memtally_usage_free(u);
@@ -1048,8 +990,8 @@ Test(admit, idle_connection_closed_by_the_server_is_replaced_first)
 	             memtally_query_last_error(q));
 	cr_expect(a->admitted);
 	memtally_admit_result_free(a);
-	cr_expect_eq(atomic_load(&f.requests), 2, "one usage, one admit");
-	cr_expect_eq(atomic_load(&f.connections), 2);
+	cr_expect_eq(atomic_load(&f->requests), 2, "one usage, one admit");
+	cr_expect_eq(atomic_load(&f->connections), 2);
 	uint64_t prev;
 	cr_assert_eq(poll(&p, 1, 0) >= 0, 1);
 	p.fd = memtally_query_fd(q);
@@ -1057,9 +999,7 @@ Test(admit, idle_connection_closed_by_the_server_is_replaced_first)
 	cr_expect_eq(memtally_query_set_limit(q, MEMTALLY_SCOPE_FLEET, NULL, 0,
 	                                      1, &prev),
 	             MEMTALLY_EPERM, "sent once, on a new connection");
-	cr_expect_eq(atomic_load(&f.requests), 3);
-	memtally_query_close(q);
-	fake_stop(&f);
+	cr_expect_eq(atomic_load(&f->requests), 3);
 }
 
 /* ---- watch --------------------------------------------------------- */
@@ -1252,18 +1192,13 @@ static int never(const struct memtally_event *ev, void *arg)
 	return 1;
 }
 
-Test(watch, server_error_ends_it)
+FAKE_TEST(watch, server_error_ends_it, answer_watch_unsupported)
 {
-	struct fake f;
-	fake_start(&f, answer_watch_unsupported);
-	memtally_query *q = open_ok(&f, 0);
 	cr_expect_eq(memtally_query_watch(q, never, NULL),
 	             MEMTALLY_EUNSUPPORTED);
 	cr_expect_str_eq(memtally_query_last_error(q), "no watch here");
 	cr_expect_eq(memtally_query_watch(NULL, never, NULL), -EINVAL);
 	cr_expect_eq(memtally_query_watch(q, NULL, NULL), -EINVAL);
-	memtally_query_close(q);
-	fake_stop(&f);
 }
 
 static bool answer_nothing_to_watch(struct fake *f, int fd,
@@ -1311,11 +1246,8 @@ static bool answer_usage_v3(struct fake *f, int fd,
 	return true;
 }
 
-Test(query, usage_has_rss_and_limit_settings)
+FAKE_TEST(query, usage_has_rss_and_limit_settings, answer_usage_v3)
 {
-	struct fake f;
-	fake_start(&f, answer_usage_v3);
-	memtally_query *q = open_ok(&f, 0);
 	struct memtally_usage *u;
 	cr_assert_eq(memtally_query_usage(q, &u), 0);
 	cr_expect_eq(u->rss, 999);
@@ -1329,8 +1261,6 @@ Test(query, usage_has_rss_and_limit_settings)
 	cr_expect_eq(u->groups[0].reservations, 2);
 	cr_expect_eq(u->groups[0].high_watermark, 800);
 	memtally_usage_free(u);
-	memtally_query_close(q);
-	fake_stop(&f);
 }
 
 /* ---- sizes ------------------------------------------------------------ */
