@@ -291,3 +291,63 @@ async def dask_setup(worker):
     from distributed import Worker
     if isinstance(worker, Worker):
         await worker.plugin_add(Admission(), name=Admission.name)
+
+
+def _run_command(command, env):
+    """One shell command as a task: its exit status and when it ran. The
+    reservation's task name goes to the command as MEMTALLY_TASK, so a
+    command under memtally's preload is counted against it."""
+    import socket as _socket
+    import subprocess
+    from distributed import get_worker
+    w = get_worker()
+    key = w.get_current_task()
+    e = dict(os.environ, **(env or {}), MEMTALLY_TASK=_task_name(key))
+    start = time.time()
+    rc = subprocess.run(command, shell=True, env=e).returncode
+    return {"returncode": rc, "start": start, "end": time.time(),
+            "worker": w.address, "host": _socket.gethostname()}
+
+
+def run_tasks(commands_with_bytes, n_workers=2, memory_limit="auto",
+              use_memtally=True, socket=None, env=None, plugin_args=None):
+    """Run shell commands as Dask tasks on a LocalCluster of `n_workers`
+    one-thread worker processes (`memory_limit` per worker, as Dask takes
+    it; Dask's other settings are its defaults). With `use_memtally`, each
+    task is annotated with its declared bytes and admitted on the
+    memtallyd at `socket` (default $MEMTALLY_SOCKET) by the Admission
+    plugin (`plugin_args`: its keyword arguments).
+
+    commands_with_bytes: [(shell command, declared bytes or "600MiB"), ...]
+    env: extra environment for the commands (e.g. LD_PRELOAD).
+    Returns one dict per command, in order: command, bytes, returncode
+    (negative: killed by that signal), start, end (time.time()), worker,
+    or error (the task's exception, e.g. its worker was lost).
+    The workers are spawned processes: call it from under
+    `if __name__ == "__main__":` in a script."""
+    import dask
+    from distributed import Client, LocalCluster, wait
+
+    with LocalCluster(n_workers=n_workers, threads_per_worker=1,
+                      processes=True, memory_limit=memory_limit,
+                      dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        if use_memtally:
+            client.register_worker_plugin(
+                Admission(socket=socket, **(plugin_args or {})))
+        futs = []
+        for i, (cmd, nbytes) in enumerate(commands_with_bytes):
+            ann = {"memtally_bytes": nbytes} if use_memtally else {}
+            with dask.annotate(**ann):
+                futs.append(client.submit(_run_command, cmd, env,
+                                          key=f"cmd-{i}", pure=False))
+        wait(futs)
+        out = []
+        for (cmd, nbytes), f in zip(commands_with_bytes, futs):
+            r = {"command": cmd, "bytes": nbytes}
+            try:
+                r.update(f.result())
+            except Exception as e:  # noqa: BLE001 - reported per task
+                r["error"] = repr(e)
+            out.append(r)
+        return out
