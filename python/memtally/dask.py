@@ -164,7 +164,7 @@ class _Gate:
         if w.__dict__.get("execute") == self.execute:
             del w.execute
         if self.orig_pause_check is not None:
-            w.memory_manager._maybe_pause_or_unpause = self.orig_pause_check
+            del w.memory_manager._maybe_pause_or_unpause
         self._release_pause()
         self.pool.shutdown(wait=False)
 
@@ -209,24 +209,26 @@ class _Gate:
 
     # -- the worker side (event loop) -------------------------------------
     async def _ask(self, fn, *args):
-        return await asyncio.get_running_loop().run_in_executor(
-            self.pool, fn, *args)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(
+                self.pool, fn, *args)
+        except RuntimeError:    # the plugin was removed meanwhile
+            return None
 
     async def execute(self, key, *, stimulus_id):
         ts = self.worker.state.tasks.get(key)
         ann = (ts.annotations or {}) if ts is not None else {}
         try:
             nbytes = _bytes(ann.get("memtally_bytes"))
-        except Exception as e:  # noqa: BLE001 - a bad size must not fail the task
-            log.warning("memtally: task %s: memtally_bytes %r: %s; running "
-                        "it without admission", key,
-                        ann.get("memtally_bytes"), e)
+            group = str(ann.get("memtally_group") or "")
+            ttl = int(ann.get("memtally_ttl") or 0)
+        except Exception as e:  # noqa: BLE001 - a bad annotation must not fail the task
+            log.warning("memtally: task %s: annotations %r: %s; running it "
+                        "without admission", key, ann, e)
             nbytes = 0
         if not nbytes:
             return await self.orig_execute(key, stimulus_id=stimulus_id)
-        r = await self._ask(self._admit, nbytes,
-                            str(ann.get("memtally_group") or ""),
-                            _task_name(key), int(ann.get("memtally_ttl") or 0))
+        r = await self._ask(self._admit, nbytes, group, _task_name(key), ttl)
         if r is None:
             return await self.orig_execute(key, stimulus_id=stimulus_id)
         if not r.admitted:
