@@ -325,6 +325,8 @@ def run_tasks(commands_with_bytes, n_workers=2, memory_limit="auto",
     Returns one dict per command, in order: command, bytes, returncode
     (negative: killed by that signal), start, end (time.time()), worker,
     or error (the task's exception, e.g. its worker was lost).
+    Dask's memory thresholds watch each worker process's own RSS, not the
+    commands it starts: without memtally, nothing here holds them back.
     The workers are spawned processes: call it from under
     `if __name__ == "__main__":` in a script."""
     import dask
