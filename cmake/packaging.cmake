@@ -20,7 +20,8 @@ install(FILES ${_deploy}/memtally.tmpfiles DESTINATION lib/tmpfiles.d
         RENAME memtally.conf)
 install(FILES ${_deploy}/memtallyd.conf ${_deploy}/kubernetes/memtally.yaml
         DESTINATION ${CMAKE_INSTALL_DOCDIR}/examples)
-# The Python package (client, `python3 -m memtally`, Celery integration),
+# The Python package (client, `python3 -m memtally`, Celery and Dask
+# integrations),
 # where Debian's python3 looks for packages, with its generated protobuf
 # module inside it.
 file(GLOB _pyfiles ${PROJECT_SOURCE_DIR}/python/memtally/*.py)

@@ -21,6 +21,8 @@ pkgs=(
   python3-protobuf protobuf-compiler python3-yaml  # Python package, manifest check
   # the cluster integrations, each run for real by its test
   python3-celery python3-redis  # Celery (its redis broker: redis-server, below)
+  python3-distributed  # Dask: a scheduler and workers (memtally.dask)
+  python3-pip python3-setuptools python3-wheel python3-venv  # pip install ./python
   slurm-wlm munge  # slurmctld + slurmd + munged started by the Slurm test
   systemd man-db groff-base dpkg-dev  # unit, man page and package checks
   redis-server redis-tools  # a program linked to libjemalloc (one heap; real suite)

@@ -1,6 +1,7 @@
-"""memtally for Python: a client for memtallyd (memtally.client) and a
-Celery integration that asks the node's memtallyd before a task runs
-(memtally.celery). `python3 -m memtally` is the client as a command."""
+"""memtally for Python: a client for memtallyd (memtally.client), and
+Celery and Dask integrations that ask the node's memtallyd before a task
+runs (memtally.celery, memtally.dask). `python3 -m memtally` is the client
+as a command."""
 from .client import (DEFAULT_SOCKET, STATES, Client, MemtallyError, human,
                      parse_size, pb)
 

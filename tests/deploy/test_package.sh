@@ -29,6 +29,7 @@ for f in /usr/bin/memtallyd /usr/bin/memtally /usr/lib/libmemtally.so \
          /usr/lib/python3/dist-packages/memtally/__init__.py \
          /usr/lib/python3/dist-packages/memtally/client.py \
          /usr/lib/python3/dist-packages/memtally/celery.py \
+         /usr/lib/python3/dist-packages/memtally/dask.py \
          /usr/lib/python3/dist-packages/memtally/memtally_pb2.py \
          /usr/share/doc/memtally/examples/prometheus/memtally.rules.yml \
          /usr/bin/memtally-slurm-task /usr/libexec/memtally/memtally-slurm-hook \

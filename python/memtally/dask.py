@@ -1,0 +1,357 @@
+"""memtally.dask - admit Dask tasks on their worker's memtallyd.
+
+    import dask
+    from dask.distributed import Client
+    import memtally.dask
+
+    client = Client("tcp://scheduler:8786")
+    client.register_worker_plugin(memtally.dask.Admission())
+
+    with dask.annotate(memtally_bytes="600MiB", memtally_group="etl"):
+        futures = client.map(crunch, paths)
+
+Each worker asks its own node's memtallyd ($MEMTALLY_SOCKET in the worker's
+environment, else /run/memtally/memtally.sock; or `socket=` for every
+worker) for `memtally_bytes` before it runs a task annotated so. A node's
+operator can install the same plugin on every worker it starts, whoever
+the client: `dask worker --preload memtally.dask SCHEDULER`.
+
+- Admitted: the task runs under the reservation, released when it returns
+  (or by its TTL if the worker dies). The reservation's task name is the
+  Dask key, so processes the task starts with MEMTALLY_TASK=<key> under the
+  preload are counted against it.
+- Denied: the task goes back to the scheduler (Dask's reschedule, as for a
+  task raising distributed.Reschedule: its body never ran), and the worker
+  pauses itself for `pause` seconds (default 2) so that the scheduler
+  places that task, and the next ones, on other workers.
+- Over: while its memtallyd reports the fleet `over` (asked every
+  `interval` seconds, default 0.5: one GetUsage), the worker stays paused
+  and takes no task at all; the tasks it is running go on.
+
+A paused worker is Dask's own mechanism (the state its memory monitor puts
+a worker in above `distributed.worker.memory.pause`): the scheduler sends
+it nothing new and places work on running workers. Dask's monitor resumes
+any paused worker whose own process memory is below its pause threshold,
+so while memtally holds a worker paused the plugin keeps that check from
+resuming it; when memtally lets go, Dask's check applies again.
+
+Why an annotation: it is how Dask attaches scheduling facts to tasks
+(`resources`, `retries`, `priority`), it reaches the worker with the task,
+and it applies to every task of a collection (dask.array, dask.dataframe,
+dask.delayed) as well as to `client.submit`/`client.map`, without wrapping
+the function. Dask's own `resources={"MEMORY": ...}` counts declared bytes
+per worker only; memtally admits against what the node really uses.
+
+Why a worker plugin and a pause, not a scheduler plugin: memtally answers
+per node, so each worker asks its own node's memtallyd over the local
+socket, and a paused worker is the one thing Dask's scheduler already
+keeps new tasks away from.
+
+Fail open: when the worker's memtallyd cannot be reached, the task runs
+and the worker is not held paused (logged once, and again after memtallyd
+was back); memtally must never stop work because it is missing.
+
+Annotations: `memtally_bytes` (int or "600MiB"; unset or 0: no
+admission), `memtally_group`, `memtally_ttl` (seconds the reservation
+outlives a lost worker; 0: the server's default). Plugin arguments:
+`socket`, `interval`, `pause`, `timeout` (seconds per memtallyd request,
+default 2). Logged as `distributed.memtally`, in the worker's log beside
+Dask's own lines.
+"""
+import asyncio
+import logging
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from distributed import WorkerPlugin
+from distributed.core import Status
+
+from .client import DEFAULT_SOCKET, STATES, Client, MemtallyError, parse_size
+
+# Under "distributed": a worker's log shows these beside Dask's own lines,
+# at the levels Dask's logging configuration sets for that tree.
+log = logging.getLogger("distributed.memtally")
+
+_failing_open = set()   # sockets we already said we run without
+
+
+def _bytes(v):
+    if v in (None, "", 0):
+        return 0
+    return v if isinstance(v, int) else parse_size(str(v))
+
+
+def _task_name(key):
+    """The Dask key as a reservation's task name: printable, at most the
+    255 bytes memtallyd takes (a key may be a tuple)."""
+    s = key if isinstance(key, str) else str(key)
+    s = "".join(ch if ch.isprintable() else "?" for ch in s)
+    return s.encode()[:255].decode(errors="ignore")
+
+
+class Admission(WorkerPlugin):
+    """Worker plugin: admit annotated tasks on the worker's memtallyd and
+    keep the worker paused while its node is over budget."""
+
+    name = "memtally"
+
+    def __init__(self, socket=None, interval=0.5, pause=2.0, timeout=2.0):
+        self.socket = socket
+        self.interval = float(interval)
+        self.pause = float(pause)
+        self.timeout = float(timeout)
+        self._gate = None
+
+    def __getstate__(self):
+        # Sent to every worker: the settings, never a worker's gate.
+        d = dict(self.__dict__)
+        d["_gate"] = None
+        return d
+
+    async def setup(self, worker):
+        sock = (self.socket or os.environ.get("MEMTALLY_SOCKET")
+                or DEFAULT_SOCKET)
+        self._gate = _Gate(worker, sock, self.interval, self.pause,
+                           self.timeout)
+        self._gate.start()
+
+    def teardown(self, worker):
+        if self._gate is not None:
+            self._gate.stop()
+            self._gate = None
+
+
+class _Gate:
+    """One worker's admission and pause state. Everything but the
+    memtallyd requests runs on the worker's event loop; those run on a
+    small thread pool of its own, so a slow memtallyd (bounded by the
+    timeout) never stalls the loop."""
+
+    def __init__(self, worker, sock, interval, pause, timeout):
+        self.worker = worker
+        self.sock = sock
+        self.interval = interval
+        self.pause = pause
+        self.timeout = timeout
+        self.pool = ThreadPoolExecutor(2, thread_name_prefix="memtally")
+        self.over = False           # memtallyd's fleet state, last asked
+        self.denied_until = 0.0     # paused after a denial until then
+        self.holding = False        # memtally keeps the worker paused
+        self.watcher = None
+        self.orig_execute = None
+        self.orig_pause_check = None
+
+    # -- install / remove -------------------------------------------------
+    def start(self):
+        w = self.worker
+        # Worker.execute is the one place every task passes through on
+        # its way to the executor, with its key; an instance attribute
+        # shadows the method for this worker only.
+        self.orig_execute = w.execute
+        w.execute = self.execute
+        mm = getattr(w, "memory_manager", None)
+        if mm is not None and hasattr(mm, "_maybe_pause_or_unpause"):
+            self.orig_pause_check = mm._maybe_pause_or_unpause
+            mm._maybe_pause_or_unpause = self._dask_pause_check
+        self.watcher = asyncio.get_running_loop().create_task(self._watch())
+        log.info("memtally: admitting annotated tasks on %s", self.sock)
+
+    def stop(self):
+        w = self.worker
+        if self.watcher is not None:
+            self.watcher.cancel()
+        if w.__dict__.get("execute") == self.execute:
+            del w.execute
+        if self.orig_pause_check is not None:
+            del w.memory_manager._maybe_pause_or_unpause
+        self._release_pause()
+        self.pool.shutdown(wait=False)
+
+    # -- memtallyd requests (pool threads) --------------------------------
+    def _client(self):
+        return Client(self.sock, timeout=self.timeout)
+
+    def _failed(self, err):
+        if self.sock not in _failing_open:
+            _failing_open.add(self.sock)
+            log.warning("memtally: memtallyd at %s not reachable (%s); "
+                        "running tasks without admission", self.sock, err)
+
+    def _admit(self, nbytes, group, task, ttl):
+        """The AdmitResult, or None when memtallyd cannot be asked."""
+        try:
+            with self._client() as c:
+                r = c.admit(nbytes, group=group, task=task, ttl_seconds=ttl)
+        except (OSError, MemtallyError) as e:
+            self._failed(e)
+            return None
+        _failing_open.discard(self.sock)
+        return r
+
+    def _release(self, reservation):
+        try:
+            with self._client() as c:
+                c.release(reservation)
+        except (OSError, MemtallyError) as e:
+            # Its TTL ends it (or the task's own processes already did).
+            log.debug("memtally: releasing %s: %s", reservation, e)
+
+    def _fleet_over(self):
+        try:
+            with self._client() as c:
+                over = STATES[c.usage().state] == "over"
+        except (OSError, MemtallyError) as e:
+            self._failed(e)
+            return False
+        _failing_open.discard(self.sock)
+        return over
+
+    # -- the worker side (event loop) -------------------------------------
+    async def _ask(self, fn, *args):
+        try:
+            return await asyncio.get_running_loop().run_in_executor(
+                self.pool, fn, *args)
+        except RuntimeError:    # the plugin was removed meanwhile
+            return None
+
+    async def execute(self, key, *, stimulus_id):
+        ts = self.worker.state.tasks.get(key)
+        ann = (ts.annotations or {}) if ts is not None else {}
+        try:
+            nbytes = _bytes(ann.get("memtally_bytes"))
+            group = str(ann.get("memtally_group") or "")
+            ttl = int(ann.get("memtally_ttl") or 0)
+        except Exception as e:  # noqa: BLE001 - a bad annotation must not fail the task
+            log.warning("memtally: task %s: annotations %r: %s; running it "
+                        "without admission", key, ann, e)
+            nbytes = 0
+        if not nbytes:
+            return await self.orig_execute(key, stimulus_id=stimulus_id)
+        r = await self._ask(self._admit, nbytes, group, _task_name(key), ttl)
+        if r is None:
+            return await self.orig_execute(key, stimulus_id=stimulus_id)
+        if not r.admitted:
+            from distributed.worker_state_machine import RescheduleEvent
+            log.info("memtally: task %s denied on %s (%s); rescheduled", key,
+                     self.sock, r.reason)
+            # Paused before the reschedule reaches the scheduler (both go
+            # out on the same ordered stream), so it is not sent back here.
+            self.denied_until = time.monotonic() + self.pause
+            self._apply()
+            return RescheduleEvent(key=key,
+                                   stimulus_id=f"memtally-denied-{time.time()}")
+        try:
+            return await self.orig_execute(key, stimulus_id=stimulus_id)
+        finally:
+            await self._ask(self._release, r.reservation)
+
+    async def _watch(self):
+        while True:
+            try:
+                self.over = await self._ask(self._fleet_over)
+                self._apply()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - keep watching
+                log.exception("memtally: checking the fleet's state")
+            await asyncio.sleep(self.interval)
+
+    def _apply(self):
+        """Pause the worker while memtally wants it paused; resume it when
+        memtally no longer does (a pause of Dask's own is left alone)."""
+        w = self.worker
+        want = self.over or time.monotonic() < self.denied_until
+        if want:
+            if w.status == Status.running:
+                log.info("memtally: not taking tasks (%s)",
+                         "fleet over" if self.over else "denied")
+                w.status = Status.paused
+            if w.status == Status.paused:
+                self.holding = True
+        elif self.holding:
+            self._release_pause()
+
+    def _release_pause(self):
+        if self.holding:
+            self.holding = False
+            if self.worker.status == Status.paused:
+                log.info("memtally: taking tasks again")
+                self.worker.status = Status.running
+
+    def _dask_pause_check(self, worker, memory):
+        # Dask's memory monitor resumes a paused worker whose process is
+        # under its pause threshold: not while memtally holds it.
+        if self.holding and worker.status == Status.paused:
+            return
+        self.orig_pause_check(worker, memory)
+
+
+async def dask_setup(worker):
+    """`dask worker --preload memtally.dask`: the plugin on this worker,
+    with its defaults (MEMTALLY_SOCKET from the worker's environment)."""
+    from distributed import Worker
+    if isinstance(worker, Worker):
+        await worker.plugin_add(Admission(), name=Admission.name)
+
+
+def _run_command(command, env):
+    """One shell command as a task: its exit status and when it ran. The
+    reservation's task name goes to the command as MEMTALLY_TASK, so a
+    command under memtally's preload is counted against it."""
+    import socket as _socket
+    import subprocess
+    from distributed import get_worker
+    w = get_worker()
+    key = w.get_current_task()
+    e = dict(os.environ, **(env or {}), MEMTALLY_TASK=_task_name(key))
+    start = time.time()
+    rc = subprocess.run(command, shell=True, env=e).returncode
+    return {"returncode": rc, "start": start, "end": time.time(),
+            "worker": w.address, "host": _socket.gethostname()}
+
+
+def run_tasks(commands_with_bytes, n_workers=2, memory_limit="auto",
+              use_memtally=True, socket=None, env=None, plugin_args=None):
+    """Run shell commands as Dask tasks on a LocalCluster of `n_workers`
+    one-thread worker processes (`memory_limit` per worker, as Dask takes
+    it; Dask's other settings are its defaults). With `use_memtally`, each
+    task is annotated with its declared bytes and admitted on the
+    memtallyd at `socket` (default $MEMTALLY_SOCKET) by the Admission
+    plugin (`plugin_args`: its keyword arguments).
+
+    commands_with_bytes: [(shell command, declared bytes or "600MiB"), ...]
+    env: extra environment for the commands (e.g. LD_PRELOAD).
+    Returns one dict per command, in order: command, bytes, returncode
+    (negative: killed by that signal), start, end (time.time()), worker,
+    or error (the task's exception, e.g. its worker was lost).
+    Dask's memory thresholds watch each worker process's own RSS, not the
+    commands it starts: without memtally, nothing here holds them back.
+    The workers are spawned processes: call it from under
+    `if __name__ == "__main__":` in a script."""
+    import dask
+    from distributed import Client, LocalCluster, wait
+
+    with LocalCluster(n_workers=n_workers, threads_per_worker=1,
+                      processes=True, memory_limit=memory_limit,
+                      dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        if use_memtally:
+            client.register_worker_plugin(
+                Admission(socket=socket, **(plugin_args or {})))
+        futs = []
+        for i, (cmd, nbytes) in enumerate(commands_with_bytes):
+            ann = {"memtally_bytes": nbytes} if use_memtally else {}
+            with dask.annotate(**ann):
+                futs.append(client.submit(_run_command, cmd, env,
+                                          key=f"cmd-{i}", pure=False))
+        wait(futs)
+        out = []
+        for (cmd, nbytes), f in zip(commands_with_bytes, futs):
+            r = {"command": cmd, "bytes": nbytes}
+            try:
+                r.update(f.result())
+            except Exception as e:  # noqa: BLE001 - reported per task
+                r["error"] = repr(e)
+            out.append(r)
+        return out
