@@ -699,6 +699,11 @@ __attribute__((weak)) void mtc_mapped_resync(void)
 {
 }
 
+/* Nor anything to reconcile. */
+__attribute__((weak)) void mtc_maps_reconcile(void)
+{
+}
+
 /* ---- the allocator's free memory (layout 2.2) ------------------------ */
 
 /* Where the allocator is not sampled, nothing to do after a flush. */
@@ -1095,6 +1100,7 @@ int memtally_flush(void)
 	if (!mtc_init())
 		return MEMTALLY_EDISABLED;
 	mtc_front_flush();
+	mtc_maps_reconcile(); /* pages given back or touched again */
 	if (!cur_slot()) {
 		maybe_attach(1);
 		if (cur_slot())
