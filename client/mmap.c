@@ -1,6 +1,6 @@
 /*
  * mmap.c - anonymous memory a program maps itself: mmap, mmap64, mremap,
- * munmap and mprotect, interposed by the preloads.
+ * munmap, mprotect and madvise, interposed by the preloads.
  *
  * Runtimes keep their heaps on mappings they make themselves (CPython's
  * pymalloc arenas, GCC's GGC pages, custom arenas, a JVM's committed heap):
@@ -30,7 +30,17 @@
  * memory (a writable mapping made read-only, a guard page, code) changes
  * nothing: a mapping counted at mmap stays counted until it is unmapped.
  *
+ * Resident, not committed: runtimes commit far more than they touch, and
+ * give pages back without unmapping them. The figure is the counted
+ * ranges `t` less `d`, the pages of them known not resident: madvise
+ * (DONTNEED, FREE, REMOVE, PAGEOUT) adds to `d` at once, and a reconcile
+ * (mincore over `t`) rebuilds it, so pages touched again come back.
+ * Ranges counted lately (`y`) stay counted in full for one to two
+ * seconds, as a malloc'd block counts before it is touched.
+ *
  * Invariants:
+ *  - d is a subset of t, so the figure t.total - d.total is never below
+ *    0, and an uncommit takes out only what was counted.
  *  - Counted once, uncounted exactly once: the counted ranges are kept in
  *    a per-process table (maptable.h), page-granular, so munmap or mremap
  *    of any part subtracts just the part that was counted.
