@@ -589,6 +589,9 @@ MM_EXPORT int munmap(void *addr, size_t len)
 	/* Pages not counted (not resident) leave with their range; on a
 	 * failure they are counted again until the next reconcile. */
 	mtc_maptable_remove(&mm.d, lo, hi, NULL, 0, NULL);
+	if (r == 0) /* keeps `y` to what is mapped: pymalloc maps and unmaps
+	             * thousands of arenas a second */
+		young_remove(lo, hi);
 	leave(before);
 	errno = e;
 	return r;
@@ -657,6 +660,7 @@ MM_EXPORT void *mremap(void *old, size_t old_len, size_t new_len, int flags,
 		mtc_maptable_remove(&mm.t, lo, hi, NULL, 0, NULL);
 		mtc_maptable_remove(&mm.r, lo, hi, NULL, 0, NULL);
 		mtc_maptable_remove(&mm.d, lo, hi, NULL, 0, NULL);
+		young_remove(lo, hi);
 	}
 	void *p = sys_mremap(old, old_len, new_len, flags, new_addr);
 	int e = errno;
