@@ -161,6 +161,10 @@ void mtc_mapped_resync(void);
  */
 void mtc_maps_reconcile(void);
 
+/* The same at once, whatever the last one cost, waiting for the lock if
+ * need be: for memtally_flush(), which a program calls to publish now. */
+void mtc_maps_reconcile_now(void);
+
 /*
  * The allocator's free memory (layout 2.2): what it keeps of what the
  * program freed, resident but not given back. The glibc front end samples

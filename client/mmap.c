@@ -35,8 +35,9 @@
  * ranges `t` less `d`, the pages of them known not resident: madvise
  * (DONTNEED, FREE, REMOVE, PAGEOUT) adds to `d` at once, and a reconcile
  * (mincore over `t`) rebuilds it, so pages touched again come back.
- * Ranges counted lately (`y`) stay counted in full for one to two
- * seconds, as a malloc'd block counts before it is touched.
+ * Ranges mapped lately (`y`) stay counted in full for one to two
+ * seconds, as a malloc'd block counts before it is touched; a commit over
+ * a reservation (mmap MAP_FIXED: HotSpot, Go) counts as it is touched.
  *
  * Invariants:
  *  - d is a subset of t, so the figure t.total - d.total is never below
@@ -497,6 +498,26 @@ void mtc_maps_reconcile(void)
 	mm_busy = 0;
 }
 
+/* memtally_flush(): the program asks for its figure now, so whatever the
+ * last reconcile cost, and waiting for the table's lock (held across one
+ * system call). */
+void mtc_maps_reconcile_now(void)
+{
+	if (!__atomic_load_n(&mm.ready, __ATOMIC_ACQUIRE) || mm_busy ||
+	    __atomic_load_n(&mm.t.n, __ATOMIC_RELAXED) == 0)
+		return;
+	mm_busy = 1; /* as in enter(): busy before the lock */
+	__atomic_signal_fence(__ATOMIC_SEQ_CST);
+	pthread_mutex_lock(&mm.lock);
+	uint64_t before = figure();
+	reconcile_locked();
+	if (figure() != before)
+		mtc_mapped_store(figure());
+	pthread_mutex_unlock(&mm.lock);
+	__atomic_signal_fence(__ATOMIC_SEQ_CST);
+	mm_busy = 0;
+}
+
 void mtc_mapped_resync(void)
 {
 	if (!__atomic_load_n(&mm.ready, __ATOMIC_ACQUIRE))
@@ -532,11 +553,24 @@ static void *do_mmap(void *addr, size_t len, int prot, int flags, int fd,
 			mtc_maptable_remove(&mm.t, lo, hi, NULL, 0, NULL);
 			mtc_maptable_remove(&mm.d, lo, hi, NULL, 0, NULL);
 		}
+		/* A commit over a reservation (HotSpot, Go): a runtime
+		 * commits ahead of use, so its fresh pages (none resident
+		 * yet) count as they are touched, from the next reconcile.
+		 * Any other new mapping counts in full for a while. */
+		int commit = counted && fixed &&
+		             mtc_maptable_counted(&mm.r, lo, hi) != 0;
 		/* Whatever the kernel handed out is no older reservation. */
 		mtc_maptable_remove(&mm.r, lo, hi, NULL, 0, NULL);
 		if (counted) {
 			mtc_maptable_add(&mm.t, lo, hi);
-			young_add(lo, hi);
+			if (commit) {
+				young_remove(lo, hi);
+				if (mtc_maptable_counted(&mm.t, lo, hi) ==
+				    hi - lo)
+					mtc_maptable_add(&mm.d, lo, hi);
+			} else {
+				young_add(lo, hi);
+			}
 		} else {
 			young_remove(lo, hi);
 			if (reserved)

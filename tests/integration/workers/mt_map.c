@@ -161,6 +161,7 @@ int main(void)
 			    MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
 			if (p != MAP_FAILED)
 				mt_touch(p, n * MIB);
+			mt_flush(); /* counted as touched: at the reconcile */
 			mt_say("%s committed",
 			       p != MAP_FAILED ? "ok" : "error");
 		} else if (sscanf(cmd, "uncommit_fixed %lu %lu", &t, &n) == 2) {
