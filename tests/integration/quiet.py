@@ -75,6 +75,12 @@ def agree(s, w, start, rss0, what, timeout=20):
         say(w, "flush")
         return None
     try:
+        wait_for(what, ok, timeout=timeout)
+        # And still half a second later (refreshed): the figures shown.
+        end = time.monotonic() + 0.5
+        while time.monotonic() < end:
+            say(w, "flush")
+            time.sleep(0.05)
         return wait_for(what, ok, timeout=timeout)
     except AssertionError as e:
         raise AssertionError(f"{e}: memtally +{last['v'][0]}, RssAnon "
