@@ -699,6 +699,15 @@ __attribute__((weak)) void mtc_mapped_resync(void)
 {
 }
 
+/* Nor anything to reconcile. */
+__attribute__((weak)) void mtc_maps_reconcile(void)
+{
+}
+
+__attribute__((weak)) void mtc_maps_reconcile_now(void)
+{
+}
+
 /* ---- the allocator's free memory (layout 2.2) ------------------------ */
 
 /* Where the allocator is not sampled, nothing to do after a flush. */
@@ -1095,6 +1104,7 @@ int memtally_flush(void)
 	if (!mtc_init())
 		return MEMTALLY_EDISABLED;
 	mtc_front_flush();
+	mtc_maps_reconcile_now(); /* pages given back or touched again */
 	if (!cur_slot()) {
 		maybe_attach(1);
 		if (cur_slot())

@@ -151,6 +151,21 @@ void mtc_mapped_changed(void);
 void mtc_mapped_resync(void);
 
 /*
+ * Bring the process's mapped figure to the pages of its counted ranges
+ * the kernel has resident (mincore), so that pages given back behind our
+ * back leave it and pages given back with madvise and touched again come
+ * back. Safe from any thread at any time: skips the round rather than
+ * wait for the table's lock, never allocates through malloc, never
+ * attaches. Cost ~proportional to the counted bytes (docs/ARCHITECTURE.md).
+ * A no-op where mapped memory is not counted (libmemtally).
+ */
+void mtc_maps_reconcile(void);
+
+/* The same at once, whatever the last one cost, waiting for the lock if
+ * need be: for memtally_flush(), which a program calls to publish now. */
+void mtc_maps_reconcile_now(void);
+
+/*
  * The allocator's free memory (layout 2.2): what it keeps of what the
  * program freed, resident but not given back. The glibc front end samples
  * it (mtc_front_sample(), after a flush: account.c calls it) every

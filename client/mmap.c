@@ -1,6 +1,6 @@
 /*
  * mmap.c - anonymous memory a program maps itself: mmap, mmap64, mremap,
- * munmap and mprotect, interposed by the preloads.
+ * munmap, mprotect and madvise, interposed by the preloads.
  *
  * Runtimes keep their heaps on mappings they make themselves (CPython's
  * pymalloc arenas, GCC's GGC pages, custom arenas, a JVM's committed heap):
@@ -30,7 +30,18 @@
  * memory (a writable mapping made read-only, a guard page, code) changes
  * nothing: a mapping counted at mmap stays counted until it is unmapped.
  *
+ * Resident, not committed: runtimes commit far more than they touch, and
+ * give pages back without unmapping them. The figure is the counted
+ * ranges `t` less `d`, the pages of them known not resident: madvise
+ * (DONTNEED, FREE, REMOVE, PAGEOUT) adds to `d` at once, and a reconcile
+ * (mincore over `t`) rebuilds it, so pages touched again come back.
+ * Ranges mapped lately (`y`) stay counted in full for one to two
+ * seconds, as a malloc'd block counts before it is touched; a commit over
+ * a reservation (mmap MAP_FIXED: HotSpot, Go) counts as it is touched.
+ *
  * Invariants:
+ *  - d is a subset of t, so the figure t.total - d.total is never below
+ *    0, and an uncommit takes out only what was counted.
  *  - Counted once, uncounted exactly once: the counted ranges are kept in
  *    a per-process table (maptable.h), page-granular, so munmap or mremap
  *    of any part subtracts just the part that was counted.
@@ -63,6 +74,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #define MM_EXPORT      __attribute__((visibility("default")))
@@ -73,6 +85,20 @@ static struct {
 	pthread_mutex_t lock;
 	struct mtc_maptable t; /* counted ranges */
 	struct mtc_maptable r; /* reservations: counted while writable */
+	/* Pages of `t` not counted because they are known not resident:
+	 * given back with madvise, or found so by the last reconcile. Always
+	 * a subset of `t`; the figure is t.total - d.total. `d2` is the
+	 * storage the next reconcile builds the new set in (then swapped). */
+	struct mtc_maptable d, d2;
+	/* Ranges counted lately (mapped, committed), in two generations of
+	 * at least MM_YOUNG_NS each: a reconcile leaves them counted in full,
+	 * untouched or not, as a malloc'd block counts before it is touched.
+	 * y[0] is the generation begun at `y_at`. */
+	struct mtc_maptable y[2];
+	uint64_t y_at;
+	/* Reconcile (mincore over `t`): when the last one ran and how long
+	 * it took, both CLOCK_MONOTONIC ns. */
+	uint64_t rec_at, rec_cost;
 	/* Code ranges whose mmap calls are an allocator's or our own; set
 	 * once by the constructor, before `ready`. */
 	struct mtc_range excl[MM_MAX_EXCL];
@@ -104,6 +130,16 @@ static int sys_mprotect(void *a, size_t len, int prot)
 static int sys_pkey_mprotect(void *a, size_t len, int prot, int pkey)
 {
 	return (int)syscall(SYS_pkey_mprotect, a, len, prot, pkey);
+}
+
+static int sys_madvise(void *a, size_t len, int advice)
+{
+	return (int)syscall(SYS_madvise, a, len, advice);
+}
+
+static int sys_mincore(uintptr_t a, size_t len, unsigned char *vec)
+{
+	return (int)syscall(SYS_mincore, (void *)a, len, vec);
 }
 
 static void *sys_mremap(void *old, size_t old_len, size_t new_len, int flags,
@@ -202,6 +238,10 @@ __attribute__((constructor(102))) static void mm_init(void)
 	dl_iterate_phdr(add_excl, (void *)(uintptr_t)mm_init);
 	mm.t.grow = table_grow;
 	mm.r.grow = table_grow;
+	mm.d.grow = table_grow;
+	mm.d2.grow = table_grow;
+	mm.y[0].grow = table_grow;
+	mm.y[1].grow = table_grow;
 	pthread_atfork(mm_prepare, mm_parent, mm_child);
 	__atomic_store_n(&mm.ready, 1, __ATOMIC_RELEASE);
 }
@@ -241,12 +281,184 @@ static int enter(const void *ret)
 	return 1;
 }
 
-/* Publish a changed total while still holding the lock (so stores are in
+/* The figure: the counted ranges less their pages known not resident. */
+static inline uint64_t figure(void)
+{
+	return mm.t.total - mm.d.total;
+}
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* ---- reconcile: the counted ranges against the kernel's resident pages -- */
+
+/*
+ * Pages given back (madvise) and touched again come back; pages the
+ * program's runtime gave back behind our back (Go's madvise is a raw
+ * system call; a committed heap never touched) leave. mincore(2) says, a
+ * byte per page, which pages of a range are resident; a vector of
+ * MM_VEC pages on the stack covers 16 MiB of 4 KiB pages per call. The
+ * new set of pages not resident is built in `d2` (appended in address
+ * order: no search, no moves) and swapped with `d`. A range mincore refuses (a
+ * mapping removed behind our back) keeps its previous state. Under the
+ * table's lock.
+ */
+#define MM_VEC 4096
+
+/* How long a range counted lately stays counted in full, at least. */
+#define MM_YOUNG_NS (1000u * 1000000u)
+
+static void young_add(uintptr_t lo, uintptr_t hi)
+{
+	mtc_maptable_add(&mm.y[0], lo, hi);
+}
+
+/* The program gave pages back: whatever it does with them later, the
+ * kernel's resident count says. */
+static void young_remove(uintptr_t lo, uintptr_t hi)
+{
+	mtc_maptable_remove(&mm.y[0], lo, hi, NULL, 0, NULL);
+	mtc_maptable_remove(&mm.y[1], lo, hi, NULL, 0, NULL);
+}
+
+/* Pages [p, q) of vec[0..n) up to the next resident page: skip eight
+ * resident pages at a time where possible (mincore sets bit 0 only). */
+static size_t skip_resident(const unsigned char *vec, size_t p, size_t n)
+{
+	const uint64_t ones = UINT64_C(0x0101010101010101);
+	while (p + 8 <= n) {
+		uint64_t w;
+		memcpy(&w, vec + p, 8);
+		if ((w & ones) != ones)
+			break;
+		p += 8;
+	}
+	while (p < n && (vec[p] & 1))
+		p++;
+	return p;
+}
+
+static size_t skip_absent(const unsigned char *vec, size_t p, size_t n)
+{
+	const uint64_t ones = UINT64_C(0x0101010101010101);
+	while (p + 8 <= n) {
+		uint64_t w;
+		memcpy(&w, vec + p, 8);
+		if (w & ones)
+			break;
+		p += 8;
+	}
+	while (p < n && !(vec[p] & 1))
+		p++;
+	return p;
+}
+
+/* Append [lo, hi), which lies after all of d2, to d2: O(1), no search
+ * (mtc_maptable_add would search and test for overlaps). No room: the
+ * pages stay counted, as if resident. */
+static void d2_append(uintptr_t lo, uintptr_t hi)
+{
+	struct mtc_maptable *t = &mm.d2;
+	if (t->n && t->v[t->n - 1].hi == lo) {
+		t->v[t->n - 1].hi = hi;
+	} else {
+		if (t->n == t->cap && (!t->grow || t->grow(t, t->n + 1) != 0))
+			return;
+		t->v[t->n++] = (struct mtc_range){lo, hi};
+	}
+	t->total += hi - lo;
+}
+
+static void reconcile_range(uintptr_t lo, uintptr_t hi, unsigned char *vec)
+{
+	while (lo < hi) {
+		size_t n = (hi - lo) / mm.page;
+		if (n > MM_VEC)
+			n = MM_VEC;
+		uintptr_t end = lo + n * mm.page;
+		if (sys_mincore(lo, end - lo, vec) != 0) {
+			struct mtc_range piece[16];
+			uintptr_t at = lo;
+			size_t k;
+			do {
+				k = mtc_maptable_pieces(&mm.d, at, end, piece,
+				                        16);
+				for (size_t i = 0; i < k; i++)
+					d2_append(piece[i].lo, piece[i].hi);
+				if (k)
+					at = piece[k - 1].hi;
+			} while (k == 16);
+		} else {
+			size_t p = 0;
+			while (p < n) {
+				p = skip_resident(vec, p, n);
+				size_t q = skip_absent(vec, p, n);
+				if (q > p)
+					d2_append(lo + p * mm.page,
+					          lo + q * mm.page);
+				p = q;
+			}
+		}
+		lo = end;
+	}
+}
+
+static void reconcile_locked(void)
+{
+	unsigned char vec[MM_VEC];
+	uint64_t t0 = now_ns();
+	if (t0 - mm.y_at >= MM_YOUNG_NS) { /* a generation older */
+		struct mtc_maptable old = mm.y[1];
+		mm.y[1] = mm.y[0];
+		mm.y[0] = old;
+		mm.y[0].n = 0;
+		mm.y[0].total = 0;
+		mm.y_at = t0;
+	}
+	mm.d2.n = 0;
+	mm.d2.total = 0;
+	for (size_t i = 0; i < mm.t.n; i++)
+		reconcile_range(mm.t.v[i].lo, mm.t.v[i].hi, vec);
+	for (int g = 0; g < 2; g++)
+		for (size_t i = 0; i < mm.y[g].n && mm.d2.n; i++)
+			mtc_maptable_remove(&mm.d2, mm.y[g].v[i].lo,
+			                    mm.y[g].v[i].hi, NULL, 0, NULL);
+	struct mtc_maptable old = mm.d;
+	mm.d = mm.d2;
+	mm.d2 = old;
+	uint64_t t1 = now_ns();
+	mm.rec_at = t1;
+	mm.rec_cost = t1 - t0;
+}
+
+/* On the mapping calls' path: at most every MM_REC_EVERY_NS, and never
+ * more often than MM_REC_SHARE times its own last cost (so it takes at
+ * most 1% of the time even of a program that does nothing but map). */
+#define MM_REC_EVERY_NS (100u * 1000000u)
+#define MM_REC_SHARE    100u
+static void maybe_reconcile(void)
+{
+	if (mm.t.n == 0)
+		return;
+	uint64_t now = now_ns();
+	uint64_t wait = mm.rec_cost * MM_REC_SHARE;
+	if (wait < MM_REC_EVERY_NS)
+		wait = MM_REC_EVERY_NS;
+	if (now - mm.rec_at >= wait)
+		reconcile_locked();
+}
+
+/* Publish a changed figure while still holding the lock (so stores are in
  * the order of the changes), then let go; an unattached process tries to
  * attach now, outside the lock, so a program that only maps is seen. */
 static void leave(uint64_t before)
 {
-	uint64_t now = mm.t.total;
+	maybe_reconcile();
+	uint64_t now = figure();
 	if (now != before)
 		mtc_mapped_store(now);
 	pthread_mutex_unlock(&mm.lock);
@@ -256,18 +468,68 @@ static void leave(uint64_t before)
 		mtc_mapped_changed();
 }
 
+/*
+ * Bring the figure to what the kernel says is resident of the counted
+ * ranges, now. For a caller outside the program's mapping calls (a
+ * periodic refresh, memtally_flush()): from any thread, never waits for
+ * the table's lock (a thread mapping holds it across one system call;
+ * then this round is skipped), never allocates through malloc, never
+ * attaches. Cost: measured in docs/ARCHITECTURE.md.
+ */
+void mtc_maps_reconcile(void)
+{
+	if (!__atomic_load_n(&mm.ready, __ATOMIC_ACQUIRE) || mm_busy ||
+	    __atomic_load_n(&mm.t.n, __ATOMIC_RELAXED) == 0)
+		return;
+	mm_busy = 1; /* as in enter(): busy before the lock */
+	__atomic_signal_fence(__ATOMIC_SEQ_CST);
+	if (pthread_mutex_trylock(&mm.lock) == 0) {
+		/* At most once per MM_REC_SHARE times its own last cost: at
+		 * most 1% of a CPU however often it is asked. */
+		if (now_ns() - mm.rec_at >= mm.rec_cost * MM_REC_SHARE) {
+			uint64_t before = figure();
+			reconcile_locked();
+			if (figure() != before)
+				mtc_mapped_store(figure());
+		}
+		pthread_mutex_unlock(&mm.lock);
+	}
+	__atomic_signal_fence(__ATOMIC_SEQ_CST);
+	mm_busy = 0;
+}
+
+/* memtally_flush(): the program asks for its figure now, so whatever the
+ * last reconcile cost, and waiting for the table's lock (held across one
+ * system call). */
+void mtc_maps_reconcile_now(void)
+{
+	if (!__atomic_load_n(&mm.ready, __ATOMIC_ACQUIRE) || mm_busy ||
+	    __atomic_load_n(&mm.t.n, __ATOMIC_RELAXED) == 0)
+		return;
+	mm_busy = 1; /* as in enter(): busy before the lock */
+	__atomic_signal_fence(__ATOMIC_SEQ_CST);
+	pthread_mutex_lock(&mm.lock);
+	uint64_t before = figure();
+	reconcile_locked();
+	if (figure() != before)
+		mtc_mapped_store(figure());
+	pthread_mutex_unlock(&mm.lock);
+	__atomic_signal_fence(__ATOMIC_SEQ_CST);
+	mm_busy = 0;
+}
+
 void mtc_mapped_resync(void)
 {
 	if (!__atomic_load_n(&mm.ready, __ATOMIC_ACQUIRE))
 		return;
 	if (mm_busy) { /* a signal handler of a thread inside the table */
-		mtc_mapped_store(mm.t.total);
+		mtc_mapped_store(figure());
 		return;
 	}
 	mm_busy = 1; /* as in enter(): busy before the lock */
 	__atomic_signal_fence(__ATOMIC_SEQ_CST);
 	pthread_mutex_lock(&mm.lock);
-	mtc_mapped_store(mm.t.total);
+	mtc_mapped_store(figure());
 	pthread_mutex_unlock(&mm.lock);
 	__atomic_signal_fence(__ATOMIC_SEQ_CST);
 	mm_busy = 0;
@@ -283,18 +545,37 @@ static void *do_mmap(void *addr, size_t len, int prot, int flags, int fd,
 	int fixed = flags & MAP_FIXED; /* replaces what was there */
 	if (!(counted || reserved || fixed) || !enter(ret))
 		return sys_mmap(addr, len, prot, flags, fd, off);
-	uint64_t before = mm.t.total;
+	uint64_t before = figure();
 	void *p = sys_mmap(addr, len, prot, flags, fd, off);
 	if (p != MAP_FAILED) {
 		uintptr_t lo = (uintptr_t)p, hi = page_up(lo + len);
-		if (fixed)
+		if (fixed) {
 			mtc_maptable_remove(&mm.t, lo, hi, NULL, 0, NULL);
+			mtc_maptable_remove(&mm.d, lo, hi, NULL, 0, NULL);
+		}
+		/* A commit over a reservation (HotSpot, Go): a runtime
+		 * commits ahead of use, so its fresh pages (none resident
+		 * yet) count as they are touched, from the next reconcile.
+		 * Any other new mapping counts in full for a while. */
+		int commit = counted && fixed &&
+		             mtc_maptable_counted(&mm.r, lo, hi) != 0;
 		/* Whatever the kernel handed out is no older reservation. */
 		mtc_maptable_remove(&mm.r, lo, hi, NULL, 0, NULL);
-		if (counted)
+		if (counted) {
 			mtc_maptable_add(&mm.t, lo, hi);
-		else if (reserved)
-			mtc_maptable_add(&mm.r, lo, hi);
+			if (commit) {
+				young_remove(lo, hi);
+				if (mtc_maptable_counted(&mm.t, lo, hi) ==
+				    hi - lo)
+					mtc_maptable_add(&mm.d, lo, hi);
+			} else {
+				young_add(lo, hi);
+			}
+		} else {
+			young_remove(lo, hi);
+			if (reserved)
+				mtc_maptable_add(&mm.r, lo, hi);
+		}
 	}
 	int e = errno;
 	leave(before);
@@ -325,7 +606,7 @@ MM_EXPORT int munmap(void *addr, size_t len)
 	     __atomic_load_n(&mm.r.n, __ATOMIC_RELAXED) == 0) ||
 	    !len || (lo & (mm.page - 1)) || !enter(__builtin_return_address(0)))
 		return sys_munmap(addr, len);
-	uint64_t before = mm.t.total;
+	uint64_t before = figure();
 	struct mtc_range back[16], rback[16];
 	size_t nback = 0, nrback = 0;
 	uintptr_t hi = page_up(lo + len);
@@ -339,6 +620,12 @@ MM_EXPORT int munmap(void *addr, size_t len)
 		for (size_t i = 0; i < nrback; i++)
 			mtc_maptable_add(&mm.r, rback[i].lo, rback[i].hi);
 	}
+	/* Pages not counted (not resident) leave with their range; on a
+	 * failure they are counted again until the next reconcile. */
+	mtc_maptable_remove(&mm.d, lo, hi, NULL, 0, NULL);
+	if (r == 0) /* keeps `y` to what is mapped: pymalloc maps and unmaps
+	             * thousands of arenas a second */
+		young_remove(lo, hi);
 	leave(before);
 	errno = e;
 	return r;
@@ -359,10 +646,11 @@ static void move_take(const struct mtc_maptable *t, uintptr_t lo, uintptr_t hi,
 }
 
 /* Put the pieces taken from [lo, hi) at [nlo, nhi): shifted, clipped to
- * the new length, and a grown mapping's new pages in the state of the
- * last old page (the kernel extends the last mapping). */
+ * the new length, and, when `extend`, a grown mapping's new pages in the
+ * state of the last old page (the kernel extends the last mapping; but
+ * its new pages are counted, not "known not resident"). */
 static void move_put(struct mtc_maptable *t, const struct move *m, uintptr_t lo,
-                     uintptr_t hi, uintptr_t nlo, uintptr_t nhi)
+                     uintptr_t hi, uintptr_t nlo, uintptr_t nhi, int extend)
 {
 	for (size_t i = 0; i < m->n; i++) {
 		uintptr_t a = m->v[i].lo - lo + nlo;
@@ -372,7 +660,7 @@ static void move_put(struct mtc_maptable *t, const struct move *m, uintptr_t lo,
 		mtc_maptable_add(t, a, b < nhi ? b : nhi);
 	}
 	uintptr_t old_end = nlo + (hi - lo);
-	if (nhi > old_end && m->n && m->v[m->n - 1].hi == hi)
+	if (extend && nhi > old_end && m->n && m->v[m->n - 1].hi == hi)
 		mtc_maptable_add(t, old_end, nhi);
 }
 
@@ -392,33 +680,51 @@ MM_EXPORT void *mremap(void *old, size_t old_len, size_t new_len, int flags,
 	    !old_len || (lo & (mm.page - 1)) ||
 	    !enter(__builtin_return_address(0)))
 		return sys_mremap(old, old_len, new_len, flags, new_addr);
-	uint64_t before = mm.t.total;
+	uint64_t before = figure();
 	uintptr_t hi = page_up(lo + old_len);
 	/* What moves keeps its state page by page: the counted pieces and the
 	 * reservation's pieces of [lo, hi) (a committed reservation is both;
 	 * the kernel moves several mappings at once since Linux 6.17). */
-	struct move mt = {0}, mr = {0};
+	struct move mt = {0}, mr = {0}, md = {0};
 	move_take(&mm.t, lo, hi, &mt);
 	move_take(&mm.r, lo, hi, &mr);
+	move_take(&mm.d, lo, hi, &md);
 	int keep_old = flags & MREMAP_DONTUNMAP;
 	if (!keep_old) {
 		mtc_maptable_remove(&mm.t, lo, hi, NULL, 0, NULL);
 		mtc_maptable_remove(&mm.r, lo, hi, NULL, 0, NULL);
+		mtc_maptable_remove(&mm.d, lo, hi, NULL, 0, NULL);
+		young_remove(lo, hi);
 	}
 	void *p = sys_mremap(old, old_len, new_len, flags, new_addr);
 	int e = errno;
 	if (p == MAP_FAILED) {
 		if (!keep_old) { /* nothing moved: put them back */
-			move_put(&mm.t, &mt, lo, lo, hi, hi);
-			move_put(&mm.r, &mr, lo, lo, hi, hi);
+			move_put(&mm.t, &mt, lo, hi, lo, hi, 1);
+			move_put(&mm.r, &mr, lo, hi, lo, hi, 1);
+			move_put(&mm.d, &md, lo, hi, lo, hi, 0);
 		}
 	} else {
 		uintptr_t nlo = (uintptr_t)p, nhi = page_up(nlo + new_len);
 		/* MREMAP_FIXED replaced whatever was at the target. */
 		mtc_maptable_remove(&mm.t, nlo, nhi, NULL, 0, NULL);
 		mtc_maptable_remove(&mm.r, nlo, nhi, NULL, 0, NULL);
-		move_put(&mm.t, &mt, lo, hi, nlo, nhi);
-		move_put(&mm.r, &mr, lo, hi, nlo, nhi);
+		mtc_maptable_remove(&mm.d, nlo, nhi, NULL, 0, NULL);
+		move_put(&mm.t, &mt, lo, hi, nlo, nhi, 1);
+		move_put(&mm.r, &mr, lo, hi, nlo, nhi, 1);
+		move_put(&mm.d, &md, lo, hi, nlo, nhi, 0);
+		if (nhi > nlo + (hi - lo)) /* grown: new pages, counted */
+			young_add(nlo + (hi - lo), nhi);
+		/* The moved pieces of `d` stay inside those of `t`, unless
+		 * more pieces than MM_MOVE_PIECES were left behind. */
+		struct move chk;
+		move_take(&mm.d, nlo, nhi, &chk);
+		for (size_t i = 0; i < chk.n; i++)
+			if (mtc_maptable_counted(&mm.t, chk.v[i].lo,
+			                         chk.v[i].hi) !=
+			    chk.v[i].hi - chk.v[i].lo)
+				mtc_maptable_remove(&mm.d, chk.v[i].lo,
+				                    chk.v[i].hi, NULL, 0, NULL);
 	}
 	leave(before);
 	errno = e;
@@ -434,12 +740,20 @@ static void reservation_protect(uintptr_t lo, uintptr_t hi, int writable)
 	do {
 		n = mtc_maptable_pieces(&mm.r, lo, hi, piece, 16);
 		for (size_t i = 0; i < n; i++) {
-			if (writable)
+			if (writable) {
 				mtc_maptable_add(&mm.t, piece[i].lo,
 				                 piece[i].hi);
-			else
+				young_add(piece[i].lo, piece[i].hi);
+			} else {
 				mtc_maptable_remove(&mm.t, piece[i].lo,
 				                    piece[i].hi, NULL, 0, NULL);
+				young_remove(piece[i].lo, piece[i].hi);
+			}
+			/* Committed again or decommitted: either way no page
+			 * of it is "known not resident" any more (a commit
+			 * counts at once, as a new mapping does). */
+			mtc_maptable_remove(&mm.d, piece[i].lo, piece[i].hi,
+			                    NULL, 0, NULL);
 		}
 		if (n)
 			lo = piece[n - 1].hi;
@@ -471,7 +785,7 @@ static int do_mprotect(void *addr, size_t len, int prot, int use_pkey, int pkey,
 	if (__atomic_load_n(&mm.r.n, __ATOMIC_RELAXED) == 0 || !counts ||
 	    !len || (lo & (mm.page - 1)) || !enter(ret))
 		return kernel_mprotect(addr, len, prot, use_pkey, pkey);
-	uint64_t before = mm.t.total;
+	uint64_t before = figure();
 	int r = kernel_mprotect(addr, len, prot, use_pkey, pkey);
 	int e = errno;
 	if (r == 0)
@@ -492,4 +806,69 @@ MM_EXPORT int pkey_mprotect(void *addr, size_t len, int prot, int pkey)
 {
 	return do_mprotect(addr, len, prot, 1, pkey,
 	                   __builtin_return_address(0));
+}
+
+/*
+ * Pages given back with madvise leave the figure at once: MADV_DONTNEED
+ * and MADV_REMOVE free them, MADV_PAGEOUT pushes them out, MADV_FREE lets
+ * the kernel take them whenever it needs memory (until then they are
+ * still resident, in RssAnon as LazyFree; a later reconcile, which cannot
+ * tell them from pages written again, counts what the kernel still keeps
+ * of them). Only the counted part of the range changes; advice of any
+ * other kind, a failed call, memory not counted (the allocators' own,
+ * a file) and calls from jemalloc's code go straight through.
+ * posix_madvise needs nothing: glibc's POSIX_MADV_DONTNEED does nothing
+ * (POSIX allows no data loss), and its other advice frees no page.
+ */
+static int gives_back(int advice)
+{
+	switch (advice) {
+	case MADV_DONTNEED:
+	case MADV_FREE:
+	case MADV_REMOVE:
+#ifdef MADV_PAGEOUT
+	case MADV_PAGEOUT:
+#endif
+		return 1;
+	default:
+		return 0;
+	}
+}
+
+/* Mark the counted pieces of [lo, hi) as not resident. */
+static void mark_absent(uintptr_t lo, uintptr_t hi)
+{
+	struct mtc_range piece[16];
+	size_t n;
+	do {
+		n = mtc_maptable_pieces(&mm.t, lo, hi, piece, 16);
+		for (size_t i = 0; i < n; i++) {
+			mtc_maptable_add(&mm.d, piece[i].lo, piece[i].hi);
+			young_remove(piece[i].lo, piece[i].hi);
+		}
+		if (n)
+			lo = piece[n - 1].hi;
+	} while (n == 16);
+}
+
+MM_EXPORT int madvise(void *addr, size_t len, int advice)
+{
+	uintptr_t lo = (uintptr_t)addr;
+	if (!gives_back(advice) ||
+	    __atomic_load_n(&mm.t.n, __ATOMIC_RELAXED) == 0 || !len ||
+	    (lo & (mm.page - 1)) || !enter(__builtin_return_address(0)))
+		return sys_madvise(addr, len, advice);
+	uint64_t before = figure();
+	int r = sys_madvise(addr, len, advice);
+	int e = errno;
+	if (r == 0) {
+		mark_absent(lo, page_up(lo + len));
+		/* Not reconciled on this path right after: that would count
+		 * lazily freed pages again at once. */
+		if (advice == MADV_FREE)
+			mm.rec_at = now_ns();
+	}
+	leave(before);
+	errno = e;
+	return r;
 }

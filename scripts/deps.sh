@@ -27,6 +27,8 @@ pkgs=(
   systemd man-db groff-base dpkg-dev  # unit, man page and package checks
   redis-server redis-tools  # a program linked to libjemalloc (one heap; real suite)
   nodejs  # a V8 runtime: a heap committed with mprotect (test_node_heap)
+  golang-go  # a Go program built with cgo at test time (test_go_heap)
+  openjdk-17-jdk-headless  # HotSpot with G1 and Serial (test_jvm_heap)
   # benchmarks
   valgrind util-linux
   sqlite3  # the real suite's sqlite3 CLI (bench/real.py)

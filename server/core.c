@@ -142,6 +142,52 @@ static inline uint64_t tick_free(struct mts_proc *p, struct mtshm_slot_id *s,
 	return p->allocator_free;
 }
 
+/*
+ * A part of a process's figure below 0 is never published: it is counted
+ * as 0 and, when the clamping starts, logged (within the uid's log budget,
+ * mts_log_peer: a worker cannot flood the log). The heap's sum may dip
+ * below 0 by its error bar (`slack`: a thread freeing what another
+ * allocated flushes first); past that, and any negative mapped figure (an
+ * absolute value: the process would have unmapped more than it mapped
+ * since it started), is a client's bug.
+ */
+static void tick_clamp(struct mts_proc *p, unsigned part, bool below,
+                       int64_t value)
+{
+	if (!below) {
+		if (p->clamped & part)
+			p->clamped &= (uint8_t)~part;
+		return;
+	}
+	if (p->clamped & part)
+		return;
+	p->clamped |= (uint8_t)part;
+	if (mts_log_peer(p->uid))
+		mts_log(MTS_LOG_WARN, "figure below zero, clamped at 0",
+		        "pid=%u uid=%u part=%s value=%lld", p->pid, p->uid,
+		        part == MTS_CLAMPED_HEAP ? "heap" : "mapped",
+		        (long long)value);
+}
+
+/* Lane 0's `mapped`: 0 when it is negative (clamped and logged), and
+ * *absurd beyond MTSHM_ABSURD_BYTES either way. */
+static inline uint64_t tick_mapped(struct mts_proc *p, struct mtshm_slot_id *s,
+                                   int *absurd)
+{
+	uint64_t pm = mtshm_slot_mapped(s, absurd);
+	if (!*absurd) {
+		if (p->clamped & MTS_CLAMPED_MAPPED)
+			tick_clamp(p, MTS_CLAMPED_MAPPED, false, 0);
+		return pm;
+	}
+	int64_t m = mt_load_relaxeds64(&mtshm_lane(s, 0)->mapped);
+	if (m < 0 && m >= -MTSHM_ABSURD_BYTES) {
+		*absurd = 0;
+		tick_clamp(p, MTS_CLAMPED_MAPPED, true, m);
+	}
+	return 0;
+}
+
 /* One process's share of a tick: sum its slot, update its figures, add
  * them to its group and to `acc`. */
 static inline void tick_proc(struct mts_registry *reg, struct mts_proc *p,
@@ -153,7 +199,7 @@ static inline void tick_proc(struct mts_registry *reg, struct mts_proc *p,
 	int64_t sum = mtshm_slot_sum(s, lanes, &flushes, &absurd);
 	uint64_t heap = sum < 0 ? 0 : (uint64_t)sum;
 	/* Lane 0's line, which the sum just read. */
-	uint64_t pm = mtshm_slot_mapped(s, &mapped_absurd);
+	uint64_t pm = tick_mapped(p, s, &mapped_absurd);
 	uint64_t pf = tick_free(p, s, heap, &free_absurd);
 	absurd |= mapped_absurd | free_absurd;
 	uint32_t threads = mt_load_relaxed32(&s->threads);
@@ -204,6 +250,11 @@ static inline void tick_proc(struct mts_registry *reg, struct mts_proc *p,
 	if (threads > THREADS_SANE_MAX)
 		threads = THREADS_SANE_MAX;
 	uint64_t pe = sat_mul(reg->threshold, threads);
+	if (sum < 0 || (p->clamped & MTS_CLAMPED_HEAP)) {
+		uint64_t slack = pe > reg->threshold ? pe : reg->threshold;
+		tick_clamp(p, MTS_CLAMPED_HEAP,
+		           sum < 0 && (uint64_t)-sum > slack, sum);
+	}
 	if (p->error_bytes != pe)
 		p->error_bytes = pe;
 	g->bytes = mt_sat_add(g->bytes, pv);

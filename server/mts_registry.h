@@ -34,6 +34,12 @@ struct mts_rss_sweep;
  * of four scattered ones (at 16384 processes the tick is bound by lines
  * moved, bench/RESULTS.md, server). Keep tick-time fields in that line. */
 #define MTS_PROC_ALIGN 64u
+/* Parts of a process's figure the tick clamps at 0 (mts_proc.clamped):
+ * the lanes' sum, below 0 past its error bar; mapped below 0 (it would
+ * have unmapped more than it mapped since it started). */
+#define MTS_CLAMPED_HEAP   1u
+#define MTS_CLAMPED_MAPPED 2u
+
 struct mts_proc {
 	/* Hot: each tick (sum, limits). */
 	uint64_t bytes; /* latest tick: heap (negative sums show as 0) +
@@ -53,6 +59,9 @@ struct mts_proc {
 	                 * as the kernel vouches for them (vouch.c) */
 	bool corrupt;   /* sticky until the slot is reset */
 	bool has_free;  /* allocator_free was sampled: read it */
+	/* MTS_CLAMPED_*: parts of its figure clamped at 0 now (logged when
+	 * the clamping starts) */
+	uint8_t clamped;
 	/* Growth rate (rate.c): one slice of processes per tick, never in
 	 * the hot line above. */
 	struct mts_rate rate;

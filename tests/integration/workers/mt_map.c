@@ -22,6 +22,14 @@
  *   "unreserve"    munmap the reservation
  *   "protect_ro"   mprotect the region read-only (stays counted)
  *   "unmap"        munmap the region (what is left of it)
+ *   "map_lazy N"   mmap N MiB private anonymous read-write, untouched
+ *   "touch O N"    touch MiB [O, O+N) of the region
+ *   "advise O N A" madvise MiB [O, O+N) of the region (N may run past
+ *                  its end) with A: dontneed, free, pageout, remove:
+ *                  "ok advised R" (R: madvise's return value)
+ *   "unmap_wide O N"  munmap MiB [O, O+N) from the region's start (may
+ *                  cover more than the region, or memory already gone)
+ *   "flush"        memtally_flush() only (every command flushes first)
  *   "malloc N T"   malloc N MiB in 16 MiB blocks over T threads, touch
  *   "free"         free those blocks
  *   "fork"         fork a child that keeps every mapping, registers and
@@ -153,6 +161,7 @@ int main(void)
 			    MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
 			if (p != MAP_FAILED)
 				mt_touch(p, n * MIB);
+			mt_flush(); /* counted as touched: at the reconcile */
 			mt_say("%s committed",
 			       p != MAP_FAILED ? "ok" : "error");
 		} else if (sscanf(cmd, "uncommit_fixed %lu %lu", &t, &n) == 2) {
@@ -205,6 +214,32 @@ int main(void)
 			int r = munmap(region, region_len);
 			region_len = 0;
 			mt_say("ok unmapped %d", r);
+		} else if (sscanf(cmd, "map_lazy %lu", &n) == 1) {
+			char *p = mmap(NULL, n * MIB, PROT_READ | PROT_WRITE,
+			               MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+			if (p == MAP_FAILED) {
+				mt_say("error mmap");
+				continue;
+			}
+			region = p;
+			region_len = n * MIB;
+			mt_say("ok mapped %p", (void *)region);
+		} else if (sscanf(cmd, "touch %lu %lu", &t, &n) == 2) {
+			mt_touch(region + t * MIB, n * MIB);
+			mt_say("ok touched");
+		} else if (sscanf(cmd, "advise %lu %lu %15s", &t, &n, what) ==
+		           3) {
+			int a = strcmp(what, "free") == 0      ? MADV_FREE
+			        : strcmp(what, "pageout") == 0 ? MADV_PAGEOUT
+			        : strcmp(what, "remove") == 0  ? MADV_REMOVE
+			                                       : MADV_DONTNEED;
+			int r = madvise(region + t * MIB, n * MIB, a);
+			mt_say("ok advised %d", r);
+		} else if (sscanf(cmd, "unmap_wide %lu %lu", &t, &n) == 2) {
+			int r = munmap(region + t * MIB, n * MIB);
+			mt_say("ok unmapped %d", r);
+		} else if (strcmp(cmd, "flush") == 0) {
+			mt_say("ok flushed");
 		} else if (sscanf(cmd, "malloc %lu %lu", &n, &t) == 2) {
 			nblocks = n * MIB / BLOCK;
 			if (nblocks > MAX_BLOCKS)

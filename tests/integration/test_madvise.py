@@ -1,0 +1,163 @@
+"""Mapped memory follows what the process still holds of it:
+
+- a C worker maps 300 MiB of private anonymous memory and touches it:
+  counted; madvise(MADV_DONTNEED) of all of it: the figure drops to its
+  start (at once: the preload follows madvise); touched again: it comes
+  back (the next reconcile of the counted ranges against the kernel's
+  resident pages; here memtally_flush(), which the worker calls before
+  each command); MADV_FREE and MADV_PAGEOUT of half of it: that half
+  leaves the figure; each time within 16 MiB of RssAnon's growth.
+- a worker that gives back more than it counted (a mapping of 64 MiB of
+  which 16 MiB touched; madvise and munmap, twice, over ranges wider than
+  it): counted for the 16 MiB it touched, and its
+  figure, sampled throughout, never below its start and never above it by
+  more than what it holds.
+"""
+import threading
+import time
+
+from harness import (MIB, Server, Worker, check, deadline, rss_anon, run,
+                     wait_for, worker)
+
+SLACK = 16 * MIB
+
+
+def say(w, cmd):
+    w.send(cmd)
+    line = w.readline()
+    check(line.startswith("ok"), f"{cmd}: {line!r}")
+    return line
+
+
+def mapped_near(s, w, want, what):
+    """Poll until pid's `mapped` is within SLACK of `want` (bytes),
+    flushing the worker between polls (memtally_flush() reconciles, as
+    the periodic refresh of a quiet process does); returns its ps entry."""
+    def near():
+        p = s.ps().get(w.pid)
+        if p and abs(p["mapped"] - want) <= SLACK:
+            return p
+        say(w, "flush")
+        return None
+    return wait_for(what, near, timeout=20)
+
+
+def test_dontneed_then_touched_again():
+    with Server() as s:
+        w = Worker([worker("mt_map")], s.env(group="madv"))
+        try:
+            check(w.readline().startswith("ready"), "worker not ready")
+            say(w, "flush")
+            base = wait_for("registered", lambda: s.ps().get(w.pid))
+            rss0 = rss_anon(w.pid)
+
+            say(w, "map 300")
+            held = rss_anon(w.pid) - rss0
+            check(held >= 290 * MIB, f"300 MiB resident: +{held}")
+            p = mapped_near(s, w, base["mapped"] + held, "300 MiB counted")
+            rows = [("held", p["mapped"] - base["mapped"], held)]
+
+            t0 = time.monotonic()
+            say(w, "advise 0 300 dontneed")
+            resid = rss_anon(w.pid) - rss0
+            check(resid <= SLACK, f"the kernel freed it: +{resid}")
+            # No flush here: the drop comes from madvise itself.
+            p = wait_for("dropped after MADV_DONTNEED", lambda: (
+                lambda p: p if p and p["mapped"] - base["mapped"] <= SLACK
+                else None)(s.ps().get(w.pid)), timeout=5)
+            rows.append(("after DONTNEED", p["mapped"] - base["mapped"],
+                         resid))
+            print(f"  dropped {time.monotonic() - t0:.2f} s after madvise",
+                  flush=True)
+
+            say(w, "touch 0 300")
+            back = rss_anon(w.pid) - rss0
+            p = mapped_near(s, w, base["mapped"] + back, "touched again")
+            rows.append(("touched again", p["mapped"] - base["mapped"],
+                         back))
+
+            say(w, "advise 0 150 free")
+            say(w, "advise 150 150 pageout")
+            # MADV_FREE'd pages stay resident until the kernel needs them
+            # (RssAnon keeps them, as LazyFree): the figure follows the
+            # kernel; MADV_PAGEOUT has no swap here to go to and may keep
+            # them too. Whatever RssAnon says, the figure says.
+            def follows():
+                p = s.ps().get(w.pid)
+                now = rss_anon(w.pid) - rss0
+                if p and abs(p["mapped"] - base["mapped"] - now) <= SLACK:
+                    return p, now
+                say(w, "flush")
+                return None
+            p, now = wait_for("follows FREE/PAGEOUT", follows, timeout=20)
+            rows.append(("after FREE+PAGEOUT", p["mapped"] - base["mapped"],
+                         now))
+            for what, mt, ra in rows:
+                print(f"  {what:20s} memtally +{mt / MIB:6.1f} MiB  "
+                      f"RssAnon +{ra / MIB:6.1f} MiB", flush=True)
+            say(w, "unmap")
+            p = mapped_near(s, w, base["mapped"], "unmapped")
+        finally:
+            w.close()
+
+
+def test_gives_back_more_than_counted():
+    with Server() as s:
+        w = Worker([worker("mt_map")], s.env(group="over"))
+        try:
+            check(w.readline().startswith("ready"), "worker not ready")
+            say(w, "flush")
+            base = wait_for("registered", lambda: s.ps().get(w.pid))
+            start = base["bytes"]
+            low = {"v": start, "p": None}
+            stop = threading.Event()
+
+            def sample():  # the figure, as often as the CLI answers
+                while not stop.is_set():
+                    p = s.ps().get(w.pid)
+                    if p and p["bytes"] < low["v"]:
+                        low["v"], low["p"] = p["bytes"], p
+            t = threading.Thread(target=sample, daemon=True)
+            t.start()
+            try:
+                rss0 = rss_anon(w.pid)
+                # 64 MiB with a hole of 64 MiB after it, so that calls
+                # wider than the mapping reach nothing else.
+                say(w, "map_lazy 128")
+                say(w, "unmap_half")
+                say(w, "touch 0 16")
+                held = rss_anon(w.pid) - rss0
+                # Counted for what it touched, not for all it mapped.
+                p = mapped_near(s, w, base["mapped"] + held,
+                                "16 of 64 MiB counted")
+                check(p["mapped"] - base["mapped"] <= 16 * MIB + SLACK,
+                      f"untouched pages not counted: {p}")
+                # Give back far more than it holds: a madvise wider than
+                # the mapping (ENOMEM past its end), a mapping PROT_NONE
+                # over it and beyond, munmap of it twice and wider.
+                say(w, "advise 0 128 dontneed")
+                say(w, "unmap_wide 0 96")
+                say(w, "unmap_wide 0 96")
+                say(w, "map_lazy 16")
+                say(w, "unmap_half")
+                say(w, "touch 0 8")
+                say(w, "advise 0 16 dontneed")
+                say(w, "unmap_wide 0 16")
+                end = deadline(2)
+                while time.monotonic() < end:
+                    say(w, "flush")
+                p = wait_for("back to its start", lambda: (
+                    lambda p: p if p and p["mapped"] == base["mapped"]
+                    else None)(s.ps().get(w.pid)))
+            finally:
+                stop.set()
+                t.join()
+            check(low["p"] is None,
+                  f"never below its start ({start}): {low['p']}")
+            check(p["bytes"] >= start, f"not below its start: {p}")
+        finally:
+            w.close()
+
+
+if __name__ == "__main__":
+    run([test_dontneed_then_touched_again, test_gives_back_more_than_counted])
