@@ -30,7 +30,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <time.h>
+#include <unistd.h>
 
 /* Keeps the compiler from eliding an allocation: `p` escapes, memory is
  * clobbered. */
@@ -240,6 +243,34 @@ static inline int bench_prove_allocator(bool expect_jemalloc,
 	bench_sb_add(js, ", \"stats_allocated_delta\": %" PRId64,
 	             stats_delta);
 	return why->fails;
+}
+
+/* qsort's comparison of two uint64_t, for medians and percentiles. */
+static inline int bench_cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+	return x < y ? -1 : x > y;
+}
+
+static inline void bench_nap_us(long us)
+{
+	struct timespec ts = {.tv_sec = us / 1000000,
+	                      .tv_nsec = (us % 1000000) * 1000};
+	nanosleep(&ts, NULL);
+}
+
+/* Does a server answer connect() on the Unix socket `path`? */
+static inline int bench_socket_up(const char *path)
+{
+	struct sockaddr_un a = {.sun_family = AF_UNIX};
+	if (strlen(path) >= sizeof(a.sun_path))
+		return 0;
+	memcpy(a.sun_path, path, strlen(path) + 1);
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	int ok = fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
+	if (fd >= 0)
+		close(fd);
+	return ok;
 }
 
 #endif /* MEMTALLY_BENCH_COMMON_H */

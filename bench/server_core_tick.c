@@ -161,12 +161,6 @@ static int adopt(uint32_t slot, uint32_t pid, uint32_t groups)
 	return 0;
 }
 
-static int cmp_u64(const void *a, const void *b)
-{
-	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-	return x < y ? -1 : x > y;
-}
-
 int main(int argc, char **argv)
 {
 	int cpu = -1, use_writer = 0, ticks = TICKS_DEFAULT;
@@ -341,8 +335,8 @@ int main(int argc, char **argv)
 		return 3;
 	}
 
-	qsort(t, (size_t)ticks, sizeof(t[0]), cmp_u64);
-	qsort(tl, (size_t)ticks, sizeof(tl[0]), cmp_u64);
+	qsort(t, (size_t)ticks, sizeof(t[0]), bench_cmp_u64);
+	qsort(tl, (size_t)ticks, sizeof(tl[0]), bench_cmp_u64);
 	printf("{\"mode\": \"full\", \"slots\": %u, \"lanes\": %u, "
 	       "\"seg_lanes\": %u, \"groups\": %u, \"churn\": %u, "
 	       "\"writer\": %s, \"ticks\": %d, \"p50_ns\": %" PRIu64

@@ -33,12 +33,6 @@
 
 #include "bench_common.h"
 
-static int cmp_u64(const void *a, const void *b)
-{
-	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-	return x < y ? -1 : x > y;
-}
-
 static int full_io(int fd, char *buf, size_t n, int wr)
 {
 	size_t done = 0;
@@ -54,7 +48,7 @@ static int full_io(int fd, char *buf, size_t n, int wr)
 
 static void pct(const char *name, uint64_t *t, int n)
 {
-	qsort(t, (size_t)n, sizeof(t[0]), cmp_u64);
+	qsort(t, (size_t)n, sizeof(t[0]), bench_cmp_u64);
 	printf("\"%s\": {\"n\": %d, \"p50_ns\": %" PRIu64 ", \"p99_ns\": %" PRIu64
 	       ", \"p999_ns\": %" PRIu64 ", \"min_ns\": %" PRIu64 "}",
 	       name, n, t[n / 2], t[(int)((long)n * 99 / 100)],

@@ -62,12 +62,6 @@
 
 #define DEADLINE_NS (5 * UINT64_C(1000000000))
 
-static void nap_us(long us)
-{
-	struct timespec ts = {.tv_sec = 0, .tv_nsec = us * 1000};
-	nanosleep(&ts, NULL);
-}
-
 /* --worker: allocate and touch `mib` MiB in 64 KiB blocks, then wait. */
 static int worker(long mib)
 {
@@ -82,19 +76,6 @@ static int worker(long mib)
 	}
 	for (;;)
 		pause();
-}
-
-static int socket_up(const char *path)
-{
-	struct sockaddr_un a = {.sun_family = AF_UNIX};
-	if (strlen(path) >= sizeof(a.sun_path))
-		return 0;
-	memcpy(a.sun_path, path, strlen(path) + 1);
-	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	int ok = fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
-	if (fd >= 0)
-		close(fd);
-	return ok;
 }
 
 /*
@@ -160,15 +141,9 @@ static int64_t slot_total(const struct mtshm_layout *l,
 	return mtshm_slot_sum(s, l->lane_count, &flushes, &absurd);
 }
 
-static int cmp_u64(const void *a, const void *b)
-{
-	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-	return x < y ? -1 : x > y;
-}
-
 static void stats(const char *name, uint64_t *v, int n, int last)
 {
-	qsort(v, (size_t)n, sizeof(*v), cmp_u64);
+	qsort(v, (size_t)n, sizeof(*v), bench_cmp_u64);
 	printf("\"%s\": {\"p50_us\": %.1f, \"p99_us\": %.1f, \"max_us\": %.1f, "
 	       "\"min_us\": %.1f}%s",
 	       name, v[n / 2] / 1e3, v[(size_t)n * 99 / 100] / 1e3,
@@ -238,10 +213,10 @@ int main(int argc, char **argv)
 	struct mtshm_layout layout;
 	uint64_t deadline = bench_now_ns() + DEADLINE_NS;
 	while (bench_now_ns() < deadline &&
-	       !(socket_up(sock) &&
+	       !(bench_socket_up(sock) &&
 	         map_server_object(srv, hdr_name, 0, MTSHM_SEALS_HEADER,
 	                           MTSHM_HEADER_SIZE, &m) == 0))
-		nap_us(10000);
+		bench_nap_us(10000);
 	if (!m.base || mtshm_layout_read(m.base, m.size, &layout)) {
 		fprintf(stderr, "memtallyd did not start (see %s)\n", log);
 		goto out_server;
@@ -302,7 +277,7 @@ int main(int argc, char **argv)
 				        (int)w, want, slot);
 				goto out_server;
 			}
-			nap_us(200);
+			bench_nap_us(200);
 		}
 		struct mtshm_slot_id *s =
 		    mtshm_slot(&layout, table.base, (uint32_t)slot);

@@ -80,25 +80,6 @@ struct wres {
 	uint64_t ns;       /* account + flush */
 };
 
-static void nap_us(long us)
-{
-	struct timespec ts = {.tv_sec = 0, .tv_nsec = us * 1000};
-	nanosleep(&ts, NULL);
-}
-
-static int socket_up(const char *path)
-{
-	struct sockaddr_un a = {.sun_family = AF_UNIX};
-	if (strlen(path) >= sizeof(a.sun_path))
-		return 0;
-	memcpy(a.sun_path, path, strlen(path) + 1);
-	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	int ok = fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
-	if (fd >= 0)
-		close(fd);
-	return ok;
-}
-
 /* The worker: register by accounting, report, leave (or wait, holder). */
 static void worker(int out, int hold)
 {
@@ -193,7 +174,7 @@ static int log_wait_exit(struct logf *lf, long pid, int *reg)
 			return ex > 0 ? 0 : -1;
 		if (bench_now_ns() > deadline)
 			return -1;
-		nap_us(50);
+		bench_nap_us(50);
 	}
 }
 
@@ -272,12 +253,6 @@ static long usage_processes(const char *sock)
 	memtally_usage_free(u);
 	memtally_query_close(q);
 	return n;
-}
-
-static int cmp_u64(const void *a, const void *b)
-{
-	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-	return x < y ? -1 : x > y;
 }
 
 static uint64_t at(const uint64_t *v, int n, int permille)
@@ -420,10 +395,10 @@ int main(int argc, char **argv)
 	if (!lat)
 		goto out;
 	uint64_t deadline = bench_now_ns() + DEADLINE_NS;
-	while (bench_now_ns() < deadline && !socket_up(sock))
-		nap_us(10000);
+	while (bench_now_ns() < deadline && !bench_socket_up(sock))
+		bench_nap_us(10000);
 	lf.fd = open(log, O_RDONLY | O_CLOEXEC);
-	if (lf.fd < 0 || !socket_up(sock)) {
+	if (lf.fd < 0 || !bench_socket_up(sock)) {
 		fprintf(stderr, "memtallyd did not start (see %s)\n", log);
 		goto out;
 	}
@@ -516,7 +491,7 @@ proof:
 		goto out;
 	}
 
-	qsort(lat, (size_t)n, sizeof(*lat), cmp_u64);
+	qsort(lat, (size_t)n, sizeof(*lat), bench_cmp_u64);
 	uint64_t sum = 0;
 	for (int i = 0; i < n; i++)
 		sum += lat[i];

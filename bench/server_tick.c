@@ -126,12 +126,6 @@ static int64_t tick_inline(void)
 
 static int64_t (*tick)(void) = tick_inline;
 
-static int cmp_u64(const void *a, const void *b)
-{
-	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-	return x < y ? -1 : x > y;
-}
-
 int main(int argc, char **argv)
 {
 	int cpu = -1, quiet = 0;
@@ -227,7 +221,7 @@ int main(int argc, char **argv)
 		        got, want);
 		return 3;
 	}
-	qsort(t, TICKS, sizeof(t[0]), cmp_u64);
+	qsort(t, TICKS, sizeof(t[0]), bench_cmp_u64);
 	printf("{\"variant\": \"%s\", \"slots\": %u, \"lanes\": %u, "
 	       "\"writer\": %s, \"ticks\": %d, "
 	       "\"p50_ns\": %" PRIu64 ", \"p99_ns\": %" PRIu64
