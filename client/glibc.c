@@ -394,6 +394,17 @@ void mtc_front_sample(void)
 	mtc_free_publish(&fs, mi.arena + mi.hblkhd);
 }
 
+/* The refresh thread's sample (refresh.c): the same as after a flush,
+ * owed when the heap moved since the last one. */
+void mtc_front_refresh(void)
+{
+	struct mtc_free_sample fs;
+	if (!mtc_free_refresh_due(&fs))
+		return;
+	struct mallinfo2 mi = mallinfo2();
+	mtc_free_publish(&fs, mi.arena + mi.hblkhd);
+}
+
 /* A program that calls memtally_init() (written for a linked
  * libmemtally): everything is counted already. */
 GL_EXPORT int memtally_init(void)

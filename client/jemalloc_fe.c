@@ -416,3 +416,45 @@ void mtj_front_force_slow(void)
 	 * a fork). Callback mode: the next event or memtally_flush() does. */
 	mtj_t.span = 0;
 }
+
+/*
+ * The refresh thread's sample (refresh.c): what jemalloc holds for the
+ * heap and could give back. stats.active is the pages of live extents
+ * (what the program has, and the free regions of slabs still in use);
+ * dirty and muzzy pages are freed extents jemalloc keeps resident until
+ * its decay purges them, which happens only when the process calls into
+ * jemalloc (no background thread by default): a process that frees and
+ * goes quiet keeps them for as long as it stays quiet. Both after an
+ * `epoch` (jemalloc merges its arenas' statistics: tens of microseconds,
+ * under each arena's statistics locks, held briefly one at a time).
+ * Retained extents (unmapped or purged address space) are not resident
+ * and not counted.
+ */
+void mtj_front_refresh(void)
+{
+	static int broken; /* statistics unavailable: do not ask again */
+	mtj_mallctl_fn ctl = mtj.mallctl;
+	if (!ctl || broken || mtj.mode == MTJ_OFF)
+		return;
+	struct mtc_free_sample fs;
+	if (!mtc_free_refresh_due(&fs))
+		return;
+	uint64_t epoch = 1;
+	size_t active = 0, pdirty = 0, pmuzzy = 0, page = 0;
+	size_t esz = sizeof(epoch), sz = sizeof(size_t);
+	int err = ctl("epoch", &epoch, &esz, &epoch, sizeof(epoch));
+	err = err ? err : ctl("stats.active", &active, &sz, NULL, 0);
+	err = err ? err : ctl("arenas.page", &page, &sz, NULL, 0);
+	/* 4096: MALLCTL_ARENAS_ALL, the arenas merged. */
+	err = err ? err : ctl("stats.arenas.4096.pdirty", &pdirty, &sz, NULL, 0);
+	err = err ? err : ctl("stats.arenas.4096.pmuzzy", &pmuzzy, &sz, NULL, 0);
+	if (err) {
+		broken = 1;
+		mtc_debug("jemalloc's statistics unavailable (%d): its free "
+		          "pages are not counted",
+		          err);
+		active = pdirty = pmuzzy = 0;
+	}
+	/* The turn is given back either way (held 0: nothing free). */
+	mtc_free_publish(&fs, active + (pdirty + pmuzzy) * page);
+}
