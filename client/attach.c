@@ -832,13 +832,12 @@ bool mtc_free_due(struct mtc_free_sample *fs)
 /*
  * The refresh thread's test: a sample is owed when the heap moved since
  * the last one (a burst of frees that ended between two samples), when
- * this slot has none yet, or when the last is MTC_FREE_STALE_NS old (an
- * allocator that gives pages back on its own clock: jemalloc's decay);
- * never sooner than the last sample's cost allows (free_min_ns). A quiet
- * process whose heap has not moved costs a clock read and a sum of its
- * lanes.
+ * this slot has none yet, or when the last is `stale_ns` old (0: never
+ * for its age alone); never sooner than the last sample's cost allows
+ * (free_min_ns). A quiet process whose heap has not moved costs a clock
+ * read and a sum of its lanes.
  */
-bool mtc_free_refresh_due(struct mtc_free_sample *fs)
+bool mtc_free_refresh_due(struct mtc_free_sample *fs, uint64_t stale_ns)
 {
 	const struct mtc_attachment *a = cur_att();
 	if (!a || mtc.free_off)
@@ -847,7 +846,7 @@ bool mtc_free_refresh_due(struct mtc_free_sample *fs)
 	if (now < mt_load_relaxed64(&mtc.free_min_ns))
 		return false;
 	uint64_t last = mt_load_relaxed64(&mtc.free_last_ns);
-	if (last && now - last < MTC_FREE_STALE_NS &&
+	if (last && (!stale_ns || now - last < stale_ns) &&
 	    slot_total(a) == mt_load_relaxeds64(&mtc.free_heap))
 		return false;
 	return free_take_turn(a, fs);

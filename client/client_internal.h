@@ -195,12 +195,9 @@ struct mtc_free_sample {
 	uint64_t cpu_ns;     /* the thread's CPU time when it began */
 	int64_t heap_before; /* the slot's heap bytes then */
 };
-/* A sample older than this is taken again by the refresh thread even if
- * the heap has not moved. */
-#define MTC_FREE_STALE_NS (UINT64_C(10) * 1000000000u)
 void mtc_front_sample(void);
 bool mtc_free_due(struct mtc_free_sample *fs);
-bool mtc_free_refresh_due(struct mtc_free_sample *fs);
+bool mtc_free_refresh_due(struct mtc_free_sample *fs, uint64_t stale_ns);
 void mtc_free_publish(const struct mtc_free_sample *fs, uint64_t held);
 
 /*

@@ -437,7 +437,9 @@ void mtj_front_refresh(void)
 	if (!ctl || broken || mtj.mode == MTJ_OFF)
 		return;
 	struct mtc_free_sample fs;
-	if (!mtc_free_refresh_due(&fs))
+	/* Every 10 s even when the heap has not moved: calls that move it
+	 * by less than a flush may still let decay purge pages. */
+	if (!mtc_free_refresh_due(&fs, UINT64_C(10) * 1000000000u))
 		return;
 	uint64_t epoch = 1;
 	size_t active = 0, pdirty = 0, pmuzzy = 0, page = 0;
