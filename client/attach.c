@@ -1194,6 +1194,10 @@ int memtally_flush(void)
 		if (cur_slot())
 			mtc_front_sample(); /* the new slot's first sample */
 	}
+	/* Registered by this call: the refresh thread now, not at the next
+	 * flush (the program's own call, outside any allocator). */
+	if (mt_load_relaxed32(&mtc_refresh_want))
+		mtc_refresh_start();
 	return cur_slot() ? 0 : MEMTALLY_ENOTATTACHED;
 }
 

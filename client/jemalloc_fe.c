@@ -433,9 +433,19 @@ void mtj_front_force_slow(void)
 void mtj_front_refresh(void)
 {
 	static int broken; /* statistics unavailable: do not ask again */
+	static int tcache_off;
 	mtj_mallctl_fn ctl = mtj.mallctl;
 	if (!ctl || broken || mtj.mode == MTJ_OFF)
 		return;
+	if (!tcache_off) {
+		/* This thread never allocates: the thread cache jemalloc made
+		 * for it at its first mallctl (hundreds of KiB of bins) goes
+		 * back, not to be counted as the program's free memory. Only
+		 * the refresh thread comes here. */
+		bool off = false;
+		ctl("thread.tcache.enabled", NULL, NULL, &off, sizeof(off));
+		tcache_off = 1;
+	}
 	struct mtc_free_sample fs;
 	/* Every 10 s even when the heap has not moved: calls that move it
 	 * by less than a flush may still let decay purge pages. */
@@ -448,8 +458,10 @@ void mtj_front_refresh(void)
 	err = err ? err : ctl("stats.active", &active, &sz, NULL, 0);
 	err = err ? err : ctl("arenas.page", &page, &sz, NULL, 0);
 	/* 4096: MALLCTL_ARENAS_ALL, the arenas merged. */
-	err = err ? err : ctl("stats.arenas.4096.pdirty", &pdirty, &sz, NULL, 0);
-	err = err ? err : ctl("stats.arenas.4096.pmuzzy", &pmuzzy, &sz, NULL, 0);
+	const char *dirty = "stats.arenas.4096.pdirty";
+	const char *muzzy = "stats.arenas.4096.pmuzzy";
+	err = err ? err : ctl(dirty, &pdirty, &sz, NULL, 0);
+	err = err ? err : ctl(muzzy, &pmuzzy, &sz, NULL, 0);
 	if (err) {
 		broken = 1;
 		mtc_debug("jemalloc's statistics unavailable (%d): its free "

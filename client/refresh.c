@@ -29,6 +29,7 @@
 #define _GNU_SOURCE
 #include "client_internal.h"
 
+#include <dlfcn.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -41,7 +42,8 @@
 static void *refresh_main(void *arg)
 {
 	uint64_t ms = (uint64_t)(uintptr_t)arg;
-	struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
+	struct timespec ts = {(time_t)(ms / 1000),
+	                      (long)(ms % 1000) * 1000000L};
 	for (;;) {
 		/* EINTR cannot happen (every signal blocked); a short sleep
 		 * would only refresh early. */
@@ -51,10 +53,21 @@ static void *refresh_main(void *arg)
 	return NULL;
 }
 
+typedef int (*create_fn)(pthread_t *, const pthread_attr_t *, void *(*)(void *),
+                         void *);
+
 void mtc_refresh_start(void)
 {
 	uint64_t ms;
 	if (!mtc_refresh_claim(&ms))
+		return;
+	/* libc's own pthread_create, not the jemalloc preload's wrapper:
+	 * that one sets the new thread up as a counted thread of the
+	 * program (its activity callback, a lane, one more in `threads`);
+	 * this thread allocates nothing and is none of the program's. */
+	create_fn create;
+	*(void **)&create = dlsym(RTLD_NEXT, "pthread_create");
+	if (!create)
 		return;
 	pthread_attr_t attr;
 	if (pthread_attr_init(&attr) != 0)
@@ -67,8 +80,7 @@ void mtc_refresh_start(void)
 	sigfillset(&all);
 	pthread_sigmask(SIG_SETMASK, &all, &old);
 	pthread_t tid;
-	int err = pthread_create(&tid, &attr, refresh_main,
-	                         (void *)(uintptr_t)ms);
+	int err = create(&tid, &attr, refresh_main, (void *)(uintptr_t)ms);
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
 	pthread_attr_destroy(&attr);
 	if (err) {

@@ -203,5 +203,55 @@ def test_quiet_after_free():
     check(not failures, "figure and RssAnon disagree: " + "; ".join(failures))
 
 
+def refresh_threads(pid):
+    """How many of pid's threads are memtally's refresh thread."""
+    n = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                n += f.read().strip() == "memtally"
+        except OSError:
+            pass
+    return n
+
+
+def test_one_refresh_thread_per_process():
+    """Under each preload a registered process has exactly one refresh
+    thread, and so does its fork child (the thread does not survive a
+    fork: the child's registration starts its own);
+    MEMTALLY_REFRESH_MS=0 starts none."""
+    for lib, alloc in ((GLIBC_LIB, "glibc"), (PRELOAD, "jemalloc")):
+        for period in ("1000", "0"):
+            with Server() as s:
+                env = s.env(LD_PRELOAD=lib, MEMTALLY_ALLOCATOR=alloc,
+                            MEMTALLY_REFRESH_MS=period)
+                w = Worker([worker("mt_fork"), "8"], env)
+                try:
+                    pids = {}
+                    for _ in range(2):
+                        who, p = w.readline().split()
+                        pids[who] = int(p.split("=")[1])
+                    for who, pid in pids.items():
+                        wait_for(f"{alloc}: {who} registered",
+                                 lambda: s.ps().get(pid))
+                        want = 1 if period != "0" else 0
+                        got = wait_for(
+                            f"{alloc}, period {period}: {who}'s threads",
+                            lambda: (lambda n: n == want and n + 1)(
+                                refresh_threads(pid)))
+                        check(got == want + 1, f"{who}: {got - 1} threads")
+                        # Registered, flushed and armed: with a period, its
+                        # one thread; without, none ever (nothing arms it).
+                        check(refresh_threads(pid) == want,
+                              f"{alloc}, period {period}, {who}: "
+                              f"{refresh_threads(pid)} refresh threads")
+                    print(f"  {alloc}, MEMTALLY_REFRESH_MS={period}: "
+                          f"parent and fork child have "
+                          f"{1 if period != '0' else 0} refresh thread each",
+                          flush=True)
+                finally:
+                    w.close()
+
+
 if __name__ == "__main__":
-    run([test_quiet_after_free])
+    run([test_quiet_after_free, test_one_refresh_thread_per_process])
