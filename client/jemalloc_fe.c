@@ -418,22 +418,29 @@ void mtj_front_force_slow(void)
 }
 
 /*
- * The refresh thread's sample (refresh.c): what jemalloc holds for the
- * heap and could give back. stats.active is the pages of live extents
- * (what the program has, and the free regions of slabs still in use);
- * dirty and muzzy pages are freed extents jemalloc keeps resident until
- * its decay purges them, which happens only when the process calls into
- * jemalloc (no background thread by default): a process that frees and
- * goes quiet keeps them for as long as it stays quiet. Both after an
- * `epoch` (jemalloc merges its arenas' statistics: tens of microseconds,
- * under each arena's statistics locks, held briefly one at a time).
- * Retained extents (unmapped or purged address space) are not resident
- * and not counted.
+ * The refresh thread's round (refresh.c) under jemalloc.
+ *
+ * What jemalloc holds for the heap and could give back: stats.active is
+ * the pages of live extents (what the program has, and the free regions
+ * of slabs still in use); dirty and muzzy pages are freed extents jemalloc
+ * keeps resident until its decay purges them. Both after an `epoch`
+ * (jemalloc merges its arenas' statistics under each arena's statistics
+ * locks, held briefly one at a time). Retained extents (unmapped or
+ * purged address space) are not resident and not counted.
+ *
+ * jemalloc's decay runs only inside the process's calls to it: a process
+ * that frees and goes quiet would keep its dirty pages for as long as it
+ * stays quiet. While the last sample saw some, each round asks jemalloc
+ * to run its decay (`arena.<all>.decay`: what is due by jemalloc's own
+ * clock, as its background thread would, never all at once), then
+ * samples again: the pages leave over jemalloc's decay time (10 s by
+ * default), and the figure follows them down round by round.
  */
 void mtj_front_refresh(void)
 {
-	static int broken; /* statistics unavailable: do not ask again */
-	static int tcache_off;
+	static int broken;     /* statistics unavailable: do not ask again */
+	static int tcache_off; /* this thread's cache given back */
+	static size_t kept;    /* dirty + muzzy pages at the last sample */
 	mtj_mallctl_fn ctl = mtj.mallctl;
 	if (!ctl || broken || mtj.mode == MTJ_OFF)
 		return;
@@ -446,11 +453,13 @@ void mtj_front_refresh(void)
 		ctl("thread.tcache.enabled", NULL, NULL, &off, sizeof(off));
 		tcache_off = 1;
 	}
+	/* With pages kept, every round (decay moves them); otherwise when
+	 * the heap moved, or every 10 s. */
 	struct mtc_free_sample fs;
-	/* Every 10 s even when the heap has not moved: calls that move it
-	 * by less than a flush may still let decay purge pages. */
-	if (!mtc_free_refresh_due(&fs, UINT64_C(10) * 1000000000u))
+	if (!mtc_free_refresh_due(&fs, kept ? 1 : UINT64_C(10) * 1000000000u))
 		return;
+	if (kept)
+		ctl("arena.4096.decay", NULL, NULL, NULL, 0);
 	uint64_t epoch = 1;
 	size_t active = 0, pdirty = 0, pmuzzy = 0, page = 0;
 	size_t esz = sizeof(epoch), sz = sizeof(size_t);
@@ -469,6 +478,7 @@ void mtj_front_refresh(void)
 		          err);
 		active = pdirty = pmuzzy = 0;
 	}
+	kept = pdirty + pmuzzy;
 	/* The turn is given back either way (held 0: nothing free). */
-	mtc_free_publish(&fs, active + (pdirty + pmuzzy) * page);
+	mtc_free_publish(&fs, active + kept * page);
 }
