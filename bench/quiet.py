@@ -139,7 +139,8 @@ def main():
     rows = figures(build)
     lines = ["| runtime | held: memtally / RssAnon growth (MiB) | "
              "5 s after the drop | 15 s after the drop | "
-             "refresh thread, CPU per idle s |", "|---|---|---|---|---|"]
+             "refresh thread's CPU per s, 5-15 s after the drop |",
+             "|---|---|---|---|---|"]
     for name, pts, cost in rows:
         cells = []
         for k in ("held", "5 s after the drop", "15 s after the drop"):
@@ -164,12 +165,21 @@ def main():
                         % (front, res[front][0]))
             finally:
                 srv.stop()
-        cg = ("\n\ncallgrind, mt_quiet 30 (built, dropped, then idle), "
+        cg = ("\n\nThe thread's CPU time includes, under jemalloc, the "
+              "purging its decay does (madvise of the freed pages), which "
+              "jemalloc would otherwise do in the program's calls or in its "
+              "own background thread; once the pages are gone an idle round "
+              "costs what the glibc rows show.\n\n"
+              "callgrind, mt_quiet 30 (built, dropped, then idle), "
               "inside the refresh thread's rounds (mtc_refresh_once, "
               "inclusive), per idle second ((Ir with 12 s idle - Ir with "
-              "2 s) / 10): glibc front end %.0f, jemalloc preload %.0f "
-              "(a sample every 10 s). The 2 s runs, whose first round after "
-              "the drop sampled the allocator: %d and %d."
+              "2 s) / 10): glibc front end %.0f (an idle round is a clock "
+              "read and a sum of the lanes; the difference is within the "
+              "noise of where the first sample fell), jemalloc preload %.0f "
+              "(every round while the dropped pages decay: decay, epoch, "
+              "statistics). The 2 s runs, whose first round after the drop "
+              "sampled the allocator (glibc: mallinfo2's walk of ~650,000 "
+              "free chunks): %d and %d."
               % (res["glibc"][0], res["jemalloc"][0], res["glibc"][1],
                  res["jemalloc"][1]))
     i = machine_info()

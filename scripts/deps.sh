@@ -27,7 +27,7 @@ pkgs=(
   nodejs  # a V8 runtime: a heap committed with mprotect (test_node_heap)
   # benchmarks
   valgrind util-linux
-  sqlite3  # the real suite's sqlite3 CLI (bench/real.py)
+  sqlite3  # the sqlite3 CLI: bench/real.py, bench/quiet.py, test_quiet
 )
 
 case "${1:-all}" in
