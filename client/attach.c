@@ -331,9 +331,10 @@ static void init_once(void)
 	if (d && *d) {
 		char *end;
 		unsigned long long v = strtoull(d, &end, 10);
+		if (!*end && v > MTC_REFRESH_MAX_MS)
+			v = MTC_REFRESH_MAX_MS;
 		if (!*end)
-			mtc.refresh_ms = v > MTC_REFRESH_MAX_MS ? MTC_REFRESH_MAX_MS
-								: v;
+			mtc.refresh_ms = v;
 	}
 	const char *sock = getenv("MEMTALLY_SOCKET");
 	if (!sock || !*sock)
