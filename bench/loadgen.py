@@ -207,6 +207,10 @@ class Fleet:
         env["LD_PRELOAD"] = os.path.join(build, "client",
                                          "libmemtally_preload.so")
         env["MEMTALLY_SOCKET"] = srv.socket
+        # The fleet must equal what the workers hold, exactly: their heap.
+        # jemalloc's free pages, sampled on each worker's own clock, are
+        # not part of that conservation check.
+        env["MEMTALLY_ALLOCATOR_FREE"] = "0"
         argv = [exe, "--threads", str(threads), "--live", str(LIVE),
                 "--burst", str(BURST), "--sleep-us", str(SLEEP_US),
                 "--hold-kib", str(hold_kib)]

@@ -106,6 +106,9 @@ static struct {
 	uint64_t free_min_ns;      /* no sample before this (its cost) */
 	uint64_t free_next_ns;     /* a sample after this, moved or not */
 	int64_t free_heap;         /* heap bytes at the last sample */
+	uint64_t free_last_ns;     /* when it was stored, 0 = none in this
+				    * slot (the refresh thread's test) */
+	uint32_t refresh_started;  /* the refresh thread runs (refresh.c) */
 
 	/*
 	 * The over-limit callback and its argument, read as one snapshot
@@ -129,6 +132,7 @@ static struct {
 	int disabled;
 	int debug;
 	int free_off; /* MEMTALLY_ALLOCATOR_FREE=0: never sample */
+	uint64_t refresh_ms; /* MEMTALLY_REFRESH_MS, 0: no refresh thread */
 	uint64_t image_id;
 	char sock[sizeof(((struct sockaddr_un *)0)->sun_path)];
 	/* The group the next registration carries, NUL-padded, as words
@@ -145,6 +149,9 @@ static struct {
  * the slot changes; the threshold threads use, in bytes. */
 uint64_t mtc_epoch;
 uint64_t mtc_thresh = MT_DEFAULT_THRESHOLD;
+/* Raised by a registration when the refresh thread should start (read
+ * after each full flush: mtc_after_flush). */
+uint32_t mtc_refresh_want;
 
 
 void mtc_debug(const char *fmt, ...)
@@ -245,6 +252,11 @@ static void on_fork_child(void)
 	mtc.free_turn = 0;
 	mtc.free_min_ns = 0;
 	mtc.free_next_ns = 0;
+	mtc.free_last_ns = 0;
+	/* The parent's refresh thread did not come along: the child's
+	 * registration arms its own. */
+	mtc.refresh_started = 0;
+	mtc_refresh_want = 0;
 	mtc.pid = getpid();
 	mtc_front_force_slow();
 }
@@ -314,6 +326,16 @@ static void init_once(void)
 	mtc.disabled = d && d[0] == '1';
 	d = getenv("MEMTALLY_ALLOCATOR_FREE");
 	mtc.free_off = d && d[0] == '0';
+	d = getenv("MEMTALLY_REFRESH_MS");
+	mtc.refresh_ms = MTC_REFRESH_MS;
+	if (d && *d) {
+		char *end;
+		unsigned long long v = strtoull(d, &end, 10);
+		if (!*end && v > MTC_REFRESH_MAX_MS)
+			v = MTC_REFRESH_MAX_MS;
+		if (!*end)
+			mtc.refresh_ms = v;
+	}
 	const char *sock = getenv("MEMTALLY_SOCKET");
 	if (!sock || !*sock)
 		sock = MT_DEFAULT_SOCKET;
@@ -602,6 +624,39 @@ static int map_reply(struct reg_reply *rep, const struct mtc_attachment *old,
 	return 0;
 }
 
+/* A registered process gets its refresh thread (refresh.c, the preloads
+ * only) at its next full flush: not here, where an attach may run inside
+ * an mmap the allocator makes under its own locks. */
+static void refresh_arm(void)
+{
+	if (mtc_refresh_start && mtc.refresh_ms &&
+	    !mt_load_relaxed32(&mtc.refresh_started))
+		mt_store_relaxed32(&mtc_refresh_want, 1);
+}
+
+bool mtc_refresh_claim(uint64_t *period_ms)
+{
+	uint32_t one = 1;
+	if (!__atomic_compare_exchange_n(&mtc_refresh_want, &one, 0, 0,
+	                                 __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+		return false;
+	uint32_t zero = 0;
+	if (!__atomic_compare_exchange_n(&mtc.refresh_started, &zero, 1, 0,
+	                                 __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+		return false;
+	*period_ms = mtc.refresh_ms;
+	return true;
+}
+
+/* One round of the refresh thread. */
+void mtc_refresh_once(void)
+{
+	if (cur_att())
+		mtc_front_refresh();
+	if (mtc_maps_reconcile)
+		mtc_maps_reconcile();
+}
+
 /*
  * Register and publish the slot. Called with `attaching` held. On success
  * moves everything counted so far into the new slot.
@@ -672,6 +727,8 @@ static int attach(void)
 	 * one at the next flush, not after the old slot's spacing. */
 	mt_store_relaxed64(&mtc.free_min_ns, 0);
 	mt_store_relaxed64(&mtc.free_next_ns, 0);
+	mt_store_relaxed64(&mtc.free_last_ns, 0);
+	refresh_arm();
 	mtc_debug("attached: slot %u threshold %llu", rep.slot,
 		  (unsigned long long)rep.threshold);
 	return 0;
@@ -715,6 +772,11 @@ __attribute__((weak)) void mtc_front_sample(void)
 {
 }
 
+/* Nor for the refresh thread. */
+__attribute__((weak)) void mtc_front_refresh(void)
+{
+}
+
 /*
  * A sample is due every MTC_FREE_INTERVAL_NS, and sooner when the heap
  * moved by MTC_FREE_MOVED or an eighth since the last one: a burst of
@@ -740,6 +802,22 @@ static uint64_t thread_cpu_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+/* The sampling turn (one thread at a time), and what the sample needs
+ * from before the allocator is asked. */
+static bool free_take_turn(const struct mtc_attachment *a,
+                           struct mtc_free_sample *fs)
+{
+	uint32_t zero = 0;
+	if (!__atomic_compare_exchange_n(&mtc.free_turn, &zero, 1, 0,
+	                                 __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+		return false;
+	/* Until this sample is stored, nobody else starts one. */
+	mt_store_relaxed64(&mtc.free_min_ns, UINT64_MAX);
+	fs->cpu_ns = thread_cpu_ns();
+	fs->heap_before = slot_total(a);
+	return true;
+}
+
 bool mtc_free_due(struct mtc_free_sample *fs)
 {
 	const struct mtc_attachment *a = cur_att();
@@ -758,15 +836,30 @@ bool mtc_free_due(struct mtc_free_sample *fs)
 		if (moved < free_enough(last))
 			return false;
 	}
-	uint32_t zero = 0;
-	if (!__atomic_compare_exchange_n(&mtc.free_turn, &zero, 1, 0,
-	                                 __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+	return free_take_turn(a, fs);
+}
+
+/*
+ * The refresh thread's test: a sample is owed when the heap moved since
+ * the last one (a burst of frees that ended between two samples), when
+ * this slot has none yet, or when the last is `stale_ns` old (0: never
+ * for its age alone); never sooner than the last sample's cost allows
+ * (free_min_ns). A quiet process whose heap has not moved costs a clock
+ * read and a sum of its lanes.
+ */
+bool mtc_free_refresh_due(struct mtc_free_sample *fs, uint64_t stale_ns)
+{
+	const struct mtc_attachment *a = cur_att();
+	if (!a || mtc.free_off)
 		return false;
-	/* Until this sample is stored, nobody else starts one. */
-	mt_store_relaxed64(&mtc.free_min_ns, UINT64_MAX);
-	fs->cpu_ns = thread_cpu_ns();
-	fs->heap_before = slot_total(a);
-	return true;
+	uint64_t now = mt_mono_ns();
+	if (now < mt_load_relaxed64(&mtc.free_min_ns))
+		return false;
+	uint64_t last = mt_load_relaxed64(&mtc.free_last_ns);
+	if (last && (!stale_ns || now - last < stale_ns) &&
+	    slot_total(a) == mt_load_relaxeds64(&mtc.free_heap))
+		return false;
+	return free_take_turn(a, fs);
 }
 
 void mtc_free_publish(const struct mtc_free_sample *fs, uint64_t held)
@@ -807,6 +900,8 @@ void mtc_free_publish(const struct mtc_free_sample *fs, uint64_t held)
 	 * again at the next flush.
 	 */
 	uint64_t now = mt_mono_ns();
+	if (a)
+		mt_store_relaxed64(&mtc.free_last_ns, now);
 	uint64_t cpu = thread_cpu_ns();
 	uint64_t took = cpu > fs->cpu_ns ? cpu - fs->cpu_ns : 0;
 	uint64_t space = took * (took > 1000000u ? 1000u : 200u);
@@ -1110,6 +1205,10 @@ int memtally_flush(void)
 		if (cur_slot())
 			mtc_front_sample(); /* the new slot's first sample */
 	}
+	/* Registered by this call: the refresh thread now, not at the next
+	 * flush (the program's own call, outside any allocator). */
+	if (mt_load_relaxed32(&mtc_refresh_want))
+		mtc_refresh_start();
 	return cur_slot() ? 0 : MEMTALLY_ENOTATTACHED;
 }
 

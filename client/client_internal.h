@@ -94,6 +94,29 @@ static inline bool mtc_publish_quiet(struct mtc_thread *th, int64_t delta)
  * mtc_publish(). */
 void mtc_thread_exit(struct mtc_thread *th);
 
+/*
+ * The refresh thread (refresh.c, in the preloads only: elsewhere
+ * mtc_refresh_start is null and never armed). A registration raises
+ * mtc_refresh_want; the next full flush, outside the re-entrancy guard,
+ * calls mtc_refresh_start(), which starts the process's one thread if
+ * mtc_refresh_claim() gives it the right to (and the period). The thread
+ * runs mtc_refresh_once() every period: the front end's
+ * mtc_front_refresh() (a sample of the allocator's free memory when
+ * mtc_free_refresh_due() says one is owed) and mtc_maps_reconcile().
+ */
+#define MTC_REFRESH_MS     1000u
+#define MTC_REFRESH_MAX_MS 3600000u
+extern uint32_t mtc_refresh_want;
+void mtc_refresh_start(void) __attribute__((weak, visibility("hidden")));
+bool mtc_refresh_claim(uint64_t *period_ms);
+void mtc_refresh_once(void);
+void mtc_front_refresh(void);
+
+/* Mapped memory's own refresh (mmap.c, where defined): reconciles the
+ * counted mappings with the pages the kernel says are resident. Called
+ * by the refresh thread when its address is not null. */
+void mtc_maps_reconcile(void) __attribute__((weak, visibility("hidden")));
+
 /* Run the over-limit callback that mtc_publish() found due. */
 void mtc_run_over_limit(struct mtc_thread *th);
 
@@ -111,6 +134,8 @@ static inline void mtc_after_flush(struct mtc_thread *th)
 {
 	if (__builtin_expect(th->over_due, 0))
 		mtc_run_over_limit(th);
+	if (__builtin_expect(mt_load_relaxed32(&mtc_refresh_want), 0))
+		mtc_refresh_start();
 }
 
 /* Bytes flushed by this process (slot sum + pending), without any thread's
@@ -187,6 +212,7 @@ struct mtc_free_sample {
 };
 void mtc_front_sample(void);
 bool mtc_free_due(struct mtc_free_sample *fs);
+bool mtc_free_refresh_due(struct mtc_free_sample *fs, uint64_t stale_ns);
 void mtc_free_publish(const struct mtc_free_sample *fs, uint64_t held);
 
 /*
@@ -216,6 +242,7 @@ int mtj_thread_start(void);
 int mtj_mode(void);
 int mtj_front_flush(void);
 int64_t mtj_front_drift(void);
+void mtj_front_refresh(void);
 void mtj_front_force_slow(void);
 
 /* The inline API's side of the same (account.c). */

@@ -416,3 +416,69 @@ void mtj_front_force_slow(void)
 	 * a fork). Callback mode: the next event or memtally_flush() does. */
 	mtj_t.span = 0;
 }
+
+/*
+ * The refresh thread's round (refresh.c) under jemalloc.
+ *
+ * What jemalloc holds for the heap and could give back: stats.active is
+ * the pages of live extents (what the program has, and the free regions
+ * of slabs still in use); dirty and muzzy pages are freed extents jemalloc
+ * keeps resident until its decay purges them. Both after an `epoch`
+ * (jemalloc merges its arenas' statistics under each arena's statistics
+ * locks, held briefly one at a time). Retained extents (unmapped or
+ * purged address space) are not resident and not counted.
+ *
+ * jemalloc's decay runs only inside the process's calls to it: a process
+ * that frees and goes quiet would keep its dirty pages for as long as it
+ * stays quiet. While the last sample saw some, each round asks jemalloc
+ * to run its decay (`arena.<all>.decay`: what is due by jemalloc's own
+ * clock, as its background thread would, never all at once), then
+ * samples again: the pages leave over jemalloc's decay time (10 s by
+ * default), and the figure follows them down round by round.
+ */
+void mtj_front_refresh(void)
+{
+	static int broken;     /* statistics unavailable: do not ask again */
+	static int tcache_off; /* this thread's cache given back */
+	static size_t kept;    /* dirty + muzzy pages at the last sample */
+	mtj_mallctl_fn ctl = mtj.mallctl;
+	if (!ctl || broken || mtj.mode == MTJ_OFF)
+		return;
+	if (!tcache_off) {
+		/* This thread never allocates: the thread cache jemalloc made
+		 * for it at its first mallctl (hundreds of KiB of bins) goes
+		 * back, not to be counted as the program's free memory. Only
+		 * the refresh thread comes here. */
+		bool off = false;
+		ctl("thread.tcache.enabled", NULL, NULL, &off, sizeof(off));
+		tcache_off = 1;
+	}
+	/* With pages kept, every round (decay moves them); otherwise when
+	 * the heap moved, or every 10 s. */
+	struct mtc_free_sample fs;
+	if (!mtc_free_refresh_due(&fs, kept ? 1 : UINT64_C(10) * 1000000000u))
+		return;
+	if (kept)
+		ctl("arena.4096.decay", NULL, NULL, NULL, 0);
+	uint64_t epoch = 1;
+	size_t active = 0, pdirty = 0, pmuzzy = 0, page = 0;
+	size_t esz = sizeof(epoch), sz = sizeof(size_t);
+	int err = ctl("epoch", &epoch, &esz, &epoch, sizeof(epoch));
+	err = err ? err : ctl("stats.active", &active, &sz, NULL, 0);
+	err = err ? err : ctl("arenas.page", &page, &sz, NULL, 0);
+	/* 4096: MALLCTL_ARENAS_ALL, the arenas merged. */
+	const char *dirty = "stats.arenas.4096.pdirty";
+	const char *muzzy = "stats.arenas.4096.pmuzzy";
+	err = err ? err : ctl(dirty, &pdirty, &sz, NULL, 0);
+	err = err ? err : ctl(muzzy, &pmuzzy, &sz, NULL, 0);
+	if (err) {
+		broken = 1;
+		mtc_debug("jemalloc's statistics unavailable (%d): its free "
+		          "pages are not counted",
+		          err);
+		active = pdirty = pmuzzy = 0;
+	}
+	kept = pdirty + pmuzzy;
+	/* The turn is given back either way (held 0: nothing free). */
+	mtc_free_publish(&fs, active + kept * page);
+}

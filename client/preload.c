@@ -104,6 +104,11 @@ void mtc_front_force_slow(void)
 	mtj_front_force_slow();
 }
 
+void mtc_front_refresh(void)
+{
+	mtj_front_refresh();
+}
+
 /* ---- threads ------------------------------------------------------------
  * jemalloc's activity callback is per thread: a new thread sets it before
  * it runs the program's start routine. */

@@ -31,7 +31,7 @@ pkgs=(
   openjdk-17-jdk-headless  # HotSpot with G1 and Serial (test_jvm_heap)
   # benchmarks
   valgrind util-linux
-  sqlite3  # the real suite's sqlite3 CLI (bench/real.py)
+  sqlite3  # the sqlite3 CLI: bench/real.py, bench/quiet.py, test_quiet
 )
 
 case "${1:-all}" in

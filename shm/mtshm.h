@@ -239,14 +239,14 @@ struct mtshm_slot_id {
  *
  * `free_seq`, `free_bytes` and `free_heap` (2.2), lane 0 only: a sample of
  * the memory the process's allocator holds free (glibc: freed chunks it
- * has not given back to the kernel), taken now and then by the client.
+ * has not given back to the kernel; jemalloc: its dirty and muzzy pages
+ * and the free room of its slabs), taken now and then by the client.
  * `free_bytes` is that free memory at the sample and `free_heap` the
  * process's heap bytes (the lanes and `overflow`) at the same moment; the
  * server scales the sample by what the heap did since (mtshm_free_now()).
  * The client writes the pair under `free_seq` (odd while writing, one
  * writer at a time); a reader that sees it odd or changed keeps its
- * previous value. All zero: nothing sampled (the jemalloc front end, a
- * 2.1 client).
+ * previous value. All zero: nothing sampled (yet, or a 2.1 client).
  */
 struct mtshm_lane {
 	uint32_t owner;    /*  0 client: tid holding the lane, 0 = none */

@@ -1,0 +1,95 @@
+/*
+ * refresh.c - the preloads' one thread that keeps a quiet process's
+ * figures current.
+ *
+ * The front ends publish on the program's own calls: a process that frees
+ * its heap and goes quiet keeps, for as long as it stays quiet, whatever
+ * its allocator's free memory was at the last sample taken at a flush
+ * (glibc), or none at all (jemalloc, whose dirty pages stay resident until
+ * the process calls it again). One thread per process looks every
+ * MEMTALLY_REFRESH_MS (1000 by default; 0: no thread) and samples the
+ * allocator's free memory when the heap moved since the last sample (or
+ * that sample is MTC_FREE_STALE_NS old), through the same turn and
+ * spacing as a sample taken at a flush (attach.c), then lets the mapped
+ * memory's bookkeeping (mmap.c) reconcile its figure with the kernel's.
+ *
+ * Do no harm:
+ *  - Started lazily, never in a constructor: the first full flush after
+ *    the process registered (mtc_after_flush(), outside the front end's
+ *    re-entrancy guard and any allocator lock) starts it. A fork child
+ *    has no thread: its registration arms a new one.
+ *  - It blocks every signal (the program's process-directed signals go to
+ *    its own threads, as without memtally), never allocates, never holds
+ *    a lock of ours a worker waits for, and takes the allocator's locks
+ *    only as a sample at a flush would (same turn, same spacing, so the
+ *    same bound on their cost).
+ *  - pthread_create failing (thread limits) leaves the process as it was
+ *    before: figures refreshed by its own calls only; no retry.
+ */
+#define _GNU_SOURCE
+#include "client_internal.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <time.h>
+
+/* Enough for mallinfo2() or jemalloc's mallctl and for /proc reads into
+ * small buffers; only what is touched is resident. */
+#define REFRESH_STACK (256u << 10)
+
+static void *refresh_main(void *arg)
+{
+	uint64_t ms = (uint64_t)(uintptr_t)arg;
+	struct timespec ts = {(time_t)(ms / 1000),
+	                      (long)(ms % 1000) * 1000000L};
+	for (;;) {
+		/* EINTR cannot happen (every signal blocked); a short sleep
+		 * would only refresh early. */
+		nanosleep(&ts, NULL);
+		mtc_refresh_once();
+	}
+	return NULL;
+}
+
+typedef int (*create_fn)(pthread_t *, const pthread_attr_t *, void *(*)(void *),
+                         void *);
+
+void mtc_refresh_start(void)
+{
+	uint64_t ms;
+	if (!mtc_refresh_claim(&ms))
+		return;
+	/* libc's own pthread_create, not the jemalloc preload's wrapper:
+	 * that one sets the new thread up as a counted thread of the
+	 * program (its activity callback, a lane, one more in `threads`);
+	 * this thread allocates nothing and is none of the program's. */
+	create_fn create;
+	*(void **)&create = dlsym(RTLD_NEXT, "pthread_create");
+	if (!create)
+		return;
+	pthread_attr_t attr;
+	if (pthread_attr_init(&attr) != 0)
+		return;
+	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+	pthread_attr_setstacksize(&attr, REFRESH_STACK);
+	/* The thread inherits the mask: all blocked from its first
+	 * instruction. */
+	sigset_t all, old;
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old);
+	pthread_t tid;
+	int err = create(&tid, &attr, refresh_main, (void *)(uintptr_t)ms);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	pthread_attr_destroy(&attr);
+	if (err) {
+		mtc_debug("refresh thread not started (%d): figures follow "
+		          "the program's own calls only",
+		          err);
+		return;
+	}
+	pthread_setname_np(tid, "memtally");
+	mtc_debug("refresh thread started: every %llu ms",
+	          (unsigned long long)ms);
+}
