@@ -653,8 +653,7 @@ void mtc_refresh_once(void)
 {
 	if (cur_att())
 		mtc_front_refresh();
-	if (mtc_maps_reconcile)
-		mtc_maps_reconcile();
+	mtc_maps_reconcile(); /* mmap.c's, or the empty default below */
 }
 
 /*

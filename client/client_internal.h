@@ -112,11 +112,6 @@ bool mtc_refresh_claim(uint64_t *period_ms);
 void mtc_refresh_once(void);
 void mtc_front_refresh(void);
 
-/* Mapped memory's own refresh (mmap.c, where defined): reconciles the
- * counted mappings with the pages the kernel says are resident. Called
- * by the refresh thread when its address is not null. */
-void mtc_maps_reconcile(void) __attribute__((weak, visibility("hidden")));
-
 /* Run the over-limit callback that mtc_publish() found due. */
 void mtc_run_over_limit(struct mtc_thread *th);
 

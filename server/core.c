@@ -125,10 +125,10 @@ static void group_unvouched(struct mts_group *g, uint32_t uid, uint64_t n)
 }
 
 /* The allocator's free bytes of `p` this tick (layout 2.2), `heap` being
- * its heap bytes. Most processes never publish a sample (the jemalloc
- * front end does not: it gives its free pages back on its own): for them
- * this reads lane 0's line, which the sum just read, and nothing else. A
- * sample being written is skipped: the last value stands. */
+ * its heap bytes. A process that never published a sample (a linked
+ * worker, or a preload with the refresh off and nothing freed) costs
+ * only a read of lane 0's line, which the sum just read. A sample being
+ * written is skipped: the last value stands. */
 static inline uint64_t tick_free(struct mts_proc *p, struct mtshm_slot_id *s,
                                  uint64_t heap, int *absurd)
 {
