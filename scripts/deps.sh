@@ -28,6 +28,7 @@ pkgs=(
   # benchmarks
   valgrind util-linux
   sqlite3  # the real suite's sqlite3 CLI (bench/real.py)
+  python3-matplotlib  # the node-memory picture of bench/fleet.py
 )
 
 case "${1:-all}" in
