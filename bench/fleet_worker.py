@@ -12,6 +12,9 @@ import time
 
 BASE_MIB = 10
 MIB = 1 << 20
+# A bytes object's header is 33 bytes: MIB of them would be 1 MiB + 33 and
+# jemalloc's next size class (1.25 MiB). Just under 1 MiB fills its class.
+CHUNK = MIB - 64
 
 
 def level(profile, peak, f):
@@ -37,7 +40,7 @@ def main():
             break
         want = int(level(profile, peak, f))
         while len(blocks) < want:
-            blocks.append(b"\x01" * MIB)
+            blocks.append(b"\x01" * CHUNK)
         del blocks[want:]
         end = time.monotonic() + step * cpu
         n = 0
