@@ -23,6 +23,16 @@ available here are reported as "not run" rows, never as numbers.
         [--plot bench/fleet.png] [--json out.json]
 
 Exit status 77 (with the reason on stderr) when no memory cgroup can be made.
+
+Plugging in a policy: a class with `name` and `run(ctx)` returning a
+PolicyResult whose `outcomes` hold one TaskOutcome per task of ctx.tasks
+(done, attempts, kernel_kills, policy_kills, failures, wasted_cpu) and
+whose `makespan` is set; its processes must run inside ctx.node (put a
+command there with join_cgroup_argv(ctx.node, argv), or write pids to
+ctx.node.procs()). run_policy() makes and removes the node, samples its
+memory and adds the node's own oom_kill counter; a memtallyd the policy
+runs can be watched with DaemonProbe. Register it in POLICIES (and take it
+out of NOT_RUN).
 """
 import argparse
 import json
@@ -240,6 +250,7 @@ class TaskOutcome:
         self.attempts = 0
         self.kernel_kills = 0       # attempts the kernel's OOM killer ended
         self.policy_kills = 0       # attempts the policy ended
+        self.failures = 0           # attempts that failed otherwise
         self.wasted_cpu = 0.0       # CPU-seconds of attempts that were killed
         self.finished = None        # seconds after the start
 
@@ -389,6 +400,12 @@ class Runner:
         if att.killed_by_policy:
             o.policy_kills += 1
             retry = self.retry_policy_kills
+        elif rc not in (-signal.SIGKILL, 128 + signal.SIGKILL):
+            # Not a kill: the task or its runner failed (lost, not an OOM).
+            o.failures += 1
+            benchlib.log("fleet: %s: task %d failed, exit %s" % (
+                self.result.name, att.task.idx, rc))
+            retry = False
         else:
             # Nobody else sends SIGKILL here: the kernel's OOM killer did
             # (directly, or to the worker under `memtally run`: 137).
@@ -821,6 +838,7 @@ def summarise(r, limit):
         "kernel_kills": sum(x.kernel_kills for x in o),
         "oom_counter": r.kernel_oom_counter,
         "policy_kills": sum(x.policy_kills for x in o),
+        "failures": sum(x.failures for x in o),
         "retries": sum(max(0, x.attempts - 1) for x in o),
         "wasted_cpu": sum(x.wasted_cpu for x in o),
         "makespan": r.makespan,
@@ -855,9 +873,11 @@ def table(results, limit):
                 r.forecast["alarms"], r.forecast["false_alarms"],
                 r.forecast["misses"], r.forecast["overs"])
         rows.append(
-            "| %s | %s | %d | %d | %d (counter %d) | %d | %d | %.1f | %.1f "
+            "| %s | %s | %d | %s | %d (counter %d) | %d | %d | %.1f | %.1f "
             "| %.0f%% | %.0f%% | %s | %s | %s |" % (
-                arrivals, r.name, s["completed"], s["lost"],
+                arrivals, r.name, s["completed"],
+                "%d (%d failed)" % (s["lost"], s["failures"])
+                if s["failures"] else "%d" % s["lost"],
                 s["kernel_kills"], s["oom_counter"], s["policy_kills"],
                 s["retries"], s["wasted_cpu"], s["makespan"],
                 s["use_mean"] * 100, s["use_p95"] * 100,
