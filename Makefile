@@ -87,7 +87,7 @@ bench: deps
 	cmake --build build-release --target bench
 
 # A memory cgroup as the node (root; exits 77 where none can be made), the
-# same seeded fleet under each policy. Measures policies, not nanoseconds: the
+# same reproducible fleet under each policy. Measures policies, not nanoseconds: the
 # ordinary build is enough.
 bench-fleet: deps
 	cmake -S . -B build -DMEMTALLY_WERROR=ON $(CMAKE_FLAGS)

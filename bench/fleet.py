@@ -4,7 +4,7 @@ use to keep it alive, side by side.
 The node is a memory cgroup this driver makes (cgroup v2 memory.max with
 memory.swap.max = 0 where the unified hierarchy has the memory controller,
 else v1 memory.limit_in_bytes = memory.memsw.limit_in_bytes), removed after.
-The workload is seeded: real processes (tests/integration/workers/mt_fleet
+The workload is reproducible (numbered): real processes (tests/integration/workers/mt_fleet
 in C, bench/fleet_worker.py in Python, both under the preload), each with a
 profile (steady, ramp, spike, leak), a heavy-tailed true peak and a declared
 size the way people declare them (mostly ~2x the peak, 10% under it). Two
@@ -17,7 +17,7 @@ reaping with rusage, requeues); a policy that brings its own scheduler (a
 Dask cluster) only has to fill one TaskOutcome per task. Policies not
 available here are reported as "not run" rows, never as numbers.
 
-    python3 bench/fleet.py --build build [--seed 7] [--tasks 120]
+    python3 bench/fleet.py --build build [--workload 7] [--tasks 100]
         [--node-mib 1024] [--policy none,static,pollkill,memtally]
         [--arrivals batch,over-time] [--results bench/RESULTS.md]
         [--plot bench/fleet.png] [--json out.json]
@@ -212,14 +212,14 @@ class Task:
         return dict(self.__dict__)
 
 
-def make_workload(seed, n, arrivals, node_mib, rate=4.0):
-    """n tasks, reproducible from the seed. Peaks: lognormal (median 48 MiB,
+def make_workload(number, n, arrivals, node_mib, rate=4.0):
+    """n tasks, the same for the same number. Peaks: lognormal (median 48 MiB,
     sigma 0.8), 16 MiB to 35% of the node. Declared: 90% generous (1.6..2.6
     x the peak, +8 MiB), 10% under (the peak is 1.1..1.5 x the
     declaration), never more than 80% of the node (a task that fits no node
     is not submitted). Arrivals: all at 0 ("batch"), or a Poisson process
     of `rate` tasks/s."""
-    rng = random.Random(seed)
+    rng = random.Random(number)
     tasks = []
     t = 0.0
     for i in range(n):
@@ -982,7 +982,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--build", default=os.path.join(benchlib.SRC_DIR,
                                                     "build"))
-    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--workload", type=int, default=7,
+                    help="which workload: the same number, the same tasks")
     ap.add_argument("--tasks", type=int, default=100)
     ap.add_argument("--node-mib", type=int, default=640)
     ap.add_argument("--slots", type=int, default=16)
@@ -1019,7 +1020,7 @@ def main(argv=None):
     results = []
     with tempfile.TemporaryDirectory(prefix="mtfleet-") as tmp:
         for arrivals in args.arrivals.split(","):
-            tasks = make_workload(args.seed, args.tasks, arrivals,
+            tasks = make_workload(args.workload, args.tasks, arrivals,
                                   args.node_mib)
             for name in args.policy.split(","):
                 pol = POLICIES[name]() if name in POLICIES else \
@@ -1040,7 +1041,7 @@ def main(argv=None):
     if args.plot:
         plot(results, limit, args.plot)
     if args.results:
-        tasks = make_workload(args.seed, args.tasks, "batch", args.node_mib)
+        tasks = make_workload(args.workload, args.tasks, "batch", args.node_mib)
         text = section_text(info, args, tasks, tab + "\nTargets:\n\n" +
                             goals(results, limit))
         benchlib.write_section(args.results, "fleet", text)
@@ -1053,7 +1054,7 @@ def section_text(info, args, tasks, tab):
     return (
         "## fleet: a node that runs out of memory\n\n"
         "Measured %s on %s (%d CPUs, Linux %s); commit `%s`.\n"
-        "Node: a memory cgroup of %d MiB, no swap. Workload (seed %d): %d "
+        "Node: a memory cgroup of %d MiB, no swap. Workload #%d: %d "
         "tasks, %d%% C / %d%% Python, profiles steady/ramp/spike/leak, true "
         "peak median %d MiB, p90 %d MiB, max %d MiB; 1.5-4 s each at 10%% CPU; "
         "declared ~2x the peak, %d tasks under their peak. %d runner slots "
@@ -1064,7 +1065,7 @@ def section_text(info, args, tasks, tab):
         "declared sizes of the running tasks minus the node's usage, / node "
         "limit.\n\n%s\n![node memory per policy](fleet.png)\n" % (
             info["date"], info["cpu_model"], info["nproc"], info["kernel"],
-            info["commit"], args.node_mib, args.seed, len(tasks),
+            info["commit"], args.node_mib, args.workload, len(tasks),
             100 - round(100 * sum(t.kind == "py" for t in tasks) / len(tasks)),
             round(100 * sum(t.kind == "py" for t in tasks) / len(tasks)),
             peaks[len(peaks) // 2], peaks[int(len(peaks) * 0.9)], peaks[-1],

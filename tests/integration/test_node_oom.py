@@ -48,8 +48,7 @@ def test_memtally_keeps_a_small_node_alive():
     kills; with memtally every task completes and the kernel kills none."""
     node(64 * MIB, "probe").remove()
     limit = 320 * MIB
-    seed = 3
-    tasks = fleet.make_workload(seed, 24, "batch", limit // MIB)
+    tasks = fleet.make_workload(3, 24, "batch", limit // MIB)
     for t in tasks:                 # short: the test is about a minute
         t.secs = min(t.secs, 2.5)
     env = dict(os.environ, LD_PRELOAD=harness.PRELOAD,
