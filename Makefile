@@ -6,10 +6,12 @@
 #               fuzz targets for FUZZ_SECONDS each
 #   make check-long  the long fault/attack variants (MEMTALLY_LONG=1), longer fuzzing
 #   make bench  Release build, run the benchmark suites, write bench/RESULTS.md
+#   make bench-fleet  a node that runs out of memory: the policies side by side,
+#               their table in bench/RESULTS.md, bench/fleet.png (~7 min, root)
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps deps-build build demo check check-plain check-asan check-tsan check-fuzz fuzz check-long bench install clean
+.PHONY: all deps deps-build build demo check check-plain check-asan check-tsan check-fuzz fuzz check-long bench bench-fleet install clean
 
 all: build
 
@@ -83,6 +85,15 @@ bench: deps
 	cmake -S . -B build-release -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)
 	cmake --build build-release -j$(JOBS)
 	cmake --build build-release --target bench
+
+# A memory cgroup as the node (root; exits 77 where none can be made), the
+# same reproducible fleet under each policy. Measures policies, not nanoseconds: the
+# ordinary build is enough.
+bench-fleet: deps
+	cmake -S . -B build -DMEMTALLY_WERROR=ON $(CMAKE_FLAGS)
+	cmake --build build -j$(JOBS) --target memtallyd memtally_cli memtally_preload mt_fleet memtally_pb2
+	MEMTALLY_PB2_DIR=$(CURDIR)/build/python /usr/bin/python3 bench/fleet.py --build build \
+	    --results bench/RESULTS.md --plot bench/fleet.png
 
 install: build
 	cmake --install build

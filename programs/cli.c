@@ -89,6 +89,8 @@ struct cli {
 	uint64_t limit;
 	char label[96];    /* "fleet", "group:NAME", "pid:N" as events say */
 	double wait_s;     /* run --wait */
+	const char *poll;  /* run --poll, as given */
+	double poll_s;     /* run --poll; 0: the default */
 	bool socket_given; /* run: --socket was given */
 };
 
@@ -141,9 +143,9 @@ static void usage(FILE *f)
 	    "  top [--interval S] [--iterations N]\n"
 	    "                   status and ps refreshed in place, largest "
 	    "first\n"
-	    "  run [--bytes SIZE] [--group G] [--task T] [--wait SECONDS] "
-	    "[--ttl S]\n"
-	    "      -- CMD [ARGS...]\n"
+	    "  run [--bytes SIZE] [--group G] [--task T] [--wait SECONDS "
+	    "[--poll S]]\n"
+	    "      [--ttl S] -- CMD [ARGS...]\n"
 	    "                   run CMD under the preload as task T (with "
 	    "--bytes: once\n"
 	    "                   admitted, waiting up to --wait for room; "
@@ -153,7 +155,10 @@ static void usage(FILE *f)
 	    "                   at its end (TTL default %u s); exits with "
 	    "CMD's status\n"
 	    "                   (128+N for signal N). Without memtallyd "
-	    "CMD runs anyway\n"
+	    "CMD runs anyway.\n"
+	    "                   --poll S: while waiting, ask at least "
+	    "every S seconds\n"
+	    "                   (default 2)\n"
 	    "\n"
 	    "SIZE is bytes or a number with a unit: K, M, G, T and KiB, "
 	    "MiB, GiB, TiB\n"
@@ -1158,6 +1163,18 @@ static int check_run(struct cli *c)
 			                   c->wait);
 		c->wait_s = w;
 	}
+	if (c->poll) {
+		char *end;
+		errno = 0;
+		double v = strtod(c->poll, &end);
+		if (!c->wait)
+			return usage_error("run: --poll applies to --wait");
+		if (errno || end == c->poll || *end || !(v >= 0.05) || v > 60)
+			return usage_error("invalid --poll '%s': expected "
+			                   "seconds, 0.05 to 60",
+			                   c->poll);
+		c->poll_s = v;
+	}
 	if ((c->group && !c->group[0]) || (c->task && !c->task[0]))
 		return usage_error("run: --%s is empty",
 		                   c->group && !c->group[0] ? "group" : "task");
@@ -1177,6 +1194,7 @@ static int cmd_run(struct cli *c)
 	    .task = c->task,
 	    .ttl_s = c->admit.ttl_seconds,
 	    .wait_s = c->wait_s,
+	    .poll_s = c->poll_s,
 	    .argv = c->run_argv,
 	};
 	return mtcli_run(&o);
@@ -1221,6 +1239,7 @@ enum {
 	OPT_TOKEN,
 	OPT_TOKEN_FILE,
 	OPT_WAIT,
+	OPT_POLL,
 	OPT_HELP,
 	OPT_VERSION,
 };
@@ -1239,6 +1258,7 @@ static const struct option long_options[] = {
     {"token", required_argument, NULL, OPT_TOKEN},
     {"token-file", required_argument, NULL, OPT_TOKEN_FILE},
     {"wait", required_argument, NULL, OPT_WAIT},
+    {"poll", required_argument, NULL, OPT_POLL},
     {"help", no_argument, NULL, OPT_HELP},
     {"version", no_argument, NULL, OPT_VERSION},
     {NULL, 0, NULL, 0},
@@ -1368,6 +1388,9 @@ static int parse_args(struct cli *c, struct cmdline *p, int argc, char **argv)
 		case OPT_WAIT:
 			c->wait = optarg;
 			break;
+		case OPT_POLL:
+			c->poll = optarg;
+			break;
 		case 'h':
 		case OPT_HELP:
 			p->help = true;
@@ -1420,7 +1443,8 @@ static int check_command(struct cli *c, const struct command *cmd,
 	    (rc = check_takes(cmd, TAKES_REFRESH, c->interval, "--interval")) ||
 	    (rc = check_takes(cmd, TAKES_REFRESH, c->iterations,
 	                      "--iterations")) ||
-	    (rc = check_takes(cmd, TAKES_WAIT, c->wait, "--wait")))
+	    (rc = check_takes(cmd, TAKES_WAIT, c->wait, "--wait")) ||
+	    (rc = check_takes(cmd, TAKES_WAIT, c->poll, "--poll")))
 		return rc;
 	if (c->tcp && c->socket)
 		return usage_error("--socket and --tcp exclude each other");

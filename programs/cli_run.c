@@ -222,10 +222,11 @@ static bool watch_drain(struct run *r)
 	}
 }
 
-/* The next periodic retry interval (doubling *base), with jitter. */
-static int next_interval(int *base)
+/* The next periodic retry interval (doubling *base up to max), with
+ * jitter. */
+static int next_interval(int *base, int max)
 {
-	*base = *base * 2 > RETRY_MAX_MS ? RETRY_MAX_MS : *base * 2;
+	*base = *base * 2 > max ? max : *base * 2;
 	uint32_t rnd = 0;
 	if (getrandom(&rnd, sizeof(rnd), GRND_NONBLOCK) != sizeof(rnd))
 		rnd = (uint32_t)getpid() * 2654435761u;
@@ -242,7 +243,11 @@ static int wait_for_room(struct run *r, struct memtally_admit_result **denied)
 {
 	int64_t start = now_ms();
 	int64_t end = start + (int64_t)(r->o->wait_s * 1000.0 + 0.5);
-	int base = RETRY_FIRST_MS;
+	/* --poll lowers the ceiling (a fleet of short tasks, where room
+	 * appears every second without a state change). */
+	int max = r->o->poll_s > 0 ? (int)(r->o->poll_s * 1000.0 + 0.5)
+	                           : RETRY_MAX_MS;
+	int base = RETRY_FIRST_MS < max ? RETRY_FIRST_MS : max;
 	int64_t next = start + base;
 	int64_t last_ask = start;
 	fprintf(stderr, "memtally: waiting up to %g s for room: %s\n",
@@ -289,7 +294,7 @@ static int wait_for_room(struct run *r, struct memtally_admit_result **denied)
 			return 0;
 		if (!r->w)
 			watch_open(r);
-		next = last_ask + next_interval(&base);
+		next = last_ask + next_interval(&base, max);
 	}
 }
 

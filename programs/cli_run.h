@@ -33,6 +33,7 @@ struct mtcli_run_opts {
 	const char *task;   /* --task, or NULL: generated when bytes > 0 */
 	uint32_t ttl_s;     /* 0: MTCLI_RUN_DEFAULT_TTL_S */
 	double wait_s;      /* wait this long for room; 0: do not wait */
+	double poll_s;      /* while waiting, ask at least this often; 0: 2 s */
 	char **argv;        /* the command, NULL-terminated, argv[0] set */
 };
 

@@ -32,6 +32,7 @@ pkgs=(
   # benchmarks
   valgrind util-linux
   sqlite3  # the sqlite3 CLI: bench/real.py, bench/quiet.py, test_quiet
+  python3-matplotlib  # the node-memory picture of bench/fleet.py
 )
 
 case "${1:-all}" in

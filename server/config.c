@@ -585,6 +585,28 @@ static int key_server_idle_timeout(struct load *l, const char *sec,
 	return 0;
 }
 
+/* -1000..1000 as the kernel takes it, or `none`: leave it as inherited. */
+static int key_server_oom_score_adj(struct load *l, const char *sec,
+                                    const char *key, const char *v)
+{
+	struct mts_config *c = &l->s.cfg;
+	if (!strcmp(v, "none")) {
+		c->oom_score_keep = true;
+		return 0;
+	}
+	char *end;
+	errno = 0;
+	long n = strtol(v, &end, 10);
+	if (errno || end == v || *end || n < -1000 || n > 1000)
+		return fail(l, sec, key,
+		            "expected an integer from -1000 to 1000, or "
+		            "none; got '%s'",
+		            v);
+	c->oom_score_adj = (int32_t)n;
+	c->oom_score_keep = false;
+	return 0;
+}
+
 static int key_server_max_buffered(struct load *l, const char *sec,
                                    const char *key, const char *v)
 {
@@ -1174,6 +1196,7 @@ static const struct {
     {"server", "max_connections_unidentified",
      key_server_max_connections_unidentified},
     {"server", "idle_timeout", key_server_idle_timeout},
+    {"server", "oom_score_adj", key_server_oom_score_adj},
     {"server", "max_buffered", key_server_max_buffered},
     {"server", "log_level", key_server_log_level},
     {"server", "tcp", key_server_tcp},
@@ -1551,6 +1574,7 @@ int mts_settings_load(struct mts_settings *out, const char *path,
 	l.s.cfg.max_conns_per_uid = MTS_DEFAULT_MAX_CONNS_PER_UID;
 	l.s.cfg.max_conns_unidentified = MTS_DEFAULT_MAX_CONNS_UNIDENTIFIED;
 	l.s.cfg.idle_timeout_ms = MTS_DEFAULT_IDLE_MS;
+	l.s.cfg.oom_score_adj = MTS_DEFAULT_OOM_SCORE_ADJ;
 	l.s.hooks.min_interval_ms = MTS_HOOK_DEFAULT_MIN_INTERVAL_MS;
 	if (set_str(&l.s.owned[OWNED_SOCKET], MTS_DEFAULT_SOCKET) < 0 ||
 	    set_str(&l.s.owned[OWNED_SEGMENT], MTS_DEFAULT_SEGMENT) < 0) {

@@ -407,6 +407,48 @@ static void raise_nofile(const struct mts_config *cfg)
 	        hard, (unsigned long long)need);
 }
 
+/*
+ * On a node out of memory the kernel's OOM killer must never choose the
+ * server: every worker's accounting and every scheduler's admission go
+ * with it. So it lowers its own oom_score_adj at start to [server]
+ * oom_score_adj (never raising it: a unit's OOMScoreAdjust= or an operator
+ * may have set it lower already). Lowering it needs CAP_SYS_RESOURCE; an
+ * unprivileged server logs that it could not and serves anyway.
+ */
+static void lower_oom_score(const struct mts_config *cfg)
+{
+	if (cfg->oom_score_keep)
+		return;
+	FILE *f = fopen("/proc/self/oom_score_adj", "r+");
+	int was = 0;
+	if (!f || fscanf(f, "%d", &was) != 1) {
+		mts_log(MTS_LOG_INFO, "cannot read oom_score_adj", "err=%s",
+		        strerror(errno ? errno : EIO));
+		if (f)
+			fclose(f);
+		return;
+	}
+	if (was <= cfg->oom_score_adj) {
+		fclose(f);
+		mts_log(MTS_LOG_DEBUG, "oom_score_adj already low enough",
+		        "oom_score_adj=%d wanted=%d", was, cfg->oom_score_adj);
+		return;
+	}
+	rewind(f);
+	errno = 0;
+	int ok = fprintf(f, "%d\n", cfg->oom_score_adj) > 0;
+	ok = fclose(f) == 0 && ok;
+	if (!ok)
+		mts_log(MTS_LOG_INFO,
+		        "cannot lower oom_score_adj (needs CAP_SYS_RESOURCE); "
+		        "the unit's OOMScoreAdjust= can",
+		        "oom_score_adj=%d wanted=%d err=%s", was,
+		        cfg->oom_score_adj, strerror(errno ? errno : EIO));
+	else
+		mts_log(MTS_LOG_INFO, "oom_score_adj lowered",
+		        "oom_score_adj=%d was=%d", cfg->oom_score_adj, was);
+}
+
 int main(int argc, char **argv)
 {
 	struct cmdline cl;
@@ -454,6 +496,7 @@ int main(int argc, char **argv)
 	        (unsigned long long)pol->untouched_allowance,
 	        pol->untouched_ms);
 	raise_nofile(&cfg);
+	lower_oom_score(&cfg);
 
 	/* Where the socket and the restart record go must not let anyone
 	 * else swap what is there (mts_dir_check): a configuration error. */

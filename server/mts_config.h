@@ -55,8 +55,18 @@ struct mts_config {
 	uint32_t max_conns_unidentified;
 	uint32_t idle_timeout_ms;
 	bool no_idle_timeout;
+	/* What the server sets its own /proc/self/oom_score_adj to at start
+	 * (only ever lowering it), unless oom_score_keep. */
+	int32_t oom_score_adj;
+	bool oom_score_keep;
 	const struct mts_hook_conf *hooks; /* [hooks], or NULL: none */
 };
+
+/* The server's own OOM score adjustment by default: far below any worker's,
+ * so that on a node out of memory the kernel never picks the server, but
+ * not -1000, which would make it unkillable even when it is itself what
+ * went wrong. */
+#define MTS_DEFAULT_OOM_SCORE_ADJ (-900)
 
 /* Everything main needs: server settings, policy, log level, reload
  * bookkeeping. Strings are owned. */

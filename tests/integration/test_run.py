@@ -199,6 +199,47 @@ def test_wait_then_runs_when_room_appears():
         holder.close()
 
 
+def test_poll_bounds_the_wait_without_a_state_change():
+    """Room that appears with no state change (the fleet stays ok) is
+    found within --poll, not the default 2 s ceiling of the retries."""
+    d = tempfile.mkdtemp(prefix="mt-run-")
+    marker = os.path.join(d, "started")
+    with limited() as s:
+        a = Worker([worker("mt_hold"), "50"], s.env(group="other"))
+        b = Worker([worker("mt_hold"), "30"], s.env(group="other"))
+        check(a.readline().startswith("ready") and
+              b.readline().startswith("ready"), "holders not ready")
+        wait_for("80 MiB counted", lambda: fleet(s)["bytes"] >= 80 * MIB)
+        check(fleet(s)["state"] == "ok", "80 of 100 MiB should be ok")
+        r = subprocess.run(mt_run(s, "--bytes", "50MiB", "--poll", "0.25",
+                                  "--", "true"),
+                           env=run_env(), capture_output=True)
+        check(r.returncode == 2 and b"--poll applies to --wait" in r.stderr,
+              f"--poll without --wait: {r.returncode} {r.stderr!r}")
+        # 80 + 35 > 100: denied; 50 + 35 stays under the 90% watermark,
+        # so room appears with no state change and no Watch event.
+        p = subprocess.Popen(mt_run(s, "--bytes", "35MiB", "--wait", "60",
+                                    "--poll", "0.25", "--", "touch", marker),
+                             env=run_env(), stderr=subprocess.PIPE)
+        line = p.stderr.readline().decode()
+        check("waiting up to 60 s for room" in line, f"stderr {line!r}")
+        # Long enough for the default retries to reach their 2 s ceiling.
+        end = time.monotonic() + 4.0
+        while time.monotonic() < end:
+            check(p.poll() is None, "started without room")
+            time.sleep(0.05)
+        b.send("free")
+        check(b.readline() == "freed", "holder did not free")
+        t_free = time.monotonic()
+        rc = p.wait(timeout=30 * MULT)
+        took = time.monotonic() - t_free
+        check(rc == 0 and os.path.exists(marker), f"exit {rc}")
+        print(f"  started {took:.2f} s after room appeared (--poll 0.25)")
+        check(took < 1.0 * MULT, f"took {took:.2f} s with --poll 0.25")
+        a.close()
+        b.close()
+
+
 def test_command_is_the_reservations_task():
     with limited("1GiB") as s:
         argv = mt_run(s, "--bytes", "64MiB", "--task", "job-7", "--group",
@@ -314,6 +355,7 @@ if __name__ == "__main__":
          test_exit_status_and_signal_pass_through,
          test_signals_reach_the_command,
          test_wait_then_runs_when_room_appears,
+         test_poll_bounds_the_wait_without_a_state_change,
          test_command_is_the_reservations_task,
          test_sigkilled_run_leaves_no_reservation_after_its_ttl,
          test_fail_open_without_server])

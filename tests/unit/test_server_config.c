@@ -200,6 +200,8 @@ Test(config, the_example_file_loads)
 	cr_assert_eq(s.cfg.max_conns_per_uid, MTS_DEFAULT_MAX_CONNS_PER_UID);
 	cr_assert_eq(s.cfg.idle_timeout_ms, MTS_DEFAULT_IDLE_MS);
 	cr_assert_not(s.cfg.no_idle_timeout);
+	cr_assert_eq(s.cfg.oom_score_adj, MTS_DEFAULT_OOM_SCORE_ADJ);
+	cr_assert_not(s.cfg.oom_score_keep);
 	cr_assert_eq(s.policy.max_resv_per_uid, MTS_DEFAULT_MAX_RESV_PER_UID);
 	/* Hooks are off in the example; it states their default timeout. */
 	for (int i = 0; i < 3; i++)
@@ -287,6 +289,8 @@ static const struct bad bads[] = {
     {"[server]\nidle_timeout = soon\n", 2, "[server] idle_timeout"},
     {"[server]\nidle_timeout = 50ms\n", 2, "[server] idle_timeout"},
     {"[server]\nidle_timeout = 25h\n", 2, "[server] idle_timeout"},
+    {"[server]\noom_score_adj = -1001\n", 2, "[server] oom_score_adj"},
+    {"[server]\noom_score_adj = low\n", 2, "[server] oom_score_adj"},
     {"[admission]\nmax_reservations_per_uid = -1\n", 2,
      "[admission] max_reservations_per_uid"},
     {"[admission]\nmax_reservations_per_uid = 65537\n", 2,
@@ -521,6 +525,29 @@ Test(config, connection_budget_keys_and_flags)
 	             -EINVAL);
 	cr_assert(strncmp(err, "--max-buffered: expected a size", 31) == 0,
 	          "%s", err);
+}
+
+/* The server's own OOM score: -900 by default, any value the kernel takes,
+ * or none to keep what it inherited. */
+Test(config, oom_score_adj)
+{
+	struct mts_settings s;
+	char err[512];
+	cr_assert_eq(mts_settings_load(&s, NULL, NULL, 0, err, sizeof(err)), 0,
+	             "%s", err);
+	cr_assert_eq(s.cfg.oom_score_adj, -900);
+	cr_assert_not(s.cfg.oom_score_keep);
+	mts_settings_free(&s);
+	cr_assert_eq(
+	    load("[server]\noom_score_adj = -1000\n", &s, err, sizeof(err)), 0,
+	    "%s", err);
+	cr_assert_eq(s.cfg.oom_score_adj, -1000);
+	mts_settings_free(&s);
+	cr_assert_eq(
+	    load("[server]\noom_score_adj = none\n", &s, err, sizeof(err)), 0,
+	    "%s", err);
+	cr_assert(s.cfg.oom_score_keep);
+	mts_settings_free(&s);
 }
 
 Test(config, per_uid_caps_and_idle_timeout)

@@ -1,0 +1,1076 @@
+"""fleet: a node that really runs out of memory, and the policies people
+use to keep it alive, side by side.
+
+The node is a memory cgroup this driver makes (cgroup v2 memory.max with
+memory.swap.max = 0 where the unified hierarchy has the memory controller,
+else v1 memory.limit_in_bytes = memory.memsw.limit_in_bytes), removed after.
+The workload is reproducible (numbered): real processes (tests/integration/workers/mt_fleet
+in C, bench/fleet_worker.py in Python, both under the preload), each with a
+profile (steady, ramp, spike, leak), a heavy-tailed true peak and a declared
+size the way people declare them (mostly ~2x the peak, 10% under it). Two
+arrival patterns: a batch queued at once, and Poisson arrivals.
+
+A policy is an object with `name` and `run(ctx) -> PolicyResult`, where ctx
+(a RunContext) holds the node, the tasks, the worker commands and the clock.
+Policies that start processes themselves use `Runner` (slots, a queue,
+reaping with rusage, requeues); a policy that brings its own scheduler (a
+Dask cluster) only has to fill one TaskOutcome per task. Policies not
+available here are reported as "not run" rows, never as numbers.
+
+    python3 bench/fleet.py --build build [--workload 7] [--tasks 100]
+        [--node-mib 1024] [--policy none,static,pollkill,memtally]
+        [--arrivals batch,over-time] [--results bench/RESULTS.md]
+        [--plot bench/fleet.png] [--json out.json]
+
+Exit status 77 (with the reason on stderr) when no memory cgroup can be made.
+
+Plugging in a policy: a class with `name` and `run(ctx)` returning a
+PolicyResult whose `outcomes` hold one TaskOutcome per task of ctx.tasks
+(done, attempts, kernel_kills, policy_kills, failures, wasted_cpu) and
+whose `makespan` is set; its processes must run inside ctx.node (put a
+command there with join_cgroup_argv(ctx.node, argv), or write pids to
+ctx.node.procs()). run_policy() makes and removes the node, samples its
+memory and adds the node's own oom_kill counter; a memtallyd the policy
+runs can be watched with DaemonProbe. Register it in POLICIES (and take it
+out of NOT_RUN).
+"""
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import benchlib  # noqa: E402
+
+MIB = 1 << 20
+SKIP = 77
+
+
+class NoCgroup(Exception):
+    """No memory cgroup can be made here: the run is skipped (exit 77)."""
+
+
+# ---- the node: a memory cgroup -----------------------------------------------
+
+
+def _read(path, default=""):
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return default
+
+
+def _write(path, text):
+    with open(path, "w") as f:
+        f.write(text)
+
+
+class Cgroup:
+    """A memory cgroup made by this process (v1 or v2), limited to
+    `limit` bytes with no swap, removed by remove()."""
+
+    def __init__(self, path, version, limit):
+        self.path = path
+        self.version = version
+        self.limit = limit
+        self.children = []
+        try:
+            os.mkdir(path)
+        except OSError as e:
+            raise NoCgroup("cannot make %s: %s" % (path, e.strerror))
+        try:
+            if version == 2:
+                _write(self.file("memory.max"), str(limit))
+                if os.path.exists(self.file("memory.swap.max")):
+                    _write(self.file("memory.swap.max"), "0")
+            else:
+                _write(self.file("memory.limit_in_bytes"), str(limit))
+                if os.path.exists(self.file("memory.memsw.limit_in_bytes")):
+                    _write(self.file("memory.memsw.limit_in_bytes"),
+                           str(limit))
+        except OSError as e:
+            self.remove()
+            raise NoCgroup("cannot limit %s: %s" % (path, e.strerror))
+
+    def file(self, name):
+        return os.path.join(self.path, name)
+
+    def procs(self):
+        return self.file("cgroup.procs")
+
+    def child(self, name, limit):
+        c = Cgroup(os.path.join(self.path, name), self.version, limit)
+        self.children.append(c)
+        return c
+
+    def usage(self):
+        name = "memory.current" if self.version == 2 else \
+            "memory.usage_in_bytes"
+        try:
+            return int(_read(self.file(name), "0").strip() or 0)
+        except ValueError:
+            return 0
+
+    def oom_kills(self):
+        """The kernel's OOM kills in this cgroup (itself, not its
+        children: they are counted where they happen)."""
+        name = "memory.events.local" if self.version == 2 else \
+            "memory.oom_control"
+        for line in _read(self.file(name)).splitlines():
+            k, _, v = line.partition(" ")
+            if k == "oom_kill":
+                return int(v)
+        return 0
+
+    def pids(self):
+        return [int(x) for x in _read(self.procs()).split()]
+
+    def remove(self):
+        """Kill whatever is left inside, then rmdir (children first)."""
+        for c in self.children:
+            c.remove()
+        self.children = []
+        deadline = time.monotonic() + 10
+        while os.path.isdir(self.path):
+            for pid in self.pids():
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            try:
+                os.rmdir(self.path)
+            except OSError:
+                if time.monotonic() > deadline:
+                    benchlib.log("fleet: could not remove %s" % self.path)
+                    return
+                time.sleep(0.05)
+
+
+def make_node(limit, name=None):
+    """The node: a new memory cgroup of `limit` bytes, no swap, under this
+    process's own cgroup. Raises NoCgroup with the reason."""
+    name = name or "memtally-node-%d" % os.getpid()
+    cg = _read("/proc/self/cgroup")
+    v1 = v2 = None
+    for line in cg.splitlines():
+        hid, ctrls, path = line.split(":", 2)
+        if "memory" in ctrls.split(","):
+            v1 = path
+        if hid == "0" and ctrls == "":
+            v2 = path
+    reasons = []
+    for root in ("/sys/fs/cgroup", "/sys/fs/cgroup/unified"):
+        if v2 is None:
+            break
+        base = root + v2
+        if "memory" in _read(os.path.join(base, "cgroup.controllers")).split() \
+                and "memory" in _read(os.path.join(
+                    base, "cgroup.subtree_control")).split():
+            try:
+                return Cgroup(os.path.join(base, name), 2, limit)
+            except NoCgroup as e:
+                reasons.append(str(e))
+    if v1 is not None:
+        base = "/sys/fs/cgroup/memory" + v1
+        if os.path.exists(os.path.join(base, "memory.limit_in_bytes")):
+            return Cgroup(os.path.join(base, name), 1, limit)
+        reasons.append("no memory.limit_in_bytes in %s" % base)
+    raise NoCgroup("no writable memory cgroup: %s" % (
+        "; ".join(reasons) or "no memory controller in /proc/self/cgroup"))
+
+
+# ---- the workload ---------------------------------------------------------------
+
+PROFILES = ("steady", "ramp", "spike", "leak")
+
+
+class Task:
+    def __init__(self, idx, kind, profile, peak_mib, secs, declared_mib,
+                 arrival):
+        self.idx = idx
+        self.kind = kind            # "c" or "py"
+        self.profile = profile
+        self.peak_mib = peak_mib    # what it really reaches
+        self.secs = secs
+        self.declared_mib = declared_mib
+        self.arrival = arrival      # seconds after the start
+
+    def argv(self, ctx):
+        args = [self.profile, "%d" % self.peak_mib, "%.2f" % self.secs]
+        if self.kind == "c":
+            return [ctx.c_worker] + args
+        return [sys.executable, ctx.py_worker] + args
+
+    def as_dict(self):
+        return dict(self.__dict__)
+
+
+def make_workload(number, n, arrivals, node_mib, rate=4.0):
+    """n tasks, the same for the same number. Peaks: lognormal (median 48 MiB,
+    sigma 0.8), 16 MiB to 35% of the node. Declared: 90% generous (1.6..2.6
+    x the peak, +8 MiB), 10% under (the peak is 1.1..1.5 x the
+    declaration), never more than 80% of the node (a task that fits no node
+    is not submitted). Arrivals: all at 0 ("batch"), or a Poisson process
+    of `rate` tasks/s."""
+    rng = random.Random(number)
+    tasks = []
+    t = 0.0
+    for i in range(n):
+        peak = int(min(node_mib * 0.35,
+                       max(16, rng.lognormvariate(3.87, 0.8))))
+        if rng.random() < 0.1:
+            declared = int(peak / rng.uniform(1.1, 1.5))
+        else:
+            declared = int(peak * rng.uniform(1.6, 2.6)) + 8
+        declared = min(declared, int(node_mib * 0.8))
+        kind = "py" if rng.random() < 0.3 else "c"
+        profile = rng.choice(PROFILES)
+        secs = rng.uniform(1.5, 4.0)
+        if arrivals == "over-time" and i:
+            t += rng.expovariate(rate)
+        tasks.append(Task(i, kind, profile, peak, secs, declared,
+                          0.0 if arrivals == "batch" else t))
+    return tasks
+
+
+# ---- results --------------------------------------------------------------------
+
+
+class TaskOutcome:
+    def __init__(self, idx):
+        self.idx = idx
+        self.done = False
+        self.attempts = 0
+        self.kernel_kills = 0       # attempts the kernel's OOM killer ended
+        self.policy_kills = 0       # attempts the policy ended
+        self.failures = 0           # attempts that failed otherwise
+        self.wasted_cpu = 0.0       # CPU-seconds of attempts that were killed
+        self.finished = None        # seconds after the start
+
+
+class PolicyResult:
+    def __init__(self, name):
+        self.name = name
+        self.ran = True
+        self.why_not = ""
+        self.outcomes = []
+        self.makespan = 0.0
+        self.samples = []           # (t, usage bytes, declared bytes running)
+        self.oom_times = []         # seconds after the start
+        self.kernel_oom_counter = 0  # the cgroups' own oom_kill counters
+        self.daemon = {}            # memtallyd's fate, for memtally policies
+        self.forecast = {}          # alarms, false alarms, misses
+        self.note = ""
+
+
+class RunContext:
+    def __init__(self, node, tasks, c_worker, py_worker, env, tmp, build,
+                 slots, arrivals):
+        self.node = node
+        self.tasks = tasks
+        self.c_worker = c_worker
+        self.py_worker = py_worker
+        self.env = env              # the preload and nothing else set
+        self.tmp = tmp
+        self.build = build
+        self.slots = slots
+        self.arrivals = arrivals
+        self.runner = None          # the Runner, for a policy that has one
+        self.t0 = time.monotonic()
+
+    def now(self):
+        return time.monotonic() - self.t0
+
+
+def join_cgroup_argv(cg, argv):
+    """argv run inside cgroup `cg`: a shell moves itself there, then execs
+    (the same process: wait4's rusage and the pid stay the command's)."""
+    return ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', cg.procs()] + argv
+
+
+# ---- a policy that starts processes itself ----------------------------------------
+
+
+class Attempt:
+    def __init__(self, task, proc, started, cg=None, declared_mib=0):
+        self.task = task
+        self.proc = proc
+        self.started = started
+        self.admitted = True        # under memtally run: once CMD started
+        self.cg = cg
+        self.declared_mib = declared_mib
+        self.killed_by_policy = False
+
+
+class Runner:
+    """Slots, a queue in arrival order, reaping with rusage. A policy
+    subclasses it: can_start(), command(), after_exit(), monitor()."""
+
+    retry_policy_kills = True
+    retry_kernel_kills = False
+    reserves = False                # declared sizes set memory aside
+    max_attempts = 4
+    monitor_interval = 0.25
+    deadline = 600.0                # seconds: then what is left is lost
+
+    def __init__(self, ctx, result):
+        self.ctx = ctx
+        self.result = result
+        self.out = {t.idx: TaskOutcome(t.idx) for t in ctx.tasks}
+        self.pending = sorted(ctx.tasks, key=lambda t: (t.arrival, t.idx))
+        self.queue = []
+        self.running = {}           # pid -> Attempt
+        self.declared = {t.idx: t.declared_mib for t in ctx.tasks}
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        ctx.runner = self           # the sampler reads its reservations
+
+    # hooks
+    def can_start(self, task):
+        return True
+
+    def command(self, task):
+        return join_cgroup_argv(self.ctx.node, task.argv(self.ctx)), None
+
+    def after_exit(self, att):
+        pass
+
+    def monitor(self):
+        pass
+
+    def declared_running(self):
+        return sum(a.declared_mib for a in list(self.running.values())
+                   if a.admitted) * MIB
+
+    def kill(self, att):
+        """End an attempt as the policy's decision (SIGKILL)."""
+        att.killed_by_policy = True
+        try:
+            att.proc.send_signal(signal.SIGKILL)
+        except OSError:
+            pass
+
+    def start(self, task):
+        argv, cg = self.command(task)
+        p = subprocess.Popen(argv, env=self.env_for(task),
+                             stdin=subprocess.DEVNULL,
+                             stdout=subprocess.DEVNULL,
+                             stderr=self.errlog, start_new_session=False)
+        self.out[task.idx].attempts += 1
+        self.running[p.pid] = Attempt(task, p, self.ctx.now(), cg,
+                                      self.declared[task.idx])
+
+    def env_for(self, task):
+        return self.ctx.env
+
+    def _reap(self):
+        for pid in list(self.running):
+            try:
+                rpid, status, ru = os.wait4(pid, os.WNOHANG)
+            except ChildProcessError:
+                rpid, status, ru = pid, 0, None
+            if rpid == 0:
+                continue
+            att = self.running.pop(pid)
+            att.proc.returncode = os.waitstatus_to_exitcode(status)
+            self._classify(att, att.proc.returncode,
+                           (ru.ru_utime + ru.ru_stime) if ru else 0.0)
+
+    def _classify(self, att, rc, cpu):
+        o = self.out[att.task.idx]
+        now = self.ctx.now()
+        if att.cg is not None:
+            kk = att.cg.oom_kills()
+            self.result.kernel_oom_counter += kk
+            att.cg.remove()
+            self.ctx.node.children.remove(att.cg)
+        if rc == 0:
+            o.done = True
+            o.finished = now
+            self.after_exit(att)
+            return
+        o.wasted_cpu += cpu
+        if att.killed_by_policy:
+            o.policy_kills += 1
+            retry = self.retry_policy_kills
+        elif rc not in (-signal.SIGKILL, 128 + signal.SIGKILL):
+            # Not a kill: the task or its runner failed (lost, not an OOM).
+            o.failures += 1
+            benchlib.log("fleet: %s: task %d failed, exit %s" % (
+                self.result.name, att.task.idx, rc))
+            retry = False
+        else:
+            # Nobody else sends SIGKILL here: the kernel's OOM killer did
+            # (directly, or to the worker under `memtally run`: 137).
+            o.kernel_kills += 1
+            self.result.oom_times.append(now)
+            retry = self.retry_kernel_kills
+        self.after_exit(att)
+        if retry and o.attempts < self.max_attempts:
+            self.queue.append(att.task)
+
+    def run(self):
+        self.errlog = open(os.path.join(self.ctx.tmp, "%s.err" %
+                                        self.result.name), "a")
+        mon = threading.Thread(target=self._monitor_loop, daemon=True)
+        mon.start()
+        try:
+            while self.pending or self.queue or self.running:
+                now = self.ctx.now()
+                if now > self.deadline:
+                    self._give_up()
+                    break
+                while self.pending and self.pending[0].arrival <= now:
+                    self.queue.append(self.pending.pop(0))
+                with self.lock:
+                    self._reap()
+                    self._start_what_fits()
+                time.sleep(0.02)
+        finally:
+            self.stop.set()
+            mon.join(5)
+            self.errlog.close()
+        self.result.outcomes = list(self.out.values())
+        self.result.makespan = self.ctx.now()
+
+    def _start_what_fits(self):
+        """First fit in queue order, as a batch scheduler's backfill: a
+        large task waiting for room does not hold back small ones."""
+        i = 0
+        while i < len(self.queue) and len(self.running) < self.ctx.slots:
+            if self.can_start(self.queue[i]):
+                self.start(self.queue.pop(i))
+            else:
+                i += 1
+
+    def _give_up(self):
+        """Past the deadline: every attempt still running is killed and
+        every task not done is lost (a policy that never starts a task
+        must show it, not hang)."""
+        benchlib.log("fleet: %s: deadline passed, %d running, %d queued" % (
+            self.result.name, len(self.running), len(self.queue)))
+        with self.lock:
+            for a in self.running.values():
+                a.proc.kill()
+            for a in self.running.values():
+                a.proc.wait()
+                if a.cg is not None:
+                    a.cg.remove()
+                    self.ctx.node.children.remove(a.cg)
+            self.running.clear()
+        self.result.note = "deadline of %.0f s passed" % self.deadline
+
+    def _monitor_loop(self):
+        while not self.stop.wait(self.monitor_interval):
+            with self.lock:
+                self.monitor()
+
+
+# ---- the policies ---------------------------------------------------------------
+
+
+class NonePolicy:
+    """K concurrent runners; the kernel decides."""
+    name = "none"
+
+    def run(self, ctx):
+        r = PolicyResult(self.name)
+        Runner(ctx, r).run()
+        return r
+
+
+class StaticRunner(Runner):
+    reserves = True
+
+    def can_start(self, task):
+        need = self.declared[task.idx] * MIB
+        return self.declared_running() + need <= self.ctx.node.limit
+
+    def command(self, task):
+        cg = self.ctx.node.child("t%d-%d" % (task.idx,
+                                             self.out[task.idx].attempts),
+                                 self.declared[task.idx] * MIB)
+        return join_cgroup_argv(cg, task.argv(self.ctx)), cg
+
+
+class StaticPolicy:
+    """Slurm --mem / Ray memory=: start while the declared sizes fit; each
+    task confined to its declared size in its own child cgroup."""
+    name = "static"
+
+    def run(self, ctx):
+        r = PolicyResult(self.name)
+        StaticRunner(ctx, r).run()
+        return r
+
+
+class PollKillRunner(Runner):
+    retry_kernel_kills = True
+    threshold = 0.95
+
+    def monitor(self):
+        if self.ctx.node.usage() <= self.threshold * self.ctx.node.limit:
+            return
+        live = [a for a in self.running.values() if not a.killed_by_policy]
+        if live:
+            self.kill(max(live, key=lambda a: a.started))
+
+
+class PollKillPolicy:
+    """Ray's memory monitor: every 250 ms read the node's usage; above 95%
+    kill the most recently started task and retry it later."""
+    name = "pollkill"
+
+    def run(self, ctx):
+        r = PolicyResult(self.name)
+        PollKillRunner(ctx, r).run()
+        return r
+
+
+class NotRun:
+    """A policy that cannot run in this harness yet: one row saying so."""
+
+    def __init__(self, name, why):
+        self.name = name
+        self.why = why
+
+    def run(self, ctx):
+        r = PolicyResult(self.name)
+        r.ran = False
+        r.why_not = self.why
+        return r
+
+
+# ---- memtally ------------------------------------------------------------------
+
+
+def _pb_client(build):
+    os.environ.setdefault("MEMTALLY_PB2_DIR", os.path.join(build, "python"))
+    sys.path.insert(0, os.path.join(benchlib.SRC_DIR, "python"))
+    from memtally import client as mc  # noqa: E402
+    return mc
+
+
+class MemtallyRunner(Runner):
+    """Tasks started by `memtally run --bytes DECLARED --wait 3600 --poll
+    0.25` (tasks of a few seconds: room appears every second or so, mostly
+    without a state change of the fleet): admitted by
+    memtallyd, whose fleet limit is the node less headroom. A task that
+    outgrows its declaration runs on while there is room; when the fleet
+    (measured + reserved) goes over its limit, the task furthest beyond its
+    declaration is killed and requeued, declared at 1.5 x what it reached."""
+
+    retry_kernel_kills = True
+    reserves = True
+    cooldown = 1.0
+
+    def __init__(self, ctx, result, daemon, sock):
+        super().__init__(ctx, result)
+        self.daemon = daemon
+        self.sock = sock
+        self.mc = _pb_client(ctx.build)
+        self.client = None
+        self.last_kill = -10.0
+        self.seen_peak = {}
+
+    def command(self, task):
+        o = self.out[task.idx]
+        argv = [os.environ.get("MEMTALLY_CLI") or
+                os.path.join(self.ctx.build, "client", "memtally"),
+                "--socket", self.sock, "run",
+                "--bytes", "%dMiB" % self.declared[task.idx],
+                "--task", "t%d-%d" % (task.idx, o.attempts),
+                "--wait", "3600", "--poll", "0.25", "--"]
+        return argv + join_cgroup_argv(self.ctx.node,
+                                       task.argv(self.ctx)), None
+
+    def env_for(self, task):
+        e = dict(self.ctx.env)
+        e.pop("LD_PRELOAD", None)   # memtally run adds it to the command
+        return e
+
+    def start(self, task):
+        super().start(task)
+        for a in self.running.values():
+            if a.task is task:
+                a.admitted = False
+
+    def _note_admitted(self):
+        """An attempt is admitted once `memtally run` has started its
+        command (a child): only then do its declared bytes count as set
+        aside, for the slack."""
+        for a in self.running.values():
+            if not a.admitted and _read("/proc/%d/task/%d/children" % (
+                    a.proc.pid, a.proc.pid)).strip():
+                a.admitted = True
+
+    def monitor(self):
+        self._note_admitted()
+        try:
+            if self.client is None:
+                self.client = self.mc.Client(self.sock, timeout=2.0)
+            u = self.client.usage()
+            if u.state != self.mc.pb.STATE_OVER:
+                return
+            if self.ctx.now() - self.last_kill < self.cooldown:
+                return
+            procs = self.client.processes()
+        except (OSError, self.mc.MemtallyError):
+            self.client = None
+            return
+        by_task = {}
+        for p in procs:
+            by_task[p.task] = by_task.get(p.task, 0) + max(p.bytes,
+                                                           p.rss_bytes)
+        best, best_excess = None, None
+        for a in self.running.values():
+            if a.killed_by_policy:
+                continue
+            name = "t%d-%d" % (a.task.idx, self.out[a.task.idx].attempts - 1)
+            used = by_task.get(name, 0)
+            excess = used - a.declared_mib * MIB
+            if best is None or excess > best_excess:
+                best, best_excess, best_used = a, excess, used
+        if best is None or best_excess <= 0:
+            return
+        self.declared[best.task.idx] = max(
+            self.declared[best.task.idx], int(best_used * 1.5 / MIB) + 1)
+        self.last_kill = self.ctx.now()
+        self.kill(best)
+
+
+class MemtallyPolicy:
+    """memtallyd inside the node, fleet limit = node less `headroom`,
+    reservations reconciled against use, the forecast on."""
+    name = "memtally"
+    headroom = 0.15
+
+    def run(self, ctx):
+        r = PolicyResult(self.name)
+        exe = os.environ.get("MEMTALLYD") or os.path.join(
+            ctx.build, "server", "memtallyd")
+        sock = os.path.join(ctx.tmp, "mt-%s.sock" % ctx.arrivals)
+        conf = os.path.join(ctx.tmp, "mt-%s.conf" % ctx.arrivals)
+        fleet = int(ctx.node.limit * (1 - self.headroom))
+        with open(conf, "w") as f:
+            f.write("[limits]\nfleet = %d\nmeasure = max\nrss_interval = 100\n"
+                    "growth_window = 4s\nforecast_horizon = 5s\n" % fleet)
+        err = open(os.path.join(ctx.tmp, "memtallyd-%s.log" % ctx.arrivals),
+                   "w")
+        daemon = subprocess.Popen(
+            join_cgroup_argv(ctx.node, [exe, "--config", conf, "--socket",
+                                        sock, "--log-level", "warn"]),
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
+        deadline = time.monotonic() + 10
+        while not benchlib.socket_up(sock):
+            if daemon.poll() is not None or time.monotonic() > deadline:
+                raise benchlib.BenchError("memtallyd did not start: %s" %
+                                          _read(err.name)[-400:])
+            time.sleep(0.02)
+        runner = MemtallyRunner(ctx, r, daemon, sock)
+        probe = DaemonProbe(runner.mc, sock, daemon.pid, ctx, horizon=5.0)
+        probe.start()
+        try:
+            runner.run()
+        finally:
+            probe.stop()
+        r.daemon = probe.summary(daemon)
+        r.forecast = probe.forecast_summary(r.oom_times)
+        if daemon.poll() is None:
+            daemon.send_signal(signal.SIGTERM)
+            try:
+                daemon.wait(5)
+            except subprocess.TimeoutExpired:
+                daemon.kill()
+                daemon.wait()
+        err.close()
+        return r
+
+
+class DaemonProbe:
+    """What happens to memtallyd under the pressure: its RSS, the latency
+    of a (denied) Admit every 100 ms, and the Watch events of the fleet
+    (forecast alarms, over)."""
+
+    def __init__(self, mc, sock, pid, ctx, horizon):
+        self.mc = mc
+        self.sock = sock
+        self.pid = pid
+        self.ctx = ctx
+        self.horizon = horizon
+        self.lat = []
+        self.errors = 0
+        self.rss_max = 0
+        self.events = []
+        self.halt = threading.Event()
+
+    def start(self):
+        self.threads = [threading.Thread(target=self._admits, daemon=True),
+                        threading.Thread(target=self._watch, daemon=True)]
+        for t in self.threads:
+            t.start()
+
+    def stop(self):
+        self.halt.set()
+        self.threads[0].join(5)
+
+    def _rss(self):
+        for line in _read("/proc/%d/status" % self.pid).splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        return 0
+
+    def _admits(self):
+        c = None
+        while not self.halt.wait(0.1):
+            self.rss_max = max(self.rss_max, self._rss())
+            try:
+                if c is None:
+                    c = self.mc.Client(self.sock, timeout=2.0)
+                t = time.monotonic()
+                c.admit(1 << 50)        # always denied: nothing reserved
+                self.lat.append(time.monotonic() - t)
+            except (OSError, self.mc.MemtallyError):
+                self.errors += 1
+                c = None
+
+    def _watch(self):
+        try:
+            c = self.mc.Client(self.sock, timeout=2.0)
+            for ev in c.watch():
+                if ev.scope == "fleet":
+                    self.events.append((self.ctx.now(), ev.state, ev.reason))
+        except Exception:  # noqa: BLE001 - the daemon stopped: done
+            return
+
+    def summary(self, daemon):
+        lat = sorted(self.lat)
+        p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))] if lat else None
+        return {"alive": daemon.poll() is None, "rss_max": self.rss_max,
+                "admit_p99_ms": p99 * 1000 if p99 is not None else None,
+                "admits": len(lat), "errors": self.errors,
+                "oom_score_adj": _read("/proc/%d/oom_score_adj" %
+                                       daemon.pid).strip()}
+
+    def forecast_summary(self, oom_times):
+        """An alarm is a fleet event whose reason is the forecast; it is
+        right when the fleet goes over, or a kill happens, within the
+        horizon after it. A miss: the fleet over, or a kernel OOM kill,
+        with no alarm in the horizon before."""
+        pb = self.mc.pb
+        alarms = [t for t, s, why in self.events if why.startswith("forecast")]
+        overs = [t for t, s, _ in self.events if s == pb.STATE_OVER]
+        bad = sorted(overs + list(oom_times))
+        false = sum(1 for a in alarms
+                    if not any(a <= b <= a + self.horizon for b in bad))
+        missed = sum(1 for b in bad
+                     if not any(b - self.horizon <= a <= b for a in alarms))
+        return {"alarms": len(alarms), "false_alarms": false,
+                "misses": missed, "overs": len(overs)}
+
+
+# ---- sampling and the whole run ---------------------------------------------------
+
+
+class Sampler(threading.Thread):
+    """The node's usage every 100 ms, and when its oom_kill counter moves."""
+
+    def __init__(self, ctx, result):
+        super().__init__(daemon=True)
+        self.ctx, self.result = ctx, result
+        self.halt = threading.Event()
+
+    def run(self):
+        while not self.halt.wait(0.1):
+            r = self.ctx.runner
+            reserved = r.declared_running() if r and r.reserves else 0
+            self.result.samples.append((self.ctx.now(), self.ctx.node.usage(),
+                                        reserved))
+
+
+def run_policy(policy, node_limit, tasks, args, arrivals, tmp, env):
+    if isinstance(policy, NotRun):
+        return policy.run(None)
+    node = make_node(node_limit, "memtally-node-%d-%s" % (os.getpid(),
+                                                            policy.name))
+    try:
+        ctx = RunContext(node, tasks, args.c_worker, args.py_worker, env, tmp,
+                         args.build, args.slots, arrivals)
+        result_box = PolicyResult(policy.name)
+        sampler = Sampler(ctx, result_box)
+        sampler.start()
+        try:
+            result = policy.run(ctx)
+        finally:
+            sampler.halt.set()
+            sampler.join()
+        result.samples = result_box.samples
+        result.kernel_oom_counter += node.oom_kills()
+        return result
+    finally:
+        node.remove()
+
+
+# ---- the table ---------------------------------------------------------------
+
+
+def pct(xs, q):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(len(xs) * q))] if xs else 0.0
+
+
+def summarise(r, limit):
+    if not r.ran:
+        return None
+    o = r.outcomes
+    use = [u / limit for _, u, _ in r.samples]
+    slack = [(d - u) / limit for _, u, d in r.samples if d]
+    return {
+        "completed": sum(x.done for x in o),
+        "lost": sum(not x.done for x in o),
+        "kernel_kills": sum(x.kernel_kills for x in o),
+        "oom_counter": r.kernel_oom_counter,
+        "policy_kills": sum(x.policy_kills for x in o),
+        "failures": sum(x.failures for x in o),
+        "retries": sum(max(0, x.attempts - 1) for x in o),
+        "wasted_cpu": sum(x.wasted_cpu for x in o),
+        "makespan": r.makespan,
+        "use_mean": sum(use) / len(use) if use else 0.0,
+        "use_p95": pct(use, 0.95),
+        "slack_mean": (sum(slack) / len(slack)) if slack else None,
+    }
+
+
+def table(results, limit):
+    head = ("| arrivals | policy | completed | lost | kernel OOM kills "
+            "| killed by policy | retries | CPU-s thrown away | makespan s "
+            "| use mean | use p95 | slack mean | memtallyd | forecast |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+    rows = []
+    for arrivals, r in results:
+        s = summarise(r, limit)
+        if s is None:
+            rows.append("| %s | %s | not run: %s |||||||||||| |" % (
+                arrivals, r.name, r.why_not))
+            continue
+        d = r.daemon
+        daemon = "—"
+        if d:
+            daemon = "%s, RSS %.1f MiB, Admit p99 %s, oom_score_adj %s" % (
+                "alive" if d["alive"] else "**dead**", d["rss_max"] / MIB,
+                "%.2f ms" % d["admit_p99_ms"] if d["admit_p99_ms"] is not None
+                else "—", d["oom_score_adj"] or "?")
+        fc = "—"
+        if r.forecast:
+            fc = "%d alarms, %d false, %d missed (of %d over)" % (
+                r.forecast["alarms"], r.forecast["false_alarms"],
+                r.forecast["misses"], r.forecast["overs"])
+        rows.append(
+            "| %s | %s | %d | %s | %d (counter %d) | %d | %d | %.1f | %.1f "
+            "| %.0f%% | %.0f%% | %s | %s | %s |" % (
+                arrivals, r.name, s["completed"],
+                "%d (%d failed)" % (s["lost"], s["failures"])
+                if s["failures"] else "%d" % s["lost"],
+                s["kernel_kills"], s["oom_counter"], s["policy_kills"],
+                s["retries"], s["wasted_cpu"], s["makespan"],
+                s["use_mean"] * 100, s["use_p95"] * 100,
+                "%.0f%%" % (s["slack_mean"] * 100)
+                if s["slack_mean"] is not None else "—", daemon, fc))
+    return head + "\n".join(rows) + "\n"
+
+
+def goals(results, limit):
+    """The targets memtally is held to, per arrival pattern, each said met
+    or missed with the figures."""
+    lines = []
+    by = {}
+    for a, r in results:
+        s = summarise(r, limit)
+        if s is not None:
+            by.setdefault(a, {})[r.name] = s
+    for a, rows in by.items():
+        m = rows.get("memtally")
+        if not m:
+            continue
+        ok = lambda c: "met" if c else "**missed**"  # noqa: E731
+        lines.append("- %s: kernel OOM kills %d (target 0): %s; tasks lost "
+                     "%d (target 0): %s" % (
+                         a, m["kernel_kills"], ok(m["kernel_kills"] == 0),
+                         m["lost"], ok(m["lost"] == 0)))
+        lossless = {n: x for n, x in rows.items()
+                    if n != "memtally" and x["lost"] == 0}
+        if lossless:
+            n, x = min(lossless.items(), key=lambda kv: kv[1]["makespan"])
+            lines.append("- %s: makespan %.1f s, within 10%% of the fastest "
+                         "other policy that loses nothing (%s, %.1f s): %s" % (
+                             a, m["makespan"], n, x["makespan"],
+                             ok(m["makespan"] <= 1.1 * x["makespan"])))
+        else:
+            fastest = min(rows.items(), key=lambda kv: kv[1]["makespan"])
+            lines.append("- %s: makespan %.1f s; no other policy lost "
+                         "nothing (the fastest, %s, %.1f s, lost %d): met "
+                         "by default" % (a, m["makespan"], fastest[0],
+                                         fastest[1]["makespan"],
+                                         fastest[1]["lost"]))
+        st = rows.get("static")
+        if st:
+            d = (m["use_mean"] - st["use_mean"]) * 100
+            lines.append("- %s: mean node use %.0f%% against static's %.0f%% "
+                         "(%+.0f points; target +15): %s" % (
+                             a, m["use_mean"] * 100, st["use_mean"] * 100, d,
+                             ok(d >= 15)))
+    return "\n".join(lines) + "\n"
+
+
+def plot(results, limit, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        benchlib.log("fleet: no matplotlib, no picture")
+        return False
+    arrivals = []
+    for a, _ in results:
+        if a not in arrivals:
+            arrivals.append(a)
+    fig, axes = plt.subplots(len(arrivals), 1, figsize=(10, 4 * len(arrivals)),
+                             squeeze=False)
+    for ax, a in zip(axes[:, 0], arrivals):
+        for arr, r in results:
+            if arr != a or not r.ran or not r.samples:
+                continue
+            ts = [t for t, _, _ in r.samples]
+            us = [u / limit * 100 for _, u, _ in r.samples]
+            line, = ax.plot(ts, us, label=r.name, linewidth=1)
+            for t in r.oom_times:
+                i = min(range(len(ts)), key=lambda k: abs(ts[k] - t))
+                ax.plot([t], [us[i]], marker="x", color=line.get_color(),
+                        markersize=8)
+        ax.axhline(100, color="grey", linestyle="--", linewidth=0.8)
+        ax.set_title("node memory, arrivals: %s (x = kernel OOM kill)" % a)
+        ax.set_xlabel("seconds")
+        ax.set_ylabel("usage / node limit, %")
+        ax.set_ylim(0, 110)
+        ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    return True
+
+
+POLICIES = {
+    "none": NonePolicy,
+    "static": StaticPolicy,
+    "pollkill": PollKillPolicy,
+    "memtally": MemtallyPolicy,
+}
+# Run by their own harness (python/memtally, Dask), not here yet.
+NOT_RUN = {
+    "dask": "Dask LocalCluster: not plugged into this harness yet",
+    "memtally-dask": "memtally.dask: not plugged into this harness yet",
+}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--build", default=os.path.join(benchlib.SRC_DIR,
+                                                    "build"))
+    ap.add_argument("--workload", type=int, default=7,
+                    help="which workload: the same number, the same tasks")
+    ap.add_argument("--tasks", type=int, default=100)
+    ap.add_argument("--node-mib", type=int, default=640)
+    ap.add_argument("--slots", type=int, default=16)
+    ap.add_argument("--policy",
+                    default="none,static,pollkill,dask,memtally,memtally-dask")
+    ap.add_argument("--arrivals", default="batch,over-time")
+    ap.add_argument("--results")
+    ap.add_argument("--plot")
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    # Stopped, still remove the node (the finally blocks run).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    args.build = os.path.abspath(args.build)
+    workers = os.environ.get("MT_WORKERS",
+                             os.path.join(args.build, "tests", "integration"))
+    args.c_worker = os.path.join(workers, "mt_fleet")
+    args.py_worker = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                  "fleet_worker.py")
+    preload = os.environ.get("MEMTALLY_PRELOAD_LIB", os.path.join(
+        args.build, "client", "libmemtally_preload.so"))
+    for f in (args.c_worker, preload):
+        if not os.path.exists(f):
+            raise SystemExit("fleet: %s not built" % f)
+    limit = args.node_mib * MIB
+    try:
+        make_node(limit).remove()
+    except NoCgroup as e:
+        print("fleet: skipped: %s" % e, file=sys.stderr)
+        return SKIP
+    env = dict(os.environ)
+    env["LD_PRELOAD"] = preload
+    env["MEMTALLY_SOCKET"] = "/nonexistent/memtally.sock"  # counted, no server
+    info = benchlib.machine_info()
+    results = []
+    with tempfile.TemporaryDirectory(prefix="mtfleet-") as tmp:
+        for arrivals in args.arrivals.split(","):
+            tasks = make_workload(args.workload, args.tasks, arrivals,
+                                  args.node_mib)
+            for name in args.policy.split(","):
+                pol = POLICIES[name]() if name in POLICIES else \
+                    NotRun(name, NOT_RUN.get(name, "unknown policy"))
+                benchlib.log("fleet: %s / %s ..." % (arrivals, name))
+                r = run_policy(pol, limit, tasks, args, arrivals, tmp, env)
+                s = summarise(r, limit)
+                benchlib.log("fleet: %s / %s: %s" % (arrivals, name, s))
+                results.append((arrivals, r))
+    tab = table(results, limit)
+    print(tab)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([{"arrivals": a, "policy": r.name, "ran": r.ran,
+                        "summary": summarise(r, limit), "daemon": r.daemon,
+                        "forecast": r.forecast, "oom_times": r.oom_times}
+                       for a, r in results], f, indent=1)
+    if args.plot:
+        plot(results, limit, args.plot)
+    if args.results:
+        tasks = make_workload(args.workload, args.tasks, "batch", args.node_mib)
+        text = section_text(info, args, tasks, tab + "\nTargets:\n\n" +
+                            goals(results, limit))
+        benchlib.write_section(args.results, "fleet", text)
+    return 0
+
+
+def section_text(info, args, tasks, tab):
+    peaks = sorted(t.peak_mib for t in tasks)
+    under = sum(t.peak_mib > t.declared_mib for t in tasks)
+    return (
+        "## fleet: a node that runs out of memory\n\n"
+        "Measured %s on %s (%d CPUs, Linux %s); commit `%s`.\n"
+        "Node: a memory cgroup of %d MiB, no swap. Workload #%d: %d "
+        "tasks, %d%% C / %d%% Python, profiles steady/ramp/spike/leak, true "
+        "peak median %d MiB, p90 %d MiB, max %d MiB; 1.5-4 s each at 10%% CPU; "
+        "declared ~2x the peak, %d tasks under their peak. %d runner slots "
+        "for every policy; arrivals: all at once (batch) or Poisson at 4/s "
+        "(over-time). Kernel OOM kills: attempts ended by SIGKILL that the "
+        "policy did not send (the cgroups' own `oom_kill` counters beside "
+        "them). Use: node usage / node limit sampled every 100 ms. Slack: "
+        "declared sizes of the running tasks minus the node's usage, / node "
+        "limit.\n\n%s\n![node memory per policy](fleet.png)\n" % (
+            info["date"], info["cpu_model"], info["nproc"], info["kernel"],
+            info["commit"], args.node_mib, args.workload, len(tasks),
+            100 - round(100 * sum(t.kind == "py" for t in tasks) / len(tasks)),
+            round(100 * sum(t.kind == "py" for t in tasks) / len(tasks)),
+            peaks[len(peaks) // 2], peaks[int(len(peaks) * 0.9)], peaks[-1],
+            under, args.slots, tab))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
