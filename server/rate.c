@@ -164,10 +164,13 @@ void mts_wrate_add(struct mts_wrate *r, uint64_t now_ns, uint64_t v,
 		uint64_t newest = r->t[wrate_at(r, 0)];
 		if (now_ns < newest)
 			return;
-		/* Closer than the spacing: the newest sample moves instead,
-		 * so the ring always ends at the latest figure. */
+		/* The newest sample stays where the latest figure is; it
+		 * becomes a kept one once it is the spacing past the one
+		 * before it. Until then the next figure moves it (so kept
+		 * samples are the spacing apart and the ring spans the
+		 * window, at any sampling cadence). */
 		uint64_t gap = window_ns / (MTS_WRATE_SAMPLES - 1);
-		if (r->n > 1 && now_ns - r->t[wrate_at(r, 1)] < gap) {
+		if (r->n > 1 && newest - r->t[wrate_at(r, 1)] < gap) {
 			uint32_t i = wrate_at(r, 0);
 			r->t[i] = now_ns;
 			r->v[i] = v;

@@ -257,6 +257,22 @@ Test(wrate, ramp_exact_after_one_window)
 	          got / MIB);
 }
 
+Test(wrate, ring_spans_the_window_at_any_cadence)
+{
+	/* Sampled every 100 ms, a 10 s window's ring of 64 must reach back
+	 * a whole window (kept samples ~160 ms apart), not 6.4 s. */
+	static struct mts_wrate r;
+	wfeed(&r, ramp, 0, 30, WIN10, NULL);
+	uint64_t newest = 0, oldest = UINT64_MAX;
+	for (uint32_t i = 0; i < r.n; i++) {
+		newest = r.t[i] > newest ? r.t[i] : newest;
+		oldest = r.t[i] < oldest ? r.t[i] : oldest;
+	}
+	cr_assert_eq(r.n, MTS_WRATE_SAMPLES);
+	cr_assert_geq(newest - oldest, WIN10, "the ring spans %.1f s",
+	              (double)(newest - oldest) / SEC);
+}
+
 Test(wrate, flat_after_a_step_is_exactly_zero)
 {
 	static struct mts_wrate r;
