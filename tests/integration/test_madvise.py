@@ -121,10 +121,11 @@ def test_gives_back_more_than_counted():
             t.start()
             try:
                 rss0 = rss_anon(w.pid)
-                # 64 MiB with a hole of 64 MiB after it, so that calls
-                # wider than the mapping reach nothing else.
+                # 64 MiB with 64 MiB of its own PROT_NONE after it, so
+                # that calls wider than the mapping reach nothing else
+                # (a hole could be mapped by the allocator meanwhile).
                 say(w, "map_lazy 128")
-                say(w, "unmap_half")
+                say(w, "guard_half")
                 say(w, "touch 0 16")
                 held = rss_anon(w.pid) - rss0
                 # Counted for what it touched, not for all it mapped.
@@ -139,7 +140,7 @@ def test_gives_back_more_than_counted():
                 say(w, "unmap_wide 0 96")
                 say(w, "unmap_wide 0 96")
                 say(w, "map_lazy 16")
-                say(w, "unmap_half")
+                say(w, "guard_half")
                 say(w, "touch 0 8")
                 say(w, "advise 0 16 dontneed")
                 say(w, "unmap_wide 0 16")

@@ -4,6 +4,8 @@
  * answered with "ok ..." once done and flushed):
  *   "map N"        mmap N MiB private anonymous read-write, touch it
  *   "unmap_half"   munmap the upper half of that region
+ *   "guard_half"   map the upper half PROT_NONE over itself (kept, not
+ *                  counted)
  *   "grow N"       mremap the region to N MiB (may move), touch it
  *   "shared N"     mmap N MiB shared anonymous, touch it (not counted)
  *   "reserve N"    mmap N MiB PROT_NONE (a reservation: not counted)
@@ -115,6 +117,20 @@ int main(void)
 			region_len = n * MIB;
 			mt_touch(region, region_len);
 			mt_say("ok mapped %p", (void *)region);
+		} else if (strcmp(cmd, "guard_half") == 0) {
+			/* As unmap_half, but the upper half stays this
+			 * process's, inaccessible: a call wider than the
+			 * lower half then reaches only its own reservation,
+			 * never what the allocator (or a thread it set up)
+			 * mapped into a hole meanwhile. */
+			size_t half = region_len / 2;
+			void *p = mmap(region + half, region_len - half,
+			               PROT_NONE,
+			               MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED |
+			                   MAP_NORESERVE,
+			               -1, 0);
+			region_len = half;
+			mt_say("ok guarded %d", p == MAP_FAILED ? -1 : 0);
 		} else if (strcmp(cmd, "unmap_half") == 0) {
 			size_t half = region_len / 2;
 			int r = munmap(region + half, region_len - half);
