@@ -43,6 +43,12 @@ struct mtc_thread {
  * first call. Returns false when memtally is disabled for this process. */
 bool mtc_init(void);
 
+/* Set by the preload while its constructor sets the main thread up: an
+ * attach then only sends Register, and the answer is taken at the next
+ * attach, so a process's start does not wait for the server's round trip
+ * (attach.c, reg_begin). */
+extern bool mtc_at_load;
+
 /* Threshold threads must use now (server's once attached). */
 uint64_t mtc_threshold(void);
 
