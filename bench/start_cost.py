@@ -154,12 +154,25 @@ class Metrics:
 # ---- workloads ----------------------------------------------------------------
 
 
+def proc_cpu(pid):
+    """CPU time (user+sys, seconds) a live process has used."""
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def run_true(env, n):
+    """Wall and CPU time (user+sys of the processes themselves, not of
+    memtallyd) per process."""
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.monotonic()
     for _ in range(n):
         pid = os.posix_spawn(TRUE, ["true"], env)
         os.waitpid(pid, 0)
-    return (time.monotonic() - t0) / n
+    wall = (time.monotonic() - t0) / n
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = ((r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)) / n
+    return wall, cpu
 
 
 def make_project(d, files):
@@ -280,13 +293,20 @@ def main():
             prove_registers(v, envs[v.name], metrics)
         wall = {v.name: [] for v in variants}
         regs = {v.name: [] for v in variants}
+        cpu = {v.name: [] for v in variants}
+        srv_cpu = {v.name: [] for v in variants}
         log("true: %d rounds of %d runs per variant" % (args.rounds, args.n))
         for r in range(args.rounds):
             order = variants[r % len(variants):] + variants[:r % len(variants)]
             for v in order:
                 m0 = metrics.read()["registrations"]
-                wall[v.name].append(run_true(envs[v.name], args.n))
+                s0 = proc_cpu(srv.proc.pid)
+                w, c = run_true(envs[v.name], args.n)
                 m1 = metrics.settle("true under %s" % v.name)
+                wall[v.name].append(w)
+                cpu[v.name].append(c)
+                srv_cpu[v.name].append((proc_cpu(srv.proc.pid) - s0) /
+                                       args.n)
                 got = m1["registrations"] - m0
                 if got > args.n or (got and not v.counts):
                     raise BenchError(
@@ -353,20 +373,26 @@ def main():
     lines.append("")
     lines.append("`/bin/true`, %d runs per variant in each of %d interleaved "
                  "rounds; wall time per process (median of the rounds, "
-                 "quartiles), against jemalloc alone; instructions: "
-                 "callgrind, one run." % (args.n, args.rounds))
+                 "quartiles), its CPU time (user+sys of the process itself; "
+                 "median) and memtallyd's per process, against jemalloc alone; "
+                 "instructions: callgrind, one run." % (args.n, args.rounds))
     lines.append("")
     lines.append("| variant | ms per process | quartiles | vs jemalloc "
-                 "| instructions | vs jemalloc | registered (median) |")
-    lines.append("|---|---|---|---|---|---|---|")
+                 "| CPU ms | vs jemalloc | memtallyd CPU ms | instructions "
+                 "| vs jemalloc | registered (median) |")
+    lines.append("|---|---|---|---|---|---|---|---|---|---|")
+    jc = statistics.median(cpu["jemalloc"])
     jw = statistics.median(wall["jemalloc"])
     ji = insns.get("jemalloc")
     for v in variants:
         q1, med, q3 = quartiles(wall[v.name])
         ins = insns.get(v.name)
-        lines.append("| %s | %.3f | %.3f–%.3f | %+.1f%% | %s | %s | %s |"
+        c = statistics.median(cpu[v.name])
+        lines.append("| %s | %.3f | %.3f–%.3f | %+.1f%% | %.3f | %+.1f%% "
+                     "| %.3f | %s | %s | %s |"
                      % (v.name, med * 1e3, q1 * 1e3, q3 * 1e3,
-                        (med / jw - 1) * 100,
+                        (med / jw - 1) * 100, c * 1e3, (c / jc - 1) * 100,
+                        statistics.median(srv_cpu[v.name]) * 1e3,
                         "{:,}".format(ins) if ins else "—",
                         "{:+,}".format(ins - ji) if ins and ji else "—",
                         "%d of %d" % (statistics.median(regs[v.name]),

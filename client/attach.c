@@ -44,7 +44,6 @@
 #include "client_internal.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <sched.h>
@@ -140,13 +139,7 @@ static struct {
 	uint64_t group_w[MTC_GROUP_MAX / 8];
 	char task[64];
 	pid_t pid;
-
-	/* A Register sent and not yet answered (under `attaching`): its
-	 * socket (-1: none), what it is, and when to stop waiting. */
-	int reg_fd;
-	uint64_t reg_dev, reg_ino;
-	uint64_t reg_deadline;
-} mtc = {.once = PTHREAD_ONCE_INIT, .reg_fd = -1};
+} mtc = {.once = PTHREAD_ONCE_INIT};
 
 bool mtc_at_load;
 
@@ -217,8 +210,6 @@ static void fence_inherited(void)
 	}
 }
 
-static void reg_drop(void);
-
 /*
  * fork(): the child is a new process. Its starting total is what the parent
  * had published (its slot, which the child can still read through the
@@ -236,9 +227,6 @@ static void on_fork_child(void)
 	fence_inherited();
 	mt_store_relaxed64(&mtc_epoch, mt_load_relaxed64(&mtc_epoch) + 1);
 	mtc.attaching = 0;
-	/* A Register in flight is the parent's: its answer names the parent. */
-	if (mtc.reg_fd >= 0)
-		reg_drop();
 	mtc.over_seen = 0;
 	/* A registration of the over-limit callback cut short by the fork
 	 * would leave the sequence odd for ever, and the pair torn: drop it. */
@@ -540,23 +528,11 @@ static int reg_decode(const uint8_t *body, size_t len, struct reg_reply *out)
 	return 0;
 }
 
-/*
- * Registration in two halves, so that a process's start does not wait for
- * the server: reg_begin() connects and sends Register, reg_end() reads the
- * answer. Between the two (only when the preload registers at load, see
- * mtc_at_load) the socket stays open in `mtc.reg_fd`, moved out of the
- * program's way to a descriptor number of at least MTC_REG_FD_MIN, so the
- * program's own open() calls get the numbers they would get without
- * memtally. Our side is shut for writing: the server answers and, at that
- * EOF, closes its end, holding no connection for a process that never
- * comes back for its answer (a process that exits first leaves nothing:
- * its pidfd tells the server).
- */
-#define MTC_REG_FD_MIN 256
-
-/* Connect and send Register; on success the socket is in mtc.reg_fd. */
-static int reg_begin(void)
+/* Connect, send Register, read Registered and its two descriptors.
+ * Returns 0 or a negative code; on failure no descriptor is left open. */
+static int do_register(struct reg_reply *out)
 {
+	out->fds[0] = out->fds[1] = -1;
 	char group[MTC_GROUP_MAX];
 	if (!mtc_group_copy(group))
 		return -EAGAIN; /* being changed right now: try later */
@@ -564,84 +540,18 @@ static int reg_begin(void)
 	int fd = reg_connect();
 	if (fd < 0)
 		return fd;
-	int err = reg_send(fd, group, deadline);
-	if (err) {
-		close(fd);
-		return err;
-	}
-	(void)shutdown(fd, SHUT_WR);
-	int high = fcntl(fd, F_DUPFD_CLOEXEC, MTC_REG_FD_MIN);
-	if (high >= 0) {
-		close(fd);
-		fd = high;
-	}
-	struct stat st;
-	if (fstat(fd, &st) != 0) {
-		close(fd);
-		return -EBADF;
-	}
-	mtc.reg_dev = (uint64_t)st.st_dev;
-	mtc.reg_ino = (uint64_t)st.st_ino;
-	mtc.reg_deadline = deadline;
-	__atomic_store_n(&mtc.reg_fd, fd, __ATOMIC_RELAXED);
-	return 0;
-}
-
-/* Is mtc.reg_fd still our socket? The program may have closed it (a
- * closefrom(), a dup2() over it) and even reused the number. */
-static bool reg_fd_ours(void)
-{
-	struct stat st;
-	return mtc.reg_fd >= 0 && fstat(mtc.reg_fd, &st) == 0 &&
-	       (uint64_t)st.st_dev == mtc.reg_dev &&
-	       (uint64_t)st.st_ino == mtc.reg_ino;
-}
-
-/* Forget the socket of a registration in flight, closing it only if it is
- * still ours. */
-static void reg_drop(void)
-{
-	if (reg_fd_ours())
-		close(mtc.reg_fd);
-	__atomic_store_n(&mtc.reg_fd, -1, __ATOMIC_RELAXED);
-}
-
-/* Read Registered and its two descriptors off mtc.reg_fd, waiting at most
- * until the deadline set when it was sent (an answer already there is
- * taken whatever the time). Returns 0 or a negative code; the socket is
- * closed either way, and on failure no descriptor is left open. */
-static int reg_end(struct reg_reply *out)
-{
-	out->fds[0] = out->fds[1] = -1;
-	if (!reg_fd_ours()) {
-		__atomic_store_n(&mtc.reg_fd, -1, __ATOMIC_RELAXED);
-		return -EBADF;
-	}
 	uint8_t in[2048];
 	int pre;
 	uint64_t body;
-	int err = reg_recv(mtc.reg_fd, in, sizeof(in), mtc.reg_deadline, out,
-			   &pre, &body);
+	int err = reg_send(fd, group, deadline);
+	if (!err)
+		err = reg_recv(fd, in, sizeof(in), deadline, out, &pre, &body);
 	if (!err)
 		err = reg_decode(in + pre, (size_t)body, out);
-	close(mtc.reg_fd);
-	__atomic_store_n(&mtc.reg_fd, -1, __ATOMIC_RELAXED);
+	close(fd);
 	if (err)
 		reply_close(out);
 	return err;
-}
-
-/* Connect, send Register, read Registered and its two descriptors.
- * Returns 0 or a negative code; on failure no descriptor is left open. */
-static int do_register(struct reg_reply *out)
-{
-	out->fds[0] = out->fds[1] = -1;
-	if (mtc.reg_fd < 0) {
-		int err = reg_begin();
-		if (err)
-			return err;
-	}
-	return reg_end(out);
 }
 
 /* Map the header (read-only) and take its layout; map the window of our
@@ -919,7 +829,11 @@ void mtc_mapped_changed(void)
 /* Try to (re)attach if the back-off allows and nobody else is at it. */
 static void maybe_attach(int force)
 {
-	if (mtc.disabled)
+	/* Not at the preload's start: registering there was a round trip
+	 * to memtallyd (and its work for the process) in every process's
+	 * start, ~0.85 ms of a /bin/true's wall time. The bytes wait in
+	 * `pending` until the first flush after start registers. */
+	if (mtc.disabled || mtc_at_load)
 		return;
 	uint64_t now = mt_mono_ns();
 	if (!force && now < mt_load_relaxed64(&mtc.next_try_ns))
@@ -928,21 +842,7 @@ static void maybe_attach(int force)
 	if (!__atomic_compare_exchange_n(&mtc.attaching, &zero, 1, 0,
 					 __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
 		return;
-	int err;
-	if (mtc_at_load && mtc.reg_fd < 0 && !cur_att()) {
-		/* The preload's start: send Register and go on; the answer is
-		 * taken at the next attach (the next flush that finds the
-		 * process unattached, memtally_flush(), memtally_attached()),
-		 * by when it has usually arrived. Until then the bytes wait in
-		 * `pending`. */
-		err = reg_begin();
-		if (!err) {
-			__atomic_store_n(&mtc.attaching, 0, __ATOMIC_RELEASE);
-			return;
-		}
-	} else {
-		err = attach();
-	}
+	int err = attach();
 	if (err) {
 		mtc_debug("attach failed: %s; retry in %llu ms",
 			  memtally_strerror(err),
@@ -1232,9 +1132,10 @@ bool memtally_over_limit(void)
 
 bool memtally_attached(void)
 {
-	/* A registration sent at load is this question's answer: take it. */
-	if (!cur_slot() && __atomic_load_n(&mtc.reg_fd, __ATOMIC_RELAXED) >= 0)
-		maybe_attach(1);
+	/* A process that has not flushed since its start has not tried to
+	 * register yet: the question is the moment to (back-off permitting). */
+	if (!cur_slot() && mtc.pid)
+		maybe_attach(0);
 	return cur_slot() != NULL;
 }
 

@@ -1,18 +1,18 @@
-"""The preload registers at load without waiting for the server's answer.
+"""The preload does not register at load: its first flush after start does.
 
-Its constructor sends Register and goes on; the answer (and the shared
-objects that come with it) is taken at the process's next attach: its
-next flush, memtally_flush(), memtally_attached(). So:
+Registering in the constructor was a round trip to memtallyd, and the
+server's work for the process, in every process's start. Now the bytes
+of the start wait in the process's pending count and the first flush
+(jemalloc's activity event, memtally_flush(), memtally_attached())
+registers and moves them into the slot. So:
 
 - a process's start does not wait for the server: under a server that
-  never answers, `/bin/true` is done at once, where waiting for the
-  answer cost the registration timeout (500 ms) every time;
-- a process that exits before its answer leaves nothing on the server;
-- a process that stays is registered, and one that allocates after its
-  start is attached and counted;
-- the socket of a registration in flight stays out of the program's way:
-  its first open() gets the descriptor it would get without memtally,
-  and a forked child does not take its parent's answer.
+  never answers, `/bin/true` is done at once, where the constructor's
+  registration waited out its 500 ms timeout every time;
+- a process that exits at once leaves nothing on the server;
+- a process that allocates after its start is registered, attached and
+  counted in full, and so is a child it forks at once (with its own
+  slot); its first open() still gets descriptor 3.
 """
 import os
 import socket
@@ -57,7 +57,7 @@ def test_start_does_not_wait_for_the_answer():
                        f"a server that never answers: its start waited")
 
 
-def test_exited_before_answer_leaves_nothing():
+def test_short_lived_leave_nothing():
     with Server() as s:
         env = s.env()
         for _ in range(100):
@@ -68,10 +68,9 @@ def test_exited_before_answer_leaves_nothing():
               f"left")
 
 
-def test_quiet_process_registered_and_first_open_unchanged():
-    """A process that never allocates after its start is still
-    registered (the server read its Register); its first open() gets
-    descriptor 3, as without memtally."""
+def test_registered_and_first_open_unchanged():
+    """python3 (which allocates at start) is registered; its first
+    open() gets the descriptor it gets without memtally."""
     with Server() as s:
         prog = ("import os, sys\n"
                 "fd = os.open('/dev/null', os.O_RDONLY)\n"
@@ -96,8 +95,8 @@ def test_quiet_process_registered_and_first_open_unchanged():
 
 
 def test_allocating_process_attached_and_counted():
-    """A worker that holds 64 MiB after its start: attached and counted
-    in full, its load-time registration answered at its first flush."""
+    """A worker that holds 64 MiB after its start: registered at that
+    flush, counted in full (its start's bytes included)."""
     with Server() as s:
         p = subprocess.Popen([worker("mt_idle"), "64"], env=s.env(),
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -121,10 +120,9 @@ def test_allocating_process_attached_and_counted():
 
 
 def test_fork_child_registers_itself():
-    """A process that forks at once, while its load-time registration may
-    still be in flight: parent and child are each attached with their own
-    slot and counted in full (a child that took its parent's answer would
-    refuse the slot, stay unattached and show nothing)."""
+    """A process that forks at once, before either has registered:
+    parent and child are each registered at their first flush, with
+    their own slot, and counted in full."""
     prog = ("import os, sys\n"
             "pid = os.fork()\n"
             "b = bytearray((32 if pid == 0 else 16) << 20)\n"
@@ -154,7 +152,7 @@ def test_fork_child_registers_itself():
 
 if __name__ == "__main__":
     run([test_start_does_not_wait_for_the_answer,
-         test_exited_before_answer_leaves_nothing,
-         test_quiet_process_registered_and_first_open_unchanged,
+         test_short_lived_leave_nothing,
+         test_registered_and_first_open_unchanged,
          test_allocating_process_attached_and_counted,
          test_fork_child_registers_itself])
