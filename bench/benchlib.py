@@ -170,7 +170,7 @@ class Server:
     """A memtallyd for the run, if the build has one. Without it the
     workers' flushes go to the process-local pending counter (fail open)."""
 
-    def __init__(self, build_dir, tmp, enabled, cpus):
+    def __init__(self, build_dir, tmp, enabled, cpus, extra_args=()):
         self.proc = None
         self.segment = None
         self.socket = os.path.join(tmp, "memtally.sock")
@@ -185,7 +185,8 @@ class Server:
         self.segment = "/mtbench-%d" % os.getpid()
         self.errlog = open(os.path.join(tmp, "memtallyd.log"), "w+")
         self.proc = subprocess.Popen(
-            [exe, "--socket", self.socket, "--segment", self.segment],
+            [exe, "--socket", self.socket, "--segment", self.segment,
+             *extra_args],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=self.errlog,

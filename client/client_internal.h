@@ -43,6 +43,13 @@ struct mtc_thread {
  * first call. Returns false when memtally is disabled for this process. */
 bool mtc_init(void);
 
+/* Set by the preload while its constructor sets the main thread up: no
+ * attach is tried then; the process registers at its first flush after
+ * start (or memtally_flush(), memtally_attached()), so a process that
+ * never publishes again costs the server nothing (attach.c,
+ * maybe_attach). */
+extern bool mtc_at_load;
+
 /* Threshold threads must use now (server's once attached). */
 uint64_t mtc_threshold(void);
 

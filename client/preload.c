@@ -84,7 +84,9 @@ static int pl_init(void)
 
 __attribute__((constructor(101))) static void pl_constructor(void)
 {
+	mtc_at_load = true;
 	pl_init();
+	mtc_at_load = false;
 }
 
 /* ---- the library's front-end hooks for the core ------------------------ */

@@ -1,0 +1,158 @@
+"""The preload does not register at load: its first flush after start does.
+
+Registering in the constructor was a round trip to memtallyd, and the
+server's work for the process, in every process's start. Now the bytes
+of the start wait in the process's pending count and the first flush
+(jemalloc's activity event, memtally_flush(), memtally_attached())
+registers and moves them into the slot. So:
+
+- a process's start does not wait for the server: under a server that
+  never answers, `/bin/true` is done at once, where the constructor's
+  registration waited out its 500 ms timeout every time;
+- a process that exits at once leaves nothing on the server;
+- a process that allocates after its start is registered, attached and
+  counted in full, and so is a child it forks at once (with its own
+  slot); its first open() still gets descriptor 3.
+"""
+import os
+import socket
+import subprocess
+import tempfile
+import time
+
+from harness import (MIB, MULT, PRELOAD, Server, check, deadline, run,
+                     wait_for, worker)
+
+
+def preload_env(sock):
+    e = dict(os.environ)
+    for k in ("MEMTALLY_DEBUG", "MEMTALLY_DISABLE", "MEMTALLY_ALLOCATOR"):
+        e.pop(k, None)
+    e["LD_PRELOAD"] = PRELOAD
+    e["MEMTALLY_SOCKET"] = sock
+    return e
+
+
+def test_start_does_not_wait_for_the_answer():
+    d = tempfile.mkdtemp(prefix="mt-silent-")
+    path = os.path.join(d, "silent.sock")
+    silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    silent.bind(path)
+    silent.listen(128)  # never accepted, never answered
+    try:
+        env = preload_env(path)
+        times = []
+        for _ in range(3):
+            t0 = time.monotonic()
+            r = subprocess.run(["/bin/true"], env=env, timeout=30 * MULT)
+            times.append(time.monotonic() - t0)
+            check(r.returncode == 0, f"/bin/true exited {r.returncode}")
+    finally:
+        silent.close()
+    best = min(times)
+    print(f"  /bin/true under a silent server: "
+          f"{', '.join('%.0f ms' % (t * 1000) for t in times)}")
+    # Waiting for the answer took the whole 500 ms timeout each time.
+    check(best < 0.25, f"/bin/true took {best * 1000:.0f} ms at best under "
+                       f"a server that never answers: its start waited")
+
+
+def test_short_lived_leave_nothing():
+    with Server() as s:
+        env = s.env()
+        for _ in range(100):
+            subprocess.run(["/bin/true"], env=env, check=True)
+        wait_for("no process left registered",
+                 lambda: s.status()["processes"] == 0)
+        print(f"  100 x /bin/true: {s.status()['processes']} processes "
+              f"left")
+
+
+def test_registered_and_first_open_unchanged():
+    """python3 (which allocates at start) is registered; its first
+    open() gets the descriptor it gets without memtally."""
+    with Server() as s:
+        prog = ("import os, sys\n"
+                "fd = os.open('/dev/null', os.O_RDONLY)\n"
+                "print(fd, flush=True)\n"
+                "sys.stdin.read()\n")
+        p = subprocess.Popen(["/usr/bin/python3", "-S", "-c", prog],
+                             env=dict(s.env(), MEMTALLY_ALLOCATOR="jemalloc"),
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True)
+        try:
+            first = p.stdout.readline().strip()
+            wait_for(f"pid {p.pid} registered", lambda: p.pid in s.ps())
+        finally:
+            p.stdin.close()
+            p.wait()
+        want = subprocess.run(
+            ["/usr/bin/python3", "-S", "-c", prog.replace(
+                "sys.stdin.read()\n", "")],
+            capture_output=True, text=True).stdout.strip()
+        check(first == want, f"first open() under the preload gave {first}, "
+                             f"without it {want}")
+
+
+def test_allocating_process_attached_and_counted():
+    """A worker that holds 64 MiB after its start: registered at that
+    flush, counted in full (its start's bytes included)."""
+    with Server() as s:
+        p = subprocess.Popen([worker("mt_idle"), "64"], env=s.env(),
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True)
+        try:
+            line = p.stdout.readline()
+            check(line.startswith("held"), f"mt_idle said {line!r}")
+            end = deadline(20)
+            got = 0
+            while time.monotonic() < end:
+                got = s.ps().get(p.pid, {}).get("bytes", 0)
+                if got >= 64 * MIB:
+                    break
+                time.sleep(0.02)
+            check(got >= 64 * MIB,
+                  f"mt_idle holding 64 MiB shows {got} bytes")
+            print(f"  mt_idle 64 MiB: {got} bytes")
+        finally:
+            p.stdin.close()
+            p.wait()
+
+
+def test_fork_child_registers_itself():
+    """A process that forks at once, before either has registered:
+    parent and child are each registered at their first flush, with
+    their own slot, and counted in full."""
+    prog = ("import os, sys\n"
+            "pid = os.fork()\n"
+            "b = bytearray((32 if pid == 0 else 16) << 20)\n"
+            "print(os.getpid(), flush=True)\n"
+            "sys.stdin.read()\n")
+    with Server() as s:
+        p = subprocess.Popen(["/usr/bin/python3", "-S", "-c", prog],
+                             env=dict(s.env(), MEMTALLY_ALLOCATOR="jemalloc"),
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True)
+        try:
+            pids = {int(p.stdout.readline()), int(p.stdout.readline())}
+            child = (pids - {p.pid}).pop()
+            want = {p.pid: 16 * MIB, child: 32 * MIB}
+            def counted():
+                ps = s.ps()
+                return all(ps.get(q, {}).get("bytes", 0) >= w
+                           for q, w in want.items())
+            wait_for("parent and child counted", counted)
+            ps = s.ps()
+            print(f"  parent {ps[p.pid]['bytes']} bytes, child "
+                  f"{ps[child]['bytes']} bytes")
+        finally:
+            p.stdin.close()
+            p.wait()
+
+
+if __name__ == "__main__":
+    run([test_start_does_not_wait_for_the_answer,
+         test_short_lived_leave_nothing,
+         test_registered_and_first_open_unchanged,
+         test_allocating_process_attached_and_counted,
+         test_fork_child_registers_itself])
