@@ -28,6 +28,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <stddef.h>
 #include <fcntl.h>
 #include <grp.h>
 #include <ini.h>
@@ -511,27 +512,6 @@ static int key_server_state(struct load *l, const char *sec, const char *key,
 	return set_str(&l->s.owned[OWNED_STATE], v);
 }
 
-static int key_server_slots(struct load *l, const char *sec, const char *key,
-                            const char *v)
-{
-	return set_u32(l, sec, key, v, 1, MTSHM_MAX_SLOTS, "an integer",
-	               &l->s.cfg.slots);
-}
-
-static int key_server_lanes(struct load *l, const char *sec, const char *key,
-                            const char *v)
-{
-	return set_u32(l, sec, key, v, 1, MTSHM_MAX_LANES, "an integer",
-	               &l->s.cfg.lanes);
-}
-
-static int key_server_tick(struct load *l, const char *sec, const char *key,
-                           const char *v)
-{
-	return set_u32(l, sec, key, v, 1, MTS_TICK_MAX_MS, "milliseconds",
-	               &l->s.cfg.tick_ms);
-}
-
 static int key_server_threshold(struct load *l, const char *sec,
                                 const char *key, const char *v)
 {
@@ -544,29 +524,6 @@ static int key_server_threshold(struct load *l, const char *sec,
 		            v);
 	c->threshold = n;
 	return 0;
-}
-
-static int key_server_max_connections(struct load *l, const char *sec,
-                                      const char *key, const char *v)
-{
-	return set_u32(l, sec, key, v, 1, MTS_MAX_CONNS_MAX, "an integer",
-	               &l->s.cfg.max_conns);
-}
-
-static int key_server_max_connections_per_uid(struct load *l, const char *sec,
-                                              const char *key, const char *v)
-{
-	return set_u32(l, sec, key, v, 1, MTS_MAX_CONNS_MAX, "an integer",
-	               &l->s.cfg.max_conns_per_uid);
-}
-
-static int key_server_max_connections_unidentified(struct load *l,
-                                                   const char *sec,
-                                                   const char *key,
-                                                   const char *v)
-{
-	return set_u32(l, sec, key, v, 1, MTS_MAX_CONNS_MAX, "an integer",
-	               &l->s.cfg.max_conns_unidentified);
 }
 
 static int key_server_idle_timeout(struct load *l, const char *sec,
@@ -810,13 +767,6 @@ static int key_limits_measure(struct load *l, const char *sec, const char *key,
 	return 0;
 }
 
-static int key_limits_rss_interval(struct load *l, const char *sec,
-                                   const char *key, const char *v)
-{
-	return set_u32(l, sec, key, v, RSS_MIN_MS, RSS_MAX_MS, "milliseconds",
-	               &l->s.policy.rss_interval_ms);
-}
-
 static int key_limits_growth_window(struct load *l, const char *sec,
                                     const char *key, const char *v)
 {
@@ -858,13 +808,6 @@ static int key_enforce_signal(struct load *l, const char *sec, const char *key,
 		            "15, or nothing for off; got '%s'",
 		            v);
 	return 0;
-}
-
-static int key_enforce_grace(struct load *l, const char *sec, const char *key,
-                             const char *v)
-{
-	return set_u32(l, sec, key, v, 0, GRACE_MAX_MS, "milliseconds",
-	               &l->s.policy.grace_ms);
 }
 
 /* [limits] max_slots_per_uid, max_groups_per_uid: an integer or none. */
@@ -1180,60 +1123,89 @@ static int key_hooks(struct load *l, const char *sec, const char *key,
  */
 typedef int (*key_fn)(struct load *l, const char *sec, const char *key,
                       const char *v);
+/* A key that is an integer in a range is data: where it goes in struct
+ * mts_settings, its bounds and what the error calls it. U32() names a
+ * uint32_t field: one of another size does not compile (the array of
+ * size -1). */
+struct u32_key {
+	size_t off;
+	uint32_t lo, hi;
+	const char *what;
+};
+#define U32(field, lo, hi, what)                                               \
+	{                                                                      \
+		offsetof(struct mts_settings, field) +                         \
+		    0 * sizeof(                                                \
+		            char[sizeof(((struct mts_settings *)0)->field) ==  \
+		                         sizeof(uint32_t)                      \
+		                     ? 1                                       \
+		                     : -1]),                                   \
+		    lo, hi, what                                               \
+	}
+#define NO_U32                                                                 \
+	{                                                                      \
+		0, 0, 0, NULL                                                  \
+	}
 static const struct {
 	const char *section, *key;
-	key_fn parse;
+	key_fn parse; /* NULL: an integer in range, `u32` */
+	struct u32_key u32;
 } cfg_keys[] = {
-    {"server", "socket", key_server_socket},
-    {"server", "segment", key_server_segment},
-    {"server", "state", key_server_state},
-    {"server", "slots", key_server_slots},
-    {"server", "lanes", key_server_lanes},
-    {"server", "tick", key_server_tick},
-    {"server", "threshold", key_server_threshold},
-    {"server", "max_connections", key_server_max_connections},
-    {"server", "max_connections_per_uid", key_server_max_connections_per_uid},
-    {"server", "max_connections_unidentified",
-     key_server_max_connections_unidentified},
-    {"server", "idle_timeout", key_server_idle_timeout},
-    {"server", "oom_score_adj", key_server_oom_score_adj},
-    {"server", "max_buffered", key_server_max_buffered},
-    {"server", "log_level", key_server_log_level},
-    {"server", "tcp", key_server_tcp},
-    {"server", "tcp_allow_remote", key_server_tcp_allow_remote},
-    {"server", "tcp_token", key_server_tcp_token},
-    {"server", "tcp_token_file", key_server_tcp_token_file},
-    {"server", "admin_uid", key_server_admin_uid},
-    {"server", "admin_gid", key_server_admin_gid},
-    {"server", "metrics", key_server_metrics},
-    {"server", "group", key_server_group},
-    {"limits", "fleet", key_limits_fleet},
-    {"limits", "process", key_limits_process},
-    {"limits", "high_watermark", key_limits_high_watermark},
-    {"limits", "hysteresis", key_limits_hysteresis},
-    {"limits", "measure", key_limits_measure},
-    {"limits", "rss_interval", key_limits_rss_interval},
-    {"limits", "growth_window", key_limits_growth_window},
-    {"limits", "forecast_horizon", key_limits_forecast_horizon},
-    {"enforce", "signal", key_enforce_signal},
-    {"enforce", "grace", key_enforce_grace},
-    {"admission", "max_reservations_per_uid", key_admission},
-    {"admission", "default_ttl", key_admission},
-    {"admission", "max_ttl", key_admission},
-    {"admission", "max_reserved_bytes_per_uid", key_admission},
-    {"limits", "max_slots_per_uid", key_limits_per_uid},
-    {"limits", "max_groups_per_uid", key_limits_per_uid},
-    {"metrics", "per_process", key_metrics},
-    {"metrics", "max_groups", key_metrics},
-    {"hooks", "on_ok", key_hooks},
-    {"hooks", "on_high", key_hooks},
-    {"hooks", "on_over", key_hooks},
-    {"hooks", "timeout", key_hooks},
-    {"hooks", "node", key_hooks},
-    {"hooks", "min_interval", key_hooks},
-    {"trust", "trusted_uids", key_trust},
-    {"trust", "untouched_allowance", key_trust},
-    {"trust", "untouched_time", key_trust},
+    {"server", "socket", key_server_socket, NO_U32},
+    {"server", "segment", key_server_segment, NO_U32},
+    {"server", "state", key_server_state, NO_U32},
+    {"server", "slots", NULL, U32(cfg.slots, 1, MTSHM_MAX_SLOTS, "an integer")},
+    {"server", "lanes", NULL, U32(cfg.lanes, 1, MTSHM_MAX_LANES, "an integer")},
+    {"server", "tick", NULL,
+     U32(cfg.tick_ms, 1, MTS_TICK_MAX_MS, "milliseconds")},
+    {"server", "threshold", key_server_threshold, NO_U32},
+    {"server", "max_connections", NULL,
+     U32(cfg.max_conns, 1, MTS_MAX_CONNS_MAX, "an integer")},
+    {"server", "max_connections_per_uid", NULL,
+     U32(cfg.max_conns_per_uid, 1, MTS_MAX_CONNS_MAX, "an integer")},
+    {"server", "max_connections_unidentified", NULL,
+     U32(cfg.max_conns_unidentified, 1, MTS_MAX_CONNS_MAX, "an integer")},
+    {"server", "idle_timeout", key_server_idle_timeout, NO_U32},
+    {"server", "oom_score_adj", key_server_oom_score_adj, NO_U32},
+    {"server", "max_buffered", key_server_max_buffered, NO_U32},
+    {"server", "log_level", key_server_log_level, NO_U32},
+    {"server", "tcp", key_server_tcp, NO_U32},
+    {"server", "tcp_allow_remote", key_server_tcp_allow_remote, NO_U32},
+    {"server", "tcp_token", key_server_tcp_token, NO_U32},
+    {"server", "tcp_token_file", key_server_tcp_token_file, NO_U32},
+    {"server", "admin_uid", key_server_admin_uid, NO_U32},
+    {"server", "admin_gid", key_server_admin_gid, NO_U32},
+    {"server", "metrics", key_server_metrics, NO_U32},
+    {"server", "group", key_server_group, NO_U32},
+    {"limits", "fleet", key_limits_fleet, NO_U32},
+    {"limits", "process", key_limits_process, NO_U32},
+    {"limits", "high_watermark", key_limits_high_watermark, NO_U32},
+    {"limits", "hysteresis", key_limits_hysteresis, NO_U32},
+    {"limits", "measure", key_limits_measure, NO_U32},
+    {"limits", "rss_interval", NULL,
+     U32(policy.rss_interval_ms, RSS_MIN_MS, RSS_MAX_MS, "milliseconds")},
+    {"limits", "growth_window", key_limits_growth_window, NO_U32},
+    {"limits", "forecast_horizon", key_limits_forecast_horizon, NO_U32},
+    {"enforce", "signal", key_enforce_signal, NO_U32},
+    {"enforce", "grace", NULL,
+     U32(policy.grace_ms, 0, GRACE_MAX_MS, "milliseconds")},
+    {"admission", "max_reservations_per_uid", key_admission, NO_U32},
+    {"admission", "default_ttl", key_admission, NO_U32},
+    {"admission", "max_ttl", key_admission, NO_U32},
+    {"admission", "max_reserved_bytes_per_uid", key_admission, NO_U32},
+    {"limits", "max_slots_per_uid", key_limits_per_uid, NO_U32},
+    {"limits", "max_groups_per_uid", key_limits_per_uid, NO_U32},
+    {"metrics", "per_process", key_metrics, NO_U32},
+    {"metrics", "max_groups", key_metrics, NO_U32},
+    {"hooks", "on_ok", key_hooks, NO_U32},
+    {"hooks", "on_high", key_hooks, NO_U32},
+    {"hooks", "on_over", key_hooks, NO_U32},
+    {"hooks", "timeout", key_hooks, NO_U32},
+    {"hooks", "node", key_hooks, NO_U32},
+    {"hooks", "min_interval", key_hooks, NO_U32},
+    {"trust", "trusted_uids", key_trust, NO_U32},
+    {"trust", "untouched_allowance", key_trust, NO_U32},
+    {"trust", "untouched_time", key_trust, NO_U32},
 };
 
 bool mts_config_key_known(const char *section, const char *key)
@@ -1254,8 +1226,13 @@ static int apply_key(struct load *l, const char *section, const char *key,
 		if (strcmp(section, cfg_keys[i].section) != 0)
 			continue;
 		known_section = true;
-		if (strcmp(key, cfg_keys[i].key) == 0)
+		if (strcmp(key, cfg_keys[i].key) != 0)
+			continue;
+		if (cfg_keys[i].parse)
 			return cfg_keys[i].parse(l, section, key, value);
+		const struct u32_key *u = &cfg_keys[i].u32;
+		return set_u32(l, section, key, value, u->lo, u->hi, u->what,
+		               (uint32_t *)((char *)&l->s + u->off));
 	}
 	if (known_section)
 		return fail(l, section, key, "unknown key");
