@@ -9,10 +9,10 @@ Variants (each with a real memtallyd running, so the process registers):
            program's own glibc malloc, counted by memtally
 Both preloads also count the memory the program maps itself (`mapped`).
 
-Programs: /usr/bin/python3 with bench/real.py's workload (JSON, bytes,
+Programs: /usr/bin/python3 with bench/programs.py's workload (JSON, bytes,
 bytearray), /usr/bin/python3 with a small-object workload (a million
 tuples, strings and dicts of at most 512 bytes built, dropped and
-collected twice), and g++ -O2 -c of real.py's C++ unit (driver, cc1plus,
+collected twice), and g++ -O2 -c of programs.py's C++ unit (driver, cc1plus,
 as). Targets: python3 within 3% of plain python3's speed; accounted >= 90%
 of its anonymous RSS.
 
@@ -42,9 +42,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchlib import (  # noqa: E402
     SRC_DIR, BenchError, Server, log, machine_info, mann_whitney_p,
     quartiles, cachegrind_total, write_section)
-# The programs and workloads are real.py's, so that both suites run the
-# very same python3 and g++ work; only those definitions are used.
-import real  # noqa: E402
+# The programs and workloads are programs.py's, which real.py runs too, so
+# that both suites run the very same python3 and g++ work.
+import programs  # noqa: E402
 VARIANTS = ["plain", "preload", "glibc"]
 PY = "/usr/bin/python3"
 
@@ -66,7 +66,7 @@ for rnd in range(2):
 '''
 
 
-class Small(real.Program):
+class Small(programs.Program):
     name = "python3 small objects"
     exe = PY
 
@@ -84,7 +84,7 @@ class Small(real.Program):
                 "--hold"]
 
 
-class RealPy(real.Python):
+class RealPy(programs.Python):
     name = "python3 real.py"
 
     def held(self, tmp, scale):
@@ -92,7 +92,7 @@ class RealPy(real.Python):
         return argv
 
 
-PROGRAMS = [RealPy(), Small(), real.Gxx()]
+PROGRAMS = [RealPy(), Small(), programs.Gxx()]
 
 
 def env_of(variant, paths, server):
@@ -118,7 +118,7 @@ def timed_run(prog, variant, paths, server, tmp, scale, cpu):
     p = subprocess.Popen(argv, stdin=stdin, stdout=subprocess.DEVNULL,
                          stderr=subprocess.PIPE, env=env_of(variant, paths,
                                                             server),
-                         preexec_fn=real.pin(cpu))
+                         preexec_fn=programs.pin(cpu))
     err = p.stderr.read()
     _, status, ru = os.wait4(p.pid, 0)
     wall = time.monotonic() - t0
@@ -214,8 +214,8 @@ def watched(prog, variant, paths, server, tmp):
                          env=env_of(variant, paths, server))
     peak_b = peak_m = peak_f = peak_a = 0
     while p.poll() is None:
-        for pid in real.descendants(p.pid):
-            if real.comm_of(pid) != "cc1plus":
+        for pid in programs.descendants(p.pid):
+            if programs.comm_of(pid) != "cc1plus":
                 continue
             a = rss_anon(pid) or 0
             peak_a = max(peak_a, a)
@@ -336,7 +336,7 @@ def main():
             log("%s: held/watched runs" % prog.name)
             hv = {}
             for v in ("preload", "glibc"):
-                hv[v] = (watched if isinstance(prog, real.Gxx) else held)(
+                hv[v] = (watched if isinstance(prog, programs.Gxx) else held)(
                     prog, v, paths, server, tmp)
                 want = "jemalloc" if v == "preload" else "glibc"
                 if hv[v]["allocator"] != want:
