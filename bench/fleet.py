@@ -560,6 +560,15 @@ def _pb_client(build):
     return mc
 
 
+def _cli(build):
+    """The `memtally` command of a build tree (programs/, once client/)."""
+    for sub in ("programs", "client"):
+        path = os.path.join(build, sub, "memtally")
+        if os.path.exists(path):
+            return path
+    return os.path.join(build, "programs", "memtally")
+
+
 class MemtallyRunner(Runner):
     """Tasks started by `memtally run --bytes DECLARED --wait 3600 --poll
     0.25` (tasks of a few seconds: room appears every second or so, mostly
@@ -584,8 +593,7 @@ class MemtallyRunner(Runner):
 
     def command(self, task):
         o = self.out[task.idx]
-        argv = [os.environ.get("MEMTALLY_CLI") or
-                os.path.join(self.ctx.build, "client", "memtally"),
+        argv = [os.environ.get("MEMTALLY_CLI") or _cli(self.ctx.build),
                 "--socket", self.sock, "run",
                 "--bytes", "%dMiB" % self.declared[task.idx],
                 "--task", "t%d-%d" % (task.idx, o.attempts),
@@ -957,9 +965,13 @@ class DaskPolicy:
             elif int(pid) in kernel:
                 o.kernel_kills += 1
         status = res.get("tasks")
+        results_lost = 0
         for idx, o in outs.items():
             st = status.get(str(idx), {}) if status is not None else {}
             if status is not None and st.get("status") != "finished":
+                # Its result died with its worker and Dask had not
+                # produced it again: not delivered, not done.
+                results_lost += o.done
                 o.done = False
             if st.get("status") == "error" and "KilledWorker" not in \
                     st.get("error", ""):
@@ -969,8 +981,13 @@ class DaskPolicy:
         # word): a run that gave up on waiting tasks is not charged the
         # wait.
         r.makespan = last
+        notes = []
+        if results_lost:
+            notes.append("%d ran to the end, results lost with their "
+                         "workers" % results_lost)
         if res.get("gave_up"):
-            r.note = "gave up: %s" % res["gave_up"]
+            notes.append("gave up: %s" % res["gave_up"])
+        r.note = "; ".join(notes)
         r.kills_note = "%d workers terminated by Dask, %d killed by the " \
             "kernel" % (r.workers_terminated, r.workers_killed)
 
