@@ -18,7 +18,7 @@ Dask cluster) only has to fill one TaskOutcome per task. Policies not
 available here are reported as "not run" rows, never as numbers.
 
     python3 bench/fleet.py --build build [--workload 7] [--tasks 100]
-        [--node-mib 1024] [--policy none,static,pollkill,memtally]
+        [--node-mib 640] [--policy none,static,pollkill,dask,memtally,memtally-dask]
         [--arrivals batch,over-time] [--results bench/RESULTS.md]
         [--plot bench/fleet.png] [--json out.json]
 
