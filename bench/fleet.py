@@ -18,7 +18,7 @@ Dask cluster) only has to fill one TaskOutcome per task. Policies not
 available here are reported as "not run" rows, never as numbers.
 
     python3 bench/fleet.py --build build [--workload 7] [--tasks 100]
-        [--node-mib 1024] [--policy none,static,pollkill,memtally]
+        [--node-mib 640] [--policy none,static,pollkill,dask,memtally,memtally-dask]
         [--arrivals batch,over-time] [--results bench/RESULTS.md]
         [--plot bench/fleet.png] [--json out.json]
 
@@ -268,6 +268,8 @@ class PolicyResult:
         self.daemon = {}            # memtallyd's fate, for memtally policies
         self.forecast = {}          # alarms, false alarms, misses
         self.note = ""
+        self.t_offset = 0.0         # when the policy's clock started, in ctx
+        self.kills_note = ""        # what "killed by policy" means here
 
 
 class RunContext:
@@ -558,6 +560,15 @@ def _pb_client(build):
     return mc
 
 
+def _cli(build):
+    """The `memtally` command of a build tree (programs/, once client/)."""
+    for sub in ("programs", "client"):
+        path = os.path.join(build, sub, "memtally")
+        if os.path.exists(path):
+            return path
+    return os.path.join(build, "programs", "memtally")
+
+
 class MemtallyRunner(Runner):
     """Tasks started by `memtally run --bytes DECLARED --wait 3600 --poll
     0.25` (tasks of a few seconds: room appears every second or so, mostly
@@ -582,8 +593,7 @@ class MemtallyRunner(Runner):
 
     def command(self, task):
         o = self.out[task.idx]
-        argv = [os.environ.get("MEMTALLY_CLI") or
-                os.path.join(self.ctx.build, "client", "memtally"),
+        argv = [os.environ.get("MEMTALLY_CLI") or _cli(self.ctx.build),
                 "--socket", self.sock, "run",
                 "--bytes", "%dMiB" % self.declared[task.idx],
                 "--task", "t%d-%d" % (task.idx, o.attempts),
@@ -656,24 +666,8 @@ class MemtallyPolicy:
         r = PolicyResult(self.name)
         exe = os.environ.get("MEMTALLYD") or os.path.join(
             ctx.build, "server", "memtallyd")
-        sock = os.path.join(ctx.tmp, "mt-%s.sock" % ctx.arrivals)
-        conf = os.path.join(ctx.tmp, "mt-%s.conf" % ctx.arrivals)
-        fleet = int(ctx.node.limit * (1 - self.headroom))
-        with open(conf, "w") as f:
-            f.write("[limits]\nfleet = %d\nmeasure = max\nrss_interval = 100\n"
-                    "growth_window = 4s\nforecast_horizon = 5s\n" % fleet)
-        err = open(os.path.join(ctx.tmp, "memtallyd-%s.log" % ctx.arrivals),
-                   "w")
-        daemon = subprocess.Popen(
-            join_cgroup_argv(ctx.node, [exe, "--config", conf, "--socket",
-                                        sock, "--log-level", "warn"]),
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
-        deadline = time.monotonic() + 10
-        while not benchlib.socket_up(sock):
-            if daemon.poll() is not None or time.monotonic() > deadline:
-                raise benchlib.BenchError("memtallyd did not start: %s" %
-                                          _read(err.name)[-400:])
-            time.sleep(0.02)
+        daemon, sock, err = start_memtallyd(ctx, exe, self.name,
+                                            self.headroom)
         runner = MemtallyRunner(ctx, r, daemon, sock)
         probe = DaemonProbe(runner.mc, sock, daemon.pid, ctx, horizon=5.0)
         probe.start()
@@ -683,15 +677,44 @@ class MemtallyPolicy:
             probe.stop()
         r.daemon = probe.summary(daemon)
         r.forecast = probe.forecast_summary(r.oom_times)
-        if daemon.poll() is None:
-            daemon.send_signal(signal.SIGTERM)
-            try:
-                daemon.wait(5)
-            except subprocess.TimeoutExpired:
-                daemon.kill()
-                daemon.wait()
-        err.close()
+        stop_memtallyd(daemon, err)
         return r
+
+
+def start_memtallyd(ctx, exe, policy, headroom):
+    """memtallyd inside the node, its fleet limit the node less
+    `headroom`, reservations reconciled against use, the forecast on
+    (horizon 5 s over a 4 s window). Returns (process, socket, log)."""
+    sock = os.path.join(ctx.tmp, "mt-%s-%s.sock" % (policy, ctx.arrivals))
+    conf = os.path.join(ctx.tmp, "mt-%s-%s.conf" % (policy, ctx.arrivals))
+    fleet = int(ctx.node.limit * (1 - headroom))
+    with open(conf, "w") as f:
+        f.write("[limits]\nfleet = %d\nmeasure = max\nrss_interval = 100\n"
+                "growth_window = 4s\nforecast_horizon = 5s\n" % fleet)
+    err = open(os.path.join(ctx.tmp, "memtallyd-%s-%s.log" % (
+        policy, ctx.arrivals)), "w")
+    daemon = subprocess.Popen(
+        join_cgroup_argv(ctx.node, [exe, "--config", conf, "--socket",
+                                    sock, "--log-level", "warn"]),
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
+    deadline = time.monotonic() + 10
+    while not benchlib.socket_up(sock):
+        if daemon.poll() is not None or time.monotonic() > deadline:
+            raise benchlib.BenchError("memtallyd did not start: %s" %
+                                      _read(err.name)[-400:])
+        time.sleep(0.02)
+    return daemon, sock, err
+
+
+def stop_memtallyd(daemon, err):
+    if daemon.poll() is None:
+        daemon.send_signal(signal.SIGTERM)
+        try:
+            daemon.wait(5)
+        except subprocess.TimeoutExpired:
+            daemon.kill()
+            daemon.wait()
+    err.close()
 
 
 class DaemonProbe:
@@ -776,6 +799,211 @@ class DaemonProbe:
                 "misses": missed, "overs": len(overs)}
 
 
+# ---- Dask ----------------------------------------------------------------------
+
+
+def dask_missing():
+    """Why Dask cannot run here, or None."""
+    try:
+        import distributed  # noqa: F401
+    except ImportError as e:
+        return "dask.distributed not installed (%s)" % e
+    return None
+
+
+class DaskPolicy:
+    """A real dask.distributed LocalCluster inside the node (scheduler,
+    nannies and workers: bench/fleet_dask.py, started in the node's
+    cgroup) with Dask's defaults: per worker, pause at 80% and terminate
+    (the nanny restarts it) at 95% of memory_limit = node / n_workers,
+    checked every 100 ms; a task on workers that died 4 times is lost
+    (KilledWorker). The tasks are Python functions that hold their memory
+    in the worker process, so Dask's monitor sees them.
+
+    Concurrency: 2 worker processes of 8 threads, 16 tasks at once as the
+    other policies' 16 slots. Fewer, larger workers because each worker
+    process costs the node tens of MiB of its own, and a task larger than
+    a worker's share can never finish: with 4 workers (160 MiB each) the
+    largest tasks (up to 224 MiB) would be lost for sure; with 2 (320 MiB)
+    every task fits a worker alone. The tasks are 10% CPU, so 8 threads
+    under one GIL keep up."""
+
+    name = "dask"
+    n_workers = 2
+    threads = 8
+    deadline = 240.0        # seconds after the start; then what is left is lost
+    stall = 15.0            # seconds with no task running, some waiting: lost
+    memtally = False
+
+    def run(self, ctx):
+        r = PolicyResult(self.name)
+        why = dask_missing()
+        if why:
+            r.ran, r.why_not = False, why
+            return r
+        env = dict(ctx.env)
+        src = benchlib.SRC_DIR
+        env["PYTHONPATH"] = os.pathsep.join(
+            [os.path.join(src, "bench"), os.path.join(src, "python")] +
+            ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        env.setdefault("MEMTALLY_PB2_DIR", os.path.join(ctx.build, "python"))
+        daemon = probe = None
+        if self.memtally:
+            exe = os.environ.get("MEMTALLYD") or os.path.join(
+                ctx.build, "server", "memtallyd")
+            daemon, sock, err = start_memtallyd(ctx, exe, self.name,
+                                                MemtallyPolicy.headroom)
+            env["MEMTALLY_SOCKET"] = sock
+            probe = DaemonProbe(_pb_client(ctx.build), sock, daemon.pid, ctx,
+                                horizon=5.0)
+        try:
+            self._run_cluster(ctx, r, env, probe)
+        finally:
+            if probe is not None:
+                if hasattr(probe, "threads"):   # started with the clock
+                    probe.stop()
+                r.daemon = probe.summary(daemon)
+                r.forecast = probe.forecast_summary(r.oom_times)
+                stop_memtallyd(daemon, err)
+        return r
+
+    def _run_cluster(self, ctx, r, env, probe):
+        """Start the cluster in the node, start the clock when it is up,
+        wait for its result (or kill it past the deadline), read the
+        outcomes."""
+        workdir = os.path.join(ctx.tmp, "%s-%s" % (self.name, ctx.arrivals))
+        os.makedirs(workdir)
+        spec = os.path.join(workdir, "spec.json")
+        with open(spec, "w") as f:
+            json.dump({"tasks": [t.as_dict() for t in ctx.tasks],
+                       "n_workers": self.n_workers, "threads": self.threads,
+                       "memory_limit": ctx.node.limit // self.n_workers,
+                       "workdir": workdir, "memtally": self.memtally,
+                       "deadline": self.deadline, "stall": self.stall}, f)
+        log = open(os.path.join(workdir, "driver.log"), "w")
+        driver = subprocess.Popen(
+            join_cgroup_argv(ctx.node, [sys.executable, os.path.join(
+                benchlib.SRC_DIR, "bench", "fleet_dask.py"), spec]),
+            env=env, stdin=subprocess.PIPE, stdout=log, stderr=log)
+        try:
+            ready = os.path.join(workdir, "ready")
+            limit = time.monotonic() + 120
+            while not os.path.exists(ready):
+                if driver.poll() is not None or time.monotonic() > limit:
+                    raise benchlib.BenchError(
+                        "%s: the cluster did not start: %s" % (
+                            self.name, _read(log.name)[-600:]))
+                time.sleep(0.1)
+            # The clock starts now: cluster start-up is not in the makespan
+            # (the node's memory from here on includes the idle cluster).
+            r.t_offset = ctx.now()
+            r.idle_usage = ctx.node.usage()
+            if probe is not None:
+                probe.start()
+            driver.stdin.write(b"go\n")
+            driver.stdin.flush()
+            try:
+                driver.wait(self.deadline + 60)
+            except subprocess.TimeoutExpired:
+                driver.kill()
+                driver.wait()
+                r.note = "the cluster did not finish; killed"
+            if driver.returncode and not r.note:
+                r.note = "the cluster's process ended with %d" % \
+                    driver.returncode
+        finally:
+            if driver.poll() is None:
+                driver.kill()
+                driver.wait()
+            log.close()
+        self._outcomes(ctx, r, workdir)
+
+    def _outcomes(self, ctx, r, workdir):
+        """One TaskOutcome per task from the attempt files (each attempt:
+        its worker's pid, CPU-seconds, done) and the nannies' log: an
+        attempt not done whose worker the nanny terminated was ended by
+        Dask (policy kill); one whose worker died by SIGKILL otherwise was
+        ended by the kernel's OOM killer. A task is done when an attempt
+        finished and Dask did not report it lost."""
+        res = {}
+        try:
+            with open(os.path.join(workdir, "result.json")) as f:
+                res = json.load(f)
+        except (OSError, ValueError):
+            pass
+        off = r.t_offset
+        t0 = res.get("t0")
+        to_ctx = (lambda t: t - t0) if t0 else (lambda t: t - ctx.t0 - off)
+        terminated, sigkilled = set(), {}
+        for t, pid, what in res.get("nanny", []):
+            if what == "terminate":
+                terminated.add(pid)
+            elif what == "signal 9":
+                sigkilled[pid] = to_ctx(t)
+        kernel = {p: t for p, t in sigkilled.items() if p not in terminated}
+        r.oom_times = sorted(kernel.values())
+        r.workers_terminated = len(terminated)
+        r.workers_killed = len(kernel)
+        outs = {t.idx: TaskOutcome(t.idx) for t in ctx.tasks}
+        last = 0.0
+        adir = os.path.join(workdir, "attempts")
+        for name in os.listdir(adir) if os.path.isdir(adir) else []:
+            if name.endswith(".tmp"):
+                continue
+            idx = int(name.split(".")[0])
+            pid, cpu, done, when = _read(os.path.join(adir, name)).split()
+            o = outs[idx]
+            o.attempts += 1
+            last = max(last, to_ctx(float(when)))
+            if int(done):
+                o.done = True
+                o.finished = max(o.finished or 0, to_ctx(float(when)))
+                continue
+            o.wasted_cpu += float(cpu)
+            if int(pid) in terminated:
+                o.policy_kills += 1
+            elif int(pid) in kernel:
+                o.kernel_kills += 1
+        status = res.get("tasks")
+        results_lost = 0
+        for idx, o in outs.items():
+            st = status.get(str(idx), {}) if status is not None else {}
+            if status is not None and st.get("status") != "finished":
+                # Its result died with its worker and Dask had not
+                # produced it again: not delivered, not done.
+                results_lost += o.done
+                o.done = False
+            if st.get("status") == "error" and "KilledWorker" not in \
+                    st.get("error", ""):
+                o.failures += 1
+        r.outcomes = list(outs.values())
+        # The last moment any task ran (its end, or its attempt's last
+        # word): a run that gave up on waiting tasks is not charged the
+        # wait.
+        r.makespan = last
+        notes = []
+        if results_lost:
+            notes.append("%d ran to the end, results lost with their "
+                         "workers" % results_lost)
+        if res.get("gave_up"):
+            notes.append("gave up: %s" % res["gave_up"])
+        r.note = "; ".join(notes)
+        r.kills_note = "%d workers terminated by Dask, %d killed by the " \
+            "kernel" % (r.workers_terminated, r.workers_killed)
+
+
+class MemtallyDaskPolicy(DaskPolicy):
+    """DaskPolicy with memtallyd inside the node (the memtally policy's
+    fleet limit: the node less 15%), every worker under the preload
+    (counted) with MEMTALLY_SOCKET set and memtally.dask.Admission
+    installed, each task annotated with its declared bytes: a task is
+    admitted on memtallyd before it runs, a worker whose node is over
+    takes no new task. Dask's own thresholds stay as they are."""
+
+    name = "memtally-dask"
+    memtally = True
+
+
 # ---- sampling and the whole run ---------------------------------------------------
 
 
@@ -811,7 +1039,11 @@ def run_policy(policy, node_limit, tasks, args, arrivals, tmp, env):
         finally:
             sampler.halt.set()
             sampler.join()
-        result.samples = result_box.samples
+        # A policy may start its clock late (after a cluster's start-up):
+        # its samples begin there too.
+        off = result.t_offset
+        result.samples = [(t - off, u, d) for t, u, d in result_box.samples
+                          if t >= off]
         result.kernel_oom_counter += node.oom_kills()
         return result
     finally:
@@ -848,6 +1080,17 @@ def summarise(r, limit):
     }
 
 
+def lost_cell(s, r):
+    """Tasks lost, and how many failed; why the run ended early if it did."""
+    why = []
+    if s["failures"]:
+        why.append("%d failed" % s["failures"])
+    if r.note and s["lost"]:
+        why.append(r.note)
+    return "%d (%s)" % (s["lost"], "; ".join(why)) if why else \
+        "%d" % s["lost"]
+
+
 def table(results, limit):
     head = ("| arrivals | policy | completed | lost | kernel OOM kills "
             "| killed by policy | retries | CPU-s thrown away | makespan s "
@@ -873,12 +1116,13 @@ def table(results, limit):
                 r.forecast["alarms"], r.forecast["false_alarms"],
                 r.forecast["misses"], r.forecast["overs"])
         rows.append(
-            "| %s | %s | %d | %s | %d (counter %d) | %d | %d | %.1f | %.1f "
+            "| %s | %s | %d | %s | %d (counter %d) | %s | %d | %.1f | %.1f "
             "| %.0f%% | %.0f%% | %s | %s | %s |" % (
                 arrivals, r.name, s["completed"],
-                "%d (%d failed)" % (s["lost"], s["failures"])
-                if s["failures"] else "%d" % s["lost"],
-                s["kernel_kills"], s["oom_counter"], s["policy_kills"],
+                lost_cell(s, r),
+                s["kernel_kills"], s["oom_counter"],
+                "%d (%s)" % (s["policy_kills"], r.kills_note)
+                if r.kills_note else "%d" % s["policy_kills"],
                 s["retries"], s["wasted_cpu"], s["makespan"],
                 s["use_mean"] * 100, s["use_p95"] * 100,
                 "%.0f%%" % (s["slack_mean"] * 100)
@@ -970,12 +1214,11 @@ POLICIES = {
     "static": StaticPolicy,
     "pollkill": PollKillPolicy,
     "memtally": MemtallyPolicy,
+    "dask": DaskPolicy,
+    "memtally-dask": MemtallyDaskPolicy,
 }
-# Run by their own harness (python/memtally, Dask), not here yet.
-NOT_RUN = {
-    "dask": "Dask LocalCluster: not plugged into this harness yet",
-    "memtally-dask": "memtally.dask: not plugged into this harness yet",
-}
+# Policies that cannot run in this harness: name -> why.
+NOT_RUN = {}
 
 
 def main(argv=None):
@@ -993,6 +1236,8 @@ def main(argv=None):
     ap.add_argument("--results")
     ap.add_argument("--plot")
     ap.add_argument("--json")
+    ap.add_argument("--keep", metavar="DIR",
+                    help="keep the run's logs and work files in DIR")
     args = ap.parse_args(argv)
     # Stopped, still remove the node (the finally blocks run).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -1004,7 +1249,11 @@ def main(argv=None):
                                   "fleet_worker.py")
     preload = os.environ.get("MEMTALLY_PRELOAD_LIB", os.path.join(
         args.build, "client", "libmemtally_preload.so"))
-    for f in (args.c_worker, preload):
+    # Without its glibc front end beside it, the preload keeps python3 on
+    # jemalloc, whose freed pages a quiet long-lived process (a Dask
+    # worker) keeps: the Python tasks would not run as their users run them.
+    glibc = os.path.join(os.path.dirname(preload), "libmemtally_glibc.so")
+    for f in (args.c_worker, preload, glibc):
         if not os.path.exists(f):
             raise SystemExit("fleet: %s not built" % f)
     limit = args.node_mib * MIB
@@ -1019,6 +1268,9 @@ def main(argv=None):
     info = benchlib.machine_info()
     results = []
     with tempfile.TemporaryDirectory(prefix="mtfleet-") as tmp:
+        if args.keep:   # logs and work files kept there, for a look after
+            tmp = args.keep
+            os.makedirs(tmp, exist_ok=True)
         for arrivals in args.arrivals.split(","):
             tasks = make_workload(args.workload, args.tasks, arrivals,
                                   args.node_mib)
