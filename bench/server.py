@@ -10,7 +10,7 @@ Each run proves that a tick summed exactly what the lanes hold. This is the
 aggregation only (a lower bound on the server's tick): group totals,
 limits and the header publish are not in it; each row also times the loop
 as it was before the tick's tuning (`--variant call`), interleaved, for a
-side-by-side ratio. Then the whole tick, mts_tick(), on a registry built
+side-by-side ratio. Then the whole tick, mts_core_tick(), on a registry built
 from the daemon's own code (server_core_tick.c: S workers adopted into a
 real header and slot table, 8 groups, fleet, group and process limits, 30% churn through
 the real exit path). Then exit-to-reclaim latency (server_reclaim.c): a
@@ -243,7 +243,7 @@ def side_by_side(args, build, info):
         "interleaved with the registration rounds: `loop` is "
         "bench_server_tick (the summing loop alone, `--lanes 1 --quiet "
         "--variant prefetch`; it walks the table by `base + i × stride` "
-        "in both trees), `full` is bench_server_core_tick (`mts_tick()` "
+        "in both trees), `full` is bench_server_core_tick (`mts_core_tick()` "
         "of each tree's own server code, `--lanes 1 --churn 30`; the new "
         "one reads each slot through `reg->slot_at[]`). Reader pinned to "
         "CPU %d; 301 ticks per run. p50 = median over the rounds of each "
@@ -336,7 +336,7 @@ def main():
             log("  slots %-6d lanes %-3d %-6s p50 %.1f us (call %.1f us)" % (
                 s, lanes, "writer" if r["writer"] else "quiet",
                 r["p50_ns"] / 1e3, old["p50_ns"] / 1e3))
-    # The whole tick, mts_tick(), on a registry of the daemon's own code.
+    # The whole tick, mts_core_tick(), on a registry of the daemon's own code.
     core = []
     cexe = os.path.join(build, "bench", "bench_server_core_tick")
     for s, lanes, writer in CORE_ROWS:
@@ -441,7 +441,7 @@ def main():
         "lane in use, so each line is just written by another core; "
         "`quiet`: no writer. 301 ticks per row; p50 / p99 / min in µs; "
         "each run checks the tick summed exactly what the lanes hold. "
-        "The loop is the one mts_tick() runs now (`mtshm_slot_sum` inlined, "
+        "The loop is the one mts_core_tick() runs now (`mtshm_slot_sum` inlined, "
         "lane count from the private layout, the line 8 slots ahead "
         "prefetched); `call p50` is the loop as it was (an out-of-line call "
         "per slot), run just before it. "
@@ -467,7 +467,7 @@ def main():
             "met" if r["p50_ns"] / 1e3 <= TARGET_US else "**missed**")
         for r in big) + " (loop only).\n")
     lines.append(
-        "**Full tick (mts_tick)**: `mts_tick()` itself "
+        "**Full tick (mts_core_tick)**: `mts_core_tick()` itself "
         "(bench_server_core_tick: "
         "server_core_tick.c, linked with `memtally_server_core`): a real "
         "header and slot table with the server's default 4 lanes per slot, a registry "
