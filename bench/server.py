@@ -26,7 +26,7 @@ without a long-lived worker of the same uid beside them.
 Many connections and Admit rates: bench/loadgen.py.
 
 Side by side with another tree (`--side-by-side --baseline-build B`):
-registration cost and tick cost (loop only and mts_tick) of this build and
+registration cost and tick cost (loop only and mts_core_tick) of this build and
 of B, interleaved round by round (old, new, then new, old, ...), medians
 and quartiles over the rounds, ratios new / old; written to its own block
 of RESULTS.md. The registration bench is compiled for both with the same
