@@ -470,23 +470,26 @@ static void leave(uint64_t before)
 
 /*
  * Bring the figure to what the kernel says is resident of the counted
- * ranges, now. For a caller outside the program's mapping calls (a
- * periodic refresh, memtally_flush()): from any thread, never waits for
- * the table's lock (a thread mapping holds it across one system call;
- * then this round is skipped), never allocates through malloc, never
- * attaches. Cost: measured in docs/ARCHITECTURE.md.
+ * ranges, for a caller outside the program's mapping calls: from any
+ * thread, never allocating through malloc, never attaching. `now`
+ * (memtally_flush(): the program asks for its figure now) waits for the
+ * table's lock (held across one system call) and whatever the last
+ * reconcile cost; otherwise (the periodic refresh) a held lock skips the
+ * round, and it runs at most once per MM_REC_SHARE times its own last
+ * cost: at most 1% of a CPU however often it is asked. Cost: measured in
+ * docs/ARCHITECTURE.md.
  */
-void mtc_maps_reconcile(void)
+static void reconcile_outside(bool now)
 {
 	if (!__atomic_load_n(&mm.ready, __ATOMIC_ACQUIRE) || mm_busy ||
 	    __atomic_load_n(&mm.t.n, __ATOMIC_RELAXED) == 0)
 		return;
 	mm_busy = 1; /* as in enter(): busy before the lock */
 	__atomic_signal_fence(__ATOMIC_SEQ_CST);
-	if (pthread_mutex_trylock(&mm.lock) == 0) {
-		/* At most once per MM_REC_SHARE times its own last cost: at
-		 * most 1% of a CPU however often it is asked. */
-		if (now_ns() - mm.rec_at >= mm.rec_cost * MM_REC_SHARE) {
+	int locked = now ? pthread_mutex_lock(&mm.lock)
+	                 : pthread_mutex_trylock(&mm.lock);
+	if (locked == 0) {
+		if (now || now_ns() - mm.rec_at >= mm.rec_cost * MM_REC_SHARE) {
 			uint64_t before = figure();
 			reconcile_locked();
 			if (figure() != before)
@@ -498,24 +501,14 @@ void mtc_maps_reconcile(void)
 	mm_busy = 0;
 }
 
-/* memtally_flush(): the program asks for its figure now, so whatever the
- * last reconcile cost, and waiting for the table's lock (held across one
- * system call). */
+void mtc_maps_reconcile(void)
+{
+	reconcile_outside(false);
+}
+
 void mtc_maps_reconcile_now(void)
 {
-	if (!__atomic_load_n(&mm.ready, __ATOMIC_ACQUIRE) || mm_busy ||
-	    __atomic_load_n(&mm.t.n, __ATOMIC_RELAXED) == 0)
-		return;
-	mm_busy = 1; /* as in enter(): busy before the lock */
-	__atomic_signal_fence(__ATOMIC_SEQ_CST);
-	pthread_mutex_lock(&mm.lock);
-	uint64_t before = figure();
-	reconcile_locked();
-	if (figure() != before)
-		mtc_mapped_store(figure());
-	pthread_mutex_unlock(&mm.lock);
-	__atomic_signal_fence(__ATOMIC_SEQ_CST);
-	mm_busy = 0;
+	reconcile_outside(true);
 }
 
 void mtc_mapped_resync(void)

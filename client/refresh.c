@@ -8,8 +8,9 @@
  * (glibc), or none at all (jemalloc, whose dirty pages stay resident until
  * the process calls it again). One thread per process looks every
  * MEMTALLY_REFRESH_MS (1000 by default; 0: no thread) and samples the
- * allocator's free memory when the heap moved since the last sample (or
- * that sample is MTC_FREE_STALE_NS old), through the same turn and
+ * allocator's free memory when the heap moved since the last sample
+ * (jemalloc: also while it keeps dirty pages, and every 10 s; see
+ * mtc_free_refresh_due), through the same turn and
  * spacing as a sample taken at a flush (attach.c), then lets the mapped
  * memory's bookkeeping (mmap.c) reconcile its figure with the kernel's.
  *

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #define MIB (1024u * 1024u)
@@ -57,6 +58,14 @@ static inline const char *mt_wait(void)
 		return NULL;
 	line[strcspn(line, "\n")] = 0;
 	return line;
+}
+
+/* CLOCK_MONOTONIC in seconds, for workers paced by the clock. */
+static inline double mt_now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
 /* Touch every page so the memory is real, as a worker's would be. */

@@ -20,13 +20,6 @@
 static void *blocks[MAX_MIB];
 static size_t held;
 
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 static void set_level(double mib)
 {
 	size_t want = mib < 0 ? 0 : mib > MAX_MIB ? MAX_MIB : (size_t)mib;
@@ -66,15 +59,15 @@ int main(int argc, char **argv)
 	const char *profile = argv[1];
 	double peak = atof(argv[2]), secs = atof(argv[3]);
 	double cpu = argc > 4 ? atof(argv[4]) : 0.1;
-	double t0 = now_s(), step = 0.02;
+	double t0 = mt_now_s(), step = 0.02;
 	volatile unsigned long spin = 0;
 	for (;;) {
-		double f = (now_s() - t0) / secs;
+		double f = (mt_now_s() - t0) / secs;
 		if (f >= 1)
 			break;
 		set_level(level(profile, peak, f));
-		double busy_end = now_s() + step * cpu;
-		while (now_s() < busy_end)
+		double busy_end = mt_now_s() + step * cpu;
+		while (mt_now_s() < busy_end)
 			spin++;
 		struct timespec ts = {0, (long)(step * (1 - cpu) * 1e9)};
 		nanosleep(&ts, NULL);

@@ -21,13 +21,6 @@
 static void *blocks[MAX_MIB];
 static size_t held;
 
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 static void nap_ms(long ms)
 {
 	struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
@@ -58,16 +51,16 @@ int main(int argc, char **argv)
 	const char *cmd;
 	double r, s;
 	while ((cmd = mt_wait()) && strcmp(cmd, "exit") != 0) {
-		double base = (double)held, t0 = now_s(), t;
+		double base = (double)held, t0 = mt_now_s(), t;
 		if (sscanf(cmd, "ramp %lf %lf", &r, &s) == 2) {
-			while ((t = now_s() - t0) < s) {
+			while ((t = mt_now_s() - t0) < s) {
 				set_level(base + r * t + 0.5);
 				nap_ms(5);
 			}
 			set_level(base + r * s + 0.5);
 			mt_say("ramped %zu", held);
 		} else if (sscanf(cmd, "noise %lf %lf", &r, &s) == 2) {
-			while (now_s() - t0 < s) {
+			while (mt_now_s() - t0 < s) {
 				double u = (double)rand() / RAND_MAX * 2 - 1;
 				set_level(base + u * r + 0.5);
 				nap_ms(100);
