@@ -64,7 +64,7 @@ from celery import Task, bootsteps
 from celery.exceptions import Reject
 from celery.worker.request import Request
 
-from .client import DEFAULT_SOCKET, STATES, Client, MemtallyError, parse_size
+from .client import DEFAULT_SOCKET, STATES, Client, MemtallyError, as_bytes
 
 log = logging.getLogger("memtally.celery")
 
@@ -93,12 +93,6 @@ def _conf(app, key, default):
 def _socket(app):
     return (_conf(app, "memtally_socket", None)
             or os.environ.get("MEMTALLY_SOCKET") or DEFAULT_SOCKET)
-
-
-def _bytes(v):
-    if v in (None, "", 0):
-        return 0
-    return v if isinstance(v, int) else parse_size(str(v))
 
 
 def _fail_open(sock, err):
@@ -132,7 +126,7 @@ class AdmittedTask(Task):
     memtally_ttl = 0
 
     def __call__(self, *args, **kwargs):
-        nbytes = _bytes(self.memtally_bytes)
+        nbytes = as_bytes(self.memtally_bytes)
         if not nbytes:
             return super().__call__(*args, **kwargs)
         sock = _socket(self.app)

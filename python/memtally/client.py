@@ -177,6 +177,14 @@ def parse_size(text):
     return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
 
 
+def as_bytes(v):
+    """A task's declared size as an integration takes it: an int, or a
+    size as text ("600MiB"); unset (None, "", 0) is 0, no admission."""
+    if v in (None, "", 0):
+        return 0
+    return v if isinstance(v, int) else parse_size(str(v))
+
+
 def human(n):
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if n < 1024 or unit == "TiB":

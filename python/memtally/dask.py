@@ -67,19 +67,13 @@ from concurrent.futures import ThreadPoolExecutor
 from distributed import WorkerPlugin
 from distributed.core import Status
 
-from .client import DEFAULT_SOCKET, STATES, Client, MemtallyError, parse_size
+from .client import DEFAULT_SOCKET, STATES, Client, MemtallyError, as_bytes
 
 # Under "distributed": a worker's log shows these beside Dask's own lines,
 # at the levels Dask's logging configuration sets for that tree.
 log = logging.getLogger("distributed.memtally")
 
 _failing_open = set()   # sockets we already said we run without
-
-
-def _bytes(v):
-    if v in (None, "", 0):
-        return 0
-    return v if isinstance(v, int) else parse_size(str(v))
 
 
 def _task_name(key):
@@ -219,7 +213,7 @@ class _Gate:
         ts = self.worker.state.tasks.get(key)
         ann = (ts.annotations or {}) if ts is not None else {}
         try:
-            nbytes = _bytes(ann.get("memtally_bytes"))
+            nbytes = as_bytes(ann.get("memtally_bytes"))
             group = str(ann.get("memtally_group") or "")
             ttl = int(ann.get("memtally_ttl") or 0)
         except Exception as e:  # noqa: BLE001 - a bad annotation must not fail the task
