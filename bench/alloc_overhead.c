@@ -552,7 +552,7 @@ static int64_t lane_flushes(void)
 		void *base = (void *)tables[t].lo;
 		for (uint32_t i = 0; i < layout.slot_count; i++) {
 			struct mtshm_slot_id *s = mtshm_slot(&layout, base, i);
-			if (mt_load_acquire32(&s->pid) != pid)
+			if (mtshm_load_acquire32(&s->pid) != pid)
 				continue;
 			uint64_t fl = 0;
 			int absurd;

@@ -82,9 +82,9 @@ static void *writer(void *arg)
 		for (uint32_t i = 0; i < nslots; i++) {
 			struct mtshm_slot_id *s = mts_slot(&reg, i);
 			for (uint32_t k = 0; k < nlanes; k++)
-				mt_store_relaxeds64(&mtshm_lane(s, k)->bytes,
-				                    lane_value(i, k) +
-				                        (int64_t)(round & 1));
+				mtshm_store_relaxeds64(
+				    &mtshm_lane(s, k)->bytes,
+				    lane_value(i, k) + (int64_t)(round & 1));
 		}
 	}
 	return NULL;
@@ -95,9 +95,10 @@ static void slot_fill(const struct mts_table *t, uint32_t i)
 {
 	struct mtshm_slot_id *s = mtshm_slot(&reg.layout, t->map.base, i);
 	for (uint32_t k = 0; k < nlanes; k++)
-		mt_store_relaxeds64(&mtshm_lane(s, k)->bytes, lane_value(i, k));
-	mt_store_relaxed32(&s->lanes_used, nlanes);
-	mt_store_relaxed32(&s->threads, nlanes);
+		mtshm_store_relaxeds64(&mtshm_lane(s, k)->bytes,
+		                       lane_value(i, k));
+	mtshm_store_relaxed32(&s->lanes_used, nlanes);
+	mtshm_store_relaxed32(&s->threads, nlanes);
 }
 
 static uint64_t rng = 88172645463325252u;
@@ -149,8 +150,8 @@ static int adopt(uint32_t slot, uint32_t pid, uint32_t groups)
 	snprintf(a.task, sizeof(a.task), "task-%u", pid % 97);
 	slot_fill(t, slot);
 	/* The pid a registration would have published. */
-	mt_store_relaxed32(&mtshm_slot(&reg.layout, t->map.base, slot)->pid,
-	                   pid);
+	mtshm_store_relaxed32(&mtshm_slot(&reg.layout, t->map.base, slot)->pid,
+	                      pid);
 	int err = mts_registry_adopt_slot(&reg, &a, t);
 	if (err < 0) {
 		if (err != -EAGAIN)
@@ -304,8 +305,8 @@ int main(int argc, char **argv)
 	for (uint32_t i = 0; i < slots; i++) {
 		struct mtshm_slot_id *s = mts_slot(&reg, i);
 		for (uint32_t k = 0; k < lanes; k++) {
-			mt_store_relaxeds64(&mtshm_lane(s, k)->bytes,
-			                    lane_value(i, k));
+			mtshm_store_relaxeds64(&mtshm_lane(s, k)->bytes,
+			                       lane_value(i, k));
 			want += lane_value(i, k);
 		}
 	}

@@ -126,7 +126,7 @@ static int64_t find_slot(const struct mtshm_layout *l,
 	if (!table->base)
 		return -1;
 	for (uint32_t i = 0; i < l->slot_count; i++)
-		if (mt_load_acquire32(&mtshm_slot(l, table->base, i)->pid) ==
+		if (mtshm_load_acquire32(&mtshm_slot(l, table->base, i)->pid) ==
 		    (uint32_t)pid)
 			return i;
 	return -1;
@@ -302,7 +302,7 @@ int main(int argc, char **argv)
 					t_exit = t;
 			}
 			if (!t_freed &&
-			    mt_load_acquire32(&s->pid) != (uint32_t)w)
+			    mtshm_load_acquire32(&s->pid) != (uint32_t)w)
 				t_freed = t;
 			if (t_freed && !t_rec &&
 			    mtshm_fleet_read(m.hdr, &f) == 0 && f.seq > seq0 &&

@@ -63,7 +63,7 @@ static void *writer(void *arg)
 		for (uint32_t i = 0; i < nslots; i++) {
 			struct mtshm_slot_id *s = mtshm_slot(&layout, table.base, i);
 			for (uint32_t k = 0; k < nlanes; k++)
-				mt_store_relaxeds64(
+				mtshm_store_relaxeds64(
 				    &mtshm_lane(s, k)->bytes,
 				    (int64_t)(i * 64u + k + 1 + (round & 1)));
 		}
@@ -89,7 +89,7 @@ static int64_t tick_call(void)
 	int64_t total = 0;
 	for (uint32_t i = 0; i < nslots; i++) {
 		struct mtshm_slot_id *s = mtshm_slot(&layout, table.base, i);
-		if (!mt_load_relaxed32(&s->pid))
+		if (!mtshm_load_relaxed32(&s->pid))
 			continue;
 		int absurd = 0;
 		int64_t b = slot_sum_call(&layout, s, &absurd);
@@ -113,7 +113,7 @@ static int64_t tick_inline(void)
 			mtshm_slot_prefetch(
 			    mtshm_slot(&layout, table.base, i + ahead));
 		struct mtshm_slot_id *s = mtshm_slot(&layout, table.base, i);
-		if (!mt_load_relaxed32(&s->pid))
+		if (!mtshm_load_relaxed32(&s->pid))
 			continue;
 		uint64_t flushes;
 		int absurd;
@@ -182,11 +182,11 @@ int main(int argc, char **argv)
 	}
 	for (uint32_t i = 0; i < slots; i++) {
 		struct mtshm_slot_id *s = mtshm_slot(&layout, table.base, i);
-		mt_store_relaxed32(&s->pid, 100000 + i);
-		mt_store_relaxed32(&s->lanes_used, lanes);
+		mtshm_store_relaxed32(&s->pid, 100000 + i);
+		mtshm_store_relaxed32(&s->lanes_used, lanes);
 		for (uint32_t k = 0; k < lanes; k++)
-			mt_store_relaxeds64(&mtshm_lane(s, k)->bytes,
-			                    (int64_t)(i * 64u + k + 1));
+			mtshm_store_relaxeds64(&mtshm_lane(s, k)->bytes,
+			                       (int64_t)(i * 64u + k + 1));
 	}
 	pthread_t w;
 	if (!quiet && pthread_create(&w, NULL, writer, NULL))
@@ -210,7 +210,7 @@ int main(int argc, char **argv)
 		struct mtshm_slot_id *s = mtshm_slot(&layout, table.base, i);
 		for (uint32_t k = 0; k < lanes; k++) {
 			int64_t v = (int64_t)(i * 64u + k + 1);
-			mt_store_relaxeds64(&mtshm_lane(s, k)->bytes, v);
+			mtshm_store_relaxeds64(&mtshm_lane(s, k)->bytes, v);
 			want += v;
 		}
 	}

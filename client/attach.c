@@ -178,8 +178,8 @@ void mtc_debug(const char *fmt, ...)
 
 static const struct mtc_attachment *cur_att(void)
 {
-	return (const struct mtc_attachment *)(uintptr_t)mt_load_acquire64(
-		&mtc.cur);
+	return (const struct mtc_attachment *)(uintptr_t)mtshm_load_acquire64(
+	    &mtc.cur);
 }
 
 static struct mtshm_slot_id *cur_slot(void)
@@ -226,13 +226,13 @@ static void fence_inherited(void)
 static void on_fork_child(void)
 {
 	const struct mtc_attachment *a = cur_att();
-	int64_t total = mt_load_relaxeds64(&mtc.pending);
+	int64_t total = mtshm_load_relaxeds64(&mtc.pending);
 	if (a)
 		total += slot_total(a);
-	mt_store_relaxeds64(&mtc.pending, total);
-	mt_store_release64(&mtc.cur, 0);
+	mtshm_store_relaxeds64(&mtc.pending, total);
+	mtshm_store_release64(&mtc.cur, 0);
 	fence_inherited();
-	mt_store_relaxed64(&mtc_epoch, mt_load_relaxed64(&mtc_epoch) + 1);
+	mtshm_store_relaxed64(&mtc_epoch, mtshm_load_relaxed64(&mtc_epoch) + 1);
 	mtc.attaching = 0;
 	mtc.over_seen = 0;
 	/* A registration of the over-limit callback cut short by the fork
@@ -372,7 +372,7 @@ bool mtc_init(void)
 
 uint64_t mtc_threshold(void)
 {
-	return mt_load_relaxed64(&mtc_thresh);
+	return mtshm_load_relaxed64(&mtc_thresh);
 }
 
 /* ---- registration --------------------------------------------------- */
@@ -632,8 +632,8 @@ static int map_reply(struct reg_reply *rep, const struct mtc_attachment *old,
 static void refresh_arm(void)
 {
 	if (mtc_refresh_start && mtc.refresh_ms &&
-	    !mt_load_relaxed32(&mtc.refresh_started))
-		mt_store_relaxed32(&mtc_refresh_want, 1);
+	    !mtshm_load_relaxed32(&mtc.refresh_started))
+		mtshm_store_relaxed32(&mtc_refresh_want, 1);
 }
 
 bool mtc_refresh_claim(uint64_t *period_ms)
@@ -679,8 +679,8 @@ static int attach(void)
 		return err;
 	bool shared_table = old && a.table.base == old->table.base;
 	struct mtshm_slot_id *s = a.slot;
-	if (mt_load_acquire32(&s->pid) != (uint32_t)mtc.pid ||
-	    mt_load_relaxed64(&s->generation) != rep.slot_gen) {
+	if (mtshm_load_acquire32(&s->pid) != (uint32_t)mtc.pid ||
+	    mtshm_load_relaxed64(&s->generation) != rep.slot_gen) {
 		mtc_debug("slot %u is not ours", rep.slot);
 		err = MEMTALLY_EPROTO;
 		goto fail;
@@ -706,29 +706,29 @@ static int attach(void)
 	 * complete entries (fence_inherited). */
 	__atomic_store_n(&mtc.natts, mtc.natts + 1, __ATOMIC_RELEASE);
 	if (rep.threshold)
-		mt_store_relaxed64(&mtc_thresh, rep.threshold);
+		mtshm_store_relaxed64(&mtc_thresh, rep.threshold);
 	if (same_slot) {
 		/* A restarted server adopted our slot and hands us its new
 		 * header: lanes and counts stay as they are, threads keep
 		 * their lanes (same slot, same epoch). */
-		mt_store_release64(&mtc.cur, (uint64_t)(uintptr_t)na);
+		mtshm_store_release64(&mtc.cur, (uint64_t)(uintptr_t)na);
 		mtc_debug("re-registered: slot %u adopted by a new server",
 			  rep.slot);
 		return 0;
 	}
 	/* A new slot: carry the total published into the old one. */
 	if (old)
-		mt_add_relaxeds64(&mtc.pending, slot_total(old));
-	mt_store_relaxed64(&mtc_epoch, mt_load_relaxed64(&mtc_epoch) + 1);
-	mt_store_release64(&mtc.cur, (uint64_t)(uintptr_t)na);
-	mt_add_relaxeds64(&s->overflow,
-			  mt_exchange_relaxeds64(&mtc.pending, 0));
+		mtshm_add_relaxeds64(&mtc.pending, slot_total(old));
+	mtshm_store_relaxed64(&mtc_epoch, mtshm_load_relaxed64(&mtc_epoch) + 1);
+	mtshm_store_release64(&mtc.cur, (uint64_t)(uintptr_t)na);
+	mtshm_add_relaxeds64(&s->overflow,
+	                     mtshm_exchange_relaxeds64(&mtc.pending, 0));
 	mtc_mapped_resync();
 	/* The new slot has no sample of the allocator's free memory: take
 	 * one at the next flush, not after the old slot's spacing. */
-	mt_store_relaxed64(&mtc.free_min_ns, 0);
-	mt_store_relaxed64(&mtc.free_next_ns, 0);
-	mt_store_relaxed64(&mtc.free_last_ns, 0);
+	mtshm_store_relaxed64(&mtc.free_min_ns, 0);
+	mtshm_store_relaxed64(&mtc.free_next_ns, 0);
+	mtshm_store_relaxed64(&mtc.free_last_ns, 0);
 	refresh_arm();
 	mtc_debug("attached: slot %u threshold %llu", rep.slot,
 		  (unsigned long long)rep.threshold);
@@ -745,11 +745,11 @@ fail:
 
 void mtc_mapped_store(uint64_t total)
 {
-	mt_store_relaxed64(&mtc.mapped, total);
+	mtshm_store_relaxed64(&mtc.mapped, total);
 	const struct mtc_attachment *a = cur_att();
 	if (a)
-		mt_store_relaxeds64(&mtshm_lane(a->slot, 0)->mapped,
-				    (int64_t)total);
+		mtshm_store_relaxeds64(&mtshm_lane(a->slot, 0)->mapped,
+		                       (int64_t)total);
 }
 
 /* Where mapped memory is not counted, there is nothing to resync. */
@@ -813,7 +813,7 @@ static bool free_take_turn(const struct mtc_attachment *a,
 	                                 __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
 		return false;
 	/* Until this sample is stored, nobody else starts one. */
-	mt_store_relaxed64(&mtc.free_min_ns, UINT64_MAX);
+	mtshm_store_relaxed64(&mtc.free_min_ns, UINT64_MAX);
 	fs->cpu_ns = thread_cpu_ns();
 	fs->heap_before = slot_total(a);
 	return true;
@@ -825,13 +825,13 @@ bool mtc_free_due(struct mtc_free_sample *fs)
 	if (!a || mtc.free_off)
 		return false;
 	uint64_t now = mt_mono_ns();
-	if (now < mt_load_relaxed64(&mtc.free_min_ns))
+	if (now < mtshm_load_relaxed64(&mtc.free_min_ns))
 		return false;
-	if (now < mt_load_relaxed64(&mtc.free_next_ns)) {
+	if (now < mtshm_load_relaxed64(&mtc.free_next_ns)) {
 		if (now - free_checked_ns < MTC_FREE_CHECK_NS)
 			return false;
 		free_checked_ns = now;
-		int64_t last = mt_load_relaxeds64(&mtc.free_heap);
+		int64_t last = mtshm_load_relaxeds64(&mtc.free_heap);
 		int64_t heap = slot_total(a);
 		int64_t moved = heap > last ? heap - last : last - heap;
 		if (moved < free_enough(last))
@@ -854,11 +854,11 @@ bool mtc_free_refresh_due(struct mtc_free_sample *fs, uint64_t stale_ns)
 	if (!a || mtc.free_off)
 		return false;
 	uint64_t now = mt_mono_ns();
-	if (now < mt_load_relaxed64(&mtc.free_min_ns))
+	if (now < mtshm_load_relaxed64(&mtc.free_min_ns))
 		return false;
-	uint64_t last = mt_load_relaxed64(&mtc.free_last_ns);
+	uint64_t last = mtshm_load_relaxed64(&mtc.free_last_ns);
 	if (last && (!stale_ns || now - last < stale_ns) &&
-	    slot_total(a) == mt_load_relaxeds64(&mtc.free_heap))
+	    slot_total(a) == mtshm_load_relaxeds64(&mtc.free_heap))
 		return false;
 	return free_take_turn(a, fs);
 }
@@ -882,7 +882,7 @@ void mtc_free_publish(const struct mtc_free_sample *fs, uint64_t held)
 			f = MTSHM_ABSURD_BYTES;
 		/* One writer at a time: free_turn. */
 		mtshm_free_store(a->slot, f, after);
-		mt_store_relaxeds64(&mtc.free_heap, after);
+		mtshm_store_relaxeds64(&mtc.free_heap, after);
 		int64_t moved = after > fs->heap_before
 		                    ? after - fs->heap_before
 		                    : fs->heap_before - after;
@@ -902,7 +902,7 @@ void mtc_free_publish(const struct mtc_free_sample *fs, uint64_t held)
 	 */
 	uint64_t now = mt_mono_ns();
 	if (a)
-		mt_store_relaxed64(&mtc.free_last_ns, now);
+		mtshm_store_relaxed64(&mtc.free_last_ns, now);
 	uint64_t cpu = thread_cpu_ns();
 	uint64_t took = cpu > fs->cpu_ns ? cpu - fs->cpu_ns : 0;
 	uint64_t space = took * (took > 1000000u ? 1000u : 200u);
@@ -910,11 +910,11 @@ void mtc_free_publish(const struct mtc_free_sample *fs, uint64_t held)
 		space = MTC_FREE_SPACE_MAX_NS;
 	if (again)
 		space = 0;
-	mt_store_relaxed64(&mtc.free_next_ns,
-	                   now + (space > MTC_FREE_INTERVAL_NS || again
-	                              ? space
-	                              : MTC_FREE_INTERVAL_NS));
-	mt_store_relaxed64(&mtc.free_min_ns, now + space);
+	mtshm_store_relaxed64(&mtc.free_next_ns,
+	                      now + (space > MTC_FREE_INTERVAL_NS || again
+	                                 ? space
+	                                 : MTC_FREE_INTERVAL_NS));
+	mtshm_store_relaxed64(&mtc.free_min_ns, now + space);
 	__atomic_store_n(&mtc.free_turn, 0, __ATOMIC_RELEASE);
 }
 
@@ -939,7 +939,7 @@ static void maybe_attach(int force)
 	if (mtc.disabled || mtc_at_load)
 		return;
 	uint64_t now = mt_mono_ns();
-	if (!force && now < mt_load_relaxed64(&mtc.next_try_ns))
+	if (!force && now < mtshm_load_relaxed64(&mtc.next_try_ns))
 		return;
 	uint32_t zero = 0;
 	if (!__atomic_compare_exchange_n(&mtc.attaching, &zero, 1, 0,
@@ -950,13 +950,13 @@ static void maybe_attach(int force)
 		mtc_debug("attach failed: %s; retry in %llu ms",
 			  memtally_strerror(err),
 			  (unsigned long long)(mtc.backoff_ns / 1000000u));
-		mt_store_relaxed64(&mtc.next_try_ns, now + mtc.backoff_ns);
+		mtshm_store_relaxed64(&mtc.next_try_ns, now + mtc.backoff_ns);
 		mtc.backoff_ns *= 2;
 		if (mtc.backoff_ns > MTC_BACKOFF_MAX_NS)
 			mtc.backoff_ns = MTC_BACKOFF_MAX_NS;
 	} else {
 		mtc.backoff_ns = MTC_BACKOFF_MIN_NS;
-		mt_store_relaxed64(&mtc.next_try_ns, now + MTC_STALE_NS);
+		mtshm_store_relaxed64(&mtc.next_try_ns, now + MTC_STALE_NS);
 	}
 	__atomic_store_n(&mtc.attaching, 0, __ATOMIC_RELEASE);
 }
@@ -972,14 +972,14 @@ static void claim(struct mtc_thread *th, const struct mtc_attachment *a,
 	th->lane = NULL;
 	for (uint32_t k = 0; k < lanes; k++) {
 		struct mtshm_lane *l = mtshm_lane(s, k);
-		if (mt_load_relaxed32(&l->owner) == 0 &&
-		    mt_cas_acquire32(&l->owner, 0, tid)) {
-			mt_max_relaxed32(&s->lanes_used, k + 1);
+		if (mtshm_load_relaxed32(&l->owner) == 0 &&
+		    mtshm_cas_acquire32(&l->owner, 0, tid)) {
+			mtshm_max_relaxed32(&s->lanes_used, k + 1);
 			th->lane = l;
 			break;
 		}
 	}
-	mt_add_relaxed32(&s->threads, 1);
+	mtshm_add_relaxed32(&s->threads, 1);
 	th->counted = 1;
 	th->slot = s;
 	th->epoch = epoch;
@@ -987,11 +987,11 @@ static void claim(struct mtc_thread *th, const struct mtc_attachment *a,
 
 static void release(struct mtc_thread *th)
 {
-	if (th->slot && th->epoch == mt_load_relaxed64(&mtc_epoch)) {
+	if (th->slot && th->epoch == mtshm_load_relaxed64(&mtc_epoch)) {
 		if (th->counted)
-			mt_add_relaxed32(&th->slot->threads, -1);
+			mtshm_add_relaxed32(&th->slot->threads, -1);
 		if (th->lane)
-			mt_store_release32(&th->lane->owner, 0);
+			mtshm_store_release32(&th->lane->owner, 0);
 	}
 	th->lane = NULL;
 	th->slot = NULL;
@@ -1001,10 +1001,10 @@ static void release(struct mtc_thread *th)
 /* Is the server still ticking the segment our slot lives in? */
 static void verify(const struct mtshm_header *h)
 {
-	uint64_t hb = mt_load_relaxed64(&h->fleet.heartbeat_ns);
+	uint64_t hb = mtshm_load_relaxed64(&h->fleet.heartbeat_ns);
 	uint64_t now = mt_mono_ns();
 	if (now > hb + MTC_STALE_NS &&
-	    now >= mt_load_relaxed64(&mtc.next_try_ns)) {
+	    now >= mtshm_load_relaxed64(&mtc.next_try_ns)) {
 		mtc_debug("server heartbeat stale; re-registering");
 		maybe_attach(1);
 	}
@@ -1019,8 +1019,8 @@ static void verify(const struct mtshm_header *h)
 static void over_edge(struct mtc_thread *th, uint32_t over)
 {
 	if (!over)
-		mt_store_relaxed32(&mtc.over_seen, 0);
-	else if (mt_cas_acquire32(&mtc.over_seen, 0, 1))
+		mtshm_store_relaxed32(&mtc.over_seen, 0);
+	else if (mtshm_cas_acquire32(&mtc.over_seen, 0, 1))
 		th->over_due = 1;
 }
 
@@ -1064,7 +1064,7 @@ void mtc_over_handoff(struct mtc_thread *th)
 	th->over_due = 0;
 	/* Re-arm: the next flush (of any thread) that sees the flag still
 	 * up owes the callback. */
-	mt_store_relaxed32(&mtc.over_seen, 0);
+	mtshm_store_relaxed32(&mtc.over_seen, 0);
 }
 
 int memtally_on_over_limit(void (*cb)(void *arg), void *arg)
@@ -1088,7 +1088,7 @@ int memtally_on_over_limit(void (*cb)(void *arg), void *arg)
 			 __ATOMIC_RELEASE);
 	__atomic_store_n(&mtc.cb_seq, seq + 2, __ATOMIC_RELEASE);
 	/* A flag already up runs the new callback at the next flush. */
-	mt_store_relaxed32(&mtc.over_seen, 0);
+	mtshm_store_relaxed32(&mtc.over_seen, 0);
 	return 0;
 }
 
@@ -1103,11 +1103,11 @@ static inline void after_store(struct mtc_thread *th,
 	/* The server's verdict as of its latest tick: a change from what the
 	 * previous flush (of any thread) saw is an edge. */
 	uint32_t over =
-		mt_load_relaxed32(&a->slot->flags) & MTSHM_SLOT_OVER_LIMIT;
-	if (__builtin_expect(over != mt_load_relaxed32(&mtc.over_seen), 0))
+	    mtshm_load_relaxed32(&a->slot->flags) & MTSHM_SLOT_OVER_LIMIT;
+	if (__builtin_expect(over != mtshm_load_relaxed32(&mtc.over_seen), 0))
 		over_edge(th, over);
 	th->ticks_at = &a->hdr->fleet.ticks;
-	uint64_t ticks = mt_load_relaxed64(th->ticks_at);
+	uint64_t ticks = mtshm_load_relaxed64(th->ticks_at);
 	if (ticks != th->seen_ticks) {
 		th->seen_ticks = ticks;
 		th->since_verify = 0;
@@ -1129,35 +1129,35 @@ publish_cold(struct mtc_thread *th, int64_t delta,
 {
 	struct mtshm_slot_id *s = a ? a->slot : NULL;
 	if (!s) {
-		mt_add_relaxeds64(&mtc.pending, delta);
+		mtshm_add_relaxeds64(&mtc.pending, delta);
 		maybe_attach(0);
 		/* If an attach completed meanwhile, our add may have landed
 		 * after its drain: drain again (a no-op when empty). */
 		s = cur_slot();
 		if (s) {
-			int64_t p = mt_exchange_relaxeds64(&mtc.pending, 0);
+			int64_t p = mtshm_exchange_relaxeds64(&mtc.pending, 0);
 			if (p)
-				mt_add_relaxeds64(&s->overflow, p);
+				mtshm_add_relaxeds64(&s->overflow, p);
 		}
 		return;
 	}
 	if (th->exited) {
-		mt_add_relaxeds64(&s->overflow, delta);
+		mtshm_add_relaxeds64(&s->overflow, delta);
 		return;
 	}
-	uint64_t epoch = mt_load_relaxed64(&mtc_epoch);
+	uint64_t epoch = mtshm_load_relaxed64(&mtc_epoch);
 	if (th->epoch != epoch || th->slot != s) {
 		release(th);
 		claim(th, a, epoch);
 	}
 	if (th->lane) {
 		struct mtshm_lane *l = th->lane;
-		mt_store_relaxeds64(&l->bytes,
-				    mt_load_relaxeds64(&l->bytes) + delta);
-		mt_store_relaxed64(&l->flushes,
-				   mt_load_relaxed64(&l->flushes) + 1);
+		mtshm_store_relaxeds64(
+		    &l->bytes, mtshm_load_relaxeds64(&l->bytes) + delta);
+		mtshm_store_relaxed64(&l->flushes,
+		                      mtshm_load_relaxed64(&l->flushes) + 1);
 	} else {
-		mt_add_relaxeds64(&s->overflow, delta);
+		mtshm_add_relaxeds64(&s->overflow, delta);
 	}
 	after_store(th, a);
 }
@@ -1169,15 +1169,16 @@ void mtc_publish(struct mtc_thread *th, int64_t delta)
 	/* A lane is owned only while its thread has not exited (release()
 	 * clears it), so lane + same slot + same epoch is the whole test. */
 	if (__builtin_expect(!a || !l || th->slot != a->slot ||
-				     th->epoch !=
-					 mt_load_relaxed64(&mtc_epoch),
-			     0)) {
+	                         th->epoch != mtshm_load_relaxed64(&mtc_epoch),
+	                     0)) {
 		publish_cold(th, delta, a);
 		return;
 	}
 	/* Only this thread writes its lane: plain load + store, no RMW. */
-	mt_store_relaxeds64(&l->bytes, mt_load_relaxeds64(&l->bytes) + delta);
-	mt_store_relaxed64(&l->flushes, mt_load_relaxed64(&l->flushes) + 1);
+	mtshm_store_relaxeds64(&l->bytes,
+	                       mtshm_load_relaxeds64(&l->bytes) + delta);
+	mtshm_store_relaxed64(&l->flushes,
+	                      mtshm_load_relaxed64(&l->flushes) + 1);
 	after_store(th, a);
 }
 
@@ -1190,7 +1191,7 @@ void mtc_thread_exit(struct mtc_thread *th)
 
 int64_t mtc_published_bytes(void)
 {
-	int64_t total = mt_load_relaxeds64(&mtc.pending);
+	int64_t total = mtshm_load_relaxeds64(&mtc.pending);
 	const struct mtc_attachment *a = cur_att();
 	if (a)
 		total += slot_total(a);
@@ -1212,7 +1213,7 @@ int memtally_flush(void)
 	}
 	/* Registered by this call: the refresh thread now, not at the next
 	 * flush (the program's own call, outside any allocator). */
-	if (mt_load_relaxed32(&mtc_refresh_want))
+	if (mtshm_load_relaxed32(&mtc_refresh_want))
 		mtc_refresh_start();
 	return cur_slot() ? 0 : MEMTALLY_ENOTATTACHED;
 }
@@ -1235,7 +1236,7 @@ int memtally_set_group(const char *group)
 bool memtally_over_limit(void)
 {
 	struct mtshm_slot_id *s = cur_slot();
-	return s && (mt_load_relaxed32(&s->flags) & MTSHM_SLOT_OVER_LIMIT);
+	return s && (mtshm_load_relaxed32(&s->flags) & MTSHM_SLOT_OVER_LIMIT);
 }
 
 bool memtally_attached(void)

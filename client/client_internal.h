@@ -83,17 +83,18 @@ extern uint64_t mtc_thresh;
 static inline bool mtc_publish_quiet(struct mtc_thread *th, int64_t delta)
 {
 	struct mtshm_lane *l = th->lane;
-	int64_t lim = (int64_t)mt_load_relaxed64(&mtc_thresh);
-	if (!l || th->epoch != mt_load_relaxed64(&mtc_epoch))
+	int64_t lim = (int64_t)mtshm_load_relaxed64(&mtc_thresh);
+	if (!l || th->epoch != mtshm_load_relaxed64(&mtc_epoch))
 		return false;
 	if (delta <= -lim || delta >= lim) {
-		if (mt_load_relaxed64(th->ticks_at) != th->seen_ticks ||
+		if (mtshm_load_relaxed64(th->ticks_at) != th->seen_ticks ||
 		    ++th->since_verify >= MTC_VERIFY_EVERY)
 			return false;
-		mt_store_relaxed64(&l->flushes,
-		                   mt_load_relaxed64(&l->flushes) + 1);
+		mtshm_store_relaxed64(&l->flushes,
+		                      mtshm_load_relaxed64(&l->flushes) + 1);
 	}
-	mt_store_relaxeds64(&l->bytes, mt_load_relaxeds64(&l->bytes) + delta);
+	mtshm_store_relaxeds64(&l->bytes,
+	                       mtshm_load_relaxeds64(&l->bytes) + delta);
 	return true;
 }
 
@@ -136,7 +137,7 @@ static inline void mtc_after_flush(struct mtc_thread *th)
 {
 	if (__builtin_expect(th->over_due, 0))
 		mtc_run_over_limit(th);
-	if (__builtin_expect(mt_load_relaxed32(&mtc_refresh_want), 0))
+	if (__builtin_expect(mtshm_load_relaxed32(&mtc_refresh_want), 0))
 		mtc_refresh_start();
 }
 

@@ -224,7 +224,7 @@ __attribute__((noinline)) static void gl_slow(void)
 	if (__builtin_expect(t->set == 1 && !t->th.busy, 1)) {
 		int64_t d = t->carry + (int64_t)(t->alloc - t->freed);
 		if (__builtin_expect(mtc_publish_quiet(&t->th, d), 1)) {
-			uint64_t w = -mt_load_relaxed64(&mtc_thresh);
+			uint64_t w = -mtshm_load_relaxed64(&mtc_thresh);
 			t->carry = 0;
 			t->alloc = t->freed = w;
 			return;

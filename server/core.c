@@ -133,7 +133,8 @@ static inline uint64_t tick_free(struct mts_proc *p, struct mtshm_slot_id *s,
                                  uint64_t heap, int *absurd)
 {
 	*absurd = 0;
-	if (!p->has_free && mt_load_relaxed64(&mtshm_lane(s, 0)->free_seq) == 0)
+	if (!p->has_free &&
+	    mtshm_load_relaxed64(&mtshm_lane(s, 0)->free_seq) == 0)
 		return 0;
 	p->has_free = true;
 	uint64_t f;
@@ -180,7 +181,7 @@ static inline uint64_t tick_mapped(struct mts_proc *p, struct mtshm_slot_id *s,
 			tick_clamp(p, MTS_CLAMPED_MAPPED, false, 0);
 		return pm;
 	}
-	int64_t m = mt_load_relaxeds64(&mtshm_lane(s, 0)->mapped);
+	int64_t m = mtshm_load_relaxeds64(&mtshm_lane(s, 0)->mapped);
 	if (m < 0 && m >= -MTSHM_ABSURD_BYTES) {
 		*absurd = 0;
 		tick_clamp(p, MTS_CLAMPED_MAPPED, true, m);
@@ -202,7 +203,7 @@ static inline void tick_proc(struct mts_registry *reg, struct mts_proc *p,
 	uint64_t pm = tick_mapped(p, s, &mapped_absurd);
 	uint64_t pf = tick_free(p, s, heap, &free_absurd);
 	absurd |= mapped_absurd | free_absurd;
-	uint32_t threads = mt_load_relaxed32(&s->threads);
+	uint32_t threads = mtshm_load_relaxed32(&s->threads);
 	/* Here and below: store only what changed. Most workers are idle
 	 * between two ticks, and a line left clean is dropped from the
 	 * cache for free instead of written back. */
@@ -215,8 +216,9 @@ static inline void tick_proc(struct mts_registry *reg, struct mts_proc *p,
 	acc->rss = mt_sat_add(acc->rss, p->rss);
 	if (absurd && !p->corrupt) {
 		p->corrupt = true;
-		mt_store_relaxed32(&s->flags, mt_load_relaxed32(&s->flags) |
-		                                  MTSHM_SLOT_CORRUPT);
+		mtshm_store_relaxed32(&s->flags,
+		                      mtshm_load_relaxed32(&s->flags) |
+		                          MTSHM_SLOT_CORRUPT);
 		mts_log(MTS_LOG_WARN, "slot counters corrupt, excluded",
 		        "pid=%u slot=%u", p->pid, p->slot);
 	}
@@ -245,7 +247,7 @@ static inline void tick_proc(struct mts_registry *reg, struct mts_proc *p,
 	}
 	if (pb > p->peak) {
 		p->peak = pb;
-		mt_store_relaxed64(&s->peak, pb);
+		mtshm_store_relaxed64(&s->peak, pb);
 	}
 	if (threads > THREADS_SANE_MAX)
 		threads = THREADS_SANE_MAX;

@@ -239,10 +239,10 @@ void mts_limits_eval_proc(struct mts_registry *reg, struct mts_proc *p)
 		return; /* ok <-> high of a process is not an event */
 	/* The flags word has one writer, us; the client only reads it. */
 	struct mtshm_slot_id *s = reg->slot_at[p->slot];
-	uint32_t flags = mt_load_relaxed32(&s->flags);
+	uint32_t flags = mtshm_load_relaxed32(&s->flags);
 	flags = is_over ? flags | MTSHM_SLOT_OVER_LIMIT
 	                : flags & ~MTSHM_SLOT_OVER_LIMIT;
-	mt_store_release32(&s->flags, flags);
+	mtshm_store_release32(&s->flags, flags);
 	char scope[24];
 	snprintf(scope, sizeof(scope), "pid:%u", p->pid);
 	emit(reg, scope, next, prev, p->bytes, p->rss, p->limit, 0,
@@ -285,7 +285,7 @@ static void proc_limit_set(struct mts_registry *reg, struct mts_proc *p,
 	if (p->limit == limit)
 		return;
 	p->limit = limit;
-	mt_store_relaxed64(&reg->slot_at[p->slot]->limit, limit);
+	mtshm_store_relaxed64(&reg->slot_at[p->slot]->limit, limit);
 }
 
 static void log_limit(const char *why, const char *scope, uint64_t before,

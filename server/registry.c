@@ -543,30 +543,30 @@ static void slot_place(struct mts_registry *reg, struct mts_proc *p,
 static uint64_t slot_init(struct mts_registry *reg, struct mts_proc *p)
 {
 	struct mtshm_slot_id *s = reg->slot_at[p->slot];
-	mt_store_release32(&s->pid, 0);
+	mtshm_store_release32(&s->pid, 0);
 	for (uint32_t k = 0; k < reg->layout.lane_count; k++) {
 		struct mtshm_lane *l = mtshm_lane(s, k);
-		mt_store_relaxed32(&l->owner, 0);
-		mt_store_relaxeds64(&l->bytes, 0);
-		mt_store_relaxed64(&l->flushes, 0);
-		mt_store_relaxeds64(&l->mapped, 0);
-		mt_store_relaxed64(&l->free_seq, 0);
-		mt_store_relaxeds64(&l->free_bytes, 0);
-		mt_store_relaxeds64(&l->free_heap, 0);
+		mtshm_store_relaxed32(&l->owner, 0);
+		mtshm_store_relaxeds64(&l->bytes, 0);
+		mtshm_store_relaxed64(&l->flushes, 0);
+		mtshm_store_relaxeds64(&l->mapped, 0);
+		mtshm_store_relaxed64(&l->free_seq, 0);
+		mtshm_store_relaxeds64(&l->free_bytes, 0);
+		mtshm_store_relaxeds64(&l->free_heap, 0);
 	}
-	mt_store_relaxeds64(&s->overflow, 0);
-	mt_store_relaxed32(&s->threads, 0);
-	mt_store_relaxed32(&s->lanes_used, 0);
-	mt_store_relaxed32(&s->flags, 0);
-	mt_store_relaxed64(&s->peak, 0);
-	mt_store_relaxed32(&s->uid, p->uid);
-	mt_store_relaxed64(&s->start_time, p->start_time);
-	mt_store_relaxed64(&s->limit, p->limit);
-	mt_store_relaxed32(&s->group, p->group);
+	mtshm_store_relaxeds64(&s->overflow, 0);
+	mtshm_store_relaxed32(&s->threads, 0);
+	mtshm_store_relaxed32(&s->lanes_used, 0);
+	mtshm_store_relaxed32(&s->flags, 0);
+	mtshm_store_relaxed64(&s->peak, 0);
+	mtshm_store_relaxed32(&s->uid, p->uid);
+	mtshm_store_relaxed64(&s->start_time, p->start_time);
+	mtshm_store_relaxed64(&s->limit, p->limit);
+	mtshm_store_relaxed32(&s->group, p->group);
 	uint64_t gen = ++reg->slot_gens[p->slot];
 	p->slot_gen = gen;
-	mt_store_relaxed64(&s->generation, gen);
-	mt_store_release32(&s->pid, p->pid);
+	mtshm_store_relaxed64(&s->generation, gen);
+	mtshm_store_release32(&s->pid, p->pid);
 	mts_registry_record(reg, p);
 	return gen;
 }
@@ -649,8 +649,8 @@ static void proc_release(struct mts_registry *reg, struct mts_proc *p,
 
 	struct mtshm_slot_id *s = reg->slot_at[p->slot];
 	/* The over-limit flag belongs to this process, not the slot. */
-	mt_store_relaxed32(&s->flags, 0);
-	mt_store_release32(&s->pid, 0);
+	mtshm_store_relaxed32(&s->flags, 0);
+	mtshm_store_release32(&s->pid, 0);
 	reg->slot_at[p->slot] = NULL;
 	p->table->procs--;
 	mts_table_gc(reg, p->table);
@@ -794,7 +794,7 @@ static int proc_reset(struct mts_registry *reg, struct mts_proc *p,
 	}
 	if (nt != p->table) {
 		struct mts_table *old = p->table;
-		mt_store_release32(&reg->slot_at[p->slot]->pid, 0);
+		mtshm_store_release32(&reg->slot_at[p->slot]->pid, 0);
 		old->procs--;
 		mts_table_gc(reg, old);
 		slot_place(reg, p, nt);
@@ -1174,10 +1174,10 @@ int mts_registry_adopt_slot(struct mts_registry *reg,
 	struct mtshm_slot_id *s = reg->slot_at[p->slot];
 	if (a->slot_gen > reg->slot_gens[p->slot])
 		reg->slot_gens[p->slot] = a->slot_gen;
-	mt_store_relaxed32(&s->group, p->group);
-	mt_store_relaxed32(&s->uid, p->uid);
-	mt_store_relaxed32(&s->flags, 0);
-	mt_store_relaxed64(&s->limit, p->limit);
+	mtshm_store_relaxed32(&s->group, p->group);
+	mtshm_store_relaxed32(&s->uid, p->uid);
+	mtshm_store_relaxed32(&s->flags, 0);
+	mtshm_store_relaxed64(&s->limit, p->limit);
 	/* Its peak so far is lost with the old server; it starts again
 	 * from its current figure at the first tick. */
 	tell_joined(reg, p);

@@ -477,15 +477,15 @@ static inline int64_t mtshm_slot_sum(struct mtshm_slot_id *s,
 				     uint32_t lane_count, uint64_t *flushes,
 				     int *absurd)
 {
-	uint32_t used = mt_load_relaxed32(&s->lanes_used);
+	uint32_t used = mtshm_load_relaxed32(&s->lanes_used);
 	if (used > lane_count)
 		used = lane_count;
-	uint64_t sum = (uint64_t)mt_load_relaxeds64(&s->overflow);
+	uint64_t sum = (uint64_t)mtshm_load_relaxeds64(&s->overflow);
 	uint64_t nf = 0;
 	for (uint32_t k = 0; k < used; k++) {
 		struct mtshm_lane *l = mtshm_lane(s, k);
-		sum += (uint64_t)mt_load_relaxeds64(&l->bytes);
-		nf += mt_load_relaxed64(&l->flushes);
+		sum += (uint64_t)mtshm_load_relaxeds64(&l->bytes);
+		nf += mtshm_load_relaxed64(&l->flushes);
 	}
 	/* Two's complement: the wrapped sum read as signed is the exact
 	 * total whenever the true total fits, which a sane one does. */
@@ -505,7 +505,7 @@ static inline int64_t mtshm_slot_sum(struct mtshm_slot_id *s,
  */
 static inline uint64_t mtshm_slot_mapped(struct mtshm_slot_id *s, int *absurd)
 {
-	int64_t m = mt_load_relaxeds64(&mtshm_lane(s, 0)->mapped);
+	int64_t m = mtshm_load_relaxeds64(&mtshm_lane(s, 0)->mapped);
 	*absurd = m < 0 || m > MTSHM_ABSURD_BYTES;
 	return *absurd ? 0 : (uint64_t)m;
 }
@@ -520,11 +520,11 @@ static inline void mtshm_free_store(struct mtshm_slot_id *s, int64_t free_bytes,
                                     int64_t heap)
 {
 	struct mtshm_lane *l = mtshm_lane(s, 0);
-	uint64_t seq = (mt_load_relaxed64(&l->free_seq) + 1) & ~UINT64_C(1);
-	mt_store_relaxed64(&l->free_seq, seq + 1);
-	mt_store_releases64(&l->free_bytes, free_bytes);
-	mt_store_releases64(&l->free_heap, heap);
-	mt_store_release64(&l->free_seq, seq + 2);
+	uint64_t seq = (mtshm_load_relaxed64(&l->free_seq) + 1) & ~UINT64_C(1);
+	mtshm_store_relaxed64(&l->free_seq, seq + 1);
+	mtshm_store_releases64(&l->free_bytes, free_bytes);
+	mtshm_store_releases64(&l->free_heap, heap);
+	mtshm_store_release64(&l->free_seq, seq + 2);
 }
 
 /*
@@ -551,10 +551,10 @@ static inline int mtshm_free_now(struct mtshm_slot_id *s, uint64_t heap,
 {
 	struct mtshm_lane *l = mtshm_lane(s, 0);
 	*absurd = 0;
-	uint64_t s1 = mt_load_acquire64(&l->free_seq);
-	int64_t f = mt_load_acquires64(&l->free_bytes);
-	int64_t h0 = mt_load_acquires64(&l->free_heap);
-	uint64_t s2 = mt_load_relaxed64(&l->free_seq);
+	uint64_t s1 = mtshm_load_acquire64(&l->free_seq);
+	int64_t f = mtshm_load_acquires64(&l->free_bytes);
+	int64_t h0 = mtshm_load_acquires64(&l->free_heap);
+	uint64_t s2 = mtshm_load_relaxed64(&l->free_seq);
 	if ((s1 & 1) || s1 != s2)
 		return 0;
 	if (f < 0 || f > MTSHM_ABSURD_BYTES || h0 < -MTSHM_ABSURD_BYTES ||

@@ -12,92 +12,92 @@
 
 #include <stdint.h>
 
-static inline uint64_t mt_load_relaxed64(const uint64_t *p)
+static inline uint64_t mtshm_load_relaxed64(const uint64_t *p)
 {
 	return __atomic_load_n(p, __ATOMIC_RELAXED);
 }
 
-static inline uint64_t mt_load_acquire64(const uint64_t *p)
+static inline uint64_t mtshm_load_acquire64(const uint64_t *p)
 {
 	return __atomic_load_n(p, __ATOMIC_ACQUIRE);
 }
 
-static inline int64_t mt_load_relaxeds64(const int64_t *p)
+static inline int64_t mtshm_load_relaxeds64(const int64_t *p)
 {
 	return __atomic_load_n(p, __ATOMIC_RELAXED);
 }
 
-static inline int64_t mt_load_acquires64(const int64_t *p)
+static inline int64_t mtshm_load_acquires64(const int64_t *p)
 {
 	return __atomic_load_n(p, __ATOMIC_ACQUIRE);
 }
 
-static inline uint32_t mt_load_relaxed32(const uint32_t *p)
+static inline uint32_t mtshm_load_relaxed32(const uint32_t *p)
 {
 	return __atomic_load_n(p, __ATOMIC_RELAXED);
 }
 
-static inline uint32_t mt_load_acquire32(const uint32_t *p)
+static inline uint32_t mtshm_load_acquire32(const uint32_t *p)
 {
 	return __atomic_load_n(p, __ATOMIC_ACQUIRE);
 }
 
-static inline void mt_store_relaxed64(uint64_t *p, uint64_t v)
+static inline void mtshm_store_relaxed64(uint64_t *p, uint64_t v)
 {
 	__atomic_store_n(p, v, __ATOMIC_RELAXED);
 }
 
-static inline void mt_store_release64(uint64_t *p, uint64_t v)
+static inline void mtshm_store_release64(uint64_t *p, uint64_t v)
 {
 	__atomic_store_n(p, v, __ATOMIC_RELEASE);
 }
 
-static inline void mt_store_relaxeds64(int64_t *p, int64_t v)
+static inline void mtshm_store_relaxeds64(int64_t *p, int64_t v)
 {
 	__atomic_store_n(p, v, __ATOMIC_RELAXED);
 }
 
-static inline void mt_store_releases64(int64_t *p, int64_t v)
+static inline void mtshm_store_releases64(int64_t *p, int64_t v)
 {
 	__atomic_store_n(p, v, __ATOMIC_RELEASE);
 }
 
-static inline void mt_store_relaxed32(uint32_t *p, uint32_t v)
+static inline void mtshm_store_relaxed32(uint32_t *p, uint32_t v)
 {
 	__atomic_store_n(p, v, __ATOMIC_RELAXED);
 }
 
-static inline void mt_store_release32(uint32_t *p, uint32_t v)
+static inline void mtshm_store_release32(uint32_t *p, uint32_t v)
 {
 	__atomic_store_n(p, v, __ATOMIC_RELEASE);
 }
 
 /* Relaxed add: counters only, nobody orders other data by them. */
-static inline void mt_add_relaxeds64(int64_t *p, int64_t v)
+static inline void mtshm_add_relaxeds64(int64_t *p, int64_t v)
 {
 	__atomic_fetch_add(p, v, __ATOMIC_RELAXED);
 }
 
-static inline uint32_t mt_add_relaxed32(uint32_t *p, int32_t v)
+static inline uint32_t mtshm_add_relaxed32(uint32_t *p, int32_t v)
 {
 	return __atomic_fetch_add(p, (uint32_t)v, __ATOMIC_RELAXED);
 }
 
-static inline int64_t mt_exchange_relaxeds64(int64_t *p, int64_t v)
+static inline int64_t mtshm_exchange_relaxeds64(int64_t *p, int64_t v)
 {
 	return __atomic_exchange_n(p, v, __ATOMIC_RELAXED);
 }
 
 /* Claim: acquire on success, so the claimant sees its predecessor's last
  * release-store of the lane. */
-static inline int mt_cas_acquire32(uint32_t *p, uint32_t expect, uint32_t v)
+static inline int mtshm_cas_acquire32(uint32_t *p, uint32_t expect, uint32_t v)
 {
 	return __atomic_compare_exchange_n(p, &expect, v, 0, __ATOMIC_ACQUIRE,
 					   __ATOMIC_RELAXED);
 }
 
 /* Raise *p to at least v. */
-static inline void mt_max_relaxed32(uint32_t *p, uint32_t v)
+static inline void mtshm_max_relaxed32(uint32_t *p, uint32_t v)
 {
 	uint32_t cur = __atomic_load_n(p, __ATOMIC_RELAXED);
 	while (cur < v && !__atomic_compare_exchange_n(p, &cur, v, 1,

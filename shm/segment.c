@@ -117,7 +117,7 @@ int mtshm_header_create(const char *label, const struct mtshm_params *p,
 	h->server_uid = (uint32_t)getuid();
 	h->created_ns = realtime_ns();
 	h->threshold = p->threshold;
-	mt_store_release64(&h->magic, MTSHM_MAGIC);
+	mtshm_store_release64(&h->magic, MTSHM_MAGIC);
 
 	/* From here on no new writable mapping of it can be made, by anyone;
 	 * ours, made before, stays writable. */
@@ -337,21 +337,21 @@ int mtshm_fleet_read(const struct mtshm_header *h, struct mtshm_fleet *out)
 {
 	const struct mtshm_fleet *f = &h->fleet;
 	for (int i = 0; i < MTSHM_FLEET_READ_TRIES; i++) {
-		uint64_t s = mt_load_acquire64(&f->seq);
-		out->bytes = mt_load_acquire64(&f->bytes);
-		out->peak = mt_load_acquire64(&f->peak);
-		out->limit = mt_load_acquire64(&f->limit);
-		out->reserved = mt_load_acquire64(&f->reserved);
-		out->error_bytes = mt_load_acquire64(&f->error_bytes);
-		out->heartbeat_ns = mt_load_acquire64(&f->heartbeat_ns);
-		out->ticks = mt_load_acquire64(&f->ticks);
-		out->state = mt_load_acquire32(&f->state);
-		out->processes = mt_load_acquire32(&f->processes);
-		out->unregistered = mt_load_acquire32(&f->unregistered);
-		out->mapped = mt_load_acquire64(&f->mapped);
-		out->allocator_free = mt_load_acquire64(&f->allocator_free);
+		uint64_t s = mtshm_load_acquire64(&f->seq);
+		out->bytes = mtshm_load_acquire64(&f->bytes);
+		out->peak = mtshm_load_acquire64(&f->peak);
+		out->limit = mtshm_load_acquire64(&f->limit);
+		out->reserved = mtshm_load_acquire64(&f->reserved);
+		out->error_bytes = mtshm_load_acquire64(&f->error_bytes);
+		out->heartbeat_ns = mtshm_load_acquire64(&f->heartbeat_ns);
+		out->ticks = mtshm_load_acquire64(&f->ticks);
+		out->state = mtshm_load_acquire32(&f->state);
+		out->processes = mtshm_load_acquire32(&f->processes);
+		out->unregistered = mtshm_load_acquire32(&f->unregistered);
+		out->mapped = mtshm_load_acquire64(&f->mapped);
+		out->allocator_free = mtshm_load_acquire64(&f->allocator_free);
 		out->seq = s;
-		if (!(s & 1) && s == mt_load_relaxed64(&f->seq))
+		if (!(s & 1) && s == mtshm_load_relaxed64(&f->seq))
 			return 0;
 	}
 	return -EAGAIN;
@@ -360,19 +360,19 @@ int mtshm_fleet_read(const struct mtshm_header *h, struct mtshm_fleet *out)
 void mtshm_fleet_publish(struct mtshm_header *h, const struct mtshm_fleet *in)
 {
 	struct mtshm_fleet *f = &h->fleet;
-	uint64_t s = mt_load_relaxed64(&f->seq);
-	mt_store_relaxed64(&f->seq, s + 1);
-	mt_store_release64(&f->bytes, in->bytes);
-	mt_store_release64(&f->peak, in->peak);
-	mt_store_release64(&f->limit, in->limit);
-	mt_store_release64(&f->reserved, in->reserved);
-	mt_store_release64(&f->error_bytes, in->error_bytes);
-	mt_store_release64(&f->heartbeat_ns, in->heartbeat_ns);
-	mt_store_release64(&f->ticks, in->ticks);
-	mt_store_release32(&f->state, in->state);
-	mt_store_release32(&f->processes, in->processes);
-	mt_store_release32(&f->unregistered, in->unregistered);
-	mt_store_release64(&f->mapped, in->mapped);
-	mt_store_release64(&f->allocator_free, in->allocator_free);
-	mt_store_release64(&f->seq, s + 2);
+	uint64_t s = mtshm_load_relaxed64(&f->seq);
+	mtshm_store_relaxed64(&f->seq, s + 1);
+	mtshm_store_release64(&f->bytes, in->bytes);
+	mtshm_store_release64(&f->peak, in->peak);
+	mtshm_store_release64(&f->limit, in->limit);
+	mtshm_store_release64(&f->reserved, in->reserved);
+	mtshm_store_release64(&f->error_bytes, in->error_bytes);
+	mtshm_store_release64(&f->heartbeat_ns, in->heartbeat_ns);
+	mtshm_store_release64(&f->ticks, in->ticks);
+	mtshm_store_release32(&f->state, in->state);
+	mtshm_store_release32(&f->processes, in->processes);
+	mtshm_store_release32(&f->unregistered, in->unregistered);
+	mtshm_store_release64(&f->mapped, in->mapped);
+	mtshm_store_release64(&f->allocator_free, in->allocator_free);
+	mtshm_store_release64(&f->seq, s + 2);
 }

@@ -245,12 +245,12 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 		/* What its client would have flushed: i+1 MiB in lane 0,
 		 * a little in lane 1 and in overflow. */
 		struct mtshm_slot_id *s = mts_slot(&srv.reg, res.slot);
-		mt_store_relaxed32(&s->threads, 3);
-		mt_store_relaxed32(&s->lanes_used, 2);
-		mt_store_relaxeds64(&s->overflow, 4096);
-		mt_store_relaxeds64(&mtshm_lane(s, 0)->bytes, (int64_t)(i + 1)
-		                                                  << 20);
-		mt_store_relaxeds64(&mtshm_lane(s, 1)->bytes, -12345);
+		mtshm_store_relaxed32(&s->threads, 3);
+		mtshm_store_relaxed32(&s->lanes_used, 2);
+		mtshm_store_relaxeds64(&s->overflow, 4096);
+		mtshm_store_relaxeds64(&mtshm_lane(s, 0)->bytes,
+		                       (int64_t)(i + 1) << 20);
+		mtshm_store_relaxeds64(&mtshm_lane(s, 1)->bytes, -12345);
 	}
 	if (srv.reg.ntables != NKIDS || kid_table[0] == kid_table[1])
 		die("one slot table per uid expected");

@@ -119,8 +119,8 @@ static void setup(void)
 	fx.hdr_ro = mtshm_reopen_ro(fx.map.fd);
 	cr_assert_geq(fx.hdr_ro, 0);
 	fx.slot = mtshm_slot(&l, fx.table.base, 0);
-	mt_store_relaxed64(&fx.slot->generation, SLOT_GEN);
-	mt_store_release32(&fx.slot->pid, (uint32_t)getpid());
+	mtshm_store_relaxed64(&fx.slot->generation, SLOT_GEN);
+	mtshm_store_release32(&fx.slot->pid, (uint32_t)getpid());
 
 	unlink(fx.sock);
 	fx.lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -145,7 +145,8 @@ static void teardown(void)
 
 static void set_flag(bool over)
 {
-	mt_store_relaxed32(&fx.slot->flags, over ? MTSHM_SLOT_OVER_LIMIT : 0);
+	mtshm_store_relaxed32(&fx.slot->flags,
+	                      over ? MTSHM_SLOT_OVER_LIMIT : 0);
 }
 
 /* A flush of the calling thread with something to publish. */

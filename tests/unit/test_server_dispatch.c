@@ -105,10 +105,10 @@ static Memtally__V1__Response *get_usage(int scope, const char *group,
 static void write_lane(uint32_t slot, int64_t bytes, uint32_t threads)
 {
 	struct mtshm_slot_id *s = mts_slot(&srv.reg, slot);
-	mt_store_relaxed32(&s->threads, threads);
-	mt_store_relaxed32(&s->lanes_used, 1);
-	mt_store_relaxeds64(&mtshm_lane(s, 0)->bytes, bytes);
-	mt_store_relaxed64(&mtshm_lane(s, 0)->flushes, 3);
+	mtshm_store_relaxed32(&s->threads, threads);
+	mtshm_store_relaxed32(&s->lanes_used, 1);
+	mtshm_store_relaxeds64(&mtshm_lane(s, 0)->bytes, bytes);
+	mtshm_store_relaxed64(&mtshm_lane(s, 0)->flushes, 3);
 }
 
 static void expect_error(Memtally__V1__Response *r, uint64_t id,
@@ -312,7 +312,7 @@ Test(dispatch, register_publishes_slot)
 	cr_assert_eq(ok->threshold, 1000);
 	cr_assert_eq(ok->segment_generation, srv.map.hdr->generation);
 	struct mtshm_slot_id *s = mts_slot(&srv.reg, ok->slot);
-	cr_assert_eq(mt_load_acquire32(&s->pid), (uint32_t)kid);
+	cr_assert_eq(mtshm_load_acquire32(&s->pid), (uint32_t)kid);
 	cr_assert_eq(s->uid, 1000);
 	cr_assert_eq(s->generation, ok->slot_generation);
 	uint64_t st;
@@ -580,8 +580,9 @@ Test(dispatch, allocator_free_is_part_of_the_figures)
 	cr_assert_eq(srv.reg.totals.allocator_free, 3000);
 	/* A sample being written is not read: the last value stands. */
 	struct mtshm_lane *l = mtshm_lane(mts_slot(&srv.reg, sa), 0);
-	mt_store_relaxed64(&l->free_seq, mt_load_relaxed64(&l->free_seq) + 1);
-	mt_store_relaxeds64(&l->free_bytes, 999999);
+	mtshm_store_relaxed64(&l->free_seq,
+	                      mtshm_load_relaxed64(&l->free_seq) + 1);
+	mtshm_store_relaxeds64(&l->free_bytes, 999999);
 	mts_core_tick(&srv.reg);
 	cr_assert_eq(srv.reg.totals.allocator_free, 3000);
 	/* A negative sample is a lie: the slot is quarantined. (The
@@ -677,7 +678,7 @@ Test(dispatch, figure_below_zero_clamped_and_logged)
 	write_lane(sb, 5000, 1);
 	struct mtshm_slot_id *s = mts_slot(&srv.reg, sb);
 	/* 64 MiB unmapped more than mapped: the unsigned total wrapped. */
-	mt_store_relaxeds64(&mtshm_lane(s, 0)->mapped, -(INT64_C(64) << 20));
+	mtshm_store_relaxeds64(&mtshm_lane(s, 0)->mapped, -(INT64_C(64) << 20));
 	const char *log = tick_logged();
 	cr_assert_eq(srv.reg.totals.bytes, 6000, "heap kept, mapped 0: %llu",
 	             (unsigned long long)srv.reg.totals.bytes);
@@ -694,7 +695,7 @@ Test(dispatch, figure_below_zero_clamped_and_logged)
 	cr_assert_eq(srv.reg.totals.bytes, 6000);
 
 	/* The heap: a dip within threshold x threads is drift, silent. */
-	mt_store_relaxeds64(&mtshm_lane(s, 0)->mapped, 0);
+	mtshm_store_relaxeds64(&mtshm_lane(s, 0)->mapped, 0);
 	write_lane(sb, -(int64_t)srv.reg.threshold / 2, 1);
 	log = tick_logged();
 	cr_assert_eq(srv.reg.totals.bytes, 1000);
@@ -716,10 +717,10 @@ Test(dispatch, lanes_past_the_mark_with_a_sane_total_count)
 	pid_t a = fx_spawn();
 	uint32_t sa = register_ok(a, "g", 1);
 	struct mtshm_slot_id *s = mts_slot(&srv.reg, sa);
-	mt_store_relaxed32(&s->lanes_used, 2);
-	mt_store_relaxeds64(&mtshm_lane(s, 0)->bytes, INT64_C(3) << 60);
-	mt_store_relaxeds64(&mtshm_lane(s, 1)->bytes,
-	                    -(INT64_C(3) << 60) + 4096);
+	mtshm_store_relaxed32(&s->lanes_used, 2);
+	mtshm_store_relaxeds64(&mtshm_lane(s, 0)->bytes, INT64_C(3) << 60);
+	mtshm_store_relaxeds64(&mtshm_lane(s, 1)->bytes,
+	                       -(INT64_C(3) << 60) + 4096);
 	mts_core_tick(&srv.reg);
 	cr_assert_eq(srv.reg.totals.bytes, 4096);
 	cr_assert_eq(s->flags & MTSHM_SLOT_CORRUPT, 0);

@@ -233,9 +233,9 @@ static inline uint32_t fx_register(pid_t pid, const char *group,
 static inline void fx_write(uint32_t slot, int64_t bytes)
 {
 	struct mtshm_slot_id *s = mts_slot(&srv.reg, slot);
-	mt_store_relaxed32(&s->threads, 1);
-	mt_store_relaxed32(&s->lanes_used, 1);
-	mt_store_relaxeds64(&mtshm_lane(s, 0)->bytes, bytes);
+	mtshm_store_relaxed32(&s->threads, 1);
+	mtshm_store_relaxed32(&s->lanes_used, 1);
+	mtshm_store_relaxeds64(&mtshm_lane(s, 0)->bytes, bytes);
 }
 
 static inline Memtally__V1__Response *fx_admit(uint32_t uid, uint64_t bytes,

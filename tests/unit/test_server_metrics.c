@@ -58,9 +58,9 @@ static struct mts_proc *worker(const char *group, int64_t bytes,
 	struct mts_reg_result res;
 	cr_assert_eq(mts_register(&srv.reg, &peer, group, NULL, 1, &res), 0);
 	struct mtshm_slot_id *s = mts_slot(&srv.reg, res.slot);
-	mt_store_relaxed32(&s->threads, threads);
-	mt_store_relaxed32(&s->lanes_used, 1);
-	mt_store_relaxeds64(&mtshm_lane(s, 0)->bytes, bytes);
+	mtshm_store_relaxed32(&s->threads, threads);
+	mtshm_store_relaxed32(&s->lanes_used, 1);
+	mtshm_store_relaxeds64(&mtshm_lane(s, 0)->bytes, bytes);
 	mts_core_tick(&srv.reg);
 	struct mts_proc *p = mts_find_pid(&srv.reg, (uint32_t)pid);
 	cr_assert_not_null(p);

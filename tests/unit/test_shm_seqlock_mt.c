@@ -64,16 +64,16 @@ static void setup(struct mtshm_map *w, struct mtshm_map *r)
 /* The data stores of one snapshot: every field = v. */
 static void store_fields(struct mtshm_fleet *f, uint64_t v)
 {
-	mt_store_relaxed64(&f->bytes, v);
-	mt_store_relaxed64(&f->limit, v);
-	mt_store_relaxed64(&f->reserved, v);
-	mt_store_relaxed64(&f->error_bytes, v);
-	mt_store_relaxed64(&f->heartbeat_ns, v);
-	mt_store_relaxed64(&f->ticks, v);
-	mt_store_relaxed32(&f->state, (uint32_t)v);
-	mt_store_relaxed32(&f->processes, (uint32_t)v);
-	mt_store_relaxed32(&f->unregistered, (uint32_t)v);
-	mt_store_relaxed64(&f->peak, v); /* last, far from bytes */
+	mtshm_store_relaxed64(&f->bytes, v);
+	mtshm_store_relaxed64(&f->limit, v);
+	mtshm_store_relaxed64(&f->reserved, v);
+	mtshm_store_relaxed64(&f->error_bytes, v);
+	mtshm_store_relaxed64(&f->heartbeat_ns, v);
+	mtshm_store_relaxed64(&f->ticks, v);
+	mtshm_store_relaxed32(&f->state, (uint32_t)v);
+	mtshm_store_relaxed32(&f->processes, (uint32_t)v);
+	mtshm_store_relaxed32(&f->unregistered, (uint32_t)v);
+	mtshm_store_relaxed64(&f->peak, v); /* last, far from bytes */
 }
 
 /* The real writer, mtshm_fleet_publish(), with every field = v. */
@@ -149,7 +149,7 @@ Test(seqlock, reader_never_sees_a_torn_snapshot)
 	cr_assert_eq(pthread_create(&th, NULL, writer_main, &w), 0);
 
 	/* Start reading once the writer is running. */
-	while (mt_load_acquire64(&rm.hdr->fleet.seq) < 2)
+	while (mtshm_load_acquire64(&rm.hdr->fleet.seq) < 2)
 		sched_yield();
 
 	const double deadline = now_s() + 5.0 * mult;
@@ -220,9 +220,9 @@ Test(seqlock, reader_waits_out_a_writer_inside)
 	publish(f, 5);
 
 	/* A writer stopped half way: seq odd, some fields new, some old. */
-	mt_store_relaxed64(&f->seq, 11);
-	mt_store_release64(&f->bytes, 6);
-	mt_store_release64(&f->ticks, 6);
+	mtshm_store_relaxed64(&f->seq, 11);
+	mtshm_store_release64(&f->bytes, 6);
+	mtshm_store_release64(&f->ticks, 6);
 
 	struct reader r = {.h = rm.hdr};
 	pthread_t th;
@@ -234,7 +234,7 @@ Test(seqlock, reader_waits_out_a_writer_inside)
 	nanosleep(&pause, NULL);
 
 	store_fields(f, 6);
-	mt_store_release64(&f->seq, 12);
+	mtshm_store_release64(&f->seq, 12);
 	pthread_join(th, NULL);
 	char why[160] = "";
 	cr_expect_eq(check_snapshot(&r.out, why, sizeof(why)), 0, "%s", why);
@@ -250,12 +250,12 @@ Test(seqlock, dead_writer_is_reported_not_spun_on)
 	struct mtshm_fleet *f = &wm.hdr->fleet;
 	publish(f, 5);
 	/* The writer died inside: seq stays odd forever. */
-	mt_store_relaxed64(&f->seq, 11);
+	mtshm_store_relaxed64(&f->seq, 11);
 	struct mtshm_fleet out;
 	cr_assert_eq(mtshm_fleet_read(rm.hdr, &out), -EAGAIN);
 	cr_assert_eq(out.seq, 11);
 	/* A later complete publish is read again. */
-	mt_store_relaxed64(&f->seq, 12);
+	mtshm_store_relaxed64(&f->seq, 12);
 	cr_assert_eq(mtshm_fleet_read(rm.hdr, &out), 0);
 	cr_assert_eq(out.bytes, 5);
 }
@@ -300,7 +300,7 @@ Test(seqlock, free_sample_never_torn)
 	struct free_writer w = {.s = s};
 	pthread_t th;
 	cr_assert_eq(pthread_create(&th, NULL, free_writer_main, &w), 0);
-	while (mt_load_acquire64(&mtshm_lane(s, 0)->free_seq) < 2)
+	while (mtshm_load_acquire64(&mtshm_lane(s, 0)->free_seq) < 2)
 		sched_yield();
 	const double deadline = now_s() + 5.0 * mult;
 	uint64_t reads = 0, whole = 0, bad = 0, out = 0;
