@@ -27,10 +27,12 @@
 #include "mts_admit.h"
 #include "mts_auth.h"
 #include "mts_defs.h"
+#include "mts_dispatch.h"
 #include "mts_limits.h"
 #include "mts_log.h"
 #include "mts_rate.h"
 #include "mts_registry.h"
+#include "mts_rss.h"
 #include "mts_vouch.h"
 #include "mtshm.h"
 
@@ -76,6 +78,17 @@ static const struct mts_registry_watch core_watch = {
     .may_join = mts_may_join_group,
 };
 
+/* The state of the modules above the registry, in one allocation; each
+ * part is written by its own module only (reg->adm, lim, rss, tick,
+ * req). */
+struct core_parts {
+	struct mts_admission adm;
+	struct mts_limits_state lim;
+	struct mts_rss_state rss;
+	struct mts_tick_stats tick;
+	struct mts_dispatch_stats req;
+};
+
 int mts_core_init(struct mts_registry *reg, uv_loop_t *loop,
                   struct mtshm_map *map, const char *label,
                   struct mts_state *state)
@@ -83,11 +96,16 @@ int mts_core_init(struct mts_registry *reg, uv_loop_t *loop,
 	int err = mts_registry_init(reg, loop, map, label, state, &core_watch);
 	if (err < 0)
 		return err;
-	reg->adm = calloc(1, sizeof(*reg->adm));
-	if (!reg->adm) {
+	struct core_parts *c = calloc(1, sizeof(*c));
+	if (!c) {
 		mts_registry_free(reg);
 		return -ENOMEM;
 	}
+	reg->adm = &c->adm;
+	reg->lim = &c->lim;
+	reg->rss = &c->rss;
+	reg->tick = &c->tick;
+	reg->req = &c->req;
 	return 0;
 }
 
@@ -95,8 +113,13 @@ void mts_core_free(struct mts_registry *reg)
 {
 	if (reg->adm) {
 		mts_resv_free_all(reg);
-		free(reg->adm);
+		/* adm is the first member: the allocation's address. */
+		free((struct core_parts *)(void *)reg->adm);
 		reg->adm = NULL;
+		reg->lim = NULL;
+		reg->rss = NULL;
+		reg->tick = NULL;
+		reg->req = NULL;
 	}
 	mts_registry_free(reg);
 }
@@ -112,6 +135,7 @@ void mts_core_free(struct mts_registry *reg)
 /* What the tick adds up over the processes. */
 struct tick_sums {
 	uint64_t bytes, error_bytes, rss, mapped, allocator_free, unvouched;
+	bool vouch_reads; /* claims ran ahead of old kernel figures */
 };
 
 /* Note `n` unvouched bytes of `uid` in group `g`. */
@@ -240,7 +264,7 @@ static inline void tick_proc(struct mts_registry *reg, struct mts_proc *p,
 	 * (vouch.c). Its own limit (below) sees the claim. */
 	uint64_t pv = pb;
 	if (p->untrusted) {
-		pv = mts_vouch_proc(reg, p, pb);
+		pv = mts_vouch_proc(reg, p, pb, &acc->vouch_reads);
 		if (pb != pv)
 			group_unvouched(g, p->uid, pb - pv);
 		acc->unvouched += pb - pv;
@@ -360,7 +384,10 @@ void mts_core_tick(struct mts_registry *reg)
 	t->ticks++;
 
 	uint64_t now = mts_now_monotonic();
-	mts_vouch_end(reg, now);    /* may set vouch_wanted: server.c reads */
+	mts_vouch_end(reg, now);
+	if (acc.vouch_reads)
+		mts_rss_want_vouch(
+		    reg);           /* the server starts it after the tick */
 	mts_tables_sweep(reg, now); /* a few tables: one per uid */
 	mts_resv_tick(reg, now);
 	if (now - t->rate_ns >= (uint64_t)MTS_RATE_SAMPLE_MS * 1000000u)
@@ -373,7 +400,7 @@ void mts_core_tick(struct mts_registry *reg)
 	mts_publish(reg);
 
 	uint64_t took = sat_sub(t->heartbeat_ns, started);
-	reg->stats.last_tick_ns = took;
-	reg->stats.tick_ns_sum = mt_sat_add(reg->stats.tick_ns_sum, took);
-	reg->stats.tick_count++;
+	reg->tick->last_ns = took;
+	reg->tick->sum_ns = mt_sat_add(reg->tick->sum_ns, took);
+	reg->tick->count++;
 }

@@ -539,7 +539,7 @@ static int do_set_limit(struct mts_registry *reg, const struct mts_peer *peer,
 	char msg[200], q1[MTS_LOGQ_MAX], who[MTS_PEER_WHO_MAX];
 	enum mts_auth a = mts_authorise(reg, peer, token);
 	if (a == MTS_AUTH_NONE) {
-		reg->stats.auth_denials++;
+		reg->req->auth_denials++;
 		if (mts_log_peer(mts_peer_log_uid(peer)))
 			mts_log(MTS_LOG_WARN,
 			        "SetLimit refused: not authorised",
@@ -647,7 +647,7 @@ static int do_watch(struct mts_registry *reg, struct mts_peer *peer,
 	resp.event = &ev;
 	int err = append_response(out, &resp);
 	if (err == 0) {
-		reg->stats.events++;
+		reg->req->events++;
 		mts_log(MTS_LOG_DEBUG, "watch subscribed",
 		        "peer_pid=%u id=%llu", peer->pid,
 		        (unsigned long long)id);
@@ -709,7 +709,7 @@ static bool unidentified_refused(struct mts_registry *reg,
 	if (!peer->tcp || peer->has_cred ||
 	    mts_token_equal(reg->policy.tcp_token, request_token(req)))
 		return false;
-	reg->stats.auth_denials++;
+	reg->req->auth_denials++;
 	char who[MTS_PEER_WHO_MAX];
 	mts_log(MTS_LOG_DEBUG, "request refused: unknown uid and no token",
 	        "%s", mts_peer_who(peer, who, sizeof(who)));
@@ -731,7 +731,7 @@ int mts_dispatch(struct mts_registry *reg, struct mts_peer *peer,
 	Memtally__V1__Request *req =
 	    memtally__v1__request__unpack(NULL, len, body);
 	if (!req) {
-		reg->stats.protocol_errors++;
+		reg->req->protocol_errors++;
 		if (mts_log_peer(mts_peer_log_uid(peer)))
 			mts_log(MTS_LOG_WARN, "undecodable request, closing",
 			        "peer_pid=%u bytes=%zu", peer->pid, len);
@@ -809,7 +809,7 @@ int mts_input(struct mts_registry *reg, struct mts_peer *peer,
 			break; /* the prefix is not complete yet */
 		if (n < 0) {
 			bool big = n == MTFRAME_ETOOBIG;
-			reg->stats.protocol_errors++;
+			reg->req->protocol_errors++;
 			char msg[96];
 			snprintf(msg, sizeof(msg),
 			         big ? "frame longer than %u bytes"

@@ -23,7 +23,7 @@
  * reservations are added (what a grant has promised is as good as used).
  *
  * Every change of the fleet's or a group's state, and every process
- * entering or leaving `over`, is logged and handed to reg->on_event (the
+ * entering or leaving `over`, is logged and handed to reg->lim->on_event (the
  * Watch broadcast). A process in `over` has MTSHM_SLOT_OVER_LIMIT set in
  * its slot, so the worker can see it with one load; the flag is cleared
  * when it leaves `over`. Processes are also `high` internally (reported in
@@ -158,8 +158,8 @@ static void emit(struct mts_registry *reg, const char *scope, uint32_t state,
 	        (unsigned long long)rss, mts_measure_name(reg->policy.measure),
 	        (unsigned long long)reserved, (unsigned long long)limit, growth,
 	        forecast_s, mts_logq(qr, sizeof(qr), reason));
-	if (reg->on_event)
-		reg->on_event(reg->event_ctx, &ev);
+	if (reg->lim->on_event)
+		reg->lim->on_event(reg->lim->event_ctx, &ev);
 }
 
 /* The forecast gate of a scope, stepped once per evaluation. */
@@ -189,10 +189,10 @@ static void eval_fleet(struct mts_registry *reg)
 	                   pol->hyst_bp) == MTSHM_STATE_OK;
 	t->state = next;
 	if (next == MTSHM_STATE_OVER) {
-		reg->fleet_over_since_ns = mts_now_monotonic();
+		reg->lim->fleet_over_since_ns = mts_now_monotonic();
 	} else if (prev == MTSHM_STATE_OVER) {
-		reg->fleet_over_since_ns = 0;
-		reg->enforce_idle_logged = false;
+		reg->lim->fleet_over_since_ns = 0;
+		reg->lim->enforce_idle_logged = false;
 	}
 	char why[96];
 	reason_of(why, sizeof(why), next, prev, by_forecast, t->growth, fc);
@@ -414,11 +414,11 @@ void mts_enforce(struct mts_registry *reg, uint64_t now_ns)
 {
 	const struct mts_policy *pol = &reg->policy;
 	if (!pol->enforce_signal || reg->totals.state != MTSHM_STATE_OVER ||
-	    reg->fleet_over_since_ns == 0)
+	    reg->lim->fleet_over_since_ns == 0)
 		return;
 	uint64_t grace = (uint64_t)pol->grace_ms * 1000000u;
-	if (now_ns < reg->fleet_over_since_ns ||
-	    now_ns - reg->fleet_over_since_ns < grace)
+	if (now_ns < reg->lim->fleet_over_since_ns ||
+	    now_ns - reg->lim->fleet_over_since_ns < grace)
 		return;
 
 	struct mts_proc *best = NULL;
@@ -438,7 +438,7 @@ void mts_enforce(struct mts_registry *reg, uint64_t now_ns)
 	}
 	const char *sig = sigabbrev_np(pol->enforce_signal);
 	if (!best) {
-		if (!reg->enforce_idle_logged)
+		if (!reg->lim->enforce_idle_logged)
 			mts_log(
 			    MTS_LOG_WARN,
 			    "fleet over its limit past the grace period; no "
@@ -448,21 +448,21 @@ void mts_enforce(struct mts_registry *reg, uint64_t now_ns)
 			    sig ? sig : "?", pol->grace_ms,
 			    (unsigned long long)reg->totals.bytes,
 			    (unsigned long long)reg->totals.limit);
-		reg->enforce_idle_logged = true;
+		reg->lim->enforce_idle_logged = true;
 		return;
 	}
 	char qc[MTS_LOGQ_MAX], qg[MTS_LOGQ_MAX];
 	best->last_signal_ns = now_ns;
 	/* One signal per grace period in all: let this one take effect
 	 * before choosing another process. */
-	reg->fleet_over_since_ns = now_ns;
+	reg->lim->fleet_over_since_ns = now_ns;
 	if (pidfd_send_signal(best->pidfd, pol->enforce_signal, NULL, 0) < 0) {
 		mts_log(MTS_LOG_ERROR, "enforcement signal failed",
 		        "pid=%u signal=SIG%s err=%s", best->pid,
 		        sig ? sig : "?", strerror(errno));
 		return;
 	}
-	reg->stats.enforcement_signals++;
+	reg->lim->enforcement_signals++;
 	mts_log(MTS_LOG_WARN, "enforcement: signal sent",
 	        "pid=%u comm=%s group=%s signal=SIG%s bytes=%llu rss=%llu "
 	        "limit=%llu fleet_bytes=%llu fleet_reserved=%llu "

@@ -310,7 +310,7 @@ static void on_hup(uv_signal_t *h, int signum)
 	int r = mts_settings_load(&next, s->cl->config, s->cl->ov, s->cl->nov,
 	                          err, sizeof(err));
 	if (r < 0) {
-		reg->stats.reload_failures++;
+		s->srv->reload_stats.rejected++;
 		mts_log(MTS_LOG_ERROR,
 		        "config reload rejected; the running "
 		        "config is kept",
@@ -323,13 +323,13 @@ static void on_hup(uv_signal_t *h, int signum)
 	if (r == 0)
 		r = mts_server_apply_hooks(s->srv, &next.hooks);
 	if (r < 0) {
-		reg->stats.reload_failures++;
+		s->srv->reload_stats.rejected++;
 		mts_log(MTS_LOG_ERROR,
 		        "config reload failed; the running "
 		        "config is kept",
 		        "error=%s", strerror(-r));
 	} else {
-		reg->stats.reloads++;
+		s->srv->reload_stats.applied++;
 		mts_log_set_level((enum mts_log_level)next.log_level);
 		const struct mts_policy *p = &reg->policy;
 		mts_log(MTS_LOG_INFO, "config reloaded",

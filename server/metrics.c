@@ -84,6 +84,7 @@
 
 #include "mts_admit.h"
 #include "mts_config.h"
+#include "mts_core.h"
 #include "mts_defs.h"
 #include "mts_dispatch.h"
 #include "mts_limits.h"
@@ -799,10 +800,12 @@ static void render_procs(struct out *o, const struct mts_registry *reg,
 }
 
 static void render_counters(struct out *o, const struct mts_registry *reg,
-                            const struct mts_conn_stats *cs)
+                            const struct mts_conn_stats *cs,
+                            const struct mts_reload_stats *rs)
 {
 	const struct mts_stats *s = &reg->stats;
 	const struct mts_admit_stats *a = &reg->adm->stats;
+	const struct mts_dispatch_stats *q = reg->req;
 	counter(o, "memtally_registrations_total",
 	        "Successful worker registrations.", s->registrations);
 	counter(o, "memtally_reclaims_total",
@@ -828,23 +831,26 @@ static void render_counters(struct out *o, const struct mts_registry *reg,
 	        a->fulfilled);
 	counter(o, "memtally_enforcement_signals_total",
 	        "Signals sent to processes over their limit.",
-	        s->enforcement_signals);
+	        reg->lim->enforcement_signals);
 	counter(o, "memtally_watch_events_total",
 	        "Events sent to Watch subscribers.",
-	        s->events + (cs ? cs->watch_events : 0));
+	        q->events + (cs ? cs->watch_events : 0));
 	counter(o, "memtally_watch_disconnects_total",
 	        "Watch subscribers disconnected for not reading their events.",
 	        cs ? cs->watch_disconnects : 0);
 	counter(o, "memtally_auth_denials_total",
 	        "SetLimit or Release requests refused to an unauthorised peer.",
-	        s->auth_denials + a->auth_denials);
-	counter(o, "memtally_config_reloads_total",
-	        "Configuration reloads (SIGHUP) applied.", s->reloads);
-	counter(o, "memtally_config_reload_failures_total",
-	        "Configuration reloads rejected; the old configuration stays.",
-	        s->reload_failures);
+	        q->auth_denials + a->auth_denials);
+	if (rs) {
+		counter(o, "memtally_config_reloads_total",
+		        "Configuration reloads (SIGHUP) applied.", rs->applied);
+		counter(o, "memtally_config_reload_failures_total",
+		        "Configuration reloads rejected; the old configuration "
+		        "stays.",
+		        rs->rejected);
+	}
 	counter(o, "memtally_protocol_errors_total",
-	        "Error responses to malformed frames.", s->protocol_errors);
+	        "Error responses to malformed frames.", q->protocol_errors);
 	if (cs) {
 		gauge(o, "memtally_connections", "Open client connections.",
 		      cs->open);
@@ -892,18 +898,19 @@ static void render_counters(struct out *o, const struct mts_registry *reg,
 	family(o, "memtally_tick_duration_seconds", "summary",
 	       "Time one aggregation tick took.");
 	put_str(o, "memtally_tick_duration_seconds_sum ");
-	put_seconds(o, s->tick_ns_sum);
+	put_seconds(o, reg->tick->sum_ns);
 	put(o, "\n", 1);
-	sample(o, "memtally_tick_duration_seconds_count", s->tick_count);
+	sample(o, "memtally_tick_duration_seconds_count", reg->tick->count);
 	family(o, "memtally_tick_last_duration_seconds", "gauge",
 	       "Time the latest aggregation tick took.");
 	put_str(o, "memtally_tick_last_duration_seconds ");
-	put_seconds(o, s->last_tick_ns);
+	put_seconds(o, reg->tick->last_ns);
 	put(o, "\n", 1);
 }
 
 int mts_metrics_render(const struct mts_registry *reg,
-                       const struct mts_conn_stats *cs, struct mts_buf *out)
+                       const struct mts_conn_stats *cs,
+                       const struct mts_reload_stats *rs, struct mts_buf *out)
 {
 	struct out o = {.b = out};
 	struct labels gl, pl;
@@ -925,7 +932,7 @@ int mts_metrics_render(const struct mts_registry *reg,
 	render_groups(&o, reg, &gl);
 	if (reg->policy.metrics_per_process)
 		render_procs(&o, reg, &pl);
-	render_counters(&o, reg, cs);
+	render_counters(&o, reg, cs, rs);
 	err = o.err;
 
 fail_free_procs:
@@ -960,6 +967,7 @@ struct mts_metrics {
 	uv_async_t async; /* a scrape wants a fresh text; runs on the loop */
 	const struct mts_registry *reg;
 	const struct mts_conn_stats *cs; /* NULL: no connection figures */
+	const struct mts_reload_stats *rs; /* NULL: no reload figures */
 	struct MHD_Daemon *mhd;
 	uint16_t port;
 	struct mts_buf spare; /* loop thread only: the next text goes here */
@@ -980,7 +988,7 @@ static void on_render(uv_async_t *h)
 {
 	struct mts_metrics *m = h->data;
 	m->spare.len = 0;
-	int err = mts_metrics_render(m->reg, m->cs, &m->spare);
+	int err = mts_metrics_render(m->reg, m->cs, m->rs, &m->spare);
 	uint64_t now = mts_now_monotonic();
 
 	pthread_mutex_lock(&m->mu);
@@ -1210,7 +1218,8 @@ static struct MHD_Daemon *start_mhd(struct mts_metrics *m, int fd, bool v6)
 
 int mts_metrics_start(struct mts_metrics **out, const char *host_port,
                       const struct mts_registry *reg,
-                      const struct mts_conn_stats *cs, uv_loop_t *loop)
+                      const struct mts_conn_stats *cs,
+                      const struct mts_reload_stats *rs, uv_loop_t *loop)
 {
 	char q[MTS_LOGQ_MAX], addr[INET6_ADDRSTRLEN + 16];
 	struct sockaddr_storage ss;
@@ -1240,6 +1249,7 @@ int mts_metrics_start(struct mts_metrics **out, const char *host_port,
 	}
 	m->reg = reg;
 	m->cs = cs;
+	m->rs = rs;
 	m->port = bound_port(fd);
 	pthread_condattr_t ca;
 	pthread_condattr_init(&ca);

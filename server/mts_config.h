@@ -68,6 +68,12 @@ struct mts_config {
  * went wrong. */
 #define MTS_DEFAULT_OOM_SCORE_ADJ (-900)
 
+/* SIGHUP reloads (main.c, into struct mts_server), for /metrics. */
+struct mts_reload_stats {
+	uint64_t applied;  /* reloads applied */
+	uint64_t rejected; /* reloads rejected (bad value): the old stays */
+};
+
 /* Everything main needs: server settings, policy, log level, reload
  * bookkeeping. Strings are owned. */
 struct mts_settings {

@@ -10,6 +10,13 @@
 
 #include "mts_registry.h"
 
+/* core.c's own counters (reg->tick), for /metrics. */
+struct mts_tick_stats {
+	uint64_t last_ns; /* duration of the latest tick */
+	uint64_t sum_ns;  /* all ticks' durations */
+	uint64_t count;
+};
+
 /* mts_registry_init() with the server's watch: vouching, reservations,
  * limits and group permissions follow the registry's processes. */
 int mts_core_init(struct mts_registry *reg, uv_loop_t *loop,

@@ -12,6 +12,14 @@
 #include "mtframe.h"
 #include "mts_registry.h"
 
+/* dispatch.c's own counters (reg->req), for /metrics. */
+struct mts_dispatch_stats {
+	uint64_t events;          /* a Watch's first event, in its answer; those
+	                           * pushed later: mts_conn_stats.watch_events */
+	uint64_t protocol_errors; /* error responses for bad frames */
+	uint64_t auth_denials;    /* SetLimit refused (Release: admit.c) */
+};
+
 /* A growable byte buffer. */
 struct mts_buf {
 	uint8_t *data;

@@ -11,6 +11,16 @@
 
 #include "mts_registry.h"
 
+/* limits.c's own state (reg->lim). */
+struct mts_limits_state {
+	uint64_t fleet_over_since_ns; /* CLOCK_MONOTONIC; 0 = not over */
+	bool enforce_idle_logged;     /* "nothing to signal" said once */
+	uint64_t enforcement_signals; /* signals sent, for /metrics */
+	/* Called on every state change (Watch). May be NULL. */
+	void (*on_event)(void *ctx, const struct mts_event *ev);
+	void *event_ctx;
+};
+
 /*
  * The hysteresis state machine. `value` is the figure compared (already
  * including reservations where they count); limit 0 means no limit (ok).

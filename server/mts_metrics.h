@@ -31,16 +31,19 @@
 #define MTS_METRICS_WAIT_MS 1000u
 
 struct mts_metrics;
+struct mts_reload_stats; /* mts_config.h */
 
 /*
  * Append the exposition of `reg` to `out` (which the caller owns and
  * frees). Reads `reg` only; call it on the loop thread. Label values
  * coming from workers (group, comm) are escaped and made valid UTF-8.
- * `cs`: the server's connection counters (NULL: those families are left
- * out). Returns 0 or -ENOMEM (out then holds a partial text; discard it).
+ * `cs`: the server's connection counters, `rs` its reloads (NULL: those
+ * families are left out). Returns 0 or -ENOMEM (out then holds a partial text;
+ * discard it).
  */
 int mts_metrics_render(const struct mts_registry *reg,
-                       const struct mts_conn_stats *cs, struct mts_buf *out);
+                       const struct mts_conn_stats *cs,
+                       const struct mts_reload_stats *rs, struct mts_buf *out);
 
 /*
  * Bind HOST:PORT and serve /metrics from an HTTP thread of its own. `reg`
@@ -56,7 +59,8 @@ int mts_metrics_render(const struct mts_registry *reg,
  */
 int mts_metrics_start(struct mts_metrics **out, const char *host_port,
                       const struct mts_registry *reg,
-                      const struct mts_conn_stats *cs, uv_loop_t *loop);
+                      const struct mts_conn_stats *cs,
+                      const struct mts_reload_stats *rs, uv_loop_t *loop);
 
 /*
  * Stop serving: waits for a scrape in progress (at most

@@ -23,7 +23,11 @@
 
 struct mts_resv;
 struct mts_task;
-struct mts_rss_sweep;
+struct mts_admission;
+struct mts_limits_state;
+struct mts_rss_state;
+struct mts_tick_stats;
+struct mts_dispatch_stats;
 
 /* A registered worker. Lives from registration until its uv_poll's close
  * callback; `slot` is released (pid = 0) when it exits, before that.
@@ -168,16 +172,6 @@ struct mts_totals {
 struct mts_stats {
 	uint64_t registrations; /* successful Register */
 	uint64_t reclaims;      /* slots reclaimed at a worker's exit */
-	uint64_t enforcement_signals;
-	uint64_t events; /* a Watch's first event, in its answer (dispatch.c);
-	                  * those pushed later: conn_stats.watch_events */
-	uint64_t protocol_errors; /* error responses for bad frames */
-	uint64_t last_tick_ns;    /* duration of the latest tick */
-	uint64_t tick_ns_sum;     /* all ticks' durations, for _sum */
-	uint64_t tick_count;
-	uint64_t reloads;         /* SIGHUP reloads applied */
-	uint64_t reload_failures; /* SIGHUP reloads rejected (bad value) */
-	uint64_t auth_denials;    /* SetLimit/Release refused */
 };
 
 /*
@@ -274,23 +268,17 @@ struct mts_registry {
 	struct mts_totals totals;
 	struct mts_stats stats;
 
-	/* Limits, admission, events (limits.c, admit.c). */
-	struct mts_policy policy;     /* in force; owned (deep copy) */
-	uint32_t server_uid;          /* geteuid() at init: always authorised */
-	struct mts_admission *adm;    /* admit.c's: reservations, tasks and
-	                               * their counters (mts_core_init) */
-	uint64_t fleet_over_since_ns; /* CLOCK_MONOTONIC; 0 = not over */
-	bool enforce_idle_logged;     /* "nothing to signal" said once */
-	bool closed;                  /* mts_registry_close() ran */
-	/* Called on every state change (Watch). May be NULL. */
-	void (*on_event)(void *ctx, const struct mts_event *ev);
-	void *event_ctx;
-	struct mts_rss_sweep *rss_sweep; /* the sweep in flight, or NULL */
-	/* vouch.c: claims of untrusted processes ran ahead of their kernel
-	 * figures; an early sweep of those reads them again (at most every
-	 * MTS_VOUCH_SWEEP_MS). */
-	bool vouch_wanted;
-	uint64_t vouch_sweep_ns;
+	struct mts_policy policy; /* in force; owned (deep copy) */
+	uint32_t server_uid;      /* geteuid() at init: always authorised */
+	bool closed;              /* mts_registry_close() ran */
+	/* The state of the modules above the registry, each written by its
+	 * own module only and opaque here: core.c allocates them with the
+	 * registry (mts_core_init); NULL with mts_registry_init alone. */
+	struct mts_admission *adm;      /* admit.c: reservations, tasks */
+	struct mts_limits_state *lim;   /* limits.c: enforcement, events */
+	struct mts_rss_state *rss;      /* rss.c: sweeps in flight */
+	struct mts_tick_stats *tick;    /* core.c: tick timings */
+	struct mts_dispatch_stats *req; /* dispatch.c: request counters */
 	/* The last workers refused a slot, so that a worker's
 	 * retries are not counted again in totals.unregistered. */
 	struct {

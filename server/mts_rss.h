@@ -10,6 +10,20 @@
 
 #include "mts_registry.h"
 
+/* rss.c's own state (reg->rss). */
+struct mts_rss_state {
+	struct mts_rss_sweep *sweep; /* the sweep in flight, or NULL */
+	/* The latest tick found untrusted claims ahead of their kernel
+	 * figures (mts_rss_want_vouch); the last such sweep started at
+	 * vouch_sweep_ns. */
+	bool vouch_wanted;
+	uint64_t vouch_sweep_ns;
+};
+
+/* The tick found claims to check (vouch.c's mts_vouch_end said so): the
+ * next mts_rss_sweep_vouch() reads them. */
+void mts_rss_want_vouch(struct mts_registry *reg);
+
 /* Start a sweep of every registered process's RSS on the libuv thread
  * pool (skipped while one is in flight); results are applied on the loop
  * thread, to the processes still registered with the same pid and start
@@ -17,7 +31,7 @@
 void mts_rss_sweep_start(struct mts_registry *reg);
 /* The same for only the untrusted processes whose claims ran ahead of
  * their kernel figures (mts_vouch_want_read), when the latest tick asked
- * for it (reg->vouch_wanted) and the previous such sweep is at least
+ * for it (mts_rss_want_vouch) and the previous such sweep is at least
  * MTS_VOUCH_SWEEP_MS old. Called by the server after its tick: the tick
  * itself starts no work on the thread pool. */
 void mts_rss_sweep_vouch(struct mts_registry *reg, uint64_t now_ns);

@@ -38,9 +38,10 @@ void mts_vouch_proc_init(const struct mts_registry *reg, struct mts_proc *p);
 void mts_vouch_begin(struct mts_registry *reg);
 
 /* The part of `claim` (an untrusted process's, this tick) that counts
- * toward others; sets p->unvouched. */
+ * toward others; sets p->unvouched. Sets *want_read when the process's
+ * kernel figure should be read again soon (mts_rss_want_vouch). */
 uint64_t mts_vouch_proc(struct mts_registry *reg, struct mts_proc *p,
-                        uint64_t claim);
+                        uint64_t claim, bool *want_read);
 
 /* End of a tick: roll each untrusted uid's excess window; ask for fresh
  * kernel figures where claims ran ahead of them. */

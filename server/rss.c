@@ -124,7 +124,7 @@ static void sweep_done(uv_work_t *req, int status)
 {
 	struct mts_rss_sweep *sw = req->data;
 	struct mts_registry *reg = sw->reg;
-	reg->rss_sweep = NULL;
+	reg->rss->sweep = NULL;
 	if (status == 0 && !reg->closed) {
 		for (uint32_t i = 0; i < sw->n; i++) {
 			const struct rss_entry *e = &sw->e[i];
@@ -142,7 +142,7 @@ static void sweep_done(uv_work_t *req, int status)
  * kernel figure vouch.c wants read before the next full sweep. */
 static void sweep_start(struct mts_registry *reg, bool early)
 {
-	if (reg->rss_sweep || reg->closed || reg->ndense == 0)
+	if (reg->rss->sweep || reg->closed || reg->ndense == 0)
 		return;
 	struct mts_rss_sweep *sw =
 	    malloc(sizeof(*sw) + (size_t)reg->ndense * sizeof(sw->e[0]));
@@ -169,7 +169,7 @@ static void sweep_start(struct mts_registry *reg, bool early)
 		mts_rss_sweep_sync(reg);
 		return;
 	}
-	reg->rss_sweep = sw;
+	reg->rss->sweep = sw;
 }
 
 void mts_rss_sweep_start(struct mts_registry *reg)
@@ -177,12 +177,18 @@ void mts_rss_sweep_start(struct mts_registry *reg)
 	sweep_start(reg, false);
 }
 
+void mts_rss_want_vouch(struct mts_registry *reg)
+{
+	reg->rss->vouch_wanted = true;
+}
+
 void mts_rss_sweep_vouch(struct mts_registry *reg, uint64_t now_ns)
 {
-	if (!reg->vouch_wanted ||
-	    now_ns - reg->vouch_sweep_ns < (uint64_t)MTS_VOUCH_SWEEP_MS * 1000000u)
+	if (!reg->rss->vouch_wanted ||
+	    now_ns - reg->rss->vouch_sweep_ns <
+	        (uint64_t)MTS_VOUCH_SWEEP_MS * 1000000u)
 		return;
-	reg->vouch_wanted = false;
-	reg->vouch_sweep_ns = now_ns;
+	reg->rss->vouch_wanted = false;
+	reg->rss->vouch_sweep_ns = now_ns;
 	sweep_start(reg, true);
 }

@@ -196,8 +196,8 @@ static int start_registry(struct mts_server *srv, const struct mts_config *cfg,
 	if (err < 0)
 		return err;
 	srv->reg.instance = info->instance;
-	srv->reg.on_event = on_event;
-	srv->reg.event_ctx = srv;
+	srv->reg.lim->on_event = on_event;
+	srv->reg.lim->event_ctx = srv;
 	struct mts_policy defaults;
 	mts_policy_defaults(&defaults);
 	err = mts_limits_apply_policy(&srv->reg,
@@ -249,7 +249,7 @@ static int start_late_listeners(struct mts_server *srv,
 	if (cfg->metrics_addr)
 		return mts_metrics_start(&srv->metrics, cfg->metrics_addr,
 		                         &srv->reg, &srv->net.conn_stats,
-		                         srv->loop);
+		                         &srv->reload_stats, srv->loop);
 	return 0;
 }
 

@@ -88,6 +88,7 @@ struct mts_server {
 	bool sock_gone;  /* already reported */
 	struct mts_state *state; /* the restart record, or NULL */
 	uint64_t files_checked_ms; /* uv_now() of the last check */
+	struct mts_reload_stats reload_stats; /* main.c's SIGHUP reloads */
 };
 
 /* Whether the file at cfg.socket_path is still the socket this server

@@ -112,7 +112,7 @@ void mts_vouch_begin(struct mts_registry *reg)
 }
 
 uint64_t mts_vouch_proc(struct mts_registry *reg, struct mts_proc *p,
-                        uint64_t claim)
+                        uint64_t claim, bool *want_read)
 {
 	struct mts_vouch_uid *v = &p->table->vouch;
 	uint64_t k = p->kernel;
@@ -129,7 +129,7 @@ uint64_t mts_vouch_proc(struct mts_registry *reg, struct mts_proc *p,
 		/* A kernel figure older than the claim's rise: read it again
 		 * soon, so an honest process's allowance is given back. */
 		if (mts_vouch_want_read(p))
-			reg->vouch_wanted = true;
+			*want_read = true;
 	}
 	v->claimed += claim;
 	v->vouched += vouched;

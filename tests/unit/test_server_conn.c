@@ -213,7 +213,7 @@ Test(conn, watch_pushes_events_in_order)
 	cr_assert_eq(r->id, 7);
 	cr_assert_eq(r->body_case, MEMTALLY__V1__RESPONSE__BODY_LIMIT_SET);
 	memtally__v1__response__free_unpacked(r, NULL);
-	cr_assert_eq(srv.reg.stats.events + srv.net.conn_stats.watch_events, 3);
+	cr_assert_eq(srv.reg.req->events + srv.net.conn_stats.watch_events, 3);
 	close(w.fd);
 	close(other.fd);
 }
@@ -736,8 +736,7 @@ Test(conn, a_peer_closed_during_another_turn_strands_nobody)
 	}
 	cr_assert_eq(got_b, NB, "B got %llu of %d answers",
 	             (unsigned long long)got_b, NB);
-	cr_assert_geq(srv.reg.stats.events + srv.net.conn_stats.watch_events,
-	              2);
+	cr_assert_geq(srv.reg.req->events + srv.net.conn_stats.watch_events, 2);
 	close(a.fd);
 	close(b.fd);
 }

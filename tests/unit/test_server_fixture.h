@@ -92,8 +92,8 @@ static inline void fx_start_slots(const struct mts_policy *pol, uint32_t slots)
 	 * of the cap set max_slots_per_uid in their policy. */
 	if (srv.reg.policy.slots_per_uid == 0)
 		srv.reg.policy.slots_per_uid = MTS_CAP_NONE;
-	srv.reg.on_event = fx_on_event;
-	srv.reg.event_ctx = NULL;
+	srv.reg.lim->on_event = fx_on_event;
+	srv.reg.lim->event_ctx = NULL;
 	nevents = 0;
 }
 

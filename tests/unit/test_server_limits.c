@@ -313,7 +313,7 @@ Test(limits, set_limit_needs_authorisation)
 	                             MEMTALLY__V1__SET_LIMIT__SCOPE_FLEET, NULL,
 	                             0, 2000, NULL),
 	                MEMTALLY__V1__ERROR_CODE__ERROR_PERMISSION_DENIED);
-	cr_assert_eq(srv.reg.stats.auth_denials, 1);
+	cr_assert_eq(srv.reg.req->auth_denials, 1);
 	cr_assert_eq(srv.reg.totals.limit, 0, "unchanged");
 
 	/* The server's own uid may. */
@@ -455,7 +455,7 @@ Test(limits, watch_answers_current_fleet_state)
 	memtally__v1__response__free_unpacked(r, NULL);
 	cr_assert(peer.watching);
 	cr_assert_eq(peer.watch_id, 77);
-	cr_assert_eq(srv.reg.stats.events, 1);
+	cr_assert_eq(srv.reg.req->events, 1);
 }
 
 Test(limits, rss_is_read_summed_and_measurable)
@@ -469,9 +469,9 @@ Test(limits, rss_is_read_summed_and_measurable)
 	struct mts_proc *pa = mts_find_pid(&srv.reg, (uint32_t)a);
 	cr_assert_eq(pa->rss, 0);
 	mts_rss_sweep_start(&srv.reg);
-	cr_assert_not_null(srv.reg.rss_sweep);
+	cr_assert_not_null(srv.reg.rss->sweep);
 	unsigned spins = 0;
-	while (srv.reg.rss_sweep) {
+	while (srv.reg.rss->sweep) {
 		uv_run(&loop, UV_RUN_ONCE);
 		cr_assert_lt(++spins, 10000u);
 	}
@@ -517,11 +517,11 @@ Test(limits, enforcement_signals_largest_over_its_own_limit)
 	mts_core_tick(&srv.reg);
 	cr_assert_eq(srv.reg.totals.state, OVER);
 	/* Within the grace period: nothing. */
-	cr_assert_eq(srv.reg.stats.enforcement_signals, 0);
+	cr_assert_eq(srv.reg.lim->enforcement_signals, 0);
 	/* The grace period has passed. */
-	srv.reg.fleet_over_since_ns -= 61000ull * 1000000ull;
+	srv.reg.lim->fleet_over_since_ns -= 61000ull * 1000000ull;
 	mts_core_tick(&srv.reg);
-	cr_assert_eq(srv.reg.stats.enforcement_signals, 1);
+	cr_assert_eq(srv.reg.lim->enforcement_signals, 1);
 	int st;
 	cr_assert_eq(waitpid(b, &st, 0), b);
 	cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGTERM);
@@ -531,7 +531,7 @@ Test(limits, enforcement_signals_largest_over_its_own_limit)
 	/* The grace period started again: no second signal yet, even
 	 * though a is over its own limit too. */
 	mts_core_tick(&srv.reg);
-	cr_assert_eq(srv.reg.stats.enforcement_signals, 1);
+	cr_assert_eq(srv.reg.lim->enforcement_signals, 1);
 	cr_assert_eq(kill(a, 0), 0);
 }
 
@@ -548,7 +548,7 @@ Test(limits, enforcement_leaves_processes_within_their_limits)
 	for (int i = 0; i < 5; i++)
 		mts_core_tick(&srv.reg);
 	cr_assert_eq(srv.reg.totals.state, OVER);
-	cr_assert_eq(srv.reg.stats.enforcement_signals, 0);
+	cr_assert_eq(srv.reg.lim->enforcement_signals, 0);
 	cr_assert_eq(kill(a, 0), 0);
 	cr_assert_eq(kill(b, 0), 0);
 }
@@ -564,7 +564,7 @@ Test(limits, enforcement_off_by_default)
 	for (int i = 0; i < 5; i++)
 		mts_core_tick(&srv.reg);
 	cr_assert_eq(srv.reg.totals.state, OVER);
-	cr_assert_eq(srv.reg.stats.enforcement_signals, 0);
+	cr_assert_eq(srv.reg.lim->enforcement_signals, 0);
 	cr_assert_eq(kill(a, 0), 0);
 }
 
@@ -574,8 +574,8 @@ Test(limits, tick_stats)
 	fx_start_policy(&pol);
 	mts_core_tick(&srv.reg);
 	mts_core_tick(&srv.reg);
-	cr_assert_eq(srv.reg.stats.tick_count, 2);
-	cr_assert_geq(srv.reg.stats.tick_ns_sum, srv.reg.stats.last_tick_ns);
+	cr_assert_eq(srv.reg.tick->count, 2);
+	cr_assert_geq(srv.reg.tick->sum_ns, srv.reg.tick->last_ns);
 	pid_t a = fx_spawn();
 	fx_register(a, "g", "");
 	cr_assert_eq(srv.reg.stats.registrations, 1);

@@ -71,7 +71,9 @@ static struct mts_proc *worker(const char *group, int64_t bytes,
 static char *render(void)
 {
 	struct mts_buf b = {0};
-	cr_assert_eq(mts_metrics_render(&srv.reg, &srv.net.conn_stats, &b), 0);
+	cr_assert_eq(mts_metrics_render(&srv.reg, &srv.net.conn_stats,
+	                                &srv.reload_stats, &b),
+	             0);
 	cr_assert_eq(mts_buf_reserve(&b, 1), 0);
 	b.data[b.len] = '\0';
 	cr_assert_eq(strlen((char *)b.data), b.len, "a NUL in the text");
@@ -385,19 +387,19 @@ Test(render, counters_and_tick)
 	a->denials[MTS_DENY_INVALID] = 16;
 	a->releases = 17;
 	a->expirations = 18;
-	s->enforcement_signals = 19;
-	s->events = 5; /* a Watch's first event (dispatch.c) */
+	srv.reg.lim->enforcement_signals = 19;
+	srv.reg.req->events = 5; /* a Watch's first event (dispatch.c) */
 	srv.net.conn_stats.watch_events = 15; /* pushed later (conn.c) */
-	s->protocol_errors = 21;
+	srv.reg.req->protocol_errors = 21;
 	a->fulfilled = 22;
 	srv.net.conn_stats.watch_disconnects = 23;
-	s->reloads = 24;
-	s->reload_failures = 25;
-	s->auth_denials = 20; /* SetLimit refused (dispatch.c) */
+	srv.reload_stats.applied = 24;
+	srv.reload_stats.rejected = 25;
+	srv.reg.req->auth_denials = 20; /* SetLimit refused (dispatch.c) */
 	a->auth_denials = 6;  /* Release refused (admit.c) */
-	s->last_tick_ns = 1500000;
-	s->tick_ns_sum = 2500000123ull;
-	s->tick_count = 1234;
+	srv.reg.tick->last_ns = 1500000;
+	srv.reg.tick->sum_ns = 2500000123ull;
+	srv.reg.tick->count = 1234;
 	srv.reg.totals.unregistered = 3;
 
 	char *t = render();
@@ -506,8 +508,8 @@ Test(render, promtool_is_happy)
 	a->state = MTSHM_STATE_OVER;
 	srv.reg.totals.limit = 1 << 20;
 	srv.reg.groups[a->group].limit = 1 << 19;
-	srv.reg.stats.tick_count = 3;
-	srv.reg.stats.tick_ns_sum = 30000;
+	srv.reg.tick->count = 3;
+	srv.reg.tick->sum_ns = 30000;
 	char *t = render();
 
 	if (access(PROMTOOL, X_OK) != 0) {
@@ -704,7 +706,8 @@ Test(serve, get_head_404_405)
 	memcpy(comm, p->comm, sizeof(comm));
 	srv.reg.stats.registrations = 1;
 	cr_assert_eq(mts_metrics_start(&met, "127.0.0.1:0", &srv.reg,
-	                               &srv.net.conn_stats, &loop),
+	                               &srv.net.conn_stats, &srv.reload_stats,
+	                               &loop),
 	             0);
 	cl.port = mts_metrics_port(met);
 	cr_assert_neq(cl.port, 0);
@@ -751,7 +754,8 @@ Test(serve, get_head_404_405)
 Test(serve, stuck_loop_is_503)
 {
 	cr_assert_eq(mts_metrics_start(&met, "127.0.0.1:0", &srv.reg,
-	                               &srv.net.conn_stats, &loop),
+	                               &srv.net.conn_stats, &srv.reload_stats,
+	                               &loop),
 	             0);
 	cl.port = mts_metrics_port(met);
 	cl.stop_from_loop = false;
@@ -776,7 +780,8 @@ Test(serve, stop_during_scrape)
 {
 	struct answer a;
 	cr_assert_eq(mts_metrics_start(&met, "127.0.0.1:0", &srv.reg,
-	                               &srv.net.conn_stats, &loop),
+	                               &srv.net.conn_stats, &srv.reload_stats,
+	                               &loop),
 	             0);
 	cl.port = mts_metrics_port(met);
 	pthread_t th;
@@ -801,7 +806,7 @@ Test(serve, port_in_use)
 	char addr[64];
 	snprintf(addr, sizeof(addr), "127.0.0.1:%u", ntohs(sa.sin_port));
 	struct mts_metrics *m = (struct mts_metrics *)&m;
-	cr_assert_eq(mts_metrics_start(&m, addr, &srv.reg, NULL, &loop),
+	cr_assert_eq(mts_metrics_start(&m, addr, &srv.reg, NULL, NULL, &loop),
 	             -EADDRINUSE);
 	cr_assert_null(m);
 	close(fd);
@@ -810,8 +815,9 @@ Test(serve, port_in_use)
 Test(serve, bad_address)
 {
 	struct mts_metrics *m = (struct mts_metrics *)&m;
-	cr_assert_eq(mts_metrics_start(&m, "nonsense", &srv.reg, NULL, &loop),
-	             -EINVAL);
+	cr_assert_eq(
+	    mts_metrics_start(&m, "nonsense", &srv.reg, NULL, NULL, &loop),
+	    -EINVAL);
 	cr_assert_null(m);
 	mts_metrics_stop(NULL);
 	cr_assert_eq(mts_metrics_port(NULL), 0);
@@ -819,7 +825,8 @@ Test(serve, bad_address)
 
 Test(serve, ipv6_loopback)
 {
-	int err = mts_metrics_start(&met, "[::1]:0", &srv.reg, NULL, &loop);
+	int err =
+	    mts_metrics_start(&met, "[::1]:0", &srv.reg, NULL, NULL, &loop);
 	if (err == -EADDRNOTAVAIL || err == -EAFNOSUPPORT) {
 		cr_log_warn("no IPv6 loopback here: skipped");
 		return;
