@@ -283,14 +283,15 @@ static bool worker_admin(struct mts_registry *reg, struct mts_proc *p)
 		return true;
 	if (!reg->policy.has_admin_gid)
 		return false;
-	if (p->admin_epoch != reg->adm->admin_epoch || p->admin_uid != p->uid ||
-	    p->admin_image != p->image_id) {
-		p->admin = mts_pid_in_group(p->pid, reg->policy.admin_gid);
-		p->admin_epoch = reg->adm->admin_epoch;
-		p->admin_uid = p->uid;
-		p->admin_image = p->image_id;
+	struct mts_admin_cache *c = &p->admin;
+	if (c->epoch != reg->adm->admin_epoch || c->uid != p->uid ||
+	    c->image != p->image_id) {
+		c->admin = mts_pid_in_group(p->pid, reg->policy.admin_gid);
+		c->epoch = reg->adm->admin_epoch;
+		c->uid = p->uid;
+		c->image = p->image_id;
 	}
-	return p->admin;
+	return c->admin;
 }
 
 /* The share of `t` that worker `p` counts in. */

@@ -19,6 +19,7 @@
 #include "mts_policy.h"
 #include "mts_rate.h"
 #include "mts_uidcount.h"
+#include "mts_admit_types.h"
 #include "mts_vouch_types.h"
 
 struct mts_resv;
@@ -78,13 +79,10 @@ struct mts_proc {
 	 * the client's sample. Outside the hot line: only processes whose
 	 * front end samples it (has_free) touch it at a tick. */
 	uint64_t allocator_free;
-	/* vouch.c, untrusted processes only: the kernel's figure (resident
-	 * and swapped anonymous memory, read by the RSS sweep) and the part
-	 * of `bytes` it does not vouch for as of the latest tick. */
-	uint64_t kernel;
-	uint64_t kernel_ns;     /* CLOCK_MONOTONIC of the read; 0 = none yet */
-	uint64_t claim_at_read; /* `bytes` when the read was applied */
+	/* Untrusted processes only: the part of `bytes` the kernel does not
+	 * vouch for as of the latest tick, and vouch.c's own figures. */
 	uint64_t unvouched;
+	struct mts_vouch_proc vouch;
 	/* Cold: registration, exit, queries. */
 	uv_poll_t poll; /* on the pidfd; poll.data = this */
 	struct mts_registry *reg;
@@ -98,13 +96,7 @@ struct mts_proc {
 	uint64_t registered_ns; /* CLOCK_REALTIME */
 	char comm[64];
 	uint64_t limit_set; /* SetLimit{pid}; 0 = the default applies */
-	/* admit.c: whether the worker is an admin's (auth.c), cached for
-	 * the tick; valid while admin_epoch is reg->adm.admin_epoch and uid and
-	 * image_id are still admin_uid and admin_image. */
-	uint32_t admin_epoch; /* 0: not known */
-	uint32_t admin_uid;
-	uint64_t admin_image;
-	bool admin;
+	struct mts_admin_cache admin; /* admit.c's */
 };
 
 /* A group with at least one registered process, a limit, a watermark of
@@ -279,20 +271,21 @@ struct mts_registry {
 	struct mts_rss_state *rss;      /* rss.c: sweeps in flight */
 	struct mts_tick_stats *tick;    /* core.c: tick timings */
 	struct mts_dispatch_stats *req; /* dispatch.c: request counters */
-	/* The last workers refused a slot, so that a worker's
-	 * retries are not counted again in totals.unregistered. */
+	/* The last refusals, so that a worker's retries are neither counted
+	 * again in totals.unregistered (no free slot) nor logged again
+	 * (a group it may not join). */
 	struct {
-		uint32_t pid;
-		uint64_t start_time;
-	} refused[MTS_REFUSED_REMEMBERED];
-	uint32_t refused_next;
-	/* The last (uid, group) refusals logged, so that a worker's
-	 * retries do not log again. */
-	struct {
-		uint32_t uid;
-		uint64_t hash;
-	} group_refused[MTS_REFUSED_REMEMBERED];
-	uint32_t group_refused_next;
+		struct {
+			uint32_t pid;
+			uint64_t start_time;
+		} slot[MTS_REFUSED_REMEMBERED];
+		uint32_t slot_next;
+		struct {
+			uint32_t uid;
+			uint64_t hash;
+		} group[MTS_REFUSED_REMEMBERED];
+		uint32_t group_next;
+	} refused;
 };
 
 /* Outcome of a registration, for the Registered answer. */

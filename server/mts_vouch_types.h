@@ -1,6 +1,7 @@
 /*
- * mts_vouch_types.h - the per-uid figures of vouch.c, kept in the
- * registry's record of each uid (struct mts_table): apart from
+ * mts_vouch_types.h - the per-uid and per-process figures of vouch.c,
+ * kept in the registry's records (struct mts_table, struct mts_proc):
+ * apart from
  * mts_vouch.h, whose functions walk the registry, so that the registry's
  * header can hold them without including what works on the registry.
  */
@@ -28,6 +29,15 @@ struct mts_vouch_uid {
 	uint64_t min_prev;
 	uint64_t bucket_ns; /* start of the current bucket; 0 = none yet */
 	bool has_prev;
+};
+
+/* Per untrusted process, kept in its record (struct mts_proc): the
+ * kernel's figure (resident and swapped anonymous memory, read by the RSS
+ * sweep) and when it was read. */
+struct mts_vouch_proc {
+	uint64_t kernel;
+	uint64_t kernel_ns;     /* CLOCK_MONOTONIC of the read; 0 = none yet */
+	uint64_t claim_at_read; /* the process's bytes when it was applied */
 };
 
 #endif /* MTS_VOUCH_TYPES_H */

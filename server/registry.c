@@ -809,8 +809,8 @@ static int proc_reset(struct mts_registry *reg, struct mts_proc *p,
 	p->uid = uid;
 	p->untrusted = false; /* until joined() says (vouch.c) */
 	p->unvouched = 0;
-	p->kernel = 0; /* the new image's, from its first read */
-	p->kernel_ns = 0;
+	/* The new image's kernel figure, from its first read. */
+	p->vouch = (struct mts_vouch_proc){0};
 	p->image_id = image_id;
 	p->peak = 0;
 	p->threads = 0;
@@ -908,13 +908,13 @@ static void note_refused(struct mts_registry *reg, uint32_t pid,
 {
 	bool again = false;
 	for (uint32_t i = 0; i < MTS_REFUSED_REMEMBERED; i++)
-		if (reg->refused[i].pid == pid &&
-		    reg->refused[i].start_time == start_time)
+		if (reg->refused.slot[i].pid == pid &&
+		    reg->refused.slot[i].start_time == start_time)
 			again = true;
 	if (!again) {
-		uint32_t k = reg->refused_next++ % MTS_REFUSED_REMEMBERED;
-		reg->refused[k].pid = pid;
-		reg->refused[k].start_time = start_time;
+		uint32_t k = reg->refused.slot_next++ % MTS_REFUSED_REMEMBERED;
+		reg->refused.slot[k].pid = pid;
+		reg->refused.slot[k].start_time = start_time;
 		reg->totals.unregistered++;
 	}
 	if (again || mts_log_peer(uid))
@@ -1044,12 +1044,12 @@ static void note_group_refused(struct mts_registry *reg,
 	for (const char *c = group; *c; c++)
 		h = (h ^ (unsigned char)*c) * 1099511628211u;
 	for (uint32_t i = 0; i < MTS_REFUSED_REMEMBERED; i++)
-		if (reg->group_refused[i].uid == peer->uid &&
-		    reg->group_refused[i].hash == h)
+		if (reg->refused.group[i].uid == peer->uid &&
+		    reg->refused.group[i].hash == h)
 			return;
-	uint32_t k = reg->group_refused_next++ % MTS_REFUSED_REMEMBERED;
-	reg->group_refused[k].uid = peer->uid;
-	reg->group_refused[k].hash = h;
+	uint32_t k = reg->refused.group_next++ % MTS_REFUSED_REMEMBERED;
+	reg->refused.group[k].uid = peer->uid;
+	reg->refused.group[k].hash = h;
 	if (!mts_log_peer(peer->uid))
 		return;
 	char qg[MTS_LOGQ_MAX];

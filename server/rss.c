@@ -85,9 +85,9 @@ static void entry_apply(struct mts_registry *reg, struct mts_proc *p,
 {
 	mts_proc_set_rss(reg, p, e->rss);
 	if (e->kernel && p->untrusted) {
-		p->kernel = e->anon;
-		p->kernel_ns = mts_now_monotonic();
-		p->claim_at_read = p->bytes;
+		p->vouch.kernel = e->anon;
+		p->vouch.kernel_ns = mts_now_monotonic();
+		p->vouch.claim_at_read = p->bytes;
 	}
 }
 

@@ -66,9 +66,10 @@ bool mts_uid_trusted(const struct mts_registry *reg, uint32_t uid)
 
 bool mts_vouch_want_read(const struct mts_proc *p)
 {
-	return p->untrusted && p->bytes > p->kernel &&
-	       (p->kernel_ns == 0 ||
-	        p->bytes > p->claim_at_read + MTS_VOUCH_JUMP);
+	const struct mts_vouch_proc *v = &p->vouch;
+	return p->untrusted && p->bytes > v->kernel &&
+	       (v->kernel_ns == 0 ||
+	        p->bytes > v->claim_at_read + MTS_VOUCH_JUMP);
 }
 
 void mts_vouch_proc_init(const struct mts_registry *reg, struct mts_proc *p)
@@ -76,8 +77,8 @@ void mts_vouch_proc_init(const struct mts_registry *reg, struct mts_proc *p)
 	p->untrusted = !mts_uid_trusted(reg, p->uid);
 	p->unvouched = 0;
 	if (!p->untrusted) {
-		p->kernel = 0;
-		p->kernel_ns = 0;
+		p->vouch.kernel = 0;
+		p->vouch.kernel_ns = 0;
 	}
 }
 
@@ -115,7 +116,7 @@ uint64_t mts_vouch_proc(struct mts_registry *reg, struct mts_proc *p,
                         uint64_t claim, bool *want_read)
 {
 	struct mts_vouch_uid *v = &p->table->vouch;
-	uint64_t k = p->kernel;
+	uint64_t k = p->vouch.kernel;
 	uint64_t vouched = claim;
 	if (claim > k) {
 		uint64_t e = claim - k;

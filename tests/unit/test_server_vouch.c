@@ -42,7 +42,7 @@ static void tick_with_kernel(void)
 
 static uint64_t kernel_of(pid_t pid)
 {
-	return mts_find_pid(&srv.reg, (uint32_t)pid)->kernel;
+	return mts_find_pid(&srv.reg, (uint32_t)pid)->vouch.kernel;
 }
 
 Test(vouch, a_lie_counts_for_the_liar_alone)
