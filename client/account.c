@@ -88,7 +88,7 @@ void memtally__account_slow(void)
 	mtc_front_sample();
 }
 
-int mta_front_flush(void)
+static int acc_flush(void)
 {
 	int64_t d = drift_now();
 	if (d && !acc.half) {
@@ -109,12 +109,18 @@ int mta_front_flush(void)
 	return 0;
 }
 
-int64_t mta_front_drift(void)
+static int64_t acc_drift(void)
 {
 	return drift_now();
 }
 
-void mta_front_force_slow(void)
+static void acc_force_slow(void)
 {
 	memtally__t.span = 0;
 }
+
+const struct mtc_front mta_front = {
+    .flush = acc_flush,
+    .drift = acc_drift,
+    .force_slow = acc_force_slow,
+};

@@ -768,14 +768,41 @@ __attribute__((weak)) void mtc_maps_reconcile_now(void)
 
 /* ---- the allocator's free memory (layout 2.2) ------------------------ */
 
-/* Where the allocator is not sampled, nothing to do after a flush. */
-__attribute__((weak)) void mtc_front_sample(void)
+/* ---- the library's front ends (mtc_fronts) ---------------------------- */
+
+int mtc_front_flush(void)
 {
+	for (const struct mtc_front *const *f = mtc_fronts; *f; f++)
+		(*f)->flush();
+	return 0;
 }
 
-/* Nor for the refresh thread. */
-__attribute__((weak)) void mtc_front_refresh(void)
+int64_t mtc_front_drift(void)
 {
+	int64_t d = 0;
+	for (const struct mtc_front *const *f = mtc_fronts; *f; f++)
+		d += (*f)->drift();
+	return d;
+}
+
+void mtc_front_force_slow(void)
+{
+	for (const struct mtc_front *const *f = mtc_fronts; *f; f++)
+		(*f)->force_slow();
+}
+
+void mtc_front_sample(void)
+{
+	for (const struct mtc_front *const *f = mtc_fronts; *f; f++)
+		if ((*f)->sample)
+			(*f)->sample();
+}
+
+void mtc_front_refresh(void)
+{
+	for (const struct mtc_front *const *f = mtc_fronts; *f; f++)
+		if ((*f)->refresh)
+			(*f)->refresh();
 }
 
 /*

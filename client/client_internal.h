@@ -145,10 +145,30 @@ static inline void mtc_after_flush(struct mtc_thread *th)
  * unflushed drift. */
 int64_t mtc_published_bytes(void);
 
-/* Set by the library (dispatching to its front ends): flush the calling thread's drift now (used by
- * memtally_flush) and return its remaining unflushed drift (used by
- * memtally_process_bytes); force the calling thread's next call into the
- * slow path (used after fork). */
+/*
+ * A front end as the core sees it: what it asks of the calling thread's
+ * counters.
+ *   flush       publish the thread's drift now (memtally_flush)
+ *   drift       its drift not yet published (memtally_process_bytes)
+ *   force_slow  send the thread's next call through the slow path (fork)
+ *   sample      after a flush: the allocator's free memory, when a sample
+ *               is due (NULL: this front end's allocator is not sampled)
+ *   refresh     the refresh thread's round (refresh.c; NULL: nothing)
+ * Each library lists its front ends once, in flush order, in mtc_fronts
+ * (linked.c, preload.c, glibc.c); the core asks them all through the
+ * mtc_front_*() functions (attach.c). Never on a malloc/free path.
+ */
+struct mtc_front {
+	int (*flush)(void);
+	int64_t (*drift)(void);
+	void (*force_slow)(void);
+	void (*sample)(void);
+	void (*refresh)(void);
+};
+extern const struct mtc_front *const mtc_fronts[]; /* NULL-terminated */
+extern const struct mtc_front mta_front; /* account.c: the inline API */
+extern const struct mtc_front mtj_front; /* jemalloc_fe.c */
+
 int mtc_front_flush(void);
 int64_t mtc_front_drift(void);
 void mtc_front_force_slow(void);
@@ -243,15 +263,6 @@ struct mtj_direct {
 void mtj_use_direct(const struct mtj_direct *d);
 int mtj_thread_start(void);
 int mtj_mode(void);
-int mtj_front_flush(void);
-int64_t mtj_front_drift(void);
-void mtj_front_refresh(void);
-void mtj_front_force_slow(void);
-
-/* The inline API's side of the same (account.c). */
-int mta_front_flush(void);
-int64_t mta_front_drift(void);
-void mta_front_force_slow(void);
 
 /* Diagnostics on stderr when MEMTALLY_DEBUG=1. Never allocates. */
 void mtc_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -128,6 +128,8 @@ static __thread struct gl_tls gl MTC_TLS = {
     .freed = UINT64_MAX,
 };
 
+static void gl_sample(void);
+
 static pthread_key_t gl_key;
 static pthread_once_t gl_key_once = PTHREAD_ONCE_INIT;
 
@@ -164,7 +166,7 @@ static void gl_publish(struct gl_tls *t, int64_t d)
 	t->th.busy = 0;
 	if (!t->th.exited) {
 		mtc_after_flush(&t->th);
-		mtc_front_sample();
+		gl_sample();
 	}
 }
 
@@ -357,10 +359,8 @@ GL_EXPORT void free_aligned_sized(void *p, size_t align, size_t n)
 	free(p);
 }
 
-/* The core's hooks into the front end: the malloc family's counters,
- * and those of memtally_account() (account.c) for a program that also
- * calls the inline API. */
-int mtc_front_flush(void)
+/* What the core asks of the malloc family's counters (attach.c). */
+static int gl_flush(void)
 {
 	struct gl_tls *t = &gl;
 	if (!t->set) {
@@ -368,24 +368,23 @@ int mtc_front_flush(void)
 	} else if (t->set == 1 && !t->th.busy) {
 		gl_publish(t, gl_take(t, 1));
 	}
-	return mta_front_flush();
+	return 0;
 }
 
-int64_t mtc_front_drift(void)
+static int64_t gl_front_drift(void)
 {
-	return gl_drift(&gl) + mta_front_drift();
+	return gl_drift(&gl);
 }
 
-void mtc_front_force_slow(void)
+static void gl_force_slow(void)
 {
 	struct gl_tls *t = &gl;
 	if (t->set == 1)
 		t->carry += gl_take(t, 1);
-	mta_front_force_slow();
 }
 
 /* After a flush: glibc's footprint, when a sample is due. */
-void mtc_front_sample(void)
+static void gl_sample(void)
 {
 	struct mtc_free_sample fs;
 	if (!mtc_free_due(&fs))
@@ -400,7 +399,7 @@ void mtc_front_sample(void)
  * move the heap), and the walk of a large free list is long (190 ms,
  * under the arena's lock, for 7.8 million freed 48-byte chunks): an idle
  * process is sampled once after it went quiet, then left alone. */
-void mtc_front_refresh(void)
+static void gl_refresh(void)
 {
 	struct mtc_free_sample fs;
 	if (!mtc_free_refresh_due(&fs, 0))
@@ -408,6 +407,18 @@ void mtc_front_refresh(void)
 	struct mallinfo2 mi = mallinfo2();
 	mtc_free_publish(&fs, mi.arena + mi.hblkhd);
 }
+
+static const struct mtc_front gl_front = {
+    .flush = gl_flush,
+    .drift = gl_front_drift,
+    .force_slow = gl_force_slow,
+    .sample = gl_sample,
+    .refresh = gl_refresh,
+};
+
+/* The malloc family's counters, and memtally_account()'s (account.c) for
+ * a program that also calls the inline API. */
+const struct mtc_front *const mtc_fronts[] = {&gl_front, &mta_front, NULL};
 
 /* A program that calls memtally_init() (written for a linked
  * libmemtally): everything is counted already. */

@@ -390,9 +390,14 @@ int mtj_mode(void)
 
 /* ---- what the core asks of a front end -------------------------------- */
 
-int mtj_front_flush(void)
+/* A thread that never called memtally_init() (a linked worker) or that
+ * started before the preload's hook was in place is set up here, once the
+ * process has chosen the callback. */
+static int je_flush(void)
 {
 	struct mtj_tls *t = &mtj_t;
+	if (mtj.mode == MTJ_CALLBACK && !t->installed)
+		mtj_thread_start();
 	if (new_thread(t) || mute_thread(t) || t->th.busy)
 		return 0;
 	t->th.busy = 1;
@@ -402,7 +407,7 @@ int mtj_front_flush(void)
 	return 0;
 }
 
-int64_t mtj_front_drift(void)
+static int64_t je_drift(void)
 {
 	struct mtj_tls *t = &mtj_t;
 	if (new_thread(t) || mute_thread(t))
@@ -410,7 +415,7 @@ int64_t mtj_front_drift(void)
 	return (int64_t)(net_now(t) - t->flushed);
 }
 
-void mtj_front_force_slow(void)
+static void je_force_slow(void)
 {
 	/* Counting mode: the next call flushes (and registers the child of
 	 * a fork). Callback mode: the next event or memtally_flush() does. */
@@ -436,7 +441,7 @@ void mtj_front_force_slow(void)
  * samples again: the pages leave over jemalloc's decay time (10 s by
  * default), and the figure follows them down round by round.
  */
-void mtj_front_refresh(void)
+static void je_refresh(void)
 {
 	static int broken;     /* statistics unavailable: do not ask again */
 	static int tcache_off; /* this thread's cache given back */
@@ -482,3 +487,10 @@ void mtj_front_refresh(void)
 	/* The turn is given back either way (held 0: nothing free). */
 	mtc_free_publish(&fs, active + kept * page);
 }
+
+const struct mtc_front mtj_front = {
+    .flush = je_flush,
+    .drift = je_drift,
+    .force_slow = je_force_slow,
+    .refresh = je_refresh,
+};

@@ -24,23 +24,4 @@ int memtally_init(void)
 	return err == MEMTALLY_EDISABLED ? MEMTALLY_ENOHOOK : err;
 }
 
-int mtc_front_flush(void)
-{
-	/* A thread that never called memtally_init() is set up here, once
-	 * the process has chosen the callback. */
-	if (mtj_mode() == MTJ_CALLBACK)
-		mtj_thread_start();
-	mtj_front_flush();
-	return mta_front_flush();
-}
-
-int64_t mtc_front_drift(void)
-{
-	return mta_front_drift() + mtj_front_drift();
-}
-
-void mtc_front_force_slow(void)
-{
-	mta_front_force_slow();
-	mtj_front_force_slow();
-}
+const struct mtc_front *const mtc_fronts[] = {&mtj_front, &mta_front, NULL};

@@ -89,27 +89,8 @@ __attribute__((constructor(101))) static void pl_constructor(void)
 	mtc_at_load = false;
 }
 
-/* ---- the library's front-end hooks for the core ------------------------ */
-
-int mtc_front_flush(void)
-{
-	return mtj_front_flush();
-}
-
-int64_t mtc_front_drift(void)
-{
-	return mtj_front_drift();
-}
-
-void mtc_front_force_slow(void)
-{
-	mtj_front_force_slow();
-}
-
-void mtc_front_refresh(void)
-{
-	mtj_front_refresh();
-}
+/* The library's one front end, as the core asks it (attach.c). */
+const struct mtc_front *const mtc_fronts[] = {&mtj_front, NULL};
 
 /* ---- threads ------------------------------------------------------------
  * jemalloc's activity callback is per thread: a new thread sets it before
