@@ -355,7 +355,7 @@ def attack_many_idle(srv):
 WINDOW = 50
 ATTACK_S = 0.6
 LAT_ALLOW = 0.002 * MULT
-LAT_ROUNDS = 3
+LAT_ROUNDS = 5
 
 
 def test_hostile_peers():
