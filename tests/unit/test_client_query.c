@@ -24,6 +24,9 @@
 
 #include <criterion/criterion.h>
 
+#define FX_NO_SERVER /* a scripted fake plays the server */
+#include "test_server_fixture.h"
+
 #include "memtally.pb-c.h"
 #include "memtally_query.h"
 #include "mtframe.h"
@@ -140,13 +143,8 @@ static void fake_start(struct fake *f, fake_handler h)
 	f->handler = h;
 	snprintf(f->path, sizeof(f->path), "/tmp/mtq-test-%d-%d.sock",
 	         (int)getpid(), seq++);
-	unlink(f->path);
-	f->lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	f->lfd = fx_listen_unix(f->path);
 	cr_assert_geq(f->lfd, 0);
-	struct sockaddr_un sa = {.sun_family = AF_UNIX};
-	strcpy(sa.sun_path, f->path);
-	cr_assert_eq(bind(f->lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-	cr_assert_eq(listen(f->lfd, 8), 0);
 	cr_assert_eq(pthread_create(&f->thread, NULL, fake_main, f), 0);
 }
 

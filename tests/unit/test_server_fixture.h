@@ -73,6 +73,25 @@ static inline __attribute__((unused)) pid_t fx_fork(void)
 	return pid;
 }
 
+static __attribute__((unused)) char segname[64];
+static __attribute__((unused)) char sockpath[108];
+
+/* The name of a server's shared objects, of this process. */
+static inline __attribute__((unused)) const char *fx_segname(const char *tag)
+{
+	snprintf(segname, sizeof(segname), "/mt-%s-%ld", tag, (long)getpid());
+	return segname;
+}
+
+/* A socket path of this process in /tmp, with nothing there yet. */
+static inline __attribute__((unused)) const char *fx_sockpath(const char *tag)
+{
+	snprintf(sockpath, sizeof(sockpath), "/tmp/mt-%s-%ld.sock", tag,
+	         (long)getpid());
+	unlink(sockpath);
+	return sockpath;
+}
+
 /* A Unix stream socket listening at `path` (removed first); its
  * descriptor or -errno. */
 static inline __attribute__((unused)) int fx_listen_unix(const char *path)
@@ -165,8 +184,6 @@ static inline __attribute__((unused)) void fx_memtallyd_stop(pid_t pid,
 
 static __attribute__((unused)) uv_loop_t loop;
 static __attribute__((unused)) struct mts_server srv;
-static __attribute__((unused)) char segname[64];
-static __attribute__((unused)) char sockpath[108];
 
 /* What every test server shares: a private segment named after `tag` and
  * this process, `slots` slots of 2 lanes, threshold 1000, no socket, and
@@ -175,23 +192,13 @@ static __attribute__((unused)) char sockpath[108];
 static inline __attribute__((unused)) struct mts_config
 fx_config(const char *tag, uint32_t slots)
 {
-	snprintf(segname, sizeof(segname), "/mt-%s-%ld", tag, (long)getpid());
 	return (struct mts_config){
-	    .segment = segname,
+	    .segment = fx_segname(tag),
 	    .slots = slots,
 	    .lanes = 2,
 	    .tick_ms = 60000,
 	    .threshold = 1000,
 	};
-}
-
-/* A socket path of this process in /tmp, with nothing there yet. */
-static inline __attribute__((unused)) const char *fx_sockpath(const char *tag)
-{
-	snprintf(sockpath, sizeof(sockpath), "/tmp/mt-%s-%ld.sock", tag,
-	         (long)getpid());
-	unlink(sockpath);
-	return sockpath;
 }
 
 /* Start `srv` on `loop`; 0 or what failed. */
