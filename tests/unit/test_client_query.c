@@ -46,6 +46,7 @@ struct fake {
 	fake_handler handler;
 	atomic_int requests;
 	atomic_int connections;
+	atomic_int closed; /* connections the fake has closed */
 	uint64_t ids[64];    /* ids of the requests seen */
 	char groups[64][64]; /* group of each GetUsage/ListProcesses */
 };
@@ -133,6 +134,7 @@ static void *fake_main(void *arg)
 			memtally__v1__request__free_unpacked(req, NULL);
 		}
 		close(fd);
+		atomic_fetch_add(&f->closed, 1);
 	}
 }
 
@@ -586,8 +588,12 @@ FAKE_TEST(query, stale_connection_is_retried_once, answer_once)
 {
 	struct memtally_usage *u;
 	for (int i = 0; i < 3; i++) {
-		/* Let the server's close reach us before the next query. */
-		usleep(20000);
+		/* The server has closed the connection query i-1 used. */
+		uint64_t end = fx_deadline_ms(5000);
+		while (atomic_load(&f->closed) < i) {
+			cr_assert_lt(fx_ms(), end, "the fake never closed");
+			poll(NULL, 0, 1);
+		}
 		cr_assert_eq(memtally_query_usage(q, &u), 0, "query %d", i);
 		cr_expect_str_eq(memtally_query_last_error(q), "");
 		memtally_usage_free(u);
