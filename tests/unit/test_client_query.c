@@ -46,7 +46,7 @@ struct fake {
 	fake_handler handler;
 	atomic_int requests;
 	atomic_int connections;
-	atomic_int closed; /* connections the fake has closed */
+	atomic_int closed;   /* connections the fake has closed */
 	uint64_t ids[64];    /* ids of the requests seen */
 	char groups[64][64]; /* group of each GetUsage/ListProcesses */
 };
