@@ -357,10 +357,7 @@ Test(budget, connections_past_the_limit_are_closed_at_once,
 	close(d.fd);
 	/* One goes: there is room again. */
 	close(c.fd);
-	for (int i = 0; i < 20000 && srv.net.nconns > 2; i++) {
-		uv_run(&loop, UV_RUN_NOWAIT);
-		poll(NULL, 0, 1);
-	}
+	FX_RUN_UNTIL(srv.net.nconns <= 2);
 	cr_assert_eq(srv.net.nconns, 2);
 	client_unix(&d);
 	get_usage(&d, 5);
@@ -457,11 +454,7 @@ Test(budget, over_the_cap_the_largest_are_throttled_then_evicted,
 	/* The hostile peers go: nothing is held, pressure is over. */
 	for (int i = 0; i < N; i++)
 		close(h[i].c.fd);
-	for (int i = 0; i < 20000 && (srv.net.nconns > 1 || srv.net.pressure);
-	     i++) {
-		uv_run(&loop, UV_RUN_NOWAIT);
-		poll(NULL, 0, 1);
-	}
+	FX_RUN_UNTIL(srv.net.nconns <= 1 && !srv.net.pressure);
 	cr_assert_eq(srv.net.nconns, 1);
 	cr_assert(!srv.net.pressure);
 	cr_assert_eq(srv.net.buffered, 0);
@@ -554,10 +547,7 @@ Test(budget, partial_frames_over_the_cap_do_not_stick, .init = setup_cap,
 	cr_assert(srv.net.pressure, "never over the cap (buffered %llu)",
 	          (unsigned long long)srv.net.buffered);
 	/* The grace period passes, the largest go, pressure ends. */
-	for (int i = 0; i < 20000 && srv.net.pressure; i++) {
-		uv_run(&loop, UV_RUN_NOWAIT);
-		poll(NULL, 0, 1);
-	}
+	FX_RUN_UNTIL(!srv.net.pressure);
 	cr_assert(!srv.net.pressure,
 	          "still throttled: buffered %llu, evicted %llu",
 	          (unsigned long long)srv.net.buffered,
@@ -727,17 +717,6 @@ static void setup_idle(void)
 	setup_uid(0, 1000);
 }
 
-/* Run the loop until pred() holds (or fail). */
-#define SPIN_UNTIL(cond)                                                       \
-	do {                                                                   \
-		int spins_ = 0;                                                \
-		while (!(cond)) {                                              \
-			uv_run(&loop, UV_RUN_NOWAIT);                          \
-			poll(NULL, 0, 1);                                      \
-			cr_assert_lt(++spins_, 20000, "never: %s", #cond);     \
-		}                                                              \
-	} while (0)
-
 Test(peruid, a_uid_over_its_cap_stops_only_itself, .init = setup_uid2,
      .fini = teardown, .timeout = 60)
 {
@@ -788,7 +767,7 @@ Test(peruid, a_uid_over_its_cap_stops_only_itself, .init = setup_uid2,
 	char c;
 	cr_assert_eq(read(go[0], &c, 1), 1, "the child could not connect");
 	/* Two are kept, the third is accepted and closed. */
-	SPIN_UNTIL(srv.net.conn_stats.rejected_uid == 1 && srv.net.nconns == 2);
+	FX_RUN_UNTIL(srv.net.conn_stats.rejected_uid == 1 && srv.net.nconns == 2);
 	cr_assert_eq(mts_uid_count_get(&srv.net.conn_uids, 65534), 2);
 	cr_assert_eq(srv.net.conn_stats.max_per_uid, 2);
 
@@ -814,7 +793,7 @@ Test(peruid, a_uid_over_its_cap_stops_only_itself, .init = setup_uid2,
 	/* The child goes: its uid may connect again (counted down). */
 	cr_assert_eq(write(done[1], "x", 1), 1);
 	cr_assert_eq(waitpid(kid, NULL, 0), kid);
-	SPIN_UNTIL(mts_uid_count_get(&srv.net.conn_uids, 65534) == 0);
+	FX_RUN_UNTIL(mts_uid_count_get(&srv.net.conn_uids, 65534) == 0);
 	close(r1.fd);
 	close(r2.fd);
 	close(r3.fd);

@@ -15,13 +15,6 @@
 
 #include <fcntl.h>
 
-static unsigned timeout_mult(void)
-{
-	const char *s = getenv("MEMTALLY_TEST_TIMEOUT_MULT");
-	int m = s ? atoi(s) : 1;
-	return m > 0 ? (unsigned)m : 1;
-}
-
 /* Four slots: the tests fill every one with workers of one uid. */
 static void setup(void)
 {
@@ -609,11 +602,7 @@ Test(dispatch, allocator_free_leaves_with_its_process)
 	cr_assert_eq(srv.reg.groups[0].allocator_free, 1200);
 	kill(a, SIGKILL);
 	waitpid(a, NULL, 0);
-	unsigned spins = 0;
-	while (srv.reg.totals.processes != 1) {
-		uv_run(&loop, UV_RUN_ONCE);
-		cr_assert_lt(++spins, 1000 * timeout_mult());
-	}
+	FX_RUN_UNTIL(srv.reg.totals.processes == 1);
 	cr_assert_eq(srv.reg.totals.allocator_free, 700);
 	cr_assert_eq(srv.reg.totals.bytes, 2700);
 	cr_assert_eq(srv.reg.groups[0].allocator_free, 700);
@@ -745,11 +734,7 @@ Test(dispatch, exit_leaves_totals_in_same_iteration)
 	/* No tick runs (it is 60 s away): only the pidfd callback can
 	 * change the totals. */
 	uint64_t ticks = f.ticks;
-	unsigned spins = 0;
-	while (srv.reg.totals.processes != 1) {
-		uv_run(&loop, UV_RUN_ONCE);
-		cr_assert_lt(++spins, 1000 * timeout_mult());
-	}
+	FX_RUN_UNTIL(srv.reg.totals.processes == 1);
 	cr_assert_eq(mtshm_fleet_read(srv.map.hdr, &f), 0);
 	cr_assert_eq(f.bytes, 1000);
 	cr_assert_eq(f.processes, 1);
@@ -807,11 +792,7 @@ Test(dispatch, each_uid_has_its_own_table)
 	cr_assert_eq(srv.reg.totals.bytes, 3000);
 	kill(b, SIGKILL);
 	waitpid(b, NULL, 0);
-	unsigned spins = 0;
-	while (tb->procs != 0) {
-		uv_run(&loop, UV_RUN_ONCE);
-		cr_assert_lt(++spins, 1000 * timeout_mult());
-	}
+	FX_RUN_UNTIL(tb->procs == 0);
 	/* Idle, kept for the uid's next process: the same object again. */
 	cr_assert_neq(tb->idle_since_ns, 0);
 	uint64_t ino = tb->map.ino;
@@ -826,11 +807,7 @@ Test(dispatch, each_uid_has_its_own_table)
 	cr_assert_eq(tb->idle_since_ns, 0);
 	kill(b2, SIGKILL);
 	waitpid(b2, NULL, 0);
-	spins = 0;
-	while (tb->procs != 0) {
-		uv_run(&loop, UV_RUN_ONCE);
-		cr_assert_lt(++spins, 1000 * timeout_mult());
-	}
+	FX_RUN_UNTIL(tb->procs == 0);
 	/* Released once idle long enough; uid 1000's, in use, stays. */
 	mts_tables_sweep(&srv.reg, tb->idle_since_ns +
 	                               (uint64_t)MTS_TABLE_IDLE_MS * 1000000u);
@@ -856,11 +833,7 @@ Test(dispatch, idle_tables_are_bounded)
 		memtally__v1__response__free_unpacked(r, NULL);
 		kill(k, SIGKILL);
 		waitpid(k, NULL, 0);
-		unsigned spins = 0;
-		while (mts_table_find(&srv.reg, 3000 + u)->procs != 0) {
-			uv_run(&loop, UV_RUN_ONCE);
-			cr_assert_lt(++spins, 1000 * timeout_mult());
-		}
+		FX_RUN_UNTIL(mts_table_find(&srv.reg, 3000 + u)->procs == 0);
 		nkids = 0; /* reaped */
 	}
 	cr_assert_eq(srv.reg.ntables, MTS_TABLES_IDLE_MAX);

@@ -22,6 +22,7 @@
 #define MEMTALLY_TEST_SERVER_FIXTURE_H
 
 #include <errno.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -257,6 +258,18 @@ static inline void fx_on_event(void *ctx, const struct mts_event *ev)
 	e->reserved = ev->reserved;
 }
 
+/* Run the loop until `cond` holds; fail, naming it, if it does not within
+ * 20 s (stretched for sanitizer builds). */
+#define FX_RUN_UNTIL(cond)                                                     \
+	do {                                                                   \
+		uint64_t fx_end_ = fx_deadline_ms(20000);                      \
+		while (!(cond)) {                                              \
+			cr_assert_lt(fx_ms(), fx_end_, "never: %s", #cond);    \
+			uv_run(&loop, UV_RUN_NOWAIT);                          \
+			poll(NULL, 0, 1);                                      \
+		}                                                              \
+	} while (0)
+
 /* Start the server `cfg` describes (from fx_config()), quietly. */
 static inline void fx_start_config(const struct mts_config *cfg)
 {
@@ -360,11 +373,7 @@ static inline void fx_kill(pid_t pid)
 	for (int i = 0; i < nkids; i++)
 		if (kids[i] == pid)
 			kids[i] = kids[--nkids];
-	unsigned spins = 0;
-	while (mts_find_pid(&srv.reg, (uint32_t)pid)) {
-		uv_run(&loop, UV_RUN_ONCE);
-		cr_assert_lt(++spins, 10000u, "exit not seen");
-	}
+	FX_RUN_UNTIL(!mts_find_pid(&srv.reg, (uint32_t)pid));
 }
 
 static inline struct mts_peer fx_peer(pid_t pid, uint32_t uid)
