@@ -767,7 +767,8 @@ Test(peruid, a_uid_over_its_cap_stops_only_itself, .init = setup_uid2,
 	char c;
 	cr_assert_eq(read(go[0], &c, 1), 1, "the child could not connect");
 	/* Two are kept, the third is accepted and closed. */
-	FX_RUN_UNTIL(srv.net.conn_stats.rejected_uid == 1 && srv.net.nconns == 2);
+	FX_RUN_UNTIL(srv.net.conn_stats.rejected_uid == 1 &&
+	             srv.net.nconns == 2);
 	cr_assert_eq(mts_uid_count_get(&srv.net.conn_uids, 65534), 2);
 	cr_assert_eq(srv.net.conn_stats.max_per_uid, 2);
 
