@@ -279,21 +279,24 @@ static memtally_query *open_ok(struct fake *f, int timeout_ms)
 
 /*
  * A test against a fake server answering with `handler`, through a handle
- * `q` opened on it (no timeout): the body gets both; the handle is closed
- * and the server stopped after it.
+ * `q` opened on it with a timeout of `open_ms` (0: none): the body gets
+ * both; the handle is closed and the server stopped after it.
  */
-#define FAKE_TEST(suite, name, handler, ...)                                   \
+#define FAKE_TEST_OPEN(suite, name, handler, open_ms, ...)                     \
 	static void suite##_##name##_body(struct fake *f, memtally_query *q);  \
 	Test(suite, name, ##__VA_ARGS__)                                       \
 	{                                                                      \
 		struct fake fk;                                                \
 		fake_start(&fk, handler);                                      \
-		memtally_query *q = open_ok(&fk, 0);                           \
+		memtally_query *q = open_ok(&fk, open_ms);                     \
 		suite##_##name##_body(&fk, q);                                 \
 		memtally_query_close(q);                                       \
 		fake_stop(&fk);                                                \
 	}                                                                      \
 	static void suite##_##name##_body(struct fake *f, memtally_query *q)
+
+#define FAKE_TEST(suite, name, handler, ...)                                   \
+	FAKE_TEST_OPEN(suite, name, handler, 0, ##__VA_ARGS__)
 
 FAKE_TEST(query, usage_fleet_copies_every_field, answer_usage)
 {
@@ -506,11 +509,9 @@ static bool answer_byte_by_byte(struct fake *f, int fd,
 	return true;
 }
 
-Test(query, response_in_single_bytes)
+FAKE_TEST_OPEN(query, response_in_single_bytes, answer_byte_by_byte,
+               5000 * test_mult())
 {
-	struct fake f;
-	fake_start(&f, answer_byte_by_byte);
-	memtally_query *q = open_ok(&f, 5000 * test_mult());
 	struct memtally_process *p;
 	size_t n;
 	cr_assert_eq(memtally_query_processes(q, NULL, &p, &n), 0);
@@ -521,8 +522,6 @@ Test(query, response_in_single_bytes)
 	cr_assert_eq(memtally_query_usage(q, &u), 0);
 	cr_expect_eq(u->n_groups, 2);
 	memtally_usage_free(u);
-	memtally_query_close(q);
-	fake_stop(&f);
 }
 
 static bool answer_nothing(struct fake *f, int fd,
@@ -538,11 +537,9 @@ static int64_t mono_ms(void)
 	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-Test(query, silent_server_times_out, .timeout = 20)
+FAKE_TEST_OPEN(query, silent_server_times_out, answer_nothing, 200,
+               .timeout = 20)
 {
-	struct fake f;
-	fake_start(&f, answer_nothing);
-	memtally_query *q = open_ok(&f, 200);
 	struct memtally_usage *u;
 	int64_t t0 = mono_ms();
 	cr_expect_eq(memtally_query_usage(q, &u), -ETIMEDOUT);
@@ -550,8 +547,6 @@ Test(query, silent_server_times_out, .timeout = 20)
 	cr_expect_geq(took, 190, "gave up early: %lld ms", (long long)took);
 	cr_expect_lt(took, 2000 * test_mult(), "took %lld ms", (long long)took);
 	cr_expect_null(u);
-	memtally_query_close(q);
-	fake_stop(&f);
 }
 
 static bool answer_close(struct fake *f, int fd,
@@ -1078,12 +1073,9 @@ static int on_event(const struct memtally_event *ev, void *arg)
 	return s->n == s->stop_at;
 }
 
-Test(watch, blocking_until_the_server_closes)
+FAKE_TEST_OPEN(watch, blocking_until_the_server_closes, answer_watch,
+               5000 * test_mult())
 {
-	struct fake f;
-	atomic_store(&watch_go, 0);
-	fake_start(&f, answer_watch);
-	memtally_query *q = open_ok(&f, 5000 * test_mult());
 	struct seen_events s = {.stop_at = -1};
 	cr_expect_eq(memtally_query_watch(q, on_event, &s), -ECONNRESET);
 	cr_assert_eq(s.n, 3);
@@ -1093,31 +1085,20 @@ Test(watch, blocking_until_the_server_closes)
 	struct memtally_usage *u;
 	cr_assert_eq(memtally_query_usage(q, &u), 0);
 	memtally_usage_free(u);
-	cr_expect_eq(atomic_load(&f.connections), 2);
-	memtally_query_close(q);
-	fake_stop(&f);
+	cr_expect_eq(atomic_load(&f->connections), 2);
 }
 
-Test(watch, callback_stops_it)
+FAKE_TEST_OPEN(watch, callback_stops_it, answer_watch, 5000 * test_mult())
 {
-	struct fake f;
-	atomic_store(&watch_go, 0);
-	fake_start(&f, answer_watch);
-	memtally_query *q = open_ok(&f, 5000 * test_mult());
 	struct seen_events s = {.stop_at = 2};
 	cr_expect_eq(memtally_query_watch(q, on_event, &s), 0);
 	cr_expect_eq(s.n, 2);
 	cr_expect_eq(memtally_query_fd(q), -1, "the stream is closed");
-	memtally_query_close(q);
-	fake_stop(&f);
 }
 
-Test(watch, non_blocking_from_a_poll_loop)
+FAKE_TEST_OPEN(watch, non_blocking_from_a_poll_loop, answer_watch,
+               5000 * test_mult())
 {
-	struct fake f;
-	atomic_store(&watch_go, 0);
-	fake_start(&f, answer_watch);
-	memtally_query *q = open_ok(&f, 5000 * test_mult());
 	struct memtally_event ev;
 	cr_expect_eq(memtally_query_watch_next(q, &ev), -EINVAL,
 	             "not watching yet");
@@ -1156,16 +1137,10 @@ Test(watch, non_blocking_from_a_poll_loop)
 	cr_expect_eq(memtally_query_watch_next(q, &ev), -EINVAL);
 	cr_assert_eq(memtally_query_usage(q, &u), 0);
 	memtally_usage_free(u);
-	memtally_query_close(q);
-	fake_stop(&f);
 }
 
-Test(watch, stop_and_reuse)
+FAKE_TEST_OPEN(watch, stop_and_reuse, answer_watch, 5000 * test_mult())
 {
-	struct fake f;
-	atomic_store(&watch_go, 0);
-	fake_start(&f, answer_watch);
-	memtally_query *q = open_ok(&f, 5000 * test_mult());
 	cr_assert_eq(memtally_query_watch_start(q), 0);
 	memtally_query_watch_stop(q);
 	memtally_query_watch_stop(q); /* not watching: nothing */
@@ -1174,8 +1149,6 @@ Test(watch, stop_and_reuse)
 	struct memtally_usage *u;
 	cr_assert_eq(memtally_query_usage(q, &u), 0);
 	memtally_usage_free(u);
-	memtally_query_close(q);
-	fake_stop(&f);
 }
 
 static bool answer_watch_unsupported(struct fake *f, int fd,
@@ -1211,16 +1184,12 @@ static bool answer_nothing_to_watch(struct fake *f, int fd,
 	return true;
 }
 
-Test(watch, quiet_stream_times_out_with_the_handle, .timeout = 20)
+FAKE_TEST_OPEN(watch, quiet_stream_times_out_with_the_handle,
+               answer_nothing_to_watch, 200, .timeout = 20)
 {
-	struct fake f;
-	fake_start(&f, answer_nothing_to_watch);
-	memtally_query *q = open_ok(&f, 200);
 	int64_t t0 = mono_ms();
 	cr_expect_eq(memtally_query_watch(q, never, NULL), -ETIMEDOUT);
 	cr_expect_geq(mono_ms() - t0, 190);
-	memtally_query_close(q);
-	fake_stop(&f);
 }
 
 /* ---- usage gains RSS, state and the limit settings ------------------- */
