@@ -25,9 +25,10 @@
  * descriptors are only borrowed from the registry (there is no socket to
  * pass them on), so they need no closing here.
  */
-#include "server.h"
+/* The shared test fixture, without its Criterion part. */
+#define FX_NO_CRITERION
+#include "../unit/test_server_fixture.h"
 
-#include "mts_log.h"
 #include "memtally.pb-c.h"
 #include "mtframe.h"
 
@@ -37,9 +38,6 @@
 #include <string.h>
 #include <unistd.h>
 
-static uv_loop_t loop;
-static struct mts_server srv;
-static char segname[64];
 static int ready;
 
 static void cleanup(void)
@@ -47,10 +45,7 @@ static void cleanup(void)
 	if (!ready)
 		return;
 	ready = 0;
-	mts_server_stop(&srv);
-	uv_run(&loop, UV_RUN_DEFAULT);
-	mts_server_free(&srv);
-	uv_loop_close(&loop);
+	fx_server_close();
 }
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
@@ -59,16 +54,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 	(void)argc;
 	(void)argv;
 	mts_log_set_level((enum mts_log_level)(MTS_LOG_ERROR + 1)); /* silence the per-frame warnings */
-	snprintf(segname, sizeof(segname), "/mt-fuzz-%ld", (long)getpid());
-	struct mts_config cfg = {
-	    .socket_path = NULL,
-	    .segment = segname,
-	    .slots = 4,
-	    .lanes = 2,
-	    .tick_ms = 60000, /* ticked by hand below */
-	    .threshold = 1000,
-	};
-	if (uv_loop_init(&loop) != 0 || mts_server_init(&srv, &loop, &cfg) != 0) {
+	struct mts_config cfg = fx_config("fuzz", 4);
+	if (fx_server_open(&cfg) != 0) {
 		fprintf(stderr, "fuzz_dispatch: cannot start a server\n");
 		abort();
 	}

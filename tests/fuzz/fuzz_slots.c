@@ -52,9 +52,10 @@
  * restart record in a temporary directory) and the children live for the
  * whole run; they are cleaned up at exit.
  */
-#include "server.h"
+/* The shared test fixture, without its Criterion part. */
+#define FX_NO_CRITERION
+#include "../unit/test_server_fixture.h"
 
-#include "mts_log.h"
 #include "memtally.pb-c.h"
 #include "mtframe.h"
 
@@ -64,7 +65,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -74,9 +74,6 @@
 #define SLOTS 4u
 #define LANES 2u
 
-static uv_loop_t loop;
-static struct mts_server srv;
-static char segname[64];
 static char tmpdir[64] = "/tmp/mt-fuzzslots-XXXXXX";
 static char statepath[128];
 static int ready;
@@ -98,10 +95,7 @@ static void cleanup(void)
 		waitpid(kids[i], NULL, 0);
 		free(snapshot[i]);
 	}
-	mts_server_stop(&srv);
-	uv_run(&loop, UV_RUN_DEFAULT);
-	mts_server_free(&srv);
-	uv_loop_close(&loop);
+	fx_server_close();
 	unlink(statepath);
 	rmdir(tmpdir);
 }
@@ -120,15 +114,12 @@ static pid_t spawn(int *sock)
 	int sv[2];
 	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
 		die("socketpair");
-	pid_t pid = fork();
+	/* The child dies with the fuzzer: a crash must not leave children
+	 * that hold its output pipe open (and the test runner waiting). */
+	pid_t pid = fx_fork();
 	if (pid < 0)
 		die("fork");
 	if (pid == 0) {
-		/* Die with the fuzzer: a crash must not leave children that
-		 * hold its output pipe open (and the test runner waiting). */
-		prctl(PR_SET_PDEATHSIG, SIGKILL);
-		if (getppid() == 1)
-			_exit(1);
 		close(sv[0]);
 		char c = 'x';
 		if (write(sv[1], &c, 1) != 1)
@@ -202,21 +193,14 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 	(void)argv;
 	/* Silence the "corrupt, excluded" warnings. */
 	mts_log_set_level((enum mts_log_level)(MTS_LOG_ERROR + 1));
-	snprintf(segname, sizeof(segname), "/mt-fuzzslots-%ld", (long)getpid());
 	if (!mkdtemp(tmpdir))
 		die("mkdtemp");
 	snprintf(statepath, sizeof(statepath), "%s/state", tmpdir);
-	struct mts_config cfg = {
-	    .socket_path = NULL,
-	    .segment = segname,
-	    .state_path = statepath,
-	    .slots = SLOTS,
-	    .lanes = LANES,
-	    .tick_ms = 60000, /* ticked by hand */
-	    .threshold = 1000,
-	    .reset = true,
-	};
-	if (uv_loop_init(&loop) != 0 || mts_server_init(&srv, &loop, &cfg) != 0)
+	struct mts_config cfg = fx_config("fuzzslots", SLOTS);
+	cfg.lanes = LANES;
+	cfg.state_path = statepath;
+	cfg.reset = true;
+	if (fx_server_open(&cfg) != 0)
 		die("cannot start a server");
 	if (!srv.reg.state)
 		die("the server keeps no restart record");

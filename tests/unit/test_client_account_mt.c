@@ -11,14 +11,12 @@
 #include <string.h>
 #include <stdlib.h>
 
-#include <signal.h>
 #include <stdio.h>
-#include <sys/prctl.h>
-#include <sys/socket.h>
-#include <sys/un.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#define FX_NO_SERVER /* memtallyd runs as a child here */
+#include "test_server_fixture.h"
 
 #include "client_internal.h"
 #include "memtally.h"
@@ -95,62 +93,20 @@ Test(client_account, strerror_names_codes)
 /* ---- against a real memtallyd: lanes, overflow, exactness -------------- */
 
 static pid_t server_pid;
-static char sock_path[108];
-static char seg_name[64];
-
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
-static double mult(void)
-{
-	const char *m = getenv("MEMTALLY_TEST_TIMEOUT_MULT");
-	return m && atof(m) > 0 ? atof(m) : 1;
-}
 
 static void start_server(void)
 {
-	snprintf(sock_path, sizeof(sock_path), "/tmp/mt-unit-%d.sock",
-		 (int)getpid());
-	snprintf(seg_name, sizeof(seg_name), "/mt-unit-%d", (int)getpid());
-	setenv("MEMTALLY_SOCKET", sock_path, 1);
-	server_pid = fork();
-	if (server_pid == 0) {
-		/* Never outlive the test, even when it crashes. */
-		prctl(PR_SET_PDEATHSIG, SIGKILL);
-		execl(MEMTALLYD_PATH, "memtallyd", "--socket", sock_path,
-		      "--segment", seg_name, "--log-level", "warn", "--lanes",
-		      "4", (char *)NULL);
-		_exit(127);
-	}
-	double end = now_s() + 10 * mult();
-	for (;;) {
-		int fd = socket(AF_UNIX, SOCK_STREAM, 0);
-		struct sockaddr_un sa = {.sun_family = AF_UNIX};
-		strcpy(sa.sun_path, sock_path);
-		int ok = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
-		close(fd);
-		if (ok)
-			return;
-		cr_assert(now_s() < end, "memtallyd did not come up");
-		struct timespec ts = {0, 10 * 1000 * 1000};
-		nanosleep(&ts, NULL);
-	}
+	static const char *const args[] = {"--log-level", "warn", "--lanes",
+					   "4", NULL};
+	setenv("MEMTALLY_SOCKET", fx_sockpath("unit"), 1);
+	server_pid = fx_memtallyd_start(MEMTALLYD_PATH, sockpath,
+					fx_segname("unit"), args);
+	cr_assert_gt(server_pid, 0, "memtallyd did not come up");
 }
 
 static void stop_server(void)
 {
-	if (server_pid > 0) {
-		kill(server_pid, SIGTERM);
-		waitpid(server_pid, NULL, 0);
-	}
-	/* The restart record next to the socket: nothing else is left. */
-	char path[160];
-	snprintf(path, sizeof(path), "%s.state", sock_path);
-	unlink(path);
+	fx_memtallyd_stop(server_pid, sockpath);
 }
 
 Test(client_account, many_threads_exact_through_the_server,
@@ -176,11 +132,11 @@ Test(client_account, many_threads_exact_through_the_server,
 
 	/* The server sees exactly that too, at its next tick. */
 	memtally_query *q;
-	cr_assert_eq(memtally_query_open(&q, sock_path, 5000), 0);
-	double end = now_s() + 10 * mult();
+	cr_assert_eq(memtally_query_open(&q, sockpath, 5000), 0);
+	uint64_t end = fx_deadline_ms(10000);
 	int64_t seen = -1;
 	uint32_t threads = 0;
-	while (now_s() < end) {
+	while (fx_ms() < end) {
 		struct memtally_process *p = NULL;
 		cr_assert_eq(memtally_query_process(q, (uint32_t)getpid(), &p),
 			     0);
@@ -258,7 +214,7 @@ Test(client_group, set_group_wins_over_the_environment, .init = start_server,
 	memtally_account(1 << 20);
 	cr_assert_eq(memtally_flush(), 0, "not attached");
 	memtally_query *q;
-	cr_assert_eq(memtally_query_open(&q, sock_path, 5000), 0);
+	cr_assert_eq(memtally_query_open(&q, sockpath, 5000), 0);
 	struct memtally_process *p = NULL;
 	cr_assert_eq(memtally_query_process(q, (uint32_t)getpid(), &p), 0);
 	cr_assert_str_eq(p->group, "analytics");

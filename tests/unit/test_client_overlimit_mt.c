@@ -22,6 +22,9 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#define FX_NO_SERVER /* the test plays the server itself */
+#include "test_server_fixture.h"
+
 #include "memtally.h"
 #include "memtally.pb-c.h"
 #include "mtframe.h"
@@ -32,7 +35,6 @@
 #define SLOT_GEN  7
 
 static struct {
-	char sock[108];
 	struct mtshm_map map;   /* the header */
 	struct mtshm_map table; /* our uid's slot table */
 	int hdr_ro;             /* what workers are handed */
@@ -110,7 +112,6 @@ static void *fake_server(void *arg)
 
 static void setup(void)
 {
-	snprintf(fx.sock, sizeof(fx.sock), "/tmp/mt-ol-%d.sock", (int)getpid());
 	struct mtshm_params p = {.slots = 4, .lanes = 4, .threshold = THRESHOLD};
 	cr_assert_eq(mtshm_header_create("mt-ol", &p, &fx.map), 0);
 	struct mtshm_layout l;
@@ -122,14 +123,10 @@ static void setup(void)
 	mtshm_store_relaxed64(&fx.slot->generation, SLOT_GEN);
 	mtshm_store_release32(&fx.slot->pid, (uint32_t)getpid());
 
-	unlink(fx.sock);
-	fx.lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	struct sockaddr_un sa = {.sun_family = AF_UNIX};
-	strcpy(sa.sun_path, fx.sock);
-	cr_assert_eq(bind(fx.lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-	cr_assert_eq(listen(fx.lfd, 8), 0);
+	fx.lfd = fx_listen_unix(fx_sockpath("ol"));
+	cr_assert_geq(fx.lfd, 0);
 	cr_assert_eq(pthread_create(&fx.thread, NULL, fake_server, NULL), 0);
-	setenv("MEMTALLY_SOCKET", fx.sock, 1);
+	setenv("MEMTALLY_SOCKET", sockpath, 1);
 }
 
 static void teardown(void)
@@ -137,7 +134,7 @@ static void teardown(void)
 	shutdown(fx.lfd, SHUT_RDWR);
 	pthread_join(fx.thread, NULL);
 	close(fx.lfd);
-	unlink(fx.sock);
+	unlink(sockpath);
 	close(fx.hdr_ro);
 	mtshm_close(&fx.table);
 	mtshm_close(&fx.map);

@@ -24,6 +24,9 @@
 
 #include <criterion/criterion.h>
 
+#define FX_NO_SERVER /* a scripted fake plays the server */
+#include "test_server_fixture.h"
+
 #include "memtally.pb-c.h"
 #include "memtally_query.h"
 #include "mtframe.h"
@@ -43,6 +46,7 @@ struct fake {
 	fake_handler handler;
 	atomic_int requests;
 	atomic_int connections;
+	atomic_int closed;   /* connections the fake has closed */
 	uint64_t ids[64];    /* ids of the requests seen */
 	char groups[64][64]; /* group of each GetUsage/ListProcesses */
 };
@@ -130,6 +134,7 @@ static void *fake_main(void *arg)
 			memtally__v1__request__free_unpacked(req, NULL);
 		}
 		close(fd);
+		atomic_fetch_add(&f->closed, 1);
 	}
 }
 
@@ -140,13 +145,8 @@ static void fake_start(struct fake *f, fake_handler h)
 	f->handler = h;
 	snprintf(f->path, sizeof(f->path), "/tmp/mtq-test-%d-%d.sock",
 	         (int)getpid(), seq++);
-	unlink(f->path);
-	f->lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	f->lfd = fx_listen_unix(f->path);
 	cr_assert_geq(f->lfd, 0);
-	struct sockaddr_un sa = {.sun_family = AF_UNIX};
-	strcpy(sa.sun_path, f->path);
-	cr_assert_eq(bind(f->lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-	cr_assert_eq(listen(f->lfd, 8), 0);
 	cr_assert_eq(pthread_create(&f->thread, NULL, fake_main, f), 0);
 }
 
@@ -279,21 +279,24 @@ static memtally_query *open_ok(struct fake *f, int timeout_ms)
 
 /*
  * A test against a fake server answering with `handler`, through a handle
- * `q` opened on it (no timeout): the body gets both; the handle is closed
- * and the server stopped after it.
+ * `q` opened on it with a timeout of `open_ms` (0: none): the body gets
+ * both; the handle is closed and the server stopped after it.
  */
-#define FAKE_TEST(suite, name, handler, ...)                                   \
+#define FAKE_TEST_OPEN(suite, name, handler, open_ms, ...)                     \
 	static void suite##_##name##_body(struct fake *f, memtally_query *q);  \
 	Test(suite, name, ##__VA_ARGS__)                                       \
 	{                                                                      \
 		struct fake fk;                                                \
 		fake_start(&fk, handler);                                      \
-		memtally_query *q = open_ok(&fk, 0);                           \
+		memtally_query *q = open_ok(&fk, open_ms);                     \
 		suite##_##name##_body(&fk, q);                                 \
 		memtally_query_close(q);                                       \
 		fake_stop(&fk);                                                \
 	}                                                                      \
 	static void suite##_##name##_body(struct fake *f, memtally_query *q)
+
+#define FAKE_TEST(suite, name, handler, ...)                                   \
+	FAKE_TEST_OPEN(suite, name, handler, 0, ##__VA_ARGS__)
 
 FAKE_TEST(query, usage_fleet_copies_every_field, answer_usage)
 {
@@ -506,11 +509,9 @@ static bool answer_byte_by_byte(struct fake *f, int fd,
 	return true;
 }
 
-Test(query, response_in_single_bytes)
+FAKE_TEST_OPEN(query, response_in_single_bytes, answer_byte_by_byte,
+               5000 * test_mult())
 {
-	struct fake f;
-	fake_start(&f, answer_byte_by_byte);
-	memtally_query *q = open_ok(&f, 5000 * test_mult());
 	struct memtally_process *p;
 	size_t n;
 	cr_assert_eq(memtally_query_processes(q, NULL, &p, &n), 0);
@@ -521,8 +522,6 @@ Test(query, response_in_single_bytes)
 	cr_assert_eq(memtally_query_usage(q, &u), 0);
 	cr_expect_eq(u->n_groups, 2);
 	memtally_usage_free(u);
-	memtally_query_close(q);
-	fake_stop(&f);
 }
 
 static bool answer_nothing(struct fake *f, int fd,
@@ -538,11 +537,9 @@ static int64_t mono_ms(void)
 	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-Test(query, silent_server_times_out, .timeout = 20)
+FAKE_TEST_OPEN(query, silent_server_times_out, answer_nothing, 200,
+               .timeout = 20)
 {
-	struct fake f;
-	fake_start(&f, answer_nothing);
-	memtally_query *q = open_ok(&f, 200);
 	struct memtally_usage *u;
 	int64_t t0 = mono_ms();
 	cr_expect_eq(memtally_query_usage(q, &u), -ETIMEDOUT);
@@ -550,8 +547,6 @@ Test(query, silent_server_times_out, .timeout = 20)
 	cr_expect_geq(took, 190, "gave up early: %lld ms", (long long)took);
 	cr_expect_lt(took, 2000 * test_mult(), "took %lld ms", (long long)took);
 	cr_expect_null(u);
-	memtally_query_close(q);
-	fake_stop(&f);
 }
 
 static bool answer_close(struct fake *f, int fd,
@@ -588,8 +583,12 @@ FAKE_TEST(query, stale_connection_is_retried_once, answer_once)
 {
 	struct memtally_usage *u;
 	for (int i = 0; i < 3; i++) {
-		/* Let the server's close reach us before the next query. */
-		usleep(20000);
+		/* The server has closed the connection query i-1 used. */
+		uint64_t end = fx_deadline_ms(5000);
+		while (atomic_load(&f->closed) < i) {
+			cr_assert_lt(fx_ms(), end, "the fake never closed");
+			poll(NULL, 0, 1);
+		}
 		cr_assert_eq(memtally_query_usage(q, &u), 0, "query %d", i);
 		cr_expect_str_eq(memtally_query_last_error(q), "");
 		memtally_usage_free(u);
@@ -1074,12 +1073,9 @@ static int on_event(const struct memtally_event *ev, void *arg)
 	return s->n == s->stop_at;
 }
 
-Test(watch, blocking_until_the_server_closes)
+FAKE_TEST_OPEN(watch, blocking_until_the_server_closes, answer_watch,
+               5000 * test_mult())
 {
-	struct fake f;
-	atomic_store(&watch_go, 0);
-	fake_start(&f, answer_watch);
-	memtally_query *q = open_ok(&f, 5000 * test_mult());
 	struct seen_events s = {.stop_at = -1};
 	cr_expect_eq(memtally_query_watch(q, on_event, &s), -ECONNRESET);
 	cr_assert_eq(s.n, 3);
@@ -1089,31 +1085,20 @@ Test(watch, blocking_until_the_server_closes)
 	struct memtally_usage *u;
 	cr_assert_eq(memtally_query_usage(q, &u), 0);
 	memtally_usage_free(u);
-	cr_expect_eq(atomic_load(&f.connections), 2);
-	memtally_query_close(q);
-	fake_stop(&f);
+	cr_expect_eq(atomic_load(&f->connections), 2);
 }
 
-Test(watch, callback_stops_it)
+FAKE_TEST_OPEN(watch, callback_stops_it, answer_watch, 5000 * test_mult())
 {
-	struct fake f;
-	atomic_store(&watch_go, 0);
-	fake_start(&f, answer_watch);
-	memtally_query *q = open_ok(&f, 5000 * test_mult());
 	struct seen_events s = {.stop_at = 2};
 	cr_expect_eq(memtally_query_watch(q, on_event, &s), 0);
 	cr_expect_eq(s.n, 2);
 	cr_expect_eq(memtally_query_fd(q), -1, "the stream is closed");
-	memtally_query_close(q);
-	fake_stop(&f);
 }
 
-Test(watch, non_blocking_from_a_poll_loop)
+FAKE_TEST_OPEN(watch, non_blocking_from_a_poll_loop, answer_watch,
+               5000 * test_mult())
 {
-	struct fake f;
-	atomic_store(&watch_go, 0);
-	fake_start(&f, answer_watch);
-	memtally_query *q = open_ok(&f, 5000 * test_mult());
 	struct memtally_event ev;
 	cr_expect_eq(memtally_query_watch_next(q, &ev), -EINVAL,
 	             "not watching yet");
@@ -1152,16 +1137,10 @@ Test(watch, non_blocking_from_a_poll_loop)
 	cr_expect_eq(memtally_query_watch_next(q, &ev), -EINVAL);
 	cr_assert_eq(memtally_query_usage(q, &u), 0);
 	memtally_usage_free(u);
-	memtally_query_close(q);
-	fake_stop(&f);
 }
 
-Test(watch, stop_and_reuse)
+FAKE_TEST_OPEN(watch, stop_and_reuse, answer_watch, 5000 * test_mult())
 {
-	struct fake f;
-	atomic_store(&watch_go, 0);
-	fake_start(&f, answer_watch);
-	memtally_query *q = open_ok(&f, 5000 * test_mult());
 	cr_assert_eq(memtally_query_watch_start(q), 0);
 	memtally_query_watch_stop(q);
 	memtally_query_watch_stop(q); /* not watching: nothing */
@@ -1170,8 +1149,6 @@ Test(watch, stop_and_reuse)
 	struct memtally_usage *u;
 	cr_assert_eq(memtally_query_usage(q, &u), 0);
 	memtally_usage_free(u);
-	memtally_query_close(q);
-	fake_stop(&f);
 }
 
 static bool answer_watch_unsupported(struct fake *f, int fd,
@@ -1207,16 +1184,12 @@ static bool answer_nothing_to_watch(struct fake *f, int fd,
 	return true;
 }
 
-Test(watch, quiet_stream_times_out_with_the_handle, .timeout = 20)
+FAKE_TEST_OPEN(watch, quiet_stream_times_out_with_the_handle,
+               answer_nothing_to_watch, 200, .timeout = 20)
 {
-	struct fake f;
-	fake_start(&f, answer_nothing_to_watch);
-	memtally_query *q = open_ok(&f, 200);
 	int64_t t0 = mono_ms();
 	cr_expect_eq(memtally_query_watch(q, never, NULL), -ETIMEDOUT);
 	cr_expect_geq(mono_ms() - t0, 190);
-	memtally_query_close(q);
-	fake_stop(&f);
 }
 
 /* ---- usage gains RSS, state and the limit settings ------------------- */

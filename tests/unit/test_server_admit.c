@@ -8,6 +8,7 @@
 #include "test_server_fixture.h"
 
 #include <ctype.h>
+#include <poll.h>
 
 static struct mts_policy pol;
 
@@ -39,6 +40,20 @@ static const char *grant(uint64_t bytes, const char *group, const char *task,
 	snprintf(id, sizeof(id), "%s", r->admit_result->reservation);
 	memtally__v1__response__free_unpacked(r, NULL);
 	return id;
+}
+
+/* An Admit of `bytes` in `group` as `uid` is granted (the reservation is
+ * kept) or, if not `want`, denied. */
+static void expect_admit(uint32_t uid, uint64_t bytes, const char *group,
+                         bool want)
+{
+	Memtally__V1__Response *r = fx_admit(uid, bytes, group, "", 0);
+	cr_assert_null(r->error);
+	cr_assert_eq(r->admit_result->admitted, want,
+	             "uid %u, %llu bytes in \"%s\": %s", uid,
+	             (unsigned long long)bytes, group,
+	             want ? r->admit_result->reason : "granted");
+	memtally__v1__response__free_unpacked(r, NULL);
 }
 
 static Memtally__V1__Response *release(struct mts_peer *peer, const char *id,
@@ -280,11 +295,14 @@ Test(admit, expiry_in_a_real_tick)
 {
 	start_fleet(100);
 	grant(100, "", "", 1);
-	Memtally__V1__Response *r = fx_admit(1000, 1, "", "", 0);
-	cr_assert_not(r->admit_result->admitted);
-	memtally__v1__response__free_unpacked(r, NULL);
-	usleep(1100 * 1000);
-	mts_core_tick(&srv.reg);
+	expect_admit(1000, 1, "", false);
+	/* Its one-second TTL runs out on the clock a real tick reads. */
+	uint64_t end = fx_deadline_ms(10000);
+	while (srv.reg.adm->stats.expirations == 0) {
+		cr_assert_lt(fx_ms(), end, "the reservation never expired");
+		poll(NULL, 0, 20);
+		mts_core_tick(&srv.reg);
+	}
 	cr_assert_eq(srv.reg.adm->stats.expirations, 1);
 	cr_assert_eq(fx_fleet().reserved, 0);
 	grant(100, "", "", 0);
@@ -304,9 +322,7 @@ Test(admit, reconciled_with_the_tasks_workers)
 	struct mtshm_fleet f = fx_fleet();
 	cr_assert_eq(f.bytes + f.reserved, 500 * MIB);
 	/* So 524 MiB more fit, 525 do not. */
-	Memtally__V1__Response *r = fx_admit(1000, 525 * MIB, "", "", 0);
-	cr_assert_not(r->admit_result->admitted);
-	memtally__v1__response__free_unpacked(r, NULL);
+	expect_admit(1000, 525 * MIB, "", false);
 
 	/* The worker grows past its reservation: use counts, reserve 0. */
 	fx_write(sw, 700 * MIB);
@@ -656,13 +672,9 @@ Test(admit, per_uid_cap_stops_that_uid_only)
 	cr_assert_eq(srv.reg.adm->nresv, 3);
 
 	/* Another uid is not stopped; nor is an admin (exempt). */
-	r = fx_admit(1001, 10, "", "", 0);
-	cr_assert(r->admit_result->admitted);
-	memtally__v1__response__free_unpacked(r, NULL);
+	expect_admit(1001, 10, "", true);
 	for (int i = 0; i < 5; i++) {
-		r = fx_admit(0, 10, "", "", 0);
-		cr_assert(r->admit_result->admitted, "root capped");
-		memtally__v1__response__free_unpacked(r, NULL);
+		expect_admit(0, 10, "", true);
 	}
 
 	/* One ends (Release; TTL and task end go the same way): room for
@@ -672,9 +684,7 @@ Test(admit, per_uid_cap_stops_that_uid_only)
 	cr_assert_null(r->error);
 	memtally__v1__response__free_unpacked(r, NULL);
 	grant(10, "", "", 0);
-	r = fx_admit(1000, 10, "", "", 0);
-	cr_assert_not(r->admit_result->admitted);
-	memtally__v1__response__free_unpacked(r, NULL);
+	expect_admit(1000, 10, "", false);
 
 	/* TCP peers are one bucket. */
 	struct mts_peer tcp = {.fd = -1, .tcp = true};
@@ -742,12 +752,8 @@ Test(admit, group_not_allowed)
 	cr_assert_str_eq(mts_denial_name(MTS_DENY_GROUP_NOT_ALLOWED),
 	                 "group_not_allowed");
 
-	r = fx_admit(2000, MIB, "etl", "", 0);
-	cr_assert(r->admit_result->admitted, "%s", r->admit_result->reason);
-	memtally__v1__response__free_unpacked(r, NULL);
-	r = fx_admit(0, MIB, "etl", "", 0);
-	cr_assert(r->admit_result->admitted, "%s", r->admit_result->reason);
-	memtally__v1__response__free_unpacked(r, NULL);
+	expect_admit(2000, MIB, "etl", true);
+	expect_admit(0, MIB, "etl", true);
 	cr_assert_eq(mts_find_group(&srv.reg, "etl")->reservations, 2);
 }
 
@@ -768,17 +774,11 @@ Test(admit, reserved_bytes_per_uid)
 	cr_assert_eq(r->admit_result->reserved_bytes, 60 * MIB);
 	memtally__v1__response__free_unpacked(r, NULL);
 	cr_assert_eq(srv.reg.adm->stats.denials[MTS_DENY_UID_BYTES], 1);
-	r = fx_admit(2000, 100 * MIB, "", "", 0);
-	cr_assert(r->admit_result->admitted, "%s", r->admit_result->reason);
-	memtally__v1__response__free_unpacked(r, NULL);
-	r = fx_admit(0, 500 * MIB, "", "", 0);
-	cr_assert(r->admit_result->admitted, "%s", r->admit_result->reason);
-	memtally__v1__response__free_unpacked(r, NULL);
+	expect_admit(2000, 100 * MIB, "", true);
+	expect_admit(0, 500 * MIB, "", true);
 	/* 40 MiB fit exactly. */
 	grant(40 * MIB, "", "", 0);
-	r = fx_admit(1000, 1, "", "", 0);
-	cr_assert_not(r->admit_result->admitted);
-	memtally__v1__response__free_unpacked(r, NULL);
+	expect_admit(1000, 1, "", false);
 	struct mts_peer owner = fx_peer(getpid(), 1000);
 	r = release(&owner, id, NULL);
 	cr_assert_null(r->error);
@@ -813,9 +813,7 @@ Test(admit, groups_per_uid)
 	cr_assert_null(mts_find_group(&srv.reg, "g3"));
 	grant(1, "g1", "", 0);
 	grant(1, "default", "", 0);
-	r = fx_admit(2000, 1, "g3", "", 0);
-	cr_assert(r->admit_result->admitted, "%s", r->admit_result->reason);
-	memtally__v1__response__free_unpacked(r, NULL);
+	expect_admit(2000, 1, "g3", true);
 	cr_assert_eq(mts_uid_count_get(&srv.reg.groups_by_uid, 1000), 2);
 	cr_assert_eq(mts_uid_count_get(&srv.reg.groups_by_uid, 2000), 1);
 }

@@ -9,62 +9,31 @@
  * The server and its clients share this process: the clients use plain
  * non-blocking sockets and the test runs the loop between their steps.
  */
-#include "server.h"
+#include "test_server_fixture.h"
 
-#include <criterion/criterion.h>
-#include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
-#include <signal.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/un.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include "mts_log.h"
 
 #define TOKEN "conn-test-token-0123456789"
 
-static uv_loop_t loop;
-static struct mts_server srv;
 static struct mts_policy pol;
-static char segname[64];
-static char sockpath[108];
 
 static void setup(void)
 {
-	mts_log_set_level(MTS_LOG_ERROR);
-	snprintf(segname, sizeof(segname), "/mt-s3-conn-%ld", (long)getpid());
-	snprintf(sockpath, sizeof(sockpath), "/tmp/mt-s3-conn-%ld.sock",
-	         (long)getpid());
-	unlink(sockpath);
 	mts_policy_defaults(&pol);
 	pol.tcp_token = strdup(TOKEN);
-	struct mts_config cfg = {
-	    .socket_path = sockpath,
-	    .segment = segname,
-	    .slots = 8,
-	    .lanes = 2,
-	    .tick_ms = 60000,
-	    .threshold = 1000,
-	    .policy = &pol,
-	    .tcp_addr = "127.0.0.1:0",
-	};
-	cr_assert_eq(uv_loop_init(&loop), 0);
-	cr_assert_eq(mts_server_init(&srv, &loop, &cfg), 0);
+	struct mts_config cfg = fx_config("s3-conn", 8);
+	cfg.socket_path = fx_sockpath("s3-conn");
+	cfg.policy = &pol;
+	cfg.tcp_addr = "127.0.0.1:0";
+	fx_start_config(&cfg);
 	cr_assert_gt(srv.net.tcp_port, 0);
 }
 
 static void teardown(void)
 {
-	mts_server_stop(&srv);
-	uv_run(&loop, UV_RUN_DEFAULT);
-	mts_server_free(&srv);
-	cr_assert_eq(uv_loop_close(&loop), 0, "a handle was left open");
+	fx_stop();
 	mts_policy_free(&pol);
 	cr_assert_neq(access(sockpath, F_OK), 0, "socket file left behind");
 }
@@ -312,25 +281,13 @@ static void setup_budget(uint32_t max_conns, uint64_t max_buffered)
 {
 	/* As memtallyd does: a write to a peer we disconnected is EPIPE. */
 	signal(SIGPIPE, SIG_IGN);
-	mts_log_set_level(MTS_LOG_ERROR);
-	snprintf(segname, sizeof(segname), "/mt-s5-conn-%ld", (long)getpid());
-	snprintf(sockpath, sizeof(sockpath), "/tmp/mt-s5-conn-%ld.sock",
-	         (long)getpid());
-	unlink(sockpath);
 	mts_policy_defaults(&pol);
-	struct mts_config cfg = {
-	    .socket_path = sockpath,
-	    .segment = segname,
-	    .slots = 8,
-	    .lanes = 2,
-	    .tick_ms = 60000,
-	    .threshold = 1000,
-	    .policy = &pol,
-	    .max_conns = max_conns,
-	    .max_buffered = max_buffered,
-	};
-	cr_assert_eq(uv_loop_init(&loop), 0);
-	cr_assert_eq(mts_server_init(&srv, &loop, &cfg), 0);
+	struct mts_config cfg = fx_config("s5-conn", 8);
+	cfg.socket_path = fx_sockpath("s5-conn");
+	cfg.policy = &pol;
+	cfg.max_conns = max_conns;
+	cfg.max_buffered = max_buffered;
+	fx_start_config(&cfg);
 }
 
 static void setup_conns3(void)
@@ -400,10 +357,7 @@ Test(budget, connections_past_the_limit_are_closed_at_once,
 	close(d.fd);
 	/* One goes: there is room again. */
 	close(c.fd);
-	for (int i = 0; i < 20000 && srv.net.nconns > 2; i++) {
-		uv_run(&loop, UV_RUN_NOWAIT);
-		poll(NULL, 0, 1);
-	}
+	FX_RUN_UNTIL(srv.net.nconns <= 2);
 	cr_assert_eq(srv.net.nconns, 2);
 	client_unix(&d);
 	get_usage(&d, 5);
@@ -500,11 +454,7 @@ Test(budget, over_the_cap_the_largest_are_throttled_then_evicted,
 	/* The hostile peers go: nothing is held, pressure is over. */
 	for (int i = 0; i < N; i++)
 		close(h[i].c.fd);
-	for (int i = 0; i < 20000 && (srv.net.nconns > 1 || srv.net.pressure);
-	     i++) {
-		uv_run(&loop, UV_RUN_NOWAIT);
-		poll(NULL, 0, 1);
-	}
+	FX_RUN_UNTIL(srv.net.nconns <= 1 && !srv.net.pressure);
 	cr_assert_eq(srv.net.nconns, 1);
 	cr_assert(!srv.net.pressure);
 	cr_assert_eq(srv.net.buffered, 0);
@@ -597,10 +547,7 @@ Test(budget, partial_frames_over_the_cap_do_not_stick, .init = setup_cap,
 	cr_assert(srv.net.pressure, "never over the cap (buffered %llu)",
 	          (unsigned long long)srv.net.buffered);
 	/* The grace period passes, the largest go, pressure ends. */
-	for (int i = 0; i < 20000 && srv.net.pressure; i++) {
-		uv_run(&loop, UV_RUN_NOWAIT);
-		poll(NULL, 0, 1);
-	}
+	FX_RUN_UNTIL(!srv.net.pressure);
 	cr_assert(!srv.net.pressure,
 	          "still throttled: buffered %llu, evicted %llu",
 	          (unsigned long long)srv.net.buffered,
@@ -746,27 +693,15 @@ Test(conn, a_peer_closed_during_another_turn_strands_nobody)
 static void setup_uid(uint32_t per_uid, uint32_t idle_ms)
 {
 	signal(SIGPIPE, SIG_IGN);
-	mts_log_set_level(MTS_LOG_ERROR);
-	snprintf(segname, sizeof(segname), "/mt-uid-conn-%ld", (long)getpid());
-	snprintf(sockpath, sizeof(sockpath), "/tmp/mt-uid-conn-%ld.sock",
-	         (long)getpid());
-	unlink(sockpath);
 	mts_policy_defaults(&pol);
-	struct mts_config cfg = {
-	    .socket_path = sockpath,
-	    .segment = segname,
-	    .slots = 8,
-	    .lanes = 2,
-	    .tick_ms = 60000,
-	    .threshold = 1000,
-	    .policy = &pol,
-	    .tcp_addr = "127.0.0.1:0",
-	    .max_conns_per_uid = per_uid,
-	    .idle_timeout_ms = idle_ms,
-	    .no_idle_timeout = idle_ms == 0,
-	};
-	cr_assert_eq(uv_loop_init(&loop), 0);
-	cr_assert_eq(mts_server_init(&srv, &loop, &cfg), 0);
+	struct mts_config cfg = fx_config("uid-conn", 8);
+	cfg.socket_path = fx_sockpath("uid-conn");
+	cfg.policy = &pol;
+	cfg.tcp_addr = "127.0.0.1:0";
+	cfg.max_conns_per_uid = per_uid;
+	cfg.idle_timeout_ms = idle_ms;
+	cfg.no_idle_timeout = idle_ms == 0;
+	fx_start_config(&cfg);
 }
 
 static void setup_uid2(void)
@@ -781,17 +716,6 @@ static void setup_idle(void)
 	setup_uid(0, 1000);
 }
 
-/* Run the loop until pred() holds (or fail). */
-#define SPIN_UNTIL(cond)                                                       \
-	do {                                                                   \
-		int spins_ = 0;                                                \
-		while (!(cond)) {                                              \
-			uv_run(&loop, UV_RUN_NOWAIT);                          \
-			poll(NULL, 0, 1);                                      \
-			cr_assert_lt(++spins_, 20000, "never: %s", #cond);     \
-		}                                                              \
-	} while (0)
-
 Test(peruid, a_uid_over_its_cap_stops_only_itself, .init = setup_uid2,
      .fini = teardown, .timeout = 60)
 {
@@ -804,13 +728,15 @@ Test(peruid, a_uid_over_its_cap_stops_only_itself, .init = setup_uid2,
 	int go[2], done[2];
 	cr_assert_eq(pipe(go), 0);
 	cr_assert_eq(pipe(done), 0);
-	pid_t kid = fork();
+	pid_t parent = getpid();
+	pid_t kid = fx_fork();
 	cr_assert_geq(kid, 0);
 	if (kid == 0) {
 		close(go[0]);
 		close(done[1]);
 		if (setgid(65534) < 0 || setuid(65534) < 0)
 			_exit(1);
+		fx_die_with(parent); /* again: the uid change cleared it */
 		int fds[3];
 		for (int i = 0; i < 2; i++) {
 			struct sockaddr_un sa = {.sun_family = AF_UNIX};
@@ -840,7 +766,8 @@ Test(peruid, a_uid_over_its_cap_stops_only_itself, .init = setup_uid2,
 	char c;
 	cr_assert_eq(read(go[0], &c, 1), 1, "the child could not connect");
 	/* Two are kept, the third is accepted and closed. */
-	SPIN_UNTIL(srv.net.conn_stats.rejected_uid == 1 && srv.net.nconns == 2);
+	FX_RUN_UNTIL(srv.net.conn_stats.rejected_uid == 1 &&
+	             srv.net.nconns == 2);
 	cr_assert_eq(mts_uid_count_get(&srv.net.conn_uids, 65534), 2);
 	cr_assert_eq(srv.net.conn_stats.max_per_uid, 2);
 
@@ -866,7 +793,7 @@ Test(peruid, a_uid_over_its_cap_stops_only_itself, .init = setup_uid2,
 	/* The child goes: its uid may connect again (counted down). */
 	cr_assert_eq(write(done[1], "x", 1), 1);
 	cr_assert_eq(waitpid(kid, NULL, 0), kid);
-	SPIN_UNTIL(mts_uid_count_get(&srv.net.conn_uids, 65534) == 0);
+	FX_RUN_UNTIL(mts_uid_count_get(&srv.net.conn_uids, 65534) == 0);
 	close(r1.fd);
 	close(r2.fd);
 	close(r3.fd);

@@ -15,13 +15,6 @@
 
 #include <fcntl.h>
 
-static unsigned timeout_mult(void)
-{
-	const char *s = getenv("MEMTALLY_TEST_TIMEOUT_MULT");
-	int m = s ? atoi(s) : 1;
-	return m > 0 ? (unsigned)m : 1;
-}
-
 /* Four slots: the tests fill every one with workers of one uid. */
 static void setup(void)
 {
@@ -109,6 +102,15 @@ static void write_lane(uint32_t slot, int64_t bytes, uint32_t threads)
 	mtshm_store_relaxed32(&s->lanes_used, 1);
 	mtshm_store_relaxeds64(&mtshm_lane(s, 0)->bytes, bytes);
 	mtshm_store_relaxed64(&mtshm_lane(s, 0)->flushes, 3);
+}
+
+/* Register `pid` in `group` (image 1) holding `bytes` on one thread, as
+ * its client would have flushed them; its slot. */
+static uint32_t worker(pid_t pid, const char *group, int64_t bytes)
+{
+	uint32_t slot = register_ok(pid, group, 1);
+	write_lane(slot, bytes, 1);
+	return slot;
 }
 
 static void expect_error(Memtally__V1__Response *r, uint64_t id,
@@ -546,10 +548,8 @@ static void write_free(uint32_t slot, int64_t free_bytes, int64_t heap_at)
 Test(dispatch, allocator_free_is_part_of_the_figures)
 {
 	pid_t a = fx_spawn(), b = fx_spawn();
-	uint32_t sa = register_ok(a, "py", 1);
-	uint32_t sb = register_ok(b, "py", 1);
-	write_lane(sa, 10000, 1);
-	write_lane(sb, 3000, 1);
+	uint32_t sa = worker(a, "py", 10000);
+	worker(b, "py", 3000);
 	write_free(sa, 6000, 10000); /* glibc held 16000 at heap 10000 */
 	mts_core_tick(&srv.reg);
 	Memtally__V1__Response *r =
@@ -598,10 +598,8 @@ Test(dispatch, allocator_free_is_part_of_the_figures)
 Test(dispatch, allocator_free_leaves_with_its_process)
 {
 	pid_t a = fx_spawn(), b = fx_spawn();
-	uint32_t sa = register_ok(a, "py", 1);
-	uint32_t sb = register_ok(b, "py", 1);
-	write_lane(sa, 1000, 1);
-	write_lane(sb, 2000, 1);
+	uint32_t sa = worker(a, "py", 1000);
+	uint32_t sb = worker(b, "py", 2000);
 	write_free(sa, 500, 1000);
 	write_free(sb, 700, 2000);
 	mts_core_tick(&srv.reg);
@@ -609,11 +607,7 @@ Test(dispatch, allocator_free_leaves_with_its_process)
 	cr_assert_eq(srv.reg.groups[0].allocator_free, 1200);
 	kill(a, SIGKILL);
 	waitpid(a, NULL, 0);
-	unsigned spins = 0;
-	while (srv.reg.totals.processes != 1) {
-		uv_run(&loop, UV_RUN_ONCE);
-		cr_assert_lt(++spins, 1000 * timeout_mult());
-	}
+	FX_RUN_UNTIL(srv.reg.totals.processes == 1);
 	cr_assert_eq(srv.reg.totals.allocator_free, 700);
 	cr_assert_eq(srv.reg.totals.bytes, 2700);
 	cr_assert_eq(srv.reg.groups[0].allocator_free, 700);
@@ -622,10 +616,8 @@ Test(dispatch, allocator_free_leaves_with_its_process)
 Test(dispatch, corrupt_slot_quarantined)
 {
 	pid_t a = fx_spawn(), b = fx_spawn();
-	uint32_t sa = register_ok(a, "g", 1);
-	uint32_t sb = register_ok(b, "g", 1);
-	write_lane(sa, 1000, 1);
-	write_lane(sb, MTSHM_ABSURD_BYTES + 1, 1);
+	worker(a, "g", 1000);
+	uint32_t sb = worker(b, "g", MTSHM_ABSURD_BYTES + 1);
 	mts_core_tick(&srv.reg);
 	cr_assert_eq(srv.reg.totals.bytes, 1000);
 	cr_assert(mts_slot(&srv.reg, sb)->flags & MTSHM_SLOT_CORRUPT);
@@ -672,10 +664,8 @@ static const char *tick_logged(void)
 Test(dispatch, figure_below_zero_clamped_and_logged)
 {
 	pid_t a = fx_spawn(), b = fx_spawn();
-	uint32_t sa = register_ok(a, "g", 1);
-	uint32_t sb = register_ok(b, "g", 1);
-	write_lane(sa, 1000, 1);
-	write_lane(sb, 5000, 1);
+	worker(a, "g", 1000);
+	uint32_t sb = worker(b, "g", 5000);
 	struct mtshm_slot_id *s = mts_slot(&srv.reg, sb);
 	/* 64 MiB unmapped more than mapped: the unsigned total wrapped. */
 	mtshm_store_relaxeds64(&mtshm_lane(s, 0)->mapped, -(INT64_C(64) << 20));
@@ -730,10 +720,8 @@ Test(dispatch, lanes_past_the_mark_with_a_sane_total_count)
 Test(dispatch, exit_leaves_totals_in_same_iteration)
 {
 	pid_t a = fx_spawn(), b = fx_spawn();
-	uint32_t sa = register_ok(a, "g", 1);
-	uint32_t sb = register_ok(b, "h", 1);
-	write_lane(sa, 1000, 1);
-	write_lane(sb, 7000, 1);
+	worker(a, "g", 1000);
+	uint32_t sb = worker(b, "h", 7000);
 	mts_core_tick(&srv.reg);
 	struct mtshm_fleet f;
 	cr_assert_eq(mtshm_fleet_read(srv.map.hdr, &f), 0);
@@ -745,11 +733,7 @@ Test(dispatch, exit_leaves_totals_in_same_iteration)
 	/* No tick runs (it is 60 s away): only the pidfd callback can
 	 * change the totals. */
 	uint64_t ticks = f.ticks;
-	unsigned spins = 0;
-	while (srv.reg.totals.processes != 1) {
-		uv_run(&loop, UV_RUN_ONCE);
-		cr_assert_lt(++spins, 1000 * timeout_mult());
-	}
+	FX_RUN_UNTIL(srv.reg.totals.processes == 1);
 	cr_assert_eq(mtshm_fleet_read(srv.map.hdr, &f), 0);
 	cr_assert_eq(f.bytes, 1000);
 	cr_assert_eq(f.processes, 1);
@@ -807,11 +791,7 @@ Test(dispatch, each_uid_has_its_own_table)
 	cr_assert_eq(srv.reg.totals.bytes, 3000);
 	kill(b, SIGKILL);
 	waitpid(b, NULL, 0);
-	unsigned spins = 0;
-	while (tb->procs != 0) {
-		uv_run(&loop, UV_RUN_ONCE);
-		cr_assert_lt(++spins, 1000 * timeout_mult());
-	}
+	FX_RUN_UNTIL(tb->procs == 0);
 	/* Idle, kept for the uid's next process: the same object again. */
 	cr_assert_neq(tb->idle_since_ns, 0);
 	uint64_t ino = tb->map.ino;
@@ -826,11 +806,7 @@ Test(dispatch, each_uid_has_its_own_table)
 	cr_assert_eq(tb->idle_since_ns, 0);
 	kill(b2, SIGKILL);
 	waitpid(b2, NULL, 0);
-	spins = 0;
-	while (tb->procs != 0) {
-		uv_run(&loop, UV_RUN_ONCE);
-		cr_assert_lt(++spins, 1000 * timeout_mult());
-	}
+	FX_RUN_UNTIL(tb->procs == 0);
 	/* Released once idle long enough; uid 1000's, in use, stays. */
 	mts_tables_sweep(&srv.reg, tb->idle_since_ns +
 	                               (uint64_t)MTS_TABLE_IDLE_MS * 1000000u);
@@ -856,11 +832,7 @@ Test(dispatch, idle_tables_are_bounded)
 		memtally__v1__response__free_unpacked(r, NULL);
 		kill(k, SIGKILL);
 		waitpid(k, NULL, 0);
-		unsigned spins = 0;
-		while (mts_table_find(&srv.reg, 3000 + u)->procs != 0) {
-			uv_run(&loop, UV_RUN_ONCE);
-			cr_assert_lt(++spins, 1000 * timeout_mult());
-		}
+		FX_RUN_UNTIL(mts_table_find(&srv.reg, 3000 + u)->procs == 0);
 		nkids = 0; /* reaped */
 	}
 	cr_assert_eq(srv.reg.ntables, MTS_TABLES_IDLE_MAX);

@@ -1,8 +1,18 @@
 /*
- * test_server_fixture.h - what the server unit tests share: a server on
- * a private segment (no socket unless asked), real child processes as
- * workers, requests dispatched from plain buffers, and the events the
- * registry raises captured in order.
+ * test_server_fixture.h - the one way tests and fuzzers start a server,
+ * and everything that goes with it:
+ *
+ *   - child processes that die with the test (fx_fork), and a clock to
+ *     poll against with a deadline (fx_ms, fx_deadline_ms);
+ *   - a listening Unix socket (fx_listen_unix), for fake servers;
+ *   - memtallyd itself as a child (fx_memtallyd_start), for client tests;
+ *   - an in-process server on a private segment (fx_config,
+ *     fx_server_open, fx_server_close), socket and TCP only when asked;
+ *     left out where server.h is not at hand (define FX_NO_SERVER);
+ *   - the Criterion helpers of the server unit tests: real child processes
+ *     as workers, requests dispatched from plain buffers, the events the
+ *     registry raises captured in order; left out for the fuzzers (define
+ *     FX_NO_CRITERION).
  *
  * Each test is its own process (Criterion), so the statics here are per
  * test. fx_stop() kills the children and asserts that the loop closes with
@@ -11,19 +21,214 @@
 #ifndef MEMTALLY_TEST_SERVER_FIXTURE_H
 #define MEMTALLY_TEST_SERVER_FIXTURE_H
 
-#include "server.h"
-
-#include <criterion/criterion.h>
 #include <errno.h>
+#include <poll.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
+/* ---- processes and time ------------------------------------------------ */
+
+/* Milliseconds on the monotonic clock. */
+static inline __attribute__((unused)) uint64_t fx_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* A deadline `ms` from now, stretched by MEMTALLY_TEST_TIMEOUT_MULT
+ * (sanitizer builds run slower). */
+static inline __attribute__((unused)) uint64_t fx_deadline_ms(uint64_t ms)
+{
+	const char *m = getenv("MEMTALLY_TEST_TIMEOUT_MULT");
+	double mult = m && atof(m) > 0 ? atof(m) : 1;
+	return fx_ms() + (uint64_t)((double)ms * mult);
+}
+
+/* In a child: be killed when the test process goes, even if it crashes
+ * before its teardown (a leftover child keeps CTest's output pipe open).
+ * A change of uid clears the setting: call it again after one. */
+static inline __attribute__((unused)) void fx_die_with(pid_t parent)
+{
+	prctl(PR_SET_PDEATHSIG, SIGKILL);
+	if (getppid() != parent) /* it went before the line above */
+		_exit(1);
+}
+
+/* fork(), the child bound to die with this process. */
+static inline __attribute__((unused)) pid_t fx_fork(void)
+{
+	pid_t parent = getpid();
+	pid_t pid = fork();
+	if (pid == 0)
+		fx_die_with(parent);
+	return pid;
+}
+
+static __attribute__((unused)) char segname[64];
+static __attribute__((unused)) char sockpath[108];
+
+/* The name of a server's shared objects, of this process. */
+static inline __attribute__((unused)) const char *fx_segname(const char *tag)
+{
+	snprintf(segname, sizeof(segname), "/mt-%s-%ld", tag, (long)getpid());
+	return segname;
+}
+
+/* A socket path of this process in /tmp, with nothing there yet. */
+static inline __attribute__((unused)) const char *fx_sockpath(const char *tag)
+{
+	snprintf(sockpath, sizeof(sockpath), "/tmp/mt-%s-%ld.sock", tag,
+	         (long)getpid());
+	unlink(sockpath);
+	return sockpath;
+}
+
+/* A Unix stream socket listening at `path` (removed first); its
+ * descriptor or -errno. */
+static inline __attribute__((unused)) int fx_listen_unix(const char *path)
+{
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	if (strlen(path) >= sizeof(sa.sun_path))
+		return -ENAMETOOLONG;
+	strcpy(sa.sun_path, path);
+	unlink(path);
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -errno;
+	if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0 ||
+	    listen(fd, 8) != 0) {
+		int err = -errno;
+		close(fd);
+		return err;
+	}
+	return fd;
+}
+
+/* Whether something accepts connections at `path` now. */
+static inline __attribute__((unused)) int fx_connectable(const char *path)
+{
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return 0;
+	int ok = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
+	close(fd);
+	return ok;
+}
+
+/* memtallyd (`binary`) as a child on `sock` and segment `seg`, with
+ * `args` (NULL-terminated, may be NULL) after those; its pid once its
+ * socket accepts, or -1 if it exited or did not within 10 s. */
+static inline __attribute__((unused)) pid_t
+fx_memtallyd_start(const char *binary, const char *sock, const char *seg,
+                   const char *const *args)
+{
+	const char *argv[32] = {"memtallyd", "--socket", sock, "--segment",
+	                        seg};
+	int argc = 5;
+	for (int i = 0; args && args[i] && argc < 31; i++)
+		argv[argc++] = args[i];
+	argv[argc] = NULL;
+	pid_t pid = fx_fork();
+	if (pid < 0)
+		return -1;
+	if (pid == 0) {
+		execv(binary, (char *const *)argv);
+		_exit(127);
+	}
+	uint64_t end = fx_deadline_ms(10000);
+	while (!fx_connectable(sock)) {
+		if (waitpid(pid, NULL, WNOHANG) == pid)
+			return -1; /* it exited */
+		if (fx_ms() > end) {
+			kill(pid, SIGKILL);
+			waitpid(pid, NULL, 0);
+			return -1;
+		}
+		struct timespec ts = {0, 10 * 1000 * 1000};
+		nanosleep(&ts, NULL);
+	}
+	return pid;
+}
+
+/* Stop a memtallyd child as its service manager would, and remove the
+ * restart record it keeps next to its socket. */
+static inline __attribute__((unused)) void fx_memtallyd_stop(pid_t pid,
+                                                             const char *sock)
+{
+	if (pid > 0) {
+		kill(pid, SIGTERM);
+		waitpid(pid, NULL, 0);
+	}
+	char path[160];
+	snprintf(path, sizeof(path), "%s.state", sock);
+	unlink(path);
+}
+
+/* ---- an in-process server ---------------------------------------------- */
+
+#ifndef FX_NO_SERVER
+#include "server.h"
+
 #include "mts_log.h"
+
+static __attribute__((unused)) uv_loop_t loop;
+static __attribute__((unused)) struct mts_server srv;
+
+/* What every test server shares: a private segment named after `tag` and
+ * this process, `slots` slots of 2 lanes, threshold 1000, no socket, and
+ * no timer tick (tests and fuzzers call mts_core_tick() themselves). The
+ * caller adds what it needs. */
+static inline __attribute__((unused)) struct mts_config
+fx_config(const char *tag, uint32_t slots)
+{
+	return (struct mts_config){
+	    .segment = fx_segname(tag),
+	    .slots = slots,
+	    .lanes = 2,
+	    .tick_ms = 60000,
+	    .threshold = 1000,
+	};
+}
+
+/* Start `srv` on `loop`; 0 or what failed. */
+static inline __attribute__((unused)) int
+fx_server_open(const struct mts_config *cfg)
+{
+	int err = uv_loop_init(&loop);
+	if (err)
+		return err;
+	err = mts_server_init(&srv, &loop, cfg);
+	if (err)
+		uv_loop_close(&loop);
+	return err;
+}
+
+/* Stop it and run the loop dry; what uv_loop_close() says (UV_EBUSY: a
+ * handle was left open). */
+static inline __attribute__((unused)) int fx_server_close(void)
+{
+	mts_server_stop(&srv);
+	uv_run(&loop, UV_RUN_DEFAULT);
+	mts_server_free(&srv);
+	return uv_loop_close(&loop);
+}
+
+/* ---- Criterion helpers of the server unit tests ------------------------- */
+
+#ifndef FX_NO_CRITERION
+#include <criterion/criterion.h>
 
 #define FX_MAX_KIDS   16
 #define FX_MAX_EVENTS 256
@@ -35,9 +240,6 @@ struct fx_event {
 	uint64_t bytes, limit, reserved;
 };
 
-static __attribute__((unused)) uv_loop_t loop;
-static __attribute__((unused)) struct mts_server srv;
-static __attribute__((unused)) char segname[64];
 static __attribute__((unused)) pid_t kids[FX_MAX_KIDS];
 static __attribute__((unused)) int nkids;
 static __attribute__((unused)) struct fx_event events[FX_MAX_EVENTS];
@@ -54,6 +256,25 @@ static inline void fx_on_event(void *ctx, const struct mts_event *ev)
 	e->bytes = ev->bytes;
 	e->limit = ev->limit;
 	e->reserved = ev->reserved;
+}
+
+/* Run the loop until `cond` holds; fail, naming it, if it does not within
+ * 20 s (stretched for sanitizer builds). */
+#define FX_RUN_UNTIL(cond)                                                     \
+	do {                                                                   \
+		uint64_t fx_end_ = fx_deadline_ms(20000);                      \
+		while (!(cond)) {                                              \
+			cr_assert_lt(fx_ms(), fx_end_, "never: %s", #cond);    \
+			uv_run(&loop, UV_RUN_NOWAIT);                          \
+			poll(NULL, 0, 1);                                      \
+		}                                                              \
+	} while (0)
+
+/* Start the server `cfg` describes (from fx_config()), quietly. */
+static inline void fx_start_config(const struct mts_config *cfg)
+{
+	mts_log_set_level(MTS_LOG_ERROR); /* keep test output quiet */
+	cr_assert_eq(fx_server_open(cfg), 0, "the server did not start");
 }
 
 /* The uid fx_register() gives its workers. The fixture's children run as
@@ -74,19 +295,9 @@ static inline void fx_start_slots(const struct mts_policy *pol, uint32_t slots)
 	if (with_fx.ntrusted < MTS_TRUSTED_UIDS_MAX)
 		with_fx.trusted_uids[with_fx.ntrusted++] = FX_UID;
 	pol = &with_fx;
-	mts_log_set_level(MTS_LOG_ERROR); /* keep test output quiet */
-	snprintf(segname, sizeof(segname), "/mt-s3-test-%ld", (long)getpid());
-	struct mts_config cfg = {
-	    .socket_path = NULL,
-	    .segment = segname,
-	    .slots = slots,
-	    .lanes = 2,
-	    .tick_ms = 60000, /* tests call mts_core_tick() themselves */
-	    .threshold = 1000,
-	    .policy = pol,
-	};
-	cr_assert_eq(uv_loop_init(&loop), 0);
-	cr_assert_eq(mts_server_init(&srv, &loop, &cfg), 0);
+	struct mts_config cfg = fx_config("s3-test", slots);
+	cfg.policy = pol;
+	fx_start_config(&cfg);
 	/* A few slots would make the default per-uid slot cap smaller
 	 * still: tests of other things register more workers of one uid. Tests
 	 * of the cap set max_slots_per_uid in their policy. */
@@ -114,10 +325,7 @@ static inline void fx_stop(void)
 		waitpid(kids[i], NULL, 0);
 	}
 	nkids = 0;
-	mts_server_stop(&srv);
-	uv_run(&loop, UV_RUN_DEFAULT);
-	mts_server_free(&srv);
-	cr_assert_eq(uv_loop_close(&loop), 0, "a handle was left open");
+	cr_assert_eq(fx_server_close(), 0, "a handle was left open");
 }
 
 /* A child that lives until killed, running as `uid` (its real uid too)
@@ -126,7 +334,8 @@ static inline pid_t fx_spawn_as(long uid)
 {
 	int p[2];
 	cr_assert_eq(pipe(p), 0);
-	pid_t pid = fork();
+	pid_t parent = getpid();
+	pid_t pid = fx_fork();
 	cr_assert_geq(pid, 0);
 	if (pid == 0) {
 		close(p[0]);
@@ -134,10 +343,7 @@ static inline pid_t fx_spawn_as(long uid)
 		    (setresgid((gid_t)uid, (gid_t)uid, (gid_t)uid) ||
 		     setresuid((uid_t)uid, (uid_t)uid, (uid_t)uid)))
 			_exit(1);
-		/* Die with the test even if it crashes before its teardown:
-		 * a leftover child keeps CTest's output pipe open. (After the
-		 * uid change, which clears the setting.) */
-		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		fx_die_with(parent); /* again: the uid change cleared it */
 		char c = 'x';
 		if (write(p[1], &c, 1) != 1)
 			_exit(1);
@@ -167,11 +373,7 @@ static inline void fx_kill(pid_t pid)
 	for (int i = 0; i < nkids; i++)
 		if (kids[i] == pid)
 			kids[i] = kids[--nkids];
-	unsigned spins = 0;
-	while (mts_find_pid(&srv.reg, (uint32_t)pid)) {
-		uv_run(&loop, UV_RUN_ONCE);
-		cr_assert_lt(++spins, 10000u, "exit not seen");
-	}
+	FX_RUN_UNTIL(!mts_find_pid(&srv.reg, (uint32_t)pid));
 }
 
 static inline struct mts_peer fx_peer(pid_t pid, uint32_t uid)
@@ -293,4 +495,6 @@ static inline struct mtshm_fleet fx_fleet(void)
 	return f;
 }
 
+#endif /* FX_NO_CRITERION */
+#endif /* FX_NO_SERVER */
 #endif /* MEMTALLY_TEST_SERVER_FIXTURE_H */

@@ -470,11 +470,7 @@ Test(limits, rss_is_read_summed_and_measurable)
 	cr_assert_eq(pa->rss, 0);
 	mts_rss_sweep_start(&srv.reg);
 	cr_assert_not_null(srv.reg.rss->sweep);
-	unsigned spins = 0;
-	while (srv.reg.rss->sweep) {
-		uv_run(&loop, UV_RUN_ONCE);
-		cr_assert_lt(++spins, 10000u);
-	}
+	FX_RUN_UNTIL(!srv.reg.rss->sweep);
 	pa = mts_find_pid(&srv.reg, (uint32_t)a);
 	struct mts_proc *pb = mts_find_pid(&srv.reg, (uint32_t)b);
 	cr_assert_gt(pa->rss, 0);

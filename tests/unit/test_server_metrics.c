@@ -99,6 +99,13 @@ static bool has_line(const char *text, const char *line)
 		          want_, text);                                        \
 	} while (0)
 
+/* A process's sample: `metric`{pid,group,comm} `value`. */
+#define assert_process_line(text, metric, p, group, value)                     \
+	assert_line(text,                                                      \
+	            metric "{pid=\"%u\",group=\"" group                        \
+	                   "\",comm=\"%s\"} " #value,                          \
+	            (p)->pid, (p)->comm)
+
 /* Lines that start with `prefix`. */
 static int count_prefix(const char *text, const char *prefix)
 {
@@ -198,39 +205,17 @@ Test(render, figures)
 	assert_line(t, "memtally_group_limit_bytes{group=\"web\"} 8000");
 	cr_assert_eq(count_prefix(t, "memtally_group_limit_bytes{"), 1);
 
-	assert_line(t,
-	            "memtally_process_accounted_bytes{pid=\"%u\",group=\"web\","
-	            "comm=\"%s\"} 5000",
-	            a->pid, a->comm);
-	assert_line(t,
-	            "memtally_process_accounted_bytes{pid=\"%u\",group=\"db\","
-	            "comm=\"%s\"} 7000",
-	            b->pid, b->comm);
-	assert_line(t,
-	            "memtally_process_rss_bytes{pid=\"%u\",group=\"web\","
-	            "comm=\"%s\"} 300000",
-	            a->pid, a->comm);
-	assert_line(t,
-	            "memtally_process_peak_bytes{pid=\"%u\",group=\"db\","
-	            "comm=\"%s\"} 7000",
-	            b->pid, b->comm);
-	assert_line(t,
-	            "memtally_process_threads{pid=\"%u\",group=\"web\","
-	            "comm=\"%s\"} 2",
-	            a->pid, a->comm);
-	assert_line(t,
-	            "memtally_process_limit_bytes{pid=\"%u\",group=\"web\","
-	            "comm=\"%s\"} 4000",
-	            a->pid, a->comm);
+	assert_process_line(t, "memtally_process_accounted_bytes", a, "web",
+	                    5000);
+	assert_process_line(t, "memtally_process_accounted_bytes", b, "db",
+	                    7000);
+	assert_process_line(t, "memtally_process_rss_bytes", a, "web", 300000);
+	assert_process_line(t, "memtally_process_peak_bytes", b, "db", 7000);
+	assert_process_line(t, "memtally_process_threads", a, "web", 2);
+	assert_process_line(t, "memtally_process_limit_bytes", a, "web", 4000);
 	cr_assert_eq(count_prefix(t, "memtally_process_limit_bytes{"), 1);
-	assert_line(t,
-	            "memtally_process_over_limit{pid=\"%u\",group=\"web\","
-	            "comm=\"%s\"} 1",
-	            a->pid, a->comm);
-	assert_line(t,
-	            "memtally_process_over_limit{pid=\"%u\",group=\"db\","
-	            "comm=\"%s\"} 0",
-	            b->pid, b->comm);
+	assert_process_line(t, "memtally_process_over_limit", a, "web", 1);
+	assert_process_line(t, "memtally_process_over_limit", b, "db", 0);
 	free(t);
 }
 
