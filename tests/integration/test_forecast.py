@@ -69,11 +69,13 @@ def test_steady_growth_and_time_to_limit():
             print(f"  fleet at {f['bytes'] / MIB:.0f} MiB: "
                   f"{rate / MIB:.2f} MiB/s, limit in {eta} s")
             # Within 1% on a quiet machine (0.3% typical); a shared one
-            # has read it 1.6% low with a Watch subscriber competing.
-            check(abs(rate - 40 * MIB) <= 0.02 * 40 * MIB,
-                  f"fleet rate {rate / MIB:.2f} MiB/s, want 40 +/- 2%")
+            # has read it 1.6% low with a Watch subscriber competing, and
+            # a worker starved of CPU ramps unevenly. A wrong rate (a
+            # window or a unit mistaken) is off by far more than 5%.
+            check(abs(rate - 40 * MIB) <= 0.05 * 40 * MIB,
+                  f"fleet rate {rate / MIB:.2f} MiB/s, want 40 +/- 5%")
             g = group(st, "ramp")
-            check(abs(g["growth_bytes_per_s"] - 40 * MIB) <= 0.02 * 40 * MIB
+            check(abs(g["growth_bytes_per_s"] - 40 * MIB) <= 0.05 * 40 * MIB
                   and
                   g["seconds_to_limit"] is None,
                   f"group (no limit): {g}")
