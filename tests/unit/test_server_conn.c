@@ -544,8 +544,11 @@ Test(budget, partial_frames_over_the_cap_do_not_stick, .init = setup_cap,
 		uv_run(&loop, UV_RUN_NOWAIT);
 		poll(NULL, 0, 1);
 	}
-	cr_assert(srv.net.pressure, "never over the cap (buffered %llu)",
-	          (unsigned long long)srv.net.buffered);
+	/* Over the cap at least once (on a slow runner the grace period may
+	 * already have passed, and the largest gone, by now). */
+	cr_assert_geq(srv.net.conn_stats.pressure, 1,
+	              "never over the cap (buffered %llu)",
+	              (unsigned long long)srv.net.buffered);
 	/* The grace period passes, the largest go, pressure ends. */
 	FX_RUN_UNTIL(!srv.net.pressure);
 	cr_assert(!srv.net.pressure,
