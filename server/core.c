@@ -194,23 +194,32 @@ static void tick_clamp(struct mts_proc *p, unsigned part, bool below,
 		        (long long)value);
 }
 
-/* Lane 0's `mapped`: 0 when it is negative (clamped and logged), and
- * *absurd beyond MTSHM_ABSURD_BYTES either way. */
-static inline uint64_t tick_mapped(struct mts_proc *p, struct mtshm_slot_id *s,
-                                   int *absurd)
+/* Lane 0's mapped figure was not sane (*absurd, mtshm_slot_mapped), or
+ * was clamped at the last tick: a negative one of sane size is clamped
+ * (counted as 0, and not absurd); a sane one is clamped no more. Out of
+ * the tick loop's way: it never runs for a well-behaved client. */
+__attribute__((noinline, cold)) static void
+tick_clamp_mapped(struct mts_proc *p, struct mtshm_slot_id *s, int *absurd)
 {
-	uint64_t pm = mtshm_slot_mapped(s, absurd);
 	if (!*absurd) {
-		if (p->clamped & MTS_CLAMPED_MAPPED)
-			tick_clamp(p, MTS_CLAMPED_MAPPED, false, 0);
-		return pm;
+		tick_clamp(p, MTS_CLAMPED_MAPPED, false, 0);
+		return;
 	}
 	int64_t m = mtshm_load_relaxeds64(&mtshm_lane(s, 0)->mapped);
 	if (m < 0 && m >= -MTSHM_ABSURD_BYTES) {
 		*absurd = 0;
 		tick_clamp(p, MTS_CLAMPED_MAPPED, true, m);
 	}
-	return 0;
+}
+
+/* The heap's sum is below 0, or was clamped: clamped past its error bar
+ * `pe` (at least the threshold), clamped no more within it. */
+__attribute__((noinline, cold)) static void
+tick_clamp_heap(const struct mts_registry *reg, struct mts_proc *p, int64_t sum,
+                uint64_t pe)
+{
+	uint64_t slack = pe > reg->threshold ? pe : reg->threshold;
+	tick_clamp(p, MTS_CLAMPED_HEAP, sum < 0 && (uint64_t)-sum > slack, sum);
 }
 
 /* One process's share of a tick: sum its slot, update its figures, add
@@ -224,7 +233,10 @@ static inline void tick_proc(struct mts_registry *reg, struct mts_proc *p,
 	int64_t sum = mtshm_slot_sum(s, lanes, &flushes, &absurd);
 	uint64_t heap = sum < 0 ? 0 : (uint64_t)sum;
 	/* Lane 0's line, which the sum just read. */
-	uint64_t pm = tick_mapped(p, s, &mapped_absurd);
+	uint64_t pm = mtshm_slot_mapped(s, &mapped_absurd);
+	if (__builtin_expect(mapped_absurd | (p->clamped & MTS_CLAMPED_MAPPED),
+	                     0))
+		tick_clamp_mapped(p, s, &mapped_absurd);
 	uint64_t pf = tick_free(p, s, heap, &free_absurd);
 	absurd |= mapped_absurd | free_absurd;
 	uint32_t threads = mtshm_load_relaxed32(&s->threads);
@@ -276,11 +288,8 @@ static inline void tick_proc(struct mts_registry *reg, struct mts_proc *p,
 	if (threads > THREADS_SANE_MAX)
 		threads = THREADS_SANE_MAX;
 	uint64_t pe = sat_mul(reg->threshold, threads);
-	if (sum < 0 || (p->clamped & MTS_CLAMPED_HEAP)) {
-		uint64_t slack = pe > reg->threshold ? pe : reg->threshold;
-		tick_clamp(p, MTS_CLAMPED_HEAP,
-		           sum < 0 && (uint64_t)-sum > slack, sum);
-	}
+	if (__builtin_expect(sum < 0 || (p->clamped & MTS_CLAMPED_HEAP), 0))
+		tick_clamp_heap(reg, p, sum, pe);
 	if (p->error_bytes != pe)
 		p->error_bytes = pe;
 	g->bytes = mt_sat_add(g->bytes, pv);
