@@ -38,8 +38,8 @@
  *  - The over-limit callback runs only from mtc_after_flush(), after the
  *    front end finished its flush and dropped its re-entrancy guard. The
  *    flush itself only notes a rising edge of the slot's flag (one relaxed
- *    load of the slot's flags, one of `mtc_flags_seen`, which quiet
- *    publishes compare too): it neither blocks nor calls out.
+ *    load of the slot's flags, one of `mtc_gate`, which quiet publishes
+ *    compare too): it neither blocks nor calls out.
  */
 #define _GNU_SOURCE
 #include "client_internal.h"
@@ -147,11 +147,28 @@ static struct {
 bool mtc_at_load;
 
 /* Read by the front ends' fast paths (client_internal.h): bumped whenever
- * the slot changes; the threshold threads use, in bytes; the slot's flags
- * as the latest full flush saw them (edge detection, after_store). */
+ * the slot changes; the threshold threads use, in bytes; the epoch's low
+ * half above the slot's flags as the latest full flush saw them (edge
+ * detection, after_store). */
 uint64_t mtc_epoch;
 uint64_t mtc_thresh = MT_DEFAULT_THRESHOLD;
-uint32_t mtc_flags_seen;
+uint64_t mtc_gate;
+
+#define GATE_FLAGS UINT64_C(0xffffffff)
+#define GATE_EPOCH(e) ((uint64_t)(uint32_t)(e) << 32)
+
+/* A new epoch: threads' lanes of the old one are theirs no longer. The
+ * gate follows, after the epoch a re-claim reads. */
+static void epoch_bump(void)
+{
+	uint64_t e = mtshm_load_relaxed64(&mtc_epoch) + 1;
+	mtshm_store_relaxed64(&mtc_epoch, e);
+	uint64_t g = __atomic_load_n(&mtc_gate, __ATOMIC_RELAXED);
+	while (!__atomic_compare_exchange_n(&mtc_gate, &g,
+	                                    GATE_EPOCH(e) | (g & GATE_FLAGS), 1,
+	                                    __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+		;
+}
 /* Raised by a registration when the refresh thread should start (read
  * after each full flush: mtc_after_flush). */
 uint32_t mtc_refresh_want;
@@ -203,7 +220,9 @@ static int64_t slot_total(const struct mtc_attachment *a)
  * them inaccessible, keeping the address range reserved: the child writes
  * only into the slot it will be given at its own registration. Only the
  * forking thread runs in the child, and its lane is dropped by the epoch
- * change, so nothing here still points into them.
+ * change, and its quiet publishes (which read the slot's flags before
+ * they compare epochs) by mtc_front_force_slow(), so nothing here still
+ * points into them.
  */
 static void fence_inherited(void)
 {
@@ -233,9 +252,9 @@ static void on_fork_child(void)
 	mtshm_store_relaxeds64(&mtc.pending, total);
 	mtshm_store_release64(&mtc.cur, 0);
 	fence_inherited();
-	mtshm_store_relaxed64(&mtc_epoch, mtshm_load_relaxed64(&mtc_epoch) + 1);
+	epoch_bump();
+	mtc_gate &= ~GATE_FLAGS; /* no flags seen in the child */
 	mtc.attaching = 0;
-	mtc_flags_seen = 0;
 	/* A registration of the over-limit callback cut short by the fork
 	 * would leave the sequence odd for ever, and the pair torn: drop it. */
 	if (mtc.cb_seq & 1) {
@@ -720,7 +739,7 @@ static int attach(void)
 	/* A new slot: carry the total published into the old one. */
 	if (old)
 		mtshm_add_relaxeds64(&mtc.pending, slot_total(old));
-	mtshm_store_relaxed64(&mtc_epoch, mtshm_load_relaxed64(&mtc_epoch) + 1);
+	epoch_bump();
 	mtshm_store_release64(&mtc.cur, (uint64_t)(uintptr_t)na);
 	mtshm_add_relaxeds64(&s->overflow,
 	                     mtshm_exchange_relaxeds64(&mtc.pending, 0));
@@ -984,6 +1003,7 @@ static void claim(struct mtc_thread *th, const struct mtc_attachment *a,
 	th->counted = 1;
 	th->slot = s;
 	th->epoch = epoch;
+	th->gate_epoch = GATE_EPOCH(epoch);
 }
 
 static void release(struct mtc_thread *th)
@@ -1023,19 +1043,23 @@ static void verify(const struct mtshm_header *h)
 
 #define OVER_CB_TRIES 64
 
-/* The slot's flags changed since a full flush last saw them (`seen`).
- * Each change is made by the one thread whose CAS wins; on a rise of the
- * over-limit flag that thread owes the callback; a fall re-arms. */
+/* The slot's flags changed since a full flush last saw them (the low
+ * half of `g`, mtc_gate as read). Each change is made by the one thread
+ * whose CAS wins; on a rise of the over-limit flag that thread owes the
+ * callback; a fall re-arms. */
 static __attribute__((noinline)) void flags_edge(struct mtc_thread *th,
-                                                 uint32_t seen, uint32_t flags)
+                                                 uint64_t g, uint32_t flags)
 {
-	while (seen != flags) {
-		if (mtshm_cas_acquire32(&mtc_flags_seen, seen, flags)) {
+	while ((uint32_t)g != flags) {
+		uint32_t seen = (uint32_t)g;
+		if (__atomic_compare_exchange_n(&mtc_gate, &g,
+		                                (g & ~GATE_FLAGS) | flags, 0,
+		                                __ATOMIC_ACQUIRE,
+		                                __ATOMIC_RELAXED)) {
 			if ((flags & ~seen) & MTSHM_SLOT_OVER_LIMIT)
 				th->over_due = 1;
 			return;
 		}
-		seen = mtshm_load_relaxed32(&mtc_flags_seen);
 	}
 }
 
@@ -1043,7 +1067,7 @@ static __attribute__((noinline)) void flags_edge(struct mtc_thread *th,
  * thread, quiet or not) that finds it up is a rise. */
 static void over_rearm(void)
 {
-	__atomic_fetch_and(&mtc_flags_seen, ~MTSHM_SLOT_OVER_LIMIT,
+	__atomic_fetch_and(&mtc_gate, ~(uint64_t)MTSHM_SLOT_OVER_LIMIT,
 	                   __ATOMIC_RELAXED);
 }
 
@@ -1130,9 +1154,9 @@ static inline void after_store(struct mtc_thread *th,
 	/* The server's verdict as of its latest tick: a change from what the
 	 * previous full flush (of any thread) saw is an edge. */
 	uint32_t flags = mtshm_load_relaxed32(&a->slot->flags);
-	uint32_t seen = mtshm_load_relaxed32(&mtc_flags_seen);
-	if (__builtin_expect(flags != seen, 0))
-		flags_edge(th, seen, flags);
+	uint64_t g = __atomic_load_n(&mtc_gate, __ATOMIC_RELAXED);
+	if (__builtin_expect(flags != (uint32_t)g, 0))
+		flags_edge(th, g, flags);
 	uint32_t n = 1 + (uint32_t)(th->quiet_armed - th->quiet_left);
 	if (l)
 		mtshm_store_relaxed64(&l->flushes,

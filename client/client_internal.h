@@ -28,6 +28,7 @@ struct mtc_thread {
 	uint64_t seen_ticks;     /* header's tick counter at the last full
 				  * flush */
 	uint64_t epoch;          /* mtc epoch of `slot`; stale = re-claim */
+	uint64_t gate_epoch;     /* its low 32 bits, as mtc_gate holds them */
 	uint32_t since_verify;   /* flushes since the tick counter moved */
 	int32_t quiet_left;      /* quiet publishes left before a full one;
 				  * 0: the next one is full */
@@ -64,12 +65,13 @@ void mtc_publish(struct mtc_thread *th, int64_t delta);
 
 /* attach.c's state that fast paths read: the epoch (bumped whenever the
  * process's slot changes: attach, re-attach, fork), the threshold, and
- * the slot's flags as the latest full flush of any thread saw them (a
- * change from it is an edge: mtc_publish() acts on it). */
+ * the gate: the epoch's low 32 bits above the slot's flags as the latest
+ * full flush of any thread saw them (a change of the flags from those is
+ * an edge: mtc_publish() acts on it), so that one comparison tests both. */
 #define MTC_HIDDEN __attribute__((visibility("hidden")))
 extern uint64_t mtc_epoch MTC_HIDDEN;
 extern uint64_t mtc_thresh MTC_HIDDEN;
-extern uint32_t mtc_flags_seen MTC_HIDDEN;
+extern uint64_t mtc_gate MTC_HIDDEN;
 
 /* Flushes of one thread without a tick of the server before it looks at
  * the server's heartbeat; also the longest run of quiet publishes. */
@@ -77,21 +79,23 @@ extern uint32_t mtc_flags_seen MTC_HIDDEN;
 
 /*
  * A publish by a thread that owns a lane of the current slot, with no look
- * at the server's heartbeat: the lane's add, after three tests, a
- * countdown and two comparisons, each a load or two:
+ * at the server's heartbeat: the lane's add, after a countdown and one
+ * comparison:
  *  - quiet_left: a full publish (mtc_publish) into the thread's own lane
  *    arms it with the flushes left before the server's heartbeat is due a
  *    look (MTC_VERIFY_EVERY in all, quiet or full, without a tick); 0 for
- *    anything else (a new, exiting or lane-less thread, after fork, or a
- *    front end's own reason), so it also stands for "set up, lane owned";
- *  - the epoch: the lane is the thread's while the epoch is the one it
- *    claimed it in;
- *  - the slot's flags against mtc_flags_seen: the server's over-limit
- *    flag changes only in a tick, and the first publish after the tick
- *    that raised (or cleared) it goes full and handles the edge, as when
- *    every large publish looked at the tick counter. A callback registered
- *    or handed over while the flag is up clears it from mtc_flags_seen, so
- *    the next publish of any thread goes full too.
+ *    anything else (a new, exiting or lane-less thread, a fork child's
+ *    thread, or a front end's own reason), so it also stands for "set up,
+ *    lane owned, slot mapped";
+ *  - the slot's flags and the thread's epoch against mtc_gate: the lane
+ *    is the thread's while the epoch is the one it claimed it in (a slot
+ *    left behind by a re-attach stays mapped: its flags can be read); the
+ *    server's over-limit flag changes only in a tick, and the first
+ *    publish after the tick that raised (or cleared) it goes full and
+ *    handles the edge, as when every large publish looked at the tick
+ *    counter. A callback registered or handed over while the flag is up
+ *    clears it from mtc_gate, so the next publish of any thread goes full
+ *    too.
  * A server that stopped ticking is still noticed after MTC_VERIFY_EVERY
  * flushes. The lane's `flushes` count gets the quiet ones at the next
  * full publish. False, and nothing done, when the thread must go through
@@ -105,11 +109,13 @@ static inline bool mtc_publish_quiet(struct mtc_thread *th, int64_t delta)
 		th->quiet_left = 0;
 		return false;
 	}
-	if (__builtin_expect(th->epoch != mtshm_load_relaxed64(&mtc_epoch) ||
-	                         mtshm_load_relaxed32(&th->slot->flags) !=
-	                             mtshm_load_relaxed32(&mtc_flags_seen),
-	                     0)) {
-		th->quiet_left++; /* not made: the full one counts itself */
+	uint64_t flags = mtshm_load_relaxed32(&th->slot->flags);
+	if (__builtin_expect(
+	        (flags | th->gate_epoch) != mtshm_load_relaxed64(&mtc_gate), 0)) {
+		/* Not made: the full one counts itself. Read back, so that
+		 * the decrement above stays one instruction to memory. */
+		__asm__("" ::: "memory");
+		th->quiet_left++;
 		return false;
 	}
 	mtshm_add_owned_s64(&th->lane->bytes, delta);

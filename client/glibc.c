@@ -214,17 +214,27 @@ __attribute__((noinline)) static void gl_slow_rare(void)
  * quiet publish: the lane's add and a new window, no call. Quiet
  * publishes are armed only by gl_publish()'s full one, for a set-up
  * thread whose drift is all in its counters (`carry` 0): a new, disabled
- * or exited thread, and one that keeps a carry, has none.
+ * or exited thread, and one that keeps a carry, has none. True when made;
+ * inlined into malloc and free, whose carry branch then makes no call.
  */
-__attribute__((noinline)) static void *gl_slow(void *p)
+static inline __attribute__((always_inline)) bool gl_quiet(struct gl_tls *t)
 {
-	struct gl_tls *t = &gl;
+	/* The counters as stored: the caller's add stays an add to memory
+	 * rather than keeping its sum in a register for us. */
+	__asm__("" ::: "memory");
 	if (__builtin_expect(
 	        mtc_publish_quiet(&t->th, (int64_t)(t->alloc - t->freed)), 1)) {
 		t->alloc = t->freed = t->win;
-		return p;
+		return true;
 	}
-	gl_slow_rare();
+	return false;
+}
+
+/* The same for the rest of the family, and the slow path behind it. */
+__attribute__((noinline)) static void *gl_slow(void *p)
+{
+	if (!gl_quiet(&gl))
+		gl_slow_rare();
 	return p;
 }
 
@@ -239,16 +249,27 @@ GL_EXPORT void *malloc(size_t n)
 {
 	void *p = __libc_malloc(n);
 	if (__builtin_expect(p != NULL, 1) &&
-	    __builtin_expect(__builtin_add_overflow(
-	                         gl.alloc, chunk_bytes(p), &gl.alloc),
-	                     0))
-		return gl_slow(p); /* a tail call: p comes back */
+	    __builtin_expect(__builtin_add_overflow(gl.alloc, chunk_bytes(p),
+	                                            &gl.alloc),
+	                     0) &&
+	    !gl_quiet(&gl))
+		gl_slow_rare();
 	return p;
 }
 
 /* A free whose count carried flushes after glibc has the block back,
  * since the flush may sample glibc's free memory, which must not see the
- * block as still held by glibc and no longer by the program. */
+ * block as still held by glibc and no longer by the program (nor can a
+ * quiet publish come first: a sample by another thread in between would
+ * find the block out of the heap and still in what glibc holds). Out of
+ * free() itself, which then needs no frame. */
+__attribute__((noinline)) static void free_slow(void *p)
+{
+	__libc_free(p);
+	if (!gl_quiet(&gl))
+		gl_slow_rare();
+}
+
 GL_EXPORT void free(void *p)
 {
 	if (!p)
@@ -256,8 +277,7 @@ GL_EXPORT void free(void *p)
 	if (__builtin_expect(
 	        __builtin_add_overflow(gl.freed, chunk_bytes(p), &gl.freed),
 	        0)) {
-		__libc_free(p);
-		gl_slow(NULL);
+		free_slow(p);
 		return;
 	}
 	__libc_free(p);

@@ -412,8 +412,10 @@ int64_t mtj_front_drift(void)
 void mtj_front_force_slow(void)
 {
 	/* Counting mode: the next call flushes (and registers the child of
-	 * a fork). Callback mode: the next event or memtally_flush() does. */
+	 * a fork). Callback mode: the next event or memtally_flush() does,
+	 * and not quietly: the lane is the parent's. */
 	mtj_t.span = 0;
+	mtc_quiet_off(&mtj_t.th);
 }
 
 /*
