@@ -390,11 +390,6 @@ bool mtc_init(void)
 	return !mtc.disabled;
 }
 
-uint64_t mtc_threshold(void)
-{
-	return mtshm_load_relaxed64(&mtc_thresh);
-}
-
 /* ---- registration --------------------------------------------------- */
 
 /* A bump allocator over a caller's buffer, so unpacking never mallocs. */

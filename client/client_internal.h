@@ -55,8 +55,6 @@ bool mtc_init(void);
  * maybe_attach). */
 extern bool mtc_at_load;
 
-/* Threshold threads must use now (server's once attached). */
-uint64_t mtc_threshold(void);
 
 /* Publish `delta` bytes on behalf of the calling thread. Never blocks for
  * long: may attempt an attach (bounded by a short timeout, rate-limited by
@@ -72,6 +70,12 @@ void mtc_publish(struct mtc_thread *th, int64_t delta);
 extern uint64_t mtc_epoch MTC_HIDDEN;
 extern uint64_t mtc_thresh MTC_HIDDEN;
 extern uint64_t mtc_gate MTC_HIDDEN;
+
+/* Threshold threads must use now (server's once attached). */
+static inline uint64_t mtc_threshold(void)
+{
+	return mtshm_load_relaxed64(&mtc_thresh);
+}
 
 /* Flushes of one thread without a tick of the server before it looks at
  * the server's heartbeat; also the longest run of quiet publishes. */
