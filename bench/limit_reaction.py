@@ -171,11 +171,10 @@ def main():
                                                       for x in ms)))
         finally:
             server.stop()
-    print("%s: %s, commit %s%s; memtallyd tick 10 ms, process limit %d MiB,"
-          " %d runs each" % (a.label or "limit_reaction", info["date"],
-                             info["commit"],
-                             " (uncommitted changes)" if info["uncommitted"]
-                             else "", a.limit_mib, a.runs))
+    print("%s: %s, build %s (driver at commit %s); memtallyd tick 10 ms, "
+          "process limit %d MiB, %d runs each"
+          % (a.label or "limit_reaction", info["date"], build,
+             info["commit"], a.limit_mib, a.runs))
     print()
     print("| preload | median ms | min | quartiles | max | burst µs "
           "(median) | blocks | server's growth / blocks x 64 KiB |")
