@@ -154,7 +154,7 @@ uint64_t mtc_epoch;
 uint64_t mtc_thresh = MT_DEFAULT_THRESHOLD;
 uint64_t mtc_gate;
 
-#define GATE_FLAGS UINT64_C(0xffffffff)
+#define GATE_FLAGS    UINT64_C(0xffffffff)
 #define GATE_EPOCH(e) ((uint64_t)(uint32_t)(e) << 32)
 
 /* A new epoch: threads' lanes of the old one are theirs no longer. The

@@ -55,7 +55,6 @@ bool mtc_init(void);
  * maybe_attach). */
 extern bool mtc_at_load;
 
-
 /* Publish `delta` bytes on behalf of the calling thread. Never blocks for
  * long: may attempt an attach (bounded by a short timeout, rate-limited by
  * back-off). */
@@ -114,8 +113,9 @@ static inline bool mtc_publish_quiet(struct mtc_thread *th, int64_t delta)
 		return false;
 	}
 	uint64_t flags = mtshm_load_relaxed32(&th->slot->flags);
-	if (__builtin_expect(
-	        (flags | th->gate_epoch) != mtshm_load_relaxed64(&mtc_gate), 0)) {
+	if (__builtin_expect((flags | th->gate_epoch) !=
+	                         mtshm_load_relaxed64(&mtc_gate),
+	                     0)) {
 		/* Not made: the full one counts itself. Read back, so that
 		 * the decrement above stays one instruction to memory. */
 		__asm__("" ::: "memory");

@@ -249,9 +249,9 @@ GL_EXPORT void *malloc(size_t n)
 {
 	void *p = __libc_malloc(n);
 	if (__builtin_expect(p != NULL, 1) &&
-	    __builtin_expect(__builtin_add_overflow(gl.alloc, chunk_bytes(p),
-	                                            &gl.alloc),
-	                     0) &&
+	    __builtin_expect(
+	        __builtin_add_overflow(gl.alloc, chunk_bytes(p), &gl.alloc),
+	        0) &&
 	    !gl_quiet(&gl))
 		gl_slow_rare();
 	return p;
@@ -286,8 +286,7 @@ GL_EXPORT void free(void *p)
 GL_EXPORT void *calloc(size_t n, size_t m)
 {
 	void *p = __libc_calloc(n, m);
-	if (p && __builtin_add_overflow(gl.alloc, chunk_bytes(p),
-	                                &gl.alloc))
+	if (p && __builtin_add_overflow(gl.alloc, chunk_bytes(p), &gl.alloc))
 		return gl_slow(p);
 	return p;
 }
