@@ -23,14 +23,15 @@
  * counter with a branch on its carry (struct gl_tls, below): 19
  * instructions per 16 B malloc+free pair over glibc alone, the call into
  * glibc made through the GOT (bench/RESULTS.md). A 64 KiB pair flushes
- * twice: 69 instructions over glibc alone, the two publishes quiet (the
- * lane's add after a countdown and two comparisons, client_internal.h)
- * but one in 64, which looks at the server's heartbeat and flags. (In a
- * process glibc sees as multi-threaded, as the refresh thread makes it,
- * glibc's own locking adds 25 more to that pair, and to glibc alone in
- * any threaded program.) The slow path flushes at thread exit and
- * handles fork, as account.c does for the inline API (which stays
- * available: a program linked to libmemtally reaches account.c here).
+ * twice: 60 instructions over glibc alone, the two publishes quiet (the
+ * lane's add after a countdown and one comparison, client_internal.h,
+ * inline in malloc and in free's slow path) but one in 64, which looks at
+ * the server's heartbeat. (In a process glibc sees as multi-threaded, as
+ * the refresh thread makes it, glibc's own locking adds 25 more to that
+ * pair, as to glibc alone in any threaded program.) The slow path
+ * flushes at thread exit and handles fork, as account.c does for the
+ * inline API (which stays available: a program linked to libmemtally
+ * reaches account.c here).
  * Memory the program maps itself is counted by mmap.c, as in the jemalloc
  * preload; glibc's malloc maps through its internal mmap, never through
  * ours.
