@@ -13,6 +13,8 @@ memory). callgrind counts are stable on a loaded machine.
   preload   bench_alloc_plain under LD_PRELOAD=libmemtally_preload.so
   glibc     bench_alloc_plain as is (glibc alone)
   glibcfe   bench_alloc_plain under LD_PRELOAD=libmemtally_glibc.so
+  glibcfe0  the same with MEMTALLY_REFRESH_MS=0: no refresh thread, so
+            glibc does not take its arena locks as in a threaded process
 
 Start: callgrind's total for `/bin/true` plainly, under jemalloc alone
 (LD_PRELOAD=libjemalloc.so.2), under each preload, with and without a
@@ -36,7 +38,7 @@ from benchlib import (  # noqa: E402
     SRC_DIR, BenchError, Server, log, machine_info, write_section)
 
 CASES = ["alloc_free_16b", "alloc_free_64kb"]
-PAIRS = [("jemalloc", "preload"), ("glibc", "glibcfe")]
+PAIRS = [("jemalloc", "preload"), ("glibc", "glibcfe", "glibcfe0")]
 JEMALLOC_SO = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
 
 
@@ -94,9 +96,12 @@ def variant_run(build, v, server):
     if v == "preload":
         env["LD_PRELOAD"] = os.path.join(build, "client",
                                          "libmemtally_preload.so")
-    elif v == "glibcfe":
+    elif v in ("glibcfe", "glibcfe0"):
         env["LD_PRELOAD"] = os.path.join(build, "client",
                                          "libmemtally_glibc.so")
+        if v == "glibcfe0":
+            env["MEMTALLY_REFRESH_MS"] = "0"
+            argv[-1] = "glibcfe"
     return argv, env
 
 
@@ -150,20 +155,27 @@ def report(info, server_status, n, res, starts):
              "and samples included)." % (2 * n, n, n))
     L.append("")
     L.append("| case | jemalloc | preload | Δ preload | preload: activity "
-             "callback | glibc | glibc front end | Δ glibc front end |")
-    L.append("|---|---|---|---|---|---|---|---|")
+             "callback | glibc | glibc front end | Δ glibc front end | "
+             "Δ glibc front end, no refresh thread |")
+    L.append("|---|---|---|---|---|---|---|---|---|")
     for case, r in res.items():
-        L.append("| `%s` | %.1f | %.1f | %+.1f | %.1f | %.1f | %.1f | %+.1f |"
+        L.append("| `%s` | %.1f | %.1f | %+.1f | %.1f | %.1f | %.1f | %+.1f "
+                 "| %+.1f |"
                  % (case, r["jemalloc"], r["preload"],
                     r["preload"] - r["jemalloc"], r["callback"],
-                    r["glibc"], r["glibcfe"], r["glibcfe"] - r["glibc"]))
+                    r["glibc"], r["glibcfe"], r["glibcfe"] - r["glibc"],
+                    r["glibcfe0"] - r["glibc"]))
     L.append("")
     L.append("glibc's figures are exact (the same instructions every run); "
              "jemalloc's at 64 KiB are not: extent reuse and decay depend on "
              "heap state and elapsed time, so its Δ moves by hundreds from "
              "run to run. memtally's own part of the preload is the activity "
              "callback's inclusive cost (jemalloc_fe.c's on_activity and "
-             "everything it calls), which is exact.")
+             "everything it calls), which is exact. The glibc front end's "
+             "process has memtally's refresh thread, so glibc takes its "
+             "arena locks in every call as in any threaded program; the last "
+             "column leaves the thread out (MEMTALLY_REFRESH_MS=0), the "
+             "front end's own instructions.")
     if starts:
         L += ["", "Start: callgrind's total for `/bin/true` (one run each; "
               "%s):" % server_status, "",

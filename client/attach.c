@@ -30,15 +30,16 @@
  *    figures of the uid's other processes. A forked child makes the
  *    windows it inherited inaccessible: they are its parent's slots.
  *  - Liveness costs nothing on the flush path while the server ticks: a
- *    thread compares the header's tick counter with the one it saw last
- *    (a shared line the server writes once a tick), and only when it has
- *    not moved for MTC_VERIFY_EVERY flushes reads the clock to decide
- *    whether the server is gone or its segment replaced.
+ *    full flush compares the header's tick counter with the one the
+ *    thread saw last (a shared line the server writes once a tick), and
+ *    only when it has not moved for MTC_VERIFY_EVERY flushes (quiet ones
+ *    included: a full flush arms at most the rest of them) reads the clock
+ *    to decide whether the server is gone or its segment replaced.
  *  - The over-limit callback runs only from mtc_after_flush(), after the
  *    front end finished its flush and dropped its re-entrancy guard. The
  *    flush itself only notes a rising edge of the slot's flag (one relaxed
- *    load of the slot's flags, one of `over_seen`): it neither blocks nor
- *    calls out.
+ *    load of the slot's flags, one of `mtc_gate`, which quiet publishes
+ *    compare too): it neither blocks nor calls out.
  */
 #define _GNU_SOURCE
 #include "client_internal.h"
@@ -99,8 +100,6 @@ static struct {
 	uint64_t backoff_ns;
 	uint32_t natts;            /* atts[] used; under `attaching`, raised
 				    * after the entry is written (release) */
-	uint32_t over_seen;        /* the slot's over-limit flag as the
-				    * latest flush saw it: edge detection */
 	uint64_t mapped;           /* mapped bytes (mmap.c), absolute */
 	uint32_t free_turn;        /* try-lock: one thread samples at a time */
 	uint64_t free_min_ns;      /* no sample before this (its cost) */
@@ -148,9 +147,28 @@ static struct {
 bool mtc_at_load;
 
 /* Read by the front ends' fast paths (client_internal.h): bumped whenever
- * the slot changes; the threshold threads use, in bytes. */
+ * the slot changes; the threshold threads use, in bytes; the epoch's low
+ * half above the slot's flags as the latest full flush saw them (edge
+ * detection, after_store). */
 uint64_t mtc_epoch;
 uint64_t mtc_thresh = MT_DEFAULT_THRESHOLD;
+uint64_t mtc_gate;
+
+#define GATE_FLAGS    UINT64_C(0xffffffff)
+#define GATE_EPOCH(e) ((uint64_t)(uint32_t)(e) << 32)
+
+/* A new epoch: threads' lanes of the old one are theirs no longer. The
+ * gate follows, after the epoch a re-claim reads. */
+static void epoch_bump(void)
+{
+	uint64_t e = mtshm_load_relaxed64(&mtc_epoch) + 1;
+	mtshm_store_relaxed64(&mtc_epoch, e);
+	uint64_t g = __atomic_load_n(&mtc_gate, __ATOMIC_RELAXED);
+	while (!__atomic_compare_exchange_n(&mtc_gate, &g,
+	                                    GATE_EPOCH(e) | (g & GATE_FLAGS), 1,
+	                                    __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+		;
+}
 /* Raised by a registration when the refresh thread should start (read
  * after each full flush: mtc_after_flush). */
 uint32_t mtc_refresh_want;
@@ -202,7 +220,9 @@ static int64_t slot_total(const struct mtc_attachment *a)
  * them inaccessible, keeping the address range reserved: the child writes
  * only into the slot it will be given at its own registration. Only the
  * forking thread runs in the child, and its lane is dropped by the epoch
- * change, so nothing here still points into them.
+ * change, and its quiet publishes (which read the slot's flags before
+ * they compare epochs) by mtc_front_force_slow(), so nothing here still
+ * points into them.
  */
 static void fence_inherited(void)
 {
@@ -232,9 +252,9 @@ static void on_fork_child(void)
 	mtshm_store_relaxeds64(&mtc.pending, total);
 	mtshm_store_release64(&mtc.cur, 0);
 	fence_inherited();
-	mtshm_store_relaxed64(&mtc_epoch, mtshm_load_relaxed64(&mtc_epoch) + 1);
+	epoch_bump();
+	mtc_gate &= ~GATE_FLAGS; /* no flags seen in the child */
 	mtc.attaching = 0;
-	mtc.over_seen = 0;
 	/* A registration of the over-limit callback cut short by the fork
 	 * would leave the sequence odd for ever, and the pair torn: drop it. */
 	if (mtc.cb_seq & 1) {
@@ -368,11 +388,6 @@ bool mtc_init(void)
 {
 	pthread_once(&mtc.once, init_once);
 	return !mtc.disabled;
-}
-
-uint64_t mtc_threshold(void)
-{
-	return mtshm_load_relaxed64(&mtc_thresh);
 }
 
 /* ---- registration --------------------------------------------------- */
@@ -719,7 +734,7 @@ static int attach(void)
 	/* A new slot: carry the total published into the old one. */
 	if (old)
 		mtshm_add_relaxeds64(&mtc.pending, slot_total(old));
-	mtshm_store_relaxed64(&mtc_epoch, mtshm_load_relaxed64(&mtc_epoch) + 1);
+	epoch_bump();
 	mtshm_store_release64(&mtc.cur, (uint64_t)(uintptr_t)na);
 	mtshm_add_relaxeds64(&s->overflow,
 	                     mtshm_exchange_relaxeds64(&mtc.pending, 0));
@@ -1010,6 +1025,7 @@ static void claim(struct mtc_thread *th, const struct mtc_attachment *a,
 	th->counted = 1;
 	th->slot = s;
 	th->epoch = epoch;
+	th->gate_epoch = GATE_EPOCH(epoch);
 }
 
 static void release(struct mtc_thread *th)
@@ -1017,9 +1033,17 @@ static void release(struct mtc_thread *th)
 	if (th->slot && th->epoch == mtshm_load_relaxed64(&mtc_epoch)) {
 		if (th->counted)
 			mtshm_add_relaxed32(&th->slot->threads, -1);
-		if (th->lane)
-			mtshm_store_release32(&th->lane->owner, 0);
+		if (th->lane) {
+			/* Its quiet flushes since the last full one. */
+			struct mtshm_lane *l = th->lane;
+			mtshm_store_relaxed64(
+			    &l->flushes,
+			    mtshm_load_relaxed64(&l->flushes) +
+			        (uint32_t)(th->quiet_armed - th->quiet_left));
+			mtshm_store_release32(&l->owner, 0);
+		}
 	}
+	th->quiet_left = th->quiet_armed = 0;
 	th->lane = NULL;
 	th->slot = NULL;
 	th->counted = 0;
@@ -1041,14 +1065,32 @@ static void verify(const struct mtshm_header *h)
 
 #define OVER_CB_TRIES 64
 
-/* The flag changed since a flush last saw it. On a rise, the one thread
- * whose CAS wins owes the callback; a fall re-arms. */
-static void over_edge(struct mtc_thread *th, uint32_t over)
+/* The slot's flags changed since a full flush last saw them (the low
+ * half of `g`, mtc_gate as read). Each change is made by the one thread
+ * whose CAS wins; on a rise of the over-limit flag that thread owes the
+ * callback; a fall re-arms. */
+static __attribute__((noinline)) void flags_edge(struct mtc_thread *th,
+                                                 uint64_t g, uint32_t flags)
 {
-	if (!over)
-		mtshm_store_relaxed32(&mtc.over_seen, 0);
-	else if (mtshm_cas_acquire32(&mtc.over_seen, 0, 1))
-		th->over_due = 1;
+	while ((uint32_t)g != flags) {
+		uint32_t seen = (uint32_t)g;
+		if (__atomic_compare_exchange_n(&mtc_gate, &g,
+		                                (g & ~GATE_FLAGS) | flags, 0,
+		                                __ATOMIC_ACQUIRE,
+		                                __ATOMIC_RELAXED)) {
+			if ((flags & ~seen) & MTSHM_SLOT_OVER_LIMIT)
+				th->over_due = 1;
+			return;
+		}
+	}
+}
+
+/* Forget that the over-limit flag was seen up: the next publish (of any
+ * thread, quiet or not) that finds it up is a rise. */
+static void over_rearm(void)
+{
+	__atomic_fetch_and(&mtc_gate, ~(uint64_t)MTSHM_SLOT_OVER_LIMIT,
+	                   __ATOMIC_RELAXED);
 }
 
 /* Snapshot the callback pair; false if a writer kept it busy throughout
@@ -1091,7 +1133,7 @@ void mtc_over_handoff(struct mtc_thread *th)
 	th->over_due = 0;
 	/* Re-arm: the next flush (of any thread) that sees the flag still
 	 * up owes the callback. */
-	mtshm_store_relaxed32(&mtc.over_seen, 0);
+	over_rearm();
 }
 
 int memtally_on_over_limit(void (*cb)(void *arg), void *arg)
@@ -1115,7 +1157,7 @@ int memtally_on_over_limit(void (*cb)(void *arg), void *arg)
 			 __ATOMIC_RELEASE);
 	__atomic_store_n(&mtc.cb_seq, seq + 2, __ATOMIC_RELEASE);
 	/* A flag already up runs the new callback at the next flush. */
-	mtshm_store_relaxed32(&mtc.over_seen, 0);
+	over_rearm();
 	return 0;
 }
 
@@ -1123,26 +1165,35 @@ int memtally_on_over_limit(void (*cb)(void *arg), void *arg)
 
 /* After a lane or overflow store: the server's verdicts, read through the
  * current attachment (a restarted server that kept our slot publishes its
- * ticks in a new header, which threads must follow without re-claiming). */
+ * ticks in a new header, which threads must follow without re-claiming).
+ * `l`: the thread's own lane, which it stored into (NULL: the overflow).
+ * Counts this flush and the quiet ones since the last full one, and arms
+ * the next run of quiet ones (client_internal.h, mtc_publish_quiet). */
 static inline void after_store(struct mtc_thread *th,
-			       const struct mtc_attachment *a)
+			       const struct mtc_attachment *a,
+			       struct mtshm_lane *l)
 {
 	/* The server's verdict as of its latest tick: a change from what the
-	 * previous flush (of any thread) saw is an edge. */
-	uint32_t over =
-	    mtshm_load_relaxed32(&a->slot->flags) & MTSHM_SLOT_OVER_LIMIT;
-	if (__builtin_expect(over != mtshm_load_relaxed32(&mtc.over_seen), 0))
-		over_edge(th, over);
-	th->ticks_at = &a->hdr->fleet.ticks;
-	uint64_t ticks = mtshm_load_relaxed64(th->ticks_at);
+	 * previous full flush (of any thread) saw is an edge. */
+	uint32_t flags = mtshm_load_relaxed32(&a->slot->flags);
+	uint64_t g = __atomic_load_n(&mtc_gate, __ATOMIC_RELAXED);
+	if (__builtin_expect(flags != (uint32_t)g, 0))
+		flags_edge(th, g, flags);
+	uint32_t n = 1 + (uint32_t)(th->quiet_armed - th->quiet_left);
+	if (l)
+		mtshm_store_relaxed64(&l->flushes,
+		                      mtshm_load_relaxed64(&l->flushes) + n);
+	uint64_t ticks = mtshm_load_relaxed64(&a->hdr->fleet.ticks);
 	if (ticks != th->seen_ticks) {
 		th->seen_ticks = ticks;
 		th->since_verify = 0;
-	} else if (__builtin_expect(++th->since_verify >= MTC_VERIFY_EVERY,
+	} else if (__builtin_expect((th->since_verify += n) >= MTC_VERIFY_EVERY,
 				    0)) {
 		th->since_verify = 0;
 		verify(a->hdr);
 	}
+	int32_t left = l ? (int32_t)(MTC_VERIFY_EVERY - 1 - th->since_verify) : 0;
+	th->quiet_left = th->quiet_armed = left;
 }
 
 /* Everything but a set-up thread publishing into its own lane: not
@@ -1156,6 +1207,7 @@ publish_cold(struct mtc_thread *th, int64_t delta,
 {
 	struct mtshm_slot_id *s = a ? a->slot : NULL;
 	if (!s) {
+		mtc_quiet_off(th);
 		mtshm_add_relaxeds64(&mtc.pending, delta);
 		maybe_attach(0);
 		/* If an attach completed meanwhile, our add may have landed
@@ -1177,16 +1229,12 @@ publish_cold(struct mtc_thread *th, int64_t delta,
 		release(th);
 		claim(th, a, epoch);
 	}
-	if (th->lane) {
-		struct mtshm_lane *l = th->lane;
-		mtshm_store_relaxeds64(
-		    &l->bytes, mtshm_load_relaxeds64(&l->bytes) + delta);
-		mtshm_store_relaxed64(&l->flushes,
-		                      mtshm_load_relaxed64(&l->flushes) + 1);
-	} else {
+	struct mtshm_lane *l = th->lane;
+	if (l)
+		mtshm_add_owned_s64(&l->bytes, delta);
+	else
 		mtshm_add_relaxeds64(&s->overflow, delta);
-	}
-	after_store(th, a);
+	after_store(th, a, l);
 }
 
 void mtc_publish(struct mtc_thread *th, int64_t delta)
@@ -1201,12 +1249,9 @@ void mtc_publish(struct mtc_thread *th, int64_t delta)
 		publish_cold(th, delta, a);
 		return;
 	}
-	/* Only this thread writes its lane: plain load + store, no RMW. */
-	mtshm_store_relaxeds64(&l->bytes,
-	                       mtshm_load_relaxeds64(&l->bytes) + delta);
-	mtshm_store_relaxed64(&l->flushes,
-	                      mtshm_load_relaxed64(&l->flushes) + 1);
-	after_store(th, a);
+	/* Only this thread writes its lane: no atomic RMW. */
+	mtshm_add_owned_s64(&l->bytes, delta);
+	after_store(th, a, l);
 }
 
 void mtc_thread_exit(struct mtc_thread *th)

@@ -25,10 +25,15 @@
 struct mtc_thread {
 	struct mtshm_lane *lane; /* owned lane, NULL: use slot overflow */
 	struct mtshm_slot_id *slot; /* slot the lane/count belongs to */
-	uint64_t seen_ticks;     /* header's tick counter at the last flush */
-	const uint64_t *ticks_at; /* where it was read (set with `lane`) */
+	uint64_t seen_ticks;     /* header's tick counter at the last full
+				  * flush */
 	uint64_t epoch;          /* mtc epoch of `slot`; stale = re-claim */
+	uint64_t gate_epoch;     /* its low 32 bits, as mtc_gate holds them */
 	uint32_t since_verify;   /* flushes since the tick counter moved */
+	int32_t quiet_left;      /* quiet publishes left before a full one;
+				  * 0: the next one is full */
+	int32_t quiet_armed;     /* quiet_left as the last full flush set
+				  * it: armed - left were made since */
 	uint8_t busy;            /* re-entrancy guard of the slow path */
 	uint8_t counted;         /* counted in slot->threads */
 	uint8_t exit_round;      /* TSD destructor rounds seen */
@@ -50,52 +55,82 @@ bool mtc_init(void);
  * maybe_attach). */
 extern bool mtc_at_load;
 
-/* Threshold threads must use now (server's once attached). */
-uint64_t mtc_threshold(void);
-
 /* Publish `delta` bytes on behalf of the calling thread. Never blocks for
  * long: may attempt an attach (bounded by a short timeout, rate-limited by
  * back-off). */
 void mtc_publish(struct mtc_thread *th, int64_t delta);
 
 /* attach.c's state that fast paths read: the epoch (bumped whenever the
- * process's slot changes: attach, re-attach, fork) and the threshold. */
-extern uint64_t mtc_epoch;
-extern uint64_t mtc_thresh;
+ * process's slot changes: attach, re-attach, fork), the threshold, and
+ * the gate: the epoch's low 32 bits above the slot's flags as the latest
+ * full flush of any thread saw them (a change of the flags from those is
+ * an edge: mtc_publish() acts on it), so that one comparison tests both. */
+#define MTC_HIDDEN __attribute__((visibility("hidden")))
+extern uint64_t mtc_epoch MTC_HIDDEN;
+extern uint64_t mtc_thresh MTC_HIDDEN;
+extern uint64_t mtc_gate MTC_HIDDEN;
+
+/* Threshold threads must use now (server's once attached). */
+static inline uint64_t mtc_threshold(void)
+{
+	return mtshm_load_relaxed64(&mtc_thresh);
+}
 
 /* Flushes of one thread without a tick of the server before it looks at
- * the server's heartbeat. */
+ * the server's heartbeat; also the longest run of quiet publishes. */
 #define MTC_VERIFY_EVERY 64
 
 /*
  * A publish by a thread that owns a lane of the current slot, with no look
- * at the server's flags or heartbeat: just the lane's store. Below the
- * threshold always (no flush counted). At or past it (a large block: every
- * call of 64 KiB or more) only while the server has not ticked since the
- * thread's last full look and fewer than MTC_VERIFY_EVERY flushes went by
- * without a tick: the over-limit flag changes only in a tick, so the first
- * flush after the tick that raised it still sees it, as when every large
- * call looked, and a server that stopped ticking is still noticed after
- * MTC_VERIFY_EVERY flushes. False, and nothing done, when the thread must
- * go through mtc_publish(). The lane is the thread's while the epoch is
- * the one it claimed it in.
+ * at the server's heartbeat: the lane's add, after a countdown and one
+ * comparison:
+ *  - quiet_left: a full publish (mtc_publish) into the thread's own lane
+ *    arms it with the flushes left before the server's heartbeat is due a
+ *    look (MTC_VERIFY_EVERY in all, quiet or full, without a tick); 0 for
+ *    anything else (a new, exiting or lane-less thread, a fork child's
+ *    thread, or a front end's own reason), so it also stands for "set up,
+ *    lane owned, slot mapped";
+ *  - the slot's flags and the thread's epoch against mtc_gate: the lane
+ *    is the thread's while the epoch is the one it claimed it in (a slot
+ *    left behind by a re-attach stays mapped: its flags can be read); the
+ *    server's over-limit flag changes only in a tick, and the first
+ *    publish after the tick that raised (or cleared) it goes full and
+ *    handles the edge, as when every large publish looked at the tick
+ *    counter. A callback registered or handed over while the flag is up
+ *    clears it from mtc_gate, so the next publish of any thread goes full
+ *    too.
+ * A server that stopped ticking is still noticed after MTC_VERIFY_EVERY
+ * flushes. The lane's `flushes` count gets the quiet ones at the next
+ * full publish. False, and nothing done, when the thread must go through
+ * mtc_publish(). Front ends arm nothing while their re-entrancy guard is
+ * up: mtc_publish() arms only on its way out, and the slow paths allocate
+ * nothing between that and dropping the guard.
  */
 static inline bool mtc_publish_quiet(struct mtc_thread *th, int64_t delta)
 {
-	struct mtshm_lane *l = th->lane;
-	int64_t lim = (int64_t)mtshm_load_relaxed64(&mtc_thresh);
-	if (!l || th->epoch != mtshm_load_relaxed64(&mtc_epoch))
+	if (__builtin_expect(--th->quiet_left < 0, 0)) {
+		th->quiet_left = 0;
 		return false;
-	if (delta <= -lim || delta >= lim) {
-		if (mtshm_load_relaxed64(th->ticks_at) != th->seen_ticks ||
-		    ++th->since_verify >= MTC_VERIFY_EVERY)
-			return false;
-		mtshm_store_relaxed64(&l->flushes,
-		                      mtshm_load_relaxed64(&l->flushes) + 1);
 	}
-	mtshm_store_relaxeds64(&l->bytes,
-	                       mtshm_load_relaxeds64(&l->bytes) + delta);
+	uint64_t flags = mtshm_load_relaxed32(&th->slot->flags);
+	if (__builtin_expect((flags | th->gate_epoch) !=
+	                         mtshm_load_relaxed64(&mtc_gate),
+	                     0)) {
+		/* Not made: the full one counts itself. Read back, so that
+		 * the decrement above stays one instruction to memory. */
+		__asm__("" ::: "memory");
+		th->quiet_left++;
+		return false;
+	}
+	mtshm_add_owned_s64(&th->lane->bytes, delta);
 	return true;
+}
+
+/* Quiet publishes of the thread are off until its next full one. */
+static inline void mtc_quiet_off(struct mtc_thread *th)
+{
+	th->quiet_armed -= th->quiet_left;
+	th->quiet_left = 0;
 }
 
 /* The calling thread is exiting: release its lane. Call after the final

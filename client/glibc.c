@@ -10,21 +10,28 @@
  *
  * The unit is glibc's chunk size, read from the chunk's header as
  * malloc_usable_size() reads it (size field at p - 8, low three bits
- * flags; an mmapped chunk also counts its leading pad, the word at
- * p - 16), so a process's total is what mallinfo2() calls in use,
+ * flags), so a process's total is what mallinfo2() calls in use,
  * uordblks + hblkhd, to within the flush threshold per thread -- except
  * blocks the program freed that glibc keeps in its per-thread caches
  * (tcache: at most 7 blocks of each size up to 1032 bytes per thread),
- * which mallinfo2() still counts as in use and we do not.
+ * which mallinfo2() still counts as in use and we do not, and the pad
+ * before a chunk memalign & co aligned inside its own mapping (less than
+ * the alignment), which hblkhd has and the size leaves out: the process's
+ * allocator free bytes (below) count it.
  *
  * Each call adds one load of the header and one add to a thread-local
- * counter with a branch on its carry (struct gl_tls, below): 24
+ * counter with a branch on its carry (struct gl_tls, below): 19
  * instructions per 16 B malloc+free pair over glibc alone, the call into
- * glibc made through the GOT (bench/RESULTS.md). The slow path publishes
- * the thread's drift, quietly (the lane's store) unless the server ticked
- * since the thread last looked at its flags; it flushes at thread exit and
- * handles fork, as account.c does for the inline API (which stays
- * available: a program linked to libmemtally reaches account.c here).
+ * glibc made through the GOT (bench/RESULTS.md). A 64 KiB pair flushes
+ * twice: 60 instructions over glibc alone, the two publishes quiet (the
+ * lane's add after a countdown and one comparison, client_internal.h,
+ * inline in malloc and in free's slow path) but one in 64, which looks at
+ * the server's heartbeat. (In a process glibc sees as multi-threaded, as
+ * the refresh thread makes it, glibc's own locking adds 25 more to that
+ * pair, as to glibc alone in any threaded program.) The slow path
+ * flushes at thread exit and handles fork, as account.c does for the
+ * inline API (which stays available: a program linked to libmemtally
+ * reaches account.c here).
  * Memory the program maps itself is counted by mmap.c, as in the jemalloc
  * preload; glibc's malloc maps through its internal mmap, never through
  * ours.
@@ -67,34 +74,18 @@ GL_LIBC void *__libc_memalign(size_t align, size_t n);
 GL_LIBC void *__libc_valloc(size_t n);
 GL_LIBC void *__libc_pvalloc(size_t n);
 
-#define GL_IS_MMAPPED 0x2u
-
-/* The bytes glibc's mallinfo2() counts for the live block `p`. */
+/*
+ * The bytes counted for the live block `p`: its chunk's size field (at
+ * p - 8, low three bits flags), as malloc_usable_size() reads it, the
+ * same for every block and at both ends, malloc and free. An mmapped
+ * chunk that memalign & co aligned within its mapping also has a pad
+ * before it (the word at p - 16) that the size leaves out: mallinfo2()'s
+ * hblkhd has it, and so the allocator's free memory the process is
+ * sampled for (arena + hblkhd less the heap's bytes) counts it.
+ */
 static inline uint64_t chunk_bytes(const void *p)
 {
-	const size_t *h = (const size_t *)p;
-	size_t sz = h[-1];
-	size_t bytes = sz & ~(size_t)7;
-	if (sz & GL_IS_MMAPPED)
-		bytes += h[-2]; /* the pad before an aligned mmapped chunk */
-	return bytes;
-}
-
-/*
- * The same for a block malloc(), calloc() or realloc() just returned,
- * without the pad: glibc aligns those to MALLOC_ALIGNMENT, which on 64-bit
- * targets is the chunk header's size (2 * SIZE_SZ = 16), so an mmapped
- * chunk of theirs starts at its mapping (sysmalloc sets prev_size to 0,
- * mremap_chunk keeps it). Only memalign & co leave a pad, and they use
- * chunk_bytes(). Elsewhere, the test is made.
- */
-static inline uint64_t chunk_bytes_unaligned(const void *p)
-{
-#if defined(__x86_64__) || defined(__aarch64__)
 	return ((const size_t *)p)[-1] & ~(size_t)7;
-#else
-	return chunk_bytes(p);
-#endif
 }
 
 /*
@@ -116,8 +107,9 @@ static inline uint64_t chunk_bytes_unaligned(const void *p)
  */
 struct gl_tls {
 	uint64_t alloc;
+	int64_t carry; /* between the two: stored apart, not as one vector */
 	uint64_t freed;
-	int64_t carry;
+	uint64_t win;         /* -T of the last full flush, the quiet path's */
 	uint8_t set;          /* set up (1), or disabled (2) */
 	struct mtc_thread th; /* th.exited: past its exit flush, every call
 	                       * publishes (into the slot's overflow) */
@@ -160,9 +152,13 @@ static void gl_publish(struct gl_tls *t, int64_t d)
 	t->th.busy = 1;
 	if (d)
 		mtc_publish(&t->th, d);
-	/* Keep what was counted re-entrantly meanwhile (our own attach). */
-	int64_t extra = gl_take(t, t->th.exited ? 1 : mtc_threshold());
+	/* Keep what was counted re-entrantly meanwhile (our own attach);
+	 * the quiet path publishes the counters only, not `carry`. */
+	t->win = -mtc_threshold();
+	int64_t extra = gl_take(t, t->th.exited ? 1 : -t->win);
 	t->carry = extra;
+	if (extra)
+		mtc_quiet_off(&t->th);
 	t->th.busy = 0;
 	if (!t->th.exited) {
 		mtc_after_flush(&t->th);
@@ -218,27 +214,37 @@ __attribute__((noinline)) static void gl_slow_rare(void)
  * A counter carried: T bytes allocated or freed since the last flush (a
  * thread churning blocks of T or more comes here on every call), a new
  * thread, or one forced here (fork, thread exit). The common case is the
- * quiet publish: the lane's store and a new window, no call.
+ * quiet publish: the lane's add and a new window, no call. Quiet
+ * publishes are armed only by gl_publish()'s full one, for a set-up
+ * thread whose drift is all in its counters (`carry` 0): a new, disabled
+ * or exited thread, and one that keeps a carry, has none. True when made;
+ * inlined into malloc and free, whose carry branch then makes no call.
  */
-__attribute__((noinline)) static void gl_slow(void)
+static inline __attribute__((always_inline)) bool gl_quiet(struct gl_tls *t)
 {
-	struct gl_tls *t = &gl;
-	if (__builtin_expect(t->set == 1 && !t->th.busy, 1)) {
-		int64_t d = t->carry + (int64_t)(t->alloc - t->freed);
-		if (__builtin_expect(mtc_publish_quiet(&t->th, d), 1)) {
-			uint64_t w = -mtshm_load_relaxed64(&mtc_thresh);
-			t->carry = 0;
-			t->alloc = t->freed = w;
-			return;
-		}
+	/* The counters as stored: the caller's add stays an add to memory
+	 * rather than keeping its sum in a register for us. */
+	__asm__("" ::: "memory");
+	if (__builtin_expect(
+	        mtc_publish_quiet(&t->th, (int64_t)(t->alloc - t->freed)), 1)) {
+		t->alloc = t->freed = t->win;
+		return true;
 	}
-	gl_slow_rare();
+	return false;
+}
+
+/* The same for the rest of the family, and the slow path behind it. */
+__attribute__((noinline)) static void *gl_slow(void *p)
+{
+	if (!gl_quiet(&gl))
+		gl_slow_rare();
+	return p;
 }
 
 static inline void *counted(void *p)
 {
 	if (p && __builtin_add_overflow(gl.alloc, chunk_bytes(p), &gl.alloc))
-		gl_slow();
+		return gl_slow(p);
 	return p;
 }
 
@@ -246,20 +252,25 @@ GL_EXPORT void *malloc(size_t n)
 {
 	void *p = __libc_malloc(n);
 	if (__builtin_expect(p != NULL, 1) &&
-	    __builtin_expect(__builtin_add_overflow(
-	                         gl.alloc, chunk_bytes_unaligned(p), &gl.alloc),
-	                     0))
-		gl_slow();
+	    __builtin_expect(
+	        __builtin_add_overflow(gl.alloc, chunk_bytes(p), &gl.alloc),
+	        0) &&
+	    !gl_quiet(&gl))
+		gl_slow_rare();
 	return p;
 }
 
-/* A free whose count carried: the flush after glibc has the block back,
- * since it may sample glibc's free memory, which must not see the block
- * as still held by glibc and no longer by the program. */
+/* A free whose count carried flushes after glibc has the block back,
+ * since the flush may sample glibc's free memory, which must not see the
+ * block as still held by glibc and no longer by the program (nor can a
+ * quiet publish come first: a sample by another thread in between would
+ * find the block out of the heap and still in what glibc holds). Out of
+ * free() itself, which then needs no frame. */
 __attribute__((noinline)) static void free_slow(void *p)
 {
 	__libc_free(p);
-	gl_slow();
+	if (!gl_quiet(&gl))
+		gl_slow_rare();
 }
 
 GL_EXPORT void free(void *p)
@@ -278,9 +289,8 @@ GL_EXPORT void free(void *p)
 GL_EXPORT void *calloc(size_t n, size_t m)
 {
 	void *p = __libc_calloc(n, m);
-	if (p && __builtin_add_overflow(gl.alloc, chunk_bytes_unaligned(p),
-	                                &gl.alloc))
-		gl_slow();
+	if (p && __builtin_add_overflow(gl.alloc, chunk_bytes(p), &gl.alloc))
+		return gl_slow(p);
 	return p;
 }
 
@@ -296,7 +306,7 @@ GL_EXPORT void *realloc(void *p, size_t n)
 	if (q || (p && n == 0)) /* the old block is gone (moved or freed) */
 		slow |= __builtin_add_overflow(gl.freed, old, &gl.freed);
 	if (slow)
-		gl_slow();
+		return gl_slow(q);
 	return q;
 }
 
@@ -364,7 +374,7 @@ static int gl_flush(void)
 {
 	struct gl_tls *t = &gl;
 	if (!t->set) {
-		gl_slow(); /* sets the thread up, publishes, samples */
+		gl_slow(NULL); /* sets the thread up, publishes, samples */
 	} else if (t->set == 1 && !t->th.busy) {
 		gl_publish(t, gl_take(t, 1));
 	}
@@ -379,8 +389,10 @@ static int64_t gl_front_drift(void)
 static void gl_force_slow(void)
 {
 	struct gl_tls *t = &gl;
-	if (t->set == 1)
+	if (t->set == 1) {
 		t->carry += gl_take(t, 1);
+		mtc_quiet_off(&t->th);
+	}
 }
 
 /* After a flush: glibc's footprint, when a sample is due. */

@@ -144,18 +144,17 @@ __attribute__((noinline)) static void activity_slow(struct mtj_tls *t,
 
 /* jemalloc's activity callback: publish the thread's net since the last
  * one. `allocated`/`deallocated` are the very counters allocp/deallocp
- * point at. Below the threshold only the lane's figure changes (one store,
- * no call: a thread churning blocks of half the event interval meets an
- * event on every pair); the server's flags and heartbeat are looked at
- * when |drift| reaches the threshold, as with the interposer. */
+ * point at. Mostly a quiet publish (the lane's add, no call: a thread
+ * churning blocks of half the event interval meets an event on every
+ * pair, one of 64 KiB or more two); the server's heartbeat is looked at
+ * every MTC_VERIFY_EVERY of them. Quiet publishes are armed only by a
+ * full one, after which nothing here allocates until `busy` is down. */
 static void on_activity(void *uctx, uint64_t allocated, uint64_t deallocated)
 {
 	struct mtj_tls *t = uctx;
 	uint64_t net = allocated - deallocated;
 	if (__builtin_expect(
-	        !t->th.busy &&
-	            mtc_publish_quiet(&t->th, (int64_t)(net - t->flushed)),
-	        1)) {
+	        mtc_publish_quiet(&t->th, (int64_t)(net - t->flushed)), 1)) {
 		t->flushed = net;
 		return;
 	}
@@ -418,8 +417,10 @@ static int64_t je_drift(void)
 static void je_force_slow(void)
 {
 	/* Counting mode: the next call flushes (and registers the child of
-	 * a fork). Callback mode: the next event or memtally_flush() does. */
+	 * a fork). Callback mode: the next event or memtally_flush() does,
+	 * and not quietly: the lane is the parent's. */
 	mtj_t.span = 0;
+	mtc_quiet_off(&mtj_t.th);
 }
 
 /*

@@ -168,7 +168,8 @@ struct memtally_process {
 	uint32_t uid;
 	uint32_t slot;
 	uint32_t threads; /* live accounted threads */
-	uint64_t flushes;
+	uint64_t flushes; /* into its lanes; a thread's latest quiet ones
+	                   * (fewer than 64) join at its next full flush */
 	const char *task;    /* "" = none */
 	uint64_t start_time; /* /proc/PID/stat field 22, clock ticks */
 	const char *comm;

@@ -78,6 +78,34 @@ static inline void mtshm_add_relaxeds64(int64_t *p, int64_t v)
 	__atomic_fetch_add(p, v, __ATOMIC_RELAXED);
 }
 
+/*
+ * Add to a counter only the calling thread writes (a lane's `bytes`):
+ * not a read-modify-write other writers could race with, since there are
+ * none, only a new value that readers see whole. On x86-64 one `add` to
+ * memory (its aligned 8-byte store is single-copy atomic, as a relaxed
+ * store's is) instead of a load, an add and a store; elsewhere, and under
+ * ThreadSanitizer (which does not see inside asm), exactly that.
+ */
+#if defined(__SANITIZE_THREAD__)
+#define MTSHM_OWNED_ASM 0
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define MTSHM_OWNED_ASM 0
+#endif
+#endif
+#if !defined(MTSHM_OWNED_ASM) && defined(__x86_64__)
+#define MTSHM_OWNED_ASM 1
+#endif
+static inline void mtshm_add_owned_s64(int64_t *p, int64_t v)
+{
+#if defined(MTSHM_OWNED_ASM) && MTSHM_OWNED_ASM
+	__asm__("addq %1, %0" : "+m"(*p) : "er"(v));
+#else
+	__atomic_store_n(p, __atomic_load_n(p, __ATOMIC_RELAXED) + v,
+	                 __ATOMIC_RELAXED);
+#endif
+}
+
 static inline uint32_t mtshm_add_relaxed32(uint32_t *p, int32_t v)
 {
 	return __atomic_fetch_add(p, (uint32_t)v, __ATOMIC_RELAXED);
