@@ -54,6 +54,7 @@
 #include <string.h>
 #include <sys/random.h>
 #include <sys/mman.h>
+#include <sys/single_threaded.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -132,6 +133,7 @@ static struct {
 	int debug;
 	int free_off; /* MEMTALLY_ALLOCATOR_FREE=0: never sample */
 	uint64_t refresh_ms; /* MEMTALLY_REFRESH_MS, 0: no refresh thread */
+	uint64_t refresh_min; /* MEMTALLY_REFRESH_MIN: see MTC_REFRESH_MIN */
 	uint64_t image_id;
 	char sock[sizeof(((struct sockaddr_un *)0)->sun_path)];
 	/* The group the next registration carries, NUL-padded, as words
@@ -358,6 +360,10 @@ static void init_once(void)
 		if (!*end)
 			mtc.refresh_ms = v;
 	}
+	d = getenv("MEMTALLY_REFRESH_MIN");
+	uint64_t min;
+	mtc.refresh_min =
+	    d && mt_parse_size(d, &min) == 0 ? min : MTC_REFRESH_MIN;
 	const char *sock = getenv("MEMTALLY_SOCKET");
 	if (!sock || !*sock)
 		sock = MT_DEFAULT_SOCKET;
@@ -653,6 +659,14 @@ static void refresh_arm(void)
 
 bool mtc_refresh_claim(uint64_t *period_ms)
 {
+	/* Still single-threaded and small: not yet (the wish stays, the
+	 * next full flush asks again). See MTC_REFRESH_MIN. */
+	if (__libc_single_threaded && mtc.refresh_min) {
+		int64_t b = mtc_published_bytes() +
+		            (int64_t)mtshm_load_relaxed64(&mtc.mapped);
+		if (b < 0 || (uint64_t)b < mtc.refresh_min)
+			return false;
+	}
 	uint32_t one = 1;
 	if (!__atomic_compare_exchange_n(&mtc_refresh_want, &one, 0, 0,
 	                                 __ATOMIC_RELAXED, __ATOMIC_RELAXED))
@@ -969,6 +983,11 @@ void mtc_mapped_changed(void)
 	 * setting up (which allocates) is not safe. */
 	if (mtc.pid && !cur_att())
 		maybe_attach(0);
+	/* A process that grows by mapping rather than by malloc (pymalloc's
+	 * arenas, a JVM's heap) may reach the refresh thread's minimum here,
+	 * with no flush to follow. */
+	if (mtshm_load_relaxed32(&mtc_refresh_want) && mtc_refresh_start)
+		mtc_refresh_start();
 }
 
 /* Try to (re)attach if the back-off allows and nobody else is at it. */

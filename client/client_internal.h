@@ -146,9 +146,17 @@ void mtc_thread_exit(struct mtc_thread *th);
  * runs mtc_refresh_once() every period: the front end's
  * mtc_front_refresh() (a sample of the allocator's free memory when
  * mtc_free_refresh_due() says one is owed) and mtc_maps_reconcile().
+ *
+ * A process that is still single-threaded gets its thread only once its
+ * figure (heap and mapped bytes) reaches MEMTALLY_REFRESH_MIN
+ * (MTC_REFRESH_MIN by default): its first thread switches glibc to
+ * locking every stdio call and every malloc arena for good (a getc loop
+ * ran 1.8x slower), a price worth paying only for a figure that matters.
+ * Below it, the figure follows the program's own calls only.
  */
 #define MTC_REFRESH_MS     1000u
 #define MTC_REFRESH_MAX_MS 3600000u
+#define MTC_REFRESH_MIN    (UINT64_C(64) << 20)
 extern uint32_t mtc_refresh_want;
 void mtc_refresh_start(void) __attribute__((weak, visibility("hidden")));
 bool mtc_refresh_claim(uint64_t *period_ms);

@@ -209,7 +209,12 @@ def test_free_memory_glibc_keeps_is_counted():
             p, inuse, held, walk = figure_is(lambda held: held, tol)
             print(f"  freed: glibc holds {held / MIB:.1f} MiB; memtally "
                   f"{(p['bytes'] - p['mapped']) / MIB:.1f} MiB", flush=True)
-            check(held <= 16 * MIB, f"glibc gave the heap back: {held}")
+            # Whether glibc trims its heap here depends on its state (a
+            # threaded process trimmed to 0.4 MiB, a single-threaded one
+            # kept 64.7 MiB of the 128): either way the figure is what it
+            # holds (figure_is, just above).
+            print(f"  glibc {'gave the heap back' if held <= 16 * MIB else 'kept'}"
+                  f" ({held / MIB:.1f} MiB held)", flush=True)
             w.send("exit")
         finally:
             w.close()

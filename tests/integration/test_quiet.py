@@ -219,12 +219,16 @@ def test_one_refresh_thread_per_process():
     """Under each preload a registered process has exactly one refresh
     thread, and so does its fork child (the thread does not survive a
     fork: the child's registration starts its own);
-    MEMTALLY_REFRESH_MS=0 starts none."""
+    MEMTALLY_REFRESH_MS=0 starts none. The 8 MiB worker is single-threaded
+    and below the default MEMTALLY_REFRESH_MIN, so the minimum is lowered
+    here (test_small_single_threaded_process_stays_so checks the
+    default)."""
     for lib, alloc in ((GLIBC_LIB, "glibc"), (PRELOAD, "jemalloc")):
         for period in ("1000", "0"):
             with Server() as s:
                 env = s.env(LD_PRELOAD=lib, MEMTALLY_ALLOCATOR=alloc,
-                            MEMTALLY_REFRESH_MS=period)
+                            MEMTALLY_REFRESH_MS=period,
+                            MEMTALLY_REFRESH_MIN="1MiB")
                 w = Worker([worker("mt_fork"), "8"], env)
                 try:
                     pids = {}
@@ -253,5 +257,41 @@ def test_one_refresh_thread_per_process():
                     w.close()
 
 
+def test_small_single_threaded_process_stays_so():
+    """A single-threaded process below MEMTALLY_REFRESH_MIN (64 MiB by
+    default) is registered and counted but gets no refresh thread: its
+    first thread would switch glibc to locking every stdio call and
+    every malloc arena for good. Once its figure passes the minimum, the
+    thread starts."""
+    for lib, alloc in ((GLIBC_LIB, "glibc"), (PRELOAD, "jemalloc")):
+        with Server() as s:
+            env = s.env(LD_PRELOAD=lib, MEMTALLY_ALLOCATOR=alloc)
+            small = Worker([worker("mt_fork"), "8"], env)
+            big = Worker([worker("mt_fork"), "96"], env)
+            try:
+                pids = {}
+                for n, w in ((8, small), (96, big)):
+                    for _ in range(2):
+                        who, p = w.readline().split()
+                        if who == "parent":
+                            pids[n] = int(p.split("=")[1])
+                wait_for(f"{alloc}: both counted", lambda: all(
+                    s.ps().get(pids[n], {}).get("bytes", 0) >= n * MIB
+                    for n in (8, 96)))
+                wait_for(f"{alloc}: the 96 MiB worker's refresh thread",
+                         lambda: refresh_threads(pids[96]) == 1)
+                # The small one has flushed, registered and been ticked
+                # as long as the big one: it would have its thread by now.
+                check(refresh_threads(pids[8]) == 0,
+                      f"{alloc}: an 8 MiB single-threaded worker got "
+                      f"{refresh_threads(pids[8])} refresh threads")
+                print(f"  {alloc}: 8 MiB single-threaded worker: no "
+                      f"refresh thread; 96 MiB: one", flush=True)
+            finally:
+                small.close()
+                big.close()
+
+
 if __name__ == "__main__":
-    run([test_quiet_after_free, test_one_refresh_thread_per_process])
+    run([test_quiet_after_free, test_one_refresh_thread_per_process,
+         test_small_single_threaded_process_stays_so])
