@@ -3,15 +3,15 @@
  * a clock, CPU pinning, a bounded string builder, and the proof of the
  * allocator a process actually runs on.
  *
- * The proof follows alloc_overhead.c's prove() (several independent signs,
- * each reported when it fails; see bench/RESULTS.md): jemalloc's
- * mallctl("version") answers or, for glibc, no mallctl exists in the
- * process; malloc_usable_size(malloc(100)) is jemalloc's size class 112 or
- * glibc's 104; jemalloc's stats.allocated grows while 1 MiB is held; and
- * dladdr() of the global `malloc` names libjemalloc or libc. The accounting
- * half of the proof is each suite's own (what must move depends on what it
- * measures). alloc_overhead.c keeps its own copy for now, because its
- * proof also covers the preload.
+ * The allocator proof is several independent signs, each reported when it
+ * fails (see bench/RESULTS.md): jemalloc's mallctl("version") answers or,
+ * for glibc, no mallctl exists in the process;
+ * malloc_usable_size(malloc(100)) is jemalloc's size class 112 or glibc's
+ * 104; jemalloc's stats.allocated grows while 1 MiB is held; and dladdr()
+ * of the global `malloc` names the library that serves it (libjemalloc or
+ * libc, or a front end that wraps them). The accounting half of the proof
+ * is each suite's own (what must move depends on what it measures), and so
+ * is the evidence a preload gives of itself (alloc_overhead.c).
  *
  * A worker that includes this defines BENCH_BINARY, and BENCH_LINKED_JEMALLOC
  * when it is linked with -ljemalloc.
@@ -153,11 +153,15 @@ static inline int bench_je_allocated(bench_mallctl_fn mc, size_t *out)
 }
 
 /*
- * Prove which allocator serves malloc in this process. Appends JSON fields
- * (no braces) describing what was found to `js`, one line per failed sign
- * to `why`; returns the number of failed signs so far in `why`.
+ * Prove which allocator serves malloc in this process. `malloc_lib` names
+ * the library that must define the global malloc (a preload that wraps the
+ * allocator), NULL for the allocator's own: libjemalloc, or libc.so.
+ * Appends JSON fields (no braces) describing what was found to `js`, one
+ * line per failed sign to `why`; returns the number of failed signs so far
+ * in `why`.
  */
 static inline int bench_prove_allocator(bool expect_jemalloc,
+                                        const char *malloc_lib,
                                         struct bench_sbuf *js,
                                         struct bench_sbuf *why)
 {
@@ -193,6 +197,8 @@ static inline int bench_prove_allocator(bool expect_jemalloc,
 		free(blk[i]);
 	int64_t held = (int64_t)BENCH_HOLD_BLOCKS * BENCH_HOLD_SIZE;
 	int64_t stats_delta = have_stats ? (int64_t)a1 - (int64_t)a0 : 0;
+	if (!malloc_lib)
+		malloc_lib = expect_jemalloc ? "libjemalloc" : "libc.so";
 
 	if (expect_jemalloc) {
 		if (!mc)
@@ -213,11 +219,6 @@ static inline int bench_prove_allocator(bool expect_jemalloc,
 			           " bytes while %" PRId64 " were held%s",
 			           stats_delta, held,
 			           have_stats ? "" : " (no stats)");
-		if (!strstr(malloc_from, "libjemalloc"))
-			bench_flag(why,
-			           "the global malloc is defined in %s, "
-			           "expected libjemalloc",
-			           malloc_from);
 	} else {
 		if (mc)
 			bench_flag(why, "mallctl is present: jemalloc is "
@@ -227,12 +228,11 @@ static inline int bench_prove_allocator(bool expect_jemalloc,
 			           "malloc_usable_size(malloc(100)) = %zu; "
 			           "glibc gives %d",
 			           usable, BENCH_GLIBC_USABLE_100);
-		if (!strstr(malloc_from, "libc.so"))
-			bench_flag(why,
-			           "the global malloc is defined in %s, "
-			           "expected libc.so",
-			           malloc_from);
 	}
+	if (!strstr(malloc_from, malloc_lib))
+		bench_flag(why,
+		           "the global malloc is defined in %s, expected %s",
+		           malloc_from, malloc_lib);
 
 	bench_sb_add(js, "\"expect\": \"%s\", \"jemalloc_version\": ",
 	             expect_jemalloc ? "jemalloc" : "glibc");
@@ -243,6 +243,63 @@ static inline int bench_prove_allocator(bool expect_jemalloc,
 	bench_sb_add(js, ", \"stats_allocated_delta\": %" PRId64,
 	             stats_delta);
 	return why->fails;
+}
+
+/* --expect's value: absent, jemalloc or glibc. */
+static inline bool bench_expect_valid(const char *expect)
+{
+	return !expect || !strcmp(expect, "jemalloc") ||
+	       !strcmp(expect, "glibc");
+}
+
+/*
+ * What a worker sets up before its proof: the allocator it expects
+ * (--expect's, valid, or by default the one the binary is linked with),
+ * and --cpu's pinning (if >= 0). Returns 0, or the exit code 2.
+ */
+static inline int bench_worker_setup(const char *binary, const char *expect,
+                                     int cpu, bool *expect_je)
+{
+#ifdef BENCH_LINKED_JEMALLOC
+	*expect_je = expect ? !strcmp(expect, "jemalloc") : true;
+#else
+	*expect_je = expect ? !strcmp(expect, "jemalloc") : false;
+#endif
+	if (cpu >= 0 && bench_pin_cpu(cpu)) {
+		fprintf(stderr, "%s: cannot pin to CPU %d\n", binary, cpu);
+		return 2;
+	}
+	return 0;
+}
+
+/*
+ * The end of a worker's proof. A failed one goes to stderr with every
+ * wrong sign and what was found, and the exit code 3 is returned;
+ * otherwise the proof goes to stdout as "ready JSON" when the worker
+ * serves a driver, to stderr as "proof: JSON" when not, and 0 is returned.
+ * `what` names the configuration proved in a failure (" for variant X"),
+ * or is "".
+ */
+static inline int bench_proof_verdict(const char *binary, const char *what,
+                                      bool expect_je, bool serving,
+                                      const struct bench_sbuf *js,
+                                      const struct bench_sbuf *why)
+{
+	if (why->fails) {
+		fprintf(stderr,
+		        "%s: PROOF FAILED%s (expected allocator %s): "
+		        "%d sign(s) wrong:\n%s  found: %s\n",
+		        binary, what, expect_je ? "jemalloc" : "glibc",
+		        why->fails, why->b, js->b);
+		return 3;
+	}
+	if (serving) {
+		printf("ready %s\n", js->b);
+		fflush(stdout);
+	} else {
+		fprintf(stderr, "proof: %s\n", js->b);
+	}
+	return 0;
 }
 
 /* qsort's comparison of two uint64_t, for medians and percentiles. */
