@@ -168,25 +168,39 @@ def cachegrind_total(argv, stdin_path, env, out, what):
 
 class Server:
     """A memtallyd for the run, if the build has one. Without it the
-    workers' flushes go to the process-local pending counter (fail open)."""
+    workers' flushes go to the process-local pending counter (fail open),
+    and `status` says why; with required=True a server that does not
+    start raises BenchError instead.
 
-    def __init__(self, build_dir, tmp, enabled, cpus, extra_args=()):
+    What a driver may change: `extra_args` (after --socket and
+    --segment), `exe` (another memtallyd), `prefix` (a command that runs
+    it, e.g. one that joins a cgroup and execs it), `sock` (its socket
+    path), `segment` (the label of its shared objects: "" for one of this
+    run's own, None for memtallyd's default), `log` (its stderr's file
+    name in tmp) and `wait` (seconds it may take to answer)."""
+
+    def __init__(self, build_dir, tmp, enabled=True, cpus=None,
+                 extra_args=(), exe=None, prefix=(), sock=None, segment="",
+                 log="memtallyd.log", wait=5, required=False):
         self.proc = None
         self.segment = None
-        self.socket = os.path.join(tmp, "memtally.sock")
+        self.socket = sock or os.path.join(tmp, "memtally.sock")
         self.status = ""
-        exe = os.path.join(build_dir, "server", "memtallyd")
+        self.errlog = None
+        exe = exe or os.path.join(build_dir, "server", "memtallyd")
         if not enabled:
             self.status = "no server (--no-server)"
             return
         if not os.access(exe, os.X_OK):
-            self.status = "no server (memtallyd not built)"
+            self._refuse("no server (memtallyd not built)", required)
             return
-        self.segment = "/mtbench-%d" % os.getpid()
-        self.errlog = open(os.path.join(tmp, "memtallyd.log"), "w+")
+        argv = [*prefix, exe, "--socket", self.socket]
+        if segment is not None:
+            self.segment = segment or "/mtbench-%d" % os.getpid()
+            argv += ["--segment", self.segment]
+        self.errlog = open(os.path.join(tmp, log), "w+")
         self.proc = subprocess.Popen(
-            [exe, "--socket", self.socket, "--segment", self.segment,
-             *extra_args],
+            argv + list(extra_args),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=self.errlog,
@@ -196,7 +210,7 @@ class Server:
                 os.sched_setaffinity(self.proc.pid, cpus)
             except OSError:
                 pass
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 break
@@ -204,19 +218,33 @@ class Server:
                 self.status = "memtallyd running"
                 return
             time.sleep(0.02)
-        self.errlog.seek(0)
-        tail = self.errlog.read()[-400:].strip().replace("\n", " | ")
+        tail = self.tail(400) or "no socket within %g s" % wait
         self.stop()
         self.segment = None
-        self.status = "no server (memtallyd did not start: %s)" % (
-            tail or "no socket within 5 s"
-        )
+        self._refuse("no server (memtallyd did not start: %s)" % tail,
+                     required)
+
+    def _refuse(self, status, required):
+        self.status = status
+        if required:
+            raise BenchError(status)
+
+    def alive(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def tail(self, n=600):
+        """The end of its log, on one line."""
+        if not self.errlog or self.errlog.closed:
+            return ""
+        self.errlog.flush()
+        self.errlog.seek(0)
+        return self.errlog.read()[-n:].strip().replace("\n", " | ")
 
     def stop(self):
         if self.proc and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
-                self.proc.wait(5)
+                self.proc.wait(10)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
