@@ -309,6 +309,20 @@ static inline int bench_cmp_u64(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
+/* The summary of timed runs: sorts `t` (n > 0). */
+struct bench_pcts {
+	uint64_t p50, p99, min, max;
+};
+
+static inline struct bench_pcts bench_percentiles(uint64_t *t, size_t n)
+{
+	qsort(t, n, sizeof(t[0]), bench_cmp_u64);
+	return (struct bench_pcts){.p50 = t[n / 2],
+	                           .p99 = t[n * 99 / 100],
+	                           .min = t[0],
+	                           .max = t[n - 1]};
+}
+
 static inline void bench_nap_us(long us)
 {
 	struct timespec ts = {.tv_sec = us / 1000000,
