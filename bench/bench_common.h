@@ -21,6 +21,7 @@
 
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <malloc.h>
 #include <sched.h>
@@ -30,8 +31,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -342,6 +345,75 @@ static inline int bench_socket_up(const char *path)
 	if (fd >= 0)
 		close(fd);
 	return ok;
+}
+
+/*
+ * A memtallyd started by a C benchmark: a temporary directory of its own
+ * for its socket, log and restart record, and a segment label of this
+ * run's. `name` names the benchmark in both.
+ */
+struct bench_server {
+	char dir[64], sock[256], state[300], log[256], seg[64];
+	pid_t pid;
+};
+
+/* Start `exe` with --socket, --segment and `args` (NULL-terminated, at
+ * most 16), its stderr to the log, pinned to `cpu` if >= 0. Does not wait
+ * for it to answer. Returns 0, or -1. */
+static inline int bench_server_start(struct bench_server *s,
+                                     const char *name, const char *exe,
+                                     int cpu, const char *const *args)
+{
+	snprintf(s->dir, sizeof(s->dir), "/tmp/mtbench-%s-XXXXXX", name);
+	s->pid = 0;
+	if (!mkdtemp(s->dir))
+		return -1;
+	snprintf(s->sock, sizeof(s->sock), "%s/memtally.sock", s->dir);
+	snprintf(s->state, sizeof(s->state), "%s.state", s->sock);
+	snprintf(s->log, sizeof(s->log), "%s/memtallyd.log", s->dir);
+	snprintf(s->seg, sizeof(s->seg), "/mtbench-%s-%d", name,
+	         (int)getpid());
+	const char *argv[22] = {exe, "--socket", s->sock, "--segment", s->seg};
+	for (int i = 0; args[i] && i < 16; i++)
+		argv[5 + i] = args[i];
+	pid_t pid = fork();
+	if (pid < 0)
+		return -1;
+	if (pid == 0) {
+		int fd = open(s->log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+		if (fd >= 0)
+			dup2(fd, 2);
+		if (cpu >= 0)
+			bench_pin_cpu(cpu);
+		execv(exe, (char *const *)argv);
+		_exit(127);
+	}
+	s->pid = pid;
+	return 0;
+}
+
+/* Stop it (if it runs) and remove what it left: the log too, unless
+ * `keep_log`, when stderr says where it is. */
+static inline void bench_server_stop(struct bench_server *s, bool keep_log)
+{
+	if (s->pid > 0) {
+		kill(s->pid, SIGTERM);
+		waitpid(s->pid, NULL, 0);
+		s->pid = 0;
+	}
+	unlink(s->sock);
+	unlink(s->state);
+	/* A server that names its segment in /dev/shm leaves it for a
+	 * restart to adopt: not this one's. */
+	char shm[96];
+	snprintf(shm, sizeof(shm), "/dev/shm%s", s->seg);
+	unlink(shm);
+	if (keep_log) {
+		fprintf(stderr, "memtallyd's log: %s\n", s->log);
+		return;
+	}
+	unlink(s->log);
+	rmdir(s->dir);
 }
 
 #endif /* MEMTALLY_BENCH_COMMON_H */
