@@ -277,8 +277,8 @@ static int64_t start_worker(struct run *r)
 	for (;;) {
 		if (!r->table.base)
 			map_server_object(r->srv.pid, r->tbl_prefix, 1,
-			                  MTSHM_SEALS_TABLE, r->layout.table_size,
-			                  &r->table);
+			                  MTSHM_SEALS_TABLE,
+			                  r->layout.table_size, &r->table);
 		if (slot < 0)
 			slot = find_slot(&r->layout, &r->table, r->w);
 		if (slot < 0)
