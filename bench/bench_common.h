@@ -155,6 +155,86 @@ static inline int bench_je_allocated(bench_mallctl_fn mc, size_t *out)
 	return mc("stats.allocated", out, &sz, NULL, 0) ? -1 : 0;
 }
 
+/* What the allocator proof finds in this process. */
+struct bench_alloc_facts {
+	bench_mallctl_fn mc;
+	const char *version;     /* mallctl("version"), or NULL */
+	size_t usable;           /* malloc_usable_size(malloc(100)) */
+	const char *malloc_from; /* the library that defines malloc */
+	int have_stats;
+	int64_t stats_delta; /* stats.allocated's growth while 1 MiB is held */
+};
+
+static inline void bench_alloc_facts(struct bench_alloc_facts *f)
+{
+	*f = (struct bench_alloc_facts){.mc = bench_mallctl(),
+	                                .malloc_from = "?"};
+	if (f->mc) {
+		size_t sz = sizeof(f->version);
+		if (f->mc("version", &f->version, &sz, NULL, 0))
+			f->version = NULL;
+	}
+
+	void *p = malloc(100);
+	BENCH_ESCAPE(p);
+	f->usable = malloc_usable_size(p);
+	free(p);
+
+	Dl_info info;
+	void *sym = dlsym(RTLD_DEFAULT, "malloc");
+	if (sym && dladdr(sym, &info) && info.dli_fname)
+		f->malloc_from = info.dli_fname;
+
+	size_t a0 = 0, a1 = 0;
+	f->have_stats = bench_je_allocated(f->mc, &a0) == 0;
+	void *blk[BENCH_HOLD_BLOCKS];
+	for (int i = 0; i < BENCH_HOLD_BLOCKS; i++) {
+		blk[i] = malloc(BENCH_HOLD_SIZE);
+		BENCH_ESCAPE(blk[i]);
+	}
+	if (f->have_stats)
+		f->have_stats = bench_je_allocated(f->mc, &a1) == 0;
+	for (int i = 0; i < BENCH_HOLD_BLOCKS; i++)
+		free(blk[i]);
+	f->stats_delta = f->have_stats ? (int64_t)a1 - (int64_t)a0 : 0;
+}
+
+static inline void bench_check_jemalloc(const struct bench_alloc_facts *f,
+                                        struct bench_sbuf *why)
+{
+	int64_t held = (int64_t)BENCH_HOLD_BLOCKS * BENCH_HOLD_SIZE;
+	if (!f->mc)
+		bench_flag(why, "no mallctl in the process: "
+		                "jemalloc is not loaded");
+	else if (!f->version)
+		bench_flag(why, "mallctl(\"version\") failed");
+	if (f->usable != BENCH_JE_CLASS_100)
+		bench_flag(why,
+		           "malloc_usable_size(malloc(100)) = %zu; "
+		           "jemalloc's size class is %d (glibc gives %d)",
+		           f->usable, BENCH_JE_CLASS_100,
+		           BENCH_GLIBC_USABLE_100);
+	if (!f->have_stats || f->stats_delta < held)
+		bench_flag(why,
+		           "jemalloc stats.allocated grew by %" PRId64
+		           " bytes while %" PRId64 " were held%s",
+		           f->stats_delta, held,
+		           f->have_stats ? "" : " (no stats)");
+}
+
+static inline void bench_check_glibc(const struct bench_alloc_facts *f,
+                                     struct bench_sbuf *why)
+{
+	if (f->mc)
+		bench_flag(why, "mallctl is present: jemalloc is "
+		                "loaded, expected glibc");
+	if (f->usable != BENCH_GLIBC_USABLE_100)
+		bench_flag(why,
+		           "malloc_usable_size(malloc(100)) = %zu; "
+		           "glibc gives %d",
+		           f->usable, BENCH_GLIBC_USABLE_100);
+}
+
 /*
  * Prove which allocator serves malloc in this process. `malloc_lib` names
  * the library that must define the global malloc (a preload that wraps the
@@ -168,83 +248,27 @@ static inline int bench_prove_allocator(bool expect_jemalloc,
                                         struct bench_sbuf *js,
                                         struct bench_sbuf *why)
 {
-	bench_mallctl_fn mc = bench_mallctl();
-	const char *version = NULL;
-	if (mc) {
-		size_t sz = sizeof(version);
-		if (mc("version", &version, &sz, NULL, 0))
-			version = NULL;
-	}
-
-	void *p = malloc(100);
-	BENCH_ESCAPE(p);
-	size_t usable = malloc_usable_size(p);
-	free(p);
-
-	const char *malloc_from = "?";
-	Dl_info info;
-	void *sym = dlsym(RTLD_DEFAULT, "malloc");
-	if (sym && dladdr(sym, &info) && info.dli_fname)
-		malloc_from = info.dli_fname;
-
-	size_t a0 = 0, a1 = 0;
-	int have_stats = bench_je_allocated(mc, &a0) == 0;
-	void *blk[BENCH_HOLD_BLOCKS];
-	for (int i = 0; i < BENCH_HOLD_BLOCKS; i++) {
-		blk[i] = malloc(BENCH_HOLD_SIZE);
-		BENCH_ESCAPE(blk[i]);
-	}
-	if (have_stats)
-		have_stats = bench_je_allocated(mc, &a1) == 0;
-	for (int i = 0; i < BENCH_HOLD_BLOCKS; i++)
-		free(blk[i]);
-	int64_t held = (int64_t)BENCH_HOLD_BLOCKS * BENCH_HOLD_SIZE;
-	int64_t stats_delta = have_stats ? (int64_t)a1 - (int64_t)a0 : 0;
+	struct bench_alloc_facts f;
+	bench_alloc_facts(&f);
+	if (expect_jemalloc)
+		bench_check_jemalloc(&f, why);
+	else
+		bench_check_glibc(&f, why);
 	if (!malloc_lib)
 		malloc_lib = expect_jemalloc ? "libjemalloc" : "libc.so";
-
-	if (expect_jemalloc) {
-		if (!mc)
-			bench_flag(why, "no mallctl in the process: "
-			                "jemalloc is not loaded");
-		else if (!version)
-			bench_flag(why, "mallctl(\"version\") failed");
-		if (usable != BENCH_JE_CLASS_100)
-			bench_flag(why,
-			           "malloc_usable_size(malloc(100)) = %zu; "
-			           "jemalloc's size class is %d (glibc gives "
-			           "%d)",
-			           usable, BENCH_JE_CLASS_100,
-			           BENCH_GLIBC_USABLE_100);
-		if (!have_stats || stats_delta < held)
-			bench_flag(why,
-			           "jemalloc stats.allocated grew by %" PRId64
-			           " bytes while %" PRId64 " were held%s",
-			           stats_delta, held,
-			           have_stats ? "" : " (no stats)");
-	} else {
-		if (mc)
-			bench_flag(why, "mallctl is present: jemalloc is "
-			                "loaded, expected glibc");
-		if (usable != BENCH_GLIBC_USABLE_100)
-			bench_flag(why,
-			           "malloc_usable_size(malloc(100)) = %zu; "
-			           "glibc gives %d",
-			           usable, BENCH_GLIBC_USABLE_100);
-	}
-	if (!strstr(malloc_from, malloc_lib))
+	if (!strstr(f.malloc_from, malloc_lib))
 		bench_flag(why,
 		           "the global malloc is defined in %s, expected %s",
-		           malloc_from, malloc_lib);
+		           f.malloc_from, malloc_lib);
 
 	bench_sb_add(js, "\"expect\": \"%s\", \"jemalloc_version\": ",
 	             expect_jemalloc ? "jemalloc" : "glibc");
-	bench_sb_json_str(js, version);
+	bench_sb_json_str(js, f.version);
 	bench_sb_add(js, ", \"usable_size_100\": %zu, \"malloc_from\": ",
-	             usable);
-	bench_sb_json_str(js, malloc_from);
+	             f.usable);
+	bench_sb_json_str(js, f.malloc_from);
 	bench_sb_add(js, ", \"stats_allocated_delta\": %" PRId64,
-	             stats_delta);
+	             f.stats_delta);
 	return why->fails;
 }
 
