@@ -2,8 +2,9 @@
 
 The machine a run was made on (machine_info), the statistics the tables
 report (quartiles, a Mann-Whitney p-value), a memtallyd for the run
-(Server), a bench worker in --serve mode (ServeWorker), and the one way a
-driver writes its section of bench/RESULTS.md (write_section). Drivers
+(Server) and what `memtally ps` says of a process, a bench worker in
+--serve mode (ServeWorker), and the one way a driver writes its section
+of bench/RESULTS.md (write_section). Drivers
 import this module, never one another.
 """
 import datetime
@@ -66,6 +67,11 @@ def mann_whitney_p(a, b):
         return 1.0
     z = max(0.0, abs(u1 - mu) - 0.5) / math.sqrt(var)
     return math.erfc(z / math.sqrt(2))
+
+
+def fmt_p(p):
+    """A p-value as the tables print it."""
+    return "<0.001" if p < 0.001 else "%.3f" % p
 
 
 # ---- machine and tree ------------------------------------------------------
@@ -251,6 +257,36 @@ class Server:
         self.proc = None
         # Its shared objects are anonymous (memfd): nothing to remove. The
         # restart record next to the socket goes with the temporary dir.
+
+
+def memtally_ps(cli, sock, strict=True):
+    """What `memtally ps` lists for the server at `sock`: {pid: entry}.
+    A failed query raises BenchError, or gives {} when not `strict`."""
+    p = subprocess.run([cli, "--socket", sock, "--json", "ps"],
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        if not strict:
+            return {}
+        # Not a proof failure of the program: the query itself broke.
+        raise BenchError("memtally ps failed (exit %d): %s" % (
+            p.returncode, p.stderr.strip()))
+    return {e.get("pid"): e
+            for e in json.loads(p.stdout).get("processes", [])}
+
+
+def memtally_settled(cli, sock, pid, patience=5.0):
+    """memtally's entry for pid, once a tick has published it and it is
+    stable (two reads 30 ms apart agree), or the last read (None: not
+    listed) after `patience` s."""
+    last = None
+    deadline = time.monotonic() + patience
+    while time.monotonic() < deadline:
+        cur = memtally_ps(cli, sock).get(pid)
+        if cur and last and cur["bytes"] == last["bytes"]:
+            return cur
+        last = cur
+        time.sleep(0.03)
+    return last
 
 
 # ---- bench workers ---------------------------------------------------------
