@@ -264,8 +264,8 @@ static inline int bench_prove_allocator(bool expect_jemalloc,
 	bench_sb_add(js, "\"expect\": \"%s\", \"jemalloc_version\": ",
 	             expect_jemalloc ? "jemalloc" : "glibc");
 	bench_sb_json_str(js, f.version);
-	bench_sb_add(js, ", \"usable_size_100\": %zu, \"malloc_from\": ",
-	             f.usable);
+	bench_sb_add(js,
+	             ", \"usable_size_100\": %zu, \"malloc_from\": ", f.usable);
 	bench_sb_json_str(js, f.malloc_from);
 	bench_sb_add(js, ", \"stats_allocated_delta\": %" PRId64,
 	             f.stats_delta);
@@ -384,9 +384,9 @@ struct bench_server {
 /* Start `exe` with --socket, --segment and `args` (NULL-terminated, at
  * most 16), its stderr to the log, pinned to `cpu` if >= 0. Does not wait
  * for it to answer. Returns 0, or -1. */
-static inline int bench_server_start(struct bench_server *s,
-                                     const char *name, const char *exe,
-                                     int cpu, const char *const *args)
+static inline int bench_server_start(struct bench_server *s, const char *name,
+                                     const char *exe, int cpu,
+                                     const char *const *args)
 {
 	snprintf(s->dir, sizeof(s->dir), "/tmp/mtbench-%s-XXXXXX", name);
 	s->pid = 0;
@@ -395,8 +395,7 @@ static inline int bench_server_start(struct bench_server *s,
 	snprintf(s->sock, sizeof(s->sock), "%s/memtally.sock", s->dir);
 	snprintf(s->state, sizeof(s->state), "%s.state", s->sock);
 	snprintf(s->log, sizeof(s->log), "%s/memtallyd.log", s->dir);
-	snprintf(s->seg, sizeof(s->seg), "/mtbench-%s-%d", name,
-	         (int)getpid());
+	snprintf(s->seg, sizeof(s->seg), "/mtbench-%s-%d", name, (int)getpid());
 	const char *argv[22] = {exe, "--socket", s->sock, "--segment", s->seg};
 	for (int i = 0; args[i] && i < 16; i++)
 		argv[5 + i] = args[i];

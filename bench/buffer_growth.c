@@ -270,8 +270,8 @@ int main(int argc, char **argv)
 	int rc = parse_args(argc, argv, &o);
 	if (rc >= 0)
 		return rc;
-	const struct write_case *w = o.case_name ? find_write(o.case_name)
-	                                         : NULL;
+	const struct write_case *w =
+	    o.case_name ? find_write(o.case_name) : NULL;
 	unsigned flags = 0;
 	bool expect_je;
 	if ((o.case_name && !w) || parse_flags(o.growth, o.acct, &flags) ||

@@ -893,8 +893,8 @@ static void raise_fd_limit(void)
 /* The threads and their connections (thread t has connections t, t + N,
  * t + 2N, ...), connected; a connection that fails is dead and counted,
  * the first failure's message kept in `connect_msg`. Returns 0 or -1. */
-static int connect_all(struct worker *ws, struct conn *conns,
-                       char *connect_msg, size_t msg_size)
+static int connect_all(struct worker *ws, struct conn *conns, char *connect_msg,
+                       size_t msg_size)
 {
 	for (int t = 0; t < opt_threads; t++) {
 		struct worker *w = &ws[t];

@@ -142,9 +142,11 @@ struct opts {
 
 static int parse_args(int argc, char **argv, struct opts *o)
 {
-	*o = (struct opts){.cpu = -1, .writer_cpu = -1,
+	*o = (struct opts){.cpu = -1,
+	                   .writer_cpu = -1,
 	                   .ticks = TICKS_DEFAULT,
-	                   .seg_lanes = MTSHM_DEFAULT_LANES, .groups = 8};
+	                   .seg_lanes = MTSHM_DEFAULT_LANES,
+	                   .groups = 8};
 	nlanes = 1;
 	worker_uid = (uint32_t)getuid();
 	for (int i = 1; i < argc; i++) {
@@ -268,8 +270,10 @@ static int add_workers(const struct opts *o, void **noise)
  * no state changes here), to show which part of the tick costs what. */
 static int time_ticks(const struct opts *o, uint64_t *t, uint64_t *tl)
 {
-	struct bench_writer w = {.slot_at = reg.slot_at, .nslots = nslots,
-	                         .nlanes = nlanes, .cpu = o->writer_cpu};
+	struct bench_writer w = {.slot_at = reg.slot_at,
+	                         .nslots = nslots,
+	                         .nlanes = nlanes,
+	                         .cpu = o->writer_cpu};
 	if (o->use_writer && bench_writer_start(&w))
 		return -1;
 	for (int r = 0; r < BENCH_TICK_WARMUP; r++)
@@ -302,8 +306,8 @@ static int64_t prove(void)
 	uint64_t unvouched = reg.totals.unvouched;
 	struct mtshm_fleet f;
 	if (mtshm_fleet_read(map.hdr, &f) ||
-	    f.bytes + unvouched != (uint64_t)want ||
-	    f.processes != nslots || f.state != MTSHM_STATE_OK) {
+	    f.bytes + unvouched != (uint64_t)want || f.processes != nslots ||
+	    f.state != MTSHM_STATE_OK) {
 		fprintf(stderr,
 		        "PROOF FAILED: published %" PRIu64 " bytes, %u "
 		        "processes, state %u; the lanes hold %" PRId64 "\n",
@@ -352,8 +356,7 @@ static void tear_down(void)
 int main(int argc, char **argv)
 {
 	struct opts o;
-	if (parse_args(argc, argv, &o) ||
-	    (o.cpu >= 0 && bench_pin_cpu(o.cpu)))
+	if (parse_args(argc, argv, &o) || (o.cpu >= 0 && bench_pin_cpu(o.cpu)))
 		return 2;
 	mts_log_set_level(MTS_LOG_ERROR);
 	void **noise = calloc(nslots, sizeof(*noise));

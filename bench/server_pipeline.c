@@ -56,8 +56,8 @@ static int connect_to(const char *sock)
 	struct sockaddr_un sa = {.sun_family = AF_UNIX};
 	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", sock);
 	if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa))) {
-		fprintf(stderr, "PROOF FAILED: cannot connect to %s: %s\n", sock,
-		        strerror(errno));
+		fprintf(stderr, "PROOF FAILED: cannot connect to %s: %s\n",
+		        sock, strerror(errno));
 		if (fd >= 0)
 			close(fd);
 		return -1;
@@ -67,8 +67,7 @@ static int connect_to(const char *sock)
 
 /* `window` GetUsage frames with ids from *id on, packed into wbuf (cap
  * bytes). Returns their length, 0 if they do not fit. */
-static size_t pack_window(uint8_t *wbuf, size_t cap, int window,
-                          uint64_t *id)
+static size_t pack_window(uint8_t *wbuf, size_t cap, int window, uint64_t *id)
 {
 	size_t wl = 0;
 	for (int i = 0; i < window; i++) {
@@ -117,8 +116,8 @@ static int read_window(int fd, uint64_t first, int window)
 			fprintf(stderr,
 			        "PROOF FAILED: response %d of a window: %s\n",
 			        i,
-			        !r ? "undecodable"
-			        : r->error ? "an error"
+			        !r                             ? "undecodable"
+			        : r->error                     ? "an error"
 			        : r->id != first + (uint64_t)i ? "wrong id"
 			                                       : "no Usage");
 			return -1;

@@ -195,7 +195,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 struct run {
 	struct bench_server srv;
 	char hdr_name[128], tbl_prefix[128]; /* the server's memfds */
-	struct mtshm_map m, table;            /* its header, our uid's table */
+	struct mtshm_map m, table;           /* its header, our uid's table */
 	struct mtshm_layout layout;
 	pid_t w; /* the worker alive now, if any */
 	char *wargv[4], *wenv[3];
@@ -209,22 +209,20 @@ static int start_server(const struct opts *o, struct run *r)
 {
 	char tick[32];
 	snprintf(tick, sizeof(tick), "%ld", o->tick_ms);
-	const char *args[] = {"--tick", tick, "--slots", "256", "--reset",
-	                      "--log-level", "warn", NULL};
+	const char *args[] = {"--tick",  tick,          "--slots", "256",
+	                      "--reset", "--log-level", "warn",    NULL};
 	if (bench_server_start(&r->srv, "reclaim", o->memtallyd, -1, args))
 		return -1;
 	/* --segment /NAME: the server names its memfds NAME. */
 	const char *seg = r->srv.seg + 1;
-	snprintf(r->hdr_name, sizeof(r->hdr_name), "/memfd:%s (deleted)",
-	         seg);
-	snprintf(r->tbl_prefix, sizeof(r->tbl_prefix), "/memfd:%s-slots:",
-	         seg);
+	snprintf(r->hdr_name, sizeof(r->hdr_name), "/memfd:%s (deleted)", seg);
+	snprintf(r->tbl_prefix, sizeof(r->tbl_prefix), "/memfd:%s-slots:", seg);
 	uint64_t deadline = bench_now_ns() + DEADLINE_NS;
-	while (bench_now_ns() < deadline &&
-	       !(bench_socket_up(r->srv.sock) &&
-	         map_server_object(r->srv.pid, r->hdr_name, 0,
-	                           MTSHM_SEALS_HEADER, MTSHM_HEADER_SIZE,
-	                           &r->m) == 0))
+	while (
+	    bench_now_ns() < deadline &&
+	    !(bench_socket_up(r->srv.sock) &&
+	      map_server_object(r->srv.pid, r->hdr_name, 0, MTSHM_SEALS_HEADER,
+	                        MTSHM_HEADER_SIZE, &r->m) == 0))
 		bench_nap_us(10000);
 	if (!r->m.base || mtshm_layout_read(r->m.base, r->m.size, &r->layout)) {
 		fprintf(stderr, "memtallyd did not start (see %s)\n",
@@ -284,9 +282,9 @@ static int64_t start_worker(struct run *r)
 		if (slot < 0)
 			mtshm_close(&r->table); /* not there yet: again */
 		if (slot >= 0 &&
-		    slot_total(&r->layout,
-		               mtshm_slot(&r->layout, r->table.base,
-		                          (uint32_t)slot)) >= r->want)
+		    slot_total(&r->layout, mtshm_slot(&r->layout, r->table.base,
+		                                      (uint32_t)slot)) >=
+		        r->want)
 			return slot;
 		if (bench_now_ns() > deadline) {
 			fprintf(stderr,
@@ -355,8 +353,8 @@ static int time_reclaim(struct run *r, int64_t slot, int it)
 
 static void report(const struct opts *o, struct run *r)
 {
-	printf("{\"tick_ms\": %ld, \"n\": %d, \"mib\": %ld, ", o->tick_ms,
-	       o->n, o->mib);
+	printf("{\"tick_ms\": %ld, \"n\": %d, \"mib\": %ld, ", o->tick_ms, o->n,
+	       o->mib);
 	stats("kill_to_exit", r->k2e, o->n, 0);
 	stats("kill_to_slot_freed", r->k2f, o->n, 0);
 	stats("kill_to_reclaim", r->k2r, o->n, 0);

@@ -321,8 +321,11 @@ struct opts {
 
 static int parse_args(int argc, char **argv, struct opts *o)
 {
-	*o = (struct opts){.tick_ms = 1000, .slots = 4096, .n = 2000,
-	                   .warmup = 50, .server_cpu = -2};
+	*o = (struct opts){.tick_ms = 1000,
+	                   .slots = 4096,
+	                   .n = 2000,
+	                   .warmup = 50,
+	                   .server_cpu = -2};
 	o->cpu = (int)sysconf(_SC_NPROCESSORS_ONLN) - 1;
 	for (int i = 1; i < argc; i++) {
 		const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -384,8 +387,8 @@ static int start_server(struct opts *o, struct run *r)
 	snprintf(tick, sizeof(tick), "%ld", o->tick_ms);
 	snprintf(nslots, sizeof(nslots), "%ld", o->slots);
 	const char *args[] = {"--tick", tick, "--slots", nslots, NULL};
-	if (bench_server_start(&r->srv, "register", o->memtallyd,
-	                       o->server_cpu, args))
+	if (bench_server_start(&r->srv, "register", o->memtallyd, o->server_cpu,
+	                       args))
 		return -1;
 	setenv("MEMTALLY_SOCKET", r->srv.sock, 1);
 	if (o->cpu >= 0 && bench_pin_cpu(o->cpu)) {
@@ -481,8 +484,7 @@ static int measure(const struct opts *o, struct run *r)
 	if ((k = run_workers(o, r)))
 		return k;
 	if (read_cpu(r->srv.pid, &r->c1)) {
-		fprintf(stderr, "cannot read /proc/%d/stat\n",
-		        (int)r->srv.pid);
+		fprintf(stderr, "cannot read /proc/%d/stat\n", (int)r->srv.pid);
 		return -1;
 	}
 	r->after = usage_processes(r->srv.sock);
@@ -532,24 +534,24 @@ static void report(const struct opts *o, struct run *r)
 	double hz = (double)sysconf(_SC_CLK_TCK);
 	double cpu_us = (double)(r->c1.ticks - r->c0.ticks) / hz * 1e6 / n;
 	double run_us = (double)(r->c1.run_ns - r->c0.run_ns) / 1e3 / n;
-	printf("{\"n\": %d, \"warmup\": %d, \"holder\": %s, \"tick_ms\": %ld, "
-	       "\"slots\": %ld, \"cpu\": %d, \"server_cpu\": %d, "
-	       "\"latency_us\": {\"min\": %.1f, \"p25\": %.1f, \"p50\": %.1f, "
-	       "\"p75\": %.1f, \"p99\": %.1f, \"max\": %.1f, \"mean\": %.1f}, "
-	       "\"server_cpu_us_per_worker\": %.2f, "
-	       "\"server_run_us_per_worker\": %.2f, "
-	       "\"server_cpu_ticks\": %" PRIu64 ", "
-	       "\"proof\": {\"workers_attached\": %d, \"log_registered_exited\": "
-	       "%d, \"usage_processes_before\": %ld, "
-	       "\"usage_processes_after\": %ld, \"server_registrations\": %" PRIu64
-	       ", \"server_exits\": %" PRIu64 "}}\n",
-	       n, o->warmup, o->holder ? "true" : "false", o->tick_ms, o->slots,
-	       o->cpu, o->server_cpu, lat[0] / 1e3, at(lat, n, 250) / 1e3,
-	       at(lat, n, 500) / 1e3, at(lat, n, 750) / 1e3,
-	       at(lat, n, 990) / 1e3, lat[n - 1] / 1e3, (double)sum / n / 1e3,
-	       cpu_us, run_us, r->c1.ticks - r->c0.ticks, r->total,
-	       r->reg_seen, r->before, r->after, r->lf.registrations,
-	       r->lf.exits);
+	printf(
+	    "{\"n\": %d, \"warmup\": %d, \"holder\": %s, \"tick_ms\": %ld, "
+	    "\"slots\": %ld, \"cpu\": %d, \"server_cpu\": %d, "
+	    "\"latency_us\": {\"min\": %.1f, \"p25\": %.1f, \"p50\": %.1f, "
+	    "\"p75\": %.1f, \"p99\": %.1f, \"max\": %.1f, \"mean\": %.1f}, "
+	    "\"server_cpu_us_per_worker\": %.2f, "
+	    "\"server_run_us_per_worker\": %.2f, "
+	    "\"server_cpu_ticks\": %" PRIu64 ", "
+	    "\"proof\": {\"workers_attached\": %d, \"log_registered_exited\": "
+	    "%d, \"usage_processes_before\": %ld, "
+	    "\"usage_processes_after\": %ld, \"server_registrations\": %" PRIu64
+	    ", \"server_exits\": %" PRIu64 "}}\n",
+	    n, o->warmup, o->holder ? "true" : "false", o->tick_ms, o->slots,
+	    o->cpu, o->server_cpu, lat[0] / 1e3, at(lat, n, 250) / 1e3,
+	    at(lat, n, 500) / 1e3, at(lat, n, 750) / 1e3, at(lat, n, 990) / 1e3,
+	    lat[n - 1] / 1e3, (double)sum / n / 1e3, cpu_us, run_us,
+	    r->c1.ticks - r->c0.ticks, r->total, r->reg_seen, r->before,
+	    r->after, r->lf.registrations, r->lf.exits);
 }
 
 /* Whatever still runs is stopped, what the run left is removed (but the
@@ -577,8 +579,8 @@ int main(int argc, char **argv)
 	if (parse_args(argc, argv, &o))
 		return 2;
 	unsetenv("LD_PRELOAD");
-	static struct run r = {.lf = {.fd = -1}, .hold_pipe = {-1, -1},
-	                       .before = -1, .after = -1};
+	static struct run r = {
+	    .lf = {.fd = -1}, .hold_pipe = {-1, -1}, .before = -1, .after = -1};
 	r.lat = calloc((size_t)o.n, sizeof(uint64_t));
 	int rc = 2;
 	if (r.lat && !start_server(&o, &r) && measure(&o, &r) >= 0) {

@@ -148,8 +148,8 @@ static int parse_args(int argc, char **argv, struct opts *o)
 static int make_segment(void)
 {
 	/* Anonymous objects: nothing is left behind when the process ends. */
-	struct mtshm_params p = {.slots = nslots, .lanes = nlanes,
-	                         .threshold = 65536};
+	struct mtshm_params p = {
+	    .slots = nslots, .lanes = nlanes, .threshold = 65536};
 	int rc = mtshm_header_create("mtbench-tick", &p, &hdr);
 	if (!rc)
 		rc = mtshm_layout_read(hdr.base, hdr.size, &layout);
@@ -176,8 +176,10 @@ static int make_segment(void)
  * --quiet; what they summed goes to *sink. */
 static int time_ticks(const struct opts *o, uint64_t *t, int64_t *sink)
 {
-	struct bench_writer w = {.slot_at = slot_at, .nslots = nslots,
-	                         .nlanes = nlanes, .cpu = o->writer_cpu};
+	struct bench_writer w = {.slot_at = slot_at,
+	                         .nslots = nslots,
+	                         .nlanes = nlanes,
+	                         .cpu = o->writer_cpu};
 	if (!o->quiet && bench_writer_start(&w))
 		return -1;
 	*sink = 0;
