@@ -204,7 +204,8 @@ static inline void bench_check_jemalloc(const struct bench_alloc_facts *f,
 {
 	int64_t held = (int64_t)BENCH_HOLD_BLOCKS * BENCH_HOLD_SIZE;
 	if (!f->mc)
-		bench_flag(why, "no mallctl in the process: "
+		bench_flag(why, "no mallctl in the process "
+		                "(dlsym(RTLD_DEFAULT, \"mallctl\") is NULL): "
 		                "jemalloc is not loaded");
 	else if (!f->version)
 		bench_flag(why, "mallctl(\"version\") failed");
