@@ -1,7 +1,8 @@
 /*
- * bench_common.h - what the buffer_growth and allocators workers share:
- * a clock, CPU pinning, a bounded string builder, and the proof of the
- * allocator a process actually runs on.
+ * bench_common.h - what the C benchmarks share: a clock, CPU pinning,
+ * percentiles, a bounded string builder, the proof of the allocator a
+ * process actually runs on and how a worker's proof ends, and a memtallyd
+ * started for a run.
  *
  * The allocator proof is several independent signs, each reported when it
  * fails (see bench/RESULTS.md): jemalloc's mallctl("version") answers or,
@@ -13,8 +14,8 @@
  * is each suite's own (what must move depends on what it measures), and so
  * is the evidence a preload gives of itself (alloc_overhead.c).
  *
- * A worker that includes this defines BENCH_BINARY, and BENCH_LINKED_JEMALLOC
- * when it is linked with -ljemalloc.
+ * A worker linked with -ljemalloc defines BENCH_LINKED_JEMALLOC before
+ * including this.
  */
 #ifndef MEMTALLY_BENCH_COMMON_H
 #define MEMTALLY_BENCH_COMMON_H
