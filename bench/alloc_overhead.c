@@ -43,7 +43,6 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <inttypes.h>
-#include <malloc.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdarg.h>
@@ -59,25 +58,18 @@
 #include "mtshm.h"
 
 #ifdef BENCH_LINKED_JEMALLOC
-/* Declared here rather than through <jemalloc/jemalloc.h>, which redefines
- * the malloc family's prototypes. Referencing it also keeps libjemalloc in
- * DT_NEEDED under --as-needed. */
-int mallctl(const char *name, void *oldp, size_t *oldlenp, void *newp,
-            size_t newlen);
 #define BENCH_BINARY "bench_alloc_je"
 #else
 #define BENCH_BINARY "bench_alloc_plain"
 #endif
 
-/* The helpers every suite shares: clock, pinning, the allocator proof's
- * string buffers, BENCH_ESCAPE. */
+/* The helpers every suite shares: clock, pinning, the allocator proof and
+ * its string buffers, BENCH_ESCAPE. */
 #include "bench_common.h"
 
 #define HOLD_BLOCKS      BENCH_HOLD_BLOCKS
 #define HOLD_SIZE        BENCH_HOLD_SIZE
 #define HOLD_BYTES       ((int64_t)HOLD_BLOCKS * HOLD_SIZE)
-#define JE_CLASS_100     BENCH_JE_CLASS_100
-#define GLIBC_USABLE_100 BENCH_GLIBC_USABLE_100
 
 /* What one op of a case does (one timed unit; see each body below). */
 enum kind { K_PAIR, K_FILL, K_GROW, K_CHURN };
@@ -141,13 +133,10 @@ enum variant {
 static const char *const variant_names[] = {
     "jemalloc", "inline", "preload", "glibc", "linked", "glibcfe"};
 
-typedef bench_mallctl_fn mallctl_fn;
-
 /* The process's view of the allocator and of memtally, resolved once. */
 static struct {
 	enum variant variant;
 	int expect_jemalloc;
-	mallctl_fn mallctl;
 	int64_t (*process_bytes)(void);
 	int (*flush)(void);
 	bool (*attached)(void);
@@ -482,12 +471,10 @@ static uint64_t timed_run(const struct bench_case *c, uint64_t n)
 static void resolve_api(void)
 {
 #ifdef BENCH_LINKED_JEMALLOC
-	g.mallctl = mallctl;
 	g.process_bytes = memtally_process_bytes;
 	g.flush = memtally_flush;
 	g.attached = memtally_attached;
 #else
-	*(void **)&g.mallctl = dlsym(RTLD_DEFAULT, "mallctl");
 	*(void **)&g.process_bytes =
 	    dlsym(RTLD_DEFAULT, "memtally_process_bytes");
 	*(void **)&g.flush = dlsym(RTLD_DEFAULT, "memtally_flush");
@@ -495,11 +482,6 @@ static void resolve_api(void)
 #endif
 	*(void **)&g.preload_allocator =
 	    dlsym(RTLD_DEFAULT, "memtally_preload_allocator");
-}
-
-static int je_allocated(size_t *out)
-{
-	return bench_je_allocated(g.mallctl, out);
 }
 
 /*
@@ -586,166 +568,106 @@ static void unhold(void **blk)
 	}
 }
 
-/*
- * Prove the allocator and the accounting. Writes a JSON object describing
- * what was found into `js` and one line per failed sign into `why`.
- * Returns the number of failed signs.
- */
-static int prove(struct bench_sbuf *js, struct bench_sbuf *why)
+/* The library that must define the global malloc: the preload's, for the
+ * variants that wrap the allocator; NULL for the allocator's own. */
+static const char *malloc_lib(void)
 {
-	/* Sign 1: jemalloc's control interface. */
-	const char *version = NULL;
-	if (g.mallctl) {
-		size_t sz = sizeof(version);
-		if (g.mallctl("version", &version, &sz, NULL, 0))
-			version = NULL;
-	}
+	if (g.variant == V_PRELOAD)
+		return "libmemtally_preload";
+	if (g.variant == V_GLIBCFE)
+		return "libmemtally_glibc";
+	return NULL;
+}
 
-	/* Sign 2: the size class of a 100-byte block. */
-	void *p = malloc(100);
-	BENCH_ESCAPE(p);
-	size_t usable = malloc_usable_size(p);
-	free(p);
+/* The preload's own evidence: memtally_preload_allocator() (only present
+ * under a preload) names the allocator it serves, and it is absent in the
+ * variants that must not load it. */
+static void prove_preload(const char *pre, struct bench_sbuf *why)
+{
+	if (g.variant == V_PRELOAD &&
+	    (!pre || strncmp(pre, "jemalloc", 8) != 0))
+		bench_flag(why,
+		           "memtally_preload_allocator() = %s; "
+		           "expected \"jemalloc <version>\"",
+		           pre ? pre : "(absent: preload not loaded)");
+	if (g.variant == V_GLIBCFE && (!pre || strncmp(pre, "glibc", 5) != 0))
+		bench_flag(why,
+		           "memtally_preload_allocator() = %s; "
+		           "expected \"glibc <version>\"",
+		           pre ? pre : "(absent: front end not loaded)");
+	if (g.variant != V_PRELOAD && g.variant != V_GLIBCFE && pre)
+		bench_flag(why, "libmemtally_preload is loaded in a "
+		                "variant that must not use it");
+}
 
-	/* Sign 3: which library the global `malloc` symbol lives in. */
-	const char *malloc_from = "?";
-	Dl_info info;
-	void *sym = dlsym(RTLD_DEFAULT, "malloc");
-	if (sym && dladdr(sym, &info) && info.dli_fname)
-		malloc_from = info.dli_fname;
-
-	/* Preload's own answer (only present under the preload). */
-	const char *pre = g.preload_allocator ? g.preload_allocator() : NULL;
-
-	/* Signs 4 and 5: hold 1 MiB; jemalloc's stats and memtally's total
-	 * must both see it. */
-	size_t a0 = 0, a1 = 0;
-	int have_stats = je_allocated(&a0) == 0;
-	int64_t m0 = 0, m1 = 0, m2 = 0;
+static int64_t process_bytes_now(void)
+{
 	if (g.flush)
 		g.flush();
-	if (g.process_bytes)
-		m0 = g.process_bytes();
+	return g.process_bytes ? g.process_bytes() : 0;
+}
+
+/* The accounting: memtally_process_bytes() rises by the 1 MiB held (not
+ * by twice that) and falls back after, in the variants that count; in the
+ * others it does not move (or does not exist). */
+static void prove_accounting(struct bench_sbuf *js, struct bench_sbuf *why)
+{
 	void *blk[HOLD_BLOCKS];
+	int64_t m0 = process_bytes_now();
 	hold(blk);
-	if (have_stats)
-		have_stats = je_allocated(&a1) == 0;
-	if (g.flush)
-		g.flush();
-	if (g.process_bytes)
-		m1 = g.process_bytes();
+	int64_t m1 = process_bytes_now();
 	unhold(blk);
-	if (g.flush)
-		g.flush();
-	if (g.process_bytes)
-		m2 = g.process_bytes();
-	int64_t stats_delta = have_stats ? (int64_t)a1 - (int64_t)a0 : 0;
-	bool attached = g.attached ? g.attached() : false;
-
-	if (g.expect_jemalloc) {
-		if (!g.mallctl)
-			bench_flag(why, "no mallctl in the process "
-			          "(dlsym(RTLD_DEFAULT, \"mallctl\") is "
-			          "NULL): jemalloc is not loaded");
-		else if (!version)
-			bench_flag(why, "mallctl(\"version\") failed");
-		if (usable != JE_CLASS_100)
-			bench_flag(why,
-			     "malloc_usable_size(malloc(100)) = "
-			     "%zu; jemalloc's size class is %d "
-			     "(glibc gives %d)",
-			     usable, JE_CLASS_100, GLIBC_USABLE_100);
-		if (!have_stats || stats_delta < HOLD_BYTES)
-			bench_flag(why,
-			     "jemalloc stats.allocated grew by "
-			     "%" PRId64 " bytes while %" PRId64 " were held%s",
-			     stats_delta, HOLD_BYTES,
-			     have_stats ? "" : " (no stats)");
-		const char *want = g.variant == V_PRELOAD
-		                       ? "libmemtally_preload"
-		                       : "libjemalloc";
-		if (!strstr(malloc_from, want))
-			bench_flag(why,
-			     "the global malloc is defined in %s, "
-			     "expected %s",
-			     malloc_from, want);
-		if (g.variant == V_PRELOAD &&
-		    (!pre || strncmp(pre, "jemalloc", 8) != 0))
-			bench_flag(why,
-			     "memtally_preload_allocator() = %s; "
-			     "expected \"jemalloc <version>\"",
-			     pre ? pre : "(absent: preload not loaded)");
-	} else {
-		if (g.mallctl)
-			bench_flag(why, "mallctl is present: jemalloc "
-			          "is loaded, expected glibc");
-		if (usable != GLIBC_USABLE_100)
-			bench_flag(why,
-			     "malloc_usable_size(malloc(100)) = "
-			     "%zu; glibc gives %d",
-			     usable, GLIBC_USABLE_100);
-		const char *want = g.variant == V_GLIBCFE
-		                       ? "libmemtally_glibc"
-		                       : "libc.so";
-		if (!strstr(malloc_from, want))
-			bench_flag(why,
-			     "the global malloc is defined in %s, "
-			     "expected %s",
-			     malloc_from, want);
-		if (g.variant == V_GLIBCFE &&
-		    (!pre || strncmp(pre, "glibc", 5) != 0))
-			bench_flag(why,
-			     "memtally_preload_allocator() = %s; "
-			     "expected \"glibc <version>\"",
-			     pre ? pre : "(absent: front end not loaded)");
-	}
-
+	int64_t m2 = process_bytes_now();
 	int64_t held = m1 - m0, left = m2 - m0;
 	if (g.variant == V_INLINE || g.variant == V_PRELOAD ||
 	    g.variant == V_LINKED || g.variant == V_GLIBCFE) {
 		if (!g.process_bytes)
 			bench_flag(why, "memtally_process_bytes not "
-			          "found: no accounting loaded");
+			                "found: no accounting loaded");
 		else if (held < HOLD_BYTES ||
 		         held > HOLD_BYTES + MEMTALLY_DEFAULT_THRESHOLD)
 			bench_flag(why,
-			     "memtally_process_bytes() moved by "
-			     "%" PRId64 " while %" PRId64 " bytes were held",
-			     held, HOLD_BYTES);
+			           "memtally_process_bytes() moved by %" PRId64
+			           " while %" PRId64 " bytes were held",
+			           held, HOLD_BYTES);
 		else if (left < -MEMTALLY_DEFAULT_THRESHOLD ||
 		         left > MEMTALLY_DEFAULT_THRESHOLD)
 			bench_flag(why,
-			     "memtally_process_bytes() still "
-			     "%+" PRId64 " after the blocks were "
-			     "freed",
-			     left);
+			           "memtally_process_bytes() still "
+			           "%+" PRId64 " after the blocks were freed",
+			           left);
 	} else if (g.process_bytes && (held != 0 || left != 0)) {
 		bench_flag(why,
-		     "accounting is off, yet "
-		     "memtally_process_bytes() moved by %" PRId64,
-		     held);
+		           "accounting is off, yet "
+		           "memtally_process_bytes() moved by %" PRId64,
+		           held);
 	}
-	if (g.variant != V_PRELOAD && g.variant != V_GLIBCFE && pre)
-		bench_flag(why, "libmemtally_preload is loaded in a "
-		          "variant that must not use it");
-
-	bench_sb_add(js,
-	       "{\"variant\": \"%s\", \"binary\": \"%s\", "
-	       "\"expect\": \"%s\", \"pid\": %d, \"jemalloc_version\": ",
-	       variant_names[g.variant], BENCH_BINARY,
-	       g.expect_jemalloc ? "jemalloc" : "glibc", (int)getpid());
-	bench_sb_json_str(js, version);
-	bench_sb_add(js, ", \"usable_size_100\": %zu, \"malloc_from\": ", usable);
-	bench_sb_json_str(js, malloc_from);
-	bench_sb_add(js, ", \"preload_allocator\": ");
-	bench_sb_json_str(js, pre);
-	bench_sb_add(js, ", \"stats_allocated_delta\": %" PRId64, stats_delta);
+	bool attached = g.attached ? g.attached() : false;
 	bench_sb_add(js, ", \"memtally_api\": %s",
-	       g.process_bytes ? "true" : "false");
+	             g.process_bytes ? "true" : "false");
 	bench_sb_add(js, ", \"process_bytes_held_delta\": %" PRId64, held);
 	bench_sb_add(js, ", \"process_bytes_after_delta\": %" PRId64, left);
 	bench_sb_add(js, ", \"attached\": %s", attached ? "true" : "false");
 	bench_sb_add(js, ", \"lane_flushes\": %" PRId64, lane_flushes());
+}
+
+/*
+ * Prove the allocator (bench_common.h), the preload's own evidence and the
+ * accounting. Writes a JSON object describing what was found into `js` and
+ * one line per failed sign into `why`. Returns the number of failed signs.
+ */
+static int prove(struct bench_sbuf *js, struct bench_sbuf *why)
+{
+	const char *pre = g.preload_allocator ? g.preload_allocator() : NULL;
+	bench_sb_add(js,
+	             "{\"variant\": \"%s\", \"binary\": \"%s\", "
+	             "\"pid\": %d, ",
+	             variant_names[g.variant], BENCH_BINARY, (int)getpid());
+	bench_prove_allocator(g.expect_jemalloc, malloc_lib(), js, why);
+	prove_preload(pre, why);
+	bench_sb_add(js, ", \"preload_allocator\": ");
+	bench_sb_json_str(js, pre);
+	prove_accounting(js, why);
 	bench_sb_add(js, ", \"failed_signs\": %d}", why->fails);
 	return why->fails;
 }
@@ -878,33 +800,39 @@ static int serve(void)
 	return 0;
 }
 
-int main(int argc, char **argv)
+/* The command line. */
+struct opts {
+	const char *variant, *expect, *case_name;
+	unsigned long long iters, reps;
+	int cpu, serve, proof_only;
+};
+
+/* Returns -1 to go on, else the exit code (0 after --help). */
+static int parse_args(int argc, char **argv, struct opts *o)
 {
-	const char *variant = NULL, *expect = NULL, *case_name = NULL;
-	unsigned long long iters = 0, reps = 1;
-	int cpu = -1, do_serve = 0, proof_only = 0;
+	*o = (struct opts){.reps = 1, .cpu = -1};
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i];
 		const char *v = i + 1 < argc ? argv[i + 1] : NULL;
 		if (!strcmp(a, "--serve")) {
-			do_serve = 1;
+			o->serve = 1;
 		} else if (!strcmp(a, "--proof")) {
-			proof_only = 1;
+			o->proof_only = 1;
 		} else if (!strcmp(a, "--help")) {
 			usage(stdout);
 			return 0;
 		} else if (v && !strcmp(a, "--variant")) {
-			variant = v, i++;
+			o->variant = v, i++;
 		} else if (v && !strcmp(a, "--expect")) {
-			expect = v, i++;
+			o->expect = v, i++;
 		} else if (v && !strcmp(a, "--case")) {
-			case_name = v, i++;
+			o->case_name = v, i++;
 		} else if (v && !strcmp(a, "--iters")) {
-			iters = strtoull(v, NULL, 10), i++;
+			o->iters = strtoull(v, NULL, 10), i++;
 		} else if (v && !strcmp(a, "--reps")) {
-			reps = strtoull(v, NULL, 10), i++;
+			o->reps = strtoull(v, NULL, 10), i++;
 		} else if (v && !strcmp(a, "--cpu")) {
-			cpu = atoi(v), i++;
+			o->cpu = atoi(v), i++;
 		} else if (v && !strcmp(a, "--segment")) {
 			g.segment = v, i++;
 		} else {
@@ -913,31 +841,49 @@ int main(int argc, char **argv)
 			return 2;
 		}
 	}
+	return -1;
+}
 
+/* The variant named, if this binary can run it; -1 otherwise. */
+static int find_variant(const char *name)
+{
 	int vi = -1;
-	for (int k = 0; k < V_COUNT && variant; k++)
-		if (!strcmp(variant, variant_names[k]))
+	for (int k = 0; k < V_COUNT && name; k++)
+		if (!strcmp(name, variant_names[k]))
 			vi = k;
 #ifdef BENCH_LINKED_JEMALLOC
-	int vok = vi == V_JEMALLOC || vi == V_INLINE || vi == V_LINKED;
+	int ok = vi == V_JEMALLOC || vi == V_INLINE || vi == V_LINKED;
 #else
-	int vok = vi == V_PRELOAD || vi == V_GLIBC || vi == V_GLIBCFE;
+	int ok = vi == V_PRELOAD || vi == V_GLIBC || vi == V_GLIBCFE;
 #endif
-	{
-		cpu_set_t set;
-		ncpus = 0;
-		if (!sched_getaffinity(0, sizeof(set), &set))
-			for (int k = 0; k < CPU_SETSIZE && ncpus < MAX_THREADS;
-			     k++)
-				if (CPU_ISSET(k, &set))
-					cpu_list[ncpus++] = k;
-		if (!ncpus)
-			cpu_list[ncpus++] = 0;
-	}
-	const struct bench_case *c = case_name ? find_case(case_name) : NULL;
-	if (!vok ||
-	    (expect && strcmp(expect, "jemalloc") && strcmp(expect, "glibc")) ||
-	    (case_name && !c) || (!do_serve && !proof_only && (!c || !iters))) {
+	return ok ? vi : -1;
+}
+
+/* Record the CPUs this process may use, before it pins itself. */
+static void record_cpus(void)
+{
+	cpu_set_t set;
+	ncpus = 0;
+	if (!sched_getaffinity(0, sizeof(set), &set))
+		for (int k = 0; k < CPU_SETSIZE && ncpus < MAX_THREADS; k++)
+			if (CPU_ISSET(k, &set))
+				cpu_list[ncpus++] = k;
+	if (!ncpus)
+		cpu_list[ncpus++] = 0;
+}
+
+/* Check the options, set up the variant and pin. Returns 0 or the exit
+ * code; `*c` is the case to run, if any. */
+static int set_up(const struct opts *o, const struct bench_case **c)
+{
+	int vi = find_variant(o->variant);
+	record_cpus();
+	*c = o->case_name ? find_case(o->case_name) : NULL;
+	if (vi < 0 ||
+	    (o->expect && strcmp(o->expect, "jemalloc") &&
+	     strcmp(o->expect, "glibc")) ||
+	    (o->case_name && !*c) ||
+	    (!o->serve && !o->proof_only && (!*c || !o->iters))) {
 		fprintf(stderr,
 		        BENCH_BINARY ": bad or missing "
 		                     "--variant/--expect/--case/--iters\n");
@@ -946,52 +892,61 @@ int main(int argc, char **argv)
 	}
 	g.variant = (enum variant)vi;
 	g.expect_jemalloc =
-	    expect ? !strcmp(expect, "jemalloc")
-	           : g.variant != V_GLIBC && g.variant != V_GLIBCFE;
-	if (cpu >= 0 && bench_pin_cpu(cpu)) {
-		fprintf(stderr, BENCH_BINARY ": cannot pin to CPU %d\n", cpu);
+	    o->expect ? !strcmp(o->expect, "jemalloc")
+	              : g.variant != V_GLIBC && g.variant != V_GLIBCFE;
+	if (o->cpu >= 0 && bench_pin_cpu(o->cpu)) {
+		fprintf(stderr, BENCH_BINARY ": cannot pin to CPU %d\n",
+		        o->cpu);
 		return 2;
 	}
-
 	resolve_api();
-#ifdef BENCH_LINKED_JEMALLOC
-	int init_err = 0;
-	if (g.variant == V_LINKED)
-		init_err = memtally_init();
-#endif
+	return 0;
+}
+
+/* Prove the process (a linked worker sets up memtally first); the proof
+ * is printed as bench_proof_verdict() says. Returns 0 or the exit code. */
+static int prove_or_refuse(bool serving)
+{
 	static struct bench_sbuf js, why;
-	int bad = prove(&js, &why);
 #ifdef BENCH_LINKED_JEMALLOC
-	if (init_err) {
+	int init_err = g.variant == V_LINKED ? memtally_init() : 0;
+#endif
+	prove(&js, &why);
+#ifdef BENCH_LINKED_JEMALLOC
+	if (init_err)
 		bench_flag(&why, "memtally_init() = %d (%s)", init_err,
 		           memtally_strerror(init_err));
-		bad = why.fails;
-	}
 #endif
-	if (bad) {
-		fprintf(stderr,
-		        BENCH_BINARY
-		        ": PROOF FAILED for variant %s "
-		        "(expected allocator %s): %d sign(s) wrong:\n%s"
-		        "  found: %s\n",
-		        variant_names[g.variant],
-		        g.expect_jemalloc ? "jemalloc" : "glibc", bad, why.b,
-		        js.b);
-		return 3;
+	char what[64];
+	snprintf(what, sizeof(what), " for variant %s",
+	         variant_names[g.variant]);
+	return bench_proof_verdict(BENCH_BINARY, what, g.expect_jemalloc,
+	                           serving, &js, &why);
+}
+
+/* --case: `reps` timed runs of `iters` ops, ns per op each. */
+static void run_case(const struct opts *o, const struct bench_case *c)
+{
+	for (unsigned long long r = 0; r < o->reps; r++) {
+		uint64_t ns = timed_run(c, o->iters);
+		printf("%s %s %.3f ns/op (%llu ops)\n", o->case_name,
+		       variant_names[g.variant], (double)ns / (double)o->iters,
+		       o->iters);
 	}
-	if (do_serve) {
-		printf("ready %s\n", js.b);
-		fflush(stdout);
+}
+
+int main(int argc, char **argv)
+{
+	struct opts o;
+	const struct bench_case *c;
+	int rc = parse_args(argc, argv, &o);
+	if (rc >= 0)
+		return rc;
+	if ((rc = set_up(&o, &c)) || (rc = prove_or_refuse(o.serve)))
+		return rc;
+	if (o.serve)
 		return serve();
-	}
-	fprintf(stderr, "proof: %s\n", js.b);
-	if (proof_only)
-		return 0;
-	for (unsigned long long r = 0; r < reps; r++) {
-		uint64_t ns = timed_run(c, iters);
-		printf("%s %s %.3f ns/op (%llu ops)\n", case_name,
-		       variant_names[g.variant], (double)ns / (double)iters,
-		       iters);
-	}
+	if (!o.proof_only)
+		run_case(&o, c);
 	return 0;
 }

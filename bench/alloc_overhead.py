@@ -49,7 +49,7 @@ import time
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchlib import (  # noqa: E402
-    SRC_DIR, BenchError, Server, log, machine_info, mann_whitney_p,
+    SRC_DIR, BenchError, Server, fmt_p, log, machine_info, mann_whitney_p,
     quartiles, quit_worker, write_section)
 
 # N of the parallel cases: every CPU this driver may use (thread i of a
@@ -398,10 +398,6 @@ def fmt_cell(s):
 
 def fmt_delta(s):
     return "%+.2f (%+.1f%%)" % (s["delta_ns"], s["delta_pct"])
-
-
-def fmt_p(p):
-    return "<0.001" if p < 0.001 else "%.3f" % p
 
 
 def fmt_flush(f):

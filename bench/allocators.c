@@ -39,10 +39,8 @@
 
 #ifdef BENCH_LINKED_JEMALLOC
 #define BENCH_BINARY "bench_allocs_je"
-#define BENCH_ALLOC  "jemalloc"
 #else
 #define BENCH_BINARY "bench_allocs_glibc"
-#define BENCH_ALLOC  "glibc"
 #endif
 
 #define BLOCK   64
@@ -261,21 +259,22 @@ static int serve(void)
 	return 0;
 }
 
-int main(int argc, char **argv)
+/* --serve or --proof, --expect, --cpu. Returns -1 to go on, else the
+ * exit code. */
+static int parse_args(int argc, char **argv, const char **expect, int *cpu,
+                      int *serving)
 {
-	const char *expect = NULL;
-	int cpu = -1, do_serve = 0;
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i];
 		const char *v = i + 1 < argc ? argv[i + 1] : NULL;
 		if (!strcmp(a, "--serve")) {
-			do_serve = 1;
+			*serving = 1;
 		} else if (!strcmp(a, "--proof")) {
-			do_serve = 0;
+			*serving = 0;
 		} else if (v && !strcmp(a, "--expect")) {
-			expect = v, i++;
+			*expect = v, i++;
 		} else if (v && !strcmp(a, "--cpu")) {
-			cpu = atoi(v), i++;
+			*cpu = atoi(v), i++;
 		} else {
 			fprintf(stderr,
 			        "usage: " BENCH_BINARY " [--expect jemalloc|glibc] "
@@ -283,14 +282,20 @@ int main(int argc, char **argv)
 			return 2;
 		}
 	}
-	if (expect && strcmp(expect, "jemalloc") && strcmp(expect, "glibc"))
+	return -1;
+}
+
+int main(int argc, char **argv)
+{
+	const char *expect = NULL;
+	int cpu = -1, serving = 0;
+	bool expect_je;
+	int rc = parse_args(argc, argv, &expect, &cpu, &serving);
+	if (rc >= 0)
+		return rc;
+	if (!bench_expect_valid(expect) ||
+	    bench_worker_setup(BENCH_BINARY, expect, cpu, &expect_je))
 		return 2;
-	bool expect_je = expect ? !strcmp(expect, "jemalloc")
-	                        : !strcmp(BENCH_ALLOC, "jemalloc");
-	if (cpu >= 0 && bench_pin_cpu(cpu)) {
-		fprintf(stderr, BENCH_BINARY ": cannot pin to CPU %d\n", cpu);
-		return 2;
-	}
 	if (setup()) {
 		fprintf(stderr, BENCH_BINARY ": setup failed\n");
 		return 2;
@@ -298,21 +303,11 @@ int main(int argc, char **argv)
 	static struct bench_sbuf js, why;
 	bench_sb_add(&js, "{\"binary\": \"" BENCH_BINARY "\", \"pid\": %d, ",
 	             (int)getpid());
-	bench_prove_allocator(expect_je, &js, &why);
+	bench_prove_allocator(expect_je, NULL, &js, &why);
 	prove_accounting(&js, &why);
 	bench_sb_add(&js, ", \"failed_signs\": %d}", why.fails);
-	if (why.fails) {
-		fprintf(stderr,
-		        BENCH_BINARY ": PROOF FAILED (expected allocator %s): "
-		                     "%d sign(s) wrong:\n%s  found: %s\n",
-		        expect_je ? "jemalloc" : "glibc", why.fails, why.b, js.b);
-		return 3;
-	}
-	if (do_serve) {
-		printf("ready %s\n", js.b);
-		fflush(stdout);
-		return serve();
-	}
-	fprintf(stderr, "proof: %s\n", js.b);
-	return 0;
+	if ((rc = bench_proof_verdict(BENCH_BINARY, "", expect_je, serving, &js,
+	                              &why)))
+		return rc;
+	return serving ? serve() : 0;
 }

@@ -1,26 +1,28 @@
 /*
- * bench_common.h - what the buffer_growth and allocators workers share:
- * a clock, CPU pinning, a bounded string builder, and the proof of the
- * allocator a process actually runs on.
+ * bench_common.h - what the C benchmarks share: a clock, CPU pinning,
+ * percentiles, a bounded string builder, the proof of the allocator a
+ * process actually runs on and how a worker's proof ends, and a memtallyd
+ * started for a run.
  *
- * The proof follows alloc_overhead.c's prove() (several independent signs,
- * each reported when it fails; see bench/RESULTS.md): jemalloc's
- * mallctl("version") answers or, for glibc, no mallctl exists in the
- * process; malloc_usable_size(malloc(100)) is jemalloc's size class 112 or
- * glibc's 104; jemalloc's stats.allocated grows while 1 MiB is held; and
- * dladdr() of the global `malloc` names libjemalloc or libc. The accounting
- * half of the proof is each suite's own (what must move depends on what it
- * measures). alloc_overhead.c keeps its own copy for now, because its
- * proof also covers the preload.
+ * The allocator proof is several independent signs, each reported when it
+ * fails (see bench/RESULTS.md): jemalloc's mallctl("version") answers or,
+ * for glibc, no mallctl exists in the process;
+ * malloc_usable_size(malloc(100)) is jemalloc's size class 112 or glibc's
+ * 104; jemalloc's stats.allocated grows while 1 MiB is held; and dladdr()
+ * of the global `malloc` names the library that serves it (libjemalloc or
+ * libc, or a front end that wraps them). The accounting half of the proof
+ * is each suite's own (what must move depends on what it measures), and so
+ * is the evidence a preload gives of itself (alloc_overhead.c).
  *
- * A worker that includes this defines BENCH_BINARY, and BENCH_LINKED_JEMALLOC
- * when it is linked with -ljemalloc.
+ * A worker linked with -ljemalloc defines BENCH_LINKED_JEMALLOC before
+ * including this.
  */
 #ifndef MEMTALLY_BENCH_COMMON_H
 #define MEMTALLY_BENCH_COMMON_H
 
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <malloc.h>
 #include <sched.h>
@@ -30,8 +32,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -152,97 +156,179 @@ static inline int bench_je_allocated(bench_mallctl_fn mc, size_t *out)
 	return mc("stats.allocated", out, &sz, NULL, 0) ? -1 : 0;
 }
 
-/*
- * Prove which allocator serves malloc in this process. Appends JSON fields
- * (no braces) describing what was found to `js`, one line per failed sign
- * to `why`; returns the number of failed signs so far in `why`.
- */
-static inline int bench_prove_allocator(bool expect_jemalloc,
-                                        struct bench_sbuf *js,
-                                        struct bench_sbuf *why)
+/* What the allocator proof finds in this process. */
+struct bench_alloc_facts {
+	bench_mallctl_fn mc;
+	const char *version;     /* mallctl("version"), or NULL */
+	size_t usable;           /* malloc_usable_size(malloc(100)) */
+	const char *malloc_from; /* the library that defines malloc */
+	int have_stats;
+	int64_t stats_delta; /* stats.allocated's growth while 1 MiB is held */
+};
+
+static inline void bench_alloc_facts(struct bench_alloc_facts *f)
 {
-	bench_mallctl_fn mc = bench_mallctl();
-	const char *version = NULL;
-	if (mc) {
-		size_t sz = sizeof(version);
-		if (mc("version", &version, &sz, NULL, 0))
-			version = NULL;
+	*f = (struct bench_alloc_facts){.mc = bench_mallctl(),
+	                                .malloc_from = "?"};
+	if (f->mc) {
+		size_t sz = sizeof(f->version);
+		if (f->mc("version", &f->version, &sz, NULL, 0))
+			f->version = NULL;
 	}
 
 	void *p = malloc(100);
 	BENCH_ESCAPE(p);
-	size_t usable = malloc_usable_size(p);
+	f->usable = malloc_usable_size(p);
 	free(p);
 
-	const char *malloc_from = "?";
 	Dl_info info;
 	void *sym = dlsym(RTLD_DEFAULT, "malloc");
 	if (sym && dladdr(sym, &info) && info.dli_fname)
-		malloc_from = info.dli_fname;
+		f->malloc_from = info.dli_fname;
 
 	size_t a0 = 0, a1 = 0;
-	int have_stats = bench_je_allocated(mc, &a0) == 0;
+	f->have_stats = bench_je_allocated(f->mc, &a0) == 0;
 	void *blk[BENCH_HOLD_BLOCKS];
 	for (int i = 0; i < BENCH_HOLD_BLOCKS; i++) {
 		blk[i] = malloc(BENCH_HOLD_SIZE);
 		BENCH_ESCAPE(blk[i]);
 	}
-	if (have_stats)
-		have_stats = bench_je_allocated(mc, &a1) == 0;
+	if (f->have_stats)
+		f->have_stats = bench_je_allocated(f->mc, &a1) == 0;
 	for (int i = 0; i < BENCH_HOLD_BLOCKS; i++)
 		free(blk[i]);
-	int64_t held = (int64_t)BENCH_HOLD_BLOCKS * BENCH_HOLD_SIZE;
-	int64_t stats_delta = have_stats ? (int64_t)a1 - (int64_t)a0 : 0;
+	f->stats_delta = f->have_stats ? (int64_t)a1 - (int64_t)a0 : 0;
+}
 
-	if (expect_jemalloc) {
-		if (!mc)
-			bench_flag(why, "no mallctl in the process: "
-			                "jemalloc is not loaded");
-		else if (!version)
-			bench_flag(why, "mallctl(\"version\") failed");
-		if (usable != BENCH_JE_CLASS_100)
-			bench_flag(why,
-			           "malloc_usable_size(malloc(100)) = %zu; "
-			           "jemalloc's size class is %d (glibc gives "
-			           "%d)",
-			           usable, BENCH_JE_CLASS_100,
-			           BENCH_GLIBC_USABLE_100);
-		if (!have_stats || stats_delta < held)
-			bench_flag(why,
-			           "jemalloc stats.allocated grew by %" PRId64
-			           " bytes while %" PRId64 " were held%s",
-			           stats_delta, held,
-			           have_stats ? "" : " (no stats)");
-		if (!strstr(malloc_from, "libjemalloc"))
-			bench_flag(why,
-			           "the global malloc is defined in %s, "
-			           "expected libjemalloc",
-			           malloc_from);
-	} else {
-		if (mc)
-			bench_flag(why, "mallctl is present: jemalloc is "
-			                "loaded, expected glibc");
-		if (usable != BENCH_GLIBC_USABLE_100)
-			bench_flag(why,
-			           "malloc_usable_size(malloc(100)) = %zu; "
-			           "glibc gives %d",
-			           usable, BENCH_GLIBC_USABLE_100);
-		if (!strstr(malloc_from, "libc.so"))
-			bench_flag(why,
-			           "the global malloc is defined in %s, "
-			           "expected libc.so",
-			           malloc_from);
-	}
+static inline void bench_check_jemalloc(const struct bench_alloc_facts *f,
+                                        struct bench_sbuf *why)
+{
+	int64_t held = (int64_t)BENCH_HOLD_BLOCKS * BENCH_HOLD_SIZE;
+	if (!f->mc)
+		bench_flag(why, "no mallctl in the process "
+		                "(dlsym(RTLD_DEFAULT, \"mallctl\") is NULL): "
+		                "jemalloc is not loaded");
+	else if (!f->version)
+		bench_flag(why, "mallctl(\"version\") failed");
+	if (f->usable != BENCH_JE_CLASS_100)
+		bench_flag(why,
+		           "malloc_usable_size(malloc(100)) = %zu; "
+		           "jemalloc's size class is %d (glibc gives %d)",
+		           f->usable, BENCH_JE_CLASS_100,
+		           BENCH_GLIBC_USABLE_100);
+	if (!f->have_stats || f->stats_delta < held)
+		bench_flag(why,
+		           "jemalloc stats.allocated grew by %" PRId64
+		           " bytes while %" PRId64 " were held%s",
+		           f->stats_delta, held,
+		           f->have_stats ? "" : " (no stats)");
+}
+
+static inline void bench_check_glibc(const struct bench_alloc_facts *f,
+                                     struct bench_sbuf *why)
+{
+	if (f->mc)
+		bench_flag(why, "mallctl is present: jemalloc is "
+		                "loaded, expected glibc");
+	if (f->usable != BENCH_GLIBC_USABLE_100)
+		bench_flag(why,
+		           "malloc_usable_size(malloc(100)) = %zu; "
+		           "glibc gives %d",
+		           f->usable, BENCH_GLIBC_USABLE_100);
+}
+
+/*
+ * Prove which allocator serves malloc in this process. `malloc_lib` names
+ * the library that must define the global malloc (a preload that wraps the
+ * allocator), NULL for the allocator's own: libjemalloc, or libc.so.
+ * Appends JSON fields (no braces) describing what was found to `js`, one
+ * line per failed sign to `why`; returns the number of failed signs so far
+ * in `why`.
+ */
+static inline int bench_prove_allocator(bool expect_jemalloc,
+                                        const char *malloc_lib,
+                                        struct bench_sbuf *js,
+                                        struct bench_sbuf *why)
+{
+	struct bench_alloc_facts f;
+	bench_alloc_facts(&f);
+	if (expect_jemalloc)
+		bench_check_jemalloc(&f, why);
+	else
+		bench_check_glibc(&f, why);
+	if (!malloc_lib)
+		malloc_lib = expect_jemalloc ? "libjemalloc" : "libc.so";
+	if (!strstr(f.malloc_from, malloc_lib))
+		bench_flag(why,
+		           "the global malloc is defined in %s, expected %s",
+		           f.malloc_from, malloc_lib);
 
 	bench_sb_add(js, "\"expect\": \"%s\", \"jemalloc_version\": ",
 	             expect_jemalloc ? "jemalloc" : "glibc");
-	bench_sb_json_str(js, version);
-	bench_sb_add(js, ", \"usable_size_100\": %zu, \"malloc_from\": ",
-	             usable);
-	bench_sb_json_str(js, malloc_from);
+	bench_sb_json_str(js, f.version);
+	bench_sb_add(js,
+	             ", \"usable_size_100\": %zu, \"malloc_from\": ", f.usable);
+	bench_sb_json_str(js, f.malloc_from);
 	bench_sb_add(js, ", \"stats_allocated_delta\": %" PRId64,
-	             stats_delta);
+	             f.stats_delta);
 	return why->fails;
+}
+
+/* --expect's value: absent, jemalloc or glibc. */
+static inline bool bench_expect_valid(const char *expect)
+{
+	return !expect || !strcmp(expect, "jemalloc") ||
+	       !strcmp(expect, "glibc");
+}
+
+/*
+ * What a worker sets up before its proof: the allocator it expects
+ * (--expect's, valid, or by default the one the binary is linked with),
+ * and --cpu's pinning (if >= 0). Returns 0, or the exit code 2.
+ */
+static inline int bench_worker_setup(const char *binary, const char *expect,
+                                     int cpu, bool *expect_je)
+{
+#ifdef BENCH_LINKED_JEMALLOC
+	*expect_je = expect ? !strcmp(expect, "jemalloc") : true;
+#else
+	*expect_je = expect ? !strcmp(expect, "jemalloc") : false;
+#endif
+	if (cpu >= 0 && bench_pin_cpu(cpu)) {
+		fprintf(stderr, "%s: cannot pin to CPU %d\n", binary, cpu);
+		return 2;
+	}
+	return 0;
+}
+
+/*
+ * The end of a worker's proof. A failed one goes to stderr with every
+ * wrong sign and what was found, and the exit code 3 is returned;
+ * otherwise the proof goes to stdout as "ready JSON" when the worker
+ * serves a driver, to stderr as "proof: JSON" when not, and 0 is returned.
+ * `what` names the configuration proved in a failure (" for variant X"),
+ * or is "".
+ */
+static inline int bench_proof_verdict(const char *binary, const char *what,
+                                      bool expect_je, bool serving,
+                                      const struct bench_sbuf *js,
+                                      const struct bench_sbuf *why)
+{
+	if (why->fails) {
+		fprintf(stderr,
+		        "%s: PROOF FAILED%s (expected allocator %s): "
+		        "%d sign(s) wrong:\n%s  found: %s\n",
+		        binary, what, expect_je ? "jemalloc" : "glibc",
+		        why->fails, why->b, js->b);
+		return 3;
+	}
+	if (serving) {
+		printf("ready %s\n", js->b);
+		fflush(stdout);
+	} else {
+		fprintf(stderr, "proof: %s\n", js->b);
+	}
+	return 0;
 }
 
 /* qsort's comparison of two uint64_t, for medians and percentiles. */
@@ -250,6 +336,20 @@ static inline int bench_cmp_u64(const void *a, const void *b)
 {
 	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
 	return x < y ? -1 : x > y;
+}
+
+/* The summary of timed runs: sorts `t` (n > 0). */
+struct bench_pcts {
+	uint64_t p50, p99, min, max;
+};
+
+static inline struct bench_pcts bench_percentiles(uint64_t *t, size_t n)
+{
+	qsort(t, n, sizeof(t[0]), bench_cmp_u64);
+	return (struct bench_pcts){.p50 = t[n / 2],
+	                           .p99 = t[n * 99 / 100],
+	                           .min = t[0],
+	                           .max = t[n - 1]};
 }
 
 static inline void bench_nap_us(long us)
@@ -271,6 +371,74 @@ static inline int bench_socket_up(const char *path)
 	if (fd >= 0)
 		close(fd);
 	return ok;
+}
+
+/*
+ * A memtallyd started by a C benchmark: a temporary directory of its own
+ * for its socket, log and restart record, and a segment label of this
+ * run's. `name` names the benchmark in both.
+ */
+struct bench_server {
+	char dir[64], sock[256], state[300], log[256], seg[64];
+	pid_t pid;
+};
+
+/* Start `exe` with --socket, --segment and `args` (NULL-terminated, at
+ * most 16), its stderr to the log, pinned to `cpu` if >= 0. Does not wait
+ * for it to answer. Returns 0, or -1. */
+static inline int bench_server_start(struct bench_server *s, const char *name,
+                                     const char *exe, int cpu,
+                                     const char *const *args)
+{
+	snprintf(s->dir, sizeof(s->dir), "/tmp/mtbench-%s-XXXXXX", name);
+	s->pid = 0;
+	if (!mkdtemp(s->dir))
+		return -1;
+	snprintf(s->sock, sizeof(s->sock), "%s/memtally.sock", s->dir);
+	snprintf(s->state, sizeof(s->state), "%s.state", s->sock);
+	snprintf(s->log, sizeof(s->log), "%s/memtallyd.log", s->dir);
+	snprintf(s->seg, sizeof(s->seg), "/mtbench-%s-%d", name, (int)getpid());
+	const char *argv[22] = {exe, "--socket", s->sock, "--segment", s->seg};
+	for (int i = 0; args[i] && i < 16; i++)
+		argv[5 + i] = args[i];
+	pid_t pid = fork();
+	if (pid < 0)
+		return -1;
+	if (pid == 0) {
+		int fd = open(s->log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+		if (fd >= 0)
+			dup2(fd, 2);
+		if (cpu >= 0)
+			bench_pin_cpu(cpu);
+		execv(exe, (char *const *)argv);
+		_exit(127);
+	}
+	s->pid = pid;
+	return 0;
+}
+
+/* Stop it (if it runs) and remove what it left: the log too, unless
+ * `keep_log`, when stderr says where it is. */
+static inline void bench_server_stop(struct bench_server *s, bool keep_log)
+{
+	if (s->pid > 0) {
+		kill(s->pid, SIGTERM);
+		waitpid(s->pid, NULL, 0);
+		s->pid = 0;
+	}
+	unlink(s->sock);
+	unlink(s->state);
+	/* A server that names its segment in /dev/shm leaves it for a
+	 * restart to adopt: not this one's. */
+	char shm[96];
+	snprintf(shm, sizeof(shm), "/dev/shm%s", s->seg);
+	unlink(shm);
+	if (keep_log) {
+		fprintf(stderr, "memtallyd's log: %s\n", s->log);
+		return;
+	}
+	unlink(s->log);
+	rmdir(s->dir);
 }
 
 #endif /* MEMTALLY_BENCH_COMMON_H */

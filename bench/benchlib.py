@@ -2,8 +2,9 @@
 
 The machine a run was made on (machine_info), the statistics the tables
 report (quartiles, a Mann-Whitney p-value), a memtallyd for the run
-(Server), a bench worker in --serve mode (ServeWorker), and the one way a
-driver writes its section of bench/RESULTS.md (write_section). Drivers
+(Server) and what `memtally ps` says of a process, a bench worker in
+--serve mode (ServeWorker), and the one way a driver writes its section
+of bench/RESULTS.md (write_section). Drivers
 import this module, never one another.
 """
 import datetime
@@ -66,6 +67,11 @@ def mann_whitney_p(a, b):
         return 1.0
     z = max(0.0, abs(u1 - mu) - 0.5) / math.sqrt(var)
     return math.erfc(z / math.sqrt(2))
+
+
+def fmt_p(p):
+    """A p-value as the tables print it."""
+    return "<0.001" if p < 0.001 else "%.3f" % p
 
 
 # ---- machine and tree ------------------------------------------------------
@@ -168,25 +174,39 @@ def cachegrind_total(argv, stdin_path, env, out, what):
 
 class Server:
     """A memtallyd for the run, if the build has one. Without it the
-    workers' flushes go to the process-local pending counter (fail open)."""
+    workers' flushes go to the process-local pending counter (fail open),
+    and `status` says why; with required=True a server that does not
+    start raises BenchError instead.
 
-    def __init__(self, build_dir, tmp, enabled, cpus, extra_args=()):
+    What a driver may change: `extra_args` (after --socket and
+    --segment), `exe` (another memtallyd), `prefix` (a command that runs
+    it, e.g. one that joins a cgroup and execs it), `sock` (its socket
+    path), `segment` (the label of its shared objects: "" for one of this
+    run's own, None for memtallyd's default), `log` (its stderr's file
+    name in tmp) and `wait` (seconds it may take to answer)."""
+
+    def __init__(self, build_dir, tmp, enabled=True, cpus=None,
+                 extra_args=(), exe=None, prefix=(), sock=None, segment="",
+                 log="memtallyd.log", wait=5, required=False):
         self.proc = None
         self.segment = None
-        self.socket = os.path.join(tmp, "memtally.sock")
+        self.socket = sock or os.path.join(tmp, "memtally.sock")
         self.status = ""
-        exe = os.path.join(build_dir, "server", "memtallyd")
+        self.errlog = None
+        exe = exe or os.path.join(build_dir, "server", "memtallyd")
         if not enabled:
             self.status = "no server (--no-server)"
             return
         if not os.access(exe, os.X_OK):
-            self.status = "no server (memtallyd not built)"
+            self._refuse("no server (memtallyd not built)", required)
             return
-        self.segment = "/mtbench-%d" % os.getpid()
-        self.errlog = open(os.path.join(tmp, "memtallyd.log"), "w+")
+        argv = [*prefix, exe, "--socket", self.socket]
+        if segment is not None:
+            self.segment = segment or "/mtbench-%d" % os.getpid()
+            argv += ["--segment", self.segment]
+        self.errlog = open(os.path.join(tmp, log), "w+")
         self.proc = subprocess.Popen(
-            [exe, "--socket", self.socket, "--segment", self.segment,
-             *extra_args],
+            argv + list(extra_args),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=self.errlog,
@@ -196,7 +216,7 @@ class Server:
                 os.sched_setaffinity(self.proc.pid, cpus)
             except OSError:
                 pass
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 break
@@ -204,25 +224,69 @@ class Server:
                 self.status = "memtallyd running"
                 return
             time.sleep(0.02)
-        self.errlog.seek(0)
-        tail = self.errlog.read()[-400:].strip().replace("\n", " | ")
+        tail = self.tail(400) or "no socket within %g s" % wait
         self.stop()
         self.segment = None
-        self.status = "no server (memtallyd did not start: %s)" % (
-            tail or "no socket within 5 s"
-        )
+        self._refuse("no server (memtallyd did not start: %s)" % tail,
+                     required)
+
+    def _refuse(self, status, required):
+        self.status = status
+        if required:
+            raise BenchError(status)
+
+    def alive(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def tail(self, n=600):
+        """The end of its log, on one line."""
+        if not self.errlog or self.errlog.closed:
+            return ""
+        self.errlog.flush()
+        self.errlog.seek(0)
+        return self.errlog.read()[-n:].strip().replace("\n", " | ")
 
     def stop(self):
         if self.proc and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
-                self.proc.wait(5)
+                self.proc.wait(10)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
         self.proc = None
         # Its shared objects are anonymous (memfd): nothing to remove. The
         # restart record next to the socket goes with the temporary dir.
+
+
+def memtally_ps(cli, sock, strict=True):
+    """What `memtally ps` lists for the server at `sock`: {pid: entry}.
+    A failed query raises BenchError, or gives {} when not `strict`."""
+    p = subprocess.run([cli, "--socket", sock, "--json", "ps"],
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        if not strict:
+            return {}
+        # Not a proof failure of the program: the query itself broke.
+        raise BenchError("memtally ps failed (exit %d): %s" % (
+            p.returncode, p.stderr.strip()))
+    return {e.get("pid"): e
+            for e in json.loads(p.stdout).get("processes", [])}
+
+
+def memtally_settled(cli, sock, pid, patience=5.0):
+    """memtally's entry for pid, once a tick has published it and it is
+    stable (two reads 30 ms apart agree), or the last read (None: not
+    listed) after `patience` s."""
+    last = None
+    deadline = time.monotonic() + patience
+    while time.monotonic() < deadline:
+        cur = memtally_ps(cli, sock).get(pid)
+        if cur and last and cur["bytes"] == last["bytes"]:
+            return cur
+        last = cur
+        time.sleep(0.03)
+    return last
 
 
 # ---- bench workers ---------------------------------------------------------

@@ -30,10 +30,8 @@
 
 #ifdef BENCH_LINKED_JEMALLOC
 #define BENCH_BINARY "bench_bufgrow_je"
-#define BENCH_ALLOC  "jemalloc"
 #else
 #define BENCH_BINARY "bench_bufgrow_glibc"
-#define BENCH_ALLOC  "glibc"
 #endif
 
 struct write_case {
@@ -198,31 +196,36 @@ static void usage(FILE *f)
 	           "--growth 1.5|2 --acct on|off)\n");
 }
 
-int main(int argc, char **argv)
+/* The command line. */
+struct opts {
+	const char *expect, *case_name, *growth, *acct;
+	int cpu, serve, proof_only;
+};
+
+/* Returns -1 to go on, else the exit code (0 after --help). */
+static int parse_args(int argc, char **argv, struct opts *o)
 {
-	const char *expect = NULL, *case_name = NULL, *growth = "2",
-	           *acct = "on";
-	int cpu = -1, do_serve = 0, proof_only = 0;
+	*o = (struct opts){.growth = "2", .acct = "on", .cpu = -1};
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i];
 		const char *v = i + 1 < argc ? argv[i + 1] : NULL;
 		if (!strcmp(a, "--serve")) {
-			do_serve = 1;
+			o->serve = 1;
 		} else if (!strcmp(a, "--proof")) {
-			proof_only = 1;
+			o->proof_only = 1;
 		} else if (!strcmp(a, "--help")) {
 			usage(stdout);
 			return 0;
 		} else if (v && !strcmp(a, "--expect")) {
-			expect = v, i++;
+			o->expect = v, i++;
 		} else if (v && !strcmp(a, "--case")) {
-			case_name = v, i++;
+			o->case_name = v, i++;
 		} else if (v && !strcmp(a, "--growth")) {
-			growth = v, i++;
+			o->growth = v, i++;
 		} else if (v && !strcmp(a, "--acct")) {
-			acct = v, i++;
+			o->acct = v, i++;
 		} else if (v && !strcmp(a, "--cpu")) {
-			cpu = atoi(v), i++;
+			o->cpu = atoi(v), i++;
 		} else if (v && !strcmp(a, "--mib")) {
 			total_bytes = (size_t)strtoull(v, NULL, 10) << 20, i++;
 		} else {
@@ -231,31 +234,17 @@ int main(int argc, char **argv)
 			return 2;
 		}
 	}
-	const struct write_case *w = case_name ? find_write(case_name) : NULL;
-	unsigned flags = 0;
-	if ((expect && strcmp(expect, "jemalloc") && strcmp(expect, "glibc")) ||
-	    (case_name && !w) || parse_flags(growth, acct, &flags) ||
-	    (!do_serve && !proof_only && !w) || total_bytes == 0) {
-		usage(stderr);
-		return 2;
-	}
-	bool expect_je = expect ? !strcmp(expect, "jemalloc")
-	                        : !strcmp(BENCH_ALLOC, "jemalloc");
-	if (cpu >= 0 && bench_pin_cpu(cpu)) {
-		fprintf(stderr, BENCH_BINARY ": cannot pin to CPU %d\n", cpu);
-		return 2;
-	}
-	src = malloc(writes[2].chunk);
-	if (!src)
-		return 2;
-	memset(src, 0x5a, writes[2].chunk);
+	return -1;
+}
 
-	/* The proof: allocator, then accounting on and off on a small
-	 * buffer (large enough to grow several times). */
+/* The proof: allocator, then accounting on and off on a small buffer
+ * (large enough to grow several times). Returns 0 or the exit code. */
+static int prove(bool expect_je, bool serving)
+{
 	static struct bench_sbuf js, why;
 	bench_sb_add(&js, "{\"binary\": \"" BENCH_BINARY "\", \"pid\": %d, ",
 	             (int)getpid());
-	bench_prove_allocator(expect_je, &js, &why);
+	bench_prove_allocator(expect_je, NULL, &js, &why);
 	size_t saved = total_bytes;
 	total_bytes = (size_t)1 << 20;
 	struct run_result on, off;
@@ -271,20 +260,37 @@ int main(int argc, char **argv)
 	             ", \"acct_on_moved\": %" PRId64 ", \"acct_on_cap\": %zu"
 	             ", \"acct_off_moved\": %" PRId64 ", \"failed_signs\": %d}",
 	             on.moved, on.cap, off.moved, why.fails);
-	if (why.fails) {
-		fprintf(stderr,
-		        BENCH_BINARY ": PROOF FAILED (expected allocator %s): "
-		                     "%d sign(s) wrong:\n%s  found: %s\n",
-		        expect_je ? "jemalloc" : "glibc", why.fails, why.b, js.b);
-		return 3;
+	return bench_proof_verdict(BENCH_BINARY, "", expect_je, serving, &js,
+	                           &why);
+}
+
+int main(int argc, char **argv)
+{
+	struct opts o;
+	int rc = parse_args(argc, argv, &o);
+	if (rc >= 0)
+		return rc;
+	const struct write_case *w =
+	    o.case_name ? find_write(o.case_name) : NULL;
+	unsigned flags = 0;
+	bool expect_je;
+	if ((o.case_name && !w) || parse_flags(o.growth, o.acct, &flags) ||
+	    (!o.serve && !o.proof_only && !w) || total_bytes == 0 ||
+	    !bench_expect_valid(o.expect)) {
+		usage(stderr);
+		return 2;
 	}
-	if (do_serve) {
-		printf("ready %s\n", js.b);
-		fflush(stdout);
+	if (bench_worker_setup(BENCH_BINARY, o.expect, o.cpu, &expect_je))
+		return 2;
+	src = malloc(writes[2].chunk);
+	if (!src)
+		return 2;
+	memset(src, 0x5a, writes[2].chunk);
+	if ((rc = prove(expect_je, o.serve)))
+		return rc;
+	if (o.serve)
 		return serve();
-	}
-	fprintf(stderr, "proof: %s\n", js.b);
-	if (proof_only)
+	if (o.proof_only)
 		return 0;
 	return run_and_print(w, flags) ? 3 : 0;
 }

@@ -664,57 +664,38 @@ class MemtallyPolicy:
 
     def run(self, ctx):
         r = PolicyResult(self.name)
-        exe = os.environ.get("MEMTALLYD") or os.path.join(
-            ctx.build, "server", "memtallyd")
-        daemon, sock, err = start_memtallyd(ctx, exe, self.name,
-                                            self.headroom)
-        runner = MemtallyRunner(ctx, r, daemon, sock)
-        probe = DaemonProbe(runner.mc, sock, daemon.pid, ctx, horizon=5.0)
+        server = start_memtallyd(ctx, self.name, self.headroom)
+        runner = MemtallyRunner(ctx, r, server.proc, server.socket)
+        probe = DaemonProbe(runner.mc, server.socket, server.proc.pid, ctx,
+                            horizon=5.0)
         probe.start()
         try:
             runner.run()
         finally:
             probe.stop()
-        r.daemon = probe.summary(daemon)
+        r.daemon = probe.summary(server.proc)
         r.forecast = probe.forecast_summary(r.oom_times)
-        stop_memtallyd(daemon, err)
+        server.stop()
         return r
 
 
-def start_memtallyd(ctx, exe, policy, headroom):
-    """memtallyd inside the node, its fleet limit the node less
-    `headroom`, reservations reconciled against use, the forecast on
-    (horizon 5 s over a 4 s window). Returns (process, socket, log)."""
-    sock = os.path.join(ctx.tmp, "mt-%s-%s.sock" % (policy, ctx.arrivals))
-    conf = os.path.join(ctx.tmp, "mt-%s-%s.conf" % (policy, ctx.arrivals))
+def start_memtallyd(ctx, policy, headroom):
+    """memtallyd (the build's, or $MEMTALLYD) inside the node, its fleet
+    limit the node less `headroom`, reservations reconciled against use,
+    the forecast on (horizon 5 s over a 4 s window). Returns the running
+    benchlib.Server."""
+    run = "%s-%s" % (policy, ctx.arrivals)
+    conf = os.path.join(ctx.tmp, "mt-%s.conf" % run)
     fleet = int(ctx.node.limit * (1 - headroom))
     with open(conf, "w") as f:
         f.write("[limits]\nfleet = %d\nmeasure = max\nrss_interval = 100\n"
                 "growth_window = 4s\nforecast_horizon = 5s\n" % fleet)
-    err = open(os.path.join(ctx.tmp, "memtallyd-%s-%s.log" % (
-        policy, ctx.arrivals)), "w")
-    daemon = subprocess.Popen(
-        join_cgroup_argv(ctx.node, [exe, "--config", conf, "--socket",
-                                    sock, "--log-level", "warn"]),
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
-    deadline = time.monotonic() + 10
-    while not benchlib.socket_up(sock):
-        if daemon.poll() is not None or time.monotonic() > deadline:
-            raise benchlib.BenchError("memtallyd did not start: %s" %
-                                      _read(err.name)[-400:])
-        time.sleep(0.02)
-    return daemon, sock, err
-
-
-def stop_memtallyd(daemon, err):
-    if daemon.poll() is None:
-        daemon.send_signal(signal.SIGTERM)
-        try:
-            daemon.wait(5)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
-            daemon.wait()
-    err.close()
+    return benchlib.Server(
+        ctx.build, ctx.tmp, exe=os.environ.get("MEMTALLYD"),
+        prefix=join_cgroup_argv(ctx.node, []),
+        sock=os.path.join(ctx.tmp, "mt-%s.sock" % run), segment=None,
+        log="memtallyd-%s.log" % run, wait=10, required=True,
+        extra_args=["--config", conf, "--log-level", "warn"])
 
 
 class DaemonProbe:
@@ -847,24 +828,21 @@ class DaskPolicy:
             [os.path.join(src, "bench"), os.path.join(src, "python")] +
             ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
         env.setdefault("MEMTALLY_PB2_DIR", os.path.join(ctx.build, "python"))
-        daemon = probe = None
+        server = probe = None
         if self.memtally:
-            exe = os.environ.get("MEMTALLYD") or os.path.join(
-                ctx.build, "server", "memtallyd")
-            daemon, sock, err = start_memtallyd(ctx, exe, self.name,
-                                                MemtallyPolicy.headroom)
-            env["MEMTALLY_SOCKET"] = sock
-            probe = DaemonProbe(_pb_client(ctx.build), sock, daemon.pid, ctx,
-                                horizon=5.0)
+            server = start_memtallyd(ctx, self.name, MemtallyPolicy.headroom)
+            env["MEMTALLY_SOCKET"] = server.socket
+            probe = DaemonProbe(_pb_client(ctx.build), server.socket,
+                                server.proc.pid, ctx, horizon=5.0)
         try:
             self._run_cluster(ctx, r, env, probe)
         finally:
             if probe is not None:
                 if hasattr(probe, "threads"):   # started with the clock
                     probe.stop()
-                r.daemon = probe.summary(daemon)
+                r.daemon = probe.summary(server.proc)
                 r.forecast = probe.forecast_summary(r.oom_times)
-                stop_memtallyd(daemon, err)
+                server.stop()
         return r
 
     def _run_cluster(self, ctx, r, env, probe):

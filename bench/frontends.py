@@ -41,7 +41,8 @@ sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchlib import (  # noqa: E402
     SRC_DIR, BenchError, Server, log, machine_info, mann_whitney_p,
-    quartiles, cachegrind_total, write_section)
+    memtally_ps, memtally_settled, quartiles, cachegrind_total,
+    write_section)
 # The programs and workloads are programs.py's, which real.py runs too, so
 # that both suites run the very same python3 and g++ work.
 import programs  # noqa: E402
@@ -139,15 +140,6 @@ def instructions(prog, variant, paths, server, tmp, scale):
         prog.name, variant))
 
 
-def ps_entry(paths, server, pid):
-    p = subprocess.run([paths["cli"], "--socket", server.socket, "--json",
-                        "ps"], capture_output=True, text=True)
-    for e in json.loads(p.stdout or "{}").get("processes", []):
-        if e["pid"] == pid:
-            return e
-    return None
-
-
 def rss_anon(pid):
     try:
         with open("/proc/%d/status" % pid) as f:
@@ -188,13 +180,7 @@ def held(prog, variant, paths, server, tmp):
                 raise BenchError("%s ended before holding" % prog.name)
             if line.startswith("MT-HELD"):
                 break
-        last = None
-        for _ in range(100):  # settled: two reads 30 ms apart agree
-            e = ps_entry(paths, server, p.pid)
-            if e and last and e["bytes"] == last["bytes"]:
-                break
-            last = e
-            time.sleep(0.03)
+        e = memtally_settled(paths["cli"], server.socket, p.pid)
         anon = rss_anon(p.pid)
         alloc = allocator_of(p.pid)
         return {"bytes": e["bytes"], "mapped": e["mapped"],
@@ -219,7 +205,8 @@ def watched(prog, variant, paths, server, tmp):
                 continue
             a = rss_anon(pid) or 0
             peak_a = max(peak_a, a)
-            e = ps_entry(paths, server, pid)
+            e = memtally_ps(paths["cli"], server.socket,
+                            strict=False).get(pid)
             if e:
                 peak_b = max(peak_b, e["bytes"])
                 peak_m = max(peak_m, e["mapped"])

@@ -822,15 +822,17 @@ static void usage(void)
 	        "         [--hold R]\n");
 }
 
-int main(int argc, char **argv)
+/* ---- the run --------------------------------------------------------- */
+
+/* The command line into the opt_ globals. Returns 0, or -1 (usage
+ * printed). */
+static int parse_args(int argc, char **argv)
 {
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i];
 		const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-		if (!v) {
-			usage();
-			return 2;
-		}
+		if (!v)
+			goto bad;
 		i++;
 		if (!strcmp(a, "--socket"))
 			opt_socket = v;
@@ -854,32 +856,30 @@ int main(int argc, char **argv)
 			opt_drain_ms = atoi(v);
 		else if (!strcmp(a, "--hold"))
 			opt_hold = atoi(v);
-		else if (!strcmp(a, "--mix")) {
-			if (!strcmp(v, "cycle"))
-				opt_mix = MIX_CYCLE;
-			else if (!strcmp(v, "admit"))
-				opt_mix = MIX_ADMIT;
-			else if (!strcmp(v, "usage"))
-				opt_mix = MIX_USAGE;
-			else {
-				usage();
-				return 2;
-			}
-		} else {
-			usage();
-			return 2;
-		}
+		else if (!strcmp(a, "--mix") && !strcmp(v, "cycle"))
+			opt_mix = MIX_CYCLE;
+		else if (!strcmp(a, "--mix") && !strcmp(v, "admit"))
+			opt_mix = MIX_ADMIT;
+		else if (!strcmp(a, "--mix") && !strcmp(v, "usage"))
+			opt_mix = MIX_USAGE;
+		else
+			goto bad;
 	}
 	if (!opt_socket || opt_conns < 1 || opt_threads < 1 ||
 	    opt_inflight < 1 || opt_inflight > MAX_INFLIGHT / 2 ||
-	    opt_seconds <= 0 || opt_admit_bytes == 0 || opt_hold < 0) {
-		usage();
-		return 2;
-	}
+	    opt_seconds <= 0 || opt_admit_bytes == 0 || opt_hold < 0)
+		goto bad;
 	if (opt_threads > opt_conns)
 		opt_threads = opt_conns;
+	return 0;
+bad:
+	usage();
+	return -1;
+}
 
-	/* One fd per connection, plus epoll and a margin. */
+/* One fd per connection, plus epoll and a margin. */
+static void raise_fd_limit(void)
+{
 	struct rlimit rl;
 	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 &&
 	    rl.rlim_cur < (rlim_t)opt_conns + 64) {
@@ -888,19 +888,20 @@ int main(int argc, char **argv)
 		                  : (rlim_t)opt_conns + 64;
 		setrlimit(RLIMIT_NOFILE, &rl);
 	}
+}
 
-	struct worker *ws = calloc((size_t)opt_threads, sizeof(*ws));
-	struct conn *conns = calloc((size_t)opt_conns, sizeof(*conns));
-	if (!ws || !conns)
-		return 2;
-	char connect_msg[160] = "";
+/* The threads and their connections (thread t has connections t, t + N,
+ * t + 2N, ...), connected; a connection that fails is dead and counted,
+ * the first failure's message kept in `connect_msg`. Returns 0 or -1. */
+static int connect_all(struct worker *ws, struct conn *conns, char *connect_msg,
+                       size_t msg_size)
+{
 	for (int t = 0; t < opt_threads; t++) {
 		struct worker *w = &ws[t];
 		w->idx = t;
 		w->epfd = epoll_create1(EPOLL_CLOEXEC);
 		if (w->epfd < 0)
-			return 2;
-		/* Connections t, t + N, t + 2N, ... */
+			return -1;
 		int first = opt_conns * t / opt_threads;
 		int last = opt_conns * (t + 1) / opt_threads;
 		w->conns = conns + first;
@@ -913,12 +914,11 @@ int main(int argc, char **argv)
 			c->next_id = 1;
 			c->rbuf = malloc(RBUF_SIZE);
 			if (!c->rbuf)
-				return 2;
+				return -1;
 			c->fd = connect_one();
 			if (c->fd < 0) {
 				if (!connect_msg[0])
-					snprintf(connect_msg,
-					         sizeof(connect_msg),
+					snprintf(connect_msg, msg_size,
 					         "connect %s: %s", opt_socket,
 					         strerror(-c->fd));
 				c->dead = true;
@@ -930,24 +930,50 @@ int main(int argc, char **argv)
 			epoll_ctl(w->epfd, EPOLL_CTL_ADD, c->fd, &ev);
 		}
 	}
-	/* Reservations held for the whole run, on a connection of their own
-	 * (so the server keeps R outstanding while the mix runs). */
-	char(*held_ids)[RES_LEN + 1] = NULL;
-	int hold_fd = -1;
-	const char *hold_err = NULL;
-	if (opt_hold > 0) {
-		held_ids = calloc((size_t)opt_hold, sizeof(*held_ids));
-		hold_fd = connect_one();
-		if (!held_ids || hold_fd < 0) {
-			fprintf(stderr,
-			        "PROOF FAILED: --hold: cannot connect\n");
-			return 3;
-		}
-		if (hold_batch(hold_fd, true, held_ids, opt_hold, &hold_err)) {
-			fprintf(stderr, "PROOF FAILED: %s\n", hold_err);
-			return 3;
-		}
+	return 0;
+}
+
+/* --hold R: reservations held for the whole run, on a connection of their
+ * own (so the server keeps R outstanding while the mix runs). */
+struct held {
+	char (*ids)[RES_LEN + 1];
+	int fd;
+};
+
+static int hold_start(struct held *h)
+{
+	const char *err = NULL;
+	h->ids = calloc((size_t)opt_hold, sizeof(*h->ids));
+	h->fd = connect_one();
+	if (!h->ids || h->fd < 0) {
+		fprintf(stderr, "PROOF FAILED: --hold: cannot connect\n");
+		return -1;
 	}
+	if (hold_batch(h->fd, true, h->ids, opt_hold, &err)) {
+		fprintf(stderr, "PROOF FAILED: %s\n", err);
+		return -1;
+	}
+	return 0;
+}
+
+/* Release them; a failure is an error of the run (thread 0's). */
+static void hold_end(struct held *h, struct worker *w0)
+{
+	const char *err = NULL;
+	if (hold_batch(h->fd, false, h->ids, opt_hold, &err)) {
+		w0->err[E_MISMATCH]++;
+		if (!w0->first_err[0])
+			snprintf(w0->first_err, sizeof(w0->first_err), "%s",
+			         err);
+	}
+	close(h->fd);
+	free(h->ids);
+}
+
+/* Run the threads: warm-up, then the timed seconds. The client's CPU%
+ * over the run goes to *cpu_pct. Returns 0 or -1. */
+static int run_threads(struct worker *ws, double *cpu_pct)
+{
 	struct rusage ru0, ru1;
 	getrusage(RUSAGE_SELF, &ru0);
 	t_start = bench_now_ns() + 20000000u; /* 20 ms for the threads to start */
@@ -955,94 +981,122 @@ int main(int argc, char **argv)
 	t_end = t_warm + (uint64_t)(opt_seconds * 1e9);
 	for (int t = 0; t < opt_threads; t++)
 		if (pthread_create(&ws[t].th, NULL, run_worker, &ws[t]))
-			return 2;
+			return -1;
 	for (int t = 0; t < opt_threads; t++)
 		pthread_join(ws[t].th, NULL);
 	uint64_t t_done = bench_now_ns();
 	getrusage(RUSAGE_SELF, &ru1);
-	if (opt_hold > 0) {
-		if (hold_batch(hold_fd, false, held_ids, opt_hold, &hold_err)) {
-			ws[0].err[E_MISMATCH]++;
-			if (!ws[0].first_err[0])
-				snprintf(ws[0].first_err,
-				         sizeof(ws[0].first_err), "%s",
-				         hold_err);
-		}
-		close(hold_fd);
-		free(held_ids);
-	}
-
-	struct hist *all = calloc(T__COUNT + 1, sizeof(struct hist));
-	if (!all)
-		return 2;
-	uint64_t granted = 0, denied = 0, released = 0, errors = 0;
-	uint64_t err[E__COUNT] = {0};
-	const char *first_err = connect_msg[0] ? connect_msg : "";
-	for (int t = 0; t < opt_threads; t++) {
-		for (int k = 0; k < T__COUNT; k++) {
-			h_merge(&all[k], &ws[t].h[k]);
-			h_merge(&all[T__COUNT], &ws[t].h[k]);
-		}
-		granted += ws[t].granted;
-		denied += ws[t].denied;
-		released += ws[t].released;
-		for (int k = 0; k < E__COUNT; k++) {
-			err[k] += ws[t].err[k];
-			errors += ws[t].err[k];
-		}
-		if (!first_err[0] && ws[t].first_err[0])
-			first_err = ws[t].first_err;
-	}
-	double secs = opt_seconds;
 	double cpu =
 	    (double)(ru1.ru_utime.tv_sec - ru0.ru_utime.tv_sec) +
 	    (double)(ru1.ru_stime.tv_sec - ru0.ru_stime.tv_sec) +
 	    (double)(ru1.ru_utime.tv_usec - ru0.ru_utime.tv_usec) / 1e6 +
 	    (double)(ru1.ru_stime.tv_usec - ru0.ru_stime.tv_usec) / 1e6;
 	double wall = (double)(t_done - t_start) / 1e9;
+	*cpu_pct = wall > 0 ? 100.0 * cpu / wall : 0.0;
+	return 0;
+}
+
+/* The threads' figures added up; all[T__COUNT] is every type. */
+struct totals {
+	struct hist all[T__COUNT + 1];
+	uint64_t granted, denied, released, errors, answered;
+	uint64_t err[E__COUNT];
+	const char *first_err;
+};
+
+static void add_up(const struct worker *ws, const char *connect_msg,
+                   struct totals *tt)
+{
+	tt->first_err = connect_msg[0] ? connect_msg : "";
+	for (int t = 0; t < opt_threads; t++) {
+		for (int k = 0; k < T__COUNT; k++) {
+			h_merge(&tt->all[k], &ws[t].h[k]);
+			h_merge(&tt->all[T__COUNT], &ws[t].h[k]);
+		}
+		tt->granted += ws[t].granted;
+		tt->denied += ws[t].denied;
+		tt->released += ws[t].released;
+		tt->answered += ws[t].answered_total;
+		for (int k = 0; k < E__COUNT; k++) {
+			tt->err[k] += ws[t].err[k];
+			tt->errors += ws[t].err[k];
+		}
+		if (!tt->first_err[0] && ws[t].first_err[0])
+			tt->first_err = ws[t].first_err;
+	}
+}
+
+/* One JSON object on stdout; the proof's verdict on stderr. Returns
+ * whether the run is good: no error, and requests answered. */
+static bool report(const struct totals *tt, double cpu_pct)
+{
+	double secs = opt_seconds;
+	const struct hist *all = tt->all;
 	static const char *const mixes[] = {"cycle", "admit", "usage"};
 	printf("{\"connections\": %d, \"threads\": %d, \"inflight\": %d, "
 	       "\"mix\": \"%s\", \"seconds\": %.3f, \"warmup\": %.3f, "
 	       "\"admit_bytes\": %" PRIu64 ", \"ttl\": %u, \"hold\": %d, ",
 	       opt_conns, opt_threads, opt_inflight, mixes[opt_mix], secs,
 	       opt_warmup, opt_admit_bytes, opt_ttl, opt_hold);
-	uint64_t answered = 0;
-	for (int t = 0; t < opt_threads; t++)
-		answered += ws[t].answered_total;
 	printf("\"requests\": %" PRIu64 ", \"per_second\": %.0f, "
 	       "\"answered\": %" PRIu64 ", ",
 	       all[T__COUNT].count, (double)all[T__COUNT].count / secs,
-	       answered);
+	       tt->answered);
 	printf("\"admits_granted\": %" PRIu64 ", \"admits_denied\": %" PRIu64
 	       ", \"releases\": %" PRIu64 ", ",
-	       granted, denied, released);
+	       tt->granted, tt->denied, tt->released);
 	json_hist("all", &all[T__COUNT], secs, true);
 	printf("\"by_type\": {");
 	for (int k = 0; k < T__COUNT; k++)
 		json_hist(type_name[k], &all[k], secs, k + 1 < T__COUNT);
 	printf("}, \"client_cpu_pct\": %.1f, \"errors\": %" PRIu64
 	       ", \"error_kinds\": {",
-	       wall > 0 ? 100.0 * cpu / wall : 0.0, errors);
+	       cpu_pct, tt->errors);
 	for (int k = 0; k < E__COUNT; k++)
-		printf("\"%s\": %" PRIu64 "%s", err_name[k], err[k],
+		printf("\"%s\": %" PRIu64 "%s", err_name[k], tt->err[k],
 		       k + 1 < E__COUNT ? ", " : "");
 	printf("}, \"first_error\": \"");
-	for (const char *s = first_err; *s; s++)
+	for (const char *s = tt->first_err; *s; s++)
 		if (*s != '"' && *s != '\\' && (unsigned char)*s >= 0x20)
 			putchar(*s);
-	bool ok = errors == 0 && all[T__COUNT].count > 0;
+	bool ok = tt->errors == 0 && all[T__COUNT].count > 0;
 	printf("\", \"ok\": %s}\n", ok ? "true" : "false");
-	if (errors)
+	if (tt->errors)
 		fprintf(stderr, "PROOF FAILED: %" PRIu64 " errors; first: %s\n",
-		        errors, first_err);
+		        tt->errors, tt->first_err);
 	else if (!all[T__COUNT].count)
 		fprintf(stderr, "PROOF FAILED: no request answered\n");
+	return ok;
+}
+
+int main(int argc, char **argv)
+{
+	if (parse_args(argc, argv))
+		return 2;
+	raise_fd_limit();
+	struct worker *ws = calloc((size_t)opt_threads, sizeof(*ws));
+	struct conn *conns = calloc((size_t)opt_conns, sizeof(*conns));
+	struct totals *tt = calloc(1, sizeof(*tt));
+	char connect_msg[160] = "";
+	if (!ws || !conns || !tt ||
+	    connect_all(ws, conns, connect_msg, sizeof(connect_msg)))
+		return 2;
+	struct held h = {.fd = -1};
+	if (opt_hold > 0 && hold_start(&h))
+		return 3;
+	double cpu_pct;
+	if (run_threads(ws, &cpu_pct))
+		return 2;
+	if (opt_hold > 0)
+		hold_end(&h, &ws[0]);
+	add_up(ws, connect_msg, tt);
+	bool ok = report(tt, cpu_pct);
 	for (int i = 0; i < opt_conns; i++) {
 		if (!conns[i].dead)
 			close(conns[i].fd);
 		free(conns[i].rbuf);
 	}
-	free(all);
+	free(tt);
 	free(conns);
 	free(ws);
 	return ok ? 0 : 3;

@@ -63,7 +63,7 @@ import urllib.request
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchlib import (  # noqa: E402
-    SRC_DIR, log, machine_info, socket_up, write_section)
+    SRC_DIR, BenchError, Server, log, machine_info, write_section)
 
 WORKERS = [0, 100, 300]
 CONNS = [0, 1, 16, 100, 300]
@@ -99,32 +99,35 @@ def cpu_seconds(pid):
 # ---- the server ------------------------------------------------------------
 
 
-class Memtallyd:
+class Memtallyd(Server):
+    """benchlib's Server with a metrics endpoint (its port found once it
+    listens), `memtally status` and the tick's metrics."""
+
     def __init__(self, build, tmp, name, slots=4096):
         self.dir = os.path.join(tmp, name)
         os.makedirs(self.dir)
-        self.socket = os.path.join(self.dir, "mt.sock")
-        self.segment = "/mtload-%d-%s" % (os.getpid(), name)
         self.cli = os.path.join(build, "programs", "memtally")
-        self.log = open(os.path.join(self.dir, "memtallyd.log"), "w+")
-        self.proc = subprocess.Popen(
-            [os.path.join(build, "server", "memtallyd"), "--socket",
-             self.socket, "--segment", self.segment, "--reset",
-             "--metrics", "127.0.0.1:0", "--fleet-limit", FLEET_LIMIT,
-             "--slots", str(slots), "--log-level", "warn"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=self.log)
+        try:
+            super().__init__(
+                build, self.dir, sock=os.path.join(self.dir, "mt.sock"),
+                segment="/mtload-%d-%s" % (os.getpid(), name), wait=10,
+                required=True,
+                extra_args=["--reset", "--metrics", "127.0.0.1:0",
+                            "--fleet-limit", FLEET_LIMIT, "--slots",
+                            str(slots), "--log-level", "warn"])
+        except BenchError as e:
+            raise Fail(str(e))
         self.pid = self.proc.pid
         self.port = None
         end = time.monotonic() + 10
-        while time.monotonic() < end and self.proc.poll() is None:
-            if self.port is None:
-                self.port = self._metrics_port()
-            if self.port and socket_up(self.socket):
+        while time.monotonic() < end and self.alive():
+            self.port = self._metrics_port()
+            if self.port:
                 return
             time.sleep(0.02)
+        tail = self.tail()
         self.stop()
-        raise Fail("memtallyd did not start: %s" % self.tail())
+        raise Fail("memtallyd did not start: %s" % tail)
 
     def _metrics_port(self):
         # "metrics listening" is logged at info; we run at warn, so ask
@@ -148,15 +151,7 @@ class Memtallyd:
             pass
         return None
 
-    def tail(self):
-        self.log.flush()
-        self.log.seek(0)
-        return self.log.read()[-600:].strip().replace("\n", " | ")
-
-    def alive(self):
-        return self.proc.poll() is None
-
-    def status(self):
+    def cli_status(self):
         p = subprocess.run([self.cli, "--socket", self.socket, "--json",
                             "status"], capture_output=True, text=True,
                            timeout=30)
@@ -177,17 +172,6 @@ class Memtallyd:
                 k, v = line.rsplit(" ", 1)
                 out[k] = float(v)
         return out
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        # Its shared objects are anonymous (memfd): nothing is left behind
-        # but the restart record next to the socket, in our temporary dir.
 
 
 # ---- the workers -----------------------------------------------------------
@@ -231,7 +215,7 @@ class Fleet:
             # A registration that timed out on a busy machine is retried
             # by the client with back-off: give it a while.
             end = time.monotonic() + 15
-            while srv.status()["processes"] < n:
+            while srv.cli_status()["processes"] < n:
                 if time.monotonic() > end:
                     raise Fail("%d of %d workers did not attach" % (
                         detached, n))
@@ -297,7 +281,7 @@ def wait_fleet(srv, bytes_, procs, timeout=5.0):
     processes with no reservation; returns the status or raises."""
     end = time.monotonic() + timeout
     while True:
-        st = srv.status()
+        st = srv.cli_status()
         f = st["fleet"]
         if (f["bytes"] == bytes_ and st["processes"] == procs
                 and f["reserved"] == 0 and f.get("reservations", 0) == 0):

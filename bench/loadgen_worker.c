@@ -131,7 +131,7 @@ static void say_held(const char *prefix)
 	fflush(stdout);
 }
 
-int main(int argc, char **argv)
+static int parse_args(int argc, char **argv)
 {
 	for (int i = 1; i + 1 < argc; i += 2) {
 		const char *a = argv[i], *v = argv[i + 1];
@@ -148,49 +148,67 @@ int main(int argc, char **argv)
 		else {
 			fprintf(stderr, "bench_loadgen_worker: bad option %s\n",
 			        a);
-			return 2;
+			return -1;
 		}
 	}
 	if (nthreads < 0 || nthreads > 256 || live_n < 1 || burst < 1) {
 		fprintf(stderr, "bench_loadgen_worker: bad arguments\n");
-		return 2;
+		return -1;
 	}
+	return 0;
+}
+
+/* The preload's API, if it is loaded. */
+static void resolve_api(void)
+{
 	mt_flush_fn = (int (*)(void))dlsym(RTLD_DEFAULT, "memtally_flush");
 	mt_bytes_fn =
 	    (int64_t(*)(void))dlsym(RTLD_DEFAULT, "memtally_process_bytes");
 	mt_attached_fn =
 	    (bool (*)(void))dlsym(RTLD_DEFAULT, "memtally_attached");
+}
 
-	/* stdout's buffer before anything is measured. */
-	static char obuf[4096];
-	setvbuf(stdout, obuf, _IOLBF, sizeof(obuf));
-	static char line[256];
-
-	void **hold = NULL;
-	unsigned nhold = 0;
-	pthread_t *t = NULL;
-	if (nthreads == 0) {
-		nhold = hold_kib / 4;
-		hold = calloc(nhold + 1, sizeof(void *));
-		for (unsigned i = 0; i < nhold; i++) {
-			hold[i] = malloc(4096);
-			memset(hold[i], 1, 64);
-		}
-	} else {
-		t = calloc((size_t)nthreads, sizeof(*t));
-		for (int i = 0; i < nthreads; i++)
-			pthread_create(&t[i], NULL, work,
-			               (void *)(uintptr_t)(getpid() * 64 + i));
-		pthread_mutex_lock(&mu);
-		while (n_started < nthreads)
-			pthread_cond_wait(&cv, &mu);
-		pthread_mutex_unlock(&mu);
+/* With no thread: --hold-kib in 4 KiB blocks, held. */
+static void **hold_blocks(unsigned *nhold)
+{
+	*nhold = hold_kib / 4;
+	void **hold = calloc(*nhold + 1, sizeof(void *));
+	for (unsigned i = 0; i < *nhold; i++) {
+		hold[i] = malloc(4096);
+		memset(hold[i], 1, 64);
 	}
-	flush();
-	printf("ready pid=%d attached=%d\n", (int)getpid(),
-	       mt_attached_fn && mt_attached_fn() ? 1 : 0);
-	fflush(stdout);
+	return hold;
+}
 
+/* The churning threads, once all of them run. */
+static pthread_t *start_threads(void)
+{
+	pthread_t *t = calloc((size_t)nthreads, sizeof(*t));
+	for (int i = 0; i < nthreads; i++)
+		pthread_create(&t[i], NULL, work,
+		               (void *)(uintptr_t)(getpid() * 64 + i));
+	pthread_mutex_lock(&mu);
+	while (n_started < nthreads)
+		pthread_cond_wait(&cv, &mu);
+	pthread_mutex_unlock(&mu);
+	return t;
+}
+
+static void stop_threads(pthread_t *t)
+{
+	pthread_mutex_lock(&mu);
+	atomic_store(&stop_flag, true);
+	pthread_cond_broadcast(&cv);
+	pthread_mutex_unlock(&mu);
+	for (int i = 0; i < nthreads; i++)
+		pthread_join(t[i], NULL);
+}
+
+/* The driver's commands on stdin, until "exit" or its end: "pause" (the
+ * threads stop between bursts; what is held is said), "resume". */
+static void obey(void)
+{
+	static char line[256];
 	while (fgets(line, sizeof(line), stdin)) {
 		line[strcspn(line, "\n")] = 0;
 		if (!strcmp(line, "exit"))
@@ -209,12 +227,30 @@ int main(int argc, char **argv)
 			pthread_mutex_unlock(&mu);
 		}
 	}
-	pthread_mutex_lock(&mu);
-	atomic_store(&stop_flag, true);
-	pthread_cond_broadcast(&cv);
-	pthread_mutex_unlock(&mu);
-	for (int i = 0; i < nthreads; i++)
-		pthread_join(t[i], NULL);
+}
+
+int main(int argc, char **argv)
+{
+	if (parse_args(argc, argv))
+		return 2;
+	resolve_api();
+	/* stdout's buffer before anything is measured. */
+	static char obuf[4096];
+	setvbuf(stdout, obuf, _IOLBF, sizeof(obuf));
+
+	void **hold = NULL;
+	unsigned nhold = 0;
+	pthread_t *t = NULL;
+	if (nthreads == 0)
+		hold = hold_blocks(&nhold);
+	else
+		t = start_threads();
+	flush();
+	printf("ready pid=%d attached=%d\n", (int)getpid(),
+	       mt_attached_fn && mt_attached_fn() ? 1 : 0);
+	fflush(stdout);
+	obey();
+	stop_threads(t);
 	for (unsigned i = 0; i < nhold; i++)
 		free(hold[i]);
 	free(hold);

@@ -84,8 +84,9 @@ import time
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchlib import (  # noqa: E402
-    SRC_DIR, BenchError, Server, log, machine_info, mann_whitney_p,
-    quartiles, cachegrind_total, write_section)
+    SRC_DIR, BenchError, Server, fmt_p, log, machine_info, mann_whitney_p,
+    memtally_ps, memtally_settled, quartiles, cachegrind_total,
+    write_section)
 
 PROGRAMS = ["sqlite3", "python3", "g++", "redis"]
 TARGET = 0.99  # preload throughput / jemalloc-alone throughput
@@ -144,29 +145,6 @@ def variant_env(variant, paths, server, stats=False):
 
 
 # ---- memtally's figures ------------------------------------------------------
-
-
-def memtally_ps(paths, server, pid, patience=5.0):
-    """memtally's entry for pid, once a tick has published it and it is
-    stable (two reads 30 ms apart agree), or None after `patience` s."""
-    last = None
-    deadline = time.monotonic() + patience
-    while time.monotonic() < deadline:
-        p = subprocess.run([paths["cli"], "--socket", server.socket,
-                            "--json", "ps"], capture_output=True, text=True)
-        cur = None
-        if p.returncode != 0:
-            # Not a proof failure of the program: the query itself broke.
-            raise BenchError("memtally ps failed (exit %d): %s" % (
-                p.returncode, p.stderr.strip()))
-        for e in json.loads(p.stdout).get("processes", []):
-            if e.get("pid") == pid:
-                cur = e
-        if cur and last and cur["bytes"] == last["bytes"]:
-            return cur
-        last = cur
-        time.sleep(0.03)
-    return last
 
 
 def lane_flushes(server, pid):
@@ -300,7 +278,8 @@ def held_run(prog, variant, expect, paths, server, tmp, scale, cpu):
             if k == 0:
                 # memtally's figure with the program idle and its workload
                 # not yet held (python: after the work, before the hold).
-                obs["memtally_base"] = memtally_ps(paths, server, proc.pid) \
+                obs["memtally_base"] = memtally_settled(
+                    paths["cli"], server.socket, proc.pid) \
                     if variant == "preload" else None
         obs["maps"] = maps_of(proc.pid)
         # A process that registers does so at its first malloc, long
@@ -311,7 +290,8 @@ def held_run(prog, variant, expect, paths, server, tmp, scale, cpu):
         patience = 0.2
         if variant == "preload":
             patience = 5.0 if obs["memtally_base"] else 1.0
-        obs["memtally"] = memtally_ps(paths, server, proc.pid, patience)
+        obs["memtally"] = memtally_settled(paths["cli"], server.socket,
+                                         proc.pid, patience)
         obs["flushes"] = lane_flushes(server, proc.pid)
         obs["own"] = prog.own(outs)
         proc.stdin.close()
@@ -352,7 +332,8 @@ def held_run_served(prog, variant, expect, paths, server, tmp, scale, cpu):
     obs = {"variant": variant, "expect": expect, "pid": proc.pid}
     try:
         prog.wait_up(tmp, proc, 30)
-        obs["memtally_base"] = memtally_ps(paths, server, proc.pid) \
+        obs["memtally_base"] = memtally_settled(
+            paths["cli"], server.socket, proc.pid) \
             if variant == "preload" else None
         i0 = prog.info(tmp)
         prog.drive(tmp, scale, others(cpu))
@@ -361,7 +342,8 @@ def held_run_served(prog, variant, expect, paths, server, tmp, scale, cpu):
         patience = 0.2
         if variant == "preload":
             patience = 5.0 if obs["memtally_base"] else 1.0
-        obs["memtally"] = memtally_ps(paths, server, proc.pid, patience)
+        obs["memtally"] = memtally_settled(paths["cli"], server.socket,
+                                         proc.pid, patience)
         obs["flushes"] = lane_flushes(server, proc.pid)
         prog.shutdown(tmp)
         rc = proc.wait(60)
@@ -420,15 +402,11 @@ def watched_run(prog, variant, expect, paths, server, tmp, cpu):
                         obs["maps"][k] |= v
                 except OSError:
                     pass
-                p = subprocess.run([paths["cli"], "--socket", server.socket,
-                                    "--json", "ps"], capture_output=True,
-                                   text=True)
-                for e in (json.loads(p.stdout).get("processes", [])
-                          if p.returncode == 0 else []):
-                    if e.get("pid") == d and (
-                            not obs["memtally"]
-                            or e["peak"] >= obs["memtally"]["peak"]):
-                        obs["memtally"] = e
+                e = memtally_ps(paths["cli"], server.socket,
+                                strict=False).get(d)
+                if e and (not obs["memtally"]
+                          or e["peak"] >= obs["memtally"]["peak"]):
+                    obs["memtally"] = e
                 f = lane_flushes(server, d)
                 if f is not None:
                     obs["flushes"] = max(f, obs["flushes"] or 0)
@@ -661,10 +639,6 @@ def stats(runs, base="jemalloc"):
 
 def fmt_q(q):
     return "%.3f [%.3f–%.3f]" % (q[1], q[0], q[2])
-
-
-def fmt_p(p):
-    return "<0.001" if p < 0.001 else "%.3f" % p
 
 
 def verdict(rel, p):

@@ -75,6 +75,17 @@ def run_json(argv):
     return json.loads(p.stdout)
 
 
+class RunFailed(Exception):
+    """A bench run failed (run_json logged why): the suite fails."""
+
+
+def run_must(argv):
+    r = run_json(argv)
+    if r is None:
+        raise RunFailed()
+    return r
+
+
 def register_run(exe, mtd, holder, n, cpu):
     """One bench_server_register run; its JSON, or None."""
     argv = [exe, "--memtallyd", mtd, "--n", str(n), "--cpu", str(cpu)]
@@ -291,7 +302,7 @@ def side_by_side(args, build, info):
     return 0
 
 
-def main():
+def parse_args():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build-dir", default=os.path.join(SRC_DIR, "build"))
     ap.add_argument("--json")
@@ -310,15 +321,18 @@ def main():
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--register-n", type=int, default=REGISTER_N)
     args = ap.parse_args()
-    build = os.path.abspath(args.build_dir)
-    if args.side_by_side:
-        if not args.baseline_build:
-            ap.error("--side-by-side needs --baseline-build")
-        return side_by_side(args, build, machine_info())
+    if args.side_by_side and not args.baseline_build:
+        ap.error("--side-by-side needs --baseline-build")
+    return args
+
+
+# ---- the measurements (RunFailed: a run failed) ------------------------------
+
+
+def tick_rows(build, cpu, wcpu):
+    """The summing loop alone (bench_server_tick), the old loop and the
+    new one back to back in each row."""
     exe = os.path.join(build, "bench", "bench_server_tick")
-    cpus = sorted(os.sched_getaffinity(0))
-    cpu, wcpu = cpus[-1], cpus[0]
-    info = machine_info()
     rows = []
     for s in SLOTS:
         for lanes, quiet in [(1, True)] + [(lane, False) for lane in LANES]:
@@ -326,17 +340,19 @@ def main():
                     "--cpu", str(cpu), "--writer-cpu", str(wcpu)]
             if quiet:
                 argv.append("--quiet")
-            # The old loop and the new one, back to back in one row.
-            old = run_json(argv + ["--variant", "call"])
-            r = run_json(argv + ["--variant", "prefetch"])
-            if not old or not r:
-                return 1
+            old = run_must(argv + ["--variant", "call"])
+            r = run_must(argv + ["--variant", "prefetch"])
             r["call"] = old
             rows.append(r)
             log("  slots %-6d lanes %-3d %-6s p50 %.1f us (call %.1f us)" % (
                 s, lanes, "writer" if r["writer"] else "quiet",
                 r["p50_ns"] / 1e3, old["p50_ns"] / 1e3))
-    # The whole tick, mts_core_tick(), on a registry of the daemon's own code.
+    return rows
+
+
+def core_rows(build, baseline_build, cpu, wcpu):
+    """The whole tick, mts_core_tick(), on a registry of the daemon's own
+    code; with a baseline build, its run just before each row."""
     core = []
     cexe = os.path.join(build, "bench", "bench_server_core_tick")
     for s, lanes, writer in CORE_ROWS:
@@ -344,95 +360,102 @@ def main():
                 "--cpu", str(cpu)]
         if writer:
             argv += ["--writer", "--writer-cpu", str(wcpu)]
-        r = None
-        if args.baseline_build:
-            bexe = os.path.join(os.path.abspath(args.baseline_build),
+        before = None
+        if baseline_build:
+            bexe = os.path.join(os.path.abspath(baseline_build),
                                 "bench", "bench_server_core_tick")
-            before = run_json([bexe] + argv)
-            r = run_json([cexe] + argv)
-            if not before or not r:
-                return 1
+            before = run_must([bexe] + argv)
+        r = run_must([cexe] + argv)
+        if before:
             r["before"] = before
-        else:
-            r = run_json([cexe] + argv)
-            if not r:
-                return 1
         core.append(r)
         log("  full tick: slots %-6d lanes %d %-6s p50 %.1f us" % (
             s, lanes, "writer" if writer else "quiet", r["p50_ns"] / 1e3))
-    # Exit-to-reclaim latency against a real memtallyd.
+    return core
+
+
+def reclaim_rows(build):
+    """Exit-to-reclaim latency against a real memtallyd ([]: not built)."""
     reclaim = []
     rexe = os.path.join(build, "bench", "bench_server_reclaim")
     mtd = os.path.join(build, "server", "memtallyd")
     pre = os.path.join(build, "client", "libmemtally_preload.so")
-    if os.access(mtd, os.X_OK) and os.path.exists(pre):
-        for tick in RECLAIM_TICKS:
-            r = run_json([rexe, "--memtallyd", mtd, "--preload", pre,
-                          "--tick", str(tick), "--n", str(RECLAIM_N)])
-            if not r:
-                return 1
-            reclaim.append(r)
-            log("  reclaim: tick %d ms: %s" % (tick, json.dumps(
-                r["kill_to_reclaim"])))
-    else:
+    if not (os.access(mtd, os.X_OK) and os.path.exists(pre)):
         log("server: reclaim latency skipped: memtallyd or the preload "
             "library not built")
-    # Registration cost against a real memtallyd: workers one at a time.
+        return reclaim
+    for tick in RECLAIM_TICKS:
+        r = run_must([rexe, "--memtallyd", mtd, "--preload", pre,
+                      "--tick", str(tick), "--n", str(RECLAIM_N)])
+        reclaim.append(r)
+        log("  reclaim: tick %d ms: %s" % (tick, json.dumps(
+            r["kill_to_reclaim"])))
+    return reclaim
+
+
+def register_rows(build, cpu):
+    """Registration cost against a real memtallyd, workers one at a time,
+    with and without a holder ([]: not built)."""
     register = []
+    mtd = os.path.join(build, "server", "memtallyd")
     gexe = os.path.join(build, "bench", "bench_server_register")
-    if os.access(mtd, os.X_OK) and os.access(gexe, os.X_OK):
-        for holder in (True, False):
-            r = register_run(gexe, mtd, holder, REGISTER_N, cpu)
-            if not r:
-                return 1
-            register.append(r)
-            log("  register: %s: %s" % ("holder" if holder else "alone",
-                                        json.dumps(r["latency_us"])))
-    else:
+    if not (os.access(mtd, os.X_OK) and os.access(gexe, os.X_OK)):
         log("server: registration cost skipped: memtallyd not built")
-    # Query latency against a real memtallyd (pinned to the other CPU).
+        return register
+    for holder in (True, False):
+        r = register_run(gexe, mtd, holder, REGISTER_N, cpu)
+        if not r:
+            raise RunFailed()
+        register.append(r)
+        log("  register: %s: %s" % ("holder" if holder else "alone",
+                                    json.dumps(r["latency_us"])))
+    return register
+
+
+def query_figures(build):
+    """Query latency and pipelined throughput against a memtallyd of the
+    run: (figures, or None when there is no server; the server's status)."""
     tmp = tempfile.mkdtemp(prefix="mtbench-server-")
     # Nothing pinned here: on this shared 2-CPU guest a pinned server waits
     # behind whatever else runs on its CPU (p99 in milliseconds), which
     # measures the machine, not memtally.
     srv = Server(build, tmp, True, None)
-    query = None
     try:
-        if srv.proc:
-            qexe = os.path.join(build, "bench", "bench_server_query")
-            p = subprocess.run([qexe, "--socket", srv.socket, "--n", "20000"],
-                               capture_output=True, text=True)
-            if p.returncode:
-                log("server: FAILED: %s" % p.stderr.strip())
-                return 1
-            query = json.loads(p.stdout)
-            log("  query: %s" % json.dumps(query))
-            pexe = os.path.join(build, "bench", "bench_server_pipeline")
-            pipe = []
-            for w in PIPE_WINDOWS:
-                p = subprocess.run([pexe, "--socket", srv.socket, "--window",
-                                    str(w), "--seconds", "1"],
-                                   capture_output=True, text=True)
-                if p.returncode:
-                    log("server: FAILED: %s" % p.stderr.strip())
-                    return 1
-                pipe.append(json.loads(p.stdout))
-                log("  pipeline: %s" % p.stdout.strip())
-            query["pipeline"] = pipe
-        else:
+        if not srv.proc:
             log("server: query latency skipped: %s" % srv.status)
+            return None, srv.status
+        qexe = os.path.join(build, "bench", "bench_server_query")
+        query = run_must([qexe, "--socket", srv.socket, "--n", "20000"])
+        log("  query: %s" % json.dumps(query))
+        pexe = os.path.join(build, "bench", "bench_server_pipeline")
+        query["pipeline"] = []
+        for w in PIPE_WINDOWS:
+            r = run_must([pexe, "--socket", srv.socket, "--window", str(w),
+                          "--seconds", "1"])
+            query["pipeline"].append(r)
+            log("  pipeline: %s" % json.dumps(r))
+        return query, srv.status
     finally:
         srv.stop()
 
-    lines = ["## server (tick aggregation, full tick, reclaim, query "
-             "latency)\n"]
-    lines.append(
+
+# ---- the report -------------------------------------------------------------
+
+
+def report_head(info):
+    return [
+        "## server (tick aggregation, full tick, reclaim, query "
+        "latency)\n",
         "Measured %s on %s (%d CPUs, Linux %s); commit `%s`%s. Load "
         "average (1 min) %.2f at the start, %.2f at the end.\n" % (
             info["date"], info["cpu_model"], info["nproc"], info["kernel"],
             info["commit"],
             " with uncommitted changes" if info["uncommitted"] else "",
-            info["loadavg_start"], os.getloadavg()[0]))
+            info["loadavg_start"], os.getloadavg()[0])]
+
+
+def report_ticks(rows, cpu, wcpu):
+    lines = []
     lines.append(
         "**Summing loop only** (the first target measurement): one tick "
         "= `mtshm_slot_sum()` over every live slot of a real "
@@ -466,6 +489,11 @@ def main():
             r["p50_ns"] / 1e3,
             "met" if r["p50_ns"] / 1e3 <= TARGET_US else "**missed**")
         for r in big) + " (loop only).\n")
+    return lines
+
+
+def report_core(core, cpu, baseline):
+    lines = []
     lines.append(
         "**Full tick (mts_core_tick)**: `mts_core_tick()` itself "
         "(bench_server_core_tick: "
@@ -488,11 +516,11 @@ def main():
         "moved into the summing loop (shown for scale; not part of the "
         "tick any more).%s\n" % (
             cpu, " `before`: the same bench built from the baseline tree, "
-            "run just before each row." if args.baseline_build else ""))
+            "run just before each row." if baseline else ""))
     hdr = ("| slots | lanes used | writer | p50 µs | p99 µs | min µs | "
            "ns per process (p50) | limits pass p50 µs |")
     sep = "|---|---|---|---|---|---|---|---|"
-    if args.baseline_build:
+    if baseline:
         hdr += " before p50 µs | before min µs | speed-up (p50) |"
         sep += "---|---|---|"
     lines.append(hdr)
@@ -516,6 +544,11 @@ def main():
             r["p50_ns"] / 1e3,
             "met" if r["p50_ns"] / 1e3 <= TARGET_US else "**missed**")
         for r in bigc) + ".\n")
+    return lines
+
+
+def report_reclaim(reclaim):
+    lines = []
     if reclaim:
         lines.append(
             "Exit-to-reclaim latency (bench_server_reclaim: "
@@ -548,6 +581,11 @@ def main():
     else:
         lines.append("Exit-to-reclaim latency: not measured (memtallyd or "
                      "the preload library not built).\n")
+    return lines
+
+
+def report_register(register, cpu):
+    lines = []
     if register:
         lines.append(
             "Registration cost (bench_server_register: server_register.c): "
@@ -574,6 +612,11 @@ def main():
                 r["server_run_us_per_worker"],
                 r["server_cpu_us_per_worker"]))
         lines.append("")
+    return lines
+
+
+def report_query(query, status):
+    lines = []
     if query:
         lines.append(
             "Query latency, one connection, one request in flight, 20000 "
@@ -610,12 +653,14 @@ def main():
         lines.append("Target, pipelined GetUsage ≥ %d/s: best %.0f/s — %s."
                      "\n" % (TARGET_PIPE, best,
                              "met" if best >= TARGET_PIPE else "**missed**"))
-        js_query = query
     else:
-        lines.append("Query latency: not measured (%s).\n" % srv.status)
-        js_query = None
+        lines.append("Query latency: not measured (%s).\n" % status)
+    return lines
+
+
+def rerun_line(build, cpu, wcpu):
     rel = os.path.relpath(build, SRC_DIR)
-    lines.append(
+    return (
         "Rerun everything: `cmake --build %s --target bench_server`; one "
         "row: `%s/bench/bench_server_tick --slots 16384 --lanes 1 --cpu %d "
         "--writer-cpu %d`; full tick: `%s/bench/bench_server_core_tick "
@@ -623,13 +668,35 @@ def main():
         "`%s/bench/bench_server_reclaim --memtallyd %s/server/memtallyd "
         "--preload %s/client/libmemtally_preload.so --tick 1000`." % (
             rel, rel, cpu, wcpu, rel, cpu, rel, rel, rel))
+
+
+def main():
+    args = parse_args()
+    build = os.path.abspath(args.build_dir)
+    if args.side_by_side:
+        return side_by_side(args, build, machine_info())
+    cpus = sorted(os.sched_getaffinity(0))
+    cpu, wcpu = cpus[-1], cpus[0]
+    info = machine_info()
+    try:
+        rows = tick_rows(build, cpu, wcpu)
+        core = core_rows(build, args.baseline_build, cpu, wcpu)
+        reclaim = reclaim_rows(build)
+        register = register_rows(build, cpu)
+        query, status = query_figures(build)
+    except RunFailed:
+        return 1
+    lines = (report_head(info) + report_ticks(rows, cpu, wcpu) +
+             report_core(core, cpu, args.baseline_build) +
+             report_reclaim(reclaim) + report_register(register, cpu) +
+             report_query(query, status) + [rerun_line(build, cpu, wcpu)])
     text = "\n".join(lines)
     print(text)
     jpath = args.json or os.path.join(build, "bench", "server.json")
     with open(jpath, "w") as f:
         json.dump({"machine": info, "rows": rows, "full_tick": core,
                    "reclaim": reclaim, "register": register,
-                   "query": js_query}, f, indent=1)
+                   "query": query}, f, indent=1)
     log("JSON: %s" % jpath)
     write_section(args.results_md, "server", text)
     log("wrote the server section of %s" % args.results_md)

@@ -42,9 +42,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
-#include <pthread.h>
 #include <sched.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,41 +52,15 @@
 
 #include "mts_log.h"
 
-#include "bench_common.h"
+#include "bench_tick.h"
 
 #define TICKS_DEFAULT 301
 #define PID_BASE      5000000u /* above any pid_max: never a real process */
 
 static struct mtshm_map map; /* the header */
 static struct mts_registry reg;
+static uv_loop_t loop;
 static uint32_t nslots, nlanes;
-static atomic_int stop;
-static int writer_cpu = -1;
-
-/* Lane k of slot i holds i * 64 + k + 1 (+ 0 or 1 while writing). */
-static int64_t lane_value(uint32_t i, uint32_t k)
-{
-	return (int64_t)(i * 64u + k + 1);
-}
-
-static void *writer(void *arg)
-{
-	(void)arg;
-	if (writer_cpu >= 0)
-		bench_pin_cpu(writer_cpu);
-	uint64_t round = 0;
-	while (!atomic_load_explicit(&stop, memory_order_relaxed)) {
-		round++;
-		for (uint32_t i = 0; i < nslots; i++) {
-			struct mtshm_slot_id *s = mts_slot(&reg, i);
-			for (uint32_t k = 0; k < nlanes; k++)
-				mtshm_store_relaxeds64(
-				    &mtshm_lane(s, k)->bytes,
-				    lane_value(i, k) + (int64_t)(round & 1));
-		}
-	}
-	return NULL;
-}
 
 /* What a worker's client would have flushed into slot i of `t`. */
 static void slot_fill(const struct mts_table *t, uint32_t i)
@@ -96,7 +68,7 @@ static void slot_fill(const struct mts_table *t, uint32_t i)
 	struct mtshm_slot_id *s = mtshm_slot(&reg.layout, t->map.base, i);
 	for (uint32_t k = 0; k < nlanes; k++)
 		mtshm_store_relaxeds64(&mtshm_lane(s, k)->bytes,
-		                       lane_value(i, k));
+		                       bench_lane_value(i, k));
 	mtshm_store_relaxed32(&s->lanes_used, nlanes);
 	mtshm_store_relaxed32(&s->threads, nlanes);
 }
@@ -162,32 +134,41 @@ static int adopt(uint32_t slot, uint32_t pid, uint32_t groups)
 	return 0;
 }
 
-int main(int argc, char **argv)
+/* The command line. */
+struct opts {
+	int cpu, writer_cpu, use_writer, ticks;
+	uint32_t seg_lanes, groups, churn;
+};
+
+static int parse_args(int argc, char **argv, struct opts *o)
 {
-	int cpu = -1, use_writer = 0, ticks = TICKS_DEFAULT;
-	uint32_t slots = 0, lanes = 1, seg_lanes = MTSHM_DEFAULT_LANES;
-	uint32_t groups = 8, churn = 0;
+	*o = (struct opts){.cpu = -1,
+	                   .writer_cpu = -1,
+	                   .ticks = TICKS_DEFAULT,
+	                   .seg_lanes = MTSHM_DEFAULT_LANES,
+	                   .groups = 8};
+	nlanes = 1;
 	worker_uid = (uint32_t)getuid();
 	for (int i = 1; i < argc; i++) {
 		const char *v = i + 1 < argc ? argv[i + 1] : NULL;
 		if (!strcmp(argv[i], "--writer"))
-			use_writer = 1;
+			o->use_writer = 1;
 		else if (v && !strcmp(argv[i], "--cpu"))
-			cpu = atoi(v), i++;
+			o->cpu = atoi(v), i++;
 		else if (v && !strcmp(argv[i], "--writer-cpu"))
-			writer_cpu = atoi(v), i++;
+			o->writer_cpu = atoi(v), i++;
 		else if (v && !strcmp(argv[i], "--slots"))
-			slots = (uint32_t)strtoul(v, NULL, 10), i++;
+			nslots = (uint32_t)strtoul(v, NULL, 10), i++;
 		else if (v && !strcmp(argv[i], "--lanes"))
-			lanes = (uint32_t)strtoul(v, NULL, 10), i++;
+			nlanes = (uint32_t)strtoul(v, NULL, 10), i++;
 		else if (v && !strcmp(argv[i], "--seg-lanes"))
-			seg_lanes = (uint32_t)strtoul(v, NULL, 10), i++;
+			o->seg_lanes = (uint32_t)strtoul(v, NULL, 10), i++;
 		else if (v && !strcmp(argv[i], "--groups"))
-			groups = (uint32_t)strtoul(v, NULL, 10), i++;
+			o->groups = (uint32_t)strtoul(v, NULL, 10), i++;
 		else if (v && !strcmp(argv[i], "--churn"))
-			churn = (uint32_t)strtoul(v, NULL, 10), i++;
+			o->churn = (uint32_t)strtoul(v, NULL, 10), i++;
 		else if (v && !strcmp(argv[i], "--ticks"))
-			ticks = atoi(v), i++;
+			o->ticks = atoi(v), i++;
 		else if (v && !strcmp(argv[i], "--uid"))
 			worker_uid = (uint32_t)strtoul(v, NULL, 10), i++;
 		else {
@@ -196,120 +177,128 @@ int main(int argc, char **argv)
 			        "[--lanes L] [--seg-lanes N] [--groups G] "
 			        "[--churn PCT] [--ticks N] [--cpu N] [--uid U] "
 			        "[--writer [--writer-cpu N]]\n");
-			return 2;
+			return -1;
 		}
 	}
-	if (!slots || !lanes || seg_lanes > MTSHM_MAX_LANES ||
-	    lanes > seg_lanes || !groups || churn > 100 || ticks < 1)
-		return 2;
-	nslots = slots, nlanes = lanes;
-	if (cpu >= 0 && bench_pin_cpu(cpu))
-		return 2;
-	mts_log_set_level(MTS_LOG_ERROR);
+	return !nslots || !nlanes || o->seg_lanes > MTSHM_MAX_LANES ||
+	               nlanes > o->seg_lanes || !o->groups || o->churn > 100 ||
+	               o->ticks < 1
+	           ? -1
+	           : 0;
+}
 
+/* The header and a registry on it, with limits that compare but never
+ * trip: the tick's steady state. */
+static int make_registry(const struct opts *o)
+{
 	/* Anonymous objects: nothing is left behind when the process ends. */
-	struct mtshm_params sp = {.slots = slots,
-	                          .lanes = seg_lanes,
+	struct mtshm_params sp = {.slots = nslots,
+	                          .lanes = o->seg_lanes,
 	                          .threshold = MTS_DEFAULT_THRESHOLD};
 	int rc = mtshm_header_create("mtbench-ctick", &sp, &map);
 	if (rc) {
 		fprintf(stderr, "mtshm_header_create: %s\n",
 		        mtshm_strerror(rc));
-		return 2;
+		return -1;
 	}
-
-	uv_loop_t loop;
 	if (uv_loop_init(&loop) ||
 	    mts_core_init(&reg, &loop, &map, "mtbench-ctick", NULL))
-		return 2;
-	/* Limits that compare but never trip: the tick's steady state. */
-	int64_t want = 0;
-	for (uint32_t i = 0; i < slots; i++)
-		for (uint32_t k = 0; k < lanes; k++)
-			want += lane_value(i, k) + 1;
+		return -1;
+	int64_t most = 0; /* what the lanes can hold while written */
+	for (uint32_t i = 0; i < nslots; i++)
+		for (uint32_t k = 0; k < nlanes; k++)
+			most += bench_lane_value(i, k) + 1;
 	struct mts_policy pol;
-	struct mts_group_policy gp = {.name = (char *)"group-0",
-	                              .limit = (uint64_t)want * 4};
+	static struct mts_group_policy gp = {.name = (char *)"group-0"};
+	gp.limit = (uint64_t)most * 4;
 	mts_policy_defaults(&pol);
-	pol.fleet_limit = (uint64_t)want * 4;
+	pol.fleet_limit = (uint64_t)most * 4;
 	pol.process_limit = UINT64_C(1) << 40;
 	pol.groups = &gp;
 	pol.ngroups = 1;
-	if (mts_limits_apply_policy(&reg, &pol))
-		return 2;
+	return mts_limits_apply_policy(&reg, &pol) ? -1 : 0;
+}
 
-	for (uint32_t i = 0; i < slots; i++)
-		if (adopt(i, PID_BASE + i, groups)) {
+/* Churn through the server's own exit path (P% of the workers, at
+ * random), then refill the freed slots with heap allocations in between;
+ * the allocations are kept in `noise`. */
+static int churn_workers(const struct opts *o, void **noise)
+{
+	uint32_t next_pid = PID_BASE + nslots, gone = 0;
+	for (uint32_t i = 0; i < nslots; i++) {
+		if (xorshift() % 100 >= o->churn)
+			continue;
+		struct mts_proc *p = reg.by_slot[i];
+		uint64_t one = 1;
+		if (write(p->pidfd, &one, sizeof(one)) != sizeof(one))
+			return -1;
+		gone++;
+	}
+	while (reg.ndense > nslots - gone)
+		uv_run(&loop, UV_RUN_NOWAIT);
+	uv_run(&loop, UV_RUN_NOWAIT); /* close callbacks */
+	for (uint32_t i = 0; i < nslots; i++) {
+		if (reg.by_slot[i])
+			continue;
+		noise[i] = malloc(64 + xorshift() % 512);
+		if (adopt(i, next_pid++, o->groups))
+			return -1;
+	}
+	mts_registry_rebuild_free(&reg);
+	return 0;
+}
+
+/* A worker in every slot, then --churn. */
+static int add_workers(const struct opts *o, void **noise)
+{
+	for (uint32_t i = 0; i < nslots; i++)
+		if (adopt(i, PID_BASE + i, o->groups)) {
 			perror("adopt (eventfd: raise ulimit -n?)");
-			return 2;
+			return -1;
 		}
 	mts_registry_rebuild_free(&reg);
-
-	/* Churn through the server's own exit path, then refill. */
-	void **noise = calloc(slots, sizeof(*noise));
-	uint32_t next_pid = PID_BASE + slots, gone = 0;
-	if (churn) {
-		for (uint32_t i = 0; i < slots; i++) {
-			if (xorshift() % 100 >= churn)
-				continue;
-			struct mts_proc *p = reg.by_slot[i];
-			uint64_t one = 1;
-			if (write(p->pidfd, &one, sizeof(one)) != sizeof(one))
-				return 2;
-			gone++;
-		}
-		while (reg.ndense > slots - gone)
-			uv_run(&loop, UV_RUN_NOWAIT);
-		uv_run(&loop, UV_RUN_NOWAIT); /* close callbacks */
-		for (uint32_t i = 0; i < slots; i++) {
-			if (reg.by_slot[i])
-				continue;
-			noise[i] = malloc(64 + xorshift() % 512);
-			if (adopt(i, next_pid++, groups))
-				return 2;
-		}
-		mts_registry_rebuild_free(&reg);
+	if (o->churn && churn_workers(o, noise))
+		return -1;
+	if (reg.ndense != nslots) {
+		fprintf(stderr, "registered %u of %u\n", reg.ndense, nslots);
+		return -1;
 	}
-	if (reg.ndense != slots) {
-		fprintf(stderr, "registered %u of %u\n", reg.ndense, slots);
-		return 2;
-	}
+	return 0;
+}
 
-	pthread_t w;
-	if (use_writer && pthread_create(&w, NULL, writer, NULL))
-		return 2;
-	uint64_t *t = calloc((size_t)ticks, sizeof(*t));
-	for (int r = 0; r < 20; r++) /* warm-up */
+/* The timed ticks, then the per-process limits pass alone (idempotent:
+ * no state changes here), to show which part of the tick costs what. */
+static int time_ticks(const struct opts *o, uint64_t *t, uint64_t *tl)
+{
+	struct bench_writer w = {.slot_at = reg.slot_at,
+	                         .nslots = nslots,
+	                         .nlanes = nlanes,
+	                         .cpu = o->writer_cpu};
+	if (o->use_writer && bench_writer_start(&w))
+		return -1;
+	for (int r = 0; r < BENCH_TICK_WARMUP; r++)
 		mts_core_tick(&reg);
-	for (int r = 0; r < ticks; r++) {
+	for (int r = 0; r < o->ticks; r++) {
 		uint64_t t0 = bench_now_ns();
 		mts_core_tick(&reg);
 		t[r] = bench_now_ns() - t0;
 	}
-	/* The per-process limits pass alone (idempotent: no state changes
-	 * here), to show which part of the tick costs what. */
-	uint64_t *tl = calloc((size_t)ticks, sizeof(*tl));
-	for (int r = 0; r < ticks; r++) {
+	for (int r = 0; r < o->ticks; r++) {
 		mts_core_tick(&reg); /* the same cache state a tick leaves */
 		uint64_t t0 = bench_now_ns();
 		mts_limits_eval(&reg, true);
 		tl[r] = bench_now_ns() - t0;
 	}
-	if (use_writer) {
-		atomic_store(&stop, 1);
-		pthread_join(w, NULL);
-	}
+	if (o->use_writer)
+		bench_writer_stop(&w);
+	return 0;
+}
 
-	/* Proof: known values, one tick, the published fleet total. */
-	want = 0;
-	for (uint32_t i = 0; i < slots; i++) {
-		struct mtshm_slot_id *s = mts_slot(&reg, i);
-		for (uint32_t k = 0; k < lanes; k++) {
-			mtshm_store_relaxeds64(&mtshm_lane(s, k)->bytes,
-			                       lane_value(i, k));
-			want += lane_value(i, k);
-		}
-	}
+/* Proof: known values, one tick, the published fleet total and the
+ * groups' sum. Returns what the lanes hold, or -1. */
+static int64_t prove(void)
+{
+	int64_t want = bench_lanes_reset(reg.slot_at, nslots, nlanes);
 	mts_core_tick(&reg);
 	/* Workers of an untrusted --uid: the fleet counts what the kernel
 	 * vouches for (nothing here: there are no such processes) and the
@@ -317,13 +306,13 @@ int main(int argc, char **argv)
 	uint64_t unvouched = reg.totals.unvouched;
 	struct mtshm_fleet f;
 	if (mtshm_fleet_read(map.hdr, &f) ||
-	    f.bytes + unvouched != (uint64_t)want ||
-	    f.processes != slots || f.state != MTSHM_STATE_OK) {
+	    f.bytes + unvouched != (uint64_t)want || f.processes != nslots ||
+	    f.state != MTSHM_STATE_OK) {
 		fprintf(stderr,
 		        "PROOF FAILED: published %" PRIu64 " bytes, %u "
 		        "processes, state %u; the lanes hold %" PRId64 "\n",
 		        f.bytes, f.processes, f.state, want);
-		return 3;
+		return -1;
 	}
 	uint64_t gsum = 0;
 	for (uint32_t i = 0; i < reg.groups_used; i++)
@@ -333,11 +322,16 @@ int main(int argc, char **argv)
 	if (gsum != (uint64_t)want) {
 		fprintf(stderr, "PROOF FAILED: groups sum to %" PRIu64 "\n",
 		        gsum);
-		return 3;
+		return -1;
 	}
+	return want;
+}
 
-	qsort(t, (size_t)ticks, sizeof(t[0]), bench_cmp_u64);
-	qsort(tl, (size_t)ticks, sizeof(tl[0]), bench_cmp_u64);
+static void report(const struct opts *o, uint64_t *t, uint64_t *tl,
+                   int64_t want)
+{
+	struct bench_pcts pc = bench_percentiles(t, (size_t)o->ticks);
+	struct bench_pcts pl = bench_percentiles(tl, (size_t)o->ticks);
 	printf("{\"mode\": \"full\", \"slots\": %u, \"lanes\": %u, "
 	       "\"seg_lanes\": %u, \"groups\": %u, \"churn\": %u, "
 	       "\"writer\": %s, \"ticks\": %d, \"p50_ns\": %" PRIu64
@@ -345,17 +339,38 @@ int main(int argc, char **argv)
 	       ", \"max_ns\": %" PRIu64 ", \"limits_p50_ns\": %" PRIu64
 	       ", \"limits_min_ns\": %" PRIu64 ", \"sum_checked\": %" PRId64
 	       "}\n",
-	       slots, lanes, seg_lanes, groups, churn,
-	       use_writer ? "true" : "false", ticks, t[ticks / 2],
-	       t[(size_t)ticks * 99 / 100], t[0], t[ticks - 1], tl[ticks / 2],
-	       tl[0], want);
+	       nslots, nlanes, o->seg_lanes, o->groups, o->churn,
+	       o->use_writer ? "true" : "false", o->ticks, pc.p50, pc.p99,
+	       pc.min, pc.max, pl.p50, pl.min, want);
+}
 
+static void tear_down(void)
+{
 	mts_registry_close(&reg);
 	uv_run(&loop, UV_RUN_DEFAULT);
 	mts_core_free(&reg);
 	uv_loop_close(&loop);
 	mtshm_close(&map);
-	for (uint32_t i = 0; i < slots; i++)
+}
+
+int main(int argc, char **argv)
+{
+	struct opts o;
+	if (parse_args(argc, argv, &o) || (o.cpu >= 0 && bench_pin_cpu(o.cpu)))
+		return 2;
+	mts_log_set_level(MTS_LOG_ERROR);
+	void **noise = calloc(nslots, sizeof(*noise));
+	uint64_t *t = calloc((size_t)o.ticks, sizeof(*t));
+	uint64_t *tl = calloc((size_t)o.ticks, sizeof(*tl));
+	if (!noise || !t || !tl || make_registry(&o) ||
+	    add_workers(&o, noise) || time_ticks(&o, t, tl))
+		return 2;
+	int64_t want = prove();
+	if (want < 0)
+		return 3;
+	report(&o, t, tl, want);
+	tear_down();
+	for (uint32_t i = 0; i < nslots; i++)
 		free(noise[i]);
 	free(noise);
 	free(t);

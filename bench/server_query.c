@@ -55,6 +55,69 @@ static void pct(const char *name, uint64_t *t, int n)
 	       t[(int)((long)n * 999 / 1000)], t[0]);
 }
 
+/* A bare round trip of 64 bytes over a socketpair to a child that echoes
+ * them, n times after 1000 warm-up ones, into t. Returns 0 or -1. */
+static int time_bare_rtt(uint64_t *t, int n)
+{
+	int sv[2];
+	if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv))
+		return -1;
+	pid_t child = fork();
+	if (child == 0) {
+		close(sv[0]);
+		char b[64];
+		while (full_io(sv[1], b, sizeof(b), 0) == 0)
+			if (full_io(sv[1], b, sizeof(b), 1))
+				break;
+		_exit(0);
+	}
+	close(sv[1]);
+	char b[64] = {0};
+	for (int i = 0; i < 1000; i++)
+		if (full_io(sv[0], b, 64, 1) || full_io(sv[0], b, 64, 0))
+			return -1;
+	for (int i = 0; i < n; i++) {
+		uint64_t t0 = bench_now_ns();
+		if (full_io(sv[0], b, 64, 1) || full_io(sv[0], b, 64, 0))
+			return -1;
+		t[i] = bench_now_ns() - t0;
+	}
+	close(sv[0]);
+	waitpid(child, NULL, 0);
+	return 0;
+}
+
+/* GetUsage on one connection to the server at `sock`, n times after 1000
+ * warm-up calls, into t; every call must succeed. Returns 0 or -1 (the
+ * proof failed, said on stderr). */
+static int time_get_usage(const char *sock, uint64_t *t, int n)
+{
+	memtally_query *q;
+	int rc = memtally_query_open(&q, sock, 5000);
+	if (rc) {
+		fprintf(stderr, "PROOF FAILED: cannot connect to %s: %s\n", sock,
+		        memtally_strerror(rc));
+		return -1;
+	}
+	for (int i = 0; i < n + 1000; i++) {
+		struct memtally_usage *u;
+		uint64_t t0 = bench_now_ns();
+		rc = memtally_query_usage(q, &u);
+		uint64_t dt = bench_now_ns() - t0;
+		if (rc) {
+			fprintf(stderr, "PROOF FAILED: GetUsage: %s (%s)\n",
+			        memtally_strerror(rc),
+			        memtally_query_last_error(q));
+			return -1;
+		}
+		memtally_usage_free(u);
+		if (i >= 1000)
+			t[i - 1000] = dt;
+	}
+	memtally_query_close(q);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	const char *sock = NULL;
@@ -72,69 +135,15 @@ int main(int argc, char **argv)
 		                "[--n N>=1000] [--cpu N]\n");
 		return 2;
 	}
-	if (cpu >= 0) {
-		cpu_set_t set;
-		CPU_ZERO(&set);
-		CPU_SET(cpu, &set);
-		sched_setaffinity(0, sizeof(set), &set);
-	}
+	if (cpu >= 0)
+		bench_pin_cpu(cpu);
 	uint64_t *t = calloc((size_t)n, sizeof(*t));
-	if (!t)
+	if (!t || time_bare_rtt(t, n))
 		return 2;
-
-	/* Bare round trip. */
-	int sv[2];
-	if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv))
-		return 2;
-	pid_t child = fork();
-	if (child == 0) {
-		close(sv[0]);
-		char b[64];
-		while (full_io(sv[1], b, sizeof(b), 0) == 0)
-			if (full_io(sv[1], b, sizeof(b), 1))
-				break;
-		_exit(0);
-	}
-	close(sv[1]);
-	char b[64] = {0};
-	for (int i = 0; i < 1000; i++)
-		if (full_io(sv[0], b, 64, 1) || full_io(sv[0], b, 64, 0))
-			return 2;
-	for (int i = 0; i < n; i++) {
-		uint64_t t0 = bench_now_ns();
-		if (full_io(sv[0], b, 64, 1) || full_io(sv[0], b, 64, 0))
-			return 2;
-		t[i] = bench_now_ns() - t0;
-	}
-	close(sv[0]);
-	waitpid(child, NULL, 0);
 	printf("{");
 	pct("bare_rtt", t, n);
-
-	/* GetUsage on one connection. */
-	memtally_query *q;
-	int rc = memtally_query_open(&q, sock, 5000);
-	if (rc) {
-		fprintf(stderr, "PROOF FAILED: cannot connect to %s: %s\n", sock,
-		        memtally_strerror(rc));
+	if (time_get_usage(sock, t, n))
 		return 3;
-	}
-	for (int i = 0; i < n + 1000; i++) {
-		struct memtally_usage *u;
-		uint64_t t0 = bench_now_ns();
-		rc = memtally_query_usage(q, &u);
-		uint64_t dt = bench_now_ns() - t0;
-		if (rc) {
-			fprintf(stderr, "PROOF FAILED: GetUsage: %s (%s)\n",
-			        memtally_strerror(rc),
-			        memtally_query_last_error(q));
-			return 3;
-		}
-		memtally_usage_free(u);
-		if (i >= 1000)
-			t[i - 1000] = dt;
-	}
-	memtally_query_close(q);
 	printf(", ");
 	pct("get_usage", t, n);
 	printf("}\n");

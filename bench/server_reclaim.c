@@ -143,222 +143,264 @@ static int64_t slot_total(const struct mtshm_layout *l,
 
 static void stats(const char *name, uint64_t *v, int n, int last)
 {
-	qsort(v, (size_t)n, sizeof(*v), bench_cmp_u64);
+	struct bench_pcts pc = bench_percentiles(v, (size_t)n);
 	printf("\"%s\": {\"p50_us\": %.1f, \"p99_us\": %.1f, \"max_us\": %.1f, "
 	       "\"min_us\": %.1f}%s",
-	       name, v[n / 2] / 1e3, v[(size_t)n * 99 / 100] / 1e3,
-	       v[n - 1] / 1e3, v[0] / 1e3, last ? "" : ", ");
+	       name, pc.p50 / 1e3, pc.p99 / 1e3, pc.max / 1e3, pc.min / 1e3,
+	       last ? "" : ", ");
 }
 
-int main(int argc, char **argv)
+/* ---- the run --------------------------------------------------------- */
+
+/* The command line; worker_mib > 0: run as a worker. */
+struct opts {
+	const char *memtallyd, *preload;
+	long tick_ms, mib, worker_mib;
+	int n;
+};
+
+static int parse_args(int argc, char **argv, struct opts *o)
 {
-	const char *memtallyd = NULL, *preload = NULL;
-	long tick_ms = 10, mib = 10;
-	int n = 200;
+	*o = (struct opts){.tick_ms = 10, .mib = 10, .n = 200};
 	for (int i = 1; i < argc; i++) {
 		const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-		if (v && !strcmp(argv[i], "--worker"))
-			return worker(atol(v));
-		else if (v && !strcmp(argv[i], "--memtallyd"))
-			memtallyd = v, i++;
+		if (v && !strcmp(argv[i], "--worker")) {
+			o->worker_mib = atol(v);
+			return 0;
+		} else if (v && !strcmp(argv[i], "--memtallyd"))
+			o->memtallyd = v, i++;
 		else if (v && !strcmp(argv[i], "--preload"))
-			preload = v, i++;
+			o->preload = v, i++;
 		else if (v && !strcmp(argv[i], "--tick"))
-			tick_ms = atol(v), i++;
+			o->tick_ms = atol(v), i++;
 		else if (v && !strcmp(argv[i], "--n"))
-			n = atoi(v), i++;
+			o->n = atoi(v), i++;
 		else if (v && !strcmp(argv[i], "--mib"))
-			mib = atol(v), i++;
+			o->mib = atol(v), i++;
 		else {
 			fprintf(
 			    stderr,
 			    "usage: bench_server_reclaim --memtallyd PATH "
 			    "--preload LIB [--tick MS] [--n N] [--mib M]\n");
-			return 2;
+			return -1;
 		}
 	}
-	if (!memtallyd || !preload || n < 1 || mib < 1 || tick_ms < 1)
-		return 2;
+	return !o->memtallyd || !o->preload || o->n < 1 || o->mib < 1 ||
+	               o->tick_ms < 1
+	           ? -1
+	           : 0;
+}
 
-	char dir[] = "/tmp/mtbench-reclaim-XXXXXX";
-	if (!mkdtemp(dir))
-		return 2;
-	char sock[256], state[300], seg[64], tick[32], log[256];
-	char hdr_name[128], tbl_prefix[128];
-	snprintf(sock, sizeof(sock), "%s/memtally.sock", dir);
-	snprintf(state, sizeof(state), "%s.state", sock);
-	snprintf(log, sizeof(log), "%s/memtallyd.log", dir);
+/* What a run holds and measures (ns, one per kill). */
+struct run {
+	struct bench_server srv;
+	char hdr_name[128], tbl_prefix[128]; /* the server's memfds */
+	struct mtshm_map m, table;           /* its header, our uid's table */
+	struct mtshm_layout layout;
+	pid_t w; /* the worker alive now, if any */
+	char *wargv[4], *wenv[3];
+	char self[4096], env_preload[4200], env_sock[300], mibs[32];
+	int64_t want; /* bytes a worker's slot holds once it is ready */
+	uint64_t *k2e, *k2f, *k2r, *e2r;
+};
+
+/* A real memtallyd, and its header mapped as a worker maps it. */
+static int start_server(const struct opts *o, struct run *r)
+{
+	char tick[32];
+	snprintf(tick, sizeof(tick), "%ld", o->tick_ms);
+	const char *args[] = {"--tick",  tick,          "--slots", "256",
+	                      "--reset", "--log-level", "warn",    NULL};
+	if (bench_server_start(&r->srv, "reclaim", o->memtallyd, -1, args))
+		return -1;
 	/* --segment /NAME: the server names its memfds NAME. */
-	snprintf(seg, sizeof(seg), "/mtbench-reclaim-%d", (int)getpid());
-	snprintf(hdr_name, sizeof(hdr_name), "/memfd:%s (deleted)", seg + 1);
-	snprintf(tbl_prefix, sizeof(tbl_prefix), "/memfd:%s-slots:", seg + 1);
-	snprintf(tick, sizeof(tick), "%ld", tick_ms);
+	const char *seg = r->srv.seg + 1;
+	snprintf(r->hdr_name, sizeof(r->hdr_name), "/memfd:%s (deleted)", seg);
+	snprintf(r->tbl_prefix, sizeof(r->tbl_prefix), "/memfd:%s-slots:", seg);
+	uint64_t deadline = bench_now_ns() + DEADLINE_NS;
+	while (
+	    bench_now_ns() < deadline &&
+	    !(bench_socket_up(r->srv.sock) &&
+	      map_server_object(r->srv.pid, r->hdr_name, 0, MTSHM_SEALS_HEADER,
+	                        MTSHM_HEADER_SIZE, &r->m) == 0))
+		bench_nap_us(10000);
+	if (!r->m.base || mtshm_layout_read(r->m.base, r->m.size, &r->layout)) {
+		fprintf(stderr, "memtallyd did not start (see %s)\n",
+		        r->srv.log);
+		return -1;
+	}
+	return 0;
+}
 
-	pid_t srv = fork();
-	if (srv < 0)
-		return 2;
-	if (srv == 0) {
-		int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-		if (fd >= 0)
-			dup2(fd, 2);
-		execl(memtallyd, memtallyd, "--socket", sock, "--segment", seg,
-		      "--tick", tick, "--slots", "256", "--reset",
-		      "--log-level", "warn", (char *)NULL);
+/* The workers' command (this program, --worker) and environment (the
+ * preload, the server's socket), and room for the figures. */
+static int prepare_workers(const struct opts *o, struct run *r)
+{
+	ssize_t sl = readlink("/proc/self/exe", r->self, sizeof(r->self) - 1);
+	if (sl <= 0)
+		return -1;
+	r->self[sl] = 0;
+	snprintf(r->env_preload, sizeof(r->env_preload), "LD_PRELOAD=%s",
+	         o->preload);
+	snprintf(r->env_sock, sizeof(r->env_sock), "MEMTALLY_SOCKET=%s",
+	         r->srv.sock);
+	snprintf(r->mibs, sizeof(r->mibs), "%ld", o->mib);
+	r->wenv[0] = r->env_preload, r->wenv[1] = r->env_sock;
+	r->wargv[0] = r->self, r->wargv[1] = (char *)"--worker";
+	r->wargv[2] = r->mibs;
+	r->want = o->mib * (INT64_C(1) << 20) * 9 / 10;
+	r->k2e = calloc((size_t)o->n, sizeof(uint64_t));
+	r->k2f = calloc((size_t)o->n, sizeof(uint64_t));
+	r->k2r = calloc((size_t)o->n, sizeof(uint64_t));
+	r->e2r = calloc((size_t)o->n, sizeof(uint64_t));
+	return r->k2e && r->k2f && r->k2r && r->e2r ? 0 : -1;
+}
+
+/* Start a worker and wait until it is ready: registered (the server wrote
+ * its pid into a slot) and flushed (its lanes hold the bytes). Returns
+ * its slot, or -1. */
+static int64_t start_worker(struct run *r)
+{
+	r->w = fork();
+	if (r->w < 0) {
+		r->w = 0;
+		return -1;
+	}
+	if (r->w == 0) {
+		execve(r->self, r->wargv, r->wenv);
 		_exit(127);
 	}
-	int rc = 2;
-	pid_t w = 0; /* the worker alive now, if any */
-	uint64_t *k2e = NULL, *k2f = NULL, *k2r = NULL, *e2r = NULL;
-	struct mtshm_map m = {.fd = -1}, table = {.fd = -1};
-	struct mtshm_layout layout;
+	int64_t slot = -1;
 	uint64_t deadline = bench_now_ns() + DEADLINE_NS;
-	while (bench_now_ns() < deadline &&
-	       !(bench_socket_up(sock) &&
-	         map_server_object(srv, hdr_name, 0, MTSHM_SEALS_HEADER,
-	                           MTSHM_HEADER_SIZE, &m) == 0))
-		bench_nap_us(10000);
-	if (!m.base || mtshm_layout_read(m.base, m.size, &layout)) {
-		fprintf(stderr, "memtallyd did not start (see %s)\n", log);
-		goto out_server;
+	for (;;) {
+		if (!r->table.base)
+			map_server_object(r->srv.pid, r->tbl_prefix, 1,
+			                  MTSHM_SEALS_TABLE,
+			                  r->layout.table_size, &r->table);
+		if (slot < 0)
+			slot = find_slot(&r->layout, &r->table, r->w);
+		if (slot < 0)
+			mtshm_close(&r->table); /* not there yet: again */
+		if (slot >= 0 &&
+		    slot_total(&r->layout, mtshm_slot(&r->layout, r->table.base,
+		                                      (uint32_t)slot)) >=
+		        r->want)
+			return slot;
+		if (bench_now_ns() > deadline) {
+			fprintf(stderr,
+			        "worker %d not registered with %" PRId64
+			        " bytes within 5 s (slot %" PRId64 ")\n",
+			        (int)r->w, r->want, slot);
+			return -1;
+		}
+		bench_nap_us(200);
 	}
+}
 
-	char self[4096];
-	ssize_t sl = readlink("/proc/self/exe", self, sizeof(self) - 1);
-	if (sl <= 0)
-		goto out_server;
-	self[sl] = 0;
-	char env_preload[4200], env_sock[300], mibs[32];
-	snprintf(env_preload, sizeof(env_preload), "LD_PRELOAD=%s", preload);
-	snprintf(env_sock, sizeof(env_sock), "MEMTALLY_SOCKET=%s", sock);
-	snprintf(mibs, sizeof(mibs), "%ld", mib);
-	char *wenv[] = {env_preload, env_sock, NULL};
-	int64_t want = mib * (INT64_C(1) << 20) * 9 / 10;
-
-	k2e = calloc((size_t)n, sizeof(uint64_t));
-	k2f = calloc((size_t)n, sizeof(uint64_t));
-	k2r = calloc((size_t)n, sizeof(uint64_t));
-	e2r = calloc((size_t)n, sizeof(uint64_t));
-	if (!k2e || !k2f || !k2r || !e2r)
-		goto out_server;
-	for (int it = 0; it < n; it++) {
-		w = fork();
-		if (w < 0) {
-			w = 0;
-			goto out_server;
+/* Kill the worker in `slot` and spin until it is reclaimed: kill->exit,
+ * ->slot freed, ->reclaimed and exit->reclaimed go to run `it`. One
+ * worker at a time: reclaimed means a snapshot published after the kill
+ * with no process and no bytes left. Returns 0 or -1. */
+static int time_reclaim(struct run *r, int64_t slot, int it)
+{
+	struct mtshm_slot_id *s =
+	    mtshm_slot(&r->layout, r->table.base, (uint32_t)slot);
+	struct mtshm_fleet f;
+	if (mtshm_fleet_read(r->m.hdr, &f) != 0)
+		return -1;
+	uint64_t seq0 = f.seq;
+	int pfd = pidfd_open(r->w, 0);
+	if (pfd < 0)
+		return -1;
+	uint64_t t0 = bench_now_ns(), t_exit = 0, t_freed = 0, t_rec = 0;
+	kill(r->w, SIGKILL);
+	uint64_t deadline = t0 + DEADLINE_NS;
+	while (!t_rec || !t_exit) {
+		uint64_t t = bench_now_ns();
+		if (!t_exit) {
+			struct pollfd p = {.fd = pfd, .events = POLLIN};
+			if (poll(&p, 1, 0) > 0)
+				t_exit = t;
 		}
-		if (w == 0) {
-			execle(self, self, "--worker", mibs, (char *)NULL,
-			       wenv);
-			_exit(127);
+		if (!t_freed && mtshm_load_acquire32(&s->pid) != (uint32_t)r->w)
+			t_freed = t;
+		if (t_freed && !t_rec && mtshm_fleet_read(r->m.hdr, &f) == 0 &&
+		    f.seq > seq0 && f.processes == 0 && f.bytes == 0)
+			t_rec = t;
+		if (t > deadline) {
+			fprintf(stderr,
+			        "kill %d: not reclaimed within 5 s "
+			        "(exit %s, slot %s)\n",
+			        it, t_exit ? "seen" : "not seen",
+			        t_freed ? "freed" : "held");
+			close(pfd);
+			return -1;
 		}
-		/* Ready: registered (the server wrote our pid into a slot)
-		 * and flushed (its lanes hold the bytes). */
-		int64_t slot = -1;
-		deadline = bench_now_ns() + DEADLINE_NS;
-		for (;;) {
-			if (!table.base)
-				map_server_object(srv, tbl_prefix, 1,
-				                  MTSHM_SEALS_TABLE,
-				                  layout.table_size, &table);
-			if (slot < 0)
-				slot = find_slot(&layout, &table, w);
-			if (slot < 0)
-				mtshm_close(&table); /* not there yet: again */
-			if (slot >= 0 &&
-			    slot_total(&layout,
-			               mtshm_slot(&layout, table.base,
-			                          (uint32_t)slot)) >= want)
-				break;
-			if (bench_now_ns() > deadline) {
-				fprintf(stderr,
-				        "worker %d not registered with %" PRId64
-				        " bytes within 5 s (slot %" PRId64
-				        ")\n",
-				        (int)w, want, slot);
-				goto out_server;
-			}
-			bench_nap_us(200);
-		}
-		struct mtshm_slot_id *s =
-		    mtshm_slot(&layout, table.base, (uint32_t)slot);
-		/* One worker at a time: reclaimed means a snapshot published
-		 * after the kill with no process and no bytes left. */
-		struct mtshm_fleet f;
-		if (mtshm_fleet_read(m.hdr, &f) != 0)
-			goto out_server;
-		uint64_t seq0 = f.seq;
-		int pfd = pidfd_open(w, 0);
-		if (pfd < 0)
-			goto out_server;
-
-		uint64_t t0 = bench_now_ns(), t_exit = 0, t_freed = 0, t_rec = 0;
-		kill(w, SIGKILL);
-		deadline = t0 + DEADLINE_NS;
-		while (!t_rec || !t_exit) {
-			uint64_t t = bench_now_ns();
-			if (!t_exit) {
-				struct pollfd p = {.fd = pfd, .events = POLLIN};
-				if (poll(&p, 1, 0) > 0)
-					t_exit = t;
-			}
-			if (!t_freed &&
-			    mtshm_load_acquire32(&s->pid) != (uint32_t)w)
-				t_freed = t;
-			if (t_freed && !t_rec &&
-			    mtshm_fleet_read(m.hdr, &f) == 0 && f.seq > seq0 &&
-			    f.processes == 0 && f.bytes == 0)
-				t_rec = t;
-			if (t > deadline) {
-				fprintf(stderr,
-				        "kill %d: not reclaimed within 5 s "
-				        "(exit %s, slot %s)\n",
-				        it, t_exit ? "seen" : "not seen",
-				        t_freed ? "freed" : "held");
-				close(pfd);
-				goto out_server;
-			}
-			sched_yield();
-		}
-		close(pfd);
-		waitpid(w, NULL, 0);
-		w = 0;
-		mtshm_close(&table); /* the server released it already */
-		k2e[it] = t_exit - t0;
-		k2f[it] = t_freed - t0;
-		k2r[it] = t_rec - t0;
-		/* Exit and reclaim are seen by the same spin: exit first
-		 * unless both landed between two of its rounds. */
-		e2r[it] = t_rec > t_exit ? t_rec - t_exit : 0;
+		sched_yield();
 	}
-	printf("{\"tick_ms\": %ld, \"n\": %d, \"mib\": %ld, ", tick_ms, n, mib);
-	stats("kill_to_exit", k2e, n, 0);
-	stats("kill_to_slot_freed", k2f, n, 0);
-	stats("kill_to_reclaim", k2r, n, 0);
-	stats("exit_to_reclaim", e2r, n, 1);
+	close(pfd);
+	waitpid(r->w, NULL, 0);
+	r->w = 0;
+	mtshm_close(&r->table); /* the server released it already */
+	r->k2e[it] = t_exit - t0;
+	r->k2f[it] = t_freed - t0;
+	r->k2r[it] = t_rec - t0;
+	/* Exit and reclaim are seen by the same spin: exit first unless both
+	 * landed between two of its rounds. */
+	r->e2r[it] = t_rec > t_exit ? t_rec - t_exit : 0;
+	return 0;
+}
+
+static void report(const struct opts *o, struct run *r)
+{
+	printf("{\"tick_ms\": %ld, \"n\": %d, \"mib\": %ld, ", o->tick_ms, o->n,
+	       o->mib);
+	stats("kill_to_exit", r->k2e, o->n, 0);
+	stats("kill_to_slot_freed", r->k2f, o->n, 0);
+	stats("kill_to_reclaim", r->k2r, o->n, 0);
+	stats("exit_to_reclaim", r->e2r, o->n, 1);
 	printf("}\n");
-	rc = 0;
+}
 
-out_server:
-	if (w > 0) {
-		kill(w, SIGKILL);
-		waitpid(w, NULL, 0);
+/* Stop what still runs and remove what the run left (but the server's
+ * log after a failure). */
+static void clean_up(struct run *r, int rc)
+{
+	if (r->w > 0) {
+		kill(r->w, SIGKILL);
+		waitpid(r->w, NULL, 0);
 	}
-	mtshm_close(&table);
-	mtshm_close(&m);
-	kill(srv, SIGTERM);
-	waitpid(srv, NULL, 0);
-	unlink(sock);
-	unlink(state);
-	free(k2e);
-	free(k2f);
-	free(k2r);
-	free(e2r);
-	if (rc) {
-		/* Keep memtallyd's log for the post-mortem. */
-		fprintf(stderr, "memtallyd's log: %s\n", log);
-		return rc;
+	mtshm_close(&r->table);
+	mtshm_close(&r->m);
+	free(r->k2e);
+	free(r->k2f);
+	free(r->k2r);
+	free(r->e2r);
+	if (r->srv.dir[0])
+		bench_server_stop(&r->srv, rc != 0);
+}
+
+int main(int argc, char **argv)
+{
+	struct opts o;
+	if (parse_args(argc, argv, &o))
+		return 2;
+	if (o.worker_mib)
+		return worker(o.worker_mib);
+	static struct run r = {.m = {.fd = -1}, .table = {.fd = -1}};
+	int rc = 2;
+	if (!start_server(&o, &r) && !prepare_workers(&o, &r)) {
+		int it = 0;
+		for (; it < o.n; it++) {
+			int64_t slot = start_worker(&r);
+			if (slot < 0 || time_reclaim(&r, slot, it))
+				break;
+		}
+		if (it == o.n) {
+			report(&o, &r);
+			rc = 0;
+		}
 	}
-	unlink(log);
-	rmdir(dir);
+	clean_up(&r, rc);
 	return rc;
 }

@@ -310,31 +310,41 @@ static int run_worker(int hold_fd, struct wres *r, pid_t *pid_out,
 	return 0;
 }
 
-int main(int argc, char **argv)
+/* ---- the run --------------------------------------------------------- */
+
+/* The command line. */
+struct opts {
+	const char *memtallyd;
+	long tick_ms, slots;
+	int n, warmup, holder, cpu, server_cpu;
+};
+
+static int parse_args(int argc, char **argv, struct opts *o)
 {
-	const char *memtallyd = NULL;
-	long tick_ms = 1000, slots = 4096;
-	int n = 2000, warmup = 50, holder = 0;
-	int ncpu = (int)sysconf(_SC_NPROCESSORS_ONLN);
-	int cpu = ncpu - 1, server_cpu = -2;
+	*o = (struct opts){.tick_ms = 1000,
+	                   .slots = 4096,
+	                   .n = 2000,
+	                   .warmup = 50,
+	                   .server_cpu = -2};
+	o->cpu = (int)sysconf(_SC_NPROCESSORS_ONLN) - 1;
 	for (int i = 1; i < argc; i++) {
 		const char *v = i + 1 < argc ? argv[i + 1] : NULL;
 		if (!strcmp(argv[i], "--holder"))
-			holder = 1;
+			o->holder = 1;
 		else if (v && !strcmp(argv[i], "--memtallyd"))
-			memtallyd = v, i++;
+			o->memtallyd = v, i++;
 		else if (v && !strcmp(argv[i], "--n"))
-			n = atoi(v), i++;
+			o->n = atoi(v), i++;
 		else if (v && !strcmp(argv[i], "--warmup"))
-			warmup = atoi(v), i++;
+			o->warmup = atoi(v), i++;
 		else if (v && !strcmp(argv[i], "--tick"))
-			tick_ms = atol(v), i++;
+			o->tick_ms = atol(v), i++;
 		else if (v && !strcmp(argv[i], "--slots"))
-			slots = atol(v), i++;
+			o->slots = atol(v), i++;
 		else if (v && !strcmp(argv[i], "--cpu"))
-			cpu = atoi(v), i++;
+			o->cpu = atoi(v), i++;
 		else if (v && !strcmp(argv[i], "--server-cpu"))
-			server_cpu = atoi(v), i++;
+			o->server_cpu = atoi(v), i++;
 		else {
 			fprintf(stderr,
 			        "usage: bench_server_register --memtallyd PATH "
@@ -342,209 +352,242 @@ int main(int argc, char **argv)
 			        "[--slots S] [--cpu C] [--server-cpu C] "
 			        "(C = -1: not pinned; --server-cpu defaults to "
 			        "--cpu)\n");
-			return 2;
+			return -1;
 		}
 	}
-	if (!memtallyd || n < 1 || warmup < 0 || tick_ms < 1 || slots < 2)
-		return 2;
-	if (server_cpu == -2)
-		server_cpu = cpu;
+	if (o->server_cpu == -2)
+		o->server_cpu = o->cpu;
+	return !o->memtallyd || o->n < 1 || o->warmup < 0 || o->tick_ms < 1 ||
+	               o->slots < 2
+	           ? -1
+	           : 0;
+}
 
-	char dir[] = "/tmp/mtbench-register-XXXXXX";
-	if (!mkdtemp(dir))
-		return 2;
-	char sock[256], state[300], seg[64], tick[32], nslots[32], log[256];
-	snprintf(sock, sizeof(sock), "%s/memtally.sock", dir);
-	snprintf(state, sizeof(state), "%s.state", sock);
-	snprintf(log, sizeof(log), "%s/memtallyd.log", dir);
-	snprintf(seg, sizeof(seg), "/mtbench-register-%d", (int)getpid());
-	snprintf(tick, sizeof(tick), "%ld", tick_ms);
-	snprintf(nslots, sizeof(nslots), "%ld", slots);
-	setenv("MEMTALLY_SOCKET", sock, 1);
-	unsetenv("LD_PRELOAD");
+/* What a run holds and finds. */
+struct run {
+	struct bench_server srv;
+	struct logf lf;
+	uint64_t *lat; /* client latency of each timed worker */
+	pid_t hold_pid;
+	int hold_pipe[2];
+	int reg_seen, total; /* workers seen in the log, workers run */
+	struct cpu c0, c1;   /* the server's CPU before and after */
+	long before, after;  /* GetUsage's processes */
+	struct bench_sbuf why;
+};
 
-	pid_t srv = fork();
-	if (srv < 0)
-		return 2;
-	if (srv == 0) {
-		int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-		if (fd >= 0)
-			dup2(fd, 2);
-		if (server_cpu >= 0)
-			bench_pin_cpu(server_cpu);
-		/* The default log level (info): one line per registration
-		 * and per exit, as a deployed server writes them. */
-		execl(memtallyd, memtallyd, "--socket", sock, "--segment", seg,
-		      "--tick", tick, "--slots", nslots, (char *)NULL);
-		_exit(127);
+/* The steps below return 0 to go on, 1 when a sign of the proof failed
+ * (in r->why: the run stops, the proof reports it), -1 on an error. */
+
+/* memtallyd at its default log level (info): one line per registration
+ * and per exit, as a deployed server writes them. Then pin ourselves. */
+static int start_server(struct opts *o, struct run *r)
+{
+	char tick[32], nslots[32];
+	snprintf(tick, sizeof(tick), "%ld", o->tick_ms);
+	snprintf(nslots, sizeof(nslots), "%ld", o->slots);
+	const char *args[] = {"--tick", tick, "--slots", nslots, NULL};
+	if (bench_server_start(&r->srv, "register", o->memtallyd, o->server_cpu,
+	                       args))
+		return -1;
+	setenv("MEMTALLY_SOCKET", r->srv.sock, 1);
+	if (o->cpu >= 0 && bench_pin_cpu(o->cpu)) {
+		fprintf(stderr, "cannot pin to CPU %d\n", o->cpu);
+		o->cpu = -1;
 	}
-	if (cpu >= 0 && bench_pin_cpu(cpu)) {
-		fprintf(stderr, "cannot pin to CPU %d\n", cpu);
-		cpu = -1;
-	}
-
-	int rc = 2;
-	struct bench_sbuf why = {.n = 0};
-	struct logf lf = {.fd = -1};
-	uint64_t *lat = calloc((size_t)n, sizeof(uint64_t));
-	pid_t hold_pid = 0;
-	int hold_pipe[2] = {-1, -1};
-	int reg_seen = 0, total = 0;
-	struct cpu c0, c1;
-	long before = -1, after = -1;
-	if (!lat)
-		goto out;
 	uint64_t deadline = bench_now_ns() + DEADLINE_NS;
-	while (bench_now_ns() < deadline && !bench_socket_up(sock))
+	while (bench_now_ns() < deadline && !bench_socket_up(r->srv.sock))
 		bench_nap_us(10000);
-	lf.fd = open(log, O_RDONLY | O_CLOEXEC);
-	if (lf.fd < 0 || !bench_socket_up(sock)) {
-		fprintf(stderr, "memtallyd did not start (see %s)\n", log);
-		goto out;
+	r->lf.fd = open(r->srv.log, O_RDONLY | O_CLOEXEC);
+	if (r->lf.fd < 0 || !bench_socket_up(r->srv.sock)) {
+		fprintf(stderr, "memtallyd did not start (see %s)\n",
+		        r->srv.log);
+		return -1;
 	}
+	return 0;
+}
 
-	if (holder) {
-		if (pipe2(hold_pipe, O_CLOEXEC))
-			goto out;
-		struct wres r;
-		/* The holder waits on the read end; the parent closing the
-		 * write end (the only copy) releases it. */
-		close_in_child = hold_pipe[1];
-		if (run_worker(hold_pipe[0], &r, &hold_pid, &why))
-			goto proof;
-		close(hold_pipe[0]);
-		hold_pipe[0] = -1;
-		total++;
-	}
+/* The holder: a worker that stays registered through the run. It waits
+ * on its pipe's read end; the parent closing the write end (the only
+ * copy) releases it. */
+static int start_holder(struct run *r)
+{
+	if (pipe2(r->hold_pipe, O_CLOEXEC))
+		return -1;
+	struct wres w;
+	close_in_child = r->hold_pipe[1];
+	if (run_worker(r->hold_pipe[0], &w, &r->hold_pid, &r->why))
+		return 1;
+	close(r->hold_pipe[0]);
+	r->hold_pipe[0] = -1;
+	r->total++;
+	return 0;
+}
 
-	before = usage_processes(sock);
-	if (before != holder)
-		bench_flag(&why,
-		           "GetUsage lists %ld processes before the run, "
-		           "expected %d",
-		           before, holder);
-	for (int i = -warmup; i < n; i++) {
-		if (i == 0 && read_cpu(srv, &c0)) {
+static int release_holder(struct run *r)
+{
+	close(r->hold_pipe[1]);
+	r->hold_pipe[1] = -1;
+	waitpid(r->hold_pid, NULL, 0);
+	int reg = 1;
+	if (log_wait_exit(&r->lf, r->hold_pid, &reg))
+		bench_flag(&r->why, "the holder's exit is not in the log");
+	r->hold_pid = 0;
+	return 0;
+}
+
+/* Warm-up then timed workers, one at a time: each registers, exits, and
+ * its two lines are in the server's log before the next starts. */
+static int run_workers(const struct opts *o, struct run *r)
+{
+	for (int i = -o->warmup; i < o->n; i++) {
+		if (i == 0 && read_cpu(r->srv.pid, &r->c0)) {
 			fprintf(stderr, "cannot read /proc/%d/stat\n",
-			        (int)srv);
-			goto out;
+			        (int)r->srv.pid);
+			return -1;
 		}
-		struct wres r;
-		pid_t w = 0;
-		int err = run_worker(-1, &r, &w, &why);
-		if (w > 0)
-			waitpid(w, NULL, 0);
+		struct wres w;
+		pid_t pid = 0;
+		int err = run_worker(-1, &w, &pid, &r->why);
+		if (pid > 0)
+			waitpid(pid, NULL, 0);
 		if (err)
-			goto proof;
-		total++;
+			return 1;
+		r->total++;
 		int reg = 0;
-		if (log_wait_exit(&lf, w, &reg)) {
-			bench_flag(&why,
+		if (log_wait_exit(&r->lf, pid, &reg)) {
+			bench_flag(&r->why,
 			           "the server's log has no \"worker %s\" line "
 			           "for worker %d within 5 s",
-			           reg ? "exited" : "registered", (int)w);
-			goto proof;
+			           reg ? "exited" : "registered", (int)pid);
+			return 1;
 		}
-		reg_seen++;
+		r->reg_seen++;
 		if (i >= 0)
-			lat[i] = r.ns;
+			r->lat[i] = w.ns;
 	}
-	if (read_cpu(srv, &c1)) {
-		fprintf(stderr, "cannot read /proc/%d/stat\n", (int)srv);
-		goto out;
+	return 0;
+}
+
+/* The run: the holder, GetUsage before, the workers, GetUsage after. */
+static int measure(const struct opts *o, struct run *r)
+{
+	int k;
+	if (o->holder && (k = start_holder(r)))
+		return k;
+	r->before = usage_processes(r->srv.sock);
+	if (r->before != o->holder)
+		bench_flag(&r->why,
+		           "GetUsage lists %ld processes before the run, "
+		           "expected %d",
+		           r->before, o->holder);
+	if ((k = run_workers(o, r)))
+		return k;
+	if (read_cpu(r->srv.pid, &r->c1)) {
+		fprintf(stderr, "cannot read /proc/%d/stat\n", (int)r->srv.pid);
+		return -1;
 	}
-	after = usage_processes(sock);
-	if (after != holder)
-		bench_flag(&why,
+	r->after = usage_processes(r->srv.sock);
+	if (r->after != o->holder)
+		bench_flag(&r->why,
 		           "GetUsage lists %ld processes after the run, "
 		           "expected %d (every worker reclaimed)",
-		           after, holder);
-	if (holder) {
-		close(hold_pipe[1]);
-		hold_pipe[1] = -1;
-		waitpid(hold_pid, NULL, 0);
-		int reg = 1;
-		if (log_wait_exit(&lf, hold_pid, &reg))
-			bench_flag(&why, "the holder's exit is not in the log");
-		hold_pid = 0;
-	}
+		           r->after, o->holder);
+	return o->holder ? release_holder(r) : 0;
+}
 
-proof:
-	kill(srv, SIGTERM);
-	waitpid(srv, NULL, 0);
-	srv = 0;
-	if (lf.fd >= 0) {
+/* Stop the server and check its own count at shutdown. Returns the
+ * number of failed signs, reported on stderr. */
+static int prove(struct run *r)
+{
+	kill(r->srv.pid, SIGTERM);
+	waitpid(r->srv.pid, NULL, 0);
+	r->srv.pid = 0;
+	if (r->lf.fd >= 0) {
 		int r0 = 0, e0 = 0;
-		log_poll(&lf, -2, &r0, &e0);
+		log_poll(&r->lf, -2, &r0, &e0);
 	}
-	if (!why.fails && (!lf.stopped || lf.registrations != (uint64_t)total ||
-	                   lf.exits != (uint64_t)total))
-		bench_flag(&why,
+	struct logf *lf = &r->lf;
+	if (!r->why.fails &&
+	    (!lf->stopped || lf->registrations != (uint64_t)r->total ||
+	     lf->exits != (uint64_t)r->total))
+		bench_flag(&r->why,
 		           "the server counted registrations=%" PRIu64
 		           " exits=%" PRIu64 " at shutdown%s; %d workers ran",
-		           lf.registrations, lf.exits,
-		           lf.stopped ? "" : " (no \"stopped\" line)", total);
-	if (why.fails) {
-		fprintf(stderr, "PROOF FAILED (%d sign%s):\n%s", why.fails,
-		        why.fails > 1 ? "s" : "", why.b);
-		rc = 3;
-		goto out;
-	}
+		           lf->registrations, lf->exits,
+		           lf->stopped ? "" : " (no \"stopped\" line)",
+		           r->total);
+	if (r->why.fails)
+		fprintf(stderr, "PROOF FAILED (%d sign%s):\n%s", r->why.fails,
+		        r->why.fails > 1 ? "s" : "", r->why.b);
+	return r->why.fails;
+}
 
+static void report(const struct opts *o, struct run *r)
+{
+	int n = o->n;
+	uint64_t *lat = r->lat;
 	qsort(lat, (size_t)n, sizeof(*lat), bench_cmp_u64);
 	uint64_t sum = 0;
 	for (int i = 0; i < n; i++)
 		sum += lat[i];
 	double hz = (double)sysconf(_SC_CLK_TCK);
-	double cpu_us = (double)(c1.ticks - c0.ticks) / hz * 1e6 / n;
-	double run_us = (double)(c1.run_ns - c0.run_ns) / 1e3 / n;
-	printf("{\"n\": %d, \"warmup\": %d, \"holder\": %s, \"tick_ms\": %ld, "
-	       "\"slots\": %ld, \"cpu\": %d, \"server_cpu\": %d, "
-	       "\"latency_us\": {\"min\": %.1f, \"p25\": %.1f, \"p50\": %.1f, "
-	       "\"p75\": %.1f, \"p99\": %.1f, \"max\": %.1f, \"mean\": %.1f}, "
-	       "\"server_cpu_us_per_worker\": %.2f, "
-	       "\"server_run_us_per_worker\": %.2f, "
-	       "\"server_cpu_ticks\": %" PRIu64 ", "
-	       "\"proof\": {\"workers_attached\": %d, \"log_registered_exited\": "
-	       "%d, \"usage_processes_before\": %ld, "
-	       "\"usage_processes_after\": %ld, \"server_registrations\": %" PRIu64
-	       ", \"server_exits\": %" PRIu64 "}}\n",
-	       n, warmup, holder ? "true" : "false", tick_ms, slots, cpu,
-	       server_cpu, lat[0] / 1e3, at(lat, n, 250) / 1e3,
-	       at(lat, n, 500) / 1e3, at(lat, n, 750) / 1e3,
-	       at(lat, n, 990) / 1e3, lat[n - 1] / 1e3, (double)sum / n / 1e3,
-	       cpu_us, run_us, c1.ticks - c0.ticks, total, reg_seen, before,
-	       after, lf.registrations, lf.exits);
-	rc = 0;
+	double cpu_us = (double)(r->c1.ticks - r->c0.ticks) / hz * 1e6 / n;
+	double run_us = (double)(r->c1.run_ns - r->c0.run_ns) / 1e3 / n;
+	printf(
+	    "{\"n\": %d, \"warmup\": %d, \"holder\": %s, \"tick_ms\": %ld, "
+	    "\"slots\": %ld, \"cpu\": %d, \"server_cpu\": %d, "
+	    "\"latency_us\": {\"min\": %.1f, \"p25\": %.1f, \"p50\": %.1f, "
+	    "\"p75\": %.1f, \"p99\": %.1f, \"max\": %.1f, \"mean\": %.1f}, "
+	    "\"server_cpu_us_per_worker\": %.2f, "
+	    "\"server_run_us_per_worker\": %.2f, "
+	    "\"server_cpu_ticks\": %" PRIu64 ", "
+	    "\"proof\": {\"workers_attached\": %d, \"log_registered_exited\": "
+	    "%d, \"usage_processes_before\": %ld, "
+	    "\"usage_processes_after\": %ld, \"server_registrations\": %" PRIu64
+	    ", \"server_exits\": %" PRIu64 "}}\n",
+	    n, o->warmup, o->holder ? "true" : "false", o->tick_ms, o->slots,
+	    o->cpu, o->server_cpu, lat[0] / 1e3, at(lat, n, 250) / 1e3,
+	    at(lat, n, 500) / 1e3, at(lat, n, 750) / 1e3, at(lat, n, 990) / 1e3,
+	    lat[n - 1] / 1e3, (double)sum / n / 1e3, cpu_us, run_us,
+	    r->c1.ticks - r->c0.ticks, r->total, r->reg_seen, r->before,
+	    r->after, r->lf.registrations, r->lf.exits);
+}
 
-out:
-	if (hold_pipe[1] >= 0)
-		close(hold_pipe[1]);
-	if (hold_pipe[0] >= 0)
-		close(hold_pipe[0]);
-	if (hold_pid > 0) {
-		kill(hold_pid, SIGKILL);
-		waitpid(hold_pid, NULL, 0);
+/* Whatever still runs is stopped, what the run left is removed (but the
+ * server's log after a failure). */
+static void clean_up(struct run *r, int rc)
+{
+	if (r->hold_pipe[1] >= 0)
+		close(r->hold_pipe[1]);
+	if (r->hold_pipe[0] >= 0)
+		close(r->hold_pipe[0]);
+	if (r->hold_pid > 0) {
+		kill(r->hold_pid, SIGKILL);
+		waitpid(r->hold_pid, NULL, 0);
 	}
-	if (srv > 0) {
-		kill(srv, SIGTERM);
-		waitpid(srv, NULL, 0);
+	if (r->lf.fd >= 0)
+		close(r->lf.fd);
+	free(r->lat);
+	if (r->srv.dir[0])
+		bench_server_stop(&r->srv, rc != 0);
+}
+
+int main(int argc, char **argv)
+{
+	struct opts o;
+	if (parse_args(argc, argv, &o))
+		return 2;
+	unsetenv("LD_PRELOAD");
+	static struct run r = {
+	    .lf = {.fd = -1}, .hold_pipe = {-1, -1}, .before = -1, .after = -1};
+	r.lat = calloc((size_t)o.n, sizeof(uint64_t));
+	int rc = 2;
+	if (r.lat && !start_server(&o, &r) && measure(&o, &r) >= 0) {
+		rc = prove(&r) ? 3 : 0;
+		if (!rc)
+			report(&o, &r);
 	}
-	if (lf.fd >= 0)
-		close(lf.fd);
-	free(lat);
-	unlink(sock);
-	unlink(state);
-	/* A server that names its segment in /dev/shm leaves it for a
-	 * restart to adopt: not this one's. */
-	char shm[96];
-	snprintf(shm, sizeof(shm), "/dev/shm%s", seg);
-	unlink(shm);
-	if (rc) {
-		fprintf(stderr, "memtallyd's log: %s\n", log);
-		return rc;
-	}
-	unlink(log);
-	rmdir(dir);
+	clean_up(&r, rc);
 	return rc;
 }

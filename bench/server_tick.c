@@ -28,48 +28,21 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <inttypes.h>
-#include <pthread.h>
 #include <sched.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 
-#include "mtshm.h"
-#include "mtshm_atomic.h"
-
-#include "bench_common.h"
+#include "bench_tick.h"
 
 #define TICKS 301
 
 static struct mtshm_map hdr, table;
 static struct mtshm_layout layout; /* private copy, as the server keeps */
 static uint32_t nslots, nlanes;
-static atomic_int stop;
-static int writer_cpu = -1;
-
-/* Lane k of slot i holds i * 64 + k + 1 (and, while writing, that plus a
- * round number that is undone before the proof). */
-static void *writer(void *arg)
-{
-	(void)arg;
-	if (writer_cpu >= 0)
-		bench_pin_cpu(writer_cpu);
-	uint64_t round = 0;
-	while (!atomic_load_explicit(&stop, memory_order_relaxed)) {
-		round++;
-		for (uint32_t i = 0; i < nslots; i++) {
-			struct mtshm_slot_id *s = mtshm_slot(&layout, table.base, i);
-			for (uint32_t k = 0; k < nlanes; k++)
-				mtshm_store_relaxeds64(
-				    &mtshm_lane(s, k)->bytes,
-				    (int64_t)(i * 64u + k + 1 + (round & 1)));
-		}
-	}
-	return NULL;
-}
+static struct mtshm_slot_id **slot_at; /* slot i of the table, for the writer */
 
 /* A slot's sum behind a call, reading the lane count itself each time, as
  * the out-of-line mtshm_slot_sum() of layout 1.x did. */
@@ -126,94 +99,114 @@ static int64_t tick_inline(void)
 
 static int64_t (*tick)(void) = tick_inline;
 
-int main(int argc, char **argv)
+/* The command line. */
+struct opts {
+	int cpu, writer_cpu, quiet;
+	const char *variant;
+};
+
+static int parse_args(int argc, char **argv, struct opts *o)
 {
-	int cpu = -1, quiet = 0;
-	const char *variant = "prefetch";
-	uint32_t slots = 0, lanes = 1;
+	*o = (struct opts){.cpu = -1, .writer_cpu = -1, .variant = "prefetch"};
+	nlanes = 1;
 	for (int i = 1; i < argc; i++) {
 		const char *v = i + 1 < argc ? argv[i + 1] : NULL;
 		if (!strcmp(argv[i], "--quiet"))
-			quiet = 1;
+			o->quiet = 1;
 		else if (v && !strcmp(argv[i], "--ahead"))
 			ahead = (uint32_t)strtoul(v, NULL, 10), i++;
 		else if (v && !strcmp(argv[i], "--variant")) {
-			variant = v, i++;
+			o->variant = v, i++;
 			if (!strcmp(v, "call"))
 				tick = tick_call;
 			else if (!strcmp(v, "inline"))
 				prefetch = 0;
 			else if (strcmp(v, "prefetch"))
-				return 2;
+				return -1;
 		} else if (v && !strcmp(argv[i], "--cpu"))
-			cpu = atoi(v), i++;
+			o->cpu = atoi(v), i++;
 		else if (v && !strcmp(argv[i], "--writer-cpu"))
-			writer_cpu = atoi(v), i++;
+			o->writer_cpu = atoi(v), i++;
 		else if (v && !strcmp(argv[i], "--slots"))
-			slots = (uint32_t)strtoul(v, NULL, 10), i++;
+			nslots = (uint32_t)strtoul(v, NULL, 10), i++;
 		else if (v && !strcmp(argv[i], "--lanes"))
-			lanes = (uint32_t)strtoul(v, NULL, 10), i++;
+			nlanes = (uint32_t)strtoul(v, NULL, 10), i++;
 		else {
 			fprintf(stderr,
 			        "usage: bench_server_tick --slots S "
 			        "[--lanes L] [--cpu N] [--writer-cpu N] "
 			        "[--quiet] [--variant call|inline|"
 			        "prefetch]\n");
-			return 2;
+			return -1;
 		}
 	}
-	if (!slots || !lanes || lanes > MTSHM_MAX_LANES)
-		return 2;
-	nslots = slots, nlanes = lanes;
-	if (cpu >= 0 && bench_pin_cpu(cpu))
-		return 2;
+	return !nslots || !nlanes || nlanes > MTSHM_MAX_LANES ? -1 : 0;
+}
+
+/* A header of nslots slots and one slot table for it, the server's own
+ * code; every slot live with nlanes lanes claimed and known values. */
+static int make_segment(void)
+{
 	/* Anonymous objects: nothing is left behind when the process ends. */
-	struct mtshm_params p = {.slots = slots, .lanes = lanes,
-	                         .threshold = 65536};
+	struct mtshm_params p = {
+	    .slots = nslots, .lanes = nlanes, .threshold = 65536};
 	int rc = mtshm_header_create("mtbench-tick", &p, &hdr);
 	if (!rc)
 		rc = mtshm_layout_read(hdr.base, hdr.size, &layout);
 	if (!rc)
 		rc = mtshm_table_create("mtbench-tick-slots", &layout, &table);
+	if (!rc && !(slot_at = calloc(nslots, sizeof(*slot_at))))
+		rc = -ENOMEM;
 	if (rc) {
 		fprintf(stderr, "creating the header and table: %s\n",
 		        mtshm_strerror(rc));
-		return 2;
+		return -1;
 	}
-	for (uint32_t i = 0; i < slots; i++) {
+	for (uint32_t i = 0; i < nslots; i++) {
 		struct mtshm_slot_id *s = mtshm_slot(&layout, table.base, i);
+		slot_at[i] = s;
 		mtshm_store_relaxed32(&s->pid, 100000 + i);
-		mtshm_store_relaxed32(&s->lanes_used, lanes);
-		for (uint32_t k = 0; k < lanes; k++)
-			mtshm_store_relaxeds64(&mtshm_lane(s, k)->bytes,
-			                       (int64_t)(i * 64u + k + 1));
+		mtshm_store_relaxed32(&s->lanes_used, nlanes);
 	}
-	pthread_t w;
-	if (!quiet && pthread_create(&w, NULL, writer, NULL))
-		return 2;
-	static uint64_t t[TICKS];
-	int64_t sink = 0;
-	for (int r = 0; r < 20; r++) /* warm-up */
-		sink += tick();
+	bench_lanes_reset(slot_at, nslots, nlanes);
+	return 0;
+}
+
+/* TICKS timed ticks (after a warm-up), the writer running unless
+ * --quiet; what they summed goes to *sink. */
+static int time_ticks(const struct opts *o, uint64_t *t, int64_t *sink)
+{
+	struct bench_writer w = {.slot_at = slot_at,
+	                         .nslots = nslots,
+	                         .nlanes = nlanes,
+	                         .cpu = o->writer_cpu};
+	if (!o->quiet && bench_writer_start(&w))
+		return -1;
+	*sink = 0;
+	for (int r = 0; r < BENCH_TICK_WARMUP; r++)
+		*sink += tick();
 	for (int r = 0; r < TICKS; r++) {
 		uint64_t t0 = bench_now_ns();
-		sink += tick();
+		*sink += tick();
 		t[r] = bench_now_ns() - t0;
 	}
-	if (!quiet) {
-		atomic_store(&stop, 1);
-		pthread_join(w, NULL);
-	}
+	if (!o->quiet)
+		bench_writer_stop(&w);
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	struct opts o;
+	if (parse_args(argc, argv, &o) ||
+	    (o.cpu >= 0 && bench_pin_cpu(o.cpu)) || make_segment())
+		return 2;
+	static uint64_t t[TICKS];
+	int64_t sink;
+	if (time_ticks(&o, t, &sink))
+		return 2;
 	/* Proof: restore the known values and check one tick sums them. */
-	int64_t want = 0;
-	for (uint32_t i = 0; i < slots; i++) {
-		struct mtshm_slot_id *s = mtshm_slot(&layout, table.base, i);
-		for (uint32_t k = 0; k < lanes; k++) {
-			int64_t v = (int64_t)(i * 64u + k + 1);
-			mtshm_store_relaxeds64(&mtshm_lane(s, k)->bytes, v);
-			want += v;
-		}
-	}
+	int64_t want = bench_lanes_reset(slot_at, nslots, nlanes);
 	int64_t got = tick();
 	if (got != want) {
 		fprintf(stderr, "PROOF FAILED: a tick summed %" PRId64
@@ -221,16 +214,16 @@ int main(int argc, char **argv)
 		        got, want);
 		return 3;
 	}
-	qsort(t, TICKS, sizeof(t[0]), bench_cmp_u64);
+	struct bench_pcts pc = bench_percentiles(t, TICKS);
 	printf("{\"variant\": \"%s\", \"slots\": %u, \"lanes\": %u, "
 	       "\"writer\": %s, \"ticks\": %d, "
 	       "\"p50_ns\": %" PRIu64 ", \"p99_ns\": %" PRIu64
 	       ", \"min_ns\": %" PRIu64 ", \"max_ns\": %" PRIu64
 	       ", \"sum_checked\": %" PRId64 ", \"sink\": %" PRId64 "}\n",
-	       variant, slots, lanes, quiet ? "false" : "true", TICKS,
-	       t[TICKS / 2], t[TICKS * 99 / 100], t[0], t[TICKS - 1], got,
-	       sink & 1);
+	       o.variant, nslots, nlanes, o.quiet ? "false" : "true", TICKS,
+	       pc.p50, pc.p99, pc.min, pc.max, got, sink & 1);
 	mtshm_close(&table);
 	mtshm_close(&hdr);
+	free(slot_at);
 	return 0;
 }

@@ -248,7 +248,7 @@ def fmt_row(name, xs, base, unit_scale, unit):
         rel or "—") + ("" if unit else "")
 
 
-def main():
+def parse_args():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build-dir", default=os.path.join(SRC_DIR, "build"))
     ap.add_argument("--rounds", type=int, default=7)
@@ -266,7 +266,13 @@ def main():
     args = ap.parse_args()
     if args.rounds < 2 or args.make_rounds < 2:
         ap.error("--rounds and --make-rounds: at least 2 (quartiles)")
+    # Absolute: make runs its processes in the project's directory, where
+    # a relative LD_PRELOAD names nothing.
+    args.build_dir = os.path.abspath(args.build_dir)
+    return args
 
+
+def make_variants(args):
     preload = os.path.join(args.build_dir, "client",
                            "libmemtally_preload.so")
     for p in (preload, JEMALLOC_SO):
@@ -279,96 +285,90 @@ def main():
     for e in args.extra:
         name, path = e.split("=", 1)
         variants.append(Variant(name, os.path.abspath(path), True))
+    return variants
 
-    info = machine_info()
-    tmp = tempfile.mkdtemp(prefix="mt-startcost-")
-    port = 20000 + os.getpid() % 20000
-    srv = Server(args.build_dir, tmp, True, None,
-                 extra_args=["--metrics", "127.0.0.1:%d" % port])
-    if not srv.proc:
-        raise BenchError(srv.status)
-    metrics = Metrics(port)
-    dead = os.path.join(tmp, "nobody.sock")
-    base = dict(os.environ)
-    envs = {v.name: v.env(base, srv.socket, dead) for v in variants}
-    try:
-        for v in variants:
-            prove(v, envs[v.name])
-        metrics.settle("before the run")
-        for v in variants:
-            prove_registers(v, envs[v.name], metrics)
-        wall = {v.name: [] for v in variants}
-        regs = {v.name: [] for v in variants}
-        cpu = {v.name: [] for v in variants}
-        srv_cpu = {v.name: [] for v in variants}
-        log("true: %d rounds of %d runs per variant" % (args.rounds, args.n))
-        for r in range(args.rounds):
-            order = variants[r % len(variants):] + variants[:r % len(variants)]
-            for v in order:
-                m0 = metrics.read()["registrations"]
-                s0 = proc_cpu(srv.proc.pid)
-                w, c = run_true(envs[v.name], args.n)
-                m1 = metrics.settle("true under %s" % v.name)
-                wall[v.name].append(w)
-                cpu[v.name].append(c)
-                srv_cpu[v.name].append((proc_cpu(srv.proc.pid) - s0) /
-                                       args.n)
-                got = m1["registrations"] - m0
-                if got > args.n or (got and not v.counts):
-                    raise BenchError(
-                        "PROOF FAILED for %s: %d registrations for %d "
-                        "processes" % (v.name, got, args.n))
-                regs[v.name].append(got)
-            log("  round %d: %s" % (r + 1, " ".join(
-                "%s %.3f" % (k, x[-1] * 1e3) for k, x in wall.items())))
-        insns = {}
-        if not args.no_instructions and shutil.which("valgrind"):
-            for v in variants:
-                insns[v.name] = callgrind_true(envs[v.name], tmp)
-        mk_wall = {v.name: [] for v in variants}
-        mk_cpu = {v.name: [] for v in variants}
-        if not args.no_make:
-            d = os.path.join(tmp, "proj")
-            make_project(d, args.files)
-            run_make(envs["plain"], d)  # warm the page cache
-            log("make: %d rounds" % args.make_rounds)
-            mk_variants = [v for v in variants if v.name != "no-server"]
-            for r in range(args.make_rounds):
-                order = (mk_variants[r % len(mk_variants):] +
-                         mk_variants[:r % len(mk_variants)])
-                for v in order:
-                    m0 = metrics.read()["registrations"]
-                    w, c = run_make(envs[v.name], d)
-                    m1 = metrics.settle("make under %s" % v.name)
-                    if (m1["registrations"] - m0 > 0) != bool(v.counts):
-                        raise BenchError(
-                            "PROOF FAILED for make under %s: %d "
-                            "registrations" % (v.name,
-                                               m1["registrations"] - m0))
-                    mk_wall[v.name].append(w)
-                    mk_cpu[v.name].append(c)
-                    mk_wall[v.name + "#regs"] = (
-                        mk_wall.get(v.name + "#regs", []) +
-                        [m1["registrations"] - m0])
-                log("  round %d: %s" % (r + 1, " ".join(
-                    "%s %.2f" % (v.name, mk_wall[v.name][-1])
-                    for v in mk_variants)))
-        mk_insn = {}
-        if not args.no_make and insns:
-            d = os.path.join(tmp, "proj-insn")
-            make_project(d, args.insn_files)
-            for v in variants:
-                if v.name == "no-server":
-                    continue
-                subprocess.run(["make", "-s", "clean"], cwd=d, check=True,
-                               stdout=subprocess.DEVNULL)
-                mk_insn[v.name] = cachegrind_total(
-                    ["make", "-s", "-j2", "-C", d, "prog"], None, envs[v.name],
-                    os.path.join(tmp, "cg-make-" + v.name),
-                    "make under " + v.name)
-    finally:
-        srv.stop()
 
+def rotated(xs, r):
+    """Round r's order: the variants interleaved, each first in turn."""
+    return xs[r % len(xs):] + xs[:r % len(xs)]
+
+
+def measure_true(args, variants, envs, metrics, srv):
+    """/bin/true, n runs per variant and round: {"wall", "cpu", "srv_cpu",
+    "regs"}, each {variant: [one per round]}, per process."""
+    t = {k: {v.name: [] for v in variants}
+         for k in ("wall", "cpu", "srv_cpu", "regs")}
+    log("true: %d rounds of %d runs per variant" % (args.rounds, args.n))
+    for r in range(args.rounds):
+        for v in rotated(variants, r):
+            m0 = metrics.read()["registrations"]
+            s0 = proc_cpu(srv.proc.pid)
+            w, c = run_true(envs[v.name], args.n)
+            m1 = metrics.settle("true under %s" % v.name)
+            t["wall"][v.name].append(w)
+            t["cpu"][v.name].append(c)
+            t["srv_cpu"][v.name].append((proc_cpu(srv.proc.pid) - s0) /
+                                        args.n)
+            got = m1["registrations"] - m0
+            if got > args.n or (got and not v.counts):
+                raise BenchError(
+                    "PROOF FAILED for %s: %d registrations for %d "
+                    "processes" % (v.name, got, args.n))
+            t["regs"][v.name].append(got)
+        log("  round %d: %s" % (r + 1, " ".join(
+            "%s %.3f" % (k, x[-1] * 1e3) for k, x in t["wall"].items())))
+    return t
+
+
+def measure_make(args, variants, envs, metrics, tmp):
+    """make -j2 of the generated project: (wall, cpu), each {variant:
+    [one per round]}; wall also has "VARIANT#regs", the registrations."""
+    mk_wall = {v.name: [] for v in variants}
+    mk_cpu = {v.name: [] for v in variants}
+    d = os.path.join(tmp, "proj")
+    make_project(d, args.files)
+    run_make(envs["plain"], d)  # warm the page cache
+    log("make: %d rounds" % args.make_rounds)
+    mk_variants = [v for v in variants if v.name != "no-server"]
+    for r in range(args.make_rounds):
+        for v in rotated(mk_variants, r):
+            m0 = metrics.read()["registrations"]
+            w, c = run_make(envs[v.name], d)
+            m1 = metrics.settle("make under %s" % v.name)
+            if (m1["registrations"] - m0 > 0) != bool(v.counts):
+                raise BenchError(
+                    "PROOF FAILED for make under %s: %d "
+                    "registrations" % (v.name, m1["registrations"] - m0))
+            mk_wall[v.name].append(w)
+            mk_cpu[v.name].append(c)
+            mk_wall[v.name + "#regs"] = (
+                mk_wall.get(v.name + "#regs", []) +
+                [m1["registrations"] - m0])
+        log("  round %d: %s" % (r + 1, " ".join(
+            "%s %.2f" % (v.name, mk_wall[v.name][-1])
+            for v in mk_variants)))
+    return mk_wall, mk_cpu
+
+
+def make_instructions(args, variants, envs, tmp):
+    """Instructions of a make of --insn-files files, per variant."""
+    mk_insn = {}
+    d = os.path.join(tmp, "proj-insn")
+    make_project(d, args.insn_files)
+    for v in variants:
+        if v.name == "no-server":
+            continue
+        subprocess.run(["make", "-s", "clean"], cwd=d, check=True,
+                       stdout=subprocess.DEVNULL)
+        mk_insn[v.name] = cachegrind_total(
+            ["make", "-s", "-j2", "-C", d, "prog"], None, envs[v.name],
+            os.path.join(tmp, "cg-make-" + v.name),
+            "make under " + v.name)
+    return mk_insn
+
+
+def report_true(args, info, variants, t, insns):
+    wall, cpu, srv_cpu, regs = t["wall"], t["cpu"], t["srv_cpu"], t["regs"]
     lines = []
     lines.append("Machine: %s, %s cores, kernel %s, glibc %s; commit %s%s; "
                  "%s; load %.2f at start." % (
@@ -403,47 +403,96 @@ def main():
                         "{:+,}".format(ins - ji) if ins and ji else "—",
                         "%d of %d" % (statistics.median(regs[v.name]),
                                       args.n) if v.counts else "—"))
-    if not args.no_make:
-        lines.append("")
-        lines.append("`make -j2` of %d generated C files and their link, "
-                     "LD_PRELOAD exported to make, %d interleaved rounds; "
-                     "wall and CPU (user+sys of make and everything it ran) "
-                     "per build, medians and quartiles." % (
-                         args.files, args.make_rounds))
-        lines.append("")
-        lines.append("| variant | wall s | quartiles | vs plain | vs "
-                     "jemalloc | CPU s | vs plain | vs jemalloc | "
-                     "registrations |")
-        lines.append("|---|---|---|---|---|---|---|---|---|")
-        pw = statistics.median(mk_wall["plain"])
-        jw = statistics.median(mk_wall["jemalloc"])
-        pc = statistics.median(mk_cpu["plain"])
-        jc = statistics.median(mk_cpu["jemalloc"])
+    return lines
+
+
+def report_make(args, variants, mk_wall, mk_cpu):
+    lines = []
+    lines.append("")
+    lines.append("`make -j2` of %d generated C files and their link, "
+                 "LD_PRELOAD exported to make, %d interleaved rounds; "
+                 "wall and CPU (user+sys of make and everything it ran) "
+                 "per build, medians and quartiles." % (
+                     args.files, args.make_rounds))
+    lines.append("")
+    lines.append("| variant | wall s | quartiles | vs plain | vs "
+                 "jemalloc | CPU s | vs plain | vs jemalloc | "
+                 "registrations |")
+    lines.append("|---|---|---|---|---|---|---|---|---|")
+    pw = statistics.median(mk_wall["plain"])
+    jw = statistics.median(mk_wall["jemalloc"])
+    pc = statistics.median(mk_cpu["plain"])
+    jc = statistics.median(mk_cpu["jemalloc"])
+    for v in variants:
+        if v.name == "no-server":
+            continue
+        q1, med, q3 = quartiles(mk_wall[v.name])
+        c = statistics.median(mk_cpu[v.name])
+        regs = mk_wall.get(v.name + "#regs")
+        lines.append(
+            "| %s | %.2f | %.2f–%.2f | %+.1f%% | %+.1f%% | %.2f | "
+            "%+.1f%% | %+.1f%% | %s |" % (
+                v.name, med, q1, q3, (med / pw - 1) * 100,
+                (med / jw - 1) * 100, c, (c / pc - 1) * 100,
+                (c / jc - 1) * 100,
+                statistics.median(regs) if regs else "—"))
+    return lines
+
+
+def report_make_insn(args, mk_insn):
+    lines = []
+    lines.append("")
+    lines.append("Instructions of a `make -j2` of %d of those files "
+                 "(cachegrind, make and every process it ran, one run "
+                 "each):" % args.insn_files)
+    lines.append("")
+    lines.append("| variant | instructions | vs plain | vs jemalloc |")
+    lines.append("|---|---|---|---|")
+    for name, n in mk_insn.items():
+        lines.append("| %s | {:,} | %+.2f%% | %+.2f%% |".format(n) % (
+            name, (n / mk_insn["plain"] - 1) * 100,
+            (n / mk_insn["jemalloc"] - 1) * 100))
+    return lines
+
+
+def main():
+    args = parse_args()
+    variants = make_variants(args)
+    info = machine_info()
+    tmp = tempfile.mkdtemp(prefix="mt-startcost-")
+    port = 20000 + os.getpid() % 20000
+    srv = Server(args.build_dir, tmp, True, None,
+                 extra_args=["--metrics", "127.0.0.1:%d" % port])
+    if not srv.proc:
+        raise BenchError(srv.status)
+    metrics = Metrics(port)
+    dead = os.path.join(tmp, "nobody.sock")
+    base = dict(os.environ)
+    envs = {v.name: v.env(base, srv.socket, dead) for v in variants}
+    insns, mk_wall, mk_cpu, mk_insn = {}, {}, {}, {}
+    try:
         for v in variants:
-            if v.name == "no-server":
-                continue
-            q1, med, q3 = quartiles(mk_wall[v.name])
-            c = statistics.median(mk_cpu[v.name])
-            regs = mk_wall.get(v.name + "#regs")
-            lines.append(
-                "| %s | %.2f | %.2f–%.2f | %+.1f%% | %+.1f%% | %.2f | "
-                "%+.1f%% | %+.1f%% | %s |" % (
-                    v.name, med, q1, q3, (med / pw - 1) * 100,
-                    (med / jw - 1) * 100, c, (c / pc - 1) * 100,
-                    (c / jc - 1) * 100,
-                    statistics.median(regs) if regs else "—"))
+            prove(v, envs[v.name])
+        metrics.settle("before the run")
+        for v in variants:
+            prove_registers(v, envs[v.name], metrics)
+        t = measure_true(args, variants, envs, metrics, srv)
+        if not args.no_instructions and shutil.which("valgrind"):
+            for v in variants:
+                insns[v.name] = callgrind_true(envs[v.name], tmp)
+        if not args.no_make:
+            mk_wall, mk_cpu = measure_make(args, variants, envs, metrics,
+                                           tmp)
+            if insns:
+                mk_insn = make_instructions(args, variants, envs, tmp)
+    finally:
+        srv.stop()
+
+    lines = report_true(args, info, variants, t, insns)
+    if not args.no_make:
+        lines += report_make(args, variants, mk_wall, mk_cpu)
     if mk_insn:
-        lines.append("")
-        lines.append("Instructions of a `make -j2` of %d of those files "
-                     "(cachegrind, make and every process it ran, one run "
-                     "each):" % args.insn_files)
-        lines.append("")
-        lines.append("| variant | instructions | vs plain | vs jemalloc |")
-        lines.append("|---|---|---|---|")
-        for name, n in mk_insn.items():
-            lines.append("| %s | {:,} | %+.2f%% | %+.2f%% |".format(n) % (
-                name, (n / mk_insn["plain"] - 1) * 100,
-                (n / mk_insn["jemalloc"] - 1) * 100))
+        lines += report_make_insn(args, mk_insn)
     lines.append("")
     lines.append("Rerun: `/usr/bin/python3 bench/start_cost.py --build-dir "
                  "build` (needs the preload and memtallyd built, gcc, make).")
