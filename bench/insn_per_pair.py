@@ -171,11 +171,12 @@ def report(info, server_status, n, res, starts):
              "heap state and elapsed time, so its Δ moves by hundreds from "
              "run to run. memtally's own part of the preload is the activity "
              "callback's inclusive cost (jemalloc_fe.c's on_activity and "
-             "everything it calls), which is exact. The glibc front end's "
-             "process has memtally's refresh thread, so glibc takes its "
-             "arena locks in every call as in any threaded program; the last "
-             "column leaves the thread out (MEMTALLY_REFRESH_MS=0), the "
-             "front end's own instructions.")
+             "everything it calls), which is exact. The worker is "
+             "single-threaded and below MEMTALLY_REFRESH_MIN, so by default "
+             "it gets no refresh thread; the last column forbids one "
+             "(MEMTALLY_REFRESH_MS=0). A process that has the thread makes "
+             "glibc take its arena locks in every call, as any threaded "
+             "program does (+25 per 64 KiB pair, inside glibc).")
     if starts:
         L += ["", "Start: callgrind's total for `/bin/true` (one run each; "
               "%s):" % server_status, "",
