@@ -657,16 +657,22 @@ static void refresh_arm(void)
 		mtshm_store_relaxed32(&mtc_refresh_want, 1);
 }
 
+/* Still single-threaded and below the refresh thread's minimum (see
+ * MTC_REFRESH_MIN): heap and mapped bytes together. */
+static bool refresh_too_small(void)
+{
+	if (!__libc_single_threaded || !mtc.refresh_min)
+		return false;
+	int64_t b =
+	    mtc_published_bytes() + (int64_t)mtshm_load_relaxed64(&mtc.mapped);
+	return b < 0 || (uint64_t)b < mtc.refresh_min;
+}
+
 bool mtc_refresh_claim(uint64_t *period_ms)
 {
-	/* Still single-threaded and small: not yet (the wish stays, the
-	 * next full flush asks again). See MTC_REFRESH_MIN. */
-	if (__libc_single_threaded && mtc.refresh_min) {
-		int64_t b = mtc_published_bytes() +
-		            (int64_t)mtshm_load_relaxed64(&mtc.mapped);
-		if (b < 0 || (uint64_t)b < mtc.refresh_min)
-			return false;
-	}
+	/* Not yet: the wish stays, the next full flush asks again. */
+	if (refresh_too_small())
+		return false;
 	uint32_t one = 1;
 	if (!__atomic_compare_exchange_n(&mtc_refresh_want, &one, 0, 0,
 	                                 __ATOMIC_RELAXED, __ATOMIC_RELAXED))
@@ -984,10 +990,13 @@ void mtc_mapped_changed(void)
 	if (mtc.pid && !cur_att())
 		maybe_attach(0);
 	/* A process that grows by mapping rather than by malloc (pymalloc's
-	 * arenas, a JVM's heap) may reach the refresh thread's minimum here,
-	 * with no flush to follow. */
-	if (mtshm_load_relaxed32(&mtc_refresh_want) && mtc_refresh_start)
-		mtc_refresh_start();
+	 * arenas) may pass the refresh thread's minimum here. The thread is
+	 * not started here: this mapping may be made by the program's own
+	 * allocator under its locks, and pthread_create allocates. The
+	 * calling thread's next allocator call takes the slow path instead,
+	 * whose full flush starts it. */
+	if (mtshm_load_relaxed32(&mtc_refresh_want) && !refresh_too_small())
+		mtc_front_force_slow();
 }
 
 /* Try to (re)attach if the back-off allows and nobody else is at it. */
