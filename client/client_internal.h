@@ -78,7 +78,7 @@ static inline uint64_t mtc_threshold(void)
 
 /* Flushes of one thread without a tick of the server before it looks at
  * the server's heartbeat; also the longest run of quiet publishes. */
-#define MTC_VERIFY_EVERY 64
+#define MTC_VERIFY_EVERY 128
 
 /*
  * A publish by a thread that owns a lane of the current slot, with no look
