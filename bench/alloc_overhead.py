@@ -50,7 +50,7 @@ sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchlib import (  # noqa: E402
     SRC_DIR, BenchError, Server, fmt_p, log, machine_info, mann_whitney_p,
-    quartiles, quit_worker, write_section)
+    quartiles, quit_worker, shift_ci, write_section)
 
 # N of the parallel cases: every CPU this driver may use (thread i of a
 # parallel case is pinned to the i-th of them).
@@ -260,6 +260,9 @@ def summarise(results):
                 st[v]["delta_ns"] = d
                 st[v]["delta_pct"] = 100 * d / st["jemalloc"]["median"]
                 st[v]["p"] = mann_whitney_p(res["samples"][v], base)
+                lo, _, hi = shift_ci(res["samples"][v], base)
+                st[v]["ci_pct"] = (100 * lo / st["jemalloc"]["median"],
+                                   100 * hi / st["jemalloc"]["median"])
                 # Repetitions ran side by side (ABCD DCBA), so the median
                 # of per-repetition differences is robust to slow drift.
                 st[v]["delta_paired_ns"] = statistics.median(
@@ -489,27 +492,32 @@ def insn_table(insn):
 
 
 # "No significant difference" is only evidence when the run could have
-# shown one: the baseline's interquartile range and the difference of the
-# medians must both be within this share of the baseline's median.
+# shown one: the 95% interval of the difference (shift_ci) must lie within
+# this share of the baseline's median on both sides, so that a difference
+# of that size would have been told apart. A wide spread needs many
+# repetitions to get there; a spread alone does not decide.
 NSD_RESOLUTION_PCT = 5.0
 
 
 def nsd_verdict(st, base, limit):
     """met / missed / inconclusive for a no-significant-difference target,
     and why when it is not met."""
-    spread = 100 * (base["q3"] - base["q1"]) / base["median"]
+    lo, hi = st["ci_pct"]
+    ci = " (95%% interval of the difference %+.1f%% to %+.1f%%" % (lo, hi)
     if st["p"] < limit:
         if st["delta_ns"] < 0:
-            return "inconclusive", (
-                " (the accounting side was the faster one: the difference "
+            return "inconclusive", ci + (
+                "; the accounting side was the faster one: the difference "
                 "is the machine's drift, not a cost)")
-        return "missed", ""
-    if spread > NSD_RESOLUTION_PCT or abs(st["delta_pct"]) > NSD_RESOLUTION_PCT:
-        return "inconclusive", (
-            " (the baseline's spread is ±%.1f%% and the medians differ by "
-            "%+.1f%%: too noisy a run to show a difference of %g%%)" % (
-                spread / 2, st["delta_pct"], NSD_RESOLUTION_PCT))
-    return "met", ""
+        return "missed", ci + ")"
+    if lo < -NSD_RESOLUTION_PCT or hi > NSD_RESOLUTION_PCT:
+        spread = 100 * (base["q3"] - base["q1"]) / base["median"]
+        return "inconclusive", ci + (
+            ", the baseline's quartiles ±%.1f%%: too noisy or too short a "
+            "run to show a difference of %g%%)" % (
+                spread / 2, NSD_RESOLUTION_PCT))
+    return "met", ci + (": a difference of %g%% would have shown)"
+                        % NSD_RESOLUTION_PCT)
 
 
 def targets_text(results):
