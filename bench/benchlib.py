@@ -84,6 +84,19 @@ def shift_ci(a, b, conf=0.95):
     return d[k], statistics.median(d), d[len(d) - 1 - k]
 
 
+def median_ci(xs, conf=0.95):
+    """The median of `xs` and its distribution-free `conf` interval (the
+    order statistics a binomial(n, 1/2) puts there, normal
+    approximation): for per-round ratios of interleaved runs, where the
+    machine's drift cancels within a round. Returns (low, median, high)."""
+    s = sorted(xs)
+    n = len(s)
+    z = statistics.NormalDist().inv_cdf(0.5 + conf / 2)
+    k = int(n / 2 - z * math.sqrt(n) / 2)
+    k = min(max(k, 0), n - 1)
+    return s[k], statistics.median(s), s[n - 1 - k]
+
+
 def fmt_p(p):
     """A p-value as the tables print it."""
     return "<0.001" if p < 0.001 else "%.3f" % p

@@ -55,7 +55,7 @@ sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchlib import (  # noqa: E402
     SRC_DIR, BenchError, Server, cachegrind_total, log, machine_info,
-    quartiles, write_section)
+    median_ci, quartiles, write_section)
 
 JEMALLOC_SO = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
 TRUE = "/bin/true"
@@ -379,14 +379,16 @@ def report_true(args, info, variants, t, insns):
     lines.append("")
     lines.append("`/bin/true`, %d runs per variant in each of %d interleaved "
                  "rounds; wall time per process (median of the rounds, "
-                 "quartiles), its CPU time (user+sys of the process itself; "
+                 "quartiles; and the median of the per-round ratios to "
+                 "jemalloc alone, with its 95%% interval), its CPU time (user+sys of the process itself; "
                  "median) and memtallyd's per process, against jemalloc alone; "
                  "instructions: callgrind, one run." % (args.n, args.rounds))
     lines.append("")
     lines.append("| variant | ms per process | quartiles | vs jemalloc "
+                 "| per round vs jemalloc [95% interval] "
                  "| CPU ms | vs jemalloc | memtallyd CPU ms | instructions "
                  "| vs jemalloc | registered (median) |")
-    lines.append("|---|---|---|---|---|---|---|---|---|---|")
+    lines.append("|---|---|---|---|---|---|---|---|---|---|---|")
     jc = statistics.median(cpu["jemalloc"])
     jw = statistics.median(wall["jemalloc"])
     ji = insns.get("jemalloc")
@@ -394,10 +396,17 @@ def report_true(args, info, variants, t, insns):
         q1, med, q3 = quartiles(wall[v.name])
         ins = insns.get(v.name)
         c = statistics.median(cpu[v.name])
-        lines.append("| %s | %.3f | %.3f–%.3f | %+.1f%% | %.3f | %+.1f%% "
+        # Each round ran every variant back to back: the ratio within a
+        # round leaves out the drift between rounds.
+        lo, rm, hi = median_ci([x / y for x, y in
+                                zip(wall[v.name], wall["jemalloc"])])
+        lines.append("| %s | %.3f | %.3f–%.3f | %+.1f%% "
+                     "| %+.1f%% [%+.1f%% to %+.1f%%] | %.3f | %+.1f%% "
                      "| %.3f | %s | %s | %s |"
                      % (v.name, med * 1e3, q1 * 1e3, q3 * 1e3,
-                        (med / jw - 1) * 100, c * 1e3, (c / jc - 1) * 100,
+                        (med / jw - 1) * 100, (rm - 1) * 100,
+                        (lo - 1) * 100, (hi - 1) * 100,
+                        c * 1e3, (c / jc - 1) * 100,
                         statistics.median(srv_cpu[v.name]) * 1e3,
                         "{:,}".format(ins) if ins else "—",
                         "{:+,}".format(ins - ji) if ins and ji else "—",
