@@ -329,7 +329,7 @@ def measure_make(args, variants, envs, metrics, tmp):
     make_project(d, args.files)
     run_make(envs["plain"], d)  # warm the page cache
     log("make: %d rounds" % args.make_rounds)
-    mk_variants = [v for v in variants if v.name != "no-server"]
+    mk_variants = variants
     for r in range(args.make_rounds):
         for v in rotated(mk_variants, r):
             m0 = metrics.read()["registrations"]
@@ -396,16 +396,12 @@ def report_true(args, info, variants, t, insns):
         q1, med, q3 = quartiles(wall[v.name])
         ins = insns.get(v.name)
         c = statistics.median(cpu[v.name])
-        # Each round ran every variant back to back: the ratio within a
-        # round leaves out the drift between rounds.
-        lo, rm, hi = median_ci([x / y for x, y in
-                                zip(wall[v.name], wall["jemalloc"])])
         lines.append("| %s | %.3f | %.3f–%.3f | %+.1f%% "
-                     "| %+.1f%% [%+.1f%% to %+.1f%%] | %.3f | %+.1f%% "
+                     "| %s | %.3f | %+.1f%% "
                      "| %.3f | %s | %s | %s |"
                      % (v.name, med * 1e3, q1 * 1e3, q3 * 1e3,
-                        (med / jw - 1) * 100, (rm - 1) * 100,
-                        (lo - 1) * 100, (hi - 1) * 100,
+                        (med / jw - 1) * 100,
+                        round_ratio(wall[v.name], wall["jemalloc"]),
                         c * 1e3, (c / jc - 1) * 100,
                         statistics.median(srv_cpu[v.name]) * 1e3,
                         "{:,}".format(ins) if ins else "—",
@@ -413,6 +409,15 @@ def report_true(args, info, variants, t, insns):
                         "%d of %d" % (statistics.median(regs[v.name]),
                                       args.n) if v.counts else "—"))
     return lines
+
+
+def round_ratio(xs, base):
+    """The median of the per-round ratios of `xs` to `base` (each round
+    ran every variant back to back, so the drift between rounds cancels)
+    and its 95% interval, as a percentage against the base."""
+    lo, rm, hi = median_ci([x / y for x, y in zip(xs, base)])
+    return "%+.1f%% [%+.1f%% to %+.1f%%]" % (
+        (rm - 1) * 100, (lo - 1) * 100, (hi - 1) * 100)
 
 
 def report_make(args, variants, mk_wall, mk_cpu):
@@ -425,25 +430,26 @@ def report_make(args, variants, mk_wall, mk_cpu):
                      args.files, args.make_rounds))
     lines.append("")
     lines.append("| variant | wall s | quartiles | vs plain | vs "
-                 "jemalloc | CPU s | vs plain | vs jemalloc | "
-                 "registrations |")
-    lines.append("|---|---|---|---|---|---|---|---|---|")
+                 "jemalloc | per round vs jemalloc [95% interval] "
+                 "| CPU s | vs plain | vs jemalloc | "
+                 "per round vs jemalloc [95% interval] | registrations |")
+    lines.append("|---|---|---|---|---|---|---|---|---|---|---|")
     pw = statistics.median(mk_wall["plain"])
     jw = statistics.median(mk_wall["jemalloc"])
     pc = statistics.median(mk_cpu["plain"])
     jc = statistics.median(mk_cpu["jemalloc"])
     for v in variants:
-        if v.name == "no-server":
-            continue
         q1, med, q3 = quartiles(mk_wall[v.name])
         c = statistics.median(mk_cpu[v.name])
         regs = mk_wall.get(v.name + "#regs")
         lines.append(
-            "| %s | %.2f | %.2f–%.2f | %+.1f%% | %+.1f%% | %.2f | "
-            "%+.1f%% | %+.1f%% | %s |" % (
+            "| %s | %.2f | %.2f–%.2f | %+.1f%% | %+.1f%% | %s | %.2f | "
+            "%+.1f%% | %+.1f%% | %s | %s |" % (
                 v.name, med, q1, q3, (med / pw - 1) * 100,
-                (med / jw - 1) * 100, c, (c / pc - 1) * 100,
-                (c / jc - 1) * 100,
+                (med / jw - 1) * 100,
+                round_ratio(mk_wall[v.name], mk_wall["jemalloc"]),
+                c, (c / pc - 1) * 100, (c / jc - 1) * 100,
+                round_ratio(mk_cpu[v.name], mk_cpu["jemalloc"]),
                 statistics.median(regs) if regs else "—"))
     return lines
 
