@@ -685,11 +685,35 @@ bool mtc_refresh_claim(uint64_t *period_ms)
 	return true;
 }
 
-/* One round of the refresh thread. */
+/*
+ * One round of the refresh thread, whose work is for a process gone
+ * quiet. While the program's own threads publish (the slot's bytes or
+ * flush count moved since the last round), its allocator calls run the
+ * allocator's decay and its full flushes sample the allocator's free
+ * memory (mtc_free_due): the round leaves the allocator alone. Its cost
+ * then does not grow with the time a busy process runs (redis-server
+ * under the jemalloc preload, counted under cachegrind, whose slowdown
+ * multiplies the rounds: +1.05% instructions against jemalloc alone when
+ * every round sampled, -0.06% now). The first quiet round samples, so a
+ * burst of frees is followed one period after it ends. Only the refresh
+ * thread calls this.
+ */
 void mtc_refresh_once(void)
 {
-	if (cur_att())
-		mtc_front_refresh();
+	static int64_t last_bytes;
+	static uint64_t last_flushes;
+	const struct mtc_attachment *a = cur_att();
+	if (a) {
+		uint64_t flushes;
+		int absurd;
+		int64_t bytes = mtshm_slot_sum(a->slot, a->layout.lane_count,
+		                               &flushes, &absurd);
+		bool busy = bytes != last_bytes || flushes != last_flushes;
+		last_bytes = bytes;
+		last_flushes = flushes;
+		if (!busy)
+			mtc_front_refresh();
+	}
 	mtc_maps_reconcile(); /* mmap.c's, or the empty default below */
 }
 
