@@ -15,8 +15,17 @@
  * spaces and parentheses. Returns 0 or -EINVAL. */
 int mts_parse_stat_starttime(const char *stat, uint64_t *out);
 
+/* The command name (field 2 of /proc/PID/stat, between the first '(' and
+ * the last ')', as /proc/PID/comm has it) into buf, NUL-terminated and cut
+ * to cap - 1 bytes. Returns 0 or -EINVAL (buf then ""). */
+int mts_parse_stat_comm(const char *stat, char *buf, size_t cap);
+
 /* Read the start time of `pid`. Returns 0, -ENOENT/-ESRCH (gone), -EINVAL. */
 int mts_read_starttime(pid_t pid, uint64_t *out);
+
+/* The same, and its command name into comm (cap bytes; "" if unreadable),
+ * from one read of /proc/PID/stat: a registration's one /proc file. */
+int mts_read_stat(pid_t pid, uint64_t *start_time, char *comm, size_t cap);
 
 /* The real uid of `pid` (first field of Uid: in /proc/PID/status).
  * Returns 0, -ENOENT/-ESRCH (gone), -EINVAL. */

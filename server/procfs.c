@@ -86,8 +86,27 @@ static ssize_t read_proc_file(pid_t pid, const char *name, char *buf,
 	return (ssize_t)len;
 }
 
-int mts_read_starttime(pid_t pid, uint64_t *out)
+int mts_parse_stat_comm(const char *stat, char *buf, size_t cap)
 {
+	if (cap == 0)
+		return -EINVAL;
+	buf[0] = '\0';
+	const char *open = strchr(stat, '(');
+	const char *close = strrchr(stat, ')');
+	if (!open || !close || close < open)
+		return -EINVAL;
+	size_t len = (size_t)(close - open - 1);
+	if (len > cap - 1)
+		len = cap - 1;
+	memcpy(buf, open + 1, len);
+	buf[len] = '\0';
+	return 0;
+}
+
+int mts_read_stat(pid_t pid, uint64_t *start_time, char *comm, size_t cap)
+{
+	if (comm && cap)
+		comm[0] = '\0';
 	/* comm is at most 64 bytes on current kernels; 52 numeric fields
 	 * follow. 2 KiB holds it all with room to spare. */
 	char buf[2048];
@@ -97,7 +116,15 @@ int mts_read_starttime(pid_t pid, uint64_t *out)
 	/* An embedded NUL would hide the tail from strrchr: refuse. */
 	if (strlen(buf) != (size_t)n)
 		return -EINVAL;
-	return mts_parse_stat_starttime(buf, out);
+	int err = mts_parse_stat_starttime(buf, start_time);
+	if (err == 0 && comm)
+		mts_parse_stat_comm(buf, comm, cap);
+	return err;
+}
+
+int mts_read_starttime(pid_t pid, uint64_t *out)
+{
+	return mts_read_stat(pid, out, NULL, 0);
 }
 
 int mts_read_real_uid(pid_t pid, uint32_t *out)

@@ -772,7 +772,7 @@ bool mts_name_ok(const char *s)
  * the new image's figures in place; the pidfd and poll stay. */
 static int proc_reset(struct mts_registry *reg, struct mts_proc *p,
                       const char *group, const char *task, uint64_t image_id,
-                      uint32_t uid)
+                      uint32_t uid, const char *comm)
 {
 	char *ntask = strdup(task);
 	uint32_t ngroup;
@@ -823,7 +823,7 @@ static int proc_reset(struct mts_registry *reg, struct mts_proc *p,
 	mts_rate_reset(&p->rate); /* a new program: its own growth */
 	p->limit = p->limit_set ? p->limit_set : reg->policy.process_limit;
 	p->registered_ns = mts_now_realtime();
-	mts_read_comm((pid_t)p->pid, p->comm, sizeof(p->comm));
+	snprintf(p->comm, sizeof(p->comm), "%s", comm);
 	/* Its RSS is the new image's from the next sweep on. */
 	return 0;
 }
@@ -835,6 +835,7 @@ struct proc_init {
 	int pidfd; /* owned by the process once proc_insert() has taken it */
 	uint64_t start_time, image_id, registered_ns;
 	const char *group, *task;
+	const char *comm; /* NULL: read from /proc/PID/comm */
 };
 
 /*
@@ -869,7 +870,10 @@ static int proc_insert(struct mts_registry *reg, const struct proc_init *in,
 	p->image_id = in->image_id;
 	p->registered_ns = in->registered_ns;
 	p->limit = reg->policy.process_limit;
-	mts_read_comm((pid_t)p->pid, p->comm, sizeof(p->comm));
+	if (in->comm)
+		snprintf(p->comm, sizeof(p->comm), "%s", in->comm);
+	else
+		mts_read_comm((pid_t)p->pid, p->comm, sizeof(p->comm));
 	err = uv_poll_init(reg->loop, &p->poll, in->pidfd);
 	if (err < 0)
 		goto fail_unref_group;
@@ -944,7 +948,7 @@ static void result_fill(const struct mts_registry *reg,
 static int register_known(struct mts_registry *reg, struct mts_proc *p,
                           const struct mts_peer *peer, const char *group,
                           const char *task, uint64_t image_id,
-                          struct mts_reg_result *res)
+                          const char *comm, struct mts_reg_result *res)
 {
 	if (p->image_id == image_id && p->uid == peer->uid) {
 		result_fill(reg, p, p->slot_gen, res);
@@ -952,7 +956,7 @@ static int register_known(struct mts_registry *reg, struct mts_proc *p,
 		        "pid=%u slot=%u", p->pid, p->slot);
 		return 0;
 	}
-	int err = proc_reset(reg, p, group, task, image_id, peer->uid);
+	int err = proc_reset(reg, p, group, task, image_id, peer->uid, comm);
 	if (err < 0)
 		return err;
 	result_fill(reg, p, slot_init(reg, p), res);
@@ -972,7 +976,7 @@ static int register_known(struct mts_registry *reg, struct mts_proc *p,
 static int register_new(struct mts_registry *reg, const struct mts_peer *peer,
                         int pidfd, uint64_t start_time, const char *group,
                         const char *task, uint64_t image_id,
-                        struct mts_reg_result *res)
+                        const char *comm, struct mts_reg_result *res)
 {
 	int err;
 	if (reg->nfree == 0) {
@@ -1006,6 +1010,7 @@ static int register_new(struct mts_registry *reg, const struct mts_peer *peer,
 	    .registered_ns = mts_now_realtime(),
 	    .group = group,
 	    .task = task,
+	    .comm = comm,
 	};
 	struct mts_proc *p;
 	bool taken;
@@ -1097,8 +1102,11 @@ int mts_register(struct mts_registry *reg, const struct mts_peer *peer,
 	int pidfd = peer_pidfd(reg, peer, &exact);
 	if (pidfd < 0)
 		return pidfd;
+	/* Its start time and name from one read of /proc/PID/stat. */
 	uint64_t start_time;
-	int err = mts_read_starttime((pid_t)peer->pid, &start_time);
+	char comm[sizeof(((struct mts_proc *)0)->comm)];
+	int err = mts_read_stat((pid_t)peer->pid, &start_time, comm,
+	                        sizeof(comm));
 	if (err == 0 && !exact)
 		err = peer_vouch(peer, start_time);
 	if (err == 0 && pidfd_exited(pidfd))
@@ -1117,7 +1125,8 @@ int mts_register(struct mts_registry *reg, const struct mts_peer *peer,
 	}
 	if (p && p->image_id == image_id && p->uid == peer->uid) {
 		close(pidfd); /* it has one */
-		return register_known(reg, p, peer, group, task, image_id, res);
+		return register_known(reg, p, peer, group, task, image_id, comm,
+		                      res);
 	}
 	if ((err = group_for_peer(reg, peer, &group)) < 0) {
 		close(pidfd);
@@ -1125,10 +1134,11 @@ int mts_register(struct mts_registry *reg, const struct mts_peer *peer,
 	}
 	if (p) {
 		close(pidfd); /* it has one */
-		err = register_known(reg, p, peer, group, task, image_id, res);
+		err = register_known(reg, p, peer, group, task, image_id, comm,
+		                     res);
 	} else {
 		err = register_new(reg, peer, pidfd, start_time, group, task,
-		                   image_id, res);
+		                   image_id, comm, res);
 	}
 	if (err < 0) {
 		/* A group created for a worker that did not register. */

@@ -85,6 +85,35 @@ Test(procfs, self)
 	char comm[64];
 	mts_read_comm(getpid(), comm, sizeof(comm));
 	cr_assert_str_eq(comm, "a) b (c");
+	/* The same name from the stat line a registration reads. */
+	char from_stat[64] = "junk";
+	uint64_t st2 = 0;
+	cr_assert_eq(mts_read_stat(getpid(), &st2, from_stat,
+	                           sizeof(from_stat)),
+	             0);
+	cr_assert_eq(st2, st);
+	cr_assert_str_eq(from_stat, comm);
+}
+
+Test(procfs, comm_from_stat)
+{
+	char c[8];
+	cr_assert_eq(mts_parse_stat_comm("42 (bash)" TAIL, c, sizeof(c)), 0);
+	cr_assert_str_eq(c, "bash");
+	cr_assert_eq(mts_parse_stat_comm("42 (a) b (c)" TAIL, c, sizeof(c)),
+	             0);
+	cr_assert_str_eq(c, "a) b (c");
+	cr_assert_eq(mts_parse_stat_comm("42 ()" TAIL, c, sizeof(c)), 0);
+	cr_assert_str_eq(c, "");
+	/* Cut to the buffer, never past it. */
+	cr_assert_eq(mts_parse_stat_comm("42 (abcdefghij)" TAIL, c, sizeof(c)),
+	             0);
+	cr_assert_str_eq(c, "abcdefg");
+	strcpy(c, "junk");
+	cr_assert_eq(mts_parse_stat_comm("42 bash S 1", c, sizeof(c)), -EINVAL);
+	cr_assert_str_eq(c, "");
+	cr_assert_eq(mts_parse_stat_comm("42 )bash( S 1", c, sizeof(c)),
+	             -EINVAL);
 }
 
 Test(procfs, gone)
@@ -94,6 +123,9 @@ Test(procfs, gone)
 	cr_assert_lt(mts_read_starttime(1 << 23, &st), 0);
 	char comm[16] = "junk";
 	mts_read_comm(1 << 23, comm, sizeof(comm));
+	cr_assert_str_eq(comm, "");
+	strcpy(comm, "junk");
+	cr_assert_lt(mts_read_stat(1 << 23, &st, comm, sizeof(comm)), 0);
 	cr_assert_str_eq(comm, "");
 }
 
