@@ -39,6 +39,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <limits.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -538,9 +539,20 @@ int main(int argc, char **argv)
 		free(cl.ov);
 		return 1;
 	}
+	/* The socket appears inside mts_server_init(), before the signal
+	 * watchers below exist: a SIGHUP or SIGTERM sent as soon as it is
+	 * there (a reload right after start) would meet the default action
+	 * and kill the server. Held back until the watchers take them. */
+	sigset_t held, old_mask;
+	sigemptyset(&held);
+	sigaddset(&held, SIGTERM);
+	sigaddset(&held, SIGINT);
+	sigaddset(&held, SIGHUP);
+	pthread_sigmask(SIG_BLOCK, &held, &old_mask);
 	struct mts_server srv;
 	err = mts_server_init(&srv, &loop, &cfg);
 	if (err < 0) {
+		pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
 		uv_run(&loop, UV_RUN_DEFAULT); /* finish closing handles */
 		mts_server_free(&srv);
 		uv_loop_close(&loop);
@@ -557,6 +569,7 @@ int main(int argc, char **argv)
 	uv_signal_start(&sig.term, on_signal, SIGTERM);
 	uv_signal_start(&sig.intr, on_signal, SIGINT);
 	uv_signal_start(&sig.hup, on_hup, SIGHUP);
+	pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
 
 	mts_log(MTS_LOG_INFO, "listening", "socket=%s segment=%s",
 	        mts_logq(q1, sizeof(q1), cfg.socket_path),
