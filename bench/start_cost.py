@@ -329,9 +329,8 @@ def measure_make(args, variants, envs, metrics, tmp):
     make_project(d, args.files)
     run_make(envs["plain"], d)  # warm the page cache
     log("make: %d rounds" % args.make_rounds)
-    mk_variants = variants
     for r in range(args.make_rounds):
-        for v in rotated(mk_variants, r):
+        for v in rotated(variants, r):
             m0 = metrics.read()["registrations"]
             w, c = run_make(envs[v.name], d)
             m1 = metrics.settle("make under %s" % v.name)
@@ -346,7 +345,7 @@ def measure_make(args, variants, envs, metrics, tmp):
                 [m1["registrations"] - m0])
         log("  round %d: %s" % (r + 1, " ".join(
             "%s %.2f" % (v.name, mk_wall[v.name][-1])
-            for v in mk_variants)))
+            for v in variants)))
     return mk_wall, mk_cpu
 
 

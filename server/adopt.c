@@ -122,12 +122,14 @@ int mts_adopt(struct mts_registry *reg, uint32_t *kept, uint32_t *dropped)
 		if (mts_state_get(reg->state, i, &r) < 0)
 			continue;
 		uint64_t st = 0;
+		char comm[sizeof(((struct mts_adopted *)0)->comm)];
 		int pidfd = -1;
 		/* Open the pidfd first, then check the start time: if the
 		 * pid was reused in between, the start time says so. */
 		if (r.pid <= INT32_MAX)
 			pidfd = pidfd_open((pid_t)r.pid, 0);
-		if (pidfd < 0 || mts_read_starttime((pid_t)r.pid, &st) < 0 ||
+		if (pidfd < 0 ||
+		    mts_read_stat((pid_t)r.pid, &st, comm, sizeof(comm)) < 0 ||
 		    st != r.start_time) {
 			if (pidfd >= 0)
 				close(pidfd);
@@ -162,6 +164,7 @@ int mts_adopt(struct mts_registry *reg, uint32_t *kept, uint32_t *dropped)
 		};
 		snprintf(a.group, sizeof(a.group), "%s", r.group);
 		snprintf(a.task, sizeof(a.task), "%s", r.task);
+		snprintf(a.comm, sizeof(a.comm), "%s", comm);
 		err = mts_registry_adopt_slot(reg, &a, table);
 		if (err < 0) {
 			/* -EAGAIN: the poll could not start and the registry

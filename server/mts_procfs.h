@@ -32,10 +32,6 @@ int mts_read_stat(pid_t pid, uint64_t *start_time, char *comm, size_t cap);
 int mts_read_real_uid(pid_t pid, uint32_t *out);
 
 
-/* Read /proc/PID/comm into buf (NUL-terminated, newline stripped); on
- * failure buf holds "". */
-void mts_read_comm(pid_t pid, char *buf, size_t cap);
-
 /* Resident bytes of `pid` from /proc/PID/statm. 0 or -errno. */
 int mts_read_rss(pid_t pid, uint64_t *out);
 /* Parse the text of a statm file: resident pages x page_size. */

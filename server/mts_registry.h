@@ -402,6 +402,7 @@ struct mts_adopted {
 	uint64_t slot_gen;
 	char group[64]; /* "" = "default" */
 	char task[64];
+	char comm[64]; /* from the same /proc/PID/stat as start_time */
 };
 
 /* The table of `uid`, or NULL. */

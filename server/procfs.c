@@ -151,18 +151,6 @@ int mts_read_real_uid(pid_t pid, uint32_t *out)
 	return 0;
 }
 
-void mts_read_comm(pid_t pid, char *buf, size_t cap)
-{
-	if (cap == 0)
-		return;
-	ssize_t n = read_proc_file(pid, "comm", buf, cap);
-	if (n < 0) {
-		buf[0] = '\0';
-		return;
-	}
-	buf[strcspn(buf, "\n")] = '\0';
-}
-
 int mts_parse_statm_rss(const char *statm, uint64_t page_size, uint64_t *out)
 {
 	/* "size resident shared text lib data dt", in pages. */

@@ -835,7 +835,7 @@ struct proc_init {
 	int pidfd; /* owned by the process once proc_insert() has taken it */
 	uint64_t start_time, image_id, registered_ns;
 	const char *group, *task;
-	const char *comm; /* NULL: read from /proc/PID/comm */
+	const char *comm; /* from the /proc/PID/stat its start time came from */
 };
 
 /*
@@ -870,10 +870,7 @@ static int proc_insert(struct mts_registry *reg, const struct proc_init *in,
 	p->image_id = in->image_id;
 	p->registered_ns = in->registered_ns;
 	p->limit = reg->policy.process_limit;
-	if (in->comm)
-		snprintf(p->comm, sizeof(p->comm), "%s", in->comm);
-	else
-		mts_read_comm((pid_t)p->pid, p->comm, sizeof(p->comm));
+	snprintf(p->comm, sizeof(p->comm), "%s", in->comm);
 	err = uv_poll_init(reg->loop, &p->poll, in->pidfd);
 	if (err < 0)
 		goto fail_unref_group;
@@ -1171,6 +1168,7 @@ int mts_registry_adopt_slot(struct mts_registry *reg,
 	        a->registered_ns ? a->registered_ns : mts_now_realtime(),
 	    .group = group,
 	    .task = a->task,
+	    .comm = a->comm,
 	};
 	struct mts_proc *p;
 	bool taken;
