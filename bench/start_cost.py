@@ -30,8 +30,8 @@ variant is jemalloc (so jemalloc really serves malloc), and a `cat
 allocates 1 MiB under a preload variant with the server up is listed by
 memtallyd (/metrics), under any other variant not; during the timed runs
 memtallyd's registrations are counted (the preload registers a process at
-its first flush after start, so a `/bin/true` is not registered; make's
-compilers are), and its live processes fall back to zero after each
+its first flush once the process has lived 10 ms or published 1 MiB, so
+a `/bin/true` is not registered; make's cc1s are), and its live processes fall back to zero after each
 batch.
 
 Run:  /usr/bin/python3 bench/start_cost.py --build-dir BUILD
@@ -108,7 +108,8 @@ def prove(v, env):
 def prove_registers(v, env, metrics):
     """A process of a counting variant that allocates and lives a while
     is registered (memtallyd lists it); one of any other variant is not.
-    (The preload registers at a process's first flush after its start.)"""
+    (The preload registers at a flush once a process has lived 10 ms or
+    published 1 MiB.)"""
     p = subprocess.Popen(
         ["/usr/bin/python3", "-S", "-c",
          "import time; b = bytearray(1 << 20); time.sleep(0.5)"],

@@ -99,6 +99,7 @@ static struct {
 	uint32_t attaching;        /* try-lock of attach() */
 	uint64_t next_try_ns;      /* back-off: no attach before this */
 	uint64_t backoff_ns;
+	uint64_t born_ns;          /* this image's start, or the fork's */
 	uint32_t natts;            /* atts[] used; under `attaching`, raised
 				    * after the entry is written (release) */
 	uint64_t mapped;           /* mapped bytes (mmap.c), absolute */
@@ -134,6 +135,8 @@ static struct {
 	int free_off; /* MEMTALLY_ALLOCATOR_FREE=0: never sample */
 	uint64_t refresh_ms; /* MEMTALLY_REFRESH_MS, 0: no refresh thread */
 	uint64_t refresh_min; /* MEMTALLY_REFRESH_MIN: see MTC_REFRESH_MIN */
+	int64_t register_min; /* MEMTALLY_REGISTER_MIN: see worth_registering */
+	uint64_t register_after_ns; /* MEMTALLY_REGISTER_AFTER_MS, in ns */
 	uint64_t image_id;
 	char sock[sizeof(((struct sockaddr_un *)0)->sun_path)];
 	/* The group the next registration carries, NUL-padded, as words
@@ -272,6 +275,7 @@ static void on_fork_child(void)
 	}
 	mtc.next_try_ns = 0;
 	mtc.backoff_ns = MTC_BACKOFF_MIN_NS;
+	mtc.born_ns = mt_mono_ns();
 	/* A sample cut short by the fork would hold the turn for ever. */
 	mtc.free_turn = 0;
 	mtc.free_min_ns = 0;
@@ -364,6 +368,21 @@ static void init_once(void)
 	uint64_t min;
 	mtc.refresh_min =
 	    d && mt_parse_size(d, &min) == 0 ? min : MTC_REFRESH_MIN;
+	d = getenv("MEMTALLY_REGISTER_MIN");
+	if (!d || mt_parse_size(d, &min) != 0)
+		min = MTC_REGISTER_MIN;
+	mtc.register_min = min > INT64_MAX ? INT64_MAX : (int64_t)min;
+	d = getenv("MEMTALLY_REGISTER_AFTER_MS");
+	uint64_t after_ms = MTC_REGISTER_AFTER_MS;
+	if (d && *d) {
+		char *end;
+		unsigned long long v = strtoull(d, &end, 10);
+		if (!*end)
+			after_ms = v > MTC_REGISTER_AFTER_MAX_MS
+			               ? MTC_REGISTER_AFTER_MAX_MS
+			               : v;
+	}
+	mtc.register_after_ns = after_ms * 1000000u;
 	const char *sock = getenv("MEMTALLY_SOCKET");
 	if (!sock || !*sock)
 		sock = MT_DEFAULT_SOCKET;
@@ -377,11 +396,17 @@ static void init_once(void)
 	copy_env(group, sizeof(group), "MEMTALLY_GROUP", "");
 	group_store(group, true);
 	copy_env(mtc.task, sizeof(mtc.task), "MEMTALLY_TASK", "");
+	/* A process started for an admitted task fulfils a reservation the
+	 * scheduler waits on: it registers at its first flush, small or
+	 * young as it may be. */
+	if (mtc.task[0])
+		mtc.register_after_ns = 0;
 	if (getrandom(&mtc.image_id, sizeof(mtc.image_id), GRND_NONBLOCK) !=
 	    sizeof(mtc.image_id))
 		mtc.image_id = mt_mono_ns() ^ ((uint64_t)getpid() << 40) ^
 			       (uint64_t)(uintptr_t)&mtc;
 	mtc.backoff_ns = MTC_BACKOFF_MIN_NS;
+	mtc.born_ns = mt_mono_ns();
 	mtc.pid = getpid();
 	pthread_atfork(NULL, NULL, on_fork_child);
 	if (!mtc_group_copy(group))
@@ -1004,7 +1029,14 @@ void mtc_free_publish(const struct mtc_free_sample *fs, uint64_t held)
 	__atomic_store_n(&mtc.free_turn, 0, __ATOMIC_RELEASE);
 }
 
-static void maybe_attach(int force);
+/* How a caller asks for an attach (maybe_attach). */
+enum attach_ask {
+	ATTACH_LAZY,  /* a flush: back-off and worth_registering() apply */
+	ATTACH_ASKED, /* the program asked (memtally_attached): back-off only */
+	ATTACH_NOW,   /* memtally_flush(), a stale server: neither */
+};
+
+static void maybe_attach(enum attach_ask ask);
 
 void mtc_mapped_changed(void)
 {
@@ -1012,7 +1044,7 @@ void mtc_mapped_changed(void)
 	 * an mmap may come from inside a program's own allocator, where
 	 * setting up (which allocates) is not safe. */
 	if (mtc.pid && !cur_att())
-		maybe_attach(0);
+		maybe_attach(ATTACH_LAZY);
 	/* A process that grows by mapping rather than by malloc (pymalloc's
 	 * arenas) may pass the refresh thread's minimum here. The thread is
 	 * not started here: this mapping may be made by the program's own
@@ -1023,17 +1055,41 @@ void mtc_mapped_changed(void)
 		mtc_front_force_slow();
 }
 
+/*
+ * Is the process worth a registration yet? Not while it is both young
+ * (born less than MEMTALLY_REGISTER_AFTER_MS ago: the server's default
+ * tick) and small (less than MEMTALLY_REGISTER_MIN published). The server
+ * sums the slots once a tick, so a process that dies within a tick of its
+ * start is in no total whether it registered or not (make -j2 of 200
+ * files: all 201 assemblers registered and none was ever seen holding a
+ * byte), while each registration costs the two sides ~0.8 ms of CPU: a
+ * build's compilers, assemblers and drivers paid it 607 times (+3.3% wall
+ * against jemalloc alone). A process that is still allocating registers
+ * at its first flush past either bound, with everything it counted; one
+ * that goes quiet young and small is left out of the figure, at most
+ * MEMTALLY_REGISTER_MIN plus its threads' drift.
+ */
+static bool worth_registering(uint64_t now)
+{
+	int64_t b = mtshm_load_relaxeds64(&mtc.pending) +
+	            (int64_t)mtshm_load_relaxed64(&mtc.mapped);
+	return now - mtc.born_ns >= mtc.register_after_ns ||
+	       b >= mtc.register_min;
+}
+
 /* Try to (re)attach if the back-off allows and nobody else is at it. */
-static void maybe_attach(int force)
+static void maybe_attach(enum attach_ask ask)
 {
 	/* Not at the preload's start: registering there was a round trip
 	 * to memtallyd (and its work for the process) in every process's
 	 * start, ~0.85 ms of a /bin/true's wall time. The bytes wait in
-	 * `pending` until the first flush after start registers. */
+	 * `pending` until a flush finds the process worth registering. */
 	if (mtc.disabled || mtc_at_load)
 		return;
 	uint64_t now = mt_mono_ns();
-	if (!force && now < mtshm_load_relaxed64(&mtc.next_try_ns))
+	if (ask != ATTACH_NOW && now < mtshm_load_relaxed64(&mtc.next_try_ns))
+		return;
+	if (ask == ATTACH_LAZY && !worth_registering(now))
 		return;
 	uint32_t zero = 0;
 	if (!__atomic_compare_exchange_n(&mtc.attaching, &zero, 1, 0,
@@ -1109,7 +1165,7 @@ static void verify(const struct mtshm_header *h)
 	if (now > hb + MTC_STALE_NS &&
 	    now >= mtshm_load_relaxed64(&mtc.next_try_ns)) {
 		mtc_debug("server heartbeat stale; re-registering");
-		maybe_attach(1);
+		maybe_attach(ATTACH_NOW);
 	}
 }
 
@@ -1261,7 +1317,7 @@ publish_cold(struct mtc_thread *th, int64_t delta,
 	if (!s) {
 		mtc_quiet_off(th);
 		mtshm_add_relaxeds64(&mtc.pending, delta);
-		maybe_attach(0);
+		maybe_attach(ATTACH_LAZY);
 		/* If an attach completed meanwhile, our add may have landed
 		 * after its drain: drain again (a no-op when empty). */
 		s = cur_slot();
@@ -1328,13 +1384,21 @@ int memtally_flush(void)
 {
 	if (!mtc_init())
 		return MEMTALLY_EDISABLED;
+	/* Asked, so attached now, however young or small the process, and
+	 * before the flush, which publishes into the slot. The calling
+	 * thread's next call takes its slow path, and the server's
+	 * threshold with it (its earlier flushes, deferred, set it up with
+	 * the default one). */
+	bool fresh = !cur_slot();
+	if (fresh) {
+		maybe_attach(ATTACH_NOW);
+		if (cur_slot())
+			mtc_front_force_slow();
+	}
 	mtc_front_flush();
 	mtc_maps_reconcile_now(); /* pages given back or touched again */
-	if (!cur_slot()) {
-		maybe_attach(1);
-		if (cur_slot())
-			mtc_front_sample(); /* the new slot's first sample */
-	}
+	if (fresh && cur_slot())
+		mtc_front_sample(); /* the new slot's first sample */
 	/* Registered by this call: the refresh thread now, not at the next
 	 * flush (the program's own call, outside any allocator). */
 	if (mtshm_load_relaxed32(&mtc_refresh_want))
@@ -1367,8 +1431,11 @@ bool memtally_attached(void)
 {
 	/* A process that has not flushed since its start has not tried to
 	 * register yet: the question is the moment to (back-off permitting). */
-	if (!cur_slot() && mtc.pid)
-		maybe_attach(0);
+	if (!cur_slot() && mtc.pid) {
+		maybe_attach(ATTACH_ASKED);
+		if (cur_slot())
+			mtc_front_force_slow(); /* as in memtally_flush() */
+	}
 	return cur_slot() != NULL;
 }
 

@@ -50,9 +50,9 @@ bool mtc_init(void);
 
 /* Set by the preload while its constructor sets the main thread up: no
  * attach is tried then; the process registers at its first flush after
- * start (or memtally_flush(), memtally_attached()), so a process that
- * never publishes again costs the server nothing (attach.c,
- * maybe_attach). */
+ * start that finds it worth registering (or memtally_flush(),
+ * memtally_attached()), so a process that never publishes again costs the
+ * server nothing (attach.c, maybe_attach and worth_registering). */
 extern bool mtc_at_load;
 
 /* Publish `delta` bytes on behalf of the calling thread. Never blocks for
@@ -154,6 +154,15 @@ void mtc_thread_exit(struct mtc_thread *th);
  * ran 1.8x slower), a price worth paying only for a figure that matters.
  * Below it, the figure follows the program's own calls only.
  */
+/*
+ * When a process is first worth registering (attach.c, worth_registering):
+ * once it has lived MEMTALLY_REGISTER_AFTER_MS (the server's default tick)
+ * or published MEMTALLY_REGISTER_MIN, whichever comes first.
+ */
+#define MTC_REGISTER_AFTER_MS     10u
+#define MTC_REGISTER_AFTER_MAX_MS 60000u
+#define MTC_REGISTER_MIN          (UINT64_C(1) << 20)
+
 #define MTC_REFRESH_MS     1000u
 #define MTC_REFRESH_MAX_MS 3600000u
 #define MTC_REFRESH_MIN    (UINT64_C(64) << 20)

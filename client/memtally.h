@@ -21,7 +21,10 @@
  * slots of the process's own uid; the server's header is read-only to it).
  * The hot path is a thread-local add and one compare; no shared write.
  *
- * Attach is lazy, on the first flush: the library connects to
+ * Attach is lazy, at the first flush at which the process has lived
+ * MEMTALLY_REGISTER_AFTER_MS (default 10) or published
+ * MEMTALLY_REGISTER_MIN (default 1 MiB), or at memtally_flush() or
+ * memtally_attached(): the library connects to
  * MEMTALLY_SOCKET (default /run/memtally/memtally.sock), registers, receives
  * the header and its uid's slot table as two descriptors, checks that both
  * are sealed against resizing and of the announced size, maps them, closes
@@ -33,6 +36,8 @@
  *   MEMTALLY_TASK    admission reservation this process fulfils
  *   MEMTALLY_DEBUG   1: diagnostics on stderr (never anything on stdout)
  *   MEMTALLY_DISABLE 1: count nothing, never connect
+ *   MEMTALLY_REGISTER_AFTER_MS, MEMTALLY_REGISTER_MIN  when to attach (above;
+ *                    a process with MEMTALLY_TASK set attaches at once)
  *
  * Fail open: without a server, with a bad socket path, or handed shared
  * memory of an unknown layout or not sealed, the worker runs exactly as it
@@ -69,7 +74,9 @@
  *  - fork(): the child counts as a new process whose starting total is the
  *    parent's published total at the fork (plus the forking thread's drift);
  *    it registers at its first flush after the fork (under the preload: its
- *    first 64 KiB of activity, or memtally_flush()). Other threads' unflushed
+ *    first 64 KiB of activity, or memtally_flush()) at which its total is
+ *    at least MEMTALLY_REGISTER_MIN or the fork at least
+ *    MEMTALLY_REGISTER_AFTER_MS old. Other threads' unflushed
  *    drift (< threshold each) is not carried over.
  *  - exec(): the pid keeps one slot; the new image's registration resets it
  *    to the new image's count.

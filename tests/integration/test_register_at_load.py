@@ -13,6 +13,18 @@ registers and moves them into the slot. So:
 - a process that allocates after its start is registered, attached and
   counted in full, and so is a child it forks at once (with its own
   slot); its first open() still gets descriptor 3.
+
+Nor does every flush register: a process registers at the first flush at
+which it has lived MEMTALLY_REGISTER_AFTER_MS (10) or published
+MEMTALLY_REGISTER_MIN (1 MiB). So:
+
+- a young, small process that goes quiet is never registered, and one
+  that allocates again after the first bound registers with everything
+  it counted before;
+- a process that grows past the size bound registers at once, however
+  young;
+- MEMTALLY_REGISTER_MIN=0, or a MEMTALLY_TASK to fulfil, register at the
+  first flush, as before.
 """
 import os
 import socket
@@ -150,9 +162,108 @@ def test_fork_child_registers_itself():
             p.wait()
 
 
+KIB = 1024
+
+
+def start_young(env, kib):
+    p = subprocess.Popen([worker("mt_young"), str(kib)], env=env,
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         text=True)
+    line = p.stdout.readline().strip()
+    check(line == "held", f"mt_young said {line!r}")
+    return p
+
+
+def more(p, kib):
+    p.stdin.write(f"more {kib}\n")
+    p.stdin.flush()
+    line = p.stdout.readline().strip()
+    check(line == "held", f"mt_young said {line!r}")
+
+
+def stays_unregistered(s, pid, seconds):
+    """pid is never listed for `seconds`; False at the first sight."""
+    end = time.monotonic() + seconds * MULT
+    while time.monotonic() < end:
+        if pid in s.ps():
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def wait_bytes(s, pid, at_least):
+    end = deadline(20)
+    got = 0
+    while time.monotonic() < end:
+        got = s.ps().get(pid, {}).get("bytes", 0)
+        if got >= at_least:
+            return got
+        time.sleep(0.02)
+    return got
+
+
+def test_young_small_quiet_left_out():
+    """256 KiB at its start (four flushes' worth), then quiet: no
+    registration, and no process left behind on the server. Then 128 KiB
+    more, long after the age bound: registered, with all 384 KiB."""
+    with Server() as s:
+        before = s.status()["processes"]
+        p = start_young(s.env(), 256)
+        try:
+            check(stays_unregistered(s, p.pid, 0.5),
+                  "a 256 KiB process registered within its first "
+                  "10 ms of life")
+            check(s.status()["processes"] == before,
+                  "the server lists a process it should not know")
+            more(p, 128)
+            got = wait_bytes(s, p.pid, 384 * KIB)
+            check(got >= 384 * KIB,
+                  f"after 128 KiB more it shows {got} bytes, want the "
+                  f"384 KiB it holds (its first 256 KiB carried over)")
+            print(f"  quiet 256 KiB: not registered; after 128 KiB more: "
+                  f"{got} bytes")
+        finally:
+            p.stdin.close()
+            p.wait()
+
+
+def test_large_registers_at_once():
+    """Past the size bound a process registers at that flush, however
+    young: with the age bound out of reach, 2 MiB still registers."""
+    with Server() as s:
+        p = start_young(s.env(MEMTALLY_REGISTER_AFTER_MS="60000"), 2048)
+        try:
+            got = wait_bytes(s, p.pid, 2 * MIB)
+            check(got >= 2 * MIB, f"a 2 MiB process shows {got} bytes")
+            print(f"  2 MiB at once: {got} bytes")
+        finally:
+            p.stdin.close()
+            p.wait()
+
+
+def test_first_flush_when_asked():
+    """MEMTALLY_REGISTER_MIN=0, or a task to fulfil: the small quiet
+    process registers at its first flush."""
+    with Server() as s:
+        for extra in ({"MEMTALLY_REGISTER_MIN": "0"},
+                      {"MEMTALLY_TASK": "t-young"}):
+            p = start_young(s.env(**extra), 256)
+            try:
+                got = wait_bytes(s, p.pid, 256 * KIB)
+                check(got >= 256 * KIB,
+                      f"under {extra} a 256 KiB process shows {got} bytes")
+                print(f"  {extra}: {got} bytes")
+            finally:
+                p.stdin.close()
+                p.wait()
+
+
 if __name__ == "__main__":
     run([test_start_does_not_wait_for_the_answer,
          test_short_lived_leave_nothing,
          test_registered_and_first_open_unchanged,
          test_allocating_process_attached_and_counted,
-         test_fork_child_registers_itself])
+         test_fork_child_registers_itself,
+         test_young_small_quiet_left_out,
+         test_large_registers_at_once,
+         test_first_flush_when_asked])
