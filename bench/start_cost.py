@@ -321,11 +321,13 @@ def measure_true(args, variants, envs, metrics, srv):
     return t
 
 
-def measure_make(args, variants, envs, metrics, tmp):
-    """make -j2 of the generated project: (wall, cpu), each {variant:
-    [one per round]}; wall also has "VARIANT#regs", the registrations."""
+def measure_make(args, variants, envs, metrics, srv, tmp):
+    """make -j2 of the generated project: (wall, cpu, srv_cpu), each
+    {variant: [one per round]}, srv_cpu being memtallyd's CPU during the
+    build; wall also has "VARIANT#regs", the registrations."""
     mk_wall = {v.name: [] for v in variants}
     mk_cpu = {v.name: [] for v in variants}
+    mk_srv = {v.name: [] for v in variants}
     d = os.path.join(tmp, "proj")
     make_project(d, args.files)
     run_make(envs["plain"], d)  # warm the page cache
@@ -333,8 +335,10 @@ def measure_make(args, variants, envs, metrics, tmp):
     for r in range(args.make_rounds):
         for v in rotated(variants, r):
             m0 = metrics.read()["registrations"]
+            s0 = proc_cpu(srv.proc.pid)
             w, c = run_make(envs[v.name], d)
             m1 = metrics.settle("make under %s" % v.name)
+            mk_srv[v.name].append(proc_cpu(srv.proc.pid) - s0)
             if (m1["registrations"] - m0 > 0) != bool(v.counts):
                 raise BenchError(
                     "PROOF FAILED for make under %s: %d "
@@ -347,7 +351,7 @@ def measure_make(args, variants, envs, metrics, tmp):
         log("  round %d: %s" % (r + 1, " ".join(
             "%s %.2f" % (v.name, mk_wall[v.name][-1])
             for v in variants)))
-    return mk_wall, mk_cpu
+    return mk_wall, mk_cpu, mk_srv
 
 
 def make_instructions(args, variants, envs, tmp):
@@ -420,20 +424,27 @@ def round_ratio(xs, base):
         (rm - 1) * 100, (lo - 1) * 100, (hi - 1) * 100)
 
 
-def report_make(args, variants, mk_wall, mk_cpu):
+def report_make(args, variants, mk_wall, mk_cpu, mk_srv):
     lines = []
     lines.append("")
     lines.append("`make -j2` of %d generated C files and their link, "
                  "LD_PRELOAD exported to make, %d interleaved rounds; "
                  "wall and CPU (user+sys of make and everything it ran) "
-                 "per build, medians and quartiles." % (
+                 "per build, medians and quartiles; memtallyd's CPU during "
+                 "the build (it runs through every variant, so this is "
+                 "its ticks alone where nothing registers), and the CPU "
+                 "of the build and, for a variant that counts, "
+                 "memtallyd's together, per round against the build's "
+                 "under jemalloc alone: what the node pays." % (
                      args.files, args.make_rounds))
     lines.append("")
     lines.append("| variant | wall s | quartiles | vs plain | vs "
                  "jemalloc | per round vs jemalloc [95% interval] "
                  "| CPU s | vs plain | vs jemalloc | "
-                 "per round vs jemalloc [95% interval] | registrations |")
-    lines.append("|---|---|---|---|---|---|---|---|---|---|---|")
+                 "per round vs jemalloc [95% interval] | memtallyd CPU s "
+                 "| CPU with memtallyd's, per round vs jemalloc "
+                 "[95% interval] | registrations |")
+    lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     pw = statistics.median(mk_wall["plain"])
     jw = statistics.median(mk_wall["jemalloc"])
     pc = statistics.median(mk_cpu["plain"])
@@ -442,14 +453,18 @@ def report_make(args, variants, mk_wall, mk_cpu):
         q1, med, q3 = quartiles(mk_wall[v.name])
         c = statistics.median(mk_cpu[v.name])
         regs = mk_wall.get(v.name + "#regs")
+        node = ([c + s for c, s in zip(mk_cpu[v.name], mk_srv[v.name])]
+                if v.counts else mk_cpu[v.name])
         lines.append(
             "| %s | %.2f | %.2f–%.2f | %+.1f%% | %+.1f%% | %s | %.2f | "
-            "%+.1f%% | %+.1f%% | %s | %s |" % (
+            "%+.1f%% | %+.1f%% | %s | %.3f | %s | %s |" % (
                 v.name, med, q1, q3, (med / pw - 1) * 100,
                 (med / jw - 1) * 100,
                 round_ratio(mk_wall[v.name], mk_wall["jemalloc"]),
                 c, (c / pc - 1) * 100, (c / jc - 1) * 100,
                 round_ratio(mk_cpu[v.name], mk_cpu["jemalloc"]),
+                statistics.median(mk_srv[v.name]),
+                round_ratio(node, mk_cpu["jemalloc"]),
                 statistics.median(regs) if regs else "—"))
     return lines
 
@@ -496,8 +511,8 @@ def main():
             for v in variants:
                 insns[v.name] = callgrind_true(envs[v.name], tmp)
         if not args.no_make:
-            mk_wall, mk_cpu = measure_make(args, variants, envs, metrics,
-                                           tmp)
+            mk_wall, mk_cpu, mk_srv = measure_make(args, variants, envs,
+                                                   metrics, srv, tmp)
             if insns:
                 mk_insn = make_instructions(args, variants, envs, tmp)
     finally:
@@ -505,7 +520,7 @@ def main():
 
     lines = report_true(args, info, variants, t, insns)
     if not args.no_make:
-        lines += report_make(args, variants, mk_wall, mk_cpu)
+        lines += report_make(args, variants, mk_wall, mk_cpu, mk_srv)
     if mk_insn:
         lines += report_make_insn(args, mk_insn)
     lines.append("")
