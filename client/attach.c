@@ -45,6 +45,7 @@
 #include "client_internal.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <sched.h>
@@ -100,6 +101,7 @@ static struct {
 	uint64_t next_try_ns;      /* back-off: no attach before this */
 	uint64_t backoff_ns;
 	uint64_t born_ns;          /* this image's start, or the fork's */
+	int32_t after_exec;        /* image_follows_exec(): -1 not known */
 	uint32_t natts;            /* atts[] used; under `attaching`, raised
 				    * after the entry is written (release) */
 	uint64_t mapped;           /* mapped bytes (mmap.c), absolute */
@@ -276,6 +278,7 @@ static void on_fork_child(void)
 	mtc.next_try_ns = 0;
 	mtc.backoff_ns = MTC_BACKOFF_MIN_NS;
 	mtc.born_ns = mt_mono_ns();
+	mtc.after_exec = 0; /* a fork: this process starts now */
 	/* A sample cut short by the fork would hold the turn for ever. */
 	mtc.free_turn = 0;
 	mtc.free_min_ns = 0;
@@ -407,6 +410,7 @@ static void init_once(void)
 			       (uint64_t)(uintptr_t)&mtc;
 	mtc.backoff_ns = MTC_BACKOFF_MIN_NS;
 	mtc.born_ns = mt_mono_ns();
+	mtc.after_exec = -1;
 	mtc.pid = getpid();
 	pthread_atfork(NULL, NULL, on_fork_child);
 	if (!mtc_group_copy(group))
@@ -1069,12 +1073,71 @@ void mtc_mapped_changed(void)
  * that goes quiet young and small is left out of the figure, at most
  * MEMTALLY_REGISTER_MIN plus its threads' drift.
  */
+static bool image_follows_exec(uint64_t now);
+
 static bool worth_registering(uint64_t now)
 {
 	int64_t b = mtshm_load_relaxeds64(&mtc.pending) +
 	            (int64_t)mtshm_load_relaxed64(&mtc.mapped);
 	return now - mtc.born_ns >= mtc.register_after_ns ||
-	       b >= mtc.register_min;
+	       b >= mtc.register_min || image_follows_exec(now);
+}
+
+/* The process's start time, field 22 of /proc/self/stat, in clock ticks
+ * since boot; 0 if it cannot be read. Reads into the stack: no malloc. */
+static uint64_t proc_start_ticks(void)
+{
+	char buf[1024];
+	int fd = open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return 0;
+	ssize_t n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n <= 0)
+		return 0;
+	buf[n] = 0;
+	char *p = strrchr(buf, ')'); /* the name may hold spaces and ')' */
+	if (!p)
+		return 0;
+	/* Fields 3 to 21 after the name, then the start time. */
+	for (int field = 2; field < 22 && *p; p++)
+		if (*p == ' ')
+			field++;
+	uint64_t t = 0;
+	for (; *p >= '0' && *p <= '9'; p++)
+		t = t * 10 + (uint64_t)(*p - '0');
+	return t;
+}
+
+/*
+ * Did this image replace an older one of the same process: an exec by a
+ * shell or a worker that had lived a while? That image may have
+ * registered, and memtallyd shows its figure under this pid until this
+ * image registers; so this one registers at its first flush, as every
+ * image did before worth_registering(). Known once, at the first flush
+ * that would otherwise wait (a fork knows at once: it starts a process):
+ * the process's age from its start time in /proc/self/stat against this
+ * image's. The start time counts in clock ticks (10 ms), hence the margin.
+ */
+static bool image_follows_exec(uint64_t now)
+{
+	int32_t known = __atomic_load_n(&mtc.after_exec, __ATOMIC_RELAXED);
+	if (known >= 0)
+		return known;
+	bool after = false;
+	uint64_t ticks = proc_start_ticks();
+	long hz = sysconf(_SC_CLK_TCK);
+	struct timespec ts;
+	if (ticks && hz > 0 && clock_gettime(CLOCK_BOOTTIME, &ts) == 0) {
+		uint64_t boot = (uint64_t)ts.tv_sec * 1000000000u +
+		                (uint64_t)ts.tv_nsec;
+		uint64_t start = ticks * (1000000000u / (uint64_t)hz);
+		uint64_t proc_age = boot > start ? boot - start : 0;
+		uint64_t image_age = now - mtc.born_ns;
+		after = proc_age > image_age + 2 * (1000000000u / (uint64_t)hz);
+	}
+	__atomic_store_n(&mtc.after_exec, after, __ATOMIC_RELAXED);
+	return after;
 }
 
 /* Try to (re)attach if the back-off allows and nobody else is at it. */

@@ -79,7 +79,8 @@
  *    MEMTALLY_REGISTER_AFTER_MS old. Other threads' unflushed
  *    drift (< threshold each) is not carried over.
  *  - exec(): the pid keeps one slot; the new image's registration resets it
- *    to the new image's count.
+ *    to the new image's count. An image exec'd by a process that had lived
+ *    a while registers at its first flush, however young or small.
  *  - Signal handlers: memtally_account() is async-signal-safe only while no
  *    flush is due; do not account from signal handlers.
  *  - Do not combine the preload with memtally_account() calls for malloc'ed

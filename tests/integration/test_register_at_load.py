@@ -23,6 +23,9 @@ MEMTALLY_REGISTER_MIN (1 MiB). So:
   it counted before;
 - a process that grows past the size bound registers at once, however
   young;
+- an image that a registered process exec'd registers at its first
+  flush, small and young as it is, so that the old image's figure does
+  not stay on the server;
 - MEMTALLY_REGISTER_MIN=0, or a MEMTALLY_TASK to fulfil, register at the
   first flush, as before.
 """
@@ -241,6 +244,36 @@ def test_large_registers_at_once():
             p.wait()
 
 
+def test_exec_replaces_the_old_image():
+    """A registered process (2 MiB) execs a small one (256 KiB, then
+    quiet): the new image registers at once and replaces the old
+    image's figure."""
+    with Server() as s:
+        p = start_young(s.env(), 2048)
+        try:
+            got = wait_bytes(s, p.pid, 2 * MIB)
+            check(got >= 2 * MIB, f"before the exec it shows {got} bytes")
+            time.sleep(0.05)  # older than the start time's 10 ms ticks
+            p.stdin.write("exec 256\n")
+            p.stdin.flush()
+            line = p.stdout.readline().strip()
+            check(line == "held", f"mt_young after exec said {line!r}")
+            end = deadline(20)
+            now = got
+            while time.monotonic() < end:
+                now = s.ps().get(p.pid, {}).get("bytes", 0)
+                if 256 * KIB <= now < 1 * MIB:
+                    break
+                time.sleep(0.02)
+            check(256 * KIB <= now < 1 * MIB,
+                  f"after exec'ing a 256 KiB image it shows {now} bytes, "
+                  f"not the new image's (the old image held {got})")
+            print(f"  exec: {got} -> {now} bytes")
+        finally:
+            p.stdin.close()
+            p.wait()
+
+
 def test_first_flush_when_asked():
     """MEMTALLY_REGISTER_MIN=0, or a task to fulfil: the small quiet
     process registers at its first flush."""
@@ -266,4 +299,5 @@ if __name__ == "__main__":
          test_fork_child_registers_itself,
          test_young_small_quiet_left_out,
          test_large_registers_at_once,
+         test_exec_replaces_the_old_image,
          test_first_flush_when_asked])

@@ -5,7 +5,8 @@
  *
  * usage: mt_young KIB
  * Holds KIB KiB in 64 KiB blocks (touched), prints "held", then on each
- * line "more KIB" from stdin holds that much more and prints "held";
+ * line "more KIB" from stdin holds that much more and prints "held"; on
+ * "exec KIB" execs itself as "mt_young KIB" (same pid, a new image);
  * exits at EOF.
  */
 #include "mt_common.h"
@@ -37,6 +38,12 @@ int main(int argc, char **argv)
 		if (sscanf(line, "more %lu", &kib) == 1) {
 			hold(kib);
 			mt_say("held");
+		} else if (sscanf(line, "exec %lu", &kib) == 1) {
+			char arg[32];
+			snprintf(arg, sizeof(arg), "%lu", kib);
+			char *args[] = {argv[0], arg, NULL};
+			execv("/proc/self/exe", args);
+			return 3;
 		}
 	}
 	return 0;
