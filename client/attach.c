@@ -409,7 +409,8 @@ static void init_once(void)
 		mtc.image_id = mt_mono_ns() ^ ((uint64_t)getpid() << 40) ^
 			       (uint64_t)(uintptr_t)&mtc;
 	mtc.backoff_ns = MTC_BACKOFF_MIN_NS;
-	mtc.born_ns = mt_mono_ns();
+	if (!mtc.born_ns) /* not loaded at start: first used now */
+		mtc.born_ns = mt_mono_ns();
 	mtc.after_exec = -1;
 	mtc.pid = getpid();
 	pthread_atfork(NULL, NULL, on_fork_child);
@@ -417,6 +418,14 @@ static void init_once(void)
 		group[0] = 0;
 	mtc_debug("init: socket=%s group=%s%s", mtc.sock, group,
 		  mtc.disabled ? " (disabled)" : "");
+}
+
+/* A process's age counts from the library's load (the program's start,
+ * for the preloads and a linked libmemtally alike), not from its first
+ * use: a linked program that first accounts after a while is not young. */
+__attribute__((constructor)) static void mtc_born(void)
+{
+	mtc.born_ns = mt_mono_ns();
 }
 
 bool mtc_init(void)
@@ -1080,7 +1089,8 @@ static bool worth_registering(uint64_t now)
 	int64_t b = mtshm_load_relaxeds64(&mtc.pending) +
 	            (int64_t)mtshm_load_relaxed64(&mtc.mapped);
 	return now - mtc.born_ns >= mtc.register_after_ns ||
-	       b >= mtc.register_min || image_follows_exec(now);
+	       mtc.register_min == 0 || b >= mtc.register_min ||
+	       image_follows_exec(now);
 }
 
 /* The process's start time, field 22 of /proc/self/stat, in clock ticks

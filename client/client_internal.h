@@ -138,6 +138,15 @@ static inline void mtc_quiet_off(struct mtc_thread *th)
 void mtc_thread_exit(struct mtc_thread *th);
 
 /*
+ * When a process is first worth registering (attach.c, worth_registering):
+ * once it has lived MEMTALLY_REGISTER_AFTER_MS (the server's default tick)
+ * or published MEMTALLY_REGISTER_MIN, whichever comes first.
+ */
+#define MTC_REGISTER_AFTER_MS     10u
+#define MTC_REGISTER_AFTER_MAX_MS 60000u
+#define MTC_REGISTER_MIN          (UINT64_C(1) << 20)
+
+/*
  * The refresh thread (refresh.c, in the preloads only: elsewhere
  * mtc_refresh_start is null and never armed). A registration raises
  * mtc_refresh_want; the next full flush, outside the re-entrancy guard,
@@ -154,15 +163,6 @@ void mtc_thread_exit(struct mtc_thread *th);
  * ran 1.8x slower), a price worth paying only for a figure that matters.
  * Below it, the figure follows the program's own calls only.
  */
-/*
- * When a process is first worth registering (attach.c, worth_registering):
- * once it has lived MEMTALLY_REGISTER_AFTER_MS (the server's default tick)
- * or published MEMTALLY_REGISTER_MIN, whichever comes first.
- */
-#define MTC_REGISTER_AFTER_MS     10u
-#define MTC_REGISTER_AFTER_MAX_MS 60000u
-#define MTC_REGISTER_MIN          (UINT64_C(1) << 20)
-
 #define MTC_REFRESH_MS     1000u
 #define MTC_REFRESH_MAX_MS 3600000u
 #define MTC_REFRESH_MIN    (UINT64_C(64) << 20)

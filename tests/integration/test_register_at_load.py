@@ -208,16 +208,20 @@ def wait_bytes(s, pid, at_least):
 def test_young_small_quiet_left_out():
     """256 KiB at its start (four flushes' worth), then quiet: no
     registration, and no process left behind on the server. Then 128 KiB
-    more, long after the age bound: registered, with all 384 KiB."""
+    more, once past the age bound: registered, with all 384 KiB. (The age
+    bound is set to a second here, not its 10 ms default, so that a busy
+    machine descheduling the worker between its flushes cannot age it.)"""
+    age_ms = int(1000 * MULT)
     with Server() as s:
         before = s.status()["processes"]
-        p = start_young(s.env(), 256)
+        t0 = time.monotonic()
+        p = start_young(s.env(MEMTALLY_REGISTER_AFTER_MS=str(age_ms)), 256)
         try:
             check(stays_unregistered(s, p.pid, 0.5),
-                  "a 256 KiB process registered within its first "
-                  "10 ms of life")
+                  "a young process holding 256 KiB registered")
             check(s.status()["processes"] == before,
                   "the server lists a process it should not know")
+            time.sleep(max(0.0, t0 + 1.2 * age_ms / 1000 - time.monotonic()))
             more(p, 128)
             got = wait_bytes(s, p.pid, 384 * KIB)
             check(got >= 384 * KIB,
@@ -274,6 +278,26 @@ def test_exec_replaces_the_old_image():
             p.wait()
 
 
+def test_attached_asks_at_once():
+    """memtally_attached() is the program asking: a young, small process
+    registers then, whatever the bounds."""
+    with Server() as s:
+        p = start_young(s.env(MEMTALLY_REGISTER_AFTER_MS="60000"), 256)
+        try:
+            check(stays_unregistered(s, p.pid, 0.3),
+                  "a young process holding 256 KiB registered")
+            p.stdin.write("attached\n")
+            p.stdin.flush()
+            line = p.stdout.readline().strip()
+            check(line == "attached=1", f"memtally_attached(): {line!r}")
+            got = wait_bytes(s, p.pid, 256 * KIB)
+            check(got >= 256 * KIB, f"once asked it shows {got} bytes")
+            print(f"  memtally_attached(): {got} bytes")
+        finally:
+            p.stdin.close()
+            p.wait()
+
+
 def test_first_flush_when_asked():
     """MEMTALLY_REGISTER_MIN=0, or a task to fulfil: the small quiet
     process registers at its first flush."""
@@ -300,4 +324,5 @@ if __name__ == "__main__":
          test_young_small_quiet_left_out,
          test_large_registers_at_once,
          test_exec_replaces_the_old_image,
+         test_attached_asks_at_once,
          test_first_flush_when_asked])

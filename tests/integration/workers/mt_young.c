@@ -6,10 +6,14 @@
  * usage: mt_young KIB
  * Holds KIB KiB in 64 KiB blocks (touched), prints "held", then on each
  * line "more KIB" from stdin holds that much more and prints "held"; on
- * "exec KIB" execs itself as "mt_young KIB" (same pid, a new image);
- * exits at EOF.
+ * "exec KIB" execs itself as "mt_young KIB" (same pid, a new image); on
+ * "attached" asks the preload's memtally_attached() and prints
+ * "attached=0" or "attached=1" ("attached=-1" without a preload); exits
+ * at EOF.
  */
 #include "mt_common.h"
+
+#include <stdbool.h>
 
 #define KIB  1024u
 #define STEP (64u * KIB)
@@ -38,6 +42,10 @@ int main(int argc, char **argv)
 		if (sscanf(line, "more %lu", &kib) == 1) {
 			hold(kib);
 			mt_say("held");
+		} else if (strcmp(line, "attached") == 0) {
+			bool (*f)(void) = (bool (*)(void))dlsym(
+			    RTLD_DEFAULT, "memtally_attached");
+			mt_say("attached=%d", f ? (int)f() : -1);
 		} else if (sscanf(line, "exec %lu", &kib) == 1) {
 			char arg[32];
 			snprintf(arg, sizeof(arg), "%lu", kib);
