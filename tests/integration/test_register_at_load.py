@@ -177,10 +177,15 @@ def start_young(env, kib):
     return p
 
 
-def more(p, kib):
-    p.stdin.write(f"more {kib}\n")
+def ask(p, line):
+    """Send mt_young one command line; return its answer."""
+    p.stdin.write(line + "\n")
     p.stdin.flush()
-    line = p.stdout.readline().strip()
+    return p.stdout.readline().strip()
+
+
+def more(p, kib):
+    line = ask(p, f"more {kib}")
     check(line == "held", f"mt_young said {line!r}")
 
 
@@ -258,9 +263,7 @@ def test_exec_replaces_the_old_image():
             got = wait_bytes(s, p.pid, 2 * MIB)
             check(got >= 2 * MIB, f"before the exec it shows {got} bytes")
             time.sleep(0.05)  # older than the start time's 10 ms ticks
-            p.stdin.write("exec 256\n")
-            p.stdin.flush()
-            line = p.stdout.readline().strip()
+            line = ask(p, "exec 256")
             check(line == "held", f"mt_young after exec said {line!r}")
             end = deadline(20)
             now = got
@@ -286,9 +289,7 @@ def test_attached_asks_at_once():
         try:
             check(stays_unregistered(s, p.pid, 0.3),
                   "a young process holding 256 KiB registered")
-            p.stdin.write("attached\n")
-            p.stdin.flush()
-            line = p.stdout.readline().strip()
+            line = ask(p, "attached")
             check(line == "attached=1", f"memtally_attached(): {line!r}")
             got = wait_bytes(s, p.pid, 256 * KIB)
             check(got >= 256 * KIB, f"once asked it shows {got} bytes")
