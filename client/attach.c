@@ -529,7 +529,8 @@ static int reg_connect(void)
 }
 
 /* Send the Register request, naming `group`. */
-static int reg_send(int fd, const char *group, uint64_t deadline)
+static int reg_send(int fd, const char *group, bool if_registered,
+                    uint64_t deadline)
 {
 	Memtally__V1__Register reg = MEMTALLY__V1__REGISTER__INIT;
 	reg.group = (char *)group;
@@ -538,6 +539,7 @@ static int reg_send(int fd, const char *group, uint64_t deadline)
 	reg.layout_major = MTSHM_VERSION_MAJOR;
 	reg.layout_minor = MTSHM_VERSION_MINOR;
 	reg.client_version = (char *)MEMTALLY_VERSION_STRING;
+	reg.if_registered = if_registered;
 	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
 	req.id = 1;
 	req.body_case = MEMTALLY__V1__REQUEST__BODY_REGISTER;
@@ -592,6 +594,11 @@ static int reg_decode(const uint8_t *body, size_t len, struct reg_reply *out)
 	    memtally__v1__response__unpack(&alloc, len, body);
 	if (!resp)
 		return MEMTALLY_EPROTO;
+	if (resp->error &&
+	    resp->error->code == MEMTALLY__V1__ERROR_CODE__ERROR_NOT_FOUND) {
+		/* Asked with if_registered: no earlier image to replace. */
+		return -ENOENT;
+	}
 	if (resp->error) {
 		mtc_debug("server refused registration: %s",
 			  resp->error->message ? resp->error->message : "?");
@@ -610,8 +617,9 @@ static int reg_decode(const uint8_t *body, size_t len, struct reg_reply *out)
 }
 
 /* Connect, send Register, read Registered and its two descriptors.
- * Returns 0 or a negative code; on failure no descriptor is left open. */
-static int do_register(struct reg_reply *out)
+ * Returns 0 or a negative code (-ENOENT: asked if_registered, and the
+ * process is not); on failure no descriptor is left open. */
+static int do_register(struct reg_reply *out, bool if_registered)
 {
 	out->fds[0] = out->fds[1] = -1;
 	char group[MTC_GROUP_MAX];
@@ -624,11 +632,14 @@ static int do_register(struct reg_reply *out)
 	uint8_t in[2048];
 	int pre;
 	uint64_t body;
-	int err = reg_send(fd, group, deadline);
+	int err = reg_send(fd, group, if_registered, deadline);
 	if (!err)
 		err = reg_recv(fd, in, sizeof(in), deadline, out, &pre, &body);
 	if (!err)
 		err = reg_decode(in + pre, (size_t)body, out);
+	/* "The registering process has exited": not us, a confused server. */
+	if (err == -ENOENT && !if_registered)
+		err = MEMTALLY_ESERVER;
 	close(fd);
 	if (err)
 		reply_close(out);
@@ -757,12 +768,13 @@ void mtc_refresh_once(void)
 
 /*
  * Register and publish the slot. Called with `attaching` held. On success
- * moves everything counted so far into the new slot.
+ * moves everything counted so far into the new slot. With if_registered,
+ * only if the server holds this process already (see image_follows_exec).
  */
-static int attach(void)
+static int attach(bool if_registered)
 {
 	struct reg_reply rep;
-	int err = do_register(&rep);
+	int err = do_register(&rep, if_registered);
 	if (err)
 		return err;
 
@@ -1082,15 +1094,12 @@ void mtc_mapped_changed(void)
  * that goes quiet young and small is left out of the figure, at most
  * MEMTALLY_REGISTER_MIN plus its threads' drift.
  */
-static bool image_follows_exec(uint64_t now);
-
 static bool worth_registering(uint64_t now)
 {
 	int64_t b = mtshm_load_relaxeds64(&mtc.pending) +
 	            (int64_t)mtshm_load_relaxed64(&mtc.mapped);
 	return now - mtc.born_ns >= mtc.register_after_ns ||
-	       mtc.register_min == 0 || b >= mtc.register_min ||
-	       image_follows_exec(now);
+	       mtc.register_min == 0 || b >= mtc.register_min;
 }
 
 /* The process's start time, field 22 of /proc/self/stat, in clock ticks
@@ -1120,14 +1129,17 @@ static uint64_t proc_start_ticks(void)
 }
 
 /*
- * Did this image replace an older one of the same process: an exec by a
- * shell or a worker that had lived a while? That image may have
+ * Might this image have replaced an older one of the same process: an
+ * exec by a shell or a worker that had lived a while? That image may have
  * registered, and memtallyd shows its figure under this pid until this
- * image registers; so this one registers at its first flush, as every
- * image did before worth_registering(). Known once, at the first flush
- * that would otherwise wait (a fork knows at once: it starts a process):
- * the process's age from its start time in /proc/self/stat against this
- * image's. The start time counts in clock ticks (10 ms), hence the margin.
+ * image registers. So such an image asks at its first flush to register
+ * if (and only if) the server holds its process already (maybe_attach).
+ * Known once, at the first flush that would otherwise wait (a fork knows
+ * at once: it starts a process): the process's age from its start time
+ * in /proc/self/stat against this image's. The start time counts in
+ * clock ticks (10 ms), hence the margin. It only filters: a launcher that
+ * took long between its fork and this image's start (a loaded machine, a
+ * sanitizer's start-up) looks the same, and the server's answer tells.
  */
 static bool image_follows_exec(uint64_t now)
 {
@@ -1162,14 +1174,23 @@ static void maybe_attach(enum attach_ask ask)
 	uint64_t now = mt_mono_ns();
 	if (ask != ATTACH_NOW && now < mtshm_load_relaxed64(&mtc.next_try_ns))
 		return;
-	if (ask == ATTACH_LAZY && !worth_registering(now))
-		return;
+	bool if_registered = false;
+	if (ask == ATTACH_LAZY && !worth_registering(now)) {
+		if (!image_follows_exec(now))
+			return;
+		if_registered = true;
+	}
 	uint32_t zero = 0;
 	if (!__atomic_compare_exchange_n(&mtc.attaching, &zero, 1, 0,
 					 __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
 		return;
-	int err = attach();
-	if (err) {
+	int err = attach(if_registered);
+	if (err == -ENOENT && if_registered) {
+		/* No older image registered: wait for the bounds, as any
+		 * young process does. Not a failure: no back-off. */
+		mtc_debug("no earlier image registered; registering later");
+		__atomic_store_n(&mtc.after_exec, 0, __ATOMIC_RELAXED);
+	} else if (err) {
 		mtc_debug("attach failed: %s; retry in %llu ms",
 			  memtally_strerror(err),
 			  (unsigned long long)(mtc.backoff_ns / 1000000u));

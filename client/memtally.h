@@ -79,8 +79,9 @@
  *    MEMTALLY_REGISTER_AFTER_MS old. Other threads' unflushed
  *    drift (< threshold each) is not carried over.
  *  - exec(): the pid keeps one slot; the new image's registration resets it
- *    to the new image's count. An image exec'd by a process that had lived
- *    a while registers at its first flush, however young or small.
+ *    to the new image's count. An image exec'd by a registered process
+ *    registers at its first flush, however young or small (it asks the
+ *    server to register it only if its process is registered).
  *  - Signal handlers: memtally_account() is async-signal-safe only while no
  *    flush is due; do not account from signal handlers.
  *  - Do not combine the preload with memtally_account() calls for malloc'ed
@@ -89,10 +90,11 @@
  *    tick of the process crossing its limit, but the process only looks
  *    at the flag when one of its threads flushes (every `threshold` bytes
  *    of net allocation or free per thread, or every 64 KiB of activity
- *    under jemalloc's callback, at memtally_flush(), and on attach). A process that crosses its limit and then stops allocating
- *    learns of it (and runs its memtally_on_over_limit() callback) only at
- *    its next flush; memtally_over_limit() reads the flag directly and is
- *    current to within a server tick.
+ *    under jemalloc's callback, at memtally_flush(), and on attach). A
+ *    process that crosses its limit and then stops allocating learns of it
+ *    (and runs its memtally_on_over_limit() callback) only at its next
+ *    flush; memtally_over_limit() reads the flag directly and is current
+ *    to within a server tick.
  */
 #ifndef MEMTALLY_H
 #define MEMTALLY_H

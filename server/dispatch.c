@@ -108,10 +108,19 @@ static int do_register(struct mts_registry *reg, struct mts_peer *peer,
 		    out, id, MEMTALLY__V1__ERROR_CODE__ERROR_UNSUPPORTED, msg);
 	}
 	struct mts_reg_result res;
-	int err = mts_register(reg, peer, r->group, r->task, r->image_id, &res);
+	int err =
+	    r->if_registered
+	        ? mts_register_if_known(reg, peer, r->group, r->task,
+	                                r->image_id, &res)
+	        : mts_register(reg, peer, r->group, r->task, r->image_id, &res);
 	switch (err) {
 	case 0:
 		break;
+	case -ENOENT:
+		return append_error(out, id,
+		                    MEMTALLY__V1__ERROR_CODE__ERROR_NOT_FOUND,
+		                    "this process is not registered (asked "
+		                    "with if_registered): nothing created");
 	case -EINVAL:
 		snprintf(msg, sizeof(msg),
 		         "group and task must be at most %u bytes of valid "

@@ -360,6 +360,16 @@ int mts_register(struct mts_registry *reg, const struct mts_peer *peer,
                  const char *group, const char *task, uint64_t image_id,
                  struct mts_reg_result *res);
 
+/*
+ * mts_register() for a new image of a process that may already be
+ * registered (it may follow an exec): registers, replacing the old
+ * image's slot, only if this process (pid and start time) is registered;
+ * otherwise -ENOENT, with nothing created and no /proc read.
+ */
+int mts_register_if_known(struct mts_registry *reg, const struct mts_peer *peer,
+                          const char *group, const char *task,
+                          uint64_t image_id, struct mts_reg_result *res);
+
 /* Publish reg->totals into the header under the seqlock. */
 void mts_publish(struct mts_registry *reg);
 

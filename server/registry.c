@@ -1080,9 +1080,9 @@ static int group_for_peer(struct mts_registry *reg, const struct mts_peer *peer,
 	return err;
 }
 
-int mts_register(struct mts_registry *reg, const struct mts_peer *peer,
-                 const char *group, const char *task, uint64_t image_id,
-                 struct mts_reg_result *res)
+static int register_peer(struct mts_registry *reg, const struct mts_peer *peer,
+                         const char *group, const char *task, uint64_t image_id,
+                         bool if_known, struct mts_reg_result *res)
 {
 	if (!group || !group[0])
 		group = "default";
@@ -1092,6 +1092,10 @@ int mts_register(struct mts_registry *reg, const struct mts_peer *peer,
 		return -EINVAL;
 	if (!peer->has_cred || peer->pid == 0)
 		return -EPERM;
+	/* Most such asks come from a process nobody registered: answered
+	 * from the table alone. */
+	if (if_known && !mts_find_pid(reg, peer->pid))
+		return -ENOENT;
 
 	/* The pidfd first, then what /proc says of the pid: if the pidfd's
 	 * process is still alive after that, it is what /proc described. */
@@ -1120,6 +1124,10 @@ int mts_register(struct mts_registry *reg, const struct mts_peer *peer,
 		proc_release(reg, p, "slot reclaimed: pid reused");
 		p = NULL;
 	}
+	if (if_known && !p) {
+		close(pidfd);
+		return -ENOENT;
+	}
 	if (p && p->image_id == image_id && p->uid == peer->uid) {
 		close(pidfd); /* it has one */
 		return register_known(reg, p, peer, group, task, image_id, comm,
@@ -1144,6 +1152,20 @@ int mts_register(struct mts_registry *reg, const struct mts_peer *peer,
 			mts_group_gc(reg, (uint32_t)(g - reg->groups));
 	}
 	return err;
+}
+
+int mts_register(struct mts_registry *reg, const struct mts_peer *peer,
+                 const char *group, const char *task, uint64_t image_id,
+                 struct mts_reg_result *res)
+{
+	return register_peer(reg, peer, group, task, image_id, false, res);
+}
+
+int mts_register_if_known(struct mts_registry *reg, const struct mts_peer *peer,
+                          const char *group, const char *task,
+                          uint64_t image_id, struct mts_reg_result *res)
+{
+	return register_peer(reg, peer, group, task, image_id, true, res);
 }
 
 /* ---- adoption (see adopt.c) --------------------------------------------- */

@@ -25,7 +25,9 @@ MEMTALLY_REGISTER_MIN (1 MiB). So:
   young;
 - an image that a registered process exec'd registers at its first
   flush, small and young as it is, so that the old image's figure does
-  not stay on the server;
+  not stay on the server; an image whose process merely started a while
+  before it (a slow launcher) asks the same, is told that nothing of its
+  process is registered, and waits for the bounds like any other;
 - MEMTALLY_REGISTER_MIN=0, or a MEMTALLY_TASK to fulfil, register at the
   first flush, as before.
 """
@@ -168,8 +170,9 @@ def test_fork_child_registers_itself():
 KIB = 1024
 
 
-def start_young(env, kib):
-    p = subprocess.Popen([worker("mt_young"), str(kib)], env=env,
+def start_young(env, kib, argv=None):
+    argv = argv or [worker("mt_young"), str(kib)]
+    p = subprocess.Popen(argv, env=env,
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                          text=True)
     line = p.stdout.readline().strip()
@@ -281,6 +284,33 @@ def test_exec_replaces_the_old_image():
             p.wait()
 
 
+def test_slow_launcher_is_not_an_exec():
+    """A shell that waits 0.3 s before it execs the worker: the worker's
+    process is older than its image, as after a registered worker's exec.
+    It asks to register only if its process is registered (memtallyd's
+    log shows it connect), is told no, and stays out like any young, small
+    process. (Before, it registered at once: a launcher slow between its
+    fork and exec, or a sanitizer's start-up, did the same.)"""
+    with Server() as s:
+        env = s.env(MEMTALLY_REGISTER_AFTER_MS="60000")
+        p = start_young(env, 256, ["/bin/sh", "-c", 'sleep 0.3; exec "$0" 256',
+                                   worker("mt_young")])
+        try:
+            asked = f'connection accepted" peer_pid={p.pid} '
+            wait_for("the worker's ask reaches memtallyd",
+                     lambda: asked in s.logtext())
+            check(stays_unregistered(s, p.pid, 0.3),
+                  "a slow launcher's young, small worker registered")
+            line = ask(p, "attached")
+            check(line == "attached=1", f"memtally_attached(): {line!r}")
+            got = wait_bytes(s, p.pid, 256 * KIB)
+            check(got >= 256 * KIB, f"once asked it shows {got} bytes")
+            print(f"  slow launcher: asked, stayed out; then {got} bytes")
+        finally:
+            p.stdin.close()
+            p.wait()
+
+
 def test_attached_asks_at_once():
     """memtally_attached() is the program asking: a young, small process
     registers then, whatever the bounds."""
@@ -325,5 +355,6 @@ if __name__ == "__main__":
          test_young_small_quiet_left_out,
          test_large_registers_at_once,
          test_exec_replaces_the_old_image,
+         test_slow_launcher_is_not_an_exec,
          test_attached_asks_at_once,
          test_first_flush_when_asked])

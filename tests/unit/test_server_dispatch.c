@@ -50,13 +50,14 @@ static Memtally__V1__Response *next_response(const struct mts_buf *out,
 /* The peer of the latest do_register(): the descriptors it is to get. */
 static struct mts_peer last_peer;
 
-static Memtally__V1__Response *do_register(pid_t pid, const char *group,
-                                           uint64_t image_id)
+static Memtally__V1__Response *
+register_as(pid_t pid, const char *group, uint64_t image_id, bool if_registered)
 {
 	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
 	Memtally__V1__Register reg = MEMTALLY__V1__REGISTER__INIT;
 	reg.group = (char *)group;
 	reg.image_id = image_id;
+	reg.if_registered = if_registered;
 	req.id = 7;
 	req.body_case = MEMTALLY__V1__REQUEST__BODY_REGISTER;
 	req.register_ = &reg;
@@ -64,6 +65,12 @@ static Memtally__V1__Response *do_register(pid_t pid, const char *group,
 	Memtally__V1__Response *r = fx_call(&peer, &req);
 	last_peer = peer;
 	return r;
+}
+
+static Memtally__V1__Response *do_register(pid_t pid, const char *group,
+                                           uint64_t image_id)
+{
+	return register_as(pid, group, image_id, false);
 }
 
 static uint32_t register_ok(pid_t pid, const char *group, uint64_t image_id)
@@ -366,6 +373,47 @@ Test(dispatch, repeat_keeps_slot_exec_resets_it)
 	cr_assert_null(mts_find_group(&srv.reg, "a"), "empty group kept");
 	cr_assert_not_null(mts_find_group(&srv.reg, "b"));
 	cr_assert_eq(srv.reg.nfree, 3);
+}
+
+Test(dispatch, if_registered_only_replaces)
+{
+	/* A process nobody registered: told so; no slot, group or count. */
+	pid_t kid = fx_spawn();
+	uint32_t nfree = srv.reg.nfree;
+	expect_error(register_as(kid, "a", 1, true), 7,
+	             MEMTALLY__V1__ERROR_CODE__ERROR_NOT_FOUND);
+	cr_assert_eq(last_peer.nsend_fds, 0, "descriptors sent with a no");
+	cr_assert_null(mts_find_pid(&srv.reg, (uint32_t)kid));
+	cr_assert_null(mts_find_group(&srv.reg, "a"));
+	cr_assert_eq(srv.reg.totals.processes, 0);
+	cr_assert_eq(srv.reg.totals.unregistered, 0);
+	cr_assert_eq(srv.reg.nfree, nfree);
+
+	/* Registered (image 1): a new image asking so replaces it, as an
+	 * exec's registration does: same slot, zeroed, new generation. */
+	uint32_t slot = register_ok(kid, "a", 1);
+	struct mtshm_slot_id *s = mts_slot(&srv.reg, slot);
+	uint64_t gen = s->generation;
+	write_lane(slot, 5000, 1);
+	mts_core_tick(&srv.reg);
+	Memtally__V1__Response *r = register_as(kid, "b", 2, true);
+	cr_assert_null(r->error, "%s", r->error ? r->error->message : "");
+	cr_assert_eq(r->registered->slot, slot);
+	cr_assert_eq(last_peer.nsend_fds, 2);
+	memtally__v1__response__free_unpacked(r, NULL);
+	cr_assert_eq(s->generation, gen + 1);
+	cr_assert_eq(mtshm_lane(s, 0)->bytes, 0);
+	cr_assert_eq(srv.reg.totals.processes, 1);
+	cr_assert_not_null(mts_find_group(&srv.reg, "b"));
+
+	/* The pid now names a later process: the old entry is reclaimed
+	 * and the newcomer, which asked only to replace, gets nothing. */
+	mts_find_pid(&srv.reg, (uint32_t)kid)->start_time++;
+	expect_error(register_as(kid, "b", 3, true), 7,
+	             MEMTALLY__V1__ERROR_CODE__ERROR_NOT_FOUND);
+	cr_assert_null(mts_find_pid(&srv.reg, (uint32_t)kid));
+	cr_assert_eq(srv.reg.totals.processes, 0);
+	uv_run(&loop, UV_RUN_NOWAIT); /* run the old poll's close */
 }
 
 Test(dispatch, pid_reuse_reclaims)
