@@ -1,7 +1,8 @@
 /*
  * maps_reconcile - what reconciling a process's mapped figure with the
- * kernel's resident pages costs (client/mmap.c: mincore over the counted
- * ranges), per GiB counted. Run under the preload, with or without a
+ * kernel's resident pages costs (client/mmap.c: the pagemap scan, or
+ * mincore on kernels before 6.7, over the counted ranges), per GiB
+ * counted. Run under the preload, with or without a
  * server:
  *   LD_PRELOAD=build/client/libmemtally_preload.so
  * build/bench/bench_maps_reconcile [GiB] It times memtally_flush() (which

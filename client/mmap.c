@@ -67,11 +67,13 @@
 
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <link.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -99,6 +101,9 @@ static struct {
 	/* Reconcile (mincore over `t`): when the last one ran and how long
 	 * it took, both CLOCK_MONOTONIC ns. */
 	uint64_t rec_at, rec_cost;
+	/* The pagemap scan: 0 not tried yet, 1 works, -1 not on this
+	 * kernel (or no /proc): mincore alone, zero-page reads counted. */
+	int zero_scan;
 	/* Code ranges whose mmap calls are an allocator's or our own; set
 	 * once by the constructor, before `ready`. */
 	struct mtc_range excl[MM_MAX_EXCL];
@@ -141,6 +146,23 @@ static int sys_mincore(uintptr_t a, size_t len, unsigned char *vec)
 {
 	return (int)syscall(SYS_mincore, (void *)a, len, vec);
 }
+
+/*
+ * The pagemap scan (Linux 6.7, PAGEMAP_SCAN on /proc/self/pagemap), for
+ * one thing mincore cannot tell: a page a program only read is mapped to
+ * the kernel's shared zero page, "resident" to mincore, in no RssAnon.
+ * Declared here: older C library headers lack it.
+ */
+struct mm_scan_arg {
+	uint64_t size, flags, start, end, walk_end, vec, vec_len, max_pages;
+	uint64_t category_inverted, category_mask, category_anyof_mask;
+	uint64_t return_mask;
+};
+struct mm_page_region {
+	uint64_t start, end, categories;
+};
+#define MM_PAGEMAP_SCAN    _IOWR('f', 16, struct mm_scan_arg)
+#define MM_PAGE_IS_PFNZERO (1u << 5)
 
 static void *sys_mremap(void *old, size_t old_len, size_t new_len, int flags,
                         void *new_addr)
@@ -373,6 +395,58 @@ static void d2_append(uintptr_t lo, uintptr_t hi)
 	t->total += hi - lo;
 }
 
+/*
+ * Where the kernel has the pagemap scan, one walk gives the pages of
+ * [lo, hi) the process does not hold, as ranges: not present, or mapped
+ * to the zero page (read, never written: "resident" to mincore, in no
+ * RssAnon). They go to d2 as mincore's absent runs would. Returns false
+ * (d2 as it was) where the scan fails: the caller falls back to mincore.
+ */
+#define MM_ZREG            128
+#define MM_PAGE_IS_PRESENT (1u << 3)
+
+static bool scan_range(int pm, uintptr_t lo, uintptr_t hi)
+{
+	struct mm_page_region r[MM_ZREG];
+	size_t n0 = mm.d2.n;
+	uint64_t total0 = mm.d2.total;
+	uintptr_t at = lo;
+	while (at < hi) {
+		struct mm_scan_arg a = {
+		    .size = sizeof(a),
+		    .start = at,
+		    .end = hi,
+		    .vec = (uintptr_t)r,
+		    .vec_len = MM_ZREG,
+		    /* not present, or on the zero page */
+		    .category_inverted = MM_PAGE_IS_PRESENT,
+		    .category_anyof_mask =
+		        MM_PAGE_IS_PRESENT | MM_PAGE_IS_PFNZERO,
+		    .return_mask = MM_PAGE_IS_PRESENT | MM_PAGE_IS_PFNZERO,
+		};
+		long n = syscall(SYS_ioctl, pm, MM_PAGEMAP_SCAN, &a);
+		if (n < 0) {
+			/* ENOTTY: before 6.7. Any other refusal (a sandbox)
+			 * would repeat: mincore alone from now on. */
+			if (errno != EINTR)
+				mm.zero_scan = -1;
+			mm.d2.n = n0; /* as before this range */
+			mm.d2.total = total0;
+			return false;
+		}
+		for (long i = 0; i < n; i++) {
+			uintptr_t p = r[i].start < at ? at : r[i].start;
+			uintptr_t q = r[i].end > hi ? hi : r[i].end;
+			if (p < q)
+				d2_append(p, q);
+		}
+		if (a.walk_end <= at)
+			break;
+		at = a.walk_end;
+	}
+	return true;
+}
+
 static void reconcile_range(uintptr_t lo, uintptr_t hi, unsigned char *vec)
 {
 	while (lo < hi) {
@@ -421,8 +495,24 @@ static void reconcile_locked(void)
 	}
 	mm.d2.n = 0;
 	mm.d2.total = 0;
+	/* Opened for this reconcile only: a descriptor kept open would be
+	 * one the program did not open (its first open() would not get the
+	 * number it expects). */
+	int pm = -1;
+	if (mm.zero_scan >= 0)
+		pm = (int)syscall(SYS_openat, AT_FDCWD, "/proc/self/pagemap",
+		                  O_RDONLY | O_CLOEXEC);
+	if (pm < 0 && mm.zero_scan == 0)
+		mm.zero_scan = -1;
 	for (size_t i = 0; i < mm.t.n; i++)
-		reconcile_range(mm.t.v[i].lo, mm.t.v[i].hi, vec);
+		if (pm < 0 || mm.zero_scan < 0 ||
+		    !scan_range(pm, mm.t.v[i].lo, mm.t.v[i].hi))
+			reconcile_range(mm.t.v[i].lo, mm.t.v[i].hi, vec);
+	if (pm >= 0) {
+		if (mm.zero_scan == 0)
+			mm.zero_scan = 1;
+		syscall(SYS_close, pm);
+	}
 	for (int g = 0; g < 2; g++)
 		for (size_t i = 0; i < mm.y[g].n && mm.d2.n; i++)
 			mtc_maptable_remove(&mm.d2, mm.y[g].v[i].lo,

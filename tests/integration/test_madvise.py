@@ -12,12 +12,21 @@
   it): counted for the 16 MiB it touched, and its
   figure, sampled throughout, never below its start and never above it by
   more than what it holds.
+- a worker that only reads 128 MiB it mapped (every page maps the
+  kernel's shared zero page: no RssAnon) is counted for nothing of it
+  once the mapping is no longer young, and for what it then writes; on a
+  kernel without the pagemap scan (before 6.7) that test is skipped:
+  there mincore says such pages are resident and they count.
 """
 import threading
 import time
 
-from harness import (MIB, Server, Worker, check, deadline, rss_anon, run,
-                     wait_for, worker)
+import ctypes
+import fcntl
+import os
+
+from harness import (MIB, Server, Skip, Worker, check, deadline, rss_anon,
+                     run, wait_for, worker)
 
 SLACK = 16 * MIB
 
@@ -40,6 +49,63 @@ def mapped_near(s, w, want, what):
         say(w, "flush")
         return None
     return wait_for(what, near, timeout=20)
+
+
+def pagemap_scan_works():
+    """Does this kernel have PAGEMAP_SCAN (6.7) with the zero-page flag?"""
+    class Arg(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_uint64) for n in (
+            "size flags start end walk_end vec vec_len max_pages "
+            "category_inverted category_mask category_anyof_mask "
+            "return_mask").split()]
+    req = (3 << 30) | (ctypes.sizeof(Arg) << 16) | (ord("f") << 8) | 16
+    regions = (ctypes.c_uint64 * 3 * 4)()
+    buf = ctypes.create_string_buffer(4 * 4096)
+    start = ctypes.addressof(buf) & ~4095
+    arg = Arg(size=ctypes.sizeof(Arg), start=start, end=start + 4096,
+              vec=ctypes.addressof(regions), vec_len=4,
+              category_mask=1 << 5, return_mask=1 << 5)
+    fd = os.open("/proc/self/pagemap", os.O_RDONLY)
+    try:
+        fcntl.ioctl(fd, req, arg)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def test_read_only_pages_not_held():
+    if not pagemap_scan_works():
+        raise Skip("no PAGEMAP_SCAN on this kernel (before 6.7): pages "
+                   "only read count, as mincore says they are resident")
+    with Server() as s:
+        w = Worker([worker("mt_map")], s.env(group="zero"))
+        try:
+            check(w.readline().startswith("ready"), "worker not ready")
+            say(w, "flush")
+            base = wait_for("registered", lambda: s.ps().get(w.pid))
+            rss0 = rss_anon(w.pid)
+            say(w, "map_lazy 128")
+            say(w, "read 0 128")
+            # Young for 1-2 s (counted in full), then what it holds.
+            end = deadline(2.5)
+            while time.monotonic() < end:
+                say(w, "flush")
+                time.sleep(0.1)
+            held = rss_anon(w.pid) - rss0
+            check(held <= SLACK, f"reading made it resident: +{held}")
+            p = mapped_near(s, w, base["mapped"], "read pages not counted")
+            read_fig = p["mapped"] - base["mapped"]
+            say(w, "touch 0 64")
+            held = rss_anon(w.pid) - rss0
+            check(held >= 60 * MIB, f"64 MiB written: +{held}")
+            p = mapped_near(s, w, base["mapped"] + held, "written counted")
+            print(f"  128 MiB read: memtally +{read_fig / MIB:.1f} MiB; "
+                  f"64 MiB of it written: +{(p['mapped'] - base['mapped']) / MIB:.1f}"
+                  f" MiB (RssAnon +{held / MIB:.1f} MiB)")
+        finally:
+            w.close()
 
 
 def test_dontneed_then_touched_again():
@@ -161,4 +227,5 @@ def test_gives_back_more_than_counted():
 
 
 if __name__ == "__main__":
-    run([test_dontneed_then_touched_again, test_gives_back_more_than_counted])
+    run([test_dontneed_then_touched_again, test_gives_back_more_than_counted,
+         test_read_only_pages_not_held])

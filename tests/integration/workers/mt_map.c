@@ -26,6 +26,8 @@
  *   "unmap"        munmap the region (what is left of it)
  *   "map_lazy N"   mmap N MiB private anonymous read-write, untouched
  *   "touch O N"    touch MiB [O, O+N) of the region
+ *   "read O N"     read a byte of each page of MiB [O, O+N) of the region,
+ *                  writing none (untouched pages: the kernel's zero page)
  *   "advise O N A" madvise MiB [O, O+N) of the region (N may run past
  *                  its end) with A: dontneed, free, pageout, remove:
  *                  "ok advised R" (R: madvise's return value)
@@ -243,6 +245,11 @@ int main(void)
 		} else if (sscanf(cmd, "touch %lu %lu", &t, &n) == 2) {
 			mt_touch(region + t * MIB, n * MIB);
 			mt_say("ok touched");
+		} else if (sscanf(cmd, "read %lu %lu", &t, &n) == 2) {
+			unsigned long sum = 0;
+			for (size_t i = 0; i < n * MIB; i += 4096)
+				sum += ((volatile char *)region)[t * MIB + i];
+			mt_say("ok read %lu", sum);
 		} else if (sscanf(cmd, "advise %lu %lu %15s", &t, &n, what) ==
 		           3) {
 			int a = strcmp(what, "free") == 0      ? MADV_FREE
