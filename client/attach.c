@@ -594,10 +594,10 @@ static int reg_decode(const uint8_t *body, size_t len, struct reg_reply *out)
 	    memtally__v1__response__unpack(&alloc, len, body);
 	if (!resp)
 		return MEMTALLY_EPROTO;
-	if (resp->error &&
-	    resp->error->code == MEMTALLY__V1__ERROR_CODE__ERROR_NOT_FOUND) {
+	if (resp->error && resp->error->code ==
+	                       MEMTALLY__V1__ERROR_CODE__ERROR_NOT_REGISTERED) {
 		/* Asked with if_registered: no earlier image to replace. */
-		return -ENOENT;
+		return MEMTALLY_ENOTFOUND;
 	}
 	if (resp->error) {
 		mtc_debug("server refused registration: %s",
@@ -617,8 +617,9 @@ static int reg_decode(const uint8_t *body, size_t len, struct reg_reply *out)
 }
 
 /* Connect, send Register, read Registered and its two descriptors.
- * Returns 0 or a negative code (-ENOENT: asked if_registered, and the
- * process is not); on failure no descriptor is left open. */
+ * Returns 0 or a negative code (MEMTALLY_ENOTFOUND: asked if_registered,
+ * and the server says the process is not; never for anything else: a
+ * missing socket is -ENOENT); on failure no descriptor is left open. */
 static int do_register(struct reg_reply *out, bool if_registered)
 {
 	out->fds[0] = out->fds[1] = -1;
@@ -637,9 +638,6 @@ static int do_register(struct reg_reply *out, bool if_registered)
 		err = reg_recv(fd, in, sizeof(in), deadline, out, &pre, &body);
 	if (!err)
 		err = reg_decode(in + pre, (size_t)body, out);
-	/* "The registering process has exited": not us, a confused server. */
-	if (err == -ENOENT && !if_registered)
-		err = MEMTALLY_ESERVER;
 	close(fd);
 	if (err)
 		reply_close(out);
@@ -1185,7 +1183,7 @@ static void maybe_attach(enum attach_ask ask)
 					 __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
 		return;
 	int err = attach(if_registered);
-	if (err == -ENOENT && if_registered) {
+	if (err == MEMTALLY_ENOTFOUND && if_registered) {
 		/* No older image registered: wait for the bounds, as any
 		 * young process does. Not a failure: no back-off. */
 		mtc_debug("no earlier image registered; registering later");

@@ -402,12 +402,15 @@ static void d2_append(uintptr_t lo, uintptr_t hi)
  * RssAnon). They go to d2 as mincore's absent runs would. Returns false
  * (d2 as it was) where the scan fails: the caller falls back to mincore.
  */
-#define MM_ZREG            128
 #define MM_PAGE_IS_PRESENT (1u << 3)
 
-static bool scan_range(int pm, uintptr_t lo, uintptr_t hi)
+/* The regions go in mincore's vector (buf, MM_VEC bytes, 8-aligned),
+ * unused while the scan runs: one 4 KiB buffer on a stack that may be a
+ * signal handler's. */
+static bool scan_range(int pm, uintptr_t lo, uintptr_t hi, unsigned char *buf)
 {
-	struct mm_page_region r[MM_ZREG];
+	struct mm_page_region *r = (struct mm_page_region *)(void *)buf;
+	const size_t nreg = MM_VEC / sizeof(*r);
 	size_t n0 = mm.d2.n;
 	uint64_t total0 = mm.d2.total;
 	uintptr_t at = lo;
@@ -417,7 +420,7 @@ static bool scan_range(int pm, uintptr_t lo, uintptr_t hi)
 		    .start = at,
 		    .end = hi,
 		    .vec = (uintptr_t)r,
-		    .vec_len = MM_ZREG,
+		    .vec_len = nreg,
 		    /* not present, or on the zero page */
 		    .category_inverted = MM_PAGE_IS_PRESENT,
 		    .category_anyof_mask =
@@ -483,7 +486,7 @@ static void reconcile_range(uintptr_t lo, uintptr_t hi, unsigned char *vec)
 
 static void reconcile_locked(void)
 {
-	unsigned char vec[MM_VEC];
+	_Alignas(8) unsigned char vec[MM_VEC];
 	uint64_t t0 = now_ns();
 	if (t0 - mm.y_at >= MM_YOUNG_NS) { /* a generation older */
 		struct mtc_maptable old = mm.y[1];
@@ -506,7 +509,7 @@ static void reconcile_locked(void)
 		mm.zero_scan = -1;
 	for (size_t i = 0; i < mm.t.n; i++)
 		if (pm < 0 || mm.zero_scan < 0 ||
-		    !scan_range(pm, mm.t.v[i].lo, mm.t.v[i].hi))
+		    !scan_range(pm, mm.t.v[i].lo, mm.t.v[i].hi, vec))
 			reconcile_range(mm.t.v[i].lo, mm.t.v[i].hi, vec);
 	if (pm >= 0) {
 		if (mm.zero_scan == 0)

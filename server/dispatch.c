@@ -117,10 +117,10 @@ static int do_register(struct mts_registry *reg, struct mts_peer *peer,
 	case 0:
 		break;
 	case -ENOENT:
-		return append_error(out, id,
-		                    MEMTALLY__V1__ERROR_CODE__ERROR_NOT_FOUND,
-		                    "this process is not registered (asked "
-		                    "with if_registered): nothing created");
+		return append_error(
+		    out, id, MEMTALLY__V1__ERROR_CODE__ERROR_NOT_REGISTERED,
+		    "this process is not registered (asked with "
+		    "if_registered): nothing created");
 	case -EINVAL:
 		snprintf(msg, sizeof(msg),
 		         "group and task must be at most %u bytes of valid "

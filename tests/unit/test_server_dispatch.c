@@ -381,7 +381,7 @@ Test(dispatch, if_registered_only_replaces)
 	pid_t kid = fx_spawn();
 	uint32_t nfree = srv.reg.nfree;
 	expect_error(register_as(kid, "a", 1, true), 7,
-	             MEMTALLY__V1__ERROR_CODE__ERROR_NOT_FOUND);
+	             MEMTALLY__V1__ERROR_CODE__ERROR_NOT_REGISTERED);
 	cr_assert_eq(last_peer.nsend_fds, 0, "descriptors sent with a no");
 	cr_assert_null(mts_find_pid(&srv.reg, (uint32_t)kid));
 	cr_assert_null(mts_find_group(&srv.reg, "a"));
@@ -410,7 +410,7 @@ Test(dispatch, if_registered_only_replaces)
 	 * and the newcomer, which asked only to replace, gets nothing. */
 	mts_find_pid(&srv.reg, (uint32_t)kid)->start_time++;
 	expect_error(register_as(kid, "b", 3, true), 7,
-	             MEMTALLY__V1__ERROR_CODE__ERROR_NOT_FOUND);
+	             MEMTALLY__V1__ERROR_CODE__ERROR_NOT_REGISTERED);
 	cr_assert_null(mts_find_pid(&srv.reg, (uint32_t)kid));
 	cr_assert_eq(srv.reg.totals.processes, 0);
 	uv_run(&loop, UV_RUN_NOWAIT); /* run the old poll's close */
