@@ -9,13 +9,13 @@ committed, and an uncommit takes out only what was counted.
 
 Run with `java -Xint Hold.java` (single-file launch;
 openjdk-17-jdk-headless in scripts/deps.sh); without `java` these tests
-are skipped, never passed. Interpreted (-Xint): the JIT compilers' own
-native memory (malloc'd arenas, counted at malloc, resident as touched,
-pooled and freed on the JVM's schedule) moves with compile timing, and on
-a loaded machine put 17-44 MiB between the two figures at the moments the
-test compares them (2 of 3 runs beside four busy loops); interpreted,
-within 2 MiB in 6 of 6 runs under load. The heap's commit and uncommit,
-which these tests are about, are the same either way.
+are skipped, never passed. Interpreted (-Xint), so that what the JIT
+compilers map and allocate does not move between the moments compared:
+with the JIT on a loaded machine, memtally's figure ran 17-44 MiB above
+RssAnon's growth (memtally's mapped part; 3 of 5 runs beside busy loops,
+and once in a ThreadSanitizer run), not explained yet; interpreted,
+within 3.2 MiB in 7 of 7 runs under load. The heap's commit and
+uncommit, which these tests are about, are the same either way.
 """
 import os
 import shutil
