@@ -6,13 +6,16 @@
   kernel OOM kill on a workload where the same tasks run without a policy
   are OOM-killed by the kernel.
 - memtallyd inside the node during a real OOM kill: it survives (its own
-  oom_score_adj lowered), reclaims the killed worker like any other death,
+  oom_score_adj lowered, the node's other tasks standing above it as
+  workers do in production), reclaims the killed worker like any other
+  death,
   and answers a status request within 100 ms.
 
 Skipped (77) where no memory cgroup can be made (not root, no writable
 memory controller).
 """
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -79,8 +82,23 @@ def test_daemon_survives_node_oom():
     MiB and the kernel kills it. memtallyd lives, its score lowered,
     reclaims the worker, and answers status within 100 ms."""
     cg = node(192 * MIB, "oom")
+    bystander = None
     try:
-        join = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', cg.procs()]
+        # The node's other tasks stand where workers stand in production,
+        # 900 and more above memtallyd (its unit's OOMScoreAdjust=-900;
+        # here it stays at 0, lowering needs CAP_SYS_RESOURCE): the
+        # worker first (1000), then an idle bystander (900). Without one,
+        # memtallyd was the only task left when the kernel, a few ms after
+        # killing the worker and before its memory was back, found the
+        # node still full as memtallyd faulted in the pages its reclaim
+        # touched (seen under ThreadSanitizer, whose shadow memory makes
+        # those faults many), and killed it next.
+        join = ["/bin/sh", "-c", 'echo $$ > "$0" && echo 1000 > '
+                '/proc/self/oom_score_adj && exec "$@"', cg.procs()]
+        bystander = subprocess.Popen(
+            ["/bin/sh", "-c", 'echo $$ > "$0" && echo 900 > '
+             '/proc/self/oom_score_adj && exec sleep 600', cg.procs()],
+            env={k: v for k, v in os.environ.items() if k != "LD_PRELOAD"})
         # memtallyd starts with a high score (raising needs no privilege)
         # and is configured to lower it to 0, which it may do without
         # CAP_SYS_RESOURCE too: what it does as root under its default.
@@ -99,7 +117,8 @@ def test_daemon_survives_node_oom():
             rc = w.proc.wait(60 * harness.MULT)
             check(rc == -9, "the worker should be OOM-killed, exit %s" % rc)
             check(cg.oom_kills() >= 1, "no OOM kill counted in the node")
-            check(s.proc.poll() is None, "memtallyd died in the node's OOM")
+            check(s.proc.poll() is None, "memtallyd died in the node's OOM "
+                  "(%d OOM kills in the node)" % cg.oom_kills())
             wait_for("the killed worker reclaimed", lambda: pid not in s.ps(),
                      timeout=10)
             sys.path.insert(0, os.environ.get("MEMTALLY_PYTHON", os.path.join(
@@ -115,6 +134,9 @@ def test_daemon_survives_node_oom():
             check(worst < 0.1 * harness.MULT,
                   "status took %.1f ms" % (worst * 1000))
     finally:
+        if bystander:
+            bystander.kill()
+            bystander.wait()
         cg.remove()
 
 
