@@ -101,9 +101,9 @@ static struct {
 	/* Reconcile (mincore over `t`): when the last one ran and how long
 	 * it took, both CLOCK_MONOTONIC ns. */
 	uint64_t rec_at, rec_cost;
-	/* The pagemap scan: 0 not tried yet, 1 works, -1 not on this
-	 * kernel (or no /proc): mincore alone, zero-page reads counted. */
-	int zero_scan;
+	/* The pagemap scan refused (before 6.7, no /proc, a sandbox):
+	 * mincore alone from then on, zero-page reads counted. */
+	bool no_scan;
 	/* Code ranges whose mmap calls are an allocator's or our own; set
 	 * once by the constructor, before `ready`. */
 	struct mtc_range excl[MM_MAX_EXCL];
@@ -162,6 +162,7 @@ struct mm_page_region {
 	uint64_t start, end, categories;
 };
 #define MM_PAGEMAP_SCAN    _IOWR('f', 16, struct mm_scan_arg)
+#define MM_PAGE_IS_PRESENT (1u << 3)
 #define MM_PAGE_IS_PFNZERO (1u << 5)
 
 static void *sys_mremap(void *old, size_t old_len, size_t new_len, int flags,
@@ -402,8 +403,6 @@ static void d2_append(uintptr_t lo, uintptr_t hi)
  * RssAnon). They go to d2 as mincore's absent runs would. Returns false
  * (d2 as it was) where the scan fails: the caller falls back to mincore.
  */
-#define MM_PAGE_IS_PRESENT (1u << 3)
-
 /* The regions go in mincore's vector (buf, MM_VEC bytes, 8-aligned),
  * unused while the scan runs: one 4 KiB buffer on a stack that may be a
  * signal handler's. */
@@ -432,7 +431,7 @@ static bool scan_range(int pm, uintptr_t lo, uintptr_t hi, unsigned char *buf)
 			/* ENOTTY: before 6.7. Any other refusal (a sandbox)
 			 * would repeat: mincore alone from now on. */
 			if (errno != EINTR)
-				mm.zero_scan = -1;
+				mm.no_scan = true;
 			mm.d2.n = n0; /* as before this range */
 			mm.d2.total = total0;
 			return false;
@@ -502,20 +501,17 @@ static void reconcile_locked(void)
 	 * one the program did not open (its first open() would not get the
 	 * number it expects). */
 	int pm = -1;
-	if (mm.zero_scan >= 0)
+	if (!mm.no_scan)
 		pm = (int)syscall(SYS_openat, AT_FDCWD, "/proc/self/pagemap",
 		                  O_RDONLY | O_CLOEXEC);
-	if (pm < 0 && mm.zero_scan == 0)
-		mm.zero_scan = -1;
+	if (pm < 0)
+		mm.no_scan = true;
 	for (size_t i = 0; i < mm.t.n; i++)
-		if (pm < 0 || mm.zero_scan < 0 ||
+		if (mm.no_scan ||
 		    !scan_range(pm, mm.t.v[i].lo, mm.t.v[i].hi, vec))
 			reconcile_range(mm.t.v[i].lo, mm.t.v[i].hi, vec);
-	if (pm >= 0) {
-		if (mm.zero_scan == 0)
-			mm.zero_scan = 1;
+	if (pm >= 0)
 		syscall(SYS_close, pm);
-	}
 	for (int g = 0; g < 2; g++)
 		for (size_t i = 0; i < mm.y[g].n && mm.d2.n; i++)
 			mtc_maptable_remove(&mm.d2, mm.y[g].v[i].lo,

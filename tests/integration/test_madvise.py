@@ -51,6 +51,19 @@ def mapped_near(s, w, want, what):
     return wait_for(what, near, timeout=20)
 
 
+def mapper(s, group):
+    """An mt_map worker in `group`, ready and registered: (the worker, its
+    first ps entry)."""
+    w = Worker([worker("mt_map")], s.env(group=group))
+    try:
+        check(w.readline().startswith("ready"), "worker not ready")
+        say(w, "flush")
+        return w, wait_for("registered", lambda: s.ps().get(w.pid))
+    except BaseException:
+        w.close()
+        raise
+
+
 def pagemap_scan_works():
     """Does this kernel have PAGEMAP_SCAN (6.7) with the zero-page flag?"""
     class Arg(ctypes.Structure):
@@ -80,11 +93,8 @@ def test_read_only_pages_not_held():
         raise Skip("no PAGEMAP_SCAN on this kernel (before 6.7): pages "
                    "only read count, as mincore says they are resident")
     with Server() as s:
-        w = Worker([worker("mt_map")], s.env(group="zero"))
+        w, base = mapper(s, "zero")
         try:
-            check(w.readline().startswith("ready"), "worker not ready")
-            say(w, "flush")
-            base = wait_for("registered", lambda: s.ps().get(w.pid))
             rss0 = rss_anon(w.pid)
             say(w, "map_lazy 128")
             say(w, "read 0 128")
@@ -110,11 +120,8 @@ def test_read_only_pages_not_held():
 
 def test_dontneed_then_touched_again():
     with Server() as s:
-        w = Worker([worker("mt_map")], s.env(group="madv"))
+        w, base = mapper(s, "madv")
         try:
-            check(w.readline().startswith("ready"), "worker not ready")
-            say(w, "flush")
-            base = wait_for("registered", lambda: s.ps().get(w.pid))
             rss0 = rss_anon(w.pid)
 
             say(w, "map 300")
@@ -169,11 +176,8 @@ def test_dontneed_then_touched_again():
 
 def test_gives_back_more_than_counted():
     with Server() as s:
-        w = Worker([worker("mt_map")], s.env(group="over"))
+        w, base = mapper(s, "over")
         try:
-            check(w.readline().startswith("ready"), "worker not ready")
-            say(w, "flush")
-            base = wait_for("registered", lambda: s.ps().get(w.pid))
             start = base["bytes"]
             low = {"v": start, "p": None}
             stop = threading.Event()

@@ -202,6 +202,17 @@ def stays_unregistered(s, pid, seconds):
     return True
 
 
+def out_until_asked(s, p, registered_msg):
+    """mt_young (256 KiB) stays unregistered, then memtally_attached()
+    registers it with all it holds; returns its bytes then."""
+    check(stays_unregistered(s, p.pid, 0.3), registered_msg)
+    line = ask(p, "attached")
+    check(line == "attached=1", f"memtally_attached(): {line!r}")
+    got = wait_bytes(s, p.pid, 256 * KIB)
+    check(got >= 256 * KIB, f"once asked it shows {got} bytes")
+    return got
+
+
 def wait_bytes(s, pid, at_least):
     end = deadline(20)
     got = 0
@@ -299,12 +310,8 @@ def test_slow_launcher_is_not_an_exec():
             asked = f'connection accepted" peer_pid={p.pid} '
             wait_for("the worker's ask reaches memtallyd",
                      lambda: asked in s.logtext())
-            check(stays_unregistered(s, p.pid, 0.3),
-                  "a slow launcher's young, small worker registered")
-            line = ask(p, "attached")
-            check(line == "attached=1", f"memtally_attached(): {line!r}")
-            got = wait_bytes(s, p.pid, 256 * KIB)
-            check(got >= 256 * KIB, f"once asked it shows {got} bytes")
+            got = out_until_asked(s, p, "a slow launcher's young, small "
+                                  "worker registered")
             print(f"  slow launcher: asked, stayed out; then {got} bytes")
         finally:
             p.stdin.close()
@@ -317,12 +324,8 @@ def test_attached_asks_at_once():
     with Server() as s:
         p = start_young(s.env(MEMTALLY_REGISTER_AFTER_MS="60000"), 256)
         try:
-            check(stays_unregistered(s, p.pid, 0.3),
-                  "a young process holding 256 KiB registered")
-            line = ask(p, "attached")
-            check(line == "attached=1", f"memtally_attached(): {line!r}")
-            got = wait_bytes(s, p.pid, 256 * KIB)
-            check(got >= 256 * KIB, f"once asked it shows {got} bytes")
+            got = out_until_asked(s, p, "a young process holding 256 KiB "
+                                  "registered")
             print(f"  memtally_attached(): {got} bytes")
         finally:
             p.stdin.close()
