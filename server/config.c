@@ -99,6 +99,7 @@ void mts_policy_defaults(struct mts_policy *p)
 	p->growth_window_ms = MTS_DEFAULT_GROWTH_WINDOW_MS;
 	p->forecast_horizon_ms = 0; /* off: only the watermark makes `high` */
 	p->untouched_allowance = MTS_DEFAULT_UNTOUCHED_ALLOWANCE;
+	p->untouched_total = MTS_DEFAULT_UNTOUCHED_TOTAL;
 	p->untouched_ms = MTS_DEFAULT_UNTOUCHED_MS;
 }
 
@@ -1016,7 +1017,8 @@ static int key_admission(struct load *l, const char *sec, const char *key,
 /*
  * [trust]: trusted_uids (a list of user names or numbers, separated by
  * commas or blanks; replaces the list), untouched_allowance (a size, per
- * uid), untouched_time (a duration). See vouch.c.
+ * uid), untouched_allowance_total (a size, all uids together),
+ * untouched_time (a duration). See vouch.c.
  */
 static int key_trust(struct load *l, const char *sec, const char *key,
                      const char *v)
@@ -1029,6 +1031,14 @@ static int key_trust(struct load *l, const char *sec, const char *key,
 			    l, sec, key,
 			    "expected a size like 256MiB, or 0; got '%s'", v);
 		p->untouched_allowance = n;
+		return 0;
+	}
+	if (strcmp(key, "untouched_allowance_total") == 0) {
+		if (mt_parse_size(v, &n) < 0)
+			return fail(
+			    l, sec, key,
+			    "expected a size like 256MiB, or 0; got '%s'", v);
+		p->untouched_total = n;
 		return 0;
 	}
 	if (strcmp(key, "untouched_time") == 0) {
@@ -1205,6 +1215,7 @@ static const struct {
     {"hooks", "min_interval", key_hooks, NO_U32},
     {"trust", "trusted_uids", key_trust, NO_U32},
     {"trust", "untouched_allowance", key_trust, NO_U32},
+    {"trust", "untouched_allowance_total", key_trust, NO_U32},
     {"trust", "untouched_time", key_trust, NO_U32},
 };
 

@@ -277,9 +277,10 @@ static inline void tick_proc(struct mts_registry *reg, struct mts_proc *p,
 	uint64_t pv = pb;
 	if (p->untrusted) {
 		pv = mts_vouch_proc(reg, p, pb, &acc->vouch_reads);
-		if (pb != pv)
-			group_unvouched(g, p->uid, pb - pv);
-		acc->unvouched += pb - pv;
+		if (p->unvouched) {
+			group_unvouched(g, p->uid, p->unvouched);
+			acc->unvouched += p->unvouched;
+		}
 	}
 	if (pb > p->peak) {
 		p->peak = pb;
@@ -383,6 +384,10 @@ void mts_core_tick(struct mts_registry *reg)
 	}
 	t->bytes = acc.bytes;
 	t->unvouched = acc.unvouched;
+	t->allowance =
+	    reg->policy.untouched_ms
+	        ? sat_sub(reg->policy.untouched_total, reg->vouch.allow_left)
+	        : 0;
 	t->mapped = acc.mapped;
 	t->allocator_free = acc.allocator_free;
 	t->error_bytes = acc.error_bytes;

@@ -420,6 +420,27 @@ void mts_enforce(struct mts_registry *reg, uint64_t now_ns)
 	if (now_ns < reg->lim->fleet_over_since_ns ||
 	    now_ns - reg->lim->fleet_over_since_ns < grace)
 		return;
+	/* Over on what the kernel holds, not on an allowance for memory
+	 * not touched yet: one user's claim never gets another user's
+	 * process signalled (vouch.c). */
+	const struct mts_totals *t = &reg->totals;
+	uint64_t touched =
+	    t->bytes > t->allowance ? t->bytes - t->allowance : 0;
+	uint64_t held =
+	    mt_sat_add(mts_measured(reg, touched, t->rss), t->reserved);
+	if (t->limit && held <= t->limit) {
+		if (!reg->lim->enforce_idle_logged)
+			mts_log(MTS_LOG_WARN,
+			        "fleet over its limit past the grace period "
+			        "only by untouched allowances, nothing "
+			        "signalled",
+			        "bytes=%llu allowance=%llu limit=%llu",
+			        (unsigned long long)t->bytes,
+			        (unsigned long long)t->allowance,
+			        (unsigned long long)t->limit);
+		reg->lim->enforce_idle_logged = true;
+		return;
+	}
 
 	struct mts_proc *best = NULL;
 	uint64_t best_v = 0;

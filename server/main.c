@@ -478,7 +478,8 @@ int main(int argc, char **argv)
 	        "max_buffered=%llu max_connections_per_uid=%u "
 	        "idle_timeout_ms=%u max_reservations_per_uid=%u hooks=%d "
 	        "hook_timeout_ms=%u hook_min_interval_ms=%u trusted_uids=%u "
-	        "untouched_allowance=%llu untouched_ms=%u",
+	        "untouched_allowance=%llu untouched_allowance_total=%llu "
+	        "untouched_ms=%u",
 	        MTS_VERSION, (int)getpid(),
 	        mts_logq(q1, sizeof(q1), cfg.socket_path),
 	        mts_logq(q2, sizeof(q2), cfg.segment), cfg.slots, cfg.lanes,
@@ -495,7 +496,7 @@ int main(int argc, char **argv)
 	                                  : MTS_HOOK_DEFAULT_TIMEOUT_MS,
 	        settings.hooks.min_interval_ms, pol->ntrusted,
 	        (unsigned long long)pol->untouched_allowance,
-	        pol->untouched_ms);
+	        (unsigned long long)pol->untouched_total, pol->untouched_ms);
 	raise_nofile(&cfg);
 	lower_oom_score(&cfg);
 

@@ -39,16 +39,16 @@ struct mts_group_policy {
 /* Percentages are kept in basis points (1% = 100 bp) so "92.5" is exact. */
 #define MTS_BP_ONE 10000u
 
-#define MTS_DEFAULT_HIGH_BP       9000u  /* 90% */
-#define MTS_DEFAULT_HYST_BP       500u   /* 5% */
-#define MTS_DEFAULT_RSS_MS        1000u
-#define MTS_DEFAULT_TTL_S         300u
-#define MTS_DEFAULT_MAX_TTL_S     86400u
-#define MTS_DEFAULT_GRACE_MS      10000u
+#define MTS_DEFAULT_HIGH_BP   9000u /* 90% */
+#define MTS_DEFAULT_HYST_BP   500u  /* 5% */
+#define MTS_DEFAULT_RSS_MS    1000u
+#define MTS_DEFAULT_TTL_S     300u
+#define MTS_DEFAULT_MAX_TTL_S 86400u
+#define MTS_DEFAULT_GRACE_MS  10000u
 /* A peer may hold at most this many reservations in all; each is ~100 B. */
-#define MTS_RESV_MAX              65536u
+#define MTS_RESV_MAX 65536u
 /* "r-" + 16 hex digits. */
-#define MTS_RESV_ID_LEN           18u
+#define MTS_RESV_ID_LEN 18u
 /* [admission] max_reservations_per_uid: one uid's outstanding
  * reservations, so that one peer holding many cannot use up MTS_RESV_MAX
  * for everyone. Admins are exempt (auth.c). */
@@ -58,7 +58,12 @@ struct mts_group_policy {
  * long an excess may stay before it is no longer vouched for. */
 #define MTS_DEFAULT_UNTOUCHED_ALLOWANCE (UINT64_C(256) << 20)
 #define MTS_DEFAULT_UNTOUCHED_MS        10000u
-#define MTS_UNTOUCHED_MAX_MS            3600000u
+/* [trust] untouched_allowance_total: all untrusted uids' allowances
+ * together, so that N accounts cannot multiply one. One allowance's worth:
+ * a fresh large allocation is what it is for, and one at a time is what
+ * a node sees. */
+#define MTS_DEFAULT_UNTOUCHED_TOTAL (UINT64_C(256) << 20)
+#define MTS_UNTOUCHED_MAX_MS        3600000u
 /* [trust] trusted_uids: at most this many (root and the server's own uid
  * are trusted besides, always). */
 #define MTS_TRUSTED_UIDS_MAX 64u
@@ -96,7 +101,7 @@ struct mts_policy {
 	uint32_t admin_uid;
 	bool has_admin_gid;
 	uint32_t admin_gid;
-	char *tcp_token; /* NULL = none: no TCP peer is authorised */
+	char *tcp_token;           /* NULL = none: no TCP peer is authorised */
 	uint32_t max_resv_per_uid; /* 0 = no per-uid cap */
 	/* Outstanding reserved bytes per uid: a size (resv_bytes_per_uid),
 	 * else a fraction of the fleet limit (resv_bytes_bp); both 0 = no
@@ -116,6 +121,7 @@ struct mts_policy {
 	uint32_t trusted_uids[MTS_TRUSTED_UIDS_MAX];
 	uint32_t ntrusted;
 	uint64_t untouched_allowance;
+	uint64_t untouched_total;
 	uint32_t untouched_ms;
 };
 
@@ -134,11 +140,11 @@ struct mts_event {
 	const char *scope; /* "fleet", "group:NAME", "pid:N" */
 	uint32_t state;    /* enum mtshm_state */
 	uint32_t previous;
-	uint64_t bytes;    /* accounted */
+	uint64_t bytes; /* accounted */
 	uint64_t rss;
 	uint64_t limit;
 	uint64_t reserved;
-	uint64_t time_ns; /* CLOCK_REALTIME */
+	uint64_t time_ns;   /* CLOCK_REALTIME */
 	const char *reason; /* why, in words: "forecast: limit in 12 s ..." */
 	double growth;      /* bytes per second of the measured figure */
 	double forecast_s;  /* seconds to the limit, 0 = no forecast */

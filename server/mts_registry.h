@@ -138,6 +138,8 @@ struct mts_totals {
 	uint64_t bytes;     /* heap + mapped + allocator_free; of untrusted uids
 	                     * only what the kernel vouches for (vouch.c) */
 	uint64_t unvouched; /* claimed beyond `bytes` */
+	uint64_t allowance; /* the part of `bytes` no kernel figure holds yet
+	                     * (vouch.c): never a reason to enforce */
 	uint64_t mapped;
 	uint64_t allocator_free;
 	uint64_t peak;
@@ -259,6 +261,7 @@ struct mts_registry {
 
 	struct mts_totals totals;
 	struct mts_stats stats;
+	struct mts_vouch_fleet vouch; /* vouch.c, during a tick */
 
 	struct mts_policy policy; /* in force; owned (deep copy) */
 	uint32_t server_uid;      /* geteuid() at init: always authorised */

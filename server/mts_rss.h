@@ -18,6 +18,9 @@ struct mts_rss_state {
 	 * vouch_sweep_ns. */
 	bool vouch_wanted;
 	uint64_t vouch_sweep_ns;
+	/* The latest full sweep: when it started, and how long it took. */
+	uint64_t full_started_ns;
+	uint64_t full_cost_ns;
 };
 
 /* The tick found claims to check (vouch.c's mts_vouch_end said so): the

@@ -19,6 +19,13 @@ struct mts_table;
  * figure was last read (or that have none yet). */
 #define MTS_VOUCH_SWEEP_MS 100u
 #define MTS_VOUCH_JUMP     (UINT64_C(1) << 20)
+/* An early read costs the process at most 1/MTS_VOUCH_READ_DUTY of a
+ * thread: the next one waits that many times the last one's cost. */
+#define MTS_VOUCH_READ_DUTY 20u
+/* A uid whose excess is at most this rests: its allowance's clock runs
+ * back. Claims lag allocations by a flush at most, so an honest uid
+ * with nothing untouched rests. */
+#define MTS_VOUCH_REST (UINT64_C(1) << 20)
 
 /* Should `p`'s kernel figure be read early? */
 bool mts_vouch_want_read(const struct mts_proc *p);
@@ -51,11 +58,22 @@ void mts_vouch_end(struct mts_registry *reg, uint64_t now_ns);
  * latest tick (0 for a trusted uid or one with no process). */
 uint64_t mts_vouch_unvouched_of(const struct mts_registry *reg, uint32_t uid);
 
-/* The kernel's figure of a process: resident and swapped anonymous
- * memory, from the text of /proc/PID/status; also its VmRSS. 0 or
- * -EINVAL. */
-int mts_parse_status_mem(const char *status, uint64_t *rss, uint64_t *anon);
-/* The same read from /proc/PID/status. 0 or -errno. */
-int mts_read_status_mem(int pid, uint64_t *rss, uint64_t *anon);
+/* What the kernel says a process holds. */
+struct mts_kernel_mem {
+	uint64_t rss;   /* resident: proportional where `pss` */
+	uint64_t held;  /* anonymous + shared + swapped memory */
+	uint64_t shmem; /* the shared part of `held` */
+	bool pss;       /* proportional: a shared page counts 1/n */
+};
+
+/* From the text of /proc/PID/smaps_rollup: Pss, Pss_Anon + Pss_Shmem +
+ * SwapPss. -EINVAL without Pss_Anon (Linux < 5.10). */
+int mts_parse_smaps_rollup(const char *text, struct mts_kernel_mem *out);
+/* From the text of /proc/PID/status: VmRSS, RssAnon + RssShmem + VmSwap,
+ * each shared page counted in full. 0 or -EINVAL. */
+int mts_parse_status_mem(const char *status, struct mts_kernel_mem *out);
+/* Read /proc/PID/smaps_rollup, or /proc/PID/status where the kernel has
+ * no proportional figures. 0 or -errno. */
+int mts_read_kernel_mem(int pid, struct mts_kernel_mem *out);
 
 #endif /* MTS_VOUCH_H */

@@ -1,9 +1,9 @@
 /*
  * mts_vouch_types.h - the per-uid and per-process figures of vouch.c,
- * kept in the registry's records (struct mts_table, struct mts_proc):
- * apart from
- * mts_vouch.h, whose functions walk the registry, so that the registry's
- * header can hold them without including what works on the registry.
+ * kept in the registry's records (struct mts_table, struct mts_proc).
+ * They are apart from mts_vouch.h, whose functions walk the registry, so
+ * that the registry's header can hold them without including what works
+ * on the registry.
  */
 #ifndef MTS_VOUCH_TYPES_H
 #define MTS_VOUCH_TYPES_H
@@ -12,32 +12,39 @@
 #include <stdint.h>
 
 /* Per uid, kept in its slot table's record (struct mts_table). The sums
- * are the latest tick's; the rest carries from tick to tick. */
+ * are the latest tick's; the clock fields carry from tick to tick. */
 struct mts_vouch_uid {
-	bool trusted;     /* its claims count in full toward everyone */
-	uint64_t claimed; /* sum of its processes' claims */
-	uint64_t vouched; /* the part of `claimed` that counts for others */
-	uint64_t excess;  /* sum of max(0, claim - kernel figure) */
-	/* During a tick: excess not yet handed out, as stale (no longer
-	 * vouched) and as allowance (vouched). */
-	uint64_t stale_left;
+	bool trusted;        /* its claims count in full toward everyone */
+	uint64_t claimed;    /* sum of its processes' claims */
+	uint64_t vouched;    /* what counts for others */
+	uint64_t unvouched;  /* sum of max(0, claim - what counts) */
+	uint64_t excess;     /* sum of max(0, claim - kernel figure) */
+	uint64_t allowed;    /* the part of `vouched` that is allowance */
+	uint64_t allow_left; /* during a tick: allowance not handed out */
+	/* The allowance's clock. An excess starts a run; the allowance is
+	 * spent once a run has lasted untouched_time, and comes back only
+	 * after a whole untouched_time without excess. */
+	uint64_t run_since_ns;  /* 0 = no excess now */
+	uint64_t rest_since_ns; /* 0 = an excess now */
+	bool spent;
+};
+
+/* The fleet's share of the allowances during a tick (registry). */
+struct mts_vouch_fleet {
 	uint64_t allow_left;
-	/* The smallest excess seen in the current bucket and in the one
-	 * before it, each `untouched_time` long: an excess present for a
-	 * whole window (their minimum) is stale. */
-	uint64_t min_cur;
-	uint64_t min_prev;
-	uint64_t bucket_ns; /* start of the current bucket; 0 = none yet */
-	bool has_prev;
 };
 
 /* Per untrusted process, kept in its record (struct mts_proc): the
- * kernel's figure (resident and swapped anonymous memory, read by the RSS
- * sweep) and when it was read. */
+ * kernel's figure of what it holds (read by the RSS sweep) and when it
+ * was read. */
 struct mts_vouch_proc {
+	/* Proportional anonymous + swapped + shared memory: a page shared
+	 * by n processes counts 1/n in each. */
 	uint64_t kernel;
 	uint64_t kernel_ns;     /* CLOCK_MONOTONIC of the read; 0 = none yet */
 	uint64_t claim_at_read; /* the process's bytes when it was applied */
+	uint64_t memfd;        /* bytes of the memfds it holds, charged to it */
+	uint64_t next_read_ns; /* no early read before (its reads' cost) */
 };
 
 #endif /* MTS_VOUCH_TYPES_H */

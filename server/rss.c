@@ -19,10 +19,25 @@
  * A newly registered process shows RSS 0 until the next sweep (at most
  * rss_interval later); registration itself reads nothing more from /proc.
  *
- * For a process of an untrusted uid the sweep reads /proc/PID/status
- * instead, which also gives the kernel's figure vouch.c compares its claim
- * with (RssAnon + VmSwap); mts_rss_sweep_vouch() reads just those whose
- * claims ran ahead of it, between two full sweeps.
+ * For a process of an untrusted uid the sweep reads /proc/PID/smaps_rollup
+ * instead, which gives the kernel's figure vouch.c sets its claim against:
+ * proportional anonymous, shared and swapped memory, so that a page shared
+ * by n processes (after fork, or a shared mapping) counts once in all.
+ * Its resident figure is proportional too (Pss): an untrusted process's
+ * VmRSS is never summed. A full sweep also reads which memfds the process
+ * holds (/proc/PID/fd): memory written into a memfd that nothing maps is
+ * in no one's resident set, and would otherwise be invisible. Each memfd
+ * is charged once per sweep, to the first holder read; memtallyd's own
+ * (the header and the slot tables every worker holds) never.
+ * mts_rss_sweep_vouch() reads just the processes whose claims ran ahead
+ * of their figures, between two full sweeps.
+ *
+ * smaps_rollup walks the process's page tables: it costs about 50 ns per
+ * resident page (bench/RESULTS.md, server). So a full sweep starts no
+ * sooner than MTS_RSS_DUTY times its predecessor's duration after it, and
+ * a process's early reads wait MTS_VOUCH_READ_DUTY times its last read's
+ * cost: the sweeps take at most a fraction of one thread-pool thread,
+ * whatever the fleet holds.
  *
  * The group and fleet RSS sums move with every change of a process's RSS
  * (mts_proc_set_rss), so they always equal the sum over registered
@@ -30,8 +45,14 @@
  */
 #include "mts_rss.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "mts_defs.h"
 #include "mts_log.h"
@@ -39,21 +60,110 @@
 #include "mts_registry.h"
 #include "mts_vouch.h"
 
+/* A full sweep starts at least this many times its predecessor's
+ * duration after that one started. */
+#define MTS_RSS_DUTY 4u
+
 struct rss_entry {
 	uint32_t pid;
 	int err;
-	bool kernel; /* an untrusted process: /proc/PID/status, for vouch.c */
+	bool kernel; /* an untrusted process: smaps_rollup, for vouch.c */
+	bool memfds; /* and the memfds it holds (full sweeps) */
 	uint64_t start_time;
 	uint64_t rss;
-	uint64_t anon; /* RssAnon + VmSwap, with `kernel` */
+	struct mts_kernel_mem km; /* with `kernel` */
+	uint64_t memfd;           /* with `memfds` */
+	uint64_t cost_ns;         /* of the read, with `kernel` */
+};
+
+/* memfd inodes charged in this sweep, or never to be charged. */
+struct ino_set {
+	struct {
+		uint64_t dev, ino;
+	} * e; /* ino 0 = empty */
+	uint32_t cap, n;
 };
 
 struct mts_rss_sweep {
 	uv_work_t req; /* req.data = this */
 	struct mts_registry *reg;
+	bool full;
+	uint64_t started_ns;
+	struct ino_set seen;
 	uint32_t n;
 	struct rss_entry e[];
 };
+
+static uint32_t ino_hash(uint64_t dev, uint64_t ino)
+{
+	uint64_t h = (ino ^ (dev << 32)) * UINT64_C(0x9e3779b97f4a7c15);
+	return (uint32_t)(h >> 32);
+}
+
+/* Add (dev, ino); false if it was there. Out of memory, every inode is
+ * new: a memfd is charged twice rather than hidden. */
+static bool ino_add(struct ino_set *s, uint64_t dev, uint64_t ino)
+{
+	if (ino == 0)
+		return true;
+	if (2 * (s->n + 1) > s->cap) {
+		uint32_t cap = s->cap ? 2 * s->cap : 64;
+		struct ino_set t = {calloc(cap, sizeof(*t.e)), cap, 0};
+		if (!t.e)
+			return true;
+		for (uint32_t i = 0; i < s->cap; i++)
+			if (s->e[i].ino)
+				ino_add(&t, s->e[i].dev, s->e[i].ino);
+		free(s->e);
+		*s = t;
+	}
+	for (uint32_t i = ino_hash(dev, ino) & (s->cap - 1);;
+	     i = (i + 1) & (s->cap - 1)) {
+		if (s->e[i].ino == 0) {
+			s->e[i].dev = dev;
+			s->e[i].ino = ino;
+			s->n++;
+			return true;
+		}
+		if (s->e[i].ino == ino && s->e[i].dev == dev)
+			return false;
+	}
+}
+
+/* The bytes of the memfds `pid` holds that no earlier entry of this sweep
+ * held. One readlink per descriptor, and a stat per memfd. */
+static uint64_t memfd_bytes(struct ino_set *seen, uint32_t pid)
+{
+	char path[32];
+	snprintf(path, sizeof(path), "/proc/%u/fd", pid);
+	int dfd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (dfd < 0)
+		return 0;
+	DIR *d = fdopendir(dfd);
+	if (!d) {
+		close(dfd);
+		return 0;
+	}
+	uint64_t bytes = 0;
+	static const char prefix[] = "/memfd:";
+	for (struct dirent *de; (de = readdir(d));) {
+		if (de->d_name[0] == '.')
+			continue;
+		char link[sizeof(prefix)];
+		ssize_t n = readlinkat(dfd, de->d_name, link, sizeof(link));
+		if (n < (ssize_t)sizeof(prefix) - 1 ||
+		    memcmp(link, prefix, sizeof(prefix) - 1) != 0)
+			continue;
+		struct stat st;
+		if (fstatat(dfd, de->d_name, &st, 0) < 0)
+			continue;
+		if (ino_add(seen, (uint64_t)st.st_dev, (uint64_t)st.st_ino))
+			bytes =
+			    mt_sat_add(bytes, (uint64_t)st.st_blocks * 512u);
+	}
+	closedir(d);
+	return bytes;
+}
 
 static uint64_t sat_sub(uint64_t a, uint64_t b)
 {
@@ -69,55 +179,81 @@ void mts_proc_set_rss(struct mts_registry *reg, struct mts_proc *p,
 	p->rss = rss;
 }
 
-/* Read one entry: statm for most, status (which also has the anonymous
- * and swapped figures, at ~2.5x the cost) for untrusted processes. */
-static void entry_read(struct rss_entry *e)
+/* Read one entry: statm for most; smaps_rollup (and the descriptors,
+ * in a full sweep) for untrusted processes. */
+static void entry_read(struct rss_entry *e, struct ino_set *seen)
 {
-	if (e->kernel)
-		e->err = mts_read_status_mem((int)e->pid, &e->rss, &e->anon);
-	else
+	if (!e->kernel) {
 		e->err = mts_read_rss((pid_t)e->pid, &e->rss);
+		return;
+	}
+	uint64_t t0 = mts_now_monotonic();
+	e->err = mts_read_kernel_mem((int)e->pid, &e->km);
+	if (e->err == 0 && e->memfds)
+		e->memfd = memfd_bytes(seen, e->pid);
+	e->cost_ns = mts_now_monotonic() - t0;
+	e->rss = e->km.rss;
 }
 
 /* Apply a read entry to `p` (same pid and start time). */
 static void entry_apply(struct mts_registry *reg, struct mts_proc *p,
                         const struct rss_entry *e)
 {
-	mts_proc_set_rss(reg, p, e->rss);
-	if (e->kernel && p->untrusted) {
-		p->vouch.kernel = e->anon;
-		p->vouch.kernel_ns = mts_now_monotonic();
-		p->vouch.claim_at_read = p->bytes;
+	if (!e->kernel || !p->untrusted) {
+		mts_proc_set_rss(reg, p, e->kernel ? e->km.rss : e->rss);
+		return;
 	}
+	struct mts_vouch_proc *v = &p->vouch;
+	if (e->memfds)
+		v->memfd = e->memfd;
+	/* A memfd it maps is in its shared figure already: count the larger
+	 * of the two, never both. */
+	uint64_t unmapped = v->memfd > e->km.shmem ? v->memfd - e->km.shmem : 0;
+	mts_proc_set_rss(reg, p, mt_sat_add(e->km.rss, unmapped));
+	v->kernel = mt_sat_add(e->km.held, unmapped);
+	v->kernel_ns = mts_now_monotonic();
+	v->claim_at_read = p->bytes;
+	v->next_read_ns =
+	    v->kernel_ns + (uint64_t)MTS_VOUCH_READ_DUTY * e->cost_ns;
 }
 
-static void entry_fill(struct rss_entry *e, const struct mts_proc *p)
+static void entry_fill(struct rss_entry *e, const struct mts_proc *p, bool full)
 {
+	memset(e, 0, sizeof(*e));
 	e->pid = p->pid;
 	e->start_time = p->start_time;
-	e->err = 0;
 	e->kernel = p->untrusted;
-	e->rss = 0;
-	e->anon = 0;
+	e->memfds = full && p->untrusted;
+}
+
+/* memtallyd's own memfds, held by every worker: never charged. */
+static void seen_init(struct mts_registry *reg, struct ino_set *seen)
+{
+	ino_add(seen, reg->map->dev, reg->map->ino);
+	for (uint32_t i = 0; i < reg->ntables; i++)
+		ino_add(seen, reg->tables[i]->map.dev, reg->tables[i]->map.ino);
 }
 
 void mts_rss_sweep_sync(struct mts_registry *reg)
 {
+	struct ino_set seen = {0};
+	seen_init(reg, &seen);
 	for (uint32_t i = 0; i < reg->ndense; i++) {
 		struct mts_proc *p = reg->by_slot[reg->dense[i]];
 		struct rss_entry e;
-		entry_fill(&e, p);
-		entry_read(&e);
+		entry_fill(&e, p, true);
+		entry_read(&e, &seen);
 		if (e.err == 0)
 			entry_apply(reg, p, &e);
 	}
+	free(seen.e);
 }
 
 static void sweep_work(uv_work_t *req)
 {
 	struct mts_rss_sweep *sw = req->data;
 	for (uint32_t i = 0; i < sw->n; i++)
-		entry_read(&sw->e[i]);
+		entry_read(&sw->e[i], &sw->seen);
 }
 
 static void sweep_done(uv_work_t *req, int status)
@@ -125,6 +261,8 @@ static void sweep_done(uv_work_t *req, int status)
 	struct mts_rss_sweep *sw = req->data;
 	struct mts_registry *reg = sw->reg;
 	reg->rss->sweep = NULL;
+	if (sw->full)
+		reg->rss->full_cost_ns = mts_now_monotonic() - sw->started_ns;
 	if (status == 0 && !reg->closed) {
 		for (uint32_t i = 0; i < sw->n; i++) {
 			const struct rss_entry *e = &sw->e[i];
@@ -135,6 +273,7 @@ static void sweep_done(uv_work_t *req, int status)
 				entry_apply(reg, p, e);
 		}
 	}
+	free(sw->seen.e);
 	free(sw);
 }
 
@@ -144,32 +283,45 @@ static void sweep_start(struct mts_registry *reg, bool early)
 {
 	if (reg->rss->sweep || reg->closed || reg->ndense == 0)
 		return;
+	uint64_t now = mts_now_monotonic();
+	struct mts_rss_state *st = reg->rss;
+	if (!early && st->full_started_ns &&
+	    now - st->full_started_ns < MTS_RSS_DUTY * st->full_cost_ns)
+		return;
 	struct mts_rss_sweep *sw =
 	    malloc(sizeof(*sw) + (size_t)reg->ndense * sizeof(sw->e[0]));
 	if (!sw) {
 		mts_log(MTS_LOG_WARN, "out of memory for an RSS sweep", NULL);
 		return;
 	}
+	memset(sw, 0, sizeof(*sw));
 	sw->reg = reg;
-	sw->n = 0;
+	sw->full = !early;
+	sw->started_ns = now;
 	sw->req.data = sw;
 	for (uint32_t i = 0; i < reg->ndense; i++) {
 		const struct mts_proc *p = reg->by_slot[reg->dense[i]];
-		if (!early || mts_vouch_want_read(p))
-			entry_fill(&sw->e[sw->n++], p);
+		if (!early ||
+		    (mts_vouch_want_read(p) && now >= p->vouch.next_read_ns))
+			entry_fill(&sw->e[sw->n++], p, !early);
 	}
 	if (sw->n == 0) {
 		free(sw);
 		return;
 	}
+	if (sw->full) {
+		seen_init(reg, &sw->seen);
+		st->full_started_ns = now;
+	}
 	int err = uv_queue_work(reg->loop, &sw->req, sweep_work, sweep_done);
 	if (err < 0) {
 		/* No thread pool: read them here rather than never. */
+		free(sw->seen.e);
 		free(sw);
 		mts_rss_sweep_sync(reg);
 		return;
 	}
-	reg->rss->sweep = sw;
+	st->sweep = sw;
 }
 
 void mts_rss_sweep_start(struct mts_registry *reg)

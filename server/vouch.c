@@ -3,38 +3,40 @@
  * far as the kernel vouches for it.
  *
  * A worker writes its own figures into its own slot: memtallyd cannot stop
- * it from writing 2^50 there. Its own scopes (its process limit, its own
- * Admit, a group only its uid is in) take the claim as it is: a liar hurts
- * only itself. Everything shared -- the fleet's and the groups' bytes and
- * states, other users' admission, hooks, enforcement -- sees, for each
- * untrusted uid, at most
+ * it from writing 2^50 there, or 0. Its own scopes (its process limit, its
+ * own Admit, a group only its uid is in) take the claim as it is: a liar
+ * hurts only itself. Everything shared -- the fleet's and the groups'
+ * bytes and states, other users' admission, hooks -- sees, for each
+ * process of an untrusted uid,
  *
- *     sum over its processes of min(claim, kernel)
- *       + min(allowance, its excess that is not stale)
+ *     kernel + its share of the allowance, at most claim - kernel
  *
- * where `kernel` is a process's resident plus swapped anonymous memory
- * (/proc/PID/status RssAnon + VmSwap, read by the RSS sweep: every
- * rss_interval, and early -- every MTS_VOUCH_SWEEP_MS at most -- for the
- * processes whose claims ran ahead of it), `excess` is the sum of
- * max(0, claim - kernel) and `allowance` is [trust] untouched_allowance.
+ * where `kernel` is what the kernel says the process holds: its
+ * proportional anonymous, shared and swapped memory (a page shared by n
+ * processes counts 1/n in each, so pages shared after fork are vouched for
+ * once), plus the memfds it holds that no mapping shows (rss.c reads
+ * them). A claim below the kernel's figure counts as the kernel's figure:
+ * no worker can hide memory by zeroing its own slot.
+ *
  * The allowance is there because a claim legitimately runs ahead of the
  * kernel: malloc(1 GiB) is counted at once, resident only as it is
- * touched, and a kernel figure is up to one sweep old. An excess is stale
- * once it has been present for a whole [trust] untouched_time: the
- * smallest excess seen over the last one to two windows (two buckets of
- * minimums) is no longer vouched for, so memory that stays untouched, or a
- * lie, stops counting within 2 x untouched_time, while a fresh excess above
- * that floor is vouched for up to the allowance.
+ * touched, and a kernel figure is up to one sweep old. It is bounded per
+ * uid ([trust] untouched_allowance) and for all uids together
+ * (untouched_allowance_total), so N accounts cannot multiply it, and it
+ * runs on the clock of untouched memory: once a uid's excess has lasted
+ * untouched_time, its allowance is spent, and it comes back only after a
+ * whole untouched_time without excess. A claim that dips to 0 now and
+ * then renews nothing.
+ *
+ * Enforcement never acts on the allowance (limits.c compares the fleet's
+ * figure less it): what is not resident is no reason to signal anyone.
  *
  * Trusted uids (root, the server's own, [trust] trusted_uids) count in
  * full: a single-tenant fleet sees no change and pays nothing -- the tick
- * tests one flag per process, in the line it reads anyway. The difference
- * between claim and vouched figure is kept per process, group and fleet
- * (`unvouched`) and shown by every query, so a liar -- or a counting bug
- * -- is visible.
- *
- * The figures are per uid, not per process: ten processes of one uid share
- * one allowance, handed out in the tick's order.
+ * tests one flag per process, in the line it reads anyway. What a process
+ * claims beyond what counts (`unvouched`) is kept per process, group and
+ * fleet and shown by every query, so a liar -- or a counting bug -- is
+ * visible.
  */
 #include "mts_vouch.h"
 
@@ -92,23 +94,18 @@ void mts_vouch_refresh(struct mts_registry *reg)
 		mts_vouch_proc_init(reg, reg->by_slot[reg->dense[i]]);
 }
 
-/* The excess present for a whole window: no longer vouched for. */
-static uint64_t stale_of(const struct mts_vouch_uid *v)
-{
-	return v->has_prev ? min64(v->min_prev, v->min_cur) : 0;
-}
-
 void mts_vouch_begin(struct mts_registry *reg)
 {
 	const struct mts_policy *pol = &reg->policy;
+	bool on = pol->untouched_ms != 0;
+	reg->vouch.allow_left = on ? pol->untouched_total : 0;
 	for (uint32_t i = 0; i < reg->ntables; i++) {
 		struct mts_vouch_uid *v = &reg->tables[i]->vouch;
-		v->claimed = v->vouched = v->excess = 0;
+		v->claimed = v->vouched = v->unvouched = 0;
+		v->excess = v->allowed = 0;
 		if (v->trusted)
 			continue;
-		v->stale_left = stale_of(v);
-		v->allow_left =
-		    pol->untouched_ms ? pol->untouched_allowance : 0;
+		v->allow_left = on && !v->spent ? pol->untouched_allowance : 0;
 	}
 }
 
@@ -117,24 +114,26 @@ uint64_t mts_vouch_proc(struct mts_registry *reg, struct mts_proc *p,
 {
 	struct mts_vouch_uid *v = &p->table->vouch;
 	uint64_t k = p->vouch.kernel;
-	uint64_t vouched = claim;
+	/* Never below what the kernel says the process holds. */
+	uint64_t vouched = k;
 	if (claim > k) {
 		uint64_t e = claim - k;
 		v->excess += e; /* each claim < 2^51: no overflow */
-		/* The stale part first: it is what has stayed untouched. */
-		uint64_t stale = min64(e, v->stale_left);
-		v->stale_left -= stale;
-		uint64_t allow = min64(e - stale, v->allow_left);
+		uint64_t allow =
+		    min64(e, min64(v->allow_left, reg->vouch.allow_left));
 		v->allow_left -= allow;
+		reg->vouch.allow_left -= allow;
+		v->allowed += allow;
 		vouched = k + allow;
 		/* A kernel figure older than the claim's rise: read it again
-		 * soon, so an honest process's allowance is given back. */
+		 * soon, so an honest process's figure follows. */
 		if (mts_vouch_want_read(p))
 			*want_read = true;
 	}
+	uint64_t unv = claim > vouched ? claim - vouched : 0;
 	v->claimed += claim;
 	v->vouched += vouched;
-	uint64_t unv = claim - vouched;
+	v->unvouched += unv;
 	if (p->unvouched != unv)
 		p->unvouched = unv;
 	return vouched;
@@ -147,18 +146,19 @@ void mts_vouch_end(struct mts_registry *reg, uint64_t now_ns)
 		struct mts_vouch_uid *v = &reg->tables[i]->vouch;
 		if (v->trusted)
 			continue;
-		uint64_t e = v->excess;
-		if (v->bucket_ns == 0) {
-			v->bucket_ns = now_ns;
-			v->min_cur = e;
-			continue;
-		}
-		v->min_cur = min64(v->min_cur, e);
-		if (now_ns - v->bucket_ns >= window) {
-			v->min_prev = v->min_cur;
-			v->has_prev = true;
-			v->min_cur = e;
-			v->bucket_ns = now_ns;
+		if (v->excess > MTS_VOUCH_REST) {
+			v->rest_since_ns = 0;
+			if (v->run_since_ns == 0)
+				v->run_since_ns = now_ns;
+			if (now_ns - v->run_since_ns >= window)
+				v->spent = true;
+		} else {
+			if (v->rest_since_ns == 0)
+				v->rest_since_ns = now_ns;
+			if (now_ns - v->rest_since_ns >= window) {
+				v->spent = false;
+				v->run_since_ns = 0;
+			}
 		}
 	}
 }
@@ -168,9 +168,7 @@ uint64_t mts_vouch_unvouched_of(const struct mts_registry *reg, uint32_t uid)
 	for (uint32_t i = 0; i < reg->ntables; i++) {
 		const struct mts_table *t = reg->tables[i];
 		if (t->uid == uid)
-			return t->vouch.trusted
-			           ? 0
-			           : t->vouch.claimed - t->vouch.vouched;
+			return t->vouch.trusted ? 0 : t->vouch.unvouched;
 	}
 	return 0;
 }
@@ -196,48 +194,93 @@ static bool status_kb(const char *line, const char *key, uint64_t *out)
 	return true;
 }
 
-int mts_parse_status_mem(const char *status, uint64_t *rss, uint64_t *anon)
+/* Sum the "Key: N kB" lines of `text` named in keys[]; bit i of the
+ * result is set when keys[i] was seen. */
+static unsigned kb_lines(const char *text, const char *const *keys,
+                         unsigned nkeys, uint64_t *vals)
 {
-	uint64_t vmrss = 0, ranon = 0, swap = 0;
-	int seen = 0;
-	for (const char *l = status; l && *l;) {
-		if (status_kb(l, "VmRSS:", &vmrss))
-			seen |= 1;
-		else if (status_kb(l, "RssAnon:", &ranon))
-			seen |= 2;
-		else if (status_kb(l, "VmSwap:", &swap))
-			seen |= 4;
+	unsigned seen = 0;
+	for (const char *l = text; l && *l;) {
+		for (unsigned i = 0; i < nkeys; i++)
+			if (status_kb(l, keys[i], &vals[i])) {
+				seen |= 1u << i;
+				break;
+			}
 		l = strchr(l, '\n');
 		if (l)
 			l++;
 	}
-	/* A kernel thread or zombie has none of them: nothing vouched. */
+	return seen;
+}
+
+int mts_parse_smaps_rollup(const char *text, struct mts_kernel_mem *out)
+{
+	static const char *const keys[] = {
+	    "Pss:", "Pss_Anon:", "Pss_Shmem:", "SwapPss:"};
+	uint64_t v[4] = {0};
+	unsigned seen = kb_lines(text, keys, 4, v);
 	if ((seen & 3) != 3)
 		return -EINVAL;
-	*rss = vmrss;
-	*anon = ranon + swap;
+	out->rss = v[0];
+	out->shmem = v[2];
+	out->held = v[1] + v[2] + v[3];
+	out->pss = true;
 	return 0;
 }
 
-int mts_read_status_mem(int pid, uint64_t *rss, uint64_t *anon)
+int mts_parse_status_mem(const char *status, struct mts_kernel_mem *out)
 {
-	char path[32], buf[4096];
-	snprintf(path, sizeof(path), "/proc/%d/status", pid);
+	static const char *const keys[] = {
+	    "VmRSS:", "RssAnon:", "RssShmem:", "VmSwap:"};
+	uint64_t v[4] = {0};
+	unsigned seen = kb_lines(status, keys, 4, v);
+	/* A kernel thread or zombie has none of them: nothing vouched. */
+	if ((seen & 3) != 3)
+		return -EINVAL;
+	out->rss = v[0];
+	out->shmem = v[2];
+	out->held = v[1] + v[2] + v[3];
+	out->pss = false;
+	return 0;
+}
+
+/* Read /proc/PID/NAME into buf (NUL-terminated). 0 or -errno. */
+static int read_proc(int pid, const char *name, char *buf, size_t size)
+{
+	char path[48];
+	snprintf(path, sizeof(path), "/proc/%d/%s", pid, name);
 	int fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
 		return errno == ENOENT ? -ESRCH : -errno;
 	size_t len = 0;
 	for (;;) {
-		ssize_t n = read(fd, buf + len, sizeof(buf) - 1 - len);
+		ssize_t n = read(fd, buf + len, size - 1 - len);
 		if (n < 0 && errno == EINTR)
 			continue;
 		if (n <= 0)
 			break;
 		len += (size_t)n;
-		if (len == sizeof(buf) - 1)
+		if (len == size - 1)
 			break;
 	}
 	close(fd);
 	buf[len] = '\0';
-	return mts_parse_status_mem(buf, rss, anon);
+	return 0;
+}
+
+int mts_read_kernel_mem(int pid, struct mts_kernel_mem *out)
+{
+	/* smaps_rollup walks the page tables: its cost grows with what the
+	 * process holds (bench/RESULTS.md, server). status is a fallback
+	 * that counts shared pages in every sharer. */
+	char buf[4096];
+	int err = read_proc(pid, "smaps_rollup", buf, sizeof(buf));
+	if (err == 0 && mts_parse_smaps_rollup(buf, out) == 0)
+		return 0;
+	if (err == -ESRCH)
+		return err;
+	err = read_proc(pid, "status", buf, sizeof(buf));
+	if (err < 0)
+		return err;
+	return mts_parse_status_mem(buf, out);
 }

@@ -330,7 +330,9 @@ static inline void fx_stop(void)
 
 /* A child that lives until killed, running as `uid` (its real uid too)
  * when uid >= 0. */
-static inline pid_t fx_spawn_as(long uid)
+/* A child of `uid` (-1: ours) that holds `hold` bytes of anonymous
+ * memory it wrote, waiting to be killed. */
+static inline pid_t fx_spawn_as_holding(long uid, size_t hold)
 {
 	int p[2];
 	cr_assert_eq(pipe(p), 0);
@@ -344,6 +346,14 @@ static inline pid_t fx_spawn_as(long uid)
 		     setresuid((uid_t)uid, (uid_t)uid, (uid_t)uid)))
 			_exit(1);
 		fx_die_with(parent); /* again: the uid change cleared it */
+		if (hold) {
+			char *m = malloc(hold);
+			if (!m)
+				_exit(1);
+			memset(m, 1, hold);
+			/* Kept: the stores must reach memory. */
+			__asm__ volatile("" : : "r"(m) : "memory");
+		}
 		char c = 'x';
 		if (write(p[1], &c, 1) != 1)
 			_exit(1);
@@ -360,6 +370,11 @@ static inline pid_t fx_spawn_as(long uid)
 }
 
 /* A child that lives until killed. */
+static inline pid_t fx_spawn_as(long uid)
+{
+	return fx_spawn_as_holding(uid, 0);
+}
+
 static inline pid_t fx_spawn(void)
 {
 	return fx_spawn_as(-1);
