@@ -1,0 +1,375 @@
+"""What counts toward others is what the kernel says a process holds,
+whatever its slot claims: pages shared by many processes count once, a
+claim below the kernel's figure counts the kernel's, the allowance for
+untouched memory runs out on its own clock, and no claim the kernel does
+not hold gets anyone signalled. Real memtallyd as root, real workers of
+`nobody`, of a second user and of eight hostile users the harness makes,
+the real CLI run as each of them.
+
+test_pages_shared_after_fork_count_once: a nobody process writes 400 MiB
+and forks 10 children, each of which claims the 400 MiB in its own slot;
+the fleet counts at most 400 MiB + one allowance, no hook runs, the second
+user's 600 MiB process (over its own limit) is not signalled and its
+100 MiB Admit is granted.
+
+test_a_shared_mapping_counts_once_under_max: the same with a 400 MiB
+MAP_SHARED anonymous mapping read by 11 registered processes and
+`measure = max`: the fleet's rss and bytes count it once.
+
+test_dips_renew_no_allowance: one nobody process, then eight processes of
+eight uids, claiming 256 MiB more than they hold with a 30 ms dip to 0
+every 4 s: the phantom bytes are gone within 2 x untouched_time, all of
+them together never exceed untouched_allowance_total, and the honest
+user's 100 MiB Admit is granted every time.
+
+test_an_allowance_signals_no_one: a 1 MiB nobody process claiming
+400 MiB (under its own limit) takes a fleet at 600 of 800 MiB over; past
+the grace period memtallyd signals no one, though the other user's
+process is over its own limit.
+
+test_understating_is_refereed: a nobody process holding 500 MiB zeroes
+its own slot, and another hides 500 MiB in a memfd it never maps (under
+`measure = max`): within one RSS sweep the fleet counts >= 500 MiB, and
+the second user's 1,900 MiB Admit against 2 GiB is denied.
+"""
+import os
+import pwd
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from harness import (as_user, CLI, MIB, MULT, NOBODY, NOGROUP, Server,  # noqa: E402
+                     Skip, Worker, check, find_slot, open_to_nobody, run,
+                     second_user, wait_for, worker, world_readable_copy)
+from harness import config_file as config  # noqa: E402
+
+GIB = 1 << 30
+LANE0_BYTES = 64 + 8  # shm/mtshm.h: the slot's identity line, lane 0's bytes
+
+
+def cli_as(s, user, cli, *args):
+    out = subprocess.run([cli, "--socket", s.socket, "--json", *args],
+                         capture_output=True, text=True, timeout=30 * MULT,
+                         preexec_fn=as_user(user))
+    return out.returncode, out.stdout + out.stderr
+
+
+def add_claim(s, pid, nbytes):
+    """Make `pid`'s own slot claim `nbytes` more, as the process could."""
+    m, o = wait_for(f"slot of {pid}", lambda: find_slot(s.segment, pid))
+    try:
+        cur = struct.unpack_from("<q", m, o + LANE0_BYTES)[0]
+        struct.pack_into("<q", m, o + LANE0_BYTES, cur + nbytes)
+    finally:
+        m.close()
+
+
+def hooks_conf(d):
+    log = os.path.join(d, "hooks.log")
+    cmd = f'echo "$MEMTALLY_SCOPE $MEMTALLY_STATE" >> {log}'
+    return log, (f"[hooks]\non_ok = {cmd}\non_high = {cmd}\n"
+                 f"on_over = {cmd}\nmin_interval = 1s\n")
+
+
+def hook_runs(path):
+    try:
+        with open(path) as f:
+            return [ln.strip() for ln in f if ln.strip()]
+    except FileNotFoundError:
+        return []
+
+
+def hostile_users(n):
+    """(uid, gid) of n unprivileged users mt-hostile-1..n, made on first
+    use (as second_user())."""
+    if os.geteuid() != 0 or not shutil.which("useradd"):
+        raise Skip("cannot create users (needs root and useradd)")
+    out = []
+    for i in range(1, n + 1):
+        name = f"mt-hostile-{i}"
+        try:
+            pw = pwd.getpwnam(name)
+        except KeyError:
+            r = subprocess.run(["useradd", "--system", "--no-create-home",
+                                "--shell", "/usr/sbin/nologin",
+                                "--user-group", name],
+                               capture_output=True, text=True)
+            if r.returncode not in (0, 9):
+                raise Skip(f"useradd {name} failed: {r.stderr.strip()}")
+            pw = pwd.getpwnam(name)
+        out.append((pw.pw_uid, pw.pw_gid))
+    return out
+
+
+def ready_pids(w):
+    line = w.readline(timeout=60 * MULT)
+    check(line and line.startswith("ready pids="), f"worker said {line!r}")
+    return [int(x) for x in line.split("=", 1)[1].split(",")]
+
+
+def nobody_bytes(s, exclude):
+    """What nobody's processes count toward the fleet: the fleet's bytes
+    less those of the processes in `exclude` (vouched: bytes - unvouched;
+    those are trusted or honest, so all their bytes)."""
+    f = s.status()["fleet"]
+    ps = s.ps()
+    return f["bytes"] - sum(ps[p]["bytes"] for p in exclude if p in ps), f
+
+
+def shared_run(mode, measure):
+    second = second_user()
+    d = tempfile.mkdtemp(prefix="mt-trustk-")
+    hooks, hconf = hooks_conf(d)
+    cfg = config("[server]\ngroup = nogroup\n"
+                 f"[limits]\nfleet = 2GiB\nprocess = 512MiB\n"
+                 f"measure = {measure}\nrss_interval = 500\n"
+                 "[enforce]\nsignal = SIGKILL\ngrace = 500\n" + hconf)
+    preload, cli, share, hold = world_readable_copy(
+        os.environ["MEMTALLY_PRELOAD_LIB"], CLI, worker("mt_share"),
+        worker("mt_hold"))
+    with Server("--config", cfg) as s:
+        open_to_nobody(s)
+        env = s.env()
+        env["LD_PRELOAD"] = preload
+        victim = Worker([hold, "600"], env, user=(second[0], NOGROUP))
+        sharer = Worker([share, mode, "400", "10"], env,
+                        user=(NOBODY, NOGROUP))
+        try:
+            check(victim.readline().startswith("ready"), "victim not ready")
+            pids = ready_pids(sharer)
+            check(len(pids) == 11, f"pids {pids}")
+            wait_for("all registered", lambda: all(
+                p in s.ps() for p in pids + [victim.pid]), timeout=30)
+            wait_for("the victim over its own limit", lambda: s.ps()[
+                victim.pid]["state"] == "over")
+            if mode == "private":
+                # Each child claims the 400 MiB it shares.
+                for p in pids[1:]:
+                    add_claim(s, p, 400 * MIB)
+                wait_for("the claims published", lambda: sum(
+                    s.ps()[p]["bytes"] for p in pids) >= 4000 * MIB,
+                    timeout=10 * MULT)
+            # Under `measure = max` the mapping, resident in all 11, is
+            # the claim: each one's resident set holds it.
+            # Two sweeps for the kernel's figures to follow, then 3 s in
+            # which nothing shared may move.
+            t0 = time.monotonic()
+            wait_for("1.2 s", lambda: time.monotonic() > t0 + 1.2)
+            end = time.monotonic() + 3 * MULT
+            worst = worst_rss = 0
+            while time.monotonic() < end:
+                nb, f = nobody_bytes(s, [victim.pid])
+                worst = max(worst, nb)
+                worst_rss = max(worst_rss, f["rss"])
+                check(f["state"] == "ok", f"fleet {f['state']}: {f}")
+                time.sleep(0.05)
+            bound = 400 * MIB + 256 * MIB + 16 * MIB
+            check(worst <= bound,
+                  f"nobody's sharers counted {worst >> 20} MiB (at most "
+                  f"{bound >> 20})")
+            # The fleet's rss: the victim's ~600 MiB, the 400 MiB once,
+            # and the processes' own pages.
+            check(worst_rss <= 600 * MIB + 400 * MIB + 64 * MIB,
+                  f"fleet rss {worst_rss >> 20} MiB")
+            check(hook_runs(hooks) == [], f"hooks ran: {hook_runs(hooks)}")
+            check(victim.proc.poll() is None, "the victim was killed")
+            check("enforcement: signal sent" not in s.logtext(),
+                  "memtallyd signalled someone")
+            rc, out = cli_as(s, (second[0], NOGROUP), cli, "admit",
+                             "--bytes", "100MiB", "--ttl", "60")
+            check(rc == 0, f"second user's admit: {rc} {out}")
+            how = ("claiming" if mode == "private" else "mapping")
+            print(f"  {mode}, measure={measure}: 11 processes {how} "
+                  f"4.4 GiB of 400 MiB counted at most {worst >> 20} MiB "
+                  f"(fleet rss at most {worst_rss >> 20} MiB); no hook, no "
+                  f"signal, the other user admitted", flush=True)
+        finally:
+            sharer.kill()
+            victim.kill()
+
+
+def test_pages_shared_after_fork_count_once():
+    shared_run("private", "accounted")
+
+
+def test_a_shared_mapping_counts_once_under_max():
+    shared_run("shared", "max")
+
+
+def dip_run(users, seconds):
+    second = second_user()
+    cfg = config("[server]\ngroup = nogroup\n"
+                 "[limits]\nfleet = 2GiB\nrss_interval = 500\n"
+                 "[trust]\nuntouched_time = 2s\n")
+    window = 2.0
+    preload, cli, hold = world_readable_copy(
+        os.environ["MEMTALLY_PRELOAD_LIB"], CLI, worker("mt_hold"))
+    with Server("--config", cfg) as s:
+        open_to_nobody(s)
+        env = s.env()
+        env["LD_PRELOAD"] = preload
+        honest = Worker([hold, "50"], env, user=(second[0], NOGROUP))
+        liars = [Worker([hold, "1"], env, user=(u, NOGROUP)) for u in users]
+        maps = []
+        try:
+            for w in [honest] + liars:
+                check(w.readline().startswith("ready"), "worker not ready")
+            wait_for("all registered", lambda: all(
+                w.pid in s.ps() for w in [honest] + liars))
+            for w in liars:
+                m, o = wait_for(f"slot of {w.pid}",
+                                lambda w=w: find_slot(s.segment, w.pid))
+                maps.append((m, o, struct.unpack_from(
+                    "<q", m, o + LANE0_BYTES)[0]))
+
+            def lie(on):
+                for m, o, base in maps:
+                    struct.pack_into("<q", m, o + LANE0_BYTES,
+                                     base + (256 * MIB if on else 0))
+            t0 = time.monotonic()
+            lie(True)
+            next_dip = t0 + 4.0
+            next_admit = t0 + 0.5
+            worst = worst_late = 0
+            admits = granted = 0
+            while time.monotonic() < t0 + seconds:
+                now = time.monotonic()
+                if now >= next_dip:
+                    lie(False)
+                    time.sleep(0.03)
+                    lie(True)
+                    next_dip += 4.0
+                phantom, f = nobody_bytes(s, [honest.pid])
+                # The liars hold ~1-3 MiB each.
+                phantom -= 4 * MIB * len(liars)
+                worst = max(worst, phantom)
+                if now > t0 + 2 * window + 0.5:
+                    worst_late = max(worst_late, phantom)
+                if now >= next_admit:
+                    admits += 1
+                    rc, out = cli_as(s, (second[0], NOGROUP), cli, "admit",
+                                     "--bytes", "100MiB", "--ttl", "1")
+                    granted += rc == 0
+                    check(rc == 0, f"honest admit {admits}: {rc} {out}")
+                    next_admit += 4.0
+                time.sleep(0.02)
+            lie(False)
+            cap = 256 * MIB
+            check(worst <= cap + 8 * MIB,
+                  f"phantom {worst >> 20} MiB above the fleet-wide cap")
+            check(worst_late <= 8 * MIB,
+                  f"phantom {worst_late >> 20} MiB still counted after "
+                  f"2 x untouched_time")
+            print(f"  {len(liars)} uid(s) dipping: phantom at most "
+                  f"{worst >> 20} MiB, after {2 * window:.0f} s at most "
+                  f"{max(worst_late, 0) >> 20} MiB; honest admits "
+                  f"{granted}/{admits}", flush=True)
+        finally:
+            for m, _, _ in maps:
+                m.close()
+            for w in [honest] + liars:
+                w.kill()
+
+
+def test_dips_renew_no_allowance():
+    dip_run([NOBODY], 14 * MULT)
+    dip_run([u for u, _ in hostile_users(8)], 14 * MULT)
+
+
+def test_an_allowance_signals_no_one():
+    second = second_user()
+    cfg = config("[server]\ngroup = nogroup\n"
+                 "[limits]\nfleet = 800MiB\nprocess = 512MiB\n"
+                 "[enforce]\nsignal = SIGKILL\ngrace = 500\n")
+    preload, hold = world_readable_copy(
+        os.environ["MEMTALLY_PRELOAD_LIB"], worker("mt_hold"))
+    with Server("--config", cfg) as s:
+        open_to_nobody(s)
+        env = s.env()
+        env["LD_PRELOAD"] = preload
+        victim = Worker([hold, "600"], env, user=(second[0], NOGROUP))
+        liar = Worker([hold, "1"], env, user=(NOBODY, NOGROUP))
+        try:
+            for w in (victim, liar):
+                check(w.readline().startswith("ready"), "not ready")
+            wait_for("the victim over its own limit", lambda: s.ps().get(
+                victim.pid, {}).get("state") == "over")
+            wait_for("the liar registered", lambda: liar.pid in s.ps())
+            add_claim(s, liar.pid, 400 * MIB)
+            wait_for("the fleet over", lambda: s.status()["fleet"][
+                "state"] == "over")
+            # Four grace periods.
+            t0 = time.monotonic()
+            wait_for("2 s", lambda: time.monotonic() > t0 + 2.0)
+            check(victim.proc.poll() is None, "the victim was killed")
+            check("enforcement: signal sent" not in s.logtext(),
+                  "memtallyd signalled someone")
+            check(s.ps()[liar.pid]["state"] == "ok",
+                  "the liar is over its own limit: the test is wrong")
+            check("only by untouched allowances" in s.logtext(),
+                  "no line says why nothing was signalled")
+            print("  a 400 MiB claim took the fleet over; nothing "
+                  "signalled in 2 s", flush=True)
+        finally:
+            victim.kill()
+            liar.kill()
+
+
+def test_understating_is_refereed():
+    second = second_user()
+    preload, cli, hold, share = world_readable_copy(
+        os.environ["MEMTALLY_PRELOAD_LIB"], CLI, worker("mt_hold"),
+        worker("mt_share"))
+    for measure in ("accounted", "max"):
+        cfg = config("[server]\ngroup = nogroup\n"
+                     f"[limits]\nfleet = 2GiB\nmeasure = {measure}\n"
+                     "rss_interval = 1000\n")
+        with Server("--config", cfg) as s:
+            open_to_nobody(s)
+            env = s.env()
+            env["LD_PRELOAD"] = preload
+            env["MEMTALLY_ALLOCATOR_FREE"] = "0"
+            if measure == "accounted":
+                w = Worker([hold, "500"], env, user=(NOBODY, NOGROUP))
+                check(w.readline().startswith("ready"), "not ready")
+                pid = w.pid
+            else:
+                w = Worker([share, "memfd", "500"], env,
+                           user=(NOBODY, NOGROUP))
+                pid = ready_pids(w)[0]
+            try:
+                wait_for("registered", lambda: pid in s.ps())
+                if measure == "accounted":
+                    wait_for("500 MiB claimed", lambda: s.ps()[pid][
+                        "bytes"] >= 500 * MIB)
+                    add_claim(s, pid, -s.ps()[pid]["bytes"])
+                    wait_for("the claim zeroed", lambda: s.ps()[pid][
+                        "bytes"] < MIB)
+                t0 = time.monotonic()
+                f = wait_for("the fleet counting >= 500 MiB", lambda: (
+                    lambda f: f if f["bytes"] >= 500 * MIB else None)(
+                        s.status()["fleet"]), timeout=10 * MULT)
+                took = time.monotonic() - t0
+                rc, out = cli_as(s, (second[0], NOGROUP), cli, "admit",
+                                 "--bytes", "1900MiB", "--ttl", "60")
+                check(rc == 3, f"1,900 MiB admitted: {rc} {out}")
+                what = ("zeroed slot" if measure == "accounted"
+                        else "unmapped memfd")
+                print(f"  {what}, measure={measure}: fleet "
+                      f"{f['bytes'] >> 20} MiB after {took:.1f} s; the "
+                      f"1,900 MiB Admit denied", flush=True)
+            finally:
+                w.kill()
+
+
+if __name__ == "__main__":
+    run([test_pages_shared_after_fork_count_once,
+         test_a_shared_mapping_counts_once_under_max,
+         test_dips_renew_no_allowance,
+         test_an_allowance_signals_no_one,
+         test_understating_is_refereed])

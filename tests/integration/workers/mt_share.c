@@ -1,0 +1,81 @@
+/*
+ * mt_share - hold MIB MiB in one of three ways, print "ready pids=P[,C...]"
+ * and wait on stdin (EOF or "exit": exit; the children die with it):
+ *   private  malloc and write MIB MiB, then fork CHILDREN children: the
+ *            pages are shared copy-on-write by every process
+ *   shared   a MAP_SHARED anonymous mapping of MIB MiB, written by the
+ *            parent and read by every child
+ *   memfd    MIB MiB written into a memfd that is never mapped
+ * Each child makes an allocator call (so that it registers) and pauses.
+ * usage: mt_share MODE MIB [CHILDREN]
+ */
+#include "mt_common.h"
+
+#include <signal.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+
+static void child(const volatile char *shared, size_t len)
+{
+	prctl(PR_SET_PDEATHSIG, SIGKILL);
+	unsigned sum = 0;
+	for (size_t i = 0; shared && i < len; i += 4096)
+		sum += (unsigned char)shared[i];
+	free(malloc(100 + (sum & 1)));
+	mt_flush();
+	for (;;)
+		pause();
+}
+
+int main(int argc, char **argv)
+{
+	if (argc < 3)
+		return 2;
+	const char *mode = argv[1];
+	size_t len = strtoul(argv[2], NULL, 10) * MIB;
+	unsigned nkids = argc > 3 ? (unsigned)strtoul(argv[3], NULL, 10) : 0;
+	char *shared = NULL;
+	if (strcmp(mode, "private") == 0) {
+		char *b = malloc(len);
+		if (!b)
+			return 1;
+		mt_touch(b, len);
+		mt_flush();
+	} else if (strcmp(mode, "shared") == 0) {
+		shared = mmap(NULL, len, PROT_READ | PROT_WRITE,
+		              MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+		if (shared == MAP_FAILED)
+			return 1;
+		memset(shared, 1, len);
+	} else if (strcmp(mode, "memfd") == 0) {
+		int fd = memfd_create("mt-share", MFD_CLOEXEC);
+		static char chunk[1 << 16];
+		memset(chunk, 1, sizeof(chunk));
+		for (size_t off = 0; fd >= 0 && off < len; off += sizeof(chunk))
+			if (write(fd, chunk, sizeof(chunk)) != sizeof(chunk))
+				return 1;
+		if (fd < 0)
+			return 1;
+	} else {
+		return 2;
+	}
+	free(malloc(100));
+	mt_flush();
+	char pids[4096];
+	int n = snprintf(pids, sizeof(pids), "%d", (int)getpid());
+	for (unsigned i = 0; i < nkids; i++) {
+		pid_t pid = fork();
+		if (pid < 0)
+			return 1;
+		if (pid == 0)
+			child(shared, shared ? len : 0);
+		if (n < (int)sizeof(pids) - 16)
+			n += snprintf(pids + n, sizeof(pids) - (size_t)n, ",%d",
+			              (int)pid);
+	}
+	mt_say("ready pids=%s", pids);
+	while (mt_wait())
+		;
+	return 0;
+}
