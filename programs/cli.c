@@ -67,7 +67,7 @@ struct cli {
 	const char *token; /* $MEMTALLY_TOKEN or --token-file's (TCP admin) */
 	const char *token_file; /* --token-file PATH */
 	char token_buf[1024];   /* the token read from token_file */
-	const char *where; /* the server, for messages */
+	const char *where;      /* the server, for messages */
 	bool json;
 	int timeout_ms;                 /* 0: the library's default */
 	const char *group;              /* ps --group, admit --group */
@@ -307,6 +307,19 @@ static int max_width(int w, const char *s)
 	return n > (size_t)w ? (n > 64 ? 64 : (int)n) : w;
 }
 
+/* The server withholds another user's names (its show_others) and says
+ * so with an empty group: every registered process has one. */
+static bool names_withheld(const struct memtally_process *p)
+{
+	return !p->group || !p->group[0];
+}
+
+/* A name for the table, or "-" where the server withheld it. */
+static const char *shown(const struct memtally_process *p, const char *name)
+{
+	return names_withheld(p) || !name || !name[0] ? "-" : name;
+}
+
 static const char *process_flags(const struct memtally_process *p)
 {
 	if (p->over_limit && p->corrupt)
@@ -326,7 +339,7 @@ static void print_processes(const struct memtally_process *p, size_t n,
 		n = rows;
 	int gw = 5, fw = 5; /* strlen("GROUP"), strlen("FLAGS") */
 	for (size_t i = 0; i < n; i++) {
-		gw = max_width(gw, p[i].group);
+		gw = max_width(gw, shown(&p[i], p[i].group));
 		fw = max_width(fw, process_flags(&p[i]));
 	}
 	printf("%7s  ", "PID");
@@ -340,7 +353,7 @@ static void print_processes(const struct memtally_process *p, size_t n,
 		char b[16], m[16], af[16], uv[16], r[16], pk[16], l[16],
 		    eta[16];
 		printf("%7" PRIu32 "  ", p[i].pid);
-		put_clean(p[i].group, gw);
+		put_clean(shown(&p[i], p[i].group), gw);
 		printf("  %10s  %10s  %10s  %10s  %10s  %10s  %10s  %-5s  ",
 		       fmt_size(b, p[i].bytes), fmt_size(m, p[i].mapped),
 		       fmt_size(af, p[i].allocator_free),
@@ -351,7 +364,7 @@ static void print_processes(const struct memtally_process *p, size_t n,
 		printf("  %7" PRIu32 "  ", p[i].threads);
 		put_clean(process_flags(&p[i]), fw);
 		printf("  ");
-		put_clean(p[i].comm, 0);
+		put_clean(shown(&p[i], p[i].comm), 0);
 		putchar('\n');
 	}
 }
@@ -576,21 +589,23 @@ fail_put_groups:
 	return NULL;
 }
 
-/* One process, as in `ps --json` and the `top` of a denial. */
+/* One process, as in `ps --json` and the `top` of a denial. Names the
+ * server withheld are null, and `names_withheld` says why. */
 static json_t *json_process(const struct memtally_process *p)
 {
+	bool hidden = names_withheld(p);
 	/* clang-format off */
 	return json_pack(
 		"{s:I, s:o, s:I, s:I, s:o, s:b, s:I, s:o, s:b, s:I, s:I, s:I,"
-		" s:s, s:o, s:o, s:o, s:I, s:I, s:I}",
+		" s:s, s:o, s:o, s:o, s:I, s:I, s:I, s:b}",
 		"pid", (json_int_t)p->pid,
-		"group", jstr(p->group),
+		"group", hidden ? json_null() : jstr(p->group),
 		"bytes", jint(p->bytes),
 		"peak", jint(p->peak),
 		"limit", jlimit(p->limit),
 		"over_limit", (int)p->over_limit,
 		"threads", (json_int_t)p->threads,
-		"comm", jstr(p->comm),
+		"comm", hidden ? json_null() : jstr(p->comm),
 		"corrupt", (int)p->corrupt,
 		"uid", (json_int_t)p->uid,
 		"error_bytes", jint(p->error_bytes),
@@ -601,7 +616,8 @@ static json_t *json_process(const struct memtally_process *p)
 		"seconds_to_limit", jforecast(p->seconds_to_limit),
 		"mapped", jint(p->mapped),
 		"allocator_free", jint(p->allocator_free),
-		"unvouched", jint(p->unvouched));
+		"unvouched", jint(p->unvouched),
+		"names_withheld", (int)hidden);
 	/* clang-format on */
 }
 

@@ -24,6 +24,9 @@
  * (root, the server's uid, admin_uid, a process in admin_gid); any worker
  * for one without an owner.
  *
+ * Admins also see every process's names: others see another uid's
+ * processes as `[server] show_others` says (dispatch.c).
+ *
  * Admins are also exempt from the per-uid caps on reservations (admit.c),
  * slots and groups (registry.c) and connections (conn.c), counted here by
  * uid (mts_uid_count_*), and may join any group. A [group NAME] with

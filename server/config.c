@@ -543,6 +543,23 @@ static int key_server_idle_timeout(struct load *l, const char *sec,
 	return 0;
 }
 
+/* counts, none or all: see enum mts_show. */
+static int key_server_show_others(struct load *l, const char *sec,
+                                  const char *key, const char *v)
+{
+	struct mts_policy *p = &l->s.policy;
+	if (strcasecmp(v, "counts") == 0)
+		p->show_others = MTS_SHOW_COUNTS;
+	else if (strcasecmp(v, "none") == 0)
+		p->show_others = MTS_SHOW_NONE;
+	else if (strcasecmp(v, "all") == 0)
+		p->show_others = MTS_SHOW_ALL;
+	else
+		return fail(l, sec, key,
+		            "expected counts, none or all; got '%s'", v);
+	return 0;
+}
+
 /* -1000..1000 as the kernel takes it, or `none`: leave it as inherited. */
 static int key_server_oom_score_adj(struct load *l, const char *sec,
                                     const char *key, const char *v)
@@ -1187,6 +1204,7 @@ static const struct {
     {"server", "admin_gid", key_server_admin_gid, NO_U32},
     {"server", "metrics", key_server_metrics, NO_U32},
     {"server", "group", key_server_group, NO_U32},
+    {"server", "show_others", key_server_show_others, NO_U32},
     {"limits", "fleet", key_limits_fleet, NO_U32},
     {"limits", "process", key_limits_process, NO_U32},
     {"limits", "high_watermark", key_limits_high_watermark, NO_U32},

@@ -1330,7 +1330,8 @@ void mts_watch_broadcast(void *ctx, const struct mts_event *ev)
 	struct mts_conn *next;
 	for (struct mts_conn *c = net->conns; c; c = next) {
 		next = c->next;
-		if (!c->peer.watching || c->closing || c->close_after_write)
+		if (!c->peer.watching || c->closing || c->close_after_write ||
+		    !mts_event_visible(net->reg, &c->peer, ev))
 			continue;
 		if (c->out_pending >= MTS_OUT_HIGH) {
 			net->conn_stats.watch_disconnects++;

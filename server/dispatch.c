@@ -205,13 +205,51 @@ static uint64_t proc_flushes(const struct mts_registry *reg,
 	return flushes;
 }
 
+/*
+ * What a peer may see of other uids' processes ([server] show_others).
+ * Task, group and comm are names a user chose (a task may say what the
+ * job is about), and /proc/PID/environ keeps them from other users, so
+ * by default another uid's process shows only its pid, uid and figures:
+ * what /proc shows everyone, and what a user needs to see who holds the
+ * memory. Admins (auth.c, or the tcp_token) see everything.
+ */
+enum sight { SEE_ALL, SEE_COUNTS, SEE_NOTHING };
+
+struct viewer {
+	const struct mts_peer *peer;
+	bool admin;
+	enum mts_show others;
+};
+
+static struct viewer viewer_of(const struct mts_registry *reg,
+                               const struct mts_peer *peer, const char *token)
+{
+	struct viewer v = {.peer = peer, .others = reg->policy.show_others};
+	/* Asking auth.c costs a getsockopt for admin_gid: only when the
+	 * answer can matter. */
+	v.admin = v.others != MTS_SHOW_ALL &&
+	          mts_authorise(reg, peer, token) != MTS_AUTH_NONE;
+	return v;
+}
+
+static enum sight sight_of(const struct viewer *v, uint32_t uid)
+{
+	if (v->others == MTS_SHOW_ALL || v->admin ||
+	    (v->peer->has_cred && v->peer->uid == uid))
+		return SEE_ALL;
+	return v->others == MTS_SHOW_NONE ? SEE_NOTHING : SEE_COUNTS;
+}
+
+/* A masked process's names are empty: a registered process always has a
+ * group, so an empty one tells a client the names were withheld. */
 static void fill_process(const struct mts_registry *reg,
-                         const struct mts_proc *p,
+                         const struct mts_proc *p, enum sight sight,
                          Memtally__V1__ProcessInfo *pi)
 {
+	bool names = sight == SEE_ALL;
 	memtally__v1__process_info__init(pi);
 	pi->pid = p->pid;
-	pi->group = reg->groups[p->group].name;
+	pi->group = names ? reg->groups[p->group].name : "";
 	pi->bytes = p->bytes;
 	pi->peak = p->peak;
 	pi->uid = p->uid;
@@ -221,9 +259,9 @@ static void fill_process(const struct mts_registry *reg,
 	pi->mapped_bytes = p->mapped;
 	pi->allocator_free_bytes = p->allocator_free;
 	pi->unvouched_bytes = p->unvouched;
-	pi->task = p->task;
+	pi->task = names ? p->task : "";
 	pi->start_time = p->start_time;
-	pi->comm = (char *)p->comm;
+	pi->comm = names ? (char *)p->comm : "";
 	pi->corrupt = p->corrupt;
 	pi->error_bytes = p->error_bytes;
 	pi->registered_ns = p->registered_ns;
@@ -261,8 +299,9 @@ static void fill_group(const struct mts_registry *reg,
 	gu->seconds_to_limit = mts_group_forecast(reg, g);
 }
 
-static int do_get_usage(struct mts_registry *reg, uint64_t id,
-                        const Memtally__V1__GetUsage *q, struct mts_buf *out)
+static int do_get_usage(struct mts_registry *reg, const struct viewer *v,
+                        uint64_t id, const Memtally__V1__GetUsage *q,
+                        struct mts_buf *out)
 {
 	const struct mts_totals *t = &reg->totals;
 	Memtally__V1__Response resp = MEMTALLY__V1__RESPONSE__INIT;
@@ -306,7 +345,10 @@ static int do_get_usage(struct mts_registry *reg, uint64_t id,
 	}
 	case MEMTALLY__V1__GET_USAGE__SCOPE_PID: {
 		const struct mts_proc *p = mts_find_pid(reg, q->pid);
-		if (!p) {
+		/* Hidden is answered as not registered: the answer must
+		 * not tell that another uid runs it. */
+		enum sight sight = p ? sight_of(v, p->uid) : SEE_NOTHING;
+		if (sight == SEE_NOTHING) {
 			char msg[64];
 			snprintf(msg, sizeof(msg), "pid %u is not registered",
 			         q->pid);
@@ -314,7 +356,7 @@ static int do_get_usage(struct mts_registry *reg, uint64_t id,
 			    out, id, MEMTALLY__V1__ERROR_CODE__ERROR_NOT_FOUND,
 			    msg);
 		}
-		fill_process(reg, p, &pi);
+		fill_process(reg, p, sight, &pi);
 		u.process = &pi;
 		break;
 	}
@@ -363,8 +405,9 @@ static int cmp_bytes_desc(const void *a, const void *b)
 	return x->pid < y->pid ? -1 : x->pid > y->pid;
 }
 
-static int do_list(struct mts_registry *reg, uint64_t id,
-                   const Memtally__V1__ListProcesses *q, struct mts_buf *out)
+static int do_list(struct mts_registry *reg, const struct viewer *v,
+                   uint64_t id, const Memtally__V1__ListProcesses *q,
+                   struct mts_buf *out)
 {
 	const char *filter = q && q->group && q->group[0] ? q->group : NULL;
 	size_t cap = reg->ndense ? reg->ndense : 1;
@@ -378,13 +421,20 @@ static int do_list(struct mts_registry *reg, uint64_t id,
 	size_t n = 0;
 	for (uint32_t i = 0; i < reg->ndense; i++) {
 		const struct mts_proc *p = reg->by_slot[reg->dense[i]];
-		if (filter && strcmp(reg->groups[p->group].name, filter) != 0)
+		enum sight sight = sight_of(v, p->uid);
+		/* A process whose group is withheld is not listed under a
+		 * group either: the filter would tell its membership. */
+		if (sight == SEE_NOTHING ||
+		    (filter &&
+		     (sight != SEE_ALL ||
+		      strcmp(reg->groups[p->group].name, filter) != 0)))
 			continue;
 		procs[n++] = p;
 	}
 	qsort(procs, n, sizeof(*procs), cmp_bytes_desc);
 	for (size_t i = 0; i < n; i++) {
-		fill_process(reg, procs[i], &infos[i]);
+		fill_process(reg, procs[i], sight_of(v, procs[i]->uid),
+		             &infos[i]);
 		ptrs[i] = &infos[i];
 	}
 
@@ -408,8 +458,8 @@ out_free:
 #define TOP_N 5
 
 static int do_admit(struct mts_registry *reg, const struct mts_peer *peer,
-                    uint64_t id, const Memtally__V1__Admit *q,
-                    struct mts_buf *out)
+                    const struct viewer *v, uint64_t id,
+                    const Memtally__V1__Admit *q, struct mts_buf *out)
 {
 	struct mts_admit_req ar = {
 	    .bytes = q->bytes,
@@ -469,10 +519,12 @@ static int do_admit(struct mts_registry *reg, const struct mts_peer *peer,
 		size_t n = 0;
 		for (uint32_t i = 0; i < reg->ndense; i++) {
 			const struct mts_proc *p = reg->by_slot[reg->dense[i]];
-			uint64_t v = mts_measured(reg, p->bytes, p->rss);
+			if (sight_of(v, p->uid) == SEE_NOTHING)
+				continue;
+			uint64_t m = mts_measured(reg, p->bytes, p->rss);
 			size_t k = n < TOP_N ? n++ : TOP_N;
-			while (k > 0 && (topv[k - 1] < v ||
-			                 (topv[k - 1] == v &&
+			while (k > 0 && (topv[k - 1] < m ||
+			                 (topv[k - 1] == m &&
 			                  top[k - 1]->pid > p->pid))) {
 				if (k < TOP_N) {
 					top[k] = top[k - 1];
@@ -482,11 +534,12 @@ static int do_admit(struct mts_registry *reg, const struct mts_peer *peer,
 			}
 			if (k < TOP_N) {
 				top[k] = p;
-				topv[k] = v;
+				topv[k] = m;
 			}
 		}
 		for (size_t i = 0; i < n; i++) {
-			fill_process(reg, top[i], &infos[i]);
+			fill_process(reg, top[i], sight_of(v, top[i]->uid),
+			             &infos[i]);
 			ptrs[i] = &infos[i];
 		}
 		ar_pb.n_top = n;
@@ -631,7 +684,7 @@ static int do_set_limit(struct mts_registry *reg, const struct mts_peer *peer,
 /* ---- Watch --------------------------------------------------------------- */
 
 static int do_watch(struct mts_registry *reg, struct mts_peer *peer,
-                    uint64_t id, struct mts_buf *out)
+                    const char *token, uint64_t id, struct mts_buf *out)
 {
 	const struct mts_totals *t = &reg->totals;
 	Memtally__V1__Response resp = MEMTALLY__V1__RESPONSE__INIT;
@@ -639,6 +692,8 @@ static int do_watch(struct mts_registry *reg, struct mts_peer *peer,
 	/* A second Watch on one connection moves the stream to its id. */
 	peer->watching = true;
 	peer->watch_id = id;
+	/* Asked once: events are pushed without a request to ask with. */
+	peer->watch_admin = mts_authorise(reg, peer, token) != MTS_AUTH_NONE;
 	ev.scope = "fleet";
 	ev.state = proto_state(t->state);
 	ev.previous = proto_state(t->state);
@@ -662,6 +717,15 @@ static int do_watch(struct mts_registry *reg, struct mts_peer *peer,
 		        (unsigned long long)id);
 	}
 	return err;
+}
+
+bool mts_event_visible(const struct mts_registry *reg,
+                       const struct mts_peer *peer, const struct mts_event *ev)
+{
+	/* Under counts a process's event shows what its ps line does: its
+	 * pid and figures, no names. */
+	return !ev->has_uid || reg->policy.show_others != MTS_SHOW_NONE ||
+	       peer->watch_admin || (peer->has_cred && peer->uid == ev->uid);
 }
 
 /* Pack the Response that carries `ev` on a Watch stream with id `id`.
@@ -756,29 +820,33 @@ int mts_dispatch(struct mts_registry *reg, struct mts_peer *peer,
 		memtally__v1__request__free_unpacked(req, NULL);
 		return err;
 	}
+	const char *token = request_token(req);
+	struct viewer v = {.peer = peer, .others = MTS_SHOW_ALL};
+	if (req->body_case == MEMTALLY__V1__REQUEST__BODY_GET_USAGE ||
+	    req->body_case == MEMTALLY__V1__REQUEST__BODY_LIST_PROCESSES ||
+	    req->body_case == MEMTALLY__V1__REQUEST__BODY_ADMIT)
+		v = viewer_of(reg, peer, token);
 	switch (req->body_case) {
 	case MEMTALLY__V1__REQUEST__BODY_REGISTER:
 		err = do_register(reg, peer, id, req->register_, out);
 		break;
 	case MEMTALLY__V1__REQUEST__BODY_GET_USAGE:
-		err = do_get_usage(reg, id, req->get_usage, out);
+		err = do_get_usage(reg, &v, id, req->get_usage, out);
 		break;
 	case MEMTALLY__V1__REQUEST__BODY_LIST_PROCESSES:
-		err = do_list(reg, id, req->list_processes, out);
+		err = do_list(reg, &v, id, req->list_processes, out);
 		break;
 	case MEMTALLY__V1__REQUEST__BODY_ADMIT:
-		err = do_admit(reg, peer, id, req->admit, out);
+		err = do_admit(reg, peer, &v, id, req->admit, out);
 		break;
 	case MEMTALLY__V1__REQUEST__BODY_RELEASE:
-		err = do_release(reg, peer, id, req->release,
-		                 request_token(req), out);
+		err = do_release(reg, peer, id, req->release, token, out);
 		break;
 	case MEMTALLY__V1__REQUEST__BODY_SET_LIMIT:
-		err = do_set_limit(reg, peer, id, req->set_limit,
-		                   request_token(req), out);
+		err = do_set_limit(reg, peer, id, req->set_limit, token, out);
 		break;
 	case MEMTALLY__V1__REQUEST__BODY_WATCH:
-		err = do_watch(reg, peer, id, out);
+		err = do_watch(reg, peer, token, id, out);
 		break;
 	default:
 		/* An unknown field number is a body from a newer protocol;

@@ -129,10 +129,12 @@ static void reason_of(char *buf, size_t cap, uint32_t next, uint32_t prev,
 	}
 }
 
-static void emit(struct mts_registry *reg, const char *scope, uint32_t state,
-                 uint32_t previous, uint64_t bytes, uint64_t rss,
-                 uint64_t limit, uint64_t reserved, const char *reason,
-                 double growth, double forecast_s)
+/* `p`: the process whose event it is, NULL for the fleet and groups. */
+static void emit(struct mts_registry *reg, const struct mts_proc *p,
+                 const char *scope, uint32_t state, uint32_t previous,
+                 uint64_t bytes, uint64_t rss, uint64_t limit,
+                 uint64_t reserved, const char *reason, double growth,
+                 double forecast_s)
 {
 	char q[MTS_LOGQ_MAX], qr[MTS_LOGQ_MAX];
 	struct mts_event ev = {
@@ -147,6 +149,8 @@ static void emit(struct mts_registry *reg, const char *scope, uint32_t state,
 	    .reason = reason,
 	    .growth = growth,
 	    .forecast_s = forecast_s,
+	    .has_uid = p != NULL,
+	    .uid = p ? p->uid : 0,
 	};
 	mts_log(state == MTSHM_STATE_OVER ? MTS_LOG_WARN : MTS_LOG_INFO,
 	        "state changed",
@@ -196,8 +200,8 @@ static void eval_fleet(struct mts_registry *reg)
 	}
 	char why[96];
 	reason_of(why, sizeof(why), next, prev, by_forecast, t->growth, fc);
-	emit(reg, "fleet", next, prev, t->bytes, t->rss, t->limit, t->reserved,
-	     why, t->growth, fc);
+	emit(reg, NULL, "fleet", next, prev, t->bytes, t->rss, t->limit,
+	     t->reserved, why, t->growth, fc);
 }
 
 static void eval_group(struct mts_registry *reg, struct mts_group *g)
@@ -219,8 +223,8 @@ static void eval_group(struct mts_registry *reg, struct mts_group *g)
 	char scope[MTS_NAME_MAX + 8], why[96];
 	snprintf(scope, sizeof(scope), "group:%s", g->name);
 	reason_of(why, sizeof(why), next, prev, by_forecast, g->growth, fc);
-	emit(reg, scope, next, prev, g->bytes, g->rss, g->limit, g->reserved,
-	     why, g->growth, fc);
+	emit(reg, NULL, scope, next, prev, g->bytes, g->rss, g->limit,
+	     g->reserved, why, g->growth, fc);
 }
 
 void mts_limits_eval_proc(struct mts_registry *reg, struct mts_proc *p)
@@ -245,7 +249,7 @@ void mts_limits_eval_proc(struct mts_registry *reg, struct mts_proc *p)
 	mtshm_store_release32(&s->flags, flags);
 	char scope[24];
 	snprintf(scope, sizeof(scope), "pid:%u", p->pid);
-	emit(reg, scope, next, prev, p->bytes, p->rss, p->limit, 0,
+	emit(reg, p, scope, next, prev, p->bytes, p->rss, p->limit, 0,
 	     is_over ? "over its limit" : "back under its limit",
 	     mts_proc_growth(reg, p), 0);
 }
@@ -256,7 +260,7 @@ void mts_limits_proc_gone(struct mts_registry *reg, const struct mts_proc *p)
 		return;
 	char scope[24];
 	snprintf(scope, sizeof(scope), "pid:%u", p->pid);
-	emit(reg, scope, MTSHM_STATE_OK, MTSHM_STATE_OVER, p->bytes, p->rss,
+	emit(reg, p, scope, MTSHM_STATE_OK, MTSHM_STATE_OVER, p->bytes, p->rss,
 	     p->limit, 0, "exited", 0, 0);
 }
 

@@ -53,6 +53,11 @@ int mts_dispatch(struct mts_registry *reg, struct mts_peer *peer,
 int mts_event_append(const struct mts_registry *reg, uint64_t id,
                      const struct mts_event *ev, struct mts_buf *out);
 
+/* May the Watch subscriber `peer` be sent `ev`? Not a process's event of
+ * another uid under `[server] show_others = none`, unless it is an admin. */
+bool mts_event_visible(const struct mts_registry *reg,
+                       const struct mts_peer *peer, const struct mts_event *ev);
+
 /* How much one mts_input() call may do. */
 struct mts_budget {
 	size_t out_bytes; /* stop once out->len reaches this */

@@ -83,6 +83,14 @@ struct mts_group_policy {
  * into one series group="_other". */
 #define MTS_DEFAULT_METRICS_GROUPS 256u
 
+/* [server] show_others: what a peer that is not an admin sees of the
+ * processes of other uids. */
+enum mts_show {
+	MTS_SHOW_COUNTS = 0, /* pid, uid and figures; no names */
+	MTS_SHOW_NONE,       /* nothing: as if they were not registered */
+	MTS_SHOW_ALL,        /* everything, names included */
+};
+
 /* Everything a SIGHUP reload may change. Strings are owned (malloc). */
 struct mts_policy {
 	uint64_t fleet_limit;   /* 0 = none */
@@ -111,6 +119,7 @@ struct mts_policy {
 	uint32_t slots_per_uid;       /* 0 = slots / 2, MTS_CAP_NONE = no cap */
 	uint32_t groups_per_uid;      /* 0 = no cap */
 	bool metrics_per_process;     /* per-process series on /metrics */
+	enum mts_show show_others;    /* of other uids' processes */
 	uint32_t metrics_max_groups;  /* group series on /metrics, >= 1 */
 	uint32_t growth_window_ms;    /* rate.c: the rate's window */
 	uint32_t forecast_horizon_ms; /* `high` when the limit is forecast
@@ -148,6 +157,8 @@ struct mts_event {
 	const char *reason; /* why, in words: "forecast: limit in 12 s ..." */
 	double growth;      /* bytes per second of the measured figure */
 	double forecast_s;  /* seconds to the limit, 0 = no forecast */
+	bool has_uid;       /* a process's event: whose (show_others) */
+	uint32_t uid;
 };
 
 #endif /* MTS_POLICY_H */

@@ -317,6 +317,8 @@ struct mts_peer {
 	char addr[64];     /* a TCP peer's address:port, for the logs */
 	bool watching;     /* set by a Watch request: events are pushed */
 	uint64_t watch_id; /* the Watch request's id, echoed on events */
+	bool watch_admin;  /* an admin when it sent the Watch: every uid's
+	                    * events reach it (show_others) */
 	bool gone; /* closed by the server during a turn (an event that could
 	            * not be written to it): mts_input() stops, fd is -1 */
 	/* Descriptors to pass with the next answer written (a Registered):

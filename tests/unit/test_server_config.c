@@ -775,6 +775,28 @@ Test(config, group_owners_caps_and_metrics)
 	              0);
 }
 
+Test(config, show_others)
+{
+	struct mts_settings s;
+	char err[512];
+	cr_assert_eq(mts_settings_load(&s, NULL, NULL, 0, err, sizeof(err)), 0);
+	cr_assert_eq(s.policy.show_others, MTS_SHOW_COUNTS);
+	mts_settings_free(&s);
+	cr_assert_eq(
+	    load("[server]\nshow_others = none\n", &s, err, sizeof(err)), 0,
+	    "%s", err);
+	cr_assert_eq(s.policy.show_others, MTS_SHOW_NONE);
+	mts_settings_free(&s);
+	cr_assert_eq(
+	    load("[server]\nshow_others = all\n", &s, err, sizeof(err)), 0,
+	    "%s", err);
+	cr_assert_eq(s.policy.show_others, MTS_SHOW_ALL);
+	mts_settings_free(&s);
+	cr_assert_neq(
+	    load("[server]\nshow_others = some\n", &s, err, sizeof(err)), 0);
+	cr_assert(strstr(err, "[server] show_others:"), "%s", err);
+}
+
 /* Names: valid UTF-8 without C0/C1 controls or bidi formatting. */
 Test(config, names)
 {
