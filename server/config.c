@@ -94,6 +94,8 @@ void mts_policy_defaults(struct mts_policy *p)
 	p->max_ttl_s = MTS_DEFAULT_MAX_TTL_S;
 	p->grace_ms = MTS_DEFAULT_GRACE_MS;
 	p->max_resv_per_uid = MTS_DEFAULT_MAX_RESV_PER_UID;
+	p->resv_bytes_bp = MTS_DEFAULT_RESV_BYTES_BP;
+	p->watch_per_uid = MTS_DEFAULT_WATCH_PER_UID;
 	p->groups_per_uid = MTS_DEFAULT_GROUPS_PER_UID;
 	p->metrics_max_groups = MTS_DEFAULT_METRICS_GROUPS;
 	p->growth_window_ms = MTS_DEFAULT_GROWTH_WINDOW_MS;
@@ -540,6 +542,26 @@ static int key_server_idle_timeout(struct load *l, const char *sec,
 		            v);
 	c->idle_timeout_ms = (uint32_t)n;
 	c->no_idle_timeout = n == 0;
+	return 0;
+}
+
+/* [server] max_watch_per_uid: an integer or none. */
+static int key_server_watch_per_uid(struct load *l, const char *sec,
+                                    const char *key, const char *v)
+{
+	struct mts_policy *p = &l->s.policy;
+	uint64_t n = 0;
+	if (strcasecmp(v, "none") == 0 || strcasecmp(v, "off") == 0 ||
+	    strcasecmp(v, "unlimited") == 0) {
+		p->watch_per_uid = 0;
+		return 0;
+	}
+	if (parse_uint(v, 1, MTS_MAX_CONNS_MAX, &n) < 0)
+		return fail(l, sec, key,
+		            "expected an integer from 1 to %u, or none; got "
+		            "'%s'",
+		            MTS_MAX_CONNS_MAX, v);
+	p->watch_per_uid = (uint32_t)n;
 	return 0;
 }
 
@@ -1205,6 +1227,7 @@ static const struct {
     {"server", "metrics", key_server_metrics, NO_U32},
     {"server", "group", key_server_group, NO_U32},
     {"server", "show_others", key_server_show_others, NO_U32},
+    {"server", "max_watch_per_uid", key_server_watch_per_uid, NO_U32},
     {"limits", "fleet", key_limits_fleet, NO_U32},
     {"limits", "process", key_limits_process, NO_U32},
     {"limits", "high_watermark", key_limits_high_watermark, NO_U32},
@@ -1577,7 +1600,6 @@ int mts_settings_load(struct mts_settings *out, const char *path,
 	l.s.cfg.threshold = MTS_DEFAULT_THRESHOLD;
 	l.s.cfg.max_conns = MTS_DEFAULT_MAX_CONNS;
 	l.s.cfg.max_buffered = MTS_DEFAULT_MAX_BUFFERED;
-	l.s.cfg.max_conns_per_uid = MTS_DEFAULT_MAX_CONNS_PER_UID;
 	l.s.cfg.max_conns_unidentified = MTS_DEFAULT_MAX_CONNS_UNIDENTIFIED;
 	l.s.cfg.idle_timeout_ms = MTS_DEFAULT_IDLE_MS;
 	l.s.cfg.oom_score_adj = MTS_DEFAULT_OOM_SCORE_ADJ;

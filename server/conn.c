@@ -57,7 +57,9 @@
  *    itself. TCP peers of unknown uid are one bucket, MTS_UID_TCP, capped
  *    by max_connections_unidentified. Admins are exempt.
  *  - idle: a connection with no complete request for idle_ms is closed
- *    (on_idle_timer), except a Watch subscriber, which waits by design.
+ *    (on_idle_timer), except a Watch subscriber, which waits by design;
+ *    those are bounded per uid by max_watch_per_uid instead (dispatch.c
+ *    counts them in reg->watch_uids, conn_close uncounts them).
  *
  * Lifetime: a connection is closed on a read or write error, after a bad
  * frame once its error answer is written, and on EOF once every buffered
@@ -352,6 +354,10 @@ static void conn_close(struct mts_conn *c)
 	if (c->uid_counted) {
 		mts_uid_count_sub(&net->conn_uids, c->uid_key);
 		c->uid_counted = false;
+	}
+	if (c->peer.watch_counted) {
+		mts_uid_count_sub(&net->reg->watch_uids, c->uid_key);
+		c->peer.watch_counted = false;
 	}
 	mts_log(MTS_LOG_DEBUG, "connection closed", "peer_pid=%u tcp=%d",
 	        c->peer.pid, c->peer.tcp);
@@ -1133,9 +1139,13 @@ static int conns_init(struct mts_conns *net)
 	    net->cfg->max_conns ? net->cfg->max_conns : MTS_DEFAULT_MAX_CONNS;
 	net->max_buffered = net->cfg->max_buffered ? net->cfg->max_buffered
 	                                           : MTS_DEFAULT_MAX_BUFFERED;
+	/* A fraction of the whole by default: four uids at their cap leave
+	 * half of it to everyone else. */
 	net->max_conns_per_uid = net->cfg->max_conns_per_uid
 	                             ? net->cfg->max_conns_per_uid
-	                             : MTS_DEFAULT_MAX_CONNS_PER_UID;
+	                             : net->max_conns / MTS_DEFAULT_PER_UID_DIV;
+	if (net->max_conns_per_uid == 0)
+		net->max_conns_per_uid = 1;
 	net->max_conns_unidentified = net->cfg->max_conns_unidentified
 	                                  ? net->cfg->max_conns_unidentified
 	                                  : MTS_DEFAULT_MAX_CONNS_UNIDENTIFIED;

@@ -689,11 +689,34 @@ static int do_watch(struct mts_registry *reg, struct mts_peer *peer,
 	const struct mts_totals *t = &reg->totals;
 	Memtally__V1__Response resp = MEMTALLY__V1__RESPONSE__INIT;
 	Memtally__V1__Event ev = MEMTALLY__V1__EVENT__INIT;
+	/* Asked once: events are pushed without a request to ask with. */
+	bool admin = mts_authorise(reg, peer, token) != MTS_AUTH_NONE;
+	/* A subscriber never idles out: one uid may hold only a few. A
+	 * second Watch on one connection is the same subscription. */
+	uint32_t cap = reg->policy.watch_per_uid;
+	unsigned key = mts_peer_log_uid(peer);
+	if (!peer->watching && !admin && cap) {
+		uint32_t held = mts_uid_count_get(&reg->watch_uids, key);
+		if (held >= cap) {
+			char msg[160];
+			snprintf(msg, sizeof(msg),
+			         "this uid holds %u Watch subscriptions, the "
+			         "most one uid may ([server] "
+			         "max_watch_per_uid = %u)",
+			         held, cap);
+			return append_error(
+			    out, id,
+			    MEMTALLY__V1__ERROR_CODE__ERROR_PERMISSION_DENIED,
+			    msg);
+		}
+		/* Out of memory: not counted (nor capped). */
+		peer->watch_counted =
+		    mts_uid_count_add(&reg->watch_uids, key) == 0;
+	}
 	/* A second Watch on one connection moves the stream to its id. */
 	peer->watching = true;
 	peer->watch_id = id;
-	/* Asked once: events are pushed without a request to ask with. */
-	peer->watch_admin = mts_authorise(reg, peer, token) != MTS_AUTH_NONE;
+	peer->watch_admin = admin;
 	ev.scope = "fleet";
 	ev.state = proto_state(t->state);
 	ev.previous = proto_state(t->state);

@@ -24,7 +24,6 @@
 #define MTS_MAX_CONNS_MAX                  1000000u
 #define MTS_DEFAULT_MAX_BUFFERED           (UINT64_C(64) << 20)
 #define MTS_MAX_BUFFERED_MIN               (UINT64_C(1) << 20)
-#define MTS_DEFAULT_MAX_CONNS_PER_UID      256u
 #define MTS_DEFAULT_MAX_CONNS_UNIDENTIFIED 64u
 #define MTS_DEFAULT_IDLE_MS                60000u
 #define MTS_IDLE_MAX_MS                    86400000u
@@ -48,8 +47,8 @@ struct mts_config {
 	/* The connection budget; 0 = the default. */
 	uint32_t max_conns;
 	uint64_t max_buffered;
-	/* Per peer uid, 0 = the default; and the idle timeout (0 = the
-	 * default unless no_idle_timeout). */
+	/* Per peer uid, 0 = the default (max_conns / MTS_DEFAULT_PER_UID_DIV);
+	 * and the idle timeout (0 = the default unless no_idle_timeout). */
 	uint32_t max_conns_per_uid;
 	/* All TCP peers of unknown uid together; 0 = the default. */
 	uint32_t max_conns_unidentified;

@@ -67,16 +67,24 @@ struct mts_group_policy {
 /* [trust] trusted_uids: at most this many (root and the server's own uid
  * are trusted besides, always). */
 #define MTS_TRUSTED_UIDS_MAX 64u
-/* [admission] max_reserved_bytes_per_uid: none by default. A scheduler
- * usually admits every job of the node under one uid, and a default
- * fraction would silently cap how much of the fleet it may reserve; a
- * node shared by tenants sets a size or a percentage of the fleet. */
+/* The per-uid caps' defaults are this fraction of the whole (slots,
+ * max_connections, the fleet limit for reserved bytes): four uids at
+ * their caps hold half of it and leave the other half to everyone else.
+ * A node whose jobs all run as one uid (a scheduler's) says `none`. */
+#define MTS_DEFAULT_PER_UID_DIV 8u
+/* [admission] max_reserved_bytes_per_uid: by default 1/8 of the fleet
+ * limit (none without a fleet limit). */
+#define MTS_DEFAULT_RESV_BYTES_BP (MTS_BP_ONE / MTS_DEFAULT_PER_UID_DIV)
+/* [server] max_watch_per_uid: Watch subscriptions one uid holds open. A
+ * subscriber never idles out and every event is written to each, so the
+ * cap is well below the connections': a terminal's `memtally watch` and a
+ * scheduler's subscription need a few. */
+#define MTS_DEFAULT_WATCH_PER_UID 16u
 /* [limits] max_groups_per_uid: distinct group names one uid may bring
  * into existence (groups of the configuration do not count). */
 #define MTS_DEFAULT_GROUPS_PER_UID 64u
-/* [limits] max_slots_per_uid: 0 in the policy means this default, a
- * fraction of the slots, so that one uid cannot take every slot. */
-#define MTS_DEFAULT_SLOTS_PER_UID_DIV 2u
+/* [limits] max_slots_per_uid: 0 in the policy means the default,
+ * slots / MTS_DEFAULT_PER_UID_DIV, so that one uid cannot take every slot. */
 /* "none" for a per-uid cap whose 0 means "the default". */
 #define MTS_CAP_NONE UINT32_MAX
 /* [metrics] max_groups: group series on /metrics; the rest are summed
@@ -116,7 +124,8 @@ struct mts_policy {
 	 * cap. Admins are exempt. */
 	uint64_t resv_bytes_per_uid;
 	uint32_t resv_bytes_bp;
-	uint32_t slots_per_uid;       /* 0 = slots / 2, MTS_CAP_NONE = no cap */
+	uint32_t slots_per_uid;       /* 0 = slots / 8, MTS_CAP_NONE = no cap */
+	uint32_t watch_per_uid;       /* 0 = no cap */
 	uint32_t groups_per_uid;      /* 0 = no cap */
 	bool metrics_per_process;     /* per-process series on /metrics */
 	enum mts_show show_others;    /* of other uids' processes */

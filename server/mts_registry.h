@@ -258,6 +258,9 @@ struct mts_registry {
 	/* Live groups each uid brought into existence (max_groups_per_uid);
 	 * admins are not counted. */
 	struct mts_uid_counts groups_by_uid;
+	/* Watch subscriptions open per peer uid (max_watch_per_uid; admins
+	 * are not counted): dispatch.c adds, conn.c subtracts at close. */
+	struct mts_uid_counts watch_uids;
 
 	struct mts_totals totals;
 	struct mts_stats stats;
@@ -319,6 +322,7 @@ struct mts_peer {
 	uint64_t watch_id; /* the Watch request's id, echoed on events */
 	bool watch_admin;  /* an admin when it sent the Watch: every uid's
 	                    * events reach it (show_others) */
+	bool watch_counted; /* counted in reg->watch_uids under `uid` */
 	bool gone; /* closed by the server during a turn (an event that could
 	            * not be written to it): mts_input() stops, fd is -1 */
 	/* Descriptors to pass with the next answer written (a Registered):
@@ -397,7 +401,7 @@ int mts_group_ensure(struct mts_registry *reg, const char *name,
 int mts_group_ensure_peer(struct mts_registry *reg, const struct mts_peer *peer,
                           const char *name, uint32_t *index);
 /* Slots one (non-admin) uid may hold: max_slots_per_uid, by default
- * slot_count / MTS_DEFAULT_SLOTS_PER_UID_DIV; MTS_CAP_NONE = no cap. */
+ * slot_count / MTS_DEFAULT_PER_UID_DIV; MTS_CAP_NONE = no cap. */
 uint32_t mts_slots_per_uid(const struct mts_registry *reg);
 /* Free entry `index` if nothing keeps it (processes, limit, watermark,
  * reservations). */

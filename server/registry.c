@@ -224,7 +224,7 @@ uint32_t mts_slots_per_uid(const struct mts_registry *reg)
 {
 	uint32_t cap = reg->policy.slots_per_uid;
 	if (cap == 0) {
-		cap = reg->slot_count / MTS_DEFAULT_SLOTS_PER_UID_DIV;
+		cap = reg->slot_count / MTS_DEFAULT_PER_UID_DIV;
 		if (cap == 0)
 			cap = 1;
 	}
@@ -371,6 +371,7 @@ void mts_registry_free(struct mts_registry *reg)
 		free(reg->groups[i].name);
 	free(reg->groups);
 	mts_uid_counts_free(&reg->groups_by_uid);
+	mts_uid_counts_free(&reg->watch_uids);
 	free(reg->hash);
 	free(reg->by_slot);
 	free(reg->free_slots);

@@ -342,22 +342,28 @@ def second_user():
     users that are neither root nor each other, and nobody is only one.
     Raises Skip when the user can neither be found nor made (not root, no
     useradd)."""
+    return test_user(SECOND_USER)
+
+
+def test_user(name):
+    """(uid, gid) of the unprivileged system user `name`, created on first
+    use (and left for the next run); Skip as second_user()."""
     import pwd
     import shutil
     try:
-        pw = pwd.getpwnam(SECOND_USER)
+        pw = pwd.getpwnam(name)
         return pw.pw_uid, pw.pw_gid
     except KeyError:
         pass
     if os.geteuid() != 0 or not shutil.which("useradd"):
-        raise Skip(f"no user {SECOND_USER} and cannot create one "
+        raise Skip(f"no user {name} and cannot create one "
                    "(needs root and useradd)")
     r = subprocess.run(["useradd", "--system", "--no-create-home",
                         "--shell", "/usr/sbin/nologin", "--user-group",
-                        SECOND_USER], capture_output=True, text=True)
+                        name], capture_output=True, text=True)
     if r.returncode not in (0, 9):  # 9: made meanwhile by a parallel test
-        raise Skip(f"useradd {SECOND_USER} failed: {r.stderr.strip()}")
-    pw = pwd.getpwnam(SECOND_USER)
+        raise Skip(f"useradd {name} failed: {r.stderr.strip()}")
+    pw = pwd.getpwnam(name)
     return pw.pw_uid, pw.pw_gid
 
 

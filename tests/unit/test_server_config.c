@@ -197,7 +197,11 @@ Test(config, the_example_file_loads)
 	cr_assert_eq(s.cfg.max_conns, MTS_DEFAULT_MAX_CONNS);
 	cr_assert_eq(s.cfg.max_buffered, MTS_DEFAULT_MAX_BUFFERED);
 	/* ... and of the per-uid caps and the idle timeout. */
-	cr_assert_eq(s.cfg.max_conns_per_uid, MTS_DEFAULT_MAX_CONNS_PER_UID);
+	cr_assert_eq(s.cfg.max_conns_per_uid,
+	             MTS_DEFAULT_MAX_CONNS / MTS_DEFAULT_PER_UID_DIV);
+	cr_assert_eq(s.policy.watch_per_uid, MTS_DEFAULT_WATCH_PER_UID);
+	cr_assert_eq(s.policy.resv_bytes_bp, MTS_DEFAULT_RESV_BYTES_BP);
+	cr_assert_eq(s.policy.resv_bytes_per_uid, 0);
 	cr_assert_eq(s.cfg.idle_timeout_ms, MTS_DEFAULT_IDLE_MS);
 	cr_assert_not(s.cfg.no_idle_timeout);
 	cr_assert_eq(s.cfg.oom_score_adj, MTS_DEFAULT_OOM_SCORE_ADJ);
@@ -557,18 +561,21 @@ Test(config, per_uid_caps_and_idle_timeout)
 	/* Defaults. */
 	cr_assert_eq(mts_settings_load(&s, NULL, NULL, 0, err, sizeof(err)), 0,
 	             "%s", err);
-	cr_assert_eq(s.cfg.max_conns_per_uid, 256);
+	/* 0: max_connections / 8, computed by conn.c. */
+	cr_assert_eq(s.cfg.max_conns_per_uid, 0);
+	cr_assert_eq(s.policy.watch_per_uid, 16);
 	cr_assert_eq(s.cfg.idle_timeout_ms, 60000);
 	cr_assert_not(s.cfg.no_idle_timeout);
 	cr_assert_eq(s.policy.max_resv_per_uid, 1024);
 	mts_settings_free(&s);
 
 	cr_assert_eq(load("[server]\nmax_connections_per_uid = 8\n"
-	                  "idle_timeout = 500ms\n"
+	                  "idle_timeout = 500ms\nmax_watch_per_uid = 3\n"
 	                  "[admission]\nmax_reservations_per_uid = 10\n",
 	                  &s, err, sizeof(err)),
 	             0, "%s", err);
 	cr_assert_eq(s.cfg.max_conns_per_uid, 8);
+	cr_assert_eq(s.policy.watch_per_uid, 3);
 	cr_assert_eq(s.cfg.idle_timeout_ms, 500);
 	cr_assert_eq(s.policy.max_resv_per_uid, 10);
 	mts_settings_free(&s);
@@ -748,13 +755,21 @@ Test(config, group_owners_caps_and_metrics)
 	mts_policy_free(&c);
 	mts_settings_free(&s);
 
-	/* Defaults: slots capped at a fraction, 64 groups, no byte cap,
-	 * no per-process series, 256 group series. */
+	/* Defaults: slots capped at a fraction, 64 groups, 1/8 of the
+	 * fleet reserved per uid, no per-process series, 256 group series. */
 	cr_assert_eq(mts_settings_load(&s, NULL, NULL, 0, err, sizeof(err)), 0);
 	cr_assert_eq(s.policy.slots_per_uid, 0);
 	cr_assert_eq(s.policy.groups_per_uid, MTS_DEFAULT_GROUPS_PER_UID);
 	cr_assert_eq(s.policy.resv_bytes_per_uid, 0);
+	cr_assert_eq(s.policy.resv_bytes_bp, 1250);
+	mts_settings_free(&s);
+	cr_assert_eq(load("[admission]\nmax_reserved_bytes_per_uid = none\n"
+	                  "[server]\nmax_watch_per_uid = none\n",
+	                  &s, err, sizeof(err)),
+	             0, "%s", err);
+	cr_assert_eq(s.policy.resv_bytes_per_uid, 0);
 	cr_assert_eq(s.policy.resv_bytes_bp, 0);
+	cr_assert_eq(s.policy.watch_per_uid, 0);
 	cr_assert_not(s.policy.metrics_per_process);
 	cr_assert_eq(s.policy.metrics_max_groups, MTS_DEFAULT_METRICS_GROUPS);
 	mts_settings_free(&s);

@@ -810,7 +810,9 @@ Test(peruid, idle_connections_are_closed_watchers_stay, .init = setup_idle,
      .fini = teardown, .timeout = 60)
 {
 	cr_assert_eq(srv.net.idle_ms, 1000);
-	cr_assert_eq(srv.net.max_conns_per_uid, MTS_DEFAULT_MAX_CONNS_PER_UID);
+	/* Unset: max_connections / 8. */
+	cr_assert_eq(srv.net.max_conns_per_uid,
+	             srv.net.max_conns / MTS_DEFAULT_PER_UID_DIV);
 	struct client idle, busy, w, t;
 	client_unix(&idle);
 	client_unix(&busy);

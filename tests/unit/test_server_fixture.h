@@ -303,6 +303,12 @@ static inline void fx_start_slots(const struct mts_policy *pol, uint32_t slots)
 	 * of the cap set max_slots_per_uid in their policy. */
 	if (srv.reg.policy.slots_per_uid == 0)
 		srv.reg.policy.slots_per_uid = MTS_CAP_NONE;
+	/* Likewise the default cap on reserved bytes, a fraction of the fleet
+	 * limit: tests of admission by the limits reserve more as one uid.
+	 * Tests of the cap set it after the start. */
+	if (srv.reg.policy.resv_bytes_bp == MTS_DEFAULT_RESV_BYTES_BP &&
+	    !srv.reg.policy.resv_bytes_per_uid)
+		srv.reg.policy.resv_bytes_bp = 0;
 	srv.reg.lim->on_event = fx_on_event;
 	srv.reg.lim->event_ctx = NULL;
 	nevents = 0;
