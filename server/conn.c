@@ -883,9 +883,12 @@ static void format_addr(const struct sockaddr_storage *ss, char *buf,
  * same: the kernel knows who owns its end of the connection (sock_diag,
  * sockdiag.c). Found, the peer is that uid for caps, ownership of its
  * reservations, authorisation and the logs, as on the Unix socket (no
- * pid: it cannot Register). Not found (a remote peer, a peer already gone,
- * no sock_diag), it is unidentified: every request needs the token
- * (dispatch.c). Also: its address for the logs, no Nagle delay.
+ * pid: it cannot Register). Not found (a remote peer, a peer that has
+ * closed or half-closed, no sock_diag), it is unidentified: every request
+ * needs the token (dispatch.c). This is the only place a TCP connection
+ * gets a uid, once, at accept: there is no later retry for a peer not
+ * found, which would ask about a connection whose peer may be gone.
+ * Also: its address for the logs, no Nagle delay.
  */
 static void conn_tcp_setup(struct mts_conn *c)
 {
@@ -900,8 +903,11 @@ static void conn_tcp_setup(struct mts_conn *c)
 	if (!mts_addr_is_local((struct sockaddr *)&peer,
 	                       (struct sockaddr *)&local))
 		return;
+	uv_os_fd_t fd;
+	if (uv_fileno((uv_handle_t *)&c->h.tcp, &fd) != 0)
+		return;
 	uint32_t uid;
-	int err = mts_sockdiag_uid((struct sockaddr *)&peer,
+	int err = mts_sockdiag_uid(fd, (struct sockaddr *)&peer,
 	                           (struct sockaddr *)&local, &uid);
 	if (err < 0) {
 		mts_log(MTS_LOG_DEBUG, "tcp peer's uid not found",

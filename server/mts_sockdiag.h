@@ -16,14 +16,30 @@
 bool mts_addr_is_local(const struct sockaddr *peer,
                        const struct sockaddr *local);
 
+struct inet_diag_msg;
+
 /*
  * The uid owning the peer's end of the established TCP connection from
- * `peer` to `local` (our end): the socket whose source is `peer` and
- * destination `local`, looked up by its exact 4-tuple. 0 and *uid, or
- * -ENOENT (no such socket here: the peer is remote, or gone), -EAFNOSUPPORT,
- * or another -errno (no sock_diag).
+ * `peer` to `local`, our end, whose socket is `fd`: the socket whose
+ * source is `peer` and destination `local`, looked up by its exact
+ * 4-tuple. 0 and *uid, or -ENOENT (no such socket here: the peer is
+ * remote, or gone), -ENOTCONN (the peer has closed: what answered is a
+ * leftover, or our end is no longer established), -EAFNOSUPPORT, or
+ * another -errno (no sock_diag). *uid is set only on success.
  */
-int mts_sockdiag_uid(const struct sockaddr *peer, const struct sockaddr *local,
-                     uint32_t *uid);
+int mts_sockdiag_uid(int fd, const struct sockaddr *peer,
+                     const struct sockaddr *local, uint32_t *uid);
+
+/*
+ * Does the kernel's answer `m` name the peer's live end of the connection
+ * from `peer` to `local`? Its 4-tuple must be exactly that one, its state
+ * TCP_ESTABLISHED and its inode non-zero (a socket a process holds, not a
+ * timewait or request socket, which report uid 0, nor a closed peer's
+ * orphan). 0 and *uid = its idiag_uid, or -ENOENT (another socket),
+ * -ENOTCONN (not live), -EAFNOSUPPORT.
+ */
+int mts_sockdiag_answer(const struct inet_diag_msg *m,
+                        const struct sockaddr *peer,
+                        const struct sockaddr *local, uint32_t *uid);
 
 #endif /* MTS_SOCKDIAG_H */

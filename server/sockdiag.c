@@ -14,6 +14,12 @@
  * socket; we ask only when the peer's address is one of this host's
  * (mts_addr_is_local), so that a socket of another network namespace or
  * host cannot be confused with one here.
+ *
+ * The lookup finds whatever socket holds the 4-tuple, whatever its state:
+ * a peer that connected, sent and closed before we accepted has left a
+ * closing socket or a timewait one, which reports uid 0. So only a live,
+ * established socket with an inode names the peer (mts_sockdiag_answer),
+ * and only if our own end is still established after the answer.
  */
 #include "mts_sockdiag.h"
 
@@ -108,9 +114,35 @@ bool mts_addr_is_local(const struct sockaddr *peer,
 	return addr_on_host(&p);
 }
 
+int mts_sockdiag_answer(const struct inet_diag_msg *m,
+                        const struct sockaddr *peer,
+                        const struct sockaddr *local, uint32_t *uid)
+{
+	struct addr p, l;
+	if (addr_of(peer, &p) < 0 || addr_of(local, &l) < 0)
+		return -EAFNOSUPPORT;
+	/* The peer's socket is the one from its address:port to ours. */
+	if (m->idiag_family != p.family || l.family != p.family ||
+	    m->id.idiag_sport != p.port || m->id.idiag_dport != l.port ||
+	    memcmp(m->id.idiag_src, p.a, addr_len(&p)) != 0 ||
+	    memcmp(m->id.idiag_dst, l.a, addr_len(&l)) != 0)
+		return -ENOENT;
+	/* The lookup by 4-tuple ignores idiag_states: it answers with a
+	 * peer's leftover too. A timewait or request socket reports uid 0
+	 * (root) and inode 0; a closed peer's orphaned socket keeps its
+	 * owner's uid but has no inode and has left ESTABLISHED. None of
+	 * them says who sends on the connection now. */
+	if (m->idiag_state != TCP_ESTABLISHED || m->idiag_inode == 0)
+		return -ENOTCONN;
+	*uid = m->idiag_uid;
+	return 0;
+}
+
 /* Read the answer to our one request: the socket's uid, or the kernel's
- * error (-ENOENT when no socket has that 4-tuple). */
-static int read_answer(int fd, const struct addr *p, uint32_t *uid)
+ * error (-ENOENT when no socket has that 4-tuple), or -ENOTCONN when the
+ * socket found is not a live, established one. */
+static int read_answer(int fd, const struct sockaddr *peer,
+                       const struct sockaddr *local, uint32_t *uid)
 {
 	/* Aligned for struct nlmsghdr; one answer is about 100 bytes. */
 	long buf[1024];
@@ -121,31 +153,38 @@ static int read_answer(int fd, const struct addr *p, uint32_t *uid)
 	if (n < 0)
 		return -errno;
 	size_t len = (size_t)n;
+	int err = -ENOENT;
 	for (struct nlmsghdr *h = (struct nlmsghdr *)buf; NLMSG_OK(h, len);
 	     h = NLMSG_NEXT(h, len)) {
 		if (h->nlmsg_type == NLMSG_ERROR) {
 			const struct nlmsgerr *e = NLMSG_DATA(h);
 			if (h->nlmsg_len < NLMSG_LENGTH(sizeof(*e)))
 				return -EPROTO;
-			return e->error < 0 ? e->error : -ENOENT;
+			return e->error < 0 ? e->error : err;
 		}
 		if (h->nlmsg_type != SOCK_DIAG_BY_FAMILY ||
 		    h->nlmsg_len < NLMSG_LENGTH(sizeof(struct inet_diag_msg)))
 			continue;
-		const struct inet_diag_msg *m = NLMSG_DATA(h);
-		/* The socket asked for, not another one. */
-		if (m->idiag_family != p->family ||
-		    m->id.idiag_sport != p->port ||
-		    memcmp(m->id.idiag_src, p->a, addr_len(p)) != 0)
-			continue;
-		*uid = m->idiag_uid;
-		return 0;
+		err = mts_sockdiag_answer(NLMSG_DATA(h), peer, local, uid);
+		if (err != -ENOENT)
+			return err;
 	}
-	return -ENOENT;
+	return err;
 }
 
-int mts_sockdiag_uid(const struct sockaddr *peer, const struct sockaddr *local,
-                     uint32_t *uid)
+/* Is our end of the connection still ESTABLISHED? A peer that closed
+ * has made it CLOSE_WAIT (or gone further). */
+static int still_established(int fd)
+{
+	struct tcp_info ti;
+	socklen_t len = sizeof(ti);
+	if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) < 0)
+		return -errno;
+	return ti.tcpi_state == TCP_ESTABLISHED ? 0 : -ENOTCONN;
+}
+
+int mts_sockdiag_uid(int fd, const struct sockaddr *peer,
+                     const struct sockaddr *local, uint32_t *uid)
 {
 	struct addr p, l;
 	if (addr_of(peer, &p) < 0 || addr_of(local, &l) < 0)
@@ -162,6 +201,8 @@ int mts_sockdiag_uid(const struct sockaddr *peer, const struct sockaddr *local,
 	req.nlh.nlmsg_flags = NLM_F_REQUEST; /* one socket, not a dump */
 	req.r.sdiag_family = (uint8_t)p.family;
 	req.r.sdiag_protocol = IPPROTO_TCP;
+	/* Ignored by the lookup of one socket: mts_sockdiag_answer()
+	 * checks the state of what comes back. */
 	req.r.idiag_states = 1u << TCP_ESTABLISHED;
 	req.r.id.idiag_sport = p.port;
 	req.r.id.idiag_dport = l.port;
@@ -170,21 +211,30 @@ int mts_sockdiag_uid(const struct sockaddr *peer, const struct sockaddr *local,
 	req.r.id.idiag_cookie[0] = INET_DIAG_NOCOOKIE;
 	req.r.id.idiag_cookie[1] = INET_DIAG_NOCOOKIE;
 
-	int fd =
+	int nl =
 	    socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
-	if (fd < 0)
+	if (nl < 0)
 		return -errno;
 	/* The kernel answers during sendto(); the timeout only bounds a
 	 * kernel that does not (it must never hold the loop). */
 	struct timeval tv = {.tv_sec = 0, .tv_usec = 200000};
-	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	setsockopt(nl, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
 	struct sockaddr_nl kernel = {.nl_family = AF_NETLINK};
+	uint32_t found = 0;
 	int err = 0;
-	if (sendto(fd, &req, sizeof(req), 0, (struct sockaddr *)&kernel,
+	if (sendto(nl, &req, sizeof(req), 0, (struct sockaddr *)&kernel,
 	           sizeof(kernel)) < 0)
 		err = -errno;
 	else
-		err = read_answer(fd, &p, uid);
-	close(fd);
+		err = read_answer(nl, peer, local, &found);
+	close(nl);
+	/* The answer was the peer's live socket when the kernel gave it. If
+	 * ours is still ESTABLISHED after it, the peer has not closed since;
+	 * and while our end lives no other socket can take its 4-tuple, so
+	 * the answer cannot have been about a closed-then-reused one. */
+	if (err == 0)
+		err = still_established(fd);
+	if (err == 0)
+		*uid = found;
 	return err;
 }

@@ -250,8 +250,119 @@ def test_per_uid_caps_leave_room_for_others_and_root():
                 p.wait(timeout=20 * MULT)
 
 
+# ---- a peer gone before accept is nobody in particular ---------------------
+
+HIT_AND_RUN = r"""
+import socket, sys
+sys.path.insert(0, sys.argv[1])
+import pbwire as pb
+port, n = int(sys.argv[2]), int(sys.argv[3])
+req = pb.request(1, pb.SET_LIMIT, pb.field(1, 0, 1) + pb.field(4, 0, 1 << 20))
+ports = []
+for _ in range(n):
+    c = socket.create_connection(("127.0.0.1", port), timeout=20)
+    c.sendall(req)
+    ports.append(c.getsockname()[1])
+    c.close()
+print(" ".join(map(str, ports)), flush=True)
+"""
+
+
+def leftovers_timewait(ports):
+    """Have the closed peers' sockets on these local ports all become
+    timewait ones? /proc/net/tcp shows those with uid 0, where a full
+    socket (FIN_WAIT1, just closed) still shows its owner's uid."""
+    uid_of = {}
+    with open("/proc/net/tcp") as f:
+        next(f)
+        for line in f:
+            w = line.split()
+            uid_of[int(w[1].split(":")[1], 16)] = int(w[7])
+    return all(uid_of.get(p) == 0 for p in ports)
+
+
+def tcp_closes(s):
+    return sum(1 for x in s.logtext().splitlines()
+               if 'msg="connection closed"' in x and " tcp=1" in x)
+
+
+def test_peer_closed_before_accept_is_not_root():
+    """A peer that connects, sends a SetLimit and closes while memtallyd
+    is not accepting (stopped here, busy in production) has left behind,
+    by the time of accept, a socket in FIN_WAIT or TIME_WAIT; sock_diag
+    reports such a leftover with uid 0. It must not be taken for root:
+    the peer is unidentified, and its SetLimit refused."""
+    require_root()
+    tdir = tempfile.mkdtemp(prefix="mt-tok-")
+    tok = os.path.join(tdir, "token")
+    with open(tok, "w") as f:
+        f.write(TOKEN + "\n")
+    os.chmod(tok, 0o600)
+    cfg = private_config(f"[server]\ntcp_token_file = {tok}\n")
+    pub = os.path.dirname(world_readable_copy(
+        os.path.join(HERE, "pbwire.py"))[0])
+    rounds, per_round = 6, 50  # under max_connections_unidentified
+    with Server("--config", cfg, "--tcp", "127.0.0.1:0") as s:
+        port = tcp_port(s)
+        for i in range(rounds):
+            closed = tcp_closes(s)
+            s.proc.send_signal(signal.SIGSTOP)
+            try:
+                r = subprocess.run([sys.executable, "-c", HIT_AND_RUN, pub,
+                                    str(port), str(per_round)],
+                                   capture_output=True, text=True, cwd="/",
+                                   preexec_fn=as_user((NOBODY, NOGROUP)),
+                                   timeout=60 * MULT)
+                check(r.returncode == 0 and r.stdout.strip(),
+                      f"the peers as nobody: {r.returncode} {r.stderr}")
+                # Every other round, memtallyd accepts once the leftovers
+                # are timewait sockets (uid 0); else while they are still
+                # the peer's own sockets, closing.
+                if i % 2:
+                    ports = [int(x) for x in r.stdout.split()]
+                    wait_for("timewait leftovers",
+                             lambda: leftovers_timewait(ports))
+            finally:
+                s.proc.send_signal(signal.SIGCONT)
+            wait_for(f"{per_round} TCP connections served and closed",
+                     lambda: tcp_closes(s) >= closed + per_round,
+                     timeout=30)
+        log = s.logtext()
+        executed = [x for x in log.splitlines() if 'msg="limit set"' in x]
+        check(not executed, f"{len(executed)} of {rounds * per_round} "
+              f"SetLimits of a closed peer executed: {executed[:3]}")
+        check(s.status()["fleet"]["limit"] is None, "the fleet limit changed")
+        as_root = [x for x in log.splitlines() if "uid=0 peer=" in x]
+        check(not as_root, f"a TCP peer taken for uid 0: {as_root[:3]}")
+        # Each was unidentified, and its SetLimit refused for want of a
+        # token (a round stays under max_connections_unidentified).
+        lines = log.splitlines()
+        unknown = sum(1 for x in lines
+                      if 'msg="connection accepted"' in x and
+                      "uid=unknown peer=127.0.0.1:" in x)
+        denied = sum(1 for x in lines if
+                     'msg="request refused: unknown uid and no token"' in x)
+        check(unknown == denied == rounds * per_round,
+              f"unidentified peers: {unknown} accepted, {denied} refused")
+
+        # A live peer is still its uid, and the token holder's SetLimit
+        # over TCP still goes through.
+        rc, out, err = cli_as((NOBODY, NOGROUP), port, "limit", "set",
+                              "fleet", "1MiB",
+                              env_extra={"MEMTALLY_TOKEN": TOKEN})
+        check(rc == 0 and json.loads(out)["limit"] == 1 << 20,
+              f"the token holder's SetLimit: {rc} {out}{err}")
+        check(s.status()["fleet"]["limit"] == 1 << 20, "limit not applied")
+        line = wait_for("the limit in the log", lambda: next(
+            (x for x in s.logtext().splitlines()
+             if 'msg="limit set"' in x), None))
+        check(f"by=token uid={NOBODY} peer=127.0.0.1:" in line,
+              f"log line: {line}")
+
+
 if __name__ == "__main__":
     run([test_inline_token_needs_a_private_config,
          test_cli_takes_the_token_from_env_or_file_only,
          test_tcp_reservation_belongs_to_its_uid,
-         test_per_uid_caps_leave_room_for_others_and_root])
+         test_per_uid_caps_leave_room_for_others_and_root,
+         test_peer_closed_before_accept_is_not_root])
