@@ -1002,17 +1002,177 @@ static int make_dirs(const char *dir)
 	return 0;
 }
 
+/* Can nobody but root and us rename entries in the directory `st`? Else
+ * -EPERM and `msg` says why. */
+static int dir_safe(const struct stat *st, const char *name, char *msg,
+                    size_t cap)
+{
+	uid_t me = geteuid();
+	if (st->st_uid != 0 && st->st_uid != me) {
+		snprintf(msg, cap,
+		         "directory %s is owned by uid %u, not by root "
+		         "or memtallyd's uid %u: move the socket or "
+		         "state file, or chown the directory",
+		         name, (unsigned)st->st_uid, (unsigned)me);
+		return -EPERM;
+	}
+	if ((st->st_mode & (S_IWGRP | S_IWOTH)) && !(st->st_mode & S_ISVTX)) {
+		snprintf(msg, cap,
+		         "directory %s is writable by group or others "
+		         "(mode %04o) without the sticky bit: chmod "
+		         "go-w (or +t) it, or move the socket or state "
+		         "file",
+		         name, (unsigned)(st->st_mode & 07777));
+		return -EPERM;
+	}
+	return 0;
+}
+
+/* As many symlinks as the kernel follows in one path lookup. */
+#define MAX_LINKS 40
+
+/*
+ * The directory `dir` as written, one component at a time (openat with
+ * O_PATH and O_NOFOLLOW, so each step is examined before it is taken): a
+ * symlink on the way is followed only if root or we own it, since its
+ * owner can point it elsewhere at any time (at a directory of theirs
+ * holding their own server's socket) whatever the directories it points
+ * to now; and every directory passed through must be one only root or we
+ * can change (the symlink in it could be replaced). Stops at the first
+ * component that does not exist (make_dirs() creates the rest, under a
+ * checked directory) or is not a directory.
+ */
+static int links_check(const char *dir, char *msg, size_t cap)
+{
+	char todo[2 * PATH_MAX], shown[PATH_MAX], target[PATH_MAX];
+	if (snprintf(todo, sizeof(todo), "%s", dir) >= PATH_MAX) {
+		snprintf(msg, cap, "path too long: %s", dir);
+		return -ENAMETOOLONG;
+	}
+	bool abs = dir[0] == '/';
+	snprintf(shown, sizeof(shown), "%s", abs ? "/" : ".");
+	int dfd = open(shown, O_PATH | O_DIRECTORY | O_CLOEXEC);
+	if (dfd < 0) {
+		int err = -errno;
+		snprintf(msg, cap, "cannot examine directory %s: %s", shown,
+		         strerror(-err));
+		return err;
+	}
+	uid_t me = geteuid();
+	int links = 0, err = 0;
+	char *p = todo;
+	for (;;) {
+		while (*p == '/')
+			p++;
+		if (!*p)
+			break;
+		char *name = p;
+		p += strcspn(p, "/");
+		if (*p)
+			*p++ = '\0';
+		if (strcmp(name, ".") == 0)
+			continue;
+		size_t n = strlen(shown);
+		if (snprintf(shown + n, sizeof(shown) - n, "%s%s",
+		             shown[n - 1] == '/' ? "" : "/",
+		             name) >= (int)(sizeof(shown) - n)) {
+			err = -ENAMETOOLONG;
+			snprintf(msg, cap, "path too long: %s", dir);
+			break;
+		}
+		int fd = openat(dfd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+		struct stat st;
+		if (fd < 0 || fstat(fd, &st) < 0) {
+			err = errno == ENOENT ? 0 : -errno;
+			if (err)
+				snprintf(msg, cap, "cannot examine %s: %s",
+				         shown, strerror(-err));
+			if (fd >= 0)
+				close(fd);
+			break;
+		}
+		if (S_ISDIR(st.st_mode)) {
+			err = dir_safe(&st, shown, msg, cap);
+			close(dfd);
+			dfd = fd;
+			if (err)
+				break;
+			continue;
+		}
+		if (!S_ISLNK(st.st_mode)) {
+			close(fd);
+			break;
+		}
+		if (st.st_uid != 0 && st.st_uid != me) {
+			snprintf(
+			    msg, cap,
+			    "symlink %s is owned by uid %u, not by root or "
+			    "memtallyd's uid %u: its owner can point it "
+			    "elsewhere; use a path without it, or replace "
+			    "it by one root owns",
+			    shown, (unsigned)st.st_uid, (unsigned)me);
+			close(fd);
+			err = -EPERM;
+			break;
+		}
+		/* Empty path: the link the O_PATH descriptor is. */
+		ssize_t len = readlinkat(fd, "", target, sizeof(target));
+		close(fd);
+		if (len < 0 || (size_t)len >= sizeof(target) ||
+		    ++links > MAX_LINKS) {
+			err = len < 0                         ? -errno
+			      : (size_t)len >= sizeof(target) ? -ENAMETOOLONG
+			                                      : -ELOOP;
+			snprintf(msg, cap, "cannot follow symlink %s: %s",
+			         shown, strerror(-err));
+			break;
+		}
+		target[len] = '\0';
+		/* Walk the target, then what was left after the link. */
+		char rest[PATH_MAX];
+		snprintf(rest, sizeof(rest), "%s", p);
+		if (snprintf(todo, sizeof(todo), "%s/%s", target, rest) >=
+		    (int)sizeof(todo)) {
+			err = -ENAMETOOLONG;
+			snprintf(msg, cap, "cannot follow symlink %s: %s",
+			         shown, strerror(-err));
+			break;
+		}
+		p = todo;
+		if (target[0] == '/') {
+			int root = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
+			if (root < 0) {
+				err = -errno;
+				snprintf(msg, cap, "cannot examine /: %s",
+				         strerror(-err));
+				break;
+			}
+			close(dfd);
+			dfd = root;
+			snprintf(shown, sizeof(shown), "/");
+		} else {
+			/* Relative to the link's directory. */
+			char *slash = strrchr(shown, '/');
+			slash[slash == shown ? 1 : 0] = '\0';
+		}
+	}
+	close(dfd);
+	return err;
+}
+
 /*
  * Whoever may rename entries in a directory on the way to the socket or
  * the restart record can put their own files, symlinks or directories
- * there, between our checks and our uses. So, as OpenSSH's StrictModes
- * does for its key files, every directory from `file`'s (or, when that
- * does not exist yet, the nearest existing one above it, where
- * make_dirs() would create it) up to / must be owned by root or by us,
- * and not writable by group or others unless it is sticky (like /tmp,
- * where only an entry's owner may rename it). A few stat()s, once at
- * start. 0, or -EPERM (or -errno when it cannot be examined) with `msg`
- * saying which directory and why.
+ * there, between our checks and our uses; whoever owns a symlink on the
+ * way can point it elsewhere. So, as OpenSSH's StrictModes does for its
+ * key files, every symlink on the path as written must be owned by root
+ * or by us (links_check), and every directory passed through, and every
+ * directory from `file`'s (or, when that does not exist yet, the nearest
+ * existing one above it, where make_dirs() would create it) up to /, must
+ * be owned by root or by us, and not writable by group or others unless
+ * it is sticky (like /tmp, where only an entry's owner may rename it). A
+ * few system calls, once at start. 0, or -EPERM (or -errno when it cannot
+ * be examined) with `msg` saying which directory or symlink and why.
  */
 int mts_dir_check(const char *file, char *msg, size_t cap)
 {
@@ -1022,10 +1182,16 @@ int mts_dir_check(const char *file, char *msg, size_t cap)
 		return -ENAMETOOLONG;
 	}
 	char *d = dirname(dir);
+	/* The file itself is never followed: the socket's path must not
+	 * exist or be a socket (mts_socket_prepare), the restart record is
+	 * opened O_NOFOLLOW. */
+	int err = links_check(d, msg, cap);
+	if (err < 0)
+		return err;
 	while (!realpath(d, real)) {
 		if (errno != ENOENT || strcmp(d, "/") == 0 ||
 		    strcmp(d, ".") == 0) {
-			int err = -errno;
+			err = -errno;
 			snprintf(msg, cap, "cannot examine directory %s: %s", d,
 			         strerror(-err));
 			return err;
@@ -1033,33 +1199,17 @@ int mts_dir_check(const char *file, char *msg, size_t cap)
 		memmove(dir, d, strlen(d) + 1);
 		d = dirname(dir);
 	}
-	uid_t me = geteuid();
 	for (;;) {
 		struct stat st;
 		if (stat(real, &st) < 0) {
-			int err = -errno;
+			err = -errno;
 			snprintf(msg, cap, "cannot examine directory %s: %s",
 			         real, strerror(-err));
 			return err;
 		}
-		if (st.st_uid != 0 && st.st_uid != me) {
-			snprintf(msg, cap,
-			         "directory %s is owned by uid %u, not by root "
-			         "or memtallyd's uid %u: move the socket or "
-			         "state file, or chown the directory",
-			         real, (unsigned)st.st_uid, (unsigned)me);
-			return -EPERM;
-		}
-		if ((st.st_mode & (S_IWGRP | S_IWOTH)) &&
-		    !(st.st_mode & S_ISVTX)) {
-			snprintf(msg, cap,
-			         "directory %s is writable by group or others "
-			         "(mode %04o) without the sticky bit: chmod "
-			         "go-w (or +t) it, or move the socket or state "
-			         "file",
-			         real, (unsigned)(st.st_mode & 07777));
-			return -EPERM;
-		}
+		err = dir_safe(&st, real, msg, cap);
+		if (err < 0)
+			return err;
 		if (strcmp(real, "/") == 0)
 			return 0;
 		char *slash = strrchr(real, '/');

@@ -26,6 +26,17 @@ renames it into place, so nothing is changed by path.
                              a sticky directory already kept the attacker
                              from replacing root's socket).
 200 tries each, about 6 s each on an idle machine.
+  test_symlinks_on_the_path  a symlink on the socket's path that another
+                             user owns (in a root directory, or made in a
+                             sticky one like /tmp, or second in a chain):
+                             exit 2, one line naming the link and its
+                             owner, even though it points at a root
+                             directory (its owner could re-point it at a
+                             directory of theirs and run a fake server
+                             there); a root symlink in a directory another
+                             user owns: refused, naming the directory; a
+                             root symlink in root's directories (/run ->
+                             /var/run): accepted.
 """
 import os
 import signal
@@ -36,8 +47,8 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import (as_user, MEMTALLYD, MULT, NOGROUP, check,  # noqa: E402
-                     run, second_user, wait_for)
+from harness import (as_user, MEMTALLYD, MULT, NOBODY, NOGROUP,  # noqa: E402
+                     check, run, second_user, wait_for)
 
 TRIES = 200
 ATTACKER = r"""
@@ -258,9 +269,70 @@ def test_sticky_dir_race():
     check(ups >= TRIES // 2, f"memtallyd came up only {ups} times")
 
 
+def refused_link(sock, link, owner):
+    """memtallyd on `sock` exits 2 with one line naming symlink `link`
+    and its owner's uid."""
+    p = Daemon(sock)
+    up = p.settle()
+    rc = p.stop()
+    out = p.text()
+    check(not up and rc == 2, f"started, or exit {rc}, for {sock}: {out}")
+    lines = [ln for ln in out.splitlines() if "unsafe" in ln]
+    check(len(lines) == 1 and
+          f"symlink {link} is owned by uid {owner}," in lines[0],
+          f"no line naming {link} (uid {owner}): {out}")
+    check(not os.path.lexists(sock), f"{sock} made anyway")
+
+
+def test_symlinks_on_the_path():
+    base = tempfile.mkdtemp(prefix="mt-it-links-")
+    os.chmod(base, 0o755)
+    real = os.path.join(base, "real")      # root's, 0755: a fine place
+    os.mkdir(real, 0o755)
+
+    # Nobody's symlink to root's directory, in root's directory.
+    link = os.path.join(base, "nobodys")
+    os.symlink(real, link)
+    os.lchown(link, NOBODY, NOGROUP)
+    refused_link(os.path.join(link, "mt.sock"), link, NOBODY)
+
+    # One nobody made in a sticky directory anyone may write (like /tmp),
+    # where only nobody can replace it.
+    sticky = os.path.join(base, "sticky")
+    os.mkdir(sticky)
+    os.chmod(sticky, 0o1777)
+    made = os.path.join(sticky, "run")
+    r = subprocess.run(["ln", "-s", real, made], preexec_fn=as_user(
+        (NOBODY, NOGROUP)), capture_output=True, text=True)
+    check(r.returncode == 0 and os.lstat(made).st_uid == NOBODY,
+          f"nobody's ln -s: {r.returncode} {r.stderr}")
+    refused_link(os.path.join(made, "mt.sock"), made, NOBODY)
+
+    # Second in a chain of links: root's (relative) link to nobody's.
+    chain = os.path.join(base, "chain")
+    os.symlink("nobodys", chain)
+    refused_link(os.path.join(chain, "mt.sock"), link, NOBODY)
+
+    # Root's link, in a directory nobody owns: nobody can replace the
+    # link, so that directory is refused, though the socket's real
+    # directory is root's.
+    theirs = os.path.join(base, "theirs")
+    os.mkdir(theirs, 0o755)
+    os.chown(theirs, NOBODY, NOGROUP)
+    os.symlink(real, os.path.join(theirs, "run"))
+    refused(os.path.join(theirs, "run", "mt.sock"), theirs)
+
+    # Root's links in root's directories (/run -> /var/run): accepted,
+    # relative or absolute.
+    os.symlink(real, os.path.join(base, "roots"))
+    accepted(os.path.join(base, "roots", "mt.sock"))
+    os.symlink("real", os.path.join(base, "roots-rel"))
+    accepted(os.path.join(base, "roots-rel", "mt.sock"))
+
+
 if __name__ == "__main__":
     if os.geteuid() != 0:
         print("SKIP: needs root (other users, chown)")
         sys.exit(77)
     run([test_unsafe_dirs_refused, test_attacker_dir_race,
-         test_sticky_dir_race])
+         test_sticky_dir_race, test_symlinks_on_the_path])
