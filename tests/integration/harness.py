@@ -74,6 +74,28 @@ def rss_anon(pid):
     raise AssertionError(f"no RssAnon for {pid}")
 
 
+def read_makes_resident(mib=128):
+    """How many bytes reading untouched anonymous memory makes resident
+    here: `mib` MiB mapped private and anonymous in this process, small
+    pages (MADV_NOHUGEPAGE, as the workers that read do), a byte read of
+    every 4 KiB page, RssAnon compared. Where reads map the kernel's
+    shared zero page this is about 0; a kernel built or set up without it
+    allocates a page per read, and a test of read-only pages would assert
+    the kernel, not memtally."""
+    m = mmap.mmap(-1, mib * MIB, flags=mmap.MAP_PRIVATE,
+                  prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    try:
+        m.madvise(mmap.MADV_NOHUGEPAGE)
+        before = rss_anon(os.getpid())
+        read = sum(m[off] for off in range(0, mib * MIB, 4096))
+        made = rss_anon(os.getpid()) - before
+        if read != 0:
+            raise AssertionError(f"untouched memory read {read}, not 0")
+        return made
+    finally:
+        m.close()
+
+
 def settled_bytes(s, pid, ticks=5):
     """pid's figure once it has stopped moving: the same before and after
     `ticks` server ticks. A worker that says "ready" has flushed, but the
