@@ -586,6 +586,13 @@ static uint64_t resv_deadline(const struct mts_registry *reg,
 	return r->created_mono_ns + (uint64_t)s * 1000000000u;
 }
 
+/* Whose reservation `r` is, for the per-uid cap and its log lines: its owner's
+ * uid, or MTS_UID_TCP for every reservation made over TCP. */
+static uint32_t resv_key(const struct mts_resv *r)
+{
+	return r->has_owner ? r->uid : MTS_UID_TCP;
+}
+
 static void take_over(struct mts_registry *reg, struct mts_resv *r)
 {
 	r->taken_over = true;
@@ -594,9 +601,10 @@ static void take_over(struct mts_registry *reg, struct mts_resv *r)
 		heap_fix(reg, r->heap_index);
 	else
 		heap_add(reg, r);
-	mts_log(MTS_LOG_INFO, "reservation taken over by its task",
-	        "reservation=%s bytes=%llu owner_uid=%u", r->id,
-	        (unsigned long long)r->bytes, r->uid);
+	mts_log_uid(resv_key(r), MTS_LOG_INFO,
+	            "reservation taken over by its task",
+	            "reservation=%s bytes=%llu owner_uid=%u", r->id,
+	            (unsigned long long)r->bytes, r->uid);
 }
 
 void mts_resv_worker_registered(struct mts_registry *reg, struct mts_proc *p)
@@ -625,14 +633,15 @@ void mts_resv_worker_registered(struct mts_registry *reg, struct mts_proc *p)
 	}
 	/* Another uid's worker naming the task is accounted as a worker,
 	 * but neither keeps the reservation alive nor ends it. */
-	if (foreign && mts_log_peer(p->uid)) {
+	if (foreign) {
 		char q[MTS_LOGQ_MAX];
-		mts_log(MTS_LOG_WARN,
-		        "worker names a task reserved by another uid; its "
-		        "reservations are left alone",
-		        "pid=%u uid=%u task=%s reservations=%u owner_uid=%u",
-		        p->pid, p->uid, mts_logq(q, sizeof(q), t->name),
-		        foreign, foreign_uid);
+		mts_log_uid(
+		    p->uid, MTS_LOG_WARN,
+		    "worker names a task reserved by another uid; its "
+		    "reservations are left alone",
+		    "pid=%u uid=%u task=%s reservations=%u owner_uid=%u",
+		    p->pid, p->uid, mts_logq(q, sizeof(q), t->name), foreign,
+		    foreign_uid);
 	}
 }
 
@@ -682,13 +691,6 @@ static int new_id(const struct mts_registry *reg, char *id)
 			return 0;
 	}
 	return -EIO;
-}
-
-/* Whose reservation `r` is, for the per-uid cap: its owner's uid, or
- * MTS_UID_TCP for every reservation made over TCP. */
-static uint32_t resv_key(const struct mts_resv *r)
-{
-	return r->has_owner ? r->uid : MTS_UID_TCP;
 }
 
 /* Unlink and free `r`, taking its count out of the sums. `recount`: the
@@ -794,8 +796,8 @@ static void task_settle(struct mts_registry *reg, struct mts_task *t)
 		} else if (!live && r->taken_over) {
 			bool last = t->resv == r && !r->tnext;
 			char q[MTS_LOGQ_MAX];
-			mts_log(
-			    MTS_LOG_INFO,
+			mts_log_uid(
+			    resv_key(r), MTS_LOG_INFO,
 			    "reservation ended: its task's workers exited",
 			    "reservation=%s task=%s bytes=%llu owner_uid=%u",
 			    r->id, mts_logq(q, sizeof(q), t->name),
@@ -853,18 +855,20 @@ void mts_resv_tick(struct mts_registry *reg, uint64_t now_ns)
 
 	/* Every reservation is in the heap, by its deadline (resv_deadline):
 	 * its top is the next due. */
-	while (reg->adm->resv_nheap > 0 && now_ns >= reg->adm->resv_heap[0]->expires_ns) {
+	while (reg->adm->resv_nheap > 0 &&
+	       now_ns >= reg->adm->resv_heap[0]->expires_ns) {
 		struct mts_resv *r = reg->adm->resv_heap[0];
 		char q[MTS_LOGQ_MAX];
-		mts_log(MTS_LOG_INFO,
-		        r->taken_over ? "reservation expired: max_ttl passed "
-		                        "while its task runs"
-		                      : "reservation expired",
-		        "reservation=%s bytes=%llu ttl_s=%u max_ttl_s=%u "
-		        "group=%s",
-		        r->id, (unsigned long long)r->bytes, r->ttl_s,
-		        reg->policy.max_ttl_s,
-		        mts_logq(q, sizeof(q), reg->groups[r->group].name));
+		mts_log_uid(resv_key(r), MTS_LOG_INFO,
+		            r->taken_over
+		                ? "reservation expired: max_ttl passed "
+		                  "while its task runs"
+		                : "reservation expired",
+		            "reservation=%s bytes=%llu ttl_s=%u max_ttl_s=%u "
+		            "group=%s",
+		            r->id, (unsigned long long)r->bytes, r->ttl_s,
+		            reg->policy.max_ttl_s,
+		            mts_logq(q, sizeof(q), reg->groups[r->group].name));
 		reg->adm->stats.expirations++;
 		resv_remove(reg, r, true);
 	}
@@ -1076,10 +1080,8 @@ static void log_denial(const struct mts_registry *reg,
 	char who[MTS_PEER_WHO_MAX];
 	/* A uid at its cap is a misbehaving client, not a full fleet. */
 	bool cap = out->reason == MTS_DENY_UID_CAP;
-	if (!mts_log_peer(mts_peer_log_uid(peer)))
-		return;
-	mts_log(
-	    cap ? MTS_LOG_WARN : MTS_LOG_INFO,
+	mts_log_uid(
+	    mts_peer_log_uid(peer), cap ? MTS_LOG_WARN : MTS_LOG_INFO,
 	    cap ? "admission denied: per-uid reservation cap"
 	        : "admission denied",
 	    "reason=%s scope=%s measured=%llu reserved=%llu "
@@ -1211,17 +1213,18 @@ static int resv_grant(struct mts_registry *reg, const struct mts_peer *peer,
 	reg->adm->stats.admissions++;
 	out->ttl_s = ttl;
 	memcpy(out->id, r->id, sizeof(out->id));
-	mts_log(MTS_LOG_INFO, "admission granted",
-	        "reservation=%s bytes=%llu group=%s task=%s ttl_s=%u "
-	        "fleet_measured=%llu fleet_reserved=%llu fleet_limit=%llu "
-	        "measure=%s %s",
-	        r->id, (unsigned long long)r->bytes,
-	        mts_logq(qg, sizeof(qg), group), mts_logq(qt, sizeof(qt), task),
-	        ttl, (unsigned long long)out->measured,
-	        (unsigned long long)reg->totals.reserved,
-	        (unsigned long long)reg->totals.limit,
-	        mts_measure_name(pol->measure),
-	        mts_peer_who(peer, who, sizeof(who)));
+	mts_log_uid(mts_peer_log_uid(peer), MTS_LOG_INFO, "admission granted",
+	            "reservation=%s bytes=%llu group=%s task=%s ttl_s=%u "
+	            "fleet_measured=%llu fleet_reserved=%llu fleet_limit=%llu "
+	            "measure=%s %s",
+	            r->id, (unsigned long long)r->bytes,
+	            mts_logq(qg, sizeof(qg), group),
+	            mts_logq(qt, sizeof(qt), task), ttl,
+	            (unsigned long long)out->measured,
+	            (unsigned long long)reg->totals.reserved,
+	            (unsigned long long)reg->totals.limit,
+	            mts_measure_name(pol->measure),
+	            mts_peer_who(peer, who, sizeof(who)));
 	/* Reserved bytes count: the fleet or the group may now be high. */
 	mts_limits_eval(reg, false);
 	mts_publish(reg);
@@ -1239,19 +1242,19 @@ int mts_admit(struct mts_registry *reg, const struct mts_peer *peer,
 		out->requested = req->bytes;
 		reg->adm->stats.denials[MTS_DENY_INVALID]++;
 		out->reason = MTS_DENY_INVALID;
-		if (mts_log_peer(mts_peer_log_uid(peer)))
-			mts_log(MTS_LOG_INFO,
-			        "admission refused: invalid request",
-			        "peer_pid=%u bytes=%llu", peer->pid,
-			        (unsigned long long)req->bytes);
+		mts_log_uid(mts_peer_log_uid(peer), MTS_LOG_INFO,
+		            "admission refused: invalid request",
+		            "peer_pid=%u bytes=%llu", peer->pid,
+		            (unsigned long long)req->bytes);
 		return -EINVAL;
 	}
 	if (reg->adm->nresv >= MTS_RESV_MAX) {
 		memset(out, 0, sizeof(*out));
 		out->requested = req->bytes;
-		mts_log(
-		    MTS_LOG_WARN, "admission refused: too many reservations",
-		    "peer_pid=%u outstanding=%u", peer->pid, reg->adm->nresv);
+		mts_log_uid(mts_peer_log_uid(peer), MTS_LOG_WARN,
+		            "admission refused: too many reservations",
+		            "peer_pid=%u outstanding=%u", peer->pid,
+		            reg->adm->nresv);
 		return -ENOSPC;
 	}
 	mts_admit_decide(reg, peer, group, req->bytes, out);
@@ -1271,28 +1274,29 @@ int mts_release(struct mts_registry *reg, const struct mts_peer *peer,
 	char q[MTS_LOGQ_MAX], who[MTS_PEER_WHO_MAX];
 	struct mts_resv *r = mts_resv_find(reg, id);
 	if (!r) {
-		if (mts_log_peer(mts_peer_log_uid(peer)))
-			mts_log(MTS_LOG_INFO,
-			        "release of an unknown reservation",
-			        "reservation=%s %s",
-			        mts_logq(q, sizeof(q), id ? id : ""),
-			        mts_peer_who(peer, who, sizeof(who)));
+		mts_log_uid(mts_peer_log_uid(peer), MTS_LOG_INFO,
+		            "release of an unknown reservation",
+		            "reservation=%s %s",
+		            mts_logq(q, sizeof(q), id ? id : ""),
+		            mts_peer_who(peer, who, sizeof(who)));
 		return -ENOENT;
 	}
-	enum mts_auth a = mts_authorise_release(reg, peer, token, r->has_owner, r->uid);
+	enum mts_auth a =
+	    mts_authorise_release(reg, peer, token, r->has_owner, r->uid);
 	if (a == MTS_AUTH_NONE) {
 		reg->adm->stats.auth_denials++;
-		if (mts_log_peer(mts_peer_log_uid(peer)))
-			mts_log(MTS_LOG_WARN, "release refused: not authorised",
-			        "reservation=%s owner_uid=%u %s", r->id, r->uid,
-			        mts_peer_who(peer, who, sizeof(who)));
+		mts_log_uid(mts_peer_log_uid(peer), MTS_LOG_WARN,
+		            "release refused: not authorised",
+		            "reservation=%s owner_uid=%u %s", r->id, r->uid,
+		            mts_peer_who(peer, who, sizeof(who)));
 		return -EPERM;
 	}
 	*bytes = r->bytes;
-	mts_log(MTS_LOG_INFO, "reservation released",
-	        "reservation=%s bytes=%llu by=%s %s", r->id,
-	        (unsigned long long)r->bytes, mts_auth_name(a),
-	        mts_peer_who(peer, who, sizeof(who)));
+	mts_log_uid(mts_peer_log_uid(peer), MTS_LOG_INFO,
+	            "reservation released",
+	            "reservation=%s bytes=%llu by=%s %s", r->id,
+	            (unsigned long long)r->bytes, mts_auth_name(a),
+	            mts_peer_who(peer, who, sizeof(who)));
 	reg->adm->stats.releases++;
 	resv_remove(reg, r, true);
 	mts_limits_eval(reg, false);

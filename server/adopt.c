@@ -98,8 +98,8 @@ static int table_for(struct mts_registry *reg, uint32_t uid, uint32_t pid,
 	if (fd < 0)
 		return fd;
 	struct mtshm_map map;
-	int err = mtshm_map_fd(fd, MTSHM_SEALS_TABLE, reg->layout.table_size,
-	                       &map);
+	int err =
+	    mtshm_map_fd(fd, MTSHM_SEALS_TABLE, reg->layout.table_size, &map);
 	if (err) {
 		close(fd);
 		return err;
@@ -135,8 +135,9 @@ int mts_adopt(struct mts_registry *reg, uint32_t *kept, uint32_t *dropped)
 				close(pidfd);
 			mts_state_clear(reg->state, i);
 			++*dropped;
-			mts_log(MTS_LOG_INFO, "slot of a dead worker reclaimed",
-			        "slot=%u pid=%u", i, r.pid);
+			mts_log_uid(r.uid, MTS_LOG_INFO,
+			            "slot of a dead worker reclaimed",
+			            "slot=%u pid=%u", i, r.pid);
 			continue;
 		}
 		struct mts_table *table;
@@ -145,11 +146,12 @@ int mts_adopt(struct mts_registry *reg, uint32_t *kept, uint32_t *dropped)
 			close(pidfd);
 			mts_state_clear(reg->state, i);
 			++*dropped;
-			mts_log(MTS_LOG_WARN,
-			        "cannot reopen a live worker's slot table; it "
-			        "re-registers at its next flush, keeping its count",
-			        "slot=%u pid=%u uid=%u err=%s", i, r.pid, r.uid,
-			        mtshm_strerror(err));
+			mts_log_uid(
+			    r.uid, MTS_LOG_WARN,
+			    "cannot reopen a live worker's slot table; it "
+			    "re-registers at its next flush, keeping its count",
+			    "slot=%u pid=%u uid=%u err=%s", i, r.pid, r.uid,
+			    mtshm_strerror(err));
 			continue;
 		}
 		struct mts_adopted a = {
@@ -176,16 +178,17 @@ int mts_adopt(struct mts_registry *reg, uint32_t *kept, uint32_t *dropped)
 			mts_state_clear(reg->state, i);
 			mts_table_gc(reg, table);
 			++*dropped;
-			mts_log(MTS_LOG_WARN, "cannot adopt worker",
-			        "slot=%u pid=%u err=%s", i, r.pid,
-			        strerror(-err));
+			mts_log_uid(r.uid, MTS_LOG_WARN, "cannot adopt worker",
+			            "slot=%u pid=%u err=%s", i, r.pid,
+			            strerror(-err));
 			continue;
 		}
 		++*kept;
-		mts_log(MTS_LOG_INFO, "worker adopted",
-		        "pid=%u uid=%u slot=%u group=%s task=%s", r.pid, r.uid,
-		        i, mts_logq(q, sizeof(q), a.group[0] ? a.group : "default"),
-		        mts_logq(qg, sizeof(qg), a.task));
+		mts_log_uid(
+		    r.uid, MTS_LOG_INFO, "worker adopted",
+		    "pid=%u uid=%u slot=%u group=%s task=%s", r.pid, r.uid, i,
+		    mts_logq(q, sizeof(q), a.group[0] ? a.group : "default"),
+		    mts_logq(qg, sizeof(qg), a.task));
 	}
 	mts_registry_rebuild_free(reg);
 	return 0;

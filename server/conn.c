@@ -201,9 +201,10 @@ static void throttle(struct mts_conn *c)
 	c->throttled = true;
 	stop_reading(c);
 	c->net->conn_stats.throttled++;
-	mts_log(MTS_LOG_DEBUG, "over the server's buffer budget, throttled",
-	        "peer_pid=%u tcp=%d held=%zu", c->peer.pid, c->peer.tcp,
-	        c->held);
+	mts_log_uid(mts_peer_log_uid(&c->peer), MTS_LOG_DEBUG,
+	            "over the server's buffer budget, throttled",
+	            "peer_pid=%u tcp=%d held=%zu", c->peer.pid, c->peer.tcp,
+	            c->held);
 }
 
 /* Back under the low mark: everyone may read again. Each throttled
@@ -224,10 +225,11 @@ static void budget_relieved(struct mts_conns *net)
 	}
 	if (net->budget_timer_open)
 		uv_timer_stop(&net->budget_timer);
-	mts_log(MTS_LOG_INFO, "buffered bytes back under budget",
-	        "buffered=%llu max_buffered=%llu resumed=%u",
-	        (unsigned long long)net->buffered,
-	        (unsigned long long)net->max_buffered, n);
+	mts_log_scope("max_buffered", MTS_LOG_INFO,
+	              "buffered bytes back under budget",
+	              "buffered=%llu max_buffered=%llu resumed=%u",
+	              (unsigned long long)net->buffered,
+	              (unsigned long long)net->max_buffered, n);
 }
 
 static void budget_grew(struct mts_conns *net, struct mts_conn *c)
@@ -252,13 +254,14 @@ static void budget_grew(struct mts_conns *net, struct mts_conn *c)
 			n++;
 		}
 	}
-	mts_log(MTS_LOG_WARN,
-	        "connections hold more than max_buffered; throttling the "
-	        "largest (reading stopped until their output drains)",
-	        "buffered=%llu max_buffered=%llu connections=%u share=%zu "
-	        "throttled=%u",
-	        (unsigned long long)net->buffered,
-	        (unsigned long long)net->max_buffered, net->nconns, share, n);
+	mts_log_scope(
+	    "max_buffered", MTS_LOG_WARN,
+	    "connections hold more than max_buffered; throttling the "
+	    "largest (reading stopped until their output drains)",
+	    "buffered=%llu max_buffered=%llu connections=%u share=%zu "
+	    "throttled=%u",
+	    (unsigned long long)net->buffered,
+	    (unsigned long long)net->max_buffered, net->nconns, share, n);
 	if (net->budget_timer_open)
 		uv_timer_start(&net->budget_timer, on_budget_timer,
 		               MTS_BUDGET_CHECK_MS, MTS_BUDGET_CHECK_MS);
@@ -297,14 +300,14 @@ static void on_budget_timer(uv_timer_t *t)
 		if (!big || big->held == 0)
 			break;
 		net->conn_stats.evicted++;
-		mts_log(MTS_LOG_WARN,
-		        "connection holds the most while over max_buffered "
-		        "and did not drain; disconnected",
-		        "peer_pid=%u tcp=%d held=%zu buffered=%llu "
-		        "max_buffered=%llu",
-		        big->peer.pid, big->peer.tcp, big->held,
-		        (unsigned long long)net->buffered,
-		        (unsigned long long)net->max_buffered);
+		mts_log_uid(mts_peer_log_uid(&big->peer), MTS_LOG_WARN,
+		            "connection holds the most while over max_buffered "
+		            "and did not drain; disconnected",
+		            "peer_pid=%u tcp=%d held=%zu buffered=%llu "
+		            "max_buffered=%llu",
+		            big->peer.pid, big->peer.tcp, big->held,
+		            (unsigned long long)net->buffered,
+		            (unsigned long long)net->max_buffered);
 		conn_close(big); /* relieves the budget once under `low` */
 	}
 	if (net->pressure)
@@ -359,8 +362,9 @@ static void conn_close(struct mts_conn *c)
 		mts_uid_count_sub(&net->reg->watch_uids, c->uid_key);
 		c->peer.watch_counted = false;
 	}
-	mts_log(MTS_LOG_DEBUG, "connection closed", "peer_pid=%u tcp=%d",
-	        c->peer.pid, c->peer.tcp);
+	mts_log_uid(mts_peer_log_uid(&c->peer), MTS_LOG_DEBUG,
+	            "connection closed", "peer_pid=%u tcp=%d", c->peer.pid,
+	            c->peer.tcp);
 	uv_close((uv_handle_t *)&c->h.stream, on_conn_closed);
 }
 
@@ -413,8 +417,9 @@ static void on_write(uv_write_t *req, int status)
 		return;
 	conn_account(c);
 	if (status < 0) {
-		mts_log(MTS_LOG_DEBUG, "write failed, closing",
-		        "peer_pid=%u err=%s", c->peer.pid, uv_err_name(status));
+		mts_log_uid(mts_peer_log_uid(&c->peer), MTS_LOG_DEBUG,
+		            "write failed, closing", "peer_pid=%u err=%s",
+		            c->peer.pid, uv_err_name(status));
 		conn_close(c);
 		return;
 	}
@@ -485,9 +490,10 @@ static int conn_write(struct mts_conn *c, struct mts_buf *out)
 			n = send_with_fds(c, out);
 		c->peer.nsend_fds = 0;
 		if (n < 0) {
-			mts_log(MTS_LOG_DEBUG, "write failed, closing",
-			        "peer_pid=%u err=%s", c->peer.pid,
-			        strerror(-n));
+			mts_log_uid(mts_peer_log_uid(&c->peer), MTS_LOG_DEBUG,
+			            "write failed, closing",
+			            "peer_pid=%u err=%s", c->peer.pid,
+			            strerror(-n));
 			return n;
 		}
 		done = (size_t)n;
@@ -502,9 +508,10 @@ static int conn_write(struct mts_conn *c, struct mts_buf *out)
 		if (n >= 0) {
 			done = (size_t)n;
 		} else if (n != UV_EAGAIN) {
-			mts_log(MTS_LOG_DEBUG, "write failed, closing",
-			        "peer_pid=%u err=%s", c->peer.pid,
-			        uv_err_name(n));
+			mts_log_uid(mts_peer_log_uid(&c->peer), MTS_LOG_DEBUG,
+			            "write failed, closing",
+			            "peer_pid=%u err=%s", c->peer.pid,
+			            uv_err_name(n));
 			return n;
 		}
 		if (done == out->len) {
@@ -663,9 +670,10 @@ static void conn_process(struct mts_conn *c)
 		stop_reading(c);
 		if (c->out_pending >= MTS_OUT_HIGH) {
 			c->paused = true; /* on_write resumes */
-			mts_log(MTS_LOG_DEBUG, "peer not reading, paused",
-			        "peer_pid=%u pending=%zu", c->peer.pid,
-			        c->out_pending);
+			mts_log_uid(mts_peer_log_uid(&c->peer), MTS_LOG_DEBUG,
+			            "peer not reading, paused",
+			            "peer_pid=%u pending=%zu", c->peer.pid,
+			            c->out_pending);
 		} else {
 			backlog_add(c); /* on_idle resumes */
 		}
@@ -731,9 +739,9 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 		return;
 	}
 	if (nread < 0) {
-		mts_log(MTS_LOG_DEBUG, "read failed, closing",
-		        "peer_pid=%u err=%s", c->peer.pid,
-		        uv_err_name((int)nread));
+		mts_log_uid(mts_peer_log_uid(&c->peer), MTS_LOG_DEBUG,
+		            "read failed, closing", "peer_pid=%u err=%s",
+		            c->peer.pid, uv_err_name((int)nread));
 		conn_close(c);
 	}
 }
@@ -910,8 +918,9 @@ static void conn_tcp_setup(struct mts_conn *c)
 	int err = mts_sockdiag_uid(fd, (struct sockaddr *)&peer,
 	                           (struct sockaddr *)&local, &uid);
 	if (err < 0) {
-		mts_log(MTS_LOG_DEBUG, "tcp peer's uid not found",
-		        "peer=%s err=%s", c->peer.addr, strerror(-err));
+		mts_log_uid(mts_peer_log_uid(&c->peer), MTS_LOG_DEBUG,
+		            "tcp peer's uid not found", "peer=%s err=%s",
+		            c->peer.addr, strerror(-err));
 		return;
 	}
 	c->peer.has_cred = true;
@@ -931,8 +940,8 @@ static void accept_one(uv_stream_t *listener, int status, bool tcp)
 {
 	struct mts_conns *net = listener->data;
 	if (status < 0) {
-		mts_log(MTS_LOG_WARN, "accept failed", "err=%s",
-		        uv_err_name(status));
+		mts_log_scope("accept", MTS_LOG_WARN, "accept failed", "err=%s",
+		              uv_err_name(status));
 		return;
 	}
 	struct mts_conn *c = conn_new(net, tcp);
@@ -940,8 +949,8 @@ static void accept_one(uv_stream_t *listener, int status, bool tcp)
 		return;
 	int err = uv_accept(listener, &c->h.stream);
 	if (err < 0) {
-		mts_log(MTS_LOG_WARN, "accept failed", "err=%s",
-		        uv_err_name(err));
+		mts_log_scope("accept", MTS_LOG_WARN, "accept failed", "err=%s",
+		              uv_err_name(err));
 		conn_close(c);
 		return;
 	}
@@ -962,8 +971,9 @@ static void accept_one(uv_stream_t *listener, int status, bool tcp)
 	if (!uid_admit(c, admin))
 		return;
 	char who[MTS_PEER_WHO_MAX];
-	mts_log(MTS_LOG_DEBUG, "connection accepted", "%s admin=%d",
-	        mts_peer_who(&c->peer, who, sizeof(who)), admin);
+	mts_log_uid(mts_peer_log_uid(&c->peer), MTS_LOG_DEBUG,
+	            "connection accepted", "%s admin=%d",
+	            mts_peer_who(&c->peer, who, sizeof(who)), admin);
 	resume_reading(c);
 }
 
@@ -1277,10 +1287,10 @@ static void on_idle_timer(uv_timer_t *t)
 			continue;
 		net->conn_stats.idle_closed++;
 		char who[MTS_PEER_WHO_MAX];
-		mts_log(MTS_LOG_DEBUG, "connection idle, closed",
-		        "%s idle_ms=%llu",
-		        mts_peer_who(&c->peer, who, sizeof(who)),
-		        (unsigned long long)(now - c->last_ms));
+		mts_log_uid(mts_peer_log_uid(&c->peer), MTS_LOG_DEBUG,
+		            "connection idle, closed", "%s idle_ms=%llu",
+		            mts_peer_who(&c->peer, who, sizeof(who)),
+		            (unsigned long long)(now - c->last_ms));
 		conn_close(c);
 	}
 }
@@ -1501,10 +1511,11 @@ void mts_watch_broadcast(void *ctx, const struct mts_event *ev)
 			continue;
 		if (c->out_pending >= MTS_OUT_HIGH) {
 			net->conn_stats.watch_disconnects++;
-			mts_log(MTS_LOG_WARN,
-			        "watch subscriber not reading, disconnected",
-			        "peer_pid=%u tcp=%d pending=%zu", c->peer.pid,
-			        c->peer.tcp, c->out_pending);
+			mts_log_uid(
+			    mts_peer_log_uid(&c->peer), MTS_LOG_WARN,
+			    "watch subscriber not reading, disconnected",
+			    "peer_pid=%u tcp=%d pending=%zu", c->peer.pid,
+			    c->peer.tcp, c->out_pending);
 			conn_close(c);
 			continue;
 		}

@@ -170,7 +170,7 @@ static inline uint64_t tick_free(struct mts_proc *p, struct mtshm_slot_id *s,
 /*
  * A part of a process's figure below 0 is never published: it is counted
  * as 0 and, when the clamping starts, logged (within the uid's log budget,
- * mts_log_peer: a worker cannot flood the log). The heap's sum may dip
+ * mts_log_uid: a worker cannot flood the log). The heap's sum may dip
  * below 0 by its error bar (`slack`: a thread freeing what another
  * allocated flushes first); past that, and any negative mapped figure (an
  * absolute value: the process would have unmapped more than it mapped
@@ -187,11 +187,10 @@ static void tick_clamp(struct mts_proc *p, unsigned part, bool below,
 	if (p->clamped & part)
 		return;
 	p->clamped |= (uint8_t)part;
-	if (mts_log_peer(p->uid))
-		mts_log(MTS_LOG_WARN, "figure below zero, clamped at 0",
-		        "pid=%u uid=%u part=%s value=%lld", p->pid, p->uid,
-		        part == MTS_CLAMPED_HEAP ? "heap" : "mapped",
-		        (long long)value);
+	mts_log_uid(p->uid, MTS_LOG_WARN, "figure below zero, clamped at 0",
+	            "pid=%u uid=%u part=%s value=%lld", p->pid, p->uid,
+	            part == MTS_CLAMPED_HEAP ? "heap" : "mapped",
+	            (long long)value);
 }
 
 /* Lane 0's mapped figure was not sane (*absurd, mtshm_slot_mapped), or
@@ -255,8 +254,9 @@ static inline void tick_proc(struct mts_registry *reg, struct mts_proc *p,
 		mtshm_store_relaxed32(&s->flags,
 		                      mtshm_load_relaxed32(&s->flags) |
 		                          MTSHM_SLOT_CORRUPT);
-		mts_log(MTS_LOG_WARN, "slot counters corrupt, excluded",
-		        "pid=%u slot=%u", p->pid, p->slot);
+		mts_log_uid(p->uid, MTS_LOG_WARN,
+		            "slot counters corrupt, excluded", "pid=%u slot=%u",
+		            p->pid, p->slot);
 	}
 	if (p->corrupt) {
 		p->bytes = 0;

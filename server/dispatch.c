@@ -602,12 +602,10 @@ static int do_set_limit(struct mts_registry *reg, const struct mts_peer *peer,
 	enum mts_auth a = mts_authorise(reg, peer, token);
 	if (a == MTS_AUTH_NONE) {
 		reg->req->auth_denials++;
-		if (mts_log_peer(mts_peer_log_uid(peer)))
-			mts_log(MTS_LOG_WARN,
-			        "SetLimit refused: not authorised",
-			        "%s token=%s",
-			        mts_peer_who(peer, who, sizeof(who)),
-			        token && token[0] ? "wrong" : "none");
+		mts_log_uid(mts_peer_log_uid(peer), MTS_LOG_WARN,
+		            "SetLimit refused: not authorised", "%s token=%s",
+		            mts_peer_who(peer, who, sizeof(who)),
+		            token && token[0] ? "wrong" : "none");
 		if (!peer->has_cred)
 			snprintf(msg, sizeof(msg),
 			         "SetLimit from a peer of unknown uid needs "
@@ -666,11 +664,11 @@ static int do_set_limit(struct mts_registry *reg, const struct mts_peer *peer,
 		snprintf(scope, sizeof(scope), "pid:%u", q->pid);
 	else
 		snprintf(scope, sizeof(scope), "fleet");
-	mts_log(MTS_LOG_INFO, "limit set",
-	        "scope=%s limit=%llu previous=%llu by=%s %s",
-	        mts_logq(q1, sizeof(q1), scope), (unsigned long long)now,
-	        (unsigned long long)prev, mts_auth_name(a),
-	        mts_peer_who(peer, who, sizeof(who)));
+	mts_log_uid(mts_peer_log_uid(peer), MTS_LOG_INFO, "limit set",
+	            "scope=%s limit=%llu previous=%llu by=%s %s",
+	            mts_logq(q1, sizeof(q1), scope), (unsigned long long)now,
+	            (unsigned long long)prev, mts_auth_name(a),
+	            mts_peer_who(peer, who, sizeof(who)));
 	Memtally__V1__Response resp = MEMTALLY__V1__RESPONSE__INIT;
 	Memtally__V1__LimitSet ls = MEMTALLY__V1__LIMIT_SET__INIT;
 	ls.bytes = now;
@@ -735,9 +733,9 @@ static int do_watch(struct mts_registry *reg, struct mts_peer *peer,
 	int err = append_response(out, &resp);
 	if (err == 0) {
 		reg->req->events++;
-		mts_log(MTS_LOG_DEBUG, "watch subscribed",
-		        "peer_pid=%u id=%llu", peer->pid,
-		        (unsigned long long)id);
+		mts_log_uid(mts_peer_log_uid(peer), MTS_LOG_DEBUG,
+		            "watch subscribed", "peer_pid=%u id=%llu",
+		            peer->pid, (unsigned long long)id);
 	}
 	return err;
 }
@@ -807,8 +805,9 @@ static bool unidentified_refused(struct mts_registry *reg,
 		return false;
 	reg->req->auth_denials++;
 	char who[MTS_PEER_WHO_MAX];
-	mts_log(MTS_LOG_DEBUG, "request refused: unknown uid and no token",
-	        "%s", mts_peer_who(peer, who, sizeof(who)));
+	mts_log_uid(mts_peer_log_uid(peer), MTS_LOG_DEBUG,
+	            "request refused: unknown uid and no token", "%s",
+	            mts_peer_who(peer, who, sizeof(who)));
 	*err = append_error(
 	    out, req->id, MEMTALLY__V1__ERROR_CODE__ERROR_PERMISSION_DENIED,
 	    reg->policy.tcp_token
@@ -828,9 +827,9 @@ int mts_dispatch(struct mts_registry *reg, struct mts_peer *peer,
 	    memtally__v1__request__unpack(NULL, len, body);
 	if (!req) {
 		reg->req->protocol_errors++;
-		if (mts_log_peer(mts_peer_log_uid(peer)))
-			mts_log(MTS_LOG_WARN, "undecodable request, closing",
-			        "peer_pid=%u bytes=%zu", peer->pid, len);
+		mts_log_uid(mts_peer_log_uid(peer), MTS_LOG_WARN,
+		            "undecodable request, closing",
+		            "peer_pid=%u bytes=%zu", peer->pid, len);
 		int err = append_error(
 		    out, 0, MEMTALLY__V1__ERROR_CODE__ERROR_UNDECODABLE,
 		    "the request is not a decodable memtally.v1.Request");
@@ -916,11 +915,10 @@ int mts_input(struct mts_registry *reg, struct mts_peer *peer,
 			             : "bad length prefix (varint over 10 "
 			               "bytes; limit %u)",
 			         (unsigned)MTS_MAX_FRAME);
-			if (mts_log_peer(mts_peer_log_uid(peer)))
-				mts_log(MTS_LOG_WARN,
-				        big ? "frame too large, closing"
-				            : "bad frame prefix, closing",
-				        "peer_pid=%u", peer->pid);
+			mts_log_uid(mts_peer_log_uid(peer), MTS_LOG_WARN,
+			            big ? "frame too large, closing"
+			                : "bad frame prefix, closing",
+			            "peer_pid=%u", peer->pid);
 			ret = append_error(
 			    out, 0,
 			    big ? MEMTALLY__V1__ERROR_CODE__ERROR_FRAME_TOO_LARGE

@@ -87,9 +87,9 @@ struct hook_scope {
 	uint32_t state;
 	uint64_t bytes, rss, reserved, limit;
 	char reason[96];
-	struct hook_run *run; /* running, or NULL */
-	bool queued;          /* waiting for a free place (MAX_RUNNING) */
-	bool started;         /* a hook was started: last_start_ms is set */
+	struct hook_run *run;   /* running, or NULL */
+	bool queued;            /* waiting for a free place (MAX_RUNNING) */
+	bool started;           /* a hook was started: last_start_ms is set */
 	uint64_t last_start_ms; /* uv_now() of its latest hook's start */
 };
 
@@ -341,6 +341,15 @@ static void close_run(struct hook_run *r)
 	uv_close((uv_handle_t *)&r->timer, on_run_closed);
 }
 
+/* The budget a scope's hook lines go in (mts_log_scope): with no
+ * min_interval, a flapping scope starts one hook after another. */
+static const char *log_key(char *buf, size_t cap, const struct hook_scope *s)
+{
+	snprintf(buf, cap, "hooks:%s%s", s && s->group ? "group:" : "",
+	         s ? s->name : "");
+	return buf;
+}
+
 /* The hook is over: log it, free its place, run what waits. */
 static void finish(struct hook_run *r)
 {
@@ -359,7 +368,9 @@ static void finish(struct hook_run *r)
 		snprintf(how, sizeof(how), "exit_status=%" PRId64,
 		         r->exit_status);
 	bool ok = !r->term_signal && r->exit_status == 0 && !r->timed_out;
-	mts_log(
+	char key[320];
+	mts_log_scope(
+	    log_key(key, sizeof(key), r->scope),
 	    ok ? MTS_LOG_INFO : MTS_LOG_WARN, "hook finished",
 	    "scope=%s state=%s previous=%s pid=%d %s duration_ms=%llu "
 	    "timed_out=%d stderr=%s%s",
@@ -424,7 +435,7 @@ static void on_exited(uv_poll_t *p, int status, int events)
 static void on_deadline(uv_timer_t *t)
 {
 	struct hook_run *r = t->data;
-	char q[MTS_LOGQ_MAX];
+	char q[MTS_LOGQ_MAX], key[320];
 	r->timed_out = true;
 	if (r->exited) {
 		/* The shell is gone but something of the group still holds
@@ -433,10 +444,12 @@ static void on_deadline(uv_timer_t *t)
 		finish(r);
 		return;
 	}
-	mts_log(MTS_LOG_WARN, "hook timed out, killing its process group",
-	        "scope=%s state=%s pid=%d timeout_ms=%u",
-	        mts_logq(q, sizeof(q), r->scope ? r->scope->name : "(stopped)"),
-	        mt_state_name(r->state), r->pid, r->h->conf.timeout_ms);
+	mts_log_scope(
+	    log_key(key, sizeof(key), r->scope), MTS_LOG_WARN,
+	    "hook timed out, killing its process group",
+	    "scope=%s state=%s pid=%d timeout_ms=%u",
+	    mts_logq(q, sizeof(q), r->scope ? r->scope->name : "(stopped)"),
+	    mt_state_name(r->state), r->pid, r->h->conf.timeout_ms);
 	kill_group(r);
 	/* on_exited follows at once and finishes it. */
 }
@@ -652,12 +665,14 @@ static int spawn(struct mts_hooks *h, struct hook_scope *s, const char *cmd)
 	s->run = r;
 	h->running++;
 	/* spawn_us: what the start cost the loop. */
-	mts_log(MTS_LOG_INFO, "hook started",
-	        "scope=%s state=%s previous=%s pid=%d spawn_us=%llu "
-	        "command=%s",
-	        mts_logq(q, sizeof(q), s->name), mt_state_name(s->state),
-	        mt_state_name(s->reported), r->pid,
-	        (unsigned long long)r->spawn_us, mts_logq(qc, sizeof(qc), cmd));
+	char key[320];
+	mts_log_scope(
+	    log_key(key, sizeof(key), s), MTS_LOG_INFO, "hook started",
+	    "scope=%s state=%s previous=%s pid=%d spawn_us=%llu "
+	    "command=%s",
+	    mts_logq(q, sizeof(q), s->name), mt_state_name(s->state),
+	    mt_state_name(s->reported), r->pid, (unsigned long long)r->spawn_us,
+	    mts_logq(qc, sizeof(qc), cmd));
 	return 0;
 }
 

@@ -129,7 +129,9 @@ static void reason_of(char *buf, size_t cap, uint32_t next, uint32_t prev,
 	}
 }
 
-/* `p`: the process whose event it is, NULL for the fleet and groups. */
+/* `p`: the process whose state changed, whose uid's budget its line goes
+ * in; NULL for the fleet or a group, budgeted as a scope (many uids move
+ * it). */
 static void emit(struct mts_registry *reg, const struct mts_proc *p,
                  const char *scope, uint32_t state, uint32_t previous,
                  uint64_t bytes, uint64_t rss, uint64_t limit,
@@ -152,16 +154,22 @@ static void emit(struct mts_registry *reg, const struct mts_proc *p,
 	    .has_uid = p != NULL,
 	    .uid = p ? p->uid : 0,
 	};
-	mts_log(state == MTSHM_STATE_OVER ? MTS_LOG_WARN : MTS_LOG_INFO,
-	        "state changed",
-	        "scope=%s state=%s previous=%s bytes=%llu rss=%llu "
-	        "measure=%s reserved=%llu limit=%llu growth_bytes_per_s=%.0f "
-	        "seconds_to_limit=%.1f reason=%s",
-	        mts_logq(q, sizeof(q), scope), mt_state_name(state),
-	        mt_state_name(previous), (unsigned long long)bytes,
-	        (unsigned long long)rss, mts_measure_name(reg->policy.measure),
-	        (unsigned long long)reserved, (unsigned long long)limit, growth,
-	        forecast_s, mts_logq(qr, sizeof(qr), reason));
+	enum mts_log_level level =
+	    state == MTSHM_STATE_OVER ? MTS_LOG_WARN : MTS_LOG_INFO;
+	char fields[640];
+	snprintf(fields, sizeof(fields),
+	         "scope=%s state=%s previous=%s bytes=%llu rss=%llu "
+	         "measure=%s reserved=%llu limit=%llu growth_bytes_per_s=%.0f "
+	         "seconds_to_limit=%.1f reason=%s",
+	         mts_logq(q, sizeof(q), scope), mt_state_name(state),
+	         mt_state_name(previous), (unsigned long long)bytes,
+	         (unsigned long long)rss, mts_measure_name(reg->policy.measure),
+	         (unsigned long long)reserved, (unsigned long long)limit,
+	         growth, forecast_s, mts_logq(qr, sizeof(qr), reason));
+	if (p)
+		mts_log_uid(p->uid, level, "state changed", "%s", fields);
+	else
+		mts_log_scope(scope, level, "state changed", "%s", fields);
 	if (reg->lim->on_event)
 		reg->lim->on_event(reg->lim->event_ctx, &ev);
 }
@@ -464,8 +472,8 @@ void mts_enforce(struct mts_registry *reg, uint64_t now_ns)
 	const char *sig = sigabbrev_np(pol->enforce_signal);
 	if (!best) {
 		if (!reg->lim->enforce_idle_logged)
-			mts_log(
-			    MTS_LOG_WARN,
+			mts_log_scope(
+			    "enforce", MTS_LOG_WARN,
 			    "fleet over its limit past the grace period; no "
 			    "process is over its own limit, nothing "
 			    "signalled",

@@ -8,15 +8,19 @@
  * single-threaded. Peer-supplied strings are escaped by mts_logq(); a
  * line is cut at 1 KiB and always ends in a newline.
  *
- * The per-uid budget (mts_log_peer) is a small direct-mapped table: a
- * uid's entry counts its lines in the current second; a uid taking over
- * an entry first reports what the previous one had suppressed. Loop
- * thread only, like the rest of the server.
+ * The budgets (mts_log_uid, mts_log_scope) are small direct-mapped
+ * tables: an entry counts its uid's or scope's lines in the current
+ * second and what it held back; a uid or scope taking over an entry
+ * first reports what the previous one held back. A uid's summary lists
+ * the held-back lines by msg; a scope's repeats the latest of them,
+ * since for a state that is where the scope ended. Loop thread only,
+ * like the rest of the server.
  */
 #include "mts_log.h"
 
 #include <errno.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
@@ -90,71 +94,6 @@ const char *mts_logq(char *buf, size_t cap, const char *s)
 	return buf;
 }
 
-#define PEER_ENTRIES 64u
-
-static struct {
-	unsigned uid;
-	int used;
-	unsigned count;           /* lines written in `second` */
-	unsigned long suppressed; /* lines held back, not reported yet */
-	long long second;         /* CLOCK_MONOTONIC seconds */
-} peers[PEER_ENTRIES];
-
-static long long mono_second(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (long long)ts.tv_sec;
-}
-
-static void peer_report(unsigned i)
-{
-	if (!peers[i].suppressed)
-		return;
-	mts_log(MTS_LOG_WARN, "similar lines suppressed",
-	        "uid=%u suppressed=%lu budget_per_s=%u", peers[i].uid,
-	        peers[i].suppressed, MTS_LOG_PEER_BURST);
-	peers[i].suppressed = 0;
-}
-
-int mts_log_peer(unsigned uid)
-{
-	unsigned i =
-	    (unsigned)(((unsigned long long)uid * 0x9e3779b97f4a7c15ull) >>
-	               58) %
-	    PEER_ENTRIES;
-	long long now = mono_second();
-	if (!peers[i].used || peers[i].uid != uid) {
-		if (peers[i].used)
-			peer_report(i);
-		peers[i].used = 1;
-		peers[i].uid = uid;
-		peers[i].count = 0;
-		peers[i].suppressed = 0;
-		peers[i].second = now;
-	}
-	if (peers[i].second != now) {
-		peer_report(i);
-		peers[i].second = now;
-		peers[i].count = 0;
-	}
-	if (peers[i].count < MTS_LOG_PEER_BURST) {
-		peers[i].count++;
-		return 1;
-	}
-	peers[i].suppressed++;
-	return 0;
-}
-
-void mts_log_peer_flush(void)
-{
-	long long now = mono_second();
-	for (unsigned i = 0; i < PEER_ENTRIES; i++)
-		if (peers[i].used && peers[i].suppressed &&
-		    peers[i].second != now)
-			peer_report(i);
-}
-
 static void write_all(const char *p, size_t len)
 {
 	while (len > 0) {
@@ -168,10 +107,9 @@ static void write_all(const char *p, size_t len)
 	}
 }
 
-void mts_log(enum mts_log_level level, const char *msg, const char *fmt, ...)
+static void vlog(enum mts_log_level level, const char *msg, const char *fmt,
+                 va_list ap)
 {
-	if (!mts_log_enabled(level))
-		return;
 	char line[LINE_MAX_BYTES];
 	char qmsg[MTS_LOGQ_MAX];
 	struct timespec ts;
@@ -190,10 +128,7 @@ void mts_log(enum mts_log_level level, const char *msg, const char *fmt, ...)
 		len = sizeof(line) - 2;
 	if (fmt && *fmt && len < sizeof(line) - 3) {
 		line[len++] = ' ';
-		va_list ap;
-		va_start(ap, fmt);
 		n = vsnprintf(line + len, sizeof(line) - 1 - len, fmt, ap);
-		va_end(ap);
 		if (n > 0)
 			len += (size_t)n;
 		if (len > sizeof(line) - 2)
@@ -201,4 +136,226 @@ void mts_log(enum mts_log_level level, const char *msg, const char *fmt, ...)
 	}
 	line[len++] = '\n';
 	write_all(line, len);
+}
+
+void mts_log(enum mts_log_level level, const char *msg, const char *fmt, ...)
+{
+	if (!mts_log_enabled(level))
+		return;
+	va_list ap;
+	va_start(ap, fmt);
+	vlog(level, msg, fmt, ap);
+	va_end(ap);
+}
+
+/* ---- budgets ------------------------------------------------------------- */
+
+#define PEER_ENTRIES  64u
+#define PEER_KINDS    6u
+#define KIND_MAX      96u
+#define SCOPE_ENTRIES 64u
+#define SCOPE_KEY_MAX 272u /* "group:" and a 255-byte name */
+
+static unsigned long long held_by_uid, held_by_scope;
+
+static long long mono_second(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (long long)ts.tv_sec;
+}
+
+/* Lines held back under one msg, so the summary says what they were. */
+struct held_kind {
+	char msg[KIND_MAX];
+	unsigned long n;
+};
+
+static struct peer {
+	unsigned uid;
+	bool used;
+	/* Lines written in `second`, below warn and from warn up: a flood
+	 * of grants leaves the uid's warnings their own room. */
+	unsigned count[2];
+	unsigned long held;  /* lines held back, not reported yet */
+	unsigned long other; /* of them, those of a kind not in kinds[] */
+	struct held_kind kinds[PEER_KINDS];
+	enum mts_log_level top; /* the highest level held back */
+	long long second;       /* CLOCK_MONOTONIC seconds */
+} peers[PEER_ENTRIES];
+
+static void peer_report(struct peer *e)
+{
+	if (!e->held)
+		return;
+	char what[PEER_KINDS * (KIND_MAX + 24) + 32];
+	char q[sizeof(what) + 16];
+	size_t n = 0;
+	what[0] = '\0';
+	for (unsigned k = 0; k < PEER_KINDS && e->kinds[k].n; k++) {
+		int w = snprintf(what + n, sizeof(what) - n, "%s%s (%lu)",
+		                 n ? "; " : "", e->kinds[k].msg, e->kinds[k].n);
+		if (w > 0 && (size_t)w < sizeof(what) - n)
+			n += (size_t)w;
+	}
+	if (e->other)
+		snprintf(what + n, sizeof(what) - n, "%sother (%lu)",
+		         n ? "; " : "", e->other);
+	/* A warning at least: a peer flooding the log is news. */
+	mts_log(e->top > MTS_LOG_WARN ? e->top : MTS_LOG_WARN,
+	        "similar lines suppressed",
+	        "uid=%u suppressed=%lu budget_per_s=%u lines=%s", e->uid,
+	        e->held, MTS_LOG_PEER_BURST, mts_logq(q, sizeof(q), what));
+	e->held = 0;
+	e->other = 0;
+	e->top = MTS_LOG_DEBUG;
+	memset(e->kinds, 0, sizeof(e->kinds));
+}
+
+/* The entry of `uid`, its second brought up to `now`. Uids that share an
+ * entry share its counts within a second: taking the entry over does not
+ * start a fresh budget, or two uids taking turns would have none. */
+static struct peer *peer_entry(unsigned uid, long long now)
+{
+	unsigned i =
+	    (unsigned)(((unsigned long long)uid * 0x9e3779b97f4a7c15ull) >>
+	               58) %
+	    PEER_ENTRIES;
+	struct peer *e = &peers[i];
+	if (e->used && e->uid != uid)
+		peer_report(e);
+	e->used = true;
+	e->uid = uid;
+	if (e->second != now) {
+		peer_report(e);
+		e->second = now;
+		e->count[0] = 0;
+		e->count[1] = 0;
+	}
+	return e;
+}
+
+static void peer_hold(struct peer *e, enum mts_log_level level, const char *msg)
+{
+	e->held++;
+	held_by_uid++;
+	if (level > e->top)
+		e->top = level;
+	for (unsigned k = 0; k < PEER_KINDS; k++) {
+		struct held_kind *h = &e->kinds[k];
+		if (!h->n) {
+			snprintf(h->msg, sizeof(h->msg), "%s", msg);
+			h->n = 1;
+			return;
+		}
+		if (strncmp(h->msg, msg, sizeof(h->msg) - 1) == 0) {
+			h->n++;
+			return;
+		}
+	}
+	e->other++;
+}
+
+void mts_log_uid(unsigned uid, enum mts_log_level level, const char *msg,
+                 const char *fmt, ...)
+{
+	if (!mts_log_enabled(level))
+		return; /* not written, so not counted either */
+	struct peer *e = peer_entry(uid, mono_second());
+	unsigned *count = &e->count[level >= MTS_LOG_WARN];
+	if (*count >= MTS_LOG_PEER_BURST) {
+		peer_hold(e, level, msg ? msg : "");
+		return;
+	}
+	++*count;
+	va_list ap;
+	va_start(ap, fmt);
+	vlog(level, msg, fmt, ap);
+	va_end(ap);
+}
+
+static struct scope {
+	bool used;
+	char key[SCOPE_KEY_MAX];
+	unsigned count;              /* lines written in `second` */
+	unsigned long held;          /* lines held back, not reported yet */
+	enum mts_log_level top;      /* the highest level held back */
+	char msg[KIND_MAX];          /* the latest line held back ... */
+	char fields[LINE_MAX_BYTES]; /* ... and its fields */
+	long long second;
+} scopes[SCOPE_ENTRIES];
+
+/* The latest line held back, with how many were: where the scope ended
+ * up, at the level of the worst of them (an `over` in the middle of a
+ * flap still shows as a warning). */
+static void scope_report(struct scope *e)
+{
+	if (!e->held)
+		return;
+	mts_log(e->top, e->msg, "%s%ssuppressed=%lu budget_per_s=%u", e->fields,
+	        e->fields[0] ? " " : "", e->held, MTS_LOG_SCOPE_BURST);
+	e->held = 0;
+	e->top = MTS_LOG_DEBUG;
+}
+
+static struct scope *scope_entry(const char *key, long long now)
+{
+	uint64_t h = 1469598103934665603u;
+	for (const char *c = key; *c; c++)
+		h = (h ^ (unsigned char)*c) * 1099511628211u;
+	struct scope *e = &scopes[h % SCOPE_ENTRIES];
+	if (e->used && strncmp(e->key, key, sizeof(e->key) - 1) != 0) {
+		/* As for uids: the entry's count goes on. */
+		scope_report(e);
+	}
+	e->used = true;
+	snprintf(e->key, sizeof(e->key), "%s", key);
+	if (e->second != now) {
+		scope_report(e);
+		e->second = now;
+		e->count = 0;
+	}
+	return e;
+}
+
+void mts_log_scope(const char *scope, enum mts_log_level level, const char *msg,
+                   const char *fmt, ...)
+{
+	if (!mts_log_enabled(level))
+		return;
+	struct scope *e = scope_entry(scope, mono_second());
+	va_list ap;
+	va_start(ap, fmt);
+	if (e->count < MTS_LOG_SCOPE_BURST) {
+		e->count++;
+		vlog(level, msg, fmt, ap);
+	} else {
+		e->held++;
+		held_by_scope++;
+		if (level > e->top)
+			e->top = level;
+		snprintf(e->msg, sizeof(e->msg), "%s", msg ? msg : "");
+		e->fields[0] = '\0';
+		if (fmt && *fmt)
+			vsnprintf(e->fields, sizeof(e->fields), fmt, ap);
+	}
+	va_end(ap);
+}
+
+void mts_log_flush(bool all)
+{
+	long long now = mono_second();
+	for (unsigned i = 0; i < PEER_ENTRIES; i++)
+		if (peers[i].used && (all || peers[i].second != now))
+			peer_report(&peers[i]);
+	for (unsigned i = 0; i < SCOPE_ENTRIES; i++)
+		if (scopes[i].used && (all || scopes[i].second != now))
+			scope_report(&scopes[i]);
+}
+
+void mts_log_suppressed(unsigned long long *by_uid,
+                        unsigned long long *by_scope)
+{
+	*by_uid = held_by_uid;
+	*by_scope = held_by_scope;
 }

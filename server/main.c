@@ -588,6 +588,8 @@ int main(int argc, char **argv)
 	if (err < 0)
 		mts_log(MTS_LOG_ERROR, "handles left open at exit", "err=%s",
 		        uv_err_name(err));
+	/* What the budgets held back in the last second, before the end. */
+	mts_log_flush(true);
 	mts_log(MTS_LOG_INFO, "stopped", "registrations=%llu exits=%llu",
 	        (unsigned long long)registrations, (unsigned long long)exits);
 	mts_settings_free(&settings);

@@ -11,6 +11,7 @@
 #ifndef MEMTALLY_SERVER_LOG_H
 #define MEMTALLY_SERVER_LOG_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 enum mts_log_level {
@@ -39,19 +40,43 @@ void mts_log(enum mts_log_level level, const char *msg, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
 /*
- * Lines a peer can cause (refused requests, bad frames, denied
- * admissions, refused workers) are budgeted per peer uid, so that one
- * peer cannot flood the journal (which then drops everyone's lines):
- * at most MTS_LOG_PEER_BURST such lines per second per uid. Call
- * mts_log_peer(uid) before such a line and write it only when it returns
- * true; the lines it held back are reported as one "similar lines
- * suppressed" line when the uid's next second starts, or at the latest
- * by mts_log_peer_flush() (the server calls it each tick). `uid` is the
- * peer's uid, UINT32_MAX for peers without credentials (TCP).
+ * Budgets. A line a peer can cause (a request and its answer, a worker
+ * registering, exiting, exec'ing, crossing its limit, a refusal, a bad
+ * frame) goes through mts_log_uid() under that peer's uid: at most
+ * MTS_LOG_PEER_BURST lines a second per uid below warn, and as many
+ * again from warn up, so a flood of grants never hides the uid's first
+ * warning. Every uid is budgeted, root and the server's own included: a
+ * scheduler granting a thousand reservations a second fills a disk as
+ * surely as a hostile peer. `uid` is UINT32_MAX for peers without
+ * credentials (TCP). The lines held back are reported as one "similar
+ * lines suppressed" line, listing them by msg with their counts, when
+ * the uid's next second starts, or at the latest by mts_log_flush().
+ *
+ * A fleet's or group's state moves because of many uids, so its lines
+ * go through mts_log_scope() under the scope's name instead: at most
+ * MTS_LOG_SCOPE_BURST a second per scope. A second with lines held back
+ * ends with one line: the latest of them, with suppressed=N (the lines
+ * held back in that second, that one included), so the log still says
+ * where the scope ended up.
+ *
+ * Lines only the operator causes (start, stop, reload, configuration)
+ * use mts_log() and are never held back. A line at a level that is not
+ * written is not counted either.
  */
-#define MTS_LOG_PEER_BURST 10u
-int mts_log_peer(unsigned uid);
-void mts_log_peer_flush(void);
+#define MTS_LOG_PEER_BURST  10u
+#define MTS_LOG_SCOPE_BURST 5u
+void mts_log_uid(unsigned uid, enum mts_log_level level, const char *msg,
+                 const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+void mts_log_scope(const char *scope, enum mts_log_level level, const char *msg,
+                   const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+
+/* Report what the budgets held back in seconds now past (the server calls
+ * it each tick), or everything held back when `all` (at stop). */
+void mts_log_flush(bool all);
+
+/* Lines held back since start, by uid and by scope budgets. */
+void mts_log_suppressed(unsigned long long *by_uid,
+                        unsigned long long *by_scope);
 
 /* Quote `s` for a logfmt value into buf[0..cap): "..." with \", \\ and
  * control bytes escaped; truncated (still well-formed) if too long.

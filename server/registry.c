@@ -483,8 +483,8 @@ static int table_get(struct mts_registry *reg, uint32_t uid,
 		mtshm_close(&map);
 		return err;
 	}
-	mts_log(MTS_LOG_DEBUG, "slot table created", "uid=%u bytes=%llu", uid,
-	        (unsigned long long)map.size);
+	mts_log_uid(uid, MTS_LOG_DEBUG, "slot table created",
+	            "uid=%u bytes=%llu", uid, (unsigned long long)map.size);
 	*out = reg->tables[reg->ntables - 1];
 	return 0;
 }
@@ -493,7 +493,8 @@ static void table_free(struct mts_registry *reg, uint32_t i)
 {
 	struct mts_table *t = reg->tables[i];
 	reg->tables[i] = reg->tables[--reg->ntables];
-	mts_log(MTS_LOG_DEBUG, "slot table released", "uid=%u", t->uid);
+	mts_log_uid(t->uid, MTS_LOG_DEBUG, "slot table released", "uid=%u",
+	            t->uid);
 	mtshm_close(&t->map);
 	free(t);
 }
@@ -632,8 +633,8 @@ static void proc_release(struct mts_registry *reg, struct mts_proc *p,
                          const char *why)
 {
 	char qg[MTS_LOGQ_MAX], qc[MTS_LOGQ_MAX];
-	mts_log(
-	    MTS_LOG_INFO, why,
+	mts_log_uid(
+	    p->uid, MTS_LOG_INFO, why,
 	    "pid=%u slot=%u group=%s comm=%s bytes=%llu peak=%llu "
 	    "lived_ms=%llu",
 	    p->pid, p->slot,
@@ -739,13 +740,13 @@ static int peer_vouch(const struct mts_peer *peer, uint64_t start_time)
 		return err == -ENOENT ? -ESRCH : err;
 	if (start_time <= accept_ticks && ruid == peer->uid)
 		return 0;
-	mts_log(MTS_LOG_WARN,
-	        "registration refused: the peer's pid now names another "
-	        "process (no SO_PEERPIDFD to tell)",
-	        "pid=%u uid=%u process_uid=%u start_ticks=%llu "
-	        "accept_ticks=%llu",
-	        peer->pid, peer->uid, ruid, (unsigned long long)start_time,
-	        (unsigned long long)accept_ticks);
+	mts_log_uid(peer->uid, MTS_LOG_WARN,
+	            "registration refused: the peer's pid now names another "
+	            "process (no SO_PEERPIDFD to tell)",
+	            "pid=%u uid=%u process_uid=%u start_ticks=%llu "
+	            "accept_ticks=%llu",
+	            peer->pid, peer->uid, ruid, (unsigned long long)start_time,
+	            (unsigned long long)accept_ticks);
 	return -ESTALE;
 }
 
@@ -919,13 +920,12 @@ static void note_refused(struct mts_registry *reg, uint32_t pid,
 		reg->refused.slot[k].start_time = start_time;
 		reg->totals.unregistered++;
 	}
-	if (again || mts_log_peer(uid))
-		mts_log(again ? MTS_LOG_DEBUG : MTS_LOG_WARN,
-		        uid_cap ? "uid at max_slots_per_uid, worker runs "
-		                  "unregistered"
-		                : "no free slot, worker runs unregistered",
-		        "pid=%u uid=%u slots=%u unregistered=%u", pid, uid,
-		        reg->slot_count, reg->totals.unregistered);
+	mts_log_uid(uid, again ? MTS_LOG_DEBUG : MTS_LOG_WARN,
+	            uid_cap ? "uid at max_slots_per_uid, worker runs "
+	                      "unregistered"
+	                    : "no free slot, worker runs unregistered",
+	            "pid=%u uid=%u slots=%u unregistered=%u", pid, uid,
+	            reg->slot_count, reg->totals.unregistered);
 }
 
 /* What the Registered answer carries for `p`; `gen` is its slot's
@@ -945,13 +945,13 @@ static void result_fill(const struct mts_registry *reg,
  * it exec'd: its slot starts afresh under the new group and task. */
 static int register_known(struct mts_registry *reg, struct mts_proc *p,
                           const struct mts_peer *peer, const char *group,
-                          const char *task, uint64_t image_id,
-                          const char *comm, struct mts_reg_result *res)
+                          const char *task, uint64_t image_id, const char *comm,
+                          struct mts_reg_result *res)
 {
 	if (p->image_id == image_id && p->uid == peer->uid) {
 		result_fill(reg, p, p->slot_gen, res);
-		mts_log(MTS_LOG_DEBUG, "worker registered again",
-		        "pid=%u slot=%u", p->pid, p->slot);
+		mts_log_uid(p->uid, MTS_LOG_DEBUG, "worker registered again",
+		            "pid=%u slot=%u", p->pid, p->slot);
 		return 0;
 	}
 	int err = proc_reset(reg, p, group, task, image_id, peer->uid, comm);
@@ -960,10 +960,10 @@ static int register_known(struct mts_registry *reg, struct mts_proc *p,
 	result_fill(reg, p, slot_init(reg, p), res);
 	tell_joined(reg, p);
 	char qg[MTS_LOGQ_MAX], qc[MTS_LOGQ_MAX];
-	mts_log(MTS_LOG_INFO, "worker exec'd, slot reset",
-	        "pid=%u slot=%u group=%s comm=%s", p->pid, p->slot,
-	        mts_logq(qg, sizeof(qg), res->group),
-	        mts_logq(qc, sizeof(qc), p->comm));
+	mts_log_uid(p->uid, MTS_LOG_INFO, "worker exec'd, slot reset",
+	            "pid=%u slot=%u group=%s comm=%s", p->pid, p->slot,
+	            mts_logq(qg, sizeof(qg), res->group),
+	            mts_logq(qc, sizeof(qc), p->comm));
 	/* Its old bytes left the totals: publish now, as at exit. */
 	mts_publish(reg);
 	return 0;
@@ -973,8 +973,8 @@ static int register_known(struct mts_registry *reg, struct mts_proc *p,
  * a new proc. */
 static int register_new(struct mts_registry *reg, const struct mts_peer *peer,
                         int pidfd, uint64_t start_time, const char *group,
-                        const char *task, uint64_t image_id,
-                        const char *comm, struct mts_reg_result *res)
+                        const char *task, uint64_t image_id, const char *comm,
+                        struct mts_reg_result *res)
 {
 	int err;
 	if (reg->nfree == 0) {
@@ -994,8 +994,9 @@ static int register_new(struct mts_registry *reg, const struct mts_peer *peer,
 	}
 	struct mts_table *table;
 	if ((err = table_get(reg, peer->uid, &table)) < 0) {
-		mts_log(MTS_LOG_WARN, "cannot create a slot table",
-		        "uid=%u err=%s", peer->uid, strerror(-err));
+		mts_log_uid(peer->uid, MTS_LOG_WARN,
+		            "cannot create a slot table", "uid=%u err=%s",
+		            peer->uid, strerror(-err));
 		goto fail_close_pidfd;
 	}
 	struct proc_init in = {
@@ -1023,11 +1024,11 @@ static int register_new(struct mts_registry *reg, const struct mts_peer *peer,
 	reg->stats.registrations++;
 	result_fill(reg, p, slot_init(reg, p), res);
 	char qg[MTS_LOGQ_MAX], qc[MTS_LOGQ_MAX], qt[MTS_LOGQ_MAX];
-	mts_log(MTS_LOG_INFO, "worker registered",
-	        "pid=%u uid=%u slot=%u group=%s task=%s comm=%s", p->pid,
-	        p->uid, p->slot, mts_logq(qg, sizeof(qg), res->group),
-	        mts_logq(qt, sizeof(qt), p->task),
-	        mts_logq(qc, sizeof(qc), p->comm));
+	mts_log_uid(p->uid, MTS_LOG_INFO, "worker registered",
+	            "pid=%u uid=%u slot=%u group=%s task=%s comm=%s", p->pid,
+	            p->uid, p->slot, mts_logq(qg, sizeof(qg), res->group),
+	            mts_logq(qt, sizeof(qt), p->task),
+	            mts_logq(qc, sizeof(qc), p->comm));
 	tell_joined(reg, p);
 	return 0;
 
@@ -1053,15 +1054,14 @@ static void note_group_refused(struct mts_registry *reg,
 	uint32_t k = reg->refused.group_next++ % MTS_REFUSED_REMEMBERED;
 	reg->refused.group[k].uid = peer->uid;
 	reg->refused.group[k].hash = h;
-	if (!mts_log_peer(peer->uid))
-		return;
 	char qg[MTS_LOGQ_MAX];
-	mts_log(MTS_LOG_WARN,
-	        why == -EACCES
-	            ? "group not allowed for this uid, worker put in default"
-	            : "uid at max_groups_per_uid, worker put in default",
-	        "pid=%u uid=%u group=%s", peer->pid, peer->uid,
-	        mts_logq(qg, sizeof(qg), group));
+	mts_log_uid(
+	    peer->uid, MTS_LOG_WARN,
+	    why == -EACCES
+	        ? "group not allowed for this uid, worker put in default"
+	        : "uid at max_groups_per_uid, worker put in default",
+	    "pid=%u uid=%u group=%s", peer->pid, peer->uid,
+	    mts_logq(qg, sizeof(qg), group));
 }
 
 /* The group a worker of `peer` naming `group` goes in: that one, or
@@ -1107,8 +1107,8 @@ static int register_peer(struct mts_registry *reg, const struct mts_peer *peer,
 	/* Its start time and name from one read of /proc/PID/stat. */
 	uint64_t start_time;
 	char comm[sizeof(((struct mts_proc *)0)->comm)];
-	int err = mts_read_stat((pid_t)peer->pid, &start_time, comm,
-	                        sizeof(comm));
+	int err =
+	    mts_read_stat((pid_t)peer->pid, &start_time, comm, sizeof(comm));
 	if (err == 0 && !exact)
 		err = peer_vouch(peer, start_time);
 	if (err == 0 && pidfd_exited(pidfd))

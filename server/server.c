@@ -56,7 +56,8 @@ bool mts_socket_is_ours(const struct mts_server *srv)
 	if (!srv->cfg.socket_path)
 		return false;
 	return !srv->net.sock_known ||
-	       same_file(srv->cfg.socket_path, srv->net.sock_dev, srv->net.sock_ino);
+	       same_file(srv->cfg.socket_path, srv->net.sock_dev,
+	                 srv->net.sock_ino);
 }
 
 /*
@@ -97,8 +98,8 @@ static void on_tick(uv_timer_t *t)
 	mts_core_tick(&srv->reg);
 	/* Kernel figures the tick found claims running ahead of. */
 	mts_rss_sweep_vouch(&srv->reg, mts_now_monotonic());
-	/* Peers' suppressed log lines are reported within a tick or so. */
-	mts_log_peer_flush();
+	/* Held-back log lines are reported within a tick of their second. */
+	mts_log_flush(false);
 	check_files(srv);
 }
 
@@ -191,8 +192,8 @@ static int start_registry(struct mts_server *srv, const struct mts_config *cfg,
                           const char *label, const struct mts_state_info *info,
                           bool adopted)
 {
-	int err = mts_core_init(&srv->reg, srv->loop, &srv->map, label,
-	                            srv->state);
+	int err =
+	    mts_core_init(&srv->reg, srv->loop, &srv->map, label, srv->state);
 	if (err < 0)
 		return err;
 	srv->reg.instance = info->instance;

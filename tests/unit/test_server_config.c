@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "mts_log.h"
@@ -839,18 +840,165 @@ Test(config, names)
 	cr_assert_not(mts_name_ok("a\x7f"));
 }
 
-/* A peer's lines: MTS_LOG_PEER_BURST a second per uid, then held back;
- * another uid has its own budget. */
+/* Log lines go to fd 2: to a temporary file while `capture` runs. */
+struct captured {
+	int saved, fd;
+};
+
+static struct captured capture_start(void)
+{
+	struct captured c;
+	char name[] = "/tmp/mt-log-XXXXXX";
+	c.fd = mkstemp(name);
+	cr_assert_geq(c.fd, 0);
+	unlink(name);
+	c.saved = dup(2);
+	dup2(c.fd, 2);
+	return c;
+}
+
+/* Everything written since capture_start(), NUL-terminated (free it). */
+static char *capture_end(struct captured c)
+{
+	dup2(c.saved, 2);
+	close(c.saved);
+	off_t n = lseek(c.fd, 0, SEEK_END);
+	char *buf = calloc(1, (size_t)n + 1);
+	cr_assert_eq(pread(c.fd, buf, (size_t)n, 0), n);
+	close(c.fd);
+	return buf;
+}
+
+static unsigned count_of(const char *text, const char *what)
+{
+	unsigned n = 0;
+	for (const char *p = text; (p = strstr(p, what)); p += strlen(what))
+		n++;
+	return n;
+}
+
+/* The budgets count by CLOCK_MONOTONIC second: start at a fresh one, so
+ * that a test's lines all fall in one second. */
+static void fresh_second(void)
+{
+	struct timespec a, b;
+	clock_gettime(CLOCK_MONOTONIC, &a);
+	do
+		clock_gettime(CLOCK_MONOTONIC, &b);
+	while (b.tv_sec == a.tv_sec);
+}
+
+/* A peer's lines: MTS_LOG_PEER_BURST a second per uid below warn and as
+ * many from warn up, then held back and summed by msg; another uid has
+ * its own budget. */
 Test(config, peer_log_budget)
 {
-	mts_log_set_level(MTS_LOG_ERROR); /* the summary line is a warning */
-	unsigned ok = 0, other = 0;
+	mts_log_set_level(MTS_LOG_INFO);
+	fresh_second();
+	struct captured c = capture_start();
 	for (int i = 0; i < 1000; i++)
-		ok += mts_log_peer(65534) != 0;
+		mts_log_uid(65534, MTS_LOG_INFO, "admission granted", "i=%d",
+		            i);
+	for (int i = 0; i < 500; i++)
+		mts_log_uid(65534, MTS_LOG_INFO, "reservation released", "i=%d",
+		            i);
+	/* The uid's notes are spent; its warnings are not. */
+	for (int i = 0; i < 3; i++)
+		mts_log_uid(65534, MTS_LOG_WARN, "figure below zero", NULL);
 	for (int i = 0; i < 5; i++)
-		other += mts_log_peer(4242) != 0;
-	/* A second may have turned meanwhile: at most two budgets. */
-	cr_assert_geq(ok, MTS_LOG_PEER_BURST);
-	cr_assert_leq(ok, 2 * MTS_LOG_PEER_BURST);
-	cr_assert_eq(other, 5);
+		mts_log_uid(4242, MTS_LOG_INFO, "admission granted", "i=%d", i);
+	mts_log_flush(true);
+	char *out = capture_end(c);
+	cr_assert_eq(count_of(out, "msg=\"admission granted\" i="),
+	             MTS_LOG_PEER_BURST + 5, "%s", out);
+	cr_assert_eq(count_of(out, "msg=\"reservation released\""), 0);
+	cr_assert_eq(count_of(out, "msg=\"figure below zero\""), 3);
+	cr_assert_eq(count_of(out, "msg=\"similar lines suppressed\""), 1, "%s",
+	             out);
+	cr_assert(strstr(out, "level=warn msg=\"similar lines suppressed\" "
+	                      "uid=65534 suppressed=1490 budget_per_s=10 "
+	                      "lines=\"admission granted (990); reservation "
+	                      "released (500)\"\n"),
+	          "%s", out);
+	unsigned long long by_uid, by_scope;
+	mts_log_suppressed(&by_uid, &by_scope);
+	cr_assert_eq(by_uid, 1490);
+	cr_assert_eq(by_scope, 0);
+	free(out);
+}
+
+/* A line at a level not written takes nothing from the budget, and no
+ * summary claims it was held back. */
+Test(config, peer_log_budget_skips_unwritten_levels)
+{
+	mts_log_set_level(MTS_LOG_WARN);
+	fresh_second();
+	struct captured c = capture_start();
+	for (int i = 0; i < 100; i++)
+		mts_log_uid(65534, MTS_LOG_INFO, "admission granted", NULL);
+	mts_log_uid(65534, MTS_LOG_WARN, "release refused", NULL);
+	mts_log_flush(true);
+	char *out = capture_end(c);
+	cr_assert_eq(count_of(out, "\n"), 1, "%s", out);
+	cr_assert(strstr(out, "msg=\"release refused\""), "%s", out);
+	unsigned long long by_uid, by_scope;
+	mts_log_suppressed(&by_uid, &by_scope);
+	cr_assert_eq(by_uid, 0);
+	free(out);
+}
+
+/* A scope's lines: MTS_LOG_SCOPE_BURST a second, then one line that is
+ * the latest held back, with how many were, at the level of the worst
+ * (an `over` among them); another scope has its own budget. */
+Test(config, scope_log_budget)
+{
+	mts_log_set_level(MTS_LOG_INFO);
+	fresh_second();
+	struct captured c = capture_start();
+	for (int i = 0; i < 20; i++)
+		mts_log_scope("fleet", i == 12 ? MTS_LOG_WARN : MTS_LOG_INFO,
+		              "state changed", "scope=\"fleet\" n=%d", i);
+	for (int i = 0; i < 3; i++)
+		mts_log_scope("group:etl", MTS_LOG_INFO, "state changed",
+		              "scope=\"group:etl\" n=%d", i);
+	mts_log_flush(false); /* the second is not over: nothing yet */
+	char *early = capture_end(c);
+	cr_assert_eq(count_of(early, "suppressed="), 0, "%s", early);
+	c = capture_start();
+	mts_log_flush(true);
+	char *out = capture_end(c);
+	cr_assert_eq(count_of(early, "scope=\"fleet\""), MTS_LOG_SCOPE_BURST,
+	             "%s", early);
+	cr_assert_eq(count_of(early, "scope=\"group:etl\""), 3);
+	cr_assert_eq(count_of(out, "\n"), 1, "%s", out);
+	cr_assert(strstr(out, "level=warn msg=\"state changed\" "
+	                      "scope=\"fleet\" n=19 suppressed=15 "
+	                      "budget_per_s=5\n"),
+	          "%s", out);
+	unsigned long long by_uid, by_scope;
+	mts_log_suppressed(&by_uid, &by_scope);
+	cr_assert_eq(by_scope, 15);
+	cr_assert_eq(by_uid, 0);
+	free(early);
+	free(out);
+}
+
+/* A new second starts a new budget, and the held-back lines of the past
+ * one are reported before its first line. */
+Test(config, log_budget_next_second)
+{
+	mts_log_set_level(MTS_LOG_INFO);
+	fresh_second();
+	struct captured c = capture_start();
+	for (int i = 0; i < 12; i++)
+		mts_log_uid(7, MTS_LOG_INFO, "worker registered", "i=%d", i);
+	fresh_second();
+	mts_log_uid(7, MTS_LOG_INFO, "worker registered", "i=next");
+	char *out = capture_end(c);
+	const char *sum = strstr(out, "uid=7 suppressed=2 ");
+	const char *next = strstr(out, "i=next");
+	cr_assert(sum && next && sum < next, "%s", out);
+	cr_assert_eq(count_of(out, "msg=\"worker registered\""),
+	             MTS_LOG_PEER_BURST + 1);
+	free(out);
 }
