@@ -851,6 +851,16 @@ static void render_counters(struct out *o, const struct mts_registry *reg,
 	}
 	counter(o, "memtally_protocol_errors_total",
 	        "Error responses to malformed frames.", q->protocol_errors);
+	unsigned long long by_uid, by_scope;
+	mts_log_suppressed(&by_uid, &by_scope);
+	family(o, "memtally_log_lines_suppressed_total", "counter",
+	       "Log lines held back by the per-uid and per-scope budgets "
+	       "(each reported in a summary line).");
+	put_str(o, "memtally_log_lines_suppressed_total{budget=\"uid\"} ");
+	put_u64(o, by_uid);
+	put_str(o, "\nmemtally_log_lines_suppressed_total{budget=\"scope\"} ");
+	put_u64(o, by_scope);
+	put(o, "\n", 1);
 	if (cs) {
 		gauge(o, "memtally_connections", "Open client connections.",
 		      cs->open);
@@ -966,7 +976,7 @@ static void format_addr(const struct sockaddr_storage *ss, uint16_t port,
 struct mts_metrics {
 	uv_async_t async; /* a scrape wants a fresh text; runs on the loop */
 	const struct mts_registry *reg;
-	const struct mts_conn_stats *cs; /* NULL: no connection figures */
+	const struct mts_conn_stats *cs;   /* NULL: no connection figures */
 	const struct mts_reload_stats *rs; /* NULL: no reload figures */
 	struct MHD_Daemon *mhd;
 	uint16_t port;

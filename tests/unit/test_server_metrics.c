@@ -30,8 +30,10 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
+#include "mts_log.h"
 #include "test_server_fixture.h"
 
 #define PROMTOOL "/usr/bin/promtool"
@@ -381,11 +383,23 @@ Test(render, counters_and_tick)
 	srv.reload_stats.applied = 24;
 	srv.reload_stats.rejected = 25;
 	srv.reg.req->auth_denials = 20; /* SetLimit refused (dispatch.c) */
-	a->auth_denials = 6;  /* Release refused (admit.c) */
+	a->auth_denials = 6;            /* Release refused (admit.c) */
 	srv.reg.tick->last_ns = 1500000;
 	srv.reg.tick->sum_ns = 2500000123ull;
 	srv.reg.tick->count = 1234;
 	srv.reg.totals.unregistered = 3;
+	/* Log lines held back by the budgets, all in one second (they
+	 * count by CLOCK_MONOTONIC second): start at a fresh one. */
+	struct timespec t0, t1;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	do
+		clock_gettime(CLOCK_MONOTONIC, &t1);
+	while (t1.tv_sec == t0.tv_sec);
+	mts_log_set_level(MTS_LOG_INFO);
+	for (unsigned i = 0; i < MTS_LOG_PEER_BURST + 27; i++)
+		mts_log_uid(5, MTS_LOG_INFO, "admission granted", NULL);
+	for (unsigned i = 0; i < MTS_LOG_SCOPE_BURST + 28; i++)
+		mts_log_scope("fleet", MTS_LOG_INFO, "state changed", NULL);
 
 	char *t = render();
 	assert_line(t, "# TYPE memtally_registrations_total counter");
@@ -401,6 +415,11 @@ Test(render, counters_and_tick)
 	assert_line(t, "memtally_enforcement_signals_total 19");
 	assert_line(t, "memtally_watch_events_total 20");
 	assert_line(t, "memtally_protocol_errors_total 21");
+	assert_line(t, "# TYPE memtally_log_lines_suppressed_total counter");
+	assert_line(t,
+	            "memtally_log_lines_suppressed_total{budget=\"uid\"} 27");
+	assert_line(t,
+	            "memtally_log_lines_suppressed_total{budget=\"scope\"} 28");
 	assert_line(t, "memtally_reservations_fulfilled_total 22");
 	assert_line(t, "memtally_watch_disconnects_total 23");
 	assert_line(t, "memtally_config_reloads_total 24");
