@@ -23,11 +23,13 @@
  * reservations are added (what a grant has promised is as good as used).
  *
  * Every change of the fleet's or a group's state, and every process
- * entering or leaving `over`, is logged and handed to reg->lim->on_event (the
- * Watch broadcast). A process in `over` has MTSHM_SLOT_OVER_LIMIT set in
- * its slot, so the worker can see it with one load; the flag is cleared
- * when it leaves `over`. Processes are also `high` internally (reported in
- * ProcessInfo.state), but only over/not-over is an event.
+ * entering or leaving `over`, is handed to reg->lim->on_event (the Watch
+ * broadcast) and logged within a budget: the scope's for the fleet and
+ * groups, the uid's for a process (mts_log.h). A process in `over` has
+ * MTSHM_SLOT_OVER_LIMIT set in its slot, so the worker can see it with one
+ * load; the flag is cleared when it leaves `over`. Processes are also `high`
+ * internally (reported in ProcessInfo.state), but only over/not-over is an
+ * event.
  *
  * Enforcement (optional, policy.enforce_signal): once the fleet has been
  * in `over` for policy.grace_ms, the largest process that is over its own

@@ -331,7 +331,7 @@ struct mts_peer {
 	uint8_t nsend_fds;
 };
 
-/* The uid a peer's log lines are budgeted under (mts_log_peer): its
+/* The uid a peer's log lines are budgeted under (mts_log_uid): its
  * own (a TCP peer's too, when sock_diag named it), or MTS_UID_TCP for
  * every peer of unknown uid. */
 static inline unsigned mts_peer_log_uid(const struct mts_peer *peer)
