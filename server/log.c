@@ -174,9 +174,10 @@ struct held_kind {
 static struct peer {
 	unsigned uid;
 	bool used;
-	/* Lines written in `second`, below warn and from warn up: a flood
-	 * of grants leaves the uid's warnings their own room. */
-	unsigned count[2];
+	/* Lines written in `second`, by level: lines of one level never
+	 * crowd out another's (a flood of grants leaves the uid's warnings
+	 * their room, debug lines about its connections its grants). */
+	unsigned count[4];
 	unsigned long held;  /* lines held back, not reported yet */
 	unsigned long other; /* of them, those of a kind not in kinds[] */
 	struct held_kind kinds[PEER_KINDS];
@@ -229,8 +230,7 @@ static struct peer *peer_entry(unsigned uid, long long now)
 	if (e->second != now) {
 		peer_report(e);
 		e->second = now;
-		e->count[0] = 0;
-		e->count[1] = 0;
+		memset(e->count, 0, sizeof(e->count));
 	}
 	return e;
 }
@@ -262,7 +262,7 @@ void mts_log_uid(unsigned uid, enum mts_log_level level, const char *msg,
 	if (!mts_log_enabled(level))
 		return; /* not written, so not counted either */
 	struct peer *e = peer_entry(uid, mono_second());
-	unsigned *count = &e->count[level >= MTS_LOG_WARN];
+	unsigned *count = &e->count[level];
 	if (*count >= MTS_LOG_PEER_BURST) {
 		peer_hold(e, level, msg ? msg : "");
 		return;

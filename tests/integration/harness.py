@@ -301,6 +301,18 @@ class Worker:
         self.proc.wait()
 
 
+def logged(text, msg):
+    """How many `msg` lines memtallyd logged: those written, and those its
+    per-uid log budget held back and counted in a "similar lines
+    suppressed" summary (reported within a tick of their second)."""
+    import re
+    written = sum(1 for ln in text.splitlines()
+                  if f'msg="{msg}"' in ln and " suppressed=" not in ln)
+    held = sum(int(n) for n in re.findall(
+        re.escape(msg) + r" \((\d+)\)(?:;|\"$)", text, re.M))
+    return written + held
+
+
 def check(cond, msg):
     if not cond:
         raise AssertionError(msg)

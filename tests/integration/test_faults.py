@@ -27,7 +27,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import MEMTALLYD, MIB, MULT, Server, Worker, check, find_slot, run, wait_for, worker  # noqa: E402
+from harness import MEMTALLYD, MIB, MULT, Server, Worker, check, find_slot, logged, run, wait_for, worker  # noqa: E402
 
 LONG = os.environ.get("MEMTALLY_LONG") == "1"
 CYCLES = 10000 if LONG else 300
@@ -69,7 +69,7 @@ def test_a_sigkill_churn():
         check(s.cli("ps")["processes"] == [], "processes still listed")
         dt = time.monotonic() - t0
         log = s.logtext()
-        regs = log.count('msg="worker registered"')
+        regs = logged(log, "worker registered")
         check(regs >= CYCLES // 10, f"only {regs} of {CYCLES} workers ever "
               "registered: the kills came too early to test anything")
         print(f"  {CYCLES} spawn/SIGKILL cycles ({killed} killed by the "
