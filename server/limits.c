@@ -444,14 +444,15 @@ void mts_enforce(struct mts_registry *reg, uint64_t now_ns)
 	    mt_sat_add(mts_measured(reg, touched, t->rss), t->reserved);
 	if (t->limit && held <= t->limit) {
 		if (!reg->lim->enforce_idle_logged)
-			mts_log(MTS_LOG_WARN,
-			        "fleet over its limit past the grace period "
-			        "only by untouched allowances, nothing "
-			        "signalled",
-			        "bytes=%llu allowance=%llu limit=%llu",
-			        (unsigned long long)t->bytes,
-			        (unsigned long long)t->allowance,
-			        (unsigned long long)t->limit);
+			mts_log_scope(
+			    "enforce", MTS_LOG_WARN,
+			    "fleet over its limit past the grace period "
+			    "only by untouched allowances, nothing "
+			    "signalled",
+			    "bytes=%llu allowance=%llu limit=%llu",
+			    (unsigned long long)t->bytes,
+			    (unsigned long long)t->allowance,
+			    (unsigned long long)t->limit);
 		reg->lim->enforce_idle_logged = true;
 		return;
 	}
