@@ -222,7 +222,9 @@ def settled(s):
 
 
 def test_admit_release_flood():
-    with server_for_nobody("[limits]\nfleet = 1GiB\n") as s:
+    # The per-uid reservation cap off: one uid is to move the fleet.
+    with server_for_nobody("[limits]\nfleet = 1GiB\n[admission]\n"
+                           "max_reserved_bytes_per_uid = none\n") as s:
         open_to_nobody(s)
         pub = os.path.dirname(world_readable_copy(
             os.path.join(HERE, "pbwire.py"))[0])
