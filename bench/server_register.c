@@ -67,7 +67,7 @@
 
 #include "bench_common.h"
 
-#define DEADLINE_NS (5 * UINT64_C(1000000000))
+#define DEADLINE_NS  (5 * UINT64_C(1000000000))
 #define WORKER_BYTES (INT64_C(1) << 20)
 
 /* What a worker reports to the parent. */
@@ -128,8 +128,8 @@ static int log_poll(struct logf *lf, long pid, int *reg, int *ex)
 	for (;;) {
 		if (lf->n >= sizeof(lf->buf) - 1)
 			lf->n = 0; /* an absurd line: drop it */
-		ssize_t k = read(lf->fd, lf->buf + lf->n,
-		                 sizeof(lf->buf) - 1 - lf->n);
+		ssize_t k =
+		    read(lf->fd, lf->buf + lf->n, sizeof(lf->buf) - 1 - lf->n);
 		if (k < 0)
 			return -1;
 		if (k == 0)
@@ -181,7 +181,7 @@ static int log_wait_exit(struct logf *lf, long pid, int *reg)
 /* ---- the server's CPU time --------------------------------------------- */
 
 struct cpu {
-	uint64_t ticks; /* utime + stime, clock ticks */
+	uint64_t ticks;  /* utime + stime, clock ticks */
 	uint64_t run_ns; /* sum of schedstat's run time over its threads */
 };
 
@@ -379,14 +379,38 @@ struct run {
 /* The steps below return 0 to go on, 1 when a sign of the proof failed
  * (in r->why: the run stops, the proof reports it), -1 on an error. */
 
+/* Does this memtallyd take --log-budget (an older one, run side by
+ * side, does not, and writes every line anyway)? */
+static int takes_log_budget(const char *memtallyd)
+{
+	char cmd[4200];
+	snprintf(cmd, sizeof(cmd), "'%s' --help 2>&1", memtallyd);
+	FILE *f = popen(cmd, "r");
+	if (!f)
+		return 0;
+	char line[512];
+	int found = 0;
+	while (fgets(line, sizeof(line), f))
+		found |= strstr(line, "--log-budget") != NULL;
+	pclose(f);
+	return found;
+}
+
 /* memtallyd at its default log level (info): one line per registration
- * and per exit, as a deployed server writes them. Then pin ourselves. */
+ * and per exit, as a deployed server writes them, every one of them (the
+ * proof reads each worker's; a budget would hold most back). Then pin
+ * ourselves. */
 static int start_server(struct opts *o, struct run *r)
 {
 	char tick[32], nslots[32];
 	snprintf(tick, sizeof(tick), "%ld", o->tick_ms);
 	snprintf(nslots, sizeof(nslots), "%ld", o->slots);
-	const char *args[] = {"--tick", tick, "--slots", nslots, NULL};
+	const char *args[] = {"--tick", tick, "--slots", nslots,
+	                      NULL,     NULL, NULL};
+	if (takes_log_budget(o->memtallyd)) {
+		args[4] = "--log-budget";
+		args[5] = "none";
+	}
 	if (bench_server_start(&r->srv, "register", o->memtallyd, o->server_cpu,
 	                       args))
 		return -1;

@@ -631,6 +631,26 @@ static int key_server_log_level(struct load *l, const char *sec,
 	return 0;
 }
 
+/* [server] log_budget: an integer 1..100000, or none. */
+static int key_server_log_budget(struct load *l, const char *sec,
+                                 const char *key, const char *v)
+{
+	if (strcasecmp(v, "none") == 0) {
+		l->s.log_budget = 0;
+		return 0;
+	}
+	char *end;
+	errno = 0;
+	unsigned long n = strtoul(v, &end, 10);
+	if (errno || end == v || *end || v[0] == '-' || n < 1 || n > 100000)
+		return fail(l, sec, key,
+		            "expected lines a second from 1 to 100000, or "
+		            "none; got '%s'",
+		            v);
+	l->s.log_budget = (unsigned)n;
+	return 0;
+}
+
 static int key_server_tcp(struct load *l, const char *sec, const char *key,
                           const char *v)
 {
@@ -1218,6 +1238,7 @@ static const struct {
     {"server", "oom_score_adj", key_server_oom_score_adj, NO_U32},
     {"server", "max_buffered", key_server_max_buffered, NO_U32},
     {"server", "log_level", key_server_log_level, NO_U32},
+    {"server", "log_budget", key_server_log_budget, NO_U32},
     {"server", "tcp", key_server_tcp, NO_U32},
     {"server", "tcp_allow_remote", key_server_tcp_allow_remote, NO_U32},
     {"server", "tcp_token", key_server_tcp_token, NO_U32},
@@ -1330,6 +1351,10 @@ const struct mts_flag mts_flags[] = {
      "worker flush threshold, 1 B..1 GiB (default 64KiB)", 0, 0},
     {"--log-level", "LEVEL", "server", "log_level",
      "debug, info, warn or error (default info)", 0, 0},
+    {"--log-budget", "N", "server", "log_budget",
+     "lines a second each uid may cause at each level,\n"
+     "or none (default 10)",
+     0, 0},
     {"--fleet-limit", "SIZE", "limits", "fleet",
      "fleet limit, or none (default none)", 0, 0},
     {"--high-watermark", "PCT", "limits", "high_watermark",
@@ -1594,6 +1619,7 @@ int mts_settings_load(struct mts_settings *out, const char *path,
 	memset(&l, 0, sizeof(l));
 	mts_policy_defaults(&l.s.policy);
 	l.s.log_level = MTS_LOG_INFO;
+	l.s.log_budget = MTS_LOG_PEER_BURST;
 	l.s.cfg.slots = MTS_DEFAULT_SLOTS;
 	l.s.cfg.lanes = MTSHM_DEFAULT_LANES;
 	l.s.cfg.tick_ms = MTS_DEFAULT_TICK_MS;

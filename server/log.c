@@ -27,6 +27,11 @@
 #include <time.h>
 #include <unistd.h>
 
+/* [server] log_budget (mts_log_set_budget). */
+static unsigned peer_burst = MTS_LOG_PEER_BURST;
+static unsigned scope_burst = MTS_LOG_SCOPE_BURST;
+static bool budgeted = true;
+
 #define LINE_MAX_BYTES 1024
 
 static enum mts_log_level min_level = MTS_LOG_INFO;
@@ -206,7 +211,7 @@ static void peer_report(struct peer *e)
 	mts_log(e->top > MTS_LOG_WARN ? e->top : MTS_LOG_WARN,
 	        "similar lines suppressed",
 	        "uid=%u suppressed=%lu budget_per_s=%u lines=%s", e->uid,
-	        e->held, MTS_LOG_PEER_BURST, mts_logq(q, sizeof(q), what));
+	        e->held, peer_burst, mts_logq(q, sizeof(q), what));
 	e->held = 0;
 	e->other = 0;
 	e->top = MTS_LOG_DEBUG;
@@ -256,14 +261,28 @@ static void peer_hold(struct peer *e, enum mts_log_level level, const char *msg)
 	e->other++;
 }
 
+void mts_log_set_budget(unsigned per_uid)
+{
+	budgeted = per_uid != 0;
+	peer_burst = per_uid;
+	scope_burst = per_uid / 2 ? per_uid / 2 : 1;
+}
+
 void mts_log_uid(unsigned uid, enum mts_log_level level, const char *msg,
                  const char *fmt, ...)
 {
 	if (!mts_log_enabled(level))
 		return; /* not written, so not counted either */
+	if (!budgeted) {
+		va_list ap;
+		va_start(ap, fmt);
+		vlog(level, msg, fmt, ap);
+		va_end(ap);
+		return;
+	}
 	struct peer *e = peer_entry(uid, mono_second());
 	unsigned *count = &e->count[level];
-	if (*count >= MTS_LOG_PEER_BURST) {
+	if (*count >= peer_burst) {
 		peer_hold(e, level, msg ? msg : "");
 		return;
 	}
@@ -293,7 +312,7 @@ static void scope_report(struct scope *e)
 	if (!e->held)
 		return;
 	mts_log(e->top, e->msg, "%s%ssuppressed=%lu budget_per_s=%u", e->fields,
-	        e->fields[0] ? " " : "", e->held, MTS_LOG_SCOPE_BURST);
+	        e->fields[0] ? " " : "", e->held, scope_burst);
 	e->held = 0;
 	e->top = MTS_LOG_DEBUG;
 }
@@ -326,7 +345,7 @@ void mts_log_scope(const char *scope, enum mts_log_level level, const char *msg,
 	struct scope *e = scope_entry(scope, mono_second());
 	va_list ap;
 	va_start(ap, fmt);
-	if (e->count < MTS_LOG_SCOPE_BURST) {
+	if (!budgeted || e->count < scope_burst) {
 		e->count++;
 		vlog(level, msg, fmt, ap);
 	} else {

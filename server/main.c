@@ -332,6 +332,7 @@ static void on_hup(uv_signal_t *h, int signum)
 	} else {
 		s->srv->reload_stats.applied++;
 		mts_log_set_level((enum mts_log_level)next.log_level);
+		mts_log_set_budget(next.log_budget);
 		const struct mts_policy *p = &reg->policy;
 		mts_log(MTS_LOG_INFO, "config reloaded",
 		        "path=%s fleet_limit=%llu high_watermark_bp=%u "
@@ -465,6 +466,7 @@ int main(int argc, char **argv)
 	}
 	settings.cfg.reset = cl.reset;
 	mts_log_set_level((enum mts_log_level)settings.log_level);
+	mts_log_set_budget(settings.log_budget);
 	const struct mts_config cfg = settings.cfg;
 	/* A peer that hangs up mid-write must not kill the server. */
 	signal(SIGPIPE, SIG_IGN);

@@ -78,7 +78,9 @@ struct mts_reload_stats {
 struct mts_settings {
 	struct mts_config cfg; /* strings point into `owned` */
 	struct mts_policy policy;
-	int log_level;              /* enum mts_log_level */
+	int log_level; /* enum mts_log_level */
+	/* [server] log_budget: lines a second per uid and level; 0 = none */
+	unsigned log_budget;
 	char *config_path;          /* NULL: no file */
 	char *owned[8];             /* socket, segment, tcp, metrics, state */
 	struct mts_hook_conf hooks; /* [hooks] */

@@ -66,6 +66,10 @@ void mts_log(enum mts_log_level level, const char *msg, const char *fmt, ...)
  */
 #define MTS_LOG_PEER_BURST  10u
 #define MTS_LOG_SCOPE_BURST 5u
+/* [server] log_budget: the per-uid budget in force (the scopes' is half
+ * of it, at least 1); 0 = no budget (every line written: for a debugging
+ * session or a benchmark that reads every line). */
+void mts_log_set_budget(unsigned per_uid);
 void mts_log_uid(unsigned uid, enum mts_log_level level, const char *msg,
                  const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 void mts_log_scope(const char *scope, enum mts_log_level level, const char *msg,
