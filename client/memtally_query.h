@@ -308,7 +308,16 @@ struct memtally_admit_req {
 	                       * workers will register with */
 	uint32_t ttl_seconds; /* 0: the server's default */
 	uint32_t reserved32;  /* zero */
-	uint64_t reserved[4]; /* zero */
+	union {
+		/* NULL or "": none. With a kind (what runs again and
+		 * again: a job name), the server sizes the reservation
+		 * from the kind's recent peaks, and `bytes` may be 0 (a
+		 * server from before kinds then answers
+		 * MEMTALLY_EBADREQUEST). */
+		const char *kind;
+		uint64_t kind_word; /* keeps the layout on 32-bit targets */
+	};
+	uint64_t reserved[3]; /* zero */
 };
 
 /*
@@ -334,6 +343,12 @@ struct memtally_admit_result {
 	double seconds_to_limit; /* its forecast; 0 = none */
 	size_t n_top;
 	struct memtally_process *top; /* NULL when n_top == 0 */
+	/* What the reservation sets aside (or would have, when denied) and
+	 * why: "declared", or "212 MiB: p95 of 37 runs of kind xz + 10%".
+	 * 0 and "" from a server from before kinds. */
+	uint64_t reserved_for_task;
+	const char *sized_by;
+	uint64_t declared_bytes; /* req->bytes as the server saw it */
 };
 
 /*
@@ -342,7 +357,8 @@ struct memtally_admit_result {
  * sent twice (see the top of this header): after a connection failure
  * with the request written, memtally_query_last_error() says the
  * admission may have been granted. Free *out with
- * memtally_admit_result_free(). -EINVAL for req NULL or bytes 0.
+ * memtally_admit_result_free(). -EINVAL for req NULL, or bytes 0 without
+ * a kind.
  */
 MEMTALLY_EXTERN int memtally_query_admit(memtally_query *q,
                                          const struct memtally_admit_req *req,
@@ -361,6 +377,50 @@ memtally_admit_result_free(struct memtally_admit_result *r);
 MEMTALLY_EXTERN int memtally_query_release(memtally_query *q,
                                            const char *reservation,
                                            uint64_t *bytes_out);
+
+/* ---- kinds ---------------------------------------------------------- */
+
+/* One finished task of a kind. */
+struct memtally_kind_run {
+	uint64_t peak;        /* its workers' vouched bytes at their largest */
+	uint64_t end_time_ns; /* the server's CLOCK_REALTIME at its end */
+	bool evicted;         /* ended by the server's node guard */
+};
+
+/* A kind as one uid runs it (the server keeps kinds per uid). */
+struct memtally_kind {
+	const char *kind; /* "" when withheld (another uid's, show_others) */
+	uint32_t uid;
+	uint32_t runs;       /* runs the learned size is taken from */
+	uint64_t runs_total; /* runs ever recorded */
+	uint64_t evictions;
+	uint64_t learned;       /* bytes; 0 = no history in the horizon */
+	const char *learned_by; /* "p95 of 37 runs + 10%", "" */
+	uint32_t outstanding;   /* reservations naming it now */
+	size_t n_last;
+	const struct memtally_kind_run *last; /* newest first, <= 8 */
+};
+
+struct memtally_kinds {
+	double quantile; /* the server's estimator: percent */
+	double margin;   /* percent added */
+	uint32_t window; /* runs looked at, at most */
+	uint64_t horizon_s;
+	uint64_t default_size; /* reserved for a kind with no history */
+	size_t n_kinds;
+	const struct memtally_kind *kinds; /* by uid, then name */
+};
+
+/*
+ * The learned sizes of the kinds the peer may see (`kind` NULL or "":
+ * every one; else that name only). Free *out with memtally_kinds_free().
+ * MEMTALLY_EUNSUPPORTED from a server from before kinds.
+ */
+MEMTALLY_EXTERN int memtally_query_kinds(memtally_query *q, const char *kind,
+                                         struct memtally_kinds **out);
+
+/* Free a result of memtally_query_kinds(). Accepts NULL. */
+MEMTALLY_EXTERN void memtally_kinds_free(struct memtally_kinds *k);
 
 /* ---- limits --------------------------------------------------------- */
 

@@ -980,11 +980,13 @@ admit_from_pb(const Memtally__V1__AdmitResult *a)
 	const char *reason = str_or_empty(a->reason);
 	const char *scope = str_or_empty(a->limit_scope);
 	const char *measure = str_or_empty(a->measure);
+	const char *sized_by = str_or_empty(a->sized_by);
 	size_t n = a->n_top;
 	size_t size = sizeof(struct memtally_admit_result) +
 	              n * sizeof(struct memtally_process) +
 	              processes_pool_size(a->top, n) + strlen(rsv) +
-	              strlen(reason) + strlen(scope) + strlen(measure) + 4;
+	              strlen(reason) + strlen(scope) + strlen(measure) +
+	              strlen(sized_by) + 5;
 	struct memtally_admit_result *r = calloc(1, size);
 	if (!r)
 		return NULL;
@@ -1005,6 +1007,9 @@ admit_from_pb(const Memtally__V1__AdmitResult *a)
 	    .seconds_to_limit = forecast_or_0(a->seconds_to_limit),
 	    .n_top = n,
 	    .top = n ? top : NULL,
+	    .reserved_for_task = a->reserved_for_task,
+	    .sized_by = pool_put(&pool, sized_by),
+	    .declared_bytes = a->declared_bytes,
 	};
 	processes_fill(top, &pool, a->top, n);
 	return r;
@@ -1017,7 +1022,8 @@ int memtally_query_admit(memtally_query *q,
 	if (!out)
 		return -EINVAL;
 	*out = NULL;
-	if (!q || !req || req->bytes == 0 || req->reserved32)
+	bool kind = req && req->kind && req->kind[0];
+	if (!q || !req || (req->bytes == 0 && !kind) || req->reserved32)
 		return -EINVAL;
 	for (size_t i = 0; i < sizeof(req->reserved) / sizeof(req->reserved[0]);
 	     i++)
@@ -1031,6 +1037,8 @@ int memtally_query_admit(memtally_query *q,
 	if (req->task)
 		ad.task = (char *)req->task;
 	ad.ttl_seconds = req->ttl_seconds;
+	if (kind)
+		ad.kind = (char *)req->kind;
 	Memtally__V1__Request rq = MEMTALLY__V1__REQUEST__INIT;
 	rq.body_case = MEMTALLY__V1__REQUEST__BODY_ADMIT;
 	rq.admit = &ad;
@@ -1052,6 +1060,84 @@ int memtally_query_admit(memtally_query *q,
 void memtally_admit_result_free(struct memtally_admit_result *r)
 {
 	free(r);
+}
+
+/* ---- kinds -------------------------------------------------------- */
+
+int memtally_query_kinds(memtally_query *q, const char *kind,
+                         struct memtally_kinds **out)
+{
+	if (!out)
+		return -EINVAL;
+	*out = NULL;
+	if (!q)
+		return -EINVAL;
+	Memtally__V1__Kinds kq = MEMTALLY__V1__KINDS__INIT;
+	if (kind)
+		kq.kind = (char *)kind; /* protobuf-c only reads it */
+	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
+	req.body_case = MEMTALLY__V1__REQUEST__BODY_KINDS;
+	req.kinds = &kq;
+	Memtally__V1__Response *resp;
+	int err = query_call(q, &req, MEMTALLY__V1__RESPONSE__BODY_KINDS_RESULT,
+	                     true, &resp);
+	if (err)
+		return err;
+	const Memtally__V1__KindsResult *r = resp->kinds_result;
+	/* One block: the result, the kinds, their runs, then the strings. */
+	size_t nk = r->n_kinds, nr = 0, pool = 0;
+	for (size_t i = 0; i < nk; i++) {
+		nr += r->kinds[i]->n_last;
+		pool += strlen(str_or_empty(r->kinds[i]->kind)) +
+		        strlen(str_or_empty(r->kinds[i]->learned_by)) + 2;
+	}
+	struct memtally_kinds *k =
+	    calloc(1, sizeof(*k) + nk * sizeof(struct memtally_kind) +
+	                  nr * sizeof(struct memtally_kind_run) + pool);
+	if (!k) {
+		memtally__v1__response__free_unpacked(resp, NULL);
+		return -ENOMEM;
+	}
+	struct memtally_kind *ks = (struct memtally_kind *)(k + 1);
+	struct memtally_kind_run *runs = (struct memtally_kind_run *)(ks + nk);
+	char *cursor = (char *)(runs + nr);
+	k->quantile = rate_or_0(r->quantile);
+	k->margin = rate_or_0(r->margin);
+	k->window = r->window;
+	k->horizon_s = r->horizon_s;
+	k->default_size = r->default_size;
+	k->n_kinds = nk;
+	k->kinds = nk ? ks : NULL;
+	for (size_t i = 0; i < nk; i++) {
+		const Memtally__V1__KindInfo *ki = r->kinds[i];
+		ks[i] = (struct memtally_kind){
+		    .kind = pool_put(&cursor, str_or_empty(ki->kind)),
+		    .uid = ki->uid,
+		    .runs = ki->runs,
+		    .runs_total = ki->runs_total,
+		    .evictions = ki->evictions,
+		    .learned = ki->learned_bytes,
+		    .learned_by =
+		        pool_put(&cursor, str_or_empty(ki->learned_by)),
+		    .outstanding = ki->outstanding,
+		    .n_last = ki->n_last,
+		    .last = ki->n_last ? runs : NULL,
+		};
+		for (size_t j = 0; j < ki->n_last; j++)
+			*runs++ = (struct memtally_kind_run){
+			    .peak = ki->last[j]->peak_bytes,
+			    .end_time_ns = ki->last[j]->end_time_ns,
+			    .evicted = ki->last[j]->evicted,
+			};
+	}
+	memtally__v1__response__free_unpacked(resp, NULL);
+	*out = k;
+	return 0;
+}
+
+void memtally_kinds_free(struct memtally_kinds *k)
+{
+	free(k);
 }
 
 int memtally_query_release(memtally_query *q, const char *reservation,

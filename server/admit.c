@@ -57,6 +57,7 @@
 
 #include "mts_auth.h"
 #include "mts_defs.h"
+#include "mts_kinds.h"
 #include "mts_limits.h"
 #include "mts_log.h"
 #include "mts_policy.h"
@@ -83,6 +84,8 @@ const char *mts_denial_name(enum mts_denial d)
 		return "group_not_allowed";
 	case MTS_DENY_UID_BYTES:
 		return "uid_reserved_bytes";
+	case MTS_DENY_KIND_CAP:
+		return "kinds";
 	default:
 		return "unknown";
 	}
@@ -254,6 +257,7 @@ static bool share_unref(struct mts_task *t, uint32_t uid)
 	struct mts_task_share *others = &t->shares[SHARE_OTHERS];
 	others->live += o->live;
 	others->measured = mt_sat_add(others->measured, o->measured);
+	others->vouched = mt_sat_add(others->vouched, o->vouched);
 	*o = t->shares[--t->nshares];
 	return true;
 }
@@ -706,6 +710,18 @@ static void resv_remove(struct mts_registry *reg, struct mts_resv *r,
 	resv_count(reg, r, 0);
 	heap_remove(reg, r);
 	ids_remove(reg, r);
+	if (r->kind) {
+		/* A task that ran (a worker took the reservation over) is a
+		 * run of its kind, however it ended; one whose workers never
+		 * came taught nothing. */
+		if (r->taken_over && !r->evicted && r->peak)
+			mts_kind_note_run(reg, r->kind->name, r->kind->uid,
+			                  r->peak, false);
+		if (r->task)
+			r->task->kinded--;
+		mts_kind_unref(reg, r->kind);
+		r->kind = NULL;
+	}
 	if (r->task) {
 		struct mts_task *t = r->task;
 		struct mts_resv **pp = &t->resv;
@@ -767,6 +783,36 @@ void mts_resv_free_all(struct mts_registry *reg)
 	mts_uid_counts_free(&reg->adm->resv_uids);
 }
 
+/* What the workers that may act on `r` count toward others now: its
+ * owner's and admins' (every worker's, for one made over TCP without an
+ * owner). A worker of another uid naming the task is not the task's: its
+ * memory, true or claimed, never sizes the owner's kind. */
+static uint64_t resv_vouched(struct mts_task *t, const struct mts_resv *r)
+{
+	uint64_t v = t->shares[SHARE_ADMINS].vouched;
+	if (!r->has_owner) {
+		for (uint32_t i = SHARE_OTHERS; i < t->nshares; i++)
+			v = mt_sat_add(v, t->shares[i].vouched);
+		return v;
+	}
+	const struct mts_task_share *o = share_find(t, r->uid);
+	return o ? mt_sat_add(v, o->vouched) : v;
+}
+
+/* The task's peak so far, for each of its reservations that names a
+ * kind: sampled at every tick, so a peak shorter than a tick may be
+ * missed (a tick is 10 ms by default). */
+static void task_peaks(struct mts_task *t)
+{
+	for (struct mts_resv *r = t->resv; r; r = r->tnext) {
+		if (!r->kind)
+			continue;
+		uint64_t v = resv_vouched(t, r);
+		if (v > r->peak)
+			r->peak = v;
+	}
+}
+
 /* Has anything that decides what `t`'s reservations count, or whether
  * they are taken over or end, changed since its last recount? */
 static bool task_changed(const struct mts_task *t)
@@ -826,6 +872,7 @@ void mts_resv_tick(struct mts_registry *reg, uint64_t now_ns)
 			for (uint32_t i = 0; i < t->nshares; i++) {
 				t->shares[i].live = 0;
 				t->shares[i].measured = 0;
+				t->shares[i].vouched = 0;
 			}
 		}
 		for (uint32_t i = 0; i < reg->ndense; i++) {
@@ -842,12 +889,21 @@ void mts_resv_tick(struct mts_registry *reg, uint64_t now_ns)
 			struct mts_task_share *sh = share_of(reg, t, p);
 			sh->live++;
 			sh->measured = mt_sat_add(sh->measured, m);
+			if (t->kinded) {
+				uint64_t c = p->bytes > p->unvouched
+				                 ? p->bytes - p->unvouched
+				                 : 0;
+				sh->vouched = mt_sat_add(
+				    sh->vouched, mts_measured(reg, c, p->rss));
+			}
 			t->live++;
 			t->measured = mt_sat_add(t->measured, m);
 		}
 		struct mts_task *next;
 		for (struct mts_task *t = reg->adm->tasks_seen; t; t = next) {
 			next = t->snext;
+			if (t->kinded)
+				task_peaks(t);
 			if (task_changed(t))
 				task_settle(reg, t);
 		}
@@ -1079,10 +1135,14 @@ static void log_denial(const struct mts_registry *reg,
 	char qg[MTS_LOGQ_MAX], qt[MTS_LOGQ_MAX], qs[MTS_LOGQ_MAX];
 	char who[MTS_PEER_WHO_MAX];
 	/* A uid at its cap is a misbehaving client, not a full fleet. */
-	bool cap = out->reason == MTS_DENY_UID_CAP;
+	bool cap =
+	    out->reason == MTS_DENY_UID_CAP || out->reason == MTS_DENY_KIND_CAP;
 	mts_log_uid(
 	    mts_peer_log_uid(peer), cap ? MTS_LOG_WARN : MTS_LOG_INFO,
-	    cap ? "admission denied: per-uid reservation cap"
+	    out->reason == MTS_DENY_UID_CAP
+	        ? "admission denied: per-uid reservation cap"
+	    : out->reason == MTS_DENY_KIND_CAP
+	        ? "admission denied: too many kinds"
 	        : "admission denied",
 	    "reason=%s scope=%s measured=%llu reserved=%llu "
 	    "requested=%llu limit=%llu measure=%s group=%s task=%s %s",
@@ -1160,16 +1220,17 @@ static void resv_link(struct mts_registry *reg, struct mts_resv *r, uint32_t gi,
 		resv_count(reg, r, r->bytes);
 }
 
-/* Link a granted reservation of req->bytes into the registry (index, heap,
- * task, group, per-uid count) and count it. Nothing is changed when it
- * fails (-ENOMEM). */
+/* Link a granted reservation of `bytes` into the registry (index, heap,
+ * task, group, kind, per-uid count) and count it. Nothing is changed
+ * when it fails (-ENOMEM). */
 static int resv_grant(struct mts_registry *reg, const struct mts_peer *peer,
-                      const char *group, const char *task,
-                      const struct mts_admit_req *req,
+                      const char *group, const char *task, const char *kind,
+                      uint64_t bytes, const struct mts_admit_req *req,
                       struct mts_admit_out *out)
 {
 	const struct mts_policy *pol = &reg->policy;
-	char qg[MTS_LOGQ_MAX], qt[MTS_LOGQ_MAX], who[MTS_PEER_WHO_MAX];
+	char qg[MTS_LOGQ_MAX], qt[MTS_LOGQ_MAX], qk[MTS_LOGQ_MAX];
+	char qs[MTS_LOGQ_MAX], who[MTS_PEER_WHO_MAX];
 	bool owned;
 	uint32_t key = peer_key(peer, &owned);
 	if (resv_make_room(reg) < 0)
@@ -1183,41 +1244,51 @@ static int resv_grant(struct mts_registry *reg, const struct mts_peer *peer,
 		free(r);
 		return err;
 	}
+	/* mts_admit checked the kind caps: only -ENOMEM can fail here. */
+	if (kind[0] && mts_kind_ref(reg, kind, key, &r->kind) < 0) {
+		free(r);
+		return -ENOMEM;
+	}
 	uint32_t gi;
 	/* mts_admit_decide checked the group's access and the uid's group
 	 * cap: only -ENOMEM can fail here. */
-	if (mts_group_ensure_peer(reg, peer, group, &gi) < 0) {
-		free(r);
-		return -ENOMEM;
-	}
+	if (mts_group_ensure_peer(reg, peer, group, &gi) < 0)
+		goto fail_kind;
 	if (mts_uid_count_add(&reg->adm->resv_uids, key) < 0) {
 		mts_group_gc(reg, gi);
-		free(r);
-		return -ENOMEM;
+		goto fail_kind;
 	}
 	uint64_t *held = mts_uid_count_bytes(&reg->adm->resv_uids, key);
-	*held = mt_sat_add(*held, req->bytes);
+	*held = mt_sat_add(*held, bytes);
 	r->has_owner = owned;
 	r->uid = peer->uid;
+	r->declared = req->bytes;
 	if (task[0] && resv_join_task(reg, r, task, owned) < 0) {
+		held = mts_uid_count_bytes(&reg->adm->resv_uids, key);
+		*held = *held > bytes ? *held - bytes : 0;
 		mts_uid_count_sub(&reg->adm->resv_uids, key);
 		mts_group_gc(reg, gi);
-		free(r);
-		return -ENOMEM;
+		goto fail_kind;
 	}
+	if (r->task && r->kind)
+		r->task->kinded++;
 	uint32_t ttl = req->ttl_s ? req->ttl_s : pol->default_ttl_s;
 	if (ttl > pol->max_ttl_s)
 		ttl = pol->max_ttl_s;
-	resv_link(reg, r, gi, req->bytes, ttl);
+	resv_link(reg, r, gi, bytes, ttl);
 
 	reg->adm->stats.admissions++;
 	out->ttl_s = ttl;
 	memcpy(out->id, r->id, sizeof(out->id));
 	mts_log_uid(mts_peer_log_uid(peer), MTS_LOG_INFO, "admission granted",
-	            "reservation=%s bytes=%llu group=%s task=%s ttl_s=%u "
+	            "reservation=%s bytes=%llu declared=%llu kind=%s "
+	            "sized_by=%s group=%s task=%s ttl_s=%u "
 	            "fleet_measured=%llu fleet_reserved=%llu fleet_limit=%llu "
 	            "measure=%s %s",
 	            r->id, (unsigned long long)r->bytes,
+	            (unsigned long long)r->declared,
+	            mts_logq(qk, sizeof(qk), kind),
+	            mts_logq(qs, sizeof(qs), out->sized_by),
 	            mts_logq(qg, sizeof(qg), group),
 	            mts_logq(qt, sizeof(qt), task), ttl,
 	            (unsigned long long)out->measured,
@@ -1229,6 +1300,53 @@ static int resv_grant(struct mts_registry *reg, const struct mts_peer *peer,
 	mts_limits_eval(reg, false);
 	mts_publish(reg);
 	return 0;
+
+fail_kind:
+	if (r->kind)
+		mts_kind_unref(reg, r->kind);
+	free(r);
+	return -ENOMEM;
+}
+
+/*
+ * What a request of `kind` (maybe "") declaring `declared` bytes (maybe
+ * 0) reserves, and why, for the peer's uid `key`: the kind's learned size
+ * when it has one (unless [kinds] reserve_learned is off and bytes were
+ * declared), else the declaration, else [kinds] default_size.
+ */
+static uint64_t size_request(const struct mts_registry *reg, uint32_t key,
+                             const char *kind, uint64_t declared, char *why,
+                             size_t whylen)
+{
+	const struct mts_policy *pol = &reg->policy;
+	char a[32], b[320];
+	if (!kind[0]) {
+		snprintf(why, whylen, "declared");
+		return declared;
+	}
+	uint64_t learned;
+	bool known =
+	    mts_kind_learned_for(reg, kind, key, &learned, why, whylen) == 0;
+	if (known && (!declared || pol->kind_reserve_learned))
+		return learned;
+	if (known) {
+		snprintf(b, sizeof(b), "%s", why);
+		snprintf(why, whylen,
+		         "%s: declared (learned %.200s not used: [kinds] "
+		         "reserve_learned = false)",
+		         mt_format_size(a, sizeof(a), declared), b);
+		return declared;
+	}
+	if (declared) {
+		snprintf(why, whylen, "%s: declared; kind %.*s has no history",
+		         mt_format_size(a, sizeof(a), declared), 128, kind);
+		return declared;
+	}
+	uint64_t d = mts_kind_default_size(pol);
+	snprintf(why, whylen,
+	         "%s: kind %.*s has no history ([kinds] default_size)",
+	         mt_format_size(a, sizeof(a), d), 128, kind);
+	return d;
 }
 
 int mts_admit(struct mts_registry *reg, const struct mts_peer *peer,
@@ -1237,7 +1355,9 @@ int mts_admit(struct mts_registry *reg, const struct mts_peer *peer,
 	const char *group =
 	    req->group && req->group[0] ? req->group : "default";
 	const char *task = req->task ? req->task : "";
-	if (req->bytes == 0 || !mts_name_ok(group) || !mts_name_ok(task)) {
+	const char *kind = req->kind ? req->kind : "";
+	if ((req->bytes == 0 && !kind[0]) || !mts_name_ok(group) ||
+	    !mts_name_ok(task) || !mts_name_ok(kind)) {
 		memset(out, 0, sizeof(*out));
 		out->requested = req->bytes;
 		reg->adm->stats.denials[MTS_DENY_INVALID]++;
@@ -1257,13 +1377,50 @@ int mts_admit(struct mts_registry *reg, const struct mts_peer *peer,
 		            reg->adm->nresv);
 		return -ENOSPC;
 	}
-	mts_admit_decide(reg, peer, group, req->bytes, out);
+	bool owned;
+	uint32_t key = peer_key(peer, &owned);
+	char sized_by[sizeof(out->sized_by)];
+	uint64_t bytes = size_request(reg, key, kind, req->bytes, sized_by,
+	                              sizeof(sized_by));
+	/* A new kind past its uid's cap or the server's: refused, never
+	 * another uid's kind dropped for it. */
+	char why[sizeof(out->why)], scope[sizeof(out->scope)];
+	bool kind_refused =
+	    kind[0] && !mts_kind_find(reg, kind, key) &&
+	    mts_kind_may_create(reg, key,
+	                        mts_authorise(reg, peer, NULL) != MTS_AUTH_NONE,
+	                        why, sizeof(why), scope, sizeof(scope)) < 0;
+	if (kind_refused) {
+		memset(out, 0, sizeof(*out));
+		out->reason = MTS_DENY_KIND_CAP;
+		memcpy(out->why, why, sizeof(why));
+		memcpy(out->scope, scope, sizeof(scope));
+	} else {
+		mts_admit_decide(reg, peer, group, bytes, out);
+	}
+	out->requested = bytes;
+	out->reserve = bytes;
+	out->declared = req->bytes;
+	memcpy(out->sized_by, sized_by, sizeof(sized_by));
 	if (!out->admitted) {
 		reg->adm->stats.denials[out->reason]++;
 		log_denial(reg, peer, group, task, out);
 		return 0;
 	}
-	return resv_grant(reg, peer, group, task, req, out);
+	return resv_grant(reg, peer, group, task, kind, bytes, req, out);
+}
+
+/* ---- the node guard's side ------------------------------------------------
+ */
+
+void mts_resv_evicted(struct mts_registry *reg, struct mts_resv *r)
+{
+	if (r->evicted)
+		return;
+	r->evicted = true;
+	if (r->kind)
+		mts_kind_note_run(reg, r->kind->name, r->kind->uid, r->peak,
+		                  true);
 }
 
 /* ---- Release ------------------------------------------------------------- */

@@ -103,6 +103,14 @@ void mts_policy_defaults(struct mts_policy *p)
 	p->untouched_allowance = MTS_DEFAULT_UNTOUCHED_ALLOWANCE;
 	p->untouched_total = MTS_DEFAULT_UNTOUCHED_TOTAL;
 	p->untouched_ms = MTS_DEFAULT_UNTOUCHED_MS;
+	p->kind_quantile_bp = MTS_DEFAULT_KIND_QUANTILE_BP;
+	p->kind_margin_bp = MTS_DEFAULT_KIND_MARGIN_BP;
+	p->kind_window = MTS_KIND_RUNS;
+	p->kind_horizon_s = MTS_DEFAULT_KIND_HORIZON_S;
+	p->kind_default_bp = MTS_DEFAULT_KIND_SIZE_BP;
+	p->kind_reserve_learned = true;
+	p->kinds_per_uid = MTS_DEFAULT_KINDS_PER_UID;
+	p->kinds_max = MTS_DEFAULT_KINDS_MAX;
 }
 
 void mts_policy_free(struct mts_policy *p)
@@ -411,6 +419,8 @@ static int parse_duration_ms(const char *v, uint64_t max_ms, uint64_t *out)
 		mult = 60000;
 	else if (strcmp(end, "h") == 0)
 		mult = 3600000;
+	else if (strcmp(end, "d") == 0)
+		mult = 86400000;
 	else
 		return -EINVAL;
 	if (x > max_ms / mult)
@@ -891,13 +901,15 @@ static int key_limits_per_uid(struct load *l, const char *sec, const char *key,
 	return 0;
 }
 
-/* [metrics] per_process (true/false), max_groups (an integer). */
+/* [metrics] per_process, per_kind (true/false), max_groups (an integer). */
 static int key_metrics(struct load *l, const char *sec, const char *key,
                        const char *v)
 {
 	struct mts_policy *p = &l->s.policy;
-	if (strcmp(key, "per_process") == 0) {
-		if (parse_bool(v, &p->metrics_per_process) < 0)
+	if (strcmp(key, "per_process") == 0 || strcmp(key, "per_kind") == 0) {
+		bool *b = key[4] == 'p' ? &p->metrics_per_process
+		                        : &p->metrics_per_kind;
+		if (parse_bool(v, b) < 0)
 			return fail(l, sec, key,
 			            "expected true or false, got '%s'", v);
 		return 0;
@@ -1070,6 +1082,83 @@ static int key_admission(struct load *l, const char *sec, const char *key,
 			p->max_ttl_s = (uint32_t)n;
 		return 0;
 	}
+	return fail(l, sec, key, "unknown key");
+}
+
+/*
+ * [kinds] (kinds.c): quantile and margin (percentages), window (runs),
+ * horizon (a duration), default_size (a size, or a percentage of the
+ * fleet limit), reserve_learned (a boolean), max_kinds_per_uid (an
+ * integer or none), max_kinds (an integer).
+ */
+static int key_kinds(struct load *l, const char *sec, const char *key,
+                     const char *v)
+{
+	struct mts_policy *p = &l->s.policy;
+	uint64_t n;
+	uint32_t bp;
+	if (strcmp(key, "quantile") == 0 || strcmp(key, "margin") == 0) {
+		bool q = key[0] == 'q';
+		if (mts_parse_percent(v, &bp) < 0 || (q && bp == 0))
+			return fail(l, sec, key,
+			            "expected a percentage %s 0 and at most "
+			            "100, e.g. %s, got '%s'",
+			            q ? "above" : "from", q ? "95" : "10%", v);
+		if (q)
+			p->kind_quantile_bp = bp;
+		else
+			p->kind_margin_bp = bp;
+		return 0;
+	}
+	if (strcmp(key, "window") == 0)
+		return set_u32(l, sec, key, v, 1, MTS_KIND_RUNS, "runs",
+		               &p->kind_window);
+	if (strcmp(key, "horizon") == 0) {
+		/* A year at most: the record keeps seconds in 32 bits. */
+		if (parse_duration_ms(v, UINT64_C(366) * 86400000u, &n) < 0 ||
+		    n < 1000)
+			return fail(l, sec, key,
+			            "expected a duration from 1s to 366d, "
+			            "e.g. 7d, got '%s'",
+			            v);
+		p->kind_horizon_s = (uint32_t)(n / 1000);
+		return 0;
+	}
+	if (strcmp(key, "default_size") == 0) {
+		size_t len = strlen(v);
+		if (len && v[len - 1] == '%' &&
+		    mts_parse_percent(v, &bp) == 0 && bp > 0) {
+			p->kind_default_bp = bp;
+			p->kind_default_size = 0;
+			return 0;
+		}
+		if (mt_parse_size(v, &n) < 0 || n == 0)
+			return fail(l, sec, key,
+			            "expected a size like 1GiB or a "
+			            "percentage of the fleet limit like "
+			            "12.5%%, got '%s'",
+			            v);
+		p->kind_default_size = n;
+		p->kind_default_bp = 0;
+		return 0;
+	}
+	if (strcmp(key, "reserve_learned") == 0) {
+		if (parse_bool(v, &p->kind_reserve_learned) < 0)
+			return fail(l, sec, key,
+			            "expected true or false, got '%s'", v);
+		return 0;
+	}
+	if (strcmp(key, "max_kinds_per_uid") == 0) {
+		if (strcasecmp(v, "none") == 0) {
+			p->kinds_per_uid = 0;
+			return 0;
+		}
+		return set_u32(l, sec, key, v, 1, MTS_KINDS_MAX_MAX,
+		               "an integer (or none)", &p->kinds_per_uid);
+	}
+	if (strcmp(key, "max_kinds") == 0)
+		return set_u32(l, sec, key, v, 1, MTS_KINDS_MAX_MAX,
+		               "an integer", &p->kinds_max);
 	return fail(l, sec, key, "unknown key");
 }
 
@@ -1269,6 +1358,15 @@ static const struct {
     {"limits", "max_groups_per_uid", key_limits_per_uid, NO_U32},
     {"metrics", "per_process", key_metrics, NO_U32},
     {"metrics", "max_groups", key_metrics, NO_U32},
+    {"metrics", "per_kind", key_metrics, NO_U32},
+    {"kinds", "quantile", key_kinds, NO_U32},
+    {"kinds", "margin", key_kinds, NO_U32},
+    {"kinds", "window", key_kinds, NO_U32},
+    {"kinds", "horizon", key_kinds, NO_U32},
+    {"kinds", "default_size", key_kinds, NO_U32},
+    {"kinds", "reserve_learned", key_kinds, NO_U32},
+    {"kinds", "max_kinds_per_uid", key_kinds, NO_U32},
+    {"kinds", "max_kinds", key_kinds, NO_U32},
     {"hooks", "on_ok", key_hooks, NO_U32},
     {"hooks", "on_high", key_hooks, NO_U32},
     {"hooks", "on_over", key_hooks, NO_U32},

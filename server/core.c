@@ -28,6 +28,7 @@
 #include "mts_auth.h"
 #include "mts_defs.h"
 #include "mts_dispatch.h"
+#include "mts_kinds.h"
 #include "mts_limits.h"
 #include "mts_log.h"
 #include "mts_rate.h"
@@ -87,6 +88,7 @@ struct core_parts {
 	struct mts_rss_state rss;
 	struct mts_tick_stats tick;
 	struct mts_dispatch_stats req;
+	struct mts_kinds kinds;
 };
 
 int mts_core_init(struct mts_registry *reg, uv_loop_t *loop,
@@ -106,6 +108,7 @@ int mts_core_init(struct mts_registry *reg, uv_loop_t *loop,
 	reg->rss = &c->rss;
 	reg->tick = &c->tick;
 	reg->req = &c->req;
+	reg->kinds = &c->kinds;
 	return 0;
 }
 
@@ -113,6 +116,7 @@ void mts_core_free(struct mts_registry *reg)
 {
 	if (reg->adm) {
 		mts_resv_free_all(reg);
+		mts_kinds_free(reg);
 		/* adm is the first member: the allocation's address. */
 		free((struct core_parts *)(void *)reg->adm);
 		reg->adm = NULL;
@@ -120,6 +124,7 @@ void mts_core_free(struct mts_registry *reg)
 		reg->rss = NULL;
 		reg->tick = NULL;
 		reg->req = NULL;
+		reg->kinds = NULL;
 	}
 	mts_registry_free(reg);
 }

@@ -35,6 +35,7 @@
 #include "mts_admit.h"
 #include "mts_auth.h"
 #include "mts_defs.h"
+#include "mts_kinds.h"
 #include "mts_limits.h"
 #include "mts_log.h"
 #include "mts_policy.h"
@@ -466,6 +467,7 @@ static int do_admit(struct mts_registry *reg, const struct mts_peer *peer,
 	    .group = q->group,
 	    .task = q->task,
 	    .ttl_s = q->ttl_seconds,
+	    .kind = q->kind,
 	};
 	struct mts_admit_out res;
 	char msg[160];
@@ -475,8 +477,9 @@ static int do_admit(struct mts_registry *reg, const struct mts_peer *peer,
 		break;
 	case -EINVAL:
 		snprintf(msg, sizeof(msg),
-		         "bytes must be above 0; group and task at most %u "
-		         "bytes without control characters",
+		         "bytes must be above 0 (or a kind given); group, "
+		         "task and kind at most %u bytes without control "
+		         "characters",
 		         MTS_NAME_MAX);
 		return append_error(
 		    out, id, MEMTALLY__V1__ERROR_CODE__ERROR_INVALID_REQUEST,
@@ -507,6 +510,9 @@ static int do_admit(struct mts_registry *reg, const struct mts_peer *peer,
 	ar_pb.measure = (char *)mts_measure_name(reg->policy.measure);
 	ar_pb.growth_bytes_per_s = res.growth;
 	ar_pb.seconds_to_limit = res.forecast_s;
+	ar_pb.reserved_for_task = res.reserve;
+	ar_pb.sized_by = res.sized_by;
+	ar_pb.declared_bytes = res.declared;
 	if (res.admitted) {
 		ar_pb.reservation = res.id;
 		ar_pb.ttl_seconds = res.ttl_s;
@@ -776,6 +782,97 @@ int mts_event_append(const struct mts_registry *reg, uint64_t id,
 
 /* ---- entry points ------------------------------------------------------ */
 
+/* ---- Kinds ------------------------------------------------------------- */
+
+/* The most recent runs a KindInfo lists. */
+#define KIND_LAST_N 8
+
+static int do_kinds(struct mts_registry *reg, const struct viewer *v,
+                    uint64_t id, const Memtally__V1__Kinds *q,
+                    struct mts_buf *out)
+{
+	const char *only = q && q->kind && q->kind[0] ? q->kind : NULL;
+	struct mts_kind **list;
+	int n = mts_kinds_list(reg, &list);
+	if (n < 0)
+		return n;
+	size_t cap = n ? (size_t)n : 1;
+	Memtally__V1__KindInfo *infos = calloc(cap, sizeof(*infos));
+	Memtally__V1__KindInfo **ptrs = calloc(cap, sizeof(*ptrs));
+	Memtally__V1__KindRun *runs = calloc(cap * KIND_LAST_N, sizeof(*runs));
+	Memtally__V1__KindRun **rptrs =
+	    calloc(cap * KIND_LAST_N, sizeof(*rptrs));
+	char(*why)[64] = calloc(cap, sizeof(*why));
+	int err = -ENOMEM;
+	if (!infos || !ptrs || !runs || !rptrs || !why)
+		goto out_free;
+	const struct mts_policy *pol = &reg->policy;
+	uint64_t now_s = mts_now_realtime() / 1000000000u;
+	size_t m = 0;
+	for (int i = 0; i < n; i++) {
+		struct mts_kind *k = list[i];
+		/* A kind name says what a user's job is, as a task name
+		 * does: other uids' follow show_others. */
+		enum sight sight = sight_of(v, k->uid);
+		if (sight == SEE_NOTHING ||
+		    (only && (sight != SEE_ALL || strcmp(k->name, only) != 0)))
+			continue;
+		Memtally__V1__KindInfo *ki = &infos[m];
+		memtally__v1__kind_info__init(ki);
+		ki->kind = sight == SEE_ALL ? k->name : (char *)"";
+		ki->uid = k->uid;
+		ki->runs_total = k->runs_total;
+		ki->evictions = k->evictions;
+		ki->outstanding = k->outstanding;
+		uint64_t b;
+		uint32_t r;
+		if (mts_kind_estimate(reg, k, now_s, &b, &r) == 0) {
+			ki->runs = r;
+			ki->learned_bytes = b;
+			mts_kind_method(pol, r, why[m], sizeof(why[m]));
+			ki->learned_by = why[m];
+		}
+		size_t base = m * KIND_LAST_N, nl = 0;
+		for (uint32_t j = 0; j < k->nruns && j < KIND_LAST_N; j++) {
+			const struct mts_kind_run *kr =
+			    &k->runs[(k->head + MTS_KIND_RUNS - 1 - j) %
+			             MTS_KIND_RUNS];
+			Memtally__V1__KindRun *pr = &runs[base + nl];
+			memtally__v1__kind_run__init(pr);
+			pr->peak_bytes = kr->peak;
+			pr->end_time_ns = kr->end_s * 1000000000u;
+			pr->evicted = kr->evicted != 0;
+			rptrs[base + nl] = pr;
+			nl++;
+		}
+		ki->n_last = nl;
+		ki->last = nl ? &rptrs[base] : NULL;
+		ptrs[m] = ki;
+		m++;
+	}
+	Memtally__V1__Response resp = MEMTALLY__V1__RESPONSE__INIT;
+	Memtally__V1__KindsResult kr = MEMTALLY__V1__KINDS_RESULT__INIT;
+	kr.n_kinds = m;
+	kr.kinds = ptrs;
+	kr.quantile = pol->kind_quantile_bp / 100.0;
+	kr.margin = pol->kind_margin_bp / 100.0;
+	kr.window = pol->kind_window;
+	kr.horizon_s = pol->kind_horizon_s;
+	kr.default_size = mts_kind_default_size(pol);
+	resp.id = id;
+	resp.body_case = MEMTALLY__V1__RESPONSE__BODY_KINDS_RESULT;
+	resp.kinds_result = &kr;
+	err = append_response(out, &resp);
+out_free:
+	free(list);
+	free(infos);
+	free(ptrs);
+	free(runs);
+	free(rptrs);
+	free(why);
+	return err;
+}
+
 /* The token a request carries: its body's (Release, SetLimit, as older
  * clients send it) or else the envelope's. */
 static const char *request_token(const Memtally__V1__Request *req)
@@ -846,7 +943,8 @@ int mts_dispatch(struct mts_registry *reg, struct mts_peer *peer,
 	struct viewer v = {.peer = peer, .others = MTS_SHOW_ALL};
 	if (req->body_case == MEMTALLY__V1__REQUEST__BODY_GET_USAGE ||
 	    req->body_case == MEMTALLY__V1__REQUEST__BODY_LIST_PROCESSES ||
-	    req->body_case == MEMTALLY__V1__REQUEST__BODY_ADMIT)
+	    req->body_case == MEMTALLY__V1__REQUEST__BODY_ADMIT ||
+	    req->body_case == MEMTALLY__V1__REQUEST__BODY_KINDS)
 		v = viewer_of(reg, peer, token);
 	switch (req->body_case) {
 	case MEMTALLY__V1__REQUEST__BODY_REGISTER:
@@ -869,6 +967,9 @@ int mts_dispatch(struct mts_registry *reg, struct mts_peer *peer,
 		break;
 	case MEMTALLY__V1__REQUEST__BODY_WATCH:
 		err = do_watch(reg, peer, token, id, out);
+		break;
+	case MEMTALLY__V1__REQUEST__BODY_KINDS:
+		err = do_kinds(reg, &v, id, req->kinds, out);
 		break;
 	default:
 		/* An unknown field number is a body from a newer protocol;

@@ -10,6 +10,8 @@
 
 #include "mts_registry.h"
 
+struct mts_kind;
+
 /* Why an Admit was denied, for the logs and the metrics' `reason` label. */
 enum mts_denial {
 	MTS_DENY_FLEET_LIMIT, /* fleet bytes + reserved + request > limit */
@@ -18,6 +20,7 @@ enum mts_denial {
 	MTS_DENY_UID_CAP,           /* the uid holds max_reservations_per_uid */
 	MTS_DENY_GROUP_NOT_ALLOWED, /* the group's uids/gids exclude the peer */
 	MTS_DENY_UID_BYTES,         /* past max_reserved_bytes_per_uid */
+	MTS_DENY_KIND_CAP, /* a new kind past max_kinds_per_uid/max_kinds */
 	MTS_DENY__COUNT,
 };
 
@@ -80,6 +83,16 @@ struct mts_resv {
 	uint64_t created_mono_ns; /* CLOCK_MONOTONIC */
 	uint64_t expires_ns;      /* CLOCK_MONOTONIC: its deadline now */
 	uint32_t ttl_s;
+	/* Kinds (kinds.c): the kind its task belongs to (NULL: none), what
+	 * the Admit declared (0: nothing; `bytes` may be a learned size
+	 * below or above it: the node guard compares use with both), and
+	 * the task's peak so far: the largest sum, at a tick, of what its
+	 * workers that may act on it count toward others (vouch.c). */
+	struct mts_kind *kind;
+	uint64_t declared;
+	uint64_t peak;
+	bool evicted; /* the node guard ended its task: its run is recorded
+	                 (mts_resv_evicted), not again at its end */
 };
 
 /* What one kind of a task's workers use (admit.c): [0] admins' workers,
@@ -90,6 +103,7 @@ struct mts_task_share {
 	uint32_t resv;     /* owners' entries: its reservations of the task */
 	uint32_t live;     /* live workers, latest tick */
 	uint64_t measured; /* their measured bytes, latest tick */
+	uint64_t vouched;  /* of those, what counts toward others */
 	uint64_t counted;  /* `measured` as of the last recount */
 	uint64_t left;     /* a recount's scratch */
 	bool was_live;     /* live > 0 at the last recount */
@@ -108,6 +122,8 @@ struct mts_task {
 	struct mts_task_share *shares;  /* see mts_task_share */
 	uint32_t nshares, shares_cap;
 	bool dirty; /* reservations came or went since the last recount */
+	uint32_t kinded; /* its reservations that name a kind: their
+	                    peaks are followed each tick */
 };
 
 struct mts_admit_req {
@@ -115,6 +131,8 @@ struct mts_admit_req {
 	const char *group; /* "" or NULL = "default" */
 	const char *task;  /* "" or NULL = none */
 	uint32_t ttl_s;    /* 0 = policy default */
+	const char *kind;  /* "" or NULL = none; with a kind, bytes may be
+	                      0 (the kind's learned size is reserved) */
 };
 
 struct mts_admit_out {
@@ -130,10 +148,16 @@ struct mts_admit_out {
 	uint32_t ttl_s;
 	char id[MTS_RESV_ID_LEN + 1];
 	char why[384]; /* human reason */
+	uint64_t reserve;   /* what the reservation sets aside (or would) */
+	uint64_t declared;  /* what the Admit declared, 0 = nothing */
+	char sized_by[320]; /* why `reserve`: "212 MiB: p95 of 37 runs of
+	                       kind xz + 10%", "declared" */
 };
 
 /* Decide an Admit; a grant creates a reservation. Logs the decision and
- * counts it. Returns 0 (see out->admitted), -EINVAL (malformed: bytes 0 or
+ * counts it. With a kind, the reservation is sized from the kind's runs
+ * by the peer's uid (kinds.c; out->reserve, out->sized_by). Returns 0
+ * (see out->admitted), -EINVAL (malformed: bytes 0 without a kind, or
  * a bad name; counted as a denial "invalid"), -ENOSPC (MTS_RESV_MAX
  * outstanding), -ENOMEM. */
 int mts_admit(struct mts_registry *reg, const struct mts_peer *peer,

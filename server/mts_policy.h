@@ -91,6 +91,20 @@ struct mts_group_policy {
  * into one series group="_other". */
 #define MTS_DEFAULT_METRICS_GROUPS 256u
 
+/* [kinds] (kinds.c): the estimator (a quantile of the recent runs'
+ * peaks plus a margin), the runs it looks at (the last `window`, none
+ * older than `horizon`), what a kind with no history gets, and the
+ * bounds on how many kinds one uid and the server keep. */
+#define MTS_KIND_RUNS                64u /* the most runs kept per kind */
+#define MTS_DEFAULT_KIND_QUANTILE_BP 9500u
+#define MTS_DEFAULT_KIND_MARGIN_BP   1000u
+#define MTS_DEFAULT_KIND_HORIZON_S   (7u * 86400u)
+#define MTS_DEFAULT_KIND_SIZE        (UINT64_C(1) << 30)
+#define MTS_DEFAULT_KIND_SIZE_BP     (MTS_BP_ONE / MTS_DEFAULT_PER_UID_DIV)
+#define MTS_DEFAULT_KINDS_PER_UID    64u
+#define MTS_DEFAULT_KINDS_MAX        4096u
+#define MTS_KINDS_MAX_MAX            (1u << 20)
+
 /* [server] show_others: what a peer that is not an admin sees of the
  * processes of other uids. */
 enum mts_show {
@@ -141,6 +155,20 @@ struct mts_policy {
 	uint64_t untouched_allowance;
 	uint64_t untouched_total;
 	uint32_t untouched_ms;
+	/* [kinds] (kinds.c). default_size is kind_default_size when set,
+	 * else kind_default_bp of the fleet limit, else
+	 * MTS_DEFAULT_KIND_SIZE without a fleet limit. */
+	uint32_t kind_quantile_bp;
+	uint32_t kind_margin_bp;
+	uint32_t kind_window;    /* 1..MTS_KIND_RUNS */
+	uint32_t kind_horizon_s; /* runs older than this are forgotten */
+	uint64_t kind_default_size;
+	uint32_t kind_default_bp;
+	bool kind_reserve_learned; /* a declaration is a ceiling, not the
+	                              reservation, once a size is learned */
+	uint32_t kinds_per_uid;    /* 0 = no cap */
+	uint32_t kinds_max;        /* >= 1 */
+	bool metrics_per_kind;     /* per-kind series on /metrics */
 };
 
 /* Defaults: no limits, 90% watermark, 5% hysteresis, accounted, ... */

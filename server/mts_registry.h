@@ -25,6 +25,7 @@
 struct mts_resv;
 struct mts_task;
 struct mts_admission;
+struct mts_kinds;
 struct mts_limits_state;
 struct mts_rss_state;
 struct mts_tick_stats;
@@ -273,6 +274,7 @@ struct mts_registry {
 	 * own module only and opaque here: core.c allocates them with the
 	 * registry (mts_core_init); NULL with mts_registry_init alone. */
 	struct mts_admission *adm;      /* admit.c: reservations, tasks */
+	struct mts_kinds *kinds;        /* kinds.c: learned sizes */
 	struct mts_limits_state *lim;   /* limits.c: enforcement, events */
 	struct mts_rss_state *rss;      /* rss.c: sweeps in flight */
 	struct mts_tick_stats *tick;    /* core.c: tick timings */

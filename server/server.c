@@ -36,6 +36,7 @@
 #include "mts_conn.h"
 #include "mts_core.h"
 #include "mts_hooks.h"
+#include "mts_kinds.h"
 #include "mts_limits.h"
 #include "mts_log.h"
 #include "mts_metrics.h"
@@ -92,6 +93,37 @@ static void check_files(struct mts_server *srv)
 	}
 }
 
+/* Write the learned sizes when they changed (and about every
+ * MTS_KINDS_SAVE_MS, `force`: now), forgetting kinds whose runs all aged
+ * out. The record is a convenience for the next server: a failure is
+ * logged once and changes nothing else. */
+static void save_kinds(struct mts_server *srv, bool force)
+{
+	char q[MTS_LOGQ_MAX];
+	uint64_t now = uv_now(srv->loop);
+	if (!srv->kinds_path[0] || !srv->reg.kinds ||
+	    (!force && now - srv->kinds_checked_ms < MTS_KINDS_SAVE_MS))
+		return;
+	srv->kinds_checked_ms = now;
+	mts_kinds_age(&srv->reg, mts_now_realtime() / 1000000000u);
+	if (!srv->reg.kinds->dirty)
+		return;
+	int err = mts_kinds_save(&srv->reg, srv->kinds_path);
+	if (err < 0) {
+		if (!srv->kinds_save_failed)
+			mts_log(MTS_LOG_WARN,
+			        "cannot write the learned sizes: a restart "
+			        "will start without the latest",
+			        "path=%s err=%s",
+			        mts_logq(q, sizeof(q), srv->kinds_path),
+			        strerror(-err));
+		srv->kinds_save_failed = true;
+		return;
+	}
+	srv->kinds_save_failed = false;
+	srv->reg.kinds->dirty = false;
+}
+
 static void on_tick(uv_timer_t *t)
 {
 	struct mts_server *srv = t->data;
@@ -101,6 +133,7 @@ static void on_tick(uv_timer_t *t)
 	/* Held-back log lines are reported within a tick of their second. */
 	mts_log_flush(false);
 	check_files(srv);
+	save_kinds(srv, false);
 }
 
 static void on_rss_timer(uv_timer_t *t)
@@ -207,6 +240,10 @@ static int start_registry(struct mts_server *srv, const struct mts_config *cfg,
 		mts_core_free(&srv->reg);
 		return err;
 	}
+	/* Learned sizes are the node's history of its kinds, not of its
+	 * workers: they are kept across --reset too. */
+	if (srv->kinds_path[0])
+		mts_kinds_load(&srv->reg, srv->kinds_path);
 	if (adopted) {
 		uint32_t kept, dropped;
 		mts_adopt(&srv->reg, &kept, &dropped);
@@ -286,6 +323,10 @@ int mts_server_init(struct mts_server *srv, uv_loop_t *loop,
 	    .threshold = cfg->threshold,
 	};
 	bool adopted;
+	if (spath &&
+	    (size_t)snprintf(srv->kinds_path, sizeof(srv->kinds_path),
+	                     "%s.kinds", spath) >= sizeof(srv->kinds_path))
+		srv->kinds_path[0] = 0;
 	err = open_record(srv, cfg, spath, &info, &adopted);
 	if (err < 0)
 		goto fail_close_listener;
@@ -345,6 +386,7 @@ void mts_server_stop(struct mts_server *srv)
 	if (srv->stopping)
 		return;
 	srv->stopping = true;
+	save_kinds(srv, true);
 	/* First: joins the HTTP thread, so nothing reads reg after this. */
 	mts_metrics_stop(srv->metrics);
 	srv->metrics = NULL;

@@ -52,6 +52,7 @@
 #include "mts_defs.h"
 #include "mts_dispatch.h"
 #include "mts_hooks.h"
+#include "mts_kinds.h"
 #include "mts_limits.h"
 #include "memtally.pb-c.h"
 #include "mtframe.h"
@@ -89,7 +90,17 @@ struct mts_server {
 	struct mts_state *state; /* the restart record, or NULL */
 	uint64_t files_checked_ms; /* uv_now() of the last check */
 	struct mts_reload_stats reload_stats; /* main.c's SIGHUP reloads */
+	/* The learned sizes' record (STATE.kinds), "" = none; written from
+	 * the tick timer at most every MTS_KINDS_SAVE_MS while changed, and
+	 * at stop. */
+	char kinds_path[4096];
+	uint64_t kinds_checked_ms; /* uv_now() of the last look */
+	bool kinds_save_failed;    /* logged once */
 };
+
+/* How often the learned sizes' record is written while runs come: a
+ * memtallyd killed with -9 loses at most this much of what it learned. */
+#define MTS_KINDS_SAVE_MS 2000u
 
 /* Whether the file at cfg.socket_path is still the socket this server
  * bound (true when that is unknown). Another server may have taken the

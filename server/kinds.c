@@ -1,0 +1,775 @@
+/*
+ * kinds.c - kinds and their learned sizes.
+ *
+ * A kind is what runs again and again (a Slurm job name, a Celery task
+ * name, a Dask key prefix, a build step). Admission (admit.c) records the
+ * peak of each finished task of a kind and sizes the next task's
+ * reservation from the recent peaks instead of from what people declare,
+ * who declare about twice what they use.
+ *
+ * Per (kind, uid), not per kind: a kind name is a label anyone can put in
+ * an Admit, so if runs of all uids were pooled, one user's tasks (or its
+ * lies) would size another user's reservations. Per uid, a uid sizes only
+ * its own, and its own lies can only cost itself. The peak is of what
+ * counts toward others (vouch.c: an untrusted process counts the kernel's
+ * figure plus a bounded allowance), so a claim the kernel does not back
+ * neither inflates nor shrinks even its own kind beyond that allowance.
+ *
+ * The estimator: the `quantile` (p95) of the last `window` (64) runs'
+ * peaks no older than `horizon` (7 days), plus `margin` (10%). A moving
+ * window percentile like Autopilot's recommender (EuroSys 2020), rather
+ * than Kubernetes VPA's decaying histogram: a task's runs are few (tens,
+ * not the per-second samples VPA decays), a quantile of 64 numbers is
+ * exact where a histogram's buckets are 10% wide, and aging by count and
+ * age forgets a kind that changed as surely as a half-life does. An
+ * evicted run counts at 1.5 times its peak: it was still growing when it
+ * was ended, so its real peak is higher than the one seen.
+ *
+ * Cost per kind: its name plus 64 runs of 24 bytes (1.6 KiB), so 4096
+ * kinds (max_kinds) are under 7 MiB. A run's end costs a store into the
+ * ring; an Admit a hash lookup, and a sort of at most 64 numbers only
+ * when a run came since the last estimate or the oldest run it used aged
+ * out (the estimate is cached).
+ */
+#include "mts_kinds.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "mts_admit.h"
+#include "mts_auth.h"
+#include "mts_defs.h"
+#include "mts_log.h"
+#include "mts_registry.h"
+
+/* ---- the table ----------------------------------------------------------- */
+
+static uint64_t kind_hash(const char *name, uint32_t uid)
+{
+	uint64_t h = UINT64_C(0xcbf29ce484222325); /* FNV-1a, then the uid */
+	for (const char *s = name; *s; s++) {
+		h ^= (unsigned char)*s;
+		h *= UINT64_C(0x100000001b3);
+	}
+	h ^= (uint64_t)uid * UINT64_C(0x9e3779b97f4a7c15);
+	h ^= h >> 31;
+	return h;
+}
+
+struct mts_kind *mts_kind_find(const struct mts_registry *reg, const char *kind,
+                               uint32_t uid)
+{
+	const struct mts_kinds *ks = reg->kinds;
+	if (!ks || !ks->tab || !kind || !kind[0])
+		return NULL;
+	uint64_t h = kind_hash(kind, uid);
+	struct mts_kind *k = ks->tab[h & ks->mask];
+	while (k && (k->hash != h || k->uid != uid || strcmp(k->name, kind)))
+		k = k->hnext;
+	return k;
+}
+
+static int table_grow(struct mts_kinds *ks)
+{
+	uint32_t n = ks->tab ? (ks->mask + 1) * 2 : 64;
+	struct mts_kind **t = calloc(n, sizeof(*t));
+	if (!t)
+		return -ENOMEM;
+	if (ks->tab) {
+		for (uint32_t i = 0; i <= ks->mask; i++) {
+			struct mts_kind *k = ks->tab[i];
+			while (k) {
+				struct mts_kind *next = k->hnext;
+				k->hnext = t[k->hash & (n - 1)];
+				t[k->hash & (n - 1)] = k;
+				k = next;
+			}
+		}
+		free(ks->tab);
+	}
+	ks->tab = t;
+	ks->mask = n - 1;
+	return 0;
+}
+
+/* A new, empty kind (name, uid), counted against its uid. */
+static struct mts_kind *kind_new(struct mts_kinds *ks, const char *name,
+                                 uint32_t uid)
+{
+	if ((!ks->tab || ks->n >= 2 * (ks->mask + 1)) && table_grow(ks) < 0)
+		return NULL;
+	struct mts_kind *k = calloc(1, sizeof(*k));
+	if (!k)
+		return NULL;
+	k->name = strdup(name);
+	if (!k->name || mts_uid_count_add(&ks->per_uid, uid) < 0) {
+		free(k->name);
+		free(k);
+		return NULL;
+	}
+	k->uid = uid;
+	k->hash = kind_hash(name, uid);
+	k->hnext = ks->tab[k->hash & ks->mask];
+	ks->tab[k->hash & ks->mask] = k;
+	ks->n++;
+	return k;
+}
+
+static void kind_drop(struct mts_kinds *ks, struct mts_kind *k)
+{
+	struct mts_kind **pp = &ks->tab[k->hash & ks->mask];
+	while (*pp && *pp != k)
+		pp = &(*pp)->hnext;
+	if (*pp)
+		*pp = k->hnext;
+	mts_uid_count_sub(&ks->per_uid, k->uid);
+	ks->n--;
+	free(k->name);
+	free(k);
+}
+
+void mts_kinds_free(struct mts_registry *reg)
+{
+	struct mts_kinds *ks = reg->kinds;
+	if (!ks)
+		return;
+	if (ks->tab) {
+		for (uint32_t i = 0; i <= ks->mask; i++) {
+			struct mts_kind *k = ks->tab[i];
+			while (k) {
+				struct mts_kind *next = k->hnext;
+				free(k->name);
+				free(k);
+				k = next;
+			}
+		}
+		free(ks->tab);
+	}
+	mts_uid_counts_free(&ks->per_uid);
+	memset(ks, 0, sizeof(*ks));
+}
+
+/* ---- caps ---------------------------------------------------------------- */
+
+int mts_kind_may_create(const struct mts_registry *reg, uint32_t uid,
+                        bool admin, char *why, size_t whylen, char *scope,
+                        size_t scopelen)
+{
+	const struct mts_policy *pol = &reg->policy;
+	const struct mts_kinds *ks = reg->kinds;
+	uint32_t held = mts_uid_count_get(&ks->per_uid, uid);
+	if (!admin && pol->kinds_per_uid && held >= pol->kinds_per_uid) {
+		if (uid == MTS_UID_TCP) {
+			snprintf(scope, scopelen, "tcp");
+			snprintf(why, whylen,
+			         "per-uid kinds: unidentified TCP peers keep "
+			         "%u kinds, the most one uid may ([kinds] "
+			         "max_kinds_per_uid = %u)",
+			         held, pol->kinds_per_uid);
+		} else {
+			snprintf(scope, scopelen, "uid:%u", uid);
+			snprintf(why, whylen,
+			         "per-uid kinds: uid %u keeps %u kinds, the "
+			         "most one uid may ([kinds] max_kinds_per_uid "
+			         "= %u); reuse a kind or wait for old ones to "
+			         "age out ([kinds] horizon)",
+			         uid, held, pol->kinds_per_uid);
+		}
+		return -EDQUOT;
+	}
+	if (ks->n >= pol->kinds_max) {
+		snprintf(scope, scopelen, "kinds");
+		snprintf(why, whylen,
+		         "server kinds: the server keeps %u kinds, the most it "
+		         "may ([kinds] max_kinds = %u); no kind of another "
+		         "uid is dropped to make room",
+		         ks->n, pol->kinds_max);
+		return -ENOSPC;
+	}
+	return 0;
+}
+
+int mts_kind_ref(struct mts_registry *reg, const char *kind, uint32_t uid,
+                 struct mts_kind **out)
+{
+	struct mts_kind *k = mts_kind_find(reg, kind, uid);
+	if (!k)
+		k = kind_new(reg->kinds, kind, uid);
+	if (!k)
+		return -ENOMEM;
+	k->outstanding++;
+	*out = k;
+	return 0;
+}
+
+void mts_kind_unref(struct mts_registry *reg, struct mts_kind *k)
+{
+	if (k->outstanding > 0)
+		k->outstanding--;
+	if (k->outstanding == 0 && k->nruns == 0)
+		kind_drop(reg->kinds, k);
+}
+
+/* ---- runs ---------------------------------------------------------------- */
+
+static void kind_add_run(struct mts_kind *k, uint64_t peak, uint64_t end_s,
+                         bool evicted)
+{
+	k->runs[k->head] = (struct mts_kind_run){
+	    .peak = peak, .end_s = end_s, .evicted = evicted ? 1u : 0u};
+	k->head = (k->head + 1) % MTS_KIND_RUNS;
+	if (k->nruns < MTS_KIND_RUNS)
+		k->nruns++;
+	k->runs_total++;
+	if (evicted)
+		k->evictions++;
+	k->est_valid = false;
+}
+
+void mts_kind_note_run(struct mts_registry *reg, const char *kind, uint32_t uid,
+                       uint64_t peak_vouched, bool evicted)
+{
+	struct mts_kinds *ks = reg->kinds;
+	if (!ks || !kind || !kind[0] || !mts_name_ok(kind))
+		return;
+	struct mts_kind *k = mts_kind_find(reg, kind, uid);
+	if (!k) {
+		char why[256], scope[32], q[MTS_LOGQ_MAX];
+		bool admin = uid != MTS_UID_TCP && mts_uid_is_admin(reg, uid);
+		if (mts_kind_may_create(reg, uid, admin, why, sizeof(why),
+		                        scope, sizeof(scope)) < 0 ||
+		    !(k = kind_new(ks, kind, uid))) {
+			ks->runs_dropped++;
+			mts_log_uid(uid, MTS_LOG_WARN,
+			            "run not recorded: its kind cannot be kept",
+			            "kind=%s uid=%u peak=%llu why=\"%s\"",
+			            mts_logq(q, sizeof(q), kind), uid,
+			            (unsigned long long)peak_vouched, why);
+			return;
+		}
+	}
+	kind_add_run(k, peak_vouched, mts_now_realtime() / 1000000000u,
+	             evicted);
+	ks->runs_recorded++;
+	if (evicted)
+		ks->evictions++;
+	ks->dirty = true;
+}
+
+/* ---- the estimate -------------------------------------------------------- */
+
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+	return x < y ? -1 : x > y;
+}
+
+static uint64_t add_bp(uint64_t v, uint32_t bp)
+{
+	unsigned __int128 r =
+	    (unsigned __int128)v * (MTS_BP_ONE + bp) / MTS_BP_ONE;
+	return r > UINT64_MAX ? UINT64_MAX : (uint64_t)r;
+}
+
+int mts_kind_estimate(const struct mts_registry *reg, struct mts_kind *k,
+                      uint64_t now_s, uint64_t *bytes, uint32_t *runs)
+{
+	const struct mts_policy *pol = &reg->policy;
+	uint32_t key[4] = {pol->kind_quantile_bp, pol->kind_margin_bp,
+	                   pol->kind_window, pol->kind_horizon_s};
+	if (!k->est_valid || now_s >= k->est_until_s ||
+	    memcmp(key, k->est_key, sizeof(key)) != 0) {
+		uint64_t v[MTS_KIND_RUNS];
+		uint32_t n = 0;
+		uint64_t until = UINT64_MAX;
+		uint32_t window =
+		    pol->kind_window ? pol->kind_window : MTS_KIND_RUNS;
+		for (uint32_t i = 0; i < k->nruns && i < window; i++) {
+			const struct mts_kind_run *r =
+			    &k->runs[(k->head + MTS_KIND_RUNS - 1 - i) %
+			             MTS_KIND_RUNS];
+			uint64_t dies = r->end_s + pol->kind_horizon_s;
+			if (dies <= now_s)
+				continue;
+			if (dies < until)
+				until = dies;
+			v[n++] = r->evicted ? add_bp(r->peak, MTS_BP_ONE / 2)
+			                    : r->peak;
+		}
+		k->est_runs = n;
+		k->est_bytes = 0;
+		if (n) {
+			qsort(v, n, sizeof(v[0]), cmp_u64);
+			/* Nearest rank: the smallest peak at or above
+			 * `quantile` of them. */
+			uint64_t rank = ((uint64_t)pol->kind_quantile_bp * n +
+			                 MTS_BP_ONE - 1) /
+			                MTS_BP_ONE;
+			if (rank < 1)
+				rank = 1;
+			k->est_bytes = add_bp(v[rank - 1], pol->kind_margin_bp);
+		}
+		k->est_until_s = until;
+		memcpy(k->est_key, key, sizeof(key));
+		k->est_valid = true;
+	}
+	if (!k->est_runs)
+		return -ENOENT;
+	*bytes = k->est_bytes;
+	*runs = k->est_runs;
+	return 0;
+}
+
+static void fmt_bp(char *buf, size_t len, uint32_t bp)
+{
+	if (bp % 100 == 0)
+		snprintf(buf, len, "%u", bp / 100);
+	else if (bp % 10 == 0)
+		snprintf(buf, len, "%u.%u", bp / 100, (bp % 100) / 10);
+	else
+		snprintf(buf, len, "%u.%02u", bp / 100, bp % 100);
+}
+
+void mts_kind_method(const struct mts_policy *pol, uint32_t runs, char *buf,
+                     size_t len)
+{
+	char q[16], m[16];
+	fmt_bp(q, sizeof(q), pol->kind_quantile_bp);
+	fmt_bp(m, sizeof(m), pol->kind_margin_bp);
+	snprintf(buf, len, "p%s of %u run%s + %s%%", q, runs,
+	         runs == 1 ? "" : "s", m);
+}
+
+static void learned_why(const struct mts_policy *pol, const char *kind,
+                        uint64_t bytes, uint32_t runs, char *why, size_t whylen)
+{
+	if (!why || !whylen)
+		return;
+	char sz[32], method[64], q[16], m[16];
+	mt_format_size(sz, sizeof(sz), bytes);
+	mts_kind_method(pol, runs, method, sizeof(method));
+	fmt_bp(q, sizeof(q), pol->kind_quantile_bp);
+	fmt_bp(m, sizeof(m), pol->kind_margin_bp);
+	snprintf(why, whylen, "%s: p%s of %u run%s of kind %.*s + %s%%", sz, q,
+	         runs, runs == 1 ? "" : "s", 128, kind, m);
+}
+
+int mts_kind_learned_for(const struct mts_registry *reg, const char *kind,
+                         uint32_t uid, uint64_t *bytes, char *why,
+                         size_t whylen)
+{
+	struct mts_kind *k = mts_kind_find(reg, kind, uid);
+	uint32_t runs;
+	uint64_t now_s = mts_now_realtime() / 1000000000u;
+	if (!k || mts_kind_estimate(reg, k, now_s, bytes, &runs) < 0)
+		return -ENOENT;
+	learned_why(&reg->policy, kind, *bytes, runs, why, whylen);
+	return 0;
+}
+
+int mts_kind_learned(const struct mts_registry *reg, const char *kind,
+                     uint64_t *bytes, char *why, size_t whylen)
+{
+	const struct mts_kinds *ks = reg->kinds;
+	if (!ks || !ks->tab || !kind || !kind[0])
+		return -ENOENT;
+	uint64_t now_s = mts_now_realtime() / 1000000000u;
+	uint64_t best = 0;
+	uint32_t best_runs = 0;
+	bool found = false;
+	for (uint32_t i = 0; i <= ks->mask; i++)
+		for (struct mts_kind *k = ks->tab[i]; k; k = k->hnext) {
+			uint64_t b;
+			uint32_t runs;
+			if (strcmp(k->name, kind) != 0 ||
+			    mts_kind_estimate(reg, k, now_s, &b, &runs) < 0)
+				continue;
+			if (!found || b > best) {
+				best = b;
+				best_runs = runs;
+			}
+			found = true;
+		}
+	if (!found)
+		return -ENOENT;
+	*bytes = best;
+	learned_why(&reg->policy, kind, best, best_runs, why, whylen);
+	return 0;
+}
+
+uint64_t mts_kind_default_size(const struct mts_policy *pol)
+{
+	if (pol->kind_default_size)
+		return pol->kind_default_size;
+	if (pol->kind_default_bp && pol->fleet_limit) {
+		uint64_t v = (uint64_t)((unsigned __int128)pol->fleet_limit *
+		                        pol->kind_default_bp / MTS_BP_ONE);
+		return v ? v : 1;
+	}
+	return MTS_DEFAULT_KIND_SIZE;
+}
+
+void mts_kinds_age(struct mts_registry *reg, uint64_t now_s)
+{
+	struct mts_kinds *ks = reg->kinds;
+	if (!ks || !ks->tab)
+		return;
+	uint32_t horizon = reg->policy.kind_horizon_s;
+	for (uint32_t i = 0; i <= ks->mask; i++) {
+		struct mts_kind *k = ks->tab[i], *next;
+		for (; k; k = next) {
+			next = k->hnext;
+			if (k->outstanding)
+				continue;
+			bool live = false;
+			for (uint32_t j = 0; j < k->nruns && !live; j++)
+				live = k->runs[j].end_s + horizon > now_s;
+			if (!live) {
+				kind_drop(ks, k);
+				ks->dirty = true;
+			}
+		}
+	}
+}
+
+static int cmp_kind(const void *a, const void *b)
+{
+	const struct mts_kind *x = *(const struct mts_kind *const *)a;
+	const struct mts_kind *y = *(const struct mts_kind *const *)b;
+	if (x->uid != y->uid)
+		return x->uid < y->uid ? -1 : 1;
+	return strcmp(x->name, y->name);
+}
+
+int mts_kinds_list(const struct mts_registry *reg, struct mts_kind ***out)
+{
+	const struct mts_kinds *ks = reg->kinds;
+	*out = NULL;
+	if (!ks || !ks->n)
+		return 0;
+	struct mts_kind **a = malloc(ks->n * sizeof(*a));
+	if (!a)
+		return -ENOMEM;
+	uint32_t n = 0;
+	for (uint32_t i = 0; i <= ks->mask; i++)
+		for (struct mts_kind *k = ks->tab[i]; k; k = k->hnext)
+			a[n++] = k;
+	qsort(a, n, sizeof(*a), cmp_kind);
+	*out = a;
+	return (int)n;
+}
+
+/* ---- the record -----------------------------------------------------------
+ *
+ *   struct rec_hdr (magic, version, count, payload length, checksum)
+ *   count times: struct rec_kind, its name (name_len bytes, no NUL),
+ *                nruns struct mts_kind_run, oldest first
+ *
+ * Native byte order: the record never leaves the machine that wrote it.
+ * The checksum (FNV-1a, 64 bits) covers the payload: a torn write (power
+ * lost before the rename's data reached the disk) or an edit is refused
+ * whole rather than read in part.
+ */
+
+#define KINDS_MAGIC   UINT64_C(0x31646e694b544d4d) /* "MMTKind1" */
+#define KINDS_VERSION 1u
+
+struct rec_hdr {
+	uint64_t magic;
+	uint32_t version;
+	uint32_t count;
+	uint64_t payload;
+	uint64_t checksum;
+};
+
+struct rec_kind {
+	uint32_t uid;
+	uint32_t name_len;
+	uint32_t nruns;
+	uint32_t spare;
+	uint64_t runs_total;
+	uint64_t evictions;
+};
+
+static uint64_t fnv(uint64_t h, const void *p, size_t n)
+{
+	const unsigned char *b = p;
+	for (size_t i = 0; i < n; i++) {
+		h ^= b[i];
+		h *= UINT64_C(0x100000001b3);
+	}
+	return h;
+}
+
+struct wbuf {
+	unsigned char *d;
+	size_t len, cap;
+	bool failed;
+};
+
+static void put(struct wbuf *w, const void *p, size_t n)
+{
+	if (w->failed)
+		return;
+	if (w->cap - w->len < n) {
+		size_t cap = w->cap ? w->cap : 4096;
+		while (cap - w->len < n)
+			cap *= 2;
+		unsigned char *d = realloc(w->d, cap);
+		if (!d) {
+			w->failed = true;
+			return;
+		}
+		w->d = d;
+		w->cap = cap;
+	}
+	memcpy(w->d + w->len, p, n);
+	w->len += n;
+}
+
+int mts_kinds_save(const struct mts_registry *reg, const char *path)
+{
+	struct mts_kind **list;
+	int n = mts_kinds_list(reg, &list);
+	if (n < 0)
+		return n;
+	struct wbuf w = {0};
+	struct rec_hdr h = {.magic = KINDS_MAGIC, .version = KINDS_VERSION};
+	put(&w, &h, sizeof(h));
+	for (int i = 0; i < n; i++) {
+		const struct mts_kind *k = list[i];
+		if (!k->nruns)
+			continue; /* nothing learned yet */
+		struct rec_kind rk = {.uid = k->uid,
+		                      .name_len = (uint32_t)strlen(k->name),
+		                      .nruns = k->nruns,
+		                      .runs_total = k->runs_total,
+		                      .evictions = k->evictions};
+		put(&w, &rk, sizeof(rk));
+		put(&w, k->name, rk.name_len);
+		for (uint32_t j = 0; j < k->nruns; j++)
+			put(&w,
+			    &k->runs[(k->head + MTS_KIND_RUNS - k->nruns + j) %
+			             MTS_KIND_RUNS],
+			    sizeof(struct mts_kind_run));
+		h.count++;
+	}
+	free(list);
+	if (w.failed) {
+		free(w.d);
+		return -ENOMEM;
+	}
+	h.payload = w.len - sizeof(h);
+	h.checksum =
+	    fnv(UINT64_C(0xcbf29ce484222325), w.d + sizeof(h), h.payload);
+	memcpy(w.d, &h, sizeof(h));
+
+	char tmp[4096];
+	if ((size_t)snprintf(tmp, sizeof(tmp), "%s.new", path) >= sizeof(tmp)) {
+		free(w.d);
+		return -ENAMETOOLONG;
+	}
+	/* A file left at the temporary name (ours from a crash, or anyone's)
+	 * is never written through: removed, then made afresh. */
+	if (unlink(tmp) < 0 && errno != ENOENT) {
+		free(w.d);
+		return -errno;
+	}
+	int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+	              0600);
+	if (fd < 0) {
+		free(w.d);
+		return -errno;
+	}
+	int err = 0;
+	size_t off = 0;
+	while (off < w.len) {
+		ssize_t k = write(fd, w.d + off, w.len - off);
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k <= 0) {
+			err = k < 0 ? -errno : -EIO;
+			break;
+		}
+		off += (size_t)k;
+	}
+	free(w.d);
+	if (close(fd) < 0 && !err)
+		err = -errno;
+	if (!err && rename(tmp, path) < 0)
+		err = -errno;
+	if (err)
+		unlink(tmp);
+	return err;
+}
+
+static int refuse(const char *path, const char *why)
+{
+	char q[MTS_LOGQ_MAX];
+	mts_log(MTS_LOG_WARN,
+	        "learned sizes refused, starting without them (the rest of "
+	        "the state is kept)",
+	        "path=%s why=\"%s\"", mts_logq(q, sizeof(q), path), why);
+	return -EBADMSG;
+}
+
+/* Read all of `fd` (at most `max` bytes) into *out. */
+static int read_all(int fd, size_t max, unsigned char **out, size_t *len)
+{
+	size_t cap = 4096, n = 0;
+	unsigned char *d = malloc(cap);
+	if (!d)
+		return -ENOMEM;
+	for (;;) {
+		if (n == cap) {
+			if (cap >= max) {
+				free(d);
+				return -EFBIG;
+			}
+			cap *= 2;
+			unsigned char *e = realloc(d, cap);
+			if (!e) {
+				free(d);
+				return -ENOMEM;
+			}
+			d = e;
+		}
+		ssize_t k = read(fd, d + n, cap - n);
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k < 0) {
+			int err = -errno;
+			free(d);
+			return err;
+		}
+		if (k == 0)
+			break;
+		n += (size_t)k;
+	}
+	*out = d;
+	*len = n;
+	return 0;
+}
+
+int mts_kinds_load(struct mts_registry *reg, const char *path)
+{
+	struct mts_kinds *ks = reg->kinds;
+	int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0) {
+		if (errno == ENOENT)
+			return -ENOENT;
+		ks->load_refused++;
+		return refuse(path,
+		              errno == ELOOP ? "a symlink" : strerror(errno));
+	}
+	struct stat st;
+	const char *why = NULL;
+	if (fstat(fd, &st) < 0)
+		why = "cannot stat it";
+	else if (!S_ISREG(st.st_mode))
+		why = "not a regular file";
+	else if (st.st_uid != geteuid())
+		why = "owned by another user";
+	else if (st.st_nlink != 1)
+		why = "has other links";
+	else if (st.st_mode & 022)
+		why = "writable by group or others";
+	unsigned char *d = NULL;
+	size_t len = 0;
+	/* A full table's record, with room: 4 MiB of names and runs per
+	 * 4096 kinds is far above what it holds. */
+	size_t max = (size_t)MTS_KINDS_MAX_MAX * 2048u;
+	if (!why && read_all(fd, max, &d, &len) < 0)
+		why = "cannot read it";
+	close(fd);
+	struct rec_hdr h;
+	if (!why && len < sizeof(h))
+		why = "too short";
+	if (!why) {
+		memcpy(&h, d, sizeof(h));
+		if (h.magic != KINDS_MAGIC)
+			why = "not a record of learned sizes (magic)";
+		else if (h.version != KINDS_VERSION)
+			why = "another version";
+		else if (h.payload != len - sizeof(h))
+			why = "truncated or extended";
+		else if (fnv(UINT64_C(0xcbf29ce484222325), d + sizeof(h),
+		             h.payload) != h.checksum)
+			why = "checksum mismatch";
+	}
+	/* Parse into a table of our own first: a record refused halfway
+	 * leaves nothing of it behind. */
+	struct mts_kinds fresh = {0};
+	size_t off = sizeof(h);
+	for (uint32_t i = 0; !why && i < h.count; i++) {
+		struct rec_kind rk;
+		char name[MTS_NAME_MAX + 1];
+		if (len - off < sizeof(rk)) {
+			why = "a kind past the end";
+			break;
+		}
+		memcpy(&rk, d + off, sizeof(rk));
+		off += sizeof(rk);
+		if (rk.name_len == 0 || rk.name_len > MTS_NAME_MAX ||
+		    rk.nruns == 0 || rk.nruns > MTS_KIND_RUNS ||
+		    rk.runs_total < rk.nruns || rk.evictions > rk.runs_total ||
+		    len - off < rk.name_len + (size_t)rk.nruns *
+		                                  sizeof(struct mts_kind_run)) {
+			why = "a kind out of range";
+			break;
+		}
+		memcpy(name, d + off, rk.name_len);
+		name[rk.name_len] = 0;
+		off += rk.name_len;
+		if (strlen(name) != rk.name_len || !mts_name_ok(name)) {
+			why = "a kind's name is not a valid name";
+			break;
+		}
+		struct mts_kinds *save = reg->kinds;
+		reg->kinds = &fresh;
+		bool dup = mts_kind_find(reg, name, rk.uid) != NULL;
+		reg->kinds = save;
+		struct mts_kind *k =
+		    dup ? NULL : kind_new(&fresh, name, rk.uid);
+		if (!k) {
+			why = dup ? "a kind twice" : "out of memory";
+			break;
+		}
+		memcpy(k->runs, d + off,
+		       (size_t)rk.nruns * sizeof(struct mts_kind_run));
+		off += (size_t)rk.nruns * sizeof(struct mts_kind_run);
+		k->nruns = rk.nruns;
+		k->head = rk.nruns % MTS_KIND_RUNS;
+		k->runs_total = rk.runs_total;
+		k->evictions = rk.evictions;
+		for (uint32_t j = 0; j < k->nruns; j++)
+			if (k->runs[j].evicted > 1 || k->runs[j].spare) {
+				why = "a run out of range";
+				break;
+			}
+	}
+	if (!why && off != len)
+		why = "bytes after the last kind";
+	free(d);
+	if (why) {
+		struct mts_registry tmp = {.kinds = &fresh};
+		mts_kinds_free(&tmp);
+		ks->load_refused++;
+		return refuse(path, why);
+	}
+	/* Replace what we had (nothing, at start). */
+	uint64_t refused = ks->load_refused;
+	mts_kinds_free(reg);
+	*ks = fresh;
+	ks->load_refused = refused;
+	char q[MTS_LOGQ_MAX];
+	mts_log(MTS_LOG_INFO, "learned sizes loaded", "path=%s kinds=%u",
+	        mts_logq(q, sizeof(q), path), ks->n);
+	return 0;
+}

@@ -1,0 +1,155 @@
+/*
+ * mts_kinds.h - kinds and their learned sizes (kinds.c): per kind and
+ * uid, the peaks of its recent finished tasks, the size admission
+ * reserves for its next one, and the record that keeps them across a
+ * restart.
+ */
+#ifndef MTS_KINDS_H
+#define MTS_KINDS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "mts_policy.h"
+#include "mts_uidcount.h"
+
+struct mts_registry;
+struct mts_resv;
+
+/* One finished task of a kind. Also the record file's run entry. */
+struct mts_kind_run {
+	uint64_t peak;    /* its workers' vouched bytes, at their largest */
+	uint64_t end_s;   /* CLOCK_REALTIME seconds at its end */
+	uint32_t evicted; /* 1: the node guard ended it */
+	uint32_t spare;   /* 0 */
+};
+
+/*
+ * A kind as one uid runs it. Kinds are kept per (name, uid): a kind name
+ * is a label anyone can choose, so the runs of one uid never size the
+ * reservations of another.
+ */
+struct mts_kind {
+	struct mts_kind *hnext;
+	char *name;
+	uint64_t hash;        /* of name and uid */
+	uint32_t uid;         /* MTS_UID_TCP: TCP peers of unknown uid */
+	uint32_t outstanding; /* reservations naming it now */
+	uint32_t head;        /* where the next run goes in runs[] */
+	uint32_t nruns;       /* runs[] kept, <= MTS_KIND_RUNS */
+	uint64_t runs_total;  /* ever recorded */
+	uint64_t evictions;   /* of them, ended by the node guard */
+	struct mts_kind_run runs[MTS_KIND_RUNS]; /* a ring, newest at
+	                                            head - 1 */
+	/* The estimate, cached until a run comes, the oldest run it used
+	 * ages out, or the policy's [kinds] keys change. */
+	bool est_valid;
+	uint32_t est_runs;
+	uint64_t est_bytes;
+	uint64_t est_until_s;
+	uint32_t est_key[4]; /* quantile, margin, window, horizon */
+};
+
+/* kinds.c's state (reg->kinds). */
+struct mts_kinds {
+	struct mts_kind **tab; /* (name, uid) -> kind, chained */
+	uint32_t mask;
+	uint32_t n;
+	struct mts_uid_counts per_uid; /* kinds kept per uid */
+	bool dirty;             /* changed since the record was written */
+	uint64_t saved_mono_ns; /* when it was last written */
+	uint64_t runs_recorded;
+	uint64_t runs_dropped; /* a kind that could not be kept (caps) */
+	uint64_t evictions;
+	uint64_t load_refused; /* records refused at start (0 or 1) */
+};
+
+/*
+ * A task of `kind` run by `uid` ended (evicted: the node guard ended it)
+ * with `peak_vouched` bytes at its largest: the sum of its workers'
+ * figures as far as they count toward others (vouch.c), so that a claim
+ * the kernel does not back never sizes anything. The run joins the
+ * kind's history (created when the caps allow; a run that cannot be kept
+ * is counted and logged). `kind` "" (or a bad name) is ignored. An
+ * evicted run counts at 1.5 times its peak: the task was still growing.
+ */
+void mts_kind_note_run(struct mts_registry *reg, const char *kind, uint32_t uid,
+                       uint64_t peak_vouched, bool evicted);
+
+/*
+ * The learned size of `kind`: 0 with *bytes and `why` ("212 MiB: p95 of
+ * 37 runs of kind xz + 10%") when some uid has a history of it, -ENOENT
+ * when none has. With no uid at hand this is the largest of its uids'
+ * sizes (the cautious one); admission asks mts_kind_learned_for.
+ */
+int mts_kind_learned(const struct mts_registry *reg, const char *kind,
+                     uint64_t *bytes, char *why, size_t whylen);
+
+/* The learned size of `kind` as `uid` runs it: 0, or -ENOENT (no history
+ * in the horizon). */
+int mts_kind_learned_for(const struct mts_registry *reg, const char *kind,
+                         uint32_t uid, uint64_t *bytes, char *why,
+                         size_t whylen);
+
+/* The kind (name, uid), or NULL. */
+struct mts_kind *mts_kind_find(const struct mts_registry *reg, const char *kind,
+                               uint32_t uid);
+
+/* The estimate of `k` at `now_s`: 0 (*bytes, *runs), or -ENOENT when no
+ * run is within the window and horizon. */
+int mts_kind_estimate(const struct mts_registry *reg, struct mts_kind *k,
+                      uint64_t now_s, uint64_t *bytes, uint32_t *runs);
+
+/* "p95 of 37 runs + 10%" for an estimate of `runs` runs. */
+void mts_kind_method(const struct mts_policy *pol, uint32_t runs, char *buf,
+                     size_t len);
+
+/* What a kind with no history reserves ([kinds] default_size). */
+uint64_t mts_kind_default_size(const struct mts_policy *pol);
+
+/*
+ * May `uid` bring a new kind into existence? 0, or -EDQUOT (it keeps
+ * max_kinds_per_uid; admins exempt) or -ENOSPC (the server keeps
+ * max_kinds), with the refusal in `why` and the key in `scope`.
+ */
+int mts_kind_may_create(const struct mts_registry *reg, uint32_t uid,
+                        bool admin, char *why, size_t whylen, char *scope,
+                        size_t scopelen);
+
+/* The kind (name, uid), created if needed (mts_kind_may_create said
+ * yes), with one more outstanding reservation. 0 or -ENOMEM. */
+int mts_kind_ref(struct mts_registry *reg, const char *kind, uint32_t uid,
+                 struct mts_kind **out);
+/* One reservation of `k` fewer; a kind with neither history nor
+ * reservations is dropped. */
+void mts_kind_unref(struct mts_registry *reg, struct mts_kind *k);
+
+/* The node guard evicted the task of reservation `r`: its run is
+ * recorded now, as evicted, with the peak reached, and not again when
+ * the reservation ends. */
+void mts_resv_evicted(struct mts_registry *reg, struct mts_resv *r);
+
+/* Drop kinds whose every run is older than the horizon and that no
+ * reservation names. */
+void mts_kinds_age(struct mts_registry *reg, uint64_t now_s);
+
+/* Every kind, sorted by uid then name, in *out (malloc'd, the caller
+ * frees it); returns how many, or -ENOMEM. */
+int mts_kinds_list(const struct mts_registry *reg, struct mts_kind ***out);
+
+/*
+ * The record of learned sizes at `path`: written whole to a new file
+ * (mode 0600) renamed into place, so a reader sees the old record or the
+ * new one. Loaded at start: a file that is not ours (owner, links, mode,
+ * a symlink), of another format, or whose checksum or contents do not
+ * hold is refused with a log line and the server starts without learned
+ * sizes. 0, -ENOENT (no file), -EBADMSG (refused), -errno.
+ */
+int mts_kinds_save(const struct mts_registry *reg, const char *path);
+int mts_kinds_load(struct mts_registry *reg, const char *path);
+
+/* Free every kind. */
+void mts_kinds_free(struct mts_registry *reg);
+
+#endif /* MTS_KINDS_H */
