@@ -73,6 +73,7 @@ struct cli {
 	const char *group;              /* ps --group, admit --group */
 	const char *bytes;              /* admit --bytes */
 	const char *task;               /* admit --task */
+	const char *kind;               /* admit, run --kind; kinds NAME */
 	const char *ttl;                /* admit --ttl */
 	const char *interval;           /* top --interval SECONDS */
 	const char *iterations;         /* top --iterations N */
@@ -102,6 +103,7 @@ enum {
 	TAKES_TTL = 1 << 3,
 	TAKES_REFRESH = 1 << 4, /* --interval, --iterations */
 	TAKES_WAIT = 1 << 5,
+	TAKES_KIND = 1 << 6,
 };
 
 struct command {
@@ -130,10 +132,15 @@ static void usage(FILE *f)
 	    "groups,\n"
 	    "                   top processes\n"
 	    "  ps [--group G]   one line per registered worker process\n"
-	    "  admit --bytes SIZE [--group G] [--task T] [--ttl SECONDS]\n"
+	    "  admit [--bytes SIZE] [--kind K] [--group G] [--task T] "
+	    "[--ttl SECONDS]\n"
 	    "                   ask to start a task; prints the reservation "
 	    "id, or\n"
-	    "                   why not with the figures (exit status 3)\n"
+	    "                   why not with the figures (exit status 3); "
+	    "with --kind,\n"
+	    "                   memtallyd reserves the kind's learned size\n"
+	    "  kinds [KIND]     learned sizes: runs, size, last peaks, "
+	    "evictions\n"
 	    "  release ID       end a reservation before its TTL\n"
 	    "  limit set fleet SIZE | group NAME SIZE | pid PID SIZE\n"
 	    "                   change a limit; SIZE none or 0 removes it "
@@ -143,11 +150,12 @@ static void usage(FILE *f)
 	    "  top [--interval S] [--iterations N]\n"
 	    "                   status and ps refreshed in place, largest "
 	    "first\n"
-	    "  run [--bytes SIZE] [--group G] [--task T] [--wait SECONDS "
-	    "[--poll S]]\n"
-	    "      [--ttl S] -- CMD [ARGS...]\n"
+	    "  run [--bytes SIZE] [--kind K] [--group G] [--task T] "
+	    "[--wait SECONDS\n"
+	    "      [--poll S]] [--ttl S] -- CMD [ARGS...]\n"
 	    "                   run CMD under the preload as task T (with "
-	    "--bytes: once\n"
+	    "--bytes or\n"
+	    "                   --kind: once\n"
 	    "                   admitted, waiting up to --wait for room; "
 	    "exit 3 if\n"
 	    "                   denied); signals are forwarded, the "
@@ -778,6 +786,11 @@ static void print_admitted(const struct cli *c,
 	if (a->ttl_seconds)
 		printf(", ttl %" PRIu32 " s", a->ttl_seconds);
 	printf(")\n");
+	if (a->sized_by[0] && strcmp(a->sized_by, "declared") != 0) {
+		printf("  sized by    ");
+		put_clean(a->sized_by, 0);
+		putchar('\n');
+	}
 	print_admit_forecast(a);
 }
 
@@ -826,8 +839,13 @@ static json_t *json_admit(const struct cli *c, uint32_t ttl,
 			"top", json_process_list(a->top, a->n_top));
 	if (!doc)
 		return NULL;
-	json_t *figures = json_pack("{s:I, s:I, s:I, s:o, s:o, s:o, s:o, s:o}",
+	json_t *figures = json_pack(
+		"{s:I, s:I, s:I, s:o, s:o, s:I, s:I, s:o, s:o, s:o, s:o, s:o}",
 		"requested", jint(a->requested_bytes),
+		"reserved_for_task", jint(a->reserved_for_task),
+		"declared", jint(a->declared_bytes),
+		"sized_by", jopt(a->sized_by),
+		"kind", jopt(c->kind),
 		"fleet_bytes", jint(a->fleet_bytes),
 		"reserved", jint(a->reserved_bytes),
 		"limit", jlimit(a->limit),
@@ -860,15 +878,23 @@ static bool parse_u32(const char *s, uint32_t *out)
 
 static int check_admit(struct cli *c)
 {
-	if (!c->bytes)
-		return usage_error("admit: --bytes SIZE is required");
+	if (!c->bytes && !c->kind)
+		return usage_error("admit: --bytes SIZE or --kind K is "
+		                   "required");
+	if (c->kind && !c->kind[0])
+		return usage_error("admit: --kind is empty");
 	c->admit.group = c->group;
 	c->admit.task = c->task;
-	int rc = parse_size_arg("--bytes", c->bytes, false, &c->admit.bytes);
-	if (rc)
-		return rc;
-	if (c->admit.bytes == 0)
-		return usage_error("admit: --bytes must be more than 0");
+	c->admit.kind = c->kind;
+	if (c->bytes) {
+		int rc =
+		    parse_size_arg("--bytes", c->bytes, false, &c->admit.bytes);
+		if (rc)
+			return rc;
+		if (c->admit.bytes == 0)
+			return usage_error(
+			    "admit: --bytes must be more than 0");
+	}
 	if (c->ttl && !parse_u32(c->ttl, &c->admit.ttl_seconds))
 		return usage_error("invalid --ttl '%s': expected seconds > 0",
 		                   c->ttl);
@@ -1143,6 +1169,101 @@ static int cmd_watch(struct cli *c)
 	return EXIT_SERVER; /* only a failed write stops a watch */
 }
 
+/* ---- kinds --------------------------------------------------------- */
+
+/* {"kinds": [{"kind": S|null, "uid": N, "runs": N, "runs_total": N,
+ * "learned": N|null, "learned_by": S, "evictions": N, "outstanding": N,
+ * "last_peaks": [N...], "last": [{"peak": N, "end_time_ns": N,
+ * "evicted": B}...]}...], "quantile": F, "margin": F, "window": N,
+ * "horizon_s": N, "default_size": N}. */
+static json_t *json_kinds(const struct memtally_kinds *k)
+{
+	json_t *list = json_array();
+	if (!list)
+		return NULL;
+	for (size_t i = 0; i < k->n_kinds; i++) {
+		const struct memtally_kind *e = &k->kinds[i];
+		json_t *peaks = json_array(), *last = json_array();
+		for (size_t j = 0; peaks && last && j < e->n_last; j++) {
+			json_array_append_new(
+			    peaks, json_integer(jint(e->last[j].peak)));
+			/* clang-format off */
+			json_array_append_new(last, json_pack(
+				"{s:I, s:I, s:b}",
+				"peak", jint(e->last[j].peak),
+				"end_time_ns", jint(e->last[j].end_time_ns),
+				"evicted", (int)e->last[j].evicted));
+			/* clang-format on */
+		}
+		/* clang-format off */
+		json_t *je = json_pack(
+			"{s:o, s:I, s:I, s:I, s:o, s:o, s:I, s:I, s:o, s:o}",
+			"kind", e->kind[0] ? jstr(e->kind) : json_null(),
+			"uid", (json_int_t)e->uid,
+			"runs", (json_int_t)e->runs,
+			"runs_total", jint(e->runs_total),
+			"learned", jlimit(e->learned),
+			"learned_by", jopt(e->learned_by),
+			"evictions", jint(e->evictions),
+			"outstanding", (json_int_t)e->outstanding,
+			"last_peaks", peaks,
+			"last", last);
+		/* clang-format on */
+		if (json_array_append_new(list, je) < 0) {
+			json_decref(list);
+			return NULL;
+		}
+	}
+	/* clang-format off */
+	return json_pack("{s:o, s:f, s:f, s:I, s:I, s:I}",
+		"kinds", list,
+		"quantile", k->quantile,
+		"margin", k->margin,
+		"window", (json_int_t)k->window,
+		"horizon_s", jint(k->horizon_s),
+		"default_size", jint(k->default_size));
+	/* clang-format on */
+}
+
+static void print_kinds(const struct memtally_kinds *k)
+{
+	char b[16];
+	printf("%-24s %10s %6s %10s %9s  %s\n", "KIND", "UID", "RUNS",
+	       "LEARNED", "EVICTIONS", "LAST PEAKS (newest first)");
+	for (size_t i = 0; i < k->n_kinds; i++) {
+		const struct memtally_kind *e = &k->kinds[i];
+		put_clean(e->kind[0] ? e->kind : "-", 24);
+		printf(" %10" PRIu32 " %6" PRIu32 " %10s %9" PRIu64 " ", e->uid,
+		       e->runs, e->learned ? fmt_size(b, e->learned) : "-",
+		       e->evictions);
+		for (size_t j = 0; j < e->n_last && j < 4; j++)
+			printf(" %s%s", fmt_size(b, e->last[j].peak),
+			       e->last[j].evicted ? "!" : "");
+		putchar('\n');
+	}
+	char q[16];
+	printf("\nlearned size: p%g of the last %" PRIu32
+	       " runs within %" PRIu64 " s, + %g%%; no history: %s "
+	       "(! = evicted)\n",
+	       k->quantile, k->window, k->horizon_s, k->margin,
+	       fmt_size(q, k->default_size));
+}
+
+static int cmd_kinds(struct cli *c)
+{
+	struct memtally_kinds *k = NULL;
+	int err = memtally_query_kinds(c->q, c->nargs ? c->args[0] : NULL, &k);
+	if (err)
+		return query_error(c, "list kinds", err);
+	int rc = 0;
+	if (c->json)
+		rc = print_json(json_kinds(k));
+	else
+		print_kinds(k);
+	memtally_kinds_free(k);
+	return rc;
+}
+
 /* ---- run ----------------------------------------------------------- */
 
 static int check_run(struct cli *c)
@@ -1159,11 +1280,13 @@ static int check_run(struct cli *c)
 			return rc;
 		if (c->admit.bytes == 0)
 			return usage_error("run: --bytes must be more than 0");
-	} else if (c->wait || c->ttl) {
+	} else if ((c->wait || c->ttl) && !c->kind) {
 		return usage_error("run: --%s applies to an admission: give "
-		                   "--bytes",
+		                   "--bytes or --kind",
 		                   c->wait ? "wait" : "ttl");
 	}
+	if (c->kind && !c->kind[0])
+		return usage_error("run: --kind is empty");
 	if (c->ttl && !parse_u32(c->ttl, &c->admit.ttl_seconds))
 		return usage_error("invalid --ttl '%s': expected seconds > 0",
 		                   c->ttl);
@@ -1208,6 +1331,7 @@ static int cmd_run(struct cli *c)
 	    .bytes = c->admit.bytes,
 	    .group = c->group,
 	    .task = c->task,
+	    .kind = c->kind,
 	    .ttl_s = c->admit.ttl_seconds,
 	    .wait_s = c->wait_s,
 	    .poll_s = c->poll_s,
@@ -1220,15 +1344,18 @@ static const struct command commands[] = {
     {"status", NULL, cmd_status, 0, 0, 0, false},
     {"ps", NULL, cmd_ps, TAKES_GROUP, 0, 0, false},
     {"admit", check_admit, cmd_admit,
-     TAKES_GROUP | TAKES_BYTES | TAKES_TASK | TAKES_TTL, 0, 0, false},
+     TAKES_GROUP | TAKES_BYTES | TAKES_TASK | TAKES_TTL | TAKES_KIND, 0, 0,
+     false},
+    {"kinds", NULL, cmd_kinds, 0, 0, 1, false},
     {"release", check_release, cmd_release, 0, 1, 1, false},
     {"limit", check_limit, cmd_limit, 0, 1, 4, false},
     {"watch", NULL, cmd_watch, 0, 0, 0, true},
     {"top", NULL, cmd_top, TAKES_REFRESH, 0, 0, true},
     /* Connects by itself (cli_run.c): it fails open. */
     {"run", check_run, cmd_run,
-     TAKES_GROUP | TAKES_BYTES | TAKES_TASK | TAKES_TTL | TAKES_WAIT, 0, 0,
-     false},
+     TAKES_GROUP | TAKES_BYTES | TAKES_TASK | TAKES_TTL | TAKES_WAIT |
+         TAKES_KIND,
+     0, 0, false},
 };
 
 static const struct command *find_command(const char *name)
@@ -1256,6 +1383,7 @@ enum {
 	OPT_TOKEN_FILE,
 	OPT_WAIT,
 	OPT_POLL,
+	OPT_KIND,
 	OPT_HELP,
 	OPT_VERSION,
 };
@@ -1267,6 +1395,7 @@ static const struct option long_options[] = {
     {"group", required_argument, NULL, OPT_GROUP},
     {"bytes", required_argument, NULL, OPT_BYTES},
     {"task", required_argument, NULL, OPT_TASK},
+    {"kind", required_argument, NULL, OPT_KIND},
     {"ttl", required_argument, NULL, OPT_TTL},
     {"interval", required_argument, NULL, OPT_INTERVAL},
     {"iterations", required_argument, NULL, OPT_ITERATIONS},
@@ -1407,6 +1536,9 @@ static int parse_args(struct cli *c, struct cmdline *p, int argc, char **argv)
 		case OPT_POLL:
 			c->poll = optarg;
 			break;
+		case OPT_KIND:
+			c->kind = optarg;
+			break;
 		case 'h':
 		case OPT_HELP:
 			p->help = true;
@@ -1455,6 +1587,7 @@ static int check_command(struct cli *c, const struct command *cmd,
 	if ((rc = check_takes(cmd, TAKES_GROUP, c->group, "--group")) ||
 	    (rc = check_takes(cmd, TAKES_BYTES, c->bytes, "--bytes")) ||
 	    (rc = check_takes(cmd, TAKES_TASK, c->task, "--task")) ||
+	    (rc = check_takes(cmd, TAKES_KIND, c->kind, "--kind")) ||
 	    (rc = check_takes(cmd, TAKES_TTL, c->ttl, "--ttl")) ||
 	    (rc = check_takes(cmd, TAKES_REFRESH, c->interval, "--interval")) ||
 	    (rc = check_takes(cmd, TAKES_REFRESH, c->iterations,

@@ -8,8 +8,9 @@
  *     are blocked at once and read from a signalfd, so one poll() loop
  *     serves the wait for room, the command's life and its end, with no
  *     asynchronous handler and no race between a signal and a fork.
- *  2. With --bytes, Admit{bytes, group, task, ttl}. Denied: the reason on
- *     stderr, exit 3, the command never started. With --wait, the denial
+ *  2. With --bytes or --kind, Admit{bytes, kind, group, task, ttl} (with
+ *     a kind, memtallyd reserves what the kind's recent runs used). Denied: the
+ * reason on stderr, exit 3, the command never started. With --wait, the denial
  *     is retried until the deadline: at once after every Watch event of
  *     the fleet or the request's group (a state change: memory freed,
  *     a limit raised), and otherwise at a slowly growing interval (0.2 s
@@ -145,6 +146,8 @@ static void print_denial(const struct memtally_admit_result *a,
 	        mt_format_size(m, sizeof(m), a->fleet_bytes),
 	        mt_format_size(rs, sizeof(rs), a->reserved_bytes),
 	        mt_format_size(rq, sizeof(rq), a->requested_bytes));
+	if (a->sized_by[0] && strcmp(a->sized_by, "declared") != 0)
+		fprintf(stderr, "  requested as %s\n", a->sized_by);
 }
 
 /*
@@ -159,6 +162,7 @@ static int ask(struct run *r, struct memtally_admit_result **denied)
 	    .group = r->group,
 	    .task = r->task,
 	    .ttl_seconds = o->ttl_s ? o->ttl_s : MTCLI_RUN_DEFAULT_TTL_S,
+	    .kind = o->kind,
 	};
 	struct memtally_admit_result *a = NULL;
 	int err = memtally_query_admit(r->q, &rq, &a);
@@ -536,7 +540,7 @@ static int block_signals(struct run *r)
  * failing open), else the exit status to return at once. */
 static int admission(struct run *r)
 {
-	if (!r->o->bytes)
+	if (!r->o->bytes && !r->o->kind)
 		return 1;
 	int err = open_handle(r, &r->q);
 	if (err) {
@@ -573,7 +577,7 @@ int mtcli_run(const struct mtcli_run_opts *o)
 	}
 	if (o->task) {
 		snprintf(r.task, sizeof(r.task), "%s", o->task);
-	} else if (o->bytes) {
+	} else if (o->bytes || o->kind) {
 		/* A name of our own: the reservation must be reconciled by
 		 * this command's workers only. */
 		uint32_t rnd = 0;

@@ -28,9 +28,11 @@ struct mtcli_run_opts {
 	const char *tcp;    /* HOST:PORT, or NULL */
 	const char *token;  /* for Release over TCP, or NULL */
 	int timeout_ms;     /* bounds each call to the server; 0: default */
-	uint64_t bytes;     /* 0: no admission */
+	uint64_t bytes;     /* 0: no admission unless a kind is given */
 	const char *group;  /* --group, or NULL: $MEMTALLY_GROUP */
-	const char *task;   /* --task, or NULL: generated when bytes > 0 */
+	const char *task;   /* --task, or NULL: generated when admitted */
+	const char *kind;   /* --kind, or NULL: the task's kind; admits
+	                       without bytes (the kind's learned size) */
 	uint32_t ttl_s;     /* 0: MTCLI_RUN_DEFAULT_TTL_S */
 	double wait_s;      /* wait this long for room; 0: do not wait */
 	double poll_s;      /* while waiting, ask at least this often; 0: 2 s */
