@@ -1,0 +1,391 @@
+/*
+ * test_server_kinds.c - kinds and learned sizes: the estimator (quantile
+ * of the recent peaks plus the margin, the window, the horizon, evicted
+ * runs), admission on learned sizes (no history, a declaration as a
+ * ceiling, reserve_learned off), a task's peak recorded at its end from
+ * its workers, kinds kept per uid, the caps and their refusal, name
+ * checks, and the record: a round trip, and corrupt or foreign records
+ * refused whole.
+ */
+#include "test_server_fixture.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+
+static struct mts_policy pol;
+
+static void stop(void)
+{
+	fx_stop();
+	mts_policy_free(&pol);
+}
+
+TestSuite(kinds, .fini = stop, .timeout = 30);
+
+static void start_fleet(uint64_t fleet)
+{
+	mts_policy_defaults(&pol);
+	pol.fleet_limit = fleet;
+	fx_start_policy(&pol);
+}
+
+static Memtally__V1__Response *admit_kind(uint32_t uid, uint64_t bytes,
+                                          const char *kind, const char *task)
+{
+	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
+	Memtally__V1__Admit a = MEMTALLY__V1__ADMIT__INIT;
+	a.bytes = bytes;
+	a.group = (char *)"";
+	a.task = (char *)(task ? task : "");
+	a.kind = (char *)kind;
+	req.id = 51;
+	req.body_case = MEMTALLY__V1__REQUEST__BODY_ADMIT;
+	req.admit = &a;
+	struct mts_peer peer = fx_peer(getpid(), uid);
+	return fx_call(&peer, &req);
+}
+
+/* The reservation an Admit of `kind` by `uid` makes, which must be
+ * granted; its `sized_by` copied to `why`. */
+static uint64_t reserved_for(uint32_t uid, uint64_t bytes, const char *kind,
+                             char *why, size_t len)
+{
+	Memtally__V1__Response *r = admit_kind(uid, bytes, kind, NULL);
+	cr_assert_null(r->error, "%s", r->error ? r->error->message : "");
+	cr_assert(r->admit_result->admitted, "denied: %s",
+	          r->admit_result->reason);
+	uint64_t v = r->admit_result->reserved_for_task;
+	cr_assert_eq(v, r->admit_result->requested_bytes);
+	if (why)
+		snprintf(why, len, "%s", r->admit_result->sized_by);
+	memtally__v1__response__free_unpacked(r, NULL);
+	return v;
+}
+
+static uint64_t plus10(uint64_t v)
+{
+	return v + v / 10;
+}
+
+Test(kinds, p95_of_the_recent_peaks_plus_the_margin)
+{
+	start_fleet(0);
+	uint64_t b;
+	char why[256];
+	cr_assert_eq(mts_kind_learned(&srv.reg, "xz", &b, why, sizeof(why)),
+	             -ENOENT);
+	/* 20 runs of 1..20 MiB, in a shuffled order: the nearest rank of
+	 * p95 of 20 is the 19th smallest. */
+	for (int i = 0; i < 20; i++)
+		mts_kind_note_run(&srv.reg, "xz", 1000,
+		                  (uint64_t)((i * 7) % 20 + 1) * MIB, false);
+	cr_assert_eq(
+	    mts_kind_learned_for(&srv.reg, "xz", 1000, &b, why, sizeof(why)),
+	    0);
+	cr_assert_eq(b, plus10(19 * MIB), "learned %llu",
+	             (unsigned long long)b);
+	cr_assert_str_eq(why, "20.9 MiB: p95 of 20 runs of kind xz + 10%");
+
+	/* The quantile and margin are the policy's, read at each look. */
+	srv.reg.policy.kind_quantile_bp = 5000;
+	srv.reg.policy.kind_margin_bp = 0;
+	cr_assert_eq(mts_kind_learned_for(&srv.reg, "xz", 1000, &b, NULL, 0),
+	             0);
+	cr_assert_eq(b, 10 * MIB);
+}
+
+Test(kinds, window_horizon_and_evicted_runs)
+{
+	start_fleet(0);
+	uint64_t b;
+	/* 64 runs of 100 MiB, then 64 of 10 MiB: only the last 64 count. */
+	for (int i = 0; i < 64; i++)
+		mts_kind_note_run(&srv.reg, "k", 1000, 100 * MIB, false);
+	cr_assert_eq(mts_kind_learned_for(&srv.reg, "k", 1000, &b, NULL, 0), 0);
+	cr_assert_eq(b, plus10(100 * MIB));
+	for (int i = 0; i < 64; i++)
+		mts_kind_note_run(&srv.reg, "k", 1000, 10 * MIB, false);
+	cr_assert_eq(mts_kind_learned_for(&srv.reg, "k", 1000, &b, NULL, 0), 0);
+	cr_assert_eq(b, plus10(10 * MIB));
+	struct mts_kind *k = mts_kind_find(&srv.reg, "k", 1000);
+	cr_assert_eq(k->runs_total, 128);
+	cr_assert_eq(k->nruns, MTS_KIND_RUNS);
+
+	/* A window of 4 runs. */
+	srv.reg.policy.kind_window = 4;
+	mts_kind_note_run(&srv.reg, "k", 1000, 50 * MIB, false);
+	cr_assert_eq(mts_kind_learned_for(&srv.reg, "k", 1000, &b, NULL, 0), 0);
+	cr_assert_eq(b, plus10(50 * MIB));
+
+	/* An evicted run counts at 1.5 times its peak. */
+	mts_kind_note_run(&srv.reg, "k", 1000, 60 * MIB, true);
+	cr_assert_eq(mts_kind_learned_for(&srv.reg, "k", 1000, &b, NULL, 0), 0);
+	cr_assert_eq(b, plus10(90 * MIB));
+	cr_assert_eq(k->evictions, 1);
+
+	/* Runs older than the horizon are forgotten, and so is a kind all of
+	 * whose runs are. */
+	uint64_t now_s = mts_now_realtime() / 1000000000u;
+	for (uint32_t i = 0; i < k->nruns; i++)
+		k->runs[i].end_s = now_s - srv.reg.policy.kind_horizon_s - 1;
+	k->est_valid = false;
+	cr_assert_eq(mts_kind_learned_for(&srv.reg, "k", 1000, &b, NULL, 0),
+	             -ENOENT);
+	mts_kinds_age(&srv.reg, now_s);
+	cr_assert_null(mts_kind_find(&srv.reg, "k", 1000));
+	cr_assert_eq(srv.reg.kinds->n, 0);
+}
+
+Test(kinds, admission_reserves_the_learned_size)
+{
+	start_fleet(1024 * MIB);
+	char why[320];
+	/* No history: the default, 12.5% of the fleet limit. */
+	cr_assert_eq(reserved_for(1000, 0, "build", why, sizeof(why)),
+	             128 * MIB);
+	cr_assert_str_eq(
+	    why, "128 MiB: kind build has no history ([kinds] default_size)");
+	/* No history, a declaration: the declaration. */
+	cr_assert_eq(reserved_for(1000, 300 * MIB, "build", why, sizeof(why)),
+	             300 * MIB);
+	/* Learned: what it is reserved, declared or not. */
+	for (int i = 0; i < 10; i++)
+		mts_kind_note_run(&srv.reg, "build", 1000, 40 * MIB, false);
+	cr_assert_eq(reserved_for(1000, 0, "build", why, sizeof(why)),
+	             plus10(40 * MIB));
+	cr_assert_str_eq(why, "44 MiB: p95 of 10 runs of kind build + 10%");
+	cr_assert_eq(reserved_for(1000, 300 * MIB, "build", NULL, 0),
+	             plus10(40 * MIB));
+	/* The reservation keeps the declaration beside the size. */
+	bool seen = false;
+	for (uint32_t i = 0; i < srv.reg.adm->nresv; i++) {
+		const struct mts_resv *r = srv.reg.adm->resv[i];
+		if (r->declared == 300 * MIB && r->bytes == plus10(40 * MIB))
+			seen = true;
+	}
+	cr_assert(seen, "no reservation of 44 MiB declared 300 MiB");
+	/* reserve_learned off: a declaration is reserved as declared. */
+	srv.reg.policy.kind_reserve_learned = false;
+	cr_assert_eq(reserved_for(1000, 300 * MIB, "build", why, sizeof(why)),
+	             300 * MIB);
+	cr_assert(strstr(why, "reserve_learned"), "%s", why);
+	/* Without a kind nothing changes: bytes 0 is invalid. */
+	fx_expect_error(fx_admit(1000, 0, "", "", 0),
+	                MEMTALLY__V1__ERROR_CODE__ERROR_INVALID_REQUEST);
+}
+
+Test(kinds, a_tasks_peak_is_recorded_at_its_end)
+{
+	start_fleet(1024 * MIB);
+	Memtally__V1__Response *r = admit_kind(1000, 0, "etl", "T1");
+	cr_assert(r->admit_result->admitted);
+	memtally__v1__response__free_unpacked(r, NULL);
+	pid_t a = fx_spawn(), b = fx_spawn();
+	uint32_t sa = fx_register(a, "", "T1");
+	uint32_t sb = fx_register(b, "", "T1");
+	/* The tree's peak is the largest sum at a tick: 30 + 20, not the
+	 * sum of each worker's own peak (30 + 45). */
+	fx_write(sa, 30 * MIB);
+	fx_write(sb, 20 * MIB);
+	mts_core_tick(&srv.reg);
+	fx_write(sa, 1 * MIB);
+	fx_write(sb, 45 * MIB);
+	mts_core_tick(&srv.reg);
+	cr_assert_eq(mts_kind_find(&srv.reg, "etl", 1000)->nruns, 0);
+	fx_kill(a);
+	fx_kill(b);
+	mts_core_tick(&srv.reg);
+	cr_assert_eq(srv.reg.adm->nresv, 0);
+	struct mts_kind *k = mts_kind_find(&srv.reg, "etl", 1000);
+	cr_assert_not_null(k);
+	cr_assert_eq(k->nruns, 1);
+	cr_assert_eq(k->runs[0].peak, 50 * MIB);
+	cr_assert_eq(k->outstanding, 0);
+
+	/* A reservation that expires with no worker teaches nothing. */
+	r = admit_kind(1000, 0, "etl", "T2");
+	memtally__v1__response__free_unpacked(r, NULL);
+	mts_resv_tick(&srv.reg, mts_now_monotonic() + 3600000000000ull);
+	cr_assert_eq(srv.reg.adm->nresv, 0);
+	cr_assert_eq(k->nruns, 1);
+}
+
+Test(kinds, kept_per_uid)
+{
+	start_fleet(1024 * MIB);
+	for (int i = 0; i < 5; i++) {
+		mts_kind_note_run(&srv.reg, "xz", 1000, 10 * MIB, false);
+		/* Another uid runs "xz" huge: it sizes its own, not ours. */
+		mts_kind_note_run(&srv.reg, "xz", 1001, UINT64_C(1) << 49,
+		                  false);
+	}
+	cr_assert_eq(reserved_for(1000, 0, "xz", NULL, 0), plus10(10 * MIB));
+	uint64_t b;
+	cr_assert_eq(mts_kind_learned_for(&srv.reg, "xz", 1001, &b, NULL, 0),
+	             0);
+	cr_assert_eq(b, plus10(UINT64_C(1) << 49));
+	/* Without a uid, the cautious (largest) one. */
+	cr_assert_eq(mts_kind_learned(&srv.reg, "xz", &b, NULL, 0), 0);
+	cr_assert_eq(b, plus10(UINT64_C(1) << 49));
+}
+
+Test(kinds, caps_refuse_new_kinds_and_drop_nobodys)
+{
+	start_fleet(1024 * MIB);
+	srv.reg.policy.kinds_per_uid = 2;
+	srv.reg.policy.kinds_max = 3;
+	reserved_for(1001, MIB, "a", NULL, 0);
+	reserved_for(1001, MIB, "b", NULL, 0);
+	Memtally__V1__Response *r = admit_kind(1001, MIB, "c", NULL);
+	cr_assert_null(r->error);
+	cr_assert_not(r->admit_result->admitted);
+	cr_assert_str_eq(r->admit_result->limit_scope, "uid:1001");
+	cr_assert(strstr(r->admit_result->reason, "max_kinds_per_uid = 2"),
+	          "%s", r->admit_result->reason);
+	memtally__v1__response__free_unpacked(r, NULL);
+	cr_assert_eq(srv.reg.adm->stats.denials[MTS_DENY_KIND_CAP], 1);
+	/* Its existing kinds still admit. */
+	reserved_for(1001, MIB, "a", NULL, 0);
+	/* The server's cap: one more kind, of another uid, then none. */
+	reserved_for(1002, MIB, "a", NULL, 0);
+	r = admit_kind(1003, MIB, "z", NULL);
+	cr_assert_not(r->admit_result->admitted);
+	cr_assert_str_eq(r->admit_result->limit_scope, "kinds");
+	memtally__v1__response__free_unpacked(r, NULL);
+	/* Nobody's kind was dropped to make room. */
+	cr_assert_not_null(mts_kind_find(&srv.reg, "a", 1001));
+	cr_assert_not_null(mts_kind_find(&srv.reg, "b", 1001));
+	cr_assert_not_null(mts_kind_find(&srv.reg, "a", 1002));
+	cr_assert_eq(srv.reg.kinds->n, 3);
+	/* A run of a kind that cannot be kept is counted, not kept. */
+	mts_kind_note_run(&srv.reg, "zz", 1003, MIB, false);
+	cr_assert_null(mts_kind_find(&srv.reg, "zz", 1003));
+	cr_assert_eq(srv.reg.kinds->runs_dropped, 1);
+}
+
+Test(kinds, names_checked_like_groups)
+{
+	start_fleet(1024 * MIB);
+	char longname[MTS_NAME_MAX + 2];
+	memset(longname, 'k', sizeof(longname) - 1);
+	longname[sizeof(longname) - 1] = 0;
+	const char *bad[] = {"a\nb", "a\x1b[31m",
+	                     "\xe2\x80\xae"
+	                     "evil",
+	                     "\xff\xfe", longname};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+		fx_expect_error(
+		    admit_kind(1000, MIB, bad[i], NULL),
+		    MEMTALLY__V1__ERROR_CODE__ERROR_INVALID_REQUEST);
+	mts_kind_note_run(&srv.reg, "a\nb", 1000, MIB, false);
+	cr_assert_eq(srv.reg.kinds->n, 0);
+	/* UTF-8 that is not hostile is a name. */
+	reserved_for(1000, MIB, "größe-ß", NULL, 0);
+}
+
+static char path[256];
+
+static void fill(void)
+{
+	for (int i = 0; i < 70; i++)
+		mts_kind_note_run(&srv.reg, "xz", 1000, (uint64_t)(i + 1) * MIB,
+		                  i % 9 == 0);
+	mts_kind_note_run(&srv.reg, "gcc", 1001, 7 * MIB, false);
+	snprintf(path, sizeof(path), "/tmp/mt-kinds-%d.kinds", (int)getpid());
+	unlink(path);
+	cr_assert_eq(mts_kinds_save(&srv.reg, path), 0);
+}
+
+Test(kinds, record_round_trip)
+{
+	start_fleet(0);
+	fill();
+	uint64_t xz, gcc, b;
+	cr_assert_eq(mts_kind_learned_for(&srv.reg, "xz", 1000, &xz, NULL, 0),
+	             0);
+	cr_assert_eq(mts_kind_learned_for(&srv.reg, "gcc", 1001, &gcc, NULL, 0),
+	             0);
+	struct stat st;
+	cr_assert_eq(stat(path, &st), 0);
+	cr_assert_eq(st.st_mode & 0777, 0600);
+	mts_kinds_free(&srv.reg);
+	cr_assert_eq(mts_kind_learned(&srv.reg, "xz", &b, NULL, 0), -ENOENT);
+	cr_assert_eq(mts_kinds_load(&srv.reg, path), 0);
+	cr_assert_eq(mts_kind_learned_for(&srv.reg, "xz", 1000, &b, NULL, 0),
+	             0);
+	cr_assert_eq(b, xz);
+	cr_assert_eq(mts_kind_learned_for(&srv.reg, "gcc", 1001, &b, NULL, 0),
+	             0);
+	cr_assert_eq(b, gcc);
+	struct mts_kind *k = mts_kind_find(&srv.reg, "xz", 1000);
+	cr_assert_eq(k->runs_total, 70);
+	cr_assert_eq(k->evictions, 8);
+	/* The newest run comes back newest. */
+	cr_assert_eq(
+	    k->runs[(k->head + MTS_KIND_RUNS - 1) % MTS_KIND_RUNS].peak,
+	    70 * MIB);
+	/* And a run after the load goes after it. */
+	mts_kind_note_run(&srv.reg, "xz", 1000, 3 * MIB, false);
+	cr_assert_eq(
+	    k->runs[(k->head + MTS_KIND_RUNS - 1) % MTS_KIND_RUNS].peak,
+	    3 * MIB);
+	unlink(path);
+}
+
+/* Write byte `v` at `off` of the record. */
+static void poke(off_t off, uint8_t v)
+{
+	int fd = open(path, O_WRONLY);
+	cr_assert_geq(fd, 0);
+	cr_assert_eq(pwrite(fd, &v, 1, off), 1);
+	close(fd);
+}
+
+Test(kinds, corrupt_or_foreign_records_refused_whole)
+{
+	start_fleet(0);
+	fill();
+	mts_kinds_free(&srv.reg);
+	uint64_t b;
+	/* A flipped byte in a run: the checksum. */
+	poke(200, 0x5a);
+	cr_assert_eq(mts_kinds_load(&srv.reg, path), -EBADMSG);
+	cr_assert_eq(srv.reg.kinds->n, 0);
+	cr_assert_eq(mts_kind_learned(&srv.reg, "gcc", &b, NULL, 0), -ENOENT);
+	/* Another magic. */
+	fill();
+	mts_kinds_free(&srv.reg);
+	poke(0, 'X');
+	cr_assert_eq(mts_kinds_load(&srv.reg, path), -EBADMSG);
+	cr_assert_eq(srv.reg.kinds->n, 0);
+	/* Truncated. */
+	fill();
+	mts_kinds_free(&srv.reg);
+	cr_assert_eq(truncate(path, 100), 0);
+	cr_assert_eq(mts_kinds_load(&srv.reg, path), -EBADMSG);
+	/* Writable by others: not ours to believe. */
+	fill();
+	mts_kinds_free(&srv.reg);
+	cr_assert_eq(chmod(path, 0666), 0);
+	cr_assert_eq(mts_kinds_load(&srv.reg, path), -EBADMSG);
+	/* Another user's. */
+	cr_assert_eq(chmod(path, 0600), 0);
+	cr_assert_eq(chown(path, 65534, 65534), 0);
+	cr_assert_eq(mts_kinds_load(&srv.reg, path), -EBADMSG);
+	/* A symlink to a good record. */
+	fill();
+	mts_kinds_free(&srv.reg);
+	char link[300];
+	snprintf(link, sizeof(link), "%s.link", path);
+	unlink(link);
+	cr_assert_eq(symlink(path, link), 0);
+	cr_assert_eq(mts_kinds_load(&srv.reg, link), -EBADMSG);
+	cr_assert_eq(srv.reg.kinds->n, 0);
+	cr_assert_eq(srv.reg.kinds->load_refused, 1);
+	/* The good record itself still loads. */
+	cr_assert_eq(mts_kinds_load(&srv.reg, path), 0);
+	cr_assert_eq(srv.reg.kinds->n, 2);
+	unlink(link);
+	unlink(path);
+	cr_assert_eq(mts_kinds_load(&srv.reg, path), -ENOENT);
+}
