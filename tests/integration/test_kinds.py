@@ -1,0 +1,258 @@
+"""Kinds and learned sizes: a real memtallyd, real `memtally run --kind`
+tasks (mt_level holding a known number of MiB), real users.
+
+test_learned_from_real_runs: four runs each of two kinds (40 and 90 MiB)
+through `memtally run --kind K` without --bytes (admitted on the kind's
+default, then on its learned size); `memtally kinds` shows 4 runs of each
+and a learned size within 15% above what the task really held, and an
+Admit of the kind reserves exactly that, saying why.
+
+test_a_liar_cannot_size_another_users_kind: the second user runs kind xz
+(30 MiB, three times); nobody runs a task of kind xz whose worker claims
+2^49 bytes in its slot. The second user's xz is unchanged, and nobody's
+own xz is sized by what the kernel vouched for (its allowance, 64 MiB
+here), not by the claim.
+
+test_kinds_past_the_cap_are_refused: nobody with [kinds]
+max_kinds_per_uid = 3 gets three kinds, the fourth Admit is denied (exit
+3) naming the key; its existing kinds still admit; root still gets a new
+kind.
+
+test_restart_keeps_learned_sizes: SIGTERM, start on the same --state:
+`memtally kinds --json` is the same before and after, and a live worker
+is adopted. Then a corrupt record: refused with a log line, the server
+starts without learned sizes, the worker is adopted all the same.
+"""
+import json
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from harness import (CLI, MIB, MULT, NOBODY, NOGROUP, Server, Worker,  # noqa: E402
+                     as_user, check, find_slot, open_to_nobody, run,
+                     second_user, wait_for, worker, world_readable_copy)
+from harness import config_file as config  # noqa: E402
+from test_trust import claim  # noqa: E402
+
+
+def run_env(**extra):
+    """`memtally run`'s own environment: no preload, task or group of its
+    own (it adds them for the command)."""
+    e = dict(os.environ)
+    for k in ("LD_PRELOAD", "MEMTALLY_TASK", "MEMTALLY_GROUP",
+              "MEMTALLY_SOCKET"):
+        e.pop(k, None)
+    e.update(extra)
+    return e
+
+
+def run_kind(s, kind, mib, user=None, cli=CLI, level=None, env=None):
+    """One task of `kind` holding `mib` MiB for a moment, through
+    `memtally run --kind` (no --bytes); its exit status and stderr."""
+    level = level or worker("mt_level")
+    # mt_level holds `mib` MiB until its stdin ends: half a second.
+    cmd = [cli, "--socket", s.socket, "run", "--kind", kind, "--",
+           "sh", "-c", f"sleep 0.5 | {level} {mib} >/dev/null"]
+    r = subprocess.run(cmd, env=env or run_env(), capture_output=True,
+                       text=True, timeout=60 * MULT,
+                       preexec_fn=as_user(user))
+    return r.returncode, r.stderr
+
+
+def kinds(s, user=None, cli=CLI):
+    out = subprocess.run([cli, "--socket", s.socket, "--json", "kinds"],
+                         capture_output=True, text=True, timeout=30 * MULT,
+                         preexec_fn=as_user(user))
+    check(out.returncode == 0, f"memtally kinds: {out.returncode} "
+          f"{out.stderr}")
+    return json.loads(out.stdout)
+
+
+def kind_of(doc, name, uid):
+    for k in doc["kinds"]:
+        if k["kind"] == name and k["uid"] == uid:
+            return k
+    return None
+
+
+def admit_json(s, *args, user=None, cli=CLI):
+    out = subprocess.run([cli, "--socket", s.socket, "--json", "admit",
+                          *args], capture_output=True, text=True,
+                         timeout=30 * MULT, preexec_fn=as_user(user))
+    return out.returncode, (json.loads(out.stdout) if out.stdout.strip()
+                            else out.stderr)
+
+
+def test_learned_from_real_runs():
+    with Server("--config", config("[limits]\nfleet = 2GiB\n")) as s:
+        for i in range(4):
+            for kind, mib in (("small", 40), ("large", 90)):
+                rc, err = run_kind(s, kind, mib)
+                check(rc == 0, f"run {i} of {kind}: {rc} {err}")
+        doc = kinds(s)
+        for kind, mib in (("small", 40), ("large", 90)):
+            k = kind_of(doc, kind, 0)
+            check(k is not None, f"no kind {kind}: {doc}")
+            check(k["runs"] == 4 and k["runs_total"] == 4,
+                  f"{kind}: {k['runs']} runs")
+            real = mib * MIB
+            ratio = k["learned"] / real
+            check(1.0 <= ratio <= 1.15,
+                  f"{kind}: learned {k['learned']} for a real peak of "
+                  f"{real}: {ratio:.3f}")
+            check(len(k["last_peaks"]) == 4 and
+                  all(real <= p <= real * 1.05 for p in k["last_peaks"]),
+                  f"{kind}: peaks {k['last_peaks']}")
+            rc, a = admit_json(s, "--kind", kind, "--ttl", "5")
+            check(rc == 0 and a["admitted"], f"admit --kind {kind}: {a}")
+            check(a["reserved_for_task"] == k["learned"],
+                  f"reserved {a['reserved_for_task']}, learned "
+                  f"{k['learned']}")
+            check(f"p95 of 4 runs of kind {kind} + 10%" in a["sized_by"],
+                  f"sized_by {a['sized_by']!r}")
+            print(f"  {kind}: real {mib} MiB, learned "
+                  f"{k['learned'] / MIB:.1f} MiB ({ratio:.3f}x)",
+                  flush=True)
+        # The table for people names them too.
+        out = subprocess.run([CLI, "--socket", s.socket, "kinds"],
+                             capture_output=True, text=True)
+        check("small" in out.stdout and "large" in out.stdout,
+              f"table: {out.stdout}")
+
+
+def test_a_liar_cannot_size_another_users_kind():
+    second = second_user()
+    cfg = config("[server]\ngroup = nogroup\n"
+                 "[limits]\nfleet = 2GiB\n"
+                 "[trust]\nuntouched_allowance = 64MiB\n"
+                 "untouched_time = 1s\n")
+    preload, cli, level, hold = world_readable_copy(
+        os.environ["MEMTALLY_PRELOAD_LIB"], CLI, worker("mt_level"),
+        worker("mt_hold"))
+    env = run_env(MEMTALLY_PRELOAD_LIB=preload)
+    with Server("--config", cfg) as s:
+        open_to_nobody(s)
+        alice = (second[0], NOGROUP)
+        for _ in range(3):
+            rc, err = run_kind(s, "xz", 30, user=alice, cli=cli,
+                               level=level, env=env)
+            check(rc == 0, f"second user's run: {rc} {err}")
+        before = kind_of(kinds(s), "xz", second[0])
+        check(before and before["runs"] == 3, f"second user's xz: {before}")
+
+        # nobody's task of kind xz: a worker holding 1 MiB that claims
+        # 2^49 bytes for a while, then exits.
+        w = Worker([cli, "--socket", s.socket, "run", "--kind", "xz", "--",
+                    hold, "1"], env, user=(NOBODY, NOGROUP))
+        try:
+            line = w.readline()
+            check(line.startswith("ready pid="), f"liar: {line}")
+            pid = int(line.split("=")[1])
+            claim(s, pid, 1 << 49)
+            wait_for("the lie published",
+                     lambda: s.ps()[pid]["bytes"] >= 1 << 49)
+            t0 = s.status()["ticks"]
+            wait_for("50 ticks", lambda: s.status()["ticks"] >= t0 + 50)
+            w.send("exit")
+            check(w.close() == 0, "liar's run failed")
+        finally:
+            w.kill()
+        doc = kinds(s)
+        after = kind_of(doc, "xz", second[0])
+        check(after == before,
+              f"the second user's xz changed: {before} -> {after}")
+        liar = kind_of(doc, "xz", NOBODY)
+        check(liar and liar["runs"] == 1, f"nobody's xz: {liar}")
+        check(liar["learned"] < 100 * MIB,
+              f"nobody's xz sized by its claim: {liar['learned']}")
+        # And the second user's next task of xz reserves what xz uses.
+        rc, a = admit_json(s, "--kind", "xz", "--ttl", "5", user=alice,
+                           cli=cli)
+        check(rc == 0 and a["reserved_for_task"] == before["learned"],
+              f"second user's admit: {a}")
+        print(f"  a claim of 2^49 B: the other user's xz stays "
+              f"{before['learned'] / MIB:.1f} MiB; nobody's own xz "
+              f"{liar['learned'] / MIB:.1f} MiB", flush=True)
+
+
+def test_kinds_past_the_cap_are_refused():
+    cfg = config("[server]\ngroup = nogroup\n"
+                 "[limits]\nfleet = 2GiB\n"
+                 "[kinds]\nmax_kinds_per_uid = 3\n")
+    (cli,) = world_readable_copy(CLI)
+    nobody = (NOBODY, NOGROUP)
+    with Server("--config", cfg) as s:
+        open_to_nobody(s)
+        for k in ("k0", "k1", "k2"):
+            rc, a = admit_json(s, "--kind", k, "--bytes", "1MiB", "--ttl",
+                               "60", user=nobody, cli=cli)
+            check(rc == 0 and a["admitted"], f"kind {k}: {a}")
+        rc, a = admit_json(s, "--kind", "k3", "--bytes", "1MiB", "--ttl",
+                           "60", user=nobody, cli=cli)
+        check(rc == 3 and not a["admitted"], f"a fourth kind: {rc} {a}")
+        check("max_kinds_per_uid = 3" in a["reason"] and
+              a["limit_scope"] == f"uid:{NOBODY}", f"reason: {a}")
+        rc, a = admit_json(s, "--kind", "k1", "--bytes", "1MiB", "--ttl",
+                           "60", user=nobody, cli=cli)
+        check(rc == 0, f"an existing kind refused: {a}")
+        rc, a = admit_json(s, "--kind", "k3", "--bytes", "1MiB", "--ttl",
+                           "60")
+        check(rc == 0, f"root's new kind refused: {a}")
+        check('reason=kinds' in s.logtext() or
+              "too many kinds" in s.logtext(), "no log line")
+
+
+def comparable(doc):
+    """A kinds document without what changes by itself across a
+    restart (reservations outstanding)."""
+    return sorted((k["kind"], k["uid"], k["runs"], k["runs_total"],
+                   k["learned"], k["learned_by"], k["evictions"],
+                   json.dumps(k["last"])) for k in doc["kinds"])
+
+
+def test_restart_keeps_learned_sizes():
+    s = Server("--config", config("[limits]\nfleet = 2GiB\n"))
+    w = None
+    try:
+        for kind, mib in (("a", 20), ("b", 30), ("a", 25)):
+            rc, err = run_kind(s, kind, mib)
+            check(rc == 0, f"run: {rc} {err}")
+        before = kinds(s)
+        check(len(before["kinds"]) == 2, f"kinds: {before}")
+        w = Worker([worker("mt_hold"), "5"], s.env())
+        check(w.readline().startswith("ready"), "worker not ready")
+        wait_for("registered", lambda: w.pid in s.ps())
+        check(s.stop() == 0, "memtallyd did not stop cleanly")
+        s = Server("--config", config("[limits]\nfleet = 2GiB\n"), after=s)
+        after = kinds(s)
+        check(comparable(after) == comparable(before),
+              f"kinds changed across the restart:\n{before}\n{after}")
+        check("restart: live workers adopted" in s.logtext() and
+              w.pid in s.ps(), "the worker was not adopted")
+
+        # A corrupt record: refused, the rest of the state kept.
+        check(s.stop() == 0, "memtallyd did not stop cleanly")
+        rec = s.socket + ".state.kinds"
+        with open(rec, "r+b") as f:
+            f.seek(48)
+            b = f.read(1)
+            f.seek(48)
+            f.write(bytes([b[0] ^ 0xff]))
+        s = Server("--config", config("[limits]\nfleet = 2GiB\n"), after=s)
+        check("learned sizes refused" in s.logtext() and
+              "checksum" in s.logtext(), "no refusal logged")
+        check(kinds(s)["kinds"] == [], "a corrupt record was used")
+        check(w.pid in s.ps(), "the worker was not adopted")
+    finally:
+        if w:
+            w.kill()
+        s.stop()
+
+
+if __name__ == "__main__":
+    run([test_learned_from_real_runs,
+         test_a_liar_cannot_size_another_users_kind,
+         test_kinds_past_the_cap_are_refused,
+         test_restart_keeps_learned_sizes])
