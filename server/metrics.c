@@ -87,6 +87,7 @@
 #include "mts_core.h"
 #include "mts_defs.h"
 #include "mts_dispatch.h"
+#include "mts_kinds.h"
 #include "mts_limits.h"
 #include "mts_log.h"
 #include "mtshm.h"
@@ -799,6 +800,80 @@ static void render_procs(struct out *o, const struct mts_registry *reg,
 	            "1 while a worker is over its own limit.", P_OVER, false);
 }
 
+static int kind_learned_desc(const void *a, const void *b)
+{
+	const struct mts_kind *x = *(const struct mts_kind *const *)a;
+	const struct mts_kind *y = *(const struct mts_kind *const *)b;
+	if (x->est_bytes != y->est_bytes)
+		return x->est_bytes < y->est_bytes ? 1 : -1;
+	return x->uid < y->uid ? -1 : x->uid > y->uid;
+}
+
+/* Kinds: totals always; per kind only with [metrics] per_kind (a kind
+ * name says what a user's job is, as a task name does, and /metrics has
+ * no peer to ask), and then at most max_groups series, the largest
+ * learned sizes first. */
+static void render_kinds(struct out *o, const struct mts_registry *reg)
+{
+	const struct mts_kinds *ks = reg->kinds;
+	if (!ks)
+		return;
+	gauge(o, "memtally_kinds", "Kinds with learned sizes kept (per uid).",
+	      ks->n);
+	counter(o, "memtally_kind_runs_total",
+	        "Finished tasks recorded against their kind.",
+	        ks->runs_recorded);
+	counter(o, "memtally_kind_runs_dropped_total",
+	        "Finished tasks whose kind could not be kept (caps).",
+	        ks->runs_dropped);
+	counter(o, "memtally_kind_evictions_total",
+	        "Tasks of a kind ended by the node guard.", ks->evictions);
+	if (!reg->policy.metrics_per_kind)
+		return;
+	struct mts_kind **list;
+	int n = mts_kinds_list(reg, &list);
+	if (n < 0) {
+		o->err = n;
+		return;
+	}
+	uint64_t now_s = mts_now_realtime() / 1000000000u;
+	for (int i = 0; i < n; i++) {
+		uint64_t b;
+		uint32_t r;
+		if (mts_kind_estimate(reg, list[i], now_s, &b, &r) < 0)
+			list[i]->est_bytes = 0;
+	}
+	qsort(list, (size_t)n, sizeof(*list), kind_learned_desc);
+	uint32_t shown = (uint32_t)n < reg->policy.metrics_max_groups
+	                     ? (uint32_t)n
+	                     : reg->policy.metrics_max_groups;
+	static const char *const names[] = {"memtally_kind_learned_bytes",
+	                                    "memtally_kind_runs",
+	                                    "memtally_kind_evictions"};
+	static const char *const helps[] = {
+	    "The size admission reserves for the kind's next task (0: no "
+	    "history).",
+	    "Runs the learned size is taken from.",
+	    "Tasks of the kind the node guard ended."};
+	for (int f = 0; f < 3; f++) {
+		family(o, names[f], f == 2 ? "counter" : "gauge", helps[f]);
+		for (uint32_t i = 0; i < shown; i++) {
+			const struct mts_kind *k = list[i];
+			put_str(o, names[f]);
+			put_str(o, "{kind=");
+			put_label_value(o, k->name);
+			put_str(o, ",uid=\"");
+			put_u64(o, k->uid);
+			put_str(o, "\"} ");
+			put_u64(o, f == 0   ? k->est_bytes
+			           : f == 1 ? k->est_runs
+			                    : k->evictions);
+			put(o, "\n", 1);
+		}
+	}
+	free(list);
+}
+
 static void render_counters(struct out *o, const struct mts_registry *reg,
                             const struct mts_conn_stats *cs,
                             const struct mts_reload_stats *rs)
@@ -943,6 +1018,7 @@ int mts_metrics_render(const struct mts_registry *reg,
 	if (reg->policy.metrics_per_process)
 		render_procs(&o, reg, &pl);
 	render_counters(&o, reg, cs, rs);
+	render_kinds(&o, reg);
 	err = o.err;
 
 fail_free_procs:

@@ -12,6 +12,8 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 
+#include "mts_metrics.h"
+
 static struct mts_policy pol;
 
 static void stop(void)
@@ -388,4 +390,40 @@ Test(kinds, corrupt_or_foreign_records_refused_whole)
 	unlink(link);
 	unlink(path);
 	cr_assert_eq(mts_kinds_load(&srv.reg, path), -ENOENT);
+}
+
+static char *render(void)
+{
+	struct mts_buf b = {0};
+	cr_assert_eq(mts_metrics_render(&srv.reg, NULL, NULL, &b), 0);
+	cr_assert_eq(mts_buf_reserve(&b, 1), 0);
+	b.data[b.len] = '\0';
+	return (char *)b.data;
+}
+
+Test(kinds, metrics_bounded_and_per_kind_only_when_asked)
+{
+	start_fleet(0);
+	for (int i = 0; i < 5; i++) {
+		mts_kind_note_run(&srv.reg, "small", 1000, 10 * MIB, false);
+		mts_kind_note_run(&srv.reg, "big", 1001, 100 * MIB, i == 0);
+	}
+	char *t = render();
+	cr_assert(strstr(t, "\nmemtally_kinds 2\n"), "%s", t);
+	cr_assert(strstr(t, "\nmemtally_kind_runs_total 10\n"));
+	cr_assert(strstr(t, "\nmemtally_kind_evictions_total 1\n"));
+	cr_assert_null(strstr(t, "kind=\""), "per-kind series by default");
+	free(t);
+	srv.reg.policy.metrics_per_kind = true;
+	srv.reg.policy.metrics_max_groups = 1;
+	t = render();
+	/* One series per family: the largest learned size. */
+	char want[128];
+	snprintf(want, sizeof(want),
+	         "\nmemtally_kind_learned_bytes{kind=\"big\",uid=\"1001\"} "
+	         "%llu\n",
+	         (unsigned long long)plus10(150 * MIB));
+	cr_assert(strstr(t, want), "%s", t);
+	cr_assert_null(strstr(t, "kind=\"small\""), "%s", t);
+	free(t);
 }
