@@ -134,8 +134,11 @@ class AdmittedTask(Task):
         try:
             with Client(sock, timeout=float(_conf(self.app,
                                                   "memtally_timeout", 2))) as c:
+                # The task's name is its kind: memtallyd reserves what
+                # this task's recent runs used, nbytes being its ceiling.
                 r = c.admit(nbytes, group=self.memtally_group or "",
-                            task=task_id, ttl_seconds=int(self.memtally_ttl))
+                            task=task_id, ttl_seconds=int(self.memtally_ttl),
+                            kind=self.name or "")
         except (OSError, MemtallyError) as e:
             _fail_open(sock, e)
             return super().__call__(*args, **kwargs)

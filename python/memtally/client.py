@@ -141,9 +141,16 @@ class Client:
     def processes(self, group=""):
         return self.call(list_processes=pb.ListProcesses(group=group)).processes
 
-    def admit(self, nbytes, group="", task="", ttl_seconds=0):
+    def admit(self, nbytes=0, group="", task="", ttl_seconds=0, kind=""):
+        """Ask for room. With a kind the server reserves what the kind's
+        recent runs used (AdmitResult.reserved_for_task, sized_by), and
+        nbytes may be 0; without one nbytes must be above 0."""
         return self.call(admit=pb.Admit(bytes=nbytes, group=group, task=task,
-                                        ttl_seconds=ttl_seconds))
+                                        ttl_seconds=ttl_seconds, kind=kind))
+
+    def kinds(self, kind=""):
+        """The learned sizes of the kinds this peer may see."""
+        return self.call(kinds=pb.Kinds(kind=kind))
 
     def release(self, reservation, token=""):
         return self.call(release=pb.Release(reservation=reservation,

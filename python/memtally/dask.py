@@ -84,6 +84,17 @@ def _task_name(key):
     return s.encode()[:255].decode(errors="ignore")
 
 
+def _kind(key):
+    """The kind of a Dask key: its prefix (dask.utils.key_split:
+    "read-csv-7f3a..." and ("read-csv-7f3a...", 4) are "read-csv"), the
+    thing that runs again and again."""
+    try:
+        from dask.utils import key_split
+        return _task_name(key_split(key))
+    except Exception:  # noqa: BLE001 - no kind is no worse than before
+        return ""
+
+
 class Admission(WorkerPlugin):
     """Worker plugin: admit annotated tasks on the worker's memtallyd and
     keep the worker paused while its node is over budget."""
@@ -172,11 +183,12 @@ class _Gate:
             log.warning("memtally: memtallyd at %s not reachable (%s); "
                         "running tasks without admission", self.sock, err)
 
-    def _admit(self, nbytes, group, task, ttl):
+    def _admit(self, nbytes, group, task, ttl, kind=""):
         """The AdmitResult, or None when memtallyd cannot be asked."""
         try:
             with self._client() as c:
-                r = c.admit(nbytes, group=group, task=task, ttl_seconds=ttl)
+                r = c.admit(nbytes, group=group, task=task, ttl_seconds=ttl,
+                            kind=kind)
         except (OSError, MemtallyError) as e:
             self._failed(e)
             return None
@@ -222,7 +234,10 @@ class _Gate:
             nbytes = 0
         if not nbytes:
             return await self.orig_execute(key, stimulus_id=stimulus_id)
-        r = await self._ask(self._admit, nbytes, group, _task_name(key), ttl)
+        # The key's prefix is its kind: memtallyd reserves what the
+        # prefix's recent tasks used, nbytes being their ceiling.
+        r = await self._ask(self._admit, nbytes, group, _task_name(key), ttl,
+                            _kind(key))
         if r is None:
             return await self.orig_execute(key, stimulus_id=stimulus_id)
         if not r.admitted:
