@@ -240,7 +240,7 @@ void mts_kind_note_run(struct mts_registry *reg, const char *kind, uint32_t uid,
 		return;
 	struct mts_kind *k = mts_kind_find(reg, kind, uid);
 	if (!k) {
-		char why[256], scope[32], q[MTS_LOGQ_MAX];
+		char why[256] = "out of memory", scope[32], q[MTS_LOGQ_MAX];
 		bool admin = uid != MTS_UID_TCP && mts_uid_is_admin(reg, uid);
 		if (mts_kind_may_create(reg, uid, admin, why, sizeof(why),
 		                        scope, sizeof(scope)) < 0 ||
