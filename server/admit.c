@@ -58,6 +58,7 @@
 #include "mts_auth.h"
 #include "mts_defs.h"
 #include "mts_kinds.h"
+#include "mts_guard.h"
 #include "mts_limits.h"
 #include "mts_log.h"
 #include "mts_policy.h"
@@ -86,6 +87,8 @@ const char *mts_denial_name(enum mts_denial d)
 		return "uid_reserved_bytes";
 	case MTS_DENY_KIND_CAP:
 		return "kinds";
+	case MTS_DENY_NODE:
+		return "node_line";
 	default:
 		return "unknown";
 	}
@@ -190,6 +193,19 @@ static void task_drop(struct mts_registry *reg, struct mts_task *t)
 	free(t->shares);
 	free(t->name);
 	free(t);
+}
+
+uint64_t mts_task_reserved(const struct mts_registry *reg, const char *task,
+                           uint32_t uid)
+{
+	if (!task[0] || reg->adm->ntasks == 0)
+		return 0;
+	const struct mts_task *t = task_find(reg, task, hash_str(task));
+	uint64_t sum = 0;
+	for (const struct mts_resv *r = t ? t->resv : NULL; r; r = r->tnext)
+		if (!r->has_owner || r->uid == uid)
+			sum = mt_sat_add(sum, r->bytes);
+	return sum;
 }
 
 /* ---- ownership -----------------------------------------------------------
@@ -1124,6 +1140,29 @@ void mts_admit_decide(const struct mts_registry *reg,
 			    g->limit);
 			return;
 		}
+	}
+	/* Whatever the counted figures say, no grant into memory the node
+	 * does not have: page cache that stays, processes nobody counts
+	 * and a worker that understates are in the kernel's figure. What
+	 * is reserved and not used yet is not in it: added. */
+	uint64_t node, line;
+	if (mts_guard_node(reg, &node, &line) &&
+	    mt_sat_add(mt_sat_add(node, t->reserved), bytes) > line) {
+		char a[32], b[32], c[32], d[32];
+		out->reason = MTS_DENY_NODE;
+		snprintf(out->scope, sizeof(out->scope), "node");
+		out->measured = node;
+		out->reserved = t->reserved;
+		out->limit = line;
+		snprintf(out->why, sizeof(out->why),
+		         "node guard's line: %s in use on the node (the "
+		         "kernel's figure) + %s reserved + %s requested > %s "
+		         "([guard] line)",
+		         mt_format_size(a, sizeof(a), node),
+		         mt_format_size(b, sizeof(b), t->reserved),
+		         mt_format_size(c, sizeof(c), bytes),
+		         mt_format_size(d, sizeof(d), line));
+		return;
 	}
 	out->admitted = true;
 }

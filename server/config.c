@@ -111,6 +111,8 @@ void mts_policy_defaults(struct mts_policy *p)
 	p->kind_reserve_learned = true;
 	p->kinds_per_uid = MTS_DEFAULT_KINDS_PER_UID;
 	p->kinds_max = MTS_DEFAULT_KINDS_MAX;
+	p->guard_line_bp = MTS_DEFAULT_GUARD_LINE_BP;
+	p->guard_interval_ms = MTS_DEFAULT_GUARD_INTERVAL_MS;
 }
 
 void mts_policy_free(struct mts_policy *p)
@@ -128,6 +130,7 @@ void mts_policy_free(struct mts_policy *p)
 		explicit_bzero(p->tcp_token, strlen(p->tcp_token));
 		free(p->tcp_token);
 	}
+	free(p->guard_cgroup);
 	memset(p, 0, sizeof(*p));
 }
 
@@ -150,6 +153,12 @@ int mts_policy_copy(struct mts_policy *dst, const struct mts_policy *src)
 	c.groups = NULL;
 	c.ngroups = 0;
 	c.tcp_token = NULL;
+	c.guard_cgroup = NULL;
+	if (src->guard_cgroup) {
+		c.guard_cgroup = strdup(src->guard_cgroup);
+		if (!c.guard_cgroup)
+			goto fail;
+	}
 	if (src->tcp_token) {
 		c.tcp_token = strdup(src->tcp_token);
 		if (!c.tcp_token)
@@ -1215,6 +1224,102 @@ static int key_trust(struct load *l, const char *sec, const char *key,
 	return 0;
 }
 
+/* "limit - 256MiB" (blanks optional): bytes below the node's limit. */
+static int parse_below_limit(const char *v, uint64_t *out)
+{
+	if (strncasecmp(v, "limit", 5) != 0)
+		return -EINVAL;
+	v += 5;
+	v += strspn(v, " \t");
+	if (*v != '-')
+		return -EINVAL;
+	v++;
+	v += strspn(v, " \t");
+	return mt_parse_size(v, out) < 0 || *out == 0 ? -EINVAL : 0;
+}
+
+/*
+ * [guard] (guard.c): enabled (auto, true, false), cgroup (auto, none or
+ * a cgroup directory), line (90%, limit - 256MiB, or a size), interval
+ * (a duration), evict_trusted (true/false). The line against the node's
+ * limit is checked when the node is known (mts_guard_setup), at start
+ * and at every reload.
+ */
+static int key_guard(struct load *l, const char *sec, const char *key,
+                     const char *v)
+{
+	struct mts_policy *p = &l->s.policy;
+	if (strcmp(key, "enabled") == 0) {
+		bool b;
+		if (strcasecmp(v, "auto") == 0)
+			p->guard_mode = MTS_GUARD_AUTO;
+		else if (parse_bool(v, &b) == 0)
+			p->guard_mode = b ? MTS_GUARD_ON : MTS_GUARD_OFF;
+		else
+			return fail(l, sec, key,
+			            "expected auto, true or false, got '%s'",
+			            v);
+		return 0;
+	}
+	if (strcmp(key, "cgroup") == 0) {
+		if (strcasecmp(v, "auto") == 0 || !v[0]) {
+			free(p->guard_cgroup);
+			p->guard_cgroup = NULL;
+			return 0;
+		}
+		if (strcasecmp(v, "none") != 0 &&
+		    (v[0] != '/' || strlen(v) >= PATH_MAX))
+			return fail(l, sec, key,
+			            "expected auto, none or the absolute path "
+			            "of a cgroup directory, got '%s'",
+			            v);
+		return set_str(&p->guard_cgroup,
+		               strcasecmp(v, "none") == 0 ? "" : v);
+	}
+	if (strcmp(key, "line") == 0) {
+		size_t len = strlen(v);
+		uint32_t bp;
+		uint64_t n;
+		if (len && v[len - 1] == '%' &&
+		    mts_parse_percent(v, &bp) == 0 && bp > 0 &&
+		    bp < MTS_BP_ONE) {
+			p->guard_line_bp = bp;
+			p->guard_line_below = p->guard_line_bytes = 0;
+		} else if (parse_below_limit(v, &n) == 0) {
+			p->guard_line_below = n;
+			p->guard_line_bp = 0;
+			p->guard_line_bytes = 0;
+		} else if (mt_parse_size(v, &n) == 0 && n > 0) {
+			p->guard_line_bytes = n;
+			p->guard_line_bp = p->guard_line_below = 0;
+		} else {
+			return fail(
+			    l, sec, key,
+			    "expected a percentage of the node's limit "
+			    "below 100%% like 90%%, bytes below it like "
+			    "limit - 256MiB, or a size like 60GiB; got "
+			    "'%s'",
+			    v);
+		}
+		return 0;
+	}
+	if (strcmp(key, "interval") == 0) {
+		uint64_t n;
+		if (parse_duration_ms(v, MTS_GUARD_INTERVAL_MAX_MS, &n) < 0 ||
+		    n < MTS_GUARD_INTERVAL_MIN_MS)
+			return fail(
+			    l, sec, key,
+			    "expected a duration from 100ms to 1h, e.g. "
+			    "2s, got '%s'",
+			    v);
+		p->guard_interval_ms = (uint32_t)n;
+		return 0;
+	}
+	if (parse_bool(v, &p->guard_evict_trusted) < 0)
+		return fail(l, sec, key, "expected true or false, got '%s'", v);
+	return 0;
+}
+
 /*
  * [hooks]: on_ok, on_high, on_over (a shell command line, run with
  * /bin/sh -c; empty = none), timeout (a duration), node (MEMTALLY_NODE).
@@ -1377,6 +1482,11 @@ static const struct {
     {"trust", "untouched_allowance", key_trust, NO_U32},
     {"trust", "untouched_allowance_total", key_trust, NO_U32},
     {"trust", "untouched_time", key_trust, NO_U32},
+    {"guard", "enabled", key_guard, NO_U32},
+    {"guard", "cgroup", key_guard, NO_U32},
+    {"guard", "line", key_guard, NO_U32},
+    {"guard", "interval", key_guard, NO_U32},
+    {"guard", "evict_trusted", key_guard, NO_U32},
 };
 
 bool mts_config_key_known(const char *section, const char *key)

@@ -29,6 +29,7 @@
 #include "mts_defs.h"
 #include "mts_dispatch.h"
 #include "mts_kinds.h"
+#include "mts_guard.h"
 #include "mts_limits.h"
 #include "mts_log.h"
 #include "mts_rate.h"
@@ -89,6 +90,7 @@ struct core_parts {
 	struct mts_tick_stats tick;
 	struct mts_dispatch_stats req;
 	struct mts_kinds kinds;
+	struct mts_guard_state guard;
 };
 
 int mts_core_init(struct mts_registry *reg, uv_loop_t *loop,
@@ -109,6 +111,7 @@ int mts_core_init(struct mts_registry *reg, uv_loop_t *loop,
 	reg->tick = &c->tick;
 	reg->req = &c->req;
 	reg->kinds = &c->kinds;
+	reg->guard = &c->guard;
 	return 0;
 }
 
@@ -125,6 +128,7 @@ void mts_core_free(struct mts_registry *reg)
 		reg->tick = NULL;
 		reg->req = NULL;
 		reg->kinds = NULL;
+		reg->guard = NULL;
 	}
 	mts_registry_free(reg);
 }

@@ -751,8 +751,13 @@ bool mts_event_visible(const struct mts_registry *reg,
 {
 	/* Under counts a process's event shows what its ps line does: its
 	 * pid and figures, no names. */
-	return !ev->has_uid || reg->policy.show_others != MTS_SHOW_NONE ||
-	       peer->watch_admin || (peer->has_cred && peer->uid == ev->uid);
+	if (!ev->has_uid || peer->watch_admin ||
+	    (peer->has_cred && peer->uid == ev->uid))
+		return true;
+	/* A task's event names it: a name, which counts does not show. */
+	if (strncmp(ev->scope, "task:", 5) == 0)
+		return reg->policy.show_others == MTS_SHOW_ALL;
+	return reg->policy.show_others != MTS_SHOW_NONE;
 }
 
 /* Pack the Response that carries `ev` on a Watch stream with id `id`.

@@ -320,7 +320,22 @@ static void on_hup(uv_signal_t *h, int signum)
 		return;
 	}
 	report_restart_keys(&s->boot->cfg, &next.cfg);
+	struct mts_node_src src;
+	struct mts_node_fig fig;
+	if (mts_guard_setup(&next.policy, s->srv->cfg.max_buffered, &src, &fig,
+	                    err, sizeof(err)) < 0) {
+		s->srv->reload_stats.rejected++;
+		mts_log(MTS_LOG_ERROR,
+		        "config reload rejected; the running "
+		        "config is kept",
+		        "error=%s", mts_logq(q, sizeof(q), err));
+		mts_settings_free(&next);
+		sd_notify(0, "READY=1");
+		return;
+	}
 	r = mts_server_apply_policy(s->srv, &next.policy);
+	if (r == 0)
+		mts_server_apply_guard(s->srv, &src, &fig);
 	if (r == 0)
 		r = mts_server_apply_hooks(s->srv, &next.hooks);
 	if (r < 0) {
@@ -501,6 +516,17 @@ int main(int argc, char **argv)
 	        (unsigned long long)pol->untouched_total, pol->untouched_ms);
 	raise_nofile(&cfg);
 	lower_oom_score(&cfg);
+	/* The guard's line against the node it guards: a line the node
+	 * cannot have is a configuration error, as a bad value is. */
+	struct mts_node_src guard_src;
+	struct mts_node_fig guard_fig;
+	if (mts_guard_setup(pol, cfg.max_buffered, &guard_src, &guard_fig, msg,
+	                    sizeof(msg)) < 0) {
+		fprintf(stderr, "memtallyd: %s\n", msg);
+		mts_settings_free(&settings);
+		free(cl.ov);
+		return EXIT_USAGE;
+	}
 
 	/* Where the socket and the restart record go must not let anyone
 	 * else swap what is there (mts_dir_check): a configuration error. */
@@ -564,6 +590,7 @@ int main(int argc, char **argv)
 		return 1;
 	}
 
+	mts_server_apply_guard(&srv, &guard_src, &guard_fig);
 	struct signals sig = {.srv = &srv, .cl = &cl, .boot = &settings};
 	uv_signal_init(&loop, &sig.term);
 	uv_signal_init(&loop, &sig.intr);

@@ -88,6 +88,7 @@
 #include "mts_defs.h"
 #include "mts_dispatch.h"
 #include "mts_kinds.h"
+#include "mts_guard.h"
 #include "mts_limits.h"
 #include "mts_log.h"
 #include "mtshm.h"
@@ -907,6 +908,35 @@ static void render_counters(struct out *o, const struct mts_registry *reg,
 	counter(o, "memtally_enforcement_signals_total",
 	        "Signals sent to processes over their limit.",
 	        reg->lim->enforcement_signals);
+	const struct mts_guard_state *g = reg->guard;
+	if (g) {
+		counter(o, "memtally_guard_evictions_total",
+		        "Tasks evicted by the node guard.", g->evictions);
+		counter(o, "memtally_guard_processes_killed_total",
+		        "Processes killed by the node guard's evictions, "
+		        "workers and their descendants.",
+		        g->signalled);
+		counter(o, "memtally_guard_reads_total",
+		        "Reads of the node's figure by the guard.", g->reads);
+		family(o, "memtally_guard_read_seconds_total", "counter",
+		       "Time the loop spent reading the node's figure.");
+		put_str(o, "memtally_guard_read_seconds_total ");
+		char num[32];
+		snprintf(num, sizeof(num), "%.6f\n", (double)g->read_ns / 1e9);
+		put_str(o, num);
+		if (g->src.kind != MTS_NODE_NONE && g->known) {
+			gauge(o, "memtally_node_bytes",
+			      "The node's memory in use as the kernel counts "
+			      "it (the guard's figure).",
+			      g->node.usage);
+			gauge(o, "memtally_node_limit_bytes",
+			      "The node's limit (its memory cgroup's, or "
+			      "MemTotal).",
+			      g->node.limit);
+			gauge(o, "memtally_node_line_bytes",
+			      "The node guard's line.", g->node.line);
+		}
+	}
 	counter(o, "memtally_watch_events_total",
 	        "Events sent to Watch subscribers.",
 	        q->events + (cs ? cs->watch_events : 0));

@@ -21,6 +21,7 @@ enum mts_denial {
 	MTS_DENY_GROUP_NOT_ALLOWED, /* the group's uids/gids exclude the peer */
 	MTS_DENY_UID_BYTES,         /* past max_reserved_bytes_per_uid */
 	MTS_DENY_KIND_CAP, /* a new kind past max_kinds_per_uid/max_kinds */
+	MTS_DENY_NODE, /* node usage + reserved + request > the guard's line */
 	MTS_DENY__COUNT,
 };
 
@@ -166,7 +167,7 @@ int mts_admit(struct mts_registry *reg, const struct mts_peer *peer,
 /* The decision alone, for a valid request of `bytes` to `group`: the
  * per-uid reservation cap, the group's access (and the uid's cap on new
  * groups), the per-uid reserved bytes, then the fleet limit, then the
- * group's; fills
+ * group's, then the node guard's line by the node's own figure; fills
  * out (admitted, or the reason, scope, figures and words that decided).
  * Reads the registry and changes nothing: no reservation, no counter, no
  * log line. */
@@ -196,6 +197,11 @@ void mts_resv_sums(struct mts_registry *reg);
  * take over (its owner's uid or an admin's: docs/ARCHITECTURE.md,
  * ownership) are taken over. */
 void mts_resv_worker_registered(struct mts_registry *reg, struct mts_proc *p);
+
+/* The bytes granted to the reservations of `task` that a worker of `uid`
+ * counts against: its own and those without an owner (TCP). */
+uint64_t mts_task_reserved(const struct mts_registry *reg, const char *task,
+                           uint32_t uid);
 
 /* Free every reservation and task (registry teardown). */
 void mts_resv_free_all(struct mts_registry *reg);

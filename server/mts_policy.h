@@ -104,6 +104,20 @@ struct mts_group_policy {
 #define MTS_DEFAULT_KINDS_PER_UID    64u
 #define MTS_DEFAULT_KINDS_MAX        4096u
 #define MTS_KINDS_MAX_MAX            (1u << 20)
+/* [guard] enabled: auto turns the node guard on where the node has a
+ * limit memtallyd can see (a memory cgroup with one). */
+enum mts_guard_mode {
+	MTS_GUARD_AUTO = 0,
+	MTS_GUARD_ON,
+	MTS_GUARD_OFF,
+};
+/* [guard] line by default: 90% of the node's limit. */
+#define MTS_DEFAULT_GUARD_LINE_BP 9000u
+/* [guard] interval: at most one eviction per this while the node comes
+ * back below its line. */
+#define MTS_DEFAULT_GUARD_INTERVAL_MS 2000u
+#define MTS_GUARD_INTERVAL_MIN_MS     100u
+#define MTS_GUARD_INTERVAL_MAX_MS     3600000u
 
 /* [server] show_others: what a peer that is not an admin sees of the
  * processes of other uids. */
@@ -169,6 +183,18 @@ struct mts_policy {
 	uint32_t kinds_per_uid;    /* 0 = no cap */
 	uint32_t kinds_max;        /* >= 1 */
 	bool metrics_per_kind;     /* per-kind series on /metrics */
+	/* [guard] (guard.c): where the node's figure comes from (NULL:
+	 * memtallyd's own memory cgroup, "": /proc/meminfo, else a cgroup
+	 * directory), its line (a fraction of the node's limit, else bytes
+	 * below it, else bytes), the eviction interval and whether trusted
+	 * processes without a task may be chosen. */
+	enum mts_guard_mode guard_mode;
+	char *guard_cgroup;
+	uint32_t guard_line_bp;
+	uint64_t guard_line_below;
+	uint64_t guard_line_bytes;
+	uint32_t guard_interval_ms;
+	bool guard_evict_trusted;
 };
 
 /* Defaults: no limits, 90% watermark, 5% hysteresis, accounted, ... */

@@ -30,6 +30,7 @@ struct mts_limits_state;
 struct mts_rss_state;
 struct mts_tick_stats;
 struct mts_dispatch_stats;
+struct mts_guard_state;
 
 /* A registered worker. Lives from registration until its uv_poll's close
  * callback; `slot` is released (pid = 0) when it exits, before that.
@@ -279,6 +280,7 @@ struct mts_registry {
 	struct mts_rss_state *rss;      /* rss.c: sweeps in flight */
 	struct mts_tick_stats *tick;    /* core.c: tick timings */
 	struct mts_dispatch_stats *req; /* dispatch.c: request counters */
+	struct mts_guard_state *guard;  /* guard.c: the node guard */
 	/* The last refusals, so that a worker's retries are neither counted
 	 * again in totals.unregistered (no free slot) nor logged again
 	 * (a group it may not join). */
@@ -318,12 +320,12 @@ struct mts_peer {
 	/* CLOCK_BOOTTIME (ns) when the connection was accepted: a process
 	 * started after it cannot be the one that connected. */
 	uint64_t accept_boot_ns;
-	bool tcp;          /* a TCP peer */
-	char addr[64];     /* a TCP peer's address:port, for the logs */
-	bool watching;     /* set by a Watch request: events are pushed */
-	uint64_t watch_id; /* the Watch request's id, echoed on events */
-	bool watch_admin;  /* an admin when it sent the Watch: every uid's
-	                    * events reach it (show_others) */
+	bool tcp;           /* a TCP peer */
+	char addr[64];      /* a TCP peer's address:port, for the logs */
+	bool watching;      /* set by a Watch request: events are pushed */
+	uint64_t watch_id;  /* the Watch request's id, echoed on events */
+	bool watch_admin;   /* an admin when it sent the Watch: every uid's
+	                     * events reach it (show_others) */
 	bool watch_counted; /* counted in reg->watch_uids under `uid` */
 	bool gone; /* closed by the server during a turn (an event that could
 	            * not be written to it): mts_input() stops, fd is -1 */

@@ -35,6 +35,7 @@
 #include "mts_config.h"
 #include "mts_conn.h"
 #include "mts_core.h"
+#include "mts_guard.h"
 #include "mts_hooks.h"
 #include "mts_kinds.h"
 #include "mts_limits.h"
@@ -134,6 +135,19 @@ static void on_tick(uv_timer_t *t)
 	mts_log_flush(false);
 	check_files(srv);
 	save_kinds(srv, false);
+}
+
+static void on_guard_timer(uv_timer_t *t)
+{
+	struct mts_server *srv = t->data;
+	mts_guard_check(&srv->reg, mts_now_monotonic());
+}
+
+void mts_server_apply_guard(struct mts_server *srv,
+                            const struct mts_node_src *src,
+                            const struct mts_node_fig *fig)
+{
+	mts_guard_apply(&srv->reg, src, fig);
 }
 
 static void on_rss_timer(uv_timer_t *t)
@@ -266,6 +280,12 @@ static void start_timers(struct mts_server *srv, const struct mts_config *cfg)
 	srv->rss_timer.data = srv;
 	srv->rss_timer_open = true;
 	rss_timer_set(srv, srv->reg.policy.rss_interval_ms);
+	/* The node guard's reads: cheap, and idle while it is off. */
+	uv_timer_init(srv->loop, &srv->guard_timer);
+	srv->guard_timer.data = srv;
+	uv_timer_start(&srv->guard_timer, on_guard_timer, MTS_GUARD_CHECK_MS,
+	               MTS_GUARD_CHECK_MS);
+	srv->guard_timer_open = true;
 }
 
 /* TCP and /metrics, once everything else runs: on failure the caller
@@ -397,6 +417,10 @@ void mts_server_stop(struct mts_server *srv)
 	if (srv->rss_timer_open) {
 		uv_close((uv_handle_t *)&srv->rss_timer, NULL);
 		srv->rss_timer_open = false;
+	}
+	if (srv->guard_timer_open) {
+		uv_close((uv_handle_t *)&srv->guard_timer, NULL);
+		srv->guard_timer_open = false;
 	}
 	mts_conns_close(&srv->net);
 	mts_registry_close(&srv->reg);

@@ -51,6 +51,7 @@
 #include "mts_core.h"
 #include "mts_defs.h"
 #include "mts_dispatch.h"
+#include "mts_guard.h"
 #include "mts_hooks.h"
 #include "mts_kinds.h"
 #include "mts_limits.h"
@@ -64,8 +65,6 @@
 #include "mts_rss.h"
 #include "mts_state.h"
 #include "mts_vouch.h"
-
-
 
 struct mts_conn;
 struct mts_metrics;
@@ -82,13 +81,15 @@ struct mts_server {
 	uv_timer_t rss_timer; /* RSS sweep every policy.rss_interval_ms */
 	bool rss_timer_open;
 	uint32_t rss_interval_ms; /* the interval the timer runs at */
+	uv_timer_t guard_timer;   /* the node guard's reads (guard.c) */
+	bool guard_timer_open;
 	struct mts_metrics *metrics; /* --metrics endpoint, or NULL */
 	struct mts_hooks *hooks;     /* state hooks (hooks.c), or NULL */
 	/* The socket file as created (srv->net.sock_*) is checked about once
 	 * a second from the tick timer: gone or replaced, it is reported. */
-	bool sock_gone;  /* already reported */
-	struct mts_state *state; /* the restart record, or NULL */
-	uint64_t files_checked_ms; /* uv_now() of the last check */
+	bool sock_gone;                       /* already reported */
+	struct mts_state *state;              /* the restart record, or NULL */
+	uint64_t files_checked_ms;            /* uv_now() of the last check */
 	struct mts_reload_stats reload_stats; /* main.c's SIGHUP reloads */
 	/* The learned sizes' record (STATE.kinds), "" = none; written from
 	 * the tick timer at most every MTS_KINDS_SAVE_MS while changed, and
@@ -129,6 +130,13 @@ int mts_server_apply_policy(struct mts_server *srv,
  * hooks started from now on. 0 or -ENOMEM (the old one is kept). */
 int mts_server_apply_hooks(struct mts_server *srv,
                            const struct mts_hook_conf *conf);
+
+/* Install the node guard's source, found and checked against the policy
+ * by mts_guard_setup() (at start and at each reload, before the policy
+ * is applied: a bad line rejects the whole configuration). */
+void mts_server_apply_guard(struct mts_server *srv,
+                            const struct mts_node_src *src,
+                            const struct mts_node_fig *fig);
 
 /* After the loop has drained: unmap the header, close the restart record,
  * remove the socket file, free memory. */

@@ -1,0 +1,816 @@
+/*
+ * guard.c - the node guard: when the node's memory nears its edge,
+ * memtallyd chooses a task and evicts it before the kernel's OOM killer
+ * has to choose for it.
+ *
+ * The figure. What the kernel sees, not what memtally counts: page cache,
+ * processes nobody registered and a worker that understates are all in
+ * it. Where memtallyd runs in a memory cgroup with a limit (a container,
+ * a Slurm job, a unit with MemoryMax=), or in the cgroup [guard] cgroup
+ * names, it is that cgroup's usage (v2 memory.current, v1
+ * memory.usage_in_bytes) less its inactive file pages (memory.stat), the
+ * part the kernel reclaims before it kills anyone; this is the working
+ * set kubelet evicts on. Elsewhere it is /proc/meminfo's MemTotal less
+ * MemAvailable. The nearest ancestor of memtallyd's cgroup that has a
+ * limit is the node: a Slurm step inside its job, a container inside its
+ * pod, is limited by the enclosing one.
+ *
+ * The cost. Every MTS_GUARD_CHECK_MS the loop reads three small files of
+ * the cgroup (open, read, close: the usage, the limit and memory.stat,
+ * about 1.5 KiB), or /proc/meminfo: tens of microseconds, measured in
+ * /metrics (memtally_guard_read_seconds_total). Nothing is read per
+ * process, except at an eviction, for the tree of the task chosen.
+ *
+ * The line, and the choice. Past the line ([guard] line: a fraction of
+ * the limit, bytes below it, or bytes) at most one task is evicted per
+ * [guard] interval, so the node has time to come back before another is
+ * chosen. The candidates are the tasks (the workers of one task of one
+ * uid, whatever their process tree) and the processes without a task.
+ * Chosen is the candidate furthest beyond its reservation by what its
+ * workers hold as vouched for (vouch.c): what it took that nobody granted
+ * it. When none is beyond, the one growing fastest (what pushes the node
+ * to its edge now; evicting anything else only buys time until it gets
+ * there), and when none grows, the youngest (it has done the least work,
+ * so its rerun throws away the least).
+ *
+ * Trust. Untrusted processes count what the kernel vouches for, so a lie
+ * makes nobody bigger but the liar. A candidate is one uid's: a worker of
+ * another uid naming a task is a candidate of its own, so it neither
+ * makes that task look bigger nor goes with it. A trusted process without
+ * a task (a root service, memtallyd itself if it ever were registered)
+ * is never chosen unless [guard] evict_trusted; memtallyd is never
+ * signalled in any case.
+ *
+ * The eviction. A Watch event for the task (scope "task:NAME", the
+ * figures in its reason) is written before any signal, so `memtally run`
+ * has it by the time it sees its command die. Then every worker of the
+ * candidate is stopped through its pidfd, their descendants are found
+ * (/proc/PID/task/TID/children) and stopped in turn, each opened as a
+ * pidfd and checked to be the child of its stopped parent, and all are
+ * killed: a stopped process cannot fork a child the walk would miss, and
+ * a pidfd cannot be a recycled pid.
+ */
+#include "mts_guard.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/pidfd.h>
+#include <unistd.h>
+
+#include "mts_admit.h"
+#include "mts_defs.h"
+#include "mts_limits.h"
+#include "mts_log.h"
+#include "mts_policy.h"
+#include "mts_registry.h"
+
+/* A v1 limit at or above this is no limit (the kernel shows "unlimited"
+ * as PAGE_COUNTER_MAX pages). */
+#define V1_UNLIMITED (UINT64_C(1) << 62)
+
+const char *mts_guard_rule_name(enum mts_guard_rule r)
+{
+	switch (r) {
+	case MTS_GUARD_BEYOND:
+		return "furthest beyond its reservation";
+	case MTS_GUARD_GROWTH:
+		return "none beyond its reservation: fastest growing";
+	default:
+		return "none beyond its reservation, none growing: youngest";
+	}
+}
+
+uint64_t mts_guard_line(const struct mts_policy *pol, uint64_t limit)
+{
+	if (pol->guard_line_bp)
+		return (uint64_t)((unsigned __int128)limit *
+		                  pol->guard_line_bp / MTS_BP_ONE);
+	if (pol->guard_line_below)
+		return limit > pol->guard_line_below
+		           ? limit - pol->guard_line_below
+		           : 0;
+	return pol->guard_line_bytes;
+}
+
+/* ---- reading the node ---------------------------------------------------- */
+
+/* dir/name into buf (NUL-terminated); its length or -errno. */
+static ssize_t read_small(const char *dir, const char *name, char *buf,
+                          size_t cap)
+{
+	char path[600];
+	if ((size_t)snprintf(path, sizeof(path), "%s/%s", dir, name) >=
+	    sizeof(path))
+		return -ENAMETOOLONG;
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	size_t len = 0;
+	while (len + 1 < cap) {
+		ssize_t n = read(fd, buf + len, cap - 1 - len);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0) {
+			int e = errno;
+			close(fd);
+			return -e;
+		}
+		if (n == 0)
+			break;
+		len += (size_t)n;
+	}
+	close(fd);
+	buf[len] = '\0';
+	return (ssize_t)len;
+}
+
+/* A number file ("max" for v2's no limit: 0). 0 or -errno. */
+static int read_u64(const char *dir, const char *name, uint64_t *out)
+{
+	char buf[64];
+	ssize_t n = read_small(dir, name, buf, sizeof(buf));
+	if (n < 0)
+		return (int)n;
+	if (strncmp(buf, "max", 3) == 0) {
+		*out = 0;
+		return 0;
+	}
+	char *end;
+	errno = 0;
+	unsigned long long v = strtoull(buf, &end, 10);
+	if (errno || end == buf)
+		return -EINVAL;
+	*out = v;
+	return 0;
+}
+
+/* The value of `key` in a "key value" list (memory.stat, meminfo), times
+ * `unit`; 0 when it is not there. */
+static uint64_t stat_value(const char *text, const char *key, uint64_t unit)
+{
+	size_t kl = strlen(key);
+	for (const char *p = text; p && *p;) {
+		if (strncmp(p, key, kl) == 0 && (p[kl] == ' ' || p[kl] == ':'))
+			return strtoull(p + kl + 1 + strspn(p + kl + 1, " :"),
+			                NULL, 10) *
+			       unit;
+		p = strchr(p, '\n');
+		if (p)
+			p++;
+	}
+	return 0;
+}
+
+int mts_node_read(const struct mts_node_src *src, struct mts_node_fig *fig)
+{
+	char stat[4096];
+	uint64_t usage = 0, limit = 0, inactive;
+	int err = 0;
+	switch (src->kind) {
+	case MTS_NODE_CGROUP_V2:
+	case MTS_NODE_CGROUP_V1: {
+		bool v2 = src->kind == MTS_NODE_CGROUP_V2;
+		err = read_u64(src->dir,
+		               v2 ? "memory.current" : "memory.usage_in_bytes",
+		               &usage);
+		if (!err)
+			err = read_u64(src->dir,
+			               v2 ? "memory.max"
+			                  : "memory.limit_in_bytes",
+			               &limit);
+		if (!err &&
+		    read_small(src->dir, "memory.stat", stat, sizeof(stat)) < 0)
+			err = -EIO;
+		if (err)
+			return err;
+		if (!v2 && limit >= V1_UNLIMITED)
+			limit = 0;
+		inactive = stat_value(
+		    stat, v2 ? "inactive_file" : "total_inactive_file", 1);
+		usage = usage > inactive ? usage - inactive : 0;
+		break;
+	}
+	case MTS_NODE_MEMINFO: {
+		if (read_small("/proc", "meminfo", stat, sizeof(stat)) < 0)
+			return -EIO;
+		limit = stat_value(stat, "MemTotal", 1024);
+		uint64_t avail = stat_value(stat, "MemAvailable", 1024);
+		usage = limit > avail ? limit - avail : 0;
+		break;
+	}
+	default:
+		return -ENOENT;
+	}
+	fig->usage = usage;
+	fig->limit = limit;
+	return 0;
+}
+
+/* The kind of cgroup at `dir` (v2 or v1 memory files), or NONE. */
+static enum mts_node_kind cgroup_kind(const char *dir)
+{
+	char path[600];
+	snprintf(path, sizeof(path), "%s/memory.max", dir);
+	if (access(path, R_OK) == 0)
+		return MTS_NODE_CGROUP_V2;
+	snprintf(path, sizeof(path), "%s/memory.limit_in_bytes", dir);
+	if (access(path, R_OK) == 0)
+		return MTS_NODE_CGROUP_V1;
+	return MTS_NODE_NONE;
+}
+
+/* The nearest cgroup around memtallyd that has a memory limit: v1's
+ * memory hierarchy when the controller is there, else v2's. 0, or
+ * -ENOENT when none has a limit. */
+static int own_cgroup(struct mts_node_src *src)
+{
+	char text[4096], path[512] = "";
+	const char *base = NULL;
+	if (read_small("/proc/self", "cgroup", text, sizeof(text)) < 0)
+		return -ENOENT;
+	for (char *save = NULL, *l = strtok_r(text, "\n", &save); l;
+	     l = strtok_r(NULL, "\n", &save)) {
+		char *c1 = strchr(l, ':');
+		char *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
+		if (!c2)
+			continue;
+		*c2 = '\0';
+		const char *ctrls = c1 + 1;
+		bool memory = false;
+		for (const char *c = ctrls; *c;
+		     c += strcspn(c, ","), c += *c == ',') {
+			if (strncmp(c, "memory", 6) == 0 &&
+			    (c[6] == ',' || c[6] == '\0'))
+				memory = true;
+		}
+		if (memory) {
+			base = "/sys/fs/cgroup/memory";
+			snprintf(path, sizeof(path), "%s", c2 + 1);
+			break;
+		}
+		if (strcmp(l, "0") == 0 && !ctrls[0] && !base) {
+			base = "/sys/fs/cgroup";
+			snprintf(path, sizeof(path), "%s", c2 + 1);
+		}
+	}
+	if (!base)
+		return -ENOENT;
+	for (;;) {
+		snprintf(src->dir, sizeof(src->dir), "%s%s", base,
+		         strcmp(path, "/") == 0 ? "" : path);
+		src->kind = cgroup_kind(src->dir);
+		struct mts_node_fig f;
+		if (src->kind != MTS_NODE_NONE && mts_node_read(src, &f) == 0 &&
+		    f.limit)
+			return 0;
+		char *slash = strrchr(path, '/');
+		if (!slash || slash == path)
+			break;
+		*slash = '\0';
+	}
+	src->kind = MTS_NODE_NONE;
+	src->dir[0] = '\0';
+	return -ENOENT;
+}
+
+/* memtallyd's resident bytes now. */
+static uint64_t own_resident(void)
+{
+	char buf[128];
+	unsigned long long size, res;
+	if (read_small("/proc/self", "statm", buf, sizeof(buf)) < 0 ||
+	    sscanf(buf, "%llu %llu", &size, &res) != 2)
+		return 0;
+	return (uint64_t)res * (uint64_t)sysconf(_SC_PAGESIZE);
+}
+
+static const char *kind_name(enum mts_node_kind k)
+{
+	switch (k) {
+	case MTS_NODE_CGROUP_V2:
+		return "cgroup2";
+	case MTS_NODE_CGROUP_V1:
+		return "cgroup1";
+	case MTS_NODE_MEMINFO:
+		return "meminfo";
+	default:
+		return "off";
+	}
+}
+
+int mts_guard_setup(const struct mts_policy *pol, uint64_t reserve,
+                    struct mts_node_src *src, struct mts_node_fig *fig,
+                    char *err, size_t errlen)
+{
+	char a[32], b[32], c[32], d[32], e[32];
+	memset(src, 0, sizeof(*src));
+	memset(fig, 0, sizeof(*fig));
+	if (pol->guard_mode == MTS_GUARD_OFF)
+		return 0;
+	const char *cg = pol->guard_cgroup;
+	if (cg && cg[0]) {
+		snprintf(src->dir, sizeof(src->dir), "%s", cg);
+		src->kind = cgroup_kind(cg);
+		if (src->kind == MTS_NODE_NONE) {
+			snprintf(err, errlen,
+			         "[guard] cgroup: '%s' is not a memory cgroup "
+			         "(no memory.max or memory.limit_in_bytes)",
+			         cg);
+			return -EINVAL;
+		}
+	} else if (!cg && own_cgroup(src) < 0) {
+		/* No limit around memtallyd: on a whole machine the guard
+		 * runs only when asked, on MemAvailable. */
+		if (pol->guard_mode == MTS_GUARD_AUTO)
+			return 0;
+		src->kind = MTS_NODE_MEMINFO;
+	} else if (cg) {
+		src->kind = MTS_NODE_MEMINFO;
+	}
+	int r = mts_node_read(src, fig);
+	if (r < 0 || fig->limit == 0) {
+		snprintf(err, errlen,
+		         "[guard] cgroup: cannot read the memory usage and "
+		         "limit of %s: %s",
+		         src->dir[0] ? src->dir : "/proc/meminfo",
+		         r < 0 ? strerror(-r) : "it has no limit");
+		return -EINVAL;
+	}
+	fig->line = mts_guard_line(pol, fig->limit);
+	if (fig->line >= fig->limit) {
+		snprintf(err, errlen,
+		         "[guard] line: %s is at or above the node's limit, %s "
+		         "(%s %s): the kernel would act first",
+		         mt_format_size(a, sizeof(a), fig->line),
+		         mt_format_size(b, sizeof(b), fig->limit),
+		         kind_name(src->kind),
+		         src->dir[0] ? src->dir : "/proc/meminfo");
+		return -EINVAL;
+	}
+	uint64_t rss = own_resident();
+	uint64_t need = mt_sat_add(rss, reserve);
+	if (fig->line < need) {
+		snprintf(err, errlen,
+		         "[guard] line: %s is below what memtallyd needs "
+		         "itself, %s (%s resident now and up to %s of "
+		         "connection buffers, [server] max_buffered), of a "
+		         "node limited to %s",
+		         mt_format_size(a, sizeof(a), fig->line),
+		         mt_format_size(b, sizeof(b), need),
+		         mt_format_size(c, sizeof(c), rss),
+		         mt_format_size(d, sizeof(d), reserve),
+		         mt_format_size(e, sizeof(e), fig->limit));
+		return -EINVAL;
+	}
+	return 0;
+}
+
+void mts_guard_apply(struct mts_registry *reg, const struct mts_node_src *src,
+                     const struct mts_node_fig *fig)
+{
+	struct mts_guard_state *g = reg->guard;
+	bool was = g->src.kind != MTS_NODE_NONE;
+	g->src = *src;
+	g->node = *fig;
+	g->known = src->kind != MTS_NODE_NONE;
+	g->evict_trusted = reg->policy.guard_evict_trusted;
+	g->interval_ms = reg->policy.guard_interval_ms;
+	g->read_failed_logged = false;
+	if (src->kind == MTS_NODE_NONE) {
+		if (was || reg->policy.guard_mode != MTS_GUARD_OFF)
+			mts_log(MTS_LOG_INFO,
+			        "node guard off: no memory limit around "
+			        "memtallyd (set [guard] enabled = true to "
+			        "guard MemAvailable)",
+			        "mode=%s",
+			        reg->policy.guard_mode == MTS_GUARD_OFF
+			            ? "false"
+			            : "auto");
+		return;
+	}
+	mts_log(MTS_LOG_INFO, "node guard on",
+	        "source=%s path=%s usage=%llu limit=%llu line=%llu "
+	        "interval_ms=%u evict_trusted=%d",
+	        kind_name(src->kind), src->dir[0] ? src->dir : "/proc/meminfo",
+	        (unsigned long long)fig->usage, (unsigned long long)fig->limit,
+	        (unsigned long long)fig->line, g->interval_ms,
+	        g->evict_trusted);
+}
+
+bool mts_guard_node(const struct mts_registry *reg, uint64_t *usage,
+                    uint64_t *line)
+{
+	const struct mts_guard_state *g = reg->guard;
+	if (!g || g->src.kind == MTS_NODE_NONE || !g->known)
+		return false;
+	*usage = g->node.usage;
+	*line = g->node.line;
+	return true;
+}
+
+/* ---- the candidates ------------------------------------------------------ */
+
+/* What of `p` counts: vouched for (vouch.c), per policy.measure. */
+static uint64_t proc_used(const struct mts_registry *reg,
+                          const struct mts_proc *p)
+{
+	uint64_t b = p->bytes;
+	if (p->untrusted)
+		b = b > p->unvouched ? b - p->unvouched : 0;
+	return mts_measured(reg, b, p->rss);
+}
+
+/* Workers in candidate order: by task, uid, then pid for those with no
+ * task (each its own candidate). */
+static int cmp_proc(const void *a, const void *b)
+{
+	const struct mts_proc *p = *(const struct mts_proc *const *)a;
+	const struct mts_proc *q = *(const struct mts_proc *const *)b;
+	int c = strcmp(p->task, q->task);
+	if (c)
+		return c;
+	if (p->uid != q->uid)
+		return p->uid < q->uid ? -1 : 1;
+	if (!p->task[0] && p->pid != q->pid)
+		return p->pid < q->pid ? -1 : 1;
+	return 0;
+}
+
+/* Is `a` a better choice than `b` under `rule`? */
+static bool better(const struct mts_guard_cand *a,
+                   const struct mts_guard_cand *b, enum mts_guard_rule rule)
+{
+	if (rule == MTS_GUARD_BEYOND) {
+		uint64_t ea = a->used - a->reserved, eb = b->used - b->reserved;
+		if (ea != eb)
+			return ea > eb;
+		if (a->used != b->used)
+			return a->used > b->used;
+	} else if (rule == MTS_GUARD_GROWTH && a->growth != b->growth) {
+		return a->growth > b->growth;
+	}
+	if (a->first_ns != b->first_ns)
+		return a->first_ns > b->first_ns; /* younger */
+	return a->pid > b->pid;
+}
+
+/* May `c` be chosen under `rule`? */
+static bool fits(const struct mts_guard_cand *c, enum mts_guard_rule rule)
+{
+	if (!c->eligible || c->used == 0)
+		return false;
+	if (rule == MTS_GUARD_BEYOND)
+		return c->used > c->reserved;
+	if (rule == MTS_GUARD_GROWTH)
+		return c->growth >= MTS_GUARD_GROWTH_MIN;
+	return true;
+}
+
+int mts_guard_candidates(const struct mts_registry *reg,
+                         struct mts_guard_cand **out, uint32_t *n, int *chosen,
+                         enum mts_guard_rule *rule)
+{
+	*out = NULL;
+	*n = 0;
+	*chosen = -1;
+	*rule = MTS_GUARD_BEYOND;
+	uint32_t np = reg->ndense;
+	if (!np)
+		return 0;
+	struct mts_proc **ps = malloc(np * sizeof(*ps));
+	struct mts_guard_cand *c = calloc(np, sizeof(*c));
+	if (!ps || !c) {
+		free(ps);
+		free(c);
+		return -ENOMEM;
+	}
+	for (uint32_t i = 0; i < np; i++)
+		ps[i] = reg->by_slot[reg->dense[i]];
+	qsort(ps, np, sizeof(*ps), cmp_proc);
+	bool evict_trusted = reg->guard && reg->guard->evict_trusted;
+	uint32_t self = (uint32_t)getpid();
+	uint32_t nc = 0;
+	for (uint32_t i = 0; i < np; i++) {
+		const struct mts_proc *p = ps[i];
+		struct mts_guard_cand *k = &c[nc];
+		if (i == 0 || cmp_proc(&ps[i - 1], &ps[i]) != 0) {
+			k = &c[nc++];
+			k->task = p->task;
+			k->uid = p->uid;
+			k->pid = p->pid;
+			k->first_ns = p->registered_ns;
+			k->reserved = mts_task_reserved(reg, p->task, p->uid);
+			/* A trusted process without a task is a service of
+			 * the node, not a job. */
+			k->eligible =
+			    p->task[0] || p->untrusted || evict_trusted;
+		} else {
+			k = &c[nc - 1];
+		}
+		k->workers++;
+		k->used = mt_sat_add(k->used, proc_used(reg, p));
+		k->growth += mts_proc_growth(reg, p);
+		if (p->registered_ns < k->first_ns) {
+			k->first_ns = p->registered_ns;
+			k->pid = p->pid;
+		}
+		if (p->pid == self)
+			k->eligible = false;
+	}
+	free(ps);
+	for (enum mts_guard_rule r = MTS_GUARD_BEYOND; r <= MTS_GUARD_YOUNGEST;
+	     r++) {
+		for (uint32_t i = 0; i < nc; i++)
+			if (fits(&c[i], r) &&
+			    (*chosen < 0 || better(&c[i], &c[*chosen], r)))
+				*chosen = (int)i;
+		if (*chosen >= 0) {
+			*rule = r;
+			break;
+		}
+	}
+	*out = c;
+	*n = nc;
+	return 0;
+}
+
+/* ---- the eviction -------------------------------------------------------- */
+
+struct tree {
+	int fd[MTS_GUARD_TREE_MAX];
+	uint32_t pid[MTS_GUARD_TREE_MAX];
+	bool owned[MTS_GUARD_TREE_MAX]; /* fd is ours to close */
+	uint32_t n;
+};
+
+/* The parent pid of `pid`, or 0. */
+static uint32_t ppid_of(uint32_t pid)
+{
+	char dir[32], buf[512];
+	snprintf(dir, sizeof(dir), "/proc/%u", pid);
+	if (read_small(dir, "stat", buf, sizeof(buf)) < 0)
+		return 0;
+	const char *rp = strrchr(buf, ')'); /* comm may hold anything */
+	unsigned ppid = 0;
+	char state;
+	if (!rp || sscanf(rp + 1, " %c %u", &state, &ppid) != 2)
+		return 0;
+	return ppid;
+}
+
+/* Stop and add the children of t->pid[i], each checked to be its child
+ * once its pidfd is open. */
+static void add_children(struct tree *t, uint32_t i, uint32_t self)
+{
+	char dir[48];
+	snprintf(dir, sizeof(dir), "/proc/%u/task", t->pid[i]);
+	DIR *d = opendir(dir);
+	if (!d)
+		return;
+	struct dirent *e;
+	while ((e = readdir(d)) && t->n < MTS_GUARD_TREE_MAX) {
+		if (e->d_name[0] < '0' || e->d_name[0] > '9')
+			continue;
+		char tdir[320], buf[4096];
+		snprintf(tdir, sizeof(tdir), "%s/%s", dir, e->d_name);
+		if (read_small(tdir, "children", buf, sizeof(buf)) < 0)
+			continue;
+		for (char *s = buf, *end; *s && t->n < MTS_GUARD_TREE_MAX;
+		     s = end) {
+			unsigned long v = strtoul(s, &end, 10);
+			if (end == s)
+				break;
+			uint32_t pid = (uint32_t)v;
+			if (pid == self)
+				continue;
+			int fd = (int)pidfd_open((pid_t)pid, 0);
+			if (fd < 0)
+				continue;
+			if (ppid_of(pid) != t->pid[i]) {
+				close(fd);
+				continue;
+			}
+			pidfd_send_signal(fd, SIGSTOP, NULL, 0);
+			t->fd[t->n] = fd;
+			t->pid[t->n] = pid;
+			t->owned[t->n] = true;
+			t->n++;
+		}
+	}
+	closedir(d);
+}
+
+/* Kill candidate `k`'s workers and their descendants; how many. */
+static uint32_t kill_tree(struct mts_registry *reg,
+                          const struct mts_guard_cand *k)
+{
+	struct tree *t = calloc(1, sizeof(*t));
+	if (!t)
+		return 0;
+	uint32_t self = (uint32_t)getpid();
+	for (uint32_t i = 0; i < reg->ndense && t->n < MTS_GUARD_TREE_MAX;
+	     i++) {
+		struct mts_proc *p = reg->by_slot[reg->dense[i]];
+		bool mine = k->task[0] ? strcmp(p->task, k->task) == 0 &&
+		                             p->uid == k->uid
+		                       : p->pid == k->pid;
+		if (!mine || p->pid == self || p->pidfd < 0)
+			continue;
+		pidfd_send_signal(p->pidfd, SIGSTOP, NULL, 0);
+		t->fd[t->n] = p->pidfd;
+		t->pid[t->n] = p->pid;
+		t->owned[t->n] = false;
+		t->n++;
+	}
+	/* Breadth first: the list grows as it is walked. */
+	for (uint32_t i = 0; i < t->n; i++)
+		add_children(t, i, self);
+	uint32_t killed = 0;
+	for (uint32_t i = 0; i < t->n; i++) {
+		if (pidfd_send_signal(t->fd[i], SIGKILL, NULL, 0) == 0)
+			killed++;
+		if (t->owned[i])
+			close(t->fd[i]);
+	}
+	free(t);
+	return killed;
+}
+
+/*
+ * What the eviction teaches: the task's kind ran out of room at `peak`.
+ * The only place an eviction is recorded against a kind.
+ */
+static void guard_record_eviction(struct mts_registry *reg,
+                                  const struct mts_guard_cand *k, uint64_t peak)
+{
+	(void)reg;
+	(void)k;
+	(void)peak;
+	/* KIND HOOK: mts_kind_note_run(reg, kind of k, k->uid, peak, true)
+	 * is called here once tasks carry a kind. */
+}
+
+/* Candidates for the decision record, furthest beyond first. */
+static int cmp_beyond(const void *a, const void *b)
+{
+	const struct mts_guard_cand *x = a, *y = b;
+	int64_t ex = (int64_t)(x->used -
+	                       (x->used > x->reserved ? x->reserved : x->used));
+	int64_t ey = (int64_t)(y->used -
+	                       (y->used > y->reserved ? y->reserved : y->used));
+	if (ex != ey)
+		return ex > ey ? -1 : 1;
+	return x->used > y->used ? -1 : x->used < y->used;
+}
+
+static void log_candidates(struct mts_guard_cand *c, uint32_t n)
+{
+	qsort(c, n, sizeof(*c), cmp_beyond);
+	for (uint32_t i = 0; i < n && i < MTS_GUARD_LOG_CANDIDATES; i++) {
+		char q[MTS_LOGQ_MAX];
+		mts_log(MTS_LOG_WARN, "node guard: candidate",
+		        "task=%s uid=%u pid=%u workers=%u reserved=%llu "
+		        "used=%llu growth_bps=%.0f eligible=%d",
+		        mts_logq(q, sizeof(q), c[i].task), c[i].uid, c[i].pid,
+		        c[i].workers, (unsigned long long)c[i].reserved,
+		        (unsigned long long)c[i].used, c[i].growth,
+		        c[i].eligible);
+	}
+	if (n > MTS_GUARD_LOG_CANDIDATES)
+		mts_log(MTS_LOG_WARN, "node guard: candidates not listed",
+		        "more=%u", n - MTS_GUARD_LOG_CANDIDATES);
+}
+
+static void evict(struct mts_registry *reg, uint64_t now_ns)
+{
+	struct mts_guard_state *g = reg->guard;
+	struct mts_guard_cand *c;
+	uint32_t n;
+	int ci;
+	enum mts_guard_rule rule;
+	char a[32], b[32], d[32], e[32], f[32];
+	g->last_eviction_ns = now_ns; /* one choice per interval either way */
+	if (mts_guard_candidates(reg, &c, &n, &ci, &rule) < 0)
+		return;
+	if (ci < 0) {
+		if (!g->idle_logged)
+			mts_log(MTS_LOG_WARN,
+			        "node past the guard's line; no task may be "
+			        "evicted",
+			        "usage=%llu line=%llu limit=%llu candidates=%u",
+			        (unsigned long long)g->node.usage,
+			        (unsigned long long)g->node.line,
+			        (unsigned long long)g->node.limit, n);
+		g->idle_logged = true;
+		free(c);
+		return;
+	}
+	struct mts_guard_cand k = c[ci];
+	char task[MTS_NAME_MAX + 1];
+	snprintf(task, sizeof(task), "%s", k.task);
+	k.task = task;
+	char reason[640];
+	snprintf(reason, sizeof(reason),
+	         "evicted by the node guard: node at %s, past its line %s "
+	         "(limit %s); %s %s used %s against %s reserved, %s of %u "
+	         "candidates",
+	         mt_format_size(a, sizeof(a), g->node.usage),
+	         mt_format_size(b, sizeof(b), g->node.line),
+	         mt_format_size(d, sizeof(d), g->node.limit),
+	         task[0] ? "task" : "process", task[0] ? task : "",
+	         mt_format_size(e, sizeof(e), k.used),
+	         mt_format_size(f, sizeof(f), k.reserved),
+	         mts_guard_rule_name(rule), n);
+	char q[MTS_LOGQ_MAX], qr[2 * MTS_LOGQ_MAX];
+	mts_log(MTS_LOG_WARN, "node guard: evicting",
+	        "task=%s uid=%u pid=%u workers=%u reserved=%llu used=%llu "
+	        "growth_bps=%.0f node_usage=%llu node_line=%llu "
+	        "node_limit=%llu source=%s rule=%s candidates=%u why=%s",
+	        mts_logq(q, sizeof(q), task), k.uid, k.pid, k.workers,
+	        (unsigned long long)k.reserved, (unsigned long long)k.used,
+	        k.growth, (unsigned long long)g->node.usage,
+	        (unsigned long long)g->node.line,
+	        (unsigned long long)g->node.limit, kind_name(g->src.kind),
+	        rule == MTS_GUARD_BEYOND   ? "beyond"
+	        : rule == MTS_GUARD_GROWTH ? "growth"
+	                                   : "youngest",
+	        n, mts_logq(qr, sizeof(qr), reason));
+	log_candidates(c, n);
+	free(c);
+
+	/* The event first: by the time `memtally run` sees its command
+	 * die, what killed it is in its socket. */
+	if (reg->lim && reg->lim->on_event) {
+		char scope[MTS_NAME_MAX + 16];
+		if (task[0])
+			snprintf(scope, sizeof(scope), "task:%s", task);
+		else
+			snprintf(scope, sizeof(scope), "pid:%u", k.pid);
+		struct mts_event ev = {
+		    .scope = scope,
+		    .state = MTSHM_STATE_OVER,
+		    .previous = MTSHM_STATE_OVER,
+		    .bytes = k.used,
+		    .limit = g->node.line,
+		    .reserved = k.reserved,
+		    .time_ns = mts_now_realtime(),
+		    .reason = reason,
+		    .growth = k.growth,
+		    .has_uid = true,
+		    .uid = k.uid,
+		};
+		reg->lim->on_event(reg->lim->event_ctx, &ev);
+	}
+	uint32_t killed = kill_tree(reg, &k);
+	g->evictions++;
+	g->signalled += killed;
+	mts_log(MTS_LOG_WARN, "node guard: evicted", "task=%s uid=%u killed=%u",
+	        mts_logq(q, sizeof(q), task), k.uid, killed);
+	/* At an eviction the task is at its peak: what it holds now. */
+	guard_record_eviction(reg, &k, k.used);
+}
+
+void mts_guard_check(struct mts_registry *reg, uint64_t now_ns)
+{
+	struct mts_guard_state *g = reg->guard;
+	if (!g || g->src.kind == MTS_NODE_NONE)
+		return;
+	struct mts_node_fig fig;
+	uint64_t t0 = mts_now_monotonic();
+	int err = mts_node_read(&g->src, &fig);
+	g->reads++;
+	g->read_ns += mts_now_monotonic() - t0;
+	if (err < 0 || fig.limit == 0) {
+		if (!g->read_failed_logged)
+			mts_log(MTS_LOG_ERROR,
+			        "node guard cannot read the node; no eviction "
+			        "and no node check at admission until it can",
+			        "source=%s path=%s err=%s",
+			        kind_name(g->src.kind), g->src.dir,
+			        err < 0 ? strerror(-err) : "no limit");
+		g->read_failed_logged = true;
+		g->known = false;
+		return;
+	}
+	g->read_failed_logged = false;
+	fig.line = mts_guard_line(&reg->policy, fig.limit);
+	/* A limit lowered under a line of bytes: the line follows it. */
+	if (fig.line >= fig.limit)
+		fig.line = fig.limit - fig.limit / 20;
+	g->node = fig;
+	g->known = true;
+	if (fig.usage <= fig.line) {
+		g->idle_logged = false;
+		return;
+	}
+	uint64_t interval = (uint64_t)g->interval_ms * 1000000u;
+	if (g->last_eviction_ns && now_ns - g->last_eviction_ns < interval)
+		return;
+	evict(reg, now_ns);
+}
