@@ -92,6 +92,8 @@ struct cli {
 	double wait_s;     /* run --wait */
 	const char *poll;  /* run --poll, as given */
 	double poll_s;     /* run --poll; 0: the default */
+	const char *retry; /* run --retry, as given */
+	uint32_t retry_n;  /* run --retry */
 	bool socket_given; /* run: --socket was given */
 };
 
@@ -152,7 +154,7 @@ static void usage(FILE *f)
 	    "first\n"
 	    "  run [--bytes SIZE] [--kind K] [--group G] [--task T] "
 	    "[--wait SECONDS\n"
-	    "      [--poll S]] [--ttl S] -- CMD [ARGS...]\n"
+	    "      [--poll S]] [--ttl S] [--retry N] -- CMD [ARGS...]\n"
 	    "                   run CMD under the preload as task T (with "
 	    "--bytes or\n"
 	    "                   --kind: once\n"
@@ -166,7 +168,11 @@ static void usage(FILE *f)
 	    "CMD runs anyway.\n"
 	    "                   --poll S: while waiting, ask at least "
 	    "every S seconds\n"
-	    "                   (default 2)\n"
+	    "                   (default 2). Evicted by memtallyd's node "
+	    "guard: the\n"
+	    "                   figures on stderr, exit 75 (EX_TEMPFAIL); "
+	    "--retry N runs\n"
+	    "                   it again up to N times first\n"
 	    "\n"
 	    "SIZE is bytes or a number with a unit: K, M, G, T and KiB, "
 	    "MiB, GiB, TiB\n"
@@ -1314,6 +1320,11 @@ static int check_run(struct cli *c)
 			                   c->poll);
 		c->poll_s = v;
 	}
+	if (c->retry && (!parse_u32(c->retry, &c->retry_n) ||
+	                 c->retry_n > MTCLI_RUN_RETRY_MAX))
+		return usage_error("invalid --retry '%s': expected a count, "
+		                   "1 to %u",
+		                   c->retry, MTCLI_RUN_RETRY_MAX);
 	if ((c->group && !c->group[0]) || (c->task && !c->task[0]))
 		return usage_error("run: --%s is empty",
 		                   c->group && !c->group[0] ? "group" : "task");
@@ -1335,6 +1346,7 @@ static int cmd_run(struct cli *c)
 	    .ttl_s = c->admit.ttl_seconds,
 	    .wait_s = c->wait_s,
 	    .poll_s = c->poll_s,
+	    .retry = c->retry_n,
 	    .argv = c->run_argv,
 	};
 	return mtcli_run(&o);
@@ -1384,6 +1396,7 @@ enum {
 	OPT_WAIT,
 	OPT_POLL,
 	OPT_KIND,
+	OPT_RETRY,
 	OPT_HELP,
 	OPT_VERSION,
 };
@@ -1404,6 +1417,7 @@ static const struct option long_options[] = {
     {"token-file", required_argument, NULL, OPT_TOKEN_FILE},
     {"wait", required_argument, NULL, OPT_WAIT},
     {"poll", required_argument, NULL, OPT_POLL},
+    {"retry", required_argument, NULL, OPT_RETRY},
     {"help", no_argument, NULL, OPT_HELP},
     {"version", no_argument, NULL, OPT_VERSION},
     {NULL, 0, NULL, 0},
@@ -1533,6 +1547,9 @@ static int parse_args(struct cli *c, struct cmdline *p, int argc, char **argv)
 		case OPT_WAIT:
 			c->wait = optarg;
 			break;
+		case OPT_RETRY:
+			c->retry = optarg;
+			break;
 		case OPT_POLL:
 			c->poll = optarg;
 			break;
@@ -1593,7 +1610,8 @@ static int check_command(struct cli *c, const struct command *cmd,
 	    (rc = check_takes(cmd, TAKES_REFRESH, c->iterations,
 	                      "--iterations")) ||
 	    (rc = check_takes(cmd, TAKES_WAIT, c->wait, "--wait")) ||
-	    (rc = check_takes(cmd, TAKES_WAIT, c->poll, "--poll")))
+	    (rc = check_takes(cmd, TAKES_WAIT, c->poll, "--poll")) ||
+	    (rc = check_takes(cmd, TAKES_WAIT, c->retry, "--retry")))
 		return rc;
 	if (c->tcp && c->socket)
 		return usage_error("--socket and --tcp exclude each other");

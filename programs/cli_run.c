@@ -35,6 +35,12 @@
  *  5. When the command ends: Release (a reservation its workers already
  *     ended is not an error), and exit with its status, 128 + N for a
  *     signal N.
+ *  6. While it runs, a Watch subscription listens for memtallyd's node
+ *     guard evicting its task (an event for "task:TASK", written before
+ *     the guard's SIGKILL, so it is in our socket by the time the
+ *     command's death is). Evicted: the event's reason on stderr and
+ *     exit 75 (EX_TEMPFAIL, which job runners take as "try again"), or
+ *     with --retry N, admission and the command again, up to N times.
  *
  * Fail open: when memtallyd cannot be reached, or does not answer in
  * time, the command runs anyway, after one line on stderr saying so.
@@ -77,6 +83,13 @@
 
 #define PRELOAD_NAME "libmemtally_preload.so"
 
+/* How long a command killed by SIGKILL waits for the node guard's event
+ * that would say it was evicted. */
+#define EVICTION_WAIT_MS 1000
+/* A rerun after an eviction waits this long for room when --wait does not
+ * say: the node is coming back, and a denial now is not the job's fault. */
+#define RETRY_WAIT_S 60.0
+
 static const int forwarded[] = {SIGINT,  SIGTERM, SIGHUP,
                                 SIGQUIT, SIGUSR1, SIGUSR2};
 
@@ -92,8 +105,11 @@ struct run {
 	int sfd;          /* signalfd */
 	sigset_t mask;    /* blocked by us: restored in the command */
 	sigset_t old_mask;
-	int signo;      /* a signal ended the wait, or 0 */
-	char *added[4]; /* the "NAME=value" strings command_env() made */
+	int signo;             /* a signal ended the wait, or 0 */
+	double wait_s;         /* how long this admission may wait for room */
+	bool evicted;          /* the node guard evicted this run's task */
+	char evicted_why[640]; /* its event's reason, the figures */
+	char *added[4];        /* the "NAME=value" strings command_env() made */
 	size_t nadded;
 };
 
@@ -191,6 +207,18 @@ static bool relevant(const struct run *r, const struct memtally_event *ev)
 	       strcmp(ev->scope + 6, g) == 0;
 }
 
+/* The node guard's event for our task: it evicted the command. */
+static void note_eviction(struct run *r, const struct memtally_event *ev)
+{
+	if (!r->task[0] || strncmp(ev->scope, "task:", 5) != 0 ||
+	    strcmp(ev->scope + 5, r->task) != 0)
+		return;
+	r->evicted = true;
+	snprintf(r->evicted_why, sizeof(r->evicted_why), "%s",
+	         ev->reason && ev->reason[0] ? ev->reason
+	                                     : "evicted by memtallyd");
+}
+
 /* Subscribe to Watch on a second connection; without one (an old server,
  * a refusal) the periodic retries still run. */
 static void watch_open(struct run *r)
@@ -212,6 +240,7 @@ static bool watch_drain(struct run *r)
 		struct memtally_event ev;
 		int err = memtally_query_watch_next(r->w, &ev);
 		if (err == 0) {
+			note_eviction(r, &ev);
 			any |= relevant(r, &ev);
 			continue;
 		}
@@ -246,7 +275,7 @@ static int next_interval(int *base, int max)
 static int wait_for_room(struct run *r, struct memtally_admit_result **denied)
 {
 	int64_t start = now_ms();
-	int64_t end = start + (int64_t)(r->o->wait_s * 1000.0 + 0.5);
+	int64_t end = start + (int64_t)(r->wait_s * 1000.0 + 0.5);
 	/* --poll lowers the ceiling (a fleet of short tasks, where room
 	 * appears every second without a state change). */
 	int max = r->o->poll_s > 0 ? (int)(r->o->poll_s * 1000.0 + 0.5)
@@ -255,7 +284,7 @@ static int wait_for_room(struct run *r, struct memtally_admit_result **denied)
 	int64_t next = start + base;
 	int64_t last_ask = start;
 	fprintf(stderr, "memtally: waiting up to %g s for room: %s\n",
-	        r->o->wait_s, (*denied)->reason);
+	        r->wait_s, (*denied)->reason);
 	watch_open(r);
 	for (;;) {
 		int64_t now = now_ms();
@@ -466,6 +495,27 @@ static _Noreturn void exec_command(struct run *r, char **envp, pid_t parent)
 	_exit(e == ENOENT ? MTCLI_RUN_EXIT_NOTFOUND : MTCLI_RUN_EXIT_NOEXEC);
 }
 
+/*
+ * The command died of SIGKILL: was it the node guard? memtallyd writes
+ * its event before it signals, so the event is normally in our socket
+ * already; it is waited for a little (EVICTION_WAIT_MS) in case the
+ * server's output was queued behind others'.
+ */
+static void await_eviction(struct run *r)
+{
+	int64_t end = now_ms() + EVICTION_WAIT_MS;
+	while (r->w && !r->evicted) {
+		watch_drain(r);
+		int64_t left = end - now_ms();
+		if (r->evicted || !r->w || left <= 0)
+			break;
+		struct pollfd p = {.fd = memtally_query_fd(r->w),
+		                   .events = POLLIN};
+		if (poll(&p, 1, (int)left) == 0)
+			break;
+	}
+}
+
 /* Run the command to its end, forwarding signals. Its exit status, as a
  * shell reports it. */
 static int supervise(struct run *r, char **envp)
@@ -485,8 +535,11 @@ static int supervise(struct run *r, char **envp)
 		if (w == pid) {
 			if (WIFEXITED(status))
 				return WEXITSTATUS(status);
-			if (WIFSIGNALED(status))
+			if (WIFSIGNALED(status)) {
+				if (WTERMSIG(status) == SIGKILL)
+					await_eviction(r);
 				return 128 + WTERMSIG(status);
+			}
 			continue;
 		}
 		if (w < 0 && errno != EINTR) {
@@ -494,6 +547,17 @@ static int supervise(struct run *r, char **envp)
 			        strerror(errno));
 			return EXIT_LOCAL;
 		}
+		struct pollfd p[2] = {
+		    {.fd = r->sfd, .events = POLLIN},
+		    {.fd = r->w ? memtally_query_fd(r->w) : -1,
+		     .events = POLLIN},
+		};
+		if (poll(p, 2, -1) <= 0)
+			continue; /* EINTR */
+		if (p[1].revents && r->w)
+			watch_drain(r);
+		if (!(p[0].revents & POLLIN))
+			continue;
 		struct signalfd_siginfo si;
 		ssize_t n = read(r->sfd, &si, sizeof(si));
 		if (n != (ssize_t)sizeof(si))
@@ -552,7 +616,7 @@ static int admission(struct run *r)
 	}
 	struct memtally_admit_result *a = NULL;
 	int got = ask(r, &a);
-	if (got == 0 && r->o->wait_s > 0)
+	if (got == 0 && r->wait_s > 0)
 		got = wait_for_room(r, &a);
 	if (got == 2) {
 		memtally_admit_result_free(a);
@@ -560,8 +624,8 @@ static int admission(struct run *r)
 	}
 	if (got != 0) /* granted, or failing open */
 		return 1;
-	print_denial(a, r->o->wait_s > 0 ? "no room in time, not run"
-	                                 : "denied, not run");
+	print_denial(a, r->wait_s > 0 ? "no room in time, not run"
+	                              : "denied, not run");
 	memtally_admit_result_free(a);
 	return EXIT_DENIED;
 }
@@ -577,9 +641,10 @@ int mtcli_run(const struct mtcli_run_opts *o)
 	}
 	if (o->task) {
 		snprintf(r.task, sizeof(r.task), "%s", o->task);
-	} else if (o->bytes || o->kind) {
+	} else {
 		/* A name of our own: the reservation must be reconciled by
-		 * this command's workers only. */
+		 * this command's workers only, and the node guard evicts
+		 * them together, as one task, by this name. */
 		uint32_t rnd = 0;
 		if (getrandom(&rnd, sizeof(rnd), GRND_NONBLOCK) != sizeof(rnd))
 			rnd = (uint32_t)now_ms();
@@ -592,10 +657,17 @@ int mtcli_run(const struct mtcli_run_opts *o)
 		        strerror(-err));
 		return EXIT_LOCAL;
 	}
-	int rc = admission(&r);
-	memtally_query_close(r.w);
-	r.w = NULL;
-	if (rc == 1) {
+	r.wait_s = o->wait_s;
+	int rc;
+	for (uint32_t run = 0;; run++) {
+		rc = admission(&r);
+		memtally_query_close(r.w);
+		r.w = NULL;
+		if (rc != 1)
+			break;
+		/* Our task's events, for the node guard's: opened before the
+		 * command starts, so none is missed. */
+		watch_open(&r);
 		char **envp = command_env(&r);
 		if (!envp) {
 			fprintf(stderr, "memtally: out of memory\n");
@@ -604,7 +676,21 @@ int mtcli_run(const struct mtcli_run_opts *o)
 			rc = supervise(&r, envp);
 		}
 		free_env(&r, envp);
+		memtally_query_close(r.w);
+		r.w = NULL;
 		release(&r);
+		if (!r.evicted)
+			break;
+		fprintf(stderr, "memtally: %s\n", r.evicted_why);
+		rc = MTCLI_RUN_EXIT_EVICTED;
+		if (run >= o->retry)
+			break;
+		fprintf(stderr, "memtally: running it again (%u of %u)\n",
+		        run + 1, o->retry);
+		r.evicted = false;
+		r.reservation[0] = '\0';
+		if (r.wait_s < RETRY_WAIT_S)
+			r.wait_s = RETRY_WAIT_S;
 	}
 	memtally_query_close(r.q);
 	close(r.sfd);

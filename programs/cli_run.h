@@ -21,6 +21,12 @@
 /* Exit status when the command cannot be started (as a shell's). */
 #define MTCLI_RUN_EXIT_NOEXEC   126
 #define MTCLI_RUN_EXIT_NOTFOUND 127
+/* Exit status when memtallyd's node guard evicted the command: sysexits'
+ * EX_TEMPFAIL, "try again later", which job runners can requeue on
+ * (Slurm's RequeueExit, systemd's RestartForceExitStatus=). */
+#define MTCLI_RUN_EXIT_EVICTED 75
+/* --retry at most: a task evicted this often will be again. */
+#define MTCLI_RUN_RETRY_MAX 100u
 
 struct mtcli_run_opts {
 	const char *socket; /* the server's socket (NULL with tcp) */
@@ -30,18 +36,20 @@ struct mtcli_run_opts {
 	int timeout_ms;     /* bounds each call to the server; 0: default */
 	uint64_t bytes;     /* 0: no admission unless a kind is given */
 	const char *group;  /* --group, or NULL: $MEMTALLY_GROUP */
-	const char *task;   /* --task, or NULL: generated when admitted */
+	const char *task;   /* --task, or NULL: generated */
 	const char *kind;   /* --kind, or NULL: the task's kind; admits
 	                       without bytes (the kind's learned size) */
 	uint32_t ttl_s;     /* 0: MTCLI_RUN_DEFAULT_TTL_S */
 	double wait_s;      /* wait this long for room; 0: do not wait */
 	double poll_s;      /* while waiting, ask at least this often; 0: 2 s */
+	uint32_t retry;     /* rerun an evicted command up to this often */
 	char **argv;        /* the command, NULL-terminated, argv[0] set */
 };
 
 /*
  * Run the command per `o` and return the exit status for the tool:
- * the command's own, 128 + N when a signal N ended it, 3 when admission
+ * the command's own, 128 + N when a signal N ended it, 75 when memtallyd's
+ * node guard evicted it (after the reruns --retry allows), 3 when admission
  * was denied (the command never started), 128 + N when signal N came
  * while waiting for room, 126/127 when it cannot be executed, 1 on a
  * local failure (fork, out of memory). Never fails because memtallyd is
