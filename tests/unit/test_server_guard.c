@@ -1,0 +1,418 @@
+/*
+ * test_server_guard.c - the node guard: its [guard] keys, the check of
+ * its line against the node (a fake cgroup directory stands for the
+ * node), the choice rule over real registered workers, the eviction of a
+ * task's process tree with its event, and admission under the line.
+ */
+#include "test_server_fixture.h"
+
+#include <sys/stat.h>
+
+static struct mts_policy pol;
+static char dir[64];
+
+static void stop(void)
+{
+	fx_stop();
+	mts_policy_free(&pol);
+}
+
+TestSuite(guard, .fini = stop, .timeout = 30);
+
+/* The tests that start no server. */
+static void free_policy(void)
+{
+	mts_policy_free(&pol);
+}
+
+TestSuite(guard_config, .fini = free_policy, .timeout = 30);
+
+static void put(const char *name, const char *text)
+{
+	char p[128];
+	snprintf(p, sizeof(p), "%s/%s", dir, name);
+	FILE *f = fopen(p, "w");
+	cr_assert_not_null(f);
+	fputs(text, f);
+	fclose(f);
+}
+
+/* A directory with the files of a v2 memory cgroup: `limit` ("max" for
+ * none), `current` bytes in use, `inactive` of them inactive file pages. */
+static void fake_cgroup(const char *limit, uint64_t current, uint64_t inactive)
+{
+	if (!dir[0]) {
+		snprintf(dir, sizeof(dir), "/tmp/mt-guard-%ld", (long)getpid());
+		mkdir(dir, 0700);
+	}
+	char b[256];
+	put("memory.max", limit);
+	snprintf(b, sizeof(b), "%llu\n", (unsigned long long)current);
+	put("memory.current", b);
+	snprintf(b, sizeof(b),
+	         "anon 1\nfile 2\ninactive_anon 3\n"
+	         "inactive_file %llu\nactive_file 4\n",
+	         (unsigned long long)inactive);
+	put("memory.stat", b);
+}
+
+/* [guard] text loaded on the defaults; its error in err. */
+static int load_guard(const char *text, struct mts_settings *s, char *err)
+{
+	char path[64];
+	snprintf(path, sizeof(path), "/tmp/mt-guard-%ld.conf", (long)getpid());
+	FILE *f = fopen(path, "w");
+	cr_assert_not_null(f);
+	fprintf(f, "[guard]\n%s\n", text);
+	fclose(f);
+	err[0] = '\0';
+	int r = mts_settings_load(s, path, NULL, 0, err, 512);
+	unlink(path);
+	return r;
+}
+
+Test(guard_config, keys_and_their_forms)
+{
+	struct mts_settings s;
+	char err[512];
+	cr_assert_eq(load_guard("line = 85%\ninterval = 500ms\nenabled = "
+	                        "true\nevict_trusted = yes\ncgroup = none",
+	                        &s, err),
+	             0, "%s", err);
+	cr_assert_eq(s.policy.guard_line_bp, 8500);
+	cr_assert_eq(s.policy.guard_interval_ms, 500);
+	cr_assert_eq(s.policy.guard_mode, MTS_GUARD_ON);
+	cr_assert(s.policy.guard_evict_trusted);
+	cr_assert_str_eq(s.policy.guard_cgroup, "");
+	mts_settings_free(&s);
+
+	cr_assert_eq(load_guard("line = limit - 256MiB", &s, err), 0, "%s",
+	             err);
+	cr_assert_eq(s.policy.guard_line_below, 256 * MIB);
+	cr_assert_eq(s.policy.guard_line_bp, 0);
+	cr_assert_eq(mts_guard_line(&s.policy, 1024 * MIB), 768 * MIB);
+	mts_settings_free(&s);
+
+	cr_assert_eq(
+	    load_guard("line = 600MiB\ncgroup = /sys/fs/cgroup/x", &s, err), 0,
+	    "%s", err);
+	cr_assert_eq(s.policy.guard_line_bytes, 600 * MIB);
+	cr_assert_eq(mts_guard_line(&s.policy, 1024 * MIB), 600 * MIB);
+	cr_assert_str_eq(s.policy.guard_cgroup, "/sys/fs/cgroup/x");
+	mts_settings_free(&s);
+
+	/* The defaults: auto, 90%, 2 s, trusted processes spared. */
+	cr_assert_eq(load_guard("", &s, err), 0, "%s", err);
+	cr_assert_eq(s.policy.guard_mode, MTS_GUARD_AUTO);
+	cr_assert_eq(mts_guard_line(&s.policy, 1000), 900);
+	cr_assert_eq(s.policy.guard_interval_ms, 2000);
+	cr_assert(!s.policy.guard_evict_trusted);
+	mts_settings_free(&s);
+}
+
+Test(guard_config, bad_values_name_their_key)
+{
+	static const char *const bad[][2] = {
+	    {"line = 100%", "[guard] line"},
+	    {"line = 0", "[guard] line"},
+	    {"line = limit + 5MiB", "[guard] line"},
+	    {"line = limit - 0", "[guard] line"},
+	    {"interval = 50ms", "[guard] interval"},
+	    {"enabled = maybe", "[guard] enabled"},
+	    {"cgroup = relative/path", "[guard] cgroup"},
+	    {"evict_trusted = 2", "[guard] evict_trusted"},
+	    {"lines = 90%", "[guard] lines: unknown key"},
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		struct mts_settings s;
+		char err[512];
+		cr_assert_eq(load_guard(bad[i][0], &s, err), -EINVAL, "%s",
+		             bad[i][0]);
+		cr_assert(strstr(err, bad[i][1]), "%s: %s", bad[i][0], err);
+	}
+}
+
+Test(guard_config, line_checked_against_the_node)
+{
+	struct mts_node_src src;
+	struct mts_node_fig fig;
+	char err[512];
+	mts_policy_defaults(&pol);
+	fake_cgroup("268435456\n", 100 * MIB, 10 * MIB);
+	pol.guard_cgroup = strdup(dir);
+
+	cr_assert_eq(
+	    mts_guard_setup(&pol, 64 * MIB, &src, &fig, err, sizeof(err)), 0,
+	    "%s", err);
+	cr_assert_eq(src.kind, MTS_NODE_CGROUP_V2);
+	cr_assert_eq(fig.limit, 256 * MIB);
+	/* Inactive file pages are the kernel's to reclaim: not counted. */
+	cr_assert_eq(fig.usage, 90 * MIB);
+	cr_assert_eq(fig.line, 256 * MIB * 9 / 10);
+
+	/* Above the node's limit: the kernel would act first. */
+	pol.guard_line_bp = 0;
+	pol.guard_line_bytes = 300 * MIB;
+	cr_assert_eq(
+	    mts_guard_setup(&pol, 64 * MIB, &src, &fig, err, sizeof(err)),
+	    -EINVAL);
+	cr_assert(strstr(err, "[guard] line") && strstr(err, "above") &&
+	              strstr(err, "300 MiB") && strstr(err, "256 MiB"),
+	          "%s", err);
+
+	/* Below what memtallyd needs: its resident memory and buffers. */
+	pol.guard_line_bytes = 0;
+	pol.guard_line_below = 250 * MIB;
+	cr_assert_eq(
+	    mts_guard_setup(&pol, 64 * MIB, &src, &fig, err, sizeof(err)),
+	    -EINVAL);
+	cr_assert(strstr(err, "[guard] line") &&
+	              strstr(err, "below what memtallyd needs") &&
+	              strstr(err, "max_buffered"),
+	          "%s", err);
+
+	/* A cgroup with no limit guards nothing. */
+	pol.guard_line_below = 0;
+	pol.guard_line_bp = 9000;
+	fake_cgroup("max\n", 100 * MIB, 0);
+	cr_assert_eq(
+	    mts_guard_setup(&pol, 64 * MIB, &src, &fig, err, sizeof(err)),
+	    -EINVAL);
+	cr_assert(strstr(err, "no limit"), "%s", err);
+
+	/* Off is off, whatever the node. */
+	pol.guard_mode = MTS_GUARD_OFF;
+	cr_assert_eq(
+	    mts_guard_setup(&pol, 64 * MIB, &src, &fig, err, sizeof(err)), 0);
+	cr_assert_eq(src.kind, MTS_NODE_NONE);
+}
+
+/* A worker of `uid` with `task` using `bytes` as of the next tick. */
+static pid_t task_worker(uint32_t uid, const char *task, uint64_t bytes)
+{
+	pid_t pid = fx_spawn();
+	uint32_t slot = fx_register_as(pid, uid, "default", task);
+	fx_write(slot, (int64_t)bytes);
+	return pid;
+}
+
+static void reserve(uint32_t uid, const char *task, uint64_t bytes)
+{
+	Memtally__V1__Response *r = fx_admit(uid, bytes, "", task, 0);
+	cr_assert(r->admit_result->admitted, "%s", r->admit_result->reason);
+	memtally__v1__response__free_unpacked(r, NULL);
+}
+
+/* The chosen candidate's task (or pid) and the rule. */
+static const struct mts_guard_cand *choose(enum mts_guard_rule *rule)
+{
+	static struct mts_guard_cand k;
+	struct mts_guard_cand *c;
+	uint32_t n;
+	int i;
+	mts_core_tick(&srv.reg);
+	cr_assert_eq(mts_guard_candidates(&srv.reg, &c, &n, &i, rule), 0);
+	if (i < 0) {
+		free(c);
+		return NULL;
+	}
+	k = c[i];
+	free(c);
+	return &k;
+}
+
+Test(guard, furthest_beyond_its_reservation)
+{
+	fx_start();
+	reserve(FX_UID, "a", 100 * MIB);
+	reserve(FX_UID, "b", 10 * MIB);
+	task_worker(FX_UID, "a", 150 * MIB); /* 50 MiB beyond */
+	task_worker(FX_UID, "b", 40 * MIB);  /* 30 beyond: smaller */
+	task_worker(FX_UID, "b", 5 * MIB);   /* b's too: 35 beyond */
+	task_worker(FX_UID, "c", 20 * MIB);  /* nothing reserved: 20 */
+	enum mts_guard_rule rule;
+	const struct mts_guard_cand *k = choose(&rule);
+	cr_assert_not_null(k);
+	cr_assert_str_eq(k->task, "a");
+	cr_assert_eq(rule, MTS_GUARD_BEYOND);
+	cr_assert_eq(k->used, 150 * MIB);
+	cr_assert_eq(k->reserved, 100 * MIB);
+}
+
+Test(guard, a_task_of_two_workers_is_one_candidate)
+{
+	fx_start();
+	reserve(FX_UID, "a", 100 * MIB);
+	reserve(FX_UID, "b", 100 * MIB);
+	/* Each of b's workers is within a's excess, together beyond it. */
+	task_worker(FX_UID, "a", 130 * MIB);
+	task_worker(FX_UID, "b", 70 * MIB);
+	task_worker(FX_UID, "b", 70 * MIB);
+	enum mts_guard_rule rule;
+	const struct mts_guard_cand *k = choose(&rule);
+	cr_assert_str_eq(k->task, "b");
+	cr_assert_eq(k->workers, 2);
+	cr_assert_eq(k->used, 140 * MIB);
+}
+
+Test(guard, none_beyond_the_youngest)
+{
+	fx_start();
+	reserve(FX_UID, "old", 100 * MIB);
+	reserve(FX_UID, "young", 100 * MIB);
+	task_worker(FX_UID, "old", 90 * MIB);
+	struct timespec ts = {0, 2 * 1000 * 1000};
+	nanosleep(&ts, NULL);
+	task_worker(FX_UID, "young", 10 * MIB);
+	enum mts_guard_rule rule;
+	const struct mts_guard_cand *k = choose(&rule);
+	cr_assert_str_eq(k->task, "young");
+	cr_assert_eq(rule, MTS_GUARD_YOUNGEST);
+}
+
+Test(guard, trusted_without_a_task_spared_unless_configured)
+{
+	fx_start();
+	reserve(FX_UID, "a", 100 * MIB);
+	task_worker(FX_UID, "a", 50 * MIB);
+	/* FX_UID is trusted (the fixture): a service of 500 MiB. */
+	pid_t svc = task_worker(FX_UID, "", 500 * MIB);
+	enum mts_guard_rule rule;
+	const struct mts_guard_cand *k = choose(&rule);
+	cr_assert_str_eq(k->task, "a");
+	cr_assert_eq(rule, MTS_GUARD_YOUNGEST);
+	srv.reg.guard->evict_trusted = true;
+	k = choose(&rule);
+	cr_assert_eq(k->pid, (uint32_t)svc);
+	cr_assert_eq(rule, MTS_GUARD_BEYOND);
+}
+
+Test(guard, another_uid_naming_a_task_is_its_own_candidate)
+{
+	fx_start();
+	reserve(FX_UID, "etl", 200 * MIB);
+	task_worker(FX_UID, "etl", 150 * MIB);
+	/* Another uid's worker names the task: not the task's, and what it
+	 * holds is its own excess (it reserved nothing). */
+	pid_t other = task_worker(2000, "etl", 80 * MIB);
+	enum mts_guard_rule rule;
+	const struct mts_guard_cand *k = choose(&rule);
+	cr_assert_str_eq(k->task, "etl");
+	cr_assert_eq(k->uid, 2000);
+	cr_assert_eq(k->pid, (uint32_t)other);
+	cr_assert_eq(k->reserved, 0);
+	cr_assert_eq(rule, MTS_GUARD_BEYOND);
+}
+
+/* A child that forks a grandchild, both paused; the grandchild's pid. */
+static pid_t spawn_family(pid_t *child)
+{
+	int p[2];
+	cr_assert_eq(pipe(p), 0);
+	pid_t pid = fx_fork();
+	if (pid == 0) {
+		pid_t g = fork();
+		if (g == 0) {
+			for (;;)
+				pause();
+		}
+		if (write(p[1], &g, sizeof(g)) != sizeof(g))
+			_exit(1);
+		for (;;)
+			pause();
+	}
+	pid_t g;
+	cr_assert_eq(read(p[0], &g, sizeof(g)), (ssize_t)sizeof(g));
+	close(p[0]);
+	close(p[1]);
+	kids[nkids++] = pid;
+	*child = pid;
+	return g;
+}
+
+static bool gone(pid_t pid)
+{
+	char path[64], buf[256];
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return true;
+	size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[n] = '\0';
+	const char *rp = strrchr(buf, ')');
+	return rp && (rp[2] == 'Z' || rp[2] == 'X');
+}
+
+Test(guard, past_the_line_the_tree_goes_and_an_event_says_so)
+{
+	fx_start();
+	reserve(FX_UID, "leak", 10 * MIB);
+	reserve(FX_UID, "calm", 100 * MIB);
+	pid_t leak;
+	pid_t grandchild = spawn_family(&leak);
+	fx_write(fx_register_as(leak, FX_UID, "default", "leak"),
+	         (int64_t)(60 * MIB));
+	pid_t calm = task_worker(FX_UID, "calm", 50 * MIB);
+	mts_core_tick(&srv.reg);
+
+	/* The node: 240 MiB in use of 256, the line at 90% (230.4). */
+	mts_policy_defaults(&pol);
+	fake_cgroup("268435456\n", 240 * MIB, 0);
+	struct mts_node_src src = {.kind = MTS_NODE_CGROUP_V2};
+	snprintf(src.dir, sizeof(src.dir), "%s", dir);
+	struct mts_node_fig fig = {0};
+	srv.reg.policy.guard_interval_ms = 60000;
+	mts_guard_apply(&srv.reg, &src, &fig);
+	nevents = 0;
+	mts_guard_check(&srv.reg, mts_now_monotonic());
+
+	cr_assert_eq(srv.reg.guard->evictions, 1);
+	cr_assert_eq(srv.reg.guard->signalled, 2, "the worker and its child");
+	int st;
+	cr_assert_eq(waitpid(leak, &st, 0), leak);
+	cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
+	uint64_t end = fx_deadline_ms(5000);
+	while (!gone(grandchild) && fx_ms() < end)
+		nanosleep(&(struct timespec){0, 10 * 1000 * 1000}, NULL);
+	cr_assert(gone(grandchild), "the unregistered grandchild lives");
+	cr_assert_eq(waitpid(calm, &st, WNOHANG), 0, "calm was touched");
+	cr_assert_eq(nevents, 1);
+	cr_assert_str_eq(events[0].scope, "task:leak");
+	cr_assert_eq(events[0].bytes, 60 * MIB);
+	cr_assert_eq(events[0].reserved, 10 * MIB);
+	cr_assert_eq(events[0].limit, 256 * MIB * 9 / 10);
+
+	/* Within the interval, past the line still: nobody else. */
+	mts_guard_check(&srv.reg, mts_now_monotonic());
+	cr_assert_eq(srv.reg.guard->evictions, 1);
+	cr_assert_eq(waitpid(calm, &st, WNOHANG), 0);
+}
+
+Test(guard, admission_fits_under_the_line_by_the_nodes_figure)
+{
+	fx_start();
+	mts_policy_defaults(&pol);
+	fake_cgroup("1073741824\n", 500 * MIB, 100 * MIB);
+	struct mts_node_src src = {.kind = MTS_NODE_CGROUP_V2};
+	snprintf(src.dir, sizeof(src.dir), "%s", dir);
+	struct mts_node_fig fig;
+	cr_assert_eq(mts_node_read(&src, &fig), 0);
+	fig.line = 800 * MIB;
+	mts_guard_apply(&srv.reg, &src, &fig);
+	/* 400 in use + 300 requested <= 800. */
+	reserve(FX_UID, "a", 300 * MIB);
+	/* 400 + 300 reserved + 150 > 800: refused, by the node. */
+	Memtally__V1__Response *r = fx_admit(FX_UID, 150 * MIB, "", "b", 0);
+	cr_assert(!r->admit_result->admitted);
+	cr_assert_str_eq(r->admit_result->limit_scope, "node");
+	cr_assert_eq(r->admit_result->limit, 800 * MIB);
+	cr_assert(strstr(r->admit_result->reason, "400 MiB") &&
+	              strstr(r->admit_result->reason, "300 MiB reserved") &&
+	              strstr(r->admit_result->reason, "[guard] line"),
+	          "%s", r->admit_result->reason);
+	memtally__v1__response__free_unpacked(r, NULL);
+	cr_assert_eq(srv.reg.adm->stats.denials[MTS_DENY_NODE], 1);
+	/* 100 more fits. */
+	reserve(FX_UID, "c", 100 * MIB);
+}
