@@ -11,10 +11,26 @@
 static struct mts_policy pol;
 static char dir[64];
 
+/* The fake cgroup's files and directory go with the test. */
+static void clean_dir(void)
+{
+	static const char *const f[] = {"memory.max", "memory.current",
+	                                "memory.stat"};
+	if (!dir[0])
+		return;
+	for (size_t i = 0; i < 3; i++) {
+		char p[128];
+		snprintf(p, sizeof(p), "%s/%s", dir, f[i]);
+		unlink(p);
+	}
+	rmdir(dir);
+}
+
 static void stop(void)
 {
 	fx_stop();
 	mts_policy_free(&pol);
+	clean_dir();
 }
 
 TestSuite(guard, .fini = stop, .timeout = 30);
@@ -23,6 +39,7 @@ TestSuite(guard, .fini = stop, .timeout = 30);
 static void free_policy(void)
 {
 	mts_policy_free(&pol);
+	clean_dir();
 }
 
 TestSuite(guard_config, .fini = free_policy, .timeout = 30);
