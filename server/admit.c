@@ -208,6 +208,16 @@ uint64_t mts_task_reserved(const struct mts_registry *reg, const char *task,
 	return sum;
 }
 
+void mts_task_evicted(struct mts_registry *reg, const char *task, uint32_t uid)
+{
+	if (!task[0] || reg->adm->ntasks == 0)
+		return;
+	struct mts_task *t = task_find(reg, task, hash_str(task));
+	for (struct mts_resv *r = t ? t->resv : NULL; r; r = r->tnext)
+		if ((!r->has_owner || r->uid == uid) && r->kind && !r->evicted)
+			mts_resv_evicted(reg, r);
+}
+
 /* ---- ownership -----------------------------------------------------------
  *
  * A task's reservations belong to their owners: only the workers of the
@@ -1319,22 +1329,21 @@ static int resv_grant(struct mts_registry *reg, const struct mts_peer *peer,
 	reg->adm->stats.admissions++;
 	out->ttl_s = ttl;
 	memcpy(out->id, r->id, sizeof(out->id));
-	mts_log_uid(mts_peer_log_uid(peer), MTS_LOG_INFO, "admission granted",
-	            "reservation=%s bytes=%llu declared=%llu kind=%s "
-	            "sized_by=%s group=%s task=%s ttl_s=%u "
-	            "fleet_measured=%llu fleet_reserved=%llu fleet_limit=%llu "
-	            "measure=%s %s",
-	            r->id, (unsigned long long)r->bytes,
-	            (unsigned long long)r->declared,
-	            mts_logq(qk, sizeof(qk), kind),
-	            mts_logq(qs, sizeof(qs), out->sized_by),
-	            mts_logq(qg, sizeof(qg), group),
-	            mts_logq(qt, sizeof(qt), task), ttl,
-	            (unsigned long long)out->measured,
-	            (unsigned long long)reg->totals.reserved,
-	            (unsigned long long)reg->totals.limit,
-	            mts_measure_name(pol->measure),
-	            mts_peer_who(peer, who, sizeof(who)));
+	mts_log_uid(
+	    mts_peer_log_uid(peer), MTS_LOG_INFO, "admission granted",
+	    "reservation=%s bytes=%llu declared=%llu kind=%s "
+	    "sized_by=%s group=%s task=%s ttl_s=%u "
+	    "fleet_measured=%llu fleet_reserved=%llu fleet_limit=%llu "
+	    "measure=%s %s",
+	    r->id, (unsigned long long)r->bytes,
+	    (unsigned long long)r->declared, mts_logq(qk, sizeof(qk), kind),
+	    mts_logq(qs, sizeof(qs), out->sized_by),
+	    mts_logq(qg, sizeof(qg), group), mts_logq(qt, sizeof(qt), task),
+	    ttl, (unsigned long long)out->measured,
+	    (unsigned long long)reg->totals.reserved,
+	    (unsigned long long)reg->totals.limit,
+	    mts_measure_name(pol->measure),
+	    mts_peer_who(peer, who, sizeof(who)));
 	/* Reserved bytes count: the fleet or the group may now be high. */
 	mts_limits_eval(reg, false);
 	mts_publish(reg);

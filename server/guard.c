@@ -645,17 +645,15 @@ static uint32_t kill_tree(struct mts_registry *reg,
 }
 
 /*
- * What the eviction teaches: the task's kind ran out of room at `peak`.
- * The only place an eviction is recorded against a kind.
+ * What the eviction teaches: the task's kind ran out of room at the peak
+ * its reservations followed (at least `used`, vouched figures only), and
+ * its learned size rises. The only place an eviction is recorded against
+ * a kind.
  */
 static void guard_record_eviction(struct mts_registry *reg,
-                                  const struct mts_guard_cand *k, uint64_t peak)
+                                  const struct mts_guard_cand *k)
 {
-	(void)reg;
-	(void)k;
-	(void)peak;
-	/* KIND HOOK: mts_kind_note_run(reg, kind of k, k->uid, peak, true)
-	 * is called here once tasks carry a kind. */
+	mts_task_evicted(reg, k->task, k->uid);
 }
 
 /* Candidates for the decision record, furthest beyond first. */
@@ -775,7 +773,7 @@ static void evict(struct mts_registry *reg, uint64_t now_ns)
 	mts_log(MTS_LOG_WARN, "node guard: evicted", "task=%s uid=%u killed=%u",
 	        mts_logq(q, sizeof(q), task), k.uid, killed);
 	/* At an eviction the task is at its peak: what it holds now. */
-	guard_record_eviction(reg, &k, k.used);
+	guard_record_eviction(reg, &k);
 }
 
 void mts_guard_check(struct mts_registry *reg, uint64_t now_ns)

@@ -122,7 +122,7 @@ struct mts_task {
 	struct mts_task *snext, *sprev; /* reg->adm.tasks_seen, once seen */
 	struct mts_task_share *shares;  /* see mts_task_share */
 	uint32_t nshares, shares_cap;
-	bool dirty; /* reservations came or went since the last recount */
+	bool dirty;      /* reservations came or went since the last recount */
 	uint32_t kinded; /* its reservations that name a kind: their
 	                    peaks are followed each tick */
 };
@@ -148,7 +148,7 @@ struct mts_admit_out {
 	uint64_t limit;
 	uint32_t ttl_s;
 	char id[MTS_RESV_ID_LEN + 1];
-	char why[384]; /* human reason */
+	char why[384];      /* human reason */
 	uint64_t reserve;   /* what the reservation sets aside (or would) */
 	uint64_t declared;  /* what the Admit declared, 0 = nothing */
 	char sized_by[320]; /* why `reserve`: "212 MiB: p95 of 37 runs of
@@ -202,6 +202,10 @@ void mts_resv_worker_registered(struct mts_registry *reg, struct mts_proc *p);
  * counts against: its own and those without an owner (TCP). */
 uint64_t mts_task_reserved(const struct mts_registry *reg, const char *task,
                            uint32_t uid);
+/* The node guard evicted `uid`'s workers of `task`: each of its
+ * reservations (that `uid` owns, or no one does) with a kind records its
+ * run as evicted, with the peak it reached (kinds.c). */
+void mts_task_evicted(struct mts_registry *reg, const char *task, uint32_t uid);
 
 /* Free every reservation and task (registry teardown). */
 void mts_resv_free_all(struct mts_registry *reg);

@@ -16,6 +16,7 @@ kernel's OOM killer has to choose.
 Skipped (77) where no memory cgroup can be made (not root, no writable
 memory controller), or with no second user for the trust test.
 """
+import json
 import os
 import select
 import subprocess
@@ -102,8 +103,8 @@ def test_leak_is_evicted():
                      lambda: "steady" in tasks_of(s), timeout=20)
             # 80 MiB at once, then 8 MiB/s: past the line (179 MiB) in a
             # few seconds, at the node's limit some 10 s later.
-            leak = mt_run(s, cg, "--task", "leak", "--bytes", "32MiB",
-                          "--", fl, "leak", "400", "40")
+            leak = mt_run(s, cg, "--task", "leak", "--kind", "leaky",
+                          "--bytes", "32MiB", "--", fl, "leak", "400", "40")
             _, err = leak.communicate(timeout=60 * MULT)
             print(err, flush=True)
             check(leak.returncode == 75,
@@ -127,6 +128,19 @@ def test_leak_is_evicted():
                   "more than one eviction")
             check(cg.oom_kills() == 0,
                   "the kernel OOM-killed %d in the node" % cg.oom_kills())
+            # The eviction is recorded against the kind: its learned size
+            # rises past what was declared, to what it reached.
+            out = subprocess.run([CLI, "--socket", s.socket, "--json",
+                                  "kinds"], capture_output=True, text=True,
+                                 timeout=30 * MULT)
+            check(out.returncode == 0, "memtally kinds: " + out.stderr)
+            kinds = json.loads(out.stdout)["kinds"]
+            leaky = [k for k in kinds if k["kind"] == "leaky"]
+            check(leaky and leaky[0]["evictions"] == 1 and
+                  (leaky[0]["learned"] or 0) > 64 * MIB,
+                  "the kind did not learn from its eviction: %s" % kinds)
+            print("  kind leaky after the eviction: learned %d MiB" % (
+                leaky[0]["learned"] >> 20), flush=True)
             check(s.proc.poll() is None, "memtallyd died")
     finally:
         cg.remove()
