@@ -58,7 +58,7 @@
 #include "mts_auth.h"
 #include "mts_defs.h"
 #include "mts_kinds.h"
-#include "mts_guard.h"
+#include "mts_node.h"
 #include "mts_limits.h"
 #include "mts_log.h"
 #include "mts_policy.h"

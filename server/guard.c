@@ -3,25 +3,7 @@
  * memtallyd chooses a task and evicts it before the kernel's OOM killer
  * has to choose for it.
  *
- * The figure. What the kernel sees, not what memtally counts: page cache,
- * processes nobody registered and a worker that understates are all in
- * it. Where memtallyd runs in a memory cgroup with a limit (a container,
- * a Slurm job, a unit with MemoryMax=), or in the cgroup [guard] cgroup
- * names, it is that cgroup's usage (v2 memory.current, v1
- * memory.usage_in_bytes) less its inactive file pages (memory.stat), the
- * part the kernel reclaims before it kills anyone; this is the working
- * set kubelet evicts on. Elsewhere it is /proc/meminfo's MemTotal less
- * MemAvailable. The nearest ancestor of memtallyd's cgroup that has a
- * limit is the node: a Slurm step inside its job, a container inside its
- * pod, is limited by the enclosing one.
- *
- * The cost. Every MTS_GUARD_CHECK_MS the loop reads three small files of
- * the cgroup (open, read, close: the usage, the limit and memory.stat,
- * about 1.5 KiB), or /proc/meminfo: about 0.1 ms (measured 111 us on
- * cgroup v1, 73 us on meminfo, on a loaded machine), ten a second, about
- * 0.1% of the loop's core; /metrics shows it
- * (memtally_guard_read_seconds_total). Nothing is read per process,
- * except at an eviction, for the tree of the task chosen.
+ * The node's figure and the line come from node.c.
  *
  * The line, and the choice. Past the line ([guard] line: a fraction of
  * the limit, bytes below it, or bytes) at most one task is evicted per
@@ -69,12 +51,9 @@
 #include "mts_defs.h"
 #include "mts_limits.h"
 #include "mts_log.h"
+#include "mts_node.h"
 #include "mts_policy.h"
 #include "mts_registry.h"
-
-/* A v1 limit at or above this is no limit (the kernel shows "unlimited"
- * as PAGE_COUNTER_MAX pages). */
-#define V1_UNLIMITED (UINT64_C(1) << 62)
 
 const char *mts_guard_rule_name(enum mts_guard_rule r)
 {
@@ -86,334 +65,6 @@ const char *mts_guard_rule_name(enum mts_guard_rule r)
 	default:
 		return "none beyond its reservation, none growing: youngest";
 	}
-}
-
-uint64_t mts_guard_line(const struct mts_policy *pol, uint64_t limit)
-{
-	if (pol->guard_line_bp)
-		return (uint64_t)((unsigned __int128)limit *
-		                  pol->guard_line_bp / MTS_BP_ONE);
-	if (pol->guard_line_below)
-		return limit > pol->guard_line_below
-		           ? limit - pol->guard_line_below
-		           : 0;
-	return pol->guard_line_bytes;
-}
-
-/* ---- reading the node ---------------------------------------------------- */
-
-/* dir/name into buf (NUL-terminated); its length or -errno. */
-static ssize_t read_small(const char *dir, const char *name, char *buf,
-                          size_t cap)
-{
-	char path[600];
-	if ((size_t)snprintf(path, sizeof(path), "%s/%s", dir, name) >=
-	    sizeof(path))
-		return -ENAMETOOLONG;
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return -errno;
-	size_t len = 0;
-	while (len + 1 < cap) {
-		ssize_t n = read(fd, buf + len, cap - 1 - len);
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0) {
-			int e = errno;
-			close(fd);
-			return -e;
-		}
-		if (n == 0)
-			break;
-		len += (size_t)n;
-	}
-	close(fd);
-	buf[len] = '\0';
-	return (ssize_t)len;
-}
-
-/* A number file ("max" for v2's no limit: 0). 0 or -errno. */
-static int read_u64(const char *dir, const char *name, uint64_t *out)
-{
-	char buf[64];
-	ssize_t n = read_small(dir, name, buf, sizeof(buf));
-	if (n < 0)
-		return (int)n;
-	if (strncmp(buf, "max", 3) == 0) {
-		*out = 0;
-		return 0;
-	}
-	char *end;
-	errno = 0;
-	unsigned long long v = strtoull(buf, &end, 10);
-	if (errno || end == buf)
-		return -EINVAL;
-	*out = v;
-	return 0;
-}
-
-/* The value of `key` in a "key value" list (memory.stat, meminfo), times
- * `unit`; 0 when it is not there. */
-static uint64_t stat_value(const char *text, const char *key, uint64_t unit)
-{
-	size_t kl = strlen(key);
-	for (const char *p = text; p && *p;) {
-		if (strncmp(p, key, kl) == 0 && (p[kl] == ' ' || p[kl] == ':'))
-			return strtoull(p + kl + 1 + strspn(p + kl + 1, " :"),
-			                NULL, 10) *
-			       unit;
-		p = strchr(p, '\n');
-		if (p)
-			p++;
-	}
-	return 0;
-}
-
-int mts_node_read(const struct mts_node_src *src, struct mts_node_fig *fig)
-{
-	char stat[4096];
-	uint64_t usage = 0, limit = 0, inactive;
-	int err = 0;
-	switch (src->kind) {
-	case MTS_NODE_CGROUP_V2:
-	case MTS_NODE_CGROUP_V1: {
-		bool v2 = src->kind == MTS_NODE_CGROUP_V2;
-		err = read_u64(src->dir,
-		               v2 ? "memory.current" : "memory.usage_in_bytes",
-		               &usage);
-		if (!err)
-			err = read_u64(src->dir,
-			               v2 ? "memory.max"
-			                  : "memory.limit_in_bytes",
-			               &limit);
-		if (!err &&
-		    read_small(src->dir, "memory.stat", stat, sizeof(stat)) < 0)
-			err = -EIO;
-		if (err)
-			return err;
-		if (!v2 && limit >= V1_UNLIMITED)
-			limit = 0;
-		inactive = stat_value(
-		    stat, v2 ? "inactive_file" : "total_inactive_file", 1);
-		usage = usage > inactive ? usage - inactive : 0;
-		break;
-	}
-	case MTS_NODE_MEMINFO: {
-		if (read_small("/proc", "meminfo", stat, sizeof(stat)) < 0)
-			return -EIO;
-		limit = stat_value(stat, "MemTotal", 1024);
-		uint64_t avail = stat_value(stat, "MemAvailable", 1024);
-		usage = limit > avail ? limit - avail : 0;
-		break;
-	}
-	default:
-		return -ENOENT;
-	}
-	fig->usage = usage;
-	fig->limit = limit;
-	return 0;
-}
-
-/* The kind of cgroup at `dir` (v2 or v1 memory files), or NONE. */
-static enum mts_node_kind cgroup_kind(const char *dir)
-{
-	char path[600];
-	snprintf(path, sizeof(path), "%s/memory.max", dir);
-	if (access(path, R_OK) == 0)
-		return MTS_NODE_CGROUP_V2;
-	snprintf(path, sizeof(path), "%s/memory.limit_in_bytes", dir);
-	if (access(path, R_OK) == 0)
-		return MTS_NODE_CGROUP_V1;
-	return MTS_NODE_NONE;
-}
-
-/* The nearest cgroup around memtallyd that has a memory limit: v1's
- * memory hierarchy when the controller is there, else v2's. 0, or
- * -ENOENT when none has a limit. */
-static int own_cgroup(struct mts_node_src *src)
-{
-	char text[4096], path[512] = "";
-	const char *base = NULL;
-	if (read_small("/proc/self", "cgroup", text, sizeof(text)) < 0)
-		return -ENOENT;
-	for (char *save = NULL, *l = strtok_r(text, "\n", &save); l;
-	     l = strtok_r(NULL, "\n", &save)) {
-		char *c1 = strchr(l, ':');
-		char *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
-		if (!c2)
-			continue;
-		*c2 = '\0';
-		const char *ctrls = c1 + 1;
-		bool memory = false;
-		for (const char *c = ctrls; *c;
-		     c += strcspn(c, ","), c += *c == ',') {
-			if (strncmp(c, "memory", 6) == 0 &&
-			    (c[6] == ',' || c[6] == '\0'))
-				memory = true;
-		}
-		if (memory) {
-			base = "/sys/fs/cgroup/memory";
-			snprintf(path, sizeof(path), "%s", c2 + 1);
-			break;
-		}
-		if (strcmp(l, "0") == 0 && !ctrls[0] && !base) {
-			base = "/sys/fs/cgroup";
-			snprintf(path, sizeof(path), "%s", c2 + 1);
-		}
-	}
-	if (!base)
-		return -ENOENT;
-	for (;;) {
-		snprintf(src->dir, sizeof(src->dir), "%s%s", base,
-		         strcmp(path, "/") == 0 ? "" : path);
-		src->kind = cgroup_kind(src->dir);
-		struct mts_node_fig f;
-		if (src->kind != MTS_NODE_NONE && mts_node_read(src, &f) == 0 &&
-		    f.limit)
-			return 0;
-		char *slash = strrchr(path, '/');
-		if (!slash || slash == path)
-			break;
-		*slash = '\0';
-	}
-	src->kind = MTS_NODE_NONE;
-	src->dir[0] = '\0';
-	return -ENOENT;
-}
-
-/* memtallyd's resident bytes now. */
-static uint64_t own_resident(void)
-{
-	char buf[128];
-	unsigned long long size, res;
-	if (read_small("/proc/self", "statm", buf, sizeof(buf)) < 0 ||
-	    sscanf(buf, "%llu %llu", &size, &res) != 2)
-		return 0;
-	return (uint64_t)res * (uint64_t)sysconf(_SC_PAGESIZE);
-}
-
-static const char *kind_name(enum mts_node_kind k)
-{
-	switch (k) {
-	case MTS_NODE_CGROUP_V2:
-		return "cgroup2";
-	case MTS_NODE_CGROUP_V1:
-		return "cgroup1";
-	case MTS_NODE_MEMINFO:
-		return "meminfo";
-	default:
-		return "off";
-	}
-}
-
-int mts_guard_setup(const struct mts_policy *pol, uint64_t reserve,
-                    struct mts_node_src *src, struct mts_node_fig *fig,
-                    char *err, size_t errlen)
-{
-	char a[32], b[32], c[32], d[32], e[32];
-	memset(src, 0, sizeof(*src));
-	memset(fig, 0, sizeof(*fig));
-	if (pol->guard_mode == MTS_GUARD_OFF)
-		return 0;
-	const char *cg = pol->guard_cgroup;
-	if (cg && cg[0]) {
-		snprintf(src->dir, sizeof(src->dir), "%s", cg);
-		src->kind = cgroup_kind(cg);
-		if (src->kind == MTS_NODE_NONE) {
-			snprintf(err, errlen,
-			         "[guard] cgroup: '%s' is not a memory cgroup "
-			         "(no memory.max or memory.limit_in_bytes)",
-			         cg);
-			return -EINVAL;
-		}
-	} else if (!cg && own_cgroup(src) < 0) {
-		/* No limit around memtallyd: on a whole machine the guard
-		 * runs only when asked, on MemAvailable. */
-		if (pol->guard_mode == MTS_GUARD_AUTO)
-			return 0;
-		src->kind = MTS_NODE_MEMINFO;
-	} else if (cg) {
-		src->kind = MTS_NODE_MEMINFO;
-	}
-	int r = mts_node_read(src, fig);
-	if (r < 0 || fig->limit == 0) {
-		snprintf(err, errlen,
-		         "[guard] cgroup: cannot read the memory usage and "
-		         "limit of %s: %s",
-		         src->dir[0] ? src->dir : "/proc/meminfo",
-		         r < 0 ? strerror(-r) : "it has no limit");
-		return -EINVAL;
-	}
-	fig->line = mts_guard_line(pol, fig->limit);
-	if (fig->line >= fig->limit) {
-		snprintf(err, errlen,
-		         "[guard] line: %s is at or above the node's limit, %s "
-		         "(%s %s): the kernel would act first",
-		         mt_format_size(a, sizeof(a), fig->line),
-		         mt_format_size(b, sizeof(b), fig->limit),
-		         kind_name(src->kind),
-		         src->dir[0] ? src->dir : "/proc/meminfo");
-		return -EINVAL;
-	}
-	uint64_t rss = own_resident();
-	uint64_t need = mt_sat_add(rss, reserve);
-	if (fig->line < need) {
-		snprintf(err, errlen,
-		         "[guard] line: %s is below what memtallyd needs "
-		         "itself, %s (%s resident now and up to %s of "
-		         "connection buffers, [server] max_buffered), of a "
-		         "node limited to %s",
-		         mt_format_size(a, sizeof(a), fig->line),
-		         mt_format_size(b, sizeof(b), need),
-		         mt_format_size(c, sizeof(c), rss),
-		         mt_format_size(d, sizeof(d), reserve),
-		         mt_format_size(e, sizeof(e), fig->limit));
-		return -EINVAL;
-	}
-	return 0;
-}
-
-void mts_guard_apply(struct mts_registry *reg, const struct mts_node_src *src,
-                     const struct mts_node_fig *fig)
-{
-	struct mts_guard_state *g = reg->guard;
-	bool was = g->src.kind != MTS_NODE_NONE;
-	g->src = *src;
-	g->node = *fig;
-	g->known = src->kind != MTS_NODE_NONE;
-	g->evict_trusted = reg->policy.guard_evict_trusted;
-	g->interval_ms = reg->policy.guard_interval_ms;
-	g->read_failed_logged = false;
-	if (src->kind == MTS_NODE_NONE) {
-		if (was || reg->policy.guard_mode != MTS_GUARD_OFF)
-			mts_log(MTS_LOG_INFO,
-			        "node guard off: no memory limit around "
-			        "memtallyd (set [guard] enabled = true to "
-			        "guard MemAvailable)",
-			        "mode=%s",
-			        reg->policy.guard_mode == MTS_GUARD_OFF
-			            ? "false"
-			            : "auto");
-		return;
-	}
-	mts_log(MTS_LOG_INFO, "node guard on",
-	        "source=%s path=%s usage=%llu limit=%llu line=%llu "
-	        "interval_ms=%u evict_trusted=%d",
-	        kind_name(src->kind), src->dir[0] ? src->dir : "/proc/meminfo",
-	        (unsigned long long)fig->usage, (unsigned long long)fig->limit,
-	        (unsigned long long)fig->line, g->interval_ms,
-	        g->evict_trusted);
-}
-
-bool mts_guard_node(const struct mts_registry *reg, uint64_t *usage,
-                    uint64_t *line)
-{
-	const struct mts_guard_state *g = reg->guard;
-	if (!g || g->src.kind == MTS_NODE_NONE || !g->known)
-		return false;
-	*usage = g->node.usage;
-	*line = g->node.line;
-	return true;
 }
 
 /* ---- the candidates ------------------------------------------------------ */
@@ -556,7 +207,7 @@ static uint32_t ppid_of(uint32_t pid)
 {
 	char dir[32], buf[512];
 	snprintf(dir, sizeof(dir), "/proc/%u", pid);
-	if (read_small(dir, "stat", buf, sizeof(buf)) < 0)
+	if (mts_node_read_file(dir, "stat", buf, sizeof(buf)) < 0)
 		return 0;
 	const char *rp = strrchr(buf, ')'); /* comm may hold anything */
 	unsigned ppid = 0;
@@ -581,7 +232,7 @@ static void add_children(struct tree *t, uint32_t i, uint32_t self)
 			continue;
 		char tdir[320], buf[4096];
 		snprintf(tdir, sizeof(tdir), "%s/%s", dir, e->d_name);
-		if (read_small(tdir, "children", buf, sizeof(buf)) < 0)
+		if (mts_node_read_file(tdir, "children", buf, sizeof(buf)) < 0)
 			continue;
 		for (char *s = buf, *end; *s && t->n < MTS_GUARD_TREE_MAX;
 		     s = end) {
@@ -736,7 +387,8 @@ static void evict(struct mts_registry *reg, uint64_t now_ns)
 	        (unsigned long long)k.reserved, (unsigned long long)k.used,
 	        k.growth, (unsigned long long)g->node.usage,
 	        (unsigned long long)g->node.line,
-	        (unsigned long long)g->node.limit, kind_name(g->src.kind),
+	        (unsigned long long)g->node.limit,
+	        mts_node_kind_name(g->src.kind),
 	        rule == MTS_GUARD_BEYOND   ? "beyond"
 	        : rule == MTS_GUARD_GROWTH ? "growth"
 	                                   : "youngest",
@@ -792,7 +444,7 @@ void mts_guard_check(struct mts_registry *reg, uint64_t now_ns)
 			        "node guard cannot read the node; no eviction "
 			        "and no node check at admission until it can",
 			        "source=%s path=%s err=%s",
-			        kind_name(g->src.kind), g->src.dir,
+			        mts_node_kind_name(g->src.kind), g->src.dir,
 			        err < 0 ? strerror(-err) : "no limit");
 		g->read_failed_logged = true;
 		g->known = false;

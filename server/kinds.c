@@ -42,7 +42,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "mts_admit.h"
 #include "mts_auth.h"
 #include "mts_defs.h"
 #include "mts_log.h"

@@ -1,0 +1,95 @@
+/*
+ * mts_node.h - the node's memory as the kernel sees it (a memory cgroup's
+ * usage and limit, or /proc/meminfo) and the node guard's line below its
+ * limit (node.c), with the guard's state, which guard.c's evictions
+ * share: what admission keeps grants under and the guard evicts past.
+ */
+#ifndef MTS_NODE_H
+#define MTS_NODE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "mts_policy.h"
+#include "mts_registry.h"
+
+/* How often the node is read: often enough to act between two steps of
+ * a leak of a few hundred MiB/s, cheap enough to be unseen (guard.c). */
+#define MTS_GUARD_CHECK_MS 100u
+
+enum mts_node_kind {
+	MTS_NODE_NONE = 0,  /* the guard is off */
+	MTS_NODE_CGROUP_V2, /* memory.current, memory.max, memory.stat */
+	MTS_NODE_CGROUP_V1, /* memory.usage_in_bytes, limit_in_bytes, stat */
+	MTS_NODE_MEMINFO,   /* MemTotal, MemAvailable */
+};
+
+/* Where the node's figure comes from (mts_guard_setup). */
+struct mts_node_src {
+	enum mts_node_kind kind;
+	char dir[512]; /* the cgroup directory; "" for meminfo */
+};
+
+/* The node as of the latest read. */
+struct mts_node_fig {
+	uint64_t usage; /* what the kernel could not reclaim without an OOM:
+	                   usage less inactive file pages */
+	uint64_t limit;
+	uint64_t line; /* the guard's line against that limit */
+};
+
+/* The guard's state (reg->guard), written by guard.c alone. */
+struct mts_guard_state {
+	struct mts_node_src src; /* kind NONE: off */
+	struct mts_node_fig node;
+	bool known; /* node holds a read */
+	bool evict_trusted;
+	uint32_t interval_ms;
+	uint64_t last_eviction_ns; /* CLOCK_MONOTONIC; 0 = never */
+	bool idle_logged;          /* "past the line, no candidate" said */
+	bool read_failed_logged;
+	/* For /metrics. */
+	uint64_t evictions;
+	uint64_t reads;
+	uint64_t read_ns;   /* their total time */
+	uint64_t signalled; /* processes killed by evictions */
+};
+
+/* The line for `limit` under `pol` (a fraction, bytes below, or bytes). */
+uint64_t mts_guard_line(const struct mts_policy *pol, uint64_t limit);
+
+/*
+ * Find the node per [guard] (enabled, cgroup), read it once and check the
+ * line against it: a line above the node's limit, or below what
+ * memtallyd needs itself (its resident memory now plus `reserve`, the
+ * most its buffers may take), is an error with one line in err naming
+ * the key and the figures. 0 (src->kind NONE when the guard is off),
+ * -EINVAL.
+ */
+int mts_guard_setup(const struct mts_policy *pol, uint64_t reserve,
+                    struct mts_node_src *src, struct mts_node_fig *fig,
+                    char *err, size_t errlen);
+
+/* Read the node now. 0 or -errno. */
+int mts_node_read(const struct mts_node_src *src, struct mts_node_fig *fig);
+
+/* Install a source found by mts_guard_setup() and the policy's guard
+ * settings. */
+void mts_guard_apply(struct mts_registry *reg, const struct mts_node_src *src,
+                     const struct mts_node_fig *fig);
+
+/* For admission: the node's usage and line as of the latest read; false
+ * when the guard is off or has no figure. */
+bool mts_guard_node(const struct mts_registry *reg, uint64_t *usage,
+                    uint64_t *line);
+
+/* "cgroup2", "cgroup1", "meminfo", "off". */
+const char *mts_node_kind_name(enum mts_node_kind k);
+/* Read the small file DIR/NAME into buf (NUL-terminated, at most cap - 1
+ * bytes). Its length, or -errno. */
+ssize_t mts_node_read_file(const char *dir, const char *name, char *buf,
+                           size_t cap);
+
+#endif /* MTS_NODE_H */
