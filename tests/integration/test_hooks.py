@@ -108,14 +108,29 @@ def test_environment_fleet_and_group():
             expect("fleet", "ok", "over", 100 * MIB, 57, 85)
             w1.send("free")
             check(w1.readline() == "freed", "w1 free")
-            expect("g", "ok", "over", 50 * MIB, 0, 1)
+            # A tick may see the free half done (a loaded machine): the
+            # group then passes through high on its way down.
+            got = wait_for("hook g ok", lambda: (
+                lambda ds: ds if ds and ds[-1].get("MEMTALLY_STATE") == "ok"
+                and ds[-1].get("MEMTALLY_SCOPE") == "g" else None)(
+                    dumps(d)))
+            if len(got) == len(seen) + 2:
+                mid = got[len(seen)]
+                check(mid.get("MEMTALLY_STATE") == "high" and
+                      mid.get("MEMTALLY_PREVIOUS") == "over",
+                      f"g on its way down: {mid}")
+                seen.append(mid)
+                expect("g", "ok", "high", 50 * MIB, 0, 1)
+            else:
+                expect("g", "ok", "over", 50 * MIB, 0, 1)
         finally:
             w1.close()
             if w2:
                 w2.close()
-        wait_for("six hook ends logged", lambda: s.logtext().count(
-            'msg="hook finished"') == 6)
-        check(s.logtext().count("exit_status=0") == 6, "hooks failed")
+        runs = len(seen)
+        wait_for(f"{runs} hook ends logged", lambda: s.logtext().count(
+            'msg="hook finished"') == runs)
+        check(s.logtext().count("exit_status=0") == runs, "hooks failed")
 
 
 def hook_log(path):
