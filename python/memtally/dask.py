@@ -9,21 +9,36 @@
 
     with dask.annotate(memtally_bytes="600MiB", memtally_group="etl"):
         futures = client.map(crunch, paths)
+    futures = client.map(parse, paths)      # sized by what "parse" used
 
 Each worker asks its own node's memtallyd ($MEMTALLY_SOCKET in the worker's
 environment, else /run/memtally/memtally.sock; or `socket=` for every
-worker) for `memtally_bytes` before it runs a task annotated so. A node's
+worker) before it runs a task. The task's kind is its key's prefix
+(`dask.utils.key_split`: "parse-7f3a..." is "parse"), and memtallyd
+reserves what that kind's recent tasks used; `memtally_bytes`, when
+annotated, is the declaration (the ceiling), and a kind with no history
+yet gets memtallyd's `[kinds] default_size` (or the declaration). A node's
 operator can install the same plugin on every worker it starts, whoever
 the client: `dask worker --preload memtally.dask SCHEDULER`.
 
 - Admitted: the task runs under the reservation, released when it returns
   (or by its TTL if the worker dies). The reservation's task name is the
   Dask key, so processes the task starts with MEMTALLY_TASK=<key> under the
-  preload are counted against it.
+  preload are counted against it (and teach its kind its size). A task
+  that holds its memory in the worker process itself shows as the
+  worker's growth: when memtallyd counts the worker (it runs under the
+  preload), the reservation falls by the worker's growth since the task
+  began, asked every `interval` seconds, so that memory is not counted
+  twice (see _Gate._reconcile).
 - Denied: the task goes back to the scheduler (Dask's reschedule, as for a
   task raising distributed.Reschedule: its body never ran), and the worker
   pauses itself for `pause` seconds (default 2) so that the scheduler
   places that task, and the next ones, on other workers.
+- Never admissible: denied by a limit smaller than the task's size (the
+  fleet's, its group's, the node guard's line, or what one uid may hold),
+  which no amount of waiting on that node can change: the task fails at
+  once with NeverAdmitted, naming the figures, instead of going round the
+  cluster for ever. Its body never ran.
 - Over: while its memtallyd reports the fleet `over` (asked every
   `interval` seconds, default 0.5: one GetUsage), the worker stays paused
   and takes no task at all; the tasks it is running go on.
@@ -51,11 +66,12 @@ Fail open: when the worker's memtallyd cannot be reached, the task runs
 and the worker is not held paused (logged once, and again after memtallyd
 was back); memtally must never stop work because it is missing.
 
-Annotations: `memtally_bytes` (int or "600MiB"; unset or 0: no
-admission), `memtally_group`, `memtally_ttl` (seconds the reservation
-outlives a lost worker; 0: the server's default). Plugin arguments:
-`socket`, `interval`, `pause`, `timeout` (seconds per memtallyd request,
-default 2). Logged as `distributed.memtally`, in the worker's log beside
+Annotations: `memtally_bytes` (int or "600MiB"; unset: the kind's size;
+0: this task is not admitted), `memtally_group`, `memtally_ttl` (seconds
+the reservation outlives a lost worker; 0: the server's default). Plugin
+arguments: `socket`, `interval`, `pause`, `timeout` (seconds per memtallyd
+request, default 2), `kinds` (default True; False: only tasks annotated
+with `memtally_bytes` are admitted, as before kinds). Logged as `distributed.memtally`, in the worker's log beside
 Dask's own lines.
 """
 import asyncio
@@ -67,7 +83,8 @@ from concurrent.futures import ThreadPoolExecutor
 from distributed import WorkerPlugin
 from distributed.core import Status
 
-from .client import DEFAULT_SOCKET, STATES, Client, MemtallyError, as_bytes
+from .client import (DEFAULT_SOCKET, STATES, Client, MemtallyError, as_bytes,
+                     human)
 
 # Under "distributed": a worker's log shows these beside Dask's own lines,
 # at the levels Dask's logging configuration sets for that tree.
@@ -95,14 +112,59 @@ def _kind(key):
         return ""
 
 
+class NeverAdmitted(Exception):
+    """A task larger than its node's memtallyd could ever grant, even with
+    nothing else running: rescheduling it would only ask again."""
+
+
+def _never_fits(r):
+    """Why a denial can never turn into a grant on that node (the figures,
+    in words), or "" when it may once other work is done: what was asked
+    is above the limit of the scope that denied it, whose use by others
+    can at best fall to nothing."""
+    if not r.limit or r.requested_bytes <= r.limit:
+        return ""
+    scope = r.limit_scope
+    if scope == "fleet":
+        what = "the fleet limit"
+    elif scope.startswith("group:"):
+        what = f"the limit of group {scope[6:]}"
+    elif scope == "node":
+        what = "the node guard's line"
+    elif scope.startswith("uid:") or scope == "tcp":
+        what = f"what one uid may hold reserved ({scope})"
+    else:
+        return ""
+    why = r.sized_by.split(": ", 1)[-1] if r.sized_by else "declared"
+    return (f"needs {human(r.requested_bytes)} ({why}), more than {what}, "
+            f"{human(r.limit)},")
+
+
+class _Hold:
+    """An admitted task's reservation while it runs: `granted` as
+    memtallyd sized it, `bytes` what the reservation `reservation` (None:
+    none left) holds now, `base` the worker's figure when the task began
+    (None: memtallyd counts nothing for the worker) and `grown` the most
+    it has grown since."""
+
+    def __init__(self, reservation, granted, task, group, ttl):
+        self.reservation = reservation
+        self.granted = self.bytes = granted
+        self.task, self.group, self.ttl = task, group, ttl
+        self.base = None
+        self.grown = 0
+
+
 class Admission(WorkerPlugin):
     """Worker plugin: admit annotated tasks on the worker's memtallyd and
     keep the worker paused while its node is over budget."""
 
     name = "memtally"
 
-    def __init__(self, socket=None, interval=0.5, pause=2.0, timeout=2.0):
+    def __init__(self, socket=None, interval=0.5, pause=2.0, timeout=2.0,
+                 kinds=True):
         self.socket = socket
+        self.kinds = bool(kinds)
         self.interval = float(interval)
         self.pause = float(pause)
         self.timeout = float(timeout)
@@ -118,7 +180,7 @@ class Admission(WorkerPlugin):
         sock = (self.socket or os.environ.get("MEMTALLY_SOCKET")
                 or DEFAULT_SOCKET)
         self._gate = _Gate(worker, sock, self.interval, self.pause,
-                           self.timeout)
+                           self.timeout, self.kinds)
         self._gate.start()
 
     def teardown(self, worker):
@@ -133,8 +195,9 @@ class _Gate:
     small thread pool of its own, so a slow memtallyd (bounded by the
     timeout) never stalls the loop."""
 
-    def __init__(self, worker, sock, interval, pause, timeout):
+    def __init__(self, worker, sock, interval, pause, timeout, kinds):
         self.worker = worker
+        self.kinds = kinds          # admit tasks without memtally_bytes
         self.sock = sock
         self.interval = interval
         self.pause = pause
@@ -160,7 +223,8 @@ class _Gate:
             self.orig_pause_check = mm._maybe_pause_or_unpause
             mm._maybe_pause_or_unpause = self._dask_pause_check
         self.watcher = asyncio.get_running_loop().create_task(self._watch())
-        log.info("memtally: admitting annotated tasks on %s", self.sock)
+        log.info("memtally: admitting %s on %s",
+                 "tasks" if self.kinds else "annotated tasks", self.sock)
 
     def stop(self):
         w = self.worker
@@ -213,6 +277,65 @@ class _Gate:
         _failing_open.discard(self.sock)
         return over
 
+    def _own_bytes(self):
+        """What memtallyd counts for this worker process (per its
+        `measure`), or None when it counts nothing: the worker does not
+        run under memtally's preload, or memtallyd cannot be asked."""
+        try:
+            with self._client() as c:
+                u = c.usage(pid=os.getpid())
+        except (OSError, MemtallyError):
+            return None
+        p = u.process
+        if not p.pid:
+            return None
+        if u.measure == "rss":
+            return p.rss_bytes
+        if u.measure == "max":
+            return max(p.bytes, p.rss_bytes)
+        return p.bytes
+
+    def _reconcile(self, hold):
+        """Set the task's reservation to what it has not used yet: what
+        memtallyd granted less the worker's growth since the task began
+        (its largest so far). The worker's own figure already counts that
+        growth; the reservation counting it too would count it twice.
+        A worker with several threads runs several tasks in one process:
+        each task's reservation then also falls by its neighbours' growth
+        since it began, which can leave less reserved than the tasks will
+        still use (never more counted than the node holds)."""
+        now = self._own_bytes()
+        if now is None:
+            return
+        hold.grown = max(hold.grown, now - hold.base)
+        want = max(0, hold.granted - hold.grown)
+        # Shrink only, and in steps worth a request: a reservation that
+        # grew back would need an admission the node may no longer have.
+        if want >= hold.bytes or (
+                want and hold.bytes - want < max(1 << 20, hold.bytes // 8)):
+            return
+        # Memtallyd has no request that resizes a reservation: this one
+        # is released and the rest taken again. Between the two another
+        # admission may take the room; then the task runs on what its
+        # worker is measured to hold, which memtallyd counts anyway.
+        self._release(hold.reservation)
+        hold.reservation, hold.bytes = None, 0
+        if want:
+            r = self._admit(want, hold.group, hold.task, hold.ttl)
+            if r is not None and r.admitted:
+                hold.reservation, hold.bytes = r.reservation, want
+        log.debug("memtally: task %s: worker grew %d bytes; reserved %d of "
+                  "%d", hold.task, hold.grown, hold.bytes, hold.granted)
+
+    async def _follow(self, hold, stop):
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), self.interval)
+            except asyncio.TimeoutError:
+                pass
+            if not stop.is_set():
+                await self._ask(self._reconcile, hold)
+
     # -- the worker side (event loop) -------------------------------------
     async def _ask(self, fn, *args):
         try:
@@ -221,7 +344,9 @@ class _Gate:
         except RuntimeError:    # the plugin was removed meanwhile
             return None
 
-    async def execute(self, key, *, stimulus_id):
+    def _request(self, key):
+        """What to ask memtallyd for the task `key`: (bytes, group, ttl,
+        kind), or None to run it without admission."""
         ts = self.worker.state.tasks.get(key)
         ann = (ts.annotations or {}) if ts is not None else {}
         try:
@@ -231,16 +356,39 @@ class _Gate:
         except Exception as e:  # noqa: BLE001 - a bad annotation must not fail the task
             log.warning("memtally: task %s: annotations %r: %s; running it "
                         "without admission", key, ann, e)
-            nbytes = 0
-        if not nbytes:
-            return await self.orig_execute(key, stimulus_id=stimulus_id)
+            return None
         # The key's prefix is its kind: memtallyd reserves what the
-        # prefix's recent tasks used, nbytes being their ceiling.
-        r = await self._ask(self._admit, nbytes, group, _task_name(key), ttl,
-                            _kind(key))
+        # prefix's recent tasks used, nbytes (if any) being their ceiling,
+        # and a task of a kind with no history its default size.
+        kind = _kind(key)
+        if not nbytes and ("memtally_bytes" in ann or not self.kinds
+                           or not kind):
+            return None     # memtally_bytes=0: this task is not admitted
+        return nbytes, group, ttl, kind
+
+    async def execute(self, key, *, stimulus_id):
+        req = self._request(key)
+        if req is None:
+            return await self.orig_execute(key, stimulus_id=stimulus_id)
+        nbytes, group, ttl, kind = req
+        task = _task_name(key)
+        r = await self._ask(self._admit, nbytes, group, task, ttl, kind)
         if r is None:
             return await self.orig_execute(key, stimulus_id=stimulus_id)
         if not r.admitted:
+            never = _never_fits(r)
+            if never:
+                from distributed.worker_state_machine import \
+                    ExecuteFailureEvent
+                err = NeverAdmitted(f"memtally: task {task} {never} on "
+                                    f"{self.worker.address} "
+                                    f"(memtallyd at {self.sock}): it can "
+                                    f"never be admitted there")
+                log.warning("%s", err)
+                now = time.time()
+                return ExecuteFailureEvent.from_exception(
+                    err, key=key, start=now, stop=now,
+                    stimulus_id=f"memtally-never-{now}")
             from distributed.worker_state_machine import RescheduleEvent
             log.info("memtally: task %s denied on %s (%s); rescheduled", key,
                      self.sock, r.reason)
@@ -250,10 +398,26 @@ class _Gate:
             self._apply()
             return RescheduleEvent(key=key,
                                    stimulus_id=f"memtally-denied-{time.time()}")
+        granted = r.reserved_for_task or r.requested_bytes or nbytes
+        hold = _Hold(r.reservation, granted, task, group, ttl)
+        # The task runs in this process: its memory shows as this
+        # worker's growth, which the reservation follows while it runs.
+        hold.base = await self._ask(self._own_bytes)
+        stop = asyncio.Event()
+        follower = None
+        if hold.base is not None:
+            follower = asyncio.get_running_loop().create_task(
+                self._follow(hold, stop))
         try:
             return await self.orig_execute(key, stimulus_id=stimulus_id)
         finally:
-            await self._ask(self._release, r.reservation)
+            stop.set()
+            if follower is not None:
+                # Not cancelled: a release and re-admission in flight
+                # finish first, so no reservation is left behind.
+                await asyncio.shield(follower)
+            if hold.reservation:
+                await self._ask(self._release, hold.reservation)
 
     async def _watch(self):
         while True:

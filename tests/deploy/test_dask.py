@@ -5,8 +5,14 @@ registered from the client. With node A over budget, A's worker is paused
 and every task runs on B, each exactly once; with A back under and B
 without room for a task, B's worker denies and reschedules, and every task
 runs on A; with A's memtallyd gone (and B over), A's worker runs tasks
-anyway (fail open). Environment: as for the integration tests, and
-MEMTALLY_SOURCE_DIR.
+anyway (fail open).
+
+In-process tasks, one worker under memtally's preload: a task holding
+memory in its worker has its reservation fall as the worker grows (not
+counted twice); a task larger than the fleet limit fails at once, naming
+the figures; a task without `memtally_bytes` is admitted as its key's
+prefix, on that kind's size. Environment: as for the integration tests,
+and MEMTALLY_SOURCE_DIR.
 """
 import json
 import os
@@ -14,8 +20,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
-from harness import MULT, Server, Skip, Worker, check, run, wait_for, worker
+from harness import (MULT, Server, Skip, Worker, check, run, wait_for,
+                     worker)
 
 SRC = os.environ["MEMTALLY_SOURCE_DIR"]
 
@@ -68,6 +76,35 @@ class Proc:
                 self.proc.wait()
 
 
+def hold(nbytes, gate, started):
+    """A task holding `nbytes` in its worker process (touched, so that
+    every measure sees it) until the file `gate` exists."""
+    open(started, "w").close()
+    buf = b"\1" * nbytes
+    while not os.path.exists(gate):
+        time.sleep(0.05)
+    return len(buf)
+
+
+def start_scheduler(tmp, env, procs):
+    sched_file = os.path.join(tmp, "scheduler.json")
+    procs.append(Proc(tmp, "scheduler", [
+        sys.executable, "-m", "distributed.cli.dask_scheduler",
+        "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
+        "--scheduler-file", sched_file], env))
+    wait_for("scheduler file", lambda: procs[-1].alive()
+             and os.path.exists(sched_file), timeout=30)
+    return sched_file
+
+
+def start_worker(tmp, name, sched_file, env, procs):
+    procs.append(Proc(tmp, f"worker-{name}", [
+        sys.executable, "-m", "distributed.cli.dask_worker",
+        "--scheduler-file", sched_file, "--name", name,
+        "--nthreads", "1", "--no-nanny", "--no-dashboard"], env))
+    return procs[-1]
+
+
 def statuses(client):
     """The scheduler's view: worker name -> status (running, paused)."""
     return client.run_on_scheduler(lambda dask_scheduler: {
@@ -104,7 +141,6 @@ def test_two_nodes():
 
     tmp = tempfile.mkdtemp(prefix="mt-dask-")
     ledger = os.path.join(tmp, "ledger")
-    sched_file = os.path.join(tmp, "scheduler.json")
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         [os.path.join(SRC, "python"), env.get("PYTHONPATH", "")])
@@ -113,25 +149,17 @@ def test_two_nodes():
     try:
         with Server("--fleet-limit", "64MiB") as a, \
                 Server("--fleet-limit", "64MiB") as b:
-            procs.append(Proc(tmp, "scheduler", [
-                sys.executable, "-m", "distributed.cli.dask_scheduler",
-                "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
-                "--scheduler-file", sched_file], env))
-            wait_for("scheduler file", lambda: procs[0].alive()
-                     and os.path.exists(sched_file), timeout=30)
+            sched_file = start_scheduler(tmp, env, procs)
             for node, srv in (("A", a), ("B", b)):
-                procs.append(Proc(tmp, f"worker-{node}", [
-                    sys.executable, "-m", "distributed.cli.dask_worker",
-                    "--scheduler-file", sched_file, "--name", node,
-                    "--nthreads", "1", "--no-nanny", "--no-dashboard"],
-                    dict(env, MT_NODE=node, MEMTALLY_SOCKET=srv.socket)))
+                start_worker(tmp, node, sched_file, dict(
+                    env, MT_NODE=node, MEMTALLY_SOCKET=srv.socket), procs)
             client = Client(scheduler_file=sched_file, timeout=30 * MULT)
             client.wait_for_workers(2, timeout=60 * MULT)
             client.register_worker_plugin(
                 memtally.dask.Admission(interval=0.1, pause=1.0))
             wA, wB = procs[1], procs[2]
             wait_for("plugin on both workers", lambda: all(
-                "admitting annotated tasks" in w.text() for w in (wA, wB)),
+                "memtally: admitting" in w.text() for w in (wA, wB)),
                 timeout=30)
 
             # Node A over budget: 80 MiB held against 64 MiB. A's worker
@@ -208,5 +236,112 @@ def test_two_nodes():
     shutil.rmtree(tmp, ignore_errors=True)
 
 
+MiB = 1 << 20
+
+
+def test_in_process():
+    need_distributed()
+    import dask
+    from distributed import Client
+    sys.path.insert(0, os.path.join(SRC, "python"))
+    import memtally.dask
+
+    tmp = tempfile.mkdtemp(prefix="mt-dask-")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [os.path.join(SRC, "python"), env.get("PYTHONPATH", "")])
+    env.pop("LD_PRELOAD", None)
+    procs, client = [], None
+    gate = os.path.join(tmp, "gate")
+    try:
+        with Server("--fleet-limit", "256MiB") as srv:
+            sched_file = start_scheduler(tmp, env, procs)
+            # The worker process is memtally's worker: what its tasks
+            # hold is counted as its own bytes.
+            w = start_worker(tmp, "P", sched_file, srv.env(**{
+                "PYTHONPATH": env["PYTHONPATH"]}), procs)
+            client = Client(scheduler_file=sched_file, timeout=30 * MULT)
+            client.wait_for_workers(1, timeout=60 * MULT)
+            client.register_worker_plugin(
+                memtally.dask.Admission(interval=0.1, pause=1.0))
+            wait_for("plugin on the worker",
+                     lambda: "memtally: admitting" in w.text(), timeout=30)
+            pid = next(iter(client.run(os.getpid).values()))
+            wait_for("worker registered", lambda: pid in srv.ps())
+
+            def fleet():
+                return srv.status()["fleet"]
+
+            # A task declaring 96 MiB holds 64 MiB in its worker: the
+            # worker's bytes show it, and the reservation falls by as
+            # much (to about 32 MiB), where it counted 96 MiB on top.
+            started = os.path.join(tmp, "started-1")
+            with dask.annotate(memtally_bytes="96MiB"):
+                f = client.submit(hold, 64 * MiB, gate, started, pure=False)
+            wait_for("task started", lambda: os.path.exists(started),
+                     timeout=30)
+            wait_for("worker holds the task's 64 MiB",
+                     lambda: srv.ps()[pid]["bytes"] >= 64 * MiB, timeout=30)
+            wait_for("reservation follows the worker's growth",
+                     lambda: fleet()["reserved"] <= 40 * MiB, timeout=20)
+            f0 = fleet()
+            check(f0["reserved"] >= 16 * MiB,
+                  f"reservation fell below what the task has not used: {f0}")
+            open(gate, "w").close()
+            check(f.result(timeout=30) == 64 * MiB, "task result")
+            wait_for("reservation released",
+                     lambda: fleet()["reserved"] == 0, timeout=20)
+            os.unlink(gate)
+
+            # Larger than the fleet limit even on an empty node: fails at
+            # once with the figures, its body never runs.
+            started = os.path.join(tmp, "started-2")
+            t0 = time.monotonic()
+            with dask.annotate(memtally_bytes="512MiB"):
+                f = client.submit(hold, MiB, gate, started, pure=False)
+            err = f.exception(timeout=30 * MULT)
+            took = time.monotonic() - t0
+            check(err is not None and "NeverAdmitted" in type(err).__name__,
+                  f"not failed as unadmittable: {err!r}")
+            msg = str(err)
+            check("512.0 MiB" in msg and "256.0 MiB" in msg
+                  and "fleet limit" in msg, f"message: {msg}")
+            check(not os.path.exists(started), "the body ran")
+            check(w.text().count("never be admitted") == 1,
+                  "not tried once:\n" + w.text()[-3000:])
+            print(f"unadmittable task failed in {took:.1f} s: {msg}")
+
+            # No annotation: admitted as its key's prefix ("hold"), on
+            # the kind's default size (12.5% of the fleet limit, 32 MiB:
+            # no history yet).
+            started = os.path.join(tmp, "started-3")
+            f = client.submit(hold, 0, gate, started, pure=False)
+            wait_for("task started", lambda: os.path.exists(started),
+                     timeout=30)
+            f3 = fleet()
+            kinds = {k["kind"]: k for k in srv.cli("kinds")["kinds"]}
+            check(f3["reserved"] == 32 * MiB, f"not reserved: {f3}")
+            check(kinds.get("hold", {}).get("outstanding") == 1,
+                  f"kinds: {kinds}")
+            open(gate, "w").close()
+            check(f.result(timeout=30) == 0, "task result")
+            wait_for("reservation released",
+                     lambda: fleet()["reserved"] == 0, timeout=20)
+            print(f"in-process: reserved {f0['reserved'] / MiB:.1f} MiB of "
+                  f"96 MiB declared while the worker held 64 MiB for it")
+            client.close()
+            client = None
+    except BaseException:
+        for p in procs:
+            sys.stderr.write(f"---- {p.name} ----\n" + p.text()[-4000:])
+        raise
+    finally:
+        if client is not None:
+            client.close()
+        for p in reversed(procs):
+            p.stop()
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
 if __name__ == "__main__":
-    run([test_two_nodes])
+    run([test_two_nodes, test_in_process])
