@@ -45,6 +45,21 @@ How a denied task goes back, and why this way:
   once per pause: one GetUsage). Other nodes' workers take the queue
   meanwhile. `setup(app)` installs this consumer step.
 
+Evicted: when the node nears its edge, memtallyd's guard may evict a
+task's processes; `memtally run` then exits 75 (EX_TEMPFAIL). A task that
+raises Evicted (`memtally.celery.run(argv)` does when its command exits
+75) or subprocess.CalledProcessError with status 75 (`subprocess.run(...,
+check=True)`) is retried with Celery's own retry after
+`memtally_retry_delay` seconds (default 1), at most `memtally_retries`
+times (default 3; then it fails with Evicted): an eviction is the node's
+failure, not the task's, and the guard records it against the task's kind
+so its next run is sized larger. Retry, not Reject: the message's retry
+count bounds a task that is evicted every time. A pool process evicted
+mid-task (a task that holds its memory in the pool process itself) is
+Celery's WorkerLostError: with acks_late the task fails, as Celery does
+by default, unless the task sets `reject_on_worker_lost = True`, which
+requeues it without a bound.
+
 Fail open: when the node's memtallyd cannot be reached, the task runs (each
 worker process says so once, and again after memtallyd was back); memtally
 must never stop work because it is missing.
@@ -52,12 +67,14 @@ must never stop work because it is missing.
 Task options (class attributes, or keyword arguments of @app.task):
 `memtally_bytes` (int or "600MiB"; unset or 0: no admission),
 `memtally_group`, `memtally_ttl` (seconds the reservation outlives a lost
-worker; 0: the server's default). App config: `memtally_socket`,
+worker; 0: the server's default), `memtally_retries`,
+`memtally_retry_delay`. App config: `memtally_socket`,
 `memtally_pause`, `memtally_timeout` (seconds per memtallyd request,
 default 2).
 """
 import logging
 import os
+import subprocess
 import threading
 
 from celery import Task, bootsteps
@@ -102,6 +119,39 @@ def _fail_open(sock, err):
                     "tasks without admission", sock, err)
 
 
+# `memtally run`'s exit status when the node guard evicted its command:
+# sysexits' EX_TEMPFAIL, "try again later", which job runners retry.
+EX_TEMPFAIL = 75
+
+
+class Evicted(Exception):
+    """The node guard evicted the task's processes: a failure of the node,
+    not of the task, so the task is retried."""
+
+
+def run(args, **kwargs):
+    """subprocess.run for a task's command (e.g. `memtally run ...`):
+    raises Evicted when it exits 75 (evicted by the node guard), so that
+    the task is retried; otherwise the CompletedProcess."""
+    p = subprocess.run(args, **kwargs)
+    if p.returncode == EX_TEMPFAIL:
+        raise Evicted(f"{args!r} evicted by the node guard (exit "
+                      f"{EX_TEMPFAIL})")
+    return p
+
+
+def _evicted(exc):
+    """The eviction `exc` stands for, or None: Evicted itself, or a
+    command run with check=True that exited 75."""
+    if isinstance(exc, Evicted):
+        return exc
+    if (isinstance(exc, subprocess.CalledProcessError)
+            and exc.returncode == EX_TEMPFAIL):
+        return Evicted(f"{exc.cmd!r} evicted by the node guard (exit "
+                       f"{EX_TEMPFAIL})")
+    return None
+
+
 class AdmittedRequest(Request):
     """The worker side of a denial: the task's message is rejected (the
     Reject raised in the pool process does that) and this worker stops
@@ -124,8 +174,26 @@ class AdmittedTask(Task):
     memtally_bytes = 0
     memtally_group = ""
     memtally_ttl = 0
+    memtally_retries = 3        # evictions retried; then the task fails
+    memtally_retry_delay = 1.0  # seconds before an evicted task runs again
 
     def __call__(self, *args, **kwargs):
+        try:
+            return self._admitted_call(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001 - only an eviction is ours
+            ev = _evicted(e)
+            if ev is None:
+                raise
+            log.warning("memtally: task %s[%s] evicted (%s); retry %d of "
+                        "%d in %ss", self.name, self.request.id, ev,
+                        self.request.retries + 1, self.memtally_retries,
+                        self.memtally_retry_delay)
+            # Celery's retry: a new message with the retry count, so a
+            # task evicted every time fails after memtally_retries.
+            raise self.retry(exc=ev, countdown=self.memtally_retry_delay,
+                             max_retries=self.memtally_retries)
+
+    def _admitted_call(self, *args, **kwargs):
         nbytes = as_bytes(self.memtally_bytes)
         if not nbytes:
             return super().__call__(*args, **kwargs)

@@ -26,3 +26,15 @@ def work(i):
     ledger.rpush("mt:ran", f"{work.request.id} {node} {i}")
     time.sleep(0.1)
     return node
+
+
+@app.task(bind=True, base=memtally.celery.AdmittedTask,
+          memtally_bytes="8MiB", memtally_ttl=60)
+def evictable(self, argv):
+    """Runs `argv` (a `memtally run` of a command), as a task would with
+    subprocess.run(check=True); each attempt is noted in the ledger."""
+    import subprocess
+    ledger.rpush("mt:attempts", f"{self.request.id} {self.request.retries}")
+    rc = subprocess.run(argv, check=True).returncode
+    ledger.rpush("mt:done", f"{self.request.id} {rc}")
+    return rc

@@ -4,6 +4,9 @@ pointed at its node's memtallyd, one broker. With node A over budget every
 task completes on node B, each exactly once, and A's worker did take and
 requeue some; then with B over and A back under, A takes every task; and
 with A's memtallyd gone, A's worker runs tasks anyway (fail open).
+test_evicted_is_retried: a task whose `memtally run` is evicted by the
+node guard (memtallyd in a small memory cgroup, as in
+tests/integration/test_guard.py) is retried by Celery and succeeds.
 Environment: as for the integration tests, and MEMTALLY_SOURCE_DIR.
 """
 import os
@@ -194,5 +197,70 @@ def test_two_nodes_one_broker():
     shutil.rmtree(tmp, ignore_errors=True)
 
 
+def test_evicted_is_retried():
+    need_modules()
+    import test_guard
+    from harness import CLI
+    cg = test_guard.node("celery")
+    tmp = tempfile.mkdtemp(prefix="mt-celery-")
+    rd = Redis(tmp)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [os.path.join(SRC, "python"), HERE, env.get("PYTHONPATH", "")])
+    env["MT_REDIS_SOCKET"] = rd.sock
+    os.environ["MT_REDIS_SOCKET"] = rd.sock
+    sys.path[:0] = [os.path.join(SRC, "python"), HERE]
+    sys.modules.pop("celery_app", None)     # bound to this test's broker
+    import celery_app
+    w = None
+    marker = os.path.join(tmp, "leaked-once")
+    try:
+        with test_guard.guard_server(cg) as s:
+            w = CeleryWorker(tmp, "A", s, env)
+            wait_for("celery worker ready", w.ready, timeout=60)
+            # In the node, under `memtally run`: a leak the first time (the
+            # guard evicts it, memtally run exits 75), 16 MiB steady for a
+            # second the next.
+            argv = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"',
+                    cg.procs(), CLI, "--socket", s.socket, "run",
+                    "--bytes", "32MiB", "--", "/bin/sh", "-c",
+                    'if [ -e "$0" ]; then exec "$1" steady 16 1;'
+                    ' else touch "$0"; exec "$1" leak 400 40; fi',
+                    marker, worker("mt_fleet")]
+            res = celery_app.evictable.delay(argv)
+            # The run ends: done, or failed (nothing left to run).
+            wait_for("the task done", lambda: rd.r.llen("mt:done") > 0 or (
+                "evictable" in w.text() and (" raised " in w.text()
+                                             or "succeeded" in w.text())),
+                timeout=120, interval=0.2)
+            done = [x.decode().split() for x in rd.r.lrange("mt:done", 0, -1)]
+            check(done == [[res.id, "0"]], f"not done once, exit 0: {done}\n"
+                  + w.text()[-3000:])
+            attempts = [x.decode().split()
+                        for x in rd.r.lrange("mt:attempts", 0, -1)]
+            check(attempts == [[res.id, "0"], [res.id, "1"]],
+                  f"attempts: {attempts}")
+            log = s.logtext()
+            check(log.count('msg="node guard: evicting"') == 1,
+                  "not one eviction by the guard:\n" + log[-3000:])
+            check("evicted" in w.text() and "retry 1 of 3" in w.text(),
+                  "the worker did not say it retries:\n" + w.text()[-3000:])
+            check(cg.oom_kills() == 0,
+                  f"the kernel OOM-killed {cg.oom_kills()} in the node")
+            wait_for("reservations released",
+                     lambda: s.status()["fleet"]["reserved"] == 0)
+            w.stop()
+    except BaseException:
+        if w is not None:
+            sys.stderr.write("---- celery worker ----\n" + w.text()[-4000:])
+        raise
+    finally:
+        if w is not None:
+            w.stop()
+        rd.stop()
+        cg.remove()
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
 if __name__ == "__main__":
-    run([test_two_nodes_one_broker])
+    run([test_two_nodes_one_broker, test_evicted_is_retried])
