@@ -606,6 +606,9 @@ static int admission(struct run *r)
 {
 	if (!r->o->bytes && !r->o->kind)
 		return 1;
+	/* A retry asks again on a connection of its own. */
+	memtally_query_close(r->q);
+	r->q = NULL;
 	int err = open_handle(r, &r->q);
 	if (err) {
 		fail_open(r, "cannot reach memtallyd at", err,
