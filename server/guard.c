@@ -53,6 +53,7 @@
 #include "mts_log.h"
 #include "mts_node.h"
 #include "mts_policy.h"
+#include "mts_procfs.h"
 #include "mts_registry.h"
 
 const char *mts_guard_rule_name(enum mts_guard_rule r)
@@ -207,7 +208,7 @@ static uint32_t ppid_of(uint32_t pid)
 {
 	char dir[32], buf[512];
 	snprintf(dir, sizeof(dir), "/proc/%u", pid);
-	if (mts_node_read_file(dir, "stat", buf, sizeof(buf)) < 0)
+	if (mts_read_small(dir, "stat", buf, sizeof(buf)) < 0)
 		return 0;
 	const char *rp = strrchr(buf, ')'); /* comm may hold anything */
 	unsigned ppid = 0;
@@ -232,7 +233,7 @@ static void add_children(struct tree *t, uint32_t i, uint32_t self)
 			continue;
 		char tdir[320], buf[4096];
 		snprintf(tdir, sizeof(tdir), "%s/%s", dir, e->d_name);
-		if (mts_node_read_file(tdir, "children", buf, sizeof(buf)) < 0)
+		if (mts_read_small(tdir, "children", buf, sizeof(buf)) < 0)
 			continue;
 		for (char *s = buf, *end; *s && t->n < MTS_GUARD_TREE_MAX;
 		     s = end) {

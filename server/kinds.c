@@ -46,6 +46,7 @@
 #include "mts_defs.h"
 #include "mts_log.h"
 #include "mts_registry.h"
+#include "mts_state.h"
 
 /* ---- the table ----------------------------------------------------------- */
 
@@ -667,18 +668,7 @@ int mts_kinds_load(struct mts_registry *reg, const char *path)
 		return refuse(path,
 		              errno == ELOOP ? "a symlink" : strerror(errno));
 	}
-	struct stat st;
-	const char *why = NULL;
-	if (fstat(fd, &st) < 0)
-		why = "cannot stat it";
-	else if (!S_ISREG(st.st_mode))
-		why = "not a regular file";
-	else if (st.st_uid != geteuid())
-		why = "owned by another user";
-	else if (st.st_nlink != 1)
-		why = "has other links";
-	else if (st.st_mode & 022)
-		why = "writable by group or others";
+	const char *why = mts_file_not_ours(fd);
 	unsigned char *d = NULL;
 	size_t len = 0;
 	/* A full table's record, with room: 4 MiB of names and runs per

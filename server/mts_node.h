@@ -87,9 +87,5 @@ bool mts_guard_node(const struct mts_registry *reg, uint64_t *usage,
 
 /* "cgroup2", "cgroup1", "meminfo", "off". */
 const char *mts_node_kind_name(enum mts_node_kind k);
-/* Read the small file DIR/NAME into buf (NUL-terminated, at most cap - 1
- * bytes). Its length, or -errno. */
-ssize_t mts_node_read_file(const char *dir, const char *name, char *buf,
-                           size_t cap);
 
 #endif /* MTS_NODE_H */

@@ -31,10 +31,16 @@ int mts_read_stat(pid_t pid, uint64_t *start_time, char *comm, size_t cap);
  * Returns 0, -ENOENT/-ESRCH (gone), -EINVAL. */
 int mts_read_real_uid(pid_t pid, uint32_t *out);
 
-
 /* Resident bytes of `pid` from /proc/PID/statm. 0 or -errno. */
 int mts_read_rss(pid_t pid, uint64_t *out);
 /* Parse the text of a statm file: resident pages x page_size. */
 int mts_parse_statm_rss(const char *statm, uint64_t page_size, uint64_t *out);
+
+/* Read the small file DIR/NAME into buf (NUL-terminated, at most cap - 1
+ * bytes). Its length, or -errno. */
+ssize_t mts_read_small(const char *dir, const char *name, char *buf,
+                       size_t cap);
+/* The same for /proc/PID/NAME. */
+ssize_t mts_read_proc_file(pid_t pid, const char *name, char *buf, size_t cap);
 
 #endif /* MTS_PROCFS_H */

@@ -9,7 +9,6 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-
 /*
  * What a restarted memtallyd needs to adopt the workers of the one before:
  * a file only the server can write (owned by its uid, mode 0600, one link,
@@ -73,5 +72,10 @@ int mts_state_get(struct mts_state *st, uint32_t slot,
                   struct mts_state_rec *rec);
 /* Close and unlock (the file stays for the next server). NULL is fine. */
 void mts_state_close(struct mts_state *st);
+
+/* Why the file open at `fd` cannot be one memtallyd wrote (not a regular
+ * file, another owner, other links, writable by others), or NULL: the
+ * restart record's and the learned sizes' check. */
+const char *mts_file_not_ours(int fd);
 
 #endif /* MTS_STATE_H */

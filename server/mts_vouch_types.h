@@ -15,11 +15,8 @@
  * are the latest tick's; the clock fields carry from tick to tick. */
 struct mts_vouch_uid {
 	bool trusted;        /* its claims count in full toward everyone */
-	uint64_t claimed;    /* sum of its processes' claims */
-	uint64_t vouched;    /* what counts for others */
 	uint64_t unvouched;  /* sum of max(0, claim - what counts) */
 	uint64_t excess;     /* sum of max(0, claim - kernel figure) */
-	uint64_t allowed;    /* the part of `vouched` that is allowance */
 	uint64_t allow_left; /* during a tick: allowance not handed out */
 	/* The allowance's clock. An excess starts a run; the allowance is
 	 * spent once a run has lasted untouched_time, and comes back only

@@ -38,6 +38,7 @@
 #include "mts_defs.h"
 #include "mts_log.h"
 #include "mts_policy.h"
+#include "mts_procfs.h"
 #include "mts_registry.h"
 
 /* A v1 limit at or above this is no limit (the kernel shows "unlimited"
@@ -58,41 +59,11 @@ uint64_t mts_guard_line(const struct mts_policy *pol, uint64_t limit)
 
 /* ---- reading the node ---------------------------------------------------- */
 
-/* dir/name into buf (NUL-terminated); its length or -errno. */
-ssize_t mts_node_read_file(const char *dir, const char *name, char *buf,
-                           size_t cap)
-{
-	char path[600];
-	if ((size_t)snprintf(path, sizeof(path), "%s/%s", dir, name) >=
-	    sizeof(path))
-		return -ENAMETOOLONG;
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return -errno;
-	size_t len = 0;
-	while (len + 1 < cap) {
-		ssize_t n = read(fd, buf + len, cap - 1 - len);
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0) {
-			int e = errno;
-			close(fd);
-			return -e;
-		}
-		if (n == 0)
-			break;
-		len += (size_t)n;
-	}
-	close(fd);
-	buf[len] = '\0';
-	return (ssize_t)len;
-}
-
 /* A number file ("max" for v2's no limit: 0). 0 or -errno. */
 static int read_u64(const char *dir, const char *name, uint64_t *out)
 {
 	char buf[64];
-	ssize_t n = mts_node_read_file(dir, name, buf, sizeof(buf));
+	ssize_t n = mts_read_small(dir, name, buf, sizeof(buf));
 	if (n < 0)
 		return (int)n;
 	if (strncmp(buf, "max", 3) == 0) {
@@ -142,8 +113,8 @@ int mts_node_read(const struct mts_node_src *src, struct mts_node_fig *fig)
 			               v2 ? "memory.max"
 			                  : "memory.limit_in_bytes",
 			               &limit);
-		if (!err && mts_node_read_file(src->dir, "memory.stat", stat,
-		                               sizeof(stat)) < 0)
+		if (!err && mts_read_small(src->dir, "memory.stat", stat,
+		                           sizeof(stat)) < 0)
 			err = -EIO;
 		if (err)
 			return err;
@@ -155,8 +126,7 @@ int mts_node_read(const struct mts_node_src *src, struct mts_node_fig *fig)
 		break;
 	}
 	case MTS_NODE_MEMINFO: {
-		if (mts_node_read_file("/proc", "meminfo", stat, sizeof(stat)) <
-		    0)
+		if (mts_read_small("/proc", "meminfo", stat, sizeof(stat)) < 0)
 			return -EIO;
 		limit = stat_value(stat, "MemTotal", 1024);
 		uint64_t avail = stat_value(stat, "MemAvailable", 1024);
@@ -191,7 +161,7 @@ static int own_cgroup(struct mts_node_src *src)
 {
 	char text[4096], path[512] = "";
 	const char *base = NULL;
-	if (mts_node_read_file("/proc/self", "cgroup", text, sizeof(text)) < 0)
+	if (mts_read_small("/proc/self", "cgroup", text, sizeof(text)) < 0)
 		return -ENOENT;
 	for (char *save = NULL, *l = strtok_r(text, "\n", &save); l;
 	     l = strtok_r(NULL, "\n", &save)) {
@@ -243,7 +213,7 @@ static uint64_t own_resident(void)
 {
 	char buf[128];
 	unsigned long long size, res;
-	if (mts_node_read_file("/proc/self", "statm", buf, sizeof(buf)) < 0 ||
+	if (mts_read_small("/proc/self", "statm", buf, sizeof(buf)) < 0 ||
 	    sscanf(buf, "%llu %llu", &size, &res) != 2)
 		return 0;
 	return (uint64_t)res * (uint64_t)sysconf(_SC_PAGESIZE);

@@ -20,7 +20,6 @@
 #include <string.h>
 #include <unistd.h>
 
-
 /* starttime is field 22; fields after ')' start at 3. */
 #define STARTTIME_FIELD        22
 #define FIRST_FIELD_AFTER_COMM 3
@@ -57,13 +56,12 @@ int mts_parse_stat_starttime(const char *stat, uint64_t *out)
 	return -EINVAL;
 }
 
-/* Read a small /proc file into buf (NUL-terminated). Returns bytes read or
- * -errno. */
-static ssize_t read_proc_file(pid_t pid, const char *name, char *buf,
-                              size_t cap)
+ssize_t mts_read_small(const char *dir, const char *name, char *buf, size_t cap)
 {
-	char path[64];
-	snprintf(path, sizeof(path), "/proc/%d/%s", (int)pid, name);
+	char path[600];
+	if ((size_t)snprintf(path, sizeof(path), "%s/%s", dir, name) >=
+	    sizeof(path))
+		return -ENAMETOOLONG;
 	int fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
 		return -errno;
@@ -84,6 +82,13 @@ static ssize_t read_proc_file(pid_t pid, const char *name, char *buf,
 	close(fd);
 	buf[len] = '\0';
 	return (ssize_t)len;
+}
+
+ssize_t mts_read_proc_file(pid_t pid, const char *name, char *buf, size_t cap)
+{
+	char dir[32];
+	snprintf(dir, sizeof(dir), "/proc/%d", (int)pid);
+	return mts_read_small(dir, name, buf, cap);
 }
 
 int mts_parse_stat_comm(const char *stat, char *buf, size_t cap)
@@ -110,7 +115,7 @@ int mts_read_stat(pid_t pid, uint64_t *start_time, char *comm, size_t cap)
 	/* comm is at most 64 bytes on current kernels; 52 numeric fields
 	 * follow. 2 KiB holds it all with room to spare. */
 	char buf[2048];
-	ssize_t n = read_proc_file(pid, "stat", buf, sizeof(buf));
+	ssize_t n = mts_read_proc_file(pid, "stat", buf, sizeof(buf));
 	if (n < 0)
 		return (int)n;
 	/* An embedded NUL would hide the tail from strrchr: refuse. */
@@ -131,7 +136,7 @@ int mts_read_real_uid(pid_t pid, uint32_t *out)
 {
 	/* Uid: is among the first lines; 4 KiB holds the whole file today. */
 	char buf[4096];
-	ssize_t n = read_proc_file(pid, "status", buf, sizeof(buf));
+	ssize_t n = mts_read_proc_file(pid, "status", buf, sizeof(buf));
 	if (n < 0)
 		return (int)n;
 	const char *p = strstr(buf, "\nUid:");
@@ -181,7 +186,7 @@ int mts_read_rss(pid_t pid, uint64_t *out)
 	long ps = sysconf(_SC_PAGESIZE);
 	uint64_t page_size = ps > 0 ? (uint64_t)ps : 4096u;
 	char buf[256];
-	ssize_t n = read_proc_file(pid, "statm", buf, sizeof(buf));
+	ssize_t n = mts_read_proc_file(pid, "statm", buf, sizeof(buf));
 	if (n < 0)
 		return (int)n;
 	return mts_parse_statm_rss(buf, page_size, out);

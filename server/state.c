@@ -67,24 +67,30 @@ static uint64_t rec_check(uint32_t pid, uint32_t slot)
 }
 
 /* Is the file open on `fd` one we made and nobody else can write? */
+const char *mts_file_not_ours(int fd)
+{
+	struct stat st;
+	if (fstat(fd, &st) < 0)
+		return "cannot stat it";
+	if (!S_ISREG(st.st_mode))
+		return "not a regular file";
+	if (st.st_uid != geteuid())
+		return "owned by another user";
+	if (st.st_nlink != 1)
+		return "has other links";
+	if (st.st_mode & 022)
+		return "writable by group or others";
+	return NULL;
+}
+
 static bool state_file_ok(int fd, const char *path)
 {
 	char q[MTS_LOGQ_MAX];
-	struct stat st;
-	if (fstat(fd, &st) < 0)
-		return false;
-	const char *why = NULL;
-	if (!S_ISREG(st.st_mode))
-		why = "not a regular file";
-	else if (st.st_uid != geteuid())
-		why = "owned by another user";
-	else if (st.st_nlink != 1)
-		why = "has other links";
-	else if (st.st_mode & 022)
-		why = "writable by group or others";
+	const char *why = mts_file_not_ours(fd);
 	if (why)
 		mts_log(MTS_LOG_WARN, "state file refused, not adopting it",
-		        "path=%s why=\"%s\"", mts_logq(q, sizeof(q), path), why);
+		        "path=%s why=\"%s\"", mts_logq(q, sizeof(q), path),
+		        why);
 	return why == NULL;
 }
 
@@ -149,7 +155,8 @@ int mts_state_open(const char *path, bool reset, struct mts_state_info *info,
 		}
 		if (errno == ELOOP)
 			unlink(path); /* a symlink: never followed */
-		fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+		fd = open(path,
+		          O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
 		          0600);
 		if (fd < 0) {
 			mts_log(MTS_LOG_WARN,
@@ -217,8 +224,7 @@ static void state_write(struct mts_state *st, uint32_t slot, const void *buf,
 	st->write_failed = true;
 }
 
-void mts_state_put(struct mts_state *st, uint32_t slot,
-                   struct mts_state_rec *r)
+void mts_state_put(struct mts_state *st, uint32_t slot, struct mts_state_rec *r)
 {
 	if (!st || slot >= st->slots)
 		return;

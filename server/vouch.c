@@ -41,13 +41,12 @@
 #include "mts_vouch.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "mts_defs.h"
+#include "mts_procfs.h"
 #include "mts_registry.h"
 
 static uint64_t min64(uint64_t a, uint64_t b)
@@ -101,8 +100,7 @@ void mts_vouch_begin(struct mts_registry *reg)
 	reg->vouch.allow_left = on ? pol->untouched_total : 0;
 	for (uint32_t i = 0; i < reg->ntables; i++) {
 		struct mts_vouch_uid *v = &reg->tables[i]->vouch;
-		v->claimed = v->vouched = v->unvouched = 0;
-		v->excess = v->allowed = 0;
+		v->unvouched = v->excess = 0;
 		if (v->trusted)
 			continue;
 		v->allow_left = on && !v->spent ? pol->untouched_allowance : 0;
@@ -123,7 +121,6 @@ uint64_t mts_vouch_proc(struct mts_registry *reg, struct mts_proc *p,
 		    min64(e, min64(v->allow_left, reg->vouch.allow_left));
 		v->allow_left -= allow;
 		reg->vouch.allow_left -= allow;
-		v->allowed += allow;
 		vouched = k + allow;
 		/* A kernel figure older than the claim's rise: read it again
 		 * soon, so an honest process's figure follows. */
@@ -131,8 +128,6 @@ uint64_t mts_vouch_proc(struct mts_registry *reg, struct mts_proc *p,
 			*want_read = true;
 	}
 	uint64_t unv = claim > vouched ? claim - vouched : 0;
-	v->claimed += claim;
-	v->vouched += vouched;
 	v->unvouched += unv;
 	if (p->unvouched != unv)
 		p->unvouched = unv;
@@ -244,43 +239,19 @@ int mts_parse_status_mem(const char *status, struct mts_kernel_mem *out)
 	return 0;
 }
 
-/* Read /proc/PID/NAME into buf (NUL-terminated). 0 or -errno. */
-static int read_proc(int pid, const char *name, char *buf, size_t size)
-{
-	char path[48];
-	snprintf(path, sizeof(path), "/proc/%d/%s", pid, name);
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return errno == ENOENT ? -ESRCH : -errno;
-	size_t len = 0;
-	for (;;) {
-		ssize_t n = read(fd, buf + len, size - 1 - len);
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0)
-			break;
-		len += (size_t)n;
-		if (len == size - 1)
-			break;
-	}
-	close(fd);
-	buf[len] = '\0';
-	return 0;
-}
-
 int mts_read_kernel_mem(int pid, struct mts_kernel_mem *out)
 {
 	/* smaps_rollup walks the page tables: its cost grows with what the
 	 * process holds (bench/RESULTS.md, server). status is a fallback
 	 * that counts shared pages in every sharer. */
 	char buf[4096];
-	int err = read_proc(pid, "smaps_rollup", buf, sizeof(buf));
-	if (err == 0 && mts_parse_smaps_rollup(buf, out) == 0)
+	ssize_t n = mts_read_proc_file(pid, "smaps_rollup", buf, sizeof(buf));
+	if (n >= 0 && mts_parse_smaps_rollup(buf, out) == 0)
 		return 0;
-	if (err == -ESRCH)
-		return err;
-	err = read_proc(pid, "status", buf, sizeof(buf));
-	if (err < 0)
-		return err;
+	if (n == -ENOENT || n == -ESRCH)
+		return -ESRCH;
+	n = mts_read_proc_file(pid, "status", buf, sizeof(buf));
+	if (n < 0)
+		return n == -ENOENT ? -ESRCH : (int)n;
 	return mts_parse_status_mem(buf, out);
 }

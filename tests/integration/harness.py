@@ -443,6 +443,78 @@ class Skip(Exception):
     says which."""
 
 
+
+# Lane 0's bytes in a slot: the slot's identity line (64 bytes), then the
+# lane's owner word and its bytes at +8 (shm/mtshm.h).
+LANE0_BYTES = 64 + 8
+
+
+def cli_as(s, user, cli, *args):
+    """The CLI run as `user` with --json; (exit status, stdout + stderr)."""
+    out = subprocess.run([cli, "--socket", s.socket, "--json", *args],
+                         capture_output=True, text=True, timeout=30 * MULT,
+                         preexec_fn=as_user(user))
+    return out.returncode, out.stdout + out.stderr
+
+
+def claim(s, pid, nbytes):
+    """Make `pid`'s own slot claim `nbytes` more than it holds, as the
+    process itself could (its lane 0's bytes)."""
+    import struct
+    m, o = wait_for(f"slot of {pid}", lambda: find_slot(s.segment, pid))
+    try:
+        cur = struct.unpack_from("<q", m, o + LANE0_BYTES)[0]
+        struct.pack_into("<q", m, o + LANE0_BYTES, cur + nbytes)
+    finally:
+        m.close()
+
+
+def hooks_conf(d):
+    """A [hooks] section that logs "SCOPE STATE" of every run to a file in
+    `d`: (the file, the section)."""
+    log = os.path.join(d, "hooks.log")
+    cmd = f'echo "$MEMTALLY_SCOPE $MEMTALLY_STATE" >> {log}'
+    return log, (f"[hooks]\non_ok = {cmd}\non_high = {cmd}\n"
+                 f"on_over = {cmd}\nmin_interval = 1s\n")
+
+
+def hook_runs(path):
+    """The lines hooks_conf()'s hooks wrote."""
+    try:
+        with open(path) as f:
+            return [ln.strip() for ln in f if ln.strip()]
+    except FileNotFoundError:
+        return []
+
+
+def connections_as(s, user, n):
+    """`n` connections made by a process of `user` (SO_PEERCRED says
+    `user`), handed back to this process."""
+    import socket
+    a, b = socket.socketpair()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setgroups([])
+            os.setgid(user[1])
+            os.setuid(user[0])
+            for _ in range(n):
+                c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                c.connect(s.socket)
+                socket.send_fds(a, [b"c"], [c.fileno()])
+                c.close()
+        finally:
+            os._exit(0)
+    a.close()
+    conns = []
+    for _ in range(n):
+        _, fds, _, _ = socket.recv_fds(b, 1, 1)
+        conns.append(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM,
+                                   fileno=fds[0]))
+    os.waitpid(pid, 0)
+    b.close()
+    return conns
+
 def _select(tests, argv):
     """The tests named on the command line (all when none is named), so one
     test can be run alone: `python3 test_x.py test_name`. `--list` prints

@@ -17,14 +17,14 @@ granted. Figures (what each hostile uid got) are printed.
 """
 import os
 import resource
-import socket
 import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from harness import (CLI, MIB, MULT, NOGROUP, Server, Worker,  # noqa: E402
-                     as_user, check, open_to_nobody, run, test_user,
+                     as_user, check, connections_as, open_to_nobody, run,
+                     test_user,
                      wait_for, worker, world_readable_copy)
 from harness import config_file as config  # noqa: E402
 import pbwire as pb  # noqa: E402
@@ -39,34 +39,6 @@ HONEST = "memtally-honest"
 # More than any default lets one uid open: past it a test would only
 # measure max_connections.
 MOST_CONNS = 400
-
-
-def connections_as(s, user, n):
-    """`n` connections made by a process of `user` (SO_PEERCRED says
-    `user`), handed back to this process."""
-    a, b = socket.socketpair()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.setgroups([])
-            os.setgid(user[1])
-            os.setuid(user[0])
-            for _ in range(n):
-                c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                c.connect(s.socket)
-                socket.send_fds(a, [b"c"], [c.fileno()])
-                c.close()
-        finally:
-            os._exit(0)
-    a.close()
-    conns = []
-    for _ in range(n):
-        _, fds, _, _ = socket.recv_fds(b, 1, 1)
-        conns.append(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM,
-                                   fileno=fds[0]))
-    os.waitpid(pid, 0)
-    b.close()
-    return conns
 
 
 def answered(conn, req_id, body_field, body=b""):

@@ -30,56 +30,19 @@ hooks still run at most once per [hooks] min_interval.
 """
 import os
 import struct
-import subprocess
 import sys
 import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from harness import (as_user, CLI, MIB, MULT, NOBODY, NOGROUP, Server,  # noqa: E402
-                     Worker, check, find_slot, open_to_nobody, run,
-                     second_user, wait_for, worker, world_readable_copy)
+from harness import (CLI, LANE0_BYTES, MIB, MULT, NOBODY, NOGROUP,  # noqa: E402
+                     Server, Worker, check, claim, cli_as, find_slot,
+                     hook_runs, hooks_conf, open_to_nobody, run, second_user,
+                     wait_for, worker, world_readable_copy)
 from harness import config_file as config  # noqa: E402
 
 GIB = 1 << 30
-# Lane 0's bytes in a slot: the slot's identity line (64 bytes), then the
-# lane's owner word and its bytes at +8 (shm/mtshm.h).
-LANE0_BYTES = 64 + 8
-
-
-def cli_as(s, user, cli, *args):
-    """The CLI run as `user`; (exit status, stdout)."""
-    out = subprocess.run([cli, "--socket", s.socket, "--json", *args],
-                         capture_output=True, text=True, timeout=30 * MULT,
-                         preexec_fn=as_user(user))
-    return out.returncode, out.stdout + out.stderr
-
-
-def claim(s, pid, nbytes):
-    """Make `pid`'s own slot claim `nbytes` more than it holds, as the
-    process itself could (its lane 0's bytes)."""
-    m, o = wait_for(f"slot of {pid}", lambda: find_slot(s.segment, pid))
-    try:
-        cur = struct.unpack_from("<q", m, o + LANE0_BYTES)[0]
-        struct.pack_into("<q", m, o + LANE0_BYTES, cur + nbytes)
-    finally:
-        m.close()
-
-
-def hook_runs(path):
-    try:
-        with open(path) as f:
-            return [ln.strip() for ln in f if ln.strip()]
-    except FileNotFoundError:
-        return []
-
-
-def hooks_conf(d):
-    log = os.path.join(d, "hooks.log")
-    cmd = f'echo "$MEMTALLY_SCOPE $MEMTALLY_STATE" >> {log}'
-    return log, (f"[hooks]\non_ok = {cmd}\non_high = {cmd}\n"
-                 f"on_over = {cmd}\nmin_interval = 1s\n")
 
 
 def test_lies_hurt_only_the_liar():

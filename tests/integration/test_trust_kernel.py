@@ -33,77 +33,20 @@ its own slot, and another hides 500 MiB in a memfd it never maps (under
 the second user's 1,900 MiB Admit against 2 GiB is denied.
 """
 import os
-import pwd
-import shutil
 import struct
-import subprocess
 import sys
 import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from harness import (as_user, CLI, MIB, MULT, NOBODY, NOGROUP, Server,  # noqa: E402
-                     Skip, Worker, check, find_slot, open_to_nobody, run,
-                     second_user, wait_for, worker, world_readable_copy)
+from harness import (CLI, LANE0_BYTES, MIB, MULT, NOBODY, NOGROUP,  # noqa: E402
+                     Server, Worker, check, claim, cli_as, find_slot,
+                     hook_runs, hooks_conf, open_to_nobody, run, second_user,
+                     test_user, wait_for, worker, world_readable_copy)
 from harness import config_file as config  # noqa: E402
 
 GIB = 1 << 30
-LANE0_BYTES = 64 + 8  # shm/mtshm.h: the slot's identity line, lane 0's bytes
-
-
-def cli_as(s, user, cli, *args):
-    out = subprocess.run([cli, "--socket", s.socket, "--json", *args],
-                         capture_output=True, text=True, timeout=30 * MULT,
-                         preexec_fn=as_user(user))
-    return out.returncode, out.stdout + out.stderr
-
-
-def add_claim(s, pid, nbytes):
-    """Make `pid`'s own slot claim `nbytes` more, as the process could."""
-    m, o = wait_for(f"slot of {pid}", lambda: find_slot(s.segment, pid))
-    try:
-        cur = struct.unpack_from("<q", m, o + LANE0_BYTES)[0]
-        struct.pack_into("<q", m, o + LANE0_BYTES, cur + nbytes)
-    finally:
-        m.close()
-
-
-def hooks_conf(d):
-    log = os.path.join(d, "hooks.log")
-    cmd = f'echo "$MEMTALLY_SCOPE $MEMTALLY_STATE" >> {log}'
-    return log, (f"[hooks]\non_ok = {cmd}\non_high = {cmd}\n"
-                 f"on_over = {cmd}\nmin_interval = 1s\n")
-
-
-def hook_runs(path):
-    try:
-        with open(path) as f:
-            return [ln.strip() for ln in f if ln.strip()]
-    except FileNotFoundError:
-        return []
-
-
-def hostile_users(n):
-    """(uid, gid) of n unprivileged users mt-hostile-1..n, made on first
-    use (as second_user())."""
-    if os.geteuid() != 0 or not shutil.which("useradd"):
-        raise Skip("cannot create users (needs root and useradd)")
-    out = []
-    for i in range(1, n + 1):
-        name = f"mt-hostile-{i}"
-        try:
-            pw = pwd.getpwnam(name)
-        except KeyError:
-            r = subprocess.run(["useradd", "--system", "--no-create-home",
-                                "--shell", "/usr/sbin/nologin",
-                                "--user-group", name],
-                               capture_output=True, text=True)
-            if r.returncode not in (0, 9):
-                raise Skip(f"useradd {name} failed: {r.stderr.strip()}")
-            pw = pwd.getpwnam(name)
-        out.append((pw.pw_uid, pw.pw_gid))
-    return out
 
 
 def ready_pids(w):
@@ -150,7 +93,7 @@ def shared_run(mode, measure):
             if mode == "private":
                 # Each child claims the 400 MiB it shares.
                 for p in pids[1:]:
-                    add_claim(s, p, 400 * MIB)
+                    claim(s, p, 400 * MIB)
                 wait_for("the claims published", lambda: sum(
                     s.ps()[p]["bytes"] for p in pids) >= 4000 * MIB,
                     timeout=10 * MULT)
@@ -278,7 +221,7 @@ def dip_run(users, seconds):
 
 def test_dips_renew_no_allowance():
     dip_run([NOBODY], 14 * MULT)
-    dip_run([u for u, _ in hostile_users(8)], 14 * MULT)
+    dip_run([u for u, _ in [test_user(f"mt-hostile-{i}") for i in range(1, 9)]], 14 * MULT)
 
 
 def test_an_allowance_signals_no_one():
@@ -300,7 +243,7 @@ def test_an_allowance_signals_no_one():
             wait_for("the victim over its own limit", lambda: s.ps().get(
                 victim.pid, {}).get("state") == "over")
             wait_for("the liar registered", lambda: liar.pid in s.ps())
-            add_claim(s, liar.pid, 400 * MIB)
+            claim(s, liar.pid, 400 * MIB)
             wait_for("the fleet over", lambda: s.status()["fleet"][
                 "state"] == "over")
             # Four grace periods.
@@ -347,7 +290,7 @@ def test_understating_is_refereed():
                 if measure == "accounted":
                     wait_for("500 MiB claimed", lambda: s.ps()[pid][
                         "bytes"] >= 500 * MIB)
-                    add_claim(s, pid, -s.ps()[pid]["bytes"])
+                    claim(s, pid, -s.ps()[pid]["bytes"])
                     wait_for("the claim zeroed", lambda: s.ps()[pid][
                         "bytes"] < MIB)
                 t0 = time.monotonic()

@@ -22,14 +22,14 @@ not-found, and nobody's Watch stream gets no event of that pid while
 root's does; nobody's own worker is still listed with its task.
 """
 import os
-import socket
 import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from harness import (CLI, MULT, NOBODY, NOGROUP, Server, Worker,  # noqa: E402
-                     as_user, check, open_to_nobody, run, second_user,
+                     as_user, check, connections_as, open_to_nobody, run,
+                     second_user,
                      wait_for, worker, world_readable_copy)
 from harness import config_file as config  # noqa: E402
 import pbwire as pb  # noqa: E402
@@ -50,28 +50,6 @@ def cli_as(s, cli, user, *args, json_out=True):
           f"memtally {' '.join(args)} as {user}: {out.returncode} "
           f"{out.stderr}")
     return json.loads(out.stdout) if json_out else out.stdout
-
-
-def connect_as(s, user):
-    """A connection to the server made by a process of `user`: the
-    server's SO_PEERCRED says `user` for every request sent on it."""
-    a, b = socket.socketpair()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.setgroups([])
-            os.setgid(user[1])
-            os.setuid(user[0])
-            c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            c.connect(s.socket)
-            socket.send_fds(a, [b"c"], [c.fileno()])
-        finally:
-            os._exit(0)
-    _, fds, _, _ = socket.recv_fds(b, 1, 1)
-    os.waitpid(pid, 0)
-    a.close()
-    b.close()
-    return socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, fileno=fds[0])
 
 
 def usage_of_pid(conn, pid, req_id):
@@ -176,7 +154,7 @@ def test_counts_by_default():
             check(g["processes"] == [],
                   f"ps --group tells the membership: {g}")
 
-            conn = connect_as(s, nobody)
+            conn = connections_as(s, nobody, 1)[0]
             code, pi = usage_of_pid(conn, theirs.pid, 7)
             check(code == 0 and pi[1][0] == theirs.pid,
                   f"GetUsage pid: code {code} {pi}")
@@ -187,7 +165,7 @@ def test_counts_by_default():
             check(code == 0 and pi[11][0] == OWN_TASK.encode(),
                   f"GetUsage of its own pid: code {code} {pi}")
             conn.close()
-            root = connect_as(s, (0, 0))
+            root = connections_as(s, (0, 0), 1)[0]
             code, pi = usage_of_pid(root, theirs.pid, 9)
             check(code == 0 and pi[11][0] == TASK.encode(),
                   f"GetUsage pid as root: code {code} {pi}")
@@ -208,7 +186,8 @@ def test_none_hides_them():
         open_to_nobody(s)
         nobody = (NOBODY, NOGROUP)
         # Subscribed before the worker goes over its limit.
-        nconn, rconn = connect_as(s, nobody), connect_as(s, (0, 0))
+        nconn = connections_as(s, nobody, 1)[0]
+        rconn = connections_as(s, (0, 0), 1)[0]
         nwatch, rwatch = watch(nconn, 1), watch(rconn, 1)
         theirs, mine = start(s, hold, preload, second)
         try:
@@ -224,7 +203,7 @@ def test_none_hides_them():
             check(theirs.pid not in p,
                   f"nobody's ps lists the second user's process: {p}")
             check_own(p, mine)
-            conn = connect_as(s, nobody)
+            conn = connections_as(s, nobody, 1)[0]
             code, _ = usage_of_pid(conn, theirs.pid, 3)
             check(code == ERROR_NOT_FOUND,
                   f"GetUsage of a hidden pid: code {code}")
