@@ -653,6 +653,7 @@ class MemtallyRunner(Runner):
     retries = 3
 
     def __init__(self, ctx, result, sock, learned):
+        self.held = 0               # the sampler may ask before the first
         super().__init__(ctx, result)
         self.sock = sock
         self.learned = learned
@@ -690,9 +691,11 @@ class MemtallyRunner(Runner):
         self.running[p.pid] = att
 
     def reserved_running(self):
-        """What memtallyd reserved for the runs live now."""
-        return sum(a.runs[a.live][1] for a in list(self.running.values())
-                   if a.admitted and a.live in a.runs)
+        """What memtallyd sets aside now: what it counts (the larger of
+        the accounted and resident figures, as `measure = max`) plus what
+        its reservations hold beyond that. A reservation that follows
+        its kind's profile holds the profile's step for its task's age."""
+        return self.held
 
     def _grant(self, task):
         declared = self.declared[task.idx] * MIB
@@ -713,7 +716,15 @@ class MemtallyRunner(Runner):
 
     def monitor(self):
         """Reads only: each task's live run (the command `memtally run`
-        started once admitted), its CPU time and its grant."""
+        started once admitted), its CPU time and its grant, and what
+        memtallyd sets aside (GetUsage)."""
+        try:
+            if self.client is None:
+                self.client = self.mc.Client(self.sock, timeout=2.0)
+            u = self.client.usage()
+            self.held = max(u.fleet_bytes, u.rss_bytes) + u.reserved_bytes
+        except (OSError, self.mc.MemtallyError):
+            self.client = None
         for a in self.running.values():
             pid = a.proc.pid
             kids = [int(k) for k in _read("/proc/%d/task/%d/children" % (
@@ -838,7 +849,9 @@ def start_memtallyd(ctx, policy, headroom, learned=None, state=None):
             f.write("[guard]\nenabled = true\nline = 90%%\n"
                     "[kinds]\nreserve_learned = "
                     "%s\n" % ("true" if learned else "false"))
-    extra = ["--config", conf, "--log-level", "warn"]
+        # Experiments only: more config (e.g. "[admission]\nqueue = false").
+        f.write(os.environ.get("FLEET_MEMTALLYD_CONF", "").replace("\\n", "\n"))
+    extra = ["--config", conf, "--log-level", os.environ.get("FLEET_LOG", "warn")] + (["--log-budget", "none"] if os.environ.get("FLEET_LOG") else [])
     if state:
         extra += ["--state", state]
     logname = "memtallyd-%s.log" % run

@@ -50,6 +50,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -390,7 +391,7 @@ static void task_alloc(struct mts_registry *reg, struct mts_task *t,
 	for (uint32_t i = 0; i < t->nshares; i++)
 		t->shares[i].left = t->shares[i].measured;
 	for (struct mts_resv *r = t->resv; r; r = r->tnext) {
-		uint64_t want = r->bytes;
+		uint64_t want = r->want;
 		if (r->has_owner) {
 			struct mts_task_share *o = share_find(t, r->uid);
 			if (o)
@@ -444,7 +445,7 @@ void mts_resv_sums(struct mts_registry *reg)
 	for (uint32_t i = 0; i < reg->adm->nresv; i++) {
 		struct mts_resv *r = reg->adm->resv[i];
 		if (!r->task)
-			r->effective = r->bytes;
+			r->effective = r->want;
 		reg->groups[r->group].reserved_sum += r->effective;
 		total += r->effective;
 	}
@@ -623,9 +624,94 @@ static uint32_t resv_key(const struct mts_resv *r)
 	return r->has_owner ? r->uid : MTS_UID_TCP;
 }
 
+/* ---- a run's profile -------------------------------------------------------
+ *
+ * While its task runs, a reservation that names a kind keeps the largest
+ * use seen at a tick in each of MTS_RESV_SLOTS slots of the run's life;
+ * when the slots are full, neighbours merge and a slot covers twice the
+ * time. 256 bytes a reservation, a store a tick, and a run of any length
+ * is seen at 1/16 to 1/32 of its length. At its end the slots become the
+ * run's MTS_KIND_STEPS steps (kinds.c).
+ */
+
+static void run_start(struct mts_resv *r)
+{
+	r->started_mono_ns = mts_now_monotonic();
+	r->slot_ms = MTS_RESV_SLOT_MS;
+	memset(r->slots, 0, sizeof(r->slots));
+}
+
+static uint64_t run_age_ms(const struct mts_resv *r, uint64_t now_ns)
+{
+	return now_ns > r->started_mono_ns
+	           ? (now_ns - r->started_mono_ns) / 1000000u
+	           : 0;
+}
+
+static void run_sample(struct mts_resv *r, uint64_t now_ns, uint64_t v)
+{
+	uint64_t age = run_age_ms(r, now_ns);
+	while (age / r->slot_ms >= MTS_RESV_SLOTS) {
+		for (uint32_t i = 0; i < MTS_RESV_SLOTS / 2; i++)
+			r->slots[i] = r->slots[2 * i] > r->slots[2 * i + 1]
+			                  ? r->slots[2 * i]
+			                  : r->slots[2 * i + 1];
+		memset(&r->slots[MTS_RESV_SLOTS / 2], 0, sizeof(r->slots) / 2);
+		r->slot_ms *= 2;
+	}
+	uint64_t *s = &r->slots[age / r->slot_ms];
+	if (v > *s)
+		*s = v;
+}
+
+/* The run of `r`, ended now, as its kind keeps it: its peak, and its
+ * length and steps when its workers came and a peak was seen. */
+static void run_of(const struct mts_resv *r, bool evicted,
+                   struct mts_kind_run *out)
+{
+	memset(out, 0, sizeof(*out));
+	out->peak = r->peak;
+	out->evicted = evicted ? 1u : 0u;
+	uint64_t dur = run_age_ms(r, mts_now_monotonic());
+	if (!r->taken_over || !r->peak || !dur)
+		return;
+	out->dur_ms = dur > UINT32_MAX ? UINT32_MAX : (uint32_t)dur;
+	for (uint32_t j = 0; j < MTS_KIND_STEPS; j++) {
+		uint64_t from = dur * j / MTS_KIND_STEPS;
+		uint64_t to = dur * (j + 1) / MTS_KIND_STEPS;
+		uint64_t m = 0;
+		for (uint64_t s = from / r->slot_ms;
+		     s < MTS_RESV_SLOTS &&
+		     s * r->slot_ms < (to > from ? to : from + 1);
+		     s++)
+			if (r->slots[s] > m)
+				m = r->slots[s];
+		uint64_t share = (uint64_t)((unsigned __int128)m *
+		                            MTS_KIND_STEP_ONE / r->peak);
+		out->steps[j] =
+		    (uint16_t)(share > MTS_KIND_STEP_ONE ? MTS_KIND_STEP_ONE
+		                                         : share);
+	}
+}
+
+/* What `r` sets aside at `now_ns`: what its kind's runs held on average
+ * at the task's age (the pool's margin is admission's: project_need); a
+ * task past the profile's length holds its whole size (it is late, and
+ * what it does next is not known). */
+static uint64_t run_want(const struct mts_resv *r, uint64_t now_ns)
+{
+	if (!r->profiled)
+		return r->bytes;
+	if (!r->taken_over)
+		return r->prof.mean[0];
+	uint64_t step = run_age_ms(r, now_ns) * MTS_KIND_STEPS / r->prof.dur_ms;
+	return step < MTS_KIND_STEPS ? r->prof.mean[step] : r->bytes;
+}
+
 static void take_over(struct mts_registry *reg, struct mts_resv *r)
 {
 	r->taken_over = true;
+	run_start(r);
 	r->expires_ns = resv_deadline(reg, r);
 	if (r->heap_index != UINT32_MAX)
 		heap_fix(reg, r->heap_index);
@@ -732,17 +818,22 @@ static void resv_remove(struct mts_registry *reg, struct mts_resv *r,
 	/* Only if some of the task's usage was set against `r` (or its
 	 * owner's workers now count as others') can the newer reservations
 	 * of the task count less without it. */
-	bool shifts = r->task && r->effective < r->bytes;
+	bool shifts = r->task && r->effective < r->want;
 	resv_count(reg, r, 0);
+	if (r->profiled)
+		reg->adm->nprofiled--;
 	heap_remove(reg, r);
 	ids_remove(reg, r);
 	if (r->kind) {
 		/* A task that ran (a worker took the reservation over) is a
 		 * run of its kind, however it ended; one whose workers never
 		 * came taught nothing. */
-		if (r->taken_over && !r->evicted && r->peak)
+		if (r->taken_over && !r->evicted && r->peak) {
+			struct mts_kind_run run;
+			run_of(r, false, &run);
 			mts_kind_note_run(reg, r->kind->name, r->kind->uid,
-			                  r->peak, false);
+			                  &run);
+		}
 		if (r->task)
 			r->task->kinded--;
 		mts_kind_unref(reg, r->kind);
@@ -828,7 +919,7 @@ static uint64_t resv_vouched(struct mts_task *t, const struct mts_resv *r)
 /* The task's peak so far, for each of its reservations that names a
  * kind: sampled at every tick, so a peak shorter than a tick may be
  * missed (a tick is 10 ms by default). */
-static void task_peaks(struct mts_task *t)
+static void task_peaks(struct mts_task *t, uint64_t now_ns)
 {
 	for (struct mts_resv *r = t->resv; r; r = r->tnext) {
 		if (!r->kind)
@@ -836,6 +927,14 @@ static void task_peaks(struct mts_task *t)
 		uint64_t v = resv_vouched(t, r);
 		if (v > r->peak)
 			r->peak = v;
+		if (!r->taken_over)
+			continue;
+		run_sample(r, now_ns, v);
+		uint64_t w = run_want(r, now_ns);
+		if (w != r->want) {
+			r->want = w;
+			t->dirty = true;
+		}
 	}
 }
 
@@ -929,7 +1028,7 @@ void mts_resv_tick(struct mts_registry *reg, uint64_t now_ns)
 		for (struct mts_task *t = reg->adm->tasks_seen; t; t = next) {
 			next = t->snext;
 			if (t->kinded)
-				task_peaks(t);
+				task_peaks(t, now_ns);
 			if (task_changed(t))
 				task_settle(reg, t);
 		}
@@ -1066,9 +1165,237 @@ static bool deny_uid_bytes(const struct mts_registry *reg,
 	return true;
 }
 
+/* ---- admission over time ---------------------------------------------------
+ *
+ * A reservation that follows its kind's profile counts its current step;
+ * admission must also see what it will grow into. The time ahead (the new
+ * task's expected length, or, for a request held whole from the start,
+ * until the last profiled task is expected to end) is cut into
+ * MTS_PROJECT_STEPS equal intervals, each profile taken at its largest
+ * within an interval. A task past its expected length holds its whole
+ * size and is never expected to end. Cost: intervals times profiled
+ * reservations, at an Admit only.
+ */
+#define MTS_PROJECT_STEPS 32u
+
+/* The largest of `steps` (a profile of `dur_ms`) that [from_ms, to_ms)
+ * touches; *ended when the interval starts past the profile's length. */
+static uint64_t step_max(const uint64_t *steps, uint32_t dur_ms,
+                         uint64_t from_ms, uint64_t to_ms, bool *ended)
+{
+	uint64_t lo = from_ms * MTS_KIND_STEPS / dur_ms;
+	uint64_t hi = (to_ms - 1) * MTS_KIND_STEPS / dur_ms;
+	*ended = lo >= MTS_KIND_STEPS;
+	if (hi >= MTS_KIND_STEPS)
+		hi = MTS_KIND_STEPS - 1;
+	uint64_t m = 0;
+	for (uint64_t j = lo; j <= hi; j++)
+		if (steps[j] > m)
+			m = steps[j];
+	return m;
+}
+
+static bool projected(const struct mts_resv *r, uint32_t gi, uint64_t now_ns)
+{
+	return r->profiled && (gi == UINT32_MAX || r->group == gi) &&
+	       (!r->taken_over || run_age_ms(r, now_ns) < r->prof.dur_ms);
+}
+
+/*
+ * What a request of `bytes` (following `prof`, or NULL) needs beyond the
+ * counted figures, for the reservations of group `gi` (UINT32_MAX: all).
+ * Tasks are pooled: in an interval, each profiled task is expected to
+ * hold its runs' mean, and may hold up to its quantile step; the pool is
+ * given the sum of the means plus the root of the sum of the squared
+ * gaps, not the sum of the gaps. One task alone gets its quantile; n
+ * alike get n means plus sqrt(n) gaps, since their runs do not all reach
+ * their high quantile at once. What that leaves out is the node guard's.
+ */
+static uint64_t project_need(const struct mts_registry *reg, uint32_t gi,
+                             uint64_t bytes,
+                             const struct mts_kind_profile *prof)
+{
+	if (!reg->adm->nprofiled && !prof)
+		return bytes;
+	uint64_t now = mts_now_monotonic();
+	uint64_t h = prof ? prof->dur_ms : 0;
+	for (uint32_t i = 0; !prof && i < reg->adm->nresv; i++) {
+		const struct mts_resv *r = reg->adm->resv[i];
+		if (!projected(r, gi, now))
+			continue;
+		uint64_t age = r->taken_over ? run_age_ms(r, now) : 0;
+		if (r->prof.dur_ms - age > h)
+			h = r->prof.dur_ms - age;
+	}
+	if (!h)
+		return bytes;
+	double need = 0;
+	for (uint32_t k = 0; k < MTS_PROJECT_STEPS; k++) {
+		uint64_t lo = h * k / MTS_PROJECT_STEPS;
+		uint64_t hi = h * (k + 1) / MTS_PROJECT_STEPS;
+		if (hi <= lo)
+			hi = lo + 1;
+		bool ended;
+		double sum = (double)bytes, var = 0;
+		if (prof) {
+			double hi_q = (double)step_max(
+			    prof->bytes, prof->dur_ms, lo, hi, &ended);
+			sum = (double)step_max(prof->mean, prof->dur_ms, lo, hi,
+			                       &ended);
+			var = (hi_q - sum) * (hi_q - sum);
+		}
+		for (uint32_t i = 0; i < reg->adm->nresv; i++) {
+			const struct mts_resv *r = reg->adm->resv[i];
+			if (!projected(r, gi, now))
+				continue;
+			uint64_t age = r->taken_over ? run_age_ms(r, now) : 0;
+			double q =
+			    (double)step_max(r->prof.bytes, r->prof.dur_ms,
+			                     age + lo, age + hi, &ended);
+			double mu =
+			    (double)step_max(r->prof.mean, r->prof.dur_ms,
+			                     age + lo, age + hi, &ended);
+			sum -= (double)r->want;
+			if (!ended) {
+				sum += mu;
+				var += (q - mu) * (q - mu);
+			}
+		}
+		double tot = sum + sqrt(var);
+		if (k == 0 || tot > need)
+			need = tot;
+	}
+	return need <= 0 ? 0 : need >= 0x1p64 ? UINT64_MAX : (uint64_t)need;
+}
+
+/* ---- the queue -------------------------------------------------------------
+ *
+ * `memtally run --wait` asks again until granted. Without a queue, room
+ * that frees goes to whichever request asks first, and a large request
+ * waits while small ones keep taking the room it needs (the fleet bench's
+ * largest kind ran last, two at a time). So the request that has waited
+ * longest keeps its room: a younger request is granted only if it fits
+ * beside that need too. Only a request that asks again keeps a place (a
+ * waiter silent for MTS_WAIT_ACTIVE_NS has left), and none keeps it for
+ * more than MTS_WAIT_HOLD_NS: then it goes to the back, so a request that
+ * can never fit cannot hold the fleet. A non-admin uid's request is at
+ * most its reserved-bytes share (max_reserved_bytes_per_uid), which bounds
+ * what one uid's place can keep from the others.
+ */
+#define MTS_WAIT_ACTIVE_NS (UINT64_C(3) * 1000000000u)
+#define MTS_WAIT_HOLD_NS   (UINT64_C(30) * 1000000000u)
+
+static uint64_t waiter_key(uint32_t uid, const char *task)
+{
+	if (!task[0])
+		return 0;
+	uint64_t h =
+	    hash_str(task) ^ ((uint64_t)uid * UINT64_C(0x9e3779b97f4a7c15));
+	return h ? h : 1;
+}
+
+static struct mts_waiter *waiter_find(const struct mts_registry *reg,
+                                      uint64_t who)
+{
+	for (uint32_t i = 0; who && i < reg->adm->nwaiters; i++)
+		if (reg->adm->waiters[i].who == who)
+			return &reg->adm->waiters[i];
+	return NULL;
+}
+
+/* The request waiting longest that is not `who` and came before it, or
+ * NULL. */
+static const struct mts_waiter *waiter_head(const struct mts_registry *reg,
+                                            uint64_t who, uint64_t now)
+{
+	const struct mts_waiter *self = waiter_find(reg, who), *head = NULL;
+	for (uint32_t i = 0; i < reg->adm->nwaiters; i++) {
+		const struct mts_waiter *w = &reg->adm->waiters[i];
+		if (w == self || now - w->last_ns > MTS_WAIT_ACTIVE_NS)
+			continue;
+		if (!head || w->first_ns < head->first_ns)
+			head = w;
+	}
+	return head && (!self || head->first_ns < self->first_ns) ? head : NULL;
+}
+
+static void waiter_remove(struct mts_registry *reg, uint64_t who)
+{
+	struct mts_waiter *w = waiter_find(reg, who);
+	if (w)
+		*w = reg->adm->waiters[--reg->adm->nwaiters];
+}
+
+/* `who` was denied for room it needs (`need`): it joins the queue, or
+ * keeps its place (for at most MTS_WAIT_HOLD_NS). */
+static void waiter_note(struct mts_registry *reg, uint64_t who, uint32_t uid,
+                        uint64_t need)
+{
+	if (!who)
+		return;
+	uint64_t now = mts_now_monotonic();
+	struct mts_waiter *w = waiter_find(reg, who);
+	if (!w) {
+		if (reg->adm->nwaiters < MTS_WAITERS) {
+			w = &reg->adm->waiters[reg->adm->nwaiters++];
+		} else {
+			/* Full: the one silent longest leaves. */
+			w = &reg->adm->waiters[0];
+			for (uint32_t i = 1; i < MTS_WAITERS; i++)
+				if (reg->adm->waiters[i].last_ns < w->last_ns)
+					w = &reg->adm->waiters[i];
+		}
+		*w = (struct mts_waiter){
+		    .who = who, .uid = uid, .first_ns = now};
+	}
+	if (now - w->last_ns > MTS_WAIT_ACTIVE_NS ||
+	    now - w->first_ns > MTS_WAIT_HOLD_NS)
+		w->first_ns = now; /* it had left, or held its place enough */
+	w->last_ns = now;
+	w->need = need;
+}
+
+/* The words a denial adds for the room kept for the queue's head. */
+static void why_kept(struct mts_admit_out *out, const struct mts_waiter *w,
+                     uint64_t now)
+{
+	if (!w)
+		return;
+	char a[32];
+	size_t n = strlen(out->why);
+	snprintf(out->why + n, sizeof(out->why) - n,
+	         "; %s more kept for the request waiting longest (%.1f s)",
+	         mt_format_size(a, sizeof(a), w->need),
+	         (now - w->first_ns) / 1e9);
+}
+
+/* The words a denial adds when the profiles changed what was needed. */
+static void why_projected(struct mts_admit_out *out, uint64_t bytes,
+                          uint64_t need)
+{
+	if (need == bytes)
+		return;
+	char a[32];
+	size_t n = strlen(out->why);
+	snprintf(out->why + n, sizeof(out->why) - n,
+	         "; requested is at its largest over the task's life beside "
+	         "what the running tasks' profiles grow into (%s as one "
+	         "figure)",
+	         mt_format_size(a, sizeof(a), bytes));
+}
+
 void mts_admit_decide(const struct mts_registry *reg,
                       const struct mts_peer *peer, const char *group,
                       uint64_t bytes, struct mts_admit_out *out)
+{
+	mts_admit_decide_profile(reg, peer, group, bytes, NULL, 0, out);
+}
+
+void mts_admit_decide_profile(const struct mts_registry *reg,
+                              const struct mts_peer *peer, const char *group,
+                              uint64_t bytes,
+                              const struct mts_kind_profile *prof, uint64_t who,
+                              struct mts_admit_out *out)
 {
 	const struct mts_policy *pol = &reg->policy;
 	const struct mts_totals *t = &reg->totals;
@@ -1094,21 +1421,21 @@ void mts_admit_decide(const struct mts_registry *reg,
 	uint32_t held = mts_uid_count_get(&reg->adm->resv_uids, key);
 	if (pol->max_resv_per_uid && held >= pol->max_resv_per_uid &&
 	    mts_authorise(reg, peer, NULL) == MTS_AUTH_NONE) {
-		char who[32];
+		char whom[32];
 		out->reason = MTS_DENY_UID_CAP;
 		if (owned) {
 			snprintf(out->scope, sizeof(out->scope), "uid:%u", key);
-			snprintf(who, sizeof(who), "uid %u", key);
+			snprintf(whom, sizeof(whom), "uid %u", key);
 		} else {
 			snprintf(out->scope, sizeof(out->scope), "tcp");
-			snprintf(who, sizeof(who), "unidentified TCP peers");
+			snprintf(whom, sizeof(whom), "unidentified TCP peers");
 		}
 		snprintf(out->why, sizeof(out->why),
 		         "per-uid reservation cap: %s holds %u outstanding "
 		         "reservations, the most one uid may hold "
 		         "([admission] max_reservations_per_uid = %u); release "
 		         "some or wait for them to end",
-		         who, held, pol->max_resv_per_uid);
+		         whom, held, pol->max_resv_per_uid);
 		return;
 	}
 
@@ -1120,11 +1447,20 @@ void mts_admit_decide(const struct mts_registry *reg,
 	 * decides. */
 	out->limit = t->limit;
 	const struct mts_group *g = mts_find_group(reg, group);
-	if (t->limit &&
-	    mt_sat_add(mt_sat_add(fm, t->reserved), bytes) > t->limit) {
+	uint64_t need = project_need(reg, UINT32_MAX, bytes, prof);
+	out->need = need;
+	uint64_t now = mts_now_monotonic();
+	const struct mts_waiter *head =
+	    pol->admit_queue ? waiter_head(reg, who, now) : NULL;
+	uint64_t kept = head ? head->need : 0;
+	if (t->limit && mt_sat_add(mt_sat_add(fm, t->reserved),
+	                           mt_sat_add(need, kept)) > t->limit) {
 		out->reason = MTS_DENY_FLEET_LIMIT;
-		why(out, "fleet limit", pol->measure, fm, t->reserved, bytes,
+		why(out, "fleet limit", pol->measure, fm, t->reserved, need,
 		    t->limit);
+		why_projected(out, bytes, need);
+		if (mt_sat_add(mt_sat_add(fm, t->reserved), need) <= t->limit)
+			why_kept(out, head, now);
 		return;
 	}
 	if (g && g->limit) {
@@ -1135,7 +1471,9 @@ void mts_admit_decide(const struct mts_registry *reg,
 		    g->unvouched_uid == peer->uid)
 			gb = mt_sat_add(gb, g->unvouched);
 		uint64_t gm = mts_measured(reg, gb, g->rss);
-		if (mt_sat_add(mt_sat_add(gm, g->reserved), bytes) > g->limit) {
+		uint64_t gneed =
+		    project_need(reg, (uint32_t)(g - reg->groups), bytes, prof);
+		if (mt_sat_add(mt_sat_add(gm, g->reserved), gneed) > g->limit) {
 			char what[MTS_NAME_MAX + 16];
 			out->reason = MTS_DENY_GROUP_LIMIT;
 			snprintf(out->scope, sizeof(out->scope), "group:%s",
@@ -1146,8 +1484,9 @@ void mts_admit_decide(const struct mts_registry *reg,
 			out->limit = g->limit;
 			out->growth = g->growth;
 			out->forecast_s = mts_group_forecast(reg, g);
-			why(out, what, pol->measure, gm, g->reserved, bytes,
+			why(out, what, pol->measure, gm, g->reserved, gneed,
 			    g->limit);
+			why_projected(out, bytes, gneed);
 			return;
 		}
 	}
@@ -1157,7 +1496,8 @@ void mts_admit_decide(const struct mts_registry *reg,
 	 * is reserved and not used yet is not in it: added. */
 	uint64_t node, line;
 	if (mts_guard_node(reg, &node, &line) &&
-	    mt_sat_add(mt_sat_add(node, t->reserved), bytes) > line) {
+	    mt_sat_add(mt_sat_add(node, t->reserved), mt_sat_add(need, kept)) >
+	        line) {
 		char a[32], b[32], c[32], d[32];
 		out->reason = MTS_DENY_NODE;
 		snprintf(out->scope, sizeof(out->scope), "node");
@@ -1170,8 +1510,11 @@ void mts_admit_decide(const struct mts_registry *reg,
 		         "([guard] line)",
 		         mt_format_size(a, sizeof(a), node),
 		         mt_format_size(b, sizeof(b), t->reserved),
-		         mt_format_size(c, sizeof(c), bytes),
+		         mt_format_size(c, sizeof(c), need),
 		         mt_format_size(d, sizeof(d), line));
+		why_projected(out, bytes, need);
+		if (mt_sat_add(mt_sat_add(node, t->reserved), need) <= line)
+			why_kept(out, head, now);
 		return;
 	}
 	out->admitted = true;
@@ -1241,6 +1584,8 @@ static int resv_join_task(struct mts_registry *reg, struct mts_resv *r,
 		pp = &(*pp)->tnext;
 	*pp = r;
 	r->taken_over = r->task->seen && resv_matched_live(r->task, r);
+	if (r->taken_over)
+		run_start(r);
 	r->task->dirty = true;
 	return 0;
 }
@@ -1253,6 +1598,9 @@ static void resv_link(struct mts_registry *reg, struct mts_resv *r, uint32_t gi,
 	r->group = gi;
 	reg->groups[gi].reservations++;
 	r->bytes = bytes;
+	r->want = r->profiled ? r->prof.mean[0] : bytes;
+	if (r->profiled)
+		reg->adm->nprofiled++;
 	r->effective = 0; /* counts nothing until counted below */
 	r->ttl_s = ttl;
 	r->created_ns = mts_now_realtime();
@@ -1266,7 +1614,7 @@ static void resv_link(struct mts_registry *reg, struct mts_resv *r, uint32_t gi,
 	if (r->task)
 		task_recount(reg, r->task);
 	else
-		resv_count(reg, r, r->bytes);
+		resv_count(reg, r, r->want);
 }
 
 /* Link a granted reservation of `bytes` into the registry (index, heap,
@@ -1274,7 +1622,8 @@ static void resv_link(struct mts_registry *reg, struct mts_resv *r, uint32_t gi,
  * when it fails (-ENOMEM). */
 static int resv_grant(struct mts_registry *reg, const struct mts_peer *peer,
                       const char *group, const char *task, const char *kind,
-                      uint64_t bytes, const struct mts_admit_req *req,
+                      uint64_t bytes, const struct mts_kind_profile *prof,
+                      const struct mts_admit_req *req,
                       struct mts_admit_out *out)
 {
 	const struct mts_policy *pol = &reg->policy;
@@ -1312,6 +1661,10 @@ static int resv_grant(struct mts_registry *reg, const struct mts_peer *peer,
 	r->has_owner = owned;
 	r->uid = peer->uid;
 	r->declared = req->bytes;
+	if (prof) {
+		r->profiled = true;
+		r->prof = *prof;
+	}
 	if (task[0] && resv_join_task(reg, r, task, owned) < 0) {
 		held = mts_uid_count_bytes(&reg->adm->resv_uids, key);
 		*held = *held > bytes ? *held - bytes : 0;
@@ -1356,6 +1709,23 @@ fail_kind:
 	return -ENOMEM;
 }
 
+/* Add to `why` how the reservation follows the kind's profile. */
+static void profile_why(const struct mts_kind_profile *p, char *why,
+                        size_t whylen)
+{
+	uint64_t most = 0;
+	for (uint32_t j = 0; j < MTS_KIND_STEPS; j++)
+		if (p->bytes[j] > most)
+			most = p->bytes[j];
+	char a[32], b[32];
+	size_t n = strlen(why);
+	snprintf(why + n, whylen - n,
+	         "; following its profile over %.1f s: %s at the start, %s "
+	         "at most",
+	         p->dur_ms / 1000.0, mt_format_size(a, sizeof(a), p->bytes[0]),
+	         mt_format_size(b, sizeof(b), most));
+}
+
 /*
  * What a request of `kind` (maybe "") declaring `declared` bytes (maybe
  * 0) reserves, and why, for the peer's uid `key`: the kind's learned size
@@ -1364,10 +1734,11 @@ fail_kind:
  */
 static uint64_t size_request(const struct mts_registry *reg, uint32_t key,
                              const char *kind, uint64_t declared, char *why,
-                             size_t whylen)
+                             size_t whylen, bool *learned_used)
 {
 	const struct mts_policy *pol = &reg->policy;
 	char a[32], b[320];
+	*learned_used = false;
 	if (!kind[0]) {
 		snprintf(why, whylen, "declared");
 		return declared;
@@ -1375,8 +1746,10 @@ static uint64_t size_request(const struct mts_registry *reg, uint32_t key,
 	uint64_t learned;
 	bool known =
 	    mts_kind_learned_for(reg, kind, key, &learned, why, whylen) == 0;
-	if (known && (!declared || pol->kind_reserve_learned))
+	if (known && (!declared || pol->kind_reserve_learned)) {
+		*learned_used = true;
 		return learned;
+	}
 	if (known) {
 		snprintf(b, sizeof(b), "%s", why);
 		snprintf(why, whylen,
@@ -1428,8 +1801,17 @@ int mts_admit(struct mts_registry *reg, const struct mts_peer *peer,
 	bool owned;
 	uint32_t key = peer_key(peer, &owned);
 	char sized_by[sizeof(out->sized_by)];
+	bool learned;
 	uint64_t bytes = size_request(reg, key, kind, req->bytes, sized_by,
-	                              sizeof(sized_by));
+	                              sizeof(sized_by), &learned);
+	/* A learned size with a task to follow also follows the kind's
+	 * profile: it sets aside what the task is expected to hold at its
+	 * age, and admission sees what it will grow into. */
+	struct mts_kind_profile prof;
+	bool profiled = learned && task[0] && reg->policy.kind_follow_profile &&
+	                mts_kind_profile_for(reg, kind, key, &prof) == 0;
+	if (profiled)
+		profile_why(&prof, sized_by, sizeof(sized_by));
 	/* A new kind past its uid's cap or the server's: refused, never
 	 * another uid's kind dropped for it. */
 	char why[sizeof(out->why)], scope[sizeof(out->scope)];
@@ -1444,7 +1826,9 @@ int mts_admit(struct mts_registry *reg, const struct mts_peer *peer,
 		memcpy(out->why, why, sizeof(why));
 		memcpy(out->scope, scope, sizeof(scope));
 	} else {
-		mts_admit_decide(reg, peer, group, bytes, out);
+		mts_admit_decide_profile(reg, peer, group, bytes,
+		                         profiled ? &prof : NULL,
+		                         waiter_key(key, task), out);
 	}
 	out->requested = bytes;
 	out->reserve = bytes;
@@ -1452,10 +1836,15 @@ int mts_admit(struct mts_registry *reg, const struct mts_peer *peer,
 	memcpy(out->sized_by, sized_by, sizeof(sized_by));
 	if (!out->admitted) {
 		reg->adm->stats.denials[out->reason]++;
+		if (out->reason == MTS_DENY_FLEET_LIMIT ||
+		    out->reason == MTS_DENY_NODE)
+			waiter_note(reg, waiter_key(key, task), key, out->need);
 		log_denial(reg, peer, group, task, out);
 		return 0;
 	}
-	return resv_grant(reg, peer, group, task, kind, bytes, req, out);
+	waiter_remove(reg, waiter_key(key, task));
+	return resv_grant(reg, peer, group, task, kind, bytes,
+	                  profiled ? &prof : NULL, req, out);
 }
 
 /* ---- the node guard's side ------------------------------------------------
@@ -1466,9 +1855,11 @@ void mts_resv_evicted(struct mts_registry *reg, struct mts_resv *r)
 	if (r->evicted)
 		return;
 	r->evicted = true;
-	if (r->kind)
-		mts_kind_note_run(reg, r->kind->name, r->kind->uid, r->peak,
-		                  true);
+	if (r->kind) {
+		struct mts_kind_run run;
+		run_of(r, true, &run);
+		mts_kind_note_run(reg, r->kind->name, r->kind->uid, &run);
+	}
 }
 
 /* ---- Release ------------------------------------------------------------- */

@@ -109,6 +109,8 @@ void mts_policy_defaults(struct mts_policy *p)
 	p->kind_horizon_s = MTS_DEFAULT_KIND_HORIZON_S;
 	p->kind_default_bp = MTS_DEFAULT_KIND_SIZE_BP;
 	p->kind_reserve_learned = true;
+	p->kind_follow_profile = true;
+	p->admit_queue = true;
 	p->kinds_per_uid = MTS_DEFAULT_KINDS_PER_UID;
 	p->kinds_max = MTS_DEFAULT_KINDS_MAX;
 	p->guard_line_bp = MTS_DEFAULT_GUARD_LINE_BP;
@@ -1059,6 +1061,12 @@ static int key_admission(struct load *l, const char *sec, const char *key,
 		p->max_resv_per_uid = (uint32_t)n;
 		return 0;
 	}
+	if (strcmp(key, "queue") == 0) {
+		if (parse_bool(v, &p->admit_queue) < 0)
+			return fail(l, sec, key,
+			            "expected true or false, got '%s'", v);
+		return 0;
+	}
 	if (strcmp(key, "max_reserved_bytes_per_uid") == 0) {
 		/* A size, a percentage of the fleet limit, or none. */
 		size_t len = strlen(v);
@@ -1097,7 +1105,8 @@ static int key_admission(struct load *l, const char *sec, const char *key,
 /*
  * [kinds] (kinds.c): quantile and margin (percentages), window (runs),
  * horizon (a duration), default_size (a size, or a percentage of the
- * fleet limit), reserve_learned (a boolean), max_kinds_per_uid (an
+ * fleet limit), reserve_learned and follow_profile (booleans),
+ * max_kinds_per_uid (an
  * integer or none), max_kinds (an integer).
  */
 static int key_kinds(struct load *l, const char *sec, const char *key,
@@ -1151,8 +1160,10 @@ static int key_kinds(struct load *l, const char *sec, const char *key,
 		p->kind_default_bp = 0;
 		return 0;
 	}
-	if (strcmp(key, "reserve_learned") == 0) {
-		if (parse_bool(v, &p->kind_reserve_learned) < 0)
+	if (strcmp(key, "reserve_learned") == 0 ||
+	    strcmp(key, "follow_profile") == 0) {
+		if (parse_bool(v, key[0] == 'r' ? &p->kind_reserve_learned
+		                                : &p->kind_follow_profile) < 0)
 			return fail(l, sec, key,
 			            "expected true or false, got '%s'", v);
 		return 0;
@@ -1459,6 +1470,7 @@ static const struct {
     {"admission", "default_ttl", key_admission, NO_U32},
     {"admission", "max_ttl", key_admission, NO_U32},
     {"admission", "max_reserved_bytes_per_uid", key_admission, NO_U32},
+    {"admission", "queue", key_admission, NO_U32},
     {"limits", "max_slots_per_uid", key_limits_per_uid, NO_U32},
     {"limits", "max_groups_per_uid", key_limits_per_uid, NO_U32},
     {"metrics", "per_process", key_metrics, NO_U32},
@@ -1470,6 +1482,7 @@ static const struct {
     {"kinds", "horizon", key_kinds, NO_U32},
     {"kinds", "default_size", key_kinds, NO_U32},
     {"kinds", "reserve_learned", key_kinds, NO_U32},
+    {"kinds", "follow_profile", key_kinds, NO_U32},
     {"kinds", "max_kinds_per_uid", key_kinds, NO_U32},
     {"kinds", "max_kinds", key_kinds, NO_U32},
     {"hooks", "on_ok", key_hooks, NO_U32},

@@ -836,6 +836,11 @@ static int do_kinds(struct mts_registry *reg, const struct viewer *v,
 			ki->learned_bytes = b;
 			mts_kind_method(pol, r, why[m], sizeof(why[m]));
 			ki->learned_by = why[m];
+			if (k->est_prof.known) {
+				ki->length_ms = k->est_prof.dur_ms;
+				ki->n_profile_bytes = MTS_KIND_STEPS;
+				ki->profile_bytes = k->est_prof.bytes;
+			}
 		}
 		size_t base = m * KIND_LAST_N, nl = 0;
 		for (uint32_t j = 0; j < k->nruns && j < KIND_LAST_N; j++) {

@@ -218,22 +218,20 @@ void mts_kind_unref(struct mts_registry *reg, struct mts_kind *k)
 
 /* ---- runs ---------------------------------------------------------------- */
 
-static void kind_add_run(struct mts_kind *k, uint64_t peak, uint64_t end_s,
-                         bool evicted)
+static void kind_add_run(struct mts_kind *k, const struct mts_kind_run *run)
 {
-	k->runs[k->head] = (struct mts_kind_run){
-	    .peak = peak, .end_s = end_s, .evicted = evicted ? 1u : 0u};
+	k->runs[k->head] = *run;
 	k->head = (k->head + 1) % MTS_KIND_RUNS;
 	if (k->nruns < MTS_KIND_RUNS)
 		k->nruns++;
 	k->runs_total++;
-	if (evicted)
+	if (run->evicted)
 		k->evictions++;
 	k->est_valid = false;
 }
 
 void mts_kind_note_run(struct mts_registry *reg, const char *kind, uint32_t uid,
-                       uint64_t peak_vouched, bool evicted)
+                       const struct mts_kind_run *run)
 {
 	struct mts_kinds *ks = reg->kinds;
 	if (!ks || !kind || !kind[0] || !mts_name_ok(kind))
@@ -250,14 +248,16 @@ void mts_kind_note_run(struct mts_registry *reg, const char *kind, uint32_t uid,
 			            "run not recorded: its kind cannot be kept",
 			            "kind=%s uid=%u peak=%llu why=\"%s\"",
 			            mts_logq(q, sizeof(q), kind), uid,
-			            (unsigned long long)peak_vouched, why);
+			            (unsigned long long)run->peak, why);
 			return;
 		}
 	}
-	kind_add_run(k, peak_vouched, mts_now_realtime() / 1000000000u,
-	             evicted);
+	struct mts_kind_run r = *run;
+	r.end_s = mts_now_realtime() / 1000000000u;
+	r.evicted = run->evicted ? 1u : 0u;
+	kind_add_run(k, &r);
 	ks->runs_recorded++;
-	if (evicted)
+	if (r.evicted)
 		ks->evictions++;
 	ks->dirty = true;
 }
@@ -277,6 +277,50 @@ static uint64_t add_bp(uint64_t v, uint32_t bp)
 	return r > UINT64_MAX ? UINT64_MAX : (uint64_t)r;
 }
 
+/* Nearest rank: the smallest of the sorted v[0..n) at or above `bp`. */
+static uint64_t quantile(uint64_t *v, uint32_t n, uint32_t bp)
+{
+	qsort(v, n, sizeof(v[0]), cmp_u64);
+	uint64_t rank = ((uint64_t)bp * n + MTS_BP_ONE - 1) / MTS_BP_ONE;
+	return v[(rank < 1 ? 1 : rank) - 1];
+}
+
+/*
+ * The profile from the runs `use[0..n)` that have a length and were not
+ * evicted (an evicted run was cut short: its length and shape are not
+ * the kind's). Each step is the quantile of the runs' shares of their
+ * own peak in that step, applied to the learned size; the length is the
+ * quantile of their lengths plus the margin.
+ */
+static void estimate_profile(const struct mts_policy *pol,
+                             const struct mts_kind_run *const *use, uint32_t n,
+                             uint64_t bytes, struct mts_kind_profile *out)
+{
+	uint64_t v[MTS_KIND_RUNS];
+	memset(out, 0, sizeof(*out));
+	if (!n)
+		return;
+	for (uint32_t i = 0; i < n; i++)
+		v[i] = use[i]->dur_ms;
+	uint64_t d =
+	    add_bp(quantile(v, n, pol->kind_quantile_bp), pol->kind_margin_bp);
+	out->dur_ms = d > UINT32_MAX ? UINT32_MAX : (uint32_t)(d ? d : 1);
+	for (uint32_t j = 0; j < MTS_KIND_STEPS; j++) {
+		unsigned __int128 sum = 0;
+		for (uint32_t i = 0; i < n; i++) {
+			v[i] = use[i]->steps[j];
+			sum += (unsigned __int128)use[i]->peak * v[i] /
+			       MTS_KIND_STEP_ONE;
+		}
+		uint64_t share = quantile(v, n, pol->kind_quantile_bp);
+		out->bytes[j] = (uint64_t)((unsigned __int128)bytes * share /
+		                           MTS_KIND_STEP_ONE);
+		uint64_t mean = (uint64_t)(sum / n);
+		out->mean[j] = mean < out->bytes[j] ? mean : out->bytes[j];
+	}
+	out->known = true;
+}
+
 int mts_kind_estimate(const struct mts_registry *reg, struct mts_kind *k,
                       uint64_t now_s, uint64_t *bytes, uint32_t *runs)
 {
@@ -286,7 +330,8 @@ int mts_kind_estimate(const struct mts_registry *reg, struct mts_kind *k,
 	if (!k->est_valid || now_s >= k->est_until_s ||
 	    memcmp(key, k->est_key, sizeof(key)) != 0) {
 		uint64_t v[MTS_KIND_RUNS];
-		uint32_t n = 0;
+		const struct mts_kind_run *shaped[MTS_KIND_RUNS];
+		uint32_t n = 0, ns = 0;
 		uint64_t until = UINT64_MAX;
 		uint32_t window =
 		    pol->kind_window ? pol->kind_window : MTS_KIND_RUNS;
@@ -301,20 +346,16 @@ int mts_kind_estimate(const struct mts_registry *reg, struct mts_kind *k,
 				until = dies;
 			v[n++] = r->evicted ? add_bp(r->peak, MTS_BP_ONE / 2)
 			                    : r->peak;
+			if (r->dur_ms && !r->evicted)
+				shaped[ns++] = r;
 		}
 		k->est_runs = n;
 		k->est_bytes = 0;
-		if (n) {
-			qsort(v, n, sizeof(v[0]), cmp_u64);
-			/* Nearest rank: the smallest peak at or above
-			 * `quantile` of them. */
-			uint64_t rank = ((uint64_t)pol->kind_quantile_bp * n +
-			                 MTS_BP_ONE - 1) /
-			                MTS_BP_ONE;
-			if (rank < 1)
-				rank = 1;
-			k->est_bytes = add_bp(v[rank - 1], pol->kind_margin_bp);
-		}
+		if (n)
+			k->est_bytes =
+			    add_bp(quantile(v, n, pol->kind_quantile_bp),
+			           pol->kind_margin_bp);
+		estimate_profile(pol, shaped, ns, k->est_bytes, &k->est_prof);
 		k->est_until_s = until;
 		memcpy(k->est_key, key, sizeof(key));
 		k->est_valid = true;
@@ -323,6 +364,21 @@ int mts_kind_estimate(const struct mts_registry *reg, struct mts_kind *k,
 		return -ENOENT;
 	*bytes = k->est_bytes;
 	*runs = k->est_runs;
+	return 0;
+}
+
+int mts_kind_profile_for(const struct mts_registry *reg, const char *kind,
+                         uint32_t uid, struct mts_kind_profile *out)
+{
+	struct mts_kind *k = mts_kind_find(reg, kind, uid);
+	uint64_t b;
+	uint32_t runs;
+	if (!k ||
+	    mts_kind_estimate(reg, k, mts_now_realtime() / 1000000000u, &b,
+	                      &runs) < 0 ||
+	    !k->est_prof.known)
+		return -ENOENT;
+	*out = k->est_prof;
 	return 0;
 }
 
@@ -471,6 +527,9 @@ int mts_kinds_list(const struct mts_registry *reg, struct mts_kind ***out)
  *   count times: struct rec_kind, its name (name_len bytes, no NUL),
  *                nruns struct mts_kind_run, oldest first
  *
+ * Version 1 runs were 24 bytes (no length, no profile): still read, as
+ * runs whose profile is unknown.
+ *
  * Native byte order: the record never leaves the machine that wrote it.
  * The checksum (FNV-1a, 64 bits) covers the payload: a torn write (power
  * lost before the rename's data reached the disk) or an edit is refused
@@ -478,7 +537,8 @@ int mts_kinds_list(const struct mts_registry *reg, struct mts_kind ***out)
  */
 
 #define KINDS_MAGIC   UINT64_C(0x31646e694b544d4d) /* "MMTKind1" */
-#define KINDS_VERSION 1u
+#define KINDS_VERSION 2u
+#define KINDS_V1_RUN  24u
 
 struct rec_hdr {
 	uint64_t magic;
@@ -684,7 +744,7 @@ int mts_kinds_load(struct mts_registry *reg, const char *path)
 		memcpy(&h, d, sizeof(h));
 		if (h.magic != KINDS_MAGIC)
 			why = "not a record of learned sizes (magic)";
-		else if (h.version != KINDS_VERSION)
+		else if (h.version != KINDS_VERSION && h.version != 1)
 			why = "another version";
 		else if (h.payload != len - sizeof(h))
 			why = "truncated or extended";
@@ -696,6 +756,8 @@ int mts_kinds_load(struct mts_registry *reg, const char *path)
 	 * leaves nothing of it behind. */
 	struct mts_kinds fresh = {0};
 	size_t off = sizeof(h);
+	size_t run_len =
+	    !why && h.version == 1 ? KINDS_V1_RUN : sizeof(struct mts_kind_run);
 	for (uint32_t i = 0; !why && i < h.count; i++) {
 		struct rec_kind rk;
 		char name[MTS_NAME_MAX + 1];
@@ -708,8 +770,7 @@ int mts_kinds_load(struct mts_registry *reg, const char *path)
 		if (rk.name_len == 0 || rk.name_len > MTS_NAME_MAX ||
 		    rk.nruns == 0 || rk.nruns > MTS_KIND_RUNS ||
 		    rk.runs_total < rk.nruns || rk.evictions > rk.runs_total ||
-		    len - off < rk.name_len + (size_t)rk.nruns *
-		                                  sizeof(struct mts_kind_run)) {
+		    len - off < rk.name_len + (size_t)rk.nruns * run_len) {
 			why = "a kind out of range";
 			break;
 		}
@@ -730,15 +791,19 @@ int mts_kinds_load(struct mts_registry *reg, const char *path)
 			why = dup ? "a kind twice" : "out of memory";
 			break;
 		}
-		memcpy(k->runs, d + off,
-		       (size_t)rk.nruns * sizeof(struct mts_kind_run));
-		off += (size_t)rk.nruns * sizeof(struct mts_kind_run);
+		for (uint32_t j = 0; j < rk.nruns; j++) {
+			/* A version 1 run is the head of a run: its spare
+			 * word reads as an unknown length. */
+			memcpy(&k->runs[j], d + off, run_len);
+			off += run_len;
+		}
 		k->nruns = rk.nruns;
 		k->head = rk.nruns % MTS_KIND_RUNS;
 		k->runs_total = rk.runs_total;
 		k->evictions = rk.evictions;
 		for (uint32_t j = 0; j < k->nruns; j++)
-			if (k->runs[j].evicted > 1 || k->runs[j].spare) {
+			if (k->runs[j].evicted > 1 ||
+			    (h.version == 1 && k->runs[j].dur_ms)) {
 				why = "a run out of range";
 				break;
 			}

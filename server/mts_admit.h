@@ -8,6 +8,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "mts_kinds.h"
 #include "mts_registry.h"
 
 struct mts_kind;
@@ -39,6 +40,20 @@ struct mts_admit_stats {
 };
 
 /*
+ * A request denied and asking again (`memtally run --wait`): who asks
+ * (its uid and task), since when, and what it needed at its last ask.
+ * The one waiting longest keeps its room from younger requests.
+ */
+#define MTS_WAITERS 64u
+struct mts_waiter {
+	uint64_t who; /* hash of the uid and the task name */
+	uint32_t uid;
+	uint64_t first_ns; /* CLOCK_MONOTONIC: its first denial in this wait */
+	uint64_t last_ns;  /* its last ask */
+	uint64_t need;     /* its need at its last ask */
+};
+
+/*
  * Admission's state, changed by admit.c alone (others read its counts):
  * the outstanding reservations, indexed by id, by expiry and by task, the
  * per-owner counts behind max_reservations_per_uid, and what the cached
@@ -53,6 +68,10 @@ struct mts_admission {
 	struct mts_resv **resv_heap; /* TTL still applies, by expiry (min) */
 	uint32_t resv_nheap;         /* capacity: resv_cap */
 	unsigned __int128 resv_sum;  /* exact sum behind totals.reserved */
+	uint32_t nprofiled;          /* of them, following a profile */
+	/* Requests denied and asking again (admit.c: the queue). */
+	struct mts_waiter waiters[MTS_WAITERS];
+	uint32_t nwaiters;
 	struct mts_task **tasks; /* task name -> its reservations, chained */
 	uint32_t tasks_mask;
 	uint32_t ntasks;
@@ -65,6 +84,10 @@ struct mts_admission {
 	uint32_t admin_seen[5]; /* server uid, has/uid, has/gid */
 	struct mts_admit_stats stats;
 };
+
+/* Slots of a run's own profile, and the first slot's length. */
+#define MTS_RESV_SLOTS   32u
+#define MTS_RESV_SLOT_MS 25u
 
 struct mts_resv {
 	char id[MTS_RESV_ID_LEN + 1];
@@ -94,6 +117,16 @@ struct mts_resv {
 	uint64_t peak;
 	bool evicted; /* the node guard ended its task: its run is recorded
 	                 (mts_resv_evicted), not again at its end */
+	/* What it sets aside now: `bytes`, or, when it follows its kind's
+	 * profile, the profile's step for the task's age (admit.c). */
+	uint64_t want;
+	bool profiled;
+	struct mts_kind_profile prof;
+	/* The run as its kind will keep it: the largest use in each of
+	 * MTS_RESV_SLOTS slots of slot_ms from its first worker on. */
+	uint64_t started_mono_ns;
+	uint32_t slot_ms;
+	uint64_t slots[MTS_RESV_SLOTS];
 };
 
 /* What one kind of a task's workers use (admit.c): [0] admins' workers,
@@ -150,6 +183,8 @@ struct mts_admit_out {
 	char id[MTS_RESV_ID_LEN + 1];
 	char why[384];      /* human reason */
 	uint64_t reserve;   /* what the reservation sets aside (or would) */
+	uint64_t need;      /* what it needs beyond the counted figures: its
+	                       bytes, or its profile's beside the others' */
 	uint64_t declared;  /* what the Admit declared, 0 = nothing */
 	char sized_by[320]; /* why `reserve`: "212 MiB: p95 of 37 runs of
 	                       kind xz + 10%", "declared" */
@@ -174,6 +209,19 @@ int mts_admit(struct mts_registry *reg, const struct mts_peer *peer,
 void mts_admit_decide(const struct mts_registry *reg,
                       const struct mts_peer *peer, const char *group,
                       uint64_t bytes, struct mts_admit_out *out);
+
+/* The same for a task expected to follow `prof` (NULL: `bytes` held from
+ * the start), asked by `who` (mts_waiter; 0: not a task). Unless `who`
+ * is the request waiting longest, that request's need is kept free too
+ * ([admission] queue). The fleet, group and node checks compare what the
+ * reservations that follow a profile will grow into over the new task's
+ * life (or, for a request without one, until they are expected to end),
+ * with the new task's own profile, against the limit. */
+void mts_admit_decide_profile(const struct mts_registry *reg,
+                              const struct mts_peer *peer, const char *group,
+                              uint64_t bytes,
+                              const struct mts_kind_profile *prof, uint64_t who,
+                              struct mts_admit_out *out);
 
 /* Release reservation `id`. Returns 0 (*bytes = its granted bytes),
  * -ENOENT, -EPERM (logged and counted). */

@@ -17,12 +17,33 @@
 struct mts_registry;
 struct mts_resv;
 
+/* A run's profile: its length cut into this many equal steps. */
+#define MTS_KIND_STEPS 8u
+/* A profile step's unit: the run's peak is MTS_KIND_STEP_ONE. */
+#define MTS_KIND_STEP_ONE 65535u
+
 /* One finished task of a kind. Also the record file's run entry. */
 struct mts_kind_run {
 	uint64_t peak;    /* its workers' vouched bytes, at their largest */
 	uint64_t end_s;   /* CLOCK_REALTIME seconds at its end */
 	uint32_t evicted; /* 1: the node guard ended it */
-	uint32_t spare;   /* 0 */
+	uint32_t dur_ms;  /* from its first worker to its end; 0: unknown */
+	/* Its largest use in each step of its length, of its peak. */
+	uint16_t steps[MTS_KIND_STEPS];
+};
+
+/*
+ * What a kind's next task is expected to hold over its life: `bytes[i]`
+ * in the i-th of MTS_KIND_STEPS equal steps of `dur_ms`. Known when the
+ * kind has runs with a length; then each step is the estimator's
+ * quantile of those runs' step shares, scaled to the learned size, and
+ * `mean[i]` what the runs held in that step on average.
+ */
+struct mts_kind_profile {
+	bool known;
+	uint32_t dur_ms;
+	uint64_t bytes[MTS_KIND_STEPS];
+	uint64_t mean[MTS_KIND_STEPS];
 };
 
 /*
@@ -49,6 +70,7 @@ struct mts_kind {
 	uint64_t est_bytes;
 	uint64_t est_until_s;
 	uint32_t est_key[4]; /* quantile, margin, window, horizon */
+	struct mts_kind_profile est_prof;
 };
 
 /* kinds.c's state (reg->kinds). */
@@ -67,15 +89,16 @@ struct mts_kinds {
 
 /*
  * A task of `kind` run by `uid` ended (evicted: the node guard ended it)
- * with `peak_vouched` bytes at its largest: the sum of its workers'
- * figures as far as they count toward others (vouch.c), so that a claim
- * the kernel does not back never sizes anything. The run joins the
- * kind's history (created when the caps allow; a run that cannot be kept
- * is counted and logged). `kind` "" (or a bad name) is ignored. An
- * evicted run counts at 1.5 times its peak: the task was still growing.
+ * with `run->peak` bytes at its largest: the sum of its workers' figures
+ * as far as they count toward others (vouch.c), so that a claim the
+ * kernel does not back never sizes anything. `run` also carries its
+ * length and profile; end_s is set here. The run joins the kind's history
+ * (created when the caps allow; a run that cannot be kept is counted and
+ * logged). `kind` "" (or a bad name) is ignored. An evicted run counts at
+ * 1.5 times its peak (the task was still growing) and gives no profile.
  */
 void mts_kind_note_run(struct mts_registry *reg, const char *kind, uint32_t uid,
-                       uint64_t peak_vouched, bool evicted);
+                       const struct mts_kind_run *run);
 
 /*
  * The learned size of `kind`: 0 with *bytes and `why` ("212 MiB: p95 of
@@ -100,6 +123,11 @@ struct mts_kind *mts_kind_find(const struct mts_registry *reg, const char *kind,
  * run is within the window and horizon. */
 int mts_kind_estimate(const struct mts_registry *reg, struct mts_kind *k,
                       uint64_t now_s, uint64_t *bytes, uint32_t *runs);
+
+/* The profile of `kind` as `uid` runs it (after mts_kind_learned_for
+ * said 0): 0, or -ENOENT when no run of it has a length. */
+int mts_kind_profile_for(const struct mts_registry *reg, const char *kind,
+                         uint32_t uid, struct mts_kind_profile *out);
 
 /* "p95 of 37 runs + 10%" for an estimate of `runs` runs. */
 void mts_kind_method(const struct mts_policy *pol, uint32_t runs, char *buf,

@@ -417,6 +417,8 @@ Test(guard, admission_fits_under_the_line_by_the_nodes_figure)
 	cr_assert_eq(mts_node_read(&src, &fig), 0);
 	fig.line = 800 * MIB;
 	mts_guard_apply(&srv.reg, &src, &fig);
+	/* The line alone: no room kept for the request denied below. */
+	srv.reg.policy.admit_queue = false;
 	/* 400 in use + 300 requested <= 800. */
 	reserve(FX_UID, "a", 300 * MIB);
 	/* 400 + 300 reserved + 150 > 800: refused, by the node. */

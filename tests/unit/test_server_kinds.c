@@ -4,10 +4,19 @@
  * runs), admission on learned sizes (no history, a declaration as a
  * ceiling, reserve_learned off), a task's peak recorded at its end from
  * its workers, kinds kept per uid, the caps and their refusal, name
- * checks, and the record: a round trip, and corrupt or foreign records
- * refused whole.
+ * checks, the record: a round trip, and corrupt or foreign records
+ * refused whole; and profiles: a run's shape recorded, the kind's learned
+ * from its runs, and admission that follows it over time.
  */
 #include "test_server_fixture.h"
+
+/* A run of `peak` bytes with no length (no profile). */
+static void note_run(struct mts_registry *reg, const char *kind, uint32_t uid,
+                     uint64_t peak, bool evicted)
+{
+	struct mts_kind_run run = {.peak = peak, .evicted = evicted};
+	mts_kind_note_run(reg, kind, uid, &run);
+}
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -79,8 +88,8 @@ Test(kinds, p95_of_the_recent_peaks_plus_the_margin)
 	/* 20 runs of 1..20 MiB, in a shuffled order: the nearest rank of
 	 * p95 of 20 is the 19th smallest. */
 	for (int i = 0; i < 20; i++)
-		mts_kind_note_run(&srv.reg, "xz", 1000,
-		                  (uint64_t)((i * 7) % 20 + 1) * MIB, false);
+		note_run(&srv.reg, "xz", 1000,
+		         (uint64_t)((i * 7) % 20 + 1) * MIB, false);
 	cr_assert_eq(
 	    mts_kind_learned_for(&srv.reg, "xz", 1000, &b, why, sizeof(why)),
 	    0);
@@ -102,11 +111,11 @@ Test(kinds, window_horizon_and_evicted_runs)
 	uint64_t b;
 	/* 64 runs of 100 MiB, then 64 of 10 MiB: only the last 64 count. */
 	for (int i = 0; i < 64; i++)
-		mts_kind_note_run(&srv.reg, "k", 1000, 100 * MIB, false);
+		note_run(&srv.reg, "k", 1000, 100 * MIB, false);
 	cr_assert_eq(mts_kind_learned_for(&srv.reg, "k", 1000, &b, NULL, 0), 0);
 	cr_assert_eq(b, plus10(100 * MIB));
 	for (int i = 0; i < 64; i++)
-		mts_kind_note_run(&srv.reg, "k", 1000, 10 * MIB, false);
+		note_run(&srv.reg, "k", 1000, 10 * MIB, false);
 	cr_assert_eq(mts_kind_learned_for(&srv.reg, "k", 1000, &b, NULL, 0), 0);
 	cr_assert_eq(b, plus10(10 * MIB));
 	struct mts_kind *k = mts_kind_find(&srv.reg, "k", 1000);
@@ -115,12 +124,12 @@ Test(kinds, window_horizon_and_evicted_runs)
 
 	/* A window of 4 runs. */
 	srv.reg.policy.kind_window = 4;
-	mts_kind_note_run(&srv.reg, "k", 1000, 50 * MIB, false);
+	note_run(&srv.reg, "k", 1000, 50 * MIB, false);
 	cr_assert_eq(mts_kind_learned_for(&srv.reg, "k", 1000, &b, NULL, 0), 0);
 	cr_assert_eq(b, plus10(50 * MIB));
 
 	/* An evicted run counts at 1.5 times its peak. */
-	mts_kind_note_run(&srv.reg, "k", 1000, 60 * MIB, true);
+	note_run(&srv.reg, "k", 1000, 60 * MIB, true);
 	cr_assert_eq(mts_kind_learned_for(&srv.reg, "k", 1000, &b, NULL, 0), 0);
 	cr_assert_eq(b, plus10(90 * MIB));
 	cr_assert_eq(k->evictions, 1);
@@ -152,7 +161,7 @@ Test(kinds, admission_reserves_the_learned_size)
 	             300 * MIB);
 	/* Learned: what it is reserved, declared or not. */
 	for (int i = 0; i < 10; i++)
-		mts_kind_note_run(&srv.reg, "build", 1000, 40 * MIB, false);
+		note_run(&srv.reg, "build", 1000, 40 * MIB, false);
 	cr_assert_eq(reserved_for(1000, 0, "build", why, sizeof(why)),
 	             plus10(40 * MIB));
 	cr_assert_str_eq(why, "44 MiB: p95 of 10 runs of kind build + 10%");
@@ -216,10 +225,9 @@ Test(kinds, kept_per_uid)
 {
 	start_fleet(1024 * MIB);
 	for (int i = 0; i < 5; i++) {
-		mts_kind_note_run(&srv.reg, "xz", 1000, 10 * MIB, false);
+		note_run(&srv.reg, "xz", 1000, 10 * MIB, false);
 		/* Another uid runs "xz" huge: it sizes its own, not ours. */
-		mts_kind_note_run(&srv.reg, "xz", 1001, UINT64_C(1) << 49,
-		                  false);
+		note_run(&srv.reg, "xz", 1001, UINT64_C(1) << 49, false);
 	}
 	cr_assert_eq(reserved_for(1000, 0, "xz", NULL, 0), plus10(10 * MIB));
 	uint64_t b;
@@ -260,7 +268,7 @@ Test(kinds, caps_refuse_new_kinds_and_drop_nobodys)
 	cr_assert_not_null(mts_kind_find(&srv.reg, "a", 1002));
 	cr_assert_eq(srv.reg.kinds->n, 3);
 	/* A run of a kind that cannot be kept is counted, not kept. */
-	mts_kind_note_run(&srv.reg, "zz", 1003, MIB, false);
+	note_run(&srv.reg, "zz", 1003, MIB, false);
 	cr_assert_null(mts_kind_find(&srv.reg, "zz", 1003));
 	cr_assert_eq(srv.reg.kinds->runs_dropped, 1);
 }
@@ -279,7 +287,7 @@ Test(kinds, names_checked_like_groups)
 		fx_expect_error(
 		    admit_kind(1000, MIB, bad[i], NULL),
 		    MEMTALLY__V1__ERROR_CODE__ERROR_INVALID_REQUEST);
-	mts_kind_note_run(&srv.reg, "a\nb", 1000, MIB, false);
+	note_run(&srv.reg, "a\nb", 1000, MIB, false);
 	cr_assert_eq(srv.reg.kinds->n, 0);
 	/* UTF-8 that is not hostile is a name. */
 	reserved_for(1000, MIB, "größe-ß", NULL, 0);
@@ -290,9 +298,9 @@ static char path[256];
 static void fill(void)
 {
 	for (int i = 0; i < 70; i++)
-		mts_kind_note_run(&srv.reg, "xz", 1000, (uint64_t)(i + 1) * MIB,
-		                  i % 9 == 0);
-	mts_kind_note_run(&srv.reg, "gcc", 1001, 7 * MIB, false);
+		note_run(&srv.reg, "xz", 1000, (uint64_t)(i + 1) * MIB,
+		         i % 9 == 0);
+	note_run(&srv.reg, "gcc", 1001, 7 * MIB, false);
 	snprintf(path, sizeof(path), "/tmp/mt-kinds-%d.kinds", (int)getpid());
 	unlink(path);
 	cr_assert_eq(mts_kinds_save(&srv.reg, path), 0);
@@ -327,7 +335,7 @@ Test(kinds, record_round_trip)
 	    k->runs[(k->head + MTS_KIND_RUNS - 1) % MTS_KIND_RUNS].peak,
 	    70 * MIB);
 	/* And a run after the load goes after it. */
-	mts_kind_note_run(&srv.reg, "xz", 1000, 3 * MIB, false);
+	note_run(&srv.reg, "xz", 1000, 3 * MIB, false);
 	cr_assert_eq(
 	    k->runs[(k->head + MTS_KIND_RUNS - 1) % MTS_KIND_RUNS].peak,
 	    3 * MIB);
@@ -405,8 +413,8 @@ Test(kinds, metrics_bounded_and_per_kind_only_when_asked)
 {
 	start_fleet(0);
 	for (int i = 0; i < 5; i++) {
-		mts_kind_note_run(&srv.reg, "small", 1000, 10 * MIB, false);
-		mts_kind_note_run(&srv.reg, "big", 1001, 100 * MIB, i == 0);
+		note_run(&srv.reg, "small", 1000, 10 * MIB, false);
+		note_run(&srv.reg, "big", 1001, 100 * MIB, i == 0);
 	}
 	char *t = render();
 	cr_assert(strstr(t, "\nmemtally_kinds 2\n"), "%s", t);
@@ -426,4 +434,255 @@ Test(kinds, metrics_bounded_and_per_kind_only_when_asked)
 	cr_assert(strstr(t, want), "%s", t);
 	cr_assert_null(strstr(t, "kind=\"small\""), "%s", t);
 	free(t);
+}
+
+/* ---- profiles --------------------------------------------------------------
+ */
+
+/* A run of `peak` bytes over `dur_ms` that leaks: its step j holds
+ * (j + 1) / 8 of its peak. */
+static void note_leak(const char *kind, uint64_t peak, uint32_t dur_ms,
+                      bool evicted)
+{
+	struct mts_kind_run run = {
+	    .peak = peak, .dur_ms = dur_ms, .evicted = evicted};
+	for (uint32_t j = 0; j < MTS_KIND_STEPS; j++)
+		run.steps[j] =
+		    (uint16_t)(MTS_KIND_STEP_ONE * (j + 1) / MTS_KIND_STEPS);
+	mts_kind_note_run(&srv.reg, kind, 1000, &run);
+}
+
+Test(kinds, the_profile_is_the_quantile_of_the_runs_shapes)
+{
+	start_fleet(1024 * MIB);
+	for (int i = 0; i < 10; i++)
+		note_leak("leak", 80 * MIB, 1000, false);
+	/* Runs without a length (an older record's) size it, but give it
+	 * no shape. */
+	note_run(&srv.reg, "leak", 1000, 80 * MIB, false);
+	struct mts_kind_profile p;
+	cr_assert_eq(mts_kind_profile_for(&srv.reg, "leak", 1000, &p), 0);
+	cr_assert_eq(p.dur_ms, 1100, "length: p95 + 10%%, got %u", p.dur_ms);
+	cr_assert_eq(p.bytes[7], 88 * MIB);
+	uint64_t want0 = 88 * MIB * (MTS_KIND_STEP_ONE / 8) / MTS_KIND_STEP_ONE;
+	cr_assert_eq(p.bytes[0], want0);
+	for (uint32_t j = 1; j < MTS_KIND_STEPS; j++)
+		cr_assert_gt(p.bytes[j], p.bytes[j - 1]);
+	/* The mean: what the runs held, no margin. */
+	cr_assert_eq(p.mean[7], 80 * MIB);
+	cr_assert_eq(p.mean[0],
+	             80 * MIB * (MTS_KIND_STEP_ONE / 8) / MTS_KIND_STEP_ONE);
+	/* An evicted run raises the size (x 1.5) but not the shape or the
+	 * length: it was cut short. The quantile is p95 of 12 runs. */
+	note_leak("leak", 200 * MIB, 100, true);
+	cr_assert_eq(mts_kind_profile_for(&srv.reg, "leak", 1000, &p), 0);
+	cr_assert_eq(p.dur_ms, 1100);
+	cr_assert_eq(p.bytes[7], 330 * MIB);
+	cr_assert_eq(p.mean[7], 80 * MIB);
+	/* No run with a length: no profile. */
+	note_run(&srv.reg, "flat", 1000, 80 * MIB, false);
+	cr_assert_eq(mts_kind_profile_for(&srv.reg, "flat", 1000, &p), -ENOENT);
+	/* The record keeps lengths and shapes. */
+	snprintf(path, sizeof(path), "/tmp/mt-kinds-%d.kinds", (int)getpid());
+	cr_assert_eq(mts_kinds_save(&srv.reg, path), 0);
+	mts_kinds_free(&srv.reg);
+	cr_assert_eq(mts_kinds_load(&srv.reg, path), 0);
+	struct mts_kind_profile q;
+	cr_assert_eq(mts_kind_profile_for(&srv.reg, "leak", 1000, &q), 0);
+	cr_assert_eq(memcmp(&p, &q, sizeof(p)), 0);
+	unlink(path);
+}
+
+static uint64_t fnv1a(uint64_t h, const void *p, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		h ^= ((const unsigned char *)p)[i];
+		h *= UINT64_C(0x100000001b3);
+	}
+	return h;
+}
+
+Test(kinds, a_version_1_record_still_loads)
+{
+	/* The record before profiles: runs of 24 bytes. An upgrade keeps
+	 * the learned sizes; the runs have no length. */
+	start_fleet(0);
+	struct {
+		uint64_t magic;
+		uint32_t version, count;
+		uint64_t payload, checksum;
+	} h = {UINT64_C(0x31646e694b544d4d), 1, 1, 0, 0};
+	struct {
+		uint32_t uid, name_len, nruns, spare;
+		uint64_t runs_total, evictions;
+	} k = {1000, 2, 2, 0, 2, 0};
+	uint64_t runs[2][3] = {{40 * MIB, 1700000000, 0},
+	                       {50 * MIB, 1700000001, 0}};
+	uint64_t now = mts_now_realtime() / 1000000000u;
+	runs[0][1] = runs[1][1] = now;
+	unsigned char payload[sizeof(k) + 2 + sizeof(runs)];
+	memcpy(payload, &k, sizeof(k));
+	memcpy(payload + sizeof(k), "xz", 2);
+	memcpy(payload + sizeof(k) + 2, runs, sizeof(runs));
+	h.payload = sizeof(payload);
+	h.checksum =
+	    fnv1a(UINT64_C(0xcbf29ce484222325), payload, sizeof(payload));
+	snprintf(path, sizeof(path), "/tmp/mt-kinds-%d.kinds", (int)getpid());
+	unlink(path);
+	int fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0600);
+	cr_assert_geq(fd, 0);
+	cr_assert_eq(write(fd, &h, sizeof(h)), (ssize_t)sizeof(h));
+	cr_assert_eq(write(fd, payload, sizeof(payload)),
+	             (ssize_t)sizeof(payload));
+	close(fd);
+	cr_assert_eq(mts_kinds_load(&srv.reg, path), 0);
+	uint64_t b;
+	cr_assert_eq(mts_kind_learned_for(&srv.reg, "xz", 1000, &b, NULL, 0),
+	             0);
+	cr_assert_eq(b, plus10(50 * MIB));
+	struct mts_kind_profile p;
+	cr_assert_eq(mts_kind_profile_for(&srv.reg, "xz", 1000, &p), -ENOENT);
+	/* A version 3 is another format: refused. */
+	h.version = 3;
+	fd = open(path, O_WRONLY);
+	cr_assert_eq(write(fd, &h, sizeof(h)), (ssize_t)sizeof(h));
+	close(fd);
+	cr_assert_eq(mts_kinds_load(&srv.reg, path), -EBADMSG);
+	unlink(path);
+}
+
+static struct mts_resv *resv_of_task(const char *task)
+{
+	for (uint32_t i = 0; i < srv.reg.adm->nresv; i++) {
+		struct mts_resv *r = srv.reg.adm->resv[i];
+		if (r->task && strcmp(r->task->name, task) == 0)
+			return r;
+	}
+	return NULL;
+}
+
+/* Tick until the task of `r` is `ms` old. */
+static void age_to(struct mts_resv *r, uint64_t ms)
+{
+	while ((mts_now_monotonic() - r->started_mono_ns) / 1000000u < ms) {
+		usleep(20000);
+		mts_core_tick(&srv.reg);
+	}
+	mts_core_tick(&srv.reg);
+}
+
+Test(kinds, admission_follows_the_profile_over_time)
+{
+	/* A kind that leaks to 100 MiB over 2 s: learned 110 MiB over
+	 * 2.2 s. A fleet of 200 MiB holds one at its peak, not two. */
+	start_fleet(200 * MIB);
+	for (int i = 0; i < 10; i++)
+		note_leak("leak", 100 * MIB, 2000, false);
+	Memtally__V1__Response *r = admit_kind(1000, 0, "leak", "T1");
+	cr_assert(r->admit_result->admitted, "%s", r->admit_result->reason);
+	cr_assert(strstr(r->admit_result->sized_by,
+	                 "following its profile over 2.2 s"),
+	          "%s", r->admit_result->sized_by);
+	memtally__v1__response__free_unpacked(r, NULL);
+	struct mts_resv *t1 = resv_of_task("T1");
+	cr_assert_not_null(t1);
+	/* It sets aside what its kind's runs held in their first step, not
+	 * its size. */
+	cr_assert_eq(srv.reg.totals.reserved, t1->prof.mean[0]);
+	cr_assert_lt(srv.reg.totals.reserved, 20 * MIB);
+
+	/* A second one at once would reach its peak with the first (two
+	 * means of 100 MiB and sqrt(2) gaps of 10): denied, though they fit
+	 * now. */
+	r = admit_kind(1000, 0, "leak", "T2");
+	cr_assert_not(r->admit_result->admitted);
+	cr_assert(strstr(r->admit_result->reason, "profiles grow into"), "%s",
+	          r->admit_result->reason);
+	memtally__v1__response__free_unpacked(r, NULL);
+	/* So is one held whole from the start that fits now but not beside
+	 * the first at its peak (12.5 + 120 < 200 < 110 + 120). */
+	r = fx_admit(1000, 120 * MIB, "", "", 0);
+	cr_assert_not(r->admit_result->admitted);
+	memtally__v1__response__free_unpacked(r, NULL);
+
+	pid_t a = fx_spawn();
+	uint32_t sa = fx_register(a, "", "T1");
+	fx_write(sa, 10 * MIB);
+	mts_core_tick(&srv.reg);
+	cr_assert(t1->taken_over);
+	/* Past 60% of its length, the first is expected to end before the
+	 * second passes 45% of its size: granted. */
+	age_to(t1, 1400);
+	cr_assert_eq(t1->want, t1->prof.mean[5]);
+	r = admit_kind(1000, 0, "leak", "T2");
+	cr_assert(r->admit_result->admitted, "%s", r->admit_result->reason);
+	memtally__v1__response__free_unpacked(r, NULL);
+	/* The first, past its length, holds its whole size. */
+	age_to(t1, 2300);
+	cr_assert_eq(t1->want, t1->bytes);
+	fx_kill(a);
+	mts_core_tick(&srv.reg);
+	/* Its run has a length and a shape. */
+	struct mts_kind *k = mts_kind_find(&srv.reg, "leak", 1000);
+	const struct mts_kind_run *run =
+	    &k->runs[(k->head + MTS_KIND_RUNS - 1) % MTS_KIND_RUNS];
+	cr_assert_geq(run->dur_ms, 2300);
+	cr_assert_eq(run->peak, 10 * MIB);
+	cr_assert_eq(run->steps[MTS_KIND_STEPS - 1], MTS_KIND_STEP_ONE);
+
+	/* follow_profile off: the whole size from the start. */
+	srv.reg.policy.kind_follow_profile = false;
+	r = admit_kind(1000, 0, "leak", "T3");
+	cr_assert_not(r->admit_result->admitted);
+	memtally__v1__response__free_unpacked(r, NULL);
+}
+
+/* ---- the queue -------------------------------------------------------------
+ */
+
+Test(kinds, the_request_waiting_longest_keeps_its_room)
+{
+	start_fleet(1000 * MIB);
+	Memtally__V1__Response *r = fx_admit(1000, 700 * MIB, "", "hold", 0);
+	cr_assert(r->admit_result->admitted, "%s", r->admit_result->reason);
+	memtally__v1__response__free_unpacked(r, NULL);
+	/* A large request waits (700 + 400 > 1000) ... */
+	r = fx_admit(1000, 400 * MIB, "", "big", 0);
+	cr_assert_not(r->admit_result->admitted);
+	memtally__v1__response__free_unpacked(r, NULL);
+	/* ... so a younger small one that fits alone (700 + 200) but not
+	 * beside it is denied, and says why. */
+	r = fx_admit(1001, 200 * MIB, "", "small", 0);
+	cr_assert_not(r->admit_result->admitted);
+	cr_assert(strstr(r->admit_result->reason,
+	                 "400 MiB more kept for the request waiting longest"),
+	          "%s", r->admit_result->reason);
+	memtally__v1__response__free_unpacked(r, NULL);
+	/* The oldest itself is not held back by the younger one. */
+	struct mts_resv *h = resv_of_task("hold");
+	struct mts_peer root = fx_peer(getpid(), 0);
+	uint64_t bytes;
+	char id[MTS_RESV_ID_LEN + 1];
+	memcpy(id, h->id, sizeof(id));
+	cr_assert_eq(mts_release(&srv.reg, &root, id, "", &bytes), 0);
+	r = fx_admit(1000, 400 * MIB, "", "big", 0);
+	cr_assert(r->admit_result->admitted, "%s", r->admit_result->reason);
+	memtally__v1__response__free_unpacked(r, NULL);
+	/* Granted, it left the queue: the small one now fits. */
+	r = fx_admit(1001, 200 * MIB, "", "small", 0);
+	cr_assert(r->admit_result->admitted, "%s", r->admit_result->reason);
+	memtally__v1__response__free_unpacked(r, NULL);
+	cr_assert_eq(srv.reg.adm->nwaiters, 0);
+
+	/* Queue off: nothing is kept. */
+	r = fx_admit(1000, 900 * MIB, "", "never", 0);
+	cr_assert_not(r->admit_result->admitted);
+	memtally__v1__response__free_unpacked(r, NULL);
+	r = fx_admit(1001, 100 * MIB, "", "s2", 0);
+	cr_assert_not(r->admit_result->admitted);
+	memtally__v1__response__free_unpacked(r, NULL);
+	srv.reg.policy.admit_queue = false;
+	r = fx_admit(1001, 100 * MIB, "", "s2", 0);
+	cr_assert(r->admit_result->admitted, "%s", r->admit_result->reason);
+	memtally__v1__response__free_unpacked(r, NULL);
 }
