@@ -925,6 +925,7 @@ static void task_peaks(struct mts_task *t, uint64_t now_ns)
 		if (!r->kind)
 			continue;
 		uint64_t v = resv_vouched(t, r);
+		r->use = v;
 		if (v > r->peak)
 			r->peak = v;
 		if (!r->taken_over)
@@ -1195,6 +1196,14 @@ static uint64_t step_max(const uint64_t *steps, uint32_t dur_ms,
 	return m;
 }
 
+/* What `r` counts now: its hold, or what its task's workers use when that
+ * is more and the task has no other reservation to share it with. */
+static uint64_t held_now(const struct mts_resv *r)
+{
+	bool alone = r->task && r->task->resv == r && !r->tnext;
+	return alone && r->use > r->want ? r->use : r->want;
+}
+
 static bool projected(const struct mts_resv *r, uint32_t gi, uint64_t now_ns)
 {
 	return r->profiled && (gi == UINT32_MAX || r->group == gi) &&
@@ -1213,12 +1222,17 @@ static bool projected(const struct mts_resv *r, uint32_t gi, uint64_t now_ns)
  */
 static uint64_t project_need(const struct mts_registry *reg, uint32_t gi,
                              uint64_t bytes,
-                             const struct mts_kind_profile *prof)
+                             const struct mts_kind_profile *prof,
+                             const struct mts_waiter *also)
 {
-	if (!reg->adm->nprofiled && !prof)
+	if (!reg->adm->nprofiled && !prof && !also)
 		return bytes;
+	if (!reg->adm->nprofiled && !prof && !also->profiled)
+		return mt_sat_add(bytes, also->bytes);
 	uint64_t now = mts_now_monotonic();
 	uint64_t h = prof ? prof->dur_ms : 0;
+	if (!prof && also && also->profiled && also->prof.dur_ms > h)
+		h = also->prof.dur_ms;
 	for (uint32_t i = 0; !prof && i < reg->adm->nresv; i++) {
 		const struct mts_resv *r = reg->adm->resv[i];
 		if (!projected(r, gi, now))
@@ -1228,7 +1242,7 @@ static uint64_t project_need(const struct mts_registry *reg, uint32_t gi,
 			h = r->prof.dur_ms - age;
 	}
 	if (!h)
-		return bytes;
+		return mt_sat_add(bytes, also ? also->bytes : 0);
 	double need = 0;
 	for (uint32_t k = 0; k < MTS_PROJECT_STEPS; k++) {
 		uint64_t lo = h * k / MTS_PROJECT_STEPS;
@@ -1244,6 +1258,20 @@ static uint64_t project_need(const struct mts_registry *reg, uint32_t gi,
 			                       &ended);
 			var = (hi_q - sum) * (hi_q - sum);
 		}
+		if (also && !also->profiled) {
+			sum += (double)also->bytes;
+		} else if (also) {
+			/* The request waiting longest, as if granted now. */
+			double q =
+			    (double)step_max(also->prof.bytes,
+			                     also->prof.dur_ms, lo, hi, &ended);
+			double mu = (double)step_max(
+			    also->prof.mean, also->prof.dur_ms, lo, hi, &ended);
+			if (!ended) {
+				sum += mu;
+				var += (q - mu) * (q - mu);
+			}
+		}
 		for (uint32_t i = 0; i < reg->adm->nresv; i++) {
 			const struct mts_resv *r = reg->adm->resv[i];
 			if (!projected(r, gi, now))
@@ -1255,13 +1283,19 @@ static uint64_t project_need(const struct mts_registry *reg, uint32_t gi,
 			double mu =
 			    (double)step_max(r->prof.mean, r->prof.dur_ms,
 			                     age + lo, age + hi, &ended);
-			sum -= (double)r->want;
+			/* A task above its kind's mean now is expected to
+			 * stay at least where it is. */
+			double held = (double)held_now(r);
+			sum -= held;
 			if (!ended) {
+				mu = mu > held ? mu : held;
+				q = q > mu ? q : mu;
 				sum += mu;
 				var += (q - mu) * (q - mu);
 			}
 		}
-		double tot = sum + sqrt(var);
+		double tot =
+		    sum + sqrt(var) * reg->policy.kind_pool_gap_bp / MTS_BP_ONE;
 		if (k == 0 || tot > need)
 			need = tot;
 	}
@@ -1326,10 +1360,10 @@ static void waiter_remove(struct mts_registry *reg, uint64_t who)
 		*w = reg->adm->waiters[--reg->adm->nwaiters];
 }
 
-/* `who` was denied for room it needs (`need`): it joins the queue, or
- * keeps its place (for at most MTS_WAIT_HOLD_NS). */
+/* `who` was denied for room (`bytes`, following `prof` or NULL): it joins
+ * the queue, or keeps its place (for at most MTS_WAIT_HOLD_NS). */
 static void waiter_note(struct mts_registry *reg, uint64_t who, uint32_t uid,
-                        uint64_t need)
+                        uint64_t bytes, const struct mts_kind_profile *prof)
 {
 	if (!who)
 		return;
@@ -1352,7 +1386,10 @@ static void waiter_note(struct mts_registry *reg, uint64_t who, uint32_t uid,
 	    now - w->first_ns > MTS_WAIT_HOLD_NS)
 		w->first_ns = now; /* it had left, or held its place enough */
 	w->last_ns = now;
-	w->need = need;
+	w->bytes = bytes;
+	w->profiled = prof != NULL;
+	if (prof)
+		w->prof = *prof;
 }
 
 /* The words a denial adds for the room kept for the queue's head. */
@@ -1365,7 +1402,7 @@ static void why_kept(struct mts_admit_out *out, const struct mts_waiter *w,
 	size_t n = strlen(out->why);
 	snprintf(out->why + n, sizeof(out->why) - n,
 	         "; %s more kept for the request waiting longest (%.1f s)",
-	         mt_format_size(a, sizeof(a), w->need),
+	         mt_format_size(a, sizeof(a), out->kept),
 	         (now - w->first_ns) / 1e9);
 }
 
@@ -1447,12 +1484,15 @@ void mts_admit_decide_profile(const struct mts_registry *reg,
 	 * decides. */
 	out->limit = t->limit;
 	const struct mts_group *g = mts_find_group(reg, group);
-	uint64_t need = project_need(reg, UINT32_MAX, bytes, prof);
+	uint64_t need = project_need(reg, UINT32_MAX, bytes, prof, NULL);
 	out->need = need;
 	uint64_t now = mts_now_monotonic();
 	const struct mts_waiter *head =
 	    pol->admit_queue ? waiter_head(reg, who, now) : NULL;
-	uint64_t kept = head ? head->need : 0;
+	uint64_t with =
+	    head ? project_need(reg, UINT32_MAX, bytes, prof, head) : need;
+	uint64_t kept = with > need ? with - need : 0;
+	out->kept = kept;
 	if (t->limit && mt_sat_add(mt_sat_add(fm, t->reserved),
 	                           mt_sat_add(need, kept)) > t->limit) {
 		out->reason = MTS_DENY_FLEET_LIMIT;
@@ -1471,8 +1511,8 @@ void mts_admit_decide_profile(const struct mts_registry *reg,
 		    g->unvouched_uid == peer->uid)
 			gb = mt_sat_add(gb, g->unvouched);
 		uint64_t gm = mts_measured(reg, gb, g->rss);
-		uint64_t gneed =
-		    project_need(reg, (uint32_t)(g - reg->groups), bytes, prof);
+		uint64_t gneed = project_need(reg, (uint32_t)(g - reg->groups),
+		                              bytes, prof, NULL);
 		if (mt_sat_add(mt_sat_add(gm, g->reserved), gneed) > g->limit) {
 			char what[MTS_NAME_MAX + 16];
 			out->reason = MTS_DENY_GROUP_LIMIT;
@@ -1537,11 +1577,13 @@ static void log_denial(const struct mts_registry *reg,
 	        ? "admission denied: too many kinds"
 	        : "admission denied",
 	    "reason=%s scope=%s measured=%llu reserved=%llu "
-	    "requested=%llu limit=%llu measure=%s group=%s task=%s %s",
+	    "requested=%llu need=%llu kept=%llu limit=%llu measure=%s "
+	    "group=%s task=%s %s",
 	    mts_denial_name(out->reason), mts_logq(qs, sizeof(qs), out->scope),
 	    (unsigned long long)out->measured,
 	    (unsigned long long)out->reserved,
-	    (unsigned long long)out->requested, (unsigned long long)out->limit,
+	    (unsigned long long)out->requested, (unsigned long long)out->need,
+	    (unsigned long long)out->kept, (unsigned long long)out->limit,
 	    mts_measure_name(reg->policy.measure),
 	    mts_logq(qg, sizeof(qg), group), mts_logq(qt, sizeof(qt), task),
 	    mts_peer_who(peer, who, sizeof(who)));
@@ -1838,7 +1880,8 @@ int mts_admit(struct mts_registry *reg, const struct mts_peer *peer,
 		reg->adm->stats.denials[out->reason]++;
 		if (out->reason == MTS_DENY_FLEET_LIMIT ||
 		    out->reason == MTS_DENY_NODE)
-			waiter_note(reg, waiter_key(key, task), key, out->need);
+			waiter_note(reg, waiter_key(key, task), key, bytes,
+			            profiled ? &prof : NULL);
 		log_denial(reg, peer, group, task, out);
 		return 0;
 	}

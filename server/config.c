@@ -110,6 +110,7 @@ void mts_policy_defaults(struct mts_policy *p)
 	p->kind_default_bp = MTS_DEFAULT_KIND_SIZE_BP;
 	p->kind_reserve_learned = true;
 	p->kind_follow_profile = true;
+	p->kind_pool_gap_bp = MTS_BP_ONE;
 	p->admit_queue = true;
 	p->kinds_per_uid = MTS_DEFAULT_KINDS_PER_UID;
 	p->kinds_max = MTS_DEFAULT_KINDS_MAX;
@@ -1115,6 +1116,15 @@ static int key_kinds(struct load *l, const char *sec, const char *key,
 	struct mts_policy *p = &l->s.policy;
 	uint64_t n;
 	uint32_t bp;
+	if (strcmp(key, "pool_gap") == 0) {
+		if (mts_parse_percent(v, &bp) < 0)
+			return fail(l, sec, key,
+			            "expected a percentage from 0 to 100, e.g. "
+			            "100%%, got '%s'",
+			            v);
+		p->kind_pool_gap_bp = bp;
+		return 0;
+	}
 	if (strcmp(key, "quantile") == 0 || strcmp(key, "margin") == 0) {
 		bool q = key[0] == 'q';
 		if (mts_parse_percent(v, &bp) < 0 || (q && bp == 0))
@@ -1483,6 +1493,7 @@ static const struct {
     {"kinds", "default_size", key_kinds, NO_U32},
     {"kinds", "reserve_learned", key_kinds, NO_U32},
     {"kinds", "follow_profile", key_kinds, NO_U32},
+    {"kinds", "pool_gap", key_kinds, NO_U32},
     {"kinds", "max_kinds_per_uid", key_kinds, NO_U32},
     {"kinds", "max_kinds", key_kinds, NO_U32},
     {"hooks", "on_ok", key_hooks, NO_U32},

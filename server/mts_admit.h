@@ -50,7 +50,9 @@ struct mts_waiter {
 	uint32_t uid;
 	uint64_t first_ns; /* CLOCK_MONOTONIC: its first denial in this wait */
 	uint64_t last_ns;  /* its last ask */
-	uint64_t need;     /* its need at its last ask */
+	uint64_t bytes;    /* what it asks for */
+	bool profiled;     /* and the profile it would follow */
+	struct mts_kind_profile prof;
 };
 
 /*
@@ -120,6 +122,7 @@ struct mts_resv {
 	/* What it sets aside now: `bytes`, or, when it follows its kind's
 	 * profile, the profile's step for the task's age (admit.c). */
 	uint64_t want;
+	uint64_t use; /* its workers' vouched bytes, latest tick (kinds) */
 	bool profiled;
 	struct mts_kind_profile prof;
 	/* The run as its kind will keep it: the largest use in each of
@@ -185,6 +188,7 @@ struct mts_admit_out {
 	uint64_t reserve;   /* what the reservation sets aside (or would) */
 	uint64_t need;      /* what it needs beyond the counted figures: its
 	                       bytes, or its profile's beside the others' */
+	uint64_t kept;      /* more needed beside the request waiting longest */
 	uint64_t declared;  /* what the Admit declared, 0 = nothing */
 	char sized_by[320]; /* why `reserve`: "212 MiB: p95 of 37 runs of
 	                       kind xz + 10%", "declared" */

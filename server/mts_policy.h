@@ -179,8 +179,10 @@ struct mts_policy {
 	uint64_t kind_default_size;
 	uint32_t kind_default_bp;
 	bool admit_queue; /* the request waiting longest keeps its room */
-	bool kind_follow_profile;  /* a learned reservation follows the
-	                              kind's profile over the task's life */
+	bool kind_follow_profile;
+	uint32_t kind_pool_gap_bp;
+	    /* of the pooled gap admission keeps */ /* a learned reservation
+	      follows the kind's profile over the task's life */
 	bool kind_reserve_learned; /* a declaration is a ceiling, not the
 	                              reservation, once a size is learned */
 	uint32_t kinds_per_uid;    /* 0 = no cap */
