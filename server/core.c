@@ -171,7 +171,8 @@ static inline uint64_t tick_free(struct mts_proc *p, struct mtshm_slot_id *s,
 		return 0;
 	p->has_free = true;
 	uint64_t f;
-	if (mtshm_free_now(s, heap, &f, absurd) && p->allocator_free != f)
+	if (mtshm_free_now(s, heap, &p->free_held, &f, absurd) &&
+	    p->allocator_free != f)
 		p->allocator_free = f;
 	return p->allocator_free;
 }

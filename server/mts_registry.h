@@ -81,6 +81,9 @@ struct mts_proc {
 	 * the client's sample. Outside the hot line: only processes whose
 	 * front end samples it (has_free) touch it at a tick. */
 	uint64_t allocator_free;
+	/* What the allocator was last taken to hold for its heap, and from
+	 * which sample (mtshm_free_now()). */
+	struct mtshm_free_held free_held;
 	/* Untrusted processes only: the part of `bytes` the kernel does not
 	 * vouch for as of the latest tick, and vouch.c's own figures. */
 	uint64_t unvouched;

@@ -243,7 +243,8 @@ struct mtshm_slot_id {
  * and the free room of its slabs), taken now and then by the client.
  * `free_bytes` is that free memory at the sample and `free_heap` the
  * process's heap bytes (the lanes and `overflow`) at the same moment; the
- * server scales the sample by what the heap did since (mtshm_free_now()).
+ * server follows the heap from it until the next sample
+ * (mtshm_free_now()).
  * The client writes the pair under `free_seq` (odd while writing, one
  * writer at a time); a reader that sees it odd or changed keeps its
  * previous value. All zero: nothing sampled (yet, or a 2.1 client).
@@ -528,26 +529,44 @@ static inline void mtshm_free_store(struct mtshm_slot_id *s, int64_t free_bytes,
 }
 
 /*
+ * What the reader of a slot's free-bytes samples remembers between them
+ * (the server's, per process): the sample it last read whole, and the
+ * bytes the allocator is taken to hold for the heap (in use or free)
+ * since. All zero: nothing read yet.
+ */
+struct mtshm_free_held {
+	uint64_t seq;  /* free_seq of that sample */
+	uint64_t held; /* the sample's heap + free, raised by every larger
+	                * heap seen since */
+};
+
+/*
  * The process's allocator's free bytes (layout 2.2) now, from the sample
- * in lane 0 and `heap`, the slot's heap bytes this tick (its lanes and
- * overflow, clamped at 0). Returns 1 and sets *out when the sample was
- * read whole, 0 when a client was writing it (the caller keeps its last
+ * in lane 0, `heap`, the slot's heap bytes this tick (its lanes and
+ * overflow, clamped at 0), and `h`, the caller's memory of earlier calls
+ * for this slot. Returns 1 and sets *out, 0 when no sample has been read
+ * whole yet and a client is writing one (the caller keeps its last
  * value). *absurd: a sample that cannot be (negative, beyond
  * MTSHM_ABSURD_BYTES).
  *
- * The sample is free bytes F at heap H0. Since then the heap moved to H:
- * - it grew (H > H0): first out of that free memory, so F - (H - H0),
- *   at least 0 (had the allocator grown instead, the next sample says so);
- * - it shrank (H < H0): F x H / H0. What was freed since may have been
- *   kept or given back, and freeing the blocks around a free one lets the
- *   allocator give that back too; only the next sample can tell. Scaling
- *   with the heap means a process that frees everything is left with
- *   nothing counted as free, even if it goes quiet before the next sample
- *   (no ghost of its old heap), at the price of undercounting, until the
- *   next sample, a heap that frees into holes it keeps.
+ * The sample is free bytes F at heap H0: the allocator held H0 + F. Until
+ * the next sample it is taken to hold that, or the largest heap seen
+ * since if larger, and the free part is what of it the heap does not
+ * use:
+ * - the heap grew: first out of that free memory (had the allocator
+ *   grown instead, the next sample says so);
+ * - it shrank: what was freed since is counted as free. The allocator
+ *   may have kept it (glibc's fast bins, jemalloc's dirty pages: still
+ *   resident) or given it back; only the next sample can tell, and until
+ *   then the figure errs high, never below what the process holds. (The
+ *   other choice, scaling F with the heap, left a process that freed
+ *   300 MiB of small blocks counted at nothing while the kernel still
+ *   charged it the 300 MiB, until the next sample.)
+ * A sample being written is not read: the last whole one stands.
  */
 static inline int mtshm_free_now(struct mtshm_slot_id *s, uint64_t heap,
-                                 uint64_t *out, int *absurd)
+                                 struct mtshm_free_held *h, uint64_t *out,
+                                 int *absurd)
 {
 	struct mtshm_lane *l = mtshm_lane(s, 0);
 	*absurd = 0;
@@ -555,22 +574,25 @@ static inline int mtshm_free_now(struct mtshm_slot_id *s, uint64_t heap,
 	int64_t f = mtshm_load_acquires64(&l->free_bytes);
 	int64_t h0 = mtshm_load_acquires64(&l->free_heap);
 	uint64_t s2 = mtshm_load_relaxed64(&l->free_seq);
-	if ((s1 & 1) || s1 != s2)
-		return 0;
-	if (f < 0 || f > MTSHM_ABSURD_BYTES || h0 < -MTSHM_ABSURD_BYTES ||
-	    h0 > MTSHM_ABSURD_BYTES) {
-		*absurd = 1;
-		*out = 0;
+	if (!(s1 & 1) && s1 == s2 && s1 != h->seq) {
+		if (f < 0 || f > MTSHM_ABSURD_BYTES ||
+		    h0 < -MTSHM_ABSURD_BYTES || h0 > MTSHM_ABSURD_BYTES) {
+			*absurd = 1;
+			*out = 0;
+			return 1;
+		}
+		/* Both below 2^50: no overflow. */
+		h->held = (h0 < 0 ? 0 : (uint64_t)h0) + (uint64_t)f;
+		h->seq = s1;
+	} else if (h->seq == 0) {
+		if (s1 != 0 || s2 != 0)
+			return 0;
+		*out = 0; /* never sampled */
 		return 1;
 	}
-	uint64_t hs = h0 < 0 ? 0 : (uint64_t)h0;
-	if (heap >= hs) {
-		uint64_t grew = heap - hs;
-		*out = (uint64_t)f > grew ? (uint64_t)f - grew : 0;
-	} else {
-		/* Both below 2^50: the product fits in 128 bits. */
-		*out = (uint64_t)((unsigned __int128)(uint64_t)f * heap / hs);
-	}
+	if (heap > h->held)
+		h->held = heap;
+	*out = h->held - heap;
 	return 1;
 }
 

@@ -132,20 +132,24 @@ Test(golden22, this_build_reads_both)
 		int64_t heap0 =
 		    mtshm_slot_sum(s0, l.lane_count, &flushes, &absurd);
 		cr_expect_eq(heap0, 754096, "heap of slot 0, free bytes apart");
-		cr_expect_eq(mtshm_free_now(s0, (uint64_t)heap0, &fr, &absurd),
-		             1);
+		struct mtshm_free_held h0 = {0}, h2 = {0};
+		cr_expect_eq(
+		    mtshm_free_now(s0, (uint64_t)heap0, &h0, &fr, &absurd), 1);
 		cr_expect_not(absurd);
 		cr_expect_eq(fr, free0[v], "2.%d slot 0 free", v + 1);
 		/* 1 MiB more heap since the sample: taken out of the free. */
-		cr_expect_eq(
-		    mtshm_free_now(s0, (uint64_t)heap0 + 1048576, &fr, &absurd),
-		    1);
+		cr_expect_eq(mtshm_free_now(s0, (uint64_t)heap0 + 1048576, &h0,
+		                            &fr, &absurd),
+		             1);
 		cr_expect_eq(fr, free0[v] ? free0[v] - 1048576 : 0);
-		/* Half the heap since: half the free part. */
+		/* Half the heap freed since: counted as free (held). */
 		cr_expect_eq(
-		    mtshm_free_now(s0, (uint64_t)heap0 / 2, &fr, &absurd), 1);
-		cr_expect_eq(fr, free0[v] / 2);
-		cr_expect_eq(mtshm_free_now(s2, 900, &fr, &absurd), 1);
+		    mtshm_free_now(s0, (uint64_t)heap0 / 2, &h0, &fr, &absurd),
+		    1);
+		cr_expect_eq(fr, free0[v] ? (uint64_t)heap0 + free0[v] -
+		                                (uint64_t)heap0 / 2
+		                          : 0);
+		cr_expect_eq(mtshm_free_now(s2, 900, &h2, &fr, &absurd), 1);
 		cr_expect_eq(fr, 0, "slot 2 never sampled");
 	}
 }

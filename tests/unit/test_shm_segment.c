@@ -499,7 +499,8 @@ Test(segment, slot_sum_clamps_lanes_used_to_lane_count)
 	cr_expect_eq(r.sum, 3);
 }
 
-/* Lane 0's free-bytes sample (2.2), scaled by what the heap did since. */
+/* Lane 0's free-bytes sample (2.2): what the allocator held at the sample,
+ * raised by any larger heap since, less the heap now. */
 Test(segment, allocator_free_follows_the_heap_from_its_sample)
 {
 	_Alignas(128) uint8_t line[2 * MTSHM_LINE];
@@ -507,62 +508,80 @@ Test(segment, allocator_free_follows_the_heap_from_its_sample)
 	struct mtshm_slot_id *s = (struct mtshm_slot_id *)line;
 	struct mtshm_lane *l = mtshm_lane(s, 0);
 	const uint64_t mib = 1u << 20;
+	struct mtshm_free_held h = {0};
 	uint64_t f = 77;
 	int absurd = 1;
 	/* Never sampled: all zero, 0 free whatever the heap. */
-	cr_expect_eq(mtshm_free_now(s, 500 * mib, &f, &absurd), 1);
+	cr_expect_eq(mtshm_free_now(s, 500 * mib, &h, &f, &absurd), 1);
 	cr_expect_eq(f, 0);
 	cr_expect_eq(absurd, 0);
-	/* 10 MiB free when the heap was 100 MiB. */
+	/* 10 MiB free when the heap was 100 MiB: 110 MiB held. */
 	l->free_seq = 2;
 	l->free_bytes = (int64_t)(10 * mib);
 	l->free_heap = (int64_t)(100 * mib);
 	struct {
 		uint64_t heap, want;
 	} cases[] = {
-	    {100 * mib, 10 * mib}, /* unchanged */
-	    {104 * mib, 6 * mib},  /* grew out of the free memory */
-	    {110 * mib, 0},        /* used all of it */
-	    {300 * mib, 0},        /* and more: never negative */
-	    {40 * mib, 4 * mib},   /* shrank: the free part with it */
-	    {0, 0},                /* all freed: nothing left free */
+	    {100 * mib, 10 * mib},  /* unchanged */
+	    {104 * mib, 6 * mib},   /* grew out of the free memory */
+	    {40 * mib, 70 * mib},   /* shrank: what it freed counts as free */
+	    {110 * mib, 0},         /* used all of it */
+	    {300 * mib, 0},         /* and more: never negative */
+	    {200 * mib, 100 * mib}, /* shrank from its peak: 300 held */
+	    {0, 300 * mib},         /* all freed: held until a sample says */
 	};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		f = 77;
-		cr_expect_eq(mtshm_free_now(s, cases[i].heap, &f, &absurd), 1);
+		cr_expect_eq(mtshm_free_now(s, cases[i].heap, &h, &f, &absurd),
+		             1);
 		cr_expect_eq(f, cases[i].want, "heap %llu MiB: %llu",
 		             (unsigned long long)(cases[i].heap / mib),
 		             (unsigned long long)f);
 		cr_expect_eq(absurd, 0);
 	}
-	/* A negative heap at the sample counts as 0. */
+	/* A new sample replaces what was held: the allocator gave back all
+	 * but 2 MiB (a negative heap at the sample counts as 0). */
+	l->free_seq = 4;
+	l->free_bytes = (int64_t)(2 * mib);
 	l->free_heap = -(int64_t)mib;
-	cr_expect_eq(mtshm_free_now(s, 4 * mib, &f, &absurd), 1);
-	cr_expect_eq(f, 6 * mib);
-	/* Near the limits, the scaling does not overflow. */
+	cr_expect_eq(mtshm_free_now(s, 0, &h, &f, &absurd), 1);
+	cr_expect_eq(f, 2 * mib);
+	cr_expect_eq(mtshm_free_now(s, mib, &h, &f, &absurd), 1);
+	cr_expect_eq(f, mib);
+	/* Being written: the last whole sample stands, with this heap. */
+	l->free_seq = 5;
+	l->free_bytes = 0;
+	f = 77;
+	cr_expect_eq(mtshm_free_now(s, 0, &h, &f, &absurd), 1);
+	cr_expect_eq(f, 2 * mib);
+	/* Near the limits, nothing overflows. */
+	l->free_seq = 6;
 	l->free_bytes = MTSHM_ABSURD_BYTES;
 	l->free_heap = MTSHM_ABSURD_BYTES;
-	cr_expect_eq(
-	    mtshm_free_now(s, (uint64_t)MTSHM_ABSURD_BYTES / 2, &f, &absurd),
-	    1);
-	cr_expect_eq(f, (uint64_t)MTSHM_ABSURD_BYTES / 2);
-	/* Being written: not read, the caller keeps its value. */
-	l->free_seq = 3;
+	cr_expect_eq(mtshm_free_now(s, (uint64_t)MTSHM_ABSURD_BYTES / 2, &h, &f,
+	                            &absurd),
+	             1);
+	cr_expect_eq(f, 2 * (uint64_t)MTSHM_ABSURD_BYTES -
+	                    (uint64_t)MTSHM_ABSURD_BYTES / 2);
+	/* Being written before any sample was read whole: not read, the
+	 * caller keeps its value. */
+	struct mtshm_free_held fresh = {0};
+	l->free_seq = 7;
 	f = 77;
-	cr_expect_eq(mtshm_free_now(s, 100 * mib, &f, &absurd), 0);
+	cr_expect_eq(mtshm_free_now(s, 100 * mib, &fresh, &f, &absurd), 0);
 	cr_expect_eq(f, 77);
 	/* Absurd: negative, or beyond MTSHM_ABSURD_BYTES. */
-	l->free_seq = 4;
+	l->free_seq = 8;
 	l->free_heap = 0;
 	l->free_bytes = -1;
-	cr_expect_eq(mtshm_free_now(s, 0, &f, &absurd), 1);
+	cr_expect_eq(mtshm_free_now(s, 0, &h, &f, &absurd), 1);
 	cr_expect_eq(absurd, 1);
 	cr_expect_eq(f, 0);
 	l->free_bytes = MTSHM_ABSURD_BYTES + 1;
-	cr_expect_eq(mtshm_free_now(s, 0, &f, &absurd), 1);
+	cr_expect_eq(mtshm_free_now(s, 0, &h, &f, &absurd), 1);
 	cr_expect_eq(absurd, 1);
 	l->free_bytes = 0;
 	l->free_heap = MTSHM_ABSURD_BYTES + 1;
-	cr_expect_eq(mtshm_free_now(s, 0, &f, &absurd), 1);
+	cr_expect_eq(mtshm_free_now(s, 0, &h, &f, &absurd), 1);
 	cr_expect_eq(absurd, 1);
 }

@@ -263,9 +263,10 @@ Test(seqlock, dead_writer_is_reported_not_spun_on)
 /*
  * Lane 0's free-bytes sample (layout 2.2): a writer stores the pairs
  * (free i, heap 2^40 - i) with mtshm_free_store(); a reader asks
- * mtshm_free_now() at heap 2^40. A whole pair gives i - i = 0; a torn one
- * (a new free with an old heap) gives more. The reader must only ever get
- * 0, or be told to keep its last value.
+ * mtshm_free_now() at heap 2^40, remembering nothing between reads. A
+ * whole pair gives i - i = 0; a torn one (a new free with an old heap)
+ * gives more. The reader must only ever get 0, or be told to keep its
+ * last value.
  */
 struct free_writer {
 	struct mtshm_slot_id *s;
@@ -311,8 +312,9 @@ Test(seqlock, free_sample_never_torn)
 		sched_yield();
 		for (int i = 0; i < 1024; i++, reads++) {
 			int absurd;
+			struct mtshm_free_held h = {0};
 			out = 77;
-			if (!mtshm_free_now(s, UINT64_C(1) << 40, &out,
+			if (!mtshm_free_now(s, UINT64_C(1) << 40, &h, &out,
 			                    &absurd))
 				continue;
 			whole++;
