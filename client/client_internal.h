@@ -155,6 +155,9 @@ void mtc_thread_exit(struct mtc_thread *th);
  * runs mtc_refresh_once() every period: the front end's
  * mtc_front_refresh() (a sample of the allocator's free memory when
  * mtc_free_refresh_due() says one is owed) and mtc_maps_reconcile().
+ * Its first thing, before the first period, is the front end's round as
+ * for a busy process: under jemalloc, whose samples only this thread
+ * takes, the slot's first sample.
  *
  * A process that is still single-threaded gets its thread only once its
  * figure (heap and mapped bytes) reaches MEMTALLY_REFRESH_MIN
@@ -170,7 +173,7 @@ extern uint32_t mtc_refresh_want;
 void mtc_refresh_start(void) __attribute__((weak, visibility("hidden")));
 bool mtc_refresh_claim(uint64_t *period_ms);
 void mtc_refresh_once(void);
-void mtc_front_refresh(void);
+void mtc_front_refresh(bool busy);
 
 /* Run the over-limit callback that mtc_publish() found due. */
 void mtc_run_over_limit(struct mtc_thread *th);
@@ -205,7 +208,8 @@ int64_t mtc_published_bytes(void);
  *   force_slow  send the thread's next call through the slow path (fork)
  *   sample      after a flush: the allocator's free memory, when a sample
  *               is due (NULL: this front end's allocator is not sampled)
- *   refresh     the refresh thread's round (refresh.c; NULL: nothing)
+ *   refresh     the refresh thread's round (refresh.c; NULL: nothing);
+ *               `busy`: the program published since the last round
  * Each library lists its front ends once, in flush order, in mtc_fronts
  * (linked.c, preload.c, glibc.c); the core asks them all through the
  * mtc_front_*() functions (attach.c). Never on a malloc/free path.
@@ -215,7 +219,7 @@ struct mtc_front {
 	int64_t (*drift)(void);
 	void (*force_slow)(void);
 	void (*sample)(void);
-	void (*refresh)(void);
+	void (*refresh)(bool busy);
 };
 extern const struct mtc_front *const mtc_fronts[]; /* NULL-terminated */
 extern const struct mtc_front mta_front; /* account.c: the inline API */
@@ -287,7 +291,8 @@ struct mtc_free_sample {
 };
 void mtc_front_sample(void);
 bool mtc_free_due(struct mtc_free_sample *fs);
-bool mtc_free_refresh_due(struct mtc_free_sample *fs, uint64_t stale_ns);
+bool mtc_free_refresh_due(struct mtc_free_sample *fs, uint64_t stale_ns,
+                          bool busy);
 void mtc_free_publish(const struct mtc_free_sample *fs, uint64_t held);
 
 /*

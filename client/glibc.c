@@ -410,11 +410,12 @@ static void gl_sample(void)
  * glibc's free memory changes only in the program's own calls (which
  * move the heap), and the walk of a large free list is long (190 ms,
  * under the arena's lock, for 7.8 million freed 48-byte chunks): an idle
- * process is sampled once after it went quiet, then left alone. */
-static void gl_refresh(void)
+ * process is sampled once after it went quiet, then left alone. A busy
+ * one is sampled by its own flushes. */
+static void gl_refresh(bool busy)
 {
 	struct mtc_free_sample fs;
-	if (!mtc_free_refresh_due(&fs, 0))
+	if (busy || !mtc_free_refresh_due(&fs, 0, false))
 		return;
 	struct mallinfo2 mi = mallinfo2();
 	mtc_free_publish(&fs, mi.arena + mi.hblkhd);

@@ -441,8 +441,17 @@ static void je_force_slow(void)
  * clock, as its background thread would, never all at once), then
  * samples again: the pages leave over jemalloc's decay time (10 s by
  * default), and the figure follows them down round by round.
+ *
+ * A busy process (it published since the last round) runs jemalloc's
+ * decay in its own calls and is left alone, but for the samples the
+ * server needs from here, the only place jemalloc is sampled: the
+ * slot's first (the thread's first round, as soon as it starts: a
+ * process that frees before it ever went quiet is then held at what it
+ * held, not counted at its shrunken heap), one after the heap moved by
+ * an eighth, and one every 10 s (what it freed is counted as free until
+ * a sample says what jemalloc gave back).
  */
-static void je_refresh(void)
+static void je_refresh(bool busy)
 {
 	static int broken;     /* statistics unavailable: do not ask again */
 	static int tcache_off; /* this thread's cache given back */
@@ -459,12 +468,13 @@ static void je_refresh(void)
 		ctl("thread.tcache.enabled", NULL, NULL, &off, sizeof(off));
 		tcache_off = 1;
 	}
-	/* With pages kept, every round (decay moves them); otherwise when
-	 * the heap moved, or every 10 s. */
+	/* Quiet: with pages kept, every round (decay moves them); otherwise
+	 * when the heap moved, or every 10 s. */
 	struct mtc_free_sample fs;
-	if (!mtc_free_refresh_due(&fs, kept ? 1 : UINT64_C(10) * 1000000000u))
+	uint64_t stale = kept && !busy ? 1 : UINT64_C(10) * 1000000000u;
+	if (!mtc_free_refresh_due(&fs, stale, busy))
 		return;
-	if (kept)
+	if (kept && !busy)
 		ctl("arena.4096.decay", NULL, NULL, NULL, 0);
 	uint64_t epoch = 1;
 	size_t active = 0, pdirty = 0, pmuzzy = 0, page = 0;

@@ -45,6 +45,11 @@ static void *refresh_main(void *arg)
 	uint64_t ms = (uint64_t)(uintptr_t)arg;
 	struct timespec ts = {(time_t)(ms / 1000),
 	                      (long)(ms % 1000) * 1000000L};
+	/* The front end's round at once, as for a busy process: the slot's
+	 * first sample where only this thread samples (jemalloc), so that
+	 * what the program frees before its first quiet round is counted as
+	 * the allocator's until a sample says it went back. */
+	mtc_front_refresh(true);
 	for (;;) {
 		/* EINTR cannot happen (every signal blocked); a short sleep
 		 * would only refresh early. */
