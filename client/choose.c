@@ -13,7 +13,10 @@
  * workers (memtally run) sets the right library itself and pays nothing.
  *
  * Without MEMTALLY_ALLOCATOR, a CPython interpreter under the jemalloc
- * preload is switched to the glibc front end (is_python(), below).
+ * preload is switched to the glibc front end (is_python(), below), and
+ * its children inherit that too: a process's LD_PRELOAD always names the
+ * front end it runs on, so a child python needs no exec of its own and
+ * what ps and /proc/PID/environ show is what runs.
  *
  * Fail open: an unknown value, a secure-execution process (set-uid),
  * a library not found beside this one, a preload not named in
@@ -40,8 +43,6 @@
  * /proc/self/exe renames it "exe", and ps, top, the OOM killer's log and
  * memtally's own ps would show that instead of the program. */
 #define SWITCHED "MEMTALLY_ALLOCATOR_SWITCHED="
-/* After an automatic switch: the LD_PRELOAD to give back to children. */
-#define ORIG "MEMTALLY_PRELOAD_ORIG"
 
 extern char **environ;
 
@@ -142,25 +143,18 @@ __attribute__((constructor(103))) static void mtc_choose(void)
 	if (switched) {
 		/* This image is the switched one. The marker is for this exec
 		 * only, or every descendant would ignore its own
-		 * MEMTALLY_ALLOCATOR; after an automatic switch (python) the
-		 * children get back the LD_PRELOAD they would have had. The
-		 * process is still single-threaded here. */
-		const char *orig = getenv(ORIG);
+		 * MEMTALLY_ALLOCATOR. LD_PRELOAD stays as the exec set it:
+		 * naming this library, for this process and its children.
+		 * The process is still single-threaded here. */
 		if (*switched)
 			prctl(PR_SET_NAME, (unsigned long)switched, 0, 0, 0);
-		if (orig)
-			setenv("LD_PRELOAD", orig, 1);
-		unsetenv(ORIG);
 		unsetenv("MEMTALLY_ALLOCATOR_SWITCHED");
 		return;
 	}
 	const char *want = getenv("MEMTALLY_ALLOCATOR");
-	bool automatic = false;
 	if ((!want || !*want) && strcmp(MTC_FRONT_ALLOCATOR, "jemalloc") == 0 &&
-	    is_python()) {
+	    is_python())
 		want = "glibc";
-		automatic = true;
-	}
 	if (!want || !*want || strcmp(want, MTC_FRONT_ALLOCATOR) == 0)
 		return;
 	const char *other_name;
@@ -182,7 +176,7 @@ __attribute__((constructor(103))) static void mtc_choose(void)
 		return;
 	memcpy(other, di.dli_fname, dir);
 	strcpy(other + dir, other_name);
-	char *preload = NULL, *cmd = NULL, *orig = NULL;
+	char *preload = NULL, *cmd = NULL;
 	char marker[sizeof(SWITCHED) + 16] = SWITCHED;
 	char **argv = NULL, **envp = NULL;
 	size_t len = 0;
@@ -204,7 +198,7 @@ __attribute__((constructor(103))) static void mtc_choose(void)
 	while (environ[envc])
 		envc++;
 	argv = calloc(argc + 1, sizeof(char *));
-	envp = calloc(envc + 4, sizeof(char *));
+	envp = calloc(envc + 3, sizeof(char *));
 	if (!argv || !envp)
 		goto out_free;
 	for (size_t i = 0, k = 0; i < len && k < argc; k++) {
@@ -213,8 +207,7 @@ __attribute__((constructor(103))) static void mtc_choose(void)
 	}
 	size_t e = 0;
 	for (size_t i = 0; i < envc; i++)
-		if (strncmp(environ[i], "LD_PRELOAD=", 11) != 0 &&
-		    strncmp(environ[i], ORIG "=", sizeof(ORIG)) != 0)
+		if (strncmp(environ[i], "LD_PRELOAD=", 11) != 0)
 			envp[e++] = environ[i];
 	envp[e++] = preload;
 	/* The name: at most 15 bytes and a NUL (TASK_COMM_LEN). */
@@ -222,14 +215,6 @@ __attribute__((constructor(103))) static void mtc_choose(void)
 	          0, 0, 0) != 0)
 		marker[sizeof(SWITCHED) - 1] = 0;
 	envp[e++] = marker;
-	if (automatic) {
-		orig = malloc(strlen(ORIG) + 1 + strlen(lp) + 1);
-		if (!orig)
-			goto out_free;
-		strcpy(orig, ORIG "=");
-		strcat(orig, lp);
-		envp[e++] = orig;
-	}
 	mtc_init(); /* MEMTALLY_DEBUG */
 	mtc_debug("MEMTALLY_ALLOCATOR=%s: running again under %s", want, other);
 	execve("/proc/self/exe", argv, envp);
@@ -240,6 +225,5 @@ out_free:
 	free(envp);
 	free(cmd);
 	free(preload);
-	free(orig);
 	free(other);
 }
