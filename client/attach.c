@@ -954,7 +954,7 @@ static bool free_take_turn(const struct mtc_attachment *a,
 	return true;
 }
 
-bool mtc_free_due(struct mtc_free_sample *fs)
+bool mtc_free_due(struct mtc_free_sample *fs, bool interval)
 {
 	const struct mtc_attachment *a = cur_att();
 	if (!a || mtc.free_off)
@@ -962,7 +962,8 @@ bool mtc_free_due(struct mtc_free_sample *fs)
 	uint64_t now = mt_mono_ns();
 	if (now < mtshm_load_relaxed64(&mtc.free_min_ns))
 		return false;
-	if (now < mtshm_load_relaxed64(&mtc.free_next_ns)) {
+	if (mtshm_load_relaxed64(&mtc.free_last_ns) &&
+	    (!interval || now < mtshm_load_relaxed64(&mtc.free_next_ns))) {
 		if (now - free_checked_ns < MTC_FREE_CHECK_NS)
 			return false;
 		free_checked_ns = now;

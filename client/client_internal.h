@@ -275,7 +275,9 @@ void mtc_maps_reconcile_now(void);
  * it (mtc_front_sample(), after a flush: account.c calls it) every
  * MTC_FREE_INTERVAL_NS, and sooner when the heap moved by MTC_FREE_MOVED
  * or an eighth (looked at every MTC_FREE_CHECK_NS at most; attach.c says
- * why): mtc_free_due() says whether a sample is due and, when it returns
+ * why); the jemalloc front end at memtally_flush(), without `interval`:
+ * only when the heap moved so, or the slot has none yet.
+ * mtc_free_due() says whether a sample is due and, when it returns
  * true, gives the calling thread the turn and fills `fs`;
  * mtc_free_publish() gives the turn back after storing `held` (the bytes
  * the allocator holds from the system for the heap, in use or free) less
@@ -290,7 +292,7 @@ struct mtc_free_sample {
 	int64_t heap_before; /* the slot's heap bytes then */
 };
 void mtc_front_sample(void);
-bool mtc_free_due(struct mtc_free_sample *fs);
+bool mtc_free_due(struct mtc_free_sample *fs, bool interval);
 bool mtc_free_refresh_due(struct mtc_free_sample *fs, uint64_t stale_ns,
                           bool busy);
 void mtc_free_publish(const struct mtc_free_sample *fs, uint64_t held);

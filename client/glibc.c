@@ -399,7 +399,7 @@ static void gl_force_slow(void)
 static void gl_sample(void)
 {
 	struct mtc_free_sample fs;
-	if (!mtc_free_due(&fs))
+	if (!mtc_free_due(&fs, true))
 		return;
 	struct mallinfo2 mi = mallinfo2();
 	mtc_free_publish(&fs, mi.arena + mi.hblkhd);

@@ -389,6 +389,8 @@ int mtj_mode(void)
 
 /* ---- what the core asks of a front end -------------------------------- */
 
+static void je_sample(void);
+
 /* A thread that never called memtally_init() (a linked worker) or that
  * started before the preload's hook was in place is set up here, once the
  * process has chosen the callback. */
@@ -403,6 +405,7 @@ static int je_flush(void)
 	publish_now(t);
 	t->th.busy = 0;
 	mtc_after_flush(&t->th);
+	je_sample();
 	return 0;
 }
 
@@ -451,30 +454,17 @@ static void je_force_slow(void)
  * an eighth, and one every 10 s (what it freed is counted as free until
  * a sample says what jemalloc gave back).
  */
-static void je_refresh(bool busy)
+/* Statistics unavailable: do not ask again. */
+static int je_broken;
+/* Dirty + muzzy pages at the last sample. */
+static size_t je_kept;
+
+/* Sample what jemalloc holds for the heap, its decay run first when
+ * `decay`, and give the turn back (held 0: nothing free). */
+static void je_sample_now(mtj_mallctl_fn ctl, struct mtc_free_sample *fs,
+                          bool decay)
 {
-	static int broken;     /* statistics unavailable: do not ask again */
-	static int tcache_off; /* this thread's cache given back */
-	static size_t kept;    /* dirty + muzzy pages at the last sample */
-	mtj_mallctl_fn ctl = mtj.mallctl;
-	if (!ctl || broken || mtj.mode == MTJ_OFF)
-		return;
-	if (!tcache_off) {
-		/* This thread never allocates: the thread cache jemalloc made
-		 * for it at its first mallctl (hundreds of KiB of bins) goes
-		 * back, not to be counted as the program's free memory. Only
-		 * the refresh thread comes here. */
-		bool off = false;
-		ctl("thread.tcache.enabled", NULL, NULL, &off, sizeof(off));
-		tcache_off = 1;
-	}
-	/* Quiet: with pages kept, every round (decay moves them); otherwise
-	 * when the heap moved, or every 10 s. */
-	struct mtc_free_sample fs;
-	uint64_t stale = kept && !busy ? 1 : UINT64_C(10) * 1000000000u;
-	if (!mtc_free_refresh_due(&fs, stale, busy))
-		return;
-	if (kept && !busy)
+	if (decay)
 		ctl("arena.4096.decay", NULL, NULL, NULL, 0);
 	uint64_t epoch = 1;
 	size_t active = 0, pdirty = 0, pmuzzy = 0, page = 0;
@@ -488,15 +478,59 @@ static void je_refresh(bool busy)
 	err = err ? err : ctl(dirty, &pdirty, &sz, NULL, 0);
 	err = err ? err : ctl(muzzy, &pmuzzy, &sz, NULL, 0);
 	if (err) {
-		broken = 1;
+		je_broken = 1;
 		mtc_debug("jemalloc's statistics unavailable (%d): its free "
 		          "pages are not counted",
 		          err);
 		active = pdirty = pmuzzy = 0;
 	}
-	kept = pdirty + pmuzzy;
-	/* The turn is given back either way (held 0: nothing free). */
-	mtc_free_publish(&fs, active + kept * page);
+	size_t kept = pdirty + pmuzzy;
+	__atomic_store_n(&je_kept, kept, __ATOMIC_RELAXED);
+	mtc_free_publish(fs, active + kept * page);
+}
+
+static void je_refresh(bool busy)
+{
+	static int tcache_off; /* this thread's cache given back */
+	mtj_mallctl_fn ctl = mtj.mallctl;
+	if (!ctl || je_broken || mtj.mode == MTJ_OFF)
+		return;
+	if (!tcache_off) {
+		/* This thread never allocates: the thread cache jemalloc made
+		 * for it at its first mallctl (hundreds of KiB of bins) goes
+		 * back, not to be counted as the program's free memory. Only
+		 * the refresh thread comes here. */
+		bool off = false;
+		ctl("thread.tcache.enabled", NULL, NULL, &off, sizeof(off));
+		tcache_off = 1;
+	}
+	/* Quiet: with pages kept, every round (decay moves them); otherwise
+	 * when the heap moved, or every 10 s. */
+	struct mtc_free_sample fs;
+	bool kept = __atomic_load_n(&je_kept, __ATOMIC_RELAXED) != 0;
+	uint64_t stale = kept && !busy ? 1 : UINT64_C(10) * 1000000000u;
+	if (!mtc_free_refresh_due(&fs, stale, busy))
+		return;
+	je_sample_now(ctl, &fs, kept && !busy);
+}
+
+/*
+ * memtally_flush() (je_flush): the program asks for its figure now, and a
+ * process that just freed much is counted at what it freed as jemalloc's
+ * free memory until a sample says what jemalloc gave back. So a flush
+ * samples when the heap moved by an eighth since the last sample (looked
+ * at every 10 ms at most, as a glibc flush does), never for the time
+ * alone: the refresh thread takes those. The same turn and spacing as
+ * every sample (attach.c).
+ */
+static void je_sample(void)
+{
+	mtj_mallctl_fn ctl = mtj.mallctl;
+	if (!ctl || je_broken || mtj.mode == MTJ_OFF)
+		return;
+	struct mtc_free_sample fs;
+	if (mtc_free_due(&fs, false))
+		je_sample_now(ctl, &fs, false);
 }
 
 const struct mtc_front mtj_front = {

@@ -34,13 +34,15 @@ def allowance(anon):
 
 
 class FreeRun:
-    """One worker that builds with `build` and frees with `drop` (each
-    answered with a line), sampled around the free: samples = [(seconds
-    since the drop was sent, figure, RssAnon)]; t_dropped: when its answer
-    came (seconds since the drop was sent)."""
+    """One worker that builds with `build` and frees with `drop` (each a
+    line to send and the line it answers; no `build`: nothing to send
+    first), sampled around the free: samples = [(seconds since the drop
+    was sent, figure, RssAnon)]; t_dropped: when its answer came (seconds
+    since the drop was sent)."""
 
-    def __init__(self, s, name, argv, lib, env_extra=None, build="build",
-                 drop="drop", ready=True):
+    def __init__(self, s, name, argv, lib, env_extra=None,
+                 build=("build", "built"), drop=("drop", "dropped"),
+                 ready=True):
         self.s, self.name, self.build, self.drop = s, name, build, drop
         env = s.env(LD_PRELOAD=lib)
         env.pop("MEMTALLY_ALLOCATOR_SWITCHED", None)
@@ -80,7 +82,8 @@ class FreeRun:
 
     def free_and_sample(self, after=5.0, period=0.05):
         """Build, then free while sampling until `after` s past the free."""
-        self.step(self.build, "built")
+        if self.build:
+            self.step(*self.build)
         wait_for(f"{self.name}: registered", lambda: self.s.ps().get(
             self.pid))
         stop = threading.Event()
@@ -89,7 +92,7 @@ class FreeRun:
                               daemon=True)
         th.start()
         try:
-            self.step(self.drop, "dropped")
+            self.step(*self.drop)
             self.t_dropped = time.monotonic() - t0
             end = t0 + self.t_dropped + after
             while time.monotonic() < end:
@@ -107,6 +110,16 @@ class FreeRun:
         low = [t for t, fig, anon in self.samples
                if fig < anon - allowance(anon)]
         return worst, (max(low) - min(low) if low else 0.0)
+
+    def over(self):
+        """(excess, t) of the sample furthest above RssAnon, and the span
+        in seconds the figure was above it by more than its allowance:
+        what counting freed bytes until the next sample costs."""
+        top = max(((fig - anon, t) for t, fig, anon in self.samples),
+                  default=(0, 0.0))
+        high = [t for t, fig, anon in self.samples
+                if fig > anon + allowance(anon)]
+        return top, (max(high) - min(high) if high else 0.0)
 
     def close(self):
         self.w.close()
