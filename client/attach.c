@@ -962,7 +962,10 @@ bool mtc_free_due(struct mtc_free_sample *fs, bool interval)
 	uint64_t now = mt_mono_ns();
 	if (now < mtshm_load_relaxed64(&mtc.free_min_ns))
 		return false;
-	if (mtshm_load_relaxed64(&mtc.free_last_ns) &&
+	bool first = !mtshm_load_relaxed64(&mtc.free_last_ns);
+	if (first && !interval)
+		return false;
+	if (!first &&
 	    (!interval || now < mtshm_load_relaxed64(&mtc.free_next_ns))) {
 		if (now - free_checked_ns < MTC_FREE_CHECK_NS)
 			return false;

@@ -276,7 +276,8 @@ void mtc_maps_reconcile_now(void);
  * MTC_FREE_INTERVAL_NS, and sooner when the heap moved by MTC_FREE_MOVED
  * or an eighth (looked at every MTC_FREE_CHECK_NS at most; attach.c says
  * why); the jemalloc front end at memtally_flush(), without `interval`:
- * only when the heap moved so, or the slot has none yet.
+ * only when the heap moved so, and never the slot's first sample (the
+ * refresh thread's: a process that has none is counted at its heap).
  * mtc_free_due() says whether a sample is due and, when it returns
  * true, gives the calling thread the turn and fills `fs`;
  * mtc_free_publish() gives the turn back after storing `held` (the bytes

@@ -520,7 +520,9 @@ static void je_refresh(bool busy)
  * free memory until a sample says what jemalloc gave back. So a flush
  * samples when the heap moved by an eighth since the last sample (looked
  * at every 10 ms at most, as a glibc flush does), never for the time
- * alone: the refresh thread takes those. The same turn and spacing as
+ * alone: the refresh thread takes those, and the slot's first. A process
+ * that has no refresh thread (single-threaded and small) has no sample
+ * and is counted at its heap, as before. The same turn and spacing as
  * every sample (attach.c).
  */
 static void je_sample(void)

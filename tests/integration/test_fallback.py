@@ -6,7 +6,7 @@ a free at the thread's next allocator call (or its exit).
 """
 from harness import MIB, Server, Worker, check, run, wait_for, worker
 from test_accuracy import (cxx_new_delete_counted, family_matches_jemalloc,
-                           idle_block, threads_counted_and_freed)
+                           heap, idle_block, threads_counted_and_freed)
 
 NO_CB = {"MEMTALLY_TEST_NO_ACTIVITY_CALLBACK": "1"}
 FRONT = "counting"
@@ -41,7 +41,7 @@ def test_fallback_idle_thread():
             w.send("poke")
             check(w.readline() == "poked", "not poked")
             wait_for("the free seen at the thread's next call",
-                     lambda: s.ps().get(w.pid, {}).get("bytes", 1 << 40)
+                     lambda: heap(s, w.pid, 1 << 40)
                      < MIB, timeout=5)
         finally:
             w.close()
