@@ -84,8 +84,8 @@ class FreeRun:
         """Build, then free while sampling until `after` s past the free."""
         if self.build:
             self.step(*self.build)
-        wait_for(f"{self.name}: registered", lambda: self.s.ps().get(
-            self.pid))
+            wait_for(f"{self.name}: registered", lambda: self.s.ps().get(
+                self.pid))
         stop = threading.Event()
         t0 = time.monotonic()
         th = threading.Thread(target=self.sample, args=(t0, stop, period),
