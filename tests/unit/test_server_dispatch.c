@@ -591,8 +591,10 @@ static void write_free(uint32_t slot, int64_t free_bytes, int64_t heap_at)
 }
 
 /* The allocator's free bytes: part of a process's bytes, its group's and
- * the fleet's, shown on their own, scaled by the heap since the sample,
- * kept while a sample is being written, gone with the process. */
+ * the fleet's, shown on their own, what the allocator held at the sample
+ * less the heap since (what the program frees counts as free until the
+ * next sample), kept while a sample is being written, gone with the
+ * process. */
 Test(dispatch, allocator_free_is_part_of_the_figures)
 {
 	pid_t a = fx_spawn(), b = fx_spawn();
@@ -622,7 +624,20 @@ Test(dispatch, allocator_free_is_part_of_the_figures)
 	mts_core_tick(&srv.reg);
 	cr_assert_eq(srv.reg.totals.allocator_free, 2000);
 	cr_assert_eq(srv.reg.totals.bytes, 14000 + 2000 + 3000);
-	/* It halved since the sample: so did the free part. */
+	/* It shrank to 5000: what it freed counts as free until the next
+	 * sample (glibc still held 16000 when last asked). */
+	write_lane(sa, 5000, 1);
+	mts_core_tick(&srv.reg);
+	cr_assert_eq(srv.reg.totals.allocator_free, 11000);
+	cr_assert_eq(srv.reg.totals.bytes, 16000 + 3000);
+	/* A new sample says what glibc gave back. */
+	write_free(sa, 1000, 5000);
+	mts_core_tick(&srv.reg);
+	cr_assert_eq(srv.reg.totals.allocator_free, 1000);
+	/* The heap goes past what was held, then back: the peak is held. */
+	write_lane(sa, 8000, 1);
+	mts_core_tick(&srv.reg);
+	cr_assert_eq(srv.reg.totals.allocator_free, 0);
 	write_lane(sa, 5000, 1);
 	mts_core_tick(&srv.reg);
 	cr_assert_eq(srv.reg.totals.allocator_free, 3000);
