@@ -520,7 +520,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	/* The tables as registered; quarantine is sticky in the registry
 	 * until the slot is reset, which the copy stands for, and so is the
 	 * last allocator-free sample read (kept while a sample is being
-	 * written). */
+	 * written) and what it was taken to hold since. */
 	for (int i = 0; i < NKIDS; i++) {
 		memcpy(kid_table[i]->map.base, snapshot[i],
 		       kid_table[i]->map.size);
@@ -528,6 +528,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		p->corrupt = false;
 		p->has_free = false;
 		p->allocator_free = 0;
+		p->free_held = (struct mtshm_free_held){0};
 	}
 	if (size == 0)
 		return 0;
