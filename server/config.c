@@ -110,7 +110,7 @@ void mts_policy_defaults(struct mts_policy *p)
 	p->kind_default_bp = MTS_DEFAULT_KIND_SIZE_BP;
 	p->kind_reserve_learned = true;
 	p->kind_follow_profile = true;
-	p->kind_pool_gap_bp = MTS_BP_ONE;
+	p->kind_pool_gap_bp = 0;
 	p->admit_queue = true;
 	p->kinds_per_uid = MTS_DEFAULT_KINDS_PER_UID;
 	p->kinds_max = MTS_DEFAULT_KINDS_MAX;

@@ -852,8 +852,8 @@ static void render_kinds(struct out *o, const struct mts_registry *reg)
 	                                    "memtally_kind_runs",
 	                                    "memtally_kind_evictions"};
 	static const char *const helps[] = {
-	    "The size admission reserves for the kind's next task (0: no "
-	    "history).",
+	    ("The size admission reserves for the kind's next task (0: no "
+	     "history)."),
 	    "Runs the learned size is taken from.",
 	    "Tasks of the kind the node guard ended."};
 	for (int f = 0; f < 3; f++) {

@@ -574,8 +574,11 @@ static void age_to(struct mts_resv *r, uint64_t ms)
 Test(kinds, admission_follows_the_profile_over_time)
 {
 	/* A kind that leaks to 100 MiB over 2 s: learned 110 MiB over
-	 * 2.2 s. A fleet of 200 MiB holds one at its peak, not two. */
+	 * 2.2 s. A fleet of 200 MiB holds one at its peak, not two, with
+	 * the whole pooled gap kept. */
 	start_fleet(200 * MIB);
+	srv.reg.policy.kind_pool_gap_bp = MTS_BP_ONE;
+	srv.reg.policy.admit_queue = false; /* its own test, below */
 	for (int i = 0; i < 10; i++)
 		note_leak("leak", 100 * MIB, 2000, false);
 	Memtally__V1__Response *r = admit_kind(1000, 0, "leak", "T1");
@@ -604,6 +607,17 @@ Test(kinds, admission_follows_the_profile_over_time)
 	r = fx_admit(1000, 120 * MIB, "", "", 0);
 	cr_assert_not(r->admit_result->admitted);
 	memtally__v1__response__free_unpacked(r, NULL);
+	/* On the means alone (pool_gap 0%, the default) two fit: 2 x 100. */
+	srv.reg.policy.kind_pool_gap_bp = 0;
+	r = admit_kind(1000, 0, "leak", "T9");
+	cr_assert(r->admit_result->admitted, "%s", r->admit_result->reason);
+	memtally__v1__response__free_unpacked(r, NULL);
+	struct mts_peer root = fx_peer(getpid(), 0);
+	uint64_t freed;
+	char id9[MTS_RESV_ID_LEN + 1];
+	memcpy(id9, resv_of_task("T9")->id, sizeof(id9));
+	cr_assert_eq(mts_release(&srv.reg, &root, id9, "", &freed), 0);
+	srv.reg.policy.kind_pool_gap_bp = MTS_BP_ONE;
 
 	pid_t a = fx_spawn();
 	uint32_t sa = fx_register(a, "", "T1");
