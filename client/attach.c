@@ -1294,6 +1294,8 @@ static __attribute__((noinline)) void flags_edge(struct mtc_thread *th,
 		                                __ATOMIC_RELAXED)) {
 			if ((flags & ~seen) & MTSHM_SLOT_OVER_LIMIT)
 				th->over_due = 1;
+			if ((flags & ~seen) & MTSHM_SLOT_RECONCILE)
+				th->maps_due = 1;
 			return;
 		}
 	}

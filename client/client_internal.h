@@ -42,6 +42,9 @@ struct mtc_thread {
 	uint8_t over_due;        /* this thread saw the over-limit flag
 				  * rise: run the callback after the flush */
 	uint8_t in_over_cb;      /* the callback is running on this thread */
+	uint8_t maps_due;        /* this thread saw the server ask for a
+	                          * reconcile of the mapped bytes: run it
+	                          * after the flush */
 };
 
 /* One-time process setup (environment, fork handler). Cheap after the
@@ -183,15 +186,24 @@ void mtc_run_over_limit(struct mtc_thread *th);
  * flush made at thread exit. */
 void mtc_over_handoff(struct mtc_thread *th);
 
+void mtc_maps_reconcile(void); /* mmap.c, below */
+
 /*
  * Call at the end of a front end's slow path, once the flush is complete
  * and its re-entrancy guard (`busy`) is released: runs the over-limit
- * callback if the flush saw the flag rise. One byte test otherwise.
+ * callback if the flush saw the flag rise, and the reconcile of the
+ * mapped bytes if it saw the server ask for one (MTSHM_SLOT_RECONCILE:
+ * the way a process without the refresh thread, a single-threaded one,
+ * has its mappings reconciled). A byte test each otherwise.
  */
 static inline void mtc_after_flush(struct mtc_thread *th)
 {
 	if (__builtin_expect(th->over_due, 0))
 		mtc_run_over_limit(th);
+	if (__builtin_expect(th->maps_due, 0)) {
+		th->maps_due = 0;
+		mtc_maps_reconcile();
+	}
 	if (__builtin_expect(mtshm_load_relaxed32(&mtc_refresh_want), 0))
 		mtc_refresh_start();
 }

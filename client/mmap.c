@@ -335,8 +335,32 @@ static uint64_t now_ns(void)
 /* How long a range counted lately stays counted in full, at least. */
 #define MM_YOUNG_NS (1000u * 1000000u)
 
+/* Bring the two generations up to `now`: one older after MM_YOUNG_NS,
+ * both gone after twice that. Run before a range joins y[0] and before a
+ * reconcile reads them, so that a range is young for more than
+ * MM_YOUNG_NS and at most twice that, however long the process went
+ * without a reconcile (a first one after an idle minute would otherwise
+ * find a minute-old range in y[0] and keep it in full another second). */
+static void young_age(uint64_t now)
+{
+	uint64_t age = now - mm.y_at;
+	if (age < MM_YOUNG_NS)
+		return;
+	struct mtc_maptable old = mm.y[1];
+	mm.y[1] = mm.y[0];
+	mm.y[0] = old;
+	mm.y[0].n = 0;
+	mm.y[0].total = 0;
+	if (age >= 2 * (uint64_t)MM_YOUNG_NS) {
+		mm.y[1].n = 0;
+		mm.y[1].total = 0;
+	}
+	mm.y_at = now;
+}
+
 static void young_add(uintptr_t lo, uintptr_t hi)
 {
+	young_age(now_ns());
 	mtc_maptable_add(&mm.y[0], lo, hi);
 }
 
@@ -487,14 +511,7 @@ static void reconcile_locked(void)
 {
 	_Alignas(8) unsigned char vec[MM_VEC];
 	uint64_t t0 = now_ns();
-	if (t0 - mm.y_at >= MM_YOUNG_NS) { /* a generation older */
-		struct mtc_maptable old = mm.y[1];
-		mm.y[1] = mm.y[0];
-		mm.y[0] = old;
-		mm.y[0].n = 0;
-		mm.y[0].total = 0;
-		mm.y_at = t0;
-	}
+	young_age(t0);
 	mm.d2.n = 0;
 	mm.d2.total = 0;
 	/* Opened for this reconcile only: a descriptor kept open would be

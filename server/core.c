@@ -144,7 +144,9 @@ void mts_core_free(struct mts_registry *reg)
 /* What the tick adds up over the processes. */
 struct tick_sums {
 	uint64_t bytes, error_bytes, rss, mapped, allocator_free, unvouched;
-	bool vouch_reads; /* claims ran ahead of old kernel figures */
+	/* Claims ran ahead of old kernel figures, or mapped figures are old
+	 * enough to be bounded by one (tick_mapped): early reads wanted. */
+	bool vouch_reads;
 };
 
 /* Note `n` unvouched bytes of `uid` in group `g`. */
@@ -221,6 +223,35 @@ tick_clamp_mapped(struct mts_proc *p, struct mtshm_slot_id *s, int *absurd)
 	}
 }
 
+/*
+ * Lane 0's mapped figure `raw` changed since the last tick, is young, or
+ * is above the bound of the latest kernel read (rss.c,
+ * mts_mapped_read): what of it counts. A rise makes it young again, and
+ * lifts the bound, until a kernel read made MTS_MAPPED_YOUNG_MS after it
+ * (asked for here, through the early reads). Out of the tick loop's way:
+ * a process whose mapped figure stands still never comes here.
+ */
+__attribute__((noinline)) static uint64_t tick_mapped(struct mts_proc *p,
+                                                      uint64_t raw,
+                                                      uint64_t now,
+                                                      struct tick_sums *acc)
+{
+	if (raw > p->mapped_seen) {
+		p->mapped_rose_ns = now;
+		p->mapped_young = true;
+		p->map.cap = UINT64_MAX;
+	}
+	if (raw != p->mapped_seen)
+		p->mapped_seen = raw;
+	if (raw && !p->map.ever)
+		p->map.ever = true;
+	if (p->mapped_young &&
+	    now - p->mapped_rose_ns >= (uint64_t)MTS_MAPPED_YOUNG_MS * 1000000u)
+		acc->vouch_reads = true; /* a read of it, early */
+	p->mapped_capped = raw > p->map.cap;
+	return p->mapped_capped ? p->map.cap : raw;
+}
+
 /* The heap's sum is below 0, or was clamped: clamped past its error bar
  * `pe` (at least the threshold), clamped no more within it. */
 __attribute__((noinline, cold)) static void
@@ -234,7 +265,8 @@ tick_clamp_heap(const struct mts_registry *reg, struct mts_proc *p, int64_t sum,
 /* One process's share of a tick: sum its slot, update its figures, add
  * them to its group and to `acc`. */
 static inline void tick_proc(struct mts_registry *reg, struct mts_proc *p,
-                             uint32_t lanes, struct tick_sums *acc)
+                             uint32_t lanes, uint64_t now,
+                             struct tick_sums *acc)
 {
 	struct mtshm_slot_id *s = reg->slot_at[p->slot];
 	uint64_t flushes;
@@ -246,6 +278,9 @@ static inline void tick_proc(struct mts_registry *reg, struct mts_proc *p,
 	if (__builtin_expect(mapped_absurd | (p->clamped & MTS_CLAMPED_MAPPED),
 	                     0))
 		tick_clamp_mapped(p, s, &mapped_absurd);
+	if (__builtin_expect(
+	        (pm != p->mapped_seen) | p->mapped_young | p->mapped_capped, 0))
+		pm = tick_mapped(p, pm, now, acc);
 	uint64_t pf = tick_free(p, s, heap, &free_absurd);
 	absurd |= mapped_absurd | free_absurd;
 	uint32_t threads = mtshm_load_relaxed32(&s->threads);
@@ -344,7 +379,7 @@ tick_range(struct mts_registry *reg, uint32_t from, uint32_t to, bool rate,
 				__builtin_prefetch(&by_slot[ahead]->rate, 1, 3);
 		}
 		struct mts_proc *p = by_slot[dense[i]];
-		tick_proc(reg, p, lanes, acc);
+		tick_proc(reg, p, lanes, now, acc);
 		/* The process's limit state, while its line is in cache (a
 		 * second pass over 16384 processes cost ~90 us, mostly
 		 * misses). Without a limit a process stays ok: skip. */

@@ -69,6 +69,16 @@ struct mts_proc {
 	/* MTS_CLAMPED_*: parts of its figure clamped at 0 now (logged when
 	 * the clamping starts) */
 	uint8_t clamped;
+	/* Its mapped bytes against the kernel's (rss.c, mts_mapped_read):
+	 * `mapped_seen` is lane 0's figure at the latest tick, `mapped` the
+	 * part of it that counts; it rose last at `mapped_rose_ns`, and is
+	 * young (counted in full) until a kernel read made MTS_MAPPED_YOUNG_MS
+	 * after that; `mapped_capped`: above what the latest such read
+	 * allows. Beside `clamped`, in the line the tick reads anyway. */
+	bool mapped_young;
+	bool mapped_capped;
+	uint64_t mapped_seen;
+	uint64_t mapped_rose_ns;
 	/* Growth rate (rate.c): one slice of processes per tick, never in
 	 * the hot line above. */
 	struct mts_rate rate;
@@ -84,6 +94,16 @@ struct mts_proc {
 	/* What the allocator was last taken to hold for its heap, and from
 	 * which sample (mtshm_free_now()). */
 	struct mtshm_free_held free_held;
+	/* The bound of its mapped bytes by the kernel's figure (rss.c): its
+	 * anonymous resident bytes at the latest read made once they were no
+	 * longer young (UINT64_MAX: none); the flush count of its slot when
+	 * memtallyd asked it to reconcile (MTSHM_SLOT_RECONCILE); whether it
+	 * ever had mapped bytes. */
+	struct {
+		uint64_t cap;
+		uint64_t ask_flushes;
+		bool ever;
+	} map;
 	/* Untrusted processes only: the part of `bytes` the kernel does not
 	 * vouch for as of the latest tick, and vouch.c's own figures. */
 	uint64_t unvouched;

@@ -23,6 +23,33 @@ struct mts_rss_state {
 	uint64_t full_cost_ns;
 };
 
+/*
+ * A process's mapped bytes (lane 0's `mapped`) against the kernel's
+ * figure. Its counted pages that are resident are anonymous and resident,
+ * so they are never more than its RssAnon: once its mapped figure is
+ * MTS_MAPPED_YOUNG_MS old (the longest the client counts a new mapping in
+ * full), a kernel read bounds it by RssAnon until it rises again (the
+ * tick, tick_mapped). So a process that makes no call at all, whose
+ * client cannot reconcile, is counted for no more than it holds. And a
+ * read that finds the figure off by more than MTS_MAPPED_SLACK either
+ * way (above RssAnon, or RssAnon above the whole claim: pages given back
+ * and written again without a call) raises MTSHM_SLOT_RECONCILE: the
+ * client's next publish, of any thread, reconciles its mapped bytes with
+ * the kernel's resident pages; the flag comes down at the first read
+ * after the slot's flush count moved.
+ */
+#define MTS_MAPPED_YOUNG_MS 2000u
+#define MTS_MAPPED_SLACK    (UINT64_C(8) << 20)
+/* Apply a kernel read of `p` made at `read_ns`: `anon` its RssAnon. */
+void mts_mapped_read(struct mts_registry *reg, struct mts_proc *p,
+                     uint64_t anon, uint64_t read_ns);
+/* Is `p`'s mapped figure old enough for its bounding read, not yet made? */
+static inline bool mts_mapped_read_due(const struct mts_proc *p, uint64_t now)
+{
+	return p->mapped_young && now - p->mapped_rose_ns >=
+	                              (uint64_t)MTS_MAPPED_YOUNG_MS * 1000000u;
+}
+
 /* The tick found claims to check (vouch.c's mts_vouch_end said so): the
  * next mts_rss_sweep_vouch() reads them. */
 void mts_rss_want_vouch(struct mts_registry *reg);

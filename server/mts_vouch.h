@@ -63,14 +63,16 @@ struct mts_kernel_mem {
 	uint64_t rss;   /* resident: proportional where `pss` */
 	uint64_t held;  /* anonymous + shared + swapped memory */
 	uint64_t shmem; /* the shared part of `held` */
+	uint64_t anon;  /* anonymous resident, each page in full (RssAnon):
+	                 * what bounds the process's mapped bytes */
 	bool pss;       /* proportional: a shared page counts 1/n */
 };
 
 /* From the text of /proc/PID/smaps_rollup: Pss, Pss_Anon + Pss_Shmem +
- * SwapPss. -EINVAL without Pss_Anon (Linux < 5.10). */
+ * SwapPss, Anonymous. -EINVAL without Pss_Anon (Linux < 5.10). */
 int mts_parse_smaps_rollup(const char *text, struct mts_kernel_mem *out);
 /* From the text of /proc/PID/status: VmRSS, RssAnon + RssShmem + VmSwap,
- * each shared page counted in full. 0 or -EINVAL. */
+ * RssAnon, each shared page counted in full. 0 or -EINVAL. */
 int mts_parse_status_mem(const char *status, struct mts_kernel_mem *out);
 /* Read /proc/PID/smaps_rollup, or /proc/PID/status where the kernel has
  * no proportional figures. 0 or -errno. */

@@ -156,31 +156,43 @@ int mts_read_real_uid(pid_t pid, uint32_t *out)
 	return 0;
 }
 
-int mts_parse_statm_rss(const char *statm, uint64_t page_size, uint64_t *out)
+/* The next number of a statm line at *p, and past its separator. */
+static int statm_field(const char **p, unsigned long long *out)
 {
-	/* "size resident shared text lib data dt", in pages. */
-	const char *p = statm;
 	char *end;
-	if (*p < '0' || *p > '9')
+	if (**p < '0' || **p > '9')
 		return -EINVAL;
 	errno = 0;
-	strtoull(p, &end, 10);
-	if (errno || *end != ' ')
-		return -EINVAL;
-	p = end + 1;
-	if (*p < '0' || *p > '9')
-		return -EINVAL;
-	unsigned long long pages = strtoull(p, &end, 10);
+	*out = strtoull(*p, &end, 10);
 	if (errno || (*end != ' ' && *end != '\n' && *end != '\0'))
 		return -EINVAL;
-	uint64_t bytes;
-	if (__builtin_mul_overflow((uint64_t)pages, page_size, &bytes))
-		return -EINVAL;
-	*out = bytes;
+	*p = *end == ' ' ? end + 1 : end;
 	return 0;
 }
 
-int mts_read_rss(pid_t pid, uint64_t *out)
+int mts_parse_statm_rss(const char *statm, uint64_t page_size, uint64_t *rss,
+                        uint64_t *anon)
+{
+	/* "size resident shared text lib data dt", in pages; `shared` is
+	 * the resident file and shmem pages, so resident - shared is the
+	 * anonymous part (RssAnon). */
+	const char *p = statm;
+	unsigned long long size, res, shared = 0;
+	if (statm_field(&p, &size) || *p == '\n' || *p == '\0' ||
+	    statm_field(&p, &res))
+		return -EINVAL;
+	if (anon && statm_field(&p, &shared))
+		return -EINVAL;
+	uint64_t bytes;
+	if (__builtin_mul_overflow((uint64_t)res, page_size, &bytes))
+		return -EINVAL;
+	*rss = bytes;
+	if (anon)
+		*anon = shared < res ? (uint64_t)(res - shared) * page_size : 0;
+	return 0;
+}
+
+int mts_read_rss(pid_t pid, uint64_t *rss, uint64_t *anon)
 {
 	/* Called from thread-pool threads too: no static cache. */
 	long ps = sysconf(_SC_PAGESIZE);
@@ -189,5 +201,5 @@ int mts_read_rss(pid_t pid, uint64_t *out)
 	ssize_t n = mts_read_proc_file(pid, "statm", buf, sizeof(buf));
 	if (n < 0)
 		return (int)n;
-	return mts_parse_statm_rss(buf, page_size, out);
+	return mts_parse_statm_rss(buf, page_size, rss, anon);
 }

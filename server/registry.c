@@ -817,6 +817,10 @@ static int proc_reset(struct mts_registry *reg, struct mts_proc *p,
 	p->peak = 0;
 	p->threads = 0;
 	p->mapped = 0;
+	p->mapped_seen = 0;
+	p->mapped_young = false;
+	p->mapped_capped = false;
+	p->map.ever = false;
 	p->allocator_free = 0;
 	p->has_free = false;
 	p->free_held = (struct mtshm_free_held){0};

@@ -71,6 +71,8 @@ struct rss_entry {
 	bool memfds; /* and the memfds it holds (full sweeps) */
 	uint64_t start_time;
 	uint64_t rss;
+	uint64_t anon;            /* RssAnon */
+	uint64_t read_ns;         /* CLOCK_MONOTONIC before the read */
 	struct mts_kernel_mem km; /* with `kernel` */
 	uint64_t memfd;           /* with `memfds` */
 	uint64_t cost_ns;         /* of the read, with `kernel` */
@@ -183,24 +185,61 @@ void mts_proc_set_rss(struct mts_registry *reg, struct mts_proc *p,
  * in a full sweep) for untrusted processes. */
 static void entry_read(struct rss_entry *e, struct ino_set *seen)
 {
+	uint64_t t0 = mts_now_monotonic();
+	e->read_ns = t0;
 	if (!e->kernel) {
-		e->err = mts_read_rss((pid_t)e->pid, &e->rss);
+		e->err = mts_read_rss((pid_t)e->pid, &e->rss, &e->anon);
 		return;
 	}
-	uint64_t t0 = mts_now_monotonic();
 	e->err = mts_read_kernel_mem((int)e->pid, &e->km);
 	if (e->err == 0 && e->memfds)
 		e->memfd = memfd_bytes(seen, e->pid);
 	e->cost_ns = mts_now_monotonic() - t0;
 	e->rss = e->km.rss;
+	e->anon = e->km.anon;
+}
+
+void mts_mapped_read(struct mts_registry *reg, struct mts_proc *p,
+                     uint64_t anon, uint64_t read_ns)
+{
+	if (!p->map.ever || p->corrupt)
+		return;
+	/* Made after the figure's youth: everything it counts was mapped
+	 * before the read, and the figure has not risen since. */
+	bool old = read_ns >=
+	           p->mapped_rose_ns + (uint64_t)MTS_MAPPED_YOUNG_MS * 1000000u;
+	if (old) {
+		p->mapped_young = false;
+		p->map.cap = anon;
+		p->mapped_capped = p->mapped_seen > anon; /* at the next tick */
+	}
+	struct mtshm_slot_id *s = reg->slot_at[p->slot];
+	uint32_t flags = mtshm_load_relaxed32(&s->flags);
+	uint64_t flushes;
+	int absurd;
+	mtshm_slot_sum(s, reg->layout.lane_count, &flushes, &absurd);
+	if (flags & MTSHM_SLOT_RECONCILE) {
+		/* A full publish since the flag rose saw it (a publish reads
+		 * the flags before it counts itself). */
+		if (flushes != p->map.ask_flushes)
+			mtshm_store_relaxed32(&s->flags,
+			                      flags & ~MTSHM_SLOT_RECONCILE);
+		return;
+	}
+	if ((old && p->mapped_seen > mt_sat_add(anon, MTS_MAPPED_SLACK)) ||
+	    anon > mt_sat_add(p->bytes, MTS_MAPPED_SLACK)) {
+		p->map.ask_flushes = flushes;
+		mtshm_store_relaxed32(&s->flags, flags | MTSHM_SLOT_RECONCILE);
+	}
 }
 
 /* Apply a read entry to `p` (same pid and start time). */
 static void entry_apply(struct mts_registry *reg, struct mts_proc *p,
                         const struct rss_entry *e)
 {
+	mts_mapped_read(reg, p, e->anon, e->read_ns);
 	if (!e->kernel || !p->untrusted) {
-		mts_proc_set_rss(reg, p, e->kernel ? e->km.rss : e->rss);
+		mts_proc_set_rss(reg, p, e->rss);
 		return;
 	}
 	struct mts_vouch_proc *v = &p->vouch;
@@ -302,7 +341,8 @@ static void sweep_start(struct mts_registry *reg, bool early)
 	for (uint32_t i = 0; i < reg->ndense; i++) {
 		const struct mts_proc *p = reg->by_slot[reg->dense[i]];
 		if (!early ||
-		    (mts_vouch_want_read(p) && now >= p->vouch.next_read_ns))
+		    (mts_vouch_want_read(p) && now >= p->vouch.next_read_ns) ||
+		    mts_mapped_read_due(p, now))
 			entry_fill(&sw->e[sw->n++], p, !early);
 	}
 	if (sw->n == 0) {

@@ -211,14 +211,15 @@ static unsigned kb_lines(const char *text, const char *const *keys,
 int mts_parse_smaps_rollup(const char *text, struct mts_kernel_mem *out)
 {
 	static const char *const keys[] = {
-	    "Pss:", "Pss_Anon:", "Pss_Shmem:", "SwapPss:"};
-	uint64_t v[4] = {0};
-	unsigned seen = kb_lines(text, keys, 4, v);
+	    "Pss:", "Pss_Anon:", "Pss_Shmem:", "SwapPss:", "Anonymous:"};
+	uint64_t v[5] = {0};
+	unsigned seen = kb_lines(text, keys, 5, v);
 	if ((seen & 3) != 3)
 		return -EINVAL;
 	out->rss = v[0];
 	out->shmem = v[2];
 	out->held = v[1] + v[2] + v[3];
+	out->anon = v[4];
 	out->pss = true;
 	return 0;
 }
@@ -235,6 +236,7 @@ int mts_parse_status_mem(const char *status, struct mts_kernel_mem *out)
 	out->rss = v[0];
 	out->shmem = v[2];
 	out->held = v[1] + v[2] + v[3];
+	out->anon = v[1];
 	out->pss = false;
 	return 0;
 }

@@ -141,6 +141,10 @@ enum mtshm_state {
 /* Slot flags (server-written). */
 #define MTSHM_SLOT_OVER_LIMIT 0x1u /* the process is over its own limit */
 #define MTSHM_SLOT_CORRUPT    0x2u /* counters absurd: not summed */
+/* The kernel's figure of the process disagrees with its mapped bytes:
+ * reconcile them at the next publish (client/mmap.c). A client that does
+ * not know the flag publishes fully once at its rise, as at any change. */
+#define MTSHM_SLOT_RECONCILE 0x4u
 
 /*
  * Fleet figures the server publishes every tick, under a seqlock so a
