@@ -159,3 +159,28 @@ Test(log, levels)
 	cr_assert(!mts_log_enabled(MTS_LOG_WARN));
 	cr_assert(mts_log_enabled(MTS_LOG_ERROR));
 }
+
+Test(procfs, statm_resident_and_anonymous)
+{
+	/* size resident shared text lib data dt, in pages */
+	const char *statm = "131072 25600 600 10 0 30000 0\n";
+	uint64_t rss = 0, anon = 0;
+	cr_assert_eq(mts_parse_statm_rss(statm, 4096, &rss, &anon), 0);
+	cr_assert_eq(rss, UINT64_C(25600) * 4096);
+	cr_assert_eq(anon, UINT64_C(25000) * 4096, "resident less shared");
+	rss = 0;
+	cr_assert_eq(mts_parse_statm_rss(statm, 4096, &rss, NULL), 0);
+	cr_assert_eq(rss, UINT64_C(25600) * 4096);
+	/* More shared than resident (a racy read): no anonymous pages. */
+	cr_assert_eq(mts_parse_statm_rss("10 5 6 0 0 0 0\n", 4096, &rss, &anon),
+	             0);
+	cr_assert_eq(anon, 0);
+	cr_assert_eq(mts_parse_statm_rss("10 5\n", 4096, &rss, &anon), -EINVAL,
+	             "anon asked, no shared field");
+	cr_assert_eq(mts_parse_statm_rss("10\n", 4096, &rss, NULL), -EINVAL);
+	cr_assert_eq(mts_parse_statm_rss("x 5 6\n", 4096, &rss, NULL), -EINVAL);
+	/* This process: its anonymous pages are some of its resident ones. */
+	cr_assert_eq(mts_read_rss(getpid(), &rss, &anon), 0);
+	cr_assert_gt(anon, 0);
+	cr_assert_leq(anon, rss);
+}

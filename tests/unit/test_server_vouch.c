@@ -257,6 +257,7 @@ Test(vouch, status_parser)
 	cr_assert_eq(m.rss, 2048 * 1024);
 	cr_assert_eq(m.held, (1024 + 256 + 512) * 1024);
 	cr_assert_eq(m.shmem, 256 * 1024);
+	cr_assert_eq(m.anon, 1024 * 1024, "RssAnon");
 	cr_assert_not(m.pss);
 	/* A kernel thread has no memory lines: refused, nothing vouched. */
 	cr_assert_eq(mts_parse_status_mem("Name:\tkthreadd\n", &m), -EINVAL);
@@ -275,13 +276,118 @@ Test(vouch, smaps_rollup_parser)
 	    "Pss_Dirty:         40000 kB\nPss_Anon:          36000 kB\n"
 	    "Pss_File:           1000 kB\nPss_Shmem:          3000 kB\n"
 	    "Shared_Clean:       1000 kB\nSwap:               800 kB\n"
-	    "SwapPss:             100 kB\nLocked:                0 kB\n";
+	    "SwapPss:             100 kB\nLocked:                0 kB\n"
+	    "Anonymous:         72000 kB\n";
 	cr_assert_eq(mts_parse_smaps_rollup(sr, &m), 0);
 	cr_assert_eq(m.rss, 40000 * 1024, "Pss, not Rss");
 	cr_assert_eq(m.held, (36000 + 3000 + 100) * 1024);
 	cr_assert_eq(m.shmem, 3000 * 1024);
+	cr_assert_eq(m.anon, 72000 * 1024, "Anonymous: each page in full");
 	cr_assert(m.pss);
 	/* Linux < 5.10 has Pss but no Pss_Anon: refused (status is read). */
 	cr_assert_eq(mts_parse_smaps_rollup("Rss: 8 kB\nPss: 4 kB\n", &m),
 	             -EINVAL);
+}
+
+/* A process's mapped figure (lane 0's `mapped`), its kernel reads and the
+ * tick: counted in full while young, bounded by RssAnon by a read made
+ * once it is old, in full again when it rises; the reconcile flag rises
+ * when the kernel disagrees and comes down once the slot published. */
+static uint32_t mapped_flags(uint32_t slot)
+{
+	return mtshm_load_relaxed32(&mts_slot(&srv.reg, slot)->flags) &
+	       MTSHM_SLOT_RECONCILE;
+}
+
+Test(vouch, mapped_bounded_by_the_kernel_once_old)
+{
+	fx_start();
+	pid_t pid = fx_spawn();
+	uint32_t slot = fx_register(pid, "maps", "");
+	struct mtshm_slot_id *s = mts_slot(&srv.reg, slot);
+	fx_write(slot, 0);
+	mtshm_store_relaxeds64(&mtshm_lane(s, 0)->mapped, 512 * (int64_t)MIB);
+	mts_core_tick(&srv.reg);
+	struct mts_proc *p = mts_find_pid(&srv.reg, (uint32_t)pid);
+	cr_assert_eq(p->mapped, 512 * MIB, "young: in full");
+	cr_assert(p->mapped_young);
+
+	/* A read during its youth bounds nothing and asks nothing. */
+	uint64_t now = mts_now_monotonic();
+	mts_mapped_read(&srv.reg, p, 100 * MIB, now);
+	mts_core_tick(&srv.reg);
+	cr_assert_eq(p->mapped, 512 * MIB);
+	cr_assert_eq(p->bytes, 512 * MIB);
+	cr_assert_eq(mapped_flags(slot), 0);
+
+	/* Old: the tick asks for an early read, which bounds it. */
+	p->mapped_rose_ns -= (uint64_t)MTS_MAPPED_YOUNG_MS * 1000000u;
+	srv.reg.rss->vouch_wanted = false;
+	mts_core_tick(&srv.reg);
+	cr_assert(srv.reg.rss->vouch_wanted, "an early read asked for");
+	cr_assert(mts_mapped_read_due(p, mts_now_monotonic()));
+	mts_mapped_read(&srv.reg, p, 100 * MIB, mts_now_monotonic());
+	cr_assert_not(p->mapped_young);
+	mts_core_tick(&srv.reg);
+	cr_assert_eq(p->mapped, 100 * MIB, "bounded by RssAnon");
+	cr_assert_eq(p->bytes, 100 * MIB);
+	cr_assert_eq(srv.reg.totals.mapped, 100 * MIB);
+	cr_assert_eq(mapped_flags(slot), MTSHM_SLOT_RECONCILE,
+	             "the client asked to reconcile");
+	/* Not published since: the flag stays up. */
+	mts_mapped_read(&srv.reg, p, 100 * MIB, mts_now_monotonic());
+	cr_assert_eq(mapped_flags(slot), MTSHM_SLOT_RECONCILE);
+
+	/* Its client reconciled (a full publish, the flush count moved) to
+	 * 90 MiB: under the bound, counted as it is; the flag comes down. */
+	mtshm_store_relaxed64(&mtshm_lane(s, 0)->flushes, 1);
+	mtshm_store_relaxeds64(&mtshm_lane(s, 0)->mapped, 90 * (int64_t)MIB);
+	mts_core_tick(&srv.reg);
+	cr_assert_eq(p->mapped, 90 * MIB);
+	mts_mapped_read(&srv.reg, p, 95 * MIB, mts_now_monotonic());
+	cr_assert_eq(mapped_flags(slot), 0, "down once it published");
+	mts_core_tick(&srv.reg);
+	cr_assert_eq(p->mapped, 90 * MIB);
+
+	/* It maps more: young again, in full, whatever the last read said. */
+	mtshm_store_relaxeds64(&mtshm_lane(s, 0)->mapped, 300 * (int64_t)MIB);
+	mts_core_tick(&srv.reg);
+	cr_assert_eq(p->mapped, 300 * MIB);
+	cr_assert(p->mapped_young);
+	mts_mapped_read(&srv.reg, p, 95 * MIB, mts_now_monotonic());
+	mts_core_tick(&srv.reg);
+	cr_assert_eq(p->mapped, 300 * MIB, "a read during youth bounds nothing");
+	fx_stop();
+}
+
+Test(vouch, mapped_below_the_kernel_asks_a_reconcile)
+{
+	fx_start();
+	pid_t pid = fx_spawn();
+	uint32_t slot = fx_register(pid, "maps", "");
+	struct mtshm_slot_id *s = mts_slot(&srv.reg, slot);
+	fx_write(slot, 0);
+	/* Mapped, then all given back (madvise): 0. */
+	mtshm_store_relaxeds64(&mtshm_lane(s, 0)->mapped, 256 * (int64_t)MIB);
+	mts_core_tick(&srv.reg);
+	mtshm_store_relaxeds64(&mtshm_lane(s, 0)->mapped, 0);
+	mts_core_tick(&srv.reg);
+	struct mts_proc *p = mts_find_pid(&srv.reg, (uint32_t)pid);
+	cr_assert_eq(p->bytes, 0);
+	/* RssAnon within the slack of the claim: nothing asked. */
+	mts_mapped_read(&srv.reg, p, MTS_MAPPED_SLACK, mts_now_monotonic());
+	cr_assert_eq(mapped_flags(slot), 0);
+	/* Written again without a call: RssAnon 128 MiB above the claim. */
+	mts_mapped_read(&srv.reg, p, 128 * MIB, mts_now_monotonic());
+	cr_assert_eq(mapped_flags(slot), MTSHM_SLOT_RECONCILE);
+	cr_assert_eq(p->bytes, 0, "never raised by the server");
+	/* A process that never mapped anything is never asked. */
+	pid_t other = fx_spawn();
+	uint32_t os = fx_register(other, "maps", "");
+	fx_write(os, 0);
+	mts_core_tick(&srv.reg);
+	mts_mapped_read(&srv.reg, mts_find_pid(&srv.reg, (uint32_t)other),
+	                128 * MIB, mts_now_monotonic());
+	cr_assert_eq(mapped_flags(os), 0);
+	fx_stop();
 }
