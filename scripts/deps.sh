@@ -29,6 +29,7 @@ pkgs=(
   nodejs  # a V8 runtime: a heap committed with mprotect (test_node_heap)
   golang-go  # a Go program built with cgo at test time (test_go_heap)
   openjdk-17-jdk-headless  # HotSpot with G1 and Serial (test_jvm_heap)
+  ruby  # an idle interpreter with sparse mappings of its own (test_sparse)
   # benchmarks
   valgrind util-linux
   sqlite3  # the sqlite3 CLI: bench/real.py, bench/quiet.py, test_quiet
