@@ -96,9 +96,9 @@ struct mts_proc {
 	struct mtshm_free_held free_held;
 	/* The bound of its mapped bytes by the kernel's figure (rss.c): its
 	 * anonymous resident bytes at the latest read made once they were no
-	 * longer young (UINT64_MAX: none); the flush count of its slot when
-	 * memtallyd asked it to reconcile (MTSHM_SLOT_RECONCILE); whether it
-	 * ever had mapped bytes. */
+	 * longer young (a rise lifts it: UINT64_MAX); the flush count of its
+	 * slot when memtallyd asked it to reconcile (MTSHM_SLOT_RECONCILE);
+	 * whether it ever had mapped bytes. */
 	struct {
 		uint64_t cap;
 		uint64_t ask_flushes;
