@@ -4,8 +4,9 @@ within a bound, whatever the process does meanwhile, nothing included:
 - a single-threaded worker (mt_sparse, no refresh thread: it never has a
   second thread) maps 512 MiB, touches 100 MiB and waits in read(2), with
   no further call of any kind: its figure is within 16 MiB of its RssAnon
-  at most BOUND seconds after the touch, and stays there; under both
-  preloads;
+  at most BOUND seconds after the touch, and stays there, also through
+  its next call, a 1 MiB mapping, in which its client reconciles; under
+  both preloads;
 - an idle `ruby -e sleep` (a 32 MiB heap mapping and a 20 MiB MAP_STACK,
   mostly untouched): within 16 MiB of its RssAnon, both preloads;
 - 256 MiB touched, all given back with MADV_DONTNEED (figure 0), 128 MiB
@@ -124,6 +125,16 @@ def idle_mapping(lib):
             check(ra >= 95 * MIB, f"100 MiB touched: RssAnon {ra}")
             until_near(s, w.pid, t0, BOUND, f"{os.path.basename(lib)} "
                        "512 MiB mapped, 100 MiB touched, idle")
+            # Its next call is a mapping of 1 MiB: the client reconciles
+            # in it, so its own figure falls to what it holds, and the
+            # bound (kept: the figure fell) and the figure agree.
+            say(w, "map 1")
+            end = time.monotonic() + 2.5
+            while time.monotonic() < end:
+                fig, ra, diff = near(s, w.pid)
+                check(diff <= SLACK, f"after a 1 MiB mapping: memtally "
+                      f"{fig}, RssAnon {ra}")
+                time.sleep(0.05)
             check(threads(w.pid) == 1, "the worker stayed single-threaded")
         finally:
             w.close()
