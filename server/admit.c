@@ -1306,13 +1306,16 @@ static uint64_t project_need(const struct mts_registry *reg, uint32_t gi,
  *
  * `memtally run --wait` asks again until granted. Without a queue, room
  * that frees goes to whichever request asks first, and a large request
- * waits while small ones keep taking the room it needs (the fleet bench's
- * largest kind ran last, two at a time). So the request that has waited
- * longest keeps its room: a younger request is granted only if it fits
- * beside that need too. Only a request that asks again keeps a place (a
- * waiter silent for MTS_WAIT_ACTIVE_NS has left), and none keeps it for
- * more than MTS_WAIT_HOLD_NS: then it goes to the back, so a request that
- * can never fit cannot hold the fleet. A non-admin uid's request is at
+ * can wait while small ones keep taking the room it needs (the fleet
+ * bench's largest kind ran last, two at a time). So a request that has
+ * waited `[admission] queue` (10 s) keeps its room, the one waiting
+ * longest first: a younger request is granted only if it fits beside it
+ * too. Not at once: holding room for every denied request idles the
+ * fleet behind the largest (a convoy; the bench's declared row took 19%
+ * longer). Only a request that asks again keeps a place (a waiter silent
+ * for MTS_WAIT_ACTIVE_NS has left), and none keeps it for more than
+ * MTS_WAIT_HOLD_NS past its wait: then it goes to the back, so a request
+ * that can never fit cannot hold the fleet. A non-admin uid's request is at
  * most its reserved-bytes share (max_reserved_bytes_per_uid), which bounds
  * what one uid's place can keep from the others.
  */
@@ -1337,15 +1340,17 @@ static struct mts_waiter *waiter_find(const struct mts_registry *reg,
 	return NULL;
 }
 
-/* The request waiting longest that is not `who` and came before it, or
- * NULL. */
+/* The request waiting longest that is not `who`, came before it and has
+ * waited at least `after_ns`, or NULL. */
 static const struct mts_waiter *waiter_head(const struct mts_registry *reg,
-                                            uint64_t who, uint64_t now)
+                                            uint64_t who, uint64_t now,
+                                            uint64_t after_ns)
 {
 	const struct mts_waiter *self = waiter_find(reg, who), *head = NULL;
 	for (uint32_t i = 0; i < reg->adm->nwaiters; i++) {
 		const struct mts_waiter *w = &reg->adm->waiters[i];
-		if (w == self || now - w->last_ns > MTS_WAIT_ACTIVE_NS)
+		if (w == self || now - w->last_ns > MTS_WAIT_ACTIVE_NS ||
+		    now - w->first_ns < after_ns)
 			continue;
 		if (!head || w->first_ns < head->first_ns)
 			head = w;
@@ -1382,8 +1387,9 @@ static void waiter_note(struct mts_registry *reg, uint64_t who, uint32_t uid,
 		*w = (struct mts_waiter){
 		    .who = who, .uid = uid, .first_ns = now};
 	}
-	if (now - w->last_ns > MTS_WAIT_ACTIVE_NS ||
-	    now - w->first_ns > MTS_WAIT_HOLD_NS)
+	uint64_t hold =
+	    (uint64_t)reg->policy.admit_queue_ms * 1000000u + MTS_WAIT_HOLD_NS;
+	if (now - w->last_ns > MTS_WAIT_ACTIVE_NS || now - w->first_ns > hold)
 		w->first_ns = now; /* it had left, or held its place enough */
 	w->last_ns = now;
 	w->bytes = bytes;
@@ -1488,7 +1494,10 @@ void mts_admit_decide_profile(const struct mts_registry *reg,
 	out->need = need;
 	uint64_t now = mts_now_monotonic();
 	const struct mts_waiter *head =
-	    pol->admit_queue ? waiter_head(reg, who, now) : NULL;
+	    pol->admit_queue
+	        ? waiter_head(reg, who, now,
+	                      (uint64_t)pol->admit_queue_ms * 1000000u)
+	        : NULL;
 	uint64_t with =
 	    head ? project_need(reg, UINT32_MAX, bytes, prof, head) : need;
 	uint64_t kept = with > need ? with - need : 0;

@@ -112,6 +112,7 @@ void mts_policy_defaults(struct mts_policy *p)
 	p->kind_follow_profile = true;
 	p->kind_pool_gap_bp = 0;
 	p->admit_queue = true;
+	p->admit_queue_ms = 10000;
 	p->kinds_per_uid = MTS_DEFAULT_KINDS_PER_UID;
 	p->kinds_max = MTS_DEFAULT_KINDS_MAX;
 	p->guard_line_bp = MTS_DEFAULT_GUARD_LINE_BP;
@@ -1063,9 +1064,18 @@ static int key_admission(struct load *l, const char *sec, const char *key,
 		return 0;
 	}
 	if (strcmp(key, "queue") == 0) {
-		if (parse_bool(v, &p->admit_queue) < 0)
+		/* off, or how long a request waits before it keeps its room. */
+		if (strcasecmp(v, "off") == 0 || strcasecmp(v, "none") == 0) {
+			p->admit_queue = false;
+			return 0;
+		}
+		if (parse_duration_ms(v, UINT64_C(86400000), &n) < 0)
 			return fail(l, sec, key,
-			            "expected true or false, got '%s'", v);
+			            "expected off or a duration up to 1d, e.g. "
+			            "10s, got '%s'",
+			            v);
+		p->admit_queue = true;
+		p->admit_queue_ms = (uint32_t)n;
 		return 0;
 	}
 	if (strcmp(key, "max_reserved_bytes_per_uid") == 0) {

@@ -178,7 +178,8 @@ struct mts_policy {
 	uint32_t kind_horizon_s; /* runs older than this are forgotten */
 	uint64_t kind_default_size;
 	uint32_t kind_default_bp;
-	bool admit_queue; /* the request waiting longest keeps its room */
+	bool admit_queue;       /* a request waiting long keeps its room */
+	uint32_t admit_queue_ms; /* ... once it has waited this long */
 	bool kind_follow_profile;
 	uint32_t kind_pool_gap_bp;
 	    /* of the pooled gap admission keeps */ /* a learned reservation

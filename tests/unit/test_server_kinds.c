@@ -657,6 +657,20 @@ Test(kinds, admission_follows_the_profile_over_time)
 Test(kinds, the_request_waiting_longest_keeps_its_room)
 {
 	start_fleet(1000 * MIB);
+	/* Not before it has waited [admission] queue (10 s by default). */
+	cr_assert_eq(srv.reg.policy.admit_queue_ms, 10000);
+	Memtally__V1__Response *r0 = fx_admit(1000, 700 * MIB, "", "h0", 0);
+	memtally__v1__response__free_unpacked(r0, NULL);
+	r0 = fx_admit(1000, 400 * MIB, "", "b0", 0);
+	cr_assert_not(r0->admit_result->admitted);
+	memtally__v1__response__free_unpacked(r0, NULL);
+	r0 = fx_admit(1001, 200 * MIB, "", "s0", 0);
+	cr_assert(r0->admit_result->admitted, "%s", r0->admit_result->reason);
+	memtally__v1__response__free_unpacked(r0, NULL);
+	mts_resv_free_all(&srv.reg);
+	srv.reg.adm->nwaiters = 0;
+	mts_resv_sums(&srv.reg);
+	srv.reg.policy.admit_queue_ms = 0;
 	Memtally__V1__Response *r = fx_admit(1000, 700 * MIB, "", "hold", 0);
 	cr_assert(r->admit_result->admitted, "%s", r->admit_result->reason);
 	memtally__v1__response__free_unpacked(r, NULL);
