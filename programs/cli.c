@@ -531,9 +531,9 @@ static json_t *jstr(const char *s)
 }
 
 /*
- * The documents below are the `--json` shapes the README documents; a
- * field may be added, never renamed. One key per line so the shape reads
- * as JSON.
+ * The documents below are the `--json` shapes docs/OPERATIONS.md
+ * documents; a field may be added, never renamed. One key per line so the
+ * shape reads as JSON.
  */
 static json_t *json_status(const struct memtally_usage *u)
 {
