@@ -1,6 +1,7 @@
 /*
  * server.c - lifecycle of one memtallyd: listener, restart record, shared
- * header, registry, tick.
+ * header, registry, and the timers: the tick's (the tick itself is
+ * core.c's mts_core_tick()), the RSS sweep's and the node guard's.
  *
  * Start order matters. The socket is bound first, so a second server
  * started by mistake fails there (EADDRINUSE) before it touches anything.
@@ -8,19 +9,18 @@
  * another socket but the same record is refused (-EBUSY) by its lock. The
  * record says whether there are workers to adopt, and with which geometry;
  * the header (a sealed memfd, mtshm.h) is created with that geometry and
- * the registry adopts what the record lists.
+ * the registry adopts what the record lists. Then the policy (limits,
+ * admission, enforcement, auth) is installed into the registry before the
+ * first tick, the Watch broadcast is the registry's event sink, an RSS
+ * sweep timer runs at policy.rss_interval_ms, and the optional TCP
+ * listener opens last, so a TCP client never reaches a half-started
+ * server.
  *
  * Stop closes every handle (listener, connections, tick timer, pidfd
  * polls) and leaves the restart record for the next server; uv_run() then
  * returns, and mts_server_free() unmaps, closes the record (releasing its
  * lock) and removes the socket file. The workers keep their slot tables
  * mapped: that is what the next server adopts.
- *
- * Then the policy (limits, admission, enforcement, auth) is installed into
- * the registry before the first tick, the Watch broadcast is the
- * registry's event sink, an RSS sweep timer runs at
- * policy.rss_interval_ms, and the optional TCP listener opens last, so a
- * TCP client never reaches a half-started server.
  */
 #include "server.h"
 

@@ -5,29 +5,40 @@
  * server; a module of memtallyd includes only the headers of the modules
  * it uses. Nothing outside server/, tests/ and bench/ includes it.
  *
- * Each module declares what it offers in its own header:
- *  - mts_defs.h: version, defaults, name length.
- *  - mts_registry.h (registry.c): every registered worker, slot tables,
- *    groups, totals, counters; the peer of a connection.
- *  - mts_policy.h: what config.c produces and limits.c applies.
- *  - mts_limits.h (limits.c): hysteresis states, limits, enforcement.
- *  - mts_rate.h (rate.c): growth rates and forecasts.
- *  - mts_admit.h (admit.c): admission, reservations, tasks.
- *  - mts_auth.h (auth.c): who may SetLimit or end another's reservation.
- *  - mts_dispatch.h (dispatch.c): one request frame in, one response out.
- *  - mts_conn.h (conn.c): listeners, connections, back-pressure, Watch.
- *  - mts_state.h (state.c): the restart record; mts_adopt.h (adopt.c):
- *    adoption after a restart.
- *  - mts_rss.h (rss.c), mts_procfs.h (procfs.c): what /proc says of a
- *    process.
- *  - mts_vouch.h (vouch.c): how much of an untrusted uid's claim counts
- *    toward others (what the kernel vouches for).
- *  - mts_config.h (config.c): the INI file and flags -> settings.
- *  - mts_hooks.h (hooks.c): a command at every fleet or group state change.
- *  - mts_metrics.h (metrics.c): the Prometheus endpoint; mts_log.h (log.c).
- *  - this header: struct mts_server, which owns the loop's handles, and
- *    its lifecycle (listener, restart record, header, tick, stop);
- *    main.c: flags, signals, the loop.
+ * The modules, one line each (header: source):
+ *  - main.c: flags, config file, signals and reload, the loop.
+ *  - server.h: server.c: start and stop; the timers (tick, RSS sweep,
+ *    node guard) and what runs beside each tick (log flush, file checks).
+ *  - mts_core.h: core.c: the tick, mts_core_tick(), and the wiring of the
+ *    registry's notifications to the modules above it.
+ *  - mts_registry.h: registry.c: registered workers, slot tables, groups,
+ *    totals, counters, the header's fleet snapshot; a connection's peer.
+ *  - mts_policy.h: what config.c produces and limits.c applies, and the
+ *    state-change event.
+ *  - mts_limits.h: limits.c: states with hysteresis, limits, Watch
+ *    events, enforcement, the registry's growth rates.
+ *  - mts_rate.h: rate.c: the arithmetic of growth rates and forecasts.
+ *  - mts_admit.h: admit.c: Admit decisions, reservations, tasks;
+ *    mts_admit_types.h: what admit.c keeps in each process's record.
+ *  - mts_kinds.h: kinds.c: kinds, their learned sizes and their record.
+ *  - mts_node.h: node.c: the node's memory and the guard's line below it.
+ *  - mts_guard.h: guard.c: the node guard's evictions past that line.
+ *  - mts_vouch.h: vouch.c: how much of an untrusted uid's claim counts
+ *    toward others; mts_vouch_types.h: its figures in the records.
+ *  - mts_auth.h: auth.c: who may SetLimit or end another's reservation.
+ *  - mts_uidcount.h: uidcount.c: counts and bytes kept per uid.
+ *  - mts_dispatch.h: dispatch.c: request frames in, response frames out.
+ *  - mts_conn.h: conn.c: listeners, connections, back-pressure, Watch.
+ *  - mts_sockdiag.h: sockdiag.c: the uid behind a local TCP connection.
+ *  - mts_state.h: state.c: the restart record.
+ *  - mts_adopt.h: adopt.c: adoption of live workers after a restart.
+ *  - mts_rss.h: rss.c: resident sets and vouching reads, off the loop.
+ *  - mts_procfs.h: procfs.c: what /proc says of a process.
+ *  - mts_config.h: config.c: the INI file and flags -> settings.
+ *  - mts_hooks.h: hooks.c: a command at every fleet or group state change.
+ *  - mts_metrics.h: metrics.c: the Prometheus endpoint.
+ *  - mts_log.h: log.c: logfmt lines and their per-uid budget.
+ *  - mts_defs.h: version, defaults, name length, clocks.
  *
  * Everything runs on one libuv loop thread; nothing here is locked.
  * Functions return 0 or -errno unless their comment says otherwise.
