@@ -428,11 +428,8 @@ static inline void bench_server_stop(struct bench_server *s, bool keep_log)
 	}
 	unlink(s->sock);
 	unlink(s->state);
-	/* A server that names its segment in /dev/shm leaves it for a
-	 * restart to adopt: not this one's. */
-	char shm[96];
-	snprintf(shm, sizeof(shm), "/dev/shm%s", s->seg);
-	unlink(shm);
+	/* The shared memory is sealed memfds: nothing of it is left in a
+	 * file once the server and its workers are gone. */
 	if (keep_log) {
 		fprintf(stderr, "memtallyd's log: %s\n", s->log);
 		return;

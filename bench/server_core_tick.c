@@ -10,7 +10,7 @@
  *
  * Setup, without sockets or worker processes: a header of --slots S slots
  * and --seg-lanes lanes (the server's default is 4; mtshm_header_create,
- * as memtallyd makes it), a registry on it (mts_registry_init), a policy
+ * as memtallyd makes it), a registry on it (mts_core_init), a policy
  * with a fleet limit, a per-process limit and one [group] limit (so limits
  * evaluation compares, not skips), then S workers of this uid entered
  * through the restart path, mts_registry_adopt_slot(), spread over
@@ -18,9 +18,10 @@
  * the registry with mts_table_adopt() as a restarted server takes over a
  * worker's table). mts_register() needs a live process per worker (its
  * /proc start time and a pidfd); the adoption path runs the same registry
- * code from there on: slot placement, the tick, limits and exits. Each worker's "pidfd" is an eventfd: the
- * registry only polls it for readability, and writing to it makes the
- * server see an exit through its real on_pidfd -> proc_release path. With
+ * code from there on: slot placement, the tick, limits and exits. Each
+ * worker's "pidfd" is an eventfd: the registry only polls it for
+ * readability, and writing to it makes the server see an exit through its
+ * real on_pidfd -> proc_release path. With
  * --churn P, P% of the workers (random) then exit that way and as many new
  * ones are adopted into the freed slots, with heap allocations in between,
  * so the dense order, the slot order and the heap order of the per-process

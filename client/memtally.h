@@ -30,14 +30,11 @@
  * are sealed against resizing and of the announced size, maps them, closes
  * the descriptors and publishes the process's whole count so far.
  *
- * Environment:
- *   MEMTALLY_SOCKET  server socket path
- *   MEMTALLY_GROUP   group (job, tenant) this process belongs to
- *   MEMTALLY_TASK    admission reservation this process fulfils
- *   MEMTALLY_DEBUG   1: diagnostics on stderr (never anything on stdout)
- *   MEMTALLY_DISABLE 1: count nothing, never connect
- *   MEMTALLY_REGISTER_AFTER_MS, MEMTALLY_REGISTER_MIN  when to attach (above;
- *                    a process with MEMTALLY_TASK set attaches at once)
+ * Environment: every variable the library reads (the socket, the group,
+ * the task, diagnostics, when to register, what to count, the refresh
+ * thread, the preloads' allocator) is in the one list of them, memtally(1),
+ * ENVIRONMENT (docs/memtally.1). A process with MEMTALLY_TASK set attaches
+ * at its first flush.
  *
  * Fail open: without a server, with a bad socket path, or handed shared
  * memory of an unknown layout or not sealed, the worker runs exactly as it

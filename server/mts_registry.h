@@ -1,8 +1,10 @@
 /*
  * mts_registry.h - the registry: every registered worker (pid, start time,
  * uid, pidfd, slot), the slot tables, groups, totals and counters, and
- * the peer of a connection (registry.c). The only writer of the header's
- * fleet snapshot and of server-owned slot fields.
+ * the peer of a connection (registry.c). Only mts_publish() writes the
+ * header's fleet snapshot. The registry writes a slot's identity (pid,
+ * uid, start time, generation, group) and resets it; the tick (core.c)
+ * and the limits (limits.c) write its flags, peak and limit.
  */
 #ifndef MTS_REGISTRY_H
 #define MTS_REGISTRY_H
@@ -35,11 +37,14 @@ struct mts_guard_state;
 /* A registered worker. Lives from registration until its uv_poll's close
  * callback; `slot` is released (pid = 0) when it exits, before that.
  *
- * Every tick reads (and may write) the first 64 bytes of each process: the
- * sum's and the limits pass's fields. They come first and the record is
- * MTS_PROC_ALIGN-aligned, so a tick touches one line per process instead
- * of four scattered ones (at 16384 processes the tick is bound by lines
- * moved, bench/RESULTS.md, server). Keep tick-time fields in that line. */
+ * At 16384 processes the tick is bound by the cache lines it moves
+ * (bench/RESULTS.md, server), so the record is MTS_PROC_ALIGN-aligned and
+ * the fields every tick reads or writes come first. The sum's and the
+ * limits' fields fill the first 64 bytes. `clamped` and the mapped
+ * bound's fields after it are the tick-time fields past them: they start
+ * the second line, which every tick therefore reads too. The growth rate,
+ * which one slice of processes per tick updates, follows them. Keep
+ * tick-time fields in those two lines. */
 #define MTS_PROC_ALIGN 64u
 /* Parts of a process's figure the tick clamps at 0 (mts_proc.clamped):
  * the lanes' sum, below 0 past its error bar; mapped below 0 (it would
@@ -67,7 +72,7 @@ struct mts_proc {
 	bool corrupt;   /* sticky until the slot is reset */
 	bool has_free;  /* allocator_free was sampled: read it */
 	/* MTS_CLAMPED_*: parts of its figure clamped at 0 now (logged when
-	 * the clamping starts) */
+	 * the clamping starts). Byte 64: the second line, read every tick. */
 	uint8_t clamped;
 	/* Its mapped bytes against the kernel's (rss.c, mts_mapped_read):
 	 * `mapped_seen` is lane 0's figure at the latest tick, `mapped` the
@@ -79,8 +84,8 @@ struct mts_proc {
 	bool mapped_capped;
 	uint64_t mapped_seen;
 	uint64_t mapped_rose_ns;
-	/* Growth rate (rate.c): one slice of processes per tick, never in
-	 * the hot line above. */
+	/* Growth rate (rate.c): one slice of processes per tick, past the
+	 * first line. */
 	struct mts_rate rate;
 	/* Warm: enforcement and reservations (only while they have work). */
 	uint32_t pid;

@@ -316,7 +316,7 @@ int mts_registry_init(struct mts_registry *reg, uv_loop_t *loop,
 }
 
 /* A zeroed proc on its own MTS_PROC_ALIGN boundary (see struct mts_proc:
- * the tick's fields then share one line). */
+ * the tick's fields then sit in its first two lines). */
 static struct mts_proc *proc_alloc(void)
 {
 	size_t size = (sizeof(struct mts_proc) + MTS_PROC_ALIGN - 1) &
