@@ -84,30 +84,25 @@ static inline uint64_t mtc_threshold(void)
 #define MTC_VERIFY_EVERY 128
 
 /*
- * A publish by a thread that owns a lane of the current slot, with no look
- * at the server's heartbeat: the lane's add, after a countdown and one
- * comparison:
- *  - quiet_left: a full publish (mtc_publish) into the thread's own lane
- *    arms it with the flushes left before the server's heartbeat is due a
- *    look (MTC_VERIFY_EVERY in all, quiet or full, without a tick); 0 for
- *    anything else (a new, exiting or lane-less thread, a fork child's
- *    thread, or a front end's own reason), so it also stands for "set up,
- *    lane owned, slot mapped";
- *  - the slot's flags and the thread's epoch against mtc_gate: the lane
- *    is the thread's while the epoch is the one it claimed it in (a slot
- *    left behind by a re-attach stays mapped: its flags can be read); the
- *    server's over-limit flag changes only in a tick, and the first
- *    publish after the tick that raised (or cleared) it goes full and
- *    handles the edge, as when every large publish looked at the tick
- *    counter. A callback registered or handed over while the flag is up
- *    clears it from mtc_gate, so the next publish of any thread goes full
- *    too.
+ * A publish with no look at the server's heartbeat: the lane's add, after
+ * a countdown and one comparison. False, and nothing done, when the
+ * thread must go through mtc_publish() instead.
+ *  - quiet_left counts the publishes left before the heartbeat is due a
+ *    look (MTC_VERIFY_EVERY in all, quiet or full). Only a full publish
+ *    into the thread's own lane arms it, so a non-zero count also means
+ *    "set up, lane owned, slot mapped".
+ *  - The slot's flags with the thread's epoch must equal mtc_gate. The
+ *    lane is the thread's while the epoch is the one it claimed it in (a
+ *    slot left behind by a re-attach stays mapped, so its flags can be
+ *    read). The server changes the over-limit flag only in a tick, so the first
+ *    publish after that tick goes full and handles the edge. A callback
+ *    registered or handed over while the flag is up clears it from
+ *    mtc_gate, so the next publish of any thread goes full too.
  * A server that stopped ticking is still noticed after MTC_VERIFY_EVERY
- * flushes. The lane's `flushes` count gets the quiet ones at the next
- * full publish. False, and nothing done, when the thread must go through
- * mtc_publish(). Front ends arm nothing while their re-entrancy guard is
- * up: mtc_publish() arms only on its way out, and the slow paths allocate
- * nothing between that and dropping the guard.
+ * publishes. The lane's `flushes` count gets the quiet ones at the next
+ * full one. Nothing is armed while a front end's re-entrancy guard is up:
+ * mtc_publish() arms on its way out, and the slow paths allocate nothing
+ * between that and dropping the guard.
  */
 static inline bool mtc_publish_quiet(struct mtc_thread *th, int64_t delta)
 {
@@ -164,10 +159,11 @@ void mtc_thread_exit(struct mtc_thread *th);
  *
  * A process that is still single-threaded gets its thread only once its
  * figure (heap and mapped bytes) reaches MEMTALLY_REFRESH_MIN
- * (MTC_REFRESH_MIN by default): its first thread switches glibc to
- * locking every stdio call and every malloc arena for good (a getc loop
- * ran 1.8x slower), a price worth paying only for a figure that matters.
- * Below it, the figure follows the program's own calls only.
+ * (MTC_REFRESH_MIN by default). Its first thread switches glibc for good
+ * to locking every stdio call and every malloc arena (the cost of a getc
+ * loop: bench/RESULTS.md, stdio_cost). That price is worth paying
+ * only for a figure that matters. Below it, the figure follows the
+ * program's own calls only.
  */
 #define MTC_REFRESH_MS     1000u
 #define MTC_REFRESH_MAX_MS 3600000u

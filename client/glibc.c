@@ -90,15 +90,14 @@ static inline uint64_t chunk_bytes(const void *p)
 
 /*
  * Per thread: two counters that only grow, `alloc` (bytes of blocks the
- * thread was given) and `freed` (bytes of blocks it gave back), both
- * started at -T (T = threshold, modulo 2^64) by the last flush, so that
- * the add that brings either to T bytes since that flush carries out of
- * 64 bits: one add to thread-local memory and one branch on the carry per
- * call, nothing else. Both start from the same value, so the unflushed
- * drift is alloc - freed (+ carry), each side below T since the flush:
- * within (-T, +T) as with the inline API; the scheme of jemalloc's
- * activity callback (a flush after every T bytes allocated, and after
- * every T bytes freed).
+ * thread was given) and `freed` (bytes of blocks it gave back). The last
+ * flush starts both at -T (T = threshold, modulo 2^64), so the add that
+ * brings either to T bytes since that flush carries out of 64 bits. A
+ * call costs one add to thread-local memory and one branch on the carry.
+ * Both start from the same value, so the unflushed drift is alloc - freed
+ * (+ carry), with each side below T: within (-T, +T), as with the inline
+ * API. This is the scheme of jemalloc's activity callback: a flush after
+ * every T bytes allocated, and after every T bytes freed.
  *
  * A new thread starts with both counters at 2^64 - 1: its first call
  * carries and sets it up. A disabled process puts them at 0, which 2^64

@@ -26,14 +26,14 @@
  * memtally_init() in each thread.
  *
  * Fallback (the preload only): if the mallctl is missing or fails, the
- * preload counts as its interposer always did, from the same counters:
- * every allocator call compares the thread's net with what it last
- * published and publishes once |drift| reaches the threshold (mtj_check).
- * The calls arrive through jemalloc's experimental.hooks (alloc hooks run
- * after the allocation, free hooks before the free, so a free is seen at
- * the thread's next call, as before). Hooks send every call through
- * jemalloc's slow path and hook dispatch: ~10x the cost of a 16 B pair
- * (bench/RESULTS.md), a fallback that keeps the figures right.
+ * preload counts from the same counters on every allocator call. Each call
+ * compares the thread's net with what it last published and publishes
+ * once |drift| reaches the threshold (mtj_check). The calls arrive through
+ * jemalloc's experimental.hooks: alloc hooks run after the allocation,
+ * free hooks before the free, so a free is seen at the thread's next
+ * call. Hooks send every call through jemalloc's slow path and hook
+ * dispatch, ~10x the cost of a 16 B pair (bench/RESULTS.md): a fallback
+ * that keeps the figures right.
  * MEMTALLY_TEST_NO_ACTIVITY_CALLBACK=1 makes the mallctl fail on purpose
  * so that tests can exercise the fallback.
  */

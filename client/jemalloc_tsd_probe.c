@@ -14,7 +14,7 @@
  * fields without mallctl. It checks each offset twice (the counters move by
  * what an allocation's usable size says; the callback mallctl reads back
  * what was written at the offset) and prints MTJ_TSD_KNOWN 0 if anything
- * does not agree, in which case the preload uses mallctl as before.
+ * does not agree, in which case the preload reaches them through mallctl.
  */
 #define _GNU_SOURCE
 #include <malloc.h>

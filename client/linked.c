@@ -15,7 +15,7 @@ int memtally_init(void)
 		return MEMTALLY_EDISABLED;
 	/* The program's jemalloc, whichever library defines it; no counting
 	 * fallback here: a program without the callback accounts with
-	 * memtally_account(), as before. */
+	 * memtally_account(). */
 	mtj_mallctl_fn f;
 	*(void **)&f = dlsym(RTLD_DEFAULT, "mallctl");
 	if (!f)

@@ -1271,8 +1271,8 @@ int mts_socket_prepare(const char *path)
  * The idle timeout: a connection that has sent no request for idle_ms is
  * closed, so that peers which open connections and leave them do not hold
  * a share of max_connections (and of their uid's) for ever. A Watch
- * subscriber waits for events by design and is never idle; a peer that
- * reconnects is served as before (the client library reconnects by
+ * subscriber waits for events by design and is never idle. A peer that
+ * reconnects is served like any other (the client library reconnects by
  * itself).
  */
 static void on_idle_timer(uv_timer_t *t)
@@ -1359,18 +1359,18 @@ static int conns_init(struct mts_conns *net)
 
 /*
  * The socket is born with its mode and group. bind() creates the file with
- * the umask's mode and our group, and a chmod or chown by path after it
- * acts on whatever is at that path by then: in a directory another user
- * can write, their symlink to any file. So the socket is bound inside a
- * fresh directory of our own beside the target (mkdtemp: 0700, ours; the
- * directory it is in was checked at start not to let anyone else rename
- * its entries, mts_dir_check), given its mode and group there through
- * that directory's descriptor, where nobody else can reach it, listened
- * on, and only then renamed into place. RENAME_NOREPLACE: a server that
+ * the umask's mode and our group. A chmod or chown by path after it acts
+ * on whatever is at that path by then: in a directory another user can
+ * write, their symlink to any file. So the socket is bound inside a fresh
+ * directory of our own beside the target (mkdtemp: 0700, ours). Its
+ * parent was checked at start (mts_dir_check): nobody else may rename its
+ * entries. There the socket gets its mode and group through the
+ * directory's descriptor, where nobody else can reach it, is listened on,
+ * and only then is renamed into place. RENAME_NOREPLACE: a server that
  * took the path since mts_socket_prepare() keeps it (-EADDRINUSE). The
  * bind goes through /proc/self/fd/N, so the temporary path is never
- * longer than sun_path allows. The descriptor is ours, handed to libuv
- * with uv_pipe_open(): libuv knows no path to unlink at close, and
+ * longer than sun_path allows. The descriptor is handed to libuv with
+ * uv_pipe_open(), so libuv knows no path to unlink at close;
  * mts_server_free() removes the socket, if it is still ours.
  */
 static int bind_in(struct mts_conns *net, int dfd, int *out)

@@ -42,16 +42,16 @@ void mts_log(enum mts_log_level level, const char *msg, const char *fmt, ...)
 /*
  * Budgets. A line a peer can cause (a request and its answer, a worker
  * registering, exiting, exec'ing, crossing its limit, a refusal, a bad
- * frame) goes through mts_log_uid() under that peer's uid: at most
- * MTS_LOG_PEER_BURST lines a second per uid at each level, so lines of
- * one level never hide another's: a flood of grants leaves the uid's
- * first warning visible, and debug lines about connections its grants. Every
- * uid is budgeted, root and the server's own included: a scheduler granting a
- * thousand reservations a second fills a disk as surely as a hostile peer.
- * `uid` is UINT32_MAX for peers without credentials (TCP). The lines held back
- * are reported as one "similar lines suppressed" line, listing them by msg with
- * their counts, when the uid's next second starts, or at the latest by
- * mts_log_flush().
+ * frame) goes through mts_log_uid() under that peer's uid. Each uid may
+ * write MTS_LOG_PEER_BURST lines a second at each level. The budget is
+ * per level so that a flood of grants leaves the uid's first warning
+ * visible, and debug lines about its connections leave its grants. Every
+ * uid is budgeted, root and the server's own included: a scheduler
+ * granting a thousand reservations a second fills a disk as surely as a
+ * hostile peer. `uid` is UINT32_MAX for peers without credentials (TCP).
+ * The lines held back are reported as one "similar lines suppressed" line,
+ * listing them by msg with their counts, when the uid's next second
+ * starts, or at the latest by mts_log_flush().
  *
  * A fleet's or group's state moves because of many uids, so its lines
  * go through mts_log_scope() under the scope's name instead: at most
