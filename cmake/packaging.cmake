@@ -39,6 +39,9 @@ install(PROGRAMS ${_deploy}/slurm/memtally-slurm-hook ${_deploy}/slurm/memtally-
 install(FILES ${PROJECT_SOURCE_DIR}/proto/memtally.proto
         DESTINATION ${CMAKE_INSTALL_DATADIR}/memtally/proto)
 install(FILES ${PROJECT_SOURCE_DIR}/README.md DESTINATION ${CMAKE_INSTALL_DOCDIR})
+# The pages the README links to, at the same relative paths.
+install(FILES ${PROJECT_SOURCE_DIR}/docs/COUNTING.md ${PROJECT_SOURCE_DIR}/docs/OPERATIONS.md
+        DESTINATION ${CMAKE_INSTALL_DOCDIR}/docs)
 foreach(_page memtallyd.8 memtally.1)
   if(EXISTS ${PROJECT_SOURCE_DIR}/docs/${_page})
     string(REGEX REPLACE ".*\\." "" _sec ${_page})
