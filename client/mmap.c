@@ -34,7 +34,8 @@
  * give pages back without unmapping them. The figure is the counted
  * ranges `t` less `d`, the pages of them known not resident: madvise
  * (DONTNEED, FREE, REMOVE, PAGEOUT) adds to `d` at once, and a reconcile
- * (mincore over `t`) rebuilds it, so pages touched again come back.
+ * (the pagemap scan over `t`, or mincore where the kernel has no scan)
+ * rebuilds it, so pages touched again come back.
  * Ranges mapped lately (`y`) stay counted in full for one to two
  * seconds, as a malloc'd block counts before it is touched; a commit over
  * a reservation (mmap MAP_FIXED: HotSpot, Go) counts as it is touched.

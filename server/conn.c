@@ -1173,16 +1173,17 @@ static int links_check(const char *dir, char *msg, size_t cap)
 /*
  * Whoever may rename entries in a directory on the way to the socket or
  * the restart record can put their own files, symlinks or directories
- * there, between our checks and our uses; whoever owns a symlink on the
+ * there, between our checks and our uses. Whoever owns a symlink on the
  * way can point it elsewhere. So, as OpenSSH's StrictModes does for its
  * key files, every symlink on the path as written must be owned by root
- * or by us (links_check), and every directory passed through, and every
- * directory from `file`'s (or, when that does not exist yet, the nearest
- * existing one above it, where make_dirs() would create it) up to /, must
- * be owned by root or by us, and not writable by group or others unless
- * it is sticky (like /tmp, where only an entry's owner may rename it). A
- * few system calls, once at start. 0, or -EPERM (or -errno when it cannot
- * be examined) with `msg` saying which directory or symlink and why.
+ * or by us (links_check). Every directory passed through, and every
+ * directory from `file`'s up to /, must be owned by root or by us, and
+ * not writable by group or others unless it is sticky (like /tmp, where
+ * only an entry's owner may rename it). When `file`'s directory does not
+ * exist yet, the walk starts at the nearest existing one above it, where
+ * make_dirs() would create it. A few system calls, once at start. 0, or
+ * -EPERM (or -errno when it cannot be examined) with `msg` saying which
+ * directory or symlink and why.
  */
 int mts_dir_check(const char *file, char *msg, size_t cap)
 {
