@@ -1042,15 +1042,15 @@ static int dir_safe(const struct stat *st, const char *name, char *msg,
 #define MAX_LINKS 40
 
 /*
- * The directory `dir` as written, one component at a time (openat with
- * O_PATH and O_NOFOLLOW, so each step is examined before it is taken): a
- * symlink on the way is followed only if root or we own it, since its
- * owner can point it elsewhere at any time (at a directory of theirs
- * holding their own server's socket) whatever the directories it points
- * to now; and every directory passed through must be one only root or we
- * can change (the symlink in it could be replaced). Stops at the first
- * component that does not exist (make_dirs() creates the rest, under a
- * checked directory) or is not a directory.
+ * Walk the directory `dir` as written, one component at a time (openat
+ * with O_PATH and O_NOFOLLOW, so each step is examined before it is
+ * taken). A symlink on the way is followed only if root or we own it: its
+ * owner can point it elsewhere at any time, at a directory of theirs
+ * holding their own server's socket, whatever it points to now. Every
+ * directory passed through must be one only root or we can change, or
+ * the symlink in it could be replaced. Stops at the first component that
+ * does not exist (make_dirs() creates the rest, under a checked
+ * directory) or is not a directory.
  */
 static int links_check(const char *dir, char *msg, size_t cap)
 {

@@ -715,13 +715,13 @@ static int peer_pidfd(const struct mts_registry *reg,
  * The fallback's pid is only a number: the process that connected may
  * have exited (after handing its socket to another) and the pid been
  * given to a process of another user, whose claims would then be
- * attributed to it. So that process is accepted only if it had started
- * by the time the connection was accepted (start times are clock ticks
- * of CLOCK_BOOTTIME since boot: one started later, in a later tick,
- * cannot have connected; one in the same tick is taken, since a worker
- * connects within its first tick) and its real uid is the peer's
- * SO_PEERCRED uid (a process of another user never is, whenever it
- * started). The caller reads these through a pidfd that is still alive
+ * attributed to it. So that process is accepted only if two things hold.
+ * It had started by the time the connection was accepted: start times
+ * are clock ticks of CLOCK_BOOTTIME since boot, so one started in a later
+ * tick cannot have connected, and one in the same tick is taken, since a
+ * worker connects within its first tick. And its real uid is the peer's
+ * SO_PEERCRED uid, which a process of another user never has, whenever
+ * it started. The caller reads these through a pidfd that is still alive
  * afterwards, so they are the pidfd's process's. 0, -ESTALE (refused,
  * logged), or -errno.
  */
