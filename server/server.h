@@ -32,7 +32,8 @@
  *  - mts_sockdiag.h: sockdiag.c: the uid behind a local TCP connection.
  *  - mts_state.h: state.c: the restart record.
  *  - mts_adopt.h: adopt.c: adoption of live workers after a restart.
- *  - mts_rss.h: rss.c: resident sets and vouching reads, off the loop.
+ *  - mts_rss.h: rss.c: resident sets, the kernel's figures for vouching
+ *    and for the mapped bound, read off the loop.
  *  - mts_procfs.h: procfs.c: what /proc says of a process.
  *  - mts_config.h: config.c: the INI file and flags -> settings.
  *  - mts_hooks.h: hooks.c: a command at every fleet or group state change.
