@@ -11,7 +11,9 @@
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps deps-build build demo check check-plain check-asan check-tsan check-fuzz fuzz check-long bench bench-fleet install clean
+.PHONY: all deps deps-build build demo check check-plain check-asan check-tsan check-fuzz fuzz check-long bench bench-fleet install clean \
+	build-plain build-asan build-tsan build-fuzz test-plain test-asan-shared test-asan-alone \
+	test-tsan-shared test-tsan-alone test-fuzz
 
 all: build
 
@@ -30,43 +32,111 @@ build: deps-build
 demo: build
 	bash deploy/demo.sh build
 
-check: deps check-plain check-asan check-tsan check-fuzz
+# make check on a 2-core box in under 15 minutes, every suite run. Most tests
+# wait on sockets and sleeps, so each pass runs its tests side by side
+# (ctest -j$(CTEST_JOBS), more than the cores);
+# what needs the machine to itself is labelled "alone" (RUN_SERIAL; see
+# tests/integration/CMakeLists.txt) and runs after the rest, one at a time.
+# The steps of check:
+#   1. the plain tree builds;
+#   2. its tests run, the shared ones then the alone ones, while the ASan,
+#      TSan and fuzz trees build beside them at nice 19: a compiler then
+#      gets only the CPU the tests leave (they mostly sleep), and a test
+#      that wakes takes the CPU back at once;
+#   3. the ASan and the TSan passes' shared tests run at once, side by
+#      side; then each pass's alone tests, one at a time;
+#   4. the fuzz targets, two at a time (one a core), FUZZ_SECONDS each.
+# What the sanitized passes run: every unit test, the fuzz targets' inputs
+# (check-fuzz runs them under ASan+UBSan), and memtallyd under every
+# integration test but those labelled "timing" (their point is a duration,
+# a rate or an instruction count) or "slow" (long scenarios on a whole node
+# or on the clock, four times longer under a sanitizer, whose server code
+# shorter tests run too); bench proofs (timing and allocator proofs) and
+# the fuzz label never. So plain runs 116 tests, ASan and TSan 73 each.
+CTEST_JOBS ?= 6
+SAN_EXCLUDE = fuzz|bench-proof|timing|slow
+
+check: deps
+	$(MAKE) --no-print-directory build-plain
+	@rm -f build/builds.rc
+	@echo "building the ASan, TSan and fuzz trees at nice 19 (log: build/builds.log)"
+	{ nice -n 19 $(MAKE) --no-print-directory build-asan build-tsan build-fuzz \
+	    >build/builds.log 2>&1; echo $$? >build/builds.rc; } & \
+	  $(MAKE) --no-print-directory test-plain; rc=$$?; wait; \
+	  if [ "$$(cat build/builds.rc)" != 0 ]; then tail -50 build/builds.log; exit 1; fi; \
+	  exit $$rc
+	$(MAKE) --no-print-directory -j2 -O test-asan-shared test-tsan-shared
+	$(MAKE) --no-print-directory test-asan-alone
+	$(MAKE) --no-print-directory test-tsan-alone
+	$(MAKE) --no-print-directory test-fuzz
 	@echo "make check: all suites passed"
 
-check-plain:
+build-plain:
 	cmake -S . -B build -DMEMTALLY_WERROR=ON $(CMAKE_FLAGS)
 	cmake --build build -j$(JOBS)
-	cd build && ctest --output-on-failure --timeout 600
 
-check-asan:
+build-asan:
 	cmake -S . -B build-asan -DMEMTALLY_WERROR=ON -DMEMTALLY_SANITIZE=address,undefined $(CMAKE_FLAGS)
 	cmake --build build-asan -j$(JOBS)
-	cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure --timeout 900 -LE 'fuzz|bench-proof'
+
+build-tsan:
+	cmake -S . -B build-tsan -DMEMTALLY_WERROR=ON -DMEMTALLY_SANITIZE=thread $(CMAKE_FLAGS)
+	cmake --build build-tsan -j$(JOBS)
+
+test-plain:
+	cd build && ctest -j$(CTEST_JOBS) -LE alone --output-on-failure --timeout 600
+	cd build && ctest -L alone --output-on-failure --timeout 600
+
+test-asan-shared:
+	cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest -j$(CTEST_JOBS) -LE '$(SAN_EXCLUDE)|alone' --output-on-failure --timeout 900
+
+test-asan-alone:
+	cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest -LE '$(SAN_EXCLUDE)' -L alone --output-on-failure --timeout 900
+
+test-tsan-shared:
+	cd build-tsan && ctest -j$(CTEST_JOBS) -LE '$(SAN_EXCLUDE)|alone' --output-on-failure --timeout 900
+
+test-tsan-alone:
+	cd build-tsan && ctest -LE '$(SAN_EXCLUDE)' -L alone --output-on-failure --timeout 900
+
+check-plain: build-plain
+	$(MAKE) --no-print-directory test-plain
+
+check-asan: build-asan
+	$(MAKE) --no-print-directory test-asan-shared
+	$(MAKE) --no-print-directory test-asan-alone
 
 # Under TSan runs: every unit test (compiled against the Criterion stand-in
 # in tests/support/tsan/: Criterion itself aborts under TSan, #274), every
-# integration test (memtallyd and the CLI TSan-built; the test workers and
-# the preload library never sanitized, as under ASan: they run under the
-# malloc interposer, which TSan would fight for malloc), and the deploy tests
-# that run without packaging (systemd, kubernetes, man). Not under TSan:
-# fuzz targets (libFuzzer needs ASan), bench proofs, deploy/package,
-# deploy/demo and install/consumer (not registered in sanitized builds).
-# A TSan report makes the reporting process exit 66: the unit test, or
-# memtallyd's exit status, which the integration harness checks. ~2 min.
-check-tsan:
-	cmake -S . -B build-tsan -DMEMTALLY_WERROR=ON -DMEMTALLY_SANITIZE=thread $(CMAKE_FLAGS)
-	cmake --build build-tsan -j$(JOBS)
-	cd build-tsan && ctest --output-on-failure --timeout 900 -LE 'fuzz|bench-proof'
+# integration test but the "timing" and "slow" ones (memtallyd and the CLI
+# TSan-built; the test workers and the preload library never sanitized, as
+# under ASan: they run under the malloc interposer, which TSan would fight
+# for malloc), and the deploy tests that run without packaging (systemd,
+# kubernetes, man). Not under TSan: fuzz targets (libFuzzer needs ASan),
+# bench proofs, deploy/package, deploy/demo and install/consumer (not
+# registered in sanitized builds). A TSan report makes the reporting process
+# exit 66: the unit test, or memtallyd's exit status, which the integration
+# harness checks.
+check-tsan: build-tsan
+	$(MAKE) --no-print-directory test-tsan-shared
+	$(MAKE) --no-print-directory test-tsan-alone
 
 # libFuzzer needs clang; each target runs for FUZZ_SECONDS over its corpus.
 FUZZ_SECONDS ?= 20
-check-fuzz:
+# Two targets at a time on two cores: each still gets a core for its
+# FUZZ_SECONDS.
+check-fuzz: build-fuzz
+	$(MAKE) --no-print-directory test-fuzz
+
+build-fuzz:
 	CC=clang CXX=clang++ cmake -S . -B build-fuzz -DMEMTALLY_FUZZ_SECONDS=$(FUZZ_SECONDS) $(CMAKE_FLAGS)
 	cmake --build build-fuzz -j$(JOBS) --target fuzz_frame fuzz_segment fuzz_dispatch fuzz_size fuzz_config fuzz_slots
-	cd build-fuzz && ctest --output-on-failure -L fuzz
 
-# Fuzz for as long as asked: make fuzz FUZZ_SECONDS=3600 (each target in
-# turn; inputs that add coverage stay in build-fuzz/tests/fuzz/work/<target>/corpus,
+test-fuzz:
+	cd build-fuzz && ctest -j$(JOBS) --output-on-failure -L fuzz
+
+# Fuzz for as long as asked: make fuzz FUZZ_SECONDS=3600 (two targets at a
+# time; inputs that add coverage stay in build-fuzz/tests/fuzz/work/<target>/corpus,
 # a crashing input lands in .../<target>/artifacts/).
 fuzz: deps
 	$(MAKE) check-fuzz FUZZ_SECONDS=$(FUZZ_SECONDS)
