@@ -67,7 +67,12 @@ def one_wild(lib, user, order):
         if user is not None:
             open_to_nobody(s)
         env = s.env(LD_PRELOAD=lib)
-        hold = Worker([HOLD, str(HOLD_MIB)], env, user=user)
+        # The holder's figure is its heap alone: the allocator's free
+        # memory is a sample taken on the worker's own clock (every 10 s),
+        # which may land between the two readings compared here.
+        hold = Worker([HOLD, str(HOLD_MIB)],
+                      s.env(LD_PRELOAD=lib, MEMTALLY_ALLOCATOR_FREE="0"),
+                      user=user)
         wild = None
         try:
             hold.readline()

@@ -47,7 +47,10 @@ def worker(name):
 
 
 def wenv(s, group):
-    e = s.env(group=group)
+    # A worker's figure is its heap alone: the allocator's free memory is
+    # a sample taken on the worker's own clock (every 10 s), which may land
+    # between two readings of a figure that must not change.
+    e = s.env(group=group, MEMTALLY_ALLOCATOR_FREE="0")
     e["LD_PRELOAD"] = PUB_PRELOAD
     return e
 

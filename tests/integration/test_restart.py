@@ -28,9 +28,13 @@ def settled(s, pids, ticks=20):
 
 def test_restart_adopts_live_workers():
     first = Server()
-    a = Worker([worker("mt_hold"), "64", "2"], first.env(group="alpha"))
-    b = Worker([worker("mt_hold"), "32"], first.env(group="beta"))
-    c = Worker([worker("mt_hold"), "16"], first.env(group="gamma"))
+    # Their figure is their heap alone: the allocator's free memory is a
+    # sample taken on the worker's own clock (every 10 s), which may land
+    # between the two readings compared here on a busy machine.
+    heap = {"MEMTALLY_ALLOCATOR_FREE": "0"}
+    a = Worker([worker("mt_hold"), "64", "2"], first.env(group="alpha", **heap))
+    b = Worker([worker("mt_hold"), "32"], first.env(group="beta", **heap))
+    c = Worker([worker("mt_hold"), "16"], first.env(group="gamma", **heap))
     second = None
     try:
         for w in (a, b, c):
