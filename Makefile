@@ -12,7 +12,7 @@ JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
 .PHONY: all deps deps-build build demo check check-plain check-asan check-tsan check-fuzz fuzz check-long bench bench-fleet install clean \
-	build-plain build-asan build-tsan build-fuzz test-plain test-asan-shared test-asan-alone \
+	build-plain build-asan build-tsan build-fuzz test-plain test-plain-shared test-plain-alone test-asan-shared test-asan-alone \
 	test-tsan-shared test-tsan-alone test-fuzz
 
 all: build
@@ -40,11 +40,11 @@ demo: build
 # The steps of check:
 #   1. the plain tree builds;
 #   2. its tests run, the shared ones then the alone ones, while beside
-#      them at nice 19 the ASan, TSan and fuzz trees build and then the
-#      fuzz targets run (two at a time, FUZZ_SECONDS each): a compiler or
-#      a fuzzer gets only the CPU the tests leave (they mostly sleep: the
-#      alone ones wait on the clock), and a test that wakes takes the CPU
-#      back at once;
+#      them the ASan, TSan and fuzz trees build and then the fuzz targets
+#      run (two at a time, FUZZ_SECONDS each). The shared tests take the
+#      load; while the alone ones run, the builds and fuzzers are at nice
+#      19: they get only the CPU those tests leave (they mostly wait on the
+#      clock), and a test that wakes takes the CPU back at once;
 #   3. the ASan and the TSan passes' shared tests run at once, side by
 #      side; then each pass's alone tests, one at a time.
 # What the sanitized passes run: what a sanitizer can find there, in the
@@ -61,15 +61,24 @@ demo: build
 CTEST_JOBS ?= 6
 SAN_EXCLUDE = fuzz|bench-proof|timing|slow|preload
 
+# One shell for the steps of check that run beside each other: job control
+# (set -m) gives the background its own process group, whose priority
+# renice changes as the foreground moves on (lowering it needs root, as the
+# tests do; without, it stays as it was).
+check: SHELL := /bin/bash
 check: deps
 	$(MAKE) --no-print-directory build-plain
 	@rm -f build/background.rc
-	@echo "ASan, TSan and fuzz trees building, then fuzzing, at nice 19 (log: build/background.log)"
-	{ nice -n 19 $(MAKE) --no-print-directory build-asan build-tsan build-fuzz test-fuzz \
-	    >build/background.log 2>&1; echo $$? >build/background.rc; } & \
-	  $(MAKE) --no-print-directory test-plain; rc=$$?; wait; \
-	  if [ "$$(cat build/background.rc)" != 0 ]; then tail -100 build/background.log; exit 1; fi; \
-	  sed -n '/^Test project/,$$p' build/background.log; exit $$rc
+	@echo "ASan, TSan and fuzz trees building, then fuzzing (log: build/background.log)"
+	set -m; \
+	{ $(MAKE) --no-print-directory build-asan build-tsan build-fuzz test-fuzz \
+	    >build/background.log 2>&1; echo $$? >build/background.rc; } & bg=$$!; \
+	$(MAKE) --no-print-directory test-plain-shared; rc=$$?; \
+	renice -n 19 -g $$bg >/dev/null; \
+	if [ $$rc = 0 ]; then $(MAKE) --no-print-directory test-plain-alone; rc=$$?; fi; \
+	renice -n 0 -g $$bg >/dev/null 2>&1; wait $$bg; \
+	if [ "$$(cat build/background.rc)" != 0 ]; then tail -100 build/background.log; exit 1; fi; \
+	sed -n '/^Test project/,$$p' build/background.log; exit $$rc
 	$(MAKE) --no-print-directory -j2 -O test-asan-shared test-tsan-shared
 	$(MAKE) --no-print-directory test-asan-alone
 	$(MAKE) --no-print-directory test-tsan-alone
@@ -87,8 +96,13 @@ build-tsan:
 	cmake -S . -B build-tsan -DMEMTALLY_WERROR=ON -DMEMTALLY_SANITIZE=thread $(CMAKE_FLAGS)
 	cmake --build build-tsan -j$(JOBS)
 
-test-plain:
+test-plain: test-plain-shared
+	$(MAKE) --no-print-directory test-plain-alone
+
+test-plain-shared:
 	cd build && ctest -j$(CTEST_JOBS) -LE alone --output-on-failure --timeout 600
+
+test-plain-alone:
 	cd build && ctest -L alone --output-on-failure --timeout 600
 
 test-asan-shared:
