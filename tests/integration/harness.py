@@ -145,8 +145,12 @@ class Server:
         # memtallyd listens before it sets up the segment (so that a
         # second server on the same socket is refused before it touches
         # anything): a connect can succeed while the segment is not there
-        # yet, which a slow (TSan) build showed. Ready = segment logged.
-        wait_for("memtallyd segment", lambda: (
+        # yet, which a slow (TSan) build showed. Ready = its last start-up
+        # line, "listening": by then it has logged what it did at start
+        # (the segment, adoption, learned sizes, the guard), which tests
+        # read at once (a slow build logged the learned sizes' refusal
+        # after the segment line a test had taken for ready).
+        wait_for("memtallyd started", lambda: (
             self._connectable() and self._ready_lines() > ready_before),
             timeout=10)
 
@@ -163,9 +167,7 @@ class Server:
             s.close()
 
     def _ready_lines(self):
-        text = self.logtext()
-        return (text.count('msg="segment created"') +
-                text.count('msg="segment adopted"'))
+        return self.logtext().count('msg="listening"')
 
     def logtext(self):
         self.log.flush()

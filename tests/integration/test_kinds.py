@@ -241,8 +241,11 @@ def test_restart_keeps_learned_sizes():
             f.seek(48)
             f.write(bytes([b[0] ^ 0xff]))
         s = Server("--config", config("[limits]\nfleet = 2GiB\n"), after=s)
-        check("learned sizes refused" in s.logtext() and
-              "checksum" in s.logtext(), "no refusal logged")
+        # The server is ready once it logged its segment, and reads the
+        # record just after: poll for the refusal.
+        wait_for("the refusal logged",
+                 lambda: "learned sizes refused" in s.logtext())
+        check("checksum" in s.logtext(), "refused, but not for the checksum")
         check(kinds(s)["kinds"] == [], "a corrupt record was used")
         check(w.pid in s.ps(), "the worker was not adopted")
     finally:
