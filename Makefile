@@ -54,10 +54,11 @@ demo: build
 # a duration, a rate or an instruction count), "slow" (long scenarios on a
 # whole node or on the clock, or a race tried 200 times, four times longer
 # under a sanitizer, whose server code shorter tests run there too) or
-# "preload" (what the preload counts in a runtime's heap: memtallyd only
-# relays it); no bench proofs (allocator and configuration proofs of the
-# plain build). The fuzz targets run under ASan+UBSan in their own tree.
-# So plain runs 116 tests, ASan 67, TSan 66 (see check-tsan), fuzz 6.
+# "preload" (what the preload counts in a runtime's heap or of a program's
+# own mappings: memtallyd only relays it); no bench proofs (allocator and
+# configuration proofs of the plain build). The fuzz targets run under
+# ASan+UBSan in their own tree.
+# So plain runs 116 tests, ASan 66, TSan 65 (see check-tsan), fuzz 6.
 CTEST_JOBS ?= 6
 SAN_EXCLUDE = fuzz|bench-proof|timing|slow|preload
 
