@@ -851,7 +851,12 @@ def start_memtallyd(ctx, policy, headroom, learned=None, state=None):
                     "%s\n" % ("true" if learned else "false"))
         # Experiments only: more config (e.g. "[admission]\nqueue = false").
         f.write(os.environ.get("FLEET_MEMTALLYD_CONF", "").replace("\\n", "\n"))
-    extra = ["--config", conf, "--log-level", os.environ.get("FLEET_LOG", "warn")] + (["--log-budget", "none"] if os.environ.get("FLEET_LOG") else [])
+    # FLEET_LOG=info: memtallyd's decisions in full (no log budget), for
+    # reading why it denied what it denied (kept with --keep DIR).
+    log = os.environ.get("FLEET_LOG")
+    extra = ["--config", conf, "--log-level", log or "warn"]
+    if log:
+        extra += ["--log-budget", "none"]
     if state:
         extra += ["--state", state]
     logname = "memtallyd-%s.log" % run

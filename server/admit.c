@@ -1367,8 +1367,8 @@ static void waiter_remove(struct mts_registry *reg, uint64_t who)
 
 /* `who` was denied for room (`bytes`, following `prof` or NULL): it joins
  * the queue, or keeps its place (for at most MTS_WAIT_HOLD_NS). */
-static void waiter_note(struct mts_registry *reg, uint64_t who, uint32_t uid,
-                        uint64_t bytes, const struct mts_kind_profile *prof)
+static void waiter_note(struct mts_registry *reg, uint64_t who, uint64_t bytes,
+                        const struct mts_kind_profile *prof)
 {
 	if (!who)
 		return;
@@ -1384,8 +1384,7 @@ static void waiter_note(struct mts_registry *reg, uint64_t who, uint32_t uid,
 				if (reg->adm->waiters[i].last_ns < w->last_ns)
 					w = &reg->adm->waiters[i];
 		}
-		*w = (struct mts_waiter){
-		    .who = who, .uid = uid, .first_ns = now};
+		*w = (struct mts_waiter){.who = who, .first_ns = now};
 	}
 	uint64_t hold =
 	    (uint64_t)reg->policy.admit_queue_ms * 1000000u + MTS_WAIT_HOLD_NS;
@@ -1889,7 +1888,7 @@ int mts_admit(struct mts_registry *reg, const struct mts_peer *peer,
 		reg->adm->stats.denials[out->reason]++;
 		if (out->reason == MTS_DENY_FLEET_LIMIT ||
 		    out->reason == MTS_DENY_NODE)
-			waiter_note(reg, waiter_key(key, task), key, bytes,
+			waiter_note(reg, waiter_key(key, task), bytes,
 			            profiled ? &prof : NULL);
 		log_denial(reg, peer, group, task, out);
 		return 0;

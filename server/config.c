@@ -1126,26 +1126,19 @@ static int key_kinds(struct load *l, const char *sec, const char *key,
 	struct mts_policy *p = &l->s.policy;
 	uint64_t n;
 	uint32_t bp;
-	if (strcmp(key, "pool_gap") == 0) {
-		if (mts_parse_percent(v, &bp) < 0)
-			return fail(l, sec, key,
-			            "expected a percentage from 0 to 100, e.g. "
-			            "100%%, got '%s'",
-			            v);
-		p->kind_pool_gap_bp = bp;
-		return 0;
-	}
-	if (strcmp(key, "quantile") == 0 || strcmp(key, "margin") == 0) {
-		bool q = key[0] == 'q';
+	/* Percentages: the quantile above 0, the margin and pool_gap from 0. */
+	uint32_t *pct = strcmp(key, "quantile") == 0   ? &p->kind_quantile_bp
+	                : strcmp(key, "margin") == 0   ? &p->kind_margin_bp
+	                : strcmp(key, "pool_gap") == 0 ? &p->kind_pool_gap_bp
+	                                               : NULL;
+	if (pct) {
+		bool q = pct == &p->kind_quantile_bp;
 		if (mts_parse_percent(v, &bp) < 0 || (q && bp == 0))
 			return fail(l, sec, key,
 			            "expected a percentage %s 0 and at most "
 			            "100, e.g. %s, got '%s'",
 			            q ? "above" : "from", q ? "95" : "10%", v);
-		if (q)
-			p->kind_quantile_bp = bp;
-		else
-			p->kind_margin_bp = bp;
+		*pct = bp;
 		return 0;
 	}
 	if (strcmp(key, "window") == 0)

@@ -41,13 +41,13 @@ struct mts_admit_stats {
 
 /*
  * A request denied and asking again (`memtally run --wait`): who asks
- * (its uid and task), since when, and what it needed at its last ask.
- * The one waiting longest keeps its room from younger requests.
+ * (its uid and task), since when, and what it asked for last.
+ * Once it has waited [admission] queue, the one waiting longest keeps its
+ * room from younger requests.
  */
 #define MTS_WAITERS 64u
 struct mts_waiter {
-	uint64_t who; /* hash of the uid and the task name */
-	uint32_t uid;
+	uint64_t who;      /* hash of the uid and the task name */
 	uint64_t first_ns; /* CLOCK_MONOTONIC: its first denial in this wait */
 	uint64_t last_ns;  /* its last ask */
 	uint64_t bytes;    /* what it asks for */

@@ -12,6 +12,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 
@@ -63,6 +64,24 @@ def wait_for(what, pred, timeout=20.0, interval=0.02):
         if time.monotonic() > end:
             raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
         time.sleep(interval)
+
+
+def in_parallel(runs, fn):
+    """fn(run) for every run at once; the first failure is raised."""
+    errors = []
+
+    def one(r):
+        try:
+            fn(r)
+        except BaseException as e:  # noqa: BLE001 - re-raised below
+            errors.append(e)
+    ts = [threading.Thread(target=one, args=(r,)) for r in runs]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    if errors:
+        raise errors[0]
 
 
 def rss_anon(pid):

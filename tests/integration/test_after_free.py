@@ -21,8 +21,8 @@ import os
 import threading
 import time
 
-from harness import (MIB, MULT, PRELOAD, Server, Worker, check, rss_anon,
-                     run, wait_for, worker)
+from harness import (MIB, MULT, PRELOAD, Server, Worker, check, in_parallel,
+                     rss_anon, run, wait_for, worker)
 
 GLIBC_LIB = os.path.join(os.path.dirname(PRELOAD), "libmemtally_glibc.so")
 SLACK = 16 * MIB
@@ -123,23 +123,6 @@ class FreeRun:
 
     def close(self):
         self.w.close()
-
-
-def in_parallel(runs, fn):
-    errors = []
-
-    def one(r):
-        try:
-            fn(r)
-        except BaseException as e:  # noqa: BLE001 - re-raised below
-            errors.append(e)
-    ts = [threading.Thread(target=one, args=(r,)) for r in runs]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    if errors:
-        raise errors[0]
 
 
 def test_never_below_the_kernel_after_a_free():

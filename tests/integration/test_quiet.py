@@ -21,11 +21,10 @@ at once, under one server.
 """
 import os
 import shutil
-import threading
 import time
 
 from harness import (MIB, MULT, PRELOAD, Server, Skip, Worker, check,
-                     rss_anon, run, wait_for, worker)
+                     in_parallel, rss_anon, run, wait_for, worker)
 
 GLIBC_LIB = os.path.join(os.path.dirname(PRELOAD), "libmemtally_glibc.so")
 PYTHON = "/usr/bin/python3"
@@ -135,24 +134,6 @@ class Run:
             pass
         fig, anon, p = self.rows[what]
         return within(fig, anon)
-
-
-def in_parallel(runs, fn):
-    """fn(run) for every run at once; the first failure is raised."""
-    errors = []
-
-    def one(r):
-        try:
-            fn(r)
-        except BaseException as e:  # noqa: BLE001 - re-raised below
-            errors.append(e)
-    ts = [threading.Thread(target=one, args=(r,)) for r in runs]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    if errors:
-        raise errors[0]
 
 
 def test_quiet_after_free():

@@ -644,7 +644,17 @@ Test(kinds, admission_follows_the_profile_over_time)
 	cr_assert_eq(run->peak, 10 * MIB);
 	cr_assert_eq(run->steps[MTS_KIND_STEPS - 1], MTS_KIND_STEP_ONE);
 
-	/* follow_profile off: the whole size from the start. */
+	/* Beside T2 (pending, to grow to its mean of 100 MiB), on the means
+	 * alone a third fits following its profile (100 + 100 <= 200) ... */
+	srv.reg.policy.kind_pool_gap_bp = 0;
+	r = admit_kind(1000, 0, "leak", "T3");
+	cr_assert(r->admit_result->admitted, "%s", r->admit_result->reason);
+	memtally__v1__response__free_unpacked(r, NULL);
+	char id3[MTS_RESV_ID_LEN + 1];
+	memcpy(id3, resv_of_task("T3")->id, sizeof(id3));
+	cr_assert_eq(mts_release(&srv.reg, &root, id3, "", &freed), 0);
+	/* ... but not held whole from the start (follow_profile off: 110
+	 * beside T2's 100). */
 	srv.reg.policy.kind_follow_profile = false;
 	r = admit_kind(1000, 0, "leak", "T3");
 	cr_assert_not(r->admit_result->admitted);
