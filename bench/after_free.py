@@ -30,7 +30,8 @@ import sys
 sys.dont_write_bytecode = True
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from benchlib import SRC_DIR, log, machine_info, write_section  # noqa: E402
+from benchlib import (  # noqa: E402
+    SRC_DIR, harness, log, machine_info, write_section)
 
 MIB = 1 << 20
 PERL = shutil.which("perl")
@@ -95,17 +96,15 @@ def runtimes(tq, taf):
 
 
 def measure(build, refresh_ms):
-    os.environ["MEMTALLY_BUILD"] = build
-    sys.path.insert(0, os.path.join(SRC_DIR, "tests", "integration"))
-    import harness  # noqa: E402 - needs MEMTALLY_BUILD set
-    import test_quiet as tq  # noqa: E402
+    h = harness(build)
+    import test_quiet as tq  # noqa: E402 - after harness() set its path
     import test_after_free as taf  # noqa: E402
     rows = []
     for name, argv, lib, env, build_step, drop, ready in runtimes(tq, taf):
         env = dict(env)
         if refresh_ms is not None:
             env["MEMTALLY_REFRESH_MS"] = str(refresh_ms)
-        with harness.Server() as s:
+        with h.Server() as s:
             r = taf.FreeRun(s, name, argv, lib, env, build_step, drop, ready)
             try:
                 r.free_and_sample()

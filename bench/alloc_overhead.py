@@ -49,8 +49,9 @@ import time
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchlib import (  # noqa: E402
-    SRC_DIR, BenchError, Server, fmt_p, log, machine_info, mann_whitney_p,
-    quartiles, quit_worker, shift_ci, write_section)
+    SRC_DIR, BenchError, fmt_p, log, machine_info, mann_whitney_p,
+    quartiles, quit_worker, server_socket, shift_ci, start_server,
+    write_section)
 
 # N of the parallel cases: every CPU this driver may use (thread i of a
 # parallel case is pinned to the i-th of them).
@@ -132,12 +133,12 @@ def worker_argv(paths, variant):
     return [exe, "--variant", variant]
 
 
-def worker_env(paths, variant, server):
+def worker_env(paths, variant, server, tmp):
     env = dict(os.environ)
     env.pop("LD_PRELOAD", None)
     env.pop("MEMTALLY_DISABLE", None)
     env.pop("MEMTALLY_DEBUG", None)
-    env["MEMTALLY_SOCKET"] = server.socket
+    env["MEMTALLY_SOCKET"] = server_socket(server, tmp)
     if variant == "preload":
         env["LD_PRELOAD"] = paths["preload"]
     return env
@@ -149,7 +150,7 @@ class Worker:
         argv = worker_argv(paths, variant) + ["--serve"]
         if cpu is not None:
             argv += ["--cpu", str(cpu)]
-        if server.segment:
+        if server and server.segment:
             argv += ["--segment", server.segment]
         self.err = open(os.path.join(tmp, "worker-%s.err" % variant), "w+")
         self.proc = subprocess.Popen(
@@ -159,7 +160,7 @@ class Worker:
             stderr=self.err,
             text=True,
             bufsize=1,
-            env=worker_env(paths, variant, server),
+            env=worker_env(paths, variant, server, tmp),
         )
         line = self.proc.stdout.readline()
         if not line.startswith("ready "):
@@ -352,7 +353,7 @@ def count_instructions(paths, server, tmp, cases):
             ]
             r = subprocess.run(
                 argv, capture_output=True, text=True,
-                env=worker_env(paths, v, server),
+                env=worker_env(paths, v, server, tmp),
             )
             if r.returncode != 0 or not os.path.exists(cg):
                 raise BenchError(
@@ -666,8 +667,8 @@ def main():
     server = None
     workers = []
     try:
-        server = Server(build, tmp, not args.no_server, others)
-        log("alloc_overhead: %s; workers pinned to CPU %d" % (server.status, cpu))
+        server, status = start_server(build, tmp, not args.no_server, others)
+        log("alloc_overhead: %s; workers pinned to CPU %d" % (status, cpu))
         for v in variants:
             workers.append(Worker(paths, v, cpu, server, tmp))
         proofs = {w.variant: w.proof for w in workers}
@@ -709,14 +710,14 @@ def main():
         shutil.rmtree(tmp, ignore_errors=True)
 
     build_rel = os.path.relpath(build, SRC_DIR)
-    md = report(info, server.status, attached, results, variants, args.reps,
+    md = report(info, status, attached, results, variants, args.reps,
                 insn, build_rel)
     print(md)
 
     doc = {
         "suite": "alloc_overhead",
         "machine": info,
-        "server": server.status,
+        "server": status,
         "proofs": proofs,
         "reps": args.reps,
         "results": results,

@@ -2,7 +2,7 @@
 
 The machine a run was made on (machine_info), the statistics the tables
 report (quartiles, a Mann-Whitney p-value), a memtallyd for the run
-(Server) and what `memtally ps` says of a process, a bench worker in
+(start_server, the integration tests' harness.Server) and what `memtally ps` says of a process, a bench worker in
 --serve mode (ServeWorker), and the one way a driver writes its section
 of bench/RESULTS.md (write_section). Drivers
 import this module, never one another.
@@ -12,9 +12,6 @@ import json
 import math
 import os
 import re
-import signal
-import socket
-import stat
 import statistics
 import subprocess
 import sys
@@ -146,19 +143,6 @@ def machine_info():
 # ---- processes ---------------------------------------------------------------
 
 
-def socket_up(path):
-    """Whether a server answers on the Unix socket at `path`."""
-    try:
-        if not stat.S_ISSOCK(os.stat(path).st_mode):
-            return False
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.connect(path)
-        s.close()
-        return True
-    except OSError:
-        return False
-
-
 def quit_worker(proc):
     """Ask a --serve worker to quit; kill it if it does not within 5 s."""
     if proc.poll() is None:
@@ -200,91 +184,58 @@ def cachegrind_total(argv, stdin_path, env, out, what):
 # ---- server --------------------------------------------------------------
 
 
-class Server:
-    """A memtallyd for the run, if the build has one. Without it the
-    workers' flushes go to the process-local pending counter (fail open),
-    and `status` says why; with required=True a server that does not
-    start raises BenchError instead.
+def harness(build_dir):
+    """The integration tests' harness (tests/integration/harness.py): its
+    Server starts every memtallyd a benchmark runs. Imported on first use,
+    with MEMTALLY_BUILD set, because it points its children's variables
+    (MEMTALLY_PRELOAD_LIB, ...) at that build when it is imported."""
+    os.environ["MEMTALLY_BUILD"] = os.path.abspath(build_dir)
+    path = os.path.join(SRC_DIR, "tests", "integration")
+    if path not in sys.path:
+        sys.path.insert(0, path)
+    import harness as h  # noqa: E402 - needs MEMTALLY_BUILD set
+    return h
 
-    What a driver may change: `extra_args` (after --socket and
-    --segment), `exe` (another memtallyd), `prefix` (a command that runs
-    it, e.g. one that joins a cgroup and execs it), `sock` (its socket
-    path), `segment` (the label of its shared objects: "" for one of this
-    run's own, None for memtallyd's default), `log` (its stderr's file
-    name in tmp) and `wait` (seconds it may take to answer)."""
 
-    def __init__(self, build_dir, tmp, enabled=True, cpus=None,
-                 extra_args=(), exe=None, prefix=(), sock=None, segment="",
-                 log="memtallyd.log", wait=5, required=False):
-        self.proc = None
-        self.segment = None
-        self.socket = sock or os.path.join(tmp, "memtally.sock")
-        self.status = ""
-        self.errlog = None
-        exe = exe or os.path.join(build_dir, "server", "memtallyd")
-        if not enabled:
-            self.status = "no server (--no-server)"
-            return
-        if not os.access(exe, os.X_OK):
-            self._refuse("no server (memtallyd not built)", required)
-            return
-        argv = [*prefix, exe, "--socket", self.socket]
-        if segment is not None:
-            self.segment = segment or "/mtbench-%d" % os.getpid()
-            argv += ["--segment", self.segment]
-        self.errlog = open(os.path.join(tmp, log), "w+")
-        self.proc = subprocess.Popen(
-            argv + list(extra_args),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=self.errlog,
-        )
-        if cpus:
-            try:
-                os.sched_setaffinity(self.proc.pid, cpus)
-            except OSError:
-                pass
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                break
-            if socket_up(self.socket):
-                self.status = "memtallyd running"
-                return
-            time.sleep(0.02)
-        tail = self.tail(400) or "no socket within %g s" % wait
-        self.stop()
-        self.segment = None
-        self._refuse("no server (memtallyd did not start: %s)" % tail,
-                     required)
+def start_server(build_dir, tmp, enabled=True, cpus=None, extra_args=(),
+                 exe=None, prefix=(), sock=None, segment="",
+                 log="memtallyd.log", wait=5, required=False,
+                 log_level=None):
+    """(a memtallyd for the run, what the tables say of it).
 
-    def _refuse(self, status, required):
-        self.status = status
-        if required:
-            raise BenchError(status)
+    The server is a harness.Server in `tmp` at memtallyd's own tick and log
+    level, or None if the build has none, --no-server asked for none, or it
+    did not start: the workers' flushes then go to the process-local pending
+    counter (fail open), and the status says why. With required=True a
+    server that does not start raises BenchError instead. segment "" is
+    one of this run's own, None memtallyd's default; `sock` another socket
+    path, `prefix` a command that runs it (e.g. one that joins a cgroup)."""
+    exe = exe or os.path.join(build_dir, "server", "memtallyd")
+    status = None
+    if not enabled:
+        status = "no server (--no-server)"
+    elif not os.access(exe, os.X_OK):
+        status = "no server (memtallyd not built)"
+    else:
+        h = harness(build_dir)
+        try:
+            return h.Server(*extra_args, tick=None, log_level=log_level,
+                            exe=exe, prefix=prefix, directory=tmp,
+                            socket=sock, segment=segment, log_name=log,
+                            cpus=cpus, timeout=wait), "memtallyd running"
+        except AssertionError as e:
+            status = "no server (memtallyd did not start: %s)" % (
+                str(e)[-400:].replace("\n", " | "))
+    if required:
+        raise BenchError(status)
+    return None, status
 
-    def alive(self):
-        return self.proc is not None and self.proc.poll() is None
 
-    def tail(self, n=600):
-        """The end of its log, on one line."""
-        if not self.errlog or self.errlog.closed:
-            return ""
-        self.errlog.flush()
-        self.errlog.seek(0)
-        return self.errlog.read()[-n:].strip().replace("\n", " | ")
-
-    def stop(self):
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc = None
-        # Its shared objects are anonymous (memfd): nothing to remove. The
-        # restart record next to the socket goes with the temporary dir.
+def server_socket(server, tmp):
+    """The socket workers are pointed at: the server's, or without one a
+    path in `tmp` nothing listens on (they fail open; never a system
+    memtallyd at the default socket)."""
+    return server.socket if server else os.path.join(tmp, "no-server.sock")
 
 
 def memtally_ps(cli, sock, strict=True):

@@ -838,7 +838,7 @@ def start_memtallyd(ctx, policy, headroom, learned=None, state=None):
     the forecast on (horizon 5 s over a 4 s window). With `learned` set
     (True or False), its node guard on and [kinds] reserve_learned so;
     `state`, its restart record (and STATE.kinds, the learned sizes).
-    Returns the running benchlib.Server."""
+    Returns the running harness.Server."""
     run = "%s-%s" % (policy, ctx.arrivals)
     conf = os.path.join(ctx.tmp, "mt-%s.conf" % run)
     fleet = int(ctx.node.limit * (1 - headroom))
@@ -854,17 +854,18 @@ def start_memtallyd(ctx, policy, headroom, learned=None, state=None):
     # FLEET_LOG=info: memtallyd's decisions in full (no log budget), for
     # reading why it denied what it denied (kept with --keep DIR).
     log = os.environ.get("FLEET_LOG")
-    extra = ["--config", conf, "--log-level", log or "warn"]
+    extra = ["--config", conf]
     if log:
         extra += ["--log-budget", "none"]
     if state:
         extra += ["--state", state]
     logname = "memtallyd-%s.log" % run
-    server = benchlib.Server(
+    server, _ = benchlib.start_server(
         ctx.build, ctx.tmp, exe=os.environ.get("MEMTALLYD"),
         prefix=join_cgroup_argv(ctx.node, []),
         sock=os.path.join(ctx.tmp, "mt-%s.sock" % run), segment=None,
-        log=logname, wait=10, required=True, extra_args=extra)
+        log=logname, wait=10, required=True, extra_args=extra,
+        log_level=log or "warn")
     server.logname = logname
     return server
 

@@ -40,9 +40,9 @@ import time
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchlib import (  # noqa: E402
-    SRC_DIR, BenchError, Server, log, machine_info, mann_whitney_p,
+    SRC_DIR, BenchError, harness, log, machine_info, mann_whitney_p,
     memtally_ps, memtally_settled, quartiles, cachegrind_total,
-    write_section)
+    start_server, write_section)
 # The programs and workloads are programs.py's, which real.py runs too, so
 # that both suites run the very same python3 and g++ work.
 import programs  # noqa: E402
@@ -140,15 +140,13 @@ def instructions(prog, variant, paths, server, tmp, scale):
         prog.name, variant))
 
 
-def rss_anon(pid):
+def anon_or_none(paths, pid):
+    """pid's RssAnon, or None once it has exited (a watched cc1plus
+    may end between the listing and the read)."""
     try:
-        with open("/proc/%d/status" % pid) as f:
-            for line in f:
-                if line.startswith("RssAnon:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
+        return harness(paths["build"]).rss_anon(pid)
+    except (OSError, AssertionError):
         return None
-    return None
 
 
 def allocator_of(pid):
@@ -181,7 +179,7 @@ def held(prog, variant, paths, server, tmp):
             if line.startswith("MT-HELD"):
                 break
         e = memtally_settled(paths["cli"], server.socket, p.pid)
-        anon = rss_anon(p.pid)
+        anon = anon_or_none(paths, p.pid)
         alloc = allocator_of(p.pid)
         return {"bytes": e["bytes"], "mapped": e["mapped"],
                 "free": e.get("allocator_free", 0), "anon": anon,
@@ -203,7 +201,7 @@ def watched(prog, variant, paths, server, tmp):
         for pid in programs.descendants(p.pid):
             if programs.comm_of(pid) != "cc1plus":
                 continue
-            a = rss_anon(pid) or 0
+            a = anon_or_none(paths, pid) or 0
             peak_a = max(peak_a, a)
             e = memtally_ps(paths["cli"], server.socket,
                             strict=False).get(pid)
@@ -304,16 +302,14 @@ def main():
     b = os.path.abspath(args.build_dir)
     paths = {"preload": os.path.join(b, "client", "libmemtally_preload.so"),
              "glibc": os.path.join(b, "client", "libmemtally_glibc.so"),
-             "cli": os.path.join(b, "programs", "memtally")}
+             "cli": os.path.join(b, "programs", "memtally"), "build": b}
     for k, p in paths.items():
         if not os.path.exists(p):
             raise BenchError("%s not built: %s" % (k, p))
     info = machine_info()
     tmp = tempfile.mkdtemp(prefix="mt-frontends-")
     others = set(range(os.cpu_count() or 1)) - {args.cpu}
-    server = Server(b, tmp, True, others or None)
-    if not server.proc:
-        raise BenchError(server.status)
+    server, _ = start_server(b, tmp, cpus=others or None, required=True)
     results = {}
     try:
         for prog in PROGRAMS:

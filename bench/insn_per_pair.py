@@ -35,7 +35,8 @@ import tempfile
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchlib import (  # noqa: E402
-    SRC_DIR, BenchError, Server, log, machine_info, write_section)
+    SRC_DIR, BenchError, log, machine_info, server_socket, start_server,
+    write_section)
 
 CASES = ["alloc_free_16b", "alloc_free_64kb"]
 PAIRS = [("jemalloc", "preload"), ("glibc", "glibcfe", "glibcfe0")]
@@ -77,19 +78,18 @@ def callgrind_total(argv, env, tmp, callee=None):
     return total, inc
 
 
-def base_env(server):
+def base_env(sock):
     env = dict(os.environ)
     for k in ("LD_PRELOAD", "MEMTALLY_DISABLE", "MEMTALLY_DEBUG",
               "MEMTALLY_ALLOCATOR"):
         env.pop(k, None)
-    if server.socket:
-        env["MEMTALLY_SOCKET"] = server.socket
+    env["MEMTALLY_SOCKET"] = sock
     return env
 
 
-def variant_run(build, v, server):
+def variant_run(build, v, sock):
     b = os.path.join(build, "bench")
-    env = base_env(server)
+    env = base_env(sock)
     if v == "jemalloc":
         return [os.path.join(b, "bench_alloc_je"), "--variant", v], env
     argv = [os.path.join(b, "bench_alloc_plain"), "--variant", v]
@@ -105,13 +105,13 @@ def variant_run(build, v, server):
     return argv, env
 
 
-def per_pair(build, server, tmp, cases, n):
+def per_pair(build, sock, tmp, cases, n):
     res = {}
     for case in cases:
         res[case] = {}
         for pair in PAIRS:
             for v in pair:
-                argv, env = variant_run(build, v, server)
+                argv, env = variant_run(build, v, sock)
                 tot, cb = [], []
                 for k in (n, 2 * n):
                     t, c = callgrind_total(
@@ -126,8 +126,8 @@ def per_pair(build, server, tmp, cases, n):
     return res
 
 
-def start_costs(build, server, tmp):
-    env = base_env(server)
+def start_costs(build, sock, tmp):
+    env = base_env(sock)
     rows = [("plain", None), ("jemalloc alone", JEMALLOC_SO),
             ("preload", os.path.join(build, "client",
                                      "libmemtally_preload.so")),
@@ -203,13 +203,14 @@ def main():
     build = os.path.abspath(a.build_dir)
     info = machine_info()
     with tempfile.TemporaryDirectory(prefix="mt-insn-") as tmp:
-        server = Server(build, tmp, not a.no_server, None)
+        server, status = start_server(build, tmp, not a.no_server)
+        sock = server_socket(server, tmp)
         try:
-            res = per_pair(build, server, tmp, a.case or CASES, a.pairs)
-            starts = None if a.no_start else start_costs(build, server, tmp)
-            status = server.status
+            res = per_pair(build, sock, tmp, a.case or CASES, a.pairs)
+            starts = None if a.no_start else start_costs(build, sock, tmp)
         finally:
-            server.stop()
+            if server:
+                server.stop()
     text = report(info, status, a.pairs, res, starts)
     print(text)
     if not a.no_results and not a.case:

@@ -41,7 +41,8 @@ import time
 
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import SRC_DIR, BenchError, Server, log, machine_info  # noqa
+from benchlib import (  # noqa: E402
+    SRC_DIR, BenchError, log, machine_info, start_server)
 
 BLOCK = 64 << 10
 
@@ -146,9 +147,8 @@ def main():
         conf = os.path.join(tmp, "memtallyd.conf")
         with open(conf, "w") as f:
             f.write("[limits]\nprocess = %dMiB\n" % a.limit_mib)
-        server = Server(build, tmp, True, None, ("--config", conf))
-        if not server.proc:
-            raise BenchError(server.status)
+        server, _ = start_server(build, tmp, extra_args=("--config", conf),
+                                 required=True)
         try:
             cl, pb = client_for(build, server.socket)
             for name, lib, want in (

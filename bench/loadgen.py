@@ -63,7 +63,7 @@ import urllib.request
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchlib import (  # noqa: E402
-    SRC_DIR, BenchError, Server, log, machine_info, write_section)
+    SRC_DIR, BenchError, log, machine_info, start_server, write_section)
 
 WORKERS = [0, 100, 300]
 CONNS = [0, 1, 16, 100, 300]
@@ -99,25 +99,29 @@ def cpu_seconds(pid):
 # ---- the server ------------------------------------------------------------
 
 
-class Memtallyd(Server):
-    """benchlib's Server with a metrics endpoint (its port found once it
-    listens), `memtally status` and the tick's metrics."""
+class Memtallyd:
+    """A memtallyd of the run (the harness's Server) with a metrics
+    endpoint (its port found once it listens), `memtally status` and the
+    tick's metrics."""
 
     def __init__(self, build, tmp, name, slots=4096):
         self.dir = os.path.join(tmp, name)
         os.makedirs(self.dir)
         self.cli = os.path.join(build, "programs", "memtally")
         try:
-            super().__init__(
+            self.server, _ = start_server(
                 build, self.dir, sock=os.path.join(self.dir, "mt.sock"),
                 segment="/mtload-%d-%s" % (os.getpid(), name), wait=10,
-                required=True,
+                required=True, log_level="warn",
                 extra_args=["--reset", "--metrics", "127.0.0.1:0",
                             "--fleet-limit", FLEET_LIMIT, "--slots",
-                            str(slots), "--log-level", "warn"])
+                            str(slots)])
         except BenchError as e:
             raise Fail(str(e))
-        self.pid = self.proc.pid
+        self.socket = self.server.socket
+        self.pid = self.server.proc.pid
+        self.alive, self.tail = self.server.alive, self.server.tail
+        self.stop = self.server.stop
         self.port = None
         end = time.monotonic() + 10
         while time.monotonic() < end and self.alive():

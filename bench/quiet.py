@@ -29,7 +29,7 @@ sys.dont_write_bytecode = True
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from benchlib import (  # noqa: E402
-    SRC_DIR, Server, log, machine_info, write_section)
+    SRC_DIR, harness, log, machine_info, start_server, write_section)
 
 MIB = 1 << 20
 
@@ -51,12 +51,10 @@ def refresh_thread_ns(pid):
 
 def figures(build):
     """[(runtime, {point: (memtally, anon)}, thread ns per idle s)]."""
-    os.environ["MEMTALLY_BUILD"] = build
-    sys.path.insert(0, os.path.join(SRC_DIR, "tests", "integration"))
-    import test_quiet as tq  # noqa: E402 - needs MEMTALLY_BUILD set
-    import harness  # noqa: E402
+    h = harness(build)
+    import test_quiet as tq  # noqa: E402 - after harness() set its path
     out = []
-    with harness.Server() as s:
+    with h.Server() as s:
         runs = [tq.Run(s, rt) for rt in tq.runtimes()]
         try:
             def held(r):
@@ -68,12 +66,12 @@ def figures(build):
                 r.step(r.rt.drop, "dropped")
                 t = time.monotonic()
                 # Read at fixed points after the drop, agreeing or not.
-                harness.wait_for("5 s", lambda: time.monotonic() >= t + 5,
-                                 timeout=6, interval=0.05)
+                h.wait_for("5 s", lambda: time.monotonic() >= t + 5,
+                           timeout=6, interval=0.05)
                 r.agree("5 s after the drop", timeout=0)
                 ns0, t0 = refresh_thread_ns(r.pid), time.monotonic()
-                harness.wait_for("10 s", lambda: time.monotonic() >= t + 15,
-                                 timeout=16, interval=0.2)
+                h.wait_for("10 s", lambda: time.monotonic() >= t + 15,
+                           timeout=16, interval=0.2)
                 r.agree("15 s after the drop", timeout=0)
                 ns1, t1 = refresh_thread_ns(r.pid), time.monotonic()
                 r.cost = (ns1 - ns0) / (t1 - t0) if ns0 is not None \
@@ -91,7 +89,6 @@ def figures(build):
 def callgrind_idle(build, tmp, idle_s, toggle, front):
     """callgrind's total Ir of mt_quiet 30 (built, dropped, idle_s idle);
     with `toggle`, only inside that function."""
-    sys.path.insert(0, os.path.join(SRC_DIR, "tests", "integration"))
     out = os.path.join(tmp, "cg.out")
     env = dict(os.environ)
     env["LD_PRELOAD"] = os.path.join(build, "client", {
@@ -152,7 +149,7 @@ def main():
     cg = ""
     if not a.no_callgrind:
         with tempfile.TemporaryDirectory() as tmp:
-            srv = Server(build, tmp, True, None)
+            srv, _ = start_server(build, tmp)
             try:
                 res = {}
                 for front in ("glibc", "jemalloc"):
@@ -164,7 +161,8 @@ def main():
                     log("refresh, %s: %.0f Ir per idle second"
                         % (front, res[front][0]))
             finally:
-                srv.stop()
+                if srv:
+                    srv.stop()
         cg = ("\n\nThe thread's CPU time includes, under jemalloc, the "
               "purging its decay does (madvise of the freed pages), which "
               "jemalloc would otherwise do in the program's calls or in its "

@@ -84,9 +84,9 @@ import time
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchlib import (  # noqa: E402
-    SRC_DIR, BenchError, Server, fmt_p, log, machine_info, mann_whitney_p,
+    SRC_DIR, BenchError, fmt_p, log, machine_info, mann_whitney_p,
     memtally_ps, memtally_settled, quartiles, cachegrind_total,
-    write_section)
+    start_server, write_section)
 
 PROGRAMS = ["sqlite3", "python3", "g++", "redis"]
 TARGET = 0.99  # preload throughput / jemalloc-alone throughput
@@ -938,11 +938,11 @@ def main():
     proofs = {}
     results = {}
     try:
-        server = Server(build, tmp, True, others)
-        if not server.proc:
+        server, status = start_server(build, tmp, cpus=others)
+        if not server:
             raise BenchError("the preload variant needs a memtallyd: %s" %
-                             server.status)
-        log("real: %s; programs pinned to CPU %d" % (server.status, cpu))
+                             status)
+        log("real: %s; programs pinned to CPU %d" % (status, cpu))
         for name in programs:
             prog = ALL_PROGRAMS[name]
             proofs[name] = {}

@@ -52,7 +52,7 @@ sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tempfile  # noqa: E402
 from benchlib import (  # noqa: E402
-    SRC_DIR, Server, log, machine_info, write_section)
+    SRC_DIR, log, machine_info, start_server, write_section)
 
 SLOTS = [64, 256, 1024, 4096, 16384]
 LANES = [1, 4, 16]
@@ -419,11 +419,11 @@ def query_figures(build):
     # Nothing pinned here: on this shared 2-CPU guest a pinned server waits
     # behind whatever else runs on its CPU (p99 in milliseconds), which
     # measures the machine, not memtally.
-    srv = Server(build, tmp, True, None)
+    srv, status = start_server(build, tmp)
     try:
-        if not srv.proc:
-            log("server: query latency skipped: %s" % srv.status)
-            return None, srv.status
+        if not srv:
+            log("server: query latency skipped: %s" % status)
+            return None, status
         qexe = os.path.join(build, "bench", "bench_server_query")
         query = run_must([qexe, "--socket", srv.socket, "--n", "20000"])
         log("  query: %s" % json.dumps(query))
@@ -434,9 +434,10 @@ def query_figures(build):
                           "--seconds", "1"])
             query["pipeline"].append(r)
             log("  pipeline: %s" % json.dumps(r))
-        return query, srv.status
+        return query, status
     finally:
-        srv.stop()
+        if srv:
+            srv.stop()
 
 
 # ---- the report -------------------------------------------------------------

@@ -54,8 +54,8 @@ import urllib.request
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchlib import (  # noqa: E402
-    SRC_DIR, BenchError, Server, cachegrind_total, log, machine_info,
-    median_ci, quartiles, write_section)
+    SRC_DIR, BenchError, cachegrind_total, log, machine_info,
+    median_ci, quartiles, start_server, write_section)
 
 JEMALLOC_SO = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
 TRUE = "/bin/true"
@@ -491,10 +491,8 @@ def main():
     info = machine_info()
     tmp = tempfile.mkdtemp(prefix="mt-startcost-")
     port = 20000 + os.getpid() % 20000
-    srv = Server(args.build_dir, tmp, True, None,
-                 extra_args=["--metrics", "127.0.0.1:%d" % port])
-    if not srv.proc:
-        raise BenchError(srv.status)
+    srv, _ = start_server(args.build_dir, tmp, required=True,
+                          extra_args=["--metrics", "127.0.0.1:%d" % port])
     metrics = Metrics(port)
     dead = os.path.join(tmp, "nobody.sock")
     base = dict(os.environ)

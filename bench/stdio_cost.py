@@ -37,8 +37,8 @@ import tempfile
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchlib import (  # noqa: E402
-    SRC_DIR, BenchError, Server, log, machine_info, memtally_settled,
-    quartiles, write_section)
+    SRC_DIR, BenchError, log, machine_info, memtally_settled,
+    quartiles, start_server, write_section)
 
 JEMALLOC_SO = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
 MIB = 1 << 20
@@ -102,7 +102,7 @@ def measure(args, tmp):
         f.write(os.urandom(args.size * 1000 * 1000))
     cpu = max(os.sched_getaffinity(0))
     others = set(os.sched_getaffinity(0)) - {cpu} or None
-    server = Server(args.build_dir, tmp, cpus=others, required=True)
+    server, _ = start_server(args.build_dir, tmp, cpus=others, required=True)
     cli = os.path.join(args.build_dir, "programs", "memtally")
     vs = variants(args.build_dir)
     times = {v[0]: [] for v in vs}

@@ -133,34 +133,59 @@ def settled_bytes(s, pid, ticks=5):
 
 
 class Server:
-    """A memtallyd on a private socket (and restart record), stopped on exit."""
+    """A memtallyd on a private socket (and restart record), stopped on exit.
+
+    The integration tests and the benchmarks both start theirs here. A test
+    takes the defaults (a fast tick, debug log, a fresh directory); a
+    benchmark names its binary and directory and keeps memtallyd's own tick
+    and log level, so that what it times is what a deployment runs."""
 
     count = 0
 
-    def __init__(self, *args, slots=None, tick=10, after=None, prefix=()):
-        """Start memtallyd; after=<a stopped or killed Server> restarts on
-        that server's socket and restart record (its log goes on); prefix is
-        a command memtallyd runs under (e.g. prlimit ...)."""
+    def __init__(self, *args, slots=None, tick=10, after=None, prefix=(),
+                 exe=None, directory=None, socket=None, segment="",
+                 log_level="debug", log_name="memtallyd.log", cpus=None,
+                 timeout=10):
+        """Start memtallyd with `args` after the harness's own options.
+
+        after=<a stopped or killed Server> restarts on that server's socket
+        and restart record (its log goes on); prefix is a command memtallyd
+        runs under (e.g. prlimit ...); exe another memtallyd than the
+        build's. directory (default: a fresh one) holds the log `log_name`
+        and, unless `socket` names another path, the socket. segment "" is a
+        label of this server's own, None memtallyd's default. tick and
+        log_level None leave memtallyd's defaults; cpus pins it. Raises
+        AssertionError when it has not started within `timeout` s."""
         Server.count += 1
         if after is not None:
             self.dir, self.socket = after.dir, after.socket
             self.segment = after.segment
         else:
-            self.dir = tempfile.mkdtemp(prefix="mt-it-")
-            self.socket = os.path.join(self.dir, "memtally.sock")
-            self.segment = f"/mt-it-{os.getpid()}-{Server.count}"
-        self.log = open(os.path.join(self.dir, "memtallyd.log"), "a+b")
+            self.dir = directory or tempfile.mkdtemp(prefix="mt-it-")
+            self.socket = socket or os.path.join(self.dir, "memtally.sock")
+            self.segment = (f"/mt-it-{os.getpid()}-{Server.count}"
+                            if segment == "" else segment)
+        self.log = open(os.path.join(self.dir, log_name), "a+b")
         # A restarted server appends to its predecessor's log: it is ready
         # at the first ready line after those already there.
         ready_before = self._ready_lines()
-        cmd = [*prefix, MEMTALLYD, "--socket", self.socket,
-               "--segment", self.segment,
-               "--tick", str(tick), "--log-level", "debug"]
+        cmd = [*prefix, exe or MEMTALLYD, "--socket", self.socket]
+        if self.segment is not None:
+            cmd += ["--segment", self.segment]
+        if tick is not None:
+            cmd += ["--tick", str(tick)]
+        if log_level is not None:
+            cmd += ["--log-level", log_level]
         if slots:
             cmd += ["--slots", str(slots)]
         cmd += list(args)
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=self.log)
-        wait_for("memtallyd socket", self._connectable, timeout=10)
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL,
+                                     stdout=self.log, stderr=self.log)
+        if cpus:
+            try:
+                os.sched_setaffinity(self.proc.pid, cpus)
+            except OSError:
+                pass
         # memtallyd listens before it sets up the segment (so that a
         # second server on the same socket is refused before it touches
         # anything): a connect can succeed while the segment is not there
@@ -168,10 +193,20 @@ class Server:
         # line, "listening": by then it has logged what it did at start
         # (the segment, adoption, learned sizes, the guard), which tests
         # read at once (a slow build logged the learned sizes' refusal
-        # after the segment line a test had taken for ready).
-        wait_for("memtallyd started", lambda: (
-            self._connectable() and self._ready_lines() > ready_before),
-            timeout=10)
+        # after the segment line a test had taken for ready). Below info
+        # that line is not logged: ready is then the connect alone.
+        logs_ready = log_level in (None, "debug", "info")
+        try:
+            wait_for("memtallyd socket", self._connectable, timeout=timeout)
+            if logs_ready:
+                wait_for("memtallyd started", lambda: (
+                    self._connectable()
+                    and self._ready_lines() > ready_before), timeout=timeout)
+        except BaseException:
+            if self.proc.poll() is None:
+                self.proc.kill()
+            self.proc.wait()
+            raise
 
     def _connectable(self):
         if self.proc.poll() is not None:
@@ -192,6 +227,13 @@ class Server:
         self.log.flush()
         with open(self.log.name, "rb") as f:
             return f.read().decode(errors="replace")
+
+    def tail(self, n=600):
+        """The end of its log, on one line (for an error message)."""
+        return self.logtext()[-n:].strip().replace("\n", " | ")
+
+    def alive(self):
+        return self.proc.poll() is None
 
     def env(self, group=None, **extra):
         e = dict(os.environ)
