@@ -48,8 +48,7 @@
 #define BENCH_HOLD_BLOCKS      16
 #define BENCH_HOLD_SIZE        (64 * 1024)
 
-typedef int (*bench_mallctl_fn)(const char *, void *, size_t *, void *,
-                                size_t);
+typedef int (*bench_mallctl_fn)(const char *, void *, size_t *, void *, size_t);
 
 #ifdef BENCH_LINKED_JEMALLOC
 /* Declared here rather than through <jemalloc/jemalloc.h>, which redefines
@@ -357,85 +356,6 @@ static inline void bench_nap_us(long us)
 	struct timespec ts = {.tv_sec = us / 1000000,
 	                      .tv_nsec = (us % 1000000) * 1000};
 	nanosleep(&ts, NULL);
-}
-
-/* Does a server answer connect() on the Unix socket `path`? */
-static inline int bench_socket_up(const char *path)
-{
-	struct sockaddr_un a = {.sun_family = AF_UNIX};
-	if (strlen(path) >= sizeof(a.sun_path))
-		return 0;
-	memcpy(a.sun_path, path, strlen(path) + 1);
-	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	int ok = fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
-	if (fd >= 0)
-		close(fd);
-	return ok;
-}
-
-/*
- * A memtallyd started by a C benchmark: a temporary directory of its own
- * for its socket, log and restart record, and a segment label of this
- * run's. `name` names the benchmark in both.
- */
-struct bench_server {
-	char dir[64], sock[256], state[300], log[256], seg[64];
-	pid_t pid;
-};
-
-/* Start `exe` with --socket, --segment and `args` (NULL-terminated, at
- * most 16), its stderr to the log, pinned to `cpu` if >= 0. Does not wait
- * for it to answer. Returns 0, or -1. */
-static inline int bench_server_start(struct bench_server *s, const char *name,
-                                     const char *exe, int cpu,
-                                     const char *const *args)
-{
-	snprintf(s->dir, sizeof(s->dir), "/tmp/mtbench-%s-XXXXXX", name);
-	s->pid = 0;
-	if (!mkdtemp(s->dir))
-		return -1;
-	snprintf(s->sock, sizeof(s->sock), "%s/memtally.sock", s->dir);
-	snprintf(s->state, sizeof(s->state), "%s.state", s->sock);
-	snprintf(s->log, sizeof(s->log), "%s/memtallyd.log", s->dir);
-	snprintf(s->seg, sizeof(s->seg), "/mtbench-%s-%d", name, (int)getpid());
-	const char *argv[22] = {exe, "--socket", s->sock, "--segment", s->seg};
-	for (int i = 0; args[i] && i < 16; i++)
-		argv[5 + i] = args[i];
-	pid_t pid = fork();
-	if (pid < 0)
-		return -1;
-	if (pid == 0) {
-		int fd = open(s->log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-		if (fd >= 0)
-			dup2(fd, 2);
-		if (cpu >= 0)
-			bench_pin_cpu(cpu);
-		execv(exe, (char *const *)argv);
-		_exit(127);
-	}
-	s->pid = pid;
-	return 0;
-}
-
-/* Stop it (if it runs) and remove what it left: the log too, unless
- * `keep_log`, when stderr says where it is. */
-static inline void bench_server_stop(struct bench_server *s, bool keep_log)
-{
-	if (s->pid > 0) {
-		kill(s->pid, SIGTERM);
-		waitpid(s->pid, NULL, 0);
-		s->pid = 0;
-	}
-	unlink(s->sock);
-	unlink(s->state);
-	/* The shared memory is sealed memfds: nothing of it is left in a
-	 * file once the server and its workers are gone. */
-	if (keep_log) {
-		fprintf(stderr, "memtallyd's log: %s\n", s->log);
-		return;
-	}
-	unlink(s->log);
-	rmdir(s->dir);
 }
 
 #endif /* MEMTALLY_BENCH_COMMON_H */

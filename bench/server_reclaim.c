@@ -59,6 +59,7 @@
 #include "mtshm_atomic.h"
 
 #include "bench_common.h"
+#include "memtallyd_child.h"
 
 #define DEADLINE_NS (5 * UINT64_C(1000000000))
 
@@ -106,9 +107,9 @@ static int map_server_object(pid_t srv, const char *name, int prefix_only,
 		if (prefix_only ? strncmp(target, name, strlen(name))
 		                : strcmp(target, name))
 			continue;
-		int fd = open(path, ((seals & F_SEAL_FUTURE_WRITE) ? O_RDONLY
-		                                                   : O_RDWR) |
-		                        O_CLOEXEC);
+		int fd = open(
+		    path, ((seals & F_SEAL_FUTURE_WRITE) ? O_RDONLY : O_RDWR) |
+		              O_CLOEXEC);
 		if (fd < 0)
 			continue;
 		if (mtshm_map_fd(fd, seals, size, out) == 0)
@@ -133,8 +134,7 @@ static int64_t find_slot(const struct mtshm_layout *l,
 }
 
 /* What the worker has published into slot `s`. */
-static int64_t slot_total(const struct mtshm_layout *l,
-                          struct mtshm_slot_id *s)
+static int64_t slot_total(const struct mtshm_layout *l, struct mtshm_slot_id *s)
 {
 	uint64_t flushes;
 	int absurd;
@@ -193,7 +193,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 
 /* What a run holds and measures (ns, one per kill). */
 struct run {
-	struct bench_server srv;
+	struct mtd_child srv;
 	char hdr_name[128], tbl_prefix[128]; /* the server's memfds */
 	struct mtshm_map m, table;           /* its header, our uid's table */
 	struct mtshm_layout layout;
@@ -211,18 +211,16 @@ static int start_server(const struct opts *o, struct run *r)
 	snprintf(tick, sizeof(tick), "%ld", o->tick_ms);
 	const char *args[] = {"--tick",  tick,          "--slots", "256",
 	                      "--reset", "--log-level", "warn",    NULL};
-	if (bench_server_start(&r->srv, "reclaim", o->memtallyd, -1, args))
+	if (mtd_start(&r->srv, "bench-reclaim", o->memtallyd, -1, args))
 		return -1;
 	/* --segment /NAME: the server names its memfds NAME. */
 	const char *seg = r->srv.seg + 1;
 	snprintf(r->hdr_name, sizeof(r->hdr_name), "/memfd:%s (deleted)", seg);
 	snprintf(r->tbl_prefix, sizeof(r->tbl_prefix), "/memfd:%s-slots:", seg);
 	uint64_t deadline = bench_now_ns() + DEADLINE_NS;
-	while (
-	    bench_now_ns() < deadline &&
-	    !(bench_socket_up(r->srv.sock) &&
-	      map_server_object(r->srv.pid, r->hdr_name, 0, MTSHM_SEALS_HEADER,
-	                        MTSHM_HEADER_SIZE, &r->m) == 0))
+	while (bench_now_ns() < deadline &&
+	       map_server_object(r->srv.pid, r->hdr_name, 0, MTSHM_SEALS_HEADER,
+	                         MTSHM_HEADER_SIZE, &r->m) != 0)
 		bench_nap_us(10000);
 	if (!r->m.base || mtshm_layout_read(r->m.base, r->m.size, &r->layout)) {
 		fprintf(stderr, "memtallyd did not start (see %s)\n",
@@ -376,8 +374,7 @@ static void clean_up(struct run *r, int rc)
 	free(r->k2f);
 	free(r->k2r);
 	free(r->e2r);
-	if (r->srv.dir[0])
-		bench_server_stop(&r->srv, rc != 0);
+	mtd_stop(&r->srv, rc != 0);
 }
 
 int main(int argc, char **argv)

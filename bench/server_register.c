@@ -66,6 +66,7 @@
 #include "memtally_query.h"
 
 #include "bench_common.h"
+#include "memtallyd_child.h"
 
 #define DEADLINE_NS  (5 * UINT64_C(1000000000))
 #define WORKER_BYTES (INT64_C(1) << 20)
@@ -365,7 +366,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 
 /* What a run holds and finds. */
 struct run {
-	struct bench_server srv;
+	struct mtd_child srv;
 	struct logf lf;
 	uint64_t *lat; /* client latency of each timed worker */
 	pid_t hold_pid;
@@ -411,21 +412,17 @@ static int start_server(struct opts *o, struct run *r)
 		args[4] = "--log-budget";
 		args[5] = "none";
 	}
-	if (bench_server_start(&r->srv, "register", o->memtallyd, o->server_cpu,
-	                       args))
+	if (mtd_start(&r->srv, "bench-register", o->memtallyd, o->server_cpu,
+	              args))
 		return -1;
 	setenv("MEMTALLY_SOCKET", r->srv.sock, 1);
 	if (o->cpu >= 0 && bench_pin_cpu(o->cpu)) {
 		fprintf(stderr, "cannot pin to CPU %d\n", o->cpu);
 		o->cpu = -1;
 	}
-	uint64_t deadline = bench_now_ns() + DEADLINE_NS;
-	while (bench_now_ns() < deadline && !bench_socket_up(r->srv.sock))
-		bench_nap_us(10000);
 	r->lf.fd = open(r->srv.log, O_RDONLY | O_CLOEXEC);
-	if (r->lf.fd < 0 || !bench_socket_up(r->srv.sock)) {
-		fprintf(stderr, "memtallyd did not start (see %s)\n",
-		        r->srv.log);
+	if (r->lf.fd < 0) {
+		fprintf(stderr, "cannot read memtallyd's log %s\n", r->srv.log);
 		return -1;
 	}
 	return 0;
@@ -593,8 +590,7 @@ static void clean_up(struct run *r, int rc)
 	if (r->lf.fd >= 0)
 		close(r->lf.fd);
 	free(r->lat);
-	if (r->srv.dir[0])
-		bench_server_stop(&r->srv, rc != 0);
+	mtd_stop(&r->srv, rc != 0);
 }
 
 int main(int argc, char **argv)

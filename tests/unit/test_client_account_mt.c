@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #define FX_NO_SERVER /* memtallyd runs as a child here */
+#include "memtallyd_child.h"
 #include "test_server_fixture.h"
 
 #include "client_internal.h"
@@ -58,7 +59,7 @@ Test(client_account, threads_exit_flush_everything, .init = setup,
 	}
 	cr_assert(!memtally_attached());
 	cr_assert_eq(memtally_process_bytes(), want, "got %lld want %lld",
-		     (long long)memtally_process_bytes(), (long long)want);
+	             (long long)memtally_process_bytes(), (long long)want);
 }
 
 Test(client_account, small_drift_is_not_lost, .init = setup)
@@ -85,28 +86,28 @@ Test(client_account, disabled_counts_nothing)
 Test(client_account, strerror_names_codes)
 {
 	cr_assert_str_eq(memtally_strerror(MEMTALLY_ENOTATTACHED),
-			 "not attached to a memtally server");
-	cr_assert_str_eq(memtally_strerror(-ENOENT), "No such file or directory");
+	                 "not attached to a memtally server");
+	cr_assert_str_eq(memtally_strerror(-ENOENT),
+	                 "No such file or directory");
 	cr_assert_str_eq(memtally_version(), MEMTALLY_VERSION_STRING);
 }
 
 /* ---- against a real memtallyd: lanes, overflow, exactness -------------- */
 
-static pid_t server_pid;
+static struct mtd_child server;
 
 static void start_server(void)
 {
 	static const char *const args[] = {"--log-level", "warn", "--lanes",
-					   "4", NULL};
-	setenv("MEMTALLY_SOCKET", fx_sockpath("unit"), 1);
-	server_pid = fx_memtallyd_start(MEMTALLYD_PATH, sockpath,
-					fx_segname("unit"), args);
-	cr_assert_gt(server_pid, 0, "memtallyd did not come up");
+	                                   "4", NULL};
+	cr_assert_eq(mtd_start(&server, "unit", MEMTALLYD_PATH, -1, args), 0,
+	             "memtallyd did not come up");
+	setenv("MEMTALLY_SOCKET", server.sock, 1);
 }
 
 static void stop_server(void)
 {
-	fx_memtallyd_stop(server_pid, sockpath);
+	mtd_stop(&server, false);
 }
 
 Test(client_account, many_threads_exact_through_the_server,
@@ -132,14 +133,14 @@ Test(client_account, many_threads_exact_through_the_server,
 
 	/* The server sees exactly that too, at its next tick. */
 	memtally_query *q;
-	cr_assert_eq(memtally_query_open(&q, sockpath, 5000), 0);
+	cr_assert_eq(memtally_query_open(&q, server.sock, 5000), 0);
 	uint64_t end = fx_deadline_ms(10000);
 	int64_t seen = -1;
 	uint32_t threads = 0;
 	while (fx_ms() < end) {
 		struct memtally_process *p = NULL;
 		cr_assert_eq(memtally_query_process(q, (uint32_t)getpid(), &p),
-			     0);
+		             0);
 		seen = (int64_t)p->bytes;
 		threads = p->threads;
 		memtally_process_free(p);
@@ -152,17 +153,17 @@ Test(client_account, many_threads_exact_through_the_server,
 	}
 	memtally_query_close(q);
 	cr_assert_eq(seen, want, "server %lld, want %lld", (long long)seen,
-		     (long long)want);
+	             (long long)want);
 	cr_assert_leq(threads, 1, "live threads %u: lanes not released",
-		      threads);
+	              threads);
 }
 
 /* ---- memtally_set_group() ---------------------------------------------- */
 
 static const char *const group_names[] = {
-	"a",
-	"analytics-batch-nightly-0123456789-abcdefghijklmnopqrstuvwxyz",
-	"web",
+    "a",
+    "analytics-batch-nightly-0123456789-abcdefghijklmnopqrstuvwxyz",
+    "web",
 };
 
 static atomic_int group_stop;
@@ -201,9 +202,9 @@ Test(client_group, concurrent_set_group_is_never_torn, .init = setup,
 		pthread_join(w[i], NULL);
 	cr_assert_gt(copies, 100000, "only %u copies succeeded", copies);
 	cr_assert_eq(memtally_set_group(
-			     "x123456789x123456789x123456789x123456789x123456789"
-			     "x123456789x12345"),
-		     -EINVAL, "a 65-byte name must be refused");
+	                 "x123456789x123456789x123456789x123456789x123456789"
+	                 "x123456789x12345"),
+	             -EINVAL, "a 65-byte name must be refused");
 }
 
 Test(client_group, set_group_wins_over_the_environment, .init = start_server,
@@ -214,7 +215,7 @@ Test(client_group, set_group_wins_over_the_environment, .init = start_server,
 	memtally_account(1 << 20);
 	cr_assert_eq(memtally_flush(), 0, "not attached");
 	memtally_query *q;
-	cr_assert_eq(memtally_query_open(&q, sockpath, 5000), 0);
+	cr_assert_eq(memtally_query_open(&q, server.sock, 5000), 0);
 	struct memtally_process *p = NULL;
 	cr_assert_eq(memtally_query_process(q, (uint32_t)getpid(), &p), 0);
 	cr_assert_str_eq(p->group, "analytics");

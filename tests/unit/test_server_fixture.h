@@ -1,11 +1,11 @@
 /*
- * test_server_fixture.h - the one way tests and fuzzers start a server,
- * and everything that goes with it:
+ * test_server_fixture.h - the one way tests and fuzzers start an in-process
+ * server, and everything that goes with it (memtallyd itself as a child
+ * is tests/support/memtallyd_child.h's):
  *
  *   - child processes that die with the test (fx_fork), and a clock to
  *     poll against with a deadline (fx_ms, fx_deadline_ms);
  *   - a listening Unix socket (fx_listen_unix), for fake servers;
- *   - memtallyd itself as a child (fx_memtallyd_start), for client tests;
  *   - an in-process server on a private segment (fx_config,
  *     fx_server_open, fx_server_close), socket and TCP only when asked;
  *     left out where server.h is not at hand (define FX_NO_SERVER);
@@ -112,68 +112,6 @@ static inline __attribute__((unused)) int fx_listen_unix(const char *path)
 		return err;
 	}
 	return fd;
-}
-
-/* Whether something accepts connections at `path` now. */
-static inline __attribute__((unused)) int fx_connectable(const char *path)
-{
-	struct sockaddr_un sa = {.sun_family = AF_UNIX};
-	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
-	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (fd < 0)
-		return 0;
-	int ok = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
-	close(fd);
-	return ok;
-}
-
-/* memtallyd (`binary`) as a child on `sock` and segment `seg`, with
- * `args` (NULL-terminated, may be NULL) after those; its pid once its
- * socket accepts, or -1 if it exited or did not within 10 s. */
-static inline __attribute__((unused)) pid_t
-fx_memtallyd_start(const char *binary, const char *sock, const char *seg,
-                   const char *const *args)
-{
-	const char *argv[32] = {"memtallyd", "--socket", sock, "--segment",
-	                        seg};
-	int argc = 5;
-	for (int i = 0; args && args[i] && argc < 31; i++)
-		argv[argc++] = args[i];
-	argv[argc] = NULL;
-	pid_t pid = fx_fork();
-	if (pid < 0)
-		return -1;
-	if (pid == 0) {
-		execv(binary, (char *const *)argv);
-		_exit(127);
-	}
-	uint64_t end = fx_deadline_ms(10000);
-	while (!fx_connectable(sock)) {
-		if (waitpid(pid, NULL, WNOHANG) == pid)
-			return -1; /* it exited */
-		if (fx_ms() > end) {
-			kill(pid, SIGKILL);
-			waitpid(pid, NULL, 0);
-			return -1;
-		}
-		struct timespec ts = {0, 10 * 1000 * 1000};
-		nanosleep(&ts, NULL);
-	}
-	return pid;
-}
-
-/* Stop a memtallyd child as its service manager would, and remove the
- * restart record it keeps next to its socket. */
-static inline __attribute__((unused)) void fx_memtallyd_stop(pid_t pid,
-                                                             const char *sock)
-{
-	if (pid > 0) {
-		kill(pid, SIGTERM);
-		waitpid(pid, NULL, 0);
-	}
-	char path[160];
-	snprintf(path, sizeof(path), "%s.state", sock);
-	unlink(path);
 }
 
 /* ---- an in-process server ---------------------------------------------- */
