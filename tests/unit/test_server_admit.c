@@ -478,38 +478,7 @@ Test(admit, many_ids_are_distinct)
 	cr_assert_eq(srv.reg.totals.reservations, N);
 }
 
-Test(size, formatting)
-{
-	char b[32];
-	cr_assert_str_eq(mt_format_size(b, sizeof(b), 0), "0 B");
-	cr_assert_str_eq(mt_format_size(b, sizeof(b), 1023), "1023 B");
-	cr_assert_str_eq(mt_format_size(b, sizeof(b), 1024), "1 KiB");
-	cr_assert_str_eq(mt_format_size(b, sizeof(b), 600 * MIB), "600 MiB");
-	cr_assert_str_eq(mt_format_size(b, sizeof(b), 1100 * MIB), "1.1 GiB");
-	cr_assert_str_eq(mt_format_size(b, sizeof(b), 1024 * MIB - 1), "1 GiB");
-	cr_assert_str_eq(mt_format_size(b, sizeof(b), UINT64_MAX), "16 EiB");
-}
-
 /* ---- ownership: whose workers take a task's reservations over ---------- */
-
-/* fx_register as a worker of `uid`. */
-static uint32_t register_as(pid_t pid, uint32_t uid, const char *task)
-{
-	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
-	Memtally__V1__Register reg = MEMTALLY__V1__REGISTER__INIT;
-	reg.group = "g";
-	reg.task = (char *)task;
-	reg.image_id = 1;
-	req.body_case = MEMTALLY__V1__REQUEST__BODY_REGISTER;
-	req.register_ = &reg;
-	struct mts_peer peer = fx_peer(pid, uid);
-	Memtally__V1__Response *r = fx_call(&peer, &req);
-	cr_assert_null(r->error, "register: %s",
-	               r->error ? r->error->message : "");
-	uint32_t slot = r->registered->slot;
-	memtally__v1__response__free_unpacked(r, NULL);
-	return slot;
-}
 
 Test(admit, another_uids_workers_neither_take_over_count_nor_end_it)
 {
@@ -521,7 +490,7 @@ Test(admit, another_uids_workers_neither_take_over_count_nor_end_it)
 
 	/* uid 1001 names uid 1000's task: it does not take it over ... */
 	pid_t w = fx_spawn();
-	uint32_t sw = register_as(w, 1001, "T");
+	uint32_t sw = fx_register_as(w, 1001, "g", "T");
 	cr_assert_not(r->taken_over, "taken over at registration");
 	fx_write(sw, 200 * MIB);
 	mts_core_tick(&srv.reg);
@@ -541,7 +510,7 @@ Test(admit, another_uids_workers_neither_take_over_count_nor_end_it)
 	/* A brief worker of another uid, gone before any tick saw it, ends
 	 * nothing either. */
 	pid_t b = fx_spawn();
-	register_as(b, 1001, "T");
+	fx_register_as(b, 1001, "g", "T");
 	fx_kill(b);
 	mts_core_tick(&srv.reg);
 	cr_assert_eq(srv.reg.adm->nresv, 1);
@@ -560,10 +529,10 @@ Test(admit, the_owners_worker_takes_over_beside_another_uids)
 	snprintf(id, sizeof(id), "%s", grant(500 * MIB, "", "T", 60));
 	const struct mts_resv *r = mts_resv_find(&srv.reg, id);
 	pid_t stranger = fx_spawn(), owner = fx_spawn();
-	uint32_t ss = register_as(stranger, 1001, "T");
+	uint32_t ss = fx_register_as(stranger, 1001, "g", "T");
 	fx_write(ss, 300 * MIB);
 	mts_core_tick(&srv.reg);
-	uint32_t so = register_as(owner, 1000, "T");
+	uint32_t so = fx_register_as(owner, 1000, "g", "T");
 	cr_assert(r->taken_over, "the owner's worker takes it over at once");
 	fx_write(so, 100 * MIB);
 	mts_core_tick(&srv.reg);
@@ -598,7 +567,7 @@ Test(admit, admins_workers_take_over_anyones)
 		snprintf(id, sizeof(id), "%s", grant(100, "", "T", 60));
 		const struct mts_resv *r = mts_resv_find(&srv.reg, id);
 		pid_t w = fx_spawn();
-		uint32_t s = register_as(w, admins[i], "T");
+		uint32_t s = fx_register_as(w, admins[i], "g", "T");
 		cr_assert(r->taken_over, "admin %u did not take over",
 		          admins[i]);
 		fx_write(s, 30);
@@ -618,7 +587,7 @@ Test(admit, admins_workers_take_over_anyones)
 	cr_assert_eq(mts_server_apply_policy(&srv, &pol), 0);
 	grant(100, "", "T", 60);
 	pid_t w = fx_spawn();
-	uint32_t s = register_as(w, 1002, "T");
+	uint32_t s = fx_register_as(w, 1002, "g", "T");
 	fx_write(s, 30);
 	mts_core_tick(&srv.reg);
 	cr_assert_eq(srv.reg.totals.reserved, 100);
@@ -635,7 +604,7 @@ Test(admit, a_reservation_made_over_tcp_is_matched_by_any_worker)
 	cr_assert_eq(mts_admit(&srv.reg, &tcp, &req, &out), 0);
 	cr_assert(out.admitted);
 	pid_t w = fx_spawn();
-	uint32_t s = register_as(w, 1001, "T");
+	uint32_t s = fx_register_as(w, 1001, "g", "T");
 	fx_write(s, 40);
 	mts_core_tick(&srv.reg);
 	cr_assert(mts_resv_find(&srv.reg, out.id)->taken_over);
@@ -704,27 +673,6 @@ Test(admit, per_uid_cap_stops_that_uid_only)
 	cr_assert_eq(mts_server_apply_policy(&srv, &pol), 0);
 	grant(10, "", "", 0);
 	cr_assert_eq(mts_uid_count_get(&srv.reg.adm->resv_uids, 1000), 4);
-}
-
-Test(uidcount, add_sub_many)
-{
-	struct mts_uid_counts t = {0};
-	for (uint32_t u = 0; u < 5000; u++)
-		for (uint32_t k = 0; k <= u % 3; k++)
-			cr_assert_eq(mts_uid_count_add(&t, u * 7919u), 0);
-	cr_assert_eq(mts_uid_count_add(&t, MTS_UID_TCP), 0);
-	for (uint32_t u = 0; u < 5000; u++)
-		cr_assert_eq(mts_uid_count_get(&t, u * 7919u), u % 3 + 1);
-	for (uint32_t u = 0; u < 5000; u += 2)
-		for (uint32_t k = 0; k <= u % 3; k++)
-			mts_uid_count_sub(&t, u * 7919u);
-	for (uint32_t u = 0; u < 5000; u++)
-		cr_assert_eq(mts_uid_count_get(&t, u * 7919u),
-		             u % 2 ? u % 3 + 1 : 0, "uid %u", u * 7919u);
-	cr_assert_eq(mts_uid_count_get(&t, MTS_UID_TCP), 1);
-	cr_assert_eq(t.used, 2501);
-	mts_uid_count_sub(&t, 12345); /* absent: nothing */
-	mts_uid_counts_free(&t);
 }
 
 /* A group whose section lists uids: an Admit naming it by another uid is

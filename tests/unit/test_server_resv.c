@@ -77,8 +77,9 @@ static void check(const struct mts_registry *reg)
 		const struct mts_resv *r = reg->adm->resv_heap[i];
 		cr_assert_eq(r->heap_index, i);
 		if (i > 0)
-			cr_assert_leq(reg->adm->resv_heap[(i - 1) / 2]->expires_ns,
-			              r->expires_ns, "heap order");
+			cr_assert_leq(
+			    reg->adm->resv_heap[(i - 1) / 2]->expires_ns,
+			    r->expires_ns, "heap order");
 	}
 
 	/* Brute force: what each reservation counts, from the figures of
@@ -268,26 +269,6 @@ struct model {
 	int owner; /* index in owners[] */
 };
 
-/* fx_register as a worker of `uid`. */
-static uint32_t register_as(pid_t pid, uint32_t uid, const char *group,
-                            const char *task)
-{
-	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
-	Memtally__V1__Register reg = MEMTALLY__V1__REGISTER__INIT;
-	reg.group = (char *)group;
-	reg.task = (char *)task;
-	reg.image_id = 1;
-	req.body_case = MEMTALLY__V1__REQUEST__BODY_REGISTER;
-	req.register_ = &reg;
-	struct mts_peer peer = fx_peer(pid, uid);
-	Memtally__V1__Response *r = fx_call(&peer, &req);
-	cr_assert_null(r->error, "register: %s",
-	               r->error ? r->error->message : "");
-	uint32_t slot = r->registered->slot;
-	memtally__v1__response__free_unpacked(r, NULL);
-	return slot;
-}
-
 /* Right after a tick: each task's shares hold exactly its live workers'
  * figures, sorted by uid (root and the server's uid are the admins). */
 static void check_shares(struct mts_registry *reg)
@@ -359,8 +340,8 @@ Test(resv, randomized_against_brute_force)
 	uint32_t slot[WORKERS];
 	for (int w = 0; w < WORKERS; w++)
 		slot[w] =
-		    register_as(fx_spawn(), workers[w].uid, groups[1 + w % 4],
-		                tasks[workers[w].task]);
+		    fx_register_as(fx_spawn(), workers[w].uid,
+		                   groups[1 + w % 4], tasks[workers[w].task]);
 	struct mts_peer root = fx_peer(getpid(), 0);
 	uint64_t clock = mts_now_monotonic();
 	unsigned seed = 20261129;

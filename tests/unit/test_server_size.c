@@ -1,7 +1,8 @@
 /*
  * test_server_size.c - mt_parse_size(): the units, the 1024-vs-1000 rule,
  * fractions, and everything a config value must not be (signs, spaces,
- * overflow, a fraction of a byte).
+ * overflow, a fraction of a byte); and mt_format_size(), the way sizes
+ * are written back.
  */
 #include "server.h"
 
@@ -110,4 +111,16 @@ Test(size, overflow)
 	/* Overflow is still checked after a bad unit would be: a malformed
 	 * value is -EINVAL, whatever its size. */
 	bad("99999999999999999999999X", -EINVAL);
+}
+
+Test(size, formatting)
+{
+	char b[32];
+	cr_assert_str_eq(mt_format_size(b, sizeof(b), 0), "0 B");
+	cr_assert_str_eq(mt_format_size(b, sizeof(b), 1023), "1023 B");
+	cr_assert_str_eq(mt_format_size(b, sizeof(b), 1024), "1 KiB");
+	cr_assert_str_eq(mt_format_size(b, sizeof(b), 600 * MIB), "600 MiB");
+	cr_assert_str_eq(mt_format_size(b, sizeof(b), 1100 * MIB), "1.1 GiB");
+	cr_assert_str_eq(mt_format_size(b, sizeof(b), 1024 * MIB - 1), "1 GiB");
+	cr_assert_str_eq(mt_format_size(b, sizeof(b), UINT64_MAX), "16 EiB");
 }
