@@ -5,9 +5,9 @@
 #               ASan+UBSan and under TSan (what sanitizers find), and the
 #               fuzz targets for FUZZ_SECONDS each (see check)
 #   make check-long  the long fault/attack variants (MEMTALLY_LONG=1), longer fuzzing
-#   make bench  Release build, run the benchmark suites, write bench/RESULTS.md
+#   make bench  Release build, run the benchmark suites, write bench/results/
 #   make bench-fleet  a node that runs out of memory: the policies side by side,
-#               their table in bench/RESULTS.md, bench/fleet.png (~7 min, root)
+#               their table in bench/results/fleet.md, bench/fleet.png (~7 min, root)
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
@@ -184,7 +184,7 @@ bench-fleet: deps
 	cmake -S . -B build -DMEMTALLY_WERROR=ON $(CMAKE_FLAGS)
 	cmake --build build -j$(JOBS) --target memtallyd memtally_cli memtally_preload memtally_glibc mt_fleet memtally_pb2
 	MEMTALLY_PB2_DIR=$(CURDIR)/build/python /usr/bin/python3 bench/fleet.py --build build \
-	    --results bench/RESULTS.md --plot bench/fleet.png
+	    --results bench/results/fleet.md --plot bench/fleet.png
 
 install: build
 	cmake --install build

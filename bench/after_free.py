@@ -17,7 +17,7 @@ gave back).
 
 Run:  /usr/bin/python3 bench/after_free.py --build-dir BUILD
       [--label TEXT] [--refresh-ms N] [--no-results]
-Writes its section of bench/RESULTS.md unless --no-results (the section
+Writes its section of bench/results/after_free.md unless --no-results (the section
 keeps earlier runs' tables with another label).
 """
 
@@ -31,7 +31,7 @@ sys.dont_write_bytecode = True
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from benchlib import (  # noqa: E402
-    SRC_DIR, harness, log, machine_info, write_section)
+    SRC_DIR, harness, log, machine_info, results_path, write_section)
 
 MIB = 1 << 20
 PERL = shutil.which("perl")
@@ -155,7 +155,7 @@ def main():
     print(table)
     if a.no_results:
         return
-    path = os.path.join(HERE, "RESULTS.md")
+    path = results_path("after_free")
     old = ""
     if os.path.exists(path):
         with open(path) as f:

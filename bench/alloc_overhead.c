@@ -86,7 +86,7 @@ struct bench_case {
  * jemalloc size class) is over the 64 KiB threshold, so the inline API
  * flushes on every call. At exactly 64 KiB the flush probe of the current
  * client shows the inline API flushing on every call too, the preload
- * almost never (RESULTS.md, "Flushes per pair").
+ * almost never (bench/results/alloc_overhead.md, "Flushes per pair").
  * Then the reference's other cases:
  *  - alloc_fill_free_64kb: malloc 64 KiB, memset all of it, free.
  *  - grow_vec_to_64kb: one op = a vector of 8-byte elements grown by push

@@ -24,7 +24,7 @@ accounting variant: the difference of medians from jemalloc and a two-sided
 Mann-Whitney U p-value.
 
 Outputs: a Markdown table on stdout, JSON in BUILD/bench/alloc_overhead.json
-and, for a run of all cases, the generated section of bench/RESULTS.md.
+and, for a run of all cases, the generated section of bench/results/alloc_overhead.md.
 Instruction counts per pair (callgrind; stable on a noisy machine) are
 measured for alloc_free_16b, _64kb and _80kb unless --no-instructions.
 
@@ -51,7 +51,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchlib import (  # noqa: E402
     SRC_DIR, BenchError, fmt_p, log, machine_info, mann_whitney_p,
     quartiles, quit_worker, server_socket, shift_ci, start_server,
-    write_section)
+    results_path, write_section)
 
 # N of the parallel cases: every CPU this driver may use (thread i of a
 # parallel case is pinned to the i-th of them).
@@ -630,9 +630,9 @@ def main():
     ap.add_argument("--no-server", action="store_true")
     ap.add_argument("--no-instructions", action="store_true")
     ap.add_argument("--json", help="default BUILD/bench/alloc_overhead.json")
-    ap.add_argument("--results", default=os.path.join(SRC_DIR, "bench", "RESULTS.md"))
+    ap.add_argument("--results", default=results_path("alloc_overhead"))
     ap.add_argument("--no-results", action="store_true",
-                    help="do not update bench/RESULTS.md")
+                    help="do not update bench/results/alloc_overhead.md")
     argv = sys.argv[1:] + shlex.split(os.environ.get("MEMTALLY_BENCH_ARGS", ""))
     args = ap.parse_args(argv)
 

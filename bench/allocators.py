@@ -17,7 +17,7 @@ repetitions of about --target-ms each; Error: half the interquartile range
 (JMH's Error is a 99.9% interval; ours is a spread, not a confidence).
 
 Outputs: the tables on stdout, JSON in BUILD/bench/allocators.json and,
-for a full run, the allocators section of bench/RESULTS.md.
+for a full run, bench/results/allocators.md.
 
 Run all:   cmake --build BUILD --target bench_allocators
 Run one:   /usr/bin/python3 bench/allocators.py --build-dir BUILD --n 16
@@ -36,7 +36,7 @@ sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchlib import (  # noqa: E402
     SRC_DIR, BenchError, ServeWorker, log, machine_info, quartiles,
-    write_section)
+    results_path, write_section)
 
 CASES = ["malloc_free", "arena", "arena_reuse", "pool", "pool_exhausted",
          "pool_locked"]
@@ -80,7 +80,7 @@ def main():
     ap.add_argument("--cpu", type=int)
     ap.add_argument("--json")
     ap.add_argument("--results-md",
-                    default=os.path.join(SRC_DIR, "bench", "RESULTS.md"))
+                    default=results_path("allocators"))
     argv = sys.argv[1:] + shlex.split(os.environ.get("MEMTALLY_BENCH_ARGS",
                                                      ""))
     args = ap.parse_args(argv)

@@ -5,7 +5,7 @@
  * started for a run.
  *
  * The allocator proof is several independent signs, each reported when it
- * fails (see bench/RESULTS.md): jemalloc's mallctl("version") answers or,
+ * fails (see bench/results/alloc_overhead.md): jemalloc's mallctl("version") answers or,
  * for glibc, no mallctl exists in the process;
  * malloc_usable_size(malloc(100)) is jemalloc's size class 112 or glibc's
  * 104; jemalloc's stats.allocated grows while 1 MiB is held; and dladdr()

@@ -4,7 +4,7 @@ The machine a run was made on (machine_info), the statistics the tables
 report (quartiles, a Mann-Whitney p-value), a memtallyd for the run
 (start_server, the integration tests' harness.Server) and what `memtally ps` says of a process, a bench worker in
 --serve mode (ServeWorker), and the one way a driver writes its section
-of bench/RESULTS.md (write_section). Drivers
+of bench/results/SUITE.md (write_section). Drivers
 import this module, never one another.
 """
 import datetime
@@ -309,7 +309,13 @@ class ServeWorker:
         quit_worker(self.proc)
 
 
-# ---- bench/RESULTS.md --------------------------------------------------------
+# ---- bench/results/SUITE.md -------------------------------------------------
+
+
+def results_path(suite):
+    """Where suite `suite` writes its full output: bench/results/SUITE.md.
+    bench/RESULTS.md, the summary, is written by hand and points there."""
+    return os.path.join(SRC_DIR, "bench", "results", suite + ".md")
 
 
 def section_markers(name, generator=None):
@@ -335,9 +341,10 @@ def write_section(path, name, text, generator=None):
         old = old[:a] + block + old[b:]
     else:
         if not old:
-            old = ("# memtally benchmark results\n\n"
-                   "Sections between BEGIN/END markers are written by the "
-                   "suites' drivers; notes outside them are kept.\n\n")
+            old = ("# %s\n\nThe newest full output of the suite (between "
+                   "the BEGIN/END markers: each run rewrites it); notes "
+                   "outside them are kept. The summary of every suite is "
+                   "[bench/RESULTS.md](../RESULTS.md).\n\n" % name)
         old = old.rstrip() + "\n\n" + block + "\n"
     with open(path, "w") as f:
         f.write(old)

@@ -18,7 +18,7 @@ every variant alike. Cells: median bytes/s over --reps and the
 interquartile range; p: two-sided Mann-Whitney U, accounting on vs off.
 
 Outputs: a table on stdout, JSON in BUILD/bench/buffer_growth.json and,
-for a run of all cases, the buffer_growth section of bench/RESULTS.md.
+for a run of all cases, bench/results/buffer_growth.md.
 
 Run all:   cmake --build BUILD --target bench_buffer_growth
 Run one:   /usr/bin/python3 bench/buffer_growth.py --build-dir BUILD \\
@@ -38,7 +38,7 @@ sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchlib import (  # noqa: E402
     SRC_DIR, BenchError, ServeWorker, log, machine_info, mann_whitney_p,
-    quartiles, write_section)
+    quartiles, results_path, write_section)
 
 CASES = ["tiny", "small", "large"]
 ALLOCS = ["jemalloc", "glibc"]
@@ -83,7 +83,7 @@ def main():
     ap.add_argument("--cpu", type=int)
     ap.add_argument("--json")
     ap.add_argument("--results-md",
-                    default=os.path.join(SRC_DIR, "bench", "RESULTS.md"))
+                    default=results_path("buffer_growth"))
     argv = sys.argv[1:] + shlex.split(os.environ.get("MEMTALLY_BENCH_ARGS",
                                                      ""))
     args = ap.parse_args(argv)

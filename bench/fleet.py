@@ -26,7 +26,7 @@ available here are reported as "not run" rows, never as numbers.
     python3 bench/fleet.py --build build [--workload 7] [--tasks 100]
         [--node-mib 640] [--policy none,static,pollkill,dask,memtally-declared,
                               memtally-cold,memtally-warm,memtally-dask]
-        [--arrivals batch,over-time] [--results bench/RESULTS.md]
+        [--arrivals batch,over-time] [--results bench/results/fleet.md]
         [--plot bench/fleet.png] [--json out.json]
 
 Exit status 77 (with the reason on stderr) when no memory cgroup can be made.
@@ -1515,14 +1515,23 @@ def section_text(info, args, tasks, tab):
         "what was set aside, over the run. Evictions: memtallyd's node "
         "guard's, from its log; the CPU-seconds of the evicted runs, of all "
         "the CPU-seconds its tasks used.\n\n%s\n"
-        "![node memory per policy](fleet.png)\n" % (
+        "![node memory per policy](%s)\n" % (
             info["date"], info["cpu_model"], info["nproc"], info["kernel"],
             info["commit"], args.node_mib, args.workload, len(tasks),
             len(jobs), round(JOB_SPREAD * 100),
             100 - round(100 * sum(t.kind == "py" for t in tasks) / len(tasks)),
             round(100 * sum(t.kind == "py" for t in tasks) / len(tasks)),
             peaks[len(peaks) // 2], peaks[int(len(peaks) * 0.9)], peaks[-1],
-            under, args.slots, tab))
+            under, args.slots, tab, picture_link(args)))
+
+
+def picture_link(args):
+    """The plot's path as the results file links it: relative to the
+    file's directory (bench/results/fleet.md shows ../fleet.png)."""
+    plot = os.path.abspath(args.plot or os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), "fleet.png"))
+    return os.path.relpath(plot, os.path.dirname(os.path.abspath(
+        args.results)))
 
 
 if __name__ == "__main__":

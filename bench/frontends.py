@@ -42,7 +42,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchlib import (  # noqa: E402
     SRC_DIR, BenchError, harness, log, machine_info, mann_whitney_p,
     memtally_ps, memtally_settled, quartiles, cachegrind_total,
-    start_server, write_section)
+    start_server, results_path, write_section)
 # The programs and workloads are programs.py's, which real.py runs too, so
 # that both suites run the very same python3 and g++ work.
 import programs  # noqa: E402
@@ -297,7 +297,7 @@ def main():
     ap.add_argument("--no-instructions", action="store_true")
     ap.add_argument("--insn-scale", type=float, default=0.25)
     ap.add_argument("--results-md",
-                    default=os.path.join(SRC_DIR, "bench", "RESULTS.md"))
+                    default=results_path("frontends"))
     args = ap.parse_args()
     b = os.path.abspath(args.build_dir)
     paths = {"preload": os.path.join(b, "client", "libmemtally_preload.so"),

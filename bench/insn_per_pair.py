@@ -22,7 +22,7 @@ server.
 
 Run:  /usr/bin/python3 bench/insn_per_pair.py --build-dir BUILD
       [--pairs N] [--case alloc_free_16b ...] [--no-server] [--no-start]
-Writes its section of bench/RESULTS.md unless --no-results.
+Writes bench/results/insn_per_pair.md unless --no-results.
 """
 
 import argparse
@@ -36,7 +36,7 @@ sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchlib import (  # noqa: E402
     SRC_DIR, BenchError, log, machine_info, server_socket, start_server,
-    write_section)
+    results_path, write_section)
 
 CASES = ["alloc_free_16b", "alloc_free_64kb"]
 PAIRS = [("jemalloc", "preload"), ("glibc", "glibcfe", "glibcfe0")]
@@ -214,7 +214,7 @@ def main():
     text = report(info, status, a.pairs, res, starts)
     print(text)
     if not a.no_results and not a.case:
-        write_section(os.path.join(SRC_DIR, "bench", "RESULTS.md"),
+        write_section(results_path("insn_per_pair"),
                       "insn_per_pair", text)
     return 0
 

@@ -63,7 +63,8 @@ import urllib.request
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchlib import (  # noqa: E402
-    SRC_DIR, BenchError, log, machine_info, start_server, write_section)
+    SRC_DIR, BenchError, log, machine_info, results_path, start_server,
+    write_section)
 
 WORKERS = [0, 100, 300]
 CONNS = [0, 1, 16, 100, 300]
@@ -759,7 +760,7 @@ def main():
     ap.add_argument("--build-dir", default=os.path.join(SRC_DIR, "build"))
     ap.add_argument("--json")
     ap.add_argument("--results-md",
-                    default=os.path.join(SRC_DIR, "bench", "RESULTS.md"))
+                    default=results_path("loadgen"))
     ap.add_argument("--seconds", type=float, default=4.0,
                     help="per sweep cell (queries 2 s, admit 3 s)")
     ap.add_argument("--workers", type=lambda s: [int(x) for x in

@@ -14,7 +14,7 @@ quiet process (mt_quiet, 30 MiB built and dropped): (Ir(idle 12 s) -
 Ir(idle 2 s)) / 10, with MEMTALLY_REFRESH_MS=0 (no thread) and the default.
 
 Run:  /usr/bin/python3 bench/quiet.py --build-dir BUILD [--no-callgrind]
-Writes its section of bench/RESULTS.md unless --no-results.
+Writes its section of bench/results/quiet.md unless --no-results.
 """
 
 import argparse
@@ -29,7 +29,8 @@ sys.dont_write_bytecode = True
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from benchlib import (  # noqa: E402
-    SRC_DIR, harness, log, machine_info, start_server, write_section)
+    SRC_DIR, harness, log, machine_info, results_path, start_server,
+    write_section)
 
 MIB = 1 << 20
 
@@ -190,7 +191,7 @@ def main():
            "--build-dir build`" % (info, text, cg))
     print(out)
     if not a.no_results:
-        write_section(os.path.join(HERE, "RESULTS.md"), "quiet", out)
+        write_section(results_path("quiet"), "quiet", out)
 
 
 if __name__ == "__main__":

@@ -56,7 +56,7 @@ told to hold, as a difference between before and after, and for g++ the
 GGC heap of -fmem-report against memtally's peak for cc1plus.
 
 Outputs: a table on stdout, JSON in BUILD/bench/real.json and, for a run
-of every program, the `real` section of bench/RESULTS.md.
+of every program, bench/results/real.md.
 
 Run all:    cmake --build BUILD --target bench_real
 Run one:    /usr/bin/python3 bench/real.py --build-dir BUILD --program sqlite3
@@ -86,7 +86,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchlib import (  # noqa: E402
     SRC_DIR, BenchError, fmt_p, log, machine_info, mann_whitney_p,
     memtally_ps, memtally_settled, quartiles, cachegrind_total,
-    start_server, write_section)
+    start_server, results_path, write_section)
 
 PROGRAMS = ["sqlite3", "python3", "g++", "redis"]
 TARGET = 0.99  # preload throughput / jemalloc-alone throughput
@@ -895,7 +895,7 @@ def main():
                     "(default: the last one this process may use)")
     ap.add_argument("--json")
     ap.add_argument("--results-md",
-                    default=os.path.join(SRC_DIR, "bench", "RESULTS.md"))
+                    default=results_path("real"))
     argv = sys.argv[1:] + shlex.split(os.environ.get("MEMTALLY_BENCH_ARGS", ""))
     args = ap.parse_args(argv)
 

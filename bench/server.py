@@ -29,7 +29,7 @@ Side by side with another tree (`--side-by-side --baseline-build B`):
 registration cost and tick cost (loop only and mts_core_tick) of this build and
 of B, interleaved round by round (old, new, then new, old, ...), medians
 and quartiles over the rounds, ratios new / old; written to its own block
-of RESULTS.md. The registration bench is compiled for both with the same
+of bench/results/server.md. The registration bench is compiled for both with the same
 command, against each tree's headers and libmemtally.a.
 
 Run all:   cmake --build BUILD --target bench_server
@@ -52,7 +52,7 @@ sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tempfile  # noqa: E402
 from benchlib import (  # noqa: E402
-    SRC_DIR, log, machine_info, start_server, write_section)
+    SRC_DIR, log, machine_info, results_path, start_server, write_section)
 
 SLOTS = [64, 256, 1024, 4096, 16384]
 LANES = [1, 4, 16]
@@ -128,7 +128,7 @@ def fmt_q(v, scale=1.0, prec=1):
 
 def side_by_side(args, build, info):
     """Registration and tick cost of this build and of --baseline-build,
-    interleaved; writes its own block of RESULTS.md."""
+    interleaved; writes its own block of bench/results/server.md."""
     base = os.path.abspath(args.baseline_build)
     base_src = os.path.abspath(args.baseline_src or os.path.dirname(base))
     cpus = sorted(os.sched_getaffinity(0))
@@ -307,7 +307,7 @@ def parse_args():
     ap.add_argument("--build-dir", default=os.path.join(SRC_DIR, "build"))
     ap.add_argument("--json")
     ap.add_argument("--results-md",
-                    default=os.path.join(SRC_DIR, "bench", "RESULTS.md"))
+                    default=results_path("server"))
     ap.add_argument("--baseline-build",
                     help="another build whose bench_server_core_tick is "
                     "run interleaved as `before` (e.g. one of the commit "

@@ -36,7 +36,7 @@ batch.
 
 Run:  /usr/bin/python3 bench/start_cost.py --build-dir BUILD
       [--rounds R] [--n N] [--files F] [--no-make] [--extra NAME=PATH]
-Writes its section of bench/RESULTS.md unless --no-results.
+Writes bench/results/start_cost.md unless --no-results.
 """
 
 import argparse
@@ -55,7 +55,7 @@ sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchlib import (  # noqa: E402
     SRC_DIR, BenchError, cachegrind_total, log, machine_info,
-    median_ci, quartiles, start_server, write_section)
+    median_ci, quartiles, start_server, results_path, write_section)
 
 JEMALLOC_SO = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
 TRUE = "/bin/true"
@@ -527,7 +527,7 @@ def main():
     text = "\n".join(lines)
     print(text)
     if not args.no_results:
-        write_section(os.path.join(SRC_DIR, "bench", "RESULTS.md"),
+        write_section(results_path("start_cost"),
                       "start_cost", text)
 
 

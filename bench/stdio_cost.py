@@ -24,7 +24,7 @@ same in every run.
 
 Run:  /usr/bin/python3 bench/stdio_cost.py --build-dir BUILD
       [--rounds 11] [--mib 16] [--size 100]
-Writes its section of bench/RESULTS.md unless --no-results.
+Writes bench/results/stdio_cost.md unless --no-results.
 """
 
 import argparse
@@ -38,7 +38,7 @@ sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchlib import (  # noqa: E402
     SRC_DIR, BenchError, log, machine_info, memtally_settled,
-    quartiles, start_server, write_section)
+    quartiles, start_server, results_path, write_section)
 
 JEMALLOC_SO = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
 MIB = 1 << 20
@@ -175,7 +175,7 @@ def main():
     text = report(args, vs, times)
     print(text)
     if not args.no_results:
-        write_section(os.path.join(SRC_DIR, "bench", "RESULTS.md"),
+        write_section(results_path("stdio_cost"),
                       "stdio_cost", text)
     return 0
 
