@@ -35,7 +35,7 @@ MEMTALLYD = _build_default("MEMTALLYD", "server/memtallyd")
 CLI = _build_default("MEMTALLY_CLI", "programs/memtally")
 PRELOAD = _build_default("MEMTALLY_PRELOAD_LIB", "client/libmemtally_preload.so")
 WORKERS = _build_default("MT_WORKERS", "tests/integration")
-_build_default("MEMTALLY_PB2_DIR", "examples/python")
+_build_default("MEMTALLY_PB2_DIR", "python")  # as ctest sets it
 _build_default("MEMTALLY_EXAMPLES", os.path.join(
     os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples"))
 MIB = 1 << 20
