@@ -93,18 +93,20 @@ def rss_anon(pid):
     raise AssertionError(f"no RssAnon for {pid}")
 
 
-def read_makes_resident(mib=128):
+def read_makes_resident(mib=128, huge=False):
     """How many bytes reading untouched anonymous memory makes resident
-    here: `mib` MiB mapped private and anonymous in this process, small
-    pages (MADV_NOHUGEPAGE, as the workers that read do), a byte read of
-    every 4 KiB page, RssAnon compared. Where reads map the kernel's
-    shared zero page this is about 0; a kernel built or set up without it
-    allocates a page per read, and a test of read-only pages would assert
-    the kernel, not memtally."""
+    here: `mib` MiB mapped private and anonymous in this process, in small
+    pages (MADV_NOHUGEPAGE) or, with `huge`, in transparent huge pages
+    (MADV_HUGEPAGE), as the workers that read do; a byte read of every
+    4 KiB page, RssAnon compared. Where reads map the kernel's shared zero
+    page (small) or huge zero page (huge: transparent_hugepage/
+    use_zero_page) this is about 0; otherwise the kernel allocates a page
+    per read, and a test of read-only pages would assert the kernel, not
+    memtally."""
     m = mmap.mmap(-1, mib * MIB, flags=mmap.MAP_PRIVATE,
                   prot=mmap.PROT_READ | mmap.PROT_WRITE)
     try:
-        m.madvise(mmap.MADV_NOHUGEPAGE)
+        m.madvise(mmap.MADV_HUGEPAGE if huge else mmap.MADV_NOHUGEPAGE)
         before = rss_anon(os.getpid())
         read = sum(m[off] for off in range(0, mib * MIB, 4096))
         made = rss_anon(os.getpid()) - before

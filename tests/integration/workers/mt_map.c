@@ -26,10 +26,11 @@
  *   "unmap"        munmap the region (what is left of it)
  *   "map_lazy N"   mmap N MiB private anonymous read-write, untouched
  *   "touch O N"    touch MiB [O, O+N) of the region
- *   "read O N"     read a byte of each page of MiB [O, O+N) of the region,
- *                  writing none (untouched pages: the kernel's zero page;
- *                  small pages: kernels from 6.7 until a 2025 fix do
- *                  not report the huge zero page to the pagemap scan)
+ *   "read O N [huge]"  read a byte of each page of MiB [O, O+N) of the
+ *                  region, writing none (untouched pages: the kernel's zero
+ *                  page). Small pages (MADV_NOHUGEPAGE), or with "huge"
+ *                  transparent huge pages (MADV_HUGEPAGE: the huge zero
+ *                  page, where the kernel has it on)
  *   "advise O N A" madvise MiB [O, O+N) of the region (N may run past
  *                  its end) with A: dontneed, free, pageout, remove:
  *                  "ok advised R" (R: madvise's return value)
@@ -108,6 +109,7 @@ int main(void)
 	const char *cmd;
 	unsigned long n, t;
 	char what[16];
+	int k;
 	while ((cmd = mt_wait()) && strcmp(cmd, "exit") != 0) {
 		mt_flush(); /* stdio's buffers, now allocated */
 		if (sscanf(cmd, "map %lu", &n) == 1) {
@@ -247,8 +249,11 @@ int main(void)
 		} else if (sscanf(cmd, "touch %lu %lu", &t, &n) == 2) {
 			mt_touch(region + t * MIB, n * MIB);
 			mt_say("ok touched");
-		} else if (sscanf(cmd, "read %lu %lu", &t, &n) == 2) {
-			madvise(region + t * MIB, n * MIB, MADV_NOHUGEPAGE);
+		} else if ((k = sscanf(cmd, "read %lu %lu %15s", &t, &n, what)) >=
+		           2) {
+			int huge = k == 3 && strcmp(what, "huge") == 0;
+			madvise(region + t * MIB, n * MIB,
+			        huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
 			unsigned long sum = 0;
 			for (size_t i = 0; i < n * MIB; i += 4096)
 				sum += ((volatile char *)region)[t * MIB + i];
