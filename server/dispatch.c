@@ -35,6 +35,7 @@
 #include "mts_admit.h"
 #include "mts_auth.h"
 #include "mts_defs.h"
+#include "mts_figures.h"
 #include "mts_kinds.h"
 #include "mts_limits.h"
 #include "mts_log.h"
@@ -274,6 +275,45 @@ static void fill_process(const struct mts_registry *reg,
 	pi->seconds_to_limit = mts_proc_forecast(reg, p);
 }
 
+/*
+ * The shared figures (mts_figures.h) into `msg`, a Usage or a GroupUsage
+ * (`group`), at the field numbers the table gives: the members are found
+ * through the message's descriptor, so a figure reaches the protocol by
+ * its row alone.
+ */
+static void put_figures(ProtobufCMessage *msg, const struct mts_figures *v,
+                        bool group)
+{
+	for (size_t k = 0; k < mts_figure_count; k++) {
+		const struct mts_figure *f = &mts_figure_table[k];
+		unsigned id = group ? f->group_field : f->usage_field;
+		if (!(f->out & MTS_FIG_PROTO) || !id)
+			continue;
+		const ProtobufCFieldDescriptor *fd =
+		    protobuf_c_message_descriptor_get_field(msg->descriptor,
+		                                            id);
+		if (!fd)
+			continue; /* the table's test says this cannot be */
+		void *m = (char *)msg + fd->offset;
+		switch (fd->type) {
+		case PROTOBUF_C_TYPE_UINT64:
+			*(uint64_t *)m = mts_figure_u64(v, f);
+			break;
+		case PROTOBUF_C_TYPE_UINT32:
+			*(uint32_t *)m = (uint32_t)mts_figure_u64(v, f);
+			break;
+		case PROTOBUF_C_TYPE_ENUM:
+			*(int *)m = (int)mts_figure_u64(v, f);
+			break;
+		case PROTOBUF_C_TYPE_DOUBLE:
+			*(double *)m = mts_figure_f64(v, f);
+			break;
+		default:
+			break;
+		}
+	}
+}
+
 static void fill_group(const struct mts_registry *reg,
                        const struct mts_group *g, const char *name,
                        Memtally__V1__GroupUsage *gu)
@@ -282,21 +322,10 @@ static void fill_group(const struct mts_registry *reg,
 	gu->name = (char *)name;
 	if (!g)
 		return; /* a group with no entry: all zero */
-	gu->bytes = g->bytes;
-	gu->mapped_bytes = g->mapped;
-	gu->allocator_free_bytes = g->allocator_free;
-	gu->unvouched_bytes = g->unvouched;
-	gu->peak = g->peak;
-	gu->processes = g->processes;
-	gu->error_bytes = g->error_bytes;
-	gu->rss_bytes = g->rss;
-	gu->limit = g->limit;
-	gu->state = proto_state(g->state);
-	gu->reserved_bytes = g->reserved;
-	gu->reservations = g->reservations;
+	put_figures(&gu->base, &g->fig, true);
+	/* What follows from the figures and the policy. */
 	gu->high_watermark_bytes =
 	    high_mark(g->limit, g->high_bp ? g->high_bp : reg->policy.high_bp);
-	gu->growth_bytes_per_s = g->growth;
 	gu->seconds_to_limit = mts_group_forecast(reg, g);
 }
 
@@ -312,25 +341,15 @@ static int do_get_usage(struct mts_registry *reg, const struct viewer *v,
 	Memtally__V1__GroupUsage *gus = NULL, **gptrs = NULL;
 	int err;
 
-	u.fleet_bytes = t->bytes;
-	u.mapped_bytes = t->mapped;
-	u.allocator_free_bytes = t->allocator_free;
-	u.unvouched_bytes = t->unvouched;
-	u.fleet_peak = t->peak;
-	u.fleet_limit = t->limit;
-	u.reserved_bytes = t->reserved;
-	u.state = proto_state(t->state);
-	u.rss_bytes = t->rss;
+	put_figures(&u.base, &t->fig, false);
+	/* The fleet's own, and what follows from its figures and the
+	 * policy. */
 	u.measure = (char *)mts_measure_name(reg->policy.measure);
-	u.reservations = t->reservations;
 	u.process_limit = reg->policy.process_limit;
 	u.high_watermark_bytes = high_mark(t->limit, reg->policy.high_bp);
-	u.growth_bytes_per_s = t->growth;
 	u.seconds_to_limit = mts_fleet_forecast(reg);
 	u.growth_window_ms = (uint32_t)(mts_growth_window_ns(reg) / 1000000u);
 	u.forecast_horizon_ms = reg->policy.forecast_horizon_ms;
-	u.processes = t->processes;
-	u.error_bytes = t->error_bytes;
 	u.unregistered = t->unregistered;
 	u.ticks = t->ticks;
 	u.threshold = reg->threshold;
@@ -396,14 +415,94 @@ out_free:
 	return err;
 }
 
-/* Largest first; equal sizes by pid so the order is stable. */
-static int cmp_bytes_desc(const void *a, const void *b)
+/* ---- the top consumers (ListProcesses, a denied Admit) ----------------- */
+
+/* What processes are ranked by: the accounted bytes (the list), or the
+ * figure the limits compare (a denial names who holds what it counted). */
+enum rank { BY_BYTES, BY_MEASURED };
+
+static uint64_t rank_of(const struct mts_registry *reg, enum rank by,
+                        const struct mts_proc *p)
 {
-	const struct mts_proc *x = *(const struct mts_proc *const *)a;
-	const struct mts_proc *y = *(const struct mts_proc *const *)b;
-	if (x->bytes != y->bytes)
-		return x->bytes < y->bytes ? 1 : -1;
-	return x->pid < y->pid ? -1 : x->pid > y->pid;
+	return by == BY_MEASURED ? mts_measured(reg, p->bytes, p->rss)
+	                         : p->bytes;
+}
+
+/* `a` ranks below `b`: smaller, or as large and a higher pid (so that the
+ * order is the same for the same figures). */
+static bool ranks_below(const struct mts_registry *reg, enum rank by,
+                        const struct mts_proc *a, const struct mts_proc *b)
+{
+	uint64_t x = rank_of(reg, by, a), y = rank_of(reg, by, b);
+	return x != y ? x < y : a->pid > b->pid;
+}
+
+static void swap_procs(const struct mts_proc **h, size_t i, size_t j)
+{
+	const struct mts_proc *t = h[i];
+	h[i] = h[j];
+	h[j] = t;
+}
+
+/* The heap of top_procs(): h[0] ranks below every other entry. */
+static void sift_up(const struct mts_registry *reg, enum rank by,
+                    const struct mts_proc **h, size_t i)
+{
+	while (i > 0 && ranks_below(reg, by, h[i], h[(i - 1) / 2])) {
+		swap_procs(h, i, (i - 1) / 2);
+		i = (i - 1) / 2;
+	}
+}
+
+static void sift_down(const struct mts_registry *reg, enum rank by,
+                      const struct mts_proc **h, size_t n, size_t i)
+{
+	for (;;) {
+		size_t l = 2 * i + 1, m = i;
+		if (l < n && ranks_below(reg, by, h[l], h[m]))
+			m = l;
+		if (l + 1 < n && ranks_below(reg, by, h[l + 1], h[m]))
+			m = l + 1;
+		if (m == i)
+			return;
+		swap_procs(h, i, m);
+		i = m;
+	}
+}
+
+/*
+ * The processes `v` may see, largest by `by` first, at most `max` of them
+ * into out[] (room for `max`); with `group`, only those of that group
+ * whose group `v` may see (a filter on a withheld group would tell its
+ * membership). Returns how many. A heap of the `max` largest so far, then
+ * sorted: one pass for a denial's few, a heap sort for a whole list.
+ */
+static size_t top_procs(const struct mts_registry *reg, const struct viewer *v,
+                        const char *group, enum rank by, size_t max,
+                        const struct mts_proc **out)
+{
+	size_t n = 0;
+	for (uint32_t i = 0; i < reg->ndense; i++) {
+		const struct mts_proc *p = reg->by_slot[reg->dense[i]];
+		enum sight sight = sight_of(v, p->uid);
+		if (sight == SEE_NOTHING ||
+		    (group && (sight != SEE_ALL ||
+		               strcmp(reg->groups[p->group].name, group) != 0)))
+			continue;
+		if (n < max) {
+			out[n] = p;
+			sift_up(reg, by, out, n++);
+		} else if (max && ranks_below(reg, by, out[0], p)) {
+			out[0] = p;
+			sift_down(reg, by, out, n, 0);
+		}
+	}
+	/* The lowest ranked goes last, one at a time. */
+	for (size_t k = n; k > 1; k--) {
+		swap_procs(out, 0, k - 1);
+		sift_down(reg, by, out, k - 1, 0);
+	}
+	return n;
 }
 
 static int do_list(struct mts_registry *reg, const struct viewer *v,
@@ -419,20 +518,7 @@ static int do_list(struct mts_registry *reg, const struct viewer *v,
 	if (!procs || !infos || !ptrs)
 		goto out_free;
 
-	size_t n = 0;
-	for (uint32_t i = 0; i < reg->ndense; i++) {
-		const struct mts_proc *p = reg->by_slot[reg->dense[i]];
-		enum sight sight = sight_of(v, p->uid);
-		/* A process whose group is withheld is not listed under a
-		 * group either: the filter would tell its membership. */
-		if (sight == SEE_NOTHING ||
-		    (filter &&
-		     (sight != SEE_ALL ||
-		      strcmp(reg->groups[p->group].name, filter) != 0)))
-			continue;
-		procs[n++] = p;
-	}
-	qsort(procs, n, sizeof(*procs), cmp_bytes_desc);
+	size_t n = top_procs(reg, v, filter, BY_BYTES, cap, procs);
 	for (size_t i = 0; i < n; i++) {
 		fill_process(reg, procs[i], sight_of(v, procs[i]->uid),
 		             &infos[i]);
@@ -521,28 +607,7 @@ static int do_admit(struct mts_registry *reg, const struct mts_peer *peer,
 		ar_pb.limit_scope = res.scope;
 		/* The top consumers now, by the measured figure. */
 		const struct mts_proc *top[TOP_N];
-		uint64_t topv[TOP_N];
-		size_t n = 0;
-		for (uint32_t i = 0; i < reg->ndense; i++) {
-			const struct mts_proc *p = reg->by_slot[reg->dense[i]];
-			if (sight_of(v, p->uid) == SEE_NOTHING)
-				continue;
-			uint64_t m = mts_measured(reg, p->bytes, p->rss);
-			size_t k = n < TOP_N ? n++ : TOP_N;
-			while (k > 0 && (topv[k - 1] < m ||
-			                 (topv[k - 1] == m &&
-			                  top[k - 1]->pid > p->pid))) {
-				if (k < TOP_N) {
-					top[k] = top[k - 1];
-					topv[k] = topv[k - 1];
-				}
-				k--;
-			}
-			if (k < TOP_N) {
-				top[k] = p;
-				topv[k] = m;
-			}
-		}
+		size_t n = top_procs(reg, v, NULL, BY_MEASURED, TOP_N, top);
 		for (size_t i = 0; i < n; i++) {
 			fill_process(reg, top[i], sight_of(v, top[i]->uid),
 			             &infos[i]);

@@ -9,7 +9,8 @@
  *   MEMTALLY_PREVIOUS  the state the scope's previous hook was run for
  *                      (ok when none was): what a consumer last heard
  *   MEMTALLY_BYTES, MEMTALLY_RSS, MEMTALLY_RESERVED, MEMTALLY_LIMIT
- *                      bytes, as the event that led to it (limit 0: none)
+ *                      bytes, as the event that led to it (limit 0: none):
+ *                      the figures whose row in figures.c names a variable
  *   MEMTALLY_MEASURE, MEMTALLY_REASON, MEMTALLY_NODE ([hooks] node, or the
  *   host name), MEMTALLY_SOCKET (this server's, for `memtally` in a hook)
  *
@@ -69,6 +70,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "mts_figures.h"
 #include "mts_log.h"
 #include "mts_policy.h"
 #include "mts_registry.h"
@@ -85,7 +87,7 @@ struct hook_scope {
 	/* The latest event of the scope, not yet acted on when `pending`. */
 	bool pending;
 	uint32_t state;
-	uint64_t bytes, rss, reserved, limit;
+	struct mts_figures fig;
 	char reason[96];
 	struct hook_run *run;   /* running, or NULL */
 	bool queued;            /* waiting for a free place (MAX_RUNNING) */
@@ -516,7 +518,8 @@ static bool env_ours(const char *kv)
 	       strncmp(kv, "NOTIFY_SOCKET=", 14) == 0;
 }
 
-#define OUR_VARS 13
+/* Our variables besides the figures'. */
+#define OUR_VARS 7
 
 /*
  * Start `/bin/sh -c cmd` for run `r`: in its own session, stdin and
@@ -612,7 +615,8 @@ static int spawn(struct mts_hooks *h, struct hook_scope *s, const char *cmd)
 	size_t n = 0, inherited = 0;
 	while (environ[inherited])
 		inherited++;
-	char **env = calloc(inherited + OUR_VARS + 1, sizeof(*env));
+	char **env =
+	    calloc(inherited + OUR_VARS + mts_figure_count + 1, sizeof(*env));
 	char *buf = malloc(4096);
 	if (!env || !buf) {
 		free(env);
@@ -631,13 +635,17 @@ static int spawn(struct mts_hooks *h, struct hook_scope *s, const char *cmd)
 	        mt_state_name(s->state));
 	env_add(env, &n, buf, cap, &pos, "MEMTALLY_PREVIOUS", "%s",
 	        mt_state_name(s->reported));
-	env_add(env, &n, buf, cap, &pos, "MEMTALLY_BYTES", "%" PRIu64,
-	        s->bytes);
-	env_add(env, &n, buf, cap, &pos, "MEMTALLY_RSS", "%" PRIu64, s->rss);
-	env_add(env, &n, buf, cap, &pos, "MEMTALLY_RESERVED", "%" PRIu64,
-	        s->reserved);
-	env_add(env, &n, buf, cap, &pos, "MEMTALLY_LIMIT", "%" PRIu64,
-	        s->limit);
+	for (size_t k = 0; k < mts_figure_count; k++) {
+		const struct mts_figure *f = &mts_figure_table[k];
+		if (!(f->out & MTS_FIG_HOOKS))
+			continue;
+		if (f->unit == MTS_FIG_BYTES_PER_S)
+			env_add(env, &n, buf, cap, &pos, f->env, "%.0f",
+			        mts_figure_f64(&s->fig, f));
+		else
+			env_add(env, &n, buf, cap, &pos, f->env, "%" PRIu64,
+			        mts_figure_u64(&s->fig, f));
+	}
 	env_add(env, &n, buf, cap, &pos, "MEMTALLY_REASON", "%s", s->reason);
 	env_add(env, &n, buf, cap, &pos, "MEMTALLY_NODE", "%s", h->node);
 	if (h->socket)
@@ -781,10 +789,7 @@ void mts_hooks_event(struct mts_hooks *h, const struct mts_event *ev)
 	}
 	s->pending = true;
 	s->state = ev->state;
-	s->bytes = ev->bytes;
-	s->rss = ev->rss;
-	s->reserved = ev->reserved;
-	s->limit = ev->limit;
+	s->fig = ev->figures ? *ev->figures : (struct mts_figures){0};
 	snprintf(s->reason, sizeof(s->reason), "%s",
 	         ev->reason ? ev->reason : "");
 	maybe_start(h, s);

@@ -138,7 +138,7 @@ static void emit(struct mts_registry *reg, const struct mts_proc *p,
                  const char *scope, uint32_t state, uint32_t previous,
                  uint64_t bytes, uint64_t rss, uint64_t limit,
                  uint64_t reserved, const char *reason, double growth,
-                 double forecast_s)
+                 double forecast_s, const struct mts_figures *figures)
 {
 	char q[MTS_LOGQ_MAX], qr[MTS_LOGQ_MAX];
 	struct mts_event ev = {
@@ -155,6 +155,7 @@ static void emit(struct mts_registry *reg, const struct mts_proc *p,
 	    .forecast_s = forecast_s,
 	    .has_uid = p != NULL,
 	    .uid = p ? p->uid : 0,
+	    .figures = figures,
 	};
 	enum mts_log_level level =
 	    state == MTSHM_STATE_OVER ? MTS_LOG_WARN : MTS_LOG_INFO;
@@ -211,7 +212,7 @@ static void eval_fleet(struct mts_registry *reg)
 	char why[96];
 	reason_of(why, sizeof(why), next, prev, by_forecast, t->growth, fc);
 	emit(reg, NULL, "fleet", next, prev, t->bytes, t->rss, t->limit,
-	     t->reserved, why, t->growth, fc);
+	     t->reserved, why, t->growth, fc, &t->fig);
 }
 
 static void eval_group(struct mts_registry *reg, struct mts_group *g)
@@ -234,7 +235,7 @@ static void eval_group(struct mts_registry *reg, struct mts_group *g)
 	snprintf(scope, sizeof(scope), "group:%s", g->name);
 	reason_of(why, sizeof(why), next, prev, by_forecast, g->growth, fc);
 	emit(reg, NULL, scope, next, prev, g->bytes, g->rss, g->limit,
-	     g->reserved, why, g->growth, fc);
+	     g->reserved, why, g->growth, fc, &g->fig);
 }
 
 void mts_limits_eval_proc(struct mts_registry *reg, struct mts_proc *p)
@@ -261,7 +262,7 @@ void mts_limits_eval_proc(struct mts_registry *reg, struct mts_proc *p)
 	snprintf(scope, sizeof(scope), "pid:%u", p->pid);
 	emit(reg, p, scope, next, prev, p->bytes, p->rss, p->limit, 0,
 	     is_over ? "over its limit" : "back under its limit",
-	     mts_proc_growth(reg, p), 0);
+	     mts_proc_growth(reg, p), 0, NULL);
 }
 
 void mts_limits_proc_gone(struct mts_registry *reg, const struct mts_proc *p)
@@ -271,7 +272,7 @@ void mts_limits_proc_gone(struct mts_registry *reg, const struct mts_proc *p)
 	char scope[24];
 	snprintf(scope, sizeof(scope), "pid:%u", p->pid);
 	emit(reg, p, scope, MTSHM_STATE_OK, MTSHM_STATE_OVER, p->bytes, p->rss,
-	     p->limit, 0, "exited", 0, 0);
+	     p->limit, 0, "exited", 0, 0, NULL);
 }
 
 void mts_limits_eval(struct mts_registry *reg, bool procs)

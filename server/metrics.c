@@ -87,6 +87,7 @@
 #include "mts_core.h"
 #include "mts_defs.h"
 #include "mts_dispatch.h"
+#include "mts_figures.h"
 #include "mts_kinds.h"
 #include "mts_guard.h"
 #include "mts_limits.h"
@@ -279,7 +280,7 @@ struct labels {
 	/* Groups only: which sets are rendered (group i for i < n - 1,
 	 * "_other" at n - 1), and the sum "_other" stands for. */
 	bool *shown;
-	struct mts_group other;
+	struct mts_figures other;
 };
 
 static int labels_init(struct labels *l, uint32_t n)
@@ -346,10 +347,10 @@ static bool group_shown(const struct labels *gl, uint32_t i)
 }
 
 /* The figures of group series i. */
-static const struct mts_group *group_at(const struct mts_registry *reg,
-                                        const struct labels *gl, uint32_t i)
+static const struct mts_figures *group_at(const struct mts_registry *reg,
+                                          const struct labels *gl, uint32_t i)
 {
-	return i < reg->groups_used ? &reg->groups[i] : &gl->other;
+	return i < reg->groups_used ? &reg->groups[i].fig : &gl->other;
 }
 
 struct gsize {
@@ -363,22 +364,6 @@ static int gsize_desc(const void *a, const void *b)
 	if (x->bytes != y->bytes)
 		return x->bytes < y->bytes ? 1 : -1;
 	return x->i < y->i ? -1 : x->i > y->i;
-}
-
-static void other_add(struct mts_group *o, const struct mts_group *g)
-{
-	o->processes += g->processes;
-	o->bytes = mt_sat_add(o->bytes, g->bytes);
-	o->mapped = mt_sat_add(o->mapped, g->mapped);
-	o->allocator_free = mt_sat_add(o->allocator_free, g->allocator_free);
-	o->peak = mt_sat_add(o->peak, g->peak);
-	o->error_bytes = mt_sat_add(o->error_bytes, g->error_bytes);
-	o->rss = mt_sat_add(o->rss, g->rss);
-	o->reserved = mt_sat_add(o->reserved, g->reserved);
-	o->reservations += g->reservations;
-	o->growth += g->growth;
-	if (g->state > o->state && g->state <= MTSHM_STATE_OVER)
-		o->state = g->state; /* the worst of them */
 }
 
 /* Which groups get series of their own (see the top of the file), and
@@ -414,7 +399,7 @@ static int select_groups(const struct mts_registry *reg, struct labels *gl)
 			gl->shown[i] = true;
 			nshown++;
 		} else {
-			other_add(&gl->other, &reg->groups[i]);
+			mts_figures_add(&gl->other, &reg->groups[i].fig);
 			gl->shown[n] = true;
 		}
 	}
@@ -480,50 +465,14 @@ static void drop_if_empty(struct out *o, size_t at, bool any)
 		o->b->len = at;
 }
 
-static void render_fleet(struct out *o, const struct mts_registry *reg)
+/* The forecast made from the growth rate follows its family. */
+static bool is_growth(const struct mts_figure *f)
 {
-	const struct mts_totals *t = &reg->totals;
-	gauge(
-	    o, "memtally_fleet_accounted_bytes",
-	    "Bytes the fleet's workers have allocated, as of the latest tick.",
-	    t->bytes);
-	gauge(o, "memtally_fleet_mapped_bytes",
-	      "Part of the accounted bytes: anonymous memory the workers "
-	      "mapped themselves.",
-	      t->mapped);
-	gauge(o, "memtally_fleet_allocator_free_bytes",
-	      "Part of the accounted bytes: memory the workers' allocators "
-	      "keep free for them (glibc's freed chunks).",
-	      t->allocator_free);
-	gauge(o, "memtally_fleet_unvouched_bytes",
-	      "Bytes claimed by workers of untrusted users beyond what the "
-	      "kernel vouches for; left out of the accounted bytes.",
-	      t->unvouched);
-	gauge(o, "memtally_fleet_error_bytes",
-	      "Error bar of the accounted bytes: threshold times live threads.",
-	      t->error_bytes);
-	gauge(o, "memtally_fleet_peak_bytes",
-	      "Highest fleet accounted bytes seen since the server started.",
-	      t->peak);
-	gauge(o, "memtally_fleet_rss_bytes",
-	      "Resident set of the registered processes, from /proc.", t->rss);
-	gauge(o, "memtally_fleet_reserved_bytes",
-	      "Bytes held by outstanding admission reservations.", t->reserved);
-	gauge(o, "memtally_reservations", "Outstanding admission reservations.",
-	      t->reservations);
-	if (t->limit) {
-		gauge(o, "memtally_fleet_limit_bytes",
-		      "Fleet limit; absent when there is none.", t->limit);
-	}
-	family(o, "memtally_fleet_state", "gauge",
-	       "Fleet state against its limit: 1 for the current state.");
-	state_samples(o, "memtally_fleet_state", NULL, 0, t->state);
-	family(o, "memtally_fleet_growth_bytes_per_second", "gauge",
-	       "Growth rate of the fleet's measured bytes over the growth "
-	       "window; negative when shrinking.");
-	put_str(o, "memtally_fleet_growth_bytes_per_second ");
-	put_f64(o, t->growth);
-	put(o, "\n", 1);
+	return f->offset == offsetof(struct mts_figures, growth);
+}
+
+static void fleet_forecast(struct out *o, const struct mts_registry *reg)
+{
 	/* No forecast, no sample (as for the limit): a NaN would be a value
 	 * that alerts and graphs must all special-case. */
 	double fc = mts_fleet_forecast(reg);
@@ -535,79 +484,51 @@ static void render_fleet(struct out *o, const struct mts_registry *reg)
 		put_f64(o, fc);
 		put(o, "\n", 1);
 	}
-	gauge(o, "memtally_processes", "Registered worker processes.",
-	      t->processes);
+}
+
+/* One row of mts_figure_table for the fleet. */
+static void fleet_figure(struct out *o, const struct mts_registry *reg,
+                         const struct mts_figure *f)
+{
+	const struct mts_figures *t = &reg->totals.fig;
+	const char *name = f->fleet_metric;
+	uint64_t v = mts_figure_u64(t, f);
+	switch (f->unit) {
+	case MTS_FIG_STATE:
+		family(o, name, "gauge", f->fleet_help);
+		state_samples(o, name, NULL, 0, (uint32_t)v);
+		break;
+	case MTS_FIG_BYTES_PER_S:
+		family(o, name, "gauge", f->fleet_help);
+		put_str(o, name);
+		put(o, " ", 1);
+		put_f64(o, mts_figure_f64(t, f));
+		put(o, "\n", 1);
+		if (is_growth(f))
+			fleet_forecast(o, reg);
+		break;
+	case MTS_FIG_BYTES:
+	case MTS_FIG_COUNT:
+		if (v || !(f->out & MTS_FIG_ABSENT_0))
+			gauge(o, name, f->fleet_help, v);
+		break;
+	}
+}
+
+static void render_fleet(struct out *o, const struct mts_registry *reg)
+{
+	for (size_t k = 0; k < mts_figure_count; k++)
+		if (mts_figure_table[k].out & MTS_FIG_METRICS)
+			fleet_figure(o, reg, &mts_figure_table[k]);
+	/* The fleet's own. */
 	counter(o, "memtally_unregistered_processes_total",
 	        "Workers refused a slot because the segment was full; they run "
 	        "unaccounted.",
-	        t->unregistered);
+	        reg->totals.unregistered);
 	gauge(o, "memtally_slots", "Slots in the shared segment.",
 	      reg->slot_count);
 	gauge(o, "memtally_slots_free", "Slots free for new workers.",
 	      reg->nfree);
-}
-
-/* One gauge family over the live groups; `field` picks the value. */
-enum gfield {
-	G_BYTES,
-	G_MAPPED,
-	G_AFREE,
-	G_UNVOUCHED,
-	G_ERROR,
-	G_PEAK,
-	G_RSS,
-	G_RESERVED,
-	G_RESV,
-	G_LIMIT,
-	G_PROCS,
-};
-
-static uint64_t group_value(const struct mts_group *g, enum gfield f)
-{
-	switch (f) {
-	case G_BYTES:
-		return g->bytes;
-	case G_MAPPED:
-		return g->mapped;
-	case G_AFREE:
-		return g->allocator_free;
-	case G_UNVOUCHED:
-		return g->unvouched;
-	case G_ERROR:
-		return g->error_bytes;
-	case G_PEAK:
-		return g->peak;
-	case G_RSS:
-		return g->rss;
-	case G_RESERVED:
-		return g->reserved;
-	case G_RESV:
-		return g->reservations;
-	case G_LIMIT:
-		return g->limit;
-	case G_PROCS:
-		return g->processes;
-	}
-	return 0;
-}
-
-static void group_family(struct out *o, const struct mts_registry *reg,
-                         const struct labels *gl, const char *name,
-                         const char *help, enum gfield f, bool skip_zero)
-{
-	size_t at = mark(o);
-	bool any = false;
-	family(o, name, "gauge", help);
-	for (uint32_t i = 0; i <= reg->groups_used; i++) {
-		if (!group_shown(gl, i))
-			continue;
-		uint64_t v = group_value(group_at(reg, gl, i), f);
-		if (skip_zero && v == 0)
-			continue;
-		sample_l(o, name, gl, i, NULL, v);
-		any = true;
-	}
-	drop_if_empty(o, at, any);
 }
 
 /* name{<set i>} v, v a float. */
@@ -622,25 +543,11 @@ static void sample_lf(struct out *o, const char *name, const struct labels *l,
 	put(o, "\n", 1);
 }
 
-static void group_rates(struct out *o, const struct mts_registry *reg,
-                        const struct labels *gl)
+static void group_forecasts(struct out *o, const struct mts_registry *reg,
+                            const struct labels *gl)
 {
 	size_t at = mark(o);
 	bool any = false;
-	family(o, "memtally_group_growth_bytes_per_second", "gauge",
-	       "Growth rate of a group's measured bytes over the growth "
-	       "window.");
-	for (uint32_t i = 0; i <= reg->groups_used; i++) {
-		if (!group_shown(gl, i))
-			continue;
-		sample_lf(o, "memtally_group_growth_bytes_per_second", gl, i,
-		          group_at(reg, gl, i)->growth);
-		any = true;
-	}
-	drop_if_empty(o, at, any);
-
-	at = mark(o);
-	any = false;
 	family(o, "memtally_group_seconds_to_limit", "gauge",
 	       "Seconds until a group reaches its limit at its growth rate; "
 	       "absent for a group without a forecast.");
@@ -657,59 +564,59 @@ static void group_rates(struct out *o, const struct mts_registry *reg,
 	drop_if_empty(o, at, any);
 }
 
-static void render_groups(struct out *o, const struct mts_registry *reg,
-                          const struct labels *gl)
+/* One row of mts_figure_table over the group series; a family with no
+ * sample is left out. */
+static void group_figure(struct out *o, const struct mts_registry *reg,
+                         const struct labels *gl, const struct mts_figure *f)
 {
-	group_family(o, reg, gl, "memtally_group_accounted_bytes",
-	             "Bytes a group's workers have allocated, as of the latest "
-	             "tick.",
-	             G_BYTES, false);
-	group_family(o, reg, gl, "memtally_group_mapped_bytes",
-	             "Part of a group's accounted bytes: memory its workers "
-	             "mapped themselves.",
-	             G_MAPPED, false);
-	group_family(o, reg, gl, "memtally_group_allocator_free_bytes",
-	             "Part of a group's accounted bytes: memory its workers' "
-	             "allocators keep free for them.",
-	             G_AFREE, false);
-	group_family(o, reg, gl, "memtally_group_unvouched_bytes",
-	             "Bytes a group's workers of untrusted users claim beyond "
-	             "what the kernel vouches for; left out of its accounted "
-	             "bytes.",
-	             G_UNVOUCHED, false);
-	group_family(o, reg, gl, "memtally_group_error_bytes",
-	             "Error bar of a group's accounted bytes.", G_ERROR, false);
-	group_family(o, reg, gl, "memtally_group_peak_bytes",
-	             "Highest accounted bytes seen for a group.", G_PEAK,
-	             false);
-	group_family(o, reg, gl, "memtally_group_rss_bytes",
-	             "Resident set of a group's processes, from /proc.", G_RSS,
-	             false);
-	group_family(o, reg, gl, "memtally_group_reserved_bytes",
-	             "Bytes held by a group's outstanding reservations.",
-	             G_RESERVED, false);
-	group_family(o, reg, gl, "memtally_group_reservations",
-	             "Outstanding reservations naming a group.", G_RESV, false);
-	group_family(o, reg, gl, "memtally_group_limit_bytes",
-	             "Group limit; absent for a group without one.", G_LIMIT,
-	             true);
-	group_family(o, reg, gl, "memtally_group_processes",
-	             "Registered processes in a group.", G_PROCS, false);
-
-	group_rates(o, reg, gl);
-
+	const char *name = f->group_metric;
 	size_t at = mark(o);
 	bool any = false;
-	family(o, "memtally_group_state", "gauge",
-	       "Group state against its limit: 1 for the current state.");
+	family(o, name, "gauge", f->group_help);
 	for (uint32_t i = 0; i <= reg->groups_used; i++) {
 		if (!group_shown(gl, i))
 			continue;
-		state_samples(o, "memtally_group_state", gl, i,
-		              group_at(reg, gl, i)->state);
+		const struct mts_figures *g = group_at(reg, gl, i);
+		uint64_t v = mts_figure_u64(g, f);
+		switch (f->unit) {
+		case MTS_FIG_STATE:
+			state_samples(o, name, gl, i, (uint32_t)v);
+			break;
+		case MTS_FIG_BYTES_PER_S:
+			sample_lf(o, name, gl, i, mts_figure_f64(g, f));
+			break;
+		case MTS_FIG_BYTES:
+		case MTS_FIG_COUNT:
+			if (!v && (f->out & MTS_FIG_ABSENT_0))
+				continue;
+			sample_l(o, name, gl, i, NULL, v);
+			break;
+		}
 		any = true;
 	}
 	drop_if_empty(o, at, any);
+	if (is_growth(f))
+		group_forecasts(o, reg, gl);
+}
+
+/* The groups' families come in three passes over the table: bytes and
+ * counts, then rates, then states. */
+static int group_pass(enum mts_fig_unit u)
+{
+	return u == MTS_FIG_BYTES_PER_S ? 1 : u == MTS_FIG_STATE ? 2 : 0;
+}
+
+static void render_groups(struct out *o, const struct mts_registry *reg,
+                          const struct labels *gl)
+{
+	for (int pass = 0; pass < 3; pass++) {
+		for (size_t k = 0; k < mts_figure_count; k++) {
+			const struct mts_figure *f = &mts_figure_table[k];
+			if ((f->out & MTS_FIG_METRICS) &&
+			    group_pass(f->unit) == pass)
+				group_figure(o, reg, gl, f);
+		}
+	}
 }
 
 enum pfield {

@@ -228,6 +228,9 @@ struct mts_event {
 	double forecast_s;  /* seconds to the limit, 0 = no forecast */
 	bool has_uid;       /* a process's event: whose (show_others) */
 	uint32_t uid;
+	/* The fleet's or the group's figures (mts_figures.h); NULL for
+	 * other scopes. */
+	const struct mts_figures *figures;
 };
 
 #endif /* MTS_POLICY_H */

@@ -17,6 +17,7 @@
 #include <uv.h>
 
 #include "mts_defs.h"
+#include "mts_figures.h"
 #include "mtshm.h"
 #include "mts_policy.h"
 #include "mts_rate.h"
@@ -138,55 +139,30 @@ struct mts_group {
 	 * counted in reg->groups_by_uid; MTS_UID_TCP when none is counted
 	 * (configured groups, admins, TCP peers). */
 	uint32_t creator;
-	uint32_t processes;
-	uint64_t bytes;     /* latest tick, mapped and allocator_free included;
-	                     * of untrusted uids only what is vouched for */
-	uint64_t unvouched; /* claimed beyond `bytes` (vouch.c) */
-	uint32_t unvouched_uid; /* whose: a uid, or MTS_UID_MIXED */
-	uint64_t mapped;
-	uint64_t allocator_free;
-	uint64_t peak;
-	uint64_t error_bytes;
-	/* Filled by the limits code. */
-	uint64_t rss;
-	uint64_t limit;        /* 0 = none */
-	uint64_t reserved;     /* outstanding admission reservations */
-	uint32_t state;        /* enum mtshm_state */
-	uint32_t high_bp;      /* own watermark (basis points), 0 = fleet's */
-	uint32_t reservations; /* outstanding reservations naming the group */
+	uint32_t unvouched_uid; /* whose `unvouched`: a uid, or MTS_UID_MIXED */
+	/* bytes, peak, limit, state, ... (mts_figures.h); of untrusted uids
+	 * `bytes` holds only what is vouched for. */
+	MTS_FIGURES_EMBED;
+	uint32_t high_bp; /* own watermark (basis points), 0 = fleet's */
 	/* admit.c: the exact sum behind `reserved` (which saturates), kept
 	 * up to date as reservations come and go. */
 	unsigned __int128 reserved_sum;
 	/* rate.c: the measured figure's rate, sampled by the tick. */
 	struct mts_wrate rate;
-	double growth; /* bytes per second, as of the latest sample */
 	struct mts_forecast_gate fgate;
 };
 
-/* Fleet figures as of the latest tick (or exit, which subtracts at once). */
+/* Fleet figures as of the latest tick (or exit, which subtracts at once):
+ * those a group has too (mts_figures.h), then the fleet's own. */
 struct mts_totals {
-	uint64_t bytes;     /* heap + mapped + allocator_free; of untrusted uids
-	                     * only what the kernel vouches for (vouch.c) */
-	uint64_t unvouched; /* claimed beyond `bytes` */
+	MTS_FIGURES_EMBED;
 	uint64_t allowance; /* the part of `bytes` no kernel figure holds yet
 	                     * (vouch.c): never a reason to enforce */
-	uint64_t mapped;
-	uint64_t allocator_free;
-	uint64_t peak;
-	uint64_t error_bytes;
 	uint64_t ticks;
 	uint64_t heartbeat_ns; /* CLOCK_MONOTONIC at the latest tick */
-	uint32_t processes;
 	uint32_t unregistered;
-	/* Filled by the limits code. */
-	uint64_t rss;
-	uint64_t limit;        /* fleet limit, 0 = none */
-	uint64_t reserved;     /* outstanding admission reservations */
-	uint32_t state;        /* enum mtshm_state */
-	uint32_t reservations; /* outstanding reservations (count) */
 	/* rate.c, as for a group. */
 	struct mts_wrate rate;
-	double growth;
 	struct mts_forecast_gate fgate;
 	uint64_t rate_ns;    /* CLOCK_MONOTONIC of the latest sample */
 	uint32_t rate_slice; /* processes sampled next: dense[] slice */
