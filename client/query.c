@@ -55,6 +55,7 @@
 
 #include "memtally.pb-c.h"
 #include "memtally_query.h"
+#include "query_msg.h"
 #include "mtcommon.h"
 #include "mtframe.h"
 
@@ -846,11 +847,14 @@ static int get_usage(memtally_query *q, Memtally__V1__GetUsage *gu,
 	                  resp);
 }
 
-int memtally_query_usage(memtally_query *q, struct memtally_usage **out)
+int memtally_query_usage_msg(memtally_query *q, struct memtally_usage **out,
+                             Memtally__V1__Response **msg)
 {
 	if (!out)
 		return -EINVAL;
 	*out = NULL;
+	if (msg)
+		*msg = NULL;
 	if (!q)
 		return -EINVAL;
 	Memtally__V1__GetUsage gu = MEMTALLY__V1__GET_USAGE__INIT;
@@ -862,8 +866,16 @@ int memtally_query_usage(memtally_query *q, struct memtally_usage **out)
 		return err;
 	const Memtally__V1__Usage *u = resp->usage;
 	*out = usage_from_pb(u, u->groups, u->n_groups);
-	memtally__v1__response__free_unpacked(resp, NULL);
+	if (*out && msg)
+		*msg = resp;
+	else
+		memtally__v1__response__free_unpacked(resp, NULL);
 	return *out ? 0 : -ENOMEM;
+}
+
+int memtally_query_usage(memtally_query *q, struct memtally_usage **out)
+{
+	return memtally_query_usage_msg(q, out, NULL);
 }
 
 int memtally_query_group(memtally_query *q, const char *group,

@@ -28,6 +28,7 @@
  */
 #define _GNU_SOURCE
 
+#include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -48,6 +49,7 @@
 #include "memtally.h"
 #include "memtally_query.h"
 #include "mtcommon.h"
+#include "query_msg.h"
 
 enum {
 	EXIT_SERVER = 1,
@@ -383,16 +385,294 @@ static void print_processes(const struct memtally_process *p, size_t n,
 	}
 }
 
-static void print_groups(const struct memtally_usage *u)
+static json_int_t jint(uint64_t v);
+static json_t *jstr(const char *s);
+
+/* ---- fields this command does not know ---------------------------- */
+
+/*
+ * The Usage and GroupUsage fields `status` shows by hand, by name (ticks,
+ * threshold and the slots only in --json). Every other field a server
+ * sends is shown through its protobuf-c descriptor, named as the field
+ * is: a line under the fleet's, a column of the groups' table, a key in
+ * --json. So a figure a server adds reaches `status` with no change here.
+ */
+static const char *const usage_by_hand[] = {"fleet_bytes",
+                                            "fleet_peak",
+                                            "fleet_limit",
+                                            "reserved_bytes",
+                                            "state",
+                                            "processes",
+                                            "groups",
+                                            "group",
+                                            "process",
+                                            "error_bytes",
+                                            "unregistered",
+                                            "ticks",
+                                            "threshold",
+                                            "slots",
+                                            "slots_free",
+                                            "rss_bytes",
+                                            "measure",
+                                            "reservations",
+                                            "process_limit",
+                                            "high_watermark_bytes",
+                                            "growth_bytes_per_s",
+                                            "seconds_to_limit",
+                                            "growth_window_ms",
+                                            "forecast_horizon_ms",
+                                            "mapped_bytes",
+                                            "allocator_free_bytes",
+                                            "unvouched_bytes",
+                                            NULL};
+static const char *const group_by_hand[] = {"name",
+                                            "bytes",
+                                            "peak",
+                                            "limit",
+                                            "state",
+                                            "processes",
+                                            "reserved_bytes",
+                                            "error_bytes",
+                                            "rss_bytes",
+                                            "reservations",
+                                            "high_watermark_bytes",
+                                            "growth_bytes_per_s",
+                                            "seconds_to_limit",
+                                            "mapped_bytes",
+                                            "allocator_free_bytes",
+                                            "unvouched_bytes",
+                                            NULL};
+
+/* Field `k` of `m` when it is to be shown generically: a single value
+ * (not a message, not repeated) that is not shown by hand; else NULL. */
+static const ProtobufCFieldDescriptor *
+extra_field(const ProtobufCMessage *m, const char *const *by_hand, unsigned k)
+{
+	const ProtobufCFieldDescriptor *f = &m->descriptor->fields[k];
+	if (f->label == PROTOBUF_C_LABEL_REPEATED ||
+	    f->type == PROTOBUF_C_TYPE_MESSAGE ||
+	    f->type == PROTOBUF_C_TYPE_BYTES)
+		return NULL;
+	for (const char *const *n = by_hand; *n; n++)
+		if (strcmp(*n, f->name) == 0)
+			return NULL;
+	return f;
+}
+
+static unsigned n_fields(const ProtobufCMessage *m)
+{
+	return m ? m->descriptor->n_fields : 0;
+}
+
+/* A field's value, by its type. */
+struct field_value {
+	enum { FV_UINT, FV_INT, FV_REAL, FV_BOOL, FV_STR, FV_NONE } kind;
+	uint64_t u;
+	int64_t i;
+	double d;
+	const char *s; /* FV_STR, and an enum's name */
+};
+
+static struct field_value field_value(const ProtobufCMessage *m,
+                                      const ProtobufCFieldDescriptor *f)
+{
+	const char *at = (const char *)m + f->offset;
+	const char *q = (const char *)m + f->quantifier_offset;
+	struct field_value v = {.kind = FV_NONE};
+	if ((f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF)
+	        ? *(const uint32_t *)q != f->id
+	        : f->label == PROTOBUF_C_LABEL_OPTIONAL &&
+	              !*(const protobuf_c_boolean *)q)
+		return v; /* not set */
+	switch (f->type) {
+	case PROTOBUF_C_TYPE_INT32:
+	case PROTOBUF_C_TYPE_SINT32:
+	case PROTOBUF_C_TYPE_SFIXED32:
+		return (struct field_value){.kind = FV_INT,
+		                            .i = *(const int32_t *)at};
+	case PROTOBUF_C_TYPE_INT64:
+	case PROTOBUF_C_TYPE_SINT64:
+	case PROTOBUF_C_TYPE_SFIXED64:
+		return (struct field_value){.kind = FV_INT,
+		                            .i = *(const int64_t *)at};
+	case PROTOBUF_C_TYPE_UINT32:
+	case PROTOBUF_C_TYPE_FIXED32:
+		return (struct field_value){.kind = FV_UINT,
+		                            .u = *(const uint32_t *)at};
+	case PROTOBUF_C_TYPE_UINT64:
+	case PROTOBUF_C_TYPE_FIXED64:
+		return (struct field_value){.kind = FV_UINT,
+		                            .u = *(const uint64_t *)at};
+	case PROTOBUF_C_TYPE_FLOAT:
+		return (struct field_value){.kind = FV_REAL,
+		                            .d = *(const float *)at};
+	case PROTOBUF_C_TYPE_DOUBLE:
+		return (struct field_value){.kind = FV_REAL,
+		                            .d = *(const double *)at};
+	case PROTOBUF_C_TYPE_BOOL:
+		return (struct field_value){
+		    .kind = FV_BOOL, .u = *(const protobuf_c_boolean *)at};
+	case PROTOBUF_C_TYPE_ENUM: {
+		int e = *(const int *)at;
+		const ProtobufCEnumValue *ev =
+		    protobuf_c_enum_descriptor_get_value(f->descriptor, e);
+		if (ev)
+			return (struct field_value){.kind = FV_STR,
+			                            .s = ev->name};
+		return (struct field_value){.kind = FV_INT, .i = e};
+	}
+	case PROTOBUF_C_TYPE_STRING: {
+		const char *str = *(const char *const *)at;
+		return (struct field_value){.kind = FV_STR,
+		                            .s = str ? str : ""};
+	}
+	default:
+		return v;
+	}
+}
+
+static bool ends_with(const char *s, const char *tail)
+{
+	size_t n = strlen(s), t = strlen(tail);
+	return n >= t && strcmp(s + n - t, tail) == 0;
+}
+
+/* The value for people: a size for a *_bytes field. */
+static const char *fmt_field(char buf[static 32], const ProtobufCMessage *m,
+                             const ProtobufCFieldDescriptor *f)
+{
+	struct field_value v = field_value(m, f);
+	switch (v.kind) {
+	case FV_UINT:
+		if (ends_with(f->name, "_bytes"))
+			return fmt_size(buf, v.u);
+		snprintf(buf, 32, "%" PRIu64, v.u);
+		return buf;
+	case FV_INT:
+		snprintf(buf, 32, "%" PRId64, v.i);
+		return buf;
+	case FV_REAL:
+		snprintf(buf, 32, "%g", v.d);
+		return buf;
+	case FV_BOOL:
+		return v.u ? "yes" : "no";
+	case FV_STR:
+		return v.s;
+	case FV_NONE:
+		break;
+	}
+	return "-";
+}
+
+/* A field's name for people: "test_dummy_bytes" is "test dummy" (a
+ * column's header in capitals). */
+static const char *field_label(char buf[static 64], const char *name,
+                               bool upper)
+{
+	size_t n = strlen(name);
+	if (ends_with(name, "_bytes"))
+		n -= 6;
+	if (n > 63)
+		n = 63;
+	for (size_t i = 0; i < n; i++)
+		buf[i] = name[i] == '_' ? ' '
+		         : upper        ? (char)toupper((unsigned char)name[i])
+		                        : name[i];
+	buf[n] = '\0';
+	return buf;
+}
+
+/* The fleet's fields not shown by hand, a line each; how many. */
+static size_t print_usage_extras(const ProtobufCMessage *m)
+{
+	size_t lines = 0;
+	for (unsigned k = 0; k < n_fields(m); k++) {
+		const ProtobufCFieldDescriptor *f =
+		    extra_field(m, usage_by_hand, k);
+		if (!f)
+			continue;
+		char label[64], v[32];
+		printf("%-11s ", field_label(label, f->name, false));
+		put_clean(fmt_field(v, m, f), 0);
+		putchar('\n');
+		lines++;
+	}
+	return lines;
+}
+
+/* The groups' fields not shown by hand: the headers of their columns,
+ * or group `g`'s values (m: its GroupUsage, or any for the headers). */
+static void print_group_extras(const ProtobufCMessage *m, bool header)
+{
+	for (unsigned k = 0; k < n_fields(m); k++) {
+		const ProtobufCFieldDescriptor *f =
+		    extra_field(m, group_by_hand, k);
+		if (!f)
+			continue;
+		char buf[64];
+		printf("  ");
+		if (header)
+			put_right(field_label(buf, f->name, true), 10);
+		else
+			put_right(fmt_field(buf, m, f), 10);
+	}
+}
+
+/* The fields of `m` not shown by hand, added to the JSON object `o` under
+ * their names. */
+static void json_extras(json_t *o, const ProtobufCMessage *m,
+                        const char *const *by_hand)
+{
+	for (unsigned k = 0; o && k < n_fields(m); k++) {
+		const ProtobufCFieldDescriptor *f = extra_field(m, by_hand, k);
+		if (!f)
+			continue;
+		struct field_value v = field_value(m, f);
+		json_t *j = NULL;
+		switch (v.kind) {
+		case FV_UINT:
+			j = json_integer(jint(v.u));
+			break;
+		case FV_INT:
+			j = json_integer(v.i);
+			break;
+		case FV_REAL:
+			j = isfinite(v.d) ? json_real(v.d) : json_null();
+			break;
+		case FV_BOOL:
+			j = json_boolean(v.u);
+			break;
+		case FV_STR:
+			j = jstr(v.s);
+			break;
+		case FV_NONE:
+			j = json_null();
+			break;
+		}
+		json_object_set_new(o, f->name, j);
+	}
+}
+
+/* The GroupUsage of group i, or NULL. */
+static const ProtobufCMessage *group_msg(const Memtally__V1__Usage *raw,
+                                         size_t i)
+{
+	return raw && i < raw->n_groups ? &raw->groups[i]->base : NULL;
+}
+
+static void print_groups(const struct memtally_usage *u,
+                         const Memtally__V1__Usage *raw)
 {
 	int gw = 5; /* strlen("GROUP") */
 	for (size_t i = 0; i < u->n_groups; i++)
 		gw = max_width(gw, u->groups[i].name);
 	put_clean("GROUP", gw);
 	printf("  %10s  %10s  %10s  %10s  %10s  %10s  %10s  %-5s  %12s  %8s  "
-	       "%5s\n",
+	       "%5s",
 	       "BYTES", "MAPPED", "ALLOC FREE", "RSS", "PEAK", "LIMIT",
 	       "RESERVED", "STATE", "GROWTH", "TO LIMIT", "PROCS");
+	print_group_extras(group_msg(raw, 0), true);
+	putchar('\n');
 	for (size_t i = 0; i < u->n_groups; i++) {
 		const struct memtally_group_usage *g = &u->groups[i];
 		char b[16], m[16], af[16], r[16], pk[16], l[16], rs[16], gr[24],
@@ -406,12 +686,17 @@ static void print_groups(const struct memtally_usage *u)
 		    fmt_size(rs, g->reserved), memtally_state_name(g->state),
 		    fmt_rate(gr, g->growth));
 		put_right(fmt_eta(eta, g->seconds_to_limit), 8);
-		printf("  %5" PRIu32 "\n", g->processes);
+		printf("  %5" PRIu32, g->processes);
+		print_group_extras(group_msg(raw, i), false);
+		putchar('\n');
 	}
 }
 
-static void print_status(const struct memtally_usage *u,
-                         const struct memtally_process *p, size_t n)
+/* `raw`: the message `u` was made from (NULL: only what `u` holds).
+ * Returns the lines printed before the groups' table. */
+static size_t print_status(const struct memtally_usage *u,
+                           const Memtally__V1__Usage *raw,
+                           const struct memtally_process *p, size_t n)
 {
 	char b[16], e[16], pk[16], l[16], r[16], rss[16], pl[16], hw[16],
 	    mp[16], af[16], uv[16];
@@ -458,14 +743,16 @@ static void print_status(const struct memtally_usage *u,
 		printf(" (+%" PRIu32 " unregistered: no free slot)",
 		       u->unregistered);
 	putchar('\n');
+	size_t extras = print_usage_extras(raw ? &raw->base : NULL);
 	if (u->n_groups) {
 		putchar('\n');
-		print_groups(u);
+		print_groups(u, raw);
 	}
 	if (n) {
 		printf("\ntop processes\n");
 		print_processes(p, n, STATUS_TOP_PROCESSES);
 	}
+	return extras;
 }
 
 /* ---- JSON output --------------------------------------------------- */
@@ -535,7 +822,8 @@ static json_t *jstr(const char *s)
  * documents; a field may be added, never renamed. One key per line so the
  * shape reads as JSON.
  */
-static json_t *json_status(const struct memtally_usage *u)
+static json_t *json_status(const struct memtally_usage *u,
+                           const Memtally__V1__Usage *raw)
 {
 	json_t *groups = json_array();
 	if (!groups)
@@ -563,11 +851,12 @@ static json_t *json_status(const struct memtally_usage *u)
 			"allocator_free", jint(g->allocator_free),
 			"unvouched", jint(g->unvouched));
 		/* clang-format on */
+		json_extras(jg, group_msg(raw, i), group_by_hand);
 		if (json_array_append_new(groups, jg) < 0)
 			goto fail_put_groups;
 	}
 	/* clang-format off */
-	return json_pack("{s:{s:I, s:I, s:o, s:I, s:s, s:I, s:I, s:I, s:o, "
+	json_t *doc = json_pack("{s:{s:I, s:I, s:o, s:I, s:s, s:I, s:I, s:I, s:o, "
 			 "s:o, s:o, s:o, s:I, s:I, s:I}, s:o, s:I, s:I, s:o, s:I, s:I, s:I, "
 			 "s:I, s:o, s:o}",
 		"fleet",
@@ -597,6 +886,9 @@ static json_t *json_status(const struct memtally_usage *u)
 		"growth_window_s", jms(u->growth_window_ms),
 		"forecast_horizon_s", jms(u->forecast_horizon_ms));
 	/* clang-format on */
+	json_extras(json_object_get(doc, "fleet"), raw ? &raw->base : NULL,
+	            usage_by_hand);
+	return doc;
 
 fail_put_groups:
 	json_decref(groups);
@@ -700,14 +992,15 @@ static void sort_processes(struct memtally_process *p, size_t n)
 static int cmd_status(struct cli *c)
 {
 	struct memtally_usage *u = NULL;
+	Memtally__V1__Response *msg = NULL;
 	struct memtally_process *p = NULL;
 	size_t n = 0;
 	int rc = 0;
-	int err = memtally_query_usage(c->q, &u);
+	int err = memtally_query_usage_msg(c->q, &u, &msg);
 	if (err)
 		return query_error(c, "get usage", err);
 	if (c->json) {
-		rc = print_json(json_status(u));
+		rc = print_json(json_status(u, msg->usage));
 		goto out_free_usage;
 	}
 	err = memtally_query_processes(c->q, NULL, &p, &n);
@@ -716,10 +1009,11 @@ static int cmd_status(struct cli *c)
 		goto out_free_usage;
 	}
 	sort_processes(p, n);
-	print_status(u, p, n);
+	print_status(u, msg->usage, p, n);
 	memtally_processes_free(p);
 
 out_free_usage:
+	memtally__v1__response__free_unpacked(msg, NULL);
 	memtally_usage_free(u);
 	return rc;
 }
@@ -1128,13 +1422,15 @@ static int cmd_top(struct cli *c)
 	bool tty = isatty(STDOUT_FILENO);
 	for (long i = 0; !iterations || i < iterations; i++) {
 		struct memtally_usage *u = NULL;
+		Memtally__V1__Response *msg = NULL;
 		struct memtally_process *p = NULL;
 		size_t n = 0;
-		int err = memtally_query_usage(c->q, &u);
+		int err = memtally_query_usage_msg(c->q, &u, &msg);
 		if (err)
 			return query_error(c, "get usage", err);
 		err = memtally_query_processes(c->q, NULL, &p, &n);
 		if (err) {
+			memtally__v1__response__free_unpacked(msg, NULL);
 			memtally_usage_free(u);
 			return query_error(c, "list processes", err);
 		}
@@ -1146,13 +1442,14 @@ static int cmd_top(struct cli *c)
 		strftime(when, sizeof(when), "%H:%M:%S", localtime(&now));
 		printf("memtally top - %s - %s, every %gs\n\n", when, c->where,
 		       interval);
-		print_status(u, NULL, 0);
+		size_t extras = print_status(u, msg->usage, NULL, 0);
 		putchar('\n');
-		print_processes(p, n,
-		                table_rows(tty, 12 + (size_t)u->n_groups));
+		print_processes(
+		    p, n, table_rows(tty, 12 + extras + (size_t)u->n_groups));
 		if (!tty)
 			putchar('\n');
 		memtally_processes_free(p);
+		memtally__v1__response__free_unpacked(msg, NULL);
 		memtally_usage_free(u);
 		if (fflush(stdout) == EOF)
 			return EXIT_SERVER;
