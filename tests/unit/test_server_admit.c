@@ -831,3 +831,73 @@ Test(admit, max_ttl_after_takeover)
 	cr_assert_eq(srv.reg.adm->nresv, 0);
 	cr_assert_eq(srv.reg.adm->stats.expirations, 1);
 }
+
+/* The index of kid i in a ranking by `key` (largest first, equal keys by
+ * pid): what a denial's top and ListProcesses must both follow. */
+static void ranked(const pid_t *kid, const uint64_t *key, size_t n,
+                   size_t *order)
+{
+	for (size_t i = 0; i < n; i++)
+		order[i] = i;
+	for (size_t i = 1; i < n; i++)
+		for (size_t j = i; j > 0; j--) {
+			size_t a = order[j - 1], b = order[j];
+			if (key[a] > key[b] ||
+			    (key[a] == key[b] && kid[a] < kid[b]))
+				break;
+			order[j - 1] = b;
+			order[j] = a;
+		}
+}
+
+/* A denial's top and ListProcesses rank processes alike, largest first
+ * and equal figures by pid, each by its own figure: the top by what the
+ * limits compare (rss here), the list by accounted bytes. */
+Test(admit, top_and_list_rank_alike)
+{
+	mts_policy_defaults(&pol);
+	pol.fleet_limit = 1024 * MIB;
+	pol.measure = MTS_MEASURE_RSS;
+	fx_start_policy(&pol);
+	enum { N = 7 };
+	/* Ties in both figures, and the two orders disagree. */
+	static const uint64_t bytes_mib[N] = {30, 50, 50, 10, 50, 70, 20};
+	static const uint64_t rss_mib[N] = {90, 40, 40, 80, 40, 10, 40};
+	pid_t kid[N];
+	uint64_t bytes[N], rss[N];
+	for (int i = 0; i < N; i++) {
+		kid[i] = fx_spawn();
+		uint32_t slot = fx_register(kid[i], "g", "");
+		bytes[i] = bytes_mib[i] * MIB;
+		rss[i] = rss_mib[i] * MIB;
+		fx_write(slot, (int64_t)bytes[i]);
+	}
+	mts_core_tick(&srv.reg);
+	for (int i = 0; i < N; i++)
+		mts_find_pid(&srv.reg, (uint32_t)kid[i])->rss = rss[i];
+
+	size_t order[N];
+	ranked(kid, rss, N, order);
+	Memtally__V1__Response *r = fx_admit(1000, 2048 * MIB, "", "", 0);
+	Memtally__V1__AdmitResult *a = r->admit_result;
+	cr_assert_not(a->admitted);
+	cr_assert_eq(a->n_top, 5);
+	for (size_t i = 0; i < 5; i++)
+		cr_assert_eq(a->top[i]->pid, (uint32_t)kid[order[i]],
+		             "top[%zu]: pid %u, want %d", i, a->top[i]->pid,
+		             kid[order[i]]);
+	memtally__v1__response__free_unpacked(r, NULL);
+
+	ranked(kid, bytes, N, order);
+	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
+	Memtally__V1__ListProcesses lp = MEMTALLY__V1__LIST_PROCESSES__INIT;
+	req.body_case = MEMTALLY__V1__REQUEST__BODY_LIST_PROCESSES;
+	req.list_processes = &lp;
+	struct mts_peer peer = fx_peer(getpid(), 1000);
+	r = fx_call(&peer, &req);
+	cr_assert_eq(r->process_list->n_processes, N);
+	for (size_t i = 0; i < N; i++)
+		cr_assert_eq(r->process_list->processes[i]->pid,
+		             (uint32_t)kid[order[i]], "list[%zu]", i);
+	memtally__v1__response__free_unpacked(r, NULL);
+}

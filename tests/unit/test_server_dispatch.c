@@ -13,6 +13,8 @@
  */
 #include "test_server_fixture.h"
 
+#include "mts_figures.h"
+
 #include <fcntl.h>
 
 /* Four slots: the tests fill every one with workers of one uid. */
@@ -581,6 +583,159 @@ Test(dispatch, usage_and_list)
 	r = fx_call(&peer, &req);
 	cr_assert_eq(r->process_list->n_processes, 1);
 	cr_assert_eq(r->process_list->processes[0]->pid, (uint32_t)c);
+	memtally__v1__response__free_unpacked(r, NULL);
+}
+
+/* ---- the figures table against the protocol ---------------------------- */
+
+/* The protobuf type a figure of `unit` is sent as. */
+static ProtobufCType wire_type(enum mts_fig_unit unit)
+{
+	switch (unit) {
+	case MTS_FIG_BYTES:
+		return PROTOBUF_C_TYPE_UINT64;
+	case MTS_FIG_COUNT:
+		return PROTOBUF_C_TYPE_UINT32;
+	case MTS_FIG_STATE:
+		return PROTOBUF_C_TYPE_ENUM;
+	case MTS_FIG_BYTES_PER_S:
+		return PROTOBUF_C_TYPE_DOUBLE;
+	}
+	return PROTOBUF_C_TYPE_BYTES;
+}
+
+/* Row k's value in a test: distinct per row and per scope. */
+static double row_value(const struct mts_figure *f, size_t k, bool group)
+{
+	if (f->unit == MTS_FIG_STATE)
+		return group ? MTSHM_STATE_OVER : MTSHM_STATE_HIGH;
+	return (double)(1000 * (k + 1) + (group ? 7 : 0)) +
+	       (f->unit == MTS_FIG_BYTES_PER_S ? 0.5 : 0);
+}
+
+static void set_row(struct mts_figures *v, const struct mts_figure *f, double x)
+{
+	char *at = (char *)v + f->offset;
+	switch (f->unit) {
+	case MTS_FIG_BYTES:
+		*(uint64_t *)at = (uint64_t)x;
+		break;
+	case MTS_FIG_COUNT:
+	case MTS_FIG_STATE:
+		*(uint32_t *)at = (uint32_t)x;
+		break;
+	case MTS_FIG_BYTES_PER_S:
+		*(double *)at = x;
+		break;
+	}
+}
+
+static double field_of(const ProtobufCMessage *m, unsigned id)
+{
+	const ProtobufCFieldDescriptor *fd =
+	    protobuf_c_message_descriptor_get_field(m->descriptor, id);
+	const char *at = (const char *)m + fd->offset;
+	switch (fd->type) {
+	case PROTOBUF_C_TYPE_UINT64:
+		return (double)*(const uint64_t *)at;
+	case PROTOBUF_C_TYPE_UINT32:
+		return *(const uint32_t *)at;
+	case PROTOBUF_C_TYPE_ENUM:
+		return *(const int *)at;
+	case PROTOBUF_C_TYPE_DOUBLE:
+		return *(const double *)at;
+	default:
+		cr_assert_fail("field %u: unexpected type", id);
+	}
+	return 0;
+}
+
+/* Every field of `d` is a table row's, or one of `own` (filled by
+ * dispatch.c itself): a field added to the protocol without either would
+ * go out as 0. */
+static void assert_covered(const ProtobufCMessageDescriptor *d, bool group,
+                           const char *const *own)
+{
+	for (unsigned i = 0; i < d->n_fields; i++) {
+		const ProtobufCFieldDescriptor *fd = &d->fields[i];
+		bool found = false;
+		for (size_t k = 0; k < mts_figure_count; k++) {
+			const struct mts_figure *f = &mts_figure_table[k];
+			unsigned id = group ? f->group_field : f->usage_field;
+			found |= (f->out & MTS_FIG_PROTO) && id == fd->id;
+		}
+		for (const char *const *n = own; *n; n++)
+			found |= strcmp(*n, fd->name) == 0;
+		cr_expect(found, "%s.%s is in no row of mts_figure_table",
+		          d->name, fd->name);
+	}
+}
+
+/* Each row of the table reaches the Usage and GroupUsage fields it names,
+ * with their types; every figure field of both is a row's. */
+Test(dispatch, figures_reach_their_fields)
+{
+	for (size_t k = 0; k < mts_figure_count; k++) {
+		const struct mts_figure *f = &mts_figure_table[k];
+		if (!(f->out & MTS_FIG_PROTO))
+			continue;
+		const ProtobufCFieldDescriptor *u =
+		    protobuf_c_message_descriptor_get_field(
+		        &memtally__v1__usage__descriptor, f->usage_field);
+		const ProtobufCFieldDescriptor *g =
+		    protobuf_c_message_descriptor_get_field(
+		        &memtally__v1__group_usage__descriptor, f->group_field);
+		cr_assert(u && g, "%s: no field %u / %u", f->name,
+		          f->usage_field, f->group_field);
+		cr_assert_eq(u->type, wire_type(f->unit), "Usage.%s", u->name);
+		cr_assert_eq(g->type, wire_type(f->unit), "GroupUsage.%s",
+		             g->name);
+	}
+	static const char *const fleet_own[] = {"groups",
+	                                        "group",
+	                                        "process",
+	                                        "unregistered",
+	                                        "ticks",
+	                                        "threshold",
+	                                        "slots",
+	                                        "slots_free",
+	                                        "measure",
+	                                        "process_limit",
+	                                        "high_watermark_bytes",
+	                                        "seconds_to_limit",
+	                                        "growth_window_ms",
+	                                        "forecast_horizon_ms",
+	                                        NULL};
+	static const char *const group_own[] = {"name", "high_watermark_bytes",
+	                                        "seconds_to_limit", NULL};
+	assert_covered(&memtally__v1__usage__descriptor, false, fleet_own);
+	assert_covered(&memtally__v1__group_usage__descriptor, true, group_own);
+
+	pid_t a = fx_spawn();
+	register_ok(a, "g", 1);
+	mts_core_tick(&srv.reg);
+	struct mts_group *grp = mts_find_group(&srv.reg, "g");
+	cr_assert_not_null(grp);
+	for (size_t k = 0; k < mts_figure_count; k++) {
+		const struct mts_figure *f = &mts_figure_table[k];
+		set_row(&srv.reg.totals.fig, f, row_value(f, k, false));
+		set_row(&grp->fig, f, row_value(f, k, true));
+	}
+	Memtally__V1__Response *r =
+	    get_usage(MEMTALLY__V1__GET_USAGE__SCOPE__NOT_SET, NULL, 0);
+	cr_assert_eq(r->usage->n_groups, 1);
+	for (size_t k = 0; k < mts_figure_count; k++) {
+		const struct mts_figure *f = &mts_figure_table[k];
+		if (!(f->out & MTS_FIG_PROTO))
+			continue;
+		double fleet = field_of(&r->usage->base, f->usage_field);
+		double group =
+		    field_of(&r->usage->groups[0]->base, f->group_field);
+		cr_expect_eq(fleet, row_value(f, k, false), "fleet %s: %g",
+		             f->name, fleet);
+		cr_expect_eq(group, row_value(f, k, true), "group %s: %g",
+		             f->name, group);
+	}
 	memtally__v1__response__free_unpacked(r, NULL);
 }
 

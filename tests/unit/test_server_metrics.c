@@ -362,6 +362,55 @@ Test(render, groups_bounded_per_process_opt_in)
 	srv.reg.policy.ngroups = 0;
 }
 
+/* "_other" stands for the groups it folds together: every figure that
+ * adds up is their sum (unvouched bytes too), a state is the worst of
+ * theirs, and a sum of limits is no limit: no sample. */
+Test(render, other_sums_every_figure)
+{
+	srv.reg.policy.metrics_max_groups = 1;
+	static const char *const names[] = {"a", "b", "c"};
+	for (unsigned i = 0; i < 3; i++) {
+		uint32_t gi;
+		cr_assert_eq(mts_group_ensure(&srv.reg, names[i], &gi), 0);
+		struct mts_group *g = &srv.reg.groups[gi];
+		g->bytes = 1000u * (i + 1); /* c the largest: shown */
+		g->mapped = 10u * (i + 1);
+		g->allocator_free = 20u * (i + 1);
+		g->unvouched = 30u * (i + 1);
+		g->error_bytes = 40u * (i + 1);
+		g->peak = 2000u * (i + 1);
+		g->rss = 50u * (i + 1);
+		g->reserved = 60u * (i + 1);
+		g->reservations = i + 1;
+		g->processes = i + 2;
+		g->limit = 1u << 20; /* keeps the entry */
+		g->state = i == 1 ? MTSHM_STATE_HIGH : MTSHM_STATE_OK;
+		g->growth = 1.5 * (i + 1);
+	}
+	char *t = render();
+	/* a + b */
+	assert_line(t, "memtally_group_accounted_bytes{group=\"_other\"} 3000");
+	assert_line(t, "memtally_group_mapped_bytes{group=\"_other\"} 30");
+	assert_line(t,
+	            "memtally_group_allocator_free_bytes{group=\"_other\"} 60");
+	assert_line(t, "memtally_group_unvouched_bytes{group=\"_other\"} 90");
+	assert_line(t, "memtally_group_error_bytes{group=\"_other\"} 120");
+	assert_line(t, "memtally_group_peak_bytes{group=\"_other\"} 6000");
+	assert_line(t, "memtally_group_rss_bytes{group=\"_other\"} 150");
+	assert_line(t, "memtally_group_reserved_bytes{group=\"_other\"} 180");
+	assert_line(t, "memtally_group_reservations{group=\"_other\"} 3");
+	assert_line(t, "memtally_group_processes{group=\"_other\"} 5");
+	assert_line(t,
+	            "memtally_group_growth_bytes_per_second{group=\"_other\"} "
+	            "4.5");
+	assert_line(t,
+	            "memtally_group_state{group=\"_other\",state=\"high\"} 1");
+	cr_assert_null(strstr(t, "memtally_group_limit_bytes{group=\"_other\""),
+	               "%s", t);
+	assert_line(t, "memtally_group_unvouched_bytes{group=\"c\"} 90");
+	free(t);
+}
+
 Test(render, counters_and_tick)
 {
 	struct mts_stats *s = &srv.reg.stats;
