@@ -13,6 +13,8 @@
  *    registry's notifications to the modules above it.
  *  - mts_registry.h: registry.c: registered workers, slot tables, groups,
  *    totals, counters, the header's fleet snapshot; a connection's peer.
+ *  - mts_figures.h: figures.c: the figures the fleet and each group
+ *    share, and the table /metrics, GetUsage and the hooks show them by.
  *  - mts_policy.h: what config.c produces and limits.c applies, and the
  *    state-change event.
  *  - mts_limits.h: limits.c: states with hysteresis, limits, Watch
@@ -63,6 +65,7 @@
 #include "mts_core.h"
 #include "mts_defs.h"
 #include "mts_dispatch.h"
+#include "mts_figures.h"
 #include "mts_guard.h"
 #include "mts_hooks.h"
 #include "mts_kinds.h"
