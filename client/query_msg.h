@@ -1,8 +1,8 @@
 /*
  * query_msg.h - the query library's answers as they came off the wire,
  * for the `memtally` command only: it shows the fields it does not know
- * by their protobuf-c descriptors, so a field a server adds reaches
- * `memtally status` with no change to the command. Not part of the
+ * by their protobuf-c descriptors, so a field added to memtally.proto
+ * reaches `memtally status` with no change to the command. Not part of the
  * libraries' ABI (their version scripts keep these names local).
  */
 #ifndef MEMTALLY_QUERY_MSG_H

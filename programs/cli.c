@@ -395,7 +395,8 @@ static json_t *jstr(const char *s);
  * threshold and the slots only in --json). Every other field a server
  * sends is shown through its protobuf-c descriptor, named as the field
  * is: a line under the fleet's, a column of the groups' table, a key in
- * --json. So a figure a server adds reaches `status` with no change here.
+ * --json. So a figure added to memtally.proto reaches `status` with no
+ * change here.
  */
 static const char *const usage_by_hand[] = {"fleet_bytes",
                                             "fleet_peak",
