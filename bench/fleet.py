@@ -160,9 +160,29 @@ class Cgroup:
                 time.sleep(0.05)
 
 
+def _v2_base(base, reasons):
+    """Can a memory-limited child be made under cgroup v2 `base`? Its
+    subtree must have the memory controller: enabled already, or enabled
+    here (possible where `base` holds no process itself, as the root
+    does; a systemd service's own cgroup holds its processes)."""
+    if "memory" not in _read(os.path.join(base, "cgroup.controllers")).split():
+        reasons.append("no memory controller in %s" % base)
+        return False
+    ctl = os.path.join(base, "cgroup.subtree_control")
+    if "memory" in _read(ctl).split():
+        return True
+    try:
+        _write(ctl, "+memory")
+        return True
+    except OSError as e:
+        reasons.append("cannot enable memory in %s: %s" % (ctl, e.strerror))
+        return False
+
+
 def make_node(limit, name=None):
     """The node: a new memory cgroup of `limit` bytes, no swap, under this
-    process's own cgroup. Raises NoCgroup with the reason."""
+    process's own cgroup where it can be made there, else (cgroup v2, as
+    root) under the hierarchy's root. Raises NoCgroup with the reason."""
     name = name or "memtally-node-%d" % os.getpid()
     cg = _read("/proc/self/cgroup")
     v1 = v2 = None
@@ -174,16 +194,15 @@ def make_node(limit, name=None):
             v2 = path
     reasons = []
     for root in ("/sys/fs/cgroup", "/sys/fs/cgroup/unified"):
-        if v2 is None:
-            break
-        base = root + v2
-        if "memory" in _read(os.path.join(base, "cgroup.controllers")).split() \
-                and "memory" in _read(os.path.join(
-                    base, "cgroup.subtree_control")).split():
-            try:
-                return Cgroup(os.path.join(base, name), 2, limit)
-            except NoCgroup as e:
-                reasons.append(str(e))
+        if v2 is None or _read(os.path.join(root, "cgroup.controllers"),
+                               None) is None:
+            continue
+        for base in dict.fromkeys((root + v2.rstrip("/"), root)):
+            if _v2_base(base, reasons):
+                try:
+                    return Cgroup(os.path.join(base, name), 2, limit)
+                except NoCgroup as e:
+                    reasons.append(str(e))
     if v1 is not None:
         base = "/sys/fs/cgroup/memory" + v1
         if os.path.exists(os.path.join(base, "memory.limit_in_bytes")):
