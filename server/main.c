@@ -61,7 +61,7 @@
 #define EXIT_USAGE 2
 
 /* One option of --help: the flag and its argument in a 20-column field,
- * then the text, continuation lines indented to the same column. */
+ * then the text, wrapped at 78 columns and indented to the same column. */
 static void usage_option(FILE *f, const char *flag, const char *arg,
                          const char *text)
 {
@@ -69,34 +69,48 @@ static void usage_option(FILE *f, const char *flag, const char *arg,
 	snprintf(head, sizeof(head), "%s%s%s", flag, arg ? " " : "",
 	         arg ? arg : "");
 	/* A long head pushes the first line's text right, as it reads best. */
-	fprintf(f, "  %-19s%s", head, strlen(head) >= 19 ? "  " : " ");
-	for (const char *p = text; *p; p++) {
-		fputc(*p, f);
-		if (*p == '\n' && p[1])
-			fprintf(f, "%22s", "");
+	int col = fprintf(f, "  %-19s%s", head, strlen(head) >= 19 ? " " : "");
+	for (const char *p = text; *p; p += strspn(p, " ")) {
+		size_t w = strcspn(p, " ");
+		if (col > 22 && col + 1 + (int)w > 78)
+			col = fprintf(f, "\n%21s", "") - 1;
+		col += fprintf(f, " %.*s", (int)w, p);
+		p += w;
 	}
 	fputc('\n', f);
 }
 
+/* The flags that set a key, then every key of the file: both from the
+ * table (mts_keys), with their defaults. */
 static void usage(FILE *f)
 {
+	struct mts_settings d;
+	char text[512], err[256];
+	if (mts_settings_load(&d, NULL, NULL, 0, err, sizeof(err)) < 0) {
+		fprintf(stderr, "memtallyd: %s\n", err);
+		exit(1);
+	}
 	fprintf(f, "Usage: memtallyd [OPTIONS]\n"
 	           "Memory accounting server for a fleet of worker processes.\n"
 	           "\n");
-	for (size_t i = 0; i < mts_nflags; i++) {
-		char text[512];
-		snprintf(text, sizeof(text), mts_flags[i].help, mts_flags[i].a,
-		         mts_flags[i].b);
-		usage_option(f, mts_flags[i].flag, mts_flags[i].arg, text);
-		if (strcmp(mts_flags[i].flag, "--log-level") == 0)
-			usage_option(
-			    f, "--config", "FILE",
-			    "INI config file (see deploy/memtallyd.conf);\n"
-			    "flags override its keys; SIGHUP reloads it");
+	usage_option(f, "--config", "FILE",
+	             "INI config file (see deploy/memtallyd.conf); flags "
+	             "override its keys; SIGHUP reloads it");
+	for (size_t i = 0; i < mts_nkeys; i++) {
+		const struct mts_key *k = &mts_keys[i];
+		if (!k->flag)
+			continue;
+		mts_key_describe(k, &d, text, sizeof(text));
+		usage_option(f, k->flag,
+		             k->arg                       ? k->arg
+		             : k->type == MTS_KEY_SIZE    ? "SIZE"
+		             : k->type == MTS_KEY_PERCENT ? "PCT"
+		                                          : "N",
+		             text);
 	}
 	usage_option(f, "--reset", NULL,
-	             "start afresh instead of adopting the workers of the\n"
-	             "previous server (by default live workers keep their\n"
+	             "start afresh instead of adopting the workers of the "
+	             "previous server (by default live workers keep their "
 	             "slots and counts)");
 	usage_option(f, "--help", NULL, "this text");
 	usage_option(f, "--version", NULL, "print the version");
@@ -108,17 +122,30 @@ static void usage(FILE *f)
 	        "and KiB, MiB,\n"
 	        "GiB, TiB are powers of 1024; KB, MB, GB, TB are powers of "
 	        "1000 (64KiB,\n"
-	        "1.5G, 512MB). State hooks ([hooks] on_ok, on_high, on_over, "
-	        "timeout, node in\n"
-	        "the config file) run a shell command at every fleet or group "
-	        "state change.\n"
-	        "Logs are logfmt lines on stderr. SIGTERM or SIGINT stop the "
-	        "server and\n"
-	        "leave the restart record for the next one. SIGHUP reloads "
-	        "the config file.\n");
+	        "1.5G, 512MB). A duration is a number with ms, s, m, h or d. "
+	        "Logs are logfmt\n"
+	        "lines on stderr. SIGTERM or SIGINT stop the server and "
+	        "leave the restart\n"
+	        "record for the next one. SIGHUP reloads the config file "
+	        "and applies the\n"
+	        "keys marked (reload); the others wait for the next start.\n"
+	        "\n"
+	        "Config file keys:\n");
+	for (size_t i = 0; i < mts_nkeys; i++) {
+		const struct mts_key *k = &mts_keys[i];
+		char head[64];
+		snprintf(head, sizeof(head), "[%s%s] %s", k->section,
+		         k->opts & MTS_KEY_GROUP ? " NAME" : "", k->key);
+		mts_key_describe(k, &d, text, sizeof(text));
+		if (k->opts & MTS_KEY_RELOAD)
+			strncat(text, " (reload)",
+			        sizeof(text) - strlen(text) - 1);
+		usage_option(f, head, NULL, text);
+	}
+	mts_settings_free(&d);
 }
 
-/* getopt values: a flag of mts_flags is OPT_FLAG + its index. */
+/* getopt values: a flag of mts_keys is OPT_FLAG + the key's index. */
 enum {
 	OPT_CONFIG = 256,
 	OPT_RESET,
@@ -126,22 +153,33 @@ enum {
 	OPT_FLAG = 512,
 };
 
-/* getopt's table: mts_flags, then the flags main handles itself. Static
- * storage, so no exit path (--help, a bad flag) leaves it allocated. */
+/* getopt's table: the keys' flags and their aliases, then the flags main
+ * handles itself. Static storage, so no exit path (--help, a bad flag)
+ * leaves it allocated. */
 #define MAX_OPTIONS 64
 static struct option options[MAX_OPTIONS];
+static char option_flags[MAX_OPTIONS][48]; /* "--" and the name */
 
 static void build_options(void)
 {
 	size_t n = 0;
-	if (mts_nflags + 5 > MAX_OPTIONS) {
-		fprintf(stderr, "memtallyd: too many flags for MAX_OPTIONS\n");
-		exit(1);
+	for (size_t i = 0; i < mts_nkeys; i++) {
+		const struct mts_key *k = &mts_keys[i];
+		for (int a = 0; k->flag && a < 2; a++) {
+			const char *name = a ? k->alias : k->flag + 2;
+			if (!name)
+				continue;
+			if (n + 5 > MAX_OPTIONS) {
+				fprintf(stderr, "memtallyd: too many flags for "
+				                "MAX_OPTIONS\n");
+				exit(1);
+			}
+			snprintf(option_flags[n], sizeof(option_flags[n]),
+			         "--%s", name);
+			options[n++] = (struct option){name, required_argument,
+			                               NULL, OPT_FLAG + (int)i};
+		}
 	}
-	for (size_t i = 0; i < mts_nflags; i++)
-		options[n++] =
-		    (struct option){mts_flags[i].flag + 2, required_argument,
-		                    NULL, OPT_FLAG + (int)i};
 	options[n++] =
 	    (struct option){"config", required_argument, NULL, OPT_CONFIG};
 	options[n++] = (struct option){"reset", no_argument, NULL, OPT_RESET};
@@ -170,7 +208,8 @@ static void parse_args(int argc, char **argv, struct cmdline *cl)
 	build_options();
 	opterr = 0; /* our own one-line messages */
 	for (;;) {
-		int opt = getopt_long(argc, argv, ":h", options, NULL);
+		int li = -1;
+		int opt = getopt_long(argc, argv, ":h", options, &li);
 		if (opt == -1)
 			break;
 		switch (opt) {
@@ -198,12 +237,13 @@ static void parse_args(int argc, char **argv, struct cmdline *cl)
 		default:
 			break;
 		}
-		if (opt >= OPT_FLAG && (size_t)(opt - OPT_FLAG) < mts_nflags) {
-			const struct mts_flag *fl = &mts_flags[opt - OPT_FLAG];
+		if (opt >= OPT_FLAG && (size_t)(opt - OPT_FLAG) < mts_nkeys) {
+			const struct mts_key *k = &mts_keys[opt - OPT_FLAG];
+			/* Messages name the flag as given (an alias too). */
 			cl->ov[cl->nov++] = (struct mts_override){
-			    .flag = fl->flag,
-			    .section = fl->section,
-			    .key = fl->key,
+			    .flag = li >= 0 ? option_flags[li] : k->flag,
+			    .section = k->section,
+			    .key = k->key,
 			    .value = optarg,
 			};
 		}
@@ -222,6 +262,7 @@ struct signals {
 	struct mts_server *srv;
 	const struct cmdline *cl;
 	const struct mts_settings *boot; /* what the server started with */
+	struct mts_settings *last;       /* what the last reload applied */
 };
 
 static void on_signal(uv_signal_t *h, int signum)
@@ -236,55 +277,18 @@ static void on_signal(uv_signal_t *h, int signum)
 	uv_close((uv_handle_t *)&s->hup, NULL);
 }
 
-static bool str_differs(const char *a, const char *b)
-{
-	if (!a || !b)
-		return a != b;
-	return strcmp(a, b) != 0;
-}
-
 /* Keys read only at start: say which changed and were not applied. */
-static void report_restart_keys(const struct mts_config *was,
-                                const struct mts_config *now)
+static void report_restart_keys(const struct mts_settings *was,
+                                const struct mts_settings *now)
 {
-	const char *changed[16];
-	size_t n = 0;
-	if (str_differs(was->socket_path, now->socket_path))
-		changed[n++] = "socket";
-	if (str_differs(was->segment, now->segment))
-		changed[n++] = "segment";
-	if (str_differs(was->state_path, now->state_path))
-		changed[n++] = "state";
-	if (was->slots != now->slots)
-		changed[n++] = "slots";
-	if (was->lanes != now->lanes)
-		changed[n++] = "lanes";
-	if (was->tick_ms != now->tick_ms)
-		changed[n++] = "tick";
-	if (was->threshold != now->threshold)
-		changed[n++] = "threshold";
-	if (str_differs(was->tcp_addr, now->tcp_addr))
-		changed[n++] = "tcp";
-	if (str_differs(was->metrics_addr, now->metrics_addr))
-		changed[n++] = "metrics";
-	if (was->has_gid != now->has_gid || was->gid != now->gid)
-		changed[n++] = "group";
-	if (was->max_conns != now->max_conns)
-		changed[n++] = "max_connections";
-	if (was->max_buffered != now->max_buffered)
-		changed[n++] = "max_buffered";
-	if (was->max_conns_per_uid != now->max_conns_per_uid)
-		changed[n++] = "max_connections_per_uid";
-	if (was->max_conns_unidentified != now->max_conns_unidentified)
-		changed[n++] = "max_connections_unidentified";
-	if (was->idle_timeout_ms != now->idle_timeout_ms ||
-	    was->no_idle_timeout != now->no_idle_timeout)
-		changed[n++] = "idle_timeout";
-	for (size_t i = 0; i < n; i++)
+	const struct mts_key *changed[64];
+	size_t n = mts_settings_diff(was, now, false, changed, 64);
+	for (size_t i = 0; i < n && i < 64; i++)
 		mts_log(MTS_LOG_WARN,
 		        "config key changed; it takes effect at the next "
 		        "start, not on reload",
-		        "key=%s", changed[i]);
+		        "section=%s key=%s", changed[i]->section,
+		        changed[i]->key);
 }
 
 /* How many of on_ok, on_high, on_over are set. */
@@ -319,7 +323,7 @@ static void on_hup(uv_signal_t *h, int signum)
 		sd_notify(0, "READY=1");
 		return;
 	}
-	report_restart_keys(&s->boot->cfg, &next.cfg);
+	report_restart_keys(s->boot, &next);
 	struct mts_node_src src;
 	struct mts_node_fig fig;
 	if (mts_guard_setup(&next.policy, s->srv->cfg.max_buffered, &src, &fig,
@@ -348,20 +352,23 @@ static void on_hup(uv_signal_t *h, int signum)
 		s->srv->reload_stats.applied++;
 		mts_log_set_level((enum mts_log_level)next.log_level);
 		mts_log_set_budget(next.log_budget);
-		const struct mts_policy *p = &reg->policy;
+		/* What changed since the last reload (or the start). */
+		const struct mts_key *changed[64];
+		char list[512] = "", q2[MTS_LOGQ_MAX];
+		size_t n = mts_settings_diff(s->last, &next, true, changed, 64);
+		for (size_t i = 0, o = 0; i < n && i < 64 && o < sizeof(list);
+		     i++)
+			o += (size_t)snprintf(
+			    list + o, sizeof(list) - o, "%s%s.%s", i ? "," : "",
+			    changed[i]->section, changed[i]->key);
 		mts_log(MTS_LOG_INFO, "config reloaded",
-		        "path=%s fleet_limit=%llu high_watermark_bp=%u "
-		        "hysteresis_bp=%u process_limit=%llu measure=%s "
-		        "groups=%u default_ttl_s=%u max_ttl_s=%u "
-		        "enforce_signal=%d grace_ms=%u "
-		        "max_reservations_per_uid=%u hooks=%d",
+		        "path=%s changed=%s groups=%u hooks=%d",
 		        mts_logq(q, sizeof(q), s->cl->config),
-		        (unsigned long long)p->fleet_limit, p->high_bp,
-		        p->hyst_bp, (unsigned long long)p->process_limit,
-		        mts_measure_name(p->measure), p->ngroups,
-		        p->default_ttl_s, p->max_ttl_s, p->enforce_signal,
-		        p->grace_ms, p->max_resv_per_uid,
+		        mts_logq(q2, sizeof(q2), list), reg->policy.ngroups,
 		        hook_count(&next.hooks));
+		mts_settings_free(s->last);
+		*s->last = next;
+		next = (struct mts_settings){0};
 	}
 	mts_settings_free(&next);
 	sd_notify(0, "READY=1");
@@ -488,32 +495,18 @@ int main(int argc, char **argv)
 
 	const struct mts_policy *pol = &settings.policy;
 	mts_log(MTS_LOG_INFO, "memtallyd starting",
-	        "version=%s pid=%d socket=%s segment=%s slots=%u lanes=%u "
-	        "tick_ms=%u threshold=%llu config=%s fleet_limit=%llu "
-	        "high_watermark_bp=%u hysteresis_bp=%u process_limit=%llu "
-	        "measure=%s groups=%u enforce_signal=%d max_connections=%u "
-	        "max_buffered=%llu max_connections_per_uid=%u "
-	        "idle_timeout_ms=%u max_reservations_per_uid=%u hooks=%d "
-	        "hook_timeout_ms=%u hook_min_interval_ms=%u trusted_uids=%u "
-	        "untouched_allowance=%llu untouched_allowance_total=%llu "
-	        "untouched_ms=%u",
-	        MTS_VERSION, (int)getpid(),
-	        mts_logq(q1, sizeof(q1), cfg.socket_path),
-	        mts_logq(q2, sizeof(q2), cfg.segment), cfg.slots, cfg.lanes,
-	        cfg.tick_ms, (unsigned long long)cfg.threshold,
-	        mts_logq(q3, sizeof(q3), cl.config ? cl.config : ""),
-	        (unsigned long long)pol->fleet_limit, pol->high_bp,
-	        pol->hyst_bp, (unsigned long long)pol->process_limit,
-	        mts_measure_name(pol->measure), pol->ngroups,
-	        pol->enforce_signal, cfg.max_conns,
-	        (unsigned long long)cfg.max_buffered, cfg.max_conns_per_uid,
-	        cfg.no_idle_timeout ? 0 : cfg.idle_timeout_ms,
-	        pol->max_resv_per_uid, hook_count(&settings.hooks),
-	        settings.hooks.timeout_ms ? settings.hooks.timeout_ms
-	                                  : MTS_HOOK_DEFAULT_TIMEOUT_MS,
-	        settings.hooks.min_interval_ms, pol->ntrusted,
-	        (unsigned long long)pol->untouched_allowance,
-	        (unsigned long long)pol->untouched_total, pol->untouched_ms);
+	        "version=%s pid=%d config=%s", MTS_VERSION, (int)getpid(),
+	        mts_logq(q3, sizeof(q3), cl.config ? cl.config : ""));
+	mts_settings_log(&settings);
+	/* What a reload is compared with: the same load again. */
+	struct mts_settings last;
+	if (mts_settings_load(&last, cl.config, cl.ov, cl.nov, msg,
+	                      sizeof(msg)) < 0) {
+		fprintf(stderr, "memtallyd: %s\n", msg);
+		mts_settings_free(&settings);
+		free(cl.ov);
+		return EXIT_USAGE;
+	}
 	raise_nofile(&cfg);
 	lower_oom_score(&cfg);
 	/* The guard's line against the node it guards: a line the node
@@ -539,6 +532,7 @@ int main(int argc, char **argv)
 			fprintf(stderr, "memtallyd: unsafe %s location: %s\n",
 			        i == 0 ? "socket" : "state file", msg);
 			mts_settings_free(&settings);
+			mts_settings_free(&last);
 			free(cl.ov);
 			return EXIT_USAGE;
 		}
@@ -555,6 +549,7 @@ int main(int argc, char **argv)
 		        mts_logq(q1, sizeof(q1), cfg.socket_path),
 		        mts_logq(q2, sizeof(q2), why));
 		mts_settings_free(&settings);
+		mts_settings_free(&last);
 		free(cl.ov);
 		return 1;
 	}
@@ -565,6 +560,7 @@ int main(int argc, char **argv)
 		mts_log(MTS_LOG_ERROR, "cannot start the event loop", "err=%s",
 		        uv_err_name(err));
 		mts_settings_free(&settings);
+		mts_settings_free(&last);
 		free(cl.ov);
 		return 1;
 	}
@@ -586,12 +582,14 @@ int main(int argc, char **argv)
 		mts_server_free(&srv);
 		uv_loop_close(&loop);
 		mts_settings_free(&settings);
+		mts_settings_free(&last);
 		free(cl.ov);
 		return 1;
 	}
 
 	mts_server_apply_guard(&srv, &guard_src, &guard_fig);
-	struct signals sig = {.srv = &srv, .cl = &cl, .boot = &settings};
+	struct signals sig = {
+	    .srv = &srv, .cl = &cl, .boot = &settings, .last = &last};
 	uv_signal_init(&loop, &sig.term);
 	uv_signal_init(&loop, &sig.intr);
 	uv_signal_init(&loop, &sig.hup);
@@ -622,6 +620,7 @@ int main(int argc, char **argv)
 	mts_log(MTS_LOG_INFO, "stopped", "registrations=%llu exits=%llu",
 	        (unsigned long long)registrations, (unsigned long long)exits);
 	mts_settings_free(&settings);
+	mts_settings_free(&last);
 	free(cl.ov);
 	return err < 0 ? 1 : 0;
 }

@@ -13,6 +13,7 @@
 
 #include "mts_hooks.h"
 #include "mts_policy.h"
+#include "mts_values.h"
 
 /* Connections (conn.c): the defaults and bounds of their keys. The
  * server-wide budget: at most max_connections open and max_buffered
@@ -30,7 +31,7 @@
 
 struct mts_config {
 	const char *socket_path;
-	const char *segment;    /* label of the shared objects */
+	const char *segment;    /* [server] label: of the shared objects */
 	const char *state_path; /* restart record; NULL: next to the socket
 	                           (SOCKET.state), none without a socket */
 	uint32_t slots;
@@ -82,8 +83,13 @@ struct mts_settings {
 	/* [server] log_budget: lines a second per uid and level; 0 = none */
 	unsigned log_budget;
 	char *config_path;          /* NULL: no file */
-	char *owned[8];             /* socket, segment, tcp, metrics, state */
+	char *owned[8];             /* socket, label, tcp, metrics, state */
 	struct mts_hook_conf hooks; /* [hooks] */
+	/* [server] keys checked together once everything is read: the token
+	 * moves into the policy, the others are only read. */
+	char *tcp_token;
+	char *tcp_token_file;
+	bool tcp_allow_remote;
 };
 
 /* One command-line value that overrides a key of the file. */
@@ -107,38 +113,24 @@ int mts_settings_load(struct mts_settings *out, const char *path,
                       size_t errlen);
 void mts_settings_free(struct mts_settings *s);
 
-/* A command-line flag that sets a configuration key: the same parser and
- * messages as the file's key. main.c builds its options and --help from
- * these. `help` is a printf format of `a` and `b` (unsigned long long);
- * a newline in it starts a continuation line. */
-struct mts_flag {
-	const char *flag; /* "--slots" */
-	const char *arg;  /* "N", as --help shows it */
-	const char *section, *key;
-	const char *help;
-	unsigned long long a, b;
-};
-extern const struct mts_flag mts_flags[];
-extern const size_t mts_nflags;
+extern const struct mts_key mts_keys[];
+extern const size_t mts_nkeys;
 
 /* Is [section] key one of the file's keys (outside [group NAME])? */
 bool mts_config_key_known(const char *section, const char *key);
-
-/* Parse "90", "92.5", "90%" (0 to 100, two decimals at most) into basis
- * points. 0 or -EINVAL. */
-int mts_parse_percent(const char *s, uint32_t *bp);
-/* "SIGTERM", "TERM", "term", "15"; "" -> 0 (off). 0 or -EINVAL. */
-int mts_parse_signal(const char *s, int *sig);
+/* "worker slots: an integer from 1 to 1048576 (default 4096)", the
+ * default as `defaults` (mts_settings_load of no file) holds it. */
+void mts_key_describe(const struct mts_key *k,
+                      const struct mts_settings *defaults, char *buf, size_t n);
+/* Log every key's value, one line per section (the start-up log). */
+void mts_settings_log(const struct mts_settings *s);
 /*
- * A listening address, HOST:PORT (the one syntax, mt_split_hostport()),
- * into *ss and *len. HOST is an IPv4 literal, an IPv6 literal in brackets
- * ("[::1]", "[::]"), "localhost" (always 127.0.0.1, so the address does
- * not depend on resolver order) or a name getaddrinfo() resolves (its
- * first address). PORT 0 lets the kernel choose. *loopback says whether
- * the address is a loopback one. 0 or -EINVAL (malformed, or a name that
- * does not resolve). Used for --tcp and --metrics alike.
+ * The keys whose value differs between `a` and `b`, of those a reload
+ * applies (`reload`) or of the others: up to `max` into `keys`. Returns
+ * how many differ.
  */
-int mts_parse_hostport(const char *s, struct sockaddr_storage *ss,
-                       socklen_t *len, bool *loopback);
+size_t mts_settings_diff(const struct mts_settings *a,
+                         const struct mts_settings *b, bool reload,
+                         const struct mts_key **keys, size_t max);
 
 #endif /* MTS_CONFIG_H */

@@ -24,6 +24,10 @@ enum mts_measure {
 /* "accounted", "rss", "max". */
 const char *mts_measure_name(enum mts_measure m);
 
+/* A group, task or kind name: at most MTS_NAME_MAX bytes of UTF-8 without
+ * control or hostile code points (policy.c, like the rest below). */
+bool mts_name_ok(const char *s);
+
 /* A [group NAME] section. `uids` and `gids` (owned arrays) say who may
  * join the group; a group with neither is open to every uid. */
 struct mts_group_policy {
@@ -178,12 +182,12 @@ struct mts_policy {
 	uint32_t kind_horizon_s; /* runs older than this are forgotten */
 	uint64_t kind_default_size;
 	uint32_t kind_default_bp;
-	bool admit_queue;       /* a request waiting long keeps its room */
+	bool admit_queue;        /* a request waiting long keeps its room */
 	uint32_t admit_queue_ms; /* ... once it has waited this long */
 	bool kind_follow_profile;
 	uint32_t kind_pool_gap_bp;
-	    /* of the pooled gap admission keeps */ /* a learned reservation
-	      follows the kind's profile over the task's life */
+	/* of the pooled gap admission keeps */ /* a learned reservation
+	  follows the kind's profile over the task's life */
 	bool kind_reserve_learned; /* a declaration is a ceiling, not the
 	                              reservation, once a size is learned */
 	uint32_t kinds_per_uid;    /* 0 = no cap */
@@ -203,7 +207,8 @@ struct mts_policy {
 	bool guard_evict_trusted;
 };
 
-/* Defaults: no limits, 90% watermark, 5% hysteresis, accounted, ... */
+/* The defaults of every key of the policy: config.c's key table, where
+ * each key's default is (no limits, 90% watermark, 5% hysteresis, ...). */
 void mts_policy_defaults(struct mts_policy *p);
 /* Deep copy into *dst (which is overwritten, not freed). 0 or -ENOMEM. */
 int mts_policy_copy(struct mts_policy *dst, const struct mts_policy *src);
@@ -212,6 +217,10 @@ void mts_policy_free(struct mts_policy *p);
 /* The [group NAME] entry for `name`, or NULL. */
 const struct mts_group_policy *mts_policy_group(const struct mts_policy *p,
                                                 const char *name);
+/* The [group NAME] entry for `name`, added (all zero but its name) if
+ * there is none. NULL when out of memory. */
+struct mts_group_policy *mts_policy_group_add(struct mts_policy *p,
+                                              const char *name);
 
 /* A state change, as pushed to Watch subscribers. */
 struct mts_event {

@@ -757,19 +757,6 @@ static bool pidfd_exited(int pidfd)
 	return poll(&pfd, 1, 0) != 0;
 }
 
-bool mts_name_ok(const char *s)
-{
-	size_t n = 0;
-	while (s[n]) {
-		uint32_t c;
-		size_t k = mt_utf8_seq((const unsigned char *)s + n, &c);
-		if (k == 0 || mt_cp_hostile(c))
-			return false;
-		n += k;
-	}
-	return n <= MTS_NAME_MAX;
-}
-
 /* The exec case: the same process, a new program image. Reset its slot to
  * the new image's figures in place; the pidfd and poll stay. */
 static int proc_reset(struct mts_registry *reg, struct mts_proc *p,

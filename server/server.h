@@ -15,8 +15,9 @@
  *    totals, counters, the header's fleet snapshot; a connection's peer.
  *  - mts_figures.h: figures.c: the figures the fleet and each group
  *    share, and the table /metrics, GetUsage and the hooks show them by.
- *  - mts_policy.h: what config.c produces and limits.c applies, and the
- *    state-change event.
+ *  - mts_policy.h: policy.c: what config.c produces and limits.c
+ *    applies (copy, free, lookups, name checks), and the state-change
+ *    event.
  *  - mts_limits.h: limits.c: states with hysteresis, limits, Watch
  *    events, enforcement, the registry's growth rates.
  *  - mts_rate.h: rate.c: the arithmetic of growth rates and forecasts.
@@ -37,7 +38,10 @@
  *  - mts_rss.h: rss.c: resident sets, the kernel's figures for vouching
  *    and for the mapped bound, read off the loop.
  *  - mts_procfs.h: procfs.c: what /proc says of a process.
- *  - mts_config.h: config.c: the INI file and flags -> settings.
+ *  - mts_config.h: config.c: the key table; the INI file and flags ->
+ *    settings, their defaults, --help, the start-up log, the reload diff.
+ *  - mts_values.h: values.c: the types of keys (parse, print, default)
+ *    and the small parsers shared (percent, signal, HOST:PORT, ids).
  *  - mts_hooks.h: hooks.c: a command at every fleet or group state change.
  *  - mts_metrics.h: metrics.c: the Prometheus endpoint.
  *  - mts_log.h: log.c: logfmt lines and their per-uid budget.
@@ -79,6 +83,7 @@
 #include "mts_registry.h"
 #include "mts_rss.h"
 #include "mts_state.h"
+#include "mts_values.h"
 #include "mts_vouch.h"
 
 struct mts_conn;

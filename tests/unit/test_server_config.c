@@ -240,11 +240,11 @@ Test(config, hooks_section)
 	mts_settings_free(&s);
 
 	/* An empty command is none; without the section nothing is set and
-	 * the default timeout applies (0 here, the default in hooks.c). */
+	 * the timeout is the table's default. */
 	cr_assert_eq(load("[hooks]\non_high =\n", &s, err, sizeof(err)), 0,
 	             "%s", err);
 	cr_assert_null(s.hooks.cmd[MTSHM_STATE_HIGH]);
-	cr_assert_eq(s.hooks.timeout_ms, 0);
+	cr_assert_eq(s.hooks.timeout_ms, MTS_HOOK_DEFAULT_TIMEOUT_MS);
 	cr_assert_null(s.hooks.node);
 	mts_settings_free(&s);
 
@@ -703,14 +703,18 @@ Test(flags, every_flag_is_a_known_key)
 {
 	struct mts_settings s;
 	char err[512];
-	cr_assert_gt(mts_nflags, 10);
-	for (size_t i = 0; i < mts_nflags; i++) {
-		const struct mts_flag *f = &mts_flags[i];
-		cr_assert_eq(strncmp(f->flag, "--", 2), 0, "%s", f->flag);
-		cr_assert(mts_config_key_known(f->section, f->key),
+	size_t nflags = 0;
+	for (size_t i = 0; i < mts_nkeys; i++) {
+		const struct mts_key *k = &mts_keys[i];
+		if (!k->flag)
+			continue;
+		nflags++;
+		cr_assert_eq(strncmp(k->flag, "--", 2), 0, "%s", k->flag);
+		cr_assert(mts_config_key_known(k->section, k->key),
 		          "%s sets [%s] %s, which the file does not know",
-		          f->flag, f->section, f->key);
+		          k->flag, k->section, k->key);
 	}
+	cr_assert_gt(nflags, 10);
 	cr_assert_not(mts_config_key_known("server", "no_such_key"));
 	cr_assert_not(mts_config_key_known("limits", "socket"));
 	const struct mts_override bad = {"--slots", "server", "slots", "x"};
@@ -1001,4 +1005,54 @@ Test(config, log_budget_next_second)
 	cr_assert_eq(count_of(out, "msg=\"worker registered\""),
 	             MTS_LOG_PEER_BURST + 1);
 	free(out);
+}
+
+/* The table's defaults are values of their keys: each prints as text its
+ * own parser takes back to the same value, so --help and the start-up
+ * log show what the server runs with. */
+Test(config, every_default_reads_back)
+{
+	struct mts_settings d, s;
+	char err[512], text[256], again[256], why[256];
+	cr_assert_eq(mts_settings_load(&d, NULL, NULL, 0, err, sizeof(err)), 0);
+	cr_assert_eq(mts_settings_load(&s, NULL, NULL, 0, err, sizeof(err)), 0);
+	size_t checked = 0;
+	for (size_t i = 0; i < mts_nkeys; i++) {
+		const struct mts_key *k = &mts_keys[i];
+		if (k->opts & MTS_KEY_GROUP || k->dflt)
+			continue;
+		mts_key_show(k, &d, true, text, sizeof(text));
+		if (strcmp(text, "none") == 0 && !(k->opts & MTS_KEY_NONE))
+			continue; /* an unset string or list: nothing to read */
+		cr_assert_eq(mts_key_parse(k, &s, text, why, sizeof(why)), 0,
+		             "[%s] %s: default '%s' does not parse: %s",
+		             k->section, k->key, text, why);
+		mts_key_show(k, &s, true, again, sizeof(again));
+		cr_assert_str_eq(again, text, "[%s] %s", k->section, k->key);
+		checked++;
+	}
+	cr_assert_gt(checked, 50);
+	mts_settings_free(&d);
+	mts_settings_free(&s);
+}
+
+/* [server] label was called segment: the old key and flag still set it. */
+Test(config, label_and_its_old_name)
+{
+	struct mts_settings s;
+	char err[512];
+	cr_assert_eq(
+	    load("[server]\nsegment = /mt-old\n", &s, err, sizeof(err)), 0,
+	    "%s", err);
+	cr_assert_str_eq(s.cfg.segment, "/mt-old");
+	mts_settings_free(&s);
+	cr_assert_eq(load("[server]\nlabel = mt-new\n", &s, err, sizeof(err)),
+	             0, "%s", err);
+	cr_assert_str_eq(s.cfg.segment, "mt-new");
+	mts_settings_free(&s);
+	const struct mts_override ov = {"--segment", "server", "label", "a/b"};
+	cr_assert_eq(mts_settings_load(&s, NULL, &ov, 1, err, sizeof(err)),
+	             -EINVAL);
+	cr_assert_str_eq(err, "--segment: expected a name like memtally (1 to "
+	                      "64 bytes, no '/'), got 'a/b'");
 }
