@@ -95,7 +95,7 @@ Test(config, good_file_every_key)
 	         "; another\n"
 	         "[server]\n"
 	         "socket = /tmp/x.sock ; inline comment\n"
-	         "segment = /mt-test\n"
+	         "label = /mt-test\n"
 	         "slots = 128\n"
 	         "lanes = 8\n"
 	         "tick = 20\n"
@@ -271,6 +271,7 @@ struct bad {
 static const struct bad bads[] = {
     {"[server]\nsocket =\n", 2, "[server] socket"},
     {"[server]\nsegment = a/b\n", 2, "[server] segment"},
+    {"[server]\nlabel = a/b\n", 2, "[server] label"},
     {"[server]\nstate = relative/path\n", 2, "[server] state"},
     {"[server]\nslots = 0\n", 2, "[server] slots"},
     {"[server]\nslots = 99999999\n", 2, "[server] slots"},
