@@ -2,13 +2,12 @@
  * config.c - memtallyd's settings: defaults, then the INI file, then the
  * command-line flags, in that order, so a flag always wins.
  *
- * Every key is one row of one table (mts_keys, below): its section and
- * name, its type, the field it sets, its bounds, its default, its flag,
- * whether a reload applies it and one line of help. The parser of each
- * type, the defaults, --help, the start-up log and the reload diff all
- * read the table, so adding a key is adding a row (and its entry in
- * docs/memtallyd.8). A key whose value no type describes has a parse and
- * a show function of its own (MTS_KEY_FN).
+ * Every key is one row of one table (mts_keys, below): section, name,
+ * type, field, bounds, default, flag, whether a reload applies it, one
+ * line of help. Parsing (values.c, one parser per type), the defaults,
+ * --help, the start-up log and the reload diff all read the table, so a
+ * key is added as a row (and its entry in docs/memtallyd.8). A key whose
+ * value no type describes has parse and show functions (MTS_KEY_FN).
  *
  * The file is parsed by inih. Every section and key is known here and
  * anything else is an error: a typo ("fleet_limt") must not silently leave
@@ -78,6 +77,19 @@ static int parse_below_limit(const char *v, uint64_t *out)
 
 /* ---- what no type says -------------------------------------------------- */
 
+/* A key's own message, after "[section] key: ". Returns -EINVAL. */
+static int bad(char *why, size_t n, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static int bad(char *why, size_t n, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(why, n, fmt, ap);
+	va_end(ap);
+	return -EINVAL;
+}
+
 /* The label of the shared objects (memfd names, as seen in
  * /proc/PID/maps); the leading '/' of older configs is accepted. */
 static bool label_ok(const char *v)
@@ -89,14 +101,6 @@ static bool label_ok(const char *v)
 static bool abs_path_ok(const char *v)
 {
 	return v[0] == '/' && strlen(v) < PATH_MAX;
-}
-
-static bool hostport_ok(const char *v)
-{
-	struct sockaddr_storage ss;
-	socklen_t len;
-	bool lo;
-	return mts_parse_hostport(v, &ss, &len, &lo) == 0;
 }
 
 /* [trust] trusted_uids: names or numbers separated by commas or blanks;
@@ -111,12 +115,10 @@ static int parse_trusted(void *base, const char *v, char *why, size_t n)
 	     t = strtok_r(NULL, ", \t", &save)) {
 		uint32_t uid;
 		if (mts_lookup_uid(t, &uid) < 0)
-			return snprintf(why, n, "no such user '%s'", t),
-			       -EINVAL;
+			return bad(why, n, "no such user '%s'", t);
 		if (p->ntrusted == MTS_TRUSTED_UIDS_MAX)
-			return snprintf(why, n, "at most %u users",
-			                MTS_TRUSTED_UIDS_MAX),
-			       -EINVAL;
+			return bad(why, n, "at most %u users",
+			           MTS_TRUSTED_UIDS_MAX);
 		p->trusted_uids[p->ntrusted++] = uid;
 	}
 	return 0;
@@ -143,11 +145,10 @@ static int parse_cgroup(void *base, const char *v, char *why, size_t n)
 		return 0;
 	}
 	if (strcasecmp(v, "none") != 0 && !abs_path_ok(v))
-		return snprintf(why, n,
-		                "expected auto, none or the absolute path of a "
-		                "cgroup directory, got '%s'",
-		                v),
-		       -EINVAL;
+		return bad(why, n,
+		           "expected auto, none or the absolute path of a "
+		           "cgroup directory, got '%s'",
+		           v);
 	return mts_str_set(&p->guard_cgroup,
 	                   strcasecmp(v, "none") == 0 ? "" : v);
 }
@@ -166,24 +167,20 @@ static int parse_line(void *base, const char *v, char *why, size_t n)
 	size_t len = strlen(v);
 	uint32_t bp = 0;
 	uint64_t below = 0, bytes = 0;
-	bool pct = len && v[len - 1] == '%' && mts_parse_percent(v, &bp) == 0 &&
-	           bp > 0 && bp < MTS_BP_ONE;
-	if (!pct) {
-		bp = 0;
-		if (parse_below_limit(v, &below) < 0) {
-			below = 0;
-			if (mt_parse_size(v, &bytes) < 0 || bytes == 0)
-				return snprintf(
-				           why, n,
-				           "expected a percentage of the "
-				           "node's "
-				           "limit below 100%% like 90%%, bytes "
-				           "below it like limit - 256MiB, or a "
-				           "size like 60GiB; got '%s'",
-				           v),
-				       -EINVAL;
-		}
+	if (len && v[len - 1] == '%') {
+		if (mts_parse_percent(v, &bp) < 0 || bp >= MTS_BP_ONE)
+			bp = 0;
+	} else if (parse_below_limit(v, &below) < 0) {
+		below = 0;
+		if (mt_parse_size(v, &bytes) < 0)
+			bytes = 0;
 	}
+	if (!bp && !below && !bytes)
+		return bad(why, n,
+		           "expected a percentage of the node's limit below "
+		           "100%% like 90%%, bytes below it like limit - "
+		           "256MiB, or a size like 60GiB; got '%s'",
+		           v);
 	p->guard_line_bp = bp;
 	p->guard_line_below = below;
 	p->guard_line_bytes = bytes;
@@ -280,7 +277,7 @@ const struct mts_key mts_keys[] = {
      .flag = "--log-budget",
      .help = "what each uid may cause to be logged at each level"},
     {"server", "tcp", STRING, EMPTY | NONE, S(owned[OWNED_TCP]),
-     .ok = hostport_ok, .flag = "--tcp", .arg = "HOST:PORT",
+     .ok = mts_hostport_ok, .flag = "--tcp", .arg = "HOST:PORT",
      .expect = "HOST:PORT (IPv4, [IPv6], localhost or a name)",
      .help = "also listen on TCP (loopback unless tcp_allow_remote)"},
     {"server", "tcp_allow_remote", BOOL, 0, S(tcp_allow_remote),

@@ -129,5 +129,7 @@ int mts_parse_signal(const char *s, int *sig);
  */
 int mts_parse_hostport(const char *s, struct sockaddr_storage *ss,
                        socklen_t *len, bool *loopback);
+/* Is v such an address? */
+bool mts_hostport_ok(const char *v);
 
 #endif /* MTS_VALUES_H */

@@ -670,3 +670,11 @@ int mts_key_default(const struct mts_key *k, void *base)
 		put(base, k->off2, 1, true);
 	return 0;
 }
+
+bool mts_hostport_ok(const char *v)
+{
+	struct sockaddr_storage ss;
+	socklen_t len;
+	bool lo;
+	return mts_parse_hostport(v, &ss, &len, &lo) == 0;
+}

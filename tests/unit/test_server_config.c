@@ -1020,6 +1020,11 @@ Test(config, every_default_reads_back)
 	size_t checked = 0;
 	for (size_t i = 0; i < mts_nkeys; i++) {
 		const struct mts_key *k = &mts_keys[i];
+		/* A field is a bool, a 32- or a 64-bit integer, a pointer. */
+		cr_assert(k->width == 0 || k->width == 1 || k->width == 4 ||
+		              k->width == 8,
+		          "[%s] %s: a field of %zu bytes", k->section, k->key,
+		          k->width);
 		if (k->opts & MTS_KEY_GROUP || k->dflt)
 			continue;
 		mts_key_show(k, &d, true, text, sizeof(text));
@@ -1056,4 +1061,31 @@ Test(config, label_and_its_old_name)
 	             -EINVAL);
 	cr_assert_str_eq(err, "--segment: expected a name like memtally (1 to "
 	                      "64 bytes, no '/'), got 'a/b'");
+}
+
+/* A reload names the keys whose value changed, apart by whether a reload
+ * applies them: the restart keys are the ones it warns about. */
+Test(config, reload_diff_from_the_table)
+{
+	struct mts_settings a, b;
+	char err[512];
+	const struct mts_key *keys[8];
+	cr_assert_eq(load("[server]\nslots = 64\nlabel = mt-a\n"
+	                  "[limits]\nfleet = 1GiB\n",
+	                  &a, err, sizeof(err)),
+	             0, "%s", err);
+	cr_assert_eq(load("[server]\nslots = 128\nsegment = mt-b\n"
+	                  "[limits]\nfleet = 1GiB\nhysteresis = 2\n"
+	                  "[hooks]\non_ok = true\n",
+	                  &b, err, sizeof(err)),
+	             0, "%s", err);
+	cr_assert_eq(mts_settings_diff(&a, &b, false, keys, 8), 2);
+	cr_assert_str_eq(keys[0]->key, "label");
+	cr_assert_str_eq(keys[1]->key, "slots");
+	cr_assert_eq(mts_settings_diff(&a, &b, true, keys, 8), 2);
+	cr_assert_str_eq(keys[0]->key, "hysteresis");
+	cr_assert_str_eq(keys[1]->key, "on_ok");
+	cr_assert_eq(mts_settings_diff(&a, &a, true, keys, 8), 0);
+	mts_settings_free(&a);
+	mts_settings_free(&b);
 }
