@@ -16,13 +16,12 @@
  *
  * SIGHUP re-reads the config file (and re-applies the flags over it). A
  * bad value is logged, naming the key, and the running config is kept
- * whole; a good one applies at once what can change while running:
- * limits, watermarks, hysteresis, measure, groups, admission TTLs,
- * enforcement, admin uid/gid, the TCP token, the state hooks ([hooks], for
- * the hooks started after it) and the log level. Keys that
- * need a restart (socket, segment, slots, lanes, tick, threshold, tcp,
- * metrics, group, max_connections, max_buffered, max_connections_per_uid,
- * idle_timeout) are reported if changed, and keep their old values.
+ * whole; a good one applies at once the keys config.c's table marks
+ * MTS_KEY_RELOAD (limits, watermarks, groups, admission, enforcement,
+ * admin uid/gid, the TCP token, [hooks] for the hooks started after it,
+ * the log level, ...) and names them in the "config reloaded" line. The
+ * others (socket, label, slots, tcp, max_connections, ...) are reported
+ * if changed, and keep their old values until the next start.
  *
  * Open files: every registered worker holds a pidfd here and every
  * connection a socket, so the soft RLIMIT_NOFILE (often 1024) is raised at
