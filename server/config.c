@@ -663,6 +663,13 @@ static int apply_key(struct load *l, const char *section, const char *key,
 		k = find_key("group", key, &group);
 		if (!k)
 			return fail(l, section, key, "unknown key");
+		/* "default" is where a worker refused a group goes: it must
+		 * stay open to everyone. */
+		if (strcmp(name, "default") == 0 &&
+		    (k->type == MTS_KEY_UIDS || k->type == MTS_KEY_GIDS))
+			return fail(l, section, key,
+			            "the group default is open to every uid; "
+			            "restrict another group");
 		base = mts_policy_group_add(&l->s.policy, name);
 		if (!base)
 			return -ENOMEM;
@@ -828,13 +835,6 @@ static int finish(struct load *l)
 	}
 	for (uint32_t i = 0; i < p->ngroups; i++) {
 		const struct mts_group_policy *g = &p->groups[i];
-		/* "default" is where a worker refused a group goes: it must
-		 * stay open to everyone. */
-		if (strcmp(g->name, "default") == 0 && (g->nuids || g->ngids))
-			return fail(l, "group default",
-			            g->nuids ? "uids" : "gids",
-			            "the group default is open to every uid; "
-			            "restrict another group");
 		if (g->high_bp && p->hyst_bp >= g->high_bp) {
 			char sec[MTS_NAME_MAX + 8];
 			snprintf(sec, sizeof(sec), "group %s", g->name);
