@@ -1,6 +1,10 @@
 /*
- * attach.c - where a worker's counted bytes go: registration with
- * memtallyd, the process's slot, and the calling thread's lane in it.
+ * attach.c - the process's attachment to memtallyd: set-up from the
+ * environment, registration, re-attach, and what a fork changes. Also the
+ * calls that attach on demand (memtally_flush, memtally_attached), the
+ * mapped bytes' store into the slot, and the front ends' dispatch.
+ * What runs at every 64 KiB is publish.c's; the allocator's free memory
+ * is free_sample.c's.
  *
  * Invariants:
  *  - Fail open. Nothing here aborts, prints to stdout, or blocks for more
@@ -29,20 +33,9 @@
  *    as it would have faulted without memtally, instead of landing in the
  *    figures of the uid's other processes. A forked child makes the
  *    windows it inherited inaccessible: they are its parent's slots.
- *  - Liveness costs nothing on the flush path while the server ticks: a
- *    full flush compares the header's tick counter with the one the
- *    thread saw last (a shared line the server writes once a tick), and
- *    only when it has not moved for MTC_VERIFY_EVERY flushes (quiet ones
- *    included: a full flush arms at most the rest of them) reads the clock
- *    to decide whether the server is gone or its segment replaced.
- *  - The over-limit callback runs only from mtc_after_flush(), after the
- *    front end finished its flush and dropped its re-entrancy guard. The
- *    flush itself only notes a rising edge of the slot's flag (one relaxed
- *    load of the slot's flags, one of `mtc_gate`, which quiet publishes
- *    compare too): it neither blocks nor calls out.
  */
 #define _GNU_SOURCE
-#include "client_internal.h"
+#include "core.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -74,95 +67,12 @@
 /* Attachments a process may make in its life (each server re-creation of
  * the segment costs one); past that it counts locally. */
 #define MTC_MAX_ATTACH 16
-/* A heartbeat older than this means the server is gone or the segment was
- * replaced: re-register (which is harmless if all is well). */
-#define MTC_STALE_NS (2000 * 1000000ull)
-
-/* The server's header and our slot, in a window of our uid's slot table;
- * immutable once published. Two attachments may share a window (a server
- * restarted and kept our slot): `table` is then the same mapping. */
-struct mtc_attachment {
-	struct mtshm_map hdr_map;
-	struct mtshm_map table; /* the window holding our slot only */
-	const struct mtshm_header *hdr;
-	struct mtshm_layout layout; /* private copy, validated */
-	struct mtshm_slot_id *slot;
-	uint32_t slot_index;
-	uint64_t slot_gen;
-};
 
 static struct mtc_attachment atts[MTC_MAX_ATTACH];
 
-static struct {
-	/* Shared between threads: accessed with the mtshm_atomic helpers. */
-	int64_t pending;           /* bytes not yet in any slot */
-	uint64_t cur;              /* struct mtc_attachment *, 0 = none */
-	uint32_t attaching;        /* try-lock of attach() */
-	uint64_t next_try_ns;      /* back-off: no attach before this */
-	uint64_t backoff_ns;
-	uint64_t born_ns;          /* this image's start, or the fork's */
-	int32_t after_exec;        /* image_follows_exec(): -1 not known */
-	uint32_t natts;            /* atts[] used; under `attaching`, raised
-				    * after the entry is written (release) */
-	uint64_t mapped;           /* mapped bytes (mmap.c), absolute */
-	uint32_t free_turn;        /* try-lock: one thread samples at a time */
-	uint64_t free_min_ns;      /* no sample before this (its cost) */
-	uint64_t free_next_ns;     /* a sample after this, moved or not */
-	int64_t free_heap;         /* heap bytes at the last sample */
-	uint64_t free_last_ns;     /* when it was stored, 0 = none in this
-				    * slot (the refresh thread's test) */
-	uint32_t refresh_started;  /* the refresh thread runs (refresh.c) */
-
-	/*
-	 * The over-limit callback and its argument, read as one snapshot
-	 * under a seqlock: a writer makes cb_seq odd, stores both with
-	 * release, makes it even again. A reader (over_cb_load) loops
-	 *	s1 = load_acquire(seq); if (s1 odd) retry;
-	 *	fn = load_acquire(cb_fn); arg = load_acquire(cb_arg);
-	 *	if (load(seq) != s1) retry;
-	 * at most OVER_CB_TRIES times: it runs on the allocator path and
-	 * must not wait for a preempted writer. No standalone fences, as in
-	 * the segment's fleet seqlock (ThreadSanitizer does not model them):
-	 * a reader that loads a new value synchronises with its release
-	 * store, so its re-read of seq sees the writer's odd value.
-	 */
-	uint32_t cb_seq;
-	uint64_t cb_fn;  /* void (*)(void *), 0 = none */
-	uint64_t cb_arg; /* void * */
-
-	/* Written once by init(), or under `attaching`. */
-	pthread_once_t once;
-	int disabled;
-	int debug;
-	int free_off; /* MEMTALLY_ALLOCATOR_FREE=0: never sample */
-	uint64_t refresh_ms; /* MEMTALLY_REFRESH_MS, 0: no refresh thread */
-	uint64_t refresh_min; /* MEMTALLY_REFRESH_MIN: see MTC_REFRESH_MIN */
-	int64_t register_min; /* MEMTALLY_REGISTER_MIN: see worth_registering */
-	uint64_t register_after_ns; /* MEMTALLY_REGISTER_AFTER_MS, in ns */
-	uint64_t image_id;
-	char sock[sizeof(((struct sockaddr_un *)0)->sun_path)];
-	/* The group the next registration carries, NUL-padded, as words
-	 * under group_seq: the same seqlock as cb_seq, because
-	 * memtally_set_group() may run on any thread while another thread
-	 * registers (see group_load / group_store). */
-	uint32_t group_seq;
-	uint64_t group_w[MTC_GROUP_MAX / 8];
-	char task[64];
-	pid_t pid;
-} mtc = {.once = PTHREAD_ONCE_INIT};
+struct mtc_process mtc = {.once = PTHREAD_ONCE_INIT};
 
 bool mtc_at_load;
-
-/* Read by the front ends' fast paths (client_internal.h): bumped whenever
- * the slot changes; the threshold threads use, in bytes; the epoch's low
- * half above the slot's flags as the latest full flush saw them (edge
- * detection, after_store). */
-uint64_t mtc_epoch;
-uint64_t mtc_thresh = MT_DEFAULT_THRESHOLD;
-uint64_t mtc_gate;
-
-#define GATE_FLAGS    UINT64_C(0xffffffff)
-#define GATE_EPOCH(e) ((uint64_t)(uint32_t)(e) << 32)
 
 /* A new epoch: threads' lanes of the old one are theirs no longer. The
  * gate follows, after the epoch a re-claim reads. */
@@ -201,25 +111,6 @@ void mtc_debug(const char *fmt, ...)
 	(void)r;
 }
 
-static const struct mtc_attachment *cur_att(void)
-{
-	return (const struct mtc_attachment *)(uintptr_t)mtshm_load_acquire64(
-	    &mtc.cur);
-}
-
-static struct mtshm_slot_id *cur_slot(void)
-{
-	const struct mtc_attachment *a = cur_att();
-	return a ? a->slot : NULL;
-}
-
-/* What the process has published into the slot of `a`. */
-static int64_t slot_total(const struct mtc_attachment *a)
-{
-	uint64_t flushes;
-	int absurd;
-	return mtshm_slot_sum(a->slot, a->layout.lane_count, &flushes, &absurd);
-}
 
 /*
  * In a forked child: the slot windows it inherited are its parent's slots
@@ -874,8 +765,6 @@ __attribute__((weak)) void mtc_maps_reconcile_now(void)
 {
 }
 
-/* ---- the allocator's free memory (layout 2.2) ------------------------ */
-
 /* ---- the library's front ends (mtc_fronts) ---------------------------- */
 
 int mtc_front_flush(void)
@@ -913,175 +802,13 @@ void mtc_front_refresh(bool busy)
 			(*f)->refresh(busy);
 }
 
-/*
- * A sample is due every MTC_FREE_INTERVAL_NS, and sooner when the heap
- * moved by MTC_FREE_MOVED or an eighth since the last one: a burst of
- * allocation or of frees shorter than the interval, followed by a quiet
- * spell, would otherwise leave the figure at what it was before the
- * burst for as long as the process stays quiet.
- */
-/* When this thread last looked at how far the heap moved: at most every
- * MTC_FREE_CHECK_NS, since summing the lanes reads lines other threads
- * write. */
-static __thread uint64_t free_checked_ns MTC_TLS;
-
-static int64_t free_enough(int64_t last)
-{
-	return last / 8 > MTC_FREE_MOVED ? last / 8 : MTC_FREE_MOVED;
-}
-
-static uint64_t thread_cpu_ns(void)
-{
-	struct timespec ts;
-	if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0)
-		return 0;
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-/* The sampling turn (one thread at a time), and what the sample needs
- * from before the allocator is asked. */
-static bool free_take_turn(const struct mtc_attachment *a,
-                           struct mtc_free_sample *fs)
-{
-	uint32_t zero = 0;
-	if (!__atomic_compare_exchange_n(&mtc.free_turn, &zero, 1, 0,
-	                                 __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
-		return false;
-	/* Until this sample is stored, nobody else starts one. */
-	mtshm_store_relaxed64(&mtc.free_min_ns, UINT64_MAX);
-	fs->cpu_ns = thread_cpu_ns();
-	fs->heap_before = slot_total(a);
-	return true;
-}
-
-bool mtc_free_due(struct mtc_free_sample *fs, bool interval)
-{
-	const struct mtc_attachment *a = cur_att();
-	if (!a || mtc.free_off)
-		return false;
-	uint64_t now = mt_mono_ns();
-	if (now < mtshm_load_relaxed64(&mtc.free_min_ns))
-		return false;
-	bool first = !mtshm_load_relaxed64(&mtc.free_last_ns);
-	if (first && !interval)
-		return false;
-	if (!first &&
-	    (!interval || now < mtshm_load_relaxed64(&mtc.free_next_ns))) {
-		if (now - free_checked_ns < MTC_FREE_CHECK_NS)
-			return false;
-		free_checked_ns = now;
-		int64_t last = mtshm_load_relaxeds64(&mtc.free_heap);
-		int64_t heap = slot_total(a);
-		int64_t moved = heap > last ? heap - last : last - heap;
-		if (moved < free_enough(last))
-			return false;
-	}
-	return free_take_turn(a, fs);
-}
-
-/*
- * The refresh thread's test: a sample is owed when the heap moved since
- * the last one (a burst of frees that ended between two samples), when
- * this slot has none yet, or when the last is `stale_ns` old (0: never
- * for its age alone); never sooner than the last sample's cost allows
- * (free_min_ns). A quiet process whose heap has not moved costs a clock
- * read and a sum of its lanes. For a `busy` one, a move counts only as a
- * flush's does (an eighth, MTC_FREE_MOVED at least): the server counts
- * what it frees as the allocator's free memory until the next sample
- * (mtshm_free_now), so a front end that samples only here (jemalloc)
- * must not leave a busy process without one after it shrank.
- */
-bool mtc_free_refresh_due(struct mtc_free_sample *fs, uint64_t stale_ns,
-                          bool busy)
-{
-	const struct mtc_attachment *a = cur_att();
-	if (!a || mtc.free_off)
-		return false;
-	uint64_t now = mt_mono_ns();
-	if (now < mtshm_load_relaxed64(&mtc.free_min_ns))
-		return false;
-	uint64_t last = mtshm_load_relaxed64(&mtc.free_last_ns);
-	if (last && (!stale_ns || now - last < stale_ns)) {
-		int64_t was = mtshm_load_relaxeds64(&mtc.free_heap);
-		int64_t heap = slot_total(a);
-		int64_t moved = heap > was ? heap - was : was - heap;
-		if (moved == 0 || (busy && moved < free_enough(was)))
-			return false;
-	}
-	return free_take_turn(a, fs);
-}
-
-void mtc_free_publish(const struct mtc_free_sample *fs, uint64_t held)
-{
-	const struct mtc_attachment *a = cur_att();
-	bool again = false;
-	if (a) {
-		/* The heap before and after the allocator was asked: a block
-		 * another thread freed meanwhile may be out of the heap and
-		 * still in `held`, or the other way round; the larger heap
-		 * errs low, never counting memory given back. */
-		int64_t after = slot_total(a);
-		int64_t heap =
-		    after > fs->heap_before ? after : fs->heap_before;
-		int64_t hs = heap < 0 ? 0 : heap;
-		int64_t f =
-		    held > (uint64_t)hs ? (int64_t)(held - (uint64_t)hs) : 0;
-		if (f > MTSHM_ABSURD_BYTES)
-			f = MTSHM_ABSURD_BYTES;
-		/* One writer at a time: free_turn. */
-		mtshm_free_store(a->slot, f, after);
-		mtshm_store_relaxeds64(&mtc.free_heap, after);
-		int64_t moved = after > fs->heap_before
-		                    ? after - fs->heap_before
-		                    : fs->heap_before - after;
-		again = moved >= free_enough(fs->heap_before);
-	}
-	/*
-	 * However the heap moves, the next sample waits 200 times the CPU
-	 * time this one took, and 1000 times above a millisecond: sampling
-	 * never takes more than 0.5% of the thread's time, and a walk long
-	 * enough to be felt (the allocator holds its arena's lock while it
-	 * walks: 17 ms for 262,144 free blocks here) comes at most once in
-	 * 1000 times its length; never more than MTC_FREE_SPACE_MAX_NS, so a
-	 * figure is never stale for long. CPU time, not wall time: a thread
-	 * descheduled or stopped meanwhile did not cost the process anything.
-	 * A heap that moved much while the allocator was asked is sampled
-	 * again at the next flush.
-	 */
-	uint64_t now = mt_mono_ns();
-	if (a)
-		mtshm_store_relaxed64(&mtc.free_last_ns, now);
-	uint64_t cpu = thread_cpu_ns();
-	uint64_t took = cpu > fs->cpu_ns ? cpu - fs->cpu_ns : 0;
-	uint64_t space = took * (took > 1000000u ? 1000u : 200u);
-	if (space > MTC_FREE_SPACE_MAX_NS)
-		space = MTC_FREE_SPACE_MAX_NS;
-	if (again)
-		space = 0;
-	mtshm_store_relaxed64(&mtc.free_next_ns,
-	                      now + (space > MTC_FREE_INTERVAL_NS || again
-	                                 ? space
-	                                 : MTC_FREE_INTERVAL_NS));
-	mtshm_store_relaxed64(&mtc.free_min_ns, now + space);
-	__atomic_store_n(&mtc.free_turn, 0, __ATOMIC_RELEASE);
-}
-
-/* How a caller asks for an attach (maybe_attach). */
-enum attach_ask {
-	ATTACH_LAZY,  /* a flush: back-off and worth_registering() apply */
-	ATTACH_ASKED, /* the program asked (memtally_attached): back-off only */
-	ATTACH_NOW,   /* memtally_flush(), a stale server: neither */
-};
-
-static void maybe_attach(enum attach_ask ask);
-
 void mtc_mapped_changed(void)
 {
 	/* Only once the process set memtally up (its first allocation did):
 	 * an mmap may come from inside a program's own allocator, where
 	 * setting up (which allocates) is not safe. */
 	if (mtc.pid && !cur_att())
-		maybe_attach(ATTACH_LAZY);
+		mtc_maybe_attach(ATTACH_LAZY);
 	/* A process that grows by mapping rather than by malloc (pymalloc's
 	 * arenas) may pass the refresh thread's minimum here. The thread is
 	 * not started here: this mapping may be made by the program's own
@@ -1145,7 +872,7 @@ static uint64_t proc_start_ticks(void)
  * exec by a shell or a worker that had lived a while? That image may have
  * registered, and memtallyd shows its figure under this pid until this
  * image registers. So such an image asks at its first flush to register
- * if (and only if) the server holds its process already (maybe_attach).
+ * if (and only if) the server holds its process already (mtc_maybe_attach).
  * Known once, at the first flush that would otherwise wait (a fork knows
  * at once: it starts a process): the process's age from its start time
  * in /proc/self/stat against this image's. The start time counts in
@@ -1175,7 +902,7 @@ static bool image_follows_exec(uint64_t now)
 }
 
 /* Try to (re)attach if the back-off allows and nobody else is at it. */
-static void maybe_attach(enum attach_ask ask)
+void mtc_maybe_attach(enum attach_ask ask)
 {
 	/* Not at the preload's start: registering there was a round trip
 	 * to memtallyd (and its work for the process) in every process's
@@ -1217,275 +944,6 @@ static void maybe_attach(enum attach_ask ask)
 	__atomic_store_n(&mtc.attaching, 0, __ATOMIC_RELEASE);
 }
 
-/* ---- lanes ----------------------------------------------------------- */
-
-static void claim(struct mtc_thread *th, const struct mtc_attachment *a,
-		  uint64_t epoch)
-{
-	struct mtshm_slot_id *s = a->slot;
-	uint32_t tid = (uint32_t)syscall(SYS_gettid);
-	uint32_t lanes = a->layout.lane_count;
-	th->lane = NULL;
-	for (uint32_t k = 0; k < lanes; k++) {
-		struct mtshm_lane *l = mtshm_lane(s, k);
-		if (mtshm_load_relaxed32(&l->owner) == 0 &&
-		    mtshm_cas_acquire32(&l->owner, 0, tid)) {
-			mtshm_max_relaxed32(&s->lanes_used, k + 1);
-			th->lane = l;
-			break;
-		}
-	}
-	mtshm_add_relaxed32(&s->threads, 1);
-	th->counted = 1;
-	th->slot = s;
-	th->epoch = epoch;
-	th->gate_epoch = GATE_EPOCH(epoch);
-}
-
-static void release(struct mtc_thread *th)
-{
-	if (th->slot && th->epoch == mtshm_load_relaxed64(&mtc_epoch)) {
-		if (th->counted)
-			mtshm_add_relaxed32(&th->slot->threads, -1);
-		if (th->lane) {
-			/* Its quiet flushes since the last full one. */
-			struct mtshm_lane *l = th->lane;
-			mtshm_store_relaxed64(
-			    &l->flushes,
-			    mtshm_load_relaxed64(&l->flushes) +
-			        (uint32_t)(th->quiet_armed - th->quiet_left));
-			mtshm_store_release32(&l->owner, 0);
-		}
-	}
-	th->quiet_left = th->quiet_armed = 0;
-	th->lane = NULL;
-	th->slot = NULL;
-	th->counted = 0;
-}
-
-/* Is the server still ticking the segment our slot lives in? */
-static void verify(const struct mtshm_header *h)
-{
-	uint64_t hb = mtshm_load_relaxed64(&h->fleet.heartbeat_ns);
-	uint64_t now = mt_mono_ns();
-	if (now > hb + MTC_STALE_NS &&
-	    now >= mtshm_load_relaxed64(&mtc.next_try_ns)) {
-		mtc_debug("server heartbeat stale; re-registering");
-		maybe_attach(ATTACH_NOW);
-	}
-}
-
-/* ---- the over-limit callback ----------------------------------------- */
-
-#define OVER_CB_TRIES 64
-
-/* The slot's flags changed since a full flush last saw them (the low
- * half of `g`, mtc_gate as read). Each change is made by the one thread
- * whose CAS wins; on a rise of the over-limit flag that thread owes the
- * callback; a fall re-arms. */
-static __attribute__((noinline)) void flags_edge(struct mtc_thread *th,
-                                                 uint64_t g, uint32_t flags)
-{
-	while ((uint32_t)g != flags) {
-		uint32_t seen = (uint32_t)g;
-		if (__atomic_compare_exchange_n(&mtc_gate, &g,
-		                                (g & ~GATE_FLAGS) | flags, 0,
-		                                __ATOMIC_ACQUIRE,
-		                                __ATOMIC_RELAXED)) {
-			if ((flags & ~seen) & MTSHM_SLOT_OVER_LIMIT)
-				th->over_due = 1;
-			if ((flags & ~seen) & MTSHM_SLOT_RECONCILE)
-				th->maps_due = 1;
-			return;
-		}
-	}
-}
-
-/* Forget that the over-limit flag was seen up: the next publish (of any
- * thread, quiet or not) that finds it up is a rise. */
-static void over_rearm(void)
-{
-	__atomic_fetch_and(&mtc_gate, ~(uint64_t)MTSHM_SLOT_OVER_LIMIT,
-	                   __ATOMIC_RELAXED);
-}
-
-/* Snapshot the callback pair; false if a writer kept it busy throughout
- * (see the reader loop at `cb_seq`). */
-static bool over_cb_load(uint64_t *fn, uint64_t *arg)
-{
-	for (int i = 0; i < OVER_CB_TRIES; i++) {
-		uint32_t s1 = __atomic_load_n(&mtc.cb_seq, __ATOMIC_ACQUIRE);
-		if (s1 & 1)
-			continue;
-		*fn = __atomic_load_n(&mtc.cb_fn, __ATOMIC_ACQUIRE);
-		*arg = __atomic_load_n(&mtc.cb_arg, __ATOMIC_ACQUIRE);
-		if (__atomic_load_n(&mtc.cb_seq, __ATOMIC_RELAXED) == s1)
-			return true;
-	}
-	return false;
-}
-
-void mtc_run_over_limit(struct mtc_thread *th)
-{
-	/* Nested in the callback (it allocated and a flush saw a new rise)
-	 * or in a flush: leave it due for a later flush. */
-	if (th->in_over_cb || th->busy)
-		return;
-	uint64_t fn, arg;
-	if (!over_cb_load(&fn, &arg))
-		return; /* a registration in progress: at the next flush */
-	th->over_due = 0;
-	if (!fn)
-		return;
-	th->in_over_cb = 1;
-	((void (*)(void *))(uintptr_t)fn)((void *)(uintptr_t)arg);
-	th->in_over_cb = 0;
-}
-
-void mtc_over_handoff(struct mtc_thread *th)
-{
-	if (!th->over_due)
-		return;
-	th->over_due = 0;
-	/* Re-arm: the next flush (of any thread) that sees the flag still
-	 * up owes the callback. */
-	over_rearm();
-}
-
-int memtally_on_over_limit(void (*cb)(void *arg), void *arg)
-{
-	/* Writers are rare and not on the allocator path: spin for the odd
-	 * sequence, which makes them exclusive. */
-	uint32_t seq;
-	for (;;) {
-		seq = __atomic_load_n(&mtc.cb_seq, __ATOMIC_RELAXED);
-		if (!(seq & 1) &&
-		    __atomic_compare_exchange_n(&mtc.cb_seq, &seq, seq + 1, 0,
-						__ATOMIC_ACQUIRE,
-						__ATOMIC_RELAXED))
-			break;
-		sched_yield();
-	}
-	/* Release: a reader that sees a new value sees the odd sequence. */
-	__atomic_store_n(&mtc.cb_fn, (uint64_t)(uintptr_t)cb,
-			 __ATOMIC_RELEASE);
-	__atomic_store_n(&mtc.cb_arg, (uint64_t)(uintptr_t)arg,
-			 __ATOMIC_RELEASE);
-	__atomic_store_n(&mtc.cb_seq, seq + 2, __ATOMIC_RELEASE);
-	/* A flag already up runs the new callback at the next flush. */
-	over_rearm();
-	return 0;
-}
-
-/* ---- publishing -------------------------------------------------------- */
-
-/* After a lane or overflow store: the server's verdicts, read through the
- * current attachment (a restarted server that kept our slot publishes its
- * ticks in a new header, which threads must follow without re-claiming).
- * `l`: the thread's own lane, which it stored into (NULL: the overflow).
- * Counts this flush and the quiet ones since the last full one, and arms
- * the next run of quiet ones (client_internal.h, mtc_publish_quiet). */
-static inline void after_store(struct mtc_thread *th,
-			       const struct mtc_attachment *a,
-			       struct mtshm_lane *l)
-{
-	/* The server's verdict as of its latest tick: a change from what the
-	 * previous full flush (of any thread) saw is an edge. */
-	uint32_t flags = mtshm_load_relaxed32(&a->slot->flags);
-	uint64_t g = __atomic_load_n(&mtc_gate, __ATOMIC_RELAXED);
-	if (__builtin_expect(flags != (uint32_t)g, 0))
-		flags_edge(th, g, flags);
-	uint32_t n = 1 + (uint32_t)(th->quiet_armed - th->quiet_left);
-	if (l)
-		mtshm_store_relaxed64(&l->flushes,
-		                      mtshm_load_relaxed64(&l->flushes) + n);
-	uint64_t ticks = mtshm_load_relaxed64(&a->hdr->fleet.ticks);
-	if (ticks != th->seen_ticks) {
-		th->seen_ticks = ticks;
-		th->since_verify = 0;
-	} else if (__builtin_expect((th->since_verify += n) >= MTC_VERIFY_EVERY,
-				    0)) {
-		th->since_verify = 0;
-		verify(a->hdr);
-	}
-	int32_t left = l ? (int32_t)(MTC_VERIFY_EVERY - 1 - th->since_verify) : 0;
-	th->quiet_left = th->quiet_armed = left;
-}
-
-/* Everything but a set-up thread publishing into its own lane: not
- * attached (pending), an exited thread, a first flush or one after a
- * re-attach (claim a lane), no lane free (overflow). Kept out of line so
- * the common case below needs few registers (callgrind, alloc_free_64kb
- * with the inline API: 56 -> 38 instructions per flush). */
-__attribute__((noinline, cold)) static void
-publish_cold(struct mtc_thread *th, int64_t delta,
-	     const struct mtc_attachment *a)
-{
-	struct mtshm_slot_id *s = a ? a->slot : NULL;
-	if (!s) {
-		mtc_quiet_off(th);
-		mtshm_add_relaxeds64(&mtc.pending, delta);
-		maybe_attach(ATTACH_LAZY);
-		/* If an attach completed meanwhile, our add may have landed
-		 * after its drain: drain again (a no-op when empty). */
-		s = cur_slot();
-		if (s) {
-			int64_t p = mtshm_exchange_relaxeds64(&mtc.pending, 0);
-			if (p)
-				mtshm_add_relaxeds64(&s->overflow, p);
-		}
-		return;
-	}
-	if (th->exited) {
-		mtshm_add_relaxeds64(&s->overflow, delta);
-		return;
-	}
-	uint64_t epoch = mtshm_load_relaxed64(&mtc_epoch);
-	if (th->epoch != epoch || th->slot != s) {
-		release(th);
-		claim(th, a, epoch);
-	}
-	struct mtshm_lane *l = th->lane;
-	if (l)
-		mtshm_add_owned_s64(&l->bytes, delta);
-	else
-		mtshm_add_relaxeds64(&s->overflow, delta);
-	after_store(th, a, l);
-}
-
-void mtc_publish(struct mtc_thread *th, int64_t delta)
-{
-	const struct mtc_attachment *a = cur_att();
-	struct mtshm_lane *l = th->lane;
-	/* A lane is owned only while its thread has not exited (release()
-	 * clears it), so lane + same slot + same epoch is the whole test. */
-	if (__builtin_expect(!a || !l || th->slot != a->slot ||
-	                         th->epoch != mtshm_load_relaxed64(&mtc_epoch),
-	                     0)) {
-		publish_cold(th, delta, a);
-		return;
-	}
-	/* Only this thread writes its lane: no atomic RMW. */
-	mtshm_add_owned_s64(&l->bytes, delta);
-	after_store(th, a, l);
-}
-
-void mtc_thread_exit(struct mtc_thread *th)
-{
-	release(th);
-	mtc_over_handoff(th);
-	th->exited = 1;
-}
-
-int64_t mtc_published_bytes(void)
-{
-	int64_t total = mtshm_load_relaxeds64(&mtc.pending);
-	const struct mtc_attachment *a = cur_att();
-	if (a)
-		total += slot_total(a);
-	return total;
-}
-
 /* ---- public API shared by both front ends ---------------------------- */
 
 int memtally_flush(void)
@@ -1499,7 +957,7 @@ int memtally_flush(void)
 	 * the default one). */
 	bool fresh = !cur_slot();
 	if (fresh) {
-		maybe_attach(ATTACH_NOW);
+		mtc_maybe_attach(ATTACH_NOW);
 		if (cur_slot())
 			mtc_front_force_slow();
 	}
@@ -1514,11 +972,6 @@ int memtally_flush(void)
 	return cur_slot() ? 0 : MEMTALLY_ENOTATTACHED;
 }
 
-int64_t memtally_process_bytes(void)
-{
-	return mtc_published_bytes() + mtc_front_drift();
-}
-
 int memtally_set_group(const char *group)
 {
 	if (!group || strlen(group) >= MTC_GROUP_MAX)
@@ -1529,21 +982,14 @@ int memtally_set_group(const char *group)
 	return 0;
 }
 
-bool memtally_over_limit(void)
-{
-	struct mtshm_slot_id *s = cur_slot();
-	return s && (mtshm_load_relaxed32(&s->flags) & MTSHM_SLOT_OVER_LIMIT);
-}
-
 bool memtally_attached(void)
 {
 	/* A process that has not flushed since its start has not tried to
 	 * register yet: the question is the moment to (back-off permitting). */
 	if (!cur_slot() && mtc.pid) {
-		maybe_attach(ATTACH_ASKED);
+		mtc_maybe_attach(ATTACH_ASKED);
 		if (cur_slot())
 			mtc_front_force_slow(); /* as in memtally_flush() */
 	}
 	return cur_slot() != NULL;
 }
-

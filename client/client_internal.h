@@ -1,6 +1,9 @@
 /*
- * client_internal.h - what libmemtally and the preload share: attach,
- * registration and the per-thread lane of the process's slot.
+ * client_internal.h - what the front ends ask of the core that
+ * libmemtally and the preloads share: publish.h (every 64 KiB),
+ * free_sample.h (the allocator's free memory), and here the rest:
+ * registration's bounds, the refresh thread, mapped memory, the front
+ * ends' interface.
  *
  * The front ends (account.c: memtally_account(); jemalloc_fe.c: jemalloc's
  * activity callback, in the preload and for memtally_init(); mmap.c: the
@@ -17,35 +20,9 @@
 
 #include "memtally.h"
 #include "mtshm.h"
-
-#define MTC_TLS __attribute__((tls_model("initial-exec")))
-
-/* Per-thread lane state, one per front end thread-local. All zero for a new
- * thread. */
-struct mtc_thread {
-	struct mtshm_lane *lane; /* owned lane, NULL: use slot overflow */
-	struct mtshm_slot_id *slot; /* slot the lane/count belongs to */
-	uint64_t seen_ticks;     /* header's tick counter at the last full
-				  * flush */
-	uint64_t epoch;          /* mtc epoch of `slot`; stale = re-claim */
-	uint64_t gate_epoch;     /* its low 32 bits, as mtc_gate holds them */
-	uint32_t since_verify;   /* flushes since the tick counter moved */
-	int32_t quiet_left;      /* quiet publishes left before a full one;
-				  * 0: the next one is full */
-	int32_t quiet_armed;     /* quiet_left as the last full flush set
-				  * it: armed - left were made since */
-	uint8_t busy;            /* re-entrancy guard of the slow path */
-	uint8_t counted;         /* counted in slot->threads */
-	uint8_t exit_round;      /* TSD destructor rounds seen */
-	uint8_t exited;          /* lane released at thread exit: later
-				  * bytes go to the slot's overflow */
-	uint8_t over_due;        /* this thread saw the over-limit flag
-				  * rise: run the callback after the flush */
-	uint8_t in_over_cb;      /* the callback is running on this thread */
-	uint8_t maps_due;        /* this thread saw the server ask for a
-	                          * reconcile of the mapped bytes: run it
-	                          * after the flush */
-};
+#include "free_sample.h"
+#include "jemalloc_fe.h"
+#include "publish.h"
 
 /* One-time process setup (environment, fork handler). Cheap after the
  * first call. Returns false when memtally is disabled for this process. */
@@ -55,85 +32,8 @@ bool mtc_init(void);
  * attach is tried then; the process registers at its first flush after
  * start that finds it worth registering (or memtally_flush(),
  * memtally_attached()), so a process that never publishes again costs the
- * server nothing (attach.c, maybe_attach and worth_registering). */
+ * server nothing (attach.c, mtc_maybe_attach and worth_registering). */
 extern bool mtc_at_load;
-
-/* Publish `delta` bytes on behalf of the calling thread. Never blocks for
- * long: may attempt an attach (bounded by a short timeout, rate-limited by
- * back-off). */
-void mtc_publish(struct mtc_thread *th, int64_t delta);
-
-/* attach.c's state that fast paths read: the epoch (bumped whenever the
- * process's slot changes: attach, re-attach, fork), the threshold, and
- * the gate: the epoch's low 32 bits above the slot's flags as the latest
- * full flush of any thread saw them (a change of the flags from those is
- * an edge: mtc_publish() acts on it), so that one comparison tests both. */
-#define MTC_HIDDEN __attribute__((visibility("hidden")))
-extern uint64_t mtc_epoch MTC_HIDDEN;
-extern uint64_t mtc_thresh MTC_HIDDEN;
-extern uint64_t mtc_gate MTC_HIDDEN;
-
-/* Threshold threads must use now (server's once attached). */
-static inline uint64_t mtc_threshold(void)
-{
-	return mtshm_load_relaxed64(&mtc_thresh);
-}
-
-/* Flushes of one thread without a tick of the server before it looks at
- * the server's heartbeat; also the longest run of quiet publishes. */
-#define MTC_VERIFY_EVERY 128
-
-/*
- * A publish with no look at the server's heartbeat: the lane's add, after
- * a countdown and one comparison. False, and nothing done, when the
- * thread must go through mtc_publish() instead.
- *  - quiet_left counts the publishes left before the heartbeat is due a
- *    look (MTC_VERIFY_EVERY in all, quiet or full). Only a full publish
- *    into the thread's own lane arms it, so a non-zero count also means
- *    "set up, lane owned, slot mapped".
- *  - The slot's flags with the thread's epoch must equal mtc_gate. The
- *    lane is the thread's while the epoch is the one it claimed it in (a
- *    slot left behind by a re-attach stays mapped, so its flags can be
- *    read). The server changes the over-limit flag only in a tick, so the first
- *    publish after that tick goes full and handles the edge. A callback
- *    registered or handed over while the flag is up clears it from
- *    mtc_gate, so the next publish of any thread goes full too.
- * A server that stopped ticking is still noticed after MTC_VERIFY_EVERY
- * publishes. The lane's `flushes` count gets the quiet ones at the next
- * full one. Nothing is armed while a front end's re-entrancy guard is up:
- * mtc_publish() arms on its way out, and the slow paths allocate nothing
- * between that and dropping the guard.
- */
-static inline bool mtc_publish_quiet(struct mtc_thread *th, int64_t delta)
-{
-	if (__builtin_expect(--th->quiet_left < 0, 0)) {
-		th->quiet_left = 0;
-		return false;
-	}
-	uint64_t flags = mtshm_load_relaxed32(&th->slot->flags);
-	if (__builtin_expect((flags | th->gate_epoch) !=
-	                         mtshm_load_relaxed64(&mtc_gate),
-	                     0)) {
-		/* Not made: the full one counts itself. Read back, so that
-		 * the decrement above stays one instruction to memory. */
-		__asm__("" ::: "memory");
-		th->quiet_left++;
-		return false;
-	}
-	mtshm_add_owned_s64(&th->lane->bytes, delta);
-	return true;
-}
-
-/* Quiet publishes of the thread are off until its next full one. */
-static inline void mtc_quiet_off(struct mtc_thread *th)
-{
-	th->quiet_armed -= th->quiet_left;
-	th->quiet_left = 0;
-}
-
-/* The calling thread is exiting: release its lane. Call after the final
- * mtc_publish(). */
-void mtc_thread_exit(struct mtc_thread *th);
 
 /*
  * When a process is first worth registering (attach.c, worth_registering):
@@ -174,14 +74,6 @@ bool mtc_refresh_claim(uint64_t *period_ms);
 void mtc_refresh_once(void);
 void mtc_front_refresh(bool busy);
 
-/* Run the over-limit callback that mtc_publish() found due. */
-void mtc_run_over_limit(struct mtc_thread *th);
-
-/* The thread is exiting: a callback it found due is left for the next
- * flush of another thread. Called by mtc_thread_exit() and after each
- * flush made at thread exit. */
-void mtc_over_handoff(struct mtc_thread *th);
-
 void mtc_maps_reconcile(void); /* mmap.c, below */
 
 /*
@@ -203,10 +95,6 @@ static inline void mtc_after_flush(struct mtc_thread *th)
 	if (__builtin_expect(mtshm_load_relaxed32(&mtc_refresh_want), 0))
 		mtc_refresh_start();
 }
-
-/* Bytes flushed by this process (slot sum + pending), without any thread's
- * unflushed drift. */
-int64_t mtc_published_bytes(void);
 
 /*
  * A front end as the core sees it: what it asks of the calling thread's
@@ -236,6 +124,7 @@ extern const struct mtc_front mtj_front; /* jemalloc_fe.c */
 int mtc_front_flush(void);
 int64_t mtc_front_drift(void);
 void mtc_front_force_slow(void);
+void mtc_front_sample(void);
 
 /* Longest group name + 1, as the server accepts it. */
 #define MTC_GROUP_MAX 64
@@ -277,61 +166,6 @@ void mtc_maps_reconcile(void);
 /* The same at once, whatever the last one cost, waiting for the lock if
  * need be: for memtally_flush(), which a program calls to publish now. */
 void mtc_maps_reconcile_now(void);
-
-/*
- * The allocator's free memory (layout 2.2): what it keeps of what the
- * program freed, resident but not given back. The glibc front end samples
- * it (mtc_front_sample(), after a flush: account.c calls it) every
- * MTC_FREE_INTERVAL_NS, and sooner when the heap moved by MTC_FREE_MOVED
- * or an eighth (looked at every MTC_FREE_CHECK_NS at most; attach.c says
- * why); the jemalloc front end at memtally_flush(), without `interval`:
- * only when the heap moved so, and never the slot's first sample (the
- * refresh thread's: a process that has none is counted at its heap).
- * mtc_free_due() says whether a sample is due and, when it returns
- * true, gives the calling thread the turn and fills `fs`;
- * mtc_free_publish() gives the turn back after storing `held` (the bytes
- * the allocator holds from the system for the heap, in use or free) less
- * the slot's heap bytes into lane 0.
- */
-#define MTC_FREE_INTERVAL_NS  (100u * 1000000u)
-#define MTC_FREE_CHECK_NS     (10u * 1000000u)
-#define MTC_FREE_SPACE_MAX_NS (UINT64_C(2) * 1000000000u)
-#define MTC_FREE_MOVED        (INT64_C(4) << 20)
-struct mtc_free_sample {
-	uint64_t cpu_ns;     /* the thread's CPU time when it began */
-	int64_t heap_before; /* the slot's heap bytes then */
-};
-void mtc_front_sample(void);
-bool mtc_free_due(struct mtc_free_sample *fs, bool interval);
-bool mtc_free_refresh_due(struct mtc_free_sample *fs, uint64_t stale_ns,
-                          bool busy);
-void mtc_free_publish(const struct mtc_free_sample *fs, uint64_t held);
-
-/*
- * The jemalloc front end (jemalloc_fe.c). `mallctl` is jemalloc's (linked
- * into the preload, or found in the process by a linked worker).
- * mtj_init() chooses the mode once per process and sets up the calling
- * thread; `allow_counting` lets it fall back to counting on every call
- * (jemalloc's hooks) when the activity callback is unavailable.
- * mtj_thread_start() sets up the calling thread. Both return 0 or a
- * negative code (MEMTALLY_EDISABLED: not counting).
- */
-typedef int (*mtj_mallctl_fn)(const char *, void *, size_t *, void *,
-			      size_t);
-enum mtj_mode { MTJ_OFF, MTJ_CALLBACK, MTJ_COUNTING };
-int mtj_init(mtj_mallctl_fn mallctl, int allow_counting);
-/* A front end that knows where its jemalloc keeps the calling thread's
- * state (the preload, jemalloc_tsd_probe.c) reaches it without mallctl:
- * `counters` points at the thread's cumulative allocated and deallocated
- * counters, `set_callback` sets its activity callback thunk; each returns
- * 0 or -errno. Given before mtj_init(). */
-struct mtj_direct {
-	int (*counters)(const uint64_t **alloc, const uint64_t **dealloc);
-	int (*set_callback)(const void *thunk, size_t len);
-};
-void mtj_use_direct(const struct mtj_direct *d);
-int mtj_thread_start(void);
-int mtj_mode(void);
 
 /* Diagnostics on stderr when MEMTALLY_DEBUG=1. Never allocates. */
 void mtc_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

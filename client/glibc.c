@@ -45,7 +45,7 @@
  * MTC_FREE_INTERVAL_NS or when the heap moved by an eighth (at least
  * MTC_FREE_MOVED), one thread asks mallinfo2() for what glibc holds from
  * the system (arena + hblkhd) and stores that less the process's heap
- * bytes (attach.c). mallinfo2() walks glibc's free lists under each
+ * bytes (free_sample.c). mallinfo2() walks glibc's free lists under each
  * arena's lock, typically in a few microseconds; a slower walk spaces the
  * next sample out (never more than 0.5% of the thread's CPU time, and at
  * most 2 s).

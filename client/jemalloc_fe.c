@@ -522,8 +522,8 @@ static void je_refresh(bool busy)
  * at every 10 ms at most, as a glibc flush does), never for the time
  * alone: the refresh thread takes those, and the slot's first. A process
  * that has no refresh thread (single-threaded and small) has no sample
- * and is counted at its heap, as before. The same turn and spacing as
- * every sample (attach.c).
+ * and is counted at its heap. The same turn and spacing as every sample
+ * (free_sample.c).
  */
 static void je_sample(void)
 {

@@ -11,7 +11,7 @@
  * allocator's free memory when the heap moved since the last sample
  * (jemalloc: also while it keeps dirty pages, and every 10 s; see
  * mtc_free_refresh_due), through the same turn and
- * spacing as a sample taken at a flush (attach.c), then lets the mapped
+ * spacing as a sample taken at a flush (free_sample.c), then lets the mapped
  * memory's bookkeeping (mmap.c) reconcile its figure with the kernel's.
  *
  * Do no harm:

@@ -1,0 +1,124 @@
+/*
+ * core.h - the process's state that attach.c, publish.c and free_sample.c
+ * share: its attachment to memtallyd's segment, the bytes not yet in any
+ * slot, and the turns and back-offs that keep one thread at a time on
+ * each slow task. The front ends never include it: they see the core
+ * through client_internal.h.
+ */
+#ifndef MEMTALLY_CORE_H
+#define MEMTALLY_CORE_H
+
+#include <pthread.h>
+#include <sys/types.h>
+#include <sys/un.h>
+
+#include "client_internal.h"
+
+/* A heartbeat older than this means the server is gone or the segment was
+ * replaced: re-register (which is harmless if all is well). */
+#define MTC_STALE_NS (2000 * 1000000ull)
+
+/* The server's header and our slot, in a window of our uid's slot table;
+ * immutable once published. Two attachments may share a window (a server
+ * restarted and kept our slot): `table` is then the same mapping. */
+struct mtc_attachment {
+	struct mtshm_map hdr_map;
+	struct mtshm_map table; /* the window holding our slot only */
+	const struct mtshm_header *hdr;
+	struct mtshm_layout layout; /* private copy, validated */
+	struct mtshm_slot_id *slot;
+	uint32_t slot_index;
+	uint64_t slot_gen;
+};
+
+struct mtc_process {
+	/* Shared between threads: accessed with the mtshm_atomic helpers. */
+	int64_t pending;           /* bytes not yet in any slot */
+	uint64_t cur;              /* struct mtc_attachment *, 0 = none */
+	uint32_t attaching;        /* try-lock of attach() */
+	uint64_t next_try_ns;      /* back-off: no attach before this */
+	uint64_t backoff_ns;
+	uint64_t born_ns;          /* this image's start, or the fork's */
+	int32_t after_exec;        /* image_follows_exec(): -1 not known */
+	uint32_t natts;            /* atts[] used; under `attaching`, raised
+				    * after the entry is written (release) */
+	uint64_t mapped;           /* mapped bytes (mmap.c), absolute */
+	uint32_t free_turn;        /* try-lock: one thread samples at a time */
+	uint64_t free_min_ns;      /* no sample before this (its cost) */
+	uint64_t free_next_ns;     /* a sample after this, moved or not */
+	int64_t free_heap;         /* heap bytes at the last sample */
+	uint64_t free_last_ns;     /* when it was stored, 0 = none in this
+				    * slot (the refresh thread's test) */
+	uint32_t refresh_started;  /* the refresh thread runs (refresh.c) */
+
+	/*
+	 * The over-limit callback and its argument, read as one snapshot
+	 * under a seqlock: a writer makes cb_seq odd, stores both with
+	 * release, makes it even again. A reader (over_cb_load) loops
+	 *	s1 = load_acquire(seq); if (s1 odd) retry;
+	 *	fn = load_acquire(cb_fn); arg = load_acquire(cb_arg);
+	 *	if (load(seq) != s1) retry;
+	 * at most OVER_CB_TRIES times: it runs on the allocator path and
+	 * must not wait for a preempted writer. No standalone fences, as in
+	 * the segment's fleet seqlock (ThreadSanitizer does not model them):
+	 * a reader that loads a new value synchronises with its release
+	 * store, so its re-read of seq sees the writer's odd value.
+	 */
+	uint32_t cb_seq;
+	uint64_t cb_fn;  /* void (*)(void *), 0 = none */
+	uint64_t cb_arg; /* void * */
+
+	/* Written once by init(), or under `attaching`. */
+	pthread_once_t once;
+	int disabled;
+	int debug;
+	int free_off; /* MEMTALLY_ALLOCATOR_FREE=0: never sample */
+	uint64_t refresh_ms; /* MEMTALLY_REFRESH_MS, 0: no refresh thread */
+	uint64_t refresh_min; /* MEMTALLY_REFRESH_MIN: see MTC_REFRESH_MIN */
+	int64_t register_min; /* MEMTALLY_REGISTER_MIN: see worth_registering */
+	uint64_t register_after_ns; /* MEMTALLY_REGISTER_AFTER_MS, in ns */
+	uint64_t image_id;
+	char sock[sizeof(((struct sockaddr_un *)0)->sun_path)];
+	/* The group the next registration carries, NUL-padded, as words
+	 * under group_seq: the same seqlock as cb_seq, because
+	 * memtally_set_group() may run on any thread while another thread
+	 * registers (see group_load / group_store). */
+	uint32_t group_seq;
+	uint64_t group_w[MTC_GROUP_MAX / 8];
+	char task[64];
+	pid_t pid;
+};
+extern struct mtc_process mtc MTC_HIDDEN;
+
+#define GATE_FLAGS    UINT64_C(0xffffffff)
+#define GATE_EPOCH(e) ((uint64_t)(uint32_t)(e) << 32)
+
+static inline const struct mtc_attachment *cur_att(void)
+{
+	return (const struct mtc_attachment *)(uintptr_t)mtshm_load_acquire64(
+	    &mtc.cur);
+}
+
+static inline struct mtshm_slot_id *cur_slot(void)
+{
+	const struct mtc_attachment *a = cur_att();
+	return a ? a->slot : NULL;
+}
+
+/* What the process has published into the slot of `a`. */
+static inline int64_t slot_total(const struct mtc_attachment *a)
+{
+	uint64_t flushes;
+	int absurd;
+	return mtshm_slot_sum(a->slot, a->layout.lane_count, &flushes, &absurd);
+}
+
+/* How a caller asks for an attach (mtc_maybe_attach). */
+enum attach_ask {
+	ATTACH_LAZY,  /* a flush: back-off and worth_registering() apply */
+	ATTACH_ASKED, /* the program asked (memtally_attached): back-off only */
+	ATTACH_NOW,   /* memtally_flush(), a stale server: neither */
+};
+void mtc_maybe_attach(enum attach_ask ask) MTC_HIDDEN;
+
+#endif /* MEMTALLY_CORE_H */

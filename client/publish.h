@@ -1,0 +1,132 @@
+/*
+ * publish.h - what runs at every 64 KiB of a thread's drift: the quiet
+ * publish (inline, a countdown and one comparison) and, when it cannot be
+ * made, the full one (publish.c), with the per-thread state both use.
+ */
+#ifndef MEMTALLY_PUBLISH_H
+#define MEMTALLY_PUBLISH_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "mtshm.h"
+
+#define MTC_TLS __attribute__((tls_model("initial-exec")))
+
+/* Per-thread lane state, one per front end thread-local. All zero for a new
+ * thread. */
+struct mtc_thread {
+	struct mtshm_lane *lane; /* owned lane, NULL: use slot overflow */
+	struct mtshm_slot_id *slot; /* slot the lane/count belongs to */
+	uint64_t seen_ticks;     /* header's tick counter at the last full
+				  * flush */
+	uint64_t epoch;          /* mtc epoch of `slot`; stale = re-claim */
+	uint64_t gate_epoch;     /* its low 32 bits, as mtc_gate holds them */
+	uint32_t since_verify;   /* flushes since the tick counter moved */
+	int32_t quiet_left;      /* quiet publishes left before a full one;
+				  * 0: the next one is full */
+	int32_t quiet_armed;     /* quiet_left as the last full flush set
+				  * it: armed - left were made since */
+	uint8_t busy;            /* re-entrancy guard of the slow path */
+	uint8_t counted;         /* counted in slot->threads */
+	uint8_t exit_round;      /* TSD destructor rounds seen */
+	uint8_t exited;          /* lane released at thread exit: later
+				  * bytes go to the slot's overflow */
+	uint8_t over_due;        /* this thread saw the over-limit flag
+				  * rise: run the callback after the flush */
+	uint8_t in_over_cb;      /* the callback is running on this thread */
+	uint8_t maps_due;        /* this thread saw the server ask for a
+	                          * reconcile of the mapped bytes: run it
+	                          * after the flush */
+};
+
+/* Publish `delta` bytes on behalf of the calling thread. Never blocks for
+ * long: may attempt an attach (bounded by a short timeout, rate-limited by
+ * back-off). */
+void mtc_publish(struct mtc_thread *th, int64_t delta);
+
+/* publish.c's state that fast paths read: the epoch (bumped whenever the
+ * process's slot changes: attach, re-attach, fork), the threshold, and
+ * the gate: the epoch's low 32 bits above the slot's flags as the latest
+ * full flush of any thread saw them (a change of the flags from those is
+ * an edge: mtc_publish() acts on it), so that one comparison tests both. */
+#define MTC_HIDDEN __attribute__((visibility("hidden")))
+extern uint64_t mtc_epoch MTC_HIDDEN;
+extern uint64_t mtc_thresh MTC_HIDDEN;
+extern uint64_t mtc_gate MTC_HIDDEN;
+
+/* Threshold threads must use now (server's once attached). */
+static inline uint64_t mtc_threshold(void)
+{
+	return mtshm_load_relaxed64(&mtc_thresh);
+}
+
+/* Flushes of one thread without a tick of the server before it looks at
+ * the server's heartbeat; also the longest run of quiet publishes. */
+#define MTC_VERIFY_EVERY 128
+
+/*
+ * A publish with no look at the server's heartbeat: the lane's add, after
+ * a countdown and one comparison. False, and nothing done, when the
+ * thread must go through mtc_publish() instead.
+ *  - quiet_left counts the publishes left before the heartbeat is due a
+ *    look (MTC_VERIFY_EVERY in all, quiet or full). Only a full publish
+ *    into the thread's own lane arms it, so a non-zero count also means
+ *    "set up, lane owned, slot mapped".
+ *  - The slot's flags with the thread's epoch must equal mtc_gate. The
+ *    lane is the thread's while the epoch is the one it claimed it in (a
+ *    slot left behind by a re-attach stays mapped, so its flags can be
+ *    read). The server changes the over-limit flag only in a tick, so the first
+ *    publish after that tick goes full and handles the edge. A callback
+ *    registered or handed over while the flag is up clears it from
+ *    mtc_gate, so the next publish of any thread goes full too.
+ * A server that stopped ticking is still noticed after MTC_VERIFY_EVERY
+ * publishes. The lane's `flushes` count gets the quiet ones at the next
+ * full one. Nothing is armed while a front end's re-entrancy guard is up:
+ * mtc_publish() arms on its way out, and the slow paths allocate nothing
+ * between that and dropping the guard.
+ */
+static inline bool mtc_publish_quiet(struct mtc_thread *th, int64_t delta)
+{
+	if (__builtin_expect(--th->quiet_left < 0, 0)) {
+		th->quiet_left = 0;
+		return false;
+	}
+	uint64_t flags = mtshm_load_relaxed32(&th->slot->flags);
+	if (__builtin_expect((flags | th->gate_epoch) !=
+	                         mtshm_load_relaxed64(&mtc_gate),
+	                     0)) {
+		/* Not made: the full one counts itself. Read back, so that
+		 * the decrement above stays one instruction to memory. */
+		__asm__("" ::: "memory");
+		th->quiet_left++;
+		return false;
+	}
+	mtshm_add_owned_s64(&th->lane->bytes, delta);
+	return true;
+}
+
+/* Quiet publishes of the thread are off until its next full one. */
+static inline void mtc_quiet_off(struct mtc_thread *th)
+{
+	th->quiet_armed -= th->quiet_left;
+	th->quiet_left = 0;
+}
+
+/* The calling thread is exiting: release its lane. Call after the final
+ * mtc_publish(). */
+void mtc_thread_exit(struct mtc_thread *th);
+
+/* Run the over-limit callback that mtc_publish() found due. */
+void mtc_run_over_limit(struct mtc_thread *th);
+
+/* The thread is exiting: a callback it found due is left for the next
+ * flush of another thread. Called by mtc_thread_exit() and after each
+ * flush made at thread exit. */
+void mtc_over_handoff(struct mtc_thread *th);
+
+/* Bytes flushed by this process (slot sum + pending), without any thread's
+ * unflushed drift. */
+int64_t mtc_published_bytes(void);
+
+#endif /* MEMTALLY_PUBLISH_H */
