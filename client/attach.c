@@ -90,7 +90,6 @@ static void epoch_bump(void)
  * after each full flush: mtc_after_flush). */
 uint32_t mtc_refresh_want;
 
-
 void mtc_debug(const char *fmt, ...)
 {
 	if (!mtc.debug)
@@ -104,13 +103,12 @@ void mtc_debug(const char *fmt, ...)
 	if (m < 0)
 		return;
 	size_t len = (size_t)n + ((size_t)m < sizeof(buf) - (size_t)n - 1
-					  ? (size_t)m
-					  : sizeof(buf) - (size_t)n - 2);
+	                              ? (size_t)m
+	                              : sizeof(buf) - (size_t)n - 2);
 	buf[len++] = '\n';
 	ssize_t r = write(2, buf, len);
 	(void)r;
 }
-
 
 /*
  * In a forked child: the slot windows it inherited are its parent's slots
@@ -129,9 +127,9 @@ static void fence_inherited(void)
 		struct mtshm_map *t = &atts[i].table;
 		if (t->base)
 			(void)mmap(t->base, t->size, PROT_NONE,
-				   MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED |
-					   MAP_NORESERVE,
-				   -1, 0);
+			           MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED |
+			               MAP_NORESERVE,
+			           -1, 0);
 	}
 }
 
@@ -193,15 +191,14 @@ static void group_store(const char *g, bool only_if_empty)
 	uint32_t seq;
 	for (;;) {
 		seq = __atomic_load_n(&mtc.group_seq, __ATOMIC_RELAXED);
-		if (!(seq & 1) &&
-		    __atomic_compare_exchange_n(&mtc.group_seq, &seq, seq + 1,
-						0, __ATOMIC_ACQUIRE,
-						__ATOMIC_RELAXED))
+		if (!(seq & 1) && __atomic_compare_exchange_n(
+		                      &mtc.group_seq, &seq, seq + 1, 0,
+		                      __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
 			break;
 		sched_yield();
 	}
 	bool keep = only_if_empty &&
-		    __atomic_load_n(&mtc.group_w[0], __ATOMIC_RELAXED) != 0;
+	            __atomic_load_n(&mtc.group_w[0], __ATOMIC_RELAXED) != 0;
 	for (size_t i = 0; !keep && i < MTC_GROUP_MAX / 8; i++)
 		__atomic_store_n(&mtc.group_w[i], w[i], __ATOMIC_RELEASE);
 	__atomic_store_n(&mtc.group_seq, seq + 2, __ATOMIC_RELEASE);
@@ -217,8 +214,8 @@ bool mtc_group_copy(char out[MTC_GROUP_MAX])
 			continue;
 		}
 		for (size_t i = 0; i < MTC_GROUP_MAX / 8; i++)
-			w[i] = __atomic_load_n(&mtc.group_w[i],
-					       __ATOMIC_ACQUIRE);
+			w[i] =
+			    __atomic_load_n(&mtc.group_w[i], __ATOMIC_ACQUIRE);
 		if (__atomic_load_n(&mtc.group_seq, __ATOMIC_RELAXED) == s1) {
 			memcpy(out, w, MTC_GROUP_MAX);
 			out[MTC_GROUP_MAX - 1] = 0;
@@ -298,7 +295,7 @@ static void init_once(void)
 	if (getrandom(&mtc.image_id, sizeof(mtc.image_id), GRND_NONBLOCK) !=
 	    sizeof(mtc.image_id))
 		mtc.image_id = mt_mono_ns() ^ ((uint64_t)getpid() << 40) ^
-			       (uint64_t)(uintptr_t)&mtc;
+		               (uint64_t)(uintptr_t)&mtc;
 	mtc.backoff_ns = MTC_BACKOFF_MIN_NS;
 	if (!mtc.born_ns) /* not loaded at start: first used now */
 		mtc.born_ns = mt_mono_ns();
@@ -308,7 +305,7 @@ static void init_once(void)
 	if (!mtc_group_copy(group))
 		group[0] = 0;
 	mtc_debug("init: socket=%s group=%s%s", mtc.sock, group,
-		  mtc.disabled ? " (disabled)" : "");
+	          mtc.disabled ? " (disabled)" : "");
 }
 
 /* A process's age counts from the library's load (the program's start,
@@ -349,7 +346,6 @@ static void arena_free(void *data, void *p)
 	(void)p;
 }
 
-
 struct reg_reply {
 	int fds[2]; /* header, slot table; -1 = not received */
 	uint32_t slot;
@@ -375,9 +371,9 @@ static ssize_t recv_fds(int fd, void *buf, size_t len, struct reg_reply *out)
 	} cm;
 	struct iovec iov = {.iov_base = buf, .iov_len = len};
 	struct msghdr mh = {.msg_iov = &iov,
-			    .msg_iovlen = 1,
-			    .msg_control = cm.buf,
-			    .msg_controllen = sizeof(cm.buf)};
+	                    .msg_iovlen = 1,
+	                    .msg_control = cm.buf,
+	                    .msg_controllen = sizeof(cm.buf)};
 	ssize_t r = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC);
 	if (r < 0)
 		return r;
@@ -492,7 +488,7 @@ static int reg_decode(const uint8_t *body, size_t len, struct reg_reply *out)
 	}
 	if (resp->error) {
 		mtc_debug("server refused registration: %s",
-			  resp->error->message ? resp->error->message : "?");
+		          resp->error->message ? resp->error->message : "?");
 		return MEMTALLY_ESERVER;
 	}
 	if (resp->body_case != MEMTALLY__V1__RESPONSE__BODY_REGISTERED ||
@@ -539,20 +535,20 @@ static int do_register(struct reg_reply *out, bool if_registered)
  * uid's table that holds our slot (read-write), unless `old` already maps
  * that very slot of that very object. */
 static int map_reply(struct reg_reply *rep, const struct mtc_attachment *old,
-		     struct mtc_attachment *a)
+                     struct mtc_attachment *a)
 {
 	memset(a, 0, sizeof(*a));
 	a->table.fd = -1;
 	int err = mtshm_map_fd(rep->fds[0], MTSHM_SEALS_HEADER,
-			       MTSHM_HEADER_SIZE, &a->hdr_map);
+	                       MTSHM_HEADER_SIZE, &a->hdr_map);
 	if (!err)
 		err = mtshm_layout_read(a->hdr_map.base, a->hdr_map.size,
-					&a->layout);
+		                        &a->layout);
 	if (!err && rep->slot >= a->layout.slot_count)
 		err = MEMTALLY_EPROTO;
 	if (err) {
 		mtc_debug("cannot use the server's header: %s",
-			  mtshm_strerror(err));
+		          mtshm_strerror(err));
 		mtshm_close(&a->hdr_map);
 		return err;
 	}
@@ -573,15 +569,15 @@ static int map_reply(struct reg_reply *rep, const struct mtc_attachment *old,
 	/* A slot's bytes: its lane_count lines (identity in line 0). */
 	uint64_t off = (uint64_t)rep->slot * a->layout.slot_stride;
 	err = mtshm_map_window(rep->fds[1], a->layout.table_size, off,
-			       (uint64_t)a->layout.lane_count * MTSHM_LINE,
-			       MTSHM_GUARD, &a->table);
+	                       (uint64_t)a->layout.lane_count * MTSHM_LINE,
+	                       MTSHM_GUARD, &a->table);
 	if (err) {
 		mtc_debug("cannot use the slot table: %s", mtshm_strerror(err));
 		mtshm_close(&a->hdr_map);
 		return err;
 	}
 	a->slot = (struct mtshm_slot_id *)((char *)a->table.base +
-					   (off - a->table.off));
+	                                   (off - a->table.off));
 	return 0;
 }
 
@@ -684,8 +680,8 @@ static int attach(bool if_registered)
 		err = MEMTALLY_EPROTO;
 		goto fail;
 	}
-	bool same_slot = shared_table && s == old->slot &&
-			 rep.slot_gen == old->slot_gen;
+	bool same_slot =
+	    shared_table && s == old->slot && rep.slot_gen == old->slot_gen;
 	if (same_slot && old->hdr_map.ino == a.hdr_map.ino &&
 	    old->hdr_map.dev == a.hdr_map.dev) {
 		/* A repeat registration: the server kept us. Nothing moves. */
@@ -712,7 +708,7 @@ static int attach(bool if_registered)
 		 * their lanes (same slot, same epoch). */
 		mtshm_store_release64(&mtc.cur, (uint64_t)(uintptr_t)na);
 		mtc_debug("re-registered: slot %u adopted by a new server",
-			  rep.slot);
+		          rep.slot);
 		return 0;
 	}
 	/* A new slot: carry the total published into the old one. */
@@ -730,7 +726,7 @@ static int attach(bool if_registered)
 	mtshm_store_relaxed64(&mtc.free_last_ns, 0);
 	refresh_arm();
 	mtc_debug("attached: slot %u threshold %llu", rep.slot,
-		  (unsigned long long)rep.threshold);
+	          (unsigned long long)rep.threshold);
 	return 0;
 
 fail:
@@ -890,8 +886,8 @@ static bool image_follows_exec(uint64_t now)
 	long hz = sysconf(_SC_CLK_TCK);
 	struct timespec ts;
 	if (ticks && hz > 0 && clock_gettime(CLOCK_BOOTTIME, &ts) == 0) {
-		uint64_t boot = (uint64_t)ts.tv_sec * 1000000000u +
-		                (uint64_t)ts.tv_nsec;
+		uint64_t boot =
+		    (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 		uint64_t start = ticks * (1000000000u / (uint64_t)hz);
 		uint64_t proc_age = boot > start ? boot - start : 0;
 		uint64_t image_age = now - mtc.born_ns;
@@ -921,7 +917,7 @@ void mtc_maybe_attach(enum attach_ask ask)
 	}
 	uint32_t zero = 0;
 	if (!__atomic_compare_exchange_n(&mtc.attaching, &zero, 1, 0,
-					 __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+	                                 __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
 		return;
 	int err = attach(if_registered);
 	if (err == MEMTALLY_ENOTFOUND && if_registered) {
@@ -931,8 +927,8 @@ void mtc_maybe_attach(enum attach_ask ask)
 		__atomic_store_n(&mtc.after_exec, 0, __ATOMIC_RELAXED);
 	} else if (err) {
 		mtc_debug("attach failed: %s; retry in %llu ms",
-			  memtally_strerror(err),
-			  (unsigned long long)(mtc.backoff_ns / 1000000u));
+		          memtally_strerror(err),
+		          (unsigned long long)(mtc.backoff_ns / 1000000u));
 		mtshm_store_relaxed64(&mtc.next_try_ns, now + mtc.backoff_ns);
 		mtc.backoff_ns *= 2;
 		if (mtc.backoff_ns > MTC_BACKOFF_MAX_NS)

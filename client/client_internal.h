@@ -156,10 +156,11 @@ void mtc_mapped_resync(void);
  * the kernel has resident (the pagemap scan, PAGEMAP_SCAN, where the
  * kernel has it, which also leaves out pages only read; mincore
  * otherwise), so that pages given back behind our back leave it and
- * pages given back with madvise and touched again come back. Safe from any thread at any time: skips the round rather than
- * wait for the table's lock, never allocates through malloc, never
- * attaches. Cost ~proportional to the counted bytes (docs/ARCHITECTURE.md).
- * A no-op where mapped memory is not counted (libmemtally).
+ * pages given back with madvise and touched again come back. Safe from any
+ * thread at any time: skips the round rather than wait for the table's lock,
+ * never allocates through malloc, never attaches. Cost ~proportional to the
+ * counted bytes (docs/ARCHITECTURE.md). A no-op where mapped memory is not
+ * counted (libmemtally).
  */
 void mtc_maps_reconcile(void);
 

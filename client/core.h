@@ -33,23 +33,23 @@ struct mtc_attachment {
 
 struct mtc_process {
 	/* Shared between threads: accessed with the mtshm_atomic helpers. */
-	int64_t pending;           /* bytes not yet in any slot */
-	uint64_t cur;              /* struct mtc_attachment *, 0 = none */
-	uint32_t attaching;        /* try-lock of attach() */
-	uint64_t next_try_ns;      /* back-off: no attach before this */
+	int64_t pending;      /* bytes not yet in any slot */
+	uint64_t cur;         /* struct mtc_attachment *, 0 = none */
+	uint32_t attaching;   /* try-lock of attach() */
+	uint64_t next_try_ns; /* back-off: no attach before this */
 	uint64_t backoff_ns;
-	uint64_t born_ns;          /* this image's start, or the fork's */
-	int32_t after_exec;        /* image_follows_exec(): -1 not known */
-	uint32_t natts;            /* atts[] used; under `attaching`, raised
-				    * after the entry is written (release) */
-	uint64_t mapped;           /* mapped bytes (mmap.c), absolute */
-	uint32_t free_turn;        /* try-lock: one thread samples at a time */
-	uint64_t free_min_ns;      /* no sample before this (its cost) */
-	uint64_t free_next_ns;     /* a sample after this, moved or not */
-	int64_t free_heap;         /* heap bytes at the last sample */
-	uint64_t free_last_ns;     /* when it was stored, 0 = none in this
-				    * slot (the refresh thread's test) */
-	uint32_t refresh_started;  /* the refresh thread runs (refresh.c) */
+	uint64_t born_ns;         /* this image's start, or the fork's */
+	int32_t after_exec;       /* image_follows_exec(): -1 not known */
+	uint32_t natts;           /* atts[] used; under `attaching`, raised
+	                           * after the entry is written (release) */
+	uint64_t mapped;          /* mapped bytes (mmap.c), absolute */
+	uint32_t free_turn;       /* try-lock: one thread samples at a time */
+	uint64_t free_min_ns;     /* no sample before this (its cost) */
+	uint64_t free_next_ns;    /* a sample after this, moved or not */
+	int64_t free_heap;        /* heap bytes at the last sample */
+	uint64_t free_last_ns;    /* when it was stored, 0 = none in this
+	                           * slot (the refresh thread's test) */
+	uint32_t refresh_started; /* the refresh thread runs (refresh.c) */
 
 	/*
 	 * The over-limit callback and its argument, read as one snapshot
@@ -72,8 +72,8 @@ struct mtc_process {
 	pthread_once_t once;
 	int disabled;
 	int debug;
-	int free_off; /* MEMTALLY_ALLOCATOR_FREE=0: never sample */
-	uint64_t refresh_ms; /* MEMTALLY_REFRESH_MS, 0: no refresh thread */
+	int free_off;         /* MEMTALLY_ALLOCATOR_FREE=0: never sample */
+	uint64_t refresh_ms;  /* MEMTALLY_REFRESH_MS, 0: no refresh thread */
 	uint64_t refresh_min; /* MEMTALLY_REFRESH_MIN: see MTC_REFRESH_MIN */
 	int64_t register_min; /* MEMTALLY_REGISTER_MIN: see worth_registering */
 	uint64_t register_after_ns; /* MEMTALLY_REGISTER_AFTER_MS, in ns */

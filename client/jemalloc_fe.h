@@ -17,8 +17,7 @@
  * mtj_thread_start() sets up the calling thread. Both return 0 or a
  * negative code (MEMTALLY_EDISABLED: not counting).
  */
-typedef int (*mtj_mallctl_fn)(const char *, void *, size_t *, void *,
-			      size_t);
+typedef int (*mtj_mallctl_fn)(const char *, void *, size_t *, void *, size_t);
 enum mtj_mode { MTJ_OFF, MTJ_CALLBACK, MTJ_COUNTING };
 int mtj_init(mtj_mallctl_fn mallctl, int allow_counting);
 /* A front end that knows where its jemalloc keeps the calling thread's

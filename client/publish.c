@@ -38,7 +38,7 @@ uint64_t mtc_gate;
 /* ---- lanes ----------------------------------------------------------- */
 
 static void claim(struct mtc_thread *th, const struct mtc_attachment *a,
-		  uint64_t epoch)
+                  uint64_t epoch)
 {
 	struct mtshm_slot_id *s = a->slot;
 	uint32_t tid = (uint32_t)syscall(SYS_gettid);
@@ -106,10 +106,9 @@ static __attribute__((noinline)) void flags_edge(struct mtc_thread *th,
 {
 	while ((uint32_t)g != flags) {
 		uint32_t seen = (uint32_t)g;
-		if (__atomic_compare_exchange_n(&mtc_gate, &g,
-		                                (g & ~GATE_FLAGS) | flags, 0,
-		                                __ATOMIC_ACQUIRE,
-		                                __ATOMIC_RELAXED)) {
+		if (__atomic_compare_exchange_n(
+		        &mtc_gate, &g, (g & ~GATE_FLAGS) | flags, 0,
+		        __ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) {
 			if ((flags & ~seen) & MTSHM_SLOT_OVER_LIMIT)
 				th->over_due = 1;
 			if ((flags & ~seen) & MTSHM_SLOT_RECONCILE)
@@ -177,18 +176,16 @@ int memtally_on_over_limit(void (*cb)(void *arg), void *arg)
 	uint32_t seq;
 	for (;;) {
 		seq = __atomic_load_n(&mtc.cb_seq, __ATOMIC_RELAXED);
-		if (!(seq & 1) &&
-		    __atomic_compare_exchange_n(&mtc.cb_seq, &seq, seq + 1, 0,
-						__ATOMIC_ACQUIRE,
-						__ATOMIC_RELAXED))
+		if (!(seq & 1) && __atomic_compare_exchange_n(
+		                      &mtc.cb_seq, &seq, seq + 1, 0,
+		                      __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
 			break;
 		sched_yield();
 	}
 	/* Release: a reader that sees a new value sees the odd sequence. */
-	__atomic_store_n(&mtc.cb_fn, (uint64_t)(uintptr_t)cb,
-			 __ATOMIC_RELEASE);
+	__atomic_store_n(&mtc.cb_fn, (uint64_t)(uintptr_t)cb, __ATOMIC_RELEASE);
 	__atomic_store_n(&mtc.cb_arg, (uint64_t)(uintptr_t)arg,
-			 __ATOMIC_RELEASE);
+	                 __ATOMIC_RELEASE);
 	__atomic_store_n(&mtc.cb_seq, seq + 2, __ATOMIC_RELEASE);
 	/* A flag already up runs the new callback at the next flush. */
 	over_rearm();
@@ -204,8 +201,8 @@ int memtally_on_over_limit(void (*cb)(void *arg), void *arg)
  * Counts this flush and the quiet ones since the last full one, and arms
  * the next run of quiet ones (client_internal.h, mtc_publish_quiet). */
 static inline void after_store(struct mtc_thread *th,
-			       const struct mtc_attachment *a,
-			       struct mtshm_lane *l)
+                               const struct mtc_attachment *a,
+                               struct mtshm_lane *l)
 {
 	/* The server's verdict as of its latest tick: a change from what the
 	 * previous full flush (of any thread) saw is an edge. */
@@ -222,11 +219,12 @@ static inline void after_store(struct mtc_thread *th,
 		th->seen_ticks = ticks;
 		th->since_verify = 0;
 	} else if (__builtin_expect((th->since_verify += n) >= MTC_VERIFY_EVERY,
-				    0)) {
+	                            0)) {
 		th->since_verify = 0;
 		verify(a->hdr);
 	}
-	int32_t left = l ? (int32_t)(MTC_VERIFY_EVERY - 1 - th->since_verify) : 0;
+	int32_t left =
+	    l ? (int32_t)(MTC_VERIFY_EVERY - 1 - th->since_verify) : 0;
 	th->quiet_left = th->quiet_armed = left;
 }
 
@@ -237,7 +235,7 @@ static inline void after_store(struct mtc_thread *th,
  * with the inline API: 56 -> 38 instructions per flush). */
 __attribute__((noinline, cold)) static void
 publish_cold(struct mtc_thread *th, int64_t delta,
-	     const struct mtc_attachment *a)
+             const struct mtc_attachment *a)
 {
 	struct mtshm_slot_id *s = a ? a->slot : NULL;
 	if (!s) {

@@ -16,28 +16,28 @@
 /* Per-thread lane state, one per front end thread-local. All zero for a new
  * thread. */
 struct mtc_thread {
-	struct mtshm_lane *lane; /* owned lane, NULL: use slot overflow */
+	struct mtshm_lane *lane;    /* owned lane, NULL: use slot overflow */
 	struct mtshm_slot_id *slot; /* slot the lane/count belongs to */
-	uint64_t seen_ticks;     /* header's tick counter at the last full
-				  * flush */
-	uint64_t epoch;          /* mtc epoch of `slot`; stale = re-claim */
-	uint64_t gate_epoch;     /* its low 32 bits, as mtc_gate holds them */
-	uint32_t since_verify;   /* flushes since the tick counter moved */
-	int32_t quiet_left;      /* quiet publishes left before a full one;
-				  * 0: the next one is full */
-	int32_t quiet_armed;     /* quiet_left as the last full flush set
-				  * it: armed - left were made since */
-	uint8_t busy;            /* re-entrancy guard of the slow path */
-	uint8_t counted;         /* counted in slot->threads */
-	uint8_t exit_round;      /* TSD destructor rounds seen */
-	uint8_t exited;          /* lane released at thread exit: later
-				  * bytes go to the slot's overflow */
-	uint8_t over_due;        /* this thread saw the over-limit flag
-				  * rise: run the callback after the flush */
-	uint8_t in_over_cb;      /* the callback is running on this thread */
-	uint8_t maps_due;        /* this thread saw the server ask for a
-	                          * reconcile of the mapped bytes: run it
-	                          * after the flush */
+	uint64_t seen_ticks;        /* header's tick counter at the last full
+	                             * flush */
+	uint64_t epoch;             /* mtc epoch of `slot`; stale = re-claim */
+	uint64_t gate_epoch;   /* its low 32 bits, as mtc_gate holds them */
+	uint32_t since_verify; /* flushes since the tick counter moved */
+	int32_t quiet_left;    /* quiet publishes left before a full one;
+	                        * 0: the next one is full */
+	int32_t quiet_armed;   /* quiet_left as the last full flush set
+	                        * it: armed - left were made since */
+	uint8_t busy;          /* re-entrancy guard of the slow path */
+	uint8_t counted;       /* counted in slot->threads */
+	uint8_t exit_round;    /* TSD destructor rounds seen */
+	uint8_t exited;        /* lane released at thread exit: later
+	                        * bytes go to the slot's overflow */
+	uint8_t over_due;      /* this thread saw the over-limit flag
+	                        * rise: run the callback after the flush */
+	uint8_t in_over_cb;    /* the callback is running on this thread */
+	uint8_t maps_due;      /* this thread saw the server ask for a
+	                        * reconcile of the mapped bytes: run it
+	                        * after the flush */
 };
 
 /* Publish `delta` bytes on behalf of the calling thread. Never blocks for
