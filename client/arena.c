@@ -20,14 +20,12 @@
 
 #include "memtally.h"
 
-#define ARENA_ALIGN         16
+#define ARENA_ALIGN 16
 /*
- * 16 KiB by default, by measurement (bench/allocators, RESULTS.md): with
- * jemalloc 5.3, blocks up to 32 KiB come from the thread cache, larger
- * ones from the arena's extents, whose pages jemalloc returns to the
- * kernel, so every chunk of 64 KiB cost a syscall or page faults: an
- * arena created for one allocation took ~700-1500 ns with 64 KiB chunks,
- * 90 ns with 32 KiB and 36 ns with 16 KiB (glibc: ~60 ns at 64 KiB).
+ * 16 KiB by default, by measurement (bench/RESULTS.md, allocators).
+ * jemalloc 5.3 serves blocks up to 32 KiB from the thread cache.
+ * Larger ones come from the arena's extents, whose pages jemalloc returns
+ * to the kernel, so a chunk of 64 KiB costs a syscall or page faults.
  */
 #define ARENA_DEFAULT_CHUNK (16 * 1024)
 
@@ -98,7 +96,8 @@ void *memtally__arena_alloc_slow(memtally_arena *a, size_t size)
 
 void *memtally_arena_alloc(memtally_arena *a, size_t size)
 {
-	size_t rounded = (size + (ARENA_ALIGN - 1)) & ~(size_t)(ARENA_ALIGN - 1);
+	size_t rounded =
+	    (size + (ARENA_ALIGN - 1)) & ~(size_t)(ARENA_ALIGN - 1);
 	if (rounded < size)
 		return NULL;
 	if ((size_t)(a->end - a->next) >= rounded) {

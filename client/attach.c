@@ -621,18 +621,14 @@ bool mtc_refresh_claim(uint64_t *period_ms)
 
 /*
  * One round of the refresh thread, whose work is for a process gone
- * quiet. While the program's own threads publish (the slot's bytes or
- * flush count moved since the last round), its allocator calls run the
- * allocator's decay and its full flushes sample the allocator's free
- * memory (mtc_free_due): the round leaves the allocator alone, but for
- * a sample the front end owes a busy process (mtc_free_refresh_due). Its
- * cost then does not grow with the time a busy process runs
- * (redis-server under the jemalloc preload, counted under cachegrind,
- * whose slowdown multiplies the rounds: +1.05% instructions against
- * jemalloc alone when every round sampled, -0.06% with busy rounds
- * skipped). The first quiet round samples, so a burst of frees is
- * followed one period after it ends. Only the refresh thread calls
- * this.
+ * quiet. A process is busy while its slot's bytes or flush count move.
+ * A busy process's own calls run its allocator's decay, and its full
+ * flushes sample the free memory (mtc_free_due). So the round leaves a
+ * busy process's allocator alone, but for a sample its front end owes
+ * it (mtc_free_refresh_due). Its cost thus does not grow with the time a
+ * busy process runs (docs/ARCHITECTURE.md, "The refresh thread"). The
+ * first quiet round samples, so a burst of frees is followed one period
+ * after it ends. Only the refresh thread calls this.
  */
 void mtc_refresh_once(void)
 {
@@ -820,14 +816,12 @@ void mtc_mapped_changed(void)
  * (born less than MEMTALLY_REGISTER_AFTER_MS ago: the server's default
  * tick) and small (less than MEMTALLY_REGISTER_MIN published). The server
  * sums the slots once a tick, so a process that dies within a tick of its
- * start is in no total whether it registered or not (make -j2 of 200
- * files: all 201 assemblers registered and none was ever seen holding a
- * byte), while each registration costs the two sides ~0.8 ms of CPU: a
- * build's compilers, assemblers and drivers paid it 607 times (+3.3% wall
- * against jemalloc alone). A process that is still allocating registers
- * at its first flush past either bound, with everything it counted; one
- * that goes quiet young and small is left out of the figure, at most
- * MEMTALLY_REGISTER_MIN plus its threads' drift.
+ * start is in no total whether it registered or not. A registration
+ * costs both sides CPU, which a build's many short processes would pay
+ * for nothing (docs/ARCHITECTURE.md, "Slot protocol"). A process that is
+ * still allocating registers at its first flush past either bound, with
+ * everything it counted. One that goes quiet young and small is left out
+ * of the figure: at most MEMTALLY_REGISTER_MIN plus its threads' drift.
  */
 static bool worth_registering(uint64_t now)
 {
@@ -900,10 +894,10 @@ static bool image_follows_exec(uint64_t now)
 /* Try to (re)attach if the back-off allows and nobody else is at it. */
 void mtc_maybe_attach(enum attach_ask ask)
 {
-	/* Not at the preload's start: registering there was a round trip
-	 * to memtallyd (and its work for the process) in every process's
-	 * start, ~0.85 ms of a /bin/true's wall time. The bytes wait in
-	 * `pending` until a flush finds the process worth registering. */
+	/* Not at the preload's start: that would put a round trip to
+	 * memtallyd into every process's start (docs/ARCHITECTURE.md, "Slot
+	 * protocol"). The bytes wait in `pending` until a flush finds the
+	 * process worth registering. */
 	if (mtc.disabled || mtc_at_load)
 		return;
 	uint64_t now = mt_mono_ns();

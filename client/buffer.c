@@ -9,23 +9,17 @@
  * by what was written into it.
  *
  * Growth policy: 2x by default (MEMTALLY_BUF_GROW_1_5X selects 1.5x for
- * comparison), chosen by bench/buffer_growth (its cases; the table
- * is in bench/RESULTS.md). On this machine, building 64 MiB, 2x was
- * +36% to +68% faster than 1.5x with jemalloc in every case (8 B, 700 B
- * and 1.5 MB appends; two runs, p <= 0.001), and not significantly
- * different with glibc (-0.5% to +9.6%, p >= 0.33). The reason is the number of reallocations: 1.5x takes 36
- * growths to 64 MiB where 2x takes 21, and every large jemalloc realloc
- * copies into fresh pages that fault in (jemalloc returns freed pages to
- * the kernel, and a page fault is expensive in this guest), while glibc
+ * comparison), chosen by bench/buffer_growth (bench/RESULTS.md,
+ * buffer_growth). With jemalloc, 2x is faster than 1.5x in every case;
+ * with glibc the two do not differ significantly. The reason is the
+ * number of reallocations: 1.5x takes 36 growths to 64 MiB where 2x
+ * takes 21. Every large jemalloc realloc copies into fresh pages that
+ * fault in, since jemalloc returns freed pages to the kernel. glibc
  * moves large blocks with mremap() without copying, so for it the count
- * hardly matters. Measured with /usr/bin/time on the tiny case: jemalloc
- * 64.7k minor faults at 1.5x against 33.0k at 2x; glibc 17.6k at both.
- * (1.5x also ends at 89 MiB of capacity for 64 MiB of data where 2x ends
- * at exactly 64 MiB; a size that is not a power of two narrows the gap.)
- * Arrow's BufferBuilder (ARROW-6450) reached the same choice
- * with the opposite allocator mattering more on its machines. 2x is never
- * slower here; its extra slack is at most one capacity's worth of memory,
- * and that slack is accounted, so a scheduler sees it.
+ * hardly matters. Arrow's BufferBuilder (ARROW-6450) made the same
+ * choice. 2x is never slower here. Its extra slack is at most one
+ * capacity's worth of memory, and that slack is accounted, so a
+ * scheduler sees it.
  */
 #include <errno.h>
 #include <stddef.h>

@@ -113,12 +113,12 @@ static char *swap_preload(const char *lp, const char *self, const char *base,
 
 /*
  * Is this process a CPython interpreter (python, python3, python3.11)?
- * Under jemalloc CPython runs 20-30% slower here (page faults: jemalloc
- * purges and copies growing blocks where glibc keeps and mremaps them),
- * while the glibc front end counts it as exactly, at plain python3's
- * speed. So without MEMTALLY_ALLOCATOR, an interpreter started under the
- * jemalloc preload keeps glibc's malloc, which is also what it has
- * without memtally.
+ * Under jemalloc CPython runs slower (docs/ARCHITECTURE.md, "Front ends:
+ * jemalloc's preload and glibc's"): jemalloc purges and copies growing
+ * blocks where glibc keeps and mremaps them. The glibc front end counts
+ * it as exactly, at plain python3's speed. So without MEMTALLY_ALLOCATOR,
+ * an interpreter started under the jemalloc preload keeps glibc's malloc,
+ * which is also what it has without memtally.
  */
 static bool is_python(void)
 {

@@ -8,9 +8,9 @@
  * The front ends (account.c: memtally_account(); jemalloc_fe.c: jemalloc's
  * activity callback, in the preload and for memtally_init(); mmap.c: the
  * program's own mappings, in the preload) only decide *how many* bytes a
- * thread has to publish. This
- * core decides *where* they go: the thread's own lane when the process is
- * attached, a process-local pending counter otherwise.
+ * thread has to publish. The core decides *where* they go: the thread's
+ * own lane when the process is attached, a process-local pending counter
+ * otherwise.
  */
 #ifndef MEMTALLY_CLIENT_INTERNAL_H
 #define MEMTALLY_CLIENT_INTERNAL_H
@@ -45,25 +45,18 @@ extern bool mtc_at_load;
 #define MTC_REGISTER_MIN          (UINT64_C(1) << 20)
 
 /*
- * The refresh thread (refresh.c, in the preloads only: elsewhere
- * mtc_refresh_start is null and never armed). A registration raises
- * mtc_refresh_want; the next full flush, outside the re-entrancy guard,
- * calls mtc_refresh_start(), which starts the process's one thread if
- * mtc_refresh_claim() gives it the right to (and the period). The thread
- * runs mtc_refresh_once() every period: the front end's
- * mtc_front_refresh() (a sample of the allocator's free memory when
- * mtc_free_refresh_due() says one is owed) and mtc_maps_reconcile().
- * Its first thing, before the first period, is the front end's round as
- * for a busy process: under jemalloc, whose samples only this thread
- * takes, the slot's first sample.
- *
- * A process that is still single-threaded gets its thread only once its
- * figure (heap and mapped bytes) reaches MEMTALLY_REFRESH_MIN
- * (MTC_REFRESH_MIN by default). Its first thread switches glibc for good
- * to locking every stdio call and every malloc arena (the cost of a getc
- * loop: bench/RESULTS.md, stdio_cost). That price is worth paying
- * only for a figure that matters. Below it, the figure follows the
- * program's own calls only.
+ * The refresh thread (refresh.c), in the preloads only: elsewhere
+ * mtc_refresh_start is null and never armed.
+ * A registration raises mtc_refresh_want.
+ * The next full flush, outside the re-entrancy guard, calls
+ * mtc_refresh_start(), which starts the thread if mtc_refresh_claim()
+ * grants it (and gives the period).
+ * Every period the thread runs mtc_refresh_once(): the front end's
+ * mtc_front_refresh() and mtc_maps_reconcile().
+ * A single-threaded process gets the thread only once its heap and
+ * mapped bytes reach MEMTALLY_REFRESH_MIN (MTC_REFRESH_MIN by default).
+ * The reason: a first thread makes glibc lock every stdio call and malloc
+ * arena for good (bench/RESULTS.md, stdio_cost).
  */
 #define MTC_REFRESH_MS     1000u
 #define MTC_REFRESH_MAX_MS 3600000u
@@ -153,14 +146,14 @@ void mtc_mapped_resync(void);
 
 /*
  * Bring the process's mapped figure to the pages of its counted ranges
- * the kernel has resident (the pagemap scan, PAGEMAP_SCAN, where the
- * kernel has it, which also leaves out pages only read; mincore
- * otherwise), so that pages given back behind our back leave it and
- * pages given back with madvise and touched again come back. Safe from any
- * thread at any time: skips the round rather than wait for the table's lock,
- * never allocates through malloc, never attaches. Cost ~proportional to the
- * counted bytes (docs/ARCHITECTURE.md). A no-op where mapped memory is not
- * counted (libmemtally).
+ * the kernel has resident. The pagemap scan (PAGEMAP_SCAN) is tried
+ * first, which also leaves out pages only read; mincore serves where the
+ * kernel lacks it. Pages given back behind our back leave the figure,
+ * and pages given back with madvise and touched again come back.
+ * Safe from any thread at any time: it skips the round rather than wait
+ * for the table's lock, never allocates through malloc, never attaches.
+ * Its cost grows with the counted bytes (docs/ARCHITECTURE.md).
+ * A no-op where mapped memory is not counted (libmemtally).
  */
 void mtc_maps_reconcile(void);
 

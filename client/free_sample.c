@@ -134,16 +134,17 @@ void mtc_free_publish(const struct mtc_free_sample *fs, uint64_t held)
 		again = moved >= free_enough(fs->heap_before);
 	}
 	/*
-	 * However the heap moves, the next sample waits 200 times the CPU
-	 * time this one took, and 1000 times above a millisecond: sampling
-	 * never takes more than 0.5% of the thread's time, and a walk long
-	 * enough to be felt (the allocator holds its arena's lock while it
-	 * walks: 17 ms for 262,144 free blocks here) comes at most once in
-	 * 1000 times its length; never more than MTC_FREE_SPACE_MAX_NS, so a
-	 * figure is never stale for long. CPU time, not wall time: a thread
-	 * descheduled or stopped meanwhile did not cost the process anything.
+	 * The next sample waits 200 times the CPU time this one took, so
+	 * sampling never takes more than 0.5% of the thread's time.
+	 * Above a millisecond it waits 1000 times: the allocator holds its
+	 * arena's lock while it walks, and a walk long enough to be felt
+	 * comes rarely (docs/ARCHITECTURE.md, "The allocator's free memory").
+	 * It never waits more than MTC_FREE_SPACE_MAX_NS, so no figure stays
+	 * stale for long.
+	 * CPU time, not wall time: a thread descheduled meanwhile cost the
+	 * process nothing.
 	 * A heap that moved much while the allocator was asked is sampled
-	 * again at the next flush.
+	 * again at the next flush, whatever the cost.
 	 */
 	uint64_t now = mt_mono_ns();
 	if (a)

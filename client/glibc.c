@@ -20,18 +20,14 @@
  * allocator free bytes (below) count it.
  *
  * Each call adds one load of the header and one add to a thread-local
- * counter with a branch on its carry (struct gl_tls, below): 19
- * instructions per 16 B malloc+free pair over glibc alone, the call into
- * glibc made through the GOT (bench/RESULTS.md). A 64 KiB pair flushes
- * twice: 60 instructions over glibc alone, the two publishes quiet (the
- * lane's add after a countdown and one comparison, client_internal.h,
- * inline in malloc and in free's slow path) but one in 64, which looks at
- * the server's heartbeat. (In a process glibc sees as multi-threaded, as
- * the refresh thread makes it, glibc's own locking adds 25 more to that
- * pair, as to glibc alone in any threaded program.) The slow path
- * flushes at thread exit and handles fork, as account.c does for the
- * inline API (which stays available: a program linked to libmemtally
- * reaches account.c here).
+ * counter with a branch on its carry (struct gl_tls, below); the call
+ * into glibc goes through the GOT. A 64 KiB pair flushes twice, and
+ * both publishes are quiet (publish.h, inline in malloc and in free's
+ * slow path) but one in 64, which looks at the server's heartbeat. What
+ * each costs over glibc alone: bench/RESULTS.md, insn_per_pair.
+ * The slow path flushes at thread exit and handles fork, as account.c
+ * does for the inline API. That API stays available: a program linked
+ * to libmemtally reaches account.c here.
  * Memory the program maps itself is counted by mmap.c, as in the jemalloc
  * preload; glibc's malloc maps through its internal mmap, never through
  * ours.
@@ -46,9 +42,8 @@
  * MTC_FREE_MOVED), one thread asks mallinfo2() for what glibc holds from
  * the system (arena + hblkhd) and stores that less the process's heap
  * bytes (free_sample.c). mallinfo2() walks glibc's free lists under each
- * arena's lock, typically in a few microseconds; a slower walk spaces the
- * next sample out (never more than 0.5% of the thread's CPU time, and at
- * most 2 s).
+ * arena's lock. A slower walk spaces the next sample out (free_sample.c,
+ * mtc_free_publish).
  */
 #define _GNU_SOURCE
 #include "client_internal.h"
@@ -406,9 +401,9 @@ static void gl_sample(void)
 
 /* The refresh thread's sample (refresh.c): the same as after a flush,
  * owed only when the heap moved since the last one. Never for its age:
- * glibc's free memory changes only in the program's own calls (which
- * move the heap), and the walk of a large free list is long (190 ms,
- * under the arena's lock, for 7.8 million freed 48-byte chunks): an idle
+ * glibc's free memory changes only in the program's own calls, which
+ * move the heap. The walk of a large free list is long, under the
+ * arena's lock (docs/ARCHITECTURE.md, "The refresh thread"). So an idle
  * process is sampled once after it went quiet, then left alone. A busy
  * one is sampled by its own flushes. */
 static void gl_refresh(bool busy)

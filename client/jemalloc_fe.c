@@ -187,8 +187,9 @@ static void make_key(void)
 }
 
 /* The calling thread's cumulative counters: directly where the front end
- * knows them, else through mallctl (whose first call in a process builds
- * jemalloc's whole ctl state: ~150,000 instructions). */
+ * knows them, else through mallctl, whose first call in a process builds
+ * jemalloc's whole ctl state (docs/ARCHITECTURE.md, "The jemalloc front
+ * end"). */
 static int counters(const uint64_t **a, const uint64_t **d)
 {
 	if (mtj.direct)

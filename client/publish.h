@@ -66,25 +66,17 @@ static inline uint64_t mtc_threshold(void)
 #define MTC_VERIFY_EVERY 128
 
 /*
- * A publish with no look at the server's heartbeat: the lane's add, after
- * a countdown and one comparison. False, and nothing done, when the
- * thread must go through mtc_publish() instead.
- *  - quiet_left counts the publishes left before the heartbeat is due a
- *    look (MTC_VERIFY_EVERY in all, quiet or full). Only a full publish
- *    into the thread's own lane arms it, so a non-zero count also means
- *    "set up, lane owned, slot mapped".
- *  - The slot's flags with the thread's epoch must equal mtc_gate. The
- *    lane is the thread's while the epoch is the one it claimed it in (a
- *    slot left behind by a re-attach stays mapped, so its flags can be
- *    read). The server changes the over-limit flag only in a tick, so the first
- *    publish after that tick goes full and handles the edge. A callback
- *    registered or handed over while the flag is up clears it from
- *    mtc_gate, so the next publish of any thread goes full too.
- * A server that stopped ticking is still noticed after MTC_VERIFY_EVERY
- * publishes. The lane's `flushes` count gets the quiet ones at the next
- * full one. Nothing is armed while a front end's re-entrancy guard is up:
- * mtc_publish() arms on its way out, and the slow paths allocate nothing
- * between that and dropping the guard.
+ * The lane's add, after a countdown and one comparison; false, with
+ * nothing done, when the thread must call mtc_publish() instead.
+ * Only a full publish into the thread's own lane arms quiet_left, so a
+ * count left means the lane is owned and its slot mapped.
+ * A re-attach (the epoch) or a change of the slot's flags breaks the
+ * comparison with mtc_gate, and the full publish handles it.
+ * mtc_publish() arms the count on its way out, and the slow paths
+ * allocate nothing before they drop their re-entrancy guard, so no quiet
+ * publish runs inside one.
+ * docs/ARCHITECTURE.md, "Large blocks: a quiet publish", says why no
+ * case is missed.
  */
 static inline bool mtc_publish_quiet(struct mtc_thread *th, int64_t delta)
 {
@@ -96,8 +88,8 @@ static inline bool mtc_publish_quiet(struct mtc_thread *th, int64_t delta)
 	if (__builtin_expect((flags | th->gate_epoch) !=
 	                         mtshm_load_relaxed64(&mtc_gate),
 	                     0)) {
-		/* Not made: the full one counts itself. Read back, so that
-		 * the decrement above stays one instruction to memory. */
+		/* Not made: the full one counts itself. The barrier keeps
+		 * the decrement above one instruction to memory. */
 		__asm__("" ::: "memory");
 		th->quiet_left++;
 		return false;
