@@ -31,6 +31,8 @@ struct mtc_attachment {
 	uint64_t slot_gen;
 };
 
+/* The process's state, defined in attach.c. A fork's child resets what
+ * its parent's would mislead it with (on_fork_child). */
 struct mtc_process {
 	/* Shared between threads: accessed with the mtshm_atomic helpers. */
 	int64_t pending;      /* bytes not yet in any slot */
@@ -82,7 +84,7 @@ struct mtc_process {
 	/* The group the next registration carries, NUL-padded, as words
 	 * under group_seq: the same seqlock as cb_seq, because
 	 * memtally_set_group() may run on any thread while another thread
-	 * registers (see group_load / group_store). */
+	 * registers (mtc_group_copy, group_store). */
 	uint32_t group_seq;
 	uint64_t group_w[MTC_GROUP_MAX / 8];
 	char task[64];
@@ -90,6 +92,8 @@ struct mtc_process {
 };
 extern struct mtc_process mtc MTC_HIDDEN;
 
+/* mtc_gate's halves: the slot's flags below, the epoch's low 32 bits
+ * above (publish.h). */
 #define GATE_FLAGS    UINT64_C(0xffffffff)
 #define GATE_EPOCH(e) ((uint64_t)(uint32_t)(e) << 32)
 
