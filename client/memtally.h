@@ -38,9 +38,9 @@
  *
  * Fail open: without a server, with a bad socket path, or handed shared
  * memory of an unknown layout or not sealed, the worker runs exactly as it
- * would without memtally. The
- * library keeps counting locally, retries with back-off (100 ms doubling to
- * 5 s, only when a flush happens) and publishes the full total once attached.
+ * would without memtally. The library keeps counting locally, retries with
+ * back-off (100 ms doubling to 5 s, only when a flush happens) and
+ * publishes the full total once attached.
  *
  * Caveats
  *  - Counted: bytes that pass through memtally_account(), or, under the
@@ -109,11 +109,9 @@ extern "C" {
 
 #define MEMTALLY_EXTERN __attribute__((visibility("default")))
 
-
 /* memtallyd's defaults too (a unit test holds the two sides together). */
 #define MEMTALLY_DEFAULT_SOCKET    "/run/memtally/memtally.sock"
 #define MEMTALLY_DEFAULT_THRESHOLD (64 * 1024)
-
 
 /*
  * Hot-path state of one thread. `biased` is the thread's drift plus
@@ -128,7 +126,7 @@ struct memtally__tls {
 };
 
 MEMTALLY_EXTERN extern __thread struct memtally__tls memtally__t
-	__attribute__((tls_model("initial-exec")));
+    __attribute__((tls_model("initial-exec")));
 
 MEMTALLY_EXTERN void memtally__account_slow(void);
 
@@ -261,7 +259,7 @@ typedef struct memtally_buf {
 	size_t len;    /* bytes written */
 	size_t cap;    /* bytes allocated and accounted */
 	unsigned flags;
-	unsigned reserved32;  /* room to grow without an ABI break: */
+	unsigned reserved32;   /* room to grow without an ABI break: */
 	uintptr_t reserved[2]; /* memtally_buf_init() zeroes them */
 } memtally_buf;
 
@@ -342,8 +340,7 @@ typedef struct memtally_pool memtally_pool;
  * MEMTALLY_NO_ACCOUNT. 0, -EINVAL (a zero size or count, or too large),
  * -ENOMEM or another -errno from pthread_mutex_init(); *out is NULL on
  * error. */
-MEMTALLY_EXTERN int memtally_pool_create(memtally_pool **out,
-                                         size_t block_size,
+MEMTALLY_EXTERN int memtally_pool_create(memtally_pool **out, size_t block_size,
                                          size_t blocks_per_chunk,
                                          unsigned flags);
 

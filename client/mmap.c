@@ -9,26 +9,29 @@
  * bytes the malloc front end counts.
  *
  * What counts: a private, anonymous, writable mapping the program asked
- * for (MAP_PRIVATE | MAP_ANONYMOUS, PROT_WRITE), not MAP_NORESERVE -- the
- * mappings the kernel charges to the commit limit. Not counted: shared or
- * file mappings (page cache), PROT_NONE reservations, MAP_NORESERVE, and
- * every mapping of the allocators memtally
- * already counts through malloc: glibc's malloc calls its internal mmap
- * directly (never this one), and libjemalloc.so.2 calls mmap and munmap
- * through its PLT, so calls whose return address lies in jemalloc's code,
- * or in the preload's own (its shared memory; a jemalloc linked into it),
- * go straight to the kernel, uncounted, without a lock.
+ * for (MAP_PRIVATE | MAP_ANONYMOUS, PROT_WRITE), not MAP_NORESERVE: the
+ * mappings the kernel charges to the commit limit.
+ * Not counted: shared or file mappings (page cache), PROT_NONE
+ * reservations, MAP_NORESERVE, and the mappings of the allocators memtally
+ * already counts through malloc.
+ * glibc's malloc calls its internal mmap directly, never this one.
+ * libjemalloc.so.2 calls mmap and munmap through its PLT, so a call whose
+ * return address lies in jemalloc's code, or in the preload's own (its
+ * shared memory; a jemalloc linked into it), goes straight to the kernel,
+ * uncounted, without a lock.
  *
  * Reservations: runtimes reserve address space as a private anonymous
  * mapping without write access (PROT_NONE, often MAP_NORESERVE) and
  * commit pieces of it with mprotect (V8, .NET) or with mmap(MAP_FIXED)
  * (HotSpot: that is an mmap like any other). Such a mapping made through
- * this mmap is kept in a second table, `r`; an mprotect that makes part of
- * it writable counts that part, and one that takes all access away
- * (PROT_NONE) uncounts it (V8 and .NET decommit that way); read-only or
- * read-execute changes nothing (a JIT's W^X flips). mprotect of any other
- * memory (a writable mapping made read-only, a guard page, code) changes
- * nothing: a mapping counted at mmap stays counted until it is unmapped.
+ * this mmap is kept in a second table, `r`.
+ * An mprotect that makes part of it writable counts that part.
+ * One that takes all access away (PROT_NONE) uncounts it: V8 and .NET
+ * decommit that way.
+ * Read-only or read-execute changes nothing (a JIT's W^X flips).
+ * mprotect of any other memory (a writable mapping made read-only, a
+ * guard page, code) changes nothing: a mapping counted at mmap stays
+ * counted until it is unmapped.
  *
  * Resident, not committed: runtimes commit far more than they touch, and
  * give pages back without unmapping them. The figure is the counted
