@@ -117,6 +117,10 @@ static inline int64_t slot_total(const struct mtc_attachment *a)
 	return mtshm_slot_sum(a->slot, a->layout.lane_count, &flushes, &absurd);
 }
 
+/* Bytes flushed by this process (slot sum + pending), without any thread's
+ * unflushed drift. */
+int64_t mtc_published_bytes(void);
+
 /* How a caller asks for an attach (mtc_maybe_attach). */
 enum attach_ask {
 	ATTACH_LAZY,  /* a flush: back-off and worth_registering() apply */

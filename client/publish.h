@@ -45,11 +45,14 @@ struct mtc_thread {
  * back-off). */
 void mtc_publish(struct mtc_thread *th, int64_t delta);
 
-/* publish.c's state that fast paths read: the epoch (bumped whenever the
- * process's slot changes: attach, re-attach, fork), the threshold, and
- * the gate: the epoch's low 32 bits above the slot's flags as the latest
- * full flush of any thread saw them (a change of the flags from those is
- * an edge: mtc_publish() acts on it), so that one comparison tests both. */
+/* publish.c's state that fast paths read.
+ * mtc_epoch is bumped whenever the process's slot changes (attach,
+ * re-attach, fork).
+ * mtc_thresh is the threshold threads use, in bytes.
+ * mtc_gate holds the epoch's low 32 bits above the slot's flags as the
+ * latest full flush of any thread saw them, so one comparison tests both.
+ * Flags that differ from the gate's are an edge, which mtc_publish()
+ * handles. */
 #define MTC_HIDDEN __attribute__((visibility("hidden")))
 extern uint64_t mtc_epoch MTC_HIDDEN;
 extern uint64_t mtc_thresh MTC_HIDDEN;
@@ -109,16 +112,13 @@ static inline void mtc_quiet_off(struct mtc_thread *th)
  * mtc_publish(). */
 void mtc_thread_exit(struct mtc_thread *th);
 
-/* Run the over-limit callback that mtc_publish() found due. */
+/* Run the over-limit callback that mtc_publish() found due
+ * (mtc_after_flush, client_internal.h, calls it). */
 void mtc_run_over_limit(struct mtc_thread *th);
 
 /* The thread is exiting: a callback it found due is left for the next
  * flush of another thread. Called by mtc_thread_exit() and after each
  * flush made at thread exit. */
 void mtc_over_handoff(struct mtc_thread *th);
-
-/* Bytes flushed by this process (slot sum + pending), without any thread's
- * unflushed drift. */
-int64_t mtc_published_bytes(void);
 
 #endif /* MEMTALLY_PUBLISH_H */
