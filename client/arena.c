@@ -22,7 +22,7 @@
 
 #define ARENA_ALIGN 16
 /*
- * 16 KiB by default, by measurement (bench/RESULTS.md, allocators).
+ * 16 KiB by default, by measurement (bench/results/allocators.md).
  * jemalloc 5.3 serves blocks up to 32 KiB from the thread cache.
  * Larger ones come from the arena's extents, whose pages jemalloc returns
  * to the kernel, so a chunk of 64 KiB costs a syscall or page faults.

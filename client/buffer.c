@@ -9,9 +9,9 @@
  * by what was written into it.
  *
  * Growth policy: 2x by default (MEMTALLY_BUF_GROW_1_5X selects 1.5x for
- * comparison), chosen by bench/buffer_growth (bench/RESULTS.md,
- * buffer_growth). With jemalloc, 2x is faster than 1.5x in every case;
- * with glibc the two do not differ significantly. The reason is the
+ * comparison), chosen by bench/buffer_growth
+ * (bench/results/buffer_growth.md). With jemalloc, 2x is faster than 1.5x in
+ * every case; with glibc the two do not differ significantly. The reason is the
  * number of reallocations: 1.5x takes 36 growths to 64 MiB where 2x
  * takes 21. Every large jemalloc realloc copies into fresh pages that
  * fault in, since jemalloc returns freed pages to the kernel. glibc

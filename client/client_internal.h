@@ -56,7 +56,7 @@ extern bool mtc_at_load;
  * A single-threaded process gets the thread only once its heap and
  * mapped bytes reach MEMTALLY_REFRESH_MIN (MTC_REFRESH_MIN by default).
  * The reason: a first thread makes glibc lock every stdio call and malloc
- * arena for good (bench/RESULTS.md, stdio_cost).
+ * arena for good (bench/results/stdio_cost.md).
  */
 #define MTC_REFRESH_MS     1000u
 #define MTC_REFRESH_MAX_MS 3600000u

@@ -24,7 +24,7 @@
  * into glibc goes through the GOT. A 64 KiB pair flushes twice, and
  * both publishes are quiet (publish.h, inline in malloc and in free's
  * slow path) but one in 64, which looks at the server's heartbeat. What
- * each costs over glibc alone: bench/RESULTS.md, insn_per_pair.
+ * each costs over glibc alone: bench/results/insn_per_pair.md.
  * The slow path flushes at thread exit and handles fork, as account.c
  * does for the inline API. That API stays available: a program linked
  * to libmemtally reaches account.c here.

@@ -32,7 +32,8 @@
  * jemalloc's experimental.hooks: alloc hooks run after the allocation,
  * free hooks before the free, so a free is seen at the thread's next
  * call. Hooks send every call through jemalloc's slow path and hook
- * dispatch, many times the cost of a 16 B pair (bench/RESULTS.md): a
+ * dispatch, many times the cost of a 16 B pair
+ * (bench/results/alloc_overhead.md): a
  * fallback that keeps the figures right.
  * MEMTALLY_TEST_NO_ACTIVITY_CALLBACK=1 makes the mallctl fail on purpose
  * so that tests can exercise the fallback.

@@ -231,8 +231,8 @@ static inline void after_store(struct mtc_thread *th,
 /* Everything but a set-up thread publishing into its own lane: not
  * attached (pending), an exited thread, a first flush or one after a
  * re-attach (claim a lane), no lane free (overflow). Kept out of line so
- * that the common case below needs few registers (bench/RESULTS.md,
- * insn_per_pair). */
+ * that the common case below needs few registers
+ * (bench/results/alloc_overhead.md). */
 __attribute__((noinline, cold)) static void
 publish_cold(struct mtc_thread *th, int64_t delta,
              const struct mtc_attachment *a)
