@@ -85,6 +85,15 @@ void mts_guard_apply(struct mts_registry *reg, const struct mts_node_src *src,
 bool mts_guard_node(const struct mts_registry *reg, uint64_t *usage,
                     uint64_t *line);
 
+/*
+ * Where /proc/PID/cgroup's `text` (changed in place) puts the process in
+ * a memory cgroup: v1's memory hierarchy where that controller has one,
+ * else the unified (v2) hierarchy. *base is the hierarchy's mount point,
+ * path the cgroup under it. 0, or -ENOENT.
+ */
+int mts_node_cgroup_path(char *text, const char **base, char *path,
+                         size_t len);
+
 /* "cgroup2", "cgroup1", "meminfo", "off". */
 const char *mts_node_kind_name(enum mts_node_kind k);
 

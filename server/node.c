@@ -154,22 +154,17 @@ static enum mts_node_kind cgroup_kind(const char *dir)
 	return MTS_NODE_NONE;
 }
 
-/* The nearest cgroup around memtallyd that has a memory limit: v1's
- * memory hierarchy when the controller is there, else v2's. 0, or
- * -ENOENT when none has a limit. */
-static int own_cgroup(struct mts_node_src *src)
+int mts_node_cgroup_path(char *text, const char **base, char *path, size_t len)
 {
-	char text[4096], path[512] = "";
-	const char *base = NULL;
-	if (mts_read_small("/proc/self", "cgroup", text, sizeof(text)) < 0)
-		return -ENOENT;
+	*base = NULL;
 	for (char *save = NULL, *l = strtok_r(text, "\n", &save); l;
 	     l = strtok_r(NULL, "\n", &save)) {
+		/* hierarchy-id:controllers:path */
 		char *c1 = strchr(l, ':');
 		char *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
 		if (!c2)
 			continue;
-		*c2 = '\0';
+		*c1 = *c2 = '\0';
 		const char *ctrls = c1 + 1;
 		bool memory = false;
 		for (const char *c = ctrls; *c;
@@ -179,16 +174,27 @@ static int own_cgroup(struct mts_node_src *src)
 				memory = true;
 		}
 		if (memory) {
-			base = "/sys/fs/cgroup/memory";
-			snprintf(path, sizeof(path), "%s", c2 + 1);
-			break;
+			*base = "/sys/fs/cgroup/memory";
+			snprintf(path, len, "%s", c2 + 1);
+			return 0;
 		}
-		if (strcmp(l, "0") == 0 && !ctrls[0] && !base) {
-			base = "/sys/fs/cgroup";
-			snprintf(path, sizeof(path), "%s", c2 + 1);
+		/* The unified hierarchy: id 0, no controllers named. */
+		if (strcmp(l, "0") == 0 && !ctrls[0] && !*base) {
+			*base = "/sys/fs/cgroup";
+			snprintf(path, len, "%s", c2 + 1);
 		}
 	}
-	if (!base)
+	return *base ? 0 : -ENOENT;
+}
+
+/* The nearest cgroup around memtallyd that has a memory limit. 0, or
+ * -ENOENT when none has a limit. */
+static int own_cgroup(struct mts_node_src *src)
+{
+	char text[4096], path[512] = "";
+	const char *base;
+	if (mts_read_small("/proc/self", "cgroup", text, sizeof(text)) < 0 ||
+	    mts_node_cgroup_path(text, &base, path, sizeof(path)) < 0)
 		return -ENOENT;
 	for (;;) {
 		snprintf(src->dir, sizeof(src->dir), "%s%s", base,

@@ -435,3 +435,36 @@ Test(guard, admission_fits_under_the_line_by_the_nodes_figure)
 	/* 100 more fits. */
 	reserve(FX_UID, "c", 100 * MIB);
 }
+
+/* /proc/PID/cgroup as each kind of machine writes it. */
+static int cgroup_of(const char *text, const char **base, char *path)
+{
+	char buf[512];
+	snprintf(buf, sizeof(buf), "%s", text);
+	return mts_node_cgroup_path(buf, base, path, 128);
+}
+
+Test(guard_config, own_cgroup_on_every_hierarchy)
+{
+	const char *base;
+	char path[128];
+	/* cgroup v2 only (Debian 12, systemd's unified default). */
+	cr_assert_eq(cgroup_of("0::/system.slice/job.service\n", &base, path),
+	             0);
+	cr_assert_str_eq(base, "/sys/fs/cgroup");
+	cr_assert_str_eq(path, "/system.slice/job.service");
+	/* Hybrid: v1's memory controller wins over the unified line. */
+	cr_assert_eq(cgroup_of("12:pids:/a\n4:cpu,memory:/job/7\n"
+	                       "0::/job/7\n",
+	                       &base, path),
+	             0);
+	cr_assert_str_eq(base, "/sys/fs/cgroup/memory");
+	cr_assert_str_eq(path, "/job/7");
+	cr_assert_eq(cgroup_of("0::/u\n5:memory:/v\n", &base, path), 0);
+	cr_assert_str_eq(base, "/sys/fs/cgroup/memory");
+	cr_assert_str_eq(path, "/v");
+	/* v1 without the memory controller, and no unified line. */
+	cr_assert_eq(cgroup_of("3:cpu:/a\n4:memory_x:/b\n", &base, path),
+	             -ENOENT);
+	cr_assert_eq(cgroup_of("", &base, path), -ENOENT);
+}
