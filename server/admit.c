@@ -8,43 +8,44 @@
  *     measured + reserved + bytes <= limit
  *
  * where `measured` is per policy.measure and `reserved` is what the
- * outstanding reservations count now. A grant is a reservation with an id
- * ("r-" + 16 hex digits from getrandom: an id cannot be guessed to release
- * someone else's). A reservation ends by Release, by its TTL, or -- when
- * it names a task -- when the workers of that task have all exited.
+ * outstanding reservations count at that moment. A grant is a reservation
+ * with an id: "r-" and 16 hex digits from getrandom, so nobody can guess
+ * an id to release someone else's. A reservation ends by Release, by its
+ * TTL, or, when it names a task, when the workers of that task have all
+ * exited.
  *
  * Reconciliation. Workers that register with MEMTALLY_TASK=T use memory the
- * reservations for T set aside; counting both would count that memory
+ * reservations for T set aside, and counting both would count that memory
  * twice. So each tick the measured bytes of T's live workers are set
- * against T's reservations, oldest first, and each reservation counts
- * only what is left of it:
+ * against T's reservations, oldest first. Each reservation counts only
+ * what is left of it:
  *
  *     effective = max(0, bytes - (what T's workers use, not yet set
  *                                 against older reservations of T))
  *
- * and the fleet sees max(reserved, used), not their sum. Once a worker of
- * T has registered, T's reservations are "taken over": their TTL no longer
- * applies (the TTL is for admissions whose task never starts) and they end
- * when T has no live worker left, or max_ttl after they were granted,
- * whichever comes first. A worker's group need not be the
- * reservation's: the fleet figure is right either way, a group's only when
- * they agree. "A worker of T" means one that may act on the reservation:
- * its owner's or an admin's (see "ownership" below).
+ * The fleet thus sees max(reserved, used), not their sum. Once a worker of
+ * T has registered, T's reservations are "taken over". Their TTL, which is
+ * for admissions whose task never starts, stops applying. They end when T
+ * has no live worker left, or max_ttl after they were granted, whichever
+ * comes first. A worker's group need not be the reservation's. The fleet
+ * figure is right either way, a group's only when they agree. "A worker
+ * of T" means one that may act on the reservation: its owner's or an
+ * admin's (see "ownership" below).
  *
- * One uid may hold at most policy.max_resv_per_uid reservations (admins
- * exempt), counted in reg->adm->resv_uids; past it Admit is denied
- * (MTS_DENY_UID_CAP), so one peer cannot take MTS_RESV_MAX for itself.
+ * One uid may hold at most policy.max_resv_per_uid reservations, counted
+ * in reg->adm->resv_uids. Past it Admit is denied (MTS_DENY_UID_CAP), so
+ * one peer cannot take MTS_RESV_MAX for itself. Admins are exempt.
  *
- * Reservations (at most MTS_RESV_MAX; a scheduler holds one per task it
- * is starting, and may hold thousands) live in an unordered array, removed
- * by swapping in the last, with an index by id (a Release, and a new id's
- * uniqueness check, are one probe) and a min-heap by expiry of those whose
- * TTL applies (a tick looks only at those due). What they count is kept
- * up to date as they come and go (see resv_count), so that Admit, Release
- * and an expiry cost O(1) amortised plus O(reservations of their task),
- * not O(reservations): at 10,000 outstanding the old linear scans and
- * full recomputations made each request ~10x dearer. Tasks are in a small
- * hash table so the tick's pass over the workers is O(1) per worker.
+ * A scheduler holds one reservation per task it is starting, and may hold
+ * thousands, up to MTS_RESV_MAX. They live in an unordered array, removed
+ * by swapping in the last. An index by id makes a Release, and a new id's
+ * uniqueness check, one probe. A min-heap by expiry holds those whose TTL
+ * applies, so a tick looks only at those due. What they count is kept up
+ * to date as they come and go (see resv_count). Admit, Release and an
+ * expiry thus cost O(1) amortised plus O(reservations of their task), not
+ * O(reservations), which would make every request dearer as reservations
+ * pile up. Tasks are in a small hash table, so the tick's pass over the
+ * workers is O(1) per worker.
  */
 #include "mts_admit.h"
 
@@ -221,14 +222,14 @@ void mts_task_evicted(struct mts_registry *reg, const char *task, uint32_t uid)
 
 /* ---- ownership -----------------------------------------------------------
  *
- * A task's reservations belong to their owners: only the workers of the
- * owner's uid, or of an admin (auth.c: root, the server's uid, admin_uid,
- * admin_gid), take a reservation over, count against it and end it when
- * they are gone. Anyone can name any task; without this, a worker of
- * another user started with the same MEMTALLY_TASK would take over a
- * reservation (lifting its TTL), cancel it out with its own use, and end it
- * by exiting. A reservation made over TCP has no owner: every worker of the
- * task matches it, as before ownership existed.
+ * A task's reservations belong to their owners. Only the workers of the
+ * owner's uid, or of an admin (auth.c), take a reservation over, count
+ * against it and end it when they are gone. Anyone can name any task.
+ * Without ownership, a worker of another user started with the same
+ * MEMTALLY_TASK could take over a reservation, which lifts its TTL. It
+ * could cancel it out with its own use, and end it by exiting. A
+ * reservation made over TCP has no owner, so every worker of the task
+ * matches it.
  *
  * Each tick sorts the task's workers into shares (struct mts_task_share):
  * admins', one per owner uid of the task's reservations, and everyone
@@ -1305,19 +1306,19 @@ static uint64_t project_need(const struct mts_registry *reg, uint32_t gi,
 /* ---- the queue -------------------------------------------------------------
  *
  * `memtally run --wait` asks again until granted. Without a queue, room
- * that frees goes to whichever request asks first, and a large request
- * can wait while small ones keep taking the room it needs (the fleet
- * bench's largest kind ran last, two at a time). So a request that has
- * waited `[admission] queue` (10 s) keeps its room, the one waiting
- * longest first: a younger request is granted only if it fits beside it
- * too. Not at once: holding room for every denied request idles the
- * fleet behind the largest (a convoy; the bench's declared row took 19%
- * longer). Only a request that asks again keeps a place (a waiter silent
- * for MTS_WAIT_ACTIVE_NS has left), and none keeps it for more than
- * MTS_WAIT_HOLD_NS past its wait: then it goes to the back, so a request
- * that can never fit cannot hold the fleet. A non-admin uid's request is at
- * most its reserved-bytes share (max_reserved_bytes_per_uid), which bounds
- * what one uid's place can keep from the others.
+ * that frees goes to whichever request asks first. A large request can
+ * then wait while small ones keep taking the room it needs. So a request
+ * that has waited `[admission] queue` keeps its room, the one waiting
+ * longest first. A younger request is granted only if it fits beside it
+ * too. Room is not kept at once: holding room for every denied request
+ * idles the fleet behind the largest, a convoy (see
+ * bench/results/fleet.md for both effects). Only a request that asks
+ * again keeps a place. A waiter silent for MTS_WAIT_ACTIVE_NS has left.
+ * None keeps its place for more than MTS_WAIT_HOLD_NS past its wait. Then
+ * it goes to the back, so a request that can never fit cannot hold the
+ * fleet. A non-admin uid's request is at most its reserved-bytes share
+ * (max_reserved_bytes_per_uid), which bounds what one uid's place can
+ * keep from the others.
  */
 #define MTS_WAIT_ACTIVE_NS (UINT64_C(3) * 1000000000u)
 #define MTS_WAIT_HOLD_NS   (UINT64_C(30) * 1000000000u)

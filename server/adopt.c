@@ -2,32 +2,33 @@
  * adopt.c - restart without loss: take over the workers a previous
  * memtallyd left behind, with their counts.
  *
- * A worker never notices a server restart: its lanes are in its uid's slot
- * table, which lives as long as some worker maps it. What a new server
- * needs is (1) who those workers are and (2) the tables themselves.
+ * A worker never notices a server restart, because its lanes are in its
+ * uid's slot table, which lives as long as some worker maps it. A new
+ * server needs (1) who those workers are and (2) the tables themselves.
  *
  * (1) comes from the restart record (state.c), a file only the server's
- * uid can write. Nothing a worker wrote is used to decide who is adopted:
- * a record is taken only if its pid is alive with the recorded start time
- * (pids are reused, start times are not), checked after a pidfd is
- * opened, as at registration. So a forged slot cannot make an unrelated
- * process a target of enforcement.
+ * uid can write. Nothing a worker wrote is used to decide who is adopted.
+ * A record is taken only if its pid is alive with the recorded start time,
+ * checked after a pidfd is opened, as at registration. Pids are reused,
+ * start times are not. So a forged slot cannot make an unrelated process
+ * a target of enforcement.
  *
- * (2) comes from the workers' own mappings: the table of uid U is the
+ * (2) comes from the workers' own mappings. The table of uid U is the
  * memfd "<label>-slots:<instance>:<U>" that a live recorded worker of U
- * maps; /proc/PID/map_files gives a descriptor of it (this needs
- * CAP_CHECKPOINT_RESTORE or CAP_SYS_ADMIN, and to see another user's
- * process, CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH: a root memtallyd has
- * them, and the systemd unit keeps them in its bounding set).
- * It is mapped only if it is sealed against resizing and exactly the size
- * the layout says, like any table. A worker could map a table of its own
- * making under that name; it would only be believed for its own uid,
+ * maps, and /proc/PID/map_files gives a descriptor of it. That needs
+ * CAP_CHECKPOINT_RESTORE or CAP_SYS_ADMIN, and, for another user's
+ * process, CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH. A root memtallyd has
+ * them, and the systemd unit keeps them in its bounding set. The table is
+ * mapped only if it is sealed against resizing and exactly the size the
+ * layout says, like any table. A worker could map a table of its own
+ * making under that name. It would only be believed for its own uid,
  * whose figures it can write anyway.
  *
- * A recorded worker that cannot be adopted (the table cannot be reopened:
- * a server without the capability, say) is dropped, not lost: its client
- * sees the old header's heartbeat stop, re-registers at its next flush and
- * carries the total it had published into its new slot.
+ * A recorded worker that cannot be adopted is dropped, not lost. That
+ * happens when its table cannot be reopened, for example by a server
+ * without the capability. Its client sees the heartbeat of the header it
+ * mapped stop, re-registers at its next flush and carries the total it
+ * had published into its new slot.
  */
 #include "mts_adopt.h"
 

@@ -4,34 +4,35 @@
  * Every peer is a uid when the kernel can say which: SO_PEERCRED on the
  * Unix socket, sock_diag for a TCP peer on this host (conn.c at accept).
  * Queries and admission are open to any identified peer that can reach a
- * socket (the Unix socket is 0660, TCP is loopback unless configured
- * otherwise); a TCP peer whose uid is unknown needs the token on every
+ * socket. The Unix socket is 0660, and TCP is loopback unless configured
+ * otherwise. A TCP peer whose uid is unknown needs the token on every
  * request (dispatch.c). SetLimit, and Release of a reservation the peer
  * does not own, need an authorised peer:
- *  - by uid: root, the server's own uid, the configured admin_uid, or (on
- *    the Unix socket, where there is a process to ask) a member of
- *    admin_gid (primary group, or a supplementary one: SO_PEERGROUPS of
- *    the socket, else the Groups: line of /proc/PID/status);
+ *  - by uid: root, the server's own uid, the configured admin_uid, or a
+ *    member of admin_gid. Group membership is checked only on the Unix
+ *    socket, where there is a process to ask. It counts the primary group
+ *    and the supplementary ones, from SO_PEERGROUPS of the socket, else
+ *    the Groups: line of /proc/PID/status.
  *  - on any transport, the configured tcp_token in the request.
  * The token is compared in time that does not depend on its content.
  *
- * Ownership of a reservation: the uid of the peer that was granted it,
- * over either transport. A reservation granted to an unidentified TCP
- * peer has no uid; those peers are one principal (each of them showed the
- * token), so any of them may release it as the owner, and anyone else
- * needs authorisation to. The same principals decide whose workers may
- * take a task's reservation over (admit.c): the owner's uid or an admin's
- * (root, the server's uid, admin_uid, a process in admin_gid); any worker
- * for one without an owner.
+ * A reservation is owned by the uid of the peer that was granted it, over
+ * either transport. A reservation granted to an unidentified TCP peer has
+ * no uid. Those peers are one principal, since each of them showed the
+ * token. So any of them may release it as the owner, and anyone else needs
+ * authorisation to. The same principals decide whose workers may take a
+ * task's reservation over (admit.c): the owner's uid or an admin's, and
+ * any worker for a reservation without an owner.
  *
- * Admins also see every process's names: others see another uid's
+ * Admins also see every process's names. Others see another uid's
  * processes as `[server] show_others` says (dispatch.c).
  *
  * Admins are also exempt from the per-uid caps on reservations (admit.c),
- * slots and groups (registry.c) and connections (conn.c), counted here by
- * uid (mts_uid_count_*), and may join any group. A [group NAME] with
- * `uids` or `gids` may be joined (by a worker, or an Admit naming it)
- * only by a listed uid, a member of a listed gid, or an admin.
+ * slots and groups (registry.c) and connections (conn.c). Those caps are
+ * counted by uid with mts_uid_count_add() and its siblings (uidcount.c).
+ * Admins may join any group. A [group NAME] with `uids` or `gids` may be
+ * joined, by a worker or by an Admit naming it, only by a listed uid, a
+ * member of a listed gid, or an admin.
  */
 #include "mts_auth.h"
 

@@ -3,84 +3,85 @@
  * their connections.
  *
  * Each connection has an input buffer and a count of response bytes handed
- * to libuv but not yet written. Frames are answered as soon as they are
- * complete (mts_input()); the responses produced in one turn are written
- * together (uv_try_write, then one uv_write for what the socket did not
- * take; conn_write), and libuv keeps writes in order, so responses leave
- * in request order.
+ * to libuv but not yet written. A frame is answered as soon as it is
+ * complete (mts_input()). The responses of one turn are written together
+ * by conn_write: uv_try_write first, then one uv_write for the rest. libuv
+ * keeps writes in order, so responses leave in request order.
  *
  * Nothing a peer does may stall the others, so each connection is bounded
  * three ways:
- *  - input: we read 64 KiB at a time and answer before reading more, so
- *    the buffer holds at most one partial frame (<= 1 MiB) plus one read;
+ *  - input: we read READ_CHUNK bytes at a time and answer before reading
+ *    more. The buffer holds at most one partial frame plus one read.
  *  - output: when unwritten output reaches MTS_OUT_HIGH we stop reading
- *    and answering ("paused") until it drains below MTS_OUT_LOW;
- *  - time: a turn answers at most MTS_FRAMES_PER_TURN frames; a connection
- *    with more complete frames stops reading and joins the backlog, which
- *    an idle handle serves one turn per connection per loop iteration, so
- *    every other connection's events run in between.
- * A connection reads only while it is in none of these states (and not
- * closing): `reading` mirrors uv_read_start/stop.
+ *    and answering ("paused") until it drains below MTS_OUT_LOW.
+ *  - time: a turn answers at most MTS_FRAMES_PER_TURN frames. A connection
+ *    with more complete frames stops reading and joins the backlog. An
+ *    idle handle serves the backlog one turn per connection per loop
+ *    iteration, so every other connection's events run in between.
+ * A connection reads only while it is in none of these states and not
+ * closing. `reading` mirrors uv_read_start/stop.
  *
- * Those bounds are per connection; N peers could still hold N times them.
- * So the server as a whole has a budget too (server.h):
- *  - connections: past max_connections a new connection is accepted and
- *    closed at once (past max_connections minus a small admin reserve,
- *    unless its peer is an admin: root can always get in to look), logged (at
- * most once a second, with the count) and counted
- * (memtally_connections_rejected_total). Accepting and closing rather than
- * leaving it in the listen backlog: the peer sees EOF at once and a worker's
- * client retries with back-off (fail open), where a connection left in the
- * backlog would hang until its timeout, with nothing in our logs; and libuv
- * stops watching a listener whose pending connection is not accepted, so the
- * next connection after a close would wait too.
- *  - bytes: `held` is what a connection holds (its input buffer's
- *    capacity plus its unwritten output) and net->buffered their sum.
- *    Reads go into one shared buffer and only what is left unanswered is
- *    copied into the connection's own, so a peer that sends whole
- *    requests and reads its answers holds next to nothing. When the sum
- *    passes max_buffered, every connection holding more than its fair
- *    share stops reading and answering ("throttled"), which freezes what
- *    it holds; one that is still under it goes on (a well-behaved client
- *    is answered throughout). Throttling ends for all once the sum is
- *    back under MTS_BUDGET_LOW_PCT of the cap (a peer that reads drains
- *    its output). If the sum is still over the cap MTS_BUDGET_GRACE_MS
+ * N peers could still hold N times these bounds, so the server as a whole
+ * has a budget too (struct mts_conns in mts_conn.h):
+ *  - connections: past max_connections a new connection is accepted,
+ *    closed at once, logged and counted
+ *    (memtally_connections_rejected_total). The log says the count, at
+ *    most once a second. The last admin_reserve places are for admins, so
+ *    root can always get in to look. We accept and close rather than
+ *    leave the connection in the listen backlog for two reasons. The peer
+ *    sees EOF at once and a worker's client retries with back-off (fail
+ *    open), where a connection left in the backlog would hang until its
+ *    timeout with nothing in our logs. And libuv stops watching a listener
+ *    whose pending connection is not accepted, so the next connection
+ *    would wait too.
+ *  - bytes: `held` is what a connection holds, its input buffer's
+ *    capacity plus its unwritten output. net->buffered is their sum.
+ *    Reads go into one shared buffer, and only what is left unanswered is
+ *    copied into the connection's own. A peer that sends whole requests
+ *    and reads its answers holds next to nothing. When the sum passes
+ *    max_buffered, every connection holding more than its fair share
+ *    stops reading and answering ("throttled"), which freezes what it
+ *    holds. A connection under its share goes on, so a well-behaved
+ *    client is answered throughout. Throttling ends for all once the sum
+ *    is back under MTS_BUDGET_LOW_PCT of the cap; a peer that reads drains
+ *    its output. If the sum is still over the cap MTS_BUDGET_GRACE_MS
  *    later, the largest holders are disconnected, largest first, until it
- *    is not: peers that do not read their answers cannot make the server
- *    hold more than about the cap.
- *    Logged (pressure: warn once per episode; eviction: warn each) and
- *    counted in /metrics.
- *  - per uid: past max_connections_per_uid connections of one peer uid
- *    (SO_PEERCRED at accept, or sock_diag for a TCP peer on this host;
- *    Watch subscribers count too), a new one of that uid is accepted and
- *    closed at once, as above, so one user cannot take max_connections for
- *    itself. TCP peers of unknown uid are one bucket, MTS_UID_TCP, capped
- *    by max_connections_unidentified. Admins are exempt.
+ *    is not. Peers that do not read their answers thus cannot make the
+ *    server hold much more than the cap. Pressure is logged once per
+ *    episode, each eviction once, and both are counted in /metrics.
+ *  - per uid: past max_connections_per_uid connections of one peer uid, a
+ *    new one of that uid is accepted and closed at once, as above. One
+ *    user thus cannot take max_connections for itself. The uid comes from
+ *    SO_PEERCRED at accept, or from sock_diag for a TCP peer on this host.
+ *    Watch subscribers count too. TCP peers of unknown uid share one
+ *    bucket, MTS_UID_TCP, capped by max_connections_unidentified. Admins
+ *    are exempt.
  *  - idle: a connection with no complete request for idle_ms is closed
- *    (on_idle_timer), except a Watch subscriber, which waits by design;
- *    those are bounded per uid by max_watch_per_uid instead (dispatch.c
- *    counts them in reg->watch_uids, conn_close uncounts them).
+ *    (on_idle_timer). A Watch subscriber is exempt because it waits by
+ *    design. Subscribers are bounded per uid by max_watch_per_uid instead:
+ *    dispatch.c counts them in reg->watch_uids and conn_close uncounts
+ *    them.
  *
  * Lifetime: a connection is closed on a read or write error, after a bad
  * frame once its error answer is written, and on EOF once every buffered
- * request is answered and written. Memory is freed in the close callback;
+ * request is answered and written. Memory is freed in the close callback.
  * libuv runs pending write callbacks (UV_ECANCELED) before it.
  *
  * Both transports share all of this: a connection's handle is a uv_pipe_t
  * or a uv_tcp_t used as a uv_stream_t. A TCP peer has no SO_PEERCRED and
- * no pid, so it cannot Register; its uid comes from sock_diag when it is
+ * no pid, so it cannot Register. Its uid comes from sock_diag when it is
  * on this host (conn_tcp_setup), else it needs the token (dispatch.c).
  *
  * Watch: a connection that sent a Watch gets every event pushed as a
- * Response with the Watch's id. Pushed events go through the same write
- * path and count towards the same output bound: a subscriber whose
- * unwritten output has reached MTS_OUT_HIGH is not reading, and is
- * disconnected (logged, conn_stats.watch_disconnects) instead of having events
- * queued for it without bound or silently dropped -- a gap it could not
- * see. A client that reconnects and watches again gets the current state
- * first. An event raised while a connection's own request is being
- * answered goes into that turn's output, so it stays in order with the
- * answers around it.
+ * Response with the Watch's id. Pushed events use the same write path and
+ * count towards the same output bound. A subscriber whose unwritten output
+ * reaches MTS_OUT_HIGH is not reading, so it is disconnected, logged and
+ * counted (conn_stats.watch_disconnects). Queueing events for it without
+ * bound would exhaust memory, and dropping them silently would leave a gap
+ * it could not see. A client that reconnects and watches again gets the
+ * current state first. An event raised while a connection's own request
+ * is being answered goes into that turn's output, so it stays in order
+ * with the answers around it.
  */
 #include "mts_conn.h"
 

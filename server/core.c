@@ -3,18 +3,20 @@
  * of the registry's notifications to the modules that act on its figures.
  *
  * The registry (registry.c) knows identity, slots, groups and totals and
- * nothing above them. What the modules above it keep per process or per
- * uid, it hears of through struct mts_registry_watch, filled here:
- * a process joins (vouch.c's flags, admit.c's reservations of its task)
- * or leaves (limits.c: a process over its limit is over no more); a new
- * uid's table (vouch.c); who may put a worker in which group (auth.c).
+ * nothing above them. The modules above it keep state per process or per
+ * uid, and hear of changes through struct mts_registry_watch, filled here:
+ *  - a process joins: vouch.c's flags, admit.c's reservations of its task;
+ *  - a process leaves: limits.c, since a process over its limit is over
+ *    no more;
+ *  - a new uid's table: vouch.c;
+ *  - who may put a worker in which group: auth.c.
  *
- * Each tick, after summing the slots (accounted bytes, and the RSS read
- * by the latest sweep), what is vouched for is settled (vouch.c),
- * reservations are reconciled (admit.c), rates sampled (rate.c, through
- * limits.c), states evaluated against the limits with hysteresis
- * (limits.c), enforcement runs, and the fleet snapshot is published with
- * its limit, reserved bytes and state.
+ * Each tick first sums the slots: accounted bytes, and the RSS read by the
+ * latest sweep. Then it settles what is vouched for (vouch.c), reconciles
+ * reservations (admit.c) and samples rates (rate.c, through limits.c). It
+ * evaluates states against the limits with hysteresis (limits.c) and runs
+ * enforcement. Last, it publishes the fleet snapshot with its limit,
+ * reserved bytes and state.
  *
  * Sums saturate instead of wrapping: each sane slot is below 2^50 but
  * there may be 2^20 of them.

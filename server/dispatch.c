@@ -1,26 +1,26 @@
 /*
  * dispatch.c - requests in, responses out; no sockets.
  *
- * mts_input() splits a connection's input into varint-delimited frames and
+ * mts_input() splits a connection's input into varint-delimited frames.
  * mts_dispatch() answers one frame with exactly one framed Response,
- * appended to an output buffer. Because every request is answered
- * synchronously, in the order read, pipelined requests are answered in
- * request order without any bookkeeping.
+ * appended to an output buffer. Every request is answered synchronously,
+ * in the order read, so pipelined requests are answered in request order
+ * without any bookkeeping.
  *
- * The input is hostile: a length prefix over MTS_MAX_FRAME is refused
- * before anything is allocated for it, and a frame protobuf-c cannot decode
- * is answered (id 0, as the id could not be read) and ends the connection,
- * as the protocol says. Everything else that goes wrong is an error
- * Response on a connection that stays open.
+ * The input is hostile. A length prefix over MTS_MAX_FRAME is refused
+ * before anything is allocated for it. A frame protobuf-c cannot decode is
+ * answered with id 0, since its id could not be read, and ends the
+ * connection, as the protocol says. Everything else that goes wrong is an
+ * error Response on a connection that stays open.
  *
- * Answers are built from the registry's figures of the latest tick;
- * strings in them point into registry memory, which lives at least until
- * the response is packed (before we return).
+ * Answers are built from the registry's figures of the latest tick.
+ * Strings in them point into registry memory, which lives at least until
+ * the response is packed, before we return.
  *
  * Admit, Release and SetLimit change the registry at once (admit.c,
- * limits.c) and their effects -- states, events, the published snapshot --
+ * limits.c). Their effects (states, events, the published snapshot)
  * happen before the answer is appended. A Watch marks the peer as a
- * subscriber (conn.c pushes its events) and is answered with one Event:
+ * subscriber, whose events conn.c pushes. It is answered with one Event:
  * the fleet's current state.
  */
 #include "mts_dispatch.h"

@@ -5,33 +5,34 @@
  *
  * The node's figure and the line come from node.c.
  *
- * The line, and the choice. Past the line ([guard] line: a fraction of
- * the limit, bytes below it, or bytes) at most one task is evicted per
- * [guard] interval, so the node has time to come back before another is
- * chosen. The candidates are the tasks (the workers of one task of one
- * uid, whatever their process tree) and the processes without a task.
- * Chosen is the candidate furthest beyond its reservation by what its
- * workers hold as vouched for (vouch.c): what it took that nobody granted
- * it. When none is beyond, the one growing fastest (what pushes the node
- * to its edge now; evicting anything else only buys time until it gets
- * there), and when none grows, the youngest (it has done the least work,
- * so its rerun throws away the least).
+ * The line, and the choice. The line is [guard] line: a fraction of the
+ * limit, bytes below it, or bytes. Past it, at most one task is evicted
+ * per [guard] interval, so the node has time to come back before another
+ * is chosen. The candidates are the tasks and the processes without a
+ * task. A task's candidate is the workers of one task of one uid, whatever
+ * their process tree. The guard chooses the candidate furthest beyond its
+ * reservation by what its workers hold as vouched for (vouch.c), which is
+ * what it took that nobody granted it. When none is beyond, it chooses the
+ * one growing fastest. That one is what pushes the node to its edge, and
+ * evicting anything else only buys time until it gets there. When none
+ * grows, it chooses the youngest, which has done the least work, so its
+ * rerun throws away the least.
  *
  * Trust. Untrusted processes count what the kernel vouches for, so a lie
- * makes nobody bigger but the liar. A candidate is one uid's: a worker of
+ * makes nobody bigger but the liar. A candidate is one uid's. A worker of
  * another uid naming a task is a candidate of its own, so it neither
  * makes that task look bigger nor goes with it. A trusted process without
- * a task (a root service, memtallyd itself if it ever were registered)
- * is never chosen unless [guard] evict_trusted; memtallyd is never
- * signalled in any case.
+ * a task, such as a root service, is never chosen unless [guard]
+ * evict_trusted. memtallyd itself is never signalled, even if it were
+ * registered.
  *
  * The eviction. A Watch event for the task (scope "task:NAME", the
  * figures in its reason) is written before any signal, so `memtally run`
  * has it by the time it sees its command die. Then every worker of the
- * candidate is stopped through its pidfd, their descendants are found
- * (/proc/PID/task/TID/children) and stopped in turn, each opened as a
- * pidfd and checked to be the child of its stopped parent, and all are
- * killed: a stopped process cannot fork a child the walk would miss, and
+ * candidate is stopped through its pidfd. Their descendants are found
+ * (/proc/PID/task/TID/children) and stopped in turn. Each is opened as a
+ * pidfd and checked to be the child of its stopped parent. Then all are
+ * killed. A stopped process cannot fork a child the walk would miss, and
  * a pidfd cannot be a recycled pid.
  */
 #include "mts_guard.h"

@@ -1,56 +1,58 @@
 /*
- * hooks.c - state hooks: `[hooks] on_ok`, `on_high`, `on_over`, each a
- * shell command line run (`/bin/sh -c`) when the fleet or a group enters
- * that state, with the figures in its environment:
+ * hooks.c - state hooks: `[hooks] on_ok`, `on_high`, `on_over`. Each is a
+ * shell command line, run with `/bin/sh -c` when the fleet or a group
+ * enters that state, with the figures in its environment:
  *
  *   MEMTALLY_SCOPE     "fleet", or the group's name
  *   MEMTALLY_KIND      "fleet" or "group" (a group may be named "fleet")
  *   MEMTALLY_STATE     ok, high, over: the state the hook is run for
- *   MEMTALLY_PREVIOUS  the state the scope's previous hook was run for
- *                      (ok when none was): what a consumer last heard
+ *   MEMTALLY_PREVIOUS  the state the scope's previous hook was run for,
+ *                      ok when none was; what a consumer last heard
  *   MEMTALLY_BYTES, MEMTALLY_RSS, MEMTALLY_RESERVED, MEMTALLY_LIMIT
- *                      bytes, as the event that led to it (limit 0: none):
- *                      the figures whose row in figures.c names a variable
+ *                      bytes, as of the event that led to it (limit 0 is
+ *                      none); the figures whose row in figures.c names a
+ *                      variable
  *   MEMTALLY_MEASURE, MEMTALLY_REASON, MEMTALLY_NODE ([hooks] node, or the
  *   host name), MEMTALLY_SOCKET (this server's, for `memtally` in a hook)
  *
  * Invariants, and why:
  *  - Never on the loop's time. A hook is a child process started with
- *    posix_spawn (a vfork: the loop is held only until the exec, see
- *    start_process) whose exit (its pidfd), stderr and deadline are libuv
- *    handles; nothing waits for it. A query is answered between a hook's
- *    start and its end as at any other time.
+ *    posix_spawn. That is a vfork, so the loop is held only until the exec
+ *    (see start_process). The child's exit (its pidfd), stderr and
+ *    deadline are libuv handles, and nothing waits for it. Queries are
+ *    answered while a hook runs as at any other time.
  *  - One per scope at a time, latest state wins. A scope's states can
- *    change faster than a hook runs (drain takes a second, the fleet
- *    flaps around a mark): a change while the scope's hook runs is only
- *    remembered; when the hook ends, the hook of the scope's latest state
- *    runs if that state is not the one last reported. So the hooks of a
- *    scope run one after the other, and the last one to run always has
- *    the scope's current state: ok -> high -> over -> high seen during
- *    one slow hook (for high) runs nothing more; ok -> over -> ok during
- *    one (for over) runs on_ok.
- *  - A state without a command counts as reported: on_over and on_ok
- *    alone (drain / resume) see ok -> high -> over as PREVIOUS=high.
+ *    change faster than a hook runs: drain takes a second, and the fleet
+ *    flaps around a mark. A change while the scope's hook runs is only
+ *    remembered. When the hook ends, the hook of the scope's latest state
+ *    runs if that state is not the one last reported. So a scope's hooks
+ *    run one after the other, and the last one always has the scope's
+ *    current state. ok -> high -> over -> high seen during one slow hook
+ *    for high runs nothing more. ok -> over -> ok during one for over
+ *    runs on_ok.
+ *  - A state without a command counts as reported. With on_over and on_ok
+ *    alone (drain / resume), ok -> high -> over shows PREVIOUS=high.
  *  - Bounded in time. Each hook runs in its own session and process group
- *    (POSIX_SPAWN_SETSID); `[hooks] timeout` after its start the
- *    whole group is killed with SIGKILL (a `sleep` it started included)
- *    and that is logged. A hook is over when its shell has exited and its
- *    stderr is closed, or at the deadline: a background process that
- *    keeps stderr open is killed with the group then.
- *  - At most one start per `[hooks] min_interval` per scope. A scope
- *    whose next hook would start sooner waits (its latest state still
- *    wins, so a figure flapping every few milliseconds costs one hook per
- *    interval, not one per flap); the scope is remembered until its
- *    interval has passed, so it cannot start afresh by being forgotten.
- *    One timer serves every waiting scope.
- *  - Bounded in number: MTS_HOOKS_MAX_RUNNING at once in all, the others
- *    wait their turn (FIFO); a scope is tracked only while it has a hook
- *    running or waiting or is not `ok`, so the table holds the scopes
+ *    (POSIX_SPAWN_SETSID). `[hooks] timeout` after its start the whole
+ *    group is killed with SIGKILL, a `sleep` it started included, and that
+ *    is logged. A hook is over when its shell has exited and its stderr is
+ *    closed, or at the deadline. A background process that keeps stderr
+ *    open is killed with the group then.
+ *  - At most one start per `[hooks] min_interval` per scope. A scope whose
+ *    next hook would start sooner waits. Its latest state still wins, so a
+ *    figure flapping every few milliseconds costs one hook per interval,
+ *    not one per flap. The scope is remembered until its interval has
+ *    passed, so it cannot start afresh by being forgotten. One timer
+ *    serves every waiting scope.
+ *  - Bounded in number: MTS_HOOKS_MAX_RUNNING at once in all. The others
+ *    wait their turn in order. A scope is tracked only while it has a hook
+ *    running or waiting or is not `ok`. The table thus holds the scopes
  *    that matter, never every group a worker ever named.
- *  - Logged: start (info), end with exit status or signal, duration and
- *    the first MTS_HOOK_STDERR_MAX bytes of stderr (info when it exited
- *    0, warn otherwise), a timeout (warn). stdout goes to /dev/null.
- *  - The server's own state never leaks into a hook: every descriptor of
+ *  - Logged: the start (info), and the end with exit status or signal,
+ *    duration and the first MTS_HOOK_STDERR_MAX bytes of stderr (info when
+ *    it exited 0, warn otherwise). A timeout is a warning. stdout goes to
+ *    /dev/null.
+ *  - The server's own state never leaks into a hook. Every descriptor of
  *    memtallyd is close-on-exec, and NOTIFY_SOCKET (systemd's readiness
  *    socket) is removed from the hook's environment.
  */

@@ -1,35 +1,36 @@
 /*
  * kinds.c - kinds and their learned sizes.
  *
- * A kind is what runs again and again (a Slurm job name, a Celery task
- * name, a Dask key prefix, a build step). Admission (admit.c) records the
- * peak of each finished task of a kind and sizes the next task's
- * reservation from the recent peaks instead of from what people declare,
- * who declare about twice what they use.
+ * A kind is what runs again and again: a Slurm job name, a Celery task
+ * name, a Dask key prefix, a build step. Admission (admit.c) records the
+ * peak of each finished task of a kind. It sizes the next task's
+ * reservation from the recent peaks, because what people declare is
+ * usually well above what they use.
  *
- * Per (kind, uid), not per kind: a kind name is a label anyone can put in
- * an Admit, so if runs of all uids were pooled, one user's tasks (or its
- * lies) would size another user's reservations. Per uid, a uid sizes only
- * its own, and its own lies can only cost itself. The peak is of what
- * counts toward others (vouch.c: an untrusted process counts the kernel's
- * figure plus a bounded allowance), so a claim the kernel does not back
- * neither inflates nor shrinks even its own kind beyond that allowance.
+ * Sizes are kept per (kind, uid), not per kind. A kind name is a label
+ * anyone can put in an Admit. If runs of all uids were pooled, one user's
+ * tasks, or its lies, would size another user's reservations. Per uid, a
+ * uid sizes only its own, and its lies can only cost itself. The peak is
+ * of what counts toward others: for an untrusted process, the kernel's
+ * figure plus a bounded allowance (vouch.c). A claim the kernel does not
+ * back thus neither inflates nor shrinks even its own kind beyond that
+ * allowance.
  *
- * The estimator: the `quantile` (p95) of the last `window` (64) runs'
- * peaks no older than `horizon` (7 days), plus `margin` (10%). A moving
- * window percentile like Autopilot's recommender (EuroSys 2020), rather
- * than Kubernetes VPA's decaying histogram: a task's runs are few (tens,
- * not the per-second samples VPA decays), a quantile of 64 numbers is
- * exact where a histogram's buckets are 10% wide, and aging by count and
- * age forgets a kind that changed as surely as a half-life does. An
- * evicted run counts at 1.5 times its peak: it was still growing when it
- * was ended, so its real peak is higher than the one seen.
+ * The estimator is the `quantile` (p95) of the peaks of the last `window`
+ * (64) runs no older than `horizon` (7 days), plus `margin` (10%). It is a
+ * moving-window percentile like Autopilot's recommender (EuroSys 2020),
+ * rather than Kubernetes VPA's decaying histogram. A task's runs are few,
+ * tens rather than the per-second samples VPA decays. A quantile of 64
+ * numbers is exact, where a histogram's buckets are 10% wide. Aging by
+ * count and age forgets a kind that changed as surely as a half-life
+ * does. An evicted run counts at 1.5 times its peak, because it was still
+ * growing when it was ended, so its real peak is higher than the one seen.
  *
- * Cost per kind: its name plus 64 runs of 24 bytes (1.6 KiB), so 4096
+ * Each kind costs its name plus 64 runs of 24 bytes (1.6 KiB), so 4096
  * kinds (max_kinds) are under 7 MiB. A run's end costs a store into the
- * ring; an Admit a hash lookup, and a sort of at most 64 numbers only
- * when a run came since the last estimate or the oldest run it used aged
- * out (the estimate is cached).
+ * ring. An Admit costs a hash lookup. It sorts at most 64 numbers, and
+ * only when a run came since the last estimate or the oldest run it used
+ * aged out, because the estimate is cached.
  */
 #include "mts_kinds.h"
 

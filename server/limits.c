@@ -1,9 +1,10 @@
 /*
  * limits.c - limits, states with hysteresis, Watch events, enforcement.
  *
- * Three kinds of limit: the fleet's, each group's, and each process's (a
- * default per-process limit, or one set for a pid with SetLimit). Each
- * has a state, ok / high / over, moved by mts_state_next():
+ * Three kinds of limit: the fleet's, each group's, and each process's. A
+ * process's limit is the default per-process limit, or one set for its pid
+ * with SetLimit. Each limit has a state, ok / high / over, moved by
+ * mts_state_next():
  *
  *           value > limit                value > limit
  *     ok ------------------> over <------------------- high
@@ -11,33 +12,33 @@
  *     over --> high only below limit x (1 - hysteresis)
  *     high --> ok   only below limit x (watermark - hysteresis)
  *
- * so a figure that wobbles around one line changes state once, not on
- * every tick. With [limits] forecast_horizon, the fleet and each group
- * also turn `high` below the watermark when their growth rate (rate.c)
- * says the limit will be crossed within the horizon; that input has its
- * own hysteresis (mts_forecast_gate: entered at the horizon, left only
- * after a growth window beyond 1.5 x the horizon or without a forecast),
- * so a noisy rate does not flap. What is compared is per policy.measure:
- * accounted bytes, RSS, or the larger of the two (each of fleet, group and
- * process on its own sums); for the fleet and groups the outstanding
- * reservations are added (what a grant has promised is as good as used).
+ * A figure that wobbles around one line thus changes state once, not on
+ * every tick. With [limits] forecast_horizon, the fleet and each group also
+ * turn `high` below the watermark when their growth rate (rate.c) says the
+ * limit will be crossed within the horizon. That input has its own
+ * hysteresis (mts_forecast_gate), so a noisy rate does not flap.
+ *
+ * What is compared is per policy.measure: accounted bytes, RSS, or the
+ * larger of the two. Each of fleet, group and process takes the larger on
+ * its own sums. The fleet and groups add the outstanding reservations,
+ * because what a grant has promised is as good as used.
  *
  * Every change of the fleet's or a group's state, and every process
  * entering or leaving `over`, is handed to reg->lim->on_event (the Watch
- * broadcast) and logged within a budget: the scope's for the fleet and
- * groups, the uid's for a process (mts_log.h). A process in `over` has
+ * broadcast). It is logged within a budget (mts_log.h): the scope's for
+ * the fleet and groups, the uid's for a process. A process in `over` has
  * MTSHM_SLOT_OVER_LIMIT set in its slot, so the worker can see it with one
- * load; the flag is cleared when it leaves `over`. Processes are also `high`
- * internally (reported in ProcessInfo.state), but only over/not-over is an
- * event.
+ * load. The flag is cleared when it leaves `over`. Processes can be `high`
+ * too, as ProcessInfo.state reports, but only over/not-over is an event.
  *
- * Enforcement (optional, policy.enforce_signal): once the fleet has been
+ * Enforcement is optional (policy.enforce_signal). Once the fleet has been
  * in `over` for policy.grace_ms, the largest process that is over its own
- * limit gets the signal, through its pidfd (so never a recycled pid). Then
- * the grace period starts again: at most one signal per grace period in
- * all, hence at most one per process. If no process is over its own limit
- * nothing is signalled -- the fleet is over because of many processes
- * within their limits, and picking one of them would be a guess.
+ * limit gets the signal. It goes through the pidfd, so never to a recycled
+ * pid. Then the grace period starts again. That makes at most one signal
+ * per grace period in all, hence at most one per process. If no process is
+ * over its own limit, nothing is signalled. The fleet is then over because
+ * of many processes within their limits, and picking one of them would be
+ * a guess.
  */
 #include "mts_limits.h"
 

@@ -2,19 +2,19 @@
  * log.c - logfmt lines on stderr.
  *
  * Each line is formatted into a stack buffer and written with write(2) in
- * one piece (a short write is retried), so concurrent writers to the same
- * stderr (a journal, a terminal) never see half lines from us. Timestamps
- * are UTC with milliseconds. The level is a plain global: the server is
- * single-threaded. Peer-supplied strings are escaped by mts_logq(); a
+ * one piece, retrying a short write. Concurrent writers to the same stderr
+ * (a journal, a terminal) thus never see half lines from us. Timestamps
+ * are UTC with milliseconds. The level is a plain global, because the
+ * server is single-threaded. mts_logq() escapes peer-supplied strings. A
  * line is cut at 1 KiB and always ends in a newline.
  *
  * The budgets (mts_log_uid, mts_log_scope) are small direct-mapped
- * tables: an entry counts its uid's or scope's lines in the current
- * second and what it held back; a uid or scope taking over an entry
- * first reports what the previous one held back. A uid's summary lists
- * the held-back lines by msg; a scope's repeats the latest of them,
- * since for a state that is where the scope ended. Loop thread only,
- * like the rest of the server.
+ * tables. An entry counts its uid's or scope's lines in the current second
+ * and what it held back. A uid or scope taking over an entry first reports
+ * what the previous one held back. A uid's summary lists the held-back
+ * lines by msg. A scope's summary repeats the latest of them, because for
+ * a state that is where the scope ended. Loop thread only, like the rest
+ * of the server.
  */
 #include "mts_log.h"
 

@@ -4,63 +4,63 @@
  *
  * Threads. The registry belongs to the loop thread and is not locked, so
  * the HTTP side never reads it. libmicrohttpd runs on a thread of its own
- * (MHD_USE_INTERNAL_POLLING_THREAD: a well-kept HTTP parser, and a slow or
- * hostile scraper cannot stall the loop). The two threads share only what
- * struct mts_metrics keeps under `mu`: the latest rendered text, when it
- * was rendered, a render sequence number and the `serving` flag.
+ * (MHD_USE_INTERNAL_POLLING_THREAD). It is a well-kept HTTP parser, and a
+ * slow or hostile scraper on its thread cannot stall the loop. The two
+ * threads share only what struct mts_metrics keeps under `mu`: the latest
+ * rendered text, when it was rendered, a render sequence number and the
+ * `serving` flag.
  *
  * Rendering on demand. A scrape that finds the text older than
- * MTS_METRICS_FRESH_MS wakes the loop with uv_async_send() and waits (on
- * `cv`, at most MTS_METRICS_WAIT_MS) for the loop to render a new text and
- * swap it in; then it copies the text out under `mu` and answers. So:
+ * MTS_METRICS_FRESH_MS wakes the loop with uv_async_send(). It waits on
+ * `cv`, at most MTS_METRICS_WAIT_MS, for the loop to render a new text and
+ * swap it in. Then it copies the text out under `mu` and answers. So:
  *  - Staleness bound: a 200 answer holds a snapshot of the loop's state
- *    taken at most MTS_METRICS_FRESH_MS (100 ms) before the scrape was
- *    handled, or during it. Ticks run every 10 ms by default, so the
- *    figures are those of a tick at most ~110 ms old.
- *  - Cost: nothing while nobody scrapes (a periodic render would cost a
- *    few ms every period for thousands of processes), and at most one
- *    render per MTS_METRICS_FRESH_MS however hard a client hammers us.
+ *    taken at most MTS_METRICS_FRESH_MS before the scrape was handled, or
+ *    during it. The figures are those of the tick before that snapshot.
+ *  - Cost: nothing while nobody scrapes, where a periodic render would
+ *    cost its time every period for thousands of processes. At most one
+ *    render runs per MTS_METRICS_FRESH_MS, however hard a client hammers.
  *  - A loop that does not answer within MTS_METRICS_WAIT_MS gets the
- *    scrape a 503, not old figures: Prometheus then records the target as
+ *    scrape a 503, not old figures. Prometheus then records the target as
  *    down, which is the truth about a stuck server.
- * The render runs on the loop thread outside `mu`; the lock is held only
+ * The render runs on the loop thread outside `mu`. The lock is held only
  * for a buffer swap (loop) and a memcpy (HTTP thread).
  *
  * Listening. We bind the socket ourselves and hand it to libmicrohttpd
- * (MHD_OPTION_LISTEN_SOCKET) so that mts_metrics_start() can return the
+ * (MHD_OPTION_LISTEN_SOCKET), so that mts_metrics_start() can return the
  * real -errno (EADDRINUSE, EACCES, ...) rather than a bare failure. IPv6
- * sockets are dual-stack (IPV6_V6ONLY off, what MHD_USE_DUAL_STACK does),
- * so "[::]:PORT" serves IPv4 scrapers too. Port 0 picks a free port; the
+ * sockets are dual-stack (IPV6_V6ONLY off, as MHD_USE_DUAL_STACK does), so
+ * "[::]:PORT" serves IPv4 scrapers too. Port 0 picks a free port. The
  * bound one is logged (`msg="metrics listening" addr=...`) and returned by
  * mts_metrics_port().
  *
- * HTTP. GET and HEAD of /metrics (libmicrohttpd drops the body of a HEAD
- * answer itself); 405 with Allow for other methods, 404 for other paths.
- * No compression: scrapers ask for gzip but accept identity.
+ * HTTP. GET and HEAD of /metrics; libmicrohttpd drops the body of a HEAD
+ * answer itself. Other methods get 405 with Allow, other paths 404. No
+ * compression: scrapers ask for gzip but accept identity.
  *
- * Exposition choices (each family has # HELP and # TYPE, all its samples
- * together; `promtool check metrics` is clean on it):
- *  - Bytes and seconds, counters end in _total, states are the usual enum
- *    pattern: one gauge per state, exactly one of them 1 (none when the
- *    recorded state is not one we know).
- *  - A limit of 0 means "none": its sample is left out rather than shown
- *    as 0, so `accounted / limit` alerts see no series instead of +Inf,
- *    and a family with no sample at all is left out whole.
- *  - `unregistered` only ever grows (workers refused a slot since start),
- *    so it is the counter memtally_unregistered_processes_total.
+ * Exposition. Each family has # HELP and # TYPE and all its samples
+ * together; `promtool check metrics` is clean on it.
+ *  - Units are bytes and seconds, and counters end in _total. States use
+ *    the usual enum pattern: one gauge per state, exactly one of them 1,
+ *    none when the recorded state is not one we know.
+ *  - A limit of 0 means "none". Its sample is left out rather than shown
+ *    as 0, so `accounted / limit` alerts see no series instead of +Inf. A
+ *    family with no sample at all is left out whole.
+ *  - `unregistered` counts workers refused a slot since start. It only
+ *    grows, so it is the counter memtally_unregistered_processes_total.
  *  - Label values come from workers (group) and the kernel (comm, which
- *    prctl() lets a process set to any bytes): backslash, double quote
+ *    prctl() lets a process set to any bytes). Prometheus rejects the
+ *    whole scrape on an invalid label value. So backslash, double quote
  *    and newline are escaped as the format requires, and bytes that are
- *    not UTF-8 become U+FFFD, since Prometheus rejects the whole scrape
- *    on an invalid label value.
- *  - Per-process series carry pid, group and comm. Their number is
- *    bounded by the slot count, but every new pid is a new series: they
- *    are rendered only when [metrics] per_process is true.
- *  - Group names come from workers, so group series are bounded: at most
- *    [metrics] max_groups of them, the configured groups first, then the
- *    largest by accounted bytes; the others are summed into one series
- *    group="_other" (a worker's own group named "_other" is always
- *    summed there, so no two series share a label set).
+ *    not UTF-8 become U+FFFD.
+ *  - Per-process series carry pid, group and comm. The slot count bounds
+ *    their number, but every new pid is a new series. They are rendered
+ *    only when [metrics] per_process is true.
+ *  - Group names come from workers, so group series are bounded to
+ *    [metrics] max_groups: the configured groups first, then the largest
+ *    by accounted bytes. The others are summed into one series,
+ *    group="_other". A worker's own group named "_other" is always summed
+ *    there, so no two series share a label set.
  */
 #include "mts_metrics.h"
 

@@ -3,26 +3,25 @@
  * line below its limit: what admission (admit.c) keeps grants under and
  * what the guard (guard.c) evicts past.
  *
- * The figure. What the kernel sees, not what memtally counts: page cache,
- * processes nobody registered and a worker that understates are all in
- * it. Where memtallyd runs in a memory cgroup with a limit (a container,
- * a Slurm job, a unit with MemoryMax=), or in the cgroup [guard] cgroup
- * names, it is that cgroup's usage (v2 memory.current, v1
- * memory.usage_in_bytes) less its inactive file pages (memory.stat), the
- * part the kernel reclaims before it kills anyone; this is the working
- * set kubelet evicts on. Elsewhere it is /proc/meminfo's MemTotal less
- * MemAvailable. The nearest ancestor of memtallyd's cgroup that has a
- * limit is the node: a Slurm step inside its job, a container inside its
- * pod, is limited by the enclosing one.
+ * The figure is what the kernel sees, not what memtally counts. Page
+ * cache, processes nobody registered and a worker that understates are all
+ * in it. memtallyd may run in a memory cgroup with a limit (a container, a
+ * Slurm job, a unit with MemoryMax=), or [guard] cgroup may name one. The
+ * figure is then that cgroup's usage (v2 memory.current, v1
+ * memory.usage_in_bytes) less its inactive file pages (memory.stat). Those
+ * pages are the part the kernel reclaims before it kills anyone, so the
+ * rest is the working set kubelet evicts on. Elsewhere the figure is
+ * /proc/meminfo's MemTotal less MemAvailable. The nearest ancestor of
+ * memtallyd's cgroup that has a limit is the node, because a Slurm step
+ * inside its job, or a container inside its pod, is limited by the
+ * enclosing one.
  *
- * The cost. Every MTS_GUARD_CHECK_MS the loop reads three small files of
- * the cgroup (open, read, close: the usage, the limit and memory.stat,
- * about 1.5 KiB), or /proc/meminfo: about 0.1 ms (measured 111 us on
- * cgroup v1, 73 us on meminfo, on a loaded machine), ten a second, about
- * 0.1% of the loop's core; /metrics shows it
- * (memtally_guard_read_seconds_total). Nothing is read per process,
- * except at an eviction, for the tree of the task chosen.
- *
+ * Every MTS_GUARD_CHECK_MS the loop reads three small files of the cgroup
+ * (the usage, the limit and memory.stat), or /proc/meminfo. Each read is a
+ * small open, read and close, a small share of the loop's core;
+ * memtally_guard_read_seconds_total in /metrics shows what they cost.
+ * Nothing is read per process, except at an eviction, for the tree of the
+ * task chosen.
  */
 #include "mts_node.h"
 

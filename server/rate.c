@@ -1,38 +1,39 @@
 /*
  * rate.c - growth rate of a figure and the forecast of its limit.
  *
- * Lines through samples rather than averages of sample-to-sample
+ * Rates are lines through samples, not averages of sample-to-sample
  * differences, so a one-tick spike never shows as a burst of rate.
  *
- * - Fleet and groups (struct mts_wrate): the samples of the last growth
- *   window, from a ring of 64, split into halves; the rate is the slope
- *   both halves show (the one nearer 0, none if they disagree in sign),
- *   each half's slope the Theil-Sen median of its pairwise slopes. A step
- *   (or a burst of steps, as workers starting together make) lies in one
- *   half and leaves the other flat, and sits near an end of the half it
- *   is in for all but a few samples, where the median ignores it: a
- *   figure that stepped once and holds still reads exactly 0 from a few
- *   samples after the step, where a least-squares line read up to 1.5 x
- *   step / window for a whole window (tests/unit/test_server_rate.c). A
- *   steady ramp reads exactly in both halves, with or without a step in
- *   it; when the halves agree within 20% the rate is the whole window's
- *   least-squares slope (within the halves' range), which a real ramp
- *   reads within 0.3%. No rate before the samples cover the window (or
- *   fill the ring). O(64^2 / 4) per sample, every MTS_RATE_SAMPLE_MS, for
+ * - Fleet and groups (struct mts_wrate) keep a ring of MTS_WRATE_SAMPLES.
+ *   The samples of the last growth window are split into halves. Each
+ *   half's slope is the Theil-Sen median of its pairwise slopes. The rate
+ *   is the slope both halves show: the one nearer 0, or none if they
+ *   disagree in sign. A step, or a burst of steps as workers starting
+ *   together make, lies in one half and leaves the other flat. It also
+ *   sits near an end of its half for all but a few samples, where the
+ *   median ignores it. A figure that stepped once and holds still thus
+ *   reads exactly 0 from a few samples after the step, where a
+ *   least-squares line would read a rate for a whole window
+ *   (tests/unit/test_server_rate.c). A steady ramp reads exactly in both
+ *   halves, with or without a step in it. When the halves agree within
+ *   WRATE_AGREE, the rate is the whole window's least-squares slope if it
+ *   lies between the halves' slopes, else their mean. There is no rate
+ *   before the samples cover WRATE_FULL of the window or fill the ring.
+ *   The cost is O(64^2 / 4) per sample, every MTS_RATE_SAMPLE_MS, for
  *   1 + groups figures.
- * - Processes (struct mts_rate): 16384 rings would be 16 MiB, so an
- *   exponentially weighted fit in 64 bytes, O(1) per sample: weight
- *   e^(-age / tau), tau = window / 5, so a sample one window old weighs
- *   under 1% and a ramp is tracked to within ~5% after one window. The
- *   price: an old step fades rather than leaving, so a flat process can
- *   read a small residual rate for a few windows after a big change (and
- *   a step reads as growth while it fades: a process's forecast is shown,
- *   never acted on).
+ * - Processes (struct mts_rate) are too many for a ring each, so each has
+ *   an exponentially weighted fit in 64 bytes, O(1) per sample. A sample's
+ *   weight is e^(-age / tau), with tau = window / TAU_PER_WINDOW. A sample
+ *   one window old thus weighs under 1%, and a ramp is tracked closely
+ *   after one window. The price is that an old step fades rather than
+ *   leaving. A flat process can read a small residual rate for a few
+ *   windows after a big change, and a step reads as growth while it fades.
+ *   That is why a process's forecast is shown, never acted on.
  *
  * The weighted sums are kept relative to the latest sample (time 0, value
- * 0) and shifted when a new one comes, so the doubles hold differences
- * over about one window, never absolute byte counts or clock readings: no
- * precision is lost on a fleet of terabytes. The window fit works on
+ * 0) and shifted when a new one comes. The doubles thus hold differences
+ * over about one window, never absolute byte counts or clock readings, so
+ * no precision is lost on a fleet of terabytes. The window fit works on
  * differences from its newest sample for the same reason.
  */
 #include "mts_rate.h"
@@ -296,17 +297,15 @@ double mts_wrate_get(const struct mts_wrate *r, uint64_t window_ns)
 	              -x[0] * 1e9 < WRATE_FULL * (double)window_ns))
 		return 0;
 	/* Growth is what both halves of the window show: the slope nearer
-	 * 0 of the two, 0 when they disagree in sign. A step, or a burst
-	 * of steps shorter than half a window, lies in (or near the edge
-	 * of) one half and leaves the other flat; a ramp reads the same in
-	 * both, with or without a step in it. When the two agree within
-	 * WRATE_AGREE, the window is one ramp: the least-squares slope of the
-	 * whole window, twice the samples of a half and no median's
-	 * quantisation (the smaller half alone read a real 40 MiB/s ramp
-	 * ~1.3% low, the Theil-Sen slope of the whole window up to 1.5%
-	 * low; this reads it within 0.3%), unless a step inside pulls it
-	 * outside the two halves' slopes: then their mean.
-	 * (The halves share the middle sample of an odd count.) */
+	 * 0 of the two, or 0 when they disagree in sign. A step, or a burst
+	 * of steps shorter than half a window, lies in or near the edge of
+	 * one half and leaves the other flat. A ramp reads the same in both,
+	 * with or without a step in it. When the two agree within
+	 * WRATE_AGREE, the window is one ramp. Its least-squares slope then
+	 * has twice the samples of a half and no median's quantisation, so
+	 * it reads a real ramp closest. A step inside can pull that slope
+	 * outside the two halves' slopes, and then their mean is used. The
+	 * halves share the middle sample of an odd count. */
 	int h = (k + 1) / 2;
 	double a = theil_sen(x, y, h);
 	double b = theil_sen(x + (k - h), y + (k - h), h);

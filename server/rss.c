@@ -1,46 +1,47 @@
 /*
  * rss.c - the resident set of every registered worker, read from
- * /proc/PID/statm every rss_interval (1 s by default), not every tick.
+ * /proc/PID/statm every rss_interval, not every tick.
  *
  * Reading statm is a small open/read/close, but for thousands of workers
  * that is milliseconds of blocking syscalls, which the loop must not spend
  * between two ticks. So a sweep copies (pid, start time) of every
- * registered process, reads their statm files on the libuv thread pool,
- * and applies the results back on the loop thread to the processes that
- * are still registered with the same pid and start time. Only one sweep is
- * in flight at a time; a timer that fires during one is skipped.
+ * registered process and reads their statm files on the libuv thread pool.
+ * The loop thread applies the results to the processes still registered
+ * with the same pid and start time. Only one sweep is in flight at a time.
+ * A timer that fires during one is skipped.
  *
- * The sweep thread touches nothing but its own array: the registry is
- * never read off the loop thread. A process that exits and whose pid is
- * reused during the sweep may have the newcomer's RSS read for it; the
- * start-time check at apply time drops such a result once the registry
- * saw the exit, and otherwise the next sweep corrects it.
+ * The sweep thread touches nothing but its own array, because the
+ * registry is never read off the loop thread. If a process exits and its
+ * pid is reused during the sweep, the newcomer's RSS may be read for it.
+ * The start-time check drops such a result once the registry saw the
+ * exit. Otherwise the next sweep corrects it.
  *
- * A newly registered process shows RSS 0 until the next sweep (at most
- * rss_interval later); registration itself reads nothing more from /proc.
+ * A newly registered process shows RSS 0 until the next sweep, at most
+ * rss_interval later. Registration itself reads nothing more from /proc.
  *
  * For a process of an untrusted uid the sweep reads /proc/PID/smaps_rollup
- * instead, which gives the kernel's figure vouch.c sets its claim against:
- * proportional anonymous, shared and swapped memory, so that a page shared
- * by n processes (after fork, or a shared mapping) counts once in all.
- * Its resident figure is proportional too (Pss): an untrusted process's
- * VmRSS is never summed. A full sweep also reads which memfds the process
- * holds (/proc/PID/fd): memory written into a memfd that nothing maps is
- * in no one's resident set, and would otherwise be invisible. Each memfd
- * is charged once per sweep, to the first holder read; memtallyd's own
- * (the header and the slot tables every worker holds) never.
- * mts_rss_sweep_vouch() reads just the processes whose claims ran ahead
- * of their figures, between two full sweeps.
+ * instead. It gives the kernel's figure that vouch.c sets the claim
+ * against: proportional anonymous, shared and swapped memory. A page
+ * shared by n processes, after fork or through a shared mapping, thus
+ * counts once in all. The resident figure is proportional too (Pss), so an
+ * untrusted process's VmRSS is never summed. A full sweep also reads which
+ * memfds the process holds (/proc/PID/fd). Memory written into a memfd
+ * that nothing maps is in no one's resident set, and would otherwise be
+ * invisible. Each memfd is charged once per sweep, to the first holder
+ * read. memtallyd's own memfds (the header and the slot tables every
+ * worker holds) are never charged. Between two full sweeps,
+ * mts_rss_sweep_vouch() reads just the processes whose claims ran ahead of
+ * their figures.
  *
- * smaps_rollup walks the process's page tables: it costs about 50 ns per
- * resident page (bench/RESULTS.md, server). So a full sweep starts no
- * sooner than MTS_RSS_DUTY times its predecessor's duration after it, and
- * a process's early reads wait MTS_VOUCH_READ_DUTY times its last read's
- * cost: the sweeps take at most a fraction of one thread-pool thread,
- * whatever the fleet holds.
+ * smaps_rollup walks the process's page tables, so its cost grows with
+ * the resident pages (see bench/results/server.md). A full sweep therefore
+ * starts no sooner than MTS_RSS_DUTY times its predecessor's duration
+ * after it. A process's early reads wait MTS_VOUCH_READ_DUTY times its
+ * last read's cost. The sweeps thus take at most a fraction of one
+ * thread-pool thread, whatever the fleet holds.
  *
  * The group and fleet RSS sums move with every change of a process's RSS
- * (mts_proc_set_rss), so they always equal the sum over registered
+ * (mts_proc_set_rss). They always equal the sum over registered
  * processes, as the accounted bytes do.
  */
 #include "mts_rss.h"

@@ -1,26 +1,26 @@
 /*
  * server.c - lifecycle of one memtallyd: listener, restart record, shared
- * header, registry, and the timers: the tick's (the tick itself is
- * core.c's mts_core_tick()), the RSS sweep's and the node guard's.
+ * header, registry, and the timers of the tick, the RSS sweep and the
+ * node guard. The tick itself is core.c's mts_core_tick().
  *
  * Start order matters. The socket is bound first, so a second server
  * started by mistake fails there (EADDRINUSE) before it touches anything.
- * Then the restart record (state.c) is opened and locked: a live server on
- * another socket but the same record is refused (-EBUSY) by its lock. The
- * record says whether there are workers to adopt, and with which geometry;
- * the header (a sealed memfd, mtshm.h) is created with that geometry and
- * the registry adopts what the record lists. Then the policy (limits,
- * admission, enforcement, auth) is installed into the registry before the
- * first tick, the Watch broadcast is the registry's event sink, an RSS
- * sweep timer runs at policy.rss_interval_ms, and the optional TCP
- * listener opens last, so a TCP client never reaches a half-started
+ * Then the restart record (state.c) is opened and locked. Its lock
+ * refuses (-EBUSY) a live server on another socket but the same record.
+ * The record says whether there are workers to adopt, and with which
+ * geometry. The header (a sealed memfd, mtshm.h) is created with that
+ * geometry, and the registry adopts what the record lists. The policy
+ * (limits, admission, enforcement, auth) is installed into the registry
+ * before the first tick. The Watch broadcast is the registry's event
+ * sink. The RSS sweep timer runs at policy.rss_interval_ms. The optional
+ * TCP listener opens last, so a TCP client never reaches a half-started
  * server.
  *
  * Stop closes every handle (listener, connections, tick timer, pidfd
- * polls) and leaves the restart record for the next server; uv_run() then
- * returns, and mts_server_free() unmaps, closes the record (releasing its
- * lock) and removes the socket file. The workers keep their slot tables
- * mapped: that is what the next server adopts.
+ * polls) and leaves the restart record for the next server. uv_run() then
+ * returns. mts_server_free() unmaps, closes the record, which releases its
+ * lock, and removes the socket file. The workers keep their slot tables
+ * mapped, because that is what the next server adopts.
  */
 #include "server.h"
 

@@ -3,23 +3,24 @@
  *
  * TCP has no SO_PEERCRED. But when the peer is on this host, its end of
  * the connection is a socket here too, and the kernel records who made it
- * (sk_uid): NETLINK_SOCK_DIAG answers a query for one socket by its exact
- * 4-tuple (SOCK_DIAG_BY_FAMILY, struct inet_diag_req_v2, not a dump) with
- * a struct inet_diag_msg carrying idiag_uid. No privilege is needed; the
- * kernel answers within the sendmsg(), so the query costs one netlink
- * socket and two system calls per accepted TCP connection.
+ * (sk_uid). NETLINK_SOCK_DIAG answers a query for one socket by its exact
+ * 4-tuple (SOCK_DIAG_BY_FAMILY with a struct inet_diag_req_v2, not a
+ * dump). The answer is a struct inet_diag_msg carrying idiag_uid. No
+ * privilege is needed. The kernel answers within the sendmsg(), so the
+ * query costs one netlink socket and two system calls per accepted TCP
+ * connection.
  *
  * The peer's socket is the one whose source is the peer's address:port
- * and whose destination is ours. For a remote peer there is no such
- * socket; we ask only when the peer's address is one of this host's
- * (mts_addr_is_local), so that a socket of another network namespace or
- * host cannot be confused with one here.
+ * and whose destination is ours. A remote peer has no such socket. We ask
+ * only when the peer's address is one of this host's (mts_addr_is_local),
+ * so that a socket of another network namespace or host cannot be
+ * confused with one here.
  *
- * The lookup finds whatever socket holds the 4-tuple, whatever its state:
- * a peer that connected, sent and closed before we accepted has left a
- * closing socket or a timewait one, which reports uid 0. So only a live,
- * established socket with an inode names the peer (mts_sockdiag_answer),
- * and only if our own end is still established after the answer.
+ * The lookup finds whatever socket holds the 4-tuple, in any state. A peer
+ * that connected, sent and closed before we accepted has left a closing
+ * or timewait socket, which reports uid 0. So only a live, established
+ * socket with an inode names the peer (mts_sockdiag_answer), and only if
+ * our own end is still established after the answer.
  */
 #include "mts_sockdiag.h"
 

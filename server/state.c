@@ -3,7 +3,7 @@
  * again needs to adopt the workers of the one before, without trusting
  * anything another process could write.
  *
- * Shared memory cannot carry it: every byte a worker can write is a byte a
+ * Shared memory cannot carry it. Every byte a worker can write is a byte a
  * worker can forge, and a forged record naming an unrelated process would
  * make that process a target of enforcement signals. So the record is a
  * plain file only the server's uid can write:
@@ -13,17 +13,18 @@
  *     4096   256  slot 0's struct mts_state_rec
  *      ...        one record per slot
  *
- * Opening it (mts_state_open) refuses any file it did not make: it is
- * opened with O_NOFOLLOW, and must be a regular file owned by our uid,
- * with no other link, not writable by group or others, with our magic.
- * Anything else is unlinked and replaced (a pre-created file cannot be
- * adopted), or, where we may not unlink it, the server runs without a
- * record and says so. An flock() held for the server's life marks it live.
+ * mts_state_open refuses any file it did not make. It opens the file with
+ * O_NOFOLLOW. The file must be a regular file owned by our uid, with no
+ * other link, not writable by group or others, and with our magic.
+ * Anything else is unlinked and replaced, so a pre-created file cannot be
+ * adopted. Where we may not unlink it, the server runs without a record
+ * and says so. An flock() held for the server's life marks it live.
  *
- * Records are written with pwrite() as workers register (one system call,
- * beside the several a registration already costs; an exit writes nothing:
- * a restarted server drops entries whose process is gone), and read with
- * pread(): a truncated file reads as free records, never a fault.
+ * Records are written with pwrite() as workers register. That is one
+ * system call beside the several a registration already costs. An exit
+ * writes nothing, because a restarted server drops entries whose process
+ * is gone. Records are read with pread(), so a truncated file reads as
+ * free records, never a fault.
  */
 #include "mts_state.h"
 

@@ -2,41 +2,41 @@
  * vouch.c - a claim counts for the claimant, and toward anyone else only as
  * far as the kernel vouches for it.
  *
- * A worker writes its own figures into its own slot: memtallyd cannot stop
- * it from writing 2^50 there, or 0. Its own scopes (its process limit, its
- * own Admit, a group only its uid is in) take the claim as it is: a liar
- * hurts only itself. Everything shared -- the fleet's and the groups'
- * bytes and states, other users' admission, hooks -- sees, for each
- * process of an untrusted uid,
+ * A worker writes its own figures into its own slot. memtallyd cannot stop
+ * it from writing 2^50 there, or 0. The worker's own scopes take the claim
+ * as it is: its process limit, its own Admit, a group only its uid is in.
+ * A liar hurts only itself. Everything shared sees, for each process of an
+ * untrusted uid,
  *
  *     kernel + its share of the allowance, at most claim - kernel
  *
- * where `kernel` is what the kernel says the process holds: its
- * proportional anonymous, shared and swapped memory (a page shared by n
- * processes counts 1/n in each, so pages shared after fork are vouched for
- * once), plus the memfds it holds that no mapping shows (rss.c reads
- * them). A claim below the kernel's figure counts as the kernel's figure:
- * no worker can hide memory by zeroing its own slot.
+ * "Everything shared" is the fleet's and the groups' bytes and states,
+ * other users' admission, and hooks. `kernel` is what the kernel says the
+ * process holds: its proportional anonymous, shared and swapped memory,
+ * plus the memfds it holds that no mapping shows (rss.c reads them). A
+ * page shared by n processes counts 1/n in each, so pages shared after
+ * fork are vouched for once. A claim below the kernel's figure counts as
+ * the kernel's figure, so no worker can hide memory by zeroing its slot.
  *
- * The allowance is there because a claim legitimately runs ahead of the
- * kernel: malloc(1 GiB) is counted at once, resident only as it is
- * touched, and a kernel figure is up to one sweep old. It is bounded per
- * uid ([trust] untouched_allowance) and for all uids together
- * (untouched_allowance_total), so N accounts cannot multiply it, and it
- * runs on the clock of untouched memory: once a uid's excess has lasted
- * untouched_time, its allowance is spent, and it comes back only after a
- * whole untouched_time without excess. A claim that dips to 0 now and
- * then renews nothing.
+ * The allowance exists because a claim legitimately runs ahead of the
+ * kernel. malloc(1 GiB) is counted at once but is resident only as it is
+ * touched, and a kernel figure is up to one sweep old. The allowance is
+ * bounded per uid ([trust] untouched_allowance) and for all uids together
+ * (untouched_allowance_total), so N accounts cannot multiply it. It runs
+ * on the clock of untouched memory. Once a uid's excess has lasted
+ * untouched_time, its allowance is spent. It comes back only after a whole
+ * untouched_time without excess, so a claim that dips to 0 from time to
+ * time renews nothing.
  *
- * Enforcement never acts on the allowance (limits.c compares the fleet's
- * figure less it): what is not resident is no reason to signal anyone.
+ * Enforcement never acts on the allowance: limits.c compares the fleet's
+ * figure less it. What is not resident is no reason to signal anyone.
  *
  * Trusted uids (root, the server's own, [trust] trusted_uids) count in
- * full: a single-tenant fleet sees no change and pays nothing -- the tick
- * tests one flag per process, in the line it reads anyway. What a process
- * claims beyond what counts (`unvouched`) is kept per process, group and
- * fleet and shown by every query, so a liar -- or a counting bug -- is
- * visible.
+ * full. A single-tenant fleet sees no change and pays nothing, because the
+ * tick tests one flag per process, in the line it reads anyway. What a
+ * process claims beyond what counts (`unvouched`) is kept per process,
+ * group and fleet and shown by every query. A liar, or a counting bug, is
+ * thus visible.
  */
 #include "mts_vouch.h"
 
