@@ -351,12 +351,13 @@ static bool resv_matched_live(struct mts_task *t, const struct mts_resv *r)
  *
  * The sums are kept up to date as reservations come and go, not recomputed
  * over every reservation on each Admit and Release. Each reservation's
- * count is r->effective (its bytes when it has no task); the group's and
- * the fleet's exact sums (128 bits: the published figures saturate, the
- * sums must stay exact to be taken from) change by the difference when a
- * count changes. What a task's reservations count depends on the task's
- * measured bytes and their order only, so it is recomputed for that task
- * alone, when one of them comes or goes or the task's figure changes.
+ * count is r->effective, which is its bytes when it has no task. When a
+ * count changes, the group's and the fleet's sums change by the
+ * difference. Those sums are exact 128-bit integers: the published
+ * figures saturate, but a sum must stay exact to be taken from. What a
+ * task's reservations count depends only on the task's measured bytes and
+ * their order. So it is recomputed for that task alone, when one of them
+ * comes or goes or the task's figure changes.
  */
 
 static uint64_t sat64(unsigned __int128 v)
@@ -378,12 +379,12 @@ static void resv_count(struct mts_registry *reg, struct mts_resv *r, uint64_t e)
 }
 
 /*
- * Set what `t`'s workers use against its reservations, oldest first, each
- * reservation taking only from the workers that may count against it
- * (share_matches): its owner's, then admins'. One made over TCP has no
- * owner and takes from every worker of the task: others', owners', then
- * admins' last, which leaves the most for the owned ones. Calls set(r, e)
- * with what each reservation counts.
+ * Set what `t`'s workers use against its reservations, oldest first. Each
+ * reservation takes only from the shares of the workers that may count
+ * against it: its owner's (share_find), then admins'. One made over TCP
+ * has no owner and takes from every worker of the task: others', owners',
+ * then admins' last, which leaves the most for the owned ones. Calls
+ * set(r, e) with what each reservation counts.
  */
 static void task_alloc(struct mts_registry *reg, struct mts_task *t,
                        void (*set)(struct mts_registry *, struct mts_resv *,
@@ -628,11 +629,11 @@ static uint32_t resv_key(const struct mts_resv *r)
 /* ---- a run's profile -------------------------------------------------------
  *
  * While its task runs, a reservation that names a kind keeps the largest
- * use seen at a tick in each of MTS_RESV_SLOTS slots of the run's life;
- * when the slots are full, neighbours merge and a slot covers twice the
- * time. 256 bytes a reservation, a store a tick, and a run of any length
- * is seen at 1/16 to 1/32 of its length. At its end the slots become the
- * run's MTS_KIND_STEPS steps (kinds.c).
+ * use seen at a tick in each of MTS_RESV_SLOTS slots of the run's life.
+ * When the slots are full, neighbours merge and a slot covers twice the
+ * time. That costs 256 bytes a reservation and a store a tick, and a run
+ * of any length is seen at 1/16 to 1/32 of its length. At its end the
+ * slots become the run's MTS_KIND_STEPS steps (kinds.c).
  */
 
 static void run_start(struct mts_resv *r)
@@ -1169,14 +1170,14 @@ static bool deny_uid_bytes(const struct mts_registry *reg,
 
 /* ---- admission over time ---------------------------------------------------
  *
- * A reservation that follows its kind's profile counts its current step;
- * admission must also see what it will grow into. The time ahead (the new
- * task's expected length, or, for a request held whole from the start,
- * until the last profiled task is expected to end) is cut into
- * MTS_PROJECT_STEPS equal intervals, each profile taken at its largest
- * within an interval. A task past its expected length holds its whole
- * size and is never expected to end. Cost: intervals times profiled
- * reservations, at an Admit only.
+ * A reservation that follows its kind's profile counts its current step.
+ * Admission must also see what it will grow into. The time ahead is cut
+ * into MTS_PROJECT_STEPS equal intervals, and each profile is taken at its
+ * largest within an interval. The time ahead is the new task's expected
+ * length. For a request held whole from the start, it lasts until the
+ * last profiled task is expected to end. A task past its expected length
+ * holds its whole size and is never expected to end. The cost is
+ * intervals times profiled reservations, at an Admit only.
  */
 #define MTS_PROJECT_STEPS 32u
 

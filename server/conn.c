@@ -466,17 +466,17 @@ static int send_with_fds(struct mts_conn *c, const struct mts_buf *out)
 	return (int)n;
 }
 
-/* Hand `out`'s bytes to the peer (ownership of out->data moves here).
+/* Hand `out`'s bytes to the peer; ownership of out->data moves here.
  *
  * Write at once what the socket takes (uv_try_write) and queue only the
- * rest with uv_write: a uv_write that libuv completes at once still costs
- * an epoll_ctl(EPOLL_CTL_MOD) on the next loop iteration (libuv 1.44;
- * strace: one per answer), and nearly every answer fits in the socket
- * buffer. Only when nothing of
- * ours is queued: bytes written now must not overtake queued ones (libuv
- * refuses too, with UV_EAGAIN, while its write queue holds bytes). Bytes
- * written at once are never pending, so out_pending, `held` and the
- * server's budget see only what is really queued. */
+ * rest with uv_write. A uv_write that libuv completes at once still costs
+ * an epoll_ctl(EPOLL_CTL_MOD) on the next loop iteration, and nearly
+ * every answer fits in the socket buffer. Writing at once is done only
+ * when nothing of ours is queued, because bytes written now must not
+ * overtake queued ones. libuv refuses too, with UV_EAGAIN, while its write
+ * queue holds bytes. Bytes written at once are never pending, so
+ * out_pending, `held` and the server's budget see only what is really
+ * queued. */
 static int conn_write(struct mts_conn *c, struct mts_buf *out)
 {
 	size_t done = 0;
@@ -748,13 +748,13 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 }
 
 /*
- * The per-uid cap: count `c` under its peer's uid (SO_PEERCRED, or
- * sock_diag for a TCP peer on this host; every peer of unknown uid under
- * MTS_UID_TCP, capped by max_connections_unidentified) and close it at
- * once if that uid already has its cap open, as the global cap does: one
- * uid holding connections open must not lock the others out. Admins are
- * exempt (they are bounded by max_connections only). Returns false when
- * `c` was closed.
+ * The per-uid cap: count `c` under its peer's uid, and close it at once if
+ * that uid already has its cap open, as the global cap does. One uid
+ * holding connections open must not lock the others out. The uid is from
+ * SO_PEERCRED, or sock_diag for a TCP peer on this host. Every peer of
+ * unknown uid counts under MTS_UID_TCP, capped by
+ * max_connections_unidentified. Admins are exempt and bounded by
+ * max_connections only. Returns false when `c` was closed.
  */
 static bool uid_admit(struct mts_conn *c, bool admin)
 {
@@ -888,16 +888,16 @@ static void format_addr(const struct sockaddr_storage *ss, char *buf,
 }
 
 /*
- * A TCP peer: no SO_PEERCRED, but a peer on this host is a uid all the
- * same: the kernel knows who owns its end of the connection (sock_diag,
- * sockdiag.c). Found, the peer is that uid for caps, ownership of its
- * reservations, authorisation and the logs, as on the Unix socket (no
- * pid: it cannot Register). Not found (a remote peer, a peer that has
- * closed or half-closed, no sock_diag), it is unidentified: every request
- * needs the token (dispatch.c). This is the only place a TCP connection
- * gets a uid, once, at accept: there is no later retry for a peer not
- * found, which would ask about a connection whose peer may be gone.
- * Also: its address for the logs, no Nagle delay.
+ * A TCP peer has no SO_PEERCRED, but a peer on this host is a uid all the
+ * same: the kernel knows who owns its end of the connection (sockdiag.c).
+ * When found, the peer is that uid for caps, ownership of its
+ * reservations, authorisation and the logs, as on the Unix socket. It has
+ * no pid, so it cannot Register. When not found (a remote peer, a peer
+ * that has closed or half-closed, no sock_diag), it is unidentified, and
+ * every request needs the token (dispatch.c). This is the only place a
+ * TCP connection gets a uid, once, at accept. A later retry would ask
+ * about a connection whose peer may be gone, so there is none. Also sets
+ * its address for the logs and turns off the Nagle delay.
  */
 static void conn_tcp_setup(struct mts_conn *c)
 {
@@ -1043,15 +1043,15 @@ static int dir_safe(const struct stat *st, const char *name, char *msg,
 #define MAX_LINKS 40
 
 /*
- * Walk the directory `dir` as written, one component at a time (openat
- * with O_PATH and O_NOFOLLOW, so each step is examined before it is
- * taken). A symlink on the way is followed only if root or we own it: its
- * owner can point it elsewhere at any time, at a directory of theirs
- * holding their own server's socket, whatever it points to now. Every
- * directory passed through must be one only root or we can change, or
- * the symlink in it could be replaced. Stops at the first component that
- * does not exist (make_dirs() creates the rest, under a checked
- * directory) or is not a directory.
+ * Walk the directory `dir` as written, one component at a time, with
+ * openat(O_PATH | O_NOFOLLOW), so each step is examined before it is
+ * taken. A symlink on the way is followed only if root or we own it. Its
+ * owner could point it elsewhere at any time, such as at a directory of
+ * theirs holding their own server's socket. Every directory passed
+ * through must be one only root or we can change, or the symlink in it
+ * could be replaced. The walk stops at the first component that does not
+ * exist, or is not a directory. make_dirs() creates the missing rest,
+ * under a checked directory.
  */
 static int links_check(const char *dir, char *msg, size_t cap)
 {
@@ -1178,13 +1178,13 @@ static int links_check(const char *dir, char *msg, size_t cap)
  * way can point it elsewhere. So, as OpenSSH's StrictModes does for its
  * key files, every symlink on the path as written must be owned by root
  * or by us (links_check). Every directory passed through, and every
- * directory from `file`'s up to /, must be owned by root or by us, and
- * not writable by group or others unless it is sticky (like /tmp, where
- * only an entry's owner may rename it). When `file`'s directory does not
- * exist yet, the walk starts at the nearest existing one above it, where
- * make_dirs() would create it. A few system calls, once at start. 0, or
- * -EPERM (or -errno when it cannot be examined) with `msg` saying which
- * directory or symlink and why.
+ * directory from `file`'s up to /, must be owned by root or by us. It
+ * must not be writable by group or others unless it is sticky, like /tmp,
+ * where only an entry's owner may rename it. When `file`'s directory does
+ * not exist yet, the walk starts at the nearest existing one above it,
+ * where make_dirs() would create it. This costs a few system calls, once
+ * at start. Returns 0, or -EPERM with `msg` saying which directory or
+ * symlink and why, or -errno when one cannot be examined.
  */
 int mts_dir_check(const char *file, char *msg, size_t cap)
 {
@@ -1362,17 +1362,17 @@ static int conns_init(struct mts_conns *net)
 /*
  * The socket is born with its mode and group. bind() creates the file with
  * the umask's mode and our group. A chmod or chown by path after it acts
- * on whatever is at that path by then: in a directory another user can
- * write, their symlink to any file. So the socket is bound inside a fresh
- * directory of our own beside the target (mkdtemp: 0700, ours). Its
- * parent was checked at start (mts_dir_check): nobody else may rename its
- * entries. There the socket gets its mode and group through the
- * directory's descriptor, where nobody else can reach it, is listened on,
- * and only then is renamed into place. RENAME_NOREPLACE: a server that
- * took the path since mts_socket_prepare() keeps it (-EADDRINUSE). The
- * bind goes through /proc/self/fd/N, so the temporary path is never
- * longer than sun_path allows. The descriptor is handed to libuv with
- * uv_pipe_open(), so libuv knows no path to unlink at close;
+ * on whatever is at that path by then, which in a directory another user
+ * can write may be their symlink to any file. So the socket is bound
+ * inside a fresh directory of our own beside the target (mkdtemp: 0700,
+ * ours). Its parent was checked at start (mts_dir_check), so nobody else
+ * may rename its entries. There the socket gets its mode and group
+ * through the directory's descriptor, where nobody else can reach it. It
+ * is listened on, and only then renamed into place with RENAME_NOREPLACE.
+ * A server that took the path since mts_socket_prepare() thus keeps it
+ * (-EADDRINUSE). The bind goes through /proc/self/fd/N, so the temporary
+ * path is never longer than sun_path allows. The descriptor is handed to
+ * libuv with uv_pipe_open(), so libuv knows no path to unlink at close.
  * mts_server_free() removes the socket, if it is still ours.
  */
 static int bind_in(struct mts_conns *net, int dfd, int *out)

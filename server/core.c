@@ -182,13 +182,13 @@ static inline uint64_t tick_free(struct mts_proc *p, struct mtshm_slot_id *s,
 }
 
 /*
- * A part of a process's figure below 0 is never published: it is counted
- * as 0 and, when the clamping starts, logged (within the uid's log budget,
- * mts_log_uid: a worker cannot flood the log). The heap's sum may dip
- * below 0 by its error bar (`slack`: a thread freeing what another
- * allocated flushes first); past that, and any negative mapped figure (an
- * absolute value: the process would have unmapped more than it mapped
- * since it started), is a client's bug.
+ * A part of a process's figure below 0 is never published. It is counted
+ * as 0 and, when the clamping starts, logged within the uid's log budget
+ * (mts_log_uid), so a worker cannot flood the log. The heap's sum may dip
+ * below 0 by its error bar (`slack`), because a thread freeing what
+ * another allocated flushes first. A dip past that is a client's bug. So
+ * is any negative mapped figure: it is an absolute value, and the process
+ * would have unmapped more than it mapped since it started.
  */
 static void tick_clamp(struct mts_proc *p, unsigned part, bool below,
                        int64_t value)

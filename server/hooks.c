@@ -92,7 +92,7 @@ struct hook_scope {
 	struct mts_figures fig;
 	char reason[96];
 	struct hook_run *run;   /* running, or NULL */
-	bool queued;            /* waiting for a free place (MAX_RUNNING) */
+	bool queued;            /* waiting for a free place */
 	bool started;           /* a hook was started: last_start_ms is set */
 	uint64_t last_start_ms; /* uv_now() of its latest hook's start */
 };
@@ -524,14 +524,14 @@ static bool env_ours(const char *kv)
 #define OUR_VARS 7
 
 /*
- * Start `/bin/sh -c cmd` for run `r`: in its own session, stdin and
- * stdout /dev/null, stderr a pipe, every signal at its default and none
- * blocked (memtallyd ignores SIGPIPE; a hook must not inherit that).
- * posix_spawn (glibc: clone with CLONE_VFORK, no page tables copied) holds
- * the loop only until the exec; fork, as uv_spawn does, copies memtallyd's
- * page tables first (measured 0.5 to 10 ms on a loaded 2-core guest).
- * Then the pidfd, polled, tells the exit. 0 with the handles open and
- * counted in the hooks, or -errno with nothing left open.
+ * Start `/bin/sh -c cmd` for run `r` in its own session. Its stdin and
+ * stdout are /dev/null and its stderr a pipe. Every signal is at its
+ * default and none is blocked, because memtallyd ignores SIGPIPE and a
+ * hook must not inherit that. posix_spawn holds the loop only until the
+ * exec, since glibc implements it with clone(CLONE_VFORK) and copies no
+ * page tables. fork, as uv_spawn does, would copy memtallyd's page tables
+ * first. The polled pidfd then tells the exit. Returns 0 with the handles
+ * open and counted in the hooks, or -errno with nothing left open.
  */
 static int start_process(struct hook_run *r, const char *cmd, char **env)
 {

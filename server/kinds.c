@@ -26,11 +26,12 @@
  * does. An evicted run counts at 1.5 times its peak, because it was still
  * growing when it was ended, so its real peak is higher than the one seen.
  *
- * Each kind costs its name plus 64 runs of 24 bytes (1.6 KiB), so 4096
- * kinds (max_kinds) are under 7 MiB. A run's end costs a store into the
- * ring. An Admit costs a hash lookup. It sorts at most 64 numbers, and
- * only when a run came since the last estimate or the oldest run it used
- * aged out, because the estimate is cached.
+ * Each kind costs its name plus a struct mts_kind of under 3 KiB, most of
+ * it MTS_KIND_RUNS runs. The default max_kinds of 4096 thus holds about
+ * 12 MiB. A run's end costs a store into the ring. An Admit costs a hash
+ * lookup. The estimate is cached, so an Admit sorts at most 64 numbers,
+ * and only when a run came since the last estimate or the oldest run it
+ * used aged out.
  */
 #include "mts_kinds.h"
 
@@ -528,13 +529,13 @@ int mts_kinds_list(const struct mts_registry *reg, struct mts_kind ***out)
  *   count times: struct rec_kind, its name (name_len bytes, no NUL),
  *                nruns struct mts_kind_run, oldest first
  *
- * Version 1 runs were 24 bytes (no length, no profile): still read, as
- * runs whose profile is unknown.
+ * Version 1 records hold KINDS_V1_RUN-byte runs without a length or a
+ * profile. They are still read, as runs whose profile is unknown.
  *
- * Native byte order: the record never leaves the machine that wrote it.
- * The checksum (FNV-1a, 64 bits) covers the payload: a torn write (power
- * lost before the rename's data reached the disk) or an edit is refused
- * whole rather than read in part.
+ * Byte order is native, because the record never leaves the machine that
+ * wrote it. The checksum (FNV-1a, 64 bits) covers the payload. A torn
+ * write (power lost before the rename's data reached the disk) or an edit
+ * is thus refused whole rather than read in part.
  */
 
 #define KINDS_MAGIC   UINT64_C(0x31646e694b544d4d) /* "MMTKind1" */

@@ -88,14 +88,15 @@ struct mts_kinds {
 };
 
 /*
- * A task of `kind` run by `uid` ended (evicted: the node guard ended it)
- * with `run->peak` bytes at its largest: the sum of its workers' figures
- * as far as they count toward others (vouch.c), so that a claim the
- * kernel does not back never sizes anything. `run` also carries its
- * length and profile; end_s is set here. The run joins the kind's history
- * (created when the caps allow; a run that cannot be kept is counted and
- * logged). `kind` "" (or a bad name) is ignored. An evicted run counts at
- * 1.5 times its peak (the task was still growing) and gives no profile.
+ * A task of `kind` run by `uid` ended, with `run->peak` bytes at its
+ * largest. `run->evicted` says the node guard ended it. The peak is the sum of
+ * its workers' figures as far as they count toward others (vouch.c), so
+ * that a claim the kernel does not back never sizes anything. `run` also
+ * carries its length and profile; end_s is set here. The run joins the
+ * kind's history, which is created when the caps allow. A run that cannot
+ * be kept is counted and logged. An empty or bad `kind` is ignored. An
+ * evicted run counts at 1.5 times its peak, because the task was still
+ * growing, and gives no profile.
  */
 void mts_kind_note_run(struct mts_registry *reg, const char *kind, uint32_t uid,
                        const struct mts_kind_run *run);

@@ -62,11 +62,11 @@ uint64_t mts_guard_line(const struct mts_policy *pol, uint64_t limit);
 
 /*
  * Find the node per [guard] (enabled, cgroup), read it once and check the
- * line against it: a line above the node's limit, or below what
- * memtallyd needs itself (its resident memory now plus `reserve`, the
- * most its buffers may take), is an error with one line in err naming
- * the key and the figures. 0 (src->kind NONE when the guard is off),
- * -EINVAL.
+ * line against it. A line above the node's limit is an error. So is a
+ * line below what memtallyd needs itself: its resident memory now plus
+ * `reserve`, the most its buffers may take. The error is one line in
+ * `err` naming the key and the figures. Returns 0 (src->kind
+ * MTS_NODE_NONE when the guard is off) or -EINVAL.
  */
 int mts_guard_setup(const struct mts_policy *pol, uint64_t reserve,
                     struct mts_node_src *src, struct mts_node_fig *fig,

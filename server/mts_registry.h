@@ -36,14 +36,14 @@ struct mts_dispatch_stats;
 struct mts_guard_state;
 
 /* A registered worker. Lives from registration until its uv_poll's close
- * callback; `slot` is released (pid = 0) when it exits, before that.
+ * callback. `slot` is released (pid = 0) before that, when it exits.
  *
- * At 16384 processes the tick is bound by the cache lines it moves
- * (bench/RESULTS.md, server), so the record is MTS_PROC_ALIGN-aligned and
+ * With many processes the tick is bound by the cache lines it moves (see
+ * bench/results/server.md). So the record is MTS_PROC_ALIGN-aligned and
  * the fields every tick reads or writes come first. The sum's and the
  * limits' fields fill the first 64 bytes. `clamped` and the mapped
- * bound's fields after it are the tick-time fields past them: they start
- * the second line, which every tick therefore reads too. The growth rate,
+ * bound's fields after it are the other tick-time fields. They start the
+ * second line, which every tick therefore reads too. The growth rate,
  * which one slice of processes per tick updates, follows them. Keep
  * tick-time fields in those two lines. */
 #define MTS_PROC_ALIGN 64u
@@ -176,14 +176,13 @@ struct mts_stats {
 
 /*
  * A uid's slot table (mtshm.h): the only shared memory a worker can write,
- * holding the slots of that uid's processes only. Created at the first
- * registration of a process of the uid. When its last process leaves it
- * is kept idle for MTS_TABLE_IDLE_MS (a uid whose short-lived processes
- * come one at a time, like cron jobs or a shell's commands, would
- * otherwise pay a memfd creation, sealing and mapping per process:
- * measured +35 us of server CPU per registration), and at most
- * MTS_TABLES_IDLE_MAX tables are idle at once. The workers keep their
- * own mappings either way.
+ * holding the slots of that uid's processes only. It is created at the
+ * first registration of a process of the uid. When its last process
+ * leaves, it is kept idle for MTS_TABLE_IDLE_MS. Otherwise a uid whose
+ * short-lived processes come one at a time, like cron jobs or a shell's
+ * commands, would pay a memfd creation, sealing and mapping per process.
+ * At most MTS_TABLES_IDLE_MAX tables are idle at once. The workers keep
+ * their own mappings either way.
  */
 #define MTS_TABLE_IDLE_MS   10000u
 #define MTS_TABLES_IDLE_MAX 16u

@@ -10,14 +10,15 @@
 #include <stdint.h>
 
 /*
- * What a restarted memtallyd needs to adopt the workers of the one before:
- * a file only the server can write (owned by its uid, mode 0600, one link,
- * opened without following symlinks), with the geometry, the instance id
- * and one fixed-size record per slot (pid, uid, start time, image id,
- * generation, group, task). Written with pwrite() as workers come and go,
- * never mapped: a truncated or damaged file reads as fewer records, it
- * cannot fault. An flock() held for the server's life tells a second
- * server that this one is alive.
+ * What a restarted memtallyd needs to adopt the workers of the one before.
+ * It is a file only the server can write: owned by its uid, mode 0600,
+ * one link, opened without following symlinks. It holds the geometry, the
+ * instance id and one fixed-size record per slot (pid, uid, start time,
+ * image id, generation, group, task). Records are written with pwrite()
+ * as workers register, and the file is never mapped. A truncated or
+ * damaged file thus reads as fewer records, and cannot fault. An flock()
+ * held for the server's life tells a second server that this one is
+ * alive.
  */
 struct mts_state;
 
@@ -28,7 +29,7 @@ struct mts_state_rec {
 	uint64_t image_id;      /*  16 */
 	uint64_t registered_ns; /*  24 CLOCK_REALTIME */
 	uint64_t slot_gen;      /*  32 */
-	uint64_t check;         /*  40 MTS_STATE_REC_CHECK ^ pid ^ slot */
+	uint64_t check;         /*  40 rec_check(): REC_CHECK ^ pid << 32 ^ slot */
 	char group[64];         /*  48 */
 	char task[64];          /* 112 */
 	uint8_t spare[80];      /* 176 */
