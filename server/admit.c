@@ -1215,12 +1215,13 @@ static bool projected(const struct mts_resv *r, uint32_t gi, uint64_t now_ns)
 /*
  * What a request of `bytes` (following `prof`, or NULL) needs beyond the
  * counted figures, for the reservations of group `gi` (UINT32_MAX: all).
- * Tasks are pooled: in an interval, each profiled task is expected to
- * hold its runs' mean, and may hold up to its quantile step; the pool is
+ * Tasks are pooled. In an interval, each profiled task is expected to
+ * hold its runs' mean, and may hold up to its quantile step. The pool is
  * given the sum of the means plus the root of the sum of the squared
- * gaps, not the sum of the gaps. One task alone gets its quantile; n
- * alike get n means plus sqrt(n) gaps, since their runs do not all reach
- * their high quantile at once. What that leaves out is the node guard's.
+ * gaps, not the sum of the gaps. One task alone thus gets its quantile,
+ * and n alike get n means plus sqrt(n) gaps, because their runs do not
+ * all reach their high quantile at once. What that leaves out is the node
+ * guard's to handle.
  */
 static uint64_t project_need(const struct mts_registry *reg, uint32_t gi,
                              uint64_t bytes,
@@ -1453,7 +1454,7 @@ void mts_admit_decide_profile(const struct mts_registry *reg,
 	snprintf(out->scope, sizeof(out->scope), "fleet");
 	out->measured = fm;
 	out->reserved = t->reserved;
-	/* The forecast as before the request, as the figures are. */
+	/* The forecast without the request, as the figures are. */
 	out->growth = t->growth;
 	out->forecast_s = mts_fleet_forecast(reg);
 

@@ -539,10 +539,10 @@ static int conn_write(struct mts_conn *c, struct mts_buf *out)
 		out->len = out->cap = rest;
 	} else if (out->cap - out->len > out->len / 4 + 64) {
 		/* A turn's output sits in a buffer grown by doubling from 4
-		 * KiB: a turn of 64 small answers holds ~1.5 KiB in 4 KiB.
-		 * Give the slack back, so that MTS_OUT_HIGH of pending output
-		 * (what back-pressure counts) is close to the memory it really
-		 * holds, not 3x it. */
+		 * KiB, so a turn of small answers leaves most of it unused.
+		 * Give the slack back, so that MTS_OUT_HIGH of pending output,
+		 * which back-pressure counts, is close to the memory it really
+		 * holds, not a multiple of it. */
 		uint8_t *shrunk = realloc(out->data, out->len ? out->len : 1);
 		if (shrunk) {
 			out->data = shrunk;
@@ -1567,7 +1567,7 @@ void mts_conns_close(struct mts_conns *net)
 		net->idle_timer_open = false;
 	}
 	mts_uid_counts_free(&net->conn_uids);
-	/* No read can come any more: every stream is closing. */
+	/* No read can come: every stream is closing. */
 	free(net->scratch);
 	net->scratch = NULL;
 }

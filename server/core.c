@@ -137,10 +137,10 @@ void mts_core_free(struct mts_registry *reg)
 
 /* ---- the tick ------------------------------------------------------------ */
 
-/* How many entries ahead the tick asks for a slot's line and its proc's:
- * enough for a last-level-cache miss to overlap with the work of the
- * slots in between (bench/RESULTS.md, server: 4, 8 and 16 measure the
- * same; none at all is 1.7x slower at 16384 processes). */
+/* How many entries ahead the tick asks for a slot's line and its proc's.
+ * It is enough for a last-level-cache miss to overlap with the work of the
+ * slots in between. Distances of 4 and 16 do the same, and no prefetch is
+ * much slower (see bench/results/server.md). */
 #define TICK_PREFETCH 8u
 
 /* What the tick adds up over the processes. */
@@ -367,11 +367,11 @@ tick_range(struct mts_registry *reg, uint32_t from, uint32_t to, bool rate,
 	uint64_t window = rate ? mts_growth_window_ns(reg) : 0;
 	struct mts_decay_cache cache = {0};
 
-	/* dense[] is in no useful memory order (an exit moves the last entry
-	 * into its hole): ask for the slot line and the proc TICK_PREFETCH
-	 * entries ahead so their misses overlap with this entry's work.
-	 * (Walking by_slot[] in slot order instead, so that the hardware
-	 * prefetcher follows the slot lines, measured no better.) */
+	/* dense[] is in no useful memory order, because an exit moves the
+	 * last entry into its hole. So ask for the slot line and the proc
+	 * TICK_PREFETCH entries ahead, and their misses overlap with this
+	 * entry's work. Walking by_slot[] in slot order instead, so that the
+	 * hardware prefetcher follows the slot lines, does no better. */
 	for (uint32_t i = from; i < to; i++) {
 		if (i + TICK_PREFETCH < n) {
 			uint32_t ahead = dense[i + TICK_PREFETCH];
@@ -382,9 +382,9 @@ tick_range(struct mts_registry *reg, uint32_t from, uint32_t to, bool rate,
 		}
 		struct mts_proc *p = by_slot[dense[i]];
 		tick_proc(reg, p, lanes, now, acc);
-		/* The process's limit state, while its line is in cache (a
-		 * second pass over 16384 processes cost ~90 us, mostly
-		 * misses). Without a limit a process stays ok: skip. */
+		/* The process's limit state, while its line is in cache. A
+		 * second pass over every process would cost mostly cache
+		 * misses. Without a limit a process stays ok: skip. */
 		if (p->limit || p->state != MTSHM_STATE_OK)
 			mts_limits_eval_proc(reg, p);
 		if (rate)

@@ -207,9 +207,9 @@ int mts_hooks_configure(struct mts_hooks *h, const struct mts_hook_conf *conf)
 	set_conf(h, &c);
 	if (h->enabled)
 		return 0;
-	/* No hooks any more: forget the scopes (a running hook's is dropped
-	 * when it ends), so that hooks configured again later start from
-	 * the next change. */
+	/* This configuration has no hooks: forget the scopes (a running
+	 * hook's is dropped when it ends), so that hooks configured again
+	 * later start from the next change. */
 	for (struct hook_scope *s = h->scopes, *next; s; s = next) {
 		next = s->next;
 		s->pending = s->queued = false;

@@ -20,15 +20,15 @@
 #define MTS_FRAMES_PER_TURN 64u
 
 /*
- * The server-wide budget: at most max_connections open, and at
- * most max_buffered bytes of input and unwritten output over all of them.
- * Past the cap every connection holding more than its fair share (the
- * cap over twice the connections, at least MTS_CONN_FLOOR) stops reading
- * ("throttled") until the total is back under MTS_BUDGET_LOW_PCT of the
- * cap; if it is not back there MTS_BUDGET_GRACE_MS after the pressure
- * began, the largest holders are disconnected until it is. See conn.c.
- * The keys' defaults and bounds (max_connections, max_buffered, per uid,
- * idle timeout) are in mts_config.h.
+ * The server-wide budget: at most max_connections open, and at most
+ * max_buffered bytes of input and unwritten output over all of them. Past
+ * the cap, every connection holding more than its fair share stops
+ * reading ("throttled") until the total is back under MTS_BUDGET_LOW_PCT
+ * of the cap. The fair share is the cap over twice the connections, at
+ * least MTS_CONN_FLOOR. If the total is not back under MTS_BUDGET_GRACE_MS
+ * after the pressure began, the largest holders are disconnected until it
+ * is. See conn.c. The keys' defaults and bounds (max_connections,
+ * max_buffered, per uid, idle timeout) are in mts_config.h.
  */
 #define MTS_CONN_FLOOR      (64u * 1024u)
 #define MTS_BUDGET_LOW_PCT  75u

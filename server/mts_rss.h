@@ -25,18 +25,18 @@ struct mts_rss_state {
 
 /*
  * A process's mapped bytes (lane 0's `mapped`) against the kernel's
- * figure. Its counted pages that are resident are anonymous and resident,
- * so they are never more than its RssAnon: once its mapped figure is
- * MTS_MAPPED_YOUNG_MS old (the longest the client counts a new mapping in
- * full), a kernel read bounds it by RssAnon until it rises again (the
- * tick, tick_mapped). So a process that makes no call at all, whose
- * client cannot reconcile, is counted for no more than it holds. And a
- * read that finds the figure off by more than MTS_MAPPED_SLACK either
- * way (above RssAnon, or RssAnon above the whole claim: pages given back
- * and written again without a call) raises MTSHM_SLOT_RECONCILE: the
- * client's next publish, of any thread, reconciles its mapped bytes with
- * the kernel's resident pages; the flag comes down at the first read
- * after the slot's flush count moved.
+ * figure. Its counted pages that are resident are anonymous, so they are
+ * never more than its RssAnon. Once its mapped figure is
+ * MTS_MAPPED_YOUNG_MS old, a kernel read bounds it by RssAnon until it
+ * rises again (tick_mapped in core.c). That age is the longest the client
+ * counts a new mapping in full. So a process that makes no call at all,
+ * whose client cannot reconcile, is counted for no more than it holds.
+ * A read may find the figure off by more than MTS_MAPPED_SLACK either
+ * way: above RssAnon, or RssAnon above the whole claim, when pages were
+ * given back and written again without a call. That read raises
+ * MTSHM_SLOT_RECONCILE. The client's next publish, from any thread, then
+ * reconciles its mapped bytes with the kernel's resident pages. The flag
+ * comes down at the first read after the slot's flush count moved.
  */
 #define MTS_MAPPED_YOUNG_MS 2000u
 #define MTS_MAPPED_SLACK    (UINT64_C(8) << 20)

@@ -1,14 +1,14 @@
 /*
- * procfs.c - the facts memtallyd reads from /proc: at registration a
- * process's start time (its identity across pid reuse) and its comm (for
- * humans); every rss_interval its resident set (/proc/PID/statm, read on
- * the thread pool by rss.c, and once at registration).
+ * procfs.c - the facts memtallyd reads from /proc. At registration it
+ * reads a process's start time, its identity across pid reuse, and its
+ * comm, for humans. Every rss_interval rss.c reads its resident set from
+ * /proc/PID/statm on the thread pool.
  *
- * /proc/PID/stat is "pid (comm) state ppid ...", and comm is chosen by the
- * process: it may hold spaces, ')' and newlines. The only safe anchor is
- * the LAST ')' in the file; fields 3.. follow it, space-separated. These
- * are small reads of a pseudo-file, done once per registration; they are
- * the only blocking syscalls the loop makes on behalf of a peer.
+ * /proc/PID/stat is "pid (comm) state ppid ...", and the process chooses
+ * its comm, which may hold spaces, ')' and newlines. The only safe anchor
+ * is the LAST ')' in the file. Fields 3.. follow it, space-separated. The
+ * stat read is a small read of a pseudo-file, done on the loop once per
+ * registration.
  */
 #include "mts_procfs.h"
 

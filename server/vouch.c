@@ -243,8 +243,8 @@ int mts_parse_status_mem(const char *status, struct mts_kernel_mem *out)
 
 int mts_read_kernel_mem(int pid, struct mts_kernel_mem *out)
 {
-	/* smaps_rollup walks the page tables: its cost grows with what the
-	 * process holds (bench/RESULTS.md, server). status is a fallback
+	/* smaps_rollup walks the page tables, so its cost grows with what the
+	 * process holds (see bench/results/server.md). status is a fallback
 	 * that counts shared pages in every sharer. */
 	char buf[4096];
 	ssize_t n = mts_read_proc_file(pid, "smaps_rollup", buf, sizeof(buf));
