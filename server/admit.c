@@ -763,14 +763,13 @@ void mts_resv_worker_registered(struct mts_registry *reg, struct mts_proc *p)
 	}
 }
 
-/* Reservation ids are a secret of sorts: over TCP (no credentials) any
- * peer may release a reservation made over TCP, given its id, so an id
- * must not be guessable from others. They come from getrandom() -- the
- * kernel's CSPRNG, as they always did -- but 256 bytes (32 ids) per
- * call instead of one call per Admit. The pool is per thread (the server
- * has one; unit tests may run registries in several) and each 8 bytes
- * are wiped once used. memtallyd does not fork, so no two processes ever
- * hold the same pool. */
+/* Reservation ids are a secret of sorts. Over TCP, without credentials,
+ * any peer may release a reservation made over TCP given its id, so an id
+ * must not be guessable from others. Ids come from getrandom(), the
+ * kernel's CSPRNG, 256 bytes (32 ids) per call rather than one call per
+ * Admit. The pool is per thread, because unit tests may run registries in
+ * several threads; the server has one. Each 8 bytes are wiped once used.
+ * memtallyd does not fork, so no two processes ever hold the same pool. */
 static _Thread_local struct {
 	uint8_t b[256];
 	unsigned off;

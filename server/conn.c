@@ -268,14 +268,13 @@ static void budget_grew(struct mts_conns *net, struct mts_conn *c)
 		               MTS_BUDGET_CHECK_MS, MTS_BUDGET_CHECK_MS);
 }
 
-/* While under pressure: throttled peers that do not drain their output
- * keep the total high; once pressure has lasted the grace period,
+/* While under pressure, throttled peers that do not drain their output
+ * keep the total high. Once pressure has lasted the grace period,
  * disconnect the largest holders until the total is under the low mark,
  * where throttling ends. Stopping at the cap instead could leave the total
- * between the two for good: a throttled peer holding a partial frame is
- * not read, so it never shrinks, and nothing would ever resume it (found
- * in review: six 900 KB frames under a 4 MiB cap, five never answered). A
- * peer that reads its answers is not the largest for long. */
+ * between the two for good. A throttled peer holding a partial frame is
+ * not read, so it never shrinks, and nothing would ever resume it. A peer
+ * that reads its answers is not the largest for long. */
 static void on_budget_timer(uv_timer_t *t)
 {
 	struct mts_conns *net = t->data;

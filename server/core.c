@@ -226,12 +226,13 @@ tick_clamp_mapped(struct mts_proc *p, struct mtshm_slot_id *s, int *absurd)
 }
 
 /*
- * Lane 0's mapped figure `raw` changed since the last tick, is young, or
- * is above the bound of the latest kernel read (rss.c,
- * mts_mapped_read): what of it counts. A rise makes it young again, and
- * lifts the bound, until a kernel read made MTS_MAPPED_YOUNG_MS after it
- * (asked for here, through the early reads). Out of the tick loop's way:
- * a process whose mapped figure stands still never comes here.
+ * What of lane 0's mapped figure `raw` counts, when it changed since the
+ * last tick, is young, or is above the bound of the latest kernel read
+ * (mts_mapped_read in rss.c). A rise makes the figure young again and
+ * lifts the bound, until a kernel read made MTS_MAPPED_YOUNG_MS after it.
+ * That read is asked for here, through the early reads. This is out of
+ * the tick loop's way: a process whose mapped figure stands still never
+ * comes here.
  */
 __attribute__((noinline)) static uint64_t tick_mapped(struct mts_proc *p,
                                                       uint64_t raw,

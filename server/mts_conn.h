@@ -141,11 +141,11 @@ int mts_listen_tcp(struct mts_conns *net);
 void mts_conns_close(struct mts_conns *net);
 
 /*
- * Called from the server's reg->lim->on_event (server.c, ctx: its struct
- * mts_conns): push `ev` to every watching connection as Response{id = its
- * Watch id, event}. A subscriber whose unwritten output has reached
- * MTS_OUT_HIGH is not reading: it is disconnected (and counted in
- * conn_stats.watch_disconnects) rather than buffered without bound. It
+ * Called from the server's reg->lim->on_event (server.c), with ctx its
+ * struct mts_conns. Pushes `ev` to every watching connection as
+ * Response{id = its Watch id, event}. A subscriber whose unwritten output
+ * has reached MTS_OUT_HIGH is not reading. It is disconnected and counted
+ * in conn_stats.watch_disconnects rather than buffered without bound. It
  * learns the current state again when it reconnects and watches.
  */
 void mts_watch_broadcast(void *ctx, const struct mts_event *ev);

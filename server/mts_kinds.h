@@ -168,12 +168,13 @@ void mts_kinds_age(struct mts_registry *reg, uint64_t now_s);
 int mts_kinds_list(const struct mts_registry *reg, struct mts_kind ***out);
 
 /*
- * The record of learned sizes at `path`: written whole to a new file
- * (mode 0600) renamed into place, so a reader sees the old record or the
- * new one. Loaded at start: a file that is not ours (owner, links, mode,
- * a symlink), of another format, or whose checksum or contents do not
- * hold is refused with a log line and the server starts without learned
- * sizes. 0, -ENOENT (no file), -EBADMSG (refused), -errno.
+ * The record of learned sizes at `path`. It is written whole to a new file
+ * (mode 0600) that is renamed into place, so a reader sees the old record
+ * or the new one. It is loaded at start. A file that is not ours (owner,
+ * links, mode, a symlink), of another format, or whose checksum or
+ * contents do not hold is refused with a log line, and the server starts
+ * without learned sizes. Returns 0, -ENOENT (no file), -EBADMSG (refused)
+ * or -errno.
  */
 int mts_kinds_save(const struct mts_registry *reg, const char *path);
 int mts_kinds_load(struct mts_registry *reg, const char *path);

@@ -34,12 +34,12 @@ struct mts_metrics;
 struct mts_reload_stats; /* mts_config.h */
 
 /*
- * Append the exposition of `reg` to `out` (which the caller owns and
- * frees). Reads `reg` only; call it on the loop thread. Label values
- * coming from workers (group, comm) are escaped and made valid UTF-8.
- * `cs`: the server's connection counters, `rs` its reloads (NULL: those
- * families are left out). Returns 0 or -ENOMEM (out then holds a partial text;
- * discard it).
+ * Append the exposition of `reg` to `out`, which the caller owns and
+ * frees. Reads `reg` only; call it on the loop thread. Label values from
+ * workers (group, comm) are escaped and made valid UTF-8. `cs` holds the
+ * server's connection counters and `rs` its reloads; when NULL, those
+ * families are left out. Returns 0 or -ENOMEM; on -ENOMEM `out` holds a
+ * partial text to discard.
  */
 int mts_metrics_render(const struct mts_registry *reg,
                        const struct mts_conn_stats *cs,
@@ -47,10 +47,11 @@ int mts_metrics_render(const struct mts_registry *reg,
 
 /*
  * Bind HOST:PORT and serve /metrics from an HTTP thread of its own. `reg`
- * and `cs` are kept (not copied) and read only on `loop`'s thread, when the
- * loop runs after a scrape; it need not be initialised yet, only before the
- * loop next runs. Logs `msg="metrics listening" addr=HOST:PORT` with the
- * bound port, or the reason it cannot serve. Call on the loop thread.
+ * and `cs` are kept, not copied, and read only on `loop`'s thread when the
+ * loop runs after a scrape. So they need not be initialised yet, only
+ * before the loop next runs. Logs `msg="metrics listening"
+ * addr=HOST:PORT` with the bound port, or the reason it cannot serve.
+ * Call on the loop thread.
  *
  * Returns 0 and *out, or -EINVAL (a bad address), -errno from socket(),
  * bind() or listen() (-EADDRINUSE, -EACCES, -EADDRNOTAVAIL, ...), -ENOMEM,

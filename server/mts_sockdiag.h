@@ -20,12 +20,14 @@ struct inet_diag_msg;
 
 /*
  * The uid owning the peer's end of the established TCP connection from
- * `peer` to `local`, our end, whose socket is `fd`: the socket whose
- * source is `peer` and destination `local`, looked up by its exact
- * 4-tuple. 0 and *uid, or -ENOENT (no such socket here: the peer is
- * remote, or gone), -ENOTCONN (the peer has closed: what answered is a
- * leftover, or our end is no longer established), -EAFNOSUPPORT, or
- * another -errno (no sock_diag). *uid is set only on success.
+ * `peer` to `local`, our end, whose socket is `fd`. That is the socket
+ * whose source is `peer` and destination `local`, looked up by its exact
+ * 4-tuple. Returns 0 and sets *uid, or a negative errno with *uid
+ * untouched:
+ *  -ENOENT: no such socket here, because the peer is remote or gone;
+ *  -ENOTCONN: the peer has closed, so what answered is a leftover, or our
+ *   end is not established any more;
+ *  -EAFNOSUPPORT, or another -errno when sock_diag is missing.
  */
 int mts_sockdiag_uid(int fd, const struct sockaddr *peer,
                      const struct sockaddr *local, uint32_t *uid);

@@ -29,7 +29,7 @@ struct mts_state_rec {
 	uint64_t image_id;      /*  16 */
 	uint64_t registered_ns; /*  24 CLOCK_REALTIME */
 	uint64_t slot_gen;      /*  32 */
-	uint64_t check;         /*  40 rec_check(): REC_CHECK ^ pid << 32 ^ slot */
+	uint64_t check;         /*  40 rec_check(pid, slot) */
 	char group[64];         /*  48 */
 	char task[64];          /* 112 */
 	uint8_t spare[80];      /* 176 */
@@ -48,22 +48,23 @@ struct mts_state_info {
 /*
  * Open (or create) the state file at `path` and lock it. When it exists,
  * is ours and valid, and `reset` is false, *adopt is set and *info gets
- * what it records; otherwise it is (re)initialised from *info (a file we
- * do not own, with other links or the wrong mode is never written: it is
- * unlinked and replaced, or, when that fails, the server runs without a
- * restart record: *out = NULL, warning logged). Returns 0, -EBUSY (a live
- * server holds the lock) or -errno.
+ * what it records. Otherwise it is (re)initialised from *info. A file we
+ * do not own, or with other links or the wrong mode, is never written.
+ * It is unlinked and replaced. When that fails, the server runs without a
+ * restart record: *out is NULL and a warning is logged. Returns 0, -EBUSY
+ * (a live server holds the lock) or -errno.
  */
 int mts_state_open(const char *path, bool reset, struct mts_state_info *info,
                    bool *adopt, struct mts_state **out);
-/* Write `r` (zeroed, then filled by the caller: pid, uid, start time,
- * image, registration time, slot generation, group and task; the check
- * is ours) as slot `slot`'s entry / free slot `slot`'s entry. Errors are
- * logged once and otherwise ignored: the record is a convenience for the
- * next server, never a reason to refuse a worker. An entry is written when
- * a worker registers, not cleared when it exits (one pwrite per worker,
- * not two): a restarted server drops entries whose pid is gone or has
- * another start time, and a reused slot's entry is overwritten. */
+/* mts_state_put writes `r` as slot `slot`'s entry, and mts_state_clear
+ * frees that entry. The caller zeroes `r`, then fills the pid, uid, start
+ * time, image, registration time, slot generation, group and task; the
+ * check is ours. Errors are logged once and otherwise ignored, because the
+ * record is a convenience for the next server, never a reason to refuse a
+ * worker. An entry is written when a worker registers and not cleared
+ * when it exits, which saves a pwrite per worker. A restarted server drops
+ * entries whose pid is gone or has another start time, and a reused
+ * slot's entry is overwritten. */
 void mts_state_put(struct mts_state *st, uint32_t slot,
                    struct mts_state_rec *r);
 void mts_state_clear(struct mts_state *st, uint32_t slot);
