@@ -203,13 +203,13 @@ struct mts_admit_out {
 int mts_admit(struct mts_registry *reg, const struct mts_peer *peer,
               const struct mts_admit_req *req, struct mts_admit_out *out);
 
-/* The decision alone, for a valid request of `bytes` to `group`: the
- * per-uid reservation cap, the group's access (and the uid's cap on new
- * groups), the per-uid reserved bytes, then the fleet limit, then the
- * group's, then the node guard's line by the node's own figure; fills
- * out (admitted, or the reason, scope, figures and words that decided).
- * Reads the registry and changes nothing: no reservation, no counter, no
- * log line. */
+/* The decision alone, for a valid request of `bytes` to `group`. The
+ * checks run in this order: the per-uid reservation cap, the group's
+ * access and the uid's cap on new groups, the per-uid reserved bytes,
+ * the fleet limit, the group's limit, and last the node guard's line by
+ * the node's own figure. Fills `out` with admitted, or with the reason,
+ * scope, figures and words that decided. Reads the registry and changes
+ * nothing: no reservation, no counter, no log line. */
 void mts_admit_decide(const struct mts_registry *reg,
                       const struct mts_peer *peer, const char *group,
                       uint64_t bytes, struct mts_admit_out *out);
@@ -217,10 +217,11 @@ void mts_admit_decide(const struct mts_registry *reg,
 /* The same for a task expected to follow `prof` (NULL: `bytes` held from
  * the start), asked by `who` (mts_waiter; 0: not a task). Unless `who`
  * is the request waiting longest, that request's need is kept free too
- * ([admission] queue). The fleet, group and node checks compare what the
- * reservations that follow a profile will grow into over the new task's
- * life (or, for a request without one, until they are expected to end),
- * with the new task's own profile, against the limit. */
+ * ([admission] queue). The fleet, group and node checks compare against
+ * the limit what the profiled reservations will grow into, plus the new
+ * task's own profile. They look over the new task's life, or, for a
+ * request without a profile, until those reservations are expected to
+ * end. */
 void mts_admit_decide_profile(const struct mts_registry *reg,
                               const struct mts_peer *peer, const char *group,
                               uint64_t bytes,

@@ -203,10 +203,10 @@ struct mts_state;
 
 /*
  * What the modules above the registry (vouching, admission, limits,
- * permissions) want to hear of it or to decide for it, given once at
- * init (mts_core_init() fills it); the registry calls these and knows
- * nothing of what they do. A NULL member is not called (is_admin: no one
- * is; may_join: anyone may).
+ * permissions) want to hear of it or to decide for it. It is given once
+ * at init; mts_core_init() fills it. The registry calls these and knows
+ * nothing of what they do. A NULL member is not called: with no
+ * is_admin no one is an admin, and with no may_join anyone may join.
  */
 struct mts_peer;
 struct mts_registry_watch {

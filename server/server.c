@@ -63,11 +63,11 @@ bool mts_socket_is_ours(const struct mts_server *srv)
 }
 
 /*
- * Notice, about once a second, when the socket file has been removed (or
- * replaced) under us. It cannot be put back from here without a window in
- * which another server could take the path, so say once, at error level,
- * what it means and what the operator must do; say again if it comes
- * back. (The shared objects have no name anyone could remove.)
+ * Notice, about once a second, when the socket file has been removed or
+ * replaced under us. It cannot be put back from here without a window in
+ * which another server could take the path. So say once, at error level,
+ * what it means and what the operator must do, and say again if it comes
+ * back. The shared objects have no name anyone could remove.
  */
 static void check_files(struct mts_server *srv)
 {
