@@ -697,9 +697,9 @@ static void run_of(const struct mts_resv *r, bool evicted,
 }
 
 /* What `r` sets aside at `now_ns`: what its kind's runs held on average
- * at the task's age (the pool's margin is admission's: project_need); a
- * task past the profile's length holds its whole size (it is late, and
- * what it does next is not known). */
+ * at the task's age. The pool's margin is admission's (project_need). A
+ * task past the profile's length holds its whole size, because it is late
+ * and what it does next is not known. */
 static uint64_t run_want(const struct mts_resv *r, uint64_t now_ns)
 {
 	if (!r->profiled)

@@ -109,11 +109,12 @@ struct mts_resv {
 	uint64_t created_mono_ns; /* CLOCK_MONOTONIC */
 	uint64_t expires_ns;      /* CLOCK_MONOTONIC: its deadline now */
 	uint32_t ttl_s;
-	/* Kinds (kinds.c): the kind its task belongs to (NULL: none), what
-	 * the Admit declared (0: nothing; `bytes` may be a learned size
-	 * below or above it: the node guard compares use with both), and
-	 * the task's peak so far: the largest sum, at a tick, of what its
-	 * workers that may act on it count toward others (vouch.c). */
+	/* Kinds (kinds.c). `kind` is the kind its task belongs to, or NULL.
+	 * `declared` is what the Admit declared, 0 for nothing. `bytes` may
+	 * be a learned size below or above it, and the node guard compares
+	 * use with both. `peak` is the task's peak so far: the largest sum,
+	 * at a tick, of what its workers that may act on it count toward
+	 * others (vouch.c). */
 	struct mts_kind *kind;
 	uint64_t declared;
 	uint64_t peak;

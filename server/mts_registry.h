@@ -75,12 +75,13 @@ struct mts_proc {
 	/* MTS_CLAMPED_*: parts of its figure clamped at 0 now (logged when
 	 * the clamping starts). Byte 64: the second line, read every tick. */
 	uint8_t clamped;
-	/* Its mapped bytes against the kernel's (rss.c, mts_mapped_read):
-	 * `mapped_seen` is lane 0's figure at the latest tick, `mapped` the
-	 * part of it that counts; it rose last at `mapped_rose_ns`, and is
-	 * young (counted in full) until a kernel read made MTS_MAPPED_YOUNG_MS
-	 * after that; `mapped_capped`: above what the latest such read
-	 * allows. Beside `clamped`, in the line the tick reads anyway. */
+	/* Its mapped bytes against the kernel's (mts_mapped_read in rss.c).
+	 * `mapped_seen` is lane 0's figure at the latest tick, and `mapped`
+	 * the part of it that counts. The figure rose last at
+	 * `mapped_rose_ns`. It is young, and counted in full, until a kernel
+	 * read made MTS_MAPPED_YOUNG_MS after that. `mapped_capped` means it
+	 * is above what the latest such read allows. These sit beside
+	 * `clamped`, in the line the tick reads anyway. */
 	bool mapped_young;
 	bool mapped_capped;
 	uint64_t mapped_seen;
@@ -100,11 +101,11 @@ struct mts_proc {
 	/* What the allocator was last taken to hold for its heap, and from
 	 * which sample (mtshm_free_now()). */
 	struct mtshm_free_held free_held;
-	/* The bound of its mapped bytes by the kernel's figure (rss.c): its
-	 * anonymous resident bytes at the latest read made once they were no
-	 * longer young (a rise lifts it: UINT64_MAX); the flush count of its
-	 * slot when memtallyd asked it to reconcile (MTSHM_SLOT_RECONCILE);
-	 * whether it ever had mapped bytes. */
+	/* The bound of its mapped bytes by the kernel's figure (rss.c).
+	 * `cap` is its anonymous resident bytes at the latest read made once
+	 * the figure was no longer young; UINT64_MAX after a rise lifts it.
+	 * `ask_flushes` is its slot's flush count when memtallyd asked it to
+	 * reconcile (MTSHM_SLOT_RECONCILE). `ever`: it had mapped bytes. */
 	struct {
 		uint64_t cap;
 		uint64_t ask_flushes;
