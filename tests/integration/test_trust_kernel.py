@@ -204,12 +204,15 @@ def dip_run(users, seconds):
                     time.sleep(0.03)
                     lie(True)
                     next_dip += 4.0
-                phantom, f = nobody_bytes(s, [honest.pid])
-                # Less what the liars really hold: 1-3 MiB each in small
-                # pages (4 MiB allowed), what the kernel says where it is
-                # more (transparent huge pages always on: 2 MiB a fault).
-                phantom -= sum(max(4 * MIB, rss_anon(w.pid) + MIB)
-                               for w in liars)
+                # What the liars are counted for beyond what the kernel
+                # says they hold: bytes - unvouched (what counts toward
+                # the fleet) less RssAnon, which the kernel referees
+                # anyway (more than their claims where transparent huge
+                # pages are always on).
+                ps = s.ps()
+                phantom = sum(ps[w.pid]["bytes"] - ps[w.pid]["unvouched"]
+                              - rss_anon(w.pid) for w in liars
+                              if w.pid in ps)
                 worst = max(worst, phantom)
                 if now > t0 + 2 * window + 0.5:
                     worst_late = max(worst_late, phantom)
