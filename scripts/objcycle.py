@@ -20,6 +20,8 @@ import os
 import subprocess
 import sys
 
+from include_graph import components
+
 
 def symbols(nm, path):
     """(defined, undefined) global symbols of one object file."""
@@ -47,38 +49,6 @@ def objects(build):
     return found
 
 
-def sccs(nodes, edges):
-    """Tarjan's strongly connected components."""
-    index, low, stack, on, out = {}, {}, [], set(), []
-    counter = [0]
-
-    def visit(v):
-        index[v] = low[v] = counter[0]
-        counter[0] += 1
-        stack.append(v)
-        on.add(v)
-        for w in sorted(edges.get(v, ())):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while True:
-                w = stack.pop()
-                on.discard(w)
-                comp.append(w)
-                if w == v:
-                    break
-            out.append(sorted(comp))
-
-    for v in sorted(nodes):
-        if v not in index:
-            visit(v)
-    return out
-
-
 def main():
     if len(sys.argv) < 2:
         sys.exit(__doc__)
@@ -102,7 +72,7 @@ def main():
     for (a, b), syms in sorted(why.items()):
         more = f", ... {len(syms) - 3} more" if len(syms) > 3 else ""
         print(f"{a} -> {b}  ({', '.join(syms[:3])}{more})")
-    cycles = [c for c in sccs(objs, edges) if len(c) > 1]
+    cycles = components(edges)
     for comp in cycles:
         print(f"CYCLE: {' <-> '.join(comp)}")
         for a in comp:

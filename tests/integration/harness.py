@@ -84,13 +84,18 @@ def in_parallel(runs, fn):
         raise errors[0]
 
 
+def proc_kib(pid, name, field):
+    """A "Field:  N kB" line of /proc/PID/<name>, in bytes."""
+    with open(f"/proc/{pid}/{name}") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError(f"no {field} in /proc/{pid}/{name}")
+
+
 def rss_anon(pid):
     """pid's anonymous resident bytes (RssAnon of /proc/PID/status)."""
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError(f"no RssAnon for {pid}")
+    return proc_kib(pid, "status", "RssAnon")
 
 
 def read_makes_resident(mib=128, huge=False):

@@ -42,8 +42,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from harness import (CLI, LANE0_BYTES, MIB, MULT, NOBODY, NOGROUP,  # noqa: E402
                      Server, Worker, check, claim, cli_as, find_slot,
-                     hook_runs, hooks_conf, open_to_nobody, rss_anon, run,
-                     second_user, test_user, wait_for, worker,
+                     hook_runs, hooks_conf, open_to_nobody, proc_kib,
+                     rss_anon, run, second_user, test_user, wait_for, worker,
                      world_readable_copy)
 from harness import config_file as config  # noqa: E402
 
@@ -63,15 +63,6 @@ def nobody_bytes(s, exclude):
     f = s.status()["fleet"]
     ps = s.ps()
     return f["bytes"] - sum(ps[p]["bytes"] for p in exclude if p in ps), f
-
-
-def pss(pid):
-    """pid's proportional set size (smaps_rollup's Pss), in bytes."""
-    with open(f"/proc/{pid}/smaps_rollup") as f:
-        for line in f:
-            if line.startswith("Pss:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError(f"no Pss for {pid}")
 
 
 def shared_run(mode, measure):
@@ -127,7 +118,7 @@ def shared_run(mode, measure):
             # 256 MiB of allowance; 32 MiB for the victim's figure, read
             # apart from the fleet's. Counting the pages in each child
             # would be 4 GiB more.
-            held = sum(pss(p) for p in pids)
+            held = sum(proc_kib(p, "smaps_rollup", "Pss") for p in pids)
             bound = held + 256 * MIB + 32 * MIB
             check(worst <= bound,
                   f"nobody's sharers counted {worst >> 20} MiB (at most "
