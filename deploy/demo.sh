@@ -30,7 +30,7 @@ say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 mt() { "$memtally" --socket "$sock" "$@"; }
 
 say "starting memtallyd (socket $sock, shared objects $label)"
-"$memtallyd" --socket "$sock" --segment "$label" --fleet-limit 600MiB \
+"$memtallyd" --socket "$sock" --label "$label" --fleet-limit 600MiB \
   --high-watermark 80 --log-level info 2>"$dir/memtallyd.log" &
 pids+=($!)
 for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done

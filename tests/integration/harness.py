@@ -178,7 +178,7 @@ class Server:
         ready_before = self._ready_lines()
         cmd = [*prefix, exe or MEMTALLYD, "--socket", self.socket]
         if self.segment is not None:
-            cmd += ["--segment", self.segment]
+            cmd += ["--label", self.segment]
         if tick is not None:
             cmd += ["--tick", str(tick)]
         if log_level is not None:
