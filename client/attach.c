@@ -14,11 +14,11 @@
  *    buffers, so it is safe inside the malloc interposer and cannot recurse
  *    into its own accounting.
  *  - Nothing is lost: bytes flushed while unattached accumulate in
- *    `mtc.pending` and are moved into the slot's `overflow` once attached,
+ *    `mtc_proc.pending` and are moved into the slot's `overflow` once attached,
  *    so the slot always carries the process's whole total.
  *  - An attachment (the server's header, mapped read-only, and our slot,
  *    mapped read-write) is written once, then
- *    published through `mtc.cur` with release order and never changed, so
+ *    published through `mtc_proc.cur` with release order and never changed, so
  *    a flushing thread needs no lock; it is never unmapped, since another
  *    thread may be storing into its lane at any moment.
  *  - Both objects arrive as descriptors with the Registered answer. They
@@ -70,7 +70,7 @@
 
 static struct mtc_attachment atts[MTC_MAX_ATTACH];
 
-struct mtc_process mtc = {.once = PTHREAD_ONCE_INIT};
+struct mtc_process mtc_proc = {.once = PTHREAD_ONCE_INIT};
 
 bool mtc_at_load;
 
@@ -92,7 +92,7 @@ uint32_t mtc_refresh_want;
 
 void mtc_debug(const char *fmt, ...)
 {
-	if (!mtc.debug)
+	if (!mtc_proc.debug)
 		return;
 	char buf[512];
 	int n = snprintf(buf, sizeof(buf), "memtally[%d]: ", (int)getpid());
@@ -122,7 +122,7 @@ void mtc_debug(const char *fmt, ...)
  */
 static void fence_inherited(void)
 {
-	uint32_t n = __atomic_load_n(&mtc.natts, __ATOMIC_ACQUIRE);
+	uint32_t n = __atomic_load_n(&mtc_proc.natts, __ATOMIC_ACQUIRE);
 	for (uint32_t i = 0; i < n && i < MTC_MAX_ATTACH; i++) {
 		struct mtshm_map *t = &atts[i].table;
 		if (t->base)
@@ -142,42 +142,42 @@ static void fence_inherited(void)
 static void on_fork_child(void)
 {
 	const struct mtc_attachment *a = cur_att();
-	int64_t total = mtshm_load_relaxeds64(&mtc.pending);
+	int64_t total = mtshm_load_relaxeds64(&mtc_proc.pending);
 	if (a)
 		total += slot_total(a);
-	mtshm_store_relaxeds64(&mtc.pending, total);
-	mtshm_store_release64(&mtc.cur, 0);
+	mtshm_store_relaxeds64(&mtc_proc.pending, total);
+	mtshm_store_release64(&mtc_proc.cur, 0);
 	fence_inherited();
 	epoch_bump();
 	mtc_gate &= ~GATE_FLAGS; /* no flags seen in the child */
-	mtc.attaching = 0;
+	mtc_proc.attaching = 0;
 	/* A registration of the over-limit callback cut short by the fork
 	 * would leave the sequence odd for ever, and the pair torn: drop it. */
-	if (mtc.cb_seq & 1) {
-		mtc.cb_fn = 0;
-		mtc.cb_arg = 0;
-		mtc.cb_seq++;
+	if (mtc_proc.cb_seq & 1) {
+		mtc_proc.cb_fn = 0;
+		mtc_proc.cb_arg = 0;
+		mtc_proc.cb_seq++;
 	}
 	/* Likewise a memtally_set_group() cut short: the child keeps no
 	 * group rather than a torn one. */
-	if (mtc.group_seq & 1) {
-		memset(mtc.group_w, 0, sizeof(mtc.group_w));
-		mtc.group_seq++;
+	if (mtc_proc.group_seq & 1) {
+		memset(mtc_proc.group_w, 0, sizeof(mtc_proc.group_w));
+		mtc_proc.group_seq++;
 	}
-	mtc.next_try_ns = 0;
-	mtc.backoff_ns = MTC_BACKOFF_MIN_NS;
-	mtc.born_ns = mt_mono_ns();
-	mtc.after_exec = 0; /* a fork: this process starts now */
+	mtc_proc.next_try_ns = 0;
+	mtc_proc.backoff_ns = MTC_BACKOFF_MIN_NS;
+	mtc_proc.born_ns = mt_mono_ns();
+	mtc_proc.after_exec = 0; /* a fork: this process starts now */
 	/* A sample cut short by the fork would hold the turn for ever. */
-	mtc.free_turn = 0;
-	mtc.free_min_ns = 0;
-	mtc.free_next_ns = 0;
-	mtc.free_last_ns = 0;
+	mtc_proc.free_turn = 0;
+	mtc_proc.free_min_ns = 0;
+	mtc_proc.free_next_ns = 0;
+	mtc_proc.free_last_ns = 0;
 	/* The parent's refresh thread did not come along: the child's
 	 * registration arms its own. */
-	mtc.refresh_started = 0;
+	mtc_proc.refresh_started = 0;
 	mtc_refresh_want = 0;
-	mtc.pid = getpid();
+	mtc_proc.pid = getpid();
 	mtc_front_force_slow();
 }
 
@@ -190,33 +190,35 @@ static void group_store(const char *g, bool only_if_empty)
 	memcpy(w, g, strlen(g)); /* callers checked the length */
 	uint32_t seq;
 	for (;;) {
-		seq = __atomic_load_n(&mtc.group_seq, __ATOMIC_RELAXED);
+		seq = __atomic_load_n(&mtc_proc.group_seq, __ATOMIC_RELAXED);
 		if (!(seq & 1) && __atomic_compare_exchange_n(
-		                      &mtc.group_seq, &seq, seq + 1, 0,
+		                      &mtc_proc.group_seq, &seq, seq + 1, 0,
 		                      __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
 			break;
 		sched_yield();
 	}
-	bool keep = only_if_empty &&
-	            __atomic_load_n(&mtc.group_w[0], __ATOMIC_RELAXED) != 0;
+	bool keep = only_if_empty && __atomic_load_n(&mtc_proc.group_w[0],
+	                                             __ATOMIC_RELAXED) != 0;
 	for (size_t i = 0; !keep && i < MTC_GROUP_MAX / 8; i++)
-		__atomic_store_n(&mtc.group_w[i], w[i], __ATOMIC_RELEASE);
-	__atomic_store_n(&mtc.group_seq, seq + 2, __ATOMIC_RELEASE);
+		__atomic_store_n(&mtc_proc.group_w[i], w[i], __ATOMIC_RELEASE);
+	__atomic_store_n(&mtc_proc.group_seq, seq + 2, __ATOMIC_RELEASE);
 }
 
 bool mtc_group_copy(char out[MTC_GROUP_MAX])
 {
 	uint64_t w[MTC_GROUP_MAX / 8];
 	for (int tries = 0; tries < 1000; tries++) {
-		uint32_t s1 = __atomic_load_n(&mtc.group_seq, __ATOMIC_ACQUIRE);
+		uint32_t s1 =
+		    __atomic_load_n(&mtc_proc.group_seq, __ATOMIC_ACQUIRE);
 		if (s1 & 1) {
 			sched_yield();
 			continue;
 		}
 		for (size_t i = 0; i < MTC_GROUP_MAX / 8; i++)
-			w[i] =
-			    __atomic_load_n(&mtc.group_w[i], __ATOMIC_ACQUIRE);
-		if (__atomic_load_n(&mtc.group_seq, __ATOMIC_RELAXED) == s1) {
+			w[i] = __atomic_load_n(&mtc_proc.group_w[i],
+			                       __ATOMIC_ACQUIRE);
+		if (__atomic_load_n(&mtc_proc.group_seq, __ATOMIC_RELAXED) ==
+		    s1) {
 			memcpy(out, w, MTC_GROUP_MAX);
 			out[MTC_GROUP_MAX - 1] = 0;
 			return true;
@@ -240,29 +242,29 @@ static void copy_env(char *dst, size_t cap, const char *name, const char *def)
 static void init_once(void)
 {
 	const char *d = getenv("MEMTALLY_DEBUG");
-	mtc.debug = d && d[0] == '1';
+	mtc_proc.debug = d && d[0] == '1';
 	d = getenv("MEMTALLY_DISABLE");
-	mtc.disabled = d && d[0] == '1';
+	mtc_proc.disabled = d && d[0] == '1';
 	d = getenv("MEMTALLY_ALLOCATOR_FREE");
-	mtc.free_off = d && d[0] == '0';
+	mtc_proc.free_off = d && d[0] == '0';
 	d = getenv("MEMTALLY_REFRESH_MS");
-	mtc.refresh_ms = MTC_REFRESH_MS;
+	mtc_proc.refresh_ms = MTC_REFRESH_MS;
 	if (d && *d) {
 		char *end;
 		unsigned long long v = strtoull(d, &end, 10);
 		if (!*end && v > MTC_REFRESH_MAX_MS)
 			v = MTC_REFRESH_MAX_MS;
 		if (!*end)
-			mtc.refresh_ms = v;
+			mtc_proc.refresh_ms = v;
 	}
 	d = getenv("MEMTALLY_REFRESH_MIN");
 	uint64_t min;
-	mtc.refresh_min =
+	mtc_proc.refresh_min =
 	    d && mt_parse_size(d, &min) == 0 ? min : MTC_REFRESH_MIN;
 	d = getenv("MEMTALLY_REGISTER_MIN");
 	if (!d || mt_parse_size(d, &min) != 0)
 		min = MTC_REGISTER_MIN;
-	mtc.register_min = min > INT64_MAX ? INT64_MAX : (int64_t)min;
+	mtc_proc.register_min = min > INT64_MAX ? INT64_MAX : (int64_t)min;
 	d = getenv("MEMTALLY_REGISTER_AFTER_MS");
 	uint64_t after_ms = MTC_REGISTER_AFTER_MS;
 	if (d && *d) {
@@ -273,39 +275,39 @@ static void init_once(void)
 			               ? MTC_REGISTER_AFTER_MAX_MS
 			               : v;
 	}
-	mtc.register_after_ns = after_ms * 1000000u;
+	mtc_proc.register_after_ns = after_ms * 1000000u;
 	const char *sock = getenv("MEMTALLY_SOCKET");
 	if (!sock || !*sock)
 		sock = MT_DEFAULT_SOCKET;
-	if (strlen(sock) >= sizeof(mtc.sock)) {
+	if (strlen(sock) >= sizeof(mtc_proc.sock)) {
 		mtc_debug("MEMTALLY_SOCKET too long; not attaching");
-		mtc.disabled = 1;
+		mtc_proc.disabled = 1;
 	} else {
-		strcpy(mtc.sock, sock);
+		strcpy(mtc_proc.sock, sock);
 	}
 	char group[MTC_GROUP_MAX];
 	copy_env(group, sizeof(group), "MEMTALLY_GROUP", "");
 	group_store(group, true);
-	copy_env(mtc.task, sizeof(mtc.task), "MEMTALLY_TASK", "");
+	copy_env(mtc_proc.task, sizeof(mtc_proc.task), "MEMTALLY_TASK", "");
 	/* A process started for an admitted task fulfils a reservation the
 	 * scheduler waits on: it registers at its first flush, small or
 	 * young as it may be. */
-	if (mtc.task[0])
-		mtc.register_after_ns = 0;
-	if (getrandom(&mtc.image_id, sizeof(mtc.image_id), GRND_NONBLOCK) !=
-	    sizeof(mtc.image_id))
-		mtc.image_id = mt_mono_ns() ^ ((uint64_t)getpid() << 40) ^
-		               (uint64_t)(uintptr_t)&mtc;
-	mtc.backoff_ns = MTC_BACKOFF_MIN_NS;
-	if (!mtc.born_ns) /* not loaded at start: first used now */
-		mtc.born_ns = mt_mono_ns();
-	mtc.after_exec = -1;
-	mtc.pid = getpid();
+	if (mtc_proc.task[0])
+		mtc_proc.register_after_ns = 0;
+	if (getrandom(&mtc_proc.image_id, sizeof(mtc_proc.image_id),
+	              GRND_NONBLOCK) != sizeof(mtc_proc.image_id))
+		mtc_proc.image_id = mt_mono_ns() ^ ((uint64_t)getpid() << 40) ^
+		                    (uint64_t)(uintptr_t)&mtc_proc;
+	mtc_proc.backoff_ns = MTC_BACKOFF_MIN_NS;
+	if (!mtc_proc.born_ns) /* not loaded at start: first used now */
+		mtc_proc.born_ns = mt_mono_ns();
+	mtc_proc.after_exec = -1;
+	mtc_proc.pid = getpid();
 	pthread_atfork(NULL, NULL, on_fork_child);
 	if (!mtc_group_copy(group))
 		group[0] = 0;
-	mtc_debug("init: socket=%s group=%s%s", mtc.sock, group,
-	          mtc.disabled ? " (disabled)" : "");
+	mtc_debug("init: socket=%s group=%s%s", mtc_proc.sock, group,
+	          mtc_proc.disabled ? " (disabled)" : "");
 }
 
 /* A process's age counts from the library's load (the program's start,
@@ -313,13 +315,13 @@ static void init_once(void)
  * use: a linked program that first accounts after a while is not young. */
 __attribute__((constructor)) static void mtc_born(void)
 {
-	mtc.born_ns = mt_mono_ns();
+	mtc_proc.born_ns = mt_mono_ns();
 }
 
 bool mtc_init(void)
 {
-	pthread_once(&mtc.once, init_once);
-	return !mtc.disabled;
+	pthread_once(&mtc_proc.once, init_once);
+	return !mtc_proc.disabled;
 }
 
 /* ---- registration --------------------------------------------------- */
@@ -406,7 +408,7 @@ static int reg_connect(void)
 	if (fd < 0)
 		return -errno;
 	struct sockaddr_un sa = {.sun_family = AF_UNIX};
-	memcpy(sa.sun_path, mtc.sock, strlen(mtc.sock) + 1);
+	memcpy(sa.sun_path, mtc_proc.sock, strlen(mtc_proc.sock) + 1);
 	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
 		int err = -errno;
 		close(fd);
@@ -421,8 +423,8 @@ static int reg_send(int fd, const char *group, bool if_registered,
 {
 	Memtally__V1__Register reg = MEMTALLY__V1__REGISTER__INIT;
 	reg.group = (char *)group;
-	reg.task = mtc.task;
-	reg.image_id = mtc.image_id;
+	reg.task = mtc_proc.task;
+	reg.image_id = mtc_proc.image_id;
 	reg.layout_major = MTSHM_VERSION_MAJOR;
 	reg.layout_minor = MTSHM_VERSION_MINOR;
 	reg.client_version = (char *)MEMTALLY_VERSION_STRING;
@@ -586,8 +588,8 @@ static int map_reply(struct reg_reply *rep, const struct mtc_attachment *old,
  * an mmap the allocator makes under its own locks. */
 static void refresh_arm(void)
 {
-	if (mtc_refresh_start && mtc.refresh_ms &&
-	    !mtshm_load_relaxed32(&mtc.refresh_started))
+	if (mtc_refresh_start && mtc_proc.refresh_ms &&
+	    !mtshm_load_relaxed32(&mtc_proc.refresh_started))
 		mtshm_store_relaxed32(&mtc_refresh_want, 1);
 }
 
@@ -595,11 +597,11 @@ static void refresh_arm(void)
  * MTC_REFRESH_MIN): heap and mapped bytes together. */
 static bool refresh_too_small(void)
 {
-	if (!__libc_single_threaded || !mtc.refresh_min)
+	if (!__libc_single_threaded || !mtc_proc.refresh_min)
 		return false;
-	int64_t b =
-	    mtc_published_bytes() + (int64_t)mtshm_load_relaxed64(&mtc.mapped);
-	return b < 0 || (uint64_t)b < mtc.refresh_min;
+	int64_t b = mtc_published_bytes() +
+	            (int64_t)mtshm_load_relaxed64(&mtc_proc.mapped);
+	return b < 0 || (uint64_t)b < mtc_proc.refresh_min;
 }
 
 bool mtc_refresh_claim(uint64_t *period_ms)
@@ -612,10 +614,10 @@ bool mtc_refresh_claim(uint64_t *period_ms)
 	                                 __ATOMIC_RELAXED, __ATOMIC_RELAXED))
 		return false;
 	uint32_t zero = 0;
-	if (!__atomic_compare_exchange_n(&mtc.refresh_started, &zero, 1, 0,
+	if (!__atomic_compare_exchange_n(&mtc_proc.refresh_started, &zero, 1, 0,
 	                                 __ATOMIC_RELAXED, __ATOMIC_RELAXED))
 		return false;
-	*period_ms = mtc.refresh_ms;
+	*period_ms = mtc_proc.refresh_ms;
 	return true;
 }
 
@@ -670,7 +672,7 @@ static int attach(bool if_registered)
 		return err;
 	bool shared_table = old && a.table.base == old->table.base;
 	struct mtshm_slot_id *s = a.slot;
-	if (mtshm_load_acquire32(&s->pid) != (uint32_t)mtc.pid ||
+	if (mtshm_load_acquire32(&s->pid) != (uint32_t)mtc_proc.pid ||
 	    mtshm_load_relaxed64(&s->generation) != rep.slot_gen) {
 		mtc_debug("slot %u is not ours", rep.slot);
 		err = MEMTALLY_EPROTO;
@@ -685,41 +687,41 @@ static int attach(bool if_registered)
 		mtshm_close(&a.hdr_map);
 		return 0;
 	}
-	if (mtc.natts == MTC_MAX_ATTACH) {
+	if (mtc_proc.natts == MTC_MAX_ATTACH) {
 		mtc_debug("too many re-attachments; counting locally");
 		err = -ENOSPC;
 		goto fail;
 	}
-	struct mtc_attachment *na = &atts[mtc.natts];
+	struct mtc_attachment *na = &atts[mtc_proc.natts];
 	a.slot_gen = rep.slot_gen;
 	*na = a;
 	/* Written whole before counted: a fork at any moment fences only
 	 * complete entries (fence_inherited). */
-	__atomic_store_n(&mtc.natts, mtc.natts + 1, __ATOMIC_RELEASE);
+	__atomic_store_n(&mtc_proc.natts, mtc_proc.natts + 1, __ATOMIC_RELEASE);
 	if (rep.threshold)
 		mtshm_store_relaxed64(&mtc_thresh, rep.threshold);
 	if (same_slot) {
 		/* A restarted server adopted our slot and hands us its new
 		 * header: lanes and counts stay as they are, threads keep
 		 * their lanes (same slot, same epoch). */
-		mtshm_store_release64(&mtc.cur, (uint64_t)(uintptr_t)na);
+		mtshm_store_release64(&mtc_proc.cur, (uint64_t)(uintptr_t)na);
 		mtc_debug("re-registered: slot %u adopted by a new server",
 		          rep.slot);
 		return 0;
 	}
 	/* A new slot: carry the total published into the old one. */
 	if (old)
-		mtshm_add_relaxeds64(&mtc.pending, slot_total(old));
+		mtshm_add_relaxeds64(&mtc_proc.pending, slot_total(old));
 	epoch_bump();
-	mtshm_store_release64(&mtc.cur, (uint64_t)(uintptr_t)na);
+	mtshm_store_release64(&mtc_proc.cur, (uint64_t)(uintptr_t)na);
 	mtshm_add_relaxeds64(&s->overflow,
-	                     mtshm_exchange_relaxeds64(&mtc.pending, 0));
+	                     mtshm_exchange_relaxeds64(&mtc_proc.pending, 0));
 	mtc_mapped_resync();
 	/* The new slot has no sample of the allocator's free memory: take
 	 * one at the next flush, not after the old slot's spacing. */
-	mtshm_store_relaxed64(&mtc.free_min_ns, 0);
-	mtshm_store_relaxed64(&mtc.free_next_ns, 0);
-	mtshm_store_relaxed64(&mtc.free_last_ns, 0);
+	mtshm_store_relaxed64(&mtc_proc.free_min_ns, 0);
+	mtshm_store_relaxed64(&mtc_proc.free_next_ns, 0);
+	mtshm_store_relaxed64(&mtc_proc.free_last_ns, 0);
 	refresh_arm();
 	mtc_debug("attached: slot %u threshold %llu", rep.slot,
 	          (unsigned long long)rep.threshold);
@@ -736,7 +738,7 @@ fail:
 
 void mtc_mapped_store(uint64_t total)
 {
-	mtshm_store_relaxed64(&mtc.mapped, total);
+	mtshm_store_relaxed64(&mtc_proc.mapped, total);
 	const struct mtc_attachment *a = cur_att();
 	if (a)
 		mtshm_store_relaxeds64(&mtshm_lane(a->slot, 0)->mapped,
@@ -799,7 +801,7 @@ void mtc_mapped_changed(void)
 	/* Only once the process set memtally up (its first allocation did):
 	 * an mmap may come from inside a program's own allocator, where
 	 * setting up (which allocates) is not safe. */
-	if (mtc.pid && !cur_att())
+	if (mtc_proc.pid && !cur_att())
 		mtc_maybe_attach(ATTACH_LAZY);
 	/* A process that grows by mapping rather than by malloc (pymalloc's
 	 * arenas) may pass the refresh thread's minimum here. The thread is
@@ -825,10 +827,10 @@ void mtc_mapped_changed(void)
  */
 static bool worth_registering(uint64_t now)
 {
-	int64_t b = mtshm_load_relaxeds64(&mtc.pending) +
-	            (int64_t)mtshm_load_relaxed64(&mtc.mapped);
-	return now - mtc.born_ns >= mtc.register_after_ns ||
-	       mtc.register_min == 0 || b >= mtc.register_min;
+	int64_t b = mtshm_load_relaxeds64(&mtc_proc.pending) +
+	            (int64_t)mtshm_load_relaxed64(&mtc_proc.mapped);
+	return now - mtc_proc.born_ns >= mtc_proc.register_after_ns ||
+	       mtc_proc.register_min == 0 || b >= mtc_proc.register_min;
 }
 
 /* The process's start time, field 22 of /proc/self/stat, in clock ticks
@@ -872,7 +874,7 @@ static uint64_t proc_start_ticks(void)
  */
 static bool image_follows_exec(uint64_t now)
 {
-	int32_t known = __atomic_load_n(&mtc.after_exec, __ATOMIC_RELAXED);
+	int32_t known = __atomic_load_n(&mtc_proc.after_exec, __ATOMIC_RELAXED);
 	if (known >= 0)
 		return known;
 	bool after = false;
@@ -884,10 +886,10 @@ static bool image_follows_exec(uint64_t now)
 		    (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 		uint64_t start = ticks * (1000000000u / (uint64_t)hz);
 		uint64_t proc_age = boot > start ? boot - start : 0;
-		uint64_t image_age = now - mtc.born_ns;
+		uint64_t image_age = now - mtc_proc.born_ns;
 		after = proc_age > image_age + 2 * (1000000000u / (uint64_t)hz);
 	}
-	__atomic_store_n(&mtc.after_exec, after, __ATOMIC_RELAXED);
+	__atomic_store_n(&mtc_proc.after_exec, after, __ATOMIC_RELAXED);
 	return after;
 }
 
@@ -898,10 +900,11 @@ void mtc_maybe_attach(enum attach_ask ask)
 	 * memtallyd into every process's start (docs/ARCHITECTURE.md, "Slot
 	 * protocol"). The bytes wait in `pending` until a flush finds the
 	 * process worth registering. */
-	if (mtc.disabled || mtc_at_load)
+	if (mtc_proc.disabled || mtc_at_load)
 		return;
 	uint64_t now = mt_mono_ns();
-	if (ask != ATTACH_NOW && now < mtshm_load_relaxed64(&mtc.next_try_ns))
+	if (ask != ATTACH_NOW &&
+	    now < mtshm_load_relaxed64(&mtc_proc.next_try_ns))
 		return;
 	bool if_registered = false;
 	if (ask == ATTACH_LAZY && !worth_registering(now)) {
@@ -910,7 +913,7 @@ void mtc_maybe_attach(enum attach_ask ask)
 		if_registered = true;
 	}
 	uint32_t zero = 0;
-	if (!__atomic_compare_exchange_n(&mtc.attaching, &zero, 1, 0,
+	if (!__atomic_compare_exchange_n(&mtc_proc.attaching, &zero, 1, 0,
 	                                 __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
 		return;
 	int err = attach(if_registered);
@@ -918,20 +921,22 @@ void mtc_maybe_attach(enum attach_ask ask)
 		/* No older image registered: wait for the bounds, as any
 		 * young process does. Not a failure: no back-off. */
 		mtc_debug("no earlier image registered; registering later");
-		__atomic_store_n(&mtc.after_exec, 0, __ATOMIC_RELAXED);
+		__atomic_store_n(&mtc_proc.after_exec, 0, __ATOMIC_RELAXED);
 	} else if (err) {
 		mtc_debug("attach failed: %s; retry in %llu ms",
 		          memtally_strerror(err),
-		          (unsigned long long)(mtc.backoff_ns / 1000000u));
-		mtshm_store_relaxed64(&mtc.next_try_ns, now + mtc.backoff_ns);
-		mtc.backoff_ns *= 2;
-		if (mtc.backoff_ns > MTC_BACKOFF_MAX_NS)
-			mtc.backoff_ns = MTC_BACKOFF_MAX_NS;
+		          (unsigned long long)(mtc_proc.backoff_ns / 1000000u));
+		mtshm_store_relaxed64(&mtc_proc.next_try_ns,
+		                      now + mtc_proc.backoff_ns);
+		mtc_proc.backoff_ns *= 2;
+		if (mtc_proc.backoff_ns > MTC_BACKOFF_MAX_NS)
+			mtc_proc.backoff_ns = MTC_BACKOFF_MAX_NS;
 	} else {
-		mtc.backoff_ns = MTC_BACKOFF_MIN_NS;
-		mtshm_store_relaxed64(&mtc.next_try_ns, now + MTC_STALE_NS);
+		mtc_proc.backoff_ns = MTC_BACKOFF_MIN_NS;
+		mtshm_store_relaxed64(&mtc_proc.next_try_ns,
+		                      now + MTC_STALE_NS);
 	}
-	__atomic_store_n(&mtc.attaching, 0, __ATOMIC_RELEASE);
+	__atomic_store_n(&mtc_proc.attaching, 0, __ATOMIC_RELEASE);
 }
 
 /* ---- public API shared by both front ends ---------------------------- */
@@ -976,7 +981,7 @@ bool memtally_attached(void)
 {
 	/* A process that has not flushed since its start has not tried to
 	 * register yet: the question is the moment to (back-off permitting). */
-	if (!cur_slot() && mtc.pid) {
+	if (!cur_slot() && mtc_proc.pid) {
 		mtc_maybe_attach(ATTACH_ASKED);
 		if (cur_slot())
 			mtc_front_force_slow(); /* as in memtally_flush() */

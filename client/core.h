@@ -90,7 +90,7 @@ struct mtc_process {
 	char task[64];
 	pid_t pid;
 };
-extern struct mtc_process mtc MTC_HIDDEN;
+extern struct mtc_process mtc_proc MTC_HIDDEN;
 
 /* mtc_gate's halves: the slot's flags below, the epoch's low 32 bits
  * above (publish.h). */
@@ -100,7 +100,7 @@ extern struct mtc_process mtc MTC_HIDDEN;
 static inline const struct mtc_attachment *cur_att(void)
 {
 	return (const struct mtc_attachment *)(uintptr_t)mtshm_load_acquire64(
-	    &mtc.cur);
+	    &mtc_proc.cur);
 }
 
 static inline struct mtshm_slot_id *cur_slot(void)

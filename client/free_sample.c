@@ -41,11 +41,11 @@ static bool free_take_turn(const struct mtc_attachment *a,
                            struct mtc_free_sample *fs)
 {
 	uint32_t zero = 0;
-	if (!__atomic_compare_exchange_n(&mtc.free_turn, &zero, 1, 0,
+	if (!__atomic_compare_exchange_n(&mtc_proc.free_turn, &zero, 1, 0,
 	                                 __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
 		return false;
 	/* Until this sample is stored, nobody else starts one. */
-	mtshm_store_relaxed64(&mtc.free_min_ns, UINT64_MAX);
+	mtshm_store_relaxed64(&mtc_proc.free_min_ns, UINT64_MAX);
 	fs->cpu_ns = thread_cpu_ns();
 	fs->heap_before = slot_total(a);
 	return true;
@@ -54,20 +54,20 @@ static bool free_take_turn(const struct mtc_attachment *a,
 bool mtc_free_due(struct mtc_free_sample *fs, bool interval)
 {
 	const struct mtc_attachment *a = cur_att();
-	if (!a || mtc.free_off)
+	if (!a || mtc_proc.free_off)
 		return false;
 	uint64_t now = mt_mono_ns();
-	if (now < mtshm_load_relaxed64(&mtc.free_min_ns))
+	if (now < mtshm_load_relaxed64(&mtc_proc.free_min_ns))
 		return false;
-	bool first = !mtshm_load_relaxed64(&mtc.free_last_ns);
+	bool first = !mtshm_load_relaxed64(&mtc_proc.free_last_ns);
 	if (first && !interval)
 		return false;
 	if (!first &&
-	    (!interval || now < mtshm_load_relaxed64(&mtc.free_next_ns))) {
+	    (!interval || now < mtshm_load_relaxed64(&mtc_proc.free_next_ns))) {
 		if (now - free_checked_ns < MTC_FREE_CHECK_NS)
 			return false;
 		free_checked_ns = now;
-		int64_t last = mtshm_load_relaxeds64(&mtc.free_heap);
+		int64_t last = mtshm_load_relaxeds64(&mtc_proc.free_heap);
 		int64_t heap = slot_total(a);
 		int64_t moved = heap > last ? heap - last : last - heap;
 		if (moved < free_enough(last))
@@ -92,14 +92,14 @@ bool mtc_free_refresh_due(struct mtc_free_sample *fs, uint64_t stale_ns,
                           bool busy)
 {
 	const struct mtc_attachment *a = cur_att();
-	if (!a || mtc.free_off)
+	if (!a || mtc_proc.free_off)
 		return false;
 	uint64_t now = mt_mono_ns();
-	if (now < mtshm_load_relaxed64(&mtc.free_min_ns))
+	if (now < mtshm_load_relaxed64(&mtc_proc.free_min_ns))
 		return false;
-	uint64_t last = mtshm_load_relaxed64(&mtc.free_last_ns);
+	uint64_t last = mtshm_load_relaxed64(&mtc_proc.free_last_ns);
 	if (last && (!stale_ns || now - last < stale_ns)) {
-		int64_t was = mtshm_load_relaxeds64(&mtc.free_heap);
+		int64_t was = mtshm_load_relaxeds64(&mtc_proc.free_heap);
 		int64_t heap = slot_total(a);
 		int64_t moved = heap > was ? heap - was : was - heap;
 		if (moved == 0 || (busy && moved < free_enough(was)))
@@ -127,7 +127,7 @@ void mtc_free_publish(const struct mtc_free_sample *fs, uint64_t held)
 			f = MTSHM_ABSURD_BYTES;
 		/* One writer at a time: free_turn. */
 		mtshm_free_store(a->slot, f, after);
-		mtshm_store_relaxeds64(&mtc.free_heap, after);
+		mtshm_store_relaxeds64(&mtc_proc.free_heap, after);
 		int64_t moved = after > fs->heap_before
 		                    ? after - fs->heap_before
 		                    : fs->heap_before - after;
@@ -148,7 +148,7 @@ void mtc_free_publish(const struct mtc_free_sample *fs, uint64_t held)
 	 */
 	uint64_t now = mt_mono_ns();
 	if (a)
-		mtshm_store_relaxed64(&mtc.free_last_ns, now);
+		mtshm_store_relaxed64(&mtc_proc.free_last_ns, now);
 	uint64_t cpu = thread_cpu_ns();
 	uint64_t took = cpu > fs->cpu_ns ? cpu - fs->cpu_ns : 0;
 	uint64_t space = took * (took > 1000000u ? 1000u : 200u);
@@ -156,10 +156,10 @@ void mtc_free_publish(const struct mtc_free_sample *fs, uint64_t held)
 		space = MTC_FREE_SPACE_MAX_NS;
 	if (again)
 		space = 0;
-	mtshm_store_relaxed64(&mtc.free_next_ns,
+	mtshm_store_relaxed64(&mtc_proc.free_next_ns,
 	                      now + (space > MTC_FREE_INTERVAL_NS || again
 	                                 ? space
 	                                 : MTC_FREE_INTERVAL_NS));
-	mtshm_store_relaxed64(&mtc.free_min_ns, now + space);
-	__atomic_store_n(&mtc.free_turn, 0, __ATOMIC_RELEASE);
+	mtshm_store_relaxed64(&mtc_proc.free_min_ns, now + space);
+	__atomic_store_n(&mtc_proc.free_turn, 0, __ATOMIC_RELEASE);
 }

@@ -87,7 +87,7 @@ static void verify(const struct mtshm_header *h)
 	uint64_t hb = mtshm_load_relaxed64(&h->fleet.heartbeat_ns);
 	uint64_t now = mt_mono_ns();
 	if (now > hb + MTC_STALE_NS &&
-	    now >= mtshm_load_relaxed64(&mtc.next_try_ns)) {
+	    now >= mtshm_load_relaxed64(&mtc_proc.next_try_ns)) {
 		mtc_debug("server heartbeat stale; re-registering");
 		mtc_maybe_attach(ATTACH_NOW);
 	}
@@ -131,12 +131,13 @@ static void over_rearm(void)
 static bool over_cb_load(uint64_t *fn, uint64_t *arg)
 {
 	for (int i = 0; i < OVER_CB_TRIES; i++) {
-		uint32_t s1 = __atomic_load_n(&mtc.cb_seq, __ATOMIC_ACQUIRE);
+		uint32_t s1 =
+		    __atomic_load_n(&mtc_proc.cb_seq, __ATOMIC_ACQUIRE);
 		if (s1 & 1)
 			continue;
-		*fn = __atomic_load_n(&mtc.cb_fn, __ATOMIC_ACQUIRE);
-		*arg = __atomic_load_n(&mtc.cb_arg, __ATOMIC_ACQUIRE);
-		if (__atomic_load_n(&mtc.cb_seq, __ATOMIC_RELAXED) == s1)
+		*fn = __atomic_load_n(&mtc_proc.cb_fn, __ATOMIC_ACQUIRE);
+		*arg = __atomic_load_n(&mtc_proc.cb_arg, __ATOMIC_ACQUIRE);
+		if (__atomic_load_n(&mtc_proc.cb_seq, __ATOMIC_RELAXED) == s1)
 			return true;
 	}
 	return false;
@@ -175,18 +176,19 @@ int memtally_on_over_limit(void (*cb)(void *arg), void *arg)
 	 * sequence, which makes them exclusive. */
 	uint32_t seq;
 	for (;;) {
-		seq = __atomic_load_n(&mtc.cb_seq, __ATOMIC_RELAXED);
+		seq = __atomic_load_n(&mtc_proc.cb_seq, __ATOMIC_RELAXED);
 		if (!(seq & 1) && __atomic_compare_exchange_n(
-		                      &mtc.cb_seq, &seq, seq + 1, 0,
+		                      &mtc_proc.cb_seq, &seq, seq + 1, 0,
 		                      __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
 			break;
 		sched_yield();
 	}
 	/* Release: a reader that sees a new value sees the odd sequence. */
-	__atomic_store_n(&mtc.cb_fn, (uint64_t)(uintptr_t)cb, __ATOMIC_RELEASE);
-	__atomic_store_n(&mtc.cb_arg, (uint64_t)(uintptr_t)arg,
+	__atomic_store_n(&mtc_proc.cb_fn, (uint64_t)(uintptr_t)cb,
 	                 __ATOMIC_RELEASE);
-	__atomic_store_n(&mtc.cb_seq, seq + 2, __ATOMIC_RELEASE);
+	__atomic_store_n(&mtc_proc.cb_arg, (uint64_t)(uintptr_t)arg,
+	                 __ATOMIC_RELEASE);
+	__atomic_store_n(&mtc_proc.cb_seq, seq + 2, __ATOMIC_RELEASE);
 	/* A flag already up runs the new callback at the next flush. */
 	over_rearm();
 	return 0;
@@ -240,13 +242,14 @@ publish_cold(struct mtc_thread *th, int64_t delta,
 	struct mtshm_slot_id *s = a ? a->slot : NULL;
 	if (!s) {
 		mtc_quiet_off(th);
-		mtshm_add_relaxeds64(&mtc.pending, delta);
+		mtshm_add_relaxeds64(&mtc_proc.pending, delta);
 		mtc_maybe_attach(ATTACH_LAZY);
 		/* If an attach completed meanwhile, our add may have landed
 		 * after its drain: drain again (a no-op when empty). */
 		s = cur_slot();
 		if (s) {
-			int64_t p = mtshm_exchange_relaxeds64(&mtc.pending, 0);
+			int64_t p =
+			    mtshm_exchange_relaxeds64(&mtc_proc.pending, 0);
 			if (p)
 				mtshm_add_relaxeds64(&s->overflow, p);
 		}
@@ -295,7 +298,7 @@ void mtc_thread_exit(struct mtc_thread *th)
 
 int64_t mtc_published_bytes(void)
 {
-	int64_t total = mtshm_load_relaxeds64(&mtc.pending);
+	int64_t total = mtshm_load_relaxeds64(&mtc_proc.pending);
 	const struct mtc_attachment *a = cur_att();
 	if (a)
 		total += slot_total(a);

@@ -20,7 +20,7 @@ struct mtc_thread {
 	struct mtshm_slot_id *slot; /* slot the lane/count belongs to */
 	uint64_t seen_ticks;        /* header's tick counter at the last full
 	                             * flush */
-	uint64_t epoch;             /* mtc epoch of `slot`; stale = re-claim */
+	uint64_t epoch;             /* mtc_epoch of `slot`; stale = re-claim */
 	uint64_t gate_epoch;   /* its low 32 bits, as mtc_gate holds them */
 	uint32_t since_verify; /* flushes since the tick counter moved */
 	int32_t quiet_left;    /* quiet publishes left before a full one;
