@@ -182,7 +182,7 @@ bench: deps
 # ordinary build is enough.
 bench-fleet: deps
 	cmake -S . -B build -DMEMTALLY_WERROR=ON $(CMAKE_FLAGS)
-	cmake --build build -j$(JOBS) --target memtallyd memtally_cli memtally_preload memtally_glibc mt_fleet memtally_pb2
+	cmake --build build -j$(JOBS) --target memtallyd memtally_cli memtally_preload memtally_glibc mt_worker memtally_pb2
 	MEMTALLY_PB2_DIR=$(CURDIR)/build/python /usr/bin/python3 bench/fleet.py --build build \
 	    --results bench/results/fleet.md --plot bench/fleet.png
 

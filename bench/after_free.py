@@ -58,13 +58,13 @@ def runtimes(tq, taf):
     j = {"MEMTALLY_ALLOCATOR": "jemalloc"}
     w = tq.worker
     rts = [
-        ("C, glibc front end", [w("mt_quiet"), "300"], glibc, g, None),
-        ("C, jemalloc", [w("mt_quiet"), "300"], je, j, None),
-        ("C++, glibc front end", [w("mt_quiet_cxx"), "300"], glibc, g, None),
-        ("C++, jemalloc", [w("mt_quiet_cxx"), "300"], je, j, None),
-        ("fragmented heap, glibc front end", [w("mt_frag"), "300", "4096"],
+        ("C, glibc front end", [*w("quiet"), "300"], glibc, g, None),
+        ("C, jemalloc", [*w("quiet"), "300"], je, j, None),
+        ("C++, glibc front end", [*w("mt_quiet_cxx"), "300"], glibc, g, None),
+        ("C++, jemalloc", [*w("mt_quiet_cxx"), "300"], je, j, None),
+        ("fragmented heap, glibc front end", [*w("frag"), "300", "4096"],
          glibc, g, "frag"),
-        ("fragmented heap, jemalloc", [w("mt_frag"), "300", "4096"], je, j,
+        ("fragmented heap, jemalloc", [*w("frag"), "300", "4096"], je, j,
          "frag"),
     ]
     out = []

@@ -4,8 +4,9 @@ use to keep it alive, side by side.
 The node is a memory cgroup this driver makes (cgroup v2 memory.max with
 memory.swap.max = 0 where the unified hierarchy has the memory controller,
 else v1 memory.limit_in_bytes = memory.memsw.limit_in_bytes), removed after.
-The workload is reproducible (numbered): real processes (tests/integration/workers/mt_fleet
-in C, bench/fleet_worker.py in Python, both under the preload) drawn from a
+The workload is reproducible (numbered): real processes (`mt_worker fleet`,
+tests/integration/workers/fleet.c, in C, bench/fleet_worker.py in Python,
+both under the preload) drawn from a
 dozen kinds that repeat, as a fleet runs the same jobs again: a kind has a
 profile (steady, ramp, spike, leak), a heavy-tailed typical peak and the
 size its job script declares the way people declare them (mostly ~2x the
@@ -232,7 +233,7 @@ class Task:
     def argv(self, ctx):
         args = [self.profile, "%d" % self.peak_mib, "%.2f" % self.secs]
         if self.kind == "c":
-            return [ctx.c_worker] + args
+            return ctx.c_worker + args
         return [sys.executable, ctx.py_worker] + args
 
     def as_dict(self):
@@ -1455,7 +1456,7 @@ def main(argv=None):
     args.build = os.path.abspath(args.build)
     workers = os.environ.get("MT_WORKERS",
                              os.path.join(args.build, "tests", "integration"))
-    args.c_worker = os.path.join(workers, "mt_fleet")
+    args.c_worker = [os.path.join(workers, "mt_worker"), "fleet"]
     args.py_worker = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                   "fleet_worker.py")
     preload = os.environ.get("MEMTALLY_PRELOAD_LIB", os.path.join(
@@ -1464,7 +1465,7 @@ def main(argv=None):
     # jemalloc, whose freed pages a quiet long-lived process (a Dask
     # worker) keeps: the Python tasks would not run as their users run them.
     glibc = os.path.join(os.path.dirname(preload), "libmemtally_glibc.so")
-    for f in (args.c_worker, preload, glibc):
+    for f in (args.c_worker[0], preload, glibc):
         if not os.path.exists(f):
             raise SystemExit("fleet: %s not built" % f)
     limit = args.node_mib * MIB

@@ -1,5 +1,5 @@
 """One task of a simulated fleet in Python (bench/fleet.py): the profiles of
-tests/integration/workers/mt_fleet.c, its memory held as 1 MiB bytes
+tests/integration/workers/fleet.c, its memory held as 1 MiB bytes
 objects (filled, so the kernel charges every page), under the preload.
 
     python3 fleet_worker.py PROFILE PEAK_MIB SECONDS [CPU_FRACTION]

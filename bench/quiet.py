@@ -10,7 +10,7 @@ idle. Growth since start of memtally's `bytes` against RssAnon's: held,
 5 s and 10 s after the drop. Cost: the CPU time of each process's
 "memtally" thread (/proc/PID/task/TID/schedstat) over 10 idle seconds
 after the drop, and callgrind's instructions per idle second of a whole
-quiet process (mt_quiet, 30 MiB built and dropped): (Ir(idle 12 s) -
+quiet process (mt_worker quiet, 30 MiB built and dropped): (Ir(idle 12 s) -
 Ir(idle 2 s)) / 10, with MEMTALLY_REFRESH_MS=0 (no thread) and the default.
 
 Run:  /usr/bin/python3 bench/quiet.py --build-dir BUILD [--no-callgrind]
@@ -88,8 +88,8 @@ def figures(build):
 
 
 def callgrind_idle(build, tmp, idle_s, toggle, front):
-    """callgrind's total Ir of mt_quiet 30 (built, dropped, idle_s idle);
-    with `toggle`, only inside that function."""
+    """callgrind's total Ir of `mt_worker quiet 30` (built, dropped, idle_s
+    idle); with `toggle`, only inside that function."""
     out = os.path.join(tmp, "cg.out")
     env = dict(os.environ)
     env["LD_PRELOAD"] = os.path.join(build, "client", {
@@ -100,7 +100,8 @@ def callgrind_idle(build, tmp, idle_s, toggle, front):
     p = subprocess.Popen(
         ["valgrind", "--tool=callgrind", "--callgrind-out-file=" + out] +
         (["--toggle-collect=" + toggle] if toggle else []) + [
-         os.path.join(build, "tests", "integration", "mt_quiet"), "30"],
+         os.path.join(build, "tests", "integration", "mt_worker"), "quiet",
+         "30"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL, env=env, text=True, bufsize=1)
     assert p.stdout.readline().startswith("ready")
@@ -169,7 +170,7 @@ def main():
               "jemalloc would otherwise do in the program's calls or in its "
               "own background thread; once the pages are gone an idle round "
               "costs what the glibc rows show.\n\n"
-              "callgrind, mt_quiet 30 (built, dropped, then idle), "
+              "callgrind, mt_worker quiet 30 (built, dropped, then idle), "
               "inside the refresh thread's rounds (mtc_refresh_once, "
               "inclusive), per idle second ((Ir with 12 s idle - Ir with "
               "2 s) / 10): glibc front end %.0f (an idle round is a clock "

@@ -47,7 +47,7 @@ worker() { # group program args...
 }
 say "starting workers: python3 (etl), a 4-thread C worker and a C++ worker (ml)"
 worker etl python3 -c 'import sys; b=[bytearray((1<<20)-1) for _ in range(150)]; print("ready", flush=True); sys.stdin.read()'
-worker ml "$workers/mt_hold" 96 4
+worker ml "$workers/mt_worker" hold 96 4
 worker ml "$workers/mt_cxx" 48
 sleep 2
 

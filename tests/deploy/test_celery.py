@@ -117,7 +117,7 @@ def test_two_nodes_one_broker():
         with Server("--fleet-limit", "64MiB") as a, \
                 Server("--fleet-limit", "64MiB") as b:
             # Node A over budget: 80 MiB held against 64 MiB.
-            hog_a = Worker([worker("mt_hold"), "80"], a.env(group="hog"))
+            hog_a = Worker([*worker("hold"), "80"], a.env(group="hog"))
             hogs.append(hog_a)
             check(hog_a.readline().startswith("ready"), "hog not ready")
             wait_for("node A over", lambda: a.status()["fleet"]["state"] == "over")
@@ -146,7 +146,7 @@ def test_two_nodes_one_broker():
             hog_a.send("free")
             check(hog_a.readline() == "freed", "hog did not free")
             wait_for("node A ok", lambda: a.status()["fleet"]["state"] == "ok")
-            hog_b = Worker([worker("mt_hold"), "80"], b.env(group="hog"))
+            hog_b = Worker([*worker("hold"), "80"], b.env(group="hog"))
             hogs.append(hog_b)
             check(hog_b.readline().startswith("ready"), "hog not ready")
             wait_for("node B over", lambda: b.status()["fleet"]["state"] == "over")
@@ -224,9 +224,9 @@ def test_evicted_is_retried():
             argv = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"',
                     cg.procs(), CLI, "--socket", s.socket, "run",
                     "--bytes", "32MiB", "--", "/bin/sh", "-c",
-                    'if [ -e "$0" ]; then exec "$1" steady 16 1;'
-                    ' else touch "$0"; exec "$1" leak 400 40; fi',
-                    marker, worker("mt_fleet")]
+                    'if [ -e "$0" ]; then exec "$1" "$2" steady 16 1;'
+                    ' else touch "$0"; exec "$1" "$2" leak 400 40; fi',
+                    marker, *worker("fleet")]
             res = celery_app.evictable.delay(argv)
             # The run ends: done, or failed (nothing left to run).
             wait_for("the task done", lambda: rd.r.llen("mt:done") > 0 or (

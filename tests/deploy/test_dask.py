@@ -164,7 +164,7 @@ def test_two_nodes():
 
             # Node A over budget: 80 MiB held against 64 MiB. A's worker
             # pauses; every task runs on B, and A never even asks.
-            hog_a = Worker([worker("mt_hold"), "80"], a.env(group="hog"))
+            hog_a = Worker([*worker("hold"), "80"], a.env(group="hog"))
             hogs.append(hog_a)
             check(hog_a.readline().startswith("ready"), "hog not ready")
             wait_for("node A over", lambda: a.status()["fleet"]["state"] == "over")
@@ -185,7 +185,7 @@ def test_two_nodes():
             wait_for("node A ok", lambda: a.status()["fleet"]["state"] == "ok")
             wait_for("A running", lambda: statuses(client)["A"] == "running",
                      timeout=20)
-            hog_b = Worker([worker("mt_hold"), "40"], b.env(group="hog"))
+            hog_b = Worker([*worker("hold"), "40"], b.env(group="hog"))
             hogs.append(hog_b)
             check(hog_b.readline().startswith("ready"), "hog not ready")
             wait_for("B counts its hog",
@@ -203,7 +203,7 @@ def test_two_nodes():
             # Fail open: B over (another 40 MiB: 80 of 64), A's memtallyd
             # gone. A's worker runs every task without asking, and says
             # once that it does.
-            hog_b2 = Worker([worker("mt_hold"), "40"], b.env(group="hog"))
+            hog_b2 = Worker([*worker("hold"), "40"], b.env(group="hog"))
             hogs.append(hog_b2)
             check(hog_b2.readline().startswith("ready"), "hog not ready")
             wait_for("node B over", lambda: b.status()["fleet"]["state"] == "over")

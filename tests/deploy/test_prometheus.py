@@ -116,7 +116,7 @@ def test_prometheus_records_cluster_total():
     with Server("--metrics", "127.0.0.1:0") as a, \
             Server("--metrics", "127.0.0.1:0") as b:
         # Node A: 24 MiB in etl + 8 MiB in web; node B: 40 MiB in etl.
-        ws = [Worker([worker("mt_hold"), str(n)], s.env(group=g))
+        ws = [Worker([*worker("hold"), str(n)], s.env(group=g))
               for s, n, g in ((a, 24, "etl"), (a, 8, "web"), (b, 40, "etl"))]
         for w in ws:
             check(w.readline().startswith("ready"), "worker not ready")

@@ -18,6 +18,7 @@ memtally-slurm-hook.
 Environment: as for the integration tests, and MEMTALLY_SOURCE_DIR.
 """
 import os
+import shlex
 import shutil
 import socket
 import subprocess
@@ -227,10 +228,10 @@ timeout = 20s
                        MEMTALLY_SOCKET=s.socket,
                        MEMTALLY_PRELOAD=os.environ["MEMTALLY_PRELOAD_LIB"],
                        PATH=f"{SLURM}:{os.environ['PATH']}")
-            hold = worker("mt_hold")
+            hold = worker("hold")
 
             # A group over its limit, even one named "fleet", drains nothing.
-            g = Worker([hold, "4"], s.env(group="fleet"))
+            g = Worker([*hold, "4"], s.env(group="fleet"))
             check(g.readline().startswith("ready"), "worker not ready")
             wait_for("the group's hook ran", lambda: 'msg="hook finished" '
                      'scope="fleet" state=over' in s.logtext(), timeout=30)
@@ -267,15 +268,16 @@ timeout = 20s
 
             # The TaskProlog alone: a plain srun task is counted, as the
             # partition's group.
-            j = cluster.sbatch("--wrap", f"srun {hold} 8 </dev/null", env=env)
+            j = cluster.sbatch(
+                "--wrap", f"srun {shlex.join(hold)} 8 </dev/null", env=env)
             job = cluster.wait_done(j)
             check(job["JobState"] == "COMPLETED", f"job {j}: {job}")
-            check('group="mt" task="" comm="mt_hold"' in s.logtext(),
+            check('group="mt" task="" comm="mt_worker"' in s.logtext(),
                   "TaskProlog's task not registered as group mt:\n"
                   + s.logtext()[-3000:])
 
             # Over budget: drained, and a new job stays pending.
-            hog = Worker([hold, "80"], s.env(group="hog"))
+            hog = Worker([*hold, "80"], s.env(group="hog"))
             check(hog.readline().startswith("ready"), "hog not ready")
             wait_for("node drained by the hook", lambda: (
                 lambda st: st[0].startswith("drain") and st[1] == REASON)(

@@ -42,8 +42,17 @@ MIB = 1 << 20
 KIB = 1 << 10
 
 
-def worker(name):
-    return os.path.join(WORKERS, name)
+# The workers: one program, a subcommand per behaviour (workers/mt_worker.c
+# lists them), and the programs of their own, named mt_*.
+WORKER = os.path.join(WORKERS, "mt_worker")
+
+
+def worker(name, *args):
+    """The argv that runs worker `name` with `args`: `mt_worker NAME
+    ARGS...`, or for a program of its own (mt_cxx) `mt_cxx ARGS...`."""
+    head = ([os.path.join(WORKERS, name)] if name.startswith("mt_")
+            else [WORKER, name])
+    return head + [str(a) for a in args]
 
 
 def deadline(seconds):
@@ -491,7 +500,9 @@ def open_to_nobody(s):
 
 
 def world_readable_copy(*paths):
-    """Copies of `paths` in a fresh directory every user can read and run.
+    """Copies of `paths` in a fresh directory every user can read and run;
+    an argv (a list, as worker() makes) comes back as the same argv of the
+    copy of its program.
 
     A test that runs a process as another user (nobody) cannot count on the
     build or source tree being reachable by it: a fresh clone may sit in a
@@ -501,10 +512,13 @@ def world_readable_copy(*paths):
     os.chmod(d, 0o755)
     out = []
     for p in paths:
+        argv = p if isinstance(p, list) else None
+        p = argv[0] if argv else p
         q = os.path.join(d, os.path.basename(p))
-        shutil.copy2(p, q)
-        os.chmod(q, 0o755)
-        out.append(q)
+        if not os.path.exists(q):
+            shutil.copy2(p, q)
+            os.chmod(q, 0o755)
+        out.append([q] + argv[1:] if argv else q)
     return out
 
 

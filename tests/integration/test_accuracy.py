@@ -24,7 +24,7 @@ def heap(s, pid, missing=0):
 
 def family_matches_jemalloc(threads, mib, env=None, front=FRONT):
     with Server() as s:
-        w = Worker([worker("mt_family"), str(threads), str(mib)],
+        w = Worker([*worker("family"), str(threads), str(mib)],
                    s.env(group="family", **(env or {})))
         try:
             line = w.readline(timeout=180)
@@ -66,7 +66,8 @@ def test_600mb_two_threads_match_jemalloc():
 
 def cxx_new_delete_counted(env=None):
     with Server() as s:
-        w = Worker([worker("mt_cxx"), "64"], s.env(group="cxx", **(env or {})))
+        w = Worker(worker("mt_cxx", "64"),
+                   s.env(group="cxx", **(env or {})))
         try:
             check(w.readline().startswith("ready"), "mt_cxx not ready")
             wait_for("C++ vectors counted",
@@ -83,7 +84,7 @@ def test_cxx_new_delete_counted():
 def threads_counted_and_freed(env=None):
     """Blocks held by 4 threads, then freed by the main thread."""
     with Server() as s:
-        w = Worker([worker("mt_hold"), "100", "4"], s.env(**(env or {})))
+        w = Worker([*worker("hold"), "100", "4"], s.env(**(env or {})))
         try:
             w.readline()
             wait_for("100 MiB counted",
@@ -101,9 +102,9 @@ def test_threads_counted_and_freed():
 
 
 def idle_block(s, w, front):
-    """mt_idle's thread holds 256 MiB and is idle: counted at once."""
+    """mt_worker idle's thread holds 256 MiB and is idle: counted at once."""
     line = w.readline()
-    check(line == f"held front={front}", f"mt_idle said {line!r}")
+    check(line == f"held front={front}", f"mt_worker idle said {line!r}")
     # One or two server ticks (10 ms); the deadline only absorbs a loaded
     # machine. The thread makes no allocator call after its malloc.
     wait_for("the idle thread's 256 MiB counted",
@@ -115,7 +116,7 @@ def test_idle_thread_large_free_seen_at_once():
     """A thread frees 256 MiB and goes idle: the process's figure drops
     without any further call of that thread (its free published itself)."""
     with Server() as s:
-        w = Worker([worker("mt_idle"), "256"], s.env(group="idle"))
+        w = Worker([*worker("idle"), "256"], s.env(group="idle"))
         try:
             idle_block(s, w, FRONT)
             w.send("free")

@@ -1,7 +1,7 @@
 """Right after a large free, a process is never counted below what the
 kernel says it holds.
 
-A C worker (mt_quiet) builds ~300 MiB of 40-byte blocks and frees them
+A C worker (mt_worker quiet) builds ~300 MiB of 40-byte blocks and frees them
 all at once, under the glibc front end and under the jemalloc preload.
 Both allocators keep what was freed resident (glibc's fast bins, jemalloc's
 dirty pages, which it purges over its 10 s decay), and the front ends take
@@ -130,10 +130,10 @@ def test_never_below_the_kernel_after_a_free():
         runs = []
         try:
             runs.append(FreeRun(s, "C, glibc front end",
-                                [worker("mt_quiet"), "300"], GLIBC_LIB,
+                                [*worker("quiet"), "300"], GLIBC_LIB,
                                 {"MEMTALLY_ALLOCATOR": "glibc"}))
             runs.append(FreeRun(s, "C, jemalloc preload",
-                                [worker("mt_quiet"), "300"], PRELOAD,
+                                [*worker("quiet"), "300"], PRELOAD,
                                 {"MEMTALLY_ALLOCATOR": "jemalloc"}))
             in_parallel(runs, lambda r: r.free_and_sample())
         finally:

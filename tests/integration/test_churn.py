@@ -10,7 +10,7 @@ from harness import MULT, Server, check, logged, run, wait_for, worker
 def test_fleet_returns_to_zero():
     with Server(slots=256) as s:
         env = s.env(group="churn")
-        procs = [subprocess.Popen([worker("mt_churn"), "4", "3"], env=env)
+        procs = [subprocess.Popen([*worker("churn"), "4", "3"], env=env)
                  for _ in range(64)]
         most = {"processes": 0, "bytes": 0}
         while any(p.poll() is None for p in procs):

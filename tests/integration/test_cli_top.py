@@ -6,8 +6,8 @@ from harness import CLI, MIB, MULT, Server, Worker, check, run, wait_for, worker
 
 def test_top_refreshes_largest_first():
     with Server() as s:
-        big = Worker([worker("mt_hold"), "48"], s.env(group="big"))
-        small = Worker([worker("mt_hold"), "8"], s.env(group="small"))
+        big = Worker([*worker("hold"), "48"], s.env(group="big"))
+        small = Worker([*worker("hold"), "8"], s.env(group="small"))
         try:
             big.readline()
             small.readline()

@@ -60,8 +60,8 @@ def test_sigkill_leaves_within_one_tick():
     """SIGKILL: the worker leaves ps and its bytes leave the fleet total
     without waiting for a tick (tick set to 2 s to make that visible)."""
     with Server(tick=2000) as s:
-        keep = Worker([worker("mt_hold"), "20"], s.env(group="keep"))
-        victim = Worker([worker("mt_hold"), "64", "4"], s.env(group="victim"))
+        keep = Worker([*worker("hold"), "20"], s.env(group="keep"))
+        victim = Worker([*worker("hold"), "64", "4"], s.env(group="victim"))
         try:
             keep.readline()
             victim.readline()
@@ -93,7 +93,7 @@ def test_sigkill_leaves_within_one_tick():
 
 def test_fork_child_starts_with_parent_total():
     with Server() as s:
-        w = Worker([worker("mt_fork"), "40"], s.env(group="forky"))
+        w = Worker([*worker("fork"), "40"], s.env(group="forky"))
         try:
             lines = {w.readline().split()[0], w.readline().split()[0]}
             check(lines == {"child", "parent"}, f"got {lines}")
@@ -118,7 +118,7 @@ def test_fork_child_starts_with_parent_total():
 
 def test_exec_replaces_slot():
     with Server() as s:
-        w = Worker([worker("mt_exec"), "120", "30"], s.env(group="ex"))
+        w = Worker([*worker("exec"), "120", "30"], s.env(group="ex"))
         try:
             check(w.readline().startswith("before"), "no before line")
             wait_for("before image counted",

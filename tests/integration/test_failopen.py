@@ -21,8 +21,8 @@ PROGRAMS = [
      "import sys\nprint('to stdout')\nprint('to stderr', file=sys.stderr)\n"
      "x = [bytearray(100000) for _ in range(200)]\nsys.exit(3)"],
     ["sh", "-c", "echo hi; ls /nonexistent-memtally; exit 5"],
-    [worker("mt_cxx"), "8"],
-    [worker("mt_churn"), "2", "0.3"],
+    [*worker("mt_cxx"), "8"],
+    [*worker("churn"), "2", "0.3"],
 ]
 
 

@@ -33,7 +33,7 @@ def test_fallback_idle_thread():
     thread goes idle, at the thread's next allocator call (as before: the
     check runs before a free is carried out)."""
     with Server() as s:
-        w = Worker([worker("mt_idle"), "256"], s.env(group="idle", **NO_CB))
+        w = Worker([*worker("idle"), "256"], s.env(group="idle", **NO_CB))
         try:
             idle_block(s, w, FRONT)
             w.send("free")

@@ -51,7 +51,7 @@ def test_a_sigkill_churn():
         batch = 10
         t0 = time.monotonic()
         for start in range(0, CYCLES, batch):
-            procs = [subprocess.Popen([worker("mt_churn"), "2", "30"], env=env,
+            procs = [subprocess.Popen([*worker("churn"), "2", "30"], env=env,
                                       stdin=subprocess.DEVNULL)
                      for _ in range(min(batch, CYCLES - start))]
             # Let them get going (the kill lands mid-allocation, at a random
@@ -82,7 +82,7 @@ def test_a_sigkill_churn():
 
 def test_b_more_workers_than_slots():
     with Server(slots=4) as s:
-        ws = [Worker([worker("mt_hold"), "8"], s.env(group="many"))
+        ws = [Worker([*worker("hold"), "8"], s.env(group="many"))
               for _ in range(8)]
         try:
             for w in ws:
@@ -114,7 +114,7 @@ def test_b_more_workers_than_slots():
 
 def test_c_stopped_worker():
     with Server(slots=8) as s:
-        w = Worker([worker("mt_hold"), "16"], s.env(group="stop"))
+        w = Worker([*worker("hold"), "16"], s.env(group="stop"))
         check(w.readline().startswith("ready"), "worker not ready")
         wait_for("16 MiB counted", lambda: s.ps().get(w.pid, {}).get(
             "bytes", 0) >= 16 * MIB)
@@ -188,7 +188,7 @@ def test_d_socket_deleted():
     restarted server (same socket, same restart record) adopts the running
     worker."""
     with Server(slots=8) as s:
-        w = Worker([worker("mt_hold"), "4"], s.env(group="d"))
+        w = Worker([*worker("hold"), "4"], s.env(group="d"))
         check(w.readline().startswith("ready"), "worker not ready")
         wait_for("counted", lambda: s.status()["fleet"]["bytes"] >= 4 * MIB)
         os.unlink(s.socket)
@@ -294,7 +294,7 @@ def test_d_state_deleted():
     afresh (adopts no one); the running worker re-registers at a flush
     and carries its whole total into its new slot."""
     s = Server(slots=8)
-    w = Worker([worker("mt_hold"), "4"], s.env(group="d"))
+    w = Worker([*worker("hold"), "4"], s.env(group="d"))
     s2 = None
     try:
         check(w.readline().startswith("ready"), "worker not ready")
@@ -307,7 +307,7 @@ def test_d_state_deleted():
         w.send("more 4")
         check(w.readline() == "ready", "worker did not allocate")
         wait_for("new bytes counted", lambda: counted(s, w.pid, 8 * MIB))
-        n = Worker([worker("mt_hold"), "2"], s.env(group="d2"))
+        n = Worker([*worker("hold"), "2"], s.env(group="d2"))
         check(n.readline().startswith("ready"), "new worker not ready")
         wait_for("new worker counted", lambda: counted(s, n.pid, 2 * MIB))
         check(n.close() == 0, "new worker exit")
@@ -346,14 +346,14 @@ def test_d_state_truncated():
     record header, says so, starts afresh, and the running worker
     carries its whole total into a new slot."""
     s = Server(slots=8)
-    w = Worker([worker("mt_hold"), "4"], s.env(group="d"))
+    w = Worker([*worker("hold"), "4"], s.env(group="d"))
     s2 = None
     try:
         check(w.readline().startswith("ready"), "worker not ready")
         wait_for("counted", lambda: counted(s, w.pid, 4 * MIB))
         state = s.socket + ".state"
         os.truncate(state, 0)
-        n = Worker([worker("mt_hold"), "2"], s.env(group="d2"))
+        n = Worker([*worker("hold"), "2"], s.env(group="d2"))
         check(n.readline().startswith("ready"), "new worker not ready")
         wait_for("new worker counted", lambda: counted(s, n.pid, 2 * MIB))
         check(n.close() == 0, "new worker exit")
@@ -396,8 +396,8 @@ def connectable(path):
 
 def test_e_scribbled_lane():
     with Server(slots=8) as s:
-        good = Worker([worker("mt_hold"), "8"], s.env(group="e"))
-        bad = Worker([worker("mt_hold"), "8"], s.env(group="e"))
+        good = Worker([*worker("hold"), "8"], s.env(group="e"))
+        bad = Worker([*worker("hold"), "8"], s.env(group="e"))
         for w in (good, bad):
             check(w.readline().startswith("ready"), "worker not ready")
         wait_for("both counted", lambda: s.status()["fleet"]["bytes"] >= 16 * MIB)
@@ -423,7 +423,7 @@ def test_e_scribbled_lane():
 
 
 def test_f_threads_exit_without_freeing():
-    """mt_family: 6 threads allocate ~32 MiB each through every entry of
+    """mt_worker family: 6 threads allocate ~32 MiB each through every entry of
     the malloc family, free part of it, and exit holding the rest. Their
     lanes are released at thread exit, their bytes are not: the process
     still owns the memory. test_accuracy checks the count against
@@ -432,7 +432,7 @@ def test_f_threads_exit_without_freeing():
     figure: jemalloc's own free memory (allocator_free) is counted beside
     it once sampled, and is not what stats.allocated says."""
     with Server(slots=8) as s:
-        w = Worker([worker("mt_family"), "6", "32"], s.env(group="orphans"))
+        w = Worker([*worker("family"), "6", "32"], s.env(group="orphans"))
         try:
             fields = dict(kv.split("=") for kv in w.readline(120).split())
             check(fields["jemalloc"] == "1", "mallctl not found")

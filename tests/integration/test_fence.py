@@ -25,7 +25,7 @@ from harness import config_file, worker
 GLIBC_LIB = os.path.join(os.path.dirname(PRELOAD), "libmemtally_glibc.so")
 # Copies every user can reach: the build tree may be in a 0700 directory.
 HOLD, WILD, PUB_PRELOAD, PUB_GLIBC = world_readable_copy(
-    worker("mt_hold"), worker("mt_wild"), PRELOAD, GLIBC_LIB)
+    worker("hold"), worker("wild"), PRELOAD, GLIBC_LIB)
 HOLD_MIB = 50
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -46,7 +46,7 @@ def slot_mappings(pid):
 
 def plain_dies():
     """The program without memtally: SIGSEGV at once."""
-    w = Worker([WILD, "first"], dict(os.environ, LD_PRELOAD=""))
+    w = Worker([*WILD, "first"], dict(os.environ, LD_PRELOAD=""))
     try:
         w.readline()
         w.send("go")
@@ -70,7 +70,7 @@ def one_wild(lib, user, order):
         # The holder's figure is its heap alone: the allocator's free
         # memory is a sample taken on the worker's own clock (every 10 s),
         # which may land between the two readings compared here.
-        hold = Worker([HOLD, str(HOLD_MIB)],
+        hold = Worker([*HOLD, str(HOLD_MIB)],
                       s.env(LD_PRELOAD=lib, MEMTALLY_ALLOCATOR_FREE="0"),
                       user=user)
         wild = None
@@ -80,7 +80,7 @@ def one_wild(lib, user, order):
             p = s.ps()[hold.pid]
             check(abs(before - HOLD_MIB * MIB) <= p["error_bytes"] + MIB,
                   f"the holder's figure {before} is 50 MiB")
-            wild = Worker([WILD, order], env, user=user)
+            wild = Worker([*WILD, order], env, user=user)
             wild.readline()
             wait_for("the wild writer registered",
                      lambda: wild.pid in s.ps())
@@ -110,7 +110,7 @@ def one_wild(lib, user, order):
 
 def fork_child_maps_its_own_slot(lib):
     with Server() as s:
-        w = Worker([worker("mt_fork"), "8"], s.env(LD_PRELOAD=lib))
+        w = Worker([*worker("fork"), "8"], s.env(LD_PRELOAD=lib))
         try:
             pids = {}
             for _ in range(2):

@@ -1,5 +1,5 @@
 """Growth rate and time to limit, with real workers moving real memory at
-known rates (mt_ramp, clock-driven):
+known rates (mt_worker ramp, clock-driven):
 
 - a worker growing at 40 MiB/s: the fleet's rate within 10% of it once a
   growth window has passed, and seconds_to_limit within 15% of the time the
@@ -34,7 +34,7 @@ HEAP_ONLY = {"MEMTALLY_ALLOCATOR_FREE": "0"}
 
 
 def ramp_worker(s, mib, group):
-    w = Worker([worker("mt_ramp"), str(mib)], s.env(group=group, **HEAP_ONLY))
+    w = Worker([*worker("ramp"), str(mib)], s.env(group=group, **HEAP_ONLY))
     check(w.readline().startswith("ready"), "worker not ready")
     wait_for(f"{group} counted", lambda: s.ps().get(w.pid, {}).get(
         "bytes", 0) >= mib * MIB)
@@ -151,7 +151,7 @@ def test_step_then_still_is_no_forecast():
         ws = []
         try:
             for _ in range(3):
-                ws.append(Worker([worker("mt_hold"), "1"],
+                ws.append(Worker([*worker("hold"), "1"],
                                  s.env(group="held", **HEAP_ONLY)))
                 check(ws[-1].readline().startswith("ready"), "not ready")
             wait_for("workers counted", lambda: len(s.ps()) == 3 and

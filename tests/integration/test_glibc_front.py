@@ -51,7 +51,7 @@ def points(tunables):
             env["GLIBC_TUNABLES"] = tunables
         else:
             env.pop("GLIBC_TUNABLES", None)
-        w = Worker([worker("mt_glibc"), str(THREADS), "10"], env)
+        w = Worker([*worker("glibc"), str(THREADS), "10"], env)
         out = []
         try:
             ready = w.readline()
@@ -112,7 +112,7 @@ def test_thread_caches_are_the_only_gap():
 
 def test_gigabyte_through_glibc():
     with Server() as s:
-        w = Worker([worker("mt_map")], s.env(LD_PRELOAD=GLIBC_LIB))
+        w = Worker(worker("map"), s.env(LD_PRELOAD=GLIBC_LIB))
         try:
             check(w.readline().startswith("ready"), "worker ready")
             w.send("reserve 1")
@@ -167,7 +167,7 @@ def test_free_memory_glibc_keeps_is_counted():
     with Server() as s:
         # Registered at its first flush, small and young as it is when
         # it says "ready": RssAnon's baseline is taken once it is listed.
-        w = Worker([worker("mt_frag"), "128", "4096"],
+        w = Worker([*worker("frag"), "128", "4096"],
                    s.env(LD_PRELOAD=GLIBC_LIB, MEMTALLY_REGISTER_MIN="0"))
 
         def report():
@@ -247,7 +247,7 @@ def test_free_memory_sampled_again_in_a_new_slot():
     first flush there, not after the old slot's spacing."""
     first = Server()
     second = None
-    w = Worker([worker("mt_frag"), "64", "4096"],
+    w = Worker([*worker("frag"), "64", "4096"],
                first.env(LD_PRELOAD=GLIBC_LIB))
     try:
         check(w.readline().startswith("ready"), "worker ready")
@@ -289,13 +289,13 @@ def test_free_memory_sampled_again_in_a_new_slot():
 
 
 def switched(lib, allocator):
-    """Start mt_glibc (2 threads, 3 points) with LD_PRELOAD=lib and
+    """Start mt_worker glibc (2 threads, 3 points) with LD_PRELOAD=lib and
     MEMTALLY_ALLOCATOR=allocator; return its ready line, its maps and its
     last ps entry."""
     with Server() as s:
         env = s.env(LD_PRELOAD=lib, MEMTALLY_ALLOCATOR=allocator,
                     GLIBC_TUNABLES="glibc.malloc.tcache_count=0")
-        w = Worker([worker("mt_glibc"), "2", "3"], env)
+        w = Worker([*worker("glibc"), "2", "3"], env)
         try:
             ready = w.readline()
             with open(f"/proc/{w.pid}/maps") as f:
@@ -323,7 +323,7 @@ def test_allocator_variable_switches_the_front_end():
           "the glibc front end, and no jemalloc, in the process")
     check(p["bytes"] > 0, f"counted: {p}")
     # The exec through /proc/self/exe must not rename the process "exe".
-    check(p["comm"] == "mt_glibc", f"the program keeps its name: {p}")
+    check(p["comm"] == "mt_worker", f"the program keeps its name: {p}")
     ready, maps, p = switched(GLIBC_LIB, "jemalloc")
     print(f"  glibc preload, MEMTALLY_ALLOCATOR=jemalloc: {ready.strip()}",
           flush=True)
@@ -382,7 +382,7 @@ def test_python_defaults_to_glibc():
                       f"{p['bytes'] / MIB:.1f} MiB counted", flush=True)
             finally:
                 w.close()
-        w = Worker([worker("mt_glibc"), "1", "1"],
+        w = Worker([*worker("glibc"), "1", "1"],
                    s.env(LD_PRELOAD=PRELOAD))
         try:
             ready = w.readline()
@@ -409,7 +409,7 @@ if sys.argv[1] == "child":
     sys.exit(0)
 pipe = dict(stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 py = subprocess.Popen([sys.executable, "-c", sys.argv[2], "child"], **pipe)
-c = subprocess.Popen([sys.argv[3], "64"], **pipe)
+c = subprocess.Popen([*sys.argv[3:], "64"], **pipe)
 print("parent", front(open("/proc/self/maps").read()),
       named(os.environ.get("LD_PRELOAD", "")), flush=True)
 print("python", py.pid, py.stdout.readline().strip(), flush=True)
@@ -443,7 +443,7 @@ def preload_named(pid):
 def test_python_children_run_on_the_front_end_their_environment_names():
     """python3 under the default preload moves onto the glibc front end;
     its environment says so, and its children inherit it: a child python3
-    (no exec of its own) and a child C program (mt_hold) both run on the
+    (no exec of its own) and a child C program (mt_worker hold) both run on the
     glibc front end, their LD_PRELOAD names it, and both are registered
     and counted for the 64 MiB they hold."""
     import sys
@@ -452,7 +452,7 @@ def test_python_children_run_on_the_front_end_their_environment_names():
         for k in ("MEMTALLY_ALLOCATOR", "MEMTALLY_ALLOCATOR_SWITCHED"):
             env.pop(k, None)
         w = Worker([sys.executable, "-c", PY_PARENT, "parent", PY_PARENT,
-                    worker("mt_hold")], env)
+                    *worker("hold")], env)
         try:
             lines = [w.readline(timeout=30).split() for _ in range(3)]
             print(f"  {lines}", flush=True)

@@ -92,19 +92,19 @@ def tasks_of(s):
 
 def test_leak_is_evicted():
     cg = node("leak")
-    fl = worker("mt_fleet")
+    fl = worker("fleet")
     try:
         with guard_server(cg) as s:
             check("node guard on" in s.logtext(),
                   "the guard is not on in a limited node: " + s.logtext())
             steady = mt_run(s, cg, "--task", "steady", "--bytes", "64MiB",
-                            "--", fl, "steady", "40", "14")
+                            "--", *fl, "steady", "40", "14")
             wait_for("the steady task registered",
                      lambda: "steady" in tasks_of(s), timeout=20)
             # 80 MiB at once, then 8 MiB/s: past the line (179 MiB) in a
             # few seconds, at the node's limit some 10 s later.
             leak = mt_run(s, cg, "--task", "leak", "--kind", "leaky",
-                          "--bytes", "32MiB", "--", fl, "leak", "400", "40")
+                          "--bytes", "32MiB", "--", *fl, "leak", "400", "40")
             _, err = leak.communicate(timeout=60 * MULT)
             print(err, flush=True)
             check(leak.returncode == 75,
@@ -148,7 +148,7 @@ def test_leak_is_evicted():
 
 def test_retry_runs_it_again():
     cg = node("retry")
-    fl = worker("mt_fleet")
+    fl = worker("fleet")
     d = tempfile.mkdtemp(prefix="mt-guard-")
     runs = os.path.join(d, "runs")
     try:
@@ -156,7 +156,7 @@ def test_retry_runs_it_again():
             leak = mt_run(s, cg, "--retry", "1", "--bytes", "32MiB", "--",
                           "/bin/sh", "-c",
                           'echo run >> "$0" && exec "$@"', runs,
-                          fl, "leak", "400", "40")
+                          *fl, "leak", "400", "40")
             _, err = leak.communicate(timeout=120 * MULT)
             print(err, flush=True)
             check(leak.returncode == 75,
@@ -177,7 +177,7 @@ def test_lie_cannot_evict_another_user():
     second = second_user()
     cg = node("trust")
     preload, cli, hold = world_readable_copy(
-        os.environ["MEMTALLY_PRELOAD_LIB"], CLI, worker("mt_hold"))
+        os.environ["MEMTALLY_PRELOAD_LIB"], CLI, worker("hold"))
     victim = liar = None
     try:
         with guard_server(cg, "[server]\ngroup = nogroup\n"
@@ -187,14 +187,14 @@ def test_lie_cannot_evict_another_user():
             env = run_env(s, MEMTALLY_PRELOAD_LIB=preload)
             # The second user's task: 100 MiB, within its 120 MiB.
             victim = mt_run(s, cg, "--task", "etl", "--bytes", "120MiB",
-                            "--", hold, "100", user=(second[0], NOGROUP),
+                            "--", *hold, "100", user=(second[0], NOGROUP),
                             cli=cli, env=env)
             check(readline(victim, 30).startswith("ready"),
                   "the victim is not ready")
             # nobody's worker names the same task, holds 80 MiB (the node
             # passes its line) and claims 2^49 bytes more.
             lenv = dict(env, LD_PRELOAD=preload, MEMTALLY_TASK="etl")
-            liar = subprocess.Popen([hold, "80"], env=lenv,
+            liar = subprocess.Popen([*hold, "80"], env=lenv,
                                     stdin=subprocess.PIPE,
                                     stdout=subprocess.PIPE, text=True,
                                     preexec_fn=in_node(cg, (NOBODY, NOGROUP)))

@@ -90,7 +90,7 @@ def test_environment_fleet_and_group():
             print(f"  {scope} {previous} -> {state}: "
                   f"{b / MIB:.1f} MiB of {limit // MIB} MiB")
 
-        w1 = Worker([worker("mt_hold"), "20"],
+        w1 = Worker([*worker("hold"), "20"],
                     s.env(group="g", **GIVES_BACK))
         w2 = None
         try:
@@ -103,7 +103,7 @@ def test_environment_fleet_and_group():
             w1.send("more 10")  # group 57 MiB: over 50
             check(w1.readline().startswith("ready"), "w1 more")
             expect("g", "over", "high", 50 * MIB, 50, 58)
-            w2 = Worker([worker("mt_hold"), "36"],
+            w2 = Worker([*worker("hold"), "36"],
                         s.env(group="h", **GIVES_BACK))
             check(w2.readline().startswith("ready"), "w2")  # fleet 93
             expect("fleet", "high", "ok", 100 * MIB, 90, 94)

@@ -32,18 +32,17 @@ import time
 from harness import (as_user, MIB, MULT, NOBODY, NOGROUP, PRELOAD, Server, Skip,
                      settled_bytes,
                      Worker, check, open_to_nobody, run, wait_for,
-                     world_readable_copy)
+                     WORKER, world_readable_copy)
 from harness import config_file as config
-from harness import worker as built_worker
 
 # Workers run as nobody too: they and the preload come from copies every
 # user can reach (the build tree may be in a 0700 directory).
-HOLD, PUB_PRELOAD = world_readable_copy(built_worker("mt_hold"), PRELOAD)
+PUB_WORKER, PUB_PRELOAD = world_readable_copy(WORKER, PRELOAD)
 
 
 def worker(name):
-    assert name == "mt_hold", name
-    return HOLD
+    assert name == "hold", name
+    return [PUB_WORKER, name]
 
 
 def wenv(s, group):
@@ -156,7 +155,7 @@ def start(user, env, argv):
 
 def attack(s, attacker_user, victim_user):
     victim = start(victim_user, wenv(s, "victim"),
-                   [worker("mt_hold"), "64"])
+                   [*worker("hold"), "64"])
     attacker = None
     try:
         check(victim.readline().startswith("ready"), "victim did not start")
@@ -203,7 +202,7 @@ def attack(s, attacker_user, victim_user):
         check(after >= 64 * MIB, f"victim counted {after}")
         # A new worker of the victim's uid registers and is counted.
         fresh = start(victim_user, wenv(s, "fresh"),
-                      [worker("mt_hold"), "8"])
+                      [*worker("hold"), "8"])
         try:
             check(fresh.readline().startswith("ready"), "new worker did not start")
             wait_for("a new worker counted after the attack",
@@ -260,7 +259,7 @@ def test_another_uid_cannot_reach_roots_figures():
     conf = config("[server]\ngroup = 65534\n")
     with Server("--config", conf) as s:
         open_to_nobody(s)
-        w = Worker([worker("mt_hold"), "32"], wenv(s, "root"))
+        w = Worker([*worker("hold"), "32"], wenv(s, "root"))
         try:
             check(w.readline().startswith("ready"), "root worker did not start")
             wait_for("root worker counted",
@@ -354,7 +353,7 @@ def test_precreated_state_file_is_refused():
               f"uid {st.st_uid} mode {st.st_mode & 0o777:o}")
         # Positive control: enforcement is live and kills a registered
         # worker over its limit...
-        w = Worker([worker("mt_hold"), "8"], wenv(s, "over"))
+        w = Worker([*worker("hold"), "8"], wenv(s, "over"))
         try:
             w.readline()
         except AssertionError:
@@ -392,7 +391,7 @@ def test_forged_slot_is_not_adopted():
     victim = bystander()
     conf = config("[server]\ngroup = 65534\n")
     first = Server("--config", conf)
-    w = Worker([worker("mt_hold"), "16"], wenv(first, "liar"))
+    w = Worker([*worker("hold"), "16"], wenv(first, "liar"))
     second = third = None
     try:
         check(w.readline().startswith("ready"), "worker did not start")
@@ -457,7 +456,7 @@ def test_many_workers_under_default_fd_limit():
         t0 = time.monotonic()
         for i in range(n):
             procs.append(subprocess.Popen(
-                [worker("mt_hold"), "0"], env=env, stdin=r,
+                [*worker("hold"), "0"], env=env, stdin=r,
                 stdout=subprocess.DEVNULL))
         os.close(r)
         r = -1

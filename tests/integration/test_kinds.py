@@ -1,5 +1,5 @@
 """Kinds and learned sizes: a real memtallyd, real `memtally run --kind`
-tasks (mt_level holding a known number of MiB), real users.
+tasks (mt_worker level holding a known number of MiB), real users.
 
 test_learned_from_real_runs: four runs each of two kinds (40 and 90 MiB)
 through `memtally run --kind K` without --bytes (admitted on the kind's
@@ -25,6 +25,7 @@ starts without learned sizes, the worker is adopted all the same.
 """
 import json
 import os
+import shlex
 import subprocess
 import sys
 
@@ -51,10 +52,10 @@ def run_env(**extra):
 def run_kind(s, kind, mib, user=None, cli=CLI, level=None, env=None):
     """One task of `kind` holding `mib` MiB for a moment, through
     `memtally run --kind` (no --bytes); its exit status and stderr."""
-    level = level or worker("mt_level")
-    # mt_level holds `mib` MiB until its stdin ends: half a second.
+    level = level or worker("level")
+    # The level worker holds `mib` MiB until its stdin ends: half a second.
     cmd = [cli, "--socket", s.socket, "run", "--kind", kind, "--",
-           "sh", "-c", f"sleep 0.5 | {level} {mib} >/dev/null"]
+           "sh", "-c", f"sleep 0.5 | {shlex.join(level)} {mib} >/dev/null"]
     r = subprocess.run(cmd, env=env or run_env(), capture_output=True,
                        text=True, timeout=60 * MULT,
                        preexec_fn=as_user(user))
@@ -129,8 +130,8 @@ def test_a_liar_cannot_size_another_users_kind():
                  "[trust]\nuntouched_allowance = 64MiB\n"
                  "untouched_time = 1s\n")
     preload, cli, level, hold = world_readable_copy(
-        os.environ["MEMTALLY_PRELOAD_LIB"], CLI, worker("mt_level"),
-        worker("mt_hold"))
+        os.environ["MEMTALLY_PRELOAD_LIB"], CLI, worker("level"),
+        worker("hold"))
     env = run_env(MEMTALLY_PRELOAD_LIB=preload)
     with Server("--config", cfg) as s:
         open_to_nobody(s)
@@ -145,7 +146,7 @@ def test_a_liar_cannot_size_another_users_kind():
         # nobody's task of kind xz: a worker holding 1 MiB that claims
         # 2^49 bytes for a while, then exits.
         w = Worker([cli, "--socket", s.socket, "run", "--kind", "xz", "--",
-                    hold, "1"], env, user=(NOBODY, NOGROUP))
+                    *hold, "1"], env, user=(NOBODY, NOGROUP))
         try:
             line = w.readline()
             check(line.startswith("ready pid="), f"liar: {line}")
@@ -221,7 +222,7 @@ def test_restart_keeps_learned_sizes():
             check(rc == 0, f"run: {rc} {err}")
         before = kinds(s)
         check(len(before["kinds"]) == 2, f"kinds: {before}")
-        w = Worker([worker("mt_hold"), "5"], s.env())
+        w = Worker([*worker("hold"), "5"], s.env())
         check(w.readline().startswith("ready"), "worker not ready")
         wait_for("registered", lambda: w.pid in s.ps())
         check(s.stop() == 0, "memtallyd did not stop cleanly")

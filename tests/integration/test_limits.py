@@ -99,7 +99,7 @@ class Watcher:
         and back, again and again, until the watcher reports it. Events
         before the subscription are lost, so one reported event means
         every later one will be."""
-        w = Worker([worker("mt_level"), "4"], s.env(group=name))
+        w = Worker([*worker("level"), "4"], s.env(group=name))
         try:
             w.readline()
             wait_for("probe counted", lambda: s.ps().get(w.pid))
@@ -143,7 +143,7 @@ def test_admit_release_and_ttl():
     with its figures, release, admitted again; a TTL expires."""
     with Server("--fleet-limit", "1GiB") as s:
         # A consumer for the denial to name.
-        hog = Worker([worker("mt_level"), "20"], s.env(group="hog"))
+        hog = Worker([*worker("level"), "20"], s.env(group="hog"))
         hog.readline()
         wait_for("hog counted", lambda: fleet(s)["bytes"] >= 20 * MIB)
         rc, a, out, err = cli(s, "admit", "--bytes", "600MiB", "--group",
@@ -213,7 +213,7 @@ def test_states_seen_by_watch():
         w = None
         try:
             watch.sync(s)
-            w = Worker([worker("mt_hold"), "900"], s.env(group="big"))
+            w = Worker([*worker("hold"), "900"], s.env(group="big"))
             w.readline()
             wait_for("state high", lambda: fleet(s)["state"] == "high")
             watch.wait("fleet ok -> high", lambda e: e["scope"] == "fleet"
@@ -245,7 +245,7 @@ def test_oscillation_does_not_flap():
         watch = Watcher(s)
         # The level is the heap's: jemalloc keeps what the worker frees
         # as dirty pages for its decay time, which would count too.
-        w = Worker([worker("mt_level"), "1016"],
+        w = Worker([*worker("level"), "1016"],
                    s.env(group="osc", MEMTALLY_ALLOCATOR_FREE="0"))
         try:
             w.readline()
@@ -290,7 +290,7 @@ def test_task_counts_the_larger_not_the_sum():
         rc, a, out, err = cli(s, "admit", "--bytes", "600MiB", "--task",
                               "T-42")
         check(rc == 0, f"admit: {rc} {out}{err}")
-        w = Worker([worker("mt_hold"), "400"],
+        w = Worker([*worker("hold"), "400"],
                    s.env(group="tasks", MEMTALLY_TASK="T-42"))
         try:
             w.readline()
@@ -468,7 +468,7 @@ def test_over_limit_callback_runs_in_the_worker():
     memtally_on_over_limit() callback runs at its next flush, once per
     episode; a second episode calls it again."""
     with Server() as s:
-        w = Worker([worker("mt_level"), "10"],
+        w = Worker([*worker("level"), "10"],
                    s.env(group="spill", MT_LEVEL_CALLBACK="1"))
         try:
             check(w.readline().startswith("ready"), "worker not ready")
@@ -514,7 +514,7 @@ def test_over_limit_seen_by_large_blocks_at_once():
     under both front ends."""
     for lib in (PRELOAD, GLIBC_LIB):
         with Server() as s:
-            w = Worker([worker("mt_level"), "10"],
+            w = Worker([*worker("level"), "10"],
                        s.env(MT_LEVEL_CALLBACK="1", LD_PRELOAD=lib))
             try:
                 check(w.readline().startswith("ready"), "worker not ready")

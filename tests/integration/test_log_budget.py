@@ -78,12 +78,12 @@ print(granted, denied, released, flush=True)
 # The launcher itself is not preloaded: it would register too.
 CHURN = r'''
 import os, subprocess, sys, time
-hold, seconds, preload = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+hold, seconds, preload = sys.argv[1:3], float(sys.argv[3]), sys.argv[4]
 env = dict(os.environ, LD_PRELOAD=preload)
 n = 0
 end = time.monotonic() + seconds
 while time.monotonic() < end:
-    subprocess.run([hold, "2"], stdin=subprocess.DEVNULL, env=env,
+    subprocess.run([*hold, "2"], stdin=subprocess.DEVNULL, env=env,
                    stdout=subprocess.DEVNULL, check=True)
     n += 1
 print(n, flush=True)
@@ -270,14 +270,14 @@ def test_admit_release_flood():
 
 def test_registration_churn():
     preload, hold = world_readable_copy(
-        os.environ["MEMTALLY_PRELOAD_LIB"], worker("mt_hold"))
+        os.environ["MEMTALLY_PRELOAD_LIB"], worker("hold"))
     with server_for_nobody() as s:
         open_to_nobody(s)
         env = s.env()
         del env["LD_PRELOAD"]
         w = Window(s)
         launchers = [subprocess.Popen(
-            [sys.executable, "-c", CHURN, hold, str(SECONDS), preload],
+            [sys.executable, "-c", CHURN, *hold, str(SECONDS), preload],
             env=env,
             stdout=subprocess.PIPE, text=True,
             preexec_fn=lambda: (os.setgroups([]), os.setgid(NOGROUP),
@@ -309,12 +309,12 @@ def test_registration_churn():
 
 def test_limit_flappers():
     level, preload = world_readable_copy(
-        worker("mt_level"), os.environ["MEMTALLY_PRELOAD_LIB"])
+        worker("level"), os.environ["MEMTALLY_PRELOAD_LIB"])
     with server_for_nobody("[limits]\nprocess = 8MiB\n") as s:
         open_to_nobody(s)
         env = s.env()
         env["LD_PRELOAD"] = preload
-        workers = [Worker([level, "2"], env, user=(NOBODY, NOGROUP))
+        workers = [Worker([*level, "2"], env, user=(NOBODY, NOGROUP))
                    for _ in range(8)]
         watch = Watch(s)
         try:

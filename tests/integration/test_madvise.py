@@ -57,9 +57,9 @@ def mapped_near(s, w, want, what):
 
 
 def mapper(s, group):
-    """An mt_map worker in `group`, ready and registered: (the worker, its
+    """An `mt_worker map` in `group`, ready and registered: (the worker, its
     first ps entry)."""
-    w = Worker([worker("mt_map")], s.env(group=group))
+    w = Worker(worker("map"), s.env(group=group))
     try:
         check(w.readline().startswith("ready"), "worker not ready")
         say(w, "flush")

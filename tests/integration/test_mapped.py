@@ -51,7 +51,7 @@ def test_own_mappings_counted_exactly():
     conf = config_file("[metrics]\nper_process = true\n")
     with Server("--config", conf, "--metrics", "127.0.0.1:0") as s:
         url = wait_for("metrics listening", lambda: metrics_url(s))
-        w = Worker([worker("mt_map")], s.env(group="maps"))
+        w = Worker(worker("map"), s.env(group="maps"))
         try:
             check(w.readline().startswith("ready"), "worker not ready")
             say(w, "reserve 1")  # stdio's buffers allocated and flushed
@@ -141,7 +141,7 @@ def test_reservations_counted_when_committed():
     was moved by mremap; the reservation itself never counts. mprotect of
     a mapping that was counted when it was made changes nothing."""
     with Server() as s:
-        w = Worker([worker("mt_map")], s.env())
+        w = Worker(worker("map"), s.env())
         try:
             check(w.readline().startswith("ready"), "worker ready")
             say(w, "reserve 1")  # stdio's buffers allocated and flushed
@@ -194,7 +194,7 @@ def test_signal_handler_mapping_never_deadlocks():
     with Server() as s:
         for seconds, env in ((3, s.env(group="sig")),
                              (8, s.env(MEMTALLY_SOCKET="/nonexistent/x"))):
-            w = Worker([worker("mt_sigmap"), str(seconds)], env)
+            w = Worker([*worker("sigmap"), str(seconds)], env)
             try:
                 line = w.readline(timeout=60 + seconds)
                 words = line.split()

@@ -76,7 +76,7 @@ def test_live_worker():
     conf = config_file("[metrics]\nper_process = true\n")
     with Server("--config", conf, "--metrics", "127.0.0.1:0") as s:
         url = wait_for("metrics listening log line", lambda: metrics_url(s))
-        w = Worker([worker("mt_hold"), "32"], s.env(group="metrics-it"))
+        w = Worker([*worker("hold"), "32"], s.env(group="metrics-it"))
         try:
             check(w.readline().startswith("ready"), "worker not ready")
 

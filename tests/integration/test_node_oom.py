@@ -39,7 +39,7 @@ class Args:
     """What fleet.run_policy takes from the command line."""
 
     def __init__(self, tmp):
-        self.c_worker = harness.worker("mt_fleet")
+        self.c_worker = harness.worker("fleet")
         self.py_worker = os.path.join(HERE, "..", "..", "bench",
                                       "fleet_worker.py")
         self.build = os.path.dirname(os.path.dirname(harness.MEMTALLYD))
@@ -109,7 +109,7 @@ def test_daemon_survives_node_oom():
             adj = int(open("/proc/%d/oom_score_adj" % s.proc.pid).read())
             check(adj == 0, "memtallyd's oom_score_adj is %d, not lowered "
                   "from 500 to 0" % adj)
-            w = harness.Worker(join + [harness.worker("mt_fleet"), "ramp",
+            w = harness.Worker(join + [*harness.worker("fleet"), "ramp",
                                        "400", "10"], s.env())
             pid = w.proc.pid
             wait_for("the worker registered", lambda: pid in s.ps(),

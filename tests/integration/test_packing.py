@@ -62,7 +62,7 @@ def start(s, cg, kind):
     argv = [CLI, "--socket", s.socket, "run", "--kind", kind,
             "--bytes", "%dMiB" % declared, "--wait", "%d" % (120 * MULT),
             "--poll", "0.25", "--"]
-    argv += fleet.join_cgroup_argv(cg, [worker("mt_fleet"), "steady",
+    argv += fleet.join_cgroup_argv(cg, [*worker("fleet"), "steady",
                                         str(peak), str(SECS), "0.02"])
     return subprocess.Popen(argv, env=run_env(s), stdin=subprocess.DEVNULL,
                             stdout=subprocess.DEVNULL,
@@ -77,12 +77,15 @@ def finish(procs):
 
 
 def running(cg):
-    """Tasks running in the node now: its processes that are mt_fleet."""
+    """Tasks running in the node now: its processes that are
+    `mt_worker fleet`."""
     n = 0
     for pid in cg.pids():
         try:
-            with open("/proc/%d/comm" % pid) as f:
-                n += f.read().strip() == "mt_fleet"
+            with open("/proc/%d/cmdline" % pid, "rb") as f:
+                argv = f.read().split(b"\0")
+            n += (os.path.basename(argv[0]) == b"mt_worker" and
+                  argv[1:2] == [b"fleet"])
         except OSError:
             pass
     return n

@@ -160,7 +160,7 @@ def test_reused_pid_refused():
 
 
 def registers(s, user=None, argv=None):
-    w = Worker(argv or [worker("mt_hold"), "2"], s.env(), user=user)
+    w = Worker(argv or [*worker("hold"), "2"], s.env(), user=user)
     try:
         check(w.readline().startswith("ready"), "worker not ready")
         wait_for(f"worker {w.pid} registered", lambda: w.pid in s.ps())
@@ -171,9 +171,9 @@ def registers(s, user=None, argv=None):
 def test_fallback_registers():
     with fallback_server() as s:
         registers(s)
-        hold, = world_readable_copy(worker("mt_hold"))
+        hold, = world_readable_copy(worker("hold"))
         pre, = world_readable_copy(PRELOAD)
-        w = Worker([hold, "2"], {**s.env(), "LD_PRELOAD": pre},
+        w = Worker([*hold, "2"], {**s.env(), "LD_PRELOAD": pre},
                    user=(NOBODY, NOGROUP))
         try:
             check(w.readline().startswith("ready"), "nobody's worker not ready")

@@ -28,7 +28,7 @@ def example(s, *args):
 
 def test_library_admit_deny_release_usage_ps():
     with Server("--fleet-limit", "64MiB") as s:
-        w = Worker([worker("mt_hold"), "8"], s.env(group="py"))
+        w = Worker([*worker("hold"), "8"], s.env(group="py"))
         check(w.readline().startswith("ready"), "worker not ready")
         with mc.Client(s.socket) as c:
             wait_for("worker registered",
@@ -71,7 +71,7 @@ def test_library_watch_sees_over():
             first = next(events)
             check(first.scope == "fleet" and first.state == pb.STATE_OK,
                   f"first event {first}")
-            w = Worker([worker("mt_hold"), "48"], s.env(group="big"))
+            w = Worker([*worker("hold"), "48"], s.env(group="big"))
             check(w.readline().startswith("ready"), "worker not ready")
             c.sock.settimeout(20 * MULT)
             for ev in events:

@@ -62,11 +62,11 @@ class Runtime:
 
 def runtimes():
     rts = [
-        Runtime("C, glibc", [worker("mt_quiet"), "300"],
+        Runtime("C, glibc", [*worker("quiet"), "300"],
                 {"MEMTALLY_ALLOCATOR": "glibc"}, GLIBC_LIB, "build", "drop"),
-        Runtime("C, jemalloc", [worker("mt_quiet"), "300"],
+        Runtime("C, jemalloc", [*worker("quiet"), "300"],
                 {"MEMTALLY_ALLOCATOR": "jemalloc"}, PRELOAD, "build", "drop"),
-        Runtime("C++, jemalloc", [worker("mt_quiet_cxx"), "300"],
+        Runtime("C++, jemalloc", [*worker("mt_quiet_cxx"), "300"],
                 {"MEMTALLY_ALLOCATOR": "jemalloc"}, PRELOAD, "build", "drop"),
     ]
     if os.access(PYTHON, os.X_OK):
@@ -210,7 +210,7 @@ def test_one_refresh_thread_per_process():
                 env = s.env(LD_PRELOAD=lib, MEMTALLY_ALLOCATOR=alloc,
                             MEMTALLY_REFRESH_MS=period,
                             MEMTALLY_REFRESH_MIN="1MiB")
-                w = Worker([worker("mt_fork"), "8"], env)
+                w = Worker([*worker("fork"), "8"], env)
                 try:
                     pids = {}
                     for _ in range(2):
@@ -247,8 +247,8 @@ def test_small_single_threaded_process_stays_so():
     for lib, alloc in ((GLIBC_LIB, "glibc"), (PRELOAD, "jemalloc")):
         with Server() as s:
             env = s.env(LD_PRELOAD=lib, MEMTALLY_ALLOCATOR=alloc)
-            small = Worker([worker("mt_fork"), "8"], env)
-            big = Worker([worker("mt_fork"), "96"], env)
+            small = Worker([*worker("fork"), "8"], env)
+            big = Worker([*worker("fork"), "96"], env)
             try:
                 pids = {}
                 for n, w in ((8, small), (96, big)):

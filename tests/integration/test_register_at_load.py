@@ -115,12 +115,12 @@ def test_allocating_process_attached_and_counted():
     """A worker that holds 64 MiB after its start: registered at that
     flush, counted in full (its start's bytes included)."""
     with Server() as s:
-        p = subprocess.Popen([worker("mt_idle"), "64"], env=s.env(),
+        p = subprocess.Popen([*worker("idle"), "64"], env=s.env(),
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                              text=True)
         try:
             line = p.stdout.readline()
-            check(line.startswith("held"), f"mt_idle said {line!r}")
+            check(line.startswith("held"), f"mt_worker idle said {line!r}")
             end = deadline(20)
             got = 0
             while time.monotonic() < end:
@@ -129,8 +129,8 @@ def test_allocating_process_attached_and_counted():
                     break
                 time.sleep(0.02)
             check(got >= 64 * MIB,
-                  f"mt_idle holding 64 MiB shows {got} bytes")
-            print(f"  mt_idle 64 MiB: {got} bytes")
+                  f"mt_worker idle holding 64 MiB shows {got} bytes")
+            print(f"  mt_worker idle 64 MiB: {got} bytes")
         finally:
             p.stdin.close()
             p.wait()
@@ -171,17 +171,17 @@ KIB = 1024
 
 
 def start_young(env, kib, argv=None):
-    argv = argv or [worker("mt_young"), str(kib)]
+    argv = argv or [*worker("young"), str(kib)]
     p = subprocess.Popen(argv, env=env,
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                          text=True)
     line = p.stdout.readline().strip()
-    check(line == "held", f"mt_young said {line!r}")
+    check(line == "held", f"mt_worker young said {line!r}")
     return p
 
 
 def ask(p, line):
-    """Send mt_young one command line; return its answer."""
+    """Send mt_worker young one command line; return its answer."""
     p.stdin.write(line + "\n")
     p.stdin.flush()
     return p.stdout.readline().strip()
@@ -189,7 +189,7 @@ def ask(p, line):
 
 def more(p, kib):
     line = ask(p, f"more {kib}")
-    check(line == "held", f"mt_young said {line!r}")
+    check(line == "held", f"mt_worker young said {line!r}")
 
 
 def stays_unregistered(s, pid, seconds):
@@ -203,7 +203,7 @@ def stays_unregistered(s, pid, seconds):
 
 
 def out_until_asked(s, p, registered_msg):
-    """mt_young (256 KiB) stays unregistered, then memtally_attached()
+    """mt_worker young (256 KiB) stays unregistered, then memtally_attached()
     registers it with all it holds; returns its bytes then."""
     check(stays_unregistered(s, p.pid, 0.3), registered_msg)
     line = ask(p, "attached")
@@ -278,7 +278,7 @@ def test_exec_replaces_the_old_image():
             check(got >= 2 * MIB, f"before the exec it shows {got} bytes")
             time.sleep(0.05)  # older than the start time's 10 ms ticks
             line = ask(p, "exec 256")
-            check(line == "held", f"mt_young after exec said {line!r}")
+            check(line == "held", f"mt_worker young after exec said {line!r}")
             end = deadline(20)
             now = got
             while time.monotonic() < end:
@@ -304,8 +304,9 @@ def test_slow_launcher_is_not_an_exec():
     fork and exec, or a sanitizer's start-up, did the same.)"""
     with Server() as s:
         env = s.env(MEMTALLY_REGISTER_AFTER_MS="60000")
-        p = start_young(env, 256, ["/bin/sh", "-c", 'sleep 0.3; exec "$0" 256',
-                                   worker("mt_young")])
+        p = start_young(env, 256, ["/bin/sh", "-c",
+                                   'sleep 0.3; exec "$0" "$1" 256',
+                                   *worker("young")])
         try:
             asked = f'connection accepted" peer_pid={p.pid} '
             wait_for("the worker's ask reaches memtallyd",

@@ -32,9 +32,9 @@ def test_restart_adopts_live_workers():
     # sample taken on the worker's own clock (every 10 s), which may land
     # between the two readings compared here on a busy machine.
     heap = {"MEMTALLY_ALLOCATOR_FREE": "0"}
-    a = Worker([worker("mt_hold"), "64", "2"], first.env(group="alpha", **heap))
-    b = Worker([worker("mt_hold"), "32"], first.env(group="beta", **heap))
-    c = Worker([worker("mt_hold"), "16"], first.env(group="gamma", **heap))
+    a = Worker([*worker("hold"), "64", "2"], first.env(group="alpha", **heap))
+    b = Worker([*worker("hold"), "32"], first.env(group="beta", **heap))
+    c = Worker([*worker("hold"), "16"], first.env(group="gamma", **heap))
     second = None
     try:
         for w in (a, b, c):
@@ -69,7 +69,7 @@ def test_restart_adopts_live_workers():
         st = second.status()
         check(st["processes"] == 1, f"processes {st['processes']}")
         # And a new worker registers beside the adopted one.
-        d = Worker([worker("mt_hold"), "8"], second.env(group="delta"))
+        d = Worker([*worker("hold"), "8"], second.env(group="delta"))
         d.readline()
         wait_for("new worker counted", counted(second, d.pid, 8 * MIB))
         d.close()
@@ -84,7 +84,7 @@ def test_restart_adopts_live_workers():
 
 def test_reset_starts_afresh():
     first = Server()
-    a = Worker([worker("mt_hold"), "24"], first.env(group="alpha"))
+    a = Worker([*worker("hold"), "24"], first.env(group="alpha"))
     second = None
     try:
         a.readline()
@@ -125,11 +125,11 @@ def test_kill9_under_load_loses_nothing():
     first = Server()
     # Their figure is their heap alone: the allocator's free memory is a
     # sample taken on the worker's own clock, not a count kept across.
-    holders = [Worker([worker("mt_hold"), str(8 * (i + 1)), "2"],
+    holders = [Worker([*worker("hold"), str(8 * (i + 1)), "2"],
                       first.env(group="hold", MEMTALLY_ALLOCATOR_FREE="0"))
                for i in range(3)]
     churn_env = first.env(group="churn")
-    churners = [subprocess.Popen([worker("mt_churn"), "2", "4"], env=churn_env)
+    churners = [subprocess.Popen([*worker("churn"), "2", "4"], env=churn_env)
                 for _ in range(8)]
     second = None
     stop = threading.Event()

@@ -165,7 +165,7 @@ def test_wait_then_runs_when_room_appears():
     d = tempfile.mkdtemp(prefix="mt-run-")
     marker = os.path.join(d, "started")
     with limited() as s:
-        holder = Worker([worker("mt_hold"), "80"],
+        holder = Worker([*worker("hold"), "80"],
                         s.env(group="other", **GIVES_BACK))
         check(holder.readline().startswith("ready"), "holder not ready")
         wait_for("80 MiB counted", lambda: fleet(s)["bytes"] >= 80 * MIB)
@@ -211,9 +211,9 @@ def test_poll_bounds_the_wait_without_a_state_change():
     d = tempfile.mkdtemp(prefix="mt-run-")
     marker = os.path.join(d, "started")
     with limited() as s:
-        a = Worker([worker("mt_hold"), "50"],
+        a = Worker([*worker("hold"), "50"],
                    s.env(group="other", **GIVES_BACK))
-        b = Worker([worker("mt_hold"), "30"],
+        b = Worker([*worker("hold"), "30"],
                    s.env(group="other", **GIVES_BACK))
         check(a.readline().startswith("ready") and
               b.readline().startswith("ready"), "holders not ready")
@@ -251,7 +251,7 @@ def test_poll_bounds_the_wait_without_a_state_change():
 def test_command_is_the_reservations_task():
     with limited("1GiB") as s:
         argv = mt_run(s, "--bytes", "64MiB", "--task", "job-7", "--group",
-                      "etl", "--", worker("mt_hold"), "20")
+                      "etl", "--", *worker("hold"), "20")
         # MEMTALLY_PRELOAD_LIB unset: the preload is found next to the CLI.
         env = run_env()
         env.pop("MEMTALLY_PRELOAD_LIB", None)
@@ -324,7 +324,7 @@ def test_sigkilled_run_leaves_no_reservation_after_its_ttl():
         # Taken over by the command's worker: gone with the worker, at
         # once, whatever the TTL.
         w = Worker(mt_run(s, "--bytes", "30MiB", "--ttl", "600", "--",
-                          worker("mt_hold"), "10"), run_env())
+                          *worker("hold"), "10"), run_env())
         try:
             wpid = int(w.readline().split("=")[1])
             wait_for("worker registered", lambda: s.ps().get(wpid))

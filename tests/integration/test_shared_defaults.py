@@ -72,7 +72,7 @@ class Hostile:
         """Workers until one runs unregistered."""
         while len(self.workers) <= SLOTS:
             before = s.status()["unregistered"]
-            w = Worker([hold, "1"], env, user=(self.user[0], NOGROUP))
+            w = Worker([*hold, "1"], env, user=(self.user[0], NOGROUP))
             self.workers.append(w)
             check(w.readline().startswith("ready"), "worker not ready")
             got = wait_for(f"worker {w.pid} registered or refused", lambda: (
@@ -123,7 +123,7 @@ class Hostile:
 
 def honest_gets_in(s, cli, hold, env, honest, round_):
     user = (honest[0], NOGROUP)
-    w = Worker([hold, "1"], env, user=user)
+    w = Worker([*hold, "1"], env, user=user)
     try:
         check(w.readline().startswith("ready"), "honest worker not ready")
         wait_for(f"{round_}: the honest worker's slot",
@@ -157,7 +157,7 @@ def test_four_hostile_users_leave_room():
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     cfg = config(f"[server]\ngroup = nogroup\n[limits]\nfleet = {FLEET}\n")
     preload, cli, hold = world_readable_copy(
-        os.environ["MEMTALLY_PRELOAD_LIB"], CLI, worker("mt_hold"))
+        os.environ["MEMTALLY_PRELOAD_LIB"], CLI, worker("hold"))
     held = []
     with Server("--config", cfg, slots=SLOTS) as s:
         open_to_nobody(s)

@@ -56,14 +56,14 @@ def test_lies_hurt_only_the_liar():
                  "[trust]\nuntouched_allowance = 64MiB\n"
                  "untouched_time = 1s\n" + hconf)
     preload, cli, hold = world_readable_copy(
-        os.environ["MEMTALLY_PRELOAD_LIB"], CLI, worker("mt_hold"))
+        os.environ["MEMTALLY_PRELOAD_LIB"], CLI, worker("hold"))
     with Server("--config", cfg) as s:
         open_to_nobody(s)
         env = s.env(group="etl")
         env["LD_PRELOAD"] = preload
         # The second user's genuine worker: 150 MiB, over its own limit.
-        victim = Worker([hold, "150"], env, user=(second[0], NOGROUP))
-        liars = [Worker([hold, "1"], env, user=(NOBODY, NOGROUP))
+        victim = Worker([*hold, "150"], env, user=(second[0], NOGROUP))
+        liars = [Worker([*hold, "1"], env, user=(NOBODY, NOGROUP))
                  for _ in range(11)]
         workers = [victim] + liars
         try:
@@ -131,12 +131,12 @@ def test_a_genuine_allocation_is_vouched_for():
                  "[trust]\nuntouched_allowance = 16MiB\n"
                  "untouched_time = 1s\n")
     preload, level = world_readable_copy(
-        os.environ["MEMTALLY_PRELOAD_LIB"], worker("mt_level"))
+        os.environ["MEMTALLY_PRELOAD_LIB"], worker("level"))
     with Server("--config", cfg) as s:
         open_to_nobody(s)
         env = s.env()
         env["LD_PRELOAD"] = preload
-        w = Worker([level], env, user=(NOBODY, NOGROUP))
+        w = Worker(level, env, user=(NOBODY, NOGROUP))
         try:
             check(w.readline().startswith("ready"), "worker not ready")
             w.send("set 200")
@@ -187,13 +187,13 @@ def test_flapping_claim_runs_hooks_at_most_once_per_interval():
     cfg = config("[server]\ngroup = nogroup\n[limits]\nfleet = 1GiB\n"
                  "[trust]\nuntouched_allowance = 64MiB\n" + hconf)
     preload, hold = world_readable_copy(
-        os.environ["MEMTALLY_PRELOAD_LIB"], worker("mt_hold"))
+        os.environ["MEMTALLY_PRELOAD_LIB"], worker("hold"))
     with Server("--config", cfg) as s:
         open_to_nobody(s)
         env = s.env()
         env["LD_PRELOAD"] = preload
         for user, most in (((NOBODY, NOGROUP), 0), (None, None)):
-            w = Worker([hold, "1"], env, user=user)
+            w = Worker([*hold, "1"], env, user=user)
             try:
                 check(w.readline().startswith("ready"), "not ready")
                 wait_for("registered", lambda: w.pid in s.ps())

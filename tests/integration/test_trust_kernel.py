@@ -74,14 +74,14 @@ def shared_run(mode, measure):
                  f"measure = {measure}\nrss_interval = 500\n"
                  "[enforce]\nsignal = SIGKILL\ngrace = 500\n" + hconf)
     preload, cli, share, hold = world_readable_copy(
-        os.environ["MEMTALLY_PRELOAD_LIB"], CLI, worker("mt_share"),
-        worker("mt_hold"))
+        os.environ["MEMTALLY_PRELOAD_LIB"], CLI, worker("share"),
+        worker("hold"))
     with Server("--config", cfg) as s:
         open_to_nobody(s)
         env = s.env()
         env["LD_PRELOAD"] = preload
-        victim = Worker([hold, "600"], env, user=(second[0], NOGROUP))
-        sharer = Worker([share, mode, "400", "10"], env,
+        victim = Worker([*hold, "600"], env, user=(second[0], NOGROUP))
+        sharer = Worker([*share, mode, "400", "10"], env,
                         user=(NOBODY, NOGROUP))
         try:
             check(victim.readline().startswith("ready"), "victim not ready")
@@ -159,13 +159,13 @@ def dip_run(users, seconds):
                  "[trust]\nuntouched_time = 2s\n")
     window = 2.0
     preload, cli, hold = world_readable_copy(
-        os.environ["MEMTALLY_PRELOAD_LIB"], CLI, worker("mt_hold"))
+        os.environ["MEMTALLY_PRELOAD_LIB"], CLI, worker("hold"))
     with Server("--config", cfg) as s:
         open_to_nobody(s)
         env = s.env()
         env["LD_PRELOAD"] = preload
-        honest = Worker([hold, "50"], env, user=(second[0], NOGROUP))
-        liars = [Worker([hold, "1"], env, user=(u, NOGROUP)) for u in users]
+        honest = Worker([*hold, "50"], env, user=(second[0], NOGROUP))
+        liars = [Worker([*hold, "1"], env, user=(u, NOGROUP)) for u in users]
         maps = []
         try:
             for w in [honest] + liars:
@@ -244,13 +244,13 @@ def test_an_allowance_signals_no_one():
                  "[limits]\nfleet = 800MiB\nprocess = 512MiB\n"
                  "[enforce]\nsignal = SIGKILL\ngrace = 500\n")
     preload, hold = world_readable_copy(
-        os.environ["MEMTALLY_PRELOAD_LIB"], worker("mt_hold"))
+        os.environ["MEMTALLY_PRELOAD_LIB"], worker("hold"))
     with Server("--config", cfg) as s:
         open_to_nobody(s)
         env = s.env()
         env["LD_PRELOAD"] = preload
-        victim = Worker([hold, "600"], env, user=(second[0], NOGROUP))
-        liar = Worker([hold, "1"], env, user=(NOBODY, NOGROUP))
+        victim = Worker([*hold, "600"], env, user=(second[0], NOGROUP))
+        liar = Worker([*hold, "1"], env, user=(NOBODY, NOGROUP))
         try:
             for w in (victim, liar):
                 check(w.readline().startswith("ready"), "not ready")
@@ -280,8 +280,8 @@ def test_an_allowance_signals_no_one():
 def test_understating_is_refereed():
     second = second_user()
     preload, cli, hold, share = world_readable_copy(
-        os.environ["MEMTALLY_PRELOAD_LIB"], CLI, worker("mt_hold"),
-        worker("mt_share"))
+        os.environ["MEMTALLY_PRELOAD_LIB"], CLI, worker("hold"),
+        worker("share"))
     for measure in ("accounted", "max"):
         cfg = config("[server]\ngroup = nogroup\n"
                      f"[limits]\nfleet = 2GiB\nmeasure = {measure}\n"
@@ -292,11 +292,11 @@ def test_understating_is_refereed():
             env["LD_PRELOAD"] = preload
             env["MEMTALLY_ALLOCATOR_FREE"] = "0"
             if measure == "accounted":
-                w = Worker([hold, "500"], env, user=(NOBODY, NOGROUP))
+                w = Worker([*hold, "500"], env, user=(NOBODY, NOGROUP))
                 check(w.readline().startswith("ready"), "not ready")
                 pid = w.pid
             else:
-                w = Worker([share, "memfd", "500"], env,
+                w = Worker([*share, "memfd", "500"], env,
                            user=(NOBODY, NOGROUP))
                 pid = ready_pids(w)[0]
             try:

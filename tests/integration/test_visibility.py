@@ -90,10 +90,10 @@ def scopes_until(conn, reader, req_id):
 def start(s, hold, preload, second):
     env = s.env(group="payroll", MEMTALLY_TASK=TASK)
     env["LD_PRELOAD"] = preload
-    theirs = Worker([hold, "100"], env, user=(second[0], NOGROUP))
+    theirs = Worker([*hold, "100"], env, user=(second[0], NOGROUP))
     env = s.env(group="nbgroup", MEMTALLY_TASK=OWN_TASK)
     env["LD_PRELOAD"] = preload
-    mine = Worker([hold, "1"], env, user=(NOBODY, NOGROUP))
+    mine = Worker([*hold, "1"], env, user=(NOBODY, NOGROUP))
     for w in (theirs, mine):
         check(w.readline().startswith("ready"), "worker not ready")
     wait_for("both registered", lambda: {theirs.pid, mine.pid} <= set(
@@ -107,14 +107,14 @@ def check_root_sees_all(s, cli, theirs):
     p = {x["pid"]: x for x in cli_as(s, cli, None, "ps")["processes"]}
     t = p[theirs.pid]
     check(t["task"] == TASK and t["group"] == "payroll" and
-          t["comm"] == "mt_hold" and not t["names_withheld"],
+          t["comm"] == "mt_worker" and not t["names_withheld"],
           f"root does not see the second user's names: {t}")
 
 
 def check_own(p, mine):
     m = p.get(mine.pid)
     check(m is not None and m["task"] == OWN_TASK and
-          m["group"] == "nbgroup" and m["comm"] == "mt_hold",
+          m["group"] == "nbgroup" and m["comm"] == "mt_worker",
           f"nobody does not see its own worker's names: {m}")
 
 
@@ -122,7 +122,7 @@ def test_counts_by_default():
     second = second_user()
     cfg = config("[server]\ngroup = nogroup\n[limits]\nprocess = 64MiB\n")
     preload, cli, hold = world_readable_copy(
-        os.environ["MEMTALLY_PRELOAD_LIB"], CLI, worker("mt_hold"))
+        os.environ["MEMTALLY_PRELOAD_LIB"], CLI, worker("hold"))
     with Server("--config", cfg) as s:
         open_to_nobody(s)
         theirs, mine = start(s, hold, preload, second)
@@ -147,7 +147,7 @@ def test_counts_by_default():
                   f"plain ps row not masked:\n{text}")
             own = [ln for ln in text.splitlines()
                    if ln.split() and ln.split()[0] == str(mine.pid)]
-            check(own and "nbgroup" in own[0] and "mt_hold" in own[0],
+            check(own and "nbgroup" in own[0] and "mt_worker" in own[0],
                   f"plain ps hides nobody's own names:\n{text}")
 
             g = cli_as(s, cli, nobody, "ps", "--group", "payroll")
@@ -181,7 +181,7 @@ def test_none_hides_them():
     cfg = config("[server]\ngroup = nogroup\nshow_others = none\n"
                  "[limits]\nprocess = 64MiB\n")
     preload, cli, hold = world_readable_copy(
-        os.environ["MEMTALLY_PRELOAD_LIB"], CLI, worker("mt_hold"))
+        os.environ["MEMTALLY_PRELOAD_LIB"], CLI, worker("hold"))
     with Server("--config", cfg) as s:
         open_to_nobody(s)
         nobody = (NOBODY, NOGROUP)

@@ -1,9 +1,14 @@
 /*
- * mt_common.h - helpers for the integration-test workers. These programs
- * run under LD_PRELOAD=libmemtally_preload.so as unmodified programs would:
- * they never link memtally; what they need of it (memtally_flush, to make a
- * count exact at a chosen moment) they look up with dlsym, and they still
- * run when it is absent.
+ * mt_common.h - what the subcommands of mt_worker share (mt_worker.c holds
+ * it once). The worker runs under LD_PRELOAD=libmemtally_preload.so as an
+ * unmodified program would: it never links memtally; what it needs of it
+ * (memtally_flush, to make a count exact at a chosen moment) it looks up
+ * with dlsym, and it still runs when it is absent.
+ *
+ * A subcommand is one .c file defining a `struct mt_sub` (listed in
+ * mt_worker.c): `mt_worker NAME ARGS...` runs its main with argv[0] = NAME.
+ * A subcommand driven over stdin hands its table of commands to mt_serve,
+ * which also answers the common commands (mt_worker.c lists them).
  */
 #ifndef MT_COMMON_H
 #define MT_COMMON_H
@@ -19,60 +24,63 @@
 
 #define MIB (1024u * 1024u)
 
+/* One command of a loop: the line's first word, and its handler, given
+ * the rest of the line ("" when there is none). */
+struct mt_cmd {
+	const char *name;
+	void (*run)(const char *arg);
+};
+
+/* One subcommand: `mt_worker NAME ARGS...`. */
+struct mt_sub {
+	const char *name;
+	const char *usage; /* its arguments, for mt_worker's usage text */
+	int (*main)(int argc, char **argv);
+};
+
+/* mt_serve's flags. */
+enum {
+	MT_FLUSH_FIRST = 1, /* memtally_flush() before every command */
+};
+
 /*
- * stdio's buffers are static: stdio would otherwise malloc them at the
- * first printf/fgets, i.e. after the worker's last flush, and jemalloc's
- * activity callback may publish that little drift whenever the thread's
- * next 64 KiB event falls, so an idle worker's figure could still move by
- * a few KiB after "ready". With these, an idle worker allocates nothing.
+ * Read commands from stdin until EOF or "exit" (then return 0): `cmds`
+ * (may be NULL, ended by a NULL name) first, then the common commands; an
+ * unknown one is answered "error unknown CMD".
  */
-__attribute__((constructor)) static void mt_static_stdio(void)
-{
-	static char in[4096], out[4096];
-	setvbuf(stdin, in, _IOFBF, sizeof(in));
-	setvbuf(stdout, out, _IOFBF, sizeof(out));
-}
+int mt_serve(const struct mt_cmd *cmds, unsigned flags);
 
 /* memtally_flush() of the preload, if loaded. */
-static inline void mt_flush(void)
-{
-	int (*f)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "memtally_flush");
-	if (f)
-		f();
-}
+void mt_flush(void);
 
 /* Print a line and flush stdout, for the harness to read. */
-#define mt_say(...)                                                          \
-	do {                                                                 \
-		printf(__VA_ARGS__);                                         \
-		fputc('\n', stdout);                                         \
-		fflush(stdout);                                              \
+#define mt_say(...)                                                            \
+	do {                                                                   \
+		printf(__VA_ARGS__);                                           \
+		fputc('\n', stdout);                                           \
+		fflush(stdout);                                                \
 	} while (0)
+
+/* "ready pid=P", the usual first line. */
+void mt_ready(void);
 
 /* Block until the harness closes our stdin or writes a line; returns the
  * line (static buffer) or NULL at EOF. */
-static inline const char *mt_wait(void)
-{
-	static char line[256];
-	if (!fgets(line, sizeof(line), stdin))
-		return NULL;
-	line[strcspn(line, "\n")] = 0;
-	return line;
-}
+const char *mt_wait(void);
 
 /* CLOCK_MONOTONIC in seconds, for workers paced by the clock. */
-static inline double mt_now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
+double mt_now_s(void);
 
 /* Touch every page so the memory is real, as a worker's would be. */
-static inline void mt_touch(void *p, size_t n)
-{
-	for (size_t i = 0; i < n; i += 4096)
-		((volatile char *)p)[i] = 1;
-}
+void mt_touch(void *p, size_t n);
+
+/* Exec this program again (same pid, a new image) as `mt_worker ARGS...`
+ * (args[0]: the subcommand); returns only if execv failed. */
+void mt_exec_self(char *const args[]);
+
+/* The region a subcommand maps (map, sparse): "touch O N" writes MiB
+ * [O, O+N) of it. */
+extern char *mt_region;
+extern size_t mt_region_len;
 
 #endif

@@ -1,5 +1,5 @@
 /*
- * mt_share - hold MIB MiB in one of three ways, print "ready pids=P[,C...]"
+ * share - hold MIB MiB in one of three ways, print "ready pids=P[,C...]"
  * and wait on stdin (EOF or "exit": exit; the children die with it):
  *   private  malloc and write MIB MiB, then fork CHILDREN children: the
  *            pages are shared copy-on-write by every process
@@ -7,7 +7,7 @@
  *            parent and read by every child
  *   memfd    MIB MiB written into a memfd that is never mapped
  * Each child makes an allocator call (so that it registers) and pauses.
- * usage: mt_share MODE MIB [CHILDREN]
+ * usage: mt_worker share MODE MIB [CHILDREN]
  */
 #include "mt_common.h"
 
@@ -28,7 +28,7 @@ static void child(const volatile char *shared, size_t len)
 		pause();
 }
 
-int main(int argc, char **argv)
+static int share_main(int argc, char **argv)
 {
 	if (argc < 3)
 		return 2;
@@ -75,7 +75,8 @@ int main(int argc, char **argv)
 			              (int)pid);
 	}
 	mt_say("ready pids=%s", pids);
-	while (mt_wait())
-		;
+	mt_serve(NULL, 0);
 	return 0;
 }
+
+const struct mt_sub mt_share = {"share", "MODE MIB [CHILDREN]", share_main};

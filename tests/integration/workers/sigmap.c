@@ -1,20 +1,17 @@
 /*
- * mt_sigmap - maps and unmaps in a loop while another thread keeps
+ * sigmap - maps and unmaps in a loop while another thread keeps
  * signalling it, and the signal handler maps and unmaps too: a handler
  * that lands while the mmap interposer holds (or is taking) its lock must
  * map uncounted, never wait for the lock its own thread holds.
- * usage: mt_sigmap SECONDS; prints "done ITERATIONS HANDLED" and exits 0,
- * or "stalled" and exits 2 when the loop stops moving for 3 s.
+ * usage: mt_worker sigmap SECONDS; prints "done ITERATIONS HANDLED" and
+ * exits 0, or "stalled" and exits 2 when the loop stops moving for 3 s.
  */
-#define _GNU_SOURCE
+#include "mt_common.h"
+
 #include <pthread.h>
 #include <signal.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
-#include <time.h>
-#include <unistd.h>
 
 static volatile long handled, iterations;
 static volatile int stop;
@@ -66,7 +63,7 @@ static void *watchdog(void *arg)
 	}
 }
 
-int main(int argc, char **argv)
+static int sigmap_main(int argc, char **argv)
 {
 	long seconds = argc > 1 ? atol(argv[1]) : 5;
 	main_tid = gettid();
@@ -82,4 +79,7 @@ int main(int argc, char **argv)
 			munmap(p, 8192);
 		iterations++;
 	}
+	return 0; /* not reached: the watchdog ends the process */
 }
+
+const struct mt_sub mt_sigmap = {"sigmap", "SECONDS", sigmap_main};

@@ -1,5 +1,5 @@
 /*
- * mt_glibc - a multi-threaded worker for the glibc front end: THREADS
+ * glibc - a multi-threaded worker for the glibc front end: THREADS
  * threads allocate and free blocks of 16 B .. 256 KiB (log-uniform, so
  * most are small) through malloc, calloc, realloc and posix_memalign, in
  * STEPS steps whose held total rises and then falls. After each step every
@@ -10,7 +10,7 @@
  *   "ready pid=P allocator=A usable100=U"
  * with what memtally_preload_allocator() says (if loaded) and glibc's
  * malloc_usable_size(malloc(100)) (104 for glibc; jemalloc says 112).
- * usage: mt_glibc THREADS STEPS
+ * usage: mt_worker glibc THREADS STEPS
  */
 #include "mt_common.h"
 
@@ -38,8 +38,8 @@ static void *run(void *arg)
 	for (size_t step = 0; step < nsteps; step++) {
 		/* Up for the first half of the run, down for the second. */
 		size_t target = step < nsteps / 2
-					? (step + 1) * MAX_HELD / nsteps
-					: (nsteps - step - 1) * MAX_HELD / nsteps;
+		                    ? (step + 1) * MAX_HELD / nsteps
+		                    : (nsteps - step - 1) * MAX_HELD / nsteps;
 		for (int churn = 0; churn < 2000; churn++) {
 			size_t i = (size_t)rand_r(&seed) % MAX_HELD;
 			if (held[i]) {
@@ -81,14 +81,14 @@ static void *run(void *arg)
 	return NULL;
 }
 
-int main(int argc, char **argv)
+static int glibc_main(int argc, char **argv)
 {
 	nthreads = argc > 1 ? strtoul(argv[1], NULL, 10) : 4;
 	nsteps = argc > 2 ? strtoul(argv[2], NULL, 10) : 10;
 	if (nthreads < 1 || nthreads > 64)
 		nthreads = 4;
 	const char *(*which)(void) = (const char *(*)(void))dlsym(
-		RTLD_DEFAULT, "memtally_preload_allocator");
+	    RTLD_DEFAULT, "memtally_preload_allocator");
 	void *probe = malloc(100);
 	mt_say("ready pid=%d allocator=%s usable100=%zu", (int)getpid(),
 	       which ? which() : "none", malloc_usable_size(probe));
@@ -112,3 +112,5 @@ int main(int argc, char **argv)
 	mt_wait();
 	return 0;
 }
+
+const struct mt_sub mt_glibc = {"glibc", "THREADS STEPS", glibc_main};

@@ -1,14 +1,14 @@
 /*
- * mt_fork - hold MIB MiB, then fork. The child allocates one small block
+ * fork - hold MIB MiB, then fork. The child allocates one small block
  * (so it reaches a flush and registers), prints "child pid=P", and waits on
- * stdin like the parent. usage: mt_fork MIB
+ * stdin like the parent. usage: mt_worker fork MIB
  */
 #include "mt_common.h"
 
 #include <signal.h>
 #include <sys/wait.h>
 
-int main(int argc, char **argv)
+static int fork_main(int argc, char **argv)
 {
 	size_t mib = argc > 1 ? strtoul(argv[1], NULL, 10) : 50;
 	void **b = calloc(mib + 1, sizeof(void *));
@@ -22,14 +22,14 @@ int main(int argc, char **argv)
 		free(malloc(100)); /* first allocator call after the fork */
 		mt_flush();
 		mt_say("child pid=%d", (int)getpid());
-		while (mt_wait())
-			;
+		mt_serve(NULL, 0);
 		_exit(0);
 	}
 	mt_say("parent pid=%d", (int)getpid());
-	while (mt_wait())
-		;
+	mt_serve(NULL, 0);
 	kill(pid, SIGKILL);
 	waitpid(pid, NULL, 0);
 	return 0;
 }
+
+const struct mt_sub mt_fork = {"fork", "MIB", fork_main};

@@ -1,5 +1,5 @@
 /*
- * mt_level - hold a level of heap memory that the harness moves up and
+ * level - hold a level of heap memory that the harness moves up and
  * down, one command at a time, so that every level is seen by the server
  * before the next (the harness waits for it) and nothing depends on timing.
  *   "set N"   hold exactly N MiB in 1 MiB blocks (exactly a jemalloc size
@@ -9,12 +9,11 @@
  *             until the over-limit callback has run (at once if it ran
  *             already), at most 100000 pairs; print "churned K" (K =
  *             pairs completed before it ran)
- *   "exit"    exit(0)            EOF   exit(0)
  * With MT_LEVEL_CALLBACK=1 it registers an over-limit callback through
  * memtally_on_over_limit() (looked up with dlsym, so it runs unmodified
  * without the preload too), which writes "over-limit K" (K = calls so far)
  * straight to stdout with write(2): no stdio lock, no allocation.
- * usage: mt_level [MIB]
+ * usage: mt_worker level [MIB]
  */
 #include "mt_common.h"
 
@@ -53,7 +52,24 @@ static void set_level(size_t mib)
 	mt_flush();
 }
 
-int main(int argc, char **argv)
+static void cmd_set(const char *arg)
+{
+	set_level(strtoul(arg, NULL, 10));
+	mt_say("at %zu", held);
+}
+
+static void cmd_churn(const char *arg)
+{
+	(void)arg;
+	unsigned long k = 0;
+	for (; k < 100000 && atomic_load(&calls) == 0; k++) {
+		void *volatile p = malloc(64 << 10);
+		free(p);
+	}
+	mt_say("churned %lu", k);
+}
+
+static int level_main(int argc, char **argv)
 {
 	const char *cb = getenv("MT_LEVEL_CALLBACK");
 	if (cb && cb[0] == '1') {
@@ -66,20 +82,10 @@ int main(int argc, char **argv)
 		}
 	}
 	set_level(argc > 1 ? strtoul(argv[1], NULL, 10) : 0);
-	mt_say("ready pid=%d", (int)getpid());
-	const char *cmd;
-	while ((cmd = mt_wait()) && strcmp(cmd, "exit") != 0) {
-		if (strncmp(cmd, "set ", 4) == 0) {
-			set_level(strtoul(cmd + 4, NULL, 10));
-			mt_say("at %zu", held);
-		} else if (strcmp(cmd, "churn") == 0) {
-			unsigned long k = 0;
-			for (; k < 100000 && atomic_load(&calls) == 0; k++) {
-				void *volatile p = malloc(64 << 10);
-				free(p);
-			}
-			mt_say("churned %lu", k);
-		}
-	}
-	return 0;
+	mt_ready();
+	static const struct mt_cmd cmds[] = {
+	    {"set", cmd_set}, {"churn", cmd_churn}, {NULL, NULL}};
+	return mt_serve(cmds, 0);
 }
+
+const struct mt_sub mt_level = {"level", "[MIB]", level_main};

@@ -1,8 +1,8 @@
 /*
- * mt_fleet - one task of a simulated fleet (bench/fleet.py, the node tests):
+ * fleet - one task of a simulated fleet (bench/fleet.py, the node tests):
  * it holds heap memory following a profile, touched so the kernel charges
  * it, for a given time, doing a little CPU work on the way, then exits 0.
- *   usage: mt_fleet PROFILE PEAK_MIB SECONDS [CPU_FRACTION]
+ *   usage: mt_worker fleet PROFILE PEAK_MIB SECONDS [CPU_FRACTION]
  *   steady  the peak from the start
  *   ramp    0 to the peak over the first 40% of the time, then held
  *   spike   30% of the peak, the whole peak for 15% of the time at mid-run
@@ -49,11 +49,12 @@ static double level(const char *profile, double peak, double f)
 	return peak;
 }
 
-int main(int argc, char **argv)
+static int fleet_main(int argc, char **argv)
 {
 	if (argc < 4) {
-		fprintf(stderr, "usage: mt_fleet PROFILE PEAK_MIB SECONDS "
-		                "[CPU_FRACTION]\n");
+		fprintf(stderr,
+		        "usage: mt_worker fleet PROFILE PEAK_MIB SECONDS "
+		        "[CPU_FRACTION]\n");
 		return 2;
 	}
 	const char *profile = argv[1];
@@ -75,3 +76,6 @@ int main(int argc, char **argv)
 	set_level(0);
 	return 0;
 }
+
+const struct mt_sub mt_fleet = {
+    "fleet", "PROFILE PEAK_MIB SECONDS [CPU_FRACTION]", fleet_main};

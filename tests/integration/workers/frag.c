@@ -1,5 +1,5 @@
 /*
- * mt_frag - a worker that leaves glibc's heap full of holes: on "frag" it
+ * frag - a worker that leaves glibc's heap full of holes: on "frag" it
  * allocates MIB MiB in blocks of BLOCK bytes (touched) and frees every
  * other one, so half the heap is free memory glibc cannot give back (each free
  * block sits between two live ones); on "free" it frees the rest, and
@@ -13,7 +13,7 @@
  * allocates and frees 128 KiB 200 times (activity that flushes, and so
  * notices a server that went away) and answers "churned". First it
  * prints "ready pid=P".
- * usage: mt_frag MIB [BLOCK]
+ * usage: mt_worker frag MIB [BLOCK]
  */
 #include "mt_common.h"
 
@@ -36,46 +36,68 @@ static void report(void)
 	       mi.arena + mi.hblkhd, us);
 }
 
-int main(int argc, char **argv)
+static void **blocks;
+static size_t n, block;
+
+static void cmd_frag(const char *arg)
+{
+	(void)arg;
+	for (size_t i = 0; i < n; i++) {
+		blocks[i] = malloc(block);
+		mt_touch(blocks[i], block);
+	}
+	for (size_t i = 0; i < n; i += 2) {
+		free(blocks[i]);
+		blocks[i] = NULL;
+	}
+	mt_say("fragmented");
+}
+
+static void cmd_free(const char *arg)
+{
+	(void)arg;
+	for (size_t i = 0; i < n; i++) {
+		free(blocks[i]);
+		blocks[i] = NULL;
+	}
+	mt_say("freed");
+}
+
+static void cmd_churn(const char *arg)
+{
+	(void)arg;
+	for (int i = 0; i < 200; i++) {
+		void *volatile x = malloc(128u << 10);
+		mt_touch(x, 128u << 10);
+		free(x);
+	}
+	mt_say("churned");
+}
+
+static void cmd_report(const char *arg)
+{
+	(void)arg;
+	report();
+}
+
+static int frag_main(int argc, char **argv)
 {
 	size_t mib = argc > 1 ? strtoul(argv[1], NULL, 10) : 64;
-	size_t block = argc > 2 ? strtoul(argv[2], NULL, 10) : 256;
+	block = argc > 2 ? strtoul(argv[2], NULL, 10) : 256;
 	if (block < 16)
 		block = 16;
-	size_t n = mib * MIB / block;
-	void **blocks = calloc(n, sizeof(void *));
+	n = mib * MIB / block;
+	blocks = calloc(n, sizeof(void *));
 	if (!blocks)
 		return 1;
-	mt_say("ready pid=%d", (int)getpid());
-	const char *cmd;
-	while ((cmd = mt_wait()) && strcmp(cmd, "exit") != 0) {
-		if (strcmp(cmd, "frag") == 0) {
-			for (size_t i = 0; i < n; i++) {
-				blocks[i] = malloc(block);
-				mt_touch(blocks[i], block);
-			}
-			for (size_t i = 0; i < n; i += 2) {
-				free(blocks[i]);
-				blocks[i] = NULL;
-			}
-			mt_say("fragmented");
-		} else if (strcmp(cmd, "free") == 0) {
-			for (size_t i = 0; i < n; i++) {
-				free(blocks[i]);
-				blocks[i] = NULL;
-			}
-			mt_say("freed");
-		} else if (strcmp(cmd, "churn") == 0) {
-			for (int i = 0; i < 200; i++) {
-				void *volatile x = malloc(128u << 10);
-				mt_touch(x, 128u << 10);
-				free(x);
-			}
-			mt_say("churned");
-		} else if (strcmp(cmd, "report") == 0) {
-			report();
-		}
-	}
+	mt_ready();
+	static const struct mt_cmd cmds[] = {
+	    {"frag", cmd_frag},     {"free", cmd_free}, {"churn", cmd_churn},
+	    {"report", cmd_report}, {NULL, NULL},
+	};
+	int r = mt_serve(cmds, 0);
 	free(blocks);
-	return 0;
+	return r;
 }
+
+const struct mt_sub mt_frag = {"frag", "MIB [BLOCK]", frag_main};

@@ -1,6 +1,6 @@
 /*
- * mt_churn - THREADS threads allocate and free at random for SECONDS, then
- * free everything and exit. usage: mt_churn [THREADS] [SECONDS]
+ * churn - THREADS threads allocate and free at random for SECONDS, then
+ * free everything and exit. usage: mt_worker churn [THREADS] [SECONDS]
  */
 #include "mt_common.h"
 
@@ -29,7 +29,7 @@ static void *work(void *arg)
 		unsigned i = s % N;
 		free(live[i]);
 		size_t n = (s >> 20) % 16 ? 8 + (s >> 32) % 4096
-					  : 4096 + (s >> 32) % (256 * 1024);
+		                          : 4096 + (s >> 32) % (256 * 1024);
 		live[i] = (s >> 10) % 3 ? malloc(n) : calloc(1, n);
 	}
 	for (unsigned i = 0; i < N; i++)
@@ -37,7 +37,7 @@ static void *work(void *arg)
 	return NULL;
 }
 
-int main(int argc, char **argv)
+static int churn_main(int argc, char **argv)
 {
 	int n = argc > 1 ? atoi(argv[1]) : 4;
 	if (argc > 2)
@@ -51,3 +51,5 @@ int main(int argc, char **argv)
 		pthread_join(t[i], NULL);
 	return 0;
 }
+
+const struct mt_sub mt_churn = {"churn", "[THREADS] [SECONDS]", churn_main};

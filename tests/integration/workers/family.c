@@ -1,11 +1,11 @@
 /*
- * mt_family - allocate hundreds of MiB through every entry of the malloc
+ * family - allocate hundreds of MiB through every entry of the malloc
  * family (and jemalloc's mallocx/rallocx/dallocx/sdallocx where the
- * process has them) from several threads, free part of it at random, let the threads
- * exit (their blocks stay live), then report jemalloc's own idea of the
+ * process has them) from several threads, free part of it at random, let the
+ * threads exit (their blocks stay live), then report jemalloc's own idea of the
  * heap: stats.allocated after thread.tcache.flush and epoch.
  * Prints "allocated=N threads=T" and waits on stdin.
- * usage: mt_family [THREADS] [MIB_PER_THREAD]
+ * usage: mt_worker family [THREADS] [MIB_PER_THREAD]
  */
 #include "mt_common.h"
 
@@ -57,19 +57,29 @@ static void *family_alloc(int k, size_t n, void *old)
 {
 	void *p = NULL;
 	switch (k) {
-	case 0: return malloc(n);
-	case 1: return calloc(n / 16 + 1, 16);
-	case 2: return realloc(old, n); /* grows or moves `old` */
-	case 3: return reallocarray(NULL, n / 8 + 1, 8);
-	case 4: return posix_memalign(&p, 64, n) ? NULL : p;
-	case 5: return aligned_alloc(4096, (n + 4095) & ~(size_t)4095);
-	case 6: return memalign(256, n);
-	case 7: return valloc(n);
-	case 8: return pvalloc(n);
-	case 9: return je_mallocx ? je_mallocx(n, 0) : malloc(n);
+	case 0:
+		return malloc(n);
+	case 1:
+		return calloc(n / 16 + 1, 16);
+	case 2:
+		return realloc(old, n); /* grows or moves `old` */
+	case 3:
+		return reallocarray(NULL, n / 8 + 1, 8);
+	case 4:
+		return posix_memalign(&p, 64, n) ? NULL : p;
+	case 5:
+		return aligned_alloc(4096, (n + 4095) & ~(size_t)4095);
+	case 6:
+		return memalign(256, n);
+	case 7:
+		return valloc(n);
+	case 8:
+		return pvalloc(n);
+	case 9:
+		return je_mallocx ? je_mallocx(n, 0) : malloc(n);
 	default: /* rallocx grows or moves `old` */
 		return je_mallocx && old ? je_rallocx(old, n, 0)
-					 : realloc(old, n);
+		                         : realloc(old, n);
 	}
 }
 
@@ -84,7 +94,7 @@ static void *work(void *arg)
 		int k = (int)(rng(&seed) % 11);
 		/* Mostly small and medium blocks, some large ones. */
 		size_t n = rng(&seed) % 8 ? 16 + rng(&seed) % 8192
-					  : 65536 + rng(&seed) % (2 * MIB);
+		                          : 65536 + rng(&seed) % (2 * MIB);
 		void *old = (k == 2 || k == 10) && nkeep ? keep[--nkeep] : NULL;
 		void *p = family_alloc(k, n, old);
 		if (!p)
@@ -112,7 +122,7 @@ static void *work(void *arg)
 	return keep; /* leaked on purpose: live after the thread exits */
 }
 
-int main(int argc, char **argv)
+static int family_main(int argc, char **argv)
 {
 	int nthreads = argc > 1 ? atoi(argv[1]) : 4;
 	find_jemalloc_api();
@@ -127,8 +137,8 @@ int main(int argc, char **argv)
 		pthread_join(t[i], NULL);
 
 	int (*mallctl)(const char *, void *, size_t *, void *, size_t) =
-		(int (*)(const char *, void *, size_t *, void *,
-			 size_t))dlsym(RTLD_DEFAULT, "mallctl");
+	    (int (*)(const char *, void *, size_t *, void *, size_t))dlsym(
+	        RTLD_DEFAULT, "mallctl");
 	size_t allocated = 0, sz = sizeof(allocated);
 	uint64_t epoch = 1;
 	if (mallctl) {
@@ -138,7 +148,9 @@ int main(int argc, char **argv)
 	}
 	mt_flush();
 	mt_say("allocated=%zu threads=1 jemalloc=%d", allocated, mallctl != 0);
-	while (mt_wait())
-		;
+	mt_serve(NULL, 0);
 	return 0;
 }
+
+const struct mt_sub mt_family = {"family", "[THREADS] [MIB_PER_THREAD]",
+                                 family_main};

@@ -1,5 +1,5 @@
 /*
- * mt_wild - a buggy program: it takes a 256 KiB block (above glibc's mmap
+ * wild - a buggy program: it takes a 256 KiB block (above glibc's mmap
  * threshold, so a mapping of its own under either allocator) and, at "go",
  * writes backwards from the block's start one byte at a time, as an
  * underrunning loop would, until it faults. Without memtally it dies at
@@ -11,13 +11,13 @@
  *                  right after the block was mapped.
  *   prints "ready block=ADDR" once set up; "survived" if the writes ran
  *   the whole distance without a fault.
- * usage: mt_wild ORDER [MIB]   (how far to write, default 64)
+ * usage: mt_worker wild ORDER [MIB]   (how far to write, default 64)
  */
 #include "mt_common.h"
 
 #include <stddef.h>
 
-int main(int argc, char **argv)
+static int wild_main(int argc, char **argv)
 {
 	int first = argc > 1 && strcmp(argv[1], "first") == 0;
 	size_t mib = argc > 2 ? strtoul(argv[2], NULL, 10) : 64;
@@ -44,3 +44,5 @@ int main(int argc, char **argv)
 	mt_say("survived");
 	return 0;
 }
+
+const struct mt_sub mt_wild = {"wild", "ORDER [MIB]", wild_main};
