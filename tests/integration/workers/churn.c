@@ -5,25 +5,17 @@
 #include "mt_common.h"
 
 #include <pthread.h>
-#include <time.h>
 
 static double seconds = 2;
-
-static double now(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec + ts.tv_nsec / 1e9;
-}
 
 static void *work(void *arg)
 {
 	uint64_t s = (uintptr_t)arg * 0x9E3779B97F4A7C15ull + 7;
 	enum { N = 512 };
 	void *live[N] = {0};
-	double end = now() + seconds;
+	double end = mt_now_s() + seconds;
 	for (unsigned it = 0;; it++) {
-		if ((it & 1023) == 0 && now() > end)
+		if ((it & 1023) == 0 && mt_now_s() > end)
 			break;
 		s ^= s << 13, s ^= s >> 7, s ^= s << 17;
 		unsigned i = s % N;

@@ -15,28 +15,6 @@
 
 #include <time.h>
 
-#define MAX_MIB 8192
-
-static void *blocks[MAX_MIB];
-static size_t held;
-
-static void set_level(double mib)
-{
-	size_t want = mib < 0 ? 0 : mib > MAX_MIB ? MAX_MIB : (size_t)mib;
-	if (want == held)
-		return;
-	while (held < want) {
-		blocks[held] = malloc(MIB);
-		if (!blocks[held])
-			exit(12);
-		mt_touch(blocks[held], MIB);
-		held++;
-	}
-	while (held > want)
-		free(blocks[--held]);
-	mt_flush();
-}
-
 /* The level at fraction f of the run, in MiB. */
 static double level(const char *profile, double peak, double f)
 {
@@ -66,14 +44,14 @@ static int fleet_main(int argc, char **argv)
 		double f = (mt_now_s() - t0) / secs;
 		if (f >= 1)
 			break;
-		set_level(level(profile, peak, f));
+		mt_hold_level(level(profile, peak, f));
 		double busy_end = mt_now_s() + step * cpu;
 		while (mt_now_s() < busy_end)
 			spin++;
 		struct timespec ts = {0, (long)(step * (1 - cpu) * 1e9)};
 		nanosleep(&ts, NULL);
 	}
-	set_level(0);
+	mt_hold_level(0);
 	return 0;
 }
 

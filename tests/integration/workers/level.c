@@ -19,10 +19,6 @@
 
 #include <stdatomic.h>
 
-#define MAX_MIB 8192
-
-static void *blocks[MAX_MIB];
-static size_t held;
 static atomic_uint calls;
 
 static void on_over_limit(void *arg)
@@ -35,26 +31,10 @@ static void on_over_limit(void *arg)
 	(void)w;
 }
 
-static void set_level(size_t mib)
-{
-	if (mib > MAX_MIB)
-		mib = MAX_MIB;
-	while (held < mib) {
-		blocks[held] = malloc(MIB);
-		mt_touch(blocks[held], MIB);
-		held++;
-	}
-	while (held > mib) {
-		held--;
-		free(blocks[held]);
-		blocks[held] = NULL;
-	}
-	mt_flush();
-}
-
 static void cmd_set(const char *arg)
 {
-	set_level(strtoul(arg, NULL, 10));
+	size_t held = mt_hold_level(strtoul(arg, NULL, 10));
+	mt_flush(); /* also when the level did not move */
 	mt_say("at %zu", held);
 }
 
@@ -81,7 +61,8 @@ static int level_main(int argc, char **argv)
 			return 1;
 		}
 	}
-	set_level(argc > 1 ? strtoul(argv[1], NULL, 10) : 0);
+	mt_hold_level(argc > 1 ? strtoul(argv[1], NULL, 10) : 0);
+	mt_flush();
 	mt_ready();
 	static const struct mt_cmd cmds[] = {
 	    {"set", cmd_set}, {"churn", cmd_churn}, {NULL, NULL}};

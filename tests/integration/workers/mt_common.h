@@ -74,6 +74,11 @@ double mt_now_s(void);
 /* Touch every page so the memory is real, as a worker's would be. */
 void mt_touch(void *p, size_t n);
 
+/* Hold `mib` MiB (at most 8192) in 1 MiB blocks (exactly a jemalloc size
+ * class), touched: allocate or free the newest blocks, then flush if the
+ * level moved (exit 12 if malloc fails). Returns the MiB held. */
+size_t mt_hold_level(double mib);
+
 /* Exec this program again (same pid, a new image) as `mt_worker ARGS...`
  * (args[0]: the subcommand); returns only if execv failed. */
 void mt_exec_self(char *const args[]);

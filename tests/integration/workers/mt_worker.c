@@ -88,6 +88,31 @@ void mt_touch(void *p, size_t n)
 		((volatile char *)p)[i] = 1;
 }
 
+#define MAX_MIB 8192
+
+static void *level_blocks[MAX_MIB];
+static size_t level_held;
+
+size_t mt_hold_level(double mib)
+{
+	size_t want = mib < 0 ? 0 : mib > MAX_MIB ? MAX_MIB : (size_t)mib;
+	if (want == level_held)
+		return level_held;
+	while (level_held < want) {
+		void *p = malloc(MIB);
+		if (!p)
+			exit(12);
+		mt_touch(p, MIB);
+		level_blocks[level_held++] = p;
+	}
+	while (level_held > want) {
+		free(level_blocks[--level_held]);
+		level_blocks[level_held] = NULL;
+	}
+	mt_flush();
+	return level_held;
+}
+
 void mt_exec_self(char *const args[])
 {
 	char *argv[16] = {prog};

@@ -15,30 +15,12 @@
 
 #include <time.h>
 
-#define MAX_MIB 8192
-
-static void *blocks[MAX_MIB];
-static size_t held;
+static size_t held; /* MiB */
 
 static void nap_ms(long ms)
 {
 	struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
 	nanosleep(&ts, NULL);
-}
-
-static void set_level(double mib)
-{
-	size_t want = mib < 0 ? 0 : mib > MAX_MIB ? MAX_MIB : (size_t)mib;
-	if (want == held)
-		return;
-	while (held < want) {
-		blocks[held] = malloc(MIB);
-		mt_touch(blocks[held], MIB);
-		held++;
-	}
-	while (held > want)
-		free(blocks[--held]);
-	mt_flush();
 }
 
 static void cmd_ramp(const char *arg)
@@ -49,10 +31,10 @@ static void cmd_ramp(const char *arg)
 		return;
 	}
 	while ((t = mt_now_s() - t0) < s) {
-		set_level(base + r * t + 0.5);
+		held = mt_hold_level(base + r * t + 0.5);
 		nap_ms(5);
 	}
-	set_level(base + r * s + 0.5);
+	held = mt_hold_level(base + r * s + 0.5);
 	mt_say("ramped %zu", held);
 }
 
@@ -65,16 +47,16 @@ static void cmd_noise(const char *arg)
 	}
 	while (mt_now_s() - t0 < s) {
 		double u = (double)rand() / RAND_MAX * 2 - 1;
-		set_level(base + u * a + 0.5);
+		held = mt_hold_level(base + u * a + 0.5);
 		nap_ms(100);
 	}
-	set_level(base + 0.5);
+	held = mt_hold_level(base + 0.5);
 	mt_say("noised");
 }
 
 static int ramp_main(int argc, char **argv)
 {
-	set_level(argc > 1 ? strtod(argv[1], NULL) : 0);
+	held = mt_hold_level(argc > 1 ? strtod(argv[1], NULL) : 0);
 	mt_flush();
 	mt_ready();
 	srand((unsigned)getpid());
