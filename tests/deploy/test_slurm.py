@@ -314,7 +314,11 @@ timeout = 20s
             cluster.cmd("scontrol", "update", f"nodename={cluster.node}",
                         "state=drain", f"reason={admin}")
             back = 'msg="hook finished" scope="fleet" state=ok previous=over'
-            backs = log.count(back)
+            # The first over -> ok hook resumed the node before memtallyd
+            # logged that it finished: wait for that line before counting.
+            backs = wait_for("the first over -> ok hook finished", lambda: (
+                lambda n: n if n >= 1 else None)(s.logtext().count(back)),
+                timeout=30)
             hog.send("more 80")
             check(hog.readline().startswith("ready"), "hog not ready")
             wait_for("fleet over", lambda: s.status()["fleet"]["state"] == "over")
