@@ -51,13 +51,24 @@ static bool free_take_turn(const struct mtc_attachment *a,
 	return true;
 }
 
-bool mtc_free_due(struct mtc_free_sample *fs, bool interval)
+/* The attachment to sample for, now (*now), or NULL when sampling is off
+ * or the last sample's cost says not yet (free_min_ns). */
+static const struct mtc_attachment *free_ready(uint64_t *now)
 {
 	const struct mtc_attachment *a = cur_att();
 	if (!a || mtc_proc.free_off)
-		return false;
-	uint64_t now = mt_mono_ns();
-	if (now < mtshm_load_relaxed64(&mtc_proc.free_min_ns))
+		return NULL;
+	*now = mt_mono_ns();
+	if (*now < mtshm_load_relaxed64(&mtc_proc.free_min_ns))
+		return NULL;
+	return a;
+}
+
+bool mtc_free_due(struct mtc_free_sample *fs, bool interval)
+{
+	uint64_t now;
+	const struct mtc_attachment *a = free_ready(&now);
+	if (!a)
 		return false;
 	bool first = !mtshm_load_relaxed64(&mtc_proc.free_last_ns);
 	if (first && !interval)
@@ -91,11 +102,9 @@ bool mtc_free_due(struct mtc_free_sample *fs, bool interval)
 bool mtc_free_refresh_due(struct mtc_free_sample *fs, uint64_t stale_ns,
                           bool busy)
 {
-	const struct mtc_attachment *a = cur_att();
-	if (!a || mtc_proc.free_off)
-		return false;
-	uint64_t now = mt_mono_ns();
-	if (now < mtshm_load_relaxed64(&mtc_proc.free_min_ns))
+	uint64_t now;
+	const struct mtc_attachment *a = free_ready(&now);
+	if (!a)
 		return false;
 	uint64_t last = mtshm_load_relaxed64(&mtc_proc.free_last_ns);
 	if (last && (!stale_ns || now - last < stale_ns)) {

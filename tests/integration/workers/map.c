@@ -45,6 +45,7 @@
 #include "mt_common.h"
 
 #include <signal.h>
+#include <stdbool.h>
 #include <sys/mman.h>
 
 static char *resv;
@@ -67,19 +68,28 @@ static int one(const char *arg, unsigned long *n)
 	return 0;
 }
 
-static void cmd_map(const char *arg)
+/* The region: N MiB private anonymous read-write, untouched; false (and
+ * the error said) when it cannot be made. */
+static bool map_region(const char *arg)
 {
 	unsigned long n;
 	if (!one(arg, &n))
-		return;
+		return false;
 	char *p = mmap(NULL, n * MIB, PROT_READ | PROT_WRITE,
 	               MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (p == MAP_FAILED) {
 		mt_say("error mmap");
-		return;
+		return false;
 	}
 	mt_region = p;
 	mt_region_len = n * MIB;
+	return true;
+}
+
+static void cmd_map(const char *arg)
+{
+	if (!map_region(arg))
+		return;
 	mt_touch(mt_region, mt_region_len);
 	mt_say("ok mapped %p", (void *)mt_region);
 }
@@ -266,18 +276,8 @@ static void cmd_unmap(const char *arg)
 
 static void cmd_map_lazy(const char *arg)
 {
-	unsigned long n;
-	if (!one(arg, &n))
-		return;
-	char *p = mmap(NULL, n * MIB, PROT_READ | PROT_WRITE,
-	               MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	if (p == MAP_FAILED) {
-		mt_say("error mmap");
-		return;
-	}
-	mt_region = p;
-	mt_region_len = n * MIB;
-	mt_say("ok mapped %p", (void *)mt_region);
+	if (map_region(arg))
+		mt_say("ok mapped %p", (void *)mt_region);
 }
 
 static void cmd_read(const char *arg)
