@@ -188,15 +188,7 @@ static void group_store(const char *g, bool only_if_empty)
 {
 	uint64_t w[MTC_GROUP_MAX / 8] = {0};
 	memcpy(w, g, strlen(g)); /* callers checked the length */
-	uint32_t seq;
-	for (;;) {
-		seq = __atomic_load_n(&mtc_proc.group_seq, __ATOMIC_RELAXED);
-		if (!(seq & 1) && __atomic_compare_exchange_n(
-		                      &mtc_proc.group_seq, &seq, seq + 1, 0,
-		                      __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
-			break;
-		sched_yield();
-	}
+	uint32_t seq = mtc_seq_write_begin(&mtc_proc.group_seq);
 	bool keep = only_if_empty && __atomic_load_n(&mtc_proc.group_w[0],
 	                                             __ATOMIC_RELAXED) != 0;
 	for (size_t i = 0; !keep && i < MTC_GROUP_MAX / 8; i++)

@@ -9,6 +9,7 @@
 #define MEMTALLY_CORE_H
 
 #include <pthread.h>
+#include <sched.h>
 #include <sys/types.h>
 #include <sys/un.h>
 
@@ -96,6 +97,23 @@ extern struct mtc_process mtc_proc MTC_HIDDEN;
  * above (publish.h). */
 #define GATE_FLAGS    UINT64_C(0xffffffff)
 #define GATE_EPOCH(e) ((uint64_t)(uint32_t)(e) << 32)
+
+/* A seqlock's writer (cb_seq, group_seq): waits for an even sequence and
+ * makes it odd, which makes writers exclusive; returns the even value.
+ * Writers are rare and off the allocator path, so they spin. The writer
+ * ends with a release store of the returned value + 2. */
+static inline uint32_t mtc_seq_write_begin(uint32_t *seq_p)
+{
+	uint32_t seq;
+	for (;;) {
+		seq = __atomic_load_n(seq_p, __ATOMIC_RELAXED);
+		if (!(seq & 1) && __atomic_compare_exchange_n(
+		                      seq_p, &seq, seq + 1, 0, __ATOMIC_ACQUIRE,
+		                      __ATOMIC_RELAXED))
+			return seq;
+		sched_yield();
+	}
+}
 
 static inline const struct mtc_attachment *cur_att(void)
 {

@@ -172,17 +172,7 @@ void mtc_over_handoff(struct mtc_thread *th)
 
 int memtally_on_over_limit(void (*cb)(void *arg), void *arg)
 {
-	/* Writers are rare and not on the allocator path: spin for the odd
-	 * sequence, which makes them exclusive. */
-	uint32_t seq;
-	for (;;) {
-		seq = __atomic_load_n(&mtc_proc.cb_seq, __ATOMIC_RELAXED);
-		if (!(seq & 1) && __atomic_compare_exchange_n(
-		                      &mtc_proc.cb_seq, &seq, seq + 1, 0,
-		                      __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
-			break;
-		sched_yield();
-	}
+	uint32_t seq = mtc_seq_write_begin(&mtc_proc.cb_seq);
 	/* Release: a reader that sees a new value sees the odd sequence. */
 	__atomic_store_n(&mtc_proc.cb_fn, (uint64_t)(uintptr_t)cb,
 	                 __ATOMIC_RELEASE);
