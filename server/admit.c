@@ -347,6 +347,20 @@ static bool resv_matched_live(struct mts_task *t, const struct mts_resv *r)
 	return o && o->live;
 }
 
+/* Has `r`'s task started: a worker of its task took it over, or it runs
+ * inside its asker (hosted) from the grant on? */
+static bool running(const struct mts_resv *r)
+{
+	return r->taken_over || r->hosted;
+}
+
+/* What a hosted task uses now and the reservation no longer needs to set
+ * aside; 0 once workers of its own took it over (their figures count). */
+static uint64_t hosted_use(const struct mts_resv *r)
+{
+	return r->hosted && !r->taken_over ? r->use : 0;
+}
+
 /* ---- what reservations count ----------------------------------------------
  *
  * The sums are kept up to date as reservations come and go, not recomputed
@@ -394,6 +408,8 @@ static void task_alloc(struct mts_registry *reg, struct mts_task *t,
 		t->shares[i].left = t->shares[i].measured;
 	for (struct mts_resv *r = t->resv; r; r = r->tnext) {
 		uint64_t want = r->want;
+		uint64_t h = hosted_use(r);
+		want -= h < want ? h : want;
 		if (r->has_owner) {
 			struct mts_task_share *o = share_find(t, r->uid);
 			if (o)
@@ -446,8 +462,10 @@ void mts_resv_sums(struct mts_registry *reg)
 	unsigned __int128 total = 0;
 	for (uint32_t i = 0; i < reg->adm->nresv; i++) {
 		struct mts_resv *r = reg->adm->resv[i];
-		if (!r->task)
-			r->effective = r->want;
+		if (!r->task) {
+			uint64_t h = hosted_use(r);
+			r->effective = r->want - (h < r->want ? h : r->want);
+		}
 		reg->groups[r->group].reserved_sum += r->effective;
 		total += r->effective;
 	}
@@ -615,7 +633,8 @@ static void task_seen(struct mts_registry *reg, struct mts_task *t)
 static uint64_t resv_deadline(const struct mts_registry *reg,
                               const struct mts_resv *r)
 {
-	uint32_t s = r->taken_over ? reg->policy.max_ttl_s : r->ttl_s;
+	uint32_t s =
+	    r->taken_over || r->hosted ? reg->policy.max_ttl_s : r->ttl_s;
 	return r->created_mono_ns + (uint64_t)s * 1000000000u;
 }
 
@@ -675,7 +694,7 @@ static void run_of(const struct mts_resv *r, bool evicted,
 	out->peak = r->peak;
 	out->evicted = evicted ? 1u : 0u;
 	uint64_t dur = run_age_ms(r, mts_now_monotonic());
-	if (!r->taken_over || !r->peak || !dur)
+	if (!running(r) || !r->peak || !dur)
 		return;
 	out->dur_ms = dur > UINT32_MAX ? UINT32_MAX : (uint32_t)dur;
 	for (uint32_t j = 0; j < MTS_KIND_STEPS; j++) {
@@ -704,7 +723,7 @@ static uint64_t run_want(const struct mts_resv *r, uint64_t now_ns)
 {
 	if (!r->profiled)
 		return r->bytes;
-	if (!r->taken_over)
+	if (!running(r))
 		return r->prof.mean[0];
 	uint64_t step = run_age_ms(r, now_ns) * MTS_KIND_STEPS / r->prof.dur_ms;
 	return step < MTS_KIND_STEPS ? r->prof.mean[step] : r->bytes;
@@ -823,13 +842,15 @@ static void resv_remove(struct mts_registry *reg, struct mts_resv *r,
 	resv_count(reg, r, 0);
 	if (r->profiled)
 		reg->adm->nprofiled--;
+	if (r->hosted)
+		reg->adm->nhosted--;
 	heap_remove(reg, r);
 	ids_remove(reg, r);
 	if (r->kind) {
 		/* A task that ran (a worker took the reservation over) is a
 		 * run of its kind, however it ended; one whose workers never
 		 * came taught nothing. */
-		if (r->taken_over && !r->evicted && r->peak) {
+		if (running(r) && !r->evicted && r->peak) {
 			struct mts_kind_run run;
 			run_of(r, false, &run);
 			mts_kind_note_run(reg, r->kind->name, r->kind->uid,
@@ -923,7 +944,8 @@ static uint64_t resv_vouched(struct mts_task *t, const struct mts_resv *r)
 static void task_peaks(struct mts_task *t, uint64_t now_ns)
 {
 	for (struct mts_resv *r = t->resv; r; r = r->tnext) {
-		if (!r->kind)
+		/* A hosted task's use is its asker's growth (hosted_tick). */
+		if (!r->kind || (r->hosted && !r->taken_over))
 			continue;
 		uint64_t v = resv_vouched(t, r);
 		r->use = v;
@@ -985,6 +1007,134 @@ static void task_settle(struct mts_registry *reg, struct mts_task *t)
 	task_recount(reg, t);
 }
 
+/* ---- tasks run inside their asker ------------------------------------------
+ *
+ * A Dask or Celery worker runs most tasks as functions in its own process,
+ * so no worker of the task's own ever registers. Such a task is admitted
+ * with Admit.in_process: the asking process is its host, and what the
+ * host grows by from the grant on is the task's use, which its
+ * reservation stops counting (the host's figure counts it) and which its
+ * kind learns from. A host runs several tasks at once on its threads:
+ * with Admit.thread, a task's use is what that thread's lane grew by
+ * (the lane is the thread's running total of what it allocated less what
+ * it freed), never more than the host's vouched growth. The lane is the
+ * worker's own claim, so it can only make the task smaller than the
+ * kernel allows, and kinds are per uid: a liar shrinks only its own
+ * kinds. Memory a runtime maps for itself (pymalloc's arenas) is counted
+ * per process, not per thread, so with a thread it is left out of the
+ * task's use; a host running one task at a time gives no thread and has
+ * it all. What the host held before the task, and tasks that ended
+ * before it began, are not the task's. When the host exits the task went
+ * with it: its reservation ends at once.
+ */
+
+/* The host's figure as others may count it (vouch.c: an untrusted
+ * process's claims only as far as the kernel vouches). */
+static uint64_t host_vouched(const struct mts_registry *reg,
+                             const struct mts_proc *p)
+{
+	uint64_t c = p->bytes > p->unvouched ? p->bytes - p->unvouched : 0;
+	return mts_measured(reg, c, p->rss);
+}
+
+/* The running total of thread `tid`'s lane in `p`'s slot. No lane is the
+ * thread's when it never published (a thread claims a lane at its first
+ * flush, so its total is 0), or when every lane was taken: then it
+ * publishes into the slot's shared overflow and *full says its total is
+ * not known. */
+static int64_t host_lane(const struct mts_registry *reg,
+                         const struct mts_proc *p, uint32_t tid, bool *full)
+{
+	struct mtshm_slot_id *s = mts_slot(reg, p->slot);
+	*full = false;
+	if (!s)
+		return 0;
+	uint32_t n = mtshm_load_relaxed32(&s->lanes_used);
+	if (n > reg->layout.lane_count)
+		n = reg->layout.lane_count;
+	for (uint32_t k = 0; k < n; k++) {
+		struct mtshm_lane *l = mtshm_lane(s, k);
+		if (mtshm_load_relaxed32(&l->owner) == tid)
+			return mtshm_load_relaxeds64(&l->bytes);
+	}
+	*full = n >= reg->layout.lane_count;
+	return 0;
+}
+
+/* Make `r` a task run inside the asking process, if that is a registered
+ * worker of the peer's own uid on the Unix socket (a TCP peer has no
+ * pid, and a peer cannot name another process). */
+static bool hosted_start(struct mts_registry *reg, struct mts_resv *r,
+                         const struct mts_peer *peer, uint32_t tid)
+{
+	if (!peer->has_cred || peer->tcp || !peer->pid)
+		return false;
+	struct mts_proc *p = mts_find_pid(reg, peer->pid);
+	if (!p || p->uid != peer->uid)
+		return false;
+	r->hosted = true;
+	r->host_pid = p->pid;
+	r->host_gen = p->slot_gen;
+	r->host_tid = tid;
+	r->host_base = host_vouched(reg, p);
+	bool full;
+	r->lane_base = tid ? host_lane(reg, p, tid, &full) : 0;
+	reg->adm->nhosted++;
+	if (!r->taken_over)
+		run_start(r);
+	r->expires_ns = resv_deadline(reg, r);
+	heap_fix(reg, r->heap_index);
+	return true;
+}
+
+/* Each tick: every hosted task's use from its host's growth, what its
+ * reservation sets aside and counts, its peak and its run's shape; a
+ * reservation whose host exited ends. */
+static void hosted_tick(struct mts_registry *reg, uint64_t now_ns)
+{
+	for (uint32_t i = reg->adm->nresv; i-- > 0;) {
+		if (i >= reg->adm->nresv)
+			continue;
+		struct mts_resv *r = reg->adm->resv[i];
+		if (!r->hosted || r->taken_over)
+			continue;
+		struct mts_proc *p = mts_find_pid(reg, r->host_pid);
+		if (!p || p->slot_gen != r->host_gen) {
+			mts_log_uid(resv_key(r), MTS_LOG_INFO,
+			            "reservation ended: the process running "
+			            "its task exited",
+			            "reservation=%s pid=%u bytes=%llu "
+			            "owner_uid=%u",
+			            r->id, r->host_pid,
+			            (unsigned long long)r->bytes, r->uid);
+			reg->adm->stats.fulfilled++;
+			resv_remove(reg, r, true);
+			continue;
+		}
+		uint64_t v = host_vouched(reg, p);
+		uint64_t use = v > r->host_base ? v - r->host_base : 0;
+		if (r->host_tid) {
+			bool full;
+			int64_t l = host_lane(reg, p, r->host_tid, &full);
+			int64_t grew = l > r->lane_base ? l - r->lane_base : 0;
+			if (!full && (uint64_t)grew < use)
+				use = (uint64_t)grew;
+		}
+		r->use = use;
+		if (use > r->peak)
+			r->peak = use;
+		run_sample(r, now_ns, use);
+		r->want = run_want(r, now_ns);
+		if (r->task) {
+			task_recount(reg, r->task);
+		} else {
+			uint64_t h = hosted_use(r);
+			resv_count(reg, r,
+			           r->want - (h < r->want ? h : r->want));
+		}
+	}
+}
+
 void mts_resv_tick(struct mts_registry *reg, uint64_t now_ns)
 {
 	/* Only tasks a worker has registered with have figures: a task no
@@ -1035,6 +1185,8 @@ void mts_resv_tick(struct mts_registry *reg, uint64_t now_ns)
 				task_settle(reg, t);
 		}
 	}
+	if (reg->adm->nhosted)
+		hosted_tick(reg, now_ns);
 
 	/* Every reservation is in the heap, by its deadline (resv_deadline):
 	 * its top is the next due. */
@@ -1208,7 +1360,7 @@ static uint64_t held_now(const struct mts_resv *r)
 static bool projected(const struct mts_resv *r, uint32_t gi, uint64_t now_ns)
 {
 	return r->profiled && (gi == UINT32_MAX || r->group == gi) &&
-	       (!r->taken_over || run_age_ms(r, now_ns) < r->prof.dur_ms);
+	       (!running(r) || run_age_ms(r, now_ns) < r->prof.dur_ms);
 }
 
 /*
@@ -1239,7 +1391,7 @@ static uint64_t project_need(const struct mts_registry *reg, uint32_t gi,
 		const struct mts_resv *r = reg->adm->resv[i];
 		if (!projected(r, gi, now))
 			continue;
-		uint64_t age = r->taken_over ? run_age_ms(r, now) : 0;
+		uint64_t age = running(r) ? run_age_ms(r, now) : 0;
 		if (r->prof.dur_ms - age > h)
 			h = r->prof.dur_ms - age;
 	}
@@ -1278,7 +1430,7 @@ static uint64_t project_need(const struct mts_registry *reg, uint32_t gi,
 			const struct mts_resv *r = reg->adm->resv[i];
 			if (!projected(r, gi, now))
 				continue;
-			uint64_t age = r->taken_over ? run_age_ms(r, now) : 0;
+			uint64_t age = running(r) ? run_age_ms(r, now) : 0;
 			double q =
 			    (double)step_max(r->prof.bytes, r->prof.dur_ms,
 			                     age + lo, age + hi, &ended);
@@ -1730,6 +1882,8 @@ static int resv_grant(struct mts_registry *reg, const struct mts_peer *peer,
 	if (ttl > pol->max_ttl_s)
 		ttl = pol->max_ttl_s;
 	resv_link(reg, r, gi, bytes, ttl);
+	out->hosted =
+	    req->in_process && hosted_start(reg, r, peer, req->thread);
 
 	reg->adm->stats.admissions++;
 	out->ttl_s = ttl;
@@ -1737,14 +1891,14 @@ static int resv_grant(struct mts_registry *reg, const struct mts_peer *peer,
 	mts_log_uid(
 	    mts_peer_log_uid(peer), MTS_LOG_INFO, "admission granted",
 	    "reservation=%s bytes=%llu declared=%llu kind=%s "
-	    "sized_by=%s group=%s task=%s ttl_s=%u "
+	    "sized_by=%s group=%s task=%s ttl_s=%u in_process=%s "
 	    "fleet_measured=%llu fleet_reserved=%llu fleet_limit=%llu "
 	    "measure=%s %s",
 	    r->id, (unsigned long long)r->bytes,
 	    (unsigned long long)r->declared, mts_logq(qk, sizeof(qk), kind),
 	    mts_logq(qs, sizeof(qs), out->sized_by),
 	    mts_logq(qg, sizeof(qg), group), mts_logq(qt, sizeof(qt), task),
-	    ttl, (unsigned long long)out->measured,
+	    ttl, out->hosted ? "yes" : "no", (unsigned long long)out->measured,
 	    (unsigned long long)reg->totals.reserved,
 	    (unsigned long long)reg->totals.limit,
 	    mts_measure_name(pol->measure),

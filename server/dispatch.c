@@ -554,6 +554,8 @@ static int do_admit(struct mts_registry *reg, const struct mts_peer *peer,
 	    .task = q->task,
 	    .ttl_s = q->ttl_seconds,
 	    .kind = q->kind,
+	    .in_process = q->in_process,
+	    .thread = q->thread,
 	};
 	struct mts_admit_out res;
 	char msg[160];
@@ -602,6 +604,7 @@ static int do_admit(struct mts_registry *reg, const struct mts_peer *peer,
 	if (res.admitted) {
 		ar_pb.reservation = res.id;
 		ar_pb.ttl_seconds = res.ttl_s;
+		ar_pb.in_process = res.hosted;
 	} else {
 		ar_pb.reason = res.why;
 		ar_pb.limit_scope = res.scope;

@@ -71,6 +71,7 @@ struct mts_admission {
 	uint32_t resv_nheap;         /* capacity: resv_cap */
 	unsigned __int128 resv_sum;  /* exact sum behind totals.reserved */
 	uint32_t nprofiled;          /* of them, following a profile */
+	uint32_t nhosted;            /* of them, run inside their asker */
 	/* Requests denied and asking again (admit.c: the queue). */
 	struct mts_waiter waiters[MTS_WAITERS];
 	uint32_t nwaiters;
@@ -131,6 +132,17 @@ struct mts_resv {
 	uint64_t started_mono_ns;
 	uint32_t slot_ms;
 	uint64_t slots[MTS_RESV_SLOTS];
+	/* A task run inside the asking process (Admit.in_process): `host`
+	 * is that process, known by pid and slot generation (it may exit
+	 * before the reservation ends). Its use is the host's vouched growth
+	 * since `host_base`, or, with a `host_tid`, no more than that
+	 * thread's lane grew since `lane_base` (admit.c, hosted_tick). */
+	bool hosted;
+	uint32_t host_pid;
+	uint32_t host_tid;
+	uint64_t host_gen;
+	uint64_t host_base;
+	int64_t lane_base;
 };
 
 /* What one kind of a task's workers use (admit.c): [0] admins' workers,
@@ -171,6 +183,8 @@ struct mts_admit_req {
 	uint32_t ttl_s;    /* 0 = policy default */
 	const char *kind;  /* "" or NULL = none; with a kind, bytes may be
 	                      0 (the kind's learned size is reserved) */
+	bool in_process;   /* the task runs inside the asking process */
+	uint32_t thread;   /* with in_process: its tid; 0 = the process */
 };
 
 struct mts_admit_out {
@@ -193,6 +207,7 @@ struct mts_admit_out {
 	uint64_t declared;  /* what the Admit declared, 0 = nothing */
 	char sized_by[320]; /* why `reserve`: "212 MiB: p95 of 37 runs of
 	                       kind xz + 10%", "declared" */
+	bool hosted;        /* granted in_process: the asker's growth counts */
 };
 
 /* Decide an Admit; a grant creates a reservation. Logs the decision and

@@ -22,16 +22,19 @@ operator can install the same plugin on every worker it starts, whoever
 the client: `dask worker --preload memtally.dask SCHEDULER`.
 
 - Admitted: the task runs under the reservation, released when it returns
-  (or by its TTL if the worker dies). The reservation's task name is the
-  Dask key, so processes the task starts with MEMTALLY_TASK=<key> under the
-  preload are counted against it (and teach its kind its size). A task
-  that holds its memory in the worker process itself shows as the
-  worker's growth: when memtallyd counts the worker (it runs under the
-  preload), the reservation falls by the worker's growth since the task
-  began, asked every `interval` seconds, so that memory is not counted
-  twice (see _Gate._reconcile).
-- Denied: the task goes back to the scheduler (Dask's reschedule, as for a
-  task raising distributed.Reschedule: its body never ran), and the worker
+  (or when its worker exits). It is asked for in the executor thread that
+  runs the task, as a task run inside this process on this thread: when
+  memtallyd counts the worker (it runs under the preload), what that
+  thread allocates from then on, within what the worker grows by, is the
+  task's use. The reservation sets aside only what the task has not used
+  yet, so nothing is counted twice, and the task's kind learns what it
+  really held, whatever else the worker's other threads run. The
+  reservation's task name is the Dask key, so processes the task starts
+  with MEMTALLY_TASK=<key> under the preload are counted against it
+  instead (and teach its kind). Tasks on an executor that is not a thread
+  pool (a process pool, an async task) run without admission.
+- Denied: the task goes back to the scheduler (it raises
+  distributed.Reschedule before its body runs), and the worker
   pauses itself for `pause` seconds (default 2) so that the scheduler
   places that task, and the next ones, on other workers.
 - Never admissible: denied by a limit smaller than the task's size (the
@@ -77,6 +80,7 @@ Dask's own lines.
 import asyncio
 import logging
 import os
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -140,21 +144,6 @@ def _never_fits(r):
             f"{human(r.limit)},")
 
 
-class _Hold:
-    """An admitted task's reservation while it runs: `granted` as
-    memtallyd sized it, `bytes` what the reservation `reservation` (None:
-    none left) holds now, `base` the worker's figure when the task began
-    (None: memtallyd counts nothing for the worker) and `grown` the most
-    it has grown since."""
-
-    def __init__(self, reservation, granted, task, group, ttl):
-        self.reservation = reservation
-        self.granted = self.bytes = granted
-        self.task, self.group, self.ttl = task, group, ttl
-        self.base = None
-        self.grown = 0
-
-
 class Admission(WorkerPlugin):
     """Worker plugin: admit annotated tasks on the worker's memtallyd and
     keep the worker paused while its node is over budget."""
@@ -189,11 +178,33 @@ class Admission(WorkerPlugin):
             self._gate = None
 
 
+class _AdmittingThreadPoolExecutor:
+    """A worker's thread pool whose tasks are admitted in the thread that
+    runs them (see _Gate.admitted). Dask runs a task on an executor whose
+    type's name says ThreadPoolExecutor through `apply_function`, with
+    the task's function first and its key fifth; everything else is the
+    wrapped pool's."""
+
+    def __init__(self, inner, gate):
+        self._inner = inner
+        self._gate = gate
+
+    def submit(self, fn, *args, **kwargs):
+        from distributed.worker import apply_function
+        if fn is apply_function and len(args) >= 5:
+            args = (self._gate.admitted(args[0], args[4]),) + args[1:]
+        return self._inner.submit(fn, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
 class _Gate:
-    """One worker's admission and pause state. Everything but the
-    memtallyd requests runs on the worker's event loop; those run on a
-    small thread pool of its own, so a slow memtallyd (bounded by the
-    timeout) never stalls the loop."""
+    """One worker's admission and pause state. Tasks are admitted in the
+    executor thread that runs them; the pause and the fleet's state live
+    on the worker's event loop, and its memtallyd requests run on a small
+    thread pool of its own, so a slow memtallyd (bounded by the timeout)
+    never stalls the loop."""
 
     def __init__(self, worker, sock, interval, pause, timeout, kinds):
         self.worker = worker
@@ -203,26 +214,30 @@ class _Gate:
         self.pause = pause
         self.timeout = timeout
         self.pool = ThreadPoolExecutor(2, thread_name_prefix="memtally")
+        self.loop = None
         self.over = False           # memtallyd's fleet state, last asked
         self.denied_until = 0.0     # paused after a denial until then
         self.holding = False        # memtally keeps the worker paused
         self.watcher = None
-        self.orig_execute = None
+        self.orig_executors = {}
         self.orig_pause_check = None
 
     # -- install / remove -------------------------------------------------
     def start(self):
         w = self.worker
-        # Worker.execute is the one place every task passes through on
-        # its way to the executor, with its key; an instance attribute
-        # shadows the method for this worker only.
-        self.orig_execute = w.execute
-        w.execute = self.execute
+        self.loop = asyncio.get_running_loop()
+        # Every task passes through its executor's submit with its key.
+        # Admitting it there, in the thread that will run it, tells
+        # memtallyd which thread's allocations are the task's.
+        for name, e in list(w.executors.items()):
+            if "ThreadPoolExecutor" in str(type(e)):
+                self.orig_executors[name] = e
+                w.executors[name] = _AdmittingThreadPoolExecutor(e, self)
         mm = getattr(w, "memory_manager", None)
         if mm is not None and hasattr(mm, "_maybe_pause_or_unpause"):
             self.orig_pause_check = mm._maybe_pause_or_unpause
             mm._maybe_pause_or_unpause = self._dask_pause_check
-        self.watcher = asyncio.get_running_loop().create_task(self._watch())
+        self.watcher = self.loop.create_task(self._watch())
         log.info("memtally: admitting %s on %s",
                  "tasks" if self.kinds else "annotated tasks", self.sock)
 
@@ -230,14 +245,16 @@ class _Gate:
         w = self.worker
         if self.watcher is not None:
             self.watcher.cancel()
-        if w.__dict__.get("execute") == self.execute:
-            del w.execute
+        for name, e in self.orig_executors.items():
+            if isinstance(w.executors.get(name),
+                          _AdmittingThreadPoolExecutor):
+                w.executors[name] = e
         if self.orig_pause_check is not None:
             del w.memory_manager._maybe_pause_or_unpause
         self._release_pause()
         self.pool.shutdown(wait=False)
 
-    # -- memtallyd requests (pool threads) --------------------------------
+    # -- memtallyd requests -----------------------------------------------
     def _client(self):
         return Client(self.sock, timeout=self.timeout)
 
@@ -247,12 +264,12 @@ class _Gate:
             log.warning("memtally: memtallyd at %s not reachable (%s); "
                         "running tasks without admission", self.sock, err)
 
-    def _admit(self, nbytes, group, task, ttl, kind=""):
+    def _admit(self, nbytes, group, task, ttl, kind, thread):
         """The AdmitResult, or None when memtallyd cannot be asked."""
         try:
             with self._client() as c:
                 r = c.admit(nbytes, group=group, task=task, ttl_seconds=ttl,
-                            kind=kind)
+                            kind=kind, in_process=True, thread=thread)
         except (OSError, MemtallyError) as e:
             self._failed(e)
             return None
@@ -264,7 +281,7 @@ class _Gate:
             with self._client() as c:
                 c.release(reservation)
         except (OSError, MemtallyError) as e:
-            # Its TTL ends it (or the task's own processes already did).
+            # Its TTL ends it, or its worker's exit.
             log.debug("memtally: releasing %s: %s", reservation, e)
 
     def _fleet_over(self):
@@ -277,73 +294,7 @@ class _Gate:
         _failing_open.discard(self.sock)
         return over
 
-    def _own_bytes(self):
-        """What memtallyd counts for this worker process (per its
-        `measure`), or None when it counts nothing: the worker does not
-        run under memtally's preload, or memtallyd cannot be asked."""
-        try:
-            with self._client() as c:
-                u = c.usage(pid=os.getpid())
-        except (OSError, MemtallyError):
-            return None
-        p = u.process
-        if not p.pid:
-            return None
-        if u.measure == "rss":
-            return p.rss_bytes
-        if u.measure == "max":
-            return max(p.bytes, p.rss_bytes)
-        return p.bytes
-
-    def _reconcile(self, hold):
-        """Set the task's reservation to what it has not used yet: what
-        memtallyd granted less the worker's growth since the task began
-        (its largest so far). The worker's own figure already counts that
-        growth; the reservation counting it too would count it twice.
-        A worker with several threads runs several tasks in one process:
-        each task's reservation then also falls by its neighbours' growth
-        since it began, which can leave less reserved than the tasks will
-        still use (never more counted than the node holds)."""
-        now = self._own_bytes()
-        if now is None:
-            return
-        hold.grown = max(hold.grown, now - hold.base)
-        want = max(0, hold.granted - hold.grown)
-        # Shrink only, and in steps worth a request: a reservation that
-        # grew back would need an admission the node may no longer have.
-        if want >= hold.bytes or (
-                want and hold.bytes - want < max(1 << 20, hold.bytes // 8)):
-            return
-        # Memtallyd has no request that resizes a reservation: this one
-        # is released and the rest taken again. Between the two another
-        # admission may take the room; then the task runs on what its
-        # worker is measured to hold, which memtallyd counts anyway.
-        self._release(hold.reservation)
-        hold.reservation, hold.bytes = None, 0
-        if want:
-            r = self._admit(want, hold.group, hold.task, hold.ttl)
-            if r is not None and r.admitted:
-                hold.reservation, hold.bytes = r.reservation, want
-        log.debug("memtally: task %s: worker grew %d bytes; reserved %d of "
-                  "%d", hold.task, hold.grown, hold.bytes, hold.granted)
-
-    async def _follow(self, hold, stop):
-        while not stop.is_set():
-            try:
-                await asyncio.wait_for(stop.wait(), self.interval)
-            except asyncio.TimeoutError:
-                pass
-            if not stop.is_set():
-                await self._ask(self._reconcile, hold)
-
-    # -- the worker side (event loop) -------------------------------------
-    async def _ask(self, fn, *args):
-        try:
-            return await asyncio.get_running_loop().run_in_executor(
-                self.pool, fn, *args)
-        except RuntimeError:    # the plugin was removed meanwhile
-            return None
-
+    # -- the task's thread ------------------------------------------------
     def _request(self, key):
         """What to ask memtallyd for the task `key`: (bytes, group, ttl,
         kind), or None to run it without admission."""
@@ -366,58 +317,65 @@ class _Gate:
             return None     # memtally_bytes=0: this task is not admitted
         return nbytes, group, ttl, kind
 
-    async def execute(self, key, *, stimulus_id):
-        req = self._request(key)
-        if req is None:
-            return await self.orig_execute(key, stimulus_id=stimulus_id)
-        nbytes, group, ttl, kind = req
-        task = _task_name(key)
-        r = await self._ask(self._admit, nbytes, group, task, ttl, kind)
-        if r is None:
-            return await self.orig_execute(key, stimulus_id=stimulus_id)
-        if not r.admitted:
-            never = _never_fits(r)
-            if never:
-                from distributed.worker_state_machine import \
-                    ExecuteFailureEvent
-                err = NeverAdmitted(f"memtally: task {task} {never} on "
-                                    f"{self.worker.address} "
-                                    f"(memtallyd at {self.sock}): it can "
-                                    f"never be admitted there")
-                log.warning("%s", err)
-                now = time.time()
-                return ExecuteFailureEvent.from_exception(
-                    err, key=key, start=now, stop=now,
-                    stimulus_id=f"memtally-never-{now}")
-            from distributed.worker_state_machine import RescheduleEvent
-            log.info("memtally: task %s denied on %s (%s); rescheduled", key,
-                     self.sock, r.reason)
-            # Paused before the reschedule reaches the scheduler (both go
-            # out on the same ordered stream), so it is not sent back here.
-            self.denied_until = time.monotonic() + self.pause
-            self._apply()
-            return RescheduleEvent(key=key,
-                                   stimulus_id=f"memtally-denied-{time.time()}")
-        granted = r.reserved_for_task or r.requested_bytes or nbytes
-        hold = _Hold(r.reservation, granted, task, group, ttl)
-        # The task runs in this process: its memory shows as this
-        # worker's growth, which the reservation follows while it runs.
-        hold.base = await self._ask(self._own_bytes)
-        stop = asyncio.Event()
-        follower = None
-        if hold.base is not None:
-            follower = asyncio.get_running_loop().create_task(
-                self._follow(hold, stop))
+    def admitted(self, function, key):
+        """`function` run as the task `key` once memtallyd admits it, in
+        the executor thread that runs it. The Admit says the task runs in
+        this process on this thread: memtallyd counts what the thread
+        allocates from then on (within what the process grows by) as the
+        task's use, so the reservation sets aside only what the task has
+        not used yet, nothing is counted twice, and the kind learns what
+        such tasks really hold."""
+        def run(*args, **kwargs):
+            req = self._request(key)
+            if req is None:
+                return function(*args, **kwargs)
+            nbytes, group, ttl, kind = req
+            task = _task_name(key)
+            r = self._admit(nbytes, group, task, ttl, kind,
+                            threading.get_native_id())
+            if r is None:
+                return function(*args, **kwargs)
+            if not r.admitted:
+                self._refuse(key, task, r)
+            try:
+                return function(*args, **kwargs)
+            finally:
+                self._release(r.reservation)
+        return run
+
+    def _refuse(self, key, task, r):
+        """Raise what Dask does with a denied task: NeverAdmitted (it
+        fails, naming the figures) when no amount of waiting on this node
+        can admit it, else Reschedule (back to the scheduler, its body
+        never ran) after pausing the worker."""
+        never = _never_fits(r)
+        if never:
+            err = NeverAdmitted(f"memtally: task {task} {never} on "
+                                f"{self.worker.address} (memtallyd at "
+                                f"{self.sock}): it can never be admitted "
+                                f"there")
+            log.warning("%s", err)
+            raise err
+        from distributed import Reschedule
+        log.info("memtally: task %s denied on %s (%s); rescheduled", key,
+                 self.sock, r.reason)
+        # Queued on the loop before the task's end is: the worker is
+        # paused before the reschedule reaches the scheduler (both go out
+        # on the same ordered stream), so it is not sent back here.
+        self.loop.call_soon_threadsafe(self._denied)
+        raise Reschedule()
+
+    # -- the worker side (event loop) -------------------------------------
+    def _denied(self):
+        self.denied_until = time.monotonic() + self.pause
+        self._apply()
+
+    async def _ask(self, fn, *args):
         try:
-            return await self.orig_execute(key, stimulus_id=stimulus_id)
-        finally:
-            stop.set()
-            if follower is not None:
-                # Not cancelled: a release and re-admission in flight
-                # finish first, so no reservation is left behind.
-                await asyncio.shield(follower)
-            if hold.reservation:
-                await self._ask(self._release, hold.reservation)
+            return await asyncio.get_running_loop().run_in_executor(
+                self.pool, fn, *args)
+        except RuntimeError:    # the plugin was removed meanwhile
+            return None
 
     async def _watch(self):
         while True:

@@ -97,11 +97,11 @@ def start_scheduler(tmp, env, procs):
     return sched_file
 
 
-def start_worker(tmp, name, sched_file, env, procs):
+def start_worker(tmp, name, sched_file, env, procs, nthreads=1):
     procs.append(Proc(tmp, f"worker-{name}", [
         sys.executable, "-m", "distributed.cli.dask_worker",
         "--scheduler-file", sched_file, "--name", name,
-        "--nthreads", "1", "--no-nanny", "--no-dashboard"], env))
+        "--nthreads", str(nthreads), "--no-nanny", "--no-dashboard"], env))
     return procs[-1]
 
 
@@ -116,6 +116,11 @@ def ledger_of(path):
         return []
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+def kinds_of(srv):
+    """memtally kinds --json, by kind name."""
+    return {k["kind"]: k for k in srv.cli("kinds")["kinds"]}
 
 
 def run_batch(client, ledger, first, n, nbytes):
@@ -292,13 +297,23 @@ def test_in_process():
             wait_for("reservation released",
                      lambda: fleet()["reserved"] == 0, timeout=20)
             os.unlink(gate)
+            # Its kind learned what it held in the worker, 64 MiB, not
+            # its declaration: within what the worker freed meanwhile
+            # (the worker's growth bounds the thread's figure) and the
+            # interpreter's few pages.
+            hold_kind = kinds_of(srv)["hold"]
+            peak = hold_kind["last_peaks"][0]
+            check(56 * MiB <= peak <= 72 * MiB,
+                  f"kind hold learned {peak / MiB:.1f} MiB: {hold_kind}")
 
             # Larger than the fleet limit even on an empty node: fails at
-            # once with the figures, its body never runs.
+            # once with the figures, its body never runs. (A kind of its
+            # own: "hold" has a learned size now, and a declaration is
+            # then only its ceiling.)
             started = os.path.join(tmp, "started-2")
             t0 = time.monotonic()
             with dask.annotate(memtally_bytes="512MiB"):
-                f = client.submit(hold, MiB, gate, started, pure=False)
+                f = client.submit(hold, MiB, gate, started, key="huge-1")
             err = f.exception(timeout=30 * MULT)
             took = time.monotonic() - t0
             check(err is not None and "NeverAdmitted" in type(err).__name__,
@@ -307,28 +322,72 @@ def test_in_process():
             check("512.0 MiB" in msg and "256.0 MiB" in msg
                   and "fleet limit" in msg, f"message: {msg}")
             check(not os.path.exists(started), "the body ran")
-            check(w.text().count("never be admitted") == 1,
+            check(sum("distributed.memtally - WARNING" in line
+                      and "never be admitted" in line
+                      for line in w.text().splitlines()) == 1,
                   "not tried once:\n" + w.text()[-3000:])
             print(f"unadmittable task failed in {took:.1f} s: {msg}")
 
             # No annotation: admitted as its key's prefix ("hold"), on
-            # the kind's default size (12.5% of the fleet limit, 32 MiB:
-            # no history yet).
+            # what that kind learned above (a kind with no history gets
+            # [kinds] default_size: below).
             started = os.path.join(tmp, "started-3")
             f = client.submit(hold, 0, gate, started, pure=False)
             wait_for("task started", lambda: os.path.exists(started),
                      timeout=30)
             f3 = fleet()
-            kinds = {k["kind"]: k for k in srv.cli("kinds")["kinds"]}
-            check(f3["reserved"] == 32 * MiB, f"not reserved: {f3}")
-            check(kinds.get("hold", {}).get("outstanding") == 1,
-                  f"kinds: {kinds}")
+            kinds = kinds_of(srv)
+            learned = kinds["hold"]["learned"]
+            check(60 * MiB <= learned <= 80 * MiB, f"kinds: {kinds}")
+            check(learned * 0.8 <= f3["reserved"] <= learned,
+                  f"not reserved on the learned {learned}: {f3}")
+            check(kinds["hold"].get("outstanding") == 1, f"kinds: {kinds}")
             open(gate, "w").close()
             check(f.result(timeout=30) == 0, "task result")
             wait_for("reservation released",
                      lambda: fleet()["reserved"] == 0, timeout=20)
+            os.unlink(gate)
             print(f"in-process: reserved {f0['reserved'] / MiB:.1f} MiB of "
-                  f"96 MiB declared while the worker held 64 MiB for it")
+                  f"96 MiB declared while the worker held 64 MiB for it; "
+                  f"kind hold learned {peak / MiB:.1f} MiB")
+
+            # Two tasks at once on one worker's two threads, of two kinds
+            # with no history (each on [kinds] default_size, 32 MiB):
+            # each kind learns what its own thread held, not the worker's
+            # growth under both.
+            w2 = start_worker(tmp, "Q", sched_file, srv.env(**{
+                "PYTHONPATH": env["PYTHONPATH"]}), procs, nthreads=2)
+            client.wait_for_workers(2, timeout=60 * MULT)
+            wait_for("plugin on the second worker",
+                     lambda: "memtally: admitting" in w2.text(), timeout=30)
+            q = next(a for a, i in client.scheduler_info()["workers"].items()
+                     if i["name"] == "Q")
+            sb = os.path.join(tmp, "started-big")
+            ss = os.path.join(tmp, "started-small")
+            fb = client.submit(hold, 96 * MiB, gate, sb, key="big-1",
+                               workers=[q])
+            fs = client.submit(hold, 16 * MiB, gate, ss, key="small-1",
+                               workers=[q])
+            wait_for("both started", lambda: os.path.exists(sb)
+                     and os.path.exists(ss), timeout=30)
+            qpid = client.run(os.getpid, workers=[q])[q]
+            wait_for("the worker holds both",
+                     lambda: srv.ps()[qpid]["bytes"] >= 112 * MiB,
+                     timeout=30)
+            time.sleep(0.3)     # a few ticks at the peak
+            open(gate, "w").close()
+            check(fb.result(timeout=30) == 96 * MiB, "big result")
+            check(fs.result(timeout=30) == 16 * MiB, "small result")
+            wait_for("both released",
+                     lambda: fleet()["reserved"] == 0, timeout=20)
+            kinds = kinds_of(srv)
+            big = kinds["big"]["last_peaks"][0]
+            small = kinds["small"]["last_peaks"][0]
+            check(84 * MiB <= big <= 104 * MiB, f"big learned {big}")
+            check(12 * MiB <= small <= 24 * MiB, f"small learned {small}")
+            print(f"two threads of one worker: kind big learned "
+                  f"{big / MiB:.1f} MiB, small {small / MiB:.1f} MiB "
+                  f"(the worker grew by both, 112 MiB)")
             client.close()
             client = None
     except BaseException:

@@ -724,3 +724,146 @@ Test(kinds, the_request_waiting_longest_keeps_its_room)
 	cr_assert(r->admit_result->admitted, "%s", r->admit_result->reason);
 	memtally__v1__response__free_unpacked(r, NULL);
 }
+
+/* An Admit of `kind` by `pid` (uid 1000) for a task run inside it. */
+static Memtally__V1__Response *admit_in(pid_t pid, const char *kind,
+                                        uint64_t bytes, uint32_t thread)
+{
+	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
+	Memtally__V1__Admit a = MEMTALLY__V1__ADMIT__INIT;
+	a.bytes = bytes;
+	a.group = (char *)"";
+	a.task = (char *)"";
+	a.kind = (char *)kind;
+	a.in_process = true;
+	a.thread = thread;
+	req.id = 61;
+	req.body_case = MEMTALLY__V1__REQUEST__BODY_ADMIT;
+	req.admit = &a;
+	struct mts_peer peer = fx_peer(pid, 1000);
+	return fx_call(&peer, &req);
+}
+
+static void release_as(pid_t pid, const char *id)
+{
+	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
+	Memtally__V1__Release rel = MEMTALLY__V1__RELEASE__INIT;
+	rel.reservation = (char *)id;
+	req.id = 62;
+	req.body_case = MEMTALLY__V1__REQUEST__BODY_RELEASE;
+	req.release = &rel;
+	struct mts_peer peer = fx_peer(pid, 1000);
+	Memtally__V1__Response *r = fx_call(&peer, &req);
+	cr_assert_null(r->error, "%s", r->error ? r->error->message : "");
+	memtally__v1__response__free_unpacked(r, NULL);
+}
+
+/* Lane `k` of `slot` is thread `tid`'s, holding `bytes`. */
+static void lane_write(uint32_t slot, uint32_t k, uint32_t tid, int64_t bytes)
+{
+	struct mtshm_slot_id *s = mts_slot(&srv.reg, slot);
+	if (mtshm_load_relaxed32(&s->lanes_used) < k + 1)
+		mtshm_store_relaxed32(&s->lanes_used, k + 1);
+	mtshm_store_relaxed32(&mtshm_lane(s, k)->owner, tid);
+	mtshm_store_relaxeds64(&mtshm_lane(s, k)->bytes, bytes);
+}
+
+Test(kinds, a_task_run_inside_its_asker_is_what_the_asker_grew_by)
+{
+	start_fleet(1024 * MIB);
+	pid_t h = fx_spawn();
+	uint32_t slot = fx_register_as(h, 1000, "", "");
+	fx_write(slot, 50 * MIB); /* the worker's own, before the task */
+	mts_core_tick(&srv.reg);
+
+	Memtally__V1__Response *r = admit_in(h, "parse", 100 * MIB, 0);
+	cr_assert(r->admit_result->admitted, "%s", r->admit_result->reason);
+	cr_assert(r->admit_result->in_process);
+	char id[MTS_RESV_ID_LEN + 1];
+	snprintf(id, sizeof(id), "%s", r->admit_result->reservation);
+	memtally__v1__response__free_unpacked(r, NULL);
+	cr_assert_eq(srv.reg.totals.reserved, 100 * MIB);
+
+	/* What the worker grows by is the task's: the reservation no longer
+	 * sets it aside, for the worker's figure counts it. */
+	fx_write(slot, 80 * MIB);
+	mts_core_tick(&srv.reg);
+	cr_assert_eq(srv.reg.totals.reserved, 70 * MIB);
+	fx_write(slot, 60 * MIB);
+	usleep(30000);
+	mts_core_tick(&srv.reg);
+	cr_assert_eq(srv.reg.totals.reserved, 90 * MIB);
+	release_as(h, id);
+	cr_assert_eq(srv.reg.totals.reserved, 0);
+	struct mts_kind *k = mts_kind_find(&srv.reg, "parse", 1000);
+	cr_assert_not_null(k);
+	cr_assert_eq(k->nruns, 1);
+	cr_assert_eq(k->runs[0].peak, 30 * MIB, "peak %llu",
+	             (unsigned long long)k->runs[0].peak);
+	/* Its length, from the grant: it has a profile to learn from. */
+	cr_assert_geq(k->runs[0].dur_ms, 30);
+}
+
+Test(kinds, a_hosted_task_on_a_thread_is_what_its_thread_grew_by)
+{
+	start_fleet(1024 * MIB);
+	pid_t h = fx_spawn();
+	uint32_t slot = fx_register_as(h, 1000, "", "");
+	lane_write(slot, 0, 100, 50 * MIB);
+	lane_write(slot, 1, 4242, 8 * MIB);
+	mts_core_tick(&srv.reg);
+	Memtally__V1__Response *r = admit_in(h, "parse", 100 * MIB, 4242);
+	cr_assert(r->admit_result->in_process);
+	memtally__v1__response__free_unpacked(r, NULL);
+
+	/* Another thread's task grows the worker by 30 MiB, this one's by
+	 * 20: the reservation sets aside 100 - 20. */
+	lane_write(slot, 0, 100, 80 * MIB);
+	lane_write(slot, 1, 4242, 28 * MIB);
+	mts_core_tick(&srv.reg);
+	cr_assert_eq(srv.reg.totals.reserved, 80 * MIB);
+
+	/* A thread that claims more than the worker grew by (70 MiB) is held
+	 * to the worker's growth (98 - 58 = 40 MiB): a claim cannot make the
+	 * task larger than its worker really grew. */
+	lane_write(slot, 0, 100, 20 * MIB);
+	lane_write(slot, 1, 4242, 78 * MIB);
+	mts_core_tick(&srv.reg);
+	cr_assert_eq(srv.reg.totals.reserved, 60 * MIB);
+
+	/* The worker exits: the task went with it, so does its reservation,
+	 * and its kind keeps the run. */
+	fx_kill(h);
+	mts_core_tick(&srv.reg);
+	cr_assert_eq(srv.reg.adm->nresv, 0);
+	struct mts_kind *k = mts_kind_find(&srv.reg, "parse", 1000);
+	cr_assert_not_null(k);
+	cr_assert_eq(k->nruns, 1);
+	cr_assert_eq(k->runs[0].peak, 40 * MIB);
+}
+
+Test(kinds, only_the_asker_itself_hosts_a_task)
+{
+	start_fleet(1024 * MIB);
+	pid_t h = fx_spawn();
+	fx_register_as(h, 1000, "", "");
+	/* The test process is not registered: it cannot host, and so
+	 * cannot make another process's growth its task's. */
+	Memtally__V1__Response *r = admit_in(getpid(), "parse", 10 * MIB, 0);
+	cr_assert(r->admit_result->admitted);
+	cr_assert_not(r->admit_result->in_process);
+	memtally__v1__response__free_unpacked(r, NULL);
+	/* Nor can another uid's peer with the worker's pid. */
+	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
+	Memtally__V1__Admit a = MEMTALLY__V1__ADMIT__INIT;
+	a.bytes = 10 * MIB;
+	a.group = a.task = a.kind = (char *)"";
+	a.in_process = true;
+	req.body_case = MEMTALLY__V1__REQUEST__BODY_ADMIT;
+	req.admit = &a;
+	struct mts_peer peer = fx_peer(h, 1001);
+	r = fx_call(&peer, &req);
+	cr_assert(r->admit_result->admitted);
+	cr_assert_not(r->admit_result->in_process);
+	memtally__v1__response__free_unpacked(r, NULL);
+}
