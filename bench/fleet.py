@@ -26,7 +26,8 @@ available here are reported as "not run" rows, never as numbers.
 
     python3 bench/fleet.py --build build [--workload 7] [--tasks 100]
         [--node-mib 640] [--policy none,static,pollkill,dask,memtally-declared,
-                              memtally-cold,memtally-warm,memtally-dask]
+                              memtally-cold,memtally-warm,memtally-dask,
+                              memtally-dask-warm]
         [--arrivals batch,over-time] [--results bench/results/fleet.md]
         [--plot bench/fleet.png] [--json out.json]
 
@@ -1023,7 +1024,20 @@ class DaskPolicy:
         env.setdefault("MEMTALLY_PB2_DIR", os.path.join(ctx.build, "python"))
         server = probe = None
         if self.memtally:
-            server = start_memtallyd(ctx, self.name, self.headroom)
+            # Learned sizes: the warm row starts on those its cold row's
+            # memtallyd kept at its stop (STATE.kinds), as memtally's do.
+            state = os.path.join(ctx.tmp, "mt-dask-%s.state" % ctx.arrivals)
+            if not self.warm:
+                for f in (state, state + ".kinds"):
+                    if os.path.exists(f):
+                        os.unlink(f)
+            elif not os.path.exists(state + ".kinds"):
+                r.ran = False
+                r.why_not = ("no learned sizes to start from: run "
+                             "memtally-dask before it")
+                return r
+            server = start_memtallyd(ctx, self.slug, self.headroom,
+                                     state=state)
             env["MEMTALLY_SOCKET"] = server.socket
             probe = DaemonProbe(_pb_client(ctx.build), server.socket,
                                 server.proc.pid, ctx, horizon=5.0)
@@ -1172,7 +1186,19 @@ class MemtallyDaskPolicy(DaskPolicy):
     takes no new task. Dask's own thresholds stay as they are."""
 
     name = "memtally-dask"
+    slug = "memtally-dask"
     memtally = True
+    warm = False
+
+
+class MemtallyDaskWarmPolicy(MemtallyDaskPolicy):
+    """memtally-dask after one pass of the workload: memtallyd starts on
+    the kinds its cold row's memtallyd learned from the tasks' own
+    memory in their workers (each task's thread, Admit.in_process)."""
+
+    name = "memtally-dask (warm)"
+    slug = "memtally-dask-warm"
+    warm = True
 
 
 # ---- sampling and the whole run ---------------------------------------------------
@@ -1368,6 +1394,16 @@ def goals(results, limit):
                      "all task CPU-seconds (%.1f; target <= 2%%): %s" % (
                          a, m["evictions"] or 0, m["evicted_cpu"],
                          100 * share, m["task_cpu"], ok(share <= 0.02)))
+        for name in ("memtally-dask", "memtally-dask (warm)"):
+            d = rows.get(name)
+            if not d:
+                continue
+            lines.append("- %s, %s: lost %d (target 0): %s; makespan %.1f s, "
+                         "%.2f x %s's %.1f s (target <= 1.2 x): %s" % (
+                             a, name, d["lost"], ok(d["lost"] == 0),
+                             d["makespan"], d["makespan"] / m["makespan"],
+                             WARM, m["makespan"],
+                             ok(d["makespan"] <= 1.2 * m["makespan"])))
     for a, rr in raw.items():
         for name in (COLD, WARM):
             r = rr.get(name)
@@ -1427,6 +1463,7 @@ POLICIES = {
     "memtally-warm": MemtallyWarmPolicy,
     "dask": DaskPolicy,
     "memtally-dask": MemtallyDaskPolicy,
+    "memtally-dask-warm": MemtallyDaskWarmPolicy,
 }
 # Policies that cannot run in this harness: name -> why.
 NOT_RUN = {}
@@ -1443,7 +1480,8 @@ def main(argv=None):
     ap.add_argument("--slots", type=int, default=16)
     ap.add_argument("--policy",
                     default="none,static,pollkill,dask,memtally-declared,"
-                    "memtally-cold,memtally-warm,memtally-dask")
+                    "memtally-cold,memtally-warm,memtally-dask,"
+                    "memtally-dask-warm")
     ap.add_argument("--arrivals", default="batch,over-time")
     ap.add_argument("--results")
     ap.add_argument("--plot")

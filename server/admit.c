@@ -1933,14 +1933,51 @@ static void profile_why(const struct mts_kind_profile *p, char *why,
 }
 
 /*
+ * The most the fleet limit can ever grant while what runs outside any
+ * reservation stays: the limit less the measured figure not used by
+ * reserved tasks (their workers', and hosted tasks' growth). 0: no limit.
+ * A kind's first run declared above it would wait for ever, however
+ * little it really needs, and its kind would never learn: once it has
+ * waited the queue's time it is sized at this instead (a declaration is a
+ * ceiling, not a measurement), and the node guard stands behind what it
+ * then uses up to its declaration.
+ */
+static uint64_t first_run_room(const struct mts_registry *reg)
+{
+	const struct mts_totals *t = &reg->totals;
+	if (!t->limit)
+		return 0;
+	uint64_t inside = 0;
+	for (const struct mts_task *k = reg->adm->tasks_seen; k; k = k->snext)
+		if (k->resv)
+			inside = mt_sat_add(inside, k->measured);
+	for (uint32_t i = 0; reg->adm->nhosted && i < reg->adm->nresv; i++)
+		inside = mt_sat_add(inside, hosted_use(reg->adm->resv[i]));
+	uint64_t fm = mts_measured(reg, t->bytes, t->rss);
+	uint64_t outside = fm > inside ? fm - inside : 0;
+	return t->limit > outside ? t->limit - outside : 0;
+}
+
+/* Has `who` waited, asking again, the queue's time ([admission] queue)? */
+static bool waited(const struct mts_registry *reg, uint64_t who)
+{
+	const struct mts_waiter *w = waiter_find(reg, who);
+	uint64_t now = mts_now_monotonic();
+	return reg->policy.admit_queue && w &&
+	       now - w->last_ns <= MTS_WAIT_ACTIVE_NS &&
+	       now - w->first_ns >=
+	           (uint64_t)reg->policy.admit_queue_ms * 1000000u;
+}
+
+/*
  * What a request of `kind` (maybe "") declaring `declared` bytes (maybe
  * 0) reserves, and why, for the peer's uid `key`: the kind's learned size
  * when it has one (unless [kinds] reserve_learned is off and bytes were
  * declared), else the declaration, else [kinds] default_size.
  */
 static uint64_t size_request(const struct mts_registry *reg, uint32_t key,
-                             const char *kind, uint64_t declared, char *why,
-                             size_t whylen, bool *learned_used)
+                             uint64_t who, const char *kind, uint64_t declared,
+                             char *why, size_t whylen, bool *learned_used)
 {
 	const struct mts_policy *pol = &reg->policy;
 	char a[32], b[320];
@@ -1965,6 +2002,21 @@ static uint64_t size_request(const struct mts_registry *reg, uint32_t key,
 		return declared;
 	}
 	if (declared) {
+		uint64_t room = first_run_room(reg);
+		if (room && declared > room && declared <= reg->totals.limit &&
+		    waited(reg, who)) {
+			char d[32];
+			mt_format_size(d, sizeof(d), declared);
+			snprintf(
+			    why, whylen,
+			    "%s: all this node can give beside what runs "
+			    "outside reservations (declared %s; kind %.*s "
+			    "has no history and its first run waited %.0f s: "
+			    "run, to learn it)",
+			    mt_format_size(a, sizeof(a), room), d, 128, kind,
+			    pol->admit_queue_ms / 1000.0);
+			return room;
+		}
 		snprintf(why, whylen, "%s: declared; kind %.*s has no history",
 		         mt_format_size(a, sizeof(a), declared), 128, kind);
 		return declared;
@@ -2008,8 +2060,9 @@ int mts_admit(struct mts_registry *reg, const struct mts_peer *peer,
 	uint32_t key = peer_key(peer, &owned);
 	char sized_by[sizeof(out->sized_by)];
 	bool learned;
-	uint64_t bytes = size_request(reg, key, kind, req->bytes, sized_by,
-	                              sizeof(sized_by), &learned);
+	uint64_t bytes =
+	    size_request(reg, key, waiter_key(key, task), kind, req->bytes,
+	                 sized_by, sizeof(sized_by), &learned);
 	/* A learned size with a task to follow also follows the kind's
 	 * profile: it sets aside what the task is expected to hold at its
 	 * age, and admission sees what it will grow into. */

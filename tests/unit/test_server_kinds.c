@@ -867,3 +867,54 @@ Test(kinds, only_the_asker_itself_hosts_a_task)
 	cr_assert_not(r->admit_result->in_process);
 	memtally__v1__response__free_unpacked(r, NULL);
 }
+
+Test(kinds, a_first_run_declared_above_the_room_it_can_ever_have_runs_on_it)
+{
+	/* 100 MiB fleet; a worker outside any reservation holds 40 MiB (a
+	 * cluster's own processes). A kind with no history declared at 80
+	 * MiB would never fit beside it. Denied at first, as a declaration
+	 * that does not fit now always was; once it has waited the queue's
+	 * time it is sized at the 60 MiB it can have, to run once and
+	 * learn. */
+	start_fleet(100 * MIB);
+	srv.reg.policy.admit_queue_ms = 100;
+	pid_t w = fx_spawn();
+	uint32_t slot = fx_register(w, "", "");
+	fx_write(slot, 40 * MIB);
+	mts_core_tick(&srv.reg);
+	Memtally__V1__Response *r = admit_kind(1000, 80 * MIB, "big", "T1");
+	cr_assert_not(r->admit_result->admitted);
+	cr_assert_eq(r->admit_result->requested_bytes, 80 * MIB);
+	memtally__v1__response__free_unpacked(r, NULL);
+	usleep(150000);
+	r = admit_kind(1000, 80 * MIB, "big", "T1");
+	cr_assert(r->admit_result->admitted, "%s", r->admit_result->reason);
+	cr_assert_eq(r->admit_result->reserved_for_task, 60 * MIB);
+	cr_assert(strstr(r->admit_result->sized_by, "to learn it"), "%s",
+	          r->admit_result->sized_by);
+	memtally__v1__response__free_unpacked(r, NULL);
+	cr_assert_eq(srv.reg.totals.reserved, 60 * MIB);
+
+	/* Declared above the fleet limit: never admissible, however long
+	 * it waits (no room makes it fit its declaration). */
+	for (int i = 0; i < 2; i++) {
+		r = admit_kind(1000, 120 * MIB, "huge", "T2");
+		cr_assert_not(r->admit_result->admitted);
+		cr_assert_eq(r->admit_result->requested_bytes, 120 * MIB);
+		memtally__v1__response__free_unpacked(r, NULL);
+		usleep(150000);
+	}
+}
+
+Test(kinds, a_first_run_declared_within_the_room_reserves_its_declaration)
+{
+	start_fleet(100 * MIB);
+	pid_t w = fx_spawn();
+	uint32_t slot = fx_register(w, "", "");
+	fx_write(slot, 40 * MIB);
+	mts_core_tick(&srv.reg);
+	char why[320];
+	cr_assert_eq(reserved_for(1000, 50 * MIB, "mid", why, sizeof(why)),
+	             50 * MIB);
+	cr_assert(strstr(why, "declared; kind mid has no history"), "%s", why);
+}
