@@ -220,6 +220,30 @@ void mts_task_evicted(struct mts_registry *reg, const char *task, uint32_t uid)
 			mts_resv_evicted(reg, r);
 }
 
+/* A hosted reservation's task still runs inside `pid`. */
+static bool hosted_by(const struct mts_resv *r, uint32_t pid)
+{
+	return r->hosted && !r->taken_over && r->host_pid == pid;
+}
+
+uint64_t mts_host_reserved(const struct mts_registry *reg, uint32_t pid)
+{
+	uint64_t sum = 0;
+	for (uint32_t i = 0; reg->adm->nhosted && i < reg->adm->nresv; i++)
+		if (hosted_by(reg->adm->resv[i], pid))
+			sum = mt_sat_add(sum, reg->adm->resv[i]->bytes);
+	return sum;
+}
+
+void mts_host_evicted(struct mts_registry *reg, uint32_t pid)
+{
+	for (uint32_t i = 0; reg->adm->nhosted && i < reg->adm->nresv; i++) {
+		struct mts_resv *r = reg->adm->resv[i];
+		if (hosted_by(r, pid) && r->kind && !r->evicted)
+			mts_resv_evicted(reg, r);
+	}
+}
+
 /* ---- ownership -----------------------------------------------------------
  *
  * A task's reservations belong to their owners. Only the workers of the

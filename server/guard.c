@@ -160,7 +160,12 @@ int mts_guard_candidates(const struct mts_registry *reg,
 			k->uid = p->uid;
 			k->pid = p->pid;
 			k->first_ns = p->registered_ns;
-			k->reserved = mts_task_reserved(reg, p->task, p->uid);
+			/* A process with no task of its own may run tasks
+			 * inside it (Admit.in_process): what they were
+			 * granted is its reservation. */
+			k->reserved =
+			    p->task[0] ? mts_task_reserved(reg, p->task, p->uid)
+			               : mts_host_reserved(reg, p->pid);
 			/* A trusted process without a task is a service of
 			 * the node, not a job. */
 			k->eligible =
@@ -306,7 +311,10 @@ static uint32_t kill_tree(struct mts_registry *reg,
 static void guard_record_eviction(struct mts_registry *reg,
                                   const struct mts_guard_cand *k)
 {
-	mts_task_evicted(reg, k->task, k->uid);
+	if (k->task[0])
+		mts_task_evicted(reg, k->task, k->uid);
+	else
+		mts_host_evicted(reg, k->pid);
 }
 
 /* Candidates for the decision record, furthest beyond first. */

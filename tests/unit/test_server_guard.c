@@ -304,6 +304,47 @@ Test(guard, trusted_without_a_task_spared_unless_configured)
 	cr_assert_eq(rule, MTS_GUARD_BEYOND);
 }
 
+Test(guard, tasks_run_inside_a_worker_are_its_reservation)
+{
+	fx_start();
+	srv.reg.guard->evict_trusted = true;
+	/* A worker (a Dask worker, no task of its own) runs a 100 MiB task
+	 * inside it: what it was granted is its reservation, so it is 20
+	 * MiB beyond (its own 20), not 120, and a task 30 MiB beyond its
+	 * reservation is chosen before it. */
+	pid_t host = task_worker(FX_UID, "", 20 * MIB);
+	mts_core_tick(&srv.reg);
+	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
+	Memtally__V1__Admit a = MEMTALLY__V1__ADMIT__INIT;
+	a.bytes = 100 * MIB;
+	a.group = a.task = (char *)"";
+	a.kind = (char *)"parse";
+	a.in_process = true;
+	req.body_case = MEMTALLY__V1__REQUEST__BODY_ADMIT;
+	req.admit = &a;
+	struct mts_peer peer = fx_peer(host, FX_UID);
+	Memtally__V1__Response *r = fx_call(&peer, &req);
+	cr_assert(r->admit_result->in_process);
+	memtally__v1__response__free_unpacked(r, NULL);
+	fx_write(mts_find_pid(&srv.reg, (uint32_t)host)->slot, 120 * MIB);
+	reserve(FX_UID, "b", 10 * MIB);
+	task_worker(FX_UID, "b", 40 * MIB);
+	enum mts_guard_rule rule;
+	const struct mts_guard_cand *k = choose(&rule);
+	cr_assert_str_eq(k->task, "b");
+	/* Past what it was granted, the worker is the one. */
+	fx_write(mts_find_pid(&srv.reg, (uint32_t)host)->slot, 160 * MIB);
+	k = choose(&rule);
+	cr_assert_eq(k->pid, (uint32_t)host);
+	cr_assert_eq(k->reserved, 100 * MIB);
+	cr_assert_eq(k->used, 160 * MIB);
+	/* Its eviction is the hosted task's, recorded against its kind. */
+	mts_host_evicted(&srv.reg, (uint32_t)host);
+	struct mts_kind *kd = mts_kind_find(&srv.reg, "parse", FX_UID);
+	cr_assert_not_null(kd);
+	cr_assert_eq(kd->evictions, 1);
+}
+
 Test(guard, another_uid_naming_a_task_is_its_own_candidate)
 {
 	fx_start();
