@@ -116,6 +116,12 @@ def _kind(key):
         return ""
 
 
+class Evicted(Exception):
+    """A task's command was ended by its node, not by its own fault:
+    memtallyd's node guard (`memtally run` exits 75 then) or a SIGKILL.
+    Raised by run_tasks' tasks so that Dask retries them."""
+
+
 class NeverAdmitted(Exception):
     """A task larger than its node's memtallyd could ever grant, even with
     nothing else running: rescheduling it would only ask again."""
@@ -438,12 +444,24 @@ def _run_command(command, env):
     e = dict(os.environ, **(env or {}), MEMTALLY_TASK=_task_name(key))
     start = time.time()
     rc = subprocess.run(command, shell=True, env=e).returncode
+    if rc in _EVICTED_STATUS:
+        # The node's failure, not the command's: Dask runs it again (its
+        # retries bound how often).
+        raise Evicted(f"memtally: task {key}: command ended with status "
+                      f"{rc} (evicted or killed by its node)")
     return {"returncode": rc, "start": start, "end": time.time(),
             "worker": w.address, "host": _socket.gethostname()}
 
 
+# What a command's status is when its node ended it: `memtally run` after
+# memtallyd's guard evicted it (EX_TEMPFAIL), or SIGKILL (the command
+# itself: -9; the shell's child: 128 + 9).
+_EVICTED_STATUS = (75, -9, 137)
+
+
 def run_tasks(commands_with_bytes, n_workers=2, memory_limit="auto",
-              use_memtally=True, socket=None, env=None, plugin_args=None):
+              use_memtally=True, socket=None, env=None, plugin_args=None,
+              retries=3):
     """Run shell commands as Dask tasks on a LocalCluster of `n_workers`
     one-thread worker processes (`memory_limit` per worker, as Dask takes
     it; Dask's other settings are its defaults). With `use_memtally`, each
@@ -455,7 +473,9 @@ def run_tasks(commands_with_bytes, n_workers=2, memory_limit="auto",
     env: extra environment for the commands (e.g. LD_PRELOAD).
     Returns one dict per command, in order: command, bytes, returncode
     (negative: killed by that signal), start, end (time.time()), worker,
-    or error (the task's exception, e.g. its worker was lost).
+    or error (the task's exception, e.g. its worker was lost). A command
+    its node ended (evicted: exit 75, or SIGKILL) raises Evicted, which
+    Dask retries up to `retries` times.
     Dask's memory thresholds watch each worker process's own RSS, not the
     commands it starts: without memtally, nothing here holds them back.
     The workers are spawned processes: call it from under
@@ -475,7 +495,8 @@ def run_tasks(commands_with_bytes, n_workers=2, memory_limit="auto",
             ann = {"memtally_bytes": nbytes} if use_memtally else {}
             with dask.annotate(**ann):
                 futs.append(client.submit(_run_command, cmd, env,
-                                          key=f"cmd-{i}", pure=False))
+                                          key=f"cmd-{i}", pure=False,
+                                          retries=retries))
         wait(futs)
         out = []
         for (cmd, nbytes), f in zip(commands_with_bytes, futs):

@@ -402,5 +402,37 @@ def test_in_process():
     shutil.rmtree(tmp, ignore_errors=True)
 
 
+def test_evicted_command_retried():
+    """run_tasks: a command its node kills (SIGKILL, as the guard does)
+    is run again by Dask; one killed every time fails as Evicted once
+    its retries are spent."""
+    need_distributed()
+    sys.path.insert(0, os.path.join(SRC, "python"))
+    import memtally.dask
+
+    tmp = tempfile.mkdtemp(prefix="mt-dask-")
+    once = os.path.join(tmp, "once")
+    done = os.path.join(tmp, "done")
+    killed = os.path.join(tmp, "killed")
+    with Server("--fleet-limit", "256MiB") as srv:
+        out = memtally.dask.run_tasks(
+            [(f"if [ ! -e {once} ]; then touch {once}; kill -9 $$; fi; "
+              f"echo ok > {done}", "8MiB"),
+             (f"echo x >> {killed}; kill -9 $$", "8MiB")],
+            n_workers=1, socket=srv.socket, retries=1)
+        check(out[0].get("returncode") == 0, f"not rerun: {out[0]}")
+        check(os.path.exists(once) and os.path.exists(done),
+              "the first attempt did not die, or the rerun did not finish")
+        check("Evicted" in out[1].get("error", ""), f"{out[1]}")
+        with open(killed) as f:
+            runs = len(f.read().split())
+        check(runs == 2, f"killed every time: ran {runs} times, not 1 + 1 "
+              "retry")
+        check(srv.status()["fleet"]["reserved"] == 0, "reservations left")
+    print(f"evicted command rerun once and finished; one killed every "
+          f"time failed as Evicted after {runs} runs")
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
 if __name__ == "__main__":
-    run([test_two_nodes, test_in_process])
+    run([test_two_nodes, test_in_process, test_evicted_command_retried])
