@@ -800,18 +800,9 @@ class MemtallyPolicy:
         r = PolicyResult(self.name)
         state = None
         if self.learned:
-            # The learned sizes a warm row starts from: the cold row's,
-            # kept by memtallyd at its stop (STATE.kinds).
-            state = os.path.join(ctx.tmp, "mt-learned-%s.state" %
-                                 ctx.arrivals)
-            if not self.warm:
-                for f in (state, state + ".kinds"):
-                    if os.path.exists(f):
-                        os.unlink(f)
-            elif not os.path.exists(state + ".kinds"):
-                r.ran = False
-                r.why_not = ("no learned sizes to start from: run "
-                             "memtally-cold before it")
+            state = learned_state(ctx, "learned", self.warm, r,
+                                  "memtally-cold")
+            if state is None:
                 return r
         server = start_memtallyd(ctx, self.slug, self.headroom,
                                  learned=self.learned, state=state)
@@ -851,6 +842,23 @@ class MemtallyWarmPolicy(MemtallyColdPolicy):
     name = "memtally (learned, warm)"
     slug = "memtally-warm"
     warm = True
+
+
+def learned_state(ctx, tag, warm, r, cold):
+    """The restart record (STATE, and STATE.kinds: the learned sizes) of
+    a learned row's memtallyd: a cold row starts it afresh, a warm row on
+    what its cold row (`cold`) kept at its stop. None, with `r` saying
+    why, when a warm row has nothing to start from."""
+    state = os.path.join(ctx.tmp, "mt-%s-%s.state" % (tag, ctx.arrivals))
+    if not warm:
+        for f in (state, state + ".kinds"):
+            if os.path.exists(f):
+                os.unlink(f)
+    elif not os.path.exists(state + ".kinds"):
+        r.ran = False
+        r.why_not = "no learned sizes to start from: run %s before it" % cold
+        return None
+    return state
 
 
 def start_memtallyd(ctx, policy, headroom, learned=None, state=None):
@@ -1024,17 +1032,8 @@ class DaskPolicy:
         env.setdefault("MEMTALLY_PB2_DIR", os.path.join(ctx.build, "python"))
         server = probe = None
         if self.memtally:
-            # Learned sizes: the warm row starts on those its cold row's
-            # memtallyd kept at its stop (STATE.kinds), as memtally's do.
-            state = os.path.join(ctx.tmp, "mt-dask-%s.state" % ctx.arrivals)
-            if not self.warm:
-                for f in (state, state + ".kinds"):
-                    if os.path.exists(f):
-                        os.unlink(f)
-            elif not os.path.exists(state + ".kinds"):
-                r.ran = False
-                r.why_not = ("no learned sizes to start from: run "
-                             "memtally-dask before it")
+            state = learned_state(ctx, "dask", self.warm, r, "memtally-dask")
+            if state is None:
                 return r
             server = start_memtallyd(ctx, self.slug, self.headroom,
                                      state=state)

@@ -107,7 +107,9 @@ class NannyLog(logging.Handler):
 
 def submit_all(client, spec, attempts_dir, t0):
     """Each task submitted at its arrival time (seconds after t0), with
-    memtally's annotation when the spec asks for it."""
+    memtally's annotation when the spec asks for it. Its key is its job's
+    name and its number ("job02-17"): Dask's key prefix, the task's kind,
+    is the job, as in Dask's own naming ("read-csv-<token>")."""
     import dask
     futs = {}
     for t in sorted(spec["tasks"], key=lambda t: (t["arrival"], t["idx"])):
@@ -119,7 +121,8 @@ def submit_all(client, spec, attempts_dir, t0):
         with dask.annotate(**ann):
             futs[t["idx"]] = client.submit(
                 run_profile, t["idx"], t["kind"], t["profile"], t["peak_mib"],
-                t["secs"], attempts_dir, key="task-%d" % t["idx"], pure=False)
+                t["secs"], attempts_dir, key="%s-%d" % (t["job"], t["idx"]),
+                pure=False)
     return futs
 
 

@@ -416,6 +416,26 @@ static inline Memtally__V1__Response *fx_admit(uint32_t uid, uint64_t bytes,
 	return fx_call(&peer, &req);
 }
 
+/* An Admit by `pid` (of `uid`) of a task of `kind` run inside it, on
+ * thread `thread` (0: the whole process). */
+static inline __attribute__((unused)) Memtally__V1__Response *
+fx_admit_hosted(pid_t pid, uint32_t uid, uint64_t bytes, const char *kind,
+                uint32_t thread)
+{
+	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
+	Memtally__V1__Admit a = MEMTALLY__V1__ADMIT__INIT;
+	a.bytes = bytes;
+	a.group = a.task = (char *)"";
+	a.kind = (char *)kind;
+	a.in_process = true;
+	a.thread = thread;
+	req.id = 61;
+	req.body_case = MEMTALLY__V1__REQUEST__BODY_ADMIT;
+	req.admit = &a;
+	struct mts_peer peer = fx_peer(pid, uid);
+	return fx_call(&peer, &req);
+}
+
 static inline Memtally__V1__Response *fx_set_limit(struct mts_peer *peer,
                                                    int scope, const char *group,
                                                    uint32_t pid, uint64_t bytes,

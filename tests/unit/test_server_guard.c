@@ -314,16 +314,8 @@ Test(guard, tasks_run_inside_a_worker_are_its_reservation)
 	 * reservation is chosen before it. */
 	pid_t host = task_worker(FX_UID, "", 20 * MIB);
 	mts_core_tick(&srv.reg);
-	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
-	Memtally__V1__Admit a = MEMTALLY__V1__ADMIT__INIT;
-	a.bytes = 100 * MIB;
-	a.group = a.task = (char *)"";
-	a.kind = (char *)"parse";
-	a.in_process = true;
-	req.body_case = MEMTALLY__V1__REQUEST__BODY_ADMIT;
-	req.admit = &a;
-	struct mts_peer peer = fx_peer(host, FX_UID);
-	Memtally__V1__Response *r = fx_call(&peer, &req);
+	Memtally__V1__Response *r =
+	    fx_admit_hosted(host, FX_UID, 100 * MIB, "parse", 0);
 	cr_assert(r->admit_result->in_process);
 	memtally__v1__response__free_unpacked(r, NULL);
 	fx_write(mts_find_pid(&srv.reg, (uint32_t)host)->slot, 120 * MIB);

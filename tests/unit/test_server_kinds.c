@@ -725,25 +725,6 @@ Test(kinds, the_request_waiting_longest_keeps_its_room)
 	memtally__v1__response__free_unpacked(r, NULL);
 }
 
-/* An Admit of `kind` by `pid` (uid 1000) for a task run inside it. */
-static Memtally__V1__Response *admit_in(pid_t pid, const char *kind,
-                                        uint64_t bytes, uint32_t thread)
-{
-	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
-	Memtally__V1__Admit a = MEMTALLY__V1__ADMIT__INIT;
-	a.bytes = bytes;
-	a.group = (char *)"";
-	a.task = (char *)"";
-	a.kind = (char *)kind;
-	a.in_process = true;
-	a.thread = thread;
-	req.id = 61;
-	req.body_case = MEMTALLY__V1__REQUEST__BODY_ADMIT;
-	req.admit = &a;
-	struct mts_peer peer = fx_peer(pid, 1000);
-	return fx_call(&peer, &req);
-}
-
 static void release_as(pid_t pid, const char *id)
 {
 	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
@@ -776,7 +757,8 @@ Test(kinds, a_task_run_inside_its_asker_is_what_the_asker_grew_by)
 	fx_write(slot, 50 * MIB); /* the worker's own, before the task */
 	mts_core_tick(&srv.reg);
 
-	Memtally__V1__Response *r = admit_in(h, "parse", 100 * MIB, 0);
+	Memtally__V1__Response *r =
+	    fx_admit_hosted(h, 1000, 100 * MIB, "parse", 0);
 	cr_assert(r->admit_result->admitted, "%s", r->admit_result->reason);
 	cr_assert(r->admit_result->in_process);
 	char id[MTS_RESV_ID_LEN + 1];
@@ -812,7 +794,8 @@ Test(kinds, a_hosted_task_on_a_thread_is_what_its_thread_grew_by)
 	lane_write(slot, 0, 100, 50 * MIB);
 	lane_write(slot, 1, 4242, 8 * MIB);
 	mts_core_tick(&srv.reg);
-	Memtally__V1__Response *r = admit_in(h, "parse", 100 * MIB, 4242);
+	Memtally__V1__Response *r =
+	    fx_admit_hosted(h, 1000, 100 * MIB, "parse", 4242);
 	cr_assert(r->admit_result->in_process);
 	memtally__v1__response__free_unpacked(r, NULL);
 
@@ -849,20 +832,13 @@ Test(kinds, only_the_asker_itself_hosts_a_task)
 	fx_register_as(h, 1000, "", "");
 	/* The test process is not registered: it cannot host, and so
 	 * cannot make another process's growth its task's. */
-	Memtally__V1__Response *r = admit_in(getpid(), "parse", 10 * MIB, 0);
+	Memtally__V1__Response *r =
+	    fx_admit_hosted(getpid(), 1000, 10 * MIB, "parse", 0);
 	cr_assert(r->admit_result->admitted);
 	cr_assert_not(r->admit_result->in_process);
 	memtally__v1__response__free_unpacked(r, NULL);
 	/* Nor can another uid's peer with the worker's pid. */
-	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
-	Memtally__V1__Admit a = MEMTALLY__V1__ADMIT__INIT;
-	a.bytes = 10 * MIB;
-	a.group = a.task = a.kind = (char *)"";
-	a.in_process = true;
-	req.body_case = MEMTALLY__V1__REQUEST__BODY_ADMIT;
-	req.admit = &a;
-	struct mts_peer peer = fx_peer(h, 1001);
-	r = fx_call(&peer, &req);
+	r = fx_admit_hosted(h, 1001, 10 * MIB, "", 0);
 	cr_assert(r->admit_result->admitted);
 	cr_assert_not(r->admit_result->in_process);
 	memtally__v1__response__free_unpacked(r, NULL);
