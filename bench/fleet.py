@@ -872,6 +872,9 @@ def start_memtallyd(ctx, policy, headroom, learned=None, state=None):
     conf = os.path.join(ctx.tmp, "mt-%s.conf" % run)
     fleet = int(ctx.node.limit * (1 - headroom))
     with open(conf, "w") as f:
+        # A lane for each thread a Dask worker allocates on, so that each
+        # task run inside a worker is counted by its own thread's.
+        f.write("[server]\nlanes = 16\n")
         f.write("[limits]\nfleet = %d\nmeasure = max\nrss_interval = 100\n"
                 "growth_window = 4s\nforecast_horizon = 5s\n" % fleet)
         if learned is not None:

@@ -91,6 +91,8 @@ const char *mts_denial_name(enum mts_denial d)
 		return "kinds";
 	case MTS_DENY_NODE:
 		return "node_line";
+	case MTS_DENY_HOST_LIMIT:
+		return "host_limit";
 	default:
 		return "unknown";
 	}
@@ -224,6 +226,15 @@ void mts_task_evicted(struct mts_registry *reg, const char *task, uint32_t uid)
 static bool hosted_by(const struct mts_resv *r, uint32_t pid)
 {
 	return r->hosted && !r->taken_over && r->host_pid == pid;
+}
+
+/* How many hosted tasks run inside `pid` now (at least 1). */
+static uint32_t hosted_count(const struct mts_registry *reg, uint32_t pid)
+{
+	uint32_t n = 0;
+	for (uint32_t i = 0; reg->adm->nhosted && i < reg->adm->nresv; i++)
+		n += hosted_by(reg->adm->resv[i], pid);
+	return n ? n : 1;
 }
 
 uint64_t mts_host_reserved(const struct mts_registry *reg, uint32_t pid)
@@ -1061,48 +1072,54 @@ static uint64_t host_vouched(const struct mts_registry *reg,
 	return mts_measured(reg, c, p->rss);
 }
 
-/* The running total of thread `tid`'s lane in `p`'s slot. No lane is the
- * thread's when it never published (a thread claims a lane at its first
- * flush, so its total is 0), or when every lane was taken: then it
- * publishes into the slot's shared overflow and *full says its total is
- * not known. */
-static int64_t host_lane(const struct mts_registry *reg,
-                         const struct mts_proc *p, uint32_t tid, bool *full)
+/* The running total of thread `tid`'s lane in `p`'s slot; false when no
+ * lane is the thread's: it has not published yet (it claims a lane at its
+ * first flush), or every lane was taken and it publishes into the slot's
+ * shared overflow. */
+static bool host_lane(const struct mts_registry *reg, const struct mts_proc *p,
+                      uint32_t tid, int64_t *bytes)
 {
 	struct mtshm_slot_id *s = mts_slot(reg, p->slot);
-	*full = false;
 	if (!s)
-		return 0;
+		return false;
 	uint32_t n = mtshm_load_relaxed32(&s->lanes_used);
 	if (n > reg->layout.lane_count)
 		n = reg->layout.lane_count;
 	for (uint32_t k = 0; k < n; k++) {
 		struct mtshm_lane *l = mtshm_lane(s, k);
-		if (mtshm_load_relaxed32(&l->owner) == tid)
-			return mtshm_load_relaxeds64(&l->bytes);
+		if (mtshm_load_relaxed32(&l->owner) == tid) {
+			*bytes = mtshm_load_relaxeds64(&l->bytes);
+			return true;
+		}
 	}
-	*full = n >= reg->layout.lane_count;
-	return 0;
+	return false;
 }
 
-/* Make `r` a task run inside the asking process, if that is a registered
- * worker of the peer's own uid on the Unix socket (a TCP peer has no
- * pid, and a peer cannot name another process). */
+/* The asking process as a host of tasks: a registered worker of the
+ * peer's own uid on the Unix socket (a TCP peer has no pid, and a peer
+ * cannot name another process), or NULL. */
+static struct mts_proc *host_of(const struct mts_registry *reg,
+                                const struct mts_peer *peer)
+{
+	if (!peer->has_cred || peer->tcp || !peer->pid)
+		return NULL;
+	struct mts_proc *p = mts_find_pid(reg, peer->pid);
+	return p && p->uid == peer->uid ? p : NULL;
+}
+
+/* Make `r` a task run inside the asking process, if it can host. */
 static bool hosted_start(struct mts_registry *reg, struct mts_resv *r,
                          const struct mts_peer *peer, uint32_t tid)
 {
-	if (!peer->has_cred || peer->tcp || !peer->pid)
-		return false;
-	struct mts_proc *p = mts_find_pid(reg, peer->pid);
-	if (!p || p->uid != peer->uid)
+	struct mts_proc *p = host_of(reg, peer);
+	if (!p)
 		return false;
 	r->hosted = true;
 	r->host_pid = p->pid;
 	r->host_gen = p->slot_gen;
 	r->host_tid = tid;
 	r->host_base = host_vouched(reg, p);
-	bool full;
-	r->lane_base = tid ? host_lane(reg, p, tid, &full) : 0;
+	r->lane_known = tid && host_lane(reg, p, tid, &r->lane_base);
 	reg->adm->nhosted++;
 	if (!r->taken_over)
 		run_start(r);
@@ -1137,12 +1154,22 @@ static void hosted_tick(struct mts_registry *reg, uint64_t now_ns)
 		}
 		uint64_t v = host_vouched(reg, p);
 		uint64_t use = v > r->host_base ? v - r->host_base : 0;
-		if (r->host_tid) {
-			bool full;
-			int64_t l = host_lane(reg, p, r->host_tid, &full);
-			int64_t grew = l > r->lane_base ? l - r->lane_base : 0;
-			if (!full && (uint64_t)grew < use)
-				use = (uint64_t)grew;
+		int64_t l;
+		if (r->host_tid && !r->lane_known &&
+		    host_lane(reg, p, r->host_tid, &r->lane_base)) {
+			/* Its first flush since the task began claimed a
+			 * lane: at most that flush is missed. */
+			r->lane_known = true;
+		} else if (r->lane_known &&
+		           host_lane(reg, p, r->host_tid, &l)) {
+			uint64_t grew =
+			    l > r->lane_base ? (uint64_t)(l - r->lane_base) : 0;
+			if (grew < use)
+				use = grew;
+		} else if (r->host_tid) {
+			/* No lane of the thread's (every lane taken, or the
+			 * thread gave its up): an equal share. */
+			use /= hosted_count(reg, r->host_pid);
 		}
 		r->use = use;
 		if (use > r->peak)
@@ -2052,6 +2079,47 @@ static uint64_t size_request(const struct mts_registry *reg, uint32_t key,
 	return d;
 }
 
+/*
+ * A task run inside a worker that has a memory limit of its own (Dask's
+ * memory_limit, past which Dask ends the worker and every task in it;
+ * memtallyd does not know it): denied unless the worker's figure, what
+ * its running tasks may still use of their grants, and the request fit
+ * under Admit.host_limit. The asker limits only itself.
+ */
+static void deny_host(const struct mts_registry *reg,
+                      const struct mts_peer *peer,
+                      const struct mts_admit_req *req, uint64_t bytes,
+                      struct mts_admit_out *out)
+{
+	if (!req->in_process || !req->host_limit)
+		return;
+	const struct mts_proc *p = host_of(reg, peer);
+	if (!p)
+		return;
+	uint64_t held = host_vouched(reg, p), pend = 0;
+	for (uint32_t i = 0; reg->adm->nhosted && i < reg->adm->nresv; i++) {
+		const struct mts_resv *r = reg->adm->resv[i];
+		if (hosted_by(r, p->pid) && r->bytes > r->use)
+			pend = mt_sat_add(pend, r->bytes - r->use);
+	}
+	if (mt_sat_add(mt_sat_add(held, pend), bytes) <= req->host_limit)
+		return;
+	char a[32], b[32], c[32], d[32];
+	out->admitted = false;
+	out->reason = MTS_DENY_HOST_LIMIT;
+	snprintf(out->scope, sizeof(out->scope), "host");
+	out->measured = held;
+	out->reserved = pend;
+	out->limit = req->host_limit;
+	snprintf(out->why, sizeof(out->why),
+	         "host limit: %s held by the worker + %s its running tasks "
+	         "may still use + %s requested > %s (its own limit)",
+	         mt_format_size(a, sizeof(a), held),
+	         mt_format_size(b, sizeof(b), pend),
+	         mt_format_size(c, sizeof(c), bytes),
+	         mt_format_size(d, sizeof(d), req->host_limit));
+}
+
 int mts_admit(struct mts_registry *reg, const struct mts_peer *peer,
               const struct mts_admit_req *req, struct mts_admit_out *out)
 {
@@ -2112,6 +2180,8 @@ int mts_admit(struct mts_registry *reg, const struct mts_peer *peer,
 		mts_admit_decide_profile(reg, peer, group, bytes,
 		                         profiled ? &prof : NULL,
 		                         waiter_key(key, task), out);
+		if (out->admitted)
+			deny_host(reg, peer, req, bytes, out);
 	}
 	out->requested = bytes;
 	out->reserve = bytes;

@@ -23,6 +23,7 @@ enum mts_denial {
 	MTS_DENY_UID_BYTES,         /* past max_reserved_bytes_per_uid */
 	MTS_DENY_KIND_CAP, /* a new kind past max_kinds_per_uid/max_kinds */
 	MTS_DENY_NODE, /* node usage + reserved + request > the guard's line */
+	MTS_DENY_HOST_LIMIT, /* in_process: past the asker's own host_limit */
 	MTS_DENY__COUNT,
 };
 
@@ -143,6 +144,7 @@ struct mts_resv {
 	uint64_t host_gen;
 	uint64_t host_base;
 	int64_t lane_base;
+	bool lane_known; /* lane_base is the thread's lane's at its start */
 };
 
 /* What one kind of a task's workers use (admit.c): [0] admins' workers,
@@ -178,13 +180,14 @@ struct mts_task {
 
 struct mts_admit_req {
 	uint64_t bytes;
-	const char *group; /* "" or NULL = "default" */
-	const char *task;  /* "" or NULL = none */
-	uint32_t ttl_s;    /* 0 = policy default */
-	const char *kind;  /* "" or NULL = none; with a kind, bytes may be
-	                      0 (the kind's learned size is reserved) */
-	bool in_process;   /* the task runs inside the asking process */
-	uint32_t thread;   /* with in_process: its tid; 0 = the process */
+	const char *group;   /* "" or NULL = "default" */
+	const char *task;    /* "" or NULL = none */
+	uint32_t ttl_s;      /* 0 = policy default */
+	const char *kind;    /* "" or NULL = none; with a kind, bytes may be
+	                        0 (the kind's learned size is reserved) */
+	bool in_process;     /* the task runs inside the asking process */
+	uint32_t thread;     /* with in_process: its tid; 0 = the process */
+	uint64_t host_limit; /* with in_process: the asker's own limit */
 };
 
 struct mts_admit_out {

@@ -142,15 +142,17 @@ class Client:
         return self.call(list_processes=pb.ListProcesses(group=group)).processes
 
     def admit(self, nbytes=0, group="", task="", ttl_seconds=0, kind="",
-              in_process=False, thread=0):
+              in_process=False, thread=0, host_limit=0):
         """Ask for room. With a kind the server reserves what the kind's
         recent runs used (AdmitResult.reserved_for_task, sized_by), and
         nbytes may be 0; without one nbytes must be above 0. in_process:
         the task runs in this process (on thread `thread`, a tid; 0: the
-        whole process), whose growth memtallyd then counts as its use."""
+        whole process), whose growth memtallyd then counts as its use;
+        host_limit: denied unless this process stays within it."""
         return self.call(admit=pb.Admit(bytes=nbytes, group=group, task=task,
                                         ttl_seconds=ttl_seconds, kind=kind,
-                                        in_process=in_process, thread=thread))
+                                        in_process=in_process, thread=thread,
+                                        host_limit=host_limit))
 
     def kinds(self, kind=""):
         """The learned sizes of the kinds this peer may see."""

@@ -28,15 +28,26 @@ the client: `dask worker --preload memtally.dask SCHEDULER`.
   thread allocates from then on, within what the worker grows by, is the
   task's use. The reservation sets aside only what the task has not used
   yet, so nothing is counted twice, and the task's kind learns what it
-  really held, whatever else the worker's other threads run. The
+  really held, whatever else the worker's other threads run (give
+  memtallyd a lane for each of the worker's threads, `[server] lanes`:
+  the worker's threads plus about six; without one, each task is counted
+  an equal share of the worker's growth). The
   reservation's task name is the Dask key, so processes the task starts
   with MEMTALLY_TASK=<key> under the preload are counted against it
   instead (and teach its kind). Tasks on an executor that is not a thread
   pool (a process pool, an async task) run without admission.
-- Denied: the task goes back to the scheduler (it raises
-  distributed.Reschedule before its body runs), and the worker
+- Denied: asked again (at most every 0.5 s) for up to `wait` seconds
+  (default 10: this node's tasks end, and memtallyd keeps the room of the
+  request waiting longest); then the task goes back to the scheduler (it
+  raises distributed.Reschedule before its body runs), and the worker
   pauses itself for `pause` seconds (default 2) so that the scheduler
   places that task, and the next ones, on other workers.
+- The worker's own limit: with Dask's memory_limit set, the task is also
+  denied (`host_limit`) unless the worker's figure, what its running tasks
+  may still use of their grants, and the task's size stay under the
+  fraction where Dask pauses the worker: Dask ends a worker past its
+  `terminate` fraction with every task in it, a limit memtallyd does not
+  know. Such a denial goes back to the scheduler at once.
 - Never admissible: denied by a limit smaller than the task's size (the
   fleet's, its group's, the node guard's line, or what one uid may hold),
   which no amount of waiting on that node can change: the task fails at
@@ -74,7 +85,8 @@ Annotations: `memtally_bytes` (int or "600MiB"; unset: the kind's size;
 the reservation outlives a lost worker; 0: the server's default). Plugin
 arguments: `socket`, `interval`, `pause`, `timeout` (seconds per memtallyd
 request, default 2), `kinds` (default True; False: only tasks annotated
-with `memtally_bytes` are admitted, as before kinds). Logged as `distributed.memtally`, in the worker's log beside
+with `memtally_bytes` are admitted, as before kinds), `wait` (seconds a
+denied task asks again before it goes back; 0: at once). Logged as `distributed.memtally`, in the worker's log beside
 Dask's own lines.
 """
 import asyncio
@@ -116,6 +128,18 @@ def _kind(key):
         return ""
 
 
+def _host_limit(worker):
+    """What this worker may hold, as Dask limits it: its memory_limit at
+    the fraction where Dask pauses it (else where it ends it), since past
+    that Dask itself takes no task (and ends the worker, with every task
+    it runs, at `terminate`). 0: no limit of its own."""
+    mm = getattr(worker, "memory_manager", None)
+    limit = getattr(mm, "memory_limit", None) or 0
+    frac = (getattr(mm, "memory_pause_fraction", None)
+            or getattr(mm, "memory_terminate_fraction", None) or 0)
+    return int(limit * frac) if limit and frac else 0
+
+
 class Evicted(Exception):
     """A task's command was ended by its node, not by its own fault:
     memtallyd's node guard (`memtally run` exits 75 then) or a SIGKILL.
@@ -141,6 +165,8 @@ def _never_fits(r):
         what = f"the limit of group {scope[6:]}"
     elif scope == "node":
         what = "the node guard's line"
+    elif scope == "host":
+        what = "what the worker may hold (its memory limit)"
     elif scope.startswith("uid:") or scope == "tcp":
         what = f"what one uid may hold reserved ({scope})"
     else:
@@ -157,12 +183,13 @@ class Admission(WorkerPlugin):
     name = "memtally"
 
     def __init__(self, socket=None, interval=0.5, pause=2.0, timeout=2.0,
-                 kinds=True):
+                 kinds=True, wait=10.0):
         self.socket = socket
         self.kinds = bool(kinds)
         self.interval = float(interval)
         self.pause = float(pause)
         self.timeout = float(timeout)
+        self.wait = float(wait)
         self._gate = None
 
     def __getstate__(self):
@@ -175,7 +202,7 @@ class Admission(WorkerPlugin):
         sock = (self.socket or os.environ.get("MEMTALLY_SOCKET")
                 or DEFAULT_SOCKET)
         self._gate = _Gate(worker, sock, self.interval, self.pause,
-                           self.timeout, self.kinds)
+                           self.timeout, self.kinds, self.wait)
         self._gate.start()
 
     def teardown(self, worker):
@@ -212,13 +239,15 @@ class _Gate:
     thread pool of its own, so a slow memtallyd (bounded by the timeout)
     never stalls the loop."""
 
-    def __init__(self, worker, sock, interval, pause, timeout, kinds):
+    def __init__(self, worker, sock, interval, pause, timeout, kinds, wait):
         self.worker = worker
         self.kinds = kinds          # admit tasks without memtally_bytes
         self.sock = sock
         self.interval = interval
         self.pause = pause
         self.timeout = timeout
+        self.wait = wait
+        self.host_limit = _host_limit(worker)
         self.pool = ThreadPoolExecutor(2, thread_name_prefix="memtally")
         self.loop = None
         self.over = False           # memtallyd's fleet state, last asked
@@ -275,7 +304,8 @@ class _Gate:
         try:
             with self._client() as c:
                 r = c.admit(nbytes, group=group, task=task, ttl_seconds=ttl,
-                            kind=kind, in_process=True, thread=thread)
+                            kind=kind, in_process=True, thread=thread,
+                            host_limit=self.host_limit)
         except (OSError, MemtallyError) as e:
             self._failed(e)
             return None
@@ -337,8 +367,19 @@ class _Gate:
                 return function(*args, **kwargs)
             nbytes, group, ttl, kind = req
             task = _task_name(key)
-            r = self._admit(nbytes, group, task, ttl, kind,
-                            threading.get_native_id())
+            tid = threading.get_native_id()
+            r = self._admit(nbytes, group, task, ttl, kind, tid)
+            # Room this node may have soon (tasks end, memtallyd's queue
+            # keeps the longest waiter's place): asked again for up to
+            # `wait` seconds before the task goes back to the scheduler.
+            end = time.monotonic() + self.wait
+            delay = 0.05
+            while (r is not None and not r.admitted
+                   and r.limit_scope != "host" and not _never_fits(r)
+                   and time.monotonic() < end):
+                time.sleep(min(delay, max(0.0, end - time.monotonic())))
+                delay = min(delay * 2, 0.5)
+                r = self._admit(nbytes, group, task, ttl, kind, tid)
             if r is None:
                 return function(*args, **kwargs)
             if not r.admitted:

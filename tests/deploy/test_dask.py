@@ -160,8 +160,10 @@ def test_two_nodes():
                     env, MT_NODE=node, MEMTALLY_SOCKET=srv.socket), procs)
             client = Client(scheduler_file=sched_file, timeout=30 * MULT)
             client.wait_for_workers(2, timeout=60 * MULT)
+            # wait=0: a denied task goes back to the scheduler at once
+            # (the in-thread wait is test_in_process's).
             client.register_worker_plugin(
-                memtally.dask.Admission(interval=0.1, pause=1.0))
+                memtally.dask.Admission(interval=0.1, pause=1.0, wait=0))
             wA, wB = procs[1], procs[2]
             wait_for("plugin on both workers", lambda: all(
                 "memtally: admitting" in w.text() for w in (wA, wB)),
@@ -259,7 +261,10 @@ def test_in_process():
     procs, client = [], None
     gate = os.path.join(tmp, "gate")
     try:
-        with Server("--fleet-limit", "256MiB") as srv:
+        # A lane for each thread a worker allocates on (its event loop,
+        # Dask's and the plugin's pools, its task threads): what each
+        # task's thread allocated is then the task's.
+        with Server("--fleet-limit", "256MiB", "--lanes", "16") as srv:
             sched_file = start_scheduler(tmp, env, procs)
             # The worker process is memtally's worker: what its tasks
             # hold is counted as its own bytes.
@@ -388,6 +393,31 @@ def test_in_process():
             print(f"two threads of one worker: kind big learned "
                   f"{big / MiB:.1f} MiB, small {small / MiB:.1f} MiB "
                   f"(the worker grew by both, 112 MiB)")
+
+            # Denied for room that frees soon: the task asks again in its
+            # thread and runs once the first one ends, without going back
+            # to the scheduler (Admission's `wait`, 10 s by default).
+            os.unlink(gate)
+            s1 = os.path.join(tmp, "started-first")
+            s2 = os.path.join(tmp, "started-second")
+            with dask.annotate(memtally_bytes="200MiB"):
+                f1 = client.submit(hold, MiB, gate, s1, key="first-1",
+                                   workers=[q])
+            wait_for("first started", lambda: os.path.exists(s1), timeout=30)
+            with dask.annotate(memtally_bytes="100MiB"):
+                f2 = client.submit(hold, MiB, gate, s2, key="second-1",
+                                   workers=[q])
+            wait_for("second denied and waiting", lambda: any(
+                'task="second-1"' in line and "admission denied" in line
+                for line in srv.logtext().splitlines()), timeout=30)
+            check(not os.path.exists(s2), "second ran beside the first")
+            open(gate, "w").close()
+            check(f1.result(timeout=30) == MiB, "first result")
+            check(f2.result(timeout=30) == MiB, "second result")
+            check("rescheduled" not in w2.text(),
+                  "went back to the scheduler:\n" + w2.text()[-3000:])
+            print("a denied task waited in its thread and ran once room "
+                  "freed")
             client.close()
             client = None
     except BaseException:

@@ -417,10 +417,10 @@ static inline Memtally__V1__Response *fx_admit(uint32_t uid, uint64_t bytes,
 }
 
 /* An Admit by `pid` (of `uid`) of a task of `kind` run inside it, on
- * thread `thread` (0: the whole process). */
+ * thread `thread` (0: the whole process), within `host_limit` (0: none). */
 static inline __attribute__((unused)) Memtally__V1__Response *
 fx_admit_hosted(pid_t pid, uint32_t uid, uint64_t bytes, const char *kind,
-                uint32_t thread)
+                uint32_t thread, uint64_t host_limit)
 {
 	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
 	Memtally__V1__Admit a = MEMTALLY__V1__ADMIT__INIT;
@@ -429,6 +429,7 @@ fx_admit_hosted(pid_t pid, uint32_t uid, uint64_t bytes, const char *kind,
 	a.kind = (char *)kind;
 	a.in_process = true;
 	a.thread = thread;
+	a.host_limit = host_limit;
 	req.id = 61;
 	req.body_case = MEMTALLY__V1__REQUEST__BODY_ADMIT;
 	req.admit = &a;

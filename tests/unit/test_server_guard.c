@@ -315,7 +315,7 @@ Test(guard, tasks_run_inside_a_worker_are_its_reservation)
 	pid_t host = task_worker(FX_UID, "", 20 * MIB);
 	mts_core_tick(&srv.reg);
 	Memtally__V1__Response *r =
-	    fx_admit_hosted(host, FX_UID, 100 * MIB, "parse", 0);
+	    fx_admit_hosted(host, FX_UID, 100 * MIB, "parse", 0, 0);
 	cr_assert(r->admit_result->in_process);
 	memtally__v1__response__free_unpacked(r, NULL);
 	fx_write(mts_find_pid(&srv.reg, (uint32_t)host)->slot, 120 * MIB);

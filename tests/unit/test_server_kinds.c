@@ -758,7 +758,7 @@ Test(kinds, a_task_run_inside_its_asker_is_what_the_asker_grew_by)
 	mts_core_tick(&srv.reg);
 
 	Memtally__V1__Response *r =
-	    fx_admit_hosted(h, 1000, 100 * MIB, "parse", 0);
+	    fx_admit_hosted(h, 1000, 100 * MIB, "parse", 0, 0);
 	cr_assert(r->admit_result->admitted, "%s", r->admit_result->reason);
 	cr_assert(r->admit_result->in_process);
 	char id[MTS_RESV_ID_LEN + 1];
@@ -795,7 +795,7 @@ Test(kinds, a_hosted_task_on_a_thread_is_what_its_thread_grew_by)
 	lane_write(slot, 1, 4242, 8 * MIB);
 	mts_core_tick(&srv.reg);
 	Memtally__V1__Response *r =
-	    fx_admit_hosted(h, 1000, 100 * MIB, "parse", 4242);
+	    fx_admit_hosted(h, 1000, 100 * MIB, "parse", 4242, 0);
 	cr_assert(r->admit_result->in_process);
 	memtally__v1__response__free_unpacked(r, NULL);
 
@@ -825,6 +825,30 @@ Test(kinds, a_hosted_task_on_a_thread_is_what_its_thread_grew_by)
 	cr_assert_eq(k->runs[0].peak, 40 * MIB);
 }
 
+Test(kinds, a_hosted_task_whose_thread_has_no_lane_gets_an_equal_share)
+{
+	/* Every lane is taken by other threads: the tasks' threads publish
+	 * into the slot's overflow, and each of the two tasks is counted
+	 * half of what the worker grew by, not all of it. */
+	start_fleet(1024 * MIB);
+	pid_t h = fx_spawn();
+	uint32_t slot = fx_register_as(h, 1000, "", "");
+	uint32_t lanes = srv.reg.layout.lane_count;
+	for (uint32_t k = 0; k < lanes; k++)
+		lane_write(slot, k, 100 + k, k ? 0 : 50 * MIB);
+	mts_core_tick(&srv.reg);
+	for (uint32_t t = 0; t < 2; t++) {
+		Memtally__V1__Response *r = fx_admit_hosted(
+		    h, 1000, 100 * MIB, t ? "b" : "a", 7000 + t, 0);
+		cr_assert(r->admit_result->in_process);
+		memtally__v1__response__free_unpacked(r, NULL);
+	}
+	struct mtshm_slot_id *s = mts_slot(&srv.reg, slot);
+	mtshm_store_relaxeds64(&s->overflow, 60 * MIB);
+	mts_core_tick(&srv.reg);
+	cr_assert_eq(srv.reg.totals.reserved, 2 * (100 - 30) * MIB);
+}
+
 Test(kinds, only_the_asker_itself_hosts_a_task)
 {
 	start_fleet(1024 * MIB);
@@ -833,12 +857,12 @@ Test(kinds, only_the_asker_itself_hosts_a_task)
 	/* The test process is not registered: it cannot host, and so
 	 * cannot make another process's growth its task's. */
 	Memtally__V1__Response *r =
-	    fx_admit_hosted(getpid(), 1000, 10 * MIB, "parse", 0);
+	    fx_admit_hosted(getpid(), 1000, 10 * MIB, "parse", 0, 0);
 	cr_assert(r->admit_result->admitted);
 	cr_assert_not(r->admit_result->in_process);
 	memtally__v1__response__free_unpacked(r, NULL);
 	/* Nor can another uid's peer with the worker's pid. */
-	r = fx_admit_hosted(h, 1001, 10 * MIB, "", 0);
+	r = fx_admit_hosted(h, 1001, 10 * MIB, "", 0, 0);
 	cr_assert(r->admit_result->admitted);
 	cr_assert_not(r->admit_result->in_process);
 	memtally__v1__response__free_unpacked(r, NULL);
@@ -893,4 +917,38 @@ Test(kinds, a_first_run_declared_within_the_room_reserves_its_declaration)
 	cr_assert_eq(reserved_for(1000, 50 * MIB, "mid", why, sizeof(why)),
 	             50 * MIB);
 	cr_assert(strstr(why, "declared; kind mid has no history"), "%s", why);
+}
+
+Test(kinds, a_hosted_task_stays_within_its_workers_own_limit)
+{
+	/* A worker of 50 MiB runs a task granted 100 MiB that has used 20
+	 * so far (the worker holds 70): it may still use 80. Its own limit
+	 * is 220 MiB (Dask's memory_limit): a 60 MiB task fits (70 + 80 +
+	 * 60), a further 30 MiB does not (70 + 140 + 30), whatever room the
+	 * fleet has. */
+	start_fleet(1024 * MIB);
+	pid_t h = fx_spawn();
+	uint32_t slot = fx_register_as(h, 1000, "", "");
+	fx_write(slot, 50 * MIB);
+	mts_core_tick(&srv.reg);
+	Memtally__V1__Response *r =
+	    fx_admit_hosted(h, 1000, 100 * MIB, "a", 0, 220 * MIB);
+	cr_assert(r->admit_result->admitted, "%s", r->admit_result->reason);
+	memtally__v1__response__free_unpacked(r, NULL);
+	fx_write(slot, 70 * MIB);
+	mts_core_tick(&srv.reg);
+	r = fx_admit_hosted(h, 1000, 60 * MIB, "b", 0, 220 * MIB);
+	cr_assert(r->admit_result->admitted, "%s", r->admit_result->reason);
+	memtally__v1__response__free_unpacked(r, NULL);
+	r = fx_admit_hosted(h, 1000, 30 * MIB, "c", 0, 220 * MIB);
+	cr_assert_not(r->admit_result->admitted);
+	cr_assert_str_eq(r->admit_result->limit_scope, "host");
+	cr_assert_eq(r->admit_result->limit, 220 * MIB);
+	cr_assert(strstr(r->admit_result->reason, "host limit"), "%s",
+	          r->admit_result->reason);
+	memtally__v1__response__free_unpacked(r, NULL);
+	/* Without a limit of its own, the fleet decides. */
+	r = fx_admit_hosted(h, 1000, 30 * MIB, "c", 0, 0);
+	cr_assert(r->admit_result->admitted);
+	memtally__v1__response__free_unpacked(r, NULL);
 }
