@@ -15,7 +15,11 @@ Each worker asks its own node's memtallyd (`memtally_socket` in the app's
 config, else $MEMTALLY_SOCKET, else /run/memtally/memtally.sock) for
 `memtally_bytes` before it runs such a task. Admitted: the task runs under
 the reservation (released when it returns, or by its TTL if the worker
-dies). Denied: the message goes back to the broker's queue untouched, for
+dies), as a task run inside its pool process on its thread: when the pool
+process runs under memtally's preload, what that thread allocates from
+then on is the task's use, so the reservation stops counting what the
+process's figure already does, and the task's kind (its name) learns what
+it really holds. Denied: the message goes back to the broker's queue untouched, for
 another node's worker (or this one, later) to take.
 
 How a denied task goes back, and why this way:
@@ -204,9 +208,13 @@ class AdmittedTask(Task):
                                                   "memtally_timeout", 2))) as c:
                 # The task's name is its kind: memtallyd reserves what
                 # this task's recent runs used, nbytes being its ceiling.
+                # It runs here, in this pool process's thread: memtallyd
+                # counts what the thread allocates from now on as its use
+                # (processes it starts with MEMTALLY_TASK, as theirs).
                 r = c.admit(nbytes, group=self.memtally_group or "",
                             task=task_id, ttl_seconds=int(self.memtally_ttl),
-                            kind=self.name or "")
+                            kind=self.name or "", in_process=True,
+                            thread=threading.get_native_id())
         except (OSError, MemtallyError) as e:
             _fail_open(sock, e)
             return super().__call__(*args, **kwargs)
