@@ -2120,6 +2120,40 @@ static void deny_host(const struct mts_registry *reg,
 	         mt_format_size(d, sizeof(d), req->host_limit));
 }
 
+/*
+ * A first run (its kind has no history) declared above all its worker may
+ * ever hold for it (Admit.host_limit less the worker's own memory, what
+ * it holds beside its tasks) could never run there, and its kind never
+ * learn: it is sized at that instead, as a first run beside the fleet's
+ * other processes is (first_run_room).
+ */
+static uint64_t first_run_in_host(const struct mts_registry *reg,
+                                  const struct mts_peer *peer,
+                                  const struct mts_admit_req *req,
+                                  uint64_t bytes, char *why, size_t whylen)
+{
+	if (!req->in_process || !req->host_limit)
+		return bytes;
+	const struct mts_proc *p = host_of(reg, peer);
+	if (!p)
+		return bytes;
+	uint64_t own = host_vouched(reg, p);
+	for (uint32_t i = 0; reg->adm->nhosted && i < reg->adm->nresv; i++) {
+		const struct mts_resv *r = reg->adm->resv[i];
+		if (hosted_by(r, p->pid))
+			own = own > r->use ? own - r->use : 0;
+	}
+	uint64_t room = req->host_limit > own ? req->host_limit - own : 0;
+	if (!room || bytes <= room)
+		return bytes;
+	char a[32];
+	size_t n = strlen(why);
+	snprintf(why + n, whylen - n,
+	         "; a first run: %s, all its worker may hold beside its own",
+	         mt_format_size(a, sizeof(a), room));
+	return room;
+}
+
 int mts_admit(struct mts_registry *reg, const struct mts_peer *peer,
               const struct mts_admit_req *req, struct mts_admit_out *out)
 {
@@ -2155,6 +2189,9 @@ int mts_admit(struct mts_registry *reg, const struct mts_peer *peer,
 	uint64_t bytes =
 	    size_request(reg, key, waiter_key(key, task), kind, req->bytes,
 	                 sized_by, sizeof(sized_by), &learned);
+	if (!learned && kind[0] && req->bytes && bytes > 0)
+		bytes = first_run_in_host(reg, peer, req, bytes, sized_by,
+		                          sizeof(sized_by));
 	/* A learned size with a task to follow also follows the kind's
 	 * profile: it sets aside what the task is expected to hold at its
 	 * age, and admission sees what it will grow into. */

@@ -952,3 +952,23 @@ Test(kinds, a_hosted_task_stays_within_its_workers_own_limit)
 	cr_assert(r->admit_result->admitted);
 	memtally__v1__response__free_unpacked(r, NULL);
 }
+
+Test(kinds, a_first_run_above_what_its_worker_may_hold_is_sized_to_fit)
+{
+	/* A Dask worker of 60 MiB whose own limit is 200 MiB: a first run
+	 * declared at 300 MiB could never run in it (a kind without a
+	 * history keeps its declaration), so it is sized at the 140 MiB
+	 * the worker may hold beside its own, to run and learn. */
+	start_fleet(1024 * MIB);
+	pid_t h = fx_spawn();
+	uint32_t slot = fx_register_as(h, 1000, "", "");
+	fx_write(slot, 60 * MIB);
+	mts_core_tick(&srv.reg);
+	Memtally__V1__Response *r =
+	    fx_admit_hosted(h, 1000, 300 * MIB, "x", 0, 200 * MIB);
+	cr_assert(r->admit_result->admitted, "%s", r->admit_result->reason);
+	cr_assert_eq(r->admit_result->reserved_for_task, 140 * MIB);
+	cr_assert(strstr(r->admit_result->sized_by, "a first run"), "%s",
+	          r->admit_result->sized_by);
+	memtally__v1__response__free_unpacked(r, NULL);
+}
