@@ -102,9 +102,9 @@ struct memtally_group_usage {
 	uint64_t allocator_free; /* part of `bytes`: memory the workers'
 	                          * allocators keep free for them (0: not
 	                          * reported) */
-	uint64_t unvouched; /* claimed by members of untrusted uids beyond
-	                     * what the kernel vouches for: left out of
-	                     * `bytes` (see memtally_usage) */
+	uint64_t unvouched;      /* claimed by members of untrusted uids beyond
+	                          * what the kernel vouches for: left out of
+	                          * `bytes` (see memtally_usage) */
 	/* Zero. Elements of an array (memtally_usage.groups) cannot grow
 	 * without changing the array's stride: later fields take these. */
 	uint64_t reserved_words[2];
@@ -147,12 +147,12 @@ struct memtally_usage {
 	                          * but not given back (glibc's freed chunks);
 	                          * heap = bytes - mapped - allocator_free (0:
 	                          * not reported) */
-	uint64_t unvouched; /* what workers of uids the server does not
-	                     * trust claim beyond what the kernel vouches
-	                     * for (resident and swapped anonymous memory,
-	                     * plus a bounded allowance): left out of `bytes`,
-	                     * of the state and of admission for other users
-	                     * (0: none, or not reported) */
+	uint64_t unvouched;      /* what workers of uids the server does not
+	                          * trust claim beyond what the kernel vouches
+	                          * for (resident and swapped anonymous memory,
+	                          * plus a bounded allowance): left out of `bytes`,
+	                          * of the state and of admission for other users
+	                          * (0: none, or not reported) */
 };
 
 /* One registered worker process. */
@@ -167,9 +167,9 @@ struct memtally_process {
 	bool corrupt; /* absurd counters: quarantined, not summed */
 	uint32_t uid;
 	uint32_t slot;
-	uint32_t threads; /* live accounted threads */
-	uint64_t flushes; /* into its lanes; a thread's latest quiet ones
-	                   * (fewer than 64) join at its next full flush */
+	uint32_t threads;    /* live accounted threads */
+	uint64_t flushes;    /* into its lanes; a thread's latest quiet ones
+	                      * (fewer than 64) join at its next full flush */
 	const char *task;    /* "" = none */
 	uint64_t start_time; /* /proc/PID/stat field 22, clock ticks */
 	const char *comm;
@@ -411,6 +411,9 @@ struct memtally_kinds {
 	const struct memtally_kind *kinds; /* by uid, then name */
 };
 
+/* Steps of a kind's profile (memtally_kind_profile). */
+#define MEMTALLY_KIND_STEPS 8
+
 /*
  * The learned sizes of the kinds the peer may see (`kind` NULL or "":
  * every one; else that name only). Free *out with memtally_kinds_free().
@@ -418,6 +421,17 @@ struct memtally_kinds {
  */
 MEMTALLY_EXTERN int memtally_query_kinds(memtally_query *q, const char *kind,
                                          struct memtally_kinds **out);
+
+/*
+ * The profile of k->kinds[i]: what its next task is expected to hold in
+ * each of MEMTALLY_KIND_STEPS equal steps of *length_ms (a reservation
+ * of it with a task follows these steps). 0, or MEMTALLY_ENOTFOUND when the
+ * kind has no runs with a length (or the server is from before profiles),
+ * -EINVAL for a bad index.
+ */
+MEMTALLY_EXTERN int memtally_kind_profile(const struct memtally_kinds *k,
+                                          size_t i, uint32_t *length_ms,
+                                          uint64_t bytes[MEMTALLY_KIND_STEPS]);
 
 /* Free a result of memtally_query_kinds(). Accepts NULL. */
 MEMTALLY_EXTERN void memtally_kinds_free(struct memtally_kinds *k);

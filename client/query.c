@@ -1076,6 +1076,12 @@ void memtally_admit_result_free(struct memtally_admit_result *r)
 
 /* ---- kinds -------------------------------------------------------- */
 
+/* A kind's profile, kept beside the public result. */
+struct kind_profile {
+	uint32_t length_ms; /* 0: none */
+	uint64_t bytes[MEMTALLY_KIND_STEPS];
+};
+
 int memtally_query_kinds(memtally_query *q, const char *kind,
                          struct memtally_kinds **out)
 {
@@ -1096,7 +1102,8 @@ int memtally_query_kinds(memtally_query *q, const char *kind,
 	if (err)
 		return err;
 	const Memtally__V1__KindsResult *r = resp->kinds_result;
-	/* One block: the result, the kinds, their runs, then the strings. */
+	/* One block: the result, the kinds, their runs, their profiles
+	 * (memtally_kind_profile), then the strings. */
 	size_t nk = r->n_kinds, nr = 0, pool = 0;
 	for (size_t i = 0; i < nk; i++) {
 		nr += r->kinds[i]->n_last;
@@ -1105,14 +1112,16 @@ int memtally_query_kinds(memtally_query *q, const char *kind,
 	}
 	struct memtally_kinds *k =
 	    calloc(1, sizeof(*k) + nk * sizeof(struct memtally_kind) +
-	                  nr * sizeof(struct memtally_kind_run) + pool);
+	                  nr * sizeof(struct memtally_kind_run) +
+	                  nk * sizeof(struct kind_profile) + pool);
 	if (!k) {
 		memtally__v1__response__free_unpacked(resp, NULL);
 		return -ENOMEM;
 	}
 	struct memtally_kind *ks = (struct memtally_kind *)(k + 1);
 	struct memtally_kind_run *runs = (struct memtally_kind_run *)(ks + nk);
-	char *cursor = (char *)(runs + nr);
+	struct kind_profile *profs = (struct kind_profile *)(runs + nr);
+	char *cursor = (char *)(profs + nk);
 	k->quantile = rate_or_0(r->quantile);
 	k->margin = rate_or_0(r->margin);
 	k->window = r->window;
@@ -1135,6 +1144,12 @@ int memtally_query_kinds(memtally_query *q, const char *kind,
 		    .n_last = ki->n_last,
 		    .last = ki->n_last ? runs : NULL,
 		};
+		if (ki->length_ms &&
+		    ki->n_profile_bytes == MEMTALLY_KIND_STEPS) {
+			profs[i].length_ms = ki->length_ms;
+			memcpy(profs[i].bytes, ki->profile_bytes,
+			       sizeof(profs[i].bytes));
+		}
 		for (size_t j = 0; j < ki->n_last; j++)
 			*runs++ = (struct memtally_kind_run){
 			    .peak = ki->last[j]->peak_bytes,
@@ -1150,6 +1165,31 @@ int memtally_query_kinds(memtally_query *q, const char *kind,
 void memtally_kinds_free(struct memtally_kinds *k)
 {
 	free(k);
+}
+
+int memtally_kind_profile(const struct memtally_kinds *k, size_t i,
+                          uint32_t *length_ms,
+                          uint64_t bytes[MEMTALLY_KIND_STEPS])
+{
+	if (!k || i >= k->n_kinds)
+		return -EINVAL;
+	/* The profiles follow the runs in the block memtally_query_kinds
+	 * allocated (a struct memtally_kind has no room for them: its size
+	 * is the ABI's). */
+	size_t nr = 0;
+	for (size_t j = 0; j < k->n_kinds; j++)
+		nr += k->kinds[j].n_last;
+	const struct memtally_kind_run *runs =
+	    (const struct memtally_kind_run *)(k->kinds + k->n_kinds);
+	const struct kind_profile *p =
+	    (const struct kind_profile *)(runs + nr) + i;
+	if (!p->length_ms)
+		return MEMTALLY_ENOTFOUND;
+	if (length_ms)
+		*length_ms = p->length_ms;
+	if (bytes)
+		memcpy(bytes, p->bytes, sizeof(p->bytes));
+	return 0;
 }
 
 int memtally_query_release(memtally_query *q, const char *reservation,

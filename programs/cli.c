@@ -1478,8 +1478,9 @@ static int cmd_watch(struct cli *c)
 /* {"kinds": [{"kind": S|null, "uid": N, "runs": N, "runs_total": N,
  * "learned": N|null, "learned_by": S, "evictions": N, "outstanding": N,
  * "last_peaks": [N...], "last": [{"peak": N, "end_time_ns": N,
- * "evicted": B}...]}...], "quantile": F, "margin": F, "window": N,
- * "horizon_s": N, "default_size": N}. */
+ * "evicted": B}...], "profile": {"length_ms": N, "bytes": [N x 8]}|null}
+ * ...], "quantile": F, "margin": F, "window": N, "horizon_s": N,
+ * "default_size": N}. */
 static json_t *json_kinds(const struct memtally_kinds *k)
 {
 	json_t *list = json_array();
@@ -1499,9 +1500,20 @@ static json_t *json_kinds(const struct memtally_kinds *k)
 				"evicted", (int)e->last[j].evicted));
 			/* clang-format on */
 		}
+		json_t *prof = json_null();
+		uint32_t len;
+		uint64_t steps[MEMTALLY_KIND_STEPS];
+		if (memtally_kind_profile(k, i, &len, steps) == 0) {
+			json_t *b = json_array();
+			for (size_t j = 0; b && j < MEMTALLY_KIND_STEPS; j++)
+				json_array_append_new(
+				    b, json_integer(jint(steps[j])));
+			prof = json_pack("{s:I, s:o}", "length_ms",
+			                 (json_int_t)len, "bytes", b);
+		}
 		/* clang-format off */
 		json_t *je = json_pack(
-			"{s:o, s:I, s:I, s:I, s:o, s:o, s:I, s:I, s:o, s:o}",
+			"{s:o, s:I, s:I, s:I, s:o, s:o, s:I, s:I, s:o, s:o, s:o}",
 			"kind", e->kind[0] ? jstr(e->kind) : json_null(),
 			"uid", (json_int_t)e->uid,
 			"runs", (json_int_t)e->runs,
@@ -1511,7 +1523,8 @@ static json_t *json_kinds(const struct memtally_kinds *k)
 			"evictions", jint(e->evictions),
 			"outstanding", (json_int_t)e->outstanding,
 			"last_peaks", peaks,
-			"last", last);
+			"last", last,
+			"profile", prof);
 		/* clang-format on */
 		if (json_array_append_new(list, je) < 0) {
 			json_decref(list);
@@ -1532,14 +1545,25 @@ static json_t *json_kinds(const struct memtally_kinds *k)
 static void print_kinds(const struct memtally_kinds *k)
 {
 	char b[16];
-	printf("%-24s %10s %6s %10s %9s  %s\n", "KIND", "UID", "RUNS",
-	       "LEARNED", "EVICTIONS", "LAST PEAKS (newest first)");
+	printf("%-24s %10s %6s %10s %9s %-24s  %s\n", "KIND", "UID", "RUNS",
+	       "LEARNED", "EVICTIONS", "PROFILE (length: first..most)",
+	       "LAST PEAKS (newest first)");
 	for (size_t i = 0; i < k->n_kinds; i++) {
 		const struct memtally_kind *e = &k->kinds[i];
 		put_clean(e->kind[0] ? e->kind : "-", 24);
 		printf(" %10" PRIu32 " %6" PRIu32 " %10s %9" PRIu64 " ", e->uid,
 		       e->runs, e->learned ? fmt_size(b, e->learned) : "-",
 		       e->evictions);
+		char pr[64] = "-", f[16], m[16];
+		uint32_t len;
+		uint64_t steps[MEMTALLY_KIND_STEPS], most = 0;
+		if (memtally_kind_profile(k, i, &len, steps) == 0) {
+			for (size_t j = 0; j < MEMTALLY_KIND_STEPS; j++)
+				most = steps[j] > most ? steps[j] : most;
+			snprintf(pr, sizeof(pr), "%.1fs: %s..%s", len / 1000.0,
+			         fmt_size(f, steps[0]), fmt_size(m, most));
+		}
+		printf("%-24s ", pr);
 		for (size_t j = 0; j < e->n_last && j < 4; j++)
 			printf(" %s%s", fmt_size(b, e->last[j].peak),
 			       e->last[j].evicted ? "!" : "");

@@ -269,6 +269,16 @@ class Server:
                                  f"({out.returncode}): {out.stderr.decode()}")
         return json.loads(out.stdout)
 
+    def cli_text(self, *args):
+        """The CLI's table (no --json), as text."""
+        out = subprocess.run([CLI, "--socket", self.socket, *args],
+                             capture_output=True, text=True,
+                             timeout=30 * MULT)
+        if out.returncode != 0:
+            raise AssertionError(f"memtally {' '.join(args)} failed "
+                                 f"({out.returncode}): {out.stderr}")
+        return out.stdout
+
     def status(self):
         return self.cli("status")
 

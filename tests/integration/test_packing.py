@@ -170,9 +170,21 @@ def test_learned_sizes_pack_the_node():
                 check(1.0 <= ratio <= 1.15,
                       "%s: learned %.1f MiB for a real peak of %d MiB "
                       "(%.3fx)" % (kind, k["learned"] / MIB, peak, ratio))
+                # Its profile: the learned size at its largest step,
+                # over a length its runs took.
+                prof = k["profile"]
+                check(prof and prof["length_ms"] > 0
+                      and max(prof["bytes"]) == k["learned"],
+                      "%s: profile %s, learned %d" % (kind, prof,
+                                                      k["learned"]))
                 print("  %s: real peak %d MiB, learned %.1f MiB (%.3fx), "
-                      "%s" % (kind, peak, k["learned"] / MIB, ratio,
-                              k["learned_by"]), flush=True)
+                      "%s; profile over %.1f s" % (
+                          kind, peak, k["learned"] / MIB, ratio,
+                          k["learned_by"], prof["length_ms"] / 1000),
+                      flush=True)
+            table = s.cli_text("kinds")
+            check("PROFILE" in table and "s: " in table,
+                  "no profile in the table:\n" + table)
             check(s.proc.poll() is None, "memtallyd died")
     finally:
         cg.remove()
