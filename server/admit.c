@@ -2079,12 +2079,27 @@ static uint64_t size_request(const struct mts_registry *reg, uint32_t key,
 	return d;
 }
 
+/* What host `p` holds of its own, beside the tasks it runs. */
+static uint64_t host_own(const struct mts_registry *reg,
+                         const struct mts_proc *p)
+{
+	uint64_t own = host_vouched(reg, p);
+	for (uint32_t i = 0; reg->adm->nhosted && i < reg->adm->nresv; i++) {
+		const struct mts_resv *r = reg->adm->resv[i];
+		if (hosted_by(r, p->pid))
+			own = own > r->use ? own - r->use : 0;
+	}
+	return own;
+}
+
 /*
  * A task run inside a worker that has a memory limit of its own (Dask's
  * memory_limit, past which Dask ends the worker and every task in it;
  * memtallyd does not know it): denied unless the worker's figure, what
  * its running tasks may still use of their grants, and the request fit
- * under Admit.host_limit. The asker limits only itself.
+ * under Admit.host_limit. The asker limits only itself. The answer's
+ * limit is all the worker can ever give a task, its limit less its own
+ * memory: a request above it can never run there.
  */
 static void deny_host(const struct mts_registry *reg,
                       const struct mts_peer *peer,
@@ -2104,28 +2119,32 @@ static void deny_host(const struct mts_registry *reg,
 	}
 	if (mt_sat_add(mt_sat_add(held, pend), bytes) <= req->host_limit)
 		return;
-	char a[32], b[32], c[32], d[32];
+	uint64_t own = host_own(reg, p);
+	uint64_t room = req->host_limit > own ? req->host_limit - own : 0;
+	char a[32], b[32], c[32], d[32], e[32];
 	out->admitted = false;
 	out->reason = MTS_DENY_HOST_LIMIT;
 	snprintf(out->scope, sizeof(out->scope), "host");
 	out->measured = held;
 	out->reserved = pend;
-	out->limit = req->host_limit;
+	out->limit = room;
 	snprintf(out->why, sizeof(out->why),
 	         "host limit: %s held by the worker + %s its running tasks "
-	         "may still use + %s requested > %s (its own limit)",
+	         "may still use + %s requested > %s (its own limit; at most "
+	         "%s beside its own memory)",
 	         mt_format_size(a, sizeof(a), held),
 	         mt_format_size(b, sizeof(b), pend),
 	         mt_format_size(c, sizeof(c), bytes),
-	         mt_format_size(d, sizeof(d), req->host_limit));
+	         mt_format_size(d, sizeof(d), req->host_limit),
+	         mt_format_size(e, sizeof(e), room));
 }
 
 /*
  * A first run (its kind has no history) declared above all its worker may
- * ever hold for it (Admit.host_limit less the worker's own memory, what
- * it holds beside its tasks) could never run there, and its kind never
- * learn: it is sized at that instead, as a first run beside the fleet's
- * other processes is (first_run_room).
+ * ever hold for it (Admit.host_limit less the worker's own memory)
+ * could never run there, and its kind never learn: it is sized at that
+ * instead, as a first run beside the fleet's other processes is
+ * (first_run_room).
  */
 static uint64_t first_run_in_host(const struct mts_registry *reg,
                                   const struct mts_peer *peer,
@@ -2137,12 +2156,7 @@ static uint64_t first_run_in_host(const struct mts_registry *reg,
 	const struct mts_proc *p = host_of(reg, peer);
 	if (!p)
 		return bytes;
-	uint64_t own = host_vouched(reg, p);
-	for (uint32_t i = 0; reg->adm->nhosted && i < reg->adm->nresv; i++) {
-		const struct mts_resv *r = reg->adm->resv[i];
-		if (hosted_by(r, p->pid))
-			own = own > r->use ? own - r->use : 0;
-	}
+	uint64_t own = host_own(reg, p);
 	uint64_t room = req->host_limit > own ? req->host_limit - own : 0;
 	if (!room || bytes <= room)
 		return bytes;

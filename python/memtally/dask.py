@@ -45,9 +45,10 @@ the client: `dask worker --preload memtally.dask SCHEDULER`.
 - The worker's own limit: with Dask's memory_limit set, the task is also
   denied (`host_limit`) unless the worker's figure, what its running tasks
   may still use of their grants, and the task's size stay under the
-  fraction where Dask pauses the worker: Dask ends a worker past its
-  `terminate` fraction with every task in it, a limit memtallyd does not
-  know. Such a denial goes back to the scheduler at once.
+  fraction where Dask's nanny ends the worker with every task in it
+  (`terminate`), a limit memtallyd does not know. Such a denial goes back
+  to the scheduler at once; a task larger than the worker can ever give
+  one beside its own memory fails as never admissible.
 - Never admissible: denied by a limit smaller than the task's size (the
   fleet's, its group's, the node guard's line, or what one uid may hold),
   which no amount of waiting on that node can change: the task fails at
@@ -130,13 +131,17 @@ def _kind(key):
 
 def _host_limit(worker):
     """What this worker may hold, as Dask limits it: its memory_limit at
-    the fraction where Dask pauses it (else where it ends it), since past
-    that Dask itself takes no task (and ends the worker, with every task
-    it runs, at `terminate`). 0: no limit of its own."""
+    the fraction where Dask's nanny ends it, with every task it runs
+    (`distributed.worker.memory.terminate`, 0.95 by default). Tasks are
+    admitted on their learned sizes, each with its kind's margin, up to
+    that line. 0: no limit of its own."""
     mm = getattr(worker, "memory_manager", None)
     limit = getattr(mm, "memory_limit", None) or 0
-    frac = (getattr(mm, "memory_pause_fraction", None)
-            or getattr(mm, "memory_terminate_fraction", None) or 0)
+    try:
+        import dask
+        frac = dask.config.get("distributed.worker.memory.terminate")
+    except Exception:  # noqa: BLE001 - Dask's default
+        frac = 0.95
     return int(limit * frac) if limit and frac else 0
 
 
