@@ -170,8 +170,6 @@ def _never_fits(r):
         what = f"the limit of group {scope[6:]}"
     elif scope == "node":
         what = "the node guard's line"
-    elif scope == "host":
-        what = "what the worker may hold (its memory limit)"
     elif scope.startswith("uid:") or scope == "tcp":
         what = f"what one uid may hold reserved ({scope})"
     else:
@@ -253,6 +251,7 @@ class _Gate:
         self.timeout = timeout
         self.wait = wait
         self.host_limit = _host_limit(worker)
+        self.base = None            # the worker's own, when last idle
         self.pool = ThreadPoolExecutor(2, thread_name_prefix="memtally")
         self.loop = None
         self.over = False           # memtallyd's fleet state, last asked
@@ -400,7 +399,8 @@ class _Gate:
         fails, naming the figures) when no amount of waiting on this node
         can admit it, else Reschedule (back to the scheduler, its body
         never ran) after pausing the worker."""
-        never = _never_fits(r)
+        never = self._never_in_worker(r) if r.limit_scope == "host" \
+            else _never_fits(r)
         if never:
             err = NeverAdmitted(f"memtally: task {task} {never} on "
                                 f"{self.worker.address} (memtallyd at "
@@ -416,6 +416,40 @@ class _Gate:
         # on the same ordered stream), so it is not sent back here.
         self.loop.call_soon_threadsafe(self._denied)
         raise Reschedule()
+
+    def _never_in_worker(self, r):
+        """Why a host-limit denial can never become a grant in this
+        worker, or "": the task is larger than the worker's limit less
+        what it held of its own when it last ran no task. (The denial's
+        own figure is less: it counts memory the worker's finished tasks
+        left, which it gives back.)"""
+        if self.base is None or not self.host_limit:
+            return ""
+        room = max(0, self.host_limit - self.base)
+        if r.requested_bytes <= room:
+            return ""
+        why = r.sized_by.split(": ", 1)[-1] if r.sized_by else "declared"
+        return (f"needs {human(r.requested_bytes)} ({why}), more than this "
+                f"worker can hold beside its own {human(self.base)} under "
+                f"its limit of {human(self.host_limit)} (Dask's "
+                f"terminate line),")
+
+    def _own_bytes(self):
+        """What memtallyd counts for this worker process (per its
+        `measure`), or None when it counts nothing."""
+        try:
+            with self._client() as c:
+                u = c.usage(pid=os.getpid())
+        except (OSError, MemtallyError):
+            return None
+        p = u.process
+        if not p.pid:
+            return None
+        if u.measure == "rss":
+            return p.rss_bytes
+        if u.measure == "max":
+            return max(p.bytes, p.rss_bytes)
+        return p.bytes
 
     # -- the worker side (event loop) -------------------------------------
     def _denied(self):
@@ -434,6 +468,11 @@ class _Gate:
             try:
                 self.over = await self._ask(self._fleet_over)
                 self._apply()
+                if self.host_limit and not self.worker.state.executing_count:
+                    # Idle: what the worker holds of its own.
+                    base = await self._ask(self._own_bytes)
+                    if base is not None:
+                        self.base = base
             except asyncio.CancelledError:
                 raise
             except Exception:  # noqa: BLE001 - keep watching
