@@ -129,6 +129,22 @@ def _kind(key):
         return ""
 
 
+# An idle worker holding this much more than it first held has its heap
+# trimmed, at most every TRIM_EVERY seconds (_Gate._idle).
+TRIM_ABOVE = 16 << 20
+TRIM_EVERY = 5.0
+
+
+def _malloc_trim():
+    """glibc's malloc_trim(0): free memory the allocator keeps goes back to
+    the kernel. False where there is none."""
+    try:
+        import ctypes
+        return bool(ctypes.CDLL("libc.so.6").malloc_trim(0))
+    except (OSError, AttributeError):
+        return False
+
+
 def _host_limit(worker):
     """What this worker may hold, as Dask limits it: its memory_limit at
     the fraction where Dask's nanny ends it, with every task it runs
@@ -252,6 +268,8 @@ class _Gate:
         self.wait = wait
         self.host_limit = _host_limit(worker)
         self.base = None            # the worker's own, when last idle
+        self.first = None           # ... when first idle
+        self.trimmed = 0.0          # its heap last trimmed then
         self.pool = ThreadPoolExecutor(2, thread_name_prefix="memtally")
         self.loop = None
         self.over = False           # memtallyd's fleet state, last asked
@@ -469,15 +487,32 @@ class _Gate:
                 self.over = await self._ask(self._fleet_over)
                 self._apply()
                 if self.host_limit and not self.worker.state.executing_count:
-                    # Idle: what the worker holds of its own.
-                    base = await self._ask(self._own_bytes)
-                    if base is not None:
-                        self.base = base
+                    await self._idle()
             except asyncio.CancelledError:
                 raise
             except Exception:  # noqa: BLE001 - keep watching
                 log.exception("memtally: checking the fleet's state")
             await asyncio.sleep(self.interval)
+
+    async def _idle(self):
+        """The worker runs no task: note what it holds of its own. Freed
+        memory its allocator keeps (glibc's per-thread arenas, after
+        tasks on several threads) is part of that until given back, so a
+        worker well above what it first held trims its heap first
+        (malloc_trim, at most every TRIM_EVERY seconds), as Dask's own
+        advice for unmanaged memory does."""
+        base = await self._ask(self._own_bytes)
+        if base is None:
+            return
+        if self.first is None:
+            self.first = base
+        now = time.monotonic()
+        if base > self.first + TRIM_ABOVE and now >= self.trimmed + \
+                TRIM_EVERY:
+            self.trimmed = now
+            if _malloc_trim():
+                base = await self._ask(self._own_bytes) or base
+        self.base = base
 
     def _apply(self):
         """Pause the worker while memtally wants it paused; resume it when
