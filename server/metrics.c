@@ -693,8 +693,9 @@ static void render_procs(struct out *o, const struct mts_registry *reg,
 	            "or the fleet.",
 	            P_UNVOUCHED, false);
 	proc_family(o, reg, pl, "memtally_process_rss_bytes",
-	            "Resident set of a worker, from /proc/PID/statm.", P_RSS,
-	            false);
+	            "Resident anonymous and shared memory of a worker (RssAnon "
+	            "+ RssShmem).",
+	            P_RSS, false);
 	proc_family(o, reg, pl, "memtally_process_limit_bytes",
 	            "Per-process limit in force; absent when there is none.",
 	            P_LIMIT, true);

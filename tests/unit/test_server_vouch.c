@@ -5,6 +5,7 @@
  */
 #include "test_server_fixture.h"
 
+#include <sys/mman.h>
 #include <time.h>
 
 #define LIAR_UID 2000u
@@ -356,7 +357,8 @@ Test(vouch, mapped_bounded_by_the_kernel_once_old)
 	cr_assert(p->mapped_young);
 	mts_mapped_read(&srv.reg, p, 95 * MIB, mts_now_monotonic());
 	mts_core_tick(&srv.reg);
-	cr_assert_eq(p->mapped, 300 * MIB, "a read during youth bounds nothing");
+	cr_assert_eq(p->mapped, 300 * MIB,
+	             "a read during youth bounds nothing");
 	fx_stop();
 }
 
@@ -389,5 +391,91 @@ Test(vouch, mapped_below_the_kernel_asks_a_reconcile)
 	mts_mapped_read(&srv.reg, mts_find_pid(&srv.reg, (uint32_t)other),
 	                128 * MIB, mts_now_monotonic());
 	cr_assert_eq(mapped_flags(os), 0);
+	fx_stop();
+}
+
+/* A child of this process that maps `file_len` bytes of `fd` and reads
+ * every page, and writes `shm_len` bytes of a memfd it maps; then waits
+ * to be killed. */
+static pid_t spawn_mapping(int fd, size_t file_len, size_t shm_len)
+{
+	int p[2];
+	cr_assert_eq(pipe(p), 0);
+	pid_t parent = getpid();
+	pid_t pid = fx_fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		close(p[0]);
+		fx_die_with(parent);
+		volatile char sum = 0;
+		if (file_len) {
+			char *f =
+			    mmap(NULL, file_len, PROT_READ, MAP_SHARED, fd, 0);
+			if (f == MAP_FAILED)
+				_exit(1);
+			for (size_t i = 0; i < file_len; i += 4096)
+				sum = (char)(sum + f[i]);
+		}
+		if (shm_len) {
+			int m = memfd_create("mt-test-shm", 0);
+			if (m < 0 || ftruncate(m, (off_t)shm_len) < 0)
+				_exit(1);
+			char *s = mmap(NULL, shm_len, PROT_READ | PROT_WRITE,
+			               MAP_SHARED, m, 0);
+			if (s == MAP_FAILED)
+				_exit(1);
+			memset(s, 1, shm_len);
+		}
+		char c = 'x';
+		if (write(p[1], &c, 1) != 1)
+			_exit(1);
+		for (;;)
+			pause();
+	}
+	close(p[1]);
+	char c;
+	cr_assert_eq(read(p[0], &c, 1), 1, "child did not start");
+	close(p[0]);
+	cr_assert_lt(nkids, FX_MAX_KIDS);
+	kids[nkids++] = pid;
+	return pid;
+}
+
+Test(vouch, a_trusted_workers_resident_figure_leaves_its_file_pages_out)
+{
+	/* Two trusted workers, one of them mapping 32 MiB of a file (page
+	 * cache: the node holds it once, whoever maps it) and writing
+	 * 16 MiB of shared memory (held because it holds it). */
+	struct mts_policy pol;
+	mts_policy_defaults(&pol);
+	pol.fleet_limit = GIB;
+	pol.measure = MTS_MEASURE_RSS;
+	fx_start_policy(&pol);
+	char path[] = "/tmp/mt-test-file-XXXXXX";
+	int fd = mkstemp(path);
+	cr_assert_geq(fd, 0);
+	unlink(path);
+	static char block[1 << 20];
+	memset(block, 7, sizeof(block));
+	for (int i = 0; i < 32; i++)
+		cr_assert_eq(write(fd, block, sizeof(block)),
+		             (ssize_t)sizeof(block));
+	pid_t plain = spawn_mapping(-1, 0, 0);
+	pid_t mapping = spawn_mapping(fd, 32 * MIB, 16 * MIB);
+	close(fd);
+	fx_register(plain, "", "");
+	fx_register(mapping, "", "");
+	tick_with_kernel();
+	uint64_t a = mts_find_pid(&srv.reg, (uint32_t)plain)->rss;
+	uint64_t b = mts_find_pid(&srv.reg, (uint32_t)mapping)->rss;
+	cr_assert_gt(a, 0);
+	/* The shared memory counts, the file pages do not (VmRSS would
+	 * show 48 MiB more). */
+	cr_assert_geq(b, a + 15 * MIB, "plain %llu, mapping %llu",
+	              (unsigned long long)a, (unsigned long long)b);
+	cr_assert_lt(b, a + 24 * MIB, "plain %llu, mapping %llu",
+	             (unsigned long long)a, (unsigned long long)b);
+	/* And so the fleet's sum. */
+	cr_assert_lt(srv.reg.totals.rss, 2 * a + 24 * MIB);
 	fx_stop();
 }
