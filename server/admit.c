@@ -751,17 +751,21 @@ static void run_of(const struct mts_resv *r, bool evicted,
 }
 
 /* What `r` sets aside at `now_ns`: what its kind's runs held on average
- * at the task's age. The pool's margin is admission's (project_need). A
- * task past the profile's length holds its whole size, because it is late
- * and what it does next is not known. */
+ * at the task's age, the runs' mean length cut into the profile's steps.
+ * The pool's margin is admission's (project_need). A task past that
+ * length holds its last step, or what it uses if more (the reservation
+ * counts what its workers use beyond what it sets aside): half of a
+ * kind's runs last longer than their mean, and one that does is at its
+ * end, not starting over. */
 static uint64_t run_want(const struct mts_resv *r, uint64_t now_ns)
 {
 	if (!r->profiled)
 		return r->bytes;
 	if (!running(r))
 		return r->prof.mean[0];
-	uint64_t step = run_age_ms(r, now_ns) * MTS_KIND_STEPS / r->prof.dur_ms;
-	return step < MTS_KIND_STEPS ? r->prof.mean[step] : r->bytes;
+	uint64_t step =
+	    run_age_ms(r, now_ns) * MTS_KIND_STEPS / r->prof.mean_ms;
+	return r->prof.mean[step < MTS_KIND_STEPS ? step : MTS_KIND_STEPS - 1];
 }
 
 static void take_over(struct mts_registry *reg, struct mts_resv *r)
@@ -1375,11 +1379,15 @@ static bool deny_uid_bytes(const struct mts_registry *reg,
  * A reservation that follows its kind's profile counts its current step.
  * Admission must also see what it will grow into. The time ahead is cut
  * into MTS_PROJECT_STEPS equal intervals, and each profile is taken at its
- * largest within an interval. The time ahead is the new task's expected
- * length. For a request held whole from the start, it lasts until the
- * last profiled task is expected to end. A task past its expected length
- * holds its whole size and is never expected to end. The cost is
- * intervals times profiled reservations, at an Admit only.
+ * largest within an interval. A task is expected to last its runs' mean
+ * length: the means of the steps are what the runs held on average, and
+ * on average they ended then (the quantile length, p95 + 10%, would keep
+ * every running task in the projection a third longer than the runs
+ * last). The time ahead is the new task's expected length. For a request
+ * held whole from the start, it lasts until the last profiled task is
+ * expected to end. A task past its expected length holds its last step
+ * (or what it uses) and is never expected to end. The cost is intervals
+ * times profiled reservations, at an Admit only.
  */
 #define MTS_PROJECT_STEPS 32u
 
@@ -1411,7 +1419,7 @@ static uint64_t held_now(const struct mts_resv *r)
 static bool projected(const struct mts_resv *r, uint32_t gi, uint64_t now_ns)
 {
 	return r->profiled && (gi == UINT32_MAX || r->group == gi) &&
-	       (!running(r) || run_age_ms(r, now_ns) < r->prof.dur_ms);
+	       (!running(r) || run_age_ms(r, now_ns) < r->prof.mean_ms);
 }
 
 /*
@@ -1435,16 +1443,16 @@ static uint64_t project_need(const struct mts_registry *reg, uint32_t gi,
 	if (!reg->adm->nprofiled && !prof && !also->profiled)
 		return mt_sat_add(bytes, also->bytes);
 	uint64_t now = mts_now_monotonic();
-	uint64_t h = prof ? prof->dur_ms : 0;
-	if (!prof && also && also->profiled && also->prof.dur_ms > h)
-		h = also->prof.dur_ms;
+	uint64_t h = prof ? prof->mean_ms : 0;
+	if (!prof && also && also->profiled && also->prof.mean_ms > h)
+		h = also->prof.mean_ms;
 	for (uint32_t i = 0; !prof && i < reg->adm->nresv; i++) {
 		const struct mts_resv *r = reg->adm->resv[i];
 		if (!projected(r, gi, now))
 			continue;
 		uint64_t age = running(r) ? run_age_ms(r, now) : 0;
-		if (r->prof.dur_ms - age > h)
-			h = r->prof.dur_ms - age;
+		if (r->prof.mean_ms - age > h)
+			h = r->prof.mean_ms - age;
 	}
 	if (!h)
 		return mt_sat_add(bytes, also ? also->bytes : 0);
@@ -1458,20 +1466,21 @@ static uint64_t project_need(const struct mts_registry *reg, uint32_t gi,
 		double sum = (double)bytes, var = 0;
 		if (prof) {
 			double hi_q = (double)step_max(
-			    prof->bytes, prof->dur_ms, lo, hi, &ended);
-			sum = (double)step_max(prof->mean, prof->dur_ms, lo, hi,
-			                       &ended);
+			    prof->bytes, prof->mean_ms, lo, hi, &ended);
+			sum = (double)step_max(prof->mean, prof->mean_ms, lo,
+			                       hi, &ended);
 			var = (hi_q - sum) * (hi_q - sum);
 		}
 		if (also && !also->profiled) {
 			sum += (double)also->bytes;
 		} else if (also) {
 			/* The request waiting longest, as if granted now. */
-			double q =
-			    (double)step_max(also->prof.bytes,
-			                     also->prof.dur_ms, lo, hi, &ended);
-			double mu = (double)step_max(
-			    also->prof.mean, also->prof.dur_ms, lo, hi, &ended);
+			double q = (double)step_max(also->prof.bytes,
+			                            also->prof.mean_ms, lo, hi,
+			                            &ended);
+			double mu = (double)step_max(also->prof.mean,
+			                             also->prof.mean_ms, lo, hi,
+			                             &ended);
 			if (!ended) {
 				sum += mu;
 				var += (q - mu) * (q - mu);
@@ -1483,10 +1492,10 @@ static uint64_t project_need(const struct mts_registry *reg, uint32_t gi,
 				continue;
 			uint64_t age = running(r) ? run_age_ms(r, now) : 0;
 			double q =
-			    (double)step_max(r->prof.bytes, r->prof.dur_ms,
+			    (double)step_max(r->prof.bytes, r->prof.mean_ms,
 			                     age + lo, age + hi, &ended);
 			double mu =
-			    (double)step_max(r->prof.mean, r->prof.dur_ms,
+			    (double)step_max(r->prof.mean, r->prof.mean_ms,
 			                     age + lo, age + hi, &ended);
 			/* A task above its kind's mean now is expected to
 			 * stay at least where it is. */
@@ -1979,7 +1988,7 @@ static void profile_why(const struct mts_kind_profile *p, char *why,
 	snprintf(why + n, whylen - n,
 	         "; following its profile over %.1f s: %s at the start, %s "
 	         "at most",
-	         p->dur_ms / 1000.0, mt_format_size(a, sizeof(a), p->bytes[0]),
+	         p->mean_ms / 1000.0, mt_format_size(a, sizeof(a), p->bytes[0]),
 	         mt_format_size(b, sizeof(b), most));
 }
 

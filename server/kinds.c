@@ -302,11 +302,15 @@ static void estimate_profile(const struct mts_policy *pol,
 	memset(out, 0, sizeof(*out));
 	if (!n)
 		return;
-	for (uint32_t i = 0; i < n; i++)
+	uint64_t total = 0;
+	for (uint32_t i = 0; i < n; i++) {
 		v[i] = use[i]->dur_ms;
+		total += v[i];
+	}
 	uint64_t d =
 	    add_bp(quantile(v, n, pol->kind_quantile_bp), pol->kind_margin_bp);
 	out->dur_ms = d > UINT32_MAX ? UINT32_MAX : (uint32_t)(d ? d : 1);
+	out->mean_ms = total / n ? (uint32_t)(total / n) : 1;
 	for (uint32_t j = 0; j < MTS_KIND_STEPS; j++) {
 		unsigned __int128 sum = 0;
 		for (uint32_t i = 0; i < n; i++) {

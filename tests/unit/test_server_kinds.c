@@ -573,9 +573,9 @@ static void age_to(struct mts_resv *r, uint64_t ms)
 
 Test(kinds, admission_follows_the_profile_over_time)
 {
-	/* A kind that leaks to 100 MiB over 2 s: learned 110 MiB over
-	 * 2.2 s. A fleet of 200 MiB holds one at its peak, not two, with
-	 * the whole pooled gap kept. */
+	/* A kind that leaks to 100 MiB over 2 s: learned 110 MiB,
+	 * expected to last 2 s (its runs' mean length). A fleet of 200 MiB
+	 * holds one at its peak, not two, with the whole pooled gap kept. */
 	start_fleet(200 * MIB);
 	srv.reg.policy.kind_pool_gap_bp = MTS_BP_ONE;
 	srv.reg.policy.admit_queue = false; /* its own test, below */
@@ -584,7 +584,7 @@ Test(kinds, admission_follows_the_profile_over_time)
 	Memtally__V1__Response *r = admit_kind(1000, 0, "leak", "T1");
 	cr_assert(r->admit_result->admitted, "%s", r->admit_result->reason);
 	cr_assert(strstr(r->admit_result->sized_by,
-	                 "following its profile over 2.2 s"),
+	                 "following its profile over 2.0 s"),
 	          "%s", r->admit_result->sized_by);
 	memtally__v1__response__free_unpacked(r, NULL);
 	struct mts_resv *t1 = resv_of_task("T1");
@@ -631,9 +631,11 @@ Test(kinds, admission_follows_the_profile_over_time)
 	r = admit_kind(1000, 0, "leak", "T2");
 	cr_assert(r->admit_result->admitted, "%s", r->admit_result->reason);
 	memtally__v1__response__free_unpacked(r, NULL);
-	/* The first, past its length, holds its whole size. */
+	/* The first, past its length, holds its last step, not its whole
+	 * size: it is at its end. */
 	age_to(t1, 2300);
-	cr_assert_eq(t1->want, t1->bytes);
+	cr_assert_eq(t1->want, t1->prof.mean[MTS_KIND_STEPS - 1]);
+	cr_assert_lt(t1->want, t1->bytes);
 	fx_kill(a);
 	mts_core_tick(&srv.reg);
 	/* Its run has a length and a shape. */
@@ -659,6 +661,57 @@ Test(kinds, admission_follows_the_profile_over_time)
 	r = admit_kind(1000, 0, "leak", "T3");
 	cr_assert_not(r->admit_result->admitted);
 	memtally__v1__response__free_unpacked(r, NULL);
+}
+
+/* A run of `peak` bytes over `dur_ms` that holds a tenth of its peak
+ * until its last step, which holds the whole. */
+static void note_late(const char *kind, uint64_t peak, uint32_t dur_ms)
+{
+	struct mts_kind_run run = {.peak = peak, .dur_ms = dur_ms};
+	for (uint32_t j = 0; j < MTS_KIND_STEPS; j++)
+		run.steps[j] = (uint16_t)(j == MTS_KIND_STEPS - 1
+		                              ? MTS_KIND_STEP_ONE
+		                              : MTS_KIND_STEP_ONE / 10);
+	mts_kind_note_run(&srv.reg, kind, 1000, &run);
+}
+
+Test(kinds, a_task_is_expected_to_last_its_runs_mean_length)
+{
+	/* A kind that leaks to 100 MiB, half its runs in 1 s, half in 3 s:
+	 * expected to last 2 s (the quantile length is 3.3 s). */
+	start_fleet(150 * MIB);
+	srv.reg.policy.admit_queue = false;
+	for (int i = 0; i < 5; i++) {
+		note_leak("leak", 100 * MIB, 1000, false);
+		note_leak("leak", 100 * MIB, 3000, false);
+	}
+	/* One whose whole peak comes in its last step, after 2 s. */
+	for (int i = 0; i < 10; i++)
+		note_late("late", 100 * MIB, 2000);
+	Memtally__V1__Response *r = admit_kind(1000, 0, "leak", "T1");
+	cr_assert(r->admit_result->admitted, "%s", r->admit_result->reason);
+	cr_assert(strstr(r->admit_result->sized_by,
+	                 "following its profile over 2.0 s"),
+	          "%s", r->admit_result->sized_by);
+	memtally__v1__response__free_unpacked(r, NULL);
+	struct mts_resv *t1 = resv_of_task("T1");
+	pid_t a = fx_spawn();
+	uint32_t sa = fx_register(a, "", "T1");
+	fx_write(sa, 10 * MIB);
+	mts_core_tick(&srv.reg);
+	cr_assert(t1->taken_over);
+	/* Halfway through its expected length it holds its runs' mean of
+	 * the middle (5/8 of 100 MiB), not of 30% of the way. */
+	age_to(t1, 1000);
+	cr_assert_eq(t1->want, t1->prof.mean[4]);
+	/* The late one peaks 2 s from now, when the first is expected to
+	 * have ended (laid over 3.3 s, it would still run at its peak
+	 * then: 100 + 100 > 150). Granted. */
+	r = admit_kind(1000, 0, "late", "T2");
+	cr_assert(r->admit_result->admitted, "%s", r->admit_result->reason);
+	memtally__v1__response__free_unpacked(r, NULL);
+	fx_kill(a);
+	mts_core_tick(&srv.reg);
 }
 
 /* ---- the queue -------------------------------------------------------------
