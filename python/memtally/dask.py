@@ -46,7 +46,9 @@ the client: `dask worker --preload memtally.dask SCHEDULER`.
   denied (`host_limit`) unless the worker's figure, what its running tasks
   may still use of their grants, and the task's size stay under the
   fraction where Dask's nanny ends the worker with every task in it
-  (`terminate`), a limit memtallyd does not know. Such a denial goes back
+  (`terminate`), a limit memtallyd does not know, less what Dask's
+  monitor sees of the idle worker beyond memtallyd's figure (its resident
+  file pages). Such a denial goes back
   to the scheduler at once; a task larger than the worker can ever give
   one beside its own memory fails as never admissible.
 - Never admissible: denied by a limit smaller than the task's size (the
@@ -143,6 +145,16 @@ def _malloc_trim():
         return bool(ctypes.CDLL("libc.so.6").malloc_trim(0))
     except (OSError, AttributeError):
         return False
+
+
+def _resident():
+    """This process's resident set as Dask's memory monitor reads it, or
+    0."""
+    try:
+        import psutil
+        return psutil.Process().memory_info().rss
+    except Exception:  # noqa: BLE001 - no figure, no correction
+        return 0
 
 
 def _host_limit(worker):
@@ -268,6 +280,7 @@ class _Gate:
         self.wait = wait
         self.host_limit = _host_limit(worker)
         self.base = None            # the worker's own, when last idle
+        self.gap = 0                # Dask's figure of it less memtally's
         self.first = None           # ... when first idle
         self.trimmed = 0.0          # its heap last trimmed then
         self.pool = ThreadPoolExecutor(2, thread_name_prefix="memtally")
@@ -327,7 +340,8 @@ class _Gate:
             with self._client() as c:
                 r = c.admit(nbytes, group=group, task=task, ttl_seconds=ttl,
                             kind=kind, in_process=True, thread=thread,
-                            host_limit=self.host_limit)
+                            host_limit=max(0, self.host_limit - self.gap)
+                            if self.host_limit else 0)
         except (OSError, MemtallyError) as e:
             self._failed(e)
             return None
@@ -443,12 +457,13 @@ class _Gate:
         left, which it gives back.)"""
         if self.base is None or not self.host_limit:
             return ""
-        room = max(0, self.host_limit - self.base)
+        room = max(0, self.host_limit - self.gap - self.base)
         if r.requested_bytes <= room:
             return ""
         why = r.sized_by.split(": ", 1)[-1] if r.sized_by else "declared"
         return (f"needs {human(r.requested_bytes)} ({why}), more than this "
-                f"worker can hold beside its own {human(self.base)} under "
+                f"worker can hold beside its own "
+                f"{human(self.base + self.gap)} under "
                 f"its limit of {human(self.host_limit)} (Dask's "
                 f"terminate line),")
 
@@ -513,6 +528,12 @@ class _Gate:
             if _malloc_trim():
                 base = await self._ask(self._own_bytes) or base
         self.base = base
+        # What Dask's monitor sees of the worker beyond memtally's figure
+        # (its resident file pages: libraries, the interpreter), which
+        # the limit memtallyd checks must leave room for.
+        rss = _resident()
+        if rss:
+            self.gap = max(0, rss - base)
 
     def _apply(self):
         """Pause the worker while memtally wants it paused; resume it when
