@@ -272,32 +272,18 @@ static inline void fx_stop(void)
 	cr_assert_eq(fx_server_close(), 0, "a handle was left open");
 }
 
-/* A child that lives until killed, running as `uid` (its real uid too)
- * when uid >= 0. */
-/* A child of `uid` (-1: ours) that holds `hold` bytes of anonymous
- * memory it wrote, waiting to be killed. */
-static inline pid_t fx_spawn_as_holding(long uid, size_t hold)
+/* A child that runs `body(arg)` (which may _exit(1) on failure), then
+ * says it is ready and waits to be killed. Returns once it is ready. */
+static inline pid_t fx_spawn_ready(void (*body)(void *), void *arg)
 {
 	int p[2];
 	cr_assert_eq(pipe(p), 0);
-	pid_t parent = getpid();
 	pid_t pid = fx_fork();
 	cr_assert_geq(pid, 0);
 	if (pid == 0) {
 		close(p[0]);
-		if (uid >= 0 &&
-		    (setresgid((gid_t)uid, (gid_t)uid, (gid_t)uid) ||
-		     setresuid((uid_t)uid, (uid_t)uid, (uid_t)uid)))
-			_exit(1);
-		fx_die_with(parent); /* again: the uid change cleared it */
-		if (hold) {
-			char *m = malloc(hold);
-			if (!m)
-				_exit(1);
-			memset(m, 1, hold);
-			/* Kept: the stores must reach memory. */
-			__asm__ volatile("" : : "r"(m) : "memory");
-		}
+		if (body)
+			body(arg);
 		char c = 'x';
 		if (write(p[1], &c, 1) != 1)
 			_exit(1);
@@ -311,6 +297,38 @@ static inline pid_t fx_spawn_as_holding(long uid, size_t hold)
 	cr_assert_lt(nkids, FX_MAX_KIDS);
 	kids[nkids++] = pid;
 	return pid;
+}
+
+struct fx_holding {
+	pid_t parent;
+	long uid;
+	size_t hold;
+};
+
+static inline void fx_hold_body(void *arg)
+{
+	const struct fx_holding *h = arg;
+	if (h->uid >= 0 &&
+	    (setresgid((gid_t)h->uid, (gid_t)h->uid, (gid_t)h->uid) ||
+	     setresuid((uid_t)h->uid, (uid_t)h->uid, (uid_t)h->uid)))
+		_exit(1);
+	fx_die_with(h->parent); /* again: the uid change cleared it */
+	if (h->hold) {
+		char *m = malloc(h->hold);
+		if (!m)
+			_exit(1);
+		memset(m, 1, h->hold);
+		/* Kept: the stores must reach memory. */
+		__asm__ volatile("" : : "r"(m) : "memory");
+	}
+}
+
+/* A child of `uid` (-1: ours) that holds `hold` bytes of anonymous
+ * memory it wrote, waiting to be killed. */
+static inline pid_t fx_spawn_as_holding(long uid, size_t hold)
+{
+	struct fx_holding h = {.parent = getpid(), .uid = uid, .hold = hold};
+	return fx_spawn_ready(fx_hold_body, &h);
 }
 
 /* A child that lives until killed. */

@@ -394,51 +394,42 @@ Test(vouch, mapped_below_the_kernel_asks_a_reconcile)
 	fx_stop();
 }
 
+struct mapping {
+	int fd;
+	size_t file_len, shm_len;
+};
+
+static void map_body(void *arg)
+{
+	const struct mapping *m = arg;
+	volatile char sum = 0;
+	if (m->file_len) {
+		char *f = mmap(NULL, m->file_len, PROT_READ, MAP_SHARED, m->fd,
+		               0);
+		if (f == MAP_FAILED)
+			_exit(1);
+		for (size_t i = 0; i < m->file_len; i += 4096)
+			sum = (char)(sum + f[i]);
+	}
+	if (m->shm_len) {
+		int fd = memfd_create("mt-test-shm", 0);
+		if (fd < 0 || ftruncate(fd, (off_t)m->shm_len) < 0)
+			_exit(1);
+		char *s = mmap(NULL, m->shm_len, PROT_READ | PROT_WRITE,
+		               MAP_SHARED, fd, 0);
+		if (s == MAP_FAILED)
+			_exit(1);
+		memset(s, 1, m->shm_len);
+	}
+}
+
 /* A child of this process that maps `file_len` bytes of `fd` and reads
  * every page, and writes `shm_len` bytes of a memfd it maps; then waits
  * to be killed. */
 static pid_t spawn_mapping(int fd, size_t file_len, size_t shm_len)
 {
-	int p[2];
-	cr_assert_eq(pipe(p), 0);
-	pid_t parent = getpid();
-	pid_t pid = fx_fork();
-	cr_assert_geq(pid, 0);
-	if (pid == 0) {
-		close(p[0]);
-		fx_die_with(parent);
-		volatile char sum = 0;
-		if (file_len) {
-			char *f =
-			    mmap(NULL, file_len, PROT_READ, MAP_SHARED, fd, 0);
-			if (f == MAP_FAILED)
-				_exit(1);
-			for (size_t i = 0; i < file_len; i += 4096)
-				sum = (char)(sum + f[i]);
-		}
-		if (shm_len) {
-			int m = memfd_create("mt-test-shm", 0);
-			if (m < 0 || ftruncate(m, (off_t)shm_len) < 0)
-				_exit(1);
-			char *s = mmap(NULL, shm_len, PROT_READ | PROT_WRITE,
-			               MAP_SHARED, m, 0);
-			if (s == MAP_FAILED)
-				_exit(1);
-			memset(s, 1, shm_len);
-		}
-		char c = 'x';
-		if (write(p[1], &c, 1) != 1)
-			_exit(1);
-		for (;;)
-			pause();
-	}
-	close(p[1]);
-	char c;
-	cr_assert_eq(read(p[0], &c, 1), 1, "child did not start");
-	close(p[0]);
-	cr_assert_lt(nkids, FX_MAX_KIDS);
-	kids[nkids++] = pid;
-	return pid;
+	struct mapping m = {.fd = fd, .file_len = file_len, .shm_len = shm_len};
+	return fx_spawn_ready(map_body, &m);
 }
 
 Test(vouch, a_trusted_workers_resident_figure_leaves_its_file_pages_out)
