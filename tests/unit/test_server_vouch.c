@@ -404,8 +404,8 @@ static void map_body(void *arg)
 	const struct mapping *m = arg;
 	volatile char sum = 0;
 	if (m->file_len) {
-		char *f = mmap(NULL, m->file_len, PROT_READ, MAP_SHARED, m->fd,
-		               0);
+		char *f =
+		    mmap(NULL, m->file_len, PROT_READ, MAP_SHARED, m->fd, 0);
 		if (f == MAP_FAILED)
 			_exit(1);
 		for (size_t i = 0; i < m->file_len; i += 4096)
