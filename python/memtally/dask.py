@@ -49,8 +49,8 @@ the client: `dask worker --preload memtally.dask SCHEDULER`.
   (`terminate`), a limit memtallyd does not know, less what Dask's
   monitor sees of the idle worker beyond memtallyd's figure (its resident
   file pages). Such a denial goes back
-  to the scheduler at once; a task larger than the worker can ever give
-  one beside its own memory fails as never admissible.
+  to the scheduler at once; a task larger than the worker can give one
+  beside its own memory at its leanest fails as never admissible.
 - Never admissible: denied by a limit smaller than the task's size (the
   fleet's, its group's, the node guard's line, or what one uid may hold),
   which no amount of waiting on that node can change: the task fails at
@@ -279,8 +279,8 @@ class _Gate:
         self.timeout = timeout
         self.wait = wait
         self.host_limit = _host_limit(worker)
-        self.base = None            # the worker's own, when last idle
         self.gap = 0                # Dask's figure of it less memtally's
+        self.lean = None            # the least it held of its own, idle
         self.first = None           # ... when first idle
         self.trimmed = 0.0          # its heap last trimmed then
         self.pool = ThreadPoolExecutor(2, thread_name_prefix="memtally")
@@ -452,18 +452,19 @@ class _Gate:
     def _never_in_worker(self, r):
         """Why a host-limit denial can never become a grant in this
         worker, or "": the task is larger than the worker's limit less
-        what it held of its own when it last ran no task. (The denial's
-        own figure is less: it counts memory the worker's finished tasks
-        left, which it gives back.)"""
-        if self.base is None or not self.host_limit:
+        the least it has held of its own while it ran no task, as Dask's
+        monitor reads it. (What it holds now may be more: memory its
+        finished tasks left, which it gives back; a task that fits beside
+        its leanest goes back to the scheduler instead.)"""
+        if self.lean is None or not self.host_limit:
             return ""
-        room = max(0, self.host_limit - self.gap - self.base)
+        room = max(0, self.host_limit - self.lean)
         if r.requested_bytes <= room:
             return ""
         why = r.sized_by.split(": ", 1)[-1] if r.sized_by else "declared"
         return (f"needs {human(r.requested_bytes)} ({why}), more than this "
-                f"worker can hold beside its own "
-                f"{human(self.base + self.gap)} under "
+                f"worker can hold beside its own {human(self.lean)} at its "
+                f"leanest, under "
                 f"its limit of {human(self.host_limit)} (Dask's "
                 f"terminate line),")
 
@@ -527,13 +528,14 @@ class _Gate:
             self.trimmed = now
             if _malloc_trim():
                 base = await self._ask(self._own_bytes) or base
-        self.base = base
         # What Dask's monitor sees of the worker beyond memtally's figure
         # (its resident file pages: libraries, the interpreter), which
         # the limit memtallyd checks must leave room for.
         rss = _resident()
         if rss:
             self.gap = max(0, rss - base)
+        own = base + self.gap
+        self.lean = own if self.lean is None else min(self.lean, own)
 
     def _apply(self):
         """Pause the worker while memtally wants it paused; resume it when
