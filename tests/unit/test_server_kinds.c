@@ -571,6 +571,32 @@ static void age_to(struct mts_resv *r, uint64_t ms)
 	mts_core_tick(&srv.reg);
 }
 
+/* A granted Admit of `kind` for `task` that follows its kind's profile
+ * over `length` ("2.0 s"); its reservation. */
+static struct mts_resv *admit_following(const char *kind, const char *task,
+                                        const char *length)
+{
+	Memtally__V1__Response *r = admit_kind(1000, 0, kind, task);
+	cr_assert(r->admit_result->admitted, "%s", r->admit_result->reason);
+	char want[64];
+	snprintf(want, sizeof(want), "following its profile over %s", length);
+	cr_assert(strstr(r->admit_result->sized_by, want), "%s",
+	          r->admit_result->sized_by);
+	memtally__v1__response__free_unpacked(r, NULL);
+	struct mts_resv *resv = resv_of_task(task);
+	cr_assert_not_null(resv);
+	return resv;
+}
+
+/* A worker of `task` holding 10 MiB, seen by a tick. */
+static pid_t start_worker(const char *task)
+{
+	pid_t pid = fx_spawn();
+	fx_write(fx_register(pid, "", task), 10 * MIB);
+	mts_core_tick(&srv.reg);
+	return pid;
+}
+
 Test(kinds, admission_follows_the_profile_over_time)
 {
 	/* A kind that leaks to 100 MiB over 2 s: learned 110 MiB,
@@ -581,13 +607,8 @@ Test(kinds, admission_follows_the_profile_over_time)
 	srv.reg.policy.admit_queue = false; /* its own test, below */
 	for (int i = 0; i < 10; i++)
 		note_leak("leak", 100 * MIB, 2000, false);
-	Memtally__V1__Response *r = admit_kind(1000, 0, "leak", "T1");
-	cr_assert(r->admit_result->admitted, "%s", r->admit_result->reason);
-	cr_assert(strstr(r->admit_result->sized_by,
-	                 "following its profile over 2.0 s"),
-	          "%s", r->admit_result->sized_by);
-	memtally__v1__response__free_unpacked(r, NULL);
-	struct mts_resv *t1 = resv_of_task("T1");
+	struct mts_resv *t1 = admit_following("leak", "T1", "2.0 s");
+	Memtally__V1__Response *r;
 	cr_assert_not_null(t1);
 	/* It sets aside what its kind's runs held in their first step, not
 	 * its size. */
@@ -619,10 +640,7 @@ Test(kinds, admission_follows_the_profile_over_time)
 	cr_assert_eq(mts_release(&srv.reg, &root, id9, "", &freed), 0);
 	srv.reg.policy.kind_pool_gap_bp = MTS_BP_ONE;
 
-	pid_t a = fx_spawn();
-	uint32_t sa = fx_register(a, "", "T1");
-	fx_write(sa, 10 * MIB);
-	mts_core_tick(&srv.reg);
+	pid_t a = start_worker("T1");
 	cr_assert(t1->taken_over);
 	/* Past 60% of its length, the first is expected to end before the
 	 * second passes 45% of its size: granted. */
@@ -688,17 +706,9 @@ Test(kinds, a_task_is_expected_to_last_its_runs_mean_length)
 	/* One whose whole peak comes in its last step, after 2 s. */
 	for (int i = 0; i < 10; i++)
 		note_late("late", 100 * MIB, 2000);
-	Memtally__V1__Response *r = admit_kind(1000, 0, "leak", "T1");
-	cr_assert(r->admit_result->admitted, "%s", r->admit_result->reason);
-	cr_assert(strstr(r->admit_result->sized_by,
-	                 "following its profile over 2.0 s"),
-	          "%s", r->admit_result->sized_by);
-	memtally__v1__response__free_unpacked(r, NULL);
-	struct mts_resv *t1 = resv_of_task("T1");
-	pid_t a = fx_spawn();
-	uint32_t sa = fx_register(a, "", "T1");
-	fx_write(sa, 10 * MIB);
-	mts_core_tick(&srv.reg);
+	struct mts_resv *t1 = admit_following("leak", "T1", "2.0 s");
+	Memtally__V1__Response *r;
+	pid_t a = start_worker("T1");
 	cr_assert(t1->taken_over);
 	/* Halfway through its expected length it holds its runs' mean of
 	 * the middle (5/8 of 100 MiB), not of 30% of the way. */
