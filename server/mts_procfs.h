@@ -31,9 +31,6 @@ int mts_read_stat(pid_t pid, uint64_t *start_time, char *comm, size_t cap);
  * Returns 0, -ENOENT/-ESRCH (gone), -EINVAL. */
 int mts_read_real_uid(pid_t pid, uint32_t *out);
 
-/* Resident bytes of `pid` from /proc/PID/statm, and (`anon` not NULL)
- * the anonymous part of them (RssAnon). 0 or -errno. */
-int mts_read_rss(pid_t pid, uint64_t *rss, uint64_t *anon);
 /* Parse the text of a statm file: resident pages x page_size, and
  * (`anon` not NULL) resident less shared pages x page_size. */
 int mts_parse_statm_rss(const char *statm, uint64_t page_size, uint64_t *rss,

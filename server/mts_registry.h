@@ -59,11 +59,12 @@ struct mts_proc {
 	                 * mapped + allocator_free; what limits compare */
 	uint64_t peak;
 	uint64_t error_bytes; /* threshold x threads */
-	uint64_t rss;    /* resident bytes, /proc/PID/statm, slower cadence */
-	uint64_t limit;  /* per-process limit in force, 0 = none */
-	uint64_t mapped; /* part of `bytes`: memory it mapped itself (the
-	                  * lanes' flush count, for queries only, is read
-	                  * from the slot then: it has no place here) */
+	uint64_t rss;         /* resident anonymous and shared bytes (rss.c),
+	                       * slower cadence */
+	uint64_t limit;       /* per-process limit in force, 0 = none */
+	uint64_t mapped;      /* part of `bytes`: memory it mapped itself (the
+	                       * lanes' flush count, for queries only, is read
+	                       * from the slot then: it has no place here) */
 	uint32_t slot;
 	uint32_t group; /* index in reg->groups */
 	uint32_t threads;

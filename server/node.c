@@ -217,11 +217,12 @@ static int own_cgroup(struct mts_node_src *src)
 static uint64_t own_resident(void)
 {
 	char buf[128];
-	unsigned long long size, res;
+	uint64_t res;
 	if (mts_read_small("/proc/self", "statm", buf, sizeof(buf)) < 0 ||
-	    sscanf(buf, "%llu %llu", &size, &res) != 2)
+	    mts_parse_statm_rss(buf, (uint64_t)sysconf(_SC_PAGESIZE), &res,
+	                        NULL) < 0)
 		return 0;
-	return (uint64_t)res * (uint64_t)sysconf(_SC_PAGESIZE);
+	return res;
 }
 
 const char *mts_node_kind_name(enum mts_node_kind k)

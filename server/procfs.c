@@ -191,15 +191,3 @@ int mts_parse_statm_rss(const char *statm, uint64_t page_size, uint64_t *rss,
 		*anon = shared < res ? (uint64_t)(res - shared) * page_size : 0;
 	return 0;
 }
-
-int mts_read_rss(pid_t pid, uint64_t *rss, uint64_t *anon)
-{
-	/* Called from thread-pool threads too: no static cache. */
-	long ps = sysconf(_SC_PAGESIZE);
-	uint64_t page_size = ps > 0 ? (uint64_t)ps : 4096u;
-	char buf[256];
-	ssize_t n = mts_read_proc_file(pid, "statm", buf, sizeof(buf));
-	if (n < 0)
-		return (int)n;
-	return mts_parse_statm_rss(buf, page_size, rss, anon);
-}

@@ -103,8 +103,7 @@ Test(procfs, comm_from_stat)
 	char c[8];
 	cr_assert_eq(mts_parse_stat_comm("42 (bash)" TAIL, c, sizeof(c)), 0);
 	cr_assert_str_eq(c, "bash");
-	cr_assert_eq(mts_parse_stat_comm("42 (a) b (c)" TAIL, c, sizeof(c)),
-	             0);
+	cr_assert_eq(mts_parse_stat_comm("42 (a) b (c)" TAIL, c, sizeof(c)), 0);
 	cr_assert_str_eq(c, "a) b (c");
 	cr_assert_eq(mts_parse_stat_comm("42 ()" TAIL, c, sizeof(c)), 0);
 	cr_assert_str_eq(c, "");
@@ -179,8 +178,4 @@ Test(procfs, statm_resident_and_anonymous)
 	             "anon asked, no shared field");
 	cr_assert_eq(mts_parse_statm_rss("10\n", 4096, &rss, NULL), -EINVAL);
 	cr_assert_eq(mts_parse_statm_rss("x 5 6\n", 4096, &rss, NULL), -EINVAL);
-	/* This process: its anonymous pages are some of its resident ones. */
-	cr_assert_eq(mts_read_rss(getpid(), &rss, &anon), 0);
-	cr_assert_gt(anon, 0);
-	cr_assert_leq(anon, rss);
 }
