@@ -1056,10 +1056,13 @@ static void task_settle(struct mts_registry *reg, struct mts_task *t)
  * kind learns from. A host runs several tasks at once on its threads:
  * with Admit.thread, a task's use is what that thread's lane grew by
  * (the lane is the thread's running total of what it allocated less what
- * it freed), never more than the host's vouched growth. The lane is the
- * worker's own claim, so it can only make the task smaller than the
- * kernel allows, and kinds are per uid: a liar shrinks only its own
- * kinds. Memory a runtime maps for itself (pymalloc's arenas) is counted
+ * it freed). A trusted host's lane counts as its slot's total does, which
+ * is the sum of its lanes. An untrusted host's lane is a claim, so it
+ * counts no more than the host's vouched growth: it can only make the
+ * task smaller than the kernel allows, and kinds are per uid, so a liar
+ * shrinks only its own kinds. The host's growth is taken from its lowest
+ * figure since the task began, so that what the host's other tasks free
+ * meanwhile is not taken out of this one's. Memory a runtime maps for itself (pymalloc's arenas) is counted
  * per process, not per thread, so with a thread it is left out of the
  * task's use; a host running one task at a time gives no thread and has
  * it all. What the host held before the task, and tasks that ended
@@ -1123,6 +1126,7 @@ static bool hosted_start(struct mts_registry *reg, struct mts_resv *r,
 	r->host_gen = p->slot_gen;
 	r->host_tid = tid;
 	r->host_base = host_vouched(reg, p);
+	r->host_low = r->host_base;
 	r->lane_known = tid && host_lane(reg, p, tid, &r->lane_base);
 	reg->adm->nhosted++;
 	if (!r->taken_over)
@@ -1157,7 +1161,12 @@ static void hosted_tick(struct mts_registry *reg, uint64_t now_ns)
 			continue;
 		}
 		uint64_t v = host_vouched(reg, p);
-		uint64_t use = v > r->host_base ? v - r->host_base : 0;
+		/* Growth from the host's lowest point since the task began:
+		 * what other tasks in it freed meanwhile is not taken out of
+		 * this one's. */
+		if (v < r->host_low)
+			r->host_low = v;
+		uint64_t use = v - r->host_low;
 		int64_t l;
 		if (r->host_tid && !r->lane_known &&
 		    host_lane(reg, p, r->host_tid, &r->lane_base)) {
@@ -1168,7 +1177,11 @@ static void hosted_tick(struct mts_registry *reg, uint64_t now_ns)
 		           host_lane(reg, p, r->host_tid, &l)) {
 			uint64_t grew =
 			    l > r->lane_base ? (uint64_t)(l - r->lane_base) : 0;
-			if (grew < use)
+			/* A trusted host's lane is as good as its slot's
+			 * total, which is the sum of its lanes. An untrusted
+			 * one's is a claim: no more than the kernel vouches
+			 * the host grew. */
+			if (!p->untrusted || grew < use)
 				use = grew;
 		} else if (r->host_tid) {
 			/* No lane of the thread's (every lane taken, or the

@@ -136,13 +136,14 @@ struct mts_resv {
 	/* A task run inside the asking process (Admit.in_process): `host`
 	 * is that process, known by pid and slot generation (it may exit
 	 * before the reservation ends). Its use is the host's vouched growth
-	 * since `host_base`, or, with a `host_tid`, no more than that
-	 * thread's lane grew since `lane_base` (admit.c, hosted_tick). */
+	 * since `host_base`, or, with a `host_tid`, what that thread's lane
+	 * grew since `lane_base` (admit.c, hosted_tick). */
 	bool hosted;
 	uint32_t host_pid;
 	uint32_t host_tid;
 	uint64_t host_gen;
 	uint64_t host_base;
+	uint64_t host_low; /* the host's least vouched figure since then */
 	int64_t lane_base;
 	bool lane_known; /* lane_base is the thread's lane's at its start */
 };

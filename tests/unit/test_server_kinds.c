@@ -869,13 +869,13 @@ Test(kinds, a_hosted_task_on_a_thread_is_what_its_thread_grew_by)
 	mts_core_tick(&srv.reg);
 	cr_assert_eq(srv.reg.totals.reserved, 80 * MIB);
 
-	/* A thread that claims more than the worker grew by (70 MiB) is held
-	 * to the worker's growth (98 - 58 = 40 MiB): a claim cannot make the
-	 * task larger than its worker really grew. */
+	/* The other thread's task frees 60 MiB while this one grows by 50:
+	 * the worker shrank, but this task holds 70 MiB. A trusted worker's
+	 * lane counts as its slot's total does. */
 	lane_write(slot, 0, 100, 20 * MIB);
 	lane_write(slot, 1, 4242, 78 * MIB);
 	mts_core_tick(&srv.reg);
-	cr_assert_eq(srv.reg.totals.reserved, 60 * MIB);
+	cr_assert_eq(srv.reg.totals.reserved, 30 * MIB);
 
 	/* The worker exits: the task went with it, so does its reservation,
 	 * and its kind keeps the run. */
@@ -885,7 +885,54 @@ Test(kinds, a_hosted_task_on_a_thread_is_what_its_thread_grew_by)
 	struct mts_kind *k = mts_kind_find(&srv.reg, "parse", 1000);
 	cr_assert_not_null(k);
 	cr_assert_eq(k->nruns, 1);
-	cr_assert_eq(k->runs[0].peak, 40 * MIB);
+	cr_assert_eq(k->runs[0].peak, 70 * MIB);
+}
+
+Test(kinds, an_untrusted_hosts_thread_counts_no_more_than_the_kernel_vouches)
+{
+	/* An untrusted worker (no allowance for claims ahead of the kernel)
+	 * whose thread claims 90 MiB it does not hold: the kernel saw the
+	 * worker grow by nothing, so neither did the task. */
+	mts_policy_defaults(&pol);
+	pol.fleet_limit = 1024 * MIB;
+	pol.untouched_allowance = 0;
+	fx_start_policy(&pol);
+	pid_t h = fx_spawn();
+	uint32_t slot = fx_register_as(h, 1001, "", "");
+	lane_write(slot, 0, 4242, 0);
+	mts_core_tick(&srv.reg);
+	Memtally__V1__Response *r =
+	    fx_admit_hosted(h, 1001, 100 * MIB, "parse", 4242, 0);
+	cr_assert(r->admit_result->in_process);
+	memtally__v1__response__free_unpacked(r, NULL);
+	lane_write(slot, 0, 4242, 90 * MIB);
+	mts_core_tick(&srv.reg);
+	struct mts_proc *p = mts_find_pid(&srv.reg, (uint32_t)h);
+	cr_assert(p && p->untrusted);
+	cr_assert_eq(srv.reg.adm->resv[0]->use, 0, "%llu",
+	             (unsigned long long)srv.reg.adm->resv[0]->use);
+}
+
+Test(kinds, a_host_that_shrank_counts_its_growth_from_its_lowest_figure)
+{
+	/* A task with no thread has all of its host's growth. Another task
+	 * frees 40 MiB of the host's 58, then this one grows it by 30: the
+	 * task holds 30, not 30 - 40. */
+	start_fleet(1024 * MIB);
+	pid_t h = fx_spawn();
+	uint32_t slot = fx_register_as(h, FX_UID, "", "");
+	fx_write(slot, 58 * MIB);
+	mts_core_tick(&srv.reg);
+	Memtally__V1__Response *r =
+	    fx_admit_hosted(h, FX_UID, 100 * MIB, "parse", 0, 0);
+	cr_assert(r->admit_result->in_process);
+	memtally__v1__response__free_unpacked(r, NULL);
+	fx_write(slot, 18 * MIB);
+	mts_core_tick(&srv.reg);
+	cr_assert_eq(srv.reg.totals.reserved, 100 * MIB);
+	fx_write(slot, 48 * MIB);
+	mts_core_tick(&srv.reg);
+	cr_assert_eq(srv.reg.totals.reserved, 70 * MIB);
 }
 
 Test(kinds, a_hosted_task_whose_thread_has_no_lane_gets_an_equal_share)
