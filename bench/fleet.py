@@ -1014,7 +1014,7 @@ class DaskPolicy:
     under one GIL keep up."""
 
     name = "dask"
-    headroom = 0.15         # memtally-dask's fleet limit: the node less 15%
+    headroom = 0.10         # memtally-dask's fleet limit: the node less 10%
     n_workers = 2
     threads = 8
     deadline = 240.0        # seconds after the start; then what is left is lost
@@ -1039,7 +1039,7 @@ class DaskPolicy:
             if state is None:
                 return r
             server = start_memtallyd(ctx, self.slug, self.headroom,
-                                     state=state)
+                                     learned=True, state=state)
             env["MEMTALLY_SOCKET"] = server.socket
             probe = DaemonProbe(_pb_client(ctx.build), server.socket,
                                 server.proc.pid, ctx, horizon=5.0)
@@ -1054,6 +1054,10 @@ class DaskPolicy:
                 server.stop()
         return r
 
+    def memory_limit(self, ctx):
+        """Dask's own split: each worker its share of the node."""
+        return ctx.node.limit // self.n_workers
+
     def _run_cluster(self, ctx, r, env, probe):
         """Start the cluster in the node, start the clock when it is up,
         wait for its result (or kill it past the deadline), read the
@@ -1064,7 +1068,7 @@ class DaskPolicy:
         with open(spec, "w") as f:
             json.dump({"tasks": [t.as_dict() for t in ctx.tasks],
                        "n_workers": self.n_workers, "threads": self.threads,
-                       "memory_limit": ctx.node.limit // self.n_workers,
+                       "memory_limit": self.memory_limit(ctx),
                        "workdir": workdir, "memtally": self.memtally,
                        "deadline": self.deadline, "stall": self.stall}, f)
         log = open(os.path.join(workdir, "driver.log"), "w")
@@ -1180,17 +1184,27 @@ class DaskPolicy:
 
 
 class MemtallyDaskPolicy(DaskPolicy):
-    """DaskPolicy with memtallyd inside the node (the memtally policy's
-    fleet limit: the node less 15%), every worker under the preload
-    (counted) with MEMTALLY_SOCKET set and memtally.dask.Admission
-    installed, each task annotated with its declared bytes: a task is
-    admitted on memtallyd before it runs, a worker whose node is over
-    takes no new task. Dask's own thresholds stay as they are."""
+    """DaskPolicy with memtallyd inside the node, as the learned rows run
+    it (fleet limit and node guard line at 90% of the node), every worker
+    under the preload (counted) with MEMTALLY_SOCKET set and
+    memtally.dask.Admission installed, each task annotated with its
+    declared bytes: a task is admitted on memtallyd, inside the thread that
+    runs it, before it runs.
+
+    Each worker's memory_limit is the node's, as python/README.md advises
+    with memtally: memtallyd admits on the whole node, so Dask's static
+    split of it (node / n_workers, the dask row's) would only strand
+    memory in the worker that has no use for it. Dask's pause (80%) and
+    terminate (95%) thresholds stay, above the guard's line."""
 
     name = "memtally-dask"
     slug = "memtally-dask"
     memtally = True
     warm = False
+
+    def memory_limit(self, ctx):
+        """The node's: memtallyd, not a static split, shares it out."""
+        return ctx.node.limit
 
 
 class MemtallyDaskWarmPolicy(MemtallyDaskPolicy):

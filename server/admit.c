@@ -237,13 +237,23 @@ static uint32_t hosted_count(const struct mts_registry *reg, uint32_t pid)
 	return n ? n : 1;
 }
 
-uint64_t mts_host_reserved(const struct mts_registry *reg, uint32_t pid)
+static uint64_t host_own(const struct mts_registry *reg,
+                         const struct mts_proc *p);
+
+bool mts_host_allowance(const struct mts_registry *reg,
+                        const struct mts_proc *p, uint64_t *allowance)
 {
-	uint64_t sum = 0;
-	for (uint32_t i = 0; reg->adm->nhosted && i < reg->adm->nresv; i++)
-		if (hosted_by(reg->adm->resv[i], pid))
-			sum = mt_sat_add(sum, reg->adm->resv[i]->bytes);
-	return sum;
+	uint64_t want = 0;
+	bool hosts = false;
+	for (uint32_t i = 0; reg->adm->nhosted && i < reg->adm->nresv; i++) {
+		const struct mts_resv *r = reg->adm->resv[i];
+		if (hosted_by(r, p->pid)) {
+			hosts = true;
+			want = mt_sat_add(want, r->want);
+		}
+	}
+	*allowance = hosts ? mt_sat_add(host_own(reg, p), want) : 0;
+	return hosts;
 }
 
 void mts_host_evicted(struct mts_registry *reg, uint32_t pid)

@@ -23,8 +23,10 @@
  * another uid naming a task is a candidate of its own, so it neither
  * makes that task look bigger nor goes with it. A trusted process without
  * a task, such as a root service, is never chosen unless [guard]
- * evict_trusted. memtallyd itself is never signalled, even if it were
- * registered.
+ * evict_trusted, or unless it runs tasks inside it (Admit.in_process, a
+ * Dask or Celery worker): it then runs jobs, and may hold its own memory
+ * and what its tasks may hold. Only the process itself can make it a
+ * host. memtallyd itself is never signalled, even if it were registered.
  *
  * The eviction. A Watch event for the task (scope "task:NAME", the
  * figures in its reason) is written before any signal, so `memtally run`
@@ -161,15 +163,19 @@ int mts_guard_candidates(const struct mts_registry *reg,
 			k->pid = p->pid;
 			k->first_ns = p->registered_ns;
 			/* A process with no task of its own may run tasks
-			 * inside it (Admit.in_process): what they were
-			 * granted is its reservation. */
-			k->reserved =
-			    p->task[0] ? mts_task_reserved(reg, p->task, p->uid)
-			               : mts_host_reserved(reg, p->pid);
+			 * inside it (Admit.in_process): its own memory and
+			 * what they may hold is its reservation, and it is a
+			 * job runner, not a service of the node. */
+			bool hosts = false;
+			if (p->task[0])
+				k->reserved =
+				    mts_task_reserved(reg, p->task, p->uid);
+			else
+				hosts = mts_host_allowance(reg, p, &k->reserved);
 			/* A trusted process without a task is a service of
 			 * the node, not a job. */
-			k->eligible =
-			    p->task[0] || p->untrusted || evict_trusted;
+			k->eligible = p->task[0] || hosts || p->untrusted ||
+			              evict_trusted;
 		} else {
 			k = &c[nc - 1];
 		}

@@ -279,9 +279,12 @@ uint64_t mts_task_reserved(const struct mts_registry *reg, const char *task,
  * reservations (that `uid` owns, or no one does) with a kind records its
  * run as evicted, with the peak it reached (kinds.c). */
 void mts_task_evicted(struct mts_registry *reg, const char *task, uint32_t uid);
-/* Likewise for the tasks run inside process `pid` (Admit.in_process): the
- * bytes granted to them, and their runs recorded as evicted. */
-uint64_t mts_host_reserved(const struct mts_registry *reg, uint32_t pid);
+/* Whether process `p` runs tasks inside it (Admit.in_process) now, and
+ * what it may then hold: its own memory (all but its tasks' use) and what
+ * its tasks may hold now. mts_host_evicted: their runs recorded as
+ * evicted. */
+bool mts_host_allowance(const struct mts_registry *reg,
+                        const struct mts_proc *p, uint64_t *allowance);
 void mts_host_evicted(struct mts_registry *reg, uint32_t pid);
 
 /* Free every reservation and task (registry teardown). */

@@ -307,10 +307,10 @@ Test(guard, trusted_without_a_task_spared_unless_configured)
 Test(guard, tasks_run_inside_a_worker_are_its_reservation)
 {
 	fx_start();
-	srv.reg.guard->evict_trusted = true;
-	/* A worker (a Dask worker, no task of its own) runs a 100 MiB task
-	 * inside it: what it was granted is its reservation, so it is 20
-	 * MiB beyond (its own 20), not 120, and a task 30 MiB beyond its
+	/* A trusted worker (a Dask worker, no task of its own) runs a 100
+	 * MiB task inside it: it runs jobs, so it may be chosen, and its own
+	 * 20 MiB and what its task was granted are its reservation. Holding
+	 * 120 it is beyond by nothing, and a task 30 MiB beyond its
 	 * reservation is chosen before it. */
 	pid_t host = task_worker(FX_UID, "", 20 * MIB);
 	mts_core_tick(&srv.reg);
@@ -328,8 +328,9 @@ Test(guard, tasks_run_inside_a_worker_are_its_reservation)
 	fx_write(mts_find_pid(&srv.reg, (uint32_t)host)->slot, 160 * MIB);
 	k = choose(&rule);
 	cr_assert_eq(k->pid, (uint32_t)host);
-	cr_assert_eq(k->reserved, 100 * MIB);
+	cr_assert_eq(k->reserved, 120 * MIB);
 	cr_assert_eq(k->used, 160 * MIB);
+	cr_assert_eq(rule, MTS_GUARD_BEYOND);
 	/* Its eviction is the hosted task's, recorded against its kind. */
 	mts_host_evicted(&srv.reg, (uint32_t)host);
 	struct mts_kind *kd = mts_kind_find(&srv.reg, "parse", FX_UID);
