@@ -47,6 +47,7 @@ import argparse
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -1044,7 +1045,7 @@ class DaskPolicy:
             probe = DaemonProbe(_pb_client(ctx.build), server.socket,
                                 server.proc.pid, ctx, horizon=5.0)
         try:
-            self._run_cluster(ctx, r, env, probe)
+            self._run_cluster(ctx, r, env, probe, server)
         finally:
             if probe is not None:
                 if hasattr(probe, "threads"):   # started with the clock
@@ -1058,7 +1059,7 @@ class DaskPolicy:
         """Dask's own split: each worker its share of the node."""
         return ctx.node.limit // self.n_workers
 
-    def _run_cluster(self, ctx, r, env, probe):
+    def _run_cluster(self, ctx, r, env, probe, server):
         """Start the cluster in the node, start the clock when it is up,
         wait for its result (or kill it past the deadline), read the
         outcomes."""
@@ -1107,15 +1108,24 @@ class DaskPolicy:
                 driver.kill()
                 driver.wait()
             log.close()
-        self._outcomes(ctx, r, workdir)
+        evicted = None
+        if server is not None:
+            # The workers memtallyd's node guard ended, from its log: a
+            # SIGKILL the nanny did not send is the kernel's unless it
+            # was memtallyd's.
+            evicted = set(int(m) for m in re.findall(
+                r'msg="node guard: evicting" .*? pid=(\d+)',
+                _read(os.path.join(ctx.tmp, server.logname))))
+        self._outcomes(ctx, r, workdir, evicted)
 
-    def _outcomes(self, ctx, r, workdir):
+    def _outcomes(self, ctx, r, workdir, evicted=None):
         """One TaskOutcome per task from the attempt files (each attempt:
         its worker's pid, CPU-seconds, done) and the nannies' log: an
         attempt not done whose worker the nanny terminated was ended by
         Dask (policy kill); one whose worker died by SIGKILL otherwise was
-        ended by the kernel's OOM killer. A task is done when an attempt
-        finished and Dask did not report it lost."""
+        ended by the kernel's OOM killer, unless memtallyd's node guard
+        evicted that worker (`evicted`, its pids). A task is done when an
+        attempt finished and Dask did not report it lost."""
         res = {}
         try:
             with open(os.path.join(workdir, "result.json")) as f:
@@ -1131,7 +1141,9 @@ class DaskPolicy:
                 terminated.add(pid)
             elif what == "signal 9":
                 sigkilled[pid] = to_ctx(t)
-        kernel = {p: t for p, t in sigkilled.items() if p not in terminated}
+        evicted = evicted or set()
+        kernel = {p: t for p, t in sigkilled.items()
+                  if p not in terminated and p not in evicted}
         r.oom_times = sorted(kernel.values())
         r.workers_terminated = len(terminated)
         r.workers_killed = len(kernel)
@@ -1153,6 +1165,10 @@ class DaskPolicy:
             o.wasted_cpu += float(cpu)
             if int(pid) in terminated:
                 o.policy_kills += 1
+            elif int(pid) in evicted:
+                o.policy_kills += 1
+                o.evictions += 1
+                o.evicted_cpu += float(cpu)
             elif int(pid) in kernel:
                 o.kernel_kills += 1
         status = res.get("tasks")
@@ -1181,6 +1197,9 @@ class DaskPolicy:
         r.note = "; ".join(notes)
         r.kills_note = "%d workers terminated by Dask, %d killed by the " \
             "kernel" % (r.workers_terminated, r.workers_killed)
+        if self.memtally:
+            r.evictions = len(evicted)
+            r.kills_note += ", %d evicted by memtallyd's guard" % len(evicted)
 
 
 class MemtallyDaskPolicy(DaskPolicy):
