@@ -1157,6 +1157,7 @@ class DaskPolicy:
             pid, cpu, done, when = _read(os.path.join(adir, name)).split()
             o = outs[idx]
             o.attempts += 1
+            o.cpu += float(cpu)
             last = max(last, to_ctx(float(when)))
             if int(done):
                 o.done = True
