@@ -243,16 +243,16 @@ static uint64_t host_own(const struct mts_registry *reg,
 bool mts_host_allowance(const struct mts_registry *reg,
                         const struct mts_proc *p, uint64_t *allowance)
 {
-	uint64_t want = 0;
+	uint64_t granted = 0;
 	bool hosts = false;
 	for (uint32_t i = 0; reg->adm->nhosted && i < reg->adm->nresv; i++) {
 		const struct mts_resv *r = reg->adm->resv[i];
 		if (hosted_by(r, p->pid)) {
 			hosts = true;
-			want = mt_sat_add(want, r->want);
+			granted = mt_sat_add(granted, r->bytes);
 		}
 	}
-	*allowance = hosts ? mt_sat_add(host_own(reg, p), want) : 0;
+	*allowance = hosts ? mt_sat_add(host_own(reg, p), granted) : 0;
 	return hosts;
 }
 
@@ -2018,7 +2018,9 @@ static void profile_why(const struct mts_kind_profile *p, char *why,
 /*
  * The most the fleet limit can ever grant while what runs outside any
  * reservation stays: the limit less the measured figure not used by
- * reserved tasks (their workers', and hosted tasks' growth). 0: no limit.
+ * reserved tasks (their workers', and hosted tasks' growth), and no more
+ * than the node guard's line less the kernel's figure for the same. 0: no
+ * limit.
  * A kind's first run declared above it would wait for ever, however
  * little it really needs, and its kind would never learn: once it has
  * waited the queue's time it is sized at this instead (a declaration is a
@@ -2038,7 +2040,19 @@ static uint64_t first_run_room(const struct mts_registry *reg)
 		inside = mt_sat_add(inside, hosted_use(reg->adm->resv[i]));
 	uint64_t fm = mts_measured(reg, t->bytes, t->rss);
 	uint64_t outside = fm > inside ? fm - inside : 0;
-	return t->limit > outside ? t->limit - outside : 0;
+	uint64_t room = t->limit > outside ? t->limit - outside : 0;
+	/* Likewise under the node guard's line by the kernel's figure, which
+	 * admission checks too: sized above that room, the request would be
+	 * denied there for ever, and the room the queue keeps for it would
+	 * hold every other request back. */
+	uint64_t node, line;
+	if (mts_guard_node(reg, &node, &line)) {
+		uint64_t nout = node > inside ? node - inside : 0;
+		uint64_t nroom = line > nout ? line - nout : 0;
+		if (nroom < room)
+			room = nroom;
+	}
+	return room;
 }
 
 /* Has `who` waited, asking again, the queue's time ([admission] queue)? */

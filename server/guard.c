@@ -25,7 +25,7 @@
  * a task, such as a root service, is never chosen unless [guard]
  * evict_trusted, or unless it runs tasks inside it (Admit.in_process, a
  * Dask or Celery worker): it then runs jobs, and may hold its own memory
- * and what its tasks may hold. Only the process itself can make it a
+ * and what its tasks were granted. Only the process itself can make it a
  * host. memtallyd itself is never signalled, even if it were registered.
  *
  * The eviction. A Watch event for the task (scope "task:NAME", the

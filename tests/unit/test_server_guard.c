@@ -470,6 +470,48 @@ Test(guard, admission_fits_under_the_line_by_the_nodes_figure)
 	reserve(FX_UID, "c", 100 * MIB);
 }
 
+Test(guard, a_first_run_is_sized_to_the_room_under_the_line_too)
+{
+	/* A fleet limit of 1000 MiB, 100 counted outside any reservation:
+	 * the fleet has 900 for a first run declared at 950. The kernel
+	 * sees 400 on the node, line 800: the node has 400. Sized at 900 it
+	 * would be denied by the line for ever, and the room the queue keeps
+	 * for it would hold back every other request. */
+	mts_policy_defaults(&pol);
+	pol.fleet_limit = 1000 * MIB;
+	pol.admit_queue_ms = 100;
+	fx_start_policy(&pol);
+	task_worker(FX_UID, "", 100 * MIB);
+	mts_core_tick(&srv.reg);
+	fake_cgroup("1073741824\n", 500 * MIB, 100 * MIB);
+	struct mts_node_src src = {.kind = MTS_NODE_CGROUP_V2};
+	snprintf(src.dir, sizeof(src.dir), "%s", dir);
+	struct mts_node_fig fig;
+	cr_assert_eq(mts_node_read(&src, &fig), 0);
+	fig.line = 800 * MIB;
+	mts_guard_apply(&srv.reg, &src, &fig);
+
+	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
+	Memtally__V1__Admit a = MEMTALLY__V1__ADMIT__INIT;
+	a.bytes = 950 * MIB;
+	a.group = (char *)"";
+	a.task = (char *)"T1";
+	a.kind = (char *)"big";
+	req.body_case = MEMTALLY__V1__REQUEST__BODY_ADMIT;
+	req.admit = &a;
+	struct mts_peer peer = fx_peer(getpid(), FX_UID);
+	Memtally__V1__Response *r = fx_call(&peer, &req);
+	cr_assert_not(r->admit_result->admitted);
+	memtally__v1__response__free_unpacked(r, NULL);
+	usleep(150000);
+	r = fx_call(&peer, &req);
+	cr_assert(r->admit_result->admitted, "%s", r->admit_result->reason);
+	cr_assert_eq(r->admit_result->reserved_for_task, 400 * MIB, "%llu MiB",
+	             (unsigned long long)(r->admit_result->reserved_for_task /
+	                                  MIB));
+	memtally__v1__response__free_unpacked(r, NULL);
+}
+
 /* /proc/PID/cgroup as each kind of machine writes it. */
 static int cgroup_of(const char *text, const char **base, char *path)
 {
