@@ -37,8 +37,10 @@ the client: `dask worker --preload memtally.dask SCHEDULER`.
   instead (and teach its kind). Tasks on an executor that is not a thread
   pool (a process pool, an async task) run without admission.
 - Denied: asked again (at most every 0.5 s) for up to `wait` seconds
-  (default 10: this node's tasks end, and memtallyd keeps the room of the
-  request waiting longest); then the task goes back to the scheduler (it
+  (default 30: this node's tasks end, and memtallyd keeps the room of the
+  request waiting longest once it has waited memtallyd's queue time, 10 s
+  by default; a task that gave up then would leave the head of the queue
+  holding room for nobody); then the task goes back to the scheduler (it
   raises distributed.Reschedule before its body runs), and the worker
   pauses itself for `pause` seconds (default 2) so that the scheduler
   places that task, and the next ones, on other workers.
@@ -214,7 +216,7 @@ class Admission(WorkerPlugin):
     name = "memtally"
 
     def __init__(self, socket=None, interval=0.5, pause=2.0, timeout=2.0,
-                 kinds=True, wait=10.0):
+                 kinds=True, wait=30.0):
         self.socket = socket
         self.kinds = bool(kinds)
         self.interval = float(interval)
