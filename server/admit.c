@@ -1072,11 +1072,11 @@ static void task_settle(struct mts_registry *reg, struct mts_task *t)
  * task smaller than the kernel allows, and kinds are per uid, so a liar
  * shrinks only its own kinds. The host's growth is taken from its lowest
  * figure since the task began, so that what the host's other tasks free
- * meanwhile is not taken out of this one's. Memory a runtime maps for itself (pymalloc's arenas) is counted
- * per process, not per thread, so with a thread it is left out of the
- * task's use; a host running one task at a time gives no thread and has
- * it all. What the host held before the task, and tasks that ended
- * before it began, are not the task's. When the host exits the task went
+ * meanwhile is not taken out of this one's. Memory a runtime maps for itself
+ * (pymalloc's arenas) is counted per process, not per thread, so with a thread
+ * it is left out of the task's use; a host running one task at a time gives no
+ * thread and has it all. What the host held before the task, and tasks that
+ * ended before it began, are not the task's. When the host exits the task went
  * with it: its reservation ends at once.
  */
 

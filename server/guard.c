@@ -171,7 +171,8 @@ int mts_guard_candidates(const struct mts_registry *reg,
 				k->reserved =
 				    mts_task_reserved(reg, p->task, p->uid);
 			else
-				hosts = mts_host_allowance(reg, p, &k->reserved);
+				hosts =
+				    mts_host_allowance(reg, p, &k->reserved);
 			/* A trusted process without a task is a service of
 			 * the node, not a job. */
 			k->eligible = p->task[0] || hosts || p->untrusted ||

@@ -281,8 +281,8 @@ uint64_t mts_task_reserved(const struct mts_registry *reg, const char *task,
 void mts_task_evicted(struct mts_registry *reg, const char *task, uint32_t uid);
 /* Whether process `p` runs tasks inside it (Admit.in_process) now, and
  * what it may then hold: its own memory (all but its tasks' use) and what
- * its tasks were granted, as a task's workers may hold its grants. mts_host_evicted: their runs recorded as
- * evicted. */
+ * its tasks were granted, as a task's workers may hold its grants.
+ * mts_host_evicted: their runs recorded as evicted. */
 bool mts_host_allowance(const struct mts_registry *reg,
                         const struct mts_proc *p, uint64_t *allowance);
 void mts_host_evicted(struct mts_registry *reg, uint32_t pid);

@@ -440,10 +440,10 @@ Test(guard, past_the_line_the_tree_goes_and_an_event_says_so)
 	cr_assert_eq(waitpid(calm, &st, WNOHANG), 0);
 }
 
-Test(guard, admission_fits_under_the_line_by_the_nodes_figure)
+/* The guard on a fake cgroup v2 node: 500 MiB in use of which 100 is
+ * inactive file pages (the node's figure: 400 MiB), line 800 MiB. */
+static void guard_on_node_of_400_line_800(void)
 {
-	fx_start();
-	mts_policy_defaults(&pol);
 	fake_cgroup("1073741824\n", 500 * MIB, 100 * MIB);
 	struct mts_node_src src = {.kind = MTS_NODE_CGROUP_V2};
 	snprintf(src.dir, sizeof(src.dir), "%s", dir);
@@ -451,6 +451,13 @@ Test(guard, admission_fits_under_the_line_by_the_nodes_figure)
 	cr_assert_eq(mts_node_read(&src, &fig), 0);
 	fig.line = 800 * MIB;
 	mts_guard_apply(&srv.reg, &src, &fig);
+}
+
+Test(guard, admission_fits_under_the_line_by_the_nodes_figure)
+{
+	fx_start();
+	mts_policy_defaults(&pol);
+	guard_on_node_of_400_line_800();
 	/* The line alone: no room kept for the request denied below. */
 	srv.reg.policy.admit_queue = false;
 	/* 400 in use + 300 requested <= 800. */
@@ -483,13 +490,7 @@ Test(guard, a_first_run_is_sized_to_the_room_under_the_line_too)
 	fx_start_policy(&pol);
 	task_worker(FX_UID, "", 100 * MIB);
 	mts_core_tick(&srv.reg);
-	fake_cgroup("1073741824\n", 500 * MIB, 100 * MIB);
-	struct mts_node_src src = {.kind = MTS_NODE_CGROUP_V2};
-	snprintf(src.dir, sizeof(src.dir), "%s", dir);
-	struct mts_node_fig fig;
-	cr_assert_eq(mts_node_read(&src, &fig), 0);
-	fig.line = 800 * MIB;
-	mts_guard_apply(&srv.reg, &src, &fig);
+	guard_on_node_of_400_line_800();
 
 	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
 	Memtally__V1__Admit a = MEMTALLY__V1__ADMIT__INIT;
@@ -506,9 +507,9 @@ Test(guard, a_first_run_is_sized_to_the_room_under_the_line_too)
 	usleep(150000);
 	r = fx_call(&peer, &req);
 	cr_assert(r->admit_result->admitted, "%s", r->admit_result->reason);
-	cr_assert_eq(r->admit_result->reserved_for_task, 400 * MIB, "%llu MiB",
-	             (unsigned long long)(r->admit_result->reserved_for_task /
-	                                  MIB));
+	cr_assert_eq(
+	    r->admit_result->reserved_for_task, 400 * MIB, "%llu MiB",
+	    (unsigned long long)(r->admit_result->reserved_for_task / MIB));
 	memtally__v1__response__free_unpacked(r, NULL);
 }
 
