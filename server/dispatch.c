@@ -906,7 +906,7 @@ static int do_kinds(struct mts_registry *reg, const struct viewer *v,
 			mts_kind_method(pol, r, why[m], sizeof(why[m]));
 			ki->learned_by = why[m];
 			if (k->est_prof.known) {
-				ki->length_ms = k->est_prof.dur_ms;
+				ki->length_ms = k->est_prof.mean_ms;
 				ki->n_profile_bytes = MTS_KIND_STEPS;
 				ki->profile_bytes = k->est_prof.bytes;
 			}

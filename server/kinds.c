@@ -291,8 +291,8 @@ static uint64_t quantile(uint64_t *v, uint32_t n, uint32_t bp)
  * The profile from the runs `use[0..n)` that have a length and were not
  * evicted (an evicted run was cut short: its length and shape are not
  * the kind's). Each step is the quantile of the runs' shares of their
- * own peak in that step, applied to the learned size; the length is the
- * quantile of their lengths plus the margin.
+ * own peak in that step, applied to the learned size; the length is
+ * their mean length, over which admission lays the steps.
  */
 static void estimate_profile(const struct mts_policy *pol,
                              const struct mts_kind_run *const *use, uint32_t n,
@@ -307,9 +307,6 @@ static void estimate_profile(const struct mts_policy *pol,
 		v[i] = use[i]->dur_ms;
 		total += v[i];
 	}
-	uint64_t d =
-	    add_bp(quantile(v, n, pol->kind_quantile_bp), pol->kind_margin_bp);
-	out->dur_ms = d > UINT32_MAX ? UINT32_MAX : (uint32_t)(d ? d : 1);
 	out->mean_ms = total / n ? (uint32_t)(total / n) : 1;
 	for (uint32_t j = 0; j < MTS_KIND_STEPS; j++) {
 		unsigned __int128 sum = 0;

@@ -34,15 +34,14 @@ struct mts_kind_run {
 
 /*
  * What a kind's next task is expected to hold over its life: `bytes[i]`
- * in the i-th of MTS_KIND_STEPS equal steps of `dur_ms`. Known when the
- * kind has runs with a length; then each step is the estimator's
- * quantile of those runs' step shares, scaled to the learned size, and
- * `mean[i]` what the runs held in that step on average. `mean_ms` is
- * the runs' mean length: what admission expects a task to last.
+ * in the i-th of MTS_KIND_STEPS equal steps of `mean_ms`, the runs' mean
+ * length (what admission expects a task to last). Known when the kind has
+ * runs with a length; then each step is the estimator's quantile of those
+ * runs' step shares, scaled to the learned size, and `mean[i]` what the
+ * runs held in that step on average.
  */
 struct mts_kind_profile {
 	bool known;
-	uint32_t dur_ms;
 	uint32_t mean_ms;
 	uint64_t bytes[MTS_KIND_STEPS];
 	uint64_t mean[MTS_KIND_STEPS];
