@@ -2138,6 +2138,15 @@ static uint64_t host_own(const struct mts_registry *reg,
 	return own;
 }
 
+/* All host `p` can ever give a task under its own limit `host_limit`:
+ * that limit less its own memory. */
+static uint64_t host_room(const struct mts_registry *reg,
+                          const struct mts_proc *p, uint64_t host_limit)
+{
+	uint64_t own = host_own(reg, p);
+	return host_limit > own ? host_limit - own : 0;
+}
+
 /*
  * A task run inside a worker that has a memory limit of its own (Dask's
  * memory_limit, past which Dask ends the worker and every task in it;
@@ -2165,8 +2174,7 @@ static void deny_host(const struct mts_registry *reg,
 	}
 	if (mt_sat_add(mt_sat_add(held, pend), bytes) <= req->host_limit)
 		return;
-	uint64_t own = host_own(reg, p);
-	uint64_t room = req->host_limit > own ? req->host_limit - own : 0;
+	uint64_t room = host_room(reg, p, req->host_limit);
 	char a[32], b[32], c[32], d[32], e[32];
 	out->admitted = false;
 	out->reason = MTS_DENY_HOST_LIMIT;
@@ -2202,8 +2210,7 @@ static uint64_t first_run_in_host(const struct mts_registry *reg,
 	const struct mts_proc *p = host_of(reg, peer);
 	if (!p)
 		return bytes;
-	uint64_t own = host_own(reg, p);
-	uint64_t room = req->host_limit > own ? req->host_limit - own : 0;
+	uint64_t room = host_room(reg, p, req->host_limit);
 	if (!room || bytes <= room)
 		return bytes;
 	char a[32];

@@ -164,8 +164,8 @@ int mts_guard_candidates(const struct mts_registry *reg,
 			k->first_ns = p->registered_ns;
 			/* A process with no task of its own may run tasks
 			 * inside it (Admit.in_process): its own memory and
-			 * what they may hold is its reservation, and it is a
-			 * job runner, not a service of the node. */
+			 * what they were granted is its reservation, and it
+			 * is a job runner, not a service of the node. */
 			bool hosts = false;
 			if (p->task[0])
 				k->reserved =

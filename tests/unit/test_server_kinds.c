@@ -812,13 +812,23 @@ static void lane_write(uint32_t slot, uint32_t k, uint32_t tid, int64_t bytes)
 	mtshm_store_relaxeds64(&mtshm_lane(s, k)->bytes, bytes);
 }
 
+/* A registered worker of FX_UID that holds `bytes` (lane 0), counted: a
+ * host for tasks run inside it. */
+static pid_t host_holding(uint64_t bytes, uint32_t *slot)
+{
+	pid_t h = fx_spawn();
+	*slot = fx_register(h, "", "");
+	fx_write(*slot, (int64_t)bytes);
+	mts_core_tick(&srv.reg);
+	return h;
+}
+
 Test(kinds, a_task_run_inside_its_asker_is_what_the_asker_grew_by)
 {
 	start_fleet(1024 * MIB);
-	pid_t h = fx_spawn();
-	uint32_t slot = fx_register_as(h, 1000, "", "");
-	fx_write(slot, 50 * MIB); /* the worker's own, before the task */
-	mts_core_tick(&srv.reg);
+	uint32_t slot;
+	pid_t h = host_holding(50 * MIB,
+	                       &slot); /* the worker's own, before the task */
 
 	Memtally__V1__Response *r =
 	    fx_admit_hosted(h, 1000, 100 * MIB, "parse", 0, 0);
@@ -919,10 +929,8 @@ Test(kinds, a_host_that_shrank_counts_its_growth_from_its_lowest_figure)
 	 * frees 40 MiB of the host's 58, then this one grows it by 30: the
 	 * task holds 30, not 30 - 40. */
 	start_fleet(1024 * MIB);
-	pid_t h = fx_spawn();
-	uint32_t slot = fx_register_as(h, FX_UID, "", "");
-	fx_write(slot, 58 * MIB);
-	mts_core_tick(&srv.reg);
+	uint32_t slot;
+	pid_t h = host_holding(58 * MIB, &slot);
 	Memtally__V1__Response *r =
 	    fx_admit_hosted(h, FX_UID, 100 * MIB, "parse", 0, 0);
 	cr_assert(r->admit_result->in_process);
@@ -1037,10 +1045,8 @@ Test(kinds, a_hosted_task_stays_within_its_workers_own_limit)
 	 * 60), a further 30 MiB does not (70 + 140 + 30), whatever room the
 	 * fleet has. */
 	start_fleet(1024 * MIB);
-	pid_t h = fx_spawn();
-	uint32_t slot = fx_register_as(h, 1000, "", "");
-	fx_write(slot, 50 * MIB);
-	mts_core_tick(&srv.reg);
+	uint32_t slot;
+	pid_t h = host_holding(50 * MIB, &slot);
 	Memtally__V1__Response *r =
 	    fx_admit_hosted(h, 1000, 100 * MIB, "a", 0, 220 * MIB);
 	cr_assert(r->admit_result->admitted, "%s", r->admit_result->reason);
@@ -1071,10 +1077,8 @@ Test(kinds, a_first_run_above_what_its_worker_may_hold_is_sized_to_fit)
 	 * history keeps its declaration), so it is sized at the 140 MiB
 	 * the worker may hold beside its own, to run and learn. */
 	start_fleet(1024 * MIB);
-	pid_t h = fx_spawn();
-	uint32_t slot = fx_register_as(h, 1000, "", "");
-	fx_write(slot, 60 * MIB);
-	mts_core_tick(&srv.reg);
+	uint32_t slot;
+	pid_t h = host_holding(60 * MIB, &slot);
 	Memtally__V1__Response *r =
 	    fx_admit_hosted(h, 1000, 300 * MIB, "x", 0, 200 * MIB);
 	cr_assert(r->admit_result->admitted, "%s", r->admit_result->reason);
