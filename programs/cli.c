@@ -96,7 +96,8 @@ struct cli {
 	double poll_s;     /* run --poll; 0: the default */
 	const char *retry; /* run --retry, as given */
 	uint32_t retry_n;  /* run --retry */
-	bool socket_given; /* run: --socket was given */
+	const char *reservation; /* run --reservation ID */
+	bool socket_given;       /* run: --socket was given */
 };
 
 /* Options that belong to some commands only. */
@@ -108,6 +109,7 @@ enum {
 	TAKES_REFRESH = 1 << 4, /* --interval, --iterations */
 	TAKES_WAIT = 1 << 5,
 	TAKES_KIND = 1 << 6,
+	TAKES_RESERVATION = 1 << 7,
 };
 
 struct command {
@@ -156,7 +158,8 @@ static void usage(FILE *f)
 	    "first\n"
 	    "  run [--bytes SIZE] [--kind K] [--group G] [--task T] "
 	    "[--wait SECONDS\n"
-	    "      [--poll S]] [--ttl S] [--retry N] -- CMD [ARGS...]\n"
+	    "      [--poll S]] [--ttl S] [--retry N] [--reservation ID] -- "
+	    "CMD [ARGS...]\n"
 	    "                   run CMD under the preload as task T (with "
 	    "--bytes or\n"
 	    "                   --kind: once\n"
@@ -174,7 +177,12 @@ static void usage(FILE *f)
 	    "guard: the\n"
 	    "                   figures on stderr, exit 75 (EX_TEMPFAIL); "
 	    "--retry N runs\n"
-	    "                   it again up to N times first\n"
+	    "                   it again up to N times first. "
+	    "--reservation ID\n"
+	    "                   --task T: a scheduler admitted T already "
+	    "(admit --task T\n"
+	    "                   printed ID): run under it, release it at "
+	    "the end\n"
 	    "\n"
 	    "SIZE is bytes or a number with a unit: K, M, G, T and KiB, "
 	    "MiB, GiB, TiB\n"
@@ -1650,6 +1658,21 @@ static int check_run(struct cli *c)
 	if ((c->group && !c->group[0]) || (c->task && !c->task[0]))
 		return usage_error("run: --%s is empty",
 		                   c->group && !c->group[0] ? "group" : "task");
+	if (c->reservation) {
+		/* The reservation is taken over by the workers of the task it
+		 * was made for: they must carry that task's name. */
+		if (!c->reservation[0] || strlen(c->reservation) >= 64)
+			return usage_error("invalid --reservation '%s': "
+			                   "expected the id admit printed",
+			                   c->reservation);
+		if (!c->task)
+			return usage_error("run: --reservation needs --task, "
+			                   "the task it was admitted for");
+		if (c->retry && !c->bytes && !c->kind)
+			return usage_error("run: --retry with --reservation "
+			                   "needs --bytes or --kind, to be "
+			                   "admitted again");
+	}
 	return 0;
 }
 
@@ -1669,6 +1692,7 @@ static int cmd_run(struct cli *c)
 	    .wait_s = c->wait_s,
 	    .poll_s = c->poll_s,
 	    .retry = c->retry_n,
+	    .reservation = c->reservation,
 	    .argv = c->run_argv,
 	};
 	return mtcli_run(&o);
@@ -1688,7 +1712,7 @@ static const struct command commands[] = {
     /* Connects by itself (cli_run.c): it fails open. */
     {"run", check_run, cmd_run,
      TAKES_GROUP | TAKES_BYTES | TAKES_TASK | TAKES_TTL | TAKES_WAIT |
-         TAKES_KIND,
+         TAKES_KIND | TAKES_RESERVATION,
      0, 0, false},
 };
 
@@ -1719,6 +1743,7 @@ enum {
 	OPT_POLL,
 	OPT_KIND,
 	OPT_RETRY,
+	OPT_RESERVATION,
 	OPT_HELP,
 	OPT_VERSION,
 };
@@ -1740,6 +1765,7 @@ static const struct option long_options[] = {
     {"wait", required_argument, NULL, OPT_WAIT},
     {"poll", required_argument, NULL, OPT_POLL},
     {"retry", required_argument, NULL, OPT_RETRY},
+    {"reservation", required_argument, NULL, OPT_RESERVATION},
     {"help", no_argument, NULL, OPT_HELP},
     {"version", no_argument, NULL, OPT_VERSION},
     {NULL, 0, NULL, 0},
@@ -1872,6 +1898,9 @@ static int parse_args(struct cli *c, struct cmdline *p, int argc, char **argv)
 		case OPT_RETRY:
 			c->retry = optarg;
 			break;
+		case OPT_RESERVATION:
+			c->reservation = optarg;
+			break;
 		case OPT_POLL:
 			c->poll = optarg;
 			break;
@@ -1933,7 +1962,9 @@ static int check_command(struct cli *c, const struct command *cmd,
 	                      "--iterations")) ||
 	    (rc = check_takes(cmd, TAKES_WAIT, c->wait, "--wait")) ||
 	    (rc = check_takes(cmd, TAKES_WAIT, c->poll, "--poll")) ||
-	    (rc = check_takes(cmd, TAKES_WAIT, c->retry, "--retry")))
+	    (rc = check_takes(cmd, TAKES_WAIT, c->retry, "--retry")) ||
+	    (rc = check_takes(cmd, TAKES_RESERVATION, c->reservation,
+	                      "--reservation")))
 		return rc;
 	if (c->tcp && c->socket)
 		return usage_error("--socket and --tcp exclude each other");

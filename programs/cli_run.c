@@ -9,15 +9,19 @@
  *     serves the wait for room, the command's life and its end, with no
  *     asynchronous handler and no race between a signal and a fork.
  *  2. With --bytes or --kind, Admit{bytes, kind, group, task, ttl} (with
- *     a kind, memtallyd reserves what the kind's recent runs used). Denied: the
- * reason on stderr, exit 3, the command never started. With --wait, the denial
- *     is retried until the deadline: at once after every Watch event of
- *     the fleet or the request's group (a state change: memory freed,
- *     a limit raised), and otherwise at a slowly growing interval (0.2 s
- *     doubling to 2 s, with jitter), because room can appear without any
- *     state change (a task ends while the fleet stays `high`): the
- *     protocol has no event for "bytes went down". A signal while waiting
- *     ends the wait: 128 + N, nothing started, nothing reserved.
+ *     a kind, memtallyd reserves what the kind's recent runs used).
+ *     Denied: the reason on stderr, exit 3, the command never started.
+ *     With --reservation a scheduler asked already (it admits the next
+ *     task that fits and moves on to others when denied, which a blocked
+ *     `memtally run` cannot do): no Admit, only the Release at the end.
+ *     With --wait, the denial is retried until the deadline: at once
+ *     after every Watch event of the fleet or the request's group (a
+ *     state change: memory freed, a limit raised), and otherwise at a
+ *     slowly growing interval (0.2 s doubling to 2 s, with jitter),
+ *     because room can appear without any state change (a task ends while
+ *     the fleet stays `high`): the protocol has no event for "bytes went
+ *     down". A signal while waiting ends the wait: 128 + N, nothing
+ *     started, nothing reserved.
  *  3. The command runs under the preload (LD_PRELOAD of
  *     libmemtally_preload.so, found by find_preload()) with MEMTALLY_TASK
  *     set to the reservation's task, so its workers take the reservation
@@ -600,6 +604,25 @@ static int block_signals(struct run *r)
 	return r->sfd < 0 ? -errno : 0;
 }
 
+/* A scheduler admitted the task already (--reservation): no Admit, one
+ * connection for the eviction watch's sake and the Release at the end.
+ * Always 1: the command runs; unreachable, its reservation ends with its
+ * workers or at its TTL. */
+static int adopt(struct run *r)
+{
+	snprintf(r->reservation, sizeof(r->reservation), "%s",
+	         r->o->reservation);
+	int err = open_handle(r, &r->q);
+	if (err) {
+		fprintf(stderr,
+		        "memtally: cannot reach memtallyd at %s: %s; running "
+		        "the command, reservation %s ends at its TTL\n",
+		        r->where, memtally_strerror(err), r->reservation);
+		r->failed_open = true;
+	}
+	return 1;
+}
+
 /* Admission per the options: 1 run the command (granted, not asked, or
  * failing open), else the exit status to return at once. */
 static int admission(struct run *r)
@@ -663,7 +686,7 @@ int mtcli_run(const struct mtcli_run_opts *o)
 	r.wait_s = o->wait_s;
 	int rc;
 	for (uint32_t run = 0;; run++) {
-		rc = admission(&r);
+		rc = run == 0 && o->reservation ? adopt(&r) : admission(&r);
 		memtally_query_close(r.w);
 		r.w = NULL;
 		if (rc != 1)

@@ -43,7 +43,9 @@ struct mtcli_run_opts {
 	double wait_s;      /* wait this long for room; 0: do not wait */
 	double poll_s;      /* while waiting, ask at least this often; 0: 2 s */
 	uint32_t retry;     /* rerun an evicted command up to this often */
-	char **argv;        /* the command, NULL-terminated, argv[0] set */
+	const char *reservation; /* admitted already as `task`: no Admit for
+	                            the first run, Release at its end */
+	char **argv;             /* the command, NULL-terminated, argv[0] set */
 };
 
 /*

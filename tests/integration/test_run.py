@@ -12,6 +12,8 @@
 - the command runs under the preload as the reservation's task and group:
   its worker registers with them and the reservation counts only what the
   worker does not use yet; the reservation is released at the end;
+- under a reservation a scheduler holds (--reservation ID --task T): no
+  Admit of its own, the worker takes ID over, ID ends with the command;
 - a SIGKILLed `memtally run`: its command dies with it, and the
   reservation is gone after its TTL (not before); one its worker had taken
   over is gone as soon as the worker is;
@@ -279,6 +281,47 @@ def test_command_is_the_reservations_task():
         check(f["reserved"] == 0, f"reserved left: {f}")
 
 
+def test_runs_under_a_reservation_a_scheduler_holds():
+    """A scheduler admits the task itself (to move on to another when
+    denied) and starts it with --reservation: no second Admit, the
+    command's worker takes that reservation over, it ends with the
+    command."""
+    with limited("1GiB") as s:
+        a = s.cli("admit", "--bytes", "64MiB", "--task", "sched-1",
+                  "--ttl", "600")
+        check(a["admitted"], f"admit: {a}")
+        rid = a["reservation"]
+        f = fleet(s)
+        check(f["reservations"] == 1 and f["reserved"] == 64 * MIB,
+              f"admitted: {f}")
+        w = Worker(mt_run(s, "--reservation", rid, "--task", "sched-1",
+                          "--kind", "sched", "--retry", "1", "--",
+                          *worker("hold"), "20"), run_env())
+        first = w.readline()
+        check(first.startswith("ready pid="), f"worker said {first!r}")
+        pid = int(first.split("=")[1])
+        p = wait_for("worker registered", lambda: s.ps().get(pid))
+        check(p.get("task") == "sched-1", f"registered as {p}")
+        # Taken over, and still the one reservation: run asked for none.
+        st = wait_for("reconciled", lambda: (
+            lambda f: f if f["reserved"] <= 45 * MIB else None)(fleet(s)))
+        check(st["reservations"] == 1 and st["reserved"] >= 40 * MIB,
+              f"reservations {st}")
+        check(w.close() == 0, "exit status")
+        f = wait_for("released", lambda: (
+            lambda f: f if f["reservations"] == 0 else None)(fleet(s)))
+        check(f["reserved"] == 0, f"reserved left: {f}")
+        # An id given without its task, or a rerun it could not admit,
+        # is a usage error: nothing runs.
+        for bad in (["--reservation", rid],
+                    ["--reservation", rid, "--task", "t", "--retry", "1"],
+                    ["--reservation", "", "--task", "t"]):
+            r = subprocess.run(mt_run(s, *bad, "--", "true"), env=run_env(),
+                               capture_output=True, timeout=30 * MULT)
+            check(r.returncode == 2 and b"--reservation" in r.stderr,
+                  f"{bad}: exit {r.returncode}, {r.stderr!r}")
+
+
 def test_sigkilled_run_leaves_no_reservation_after_its_ttl():
     d = tempfile.mkdtemp(prefix="mt-run-")
     pidfile = os.path.join(d, "pid")
@@ -365,5 +408,6 @@ if __name__ == "__main__":
          test_wait_then_runs_when_room_appears,
          test_poll_bounds_the_wait_without_a_state_change,
          test_command_is_the_reservations_task,
+         test_runs_under_a_reservation_a_scheduler_holds,
          test_sigkilled_run_leaves_no_reservation_after_its_ttl,
          test_fail_open_without_server])
