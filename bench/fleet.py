@@ -328,6 +328,7 @@ class PolicyResult:
         self.outcomes = []
         self.makespan = 0.0
         self.samples = []           # (t, usage bytes, reserved bytes running)
+        self.slots = []             # (tasks running, tasks waiting for room)
         self.oom_times = []         # seconds after the start
         self.kernel_oom_counter = 0  # the cgroups' own oom_kill counters
         self.daemon = {}            # memtallyd's fate, for memtally policies
@@ -1254,6 +1255,10 @@ class Sampler(threading.Thread):
             reserved = r.reserved_running() if r and r.reserves else 0
             self.result.samples.append((self.ctx.now(), self.ctx.node.usage(),
                                         reserved))
+            if r is not None:
+                runs = list(r.running.values())
+                held = sum(1 for a in runs if getattr(a, "admitted", True))
+                self.result.slots.append((held, len(runs) - held))
 
 
 def run_policy(policy, node_limit, tasks, args, arrivals, tmp, env):
@@ -1278,6 +1283,14 @@ def run_policy(policy, node_limit, tasks, args, arrivals, tmp, env):
         result.samples = [(t - off, u, d) for t, u, d in result_box.samples
                           if t >= off]
         result.kernel_oom_counter += node.oom_kills()
+        if result_box.slots:
+            # How many of the slots ran a task, how many waited for room.
+            n = len(result_box.slots)
+            benchlib.log("fleet: %s: slots: %.1f running, %.1f waiting "
+                         "for room on average" % (
+                             policy.name,
+                             sum(a for a, _ in result_box.slots) / n,
+                             sum(b for _, b in result_box.slots) / n))
         return result
     finally:
         node.remove()
