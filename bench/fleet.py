@@ -1091,6 +1091,8 @@ class DaskPolicy:
             # (the node's memory from here on includes the idle cluster).
             r.t_offset = ctx.now()
             r.idle_usage = ctx.node.usage()
+            benchlib.log("fleet: %s: the idle cluster holds %.0f MiB of the "
+                         "node" % (self.name, r.idle_usage / MIB))
             if probe is not None:
                 probe.start()
             driver.stdin.write(b"go\n")
