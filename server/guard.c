@@ -12,17 +12,11 @@
  * task. A task's candidate is the workers of one task of one uid, whatever
  * their process tree. The guard chooses the candidate furthest beyond its
  * reservation by what its workers hold as vouched for (vouch.c), which is
- * what it took that nobody granted it. When none is beyond, every
- * candidate grows at most into its reservation, so what the node will
- * need is known: what it is past its line, plus what the candidates may
- * still grow by over the interval (each its growth rate, within its
- * reservation). Of those whose eviction alone frees that much, it chooses
- * the youngest: it has done the least work, so its rerun throws away the
- * least. (The fastest grower, a leak near its end, would throw away a
- * whole run to free what it was about to free anyway.) When none is
- * enough alone, it chooses the one growing fastest: that one is what
- * pushes the node to its edge, and evicting anything else only buys time
- * until it gets there. When none grows, the youngest.
+ * what it took that nobody granted it. When none is beyond, it chooses the
+ * one growing fastest. That one is what pushes the node to its edge, and
+ * evicting anything else only buys time until it gets there. When none
+ * grows, it chooses the youngest, which has done the least work, so its
+ * rerun throws away the least.
  *
  * Trust. Untrusted processes count what the kernel vouches for, so a lie
  * makes nobody bigger but the liar. A candidate is one uid's. A worker of
@@ -70,16 +64,10 @@ const char *mts_guard_rule_name(enum mts_guard_rule r)
 	switch (r) {
 	case MTS_GUARD_BEYOND:
 		return "furthest beyond its reservation";
-	case MTS_GUARD_ENOUGH:
-		return "none beyond its reservation: the youngest whose "
-		       "eviction is enough to bring the node back under its "
-		       "line";
 	case MTS_GUARD_GROWTH:
-		return "none beyond its reservation, none enough alone: "
-		       "fastest growing";
+		return "none beyond its reservation: fastest growing";
 	default:
-		return "none beyond its reservation, none enough alone, none "
-		       "growing: youngest";
+		return "none beyond its reservation, none growing: youngest";
 	}
 }
 
@@ -129,46 +117,16 @@ static bool better(const struct mts_guard_cand *a,
 	return a->pid > b->pid;
 }
 
-/* May `c` be chosen under `rule`, where the node needs `need` freed? */
-static bool fits(const struct mts_guard_cand *c, enum mts_guard_rule rule,
-                 uint64_t need)
+/* May `c` be chosen under `rule`? */
+static bool fits(const struct mts_guard_cand *c, enum mts_guard_rule rule)
 {
 	if (!c->eligible || c->used == 0)
 		return false;
 	if (rule == MTS_GUARD_BEYOND)
 		return c->used > c->reserved;
-	if (rule == MTS_GUARD_ENOUGH)
-		return need && mt_sat_add(c->used, c->rise) >= need;
 	if (rule == MTS_GUARD_GROWTH)
 		return c->growth >= MTS_GUARD_GROWTH_MIN;
 	return true;
-}
-
-/* What the node needs freed: what it is past its line, plus what every
- * candidate may still grow by over the interval (its growth rate, within
- * what it was granted if it is within it; sets each one's `rise`). 0 when
- * it is not past. */
-static uint64_t node_need(const struct mts_registry *reg,
-                          struct mts_guard_cand *c, uint32_t n)
-{
-	const struct mts_guard_state *g = reg->guard;
-	if (!g || !g->known || g->node.usage <= g->node.line)
-		return 0;
-	double secs = g->interval_ms / 1000.0;
-	uint64_t need = g->node.usage - g->node.line;
-	for (uint32_t i = 0; i < n; i++) {
-		if (c[i].growth <= 0)
-			continue;
-		/* One already beyond (one that may not be chosen: a service)
-		 * has nothing to stop it. */
-		double r = c[i].growth * secs;
-		uint64_t room = c[i].used < c[i].reserved
-		                    ? c[i].reserved - c[i].used
-		                    : UINT64_MAX;
-		c[i].rise = r >= (double)room ? room : (uint64_t)r;
-		need = mt_sat_add(need, c[i].rise);
-	}
-	return need;
 }
 
 int mts_guard_candidates(const struct mts_registry *reg,
@@ -233,11 +191,10 @@ int mts_guard_candidates(const struct mts_registry *reg,
 			k->eligible = false;
 	}
 	free(ps);
-	uint64_t need = node_need(reg, c, nc);
 	for (enum mts_guard_rule r = MTS_GUARD_BEYOND; r <= MTS_GUARD_YOUNGEST;
 	     r++) {
 		for (uint32_t i = 0; i < nc; i++)
-			if (fits(&c[i], r, need) &&
+			if (fits(&c[i], r) &&
 			    (*chosen < 0 || better(&c[i], &c[*chosen], r)))
 				*chosen = (int)i;
 		if (*chosen >= 0) {
@@ -429,8 +386,8 @@ static void evict(struct mts_registry *reg, uint64_t now_ns)
 	char reason[640];
 	snprintf(reason, sizeof(reason),
 	         "evicted by the node guard: node at %s, past its line %s "
-	         "(limit %s); %s %s used %s against %s reserved; %s (of %u "
-	         "candidates)",
+	         "(limit %s); %s %s used %s against %s reserved, %s of %u "
+	         "candidates",
 	         mt_format_size(a, sizeof(a), g->node.usage),
 	         mt_format_size(b, sizeof(b), g->node.line),
 	         mt_format_size(d, sizeof(d), g->node.limit),
@@ -450,7 +407,6 @@ static void evict(struct mts_registry *reg, uint64_t now_ns)
 	        (unsigned long long)g->node.limit,
 	        mts_node_kind_name(g->src.kind),
 	        rule == MTS_GUARD_BEYOND   ? "beyond"
-	        : rule == MTS_GUARD_ENOUGH ? "enough"
 	        : rule == MTS_GUARD_GROWTH ? "growth"
 	                                   : "youngest",
 	        n, mts_logq(qr, sizeof(qr), reason));

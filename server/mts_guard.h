@@ -32,15 +32,13 @@ struct mts_guard_cand {
 	double growth;     /* bytes per second, its workers' sum */
 	uint64_t first_ns; /* its oldest worker's registration (realtime) */
 	bool eligible;     /* may be chosen (trust rules) */
-	uint64_t rise;     /* what it may still grow by over the interval */
 };
 
 /* Why a candidate was chosen: the rule that decided. */
 enum mts_guard_rule {
 	MTS_GUARD_BEYOND = 0, /* furthest beyond its reservation */
-	MTS_GUARD_ENOUGH,     /* none beyond: the youngest that is enough */
-	MTS_GUARD_GROWTH,     /* none enough alone: fastest growing */
-	MTS_GUARD_YOUNGEST,   /* none growing: youngest */
+	MTS_GUARD_GROWTH,     /* none beyond: fastest growing */
+	MTS_GUARD_YOUNGEST,   /* none beyond, none growing: youngest */
 };
 
 /* The timer's step: read the node; past the line, at most once per
@@ -56,7 +54,7 @@ int mts_guard_candidates(const struct mts_registry *reg,
                          struct mts_guard_cand **out, uint32_t *n, int *chosen,
                          enum mts_guard_rule *rule);
 
-/* "furthest beyond its reservation", ..., as the eviction's reason says. */
+/* "beyond its reservation", "fastest growing", "youngest". */
 const char *mts_guard_rule_name(enum mts_guard_rule r);
 
 #endif /* MTS_GUARD_H */

@@ -287,55 +287,6 @@ Test(guard, none_beyond_the_youngest)
 	cr_assert_eq(rule, MTS_GUARD_YOUNGEST);
 }
 
-/* choose(), the node `usage` past a `line` of the guard's. */
-static const struct mts_guard_cand *choose_past(uint64_t usage, uint64_t line,
-                                                enum mts_guard_rule *rule)
-{
-	static struct mts_guard_cand k;
-	struct mts_guard_cand *c;
-	uint32_t n;
-	int i;
-	mts_core_tick(&srv.reg);
-	struct mts_guard_state *g = srv.reg.guard;
-	g->node = (struct mts_node_fig){
-	    .usage = usage, .line = line, .limit = line + line / 8};
-	g->known = true;
-	cr_assert_eq(mts_guard_candidates(&srv.reg, &c, &n, &i, rule), 0);
-	cr_assert_geq(i, 0);
-	k = c[i];
-	free(c);
-	return &k;
-}
-
-Test(guard, none_beyond_the_youngest_that_is_enough)
-{
-	fx_start();
-	reserve(FX_UID, "old", 200 * MIB);
-	reserve(FX_UID, "mid", 50 * MIB);
-	reserve(FX_UID, "young", 100 * MIB);
-	struct timespec ts = {0, 2 * 1000 * 1000};
-	task_worker(FX_UID, "old", 180 * MIB);
-	nanosleep(&ts, NULL);
-	task_worker(FX_UID, "mid", 40 * MIB);
-	nanosleep(&ts, NULL);
-	task_worker(FX_UID, "young", 10 * MIB);
-	/* 30 MiB past the line, nothing growing: the youngest would free
-	 * 10, the oldest the most and its whole run; "mid" frees enough. */
-	enum mts_guard_rule rule;
-	const struct mts_guard_cand *k =
-	    choose_past(530 * MIB, 500 * MIB, &rule);
-	cr_assert_str_eq(k->task, "mid");
-	cr_assert_eq(rule, MTS_GUARD_ENOUGH);
-	/* 50 past: only the oldest is enough. */
-	k = choose_past(550 * MIB, 500 * MIB, &rule);
-	cr_assert_str_eq(k->task, "old");
-	cr_assert_eq(rule, MTS_GUARD_ENOUGH);
-	/* 200 past: none alone; none grows: the youngest. */
-	k = choose_past(700 * MIB, 500 * MIB, &rule);
-	cr_assert_str_eq(k->task, "young");
-	cr_assert_eq(rule, MTS_GUARD_YOUNGEST);
-}
-
 Test(guard, trusted_without_a_task_spared_unless_configured)
 {
 	fx_start();
