@@ -1406,15 +1406,11 @@ static bool deny_uid_bytes(const struct mts_registry *reg,
  * length: the means of the steps are what the runs held on average, and
  * on average they ended then (the quantile length, p95 + 10%, would keep
  * every running task in the projection a third longer than the runs
- * last). A task past its mean length holds its last step (or what it
- * uses) and is expected to end halfway to its kind's longest recent run:
- * given that it is still running, its end is as likely before that as
- * after. (Counted to the end of time, as a task past the longest still
- * is, the half of the running tasks past their mean would never make room
- * in the projection.) The time ahead is the new task's expected length. For a
- * request held whole from the start, it lasts until the last profiled task
- * is expected to end. The cost is intervals times profiled reservations,
- * at an Admit only.
+ * last). The time ahead is the new task's expected length. For a request
+ * held whole from the start, it lasts until the last profiled task is
+ * expected to end. A task past its expected length holds its last step
+ * (or what it uses) and is never expected to end. The cost is intervals
+ * times profiled reservations, at an Admit only.
  */
 #define MTS_PROJECT_STEPS 32u
 
@@ -1443,22 +1439,10 @@ static uint64_t held_now(const struct mts_resv *r)
 	return alone && r->use > r->want ? r->use : r->want;
 }
 
-/* How long `r` is expected to run on, in ms; UINT64_MAX: not expected to
- * end (past its kind's longest run). */
-static uint64_t resv_left_ms(const struct mts_resv *r, uint64_t now_ns)
-{
-	uint64_t age = running(r) ? run_age_ms(r, now_ns) : 0;
-	if (age < r->prof.mean_ms)
-		return r->prof.mean_ms - age;
-	if (age < r->prof.max_ms)
-		return (r->prof.max_ms - age + 1) / 2;
-	return UINT64_MAX;
-}
-
 static bool projected(const struct mts_resv *r, uint32_t gi, uint64_t now_ns)
 {
 	return r->profiled && (gi == UINT32_MAX || r->group == gi) &&
-	       resv_left_ms(r, now_ns) != UINT64_MAX;
+	       (!running(r) || run_age_ms(r, now_ns) < r->prof.mean_ms);
 }
 
 /*
@@ -1489,9 +1473,9 @@ static uint64_t project_need(const struct mts_registry *reg, uint32_t gi,
 		const struct mts_resv *r = reg->adm->resv[i];
 		if (!projected(r, gi, now))
 			continue;
-		uint64_t left = resv_left_ms(r, now);
-		if (left > h)
-			h = left;
+		uint64_t age = running(r) ? run_age_ms(r, now) : 0;
+		if (r->prof.mean_ms - age > h)
+			h = r->prof.mean_ms - age;
 	}
 	if (!h)
 		return mt_sat_add(bytes, also ? also->bytes : 0);
@@ -1529,16 +1513,13 @@ static uint64_t project_need(const struct mts_registry *reg, uint32_t gi,
 			const struct mts_resv *r = reg->adm->resv[i];
 			if (!projected(r, gi, now))
 				continue;
-			/* Past its mean length: its last step. */
 			uint64_t age = running(r) ? run_age_ms(r, now) : 0;
-			uint64_t last = r->prof.mean_ms - 1;
-			uint64_t from = age + lo < last ? age + lo : last;
-			uint64_t to = age + hi > from + 1 ? age + hi : from + 1;
-			double q = (double)step_max(
-			    r->prof.bytes, r->prof.mean_ms, from, to, &ended);
-			double mu = (double)step_max(
-			    r->prof.mean, r->prof.mean_ms, from, to, &ended);
-			ended = lo >= resv_left_ms(r, now);
+			double q =
+			    (double)step_max(r->prof.bytes, r->prof.mean_ms,
+			                     age + lo, age + hi, &ended);
+			double mu =
+			    (double)step_max(r->prof.mean, r->prof.mean_ms,
+			                     age + lo, age + hi, &ended);
 			/* A task above its kind's mean now is expected to
 			 * stay at least where it is. */
 			double held = (double)held_now(r);

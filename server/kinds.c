@@ -292,7 +292,7 @@ static uint64_t quantile(uint64_t *v, uint32_t n, uint32_t bp)
  * evicted (an evicted run was cut short: its length and shape are not
  * the kind's). Each step is the quantile of the runs' shares of their
  * own peak in that step, applied to the learned size; the length is
- * their mean length, over which admission lays the steps, and the longest.
+ * their mean length, over which admission lays the steps.
  */
 static void estimate_profile(const struct mts_policy *pol,
                              const struct mts_kind_run *const *use, uint32_t n,
@@ -306,8 +306,6 @@ static void estimate_profile(const struct mts_policy *pol,
 	for (uint32_t i = 0; i < n; i++) {
 		v[i] = use[i]->dur_ms;
 		total += v[i];
-		if (v[i] > out->max_ms)
-			out->max_ms = v[i];
 	}
 	out->mean_ms = total / n ? (uint32_t)(total / n) : 1;
 	for (uint32_t j = 0; j < MTS_KIND_STEPS; j++) {

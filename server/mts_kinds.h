@@ -38,13 +38,11 @@ struct mts_kind_run {
  * length (what admission expects a task to last). Known when the kind has
  * runs with a length; then each step is the estimator's quantile of those
  * runs' step shares, scaled to the learned size, and `mean[i]` what the
- * runs held in that step on average. A task past `mean_ms` is expected to
- * end by `max_ms` (admit.c).
+ * runs held in that step on average.
  */
 struct mts_kind_profile {
 	bool known;
 	uint32_t mean_ms;
-	uint32_t max_ms; /* the longest of those runs */
 	uint64_t bytes[MTS_KIND_STEPS];
 	uint64_t mean[MTS_KIND_STEPS];
 };

@@ -724,47 +724,6 @@ Test(kinds, a_task_is_expected_to_last_its_runs_mean_length)
 	mts_core_tick(&srv.reg);
 }
 
-Test(kinds, a_task_past_its_mean_length_is_expected_to_end_by_its_longest)
-{
-	/* As above: "leak" runs 1 s or 3 s, expected to last 2 s. */
-	start_fleet(150 * MIB);
-	srv.reg.policy.admit_queue = false;
-	for (int i = 0; i < 5; i++) {
-		note_leak("leak", 100 * MIB, 1000, false);
-		note_leak("leak", 100 * MIB, 3000, false);
-	}
-	for (int i = 0; i < 10; i++)
-		note_late("late", 100 * MIB, 2000);
-	struct mts_resv *t1 = admit_following("leak", "T1", "2.0 s");
-	Memtally__V1__Response *r;
-	pid_t a = start_worker("T1");
-	cr_assert(t1->taken_over);
-	/* 2.1 s old, past its mean: it holds its last step (100 MiB), and
-	 * is expected to end halfway to 3 s, long before the late one's
-	 * peak 1.75 s from now. Counted for ever, it would deny it (100 +
-	 * 100 > 150). */
-	t1->started_mono_ns = mts_now_monotonic() - UINT64_C(2100) * 1000000u;
-	mts_core_tick(&srv.reg);
-	cr_assert_eq(t1->want, t1->prof.mean[MTS_KIND_STEPS - 1]);
-	cr_assert_eq(t1->prof.max_ms, 3000);
-	r = admit_kind(1000, 0, "late", "T2");
-	cr_assert(r->admit_result->admitted, "%s", r->admit_result->reason);
-	memtally__v1__response__free_unpacked(r, NULL);
-	struct mts_peer root = fx_peer(getpid(), 0);
-	uint64_t freed;
-	char id2[MTS_RESV_ID_LEN + 1];
-	memcpy(id2, resv_of_task("T2")->id, sizeof(id2));
-	cr_assert_eq(mts_release(&srv.reg, &root, id2, "", &freed), 0);
-	/* Past its longest run it is not expected to end: denied. */
-	t1->started_mono_ns = mts_now_monotonic() - UINT64_C(3100) * 1000000u;
-	mts_core_tick(&srv.reg);
-	r = admit_kind(1000, 0, "late", "T3");
-	cr_assert_not(r->admit_result->admitted);
-	memtally__v1__response__free_unpacked(r, NULL);
-	fx_kill(a);
-	mts_core_tick(&srv.reg);
-}
-
 /* ---- the queue -------------------------------------------------------------
  */
 
