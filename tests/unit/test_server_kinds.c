@@ -827,8 +827,8 @@ Test(kinds, a_task_run_inside_its_asker_is_what_the_asker_grew_by)
 {
 	start_fleet(1024 * MIB);
 	uint32_t slot;
-	pid_t h = host_holding(50 * MIB,
-	                       &slot); /* the worker's own, before the task */
+	/* The worker's own, before the task. */
+	pid_t h = host_holding(50 * MIB, &slot);
 
 	Memtally__V1__Response *r =
 	    fx_admit_hosted(h, 1000, 100 * MIB, "parse", 0, 0);
