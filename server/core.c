@@ -182,6 +182,39 @@ static inline uint64_t tick_free(struct mts_proc *p, struct mtshm_slot_id *s,
 }
 
 /*
+ * What of `pf`, a trusted process's free bytes by its allocator's last
+ * sample, its resident figure leaves room for, `hm` being its heap and
+ * mapped bytes now. The client counts what a process frees as its
+ * allocator's until the next sample, a second or more later. An allocator
+ * that gives freed pages back at once (jemalloc's large extents, glibc's
+ * mmapped chunks) would keep its process counted at its peak meanwhile,
+ * though the kernel has the pages back: a busy Dask worker was counted up
+ * to 166 MiB above its resident figure after a task ended. The kernel's
+ * read is the referee. Free memory counts as far as the resident figure exceeds
+ * the heap and mapped bytes, plus the most those grew by since the read (fresh
+ * pages the read could not see, which the allocator may keep after a free). So
+ * the figure never falls below what the kernel could see resident, nor below
+ * the heap and mapped bytes. The peak since the read is followed at every tick
+ * of a process that samples its free memory. An untrusted process's resident
+ * figure is proportional (rss.c): vouch.c bounds its claims instead.
+ */
+static inline uint64_t free_resident(struct mts_proc *p, uint64_t hm,
+                                     uint64_t pf)
+{
+	if (hm > p->rss_heap_peak)
+		p->rss_heap_peak = hm;
+	if (!pf)
+		return 0;
+	uint64_t seen = mt_sat_add(p->rss, p->rss_heap_peak - p->rss_heap);
+	uint64_t room = seen > hm ? seen - hm : 0;
+	if (pf <= room)
+		return pf;
+	if (p->allocator_free != room)
+		p->allocator_free = room;
+	return room;
+}
+
+/*
  * A part of a process's figure below 0 is never published. It is counted
  * as 0 and, when the clamping starts, logged within the uid's log budget
  * (mts_log_uid), so a worker cannot flood the log. The heap's sum may dip
@@ -285,6 +318,8 @@ static inline void tick_proc(struct mts_registry *reg, struct mts_proc *p,
 	        (pm != p->mapped_seen) | p->mapped_young | p->mapped_capped, 0))
 		pm = tick_mapped(p, pm, now, acc);
 	uint64_t pf = tick_free(p, s, heap, &free_absurd);
+	if (p->has_free && p->rss_known && !p->untrusted)
+		pf = free_resident(p, heap + pm, pf);
 	absurd |= mapped_absurd | free_absurd;
 	uint32_t threads = mtshm_load_relaxed32(&s->threads);
 	/* Here and below: store only what changed. Most workers are idle

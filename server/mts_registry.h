@@ -102,6 +102,14 @@ struct mts_proc {
 	/* What the allocator was last taken to hold for its heap, and from
 	 * which sample (mtshm_free_now()). */
 	struct mtshm_free_held free_held;
+	/* Its heap + mapped bytes when its resident figure was last set
+	 * (mts_proc_set_rss), the most they have been since, and whether it
+	 * has been set since it registered: the allocator's free memory
+	 * counts only as far as that figure leaves room for it (core.c,
+	 * free_resident). */
+	uint64_t rss_heap;
+	uint64_t rss_heap_peak;
+	bool rss_known;
 	/* The bound of its mapped bytes by the kernel's figure (rss.c).
 	 * `cap` is its anonymous resident bytes at the latest read made once
 	 * the figure was no longer young; UINT64_MAX after a rise lifts it.

@@ -811,6 +811,7 @@ static int proc_reset(struct mts_registry *reg, struct mts_proc *p,
 	p->allocator_free = 0;
 	p->has_free = false;
 	p->free_held = (struct mtshm_free_held){0};
+	p->rss_known = false; /* the old image's read says nothing of it */
 	p->corrupt = false;
 	p->state = MTSHM_STATE_OK; /* slot_init clears the flag */
 	p->last_signal_ns = 0;

@@ -189,6 +189,9 @@ void mts_proc_set_rss(struct mts_registry *reg, struct mts_proc *p,
 	g->rss = mt_sat_add(sat_sub(g->rss, p->rss), rss);
 	reg->totals.rss = mt_sat_add(sat_sub(reg->totals.rss, p->rss), rss);
 	p->rss = rss;
+	p->rss_heap = sat_sub(p->bytes, p->allocator_free);
+	p->rss_heap_peak = p->rss_heap;
+	p->rss_known = true;
 }
 
 /* The resident figure of a trusted process: RssAnon + RssShmem from

@@ -496,6 +496,74 @@ Test(limits, rss_is_read_summed_and_measurable)
 	cr_assert_eq(srv.reg.totals.rss, pb->rss);
 }
 
+/* Lane 0's free sample: the allocator held `heap` + `free` then. */
+static void free_sample(uint32_t slot, uint64_t seq, uint64_t free,
+                        uint64_t heap)
+{
+	struct mtshm_lane *l = mtshm_lane(mts_slot(&srv.reg, slot), 0);
+	l->free_bytes = (int64_t)free;
+	l->free_heap = (int64_t)heap;
+	mtshm_store_relaxed64(&l->free_seq, seq);
+}
+
+/* A trusted worker's allocator free memory, counted from its last sample,
+ * counts only as far as the kernel's resident figure leaves room for it;
+ * an untrusted one's claim is vouch.c's to bound. */
+Test(limits, allocator_free_counts_as_far_as_it_is_resident)
+{
+	policy_fleet(0, 9000);
+	fx_start_policy(&pol);
+	pid_t a = fx_spawn(), b = fx_spawn_as(2000);
+	uint32_t sa = fx_register(a, "g", "");
+	uint32_t sb = fx_register_as(b, 2000, "g", "");
+	struct mts_proc *pa = mts_find_pid(&srv.reg, (uint32_t)a);
+	struct mts_proc *pb = mts_find_pid(&srv.reg, (uint32_t)b);
+	cr_assert_not(pa->untrusted);
+	cr_assert(pb->untrusted);
+	/* Both held 300 MiB at their sample, and freed 200 since. */
+	uint32_t slots[] = {sa, sb};
+	for (int i = 0; i < 2; i++) {
+		free_sample(slots[i], 2, 0, 300 * MIB);
+		fx_write(slots[i], (int64_t)(100 * MIB));
+	}
+	mts_core_tick(&srv.reg);
+	/* No resident figure yet: the sample stands. */
+	cr_assert_eq(pa->bytes, 300 * MIB);
+	cr_assert_eq(pa->allocator_free, 200 * MIB);
+	/* The kernel says 150 MiB are resident: 50 of the 200 are. */
+	mts_proc_set_rss(&srv.reg, pa, 150 * MIB);
+	mts_proc_set_rss(&srv.reg, pb, 150 * MIB);
+	mts_core_tick(&srv.reg);
+	cr_assert_eq(pa->bytes, 150 * MIB);
+	cr_assert_eq(pa->allocator_free, 50 * MIB);
+	cr_assert_eq(fx_fleet().allocator_free, 50 * MIB + pb->allocator_free);
+	cr_assert_eq(pb->bytes, 300 * MIB, "an untrusted claim is vouch.c's");
+	/* The heap grows by 80 MiB before the next read: fresh pages the read
+	 * could not see are not taken from the free memory's room. */
+	fx_write(sa, (int64_t)(180 * MIB));
+	mts_core_tick(&srv.reg);
+	cr_assert_eq(pa->allocator_free, 50 * MIB);
+	cr_assert_eq(pa->bytes, 230 * MIB);
+	/* The next read finds the allocator kept them all. */
+	mts_proc_set_rss(&srv.reg, pa, 310 * MIB);
+	mts_core_tick(&srv.reg);
+	cr_assert_eq(pa->allocator_free, 120 * MIB);
+	cr_assert_eq(pa->bytes, 300 * MIB);
+	/* It grows to 400 MiB and frees all of it before the next read: the
+	 * allocator may keep every page the read did not see. */
+	fx_write(sa, (int64_t)(400 * MIB));
+	mts_core_tick(&srv.reg);
+	cr_assert_eq(pa->bytes, 400 * MIB);
+	fx_write(sa, 0);
+	mts_core_tick(&srv.reg);
+	cr_assert_eq(pa->allocator_free, 400 * MIB);
+	cr_assert_eq(pa->bytes, 400 * MIB);
+	/* A read after the free finds 20 MiB resident: what it says. */
+	mts_proc_set_rss(&srv.reg, pa, 20 * MIB);
+	mts_core_tick(&srv.reg);
+	cr_assert_eq(pa->bytes, 20 * MIB);
+}
+
 Test(limits, enforcement_signals_largest_over_its_own_limit)
 {
 	policy_fleet(3000, 9000);
