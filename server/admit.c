@@ -1459,7 +1459,7 @@ static bool projected(const struct mts_resv *r, uint32_t gi, uint64_t now_ns)
 static uint64_t project_need(const struct mts_registry *reg, uint32_t gi,
                              uint64_t bytes,
                              const struct mts_kind_profile *prof,
-                             const struct mts_waiter *also)
+                             bool in_process, const struct mts_waiter *also)
 {
 	if (!reg->adm->nprofiled && !prof && !also)
 		return bytes;
@@ -1486,13 +1486,15 @@ static uint64_t project_need(const struct mts_registry *reg, uint32_t gi,
 		if (hi <= lo)
 			hi = lo + 1;
 		bool ended;
-		double sum = (double)bytes, var = 0;
+		/* The squared gaps of tasks with a process of their own, and
+		 * of tasks run inside a shared host (var[1]). */
+		double sum = (double)bytes, var[2] = {0, 0};
 		if (prof) {
 			double hi_q = (double)step_max(
 			    prof->bytes, prof->mean_ms, lo, hi, &ended);
 			sum = (double)step_max(prof->mean, prof->mean_ms, lo,
 			                       hi, &ended);
-			var = (hi_q - sum) * (hi_q - sum);
+			var[in_process] = (hi_q - sum) * (hi_q - sum);
 		}
 		if (also && !also->profiled) {
 			sum += (double)also->bytes;
@@ -1506,7 +1508,7 @@ static uint64_t project_need(const struct mts_registry *reg, uint32_t gi,
 			                             &ended);
 			if (!ended) {
 				sum += mu;
-				var += (q - mu) * (q - mu);
+				var[also->in_process] += (q - mu) * (q - mu);
 			}
 		}
 		for (uint32_t i = 0; i < reg->adm->nresv; i++) {
@@ -1528,11 +1530,14 @@ static uint64_t project_need(const struct mts_registry *reg, uint32_t gi,
 				mu = mu > held ? mu : held;
 				q = q > mu ? q : mu;
 				sum += mu;
-				var += (q - mu) * (q - mu);
+				var[r->hosted && !r->taken_over] +=
+				    (q - mu) * (q - mu);
 			}
 		}
 		double tot =
-		    sum + sqrt(var) * reg->policy.kind_pool_gap_bp / MTS_BP_ONE;
+		    sum +
+		    sqrt(var[0]) * reg->policy.kind_pool_gap_bp / MTS_BP_ONE +
+		    sqrt(var[1]) * reg->policy.kind_host_gap_bp / MTS_BP_ONE;
 		if (k == 0 || tot > need)
 			need = tot;
 	}
@@ -1605,7 +1610,7 @@ static void waiter_remove(struct mts_registry *reg, uint64_t who)
 /* `who` was denied for room (`bytes`, following `prof` or NULL): it joins
  * the queue, or keeps its place (for at most MTS_WAIT_HOLD_NS). */
 static void waiter_note(struct mts_registry *reg, uint64_t who, uint64_t bytes,
-                        const struct mts_kind_profile *prof)
+                        const struct mts_kind_profile *prof, bool in_process)
 {
 	if (!who)
 		return;
@@ -1630,6 +1635,7 @@ static void waiter_note(struct mts_registry *reg, uint64_t who, uint64_t bytes,
 	w->last_ns = now;
 	w->bytes = bytes;
 	w->profiled = prof != NULL;
+	w->in_process = in_process;
 	if (prof)
 		w->prof = *prof;
 }
@@ -1667,13 +1673,14 @@ void mts_admit_decide(const struct mts_registry *reg,
                       const struct mts_peer *peer, const char *group,
                       uint64_t bytes, struct mts_admit_out *out)
 {
-	mts_admit_decide_profile(reg, peer, group, bytes, NULL, 0, out);
+	mts_admit_decide_profile(reg, peer, group, bytes, NULL, false, 0, out);
 }
 
 void mts_admit_decide_profile(const struct mts_registry *reg,
                               const struct mts_peer *peer, const char *group,
                               uint64_t bytes,
-                              const struct mts_kind_profile *prof, uint64_t who,
+                              const struct mts_kind_profile *prof,
+                              bool in_process, uint64_t who,
                               struct mts_admit_out *out)
 {
 	const struct mts_policy *pol = &reg->policy;
@@ -1726,7 +1733,8 @@ void mts_admit_decide_profile(const struct mts_registry *reg,
 	 * decides. */
 	out->limit = t->limit;
 	const struct mts_group *g = mts_find_group(reg, group);
-	uint64_t need = project_need(reg, UINT32_MAX, bytes, prof, NULL);
+	uint64_t need =
+	    project_need(reg, UINT32_MAX, bytes, prof, in_process, NULL);
 	out->need = need;
 	uint64_t now = mts_now_monotonic();
 	const struct mts_waiter *head =
@@ -1735,7 +1743,8 @@ void mts_admit_decide_profile(const struct mts_registry *reg,
 	                      (uint64_t)pol->admit_queue_ms * 1000000u)
 	        : NULL;
 	uint64_t with =
-	    head ? project_need(reg, UINT32_MAX, bytes, prof, head) : need;
+	    head ? project_need(reg, UINT32_MAX, bytes, prof, in_process, head)
+	         : need;
 	uint64_t kept = with > need ? with - need : 0;
 	out->kept = kept;
 	if (t->limit && mt_sat_add(mt_sat_add(fm, t->reserved),
@@ -1757,7 +1766,7 @@ void mts_admit_decide_profile(const struct mts_registry *reg,
 			gb = mt_sat_add(gb, g->unvouched);
 		uint64_t gm = mts_measured(reg, gb, g->rss);
 		uint64_t gneed = project_need(reg, (uint32_t)(g - reg->groups),
-		                              bytes, prof, NULL);
+		                              bytes, prof, in_process, NULL);
 		if (mt_sat_add(mt_sat_add(gm, g->reserved), gneed) > g->limit) {
 			char what[MTS_NAME_MAX + 16];
 			out->reason = MTS_DENY_GROUP_LIMIT;
@@ -2281,9 +2290,9 @@ int mts_admit(struct mts_registry *reg, const struct mts_peer *peer,
 		memcpy(out->why, why, sizeof(why));
 		memcpy(out->scope, scope, sizeof(scope));
 	} else {
-		mts_admit_decide_profile(reg, peer, group, bytes,
-		                         profiled ? &prof : NULL,
-		                         waiter_key(key, task), out);
+		mts_admit_decide_profile(
+		    reg, peer, group, bytes, profiled ? &prof : NULL,
+		    req->in_process, waiter_key(key, task), out);
 		if (out->admitted)
 			deny_host(reg, peer, req, bytes, out);
 	}
@@ -2296,7 +2305,7 @@ int mts_admit(struct mts_registry *reg, const struct mts_peer *peer,
 		if (out->reason == MTS_DENY_FLEET_LIMIT ||
 		    out->reason == MTS_DENY_NODE)
 			waiter_note(reg, waiter_key(key, task), bytes,
-			            profiled ? &prof : NULL);
+			            profiled ? &prof : NULL, req->in_process);
 		log_denial(reg, peer, group, task, out);
 		return 0;
 	}

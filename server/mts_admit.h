@@ -53,6 +53,7 @@ struct mts_waiter {
 	uint64_t last_ns;  /* its last ask */
 	uint64_t bytes;    /* what it asks for */
 	bool profiled;     /* and the profile it would follow */
+	bool in_process;   /* run inside its asker (Admit.in_process) */
 	struct mts_kind_profile prof;
 };
 
@@ -235,7 +236,9 @@ void mts_admit_decide(const struct mts_registry *reg,
                       uint64_t bytes, struct mts_admit_out *out);
 
 /* The same for a task expected to follow `prof` (NULL: `bytes` held from
- * the start), asked by `who` (mts_waiter; 0: not a task). Unless `who`
+ * the start), run inside its asker when `in_process` (its gap is pooled
+ * with `host_gap`, not `pool_gap`), asked by `who` (mts_waiter; 0: not a
+ * task). Unless `who`
  * is the request waiting longest, that request's need is kept free too
  * ([admission] queue). The fleet, group and node checks compare against
  * the limit what the profiled reservations will grow into, plus the new
@@ -245,7 +248,8 @@ void mts_admit_decide(const struct mts_registry *reg,
 void mts_admit_decide_profile(const struct mts_registry *reg,
                               const struct mts_peer *peer, const char *group,
                               uint64_t bytes,
-                              const struct mts_kind_profile *prof, uint64_t who,
+                              const struct mts_kind_profile *prof,
+                              bool in_process, uint64_t who,
                               struct mts_admit_out *out);
 
 /* Release reservation `id`. Returns 0 (*bytes = its granted bytes),

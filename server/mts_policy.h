@@ -184,10 +184,11 @@ struct mts_policy {
 	uint32_t kind_default_bp;
 	bool admit_queue;        /* a request waiting long keeps its room */
 	uint32_t admit_queue_ms; /* ... once it has waited this long */
+	/* A learned reservation follows the kind's profile over the task's
+	 * life. */
 	bool kind_follow_profile;
-	uint32_t kind_pool_gap_bp;
-	/* of the pooled gap admission keeps */ /* a learned reservation
-	  follows the kind's profile over the task's life */
+	uint32_t kind_pool_gap_bp; /* of the pooled gap admission keeps */
+	uint32_t kind_host_gap_bp; /* ... of tasks run inside a shared host */
 	bool kind_reserve_learned; /* a declaration is a ceiling, not the
 	                              reservation, once a size is learned */
 	uint32_t kinds_per_uid;    /* 0 = no cap */

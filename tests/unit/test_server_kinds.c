@@ -859,6 +859,64 @@ Test(kinds, a_task_run_inside_its_asker_is_what_the_asker_grew_by)
 	cr_assert_geq(k->runs[0].dur_ms, 30);
 }
 
+/* An Admit of task `task` of kind "leak" run inside `pid`, following the
+ * kind's profile (a task name is needed for that). */
+static bool admit_hosted_leak(pid_t pid, const char *task, char *reason,
+                              size_t len)
+{
+	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
+	Memtally__V1__Admit a = MEMTALLY__V1__ADMIT__INIT;
+	a.group = (char *)"";
+	a.task = (char *)task;
+	a.kind = (char *)"leak";
+	a.in_process = true;
+	req.id = 62;
+	req.body_case = MEMTALLY__V1__REQUEST__BODY_ADMIT;
+	req.admit = &a;
+	struct mts_peer peer = fx_peer(pid, 1000);
+	Memtally__V1__Response *r = fx_call(&peer, &req);
+	cr_assert_null(r->error, "%s", r->error ? r->error->message : "");
+	bool ok = r->admit_result->admitted;
+	cr_assert(!ok || r->admit_result->in_process);
+	snprintf(reason, len, "%s", r->admit_result->reason);
+	memtally__v1__response__free_unpacked(r, NULL);
+	return ok;
+}
+
+/* Tasks run inside a shared host are pooled with host_gap (100% by
+ * default), others with pool_gap (0%): the node guard can only end the
+ * whole host, every task in it. */
+Test(kinds, tasks_inside_a_host_keep_their_pooled_gap)
+{
+	/* Leaks to 100 MiB over 2 s: mean 100 MiB, quantile 110 at the end.
+	 * The host holds 10 MiB. Two alike on their means: 210 MiB; one
+	 * hosted beside a plain one: 220; two hosted: 224.1. */
+	start_fleet(222 * MIB);
+	srv.reg.policy.admit_queue = false;
+	for (int i = 0; i < 10; i++)
+		note_leak("leak", 100 * MIB, 2000, false);
+	uint32_t slot;
+	pid_t h = host_holding(10 * MIB, &slot);
+	char why[512];
+	cr_assert(admit_hosted_leak(h, "H1", why, sizeof(why)), "%s", why);
+	cr_assert(resv_of_task("H1")->profiled);
+	/* A second hosted task would peak with the first beyond the limit. */
+	cr_assert_not(admit_hosted_leak(h, "H2", why, sizeof(why)));
+	cr_assert(strstr(why, "profiles grow into"), "%s", why);
+	/* A task with a process of its own keeps no gap of its own. */
+	Memtally__V1__Response *r = admit_kind(1000, 0, "leak", "P1");
+	cr_assert(r->admit_result->admitted, "%s", r->admit_result->reason);
+	memtally__v1__response__free_unpacked(r, NULL);
+	struct mts_peer root = fx_peer(getpid(), 0);
+	uint64_t freed;
+	char id[MTS_RESV_ID_LEN + 1];
+	memcpy(id, resv_of_task("P1")->id, sizeof(id));
+	cr_assert_eq(mts_release(&srv.reg, &root, id, "", &freed), 0);
+	/* host_gap 0%: hosted tasks are admitted on their means too. */
+	srv.reg.policy.kind_host_gap_bp = 0;
+	cr_assert(admit_hosted_leak(h, "H2", why, sizeof(why)), "%s", why);
+}
+
 Test(kinds, a_hosted_task_on_a_thread_is_what_its_thread_grew_by)
 {
 	start_fleet(1024 * MIB);
