@@ -588,6 +588,21 @@ static struct mts_resv *admit_following(const char *kind, const char *task,
 	return resv;
 }
 
+/* An Admit of `task` of `kind` by uid 1000, which must be granted, then
+ * its release (by root). */
+static void admitted_then_released(const char *kind, const char *task)
+{
+	Memtally__V1__Response *r = admit_kind(1000, 0, kind, task);
+	cr_assert(r->admit_result->admitted, "%s: %s", task,
+	          r->admit_result->reason);
+	memtally__v1__response__free_unpacked(r, NULL);
+	struct mts_peer root = fx_peer(getpid(), 0);
+	uint64_t freed;
+	char id[MTS_RESV_ID_LEN + 1];
+	memcpy(id, resv_of_task(task)->id, sizeof(id));
+	cr_assert_eq(mts_release(&srv.reg, &root, id, "", &freed), 0);
+}
+
 /* A worker of `task` holding 10 MiB, seen by a tick. */
 static pid_t start_worker(const char *task)
 {
@@ -630,14 +645,7 @@ Test(kinds, admission_follows_the_profile_over_time)
 	memtally__v1__response__free_unpacked(r, NULL);
 	/* On the means alone (pool_gap 0%, the default) two fit: 2 x 100. */
 	srv.reg.policy.kind_pool_gap_bp = 0;
-	r = admit_kind(1000, 0, "leak", "T9");
-	cr_assert(r->admit_result->admitted, "%s", r->admit_result->reason);
-	memtally__v1__response__free_unpacked(r, NULL);
-	struct mts_peer root = fx_peer(getpid(), 0);
-	uint64_t freed;
-	char id9[MTS_RESV_ID_LEN + 1];
-	memcpy(id9, resv_of_task("T9")->id, sizeof(id9));
-	cr_assert_eq(mts_release(&srv.reg, &root, id9, "", &freed), 0);
+	admitted_then_released("leak", "T9");
 	srv.reg.policy.kind_pool_gap_bp = MTS_BP_ONE;
 
 	pid_t a = start_worker("T1");
@@ -667,12 +675,7 @@ Test(kinds, admission_follows_the_profile_over_time)
 	/* Beside T2 (pending, to grow to its mean of 100 MiB), on the means
 	 * alone a third fits following its profile (100 + 100 <= 200) ... */
 	srv.reg.policy.kind_pool_gap_bp = 0;
-	r = admit_kind(1000, 0, "leak", "T3");
-	cr_assert(r->admit_result->admitted, "%s", r->admit_result->reason);
-	memtally__v1__response__free_unpacked(r, NULL);
-	char id3[MTS_RESV_ID_LEN + 1];
-	memcpy(id3, resv_of_task("T3")->id, sizeof(id3));
-	cr_assert_eq(mts_release(&srv.reg, &root, id3, "", &freed), 0);
+	admitted_then_released("leak", "T3");
 	/* ... but not held whole from the start (follow_profile off: 110
 	 * beside T2's 100). */
 	srv.reg.policy.kind_follow_profile = false;
@@ -904,14 +907,7 @@ Test(kinds, tasks_inside_a_host_keep_their_pooled_gap)
 	cr_assert_not(admit_hosted_leak(h, "H2", why, sizeof(why)));
 	cr_assert(strstr(why, "profiles grow into"), "%s", why);
 	/* A task with a process of its own keeps no gap of its own. */
-	Memtally__V1__Response *r = admit_kind(1000, 0, "leak", "P1");
-	cr_assert(r->admit_result->admitted, "%s", r->admit_result->reason);
-	memtally__v1__response__free_unpacked(r, NULL);
-	struct mts_peer root = fx_peer(getpid(), 0);
-	uint64_t freed;
-	char id[MTS_RESV_ID_LEN + 1];
-	memcpy(id, resv_of_task("P1")->id, sizeof(id));
-	cr_assert_eq(mts_release(&srv.reg, &root, id, "", &freed), 0);
+	admitted_then_released("leak", "P1");
 	/* host_gap 0%: hosted tasks are admitted on their means too. */
 	srv.reg.policy.kind_host_gap_bp = 0;
 	cr_assert(admit_hosted_leak(h, "H2", why, sizeof(why)), "%s", why);

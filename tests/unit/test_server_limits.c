@@ -506,6 +506,16 @@ static void free_sample(uint32_t slot, uint64_t seq, uint64_t free,
 	mtshm_store_relaxed64(&l->free_seq, seq);
 }
 
+/* A tick, then `p`'s free part and figure. */
+static void tick_expect(const struct mts_proc *p, uint64_t free, uint64_t bytes)
+{
+	mts_core_tick(&srv.reg);
+	cr_assert_eq(p->allocator_free, free, "free %llu MiB",
+	             (unsigned long long)(p->allocator_free / MIB));
+	cr_assert_eq(p->bytes, bytes, "figure %llu MiB",
+	             (unsigned long long)(p->bytes / MIB));
+}
+
 /* A trusted worker's allocator free memory, counted from its last sample,
  * counts only as far as the kernel's resident figure leaves room for it;
  * an untrusted one's claim is vouch.c's to bound. */
@@ -533,35 +543,25 @@ Test(limits, allocator_free_counts_as_far_as_it_is_resident)
 	/* The kernel says 150 MiB are resident: 50 of the 200 are. */
 	mts_proc_set_rss(&srv.reg, pa, 150 * MIB);
 	mts_proc_set_rss(&srv.reg, pb, 150 * MIB);
-	mts_core_tick(&srv.reg);
-	cr_assert_eq(pa->bytes, 150 * MIB);
-	cr_assert_eq(pa->allocator_free, 50 * MIB);
+	tick_expect(pa, 50 * MIB, 150 * MIB);
 	cr_assert_eq(fx_fleet().allocator_free, 50 * MIB + pb->allocator_free);
 	cr_assert_eq(pb->bytes, 300 * MIB, "an untrusted claim is vouch.c's");
 	/* The heap grows by 80 MiB before the next read: fresh pages the read
 	 * could not see are not taken from the free memory's room. */
 	fx_write(sa, (int64_t)(180 * MIB));
-	mts_core_tick(&srv.reg);
-	cr_assert_eq(pa->allocator_free, 50 * MIB);
-	cr_assert_eq(pa->bytes, 230 * MIB);
+	tick_expect(pa, 50 * MIB, 230 * MIB);
 	/* The next read finds the allocator kept them all. */
 	mts_proc_set_rss(&srv.reg, pa, 310 * MIB);
-	mts_core_tick(&srv.reg);
-	cr_assert_eq(pa->allocator_free, 120 * MIB);
-	cr_assert_eq(pa->bytes, 300 * MIB);
+	tick_expect(pa, 120 * MIB, 300 * MIB);
 	/* It grows to 400 MiB and frees all of it before the next read: the
 	 * allocator may keep every page the read did not see. */
 	fx_write(sa, (int64_t)(400 * MIB));
-	mts_core_tick(&srv.reg);
-	cr_assert_eq(pa->bytes, 400 * MIB);
+	tick_expect(pa, 0, 400 * MIB);
 	fx_write(sa, 0);
-	mts_core_tick(&srv.reg);
-	cr_assert_eq(pa->allocator_free, 400 * MIB);
-	cr_assert_eq(pa->bytes, 400 * MIB);
+	tick_expect(pa, 400 * MIB, 400 * MIB);
 	/* A read after the free finds 20 MiB resident: what it says. */
 	mts_proc_set_rss(&srv.reg, pa, 20 * MIB);
-	mts_core_tick(&srv.reg);
-	cr_assert_eq(pa->bytes, 20 * MIB);
+	tick_expect(pa, 20 * MIB, 20 * MIB);
 }
 
 Test(limits, enforcement_signals_largest_over_its_own_limit)
