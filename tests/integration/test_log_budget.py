@@ -293,11 +293,17 @@ def test_registration_churn():
             started += int(out)
         # nobody, root (the status CLI).
         w.end(f"{started} workers", WINDOWS * per_second(2, 0))
-        check(started > 100, f"only {started} workers started")
+        # How many start depends on the machine's load (in 5 s on two
+        # cores: 520 alone, 65 beside the rest of the suite); what the
+        # test needs is a churn past the budget.
+        check(started > 20, f"only {started} workers started")
         wait_for("every worker gone",
                  lambda: s.status()["processes"] == 0)
         text = settled(s)
         held = uid_held(text, NOBODY)
+        check(sum(held.values()) > 0,
+              f"{started} workers never passed the log budget: nothing "
+              "held back, so nothing here was tested")
         for msg in ("worker registered", "worker exited"):
             seen = written(text, msg, "pid=")
             check(seen + held.get(msg, 0) == started,
