@@ -161,26 +161,6 @@ static void group_unvouched(struct mts_group *g, uint32_t uid, uint64_t n)
 	g->unvouched = mt_sat_add(g->unvouched, n);
 }
 
-/* The allocator's free bytes of `p` this tick (layout 2.2), `heap` being
- * its heap bytes. A process that never published a sample (a linked
- * worker, or a preload with the refresh off and nothing freed) costs
- * only a read of lane 0's line, which the sum just read. A sample being
- * written is skipped: the last value stands. */
-static inline uint64_t tick_free(struct mts_proc *p, struct mtshm_slot_id *s,
-                                 uint64_t heap, int *absurd)
-{
-	*absurd = 0;
-	if (!p->has_free &&
-	    mtshm_load_relaxed64(&mtshm_lane(s, 0)->free_seq) == 0)
-		return 0;
-	p->has_free = true;
-	uint64_t f;
-	if (mtshm_free_now(s, heap, &p->free_held, &f, absurd) &&
-	    p->allocator_free != f)
-		p->allocator_free = f;
-	return p->allocator_free;
-}
-
 /*
  * What of `pf`, a trusted process's free bytes by its allocator's last
  * sample, its resident figure leaves room for, `hm` being its heap and
@@ -194,8 +174,8 @@ static inline uint64_t tick_free(struct mts_proc *p, struct mtshm_slot_id *s,
  * the heap and mapped bytes, plus the most those grew by since the read (fresh
  * pages the read could not see, which the allocator may keep after a free). So
  * the figure never falls below what the kernel could see resident, nor below
- * the heap and mapped bytes. The peak since the read is followed at every tick
- * of a process that samples its free memory. An untrusted process's resident
+ * the heap and mapped bytes. The peak since the read is followed at the ticks
+ * that read a sample of its free memory. An untrusted process's resident
  * figure is proportional (rss.c): vouch.c bounds its claims instead.
  */
 static inline uint64_t free_resident(struct mts_proc *p, uint64_t hm,
@@ -207,11 +187,31 @@ static inline uint64_t free_resident(struct mts_proc *p, uint64_t hm,
 		return 0;
 	uint64_t seen = mt_sat_add(p->rss, p->rss_heap_peak - p->rss_heap);
 	uint64_t room = seen > hm ? seen - hm : 0;
-	if (pf <= room)
-		return pf;
-	if (p->allocator_free != room)
-		p->allocator_free = room;
-	return room;
+	return pf < room ? pf : room;
+}
+
+/* The allocator's free bytes of `p` this tick (layout 2.2), `heap` and
+ * `mapped` being its heap and mapped bytes: the sample's, bounded by the
+ * kernel's read for a trusted process (free_resident). A process that never
+ * published a sample (a linked worker, or a preload with the refresh off and
+ * nothing freed) costs only a read of lane 0's line, which the sum just
+ * read. A sample being written is skipped: the last value stands. */
+static inline uint64_t tick_free(struct mts_proc *p, struct mtshm_slot_id *s,
+                                 uint64_t heap, uint64_t mapped, int *absurd)
+{
+	*absurd = 0;
+	if (!p->has_free &&
+	    mtshm_load_relaxed64(&mtshm_lane(s, 0)->free_seq) == 0)
+		return 0;
+	p->has_free = true;
+	uint64_t f;
+	if (!mtshm_free_now(s, heap, &p->free_held, &f, absurd))
+		return p->allocator_free;
+	if (p->rss_known && !p->untrusted)
+		f = free_resident(p, heap + mapped, f);
+	if (p->allocator_free != f)
+		p->allocator_free = f;
+	return f;
 }
 
 /*
@@ -317,9 +317,7 @@ static inline void tick_proc(struct mts_registry *reg, struct mts_proc *p,
 	if (__builtin_expect(
 	        (pm != p->mapped_seen) | p->mapped_young | p->mapped_capped, 0))
 		pm = tick_mapped(p, pm, now, acc);
-	uint64_t pf = tick_free(p, s, heap, &free_absurd);
-	if (p->has_free && p->rss_known && !p->untrusted)
-		pf = free_resident(p, heap + pm, pf);
+	uint64_t pf = tick_free(p, s, heap, pm, &free_absurd);
 	absurd |= mapped_absurd | free_absurd;
 	uint32_t threads = mtshm_load_relaxed32(&s->threads);
 	/* Here and below: store only what changed. Most workers are idle
