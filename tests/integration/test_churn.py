@@ -10,7 +10,11 @@ from harness import MULT, Server, check, logged, run, wait_for, worker
 def test_fleet_returns_to_zero():
     with Server(slots=256) as s:
         env = s.env(group="churn")
-        procs = [subprocess.Popen([*worker("churn"), "4", "3"], env=env)
+        # Each waits to be registered before it exits: under load a
+        # registration can time out (the library never blocks a worker
+        # past 500 ms) and is retried after a back-off.
+        procs = [subprocess.Popen([*worker("churn"), "4", "3",
+                                   str(30 * MULT)], env=env)
                  for _ in range(64)]
         most = {"processes": 0, "bytes": 0}
         while any(p.poll() is None for p in procs):
@@ -18,7 +22,7 @@ def test_fleet_returns_to_zero():
             most["processes"] = max(most["processes"], st["processes"])
             most["bytes"] = max(most["bytes"], st["fleet"]["bytes"])
         for p in procs:
-            check(p.wait(timeout=60 * MULT) == 0, f"worker exit {p.returncode}")
+            check(p.wait(timeout=60 * MULT) == 0, f"worker exit {p.returncode} (3: never registered)")
         # Every worker allocates far past the flush threshold, so each
         # must have registered once: count the server's own log lines
         # rather than how many a status poll happened to see at once

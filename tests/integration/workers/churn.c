@@ -1,10 +1,15 @@
 /*
  * churn - THREADS threads allocate and free at random for SECONDS, then
  * free everything and exit. usage: mt_worker churn [THREADS] [SECONDS]
+ * [ATTACH_S]. With ATTACH_S, it then waits up to that many seconds for the
+ * preload to be registered (exit 3 if it never is): a registration that
+ * timed out on a loaded machine is retried by the library's back-off, and
+ * a test counting registrations must not race the worker's exit.
  */
 #include "mt_common.h"
 
 #include <pthread.h>
+#include <stdbool.h>
 
 static double seconds = 2;
 
@@ -41,7 +46,18 @@ static int churn_main(int argc, char **argv)
 		pthread_create(&t[i], NULL, work, (void *)(uintptr_t)(i + 1));
 	for (int i = 0; i < n; i++)
 		pthread_join(t[i], NULL);
+	if (argc > 3) {
+		bool (*attached)(void) =
+		    (bool (*)(void))dlsym(RTLD_DEFAULT, "memtally_attached");
+		double end = mt_now_s() + atof(argv[3]);
+		while (!attached || !attached()) {
+			if (!attached || mt_now_s() > end)
+				return 3;
+			usleep(50 * 1000);
+		}
+	}
 	return 0;
 }
 
-const struct mt_sub mt_churn = {"churn", "[THREADS] [SECONDS]", churn_main};
+const struct mt_sub mt_churn = {"churn", "[THREADS] [SECONDS] [ATTACH_S]",
+                                churn_main};
