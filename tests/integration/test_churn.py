@@ -22,7 +22,8 @@ def test_fleet_returns_to_zero():
             most["processes"] = max(most["processes"], st["processes"])
             most["bytes"] = max(most["bytes"], st["fleet"]["bytes"])
         for p in procs:
-            check(p.wait(timeout=60 * MULT) == 0, f"worker exit {p.returncode} (3: never registered)")
+            check(p.wait(timeout=60 * MULT) == 0,
+                  f"worker exit {p.returncode} (3: never registered)")
         # Every worker allocates far past the flush threshold, so each
         # must have registered once: count the server's own log lines
         # rather than how many a status poll happened to see at once
