@@ -27,7 +27,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import MEMTALLYD, MIB, MULT, Server, Worker, check, find_slot, logged, run, wait_for, worker  # noqa: E402
+from harness import MEMTALLYD, MIB, MULT, Server, Worker, check, find_slot, logged, run, terminate, wait_for, worker  # noqa: E402
 
 LONG = os.environ.get("MEMTALLY_LONG") == "1"
 CYCLES = 10000 if LONG else 300
@@ -223,10 +223,15 @@ def test_d_socket_deleted():
         # meanwhile: the first one, stopping, must not remove that
         # server's socket.
         other_state = os.path.join(s.dir, "other.state")
+        other_log = open(os.path.join(s.dir, "other.log"), "wb")
         other = subprocess.Popen(
             [MEMTALLYD, "--socket", s.socket, "--segment", s.segment + "-b",
              "--state", other_state, "--tick", "10"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            stdout=other_log, stderr=other_log)
+
+        def other_text():
+            with open(other_log.name, "rb") as f:
+                return f.read().decode(errors="replace")
         try:
             def listening():
                 check(other.poll() is None,
@@ -234,13 +239,15 @@ def test_d_socket_deleted():
                 return connectable(s.socket)
 
             wait_for("second server listening", listening)
-            s.proc.send_signal(signal.SIGTERM)
-            s.proc.wait(timeout=10 * MULT)
+            check(terminate(s.proc, s.logtext) is not None,
+                  "the first server did not stop on SIGTERM")
             check(connectable(s.socket),
                   "stopping the first server removed the second's socket")
         finally:
-            other.send_signal(signal.SIGTERM)
-            other.wait(timeout=10 * MULT)
+            if terminate(other, other_text) is None:
+                other.kill()
+                other.wait()
+            other_log.close()
             try:
                 os.unlink(other_state)
             except FileNotFoundError:
@@ -408,10 +415,23 @@ def test_e_scribbled_lane():
         p = wait_for("slot marked corrupt", lambda: (
             lambda p: p if p and p.get("corrupt") else None)(
             s.ps().get(bad.pid)))
-        st = s.status()
-        good_bytes = s.ps()[good.pid]["bytes"]
-        check(st["fleet"]["bytes"] == good_bytes,
-              f"fleet {st['fleet']['bytes']} != good worker {good_bytes}")
+        # The two figures come from two queries, and a tick may fall
+        # between them (the good worker's sampled parts move): the fleet
+        # must equal the good worker's figure read on both sides of it.
+        seen = []
+
+        def fleet_is_good():
+            before = s.ps()[good.pid]["bytes"]
+            st = s.status()
+            after = s.ps()[good.pid]["bytes"]
+            seen[:] = [st["fleet"]["bytes"], before, after]
+            return st if st["fleet"]["bytes"] == before == after else None
+        try:
+            st = wait_for("fleet = the good worker alone", fleet_is_good,
+                          timeout=10)
+        except AssertionError:
+            raise AssertionError(f"fleet {seen[0]} != good worker "
+                                 f"{seen[1]} (then {seen[2]})") from None
         check(s.proc.poll() is None, "memtallyd died")
         for w in (good, bad):
             w.close()

@@ -34,8 +34,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from harness import (as_user, MEMTALLYD, MIB, MULT, NOBODY, NOGROUP,  # noqa: E402
-                     Server, Skip, check, open_to_nobody, run, wait_for,
-                     world_readable_copy)
+                     Server, Skip, check, open_to_nobody, run, terminate,
+                     wait_for, world_readable_copy)
 from harness import config_file as config  # noqa: E402
 import pbwire as pb  # noqa: E402
 
@@ -346,10 +346,14 @@ def start_limited(nofile):
     return proc, text, d
 
 
-def stop_limited(proc, d):
-    proc.terminate()
-    proc.wait(timeout=20 * MULT)
+def stop_limited(proc, text, d):
+    rc, log = terminate(proc, text, timeout=20), ""
+    if rc is None:
+        proc.kill()
+        proc.wait()
+        log = text()
     shutil.rmtree(d, ignore_errors=True)
+    check(rc is not None, f"memtallyd did not stop on SIGTERM: {log}")
 
 
 def nofile_of(pid):
@@ -376,7 +380,7 @@ def test_open_files_limit():
             check('msg="open-files limit raised"' in text(), "logged")
             print(f"  soft 1024 -> {soft} (need {need}, hard {h})")
         finally:
-            stop_limited(proc, d)
+            stop_limited(proc, text, d)
 
     proc, text, d = start_limited("256:256")
     try:
@@ -393,7 +397,7 @@ def test_open_files_limit():
         check(pb.Reader(s).frame(T) is not None, "no answer")
         s.close()
     finally:
-        stop_limited(proc, d)
+        stop_limited(proc, text, d)
     if low_hard:
         raise Skip(f"this hard open-files limit ({hard}) is below {need}: "
                    "the raise itself was not shown (the warning was)")

@@ -39,7 +39,6 @@ renames it into place, so nothing is changed by path.
                              /var/run): accepted.
 """
 import os
-import signal
 import stat
 import subprocess
 import sys
@@ -48,7 +47,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import (as_user, MEMTALLYD, MULT, NOBODY, NOGROUP,  # noqa: E402
-                     check, run, second_user, wait_for)
+                     check, run, second_user, terminate, wait_for)
 
 TRIES = 200
 ATTACKER = r"""
@@ -98,12 +97,11 @@ class Daemon:
     def stop(self):
         """SIGTERM if running; its exit status."""
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout=10 * MULT)
-        except subprocess.TimeoutExpired:
+            rc = terminate(self.proc, self.text)
+            if rc is not None:
+                return rc
             self.proc.kill()
-            return self.proc.wait()
+        return self.proc.wait()
 
 
 _conf = []
