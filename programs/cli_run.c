@@ -45,6 +45,8 @@
  *     command's death is). Evicted: the event's reason on stderr and
  *     exit 75 (EX_TEMPFAIL, which job runners take as "try again"), or
  *     with --retry N, admission and the command again, up to N times.
+ *     The guard may pause a growing task first (SIGSTOP) and resume it
+ *     (SIGCONT); both are said on stderr, and the command goes on.
  *
  * Fail open: when memtallyd cannot be reached, or does not answer in
  * time, the command runs anyway, after one line on stderr saying so.
@@ -211,12 +213,23 @@ static bool relevant(const struct run *r, const struct memtally_event *ev)
 	       strcmp(ev->scope + 6, g) == 0;
 }
 
-/* The node guard's event for our task: it evicted the command. */
+/* The node guard's events for our task: OVER, it evicted the command;
+ * HIGH, it paused it (SIGSTOP) while the node is past its line; OK, it
+ * resumed it. A pause and a resume are only said on stderr: the command
+ * goes on. */
 static void note_eviction(struct run *r, const struct memtally_event *ev)
 {
 	if (!r->task[0] || strncmp(ev->scope, "task:", 5) != 0 ||
 	    strcmp(ev->scope + 5, r->task) != 0)
 		return;
+	if (ev->state != MEMTALLY_STATE_OVER) {
+		fprintf(stderr, "memtally: %s\n",
+		        ev->reason && ev->reason[0] ? ev->reason
+		        : ev->state == MEMTALLY_STATE_HIGH
+		            ? "paused by memtallyd"
+		            : "resumed by memtallyd");
+		return;
+	}
 	r->evicted = true;
 	snprintf(r->evicted_why, sizeof(r->evicted_why), "%s",
 	         ev->reason && ev->reason[0] ? ev->reason

@@ -40,6 +40,7 @@
 #include <sys/pidfd.h>
 #include <unistd.h>
 
+#include "mts_guard.h"
 #include "mts_log.h"
 #include "mts_procfs.h"
 #include "mts_registry.h"
@@ -140,6 +141,13 @@ int mts_adopt(struct mts_registry *reg, uint32_t *kept, uint32_t *dropped)
 			            "slot of a dead worker reclaimed",
 			            "slot=%u pid=%u", i, r.pid);
 			continue;
+		}
+		/* Paused by the node guard of a memtallyd that died
+		 * holding it: it goes on, adopted or not. */
+		if (r.held) {
+			mts_guard_resume_adopted(r.pid, pidfd);
+			r.held = 0;
+			mts_state_put(reg->state, i, &r);
 		}
 		struct mts_table *table;
 		int err = table_for(reg, r.uid, r.pid, &table);

@@ -479,6 +479,8 @@ const struct mts_key mts_keys[] = {
      .help = "at most one eviction per this"},
     {"guard", "evict_trusted", BOOL, R, P(guard_evict_trusted),
      .help = "trusted processes without a task may be evicted"},
+    {"guard", "pause", BOOL, R, P(guard_pause), .def = 1,
+     .help = "stop a growing task while the node has room, before evicting"},
     /* [metrics] */
     {"metrics", "per_process", BOOL, R, P(metrics_per_process),
      .help = "per-process series on /metrics"},

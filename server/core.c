@@ -120,6 +120,7 @@ int mts_core_init(struct mts_registry *reg, uv_loop_t *loop,
 void mts_core_free(struct mts_registry *reg)
 {
 	if (reg->adm) {
+		mts_guard_release(reg, "memtallyd is stopping");
 		mts_resv_free_all(reg);
 		mts_kinds_free(reg);
 		/* adm is the first member: the allocation's address. */

@@ -28,6 +28,15 @@
  * and what its tasks were granted. Only the process itself can make it a
  * host. memtallyd itself is never signalled, even if it were registered.
  *
+ * The pause. A task chosen for growing fastest ([guard] pause) is first
+ * stopped and held, not killed: stopping it stops the node's rise, and
+ * what the others free may let it finish. It is held only while the
+ * node's room holds the floor and 300 ms of the node's rise
+ * (mts_guard_hold_safe), for at most the interval; then it is resumed
+ * (back under the line) or evicted. Its restart-record entries are marked
+ * while it is held, so that a memtallyd killed meanwhile has its
+ * successor resume it.
+ *
  * The eviction. A Watch event for the task (scope "task:NAME", the
  * figures in its reason) is written before any signal, so `memtally run`
  * has it by the time it sees its command die. Then every worker of the
@@ -58,6 +67,7 @@
 #include "mts_policy.h"
 #include "mts_procfs.h"
 #include "mts_registry.h"
+#include "mts_state.h"
 
 const char *mts_guard_rule_name(enum mts_guard_rule r)
 {
@@ -209,10 +219,10 @@ int mts_guard_candidates(const struct mts_registry *reg,
 
 /* ---- the eviction -------------------------------------------------------- */
 
+/* A candidate's processes, each a pidfd of ours. */
 struct tree {
 	int fd[MTS_GUARD_TREE_MAX];
 	uint32_t pid[MTS_GUARD_TREE_MAX];
-	bool owned[MTS_GUARD_TREE_MAX]; /* fd is ours to close */
 	uint32_t n;
 };
 
@@ -231,9 +241,9 @@ static uint32_t ppid_of(uint32_t pid)
 	return ppid;
 }
 
-/* Stop and add the children of t->pid[i], each checked to be its child
- * once its pidfd is open. */
-static void add_children(struct tree *t, uint32_t i, uint32_t self)
+/* Add the children of t->pid[i], each checked to be its child once its
+ * pidfd is open, and send it `sig` (SIGSTOP, or 0 for none). */
+static void add_children(struct tree *t, uint32_t i, uint32_t self, int sig)
 {
 	char dir[48];
 	snprintf(dir, sizeof(dir), "/proc/%u/task", t->pid[i]);
@@ -263,24 +273,24 @@ static void add_children(struct tree *t, uint32_t i, uint32_t self)
 				close(fd);
 				continue;
 			}
-			pidfd_send_signal(fd, SIGSTOP, NULL, 0);
+			if (sig)
+				pidfd_send_signal(fd, sig, NULL, 0);
 			t->fd[t->n] = fd;
 			t->pid[t->n] = pid;
-			t->owned[t->n] = true;
 			t->n++;
 		}
 	}
 	closedir(d);
 }
 
-/* Kill candidate `k`'s workers and their descendants; how many. */
-static uint32_t kill_tree(struct mts_registry *reg,
-                          const struct mts_guard_cand *k)
+/* Stop candidate `k`'s workers and their descendants, each held by a
+ * pidfd of ours in `t`. A stopped process cannot fork a child the walk
+ * would miss. */
+static void stop_tree(struct mts_registry *reg, const struct mts_guard_cand *k,
+                      struct tree *t)
 {
-	struct tree *t = calloc(1, sizeof(*t));
-	if (!t)
-		return 0;
 	uint32_t self = (uint32_t)getpid();
+	t->n = 0;
 	for (uint32_t i = 0; i < reg->ndense && t->n < MTS_GUARD_TREE_MAX;
 	     i++) {
 		struct mts_proc *p = reg->by_slot[reg->dense[i]];
@@ -289,24 +299,35 @@ static uint32_t kill_tree(struct mts_registry *reg,
 		                       : p->pid == k->pid;
 		if (!mine || p->pid == self || p->pidfd < 0)
 			continue;
-		pidfd_send_signal(p->pidfd, SIGSTOP, NULL, 0);
-		t->fd[t->n] = p->pidfd;
+		/* Our own copy: a held task outlives its worker's entry. */
+		int fd = fcntl(p->pidfd, F_DUPFD_CLOEXEC, 0);
+		if (fd < 0)
+			continue;
+		pidfd_send_signal(fd, SIGSTOP, NULL, 0);
+		t->fd[t->n] = fd;
 		t->pid[t->n] = p->pid;
-		t->owned[t->n] = false;
 		t->n++;
 	}
 	/* Breadth first: the list grows as it is walked. */
 	for (uint32_t i = 0; i < t->n; i++)
-		add_children(t, i, self);
-	uint32_t killed = 0;
-	for (uint32_t i = 0; i < t->n; i++) {
-		if (pidfd_send_signal(t->fd[i], SIGKILL, NULL, 0) == 0)
-			killed++;
-		if (t->owned[i])
-			close(t->fd[i]);
-	}
-	free(t);
-	return killed;
+		add_children(t, i, self, SIGSTOP);
+}
+
+/* Send `sig` to every process of `t`; how many took it. */
+static uint32_t signal_tree(const struct tree *t, int sig)
+{
+	uint32_t took = 0;
+	for (uint32_t i = 0; i < t->n; i++)
+		if (pidfd_send_signal(t->fd[i], sig, NULL, 0) == 0)
+			took++;
+	return took;
+}
+
+static void close_tree(struct tree *t)
+{
+	for (uint32_t i = 0; i < t->n; i++)
+		close(t->fd[i]);
+	t->n = 0;
 }
 
 /*
@@ -355,6 +376,311 @@ static void log_candidates(struct mts_guard_cand *c, uint32_t n)
 		        "more=%u", n - MTS_GUARD_LOG_CANDIDATES);
 }
 
+/* ---- pausing before evicting --------------------------------------------- */
+
+/* A task paused: its processes, stopped, and what it was chosen as. */
+struct mts_guard_hold {
+	struct tree t;
+	struct mts_guard_cand k;
+	char task[MTS_NAME_MAX + 1];
+	enum mts_guard_rule rule;
+	uint32_t candidates;
+	uint64_t since_ns; /* CLOCK_MONOTONIC */
+};
+
+bool mts_guard_hold_safe(uint64_t usage, uint64_t line, uint64_t limit,
+                         double rise_bps)
+{
+	if (usage >= limit || line >= limit)
+		return false;
+	double need = (double)((limit - line) / MTS_GUARD_HOLD_FLOOR_DIV);
+	if (rise_bps > 0)
+		need += rise_bps * MTS_GUARD_HOLD_HORIZON_MS / 1000.0;
+	return (double)(limit - usage) >= need;
+}
+
+/* Remember this read, for the node's rise. */
+static void seen_add(struct mts_guard_state *g, uint64_t usage, uint64_t now_ns)
+{
+	g->seen_usage[g->seen_head] = usage;
+	g->seen_ns[g->seen_head] = now_ns;
+	g->seen_head = (g->seen_head + 1) % MTS_GUARD_SEEN;
+	if (g->seen_n < MTS_GUARD_SEEN)
+		g->seen_n++;
+}
+
+/* How fast the node rose over the reads kept, counting only those taken
+ * at or after `since_ns`; bytes per second, 0 with fewer than two. */
+static double node_rise(const struct mts_guard_state *g, uint64_t since_ns)
+{
+	uint32_t newest = (g->seen_head + MTS_GUARD_SEEN - 1) % MTS_GUARD_SEEN;
+	int oldest = -1;
+	for (uint32_t j = g->seen_n; j > 1; j--) {
+		uint32_t i =
+		    (g->seen_head + MTS_GUARD_SEEN - j) % MTS_GUARD_SEEN;
+		if (g->seen_ns[i] >= since_ns) {
+			oldest = (int)i;
+			break;
+		}
+	}
+	if (oldest < 0 || g->seen_ns[newest] <= g->seen_ns[oldest])
+		return 0;
+	double dv = (double)g->seen_usage[newest] -
+	            (double)g->seen_usage[(uint32_t)oldest];
+	return dv * 1e9 / (double)(g->seen_ns[newest] - g->seen_ns[oldest]);
+}
+
+/* Set or clear the restart record's mark on the held task's workers, so
+ * that a memtallyd killed while holding it has its successor resume it. */
+static void mark_held(struct mts_registry *reg, const struct mts_guard_cand *k,
+                      bool held)
+{
+	if (!reg->state)
+		return;
+	for (uint32_t i = 0; i < reg->ndense; i++) {
+		struct mts_proc *p = reg->by_slot[reg->dense[i]];
+		bool mine = k->task[0] ? strcmp(p->task, k->task) == 0 &&
+		                             p->uid == k->uid
+		                       : p->pid == k->pid;
+		struct mts_state_rec r;
+		if (!mine || mts_state_get(reg->state, p->slot, &r) < 0 ||
+		    r.pid != p->pid || r.held == held)
+			continue;
+		r.held = held;
+		mts_state_put(reg->state, p->slot, &r);
+	}
+}
+
+/* ---- the eviction -------------------------------------------------------- */
+
+/* The figures of a choice, in words: "paused by the node guard: node at
+ * ..." or "evicted by ...". */
+static void describe(char *buf, size_t len, const char *verb,
+                     const struct mts_guard_state *g,
+                     const struct mts_guard_cand *k, enum mts_guard_rule rule,
+                     uint32_t n)
+{
+	char a[32], b[32], d[32], e[32], f[32];
+	snprintf(buf, len,
+	         "%s by the node guard: node at %s, past its line %s "
+	         "(limit %s); %s %s used %s against %s reserved, %s of %u "
+	         "candidates",
+	         verb, mt_format_size(a, sizeof(a), g->node.usage),
+	         mt_format_size(b, sizeof(b), g->node.line),
+	         mt_format_size(d, sizeof(d), g->node.limit),
+	         k->task[0] ? "task" : "process", k->task[0] ? k->task : "",
+	         mt_format_size(e, sizeof(e), k->used),
+	         mt_format_size(f, sizeof(f), k->reserved),
+	         mts_guard_rule_name(rule), n);
+}
+
+/* A Watch event for the candidate's scope ("task:NAME" or "pid:N"):
+ * OVER for an eviction, HIGH for a pause, OK when resumed. */
+static void send_event(struct mts_registry *reg, const struct mts_guard_cand *k,
+                       uint8_t state, uint8_t previous, const char *reason)
+{
+	struct mts_guard_state *g = reg->guard;
+	if (!reg->lim || !reg->lim->on_event)
+		return;
+	char scope[MTS_NAME_MAX + 16];
+	if (k->task[0])
+		snprintf(scope, sizeof(scope), "task:%s", k->task);
+	else
+		snprintf(scope, sizeof(scope), "pid:%u", k->pid);
+	struct mts_event ev = {
+	    .scope = scope,
+	    .state = state,
+	    .previous = previous,
+	    .bytes = k->used,
+	    .limit = g->node.line,
+	    .reserved = k->reserved,
+	    .time_ns = mts_now_realtime(),
+	    .reason = reason,
+	    .growth = k->growth,
+	    .has_uid = true,
+	    .uid = k->uid,
+	};
+	reg->lim->on_event(reg->lim->event_ctx, &ev);
+}
+
+static const char *rule_key(enum mts_guard_rule rule)
+{
+	return rule == MTS_GUARD_BEYOND   ? "beyond"
+	       : rule == MTS_GUARD_GROWTH ? "growth"
+	                                  : "youngest";
+}
+
+/* The decision record: the node, the one chosen and why, the others. */
+static void log_decision(const char *msg, const struct mts_guard_state *g,
+                         const struct mts_guard_cand *k,
+                         enum mts_guard_rule rule, uint32_t n,
+                         const char *reason, double rise)
+{
+	char q[MTS_LOGQ_MAX], qr[2 * MTS_LOGQ_MAX];
+	mts_log(MTS_LOG_WARN, msg,
+	        "task=%s uid=%u pid=%u workers=%u reserved=%llu used=%llu "
+	        "growth_bps=%.0f node_usage=%llu node_line=%llu "
+	        "node_limit=%llu node_rise_bps=%.0f source=%s rule=%s "
+	        "candidates=%u why=%s",
+	        mts_logq(q, sizeof(q), k->task), k->uid, k->pid, k->workers,
+	        (unsigned long long)k->reserved, (unsigned long long)k->used,
+	        k->growth, (unsigned long long)g->node.usage,
+	        (unsigned long long)g->node.line,
+	        (unsigned long long)g->node.limit, rise,
+	        mts_node_kind_name(g->src.kind), rule_key(rule), n,
+	        mts_logq(qr, sizeof(qr), reason));
+}
+
+/* Evict `k`, whose processes `t` holds stopped (the guard's or a hold's):
+ * its event first, so by the time `memtally run` sees its command die,
+ * what killed it is in its socket; then SIGKILL; then the record against
+ * its kind. */
+static void kill_held(struct mts_registry *reg, const struct mts_guard_cand *k,
+                      struct tree *t, enum mts_guard_rule rule, uint32_t n)
+{
+	struct mts_guard_state *g = reg->guard;
+	char reason[640], q[MTS_LOGQ_MAX];
+	describe(reason, sizeof(reason), "evicted", g, k, rule, n);
+	send_event(reg, k, MTSHM_STATE_OVER, MTSHM_STATE_OVER, reason);
+	uint32_t killed = signal_tree(t, SIGKILL);
+	close_tree(t);
+	g->evictions++;
+	g->signalled += killed;
+	mts_log(MTS_LOG_WARN, "node guard: evicted", "task=%s uid=%u killed=%u",
+	        mts_logq(q, sizeof(q), k->task), k->uid, killed);
+	/* At an eviction the task is at its peak: what it holds now. */
+	guard_record_eviction(reg, k);
+}
+
+/* Stop `k` and hold it while the node has room: it grows no more, and
+ * what the others free may let it finish. */
+static void pause_task(struct mts_registry *reg, const struct mts_guard_cand *k,
+                       enum mts_guard_rule rule, uint32_t n, uint64_t now_ns,
+                       double rise)
+{
+	struct mts_guard_state *g = reg->guard;
+	struct mts_guard_hold *h = calloc(1, sizeof(*h));
+	if (!h)
+		return;
+	h->k = *k;
+	snprintf(h->task, sizeof(h->task), "%s", k->task);
+	h->k.task = h->task;
+	h->rule = rule;
+	h->candidates = n;
+	h->since_ns = now_ns;
+	char reason[640];
+	describe(reason, sizeof(reason), "paused", g, &h->k, rule, n);
+	log_decision("node guard: pausing", g, &h->k, rule, n, reason, rise);
+	/* Marked before the signal: a memtallyd killed in between leaves
+	 * its successor a running task to resume, never a stopped one
+	 * unmarked. */
+	mark_held(reg, &h->k, true);
+	stop_tree(reg, &h->k, &h->t);
+	if (h->t.n == 0) {
+		mark_held(reg, &h->k, false);
+		free(h);
+		return;
+	}
+	send_event(reg, &h->k, MTSHM_STATE_HIGH, MTSHM_STATE_OK, reason);
+	g->hold = h;
+	g->pauses++;
+}
+
+void mts_guard_resume_adopted(uint32_t pid, int pidfd)
+{
+	struct tree *t = calloc(1, sizeof(*t));
+	if (!t)
+		return;
+	t->fd[0] = fcntl(pidfd, F_DUPFD_CLOEXEC, 0);
+	t->pid[0] = pid;
+	if (t->fd[0] < 0) {
+		free(t);
+		return;
+	}
+	t->n = 1;
+	uint32_t self = (uint32_t)getpid();
+	for (uint32_t i = 0; i < t->n; i++)
+		add_children(t, i, self, 0);
+	uint32_t took = signal_tree(t, SIGCONT);
+	close_tree(t);
+	free(t);
+	mts_log(MTS_LOG_WARN,
+	        "node guard: resumed a task the memtallyd before held paused",
+	        "pid=%u processes=%u", pid, took);
+}
+
+void mts_guard_release(struct mts_registry *reg, const char *why)
+{
+	struct mts_guard_state *g = reg->guard;
+	if (!g || !g->hold)
+		return;
+	struct mts_guard_hold *h = g->hold;
+	g->hold = NULL;
+	uint32_t took = signal_tree(&h->t, SIGCONT);
+	close_tree(&h->t);
+	mark_held(reg, &h->k, false);
+	char q[MTS_LOGQ_MAX], msg[256];
+	double held_s = (double)(mts_now_monotonic() - h->since_ns) / 1e9;
+	mts_log(MTS_LOG_WARN, "node guard: resumed",
+	        "task=%s uid=%u processes=%u held_s=%.3f why=%s",
+	        mts_logq(q, sizeof(q), h->task), h->k.uid, took, held_s, why);
+	snprintf(msg, sizeof(msg), "resumed by the node guard after %.1f s: %s",
+	         held_s, why);
+	send_event(reg, &h->k, MTSHM_STATE_OK, MTSHM_STATE_HIGH, msg);
+	g->resumed++;
+	free(h);
+}
+
+/* The step while a task is held: resume it once the node is back under
+ * its line; evict it when the node rises towards its limit anyway (the
+ * others grow) or the interval is up. */
+static void step_hold(struct mts_registry *reg, uint64_t now_ns)
+{
+	struct mts_guard_state *g = reg->guard;
+	struct mts_guard_hold *h = g->hold;
+	/* Resumed once the node is under its line by the floor: a node
+	 * hovering at the line would otherwise stop and start it at every
+	 * read. Between the two, it stays as it is, for at most the
+	 * interval: under the line, the interval ends in a resume. */
+	uint64_t floor =
+	    (g->node.limit - g->node.line) / MTS_GUARD_HOLD_FLOOR_DIV;
+	uint64_t interval = (uint64_t)g->interval_ms * 1000000u;
+	if (g->node.usage + floor <= g->node.line ||
+	    (g->node.usage <= g->node.line &&
+	     now_ns - h->since_ns >= interval)) {
+		mts_guard_release(reg, "the node is back under its line");
+		return;
+	}
+	if (g->node.usage <= g->node.line)
+		return;
+	/* Its processes gone (killed by someone else, or done): no hold. */
+	if (signal_tree(&h->t, 0) == 0) {
+		g->hold = NULL;
+		close_tree(&h->t);
+		mark_held(reg, &h->k, false);
+		free(h);
+		return;
+	}
+	double rise = node_rise(g, h->since_ns);
+	bool safe = mts_guard_hold_safe(g->node.usage, g->node.line,
+	                                g->node.limit, rise);
+	if (safe && now_ns - h->since_ns < interval)
+		return;
+	g->hold = NULL;
+	char reason[640];
+	describe(reason, sizeof(reason), "evicted", g, &h->k, h->rule,
+	         h->candidates);
+	log_decision(safe ? "node guard: evicting the paused task, its time "
+	                    "is up"
+	                  : "node guard: evicting the paused task, the node "
+	                    "still rises",
+	             g, &h->k, h->rule, h->candidates, reason, rise);
+	mark_held(reg, &h->k, false);
+	g->last_eviction_ns = now_ns;
+	kill_held(reg, &h->k, &h->t, h->rule, h->candidates);
+	free(h);
+}
+
 static void evict(struct mts_registry *reg, uint64_t now_ns)
 {
 	struct mts_guard_state *g = reg->guard;
@@ -362,7 +688,7 @@ static void evict(struct mts_registry *reg, uint64_t now_ns)
 	uint32_t n;
 	int ci;
 	enum mts_guard_rule rule;
-	char a[32], b[32], d[32], e[32], f[32];
+	uint64_t last = g->last_eviction_ns;
 	g->last_eviction_ns = now_ns; /* one choice per interval either way */
 	if (mts_guard_candidates(reg, &c, &n, &ci, &rule) < 0)
 		return;
@@ -383,66 +709,35 @@ static void evict(struct mts_registry *reg, uint64_t now_ns)
 	char task[MTS_NAME_MAX + 1];
 	snprintf(task, sizeof(task), "%s", k.task);
 	k.task = task;
+	double rise = node_rise(g, 0);
+	/* Pause only what grows (stopping it stops the rise) and only
+	 * while the node's room holds what it may still add meanwhile: a
+	 * pause frees nothing. One beyond its reservation took what nobody
+	 * granted it, and goes at once. */
+	if (g->pause && rule == MTS_GUARD_GROWTH &&
+	    mts_guard_hold_safe(g->node.usage, g->node.line, g->node.limit,
+	                        rise)) {
+		pause_task(reg, &k, rule, n, now_ns, rise);
+		if (g->hold) {
+			/* Not an eviction: once resumed, the guard may act
+			 * again at the next check. */
+			g->last_eviction_ns = last;
+			log_candidates(c, n);
+			free(c);
+			return;
+		}
+	}
 	char reason[640];
-	snprintf(reason, sizeof(reason),
-	         "evicted by the node guard: node at %s, past its line %s "
-	         "(limit %s); %s %s used %s against %s reserved, %s of %u "
-	         "candidates",
-	         mt_format_size(a, sizeof(a), g->node.usage),
-	         mt_format_size(b, sizeof(b), g->node.line),
-	         mt_format_size(d, sizeof(d), g->node.limit),
-	         task[0] ? "task" : "process", task[0] ? task : "",
-	         mt_format_size(e, sizeof(e), k.used),
-	         mt_format_size(f, sizeof(f), k.reserved),
-	         mts_guard_rule_name(rule), n);
-	char q[MTS_LOGQ_MAX], qr[2 * MTS_LOGQ_MAX];
-	mts_log(MTS_LOG_WARN, "node guard: evicting",
-	        "task=%s uid=%u pid=%u workers=%u reserved=%llu used=%llu "
-	        "growth_bps=%.0f node_usage=%llu node_line=%llu "
-	        "node_limit=%llu source=%s rule=%s candidates=%u why=%s",
-	        mts_logq(q, sizeof(q), task), k.uid, k.pid, k.workers,
-	        (unsigned long long)k.reserved, (unsigned long long)k.used,
-	        k.growth, (unsigned long long)g->node.usage,
-	        (unsigned long long)g->node.line,
-	        (unsigned long long)g->node.limit,
-	        mts_node_kind_name(g->src.kind),
-	        rule == MTS_GUARD_BEYOND   ? "beyond"
-	        : rule == MTS_GUARD_GROWTH ? "growth"
-	                                   : "youngest",
-	        n, mts_logq(qr, sizeof(qr), reason));
+	describe(reason, sizeof(reason), "evicted", g, &k, rule, n);
+	log_decision("node guard: evicting", g, &k, rule, n, reason, rise);
 	log_candidates(c, n);
 	free(c);
-
-	/* The event first: by the time `memtally run` sees its command
-	 * die, what killed it is in its socket. */
-	if (reg->lim && reg->lim->on_event) {
-		char scope[MTS_NAME_MAX + 16];
-		if (task[0])
-			snprintf(scope, sizeof(scope), "task:%s", task);
-		else
-			snprintf(scope, sizeof(scope), "pid:%u", k.pid);
-		struct mts_event ev = {
-		    .scope = scope,
-		    .state = MTSHM_STATE_OVER,
-		    .previous = MTSHM_STATE_OVER,
-		    .bytes = k.used,
-		    .limit = g->node.line,
-		    .reserved = k.reserved,
-		    .time_ns = mts_now_realtime(),
-		    .reason = reason,
-		    .growth = k.growth,
-		    .has_uid = true,
-		    .uid = k.uid,
-		};
-		reg->lim->on_event(reg->lim->event_ctx, &ev);
-	}
-	uint32_t killed = kill_tree(reg, &k);
-	g->evictions++;
-	g->signalled += killed;
-	mts_log(MTS_LOG_WARN, "node guard: evicted", "task=%s uid=%u killed=%u",
-	        mts_logq(q, sizeof(q), task), k.uid, killed);
-	/* At an eviction the task is at its peak: what it holds now. */
-	guard_record_eviction(reg, &k);
+	struct tree *t = calloc(1, sizeof(*t));
+	if (!t)
+		return;
+	stop_tree(reg, &k, t);
+	kill_held(reg, &k, t, rule, n);
+	free(t);
 }
 
 void mts_guard_check(struct mts_registry *reg, uint64_t now_ns)
@@ -465,6 +760,8 @@ void mts_guard_check(struct mts_registry *reg, uint64_t now_ns)
 			        err < 0 ? strerror(-err) : "no limit");
 		g->read_failed_logged = true;
 		g->known = false;
+		/* Blind: nothing may stay stopped on a figure we lost. */
+		mts_guard_release(reg, "the node cannot be read");
 		return;
 	}
 	g->read_failed_logged = false;
@@ -474,6 +771,11 @@ void mts_guard_check(struct mts_registry *reg, uint64_t now_ns)
 		fig.line = fig.limit - fig.limit / 20;
 	g->node = fig;
 	g->known = true;
+	seen_add(g, fig.usage, now_ns);
+	if (g->hold) {
+		step_hold(reg, now_ns);
+		return;
+	}
 	if (fig.usage <= fig.line) {
 		g->idle_logged = false;
 		return;

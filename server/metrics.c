@@ -820,6 +820,13 @@ static void render_counters(struct out *o, const struct mts_registry *reg,
 	if (g) {
 		counter(o, "memtally_guard_evictions_total",
 		        "Tasks evicted by the node guard.", g->evictions);
+		counter(o, "memtally_guard_pauses_total",
+		        "Growing tasks the node guard paused (SIGSTOP) "
+		        "instead of evicting them at once.",
+		        g->pauses);
+		counter(o, "memtally_guard_resumes_total",
+		        "Paused tasks resumed (SIGCONT) rather than evicted.",
+		        g->resumed);
 		counter(o, "memtally_guard_processes_killed_total",
 		        "Processes killed by the node guard's evictions, "
 		        "workers and their descendants.",

@@ -19,6 +19,12 @@
 #define MTS_GUARD_LOG_CANDIDATES 8u
 /* Descendants of one eviction's workers looked for and killed. */
 #define MTS_GUARD_TREE_MAX 4096u
+/* A task stays paused while the node's room (limit - usage) holds a
+ * quarter of the gap between its line and its limit plus what the node
+ * rises in this long at its latest rate: three checks, time to see the
+ * rise, decide and have a SIGKILL free the task's memory. */
+#define MTS_GUARD_HOLD_FLOOR_DIV  4u
+#define MTS_GUARD_HOLD_HORIZON_MS 300u
 
 /* One candidate for eviction: the workers of one task of one uid, or one
  * process without a task. */
@@ -53,6 +59,19 @@ void mts_guard_check(struct mts_registry *reg, uint64_t now_ns);
 int mts_guard_candidates(const struct mts_registry *reg,
                          struct mts_guard_cand **out, uint32_t *n, int *chosen,
                          enum mts_guard_rule *rule);
+
+/* May a task be paused (or stay paused) with the node at `usage`, its
+ * `line` and `limit`, rising at `rise_bps`? (MTS_GUARD_HOLD_*) */
+bool mts_guard_hold_safe(uint64_t usage, uint64_t line, uint64_t limit,
+                         double rise_bps);
+
+/* Resume the task the guard holds paused, if any, saying `why`: memtallyd
+ * stopping, the guard turned off or blind. Never leave a worker stopped. */
+void mts_guard_release(struct mts_registry *reg, const char *why);
+
+/* A worker the restart record marks as held by the memtallyd before
+ * (killed while it held it): SIGCONT it and its descendants. */
+void mts_guard_resume_adopted(uint32_t pid, int pidfd);
 
 /* "beyond its reservation", "fastest growing", "youngest". */
 const char *mts_guard_rule_name(enum mts_guard_rule r);

@@ -18,6 +18,10 @@
 /* How often the node is read: often enough to act between two steps of
  * a leak of a few hundred MiB/s, cheap enough to be unseen (guard.c). */
 #define MTS_GUARD_CHECK_MS 100u
+/* Reads kept for the node's rise: three checks' span (guard.c). */
+#define MTS_GUARD_SEEN 4u
+
+struct mts_guard_hold;
 
 enum mts_node_kind {
 	MTS_NODE_NONE = 0,  /* the guard is off */
@@ -46,11 +50,19 @@ struct mts_guard_state {
 	struct mts_node_fig node;
 	bool known; /* node holds a read */
 	bool evict_trusted;
+	bool pause; /* [guard] pause */
 	uint32_t interval_ms;
 	uint64_t last_eviction_ns; /* CLOCK_MONOTONIC; 0 = never */
 	bool idle_logged;          /* "past the line, no candidate" said */
 	bool read_failed_logged;
+	/* The last reads, for how fast the node rises (a ring). */
+	uint64_t seen_usage[MTS_GUARD_SEEN];
+	uint64_t seen_ns[MTS_GUARD_SEEN];
+	uint32_t seen_head, seen_n;
+	struct mts_guard_hold *hold; /* the task paused, or NULL */
 	/* For /metrics. */
+	uint64_t pauses;  /* tasks paused */
+	uint64_t resumed; /* of those, resumed (not evicted) */
 	uint64_t evictions;
 	uint64_t reads;
 	uint64_t read_ns;   /* their total time */
@@ -91,8 +103,7 @@ bool mts_guard_node(const struct mts_registry *reg, uint64_t *usage,
  * else the unified (v2) hierarchy. *base is the hierarchy's mount point,
  * path the cgroup under it. 0, or -ENOENT.
  */
-int mts_node_cgroup_path(char *text, const char **base, char *path,
-                         size_t len);
+int mts_node_cgroup_path(char *text, const char **base, char *path, size_t len);
 
 /* "cgroup2", "cgroup1", "meminfo", "off". */
 const char *mts_node_kind_name(enum mts_node_kind k);

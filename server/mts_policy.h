@@ -197,8 +197,9 @@ struct mts_policy {
 	/* [guard] (guard.c): where the node's figure comes from (NULL:
 	 * memtallyd's own memory cgroup, "": /proc/meminfo, else a cgroup
 	 * directory), its line (a fraction of the node's limit, else bytes
-	 * below it, else bytes), the eviction interval and whether trusted
-	 * processes without a task may be chosen. */
+	 * below it, else bytes), the eviction interval, whether trusted
+	 * processes without a task may be chosen, and whether a growing task
+	 * is paused before it is evicted. */
 	enum mts_guard_mode guard_mode;
 	char *guard_cgroup;
 	uint32_t guard_line_bp;
@@ -206,6 +207,7 @@ struct mts_policy {
 	uint64_t guard_line_bytes;
 	uint32_t guard_interval_ms;
 	bool guard_evict_trusted;
+	bool guard_pause;
 };
 
 /* The defaults of every key of the policy: config.c's key table, where

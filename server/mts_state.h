@@ -32,7 +32,8 @@ struct mts_state_rec {
 	uint64_t check;         /*  40 rec_check(pid, slot) */
 	char group[64];         /*  48 */
 	char task[64];          /* 112 */
-	uint8_t spare[80];      /* 176 */
+	uint8_t held;           /* 176 stopped by the node guard */
+	uint8_t spare[79];      /* 177 */
 };
 #define MTS_STATE_REC_SIZE 256u
 _Static_assert(sizeof(struct mts_state_rec) == MTS_STATE_REC_SIZE, "rec");

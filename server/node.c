@@ -316,6 +316,7 @@ void mts_guard_apply(struct mts_registry *reg, const struct mts_node_src *src,
 	g->known = src->kind != MTS_NODE_NONE;
 	g->evict_trusted = reg->policy.guard_evict_trusted;
 	g->interval_ms = reg->policy.guard_interval_ms;
+	g->pause = reg->policy.guard_pause;
 	g->read_failed_logged = false;
 	if (src->kind == MTS_NODE_NONE) {
 		if (was || reg->policy.guard_mode != MTS_GUARD_OFF)
@@ -331,12 +332,12 @@ void mts_guard_apply(struct mts_registry *reg, const struct mts_node_src *src,
 	}
 	mts_log(MTS_LOG_INFO, "node guard on",
 	        "source=%s path=%s usage=%llu limit=%llu line=%llu "
-	        "interval_ms=%u evict_trusted=%d",
+	        "interval_ms=%u evict_trusted=%d pause=%d",
 	        mts_node_kind_name(src->kind),
 	        src->dir[0] ? src->dir : "/proc/meminfo",
 	        (unsigned long long)fig->usage, (unsigned long long)fig->limit,
-	        (unsigned long long)fig->line, g->interval_ms,
-	        g->evict_trusted);
+	        (unsigned long long)fig->line, g->interval_ms, g->evict_trusted,
+	        g->pause);
 }
 
 bool mts_guard_node(const struct mts_registry *reg, uint64_t *usage,

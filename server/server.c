@@ -147,6 +147,9 @@ void mts_server_apply_guard(struct mts_server *srv,
                             const struct mts_node_src *src,
                             const struct mts_node_fig *fig)
 {
+	/* A reload: whatever it changes, a paused task goes on, and the
+	 * next check decides afresh under the new settings. */
+	mts_guard_release(&srv->reg, "the guard's settings were reloaded");
 	mts_guard_apply(&srv->reg, src, fig);
 }
 
@@ -406,6 +409,8 @@ void mts_server_stop(struct mts_server *srv)
 	if (srv->stopping)
 		return;
 	srv->stopping = true;
+	/* Before anything else: no worker stays stopped past us. */
+	mts_guard_release(&srv->reg, "memtallyd is stopping");
 	save_kinds(srv, true);
 	/* First: joins the HTTP thread, so nothing reads reg after this. */
 	mts_metrics_stop(srv->metrics);

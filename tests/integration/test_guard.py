@@ -8,6 +8,16 @@ kernel's OOM killer has to choose.
   on stderr; the steady task runs to its end; the kernel kills nothing.
 - test_retry_runs_it_again: `memtally run --retry 1` of the same leak runs
   it twice, evicted twice, and exits 75.
+- test_a_grower_is_paused_then_resumed: a task within its reservation
+  grows while memory memtally does not count (a plain process) takes the
+  node past its line. memtallyd pauses the grower (SIGSTOP: the kernel
+  shows it stopped) rather than evicting it; when the other process ends
+  and the node is back under its line it resumes it, and it runs to its
+  end (exit 0). Its `memtally run` says
+  both on stderr; nothing is evicted, the kernel kills nothing.
+- test_a_paused_task_outlives_memtallyds_death: memtallyd is SIGKILLed
+  while it holds the grower stopped; the next one, started on the same
+  restart record, resumes it as it adopts it, and it ends 0.
 - test_lie_cannot_evict_another_user: as nobody, a worker naming another
   user's task claims 2^49 bytes and holds real memory that takes the node
   past its line. The guard evicts the liar, not the other user's task
@@ -173,6 +183,144 @@ def test_retry_runs_it_again():
         cg.remove()
 
 
+def proc_state(pid):
+    """/proc/PID/stat's state letter, or None once it is gone."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return None
+
+
+# Memory memtally does not count: a plain process of the node holding
+# 90 MiB of touched bytes until its stdin closes.
+UNCOUNTED = ("import sys; b = bytes([1]) * (90 << 20); "
+             "print('ready', flush=True); sys.stdin.read()")
+
+
+def grower_paused(s, cg):
+    """Start the grower and the uncounted process in the node of `s`;
+    return both once memtallyd has paused the grower, with its pid."""
+    # 20 MiB growing to 100 over 15 s (5 MiB/s), within its 128 MiB,
+    # admitted on an empty node.
+    grow = mt_run(s, cg, "--task", "grow", "--bytes", "128MiB", "--",
+                  *worker("fleet"), "leak", "100", "15")
+    wait_for("the grower registered", lambda: "grow" in tasks_of(s),
+             timeout=20)
+
+    def growing():
+        g = [p for p in s.ps().values() if p.get("task") == "grow"]
+        return g and (g[0].get("growth_bytes_per_s") or 0) >= 2 * MIB
+    # Its growth measured (two seconds of samples) before the node is
+    # past its line: the guard pauses the fastest grower, and a task not
+    # yet seen growing would be evicted as the youngest.
+    wait_for("the grower's growth measured", growing, timeout=30)
+    # Then what memtally cannot count takes 90 MiB: the node passes its
+    # line (179 MiB) some 10 s in, nobody beyond.
+    other = subprocess.Popen(
+        [sys.executable, "-c", UNCOUNTED], env=run_env(s),
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        preexec_fn=in_node(cg))
+    check(readline(other, 30).startswith("ready"),
+          "the uncounted process is not ready")
+    wait_for("the guard pausing the grower", lambda:
+             'msg="node guard: pausing"' in s.logtext(), timeout=40)
+    log = s.logtext()
+    line = log.split('msg="node guard: pausing"')[1].split("\n")[0]
+    check('task="grow"' in line and "rule=growth" in line,
+          "the pause was not the grower's: " + line)
+    pid = [p for p, v in s.ps().items() if v.get("task") == "grow"]
+    check(pid, "the grower's worker is not registered")
+    wait_for("the grower stopped", lambda: proc_state(pid[0]) == "T",
+             timeout=10)
+    return grow, other, pid[0]
+
+
+def grower_ends_well(s, cg, grow):
+    _, err = grow.communicate(timeout=60 * MULT)
+    print(err, flush=True)
+    check(grow.returncode == 0,
+          "the grower did not run to its end: exit %s: %s" % (
+              grow.returncode, err))
+    check("paused by the node guard" in err and
+          "resumed by the node guard" in err,
+          "memtally run did not say the pause and the resume: %r" % err)
+    log = s.logtext()
+    check('msg="node guard: evicting' not in log,
+          "something was evicted: " + log[-3000:])
+    check(cg.oom_kills() == 0,
+          "the kernel OOM-killed %d in the node" % cg.oom_kills())
+
+
+# A long interval: a pause must end by the node coming back, not by the
+# clock, however slow the machine.
+PAUSE_CONF = "[guard]\nline = 70%\ninterval = 1m\n"
+
+
+def test_a_grower_is_paused_then_resumed():
+    cg = node("pause")
+    join = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', cg.procs()]
+    conf = config(PAUSE_CONF)
+    other = grow = None
+    try:
+        with Server("--config", conf, prefix=join) as s:
+            grow, other, pid = grower_paused(s, cg)
+            # The other process ends: the node comes back under its line.
+            other.stdin.close()
+            other.wait(timeout=30 * MULT)
+            wait_for("the grower resumed", lambda:
+                     'msg="node guard: resumed"' in s.logtext(), timeout=20)
+            check(proc_state(pid) != "T", "the grower is still stopped")
+            grower_ends_well(s, cg, grow)
+            held = [x for x in s.logtext().splitlines()
+                    if 'msg="node guard: resumed"' in x][0]
+            print("  " + held.split(" msg=")[1][:160], flush=True)
+    finally:
+        for p in (other, grow):
+            if p and p.poll() is None:
+                p.kill()
+                p.wait()
+        cg.remove()
+
+
+def test_a_paused_task_outlives_memtallyds_death():
+    cg = node("pause-kill")
+    join = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', cg.procs()]
+    conf = config(PAUSE_CONF)
+    other = grow = None
+    try:
+        s = Server("--config", conf, prefix=join)
+        try:
+            grow, other, pid = grower_paused(s, cg)
+            s.kill9()  # while it holds the grower stopped
+        except BaseException:
+            s.stop()
+            raise
+        check(proc_state(pid) == "T", "the grower was not left stopped")
+        other.stdin.close()  # the node will have room again
+        other.wait(timeout=30 * MULT)
+        with Server("--config", conf, prefix=join, after=s) as s2:
+            wait_for("the restarted server resuming the grower", lambda:
+                     "resumed a task the memtallyd before held paused"
+                     in s2.logtext(), timeout=30)
+            wait_for("the grower running", lambda: proc_state(pid) != "T",
+                     timeout=10)
+            _, err = grow.communicate(timeout=60 * MULT)
+            check(grow.returncode == 0,
+                  "the grower did not run to its end: exit %s: %s" % (
+                      grow.returncode, err))
+            check(cg.oom_kills() == 0,
+                  "the kernel OOM-killed %d in the node" % cg.oom_kills())
+            print("  memtallyd SIGKILLed holding the grower; its successor "
+                  "resumed it and it ended 0", flush=True)
+    finally:
+        for p in (other, grow):
+            if p and p.poll() is None:
+                p.kill()
+                p.wait()
+        cg.remove()
+
+
 def test_lie_cannot_evict_another_user():
     second = second_user()
     cg = node("trust")
@@ -226,4 +374,6 @@ def test_lie_cannot_evict_another_user():
 
 if __name__ == "__main__":
     run([test_leak_is_evicted, test_retry_runs_it_again,
+         test_a_grower_is_paused_then_resumed,
+         test_a_paused_task_outlives_memtallyds_death,
          test_lie_cannot_evict_another_user])

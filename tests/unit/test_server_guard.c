@@ -93,9 +93,11 @@ Test(guard_config, keys_and_their_forms)
 	struct mts_settings s;
 	char err[512];
 	cr_assert_eq(load_guard("line = 85%\ninterval = 500ms\nenabled = "
-	                        "true\nevict_trusted = yes\ncgroup = none",
+	                        "true\nevict_trusted = yes\ncgroup = none\n"
+	                        "pause = no",
 	                        &s, err),
 	             0, "%s", err);
+	cr_assert(!s.policy.guard_pause);
 	cr_assert_eq(s.policy.guard_line_bp, 8500);
 	cr_assert_eq(s.policy.guard_interval_ms, 500);
 	cr_assert_eq(s.policy.guard_mode, MTS_GUARD_ON);
@@ -118,12 +120,14 @@ Test(guard_config, keys_and_their_forms)
 	cr_assert_str_eq(s.policy.guard_cgroup, "/sys/fs/cgroup/x");
 	mts_settings_free(&s);
 
-	/* The defaults: auto, 90%, 2 s, trusted processes spared. */
+	/* The defaults: auto, 90%, 2 s, trusted processes spared, growers
+	 * paused first. */
 	cr_assert_eq(load_guard("", &s, err), 0, "%s", err);
 	cr_assert_eq(s.policy.guard_mode, MTS_GUARD_AUTO);
 	cr_assert_eq(mts_guard_line(&s.policy, 1000), 900);
 	cr_assert_eq(s.policy.guard_interval_ms, 2000);
 	cr_assert(!s.policy.guard_evict_trusted);
+	cr_assert(s.policy.guard_pause);
 	mts_settings_free(&s);
 }
 
@@ -138,6 +142,7 @@ Test(guard_config, bad_values_name_their_key)
 	    {"enabled = maybe", "[guard] enabled"},
 	    {"cgroup = relative/path", "[guard] cgroup"},
 	    {"evict_trusted = 2", "[guard] evict_trusted"},
+	    {"pause = later", "[guard] pause"},
 	    {"lines = 90%", "[guard] lines: unknown key"},
 	};
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
@@ -544,4 +549,207 @@ Test(guard_config, own_cgroup_on_every_hierarchy)
 	cr_assert_eq(cgroup_of("3:cpu:/a\n4:memory_x:/b\n", &base, path),
 	             -ENOENT);
 	cr_assert_eq(cgroup_of("", &base, path), -ENOENT);
+}
+
+/* ---- pausing before evicting --------------------------------------------- */
+
+Test(guard_config, a_pause_needs_room_for_the_floor_and_the_rise)
+{
+	/* 640 MiB node, line 576: the floor is a quarter of the 64 MiB gap. */
+	uint64_t lim = 640 * MIB, line = 576 * MIB;
+	cr_assert(mts_guard_hold_safe(600 * MIB, line, lim, 0));
+	cr_assert(mts_guard_hold_safe(624 * MIB, line, lim, 0), "16 left");
+	cr_assert(!mts_guard_hold_safe(625 * MIB, line, lim, 0), "15 left");
+	/* 40 MiB of room: 16 + 300 ms at 80 MiB/s (24) fits, at 81 not. */
+	cr_assert(mts_guard_hold_safe(600 * MIB, line, lim, 80.0 * MIB));
+	cr_assert(!mts_guard_hold_safe(600 * MIB, line, lim, 81.0 * MIB));
+	/* A node that falls needs only the floor. */
+	cr_assert(mts_guard_hold_safe(620 * MIB, line, lim, -500.0 * MIB));
+	cr_assert(!mts_guard_hold_safe(lim, line, lim, 0), "at the limit");
+	cr_assert(!mts_guard_hold_safe(700 * MIB, line, lim, 0), "beyond it");
+}
+
+/* /proc/PID/stat's state letter, or 0. */
+static char state_of(pid_t pid)
+{
+	char path[64], buf[512];
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return 0;
+	size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[n] = '\0';
+	const char *rp = strrchr(buf, ')');
+	return rp ? rp[2] : 0;
+}
+
+/* Wait (bounded) for pid's state to be, or not to be, stopped. */
+static bool stopped_becomes(pid_t pid, bool stopped)
+{
+	uint64_t end = fx_deadline_ms(5000);
+	while (((state_of(pid) == 'T') != stopped) && fx_ms() < end)
+		nanosleep(&(struct timespec){0, 5 * 1000 * 1000}, NULL);
+	return (state_of(pid) == 'T') == stopped;
+}
+
+#define NODE_LIMIT "671088640\n" /* 640 MiB, the line at 90%: 576 MiB */
+#define MS         (UINT64_C(1000000))
+
+/* A task "grow" within its 100 MiB reservation, rising 10 MiB/s over the
+ * last 3 s, and a steady "calm"; the guard on a 640 MiB node with usage
+ * `mib`, read at `now`. Returns grow's pid (*calm: calm's). */
+static pid_t grower_on_node(uint64_t mib, uint64_t now, pid_t *calm)
+{
+	fx_start();
+	reserve(FX_UID, "grow", 100 * MIB);
+	reserve(FX_UID, "calm", 100 * MIB);
+	pid_t grow = fx_spawn();
+	uint32_t slot = fx_register_as(grow, FX_UID, "default", "grow");
+	fx_write(slot, (int64_t)(60 * MIB));
+	*calm = task_worker(FX_UID, "calm", 50 * MIB);
+	mts_core_tick(&srv.reg);
+	struct mts_proc *p = srv.reg.by_slot[slot];
+	uint64_t w = (uint64_t)srv.reg.policy.growth_window_ms * MS;
+	for (uint64_t s = 0; s <= 3; s++)
+		mts_rate_add(&p->rate, now - (3 - s) * 1000 * MS,
+		             (30 + 10 * s) * MIB, w, NULL);
+	mts_policy_defaults(&pol);
+	fake_cgroup(NODE_LIMIT, mib * MIB, 0);
+	struct mts_node_src src = {.kind = MTS_NODE_CGROUP_V2};
+	snprintf(src.dir, sizeof(src.dir), "%s", dir);
+	struct mts_node_fig fig = {0};
+	mts_guard_apply(&srv.reg, &src, &fig);
+	nevents = 0;
+	return grow;
+}
+
+static void node_at(uint64_t mib)
+{
+	fake_cgroup(NODE_LIMIT, mib * MIB, 0);
+}
+
+Test(guard, a_grower_is_paused_then_resumed_when_the_node_comes_back)
+{
+	uint64_t t = mts_now_monotonic();
+	pid_t calm;
+	pid_t grow = grower_on_node(600, t, &calm);
+	mts_guard_check(&srv.reg, t);
+	cr_assert_not_null(srv.reg.guard->hold, "not paused");
+	cr_assert_eq(srv.reg.guard->pauses, 1);
+	cr_assert_eq(srv.reg.guard->evictions, 0);
+	cr_assert(stopped_becomes(grow, true), "grow is not stopped");
+	cr_assert_neq(state_of(calm), 'T', "calm was stopped");
+	cr_assert_eq(nevents, 1);
+	cr_assert_str_eq(events[0].scope, "task:grow");
+	cr_assert_eq(events[0].state, MTSHM_STATE_HIGH);
+
+	/* Past the line, no rise: it stays paused, nobody is evicted. */
+	mts_guard_check(&srv.reg, t + 100 * MS);
+	cr_assert_not_null(srv.reg.guard->hold);
+	cr_assert_eq(srv.reg.guard->evictions, 0);
+
+	/* Under the line, but by less than the floor (16 MiB): still held,
+	 * or a node at the line would stop and start it at every read. */
+	node_at(565);
+	mts_guard_check(&srv.reg, t + 150 * MS);
+	cr_assert_not_null(srv.reg.guard->hold, "resumed at the line");
+	cr_assert_eq(srv.reg.guard->evictions, 0);
+
+	/* Back under the line by the floor: it goes on. */
+	node_at(560);
+	mts_guard_check(&srv.reg, t + 200 * MS);
+	cr_assert_null(srv.reg.guard->hold);
+	cr_assert_eq(srv.reg.guard->resumed, 1);
+	cr_assert(stopped_becomes(grow, false), "grow is still stopped");
+	cr_assert_eq(nevents, 2);
+	cr_assert_eq(events[1].state, MTSHM_STATE_OK);
+	cr_assert_eq(srv.reg.guard->evictions, 0);
+
+	/* Past the line again at once: a resume is no eviction, so the
+	 * guard may act without waiting out its interval. */
+	node_at(600);
+	mts_guard_check(&srv.reg, t + 300 * MS);
+	cr_assert_not_null(srv.reg.guard->hold, "not paused again");
+	cr_assert_eq(srv.reg.guard->pauses, 2);
+}
+
+Test(guard, a_paused_task_goes_when_the_node_still_rises)
+{
+	uint64_t t = mts_now_monotonic();
+	pid_t calm;
+	pid_t grow = grower_on_node(600, t, &calm);
+	mts_guard_check(&srv.reg, t);
+	cr_assert_not_null(srv.reg.guard->hold);
+	/* The others add 12 MiB in 100 ms (120 MiB/s): 28 MiB of room is
+	 * under 16 + 36. */
+	node_at(612);
+	mts_guard_check(&srv.reg, t + 100 * MS);
+	cr_assert_null(srv.reg.guard->hold);
+	cr_assert_eq(srv.reg.guard->evictions, 1);
+	int st;
+	cr_assert_eq(waitpid(grow, &st, 0), grow);
+	cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
+	cr_assert_eq(waitpid(calm, &st, WNOHANG), 0, "calm was touched");
+	cr_assert_eq(nevents, 2);
+	cr_assert_eq(events[1].state, MTSHM_STATE_OVER);
+	cr_assert_str_eq(events[1].scope, "task:grow");
+}
+
+Test(guard, a_paused_task_goes_when_its_time_is_up)
+{
+	uint64_t t = mts_now_monotonic();
+	pid_t calm;
+	pid_t grow = grower_on_node(600, t, &calm);
+	uint64_t interval = srv.reg.guard->interval_ms * MS;
+	mts_guard_check(&srv.reg, t);
+	cr_assert_not_null(srv.reg.guard->hold);
+	mts_guard_check(&srv.reg, t + interval - MS);
+	cr_assert_not_null(srv.reg.guard->hold, "gone before its time");
+	mts_guard_check(&srv.reg, t + interval);
+	cr_assert_eq(srv.reg.guard->evictions, 1);
+	int st;
+	cr_assert_eq(waitpid(grow, &st, 0), grow);
+	cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
+}
+
+Test(guard, no_pause_without_room)
+{
+	/* 15 MiB of room: under the floor, evicted at once. */
+	uint64_t t = mts_now_monotonic();
+	pid_t calm;
+	pid_t grow = grower_on_node(625, t, &calm);
+	mts_guard_check(&srv.reg, t);
+	cr_assert_null(srv.reg.guard->hold);
+	cr_assert_eq(srv.reg.guard->pauses, 0);
+	cr_assert_eq(srv.reg.guard->evictions, 1);
+	int st;
+	cr_assert_eq(waitpid(grow, &st, 0), grow);
+	cr_assert_eq(nevents, 1);
+	cr_assert_eq(events[0].state, MTSHM_STATE_OVER);
+}
+
+Test(guard, pause_off_evicts_at_once)
+{
+	uint64_t t = mts_now_monotonic();
+	pid_t calm;
+	pid_t grow = grower_on_node(600, t, &calm);
+	srv.reg.guard->pause = false;
+	mts_guard_check(&srv.reg, t);
+	cr_assert_null(srv.reg.guard->hold);
+	cr_assert_eq(srv.reg.guard->evictions, 1);
+	int st;
+	cr_assert_eq(waitpid(grow, &st, 0), grow);
+}
+
+Test(guard, stopping_memtallyd_resumes_a_paused_task)
+{
+	uint64_t t = mts_now_monotonic();
+	pid_t calm;
+	pid_t grow = grower_on_node(600, t, &calm);
+	mts_guard_check(&srv.reg, t);
+	cr_assert(stopped_becomes(grow, true));
+	mts_server_stop(&srv);
+	cr_assert(stopped_becomes(grow, false), "left stopped by a stop");
+	cr_assert_eq(srv.reg.guard->resumed, 1);
 }
