@@ -90,10 +90,23 @@ def readline(p, timeout):
     return p.stdout.readline()
 
 
+def joining(cg):
+    """A command prefix that runs what follows inside the node."""
+    return ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', cg.procs()]
+
+
 def guard_server(cg, extra=""):
     """memtallyd in the node, its guard at 70% of it."""
-    join = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', cg.procs()]
-    return Server("--config", config(GUARD + extra), prefix=join)
+    return Server("--config", config(GUARD + extra), prefix=joining(cg))
+
+
+def end_all(cg, *procs):
+    """Kill what is still running (stopped or not), remove the node."""
+    for p in procs:
+        if p and p.poll() is None:
+            p.kill()
+            p.wait()
+    cg.remove()
 
 
 def tasks_of(s):
@@ -259,7 +272,7 @@ PAUSE_CONF = "[guard]\nline = 70%\ninterval = 1m\n"
 
 def test_a_grower_is_paused_then_resumed():
     cg = node("pause")
-    join = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', cg.procs()]
+    join = joining(cg)
     conf = config(PAUSE_CONF)
     other = grow = None
     try:
@@ -276,16 +289,12 @@ def test_a_grower_is_paused_then_resumed():
                     if 'msg="node guard: resumed"' in x][0]
             print("  " + held.split(" msg=")[1][:160], flush=True)
     finally:
-        for p in (other, grow):
-            if p and p.poll() is None:
-                p.kill()
-                p.wait()
-        cg.remove()
+        end_all(cg, other, grow)
 
 
 def test_a_paused_task_outlives_memtallyds_death():
     cg = node("pause-kill")
-    join = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', cg.procs()]
+    join = joining(cg)
     conf = config(PAUSE_CONF)
     other = grow = None
     try:
@@ -314,11 +323,7 @@ def test_a_paused_task_outlives_memtallyds_death():
             print("  memtallyd SIGKILLed holding the grower; its successor "
                   "resumed it and it ended 0", flush=True)
     finally:
-        for p in (other, grow):
-            if p and p.poll() is None:
-                p.kill()
-                p.wait()
-        cg.remove()
+        end_all(cg, other, grow)
 
 
 def test_lie_cannot_evict_another_user():
@@ -365,11 +370,7 @@ def test_lie_cannot_evict_another_user():
             check(cg.oom_kills() == 0,
                   "the kernel OOM-killed %d in the node" % cg.oom_kills())
     finally:
-        for p in (victim, liar):
-            if p and p.poll() is None:
-                p.kill()
-                p.wait()
-        cg.remove()
+        end_all(cg, victim, liar)
 
 
 if __name__ == "__main__":

@@ -629,6 +629,15 @@ static void node_at(uint64_t mib)
 	fake_cgroup(NODE_LIMIT, mib * MIB, 0);
 }
 
+/* `pid` was killed (the guard's SIGKILL), and `calm` lives. */
+static void evicted_not_calm(pid_t pid, pid_t calm)
+{
+	int st;
+	cr_assert_eq(waitpid(pid, &st, 0), pid);
+	cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
+	cr_assert_eq(waitpid(calm, &st, WNOHANG), 0, "calm was touched");
+}
+
 Test(guard, a_grower_is_paused_then_resumed_when_the_node_comes_back)
 {
 	uint64_t t = mts_now_monotonic();
@@ -687,10 +696,7 @@ Test(guard, a_paused_task_goes_when_the_node_still_rises)
 	mts_guard_check(&srv.reg, t + 100 * MS);
 	cr_assert_null(srv.reg.guard->hold);
 	cr_assert_eq(srv.reg.guard->evictions, 1);
-	int st;
-	cr_assert_eq(waitpid(grow, &st, 0), grow);
-	cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
-	cr_assert_eq(waitpid(calm, &st, WNOHANG), 0, "calm was touched");
+	evicted_not_calm(grow, calm);
 	cr_assert_eq(nevents, 2);
 	cr_assert_eq(events[1].state, MTSHM_STATE_OVER);
 	cr_assert_str_eq(events[1].scope, "task:grow");
@@ -708,9 +714,7 @@ Test(guard, a_paused_task_goes_when_its_time_is_up)
 	cr_assert_not_null(srv.reg.guard->hold, "gone before its time");
 	mts_guard_check(&srv.reg, t + interval);
 	cr_assert_eq(srv.reg.guard->evictions, 1);
-	int st;
-	cr_assert_eq(waitpid(grow, &st, 0), grow);
-	cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
+	evicted_not_calm(grow, calm);
 }
 
 Test(guard, no_pause_without_room)
@@ -723,8 +727,7 @@ Test(guard, no_pause_without_room)
 	cr_assert_null(srv.reg.guard->hold);
 	cr_assert_eq(srv.reg.guard->pauses, 0);
 	cr_assert_eq(srv.reg.guard->evictions, 1);
-	int st;
-	cr_assert_eq(waitpid(grow, &st, 0), grow);
+	evicted_not_calm(grow, calm);
 	cr_assert_eq(nevents, 1);
 	cr_assert_eq(events[0].state, MTSHM_STATE_OVER);
 }
@@ -738,8 +741,7 @@ Test(guard, pause_off_evicts_at_once)
 	mts_guard_check(&srv.reg, t);
 	cr_assert_null(srv.reg.guard->hold);
 	cr_assert_eq(srv.reg.guard->evictions, 1);
-	int st;
-	cr_assert_eq(waitpid(grow, &st, 0), grow);
+	evicted_not_calm(grow, calm);
 }
 
 Test(guard, stopping_memtallyd_resumes_a_paused_task)
