@@ -219,6 +219,13 @@ int mts_guard_candidates(const struct mts_registry *reg,
 
 /* ---- the eviction -------------------------------------------------------- */
 
+/* Is `p` one of candidate `k`'s workers? */
+static bool is_of(const struct mts_proc *p, const struct mts_guard_cand *k)
+{
+	return k->task[0] ? strcmp(p->task, k->task) == 0 && p->uid == k->uid
+	                  : p->pid == k->pid;
+}
+
 /* A candidate's processes, each a pidfd of ours. */
 struct tree {
 	int fd[MTS_GUARD_TREE_MAX];
@@ -294,9 +301,7 @@ static void stop_tree(struct mts_registry *reg, const struct mts_guard_cand *k,
 	for (uint32_t i = 0; i < reg->ndense && t->n < MTS_GUARD_TREE_MAX;
 	     i++) {
 		struct mts_proc *p = reg->by_slot[reg->dense[i]];
-		bool mine = k->task[0] ? strcmp(p->task, k->task) == 0 &&
-		                             p->uid == k->uid
-		                       : p->pid == k->pid;
+		bool mine = is_of(p, k);
 		if (!mine || p->pid == self || p->pidfd < 0)
 			continue;
 		/* Our own copy: a held task outlives its worker's entry. */
@@ -439,9 +444,7 @@ static void mark_held(struct mts_registry *reg, const struct mts_guard_cand *k,
 		return;
 	for (uint32_t i = 0; i < reg->ndense; i++) {
 		struct mts_proc *p = reg->by_slot[reg->dense[i]];
-		bool mine = k->task[0] ? strcmp(p->task, k->task) == 0 &&
-		                             p->uid == k->uid
-		                       : p->pid == k->pid;
+		bool mine = is_of(p, k);
 		struct mts_state_rec r;
 		if (!mine || mts_state_get(reg->state, p->slot, &r) < 0 ||
 		    r.pid != p->pid || r.held == held)
