@@ -25,6 +25,10 @@ NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
           "--"]
 
 
+# A worker touching hundreds of MiB says "ready" once every page is in:
+# on a loaded two-core machine that has taken over 30 s for 1 GiB.
+BIG = 120
+
 def cli(s, *args, as_nobody=False, json_out=True):
     """Run the CLI; return (exit status, parsed JSON or None, stdout,
     stderr). Unlike Server.cli, a non-zero status is an answer here."""
@@ -214,12 +218,12 @@ def test_states_seen_by_watch():
         try:
             watch.sync(s)
             w = Worker([*worker("hold"), "900"], s.env(group="big"))
-            w.readline()
+            w.readline(BIG)
             wait_for("state high", lambda: fleet(s)["state"] == "high")
             watch.wait("fleet ok -> high", lambda e: e["scope"] == "fleet"
                        and e["state"] == "high")
             w.send("more 200")
-            w.readline()
+            w.readline(BIG)
             wait_for("state over", lambda: fleet(s)["state"] == "over")
             ev = watch.wait("fleet high -> over", lambda e: e["scope"] ==
                             "fleet" and e["state"] == "over")
@@ -248,7 +252,7 @@ def test_oscillation_does_not_flap():
         w = Worker([*worker("level"), "1016"],
                    s.env(group="osc", MEMTALLY_ALLOCATOR_FREE="0"))
         try:
-            w.readline()
+            w.readline(BIG)
             wait_for("high below the line", lambda: fleet(s)["state"] ==
                      "high")
             watch.sync(s)
@@ -293,7 +297,7 @@ def test_task_counts_the_larger_not_the_sum():
         w = Worker([*worker("hold"), "400"],
                    s.env(group="tasks", MEMTALLY_TASK="T-42"))
         try:
-            w.readline()
+            w.readline(BIG)
 
             def reconciled():
                 f = fleet(s)
