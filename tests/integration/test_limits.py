@@ -29,6 +29,7 @@ NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
 # on a loaded two-core machine that has taken over 30 s for 1 GiB.
 BIG = 120
 
+
 def cli(s, *args, as_nobody=False, json_out=True):
     """Run the CLI; return (exit status, parsed JSON or None, stdout,
     stderr). Unlike Server.cli, a non-zero status is an answer here."""
