@@ -111,6 +111,23 @@ def terminate(proc, logtext, timeout=10.0):
             proc.send_signal(signal.SIGTERM)
 
 
+def signal_until(proc, sig, what, pred, timeout=20.0):
+    """Send `sig` to a memtallyd and wait (up to `timeout`, scaled) for
+    pred() to hold: a reload's effect, its log line. Under TSan only
+    (see terminate()), the signal is sent again every 2 s until then; use
+    it for signals whose repetition changes nothing pred() checks."""
+    proc.send_signal(sig)
+    end = deadline(timeout)
+    while True:
+        try:
+            return wait_for(what, pred, timeout=2 / MULT)
+        except AssertionError:
+            if time.monotonic() > end:
+                raise
+        if under_tsan():
+            proc.send_signal(sig)
+
+
 def in_parallel(runs, fn):
     """fn(run) for every run at once; the first failure is raised."""
     errors = []

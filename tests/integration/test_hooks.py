@@ -25,8 +25,8 @@ import tempfile
 import time
 
 import pbwire as pb
-from harness import (CLI, MIB, MULT, Server, Worker, check, run, wait_for,
-                     worker)
+from harness import (CLI, MIB, MULT, Server, Worker, check, run, signal_until,
+                     wait_for, worker)
 from harness import config_file as config
 
 # Holders whose frees leave the process at once: jemalloc purges freed
@@ -325,9 +325,9 @@ def test_reload_installs_hooks():
         cli(s, "admit", "--bytes", "100MiB", "--ttl", "600")
         with open(cfg, "a") as f:
             f.write(f"[hooks]\non_over = {env_dump_cmd(d)}\n")
-        s.proc.send_signal(signal.SIGHUP)
-        wait_for("reloaded", lambda: 'msg="config reloaded"' in s.logtext()
-                 and "hooks=1" in s.logtext())
+        signal_until(s.proc, signal.SIGHUP, "reloaded",
+                     lambda: 'msg="config reloaded"' in s.logtext() and
+                     "hooks=1" in s.logtext())
         cli(s, "limit", "set", "fleet", "99MiB")
         e = wait_for("hook ran", lambda: dumps(d))[0]
         check(e["MEMTALLY_STATE"] == "over" and

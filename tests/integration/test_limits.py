@@ -16,7 +16,7 @@ import tempfile
 import time
 
 from harness import (as_user, CLI, MIB, MULT, PRELOAD, Server, Skip, Worker,  # noqa
-                     check, deadline, run, wait_for, worker,
+                     check, deadline, run, signal_until, wait_for, worker,
                      world_readable_copy)
 from harness import NOBODY as NOBODY_UID, NOGROUP  # noqa: E402
 
@@ -393,13 +393,12 @@ def test_sighup_reloads_the_fleet_limit():
     with Server("--config", cfg) as s:
         check(fleet(s)["limit"] == GIB, f"from the file: {fleet(s)}")
         write("1.5G")
-        s.proc.send_signal(signal.SIGHUP)
-        wait_for("the new limit", lambda: fleet(s)["limit"] == 3 * GIB // 2)
+        signal_until(s.proc, signal.SIGHUP, "the new limit",
+                     lambda: fleet(s)["limit"] == 3 * GIB // 2)
         # A bad value is refused with the old config kept.
         write("lots")
-        s.proc.send_signal(signal.SIGHUP)
-        wait_for("the rejection logged",
-                 lambda: "lots" in s.logtext(), timeout=10)
+        signal_until(s.proc, signal.SIGHUP, "the rejection logged",
+                     lambda: "lots" in s.logtext(), timeout=10)
         check(fleet(s)["limit"] == 3 * GIB // 2, "bad reload applied")
         check(s.proc.poll() is None, "a bad reload stopped the server")
 

@@ -22,7 +22,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from harness import (as_user, CLI, MEMTALLYD, MULT, NOBODY, NOGROUP, Server, Skip,  # noqa: E402
                      check, config_file, logged, open_to_nobody, run,
-                     second_user, wait_for, world_readable_copy)
+                     second_user, signal_until, wait_for,
+                     world_readable_copy)
 import pbwire as pb  # noqa: E402
 
 TOKEN = "tcp-identity-token-0123456789"
@@ -102,9 +103,9 @@ def test_inline_token_needs_a_private_config():
         tcp_port(s)
         os.chmod(cfg, 0o640)
         before = s.logtext().count("config reload rejected")
-        s.proc.send_signal(signal.SIGHUP)
-        wait_for("the reload rejected", lambda: s.logtext().count(
-            "config reload rejected") > before)
+        signal_until(s.proc, signal.SIGHUP, "the reload rejected",
+                     lambda: s.logtext().count("config reload rejected") >
+                     before)
         line = [x for x in s.logtext().splitlines()
                 if "config reload rejected" in x][-1]
         check(cfg in line and "tcp_token" in line, f"reload: {line}")
