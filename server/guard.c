@@ -534,16 +534,15 @@ static void log_decision(const char *msg, const struct mts_guard_state *g,
 	        mts_logq(qr, sizeof(qr), reason));
 }
 
-/* Evict `k`, whose processes `t` holds stopped (the guard's or a hold's):
- * its event first, so by the time `memtally run` sees its command die,
- * what killed it is in its socket; then SIGKILL; then the record against
- * its kind. */
+/* Evict `k`, whose processes `t` holds stopped (the guard's or a hold's),
+ * for `reason` (describe()): its event first, so by the time `memtally run`
+ * sees its command die, what killed it is in its socket; then SIGKILL; then the
+ * record against its kind. */
 static void kill_held(struct mts_registry *reg, const struct mts_guard_cand *k,
-                      struct tree *t, enum mts_guard_rule rule, uint32_t n)
+                      struct tree *t, const char *reason)
 {
 	struct mts_guard_state *g = reg->guard;
-	char reason[640], q[MTS_LOGQ_MAX];
-	describe(reason, sizeof(reason), "evicted", g, k, rule, n);
+	char q[MTS_LOGQ_MAX];
 	send_event(reg, k, MTSHM_STATE_OVER, MTSHM_STATE_OVER, reason);
 	uint32_t killed = signal_tree(t, SIGKILL);
 	close_tree(t);
@@ -589,6 +588,17 @@ static void pause_task(struct mts_registry *reg, const struct mts_guard_cand *k,
 	g->pauses++;
 }
 
+/* End the hold: the guard no longer holds it, nor does the restart
+ * record. The caller resumes, kills or drops its processes, then frees
+ * it. */
+static struct mts_guard_hold *take_hold(struct mts_registry *reg)
+{
+	struct mts_guard_hold *h = reg->guard->hold;
+	reg->guard->hold = NULL;
+	mark_held(reg, &h->k, false);
+	return h;
+}
+
 void mts_guard_resume_adopted(uint32_t pid, int pidfd)
 {
 	struct tree *t = calloc(1, sizeof(*t));
@@ -617,11 +627,9 @@ void mts_guard_release(struct mts_registry *reg, const char *why)
 	struct mts_guard_state *g = reg->guard;
 	if (!g || !g->hold)
 		return;
-	struct mts_guard_hold *h = g->hold;
-	g->hold = NULL;
+	struct mts_guard_hold *h = take_hold(reg);
 	uint32_t took = signal_tree(&h->t, SIGCONT);
 	close_tree(&h->t);
-	mark_held(reg, &h->k, false);
 	char q[MTS_LOGQ_MAX], msg[256];
 	double held_s = (double)(mts_now_monotonic() - h->since_ns) / 1e9;
 	mts_log(MTS_LOG_WARN, "node guard: resumed",
@@ -658,9 +666,8 @@ static void step_hold(struct mts_registry *reg, uint64_t now_ns)
 		return;
 	/* Its processes gone (killed by someone else, or done): no hold. */
 	if (signal_tree(&h->t, 0) == 0) {
-		g->hold = NULL;
+		take_hold(reg);
 		close_tree(&h->t);
-		mark_held(reg, &h->k, false);
 		free(h);
 		return;
 	}
@@ -669,7 +676,7 @@ static void step_hold(struct mts_registry *reg, uint64_t now_ns)
 	                                g->node.limit, rise);
 	if (safe && now_ns - h->since_ns < interval)
 		return;
-	g->hold = NULL;
+	take_hold(reg);
 	char reason[640];
 	describe(reason, sizeof(reason), "evicted", g, &h->k, h->rule,
 	         h->candidates);
@@ -678,9 +685,8 @@ static void step_hold(struct mts_registry *reg, uint64_t now_ns)
 	                  : "node guard: evicting the paused task, the node "
 	                    "still rises",
 	             g, &h->k, h->rule, h->candidates, reason, rise);
-	mark_held(reg, &h->k, false);
 	g->last_eviction_ns = now_ns;
-	kill_held(reg, &h->k, &h->t, h->rule, h->candidates);
+	kill_held(reg, &h->k, &h->t, reason);
 	free(h);
 }
 
@@ -739,7 +745,7 @@ static void evict(struct mts_registry *reg, uint64_t now_ns)
 	if (!t)
 		return;
 	stop_tree(reg, &k, t);
-	kill_held(reg, &k, t, rule, n);
+	kill_held(reg, &k, t, reason);
 	free(t);
 }
 
