@@ -1789,7 +1789,8 @@ void mts_admit_decide_profile(const struct mts_registry *reg,
 	 * and a worker that understates are in the kernel's figure. What
 	 * is reserved and not used yet is not in it: added. */
 	uint64_t node, line;
-	if (mts_guard_node(reg, &node, &line) &&
+	bool commit;
+	if (mts_guard_node(reg, &node, &line, &commit) &&
 	    mt_sat_add(mt_sat_add(node, t->reserved), mt_sat_add(need, kept)) >
 	        line) {
 		char a[32], b[32], c[32], d[32];
@@ -1799,13 +1800,16 @@ void mts_admit_decide_profile(const struct mts_registry *reg,
 		out->reserved = t->reserved;
 		out->limit = line;
 		snprintf(out->why, sizeof(out->why),
-		         "node guard's line: %s in use on the node (the "
-		         "kernel's figure) + %s reserved + %s requested > %s "
-		         "([guard] line)",
+		         "node guard's line: %s %s + %s reserved + %s "
+		         "requested > %s ([guard] line%s)",
 		         mt_format_size(a, sizeof(a), node),
+		         commit ? "committed on the node (Committed_AS, "
+		                  "overcommit strict)"
+		                : "in use on the node (the kernel's figure)",
 		         mt_format_size(b, sizeof(b), t->reserved),
 		         mt_format_size(c, sizeof(c), need),
-		         mt_format_size(d, sizeof(d), line));
+		         mt_format_size(d, sizeof(d), line),
+		         commit ? " of CommitLimit" : "");
 		why_projected(out, bytes, need);
 		if (mt_sat_add(mt_sat_add(node, t->reserved), need) <= line)
 			why_kept(out, head, now);
@@ -2055,7 +2059,8 @@ static uint64_t first_run_room(const struct mts_registry *reg)
 	 * denied there for ever, and the room the queue keeps for it would
 	 * hold every other request back. */
 	uint64_t node, line;
-	if (mts_guard_node(reg, &node, &line)) {
+	bool commit;
+	if (mts_guard_node(reg, &node, &line, &commit)) {
 		uint64_t nout = node > inside ? node - inside : 0;
 		uint64_t nroom = line > nout ? line - nout : 0;
 		if (nroom < room)

@@ -405,9 +405,9 @@ bool mts_guard_hold_safe(uint64_t usage, uint64_t line, uint64_t limit,
 }
 
 /* Remember this read, for the node's rise. */
-static void seen_add(struct mts_guard_state *g, uint64_t usage, uint64_t now_ns)
+static void seen_add(struct mts_guard_state *g, int64_t room, uint64_t now_ns)
 {
-	g->seen_usage[g->seen_head] = usage;
+	g->seen_room[g->seen_head] = room;
 	g->seen_ns[g->seen_head] = now_ns;
 	g->seen_head = (g->seen_head + 1) % MTS_GUARD_SEEN;
 	if (g->seen_n < MTS_GUARD_SEEN)
@@ -430,8 +430,8 @@ static double node_rise(const struct mts_guard_state *g, uint64_t since_ns)
 	}
 	if (oldest < 0 || g->seen_ns[newest] <= g->seen_ns[oldest])
 		return 0;
-	double dv = (double)g->seen_usage[newest] -
-	            (double)g->seen_usage[(uint32_t)oldest];
+	double dv = (double)g->seen_room[(uint32_t)oldest] -
+	            (double)g->seen_room[newest];
 	return dv * 1e9 / (double)(g->seen_ns[newest] - g->seen_ns[oldest]);
 }
 
@@ -464,12 +464,15 @@ static void describe(char *buf, size_t len, const char *verb,
                      uint32_t n)
 {
 	char a[32], b[32], d[32], e[32], f[32];
+	bool c = g->node.by_commit;
 	snprintf(buf, len,
-	         "%s by the node guard: node at %s, past its line %s "
-	         "(limit %s); %s %s used %s against %s reserved, %s of %u "
+	         "%s by the node guard: %s at %s, past its line %s "
+	         "(%s %s); %s %s used %s against %s reserved, %s of %u "
 	         "candidates",
-	         verb, mt_format_size(a, sizeof(a), g->node.usage),
+	         verb, c ? "node's commit charge" : "node",
+	         mt_format_size(a, sizeof(a), g->node.usage),
 	         mt_format_size(b, sizeof(b), g->node.line),
+	         c ? "CommitLimit" : "limit",
 	         mt_format_size(d, sizeof(d), g->node.limit),
 	         k->task[0] ? "task" : "process", k->task[0] ? k->task : "",
 	         mt_format_size(e, sizeof(e), k->used),
@@ -523,15 +526,15 @@ static void log_decision(const char *msg, const struct mts_guard_state *g,
 	mts_log(MTS_LOG_WARN, msg,
 	        "task=%s uid=%u pid=%u workers=%u reserved=%llu used=%llu "
 	        "growth_bps=%.0f node_usage=%llu node_line=%llu "
-	        "node_limit=%llu node_rise_bps=%.0f source=%s rule=%s "
-	        "candidates=%u why=%s",
+	        "node_limit=%llu node_rise_bps=%.0f source=%s edge=%s "
+	        "rule=%s candidates=%u why=%s",
 	        mts_logq(q, sizeof(q), k->task), k->uid, k->pid, k->workers,
 	        (unsigned long long)k->reserved, (unsigned long long)k->used,
 	        k->growth, (unsigned long long)g->node.usage,
 	        (unsigned long long)g->node.line,
 	        (unsigned long long)g->node.limit, rise,
-	        mts_node_kind_name(g->src.kind), rule_key(rule), n,
-	        mts_logq(qr, sizeof(qr), reason));
+	        mts_node_kind_name(g->src.kind), mts_node_edge_name(&g->node),
+	        rule_key(rule), n, mts_logq(qr, sizeof(qr), reason));
 }
 
 /* Evict `k`, whose processes `t` holds stopped (the guard's or a hold's),
@@ -706,7 +709,9 @@ static void evict(struct mts_registry *reg, uint64_t now_ns)
 			mts_log(MTS_LOG_WARN,
 			        "node past the guard's line; no task may be "
 			        "evicted",
-			        "usage=%llu line=%llu limit=%llu candidates=%u",
+			        "edge=%s usage=%llu line=%llu limit=%llu "
+			        "candidates=%u",
+			        mts_node_edge_name(&g->node),
 			        (unsigned long long)g->node.usage,
 			        (unsigned long long)g->node.line,
 			        (unsigned long long)g->node.limit, n);
@@ -774,13 +779,20 @@ void mts_guard_check(struct mts_registry *reg, uint64_t now_ns)
 		return;
 	}
 	g->read_failed_logged = false;
-	fig.line = mts_guard_line(&reg->policy, fig.limit);
-	/* A limit lowered under a line of bytes: the line follows it. */
-	if (fig.line >= fig.limit)
-		fig.line = fig.limit - fig.limit / 20;
+	mts_node_edge(&reg->policy, &fig);
+	if (fig.by_commit != g->node.by_commit)
+		mts_log(MTS_LOG_INFO,
+		        "node guard: the edge nearest its line changed",
+		        "edge=%s usage=%llu line=%llu limit=%llu "
+		        "mem_usage=%llu mem_line=%llu",
+		        mts_node_edge_name(&fig), (unsigned long long)fig.usage,
+		        (unsigned long long)fig.line,
+		        (unsigned long long)fig.limit,
+		        (unsigned long long)fig.mem_usage,
+		        (unsigned long long)fig.mem_line);
 	g->node = fig;
 	g->known = true;
-	seen_add(g, fig.usage, now_ns);
+	seen_add(g, (int64_t)fig.line - (int64_t)fig.usage, now_ns);
 	if (g->hold) {
 		step_hold(reg, now_ns);
 		return;

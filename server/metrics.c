@@ -843,13 +843,28 @@ static void render_counters(struct out *o, const struct mts_registry *reg,
 			gauge(o, "memtally_node_bytes",
 			      "The node's memory in use as the kernel counts "
 			      "it (the guard's figure).",
-			      g->node.usage);
+			      g->node.mem_usage);
 			gauge(o, "memtally_node_limit_bytes",
 			      "The node's limit (its memory cgroup's, or "
 			      "MemTotal).",
-			      g->node.limit);
+			      g->node.mem_limit);
 			gauge(o, "memtally_node_line_bytes",
-			      "The node guard's line.", g->node.line);
+			      "The node guard's line.", g->node.mem_line);
+		}
+		/* Strict overcommit only: a second edge, the machine's. */
+		if (g->src.kind != MTS_NODE_NONE && g->known &&
+		    g->node.commit_limit) {
+			gauge(o, "memtally_node_committed_bytes",
+			      "The machine's commit charge (Committed_AS), "
+			      "guarded under strict overcommit.",
+			      g->node.committed);
+			gauge(o, "memtally_node_commit_limit_bytes",
+			      "CommitLimit, past which the kernel refuses "
+			      "allocations.",
+			      g->node.commit_limit);
+			gauge(o, "memtally_node_commit_line_bytes",
+			      "The node guard's line against CommitLimit.",
+			      g->node.commit_line);
 		}
 	}
 	counter(o, "memtally_watch_events_total",

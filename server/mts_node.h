@@ -34,14 +34,28 @@ enum mts_node_kind {
 struct mts_node_src {
 	enum mts_node_kind kind;
 	char dir[512]; /* the cgroup directory; "" for meminfo */
+	char proc[64]; /* where procfs is: "" for /proc (a test's tree) */
 };
 
-/* The node as of the latest read. */
+/*
+ * The node as of the latest read, against two edges. Memory: what the
+ * kernel could not reclaim without an OOM kill (the usage less inactive
+ * file pages) against the limit. Commit, only under strict overcommit
+ * (vm.overcommit_memory = 2): Committed_AS against CommitLimit, past
+ * which the kernel refuses allocations (malloc returns NULL) long before
+ * it runs out of pages. The guard acts on the edge with less room below
+ * its line (mts_node_edge).
+ */
 struct mts_node_fig {
-	uint64_t usage; /* what the kernel could not reclaim without an OOM:
-	                   usage less inactive file pages */
+	/* The edge the guard acts on and admission keeps grants under. */
+	uint64_t usage;
 	uint64_t limit;
-	uint64_t line; /* the guard's line against that limit */
+	uint64_t line;
+	bool by_commit; /* that edge is the commit's */
+	/* Memory, always. */
+	uint64_t mem_usage, mem_limit, mem_line;
+	/* Commit, under strict overcommit; all 0 otherwise. */
+	uint64_t committed, commit_limit, commit_line;
 };
 
 /* The guard's state (reg->guard), written by guard.c alone. */
@@ -55,8 +69,10 @@ struct mts_guard_state {
 	uint64_t last_eviction_ns; /* CLOCK_MONOTONIC; 0 = never */
 	bool idle_logged;          /* "past the line, no candidate" said */
 	bool read_failed_logged;
-	/* The last reads, for how fast the node rises (a ring). */
-	uint64_t seen_usage[MTS_GUARD_SEEN];
+	/* The last reads' room below the line (line - usage of the edge
+	 * then), for how fast the node rises (a ring). Room, not usage: it
+	 * runs on when the edge changes, since the two rooms meet there. */
+	int64_t seen_room[MTS_GUARD_SEEN];
 	uint64_t seen_ns[MTS_GUARD_SEEN];
 	uint32_t seen_head, seen_n;
 	struct mts_guard_hold *hold; /* the task paused, or NULL */
@@ -84,18 +100,30 @@ int mts_guard_setup(const struct mts_policy *pol, uint64_t reserve,
                     struct mts_node_src *src, struct mts_node_fig *fig,
                     char *err, size_t errlen);
 
-/* Read the node now. 0 or -errno. */
+/* Read the node now: its memory (usage and limit, also as the edge, with
+ * no line yet) and, under strict overcommit, its commit. 0 or -errno. */
 int mts_node_read(const struct mts_node_src *src, struct mts_node_fig *fig);
+
+/*
+ * Set the lines of a read and the edge the guard acts on. The memory's
+ * line is the policy's (mts_guard_line; a limit lowered under a line of
+ * bytes takes the line to 95% of it). The commit's is the same fraction
+ * of CommitLimit (for a line in bytes, the memory line's fraction). The
+ * edge is the one with less room below its line, so what a grant or an
+ * eviction is judged against is whichever the kernel would enforce first.
+ */
+void mts_node_edge(const struct mts_policy *pol, struct mts_node_fig *fig);
 
 /* Install a source found by mts_guard_setup() and the policy's guard
  * settings. */
 void mts_guard_apply(struct mts_registry *reg, const struct mts_node_src *src,
                      const struct mts_node_fig *fig);
 
-/* For admission: the node's usage and line as of the latest read; false
- * when the guard is off or has no figure. */
+/* For admission: the usage and line of the node's edge nearest its line
+ * as of the latest read (*commit: the commit's); false when the guard is
+ * off or has no figure. */
 bool mts_guard_node(const struct mts_registry *reg, uint64_t *usage,
-                    uint64_t *line);
+                    uint64_t *line, bool *commit);
 
 /*
  * Where /proc/PID/cgroup's `text` (changed in place) puts the process in
@@ -104,6 +132,9 @@ bool mts_guard_node(const struct mts_registry *reg, uint64_t *usage,
  * path the cgroup under it. 0, or -ENOENT.
  */
 int mts_node_cgroup_path(char *text, const char **base, char *path, size_t len);
+
+/* The edge the guard acts on: "memory" or "commit". */
+const char *mts_node_edge_name(const struct mts_node_fig *fig);
 
 /* "cgroup2", "cgroup1", "meminfo", "off". */
 const char *mts_node_kind_name(enum mts_node_kind k);

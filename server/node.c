@@ -16,9 +16,20 @@
  * inside its job, or a container inside its pod, is limited by the
  * enclosing one.
  *
+ * Under strict overcommit (vm.overcommit_memory = 2) the kernel's first
+ * edge may be another: it refuses an allocation that would take the
+ * machine's commit charge (Committed_AS) past CommitLimit, and most
+ * programs die of a NULL malloc long before any page runs out. The node
+ * then has two edges, and the guard acts on the one with less room below
+ * its line (mts_node_edge). The commit line is [guard] line's fraction
+ * of CommitLimit (for a line in bytes, the fraction the memory's line is
+ * of its limit). The mode is read at every check, since a sysctl
+ * changes it without telling memtallyd.
+ *
  * Every MTS_GUARD_CHECK_MS the loop reads three small files of the cgroup
- * (the usage, the limit and memory.stat), or /proc/meminfo. Each read is a
- * small open, read and close, a small share of the loop's core;
+ * (the usage, the limit and memory.stat), or /proc/meminfo, and
+ * vm.overcommit_memory (and /proc/meminfo in a cgroup when it is 2). Each
+ * read is a small open, read and close, a small share of the loop's core;
  * memtally_guard_read_seconds_total in /metrics shows what they cost.
  * Nothing is read per process, except at an eviction, for the tree of the
  * task chosen.
@@ -95,11 +106,28 @@ static uint64_t stat_value(const char *text, const char *key, uint64_t unit)
 	return 0;
 }
 
+static const char *proc_dir(const struct mts_node_src *src)
+{
+	return src->proc[0] ? src->proc : "/proc";
+}
+
+/* vm.overcommit_memory is 2: the kernel refuses what would take the
+ * commit charge past CommitLimit. Unreadable: the heuristic modes'
+ * default, where only the memory edge holds. */
+static bool strict_overcommit(const char *proc)
+{
+	char dir[96], buf[16];
+	snprintf(dir, sizeof(dir), "%s/sys/vm", proc);
+	return mts_read_small(dir, "overcommit_memory", buf, sizeof(buf)) > 0 &&
+	       buf[0] == '2';
+}
+
 int mts_node_read(const struct mts_node_src *src, struct mts_node_fig *fig)
 {
 	char stat[4096];
 	uint64_t usage = 0, limit = 0, inactive;
 	int err = 0;
+	bool meminfo = false;
 	switch (src->kind) {
 	case MTS_NODE_CGROUP_V2:
 	case MTS_NODE_CGROUP_V1: {
@@ -125,8 +153,10 @@ int mts_node_read(const struct mts_node_src *src, struct mts_node_fig *fig)
 		break;
 	}
 	case MTS_NODE_MEMINFO: {
-		if (mts_read_small("/proc", "meminfo", stat, sizeof(stat)) < 0)
+		if (mts_read_small(proc_dir(src), "meminfo", stat,
+		                   sizeof(stat)) < 0)
 			return -EIO;
+		meminfo = true;
 		limit = stat_value(stat, "MemTotal", 1024);
 		uint64_t avail = stat_value(stat, "MemAvailable", 1024);
 		usage = limit > avail ? limit - avail : 0;
@@ -135,9 +165,53 @@ int mts_node_read(const struct mts_node_src *src, struct mts_node_fig *fig)
 	default:
 		return -ENOENT;
 	}
-	fig->usage = usage;
-	fig->limit = limit;
+	memset(fig, 0, sizeof(*fig));
+	fig->usage = fig->mem_usage = usage;
+	fig->limit = fig->mem_limit = limit;
+	/* The commit edge holds inside a cgroup too: the charge is the
+	 * machine's. One more small read a check, two in a cgroup when
+	 * overcommit is strict. */
+	if (strict_overcommit(proc_dir(src)) &&
+	    (meminfo || mts_read_small(proc_dir(src), "meminfo", stat,
+	                               sizeof(stat)) > 0)) {
+		fig->commit_limit = stat_value(stat, "CommitLimit", 1024);
+		fig->committed = stat_value(stat, "Committed_AS", 1024);
+	}
 	return 0;
+}
+
+void mts_node_edge(const struct mts_policy *pol, struct mts_node_fig *fig)
+{
+	uint64_t line = mts_guard_line(pol, fig->mem_limit);
+	/* A limit lowered under a line of bytes: the line follows it. */
+	if (line >= fig->mem_limit)
+		line = fig->mem_limit - fig->mem_limit / 20;
+	fig->mem_line = line;
+	fig->usage = fig->mem_usage;
+	fig->limit = fig->mem_limit;
+	fig->line = line;
+	fig->by_commit = false;
+	if (!fig->commit_limit || !fig->mem_limit) {
+		fig->commit_line = 0;
+		return;
+	}
+	/* A fraction of its limit, as [guard] line, or as the memory's
+	 * line is of its limit when the line is in bytes. */
+	fig->commit_line =
+	    pol->guard_line_bp
+	        ? mts_guard_line(pol, fig->commit_limit)
+	        : (uint64_t)((unsigned __int128)fig->commit_limit * line /
+	                     fig->mem_limit);
+	/* Signed rooms: either may be past its line. Both are below 2^62. */
+	int64_t mem_room = (int64_t)line - (int64_t)fig->mem_usage;
+	int64_t commit_room =
+	    (int64_t)fig->commit_line - (int64_t)fig->committed;
+	if (commit_room < mem_room) {
+		fig->usage = fig->committed;
+		fig->limit = fig->commit_limit;
+		fig->line = fig->commit_line;
+		fig->by_commit = true;
+	}
 }
 
 /* The kind of cgroup at `dir` (v2 or v1 memory files), or NONE. */
@@ -277,12 +351,12 @@ int mts_guard_setup(const struct mts_policy *pol, uint64_t reserve,
 		         r < 0 ? strerror(-r) : "it has no limit");
 		return -EINVAL;
 	}
-	fig->line = mts_guard_line(pol, fig->limit);
-	if (fig->line >= fig->limit) {
+	uint64_t line = mts_guard_line(pol, fig->limit);
+	if (line >= fig->limit) {
 		snprintf(err, errlen,
 		         "[guard] line: %s is at or above the node's limit, %s "
 		         "(%s %s): the kernel would act first",
-		         mt_format_size(a, sizeof(a), fig->line),
+		         mt_format_size(a, sizeof(a), line),
 		         mt_format_size(b, sizeof(b), fig->limit),
 		         mts_node_kind_name(src->kind),
 		         src->dir[0] ? src->dir : "/proc/meminfo");
@@ -290,19 +364,20 @@ int mts_guard_setup(const struct mts_policy *pol, uint64_t reserve,
 	}
 	uint64_t rss = own_resident();
 	uint64_t need = mt_sat_add(rss, reserve);
-	if (fig->line < need) {
+	if (line < need) {
 		snprintf(err, errlen,
 		         "[guard] line: %s is below what memtallyd needs "
 		         "itself, %s (%s resident now and up to %s of "
 		         "connection buffers, [server] max_buffered), of a "
 		         "node limited to %s",
-		         mt_format_size(a, sizeof(a), fig->line),
+		         mt_format_size(a, sizeof(a), line),
 		         mt_format_size(b, sizeof(b), need),
 		         mt_format_size(c, sizeof(c), rss),
 		         mt_format_size(d, sizeof(d), reserve),
 		         mt_format_size(e, sizeof(e), fig->limit));
 		return -EINVAL;
 	}
+	mts_node_edge(pol, fig);
 	return 0;
 }
 
@@ -335,18 +410,35 @@ void mts_guard_apply(struct mts_registry *reg, const struct mts_node_src *src,
 	        "interval_ms=%u evict_trusted=%d pause=%d",
 	        mts_node_kind_name(src->kind),
 	        src->dir[0] ? src->dir : "/proc/meminfo",
-	        (unsigned long long)fig->usage, (unsigned long long)fig->limit,
-	        (unsigned long long)fig->line, g->interval_ms, g->evict_trusted,
-	        g->pause);
+	        (unsigned long long)fig->mem_usage,
+	        (unsigned long long)fig->mem_limit,
+	        (unsigned long long)fig->mem_line, g->interval_ms,
+	        g->evict_trusted, g->pause);
+	if (fig->commit_limit)
+		mts_log(MTS_LOG_INFO,
+		        "node guard: overcommit is strict, the commit charge "
+		        "is guarded too",
+		        "committed=%llu commit_limit=%llu commit_line=%llu "
+		        "edge=%s",
+		        (unsigned long long)fig->committed,
+		        (unsigned long long)fig->commit_limit,
+		        (unsigned long long)fig->commit_line,
+		        mts_node_edge_name(fig));
+}
+
+const char *mts_node_edge_name(const struct mts_node_fig *fig)
+{
+	return fig->by_commit ? "commit" : "memory";
 }
 
 bool mts_guard_node(const struct mts_registry *reg, uint64_t *usage,
-                    uint64_t *line)
+                    uint64_t *line, bool *commit)
 {
 	const struct mts_guard_state *g = reg->guard;
 	if (!g || g->src.kind == MTS_NODE_NONE || !g->known)
 		return false;
 	*usage = g->node.usage;
 	*line = g->node.line;
+	*commit = g->node.by_commit;
 	return true;
 }

@@ -10,12 +10,27 @@
 
 static struct mts_policy pol;
 static char dir[64];
+static char proc[64];
 
-/* The fake cgroup's files and directory go with the test. */
+/* The fake cgroup's files and directory go with the test, and so does
+ * the fake procfs. */
 static void clean_dir(void)
 {
 	static const char *const f[] = {"memory.max", "memory.current",
 	                                "memory.stat"};
+	if (proc[0]) {
+		char p[128];
+		snprintf(p, sizeof(p), "%s/meminfo", proc);
+		unlink(p);
+		snprintf(p, sizeof(p), "%s/sys/vm/overcommit_memory", proc);
+		unlink(p);
+		snprintf(p, sizeof(p), "%s/sys/vm", proc);
+		rmdir(p);
+		snprintf(p, sizeof(p), "%s/sys", proc);
+		rmdir(p);
+		rmdir(proc);
+		proc[0] = '\0';
+	}
 	if (!dir[0])
 		return;
 	for (size_t i = 0; i < 3; i++) {
@@ -71,6 +86,38 @@ static void fake_cgroup(const char *limit, uint64_t current, uint64_t inactive)
 	         "inactive_file %llu\nactive_file 4\n",
 	         (unsigned long long)inactive);
 	put("memory.stat", b);
+}
+
+/* A procfs of two files: vm.overcommit_memory `mode` and a meminfo whose
+ * commit figures are `limit` and `committed` MiB (of 1 GiB, 400 MiB
+ * available). */
+static void fake_proc(const char *mode, uint64_t limit, uint64_t committed)
+{
+	char p[128];
+	if (!proc[0]) {
+		snprintf(proc, sizeof(proc), "/tmp/mt-guard-proc-%ld",
+		         (long)getpid());
+		mkdir(proc, 0700);
+		snprintf(p, sizeof(p), "%s/sys", proc);
+		mkdir(p, 0700);
+		snprintf(p, sizeof(p), "%s/sys/vm", proc);
+		mkdir(p, 0700);
+	}
+	snprintf(p, sizeof(p), "%s/sys/vm/overcommit_memory", proc);
+	FILE *f = fopen(p, "w");
+	cr_assert_not_null(f);
+	fputs(mode, f);
+	fclose(f);
+	snprintf(p, sizeof(p), "%s/meminfo", proc);
+	f = fopen(p, "w");
+	cr_assert_not_null(f);
+	fprintf(f,
+	        "MemTotal:        1048576 kB\nMemFree:          100000 kB\n"
+	        "MemAvailable:     409600 kB\nCommitLimit:    %8llu kB\n"
+	        "Committed_AS:   %8llu kB\nVmallocTotal:   34359738367 kB\n",
+	        (unsigned long long)(limit * 1024),
+	        (unsigned long long)(committed * 1024));
+	fclose(f);
 }
 
 /* [guard] text loaded on the defaults; its error in err. */
@@ -207,6 +254,63 @@ Test(guard_config, line_checked_against_the_node)
 	cr_assert_eq(
 	    mts_guard_setup(&pol, 64 * MIB, &src, &fig, err, sizeof(err)), 0);
 	cr_assert_eq(src.kind, MTS_NODE_NONE);
+}
+
+Test(guard_config, strict_overcommit_guards_the_commit_charge)
+{
+	struct mts_node_fig fig;
+	mts_policy_defaults(&pol);
+	/* Memory: 100 of 256 MiB, the line at 230.4. */
+	fake_cgroup("268435456\n", 100 * MIB, 0);
+	struct mts_node_src src = {.kind = MTS_NODE_CGROUP_V2};
+	snprintf(src.dir, sizeof(src.dir), "%s", dir);
+
+	/* Heuristic overcommit: the commit charge is no edge, and is not
+	 * even read. */
+	fake_proc("0\n", 1000, 950);
+	snprintf(src.proc, sizeof(src.proc), "%s", proc);
+	cr_assert_eq(mts_node_read(&src, &fig), 0);
+	mts_node_edge(&pol, &fig);
+	cr_assert_eq(fig.commit_limit, 0);
+	cr_assert(!fig.by_commit);
+	cr_assert_eq(fig.usage, 100 * MIB);
+	cr_assert_eq(fig.line, 256 * MIB * 9 / 10);
+
+	/* Strict, with 900 of 1000 MiB committed: 0 MiB of room under the
+	 * commit's line (90% as the memory's), 130 under the memory's. The
+	 * guard acts on the commit. */
+	fake_proc("2\n", 1000, 900);
+	cr_assert_eq(mts_node_read(&src, &fig), 0);
+	cr_assert_eq(fig.mem_usage, 100 * MIB);
+	cr_assert_eq(fig.commit_limit, 1000 * MIB);
+	cr_assert_eq(fig.committed, 900 * MIB);
+	mts_node_edge(&pol, &fig);
+	cr_assert(fig.by_commit);
+	cr_assert_eq(fig.usage, 900 * MIB);
+	cr_assert_eq(fig.limit, 1000 * MIB);
+	cr_assert_eq(fig.line, 1000 * MIB * 9 / 10);
+	cr_assert_eq(fig.mem_line, 256 * MIB * 9 / 10);
+	cr_assert_str_eq(mts_node_edge_name(&fig), "commit");
+
+	/* 500 committed: 400 MiB of room there, the memory nearer. */
+	fake_proc("2\n", 1000, 500);
+	cr_assert_eq(mts_node_read(&src, &fig), 0);
+	mts_node_edge(&pol, &fig);
+	cr_assert(!fig.by_commit);
+	cr_assert_eq(fig.usage, 100 * MIB);
+	cr_assert_eq(fig.commit_line, 900 * MIB);
+
+	/* On MemAvailable, the same meminfo serves both edges. */
+	struct mts_node_src mi = {.kind = MTS_NODE_MEMINFO};
+	snprintf(mi.proc, sizeof(mi.proc), "%s", proc);
+	fake_proc("2\n", 600, 580);
+	cr_assert_eq(mts_node_read(&mi, &fig), 0);
+	cr_assert_eq(fig.mem_limit, 1024 * MIB);
+	cr_assert_eq(fig.mem_usage, 624 * MIB);
+	mts_node_edge(&pol, &fig);
+	cr_assert(fig.by_commit);
+	cr_assert_eq(fig.usage, 580 * MIB);
+	cr_assert_eq(fig.line, 540 * MIB);
 }
 
 /* A worker of `uid` with `task` using `bytes` as of the next tick. */
@@ -754,4 +858,56 @@ Test(guard, stopping_memtallyd_resumes_a_paused_task)
 	mts_server_stop(&srv);
 	cr_assert(stopped_becomes(grow, false), "left stopped by a stop");
 	cr_assert_eq(srv.reg.guard->resumed, 1);
+}
+
+Test(guard, under_strict_overcommit_the_commit_charge_evicts_and_denies)
+{
+	fx_start();
+	reserve(FX_UID, "leak", 10 * MIB);
+	reserve(FX_UID, "calm", 100 * MIB);
+	pid_t leak = task_worker(FX_UID, "leak", 60 * MIB);
+	pid_t calm = task_worker(FX_UID, "calm", 50 * MIB);
+	mts_core_tick(&srv.reg);
+
+	/* Memory: 100 MiB in use of 256, far under its line. The commit
+	 * charge: 950 of 1000 MiB, past its line (900). */
+	mts_policy_defaults(&pol);
+	fake_cgroup("268435456\n", 100 * MIB, 0);
+	fake_proc("2\n", 1000, 950);
+	struct mts_node_src src = {.kind = MTS_NODE_CGROUP_V2};
+	snprintf(src.dir, sizeof(src.dir), "%s", dir);
+	snprintf(src.proc, sizeof(src.proc), "%s", proc);
+	struct mts_node_fig fig = {0};
+	srv.reg.policy.guard_interval_ms = 60000;
+	srv.reg.policy.admit_queue = false;
+	mts_guard_apply(&srv.reg, &src, &fig);
+	nevents = 0;
+	mts_guard_check(&srv.reg, mts_now_monotonic());
+
+	cr_assert_eq(srv.reg.guard->evictions, 1);
+	evicted_not_calm(leak, calm);
+	cr_assert_eq(nevents, 1);
+	cr_assert_str_eq(events[0].scope, "task:leak");
+	cr_assert_eq(events[0].limit, 900 * MIB, "the commit's line");
+
+	/* 850 committed + 60 requested > 900, whatever is reserved: the
+	 * memory has room, the commit charge has not. */
+	fake_proc("2\n", 1000, 850);
+	mts_guard_check(&srv.reg, mts_now_monotonic());
+	cr_assert(srv.reg.guard->node.by_commit);
+	Memtally__V1__Response *r = fx_admit(FX_UID, 60 * MIB, "", "b", 0);
+	cr_assert(!r->admit_result->admitted);
+	cr_assert_str_eq(r->admit_result->limit_scope, "node");
+	cr_assert_eq(r->admit_result->limit, 900 * MIB);
+	cr_assert(strstr(r->admit_result->reason, "Committed_AS") &&
+	              strstr(r->admit_result->reason, "850 MiB"),
+	          "%s", r->admit_result->reason);
+	memtally__v1__response__free_unpacked(r, NULL);
+
+	/* Back to heuristic overcommit: the memory's edge again, and the
+	 * same request fits. */
+	fake_proc("0\n", 1000, 850);
+	mts_guard_check(&srv.reg, mts_now_monotonic());
+	cr_assert(!srv.reg.guard->node.by_commit);
+	reserve(FX_UID, "b", 60 * MIB);
 }
