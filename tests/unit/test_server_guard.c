@@ -311,6 +311,15 @@ Test(guard_config, strict_overcommit_guards_the_commit_charge)
 	cr_assert(fig.by_commit);
 	cr_assert_eq(fig.usage, 580 * MIB);
 	cr_assert_eq(fig.line, 540 * MIB);
+
+	/* A line in bytes: the commit's is the fraction the memory's is of
+	 * its limit (1024 - 256 MiB: 75%). */
+	pol.guard_line_bp = 0;
+	pol.guard_line_below = 256 * MIB;
+	mts_node_edge(&pol, &fig);
+	cr_assert_eq(fig.mem_line, 768 * MIB);
+	cr_assert_eq(fig.commit_line, 450 * MIB);
+	cr_assert(fig.by_commit);
 }
 
 /* A worker of `uid` with `task` using `bytes` as of the next tick. */
