@@ -433,6 +433,11 @@ static const char *const usage_by_hand[] = {"fleet_bytes",
                                             "mapped_bytes",
                                             "allocator_free_bytes",
                                             "unvouched_bytes",
+                                            "node_bytes",
+                                            "node_line",
+                                            "node_limit",
+                                            "node_source",
+                                            "node_edge",
                                             NULL};
 static const char *const group_by_hand[] = {"name",
                                             "bytes",
@@ -701,6 +706,23 @@ static void print_groups(const struct memtally_usage *u,
 	}
 }
 
+/* The node as memtallyd's guard reads it (the kernel's figure, beside the
+ * counted fleet above), when the guard is on. */
+static void print_node(const Memtally__V1__Usage *raw)
+{
+	char b[16], ln[16], lim[16];
+	if (!raw || !raw->node_limit)
+		return;
+	bool commit = raw->node_edge && strcmp(raw->node_edge, "commit") == 0;
+	printf("node        %s  (%s, %s; guard's line %s of %s %s)\n",
+	       fmt_size(b, raw->node_bytes),
+	       commit ? "committed: Committed_AS, overcommit strict"
+	              : "the kernel's figure",
+	       raw->node_source ? raw->node_source : "",
+	       fmt_size(ln, raw->node_line), commit ? "CommitLimit" : "limit",
+	       fmt_size(lim, raw->node_limit));
+}
+
 /* `raw`: the message `u` was made from (NULL: only what `u` holds).
  * Returns the lines printed before the groups' table. */
 static size_t print_status(const struct memtally_usage *u,
@@ -722,6 +744,7 @@ static size_t print_status(const struct memtally_usage *u,
 		       "beyond what the kernel vouches for: not counted)\n",
 		       fmt_size(uv, u->unvouched));
 	printf("rss         %s\n", fmt_size(rss, u->rss));
+	print_node(raw);
 	printf("limit       %s", fmt_limit(l, u->limit));
 	if (u->limit && u->high_watermark)
 		printf("  (high from %s%s%s)", fmt_size(hw, u->high_watermark),
@@ -826,6 +849,18 @@ static json_t *jstr(const char *s)
 	return j;
 }
 
+/* The node object of --json: null when the guard is off. */
+static json_t *json_node(const Memtally__V1__Usage *raw)
+{
+	if (!raw || !raw->node_limit)
+		return json_null();
+	return json_pack("{s:I, s:I, s:I, s:o, s:o}", "bytes",
+	                 jint(raw->node_bytes), "line", jint(raw->node_line),
+	                 "limit", jint(raw->node_limit), "source",
+	                 jopt(raw->node_source ? raw->node_source : ""), "edge",
+	                 jopt(raw->node_edge ? raw->node_edge : ""));
+}
+
 /*
  * The documents below are the `--json` shapes docs/OPERATIONS.md
  * documents; a field may be added, never renamed. One key per line so the
@@ -897,6 +932,8 @@ static json_t *json_status(const struct memtally_usage *u,
 	/* clang-format on */
 	json_extras(json_object_get(doc, "fleet"), raw ? &raw->base : NULL,
 	            usage_by_hand);
+	if (doc)
+		json_object_set_new(doc, "node", json_node(raw));
 	return doc;
 
 fail_put_groups:

@@ -39,6 +39,7 @@
 #include "mts_kinds.h"
 #include "mts_limits.h"
 #include "mts_log.h"
+#include "mts_node.h"
 #include "mts_policy.h"
 #include "mts_registry.h"
 #include "mtshm.h"
@@ -355,6 +356,15 @@ static int do_get_usage(struct mts_registry *reg, const struct viewer *v,
 	u.threshold = reg->threshold;
 	u.slots = reg->slot_count;
 	u.slots_free = reg->nfree;
+	const char *source;
+	const struct mts_node_fig *node = mts_guard_figure(reg, &source);
+	if (node) {
+		u.node_bytes = node->usage;
+		u.node_line = node->line;
+		u.node_limit = node->limit;
+		u.node_source = (char *)source;
+		u.node_edge = (char *)mts_node_edge_name(node);
+	}
 
 	switch (q ? q->scope_case : MEMTALLY__V1__GET_USAGE__SCOPE__NOT_SET) {
 	case MEMTALLY__V1__GET_USAGE__SCOPE_GROUP: {

@@ -136,6 +136,11 @@ int mts_node_cgroup_path(char *text, const char **base, char *path, size_t len);
 /* The edge the guard acts on: "memory" or "commit". */
 const char *mts_node_edge_name(const struct mts_node_fig *fig);
 
+/* The node as of the latest read, for a query (its source's name in
+ * *source); NULL when the guard is off or has no figure. */
+const struct mts_node_fig *mts_guard_figure(const struct mts_registry *reg,
+                                            const char **source);
+
 /* "cgroup2", "cgroup1", "meminfo", "off". */
 const char *mts_node_kind_name(enum mts_node_kind k);
 

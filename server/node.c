@@ -442,3 +442,13 @@ bool mts_guard_node(const struct mts_registry *reg, uint64_t *usage,
 	*commit = g->node.by_commit;
 	return true;
 }
+
+const struct mts_node_fig *mts_guard_figure(const struct mts_registry *reg,
+                                            const char **source)
+{
+	const struct mts_guard_state *g = reg->guard;
+	if (!g || g->src.kind == MTS_NODE_NONE || !g->known)
+		return NULL;
+	*source = mts_node_kind_name(g->src.kind);
+	return &g->node;
+}

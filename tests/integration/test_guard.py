@@ -120,6 +120,15 @@ def test_leak_is_evicted():
         with guard_server(cg) as s:
             check("node guard on" in s.logtext(),
                   "the guard is not on in a limited node: " + s.logtext())
+            # GetUsage shows the node as the guard reads it, beside the
+            # counted fleet: the kernel's figure for this cgroup.
+            nd = s.status()["node"]
+            check(nd is not None and nd["limit"] == NODE and
+                  nd["line"] == NODE * 7 // 10 and
+                  nd["source"] == "cgroup%d" % cg.version and
+                  nd["edge"] == "memory" and
+                  0 < nd["bytes"] <= cg.usage() + 8 * MIB,
+                  "status's node: %s (cgroup usage %d)" % (nd, cg.usage()))
             steady = mt_run(s, cg, "--task", "steady", "--bytes", "64MiB",
                             "--", *fl, "steady", "40", "14")
             wait_for("the steady task registered",
