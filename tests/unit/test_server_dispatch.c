@@ -705,6 +705,11 @@ Test(dispatch, figures_reach_their_fields)
 	                                        "seconds_to_limit",
 	                                        "growth_window_ms",
 	                                        "forecast_horizon_ms",
+	                                        "node_bytes",
+	                                        "node_line",
+	                                        "node_limit",
+	                                        "node_source",
+	                                        "node_edge",
 	                                        NULL};
 	static const char *const group_own[] = {"name", "high_watermark_bytes",
 	                                        "seconds_to_limit", NULL};
