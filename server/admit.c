@@ -1788,11 +1788,11 @@ void mts_admit_decide_profile(const struct mts_registry *reg,
 	 * does not have: page cache that stays, processes nobody counts
 	 * and a worker that understates are in the kernel's figure. What
 	 * is reserved and not used yet is not in it: added. */
-	uint64_t node, line;
-	bool commit;
-	if (mts_guard_node(reg, &node, &line, &commit) &&
-	    mt_sat_add(mt_sat_add(node, t->reserved), mt_sat_add(need, kept)) >
-	        line) {
+	const struct mts_node_fig *nf = mts_guard_figure(reg, NULL);
+	uint64_t node = nf ? nf->usage : 0, line = nf ? nf->line : 0;
+	bool commit = nf && nf->by_commit;
+	if (nf && mt_sat_add(mt_sat_add(node, t->reserved),
+	                     mt_sat_add(need, kept)) > line) {
 		char a[32], b[32], c[32], d[32];
 		out->reason = MTS_DENY_NODE;
 		snprintf(out->scope, sizeof(out->scope), "node");
@@ -2058,11 +2058,10 @@ static uint64_t first_run_room(const struct mts_registry *reg)
 	 * admission checks too: sized above that room, the request would be
 	 * denied there for ever, and the room the queue keeps for it would
 	 * hold every other request back. */
-	uint64_t node, line;
-	bool commit;
-	if (mts_guard_node(reg, &node, &line, &commit)) {
-		uint64_t nout = node > inside ? node - inside : 0;
-		uint64_t nroom = line > nout ? line - nout : 0;
+	const struct mts_node_fig *nf = mts_guard_figure(reg, NULL);
+	if (nf) {
+		uint64_t nout = nf->usage > inside ? nf->usage - inside : 0;
+		uint64_t nroom = nf->line > nout ? nf->line - nout : 0;
 		if (nroom < room)
 			room = nroom;
 	}

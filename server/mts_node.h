@@ -119,12 +119,6 @@ void mts_node_edge(const struct mts_policy *pol, struct mts_node_fig *fig);
 void mts_guard_apply(struct mts_registry *reg, const struct mts_node_src *src,
                      const struct mts_node_fig *fig);
 
-/* For admission: the usage and line of the node's edge nearest its line
- * as of the latest read (*commit: the commit's); false when the guard is
- * off or has no figure. */
-bool mts_guard_node(const struct mts_registry *reg, uint64_t *usage,
-                    uint64_t *line, bool *commit);
-
 /*
  * Where /proc/PID/cgroup's `text` (changed in place) puts the process in
  * a memory cgroup: v1's memory hierarchy where that controller has one,
@@ -136,8 +130,9 @@ int mts_node_cgroup_path(char *text, const char **base, char *path, size_t len);
 /* The edge the guard acts on: "memory" or "commit". */
 const char *mts_node_edge_name(const struct mts_node_fig *fig);
 
-/* The node as of the latest read, for a query (its source's name in
- * *source); NULL when the guard is off or has no figure. */
+/* The node as of the latest read, for admission (its usage and line: the
+ * edge nearest its line) and queries (its source's name in *source, if
+ * not NULL); NULL when the guard is off or has no figure. */
 const struct mts_node_fig *mts_guard_figure(const struct mts_registry *reg,
                                             const char **source);
 

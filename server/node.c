@@ -431,24 +431,13 @@ const char *mts_node_edge_name(const struct mts_node_fig *fig)
 	return fig->by_commit ? "commit" : "memory";
 }
 
-bool mts_guard_node(const struct mts_registry *reg, uint64_t *usage,
-                    uint64_t *line, bool *commit)
-{
-	const struct mts_guard_state *g = reg->guard;
-	if (!g || g->src.kind == MTS_NODE_NONE || !g->known)
-		return false;
-	*usage = g->node.usage;
-	*line = g->node.line;
-	*commit = g->node.by_commit;
-	return true;
-}
-
 const struct mts_node_fig *mts_guard_figure(const struct mts_registry *reg,
                                             const char **source)
 {
 	const struct mts_guard_state *g = reg->guard;
 	if (!g || g->src.kind == MTS_NODE_NONE || !g->known)
 		return NULL;
-	*source = mts_node_kind_name(g->src.kind);
+	if (source)
+		*source = mts_node_kind_name(g->src.kind);
 	return &g->node;
 }
