@@ -34,6 +34,9 @@ pkgs=(
   valgrind util-linux
   sqlite3  # the sqlite3 CLI: bench/real.py, bench/quiet.py, test_quiet
   python3-matplotlib  # the node-memory picture of bench/fleet.py
+  # a VM whose only cgroup hierarchy is v2 (test_cgroup_v2), with the
+  # kernel fetched below
+  qemu-system-x86 busybox-static cpio
 )
 
 case "${1:-all}" in
@@ -47,11 +50,50 @@ for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" \
     || missing+=("$p")
 done
-[ ${#missing[@]} -eq 0 ] && exit 0
 
-echo "memtally: installing ${missing[*]}" >&2
 SUDO=
 [ "$(id -u)" -eq 0 ] || SUDO=sudo
 export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "memtally: installing ${missing[*]}" >&2
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+[ "${1:-all}" = all ] || exit 0
+
+# Debian 12's own kernel for test_cgroup_v2's VM: vmlinuz and the modules a
+# 9p root under an overlay needs. Not installed (a container has no use for
+# a kernel in /boot): the package is unpacked in a scratch directory.
+vm_dir=/var/cache/memtally/vm-kernel
+vm_modules=(virtio_ring virtio virtio_pci_legacy_dev virtio_pci_modern_dev
+  virtio_pci netfs fscache 9pnet 9pnet_virtio 9p overlay)
+have=1
+[ -f "$vm_dir/vmlinuz" ] || have=0
+for m in "${vm_modules[@]}"; do [ -f "$vm_dir/modules/$m.ko" ] || have=0; done
+[ $have = 1 ] && exit 0
+kpkg() {
+  apt-cache depends linux-image-amd64 2>/dev/null |
+    awk '/Depends: linux-image-[0-9]/ { print $2; exit }'
+}
+pkg=$(kpkg)
+if [ -z "$pkg" ]; then
+  $SUDO apt-get update -qq
+  pkg=$(kpkg)
+fi
+[ -n "$pkg" ] || { echo "memtally: no linux-image-amd64 in apt's lists" >&2; exit 1; }
+echo "memtally: fetching $pkg for the cgroup v2 VM into $vm_dir" >&2
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+chmod 755 "$tmp"  # apt's download user writes there
+(cd "$tmp" && apt-get download -qq "$pkg" 2>/dev/null)
+patterns=('./boot/vmlinuz-*')
+for m in "${vm_modules[@]}"; do patterns+=("*/$m.ko"); done
+dpkg-deb --fsys-tarfile "$tmp"/*.deb | tar -x -C "$tmp" --wildcards "${patterns[@]}"
+$SUDO mkdir -p "$vm_dir/modules"
+for m in "${vm_modules[@]}"; do
+  f=$(find "$tmp" -name "$m.ko" | head -1)
+  [ -n "$f" ] || { echo "memtally: $pkg has no $m.ko" >&2; exit 1; }
+  $SUDO cp "$f" "$vm_dir/modules/"
+done
+$SUDO cp "$tmp"/boot/vmlinuz-* "$vm_dir/vmlinuz"
+echo "$pkg" | $SUDO tee "$vm_dir/package" >/dev/null

@@ -353,17 +353,23 @@ def test_lie_cannot_evict_another_user():
                             cli=cli, env=env)
             check(readline(victim, 30).startswith("ready"),
                   "the victim is not ready")
-            # nobody's worker names the same task, holds 80 MiB (the node
-            # passes its line) and claims 2^49 bytes more.
+            # nobody's worker names the same task and claims 2^49 bytes;
+            # then it holds 80 MiB, and the node passes its line. The lie
+            # comes first: were the node past its line before it, the
+            # guard could end the liar before it lied (a slow machine).
             lenv = dict(env, LD_PRELOAD=preload, MEMTALLY_TASK="etl")
-            liar = subprocess.Popen([*hold, "80"], env=lenv,
+            liar = subprocess.Popen([*hold, "1"], env=lenv,
                                     stdin=subprocess.PIPE,
                                     stdout=subprocess.PIPE, text=True,
                                     preexec_fn=in_node(cg, (NOBODY, NOGROUP)))
+            check(readline(liar, 30).startswith("ready"),
+                  "the liar is not ready")
             wait_for("the liar registered", lambda: liar.pid in s.ps(),
                      timeout=20)
             from test_trust import claim
             claim(s, liar.pid, 1 << 49)
+            liar.stdin.write("more 80\n")
+            liar.stdin.flush()
             rc = liar.wait(timeout=30 * MULT)
             check(rc == -9, "the liar was not evicted: exit %s" % rc)
             log = s.logtext()
