@@ -80,7 +80,10 @@ if [ -z "$pkg" ]; then
   $SUDO apt-get update -qq
   pkg=$(kpkg)
 fi
-[ -n "$pkg" ] || { echo "memtally: no linux-image-amd64 in apt's lists" >&2; exit 1; }
+if [ -z "$pkg" ]; then
+  echo "memtally: no linux-image-amd64 in apt's lists" >&2
+  exit 1
+fi
 echo "memtally: fetching $pkg for the cgroup v2 VM into $vm_dir" >&2
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -88,7 +91,8 @@ chmod 755 "$tmp"  # apt's download user writes there
 (cd "$tmp" && apt-get download -qq "$pkg" 2>/dev/null)
 patterns=('./boot/vmlinuz-*')
 for m in "${vm_modules[@]}"; do patterns+=("*/$m.ko"); done
-dpkg-deb --fsys-tarfile "$tmp"/*.deb | tar -x -C "$tmp" --wildcards "${patterns[@]}"
+dpkg-deb --fsys-tarfile "$tmp"/*.deb |
+  tar -x -C "$tmp" --wildcards "${patterns[@]}"
 $SUDO mkdir -p "$vm_dir/modules"
 for m in "${vm_modules[@]}"; do
   f=$(find "$tmp" -name "$m.ko" | head -1)

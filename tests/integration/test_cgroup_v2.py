@@ -141,7 +141,7 @@ def initramfs(d, busybox, tests):
         shutil.copy(os.path.join(KERNEL_DIR, "modules", m + ".ko"),
                     os.path.join(root, "mod"))
     env = {k: v for k, v in os.environ.items()
-           if k.startswith(("MEMTALLY", "MT_")) or k == "PYTHONDONTWRITEBYTECODE"}
+           if k.startswith(("MEMTALLY", "MT_", "PYTHONDONTWRITE"))}
     env["MEMTALLY_TEST_TIMEOUT_MULT"] = "%g" % (4 * MULT)
     env["PYTHONUNBUFFERED"] = "1"
     init = INIT % dict(
