@@ -52,7 +52,9 @@ MODULES = ("virtio_ring", "virtio", "virtio_pci_legacy_dev",
 # always run the same way; its point (memtally keeps the node alive) is
 # test_packing's and test_guard's here.
 INNER = ("test_guard", "test_packing",
-         "test_node_oom test_daemon_survives_node_oom")
+         "test_node_oom test_daemon_survives_node_oom",
+         # strict overcommit: a machine-wide setting, safe to flip in here
+         "vm_overcommit")
 
 INIT = r"""#!/bin/busybox sh
 /bin/busybox --install -s /bin
@@ -144,6 +146,7 @@ def initramfs(d, busybox, tests):
            if k.startswith(("MEMTALLY", "MT_", "PYTHONDONTWRITE"))}
     env["MEMTALLY_TEST_TIMEOUT_MULT"] = "%g" % (4 * MULT)
     env["PYTHONUNBUFFERED"] = "1"
+    env["MEMTALLY_IN_VM"] = "1"
     init = INIT % dict(
         modules=" ".join(MODULES),
         env=" ".join("%s='%s'" % (k, v) for k, v in sorted(env.items())),
