@@ -703,6 +703,7 @@ static uint32_t resv_key(const struct mts_resv *r)
 static void run_start(struct mts_resv *r)
 {
 	r->started_mono_ns = mts_now_monotonic();
+	r->last_seen_ns = 0;
 	r->slot_ms = MTS_RESV_SLOT_MS;
 	memset(r->slots, 0, sizeof(r->slots));
 }
@@ -728,19 +729,26 @@ static void run_sample(struct mts_resv *r, uint64_t now_ns, uint64_t v)
 	uint64_t *s = &r->slots[age / r->slot_ms];
 	if (v > *s)
 		*s = v;
+	if (v)
+		r->last_seen_ns = now_ns;
 }
 
 /* The run of `r`, ended now, as its kind keeps it: its peak, and its
- * length and steps when its workers came and a peak was seen. */
+ * length and steps when its workers came and a peak was seen. Its length
+ * runs to the last tick that saw it hold memory, through that tick's
+ * millisecond, not to now: an end noticed late (a loaded loop, a release
+ * that comes after the workers left) would add an empty last step and
+ * length the kind's runs do not have, and admission would then expect
+ * its tasks to hold nothing at their end (a leak's peak). */
 static void run_of(const struct mts_resv *r, bool evicted,
                    struct mts_kind_run *out)
 {
 	memset(out, 0, sizeof(*out));
 	out->peak = r->peak;
 	out->evicted = evicted ? 1u : 0u;
-	uint64_t dur = run_age_ms(r, mts_now_monotonic());
-	if (!running(r) || !r->peak || !dur)
+	if (!running(r) || !r->peak || !r->last_seen_ns)
 		return;
+	uint64_t dur = run_age_ms(r, r->last_seen_ns) + 1;
 	out->dur_ms = dur > UINT32_MAX ? UINT32_MAX : (uint32_t)dur;
 	for (uint32_t j = 0; j < MTS_KIND_STEPS; j++) {
 		uint64_t from = dur * j / MTS_KIND_STEPS;

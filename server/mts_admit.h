@@ -132,6 +132,8 @@ struct mts_resv {
 	/* The run as its kind will keep it: the largest use in each of
 	 * MTS_RESV_SLOTS slots of slot_ms from its first worker on. */
 	uint64_t started_mono_ns;
+	/* The last tick that saw it hold memory: where its run ends. */
+	uint64_t last_seen_ns;
 	uint32_t slot_ms;
 	uint64_t slots[MTS_RESV_SLOTS];
 	/* A task run inside the asking process (Admit.in_process): `host`

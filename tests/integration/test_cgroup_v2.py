@@ -20,6 +20,10 @@ Each inner test must pass (0): a skip inside (77) is a failure here, since
 what this test exists for is the one thing the VM provides. Time
 multiplier inside: 4 times this one's (software emulation).
 
+MEMTALLY_VM_TESTS runs other files there instead, separated by ";", each
+optionally followed by the names of its tests to run:
+`MEMTALLY_VM_TESTS="test_mapped;test_trust test_lies_hurt_only_the_liar"`.
+
 Skipped (77) with the reason when qemu, a static busybox or the kernel is
 missing (scripts/deps.sh installs them), or not root.
 """
@@ -55,6 +59,11 @@ INNER = ("test_guard", "test_packing",
          "test_node_oom test_daemon_survives_node_oom",
          # strict overcommit: a machine-wide setting, safe to flip in here
          "vm_overcommit")
+# Another list, by hand ("test_mapped;test_sparse test_x"): any test file
+# of this directory on Debian 12's kernel and cgroup v2.
+if os.environ.get("MEMTALLY_VM_TESTS"):
+    INNER = tuple(t.strip() for t in
+                  os.environ["MEMTALLY_VM_TESTS"].split(";") if t.strip())
 
 INIT = r"""#!/bin/busybox sh
 /bin/busybox --install -s /bin
