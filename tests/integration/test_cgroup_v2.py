@@ -70,6 +70,7 @@ INIT = r"""#!/bin/busybox sh
 mount -t proc proc /proc
 mount -t sysfs sys /sys
 mount -t devtmpfs dev /dev
+ip link set lo up  # loopback: the tests' TCP and HTTP peers
 for m in %(modules)s; do
   insmod /mod/$m.ko || { echo "@@ setup insmod $m failed"; poweroff -f; }
 done
@@ -179,7 +180,7 @@ def boot(tests, timeout):
     d = tempfile.mkdtemp(prefix="mt-vm-")
     try:
         rd = initramfs(d, busybox, tests)
-        argv = [qemu, "-m", "2048", "-smp", "2", "-nographic", "-no-reboot",
+        argv = [qemu, "-m", "4096", "-smp", "2", "-nographic", "-no-reboot",
                 "-kernel", vmlinuz, "-initrd", rd,
                 "-virtfs", "local,path=/,mount_tag=host,security_model=none,"
                 "readonly=on,multidevs=remap",
