@@ -100,16 +100,17 @@ def test_commit_edge():
                   "an Admit past the commit room: exit %d: %s" % (
                       out.returncode, said))
 
-            # The guard: a task whose commit charge grows past the line,
-            # 40 MiB/s after its first 200 (it would reach 1000 MiB, past
-            # CommitLimit: the kernel would refuse it first).
+            # The guard: a task whose commit charge grows past the line
+            # toward 100 MiB past CommitLimit (the kernel would refuse
+            # it first): a fifth at once, the rest over 20 s.
+            peak = (limit - committed) // MIB + 100
             env = dict(os.environ, MEMTALLY_SOCKET=s.socket)
             for k in ("LD_PRELOAD", "MEMTALLY_TASK", "MEMTALLY_GROUP"):
                 env.pop(k, None)
             leak = subprocess.run(
                 [CLI, "--socket", s.socket, "run", "--task", "leak",
-                 "--bytes", "32MiB", "--", *worker("fleet"), "leak", "1000",
-                 "20"], env=env, capture_output=True, text=True,
+                 "--bytes", "32MiB", "--", *worker("fleet"), "leak",
+                 str(peak), "20"], env=env, capture_output=True, text=True,
                 timeout=120 * MULT)
             print(leak.stderr, flush=True)
             check(leak.returncode == 75,
