@@ -1,13 +1,16 @@
 """The node on cgroup v2, on Debian 12's own kernel: the tests that put
-memtallyd in a memory cgroup (test_guard, test_packing, test_node_oom),
-run again inside a virtual machine whose only cgroup hierarchy is v2.
+memtallyd in a memory cgroup (test_guard, test_packing, test_node_oom's
+daemon test), run again inside a virtual machine whose only cgroup
+hierarchy is v2, with vm_overcommit (strict overcommit, a setting of the
+whole machine: the VM's own there).
 
 A machine with the v1 memory controller (this project's CI runs on one)
-makes every node a v1 cgroup, and memtallyd's v2 path (memory.current,
-memory.max, memory.events) would be tested only on a fake procfs. So this
-boots the kernel of Debian 12's linux-image-amd64 (fetched by
-scripts/deps.sh, with the nine modules a 9p root needs) under qemu, with no
-KVM needed (software emulation), and an initramfs of busybox that:
+makes every node a v1 cgroup, and memtallyd's v2 reads (memory.current,
+memory.max, memory.stat's v2 keys) and the tests' (memory.events) would
+meet only a fake procfs. So this boots the kernel of Debian 12's
+linux-image-amd64 (unpacked by scripts/deps.sh, with the eleven modules a
+9p root under an overlay needs) under qemu, with no KVM needed (software
+emulation), 4 GiB and two vCPUs, and an initramfs of busybox that:
 
 - mounts this machine's root read-only over 9p (the same paths, binaries
   and Python) under a tmpfs (overlayfs: the tests write where they always
