@@ -62,8 +62,10 @@
 #include "mtframe.h"
 
 #define MTC_CONNECT_TIMEOUT_MS 500
-#define MTC_BACKOFF_MIN_NS     (100 * 1000000ull)
-#define MTC_BACKOFF_MAX_NS     (5000 * 1000000ull)
+/* MEMTALLY_REGISTER_TIMEOUT_MS's ceiling: a worker never waits longer. */
+#define MTC_CONNECT_TIMEOUT_MAX_MS 10000
+#define MTC_BACKOFF_MIN_NS         (100 * 1000000ull)
+#define MTC_BACKOFF_MAX_NS         (5000 * 1000000ull)
 /* Attachments a process may make in its life (each server re-creation of
  * the segment costs one); past that it counts locally. */
 #define MTC_MAX_ATTACH 16
@@ -268,6 +270,21 @@ static void init_once(void)
 			               : v;
 	}
 	mtc_proc.register_after_ns = after_ms * 1000000u;
+	/* A server known to answer slowly (one under a sanitizer, say) may
+	 * be given longer than 500 ms, up to 10 s: past the timeout the
+	 * client gives up, and if the server registered it all the same, an
+	 * idle process shows 0 bytes until its next flush. */
+	d = getenv("MEMTALLY_REGISTER_TIMEOUT_MS");
+	uint64_t wait_ms = MTC_CONNECT_TIMEOUT_MS;
+	if (d && *d) {
+		char *end;
+		unsigned long long v = strtoull(d, &end, 10);
+		if (!*end && v)
+			wait_ms = v > MTC_CONNECT_TIMEOUT_MAX_MS
+			              ? MTC_CONNECT_TIMEOUT_MAX_MS
+			              : v;
+	}
+	mtc_proc.register_timeout_ns = wait_ms * 1000000u;
 	const char *sock = getenv("MEMTALLY_SOCKET");
 	if (!sock || !*sock)
 		sock = MT_DEFAULT_SOCKET;
@@ -507,7 +524,10 @@ static int do_register(struct reg_reply *out, bool if_registered)
 	char group[MTC_GROUP_MAX];
 	if (!mtc_group_copy(group))
 		return -EAGAIN; /* being changed right now: try later */
-	uint64_t deadline = mt_mono_ns() + MTC_CONNECT_TIMEOUT_MS * 1000000ull;
+	uint64_t wait = mtc_proc.register_timeout_ns
+	                    ? mtc_proc.register_timeout_ns
+	                    : MTC_CONNECT_TIMEOUT_MS * 1000000ull;
+	uint64_t deadline = mt_mono_ns() + wait;
 	int fd = reg_connect();
 	if (fd < 0)
 		return fd;

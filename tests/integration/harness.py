@@ -31,6 +31,13 @@ def _build_default(var, rel):
 
 
 MULT = float(os.environ.get("MEMTALLY_TEST_TIMEOUT_MULT", "1"))
+# A sanitized memtallyd answers a registration several times slower, and
+# on a loaded machine past the client's 500 ms: the worker gives up, the
+# server may have registered it anyway, and an idle worker then shows 0
+# bytes. The workers (never sanitized) wait as much longer as the tests.
+if MULT > 1:
+    os.environ.setdefault("MEMTALLY_REGISTER_TIMEOUT_MS",
+                          "%d" % (500 * MULT))
 MEMTALLYD = _build_default("MEMTALLYD", "server/memtallyd")
 CLI = _build_default("MEMTALLY_CLI", "programs/memtally")
 PRELOAD = _build_default("MEMTALLY_PRELOAD_LIB", "client/libmemtally_preload.so")
