@@ -58,37 +58,56 @@ def test_python_groups():
 
 def test_sigkill_leaves_within_one_tick():
     """SIGKILL: the worker leaves ps and its bytes leave the fleet total
-    without waiting for a tick (tick set to 2 s to make that visible)."""
-    with Server(tick=2000) as s:
+    without waiting for a tick. The tick is 10 s so that one falling
+    between the two status queries is rare; when one does (a loaded
+    machine), the figure could have been a tick's doing, so the kill is
+    tried again with a new victim, up to four times."""
+    with Server(tick=10000) as s:
+        def spawn_victim():
+            return Worker([*worker("hold"), "64", "4"],
+                          s.env(group="victim"))
+
         keep = Worker([*worker("hold"), "20"], s.env(group="keep"))
-        victim = Worker([*worker("hold"), "64", "4"], s.env(group="victim"))
+        # The first victim starts beside keep, so one tick counts both.
+        victim = spawn_victim()
         try:
             keep.readline()
-            victim.readline()
-            wait_for("victim counted", lambda: s.ps().get(victim.pid, {})
-                     .get("bytes", 0) >= 64 * MIB)
-            wait_for("keep counted", lambda: s.ps().get(keep.pid, {})
-                     .get("bytes", 0) >= 20 * MIB)
-            before = s.status()
-            t0 = time.monotonic()
-            victim.proc.send_signal(signal.SIGKILL)
-            victim.proc.wait()
-            after = wait_for("victim gone",
-                             lambda: (lambda st, ps: (st, ps) if victim.pid
-                                      not in ps else None)(s.status(), s.ps()))
-            elapsed = time.monotonic() - t0
-            st, ps = after
-            check(keep.pid in ps, "the other worker must stay")
-            check(st["fleet"]["bytes"] < 40 * MIB,
-                  f"victim's bytes still in the fleet: {st['fleet']}")
-            ticks = st.get("ticks", before.get("ticks"))
-            check(ticks - before["ticks"] <= 1,
-                  f"removal waited {ticks - before['ticks']} ticks")
-            print(f"  victim gone after {elapsed * 1000:.0f} ms, "
-                  f"{ticks - before['ticks']} tick(s)")
+            for attempt in range(4):
+                if attempt:
+                    victim = spawn_victim()
+                try:
+                    victim.readline()
+                    wait_for("both counted", lambda: (
+                        lambda ps: ps.get(victim.pid, {}).get("bytes", 0)
+                        >= 64 * MIB and ps.get(keep.pid, {})
+                        .get("bytes", 0) >= 20 * MIB)(s.ps()))
+                    before = s.status()
+                    check(before["fleet"]["bytes"] >= 84 * MIB,
+                          f"both not in the fleet: {before['fleet']}")
+                    t0 = time.monotonic()
+                    victim.proc.send_signal(signal.SIGKILL)
+                    victim.proc.wait()
+                    ps = wait_for("victim gone", lambda: (
+                        lambda ps: ps if victim.pid not in ps else None)(
+                            s.ps()))
+                    st = s.status()
+                    elapsed = time.monotonic() - t0
+                finally:
+                    victim.close()
+                check(keep.pid in ps, "the other worker must stay")
+                check(st["fleet"]["bytes"] < 40 * MIB,
+                      f"victim's bytes still in the fleet: {st['fleet']}")
+                ticks = st["ticks"] - before["ticks"]
+                print(f"  victim gone after {elapsed * 1000:.0f} ms, "
+                      f"{ticks} tick(s) between")
+                if ticks == 0:
+                    return
+            raise AssertionError("a tick fell between the kill and every "
+                                 "look at the fleet: removal not shown to "
+                                 "come before a tick")
         finally:
-            keep.close()
             victim.close()
+            keep.close()
 
 
 def test_fork_child_starts_with_parent_total():
