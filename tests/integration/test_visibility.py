@@ -98,8 +98,11 @@ def start(s, hold, preload, second):
         check(w.readline().startswith("ready"), "worker not ready")
     wait_for("both registered", lambda: {theirs.pid, mine.pid} <= set(
         s.ps()))
-    wait_for("theirs over its limit",
-             lambda: s.ps()[theirs.pid]["state"] == "over")
+    # The figures are the latest tick's, which may predate the last of
+    # the 100 MiB: "over" comes at 64.
+    wait_for("theirs counted whole, over its limit", lambda: (
+        lambda p: p["state"] == "over" and p["bytes"] >= 100 << 20)(
+            s.ps()[theirs.pid]))
     return theirs, mine
 
 
