@@ -179,6 +179,7 @@ static void on_fork_child(void)
 	 * registration arms its own. */
 	mtc_proc.refresh_started = 0;
 	mtc_refresh_want = 0;
+	mtc_proc.answer_lost = 0; /* the parent's registration, not ours */
 	mtc_proc.pid = getpid();
 	mtc_front_force_slow();
 }
@@ -233,6 +234,20 @@ static void copy_env(char *dst, size_t cap, const char *name, const char *def)
 	dst[n] = 0;
 }
 
+/* A count of milliseconds from the environment: `def` when unset or not
+ * a plain decimal number, at most `max`. */
+static uint64_t env_ms(const char *name, uint64_t def, uint64_t max)
+{
+	const char *d = getenv(name);
+	if (!d || !*d)
+		return def;
+	char *end;
+	unsigned long long v = strtoull(d, &end, 10);
+	if (*end)
+		return def;
+	return v > max ? max : v;
+}
+
 static void init_once(void)
 {
 	const char *d = getenv("MEMTALLY_DEBUG");
@@ -241,16 +256,8 @@ static void init_once(void)
 	mtc_proc.disabled = d && d[0] == '1';
 	d = getenv("MEMTALLY_ALLOCATOR_FREE");
 	mtc_proc.free_off = d && d[0] == '0';
-	d = getenv("MEMTALLY_REFRESH_MS");
-	mtc_proc.refresh_ms = MTC_REFRESH_MS;
-	if (d && *d) {
-		char *end;
-		unsigned long long v = strtoull(d, &end, 10);
-		if (!*end && v > MTC_REFRESH_MAX_MS)
-			v = MTC_REFRESH_MAX_MS;
-		if (!*end)
-			mtc_proc.refresh_ms = v;
-	}
+	mtc_proc.refresh_ms =
+	    env_ms("MEMTALLY_REFRESH_MS", MTC_REFRESH_MS, MTC_REFRESH_MAX_MS);
 	d = getenv("MEMTALLY_REFRESH_MIN");
 	uint64_t min;
 	mtc_proc.refresh_min =
@@ -259,32 +266,19 @@ static void init_once(void)
 	if (!d || mt_parse_size(d, &min) != 0)
 		min = MTC_REGISTER_MIN;
 	mtc_proc.register_min = min > INT64_MAX ? INT64_MAX : (int64_t)min;
-	d = getenv("MEMTALLY_REGISTER_AFTER_MS");
-	uint64_t after_ms = MTC_REGISTER_AFTER_MS;
-	if (d && *d) {
-		char *end;
-		unsigned long long v = strtoull(d, &end, 10);
-		if (!*end)
-			after_ms = v > MTC_REGISTER_AFTER_MAX_MS
-			               ? MTC_REGISTER_AFTER_MAX_MS
-			               : v;
-	}
-	mtc_proc.register_after_ns = after_ms * 1000000u;
+	mtc_proc.register_after_ns =
+	    env_ms("MEMTALLY_REGISTER_AFTER_MS", MTC_REGISTER_AFTER_MS,
+	           MTC_REGISTER_AFTER_MAX_MS) *
+	    1000000u;
 	/* A server known to answer slowly (one under a sanitizer, say) may
-	 * be given longer than 500 ms, up to 10 s: past the timeout the
-	 * client gives up, and if the server registered it all the same, an
-	 * idle process shows 0 bytes until its next flush. */
-	d = getenv("MEMTALLY_REGISTER_TIMEOUT_MS");
-	uint64_t wait_ms = MTC_CONNECT_TIMEOUT_MS;
-	if (d && *d) {
-		char *end;
-		unsigned long long v = strtoull(d, &end, 10);
-		if (!*end && v)
-			wait_ms = v > MTC_CONNECT_TIMEOUT_MAX_MS
-			              ? MTC_CONNECT_TIMEOUT_MAX_MS
-			              : v;
-	}
-	mtc_proc.register_timeout_ns = wait_ms * 1000000u;
+	 * be given longer than 500 ms, up to 10 s. Past the timeout the
+	 * client goes on unregistered and tries again later (the server may
+	 * have registered it all the same: mtc_maybe_attach). */
+	uint64_t wait_ms =
+	    env_ms("MEMTALLY_REGISTER_TIMEOUT_MS", MTC_CONNECT_TIMEOUT_MS,
+	           MTC_CONNECT_TIMEOUT_MAX_MS);
+	mtc_proc.register_timeout_ns =
+	    (wait_ms ? wait_ms : MTC_CONNECT_TIMEOUT_MS) * 1000000u;
 	const char *sock = getenv("MEMTALLY_SOCKET");
 	if (!sock || !*sock)
 		sock = MT_DEFAULT_SOCKET;
@@ -524,10 +518,7 @@ static int do_register(struct reg_reply *out, bool if_registered)
 	char group[MTC_GROUP_MAX];
 	if (!mtc_group_copy(group))
 		return -EAGAIN; /* being changed right now: try later */
-	uint64_t wait = mtc_proc.register_timeout_ns
-	                    ? mtc_proc.register_timeout_ns
-	                    : MTC_CONNECT_TIMEOUT_MS * 1000000ull;
-	uint64_t deadline = mt_mono_ns() + wait;
+	uint64_t deadline = mt_mono_ns() + mtc_proc.register_timeout_ns;
 	int fd = reg_connect();
 	if (fd < 0)
 		return fd;
@@ -609,7 +600,8 @@ static void refresh_arm(void)
  * MTC_REFRESH_MIN): heap and mapped bytes together. */
 static bool refresh_too_small(void)
 {
-	if (!__libc_single_threaded || !mtc_proc.refresh_min)
+	if (!__libc_single_threaded || !mtc_proc.refresh_min ||
+	    mtshm_load_relaxed32(&mtc_proc.answer_lost))
 		return false;
 	int64_t b = mtc_published_bytes() +
 	            (int64_t)mtshm_load_relaxed64(&mtc_proc.mapped);
@@ -648,6 +640,10 @@ void mtc_refresh_once(void)
 {
 	static int64_t last_bytes;
 	static uint64_t last_flushes;
+	/* The thread was started for a lost answer: try again here, since
+	 * a quiet process makes no flush that would (back-off permitting). */
+	if (mtshm_load_relaxed32(&mtc_proc.answer_lost) && !cur_att())
+		mtc_maybe_attach(ATTACH_LAZY);
 	const struct mtc_attachment *a = cur_att();
 	if (a) {
 		uint64_t flushes;
@@ -938,6 +934,15 @@ void mtc_maybe_attach(enum attach_ask ask)
 		mtc_debug("attach failed: %s; retry in %llu ms",
 		          memtally_strerror(err),
 		          (unsigned long long)(mtc_proc.backoff_ns / 1000000u));
+		/* Unanswered in time: the server may have registered us with
+		 * a slot we do not know, which shows 0 bytes until we
+		 * register again. A busy process does so at a flush past the
+		 * back-off; a quiet one makes none, so the refresh thread
+		 * tries for it. */
+		if (err == -ETIMEDOUT && !cur_att()) {
+			mtshm_store_relaxed32(&mtc_proc.answer_lost, 1);
+			refresh_arm();
+		}
 		mtshm_store_relaxed64(&mtc_proc.next_try_ns,
 		                      now + mtc_proc.backoff_ns);
 		mtc_proc.backoff_ns *= 2;
@@ -947,6 +952,7 @@ void mtc_maybe_attach(enum attach_ask ask)
 		mtc_proc.backoff_ns = MTC_BACKOFF_MIN_NS;
 		mtshm_store_relaxed64(&mtc_proc.next_try_ns,
 		                      now + MTC_STALE_NS);
+		mtshm_store_relaxed32(&mtc_proc.answer_lost, 0);
 	}
 	__atomic_store_n(&mtc_proc.attaching, 0, __ATOMIC_RELEASE);
 }

@@ -53,6 +53,10 @@ struct mtc_process {
 	uint64_t free_last_ns;    /* when it was stored, 0 = none in this
 	                           * slot (the refresh thread's test) */
 	uint32_t refresh_started; /* the refresh thread runs (refresh.c) */
+	/* A registration went unanswered within the timeout, and the
+	 * server may have registered us all the same: the refresh thread
+	 * tries again, whatever the process's size (mtc_refresh_once). */
+	uint32_t answer_lost;
 
 	/*
 	 * The over-limit callback and its argument, read as one snapshot
@@ -81,7 +85,7 @@ struct mtc_process {
 	int64_t register_min; /* MEMTALLY_REGISTER_MIN: see worth_registering */
 	uint64_t register_after_ns; /* MEMTALLY_REGISTER_AFTER_MS, in ns */
 	/* MEMTALLY_REGISTER_TIMEOUT_MS, in ns: the longest a flush waits
-	 * for the server's answer (0 before init: the default). */
+	 * for the server's answer. */
 	uint64_t register_timeout_ns;
 	uint64_t image_id;
 	char sock[sizeof(((struct sockaddr_un *)0)->sun_path)];

@@ -15,7 +15,10 @@
      fleet total, and the server stays up;
   f. a worker whose threads allocate and exit without freeing: the blocks
      stay the process's (its count equals what jemalloc says is still
-     allocated), and once the process exits the fleet is back to 0.
+     allocated), and once the process exits the fleet is back to 0;
+  g. a server that answers a registration too late (SIGSTOPped while the
+     worker registers): the worker gave up waiting, the server registered
+     it all the same, and the worker, gone quiet, is still counted.
 """
 import os
 import random
@@ -485,9 +488,38 @@ def test_f_threads_exit_without_freeing():
         wait_for("process gone, fleet back to 0", lambda: settled(s, 8))
 
 
+def test_g_late_answer_to_a_quiet_worker():
+    """memtallyd stopped while a worker registers: the worker waits its
+    registration timeout (300 ms here) and goes on unregistered, holding
+    12 MiB, then goes quiet: no more allocator calls, so no more flushes.
+    memtallyd, continued, reads the queued registrations and registers
+    the worker all the same, with a slot the worker never learnt of. The
+    worker must still be counted: its client tries again by itself, not
+    at a flush that will never come."""
+    with Server(slots=8) as s:
+        os.kill(s.proc.pid, signal.SIGSTOP)
+        try:
+            w = Worker([*worker("hold"), "12"],
+                       s.env(group="late",
+                             MEMTALLY_REGISTER_TIMEOUT_MS="300"))
+            check(w.readline(60).startswith("ready"), "worker not ready")
+        finally:
+            os.kill(s.proc.pid, signal.SIGCONT)
+        try:
+            p = wait_for("the quiet worker counted", lambda: (
+                lambda p: p if p and p["bytes"] >= 12 * MIB else None)(
+                    s.ps().get(w.pid)), timeout=30)
+            print(f"  registered late, counted {p['bytes'] >> 20} MiB "
+                  f"while quiet", flush=True)
+        finally:
+            check(w.close() == 0, "worker exit")
+        wait_for("process gone, fleet back to 0", lambda: settled(s, 8))
+
+
 if __name__ == "__main__":
     run([test_a_sigkill_churn, test_b_more_workers_than_slots,
          test_c_stopped_worker, test_c_fork_loop, test_c_exec_repeatedly,
          test_d_socket_deleted, test_d_state_deleted,
          test_d_state_truncated,
-         test_e_scribbled_lane, test_f_threads_exit_without_freeing])
+         test_e_scribbled_lane, test_f_threads_exit_without_freeing,
+         test_g_late_answer_to_a_quiet_worker])
