@@ -58,8 +58,9 @@ def test_a_sigkill_churn():
                                       stdin=subprocess.DEVNULL)
                      for _ in range(min(batch, CYCLES - start))]
             # Let them get going (the kill lands mid-allocation, at a random
-            # point: this is the attack's timing, not a synchronisation).
-            time.sleep(rng.uniform(0.0, 0.05))
+            # point: this is the attack's timing, not a synchronisation;
+            # longer where a slow server makes registering take longer).
+            time.sleep(rng.uniform(0.0, 0.05 * MULT))
             if start % 50 == 0:
                 seen = max(seen, s.status()["processes"])
             for p in procs:

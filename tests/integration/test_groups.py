@@ -276,7 +276,7 @@ def test_refused_lines_are_budgeted():
                 'msg="similar lines suppressed" uid=65534' in s.logtext()))
             n = s.logtext().count('msg="SetLimit refused')
             bound = 10 * (int(took) + 2)
-            check(n <= bound and n < 50,
+            check(n <= bound,
                   f"{n} SetLimit lines for 10000 refusals in {took:.1f} s")
             print(f"  10000 refusals in {took:.1f} s: {n} lines + summary")
         finally:

@@ -295,9 +295,12 @@ def test_idle_connections_are_closed():
         check(first is not None and 9 in first, f"watch: {first}")
         for round_ in range(2):
             idle, ir = connect()
+            # Before the request: the server's idleness counts from its
+            # handling of it, which a slow answer would put before a t0
+            # taken after the answer.
+            t0 = time.monotonic()
             idle.sendall(pb.get_usage(1))
             check(ir.frame(T) is not None, "GetUsage answered")
-            t0 = time.monotonic()
             # The server closes it: EOF (the read waits for it).
             check(ir.frame(30 * MULT) is None, "an idle connection stayed")
             took = time.monotonic() - t0

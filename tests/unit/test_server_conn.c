@@ -818,10 +818,13 @@ Test(peruid, idle_connections_are_closed_watchers_stay, .init = setup_idle,
 	client_unix(&busy);
 	client_unix(&w);
 	client_tcp(&t);
+	/* Before the last activity of the two idle ones: a slow watch()
+	 * would otherwise start the clock after theirs. */
+	uv_update_time(&loop);
+	uint64_t start = uv_now(&loop);
 	get_usage(&idle, 1);
 	get_usage(&t, 2);
 	watch(&w, 3);
-	uint64_t start = uv_now(&loop);
 	/* `busy` keeps asking, more often than the timeout. */
 	uint64_t id = 10;
 	while (srv.net.conn_stats.idle_closed < 2) {
