@@ -234,8 +234,8 @@ static void copy_env(char *dst, size_t cap, const char *name, const char *def)
 	dst[n] = 0;
 }
 
-/* A count of milliseconds from the environment: `def` when unset or not
- * a plain decimal number, at most `max`. */
+/* A count of milliseconds from the environment, as strtoull reads it:
+ * `def` when unset, empty or followed by anything; at most `max`. */
 static uint64_t env_ms(const char *name, uint64_t def, uint64_t max)
 {
 	const char *d = getenv(name);
@@ -518,7 +518,12 @@ static int do_register(struct reg_reply *out, bool if_registered)
 	char group[MTC_GROUP_MAX];
 	if (!mtc_group_copy(group))
 		return -EAGAIN; /* being changed right now: try later */
-	uint64_t deadline = mt_mono_ns() + mtc_proc.register_timeout_ns;
+	/* 0 only if this thread saw init's `pid` (the gate of the calls that
+	 * attach without mtc_init) before its timeout: the default then. */
+	uint64_t wait = mtc_proc.register_timeout_ns
+	                    ? mtc_proc.register_timeout_ns
+	                    : MTC_CONNECT_TIMEOUT_MS * 1000000ull;
+	uint64_t deadline = mt_mono_ns() + wait;
 	int fd = reg_connect();
 	if (fd < 0)
 		return fd;
@@ -586,9 +591,10 @@ static int map_reply(struct reg_reply *rep, const struct mtc_attachment *old,
 	return 0;
 }
 
-/* A registered process gets its refresh thread (refresh.c, the preloads
- * only) at its next full flush: not here, where an attach may run inside
- * an mmap the allocator makes under its own locks. */
+/* A registered process, or one whose registration went unanswered in
+ * time, gets its refresh thread (refresh.c, the preloads only) at its
+ * next full flush: not here, where an attach may run inside an mmap the
+ * allocator makes under its own locks. */
 static void refresh_arm(void)
 {
 	if (mtc_refresh_start && mtc_proc.refresh_ms &&
@@ -597,7 +603,8 @@ static void refresh_arm(void)
 }
 
 /* Still single-threaded and below the refresh thread's minimum (see
- * MTC_REFRESH_MIN): heap and mapped bytes together. */
+ * MTC_REFRESH_MIN): heap and mapped bytes together. No minimum after an
+ * unanswered registration: the thread is then what registers again. */
 static bool refresh_too_small(void)
 {
 	if (!__libc_single_threaded || !mtc_proc.refresh_min ||
@@ -930,6 +937,7 @@ void mtc_maybe_attach(enum attach_ask ask)
 		 * young process does. Not a failure: no back-off. */
 		mtc_debug("no earlier image registered; registering later");
 		__atomic_store_n(&mtc_proc.after_exec, 0, __ATOMIC_RELAXED);
+		mtshm_store_relaxed32(&mtc_proc.answer_lost, 0);
 	} else if (err) {
 		mtc_debug("attach failed: %s; retry in %llu ms",
 		          memtally_strerror(err),
@@ -942,6 +950,11 @@ void mtc_maybe_attach(enum attach_ask ask)
 		if (err == -ETIMEDOUT && !cur_att()) {
 			mtshm_store_relaxed32(&mtc_proc.answer_lost, 1);
 			refresh_arm();
+		} else if (err == MEMTALLY_ESERVER ||
+		           err == MEMTALLY_ENOTFOUND) {
+			/* Answered (no slot free, say), and an earlier request
+			 * was read before this one: no late slot to claim. */
+			mtshm_store_relaxed32(&mtc_proc.answer_lost, 0);
 		}
 		mtshm_store_relaxed64(&mtc_proc.next_try_ns,
 		                      now + mtc_proc.backoff_ns);
@@ -1003,6 +1016,10 @@ bool memtally_attached(void)
 		mtc_maybe_attach(ATTACH_ASKED);
 		if (cur_slot())
 			mtc_front_force_slow(); /* as in memtally_flush() */
+		/* The program's own call: the refresh thread now, for a
+		 * registration made or left unanswered here. */
+		if (mtshm_load_relaxed32(&mtc_refresh_want))
+			mtc_refresh_start();
 	}
 	return cur_slot() != NULL;
 }

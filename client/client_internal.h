@@ -47,14 +47,16 @@ extern bool mtc_at_load;
 /*
  * The refresh thread (refresh.c), in the preloads only: elsewhere
  * mtc_refresh_start is null and never armed.
- * A registration raises mtc_refresh_want.
+ * A registration raises mtc_refresh_want, and so does one whose answer
+ * did not come in time (the thread's rounds then register again).
  * The next full flush, outside the re-entrancy guard, calls
  * mtc_refresh_start(), which starts the thread if mtc_refresh_claim()
  * grants it (and gives the period).
  * Every period the thread runs mtc_refresh_once(): the front end's
  * mtc_front_refresh() and mtc_maps_reconcile().
  * A single-threaded process gets the thread only once its heap and
- * mapped bytes reach MEMTALLY_REFRESH_MIN (MTC_REFRESH_MIN by default).
+ * mapped bytes reach MEMTALLY_REFRESH_MIN (MTC_REFRESH_MIN by default),
+ * or its registration went unanswered.
  * The reason: a first thread makes glibc lock every stdio call and malloc
  * arena for good (bench/results/stdio_cost.md).
  */

@@ -16,12 +16,16 @@
  *
  * Do no harm:
  *  - Started lazily, never in a constructor: the first full flush after
- *    the process registered (mtc_after_flush(), outside the front end's
- *    re-entrancy guard and any allocator lock) starts it. A fork child
- *    has no thread: its registration arms a new one.
+ *    the process registered, or after its registration went unanswered
+ *    in time (mtc_after_flush(), outside the front end's re-entrancy
+ *    guard and any allocator lock), starts it. Then its rounds also
+ *    register again (mtc_refresh_once). A fork child has no thread: its
+ *    registration arms a new one.
  *  - It blocks every signal (the program's process-directed signals go to
  *    its own threads, as without memtally), never allocates, never holds
- *    a lock of ours a worker waits for, and takes the allocator's locks
+ *    a lock of ours a worker waits for (but for one store under the
+ *    mapped bytes' lock, at a registration it makes), and takes the
+ *    allocator's locks
  *    only as a sample at a flush would (same turn, same spacing, so the
  *    same bound on their cost).
  *  - pthread_create failing (thread limits) leaves the process as it was

@@ -18,7 +18,8 @@
      allocated), and once the process exits the fleet is back to 0;
   g. a server that answers a registration too late (SIGSTOPped while the
      worker registers): the worker gave up waiting, the server registered
-     it all the same, and the worker, gone quiet, is still counted.
+     it all the same, and the worker, gone quiet, is still counted; with
+     no slot free, the refusal of its retry ends its tries.
 """
 import os
 import random
@@ -517,10 +518,55 @@ def test_g_late_answer_to_a_quiet_worker():
         wait_for("process gone, fleet back to 0", lambda: settled(s, 8))
 
 
+def test_g_refused_after_a_late_answer():
+    """The same, on a server with no slot free: the late requests are
+    refused, and so is the first retry. That answer shows no late slot
+    waits: the quiet worker stops asking (its client's debug lines
+    count the tries), where it would ask every 5 s for ever."""
+    with Server(slots=1) as s:
+        filler = Worker([*worker("hold"), "1"], s.env(group="filler"))
+        try:
+            check(filler.readline().startswith("ready"), "filler not ready")
+            wait_for("the filler takes the only slot",
+                     lambda: s.status()["slots_free"] == 0)
+            log = os.path.join(s.dir, "quiet-client.log")
+            os.kill(s.proc.pid, signal.SIGSTOP)
+            try:
+                w = Worker(["sh", "-c", 'exec "$@" 2>' + log, "sh",
+                            *worker("hold"), "12"],
+                           s.env(group="late", MEMTALLY_DEBUG="1",
+                                 MEMTALLY_REGISTER_TIMEOUT_MS="300"))
+                check(w.readline(60).startswith("ready"),
+                      "worker not ready")
+            finally:
+                os.kill(s.proc.pid, signal.SIGCONT)
+
+            def tries():
+                with open(log) as f:
+                    return [ln for ln in f if "attach failed" in ln]
+            try:
+                got = wait_for("the retry refused", lambda: (
+                    lambda t: t if t and "server returned an error"
+                    in t[-1] else None)(tries()), timeout=30)
+                n = len(got)
+                time.sleep(12)
+                later = tries()
+                check(len(later) == n,
+                      f"still asking after a refusal: {later[n:]}")
+                check(w.pid not in s.ps(), "registered with no slot free")
+                print(f"  {n} tries, the last refused; none in the 12 s "
+                      f"after", flush=True)
+            finally:
+                check(w.close() == 0, "worker exit")
+        finally:
+            filler.close()
+
+
 if __name__ == "__main__":
     run([test_a_sigkill_churn, test_b_more_workers_than_slots,
          test_c_stopped_worker, test_c_fork_loop, test_c_exec_repeatedly,
          test_d_socket_deleted, test_d_state_deleted,
          test_d_state_truncated,
          test_e_scribbled_lane, test_f_threads_exit_without_freeing,
-         test_g_late_answer_to_a_quiet_worker])
+         test_g_late_answer_to_a_quiet_worker,
+         test_g_refused_after_a_late_answer])
