@@ -728,9 +728,17 @@ static int attach(bool if_registered)
 	if (old)
 		mtshm_add_relaxeds64(&mtc_proc.pending, slot_total(old));
 	epoch_bump();
-	mtshm_store_release64(&mtc_proc.cur, (uint64_t)(uintptr_t)na);
-	mtshm_add_relaxeds64(&s->overflow,
-	                     mtshm_exchange_relaxeds64(&mtc_proc.pending, 0));
+	/* Sequentially consistent, with publish_cold's add to `pending`
+	 * and its read of `cur`: either that thread sees the new slot and
+	 * drains after its add, or this drain takes its add. Release and
+	 * relaxed would allow neither on a weakly ordered CPU (arm64),
+	 * leaving its bytes in `pending` until the next attach; on x86 the
+	 * store is one xchg more per attach. */
+	__atomic_store_n(&mtc_proc.cur, (uint64_t)(uintptr_t)na,
+	                 __ATOMIC_SEQ_CST);
+	mtshm_add_relaxeds64(
+	    &s->overflow,
+	    __atomic_exchange_n(&mtc_proc.pending, 0, __ATOMIC_SEQ_CST));
 	mtc_mapped_resync();
 	/* The new slot has no sample of the allocator's free memory: take
 	 * one at the next flush, not after the old slot's spacing. */

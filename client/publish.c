@@ -232,11 +232,15 @@ publish_cold(struct mtc_thread *th, int64_t delta,
 	struct mtshm_slot_id *s = a ? a->slot : NULL;
 	if (!s) {
 		mtc_quiet_off(th);
-		mtshm_add_relaxeds64(&mtc_proc.pending, delta);
+		/* Sequentially consistent, as attach()'s publication of `cur`
+		 * and drain of `pending` are: see there. */
+		__atomic_fetch_add(&mtc_proc.pending, delta, __ATOMIC_SEQ_CST);
 		mtc_maybe_attach(ATTACH_LAZY);
 		/* If an attach completed meanwhile, our add may have landed
 		 * after its drain: drain again (a no-op when empty). */
-		s = cur_slot();
+		a = (const struct mtc_attachment *)(uintptr_t)__atomic_load_n(
+		    &mtc_proc.cur, __ATOMIC_SEQ_CST);
+		s = a ? a->slot : NULL;
 		if (s) {
 			int64_t p =
 			    mtshm_exchange_relaxeds64(&mtc_proc.pending, 0);
