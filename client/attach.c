@@ -273,12 +273,12 @@ static void init_once(void)
 	/* A server known to answer slowly (one under a sanitizer, say) may
 	 * be given longer than 500 ms, up to 10 s. Past the timeout the
 	 * client goes on unregistered and tries again later (the server may
-	 * have registered it all the same: mtc_maybe_attach). */
-	uint64_t wait_ms =
-	    env_ms("MEMTALLY_REGISTER_TIMEOUT_MS", MTC_CONNECT_TIMEOUT_MS,
-	           MTC_CONNECT_TIMEOUT_MAX_MS);
+	 * have registered it all the same: mtc_maybe_attach). 0: the
+	 * default (do_register). */
 	mtc_proc.register_timeout_ns =
-	    (wait_ms ? wait_ms : MTC_CONNECT_TIMEOUT_MS) * 1000000u;
+	    env_ms("MEMTALLY_REGISTER_TIMEOUT_MS", MTC_CONNECT_TIMEOUT_MS,
+	           MTC_CONNECT_TIMEOUT_MAX_MS) *
+	    1000000u;
 	const char *sock = getenv("MEMTALLY_SOCKET");
 	if (!sock || !*sock)
 		sock = MT_DEFAULT_SOCKET;
@@ -518,8 +518,9 @@ static int do_register(struct reg_reply *out, bool if_registered)
 	char group[MTC_GROUP_MAX];
 	if (!mtc_group_copy(group))
 		return -EAGAIN; /* being changed right now: try later */
-	/* 0 only if this thread saw init's `pid` (the gate of the calls that
-	 * attach without mtc_init) before its timeout: the default then. */
+	/* 0: set so, or not yet seen by this thread (the calls that attach
+	 * without mtc_init are gated on init's `pid`, written without order
+	 * to the timeout): the default. */
 	uint64_t wait = mtc_proc.register_timeout_ns
 	                    ? mtc_proc.register_timeout_ns
 	                    : MTC_CONNECT_TIMEOUT_MS * 1000000ull;

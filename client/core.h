@@ -85,7 +85,7 @@ struct mtc_process {
 	int64_t register_min; /* MEMTALLY_REGISTER_MIN: see worth_registering */
 	uint64_t register_after_ns; /* MEMTALLY_REGISTER_AFTER_MS, in ns */
 	/* MEMTALLY_REGISTER_TIMEOUT_MS, in ns: the longest a flush waits
-	 * for the server's answer. */
+	 * for the server's answer (0: the default, do_register). */
 	uint64_t register_timeout_ns;
 	uint64_t image_id;
 	char sock[sizeof(((struct sockaddr_un *)0)->sun_path)];

@@ -490,6 +490,20 @@ def test_f_threads_exit_without_freeing():
         wait_for("process gone, fleet back to 0", lambda: settled(s, 8))
 
 
+def registers_while_stopped(s, argv, **env):
+    """A worker started while memtallyd is SIGSTOPped, so that its
+    registration waits (300 ms) unanswered; memtallyd continued once the
+    worker says ready, holding its bytes and quiet."""
+    os.kill(s.proc.pid, signal.SIGSTOP)
+    try:
+        w = Worker(argv, s.env(group="late",
+                               MEMTALLY_REGISTER_TIMEOUT_MS="300", **env))
+        check(w.readline(60).startswith("ready"), "worker not ready")
+    finally:
+        os.kill(s.proc.pid, signal.SIGCONT)
+    return w
+
+
 def test_g_late_answer_to_a_quiet_worker():
     """memtallyd stopped while a worker registers: the worker waits its
     registration timeout (300 ms here) and goes on unregistered, holding
@@ -499,14 +513,7 @@ def test_g_late_answer_to_a_quiet_worker():
     worker must still be counted: its client tries again by itself, not
     at a flush that will never come."""
     with Server(slots=8) as s:
-        os.kill(s.proc.pid, signal.SIGSTOP)
-        try:
-            w = Worker([*worker("hold"), "12"],
-                       s.env(group="late",
-                             MEMTALLY_REGISTER_TIMEOUT_MS="300"))
-            check(w.readline(60).startswith("ready"), "worker not ready")
-        finally:
-            os.kill(s.proc.pid, signal.SIGCONT)
+        w = registers_while_stopped(s, [*worker("hold"), "12"])
         try:
             p = wait_for("the quiet worker counted", lambda: (
                 lambda p: p if p and p["bytes"] >= 12 * MIB else None)(
@@ -530,16 +537,9 @@ def test_g_refused_after_a_late_answer():
             wait_for("the filler takes the only slot",
                      lambda: s.status()["slots_free"] == 0)
             log = os.path.join(s.dir, "quiet-client.log")
-            os.kill(s.proc.pid, signal.SIGSTOP)
-            try:
-                w = Worker(["sh", "-c", 'exec "$@" 2>' + log, "sh",
-                            *worker("hold"), "12"],
-                           s.env(group="late", MEMTALLY_DEBUG="1",
-                                 MEMTALLY_REGISTER_TIMEOUT_MS="300"))
-                check(w.readline(60).startswith("ready"),
-                      "worker not ready")
-            finally:
-                os.kill(s.proc.pid, signal.SIGCONT)
+            w = registers_while_stopped(
+                s, ["sh", "-c", 'exec "$@" 2>' + log, "sh",
+                    *worker("hold"), "12"], MEMTALLY_DEBUG="1")
 
             def tries():
                 with open(log) as f:
