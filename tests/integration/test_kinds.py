@@ -53,9 +53,15 @@ def run_kind(s, kind, mib, user=None, cli=CLI, level=None, env=None):
     """One task of `kind` holding `mib` MiB for a moment, through
     `memtally run --kind` (no --bytes); its exit status and stderr."""
     level = level or worker("level")
-    # The level worker holds `mib` MiB until its stdin ends: half a second.
+    # The level worker holds `mib` MiB until its stdin ends: half a second
+    # after it says it holds them (timed from its start, a slow machine's
+    # allocation could outlast it, and the task end before a tick saw its
+    # peak). Its stdin is a FIFO whose writer reads its "ready" line.
     cmd = [cli, "--socket", s.socket, "run", "--kind", kind, "--",
-           "sh", "-c", f"sleep 0.5 | {shlex.join(level)} {mib} >/dev/null"]
+           "sh", "-c",
+           'f=$(mktemp -u) && mkfifo "$f" && '
+           f'{{ {shlex.join(level)} {mib} <"$f" | '
+           '{ exec 3>"$f"; rm -f "$f"; read r && sleep 0.5; }; }']
     r = subprocess.run(cmd, env=env or run_env(), capture_output=True,
                        text=True, timeout=60 * MULT,
                        preexec_fn=as_user(user))
