@@ -23,8 +23,10 @@
  * tens rather than the per-second samples VPA decays. A quantile of 64
  * numbers is exact, where a histogram's buckets are 10% wide. Aging by
  * count and age forgets a kind that changed as surely as a half-life
- * does. An evicted run counts at 1.5 times its peak, because it was still
- * growing when it was ended, so its real peak is higher than the one seen.
+ * does. An evicted run that had grown past what the finished runs learn
+ * counts at 1.5 times its peak, because it was still growing when it was
+ * ended, so its real peak is higher than the one seen. One evicted within
+ * it was ended for the node's sake and does not count.
  *
  * Each kind costs its name plus a struct mts_kind of under 3 KiB, most of
  * it MTS_KIND_RUNS runs. The default max_kinds of 4096 thus holds about
@@ -332,9 +334,9 @@ int mts_kind_estimate(const struct mts_registry *reg, struct mts_kind *k,
 	                   pol->kind_window, pol->kind_horizon_s};
 	if (!k->est_valid || now_s >= k->est_until_s ||
 	    memcmp(key, k->est_key, sizeof(key)) != 0) {
-		uint64_t v[MTS_KIND_RUNS];
+		uint64_t v[MTS_KIND_RUNS], cut[MTS_KIND_RUNS];
 		const struct mts_kind_run *shaped[MTS_KIND_RUNS];
-		uint32_t n = 0, ns = 0;
+		uint32_t n = 0, ns = 0, nc = 0;
 		uint64_t until = UINT64_MAX;
 		uint32_t window =
 		    pol->kind_window ? pol->kind_window : MTS_KIND_RUNS;
@@ -347,11 +349,28 @@ int mts_kind_estimate(const struct mts_registry *reg, struct mts_kind *k,
 				continue;
 			if (dies < until)
 				until = dies;
-			v[n++] = r->evicted ? add_bp(r->peak, MTS_BP_ONE / 2)
-			                    : r->peak;
-			if (r->dur_ms && !r->evicted)
+			if (r->evicted) {
+				cut[nc++] = r->peak;
+				continue;
+			}
+			v[n++] = r->peak;
+			if (r->dur_ms)
 				shaped[ns++] = r;
 		}
+		/* An evicted run was cut short: its real peak is unknown
+		 * but at least the one it reached. Past what the finished
+		 * runs learn, it outgrew its kind and counts at 1.5 times
+		 * that peak. Within it, it was ended for the node's sake,
+		 * not its own, and says nothing the finished runs do not:
+		 * counted, one eviction would raise a kind's size by half
+		 * for its next 64 runs. */
+		uint64_t finished =
+		    n ? add_bp(quantile(v, n, pol->kind_quantile_bp),
+		               pol->kind_margin_bp)
+		      : 0;
+		for (uint32_t i = 0; i < nc; i++)
+			if (!n || cut[i] > finished)
+				v[n++] = add_bp(cut[i], MTS_BP_ONE / 2);
 		k->est_runs = n;
 		k->est_bytes = 0;
 		if (n)

@@ -96,8 +96,9 @@ struct mts_kinds {
  * carries its length and profile; end_s is set here. The run joins the
  * kind's history, which is created when the caps allow. A run that cannot
  * be kept is counted and logged. An empty or bad `kind` is ignored. An
- * evicted run counts at 1.5 times its peak, because the task was still
- * growing, and gives no profile.
+ * evicted run gives no profile. It counts at 1.5 times its peak, because
+ * the task was still growing, if that peak is above what the kind's
+ * finished runs learn (or there are none); within it, it does not count.
  */
 void mts_kind_note_run(struct mts_registry *reg, const char *kind, uint32_t uid,
                        const struct mts_kind_run *run);
