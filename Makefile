@@ -7,7 +7,7 @@
 #   make check-long  the long fault/attack variants (MEMTALLY_LONG=1), longer fuzzing
 #   make bench  Release build, run the benchmark suites, write bench/results/
 #   make bench-fleet  a node that runs out of memory: the policies side by side,
-#               their table in bench/results/fleet.md, bench/fleet.png (~7 min, root)
+#               their table in bench/results/fleet.md, bench/fleet.png (~13 min, root)
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 

@@ -27,7 +27,7 @@ available here are reported as "not run" rows, never as numbers.
     python3 bench/fleet.py --build build [--workload 7] [--tasks 100]
         [--node-mib 640] [--policy none,static,pollkill,dask,memtally-declared,
                               memtally-cold,memtally-warm,memtally-dask,
-                              memtally-dask-warm]
+                              memtally-dask-warm,memtally-warm-idle]
         [--arrivals batch,over-time] [--results bench/results/fleet.md]
         [--plot bench/fleet.png] [--json out.json]
 
@@ -338,6 +338,7 @@ class PolicyResult:
         self.kills_note = ""        # what "killed by policy" means here
         self.evictions = None       # memtallyd's own count, for its rows
         self.on_declared = None     # kind -> runs admitted with no history
+        self.idle_usage = None      # a Dask row: the node, cluster up, idle
 
 
 class RunContext:
@@ -797,9 +798,15 @@ class MemtallyPolicy:
     headroom = 0.10
     learned = False
     warm = False
+    beside_idle = False     # beside the memory an idle Dask cluster holds
 
     def run(self, ctx):
         r = PolicyResult(self.name)
+        if self.beside_idle and ctx.arrivals not in DASK_IDLE:
+            r.ran = False
+            r.why_not = "no idle Dask cluster measured: run memtally-dask " \
+                "or memtally-dask-warm before it"
+            return r
         state = None
         if self.learned:
             state = learned_state(ctx, "learned", self.warm, r,
@@ -816,11 +823,18 @@ class MemtallyPolicy:
             r.note = "started with %d kinds learned" % n
         probe = DaemonProbe(runner.mc, server.socket, server.proc.pid, ctx,
                             horizon=5.0)
+        ballast = None
+        if self.beside_idle:
+            ballast = start_ballast(ctx, server.socket,
+                                    DASK_IDLE[ctx.arrivals])
         probe.start()
         try:
             runner.run()
         finally:
             probe.stop()
+            if ballast is not None:
+                ballast.kill()
+                ballast.wait()
         r.daemon = probe.summary(server.proc)
         r.forecast = probe.forecast_summary(r.oom_times)
         server.stop()
@@ -844,6 +858,58 @@ class MemtallyWarmPolicy(MemtallyColdPolicy):
     name = "memtally (learned, warm)"
     slug = "memtally-warm"
     warm = True
+
+
+def start_ballast(ctx, sock, hold):
+    """A python3 process inside the node, under the preload and registered
+    with memtallyd as an untasked worker (as a Dask worker is), that
+    brings the node to `hold` bytes for the whole run (what the node
+    holds already, memtallyd and the interpreter, is part of `hold`).
+    The clock restarts once it does: its start is not in the makespan."""
+    env = dict(ctx.env, MEMTALLY_SOCKET=sock)
+    code = ("import sys, time\n"
+            "print('up', flush=True)\n"
+            "b = bytearray(int(sys.stdin.readline()))\n"
+            "for i in range(0, len(b), 4096):\n"
+            "    b[i] = 1\n"
+            "print('ready', flush=True)\n"
+            "time.sleep(3600)\n")
+    p = subprocess.Popen(join_cgroup_argv(ctx.node, [sys.executable, "-c",
+                                                     code]),
+                         env=env, stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE)
+    ok = p.stdout.readline().strip() == b"up"
+    if ok:
+        p.stdin.write(b"%d\n" % max(MIB, hold - ctx.node.usage()))
+        p.stdin.flush()
+        ok = p.stdout.readline().strip() == b"ready"
+    if not ok:
+        p.kill()
+        p.wait()
+        raise benchlib.BenchError("fleet: the idle memory's holder did not "
+                                  "start")
+    time.sleep(0.5)     # memtallyd's resident sweeps (100 ms) count it
+    benchlib.log("fleet: the node holds %.0f MiB before any task (the idle "
+                 "cluster held %.0f)" % (ctx.node.usage() / MIB, hold / MIB))
+    ctx.t0 = time.monotonic()
+    return p
+
+
+class MemtallyWarmIdlePolicy(MemtallyWarmPolicy):
+    """The warm row beside what the memtally-dask rows' idle cluster held
+    (the scheduler, nannies and workers before any task; the latest such
+    row of the same arrivals): what that memory alone costs the learned
+    row, so that memtally-dask's makespan can be read against it. It
+    starts on what the learned rows before it kept (the cold row's pass
+    and the warm row's)."""
+    name = "memtally (learned, warm) beside Dask's idle memory"
+    slug = "memtally-warm-idle"
+    beside_idle = True
+
+
+# arrivals -> bytes the node held once the memtally-dask rows' cluster was
+# up, before any task (memtallyd and the idle cluster).
+DASK_IDLE = {}
 
 
 def learned_state(ctx, tag, warm, r, cold):
@@ -1091,6 +1157,8 @@ class DaskPolicy:
             # (the node's memory from here on includes the idle cluster).
             r.t_offset = ctx.now()
             r.idle_usage = ctx.node.usage()
+            if self.memtally:
+                DASK_IDLE[ctx.arrivals] = r.idle_usage
             benchlib.log("fleet: %s: the idle cluster holds %.0f MiB of the "
                          "node" % (self.name, r.idle_usage / MIB))
             if probe is not None:
@@ -1252,7 +1320,11 @@ class Sampler(threading.Thread):
         self.halt = threading.Event()
 
     def run(self):
+        t0 = self.ctx.t0
         while not self.halt.wait(0.1):
+            if self.ctx.t0 != t0:   # the policy restarted the clock
+                t0 = self.ctx.t0
+                del self.result.samples[:], self.result.slots[:]
             r = self.ctx.runner
             reserved = r.reserved_running() if r and r.reserves else 0
             self.result.samples.append((self.ctx.now(), self.ctx.node.usage(),
@@ -1397,6 +1469,7 @@ def table(results, limit):
 
 
 WARM = "memtally (learned, warm)"
+IDLE = "memtally (learned, warm) beside Dask's idle memory"
 COLD = "memtally (learned, cold)"
 
 
@@ -1469,16 +1542,24 @@ def goals(results, limit, tasks=()):
                      "all task CPU-seconds (%.1f; target <= 2%%): %s" % (
                          a, m["evictions"] or 0, m["evicted_cpu"],
                          100 * share, m["task_cpu"], ok(share <= 0.02)))
+        idle = rows.get(IDLE)
         for name in ("memtally-dask", "memtally-dask (warm)"):
             d = rows.get(name)
             if not d:
                 continue
+            beside = ""
+            if idle and raw[a][name].idle_usage is not None:
+                beside = "; beside the idle cluster's memory (%.0f MiB) the " \
+                    "learned row takes %.1f s: %.2f x that" % (
+                        raw[a][name].idle_usage / MIB, idle["makespan"],
+                        d["makespan"] / idle["makespan"])
             lines.append("- %s, %s: lost %d (target 0): %s; makespan %.1f s, "
-                         "%.2f x %s's %.1f s (target <= 1.2 x): %s" % (
+                         "%.2f x %s's %.1f s (target <= 1.2 x): %s%s" % (
                              a, name, d["lost"], ok(d["lost"] == 0),
                              d["makespan"], d["makespan"] / m["makespan"],
                              WARM, m["makespan"],
-                             ok(d["makespan"] <= 1.2 * m["makespan"])))
+                             ok(d["makespan"] <= 1.2 * m["makespan"]),
+                             beside))
     for a, rr in raw.items():
         for name in (COLD, WARM):
             r = rr.get(name)
@@ -1539,6 +1620,7 @@ POLICIES = {
     "dask": DaskPolicy,
     "memtally-dask": MemtallyDaskPolicy,
     "memtally-dask-warm": MemtallyDaskWarmPolicy,
+    "memtally-warm-idle": MemtallyWarmIdlePolicy,
 }
 # Policies that cannot run in this harness: name -> why.
 NOT_RUN = {}
@@ -1556,7 +1638,7 @@ def main(argv=None):
     ap.add_argument("--policy",
                     default="none,static,pollkill,dask,memtally-declared,"
                     "memtally-cold,memtally-warm,memtally-dask,"
-                    "memtally-dask-warm")
+                    "memtally-dask-warm,memtally-warm-idle")
     ap.add_argument("--arrivals", default="batch,over-time")
     ap.add_argument("--results")
     ap.add_argument("--plot")
