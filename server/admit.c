@@ -1093,8 +1093,7 @@ static void task_settle(struct mts_registry *reg, struct mts_task *t)
 static uint64_t host_vouched(const struct mts_registry *reg,
                              const struct mts_proc *p)
 {
-	uint64_t c = p->bytes > p->unvouched ? p->bytes - p->unvouched : 0;
-	return mts_measured(reg, c, p->rss);
+	return mts_measured(reg, mts_vouch_counted(p), p->rss);
 }
 
 /* The running total of thread `tid`'s lane in `p`'s slot; false when no

@@ -57,6 +57,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/pidfd.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "mts_admit.h"
@@ -68,6 +69,7 @@
 #include "mts_procfs.h"
 #include "mts_registry.h"
 #include "mts_state.h"
+#include "mts_vouch.h"
 
 const char *mts_guard_rule_name(enum mts_guard_rule r)
 {
@@ -87,10 +89,7 @@ const char *mts_guard_rule_name(enum mts_guard_rule r)
 static uint64_t proc_used(const struct mts_registry *reg,
                           const struct mts_proc *p)
 {
-	uint64_t b = p->bytes;
-	if (p->untrusted)
-		b = b > p->unvouched ? b - p->unvouched : 0;
-	return mts_measured(reg, b, p->rss);
+	return mts_measured(reg, mts_vouch_counted(p), p->rss);
 }
 
 /* Workers in candidate order: by task, uid, then pid for those with no
@@ -233,6 +232,14 @@ struct tree {
 	uint32_t n;
 };
 
+static bool in_tree(const struct tree *t, uint32_t pid)
+{
+	for (uint32_t i = 0; i < t->n; i++)
+		if (t->pid[i] == pid)
+			return true;
+	return false;
+}
+
 /* The parent pid of `pid`, or 0. */
 static uint32_t ppid_of(uint32_t pid)
 {
@@ -271,17 +278,22 @@ static void add_children(struct tree *t, uint32_t i, uint32_t self, int sig)
 			if (end == s)
 				break;
 			uint32_t pid = (uint32_t)v;
-			if (pid == self)
+			if (pid == self || in_tree(t, pid))
 				continue;
 			int fd = (int)pidfd_open((pid_t)pid, 0);
 			if (fd < 0)
 				continue;
-			if (ppid_of(pid) != t->pid[i]) {
+			/* Its parent's pid now, and the parent still alive
+			 * after that read: our pidfd pins its pid, so the
+			 * number is not a recycled one, and `pid` (pinned by
+			 * `fd`) really is its child. A member that died is
+			 * walked no further. */
+			if (ppid_of(pid) != t->pid[i] ||
+			    pidfd_send_signal(t->fd[i], 0, NULL, 0) < 0 ||
+			    (sig && pidfd_send_signal(fd, sig, NULL, 0) < 0)) {
 				close(fd);
 				continue;
 			}
-			if (sig)
-				pidfd_send_signal(fd, sig, NULL, 0);
 			t->fd[t->n] = fd;
 			t->pid[t->n] = pid;
 			t->n++;
@@ -290,9 +302,31 @@ static void add_children(struct tree *t, uint32_t i, uint32_t self, int sig)
 	closedir(d);
 }
 
+/* Has every process of `t` stopped (or gone)? */
+static bool tree_stopped(const struct tree *t)
+{
+	for (uint32_t i = 0; i < t->n; i++) {
+		char dir[32], buf[512];
+		snprintf(dir, sizeof(dir), "/proc/%u", t->pid[i]);
+		if (pidfd_send_signal(t->fd[i], 0, NULL, 0) < 0 ||
+		    mts_read_small(dir, "stat", buf, sizeof(buf)) < 0)
+			continue; /* gone */
+		const char *rp = strrchr(buf, ')');
+		char state = 0;
+		if (rp && sscanf(rp + 1, " %c", &state) == 1 &&
+		    strchr("TtZX", state) == NULL)
+			return false;
+	}
+	return true;
+}
+
 /* Stop candidate `k`'s workers and their descendants, each held by a
  * pidfd of ours in `t`. A stopped process cannot fork a child the walk
- * would miss. */
+ * would miss, but SIGSTOP takes effect when the process next runs, and a
+ * fork may complete between the signal and the read of its children. So
+ * once the tree has stopped (or MTS_GUARD_STOP_WAIT_NS has passed: a
+ * process in uninterruptible sleep stops late) it is walked again. */
+#define MTS_GUARD_STOP_WAIT_NS (UINT64_C(20) * 1000000u)
 static void stop_tree(struct mts_registry *reg, const struct mts_guard_cand *k,
                       struct tree *t)
 {
@@ -308,12 +342,22 @@ static void stop_tree(struct mts_registry *reg, const struct mts_guard_cand *k,
 		int fd = fcntl(p->pidfd, F_DUPFD_CLOEXEC, 0);
 		if (fd < 0)
 			continue;
-		pidfd_send_signal(fd, SIGSTOP, NULL, 0);
+		if (pidfd_send_signal(fd, SIGSTOP, NULL, 0) < 0) {
+			close(fd); /* gone already */
+			continue;
+		}
 		t->fd[t->n] = fd;
 		t->pid[t->n] = p->pid;
 		t->n++;
 	}
 	/* Breadth first: the list grows as it is walked. */
+	for (uint32_t i = 0; i < t->n; i++)
+		add_children(t, i, self, SIGSTOP);
+	uint64_t until = mts_now_monotonic() + MTS_GUARD_STOP_WAIT_NS;
+	while (t->n && !tree_stopped(t) && mts_now_monotonic() < until) {
+		struct timespec ts = {0, 1000000};
+		nanosleep(&ts, NULL);
+	}
 	for (uint32_t i = 0; i < t->n; i++)
 		add_children(t, i, self, SIGSTOP);
 }
@@ -546,6 +590,15 @@ static void kill_held(struct mts_registry *reg, const struct mts_guard_cand *k,
 {
 	struct mts_guard_state *g = reg->guard;
 	char q[MTS_LOGQ_MAX];
+	if (signal_tree(t, 0) == 0) {
+		/* Its processes ended on their own meanwhile: nothing to
+		 * evict, and nothing learned against its kind. */
+		close_tree(t);
+		mts_log(MTS_LOG_INFO, "node guard: its choice had ended",
+		        "task=%s uid=%u", mts_logq(q, sizeof(q), k->task),
+		        k->uid);
+		return;
+	}
 	send_event(reg, k, MTSHM_STATE_OVER, MTSHM_STATE_OVER, reason);
 	uint32_t killed = signal_tree(t, SIGKILL);
 	close_tree(t);
@@ -728,7 +781,7 @@ static void evict(struct mts_registry *reg, uint64_t now_ns)
 	 * while the node's room holds what it may still add meanwhile: a
 	 * pause frees nothing. One beyond its reservation took what nobody
 	 * granted it, and goes at once. */
-	if (g->pause && rule == MTS_GUARD_GROWTH &&
+	if (g->pause && reg->state && rule == MTS_GUARD_GROWTH &&
 	    mts_guard_hold_safe(g->node.usage, g->node.line, g->node.limit,
 	                        rise)) {
 		pause_task(reg, &k, rule, n, now_ns, rise);

@@ -50,6 +50,12 @@ void mts_vouch_begin(struct mts_registry *reg);
 uint64_t mts_vouch_proc(struct mts_registry *reg, struct mts_proc *p,
                         uint64_t claim, bool *want_read);
 
+/* What of `p`'s claim counts toward others, as of the latest tick: all
+ * of it for a trusted process; for an untrusted one the part vouched for,
+ * and never less than what the kernel says it holds (a claim of 0 hides
+ * nothing). */
+uint64_t mts_vouch_counted(const struct mts_proc *p);
+
 /* End of a tick: roll each untrusted uid's excess window; ask for fresh
  * kernel figures where claims ran ahead of them. */
 void mts_vouch_end(struct mts_registry *reg, uint64_t now_ns);

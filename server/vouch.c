@@ -134,6 +134,14 @@ uint64_t mts_vouch_proc(struct mts_registry *reg, struct mts_proc *p,
 	return vouched;
 }
 
+uint64_t mts_vouch_counted(const struct mts_proc *p)
+{
+	if (!p->untrusted)
+		return p->bytes;
+	uint64_t c = p->bytes > p->unvouched ? p->bytes - p->unvouched : 0;
+	return c > p->vouch.kernel ? c : p->vouch.kernel;
+}
+
 void mts_vouch_end(struct mts_registry *reg, uint64_t now_ns)
 {
 	uint64_t window = (uint64_t)reg->policy.untouched_ms * 1000000u;

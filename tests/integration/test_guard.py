@@ -22,6 +22,11 @@ kernel's OOM killer has to choose.
   user's task claims 2^49 bytes and holds real memory that takes the node
   past its line. The guard evicts the liar, not the other user's task
   (within its reservation), though the lie names it.
+- test_understating_cannot_hide: as nobody, a task granted 8 MiB holds 50
+  and its slot claims 1; a younger task of another user, within its
+  reservation, and memory memtally does not count take the node past its
+  line. The guard evicts the liar (42 MiB beyond its reservation by what
+  the kernel vouches for), not the other user's task.
 
 Skipped (77) where no memory cgroup can be made (not root, no writable
 memory controller), or with no second user for the trust test.
@@ -39,8 +44,8 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "..", "bench"))
 import harness  # noqa: E402
 from harness import (CLI, MIB, MULT, NOBODY, NOGROUP, Server, check,  # noqa: E402
-                     open_to_nobody, run, second_user, wait_for, worker,
-                     world_readable_copy)
+                     claim, open_to_nobody, run, second_user, wait_for,
+                     worker, world_readable_copy)
 from harness import config_file as config  # noqa: E402
 import fleet  # noqa: E402
 
@@ -366,7 +371,6 @@ def test_lie_cannot_evict_another_user():
                   "the liar is not ready")
             wait_for("the liar registered", lambda: liar.pid in s.ps(),
                      timeout=20)
-            from test_trust import claim
             claim(s, liar.pid, 1 << 49)
             liar.stdin.write("more 80\n")
             liar.stdin.flush()
@@ -388,8 +392,88 @@ def test_lie_cannot_evict_another_user():
         end_all(cg, victim, liar)
 
 
+# A plain process of the node holding 80 MiB until its stdin closes.
+HOG = ("import sys; b = bytes([1]) * (80 << 20); "
+       "print('ready', flush=True); sys.stdin.read()")
+
+
+def test_understating_cannot_hide():
+    second = second_user()
+    cg = node("hide")
+    preload, cli, hold = world_readable_copy(
+        os.environ["MEMTALLY_PRELOAD_LIB"], CLI, worker("hold"))
+    victim = liar = hog = None
+    try:
+        with guard_server(cg, "[server]\ngroup = nogroup\n") as s:
+            open_to_nobody(s)
+            env = run_env(s, MEMTALLY_PRELOAD_LIB=preload)
+            # nobody's task, granted 8 MiB, holds 50 MiB; then its slot
+            # says 1 MiB (its refresh thread off, so that nothing of the
+            # client writes the slot again).
+            liar = mt_run(s, cg, "--task", "hide", "--bytes", "8MiB", "--",
+                          *hold, "50", user=(NOBODY, NOGROUP), cli=cli,
+                          env=dict(env, MEMTALLY_REFRESH_MS="0"))
+            check(readline(liar, 30).startswith("ready"),
+                  "the liar is not ready")
+
+            def liar_pid():
+                return [p for p, v in s.ps().items()
+                        if v.get("task") == "hide"]
+            pid = wait_for("the liar registered", liar_pid, timeout=20)[0]
+            held = wait_for("the liar's 50 MiB counted", lambda: (
+                s.ps().get(pid, {}).get("bytes", 0) >= 50 * MIB and
+                s.ps()[pid]["bytes"]), timeout=20)
+            claim(s, pid, -(held - MIB))
+            wait_for("the liar's claim at 1 MiB", lambda:
+                     s.ps().get(pid, {}).get("bytes", 1 << 40) <= 2 * MIB,
+                     timeout=20)
+            # What the kernel vouches for is read once a sweep (1 s): the
+            # guard sees the liar's 50 MiB once a read after them came.
+            wait_for("the kernel's figure of the liar read", lambda:
+                     (s.ps().get(pid, {}).get("rss") or 0) >= 48 * MIB,
+                     timeout=20)
+            # The second user's task, younger: 60 MiB, within its 80.
+            victim = mt_run(s, cg, "--task", "etl", "--bytes", "80MiB",
+                            "--", *hold, "60", user=(second[0], NOGROUP),
+                            cli=cli, env=env)
+            check(readline(victim, 30).startswith("ready"),
+                  "the victim is not ready")
+            # Then what memtally cannot count takes the node past its
+            # line (179 MiB). By their claims both tasks are within their
+            # reservations, and the other user's the younger and the one
+            # that grew; by what the kernel vouches for, the liar is 42
+            # MiB beyond its 8.
+            hog = subprocess.Popen([sys.executable, "-c", HOG],
+                                   env=run_env(s), stdin=subprocess.PIPE,
+                                   stdout=subprocess.PIPE, text=True,
+                                   preexec_fn=in_node(cg))
+            check(readline(hog, 30).startswith("ready"),
+                  "the uncounted process is not ready")
+            wait_for("an eviction", lambda:
+                     'msg="node guard: evicting"' in s.logtext() or
+                     'msg="node guard: pausing"' in s.logtext(),
+                     timeout=30)
+            log = s.logtext()
+            check('msg="node guard: pausing"' not in log,
+                  "a task was paused: " + log.split(
+                      'msg="node guard: pausing"')[-1].split("\n")[0])
+            line = log.split('msg="node guard: evicting"')[1].split("\n")[0]
+            check("uid=%d" % NOBODY in line and 'task="hide"' in line,
+                  "the eviction was not the liar's: " + line)
+            rc = liar.wait(timeout=30 * MULT)
+            check(rc == 75, "the liar's run did not end evicted: %s" % rc)
+            time.sleep(1.5)  # past the interval: no second choice
+            check(victim.poll() is None,
+                  "the other user's task was killed: %s" % victim.poll())
+            check(s.logtext().count('msg="node guard: evicting"') == 1,
+                  "more than one eviction")
+            check(cg.oom_kills() == 0,
+                  "the kernel OOM-killed %d in the node" % cg.oom_kills())
+    finally:
+        end_all(cg, victim, liar, hog)
+
 if __name__ == "__main__":
     run([test_leak_is_evicted, test_retry_runs_it_again,
          test_a_grower_is_paused_then_resumed,
          test_a_paused_task_outlives_memtallyds_death,
-         test_lie_cannot_evict_another_user])
+         test_lie_cannot_evict_another_user, test_understating_cannot_hide])

@@ -220,6 +220,10 @@ static inline void fx_start_config(const struct mts_config *cfg)
  * what the slots say (a test of trust itself uses another uid). */
 #define FX_UID 1000u
 
+/* The restart record the next fx_start*() opens (NULL: none, as the
+ * fixture's servers have no socket to put it beside). */
+static __attribute__((unused)) const char *fx_state_path;
+
 /* Start a server of `slots` slots with `pol` (NULL = defaults); events
  * are captured. */
 static inline void fx_start_slots(const struct mts_policy *pol, uint32_t slots)
@@ -235,6 +239,7 @@ static inline void fx_start_slots(const struct mts_policy *pol, uint32_t slots)
 	pol = &with_fx;
 	struct mts_config cfg = fx_config("s3-test", slots);
 	cfg.policy = pol;
+	cfg.state_path = fx_state_path;
 	fx_start_config(&cfg);
 	/* A few slots would make the default per-uid slot cap smaller
 	 * still: tests of other things register more workers of one uid. Tests

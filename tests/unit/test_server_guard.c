@@ -712,9 +712,21 @@ static bool stopped_becomes(pid_t pid, bool stopped)
 /* A task "grow" within its 100 MiB reservation, rising 10 MiB/s over the
  * last 3 s, and a steady "calm"; the guard on a 640 MiB node with usage
  * `mib`, read at `now`. Returns grow's pid (*calm: calm's). */
-static pid_t grower_on_node(uint64_t mib, uint64_t now, pid_t *calm)
+static pid_t grower_on_node_with(uint64_t mib, uint64_t now, pid_t *calm,
+                                 bool record)
 {
+	/* A pause needs a restart record: a memtallyd that died holding
+	 * the task would leave it stopped for ever without one. */
+	static char path[64];
+	snprintf(path, sizeof(path), "/tmp/mt-guard-%d.state", (int)getpid());
+	unlink(path);
+	fx_state_path = record ? path : NULL;
 	fx_start();
+	fx_state_path = NULL;
+	if (record) {
+		cr_assert_not_null(srv.reg.state, "no restart record");
+		unlink(path); /* the server holds it open */
+	}
 	reserve(FX_UID, "grow", 100 * MIB);
 	reserve(FX_UID, "calm", 100 * MIB);
 	pid_t grow = fx_spawn();
@@ -735,6 +747,11 @@ static pid_t grower_on_node(uint64_t mib, uint64_t now, pid_t *calm)
 	mts_guard_apply(&srv.reg, &src, &fig);
 	nevents = 0;
 	return grow;
+}
+
+static pid_t grower_on_node(uint64_t mib, uint64_t now, pid_t *calm)
+{
+	return grower_on_node_with(mib, now, calm, true);
 }
 
 static void node_at(uint64_t mib)
@@ -853,6 +870,19 @@ Test(guard, pause_off_evicts_at_once)
 	srv.reg.guard->pause = false;
 	mts_guard_check(&srv.reg, t);
 	cr_assert_null(srv.reg.guard->hold);
+	cr_assert_eq(srv.reg.guard->evictions, 1);
+	evicted_not_calm(grow, calm);
+}
+
+Test(guard, without_a_restart_record_a_grower_is_evicted_not_paused)
+{
+	uint64_t t = mts_now_monotonic();
+	pid_t calm;
+	pid_t grow = grower_on_node_with(600, t, &calm, false);
+	cr_assert(srv.reg.guard->pause, "[guard] pause is on");
+	mts_guard_check(&srv.reg, t);
+	cr_assert_null(srv.reg.guard->hold, "paused with no restart record");
+	cr_assert_eq(srv.reg.guard->pauses, 0);
 	cr_assert_eq(srv.reg.guard->evictions, 1);
 	evicted_not_calm(grow, calm);
 }
