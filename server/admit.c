@@ -2075,6 +2075,24 @@ static uint64_t first_run_room(const struct mts_registry *reg)
 	return room;
 }
 
+/* The most one request of a uid (`admin`: exempt from the per-uid caps)
+ * can ever be granted: beside what runs outside reservations now
+ * (first_run_room), else under the bare limits; 0: no bound. */
+static uint64_t grantable(const struct mts_registry *reg, bool admin)
+{
+	uint64_t most = first_run_room(reg);
+	if (!most) {
+		most = reg->totals.limit;
+		const struct mts_node_fig *nf = mts_guard_figure(reg, NULL);
+		if (nf && nf->line && (!most || nf->line < most))
+			most = nf->line;
+	}
+	uint64_t cap = admin ? 0 : uid_bytes_cap(&reg->policy);
+	if (cap && (!most || cap < most))
+		most = cap;
+	return most;
+}
+
 /* Has `who` waited, asking again, the queue's time ([admission] queue)? */
 static bool waited(const struct mts_registry *reg, uint64_t who)
 {
@@ -2093,8 +2111,9 @@ static bool waited(const struct mts_registry *reg, uint64_t who)
  * declared), else the declaration, else [kinds] default_size.
  */
 static uint64_t size_request(const struct mts_registry *reg, uint32_t key,
-                             uint64_t who, const char *kind, uint64_t declared,
-                             char *why, size_t whylen, bool *learned_used)
+                             bool admin, uint64_t who, const char *kind,
+                             uint64_t declared, char *why, size_t whylen,
+                             bool *learned_used)
 {
 	const struct mts_policy *pol = &reg->policy;
 	char a[32], b[320];
@@ -2107,6 +2126,19 @@ static uint64_t size_request(const struct mts_registry *reg, uint32_t key,
 	bool known =
 	    mts_kind_learned_for(reg, kind, key, &learned, why, whylen) == 0;
 	if (known && (!declared || pol->kind_reserve_learned)) {
+		/* A size learned above all that is ever granted (an eviction
+		 * counted at 1.5 times its peak, a fleet limit lowered since)
+		 * would be denied for ever, and no new run could bring it
+		 * down: it is reserved at that most instead, held whole. */
+		uint64_t most = grantable(reg, admin);
+		if (most && learned > most) {
+			snprintf(b, sizeof(b), "%s", why);
+			snprintf(why, whylen,
+			         "%s: all this fleet ever grants one request "
+			         "(learned %.240s)",
+			         mt_format_size(a, sizeof(a), most), b);
+			return most;
+		}
 		*learned_used = true;
 		return learned;
 	}
@@ -2273,9 +2305,10 @@ int mts_admit(struct mts_registry *reg, const struct mts_peer *peer,
 	uint32_t key = peer_key(peer, &owned);
 	char sized_by[sizeof(out->sized_by)];
 	bool learned;
+	bool admin = mts_authorise(reg, peer, NULL) != MTS_AUTH_NONE;
 	uint64_t bytes =
-	    size_request(reg, key, waiter_key(key, task), kind, req->bytes,
-	                 sized_by, sizeof(sized_by), &learned);
+	    size_request(reg, key, admin, waiter_key(key, task), kind,
+	                 req->bytes, sized_by, sizeof(sized_by), &learned);
 	if (!learned && kind[0] && req->bytes && bytes > 0)
 		bytes = first_run_in_host(reg, peer, req, bytes, sized_by,
 		                          sizeof(sized_by));
@@ -2292,9 +2325,8 @@ int mts_admit(struct mts_registry *reg, const struct mts_peer *peer,
 	char why[sizeof(out->why)], scope[sizeof(out->scope)];
 	bool kind_refused =
 	    kind[0] && !mts_kind_find(reg, kind, key) &&
-	    mts_kind_may_create(reg, key,
-	                        mts_authorise(reg, peer, NULL) != MTS_AUTH_NONE,
-	                        why, sizeof(why), scope, sizeof(scope)) < 0;
+	    mts_kind_may_create(reg, key, admin, why, sizeof(why), scope,
+	                        sizeof(scope)) < 0;
 	if (kind_refused) {
 		memset(out, 0, sizeof(*out));
 		out->reason = MTS_DENY_KIND_CAP;
@@ -2333,7 +2365,10 @@ void mts_resv_evicted(struct mts_registry *reg, struct mts_resv *r)
 	if (r->evicted)
 		return;
 	r->evicted = true;
-	if (r->kind) {
+	/* As at a release: a task that never ran, or held nothing yet,
+	 * teaches its kind nothing (a hosted task granted a moment before
+	 * its host was evicted would teach it a size of 0). */
+	if (r->kind && running(r) && r->peak) {
 		struct mts_kind_run run;
 		run_of(r, true, &run);
 		mts_kind_note_run(reg, r->kind->name, r->kind->uid, &run);

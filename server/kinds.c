@@ -742,7 +742,9 @@ static int read_all(int fd, size_t max, unsigned char **out, size_t *len)
 int mts_kinds_load(struct mts_registry *reg, const char *path)
 {
 	struct mts_kinds *ks = reg->kinds;
-	int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	/* O_NONBLOCK: a FIFO put in its place (a shared directory) must not
+	 * hold memtallyd's start; mts_file_not_ours() refuses it. */
+	int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
 	if (fd < 0) {
 		if (errno == ENOENT)
 			return -ENOENT;

@@ -134,7 +134,9 @@ int mts_state_open(const char *path, bool reset, struct mts_state_info *info,
 		close(fd);
 		fd = -1;
 		/* Replace it: a file we did not make is never written. */
-		if (unlink(path) < 0 && errno != ENOENT) {
+		if (unlink(path) == 0)
+			errno = ENOENT; /* gone: made afresh below */
+		else if (errno != ENOENT) {
 			mts_log(MTS_LOG_WARN,
 			        "cannot replace the state file: running "
 			        "without a restart record (a restart will not "

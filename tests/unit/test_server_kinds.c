@@ -78,6 +78,8 @@ static uint64_t plus10(uint64_t v)
 	return v + v / 10;
 }
 
+static struct mts_resv *resv_of_task(const char *task);
+
 Test(kinds, p95_of_the_recent_peaks_plus_the_margin)
 {
 	start_fleet(0);
@@ -168,6 +170,55 @@ Test(kinds, a_run_evicted_within_its_size_does_not_raise_it)
 	note_run(&srv.reg, "e", 1000, 20 * MIB, true);
 	cr_assert_eq(mts_kind_learned_for(&srv.reg, "e", 1000, &b, NULL, 0), 0);
 	cr_assert_eq(b, plus10(30 * MIB));
+}
+
+Test(kinds, a_size_learned_past_all_ever_granted_is_reserved_at_that)
+{
+	mts_policy_defaults(&pol);
+	pol.fleet_limit = 400 * MIB;
+	pol.resv_bytes_per_uid = 100 * MIB;
+	fx_start_policy(&pol);
+	char why[320];
+	/* One run evicted at 300 MiB, no finished run: it counts at 1.5
+	 * times, 495 MiB with the margin, above the 400 MiB fleet limit. */
+	note_run(&srv.reg, "big", 1000, 300 * MIB, true);
+	uint64_t b;
+	cr_assert_eq(mts_kind_learned_for(&srv.reg, "big", 1000, &b, NULL, 0),
+	             0);
+	cr_assert_eq(b, plus10(450 * MIB));
+	/* Reserved at that size, it would be denied on an empty fleet for
+	 * ever, and no run could bring it down: it is reserved at all a
+	 * request of this uid is ever granted, held whole: its share of
+	 * reserved bytes. */
+	uint64_t most = 100 * MIB;
+	uint64_t got = reserved_for(1000, 0, "big", why, sizeof(why));
+	cr_assert_eq(got, most, "%llu, not %llu: %s", (unsigned long long)got,
+	             (unsigned long long)most, why);
+	cr_assert(strstr(why, "all this fleet ever grants one request "
+	                      "(learned 495 MiB"),
+	          "%s", why);
+	mts_resv_free_all(&srv.reg);
+	mts_resv_sums(&srv.reg);
+	/* Root is not held to the per-uid share: the fleet limit. */
+	note_run(&srv.reg, "big", 0, 300 * MIB, true);
+	cr_assert_eq(reserved_for(0, 0, "big", NULL, 0), 400 * MIB);
+}
+
+Test(kinds, a_task_evicted_before_it_ran_teaches_nothing)
+{
+	start_fleet(400 * MIB);
+	/* Granted, no worker of it yet (a task granted a moment before its
+	 * host or its task was evicted): evicted, it is counted as no run,
+	 * so its kind learns no size of 0. */
+	Memtally__V1__Response *r = admit_kind(1000, 50 * MIB, "fresh", "F1");
+	cr_assert(r->admit_result->admitted, "%s", r->admit_result->reason);
+	memtally__v1__response__free_unpacked(r, NULL);
+	mts_resv_evicted(&srv.reg, resv_of_task("F1"));
+	uint64_t b;
+	cr_assert_lt(mts_kind_learned_for(&srv.reg, "fresh", 1000, &b, NULL, 0),
+	             0, "learned %llu from a task that never ran",
+	             (unsigned long long)b);
+	cr_assert_eq(mts_kind_find(&srv.reg, "fresh", 1000)->runs_total, 0);
 }
 
 Test(kinds, admission_reserves_the_learned_size)
