@@ -472,6 +472,11 @@ Test(kinds, corrupt_or_foreign_records_refused_whole)
 	unlink(link);
 	unlink(path);
 	cr_assert_eq(mts_kinds_load(&srv.reg, path), -ENOENT);
+	/* A FIFO in its place (a shared directory): refused at once, not
+	 * waited on for a writer. */
+	cr_assert_eq(mkfifo(path, 0600), 0);
+	cr_assert_eq(mts_kinds_load(&srv.reg, path), -EBADMSG);
+	unlink(path);
 }
 
 static char *render(void)
