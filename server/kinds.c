@@ -579,6 +579,13 @@ struct rec_kind {
 	uint64_t evictions;
 };
 
+/* The record is the structs' native layout: a change of either is a new
+ * format (KINDS_VERSION), never a silent one. */
+_Static_assert(sizeof(struct rec_hdr) == 32, "the record's header");
+_Static_assert(sizeof(struct rec_kind) == 32, "the record's kind");
+_Static_assert(sizeof(struct mts_kind_run) == 24 + 2 * MTS_KIND_STEPS,
+               "the record's run");
+
 static uint64_t fnv(uint64_t h, const void *p, size_t n)
 {
 	const unsigned char *b = p;
@@ -779,6 +786,7 @@ int mts_kinds_load(struct mts_registry *reg, const char *path)
 	/* Parse into a table of our own first: a record refused halfway
 	 * leaves nothing of it behind. */
 	struct mts_kinds fresh = {0};
+	uint64_t now_s = mts_now_realtime() / 1000000000u;
 	size_t off = sizeof(h);
 	size_t run_len =
 	    !why && h.version == 1 ? KINDS_V1_RUN : sizeof(struct mts_kind_run);
@@ -825,12 +833,18 @@ int mts_kinds_load(struct mts_registry *reg, const char *path)
 		k->head = rk.nruns % MTS_KIND_RUNS;
 		k->runs_total = rk.runs_total;
 		k->evictions = rk.evictions;
-		for (uint32_t j = 0; j < k->nruns; j++)
+		for (uint32_t j = 0; j < k->nruns; j++) {
 			if (k->runs[j].evicted > 1 ||
 			    (h.version == 1 && k->runs[j].dur_ms)) {
 				why = "a run out of range";
 				break;
 			}
+			/* Written by a clock ahead of ours: it ages from now,
+			 * or it would hold its kind (and a slot of its uid's
+			 * cap) past the horizon. */
+			if (k->runs[j].end_s > now_s)
+				k->runs[j].end_s = now_s;
+		}
 	}
 	if (!why && off != len)
 		why = "bytes after the last kind";

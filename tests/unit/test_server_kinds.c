@@ -416,6 +416,26 @@ Test(kinds, record_round_trip)
 	unlink(path);
 }
 
+Test(kinds, a_run_recorded_ahead_of_the_clock_ages_from_now)
+{
+	start_fleet(0);
+	note_run(&srv.reg, "ahead", 1000, 5 * MIB, false);
+	uint64_t now_s = mts_now_realtime() / 1000000000u;
+	/* Written by a memtallyd whose clock ran a year ahead. */
+	mts_kind_find(&srv.reg, "ahead", 1000)->runs[0].end_s =
+	    now_s + 365 * 86400;
+	snprintf(path, sizeof(path), "/tmp/mt-kinds-%d.kinds", (int)getpid());
+	unlink(path);
+	cr_assert_eq(mts_kinds_save(&srv.reg, path), 0);
+	mts_kinds_free(&srv.reg);
+	cr_assert_eq(mts_kinds_load(&srv.reg, path), 0);
+	uint64_t end = mts_kind_find(&srv.reg, "ahead", 1000)->runs[0].end_s;
+	cr_assert(end >= now_s && end <= now_s + 60,
+	          "ends %llu s after now: would outlive the horizon",
+	          (unsigned long long)(end - now_s));
+	unlink(path);
+}
+
 /* Write byte `v` at `off` of the record. */
 static void poke(off_t off, uint8_t v)
 {
