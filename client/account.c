@@ -4,13 +4,14 @@
  * The fast path keeps `biased = drift + (T - 1)` in [0, 2(T - 1)] for a
  * set-up thread (T = threshold), so a flush is due once |drift| >= T: a
  * thread-local drift flushed past a threshold, the scheme DataFusion
- * Comet's allocator accounting uses. Anything outside, including a brand-new thread whose
- * state is all zero, lands here: publish the drift, re-centre the window,
- * and make sure the thread's drift is flushed when it exits.
+ * Comet's allocator accounting uses. Anything outside, including a brand-new
+ * thread whose state is all zero, lands here: publish the drift, re-centre the
+ * window, and make sure the thread's drift is flushed when it exits.
  */
 #define _GNU_SOURCE
 #include "client_internal.h"
 
+#include <errno.h>
 #include <pthread.h>
 
 __thread struct memtally__tls memtally__t MTC_TLS;
@@ -53,7 +54,19 @@ static void make_key(void)
 	pthread_key_create(&exit_key, on_thread_exit);
 }
 
+static void account_slow_errno(void);
+
+/* The program's errno survives it (a registration's socket calls): free()
+ * keeps errno, and a program may free in an error path before it reads
+ * errno. */
 void memtally__account_slow(void)
+{
+	int e = errno;
+	account_slow_errno();
+	errno = e;
+}
+
+static void account_slow_errno(void)
 {
 	struct memtally__tls *t = &memtally__t;
 	if (acc.th.busy)

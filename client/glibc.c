@@ -181,7 +181,7 @@ static void gl_make_key(void)
 
 /* The rest of gl_slow(): a new or disabled thread, a re-entered one,
  * and a publish the quiet path cannot make. */
-__attribute__((noinline)) static void gl_slow_rare(void)
+static void gl_slow_rare_errno(void)
 {
 	struct gl_tls *t = &gl;
 	if (t->th.busy || t->set == 2)
@@ -202,6 +202,16 @@ __attribute__((noinline)) static void gl_slow_rare(void)
 		t->th.busy = 0;
 	}
 	gl_publish(t, gl_take(t, 1));
+}
+
+/* The program's errno survives it: a registration's socket calls, the
+ * refresh thread's start. free() keeps errno (glibc since 2.33, POSIX),
+ * and a program may free in an error path before it reads errno. */
+__attribute__((noinline)) static void gl_slow_rare(void)
+{
+	int e = errno;
+	gl_slow_rare_errno();
+	errno = e;
 }
 
 /*

@@ -136,11 +136,16 @@ __attribute__((noinline)) static void activity_slow(struct mtj_tls *t,
 	int64_t d = (int64_t)(net - t->flushed);
 	if (t->th.busy || !d)
 		return;
+	/* The program's errno survives it (a registration's socket calls):
+	 * free() keeps errno, and a program may free in an error path
+	 * before it reads errno. */
+	int e = errno;
 	t->th.busy = 1;
 	t->flushed = net;
 	mtc_publish(&t->th, d);
 	t->th.busy = 0;
 	mtc_after_flush(&t->th);
+	errno = e;
 }
 
 /* jemalloc's activity callback: publish the thread's net since the last
@@ -245,14 +250,17 @@ __attribute__((noinline)) static void count_slow(void)
 	struct mtj_tls *t = &mtj_t;
 	if (t->th.busy)
 		return;
+	int e = errno; /* as activity_slow() */
 	t->th.busy = 1;
 	if (new_thread(t) && !setup_thread(t)) {
 		t->th.busy = 0;
+		errno = e;
 		return;
 	}
 	publish_now(t);
 	t->th.busy = 0;
 	mtc_after_flush(&t->th);
+	errno = e;
 }
 
 /* True when no flush is due: two loads, a subtract, a compare. */

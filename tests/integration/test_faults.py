@@ -19,7 +19,9 @@
   g. a server that answers a registration too late (SIGSTOPped while the
      worker registers): the worker gave up waiting, the server registered
      it all the same, and the worker, gone quiet, is still counted; with
-     no slot free, the refusal of its retry ends its tries.
+     no slot free, the refusal of its retry ends its tries;
+  h. a program's errno across the allocator: memtally's own calls (a
+     registration's socket, failing with no server) never change it.
 """
 import os
 import random
@@ -31,7 +33,9 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import MEMTALLYD, MIB, MULT, Server, Worker, check, find_slot, logged, run, terminate, wait_for, worker  # noqa: E402
+from harness import MEMTALLYD, MIB, MULT, PRELOAD, Server, Worker, check, find_slot, logged, run, terminate, wait_for, worker  # noqa: E402
+
+GLIBC_LIB = os.path.join(os.path.dirname(PRELOAD), "libmemtally_glibc.so")
 
 LONG = os.environ.get("MEMTALLY_LONG") == "1"
 CYCLES = 10000 if LONG else 300
@@ -562,6 +566,34 @@ def test_g_refused_after_a_late_answer():
             filler.close()
 
 
+def test_h_errno_kept():
+    """malloc, calloc, realloc and free keep the program's errno, under
+    the jemalloc preload and the glibc front end, with no server (each
+    registration try, at most every 100 ms to 5 s, fails on its socket
+    calls) and with one (the first flush registers). 200 rounds of 1 MiB
+    blocks, each call past the 64 KiB publish threshold."""
+    with Server(slots=8) as s:
+        for name, lib, extra in (
+                ("jemalloc preload", PRELOAD, {}),
+                ("glibc front end", GLIBC_LIB,
+                 {"MEMTALLY_ALLOCATOR": "glibc"})):
+            for sock in ("/nonexistent/memtally.sock", s.socket):
+                env = s.env(LD_PRELOAD=lib, MEMTALLY_SOCKET=sock, **extra)
+                env.pop("MEMTALLY_ALLOCATOR_SWITCHED", None)
+                out = subprocess.run([*worker("errno"), "200"], env=env,
+                                     capture_output=True, text=True,
+                                     timeout=60 * MULT)
+                check(out.returncode == 0 and
+                      "errno kept over 200 rounds" in out.stdout,
+                      "%s, %s: %s (exit %d)" % (
+                          name, "no server" if sock != s.socket else
+                          "a server", out.stdout.strip() or out.stderr[-300:],
+                          out.returncode))
+                print("  %s, %s: errno kept" % (
+                    name, "no server" if sock != s.socket else "a server"),
+                    flush=True)
+
+
 if __name__ == "__main__":
     run([test_a_sigkill_churn, test_b_more_workers_than_slots,
          test_c_stopped_worker, test_c_fork_loop, test_c_exec_repeatedly,
@@ -569,4 +601,4 @@ if __name__ == "__main__":
          test_d_state_truncated,
          test_e_scribbled_lane, test_f_threads_exit_without_freeing,
          test_g_late_answer_to_a_quiet_worker,
-         test_g_refused_after_a_late_answer])
+         test_g_refused_after_a_late_answer, test_h_errno_kept])
