@@ -92,10 +92,10 @@ static void epoch_bump(void)
  * after each full flush: mtc_after_flush). */
 uint32_t mtc_refresh_want;
 
-void mtc_debug(const char *fmt, ...)
+int mtc_debug_on;
+
+void mtc_debug_print(const char *fmt, ...)
 {
-	if (!mtc_proc.debug)
-		return;
 	char buf[512];
 	int n = snprintf(buf, sizeof(buf), "memtally[%d]: ", (int)getpid());
 	va_list ap;
@@ -251,7 +251,7 @@ static uint64_t env_ms(const char *name, uint64_t def, uint64_t max)
 static void init_once(void)
 {
 	const char *d = getenv("MEMTALLY_DEBUG");
-	mtc_proc.debug = d && d[0] == '1';
+	mtc_debug_on = d && d[0] == '1';
 	d = getenv("MEMTALLY_DISABLE");
 	mtc_proc.disabled = d && d[0] == '1';
 	d = getenv("MEMTALLY_ALLOCATOR_FREE");

@@ -163,7 +163,16 @@ void mtc_maps_reconcile(void);
  * need be: for memtally_flush(), which a program calls to publish now. */
 void mtc_maps_reconcile_now(void);
 
-/* Diagnostics on stderr when MEMTALLY_DEBUG=1. Never allocates. */
-void mtc_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Diagnostics on stderr when MEMTALLY_DEBUG=1. Never allocates. A macro,
+ * so that without MEMTALLY_DEBUG its arguments are not evaluated either:
+ * strerror() may load a locale's catalogue (it allocates and locks). */
+extern int mtc_debug_on MTC_HIDDEN; /* MEMTALLY_DEBUG=1 */
+void mtc_debug_print(const char *fmt, ...)
+    __attribute__((format(printf, 1, 2)));
+#define mtc_debug(...)                                                         \
+	do {                                                                   \
+		if (__builtin_expect(mtc_debug_on, 0))                         \
+			mtc_debug_print(__VA_ARGS__);                          \
+	} while (0)
 
 #endif /* MEMTALLY_CLIENT_INTERNAL_H */

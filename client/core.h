@@ -78,7 +78,6 @@ struct mtc_process {
 	/* Written once by init(), or under `attaching`. */
 	pthread_once_t once;
 	int disabled;
-	int debug;
 	int free_off;         /* MEMTALLY_ALLOCATOR_FREE=0: never sample */
 	uint64_t refresh_ms;  /* MEMTALLY_REFRESH_MS, 0: no refresh thread */
 	uint64_t refresh_min; /* MEMTALLY_REFRESH_MIN: see MTC_REFRESH_MIN */
