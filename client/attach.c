@@ -714,8 +714,14 @@ static int attach(bool if_registered)
 	/* Written whole before counted: a fork at any moment fences only
 	 * complete entries (fence_inherited). */
 	__atomic_store_n(&mtc_proc.natts, mtc_proc.natts + 1, __ATOMIC_RELEASE);
+	/* At most what memtallyd's config accepts ([server] threshold, 1
+	 * GiB): a peer answering more could make the fronts' windows (2 x
+	 * threshold) wrap. */
 	if (rep.threshold)
-		mtshm_store_relaxed64(&mtc_thresh, rep.threshold);
+		mtshm_store_relaxed64(&mtc_thresh,
+		                      rep.threshold > MTC_THRESH_MAX
+		                          ? MTC_THRESH_MAX
+		                          : rep.threshold);
 	if (same_slot) {
 		/* A restarted server adopted our slot and hands us its new
 		 * header: lanes and counts stay as they are, threads keep

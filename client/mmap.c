@@ -232,16 +232,25 @@ static int add_excl(struct dl_phdr_info *info, size_t size, void *self)
 	return 0;
 }
 
+/* Which fork took mm.lock in prepare (2), so that a fork handler run
+ * meanwhile (another library's, registered before ours) that maps or
+ * unmaps passes the table by as a re-entered call, instead of waiting on
+ * the lock this thread holds. */
 static void mm_prepare(void)
 {
-	if (!mm_busy)
+	if (!mm_busy) {
+		mm_busy = 1; /* as in enter(): busy before the lock */
 		pthread_mutex_lock(&mm.lock);
+		mm_busy = 2;
+	}
 }
 
 static void mm_parent(void)
 {
-	if (!mm_busy)
+	if (mm_busy == 2) {
 		pthread_mutex_unlock(&mm.lock);
+		mm_busy = 0;
+	}
 }
 
 static void mm_child(void)
@@ -249,8 +258,10 @@ static void mm_child(void)
 	/* The table is the parent's, and so are the mappings: both stay.
 	 * The lock was taken by prepare in this thread: reset it. */
 	pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
-	if (!mm_busy)
+	if (mm_busy == 2) {
 		mm.lock = fresh;
+		mm_busy = 0;
+	}
 }
 
 /* Early: a constructor of its own, so the allocators' ranges are known

@@ -56,6 +56,7 @@ void mtc_publish(struct mtc_thread *th, int64_t delta);
 #define MTC_HIDDEN __attribute__((visibility("hidden")))
 extern uint64_t mtc_epoch MTC_HIDDEN;
 extern uint64_t mtc_thresh MTC_HIDDEN;
+#define MTC_THRESH_MAX (UINT64_C(1) << 30)
 extern uint64_t mtc_gate MTC_HIDDEN;
 
 /* Threshold threads must use now (server's once attached). */
