@@ -2075,6 +2075,18 @@ static uint64_t first_run_room(const struct mts_registry *reg)
 	return room;
 }
 
+/* `bytes` reserved instead of the learned size `why` tells: "SIZE: WHAT
+ * (learned WHY TAIL)". Returns `bytes`. */
+static uint64_t learned_not_used(char *why, size_t whylen, uint64_t bytes,
+                                 const char *what, const char *tail)
+{
+	char a[32], b[320];
+	snprintf(b, sizeof(b), "%s", why);
+	snprintf(why, whylen, "%s: %s (learned %.200s%s)",
+	         mt_format_size(a, sizeof(a), bytes), what, b, tail);
+	return bytes;
+}
+
 /* The most one request of a uid (`admin`: exempt from the per-uid caps)
  * can ever be granted: beside what runs outside reservations now
  * (first_run_room), else under the bare limits; 0: no bound. */
@@ -2116,7 +2128,7 @@ static uint64_t size_request(const struct mts_registry *reg, uint32_t key,
                              bool *learned_used)
 {
 	const struct mts_policy *pol = &reg->policy;
-	char a[32], b[320];
+	char a[32];
 	*learned_used = false;
 	if (!kind[0]) {
 		snprintf(why, whylen, "declared");
@@ -2131,25 +2143,17 @@ static uint64_t size_request(const struct mts_registry *reg, uint32_t key,
 		 * would be denied for ever, and no new run could bring it
 		 * down: it is reserved at that most instead, held whole. */
 		uint64_t most = grantable(reg, admin);
-		if (most && learned > most) {
-			snprintf(b, sizeof(b), "%s", why);
-			snprintf(why, whylen,
-			         "%s: all this fleet ever grants one request "
-			         "(learned %.240s)",
-			         mt_format_size(a, sizeof(a), most), b);
-			return most;
-		}
+		if (most && learned > most)
+			return learned_not_used(
+			    why, whylen, most,
+			    "all this fleet ever grants one request", "");
 		*learned_used = true;
 		return learned;
 	}
-	if (known) {
-		snprintf(b, sizeof(b), "%s", why);
-		snprintf(why, whylen,
-		         "%s: declared (learned %.200s not used: [kinds] "
-		         "reserve_learned = false)",
-		         mt_format_size(a, sizeof(a), declared), b);
-		return declared;
-	}
+	if (known)
+		return learned_not_used(
+		    why, whylen, declared, "declared",
+		    " not used: [kinds] reserve_learned = false");
 	if (declared) {
 		uint64_t room = first_run_room(reg);
 		if (room && declared > room && declared <= reg->totals.limit &&
