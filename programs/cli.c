@@ -1639,6 +1639,8 @@ static int cmd_kinds(struct cli *c)
 
 /* ---- run ----------------------------------------------------------- */
 
+#define RUN_TASK_MAX 63
+
 static int check_run(struct cli *c)
 {
 	if (!c->run_argv || !c->run_argv[0])
@@ -1695,6 +1697,11 @@ static int check_run(struct cli *c)
 	if ((c->group && !c->group[0]) || (c->task && !c->task[0]))
 		return usage_error("run: --%s is empty",
 		                   c->group && !c->group[0] ? "group" : "task");
+	/* A worker keeps 63 bytes of MEMTALLY_TASK: a longer name would
+	 * never match its reservation, nor the guard's events for it. */
+	if (c->task && strlen(c->task) > RUN_TASK_MAX)
+		return usage_error("run: --task is %zu bytes, at most %d",
+		                   strlen(c->task), RUN_TASK_MAX);
 	if (c->reservation) {
 		/* The reservation is taken over by the workers of the task it
 		 * was made for: they must carry that task's name. */

@@ -108,14 +108,17 @@ struct run {
 	memtally_query *w; /* the watch while waiting, or NULL */
 	char reservation[64];
 	bool failed_open; /* the fail-open line was printed */
+	bool lost;        /* memtallyd stopped answering while we waited */
 	int sfd;          /* signalfd */
 	sigset_t mask;    /* blocked by us: restored in the command */
 	sigset_t old_mask;
-	int signo;             /* a signal ended the wait, or 0 */
-	double wait_s;         /* how long this admission may wait for room */
-	bool evicted;          /* the node guard evicted this run's task */
-	char evicted_why[640]; /* its event's reason, the figures */
-	char *added[4];        /* the "NAME=value" strings command_env() made */
+	int signo;     /* a signal ended the wait, or 0 */
+	double wait_s; /* how long this admission may wait for room */
+	bool evicted;  /* the node guard evicted this run's task */
+	int died_of;   /* the signal that ended the command, or 0 */
+	struct sigaction old_chld; /* SIGCHLD as we got it: the command's */
+	char evicted_why[640];     /* its event's reason, the figures */
+	char *added[4]; /* the "NAME=value" strings command_env() made */
 	size_t nadded;
 };
 
@@ -174,9 +177,11 @@ static void print_denial(const struct memtally_admit_result *a,
 
 /*
  * One Admit. 1 granted (r->reservation set), 0 denied (*denied holds the
- * answer, the caller frees it), < 0 no answer: the caller fails open.
+ * answer, the caller frees it), < 0 no answer: the caller fails open
+ * (said on stderr when `say_open`).
  */
-static int ask(struct run *r, struct memtally_admit_result **denied)
+static int ask(struct run *r, struct memtally_admit_result **denied,
+               bool say_open)
 {
 	const struct mtcli_run_opts *o = r->o;
 	struct memtally_admit_req rq = {
@@ -189,8 +194,9 @@ static int ask(struct run *r, struct memtally_admit_result **denied)
 	struct memtally_admit_result *a = NULL;
 	int err = memtally_query_admit(r->q, &rq, &a);
 	if (err) {
-		fail_open(r, "cannot ask for admission at", err,
-		          memtally_query_last_error(r->q));
+		if (say_open)
+			fail_open(r, "cannot ask for admission at", err,
+			          memtally_query_last_error(r->q));
 		return err;
 	}
 	if (a->admitted) {
@@ -337,9 +343,36 @@ static int wait_for_room(struct run *r, struct memtally_admit_result **denied)
 		memtally_admit_result_free(*denied);
 		*denied = NULL;
 		last_ask = now_ms();
-		int got = ask(r, denied);
-		if (got != 0)
+		int got = ask(r, denied, false);
+		if (got > 0)
 			return got;
+		if (got < 0) {
+			/* A server that said "no room" and then stopped
+			 * answering is most likely restarting: failing open
+			 * now would start every waiter on the node at once,
+			 * unadmitted. Asked again (the handle reconnects)
+			 * until the wait ends; only then is it missing. */
+			if (last_ask >= end) {
+				fail_open(r, "no answer from memtallyd at", got,
+				          "while the command waited for room");
+				return got;
+			}
+			if (!r->lost)
+				fprintf(stderr,
+				        "memtally: memtallyd at %s stopped "
+				        "answering (%s); asking again until "
+				        "the wait ends\n",
+				        r->where, memtally_strerror(got));
+			r->lost = true;
+			next = last_ask + next_interval(&base, max);
+			continue;
+		}
+		if (r->lost)
+			fprintf(stderr,
+			        "memtally: memtallyd at %s answers "
+			        "again\n",
+			        r->where);
+		r->lost = false;
 		if (last_ask >= end)
 			return 0;
 		if (!r->w)
@@ -499,6 +532,7 @@ static _Noreturn void exec_command(struct run *r, char **envp, pid_t parent)
 {
 	/* Dispositions are left as we got them: a command started by a
 	 * shell with SIGINT ignored (`memtally run ... &`) keeps it so. */
+	sigaction(SIGCHLD, &r->old_chld, NULL);
 	sigprocmask(SIG_SETMASK, &r->old_mask, NULL);
 	/* If we are killed with SIGKILL, which cannot be forwarded, the
 	 * command goes too. Our parent may have died before the prctl: then
@@ -537,6 +571,17 @@ static void await_eviction(struct run *r)
  * shell reports it. */
 static int supervise(struct run *r, char **envp)
 {
+	/* A signal that came while we asked for room or started the watch
+	 * (^C, a runner's TERM): the command is not started only to be
+	 * killed, or worse, started after the user gave up on it. */
+	struct pollfd ps = {.fd = r->sfd, .events = POLLIN};
+	while (poll(&ps, 1, 0) == 1) {
+		struct signalfd_siginfo si;
+		if (read(r->sfd, &si, sizeof(si)) != (ssize_t)sizeof(si))
+			break;
+		if (si.ssi_signo != SIGCHLD)
+			return 128 + (int)si.ssi_signo;
+	}
 	pid_t parent = getpid();
 	fflush(NULL);
 	pid_t pid = fork();
@@ -550,11 +595,18 @@ static int supervise(struct run *r, char **envp)
 		int status;
 		pid_t w = waitpid(pid, &status, WNOHANG);
 		if (w == pid) {
-			if (WIFEXITED(status))
+			if (WIFEXITED(status)) {
+				/* A worker of it evicted, the command (a
+				 * shell, make) ending on that: the event,
+				 * written before the kill, is in our socket. */
+				if (WEXITSTATUS(status) && r->w)
+					watch_drain(r);
 				return WEXITSTATUS(status);
+			}
 			if (WIFSIGNALED(status)) {
 				if (WTERMSIG(status) == SIGKILL)
 					await_eviction(r);
+				r->died_of = WTERMSIG(status);
 				return 128 + WTERMSIG(status);
 			}
 			continue;
@@ -582,8 +634,11 @@ static int supervise(struct run *r, char **envp)
 		if (si.ssi_signo == SIGCHLD)
 			continue;
 		/* The terminal signalled the whole foreground process
-		 * group, the command included. */
-		if (si.ssi_code == SI_KERNEL)
+		 * group, the command included; but a hangup goes to the
+		 * session's leader alone, which we are when a shell exec'd
+		 * us as a session's command (ssh -t host 'memtally run'). */
+		if (si.ssi_code == SI_KERNEL &&
+		    !(si.ssi_signo == SIGHUP && getsid(0) == getpid()))
 			continue;
 		kill(pid, (int)si.ssi_signo);
 	}
@@ -612,6 +667,12 @@ static int block_signals(struct run *r)
 		sigaddset(&r->mask, forwarded[i]);
 	sigaddset(&r->mask, SIGCHLD);
 	if (sigprocmask(SIG_BLOCK, &r->mask, &r->old_mask) < 0)
+		return -errno;
+	/* Inherited ignored, SIGCHLD would reap the command for us and
+	 * never reach the signalfd: ours is the default while we run, the
+	 * command gets what we got. */
+	struct sigaction dfl = {.sa_handler = SIG_DFL};
+	if (sigaction(SIGCHLD, &dfl, &r->old_chld) < 0)
 		return -errno;
 	r->sfd = signalfd(-1, &r->mask, SFD_CLOEXEC);
 	return r->sfd < 0 ? -errno : 0;
@@ -654,7 +715,7 @@ static int admission(struct run *r)
 		return 1;
 	}
 	struct memtally_admit_result *a = NULL;
-	int got = ask(r, &a);
+	int got = ask(r, &a, true);
 	if (got == 0 && r->wait_s > 0)
 		got = wait_for_room(r, &a);
 	if (got == 2) {
@@ -702,8 +763,13 @@ int mtcli_run(const struct mtcli_run_opts *o)
 		rc = run == 0 && o->reservation ? adopt(&r) : admission(&r);
 		memtally_query_close(r.w);
 		r.w = NULL;
+		/* A rerun the node has no room for in time is still an
+		 * evicted task: job runners requeue on 75, not on 3. */
+		if (run > 0 && rc == EXIT_DENIED)
+			rc = MTCLI_RUN_EXIT_EVICTED;
 		if (rc != 1)
 			break;
+		r.died_of = 0;
 		/* Our task's events, for the node guard's: opened before the
 		 * command starts, so none is missed. */
 		watch_open(&r);
@@ -718,6 +784,15 @@ int mtcli_run(const struct mtcli_run_opts *o)
 		memtally_query_close(r.w);
 		r.w = NULL;
 		release(&r);
+		if (r.evicted && rc == 0) {
+			/* Its workers were evicted, yet the command says it
+			 * did its work (a parent that never registered and
+			 * did not depend on them): its word stands. */
+			fprintf(stderr,
+			        "memtally: %s; the command still exited 0\n",
+			        r.evicted_why);
+			r.evicted = false;
+		}
 		if (!r.evicted)
 			break;
 		fprintf(stderr, "memtally: %s\n", r.evicted_why);
@@ -733,5 +808,19 @@ int mtcli_run(const struct mtcli_run_opts *o)
 	}
 	memtally_query_close(r.q);
 	close(r.sfd);
+	/* The command died of a signal that ends a process without a core
+	 * (^C): so do we, so that a shell's loop sees it as the command's
+	 * death by it and stops, as it would without us. */
+	if (r.died_of == SIGINT || r.died_of == SIGTERM ||
+	    r.died_of == SIGHUP || r.died_of == SIGPIPE) {
+		if (rc == 128 + r.died_of) {
+			signal(r.died_of, SIG_DFL);
+			sigset_t one;
+			sigemptyset(&one);
+			sigaddset(&one, r.died_of);
+			sigprocmask(SIG_UNBLOCK, &one, NULL);
+			raise(r.died_of);
+		}
+	}
 	return rc;
 }

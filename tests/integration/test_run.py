@@ -5,7 +5,8 @@
 - the command's exit status passes through, and a signal that ends it
   comes back as 128 + N;
 - a signal sent to `memtally run` reaches the command (USR1 handled, TERM
-  ending it with its own status), and SIGINT ends a plain command: 130;
+  ending it with its own status), and SIGINT ends a plain command and
+  then `memtally run` itself, of SIGINT (a shell's loop stops on it);
 - --wait waits (the command not started) and runs the command once
   another task's memory is freed; without room it gives up at the
   deadline, exit 3;
@@ -18,7 +19,10 @@
   reservation is gone after its TTL (not before); one its worker had taken
   over is gone as soon as the worker is;
 - no server: the command runs anyway, with identical stdout and exit
-  status, after exactly one line on stderr.
+  status, after exactly one line on stderr;
+- memtallyd restarted while a run waits for room: the run keeps asking,
+  the command does not start while the restarted server has no room, and
+  starts once it has.
 """
 import os
 import signal
@@ -133,7 +137,10 @@ def test_signals_reach_the_command():
             if p.poll() is None:
                 p.kill()
                 p.wait()
-        check(rc == 130, f"INT: exit {rc}, want 130")
+        # It dies of the same signal: a shell running it in a loop
+        # stops on ^C, as it would for the command itself.
+        check(rc == -signal.SIGINT,
+              f"INT: {rc}, want death by SIGINT ({-signal.SIGINT})")
 
 
 def signals_to(p, log):
@@ -205,6 +212,58 @@ def test_wait_then_runs_when_room_appears():
               f"memory")
         check(took < 10 * MULT, f"took {took:.1f} s after room appeared")
         holder.close()
+
+
+def test_a_restart_does_not_start_the_waiters():
+    d = tempfile.mkdtemp(prefix="mt-run-")
+    marker = os.path.join(d, "started")
+    conf = config("[limits]\nfleet = 100MiB\n")
+    first = Server("--config", conf)
+    second = holder = p = None
+    try:
+        holder = Worker([*worker("hold"), "80"],
+                        first.env(group="other", **GIVES_BACK))
+        check(holder.readline().startswith("ready"), "holder not ready")
+        wait_for("80 MiB counted", lambda: fleet(first)["bytes"] >= 80 * MIB)
+        p = subprocess.Popen(mt_run(first, "--bytes", "50MiB", "--wait",
+                                    "60", "--", "touch", marker),
+                             env=run_env(), stderr=subprocess.PIPE)
+        line = p.stderr.readline().decode()
+        check("waiting up to 60 s for room" in line, f"stderr {line!r}")
+        # A restart: SIGTERM, a second's gap (systemd's RestartSec=1s),
+        # the next memtallyd on the same record. The run must not take
+        # the gap for a missing server and start unadmitted.
+        first.stop()
+        time.sleep(1.0)
+        check(p.poll() is None and not os.path.exists(marker),
+              "started while memtallyd restarted")
+        second = Server("--config", conf, after=first)
+        wait_for("the holder's 80 MiB adopted",
+                 lambda: fleet(second)["bytes"] >= 80 * MIB)
+        end = time.monotonic() + 1.5
+        while time.monotonic() < end:
+            check(p.poll() is None and not os.path.exists(marker),
+                  "started without room after the restart")
+            time.sleep(0.05)
+        holder.send("free")
+        check(holder.readline() == "freed", "holder did not free")
+        rc = p.wait(timeout=30 * MULT)
+        err = p.stderr.read().decode()
+        check(rc == 0 and os.path.exists(marker),
+              f"after room: exit {rc}, started {os.path.exists(marker)}: "
+              f"{err}")
+        check("stopped answering" in err and "without admission" not in err,
+              f"stderr {err!r}")
+        print("  waited through the restart, started once room appeared")
+    finally:
+        if p is not None and p.poll() is None:
+            p.kill()
+            p.wait()
+        if holder is not None:
+            holder.close()
+        for s in (second, first):
+            if s is not None:
+                s.stop()
 
 
 def test_poll_bounds_the_wait_without_a_state_change():
@@ -420,6 +479,7 @@ if __name__ == "__main__":
          test_exit_status_and_signal_pass_through,
          test_signals_reach_the_command,
          test_wait_then_runs_when_room_appears,
+         test_a_restart_does_not_start_the_waiters,
          test_poll_bounds_the_wait_without_a_state_change,
          test_command_is_the_reservations_task,
          test_runs_under_a_reservation_a_scheduler_holds,
