@@ -59,6 +59,7 @@
 #include "mts_rate.h"
 #include "mts_state.h"
 #include "mts_uidcount.h"
+#include "mtcommon.h"
 #include "mtshm.h"
 
 /* Linux 6.5+: a pidfd for the peer of a Unix socket, taken at connect(), so
@@ -757,6 +758,29 @@ static bool pidfd_exited(int pidfd)
 	return poll(&pfd, 1, 0) != 0;
 }
 
+/* A process's comm is its own to set (prctl PR_SET_NAME): any bytes. It
+ * goes out in answers as a protobuf string, which strict decoders (Go,
+ * Java, Python's upb) refuse whole when it is not UTF-8, and to
+ * terminals: each byte that is not part of a valid, harmless UTF-8
+ * sequence is kept as '?'. */
+static void comm_copy(char *dst, size_t cap, const char *src)
+{
+	size_t o = 0;
+	for (size_t i = 0; src[i] && o + 1 < cap;) {
+		uint32_t c;
+		size_t k = mt_utf8_seq((const unsigned char *)src + i, &c);
+		if (k == 0 || mt_cp_hostile(c) || o + k >= cap) {
+			dst[o++] = '?';
+			i += k ? k : 1;
+			continue;
+		}
+		memcpy(dst + o, src + i, k);
+		o += k;
+		i += k;
+	}
+	dst[o] = 0;
+}
+
 /* The exec case: the same process, a new program image. Reset its slot to
  * the new image's figures in place; the pidfd and poll stay. */
 static int proc_reset(struct mts_registry *reg, struct mts_proc *p,
@@ -818,7 +842,7 @@ static int proc_reset(struct mts_registry *reg, struct mts_proc *p,
 	mts_rate_reset(&p->rate); /* a new program: its own growth */
 	p->limit = p->limit_set ? p->limit_set : reg->policy.process_limit;
 	p->registered_ns = mts_now_realtime();
-	snprintf(p->comm, sizeof(p->comm), "%s", comm);
+	comm_copy(p->comm, sizeof(p->comm), comm);
 	/* Its RSS is the new image's from the next sweep on. */
 	return 0;
 }
@@ -865,7 +889,7 @@ static int proc_insert(struct mts_registry *reg, const struct proc_init *in,
 	p->image_id = in->image_id;
 	p->registered_ns = in->registered_ns;
 	p->limit = reg->policy.process_limit;
-	snprintf(p->comm, sizeof(p->comm), "%s", in->comm);
+	comm_copy(p->comm, sizeof(p->comm), in->comm);
 	err = uv_poll_init(reg->loop, &p->poll, in->pidfd);
 	if (err < 0)
 		goto fail_unref_group;

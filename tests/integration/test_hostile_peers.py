@@ -11,7 +11,10 @@ machine), and the server's RSS within a bound. test_global_buffer_cap:
 64 peers pipelining without reading against a low --max-buffered; the
 server's RSS stays within a bound computed from the cap.
 test_connection_limit: --max-connections. Figures are printed (see
-tests/RESULTS.md).
+tests/RESULTS.md). test_a_hostile_comm: a worker whose program name
+(its comm, any bytes) is not UTF-8 and holds an escape: memtallyd shows
+it with '?' for each such byte, so that strict protobuf decoders (the
+Python client) still read the answers, and terminals print it inert.
 
 MEMTALLY_LONG=1 makes every attack heavier (more connections, more bytes).
 """
@@ -637,5 +640,41 @@ def _answered(srv):
         s.close()
 
 
+def test_a_hostile_comm():
+    import shutil
+    import subprocess
+    import tempfile
+    from harness import worker
+    d = tempfile.mkdtemp(prefix="mt-comm-")
+    prog = os.path.join(os.fsencode(d), b"\xff\xfe\x1b[31mw")
+    shutil.copy(worker("hold")[0], prog)
+    sys.path.insert(0, os.environ.get("MEMTALLY_PYTHON", os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), "..", "..", "python")))
+    from memtally import client as mc
+    with Server() as s:
+        w = subprocess.Popen([prog, *worker("hold")[1:], "8"], env=s.env(),
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True)
+        try:
+            check(w.stdout.readline().startswith("ready"), "not ready")
+            wait_for("the worker registered", lambda: w.pid in s.ps(),
+                     timeout=20)
+            comm = s.ps()[w.pid]["comm"]
+            check(comm == "???[31mw", f"comm {comm!r}")
+            try:
+                got = [p.comm for p in mc.Client(s.socket).processes()]
+            except Exception as e:  # the old server: a DecodeError
+                raise AssertionError(f"the Python client cannot read the "
+                                     f"process list: {e}")
+            check("???[31mw" in got, f"comms {got}")
+            print(f"  comm shown as {comm!r}, readable by the Python "
+                  f"client", flush=True)
+        finally:
+            w.stdin.close()
+            w.wait()
+            shutil.rmtree(d, ignore_errors=True)
+
+
 if __name__ == "__main__":
-    run([test_hostile_peers, test_global_buffer_cap, test_connection_limit])
+    run([test_hostile_peers, test_global_buffer_cap, test_connection_limit,
+         test_a_hostile_comm])
