@@ -978,31 +978,44 @@ static const char *request_token(const Memtally__V1__Request *req)
  * A TCP peer whose uid the kernel did not give us (not on this host, or
  * no sock_diag) is nobody in particular: without the token it could
  * reserve memory and hold connections in no uid's name. So each of its
- * requests must carry the token. False (and an error answer appended)
- * when this one does not.
+ * requests must carry the token. So must a Unix-socket peer without
+ * credentials: one in a pid namespace memtallyd cannot see (a container
+ * sharing the socket but not the host's pids), whose pid the kernel
+ * gives as 0. Otherwise it would be the owner of every reservation made
+ * without an owner, and could release other peers'. False (and an
+ * error answer appended) when this one does not.
  */
 static bool unidentified_refused(struct mts_registry *reg,
                                  const struct mts_peer *peer,
                                  const Memtally__V1__Request *req,
                                  struct mts_buf *out, int *err)
 {
-	if (!peer->tcp || peer->has_cred ||
+	if (peer->has_cred ||
 	    mts_token_equal(reg->policy.tcp_token, request_token(req)))
+		return false;
+	/* Its Register is refused for want of credentials, token or not:
+	 * that answer says more. */
+	if (!peer->tcp &&
+	    req->body_case == MEMTALLY__V1__REQUEST__BODY_REGISTER)
 		return false;
 	reg->req->auth_denials++;
 	char who[MTS_PEER_WHO_MAX];
 	mts_log_uid(mts_peer_log_uid(peer), MTS_LOG_DEBUG,
 	            "request refused: unknown uid and no token", "%s",
 	            mts_peer_who(peer, who, sizeof(who)));
-	*err = append_error(
-	    out, req->id, MEMTALLY__V1__ERROR_CODE__ERROR_PERMISSION_DENIED,
-	    reg->policy.tcp_token
-	        ? "a token is needed: this TCP connection could not be tied "
-	          "to a local uid, so every request on it needs the "
-	          "server's tcp_token"
-	        : "a token is needed: this TCP connection could not be tied "
-	          "to a local uid, and the server has no tcp_token "
-	          "configured");
+	char msg[200];
+	snprintf(msg, sizeof(msg),
+	         "a token is needed: this %s could not be tied to a local "
+	         "uid, %s",
+	         peer->tcp ? "TCP connection"
+	                   : "peer (in a pid namespace memtallyd cannot see)",
+	         reg->policy.tcp_token ? "so every request on it needs the "
+	                                 "server's tcp_token"
+	                               : "and the server has no tcp_token "
+	                                 "configured");
+	*err = append_error(out, req->id,
+	                    MEMTALLY__V1__ERROR_CODE__ERROR_PERMISSION_DENIED,
+	                    msg);
 	return true;
 }
 

@@ -9,6 +9,11 @@ nor on a command line. Admins keep a few places of max_connections.
 
 Runs as root (the tests do) and drives the CLI as nobody and as a second
 unprivileged user over TCP on 127.0.0.1 with a port the server picks.
+
+A Unix-socket peer memtallyd cannot identify either (it runs in a pid
+namespace of its own, as a container that shares the socket but not the
+host's pids: the kernel gives the peer's pid as 0) is held to the same
+rule: its requests need the token.
 """
 import json
 import os
@@ -368,9 +373,45 @@ def test_peer_closed_before_accept_is_not_root():
               f"log line: {line}")
 
 
+def test_a_peer_in_a_pid_namespace_memtallyd_cannot_see_needs_the_token():
+    require_root()
+    probe = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc",
+                            "true"], capture_output=True)
+    if probe.returncode != 0:
+        raise Skip("cannot make a pid namespace: %s" %
+                   probe.stderr.decode().strip())
+    cfg = private_config(f"[server]\ntcp_token = {TOKEN}\n")
+    # unshare --fork waits for memtallyd and passes no signal on: the
+    # SIGTERM goes to memtallyd itself (pid 1 of its namespace, which
+    # takes it: it has a handler), and unshare then exits with it.
+    s = Server("--config", cfg,
+               prefix=["unshare", "--pid", "--fork", "--mount-proc"])
+    try:
+        env = dict(os.environ)
+        env.pop("MEMTALLY_TOKEN", None)
+        admit = [CLI, "--socket", s.socket, "admit", "--bytes", "1MiB"]
+        r = subprocess.run(admit, env=env, capture_output=True, text=True,
+                           timeout=30 * MULT)
+        check(r.returncode != 0 and "token is needed" in r.stderr and
+              "pid namespace" in r.stderr,
+              f"no token: exit {r.returncode}: {r.stderr.strip()}")
+        r = subprocess.run(admit, env=dict(env, MEMTALLY_TOKEN=TOKEN),
+                           capture_output=True, text=True, timeout=30 * MULT)
+        check(r.returncode == 0 and r.stdout.strip(),
+              f"with the token: exit {r.returncode}: {r.stderr.strip()}")
+        print("  a peer of pid 0: refused without the token, admitted with "
+              "it", flush=True)
+    finally:
+        with open(f"/proc/{s.proc.pid}/task/{s.proc.pid}/children") as f:
+            for c in f.read().split():
+                os.kill(int(c), signal.SIGTERM)
+        s.proc.wait(timeout=20 * MULT)
+
+
 if __name__ == "__main__":
     run([test_inline_token_needs_a_private_config,
          test_cli_takes_the_token_from_env_or_file_only,
          test_tcp_reservation_belongs_to_its_uid,
          test_per_uid_caps_leave_room_for_others_and_root,
-         test_peer_closed_before_accept_is_not_root])
+         test_peer_closed_before_accept_is_not_root,
+         test_a_peer_in_a_pid_namespace_memtallyd_cannot_see_needs_the_token])
