@@ -1172,7 +1172,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c,
 	return ret;
 }
 
-/* libmicrohttpd's complaints, as our log lines. */
+/* libmicrohttpd's complaints, as our log lines: a scope's budget, since
+ * a client of the port causes them (a malformed request is a line or
+ * two: a flood of them must not fill the disk). */
 static void on_mhd_log(void *cls, const char *fmt, va_list ap)
 {
 	char msg[256], q[MTS_LOGQ_MAX];
@@ -1180,8 +1182,8 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap)
 	size_t n = strlen(msg);
 	while (n && (msg[n - 1] == '\n' || msg[n - 1] == ' '))
 		msg[--n] = '\0';
-	mts_log(MTS_LOG_WARN, "metrics http", "detail=%s",
-	        mts_logq(q, sizeof(q), msg));
+	mts_log_scope("metrics", MTS_LOG_WARN, "metrics http", "detail=%s",
+	              mts_logq(q, sizeof(q), msg));
 }
 
 static void metrics_free(struct mts_metrics *m)

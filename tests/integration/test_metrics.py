@@ -1,12 +1,14 @@
 """Prometheus endpoint: memtallyd --metrics serves
 /metrics with the fleet, group and process figures of live workers and its
 counters, in a text that `promtool check metrics` accepts without a word;
-other paths are 404, other methods 405; a bad address stops the server."""
+other paths are 404, other methods 405; a bad address stops the server;
+a flood of malformed requests leaves a few log lines, not one each."""
 import os
 import re
 import shutil
 import subprocess
 import tempfile
+import time
 import urllib.error
 import urllib.request
 
@@ -160,5 +162,37 @@ def test_bad_address_refused():
         shutil.rmtree(d, ignore_errors=True)
 
 
+def test_malformed_requests_do_not_flood_the_log():
+    """libmicrohttpd logs a line or two per malformed request; a client
+    of the port sending 200 of them must not write 200 lines."""
+    import socket
+    with Server("--metrics", "127.0.0.1:0") as s:
+        url = wait_for("metrics listening log line", lambda: metrics_url(s))
+        host, port = url.split("/")[2].rsplit(":", 1)
+        before = s.logtext().count('msg="metrics http"')
+        t0 = time.monotonic()
+        for _ in range(200):
+            c = socket.create_connection((host, int(port)), timeout=5)
+            try:
+                c.sendall(b"GET /metrics HTTP/1.1\r\nBad Header\r\n\r\n")
+                c.recv(1024)
+            except OSError:
+                pass
+            finally:
+                c.close()
+        took = time.monotonic() - t0
+        time.sleep(1.5)  # the held-back lines' summary comes next second
+        n = s.logtext().count('msg="metrics http"') - before
+        # At most the scope's burst (5) each second, plus its summary.
+        allowed = 6 * (int(took) + 3)
+        check(0 < n <= allowed,
+              f"{n} log lines for 200 malformed requests in {took:.1f} s "
+              f"(allowed {allowed})")
+        get(url)  # still serving
+        print(f"  200 malformed requests in {took:.1f} s: {n} log lines",
+              flush=True)
+
+
 if __name__ == "__main__":
-    run([test_live_worker, test_http_surface, test_bad_address_refused])
+    run([test_live_worker, test_http_surface, test_bad_address_refused,
+         test_malformed_requests_do_not_flood_the_log])
