@@ -1172,18 +1172,37 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c,
 	return ret;
 }
 
-/* libmicrohttpd's complaints, as our log lines: a scope's budget, since
- * a client of the port causes them (a malformed request is a line or
- * two: a flood of them must not fill the disk). */
+/* libmicrohttpd's complaints, as our log lines. A client of the port
+ * causes them (a malformed request is a line), so a flood of them must
+ * not fill the disk; but they come on libmicrohttpd's thread, where the
+ * log's budgets, the loop's, cannot be used. So a budget of their own:
+ * MHD_LOG_BURST lines a second, the count held back said with the next
+ * line written. */
+#define MHD_LOG_BURST 5u
 static void on_mhd_log(void *cls, const char *fmt, va_list ap)
 {
+	static uint64_t window; /* its second << 32 | lines in it */
+	static uint64_t held;
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	uint64_t sec = (uint64_t)ts.tv_sec & 0xffffffffu;
+	uint64_t cur = __atomic_load_n(&window, __ATOMIC_RELAXED), next;
+	do
+		next = (cur >> 32) == sec ? cur + 1 : (sec << 32) | 1;
+	while (!__atomic_compare_exchange_n(
+	    &window, &cur, next, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+	if ((next & 0xffffffffu) > MHD_LOG_BURST) {
+		__atomic_fetch_add(&held, 1, __ATOMIC_RELAXED);
+		return;
+	}
 	char msg[256], q[MTS_LOGQ_MAX];
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	size_t n = strlen(msg);
 	while (n && (msg[n - 1] == '\n' || msg[n - 1] == ' '))
 		msg[--n] = '\0';
-	mts_log_scope("metrics", MTS_LOG_WARN, "metrics http", "detail=%s",
-	              mts_logq(q, sizeof(q), msg));
+	uint64_t h = __atomic_exchange_n(&held, 0, __ATOMIC_RELAXED);
+	mts_log(MTS_LOG_WARN, "metrics http", "detail=%s suppressed=%llu",
+	        mts_logq(q, sizeof(q), msg), (unsigned long long)h);
 }
 
 static void metrics_free(struct mts_metrics *m)
