@@ -240,19 +240,28 @@ static bool in_tree(const struct tree *t, uint32_t pid)
 	return false;
 }
 
-/* The parent pid of `pid`, or 0. */
-static uint32_t ppid_of(uint32_t pid)
+/* `pid`'s state letter and parent pid from /proc/PID/stat; false when
+ * it cannot be read (gone). */
+static bool stat_of(uint32_t pid, char *state, uint32_t *ppid)
 {
 	char dir[32], buf[512];
 	snprintf(dir, sizeof(dir), "/proc/%u", pid);
 	if (mts_read_small(dir, "stat", buf, sizeof(buf)) < 0)
-		return 0;
+		return false;
 	const char *rp = strrchr(buf, ')'); /* comm may hold anything */
-	unsigned ppid = 0;
+	unsigned pp = 0;
+	if (!rp || sscanf(rp + 1, " %c %u", state, &pp) != 2)
+		return false;
+	*ppid = pp;
+	return true;
+}
+
+/* The parent pid of `pid`, or 0. */
+static uint32_t ppid_of(uint32_t pid)
+{
 	char state;
-	if (!rp || sscanf(rp + 1, " %c %u", &state, &ppid) != 2)
-		return 0;
-	return ppid;
+	uint32_t ppid;
+	return stat_of(pid, &state, &ppid) ? ppid : 0;
 }
 
 /* Add the children of t->pid[i], each checked to be its child once its
@@ -306,15 +315,12 @@ static void add_children(struct tree *t, uint32_t i, uint32_t self, int sig)
 static bool tree_stopped(const struct tree *t)
 {
 	for (uint32_t i = 0; i < t->n; i++) {
-		char dir[32], buf[512];
-		snprintf(dir, sizeof(dir), "/proc/%u", t->pid[i]);
+		char state;
+		uint32_t ppid;
 		if (pidfd_send_signal(t->fd[i], 0, NULL, 0) < 0 ||
-		    mts_read_small(dir, "stat", buf, sizeof(buf)) < 0)
+		    !stat_of(t->pid[i], &state, &ppid))
 			continue; /* gone */
-		const char *rp = strrchr(buf, ')');
-		char state = 0;
-		if (rp && sscanf(rp + 1, " %c", &state) == 1 &&
-		    strchr("TtZX", state) == NULL)
+		if (!strchr("TtZX", state))
 			return false;
 	}
 	return true;

@@ -170,6 +170,15 @@ def children(pid):
         return []
 
 
+def not_started(p, marker, secs, why):
+    """For `secs`, `memtally run` (p) waits and its command (which would
+    create `marker`) has not started."""
+    end = time.monotonic() + secs
+    while time.monotonic() < end:
+        check(p.poll() is None and not os.path.exists(marker), why)
+        time.sleep(0.05)
+
+
 def test_wait_then_runs_when_room_appears():
     d = tempfile.mkdtemp(prefix="mt-run-")
     marker = os.path.join(d, "started")
@@ -196,11 +205,7 @@ def test_wait_then_runs_when_room_appears():
         line = p.stderr.readline().decode()
         check("waiting up to 60 s for room" in line, f"stderr {line!r}")
         # It waits: still running, the command not started.
-        end = time.monotonic() + 1.0
-        while time.monotonic() < end:
-            check(p.poll() is None and not os.path.exists(marker),
-                  "started without room")
-            time.sleep(0.05)
+        not_started(p, marker, 1.0, "started without room")
         holder.send("free")
         check(holder.readline() == "freed", "holder did not free")
         t_free = time.monotonic()
@@ -240,11 +245,7 @@ def test_a_restart_does_not_start_the_waiters():
         second = Server("--config", conf, after=first)
         wait_for("the holder's 80 MiB adopted",
                  lambda: fleet(second)["bytes"] >= 80 * MIB)
-        end = time.monotonic() + 1.5
-        while time.monotonic() < end:
-            check(p.poll() is None and not os.path.exists(marker),
-                  "started without room after the restart")
-            time.sleep(0.05)
+        not_started(p, marker, 1.5, "started without room after the restart")
         holder.send("free")
         check(holder.readline() == "freed", "holder did not free")
         rc = p.wait(timeout=30 * MULT)
