@@ -200,15 +200,19 @@ static void task_drop(struct mts_registry *reg, struct mts_task *t)
 }
 
 uint64_t mts_task_reserved(const struct mts_registry *reg, const char *task,
-                           uint32_t uid)
+                           uint32_t uid, uint64_t *ownerless)
 {
+	*ownerless = 0;
 	if (!task[0] || reg->adm->ntasks == 0)
 		return 0;
 	const struct mts_task *t = task_find(reg, task, hash_str(task));
 	uint64_t sum = 0;
-	for (const struct mts_resv *r = t ? t->resv : NULL; r; r = r->tnext)
-		if (!r->has_owner || r->uid == uid)
+	for (const struct mts_resv *r = t ? t->resv : NULL; r; r = r->tnext) {
+		if (!r->has_owner)
+			*ownerless = mt_sat_add(*ownerless, r->bytes);
+		else if (r->uid == uid)
 			sum = mt_sat_add(sum, r->bytes);
+	}
 	return sum;
 }
 

@@ -21,9 +21,10 @@
  * Trust. Untrusted processes count what the kernel vouches for, so a lie
  * makes nobody bigger but the liar. A candidate is one uid's. A worker of
  * another uid naming a task is a candidate of its own, so it neither
- * makes that task look bigger nor goes with it. A trusted process without
- * a task, such as a root service, is never chosen unless [guard]
- * evict_trusted, or unless it runs tasks inside it (Admit.in_process, a
+ * makes that task look bigger nor goes with it, and it shares a grant
+ * without an owner only in proportion to its use (share_ownerless). A trusted
+ * process without a task, such as a root service, is never chosen unless
+ * [guard] evict_trusted, or unless it runs tasks inside it (Admit.in_process, a
  * Dask or Celery worker): it then runs jobs, and may hold its own memory
  * and what its tasks were granted. Only the process itself can make it a
  * host. memtallyd itself is never signalled, even if it were registered.
@@ -138,6 +139,36 @@ static bool fits(const struct mts_guard_cand *c, enum mts_guard_rule rule)
 	return true;
 }
 
+/*
+ * A reservation made without an owner (over TCP, with the token) counts
+ * against every worker of its task, whatever its uid. Given whole to each
+ * uid's candidate, it would count once per uid: a user naming the task
+ * would hide what it holds behind the scheduler's grant, and another
+ * user's task would go instead. So the candidates of a task split it in
+ * proportion to what they use. Each is then beyond by the same fraction
+ * of its use, and the excess adds up to the task's: no one's use can make
+ * another look further beyond than itself. `c` is sorted by task.
+ */
+static void share_ownerless(struct mts_guard_cand *c, uint32_t n)
+{
+	for (uint32_t i = 0; i < n;) {
+		uint32_t j = i + 1;
+		unsigned __int128 total = c[i].used;
+		while (j < n && c[i].task[0] &&
+		       strcmp(c[j].task, c[i].task) == 0)
+			total += c[j++].used;
+		for (uint32_t m = i; c[i].ownerless && m < j; m++) {
+			uint64_t part =
+			    total
+			        ? (uint64_t)((unsigned __int128)c[i].ownerless *
+			                     c[m].used / total)
+			        : c[i].ownerless / (j - i);
+			c[m].reserved = mt_sat_add(c[m].reserved, part);
+		}
+		i = j;
+	}
+}
+
 int mts_guard_candidates(const struct mts_registry *reg,
                          struct mts_guard_cand **out, uint32_t *n, int *chosen,
                          enum mts_guard_rule *rule)
@@ -177,8 +208,8 @@ int mts_guard_candidates(const struct mts_registry *reg,
 			 * is a job runner, not a service of the node. */
 			bool hosts = false;
 			if (p->task[0])
-				k->reserved =
-				    mts_task_reserved(reg, p->task, p->uid);
+				k->reserved = mts_task_reserved(
+				    reg, p->task, p->uid, &k->ownerless);
 			else
 				hosts =
 				    mts_host_allowance(reg, p, &k->reserved);
@@ -200,6 +231,7 @@ int mts_guard_candidates(const struct mts_registry *reg,
 			k->eligible = false;
 	}
 	free(ps);
+	share_ownerless(c, nc);
 	for (enum mts_guard_rule r = MTS_GUARD_BEYOND; r <= MTS_GUARD_YOUNGEST;
 	     r++) {
 		for (uint32_t i = 0; i < nc; i++)

@@ -277,10 +277,11 @@ void mts_resv_sums(struct mts_registry *reg);
  * ownership) are taken over. */
 void mts_resv_worker_registered(struct mts_registry *reg, struct mts_proc *p);
 
-/* The bytes granted to the reservations of `task` that a worker of `uid`
- * counts against: its own and those without an owner (TCP). */
+/* The bytes granted to the reservations of `task` that `uid` owns; in
+ * *ownerless, those granted to its reservations without an owner (TCP),
+ * which every worker of the task counts against, whatever its uid. */
 uint64_t mts_task_reserved(const struct mts_registry *reg, const char *task,
-                           uint32_t uid);
+                           uint32_t uid, uint64_t *ownerless);
 /* The node guard evicted `uid`'s workers of `task`: each of its
  * reservations (that `uid` owns, or no one does) with a kind records its
  * run as evicted, with the peak it reached (kinds.c). */

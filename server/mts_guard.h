@@ -31,13 +31,15 @@
 struct mts_guard_cand {
 	const char *task; /* "" for a process without one */
 	uint32_t uid;
-	uint32_t pid;      /* the first worker's */
-	uint32_t workers;  /* registered processes */
-	uint64_t used;     /* vouched bytes of its workers (measure) */
-	uint64_t reserved; /* its reservations' granted bytes */
-	double growth;     /* bytes per second, its workers' sum */
-	uint64_t first_ns; /* its oldest worker's registration (realtime) */
-	bool eligible;     /* may be chosen (trust rules) */
+	uint32_t pid;       /* the first worker's */
+	uint32_t workers;   /* registered processes */
+	uint64_t used;      /* vouched bytes of its workers (measure) */
+	uint64_t reserved;  /* its reservations' granted bytes, with its
+	                     * part of those without an owner */
+	uint64_t ownerless; /* the task's reservations without an owner */
+	double growth;      /* bytes per second, its workers' sum */
+	uint64_t first_ns;  /* its oldest worker's registration (realtime) */
+	bool eligible;      /* may be chosen (trust rules) */
 };
 
 /* Why a candidate was chosen: the rule that decided. */

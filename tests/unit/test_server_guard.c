@@ -473,6 +473,62 @@ Test(guard, another_uid_naming_a_task_is_its_own_candidate)
 	cr_assert_eq(rule, MTS_GUARD_BEYOND);
 }
 
+Test(guard, a_grant_without_an_owner_is_split_not_given_to_each_uid)
+{
+	mts_policy_defaults(&pol);
+	pol.tcp_token = strdup("a-long-enough-secret");
+	fx_start_policy(&pol);
+	/* A scheduler with the token, over TCP, grants task "etl" 200 MiB:
+	 * a reservation without an owner, which any worker of the task
+	 * counts against. */
+	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
+	Memtally__V1__Admit a = MEMTALLY__V1__ADMIT__INIT;
+	a.bytes = 200 * MIB;
+	a.group = (char *)"";
+	a.task = (char *)"etl";
+	req.body_case = MEMTALLY__V1__REQUEST__BODY_ADMIT;
+	req.admit = &a;
+	req.token = (char *)"a-long-enough-secret";
+	struct mts_peer tcp = {.fd = -1, .tcp = true};
+	Memtally__V1__Response *r = fx_call(&tcp, &req);
+	cr_assert(r->admit_result->admitted, "%s", r->admit_result->reason);
+	memtally__v1__response__free_unpacked(r, NULL);
+	/* Its worker holds 150; a user naming the task holds 190. Each is
+	 * within 200 alone, 140 beyond it together. Another user's task is
+	 * 30 beyond its own reservation. */
+	task_worker(FX_UID, "etl", 150 * MIB);
+	pid_t stranger = task_worker(2000, "etl", 190 * MIB);
+	reserve(3000, "calm", 10 * MIB);
+	task_worker(3000, "calm", 40 * MIB);
+	enum mts_guard_rule rule;
+	struct mts_guard_cand *c;
+	uint32_t n;
+	int i;
+	mts_core_tick(&srv.reg);
+	cr_assert_eq(mts_guard_candidates(&srv.reg, &c, &n, &i, &rule), 0);
+	cr_assert_geq(i, 0);
+	/* The stranger is the furthest beyond, not the other user's task. */
+	cr_assert_eq(rule, MTS_GUARD_BEYOND);
+	cr_assert_str_eq(c[i].task, "etl");
+	cr_assert_eq(c[i].uid, 2000);
+	cr_assert_eq(c[i].pid, (uint32_t)stranger);
+	/* 200 MiB split 150:190, no more in all than was granted. */
+	uint64_t sum = 0;
+	for (uint32_t m = 0; m < n; m++)
+		if (strcmp(c[m].task, "etl") == 0) {
+			uint64_t want =
+			    (uint64_t)((unsigned __int128)200 * MIB *
+			               c[m].used / (340 * MIB));
+			cr_assert_eq(c[m].reserved, want, "uid %u: %llu",
+			             c[m].uid,
+			             (unsigned long long)c[m].reserved);
+			sum += c[m].reserved;
+		}
+	cr_assert_leq(sum, 200 * MIB);
+	cr_assert_geq(sum, 200 * MIB - 2);
+	free(c);
+}
+
 /* A child that forks a grandchild, both paused; the grandchild's pid. */
 static pid_t spawn_family(pid_t *child)
 {
