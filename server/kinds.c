@@ -622,7 +622,8 @@ static void put(struct wbuf *w, const void *p, size_t n)
 	w->len += n;
 }
 
-int mts_kinds_save(const struct mts_registry *reg, const char *path)
+int mts_kinds_encode(const struct mts_registry *reg, unsigned char **out,
+                     size_t *len)
 {
 	struct mts_kind **list;
 	int n = mts_kinds_list(reg, &list);
@@ -658,28 +659,48 @@ int mts_kinds_save(const struct mts_registry *reg, const char *path)
 	h.checksum =
 	    fnv(UINT64_C(0xcbf29ce484222325), w.d + sizeof(h), h.payload);
 	memcpy(w.d, &h, sizeof(h));
+	*out = w.d;
+	*len = w.len;
+	return 0;
+}
 
-	char tmp[4096];
-	if ((size_t)snprintf(tmp, sizeof(tmp), "%s.new", path) >= sizeof(tmp)) {
-		free(w.d);
-		return -ENAMETOOLONG;
+/* The directory holding `path`, synced so that the rename survives a
+ * power cut. Best effort: the record is a convenience. */
+static void sync_dir(const char *path)
+{
+	char dir[4096];
+	snprintf(dir, sizeof(dir), "%s", path);
+	char *slash = strrchr(dir, '/');
+	if (slash == dir)
+		slash[1] = '\0';
+	else if (slash)
+		*slash = '\0';
+	else
+		snprintf(dir, sizeof(dir), ".");
+	int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd >= 0) {
+		(void)fsync(fd);
+		close(fd);
 	}
+}
+
+int mts_kinds_write(const char *path, const unsigned char *d, size_t len)
+{
+	char tmp[4096];
+	if ((size_t)snprintf(tmp, sizeof(tmp), "%s.new", path) >= sizeof(tmp))
+		return -ENAMETOOLONG;
 	/* A file left at the temporary name (ours from a crash, or anyone's)
 	 * is never written through: removed, then made afresh. */
-	if (unlink(tmp) < 0 && errno != ENOENT) {
-		free(w.d);
+	if (unlink(tmp) < 0 && errno != ENOENT)
 		return -errno;
-	}
 	int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
 	              0600);
-	if (fd < 0) {
-		free(w.d);
+	if (fd < 0)
 		return -errno;
-	}
 	int err = 0;
 	size_t off = 0;
-	while (off < w.len) {
-		ssize_t k = write(fd, w.d + off, w.len - off);
+	while (off < len) {
+		ssize_t k = write(fd, d + off, len - off);
 		if (k < 0 && errno == EINTR)
 			continue;
 		if (k <= 0) {
@@ -688,13 +709,30 @@ int mts_kinds_save(const struct mts_registry *reg, const char *path)
 		}
 		off += (size_t)k;
 	}
-	free(w.d);
+	/* On disk before the rename: else a power cut can leave the new name
+	 * on an empty file, and the record (refused by its checksum) lost. */
+	if (!err && fdatasync(fd) < 0)
+		err = -errno;
 	if (close(fd) < 0 && !err)
 		err = -errno;
 	if (!err && rename(tmp, path) < 0)
 		err = -errno;
 	if (err)
 		unlink(tmp);
+	else
+		sync_dir(path);
+	return err;
+}
+
+int mts_kinds_save(const struct mts_registry *reg, const char *path)
+{
+	unsigned char *d;
+	size_t len;
+	int err = mts_kinds_encode(reg, &d, &len);
+	if (err < 0)
+		return err;
+	err = mts_kinds_write(path, d, len);
+	free(d);
 	return err;
 }
 

@@ -181,6 +181,15 @@ int mts_kinds_list(const struct mts_registry *reg, struct mts_kind ***out);
 int mts_kinds_save(const struct mts_registry *reg, const char *path);
 int mts_kinds_load(struct mts_registry *reg, const char *path);
 
+/* mts_kinds_save() in two steps: the record's bytes (malloc'd), taken on
+ * the loop, then their write, which touches nothing of the registry and
+ * may run on another thread (server.c): a disk that is slow to take dirty
+ * pages stalls that thread, not the server. The write is synced before
+ * its rename. */
+int mts_kinds_encode(const struct mts_registry *reg, unsigned char **out,
+                     size_t *len);
+int mts_kinds_write(const char *path, const unsigned char *d, size_t len);
+
 /* Free every kind. */
 void mts_kinds_free(struct mts_registry *reg);
 

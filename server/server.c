@@ -27,6 +27,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -94,22 +95,20 @@ static void check_files(struct mts_server *srv)
 	}
 }
 
-/* Write the learned sizes when they changed (and about every
- * MTS_KINDS_SAVE_MS, `force`: now), forgetting kinds whose runs all aged
- * out. The record is a convenience for the next server: a failure is
- * logged once and changes nothing else. */
-static void save_kinds(struct mts_server *srv, bool force)
+/* A write of the learned sizes' record on the thread pool. */
+struct mts_kinds_write {
+	uv_work_t req;
+	struct mts_server *srv;
+	unsigned char *d;
+	size_t len;
+	int err;
+};
+
+/* The outcome of a write: logged once while it keeps failing, and the
+ * record marked changed, so that it is tried again. */
+static void kinds_written(struct mts_server *srv, int err)
 {
 	char q[MTS_LOGQ_MAX];
-	uint64_t now = uv_now(srv->loop);
-	if (!srv->kinds_path[0] || !srv->reg.kinds ||
-	    (!force && now - srv->kinds_checked_ms < MTS_KINDS_SAVE_MS))
-		return;
-	srv->kinds_checked_ms = now;
-	mts_kinds_age(&srv->reg, mts_now_realtime() / 1000000000u);
-	if (!srv->reg.kinds->dirty)
-		return;
-	int err = mts_kinds_save(&srv->reg, srv->kinds_path);
 	if (err < 0) {
 		if (!srv->kinds_save_failed)
 			mts_log(MTS_LOG_WARN,
@@ -119,10 +118,82 @@ static void save_kinds(struct mts_server *srv, bool force)
 			        mts_logq(q, sizeof(q), srv->kinds_path),
 			        strerror(-err));
 		srv->kinds_save_failed = true;
+		if (srv->reg.kinds)
+			srv->reg.kinds->dirty = true;
 		return;
 	}
 	srv->kinds_save_failed = false;
+}
+
+static void kinds_write_work(uv_work_t *req)
+{
+	struct mts_kinds_write *w = req->data;
+	w->err = mts_kinds_write(w->srv->kinds_path, w->d, w->len);
+}
+
+static void kinds_write_done(uv_work_t *req, int status)
+{
+	struct mts_kinds_write *w = req->data;
+	struct mts_server *srv = w->srv;
+	srv->kinds_write = NULL;
+	kinds_written(srv, status < 0 ? status : w->err);
+	free(w->d);
+	free(w);
+	/* The record taken at stop waited for this one. */
+	if (srv->kinds_final) {
+		kinds_written(srv,
+		              mts_kinds_write(srv->kinds_path, srv->kinds_final,
+		                              srv->kinds_final_len));
+		free(srv->kinds_final);
+		srv->kinds_final = NULL;
+	}
+}
+
+/* Write the learned sizes when they changed (and about every
+ * MTS_KINDS_SAVE_MS, `force`: now, at stop), forgetting kinds whose runs
+ * all aged out. The bytes are taken here; the file is written on the
+ * thread pool, one write at a time (at stop, here, after the one in
+ * flight). The record is a convenience for the next server: a failure is
+ * logged once and changes nothing else. */
+static void save_kinds(struct mts_server *srv, bool force)
+{
+	uint64_t now = uv_now(srv->loop);
+	if (!srv->kinds_path[0] || !srv->reg.kinds ||
+	    (!force && (srv->kinds_write ||
+	                now - srv->kinds_checked_ms < MTS_KINDS_SAVE_MS)))
+		return;
+	srv->kinds_checked_ms = now;
+	mts_kinds_age(&srv->reg, mts_now_realtime() / 1000000000u);
+	if (!srv->reg.kinds->dirty)
+		return;
+	unsigned char *d;
+	size_t len;
+	int err = mts_kinds_encode(&srv->reg, &d, &len);
+	if (err < 0) {
+		kinds_written(srv, err);
+		return;
+	}
 	srv->reg.kinds->dirty = false;
+	if (force && srv->kinds_write) {
+		free(srv->kinds_final);
+		srv->kinds_final = d;
+		srv->kinds_final_len = len;
+		return;
+	}
+	struct mts_kinds_write *w = force ? NULL : malloc(sizeof(*w));
+	if (w) {
+		*w = (struct mts_kinds_write){.srv = srv, .d = d, .len = len};
+		w->req.data = w;
+		if (uv_queue_work(srv->loop, &w->req, kinds_write_work,
+		                  kinds_write_done) == 0) {
+			srv->kinds_write = w;
+			return;
+		}
+		free(w);
+	}
+	/* At stop, or without a thread pool: here. */
+	kinds_written(srv, mts_kinds_write(srv->kinds_path, d, len));
+	free(d);
 }
 
 static void on_tick(uv_timer_t *t)
@@ -439,6 +510,8 @@ void mts_server_free(struct mts_server *srv)
 		unlink(srv->cfg.socket_path);
 	srv->net.socket_bound = false;
 	mts_core_free(&srv->reg);
+	free(srv->kinds_final);
+	srv->kinds_final = NULL;
 	mtshm_close(&srv->map);
 	mts_state_close(srv->state);
 	srv->state = NULL;

@@ -115,8 +115,11 @@ struct mts_server {
 	 * the tick timer at most every MTS_KINDS_SAVE_MS while changed, and
 	 * at stop. */
 	char kinds_path[4096];
-	uint64_t kinds_checked_ms; /* uv_now() of the last look */
-	bool kinds_save_failed;    /* logged once */
+	uint64_t kinds_checked_ms;           /* uv_now() of the last look */
+	bool kinds_save_failed;              /* logged once */
+	struct mts_kinds_write *kinds_write; /* on the thread pool, or NULL */
+	unsigned char *kinds_final; /* taken at stop, written after it */
+	size_t kinds_final_len;
 };
 
 /* How often the learned sizes' record is written while runs come: a
