@@ -262,6 +262,8 @@ struct tree {
 	int fd[MTS_GUARD_TREE_MAX];
 	uint32_t pid[MTS_GUARD_TREE_MAX];
 	uint32_t n;
+	bool cut; /* a descendant was left out: the tree was full, or no
+	           * descriptor was left for its pidfd */
 };
 
 static bool in_tree(const struct tree *t, uint32_t pid)
@@ -300,30 +302,48 @@ static uint32_t ppid_of(uint32_t pid)
  * pidfd is open, and send it `sig` (SIGSTOP, or 0 for none). */
 static void add_children(struct tree *t, uint32_t i, uint32_t self, int sig)
 {
+	/* A thread's children, up to a full tree's worth of pids (the loop
+	 * thread's alone, as the guard is). */
+	static char buf[MTS_GUARD_TREE_MAX * 12];
 	char dir[48];
 	snprintf(dir, sizeof(dir), "/proc/%u/task", t->pid[i]);
 	DIR *d = opendir(dir);
 	if (!d)
 		return;
 	struct dirent *e;
-	while ((e = readdir(d)) && t->n < MTS_GUARD_TREE_MAX) {
+	while ((e = readdir(d))) {
 		if (e->d_name[0] < '0' || e->d_name[0] > '9')
 			continue;
-		char tdir[320], buf[4096];
+		char tdir[320];
 		snprintf(tdir, sizeof(tdir), "%s/%s", dir, e->d_name);
-		if (mts_read_small(tdir, "children", buf, sizeof(buf)) < 0)
+		ssize_t len =
+		    mts_read_small(tdir, "children", buf, sizeof(buf));
+		if (len < 0)
 			continue;
-		for (char *s = buf, *end; *s && t->n < MTS_GUARD_TREE_MAX;
-		     s = end) {
+		/* Filled: its last pid may be cut short. */
+		if ((size_t)len == sizeof(buf) - 1) {
+			char *sp = strrchr(buf, ' ');
+			*(sp ? sp : buf) = '\0';
+			t->cut = true;
+		}
+		for (char *s = buf, *end; *s; s = end) {
 			unsigned long v = strtoul(s, &end, 10);
 			if (end == s)
 				break;
 			uint32_t pid = (uint32_t)v;
 			if (pid == self || in_tree(t, pid))
 				continue;
+			if (t->n == MTS_GUARD_TREE_MAX) {
+				t->cut = true;
+				break;
+			}
 			int fd = (int)pidfd_open((pid_t)pid, 0);
-			if (fd < 0)
+			if (fd < 0) {
+				if (errno == EMFILE || errno == ENFILE ||
+				    errno == ENOMEM)
+					t->cut = true;
 				continue;
+			}
 			/* Its parent's pid now, and the parent still alive
 			 * after that read: our pidfd pins its pid, so the
 			 * number is not a recycled one, and `pid` (pinned by
@@ -370,6 +390,7 @@ static void stop_tree(struct mts_registry *reg, const struct mts_guard_cand *k,
 {
 	uint32_t self = (uint32_t)getpid();
 	t->n = 0;
+	t->cut = false;
 	for (uint32_t i = 0; i < reg->ndense && t->n < MTS_GUARD_TREE_MAX;
 	     i++) {
 		struct mts_proc *p = reg->by_slot[reg->dense[i]];
@@ -644,6 +665,13 @@ static void kill_held(struct mts_registry *reg, const struct mts_guard_cand *k,
 	g->signalled += killed;
 	mts_log(MTS_LOG_WARN, "node guard: evicted", "task=%s uid=%u killed=%u",
 	        mts_logq(q, sizeof(q), k->task), k->uid, killed);
+	if (t->cut)
+		mts_log(MTS_LOG_WARN,
+		        "node guard: the task's process tree was larger than "
+		        "it could hold; descendants past it were not signalled",
+		        "task=%s uid=%u held=%u max=%u",
+		        mts_logq(q, sizeof(q), k->task), k->uid, killed,
+		        MTS_GUARD_TREE_MAX);
 	/* At an eviction the task is at its peak: what it holds now. */
 	guard_record_eviction(reg, k);
 }

@@ -614,6 +614,64 @@ Test(guard, past_the_line_the_tree_goes_and_an_event_says_so)
 	cr_assert_eq(waitpid(calm, &st, WNOHANG), 0);
 }
 
+/* A child with `n` children of its own, all paused; the child's pid once
+ * they have all been forked. Each dies with its parent. */
+static pid_t spawn_wide(int n)
+{
+	int p[2];
+	cr_assert_eq(pipe(p), 0);
+	pid_t pid = fx_fork();
+	if (pid == 0) {
+		pid_t self = getpid();
+		for (int i = 0; i < n; i++) {
+			pid_t g = fork();
+			if (g == 0) {
+				fx_die_with(self);
+				for (;;)
+					pause();
+			}
+			if (g < 0)
+				_exit(1);
+		}
+		if (write(p[1], "x", 1) != 1)
+			_exit(1);
+		for (;;)
+			pause();
+	}
+	char c;
+	cr_assert_eq(read(p[0], &c, 1), 1, "the children were not forked");
+	close(p[0]);
+	close(p[1]);
+	kids[nkids++] = pid;
+	return pid;
+}
+
+Test(guard, a_wide_tree_goes_whole)
+{
+	fx_start();
+	/* 1000 children: their pids fill more than a page of one thread's
+	 * children file. */
+	reserve(FX_UID, "wide", 10 * MIB);
+	pid_t wide = spawn_wide(1000);
+	fx_write(fx_register_as(wide, FX_UID, "default", "wide"),
+	         (int64_t)(60 * MIB));
+	mts_core_tick(&srv.reg);
+	mts_policy_defaults(&pol);
+	fake_cgroup("268435456\n", 240 * MIB, 0);
+	struct mts_node_src src = {.kind = MTS_NODE_CGROUP_V2};
+	snprintf(src.dir, sizeof(src.dir), "%s", dir);
+	struct mts_node_fig fig = {0};
+	srv.reg.policy.guard_interval_ms = 60000;
+	mts_guard_apply(&srv.reg, &src, &fig);
+	mts_guard_check(&srv.reg, mts_now_monotonic());
+	cr_assert_eq(srv.reg.guard->evictions, 1);
+	cr_assert_eq(srv.reg.guard->signalled, 1001,
+	             "the worker and its 1000 children");
+	int st;
+	cr_assert_eq(waitpid(wide, &st, 0), wide);
+	cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
+}
+
 /* The guard on a fake cgroup v2 node: 500 MiB in use of which 100 is
  * inactive file pages (the node's figure: 400 MiB), line 800 MiB. */
 static void guard_on_node_of_400_line_800(void)
