@@ -784,6 +784,72 @@ static int read_all(int fd, size_t max, unsigned char **out, size_t *len)
 	return 0;
 }
 
+/* The end of `k`'s latest run (runs are held oldest first at load). */
+static uint64_t last_end(const struct mts_kind *k)
+{
+	return k->runs[(k->head + MTS_KIND_RUNS - 1) % MTS_KIND_RUNS].end_s;
+}
+
+static int cmp_recent(const void *a, const void *b)
+{
+	const struct mts_kind *x = *(const struct mts_kind *const *)a;
+	const struct mts_kind *y = *(const struct mts_kind *const *)b;
+	uint64_t ex = last_end(x), ey = last_end(y);
+	if (ex != ey)
+		return ex > ey ? -1 : 1;
+	return cmp_kind(a, b);
+}
+
+/*
+ * A record written under larger caps ([kinds] max_kinds or
+ * max_kinds_per_uid lowered since): the kinds run most recently are kept
+ * up to them and the rest dropped, so that the caps hold from the start
+ * rather than refuse every new kind until old ones age out. An admin's
+ * kinds count against max_kinds only, as when they were made. Returns how
+ * many were dropped.
+ */
+static uint32_t trim_to_caps(const struct mts_registry *reg,
+                             struct mts_kinds *ks)
+{
+	const struct mts_policy *pol = &reg->policy;
+	bool over = ks->n > pol->kinds_max;
+	for (uint32_t i = 0; !over && pol->kinds_per_uid && ks->per_uid.e &&
+	                     i <= ks->per_uid.mask;
+	     i++) {
+		const struct mts_uid_count *e = &ks->per_uid.e[i];
+		over = e->count > pol->kinds_per_uid &&
+		       !mts_uid_is_admin(reg, e->uid);
+	}
+	if (!over)
+		return 0;
+	struct mts_kind **all = malloc(ks->n * sizeof(*all));
+	if (!all)
+		return 0;
+	uint32_t n = 0;
+	for (uint32_t i = 0; i <= ks->mask; i++)
+		for (struct mts_kind *k = ks->tab[i]; k; k = k->hnext)
+			all[n++] = k;
+	qsort(all, n, sizeof(*all), cmp_recent);
+	struct mts_uid_counts kept = {0};
+	uint32_t nkept = 0, dropped = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		struct mts_kind *k = all[i];
+		bool keep = nkept < pol->kinds_max;
+		if (keep && pol->kinds_per_uid &&
+		    mts_uid_count_get(&kept, k->uid) >= pol->kinds_per_uid)
+			keep = mts_uid_is_admin(reg, k->uid);
+		if (keep && mts_uid_count_add(&kept, k->uid) == 0) {
+			nkept++;
+			continue;
+		}
+		kind_drop(ks, k);
+		dropped++;
+	}
+	mts_uid_counts_free(&kept);
+	free(all);
+	return dropped;
+}
+
 int mts_kinds_load(struct mts_registry *reg, const char *path)
 {
 	struct mts_kinds *ks = reg->kinds;
@@ -893,6 +959,7 @@ int mts_kinds_load(struct mts_registry *reg, const char *path)
 		ks->load_refused++;
 		return refuse(path, why);
 	}
+	uint32_t dropped = trim_to_caps(reg, &fresh);
 	/* Replace what we had (nothing, at start). */
 	uint64_t refused = ks->load_refused;
 	mts_kinds_free(reg);
@@ -901,5 +968,15 @@ int mts_kinds_load(struct mts_registry *reg, const char *path)
 	char q[MTS_LOGQ_MAX];
 	mts_log(MTS_LOG_INFO, "learned sizes loaded", "path=%s kinds=%u",
 	        mts_logq(q, sizeof(q), path), ks->n);
+	if (dropped) {
+		ks->dirty = true;
+		mts_log(MTS_LOG_WARN,
+		        "learned sizes past [kinds] max_kinds or "
+		        "max_kinds_per_uid: the least recently run dropped",
+		        "path=%s dropped=%u kept=%u max_kinds=%u "
+		        "max_kinds_per_uid=%u",
+		        mts_logq(q, sizeof(q), path), dropped, ks->n,
+		        reg->policy.kinds_max, reg->policy.kinds_per_uid);
+	}
 	return 0;
 }

@@ -436,6 +436,52 @@ Test(kinds, a_run_recorded_ahead_of_the_clock_ages_from_now)
 	unlink(path);
 }
 
+Test(kinds, a_record_past_lowered_caps_keeps_the_latest)
+{
+	start_fleet(0);
+	uint64_t now_s = mts_now_realtime() / 1000000000u;
+	/* uid 0 is an admin, exempt from the per-uid cap; 1000 is not. */
+	const struct {
+		const char *name;
+		uint32_t uid;
+		uint64_t ago;
+	} run[] = {{"x", 0, 10},    {"y", 0, 20},   {"z", 0, 30},
+	           {"a", 1000, 60}, {"b", 1000, 5}, {"c", 1000, 15}};
+	for (int i = 0; i < 6; i++) {
+		note_run(&srv.reg, run[i].name, run[i].uid, MIB, false);
+		mts_kind_find(&srv.reg, run[i].name, run[i].uid)
+		    ->runs[0]
+		    .end_s = now_s - run[i].ago;
+	}
+	snprintf(path, sizeof(path), "/tmp/mt-kinds-%d.kinds", (int)getpid());
+	unlink(path);
+	cr_assert_eq(mts_kinds_save(&srv.reg, path), 0);
+	mts_kinds_free(&srv.reg);
+	/* Restarted with smaller caps. */
+	srv.reg.policy.kinds_per_uid = 2;
+	srv.reg.policy.kinds_max = 4;
+	cr_assert_eq(mts_kinds_load(&srv.reg, path), 0);
+	cr_assert_eq(srv.reg.kinds->n, 4);
+	cr_assert(srv.reg.kinds->dirty, "the trimmed record is written back");
+	/* Newest first: b, x, c, y; then z (past max_kinds) and a (past
+	 * uid 1000's two). */
+	cr_assert_not_null(mts_kind_find(&srv.reg, "b", 1000));
+	cr_assert_not_null(mts_kind_find(&srv.reg, "c", 1000));
+	cr_assert_not_null(mts_kind_find(&srv.reg, "x", 0));
+	cr_assert_not_null(mts_kind_find(&srv.reg, "y", 0));
+	cr_assert_null(mts_kind_find(&srv.reg, "z", 0));
+	cr_assert_null(mts_kind_find(&srv.reg, "a", 1000));
+	cr_assert_eq(mts_uid_count_get(&srv.reg.kinds->per_uid, 1000), 2);
+	/* Under caps that hold it, nothing goes. */
+	mts_kinds_free(&srv.reg);
+	srv.reg.policy.kinds_per_uid = 3;
+	srv.reg.policy.kinds_max = 6;
+	cr_assert_eq(mts_kinds_load(&srv.reg, path), 0);
+	cr_assert_eq(srv.reg.kinds->n, 6);
+	cr_assert(!srv.reg.kinds->dirty);
+	unlink(path);
+}
+
 /* Write byte `v` at `off` of the record. */
 static void poke(off_t off, uint8_t v)
 {
