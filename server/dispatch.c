@@ -8,7 +8,9 @@
  * without any bookkeeping.
  *
  * The input is hostile. A length prefix over MTS_MAX_FRAME is refused
- * before anything is allocated for it. A frame protobuf-c cannot decode is
+ * before anything is allocated for it. A frame of more fields than any
+ * request holds is refused before it is decoded (fields_within()). A
+ * frame protobuf-c cannot decode is
  * answered with id 0, since its id could not be read, and ends the
  * connection, as the protocol says. Everything else that goes wrong is an
  * error Response on a connection that stays open.
@@ -1019,9 +1021,84 @@ static bool unidentified_refused(struct mts_registry *reg,
 	return true;
 }
 
+/*
+ * Are the fields of a Request's encoding, and of its body's, no more than
+ * *left (counted down), each well formed? Checked before protobuf-c sees
+ * the frame: it allocates every field it keeps, unknown ones too, and
+ * parses repeated copies of a field one by one, so a 1 MiB frame of
+ * 2-byte fields held the loop, which every peer shares, for ~150 ms. A
+ * request has at most a dozen fields. Length-delimited payloads are
+ * skipped in one step, so this costs the number of fields, not the bytes.
+ * Only the body (fields 3-10, the oneof of messages) is walked into: no
+ * body holds a message.
+ */
+static bool fields_within(const uint8_t *p, size_t len, bool top,
+                          uint32_t *left)
+{
+	size_t off = 0;
+	while (off < len) {
+		uint64_t key, v;
+		int n =
+		    mtframe_decode_len(p + off, len - off, UINT64_MAX, &key);
+		if (n <= 0 || *left == 0)
+			return false;
+		(*left)--;
+		off += (size_t)n;
+		switch (key & 7) {
+		case 0: /* varint */
+			n = mtframe_decode_len(p + off, len - off, UINT64_MAX,
+			                       &v);
+			if (n <= 0)
+				return false;
+			off += (size_t)n;
+			break;
+		case 1: /* 64-bit */
+			if (len - off < 8)
+				return false;
+			off += 8;
+			break;
+		case 5: /* 32-bit */
+			if (len - off < 4)
+				return false;
+			off += 4;
+			break;
+		case 2: /* length-delimited */
+			n = mtframe_decode_len(p + off, len - off, UINT64_MAX,
+			                       &v);
+			if (n <= 0 || v > len - off - (size_t)n)
+				return false;
+			off += (size_t)n;
+			if (top && (key >> 3) >= 3 && (key >> 3) <= 10 &&
+			    !fields_within(p + off, (size_t)v, false, left))
+				return false;
+			off += (size_t)v;
+			break;
+		default: /* groups: never sent by a client of ours */
+			return false;
+		}
+	}
+	return true;
+}
+
 int mts_dispatch(struct mts_registry *reg, struct mts_peer *peer,
                  const uint8_t *body, size_t len, struct mts_buf *out)
 {
+	uint32_t left = MTS_REQUEST_FIELDS_MAX;
+	if (!fields_within(body, len, true, &left)) {
+		reg->req->protocol_errors++;
+		mts_log_uid(mts_peer_log_uid(peer), MTS_LOG_WARN,
+		            "request malformed or of too many fields, closing",
+		            "peer_pid=%u bytes=%zu max_fields=%u", peer->pid,
+		            len, MTS_REQUEST_FIELDS_MAX);
+		char msg[120];
+		snprintf(msg, sizeof(msg),
+		         "the request is not a well-formed memtally.v1.Request "
+		         "of at most %u fields",
+		         MTS_REQUEST_FIELDS_MAX);
+		int err = append_error(
+		    out, 0, MEMTALLY__V1__ERROR_CODE__ERROR_UNDECODABLE, msg);
+		return err < 0 ? err : MTS_CLOSE;
+	}
 	Memtally__V1__Request *req =
 	    memtally__v1__request__unpack(NULL, len, body);
 	if (!req) {

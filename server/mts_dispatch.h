@@ -30,7 +30,13 @@ struct mts_buf {
 int mts_buf_reserve(struct mts_buf *b, size_t more);
 void mts_buf_free(struct mts_buf *b);
 
-#define MTS_MAX_FRAME MTFRAME_DEFAULT_MAX
+/* The largest request: one is a few hundred bytes (names are at most 255),
+ * and what a connection may make the server buffer and walk is bounded
+ * by this, not by the 1 MiB a client accepts in an answer. */
+#define MTS_MAX_FRAME (64u * 1024u)
+/* Fields a request may hold, its body's included (a request has at most a
+ * dozen): more is refused before it is decoded, see mts_dispatch(). */
+#define MTS_REQUEST_FIELDS_MAX 64
 
 /* Returned (positive) by mts_dispatch/mts_input: the connection must be
  * closed once the response already appended has been written. */

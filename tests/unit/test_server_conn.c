@@ -518,7 +518,9 @@ Test(budget, a_throttled_peer_that_reads_again_is_resumed, .init = setup_cap,
 Test(budget, partial_frames_over_the_cap_do_not_stick, .init = setup_cap,
      .fini = teardown, .timeout = 120)
 {
-	enum { N = 6, BODY = 400000 };
+	/* Frames just within the largest request, enough of them for three
+	 * quarters of each to pass the cap. */
+	enum { N = 32, BODY = 60000 };
 	static struct client p[N];
 	static uint8_t data[BODY + 8];
 	size_t hl = 0;

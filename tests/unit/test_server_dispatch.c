@@ -197,6 +197,69 @@ Test(dispatch, undecodable_answers_then_closes)
 	mts_buf_free(&out);
 }
 
+/* A GetUsage request (id 9) with `extra` unknown varint fields (field
+ * 15, value 0), `inside` of them in its body; its length in *len. */
+static uint8_t *many_fields(int extra, int inside, size_t *len)
+{
+	uint8_t *b = malloc(16 + 2 * (size_t)extra);
+	size_t n = 0;
+	b[n++] = 0x08; /* id = 9 */
+	b[n++] = 0x09;
+	for (int i = 0; i < extra - inside; i++) {
+		b[n++] = 0x78; /* field 15, varint */
+		b[n++] = 0x00;
+	}
+	b[n++] = 0x22; /* field 4, get_usage */
+	size_t at = n++;
+	for (int i = 0; i < inside; i++) {
+		b[n++] = 0x78;
+		b[n++] = 0x00;
+	}
+	b[at] = (uint8_t)(n - at - 1); /* < 128 in these tests */
+	*len = n;
+	return b;
+}
+
+Test(dispatch, a_request_of_too_many_fields_is_not_decoded)
+{
+	struct mts_peer peer = peer_of(getpid());
+	const struct {
+		int extra, inside;
+		bool ok;
+	} c[] = {
+	    /* id, get_usage and 60 unknown fields: within 64. */
+	    {60, 30, true},
+	    {62, 62, true},
+	    /* 65 and more, before the body, or within it. */
+	    {63, 0, false},
+	    {63, 63, false},
+	    {2000, 10, false},
+	};
+	for (size_t i = 0; i < sizeof(c) / sizeof(c[0]); i++) {
+		size_t len;
+		uint8_t *b = many_fields(c[i].extra, c[i].inside, &len);
+		struct mts_buf out = {0};
+		size_t pos = 0;
+		uint64_t errs = srv.reg.req->protocol_errors;
+		int rc = mts_dispatch(&srv.reg, &peer, b, len, &out);
+		Memtally__V1__Response *r = next_response(&out, &pos);
+		if (c[i].ok) {
+			cr_assert_eq(rc, 0, "case %zu", i);
+			cr_assert_eq(r->id, 9);
+			cr_assert_eq(r->body_case,
+			             MEMTALLY__V1__RESPONSE__BODY_USAGE);
+			memtally__v1__response__free_unpacked(r, NULL);
+		} else {
+			cr_assert_eq(rc, MTS_CLOSE, "case %zu", i);
+			expect_error(
+			    r, 0, MEMTALLY__V1__ERROR_CODE__ERROR_UNDECODABLE);
+			cr_assert_eq(srv.reg.req->protocol_errors, errs + 1);
+		}
+		mts_buf_free(&out);
+		free(b);
+	}
+}
+
 Test(dispatch, frame_too_large)
 {
 	uint8_t in[MTFRAME_MAX_VARINT];
