@@ -136,6 +136,30 @@ static void fence_inherited(void)
 }
 
 /*
+ * The descriptors a registration holds open: its socket and the two it
+ * received. A fork by another thread meanwhile hands them to the child,
+ * where nothing would close them until it execs, and a prefork server
+ * never does: the server would see the connection stay open, and the
+ * child would hold a read-write descriptor of its uid's whole slot table.
+ * Registrations are one at a time (`attaching`), so one set. Each is
+ * forgotten before it is closed, so the child never closes a number since
+ * reused. (A descriptor is in the process a moment before it is recorded:
+ * a fork in that moment still hands it on.)
+ */
+static int reg_fds[3] = {-1, -1, -1};
+
+static void reg_fd_keep(int i, int fd)
+{
+	__atomic_store_n(&reg_fds[i], fd, __ATOMIC_SEQ_CST);
+}
+
+static void reg_fd_close(int i, int fd)
+{
+	reg_fd_keep(i, -1);
+	close(fd);
+}
+
+/*
  * fork(): the child is a new process. Its starting total is what the parent
  * had published (its slot, which the child can still read through the
  * inherited mapping, plus pending); it registers at its next flush. The
@@ -180,6 +204,12 @@ static void on_fork_child(void)
 	mtc_proc.refresh_started = 0;
 	mtc_refresh_want = 0;
 	mtc_proc.answer_lost = 0; /* the parent's registration, not ours */
+	for (int i = 0; i < 3; i++) {
+		int fd = reg_fds[i];
+		reg_fds[i] = -1;
+		if (fd >= 0)
+			close(fd);
+	}
 	mtc_proc.pid = getpid();
 	mtc_front_force_slow();
 }
@@ -362,7 +392,7 @@ static void reply_close(struct reg_reply *r)
 {
 	for (int i = 0; i < 2; i++)
 		if (r->fds[i] >= 0)
-			close(r->fds[i]);
+			reg_fd_close(1 + i, r->fds[i]);
 	r->fds[0] = r->fds[1] = -1;
 }
 
@@ -392,9 +422,9 @@ static ssize_t recv_fds(int fd, void *buf, size_t len, struct reg_reply *out)
 			memcpy(&got, CMSG_DATA(c) + i * sizeof(int),
 			       sizeof(int));
 			if (out->fds[0] < 0)
-				out->fds[0] = got;
+				reg_fd_keep(1, out->fds[0] = got);
 			else if (out->fds[1] < 0)
-				out->fds[1] = got;
+				reg_fd_keep(2, out->fds[1] = got);
 			else
 				close(got);
 		}
@@ -410,11 +440,12 @@ static int reg_connect(void)
 	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 	if (fd < 0)
 		return -errno;
+	reg_fd_keep(0, fd);
 	struct sockaddr_un sa = {.sun_family = AF_UNIX};
 	memcpy(sa.sun_path, mtc_proc.sock, strlen(mtc_proc.sock) + 1);
 	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
 		int err = -errno;
-		close(fd);
+		reg_fd_close(0, fd);
 		return err;
 	}
 	return fd;
@@ -536,7 +567,7 @@ static int do_register(struct reg_reply *out, bool if_registered)
 		err = reg_recv(fd, in, sizeof(in), deadline, out, &pre, &body);
 	if (!err)
 		err = reg_decode(in + pre, (size_t)body, out);
-	close(fd);
+	reg_fd_close(0, fd);
 	if (err)
 		reply_close(out);
 	return err;

@@ -133,8 +133,9 @@ class FakeServer:
     the descriptors objects(pid) returns (a list of (fd, mmap), which are
     kept, so a test can look at what the client wrote into them)."""
 
-    def __init__(self, objects):
+    def __init__(self, objects, delay=0.0):
         self.objects = objects
+        self.delay = delay  # seconds before each answer
         self.dir = tempfile.mkdtemp(prefix="mt-fake-")
         self.socket = os.path.join(self.dir, "fake.sock")
         self.lsock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -171,12 +172,18 @@ class FakeServer:
         req = pb.Reader(c).frame(10 * MULT)
         if req is None or pb.REGISTER not in req:
             return  # not a Register: nothing to answer
+        if self.delay:
+            self.stop.wait(self.delay)
         objs = self.objects(pid)
         with self.lock:
             self.registers += 1
             self.handed.append((pid, objs))
         fds = [fd for fd, _ in objs]
-        socket.send_fds(c, [registered()], fds)
+        try:
+            socket.send_fds(c, [registered()], fds)
+        except (BrokenPipeError, ConnectionResetError):
+            if not self.delay:
+                raise  # late on purpose: the client may have gone
 
     def close(self):
         self.stop.set()
@@ -263,7 +270,32 @@ def test_bad_objects_from_server():
             fake.close()
 
 
+def test_fork_while_registering():
+    """A thread registers with a server that answers late; another forks
+    meanwhile. The child, which never execs, must not hold the
+    registration's socket (the server would see the connection outlive the
+    parent's wait, and its uid's cap on connections fill with such
+    children), nor, once the answer came, the slot table's descriptor."""
+    fake = FakeServer(good, delay=4.0 * MULT)
+    try:
+        env = dict(os.environ, LD_PRELOAD=PRELOAD,
+                   MEMTALLY_SOCKET=fake.socket, MEMTALLY_TASK="forkreg",
+                   MEMTALLY_REGISTER_TIMEOUT_MS=str(int(3000 * MULT)))
+        r = subprocess.run([*worker("forkreg")], env=env,
+                           stdin=subprocess.DEVNULL, capture_output=True,
+                           text=True, timeout=60 * MULT)
+        check(r.returncode == 0, f"forkreg: {r.returncode} {r.stderr}")
+        line = [x for x in r.stdout.splitlines() if x.startswith("child ")]
+        check(line, f"no child line: {r.stdout!r}")
+        print(f"  {line[0]}")
+        check(line[0] == "child sockets=0 memfds=0",
+              f"the fork child holds the registration's descriptors: "
+              f"{line[0]}")
+    finally:
+        fake.close()
+
+
 if __name__ == "__main__":
     run([test_no_server, test_socket_dir_missing, test_socket_is_regular_file,
          test_stale_socket, test_fake_server_control,
-         test_bad_objects_from_server])
+         test_bad_objects_from_server, test_fork_while_registering])

@@ -1,0 +1,83 @@
+/*
+ * forkreg - a fork while another thread registers: the child must not be
+ * handed the registration's socket or the descriptors it received. A
+ * thread allocates 1 MiB (a flush: it registers, and waits for an answer
+ * the harness's server holds back); 300 ms later the main thread forks.
+ * The child counts its sockets and memfds, without allocating (an
+ * allocation of its own could register and open one), and prints
+ * "child sockets=N memfds=M".
+ *
+ * usage: mt_worker forkreg
+ */
+#define _GNU_SOURCE
+#include "mt_common.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+
+static void *registers(void *arg)
+{
+	(void)arg;
+	char *p = malloc(MIB);
+	mt_touch(p, MIB);
+	mt_flush();
+	free(p);
+	return NULL;
+}
+
+/* The child's count, by getdents64 on /proc/self/fd: no allocation. */
+static void count_fds(void)
+{
+	int dir = open("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	char buf[8192], path[300], link[256], out[96];
+	unsigned sockets = 0, memfds = 0;
+	long n;
+	while (dir >= 0 &&
+	       (n = syscall(SYS_getdents64, dir, buf, sizeof(buf))) > 0) {
+		for (long off = 0; off < n;) {
+			struct dirent64 *d = (struct dirent64 *)(buf + off);
+			off += d->d_reclen;
+			if (d->d_name[0] < '0' || d->d_name[0] > '9' ||
+			    atoi(d->d_name) == dir)
+				continue;
+			snprintf(path, sizeof(path), "/proc/self/fd/%s",
+			         d->d_name);
+			ssize_t k = readlink(path, link, sizeof(link) - 1);
+			if (k <= 0)
+				continue;
+			link[k] = '\0';
+			sockets += strncmp(link, "socket:", 7) == 0;
+			memfds += strncmp(link, "/memfd:", 7) == 0;
+		}
+	}
+	int len = snprintf(out, sizeof(out), "child sockets=%u memfds=%u\n",
+	                   sockets, memfds);
+	if (write(1, out, (size_t)len) != len)
+		_exit(1);
+}
+
+static int forkreg_main(int argc, char **argv)
+{
+	(void)argc;
+	(void)argv;
+	pthread_t t;
+	if (pthread_create(&t, NULL, registers, NULL) != 0)
+		return 1;
+	struct timespec ts = {0, 300 * 1000 * 1000};
+	nanosleep(&ts, NULL);
+	fflush(stdout);
+	pid_t pid = fork();
+	if (pid == 0) {
+		count_fds();
+		_exit(0);
+	}
+	int st;
+	waitpid(pid, &st, 0);
+	pthread_join(t, NULL);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 1;
+}
+
+const struct mt_sub mt_forkreg = {"forkreg", "", forkreg_main};
