@@ -315,6 +315,13 @@ static void init_once(void)
 	if (strlen(sock) >= sizeof(mtc_proc.sock)) {
 		mtc_debug("MEMTALLY_SOCKET too long; not attaching");
 		mtc_proc.disabled = 1;
+	} else if (sock[0] != '/') {
+		/* Relative: resolved against whatever directory the program
+		 * is in when it registers (an NFS home, a FUSE mount, where
+		 * the lookup can hang inside malloc). */
+		mtc_debug("MEMTALLY_SOCKET is not an absolute path; not "
+		          "attaching");
+		mtc_proc.disabled = 1;
 	} else {
 		strcpy(mtc_proc.sock, sock);
 	}
@@ -432,9 +439,38 @@ static ssize_t recv_fds(int fd, void *buf, size_t len, struct reg_reply *out)
 	return r;
 }
 
+/*
+ * Is the server at the other end of `fd` one we may take descriptors from?
+ * Run by root, by our own uid, or by the owner of the socket's directory
+ * (a service user in a directory of its own). Anyone else could be a
+ * process that bound the path first, and the descriptors it passes are
+ * closed by us when refused: the last close of a lingering TCP socket or
+ * of a file on a stuck FUSE mount blocks, inside the program's malloc. In
+ * a user namespace that maps neither, root and the directory's owner
+ * both read as the overflow uid, and still match.
+ */
+static bool server_trusted(int fd)
+{
+	struct ucred c;
+	socklen_t len = sizeof(c);
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &c, &len) < 0)
+		return false;
+	if (c.uid == 0 || c.uid == geteuid())
+		return true;
+	char dir[sizeof(mtc_proc.sock)];
+	memcpy(dir, mtc_proc.sock, sizeof(dir));
+	char *slash = strrchr(dir, '/'); /* the path is absolute: init_once */
+	if (!slash)
+		return false;
+	slash[slash == dir] = '\0';
+	struct stat st;
+	return stat(dir, &st) == 0 && st.st_uid == c.uid;
+}
+
 /* A connected, non-blocking socket to the server, or -errno. A Unix
  * socket connect completes or fails at once, except EAGAIN when the
- * backlog is full: the caller treats that as "try later". */
+ * backlog is full: the caller treats that as "try later". A server we may
+ * not trust (server_trusted) is -EPERM, as if there were none. */
 static int reg_connect(void)
 {
 	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
@@ -447,6 +483,13 @@ static int reg_connect(void)
 		int err = -errno;
 		reg_fd_close(0, fd);
 		return err;
+	}
+	if (!server_trusted(fd)) {
+		mtc_debug("the server at %s runs as a uid we do not trust; "
+		          "not registering",
+		          mtc_proc.sock);
+		reg_fd_close(0, fd);
+		return -EPERM;
 	}
 	return fd;
 }

@@ -14,7 +14,7 @@ import threading
 import time
 
 import pbwire as pb
-from harness import MULT, PRELOAD, check, run, worker
+from harness import MULT, NOBODY, NOGROUP, PRELOAD, as_user, check, run, worker
 
 PROGRAMS = [
     ["python3", "-c",
@@ -295,7 +295,112 @@ def test_fork_while_registering():
         fake.close()
 
 
+# A listener that counts what it is sent: run as another uid.
+LISTENER = r"""
+import socket, sys, time
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.bind(sys.argv[1]); s.listen(16); s.settimeout(0.1)
+print("listening", flush=True)
+conns = requests = 0
+end = time.monotonic() + float(sys.argv[2])
+while time.monotonic() < end:
+    try:
+        c, _ = s.accept()
+    except socket.timeout:
+        continue
+    conns += 1
+    c.settimeout(1.0)
+    try:
+        requests += len(c.recv(4096)) > 0
+    except OSError:
+        pass
+    c.close()
+print(f"conns={conns} requests={requests}", flush=True)
+"""
+
+
+def test_untrusted_server():
+    """A worker registers only with a server run by root, by its own uid,
+    or by the owner of the socket's directory: anyone else may have bound
+    the path first, and could hand it descriptors whose close blocks (a
+    lingering TCP socket, a file on a stuck FUSE mount). A server run by
+    nobody in a directory of root's is connected to, sent nothing, and the
+    program behaves as without memtally; in nobody's own directory it is
+    sent the Register."""
+    for owner, want in ((0, False), (NOBODY, True)):
+        d = tempfile.mkdtemp(prefix="mt-trust-")
+        os.chmod(d, 0o1777)
+        os.chown(d, owner, NOGROUP)
+        path = os.path.join(d, "s.sock")
+        lis = subprocess.Popen(
+            ["/usr/bin/python3", "-c", LISTENER, path, str(4 * MULT)],
+            stdout=subprocess.PIPE, text=True,
+            preexec_fn=as_user((NOBODY, NOGROUP)))
+        try:
+            check(lis.stdout.readline().strip() == "listening",
+                  "the listener did not start")
+            env = dict(os.environ, LD_PRELOAD=PRELOAD, MEMTALLY_SOCKET=path,
+                       MEMTALLY_TASK="trust")
+            r = subprocess.run([*worker("errno"), "3"], env=env,
+                               stdin=subprocess.DEVNULL, capture_output=True,
+                               text=True, timeout=60 * MULT)
+            check(r.returncode == 0 and "errno kept" in r.stdout,
+                  f"the program changed: {r.returncode} {r.stdout!r} "
+                  f"{r.stderr!r}")
+            out = lis.communicate(timeout=30 * MULT)[0].strip()
+        finally:
+            if lis.poll() is None:
+                lis.kill()
+                lis.wait()
+            if os.path.exists(path):
+                os.unlink(path)
+            os.rmdir(d)
+        conns, reqs = (int(x.split("=")[1]) for x in out.split())
+        who = "root's" if owner == 0 else "nobody's"
+        print(f"  a server of nobody's in {who} directory: {conns} "
+              f"connections, {reqs} with a request")
+        check(conns > 0, f"{who}: the worker never connected: the case "
+                         "tested nothing")
+        check((reqs > 0) == want,
+              f"{who} directory: {reqs} requests, wanted "
+              f"{'some' if want else 'none'}")
+
+
+def test_relative_socket_path():
+    """MEMTALLY_SOCKET relative: it would be looked up from wherever the
+    program is when it registers (an NFS home, a stuck FUSE mount, where
+    the lookup hangs inside malloc). It is not used: a server there gets
+    no registration, and the program behaves as without memtally."""
+    fake = FakeServer(good)
+    try:
+        env = dict(os.environ, LD_PRELOAD=PRELOAD, MEMTALLY_SOCKET="fake.sock",
+                   MEMTALLY_TASK="relative")
+        r = subprocess.run([*worker("errno"), "3"], env=env, cwd=fake.dir,
+                           stdin=subprocess.DEVNULL, capture_output=True,
+                           text=True, timeout=60 * MULT)
+        check(r.returncode == 0 and "errno kept" in r.stdout,
+              f"the program changed: {r.returncode} {r.stdout!r}")
+        # A registration waits for its answer: counted by now.
+        with fake.lock:
+            relative = fake.registers
+        # The same with the absolute path registers: the case is live.
+        env["MEMTALLY_SOCKET"] = fake.socket
+        subprocess.run([*worker("errno"), "3"], env=env,
+                       stdin=subprocess.DEVNULL, capture_output=True,
+                       timeout=60 * MULT)
+        with fake.lock:
+            regs = fake.registers
+        print(f"  relative path: {relative} registrations; absolute: "
+              f"{regs - relative}")
+        check(relative == 0, f"{relative} registrations by a relative path")
+        check(regs > 0, "the absolute path did not register either: the "
+                        "case tested nothing")
+    finally:
+        fake.close()
+
+
 if __name__ == "__main__":
     run([test_no_server, test_socket_dir_missing, test_socket_is_regular_file,
          test_stale_socket, test_fake_server_control,
-         test_bad_objects_from_server, test_fork_while_registering])
+         test_bad_objects_from_server, test_fork_while_registering,
+         test_untrusted_server, test_relative_socket_path])
