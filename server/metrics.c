@@ -96,10 +96,18 @@
 
 #define FRESH_NS ((uint64_t)MTS_METRICS_FRESH_MS * 1000000u)
 
-/* libmicrohttpd limits: a scraper needs one connection at a time. */
-#define HTTP_CONNECTION_LIMIT 16u
-#define HTTP_IDLE_TIMEOUT_S   10u
-#define LISTEN_BACKLOG        16
+/* libmicrohttpd limits. A scraper needs one connection at a time; the
+ * rest is room for a few of them beside clients that hold connections
+ * open. libmicrohttpd's timeout counts idle time, so a client sending a
+ * byte every few seconds would hold a connection for ever: a request's
+ * headers must also be in HTTP_REQUEST_DEADLINE_S after the connection
+ * opened or its previous answer went (the reaper, below). */
+#define HTTP_CONNECTION_LIMIT   64u
+#define HTTP_PER_IP_LIMIT       8u
+#define HTTP_IDLE_TIMEOUT_S     5u
+#define HTTP_REQUEST_DEADLINE_S 5u
+#define HTTP_REAP_MS            1000u
+#define LISTEN_BACKLOG          16
 
 /* ---- rendering ------------------------------------------------------- */
 
@@ -1027,6 +1035,21 @@ struct mts_metrics {
 	int render_err;       /* of the latest attempt */
 	bool serving;         /* the async handle is usable: set after start,
 	                       * cleared by stop */
+
+	/* The connections libmicrohttpd holds, for the reaper (loop thread)
+	 * to end those whose request is late. */
+	uv_timer_t reaper;
+	pthread_mutex_t conns_mu;
+	/* Under conns_mu: */
+	struct http_conn {
+		struct MHD_Connection *c; /* NULL: a free entry */
+		int fd;
+		uint64_t since_ns; /* opened, or its previous answer went */
+		bool busy;         /* a request's headers are in */
+		bool reaped;       /* shut down: going */
+	} conns[HTTP_CONNECTION_LIMIT];
+	uint64_t reaped; /* connections ended for a late request */
+	int handles;     /* uv handles open, freed at 0 */
 };
 
 /* Loop thread: render a text and publish it. */
@@ -1125,6 +1148,89 @@ static enum MHD_Result reply_text(struct MHD_Connection *c, unsigned status,
 	return ret;
 }
 
+static struct http_conn *conn_find(struct mts_metrics *m,
+                                   const struct MHD_Connection *c)
+{
+	for (uint32_t i = 0; i < HTTP_CONNECTION_LIMIT; i++)
+		if (m->conns[i].c == c)
+			return &m->conns[i];
+	return NULL;
+}
+
+/* HTTP thread: a connection opens or closes. libmicrohttpd says CLOSED
+ * before it closes the socket, so the reaper never shuts down a number
+ * since reused. */
+static void on_connection(void *cls, struct MHD_Connection *c,
+                          void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe)
+{
+	struct mts_metrics *m = cls;
+	(void)socket_context;
+	pthread_mutex_lock(&m->conns_mu);
+	if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+		const union MHD_ConnectionInfo *info = MHD_get_connection_info(
+		    c, MHD_CONNECTION_INFO_CONNECTION_FD);
+		struct http_conn *e = conn_find(m, NULL);
+		if (e && info)
+			*e =
+			    (struct http_conn){.c = c,
+			                       .fd = info->connect_fd,
+			                       .since_ns = mts_now_monotonic()};
+	} else {
+		struct http_conn *e = conn_find(m, c);
+		if (e)
+			*e = (struct http_conn){0};
+	}
+	pthread_mutex_unlock(&m->conns_mu);
+}
+
+/* HTTP thread: a request's headers are in (busy), or its answer went. */
+static void conn_mark(struct mts_metrics *m, struct MHD_Connection *c,
+                      bool busy)
+{
+	pthread_mutex_lock(&m->conns_mu);
+	struct http_conn *e = conn_find(m, c);
+	if (e) {
+		e->busy = busy;
+		e->since_ns = mts_now_monotonic();
+	}
+	pthread_mutex_unlock(&m->conns_mu);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **req_cls,
+                         enum MHD_RequestTerminationCode toe)
+{
+	(void)req_cls;
+	(void)toe;
+	conn_mark(cls, c, false);
+}
+
+/* Loop thread: end the connections whose request is late. shutdown(),
+ * not close(): libmicrohttpd owns the descriptor, and sees the end. */
+static void on_reap(uv_timer_t *t)
+{
+	struct mts_metrics *m = t->data;
+	uint64_t now = mts_now_monotonic();
+	uint64_t late = (uint64_t)HTTP_REQUEST_DEADLINE_S * 1000000000u;
+	uint32_t n = 0;
+	pthread_mutex_lock(&m->conns_mu);
+	for (uint32_t i = 0; i < HTTP_CONNECTION_LIMIT; i++) {
+		struct http_conn *e = &m->conns[i];
+		if (e->c && !e->busy && !e->reaped &&
+		    now - e->since_ns > late) {
+			shutdown(e->fd, SHUT_RDWR);
+			e->reaped = true;
+			n++;
+		}
+	}
+	m->reaped += n;
+	pthread_mutex_unlock(&m->conns_mu);
+	if (n)
+		mts_log(MTS_LOG_DEBUG,
+		        "metrics: connections ended, no request in time",
+		        "n=%u deadline_s=%u", n, HTTP_REQUEST_DEADLINE_S);
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c,
                                   const char *url, const char *method,
                                   const char *version, const char *upload_data,
@@ -1136,6 +1242,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c,
 	 * lets the connection be kept alive for the next scrape. */
 	if (*req_cls == NULL) {
 		*req_cls = m;
+		conn_mark(m, c, true);
 		return MHD_YES;
 	}
 	if (*upload_data_size != 0) {
@@ -1209,14 +1316,17 @@ static void metrics_free(struct mts_metrics *m)
 {
 	pthread_cond_destroy(&m->cv);
 	pthread_mutex_destroy(&m->mu);
+	pthread_mutex_destroy(&m->conns_mu);
 	mts_buf_free(&m->text);
 	mts_buf_free(&m->spare);
 	free(m);
 }
 
-static void on_async_closed(uv_handle_t *h)
+static void on_handle_closed(uv_handle_t *h)
 {
-	metrics_free(h->data);
+	struct mts_metrics *m = h->data;
+	if (--m->handles == 0)
+		metrics_free(m);
 }
 
 /* A socket bound to `ss` and listening, or -errno. */
@@ -1277,7 +1387,10 @@ static struct MHD_Daemon *start_mhd(struct mts_metrics *m, int fd, bool v6)
 	    MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, (void *)m,
 	    MHD_OPTION_LISTEN_SOCKET, (MHD_socket)fd,
 	    MHD_OPTION_CONNECTION_LIMIT, (unsigned int)HTTP_CONNECTION_LIMIT,
+	    MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned int)HTTP_PER_IP_LIMIT,
 	    MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)HTTP_IDLE_TIMEOUT_S,
+	    MHD_OPTION_NOTIFY_CONNECTION, on_connection, (void *)m,
+	    MHD_OPTION_NOTIFY_COMPLETED, on_completed, (void *)m,
 	    MHD_OPTION_END);
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
 	return d;
@@ -1324,6 +1437,7 @@ int mts_metrics_start(struct mts_metrics **out, const char *host_port,
 	pthread_cond_init(&m->cv, &ca);
 	pthread_condattr_destroy(&ca);
 	pthread_mutex_init(&m->mu, NULL);
+	pthread_mutex_init(&m->conns_mu, NULL);
 
 	/* `serving` is still false: a scrape arriving before the async
 	 * handle exists gets a 503 instead of touching it. */
@@ -1339,6 +1453,13 @@ int mts_metrics_start(struct mts_metrics **out, const char *host_port,
 		goto fail_log;
 	}
 	m->async.data = m;
+	m->handles = 1;
+	if (uv_timer_init(loop, &m->reaper) == 0) {
+		m->reaper.data = m;
+		m->handles++;
+		uv_timer_start(&m->reaper, on_reap, HTTP_REAP_MS, HTTP_REAP_MS);
+		uv_unref((uv_handle_t *)&m->reaper);
+	}
 	const union MHD_DaemonInfo *info =
 	    MHD_get_daemon_info(m->mhd, MHD_DAEMON_INFO_BIND_PORT);
 	if (info && info->port)
@@ -1380,7 +1501,9 @@ void mts_metrics_stop(struct mts_metrics *m)
 	 * async handle or the registry from another thread. */
 	MHD_stop_daemon(m->mhd);
 	m->mhd = NULL;
-	uv_close((uv_handle_t *)&m->async, on_async_closed);
+	if (m->handles > 1)
+		uv_close((uv_handle_t *)&m->reaper, on_handle_closed);
+	uv_close((uv_handle_t *)&m->async, on_handle_closed);
 }
 
 uint16_t mts_metrics_port(const struct mts_metrics *m)

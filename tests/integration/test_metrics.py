@@ -193,6 +193,105 @@ def test_malformed_requests_do_not_flood_the_log():
               flush=True)
 
 
+def scrape_from(host, port, source, timeout):
+    """A GET /metrics from `source` (a loopback address of its own): the
+    status, or None when no answer came in `timeout` seconds."""
+    import socket
+    try:
+        c = socket.create_connection((host, port), timeout=timeout,
+                                     source_address=(source, 0))
+    except OSError:
+        return None
+    try:
+        c.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n"
+                  b"Connection: close\r\n\r\n")
+        head = c.recv(64)
+        return int(head.split()[1]) if head.startswith(b"HTTP/") else None
+    except (OSError, ValueError, IndexError):
+        return None
+    finally:
+        c.close()
+
+
+def test_slow_clients_do_not_lock_out_a_scraper():
+    """Clients that open connections and send a request's headers a byte
+    at a time (each byte resets libmicrohttpd's idle timeout) held every
+    connection it allowed for as long as they kept at it: 16 of them kept
+    Prometheus out. One address gets 8 connections; every connection's
+    headers must be in 5 s after it opened, or it is ended. 64 trickling
+    clients from 64 addresses fill the server's connections; a scrape gets
+    its answer once their time is up."""
+    import socket
+    import threading
+    with Server("--metrics", "127.0.0.1:0") as s:
+        url = wait_for("metrics listening log line", lambda: metrics_url(s))
+        host, port = url.split("/")[2].rsplit(":", 1)
+        port = int(port)
+        # One address gets 8 connections: of 12, 4 are refused at once.
+        same = []
+        for _ in range(12):
+            c = socket.create_connection((host, port), timeout=5,
+                                         source_address=("127.0.2.1", 0))
+            c.sendall(b"GET /metrics HTTP/1.1\r\nX-Slow: ")
+            same.append(c)
+        refused = 0
+        until = time.monotonic() + 1.0 * MULT  # before any deadline
+        for c in same:
+            c.settimeout(max(0.01, until - time.monotonic()))
+            try:
+                refused += c.recv(16) == b""
+            except ConnectionResetError:
+                refused += 1
+            except OSError:
+                pass
+        for c in same:
+            c.close()
+        stop = threading.Event()
+        slow, ended = [], []
+
+        def trickle():
+            while not stop.is_set():
+                for c in list(slow):
+                    try:
+                        c.send(b"X")
+                    except OSError:
+                        slow.remove(c)
+                        ended.append(c)
+                stop.wait(1.0)
+        for i in range(64):
+            try:
+                c = socket.create_connection(
+                    (host, port), timeout=5,
+                    source_address=(f"127.0.1.{10 + i}", 0))
+                c.sendall(b"GET /metrics HTTP/1.1\r\nX-Slow: ")
+                slow.append(c)
+            except OSError:
+                pass
+        t = threading.Thread(target=trickle, daemon=True)
+        t.start()
+        t0 = time.monotonic()
+        try:
+            got = None
+            while got != 200 and time.monotonic() - t0 < 20 * MULT:
+                got = scrape_from(host, port, "127.0.3.1", 2 * MULT)
+            took = time.monotonic() - t0
+        finally:
+            stop.set()
+            t.join(timeout=10)
+            for c in slow + ended:
+                c.close()
+        print(f"  64 trickling clients: a scrape answered {got} after "
+              f"{took:.1f} s; {len(ended)} of them ended by the server; "
+              f"{refused} of 12 from one address refused at once",
+              flush=True)
+        check(got == 200, f"no scrape answered in {took:.1f} s beside 64 "
+                          "trickling clients")
+        check(took < 10 * MULT, f"a scrape waited {took:.1f} s")
+        check(refused == 4, f"{refused} of 12 connections from one address "
+                            "refused at once, not 4 (8 allowed)")
+
+
 if __name__ == "__main__":
     run([test_live_worker, test_http_surface, test_bad_address_refused,
-         test_malformed_requests_do_not_flood_the_log])
+         test_malformed_requests_do_not_flood_the_log,
+         test_slow_clients_do_not_lock_out_a_scraper])
