@@ -132,9 +132,12 @@ struct mts_conn {
 	bool eof;        /* the peer will send nothing more */
 	bool close_after_write;
 	bool closing;
-	bool uid_counted; /* counted in net->conn_uids under uid_key */
-	uint32_t uid_key; /* peer uid, or MTS_UID_TCP */
-	uint64_t last_ms; /* uv_now() of accept or of the latest request */
+	bool uid_counted;  /* counted in net->conn_uids under uid_key */
+	uint32_t uid_key;  /* peer uid, or MTS_UID_TCP */
+	bool remote;       /* a TCP peer on another host: addr_key is set */
+	bool addr_counted; /* counted in net->conn_addrs under addr_key */
+	uint32_t addr_key; /* a hash of its address (an IPv6 one's /64) */
+	uint64_t last_ms;  /* uv_now() of accept or of the latest request */
 	struct mts_buf *turn_out; /* the output of the turn in progress */
 };
 
@@ -357,6 +360,10 @@ static void conn_close(struct mts_conn *c)
 	if (c->uid_counted) {
 		mts_uid_count_sub(&net->conn_uids, c->uid_key);
 		c->uid_counted = false;
+	}
+	if (c->addr_counted) {
+		mts_uid_count_sub(&net->conn_addrs, c->addr_key);
+		c->addr_counted = false;
 	}
 	if (c->peer.watch_counted) {
 		mts_uid_count_sub(&net->reg->watch_uids, c->uid_key);
@@ -762,6 +769,20 @@ static bool uid_admit(struct mts_conn *c, bool admin)
 	uint32_t open = mts_uid_count_get(&net->conn_uids, c->uid_key);
 	uint32_t cap = c->uid_key == MTS_UID_TCP ? net->max_conns_unidentified
 	                                         : net->max_conns_per_uid;
+	/* A remote peer of unknown uid, one address of many that share
+	 * max_connections_unidentified: an eighth of it each, so that one
+	 * host holding connections open cannot lock the others out. */
+	bool by_addr = false;
+	if (c->uid_key == MTS_UID_TCP && c->remote && !admin) {
+		uint32_t per = cap / 8 ? cap / 8 : 1;
+		uint32_t here =
+		    mts_uid_count_get(&net->conn_addrs, c->addr_key);
+		if (here >= per) {
+			by_addr = true;
+			open = here;
+			cap = per;
+		}
+	}
 	if (open >= cap && !admin) {
 		char who[MTS_PEER_WHO_MAX];
 		net->conn_stats.rejected_uid++;
@@ -772,12 +793,16 @@ static bool uid_admit(struct mts_conn *c, bool admin)
 			bool anon = c->uid_key == MTS_UID_TCP;
 			mts_log(
 			    MTS_LOG_WARN,
-			    anon ? "max_connections_unidentified reached; "
-			           "new TCP connections of unknown uid are "
-			           "closed at once"
-			         : "max_connections_per_uid reached for this "
-			           "uid; its new connections are closed at "
-			           "once",
+			    by_addr
+			        ? "an eighth of max_connections_unidentified "
+			          "reached for this address; its new "
+			          "connections are closed at once"
+			    : anon ? "max_connections_unidentified reached; "
+			             "new TCP connections of unknown uid are "
+			             "closed at once"
+			           : "max_connections_per_uid reached for this "
+			             "uid; its new connections are closed at "
+			             "once",
 			    "%s open=%u cap=%u rejected=%llu",
 			    mts_peer_who(&c->peer, who, sizeof(who)), open, cap,
 			    (unsigned long long)net->uid_rejected_unlogged);
@@ -789,6 +814,9 @@ static bool uid_admit(struct mts_conn *c, bool admin)
 	}
 	/* Out of memory: not counted (nor capped), which is all it costs. */
 	c->uid_counted = mts_uid_count_add(&net->conn_uids, c->uid_key) == 0;
+	if (c->uid_key == MTS_UID_TCP && c->remote)
+		c->addr_counted =
+		    mts_uid_count_add(&net->conn_addrs, c->addr_key) == 0;
 	return true;
 }
 
@@ -898,6 +926,32 @@ static void format_addr(const struct sockaddr_storage *ss, char *buf,
  * about a connection whose peer may be gone, so there is none. Also sets
  * its address for the logs and turns off the Nagle delay.
  */
+/* The key a remote peer's connections are counted under: FNV-1a of its
+ * IPv4 address, or of an IPv6 one's /64 (a host there has the whole
+ * prefix to pick addresses from; an IPv4-mapped one is its IPv4). */
+static uint32_t addr_key(const struct sockaddr_storage *ss)
+{
+	const uint8_t *b = NULL;
+	size_t n = 0;
+	if (ss->ss_family == AF_INET) {
+		b = (const uint8_t *)&((const struct sockaddr_in *)ss)
+		        ->sin_addr;
+		n = 4;
+	} else if (ss->ss_family == AF_INET6) {
+		const struct in6_addr *a =
+		    &((const struct sockaddr_in6 *)ss)->sin6_addr;
+		bool v4 = IN6_IS_ADDR_V4MAPPED(a);
+		b = a->s6_addr + (v4 ? 12 : 0);
+		n = v4 ? 4 : 8;
+	}
+	uint32_t h = 2166136261u;
+	for (size_t i = 0; i < n; i++) {
+		h ^= b[i];
+		h *= 16777619u;
+	}
+	return h;
+}
+
 static void conn_tcp_setup(struct mts_conn *c)
 {
 	struct sockaddr_storage peer, local;
@@ -909,8 +963,11 @@ static void conn_tcp_setup(struct mts_conn *c)
 		return;
 	format_addr(&peer, c->peer.addr, sizeof(c->peer.addr));
 	if (!mts_addr_is_local((struct sockaddr *)&peer,
-	                       (struct sockaddr *)&local))
+	                       (struct sockaddr *)&local)) {
+		c->remote = true;
+		c->addr_key = addr_key(&peer);
 		return;
+	}
 	uv_os_fd_t fd;
 	if (uv_fileno((uv_handle_t *)&c->h.tcp, &fd) != 0)
 		return;
@@ -1566,6 +1623,7 @@ void mts_conns_close(struct mts_conns *net)
 		net->idle_timer_open = false;
 	}
 	mts_uid_counts_free(&net->conn_uids);
+	mts_uid_counts_free(&net->conn_addrs);
 	/* No read can come: every stream is closing. */
 	free(net->scratch);
 	net->scratch = NULL;

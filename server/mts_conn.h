@@ -97,6 +97,9 @@ struct mts_conns {
 	uint64_t rejected_unlogged;
 	/* Open connections per peer uid, and the idle sweep. */
 	struct mts_uid_counts conn_uids;
+	/* Remote peers of unknown uid, per address: each gets an eighth of
+	 * max_conns_unidentified. */
+	struct mts_uid_counts conn_addrs;
 	uint32_t max_conns_per_uid;      /* cfg's or the default */
 	uint32_t max_conns_unidentified; /* likewise, for MTS_UID_TCP */
 	uint32_t admin_reserve;          /* of max_conns, admins only */

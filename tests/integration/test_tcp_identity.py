@@ -408,10 +408,82 @@ def test_a_peer_in_a_pid_namespace_memtallyd_cannot_see_needs_the_token():
         s.proc.wait(timeout=20 * MULT)
 
 
+# In a network namespace: 20 connections to HOST:PORT that send nothing;
+# how many the server closed at once.
+REMOTE_PEERS = r"""
+import socket, sys, time
+host, port = sys.argv[1], int(sys.argv[2])
+conns = [socket.create_connection((host, port), timeout=5) for _ in range(20)]
+closed = 0
+until = time.monotonic() + 1.5
+for c in conns:
+    c.settimeout(max(0.01, until - time.monotonic()))
+    try:
+        closed += c.recv(16) == b""
+    except ConnectionResetError:
+        closed += 1
+    except OSError:
+        pass
+print(closed, flush=True)
+"""
+
+
+def test_one_remote_host_gets_an_eighth_of_the_unidentified_places():
+    """Peers on other hosts are of unknown uid: they share
+    max_connections_unidentified (64), and one host opening connections
+    and leaving them open would lock out every remote scheduler. One
+    address gets an eighth of it: of 20 connections from a peer in a
+    network namespace of its own (a host of its own, as memtallyd sees
+    it), 12 are closed at once."""
+    require_root()
+    tag = os.getpid() % 100000
+    ns, host_if, ns_if = f"mt{tag}", f"mth{tag}", f"mtn{tag}"
+    net = f"10.213.{tag % 200 + 20}"
+    if subprocess.run(["ip", "netns", "add", ns],
+                      capture_output=True).returncode != 0:
+        raise Skip("cannot make a network namespace (ip netns add)")
+    try:
+        for cmd in (["ip", "link", "add", host_if, "type", "veth", "peer",
+                     "name", ns_if],
+                    ["ip", "link", "set", ns_if, "netns", ns],
+                    ["ip", "addr", "add", f"{net}.1/30", "dev", host_if],
+                    ["ip", "link", "set", host_if, "up"],
+                    ["ip", "netns", "exec", ns, "ip", "addr", "add",
+                     f"{net}.2/30", "dev", ns_if],
+                    ["ip", "netns", "exec", ns, "ip", "link", "set", ns_if,
+                     "up"],
+                    ["ip", "netns", "exec", ns, "ip", "link", "set", "lo",
+                     "up"]):
+            r = subprocess.run(cmd, capture_output=True, text=True)
+            if r.returncode != 0:
+                raise Skip(f"cannot wire a veth pair: {' '.join(cmd)}: "
+                           f"{r.stderr.strip()}")
+        cfg = private_config(f"[server]\ntcp_token = {TOKEN}\n"
+                             "tcp_allow_remote = true\n")
+        with Server("--config", cfg, "--tcp", f"{net}.1:0") as s:
+            port = tcp_port(s)
+            r = subprocess.run(["ip", "netns", "exec", ns, sys.executable,
+                                "-c", REMOTE_PEERS, f"{net}.1", str(port)],
+                               capture_output=True, text=True,
+                               timeout=60 * MULT)
+            check(r.returncode == 0, f"the remote peers: {r.stderr}")
+            closed = int(r.stdout.strip())
+            print(f"  20 connections from {net}.2: {closed} closed at once",
+                  flush=True)
+            check(closed == 12, f"{closed} of 20 connections from one remote "
+                                "address closed at once, not 12 (8 kept)")
+            check("reached for this address" in s.logtext(),
+                  "no log line names the per-address cap")
+    finally:
+        subprocess.run(["ip", "link", "del", host_if], capture_output=True)
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
 if __name__ == "__main__":
     run([test_inline_token_needs_a_private_config,
          test_cli_takes_the_token_from_env_or_file_only,
          test_tcp_reservation_belongs_to_its_uid,
          test_per_uid_caps_leave_room_for_others_and_root,
          test_peer_closed_before_accept_is_not_root,
-         test_a_peer_in_a_pid_namespace_memtallyd_cannot_see_needs_the_token])
+         test_a_peer_in_a_pid_namespace_memtallyd_cannot_see_needs_the_token,
+         test_one_remote_host_gets_an_eighth_of_the_unidentified_places])
