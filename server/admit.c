@@ -1387,8 +1387,7 @@ static bool deny_uid_bytes(const struct mts_registry *reg,
 	bool owned;
 	uint32_t key = peer_key(peer, &owned);
 	uint64_t held = mts_uid_bytes_get(&reg->adm->resv_uids, key);
-	if (mt_sat_add(held, bytes) <= cap ||
-	    mts_authorise(reg, peer, NULL) != MTS_AUTH_NONE)
+	if (mt_sat_add(held, bytes) <= cap || mts_peer_trusted(reg, peer))
 		return false;
 	char a[32], b[32], c[32];
 	out->reason = MTS_DENY_UID_BYTES;
@@ -1717,7 +1716,7 @@ void mts_admit_decide_profile(const struct mts_registry *reg,
 	uint32_t key = peer_key(peer, &owned);
 	uint32_t held = mts_uid_count_get(&reg->adm->resv_uids, key);
 	if (pol->max_resv_per_uid && held >= pol->max_resv_per_uid &&
-	    mts_authorise(reg, peer, NULL) == MTS_AUTH_NONE) {
+	    !mts_peer_trusted(reg, peer)) {
 		char whom[32];
 		out->reason = MTS_DENY_UID_CAP;
 		if (owned) {
@@ -2313,7 +2312,7 @@ int mts_admit(struct mts_registry *reg, const struct mts_peer *peer,
 	uint32_t key = peer_key(peer, &owned);
 	char sized_by[sizeof(out->sized_by)];
 	bool learned;
-	bool admin = mts_authorise(reg, peer, NULL) != MTS_AUTH_NONE;
+	bool admin = mts_peer_trusted(reg, peer);
 	uint64_t bytes =
 	    size_request(reg, key, admin, waiter_key(key, task), kind,
 	                 req->bytes, sized_by, sizeof(sized_by), &learned);

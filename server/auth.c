@@ -27,9 +27,11 @@
  * Admins also see every process's names. Others see another uid's
  * processes as `[server] show_others` says (dispatch.c).
  *
- * Admins are also exempt from the per-uid caps on reservations (admit.c),
- * slots and groups (registry.c) and connections (conn.c). Those caps are
- * counted by uid with mts_uid_count_add() and its siblings (uidcount.c).
+ * Admins, and a request carrying the token (mts_peer_trusted), are also
+ * exempt from the per-uid caps on reservations and kinds (admit.c);
+ * admins from those on slots and groups (registry.c) and connections
+ * (conn.c). Those caps are counted by uid with mts_uid_count_add() and
+ * its siblings (uidcount.c).
  * Admins may join any group. A [group NAME] with `uids` or `gids` may be
  * joined, by a worker or by an Admit naming it, only by a listed uid, a
  * member of a listed gid, or an admin.
@@ -209,6 +211,13 @@ bool mts_peer_is_admin(const struct mts_registry *reg,
                        const struct mts_peer *peer)
 {
 	return peer->has_cred &&
+	       mts_authorise(reg, peer, NULL) != MTS_AUTH_NONE;
+}
+
+bool mts_peer_trusted(const struct mts_registry *reg,
+                      const struct mts_peer *peer)
+{
+	return peer->token_ok ||
 	       mts_authorise(reg, peer, NULL) != MTS_AUTH_NONE;
 }
 

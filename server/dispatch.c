@@ -1119,6 +1119,7 @@ int mts_dispatch(struct mts_registry *reg, struct mts_peer *peer,
 		return err;
 	}
 	const char *token = request_token(req);
+	peer->token_ok = mts_token_equal(reg->policy.tcp_token, token);
 	struct viewer v = {.peer = peer, .others = MTS_SHOW_ALL};
 	if (req->body_case == MEMTALLY__V1__REQUEST__BODY_GET_USAGE ||
 	    req->body_case == MEMTALLY__V1__REQUEST__BODY_LIST_PROCESSES ||
@@ -1165,6 +1166,7 @@ int mts_dispatch(struct mts_registry *reg, struct mts_peer *peer,
 			    "request has no body");
 		break;
 	}
+	peer->token_ok = false; /* this request's only */
 	memtally__v1__request__free_unpacked(req, NULL);
 	return err;
 }

@@ -50,6 +50,12 @@ bool mts_pid_in_group(uint32_t pid, uint32_t gid);
 bool mts_peer_is_admin(const struct mts_registry *reg,
                        const struct mts_peer *peer);
 
+/* Trusted with the whole server, as an admin is: an admin by uid, or a
+ * peer whose request carries the tcp_token, which gives admin rights
+ * anyway. Exempt from the per-uid caps on reservations and kinds. */
+bool mts_peer_trusted(const struct mts_registry *reg,
+                      const struct mts_peer *peer);
+
 /* May the peer put workers or reservations in `group`: the group has no
  * uids/gids list, or lists the peer's uid or one of its groups, or the
  * peer is an admin. */

@@ -334,6 +334,8 @@ struct mts_peer {
 	 * started after it cannot be the one that connected. */
 	uint64_t accept_boot_ns;
 	bool tcp;           /* a TCP peer */
+	bool token_ok;      /* the request being answered carries the
+	                     * server's tcp_token (set by mts_dispatch) */
 	char addr[64];      /* a TCP peer's address:port, for the logs */
 	bool watching;      /* set by a Watch request: events are pushed */
 	uint64_t watch_id;  /* the Watch request's id, echoed on events */

@@ -667,6 +667,24 @@ Test(admit, per_uid_cap_stops_that_uid_only)
 	cr_assert_not(out.admitted);
 	cr_assert_eq(out.reason, MTS_DENY_UID_CAP);
 	cr_assert_str_eq(out.scope, "tcp");
+	/* But a request carrying the token is trusted as an admin's (the
+	 * token gives admin rights): a remote scheduler holding it is not
+	 * held to one uid's share. */
+	free(pol.tcp_token);
+	pol.tcp_token = strdup("a-long-enough-secret");
+	cr_assert_eq(mts_server_apply_policy(&srv, &pol), 0);
+	Memtally__V1__Request env = MEMTALLY__V1__REQUEST__INIT;
+	Memtally__V1__Admit body = MEMTALLY__V1__ADMIT__INIT;
+	body.bytes = 1;
+	env.body_case = MEMTALLY__V1__REQUEST__BODY_ADMIT;
+	env.admit = &body;
+	env.token = (char *)"a-long-enough-secret";
+	r = fx_call(&tcp, &env);
+	cr_assert_null(r->error);
+	cr_assert(r->admit_result->admitted, "%s", r->admit_result->reason);
+	memtally__v1__response__free_unpacked(r, NULL);
+	/* The flag lives for that request only. */
+	cr_assert_not(tcp.token_ok);
 
 	/* Off: no cap but MTS_RESV_MAX. */
 	pol.max_resv_per_uid = 0;
