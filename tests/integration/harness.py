@@ -590,6 +590,22 @@ def world_readable_copy(*paths):
     return out
 
 
+def closed_at_once(conns, seconds):
+    """How many of `conns` (sockets) the other end closes within `seconds`
+    in all: an EOF or a reset."""
+    closed = 0
+    until = time.monotonic() + seconds
+    for c in conns:
+        c.settimeout(max(0.01, until - time.monotonic()))
+        try:
+            closed += c.recv(16) == b""
+        except ConnectionResetError:
+            closed += 1
+        except OSError:
+            pass
+    return closed
+
+
 class Skip(Exception):
     """Raised by a test whose tool or precondition is missing; the message
     says which."""

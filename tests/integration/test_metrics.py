@@ -12,8 +12,8 @@ import time
 import urllib.error
 import urllib.request
 
-from harness import (MEMTALLYD, MIB, MULT, Server, Worker, check, config_file,
-                     run, wait_for, worker)
+from harness import (MEMTALLYD, MIB, MULT, Server, Worker, check,
+                     closed_at_once, config_file, run, wait_for, worker)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
@@ -234,16 +234,7 @@ def test_slow_clients_do_not_lock_out_a_scraper():
                                          source_address=("127.0.2.1", 0))
             c.sendall(b"GET /metrics HTTP/1.1\r\nX-Slow: ")
             same.append(c)
-        refused = 0
-        until = time.monotonic() + 1.0 * MULT  # before any deadline
-        for c in same:
-            c.settimeout(max(0.01, until - time.monotonic()))
-            try:
-                refused += c.recv(16) == b""
-            except ConnectionResetError:
-                refused += 1
-            except OSError:
-                pass
+        refused = closed_at_once(same, 1.0 * MULT)  # before any deadline
         for c in same:
             c.close()
         stop = threading.Event()

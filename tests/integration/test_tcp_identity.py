@@ -411,20 +411,12 @@ def test_a_peer_in_a_pid_namespace_memtallyd_cannot_see_needs_the_token():
 # In a network namespace: 20 connections to HOST:PORT that send nothing;
 # how many the server closed at once.
 REMOTE_PEERS = r"""
-import socket, sys, time
+import socket, sys
+sys.path.insert(0, sys.argv[3])
+from harness import closed_at_once
 host, port = sys.argv[1], int(sys.argv[2])
 conns = [socket.create_connection((host, port), timeout=5) for _ in range(20)]
-closed = 0
-until = time.monotonic() + 1.5
-for c in conns:
-    c.settimeout(max(0.01, until - time.monotonic()))
-    try:
-        closed += c.recv(16) == b""
-    except ConnectionResetError:
-        closed += 1
-    except OSError:
-        pass
-print(closed, flush=True)
+print(closed_at_once(conns, 1.5), flush=True)
 """
 
 
@@ -463,7 +455,8 @@ def test_one_remote_host_gets_an_eighth_of_the_unidentified_places():
         with Server("--config", cfg, "--tcp", f"{net}.1:0") as s:
             port = tcp_port(s)
             r = subprocess.run(["ip", "netns", "exec", ns, sys.executable,
-                                "-c", REMOTE_PEERS, f"{net}.1", str(port)],
+                                "-c", REMOTE_PEERS, f"{net}.1", str(port),
+                                HERE],
                                capture_output=True, text=True,
                                timeout=60 * MULT)
             check(r.returncode == 0, f"the remote peers: {r.stderr}")

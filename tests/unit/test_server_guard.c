@@ -569,6 +569,21 @@ static bool gone(pid_t pid)
 	return rp && (rp[2] == 'Z' || rp[2] == 'X');
 }
 
+/* A tick, then the guard's check on a node of 256 MiB with 240 in use,
+ * its line at 90% (230.4), at most one eviction a minute. */
+static void check_a_full_node(void)
+{
+	mts_core_tick(&srv.reg);
+	mts_policy_defaults(&pol);
+	fake_cgroup("268435456\n", 240 * MIB, 0);
+	struct mts_node_src src = {.kind = MTS_NODE_CGROUP_V2};
+	snprintf(src.dir, sizeof(src.dir), "%s", dir);
+	struct mts_node_fig fig = {0};
+	srv.reg.policy.guard_interval_ms = 60000;
+	mts_guard_apply(&srv.reg, &src, &fig);
+	mts_guard_check(&srv.reg, mts_now_monotonic());
+}
+
 Test(guard, past_the_line_the_tree_goes_and_an_event_says_so)
 {
 	fx_start();
@@ -579,18 +594,8 @@ Test(guard, past_the_line_the_tree_goes_and_an_event_says_so)
 	fx_write(fx_register_as(leak, FX_UID, "default", "leak"),
 	         (int64_t)(60 * MIB));
 	pid_t calm = task_worker(FX_UID, "calm", 50 * MIB);
-	mts_core_tick(&srv.reg);
-
-	/* The node: 240 MiB in use of 256, the line at 90% (230.4). */
-	mts_policy_defaults(&pol);
-	fake_cgroup("268435456\n", 240 * MIB, 0);
-	struct mts_node_src src = {.kind = MTS_NODE_CGROUP_V2};
-	snprintf(src.dir, sizeof(src.dir), "%s", dir);
-	struct mts_node_fig fig = {0};
-	srv.reg.policy.guard_interval_ms = 60000;
-	mts_guard_apply(&srv.reg, &src, &fig);
 	nevents = 0;
-	mts_guard_check(&srv.reg, mts_now_monotonic());
+	check_a_full_node();
 
 	cr_assert_eq(srv.reg.guard->evictions, 1);
 	cr_assert_eq(srv.reg.guard->signalled, 2, "the worker and its child");
@@ -655,15 +660,7 @@ Test(guard, a_wide_tree_goes_whole)
 	pid_t wide = spawn_wide(1000);
 	fx_write(fx_register_as(wide, FX_UID, "default", "wide"),
 	         (int64_t)(60 * MIB));
-	mts_core_tick(&srv.reg);
-	mts_policy_defaults(&pol);
-	fake_cgroup("268435456\n", 240 * MIB, 0);
-	struct mts_node_src src = {.kind = MTS_NODE_CGROUP_V2};
-	snprintf(src.dir, sizeof(src.dir), "%s", dir);
-	struct mts_node_fig fig = {0};
-	srv.reg.policy.guard_interval_ms = 60000;
-	mts_guard_apply(&srv.reg, &src, &fig);
-	mts_guard_check(&srv.reg, mts_now_monotonic());
+	check_a_full_node();
 	cr_assert_eq(srv.reg.guard->evictions, 1);
 	cr_assert_eq(srv.reg.guard->signalled, 1001,
 	             "the worker and its 1000 children");
