@@ -21,8 +21,9 @@
  * Trust. Untrusted processes count what the kernel vouches for, so a lie
  * makes nobody bigger but the liar. A candidate is one uid's. A worker of
  * another uid naming a task is a candidate of its own, so it neither
- * makes that task look bigger nor goes with it, and it shares a grant
- * without an owner only in proportion to its use (share_ownerless). A trusted
+ * makes that task look bigger nor goes with it, and it takes of a grant
+ * without an owner only what the task's earlier uids left
+ * (share_ownerless). A trusted
  * process without a task, such as a root service, is never chosen unless
  * [guard] evict_trusted, or unless it runs tasks inside it (Admit.in_process, a
  * Dask or Celery worker): it then runs jobs, and may hold its own memory
@@ -144,26 +145,36 @@ static bool fits(const struct mts_guard_cand *c, enum mts_guard_rule rule)
  * against every worker of its task, whatever its uid. Given whole to each
  * uid's candidate, it would count once per uid: a user naming the task
  * would hide what it holds behind the scheduler's grant, and another
- * user's task would go instead. So the candidates of a task split it in
- * proportion to what they use. Each is then beyond by the same fraction
- * of its use, and the excess adds up to the task's: no one's use can make
- * another look further beyond than itself. `c` is sorted by task.
+ * user's task would go instead. Split in proportion to use, a smaller
+ * stranger would push the scheduler's own workers past a grant they keep
+ * within. So the task's candidates take it in the order they joined the
+ * task (their oldest worker's registration), each what it holds past its
+ * own reservations: the workers the scheduler started first, a user
+ * naming the task later only what they left. Nothing of it counts twice.
+ * `c` is sorted by task.
  */
 static void share_ownerless(struct mts_guard_cand *c, uint32_t n)
 {
 	for (uint32_t i = 0; i < n;) {
 		uint32_t j = i + 1;
-		unsigned __int128 total = c[i].used;
 		while (j < n && c[i].task[0] &&
 		       strcmp(c[j].task, c[i].task) == 0)
-			total += c[j++].used;
-		for (uint32_t m = i; c[i].ownerless && m < j; m++) {
-			uint64_t part =
-			    total
-			        ? (uint64_t)((unsigned __int128)c[i].ownerless *
-			                     c[m].used / total)
-			        : c[i].ownerless / (j - i);
-			c[m].reserved = mt_sat_add(c[m].reserved, part);
+			j++;
+		uint64_t left = c[i].ownerless;
+		/* Oldest first; a task has a candidate per uid naming it. */
+		for (uint64_t served = 0; left && served < j - i; served++) {
+			uint32_t m = j;
+			for (uint32_t k = i; k < j; k++)
+				if (!c[k].shared &&
+				    (m == j || c[k].first_ns < c[m].first_ns))
+					m = k;
+			c[m].shared = true;
+			uint64_t need = c[m].used > c[m].reserved
+			                    ? c[m].used - c[m].reserved
+			                    : 0;
+			uint64_t part = need < left ? need : left;
+			c[m].reserved += part;
+			left -= part;
 		}
 		i = j;
 	}

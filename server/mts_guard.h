@@ -37,6 +37,7 @@ struct mts_guard_cand {
 	uint64_t reserved;  /* its reservations' granted bytes, with its
 	                     * part of those without an owner */
 	uint64_t ownerless; /* the task's reservations without an owner */
+	bool shared;        /* took its part of them (share_ownerless) */
 	double growth;      /* bytes per second, its workers' sum */
 	uint64_t first_ns;  /* its oldest worker's registration (realtime) */
 	bool eligible;      /* may be chosen (trust rules) */
