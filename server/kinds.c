@@ -805,9 +805,16 @@ static int cmp_recent(const void *a, const void *b)
  * max_kinds_per_uid lowered since): the kinds run most recently are kept
  * up to them and the rest dropped, so that the caps hold from the start
  * rather than refuse every new kind until old ones age out. An admin's
- * kinds count against max_kinds only, as when they were made. Returns how
- * many were dropped.
+ * kinds count against max_kinds only, as when they were made, and so do
+ * those of unidentified TCP peers: each of their requests carried the
+ * token, which is exempt from the per-uid caps. Returns how many were
+ * dropped.
  */
+static bool exempt(const struct mts_registry *reg, uint32_t uid)
+{
+	return uid == MTS_UID_TCP || mts_uid_is_admin(reg, uid);
+}
+
 static uint32_t trim_to_caps(const struct mts_registry *reg,
                              struct mts_kinds *ks)
 {
@@ -817,8 +824,7 @@ static uint32_t trim_to_caps(const struct mts_registry *reg,
 	                     i <= ks->per_uid.mask;
 	     i++) {
 		const struct mts_uid_count *e = &ks->per_uid.e[i];
-		over = e->count > pol->kinds_per_uid &&
-		       !mts_uid_is_admin(reg, e->uid);
+		over = e->count > pol->kinds_per_uid && !exempt(reg, e->uid);
 	}
 	if (!over)
 		return 0;
@@ -837,7 +843,7 @@ static uint32_t trim_to_caps(const struct mts_registry *reg,
 		bool keep = nkept < pol->kinds_max;
 		if (keep && pol->kinds_per_uid &&
 		    mts_uid_count_get(&kept, k->uid) >= pol->kinds_per_uid)
-			keep = mts_uid_is_admin(reg, k->uid);
+			keep = exempt(reg, k->uid);
 		if (keep && mts_uid_count_add(&kept, k->uid) == 0) {
 			nkept++;
 			continue;

@@ -445,9 +445,18 @@ Test(kinds, a_record_past_lowered_caps_keeps_the_latest)
 		const char *name;
 		uint32_t uid;
 		uint64_t ago;
-	} run[] = {{"x", 0, 10},    {"y", 0, 20},   {"z", 0, 30},
-	           {"a", 1000, 60}, {"b", 1000, 5}, {"c", 1000, 15}};
-	for (int i = 0; i < 6; i++) {
+	} run[] = {{"x", 0, 10},
+	           {"y", 0, 20},
+	           {"z", 0, 30},
+	           {"a", 1000, 60},
+	           {"b", 1000, 5},
+	           {"c", 1000, 15},
+	           /* Unidentified TCP peers', each made with the token:
+	            * exempt as an admin's. */
+	           {"t1", MTS_UID_TCP, 1},
+	           {"t2", MTS_UID_TCP, 2},
+	           {"t3", MTS_UID_TCP, 3}};
+	for (int i = 0; i < 9; i++) {
 		note_run(&srv.reg, run[i].name, run[i].uid, MIB, false);
 		mts_kind_find(&srv.reg, run[i].name, run[i].uid)
 		    ->runs[0]
@@ -459,12 +468,14 @@ Test(kinds, a_record_past_lowered_caps_keeps_the_latest)
 	mts_kinds_free(&srv.reg);
 	/* Restarted with smaller caps. */
 	srv.reg.policy.kinds_per_uid = 2;
-	srv.reg.policy.kinds_max = 4;
+	srv.reg.policy.kinds_max = 7;
 	cr_assert_eq(mts_kinds_load(&srv.reg, path), 0);
-	cr_assert_eq(srv.reg.kinds->n, 4);
+	cr_assert_eq(srv.reg.kinds->n, 7);
 	cr_assert(srv.reg.kinds->dirty, "the trimmed record is written back");
-	/* Newest first: b, x, c, y; then z (past max_kinds) and a (past
-	 * uid 1000's two). */
+	/* Newest first: t1, t2, t3 (all three), b, x, c, y; then z (past
+	 * max_kinds) and a (past uid 1000's two). */
+	cr_assert_eq(mts_uid_count_get(&srv.reg.kinds->per_uid, MTS_UID_TCP),
+	             3);
 	cr_assert_not_null(mts_kind_find(&srv.reg, "b", 1000));
 	cr_assert_not_null(mts_kind_find(&srv.reg, "c", 1000));
 	cr_assert_not_null(mts_kind_find(&srv.reg, "x", 0));
@@ -475,9 +486,9 @@ Test(kinds, a_record_past_lowered_caps_keeps_the_latest)
 	/* Under caps that hold it, nothing goes. */
 	mts_kinds_free(&srv.reg);
 	srv.reg.policy.kinds_per_uid = 3;
-	srv.reg.policy.kinds_max = 6;
+	srv.reg.policy.kinds_max = 9;
 	cr_assert_eq(mts_kinds_load(&srv.reg, path), 0);
-	cr_assert_eq(srv.reg.kinds->n, 6);
+	cr_assert_eq(srv.reg.kinds->n, 9);
 	cr_assert(!srv.reg.kinds->dirty);
 	unlink(path);
 }
