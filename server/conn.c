@@ -770,11 +770,13 @@ static bool uid_admit(struct mts_conn *c, bool admin)
 	uint32_t cap = c->uid_key == MTS_UID_TCP ? net->max_conns_unidentified
 	                                         : net->max_conns_per_uid;
 	/* A remote peer of unknown uid, one address of many that share
-	 * max_connections_unidentified: an eighth of it each, so that one
-	 * host holding connections open cannot lock the others out. */
+	 * max_connections_unidentified: an eighth of it each (at least 4: a
+	 * client holding a Watch beside its requests, a few schedulers
+	 * behind one NAT), so that one host holding connections open cannot
+	 * lock the others out. */
 	bool by_addr = false;
 	if (c->uid_key == MTS_UID_TCP && c->remote && !admin) {
-		uint32_t per = cap / 8 ? cap / 8 : 1;
+		uint32_t per = cap / 8 > 4 ? cap / 8 : 4;
 		uint32_t here =
 		    mts_uid_count_get(&net->conn_addrs, c->addr_key);
 		if (here >= per) {
