@@ -147,9 +147,15 @@ static void fence_inherited(void)
  * a fork in that moment still hands it on.)
  */
 static int reg_fds[3] = {-1, -1, -1};
+/* The thread registering: a fork on that very thread (from a signal
+ * handler) returns into the registration in the child, which closes its
+ * descriptors itself. */
+static pthread_t reg_thread;
 
 static void reg_fd_keep(int i, int fd)
 {
+	if (fd >= 0)
+		__atomic_store_n(&reg_thread, pthread_self(), __ATOMIC_RELAXED);
 	__atomic_store_n(&reg_fds[i], fd, __ATOMIC_SEQ_CST);
 }
 
@@ -204,7 +210,9 @@ static void on_fork_child(void)
 	mtc_proc.refresh_started = 0;
 	mtc_refresh_want = 0;
 	mtc_proc.answer_lost = 0; /* the parent's registration, not ours */
-	for (int i = 0; i < 3; i++) {
+	bool mine = pthread_equal(
+	    __atomic_load_n(&reg_thread, __ATOMIC_RELAXED), pthread_self());
+	for (int i = 0; !mine && i < 3; i++) {
 		int fd = reg_fds[i];
 		reg_fds[i] = -1;
 		if (fd >= 0)
@@ -325,6 +333,15 @@ static void init_once(void)
 	} else {
 		strcpy(mtc_proc.sock, sock);
 	}
+	const char *su = getenv("MEMTALLY_SERVER_UID");
+	if (su && *su >= '0' && *su <= '9') {
+		char *end;
+		unsigned long v = strtoul(su, &end, 10);
+		if (*end == '\0' && v < UINT32_MAX) {
+			mtc_proc.server_uid = (uint32_t)v;
+			mtc_proc.has_server_uid = 1;
+		}
+	}
 	char group[MTC_GROUP_MAX];
 	copy_env(group, sizeof(group), "MEMTALLY_GROUP", "");
 	group_store(group, true);
@@ -441,9 +458,10 @@ static ssize_t recv_fds(int fd, void *buf, size_t len, struct reg_reply *out)
 
 /*
  * Is the server at the other end of `fd` one we may take descriptors from?
- * Run by root, by our own uid, or by the owner of the socket's directory
- * (a service user in a directory of its own). Anyone else could be a
- * process that bound the path first, and the descriptors it passes are
+ * Run by root, by our own uid, by the owner of the socket's directory (a
+ * service user in a directory of its own), or by MEMTALLY_SERVER_UID (a
+ * server in another container of the pod, as another user). Anyone else could
+ * be a process that bound the path first, and the descriptors it passes are
  * closed by us when refused: the last close of a lingering TCP socket or
  * of a file on a stuck FUSE mount blocks, inside the program's malloc. In
  * a user namespace that maps neither, root and the directory's owner
@@ -455,7 +473,8 @@ static bool server_trusted(int fd)
 	socklen_t len = sizeof(c);
 	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &c, &len) < 0)
 		return false;
-	if (c.uid == 0 || c.uid == geteuid())
+	if (c.uid == 0 || c.uid == geteuid() ||
+	    (mtc_proc.has_server_uid && c.uid == mtc_proc.server_uid))
 		return true;
 	char dir[sizeof(mtc_proc.sock)];
 	memcpy(dir, mtc_proc.sock, sizeof(dir));

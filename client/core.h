@@ -88,6 +88,10 @@ struct mtc_process {
 	uint64_t register_timeout_ns;
 	uint64_t image_id;
 	char sock[sizeof(((struct sockaddr_un *)0)->sun_path)];
+	/* MEMTALLY_SERVER_UID: a uid the server may run as besides root,
+	 * ours and the socket directory's owner's (attach.c). */
+	uint32_t server_uid;
+	uint8_t has_server_uid;
 	/* The group the next registration carries, NUL-padded, as words
 	 * under group_seq: the same seqlock as cb_seq, because
 	 * memtally_set_group() may run on any thread while another thread

@@ -510,16 +510,18 @@ static char **command_env(struct run *r)
 		err = env_set(r, &e, &n, "MEMTALLY_TASK", r->task);
 	if (!err && r->o->group)
 		err = env_set(r, &e, &n, "MEMTALLY_GROUP", r->o->group);
-	if (!err && r->o->socket_given) {
-		/* Workers take only an absolute path (a relative one would be
-		 * looked up from wherever they are when they register): a
-		 * relative --socket is the one under our directory now. */
+	/* Workers take only an absolute path (a relative one would be looked
+	 * up from wherever they are when they register): a relative socket,
+	 * --socket or the MEMTALLY_SOCKET we inherited, is the one under our
+	 * directory now. */
+	const char *sock =
+	    r->o->socket_given ? r->o->socket : getenv("MEMTALLY_SOCKET");
+	if (!err && sock && sock[0] && (r->o->socket_given || sock[0] != '/')) {
 		char *abs = NULL, cwd[4096];
-		if (r->o->socket[0] != '/' && getcwd(cwd, sizeof(cwd)) &&
-		    asprintf(&abs, "%s/%s", cwd, r->o->socket) < 0)
+		if (sock[0] != '/' && getcwd(cwd, sizeof(cwd)) &&
+		    asprintf(&abs, "%s/%s", cwd, sock) < 0)
 			abs = NULL;
-		err = env_set(r, &e, &n, "MEMTALLY_SOCKET",
-		              abs ? abs : r->o->socket);
+		err = env_set(r, &e, &n, "MEMTALLY_SOCKET", abs ? abs : sock);
 		free(abs);
 	}
 	if (err) {

@@ -326,8 +326,9 @@ def test_untrusted_server():
     lingering TCP socket, a file on a stuck FUSE mount). A server run by
     nobody in a directory of root's is connected to, sent nothing, and the
     program behaves as without memtally; in nobody's own directory it is
-    sent the Register."""
-    for owner, want in ((0, False), (NOBODY, True)):
+    sent the Register, as it is where MEMTALLY_SERVER_UID names nobody."""
+    for owner, named, want in ((0, False, False), (NOBODY, False, True),
+                               (0, True, True)):
         d = tempfile.mkdtemp(prefix="mt-trust-")
         os.chmod(d, 0o1777)
         os.chown(d, owner, NOGROUP)
@@ -341,6 +342,8 @@ def test_untrusted_server():
                   "the listener did not start")
             env = dict(os.environ, LD_PRELOAD=PRELOAD, MEMTALLY_SOCKET=path,
                        MEMTALLY_TASK="trust")
+            if named:  # the deployment names the server's user
+                env["MEMTALLY_SERVER_UID"] = str(NOBODY)
             r = subprocess.run([*worker("errno"), "3"], env=env,
                                stdin=subprocess.DEVNULL, capture_output=True,
                                text=True, timeout=60 * MULT)
@@ -357,12 +360,13 @@ def test_untrusted_server():
             os.rmdir(d)
         conns, reqs = (int(x.split("=")[1]) for x in out.split())
         who = "root's" if owner == 0 else "nobody's"
-        print(f"  a server of nobody's in {who} directory: {conns} "
+        how = ", MEMTALLY_SERVER_UID naming nobody" if named else ""
+        print(f"  a server of nobody's in {who} directory{how}: {conns} "
               f"connections, {reqs} with a request")
         check(conns > 0, f"{who}: the worker never connected: the case "
                          "tested nothing")
         check((reqs > 0) == want,
-              f"{who} directory: {reqs} requests, wanted "
+              f"{who} directory{how}: {reqs} requests, wanted "
               f"{'some' if want else 'none'}")
 
 

@@ -416,7 +416,7 @@ sys.path.insert(0, sys.argv[3])
 from harness import closed_at_once
 host, port = sys.argv[1], int(sys.argv[2])
 conns = [socket.create_connection((host, port), timeout=5) for _ in range(20)]
-print(closed_at_once(conns, 1.5), flush=True)
+print(closed_at_once(conns, float(sys.argv[4])), flush=True)
 """
 
 
@@ -456,7 +456,7 @@ def test_one_remote_host_gets_an_eighth_of_the_unidentified_places():
             port = tcp_port(s)
             r = subprocess.run(["ip", "netns", "exec", ns, sys.executable,
                                 "-c", REMOTE_PEERS, f"{net}.1", str(port),
-                                HERE],
+                                HERE, str(1.5 * MULT)],
                                capture_output=True, text=True,
                                timeout=60 * MULT)
             check(r.returncode == 0, f"the remote peers: {r.stderr}")

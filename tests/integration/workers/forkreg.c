@@ -2,10 +2,12 @@
  * forkreg - a fork while another thread registers: the child must not be
  * handed the registration's socket or the descriptors it received. A
  * thread allocates 1 MiB (a flush: it registers, and waits for an answer
- * the harness's server holds back); 300 ms later the main thread forks.
- * The child counts its sockets and memfds, without allocating (an
- * allocation of its own could register and open one), and prints
- * "child sockets=N memfds=M".
+ * the harness's server holds back); once the process holds the
+ * registration's socket, the main thread forks. The child counts its
+ * sockets and memfds, without allocating (an allocation of its own could
+ * register and open one), and prints "child sockets=N memfds=M". (The
+ * received descriptors are held for microseconds: the memfd count is
+ * reported, not aimed at.) Exits 3 if no socket showed up in 10 s.
  *
  * usage: mt_worker forkreg
  */
@@ -28,11 +30,12 @@ static void *registers(void *arg)
 	return NULL;
 }
 
-/* The child's count, by getdents64 on /proc/self/fd: no allocation. */
-static void count_fds(void)
+/* This process's sockets and memfds, by getdents64 on /proc/self/fd: no
+ * allocation. */
+static void count_fds(unsigned *sockets_out, unsigned *memfds_out)
 {
 	int dir = open("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	char buf[8192], path[300], link[256], out[96];
+	char buf[8192], path[300], link[256];
 	unsigned sockets = 0, memfds = 0;
 	long n;
 	while (dir >= 0 &&
@@ -53,10 +56,10 @@ static void count_fds(void)
 			memfds += strncmp(link, "/memfd:", 7) == 0;
 		}
 	}
-	int len = snprintf(out, sizeof(out), "child sockets=%u memfds=%u\n",
-	                   sockets, memfds);
-	if (write(1, out, (size_t)len) != len)
-		_exit(1);
+	if (dir >= 0)
+		close(dir);
+	*sockets_out = sockets;
+	*memfds_out = memfds;
 }
 
 static int forkreg_main(int argc, char **argv)
@@ -66,13 +69,26 @@ static int forkreg_main(int argc, char **argv)
 	pthread_t t;
 	if (pthread_create(&t, NULL, registers, NULL) != 0)
 		return 1;
-	struct timespec ts = {0, 300 * 1000 * 1000};
-	nanosleep(&ts, NULL);
+	unsigned sockets = 0, memfds = 0;
+	for (int i = 0; i < 1000 && !sockets; i++) {
+		struct timespec ts = {0, 10 * 1000 * 1000};
+		nanosleep(&ts, NULL);
+		count_fds(&sockets, &memfds);
+	}
+	if (!sockets) {
+		mt_say("no registration in flight");
+		pthread_join(t, NULL);
+		return 3;
+	}
 	fflush(stdout);
 	pid_t pid = fork();
 	if (pid == 0) {
-		count_fds();
-		_exit(0);
+		char out[96];
+		count_fds(&sockets, &memfds);
+		int len =
+		    snprintf(out, sizeof(out), "child sockets=%u memfds=%u\n",
+		             sockets, memfds);
+		_exit(write(1, out, (size_t)len) == len ? 0 : 1);
 	}
 	int st;
 	waitpid(pid, &st, 0);
