@@ -245,7 +245,11 @@ def test_admit_release_flood():
             # nobody, root (the status CLI, the watcher); the fleet.
             w.end(f"{granted} grants, {released} releases",
                   WINDOWS * per_second(2, 1))
-            check(granted > 1000 and released == granted and denied == 0,
+            # A flood: its two lines an Admit and a Release ten times what
+            # nobody's info budget lets through in the windows (a loaded
+            # box under TSan makes ~700 rounds, an idle one thousands).
+            check(2 * granted > 10 * UID_BUDGET * WINDOWS and
+                  released == granted and denied == 0,
                   f"the flood: {granted} granted, {denied} denied, "
                   f"{released} released")
             text = settled(s)
