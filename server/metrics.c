@@ -1048,8 +1048,7 @@ struct mts_metrics {
 		bool busy;         /* a request's headers are in */
 		bool reaped;       /* shut down: going */
 	} conns[HTTP_CONNECTION_LIMIT];
-	uint64_t reaped; /* connections ended for a late request */
-	int handles;     /* uv handles open, freed at 0 */
+	int handles; /* uv handles open, freed at 0 */
 };
 
 /* Loop thread: render a text and publish it. */
@@ -1223,7 +1222,6 @@ static void on_reap(uv_timer_t *t)
 			n++;
 		}
 	}
-	m->reaped += n;
 	pthread_mutex_unlock(&m->conns_mu);
 	if (n)
 		mts_log(MTS_LOG_DEBUG,
