@@ -778,7 +778,8 @@ static int read_all(int fd, size_t max, unsigned char **out, size_t *len)
 	return 0;
 }
 
-/* The end of `k`'s latest run (runs are held oldest first at load). */
+/* The end of `k`'s latest run (at head - 1, as runs are held oldest
+ * first at load). */
 static uint64_t last_end(const struct mts_kind *k)
 {
 	return k->runs[(k->head + MTS_KIND_RUNS - 1) % MTS_KIND_RUNS].end_s;
@@ -788,6 +789,8 @@ static int cmp_recent(const void *a, const void *b)
 {
 	const struct mts_kind *x = *(const struct mts_kind *const *)a;
 	const struct mts_kind *y = *(const struct mts_kind *const *)b;
+	if (!x->outstanding != !y->outstanding)
+		return x->outstanding ? -1 : 1;
 	uint64_t ex = last_end(x), ey = last_end(y);
 	if (ex != ey)
 		return ex > ey ? -1 : 1;
@@ -795,14 +798,15 @@ static int cmp_recent(const void *a, const void *b)
 }
 
 /*
- * A record written under larger caps ([kinds] max_kinds or
- * max_kinds_per_uid lowered since): the kinds run most recently are kept
- * up to them and the rest dropped, so that the caps hold from the start
- * rather than refuse every new kind until old ones age out. An admin's
- * kinds count against max_kinds only, as when they were made, and so do
- * those of unidentified TCP peers: each of their requests carried the
- * token, which is exempt from the per-uid caps. Returns how many were
- * dropped.
+ * Kinds past the caps ([kinds] max_kinds or max_kinds_per_uid lowered
+ * since the record was written, or by a reload): the kinds run most
+ * recently are kept up to them and the rest dropped, so that the caps hold
+ * at once rather than refuse every new kind until old ones age out. A kind
+ * a reservation names now is kept whatever its age (the reservation points
+ * at it) and counts first. An admin's kinds count against max_kinds only,
+ * as when they were made, and so do those of unidentified TCP peers: each
+ * of their requests carried the token, which is exempt from the per-uid
+ * caps. Returns how many were dropped.
  */
 static bool exempt(const struct mts_registry *reg, uint32_t uid)
 {
@@ -834,11 +838,14 @@ static uint32_t trim_to_caps(const struct mts_registry *reg,
 	uint32_t nkept = 0, dropped = 0;
 	for (uint32_t i = 0; i < n; i++) {
 		struct mts_kind *k = all[i];
-		bool keep = nkept < pol->kinds_max;
-		if (keep && pol->kinds_per_uid &&
+		/* A kind a reservation names stays: it points at it. */
+		bool keep = k->outstanding || nkept < pol->kinds_max;
+		if (!k->outstanding && keep && pol->kinds_per_uid &&
 		    mts_uid_count_get(&kept, k->uid) >= pol->kinds_per_uid)
 			keep = exempt(reg, k->uid);
-		if (keep && mts_uid_count_add(&kept, k->uid) == 0) {
+		if (keep) {
+			/* Out of memory for the count: kept, uncounted. */
+			(void)mts_uid_count_add(&kept, k->uid);
 			nkept++;
 			continue;
 		}
@@ -847,6 +854,25 @@ static uint32_t trim_to_caps(const struct mts_registry *reg,
 	}
 	mts_uid_counts_free(&kept);
 	free(all);
+	return dropped;
+}
+
+uint32_t mts_kinds_trim(struct mts_registry *reg)
+{
+	struct mts_kinds *ks = reg->kinds;
+	if (!ks)
+		return 0;
+	uint32_t dropped = trim_to_caps(reg, ks);
+	if (dropped) {
+		ks->dirty = true;
+		mts_log(MTS_LOG_WARN,
+		        "learned sizes past [kinds] max_kinds or "
+		        "max_kinds_per_uid as reloaded: the least recently run "
+		        "dropped",
+		        "dropped=%u kept=%u max_kinds=%u max_kinds_per_uid=%u",
+		        dropped, ks->n, reg->policy.kinds_max,
+		        reg->policy.kinds_per_uid);
+	}
 	return dropped;
 }
 

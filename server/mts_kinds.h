@@ -165,6 +165,11 @@ void mts_resv_evicted(struct mts_registry *reg, struct mts_resv *r);
  * reservation names. */
 void mts_kinds_age(struct mts_registry *reg, uint64_t now_s);
 
+/* Hold the kinds to [kinds] max_kinds and max_kinds_per_uid as they are
+ * now (lowered by a reload): the least recently run go, never one a
+ * reservation names (see mts_kinds_load). Returns how many went. */
+uint32_t mts_kinds_trim(struct mts_registry *reg);
+
 /* Every kind, sorted by uid then name, in *out (malloc'd, the caller
  * frees it); returns how many, or -ENOMEM. */
 int mts_kinds_list(const struct mts_registry *reg, struct mts_kind ***out);

@@ -259,6 +259,8 @@ int mts_server_apply_policy(struct mts_server *srv,
 	if (err < 0)
 		return err;
 	rss_timer_set(srv, srv->reg.policy.rss_interval_ms);
+	/* Lowered caps hold from now, not from the next start. */
+	mts_kinds_trim(&srv->reg);
 	return 0;
 }
 

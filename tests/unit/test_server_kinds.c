@@ -493,6 +493,62 @@ Test(kinds, a_record_past_lowered_caps_keeps_the_latest)
 	unlink(path);
 }
 
+Test(kinds, a_reload_lowering_the_caps_trims_but_never_a_named_kind)
+{
+	start_fleet(0);
+	uint64_t now_s = mts_now_realtime() / 1000000000u;
+	/* uid 1000's kinds, newest first: b, c, a, d. */
+	const struct {
+		const char *name;
+		uint64_t ago;
+	} run[] = {{"a", 30}, {"b", 5}, {"c", 15}, {"d", 60}};
+	for (int i = 0; i < 4; i++) {
+		note_run(&srv.reg, run[i].name, 1000, MIB, false);
+		mts_kind_find(&srv.reg, run[i].name, 1000)->runs[0].end_s =
+		    now_s - run[i].ago;
+	}
+	/* The oldest, d, is named by a reservation now. */
+	Memtally__V1__Response *r = admit_kind(1000, 0, "d", "Td");
+	cr_assert(r->admit_result->admitted, "%s", r->admit_result->reason);
+	memtally__v1__response__free_unpacked(r, NULL);
+	srv.reg.kinds->dirty = false;
+
+	/* Reloaded with two kinds per uid: d stays (its reservation points
+	 * at it) and takes one place, b the other; c and a go. */
+	mts_policy_defaults(&pol);
+	pol.kinds_per_uid = 2;
+	cr_assert_eq(mts_server_apply_policy(&srv, &pol), 0);
+	cr_assert_eq(srv.reg.kinds->n, 2);
+	cr_assert_not_null(mts_kind_find(&srv.reg, "d", 1000));
+	cr_assert_not_null(mts_kind_find(&srv.reg, "b", 1000));
+	cr_assert_null(mts_kind_find(&srv.reg, "c", 1000));
+	cr_assert_null(mts_kind_find(&srv.reg, "a", 1000));
+	cr_assert_eq(mts_uid_count_get(&srv.reg.kinds->per_uid, 1000), 2);
+	cr_assert(srv.reg.kinds->dirty, "the trimmed record is written");
+	/* The cap holds at once: a new kind is refused. */
+	r = admit_kind(1000, MIB, "e", "Te");
+	cr_assert_not(r->admit_result->admitted);
+	memtally__v1__response__free_unpacked(r, NULL);
+	/* d's reservation ends as any other and its run is learned. */
+	struct mts_peer root = fx_peer(getpid(), 0);
+	uint64_t freed;
+	char id[MTS_RESV_ID_LEN + 1];
+	memcpy(id, resv_of_task("Td")->id, sizeof(id));
+	cr_assert_eq(mts_release(&srv.reg, &root, id, "", &freed), 0);
+	cr_assert_not_null(mts_kind_find(&srv.reg, "d", 1000));
+
+	/* Even a cap below what reservations name keeps them all. */
+	r = admit_kind(1000, 0, "b", "Tb");
+	cr_assert(r->admit_result->admitted, "%s", r->admit_result->reason);
+	memtally__v1__response__free_unpacked(r, NULL);
+	r = admit_kind(1000, 0, "d", "Td2");
+	cr_assert(r->admit_result->admitted, "%s", r->admit_result->reason);
+	memtally__v1__response__free_unpacked(r, NULL);
+	pol.kinds_per_uid = 1;
+	cr_assert_eq(mts_server_apply_policy(&srv, &pol), 0);
+	cr_assert_eq(srv.reg.kinds->n, 2);
+}
+
 /* Write byte `v` at `off` of the record. */
 static void poke(off_t off, uint8_t v)
 {
