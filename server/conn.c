@@ -132,12 +132,13 @@ struct mts_conn {
 	bool eof;        /* the peer will send nothing more */
 	bool close_after_write;
 	bool closing;
-	bool uid_counted;  /* counted in net->conn_uids under uid_key */
-	uint32_t uid_key;  /* peer uid, or MTS_UID_TCP */
-	bool remote;       /* a TCP peer on another host: addr_key is set */
-	bool addr_counted; /* counted in net->conn_addrs under addr_key */
-	uint32_t addr_key; /* a hash of its address (an IPv6 one's /64) */
-	uint64_t last_ms;  /* uv_now() of accept or of the latest request */
+	bool uid_counted;   /* counted in net->conn_uids under uid_key */
+	uint32_t uid_key;   /* peer uid, or MTS_UID_TCP */
+	bool remote;        /* a TCP peer on another host: addr_key is set */
+	bool addr_counted;  /* counted in net->conn_addrs under addr_key */
+	uint32_t addr_key;  /* a hash of its address (an IPv6 one's /64) */
+	uint64_t last_ms;   /* uv_now() of accept or of the latest request */
+	uint64_t accept_ms; /* uv_now() of accept */
 	struct mts_buf *turn_out; /* the output of the turn in progress */
 };
 
@@ -753,6 +754,47 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 	}
 }
 
+/* A peer of unknown uid that has not shown the token yet: it may be
+ * anyone, and holds a place the token's holders share. */
+static bool untokened(const struct mts_conn *c)
+{
+	return c->uid_key == MTS_UID_TCP && !c->peer.token_seen && !c->closing;
+}
+
+static void close_untokened(struct mts_conn *c, const char *why)
+{
+	char who[MTS_PEER_WHO_MAX];
+	c->net->conn_stats.untokened++;
+	mts_log_uid(MTS_UID_TCP, MTS_LOG_DEBUG,
+	            "connection of unknown uid closed without the token",
+	            "%s why=%s", mts_peer_who(&c->peer, who, sizeof(who)), why);
+	conn_close(c);
+}
+
+/*
+ * Unknown-uid places full (all of them, or its address's share): the
+ * oldest connection there that has not shown the token gives its place to
+ * `c`, as sshd's MaxStartups drops connections not yet authenticated. A
+ * scheduler holding the token shows it in its first request, a round
+ * trip after connecting, and keeps its place from then on; a peer without
+ * it cannot keep places from those that have it by opening connections
+ * and sending nothing. False when every place there has shown the token.
+ */
+static bool untokened_make_room(struct mts_conn *c, bool by_addr)
+{
+	struct mts_conn *oldest = NULL;
+	for (struct mts_conn *x = c->net->conns; x; x = x->next)
+		if (x != c && untokened(x) && x->uid_counted &&
+		    (!by_addr ||
+		     (x->addr_counted && x->addr_key == c->addr_key)) &&
+		    (!oldest || x->accept_ms <= oldest->accept_ms))
+			oldest = x;
+	if (!oldest)
+		return false;
+	close_untokened(oldest, "its place taken by a newer connection");
+	return true;
+}
+
 /*
  * The per-uid cap: count `c` under its peer's uid, and close it at once if
  * that uid already has its cap open, as the global cap does. One uid
@@ -785,7 +827,8 @@ static bool uid_admit(struct mts_conn *c, bool admin)
 			cap = per;
 		}
 	}
-	if (open >= cap && !admin) {
+	if (open >= cap && !admin &&
+	    !(c->uid_key == MTS_UID_TCP && untokened_make_room(c, by_addr))) {
 		char who[MTS_PEER_WHO_MAX];
 		net->conn_stats.rejected_uid++;
 		net->uid_rejected_unlogged++;
@@ -1013,7 +1056,7 @@ static void accept_one(uv_stream_t *listener, int status, bool tcp)
 		conn_close(c);
 		return;
 	}
-	c->last_ms = uv_now(net->loop);
+	c->last_ms = c->accept_ms = uv_now(net->loop);
 	if (tcp)
 		conn_tcp_setup(c);
 	else
@@ -1342,7 +1385,11 @@ static void on_idle_timer(uv_timer_t *t)
 	struct mts_conn *next;
 	for (struct mts_conn *c = net->conns; c; c = next) {
 		next = c->next;
-		if (c->peer.watching || c->closing ||
+		if (untokened(c) && now - c->accept_ms >= MTS_TOKEN_WAIT_MS) {
+			close_untokened(c, "no request with the token in time");
+			continue;
+		}
+		if (!net->idle_ms || c->peer.watching || c->closing ||
 		    now - c->last_ms < net->idle_ms)
 			continue;
 		net->conn_stats.idle_closed++;
@@ -1401,19 +1448,21 @@ static int conns_init(struct mts_conns *net)
 		return err;
 	net->idle.data = net;
 	net->idle_open = true;
-	if (net->idle_ms) {
-		err = uv_timer_init(net->loop, &net->idle_timer);
-		if (err < 0)
-			return err;
-		net->idle_timer.data = net;
-		net->idle_timer_open = true;
-		/* Checked every quarter of the timeout: a connection goes
-		 * between 1 and 1.25 timeouts after its last request. */
-		uint64_t every = net->idle_ms / 4 ? net->idle_ms / 4 : 1;
-		uv_timer_start(&net->idle_timer, on_idle_timer, every, every);
-		/* Not a reason to keep the loop running. */
-		uv_unref((uv_handle_t *)&net->idle_timer);
-	}
+	err = uv_timer_init(net->loop, &net->idle_timer);
+	if (err < 0)
+		return err;
+	net->idle_timer.data = net;
+	net->idle_timer_open = true;
+	/* Checked every quarter of the timeout, and at least every fifth of
+	 * the token's wait: a connection goes between 1 and 1.25 timeouts
+	 * after its last request, one of unknown uid between 1 and 1.2
+	 * waits after accept without the token. */
+	uint64_t every = MTS_TOKEN_WAIT_MS / 5;
+	if (net->idle_ms && net->idle_ms / 4 < every)
+		every = net->idle_ms / 4 ? net->idle_ms / 4 : 1;
+	uv_timer_start(&net->idle_timer, on_idle_timer, every, every);
+	/* Not a reason to keep the loop running. */
+	uv_unref((uv_handle_t *)&net->idle_timer);
 	return 0;
 }
 

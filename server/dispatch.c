@@ -1018,6 +1018,10 @@ static bool unidentified_refused(struct mts_registry *reg,
 	*err = append_error(out, req->id,
 	                    MEMTALLY__V1__ERROR_CODE__ERROR_PERMISSION_DENIED,
 	                    msg);
+	/* Then closed: asking now and then without the token must not keep
+	 * one of the places the token's holders share. */
+	if (*err == 0)
+		*err = MTS_CLOSE;
 	return true;
 }
 
@@ -1120,6 +1124,7 @@ int mts_dispatch(struct mts_registry *reg, struct mts_peer *peer,
 	}
 	const char *token = request_token(req);
 	peer->token_ok = mts_token_equal(reg->policy.tcp_token, token);
+	peer->token_seen |= peer->token_ok;
 	struct viewer v = {.peer = peer, .others = MTS_SHOW_ALL};
 	if (req->body_case == MEMTALLY__V1__REQUEST__BODY_GET_USAGE ||
 	    req->body_case == MEMTALLY__V1__REQUEST__BODY_LIST_PROCESSES ||

@@ -926,6 +926,11 @@ static void render_counters(struct out *o, const struct mts_registry *reg,
 		    o, "memtally_connections_idle_closed_total",
 		    "Connections closed after idle_timeout without a request.",
 		    cs->idle_closed);
+		counter(o, "memtally_connections_untokened_closed_total",
+		        "Connections of unknown uid closed without the token: "
+		        "none shown within 5 s, a request without it, or "
+		        "their place taken by a newer one.",
+		        cs->untokened);
 		gauge(o, "memtally_connection_buffered_bytes",
 		      "Input and unwritten output held for all connections.",
 		      cs->buffered);

@@ -44,6 +44,11 @@
  * flight, a shared-memory descriptor per uid with workers (main.c). */
 #define MTS_NOFILE_MARGIN 256u
 
+/* A TCP connection of unknown uid that has sent no request carrying the
+ * token this long after accept is closed: it holds a place the token's
+ * holders share (conn.c). */
+#define MTS_TOKEN_WAIT_MS 5000u
+
 /* conn.c's counters, read by /metrics. */
 struct mts_conn_stats {
 	uint64_t rejected;     /* accepted over max_connections, closed */
@@ -56,6 +61,8 @@ struct mts_conn_stats {
 	uint64_t buffered_max; /* max_buffered in force */
 	uint64_t rejected_uid; /* closed: over max_connections_per_uid */
 	uint64_t idle_closed;  /* closed: no request for idle_timeout */
+	uint64_t untokened;    /* closed: unknown uid, no token in time
+	                        * (MTS_TOKEN_WAIT_MS) or its place taken */
 	uint64_t max_per_uid;  /* max_connections_per_uid in force */
 	uint64_t watch_events; /* events pushed to Watch subscribers */
 	uint64_t watch_disconnects; /* subscribers dropped: not reading */

@@ -408,15 +408,58 @@ def test_a_peer_in_a_pid_namespace_memtallyd_cannot_see_needs_the_token():
         s.proc.wait(timeout=20 * MULT)
 
 
-# In a network namespace: 20 connections to HOST:PORT that send nothing;
-# how many the server closed at once.
+# In a network namespace (a host of its own, as memtallyd sees it), against
+# HOST:PORT. Prints one JSON object of what it saw:
+#  - idle: of 20 connections that send nothing, how many are closed at once
+#    (their places taken by newer ones), how many in all by the end of the
+#    token's wait, and when;
+#  - bare: a request without the token is answered PERMISSION_DENIED (3)
+#    and the connection closed;
+#  - tokened: with 8 connections that showed the token open (the address's
+#    share), a ninth is closed at once; the 8 are still answered after the
+#    wait.
 REMOTE_PEERS = r"""
-import socket, sys
+import json, socket, sys, time
 sys.path.insert(0, sys.argv[3])
 from harness import closed_at_once
-host, port = sys.argv[1], int(sys.argv[2])
-conns = [socket.create_connection((host, port), timeout=5) for _ in range(20)]
-print(closed_at_once(conns, float(sys.argv[4])), flush=True)
+import pbwire as pb
+host, port, quick, token = sys.argv[1], int(sys.argv[2]), float(sys.argv[4]), sys.argv[5]
+out = {}
+
+def conn():
+    return socket.create_connection((host, port), timeout=5)
+
+def usage(c, rid, tok):
+    req = pb.field(1, 0, rid) + (pb.field(2, 2, tok.encode()) if tok else b"")
+    try:
+        c.sendall(pb.frame(req + pb.field(pb.GET_USAGE, 2, pb.field(1, 0, 1))))
+        return pb.Reader(c).frame(10)
+    except OSError:  # closed by the server
+        return None
+
+def ok(r):
+    return r is not None and pb.error_code(r) == 0
+
+t0 = time.monotonic()
+idle = [conn() for _ in range(20)]
+out["idle_closed_at_once"] = closed_at_once(idle, quick)
+out["idle_closed_in_all"] = closed_at_once(idle, 12)
+out["idle_wait_s"] = round(time.monotonic() - t0, 1)
+
+bare = conn()
+r = usage(bare, 7, "")
+out["bare_error"] = pb.error_code(r) if r is not None else -1
+out["bare_closed"] = pb.Reader(bare).frame(5) is None
+
+kept = [conn() for _ in range(8)]
+out["tokened_answered"] = sum(ok(usage(c, i + 1, token))
+                              for i, c in enumerate(kept))
+ninth = conn()
+out["ninth_closed_at_once"] = closed_at_once([ninth], quick)
+time.sleep(6)
+out["tokened_after_wait"] = sum(ok(usage(c, 100 + i, token))
+                                for i, c in enumerate(kept))
+print(json.dumps(out), flush=True)
 """
 
 
@@ -424,9 +467,10 @@ def test_one_remote_host_gets_an_eighth_of_the_unidentified_places():
     """Peers on other hosts are of unknown uid: they share
     max_connections_unidentified (64), and one host opening connections
     and leaving them open would lock out every remote scheduler. One
-    address gets an eighth of it: of 20 connections from a peer in a
-    network namespace of its own (a host of its own, as memtallyd sees
-    it), 12 are closed at once."""
+    address gets an eighth of it; a connection that has not shown the
+    token gives its place to a newer one and goes after 5 s; one that
+    asks without it is closed; the places of those that showed it are
+    theirs. From a peer in a network namespace of its own."""
     require_root()
     tag = os.getpid() % 100000
     ns, host_if, ns_if = f"mt{tag}", f"mth{tag}", f"mtn{tag}"
@@ -456,15 +500,30 @@ def test_one_remote_host_gets_an_eighth_of_the_unidentified_places():
             port = tcp_port(s)
             r = subprocess.run(["ip", "netns", "exec", ns, sys.executable,
                                 "-c", REMOTE_PEERS, f"{net}.1", str(port),
-                                HERE, str(1.5 * MULT)],
+                                HERE, str(1.5 * MULT), TOKEN],
                                capture_output=True, text=True,
-                               timeout=60 * MULT)
+                               timeout=90 * MULT)
             check(r.returncode == 0, f"the remote peers: {r.stderr}")
-            closed = int(r.stdout.strip())
-            print(f"  20 connections from {net}.2: {closed} closed at once",
-                  flush=True)
-            check(closed == 12, f"{closed} of 20 connections from one remote "
-                                "address closed at once, not 12 (8 kept)")
+            got = json.loads(r.stdout.strip().splitlines()[-1])
+            print(f"  from {net}.2: {got}", flush=True)
+            check(got["idle_closed_at_once"] == 12,
+                  f"{got['idle_closed_at_once']} of 20 silent connections "
+                  "from one address closed at once, not 12 (8 kept)")
+            check(got["idle_closed_in_all"] == 20 and
+                  got["idle_wait_s"] >= 4.5,
+                  f"silent connections: {got['idle_closed_in_all']} of 20 "
+                  f"closed by {got['idle_wait_s']} s, not all after the "
+                  "token's 5 s")
+            check(got["tokened_answered"] == 8, f"{got}")
+            check(got["ninth_closed_at_once"] == 1,
+                  "a ninth connection beside 8 that showed the token was "
+                  "not closed at once")
+            check(got["tokened_after_wait"] == 8,
+                  f"{got['tokened_after_wait']} of 8 connections that "
+                  "showed the token answered after the wait, not 8")
+            check(got["bare_error"] == 3 and got["bare_closed"],
+                  f"a request without the token: error {got['bare_error']}"
+                  f", closed {got['bare_closed']} (want 3, closed)")
             check("reached for this address" in s.logtext(),
                   "no log line names the per-address cap")
     finally:
