@@ -1953,7 +1953,8 @@ static int resv_grant(struct mts_registry *reg, const struct mts_peer *peer,
 		return err;
 	}
 	/* mts_admit checked the kind caps: only -ENOMEM can fail here. */
-	if (kind[0] && mts_kind_ref(reg, kind, key, &r->kind) < 0) {
+	if (kind[0] && mts_kind_ref(reg, kind, key, mts_peer_trusted(reg, peer),
+	                            &r->kind) < 0) {
 		free(r);
 		return -ENOMEM;
 	}

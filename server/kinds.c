@@ -201,13 +201,16 @@ int mts_kind_may_create(const struct mts_registry *reg, uint32_t uid,
 }
 
 int mts_kind_ref(struct mts_registry *reg, const char *kind, uint32_t uid,
-                 struct mts_kind **out)
+                 bool capless, struct mts_kind **out)
 {
 	struct mts_kind *k = mts_kind_find(reg, kind, uid);
 	if (!k)
 		k = kind_new(reg->kinds, kind, uid);
 	if (!k)
 		return -ENOMEM;
+	/* Run under the exemption once, it may have been made past the
+	 * cap: a trim must not take it for one made within it. */
+	k->capless |= capless;
 	k->outstanding++;
 	*out = k;
 	return 0;
@@ -575,10 +578,12 @@ struct rec_kind {
 	uint32_t uid;
 	uint32_t name_len;
 	uint32_t nruns;
-	uint32_t spare;
+	uint32_t flags; /* REC_*; 0 in records before the flags */
 	uint64_t runs_total;
 	uint64_t evictions;
 };
+
+#define REC_CAPLESS 1u /* mts_kind.capless */
 
 /* The record is the structs' native layout: a change of either is a new
  * format (KINDS_VERSION), never a silent one. */
@@ -640,6 +645,7 @@ int mts_kinds_encode(const struct mts_registry *reg, unsigned char **out,
 		struct rec_kind rk = {.uid = k->uid,
 		                      .name_len = (uint32_t)strlen(k->name),
 		                      .nruns = k->nruns,
+		                      .flags = k->capless ? REC_CAPLESS : 0,
 		                      .runs_total = k->runs_total,
 		                      .evictions = k->evictions};
 		put(&w, &rk, sizeof(rk));
@@ -804,9 +810,11 @@ static int cmp_recent(const void *a, const void *b)
  * at once rather than refuse every new kind until old ones age out. A kind
  * a reservation names now is kept whatever its age (the reservation points
  * at it) and counts first. An admin's kinds count against max_kinds only,
- * as when they were made, and so do those of unidentified TCP peers: each
+ * as when they were made, and so do those of unidentified TCP peers (each
  * of their requests carried the token, which is exempt from the per-uid
- * caps. Returns how many were dropped.
+ * caps) and those a request with the token made or ran (capless): a
+ * scheduler holding it may keep more than max_kinds_per_uid under its own
+ * uid. Returns how many were dropped.
  */
 static bool exempt(const struct mts_registry *reg, uint32_t uid)
 {
@@ -840,12 +848,14 @@ static uint32_t trim_to_caps(const struct mts_registry *reg,
 		struct mts_kind *k = all[i];
 		/* A kind a reservation names stays: it points at it. */
 		bool keep = k->outstanding || nkept < pol->kinds_max;
-		if (!k->outstanding && keep && pol->kinds_per_uid &&
+		bool capped = !k->capless && !exempt(reg, k->uid);
+		if (!k->outstanding && keep && capped && pol->kinds_per_uid &&
 		    mts_uid_count_get(&kept, k->uid) >= pol->kinds_per_uid)
-			keep = exempt(reg, k->uid);
+			keep = false;
 		if (keep) {
 			/* Out of memory for the count: kept, uncounted. */
-			(void)mts_uid_count_add(&kept, k->uid);
+			if (capped)
+				(void)mts_uid_count_add(&kept, k->uid);
 			nkept++;
 			continue;
 		}
@@ -963,6 +973,7 @@ int mts_kinds_load(struct mts_registry *reg, const char *path)
 		k->head = rk.nruns % MTS_KIND_RUNS;
 		k->runs_total = rk.runs_total;
 		k->evictions = rk.evictions;
+		k->capless = rk.flags & REC_CAPLESS;
 		for (uint32_t j = 0; j < k->nruns; j++) {
 			if (k->runs[j].evicted > 1 ||
 			    (h.version == 1 && k->runs[j].dur_ms)) {

@@ -33,7 +33,7 @@ struct mts_hook_conf {
 	char *cmd[3];        /* on_ok, on_high, on_over: by enum mtshm_state */
 	uint32_t timeout_ms; /* 0 = MTS_HOOK_DEFAULT_TIMEOUT_MS */
 	uint32_t min_interval_ms; /* 0 = none */
-	char *node;          /* MEMTALLY_NODE; NULL = the host name */
+	char *node;               /* MEMTALLY_NODE; NULL = the host name */
 };
 
 /* Deep copy into *dst (overwritten, not freed). 0 or -ENOMEM. */
@@ -62,7 +62,6 @@ int mts_hooks_configure(struct mts_hooks *h, const struct mts_hook_conf *conf);
  * scopes run their hook, processes' changes are ignored. Never blocks:
  * at most a vfork. Accepts h NULL. */
 void mts_hooks_event(struct mts_hooks *h, const struct mts_event *ev);
-
 
 /* Stop: kill the hooks still running (their process groups, SIGKILL, each
  * logged), close every handle; the object is freed once their close

@@ -62,6 +62,9 @@ struct mts_kind {
 	uint32_t nruns;       /* runs[] kept, <= MTS_KIND_RUNS */
 	uint64_t runs_total;  /* ever recorded */
 	uint64_t evictions;   /* of them, ended by the node guard */
+	bool capless; /* made or run by a peer exempt from max_kinds_per_uid
+	               * (an admin, a request with the token): it counts
+	               * against max_kinds only */
 	struct mts_kind_run runs[MTS_KIND_RUNS]; /* a ring, newest at
 	                                            head - 1 */
 	/* The estimate, cached until a run comes, the oldest run it used
@@ -149,9 +152,10 @@ int mts_kind_may_create(const struct mts_registry *reg, uint32_t uid,
                         size_t scopelen);
 
 /* The kind (name, uid), created if needed (mts_kind_may_create said
- * yes), with one more outstanding reservation. 0 or -ENOMEM. */
+ * yes), with one more outstanding reservation; `capless`: asked for by a
+ * peer exempt from max_kinds_per_uid. 0 or -ENOMEM. */
 int mts_kind_ref(struct mts_registry *reg, const char *kind, uint32_t uid,
-                 struct mts_kind **out);
+                 bool capless, struct mts_kind **out);
 /* One reservation of `k` fewer; a kind with neither history nor
  * reservations is dropped. */
 void mts_kind_unref(struct mts_registry *reg, struct mts_kind *k);

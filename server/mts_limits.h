@@ -69,8 +69,7 @@ void mts_limits_eval_proc(struct mts_registry *reg, struct mts_proc *p);
 
 /* A process that was over its own limit leaves (exit, pid reuse): its
  * subscribers hear it is no longer over. */
-void mts_limits_proc_gone(struct mts_registry *reg,
-                          const struct mts_proc *p);
+void mts_limits_proc_gone(struct mts_registry *reg, const struct mts_proc *p);
 
 /* Install `pol` (deep copy) and apply it: fleet, group and default process
  * limits, watermarks; runtime SetLimit values for the fleet and groups are

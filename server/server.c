@@ -252,15 +252,25 @@ int mts_server_apply_hooks(struct mts_server *srv,
 	return srv->hooks ? mts_hooks_configure(srv->hooks, conf) : 0;
 }
 
+/* Is the kinds cap `now` below `was` (0: none)? */
+static bool cap_lowered(uint32_t was, uint32_t now)
+{
+	return now && (!was || now < was);
+}
+
 int mts_server_apply_policy(struct mts_server *srv,
                             const struct mts_policy *pol)
 {
+	uint32_t max_was = srv->reg.policy.kinds_max;
+	uint32_t per_uid_was = srv->reg.policy.kinds_per_uid;
 	int err = mts_limits_apply_policy(&srv->reg, pol);
 	if (err < 0)
 		return err;
 	rss_timer_set(srv, srv->reg.policy.rss_interval_ms);
 	/* Lowered caps hold from now, not from the next start. */
-	mts_kinds_trim(&srv->reg);
+	if (cap_lowered(max_was, srv->reg.policy.kinds_max) ||
+	    cap_lowered(per_uid_was, srv->reg.policy.kinds_per_uid))
+		mts_kinds_trim(&srv->reg);
 	return 0;
 }
 

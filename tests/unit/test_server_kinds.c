@@ -549,6 +549,76 @@ Test(kinds, a_reload_lowering_the_caps_trims_but_never_a_named_kind)
 	cr_assert_eq(srv.reg.kinds->n, 2);
 }
 
+Test(kinds, those_a_request_with_the_token_made_past_the_cap_are_kept)
+{
+	/* A scheduler running as uid 1000 and holding the token may keep
+	 * more kinds than max_kinds_per_uid: neither a restart nor a reload
+	 * lowering the cap takes them for kinds made past it. */
+	mts_policy_defaults(&pol);
+	pol.kinds_per_uid = 2;
+	pol.tcp_token = strdup("kinds-token-0123456789");
+	fx_start_policy(&pol);
+	note_run(&srv.reg, "n0", 1000, MIB, false);
+	note_run(&srv.reg, "n1", 1000, MIB, false);
+	struct mts_peer root = fx_peer(getpid(), 0);
+	for (int i = 0; i < 3; i++) {
+		char kind[8], task[8];
+		snprintf(kind, sizeof(kind), "t%d", i);
+		snprintf(task, sizeof(task), "T%d", i);
+		Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
+		Memtally__V1__Admit a = MEMTALLY__V1__ADMIT__INIT;
+		a.bytes = MIB;
+		a.group = (char *)"";
+		a.task = task;
+		a.kind = kind;
+		req.token = (char *)"kinds-token-0123456789";
+		req.body_case = MEMTALLY__V1__REQUEST__BODY_ADMIT;
+		req.admit = &a;
+		struct mts_peer peer = fx_peer(getpid(), 1000);
+		Memtally__V1__Response *r = fx_call(&peer, &req);
+		cr_assert(r->admit_result->admitted, "%s: %s", kind,
+		          r->admit_result->reason);
+		memtally__v1__response__free_unpacked(r, NULL);
+		note_run(&srv.reg, kind, 1000, MIB, false);
+		uint64_t freed;
+		char id[MTS_RESV_ID_LEN + 1];
+		memcpy(id, resv_of_task(task)->id, sizeof(id));
+		cr_assert_eq(mts_release(&srv.reg, &root, id, "", &freed), 0);
+	}
+	cr_assert(mts_kind_find(&srv.reg, "t0", 1000)->capless);
+	cr_assert_not(mts_kind_find(&srv.reg, "n0", 1000)->capless);
+	cr_assert_eq(srv.reg.kinds->n, 5);
+	/* Without the token the uid is at its cap. */
+	Memtally__V1__Response *r = admit_kind(1000, MIB, "n2", "Tn2");
+	cr_assert_not(r->admit_result->admitted);
+	memtally__v1__response__free_unpacked(r, NULL);
+
+	/* Restarted under the same caps: all five. */
+	snprintf(path, sizeof(path), "/tmp/mt-kinds-%d.kinds", (int)getpid());
+	unlink(path);
+	cr_assert_eq(mts_kinds_save(&srv.reg, path), 0);
+	mts_kinds_free(&srv.reg);
+	cr_assert_eq(mts_kinds_load(&srv.reg, path), 0);
+	unlink(path);
+	cr_assert_eq(srv.reg.kinds->n, 5);
+	cr_assert(mts_kind_find(&srv.reg, "t2", 1000)->capless);
+
+	/* A reload lowering the cap to one: the three made with the token
+	 * and one of the others. */
+	struct mts_policy next;
+	mts_policy_defaults(&next);
+	next.kinds_per_uid = 1;
+	cr_assert_eq(mts_server_apply_policy(&srv, &next), 0);
+	cr_assert_eq(srv.reg.kinds->n, 4);
+	for (int i = 0; i < 3; i++) {
+		char kind[8];
+		snprintf(kind, sizeof(kind), "t%d", i);
+		cr_assert_not_null(mts_kind_find(&srv.reg, kind, 1000), "%s",
+		                   kind);
+	}
+	mts_policy_free(&next);
+}
+
 /* Write byte `v` at `off` of the record. */
 static void poke(off_t off, uint8_t v)
 {
