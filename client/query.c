@@ -30,8 +30,8 @@
  *    an answer to another id) the connection is closed, because the bytes
  *    still in flight would be taken as the answer to the next request. The
  *    next call reconnects. A server error answer leaves the stream in step
- *    and the connection open, except for the two errors after which the
- *    server itself closes it.
+ *    and the connection open, except for the errors after which the
+ *    server itself may close it (server_error_closes).
  *  - Each result is one allocation (structs, arrays and strings together),
  *    so its free function is a single free() and no partial result leaks.
  */
@@ -543,10 +543,15 @@ static int map_server_error(Memtally__V1__ErrorCode code)
 }
 
 /* The server closes the connection after these; so do we, at once. */
-static bool server_error_closes(Memtally__V1__ErrorCode code)
+/* And the PERMISSION_DENIED of a peer of unknown uid that asked without
+ * the token (its message says a token is needed): the server closes that
+ * connection too. */
+static bool server_error_closes(Memtally__V1__ErrorCode code, const char *msg)
 {
 	return code == MEMTALLY__V1__ERROR_CODE__ERROR_FRAME_TOO_LARGE ||
-	       code == MEMTALLY__V1__ERROR_CODE__ERROR_UNDECODABLE;
+	       code == MEMTALLY__V1__ERROR_CODE__ERROR_UNDECODABLE ||
+	       (code == MEMTALLY__V1__ERROR_CODE__ERROR_PERMISSION_DENIED &&
+	        msg && strncmp(msg, "a token is needed", 17) == 0);
 }
 
 /*
@@ -661,7 +666,8 @@ static int query_call(memtally_query *q, Memtally__V1__Request *req,
 		else
 			query_fail(q, 0, "server error code %d", (int)code);
 		err = map_server_error(code);
-		bool closes = server_error_closes(code) || resp->id != req->id;
+		bool closes =
+		    server_error_closes(code, msg) || resp->id != req->id;
 		memtally__v1__response__free_unpacked(resp, NULL);
 		if (closes)
 			query_disconnect(q);

@@ -687,6 +687,8 @@ static void conn_process(struct mts_conn *c)
 		}
 		return;
 	case MTS_CLOSE:
+		if (c->peer.token_refused)
+			c->net->conn_stats.untokened++;
 		c->close_after_write = true;
 		stop_reading(c);
 		conn_maybe_finish(c);
@@ -782,13 +784,22 @@ static void close_untokened(struct mts_conn *c, const char *why)
  */
 static bool untokened_make_room(struct mts_conn *c, bool by_addr)
 {
+	/* The oldest of those that sent nothing, else the oldest: one whose
+	 * first request is on its way in slow segments goes last. */
 	struct mts_conn *oldest = NULL;
-	for (struct mts_conn *x = c->net->conns; x; x = x->next)
-		if (x != c && untokened(x) && x->uid_counted &&
-		    (!by_addr ||
-		     (x->addr_counted && x->addr_key == c->addr_key)) &&
-		    (!oldest || x->accept_ms <= oldest->accept_ms))
+	bool silent = false;
+	for (struct mts_conn *x = c->net->conns; x; x = x->next) {
+		if (x == c || !untokened(x) || !x->uid_counted ||
+		    (by_addr &&
+		     (!x->addr_counted || x->addr_key != c->addr_key)))
+			continue;
+		bool s = x->in_len == x->in_off;
+		if (!oldest || (s && !silent) ||
+		    (s == silent && x->accept_ms <= oldest->accept_ms)) {
 			oldest = x;
+			silent = s;
+		}
+	}
 	if (!oldest)
 		return false;
 	close_untokened(oldest, "its place taken by a newer connection");

@@ -988,7 +988,7 @@ static const char *request_token(const Memtally__V1__Request *req)
  * error answer appended) when this one does not.
  */
 static bool unidentified_refused(struct mts_registry *reg,
-                                 const struct mts_peer *peer,
+                                 struct mts_peer *peer,
                                  const Memtally__V1__Request *req,
                                  struct mts_buf *out, int *err)
 {
@@ -1020,8 +1020,10 @@ static bool unidentified_refused(struct mts_registry *reg,
 	                    msg);
 	/* Then closed: asking now and then without the token must not keep
 	 * one of the places the token's holders share. */
-	if (*err == 0)
+	if (*err == 0) {
 		*err = MTS_CLOSE;
+		peer->token_refused = true;
+	}
 	return true;
 }
 

@@ -337,6 +337,8 @@ struct mts_peer {
 	bool token_ok;      /* the request being answered carries the
 	                     * server's tcp_token (set by mts_dispatch) */
 	bool token_seen;    /* some request on it carried it */
+	bool token_refused; /* of unknown uid, it asked without it: the
+	                     * connection is closed after the answer */
 	char addr[64];      /* a TCP peer's address:port, for the logs */
 	bool watching;      /* set by a Watch request: events are pushed */
 	uint64_t watch_id;  /* the Watch request's id, echoed on events */

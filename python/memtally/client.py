@@ -60,7 +60,12 @@ class MemtallyError(Exception):
 
 
 class Client:
-    """One connection to memtallyd; blocking calls with a timeout."""
+    """One connection to memtallyd; blocking calls with a timeout.
+
+    It does not reconnect. The server closes a connection that sends no
+    request for [server] idle_timeout (60 s), and a TCP connection of
+    unknown uid (another host) that has not sent one with the token within
+    5 s of connecting: open a Client when you are about to ask."""
 
     def __init__(self, path=None, tcp=None, timeout=5.0, token=None):
         # The server's tcp_token, sent with every request (needed on each
