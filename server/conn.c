@@ -982,32 +982,6 @@ static void format_addr(const struct sockaddr_storage *ss, char *buf,
  * about a connection whose peer may be gone, so there is none. Also sets
  * its address for the logs and turns off the Nagle delay.
  */
-/* The key a remote peer's connections are counted under: FNV-1a of its
- * IPv4 address, or of an IPv6 one's /64 (a host there has the whole
- * prefix to pick addresses from; an IPv4-mapped one is its IPv4). */
-static uint32_t addr_key(const struct sockaddr_storage *ss)
-{
-	const uint8_t *b = NULL;
-	size_t n = 0;
-	if (ss->ss_family == AF_INET) {
-		b = (const uint8_t *)&((const struct sockaddr_in *)ss)
-		        ->sin_addr;
-		n = 4;
-	} else if (ss->ss_family == AF_INET6) {
-		const struct in6_addr *a =
-		    &((const struct sockaddr_in6 *)ss)->sin6_addr;
-		bool v4 = IN6_IS_ADDR_V4MAPPED(a);
-		b = a->s6_addr + (v4 ? 12 : 0);
-		n = v4 ? 4 : 8;
-	}
-	uint32_t h = 2166136261u;
-	for (size_t i = 0; i < n; i++) {
-		h ^= b[i];
-		h *= 16777619u;
-	}
-	return h;
-}
-
 static void conn_tcp_setup(struct mts_conn *c)
 {
 	struct sockaddr_storage peer, local;
@@ -1021,7 +995,7 @@ static void conn_tcp_setup(struct mts_conn *c)
 	if (!mts_addr_is_local((struct sockaddr *)&peer,
 	                       (struct sockaddr *)&local)) {
 		c->remote = true;
-		c->addr_key = addr_key(&peer);
+		c->addr_key = mts_addr_key((struct sockaddr *)&peer);
 		return;
 	}
 	uv_os_fd_t fd;

@@ -92,6 +92,7 @@
 #include "mts_guard.h"
 #include "mts_limits.h"
 #include "mts_log.h"
+#include "mts_sockdiag.h"
 #include "mtshm.h"
 
 #define FRESH_NS ((uint64_t)MTS_METRICS_FRESH_MS * 1000000u)
@@ -1052,6 +1053,7 @@ struct mts_metrics {
 		uint64_t since_ns; /* opened, or its previous answer went */
 		bool busy;         /* a request's headers are in */
 		bool reaped;       /* shut down: going */
+		uint32_t addr_key; /* mts_addr_key() of its peer */
 	} conns[HTTP_CONNECTION_LIMIT];
 	int handles; /* uv handles open, freed at 0 */
 };
@@ -1174,18 +1176,42 @@ static void on_connection(void *cls, struct MHD_Connection *c,
 	if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
 		const union MHD_ConnectionInfo *info = MHD_get_connection_info(
 		    c, MHD_CONNECTION_INFO_CONNECTION_FD);
+		const union MHD_ConnectionInfo *addr = MHD_get_connection_info(
+		    c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
 		struct http_conn *e = conn_find(m, NULL);
 		if (e && info)
-			*e =
-			    (struct http_conn){.c = c,
-			                       .fd = info->connect_fd,
-			                       .since_ns = mts_now_monotonic()};
+			*e = (struct http_conn){
+			    .c = c,
+			    .fd = info->connect_fd,
+			    .since_ns = mts_now_monotonic(),
+			    .addr_key = addr && addr->client_addr
+			                    ? mts_addr_key(addr->client_addr)
+			                    : 0};
 	} else {
 		struct http_conn *e = conn_find(m, c);
 		if (e)
 			*e = (struct http_conn){0};
 	}
 	pthread_mutex_unlock(&m->conns_mu);
+}
+
+/* HTTP thread, before a connection starts: at most HTTP_PER_IP_LIMIT of
+ * one address, or of one IPv6 /64 (libmicrohttpd's own per-IP limit
+ * counts each IPv6 address, and a host has a /64 of them). One thread
+ * accepts, and a connection is in the table before the next accept. */
+static enum MHD_Result on_accept(void *cls, const struct sockaddr *addr,
+                                 socklen_t len)
+{
+	struct mts_metrics *m = cls;
+	if (!addr || len < (socklen_t)sizeof(addr->sa_family))
+		return MHD_YES;
+	uint32_t key = mts_addr_key(addr);
+	uint32_t here = 0;
+	pthread_mutex_lock(&m->conns_mu);
+	for (uint32_t i = 0; i < HTTP_CONNECTION_LIMIT; i++)
+		here += m->conns[i].c && m->conns[i].addr_key == key;
+	pthread_mutex_unlock(&m->conns_mu);
+	return here < HTTP_PER_IP_LIMIT ? MHD_YES : MHD_NO;
 }
 
 /* HTTP thread: a request's headers are in (busy), or its answer went. */
@@ -1385,12 +1411,11 @@ static struct MHD_Daemon *start_mhd(struct mts_metrics *m, int fd, bool v6)
 	sigfillset(&all);
 	pthread_sigmask(SIG_SETMASK, &all, &old);
 	struct MHD_Daemon *d = MHD_start_daemon(
-	    flags, 0, NULL, NULL, on_request, m,
+	    flags, 0, on_accept, m, on_request, m,
 	    /* First, so that every message goes through it. */
 	    MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, (void *)m,
 	    MHD_OPTION_LISTEN_SOCKET, (MHD_socket)fd,
 	    MHD_OPTION_CONNECTION_LIMIT, (unsigned int)HTTP_CONNECTION_LIMIT,
-	    MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned int)HTTP_PER_IP_LIMIT,
 	    MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)HTTP_IDLE_TIMEOUT_S,
 	    MHD_OPTION_NOTIFY_CONNECTION, on_connection, (void *)m,
 	    MHD_OPTION_NOTIFY_COMPLETED, on_completed, (void *)m,

@@ -16,6 +16,12 @@
 bool mts_addr_is_local(const struct sockaddr *peer,
                        const struct sockaddr *local);
 
+/* The key a remote peer's connections are counted under, one host's
+ * share: a hash of its IPv4 address, or of an IPv6 one's /64 (a host
+ * there has the whole prefix to pick addresses from; an IPv4-mapped one
+ * is its IPv4). */
+uint32_t mts_addr_key(const struct sockaddr *addr);
+
 struct inet_diag_msg;
 
 /*

@@ -101,6 +101,30 @@ static bool addr_on_host(const struct addr *a)
 	return found;
 }
 
+uint32_t mts_addr_key(const struct sockaddr *addr)
+{
+	const uint8_t *b = NULL;
+	size_t n = 0;
+	if (addr->sa_family == AF_INET) {
+		b = (const uint8_t *)&((const struct sockaddr_in *)addr)
+		        ->sin_addr;
+		n = 4;
+	} else if (addr->sa_family == AF_INET6) {
+		const struct in6_addr *a =
+		    &((const struct sockaddr_in6 *)addr)->sin6_addr;
+		bool v4 = IN6_IS_ADDR_V4MAPPED(a);
+		b = a->s6_addr + (v4 ? 12 : 0);
+		n = v4 ? 4 : 8;
+	}
+	/* FNV-1a */
+	uint32_t h = 2166136261u;
+	for (size_t i = 0; i < n; i++) {
+		h ^= b[i];
+		h *= 16777619u;
+	}
+	return h;
+}
+
 bool mts_addr_is_local(const struct sockaddr *peer,
                        const struct sockaddr *local)
 {

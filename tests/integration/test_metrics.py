@@ -7,14 +7,16 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.error
 import urllib.request
 
-from harness import (MEMTALLYD, MIB, MULT, Server, Worker, check,
+from harness import (MEMTALLYD, MIB, MULT, Server, Skip, Worker, check,
                      closed_at_once, config_file, run, wait_for, worker)
 
+HERE = os.path.dirname(os.path.abspath(__file__))
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
 
@@ -284,7 +286,65 @@ def test_slow_clients_do_not_lock_out_a_scraper():
                             "refused at once, not 4 (8 allowed)")
 
 
+# In the network namespace: 12 connections to [HOST]:PORT, each from an
+# address of its own in one IPv6 /64; how many are closed at once.
+SAME_64 = r"""
+import socket, sys
+sys.path.insert(0, sys.argv[3])
+from harness import closed_at_once
+conns = []
+for i in range(12):
+    c = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5,
+                                 source_address=(f"fd00:6d74::{i + 2:x}", 0))
+    c.sendall(b"GET /metrics HTTP/1.1\r\nX-Slow: ")
+    conns.append(c)
+print(closed_at_once(conns, float(sys.argv[4])), flush=True)
+"""
+
+
+def test_one_ipv6_host_gets_eight_connections():
+    """libmicrohttpd's own per-address limit counts each IPv6 address, and
+    a host has a /64 of them to connect from: one host could take every
+    connection and keep Prometheus out for as long as it kept trying. A
+    /64 counts as one address. In a network namespace of its own (so the
+    host's addresses are not touched): 12 connections from 12 addresses
+    of one /64, 4 refused at once."""
+    if os.geteuid() != 0:
+        raise Skip("needs root for a network namespace")
+    ns = f"mtm{os.getpid() % 100000}"
+    if subprocess.run(["ip", "netns", "add", ns],
+                      capture_output=True).returncode != 0:
+        raise Skip("cannot make a network namespace (ip netns add)")
+    try:
+        inns = ["ip", "netns", "exec", ns]
+        for cmd in [inns + ["ip", "link", "set", "lo", "up"]] + [
+                inns + ["ip", "-6", "addr", "add", f"fd00:6d74::{i:x}/64",
+                        "dev", "lo", "nodad"] for i in range(1, 14)]:
+            r = subprocess.run(cmd, capture_output=True, text=True)
+            if r.returncode != 0:
+                raise Skip(f"cannot give the namespace IPv6 addresses: "
+                           f"{' '.join(cmd)}: {r.stderr.strip()}")
+        with Server("--metrics", "[fd00:6d74::1]:0", prefix=inns) as s:
+            url = wait_for("metrics listening log line",
+                           lambda: metrics_url(s))
+            host, port = url.split("/")[2].rsplit(":", 1)
+            r = subprocess.run(inns + [sys.executable, "-c", SAME_64,
+                                       host.strip("[]"), port, HERE,
+                                       str(1.0 * MULT)],
+                               capture_output=True, text=True,
+                               timeout=60 * MULT)
+            check(r.returncode == 0, f"the clients: {r.stderr}")
+            refused = int(r.stdout.strip())
+            print(f"  12 connections from one /64: {refused} refused at "
+                  "once", flush=True)
+            check(refused == 4, f"{refused} of 12 connections from one "
+                                "IPv6 /64 refused at once, not 4 (8 allowed)")
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
 if __name__ == "__main__":
     run([test_live_worker, test_http_surface, test_bad_address_refused,
          test_malformed_requests_do_not_flood_the_log,
-         test_slow_clients_do_not_lock_out_a_scraper])
+         test_slow_clients_do_not_lock_out_a_scraper,
+         test_one_ipv6_host_gets_eight_connections])
