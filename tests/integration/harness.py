@@ -606,6 +606,27 @@ def closed_at_once(conns, seconds):
     return closed
 
 
+def ended_after(conns, opened, limit):
+    """For each of `conns` (sockets opened at the time.monotonic() values
+    `opened`), the seconds from its open to the other end closing it (an
+    EOF or a reset), or None if it did not within `limit` s. A connection
+    refused at accept ends a moment after its open, one ended by a
+    deadline that deadline after: told apart however slow the machine."""
+    import select
+    left, ended = dict(zip(conns, opened)), {}
+    until = time.monotonic() + limit
+    while left and time.monotonic() < until:
+        ready, _, _ = select.select(list(left), [], [], 0.05)
+        for c in ready:
+            try:
+                gone = c.recv(16) == b""
+            except OSError:
+                gone = True
+            if gone:
+                ended[c] = time.monotonic() - left.pop(c)
+    return [ended.get(c) for c in conns]
+
+
 class Skip(Exception):
     """Raised by a test whose tool or precondition is missing; the message
     says which."""
