@@ -126,6 +126,16 @@ static struct mts_kind *kind_new(struct mts_kinds *ks, const char *name,
 	return k;
 }
 
+/* `k` was made or run by a peer exempt from max_kinds_per_uid: from now
+ * on it counts against max_kinds only, not against its uid. */
+static void kind_set_capless(struct mts_kinds *ks, struct mts_kind *k)
+{
+	if (k->capless)
+		return;
+	k->capless = true;
+	mts_uid_count_sub(&ks->per_uid, k->uid);
+}
+
 static void kind_drop(struct mts_kinds *ks, struct mts_kind *k)
 {
 	struct mts_kind **pp = &ks->tab[k->hash & ks->mask];
@@ -133,7 +143,8 @@ static void kind_drop(struct mts_kinds *ks, struct mts_kind *k)
 		pp = &(*pp)->hnext;
 	if (*pp)
 		*pp = k->hnext;
-	mts_uid_count_sub(&ks->per_uid, k->uid);
+	if (!k->capless)
+		mts_uid_count_sub(&ks->per_uid, k->uid);
 	ks->n--;
 	free(k->name);
 	free(k);
@@ -210,7 +221,8 @@ int mts_kind_ref(struct mts_registry *reg, const char *kind, uint32_t uid,
 		return -ENOMEM;
 	/* Run under the exemption once, it may have been made past the
 	 * cap: a trim must not take it for one made within it. */
-	k->capless |= capless;
+	if (capless)
+		kind_set_capless(reg->kinds, k);
 	k->outstanding++;
 	*out = k;
 	return 0;
@@ -973,7 +985,8 @@ int mts_kinds_load(struct mts_registry *reg, const char *path)
 		k->head = rk.nruns % MTS_KIND_RUNS;
 		k->runs_total = rk.runs_total;
 		k->evictions = rk.evictions;
-		k->capless = rk.flags & REC_CAPLESS;
+		if (rk.flags & REC_CAPLESS)
+			kind_set_capless(&fresh, k);
 		for (uint32_t j = 0; j < k->nruns; j++) {
 			if (k->runs[j].evicted > 1 ||
 			    (h.version == 1 && k->runs[j].dur_ms)) {

@@ -82,7 +82,8 @@ struct mts_kinds {
 	struct mts_kind **tab; /* (name, uid) -> kind, chained */
 	uint32_t mask;
 	uint32_t n;
-	struct mts_uid_counts per_uid; /* kinds kept per uid */
+	struct mts_uid_counts per_uid; /* kinds each uid keeps against
+	                                * max_kinds_per_uid (not capless) */
 	bool dirty;             /* changed since the record was written */
 	uint64_t saved_mono_ns; /* when it was last written */
 	uint64_t runs_recorded;

@@ -558,8 +558,6 @@ Test(kinds, those_a_request_with_the_token_made_past_the_cap_are_kept)
 	pol.kinds_per_uid = 2;
 	pol.tcp_token = strdup("kinds-token-0123456789");
 	fx_start_policy(&pol);
-	note_run(&srv.reg, "n0", 1000, MIB, false);
-	note_run(&srv.reg, "n1", 1000, MIB, false);
 	struct mts_peer root = fx_peer(getpid(), 0);
 	for (int i = 0; i < 3; i++) {
 		char kind[8], task[8];
@@ -585,10 +583,16 @@ Test(kinds, those_a_request_with_the_token_made_past_the_cap_are_kept)
 		memcpy(id, resv_of_task(task)->id, sizeof(id));
 		cr_assert_eq(mts_release(&srv.reg, &root, id, "", &freed), 0);
 	}
+	/* The three made with the token do not count against the uid: it
+	 * makes its two without it. */
+	cr_assert_eq(mts_uid_count_get(&srv.reg.kinds->per_uid, 1000), 0);
+	note_run(&srv.reg, "n0", 1000, MIB, false);
+	note_run(&srv.reg, "n1", 1000, MIB, false);
 	cr_assert(mts_kind_find(&srv.reg, "t0", 1000)->capless);
 	cr_assert_not(mts_kind_find(&srv.reg, "n0", 1000)->capless);
 	cr_assert_eq(srv.reg.kinds->n, 5);
-	/* Without the token the uid is at its cap. */
+	/* Then it is at its cap. */
+	cr_assert_eq(mts_uid_count_get(&srv.reg.kinds->per_uid, 1000), 2);
 	Memtally__V1__Response *r = admit_kind(1000, MIB, "n2", "Tn2");
 	cr_assert_not(r->admit_result->admitted);
 	memtally__v1__response__free_unpacked(r, NULL);
