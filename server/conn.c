@@ -760,7 +760,8 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
  * anyone, and holds a place the token's holders share. */
 static bool untokened(const struct mts_conn *c)
 {
-	return c->uid_key == MTS_UID_TCP && !c->peer.token_seen && !c->closing;
+	return c->uid_key == MTS_UID_TCP && !c->peer.token_seen &&
+	       !c->closing && !c->close_after_write;
 }
 
 static void close_untokened(struct mts_conn *c, const char *why)
@@ -784,22 +785,17 @@ static void close_untokened(struct mts_conn *c, const char *why)
  */
 static bool untokened_make_room(struct mts_conn *c, bool by_addr)
 {
-	/* The oldest of those that sent nothing, else the oldest: one whose
-	 * first request is on its way in slow segments goes last. */
+	/* The oldest: a scheduler's connection has as many accepts of grace
+	 * as there are places to show the token. (Sparing those whose first
+	 * request is coming in would let a peer that sends one byte on each
+	 * of its own take the newest, a scheduler's, first.) */
 	struct mts_conn *oldest = NULL;
-	bool silent = false;
-	for (struct mts_conn *x = c->net->conns; x; x = x->next) {
-		if (x == c || !untokened(x) || !x->uid_counted ||
-		    (by_addr &&
-		     (!x->addr_counted || x->addr_key != c->addr_key)))
-			continue;
-		bool s = x->in_len == x->in_off;
-		if (!oldest || (s && !silent) ||
-		    (s == silent && x->accept_ms <= oldest->accept_ms)) {
+	for (struct mts_conn *x = c->net->conns; x; x = x->next)
+		if (x != c && untokened(x) && x->uid_counted &&
+		    (!by_addr ||
+		     (x->addr_counted && x->addr_key == c->addr_key)) &&
+		    (!oldest || x->accept_ms <= oldest->accept_ms))
 			oldest = x;
-			silent = s;
-		}
-	}
 	if (!oldest)
 		return false;
 	close_untokened(oldest, "its place taken by a newer connection");

@@ -606,25 +606,66 @@ def closed_at_once(conns, seconds):
     return closed
 
 
-def ended_after(conns, opened, limit):
-    """For each of `conns` (sockets opened at the time.monotonic() values
-    `opened`), the seconds from its open to the other end closing it (an
-    EOF or a reset), or None if it did not within `limit` s. A connection
-    refused at accept ends a moment after its open, one ended by a
-    deadline that deadline after: told apart however slow the machine."""
-    import select
-    left, ended = dict(zip(conns, opened)), {}
-    until = time.monotonic() + limit
-    while left and time.monotonic() < until:
-        ready, _, _ = select.select(list(left), [], [], 0.05)
-        for c in ready:
-            try:
-                gone = c.recv(16) == b""
-            except OSError:
-                gone = True
-            if gone:
-                ended[c] = time.monotonic() - left.pop(c)
-    return [ended.get(c) for c in conns]
+class Ends:
+    """Connections the other end is to close: when each was opened, and
+    when this process saw its end (an EOF or a reset). Ends are watched
+    for from each open on, so a connection closed while later ones are
+    still being opened is timed as it happens, however slow the
+    machine."""
+
+    def __init__(self):
+        self.conns, self.opened, self.ended = [], [], {}
+
+    def add(self, c):
+        self.conns.append(c)
+        self.opened.append(time.monotonic())
+        self.wait(0)
+
+    def wait(self, seconds):
+        """Watch for `seconds` (0: one look), or until every one ended."""
+        import select
+        until = time.monotonic() + seconds
+        while True:
+            left = [c for c in self.conns if c not in self.ended]
+            if not left:
+                return
+            step = max(0.0, min(0.05, until - time.monotonic()))
+            ready, _, _ = select.select(left, [], [], step)
+            now = time.monotonic()
+            for c in ready:
+                try:
+                    gone = c.recv(16) == b""
+                except OSError:
+                    gone = True
+                if gone:
+                    self.ended[c] = now
+            if now >= until:
+                return
+
+    def lived(self, i):
+        """Seconds connection `i` lived, to its end (None: not ended)."""
+        c = self.conns[i]
+        return self.ended[c] - self.opened[i] if c in self.ended else None
+
+    def ended_first(self, first, then):
+        """Did every connection of the indices `first` end, and before
+        any of `then` did?"""
+        ends = [self.ended.get(self.conns[i]) for i in first]
+        later = [self.ended.get(self.conns[i], float("inf")) for i in then]
+        return None not in ends and max(ends) < min(later)
+
+    def refused_at_accept(self, kept, deadline):
+        """How many a server refused at accept that lets the first `kept`
+        in and ends those `deadline` s after their open (watched until all
+        ended): all but `kept` when those ended before any of the `kept`,
+        which lived at least 0.9 x `deadline`; 0 when every one lived that
+        long; else -1."""
+        n = len(self.conns)
+        long = [(self.lived(i) or 0) >= 0.9 * deadline for i in range(n)]
+        if all(long[:kept]) and self.ended_first(range(kept, n),
+                                                 range(kept)):
+            return n - kept
+        return 0 if all(long) else -1
 
 
 class Skip(Exception):

@@ -13,8 +13,8 @@ import time
 import urllib.error
 import urllib.request
 
-from harness import (MEMTALLYD, MIB, MULT, Server, Skip, Worker, check,
-                     config_file, ended_after, run, wait_for, worker)
+from harness import (MEMTALLYD, MIB, MULT, Ends, Server, Skip, Worker, check,
+                     config_file, run, wait_for, worker)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -230,18 +230,15 @@ def test_slow_clients_do_not_lock_out_a_scraper():
         host, port = url.split("/")[2].rsplit(":", 1)
         port = int(port)
         # One address gets 8 connections: of 12, 4 are refused at once.
-        same, opened = [], []
+        same = Ends()
         for _ in range(12):
-            opened.append(time.monotonic())
             c = socket.create_connection((host, port), timeout=5,
                                          source_address=("127.0.2.1", 0))
             c.sendall(b"GET /metrics HTTP/1.1\r\nX-Slow: ")
-            same.append(c)
-        # Refused at accept: a moment after the open; the headers'
-        # deadline ends the others 5 s after theirs.
-        refused = sum(a is not None and a < 2.5
-                      for a in ended_after(same, opened, 3))
-        for c in same:
+            same.add(c)
+        same.wait(15)
+        refused = same.refused_at_accept(8, 5.0)
+        for c in same.conns:
             c.close()
         stop = threading.Event()
         slow, ended = [], []
@@ -291,22 +288,19 @@ def test_slow_clients_do_not_lock_out_a_scraper():
 
 
 # In the network namespace: 12 connections to [HOST]:PORT, each from an
-# address of its own in one IPv6 /64; how many are refused at accept.
+# address of its own in one IPv6 /64; how many were refused at accept.
 SAME_64 = r"""
-import socket, sys, time
+import socket, sys
 sys.path.insert(0, sys.argv[3])
-from harness import ended_after
-conns, opened = [], []
+from harness import Ends
+ends = Ends()
 for i in range(12):
-    opened.append(time.monotonic())
     c = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5,
                                  source_address=(f"fd00:6d74::{i + 2:x}", 0))
     c.sendall(b"GET /metrics HTTP/1.1\r\nX-Slow: ")
-    conns.append(c)
-# Refused at accept: a moment after the open; the headers' deadline ends
-# the others 5 s after theirs.
-print(sum(a is not None and a < 2.5 for a in ended_after(conns, opened, 3)),
-      flush=True)
+    ends.add(c)
+ends.wait(15)
+print(ends.refused_at_accept(8, 5.0), flush=True)
 """
 
 

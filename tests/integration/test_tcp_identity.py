@@ -410,9 +410,9 @@ def test_a_peer_in_a_pid_namespace_memtallyd_cannot_see_needs_the_token():
 
 # In a network namespace (a host of its own, as memtallyd sees it), against
 # HOST:PORT. Prints one JSON object of what it saw:
-#  - idle: of 20 connections that send nothing, how many are closed within
-#    2.5 s of their open (their places taken by newer ones), how many in all
-#    within 15 s, and the latest end, from its open (the token's wait: 5 s);
+#  - idle: of 20 connections that send nothing, how many ended within 20 s,
+#    whether the 12 oldest ended before the 8 newest (their places taken by
+#    newer ones), and how long the 8 newest lived (the token's wait: 5 s);
 #  - bare: a request without the token is answered PERMISSION_DENIED (3)
 #    and the connection closed;
 #  - tokened: with 8 connections that showed the token open (the address's
@@ -421,7 +421,7 @@ def test_a_peer_in_a_pid_namespace_memtallyd_cannot_see_needs_the_token():
 REMOTE_PEERS = r"""
 import json, socket, sys, time
 sys.path.insert(0, sys.argv[3])
-from harness import closed_at_once, ended_after
+from harness import Ends, closed_at_once
 import pbwire as pb
 host, port, quick, token = sys.argv[1], int(sys.argv[2]), float(sys.argv[4]), sys.argv[5]
 out = {}
@@ -440,16 +440,15 @@ def usage(c, rid, tok):
 def ok(r):
     return r is not None and pb.error_code(r) == 0
 
-idle, opened = [], []
+idle = Ends()
 for _ in range(20):
-    opened.append(time.monotonic())
-    idle.append(conn())
-after = ended_after(idle, opened, 15)
-# Their places taken: at once. By the token's wait: 5 s after accept.
-out["idle_closed_at_once"] = sum(a is not None and a < 2.5 for a in after)
-out["idle_closed_in_all"] = sum(a is not None for a in after)
-out["idle_wait_s"] = round(max((a for a in after if a is not None),
-                               default=0), 1)
+    idle.add(conn())
+idle.wait(20)
+# The 12 oldest gave their places to newer ones, as those came; the 8
+# newest went by the token's wait, 5 s after their accept.
+out["idle_ended"] = sum(idle.lived(i) is not None for i in range(20))
+out["oldest_12_ended_first"] = idle.ended_first(range(12), range(12, 20))
+out["newest_8_lived_s"] = min((idle.lived(i) or 0) for i in range(12, 20))
 
 bare = conn()
 r = usage(bare, 7, "")
@@ -511,14 +510,16 @@ def test_one_remote_host_gets_an_eighth_of_the_unidentified_places():
             check(r.returncode == 0, f"the remote peers: {r.stderr}")
             got = json.loads(r.stdout.strip().splitlines()[-1])
             print(f"  from {net}.2: {got}", flush=True)
-            check(got["idle_closed_at_once"] == 12,
-                  f"{got['idle_closed_at_once']} of 20 silent connections "
-                  "from one address closed at once, not 12 (8 kept)")
-            check(got["idle_closed_in_all"] == 20 and
-                  got["idle_wait_s"] >= 4.5,
-                  f"silent connections: {got['idle_closed_in_all']} of 20 "
-                  f"closed by {got['idle_wait_s']} s, not all after the "
-                  "token's 5 s")
+            check(got["idle_ended"] == 20,
+                  f"{got['idle_ended']} of 20 silent connections from one "
+                  "address ended within 20 s, not all")
+            check(got["oldest_12_ended_first"],
+                  "the 12 oldest of 20 silent connections from one address "
+                  "did not end first (their places taken by newer ones; 8 "
+                  "kept)")
+            check(got["newest_8_lived_s"] >= 4.5,
+                  f"the 8 newest silent connections lived "
+                  f"{got['newest_8_lived_s']:.1f} s, not the token's 5 s")
             check(got["tokened_answered"] == 8, f"{got}")
             check(got["ninth_closed_at_once"] == 1,
                   "a ninth connection beside 8 that showed the token was "
