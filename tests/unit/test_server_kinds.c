@@ -549,6 +549,37 @@ Test(kinds, a_reload_lowering_the_caps_trims_but_never_a_named_kind)
 	cr_assert_eq(srv.reg.kinds->n, 2);
 }
 
+Test(kinds, a_reload_taking_admin_uid_away_trims_that_uids_kinds)
+{
+	/* uid 1000 is admin_uid, so max_kinds_per_uid does not hold for it:
+	 * four kinds of its own, unmarked (run before it was made admin), stay
+	 * under a cap of 2. */
+	mts_policy_defaults(&pol);
+	pol.has_admin_uid = true;
+	pol.admin_uid = 1000;
+	pol.kinds_per_uid = 2;
+	fx_start_policy(&pol);
+	uint64_t now_s = mts_now_realtime() / 1000000000u;
+	const char *names[] = {"a", "b", "c", "d"}; /* newest last */
+	for (int i = 0; i < 4; i++) {
+		note_run(&srv.reg, names[i], 1000, MIB, false);
+		mts_kind_find(&srv.reg, names[i], 1000)->runs[0].end_s =
+		    now_s - 40 + (uint64_t)i * 10;
+	}
+	/* A reload that keeps it admin trims nothing. */
+	cr_assert_eq(mts_server_apply_policy(&srv, &pol), 0);
+	cr_assert_eq(srv.reg.kinds->n, 4);
+	/* One that takes the right away holds the cap at once: the two most
+	 * recently run stay. */
+	pol.has_admin_uid = false;
+	cr_assert_eq(mts_server_apply_policy(&srv, &pol), 0);
+	cr_assert_eq(srv.reg.kinds->n, 2);
+	cr_assert_not_null(mts_kind_find(&srv.reg, "d", 1000));
+	cr_assert_not_null(mts_kind_find(&srv.reg, "c", 1000));
+	cr_assert_null(mts_kind_find(&srv.reg, "b", 1000));
+	cr_assert_eq(mts_uid_count_get(&srv.reg.kinds->per_uid, 1000), 2);
+}
+
 Test(kinds, those_a_request_with_the_token_made_past_the_cap_are_kept)
 {
 	/* A scheduler running as uid 1000 and holding the token may keep
