@@ -102,11 +102,16 @@
  * open. libmicrohttpd's timeout counts idle time, so a client sending a
  * byte every few seconds would hold a connection for ever: a request's
  * headers must also be in HTTP_REQUEST_DEADLINE_S after the connection
- * opened or its previous answer went (the reaper, below). */
+ * opened or its previous answer went, and a client that reads an answer a
+ * few bytes at a time (an answer larger than the socket's buffer, as
+ * per-process series make) must have it all HTTP_ANSWER_DEADLINE_S after
+ * its request (the reaper, below). A scraper gives up sooner: Prometheus'
+ * scrape_timeout is 10 s by default. */
 #define HTTP_CONNECTION_LIMIT   64u
 #define HTTP_PER_IP_LIMIT       8u
 #define HTTP_IDLE_TIMEOUT_S     5u
 #define HTTP_REQUEST_DEADLINE_S 5u
+#define HTTP_ANSWER_DEADLINE_S  15u
 #define HTTP_REAP_MS            1000u
 #define LISTEN_BACKLOG          16
 
@@ -1050,7 +1055,7 @@ struct mts_metrics {
 	struct http_conn {
 		struct MHD_Connection *c; /* NULL: a free entry */
 		int fd;
-		uint64_t since_ns; /* opened, or its previous answer went */
+		uint64_t since_ns; /* opened, headers in, or answer went */
 		bool busy;         /* a request's headers are in */
 		bool reaped;       /* shut down: going */
 		uint32_t addr_key; /* mts_addr_key() of its peer */
@@ -1195,6 +1200,9 @@ static void on_connection(void *cls, struct MHD_Connection *c,
 	pthread_mutex_unlock(&m->conns_mu);
 }
 
+static void http_logf(const char *fmt, ...)
+    __attribute__((format(printf, 1, 2)));
+
 /* HTTP thread, before a connection starts: at most HTTP_PER_IP_LIMIT of
  * one address, or of one IPv6 /64 (libmicrohttpd's own per-IP limit
  * counts each IPv6 address, and a host has a /64 of them). One thread
@@ -1211,7 +1219,27 @@ static enum MHD_Result on_accept(void *cls, const struct sockaddr *addr,
 	for (uint32_t i = 0; i < HTTP_CONNECTION_LIMIT; i++)
 		here += m->conns[i].c && m->conns[i].addr_key == key;
 	pthread_mutex_unlock(&m->conns_mu);
-	return here < HTTP_PER_IP_LIMIT ? MHD_YES : MHD_NO;
+	if (here < HTTP_PER_IP_LIMIT)
+		return MHD_YES;
+	/* Said as libmicrohttpd's own refusals were, under their budget. */
+	char who[INET6_ADDRSTRLEN + 8];
+	if (addr->sa_family == AF_INET6 &&
+	    len >= (socklen_t)sizeof(struct sockaddr_in6))
+		format_addr(
+		    (const struct sockaddr_storage *)addr,
+		    ntohs(((const struct sockaddr_in6 *)addr)->sin6_port), who,
+		    sizeof(who));
+	else if (addr->sa_family == AF_INET &&
+	         len >= (socklen_t)sizeof(struct sockaddr_in))
+		format_addr((const struct sockaddr_storage *)addr,
+		            ntohs(((const struct sockaddr_in *)addr)->sin_port),
+		            who, sizeof(who));
+	else
+		snprintf(who, sizeof(who), "?");
+	http_logf("connection from %s refused: %u open from its address "
+	          "(an IPv6 /64 counts as one), the most one may",
+	          who, here);
+	return MHD_NO;
 }
 
 /* HTTP thread: a request's headers are in (busy), or its answer went. */
@@ -1242,22 +1270,30 @@ static void on_reap(uv_timer_t *t)
 	struct mts_metrics *m = t->data;
 	uint64_t now = mts_now_monotonic();
 	uint64_t late = (uint64_t)HTTP_REQUEST_DEADLINE_S * 1000000000u;
-	uint32_t n = 0;
+	uint64_t slow = (uint64_t)HTTP_ANSWER_DEADLINE_S * 1000000000u;
+	uint32_t idle = 0, reading = 0;
 	pthread_mutex_lock(&m->conns_mu);
 	for (uint32_t i = 0; i < HTTP_CONNECTION_LIMIT; i++) {
 		struct http_conn *e = &m->conns[i];
-		if (e->c && !e->busy && !e->reaped &&
-		    now - e->since_ns > late) {
-			shutdown(e->fd, SHUT_RDWR);
-			e->reaped = true;
-			n++;
-		}
+		if (!e->c || e->reaped ||
+		    now - e->since_ns <= (e->busy ? slow : late))
+			continue;
+		shutdown(e->fd, SHUT_RDWR);
+		e->reaped = true;
+		if (e->busy)
+			reading++;
+		else
+			idle++;
 	}
 	pthread_mutex_unlock(&m->conns_mu);
-	if (n)
+	if (idle)
 		mts_log(MTS_LOG_DEBUG,
 		        "metrics: connections ended, no request in time",
-		        "n=%u deadline_s=%u", n, HTTP_REQUEST_DEADLINE_S);
+		        "n=%u deadline_s=%u", idle, HTTP_REQUEST_DEADLINE_S);
+	if (reading)
+		mts_log(MTS_LOG_DEBUG,
+		        "metrics: connections ended, answer not read in time",
+		        "n=%u deadline_s=%u", reading, HTTP_ANSWER_DEADLINE_S);
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c,
@@ -1339,6 +1375,14 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap)
 	uint64_t h = __atomic_exchange_n(&held, 0, __ATOMIC_RELAXED);
 	mts_log(MTS_LOG_WARN, "metrics http", "detail=%s suppressed=%llu",
 	        mts_logq(q, sizeof(q), msg), (unsigned long long)h);
+}
+
+static void http_logf(const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	on_mhd_log(NULL, fmt, ap);
+	va_end(ap);
 }
 
 static void metrics_free(struct mts_metrics *m)

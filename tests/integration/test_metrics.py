@@ -287,6 +287,105 @@ def test_slow_clients_do_not_lock_out_a_scraper():
                             "refused at once, not 4 (8 allowed)")
 
 
+# In the network namespace: 8 connections to 127.0.0.1:PORT from
+# 127.0.6.1, each asking for 30 answers at once and reading 1300 bytes
+# every 2 s (enough that libmicrohttpd's idle timeout never fires); a 9th
+# from that address at once, then one every 0.2 s until it is answered.
+# Prints "FIRST TOOK READ_MIN": the 9th's first status (None: refused),
+# when one was answered (None: not in 45 s) and the least a reader read.
+SLOW_READERS = r"""
+import socket, sys, time
+sys.path.insert(0, sys.argv[2])
+from test_metrics import scrape_from
+port, src = int(sys.argv[1]), "127.0.6.1"
+readers = []
+for _ in range(8):
+    c = socket.socket()
+    c.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
+    c.bind((src, 0))
+    c.settimeout(5)
+    c.connect(("127.0.0.1", port))
+    c.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n" * 30)
+    c.setblocking(False)
+    readers.append(c)
+t0 = time.monotonic()
+got = [0] * 8
+next_read = t0
+first = scrape_from("127.0.0.1", port, src, 2)
+took = None
+while time.monotonic() - t0 < float(sys.argv[3]):
+    if time.monotonic() >= next_read:
+        for i, c in enumerate(readers):
+            try:
+                got[i] += len(c.recv(1300))
+            except OSError:
+                pass
+        next_read += 2.0
+    if scrape_from("127.0.0.1", port, src, 2) == 200:
+        took = time.monotonic() - t0
+        break
+    time.sleep(0.2)
+print(first, took and round(took, 1), min(got), flush=True)
+"""
+
+
+def test_slow_readers_are_ended():
+    """A client that reads its answer a few bytes at a time (an answer
+    larger than the socket buffers hold, as per-process series make it)
+    kept its connection for as long as it kept reading, since each read
+    resets libmicrohttpd's idle timeout: an address's 8 connections held
+    for ever. An answer must be read 15 s after its request. In a network
+    namespace whose sockets buffer little (a 1280-byte MTU, 4 KiB send
+    buffers: what a large answer meets on any network), 8 such readers of
+    one address hold its places, so a 9th from it is refused; once the
+    server ends them it is answered."""
+    if os.geteuid() != 0:
+        raise Skip("needs root for a network namespace")
+    ns = f"mts{os.getpid() % 100000}"
+    if subprocess.run(["ip", "netns", "add", ns],
+                      capture_output=True).returncode != 0:
+        raise Skip("cannot make a network namespace (ip netns add)")
+    try:
+        inns = ["ip", "netns", "exec", ns]
+        for cmd in (["ip", "link", "set", "lo", "up"],
+                    ["ip", "link", "set", "lo", "mtu", "1280"],
+                    ["sysctl", "-qw", "net.ipv4.tcp_wmem=4096 4096 4096"]):
+            r = subprocess.run(inns + cmd, capture_output=True, text=True)
+            if r.returncode != 0:
+                raise Skip(f"cannot set the namespace up: {' '.join(cmd)}: "
+                           f"{r.stderr.strip()}")
+        with Server("--metrics", "127.0.0.1:0", prefix=inns) as s:
+            url = wait_for("metrics listening log line",
+                           lambda: metrics_url(s))
+            port = url.split("/")[2].rsplit(":", 1)[1]
+            r = subprocess.run(inns + [sys.executable, "-c", SLOW_READERS,
+                                       port, HERE, str(45 * MULT)],
+                               capture_output=True, text=True,
+                               timeout=120 * MULT)
+            check(r.returncode == 0, f"the clients: {r.stderr}")
+            first, took, read = r.stdout.split()
+            print(f"  8 slow readers of one address: a 9th first got "
+                  f"{first}, one was answered after {took} s; each reader "
+                  f"read at least {read} bytes", flush=True)
+            check(first == "None", f"a 9th connection from the address "
+                                   f"was answered {first} beside 8 of its "
+                                   "own")
+            check(int(read) >= 2600, f"a reader read only {read} bytes: "
+                                     "the server was not sending")
+            check(took != "None", "the 8 slow readers held their "
+                                  f"address's places for {45 * MULT} s")
+            check(float(took) >= 13.5, f"answered after {took} s, before "
+                                       "the 15 s an answer has")
+            logs = s.logtext()
+            check("answer not read in time" in logs,
+                  "no log line for the slow readers ended")
+            check("connection from 127.0.6.1:" in logs and
+                  "refused: 8 open from its address" in logs,
+                  "no log line for the 9th connection refused")
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
 # In the network namespace: 12 connections to [HOST]:PORT, each from an
 # address of its own in one IPv6 /64; how many were refused at accept.
 SAME_64 = r"""
@@ -348,4 +447,4 @@ if __name__ == "__main__":
     run([test_live_worker, test_http_surface, test_bad_address_refused,
          test_malformed_requests_do_not_flood_the_log,
          test_slow_clients_do_not_lock_out_a_scraper,
-         test_one_ipv6_host_gets_eight_connections])
+         test_slow_readers_are_ended, test_one_ipv6_host_gets_eight_connections])
