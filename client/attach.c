@@ -483,6 +483,12 @@ static bool server_trusted(int fd)
 	return stat(dirname(dir), &st) == 0 && st.st_uid == c.uid;
 }
 
+/* SO_PASSRIGHTS (Linux 6.16): a socket that refuses SCM_RIGHTS; the
+ * sender's sendmsg() fails with EPERM. Older headers lack the name. */
+#ifndef SO_PASSRIGHTS
+#define SO_PASSRIGHTS 83
+#endif
+
 /* A connected, non-blocking socket to the server, or -errno. A Unix
  * socket connect completes or fails at once, except EAGAIN when the
  * backlog is full: the caller treats that as "try later". A server we may
@@ -493,6 +499,14 @@ static int reg_connect(void)
 	if (fd < 0)
 		return -errno;
 	reg_fd_keep(0, fd);
+	/* No descriptor may be queued to us before we know who the server
+	 * is: an untrusted one's would be released by our close() below, and
+	 * that last close may block. Where the kernel has no such option
+	 * (before 6.16), a peer that accepts and sends within the instant
+	 * between connect() and the check still can. */
+	int no = 0, yes = 1;
+	bool gated =
+	    setsockopt(fd, SOL_SOCKET, SO_PASSRIGHTS, &no, sizeof(no)) == 0;
 	struct sockaddr_un sa = {.sun_family = AF_UNIX};
 	memcpy(sa.sun_path, mtc_proc.sock, strlen(mtc_proc.sock) + 1);
 	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
@@ -506,6 +520,12 @@ static int reg_connect(void)
 		          mtc_proc.sock);
 		reg_fd_close(0, fd);
 		return -EPERM;
+	}
+	if (gated &&
+	    setsockopt(fd, SOL_SOCKET, SO_PASSRIGHTS, &yes, sizeof(yes)) < 0) {
+		int err = -errno;
+		reg_fd_close(0, fd);
+		return err;
 	}
 	return fd;
 }

@@ -17,6 +17,7 @@ pkgs=(
   "${build_pkgs[@]}"
   # tests
   clang libclang-rt-14-dev procps
+  strace  # widens a race the client must close (test_failopen)
   iproute2  # ip netns: a TCP peer on a host of its own (test_tcp_identity)
   prometheus  # promtool, to check /metrics
   python3-protobuf protobuf-compiler python3-yaml  # Python package, manifest check

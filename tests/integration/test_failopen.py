@@ -370,6 +370,105 @@ def test_untrusted_server():
               f"{'some' if want else 'none'}")
 
 
+# A server of nobody's that, the moment it accepts, tries to queue a
+# descriptor (a pipe's) to its peer, as one whose last close blocks would
+# be: "sent=N err=E" (N sends that went through, E the errno of the first
+# refused, 0 if none was).
+PUSHER = r"""
+import array, os, socket, sys, time
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.bind(sys.argv[1]); s.listen(16); s.settimeout(0.1)
+print("listening", flush=True)
+r, w = os.pipe()
+sent = err = 0
+end = time.monotonic() + float(sys.argv[2])
+while time.monotonic() < end and not (sent or err):
+    try:
+        c, _ = s.accept()
+    except socket.timeout:
+        continue
+    try:
+        sent += c.sendmsg([b"x"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                    array.array("i", [r]))]) > 0
+    except OSError as e:
+        err = e.errno
+    c.close()
+print(f"sent={sent} err={err}", flush=True)
+"""
+
+
+def rights_gate_works():
+    """Does this kernel have SO_PASSRIGHTS (Linux 6.16): a socket that
+    refuses SCM_RIGHTS, its sender getting EPERM?"""
+    import array
+    a, b = socket.socketpair()
+    try:
+        a.setsockopt(socket.SOL_SOCKET, 83, 0)
+        b.sendmsg([b"x"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                            array.array("i", [0]))])
+        return False
+    except OSError as e:
+        return e.errno == 1  # EPERM; ENOPROTOOPT on older kernels
+    finally:
+        a.close()
+        b.close()
+
+
+def test_untrusted_server_queues_no_descriptor():
+    """A worker refuses a server it may not trust (above), and closes its
+    socket; but a server that accepts and sends at once could queue
+    descriptors to it before the check, which that close then releases,
+    inside the program's malloc (a lingering TCP socket's last close
+    blocks). The worker's socket refuses descriptors until the server is
+    known. The instant between connect() and the check is widened to 2 s
+    (strace delays the worker's getsockopt): the server's send is
+    refused with EPERM, and the program behaves as without memtally."""
+    import shutil
+    from harness import Skip
+    if not rights_gate_works():
+        raise Skip("the kernel has no SO_PASSRIGHTS (Linux 6.16): a "
+                   "socket cannot refuse descriptors")
+    strace = shutil.which("strace")
+    if not strace:
+        raise Skip("strace not found: scripts/deps.sh installs it")
+    d = tempfile.mkdtemp(prefix="mt-trust-")
+    os.chmod(d, 0o1777)
+    path = os.path.join(d, "s.sock")
+    lis = subprocess.Popen(
+        ["/usr/bin/python3", "-c", PUSHER, path, str(20 * MULT)],
+        stdout=subprocess.PIPE, text=True,
+        preexec_fn=as_user((NOBODY, NOGROUP)))
+    try:
+        check(lis.stdout.readline().strip() == "listening",
+              "the listener did not start")
+        r = subprocess.run(
+            [strace, "-f", "-qq", "-o", "/dev/null", "-e", "trace=getsockopt",
+             "-e", "inject=getsockopt:delay_enter=2000000",
+             "-E", f"LD_PRELOAD={PRELOAD}", "-E", f"MEMTALLY_SOCKET={path}",
+             "-E", "MEMTALLY_TASK=trust", *worker("errno"), "3"],
+            stdin=subprocess.DEVNULL, capture_output=True, text=True,
+            timeout=60 * MULT)
+        if r.returncode != 0 and "ptrace" in r.stderr:
+            raise Skip(f"strace cannot trace here: {r.stderr.strip()}")
+        check(r.returncode == 0 and "errno kept" in r.stdout,
+              f"the program changed: {r.returncode} {r.stdout!r} "
+              f"{r.stderr!r}")
+        out = lis.communicate(timeout=30 * MULT)[0].strip()
+    finally:
+        if lis.poll() is None:
+            lis.kill()
+            lis.wait()
+        if os.path.exists(path):
+            os.unlink(path)
+        os.rmdir(d)
+    sent, err = (int(x.split("=")[1]) for x in out.split())
+    print(f"  a server of nobody's sending a descriptor at accept: "
+          f"{sent} sent, refused with errno {err}")
+    check(sent == 0 and err == 1,
+          f"{sent} descriptors queued to the worker before its check "
+          f"(errno {err}), wanted none, refused with EPERM")
+
+
 def test_relative_socket_path():
     """MEMTALLY_SOCKET relative: it would be looked up from wherever the
     program is when it registers (an NFS home, a stuck FUSE mount, where
@@ -407,4 +506,5 @@ if __name__ == "__main__":
     run([test_no_server, test_socket_dir_missing, test_socket_is_regular_file,
          test_stale_socket, test_fake_server_control,
          test_bad_objects_from_server, test_fork_while_registering,
-         test_untrusted_server, test_relative_socket_path])
+         test_untrusted_server, test_untrusted_server_queues_no_descriptor,
+         test_relative_socket_path])
