@@ -58,7 +58,7 @@
 /* A config file is small; refuse something that is clearly not one. */
 #define FILE_MAX_BYTES (1u << 20)
 #define TOKEN_MIN      16u
-#define TOKEN_MAX      512u
+#define TOKEN_MAX      MTS_TOKEN_MAX
 #define DAY_MS         UINT64_C(86400000)
 
 /* "limit - 256MiB" (blanks optional): bytes below the node's limit. */
@@ -489,7 +489,9 @@ const struct mts_key mts_keys[] = {
      .help = "group series on /metrics; the others are summed"},
     {"metrics", "per_kind", BOOL, R, P(metrics_per_kind),
      .help = "per-kind series on /metrics"},
-};
+    {"metrics", "token_file", STRING, R | EMPTY, S(metrics_token_file),
+     .help = "a file of mode 0600 or 0640 whose first line is the token "
+             "a scrape must send (Authorization: Bearer)"}};
 const size_t mts_nkeys = sizeof(mts_keys) / sizeof(mts_keys[0]);
 
 /* ---- one engine for every key ------------------------------------------- */
@@ -784,13 +786,15 @@ static int read_config(const char *path, char **text, int *bad_line,
 	return 0;
 }
 
-/* The token from tcp_token_file: first line, trailing blanks cut. */
-static int read_token_file(struct load *l, const char *path)
+/* The token from a token file ([section] key = path) into *dst: first
+ * line, trailing blanks cut. */
+static int read_token_file(struct load *l, const char *section, const char *key,
+                           const char *path, char **dst)
 {
 	int fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
-		return fail(l, "server", "tcp_token_file",
-		            "cannot read '%s': %s", path, strerror(errno));
+		return fail(l, section, key, "cannot read '%s': %s", path,
+		            strerror(errno));
 	char buf[TOKEN_MAX + 2];
 	ssize_t n;
 	do
@@ -801,8 +805,8 @@ static int read_token_file(struct load *l, const char *path)
 	bool world = fstat(fd, &st) == 0 && (st.st_mode & 0004);
 	close(fd);
 	if (n < 0)
-		return fail(l, "server", "tcp_token_file",
-		            "cannot read '%s': %s", path, strerror(e));
+		return fail(l, section, key, "cannot read '%s': %s", path,
+		            strerror(e));
 	buf[n] = '\0';
 	char *nl = strchr(buf, '\n');
 	if (nl)
@@ -813,14 +817,33 @@ static int read_token_file(struct load *l, const char *path)
 		buf[--len] = '\0';
 	if (world) {
 		explicit_bzero(buf, sizeof(buf));
-		return fail(l, "server", "tcp_token_file",
+		return fail(l, section, key,
 		            "'%s' is readable by everyone: use a token file of "
 		            "mode 0600 or 0640 (chmod o-r it)",
 		            path);
 	}
-	int err = mts_str_set(&l->s.policy.tcp_token, buf);
+	int err = mts_str_set(dst, buf);
 	explicit_bzero(buf, sizeof(buf));
 	return err;
+}
+
+/* A token's length and characters: it goes in a header or a request. */
+static int check_token(struct load *l, const char *section, const char *key,
+                       const char *tok)
+{
+	size_t n = strlen(tok);
+	if (n < TOKEN_MIN || n > TOKEN_MAX)
+		return fail(l, section, key,
+		            "a token must be %u to %u characters (got %zu)",
+		            TOKEN_MIN, TOKEN_MAX, n);
+	for (size_t i = 0; i < n; i++) {
+		unsigned char ch = (unsigned char)tok[i];
+		if (ch <= 0x20 || ch == 0x7f)
+			return fail(l, section, key,
+			            "a token must not hold blanks or control "
+			            "characters");
+	}
+	return 0;
 }
 
 /* Checks across keys, once everything is read. */
@@ -866,25 +889,27 @@ static int finish(struct load *l)
 		    "mode 0600 or 0640, or chmod 0600 the config",
 		    l->path, (unsigned)(l->mode & 07777));
 	if (token_file) {
-		int err = read_token_file(l, token_file);
+		int err = read_token_file(l, "server", "tcp_token_file",
+		                          token_file, &p->tcp_token);
 		if (err < 0)
 			return err;
 	}
 	if (p->tcp_token) {
-		size_t n = strlen(p->tcp_token);
-		const char *key = token_file ? "tcp_token_file" : "tcp_token";
-		if (n < TOKEN_MIN || n > TOKEN_MAX)
-			return fail(
-			    l, "server", key,
-			    "a token must be %u to %u characters (got %zu)",
-			    TOKEN_MIN, TOKEN_MAX, n);
-		for (size_t i = 0; i < n; i++) {
-			unsigned char ch = (unsigned char)p->tcp_token[i];
-			if (ch <= 0x20 || ch == 0x7f)
-				return fail(l, "server", key,
-				            "a token must not hold blanks or "
-				            "control characters");
-		}
+		int err = check_token(
+		    l, "server", token_file ? "tcp_token_file" : "tcp_token",
+		    p->tcp_token);
+		if (err < 0)
+			return err;
+	}
+	if (l->s.metrics_token_file && l->s.metrics_token_file[0]) {
+		int err =
+		    read_token_file(l, "metrics", "token_file",
+		                    l->s.metrics_token_file, &p->metrics_token);
+		if (err == 0)
+			err = check_token(l, "metrics", "token_file",
+			                  p->metrics_token);
+		if (err < 0)
+			return err;
 	}
 	const char *tcp = l->s.owned[OWNED_TCP];
 	if (tcp) {
@@ -913,6 +938,7 @@ void mts_settings_free(struct mts_settings *s)
 		free(s->owned[i]);
 	free(s->config_path);
 	free(s->tcp_token_file);
+	free(s->metrics_token_file);
 	memset(s, 0, sizeof(*s));
 }
 

@@ -91,6 +91,8 @@
 #include "mts_kinds.h"
 #include "mts_guard.h"
 #include "mts_limits.h"
+#include "mts_auth.h"
+#include "mts_policy.h"
 #include "mts_log.h"
 #include "mts_sockdiag.h"
 #include "mtshm.h"
@@ -107,7 +109,12 @@
  * per-process series make) must have it all HTTP_ANSWER_DEADLINE_S after
  * its request (the reaper, below). A scraper gives up sooner: Prometheus'
  * scrape_timeout is 10 s by default. */
-#define HTTP_CONNECTION_LIMIT   64u
+#define HTTP_CONNECTION_LIMIT 64u
+/* Connections shut down and not yet closed by libmicrohttpd, above the
+ * limit: room for a token's holder to come in when untokened ones hold
+ * every place (on_accept). */
+#define HTTP_CLOSING_ROOM       16u
+#define HTTP_TABLE              (HTTP_CONNECTION_LIMIT + HTTP_CLOSING_ROOM)
 #define HTTP_PER_IP_LIMIT       8u
 #define HTTP_IDLE_TIMEOUT_S     5u
 #define HTTP_REQUEST_DEADLINE_S 5u
@@ -1055,12 +1062,18 @@ struct mts_metrics {
 	struct http_conn {
 		struct MHD_Connection *c; /* NULL: a free entry */
 		int fd;
+		uint64_t opened_ns;
 		uint64_t since_ns; /* opened, headers in, or answer went */
 		bool busy;         /* a request's headers are in */
 		bool reaped;       /* shut down: going */
+		bool tokened;      /* a request showed the token */
 		uint32_t addr_key; /* mts_addr_key() of its peer */
-	} conns[HTTP_CONNECTION_LIMIT];
-	int handles; /* uv handles open, freed at 0 */
+	} conns[HTTP_TABLE];
+	/* [metrics] token_file's token ("": none), under conns_mu: set by
+	 * the loop at start and reload, read by the HTTP thread. */
+	char token[MTS_TOKEN_MAX + 1];
+	bool token_unusable; /* set too long: every request is refused */
+	int handles;         /* uv handles open, freed at 0 */
 };
 
 /* Loop thread: render a text and publish it. */
@@ -1154,6 +1167,12 @@ static enum MHD_Result reply_text(struct MHD_Connection *c, unsigned status,
 	                        "text/plain; charset=utf-8");
 	if (status == MHD_HTTP_METHOD_NOT_ALLOWED)
 		MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, "GET, HEAD");
+	if (status == MHD_HTTP_UNAUTHORIZED) {
+		/* A place is for a client that has the token: go. */
+		MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE,
+		                        "Bearer realm=\"memtally\"");
+		MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
+	}
 	enum MHD_Result ret = MHD_queue_response(c, status, r);
 	MHD_destroy_response(r);
 	return ret;
@@ -1162,7 +1181,7 @@ static enum MHD_Result reply_text(struct MHD_Connection *c, unsigned status,
 static struct http_conn *conn_find(struct mts_metrics *m,
                                    const struct MHD_Connection *c)
 {
-	for (uint32_t i = 0; i < HTTP_CONNECTION_LIMIT; i++)
+	for (uint32_t i = 0; i < HTTP_TABLE; i++)
 		if (m->conns[i].c == c)
 			return &m->conns[i];
 	return NULL;
@@ -1188,6 +1207,7 @@ static void on_connection(void *cls, struct MHD_Connection *c,
 			*e = (struct http_conn){
 			    .c = c,
 			    .fd = info->connect_fd,
+			    .opened_ns = mts_now_monotonic(),
 			    .since_ns = mts_now_monotonic(),
 			    .addr_key = addr && addr->client_addr
 			                    ? mts_addr_key(addr->client_addr)
@@ -1205,8 +1225,14 @@ static void http_logf(const char *fmt, ...)
 
 /* HTTP thread, before a connection starts: at most HTTP_PER_IP_LIMIT of
  * one address, or of one IPv6 /64 (libmicrohttpd's own per-IP limit
- * counts each IPv6 address, and a host has a /64 of them). One thread
- * accepts, and a connection is in the table before the next accept. */
+ * counts each IPv6 address, and a host has a /64 of them), and at most
+ * HTTP_CONNECTION_LIMIT in all. With a token set, where every place is
+ * taken, the oldest connection that has not shown it is shut down to make
+ * room (as sshd's MaxStartups does): clients that never show it, however
+ * many addresses they come from, cannot keep a scraper holding it out,
+ * which shows it in its first request and keeps its place from then on.
+ * One thread accepts, and a connection is in the table before the next
+ * accept. */
 static enum MHD_Result on_accept(void *cls, const struct sockaddr *addr,
                                  socklen_t len)
 {
@@ -1214,12 +1240,35 @@ static enum MHD_Result on_accept(void *cls, const struct sockaddr *addr,
 	if (!addr || len < (socklen_t)sizeof(addr->sa_family))
 		return MHD_YES;
 	uint32_t key = mts_addr_key(addr);
-	uint32_t here = 0;
+	uint32_t here = 0, open = 0;
+	struct http_conn *oldest = NULL;
 	pthread_mutex_lock(&m->conns_mu);
-	for (uint32_t i = 0; i < HTTP_CONNECTION_LIMIT; i++)
-		here += m->conns[i].c && m->conns[i].addr_key == key;
+	for (uint32_t i = 0; i < HTTP_TABLE; i++) {
+		struct http_conn *e = &m->conns[i];
+		if (!e->c)
+			continue;
+		here += e->addr_key == key;
+		if (e->reaped)
+			continue;
+		open++;
+		if (!e->tokened &&
+		    (!oldest || e->opened_ns < oldest->opened_ns))
+			oldest = e;
+	}
+	bool room = open < HTTP_CONNECTION_LIMIT;
+	bool made = false;
+	if (here < HTTP_PER_IP_LIMIT && !room &&
+	    (m->token[0] || m->token_unusable) && oldest) {
+		shutdown(oldest->fd, SHUT_RDWR);
+		oldest->reaped = true;
+		room = made = true;
+	}
 	pthread_mutex_unlock(&m->conns_mu);
-	if (here < HTTP_PER_IP_LIMIT)
+	if (made)
+		http_logf("the oldest connection without the token closed to "
+		          "make room: %u open, the most there may be",
+		          HTTP_CONNECTION_LIMIT);
+	if (here < HTTP_PER_IP_LIMIT && room)
 		return MHD_YES;
 	/* Said as libmicrohttpd's own refusals were, under their budget. */
 	char who[INET6_ADDRSTRLEN + 8];
@@ -1236,10 +1285,38 @@ static enum MHD_Result on_accept(void *cls, const struct sockaddr *addr,
 		            who, sizeof(who));
 	else
 		snprintf(who, sizeof(who), "?");
-	http_logf("connection from %s refused: %u open from its address "
-	          "(an IPv6 /64 counts as one), the most one may",
-	          who, here);
+	if (here >= HTTP_PER_IP_LIMIT)
+		http_logf("connection from %s refused: %u open from its "
+		          "address (an IPv6 /64 counts as one), the most one "
+		          "may",
+		          who, here);
+	else
+		http_logf("connection from %s refused: %u open, the most "
+		          "there may be",
+		          who, open);
 	return MHD_NO;
+}
+
+/* HTTP thread: does the request on `c` carry the token (or is none set)?
+ * A connection that showed it once is marked, and keeps its place. */
+static bool token_shown(struct mts_metrics *m, struct MHD_Connection *c)
+{
+	const char *auth = MHD_lookup_connection_value(
+	    c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+	const char *given = NULL;
+	if (auth && strncasecmp(auth, "Bearer ", 7) == 0) {
+		given = auth + 7;
+		while (*given == ' ')
+			given++;
+	}
+	pthread_mutex_lock(&m->conns_mu);
+	bool ok = !m->token_unusable &&
+	          (!m->token[0] || mts_token_equal(m->token, given));
+	struct http_conn *e = ok && m->token[0] ? conn_find(m, c) : NULL;
+	if (e)
+		e->tokened = true;
+	pthread_mutex_unlock(&m->conns_mu);
+	return ok;
 }
 
 /* HTTP thread: a request's headers are in (busy), or its answer went. */
@@ -1273,7 +1350,7 @@ static void on_reap(uv_timer_t *t)
 	uint64_t slow = (uint64_t)HTTP_ANSWER_DEADLINE_S * 1000000000u;
 	uint32_t idle = 0, reading = 0;
 	pthread_mutex_lock(&m->conns_mu);
-	for (uint32_t i = 0; i < HTTP_CONNECTION_LIMIT; i++) {
+	for (uint32_t i = 0; i < HTTP_TABLE; i++) {
 		struct http_conn *e = &m->conns[i];
 		if (!e->c || e->reaped ||
 		    now - e->since_ns <= (e->busy ? slow : late))
@@ -1306,7 +1383,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c,
 	 * body, then once more: answering on that last call (not the first)
 	 * lets the connection be kept alive for the next scrape. */
 	if (*req_cls == NULL) {
-		*req_cls = m;
+		/* m: go on; &m->token: the token was asked for and not shown.
+		 */
+		*req_cls = token_shown(m, c) ? (void *)m : (void *)m->token;
 		conn_mark(m, c, true);
 		return MHD_YES;
 	}
@@ -1314,6 +1393,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c,
 		*upload_data_size = 0; /* we want no body: drop it */
 		return MHD_YES;
 	}
+	if (*req_cls == (void *)m->token)
+		return reply_text(c, MHD_HTTP_UNAUTHORIZED,
+		                  "401 unauthorized: send the token in "
+		                  "Authorization: Bearer\n");
 	if (strcmp(url, "/metrics") != 0)
 		return reply_text(c, MHD_HTTP_NOT_FOUND,
 		                  "404 page not found: try /metrics\n");
@@ -1459,7 +1542,7 @@ static struct MHD_Daemon *start_mhd(struct mts_metrics *m, int fd, bool v6)
 	    /* First, so that every message goes through it. */
 	    MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, (void *)m,
 	    MHD_OPTION_LISTEN_SOCKET, (MHD_socket)fd,
-	    MHD_OPTION_CONNECTION_LIMIT, (unsigned int)HTTP_CONNECTION_LIMIT,
+	    MHD_OPTION_CONNECTION_LIMIT, (unsigned int)HTTP_TABLE,
 	    MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)HTTP_IDLE_TIMEOUT_S,
 	    MHD_OPTION_NOTIFY_CONNECTION, on_connection, (void *)m,
 	    MHD_OPTION_NOTIFY_COMPLETED, on_completed, (void *)m,
@@ -1511,6 +1594,8 @@ int mts_metrics_start(struct mts_metrics **out, const char *host_port,
 	pthread_mutex_init(&m->mu, NULL);
 	pthread_mutex_init(&m->conns_mu, NULL);
 
+	/* Asked for from the first connection on. */
+	mts_metrics_set_token(m, reg->policy.metrics_token);
 	/* `serving` is still false: a scrape arriving before the async
 	 * handle exists gets a 503 instead of touching it. */
 	m->mhd = start_mhd(m, fd, ss.ss_family == AF_INET6);
@@ -1558,6 +1643,20 @@ fail_log:
 	        err == -EINVAL ? "bad address, want HOST:PORT"
 	                       : strerror(-err));
 	return err;
+}
+
+void mts_metrics_set_token(struct mts_metrics *m, const char *token)
+{
+	if (!m)
+		return;
+	size_t n = token ? strlen(token) : 0;
+	pthread_mutex_lock(&m->conns_mu);
+	explicit_bzero(m->token, sizeof(m->token));
+	/* One too long for us closes /metrics rather than opens it. */
+	m->token_unusable = n > MTS_TOKEN_MAX;
+	if (!m->token_unusable)
+		memcpy(m->token, token ? token : "", n);
+	pthread_mutex_unlock(&m->conns_mu);
 }
 
 void mts_metrics_stop(struct mts_metrics *m)

@@ -90,6 +90,7 @@ struct mts_settings {
 	char *tcp_token;
 	char *tcp_token_file;
 	bool tcp_allow_remote;
+	char *metrics_token_file; /* [metrics] token_file */
 };
 
 /* One command-line value that overrides a key of the file. */

@@ -49,7 +49,9 @@ int mts_metrics_render(const struct mts_registry *reg,
  * Bind HOST:PORT and serve /metrics from an HTTP thread of its own. `reg`
  * and `cs` are kept, not copied, and read only on `loop`'s thread when the
  * loop runs after a scrape. So they need not be initialised yet, only
- * before the loop next runs. Logs `msg="metrics listening"
+ * before the loop next runs; but the token a scrape must show is `reg`'s
+ * policy's, read now (mts_metrics_set_token changes it). Logs
+ * `msg="metrics listening"
  * addr=HOST:PORT` with the bound port, or the reason it cannot serve.
  * Call on the loop thread.
  *
@@ -71,6 +73,12 @@ int mts_metrics_start(struct mts_metrics **out, const char *host_port,
  * Call on the loop thread. Accepts NULL.
  */
 void mts_metrics_stop(struct mts_metrics *m);
+
+/* The token a scrape must show (Authorization: Bearer), copied; NULL or
+ * "" for none. The config refuses one longer than MTS_TOKEN_MAX;
+ * given one, every request is refused. Call on the loop thread, at start and at
+ * a reload. Accepts m == NULL. */
+void mts_metrics_set_token(struct mts_metrics *m, const char *token);
 
 /* The port bound (useful with port 0); 0 for NULL. */
 uint16_t mts_metrics_port(const struct mts_metrics *m);

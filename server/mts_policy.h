@@ -43,6 +43,9 @@ struct mts_group_policy {
 /* Percentages are kept in basis points (1% = 100 bp) so "92.5" is exact. */
 #define MTS_BP_ONE 10000u
 
+/* A token (tcp_token, [metrics] token_file): its length in bytes. */
+#define MTS_TOKEN_MAX 512u
+
 #define MTS_DEFAULT_HIGH_BP   9000u /* 90% */
 #define MTS_DEFAULT_HYST_BP   500u  /* 5% */
 #define MTS_DEFAULT_RSS_MS    1000u
@@ -194,6 +197,9 @@ struct mts_policy {
 	uint32_t kinds_per_uid;    /* 0 = no cap */
 	uint32_t kinds_max;        /* >= 1 */
 	bool metrics_per_kind;     /* per-kind series on /metrics */
+	/* [metrics] token_file's token (at most MTS_TOKEN_MAX): NULL =
+	 * /metrics asks for none */
+	char *metrics_token;
 	/* [guard] (guard.c): where the node's figure comes from (NULL:
 	 * memtallyd's own memory cgroup, "": /proc/meminfo, else a cgroup
 	 * directory), its line (a fraction of the node's limit, else bytes

@@ -50,10 +50,14 @@ void mts_policy_free(struct mts_policy *p)
 		free(p->groups[i].gids);
 	}
 	free(p->groups);
+	/* Do not leave the secrets in freed memory. */
 	if (p->tcp_token) {
-		/* Do not leave the secret in freed memory. */
 		explicit_bzero(p->tcp_token, strlen(p->tcp_token));
 		free(p->tcp_token);
+	}
+	if (p->metrics_token) {
+		explicit_bzero(p->metrics_token, strlen(p->metrics_token));
+		free(p->metrics_token);
 	}
 	free(p->guard_cgroup);
 	memset(p, 0, sizeof(*p));
@@ -78,6 +82,7 @@ int mts_policy_copy(struct mts_policy *dst, const struct mts_policy *src)
 	c.groups = NULL;
 	c.ngroups = 0;
 	c.tcp_token = NULL;
+	c.metrics_token = NULL;
 	c.guard_cgroup = NULL;
 	if (src->guard_cgroup) {
 		c.guard_cgroup = strdup(src->guard_cgroup);
@@ -87,6 +92,11 @@ int mts_policy_copy(struct mts_policy *dst, const struct mts_policy *src)
 	if (src->tcp_token) {
 		c.tcp_token = strdup(src->tcp_token);
 		if (!c.tcp_token)
+			goto fail;
+	}
+	if (src->metrics_token) {
+		c.metrics_token = strdup(src->metrics_token);
+		if (!c.metrics_token)
 			goto fail;
 	}
 	if (src->ngroups) {

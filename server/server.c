@@ -278,6 +278,7 @@ int mts_server_apply_policy(struct mts_server *srv,
 	if (cap_lowered(max_was, now->kinds_max) ||
 	    cap_lowered(per_uid_was, now->kinds_per_uid) || admin_dropped)
 		mts_kinds_trim(&srv->reg);
+	mts_metrics_set_token(srv->metrics, now->metrics_token);
 	return 0;
 }
 

@@ -195,17 +195,19 @@ def test_malformed_requests_do_not_flood_the_log():
               flush=True)
 
 
-def scrape_from(host, port, source, timeout):
-    """A GET /metrics from `source` (a loopback address of its own): the
-    status, or None when no answer came in `timeout` seconds."""
+def scrape_from(host, port, source, timeout, token=None):
+    """A GET /metrics from `source` (a loopback address of its own), with
+    `token` as a bearer's if given: the status, or None when no answer
+    came in `timeout` seconds."""
     import socket
     try:
         c = socket.create_connection((host, port), timeout=timeout,
                                      source_address=(source, 0))
     except OSError:
         return None
+    auth = f"Authorization: Bearer {token}\r\n".encode() if token else b""
     try:
-        c.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n"
+        c.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n" + auth +
                   b"Connection: close\r\n\r\n")
         head = c.recv(64)
         return int(head.split()[1]) if head.startswith(b"HTTP/") else None
@@ -285,6 +287,98 @@ def test_slow_clients_do_not_lock_out_a_scraper():
         check(took < 10 * MULT, f"a scrape waited {took:.1f} s")
         check(refused == 4, f"{refused} of 12 connections from one address "
                             "refused at once, not 4 (8 allowed)")
+
+
+def test_a_token_holder_gets_in_when_others_hold_every_place():
+    """Clients from many addresses (8 each) that reconnect as soon as they
+    are ended keep the 64 connections nearly full, and a scraper comes in
+    only when it wins a race with them. With [metrics] token_file set, a
+    scrape must send the token (Authorization: Bearer; 401 without it),
+    and where every place is taken the oldest connection that has not
+    shown it makes room for the new one. 64 clients from 64 addresses
+    that never show it, each reconnecting at once: 10 scrapes with the
+    token in a row are each answered 200 at the first try."""
+    import socket
+    import threading
+    token = "memtally-metrics-test-token-0123456789"
+    d = tempfile.mkdtemp(prefix="mt-it-tok-")
+    tok = os.path.join(d, "token")
+    with open(tok, "w") as f:
+        f.write(token + "\n")
+    os.chmod(tok, 0o600)
+    conf = config_file(f"[metrics]\ntoken_file = {tok}\n")
+    with Server("--config", conf, "--metrics", "127.0.0.1:0") as s:
+        url = wait_for("metrics listening log line", lambda: metrics_url(s))
+        host, port = url.split("/")[2].rsplit(":", 1)
+        port = int(port)
+        st, hdr, _ = get(url)
+        check(st == 401 and "Bearer" in hdr.get("WWW-Authenticate", ""),
+              f"no token: {st} {hdr}")
+        check(scrape_from(host, port, "127.0.3.9", 5 * MULT,
+                          token="x" * len(token)) == 401,
+              "a wrong token was not refused")
+        check(scrape_from(host, port, "127.0.3.9", 5 * MULT,
+                          token=token) == 200, "the token was refused")
+
+        stop = threading.Event()
+        held = {}     # address -> its connection
+        opened = [0]
+
+        def hold(src):
+            try:
+                c = socket.create_connection((host, port), timeout=2,
+                                             source_address=(src, 0))
+                c.sendall(b"GET /metrics HTTP/1.1\r\nX-Slow: ")
+                c.setblocking(False)
+                held[src] = c
+                opened[0] += 1
+            except OSError:
+                held.pop(src, None)
+
+        def storm():
+            import select
+            while not stop.is_set():
+                for i in range(64):
+                    if f"127.0.1.{10 + i}" not in held:
+                        hold(f"127.0.1.{10 + i}")
+                conns = list(held.items())
+                ready, _, _ = select.select([c for _, c in conns], [], [],
+                                            0.02)
+                for src, c in conns:
+                    if c in ready:
+                        try:
+                            gone = c.recv(64) == b""
+                        except OSError:
+                            gone = True
+                        if gone:
+                            c.close()
+                            held.pop(src, None)
+        t = threading.Thread(target=storm, daemon=True)
+        t.start()
+        try:
+            wait_for("64 connections held", lambda: len(held) == 64,
+                     timeout=20)
+            answers = []
+            for i in range(10):
+                # Every place taken again (a scrape's victim reconnected).
+                wait_for("64 connections held", lambda: len(held) == 64,
+                         timeout=20)
+                answers.append(scrape_from(host, port, "127.0.3.1",
+                                           5 * MULT, token=token))
+            full = len(held)
+        finally:
+            stop.set()
+            t.join(timeout=10)
+            for c in held.values():
+                c.close()
+        print(f"  64 clients without the token reconnecting at once "
+              f"({opened[0]} connections, {full} held at the end): 10 "
+              f"scrapes with it got {answers}", flush=True)
+        check(answers == [200] * 10, f"scrapes with the token: {answers}")
+        check(opened[0] >= 64 + 9, f"only {opened[0]} connections were "
+                                   "opened: the clients did not reconnect")
+        check("oldest connection without the token closed" in s.logtext(),
+              "no log line for the connections closed to make room")
 
 
 # In the network namespace: 8 connections to 127.0.0.1:PORT from
@@ -447,4 +541,6 @@ if __name__ == "__main__":
     run([test_live_worker, test_http_surface, test_bad_address_refused,
          test_malformed_requests_do_not_flood_the_log,
          test_slow_clients_do_not_lock_out_a_scraper,
-         test_slow_readers_are_ended, test_one_ipv6_host_gets_eight_connections])
+         test_slow_readers_are_ended,
+         test_a_token_holder_gets_in_when_others_hold_every_place,
+         test_one_ipv6_host_gets_eight_connections])

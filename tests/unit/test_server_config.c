@@ -416,6 +416,38 @@ Test(config, token_file_checks)
 	cr_assert_eq(load(text, &s, err, sizeof(err)), -EINVAL);
 }
 
+/* [metrics] token_file: the same checks, its own key in the message, and
+ * the token in the policy (copied with it). */
+Test(config, metrics_token_file)
+{
+	char tok[160], text[256];
+	struct mts_settings s;
+	char err[512];
+	snprintf(tok, sizeof(tok), "%s/mtoken", dir);
+	write_file(tok, "0123456789abcdef\n", 0644);
+	snprintf(text, sizeof(text), "[metrics]\ntoken_file = %s\n", tok);
+	cr_assert_eq(load(text, &s, err, sizeof(err)), -EINVAL);
+	cr_assert_not_null(strstr(err, "[metrics] token_file"), "%s", err);
+	cr_assert_not_null(strstr(err, "readable by everyone"), "%s", err);
+	write_file(tok, "short\n", 0600);
+	cr_assert_eq(load(text, &s, err, sizeof(err)), -EINVAL);
+	cr_assert_not_null(strstr(err, "[metrics] token_file: a token must be"),
+	                   "%s", err);
+	write_file(tok, "0123456789abcdef-metrics \nsecond line\n", 0600);
+	cr_assert_eq(load(text, &s, err, sizeof(err)), 0, "%s", err);
+	cr_assert_str_eq(s.policy.metrics_token, "0123456789abcdef-metrics");
+	cr_assert_null(s.policy.tcp_token, "one token is not the other");
+	struct mts_policy copy;
+	cr_assert_eq(mts_policy_copy(&copy, &s.policy), 0);
+	cr_assert_str_eq(copy.metrics_token, "0123456789abcdef-metrics");
+	cr_assert_neq(copy.metrics_token, s.policy.metrics_token);
+	mts_policy_free(&copy);
+	mts_settings_free(&s);
+	cr_assert_eq(load("[metrics]\n", &s, err, sizeof(err)), 0, "%s", err);
+	cr_assert_null(s.policy.metrics_token);
+	mts_settings_free(&s);
+}
+
 /* The token gives admin rights: inline, only in a file nobody else can
  * read. */
 Test(config, inline_token_needs_a_private_file)
