@@ -531,6 +531,15 @@ MEMTALLY_EXTERN int memtally_query_watch(memtally_query *q,
  * (not watching).
  */
 MEMTALLY_EXTERN int memtally_query_watch_start(memtally_query *q);
+
+/* For the watches `q` starts from now on: `own` non-zero asks for the
+ * events of the caller's own uid only (and those of no uid: the fleet,
+ * groups). An admin sees every uid's events, another user's too where the
+ * server shows them (show_others = all): a job runner watching for its
+ * task's eviction ("task:NAME") sets it, so that another uid's task of the
+ * same name is not taken for its own. An older server ignores it. 0, or
+ * -EINVAL for a NULL handle. */
+MEMTALLY_EXTERN int memtally_query_watch_own(memtally_query *q, int own);
 MEMTALLY_EXTERN int memtally_query_watch_next(memtally_query *q,
                                               struct memtally_event *ev_out);
 

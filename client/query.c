@@ -81,6 +81,7 @@ struct memtally_query {
 	bool tcp;
 	char *token;       /* sent with every request; NULL = none */
 	bool watching;     /* a Watch was sent: only events arrive now */
+	bool watch_own;    /* memtally_query_watch_own(): Watch.own */
 	uint64_t watch_id; /* its request id */
 	Memtally__V1__Response *event; /* the last event of watch_next() */
 	char errmsg[256];
@@ -1286,6 +1287,14 @@ static void drop_event(memtally_query *q)
 	q->event = NULL;
 }
 
+int memtally_query_watch_own(memtally_query *q, int own)
+{
+	if (!q)
+		return -EINVAL;
+	q->watch_own = own != 0;
+	return 0;
+}
+
 int memtally_query_watch_start(memtally_query *q)
 {
 	if (!q)
@@ -1294,6 +1303,7 @@ int memtally_query_watch_start(memtally_query *q)
 		return -EBUSY;
 	drop_event(q);
 	Memtally__V1__Watch w = MEMTALLY__V1__WATCH__INIT;
+	w.own = q->watch_own;
 	Memtally__V1__Request rq = MEMTALLY__V1__REQUEST__INIT;
 	rq.body_case = MEMTALLY__V1__REQUEST__BODY_WATCH;
 	rq.watch = &w;

@@ -248,6 +248,9 @@ static void watch_open(struct run *r)
 {
 	if (open_handle(r, &r->w) != 0)
 		return;
+	/* Run by root (a container's jobs often are), it would see every
+	 * uid's "task:NAME": another's task of our name is not ours. */
+	memtally_query_watch_own(r->w, 1);
 	if (memtally_query_watch_start(r->w) != 0) {
 		memtally_query_close(r->w);
 		r->w = NULL;

@@ -769,7 +769,8 @@ static int do_set_limit(struct mts_registry *reg, const struct mts_peer *peer,
 /* ---- Watch --------------------------------------------------------------- */
 
 static int do_watch(struct mts_registry *reg, struct mts_peer *peer,
-                    const char *token, uint64_t id, struct mts_buf *out)
+                    const char *token, bool own, uint64_t id,
+                    struct mts_buf *out)
 {
 	const struct mts_totals *t = &reg->totals;
 	Memtally__V1__Response resp = MEMTALLY__V1__RESPONSE__INIT;
@@ -802,6 +803,7 @@ static int do_watch(struct mts_registry *reg, struct mts_peer *peer,
 	peer->watching = true;
 	peer->watch_id = id;
 	peer->watch_admin = admin;
+	peer->watch_own = own;
 	ev.scope = "fleet";
 	ev.state = proto_state(t->state);
 	ev.previous = proto_state(t->state);
@@ -830,6 +832,9 @@ static int do_watch(struct mts_registry *reg, struct mts_peer *peer,
 bool mts_event_visible(const struct mts_registry *reg,
                        const struct mts_peer *peer, const struct mts_event *ev)
 {
+	/* Asked for its own only: not another uid's, admin or not. */
+	if (ev->has_uid && peer->watch_own)
+		return peer->has_cred && peer->uid == ev->uid;
 	/* Under counts a process's event shows what its ps line does: its
 	 * pid and figures, no names. */
 	if (!ev->has_uid || peer->watch_admin ||
@@ -1153,7 +1158,8 @@ int mts_dispatch(struct mts_registry *reg, struct mts_peer *peer,
 		err = do_set_limit(reg, peer, id, req->set_limit, token, out);
 		break;
 	case MEMTALLY__V1__REQUEST__BODY_WATCH:
-		err = do_watch(reg, peer, token, id, out);
+		err = do_watch(reg, peer, token, req->watch && req->watch->own,
+		               id, out);
 		break;
 	case MEMTALLY__V1__REQUEST__BODY_KINDS:
 		err = do_kinds(reg, &v, id, req->kinds, out);

@@ -344,6 +344,7 @@ struct mts_peer {
 	uint64_t watch_id;  /* the Watch request's id, echoed on events */
 	bool watch_admin;   /* an admin when it sent the Watch: every uid's
 	                     * events reach it (show_others) */
+	bool watch_own;     /* Watch.own: only its own uid's events */
 	bool watch_counted; /* counted in reg->watch_uids under `uid` */
 	bool gone; /* closed by the server during a turn (an event that could
 	            * not be written to it): mts_input() stops, fd is -1 */

@@ -22,6 +22,9 @@ kernel's OOM killer has to choose.
   user's task claims 2^49 bytes and holds real memory that takes the node
   past its line. The guard evicts the liar, not the other user's task
   (within its reservation), though the lie names it.
+- test_anothers_eviction_is_not_an_admins: root's `memtally run --task
+  leak`, whose command fails on its own, is not told nobody's task of
+  that name was evicted: it exits with its command's status, not 75.
 - test_understating_cannot_hide: as nobody, a task granted 8 MiB holds 50
   and its slot claims 1; a younger task of another user, within its
   reservation, and memory memtally does not count take the node past its
@@ -392,6 +395,53 @@ def test_lie_cannot_evict_another_user():
         end_all(cg, victim, liar)
 
 
+def test_anothers_eviction_is_not_an_admins():
+    """root's `memtally run --task leak` sees every uid's events, and took
+    the guard's eviction of nobody's task of that name for its own: when
+    its command then failed (exit 3) it said "evicted" and exited 75, which
+    a job runner retries. It watches its own uid's events only: nobody's
+    leak is evicted (its run exits 75), root's command exits 3, and so does
+    its `memtally run`."""
+    cg = node("own")
+    preload, cli, fl = world_readable_copy(
+        os.environ["MEMTALLY_PRELOAD_LIB"], CLI, worker("fleet"))
+    admin = leak = None
+    try:
+        with guard_server(cg, "[server]\ngroup = nogroup\n") as s:
+            open_to_nobody(s)
+            env = run_env(s, MEMTALLY_PRELOAD_LIB=preload)
+            admin = mt_run(s, cg, "--task", "leak", "--bytes", "16MiB", "--",
+                           "/bin/sh", "-c", "echo ready; read x; exit 3",
+                           cli=cli, env=env)
+            check(readline(admin, 30).startswith("ready"),
+                  "root's command is not ready")
+            leak = mt_run(s, cg, "--task", "leak", "--bytes", "32MiB", "--",
+                          *fl, "leak", "400", "40", user=(NOBODY, NOGROUP),
+                          cli=cli, env=env)
+            _, err = leak.communicate(timeout=60 * MULT)
+            check(leak.returncode == 75,
+                  "nobody's leak was not evicted: exit %s: %s" % (
+                      leak.returncode, err))
+            log = s.logtext()
+            check("uid=%d" % NOBODY in log.split(
+                'msg="node guard: evicting"')[1].split("\n")[0],
+                  "the eviction was not nobody's")
+            admin.stdin.write("go\n")
+            admin.stdin.flush()
+            _, aerr = admin.communicate(timeout=30 * MULT)
+            print("  root's run of the same name: exit %s %r" % (
+                admin.returncode, aerr.strip()), flush=True)
+            check(admin.returncode == 3,
+                  "root's memtally run exited %s, not its command's 3: %s"
+                  % (admin.returncode, aerr))
+            check("evicted" not in aerr,
+                  "root's run took nobody's eviction for its own: %r" % aerr)
+            check(cg.oom_kills() == 0,
+                  "the kernel OOM-killed %d in the node" % cg.oom_kills())
+    finally:
+        end_all(cg, admin, leak)
+
+
 # A plain process of the node holding 80 MiB until its stdin closes.
 HOG = ("import sys; b = bytes([1]) * (80 << 20); "
        "print('ready', flush=True); sys.stdin.read()")
@@ -476,4 +526,5 @@ if __name__ == "__main__":
     run([test_leak_is_evicted, test_retry_runs_it_again,
          test_a_grower_is_paused_then_resumed,
          test_a_paused_task_outlives_memtallyds_death,
-         test_lie_cannot_evict_another_user, test_understating_cannot_hide])
+         test_lie_cannot_evict_another_user, test_understating_cannot_hide,
+         test_anothers_eviction_is_not_an_admins])

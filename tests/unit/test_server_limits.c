@@ -45,7 +45,8 @@ Test(state, lines)
 	/* Exact on large limits (128-bit products). */
 	uint64_t big = UINT64_C(4000000000000000000);
 	cr_assert_eq(mts_state_next(OK, big / 10 * 8, big, W, H, false), HIGH);
-	cr_assert_eq(mts_state_next(OK, big / 10 * 8 - 1, big, W, H, false), OK);
+	cr_assert_eq(mts_state_next(OK, big / 10 * 8 - 1, big, W, H, false),
+	             OK);
 }
 
 /* Run `n` steps alternating a and b from state `s`; count changes. */
@@ -53,7 +54,8 @@ static int transitions(uint32_t s, uint64_t a, uint64_t b, int n, uint32_t *end)
 {
 	int changes = 0;
 	for (int i = 0; i < n; i++) {
-		uint32_t next = mts_state_next(s, i % 2 ? b : a, L, W, H, false);
+		uint32_t next =
+		    mts_state_next(s, i % 2 ? b : a, L, W, H, false);
 		changes += next != s;
 		s = next;
 	}
@@ -83,7 +85,8 @@ Test(state, oscillation_changes_once)
 	uint32_t s = HIGH;
 	int flaps = 0;
 	for (int i = 0; i < 100; i++) {
-		uint32_t next = mts_state_next(s, i % 2 ? 990 : 1010, L, W, 0, false);
+		uint32_t next =
+		    mts_state_next(s, i % 2 ? 990 : 1010, L, W, 0, false);
 		flaps += next != s;
 		s = next;
 	}
@@ -361,8 +364,7 @@ Test(limits, set_limit_needs_authorisation)
 	                 (uint32_t)a, 0, NULL);
 	cr_assert_eq(r->limit_set->bytes, 5000);
 	memtally__v1__response__free_unpacked(r, NULL);
-	cr_assert_eq(mts_slot(&srv.reg, sa)->flags & MTSHM_SLOT_OVER_LIMIT,
-	             0);
+	cr_assert_eq(mts_slot(&srv.reg, sa)->flags & MTSHM_SLOT_OVER_LIMIT, 0);
 
 	fx_expect_error(fx_set_limit(&root, MEMTALLY__V1__SET_LIMIT__SCOPE_PID,
 	                             NULL, 1, 10, NULL),
@@ -456,6 +458,46 @@ Test(limits, watch_answers_current_fleet_state)
 	cr_assert(peer.watching);
 	cr_assert_eq(peer.watch_id, 77);
 	cr_assert_eq(srv.reg.req->events, 1);
+}
+
+/* Watch(own): a guard's event for another uid's task of the same name
+ * does not reach an admin's (root's) job runner, nor anyone's where every
+ * uid's task events are shown; without it, both see it. */
+static bool watch_sees(uint32_t uid, bool own, uint32_t ev_uid)
+{
+	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
+	Memtally__V1__Watch w = MEMTALLY__V1__WATCH__INIT;
+	w.own = own;
+	req.id = 78;
+	req.body_case = MEMTALLY__V1__REQUEST__BODY_WATCH;
+	req.watch = &w;
+	struct mts_peer peer = fx_peer(getpid(), uid);
+	Memtally__V1__Response *r = fx_call(&peer, &req);
+	memtally__v1__response__free_unpacked(r, NULL);
+	cr_assert(peer.watching);
+	struct mts_event ev = {.scope = "task:same",
+	                       .state = MTSHM_STATE_OVER,
+	                       .has_uid = true,
+	                       .uid = ev_uid};
+	return mts_event_visible(&srv.reg, &peer, &ev);
+}
+
+Test(limits, a_watch_of_its_own_sees_no_other_uids_task)
+{
+	policy_fleet(0, 9000);
+	pol.show_others = MTS_SHOW_ALL;
+	fx_start_policy(&pol);
+	cr_assert(watch_sees(0, false, 1000), "root sees every uid's");
+	cr_assert_not(watch_sees(0, true, 1000), "root, own: not uid 1000's");
+	cr_assert(watch_sees(0, true, 0), "root, own: its own");
+	cr_assert(watch_sees(2000, false, 1000), "show_others = all");
+	cr_assert_not(watch_sees(2000, true, 1000), "own: not uid 1000's");
+	cr_assert(watch_sees(1000, true, 1000), "own: its own");
+	/* Events of no uid (the fleet, groups) still come. */
+	struct mts_peer peer = fx_peer(getpid(), 2000);
+	peer.watching = peer.watch_own = true;
+	struct mts_event fleet = {.scope = "fleet", .state = MTSHM_STATE_OK};
+	cr_assert(mts_event_visible(&srv.reg, &peer, &fleet));
 }
 
 Test(limits, rss_is_read_summed_and_measurable)
