@@ -167,10 +167,14 @@ class Client:
         return self.call(release=pb.Release(reservation=reservation,
                                             token=token))
 
-    def watch(self):
+    def watch(self, own=False):
         """Subscribe; yield Events for ever (the first is the fleet's
-        current state). The connection is a stream from then on."""
-        req = pb.Request(id=self.next_id, token=self.token, watch=pb.Watch())
+        current state). The connection is a stream from then on. `own`:
+        only the events of this process's uid (and the fleet's and groups'):
+        an admin watching for its own task's eviction ("task:NAME") does
+        not take another uid's task of the same name for it."""
+        req = pb.Request(id=self.next_id, token=self.token,
+                         watch=pb.Watch(own=own))
         self.next_id += 1
         self.send(req)
         self.sock.settimeout(None)
