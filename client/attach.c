@@ -181,6 +181,13 @@ static void on_fork_child(void)
 	mtshm_store_relaxeds64(&mtc_proc.pending, total);
 	mtshm_store_release64(&mtc_proc.cur, 0);
 	fence_inherited();
+	/* The parent's attachments are not the child's to count against its
+	 * MTC_MAX_ATTACH: a chain of forks that never exec (subshells, a
+	 * daemon forking again) would otherwise run out after 16 levels and
+	 * count locally, unseen. Their windows stay reserved (fenced above)
+	 * and their headers mapped read-only: a read this very thread was in
+	 * the middle of (a fork from a signal handler) still finds them. */
+	__atomic_store_n(&mtc_proc.natts, 0, __ATOMIC_RELEASE);
 	epoch_bump();
 	mtc_gate &= ~GATE_FLAGS; /* no flags seen in the child */
 	mtc_proc.attaching = 0;
@@ -818,12 +825,13 @@ static int attach(bool if_registered)
 		err = -ENOSPC;
 		goto fail;
 	}
-	struct mtc_attachment *na = &atts[mtc_proc.natts];
+	uint32_t k = mtc_proc.natts;
+	struct mtc_attachment *na = &atts[k];
 	a.slot_gen = rep.slot_gen;
 	*na = a;
 	/* Written whole before counted: a fork at any moment fences only
 	 * complete entries (fence_inherited). */
-	__atomic_store_n(&mtc_proc.natts, mtc_proc.natts + 1, __ATOMIC_RELEASE);
+	__atomic_store_n(&mtc_proc.natts, k + 1, __ATOMIC_RELEASE);
 	/* At most what memtallyd's config accepts ([server] threshold, 1
 	 * GiB): a peer answering more could make the fronts' windows (2 x
 	 * threshold) wrap. */

@@ -135,6 +135,34 @@ def test_fork_child_starts_with_parent_total():
             w.close()
 
 
+def test_a_deep_fork_chain_is_counted():
+    """A chain of 20 nested forks, none exec'ing (a shell's subshells, a
+    daemon that forks again): each child inherited its parent's count of
+    attachments, and past 16 levels could attach no more, counting locally
+    while memtallyd showed it with nothing. The leaf of the chain holds
+    24 MiB and is counted, as is every level on the way."""
+    with Server() as s:
+        w = Worker([*worker("chain"), "20", "24"], s.env(group="chain"))
+        try:
+            line = w.readline().split()
+            check(line[:1] == ["leaf"], f"got {line}")
+            leaf = int(line[1].split("=")[1])
+
+            def counted():
+                ps = s.ps()
+                p = ps.get(leaf)
+                return ps if p and p.get("bytes", 0) >= 24 * MIB else None
+
+            ps = wait_for("the chain's leaf counted", counted)
+            chain = [p for p in ps.values() if p.get("group") == "chain"]
+            print(f"  20 nested forks: the leaf counts "
+                  f"{ps[leaf]['bytes'] / MIB:.1f} MiB; {len(chain)} of the "
+                  f"chain's 21 processes shown", flush=True)
+            check(len(chain) == 21, f"{len(chain)} of 21 processes shown")
+        finally:
+            w.close()
+
+
 def test_exec_replaces_slot():
     with Server() as s:
         w = Worker([*worker("exec"), "120", "30"], s.env(group="ex"))
@@ -160,4 +188,5 @@ def test_exec_replaces_slot():
 
 if __name__ == "__main__":
     run([test_python_groups, test_sigkill_leaves_within_one_tick,
-         test_fork_child_starts_with_parent_total, test_exec_replaces_slot])
+         test_fork_child_starts_with_parent_total,
+         test_a_deep_fork_chain_is_counted, test_exec_replaces_slot])

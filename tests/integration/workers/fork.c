@@ -33,3 +33,41 @@ static int fork_main(int argc, char **argv)
 }
 
 const struct mt_sub mt_fork = {"fork", "MIB", fork_main};
+
+/*
+ * chain - a chain of DEPTH nested forks, none exec'ing (a shell's
+ * subshells, a daemon forking again): each process allocates (so it
+ * registers), then forks the next and waits for it. The last holds MIB
+ * MiB, prints "leaf pid=P level=N" and waits on stdin; the chain ends
+ * with it. usage: mt_worker chain DEPTH MIB
+ */
+static int chain_main(int argc, char **argv)
+{
+	int depth = argc > 1 ? atoi(argv[1]) : 20;
+	size_t mib = argc > 2 ? strtoul(argv[2], NULL, 10) : 16;
+	for (int level = 0;; level++) {
+		free(malloc(100));
+		mt_flush();
+		if (level == depth)
+			break;
+		pid_t pid = fork();
+		if (pid < 0)
+			return 1;
+		if (pid > 0) {
+			int st = 0;
+			waitpid(pid, &st, 0);
+			_exit(WIFEXITED(st) ? WEXITSTATUS(st) : 1);
+		}
+	}
+	void **b = calloc(mib + 1, sizeof(void *));
+	for (size_t i = 0; i < mib; i++) {
+		b[i] = malloc(MIB);
+		mt_touch(b[i], MIB);
+	}
+	mt_flush();
+	mt_say("leaf pid=%d level=%d", (int)getpid(), depth);
+	mt_serve(NULL, 0);
+	return 0;
+}
+
+const struct mt_sub mt_chain = {"chain", "DEPTH MIB", chain_main};
