@@ -319,6 +319,37 @@ print(f"conns={conns} requests={requests}", flush=True)
 """
 
 
+def with_nobodys_server(script, owner, argv, env, seconds=4):
+    """Run `script` as nobody, listening at s.sock in a fresh directory of
+    `owner`'s, for `seconds` (x MULT) at most, and the program
+    `argv(path)` beside it, its environment os.environ's plus `env` and
+    MEMTALLY_SOCKET=path: (its CompletedProcess, the listener's output)."""
+    d = tempfile.mkdtemp(prefix="mt-trust-")
+    os.chmod(d, 0o1777)
+    os.chown(d, owner, NOGROUP)
+    path = os.path.join(d, "s.sock")
+    lis = subprocess.Popen(
+        ["/usr/bin/python3", "-c", script, path, str(seconds * MULT)],
+        stdout=subprocess.PIPE, text=True,
+        preexec_fn=as_user((NOBODY, NOGROUP)))
+    try:
+        check(lis.stdout.readline().strip() == "listening",
+              "the listener did not start")
+        r = subprocess.run(argv(path), env=dict(os.environ, **env,
+                                                MEMTALLY_SOCKET=path),
+                           stdin=subprocess.DEVNULL, capture_output=True,
+                           text=True, timeout=60 * MULT)
+        out = lis.communicate(timeout=30 * MULT)[0].strip()
+    finally:
+        if lis.poll() is None:
+            lis.kill()
+            lis.wait()
+        if os.path.exists(path):
+            os.unlink(path)
+        os.rmdir(d)
+    return r, out
+
+
 def test_untrusted_server():
     """A worker registers only with a server run by root, by its own uid,
     or by the owner of the socket's directory: anyone else may have bound
@@ -329,35 +360,14 @@ def test_untrusted_server():
     sent the Register, as it is where MEMTALLY_SERVER_UID names nobody."""
     for owner, named, want in ((0, False, False), (NOBODY, False, True),
                                (0, True, True)):
-        d = tempfile.mkdtemp(prefix="mt-trust-")
-        os.chmod(d, 0o1777)
-        os.chown(d, owner, NOGROUP)
-        path = os.path.join(d, "s.sock")
-        lis = subprocess.Popen(
-            ["/usr/bin/python3", "-c", LISTENER, path, str(4 * MULT)],
-            stdout=subprocess.PIPE, text=True,
-            preexec_fn=as_user((NOBODY, NOGROUP)))
-        try:
-            check(lis.stdout.readline().strip() == "listening",
-                  "the listener did not start")
-            env = dict(os.environ, LD_PRELOAD=PRELOAD, MEMTALLY_SOCKET=path,
-                       MEMTALLY_TASK="trust")
-            if named:  # the deployment names the server's user
-                env["MEMTALLY_SERVER_UID"] = str(NOBODY)
-            r = subprocess.run([*worker("errno"), "3"], env=env,
-                               stdin=subprocess.DEVNULL, capture_output=True,
-                               text=True, timeout=60 * MULT)
-            check(r.returncode == 0 and "errno kept" in r.stdout,
-                  f"the program changed: {r.returncode} {r.stdout!r} "
-                  f"{r.stderr!r}")
-            out = lis.communicate(timeout=30 * MULT)[0].strip()
-        finally:
-            if lis.poll() is None:
-                lis.kill()
-                lis.wait()
-            if os.path.exists(path):
-                os.unlink(path)
-            os.rmdir(d)
+        env = {"LD_PRELOAD": PRELOAD, "MEMTALLY_TASK": "trust"}
+        if named:  # the deployment names the server's user
+            env["MEMTALLY_SERVER_UID"] = str(NOBODY)
+        r, out = with_nobodys_server(
+            LISTENER, owner, lambda path: [*worker("errno"), "3"], env)
+        check(r.returncode == 0 and "errno kept" in r.stdout,
+              f"the program changed: {r.returncode} {r.stdout!r} "
+              f"{r.stderr!r}")
         conns, reqs = (int(x.split("=")[1]) for x in out.split())
         who = "root's" if owner == 0 else "nobody's"
         how = ", MEMTALLY_SERVER_UID naming nobody" if named else ""
@@ -431,36 +441,15 @@ def test_untrusted_server_queues_no_descriptor():
     strace = shutil.which("strace")
     if not strace:
         raise Skip("strace not found: scripts/deps.sh installs it")
-    d = tempfile.mkdtemp(prefix="mt-trust-")
-    os.chmod(d, 0o1777)
-    path = os.path.join(d, "s.sock")
-    lis = subprocess.Popen(
-        ["/usr/bin/python3", "-c", PUSHER, path, str(20 * MULT)],
-        stdout=subprocess.PIPE, text=True,
-        preexec_fn=as_user((NOBODY, NOGROUP)))
-    try:
-        check(lis.stdout.readline().strip() == "listening",
-              "the listener did not start")
-        r = subprocess.run(
-            [strace, "-f", "-qq", "-o", "/dev/null", "-e", "trace=getsockopt",
-             "-e", "inject=getsockopt:delay_enter=2000000",
-             "-E", f"LD_PRELOAD={PRELOAD}", "-E", f"MEMTALLY_SOCKET={path}",
-             "-E", "MEMTALLY_TASK=trust", *worker("errno"), "3"],
-            stdin=subprocess.DEVNULL, capture_output=True, text=True,
-            timeout=60 * MULT)
-        if r.returncode != 0 and "ptrace" in r.stderr:
-            raise Skip(f"strace cannot trace here: {r.stderr.strip()}")
-        check(r.returncode == 0 and "errno kept" in r.stdout,
-              f"the program changed: {r.returncode} {r.stdout!r} "
-              f"{r.stderr!r}")
-        out = lis.communicate(timeout=30 * MULT)[0].strip()
-    finally:
-        if lis.poll() is None:
-            lis.kill()
-            lis.wait()
-        if os.path.exists(path):
-            os.unlink(path)
-        os.rmdir(d)
+    r, out = with_nobodys_server(PUSHER, 0, lambda path: [
+        strace, "-f", "-qq", "-o", "/dev/null", "-e", "trace=getsockopt",
+        "-e", "inject=getsockopt:delay_enter=2000000",
+        "-E", f"LD_PRELOAD={PRELOAD}", "-E", f"MEMTALLY_SOCKET={path}",
+        "-E", "MEMTALLY_TASK=trust", *worker("errno"), "3"], {}, seconds=20)
+    if r.returncode != 0 and "ptrace" in r.stderr:
+        raise Skip(f"strace cannot trace here: {r.stderr.strip()}")
+    check(r.returncode == 0 and "errno kept" in r.stdout,
+          f"the program changed: {r.returncode} {r.stdout!r} {r.stderr!r}")
     sent, err = (int(x.split("=")[1]) for x in out.split())
     print(f"  a server of nobody's sending a descriptor at accept: "
           f"{sent} sent, refused with errno {err}")

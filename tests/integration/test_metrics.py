@@ -72,6 +72,36 @@ def promtool(text):
           f"promtool check metrics: exit {r.returncode}: {said}")
 
 
+class Namespace:
+    """A network namespace of its own, set up by `cmds` (each run inside
+    it), so the host's addresses and sysctls are not touched; removed at
+    exit. Skip (77) where it cannot be made (not root, no `ip netns`) or
+    set up (`why`: what the commands were for)."""
+
+    def __init__(self, tag, cmds, why):
+        self.ns = f"{tag}{os.getpid() % 100000}"
+        self.cmds, self.why = cmds, why
+        self.inns = ["ip", "netns", "exec", self.ns]
+
+    def __enter__(self):
+        if os.geteuid() != 0:
+            raise Skip("needs root for a network namespace")
+        if subprocess.run(["ip", "netns", "add", self.ns],
+                          capture_output=True).returncode != 0:
+            raise Skip("cannot make a network namespace (ip netns add)")
+        for cmd in [["ip", "link", "set", "lo", "up"]] + self.cmds:
+            r = subprocess.run(self.inns + cmd, capture_output=True,
+                               text=True)
+            if r.returncode != 0:
+                self.__exit__()
+                raise Skip(f"cannot {self.why}: {' '.join(cmd)}: "
+                           f"{r.stderr.strip()}")
+        return self.inns
+
+    def __exit__(self, *exc):
+        subprocess.run(["ip", "netns", "del", self.ns], capture_output=True)
+
+
 def test_live_worker():
     """A preloaded worker holding 32 MiB in group `metrics-it`: its group
     and process gauges show it, registrations count it, promtool is
@@ -433,21 +463,9 @@ def test_slow_readers_are_ended():
     buffers: what a large answer meets on any network), 8 such readers of
     one address hold its places, so a 9th from it is refused; once the
     server ends them it is answered."""
-    if os.geteuid() != 0:
-        raise Skip("needs root for a network namespace")
-    ns = f"mts{os.getpid() % 100000}"
-    if subprocess.run(["ip", "netns", "add", ns],
-                      capture_output=True).returncode != 0:
-        raise Skip("cannot make a network namespace (ip netns add)")
-    try:
-        inns = ["ip", "netns", "exec", ns]
-        for cmd in (["ip", "link", "set", "lo", "up"],
-                    ["ip", "link", "set", "lo", "mtu", "1280"],
-                    ["sysctl", "-qw", "net.ipv4.tcp_wmem=4096 4096 4096"]):
-            r = subprocess.run(inns + cmd, capture_output=True, text=True)
-            if r.returncode != 0:
-                raise Skip(f"cannot set the namespace up: {' '.join(cmd)}: "
-                           f"{r.stderr.strip()}")
+    small = [["ip", "link", "set", "lo", "mtu", "1280"],
+             ["sysctl", "-qw", "net.ipv4.tcp_wmem=4096 4096 4096"]]
+    with Namespace("mts", small, "make its buffers small") as inns:
         with Server("--metrics", "127.0.0.1:0", prefix=inns) as s:
             url = wait_for("metrics listening log line",
                            lambda: metrics_url(s))
@@ -476,8 +494,6 @@ def test_slow_readers_are_ended():
             check("connection from 127.0.6.1:" in logs and
                   "refused: 8 open from its address" in logs,
                   "no log line for the 9th connection refused")
-    finally:
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 
 # In the network namespace: 12 connections to [HOST]:PORT, each from an
@@ -504,21 +520,9 @@ def test_one_ipv6_host_gets_eight_connections():
     /64 counts as one address. In a network namespace of its own (so the
     host's addresses are not touched): 12 connections from 12 addresses
     of one /64, 4 refused at once."""
-    if os.geteuid() != 0:
-        raise Skip("needs root for a network namespace")
-    ns = f"mtm{os.getpid() % 100000}"
-    if subprocess.run(["ip", "netns", "add", ns],
-                      capture_output=True).returncode != 0:
-        raise Skip("cannot make a network namespace (ip netns add)")
-    try:
-        inns = ["ip", "netns", "exec", ns]
-        for cmd in [inns + ["ip", "link", "set", "lo", "up"]] + [
-                inns + ["ip", "-6", "addr", "add", f"fd00:6d74::{i:x}/64",
-                        "dev", "lo", "nodad"] for i in range(1, 14)]:
-            r = subprocess.run(cmd, capture_output=True, text=True)
-            if r.returncode != 0:
-                raise Skip(f"cannot give the namespace IPv6 addresses: "
-                           f"{' '.join(cmd)}: {r.stderr.strip()}")
+    addrs = [["ip", "-6", "addr", "add", f"fd00:6d74::{i:x}/64", "dev", "lo",
+              "nodad"] for i in range(1, 14)]
+    with Namespace("mtm", addrs, "give the namespace IPv6 addresses") as inns:
         with Server("--metrics", "[fd00:6d74::1]:0", prefix=inns) as s:
             url = wait_for("metrics listening log line",
                            lambda: metrics_url(s))
@@ -533,8 +537,6 @@ def test_one_ipv6_host_gets_eight_connections():
                   "once", flush=True)
             check(refused == 4, f"{refused} of 12 connections from one "
                                 "IPv6 /64 refused at once, not 4 (8 allowed)")
-    finally:
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 
 if __name__ == "__main__":
