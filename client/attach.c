@@ -70,8 +70,13 @@
 /* Attachments a process may make in its life (each server re-creation of
  * the segment costs one); past that it counts locally. */
 #define MTC_MAX_ATTACH 16
+/* The ring's size: a forked child's own attachments (at most
+ * MTC_MAX_ATTACH) overwrite only entries of ancestors further back than
+ * the MTC_MAX_ATTACH it inherited last, the one in use at the fork among
+ * them (a fork from a signal handler returns into code holding it). */
+#define MTC_ATT_RING (2 * MTC_MAX_ATTACH)
 
-static struct mtc_attachment atts[MTC_MAX_ATTACH];
+static struct mtc_attachment atts[MTC_ATT_RING];
 
 struct mtc_process mtc_proc = {.once = PTHREAD_ONCE_INIT};
 
@@ -126,8 +131,8 @@ void mtc_debug_print(const char *fmt, ...)
 static void fence_inherited(void)
 {
 	uint32_t n = __atomic_load_n(&mtc_proc.natts, __ATOMIC_ACQUIRE);
-	for (uint32_t i = 0; i < n && i < MTC_MAX_ATTACH; i++) {
-		struct mtshm_map *t = &atts[i].table;
+	for (uint32_t i = n > MTC_ATT_RING ? n - MTC_ATT_RING : 0; i < n; i++) {
+		struct mtshm_map *t = &atts[i % MTC_ATT_RING].table;
 		if (t->base)
 			(void)mmap(t->base, t->size, PROT_NONE,
 			           MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED |
@@ -184,10 +189,11 @@ static void on_fork_child(void)
 	/* The parent's attachments are not the child's to count against its
 	 * MTC_MAX_ATTACH: a chain of forks that never exec (subshells, a
 	 * daemon forking again) would otherwise run out after 16 levels and
-	 * count locally, unseen. Their windows stay reserved (fenced above)
-	 * and their headers mapped read-only: a read this very thread was in
-	 * the middle of (a fork from a signal handler) still finds them. */
-	__atomic_store_n(&mtc_proc.natts, 0, __ATOMIC_RELEASE);
+	 * count locally, unseen. Their entries stay (the ring overwrites
+	 * only older ones), their windows reserved (fenced above) and their
+	 * headers mapped read-only: code this very thread was in the middle
+	 * of (a fork from a signal handler) still finds them as they were. */
+	mtc_proc.natts_base = mtc_proc.natts;
 	epoch_bump();
 	mtc_gate &= ~GATE_FLAGS; /* no flags seen in the child */
 	mtc_proc.attaching = 0;
@@ -820,13 +826,13 @@ static int attach(bool if_registered)
 		mtshm_close(&a.hdr_map);
 		return 0;
 	}
-	if (mtc_proc.natts == MTC_MAX_ATTACH) {
+	if (mtc_proc.natts - mtc_proc.natts_base >= MTC_MAX_ATTACH) {
 		mtc_debug("too many re-attachments; counting locally");
 		err = -ENOSPC;
 		goto fail;
 	}
 	uint32_t k = mtc_proc.natts;
-	struct mtc_attachment *na = &atts[k];
+	struct mtc_attachment *na = &atts[k % MTC_ATT_RING];
 	a.slot_gen = rep.slot_gen;
 	*na = a;
 	/* Written whole before counted: a fork at any moment fences only

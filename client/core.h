@@ -43,8 +43,11 @@ struct mtc_process {
 	uint64_t backoff_ns;
 	uint64_t born_ns;         /* this image's start, or the fork's */
 	int32_t after_exec;       /* image_follows_exec(): -1 not known */
-	uint32_t natts;           /* atts[] used; under `attaching`, raised
+	uint32_t natts;           /* attachments made by this process and
+	                           * the ancestors it forked from (atts[]
+	                           * is a ring); under `attaching`, raised
 	                           * after the entry is written (release) */
+	uint32_t natts_base;      /* natts when this process forked off */
 	uint64_t mapped;          /* mapped bytes (mmap.c), absolute */
 	uint32_t free_turn;       /* try-lock: one thread samples at a time */
 	uint64_t free_min_ns;     /* no sample before this (its cost) */

@@ -136,13 +136,14 @@ def test_fork_child_starts_with_parent_total():
 
 
 def test_a_deep_fork_chain_is_counted():
-    """A chain of 20 nested forks, none exec'ing (a shell's subshells, a
+    """A chain of 40 nested forks, none exec'ing (a shell's subshells, a
     daemon that forks again): each child inherited its parent's count of
     attachments, and past 16 levels could attach no more, counting locally
     while memtallyd showed it with nothing. The leaf of the chain holds
-    24 MiB and is counted, as is every level on the way."""
+    24 MiB and is counted, as is every level on the way (past 32 levels
+    the attachments a child remembers of its ancestors wrap around)."""
     with Server() as s:
-        w = Worker([*worker("chain"), "20", "24"], s.env(group="chain"))
+        w = Worker([*worker("chain"), "40", "24"], s.env(group="chain"))
         try:
             line = w.readline().split()
             check(line[:1] == ["leaf"], f"got {line}")
@@ -155,10 +156,10 @@ def test_a_deep_fork_chain_is_counted():
 
             ps = wait_for("the chain's leaf counted", counted)
             chain = [p for p in ps.values() if p.get("group") == "chain"]
-            print(f"  20 nested forks: the leaf counts "
+            print(f"  40 nested forks: the leaf counts "
                   f"{ps[leaf]['bytes'] / MIB:.1f} MiB; {len(chain)} of the "
-                  f"chain's 21 processes shown", flush=True)
-            check(len(chain) == 21, f"{len(chain)} of 21 processes shown")
+                  f"chain's 41 processes shown", flush=True)
+            check(len(chain) == 41, f"{len(chain)} of 41 processes shown")
         finally:
             w.close()
 
