@@ -498,6 +498,30 @@ Test(limits, a_watch_of_its_own_sees_no_other_uids_task)
 	peer.watching = peer.watch_own = true;
 	struct mts_event fleet = {.scope = "fleet", .state = MTSHM_STATE_OK};
 	cr_assert(mts_event_visible(&srv.reg, &peer, &fleet));
+	/* A peer of no uid (TCP) has no own: the token's admin rights hold. */
+	struct mts_peer tcp = fx_peer(getpid(), 0);
+	tcp.has_cred = false;
+	tcp.watching = tcp.watch_own = tcp.watch_admin = true;
+	struct mts_event other = {.scope = "task:same",
+	                          .state = MTSHM_STATE_OVER,
+	                          .has_uid = true,
+	                          .uid = 1000};
+	cr_assert(mts_event_visible(&srv.reg, &tcp, &other));
+
+	/* root holds a reservation of task "same", whose workers run as uid
+	 * 1000 (its command switched user), which holds none: their event
+	 * is root's own. */
+	Memtally__V1__Response *r = fx_admit(0, 1000, "", "same", 0);
+	cr_assert(r->admit_result->admitted);
+	memtally__v1__response__free_unpacked(r, NULL);
+	cr_assert(watch_sees(0, true, 1000), "root's task run as uid 1000");
+	cr_assert_not(watch_sees(2000, true, 1000), "not a third uid's");
+	/* Once uid 1000 holds one of its own, the task of that name is uid
+	 * 1000's run, not root's. */
+	r = fx_admit(1000, 1000, "", "same", 0);
+	cr_assert(r->admit_result->admitted);
+	memtally__v1__response__free_unpacked(r, NULL);
+	cr_assert_not(watch_sees(0, true, 1000), "uid 1000's own task");
 }
 
 Test(limits, rss_is_read_summed_and_measurable)
