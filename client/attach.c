@@ -497,8 +497,10 @@ static bool server_trusted(int fd)
 }
 
 /* SO_PASSRIGHTS (Linux 6.16): a socket that refuses SCM_RIGHTS; the
- * sender's sendmsg() fails with EPERM. Older headers lack the name. */
-#ifndef SO_PASSRIGHTS
+ * sender's sendmsg() fails with EPERM. Older headers lack the name: the
+ * generic value, which sparc and parisc do not share (there another
+ * option has it), so there only with headers that name it. */
+#if !defined(SO_PASSRIGHTS) && !defined(__sparc__) && !defined(__hppa__)
 #define SO_PASSRIGHTS 83
 #endif
 
@@ -517,9 +519,11 @@ static int reg_connect(void)
 	 * that last close may block. Where the kernel has no such option
 	 * (before 6.16), a peer that accepts and sends within the instant
 	 * between connect() and the check still can. */
+#ifdef SO_PASSRIGHTS
 	int no = 0, yes = 1;
 	bool gated =
 	    setsockopt(fd, SOL_SOCKET, SO_PASSRIGHTS, &no, sizeof(no)) == 0;
+#endif
 	struct sockaddr_un sa = {.sun_family = AF_UNIX};
 	memcpy(sa.sun_path, mtc_proc.sock, strlen(mtc_proc.sock) + 1);
 	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
@@ -534,12 +538,14 @@ static int reg_connect(void)
 		reg_fd_close(0, fd);
 		return -EPERM;
 	}
+#ifdef SO_PASSRIGHTS
 	if (gated &&
 	    setsockopt(fd, SOL_SOCKET, SO_PASSRIGHTS, &yes, sizeof(yes)) < 0) {
 		int err = -errno;
 		reg_fd_close(0, fd);
 		return err;
 	}
+#endif
 	return fd;
 }
 

@@ -791,10 +791,18 @@ static int read_config(const char *path, char **text, int *bad_line,
 static int read_token_file(struct load *l, const char *section, const char *key,
                            const char *path, char **dst)
 {
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	/* O_NONBLOCK: a FIFO put in its place must not hold a start or a
+	 * reload; only a regular file is read. */
+	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
 	if (fd < 0)
 		return fail(l, section, key, "cannot read '%s': %s", path,
 		            strerror(errno));
+	struct stat rs;
+	if (fstat(fd, &rs) < 0 || !S_ISREG(rs.st_mode)) {
+		close(fd);
+		return fail(l, section, key, "'%s' is not a regular file",
+		            path);
+	}
 	char buf[TOKEN_MAX + 2];
 	ssize_t n;
 	do

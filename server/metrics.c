@@ -1240,35 +1240,44 @@ static enum MHD_Result on_accept(void *cls, const struct sockaddr *addr,
 	if (!addr || len < (socklen_t)sizeof(addr->sa_family))
 		return MHD_YES;
 	uint32_t key = mts_addr_key(addr);
-	uint32_t here = 0, open = 0;
-	struct http_conn *oldest = NULL;
+	uint32_t here = 0, open = 0; /* not shut down: going */
+	struct http_conn *oldest = NULL, *oldest_here = NULL;
 	pthread_mutex_lock(&m->conns_mu);
 	for (uint32_t i = 0; i < HTTP_TABLE; i++) {
 		struct http_conn *e = &m->conns[i];
-		if (!e->c)
+		if (!e->c || e->reaped)
 			continue;
-		here += e->addr_key == key;
-		if (e->reaped)
-			continue;
+		bool mine = e->addr_key == key;
 		open++;
-		if (!e->tokened &&
-		    (!oldest || e->opened_ns < oldest->opened_ns))
+		here += mine;
+		if (e->tokened)
+			continue;
+		if (!oldest || e->opened_ns < oldest->opened_ns)
 			oldest = e;
+		if (mine &&
+		    (!oldest_here || e->opened_ns < oldest_here->opened_ns))
+			oldest_here = e;
 	}
-	bool room = open < HTTP_CONNECTION_LIMIT;
-	bool made = false;
-	if (here < HTTP_PER_IP_LIMIT && !room &&
-	    (m->token[0] || m->token_unusable) && oldest) {
-		shutdown(oldest->fd, SHUT_RDWR);
-		oldest->reaped = true;
-		room = made = true;
+	/* With a token, a full address or table makes room by its oldest
+	 * connection without it: one of the address's own where the address
+	 * is full, so a client beside the scraper (its host, its NAT, its
+	 * /64) cannot keep it out either. */
+	bool gate = m->token[0] || m->token_unusable;
+	struct http_conn *victim = here >= HTTP_PER_IP_LIMIT       ? oldest_here
+	                           : open >= HTTP_CONNECTION_LIMIT ? oldest
+	                                                           : NULL;
+	bool ok = here < HTTP_PER_IP_LIMIT && open < HTTP_CONNECTION_LIMIT;
+	if (gate && victim) {
+		shutdown(victim->fd, SHUT_RDWR);
+		victim->reaped = true;
+		ok = true;
 	}
 	pthread_mutex_unlock(&m->conns_mu);
-	if (made)
+	if (gate && victim)
 		http_logf("the oldest connection without the token closed to "
-		          "make room: %u open, the most there may be",
-		          HTTP_CONNECTION_LIMIT);
-	if (here < HTTP_PER_IP_LIMIT && room)
+		          "make room: %u open from its address, %u in all",
+		          here, open);
+	if (ok)
 		return MHD_YES;
 	/* Said as libmicrohttpd's own refusals were, under their budget. */
 	char who[INET6_ADDRSTRLEN + 8];
@@ -1475,6 +1484,7 @@ static void metrics_free(struct mts_metrics *m)
 	pthread_mutex_destroy(&m->conns_mu);
 	mts_buf_free(&m->text);
 	mts_buf_free(&m->spare);
+	explicit_bzero(m->token, sizeof(m->token));
 	free(m);
 }
 

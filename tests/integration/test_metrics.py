@@ -325,9 +325,11 @@ def test_a_token_holder_gets_in_when_others_hold_every_place():
     only when it wins a race with them. With [metrics] token_file set, a
     scrape must send the token (Authorization: Bearer; 401 without it),
     and where every place is taken the oldest connection that has not
-    shown it makes room for the new one. 64 clients from 64 addresses
-    that never show it, each reconnecting at once: 10 scrapes with the
-    token in a row are each answered 200 at the first try."""
+    shown it makes room for the new one (one of its own address's where
+    that address holds its 8). 64 clients that never show it, each
+    reconnecting at once, 56 from addresses of their own and 8 from the
+    scraper's: 10 scrapes with the token in a row are each answered 200
+    at the first try."""
     import socket
     import threading
     token = "memtally-metrics-test-token-0123456789"
@@ -351,13 +353,18 @@ def test_a_token_holder_gets_in_when_others_hold_every_place():
                           token=token) == 200, "the token was refused")
 
         stop = threading.Event()
-        held = {}     # address -> its connection
+        # 56 other addresses, and 8 beside the scraper's own (its host, its
+        # NAT): 64, every place.
+        sources = ([f"127.0.1.{10 + i}" for i in range(56)] +
+                   [("127.0.3.1", k) for k in range(8)])
+        held = {}     # source -> its connection
         opened = [0]
 
         def hold(src):
+            addr = src[0] if isinstance(src, tuple) else src
             try:
                 c = socket.create_connection((host, port), timeout=2,
-                                             source_address=(src, 0))
+                                             source_address=(addr, 0))
                 c.sendall(b"GET /metrics HTTP/1.1\r\nX-Slow: ")
                 c.setblocking(False)
                 held[src] = c
@@ -368,9 +375,9 @@ def test_a_token_holder_gets_in_when_others_hold_every_place():
         def storm():
             import select
             while not stop.is_set():
-                for i in range(64):
-                    if f"127.0.1.{10 + i}" not in held:
-                        hold(f"127.0.1.{10 + i}")
+                for src in sources:
+                    if src not in held:
+                        hold(src)
                 conns = list(held.items())
                 ready, _, _ = select.select([c for _, c in conns], [], [],
                                             0.02)
@@ -399,9 +406,10 @@ def test_a_token_holder_gets_in_when_others_hold_every_place():
         finally:
             stop.set()
             t.join(timeout=10)
-            for c in held.values():
+            for c in list(held.values()):
                 c.close()
-        print(f"  64 clients without the token reconnecting at once "
+        print(f"  64 clients without the token reconnecting at once, 8 of "
+              f"them from the scraper's address "
               f"({opened[0]} connections, {full} held at the end): 10 "
               f"scrapes with it got {answers}", flush=True)
         check(answers == [200] * 10, f"scrapes with the token: {answers}")
@@ -462,18 +470,30 @@ def test_slow_readers_are_ended():
     namespace whose sockets buffer little (a 1280-byte MTU, 4 KiB send
     buffers: what a large answer meets on any network), 8 such readers of
     one address hold its places, so a 9th from it is refused; once the
-    server ends them it is answered."""
+    server ends them it is answered. The answer is made large as it is in
+    use: per-process series of 8 workers in groups of their own (~26 KB,
+    40 s at the readers' pace)."""
     small = [["ip", "link", "set", "lo", "mtu", "1280"],
              ["sysctl", "-qw", "net.ipv4.tcp_wmem=4096 4096 4096"]]
     with Namespace("mts", small, "make its buffers small") as inns:
-        with Server("--metrics", "127.0.0.1:0", prefix=inns) as s:
+        conf = config_file("[metrics]\nper_process = true\n")
+        with Server("--config", conf, "--metrics", "127.0.0.1:0",
+                    prefix=inns) as s:
             url = wait_for("metrics listening log line",
                            lambda: metrics_url(s))
             port = url.split("/")[2].rsplit(":", 1)[1]
-            r = subprocess.run(inns + [sys.executable, "-c", SLOW_READERS,
-                                       port, HERE, str(45 * MULT)],
-                               capture_output=True, text=True,
-                               timeout=120 * MULT)
+            ws = [Worker([*worker("hold"), "1"], s.env(group=f"slow{i}"))
+                  for i in range(8)]
+            try:
+                wait_for("8 workers counted", lambda: len(s.ps()) == 8)
+                r = subprocess.run(inns + [sys.executable, "-c",
+                                           SLOW_READERS, port, HERE,
+                                           str(45 * MULT)],
+                                   capture_output=True, text=True,
+                                   timeout=120 * MULT)
+            finally:
+                for w in ws:
+                    w.close()
             check(r.returncode == 0, f"the clients: {r.stderr}")
             first, took, read = r.stdout.split()
             print(f"  8 slow readers of one address: a 9th first got "

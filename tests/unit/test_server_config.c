@@ -446,6 +446,12 @@ Test(config, metrics_token_file)
 	cr_assert_eq(load("[metrics]\n", &s, err, sizeof(err)), 0, "%s", err);
 	cr_assert_null(s.policy.metrics_token);
 	mts_settings_free(&s);
+	/* A FIFO in its place is refused at once, not waited on. */
+	snprintf(tok, sizeof(tok), "%s/mfifo", dir);
+	cr_assert_eq(mkfifo(tok, 0600), 0);
+	snprintf(text, sizeof(text), "[metrics]\ntoken_file = %s\n", tok);
+	cr_assert_eq(load(text, &s, err, sizeof(err)), -EINVAL);
+	cr_assert_not_null(strstr(err, "not a regular file"), "%s", err);
 }
 
 /* The token gives admin rights: inline, only in a file nobody else can
