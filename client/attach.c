@@ -130,8 +130,10 @@ void mtc_debug_print(const char *fmt, ...)
  */
 static void fence_inherited(void)
 {
+	/* The parent's own (those of ancestors further back were fenced
+	 * when it was forked, and the fork copied that). */
 	uint32_t n = __atomic_load_n(&mtc_proc.natts, __ATOMIC_ACQUIRE);
-	for (uint32_t i = n > MTC_ATT_RING ? n - MTC_ATT_RING : 0; i < n; i++) {
+	for (uint32_t i = mtc_proc.natts_base; i < n; i++) {
 		struct mtshm_map *t = &atts[i % MTC_ATT_RING].table;
 		if (t->base)
 			(void)mmap(t->base, t->size, PROT_NONE,

@@ -217,13 +217,13 @@ uint64_t mts_task_reserved(const struct mts_registry *reg, const char *task,
 }
 
 bool mts_task_owned_by(const struct mts_registry *reg, const char *task,
-                       uint32_t uid)
+                       bool has_owner, uint32_t uid)
 {
 	if (!task[0] || reg->adm->ntasks == 0)
 		return false;
 	const struct mts_task *t = task_find(reg, task, hash_str(task));
 	for (const struct mts_resv *r = t ? t->resv : NULL; r; r = r->tnext)
-		if (r->has_owner && r->uid == uid)
+		if (has_owner ? r->has_owner && r->uid == uid : !r->has_owner)
 			return true;
 	return false;
 }

@@ -832,17 +832,22 @@ static int do_watch(struct mts_registry *reg, struct mts_peer *peer,
 bool mts_event_visible(const struct mts_registry *reg,
                        const struct mts_peer *peer, const struct mts_event *ev)
 {
-	/* Asked for its own only: not another uid's, admin or not; but a
-	 * task it holds a reservation of whose workers run as a uid that
-	 * holds none (a command that switches user) is its own. A peer of
-	 * no uid (TCP) has no own: the rules below hold for it. */
-	if (ev->has_uid && peer->watch_own && peer->has_cred) {
-		if (peer->uid == ev->uid)
+	/* Asked for its own only: its uid's events, not another's, admin or
+	 * not; but the event of a task it holds a reservation of, whose
+	 * workers run as a uid that holds none (a command that switches
+	 * user), is its own too, where it may see that uid's at all. A peer
+	 * of no uid (TCP) holds the reservations made without an owner. */
+	if (ev->has_uid && peer->watch_own) {
+		if (peer->has_cred && peer->uid == ev->uid)
 			return true;
 		const char *task =
 		    strncmp(ev->scope, "task:", 5) == 0 ? ev->scope + 5 : NULL;
-		return task && mts_task_owned_by(reg, task, peer->uid) &&
-		       !mts_task_owned_by(reg, task, ev->uid);
+		bool may = peer->watch_admin ||
+		           reg->policy.show_others == MTS_SHOW_ALL;
+		return task && may &&
+		       mts_task_owned_by(reg, task, peer->has_cred,
+		                         peer->uid) &&
+		       !mts_task_owned_by(reg, task, true, ev->uid);
 	}
 	/* Under counts a process's event shows what its ps line does: its
 	 * pid and figures, no names. */

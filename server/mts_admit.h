@@ -282,9 +282,10 @@ void mts_resv_worker_registered(struct mts_registry *reg, struct mts_proc *p);
  * which every worker of the task counts against, whatever its uid. */
 uint64_t mts_task_reserved(const struct mts_registry *reg, const char *task,
                            uint32_t uid, uint64_t *ownerless);
-/* Does `uid` own a live reservation of `task`? */
+/* Does `uid` own a live reservation of `task` (has_owner), or is there
+ * one without an owner, made over TCP (!has_owner)? */
 bool mts_task_owned_by(const struct mts_registry *reg, const char *task,
-                       uint32_t uid);
+                       bool has_owner, uint32_t uid);
 /* The node guard evicted `uid`'s workers of `task`: each of its
  * reservations (that `uid` owns, or no one does) with a kind records its
  * run as evicted, with the peak it reached (kinds.c). */

@@ -498,7 +498,8 @@ Test(limits, a_watch_of_its_own_sees_no_other_uids_task)
 	peer.watching = peer.watch_own = true;
 	struct mts_event fleet = {.scope = "fleet", .state = MTSHM_STATE_OK};
 	cr_assert(mts_event_visible(&srv.reg, &peer, &fleet));
-	/* A peer of no uid (TCP) has no own: the token's admin rights hold. */
+	/* A peer of no uid (TCP, an admin by the token) holds the tasks
+	 * reserved without an owner: none yet, so not uid 1000's "same". */
 	struct mts_peer tcp = fx_peer(getpid(), 0);
 	tcp.has_cred = false;
 	tcp.watching = tcp.watch_own = tcp.watch_admin = true;
@@ -506,7 +507,10 @@ Test(limits, a_watch_of_its_own_sees_no_other_uids_task)
 	                          .state = MTSHM_STATE_OVER,
 	                          .has_uid = true,
 	                          .uid = 1000};
-	cr_assert(mts_event_visible(&srv.reg, &tcp, &other));
+	cr_assert_not(mts_event_visible(&srv.reg, &tcp, &other));
+	tcp.watch_own = false;
+	cr_assert(mts_event_visible(&srv.reg, &tcp, &other), "admin: all");
+	tcp.watch_own = true;
 
 	/* root holds a reservation of task "same", whose workers run as uid
 	 * 1000 (its command switched user), which holds none: their event
@@ -516,6 +520,15 @@ Test(limits, a_watch_of_its_own_sees_no_other_uids_task)
 	memtally__v1__response__free_unpacked(r, NULL);
 	cr_assert(watch_sees(0, true, 1000), "root's task run as uid 1000");
 	cr_assert_not(watch_sees(2000, true, 1000), "not a third uid's");
+	/* A non-admin's reservation of a name does not show another uid's
+	 * task of that name where other uids' task events are not shown. */
+	srv.reg.policy.show_others = MTS_SHOW_COUNTS;
+	r = fx_admit(2000, 1000, "", "same", 0);
+	cr_assert(r->admit_result->admitted);
+	memtally__v1__response__free_unpacked(r, NULL);
+	cr_assert_not(watch_sees(2000, true, 1000), "counts: not uid 1000's");
+	srv.reg.policy.show_others = MTS_SHOW_ALL;
+	cr_assert(watch_sees(2000, true, 1000), "all: uid 1000 holds none");
 	/* Once uid 1000 holds one of its own, the task of that name is uid
 	 * 1000's run, not root's. */
 	r = fx_admit(1000, 1000, "", "same", 0);
