@@ -78,6 +78,20 @@
 
 static struct mtc_attachment atts[MTC_ATT_RING];
 
+/* The window an attach has mapped and not yet counted in natts (its base
+ * last, with release): a fork by another thread meanwhile fences it in
+ * the child too, as it would an entry. */
+static struct {
+	void *base;
+	size_t size;
+} inflight;
+
+static void inflight_set(const struct mtshm_map *t)
+{
+	inflight.size = t ? t->size : 0;
+	__atomic_store_n(&inflight.base, t ? t->base : NULL, __ATOMIC_RELEASE);
+}
+
 struct mtc_process mtc_proc = {.once = PTHREAD_ONCE_INIT};
 
 bool mtc_at_load;
@@ -128,19 +142,32 @@ void mtc_debug_print(const char *fmt, ...)
  * they compare epochs) by mtc_front_force_slow(), so nothing here still
  * points into them.
  */
-static void fence_inherited(void)
+static void fence_inherited(bool mine)
 {
 	/* The parent's own (those of ancestors further back were fenced
 	 * when it was forked, and the fork copied that). */
 	uint32_t n = __atomic_load_n(&mtc_proc.natts, __ATOMIC_ACQUIRE);
-	for (uint32_t i = mtc_proc.natts_base; i < n; i++) {
-		struct mtshm_map *t = &atts[i % MTC_ATT_RING].table;
-		if (t->base)
-			(void)mmap(t->base, t->size, PROT_NONE,
+	for (uint32_t i = mtc_proc.natts_base; i <= n; i++) {
+		const struct mtshm_map *t = &atts[i % MTC_ATT_RING].table;
+		void *base = t->base;
+		size_t size = t->size;
+		if (i == n) {
+			/* The attach in flight, if any, unless it is this
+			 * thread's (a fork from a signal handler): it goes on
+			 * in the child, reads the slot, finds it is not its
+			 * own and unmaps it. */
+			base = mine ? NULL
+			            : __atomic_load_n(&inflight.base,
+			                              __ATOMIC_ACQUIRE);
+			size = inflight.size;
+		}
+		if (base)
+			(void)mmap(base, size, PROT_NONE,
 			           MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED |
 			               MAP_NORESERVE,
 			           -1, 0);
 	}
+	inflight_set(NULL);
 }
 
 /*
@@ -187,7 +214,11 @@ static void on_fork_child(void)
 		total += slot_total(a);
 	mtshm_store_relaxeds64(&mtc_proc.pending, total);
 	mtshm_store_release64(&mtc_proc.cur, 0);
-	fence_inherited();
+	/* The thread registering: a fork on that very thread (from a signal
+	 * handler) returns into the registration in the child. */
+	bool mine = pthread_equal(
+	    __atomic_load_n(&reg_thread, __ATOMIC_RELAXED), pthread_self());
+	fence_inherited(mine);
 	/* The parent's attachments are not the child's to count against its
 	 * MTC_MAX_ATTACH: a chain of forks that never exec (subshells, a
 	 * daemon forking again) would otherwise run out after 16 levels and
@@ -226,8 +257,6 @@ static void on_fork_child(void)
 	mtc_proc.refresh_started = 0;
 	mtc_refresh_want = 0;
 	mtc_proc.answer_lost = 0; /* the parent's registration, not ours */
-	bool mine = pthread_equal(
-	    __atomic_load_n(&reg_thread, __ATOMIC_RELAXED), pthread_self());
 	for (int i = 0; !mine && i < 3; i++) {
 		int fd = reg_fds[i];
 		reg_fds[i] = -1;
@@ -817,6 +846,7 @@ static int attach(bool if_registered)
 	reply_close(&rep);
 	if (err)
 		return err;
+	inflight_set(&a.table);
 	bool shared_table = old && a.table.base == old->table.base;
 	struct mtshm_slot_id *s = a.slot;
 	if (mtshm_load_acquire32(&s->pid) != (uint32_t)mtc_proc.pid ||
@@ -831,6 +861,7 @@ static int attach(bool if_registered)
 	    old->hdr_map.dev == a.hdr_map.dev) {
 		/* A repeat registration: the server kept us. Nothing moves. */
 		mtc_debug("re-registered: slot %u kept", rep.slot);
+		inflight_set(NULL);
 		mtshm_close(&a.hdr_map);
 		return 0;
 	}
@@ -846,6 +877,7 @@ static int attach(bool if_registered)
 	/* Written whole before counted: a fork at any moment fences only
 	 * complete entries (fence_inherited). */
 	__atomic_store_n(&mtc_proc.natts, k + 1, __ATOMIC_RELEASE);
+	inflight_set(NULL);
 	/* At most what memtallyd's config accepts ([server] threshold, 1
 	 * GiB): a peer answering more could make the fronts' windows (2 x
 	 * threshold) wrap. */
@@ -890,6 +922,7 @@ static int attach(bool if_registered)
 	return 0;
 
 fail:
+	inflight_set(NULL);
 	if (!shared_table)
 		mtshm_close(&a.table);
 	mtshm_close(&a.hdr_map);

@@ -1035,6 +1035,20 @@ static void format_addr(const struct sockaddr_storage *ss, uint16_t port,
 
 /* ---- serving --------------------------------------------------------- */
 
+/* Why /metrics ended or refused a connection: a family of its own,
+ * counted on the HTTP thread and the loop's reaper, so appended to the
+ * text the loop rendered rather than rendered with it. */
+enum http_end {
+	HTTP_END_NO_REQUEST, /* headers not in HTTP_REQUEST_DEADLINE_S */
+	HTTP_END_NOT_READ,   /* answer not gone HTTP_ANSWER_DEADLINE_S */
+	HTTP_END_MADE_ROOM,  /* untokened, closed for a new connection */
+	HTTP_END_REFUSED,    /* refused at accept: address or table full */
+	HTTP_END_N
+};
+static const char *const http_end_reason[HTTP_END_N] = {
+    "no_request_in_time", "answer_not_read_in_time", "made_room",
+    "refused_at_accept"};
+
 struct mts_metrics {
 	uv_async_t async; /* a scrape wants a fresh text; runs on the loop */
 	const struct mts_registry *reg;
@@ -1073,7 +1087,10 @@ struct mts_metrics {
 	 * the loop at start and reload, read by the HTTP thread. */
 	char token[MTS_TOKEN_MAX + 1];
 	bool token_unusable; /* set too long: every request is refused */
-	int handles;         /* uv handles open, freed at 0 */
+	/* Connections ended or refused, by why (enum http_end), under
+	 * conns_mu: appended to each answer (http_ends_append). */
+	uint64_t ends[HTTP_END_N];
+	int handles; /* uv handles open, freed at 0 */
 };
 
 /* Loop thread: render a text and publish it. */
@@ -1114,12 +1131,36 @@ static void deadline_after_ms(struct timespec *ts, unsigned ms)
  * caller frees) and *len, 503 (the loop did not answer in time, or we are
  * stopping) or 500 (out of memory).
  */
+/* The family of /metrics' own ended connections, at buf[0..cap):
+ * its length, or 0 if it did not fit. */
+static size_t http_ends_format(const uint64_t *ends, char *buf, size_t cap)
+{
+	int n = snprintf(buf, cap,
+	                 "# HELP memtally_metrics_connections_ended_total "
+	                 "Connections to /metrics the server ended or "
+	                 "refused, by why.\n"
+	                 "# TYPE memtally_metrics_connections_ended_total "
+	                 "counter\n");
+	for (int i = 0; i < HTTP_END_N && n > 0 && (size_t)n < cap; i++)
+		n += snprintf(buf + n, cap - (size_t)n,
+		              "memtally_metrics_connections_ended_total"
+		              "{reason=\"%s\"} %llu\n",
+		              http_end_reason[i], (unsigned long long)ends[i]);
+	return n > 0 && (size_t)n < cap ? (size_t)n : 0;
+}
+
 static unsigned snapshot(struct mts_metrics *m, char **body, size_t *len)
 {
 	unsigned status = MHD_HTTP_OK;
 	bool timed_out = false;
 	*body = NULL;
 	*len = 0;
+	uint64_t ends[HTTP_END_N];
+	pthread_mutex_lock(&m->conns_mu);
+	memcpy(ends, m->ends, sizeof(ends));
+	pthread_mutex_unlock(&m->conns_mu);
+	char own[1024];
+	size_t own_len = http_ends_format(ends, own, sizeof(own));
 	pthread_mutex_lock(&m->mu);
 	uint64_t now = mts_now_monotonic();
 	if (!m->serving) {
@@ -1142,12 +1183,14 @@ static unsigned snapshot(struct mts_metrics *m, char **body, size_t *len)
 		}
 	}
 	if (status == MHD_HTTP_OK) {
-		*len = m->text.len;
+		*len = m->text.len + own_len;
 		*body = malloc(*len ? *len : 1);
-		if (*body)
-			memcpy(*body, m->text.data, *len);
-		else
+		if (*body) {
+			memcpy(*body, m->text.data, m->text.len);
+			memcpy(*body + m->text.len, own, own_len);
+		} else {
 			status = MHD_HTTP_INTERNAL_SERVER_ERROR;
+		}
 	}
 	pthread_mutex_unlock(&m->mu);
 	if (timed_out)
@@ -1270,8 +1313,11 @@ static enum MHD_Result on_accept(void *cls, const struct sockaddr *addr,
 	if (gate && victim) {
 		shutdown(victim->fd, SHUT_RDWR);
 		victim->reaped = true;
+		m->ends[HTTP_END_MADE_ROOM]++;
 		ok = true;
 	}
+	if (!ok)
+		m->ends[HTTP_END_REFUSED]++;
 	pthread_mutex_unlock(&m->conns_mu);
 	if (gate && victim)
 		http_logf("the oldest connection without the token closed to "
@@ -1370,6 +1416,7 @@ static void on_reap(uv_timer_t *t)
 			reading++;
 		else
 			idle++;
+		m->ends[e->busy ? HTTP_END_NOT_READ : HTTP_END_NO_REQUEST]++;
 	}
 	pthread_mutex_unlock(&m->conns_mu);
 	if (idle)

@@ -408,13 +408,22 @@ def test_a_token_holder_gets_in_when_others_hold_every_place():
             t.join(timeout=10)
             for c in list(held.values()):
                 c.close()
+        req = urllib.request.Request(
+            url, headers={"Authorization": f"Bearer {token}"})
+        with urllib.request.urlopen(req, timeout=10 * MULT) as resp:
+            m = parse(resp.read().decode())
+        ended = {k[1][0][1]: int(v) for k, v in m.items()
+                 if k[0] == "memtally_metrics_connections_ended_total"}
         print(f"  64 clients without the token reconnecting at once, 8 of "
-              f"them from the scraper's address "
-              f"({opened[0]} connections, {full} held at the end): 10 "
-              f"scrapes with it got {answers}", flush=True)
+              f"them from the scraper's address ({opened[0]} connections, "
+              f"{full} held at the end): 10 scrapes with it got {answers}; "
+              f"connections ended: {ended}", flush=True)
         check(answers == [200] * 10, f"scrapes with the token: {answers}")
-        check(opened[0] >= 64 + 9, f"only {opened[0]} connections were "
-                                   "opened: the clients did not reconnect")
+        # Each scrape made its room where the table or its address was
+        # full; on a loaded machine the clients may not have refilled
+        # every place the deadline freed before each one.
+        check(ended.get("made_room", 0) >= 1,
+              f"no connection was closed to make room: {ended}")
         check("oldest connection without the token closed" in s.logtext(),
               "no log line for the connections closed to make room")
 
