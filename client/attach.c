@@ -142,31 +142,29 @@ void mtc_debug_print(const char *fmt, ...)
  * they compare epochs) by mtc_front_force_slow(), so nothing here still
  * points into them.
  */
+static void fence(void *base, size_t size)
+{
+	if (base)
+		(void)mmap(base, size, PROT_NONE,
+		           MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED |
+		               MAP_NORESERVE,
+		           -1, 0);
+}
+
 static void fence_inherited(bool mine)
 {
 	/* The parent's own (those of ancestors further back were fenced
 	 * when it was forked, and the fork copied that). */
 	uint32_t n = __atomic_load_n(&mtc_proc.natts, __ATOMIC_ACQUIRE);
-	for (uint32_t i = mtc_proc.natts_base; i <= n; i++) {
-		const struct mtshm_map *t = &atts[i % MTC_ATT_RING].table;
-		void *base = t->base;
-		size_t size = t->size;
-		if (i == n) {
-			/* The attach in flight, if any, unless it is this
-			 * thread's (a fork from a signal handler): it goes on
-			 * in the child, reads the slot, finds it is not its
-			 * own and unmaps it. */
-			base = mine ? NULL
-			            : __atomic_load_n(&inflight.base,
-			                              __ATOMIC_ACQUIRE);
-			size = inflight.size;
-		}
-		if (base)
-			(void)mmap(base, size, PROT_NONE,
-			           MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED |
-			               MAP_NORESERVE,
-			           -1, 0);
-	}
+	for (uint32_t i = mtc_proc.natts_base; i < n; i++)
+		fence(atts[i % MTC_ATT_RING].table.base,
+		      atts[i % MTC_ATT_RING].table.size);
+	/* The attach in flight, if any, unless it is this thread's (a fork
+	 * from a signal handler): that goes on in the child, reads the slot,
+	 * finds it is not its own and unmaps it. */
+	if (!mine)
+		fence(__atomic_load_n(&inflight.base, __ATOMIC_ACQUIRE),
+		      inflight.size);
 	inflight_set(NULL);
 }
 

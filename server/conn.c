@@ -948,24 +948,6 @@ static void conn_peer_cred(struct mts_conn *c)
 	}
 }
 
-/* "ADDR:PORT" ("[ADDR]:PORT" for IPv6) of `ss`, for the logs. */
-static void format_addr(const struct sockaddr_storage *ss, char *buf,
-                        size_t cap)
-{
-	char host[INET6_ADDRSTRLEN] = "?";
-	if (ss->ss_family == AF_INET6) {
-		const struct sockaddr_in6 *s6 = (const void *)ss;
-		uv_ip6_name(s6, host, sizeof(host));
-		snprintf(buf, cap, "[%s]:%u", host, ntohs(s6->sin6_port));
-	} else if (ss->ss_family == AF_INET) {
-		const struct sockaddr_in *s4 = (const void *)ss;
-		uv_ip4_name(s4, host, sizeof(host));
-		snprintf(buf, cap, "%s:%u", host, ntohs(s4->sin_port));
-	} else {
-		snprintf(buf, cap, "?");
-	}
-}
-
 /*
  * A TCP peer has no SO_PEERCRED, but a peer on this host is a uid all the
  * same: the kernel knows who owns its end of the connection (sockdiag.c).
@@ -987,7 +969,8 @@ static void conn_tcp_setup(struct mts_conn *c)
 	if (uv_tcp_getpeername(&c->h.tcp, (struct sockaddr *)&peer, &plen) ||
 	    uv_tcp_getsockname(&c->h.tcp, (struct sockaddr *)&local, &llen))
 		return;
-	format_addr(&peer, c->peer.addr, sizeof(c->peer.addr));
+	mts_addr_format((struct sockaddr *)&peer, c->peer.addr,
+	                sizeof(c->peer.addr));
 	if (!mts_addr_is_local((struct sockaddr *)&peer,
 	                       (struct sockaddr *)&local)) {
 		c->remote = true;

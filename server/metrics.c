@@ -1014,25 +1014,6 @@ fail_free_groups:
 	return err;
 }
 
-/* ---- addresses ------------------------------------------------------- */
-
-/* "127.0.0.1:9100" or "[::1]:9100" for the logs. */
-static void format_addr(const struct sockaddr_storage *ss, uint16_t port,
-                        char *buf, size_t cap)
-{
-	char ip[INET6_ADDRSTRLEN] = "?";
-	if (ss->ss_family == AF_INET6) {
-		inet_ntop(AF_INET6,
-		          &((const struct sockaddr_in6 *)ss)->sin6_addr, ip,
-		          sizeof(ip));
-		snprintf(buf, cap, "[%s]:%u", ip, port);
-	} else {
-		inet_ntop(AF_INET, &((const struct sockaddr_in *)ss)->sin_addr,
-		          ip, sizeof(ip));
-		snprintf(buf, cap, "%s:%u", ip, port);
-	}
-}
-
 /* ---- serving --------------------------------------------------------- */
 
 /* Why /metrics ended or refused a connection: a family of its own,
@@ -1088,7 +1069,7 @@ struct mts_metrics {
 	char token[MTS_TOKEN_MAX + 1];
 	bool token_unusable; /* set too long: every request is refused */
 	/* Connections ended or refused, by why (enum http_end), under
-	 * conns_mu: appended to each answer (http_ends_append). */
+	 * conns_mu: appended to each answer (http_ends_format). */
 	uint64_t ends[HTTP_END_N];
 	int handles; /* uv handles open, freed at 0 */
 };
@@ -1125,12 +1106,6 @@ static void deadline_after_ms(struct timespec *ts, unsigned ms)
 	}
 }
 
-/*
- * HTTP thread: a copy of a text no older than FRESH_NS, rendered on
- * demand. Returns the status to answer: 200 with *body (malloc'd, the
- * caller frees) and *len, 503 (the loop did not answer in time, or we are
- * stopping) or 500 (out of memory).
- */
 /* The family of /metrics' own ended connections, at buf[0..cap):
  * its length, or 0 if it did not fit. */
 static size_t http_ends_format(const uint64_t *ends, char *buf, size_t cap)
@@ -1149,6 +1124,12 @@ static size_t http_ends_format(const uint64_t *ends, char *buf, size_t cap)
 	return n > 0 && (size_t)n < cap ? (size_t)n : 0;
 }
 
+/*
+ * HTTP thread: a copy of a text no older than FRESH_NS, rendered on
+ * demand. Returns the status to answer: 200 with *body (malloc'd, the
+ * caller frees) and *len, 503 (the loop did not answer in time, or we are
+ * stopping) or 500 (out of memory).
+ */
 static unsigned snapshot(struct mts_metrics *m, char **body, size_t *len)
 {
 	unsigned status = MHD_HTTP_OK;
@@ -1269,11 +1250,11 @@ static void http_logf(const char *fmt, ...)
 /* HTTP thread, before a connection starts: at most HTTP_PER_IP_LIMIT of
  * one address, or of one IPv6 /64 (libmicrohttpd's own per-IP limit
  * counts each IPv6 address, and a host has a /64 of them), and at most
- * HTTP_CONNECTION_LIMIT in all. With a token set, where every place is
- * taken, the oldest connection that has not shown it is shut down to make
- * room (as sshd's MaxStartups does): clients that never show it, however
- * many addresses they come from, cannot keep a scraper holding it out,
- * which shows it in its first request and keeps its place from then on.
+ * HTTP_CONNECTION_LIMIT in all. With a token set, where the address or
+ * the table is full, the oldest connection that has not shown it (of the
+ * address, where that is full) is shut down to make room, as sshd's
+ * MaxStartups does: clients that never show it cannot keep out a scraper
+ * holding it, which shows it in its first request and keeps its place.
  * One thread accepts, and a connection is in the table before the next
  * accept. */
 static enum MHD_Result on_accept(void *cls, const struct sockaddr *addr,
@@ -1327,19 +1308,7 @@ static enum MHD_Result on_accept(void *cls, const struct sockaddr *addr,
 		return MHD_YES;
 	/* Said as libmicrohttpd's own refusals were, under their budget. */
 	char who[INET6_ADDRSTRLEN + 8];
-	if (addr->sa_family == AF_INET6 &&
-	    len >= (socklen_t)sizeof(struct sockaddr_in6))
-		format_addr(
-		    (const struct sockaddr_storage *)addr,
-		    ntohs(((const struct sockaddr_in6 *)addr)->sin6_port), who,
-		    sizeof(who));
-	else if (addr->sa_family == AF_INET &&
-	         len >= (socklen_t)sizeof(struct sockaddr_in))
-		format_addr((const struct sockaddr_storage *)addr,
-		            ntohs(((const struct sockaddr_in *)addr)->sin_port),
-		            who, sizeof(who));
-	else
-		snprintf(who, sizeof(who), "?");
+	mts_addr_format(addr, who, sizeof(who));
 	if (here >= HTTP_PER_IP_LIMIT)
 		http_logf("connection from %s refused: %u open from its "
 		          "address (an IPv6 /64 counts as one), the most one "
@@ -1683,7 +1652,12 @@ int mts_metrics_start(struct mts_metrics **out, const char *host_port,
 	m->serving = true;
 	pthread_mutex_unlock(&m->mu);
 
-	format_addr(&ss, m->port, addr, sizeof(addr));
+	/* The bound port, for a listen on port 0. */
+	if (ss.ss_family == AF_INET6)
+		((struct sockaddr_in6 *)&ss)->sin6_port = htons(m->port);
+	else
+		((struct sockaddr_in *)&ss)->sin_port = htons(m->port);
+	mts_addr_format((struct sockaddr *)&ss, addr, sizeof(addr));
 	mts_log(MTS_LOG_INFO, "metrics listening", "addr=%s", addr);
 	*out = m;
 	return 0;

@@ -22,6 +22,10 @@ bool mts_addr_is_local(const struct sockaddr *peer,
  * is its IPv4). */
 uint32_t mts_addr_key(const struct sockaddr *addr);
 
+/* "ADDR:PORT" ("[ADDR]:PORT" for IPv6) of an AF_INET or AF_INET6 address
+ * into buf[0..cap), for the logs; "?" for any other. */
+void mts_addr_format(const struct sockaddr *addr, char *buf, size_t cap);
+
 struct inet_diag_msg;
 
 /*

@@ -252,32 +252,20 @@ int mts_server_apply_hooks(struct mts_server *srv,
 	return srv->hooks ? mts_hooks_configure(srv->hooks, conf) : 0;
 }
 
-/* Is the kinds cap `now` below `was` (0: none)? */
-static bool cap_lowered(uint32_t was, uint32_t now)
-{
-	return now && (!was || now < was);
-}
-
 int mts_server_apply_policy(struct mts_server *srv,
                             const struct mts_policy *pol)
 {
 	const struct mts_policy *now = &srv->reg.policy;
-	uint32_t max_was = now->kinds_max;
-	uint32_t per_uid_was = now->kinds_per_uid;
-	bool admin_was = now->has_admin_uid;
-	uint32_t admin_uid_was = now->admin_uid;
 	int err = mts_limits_apply_policy(&srv->reg, pol);
 	if (err < 0)
 		return err;
 	rss_timer_set(srv, now->rss_interval_ms);
-	/* Lowered caps hold from now, not from the next start; so does the
-	 * per-uid cap for a uid that is no longer admin_uid (exempt until
-	 * now, it may hold more unmarked kinds than the cap). */
-	bool admin_dropped = admin_was && (!now->has_admin_uid ||
-	                                   now->admin_uid != admin_uid_was);
-	if (cap_lowered(max_was, now->kinds_max) ||
-	    cap_lowered(per_uid_was, now->kinds_per_uid) || admin_dropped)
-		mts_kinds_trim(&srv->reg);
+	/* The caps hold from now, not from the next start: a lowered cap, or
+	 * the per-uid one for a uid no longer admin_uid (exempt until now, it
+	 * may hold more unmarked kinds than the cap). Admit keeps the table
+	 * within the caps otherwise, so a reload that changes neither finds
+	 * nothing past them and drops nothing. */
+	mts_kinds_trim(&srv->reg);
 	mts_metrics_set_token(srv->metrics, now->metrics_token);
 	return 0;
 }

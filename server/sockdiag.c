@@ -24,6 +24,7 @@
  */
 #include "mts_sockdiag.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <ifaddrs.h>
 #include <linux/inet_diag.h>
@@ -31,6 +32,7 @@
 #include <linux/sock_diag.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/time.h>
 #include <unistd.h>
@@ -99,6 +101,22 @@ static bool addr_on_host(const struct addr *a)
 	}
 	freeifaddrs(ifs);
 	return found;
+}
+
+void mts_addr_format(const struct sockaddr *addr, char *buf, size_t cap)
+{
+	char host[INET6_ADDRSTRLEN] = "?";
+	if (addr->sa_family == AF_INET6) {
+		const struct sockaddr_in6 *s6 = (const void *)addr;
+		inet_ntop(AF_INET6, &s6->sin6_addr, host, sizeof(host));
+		snprintf(buf, cap, "[%s]:%u", host, ntohs(s6->sin6_port));
+	} else if (addr->sa_family == AF_INET) {
+		const struct sockaddr_in *s4 = (const void *)addr;
+		inet_ntop(AF_INET, &s4->sin_addr, host, sizeof(host));
+		snprintf(buf, cap, "%s:%u", host, ntohs(s4->sin_port));
+	} else {
+		snprintf(buf, cap, "?");
+	}
 }
 
 uint32_t mts_addr_key(const struct sockaddr *addr)
