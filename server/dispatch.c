@@ -43,6 +43,7 @@
 #include "mts_log.h"
 #include "mts_node.h"
 #include "mts_policy.h"
+#include "mts_procfs.h"
 #include "mts_registry.h"
 #include "mtshm.h"
 
@@ -829,14 +830,31 @@ static int do_watch(struct mts_registry *reg, struct mts_peer *peer,
 	return err;
 }
 
+/* The most of an event's workers whose parents are read for one peer. */
+#define MTS_EVENT_PIDS_ASKED 16u
+
+/* Does one of the workers `ev` names descend from the peer's process:
+ * are they its own command's? */
+static bool event_of_peers_command(const struct mts_peer *peer,
+                                   const struct mts_event *ev)
+{
+	for (uint32_t i = 0; i < ev->npids && i < MTS_EVENT_PIDS_ASKED; i++)
+		if (mts_descends_from(ev->pids[i], peer->pid))
+			return true;
+	return false;
+}
+
 bool mts_event_visible(const struct mts_registry *reg,
                        const struct mts_peer *peer, const struct mts_event *ev)
 {
 	/* Asked for its own only: its uid's events, not another's, admin or
-	 * not; but the event of a task it holds a reservation of, whose
-	 * workers run as a uid that holds none (a command that switches
-	 * user), is its own too, where it may see that uid's at all. A peer
-	 * of no uid (TCP) holds the reservations made without an owner. */
+	 * not. But the event of a task whose workers descend from the
+	 * subscriber's process is its own too, whatever their uid (its
+	 * command switched user: runuser, setpriv, gosu), where it may see
+	 * that uid's at all. Another uid's workers that merely took the name
+	 * are not its command. A peer of no process (TCP) cannot be asked:
+	 * it holds the reservations made without an owner, and a task's
+	 * event whose uid holds none of that task is its own. */
 	if (ev->has_uid && peer->watch_own) {
 		if (peer->has_cred && peer->uid == ev->uid)
 			return true;
@@ -844,9 +862,11 @@ bool mts_event_visible(const struct mts_registry *reg,
 		    strncmp(ev->scope, "task:", 5) == 0 ? ev->scope + 5 : NULL;
 		bool may = peer->watch_admin ||
 		           reg->policy.show_others == MTS_SHOW_ALL;
-		return task && may &&
-		       mts_task_owned_by(reg, task, peer->has_cred,
-		                         peer->uid) &&
+		if (!task || !may)
+			return false;
+		if (peer->has_cred)
+			return event_of_peers_command(peer, ev);
+		return mts_task_owned_by(reg, task, false, 0) &&
 		       !mts_task_owned_by(reg, task, true, ev->uid);
 	}
 	/* Under counts a process's event shows what its ps line does: its

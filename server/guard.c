@@ -273,8 +273,9 @@ struct tree {
 	int fd[MTS_GUARD_TREE_MAX];
 	uint32_t pid[MTS_GUARD_TREE_MAX];
 	uint32_t n;
-	bool cut; /* a descendant was left out: the tree was full, or no
-	           * descriptor was left for its pidfd */
+	uint32_t workers; /* pid[0..workers): the task's registered workers */
+	bool cut;         /* a descendant was left out: the tree was full, or no
+	                   * descriptor was left for its pidfd */
 };
 
 static bool in_tree(const struct tree *t, uint32_t pid)
@@ -289,16 +290,7 @@ static bool in_tree(const struct tree *t, uint32_t pid)
  * it cannot be read (gone). */
 static bool stat_of(uint32_t pid, char *state, uint32_t *ppid)
 {
-	char dir[32], buf[512];
-	snprintf(dir, sizeof(dir), "/proc/%u", pid);
-	if (mts_read_small(dir, "stat", buf, sizeof(buf)) < 0)
-		return false;
-	const char *rp = strrchr(buf, ')'); /* comm may hold anything */
-	unsigned pp = 0;
-	if (!rp || sscanf(rp + 1, " %c %u", state, &pp) != 2)
-		return false;
-	*ppid = pp;
-	return true;
+	return mts_read_state_ppid((pid_t)pid, state, ppid) == 0;
 }
 
 /* The parent pid of `pid`, or 0. */
@@ -420,6 +412,7 @@ static void stop_tree(struct mts_registry *reg, const struct mts_guard_cand *k,
 		t->pid[t->n] = p->pid;
 		t->n++;
 	}
+	t->workers = t->n;
 	/* Breadth first: the list grows as it is walked. */
 	for (uint32_t i = 0; i < t->n; i++)
 		add_children(t, i, self, SIGSTOP);
@@ -595,9 +588,12 @@ static void describe(char *buf, size_t len, const char *verb,
 }
 
 /* A Watch event for the candidate's scope ("task:NAME" or "pid:N"):
- * OVER for an eviction, HIGH for a pause, OK when resumed. */
+ * OVER for an eviction, HIGH for a pause, OK when resumed. It names the
+ * task's workers `t` holds, alive while it is sent: whose they are is
+ * then known by their parents (mts_event_visible). */
 static void send_event(struct mts_registry *reg, const struct mts_guard_cand *k,
-                       uint8_t state, uint8_t previous, const char *reason)
+                       const struct tree *t, uint8_t state, uint8_t previous,
+                       const char *reason)
 {
 	struct mts_guard_state *g = reg->guard;
 	if (!reg->lim || !reg->lim->on_event)
@@ -619,6 +615,8 @@ static void send_event(struct mts_registry *reg, const struct mts_guard_cand *k,
 	    .growth = k->growth,
 	    .has_uid = true,
 	    .uid = k->uid,
+	    .pids = t->pid,
+	    .npids = t->workers,
 	};
 	reg->lim->on_event(reg->lim->event_ctx, &ev);
 }
@@ -669,7 +667,7 @@ static void kill_held(struct mts_registry *reg, const struct mts_guard_cand *k,
 		        k->uid);
 		return;
 	}
-	send_event(reg, k, MTSHM_STATE_OVER, MTSHM_STATE_OVER, reason);
+	send_event(reg, k, t, MTSHM_STATE_OVER, MTSHM_STATE_OVER, reason);
 	uint32_t killed = signal_tree(t, SIGKILL);
 	close_tree(t);
 	g->evictions++;
@@ -716,7 +714,7 @@ static void pause_task(struct mts_registry *reg, const struct mts_guard_cand *k,
 		free(h);
 		return;
 	}
-	send_event(reg, &h->k, MTSHM_STATE_HIGH, MTSHM_STATE_OK, reason);
+	send_event(reg, &h->k, &h->t, MTSHM_STATE_HIGH, MTSHM_STATE_OK, reason);
 	g->hold = h;
 	g->pauses++;
 }
@@ -762,7 +760,6 @@ void mts_guard_release(struct mts_registry *reg, const char *why)
 		return;
 	struct mts_guard_hold *h = take_hold(reg);
 	uint32_t took = signal_tree(&h->t, SIGCONT);
-	close_tree(&h->t);
 	char q[MTS_LOGQ_MAX], msg[256];
 	double held_s = (double)(mts_now_monotonic() - h->since_ns) / 1e9;
 	mts_log(MTS_LOG_WARN, "node guard: resumed",
@@ -770,7 +767,8 @@ void mts_guard_release(struct mts_registry *reg, const char *why)
 	        mts_logq(q, sizeof(q), h->task), h->k.uid, took, held_s, why);
 	snprintf(msg, sizeof(msg), "resumed by the node guard after %.1f s: %s",
 	         held_s, why);
-	send_event(reg, &h->k, MTSHM_STATE_OK, MTSHM_STATE_HIGH, msg);
+	send_event(reg, &h->k, &h->t, MTSHM_STATE_OK, MTSHM_STATE_HIGH, msg);
+	close_tree(&h->t);
 	g->resumed++;
 	free(h);
 }

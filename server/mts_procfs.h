@@ -31,6 +31,18 @@ int mts_read_stat(pid_t pid, uint64_t *start_time, char *comm, size_t cap);
  * Returns 0, -ENOENT/-ESRCH (gone), -EINVAL. */
 int mts_read_real_uid(pid_t pid, uint32_t *out);
 
+/* The state letter and parent pid of `pid` (fields 3 and 4 of
+ * /proc/PID/stat). Returns 0, -ENOENT/-ESRCH (gone), -EINVAL. */
+int mts_read_state_ppid(pid_t pid, char *state, uint32_t *ppid);
+
+/* The most parents mts_descends_from() walks up. */
+#define MTS_ANCESTRY_MAX 64u
+
+/* Is `ancestor` the parent of `pid`, or of its parent, and so on (at most
+ * MTS_ANCESTRY_MAX steps)? A chain /proc cannot read (a process gone, one
+ * reparented on its parent's death) answers false. */
+bool mts_descends_from(uint32_t pid, uint32_t ancestor);
+
 /* Parse the text of a statm file: resident pages x page_size, and
  * (`anon` not NULL) resident less shared pages x page_size. */
 int mts_parse_statm_rss(const char *statm, uint64_t page_size, uint64_t *rss,

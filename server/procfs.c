@@ -156,6 +156,38 @@ int mts_read_real_uid(pid_t pid, uint32_t *out)
 	return 0;
 }
 
+int mts_read_state_ppid(pid_t pid, char *state, uint32_t *ppid)
+{
+	char buf[512];
+	ssize_t n = mts_read_proc_file(pid, "stat", buf, sizeof(buf));
+	if (n < 0)
+		return (int)n;
+	const char *rp = strrchr(buf, ')'); /* comm may hold anything */
+	unsigned pp = 0;
+	char st = 0;
+	if (!rp || sscanf(rp + 1, " %c %u", &st, &pp) != 2)
+		return -EINVAL;
+	*state = st;
+	*ppid = pp;
+	return 0;
+}
+
+bool mts_descends_from(uint32_t pid, uint32_t ancestor)
+{
+	if (ancestor <= 1)
+		return false; /* everything descends from init: no answer */
+	for (uint32_t i = 0; i < MTS_ANCESTRY_MAX && pid > 1; i++) {
+		char state;
+		uint32_t ppid;
+		if (mts_read_state_ppid((pid_t)pid, &state, &ppid) < 0)
+			return false;
+		if (ppid == ancestor)
+			return true;
+		pid = ppid;
+	}
+	return false;
+}
+
 /* The next number of a statm line at *p, and past its separator. */
 static int statm_field(const char **p, unsigned long long *out)
 {

@@ -25,6 +25,13 @@ kernel's OOM killer has to choose.
 - test_anothers_eviction_is_not_an_admins: root's `memtally run --task
   leak`, whose command fails on its own, is not told nobody's task of
   that name was evicted: it exits with its command's status, not 75.
+- test_a_command_that_switches_user_is_evicted_as_the_runs: root's
+  `memtally run` whose command runs as nobody (setpriv) is told of its
+  eviction and exits 75.
+- test_a_name_taken_without_a_reservation_is_not_an_admins_run: nor of
+  nobody's workers that took the name without any reservation (what a
+  command that switches user looks like): they do not descend from
+  root's run, so root's run still exits with its command's 3.
 - test_understating_cannot_hide: as nobody, a task granted 8 MiB holds 50
   and its slot claims 1; a younger task of another user, within its
   reservation, and memory memtally does not count take the node past its
@@ -442,6 +449,86 @@ def test_anothers_eviction_is_not_an_admins():
         end_all(cg, admin, leak)
 
 
+def test_a_command_that_switches_user_is_evicted_as_the_runs():
+    """root's `memtally run --task sw` runs its command as nobody
+    (setpriv): its workers are nobody's, who holds no reservation of "sw",
+    and descend from root's run. Their eviction is the run's: it says so
+    and exits 75."""
+    cg = node("switch")
+    preload, cli, fl = world_readable_copy(
+        os.environ["MEMTALLY_PRELOAD_LIB"], CLI, worker("fleet"))
+    run = None
+    try:
+        with guard_server(cg, "[server]\ngroup = nogroup\n") as s:
+            open_to_nobody(s)
+            env = run_env(s, MEMTALLY_PRELOAD_LIB=preload)
+            run = mt_run(s, cg, "--task", "sw", "--bytes", "32MiB", "--",
+                         "setpriv", "--reuid=%d" % NOBODY,
+                         "--regid=%d" % NOGROUP, "--clear-groups", "--",
+                         *fl, "leak", "400", "40", cli=cli, env=env)
+            _, err = run.communicate(timeout=60 * MULT)
+            print("  root's run, its command nobody's: exit %s %r" % (
+                run.returncode, err.strip()), flush=True)
+            line = s.logtext().split('msg="node guard: evicting"')
+            check(len(line) > 1 and "uid=%d" % NOBODY in line[1].split(
+                "\n")[0], "nobody's workers of sw were not evicted")
+            check(run.returncode == 75 and "evicted by the node guard" in err,
+                  "root's run did not say its command was evicted: exit "
+                  "%s: %r" % (run.returncode, err))
+            check(cg.oom_kills() == 0,
+                  "the kernel OOM-killed %d in the node" % cg.oom_kills())
+    finally:
+        end_all(cg, run)
+
+
+def test_a_name_taken_without_a_reservation_is_not_an_admins_run():
+    """root's `memtally run --task leak` holds a reservation of "leak", so
+    the eviction of a task of that name whose uid holds none is its own:
+    its command switched user (runuser). nobody's worker took the name
+    without a reservation and leaks; the guard evicts it. Its workers do
+    not descend from root's run, so they are not its command: root's run
+    exits with its command's 3, not with 75 ("evicted") that a job runner
+    would retry."""
+    cg = node("spoof")
+    preload, cli, fl = world_readable_copy(
+        os.environ["MEMTALLY_PRELOAD_LIB"], CLI, worker("fleet"))
+    admin = leak = None
+    try:
+        with guard_server(cg, "[server]\ngroup = nogroup\n") as s:
+            open_to_nobody(s)
+            env = run_env(s, MEMTALLY_PRELOAD_LIB=preload)
+            admin = mt_run(s, cg, "--task", "leak", "--bytes", "16MiB", "--",
+                           "/bin/sh", "-c", "echo ready; read x; exit 3",
+                           cli=cli, env=env)
+            check(readline(admin, 30).startswith("ready"),
+                  "root's command is not ready")
+            leak = subprocess.Popen(
+                [*fl, "leak", "400", "40"],
+                env=dict(env, LD_PRELOAD=preload, MEMTALLY_TASK="leak"),
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                preexec_fn=in_node(cg, (NOBODY, NOGROUP)))
+            rc = leak.wait(timeout=60 * MULT)
+            check(rc == -9, "nobody's leak was not evicted: exit %s" % rc)
+            log = s.logtext()
+            check("uid=%d" % NOBODY in log.split(
+                'msg="node guard: evicting"')[1].split("\n")[0],
+                  "the eviction was not nobody's")
+            admin.stdin.write("go\n")
+            admin.stdin.flush()
+            _, aerr = admin.communicate(timeout=30 * MULT)
+            print("  root's run of the name: exit %s %r" % (
+                admin.returncode, aerr.strip()), flush=True)
+            check(admin.returncode == 3,
+                  "root's memtally run exited %s, not its command's 3: %s"
+                  % (admin.returncode, aerr))
+            check("evicted" not in aerr,
+                  "root's run took nobody's eviction for its own: %r" % aerr)
+            check(cg.oom_kills() == 0,
+                  "the kernel OOM-killed %d in the node" % cg.oom_kills())
+    finally:
+        end_all(cg, admin, leak)
+
+
 # A plain process of the node holding 80 MiB until its stdin closes.
 HOG = ("import sys; b = bytes([1]) * (80 << 20); "
        "print('ready', flush=True); sys.stdin.read()")
@@ -527,4 +614,6 @@ if __name__ == "__main__":
          test_a_grower_is_paused_then_resumed,
          test_a_paused_task_outlives_memtallyds_death,
          test_lie_cannot_evict_another_user, test_understating_cannot_hide,
-         test_anothers_eviction_is_not_an_admins])
+         test_anothers_eviction_is_not_an_admins,
+         test_a_command_that_switches_user_is_evicted_as_the_runs,
+         test_a_name_taken_without_a_reservation_is_not_an_admins_run])

@@ -10,7 +10,9 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/prctl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 /* Fields 3 (state) to 21, then starttime (22) = 777, then more. */
@@ -126,6 +128,57 @@ Test(procfs, gone)
 	char comm[16] = "junk";
 	cr_assert_lt(mts_read_stat(1 << 23, &st, comm, sizeof(comm)), 0);
 	cr_assert_str_eq(comm, "");
+}
+
+/* A child that forks a grandchild named to look like another parent
+ * ("x) S 1 " in its comm): both live until killed. */
+Test(procfs, ancestry)
+{
+	int p[2];
+	cr_assert_eq(pipe(p), 0);
+	pid_t child = fork();
+	cr_assert_geq(child, 0);
+	if (child == 0) {
+		pid_t g = fork();
+		if (g == 0) {
+			prctl(PR_SET_NAME, "x) S 1 1 1", 0, 0, 0);
+			for (;;)
+				pause();
+		}
+		if (write(p[1], &g, sizeof(g)) != (ssize_t)sizeof(g))
+			_exit(1);
+		for (;;)
+			pause();
+	}
+	pid_t grand = 0;
+	cr_assert_eq(read(p[0], &grand, sizeof(grand)), (ssize_t)sizeof(grand));
+	char state = 0;
+	uint32_t ppid = 0;
+	cr_assert_eq(mts_read_state_ppid(grand, &state, &ppid), 0);
+	cr_assert_eq(ppid, (uint32_t)child);
+	cr_assert(mts_descends_from((uint32_t)child, (uint32_t)getpid()));
+	cr_assert(mts_descends_from((uint32_t)grand, (uint32_t)getpid()));
+	cr_assert(mts_descends_from((uint32_t)grand, (uint32_t)child));
+	/* Not the other way, not a sibling's, not the comm's "1". */
+	cr_assert_not(mts_descends_from((uint32_t)getpid(), (uint32_t)child));
+	cr_assert_not(mts_descends_from((uint32_t)child, (uint32_t)grand));
+	cr_assert_not(
+	    mts_descends_from((uint32_t)getppid(), (uint32_t)getpid()));
+	/* init is everyone's: no answer; a pid that never exists: none. */
+	cr_assert_not(mts_descends_from((uint32_t)grand, 1));
+	cr_assert_not(mts_descends_from(1u << 23, (uint32_t)getpid()));
+	kill(grand, SIGKILL);
+	kill(child, SIGKILL);
+	waitpid(child, NULL, 0);
+	/* The grandchild's parent died: it is reparented, no longer ours. */
+	for (int i = 0;
+	     i < 2000 && mts_read_state_ppid(grand, &state, &ppid) == 0 &&
+	     ppid == (uint32_t)child;
+	     i++)
+		usleep(1000);
+	cr_assert_not(mts_descends_from((uint32_t)grand, (uint32_t)child));
+	close(p[0]);
+	close(p[1]);
 }
 
 Test(log, quoting)
