@@ -830,18 +830,20 @@ static int do_watch(struct mts_registry *reg, struct mts_peer *peer,
 	return err;
 }
 
-/* The most of an event's workers whose parents are read for one peer. */
-#define MTS_EVENT_PIDS_ASKED 16u
+static int cmp_pid(const void *a, const void *b)
+{
+	uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+	return (x > y) - (x < y);
+}
 
-/* Does one of the workers `ev` names descend from the peer's process:
- * are they its own command's? */
+/* Do the workers `ev` names descend from the peer's process: are they
+ * its own command's? */
 static bool event_of_peers_command(const struct mts_peer *peer,
                                    const struct mts_event *ev)
 {
-	for (uint32_t i = 0; i < ev->npids && i < MTS_EVENT_PIDS_ASKED; i++)
-		if (mts_descends_from(ev->pids[i], peer->pid))
-			return true;
-	return false;
+	uint32_t pid = peer->pid;
+	return ev->nancestors && bsearch(&pid, ev->ancestors, ev->nancestors,
+	                                 sizeof(pid), cmp_pid) != NULL;
 }
 
 bool mts_event_visible(const struct mts_registry *reg,
@@ -852,9 +854,9 @@ bool mts_event_visible(const struct mts_registry *reg,
 	 * subscriber's process is its own too, whatever their uid (its
 	 * command switched user: runuser, setpriv, gosu), where it may see
 	 * that uid's at all. Another uid's workers that merely took the name
-	 * are not its command. A peer of no process (TCP) cannot be asked:
-	 * it holds the reservations made without an owner, and a task's
-	 * event whose uid holds none of that task is its own. */
+	 * are not its command. A TCP peer has no process to ask: a task it
+	 * holds a reservation of (one made without an owner, for a peer of
+	 * unknown uid) whose event's uid holds none is its own. */
 	if (ev->has_uid && peer->watch_own) {
 		if (peer->has_cred && peer->uid == ev->uid)
 			return true;
@@ -864,9 +866,10 @@ bool mts_event_visible(const struct mts_registry *reg,
 		           reg->policy.show_others == MTS_SHOW_ALL;
 		if (!task || !may)
 			return false;
-		if (peer->has_cred)
+		if (peer->has_cred && !peer->tcp && peer->pid)
 			return event_of_peers_command(peer, ev);
-		return mts_task_owned_by(reg, task, false, 0) &&
+		return mts_task_owned_by(reg, task, peer->has_cred,
+		                         peer->uid) &&
 		       !mts_task_owned_by(reg, task, true, ev->uid);
 	}
 	/* Under counts a process's event shows what its ps line does: its

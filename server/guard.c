@@ -587,10 +587,22 @@ static void describe(char *buf, size_t len, const char *verb,
 	         mts_guard_rule_name(rule), n);
 }
 
+static int cmp_u32(const void *a, const void *b)
+{
+	uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+	return (x > y) - (x < y);
+}
+
+/* The most processes an event's workers are said to descend from. */
+#define MTS_EVENT_ANCESTORS_MAX 512u
+
 /* A Watch event for the candidate's scope ("task:NAME" or "pid:N"):
- * OVER for an eviction, HIGH for a pause, OK when resumed. It names the
- * task's workers `t` holds, alive while it is sent: whose they are is
- * then known by their parents (mts_event_visible). */
+ * OVER for an eviction, HIGH for a pause, OK for a resume, sent while
+ * the processes are stopped (or before they are killed). It names what
+ * the task's workers in `t` descend from, so that a subscriber is told
+ * whether they are its own command's (mts_event_visible): read once here,
+ * not per subscriber. A worker's walk counts only if its pidfd still
+ * answers after it: its pid was not reused meanwhile. */
 static void send_event(struct mts_registry *reg, const struct mts_guard_cand *k,
                        const struct tree *t, uint8_t state, uint8_t previous,
                        const char *reason)
@@ -598,6 +610,20 @@ static void send_event(struct mts_registry *reg, const struct mts_guard_cand *k,
 	struct mts_guard_state *g = reg->guard;
 	if (!reg->lim || !reg->lim->on_event)
 		return;
+	static uint32_t anc[MTS_EVENT_ANCESTORS_MAX];
+	uint32_t na = 0;
+	for (uint32_t i = 0; k->task[0] && i < t->workers; i++) {
+		uint32_t before = na;
+		if (pidfd_send_signal(t->fd[i], 0, NULL, 0) < 0)
+			continue;
+		int err = mts_add_ancestors(t->pid[i], anc, &na,
+		                            MTS_EVENT_ANCESTORS_MAX);
+		if (pidfd_send_signal(t->fd[i], 0, NULL, 0) < 0)
+			na = before;
+		if (err == -ENOSPC)
+			break;
+	}
+	qsort(anc, na, sizeof(anc[0]), cmp_u32);
 	char scope[MTS_NAME_MAX + 16];
 	if (k->task[0])
 		snprintf(scope, sizeof(scope), "task:%s", k->task);
@@ -615,8 +641,8 @@ static void send_event(struct mts_registry *reg, const struct mts_guard_cand *k,
 	    .growth = k->growth,
 	    .has_uid = true,
 	    .uid = k->uid,
-	    .pids = t->pid,
-	    .npids = t->workers,
+	    .ancestors = anc,
+	    .nancestors = na,
 	};
 	reg->lim->on_event(reg->lim->event_ctx, &ev);
 }
@@ -759,16 +785,17 @@ void mts_guard_release(struct mts_registry *reg, const char *why)
 	if (!g || !g->hold)
 		return;
 	struct mts_guard_hold *h = take_hold(reg);
-	uint32_t took = signal_tree(&h->t, SIGCONT);
 	char q[MTS_LOGQ_MAX], msg[256];
 	double held_s = (double)(mts_now_monotonic() - h->since_ns) / 1e9;
+	snprintf(msg, sizeof(msg), "resumed by the node guard after %.1f s: %s",
+	         held_s, why);
+	/* Said while still stopped: the workers it names are still there. */
+	send_event(reg, &h->k, &h->t, MTSHM_STATE_OK, MTSHM_STATE_HIGH, msg);
+	uint32_t took = signal_tree(&h->t, SIGCONT);
+	close_tree(&h->t);
 	mts_log(MTS_LOG_WARN, "node guard: resumed",
 	        "task=%s uid=%u processes=%u held_s=%.3f why=%s",
 	        mts_logq(q, sizeof(q), h->task), h->k.uid, took, held_s, why);
-	snprintf(msg, sizeof(msg), "resumed by the node guard after %.1f s: %s",
-	         held_s, why);
-	send_event(reg, &h->k, &h->t, MTSHM_STATE_OK, MTSHM_STATE_HIGH, msg);
-	close_tree(&h->t);
 	g->resumed++;
 	free(h);
 }

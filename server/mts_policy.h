@@ -246,10 +246,10 @@ struct mts_event {
 	double forecast_s;  /* seconds to the limit, 0 = no forecast */
 	bool has_uid;       /* a process's event: whose (show_others) */
 	uint32_t uid;
-	/* The node guard's event of a task: its workers, alive while the
-	 * event is sent (whose run they are is known by their parents). */
-	const uint32_t *pids;
-	uint32_t npids;
+	/* The node guard's event of a task: the processes its workers
+	 * descend from (whose run they are), sorted. */
+	const uint32_t *ancestors;
+	uint32_t nancestors;
 	/* The fleet's or the group's figures (mts_figures.h); NULL for
 	 * other scopes. */
 	const struct mts_figures *figures;

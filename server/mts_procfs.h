@@ -35,13 +35,18 @@ int mts_read_real_uid(pid_t pid, uint32_t *out);
  * /proc/PID/stat). Returns 0, -ENOENT/-ESRCH (gone), -EINVAL. */
 int mts_read_state_ppid(pid_t pid, char *state, uint32_t *ppid);
 
-/* The most parents mts_descends_from() walks up. */
+/* The most parents mts_add_ancestors() walks up from one process. */
 #define MTS_ANCESTRY_MAX 64u
 
-/* Is `ancestor` the parent of `pid`, or of its parent, and so on (at most
- * MTS_ANCESTRY_MAX steps)? A chain /proc cannot read (a process gone, one
- * reparented on its parent's death) answers false. */
-bool mts_descends_from(uint32_t pid, uint32_t ancestor);
+/* Add the parent of `pid`, its parent, and so on (at most
+ * MTS_ANCESTRY_MAX; never init, everyone's) to set[0..*n), which holds at
+ * most `cap`: up to the first one already there, whose own are there too.
+ * Each parent read is confirmed by reading its child's parent again: a
+ * parent that died in between had its children reparented first, so an
+ * unchanged answer proves the read was of that parent, not of a pid reused
+ * since. 0; -ESRCH where a process of the chain went (what was added
+ * stands); -ENOSPC when the set is full. */
+int mts_add_ancestors(uint32_t pid, uint32_t *set, uint32_t *n, uint32_t cap);
 
 /* Parse the text of a statm file: resident pages x page_size, and
  * (`anon` not NULL) resident less shared pages x page_size. */

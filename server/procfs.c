@@ -172,20 +172,28 @@ int mts_read_state_ppid(pid_t pid, char *state, uint32_t *ppid)
 	return 0;
 }
 
-bool mts_descends_from(uint32_t pid, uint32_t ancestor)
+int mts_add_ancestors(uint32_t pid, uint32_t *set, uint32_t *n, uint32_t cap)
 {
-	if (ancestor <= 1)
-		return false; /* everything descends from init: no answer */
-	for (uint32_t i = 0; i < MTS_ANCESTRY_MAX && pid > 1; i++) {
-		char state;
-		uint32_t ppid;
-		if (mts_read_state_ppid((pid_t)pid, &state, &ppid) < 0)
-			return false;
-		if (ppid == ancestor)
-			return true;
-		pid = ppid;
+	char state;
+	uint32_t pp;
+	if (mts_read_state_ppid((pid_t)pid, &state, &pp) < 0)
+		return -ESRCH;
+	for (uint32_t i = 0; i < MTS_ANCESTRY_MAX && pp > 1; i++) {
+		for (uint32_t j = 0; j < *n; j++)
+			if (set[j] == pp)
+				return 0;
+		if (*n == cap)
+			return -ENOSPC;
+		uint32_t gp, again;
+		if (mts_read_state_ppid((pid_t)pp, &state, &gp) < 0 ||
+		    mts_read_state_ppid((pid_t)pid, &state, &again) < 0 ||
+		    again != pp)
+			return -ESRCH;
+		set[(*n)++] = pp;
+		pid = pp;
+		pp = gp;
 	}
-	return false;
+	return 0;
 }
 
 /* The next number of a statm line at *p, and past its separator. */

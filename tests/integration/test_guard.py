@@ -44,6 +44,7 @@ memory controller), or with no second user for the trust test.
 import json
 import os
 import select
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -454,6 +455,8 @@ def test_a_command_that_switches_user_is_evicted_as_the_runs():
     (setpriv): its workers are nobody's, who holds no reservation of "sw",
     and descend from root's run. Their eviction is the run's: it says so
     and exits 75."""
+    if not shutil.which("setpriv"):
+        raise harness.Skip("no setpriv (util-linux) to switch user with")
     cg = node("switch")
     preload, cli, fl = world_readable_copy(
         os.environ["MEMTALLY_PRELOAD_LIB"], CLI, worker("fleet"))

@@ -463,9 +463,9 @@ Test(limits, watch_answers_current_fleet_state)
 /* Watch(own): a guard's event for another uid's task of the same name
  * does not reach an admin's (root's) job runner, nor anyone's where every
  * uid's task events are shown; without it, both see it. */
-/* The workers an event names: a child of this process (the peer's
- * command), unless a test says otherwise. */
-static uint32_t ev_pids[1];
+/* What the event's workers descend from: the watching peer's process
+ * (this one) where they are its command's. */
+static uint32_t ev_anc[1];
 
 static bool watch_sees(uint32_t uid, bool own, uint32_t ev_uid)
 {
@@ -483,8 +483,8 @@ static bool watch_sees(uint32_t uid, bool own, uint32_t ev_uid)
 	                       .state = MTSHM_STATE_OVER,
 	                       .has_uid = true,
 	                       .uid = ev_uid,
-	                       .pids = ev_pids,
-	                       .npids = 1};
+	                       .ancestors = ev_anc,
+	                       .nancestors = 1};
 	return mts_event_visible(&srv.reg, &peer, &ev);
 }
 
@@ -522,21 +522,41 @@ Test(limits, a_watch_of_its_own_sees_no_other_uids_task)
 	 * command switched user) are its own, whoever it is, where it may
 	 * see uid 1000's events at all; workers that merely took the name
 	 * are not, even while it holds a reservation of that task. */
-	ev_pids[0] = (uint32_t)fx_spawn();
+	ev_anc[0] = (uint32_t)getpid();
 	cr_assert(watch_sees(0, true, 1000), "root's command run as uid 1000");
 	cr_assert(watch_sees(2000, true, 1000), "show_others = all");
 	Memtally__V1__Response *r = fx_admit(0, 1000, "", "same", 0);
 	cr_assert(r->admit_result->admitted);
 	memtally__v1__response__free_unpacked(r, NULL);
-	ev_pids[0] = (uint32_t)getppid();
+	ev_anc[0] = (uint32_t)getppid();
 	cr_assert_not(watch_sees(0, true, 1000), "not root's command");
-	ev_pids[0] = (uint32_t)fx_spawn();
+	ev_anc[0] = (uint32_t)getpid();
 	/* Where other uids' task events are not shown, not even its own
 	 * command's (a non-admin cannot switch user without root's help). */
 	srv.reg.policy.show_others = MTS_SHOW_COUNTS;
 	cr_assert_not(watch_sees(2000, true, 1000), "counts: not uid 1000's");
 	cr_assert(watch_sees(0, true, 1000), "root, counts: its command's");
 	srv.reg.policy.show_others = MTS_SHOW_ALL;
+	/* A TCP peer known by its address (sock_diag) has a uid but no
+	 * process to ask: root's, holding a reservation of "same" that uid
+	 * 1000 holds none of, sees uid 1000's task of that name. */
+	struct mts_peer local = fx_peer(0, 0);
+	local.tcp = true;
+	local.watching = local.watch_own = local.watch_admin = true;
+	other.ancestors = ev_anc;
+	other.nancestors = 1;
+	ev_anc[0] = (uint32_t)getppid();
+	cr_assert(mts_event_visible(&srv.reg, &local, &other),
+	          "local TCP: root's reservation of it");
+	local.uid = 2000;
+	cr_assert_not(mts_event_visible(&srv.reg, &local, &other),
+	              "local TCP: uid 2000 holds none");
+	local.uid = 0;
+	r = fx_admit(1000, 1000, "", "same", 0);
+	cr_assert(r->admit_result->admitted);
+	memtally__v1__response__free_unpacked(r, NULL);
+	cr_assert_not(mts_event_visible(&srv.reg, &local, &other),
+	              "local TCP: uid 1000 holds one of its own");
 }
 
 Test(limits, rss_is_read_summed_and_measurable)

@@ -130,8 +130,20 @@ Test(procfs, gone)
 	cr_assert_str_eq(comm, "");
 }
 
+/* Does `pid` descend from `anc`, by mts_add_ancestors()? */
+static bool descends(pid_t pid, pid_t anc)
+{
+	uint32_t set[64], n = 0;
+	mts_add_ancestors((uint32_t)pid, set, &n, 64);
+	for (uint32_t i = 0; i < n; i++)
+		if (set[i] == (uint32_t)anc)
+			return true;
+	return false;
+}
+
 /* A child that forks a grandchild named to look like another parent
- * ("x) S 1 " in its comm): both live until killed. */
+ * ("x) S 1 " in its comm), which says its pid once named: both live until
+ * killed (the child no longer than this test, the grandchild 60 s). */
 Test(procfs, ancestry)
 {
 	int p[2];
@@ -139,14 +151,17 @@ Test(procfs, ancestry)
 	pid_t child = fork();
 	cr_assert_geq(child, 0);
 	if (child == 0) {
-		pid_t g = fork();
-		if (g == 0) {
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		if (fork() == 0) {
+			alarm(60); /* outlives its parent: not for ever */
 			prctl(PR_SET_NAME, "x) S 1 1 1", 0, 0, 0);
+			pid_t self = getpid();
+			if (write(p[1], &self, sizeof(self)) !=
+			    (ssize_t)sizeof(self))
+				_exit(1);
 			for (;;)
 				pause();
 		}
-		if (write(p[1], &g, sizeof(g)) != (ssize_t)sizeof(g))
-			_exit(1);
 		for (;;)
 			pause();
 	}
@@ -156,27 +171,42 @@ Test(procfs, ancestry)
 	uint32_t ppid = 0;
 	cr_assert_eq(mts_read_state_ppid(grand, &state, &ppid), 0);
 	cr_assert_eq(ppid, (uint32_t)child);
-	cr_assert(mts_descends_from((uint32_t)child, (uint32_t)getpid()));
-	cr_assert(mts_descends_from((uint32_t)grand, (uint32_t)getpid()));
-	cr_assert(mts_descends_from((uint32_t)grand, (uint32_t)child));
-	/* Not the other way, not a sibling's, not the comm's "1". */
-	cr_assert_not(mts_descends_from((uint32_t)getpid(), (uint32_t)child));
-	cr_assert_not(mts_descends_from((uint32_t)child, (uint32_t)grand));
-	cr_assert_not(
-	    mts_descends_from((uint32_t)getppid(), (uint32_t)getpid()));
-	/* init is everyone's: no answer; a pid that never exists: none. */
-	cr_assert_not(mts_descends_from((uint32_t)grand, 1));
-	cr_assert_not(mts_descends_from(1u << 23, (uint32_t)getpid()));
-	kill(grand, SIGKILL);
+	cr_assert(descends(child, getpid()));
+	cr_assert(descends(grand, getpid()));
+	cr_assert(descends(grand, child));
+	/* Not the other way, not the comm's "1", never init. */
+	cr_assert_not(descends(getpid(), child));
+	cr_assert_not(descends(child, grand));
+	cr_assert_not(descends(getppid(), getpid()));
+	cr_assert_not(descends(grand, 1));
+	uint32_t set[64], n = 0;
+	cr_assert_eq(mts_add_ancestors(1u << 23, set, &n, 64), -ESRCH);
+	cr_assert_eq(n, 0);
+	/* Shared ancestors are added once: the grandchild adds only its
+	 * parent beside the child's; a full set says so. */
+	cr_assert_eq(mts_add_ancestors((uint32_t)child, set, &n, 64), 0);
+	uint32_t mine = n;
+	cr_assert_geq(mine, 1);
+	cr_assert_eq(set[0], (uint32_t)getpid());
+	cr_assert_eq(mts_add_ancestors((uint32_t)grand, set, &n, 64), 0);
+	cr_assert_eq(n, mine + 1);
+	cr_assert_eq(set[mine], (uint32_t)child);
+	n = 0;
+	cr_assert_eq(mts_add_ancestors((uint32_t)grand, set, &n, 1), -ENOSPC);
+	cr_assert_eq(n, 1);
+	/* The child dies: the grandchild is reparented, no longer its. */
 	kill(child, SIGKILL);
 	waitpid(child, NULL, 0);
-	/* The grandchild's parent died: it is reparented, no longer ours. */
 	for (int i = 0;
-	     i < 2000 && mts_read_state_ppid(grand, &state, &ppid) == 0 &&
+	     i < 5000 && mts_read_state_ppid(grand, &state, &ppid) == 0 &&
 	     ppid == (uint32_t)child;
 	     i++)
 		usleep(1000);
-	cr_assert_not(mts_descends_from((uint32_t)grand, (uint32_t)child));
+	cr_assert_eq(mts_read_state_ppid(grand, &state, &ppid), 0,
+	             "the grandchild is still there");
+	cr_assert_neq(ppid, (uint32_t)child);
+	cr_assert_not(descends(grand, child));
+	kill(grand, SIGKILL);
 	close(p[0]);
 	close(p[1]);
 }
