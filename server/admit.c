@@ -64,6 +64,7 @@
 #include "mts_limits.h"
 #include "mts_log.h"
 #include "mts_policy.h"
+#include "mts_procfs.h"
 #include "mts_registry.h"
 #include "mts_vouch.h"
 
@@ -393,7 +394,7 @@ static struct mts_task_share *share_of(struct mts_registry *reg,
 {
 	if (worker_admin(reg, p))
 		return &t->shares[SHARE_ADMINS];
-	struct mts_task_share *o = share_find(t, p->uid);
+	struct mts_task_share *o = share_find(t, p->task_uid);
 	return o ? o : &t->shares[SHARE_OTHERS];
 }
 
@@ -817,6 +818,46 @@ static void take_over(struct mts_registry *reg, struct mts_resv *r)
 	            (unsigned long long)r->bytes, r->uid);
 }
 
+/*
+ * A worker of a uid that owns none of `t`'s reservations, descending from
+ * the process that asked for one of them, is that asker's command run as
+ * another user (runuser, setpriv, gosu): it counts in the owner's share,
+ * takes over and keeps alive the owner's reservation, and is the owner's
+ * candidate to the node guard. Another uid's worker that merely names the
+ * task does not descend from the asker and stays apart. The asker is
+ * known by its start time too: a pid reused since is not it.
+ */
+static void switched_user(struct mts_task *t, struct mts_proc *p)
+{
+	for (const struct mts_resv *r = t->resv; r; r = r->tnext)
+		if (r->has_owner && r->uid == p->uid)
+			return;
+	for (const struct mts_resv *r = t->resv; r; r = r->tnext) {
+		uint64_t start;
+		if (!r->has_owner || !r->asker_pid ||
+		    mts_read_starttime((pid_t)r->asker_pid, &start) < 0 ||
+		    start != r->asker_start)
+			continue;
+		uint32_t set[MTS_ANCESTRY_MAX], n = 0;
+		mts_add_ancestors(p->pid, set, &n, MTS_ANCESTRY_MAX);
+		for (uint32_t i = 0; i < n; i++) {
+			if (set[i] != r->asker_pid)
+				continue;
+			p->task_uid = r->uid;
+			char q[MTS_LOGQ_MAX];
+			mts_log_uid(
+			    p->uid, MTS_LOG_INFO,
+			    "worker of another uid runs a reservation's "
+			    "command: counted as its owner's",
+			    "pid=%u uid=%u task=%s owner_uid=%u "
+			    "asker_pid=%u",
+			    p->pid, p->uid, mts_logq(q, sizeof(q), t->name),
+			    r->uid, r->asker_pid);
+			return;
+		}
+	}
+}
+
 void mts_resv_worker_registered(struct mts_registry *reg, struct mts_proc *p)
 {
 	if (!p->task[0] || reg->adm->ntasks == 0)
@@ -831,9 +872,12 @@ void mts_resv_worker_registered(struct mts_registry *reg, struct mts_proc *p)
 	 * then must still end what it took over. */
 	admin_epoch_check(reg);
 	bool admin = worker_admin(reg, p);
+	p->task_uid = p->uid;
+	if (!admin)
+		switched_user(t, p);
 	uint32_t foreign = 0, foreign_uid = 0;
 	for (struct mts_resv *r = t->resv; r; r = r->tnext) {
-		bool mine = admin || !r->has_owner || r->uid == p->uid;
+		bool mine = admin || !r->has_owner || r->uid == p->task_uid;
 		if (!mine) {
 			foreign++;
 			foreign_uid = r->uid;
@@ -1983,6 +2027,9 @@ static int resv_grant(struct mts_registry *reg, const struct mts_peer *peer,
 	*held = mt_sat_add(*held, bytes);
 	r->has_owner = owned;
 	r->uid = peer->uid;
+	if (owned && !peer->tcp && peer->pid &&
+	    mts_read_starttime((pid_t)peer->pid, &r->asker_start) == 0)
+		r->asker_pid = peer->pid;
 	r->declared = req->bytes;
 	if (prof) {
 		r->profiled = true;

@@ -103,8 +103,8 @@ static int cmp_proc(const void *a, const void *b)
 	int c = strcmp(p->task, q->task);
 	if (c)
 		return c;
-	if (p->uid != q->uid)
-		return p->uid < q->uid ? -1 : 1;
+	if (p->task_uid != q->task_uid)
+		return p->task_uid < q->task_uid ? -1 : 1;
 	if (!p->task[0] && p->pid != q->pid)
 		return p->pid < q->pid ? -1 : 1;
 	return 0;
@@ -210,7 +210,7 @@ int mts_guard_candidates(const struct mts_registry *reg,
 		if (i == 0 || cmp_proc(&ps[i - 1], &ps[i]) != 0) {
 			k = &c[nc++];
 			k->task = p->task;
-			k->uid = p->uid;
+			k->uid = p->task_uid;
 			k->pid = p->pid;
 			k->first_ns = p->registered_ns;
 			/* A process with no task of its own may run tasks
@@ -220,7 +220,7 @@ int mts_guard_candidates(const struct mts_registry *reg,
 			bool hosts = false;
 			if (p->task[0])
 				k->reserved = mts_task_reserved(
-				    reg, p->task, p->uid, &k->ownerless);
+				    reg, p->task, p->task_uid, &k->ownerless);
 			else
 				hosts =
 				    mts_host_allowance(reg, p, &k->reserved);
@@ -264,8 +264,9 @@ int mts_guard_candidates(const struct mts_registry *reg,
 /* Is `p` one of candidate `k`'s workers? */
 static bool is_of(const struct mts_proc *p, const struct mts_guard_cand *k)
 {
-	return k->task[0] ? strcmp(p->task, k->task) == 0 && p->uid == k->uid
-	                  : p->pid == k->pid;
+	return k->task[0]
+	           ? strcmp(p->task, k->task) == 0 && p->task_uid == k->uid
+	           : p->pid == k->pid;
 }
 
 /* A candidate's processes, each a pidfd of ours. */

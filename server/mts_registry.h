@@ -131,6 +131,10 @@ struct mts_proc {
 	uint64_t slot_gen;       /* generation of its slot assignment */
 	struct mts_proc *hnext;  /* pid hash chain */
 	uint32_t uid;
+	/* Whose share of its task it counts in: `uid`, or the owner of a
+	 * reservation of the task whose asking process it descends from
+	 * (the owner's command switched user; admit.c). */
+	uint32_t task_uid;
 	int pidfd;
 	uint64_t start_time;
 	uint64_t image_id;

@@ -819,7 +819,7 @@ static int proc_reset(struct mts_registry *reg, struct mts_proc *p,
 	free(p->task);
 	p->task = ntask;
 	p->group = ngroup;
-	p->uid = uid;
+	p->uid = p->task_uid = uid;
 	p->untrusted = false; /* until joined() says (vouch.c) */
 	p->unvouched = 0;
 	/* The new image's kernel figure, from its first read. */
@@ -883,7 +883,7 @@ static int proc_insert(struct mts_registry *reg, const struct proc_init *in,
 	p->reg = reg;
 	p->pidfd = in->pidfd;
 	p->pid = in->pid;
-	p->uid = in->uid;
+	p->uid = p->task_uid = in->uid;
 	p->slot = in->slot;
 	p->start_time = in->start_time;
 	p->image_id = in->image_id;

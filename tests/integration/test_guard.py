@@ -452,9 +452,11 @@ def test_anothers_eviction_is_not_an_admins():
 
 def test_a_command_that_switches_user_is_evicted_as_the_runs():
     """root's `memtally run --task sw` runs its command as nobody
-    (setpriv): its workers are nobody's, who holds no reservation of "sw",
-    and descend from root's run. Their eviction is the run's: it says so
-    and exits 75."""
+    (setpriv, which execs in place): its workers are nobody's, who holds
+    no reservation of "sw", and descend from root's run. They count
+    against root's reservation (it does not end when the command switches
+    user) as root's candidate, and their eviction is the run's: it says
+    so, with the reservation, and exits 75."""
     if not shutil.which("setpriv"):
         raise harness.Skip("no setpriv (util-linux) to switch user with")
     cg = node("switch")
@@ -472,12 +474,20 @@ def test_a_command_that_switches_user_is_evicted_as_the_runs():
             _, err = run.communicate(timeout=60 * MULT)
             print("  root's run, its command nobody's: exit %s %r" % (
                 run.returncode, err.strip()), flush=True)
-            line = s.logtext().split('msg="node guard: evicting"')
-            check(len(line) > 1 and "uid=%d" % NOBODY in line[1].split(
-                "\n")[0], "nobody's workers of sw were not evicted")
+            log = s.logtext()
+            line = log.split('msg="node guard: evicting"')
+            check(len(line) > 1 and 'task="sw" uid=0 ' in line[1].split(
+                "\n")[0], "root's task sw was not evicted as root's")
+            check("counted as its owner's" in log and
+                  "reservation ended: its task's workers exited" not in
+                  line[0], "the reservation ended when its command "
+                  "switched user, before the eviction")
             check(run.returncode == 75 and "evicted by the node guard" in err,
                   "root's run did not say its command was evicted: exit "
                   "%s: %r" % (run.returncode, err))
+            # The run's reservation is what it is measured against.
+            check("against 32 MiB reserved" in err,
+                  "not measured against its reservation: %r" % err)
             check(cg.oom_kills() == 0,
                   "the kernel OOM-killed %d in the node" % cg.oom_kills())
     finally:

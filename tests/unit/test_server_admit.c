@@ -521,6 +521,47 @@ Test(admit, another_uids_workers_neither_take_over_count_nor_end_it)
 	cr_assert_eq(srv.reg.adm->stats.expirations, 1);
 }
 
+/* A worker of another uid that descends from the process that asked is
+ * the asker's command run as another user: it takes the reservation over,
+ * its use counts against it, and its exit ends it. Not so under another
+ * asker, nor under one that has gone. */
+Test(admit, a_worker_of_another_uid_under_its_asker_is_the_owners)
+{
+	start_fleet(1024 * MIB);
+	srv.reg.server_uid = 4242; /* the test runs as root: not an admin */
+	fx_asker = getpid();
+	char tid[32], id[32];
+	snprintf(tid, sizeof(tid), "%s", grant(500 * MIB, "", "T", 60));
+	const struct mts_resv *r = mts_resv_find(&srv.reg, tid);
+	cr_assert_eq(r->asker_pid, (uint32_t)getpid());
+	pid_t w = fx_spawn();
+	uint32_t sw = fx_register_as(w, 1001, "g", "T");
+	cr_assert(r->taken_over, "its asker's command, run as uid 1001");
+	fx_write(sw, 200 * MIB);
+	mts_core_tick(&srv.reg);
+	cr_assert_eq(srv.reg.totals.reserved, 300 * MIB);
+
+	/* Asked by a process the worker does not descend from (a sibling),
+	 * and by one that has gone: another uid's worker, as before. */
+	pid_t sibling = fx_spawn();
+	fx_asker = sibling;
+	snprintf(id, sizeof(id), "%s", grant(100 * MIB, "", "U", 60));
+	const struct mts_resv *u = mts_resv_find(&srv.reg, id);
+	fx_register_as(fx_spawn(), 1001, "g", "U");
+	cr_assert_not(u->taken_over, "a stranger to its asker took it over");
+	snprintf(id, sizeof(id), "%s", grant(100 * MIB, "", "V", 60));
+	const struct mts_resv *v = mts_resv_find(&srv.reg, id);
+	fx_kill(sibling);
+	fx_asker = 0;
+	fx_register_as(fx_spawn(), 1001, "g", "V");
+	cr_assert_not(v->taken_over, "taken over under an asker gone");
+
+	fx_kill(w);
+	mts_core_tick(&srv.reg);
+	cr_assert_null(mts_resv_find(&srv.reg, tid), "its command's exit");
+	cr_assert_eq(srv.reg.adm->stats.fulfilled, 1);
+}
+
 Test(admit, the_owners_worker_takes_over_beside_another_uids)
 {
 	start_fleet(0);

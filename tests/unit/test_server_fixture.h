@@ -429,6 +429,9 @@ static inline void fx_write(uint32_t slot, int64_t bytes)
 	mtshm_store_relaxeds64(&mtshm_lane(s, 0)->bytes, bytes);
 }
 
+/* The pid fx_admit() asks as: 0, none (a peer whose pid is unknown). */
+static pid_t fx_asker;
+
 static inline Memtally__V1__Response *fx_admit(uint32_t uid, uint64_t bytes,
                                                const char *group,
                                                const char *task, uint32_t ttl)
@@ -442,7 +445,10 @@ static inline Memtally__V1__Response *fx_admit(uint32_t uid, uint64_t bytes,
 	req.id = 21;
 	req.body_case = MEMTALLY__V1__REQUEST__BODY_ADMIT;
 	req.admit = &a;
-	struct mts_peer peer = fx_peer(getpid(), uid);
+	/* Asked by no process of ours (fx_asker 0): every worker a test
+	 * spawns descends from this one, and would be the asker's command
+	 * (admit.c, switched_user). A test sets fx_asker to ask as one. */
+	struct mts_peer peer = fx_peer(fx_asker, uid);
 	return fx_call(&peer, &req);
 }
 

@@ -477,6 +477,23 @@ Test(guard, another_uid_naming_a_task_is_its_own_candidate)
 	cr_assert_eq(rule, MTS_GUARD_BEYOND);
 }
 
+/* A worker of another uid under the process that asked for the task's
+ * reservation (its command switched user) is the owner's candidate, with
+ * the owner's reservation. */
+Test(guard, a_switched_users_worker_is_its_askers_candidate)
+{
+	fx_start();
+	fx_asker = getpid();
+	reserve(FX_UID, "etl", 200 * MIB);
+	pid_t w = task_worker(2000, "etl", 150 * MIB);
+	enum mts_guard_rule rule;
+	const struct mts_guard_cand *k = choose(&rule);
+	cr_assert_str_eq(k->task, "etl");
+	cr_assert_eq(k->uid, FX_UID);
+	cr_assert_eq(k->pid, (uint32_t)w);
+	cr_assert_eq(k->reserved, 200 * MIB);
+}
+
 /* The guard's choice is `stranger`'s candidate of task "etl", beyond its
  * reservation, and the grant without an owner went `own` to FX_UID's
  * workers, `rest` to the stranger's. */
