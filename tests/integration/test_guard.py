@@ -403,14 +403,12 @@ def test_lie_cannot_evict_another_user():
         end_all(cg, victim, liar)
 
 
-def test_anothers_eviction_is_not_an_admins():
-    """root's `memtally run --task leak` sees every uid's events, and took
-    the guard's eviction of nobody's task of that name for its own: when
-    its command then failed (exit 3) it said "evicted" and exited 75, which
-    a job runner retries. It watches its own uid's events only: nobody's
-    leak is evicted (its run exits 75), root's command exits 3, and so does
-    its `memtally run`."""
-    cg = node("own")
+def admins_run_beside_a_leak(name, start_leak):
+    """root's `memtally run --task leak`, whose command will exit 3, beside
+    nobody's leak named "leak" that start_leak(s, cg, env, cli, fl) starts
+    (returning its process and a function that waits for its eviction):
+    the guard evicts nobody's, and root's run exits 3, never 75."""
+    cg = node(name)
     preload, cli, fl = world_readable_copy(
         os.environ["MEMTALLY_PRELOAD_LIB"], CLI, worker("fleet"))
     admin = leak = None
@@ -423,13 +421,8 @@ def test_anothers_eviction_is_not_an_admins():
                            cli=cli, env=env)
             check(readline(admin, 30).startswith("ready"),
                   "root's command is not ready")
-            leak = mt_run(s, cg, "--task", "leak", "--bytes", "32MiB", "--",
-                          *fl, "leak", "400", "40", user=(NOBODY, NOGROUP),
-                          cli=cli, env=env)
-            _, err = leak.communicate(timeout=60 * MULT)
-            check(leak.returncode == 75,
-                  "nobody's leak was not evicted: exit %s: %s" % (
-                      leak.returncode, err))
+            leak, evicted = start_leak(s, cg, dict(env), cli, fl)
+            evicted()
             log = s.logtext()
             check("uid=%d" % NOBODY in log.split(
                 'msg="node guard: evicting"')[1].split("\n")[0],
@@ -448,6 +441,27 @@ def test_anothers_eviction_is_not_an_admins():
                   "the kernel OOM-killed %d in the node" % cg.oom_kills())
     finally:
         end_all(cg, admin, leak)
+
+
+def test_anothers_eviction_is_not_an_admins():
+    """root's `memtally run --task leak` sees every uid's events, and took
+    the guard's eviction of nobody's task of that name for its own: when
+    its command then failed (exit 3) it said "evicted" and exited 75, which
+    a job runner retries. It watches its own uid's events only: nobody's
+    leak is evicted (its run exits 75), root's command exits 3, and so does
+    its `memtally run`."""
+    def start(s, cg, env, cli, fl):
+        leak = mt_run(s, cg, "--task", "leak", "--bytes", "32MiB", "--",
+                      *fl, "leak", "400", "40", user=(NOBODY, NOGROUP),
+                      cli=cli, env=env)
+
+        def evicted():
+            _, err = leak.communicate(timeout=60 * MULT)
+            check(leak.returncode == 75,
+                  "nobody's leak was not evicted: exit %s: %s" % (
+                      leak.returncode, err))
+        return leak, evicted
+    admins_run_beside_a_leak("own", start)
 
 
 def test_a_command_that_switches_user_is_evicted_as_the_runs():
@@ -502,44 +516,19 @@ def test_a_name_taken_without_a_reservation_is_not_an_admins_run():
     not descend from root's run, so they are not its command: root's run
     exits with its command's 3, not with 75 ("evicted") that a job runner
     would retry."""
-    cg = node("spoof")
-    preload, cli, fl = world_readable_copy(
-        os.environ["MEMTALLY_PRELOAD_LIB"], CLI, worker("fleet"))
-    admin = leak = None
-    try:
-        with guard_server(cg, "[server]\ngroup = nogroup\n") as s:
-            open_to_nobody(s)
-            env = run_env(s, MEMTALLY_PRELOAD_LIB=preload)
-            admin = mt_run(s, cg, "--task", "leak", "--bytes", "16MiB", "--",
-                           "/bin/sh", "-c", "echo ready; read x; exit 3",
-                           cli=cli, env=env)
-            check(readline(admin, 30).startswith("ready"),
-                  "root's command is not ready")
-            leak = subprocess.Popen(
-                [*fl, "leak", "400", "40"],
-                env=dict(env, LD_PRELOAD=preload, MEMTALLY_TASK="leak"),
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                preexec_fn=in_node(cg, (NOBODY, NOGROUP)))
+    def start(s, cg, env, cli, fl):
+        env.update(LD_PRELOAD=env["MEMTALLY_PRELOAD_LIB"],
+                   MEMTALLY_TASK="leak")
+        leak = subprocess.Popen([*fl, "leak", "400", "40"], env=env,
+                                stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL,
+                                preexec_fn=in_node(cg, (NOBODY, NOGROUP)))
+
+        def evicted():
             rc = leak.wait(timeout=60 * MULT)
             check(rc == -9, "nobody's leak was not evicted: exit %s" % rc)
-            log = s.logtext()
-            check("uid=%d" % NOBODY in log.split(
-                'msg="node guard: evicting"')[1].split("\n")[0],
-                  "the eviction was not nobody's")
-            admin.stdin.write("go\n")
-            admin.stdin.flush()
-            _, aerr = admin.communicate(timeout=30 * MULT)
-            print("  root's run of the name: exit %s %r" % (
-                admin.returncode, aerr.strip()), flush=True)
-            check(admin.returncode == 3,
-                  "root's memtally run exited %s, not its command's 3: %s"
-                  % (admin.returncode, aerr))
-            check("evicted" not in aerr,
-                  "root's run took nobody's eviction for its own: %r" % aerr)
-            check(cg.oom_kills() == 0,
-                  "the kernel OOM-killed %d in the node" % cg.oom_kills())
-    finally:
-        end_all(cg, admin, leak)
+        return leak, evicted
+    admins_run_beside_a_leak("spoof", start)
 
 
 # A plain process of the node holding 80 MiB until its stdin closes.
