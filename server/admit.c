@@ -821,39 +821,67 @@ static void take_over(struct mts_registry *reg, struct mts_resv *r)
 /*
  * A worker of a uid that owns none of `t`'s reservations, descending from
  * the process that asked for one of them, is that asker's command run as
- * another user (runuser, setpriv, gosu): it counts in the owner's share,
- * takes over and keeps alive the owner's reservation, and is the owner's
- * candidate to the node guard. Another uid's worker that merely names the
- * task does not descend from the asker and stays apart. The asker is
- * known by its start time too: a pid reused since is not it.
+ * another user (runuser, setpriv, gosu): while that reservation lasts it
+ * counts in the owner's share, takes over and keeps alive the owner's
+ * reservation, and is the owner's candidate to the node guard. Another
+ * uid's worker that merely names the task does not descend from the asker
+ * and stays apart. The asker is known by its start time too (a pid reused
+ * since is not it), and a reservation takes the first such uid only (an
+ * asker that runs several users' commands does not pool them). The
+ * worker's parents are read once, and only where a reservation has an
+ * asker.
  */
 static void switched_user(struct mts_task *t, struct mts_proc *p)
 {
-	for (const struct mts_resv *r = t->resv; r; r = r->tnext)
+	bool asked = false;
+	for (const struct mts_resv *r = t->resv; r; r = r->tnext) {
 		if (r->has_owner && r->uid == p->uid)
 			return;
-	for (const struct mts_resv *r = t->resv; r; r = r->tnext) {
+		asked |= r->asker_pid && !r->hosted;
+	}
+	if (!asked)
+		return;
+	uint32_t set[MTS_ANCESTRY_MAX], n = 0;
+	mts_add_ancestors(p->pid, set, &n, MTS_ANCESTRY_MAX);
+	for (struct mts_resv *r = t->resv; r; r = r->tnext) {
+		if (!r->has_owner || !r->asker_pid || r->hosted ||
+		    (r->has_switched && r->switched_uid != p->uid))
+			continue;
+		bool under = false;
+		for (uint32_t i = 0; i < n && !under; i++)
+			under = set[i] == r->asker_pid;
 		uint64_t start;
-		if (!r->has_owner || !r->asker_pid ||
+		if (!under ||
 		    mts_read_starttime((pid_t)r->asker_pid, &start) < 0 ||
 		    start != r->asker_start)
 			continue;
-		uint32_t set[MTS_ANCESTRY_MAX], n = 0;
-		mts_add_ancestors(p->pid, set, &n, MTS_ANCESTRY_MAX);
-		for (uint32_t i = 0; i < n; i++) {
-			if (set[i] != r->asker_pid)
-				continue;
-			p->task_uid = r->uid;
-			char q[MTS_LOGQ_MAX];
-			mts_log_uid(
-			    p->uid, MTS_LOG_INFO,
-			    "worker of another uid runs a reservation's "
-			    "command: counted as its owner's",
-			    "pid=%u uid=%u task=%s owner_uid=%u "
-			    "asker_pid=%u",
-			    p->pid, p->uid, mts_logq(q, sizeof(q), t->name),
-			    r->uid, r->asker_pid);
-			return;
+		r->has_switched = true;
+		r->switched_uid = p->uid;
+		p->task_uid = r->uid;
+		p->task_asker = r->asker_pid;
+		char q[MTS_LOGQ_MAX];
+		mts_log_uid(p->uid, MTS_LOG_INFO,
+		            "worker of another uid runs a reservation's "
+		            "command: counted as its owner's",
+		            "pid=%u uid=%u task=%s owner_uid=%u asker_pid=%u",
+		            p->pid, p->uid, mts_logq(q, sizeof(q), t->name),
+		            r->uid, r->asker_pid);
+		return;
+	}
+}
+
+/* `r` ends: the workers it made its owner's are their own uid's again. */
+static void switched_end(struct mts_registry *reg, const struct mts_resv *r)
+{
+	if (!r->has_switched || !r->task)
+		return;
+	for (uint32_t i = 0; i < reg->ndense; i++) {
+		struct mts_proc *p = reg->by_slot[reg->dense[i]];
+		if (p->task_asker == r->asker_pid && p->task_uid == r->uid &&
+		    p->uid == r->switched_uid &&
+		    strcmp(p->task, r->task->name) == 0) {
+			p->task_uid = p->uid;
+			p->task_asker = 0;
 		}
 	}
 }
@@ -873,6 +901,7 @@ void mts_resv_worker_registered(struct mts_registry *reg, struct mts_proc *p)
 	admin_epoch_check(reg);
 	bool admin = worker_admin(reg, p);
 	p->task_uid = p->uid;
+	p->task_asker = 0;
 	if (!admin)
 		switched_user(t, p);
 	uint32_t foreign = 0, foreign_uid = 0;
@@ -956,6 +985,7 @@ static void resv_remove(struct mts_registry *reg, struct mts_resv *r,
 	 * owner's workers now count as others') can the newer reservations
 	 * of the task count less without it. */
 	bool shifts = r->task && r->effective < r->want;
+	switched_end(reg, r);
 	resv_count(reg, r, 0);
 	if (r->profiled)
 		reg->adm->nprofiled--;
@@ -2027,8 +2057,8 @@ static int resv_grant(struct mts_registry *reg, const struct mts_peer *peer,
 	*held = mt_sat_add(*held, bytes);
 	r->has_owner = owned;
 	r->uid = peer->uid;
-	if (owned && !peer->tcp && peer->pid &&
-	    mts_read_starttime((pid_t)peer->pid, &r->asker_start) == 0)
+	if (owned && !req->in_process &&
+	    mts_peer_start_time(reg, peer, &r->asker_start) == 0)
 		r->asker_pid = peer->pid;
 	r->declared = req->bytes;
 	if (prof) {

@@ -99,9 +99,12 @@ struct mts_resv {
 	bool has_owner; /* false: made over TCP (no credentials) */
 	uint32_t uid;   /* owner */
 	/* The process that asked (a local peer's), by pid and start time:
-	 * workers of another uid that descend from it are its command's. */
+	 * workers of another uid that descend from it are its command's, of
+	 * the first such uid only (`switched_uid`). */
 	uint32_t asker_pid;
 	uint64_t asker_start;
+	bool has_switched;
+	uint32_t switched_uid;
 	uint32_t group; /* index in reg->groups (keeps the entry alive) */
 	struct mts_task *task;  /* NULL: no task */
 	struct mts_resv *tnext; /* the task's reservations, oldest first */

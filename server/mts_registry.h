@@ -132,9 +132,11 @@ struct mts_proc {
 	struct mts_proc *hnext;  /* pid hash chain */
 	uint32_t uid;
 	/* Whose share of its task it counts in: `uid`, or the owner of a
-	 * reservation of the task whose asking process it descends from
-	 * (the owner's command switched user; admit.c). */
+	 * reservation of the task whose asking process (`task_asker`) it
+	 * descends from, while that reservation lasts (the owner's command
+	 * switched user; admit.c). */
 	uint32_t task_uid;
+	uint32_t task_asker;
 	int pidfd;
 	uint64_t start_time;
 	uint64_t image_id;
@@ -410,6 +412,12 @@ int mts_register_if_known(struct mts_registry *reg, const struct mts_peer *peer,
 void mts_publish(struct mts_registry *reg);
 
 /* The registered process `pid`, or NULL. */
+/* The start time of the local process `peer` names, known to be the one
+ * that connected (SO_PEERPIDFD, or the registration's vouching where the
+ * kernel lacks it). 0, or -errno: no process to name (TCP, gone, or its
+ * pid now another's). */
+int mts_peer_start_time(const struct mts_registry *reg,
+                        const struct mts_peer *peer, uint64_t *start);
 struct mts_proc *mts_find_pid(const struct mts_registry *reg, uint32_t pid);
 
 /* The live group named `name`, or NULL. */

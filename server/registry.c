@@ -820,6 +820,7 @@ static int proc_reset(struct mts_registry *reg, struct mts_proc *p,
 	p->task = ntask;
 	p->group = ngroup;
 	p->uid = p->task_uid = uid;
+	p->task_asker = 0;
 	p->untrusted = false; /* until joined() says (vouch.c) */
 	p->unvouched = 0;
 	/* The new image's kernel figure, from its first read. */
@@ -884,6 +885,7 @@ static int proc_insert(struct mts_registry *reg, const struct proc_init *in,
 	p->pidfd = in->pidfd;
 	p->pid = in->pid;
 	p->uid = p->task_uid = in->uid;
+	p->task_asker = 0;
 	p->slot = in->slot;
 	p->start_time = in->start_time;
 	p->image_id = in->image_id;
@@ -1169,6 +1171,25 @@ static int register_peer(struct mts_registry *reg, const struct mts_peer *peer,
 		if (g)
 			mts_group_gc(reg, (uint32_t)(g - reg->groups));
 	}
+	return err;
+}
+
+int mts_peer_start_time(const struct mts_registry *reg,
+                        const struct mts_peer *peer, uint64_t *start)
+{
+	if (!peer->has_cred || peer->tcp || !peer->pid)
+		return -ESRCH;
+	bool exact;
+	int pfd = peer_pidfd(reg, peer, &exact);
+	if (pfd < 0)
+		return pfd;
+	int err = mts_read_starttime((pid_t)peer->pid, start);
+	if (err == 0 && !exact)
+		err = peer_vouch(peer, *start);
+	/* Read while the pidfd's process lived: the start time is its. */
+	if (err == 0 && pidfd_send_signal(pfd, 0, NULL, 0) < 0)
+		err = -ESRCH;
+	close(pfd);
 	return err;
 }
 

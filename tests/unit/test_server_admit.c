@@ -540,21 +540,45 @@ Test(admit, a_worker_of_another_uid_under_its_asker_is_the_owners)
 	fx_write(sw, 200 * MIB);
 	mts_core_tick(&srv.reg);
 	cr_assert_eq(srv.reg.totals.reserved, 300 * MIB);
+	/* A second uid under the same asker is not pooled with the first. */
+	pid_t w2 = fx_spawn();
+	fx_register_as(w2, 1002, "g", "T");
+	cr_assert_eq(mts_find_pid(&srv.reg, (uint32_t)w2)->task_uid, 1002);
 
-	/* Asked by a process the worker does not descend from (a sibling),
-	 * and by one that has gone: another uid's worker, as before. */
+	/* Asked by a process the worker does not descend from (a sibling):
+	 * another uid's worker, as before. */
 	pid_t sibling = fx_spawn();
 	fx_asker = sibling;
 	snprintf(id, sizeof(id), "%s", grant(100 * MIB, "", "U", 60));
 	const struct mts_resv *u = mts_resv_find(&srv.reg, id);
 	fx_register_as(fx_spawn(), 1001, "g", "U");
 	cr_assert_not(u->taken_over, "a stranger to its asker took it over");
-	snprintf(id, sizeof(id), "%s", grant(100 * MIB, "", "V", 60));
-	const struct mts_resv *v = mts_resv_find(&srv.reg, id);
 	fx_kill(sibling);
-	fx_asker = 0;
+	/* An asker's pid that names another process now (another start
+	 * time) is not the asker. */
+	fx_asker = getpid();
+	snprintf(id, sizeof(id), "%s", grant(100 * MIB, "", "V", 60));
+	struct mts_resv *v = mts_resv_find(&srv.reg, id);
+	v->asker_start ^= 1;
 	fx_register_as(fx_spawn(), 1001, "g", "V");
-	cr_assert_not(v->taken_over, "taken over under an asker gone");
+	cr_assert_not(v->taken_over, "taken over under another process");
+
+	/* Released, the reservation's worker is its own uid's again: a new
+	 * reservation of the task, by no process, is not its to take. */
+	snprintf(id, sizeof(id), "%s", grant(100 * MIB, "", "W", 60));
+	pid_t w3 = fx_spawn();
+	fx_register_as(w3, 1001, "g", "W");
+	cr_assert_eq(mts_find_pid(&srv.reg, (uint32_t)w3)->task_uid, 1000);
+	struct mts_peer owner = fx_peer(0, 1000);
+	Memtally__V1__Response *rel = release(&owner, id, NULL);
+	cr_assert_null(rel->error);
+	memtally__v1__response__free_unpacked(rel, NULL);
+	cr_assert_eq(mts_find_pid(&srv.reg, (uint32_t)w3)->task_uid, 1001);
+	fx_asker = 0;
+	snprintf(id, sizeof(id), "%s", grant(100 * MIB, "", "W", 60));
+	const struct mts_resv *w4 = mts_resv_find(&srv.reg, id);
+	mts_core_tick(&srv.reg);
+	cr_assert_not(w4->taken_over, "a leftover worker took it over");
 
 	fx_kill(w);
 	mts_core_tick(&srv.reg);
