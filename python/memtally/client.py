@@ -170,9 +170,11 @@ class Client:
     def watch(self, own=False):
         """Subscribe; yield Events for ever (the first is the fleet's
         current state). The connection is a stream from then on. `own`:
-        only the events of this process's uid (and the fleet's and groups'):
-        an admin watching for its own task's eviction ("task:NAME") does
-        not take another uid's task of the same name for it."""
+        only the events of this process's uid (and the fleet's and groups'),
+        and a task's whose workers descend from this process (its command
+        switched user): an admin watching for its own task's eviction
+        ("task:NAME") does not take another uid's task of the same name for
+        it."""
         req = pb.Request(id=self.next_id, token=self.token,
                          watch=pb.Watch(own=own))
         self.next_id += 1
