@@ -61,6 +61,12 @@ the client: `dask worker --preload memtally.dask SCHEDULER`.
 - Over: while its memtallyd reports the fleet `over` (asked every
   `interval` seconds, default 0.5: one GetUsage), the worker stays paused
   and takes no task at all; the tasks it is running go on.
+- Idle: a worker running no task that holds 16 MiB more than when it was
+  first idle gives its allocator's free memory back (glibc's
+  malloc_trim, at most every 5 s, as Dask's advice for unmanaged memory
+  does). memtallyd counts what the allocator keeps resident after the
+  worker's tasks freed it, and that figure keeps other tasks out of the
+  node until it is given back.
 
 A paused worker is Dask's own mechanism (the state its memory monitor puts
 a worker in above `distributed.worker.memory.pause`): the scheduler sends
@@ -504,7 +510,7 @@ class _Gate:
             try:
                 self.over = await self._ask(self._fleet_over)
                 self._apply()
-                if self.host_limit and not self.worker.state.executing_count:
+                if not self.worker.state.executing_count:
                     await self._idle()
             except asyncio.CancelledError:
                 raise
