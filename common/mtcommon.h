@@ -27,6 +27,10 @@ static inline uint64_t mt_sat_add(uint64_t a, uint64_t b)
 	return __builtin_add_overflow(a, b, &r) ? UINT64_MAX : r;
 }
 
+/* qsort()/bsearch() comparators of uint32_t and uint64_t, ascending. */
+int mt_cmp_u32(const void *a, const void *b);
+int mt_cmp_u64(const void *a, const void *b);
+
 /* "ok", "high", "over" for states 0, 1, 2 (as on the wire and in the
  * segment); "unknown" for anything else. */
 const char *mt_state_name(unsigned state);

@@ -86,6 +86,18 @@ bool mt_cp_hostile(uint32_t c)
 	       (c >= 0x2066 && c <= 0x2069);
 }
 
+int mt_cmp_u32(const void *a, const void *b)
+{
+	uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+	return (x > y) - (x < y);
+}
+
+int mt_cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+	return (x > y) - (x < y);
+}
+
 uint64_t mt_mono_ns(void)
 {
 	struct timespec ts;

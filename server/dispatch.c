@@ -830,12 +830,6 @@ static int do_watch(struct mts_registry *reg, struct mts_peer *peer,
 	return err;
 }
 
-static int cmp_pid(const void *a, const void *b)
-{
-	uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
-	return (x > y) - (x < y);
-}
-
 /* Do the workers `ev` names descend from the peer's process: are they
  * its own command's? */
 static bool event_of_peers_command(const struct mts_peer *peer,
@@ -843,7 +837,7 @@ static bool event_of_peers_command(const struct mts_peer *peer,
 {
 	uint32_t pid = peer->pid;
 	return ev->nancestors && bsearch(&pid, ev->ancestors, ev->nancestors,
-	                                 sizeof(pid), cmp_pid) != NULL;
+	                                 sizeof(pid), mt_cmp_u32) != NULL;
 }
 
 bool mts_event_visible(const struct mts_registry *reg,

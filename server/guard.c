@@ -287,19 +287,12 @@ static bool in_tree(const struct tree *t, uint32_t pid)
 	return false;
 }
 
-/* `pid`'s state letter and parent pid from /proc/PID/stat; false when
- * it cannot be read (gone). */
-static bool stat_of(uint32_t pid, char *state, uint32_t *ppid)
-{
-	return mts_read_state_ppid((pid_t)pid, state, ppid) == 0;
-}
-
 /* The parent pid of `pid`, or 0. */
 static uint32_t ppid_of(uint32_t pid)
 {
 	char state;
 	uint32_t ppid;
-	return stat_of(pid, &state, &ppid) ? ppid : 0;
+	return mts_read_state_ppid((pid_t)pid, &state, &ppid) == 0 ? ppid : 0;
 }
 
 /* Add the children of t->pid[i], each checked to be its child once its
@@ -374,7 +367,7 @@ static bool tree_stopped(const struct tree *t)
 		char state;
 		uint32_t ppid;
 		if (pidfd_send_signal(t->fd[i], 0, NULL, 0) < 0 ||
-		    !stat_of(t->pid[i], &state, &ppid))
+		    mts_read_state_ppid((pid_t)t->pid[i], &state, &ppid) < 0)
 			continue; /* gone */
 		if (!strchr("TtZX", state))
 			return false;
@@ -588,12 +581,6 @@ static void describe(char *buf, size_t len, const char *verb,
 	         mts_guard_rule_name(rule), n);
 }
 
-static int cmp_u32(const void *a, const void *b)
-{
-	uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
-	return (x > y) - (x < y);
-}
-
 /* The most processes an event's workers are said to descend from. */
 #define MTS_EVENT_ANCESTORS_MAX 512u
 
@@ -624,7 +611,7 @@ static void send_event(struct mts_registry *reg, const struct mts_guard_cand *k,
 		if (err == -ENOSPC)
 			break;
 	}
-	qsort(anc, na, sizeof(anc[0]), cmp_u32);
+	qsort(anc, na, sizeof(anc[0]), mt_cmp_u32);
 	char scope[MTS_NAME_MAX + 16];
 	if (k->task[0])
 		snprintf(scope, sizeof(scope), "task:%s", k->task);

@@ -284,12 +284,6 @@ void mts_kind_note_run(struct mts_registry *reg, const char *kind, uint32_t uid,
 
 /* ---- the estimate -------------------------------------------------------- */
 
-static int cmp_u64(const void *a, const void *b)
-{
-	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-	return x < y ? -1 : x > y;
-}
-
 static uint64_t add_bp(uint64_t v, uint32_t bp)
 {
 	unsigned __int128 r =
@@ -300,7 +294,7 @@ static uint64_t add_bp(uint64_t v, uint32_t bp)
 /* Nearest rank: the smallest of the sorted v[0..n) at or above `bp`. */
 static uint64_t quantile(uint64_t *v, uint32_t n, uint32_t bp)
 {
-	qsort(v, n, sizeof(v[0]), cmp_u64);
+	qsort(v, n, sizeof(v[0]), mt_cmp_u64);
 	uint64_t rank = ((uint64_t)bp * n + MTS_BP_ONE - 1) / MTS_BP_ONE;
 	return v[(rank < 1 ? 1 : rank) - 1];
 }

@@ -724,9 +724,10 @@ static int peer_pidfd(const struct mts_registry *reg,
  * SO_PEERCRED uid, which a process of another user never has, whenever
  * it started. The caller reads these through a pidfd that is still alive
  * afterwards, so they are the pidfd's process's. 0, -ESTALE (refused,
- * logged), or -errno.
+ * logged with `what`, the action taken), or -errno.
  */
-static int peer_vouch(const struct mts_peer *peer, uint64_t start_time)
+static int peer_vouch(const struct mts_peer *peer, uint64_t start_time,
+                      const char *what)
 {
 	if (peer->fd < 0)
 		return 0;
@@ -742,11 +743,12 @@ static int peer_vouch(const struct mts_peer *peer, uint64_t start_time)
 	if (start_time <= accept_ticks && ruid == peer->uid)
 		return 0;
 	mts_log_uid(peer->uid, MTS_LOG_WARN,
-	            "registration refused: the peer's pid now names another "
-	            "process (no SO_PEERPIDFD to tell)",
-	            "pid=%u uid=%u process_uid=%u start_ticks=%llu "
+	            "the peer's pid now names another process (no "
+	            "SO_PEERPIDFD to tell)",
+	            "%s pid=%u uid=%u process_uid=%u start_ticks=%llu "
 	            "accept_ticks=%llu",
-	            peer->pid, peer->uid, ruid, (unsigned long long)start_time,
+	            what, peer->pid, peer->uid, ruid,
+	            (unsigned long long)start_time,
 	            (unsigned long long)accept_ticks);
 	return -ESTALE;
 }
@@ -1129,7 +1131,8 @@ static int register_peer(struct mts_registry *reg, const struct mts_peer *peer,
 	int err =
 	    mts_read_stat((pid_t)peer->pid, &start_time, comm, sizeof(comm));
 	if (err == 0 && !exact)
-		err = peer_vouch(peer, start_time);
+		err =
+		    peer_vouch(peer, start_time, "action=registration_refused");
 	if (err == 0 && pidfd_exited(pidfd))
 		err = -ESRCH;
 	if (err < 0) {
@@ -1185,7 +1188,7 @@ int mts_peer_start_time(const struct mts_registry *reg,
 		return pfd;
 	int err = mts_read_starttime((pid_t)peer->pid, start);
 	if (err == 0 && !exact)
-		err = peer_vouch(peer, *start);
+		err = peer_vouch(peer, *start, "action=asker_not_recorded");
 	/* Read while the pidfd's process lived: the start time is its. */
 	if (err == 0 && pidfd_send_signal(pfd, 0, NULL, 0) < 0)
 		err = -ESRCH;
