@@ -85,7 +85,7 @@ from celery import Task, bootsteps
 from celery.exceptions import Reject
 from celery.worker.request import Request
 
-from .client import DEFAULT_SOCKET, STATES, Client, MemtallyError, as_bytes
+from .client import DEFAULT_SOCKET, Client, as_bytes, state_name
 
 log = logging.getLogger("memtally.celery")
 
@@ -166,7 +166,10 @@ class AdmittedRequest(Request):
         if isinstance(exc, Denied):
             log.info("memtally: task %s[%s] denied on %s (%s); requeued",
                      self.name, self.id, exc.node, exc.reason)
-            _Pauser.pause_current()
+            try:
+                _Pauser.pause_current()
+            except Exception:  # noqa: BLE001 - the message is rejected still
+                log.exception("memtally: pausing the consumer")
         return super().on_failure(exc_info, send_failed_event, return_ok)
 
 
@@ -197,10 +200,26 @@ class AdmittedTask(Task):
             raise self.retry(exc=ev, countdown=self.memtally_retry_delay,
                              max_retries=self.memtally_retries)
 
-    def _admitted_call(self, *args, **kwargs):
-        nbytes = as_bytes(self.memtally_bytes)
-        if not nbytes:
+    def _body(self, *args, **kwargs):
+        """The task's body. In a worker Celery has pushed the task's
+        request already: Task.__call__ would push an empty one over it
+        (self.request.id None, self.retry() re-raising), so the body is
+        self.run there, as Celery advises for a class with its own
+        __call__; called directly, Task.__call__ as usual."""
+        if self.request.called_directly:
             return super().__call__(*args, **kwargs)
+        return self.run(*args, **kwargs)
+
+    def _admitted_call(self, *args, **kwargs):
+        try:
+            nbytes = as_bytes(self.memtally_bytes)
+        except Exception as e:  # noqa: BLE001 - a bad size must not fail the task
+            log.warning("memtally: task %s: memtally_bytes %r: %s; running "
+                        "it without admission", self.name,
+                        self.memtally_bytes, e)
+            nbytes = 0
+        if not nbytes:
+            return self._body(*args, **kwargs)
         sock = _socket(self.app)
         task_id = self.request.id or ""
         try:
@@ -215,20 +234,20 @@ class AdmittedTask(Task):
                             task=task_id, ttl_seconds=int(self.memtally_ttl),
                             kind=self.name or "", in_process=True,
                             thread=threading.get_native_id())
-        except (OSError, MemtallyError) as e:
+        except Exception as e:  # noqa: BLE001 - whatever breaks, fail open
             _fail_open(sock, e)
-            return super().__call__(*args, **kwargs)
+            return self._body(*args, **kwargs)
         _failing_open.discard(sock)
         if not r.admitted:
             raise Denied(r.reason, self.request.hostname or sock)
         try:
-            return super().__call__(*args, **kwargs)
+            return self._body(*args, **kwargs)
         finally:
             try:
                 with Client(sock, timeout=float(
                         _conf(self.app, "memtally_timeout", 2))) as c:
                     c.release(r.reservation)
-            except (OSError, MemtallyError) as e:
+            except Exception as e:  # noqa: BLE001 - never the task's outcome
                 # Its TTL ends it; nothing else to do.
                 log.warning("memtally: releasing %s: %s", r.reservation, e)
 
@@ -293,8 +312,8 @@ class _Pauser(bootsteps.StartStopStep):
         try:
             with Client(sock, timeout=float(
                     _conf(self.c.app, "memtally_timeout", 2))) as cl:
-                return STATES[cl.usage().state] == "over"
-        except (OSError, MemtallyError) as e:
+                return state_name(cl.usage().state) == "over"
+        except Exception as e:  # noqa: BLE001 - fail open: resume
             _fail_open(sock, e)
             return False
 

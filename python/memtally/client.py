@@ -51,6 +51,12 @@ DEFAULT_SOCKET = "/run/memtally/memtally.sock"
 STATES = {pb.STATE_OK: "ok", pb.STATE_HIGH: "high", pb.STATE_OVER: "over"}
 
 
+def state_name(state):
+    """"ok", "high", "over", or "unknown" for a state a newer server
+    sends."""
+    return STATES.get(state, "unknown")
+
+
 class MemtallyError(Exception):
     """An error Response from the server (code is a pb.ErrorCode)."""
 
@@ -80,8 +86,12 @@ class Client:
         else:
             path = path or os.environ.get("MEMTALLY_SOCKET") or DEFAULT_SOCKET
             self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            self.sock.settimeout(timeout)
-            self.sock.connect(path)
+            try:
+                self.sock.settimeout(timeout)
+                self.sock.connect(path)
+            except BaseException:
+                self.sock.close()
+                raise
         self.buf = b""
         self.next_id = 1
 
@@ -117,13 +127,18 @@ class Client:
                 break
             self._fill()
         resp = pb.Response()
-        resp.ParseFromString(self.buf[pos:pos + size])
+        try:
+            resp.ParseFromString(self.buf[pos:pos + size])
+        except Exception as e:  # noqa: BLE001 - DecodeError and kin
+            raise MemtallyError(pb.ERROR_UNDECODABLE,
+                                f"memtallyd's answer does not decode: {e}")
         self.buf = self.buf[pos + size:]
         return resp
 
     def call(self, **body):
         """Send a Request with one body (e.g. admit=pb.Admit(...)), return
-        the matching Response's body; raise MemtallyError on an error."""
+        the matching Response's body; raise MemtallyError on an error
+        (an answer that does not decode, or has no body, included)."""
         req = pb.Request(id=self.next_id, token=self.token, **body)
         self.next_id += 1
         self.send(req)
@@ -133,7 +148,11 @@ class Client:
         if resp.id != req.id:
             raise MemtallyError(pb.ERROR_INTERNAL,
                                 f"response id {resp.id}, expected {req.id}")
-        return getattr(resp, resp.WhichOneof("body"))
+        which = resp.WhichOneof("body")
+        if which is None:
+            raise MemtallyError(pb.ERROR_UNSUPPORTED,
+                                "memtallyd's answer has no body")
+        return getattr(resp, which)
 
     # -- the requests --------------------------------------------------------
     def usage(self, group=None, pid=None):
@@ -248,14 +267,14 @@ def main(argv=None):
                 print(f"fleet {human(u.fleet_bytes)} (rss {human(u.rss_bytes)})"
                       f" reserved {human(u.reserved_bytes)} limit "
                       f"{human(u.fleet_limit) if u.fleet_limit else 'none'} "
-                      f"state {STATES[u.state]} processes {u.processes}")
+                      f"state {state_name(u.state)} processes {u.processes}")
                 for g in u.groups:
                     print(f"  group {g.name}: {human(g.bytes)} in "
-                          f"{g.processes} processes, state {STATES[g.state]}")
+                          f"{g.processes} processes, state {state_name(g.state)}")
             elif a.cmd == "ps":
                 for p in c.processes(a.group):
                     print(f"{p.pid:>8} {p.group:<12} {human(p.bytes):>10} "
-                          f"{STATES[p.state]:<5} {p.comm}")
+                          f"{state_name(p.state):<5} {p.comm}")
             elif a.cmd == "admit":
                 r = c.admit(a.bytes, a.group, a.task, a.ttl)
                 if r.admitted:
@@ -271,8 +290,8 @@ def main(argv=None):
                 print(f"released {r.reservation} ({human(r.bytes)})")
             elif a.cmd == "watch":
                 for n, ev in enumerate(c.watch(), 1):
-                    print(f"{ev.scope} {STATES[ev.previous]} -> "
-                          f"{STATES[ev.state]} bytes {human(ev.bytes)} limit "
+                    print(f"{ev.scope} {state_name(ev.previous)} -> "
+                          f"{state_name(ev.state)} bytes {human(ev.bytes)} limit "
                           f"{human(ev.limit) if ev.limit else 'none'}",
                           flush=True)
                     if a.count and n >= a.count:

@@ -110,8 +110,7 @@ from concurrent.futures import ThreadPoolExecutor
 from distributed import WorkerPlugin
 from distributed.core import Status
 
-from .client import (DEFAULT_SOCKET, STATES, Client, MemtallyError, as_bytes,
-                     human)
+from .client import DEFAULT_SOCKET, Client, as_bytes, human, state_name
 
 # Under "distributed": a worker's log shows these beside Dask's own lines,
 # at the levels Dask's logging configuration sets for that tree.
@@ -291,12 +290,14 @@ class _Gate:
         self.lean = None            # the least it held of its own, idle
         self.first = None           # ... when first idle
         self.trimmed = 0.0          # its heap last trimmed then
+        self.trim_from = None       # ... from this figure
         self.pool = ThreadPoolExecutor(2, thread_name_prefix="memtally")
         self.loop = None
         self.over = False           # memtallyd's fleet state, last asked
         self.denied_until = 0.0     # paused after a denial until then
         self.holding = False        # memtally keeps the worker paused
         self.watcher = None
+        self.stopped = False        # removed: a late denial pauses nothing
         self.orig_executors = {}
         self.orig_pause_check = None
 
@@ -321,6 +322,7 @@ class _Gate:
 
     def stop(self):
         w = self.worker
+        self.stopped = True
         if self.watcher is not None:
             self.watcher.cancel()
         for name, e in self.orig_executors.items():
@@ -328,7 +330,11 @@ class _Gate:
                           _AdmittingThreadPoolExecutor):
                 w.executors[name] = e
         if self.orig_pause_check is not None:
-            del w.memory_manager._maybe_pause_or_unpause
+            # Our own check only: another plugin's may have replaced it.
+            mm = w.memory_manager
+            if mm.__dict__.get("_maybe_pause_or_unpause") == \
+                    self._dask_pause_check:
+                del mm._maybe_pause_or_unpause
         self._release_pause()
         self.pool.shutdown(wait=False)
 
@@ -348,9 +354,9 @@ class _Gate:
             with self._client() as c:
                 r = c.admit(nbytes, group=group, task=task, ttl_seconds=ttl,
                             kind=kind, in_process=True, thread=thread,
-                            host_limit=max(0, self.host_limit - self.gap)
+                            host_limit=max(1, self.host_limit - self.gap)
                             if self.host_limit else 0)
-        except (OSError, MemtallyError) as e:
+        except Exception as e:  # noqa: BLE001 - whatever breaks, fail open
             self._failed(e)
             return None
         _failing_open.discard(self.sock)
@@ -360,15 +366,15 @@ class _Gate:
         try:
             with self._client() as c:
                 c.release(reservation)
-        except (OSError, MemtallyError) as e:
+        except Exception as e:  # noqa: BLE001 - never the task's outcome
             # Its TTL ends it, or its worker's exit.
             log.debug("memtally: releasing %s: %s", reservation, e)
 
     def _fleet_over(self):
         try:
             with self._client() as c:
-                over = STATES[c.usage().state] == "over"
-        except (OSError, MemtallyError) as e:
+                over = state_name(c.usage().state) == "over"
+        except Exception as e:  # noqa: BLE001 - whatever breaks, fail open
             self._failed(e)
             return False
         _failing_open.discard(self.sock)
@@ -482,7 +488,7 @@ class _Gate:
         try:
             with self._client() as c:
                 u = c.usage(pid=os.getpid())
-        except (OSError, MemtallyError):
+        except Exception:  # noqa: BLE001 - counted nothing, as unreachable
             return None
         p = u.process
         if not p.pid:
@@ -495,6 +501,10 @@ class _Gate:
 
     # -- the worker side (event loop) -------------------------------------
     def _denied(self):
+        # Queued from a task's thread: the plugin may have been removed
+        # since, and nothing would then resume the worker.
+        if self.stopped:
+            return
         self.denied_until = time.monotonic() + self.pause
         self._apply()
 
@@ -526,16 +536,27 @@ class _Gate:
         (malloc_trim, at most every TRIM_EVERY seconds), as Dask's own
         advice for unmanaged memory does."""
         base = await self._ask(self._own_bytes)
-        if base is None:
-            return
+        if base is None or self.worker.state.executing_count:
+            return      # a task started meanwhile: not the idle worker's
         if self.first is None:
             self.first = base
         now = time.monotonic()
-        if base > self.first + TRIM_ABOVE and now >= self.trimmed + \
-                TRIM_EVERY:
-            self.trimmed = now
-            if _malloc_trim():
-                base = await self._ask(self._own_bytes) or base
+        if base <= self.first + TRIM_ABOVE:
+            self.trim_from = None
+        elif now >= self.trimmed + TRIM_EVERY:
+            if self.trim_from is not None and base >= self.trim_from:
+                # The last trim gave nothing back (memtallyd's figure
+                # follows the kernel's within a second): the worker holds
+                # that much now, and trimming again would cost the loop's
+                # pool a heap walk every few seconds for nothing.
+                self.first = base
+                self.trim_from = None
+            else:
+                self.trimmed = now
+                self.trim_from = base
+                # A heap walk under the arenas' locks: off the loop.
+                await self._ask(_malloc_trim)
+            return      # noted at the next look, once the figure follows
         # What Dask's monitor sees of the worker beyond memtally's figure
         # (its resident file pages: libraries, the interpreter), which
         # the limit memtallyd checks must leave room for.
