@@ -109,6 +109,7 @@ struct run {
 	char reservation[64];
 	bool failed_open; /* the fail-open line was printed */
 	bool lost;        /* memtallyd stopped answering while we waited */
+	bool no_watch;    /* memtallyd refused our Watch: not asked again */
 	int sfd;          /* signalfd */
 	sigset_t mask;    /* blocked by us: restored in the command */
 	sigset_t old_mask;
@@ -246,7 +247,7 @@ static void note_eviction(struct run *r, const struct memtally_event *ev)
  * a refusal) the periodic retries still run. */
 static void watch_open(struct run *r)
 {
-	if (open_handle(r, &r->w) != 0)
+	if (r->no_watch || open_handle(r, &r->w) != 0)
 		return;
 	/* Run by root (a container's jobs often are), it would see every
 	 * uid's "task:NAME": another's task of our name is not ours. */
@@ -255,6 +256,14 @@ static void watch_open(struct run *r)
 		memtally_query_close(r->w);
 		r->w = NULL;
 	}
+}
+
+/* Is `err` the server's error answer (not a lost connection)? */
+static bool server_answer(int err)
+{
+	return err == MEMTALLY_ESERVER || err == MEMTALLY_ENOTFOUND ||
+	       err == MEMTALLY_EPERM || err == MEMTALLY_ENOSLOTS ||
+	       err == MEMTALLY_EUNSUPPORTED || err == MEMTALLY_EBADREQUEST;
 }
 
 /* Read what the watch holds: true if an event worth a retry came. Ends
@@ -273,6 +282,19 @@ static bool watch_drain(struct run *r)
 		if (err != -EAGAIN) {
 			memtally_query_close(r->w);
 			r->w = NULL;
+			if (server_answer(err)) {
+				/* An answer, not a lost connection: asking
+				 * again would be refused again. */
+				r->no_watch = true;
+				fprintf(
+				    stderr,
+				    "memtally: memtallyd at %s refused a "
+				    "watch (%s): an eviction of the command "
+				    "will not be told apart from its own "
+				    "failure\n",
+				    r->where, memtally_strerror(err));
+				return any;
+			}
 			/* The server may have restarted: ask again now, and
 			 * subscribe again with that answer. */
 			any = true;
@@ -594,8 +616,10 @@ static int supervise(struct run *r, char **envp)
 		struct signalfd_siginfo si;
 		if (read(r->sfd, &si, sizeof(si)) != (ssize_t)sizeof(si))
 			break;
-		if (si.ssi_signo != SIGCHLD)
+		if (si.ssi_signo != SIGCHLD) {
+			r->died_of = (int)si.ssi_signo;
 			return 128 + (int)si.ssi_signo;
+		}
 	}
 	pid_t parent = getpid();
 	fflush(NULL);
@@ -734,7 +758,10 @@ static int admission(struct run *r)
 	if (got == 0 && r->wait_s > 0)
 		got = wait_for_room(r, &a);
 	if (got == 2) {
+		/* ^C while waiting: we die of it below, as the command
+		 * would have, so that a shell's loop stops. */
 		memtally_admit_result_free(a);
+		r->died_of = r->signo;
 		return 128 + r->signo;
 	}
 	if (got != 0) /* granted, or failing open */

@@ -778,11 +778,16 @@ static int do_watch(struct mts_registry *reg, struct mts_peer *peer,
 	Memtally__V1__Event ev = MEMTALLY__V1__EVENT__INIT;
 	/* Asked once: events are pushed without a request to ask with. */
 	bool admin = mts_authorise(reg, peer, token) != MTS_AUTH_NONE;
-	/* A subscriber never idles out: one uid may hold only a few. A
-	 * second Watch on one connection is the same subscription. */
+	/* A subscriber never idles out: one uid may hold only a few
+	 * subscriptions to everything it may see. One to its own tasks'
+	 * events (Watch.own: each `memtally run` holds one) is bounded by
+	 * its uid's connections instead, so that a job runner's many runs
+	 * of one user each learn of their eviction. A second Watch on one
+	 * connection is the same subscription, counted once it is not
+	 * own. */
 	uint32_t cap = reg->policy.watch_per_uid;
 	unsigned key = mts_peer_log_uid(peer);
-	if (!peer->watching && !admin && cap) {
+	if (!own && !peer->watch_counted && !admin && cap) {
 		uint32_t held = mts_uid_count_get(&reg->watch_uids, key);
 		if (held >= cap) {
 			char msg[160];

@@ -199,6 +199,19 @@ def test_wait_then_runs_when_room_appears():
         check(took >= 1.0, f"gave up after {took:.2f} s, before --wait 1")
         check(b"no room in time" in r.stderr, f"stderr {r.stderr!r}")
 
+        # ^C while it waits: it dies of SIGINT, as the command would
+        # have (a shell's loop stops), and the command never starts.
+        p = subprocess.Popen(mt_run(s, "--bytes", "50MiB", "--wait", "60",
+                                    "--", "touch", marker),
+                             env=run_env(), stderr=subprocess.PIPE)
+        line = p.stderr.readline().decode()
+        check("waiting up to 60 s for room" in line, f"stderr {line!r}")
+        p.send_signal(signal.SIGINT)
+        rc = p.wait(timeout=30 * MULT)
+        check(rc == -signal.SIGINT and not os.path.exists(marker),
+              f"INT while waiting: {rc}, want death by SIGINT")
+        p.stderr.close()
+
         p = subprocess.Popen(mt_run(s, "--bytes", "50MiB", "--wait", "60",
                                     "--", "touch", marker),
                              env=run_env(), stderr=subprocess.PIPE)

@@ -1126,3 +1126,56 @@ Test(dispatch, idle_tables_are_bounded)
 	cr_assert_null(mts_table_find(&srv.reg, 3001));
 	cr_assert_not_null(mts_table_find(&srv.reg, 3002));
 }
+
+/* Watch as `peer` (own: Watch.own): 0 when subscribed (the first event
+ * answers), else the error code. */
+static int watch_as(struct mts_peer *peer, bool own, uint64_t id)
+{
+	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
+	Memtally__V1__Watch watch = MEMTALLY__V1__WATCH__INIT;
+	watch.own = own;
+	req.id = id;
+	req.body_case = MEMTALLY__V1__REQUEST__BODY_WATCH;
+	req.watch = &watch;
+	Memtally__V1__Response *r = fx_call(peer, &req);
+	cr_assert_eq(r->id, id);
+	int code = r->error ? (int)r->error->code : 0;
+	if (!code)
+		cr_assert_eq(r->body_case, MEMTALLY__V1__RESPONSE__BODY_EVENT);
+	memtally__v1__response__free_unpacked(r, NULL);
+	return code;
+}
+
+/* One uid holds at most max_watch_per_uid subscriptions to everything it
+ * may see. Its subscriptions to its own tasks' events (each `memtally
+ * run` holds one) are bounded by its connections instead: a job runner's
+ * 17th run of one user must still learn of its eviction. */
+Test(dispatch, the_watch_cap_leaves_own_subscriptions_out)
+{
+	const int denied = MEMTALLY__V1__ERROR_CODE__ERROR_PERMISSION_DENIED;
+	srv.reg.policy.watch_per_uid = 2;
+	struct mts_peer p[6];
+	for (int i = 0; i < 6; i++)
+		p[i] = peer_of(getpid());
+	cr_assert_eq(watch_as(&p[0], false, 1), 0);
+	cr_assert_eq(watch_as(&p[1], false, 2), 0);
+	cr_assert_eq(watch_as(&p[2], false, 3), denied);
+	cr_assert_not(p[2].watching);
+	for (int i = 3; i < 6; i++) {
+		cr_assert_eq(watch_as(&p[i], true, 10 + (uint64_t)i), 0);
+		cr_assert(p[i].watching && p[i].watch_own);
+		cr_assert_not(p[i].watch_counted);
+	}
+	cr_assert_eq(mts_uid_count_get(&srv.reg.watch_uids, FX_UID), 2);
+	/* An own subscription asking for everything is capped as a new
+	 * one: refused, and it stays its own. */
+	cr_assert_eq(watch_as(&p[3], false, 20), denied);
+	cr_assert(p[3].watching && p[3].watch_own);
+	/* A second broad Watch on a counted connection is the same one. */
+	cr_assert_eq(watch_as(&p[0], false, 21), 0);
+	cr_assert_eq(mts_uid_count_get(&srv.reg.watch_uids, FX_UID), 2);
+	/* Another uid has places of its own. */
+	struct mts_peer q = fx_peer(getpid(), FX_UID + 1);
+	cr_assert_eq(watch_as(&q, false, 22), 0);
+	cr_assert(q.watch_counted);
+}
