@@ -27,6 +27,12 @@ static inline uint64_t mt_sat_add(uint64_t a, uint64_t b)
 	return __builtin_add_overflow(a, b, &r) ? UINT64_MAX : r;
 }
 
+/* A group, task or kind name: at most MT_NAME_MAX bytes of UTF-8 without
+ * control or hostile code points (mt_cp_hostile). What memtallyd accepts,
+ * and what the command line checks before it asks. */
+#define MT_NAME_MAX 255u
+bool mt_name_ok(const char *s);
+
 /* qsort()/bsearch() comparators of uint32_t and uint64_t, ascending. */
 int mt_cmp_u32(const void *a, const void *b);
 int mt_cmp_u64(const void *a, const void *b);

@@ -86,6 +86,19 @@ bool mt_cp_hostile(uint32_t c)
 	       (c >= 0x2066 && c <= 0x2069);
 }
 
+bool mt_name_ok(const char *s)
+{
+	size_t n = 0;
+	while (s[n]) {
+		uint32_t c;
+		size_t k = mt_utf8_seq((const unsigned char *)s + n, &c);
+		if (k == 0 || mt_cp_hostile(c))
+			return false;
+		n += k;
+	}
+	return n <= MT_NAME_MAX;
+}
+
 int mt_cmp_u32(const void *a, const void *b)
 {
 	uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;

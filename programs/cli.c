@@ -1702,6 +1702,17 @@ static int check_run(struct cli *c)
 	if (c->task && strlen(c->task) > RUN_TASK_MAX)
 		return usage_error("run: --task is %zu bytes, at most %d",
 		                   strlen(c->task), RUN_TASK_MAX);
+	/* What memtallyd would refuse: said here, with exit 2, rather
+	 * than taken for a server that does not answer (the command would
+	 * then run unadmitted). */
+	const char *names[] = {c->group, c->task, c->kind};
+	const char *flags[] = {"group", "task", "kind"};
+	for (int i = 0; i < 3; i++)
+		if (names[i] && !mt_name_ok(names[i]))
+			return usage_error("run: --%s is not a name memtallyd "
+			                   "takes (at most %u bytes of UTF-8, "
+			                   "no control characters)",
+			                   flags[i], MT_NAME_MAX);
 	if (c->reservation) {
 		/* The reservation is taken over by the workers of the task it
 		 * was made for: they must carry that task's name. */

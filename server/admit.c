@@ -2377,8 +2377,8 @@ int mts_admit(struct mts_registry *reg, const struct mts_peer *peer,
 	    req->group && req->group[0] ? req->group : "default";
 	const char *task = req->task ? req->task : "";
 	const char *kind = req->kind ? req->kind : "";
-	if ((req->bytes == 0 && !kind[0]) || !mts_name_ok(group) ||
-	    !mts_name_ok(task) || !mts_name_ok(kind)) {
+	if ((req->bytes == 0 && !kind[0]) || !mt_name_ok(group) ||
+	    !mt_name_ok(task) || !mt_name_ok(kind)) {
 		memset(out, 0, sizeof(*out));
 		out->requested = req->bytes;
 		reg->adm->stats.denials[MTS_DENY_INVALID]++;

@@ -661,7 +661,7 @@ static int apply_key(struct load *l, const char *section, const char *key,
 	if (strncmp(section, "group", 5) == 0 &&
 	    (section[5] == ' ' || section[5] == '\t' || section[5] == '\0')) {
 		const char *name = section + 5 + strspn(section + 5, " \t");
-		if (!name[0] || !mts_name_ok(name))
+		if (!name[0] || !mt_name_ok(name))
 			return fail(
 			    l, section, key,
 			    "a group name must be 1 to %u bytes without "

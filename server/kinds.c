@@ -254,7 +254,7 @@ void mts_kind_note_run(struct mts_registry *reg, const char *kind, uint32_t uid,
                        const struct mts_kind_run *run)
 {
 	struct mts_kinds *ks = reg->kinds;
-	if (!ks || !kind || !kind[0] || !mts_name_ok(kind))
+	if (!ks || !kind || !kind[0] || !mt_name_ok(kind))
 		return;
 	struct mts_kind *k = mts_kind_find(reg, kind, uid);
 	if (!k) {
@@ -955,7 +955,7 @@ int mts_kinds_load(struct mts_registry *reg, const char *path)
 		memcpy(name, d + off, rk.name_len);
 		name[rk.name_len] = 0;
 		off += rk.name_len;
-		if (strlen(name) != rk.name_len || !mts_name_ok(name)) {
+		if (strlen(name) != rk.name_len || !mt_name_ok(name)) {
 			why = "a kind's name is not a valid name";
 			break;
 		}

@@ -393,7 +393,7 @@ int mts_limit_set_group(struct mts_registry *reg, const char *name,
 	uint32_t idx;
 	if (!name || !name[0])
 		name = "default";
-	if (!mts_name_ok(name))
+	if (!mt_name_ok(name))
 		return -EINVAL;
 	int err = mts_group_ensure(reg, name, &idx);
 	if (err < 0)

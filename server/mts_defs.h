@@ -19,7 +19,7 @@
 
 /* Largest group or task name a worker may register (the client keeps at
  * most 63 bytes of a group; this leaves room without being unbounded). */
-#define MTS_NAME_MAX 255u
+#define MTS_NAME_MAX MT_NAME_MAX
 
 /* Wall-clock ns: timestamps a user reads (registered_ns, events). */
 static inline uint64_t mts_now_realtime(void)

@@ -24,10 +24,6 @@ enum mts_measure {
 /* "accounted", "rss", "max". */
 const char *mts_measure_name(enum mts_measure m);
 
-/* A group, task or kind name: at most MTS_NAME_MAX bytes of UTF-8 without
- * control or hostile code points (policy.c, like the rest below). */
-bool mts_name_ok(const char *s);
-
 /* A [group NAME] section. `uids` and `gids` (owned arrays) say who may
  * join the group; a group with neither is open to every uid. */
 struct mts_group_policy {

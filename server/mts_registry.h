@@ -426,7 +426,7 @@ struct mts_group *mts_find_group(const struct mts_registry *reg,
 
 /* Group entries (registry.c). The index stays valid while the entry lives;
  * `reg->groups` may move when an entry is created. Names are checked with
- * mts_name_ok() (mts_policy.h). */
+ * mt_name_ok() (mts_policy.h). */
 /* Index of group `name`, creating an empty entry if needed. 0 or -ENOMEM. */
 int mts_group_ensure(struct mts_registry *reg, const char *name,
                      uint32_t *index);

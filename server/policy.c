@@ -15,19 +15,6 @@
 
 #include "mtcommon.h"
 
-bool mts_name_ok(const char *s)
-{
-	size_t n = 0;
-	while (s[n]) {
-		uint32_t c;
-		size_t k = mt_utf8_seq((const unsigned char *)s + n, &c);
-		if (k == 0 || mt_cp_hostile(c))
-			return false;
-		n += k;
-	}
-	return n <= MTS_NAME_MAX;
-}
-
 const char *mts_measure_name(enum mts_measure m)
 {
 	switch (m) {

@@ -1110,7 +1110,7 @@ static int register_peer(struct mts_registry *reg, const struct mts_peer *peer,
 		group = "default";
 	if (!task)
 		task = "";
-	if (!mts_name_ok(group) || !mts_name_ok(task))
+	if (!mt_name_ok(group) || !mt_name_ok(task))
 		return -EINVAL;
 	if (!peer->has_cred || peer->pid == 0)
 		return -EPERM;
@@ -1218,8 +1218,8 @@ int mts_registry_adopt_slot(struct mts_registry *reg,
 {
 	const char *group = a->group[0] ? a->group : "default";
 	if (a->slot >= reg->slot_count || reg->by_slot[a->slot] ||
-	    mts_find_pid(reg, a->pid) || !mts_name_ok(group) ||
-	    !mts_name_ok(a->task) || table->uid != a->uid)
+	    mts_find_pid(reg, a->pid) || !mt_name_ok(group) ||
+	    !mt_name_ok(a->task) || table->uid != a->uid)
 		return -EINVAL;
 	struct proc_init in = {
 	    .pid = a->pid,

@@ -21,6 +21,14 @@ MISTAKES = [
      "--socket and --tcp exclude each other"),
     (["admit", "--bytes", "zz"], "invalid --bytes 'zz'"),
     (["--socket", "", "status"], "--socket needs a path"),
+    # Names memtallyd would refuse: not taken for a server that does not
+    # answer, which would run the command unadmitted.
+    (["run", "--bytes", "1G", "--group", "a" * 256, "--", "true"],
+     "run: --group is not a name memtallyd takes"),
+    (["run", "--kind", "a\tb", "--", "true"],
+     "run: --kind is not a name memtallyd takes"),
+    (["run", "--bytes", "1G", "--task", "a\u202eb", "--", "true"],
+     "run: --task is not a name memtallyd takes"),
 ]
 
 

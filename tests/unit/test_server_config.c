@@ -859,28 +859,28 @@ Test(config, show_others)
 /* Names: valid UTF-8 without C0/C1 controls or bidi formatting. */
 Test(config, names)
 {
-	cr_assert(mts_name_ok("etl"));
-	cr_assert(mts_name_ok("caf\xc3\xa9-\xe6\x97\xa5\xf0\x9f\x98\x80"));
-	cr_assert_not(mts_name_ok("a\xc2\x9b"
-	                          "31m")); /* U+009B CSI */
-	cr_assert_not(mts_name_ok("a\xc2\x9d"
-	                          "0;x"));       /* U+009D OSC */
-	cr_assert_not(mts_name_ok("a\xc2\x80")); /* U+0080 */
-	cr_assert(mts_name_ok("a\xc2\xa0"));     /* U+00A0: fine */
-	cr_assert_not(mts_name_ok("\xe2\x80\xae"
-	                          "evil"));         /* U+202E */
-	cr_assert_not(mts_name_ok("\xe2\x80\xaa")); /* U+202A */
-	cr_assert_not(mts_name_ok("\xe2\x81\xa6")); /* U+2066 */
-	cr_assert_not(mts_name_ok("\xe2\x81\xa9")); /* U+2069 */
-	cr_assert_not(mts_name_ok("\xe2\x80\x8e")); /* U+200E */
-	cr_assert_not(mts_name_ok("\xe2\x80\x8f")); /* U+200F */
-	cr_assert_not(mts_name_ok("\xd8\x9c"));     /* U+061C */
-	cr_assert_not(mts_name_ok("a\xff"));        /* not UTF-8 */
-	cr_assert_not(mts_name_ok("a\xc3"));        /* cut short */
-	cr_assert_not(mts_name_ok("\xc0\xaf"));     /* overlong */
-	cr_assert_not(mts_name_ok("\xed\xa0\x80")); /* surrogate */
-	cr_assert_not(mts_name_ok("a\x1b[31m"));
-	cr_assert_not(mts_name_ok("a\x7f"));
+	cr_assert(mt_name_ok("etl"));
+	cr_assert(mt_name_ok("caf\xc3\xa9-\xe6\x97\xa5\xf0\x9f\x98\x80"));
+	cr_assert_not(mt_name_ok("a\xc2\x9b"
+	                         "31m")); /* U+009B CSI */
+	cr_assert_not(mt_name_ok("a\xc2\x9d"
+	                         "0;x"));       /* U+009D OSC */
+	cr_assert_not(mt_name_ok("a\xc2\x80")); /* U+0080 */
+	cr_assert(mt_name_ok("a\xc2\xa0"));     /* U+00A0: fine */
+	cr_assert_not(mt_name_ok("\xe2\x80\xae"
+	                         "evil"));         /* U+202E */
+	cr_assert_not(mt_name_ok("\xe2\x80\xaa")); /* U+202A */
+	cr_assert_not(mt_name_ok("\xe2\x81\xa6")); /* U+2066 */
+	cr_assert_not(mt_name_ok("\xe2\x81\xa9")); /* U+2069 */
+	cr_assert_not(mt_name_ok("\xe2\x80\x8e")); /* U+200E */
+	cr_assert_not(mt_name_ok("\xe2\x80\x8f")); /* U+200F */
+	cr_assert_not(mt_name_ok("\xd8\x9c"));     /* U+061C */
+	cr_assert_not(mt_name_ok("a\xff"));        /* not UTF-8 */
+	cr_assert_not(mt_name_ok("a\xc3"));        /* cut short */
+	cr_assert_not(mt_name_ok("\xc0\xaf"));     /* overlong */
+	cr_assert_not(mt_name_ok("\xed\xa0\x80")); /* surrogate */
+	cr_assert_not(mt_name_ok("a\x1b[31m"));
+	cr_assert_not(mt_name_ok("a\x7f"));
 }
 
 /* Log lines go to fd 2: to a temporary file while `capture` runs. */
