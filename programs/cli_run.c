@@ -86,6 +86,11 @@
 #define RETRY_MAX_MS   2000
 /* At most one Admit per this many ms however many events come. */
 #define RETRY_MIN_GAP_MS 50
+/* A watch lost while the command runs is opened again after this, then
+ * doubling up to the maximum (a restart of memtallyd takes a second or
+ * two). */
+#define WATCH_REOPEN_FIRST_MS 250
+#define WATCH_REOPEN_MAX_MS   4000
 
 #define PRELOAD_NAME "libmemtally_preload.so"
 
@@ -110,6 +115,7 @@ struct run {
 	bool failed_open; /* the fail-open line was printed */
 	bool lost;        /* memtallyd stopped answering while we waited */
 	bool no_watch;    /* memtallyd refused our Watch: not asked again */
+	bool watch_lost;  /* our Watch's connection ended: open it again */
 	int sfd;          /* signalfd */
 	sigset_t mask;    /* blocked by us: restored in the command */
 	sigset_t old_mask;
@@ -297,6 +303,7 @@ static bool watch_drain(struct run *r)
 			}
 			/* The server may have restarted: ask again now, and
 			 * subscribe again with that answer. */
+			r->watch_lost = true;
 			any = true;
 		}
 		return any;
@@ -630,6 +637,10 @@ static int supervise(struct run *r, char **envp)
 	}
 	if (pid == 0)
 		exec_command(r, envp, parent);
+	/* A watch lost while the command runs (memtallyd restarted) is
+	 * opened again, so that an eviction after the restart is still
+	 * told apart from the command's own death. */
+	int reopen_ms = WATCH_REOPEN_FIRST_MS;
 	for (;;) {
 		int status;
 		pid_t w = waitpid(pid, &status, WNOHANG);
@@ -660,7 +671,19 @@ static int supervise(struct run *r, char **envp)
 		    {.fd = r->w ? memtally_query_fd(r->w) : -1,
 		     .events = POLLIN},
 		};
-		if (poll(p, 2, -1) <= 0)
+		bool reopen = !r->w && r->watch_lost && !r->no_watch;
+		int ready = poll(p, 2, reopen ? reopen_ms : -1);
+		if (ready == 0 && reopen) {
+			watch_open(r);
+			if (r->w) {
+				r->watch_lost = false;
+				reopen_ms = WATCH_REOPEN_FIRST_MS;
+			} else if (reopen_ms < WATCH_REOPEN_MAX_MS) {
+				reopen_ms *= 2;
+			}
+			continue;
+		}
+		if (ready <= 0)
 			continue; /* EINTR */
 		if (p[1].revents && r->w)
 			watch_drain(r);

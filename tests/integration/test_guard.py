@@ -351,6 +351,43 @@ def test_a_paused_task_outlives_memtallyds_death():
         end_all(cg, other, grow)
 
 
+def test_an_eviction_after_memtallyds_restart_is_the_runs():
+    """memtallyd restarts while a run's command runs: the run's watch,
+    lost with the first server, is opened again on the second, which
+    adopts the workers and evicts the leak; the run exits 75, not 137."""
+    cg = node("restart-evict")
+    join = joining(cg)
+    conf = config(GUARD)
+    fl = worker("fleet")
+    leak = None
+    try:
+        s = Server("--config", conf, prefix=join)
+        try:
+            # 80 MiB at once, then 8 MiB/s: past the line (179 MiB) some
+            # 12 s after it starts.
+            leak = mt_run(s, cg, "--task", "leak", "--bytes", "32MiB",
+                          "--", *fl, "leak", "400", "40")
+            wait_for("the leak registered", lambda: "leak" in tasks_of(s),
+                     timeout=20)
+            s.kill9()
+        except BaseException:
+            s.stop()
+            raise
+        with Server("--config", conf, prefix=join, after=s) as s2:
+            _, err = leak.communicate(timeout=60 * MULT)
+            print(err, flush=True)
+            check('msg="node guard: evicting"' in s2.logtext(),
+                  "the second memtallyd did not evict the leak")
+            check(leak.returncode == 75 and
+                  "evicted by the node guard" in err,
+                  "the leak's memtally run exited %s, not 75: %s" % (
+                      leak.returncode, err))
+            check(cg.oom_kills() == 0,
+                  "the kernel OOM-killed %d in the node" % cg.oom_kills())
+    finally:
+        end_all(cg, leak)
+
+
 def test_lie_cannot_evict_another_user():
     second = second_user()
     cg = node("trust")
@@ -615,6 +652,7 @@ if __name__ == "__main__":
     run([test_leak_is_evicted, test_retry_runs_it_again,
          test_a_grower_is_paused_then_resumed,
          test_a_paused_task_outlives_memtallyds_death,
+         test_an_eviction_after_memtallyds_restart_is_the_runs,
          test_lie_cannot_evict_another_user, test_understating_cannot_hide,
          test_anothers_eviction_is_not_an_admins,
          test_a_command_that_switches_user_is_evicted_as_the_runs,
