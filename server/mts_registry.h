@@ -411,13 +411,14 @@ int mts_register_if_known(struct mts_registry *reg, const struct mts_peer *peer,
 /* Publish reg->totals into the header under the seqlock. */
 void mts_publish(struct mts_registry *reg);
 
-/* The registered process `pid`, or NULL. */
 /* The start time of the local process `peer` names, known to be the one
  * that connected (SO_PEERPIDFD, or the registration's vouching where the
  * kernel lacks it). 0, or -errno: no process to name (TCP, gone, or its
  * pid now another's). */
 int mts_peer_start_time(const struct mts_registry *reg,
                         const struct mts_peer *peer, uint64_t *start);
+
+/* The registered process `pid`, or NULL. */
 struct mts_proc *mts_find_pid(const struct mts_registry *reg, uint32_t pid);
 
 /* The live group named `name`, or NULL. */
@@ -426,7 +427,7 @@ struct mts_group *mts_find_group(const struct mts_registry *reg,
 
 /* Group entries (registry.c). The index stays valid while the entry lives;
  * `reg->groups` may move when an entry is created. Names are checked with
- * mt_name_ok() (mts_policy.h). */
+ * mt_name_ok() (mtcommon.h). */
 /* Index of group `name`, creating an empty entry if needed. 0 or -ENOMEM. */
 int mts_group_ensure(struct mts_registry *reg, const char *name,
                      uint32_t *index);
