@@ -537,10 +537,8 @@ MEMTALLY_EXTERN int memtally_query_watch_start(memtally_query *q);
  * groups). An admin sees every uid's events, another user's too where the
  * server shows them (show_others = all): a job runner watching for its
  * task's eviction ("task:NAME") sets it, so that another uid's task of the
- * same name is not taken for its own. Such a watch also gets the fleet's
- * "room" events (state unchanged, reason "room") when room appears, for a
- * request waiting for it to ask again at once. An older server ignores
- * it. 0, or -EINVAL for a NULL handle. */
+ * same name is not taken for its own. An older server ignores it. 0, or
+ * -EINVAL for a NULL handle. */
 MEMTALLY_EXTERN int memtally_query_watch_own(memtally_query *q, int own);
 MEMTALLY_EXTERN int memtally_query_watch_next(memtally_query *q,
                                               struct memtally_event *ev_out);

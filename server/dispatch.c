@@ -848,9 +848,6 @@ static bool event_of_peers_command(const struct mts_peer *peer,
 bool mts_event_visible(const struct mts_registry *reg,
                        const struct mts_peer *peer, const struct mts_event *ev)
 {
-	/* Room is for the runs waiting for it (limits.c, room_check). */
-	if (ev->room)
-		return peer->watch_own;
 	/* Asked for its own only: its uid's events, not another's, admin or
 	 * not. But the event of a task whose workers descend from the
 	 * subscriber's process is its own too, whatever their uid (its

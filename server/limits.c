@@ -276,58 +276,9 @@ void mts_limits_proc_gone(struct mts_registry *reg, const struct mts_proc *p)
 	     p->limit, 0, "exited", 0, 0, NULL);
 }
 
-/*
- * Room. A `memtally run` waiting for room asks again at every event of its
- * fleet, and otherwise every 0.2 to 2 s (--poll). Room mostly appears
- * without a state change: a task ends and its reservation goes. Until its
- * next periodic ask the waiter's slot and that room both sit idle, which
- * over a batch of tasks of a few seconds adds up. So the fleet's figure
- * (measured + reserved) falling MTS_ROOM_STEP below its highest since the
- * last such event is an event too: scope "fleet", its state unchanged,
- * reason "room", sent to subscribers to their own tasks' events (Watch.own,
- * which every run holds) and nowhere else (no log line, no state hook), at
- * most one every MTS_ROOM_GAP_MS. A release makes one at once; a task's
- * end, at the tick that sees its workers gone.
- */
-#define MTS_ROOM_STEP   (UINT64_C(1) << 20)
-#define MTS_ROOM_GAP_MS 20u
-
-static void room_check(struct mts_registry *reg)
-{
-	struct mts_limits_state *l = reg->lim;
-	struct mts_totals *t = &reg->totals;
-	uint64_t v = mts_fleet_value(reg);
-	if (v >= l->room_ref) {
-		l->room_ref = v;
-		return;
-	}
-	uint64_t now = mts_now_monotonic();
-	if (l->room_ref - v < MTS_ROOM_STEP || !l->on_event ||
-	    now < l->room_ns + (uint64_t)MTS_ROOM_GAP_MS * 1000000u)
-		return;
-	l->room_ref = v;
-	l->room_ns = now;
-	struct mts_event ev = {
-	    .scope = "fleet",
-	    .state = t->state,
-	    .previous = t->state,
-	    .bytes = t->bytes,
-	    .rss = t->rss,
-	    .limit = t->limit,
-	    .reserved = t->reserved,
-	    .time_ns = mts_now_realtime(),
-	    .reason = "room",
-	    .growth = t->growth,
-	    .figures = &t->fig,
-	    .room = true,
-	};
-	l->on_event(l->event_ctx, &ev);
-}
-
 void mts_limits_eval(struct mts_registry *reg, bool procs)
 {
 	eval_fleet(reg);
-	room_check(reg);
 	for (uint32_t i = 0; i < reg->groups_used; i++)
 		if (reg->groups[i].name)
 			eval_group(reg, &reg->groups[i]);

@@ -16,10 +16,6 @@ struct mts_limits_state {
 	uint64_t fleet_over_since_ns; /* CLOCK_MONOTONIC; 0 = not over */
 	bool enforce_idle_logged;     /* "nothing to signal" said once */
 	uint64_t enforcement_signals; /* signals sent, for /metrics */
-	/* Room (limits.c, room_check): the fleet's figure at the last room
-	 * event or its highest since, and when that event went. */
-	uint64_t room_ref;
-	uint64_t room_ns;
 	/* Called on every state change (Watch). May be NULL. */
 	void (*on_event)(void *ctx, const struct mts_event *ev);
 	void *event_ctx;

@@ -249,10 +249,6 @@ struct mts_event {
 	/* The fleet's or the group's figures (mts_figures.h); NULL for
 	 * other scopes. */
 	const struct mts_figures *figures;
-	/* Not a state change: room appeared in the fleet (its state is the
-	 * same), for subscribers to their own tasks' events only, and no
-	 * state hook. */
-	bool room;
 };
 
 #endif /* MTS_POLICY_H */

@@ -243,8 +243,7 @@ static void on_event(void *ctx, const struct mts_event *ev)
 {
 	struct mts_server *srv = ctx;
 	mts_watch_broadcast(&srv->net, ev);
-	if (!ev->room)
-		mts_hooks_event(srv->hooks, ev);
+	mts_hooks_event(srv->hooks, ev);
 }
 
 int mts_server_apply_hooks(struct mts_server *srv,

@@ -193,9 +193,7 @@ class Client:
         and a task's whose workers descend from this process (its command
         switched user): an admin watching for its own task's eviction
         ("task:NAME") does not take another uid's task of the same name for
-        it. An `own` subscriber also gets the fleet's "room" events (state
-        unchanged, reason "room") when room appears, for a request waiting
-        for it to ask again."""
+        it."""
         req = pb.Request(id=self.next_id, token=self.token,
                          watch=pb.Watch(own=own))
         self.next_id += 1

@@ -182,25 +182,10 @@ static __attribute__((unused)) pid_t kids[FX_MAX_KIDS];
 static __attribute__((unused)) int nkids;
 static __attribute__((unused)) struct fx_event events[FX_MAX_EVENTS];
 static __attribute__((unused)) int nevents;
-/* "Room" events are counted apart (they are no state change), the last
- * one kept. */
-static __attribute__((unused)) int nroom;
-static __attribute__((unused)) struct fx_event last_room;
 
 static inline void fx_on_event(void *ctx, const struct mts_event *ev)
 {
 	(void)ctx;
-	if (ev->room) {
-		nroom++;
-		snprintf(last_room.scope, sizeof(last_room.scope), "%s",
-		         ev->scope);
-		last_room.state = ev->state;
-		last_room.previous = ev->previous;
-		last_room.bytes = ev->bytes;
-		last_room.limit = ev->limit;
-		last_room.reserved = ev->reserved;
-		return;
-	}
 	cr_assert_lt(nevents, FX_MAX_EVENTS);
 	struct fx_event *e = &events[nevents++];
 	snprintf(e->scope, sizeof(e->scope), "%s", ev->scope);

@@ -460,57 +460,6 @@ Test(limits, watch_answers_current_fleet_state)
 	cr_assert_eq(srv.reg.req->events, 1);
 }
 
-/* A reservation's end is room appearing without a state change: an event
- * of its own for the runs waiting (own watches) and no one else, at once
- * on a release, at most every 20 ms; the rest at the next look after. */
-Test(limits, room_is_an_event_for_the_runs_that_wait)
-{
-	policy_fleet(1024 * MIB, 9000);
-	fx_start_policy(&pol);
-	char a[64], b[64];
-	Memtally__V1__Response *r = fx_admit(1000, 100 * MIB, "", "", 0);
-	snprintf(a, sizeof(a), "%s", r->admit_result->reservation);
-	memtally__v1__response__free_unpacked(r, NULL);
-	r = fx_admit(1000, 50 * MIB, "", "", 0);
-	snprintf(b, sizeof(b), "%s", r->admit_result->reservation);
-	memtally__v1__response__free_unpacked(r, NULL);
-	mts_core_tick(&srv.reg);
-	cr_assert_eq(nroom, 0, "room taken is no room");
-	uint64_t bytes;
-	struct mts_peer peer = fx_peer(getpid(), 1000);
-	cr_assert_eq(mts_release(&srv.reg, &peer, a, NULL, &bytes), 0);
-	cr_assert_eq(nroom, 1, "a release is room at once");
-	cr_assert_str_eq(last_room.scope, "fleet");
-	cr_assert_eq(last_room.state, last_room.previous);
-	cr_assert_eq(last_room.reserved, 50 * MIB);
-	cr_assert_eq(nevents, 0, "and no state change");
-	cr_assert_eq(mts_release(&srv.reg, &peer, b, NULL, &bytes), 0);
-	cr_assert_eq(nroom, 1, "a second within 20 ms waits");
-	poll(NULL, 0, 25);
-	mts_core_tick(&srv.reg);
-	cr_assert_eq(nroom, 2);
-	cr_assert_eq(last_room.reserved, 0);
-	r = fx_admit(1000, 10 * MIB, "", "", 0);
-	memtally__v1__response__free_unpacked(r, NULL);
-	poll(NULL, 0, 25);
-	mts_core_tick(&srv.reg);
-	cr_assert_eq(nroom, 2, "a grant is no room");
-
-	/* Only a watch of its own tasks' events gets it, an admin's
-	 * included; a broad one does not, even an admin's. */
-	struct mts_event ev = {.scope = "fleet", .room = true};
-	struct mts_peer own = fx_peer(getpid(), 1000), all = own;
-	struct mts_peer root_own = fx_peer(getpid(), 0), root_all = root_own;
-	own.watching = root_own.watching = all.watching = root_all.watching =
-	    true;
-	own.watch_own = root_own.watch_own = true;
-	root_all.watch_admin = root_own.watch_admin = true;
-	cr_assert(mts_event_visible(&srv.reg, &own, &ev));
-	cr_assert(mts_event_visible(&srv.reg, &root_own, &ev));
-	cr_assert_not(mts_event_visible(&srv.reg, &all, &ev));
-	cr_assert_not(mts_event_visible(&srv.reg, &root_all, &ev));
-}
-
 /* Watch(own): a guard's event for another uid's task of the same name
  * does not reach an admin's (root's) job runner, nor anyone's where every
  * uid's task events are shown; without it, both see it. */
