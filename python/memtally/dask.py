@@ -613,7 +613,10 @@ def _run_command(command, env):
     from distributed import get_worker
     w = get_worker()
     key = w.get_current_task()
-    e = dict(os.environ, **(env or {}), MEMTALLY_TASK=_task_name(key))
+    # The task's name wins over one `env` (or the worker) carries.
+    e = dict(os.environ)
+    e.update(env or {})
+    e["MEMTALLY_TASK"] = _task_name(key)
     start = time.time()
     rc = subprocess.run(command, shell=True, env=e).returncode
     if rc in _EVICTED_STATUS:

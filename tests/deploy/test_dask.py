@@ -455,12 +455,18 @@ def test_evicted_command_retried():
     with Server("--fleet-limit", "256MiB") as srv:
         out = memtally.dask.run_tasks(
             [(f"if [ ! -e {once} ]; then touch {once}; kill -9 $$; fi; "
-              f"echo ok > {done}", "8MiB"),
+              f"echo $MEMTALLY_TASK > {done}", "8MiB"),
              (f"echo x >> {killed}; kill -9 $$", "8MiB")],
-            n_workers=1, socket=srv.socket, retries=1)
+            n_workers=1, socket=srv.socket, retries=1,
+            # The task's own name wins over one the caller's env names.
+            env={"MEMTALLY_TASK": "not-the-task"})
         check(out[0].get("returncode") == 0, f"not rerun: {out[0]}")
         check(os.path.exists(once) and os.path.exists(done),
               "the first attempt did not die, or the rerun did not finish")
+        with open(done) as f:
+            named = f.read().strip()
+        check(named.startswith("cmd-0"),
+              f"the command ran as task {named!r}, not its Dask key's")
         check("Evicted" in out[1].get("error", ""), f"{out[1]}")
         with open(killed) as f:
             runs = len(f.read().split())
