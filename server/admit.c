@@ -1640,6 +1640,17 @@ static uint64_t project_need(const struct mts_registry *reg, uint32_t gi,
 	return need <= 0 ? 0 : need >= 0x1p64 ? UINT64_MAX : (uint64_t)need;
 }
 
+/* The most any one request can be granted on an empty node: the fleet
+ * limit, or the node guard's line if lower; 0: neither bounds it. */
+static uint64_t bare_limit(const struct mts_registry *reg)
+{
+	uint64_t most = reg->totals.limit;
+	const struct mts_node_fig *nf = mts_guard_figure(reg, NULL);
+	if (nf && nf->line && (!most || nf->line < most))
+		most = nf->line;
+	return most;
+}
+
 /* ---- the queue -------------------------------------------------------------
  *
  * `memtally run --wait` asks again until granted. Without a queue, room
@@ -1652,21 +1663,25 @@ static uint64_t project_need(const struct mts_registry *reg, uint32_t gi,
  * bench/results/fleet.md for both effects). Only a request that asks
  * again keeps a place. A waiter silent for MTS_WAIT_ACTIVE_NS has left.
  * None keeps its place for more than MTS_WAIT_HOLD_NS past its wait. Then
- * it goes to the back, so a request that can never fit cannot hold the
- * fleet. A non-admin uid's request is at most its reserved-bytes share
- * (max_reserved_bytes_per_uid), which bounds what one uid's place can
- * keep from the others.
+ * it goes to the back; and one above what an empty node could grant keeps
+ * none: a request that can never fit cannot hold the fleet. A non-admin uid's
+ * request is at most its reserved-bytes share (max_reserved_bytes_per_uid),
+ * which bounds what one uid's place can keep from the others.
  */
 #define MTS_WAIT_ACTIVE_NS (UINT64_C(3) * 1000000000u)
 #define MTS_WAIT_HOLD_NS   (UINT64_C(30) * 1000000000u)
 
+/* A waiter's identity: its uid whole in the high half, so no task name of
+ * one uid can ever stand for another uid's waiter; its task name hashed in
+ * the low half (a collision there is between one uid's own tasks). 0: no
+ * task, no place. */
 static uint64_t waiter_key(uint32_t uid, const char *task)
 {
 	if (!task[0])
 		return 0;
-	uint64_t h =
-	    hash_str(task) ^ ((uint64_t)uid * UINT64_C(0x9e3779b97f4a7c15));
-	return h ? h : 1;
+	uint64_t h = hash_str(task);
+	uint32_t low = (uint32_t)(h ^ (h >> 32));
+	return (uint64_t)uid << 32 | (low ? low : 1);
 }
 
 static struct mts_waiter *waiter_find(const struct mts_registry *reg,
@@ -1685,10 +1700,15 @@ static const struct mts_waiter *waiter_head(const struct mts_registry *reg,
                                             uint64_t after_ns)
 {
 	const struct mts_waiter *self = waiter_find(reg, who), *head = NULL;
+	uint64_t most = bare_limit(reg);
 	for (uint32_t i = 0; i < reg->adm->nwaiters; i++) {
 		const struct mts_waiter *w = &reg->adm->waiters[i];
 		if (w == self || now - w->last_ns > MTS_WAIT_ACTIVE_NS ||
 		    now - w->first_ns < after_ns)
+			continue;
+		/* A request no emptied node could grant keeps nothing: it
+		 * would hold every other request back for ever. */
+		if (most && w->bytes > most)
 			continue;
 		if (!head || w->first_ns < head->first_ns)
 			head = w;
@@ -1716,11 +1736,20 @@ static void waiter_note(struct mts_registry *reg, uint64_t who, uint64_t bytes,
 		if (reg->adm->nwaiters < MTS_WAITERS) {
 			w = &reg->adm->waiters[reg->adm->nwaiters++];
 		} else {
-			/* Full: the one silent longest leaves. */
-			w = &reg->adm->waiters[0];
-			for (uint32_t i = 1; i < MTS_WAITERS; i++)
-				if (reg->adm->waiters[i].last_ns < w->last_ns)
+			/* Full: one that has left gives way. With all asking
+			 * still, the newcomer waits without a place: the one
+			 * silent longest is the one waiting longest, since
+			 * `memtally run --wait` asks less often as it waits,
+			 * and the queue is there for it. */
+			w = NULL;
+			for (uint32_t i = 0; i < MTS_WAITERS; i++)
+				if (now - reg->adm->waiters[i].last_ns >
+				        MTS_WAIT_ACTIVE_NS &&
+				    (!w ||
+				     reg->adm->waiters[i].last_ns < w->last_ns))
 					w = &reg->adm->waiters[i];
+			if (!w)
+				return;
 		}
 		*w = (struct mts_waiter){.who = who, .first_ns = now};
 	}
@@ -2132,8 +2161,8 @@ static void profile_why(const struct mts_kind_profile *p, char *why,
  * The most the fleet limit can ever grant while what runs outside any
  * reservation stays: the limit less the measured figure not used by
  * reserved tasks (their workers', and hosted tasks' growth), and no more
- * than the node guard's line less the kernel's figure for the same. 0: no
- * limit.
+ * than the node guard's line less the kernel's figure for the same. 0:
+ * neither a fleet limit nor a guard's line (or no room at all).
  * A kind's first run declared above it would wait for ever, however
  * little it really needs, and its kind would never learn: once it has
  * waited the queue's time it is sized at this instead (a declaration is a
@@ -2143,7 +2172,8 @@ static void profile_why(const struct mts_kind_profile *p, char *why,
 static uint64_t first_run_room(const struct mts_registry *reg)
 {
 	const struct mts_totals *t = &reg->totals;
-	if (!t->limit)
+	const struct mts_node_fig *nf = mts_guard_figure(reg, NULL);
+	if (!t->limit && !(nf && nf->line))
 		return 0;
 	uint64_t inside = 0;
 	for (const struct mts_task *k = reg->adm->tasks_seen; k; k = k->snext)
@@ -2153,13 +2183,14 @@ static uint64_t first_run_room(const struct mts_registry *reg)
 		inside = mt_sat_add(inside, hosted_use(reg->adm->resv[i]));
 	uint64_t fm = mts_measured(reg, t->bytes, t->rss);
 	uint64_t outside = fm > inside ? fm - inside : 0;
-	uint64_t room = t->limit > outside ? t->limit - outside : 0;
+	uint64_t room = !t->limit            ? UINT64_MAX
+	                : t->limit > outside ? t->limit - outside
+	                                     : 0;
 	/* Likewise under the node guard's line by the kernel's figure, which
 	 * admission checks too: sized above that room, the request would be
 	 * denied there for ever, and the room the queue keeps for it would
 	 * hold every other request back. */
-	const struct mts_node_fig *nf = mts_guard_figure(reg, NULL);
-	if (nf) {
+	if (nf && nf->line) {
 		uint64_t nout = nf->usage > inside ? nf->usage - inside : 0;
 		uint64_t nroom = nf->line > nout ? nf->line - nout : 0;
 		if (nroom < room)
@@ -2186,12 +2217,8 @@ static uint64_t learned_not_used(char *why, size_t whylen, uint64_t bytes,
 static uint64_t grantable(const struct mts_registry *reg, bool admin)
 {
 	uint64_t most = first_run_room(reg);
-	if (!most) {
-		most = reg->totals.limit;
-		const struct mts_node_fig *nf = mts_guard_figure(reg, NULL);
-		if (nf && nf->line && (!most || nf->line < most))
-			most = nf->line;
-	}
+	if (!most)
+		most = bare_limit(reg);
 	uint64_t cap = admin ? 0 : uid_bytes_cap(&reg->policy);
 	if (cap && (!most || cap < most))
 		most = cap;
@@ -2249,7 +2276,11 @@ static uint64_t size_request(const struct mts_registry *reg, uint32_t key,
 		    " not used: [kinds] reserve_learned = false");
 	if (declared) {
 		uint64_t room = first_run_room(reg);
-		if (room && declared > room && declared <= reg->totals.limit &&
+		/* Declared above the fleet limit (or with none, the line)
+		 * it can never be admitted, and is told so. */
+		uint64_t top =
+		    reg->totals.limit ? reg->totals.limit : bare_limit(reg);
+		if (room && declared > room && declared <= top &&
 		    waited(reg, who)) {
 			char d[32];
 			mt_format_size(d, sizeof(d), declared);

@@ -794,6 +794,111 @@ Test(guard, a_first_run_is_sized_to_the_room_under_the_line_too)
 	memtally__v1__response__free_unpacked(r, NULL);
 }
 
+Test(guard, a_first_run_is_sized_to_the_room_under_the_line_without_a_limit)
+{
+	/* No fleet limit: the node guard's line alone bounds a grant. The
+	 * kernel sees 400 MiB on the node, line 800: a first run declared
+	 * at 700 would be denied for ever; once it waited the queue's time
+	 * it is sized at the 400 the node has. */
+	mts_policy_defaults(&pol);
+	pol.admit_queue_ms = 100;
+	fx_start_policy(&pol);
+	guard_on_node_of_400_line_800();
+
+	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
+	Memtally__V1__Admit a = MEMTALLY__V1__ADMIT__INIT;
+	a.bytes = 700 * MIB;
+	a.group = (char *)"";
+	a.task = (char *)"T1";
+	a.kind = (char *)"big";
+	req.body_case = MEMTALLY__V1__REQUEST__BODY_ADMIT;
+	req.admit = &a;
+	struct mts_peer peer = fx_peer(getpid(), FX_UID);
+	Memtally__V1__Response *r = fx_call(&peer, &req);
+	cr_assert_not(r->admit_result->admitted);
+	memtally__v1__response__free_unpacked(r, NULL);
+	usleep(150000);
+	r = fx_call(&peer, &req);
+	cr_assert(r->admit_result->admitted, "%s", r->admit_result->reason);
+	cr_assert_eq(
+	    r->admit_result->reserved_for_task, 400 * MIB, "%llu MiB",
+	    (unsigned long long)(r->admit_result->reserved_for_task / MIB));
+	memtally__v1__response__free_unpacked(r, NULL);
+}
+
+/* Asks twice `ms` apart, denied both times: a waiter that has waited. */
+static void wait_denied(uint32_t uid, uint64_t bytes, const char *task,
+                        unsigned ms)
+{
+	for (int i = 0; i < 2; i++) {
+		Memtally__V1__Response *r = fx_admit(uid, bytes, "", task, 0);
+		cr_assert_not(r->admit_result->admitted, "%s asked twice",
+		              task);
+		memtally__v1__response__free_unpacked(r, NULL);
+		if (!i)
+			usleep(ms * 1000);
+	}
+}
+
+Test(guard, a_request_no_node_could_grant_keeps_no_room)
+{
+	/* No fleet limit and so no per-uid share: only the line, 800 MiB,
+	 * with 400 in use. */
+	mts_policy_defaults(&pol);
+	pol.admit_queue_ms = 100;
+	fx_start_policy(&pol);
+	guard_on_node_of_400_line_800();
+	/* 4 GiB could never be granted here: waiting, it keeps nothing,
+	 * and another uid's 10 MiB goes at once. */
+	wait_denied(FX_UID + 1, 4096 * MIB, "huge", 150);
+	Memtally__V1__Response *r =
+	    fx_admit(FX_UID + 2, 10 * MIB, "", "small", 0);
+	cr_assert(r->admit_result->admitted, "%s", r->admit_result->reason);
+	memtally__v1__response__free_unpacked(r, NULL);
+	/* 500 MiB could be, once the node has room: it keeps it, and the
+	 * next 10 MiB waits behind it. */
+	wait_denied(FX_UID + 1, 500 * MIB, "large", 150);
+	r = fx_admit(FX_UID + 2, 10 * MIB, "", "small2", 0);
+	cr_assert_not(r->admit_result->admitted);
+	cr_assert(strstr(r->admit_result->reason,
+	                 "kept for the request waiting longest"),
+	          "%s", r->admit_result->reason);
+	memtally__v1__response__free_unpacked(r, NULL);
+}
+
+Test(guard, a_full_queue_keeps_the_request_waiting_longest)
+{
+	mts_policy_defaults(&pol);
+	fx_start_policy(&pol);
+	guard_on_node_of_400_line_800();
+	/* 64 waiters asking still, the first waiting longest and asking
+	 * least often (as `memtally run --wait` backs off). */
+	uint64_t now = mts_now_monotonic(), s = UINT64_C(1000000000);
+	struct mts_admission *adm = srv.reg.adm;
+	for (uint32_t i = 0; i < MTS_WAITERS; i++)
+		adm->waiters[i] = (struct mts_waiter){
+		    .who = (uint64_t)9999 << 32 | (i + 1),
+		    .first_ns = now - (i ? 5 : 20) * s,
+		    .last_ns = now - (i ? 2 * s : 5 * s / 2),
+		    .bytes = 500 * MIB};
+	adm->nwaiters = MTS_WAITERS;
+	/* A newcomer denied for room: no place, and no one loses theirs. */
+	Memtally__V1__Response *r = fx_admit(FX_UID, 500 * MIB, "", "new", 0);
+	cr_assert_not(r->admit_result->admitted);
+	memtally__v1__response__free_unpacked(r, NULL);
+	cr_assert_eq(adm->nwaiters, MTS_WAITERS);
+	cr_assert_eq(adm->waiters[0].who, (uint64_t)9999 << 32 | 1);
+	cr_assert_eq(adm->waiters[0].first_ns, now - 20 * s);
+	for (uint32_t i = 0; i < MTS_WAITERS; i++)
+		cr_assert_eq(adm->waiters[i].who >> 32, 9999, "place %u", i);
+	/* One that has left (silent 4 s) gives way to it. */
+	adm->waiters[5].last_ns = now - 4 * s;
+	r = fx_admit(FX_UID, 500 * MIB, "", "new", 0);
+	memtally__v1__response__free_unpacked(r, NULL);
+	cr_assert_eq(adm->waiters[5].who >> 32, FX_UID);
+	cr_assert_eq(adm->waiters[0].who, (uint64_t)9999 << 32 | 1);
+}
+
 /* /proc/PID/cgroup as each kind of machine writes it. */
 static int cgroup_of(const char *text, const char **base, char *path)
 {
