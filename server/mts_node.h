@@ -107,7 +107,8 @@ int mts_node_read(const struct mts_node_src *src, struct mts_node_fig *fig);
 /*
  * Set the lines of a read and the edge the guard acts on. The memory's
  * line is the policy's (mts_guard_line; a limit lowered under a line of
- * bytes takes the line to 95% of it). The commit's is the same fraction
+ * bytes, or to no more than a "limit - X" line's X, takes the line to 95%
+ * of it). The commit's is the same fraction
  * of CommitLimit (for a line in bytes, the memory line's fraction). The
  * edge is the one with less room below its line, so what a grant or an
  * eviction is judged against is whichever the kernel would enforce first.
@@ -126,6 +127,16 @@ void mts_guard_apply(struct mts_registry *reg, const struct mts_node_src *src,
  * path the cgroup under it. 0, or -ENOENT.
  */
 int mts_node_cgroup_path(char *text, const char **base, char *path, size_t len);
+
+/*
+ * The nearest cgroup with a memory limit around the process whose
+ * /proc/PID/cgroup is `text` (changed in place): its path, then each
+ * parent, then the hierarchy's root, under `root` ("": the machine's
+ * /sys/fs/cgroup; a test's tree). Sets src's kind and dir. 0, or -ENOENT
+ * when none has a limit.
+ */
+int mts_node_find_cgroup(char *text, const char *root,
+                         struct mts_node_src *src);
 
 /* The edge the guard acts on: "memory" or "commit". */
 const char *mts_node_edge_name(const struct mts_node_fig *fig);

@@ -183,8 +183,11 @@ int mts_node_read(const struct mts_node_src *src, struct mts_node_fig *fig)
 void mts_node_edge(const struct mts_policy *pol, struct mts_node_fig *fig)
 {
 	uint64_t line = mts_guard_line(pol, fig->mem_limit);
-	/* A limit lowered under a line of bytes: the line follows it. */
-	if (line >= fig->mem_limit)
+	/* A limit lowered under a line of bytes, or to no more than what a
+	 * line of "limit - X" keeps below it (the line would be 0, and the
+	 * guard would evict a task every interval): the line follows it. */
+	if (line >= fig->mem_limit ||
+	    (pol->guard_line_below && fig->mem_limit <= pol->guard_line_below))
 		line = fig->mem_limit - fig->mem_limit / 20;
 	fig->mem_line = line;
 	fig->usage = fig->mem_usage;
@@ -260,31 +263,44 @@ int mts_node_cgroup_path(char *text, const char **base, char *path, size_t len)
 	return *base ? 0 : -ENOENT;
 }
 
-/* The nearest cgroup around memtallyd that has a memory limit. 0, or
- * -ENOENT when none has a limit. */
-static int own_cgroup(struct mts_node_src *src)
+int mts_node_find_cgroup(char *text, const char *root, struct mts_node_src *src)
 {
-	char text[4096], path[512] = "";
+	char path[512] = "";
 	const char *base;
-	if (mts_read_small("/proc/self", "cgroup", text, sizeof(text)) < 0 ||
-	    mts_node_cgroup_path(text, &base, path, sizeof(path)) < 0)
+	if (mts_node_cgroup_path(text, &base, path, sizeof(path)) < 0)
 		return -ENOENT;
 	for (;;) {
-		snprintf(src->dir, sizeof(src->dir), "%s%s", base,
+		snprintf(src->dir, sizeof(src->dir), "%s%s%s", root, base,
 		         strcmp(path, "/") == 0 ? "" : path);
 		src->kind = cgroup_kind(src->dir);
 		struct mts_node_fig f;
 		if (src->kind != MTS_NODE_NONE && mts_node_read(src, &f) == 0 &&
 		    f.limit)
 			return 0;
+		/* Up to the hierarchy's root, tried last: in a container on
+		 * cgroup v1 without a cgroup namespace, the path is the
+		 * host's and the container's own cgroup is mounted there. */
 		char *slash = strrchr(path, '/');
-		if (!slash || slash == path)
+		if (!slash || strcmp(path, "/") == 0)
 			break;
-		*slash = '\0';
+		if (slash == path)
+			slash[1] = '\0';
+		else
+			*slash = '\0';
 	}
 	src->kind = MTS_NODE_NONE;
 	src->dir[0] = '\0';
 	return -ENOENT;
+}
+
+/* The nearest cgroup around memtallyd that has a memory limit. 0, or
+ * -ENOENT when none has a limit. */
+static int own_cgroup(struct mts_node_src *src)
+{
+	char text[4096];
+	if (mts_read_small("/proc/self", "cgroup", text, sizeof(text)) < 0)
+		return -ENOENT;
+	return mts_node_find_cgroup(text, "", src);
 }
 
 /* memtallyd's resident bytes now. */

@@ -326,6 +326,26 @@ Test(guard_config, strict_overcommit_guards_the_commit_charge)
 	cr_assert(fig.by_commit);
 }
 
+Test(guard_config, a_limit_lowered_to_a_line_below_it_keeps_a_line)
+{
+	/* line = limit - 256MiB, and the cgroup resized at run time. */
+	mts_policy_defaults(&pol);
+	pol.guard_line_bp = 0;
+	pol.guard_line_below = 256 * MIB;
+	struct mts_node_fig fig = {.mem_limit = 1024 * MIB,
+	                           .mem_usage = 100 * MIB};
+	mts_node_edge(&pol, &fig);
+	cr_assert_eq(fig.line, 768 * MIB);
+	/* To 200 MiB: the line would be 0, under any usage, an eviction
+	 * every interval. It follows the limit to 95% instead. */
+	fig.mem_limit = 200 * MIB;
+	mts_node_edge(&pol, &fig);
+	cr_assert_eq(fig.line, 190 * MIB, "%llu", (unsigned long long)fig.line);
+	fig.mem_limit = 256 * MIB;
+	mts_node_edge(&pol, &fig);
+	cr_assert_eq(fig.line, 256 * MIB - 256 * MIB / 20);
+}
+
 /* A worker of `uid` with `task` using `bytes` as of the next tick. */
 static pid_t task_worker(uint32_t uid, const char *task, uint64_t bytes)
 {
@@ -930,6 +950,59 @@ Test(guard_config, own_cgroup_on_every_hierarchy)
 	cr_assert_eq(cgroup_of("3:cpu:/a\n4:memory_x:/b\n", &base, path),
 	             -ENOENT);
 	cr_assert_eq(cgroup_of("", &base, path), -ENOENT);
+}
+
+/* A v1 memory cgroup at `root``rel` whose limit is `limit` bytes. */
+static void fake_v1(const char *root, const char *rel, const char *limit)
+{
+	char p[512], cmd[600];
+	snprintf(p, sizeof(p), "%s%s", root, rel);
+	snprintf(cmd, sizeof(cmd), "mkdir -p '%s'", p);
+	cr_assert_eq(system(cmd), 0);
+	const char *files[][2] = {{"memory.limit_in_bytes", limit},
+	                          {"memory.usage_in_bytes", "104857600\n"},
+	                          {"memory.stat", "total_inactive_file 0\n"}};
+	for (size_t i = 0; i < 3; i++) {
+		char f[600];
+		snprintf(f, sizeof(f), "%s/%s", p, files[i][0]);
+		FILE *fp = fopen(f, "w");
+		cr_assert_not_null(fp);
+		fputs(files[i][1], fp);
+		fclose(fp);
+	}
+}
+
+Test(guard_config, a_v1_container_without_a_cgroup_namespace_finds_its_own)
+{
+	/* Docker or Kubernetes on cgroup v1 without a cgroup namespace:
+	 * /proc/self/cgroup names the host's path, and the container's own
+	 * cgroup is mounted at the hierarchy's root. */
+	char root[64], text[128], want[128], cmd[96];
+	snprintf(root, sizeof(root), "/tmp/mt-guard-root-%ld", (long)getpid());
+	fake_v1(root, "/sys/fs/cgroup/memory", "268435456\n");
+	struct mts_node_src src = {0};
+	snprintf(text, sizeof(text),
+	         "12:pids:/docker/abc\n5:memory:/docker/abc\n");
+	cr_assert_eq(mts_node_find_cgroup(text, root, &src), 0);
+	cr_assert_eq(src.kind, MTS_NODE_CGROUP_V1);
+	snprintf(want, sizeof(want), "%s/sys/fs/cgroup/memory", root);
+	cr_assert_str_eq(src.dir, want);
+	/* Where the path is there (a namespace, or the host), the nearest
+	 * limit wins. */
+	fake_v1(root, "/sys/fs/cgroup/memory/docker/abc", "134217728\n");
+	snprintf(text, sizeof(text), "5:memory:/docker/abc\n");
+	cr_assert_eq(mts_node_find_cgroup(text, root, &src), 0);
+	snprintf(want, sizeof(want), "%s/sys/fs/cgroup/memory/docker/abc",
+	         root);
+	cr_assert_str_eq(src.dir, want);
+	/* An unlimited root (the kernel's "unlimited") is no limit. */
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", root);
+	cr_assert_eq(system(cmd), 0);
+	fake_v1(root, "/sys/fs/cgroup/memory", "9223372036854771712\n");
+	snprintf(text, sizeof(text), "5:memory:/docker/abc\n");
+	cr_assert_eq(mts_node_find_cgroup(text, root, &src), -ENOENT);
+	cr_assert_eq(src.kind, MTS_NODE_NONE);
+	cr_assert_eq(system(cmd), 0);
 }
 
 /* ---- pausing before evicting --------------------------------------------- */
