@@ -422,10 +422,14 @@ tick_range(struct mts_registry *reg, uint32_t from, uint32_t to, bool rate,
 		 * misses. Without a limit a process stays ok: skip. */
 		if (p->limit || p->state != MTSHM_STATE_OK)
 			mts_limits_eval_proc(reg, p);
+		/* What counts toward others (all of a trusted process's
+		 * claim): the growth the node guard and the forecasts read is
+		 * never a lie's. */
 		if (rate)
-			mts_rate_add(&p->rate, now,
-			             mts_measured(reg, p->bytes, p->rss),
-			             window, &cache);
+			mts_rate_add(
+			    &p->rate, now,
+			    mts_measured(reg, mts_vouch_counted(p), p->rss),
+			    window, &cache);
 	}
 }
 

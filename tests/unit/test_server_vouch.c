@@ -74,6 +74,12 @@ Test(vouch, a_lie_counts_for_the_liar_alone)
 	cr_assert_eq(g->bytes, t->bytes);
 	cr_assert_eq(g->unvouched, p->unvouched);
 	cr_assert_eq(g->unvouched_uid, LIAR_UID);
+	/* Its growth (the node guard's rule when no task is beyond its
+	 * reservation, the forecasts) is of that figure too: a claim held
+	 * flat cannot hide a rise, nor a made-up rise pass for one. */
+	cr_assert_neq(p->rate.last_ns, 0, "no growth sample");
+	cr_assert_eq(p->rate.last_v, k + 64 * MIB, "%llu",
+	             (unsigned long long)p->rate.last_v);
 
 	/* Admission: the honest uid is admitted, the liar is denied on its
 	 * own claim. */
