@@ -908,9 +908,12 @@ int mts_kinds_load(struct mts_registry *reg, const char *path)
 	const char *why = mts_file_not_ours(fd);
 	unsigned char *d = NULL;
 	size_t len = 0;
-	/* A full table's record, with room: 4 MiB of names and runs per
-	 * 4096 kinds is far above what it holds. */
-	size_t max = (size_t)MTS_KINDS_MAX_MAX * 2048u;
+	/* A full table's record: the most kinds, each of the longest name
+	 * and a full ring of runs. */
+	size_t max = sizeof(struct rec_hdr) +
+	             (size_t)MTS_KINDS_MAX_MAX *
+	                 (sizeof(struct rec_kind) + MTS_NAME_MAX +
+	                  MTS_KIND_RUNS * sizeof(struct mts_kind_run));
 	if (!why && read_all(fd, max, &d, &len) < 0)
 		why = "cannot read it";
 	close(fd);
@@ -925,6 +928,11 @@ int mts_kinds_load(struct mts_registry *reg, const char *path)
 			why = "another version";
 		else if (h.payload != len - sizeof(h))
 			why = "truncated or extended";
+		/* No server writes more kinds than it may keep: a count
+		 * past that would have every one allocated before the caps
+		 * trim them. */
+		else if (h.count > MTS_KINDS_MAX_MAX)
+			why = "more kinds than a server keeps";
 		else if (fnv(UINT64_C(0xcbf29ce484222325), d + sizeof(h),
 		             h.payload) != h.checksum)
 			why = "checksum mismatch";

@@ -159,12 +159,14 @@ static void save_kinds(struct mts_server *srv, bool force)
 {
 	uint64_t now = uv_now(srv->loop);
 	if (!srv->kinds_path[0] || !srv->reg.kinds ||
-	    (!force && (srv->kinds_write ||
-	                now - srv->kinds_checked_ms < MTS_KINDS_SAVE_MS)))
+	    (!force && now - srv->kinds_checked_ms < MTS_KINDS_SAVE_MS))
 		return;
 	srv->kinds_checked_ms = now;
+	/* Kinds age out even while a write is stuck (a state directory on
+	 * a stalled disk): a kind all of whose runs aged out must not hold
+	 * its uid's cap until the disk answers. The write has its bytes. */
 	mts_kinds_age(&srv->reg, mts_now_realtime() / 1000000000u);
-	if (!srv->reg.kinds->dirty)
+	if (!srv->reg.kinds->dirty || (!force && srv->kinds_write))
 		return;
 	unsigned char *d;
 	size_t len;

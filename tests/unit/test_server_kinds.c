@@ -1475,3 +1475,40 @@ Test(kinds, a_first_run_above_what_its_worker_may_hold_is_sized_to_fit)
 	          r->admit_result->sized_by);
 	memtally__v1__response__free_unpacked(r, NULL);
 }
+
+Test(kinds, kinds_age_out_while_a_write_of_the_record_is_stuck)
+{
+	/* A state directory on a stalled disk: the record's write sits on
+	 * the thread pool. A kind whose runs all aged out must still go, or
+	 * it holds a place under its uid's cap (and the server's) until the
+	 * disk answers. */
+	char spath[64], kpath[80];
+	snprintf(spath, sizeof(spath), "/tmp/mt-kinds-stuck-%d.state",
+	         (int)getpid());
+	snprintf(kpath, sizeof(kpath), "%s.kinds", spath);
+	unlink(spath);
+	unlink(kpath);
+	mts_policy_defaults(&pol);
+	struct mts_config cfg = fx_config("kinds-stuck", 8);
+	cfg.policy = &pol;
+	cfg.state_path = spath;
+	cfg.tick_ms = 10;
+	fx_start_config(&cfg);
+	cr_assert(srv.kinds_path[0], "no record of learned sizes");
+	note_run(&srv.reg, "k", 1000, 10 * MIB, false);
+	struct mts_kind *k = mts_kind_find(&srv.reg, "k", 1000);
+	cr_assert_not_null(k);
+	uint64_t now_s = mts_now_realtime() / 1000000000u;
+	for (uint32_t i = 0; i < k->nruns; i++)
+		k->runs[i].end_s = now_s - srv.reg.policy.kind_horizon_s - 1;
+	k->est_valid = false;
+	static char stuck;
+	srv.kinds_write = (struct mts_kinds_write *)(void *)&stuck;
+	FX_RUN_UNTIL(!mts_kind_find(&srv.reg, "k", 1000));
+	cr_assert_eq(srv.reg.kinds->n, 0);
+	/* The disk answers: the record without it is written. */
+	srv.kinds_write = NULL;
+	FX_RUN_UNTIL(!srv.reg.kinds->dirty && !srv.kinds_write);
+	unlink(spath);
+	unlink(kpath);
+}
