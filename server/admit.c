@@ -201,17 +201,21 @@ static void task_drop(struct mts_registry *reg, struct mts_task *t)
 }
 
 uint64_t mts_task_reserved(const struct mts_registry *reg, const char *task,
-                           uint32_t uid, uint64_t *ownerless)
+                           uint32_t uid, uint64_t *ownerless, uint64_t *since)
 {
 	*ownerless = 0;
+	*since = 0;
 	if (!task[0] || reg->adm->ntasks == 0)
 		return 0;
 	const struct mts_task *t = task_find(reg, task, hash_str(task));
 	uint64_t sum = 0;
 	for (const struct mts_resv *r = t ? t->resv : NULL; r; r = r->tnext) {
-		if (!r->has_owner)
+		if (!r->has_owner) {
+			/* Oldest first: the first is the earliest. */
+			if (!*ownerless)
+				*since = r->created_ns;
 			*ownerless = mt_sat_add(*ownerless, r->bytes);
-		else if (r->uid == uid)
+		} else if (r->uid == uid)
 			sum = mt_sat_add(sum, r->bytes);
 	}
 	return sum;
@@ -229,13 +233,15 @@ bool mts_task_owned_by(const struct mts_registry *reg, const char *task,
 	return false;
 }
 
-void mts_task_evicted(struct mts_registry *reg, const char *task, uint32_t uid)
+void mts_task_evicted(struct mts_registry *reg, const char *task, uint32_t uid,
+                      bool ownerless)
 {
 	if (!task[0] || reg->adm->ntasks == 0)
 		return;
 	struct mts_task *t = task_find(reg, task, hash_str(task));
 	for (struct mts_resv *r = t ? t->resv : NULL; r; r = r->tnext)
-		if ((!r->has_owner || r->uid == uid) && r->kind && !r->evicted)
+		if ((r->has_owner ? r->uid == uid : ownerless) && r->kind &&
+		    !r->evicted)
 			mts_resv_evicted(reg, r);
 }
 

@@ -140,6 +140,17 @@ static bool fits(const struct mts_guard_cand *c, enum mts_guard_rule rule)
 	return true;
 }
 
+/* Is `a` served before `b` (of one task) from its ownerless grant? */
+static bool before(const struct mts_guard_cand *a,
+                   const struct mts_guard_cand *b)
+{
+	bool a_early = a->first_ns < a->ownerless_since;
+	bool b_early = b->first_ns < b->ownerless_since;
+	if (a_early != b_early)
+		return b_early;
+	return a->first_ns < b->first_ns;
+}
+
 /*
  * A reservation made without an owner (over TCP, with the token) counts
  * against every worker of its task, whatever its uid. Given whole to each
@@ -148,9 +159,11 @@ static bool fits(const struct mts_guard_cand *c, enum mts_guard_rule rule)
  * user's task would go instead. Split in proportion to use, a smaller
  * stranger would push the scheduler's own workers past a grant they keep
  * within. So the task's candidates take it in the order they joined the
- * task (their oldest worker's registration), each what it holds past its
- * own reservations: the workers the scheduler started first, a user
- * naming the task later only what they left. Nothing of it counts twice.
+ * task (their oldest worker's registration; those that named it before
+ * it was granted, last), each what it holds past its own reservations:
+ * the workers the scheduler started first, a user naming the task only
+ * what they left. Nothing of it counts twice. The grant is the first
+ * served candidate's: only its eviction ends the grant's run as evicted.
  * `c` is sorted by task.
  */
 static void share_ownerless(struct mts_guard_cand *c, uint32_t n)
@@ -161,12 +174,15 @@ static void share_ownerless(struct mts_guard_cand *c, uint32_t n)
 		       strcmp(c[j].task, c[i].task) == 0)
 			j++;
 		uint64_t left = c[i].ownerless;
-		/* Oldest first; a task has a candidate per uid naming it. */
+		/* Oldest first; a task has a candidate per uid naming it.
+		 * Workers that named the task before it was granted are served
+		 * last: a process left running under a name a scheduler will
+		 * grant later does not take the grant from its workers. */
 		for (uint64_t served = 0; left && served < j - i; served++) {
 			uint32_t m = j;
 			for (uint32_t k = i; k < j; k++)
 				if (!c[k].shared &&
-				    (m == j || c[k].first_ns < c[m].first_ns))
+				    (m == j || before(&c[k], &c[m])))
 					m = k;
 			c[m].shared = true;
 			uint64_t need = c[m].used > c[m].reserved
@@ -174,8 +190,14 @@ static void share_ownerless(struct mts_guard_cand *c, uint32_t n)
 			                    : 0;
 			uint64_t part = need < left ? need : left;
 			c[m].reserved += part;
+			/* The grant is the workers' that joined first:
+			 * only their eviction ends it. */
+			c[m].ownerless_ours = served == 0;
 			left -= part;
 		}
+		/* One candidate alone is the grant's, whatever it took. */
+		if (j - i == 1)
+			c[i].ownerless_ours = true;
 		i = j;
 	}
 }
@@ -220,7 +242,8 @@ int mts_guard_candidates(const struct mts_registry *reg,
 			bool hosts = false;
 			if (p->task[0])
 				k->reserved = mts_task_reserved(
-				    reg, p->task, p->task_uid, &k->ownerless);
+				    reg, p->task, p->task_uid, &k->ownerless,
+				    &k->ownerless_since);
 			else
 				hosts =
 				    mts_host_allowance(reg, p, &k->reserved);
@@ -446,7 +469,7 @@ static void guard_record_eviction(struct mts_registry *reg,
                                   const struct mts_guard_cand *k)
 {
 	if (k->task[0])
-		mts_task_evicted(reg, k->task, k->uid);
+		mts_task_evicted(reg, k->task, k->uid, k->ownerless_ours);
 	else
 		mts_host_evicted(reg, k->pid);
 }

@@ -286,17 +286,21 @@ void mts_resv_worker_registered(struct mts_registry *reg, struct mts_proc *p);
 
 /* The bytes granted to the reservations of `task` that `uid` owns; in
  * *ownerless, those granted to its reservations without an owner (TCP),
- * which every worker of the task counts against, whatever its uid. */
+ * which every worker of the task counts against, whatever its uid, and in
+ * *since when the first of those was granted (CLOCK_REALTIME ns; 0: none). */
 uint64_t mts_task_reserved(const struct mts_registry *reg, const char *task,
-                           uint32_t uid, uint64_t *ownerless);
+                           uint32_t uid, uint64_t *ownerless, uint64_t *since);
 /* Does `uid` own a live reservation of `task` (has_owner), or is there
  * one without an owner, made over TCP (!has_owner)? */
 bool mts_task_owned_by(const struct mts_registry *reg, const char *task,
                        bool has_owner, uint32_t uid);
 /* The node guard evicted `uid`'s workers of `task`: each of its
- * reservations (that `uid` owns, or no one does) with a kind records its
- * run as evicted, with the peak it reached (kinds.c). */
-void mts_task_evicted(struct mts_registry *reg, const char *task, uint32_t uid);
+ * reservations with a kind that `uid` owns, and those no one owns when
+ * `ownerless` (the workers joined the task first, or no other uid's name
+ * it), records its run as evicted, with the peak it reached (kinds.c). A
+ * stranger naming the task later marks no scheduler's grant. */
+void mts_task_evicted(struct mts_registry *reg, const char *task, uint32_t uid,
+                      bool ownerless);
 /* Whether process `p` runs tasks inside it (Admit.in_process) now, and
  * what it may then hold: its own memory (all but its tasks' use) and what
  * its tasks were granted, as a task's workers may hold its grants.

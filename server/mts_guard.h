@@ -31,16 +31,19 @@
 struct mts_guard_cand {
 	const char *task; /* "" for a process without one */
 	uint32_t uid;
-	uint32_t pid;       /* the first worker's */
-	uint32_t workers;   /* registered processes */
-	uint64_t used;      /* vouched bytes of its workers (measure) */
-	uint64_t reserved;  /* its reservations' granted bytes, with its
-	                     * part of those without an owner */
-	uint64_t ownerless; /* the task's reservations without an owner */
-	bool shared;        /* took its part of them (share_ownerless) */
-	double growth;      /* bytes per second, its workers' sum */
-	uint64_t first_ns;  /* its oldest worker's registration (realtime) */
-	bool eligible;      /* may be chosen (trust rules) */
+	uint32_t pid;             /* the first worker's */
+	uint32_t workers;         /* registered processes */
+	uint64_t used;            /* vouched bytes of its workers (measure) */
+	uint64_t reserved;        /* its reservations' granted bytes, with its
+	                           * part of those without an owner */
+	uint64_t ownerless;       /* the task's reservations without an owner */
+	uint64_t ownerless_since; /* the first of them granted (realtime) */
+	bool shared;         /* was served its part of them (share_ownerless) */
+	bool ownerless_ours; /* an eviction of it ends them: its workers
+	                      * joined the task first, or alone */
+	double growth;       /* bytes per second, its workers' sum */
+	uint64_t first_ns;   /* its oldest worker's registration (realtime) */
+	bool eligible;       /* may be chosen (trust rules) */
 };
 
 /* Why a candidate was chosen: the rule that decided. */

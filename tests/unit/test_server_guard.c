@@ -577,6 +577,82 @@ Test(guard, a_grant_without_an_owner_goes_to_its_first_workers_not_to_each)
 	expect_etl_split(stranger, 150 * MIB, 50 * MIB);
 }
 
+Test(guard, a_process_naming_a_task_before_its_grant_is_served_last)
+{
+	mts_policy_defaults(&pol);
+	pol.tcp_token = strdup("a-long-enough-secret");
+	fx_start_policy(&pol);
+	/* A user leaves a process running under the name a scheduler will
+	 * grant ("etl", 190 MiB); then the grant, then its worker (150). */
+	pid_t stranger = task_worker(2000, "etl", 190 * MIB);
+	mts_core_tick(&srv.reg);
+	nanosleep(&(struct timespec){0, 2 * 1000 * 1000}, NULL);
+	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
+	Memtally__V1__Admit a = MEMTALLY__V1__ADMIT__INIT;
+	a.bytes = 200 * MIB;
+	a.group = (char *)"";
+	a.task = (char *)"etl";
+	req.body_case = MEMTALLY__V1__REQUEST__BODY_ADMIT;
+	req.admit = &a;
+	req.token = (char *)"a-long-enough-secret";
+	struct mts_peer tcp = {.fd = -1, .tcp = true};
+	Memtally__V1__Response *r = fx_call(&tcp, &req);
+	cr_assert(r->admit_result->admitted, "%s", r->admit_result->reason);
+	memtally__v1__response__free_unpacked(r, NULL);
+	nanosleep(&(struct timespec){0, 2 * 1000 * 1000}, NULL);
+	task_worker(FX_UID, "etl", 150 * MIB);
+	reserve(3000, "calm", 10 * MIB);
+	task_worker(3000, "calm", 40 * MIB);
+	/* The grant goes to the workers started under it: 150 to the
+	 * scheduler's, 50 to the earlier process, which goes. */
+	expect_etl_split(stranger, 150 * MIB, 50 * MIB);
+}
+
+Test(guard, a_strangers_eviction_marks_no_schedulers_grant)
+{
+	mts_policy_defaults(&pol);
+	pol.tcp_token = strdup("a-long-enough-secret");
+	fx_start_policy(&pol);
+	/* The scheduler's grant of "etl" over TCP, of a kind: no owner. */
+	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
+	Memtally__V1__Admit a = MEMTALLY__V1__ADMIT__INIT;
+	a.bytes = 200 * MIB;
+	a.group = (char *)"";
+	a.task = (char *)"etl";
+	a.kind = (char *)"etl";
+	req.body_case = MEMTALLY__V1__REQUEST__BODY_ADMIT;
+	req.admit = &a;
+	req.token = (char *)"a-long-enough-secret";
+	struct mts_peer tcp = {.fd = -1, .tcp = true};
+	Memtally__V1__Response *r = fx_call(&tcp, &req);
+	cr_assert(r->admit_result->admitted, "%s", r->admit_result->reason);
+	memtally__v1__response__free_unpacked(r, NULL);
+	cr_assert_eq(srv.reg.adm->nresv, 1);
+	/* Its worker first, within the grant; a user naming the task later,
+	 * past what the grant leaves it: the stranger goes. */
+	pid_t own = task_worker(FX_UID, "etl", 150 * MIB);
+	nanosleep(&(struct timespec){0, 2 * 1000 * 1000}, NULL);
+	pid_t stranger = task_worker(2000, "etl", 190 * MIB);
+	mts_core_tick(&srv.reg);
+	fake_cgroup("268435456\n", 240 * MIB, 0);
+	struct mts_node_src src = {.kind = MTS_NODE_CGROUP_V2};
+	snprintf(src.dir, sizeof(src.dir), "%s", dir);
+	struct mts_node_fig fig = {0};
+	srv.reg.policy.guard_interval_ms = 60000;
+	mts_guard_apply(&srv.reg, &src, &fig);
+	mts_guard_check(&srv.reg, mts_now_monotonic());
+	cr_assert_eq(srv.reg.guard->evictions, 1);
+	int st;
+	cr_assert_eq(waitpid(stranger, &st, 0), stranger);
+	cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
+	cr_assert_eq(waitpid(own, &st, WNOHANG), 0, "the scheduler's went");
+	/* The scheduler's task runs on: its grant is not an evicted run,
+	 * and its kind will learn the run's real end. */
+	cr_assert_eq(srv.reg.adm->nresv, 1);
+	cr_assert_not(srv.reg.adm->resv[0]->evicted,
+	              "a stranger's eviction marked the scheduler's grant");
+}
+
 /* A child that forks a grandchild, both paused; the grandchild's pid. */
 static pid_t spawn_family(pid_t *child)
 {
