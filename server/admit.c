@@ -881,6 +881,17 @@ static void switched_end(struct mts_registry *reg, const struct mts_resv *r)
 {
 	if (!r->has_switched || !r->task)
 		return;
+	/* Another reservation of the task from the same owner and asker
+	 * keeps them the owner's: it takes the switched uid over. */
+	for (struct mts_resv *o = r->task->resv; o; o = o->tnext)
+		if (o != r && o->has_owner && o->uid == r->uid && !o->hosted &&
+		    o->asker_pid == r->asker_pid &&
+		    o->asker_start == r->asker_start &&
+		    (!o->has_switched || o->switched_uid == r->switched_uid)) {
+			o->has_switched = true;
+			o->switched_uid = r->switched_uid;
+			return;
+		}
 	for (uint32_t i = 0; i < reg->ndense; i++) {
 		struct mts_proc *p = reg->by_slot[reg->dense[i]];
 		if (p->task_asker == r->asker_pid && p->task_uid == r->uid &&

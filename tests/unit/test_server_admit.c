@@ -586,6 +586,35 @@ Test(admit, a_worker_of_another_uid_under_its_asker_is_the_owners)
 	cr_assert_eq(srv.reg.adm->stats.fulfilled, 1);
 }
 
+Test(admit, a_switched_worker_stays_the_owners_while_one_of_its_grants_lasts)
+{
+	/* Two grants of one task by one asker, whose command runs as uid
+	 * 1001: releasing the first leaves the second the owner's, with its
+	 * worker counted against it, not ended as if its workers exited. */
+	start_fleet(1024 * MIB);
+	srv.reg.server_uid = 4242;
+	fx_asker = getpid();
+	char a[32], b[32];
+	snprintf(a, sizeof(a), "%s", grant(100 * MIB, "", "T", 60));
+	snprintf(b, sizeof(b), "%s", grant(100 * MIB, "", "T", 60));
+	pid_t w = fx_spawn();
+	uint32_t sw = fx_register_as(w, 1001, "g", "T");
+	fx_write(sw, 50 * MIB);
+	mts_core_tick(&srv.reg);
+	cr_assert_eq(mts_find_pid(&srv.reg, (uint32_t)w)->task_uid, 1000);
+	struct mts_peer owner = fx_peer(0, 1000);
+	Memtally__V1__Response *rel = release(&owner, a, NULL);
+	cr_assert_null(rel->error);
+	memtally__v1__response__free_unpacked(rel, NULL);
+	mts_core_tick(&srv.reg);
+	cr_assert_eq(mts_find_pid(&srv.reg, (uint32_t)w)->task_uid, 1000,
+	             "its worker left the owner's share");
+	cr_assert_not_null(mts_resv_find(&srv.reg, b),
+	                   "the second grant ended with its task running");
+	cr_assert_eq(srv.reg.adm->stats.fulfilled, 0);
+	fx_asker = 0;
+}
+
 Test(admit, the_owners_worker_takes_over_beside_another_uids)
 {
 	start_fleet(0);
