@@ -508,7 +508,7 @@ void mts_table_gc(struct mts_registry *reg, struct mts_table *t)
 	uint32_t idle = 0, oldest = UINT32_MAX;
 	for (uint32_t i = 0; i < reg->ntables; i++) {
 		const struct mts_table *o = reg->tables[i];
-		if (!o->idle_since_ns)
+		if (!o->idle_since_ns || o->procs > 0)
 			continue;
 		idle++;
 		if (oldest == UINT32_MAX ||
@@ -523,7 +523,9 @@ void mts_tables_sweep(struct mts_registry *reg, uint64_t now_ns)
 {
 	for (uint32_t i = reg->ntables; i-- > 0;) {
 		const struct mts_table *t = reg->tables[i];
-		if (t->idle_since_ns && now_ns >= t->idle_since_ns &&
+		/* Never one with a worker in it, whatever its mark says. */
+		if (t->idle_since_ns && !t->procs &&
+		    now_ns >= t->idle_since_ns &&
 		    now_ns - t->idle_since_ns >=
 		        (uint64_t)MTS_TABLE_IDLE_MS * 1000000u)
 			table_free(reg, i);
@@ -536,6 +538,7 @@ static void slot_place(struct mts_registry *reg, struct mts_proc *p,
 {
 	p->table = t;
 	t->procs++;
+	t->idle_since_ns = 0; /* in use (an adoption may find it marked idle) */
 	reg->slot_at[p->slot] = mtshm_slot(&reg->layout, t->map.base, p->slot);
 }
 
@@ -1221,6 +1224,11 @@ int mts_registry_adopt_slot(struct mts_registry *reg,
 	    mts_find_pid(reg, a->pid) || !mt_name_ok(group) ||
 	    !mt_name_ok(a->task) || table->uid != a->uid)
 		return -EINVAL;
+	/* Exited, not yet reaped: its start time still matches, and its last
+	 * figures would count (and maybe fire a hook) before its pidfd's
+	 * poll says it is gone. */
+	if (pidfd_exited(a->pidfd))
+		return -ESRCH;
 	struct proc_init in = {
 	    .pid = a->pid,
 	    .uid = a->uid,

@@ -14,8 +14,10 @@
 #include "test_server_fixture.h"
 
 #include "mts_figures.h"
+#include "mts_procfs.h"
 
 #include <fcntl.h>
+#include <sys/syscall.h>
 
 /* Four slots: the tests fill every one with workers of one uid. */
 static void setup(void)
@@ -1178,4 +1180,72 @@ Test(dispatch, the_watch_cap_leaves_own_subscriptions_out)
 	struct mts_peer q = fx_peer(getpid(), FX_UID + 1);
 	cr_assert_eq(watch_as(&q, false, 22), 0);
 	cr_assert(q.watch_counted);
+}
+
+/* ---- adoption at a restart -------------------------------------------- */
+
+/* Adopt `pid` of `uid` into `slot` of `t`, in `group`: what the restart
+ * record's entry would give. 0 or -errno. */
+static int adopt(struct mts_table *t, uint32_t slot, pid_t pid, uint32_t uid,
+                 const char *group)
+{
+	struct mts_adopted a = {.slot = slot, .pid = (uint32_t)pid, .uid = uid};
+	a.pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+	cr_assert_geq(a.pidfd, 0);
+	cr_assert_eq(mts_read_starttime(pid, &a.start_time), 0);
+	snprintf(a.group, sizeof(a.group), "%s", group);
+	int err = mts_registry_adopt_slot(&srv.reg, &a, t);
+	if (err < 0 && err != -EAGAIN)
+		close(a.pidfd);
+	return err;
+}
+
+static struct mts_table *adopted_table(uint32_t uid)
+{
+	char label[96];
+	struct mtshm_map m;
+	mts_table_label(&srv.reg, uid, label, sizeof(label));
+	cr_assert_eq(mtshm_table_create(label, &srv.reg.layout, &m), 0);
+	cr_assert_eq(mts_table_adopt(&srv.reg, uid, &m), 0);
+	return mts_table_find(&srv.reg, uid);
+}
+
+Test(dispatch, an_adopted_table_with_a_worker_is_never_swept)
+{
+	/* A restart: the record's first entry of a uid cannot be adopted
+	 * (its group name is cut), so the table is marked idle; the second
+	 * is adopted into it. Swept as idle 10 s later, the table would be
+	 * unmapped under its worker: the next tick would read freed memory. */
+	fx_start();
+	struct mts_table *t = adopted_table(1500);
+	pid_t a = fx_spawn(), b = fx_spawn();
+	cr_assert_eq(adopt(t, 3, a, 1500, "a\xc3"), -EINVAL);
+	mts_table_gc(&srv.reg, t);
+	cr_assert_neq(t->idle_since_ns, 0);
+	cr_assert_eq(adopt(t, 4, b, 1500, "default"), 0);
+	mts_registry_rebuild_free(&srv.reg);
+	cr_assert_eq(t->idle_since_ns, 0, "a table with a worker marked idle");
+	mts_tables_sweep(&srv.reg, mts_now_monotonic() + UINT64_C(11000000000));
+	cr_assert_eq(mts_table_find(&srv.reg, 1500), t, "swept under a worker");
+	fx_write(4, 3 * (int64_t)MIB);
+	mts_core_tick(&srv.reg);
+	cr_assert_eq(mts_find_pid(&srv.reg, (uint32_t)b)->bytes, 3 * MIB);
+}
+
+Test(dispatch, an_exited_worker_not_yet_reaped_is_not_adopted)
+{
+	/* Its start time still matches and its pidfd opens; its last
+	 * figures would count, and maybe fire a hook, before the poll says
+	 * it is gone. */
+	fx_start();
+	struct mts_table *t = adopted_table(1500);
+	pid_t z = fork();
+	cr_assert_geq(z, 0);
+	if (z == 0)
+		_exit(0);
+	siginfo_t si = {0};
+	cr_assert_eq(waitid(P_PID, (id_t)z, &si, WEXITED | WNOWAIT), 0);
+	cr_assert_eq(adopt(t, 3, z, 1500, "default"), -ESRCH);
+	cr_assert_null(mts_find_pid(&srv.reg, (uint32_t)z));
+	waitpid(z, NULL, 0);
 }
