@@ -455,8 +455,8 @@ struct mts_adopted {
 	uint64_t image_id;
 	uint64_t registered_ns;
 	uint64_t slot_gen;
-	char group[64]; /* "" = "default" */
-	char task[64];
+	char group[MT_NAME_MAX + 1]; /* "" = "default" */
+	char task[MT_NAME_MAX + 1];
 	char comm[64]; /* from the same /proc/PID/stat as start_time */
 };
 

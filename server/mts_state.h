@@ -30,12 +30,16 @@ struct mts_state_rec {
 	uint64_t registered_ns; /*  24 CLOCK_REALTIME */
 	uint64_t slot_gen;      /*  32 */
 	uint64_t check;         /*  40 rec_check(pid, slot) */
-	char group[64];         /*  48 */
-	char task[64];          /* 112 */
-	uint8_t held;           /* 176 stopped by the node guard */
-	uint8_t spare[79];      /* 177 */
+	/* Whole names (MT_NAME_MAX, 255 bytes, and the NUL): a name cut
+	 * here would adopt the worker into another group or task, or, cut
+	 * inside a UTF-8 sequence, not at all. */
+	char group[256];        /*  48 */
+	char task[256];         /* 304 */
+	uint8_t held;           /* 560 stopped by the node guard */
+	uint8_t spare[463];     /* 561 */
 };
-#define MTS_STATE_REC_SIZE 256u
+/* Four to a page: a record is never split across two. */
+#define MTS_STATE_REC_SIZE 1024u
 _Static_assert(sizeof(struct mts_state_rec) == MTS_STATE_REC_SIZE, "rec");
 
 /* Geometry and identity a state file records (and a restart adopts). */

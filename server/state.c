@@ -42,7 +42,7 @@
 #include "mtshm.h"
 
 #define STATE_MAGIC   UINT64_C(0x3174617453544d4d) /* "MMTStat1" */
-#define STATE_VERSION 1u
+#define STATE_VERSION 2u /* 2: whole names (records of 1024 bytes) */
 #define STATE_HDR     4096u
 #define REC_CHECK     UINT64_C(0x6d656d74616c6c79)
 

@@ -301,6 +301,8 @@ def test_another_uid_cannot_reach_roots_figures():
 
 STATE_MAGIC = 0x3174617453544D4D
 REC_CHECK = 0x6D656D74616C6C79
+STATE_VERSION = 2   # server/state.c
+STATE_REC = 1024    # MTS_STATE_REC_SIZE
 
 
 def starttime(pid):
@@ -310,14 +312,14 @@ def starttime(pid):
 
 def forged_state(victim_pid, slots=4096, lanes=4):
     """A restart record in memtallyd's format naming victim_pid in slot 0."""
-    hdr = struct.pack("<QIIIIQQ", STATE_MAGIC, 1, slots, lanes, 0, 65536,
-                      0x1234)
+    hdr = struct.pack("<QIIIIQQ", STATE_MAGIC, STATE_VERSION, slots, lanes,
+                      0, 65536, 0x1234)
     page = hdr + bytes(4096 - len(hdr))
     rec = struct.pack("<IIQQQQQ", victim_pid, 0, starttime(victim_pid), 1, 1,
                       1, REC_CHECK ^ (victim_pid << 32) ^ 0)
-    rec += b"forged".ljust(64, b"\0") + bytes(64)
-    rec += bytes(256 - len(rec))
-    return page + rec + bytes(256 * (slots - 1))
+    rec += b"forged".ljust(256, b"\0") + bytes(256)
+    rec += bytes(STATE_REC - len(rec))
+    return page + rec + bytes(STATE_REC * (slots - 1))
 
 
 ENFORCE = ("[server]\ngroup = 65534\n[limits]\nfleet = 1MiB\n"

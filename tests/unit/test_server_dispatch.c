@@ -1249,3 +1249,30 @@ Test(dispatch, an_exited_worker_not_yet_reaped_is_not_adopted)
 	cr_assert_null(mts_find_pid(&srv.reg, (uint32_t)z));
 	waitpid(z, NULL, 0);
 }
+
+Test(dispatch, the_restart_record_keeps_whole_names)
+{
+	/* Register takes names of up to 255 bytes: the record must keep
+	 * them whole, or a restart adopts the worker into another group or
+	 * task (cut at 63 bytes), or drops it (cut inside a character). */
+	static char spath[64];
+	snprintf(spath, sizeof(spath), "/tmp/mt-names-%d.state", (int)getpid());
+	unlink(spath);
+	fx_state_path = spath;
+	fx_start();
+	fx_state_path = NULL;
+	cr_assert_not_null(srv.reg.state, "no restart record");
+	unlink(spath); /* the server holds it open */
+	char group[256], task[256];
+	memset(group, 'g', 255);
+	group[255] = '\0';
+	task[0] = '\0';
+	for (int i = 0; i < 40; i++) /* 80 bytes of Cyrillic */
+		strcat(task, "\xd0\xb6");
+	uint32_t slot = fx_register(fx_spawn(), group, task);
+	struct mts_state_rec r;
+	cr_assert_eq(mts_state_get(srv.reg.state, slot, &r), 0);
+	cr_assert_str_eq(r.group, group);
+	cr_assert_str_eq(r.task, task);
+	cr_assert(mt_name_ok(r.task));
+}
