@@ -1031,11 +1031,13 @@ static bool worth_registering(uint64_t now)
 static uint64_t proc_start_ticks(void)
 {
 	char buf[1024];
+	int cancel;
+	pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel); /* as attach */
 	int fd = open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return 0;
-	ssize_t n = read(fd, buf, sizeof(buf) - 1);
-	close(fd);
+	ssize_t n = fd < 0 ? -1 : read(fd, buf, sizeof(buf) - 1);
+	if (fd >= 0)
+		close(fd);
+	pthread_setcancelstate(cancel, NULL);
 	if (n <= 0)
 		return 0;
 	buf[n] = 0;
@@ -1109,7 +1111,15 @@ void mtc_maybe_attach(enum attach_ask ask)
 	if (!__atomic_compare_exchange_n(&mtc_proc.attaching, &zero, 1, 0,
 	                                 __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
 		return;
+	/* connect, poll, recvmsg and close are cancellation points; malloc
+	 * and free, from which this runs, are not. A pending cancel must not
+	 * unwind the thread out of them: a block lost, a lock of the
+	 * program's held, `attaching` left set (no registration ever again)
+	 * and the socket leaked. */
+	int cancel;
+	pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel);
 	int err = attach(if_registered);
+	pthread_setcancelstate(cancel, NULL);
 	if (err == MEMTALLY_ENOTFOUND && if_registered) {
 		/* No older image registered: wait for the bounds, as any
 		 * young process does. Not a failure: no back-off. */

@@ -66,18 +66,26 @@ static void *refresh_main(void *arg)
 typedef int (*create_fn)(pthread_t *, const pthread_attr_t *, void *(*)(void *),
                          void *);
 
+/* libc's own pthread_create, not the jemalloc preload's wrapper: that one
+ * sets the new thread up as a counted thread of the program (its activity
+ * callback, a lane, one more in `threads`); this thread allocates nothing
+ * and is none of the program's. Resolved once, at load, never in the
+ * flush that starts the thread: dlsym takes the loader's lock, which
+ * dlopen holds while a library's constructors run, and that flush runs
+ * inside the program's malloc, maybe under a lock of the program's that
+ * such a constructor waits for. */
+static create_fn libc_create;
+
+__attribute__((constructor(101))) static void refresh_resolve(void)
+{
+	*(void **)&libc_create = dlsym(RTLD_NEXT, "pthread_create");
+}
+
 void mtc_refresh_start(void)
 {
 	uint64_t ms;
-	if (!mtc_refresh_claim(&ms))
-		return;
-	/* libc's own pthread_create, not the jemalloc preload's wrapper:
-	 * that one sets the new thread up as a counted thread of the
-	 * program (its activity callback, a lane, one more in `threads`);
-	 * this thread allocates nothing and is none of the program's. */
-	create_fn create;
-	*(void **)&create = dlsym(RTLD_NEXT, "pthread_create");
-	if (!create)
+	create_fn create = libc_create;
+	if (!create || !mtc_refresh_claim(&ms))
 		return;
 	pthread_attr_t attr;
 	if (pthread_attr_init(&attr) != 0)

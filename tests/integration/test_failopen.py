@@ -491,9 +491,28 @@ def test_relative_socket_path():
         fake.close()
 
 
+def test_malloc_is_no_cancellation_point():
+    """A thread with a cancel pending comes back from a malloc that tries
+    to register (connect, poll, recvmsg and reading /proc are cancellation
+    points; malloc and free are not): without the fix, it was unwound out
+    of malloc, its block lost, the process never registered again."""
+    glibc = os.path.join(os.path.dirname(PRELOAD), "libmemtally_glibc.so")
+    for lib in (PRELOAD, glibc):
+        env = dict(os.environ, LD_PRELOAD=lib,
+                   MEMTALLY_SOCKET="/nonexistent/memtally.sock",
+                   MEMTALLY_REGISTER_MIN="0")
+        r = subprocess.run([*worker("cancel")], env=env,
+                           stdin=subprocess.DEVNULL, capture_output=True,
+                           text=True, timeout=60 * MULT)
+        check(r.returncode == 0 and "malloc returned" in r.stdout,
+              f"{os.path.basename(lib)}: {r.returncode} {r.stdout!r} "
+              f"{r.stderr!r}")
+        print(f"  {os.path.basename(lib)}: {r.stdout.strip()}")
+
+
 if __name__ == "__main__":
     run([test_no_server, test_socket_dir_missing, test_socket_is_regular_file,
          test_stale_socket, test_fake_server_control,
          test_bad_objects_from_server, test_fork_while_registering,
          test_untrusted_server, test_untrusted_server_queues_no_descriptor,
-         test_relative_socket_path])
+         test_relative_socket_path, test_malloc_is_no_cancellation_point])
