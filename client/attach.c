@@ -160,8 +160,8 @@ static void fence_inherited(bool mine)
 		fence(atts[i % MTC_ATT_RING].table.base,
 		      atts[i % MTC_ATT_RING].table.size);
 	/* The attach in flight, if any, unless it is this thread's (a fork
-	 * from a signal handler): that goes on in the child, reads the slot,
-	 * finds it is not its own and unmaps it. */
+	 * from a signal handler): that goes on in the child, finds its pid
+	 * changed since it asked, and unmaps the slot. */
 	if (!mine)
 		fence(__atomic_load_n(&inflight.base, __ATOMIC_ACQUIRE),
 		      inflight.size);
@@ -831,6 +831,10 @@ void mtc_refresh_once(void)
  */
 static int attach(bool if_registered)
 {
+	/* A fork from a signal handler on this thread returns into this
+	 * registration in the child, whose atfork handler records its new
+	 * pid: the answer is then the parent's. */
+	pid_t me = __atomic_load_n(&mtc_proc.pid, __ATOMIC_RELAXED);
 	struct reg_reply rep;
 	int err = do_register(&rep, if_registered);
 	if (err)
@@ -847,8 +851,12 @@ static int attach(bool if_registered)
 	inflight_set(&a.table);
 	bool shared_table = old && a.table.base == old->table.base;
 	struct mtshm_slot_id *s = a.slot;
-	if (mtshm_load_acquire32(&s->pid) != (uint32_t)mtc_proc.pid ||
-	    mtshm_load_relaxed64(&s->generation) != rep.slot_gen) {
+	/* The slot's generation, which memtallyd wrote before it answered,
+	 * says the slot is this registration's. Its pid is the one memtallyd
+	 * sees, the host's for a worker in a container's pid namespace, not
+	 * getpid(): compared, such a worker would never attach. */
+	if (__atomic_load_n(&mtc_proc.pid, __ATOMIC_RELAXED) != me ||
+	    mtshm_load_acquire64(&s->generation) != rep.slot_gen) {
 		mtc_debug("slot %u is not ours", rep.slot);
 		err = MEMTALLY_EPROTO;
 		goto fail;

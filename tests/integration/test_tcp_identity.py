@@ -25,10 +25,10 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from harness import (as_user, CLI, MEMTALLYD, MULT, NOBODY, NOGROUP, Server, Skip,  # noqa: E402
-                     check, config_file, logged, open_to_nobody, run,
-                     second_user, signal_until, wait_for,
-                     world_readable_copy)
+from harness import (as_user, CLI, MEMTALLYD, MULT, NOBODY, NOGROUP, PRELOAD,  # noqa: E402
+                     Server, Skip, Worker, check, config_file, logged,
+                     open_to_nobody, run, second_user, signal_until,
+                     wait_for, worker, world_readable_copy)
 import pbwire as pb  # noqa: E402
 
 TOKEN = "tcp-identity-token-0123456789"
@@ -537,6 +537,39 @@ def test_one_remote_host_gets_an_eighth_of_the_unidentified_places():
         subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 
+def test_a_worker_in_a_pid_namespace_of_its_own_is_counted():
+    """memtallyd on the host, a worker in a container's pid namespace
+    sharing the socket (a DaemonSet's memtallyd and the node's pods): the
+    slot carries the pid memtallyd sees, the host's, not the worker's
+    getpid(). The worker must attach and be counted all the same."""
+    require_root()
+    probe = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc",
+                            "true"], capture_output=True)
+    if probe.returncode != 0:
+        raise Skip("cannot make a pid namespace: %s" %
+                   probe.stderr.decode().strip())
+    s = Server()
+    w = None
+    try:
+        env = dict(os.environ, LD_PRELOAD=PRELOAD, MEMTALLY_SOCKET=s.socket,
+                   MEMTALLY_REGISTER_MIN="0")
+        w = Worker(["unshare", "--pid", "--fork", "--mount-proc",
+                    "--kill-child", *worker("hold"), "32"], env)
+        line = w.readline()
+        check(line.startswith("ready pid=1"), f"in its namespace: {line}")
+        kids = open(f"/proc/{w.pid}/task/{w.pid}/children").read().split()
+        host = int(kids[0])
+        wait_for(f"worker {host} (pid 1 in its namespace) counted",
+                 lambda: s.ps().get(host, {}).get("bytes", 0) >= 32 << 20,
+                 timeout=20 * MULT)
+        print(f"  pid 1 in its namespace, {host} on the host: "
+              f"{s.ps()[host]['bytes'] >> 20} MiB counted")
+    finally:
+        if w is not None:
+            w.kill()
+        s.stop()
+
+
 if __name__ == "__main__":
     run([test_inline_token_needs_a_private_config,
          test_cli_takes_the_token_from_env_or_file_only,
@@ -544,4 +577,5 @@ if __name__ == "__main__":
          test_per_uid_caps_leave_room_for_others_and_root,
          test_peer_closed_before_accept_is_not_root,
          test_a_peer_in_a_pid_namespace_memtallyd_cannot_see_needs_the_token,
-         test_one_remote_host_gets_an_eighth_of_the_unidentified_places])
+         test_one_remote_host_gets_an_eighth_of_the_unidentified_places,
+         test_a_worker_in_a_pid_namespace_of_its_own_is_counted])
