@@ -88,8 +88,16 @@ static struct {
 
 static void inflight_set(const struct mtshm_map *t)
 {
-	inflight.size = t ? t->size : 0;
-	__atomic_store_n(&inflight.base, t ? t->base : NULL, __ATOMIC_RELEASE);
+	if (!t) {
+		/* Base first: a fork between the two stores must not see the
+		 * old base with a size of 0 (a fence that fails, the window
+		 * left writable in the child). */
+		__atomic_store_n(&inflight.base, NULL, __ATOMIC_RELEASE);
+		inflight.size = 0;
+		return;
+	}
+	inflight.size = t->size;
+	__atomic_store_n(&inflight.base, t->base, __ATOMIC_RELEASE);
 }
 
 struct mtc_process mtc_proc = {.once = PTHREAD_ONCE_INIT};
