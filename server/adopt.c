@@ -175,6 +175,7 @@ int mts_adopt(struct mts_registry *reg, uint32_t *kept, uint32_t *dropped)
 		};
 		snprintf(a.group, sizeof(a.group), "%s", r.group);
 		snprintf(a.task, sizeof(a.task), "%s", r.task);
+		a.limit_set = r.limit_set;
 		snprintf(a.comm, sizeof(a.comm), "%s", comm);
 		err = mts_registry_adopt_slot(reg, &a, table);
 		if (err < 0) {

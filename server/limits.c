@@ -54,6 +54,7 @@
 #include "mts_policy.h"
 #include "mts_rate.h"
 #include "mts_registry.h"
+#include "mts_state.h"
 #include "mts_vouch.h"
 #include "mtshm.h"
 
@@ -420,6 +421,14 @@ int mts_limit_set_pid(struct mts_registry *reg, uint32_t pid, uint64_t bytes,
 	*previous = p->limit;
 	p->limit_set = bytes;
 	proc_limit_set(reg, p, bytes ? bytes : reg->policy.process_limit);
+	/* In the restart record too: a limit set on a process outlives a
+	 * restart of memtallyd (kill -9 included), as it does a reload. */
+	struct mts_state_rec r;
+	if (reg->state && mts_state_get(reg->state, p->slot, &r) == 0 &&
+	    r.pid == p->pid) {
+		r.limit_set = bytes;
+		mts_state_put(reg->state, p->slot, &r);
+	}
 	*now = p->limit;
 	mts_limits_eval_proc(reg, p);
 	eval_now(reg, false);

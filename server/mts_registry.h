@@ -457,7 +457,8 @@ struct mts_adopted {
 	uint64_t slot_gen;
 	char group[MT_NAME_MAX + 1]; /* "" = "default" */
 	char task[MT_NAME_MAX + 1];
-	char comm[64]; /* from the same /proc/PID/stat as start_time */
+	char comm[64];      /* from the same /proc/PID/stat as start_time */
+	uint64_t limit_set; /* its SetLimit{pid}; 0: none */
 };
 
 /* The table of `uid`, or NULL. */

@@ -33,10 +33,12 @@ struct mts_state_rec {
 	/* Whole names (MT_NAME_MAX, 255 bytes, and the NUL): a name cut
 	 * here would adopt the worker into another group or task, or, cut
 	 * inside a UTF-8 sequence, not at all. */
-	char group[256];        /*  48 */
-	char task[256];         /* 304 */
-	uint8_t held;           /* 560 stopped by the node guard */
-	uint8_t spare[463];     /* 561 */
+	char group[256];    /*  48 */
+	char task[256];     /* 304 */
+	uint8_t held;       /* 560 stopped by the node guard */
+	uint8_t spare0[7];  /* 561 */
+	uint64_t limit_set; /* 568 SetLimit{pid}; 0: the default */
+	uint8_t spare[448]; /* 576 */
 };
 /* Four to a page: a record is never split across two. */
 #define MTS_STATE_REC_SIZE 1024u

@@ -590,6 +590,7 @@ void mts_registry_record(const struct mts_registry *reg,
 	r.slot_gen = p->slot_gen;
 	snprintf(r.group, sizeof(r.group), "%s", reg->groups[p->group].name);
 	snprintf(r.task, sizeof(r.task), "%s", p->task);
+	r.limit_set = p->limit_set;
 	mts_state_put(reg->state, p->slot, &r);
 }
 
@@ -1251,6 +1252,9 @@ int mts_registry_adopt_slot(struct mts_registry *reg,
 	 * Identity is rewritten from our record (the table is writable by
 	 * the uid's workers: what it says is not evidence). */
 	p->slot_gen = a->slot_gen;
+	/* A limit set on it (SetLimit) outlives the server, as a reload. */
+	if (a->limit_set)
+		p->limit = p->limit_set = a->limit_set;
 	struct mtshm_slot_id *s = reg->slot_at[p->slot];
 	if (a->slot_gen > reg->slot_gens[p->slot])
 		reg->slot_gens[p->slot] = a->slot_gen;

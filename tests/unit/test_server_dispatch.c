@@ -1276,3 +1276,38 @@ Test(dispatch, the_restart_record_keeps_whole_names)
 	cr_assert_str_eq(r.task, task);
 	cr_assert(mt_name_ok(r.task));
 }
+
+Test(dispatch, a_processs_own_limit_outlives_a_restart)
+{
+	/* SetLimit on a pid survives a reload; memtallyd killed and
+	 * restarted, it must too: in the record, and back at adoption. */
+	static char spath[64];
+	snprintf(spath, sizeof(spath), "/tmp/mt-limit-%d.state", (int)getpid());
+	unlink(spath);
+	fx_state_path = spath;
+	fx_start();
+	fx_state_path = NULL;
+	cr_assert_not_null(srv.reg.state, "no restart record");
+	unlink(spath);
+	pid_t w = fx_spawn();
+	uint32_t slot = fx_register(w, "", "");
+	uint64_t prev, now;
+	cr_assert_eq(
+	    mts_limit_set_pid(&srv.reg, (uint32_t)w, 7 * MIB, &prev, &now), 0);
+	struct mts_state_rec r;
+	cr_assert_eq(mts_state_get(srv.reg.state, slot, &r), 0);
+	cr_assert_eq(r.limit_set, 7 * MIB);
+	/* What the next server adopts from that entry. */
+	struct mts_table *t = adopted_table(1500);
+	pid_t b = fx_spawn();
+	struct mts_adopted a = {.slot = 5, .pid = (uint32_t)b, .uid = 1500};
+	a.pidfd = (int)syscall(SYS_pidfd_open, b, 0);
+	cr_assert_eq(mts_read_starttime(b, &a.start_time), 0);
+	a.limit_set = r.limit_set;
+	cr_assert_eq(mts_registry_adopt_slot(&srv.reg, &a, t), 0);
+	mts_registry_rebuild_free(&srv.reg);
+	const struct mts_proc *p = mts_find_pid(&srv.reg, (uint32_t)b);
+	cr_assert_eq(p->limit, 7 * MIB);
+	cr_assert_eq(p->limit_set, 7 * MIB);
+	cr_assert_eq(mtshm_load_relaxed64(&srv.reg.slot_at[5]->limit), 7 * MIB);
+}
