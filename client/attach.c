@@ -42,6 +42,7 @@
 #include <libgen.h>
 #include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -837,6 +838,8 @@ void mtc_refresh_once(void)
  * moves everything counted so far into the new slot. With if_registered,
  * only if the server holds this process already (see image_follows_exec).
  */
+static int take_reply(struct reg_reply *rep, pid_t me);
+
 static int attach(bool if_registered)
 {
 	/* A fork from a signal handler on this thread returns into this
@@ -847,6 +850,31 @@ static int attach(bool if_registered)
 	int err = do_register(&rep, if_registered);
 	if (err)
 		return err;
+	/* From the answer on, no handler runs on this thread until the slot
+	 * is taken or let go: one that forks between the check below and
+	 * the entry's count would leave the child writing the parent's slot
+	 * or a window its fork fenced. Nothing here waits (the answer is in);
+	 * faults stay deliverable. */
+	sigset_t block, old;
+	sigfillset(&block);
+	sigdelset(&block, SIGSEGV);
+	sigdelset(&block, SIGBUS);
+	sigdelset(&block, SIGILL);
+	sigdelset(&block, SIGFPE);
+	sigdelset(&block, SIGTRAP);
+	sigdelset(&block, SIGABRT);
+	sigdelset(&block, SIGSYS);
+	pthread_sigmask(SIG_BLOCK, &block, &old);
+	err = take_reply(&rep, me);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	return err;
+}
+
+/* attach()'s rest: map what the answer holds and take the slot. */
+static int take_reply(struct reg_reply *rep_in, pid_t me)
+{
+	struct reg_reply rep = *rep_in;
+	int err;
 
 	/* Mappings we make stay (threads may still write into an old
 	 * table): only a failed attach unmaps what it mapped. */
