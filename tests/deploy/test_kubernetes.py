@@ -104,12 +104,35 @@ for w in workers:
                               for c in fillers),
               f"{w['name']}: an init container copies the preload library")
 
-# The ConfigMap's config must be one memtallyd accepts.
+# A sidecar's guard would guard its own container's cgroup, not the pod's.
+guard = conf.split("[guard]", 1)[1].split("\n[", 1)[0] if "[guard]" in conf \
+    else ""
+check(srv in pod.get("initContainers", []) and "hostPID" not in pod and
+      "enabled = false" in guard or "hostPID" in pod,
+      "a sidecar memtallyd sees its own container's cgroup only: "
+      "[guard] enabled = false")
+
+# The socket's directory as kubelet makes an emptyDir (0777, 2777 with
+# fsGroup, owned by root), then as the init containers leave it: memtallyd
+# refuses a directory others may write unless it is sticky.
+run_mount = next(mp for mp, name in mounts(srv).items() if name == run_vol)
+mode = 0o2777 if pod.get("securityContext", {}).get("fsGroup") else 0o777
+for c in pod.get("initContainers", []):
+    cmd = c.get("command", [])
+    if c is not srv and cmd[:1] == ["chmod"] and volume_at(c, cmd[-1]) == \
+            run_vol:
+        mode = int(cmd[1], 8)
+
+# The ConfigMap's config must be one memtallyd accepts, its socket in
+# that directory.
 with tempfile.TemporaryDirectory() as tmp:
     path = os.path.join(tmp, "memtallyd.conf")
     with open(path, "w") as f:
         f.write(conf)
-    s = os.path.join(tmp, "s.sock")
+    rundir = os.path.join(tmp, "run")
+    os.mkdir(rundir)
+    os.chmod(rundir, mode)
+    s = os.path.join(rundir, os.path.relpath(sock, run_mount))
     p = subprocess.Popen([memtallyd, "--config", path, "--socket", s,
                           "--segment", f"mt-k8s-{os.getpid()}"],
                          stderr=subprocess.PIPE)
