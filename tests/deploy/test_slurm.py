@@ -346,5 +346,40 @@ timeout = 20s
     shutil.rmtree(tmp, ignore_errors=True)
 
 
+def test_task_wrapper_gives_each_task_its_share_of_the_node():
+    """--mem is per node: each of this node's tasks of the step gets its
+    share. srun says how many run here in SLURM_STEP_TASKS_PER_NODE
+    ("2(x3),1") at SLURM_NODEID; SLURM_NTASKS_PER_NODE is set only with
+    --ntasks-per-node. No Slurm needed: the wrapper's arguments to a
+    stand-in `memtally`."""
+    tmp = tempfile.mkdtemp(prefix="mt-slurm-args-")
+    stub = os.path.join(tmp, "memtally")
+    with open(stub, "w") as f:
+        f.write('#!/bin/sh\n[ "$1" = run ] && shift\nprintf "%s\\n" "$@"\n')
+    os.chmod(stub, 0o755)
+    cases = [
+        ({"SLURM_STEP_TASKS_PER_NODE": "2(x3),1", "SLURM_NODEID": "1"},
+         "8192MiB"),
+        ({"SLURM_STEP_TASKS_PER_NODE": "2(x3),1", "SLURM_NODEID": "3"},
+         "16384MiB"),
+        ({"SLURM_STEP_TASKS_PER_NODE": "8", "SLURM_NODEID": "0"}, "2048MiB"),
+        ({"SLURM_NTASKS_PER_NODE": "4"}, "4096MiB"),
+        ({}, "16384MiB"),
+    ]
+    for extra, want in cases:
+        env = {"PATH": os.environ["PATH"], "MEMTALLY": stub,
+               "SLURM_MEM_PER_NODE": "16384", **extra}
+        r = subprocess.run(["sh", os.path.join(SLURM, "memtally-slurm-task"),
+                            "true"], env=env, capture_output=True, text=True,
+                           timeout=30 * MULT)
+        args = r.stdout.split("\n")
+        got = args[args.index("--bytes") + 1] if "--bytes" in args else None
+        check(r.returncode == 0 and got == want,
+              f"{extra}: --bytes {got}, want {want} ({r.stderr.strip()})")
+        print(f"  {extra or 'no task count'}: --bytes {got}")
+
+
 if __name__ == "__main__":
-    run([test_shipped_config_accepted, test_slurm_drain_resume_and_task_wrapper])
+    run([test_shipped_config_accepted,
+         test_task_wrapper_gives_each_task_its_share_of_the_node,
+         test_slurm_drain_resume_and_task_wrapper])
