@@ -25,7 +25,7 @@ grep -q '^ExecStart=/usr/bin/memtallyd --config /etc/memtally/memtallyd.conf$' "
   || fail "ExecStart is not /usr/bin/memtallyd --config /etc/memtally/memtallyd.conf"
 for key in Type=notify RuntimeDirectory=memtally Group=memtally ProtectSystem=strict \
            ProtectHome=yes PrivateTmp=yes PrivateDevices=yes NoNewPrivileges=yes \
-           'RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6' \
+           'RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6 AF_NETLINK' \
            'ExecReload=/bin/kill -HUP $MAINPID'; do
   grep -qxF "$key" "$unit" || fail "unit lacks $key"
 done
