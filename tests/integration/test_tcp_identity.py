@@ -373,13 +373,18 @@ def test_peer_closed_before_accept_is_not_root():
               f"log line: {line}")
 
 
-def test_a_peer_in_a_pid_namespace_memtallyd_cannot_see_needs_the_token():
+def require_pid_namespace():
+    """Root, and a pid namespace can be made here (unshare); else skip."""
     require_root()
     probe = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc",
                             "true"], capture_output=True)
     if probe.returncode != 0:
         raise Skip("cannot make a pid namespace: %s" %
                    probe.stderr.decode().strip())
+
+
+def test_a_peer_in_a_pid_namespace_memtallyd_cannot_see_needs_the_token():
+    require_pid_namespace()
     cfg = private_config(f"[server]\ntcp_token = {TOKEN}\n")
     # unshare --fork waits for memtallyd and passes no signal on: the
     # SIGTERM goes to memtallyd itself (pid 1 of its namespace, which
@@ -542,12 +547,7 @@ def test_a_worker_in_a_pid_namespace_of_its_own_is_counted():
     sharing the socket (a DaemonSet's memtallyd and the node's pods): the
     slot carries the pid memtallyd sees, the host's, not the worker's
     getpid(). The worker must attach and be counted all the same."""
-    require_root()
-    probe = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc",
-                            "true"], capture_output=True)
-    if probe.returncode != 0:
-        raise Skip("cannot make a pid namespace: %s" %
-                   probe.stderr.decode().strip())
+    require_pid_namespace()
     s = Server()
     w = None
     try:

@@ -1255,14 +1255,7 @@ Test(dispatch, the_restart_record_keeps_whole_names)
 	/* Register takes names of up to 255 bytes: the record must keep
 	 * them whole, or a restart adopts the worker into another group or
 	 * task (cut at 63 bytes), or drops it (cut inside a character). */
-	static char spath[64];
-	snprintf(spath, sizeof(spath), "/tmp/mt-names-%d.state", (int)getpid());
-	unlink(spath);
-	fx_state_path = spath;
-	fx_start();
-	fx_state_path = NULL;
-	cr_assert_not_null(srv.reg.state, "no restart record");
-	unlink(spath); /* the server holds it open */
+	fx_start_with_record("names");
 	char group[256], task[256];
 	memset(group, 'g', 255);
 	group[255] = '\0';
@@ -1281,14 +1274,7 @@ Test(dispatch, a_processs_own_limit_outlives_a_restart)
 {
 	/* SetLimit on a pid survives a reload; memtallyd killed and
 	 * restarted, it must too: in the record, and back at adoption. */
-	static char spath[64];
-	snprintf(spath, sizeof(spath), "/tmp/mt-limit-%d.state", (int)getpid());
-	unlink(spath);
-	fx_state_path = spath;
-	fx_start();
-	fx_state_path = NULL;
-	cr_assert_not_null(srv.reg.state, "no restart record");
-	unlink(spath);
+	fx_start_with_record("limit");
 	pid_t w = fx_spawn();
 	uint32_t slot = fx_register(w, "", "");
 	uint64_t prev, now;

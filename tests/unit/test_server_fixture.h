@@ -267,6 +267,20 @@ static inline void fx_start(void)
 	fx_start_policy(NULL);
 }
 
+/* fx_start() with a restart record, /tmp/mt-TAG-PID.state, unlinked once
+ * the server holds it open. */
+static inline __attribute__((unused)) void fx_start_with_record(const char *tag)
+{
+	static char path[96];
+	snprintf(path, sizeof(path), "/tmp/mt-%s-%d.state", tag, (int)getpid());
+	unlink(path);
+	fx_state_path = path;
+	fx_start();
+	fx_state_path = NULL;
+	cr_assert_not_null(srv.reg.state, "no restart record");
+	unlink(path);
+}
+
 static inline void fx_stop(void)
 {
 	for (int i = 0; i < nkids; i++) {

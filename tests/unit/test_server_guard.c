@@ -514,6 +514,48 @@ Test(guard, a_switched_users_worker_is_its_askers_candidate)
 	cr_assert_eq(k->reserved, 200 * MIB);
 }
 
+/* A tick, then the guard's check on a node of 256 MiB with 240 in use,
+ * its line at 90% (230.4), at most one eviction a minute. */
+static void check_a_full_node(void)
+{
+	mts_core_tick(&srv.reg);
+	fake_cgroup("268435456\n", 240 * MIB, 0);
+	struct mts_node_src src = {.kind = MTS_NODE_CGROUP_V2};
+	snprintf(src.dir, sizeof(src.dir), "%s", dir);
+	struct mts_node_fig fig = {0};
+	srv.reg.policy.guard_interval_ms = 60000;
+	mts_guard_apply(&srv.reg, &src, &fig);
+	mts_guard_check(&srv.reg, mts_now_monotonic());
+}
+
+/* A server whose tcp_token a scheduler holds. */
+static void start_with_token(void)
+{
+	mts_policy_defaults(&pol);
+	pol.tcp_token = strdup("a-long-enough-secret");
+	fx_start_policy(&pol);
+}
+
+/* The scheduler grants `task` (of `kind`, or "") `bytes` over TCP: a
+ * reservation without an owner, which any worker of the task counts
+ * against. */
+static void grant_over_tcp(const char *task, const char *kind, uint64_t bytes)
+{
+	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
+	Memtally__V1__Admit a = MEMTALLY__V1__ADMIT__INIT;
+	a.bytes = bytes;
+	a.group = (char *)"";
+	a.task = (char *)task;
+	a.kind = (char *)kind;
+	req.body_case = MEMTALLY__V1__REQUEST__BODY_ADMIT;
+	req.admit = &a;
+	req.token = (char *)"a-long-enough-secret";
+	struct mts_peer tcp = {.fd = -1, .tcp = true};
+	Memtally__V1__Response *r = fx_call(&tcp, &req);
+	cr_assert(r->admit_result->admitted, "%s", r->admit_result->reason);
+	memtally__v1__response__free_unpacked(r, NULL);
+}
+
 /* The guard's choice is `stranger`'s candidate of task "etl", beyond its
  * reservation, and the grant without an owner went `own` to FX_UID's
  * workers, `rest` to the stranger's. */
@@ -541,24 +583,11 @@ static void expect_etl_split(pid_t stranger, uint64_t own, uint64_t rest)
 
 Test(guard, a_grant_without_an_owner_goes_to_its_first_workers_not_to_each)
 {
-	mts_policy_defaults(&pol);
-	pol.tcp_token = strdup("a-long-enough-secret");
-	fx_start_policy(&pol);
+	start_with_token();
 	/* A scheduler with the token, over TCP, grants task "etl" 200 MiB:
 	 * a reservation without an owner, which any worker of the task
 	 * counts against. */
-	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
-	Memtally__V1__Admit a = MEMTALLY__V1__ADMIT__INIT;
-	a.bytes = 200 * MIB;
-	a.group = (char *)"";
-	a.task = (char *)"etl";
-	req.body_case = MEMTALLY__V1__REQUEST__BODY_ADMIT;
-	req.admit = &a;
-	req.token = (char *)"a-long-enough-secret";
-	struct mts_peer tcp = {.fd = -1, .tcp = true};
-	Memtally__V1__Response *r = fx_call(&tcp, &req);
-	cr_assert(r->admit_result->admitted, "%s", r->admit_result->reason);
-	memtally__v1__response__free_unpacked(r, NULL);
+	grant_over_tcp("etl", "", 200 * MIB);
 	/* Its worker holds 150; a user naming the task later holds 190.
 	 * Each is within 200 alone, 140 beyond it together. Another user's
 	 * task is 30 beyond its own reservation. */
@@ -579,26 +608,13 @@ Test(guard, a_grant_without_an_owner_goes_to_its_first_workers_not_to_each)
 
 Test(guard, a_process_naming_a_task_before_its_grant_is_served_last)
 {
-	mts_policy_defaults(&pol);
-	pol.tcp_token = strdup("a-long-enough-secret");
-	fx_start_policy(&pol);
+	start_with_token();
 	/* A user leaves a process running under the name a scheduler will
 	 * grant ("etl", 190 MiB); then the grant, then its worker (150). */
 	pid_t stranger = task_worker(2000, "etl", 190 * MIB);
 	mts_core_tick(&srv.reg);
 	nanosleep(&(struct timespec){0, 2 * 1000 * 1000}, NULL);
-	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
-	Memtally__V1__Admit a = MEMTALLY__V1__ADMIT__INIT;
-	a.bytes = 200 * MIB;
-	a.group = (char *)"";
-	a.task = (char *)"etl";
-	req.body_case = MEMTALLY__V1__REQUEST__BODY_ADMIT;
-	req.admit = &a;
-	req.token = (char *)"a-long-enough-secret";
-	struct mts_peer tcp = {.fd = -1, .tcp = true};
-	Memtally__V1__Response *r = fx_call(&tcp, &req);
-	cr_assert(r->admit_result->admitted, "%s", r->admit_result->reason);
-	memtally__v1__response__free_unpacked(r, NULL);
+	grant_over_tcp("etl", "", 200 * MIB);
 	nanosleep(&(struct timespec){0, 2 * 1000 * 1000}, NULL);
 	task_worker(FX_UID, "etl", 150 * MIB);
 	reserve(3000, "calm", 10 * MIB);
@@ -610,37 +626,16 @@ Test(guard, a_process_naming_a_task_before_its_grant_is_served_last)
 
 Test(guard, a_strangers_eviction_marks_no_schedulers_grant)
 {
-	mts_policy_defaults(&pol);
-	pol.tcp_token = strdup("a-long-enough-secret");
-	fx_start_policy(&pol);
+	start_with_token();
 	/* The scheduler's grant of "etl" over TCP, of a kind: no owner. */
-	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
-	Memtally__V1__Admit a = MEMTALLY__V1__ADMIT__INIT;
-	a.bytes = 200 * MIB;
-	a.group = (char *)"";
-	a.task = (char *)"etl";
-	a.kind = (char *)"etl";
-	req.body_case = MEMTALLY__V1__REQUEST__BODY_ADMIT;
-	req.admit = &a;
-	req.token = (char *)"a-long-enough-secret";
-	struct mts_peer tcp = {.fd = -1, .tcp = true};
-	Memtally__V1__Response *r = fx_call(&tcp, &req);
-	cr_assert(r->admit_result->admitted, "%s", r->admit_result->reason);
-	memtally__v1__response__free_unpacked(r, NULL);
+	grant_over_tcp("etl", "etl", 200 * MIB);
 	cr_assert_eq(srv.reg.adm->nresv, 1);
 	/* Its worker first, within the grant; a user naming the task later,
 	 * past what the grant leaves it: the stranger goes. */
 	pid_t own = task_worker(FX_UID, "etl", 150 * MIB);
 	nanosleep(&(struct timespec){0, 2 * 1000 * 1000}, NULL);
 	pid_t stranger = task_worker(2000, "etl", 190 * MIB);
-	mts_core_tick(&srv.reg);
-	fake_cgroup("268435456\n", 240 * MIB, 0);
-	struct mts_node_src src = {.kind = MTS_NODE_CGROUP_V2};
-	snprintf(src.dir, sizeof(src.dir), "%s", dir);
-	struct mts_node_fig fig = {0};
-	srv.reg.policy.guard_interval_ms = 60000;
-	mts_guard_apply(&srv.reg, &src, &fig);
-	mts_guard_check(&srv.reg, mts_now_monotonic());
+	check_a_full_node();
 	cr_assert_eq(srv.reg.guard->evictions, 1);
 	int st;
 	cr_assert_eq(waitpid(stranger, &st, 0), stranger);
@@ -691,21 +686,6 @@ static bool gone(pid_t pid)
 	buf[n] = '\0';
 	const char *rp = strrchr(buf, ')');
 	return rp && (rp[2] == 'Z' || rp[2] == 'X');
-}
-
-/* A tick, then the guard's check on a node of 256 MiB with 240 in use,
- * its line at 90% (230.4), at most one eviction a minute. */
-static void check_a_full_node(void)
-{
-	mts_core_tick(&srv.reg);
-	mts_policy_defaults(&pol);
-	fake_cgroup("268435456\n", 240 * MIB, 0);
-	struct mts_node_src src = {.kind = MTS_NODE_CGROUP_V2};
-	snprintf(src.dir, sizeof(src.dir), "%s", dir);
-	struct mts_node_fig fig = {0};
-	srv.reg.policy.guard_interval_ms = 60000;
-	mts_guard_apply(&srv.reg, &src, &fig);
-	mts_guard_check(&srv.reg, mts_now_monotonic());
 }
 
 Test(guard, past_the_line_the_tree_goes_and_an_event_says_so)
@@ -854,6 +834,31 @@ Test(guard, admission_fits_under_the_line_by_the_nodes_figure)
 	reserve(FX_UID, "c", 100 * MIB);
 }
 
+/* A first run of kind "big" declaring `declared`: denied, then, asked
+ * again past the queue's time (100 ms), granted `room`. */
+static void first_run_denied_then_sized(uint64_t declared, uint64_t room)
+{
+	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
+	Memtally__V1__Admit a = MEMTALLY__V1__ADMIT__INIT;
+	a.bytes = declared;
+	a.group = (char *)"";
+	a.task = (char *)"T1";
+	a.kind = (char *)"big";
+	req.body_case = MEMTALLY__V1__REQUEST__BODY_ADMIT;
+	req.admit = &a;
+	struct mts_peer peer = fx_peer(getpid(), FX_UID);
+	Memtally__V1__Response *r = fx_call(&peer, &req);
+	cr_assert_not(r->admit_result->admitted);
+	memtally__v1__response__free_unpacked(r, NULL);
+	usleep(150000);
+	r = fx_call(&peer, &req);
+	cr_assert(r->admit_result->admitted, "%s", r->admit_result->reason);
+	cr_assert_eq(
+	    r->admit_result->reserved_for_task, room, "%llu MiB",
+	    (unsigned long long)(r->admit_result->reserved_for_task / MIB));
+	memtally__v1__response__free_unpacked(r, NULL);
+}
+
 Test(guard, a_first_run_is_sized_to_the_room_under_the_line_too)
 {
 	/* A fleet limit of 1000 MiB, 100 counted outside any reservation:
@@ -869,25 +874,7 @@ Test(guard, a_first_run_is_sized_to_the_room_under_the_line_too)
 	mts_core_tick(&srv.reg);
 	guard_on_node_of_400_line_800();
 
-	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
-	Memtally__V1__Admit a = MEMTALLY__V1__ADMIT__INIT;
-	a.bytes = 950 * MIB;
-	a.group = (char *)"";
-	a.task = (char *)"T1";
-	a.kind = (char *)"big";
-	req.body_case = MEMTALLY__V1__REQUEST__BODY_ADMIT;
-	req.admit = &a;
-	struct mts_peer peer = fx_peer(getpid(), FX_UID);
-	Memtally__V1__Response *r = fx_call(&peer, &req);
-	cr_assert_not(r->admit_result->admitted);
-	memtally__v1__response__free_unpacked(r, NULL);
-	usleep(150000);
-	r = fx_call(&peer, &req);
-	cr_assert(r->admit_result->admitted, "%s", r->admit_result->reason);
-	cr_assert_eq(
-	    r->admit_result->reserved_for_task, 400 * MIB, "%llu MiB",
-	    (unsigned long long)(r->admit_result->reserved_for_task / MIB));
-	memtally__v1__response__free_unpacked(r, NULL);
+	first_run_denied_then_sized(950 * MIB, 400 * MIB);
 }
 
 Test(guard, a_first_run_is_sized_to_the_room_under_the_line_without_a_limit)
@@ -901,25 +888,7 @@ Test(guard, a_first_run_is_sized_to_the_room_under_the_line_without_a_limit)
 	fx_start_policy(&pol);
 	guard_on_node_of_400_line_800();
 
-	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
-	Memtally__V1__Admit a = MEMTALLY__V1__ADMIT__INIT;
-	a.bytes = 700 * MIB;
-	a.group = (char *)"";
-	a.task = (char *)"T1";
-	a.kind = (char *)"big";
-	req.body_case = MEMTALLY__V1__REQUEST__BODY_ADMIT;
-	req.admit = &a;
-	struct mts_peer peer = fx_peer(getpid(), FX_UID);
-	Memtally__V1__Response *r = fx_call(&peer, &req);
-	cr_assert_not(r->admit_result->admitted);
-	memtally__v1__response__free_unpacked(r, NULL);
-	usleep(150000);
-	r = fx_call(&peer, &req);
-	cr_assert(r->admit_result->admitted, "%s", r->admit_result->reason);
-	cr_assert_eq(
-	    r->admit_result->reserved_for_task, 400 * MIB, "%llu MiB",
-	    (unsigned long long)(r->admit_result->reserved_for_task / MIB));
-	memtally__v1__response__free_unpacked(r, NULL);
+	first_run_denied_then_sized(700 * MIB, 400 * MIB);
 }
 
 /* Asks twice `ms` apart, denied both times: a waiter that has waited. */
@@ -1134,16 +1103,10 @@ static pid_t grower_on_node_with(uint64_t mib, uint64_t now, pid_t *calm,
 {
 	/* A pause needs a restart record: a memtallyd that died holding
 	 * the task would leave it stopped for ever without one. */
-	static char path[64];
-	snprintf(path, sizeof(path), "/tmp/mt-guard-%d.state", (int)getpid());
-	unlink(path);
-	fx_state_path = record ? path : NULL;
-	fx_start();
-	fx_state_path = NULL;
-	if (record) {
-		cr_assert_not_null(srv.reg.state, "no restart record");
-		unlink(path); /* the server holds it open */
-	}
+	if (record)
+		fx_start_with_record("guard");
+	else
+		fx_start();
 	reserve(FX_UID, "grow", 100 * MIB);
 	reserve(FX_UID, "calm", 100 * MIB);
 	pid_t grow = fx_spawn();
