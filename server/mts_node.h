@@ -85,7 +85,8 @@ struct mts_guard_state {
 	uint64_t signalled; /* processes killed by evictions */
 };
 
-/* The line for `limit` under `pol` (a fraction, bytes below, or bytes). */
+/* The line for `limit` under `pol` (a fraction, bytes below, or bytes).
+ * A line of "limit - X" keeps at most half of `limit` below it. */
 uint64_t mts_guard_line(const struct mts_policy *pol, uint64_t limit);
 
 /*
@@ -107,8 +108,7 @@ int mts_node_read(const struct mts_node_src *src, struct mts_node_fig *fig);
 /*
  * Set the lines of a read and the edge the guard acts on. The memory's
  * line is the policy's (mts_guard_line; a limit lowered under a line of
- * bytes, or to no more than a "limit - X" line's X, takes the line to 95%
- * of it). The commit's is the same fraction
+ * bytes takes the line to 95% of it). The commit's is the same fraction
  * of CommitLimit (for a line in bytes, the memory line's fraction). The
  * edge is the one with less room below its line, so what a grant or an
  * eviction is judged against is whichever the kernel would enforce first.

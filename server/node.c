@@ -60,10 +60,17 @@ uint64_t mts_guard_line(const struct mts_policy *pol, uint64_t limit)
 	if (pol->guard_line_bp)
 		return (uint64_t)((unsigned __int128)limit *
 		                  pol->guard_line_bp / MTS_BP_ONE);
-	if (pol->guard_line_below)
-		return limit > pol->guard_line_below
-		           ? limit - pol->guard_line_below
-		           : 0;
+	/* "limit - X" keeps at most half the limit below the line: a limit
+	 * resized near X (systemctl set-property, a pod resize) would
+	 * otherwise put the line a few MiB above 0 and evict every task,
+	 * one an interval. Half, so the line never falls as the limit
+	 * grows, and a node keeps half its memory usable whatever X is. */
+	if (pol->guard_line_below) {
+		uint64_t keep = limit / 2;
+		if (pol->guard_line_below < keep)
+			keep = pol->guard_line_below;
+		return limit - keep;
+	}
 	return pol->guard_line_bytes;
 }
 
@@ -183,11 +190,8 @@ int mts_node_read(const struct mts_node_src *src, struct mts_node_fig *fig)
 void mts_node_edge(const struct mts_policy *pol, struct mts_node_fig *fig)
 {
 	uint64_t line = mts_guard_line(pol, fig->mem_limit);
-	/* A limit lowered under a line of bytes, or to no more than what a
-	 * line of "limit - X" keeps below it (the line would be 0, and the
-	 * guard would evict a task every interval): the line follows it. */
-	if (line >= fig->mem_limit ||
-	    (pol->guard_line_below && fig->mem_limit <= pol->guard_line_below))
+	/* A limit lowered under a line of bytes: the line follows it. */
+	if (line >= fig->mem_limit)
 		line = fig->mem_limit - fig->mem_limit / 20;
 	fig->mem_line = line;
 	fig->usage = fig->mem_usage;
@@ -430,6 +434,14 @@ void mts_guard_apply(struct mts_registry *reg, const struct mts_node_src *src,
 	        (unsigned long long)fig->mem_limit,
 	        (unsigned long long)fig->mem_line, g->interval_ms,
 	        g->evict_trusted, g->pause);
+	if (reg->policy.guard_line_below > fig->mem_limit / 2)
+		mts_log(MTS_LOG_WARN,
+		        "node guard: [guard] line keeps half the node's limit "
+		        "below it, not the bytes it names (more than half)",
+		        "below=%llu limit=%llu line=%llu",
+		        (unsigned long long)reg->policy.guard_line_below,
+		        (unsigned long long)fig->mem_limit,
+		        (unsigned long long)fig->mem_line);
 	if (fig->commit_limit)
 		mts_log(MTS_LOG_INFO,
 		        "node guard: overcommit is strict, the commit charge "

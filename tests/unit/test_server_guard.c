@@ -234,8 +234,7 @@ Test(guard_config, line_checked_against_the_node)
 	          "%s", err);
 
 	/* Below what memtallyd needs: its resident memory and buffers. */
-	pol.guard_line_bytes = 0;
-	pol.guard_line_below = 250 * MIB;
+	pol.guard_line_bytes = 20 * MIB;
 	cr_assert_eq(
 	    mts_guard_setup(&pol, 64 * MIB, &src, &fig, err, sizeof(err)),
 	    -EINVAL);
@@ -243,6 +242,15 @@ Test(guard_config, line_checked_against_the_node)
 	              strstr(err, "below what memtallyd needs") &&
 	              strstr(err, "max_buffered"),
 	          "%s", err);
+
+	/* "limit - X" with X above half the limit keeps half: a line of
+	 * 128 MiB, clear of what memtallyd needs. */
+	pol.guard_line_bytes = 0;
+	pol.guard_line_below = 250 * MIB;
+	cr_assert_eq(
+	    mts_guard_setup(&pol, 64 * MIB, &src, &fig, err, sizeof(err)), 0,
+	    "%s", err);
+	cr_assert_eq(fig.line, 128 * MIB);
 
 	/* A cgroup with no limit guards nothing. */
 	pol.guard_line_below = 0;
@@ -337,13 +345,28 @@ Test(guard_config, a_limit_lowered_to_a_line_below_it_keeps_a_line)
 	mts_node_edge(&pol, &fig);
 	cr_assert_eq(fig.line, 768 * MIB);
 	/* To 200 MiB: the line would be 0, under any usage, an eviction
-	 * every interval. It follows the limit to 95% instead. */
+	 * every interval. At most half the limit stays below the line. */
 	fig.mem_limit = 200 * MIB;
 	mts_node_edge(&pol, &fig);
-	cr_assert_eq(fig.line, 190 * MIB, "%llu", (unsigned long long)fig.line);
-	fig.mem_limit = 256 * MIB;
+	cr_assert_eq(fig.line, 100 * MIB, "%llu", (unsigned long long)fig.line);
+	/* Just above X the line would be 1 MiB; it keeps half. */
+	fig.mem_limit = 257 * MIB;
 	mts_node_edge(&pol, &fig);
-	cr_assert_eq(fig.line, 256 * MIB - 256 * MIB / 20);
+	cr_assert_eq(fig.line, 257 * MIB - 257 * MIB / 2);
+	/* Where X is less than half, X is what is kept. */
+	fig.mem_limit = 513 * MIB;
+	mts_node_edge(&pol, &fig);
+	cr_assert_eq(fig.line, 257 * MIB);
+	/* The line never falls as the limit grows. */
+	uint64_t last = 0;
+	for (uint64_t l = 1 * MIB; l <= 2048 * MIB; l += 3 * MIB) {
+		fig.mem_limit = l;
+		mts_node_edge(&pol, &fig);
+		cr_assert_geq(fig.line, last, "limit %llu",
+		              (unsigned long long)l);
+		cr_assert_lt(fig.line, l);
+		last = fig.line;
+	}
 }
 
 /* A worker of `uid` with `task` using `bytes` as of the next tick. */
