@@ -449,6 +449,11 @@ const struct mts_key mts_keys[] = {
      .hi = MTS_HOOK_TIMEOUT_MAX_MS, .def = MTS_HOOK_DEFAULT_MIN_INTERVAL_MS,
      .expect = "a duration up to 1h, e.g. 1s, or 0",
      .help = "a scope's hooks start at least this far apart"},
+    {"hooks", "retry", DURATION, R, S(hooks.retry_ms),
+     .hi = MTS_HOOK_TIMEOUT_MAX_MS, .def = MTS_HOOK_DEFAULT_RETRY_MS,
+     .expect = "a duration up to 1h, e.g. 10s, or 0 for never",
+     .help = "a failed hook runs again this long after, while its state "
+             "holds (doubling, to 5 min)"},
     /* [trust] */
     {"trust", "trusted_uids", MTS_KEY_FN, R, .parse = parse_trusted,
      .show = show_trusted,

@@ -7,7 +7,8 @@
  *   MEMTALLY_KIND      "fleet" or "group" (a group may be named "fleet")
  *   MEMTALLY_STATE     ok, high, over: the state the hook is run for
  *   MEMTALLY_PREVIOUS  the state the scope's previous hook was run for,
- *                      ok when none was; what a consumer last heard
+ *                      ok when none was; what a consumer last heard;
+ *                      unknown for the fleet's hook at memtallyd's start
  *   MEMTALLY_BYTES, MEMTALLY_RSS, MEMTALLY_RESERVED, MEMTALLY_LIMIT
  *                      bytes, as of the event that led to it (limit 0 is
  *                      none); the figures whose row in figures.c names a
@@ -44,6 +45,17 @@
  *    not one per flap. The scope is remembered until its interval has
  *    passed, so it cannot start afresh by being forgotten. One timer
  *    serves every waiting scope.
+ *  - A failed hook is run again. A hook that exits with a status other
+ *    than 0, is killed, times out or cannot start is retried `[hooks]
+ *    retry` later, the wait doubling to MTS_HOOK_RETRY_MAX_MS, for as long
+ *    as its scope's state holds, with the environment it had (PREVIOUS
+ *    included). A change of state ends the retries: the new state's hook
+ *    runs as usual, told PREVIOUS = the failed state (a consumer may have
+ *    heard it half). Level-triggered consumers (a drain, a resume) need
+ *    this: a resume that met slurmctld down would leave the node drained
+ *    until the fleet next went over.
+ *  - The fleet's state is run once at start (mts_hooks_start), PREVIOUS
+ *    unknown: a change missed while memtallyd was down is caught up.
  *  - Bounded in number: MTS_HOOKS_MAX_RUNNING at once in all. The others
  *    wait their turn in order. A scope is tracked only while it has a hook
  *    running or waiting or is not `ok`. The table thus holds the scopes
@@ -95,6 +107,12 @@ struct hook_scope {
 	bool queued;            /* waiting for a free place */
 	bool started;           /* a hook was started: last_start_ms is set */
 	uint64_t last_start_ms; /* uv_now() of its latest hook's start */
+	/* The hook of `reported` failed: run again at retry_at_ms, told
+	 * PREVIOUS = failed_previous, while the state is still `reported`. */
+	bool failed;
+	uint32_t failed_previous;
+	uint32_t fails; /* failures in a row of that state's hook */
+	uint64_t retry_at_ms;
 };
 
 struct hook_run {
@@ -138,7 +156,8 @@ int mts_hook_conf_copy(struct mts_hook_conf *dst,
                        const struct mts_hook_conf *src)
 {
 	struct mts_hook_conf c = {.timeout_ms = src->timeout_ms,
-	                          .min_interval_ms = src->min_interval_ms};
+	                          .min_interval_ms = src->min_interval_ms,
+	                          .retry_ms = src->retry_ms};
 	for (int i = 0; i < 3; i++)
 		if (src->cmd[i] && !(c.cmd[i] = strdup(src->cmd[i])))
 			goto fail;
@@ -212,7 +231,7 @@ int mts_hooks_configure(struct mts_hooks *h, const struct mts_hook_conf *conf)
 	 * later start from the next change. */
 	for (struct hook_scope *s = h->scopes, *next; s; s = next) {
 		next = s->next;
-		s->pending = s->queued = false;
+		s->pending = s->queued = s->failed = false;
 		s->reported = MTSHM_STATE_OK;
 		scope_gc(h, s);
 	}
@@ -272,6 +291,64 @@ static uint64_t interval_left(const struct mts_hooks *h,
 		return 0;
 	uint64_t since = uv_now(h->loop) - s->last_start_ms;
 	return since >= min ? 0 : min - since;
+}
+
+/* The budget a scope's hook lines go in (mts_log_scope): with no
+ * min_interval, a flapping scope starts one hook after another. */
+static const char *log_key(char *buf, size_t cap, const struct hook_scope *s)
+{
+	snprintf(buf, cap, "hooks:%s%s", s && s->group ? "group:" : "",
+	         s ? s->name : "");
+	return buf;
+}
+
+/* Is the scope's next hook a retry of its failed one? */
+static bool retrying(const struct hook_scope *s)
+{
+	return s->failed && s->state == s->reported;
+}
+
+/* Milliseconds before scope `s` may start its next hook: its interval,
+ * and a retry's wait. 0 = now. */
+static uint64_t wait_left(const struct mts_hooks *h, const struct hook_scope *s)
+{
+	uint64_t left = interval_left(h, s);
+	if (retrying(s)) {
+		uint64_t now = uv_now(h->loop);
+		if (s->retry_at_ms > now && s->retry_at_ms - now > left)
+			left = s->retry_at_ms - now;
+	}
+	return left;
+}
+
+/* The hook for `state`, told PREVIOUS = `previous`, failed (`how` says
+ * how): run it again later while the state holds, if [hooks] retry. */
+static void failed(struct mts_hooks *h, struct hook_scope *s, uint32_t state,
+                   uint32_t previous, const char *how)
+{
+	if (!h->conf.retry_ms || h->stopping) {
+		s->failed = false;
+		return;
+	}
+	s->fails = s->failed && s->reported == state ? s->fails + 1 : 1;
+	s->failed = true;
+	s->reported = state;
+	s->failed_previous = previous;
+	uint64_t wait = h->conf.retry_ms;
+	uint64_t cap =
+	    wait > MTS_HOOK_RETRY_MAX_MS ? wait : MTS_HOOK_RETRY_MAX_MS;
+	for (uint32_t i = 1; i < s->fails && wait < cap; i++)
+		wait *= 2;
+	if (wait > cap)
+		wait = cap;
+	s->retry_at_ms = uv_now(h->loop) + wait;
+	s->pending = true; /* the latest state decides in maybe_start */
+	char q[MTS_LOGQ_MAX], key[320];
+	mts_log_scope(log_key(key, sizeof(key), s), MTS_LOG_WARN,
+	              "hook failed: run again while the state holds",
+	              "scope=%s state=%s %s failures=%u retry_in_ms=%llu",
+	              mts_logq(q, sizeof(q), s->name), mt_state_name(state),
+	              how, s->fails, (unsigned long long)wait);
 }
 
 static void on_interval(uv_timer_t *t);
@@ -345,15 +422,6 @@ static void close_run(struct hook_run *r)
 	uv_close((uv_handle_t *)&r->timer, on_run_closed);
 }
 
-/* The budget a scope's hook lines go in (mts_log_scope): with no
- * min_interval, a flapping scope starts one hook after another. */
-static const char *log_key(char *buf, size_t cap, const struct hook_scope *s)
-{
-	snprintf(buf, cap, "hooks:%s%s", s && s->group ? "group:" : "",
-	         s ? s->name : "");
-	return buf;
-}
-
 /* The hook is over: log it, free its place, run what waits. */
 static void finish(struct hook_run *r)
 {
@@ -388,6 +456,10 @@ static void finish(struct hook_run *r)
 	struct hook_scope *s = r->scope;
 	if (s) {
 		s->run = NULL;
+		if (ok)
+			s->failed = false;
+		else
+			failed(h, s, r->state, r->previous, how);
 		if (!h->stopping)
 			maybe_start(h, s);
 	}
@@ -607,7 +679,8 @@ fail_close_pipe:
 	return -err;
 }
 
-static int spawn(struct mts_hooks *h, struct hook_scope *s, const char *cmd)
+static int spawn(struct mts_hooks *h, struct hook_scope *s, const char *cmd,
+                 uint32_t previous)
 {
 	extern char **environ;
 	char q[MTS_LOGQ_MAX], qc[MTS_LOGQ_MAX];
@@ -636,7 +709,7 @@ static int spawn(struct mts_hooks *h, struct hook_scope *s, const char *cmd)
 	env_add(env, &n, buf, cap, &pos, "MEMTALLY_STATE", "%s",
 	        mt_state_name(s->state));
 	env_add(env, &n, buf, cap, &pos, "MEMTALLY_PREVIOUS", "%s",
-	        mt_state_name(s->reported));
+	        mt_state_name(previous));
 	for (size_t k = 0; k < mts_figure_count; k++) {
 		const struct mts_figure *f = &mts_figure_table[k];
 		if (!(f->out & MTS_FIG_HOOKS))
@@ -658,7 +731,7 @@ static int spawn(struct mts_hooks *h, struct hook_scope *s, const char *cmd)
 	r->h = h;
 	r->scope = s;
 	r->state = s->state;
-	r->previous = s->reported;
+	r->previous = previous;
 	r->pidfd = -1;
 	r->start_ms = uv_now(h->loop);
 	int err = start_process(r, cmd, env);
@@ -681,19 +754,20 @@ static int spawn(struct mts_hooks *h, struct hook_scope *s, const char *cmd)
 	    "scope=%s state=%s previous=%s pid=%d spawn_us=%llu "
 	    "command=%s",
 	    mts_logq(q, sizeof(q), s->name), mt_state_name(s->state),
-	    mt_state_name(s->reported), r->pid, (unsigned long long)r->spawn_us,
+	    mt_state_name(previous), r->pid, (unsigned long long)r->spawn_us,
 	    mts_logq(qc, sizeof(qc), cmd));
 	return 0;
 }
 
-/* Act on the scope's latest state if it is not what was last reported. */
+/* Act on the scope's latest state if it is not what was last reported,
+ * or if its hook failed and is due again. */
 static void maybe_start(struct mts_hooks *h, struct hook_scope *s)
 {
 	if (s->run || !s->pending) {
 		scope_gc(h, s);
 		return;
 	}
-	if (s->state == s->reported) {
+	if (s->state == s->reported && !s->failed) {
 		s->pending = false; /* back where the last hook left it */
 		scope_gc(h, s);
 		return;
@@ -702,11 +776,11 @@ static void maybe_start(struct mts_hooks *h, struct hook_scope *s)
 	if (!cmd || !cmd[0]) {
 		/* Nothing to run for this state: reported all the same. */
 		s->reported = s->state;
-		s->pending = false;
+		s->pending = s->failed = false;
 		scope_gc(h, s);
 		return;
 	}
-	uint64_t wait = interval_left(h, s);
+	uint64_t wait = wait_left(h, s);
 	if (wait > 0) {
 		interval_arm(h, wait); /* pending stays set */
 		return;
@@ -715,17 +789,24 @@ static void maybe_start(struct mts_hooks *h, struct hook_scope *s)
 		s->queued = true;
 		return;
 	}
+	/* A retry is told what the failed run was told. */
+	uint32_t previous = retrying(s) ? s->failed_previous : s->reported;
 	s->queued = false;
 	s->pending = false;
 	s->started = true;
 	s->last_start_ms = uv_now(h->loop);
-	if (spawn(h, s, cmd) == 0) {
+	if (spawn(h, s, cmd, previous) == 0) {
 		s->reported = s->state;
 		return;
 	}
-	/* Not started (logged): count it as reported, so a failing fork
-	 * is not retried in a loop; the next change tries again. */
+	/* Not started (logged): a failure, run again after [hooks] retry
+	 * (never in a loop); without retry, the next change tries again. */
 	s->reported = s->state;
+	failed(h, s, s->state, previous, "not_started=1");
+	if (s->failed)
+		interval_arm(h, wait_left(h, s));
+	else
+		s->pending = false;
 	scope_gc(h, s);
 }
 
@@ -737,7 +818,8 @@ static void on_interval(uv_timer_t *t)
 	uint64_t next = 0;
 	for (struct hook_scope *s = h->scopes, *n; s; s = n) {
 		n = s->next; /* s may be freed */
-		uint64_t left = interval_left(h, s);
+		uint64_t left =
+		    s->pending ? wait_left(h, s) : interval_left(h, s);
 		if (left > 0) {
 			if (!next || left < next)
 				next = left;
@@ -794,6 +876,26 @@ void mts_hooks_event(struct mts_hooks *h, const struct mts_event *ev)
 	s->fig = ev->figures ? *ev->figures : (struct mts_figures){0};
 	snprintf(s->reason, sizeof(s->reason), "%s",
 	         ev->reason ? ev->reason : "");
+	maybe_start(h, s);
+}
+
+void mts_hooks_start(struct mts_hooks *h, const struct mts_event *fleet)
+{
+	if (!h || h->stopping || !h->enabled)
+		return;
+	struct hook_scope *s = scope_find(h, "fleet", false);
+	if (s && (s->run || s->pending || s->started))
+		return; /* an event of the start ran it, or will */
+	if (!s && !(s = scope_add(h, "fleet", false))) {
+		mts_log(MTS_LOG_ERROR, "hook skipped: out of memory", NULL);
+		return;
+	}
+	s->reported = UINT32_MAX; /* "unknown": what a consumer last heard */
+	s->pending = true;
+	s->state = fleet->state;
+	s->fig = fleet->figures ? *fleet->figures : (struct mts_figures){0};
+	snprintf(s->reason, sizeof(s->reason), "%s",
+	         "memtallyd started: the fleet's state as it is");
 	maybe_start(h, s);
 }
 

@@ -23,6 +23,14 @@
  * all, which a setup that must see every crossing would not want; the
  * example configuration turns it on. */
 #define MTS_HOOK_DEFAULT_MIN_INTERVAL_MS 0u
+/* [hooks] retry: a hook that failed (exit status not 0, a signal, its
+ * timeout, or not started) runs again this long after, while its scope's
+ * state holds, the wait doubling with each failure up to
+ * MTS_HOOK_RETRY_MAX_MS (or retry, if longer). A drain or a resume that
+ * met slurmctld down would otherwise wait for the next change, which may
+ * never come. 0 = never again (the next change tries). */
+#define MTS_HOOK_DEFAULT_RETRY_MS 10000u
+#define MTS_HOOK_RETRY_MAX_MS     300000u
 /* Hooks running at once over all scopes; more wait for one to end. */
 #define MTS_HOOKS_MAX_RUNNING 16u
 /* What is kept of a hook's stderr for the log. */
@@ -33,6 +41,7 @@ struct mts_hook_conf {
 	char *cmd[3];        /* on_ok, on_high, on_over: by enum mtshm_state */
 	uint32_t timeout_ms; /* 0 = MTS_HOOK_DEFAULT_TIMEOUT_MS */
 	uint32_t min_interval_ms; /* 0 = none */
+	uint32_t retry_ms;        /* 0 = never */
 	char *node;               /* MEMTALLY_NODE; NULL = the host name */
 };
 
@@ -62,6 +71,15 @@ int mts_hooks_configure(struct mts_hooks *h, const struct mts_hook_conf *conf);
  * scopes run their hook, processes' changes are ignored. Never blocks:
  * at most a vfork. Accepts h NULL. */
 void mts_hooks_event(struct mts_hooks *h, const struct mts_event *ev);
+
+/*
+ * The server has started: run the fleet's hook once for its state `fleet`
+ * (its current figures, as an event), with MEMTALLY_PREVIOUS=unknown, so
+ * a consumer that missed a change while memtallyd was down (a node left
+ * drained) catches up. Nothing when a fleet hook already ran or waits (an
+ * event during the start) or no hook is configured. Accepts h NULL.
+ */
+void mts_hooks_start(struct mts_hooks *h, const struct mts_event *fleet);
 
 /* Stop: kill the hooks still running (their process groups, SIGKILL, each
  * logged), close every handle; the object is freed once their close

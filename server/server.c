@@ -460,6 +460,9 @@ int mts_server_init(struct mts_server *srv, uv_loop_t *loop,
 	err = start_registry(srv, cfg, label, &info, adopted);
 	if (err < 0)
 		goto fail_stop_hooks;
+	struct mts_event fleet;
+	mts_limits_fleet_event(&srv->reg, &fleet);
+	mts_hooks_start(srv->hooks, &fleet);
 	start_timers(srv, cfg);
 	err = start_late_listeners(srv, cfg);
 	if (err < 0) {

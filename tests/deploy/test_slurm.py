@@ -4,6 +4,8 @@ host name as the one node, proctrack/linuxproc, task/none, private ports,
 state directories and munge socket), and a memtallyd whose [hooks] run
 memtally-slurm-hook.
 
+- A node memtally drained before memtallyd was restarted is resumed by
+  the fleet's hook at start (MEMTALLY_PREVIOUS=unknown).
 - A group over its limit (even one named "fleet") drains nothing.
 - memtally-slurm-task under srun: a job whose --mem fits runs under
   `memtally run` (its task name and group set); one whose --mem does not
@@ -223,7 +225,17 @@ on_high = {HOOK}
 on_over = {HOOK}
 timeout = 20s
 """)
+        # A node a memtallyd drained before it stopped (the fleet went
+        # over, then memtallyd was restarted): the fleet's hook at start
+        # resumes it; nothing else would until the fleet next went over.
+        cluster.cmd("scontrol", "update", f"nodename={cluster.node}",
+                    "state=drain", f"reason={REASON}")
+        check(cluster.node_state()[0].startswith("drain"), "not drained")
         with Server("--config", conf) as s:
+            wait_for("node resumed at memtallyd's start", lambda: (
+                cluster.node_state()[0] == "idle"), timeout=30, interval=0.2)
+            check('msg="hook finished" scope="fleet" state=ok '
+                  'previous=unknown' in s.logtext(), "no start hook logged")
             env = dict(os.environ, MEMTALLY=os.environ["MEMTALLY_CLI"],
                        MEMTALLY_SOCKET=s.socket,
                        MEMTALLY_PRELOAD=os.environ["MEMTALLY_PRELOAD_LIB"],
@@ -316,10 +328,15 @@ timeout = 20s
             # Back to ok, from over or through high (the figure may pass
             # the high mark on its way down, as the hog's pages go).
             back = 'msg="hook finished" scope="fleet" state=ok previous='
+
+            def count_backs():
+                """Hooks back to ok (not the one at start: unknown)."""
+                t = s.logtext()
+                return t.count(back + "over") + t.count(back + "high")
             # The first hook back to ok resumed the node before memtallyd
             # logged that it finished: wait for that line before counting.
             backs = wait_for("the first hook back to ok finished", lambda: (
-                lambda n: n if n >= 1 else None)(s.logtext().count(back)),
+                lambda n: n if n >= 1 else None)(count_backs()),
                 timeout=30)
             hog.send("more 80")
             check(hog.readline().startswith("ready"), "hog not ready")
@@ -327,8 +344,8 @@ timeout = 20s
             hog.send("free")
             check(hog.readline() == "freed", "hog did not free")
             wait_for("fleet ok", lambda: s.status()["fleet"]["state"] == "ok")
-            wait_for("the hook back to ok ran", lambda: s.logtext().count(
-                back) == backs + 1, timeout=30)
+            wait_for("the hook back to ok ran", lambda: count_backs() ==
+                     backs + 1, timeout=30)
             st = cluster.node_state()
             check(st[0].startswith("drain") and st[1] == admin,
                   f"administrator's drain after memtally's over and ok: {st}")

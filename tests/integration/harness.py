@@ -700,10 +700,12 @@ def claim(s, pid, nbytes):
 
 
 def hooks_conf(d):
-    """A [hooks] section that logs "SCOPE STATE" of every run to a file in
-    `d`: (the file, the section)."""
+    """A [hooks] section that logs "SCOPE STATE" of every run for a change
+    (not the fleet's run at start) to a file in `d`: (the file, the
+    section)."""
     log = os.path.join(d, "hooks.log")
-    cmd = f'echo "$MEMTALLY_SCOPE $MEMTALLY_STATE" >> {log}'
+    cmd = (f'[ "$MEMTALLY_PREVIOUS" = unknown ] || '
+           f'echo "$MEMTALLY_SCOPE $MEMTALLY_STATE" >> {log}')
     return log, (f"[hooks]\non_ok = {cmd}\non_high = {cmd}\n"
                  f"on_over = {cmd}\nmin_interval = 1s\n")
 

@@ -14,7 +14,12 @@ workers, real shell commands.
   machine is shared);
 - a hook still running when memtallyd stops is killed with its group,
   and the stop is clean;
-- a SIGHUP reload installs hooks.
+- a SIGHUP reload installs hooks;
+- the fleet's hook runs once at start for the fleet's state then, told
+  PREVIOUS=unknown;
+- a failed hook runs again ([hooks] retry, the wait doubling) with the
+  environment it had, while its state holds, and no longer once the
+  state has changed.
 """
 import os
 import signal
@@ -108,6 +113,8 @@ def test_environment_fleet_and_group():
             else:
                 expect(scope, "ok", "over", limit, lo_mib, hi_mib)
 
+        # At start, the fleet's state as it is: nothing counted yet.
+        expect("fleet", "ok", "unknown", 100 * MIB, 0, 0)
         w1 = Worker([*worker("hold"), "20"],
                     s.env(group="g", **GIVES_BACK))
         w2 = None
@@ -161,14 +168,23 @@ def test_one_at_a_time_latest_state_wins():
     gate = os.path.join(d, "gate")
     script = os.path.join(d, "hook.sh")
     with open(script, "w") as f:
-        f.write(f"echo start $MEMTALLY_STATE $MEMTALLY_PREVIOUS >> {log}\n"
+        f.write("[ $MEMTALLY_PREVIOUS = unknown ] && "
+                f"echo at-start $MEMTALLY_STATE >> {log}.start && exit 0\n"
+                f"echo start $MEMTALLY_STATE $MEMTALLY_PREVIOUS >> {log}\n"
                 f"while [ ! -e {gate} ]; do sleep 0.02; done\n"
                 f"echo end $MEMTALLY_STATE >> {log}\n")
     cmd = f"sh {script}"
-    cfg = config("[limits]\nfleet = 1GiB\n[hooks]\n"
+    cfg = config("[limits]\nfleet = 1GiB\n[hooks]\nretry = 0\n"
                  f"on_ok = {cmd}\non_high = {cmd}\n"
                  f"on_over = {cmd}; echo over-stderr >&2; exit 3\n")
-    with Server("--config", cfg) as s:
+    # Every hook's lines, however fast they come (the log's budget would
+    # hold back some of the over hook's).
+    with Server("--config", cfg, "--log-budget", "none") as s:
+        # The hook at start, out of the way first.
+        wait_for("hook at start", lambda: 'msg="hook finished"' in
+                 s.logtext())
+        check(hook_log(log + ".start") == [["at-start", "ok"]],
+              f"hook at start: {hook_log(log + '.start')}")
         # 100 MiB reserved: the fleet's figure, moved by its limit.
         cli(s, "admit", "--bytes", "100MiB", "--ttl", "600")
         # high, over, ok, high, over while the first (high) runs: only
@@ -341,9 +357,64 @@ def test_reload_installs_hooks():
               e["MEMTALLY_PREVIOUS"] == "ok", f"after reload: {e}")
 
 
+def test_a_failed_hook_runs_again_while_its_state_holds():
+    d = tempfile.mkdtemp(prefix="mt-hooks-")
+    log = os.path.join(d, "log")
+    # Fails its first two runs, then succeeds; fails always once
+    # d/always exists. Each run logs its start time and environment.
+    script = os.path.join(d, "hook.sh")
+    with open(script, "w") as f:
+        f.write(f"echo $(date +%s.%N) $MEMTALLY_STATE $MEMTALLY_PREVIOUS "
+                f"$MEMTALLY_RESERVED >> {log}\n"
+                f"[ -e {d}/always ] && exit 1\n"
+                f"n=$(wc -l < {log}); [ $n -gt 2 ] || exit 1\n")
+    cfg = config("[limits]\nfleet = 1GiB\n[hooks]\nretry = 300ms\n"
+                 f"on_over = sh {script}\n")
+    with Server("--config", cfg) as s:
+        cli(s, "admit", "--bytes", "100MiB", "--ttl", "600")
+        cli(s, "limit", "set", "fleet", "99MiB")
+        runs = wait_for("third run", lambda: (
+            lambda r: r if len(r) >= 3 else None)(hook_log(log)), timeout=30)
+        wait_for("its end logged", lambda: s.logtext().count(
+            'msg="hook finished"') == 3)
+        # Each run told what the first was: over from ok, the same bytes.
+        check(all(r[1:] == ["over", "ok", str(100 * MIB)] for r in runs),
+              f"runs: {runs}")
+        t = [float(r[0]) for r in runs]
+        check(t[1] - t[0] >= 0.29 and t[2] - t[1] >= 0.59,
+              f"retried after {t[1] - t[0]:.2f} s, then {t[2] - t[1]:.2f} s "
+              "(300 ms, then 600 ms at least)")
+        text = s.logtext()
+        check('msg="hook failed: run again while the state holds"' in text
+              and "failures=1" in text and "failures=2" in text and
+              "retry_in_ms=300" in text and "retry_in_ms=600" in text,
+              "retries not logged: " + text[-2000:])
+        # Succeeded: no more runs.
+        time.sleep(1.5 * MULT)
+        check(len(hook_log(log)) == 3, f"ran on: {hook_log(log)}")
+
+        # A hook that always fails runs until its state changes.
+        open(os.path.join(d, "always"), "w").close()
+        cli(s, "limit", "set", "fleet", "1GiB")
+        wait_for("fleet ok", lambda: s.status()["fleet"]["state"] == "ok")
+        os.unlink(log)
+        cli(s, "limit", "set", "fleet", "99MiB")
+        wait_for("two failed runs", lambda: len(hook_log(log)) >= 2,
+                 timeout=30)
+        cli(s, "limit", "set", "fleet", "1GiB")
+        wait_for("fleet ok", lambda: s.status()["fleet"]["state"] == "ok")
+        # A run started before the change may still be on its way.
+        time.sleep(0.5 * MULT)
+        n = len(hook_log(log))
+        time.sleep(3 * MULT)
+        check(len(hook_log(log)) == n,
+              f"retried after the state changed: {hook_log(log)}")
+
+
 if __name__ == "__main__":
     run([test_environment_fleet_and_group,
          test_one_at_a_time_latest_state_wins,
          test_hanging_hook_is_killed_and_queries_go_on,
          test_stop_kills_a_running_hook,
-         test_reload_installs_hooks])
+         test_reload_installs_hooks,
+         test_a_failed_hook_runs_again_while_its_state_holds])
