@@ -1141,6 +1141,16 @@ void mtc_maybe_attach(enum attach_ask ask)
 	 * process worth registering. */
 	if (mtc_proc.disabled || mtc_at_load)
 		return;
+	/* Past its attachments, every path of a registration but a repeat
+	 * of the current one ends refused (take_reply): do not register at
+	 * all. Registering anyway cost memtallyd a round trip every back-off
+	 * and showed it a registered process of 0 bytes. */
+	if (mtc_proc.natts - mtc_proc.natts_base >= MTC_MAX_ATTACH) {
+		static uint32_t said;
+		if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
+			mtc_debug("too many re-attachments; counting locally");
+		return;
+	}
 	uint64_t now = mt_mono_ns();
 	if (ask != ATTACH_NOW &&
 	    now < mtshm_load_relaxed64(&mtc_proc.next_try_ns))

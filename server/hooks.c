@@ -224,6 +224,9 @@ int mts_hooks_configure(struct mts_hooks *h, const struct mts_hook_conf *conf)
 	if (mts_hook_conf_copy(&c, conf) < 0)
 		return -ENOMEM;
 	set_conf(h, &c);
+	if (!h->conf.retry_ms)
+		for (struct hook_scope *s = h->scopes; s; s = s->next)
+			s->failed = false; /* a retry waiting is dropped */
 	if (h->enabled)
 		return 0;
 	/* This configuration has no hooks: forget the scopes (a running
@@ -326,13 +329,14 @@ static uint64_t wait_left(const struct mts_hooks *h, const struct hook_scope *s)
 static void failed(struct mts_hooks *h, struct hook_scope *s, uint32_t state,
                    uint32_t previous, const char *how)
 {
-	if (!h->conf.retry_ms || h->stopping) {
+	/* With no hooks left (a reload), the scope is only waiting to be
+	 * forgotten: its `reported` was reset for that, left as it is. */
+	if (!h->conf.retry_ms || h->stopping || !h->enabled) {
 		s->failed = false;
 		return;
 	}
-	s->fails = s->failed && s->reported == state ? s->fails + 1 : 1;
+	s->fails = s->failed ? s->fails + 1 : 1;
 	s->failed = true;
-	s->reported = state;
 	s->failed_previous = previous;
 	uint64_t wait = h->conf.retry_ms;
 	uint64_t cap =
@@ -789,8 +793,15 @@ static void maybe_start(struct mts_hooks *h, struct hook_scope *s)
 		s->queued = true;
 		return;
 	}
-	/* A retry is told what the failed run was told. */
-	uint32_t previous = retrying(s) ? s->failed_previous : s->reported;
+	/* A retry is told what the failed run was told. Any other run is
+	 * a new state's first: no failures of its own yet. */
+	uint32_t previous = s->reported;
+	if (retrying(s)) {
+		previous = s->failed_previous;
+	} else {
+		s->failed = false;
+		s->fails = 0;
+	}
 	s->queued = false;
 	s->pending = false;
 	s->started = true;

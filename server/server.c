@@ -460,9 +460,6 @@ int mts_server_init(struct mts_server *srv, uv_loop_t *loop,
 	err = start_registry(srv, cfg, label, &info, adopted);
 	if (err < 0)
 		goto fail_stop_hooks;
-	struct mts_event fleet;
-	mts_limits_fleet_event(&srv->reg, &fleet);
-	mts_hooks_start(srv->hooks, &fleet);
 	start_timers(srv, cfg);
 	err = start_late_listeners(srv, cfg);
 	if (err < 0) {
@@ -470,6 +467,11 @@ int mts_server_init(struct mts_server *srv, uv_loop_t *loop,
 		mts_server_stop(srv);
 		return err;
 	}
+	/* Started for good (the loop has not run: no tick came first): the
+	 * fleet's state, for a consumer that missed a change meanwhile. */
+	struct mts_event fleet;
+	mts_limits_fleet_event(&srv->reg, &fleet);
+	mts_hooks_start(srv->hooks, &fleet);
 	return 0;
 
 fail_stop_hooks:

@@ -68,7 +68,8 @@ def test_environment_fleet_and_group():
     cfg = config("[limits]\nfleet = 100MiB\n[group g]\nlimit = 50MiB\n"
                  f"[hooks]\nnode = node-a\non_ok = {cmd}\n"
                  f"on_high = {cmd}\non_over = {cmd}\n")
-    with Server("--config", cfg) as s:
+    # Every hook's lines are counted below: none held back by the budget.
+    with Server("--config", cfg, "--log-budget", "none") as s:
         seen = []
 
         def expect(scope, state, previous, limit, lo_mib, hi_mib):
@@ -360,27 +361,43 @@ def test_reload_installs_hooks():
 def test_a_failed_hook_runs_again_while_its_state_holds():
     d = tempfile.mkdtemp(prefix="mt-hooks-")
     log = os.path.join(d, "log")
-    # Fails its first two runs, then succeeds; fails always once
-    # d/always exists. Each run logs its start time and environment.
+    # Each run logs its start time and environment, then fails while
+    # d/fail-STATE holds a count above 0 (taking one off) or "always".
     script = os.path.join(d, "hook.sh")
     with open(script, "w") as f:
         f.write(f"echo $(date +%s.%N) $MEMTALLY_STATE $MEMTALLY_PREVIOUS "
                 f"$MEMTALLY_RESERVED >> {log}\n"
-                f"[ -e {d}/always ] && exit 1\n"
-                f"n=$(wc -l < {log}); [ $n -gt 2 ] || exit 1\n")
+                f"f={d}/fail-$MEMTALLY_STATE; [ -e $f ] || exit 0\n"
+                "n=$(cat $f); [ $n = always ] && exit 1\n"
+                "[ $n -gt 0 ] && echo $((n - 1)) > $f && exit 1\n"
+                "exit 0\n")
+
+    def fail(state, how):
+        with open(os.path.join(d, "fail-" + state), "w") as f:
+            f.write(f"{how}\n")
+
+    def runs(state=None):
+        return [r for r in hook_log(log) if state is None or r[1] == state]
+
+    cmd = f"sh {script}"
     cfg = config("[limits]\nfleet = 1GiB\n[hooks]\nretry = 300ms\n"
-                 f"on_over = sh {script}\n")
-    with Server("--config", cfg) as s:
+                 f"on_ok = {cmd}\non_over = {cmd}\n")
+    with Server("--config", cfg, "--log-budget", "none") as s:
+        wait_for("hook at start", lambda: 'msg="hook finished"' in
+                 s.logtext())
+        os.unlink(log)
         cli(s, "admit", "--bytes", "100MiB", "--ttl", "600")
+        # Fails twice, then succeeds.
+        fail("over", 2)
         cli(s, "limit", "set", "fleet", "99MiB")
-        runs = wait_for("third run", lambda: (
-            lambda r: r if len(r) >= 3 else None)(hook_log(log)), timeout=30)
+        got = wait_for("third run", lambda: (
+            lambda r: r if len(r) >= 3 else None)(runs()), timeout=30)
         wait_for("its end logged", lambda: s.logtext().count(
-            'msg="hook finished"') == 3)
+            'msg="hook finished" scope="fleet" state=over') == 3)
         # Each run told what the first was: over from ok, the same bytes.
-        check(all(r[1:] == ["over", "ok", str(100 * MIB)] for r in runs),
-              f"runs: {runs}")
-        t = [float(r[0]) for r in runs]
+        check(all(r[1:] == ["over", "ok", str(100 * MIB)] for r in got),
+              f"runs: {got}")
+        t = [float(r[0]) for r in got]
         check(t[1] - t[0] >= 0.29 and t[2] - t[1] >= 0.59,
               f"retried after {t[1] - t[0]:.2f} s, then {t[2] - t[1]:.2f} s "
               "(300 ms, then 600 ms at least)")
@@ -391,24 +408,31 @@ def test_a_failed_hook_runs_again_while_its_state_holds():
               "retries not logged: " + text[-2000:])
         # Succeeded: no more runs.
         time.sleep(1.5 * MULT)
-        check(len(hook_log(log)) == 3, f"ran on: {hook_log(log)}")
+        check(len(runs()) == 3, f"ran on: {runs()}")
 
-        # A hook that always fails runs until its state changes.
-        open(os.path.join(d, "always"), "w").close()
-        cli(s, "limit", "set", "fleet", "1GiB")
-        wait_for("fleet ok", lambda: s.status()["fleet"]["state"] == "ok")
+        # A hook that always fails runs until its state changes; the
+        # next state's hook starts its own count (a first wait of 300 ms,
+        # not the over hook's, now at 2.4 s).
         os.unlink(log)
-        cli(s, "limit", "set", "fleet", "99MiB")
-        wait_for("two failed runs", lambda: len(hook_log(log)) >= 2,
-                 timeout=30)
+        fail("over", "always")
         cli(s, "limit", "set", "fleet", "1GiB")
-        wait_for("fleet ok", lambda: s.status()["fleet"]["state"] == "ok")
-        # A run started before the change may still be on its way.
-        time.sleep(0.5 * MULT)
-        n = len(hook_log(log))
+        wait_for("ok hook", lambda: runs("ok"))
+        cli(s, "limit", "set", "fleet", "99MiB")
+        wait_for("four failed runs", lambda: len(runs("over")) >= 4,
+                 timeout=30)
+        fail("ok", 1)
+        cli(s, "limit", "set", "fleet", "1GiB")
+        ok = wait_for("the ok hook, failed then run again", lambda: (
+            lambda r: r if len(r) >= 3 else None)(runs("ok")), timeout=30)
+        check(ok[1][2] == "over" and ok[2][2] == "over",
+              f"ok told PREVIOUS=over: {ok}")
+        gap = float(ok[2][0]) - float(ok[1][0])
+        check(0.29 <= gap < 1.2 * MULT,
+              f"the ok hook ran again after {gap:.2f} s (300 ms)")
+        n = len(runs("over"))
         time.sleep(3 * MULT)
-        check(len(hook_log(log)) == n,
-              f"retried after the state changed: {hook_log(log)}")
+        check(len(runs("over")) == n and len(runs("ok")) == 3,
+              f"ran on after the state changed: {runs()}")
 
 
 if __name__ == "__main__":

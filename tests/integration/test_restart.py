@@ -1,7 +1,11 @@
 """kill -9 memtallyd with live workers and start it again: every live worker
 is listed with the bytes it had, a worker that died meanwhile is gone, and
 the adopted workers go on being counted and reclaimed. --reset starts
-afresh instead."""
+afresh instead. A worker outlives more restarts than it keeps attachments
+for, stays counted, and past them asks memtallyd nothing."""
+import os
+import subprocess
+
 from harness import (MIB, Server, Worker, check, run, settled_bytes,
                      wait_for, worker)
 
@@ -178,6 +182,58 @@ def test_kill9_under_load_loses_nothing():
         (second or first).stop()
 
 
+def read(path):
+    with open(path) as f:
+        return f.read()
+
+
+def test_a_worker_outlives_more_restarts_than_attachments():
+    """A process keeps 16 attachments in its life; each restart that
+    adopts its slot costs one (a new header). Past them its slot is still
+    the adopted one, ticked by each new server: it stays counted, and it
+    no longer registers (before, it did so every back-off, for nothing)."""
+    s = Server()
+    err = os.path.join(s.dir, "churn.err")
+    with open(err, "w") as f:
+        w = subprocess.Popen([*worker("churn"), "1", "600"],
+                             env=s.env(MEMTALLY_DEBUG="1"),
+                             stdin=subprocess.DEVNULL,
+                             stdout=subprocess.DEVNULL, stderr=f)
+    adopted = "re-registered: slot 0 adopted by a new server"
+    try:
+        wait_for("registered", lambda: w.pid in s.ps())
+        for n in range(2, 19):
+            stale = read(err).count("heartbeat stale")
+            s.stop()
+            s = Server(after=s)
+            if n <= 16:
+                wait_for(f"attachment {n}", lambda: read(err).count(
+                    adopted) == n - 1, timeout=30)
+            else:
+                wait_for(f"the stale header seen after restart {n - 1}",
+                         lambda: read(err).count("heartbeat stale") > stale,
+                         timeout=30)
+        # Counted in the last server: its figure moves as churn goes on.
+        first = s.ps()[w.pid]["bytes"]
+        wait_for("the figure moving", lambda: s.ps()[w.pid]["bytes"] != first)
+        # Five seconds of a stale header (the back-off's longest wait):
+        # no registration tried, so none failed.
+        t0 = s.status()["ticks"]
+        wait_for("5 s", lambda: s.status()["ticks"] >= t0 + 500, timeout=60)
+        text = read(err)
+        check(text.count("too many re-attachments") == 1 and
+              "attach failed" not in text,
+              "registrations tried past the last attachment: " +
+              "".join(ln + "\n" for ln in text.splitlines()
+                      if "attach" in ln)[-2000:])
+        check(w.poll() is None, "churn exited")
+    finally:
+        w.kill()
+        w.wait()
+        s.stop()
+
+
 if __name__ == "__main__":
     run([test_restart_adopts_live_workers, test_reset_starts_afresh,
-         test_kill9_under_load_loses_nothing])
+         test_kill9_under_load_loses_nothing,
+         test_a_worker_outlives_more_restarts_than_attachments])
