@@ -349,6 +349,12 @@ struct memtally_admit_result {
 	uint64_t reserved_for_task;
 	const char *sized_by;
 	uint64_t declared_bytes; /* req->bytes as the server saw it */
+	/* Denied: the rule that decided (memtally_denials_total's reason):
+	 * fleet_limit, group_limit, node_line, host_limit, uid_reservations,
+	 * uid_reserved_bytes, group_not_allowed, kinds. "" when admitted
+	 * or from an older server. group_not_allowed never turns into a
+	 * grant for this peer; kinds not until old kinds age out. */
+	const char *denied_by;
 };
 
 /*

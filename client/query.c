@@ -1000,12 +1000,13 @@ admit_from_pb(const Memtally__V1__AdmitResult *a)
 	const char *scope = str_or_empty(a->limit_scope);
 	const char *measure = str_or_empty(a->measure);
 	const char *sized_by = str_or_empty(a->sized_by);
+	const char *denied_by = str_or_empty(a->denied_by);
 	size_t n = a->n_top;
 	size_t size = sizeof(struct memtally_admit_result) +
 	              n * sizeof(struct memtally_process) +
 	              processes_pool_size(a->top, n) + strlen(rsv) +
 	              strlen(reason) + strlen(scope) + strlen(measure) +
-	              strlen(sized_by) + 5;
+	              strlen(sized_by) + strlen(denied_by) + 6;
 	struct memtally_admit_result *r = calloc(1, size);
 	if (!r)
 		return NULL;
@@ -1029,6 +1030,7 @@ admit_from_pb(const Memtally__V1__AdmitResult *a)
 	    .reserved_for_task = a->reserved_for_task,
 	    .sized_by = pool_put(&pool, sized_by),
 	    .declared_bytes = a->declared_bytes,
+	    .denied_by = pool_put(&pool, denied_by),
 	};
 	processes_fill(top, &pool, a->top, n);
 	return r;

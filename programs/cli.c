@@ -1179,9 +1179,10 @@ static json_t *json_admit(const struct cli *c, uint32_t ttl,
 			"task", jopt(c->task),
 			"ttl", (json_int_t)(a->ttl_seconds ? a->ttl_seconds : ttl));
 	else
-		doc = json_pack("{s:b, s:o, s:o}",
+		doc = json_pack("{s:b, s:o, s:o, s:o}",
 			"admitted", 0,
 			"reason", jstr(a->reason),
+			"denied_by", jopt(a->denied_by),
 			"top", json_process_list(a->top, a->n_top));
 	if (!doc)
 		return NULL;

@@ -649,7 +649,9 @@ static int supervise(struct run *r, char **envp)
 				/* A worker of it evicted, the command (a
 				 * shell, make) ending on that: the event,
 				 * written before the kill, is in our socket. */
-				if (WEXITSTATUS(status) && r->w)
+				if (WEXITSTATUS(status) == 128 + SIGKILL)
+					await_eviction(r); /* a shell's child */
+				else if (WEXITSTATUS(status) && r->w)
 					watch_drain(r);
 				return WEXITSTATUS(status);
 			}
@@ -725,8 +727,17 @@ static void release(struct run *r)
 static int block_signals(struct run *r)
 {
 	sigemptyset(&r->mask);
-	for (size_t i = 0; i < sizeof(forwarded) / sizeof(forwarded[0]); i++)
+	for (size_t i = 0; i < sizeof(forwarded) / sizeof(forwarded[0]); i++) {
+		/* One the caller ignores (nohup's SIGHUP, SIGINT for a job a
+		 * shell started with &) stays ignored, by us and the command:
+		 * blocked, it would reach the signalfd and end the wait, or
+		 * the run before the command starts. */
+		struct sigaction cur;
+		if (sigaction(forwarded[i], NULL, &cur) == 0 &&
+		    cur.sa_handler == SIG_IGN)
+			continue;
 		sigaddset(&r->mask, forwarded[i]);
+	}
 	sigaddset(&r->mask, SIGCHLD);
 	if (sigprocmask(SIG_BLOCK, &r->mask, &r->old_mask) < 0)
 		return -errno;
@@ -778,7 +789,12 @@ static int admission(struct run *r)
 	}
 	struct memtally_admit_result *a = NULL;
 	int got = ask(r, &a, true);
-	if (got == 0 && r->wait_s > 0)
+	/* A group the user may not use, or a kind past their kinds cap: no
+	 * room that frees can change it, so --wait does not wait for it. */
+	bool for_ever = got == 0 && a->denied_by &&
+	                (strcmp(a->denied_by, "group_not_allowed") == 0 ||
+	                 strcmp(a->denied_by, "kinds") == 0);
+	if (got == 0 && r->wait_s > 0 && !for_ever)
 		got = wait_for_room(r, &a);
 	if (got == 2) {
 		/* ^C while waiting: we die of it below, as the command
@@ -787,10 +803,20 @@ static int admission(struct run *r)
 		r->died_of = r->signo;
 		return 128 + r->signo;
 	}
+	if (got < 0 && a) {
+		/* The wait itself failed (poll): run, and say so. */
+		fprintf(stderr,
+		        "memtally: waiting for room failed: %s; running the "
+		        "command without a reservation\n",
+		        strerror(-got));
+		memtally_admit_result_free(a);
+		r->failed_open = true;
+		return 1;
+	}
 	if (got != 0) /* granted, or failing open */
 		return 1;
-	print_denial(a, r->wait_s > 0 ? "no room in time, not run"
-	                              : "denied, not run");
+	print_denial(a, r->wait_s > 0 && !for_ever ? "no room in time, not run"
+	                                           : "denied, not run");
 	memtally_admit_result_free(a);
 	return EXIT_DENIED;
 }
@@ -835,6 +861,10 @@ int mtcli_run(const struct mtcli_run_opts *o)
 		if (rc != 1)
 			break;
 		r.died_of = 0;
+		/* An event of our task's name heard while we waited for room
+		 * was another run's (one of ours from before): this run has
+		 * not started, and is not evicted. */
+		r.evicted = false;
 		/* Our task's events, for the node guard's: opened before the
 		 * command starts, so none is missed. */
 		watch_open(&r);

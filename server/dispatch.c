@@ -622,6 +622,7 @@ static int do_admit(struct mts_registry *reg, const struct mts_peer *peer,
 	} else {
 		ar_pb.reason = res.why;
 		ar_pb.limit_scope = res.scope;
+		ar_pb.denied_by = (char *)mts_denial_name(res.reason);
 		/* The top consumers now, by the measured figure. */
 		const struct mts_proc *top[TOP_N];
 		size_t n = top_procs(reg, v, NULL, BY_MEASURED, TOP_N, top);

@@ -28,6 +28,7 @@ import os
 import shlex
 import subprocess
 import sys
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -200,7 +201,18 @@ def test_kinds_past_the_cap_are_refused():
                            "60", user=nobody, cli=cli)
         check(rc == 3 and not a["admitted"], f"a fourth kind: {rc} {a}")
         check("max_kinds_per_uid = 3" in a["reason"] and
-              a["limit_scope"] == f"uid:{NOBODY}", f"reason: {a}")
+              a["limit_scope"] == f"uid:{NOBODY}" and
+              a["denied_by"] == "kinds", f"reason: {a}")
+        # No room that frees changes it: `run --wait` does not wait.
+        t0 = time.monotonic()
+        r = subprocess.run([cli, "--socket", s.socket, "run", "--kind", "k3",
+                            "--bytes", "1MiB", "--wait", "60", "--", "true"],
+                           capture_output=True, text=True,
+                           timeout=60 * MULT, preexec_fn=as_user(nobody))
+        took = time.monotonic() - t0
+        check(r.returncode == 3 and "denied, not run" in r.stderr and
+              took < 20, f"run --wait of a fourth kind: {r.returncode} "
+              f"after {took:.1f} s: {r.stderr}")
         rc, a = admit_json(s, "--kind", "k1", "--bytes", "1MiB", "--ttl",
                            "60", user=nobody, cli=cli)
         check(rc == 0, f"an existing kind refused: {a}")

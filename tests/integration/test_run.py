@@ -212,11 +212,19 @@ def test_wait_then_runs_when_room_appears():
               f"INT while waiting: {rc}, want death by SIGINT")
         p.stderr.close()
 
+        # Started as nohup and a shell's `&` start it (SIGHUP and SIGINT
+        # ignored): those signals while it waits end nothing.
+        def ignore_hup_int():
+            signal.signal(signal.SIGHUP, signal.SIG_IGN)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
         p = subprocess.Popen(mt_run(s, "--bytes", "50MiB", "--wait", "60",
                                     "--", "touch", marker),
-                             env=run_env(), stderr=subprocess.PIPE)
+                             env=run_env(), stderr=subprocess.PIPE,
+                             preexec_fn=ignore_hup_int)
         line = p.stderr.readline().decode()
         check("waiting up to 60 s for room" in line, f"stderr {line!r}")
+        p.send_signal(signal.SIGHUP)
+        p.send_signal(signal.SIGINT)
         # It waits: still running, the command not started.
         not_started(p, marker, 1.0, "started without room")
         holder.send("free")
