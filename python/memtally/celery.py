@@ -85,11 +85,13 @@ from celery import Task, bootsteps
 from celery.exceptions import Reject
 from celery.worker.request import Request
 
-from .client import DEFAULT_SOCKET, Client, as_bytes, state_name
+from .client import (DEFAULT_SOCKET, Client, as_bytes, denied_for_ever,
+                     state_name)
 
 log = logging.getLogger("memtally.celery")
 
 _failing_open = set()   # sockets we already said we run without
+_kinds_refused = set()  # kinds memtallyd refused (its kinds cap): said once
 
 
 class Denied(Reject):
@@ -144,6 +146,11 @@ def run(args, **kwargs):
     return p
 
 
+class NeverAdmitted(Exception):
+    """A task its node's memtallyd can never admit: a group its worker's
+    user may not use. It fails (not requeued to be denied again)."""
+
+
 def _evicted(exc):
     """The eviction `exc` stands for, or None: Evicted itself, or a
     command run with check=True that exited 75."""
@@ -163,6 +170,10 @@ class AdmittedRequest(Request):
 
     def on_failure(self, exc_info, send_failed_event=True, return_ok=False):
         exc = getattr(exc_info, "exception", None)
+        # billiard wraps it (ExceptionWithTraceback); only the prefork
+        # pool's pickling unwraps it on the way, so the solo, threads,
+        # gevent and eventlet pools see the wrapper.
+        exc = getattr(exc, "exc", exc)
         if isinstance(exc, Denied):
             log.info("memtally: task %s[%s] denied on %s (%s); requeued",
                      self.name, self.id, exc.node, exc.reason)
@@ -234,10 +245,34 @@ class AdmittedTask(Task):
                             task=task_id, ttl_seconds=int(self.memtally_ttl),
                             kind=self.name or "", in_process=True,
                             thread=threading.get_native_id())
+            forever = denied_for_ever(r)
+            if forever == "kinds":
+                # This uid keeps as many kinds as it may: admitted on
+                # its declaration, without a kind, rather than requeued
+                # until old kinds age out (days).
+                if self.name not in _kinds_refused:
+                    _kinds_refused.add(self.name)
+                    log.warning("memtally: kind %s refused (%s); its tasks "
+                                "are admitted on memtally_bytes",
+                                self.name, r.reason)
+                with Client(sock, timeout=float(
+                        _conf(self.app, "memtally_timeout", 2))) as c:
+                    r = c.admit(nbytes, group=self.memtally_group or "",
+                                task=task_id,
+                                ttl_seconds=int(self.memtally_ttl),
+                                in_process=True,
+                                thread=threading.get_native_id())
+                forever = denied_for_ever(r)
         except Exception as e:  # noqa: BLE001 - whatever breaks, fail open
             _fail_open(sock, e)
             return self._body(*args, **kwargs)
         _failing_open.discard(sock)
+        if forever:
+            # No room that frees will change it: failed, not requeued.
+            raise NeverAdmitted(f"memtally: task {self.name}[{task_id}] "
+                                f"can never be admitted on "
+                                f"{self.request.hostname or sock}: "
+                                f"{r.reason}")
         if not r.admitted:
             raise Denied(r.reason, self.request.hostname or sock)
         try:

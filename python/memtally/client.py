@@ -32,10 +32,12 @@ Exit status: 0 ok, 1 error talking to the server, 2 usage error,
 3 admission denied (as `memtally admit`).
 """
 import argparse
+import logging
 import os
 import re
 import socket
 import sys
+import threading
 
 from google.protobuf.internal import decoder, encoder
 
@@ -49,6 +51,28 @@ except ImportError:             # a build tree: build/python/memtally_pb2.py
 
 DEFAULT_SOCKET = "/run/memtally/memtally.sock"
 STATES = {pb.STATE_OK: "ok", pb.STATE_HIGH: "high", pb.STATE_OVER: "over"}
+
+
+log = logging.getLogger("memtally")
+
+# Denials that no freed room turns into a grant (AdmitResult.denied_by):
+# a group the peer may not use; a new kind past the uid's (or the
+# server's) kinds cap, until old kinds age out.
+FOREVER = ("group_not_allowed", "kinds")
+
+
+def denied_for_ever(r):
+    """The AdmitResult's denial if waiting cannot turn it into a grant
+    ("group_not_allowed", "kinds"), else "". A server from before
+    denied_by: the kinds cap told by its words."""
+    if r.admitted:
+        return ""
+    if r.denied_by:
+        return r.denied_by if r.denied_by in FOREVER else ""
+    if not r.limit and r.reason.startswith(("per-uid kinds:",
+                                            "server kinds:")):
+        return "kinds"
+    return ""
 
 
 def state_name(state):
@@ -94,9 +118,11 @@ class Client:
                 raise
         self.buf = b""
         self.next_id = 1
+        self.unanswered = None      # id of a request sent, not answered
 
     def close(self):
-        self.sock.close()
+        if self.sock is not None:
+            self.sock.close()
 
     def __enter__(self):
         return self
@@ -142,7 +168,9 @@ class Client:
         req = pb.Request(id=self.next_id, token=self.token, **body)
         self.next_id += 1
         self.send(req)
+        self.unanswered = req.id    # sent: the server may act on it
         resp = self.recv()
+        self.unanswered = None
         if resp.HasField("error") and resp.error.code != pb.ERROR_NONE:
             raise MemtallyError(resp.error.code, resp.error.message)
         if resp.id != req.id:
@@ -152,6 +180,12 @@ class Client:
         if which is None:
             raise MemtallyError(pb.ERROR_UNSUPPORTED,
                                 "memtallyd's answer has no body")
+        # Each request's answer is the Response field of its number.
+        sent = req.WhichOneof("body")
+        if (pb.Response.DESCRIPTOR.fields_by_name[which].number !=
+                pb.Request.DESCRIPTOR.fields_by_name[sent].number):
+            raise MemtallyError(pb.ERROR_UNSUPPORTED,
+                                f"memtallyd answered {sent} with {which}")
         return getattr(resp, which)
 
     # -- the requests --------------------------------------------------------
@@ -173,10 +207,49 @@ class Client:
         the task runs in this process (on thread `thread`, a tid; 0: the
         whole process), whose growth memtallyd then counts as its use;
         host_limit: denied unless this process stays within it."""
-        return self.call(admit=pb.Admit(bytes=nbytes, group=group, task=task,
-                                        ttl_seconds=ttl_seconds, kind=kind,
-                                        in_process=in_process, thread=thread,
-                                        host_limit=host_limit))
+        try:
+            return self.call(admit=pb.Admit(
+                bytes=nbytes, group=group, task=task, ttl_seconds=ttl_seconds,
+                kind=kind, in_process=in_process, thread=thread,
+                host_limit=host_limit))
+        except (TimeoutError, socket.timeout):
+            # Sent and not answered in time: memtallyd may grant it
+            # still, and the caller will never know the reservation's
+            # name. The connection is handed to a thread that reads the
+            # late answer and releases what it granted; else the room
+            # stays set aside until the reservation's TTL (an in-process
+            # one: its worker's exit, or a day).
+            if self.unanswered is not None:
+                self._release_late()
+            raise
+
+    def _release_late(self, wait=60.0):
+        late = Client.__new__(Client)
+        late.sock, late.buf, late.token = self.sock, self.buf, self.token
+        late.next_id, rid = self.next_id, self.unanswered
+        self.sock = None            # the thread's now: close() leaves it
+
+        def reap():
+            try:
+                late.sock.settimeout(wait)
+                while True:
+                    resp = late.recv()
+                    if resp.id == rid:
+                        break
+                if (resp.WhichOneof("body") == "admit_result" and
+                        resp.admit_result.admitted):
+                    name = resp.admit_result.reservation
+                    late.release(name)
+                    log.warning("memtally: an Admit answered after the "
+                                "timeout granted %s; released", name)
+            except Exception as e:  # noqa: BLE001 - best effort
+                log.warning("memtally: an Admit unanswered in time: "
+                            "its late answer not read (%s); a grant it "
+                            "made lasts until its TTL", e)
+            finally:
+                late.close()
+        threading.Thread(target=reap, name="memtally-late-admit",
+                         daemon=True).start()
 
     def kinds(self, kind=""):
         """The learned sizes of the kinds this peer may see."""

@@ -110,13 +110,15 @@ from concurrent.futures import ThreadPoolExecutor
 from distributed import WorkerPlugin
 from distributed.core import Status
 
-from .client import DEFAULT_SOCKET, Client, as_bytes, human, state_name
+from .client import (DEFAULT_SOCKET, Client, as_bytes, denied_for_ever,
+                     human, state_name)
 
 # Under "distributed": a worker's log shows these beside Dask's own lines,
 # at the levels Dask's logging configuration sets for that tree.
 log = logging.getLogger("distributed.memtally")
 
 _failing_open = set()   # sockets we already said we run without
+_kinds_refused = set()  # kinds memtallyd refused (its kinds cap): said once
 
 
 def _task_name(key):
@@ -196,9 +198,11 @@ def _never_fits(r):
     in words), or "" when it may once other work is done: what was asked
     is above the limit of the scope that denied it, whose use by others
     can at best fall to nothing."""
+    scope = r.limit_scope
+    if denied_for_ever(r) == "group_not_allowed":
+        return f"may not use {scope or 'its group'} ({r.reason}),"
     if not r.limit or r.requested_bytes <= r.limit:
         return ""
-    scope = r.limit_scope
     if scope == "fleet":
         what = "the fleet limit"
     elif scope.startswith("group:"):
@@ -367,8 +371,10 @@ class _Gate:
             with self._client() as c:
                 c.release(reservation)
         except Exception as e:  # noqa: BLE001 - never the task's outcome
-            # Its TTL ends it, or its worker's exit.
-            log.debug("memtally: releasing %s: %s", reservation, e)
+            # Its worker's exit ends it, or its TTL (a day at most).
+            log.warning("memtally: releasing %s: %s; its room stays set "
+                        "aside until this worker exits or its TTL",
+                        reservation, e)
 
     def _fleet_over(self):
         try:
@@ -419,6 +425,21 @@ class _Gate:
             task = _task_name(key)
             tid = threading.get_native_id()
             r = self._admit(nbytes, group, task, ttl, kind, tid)
+            if r is not None and denied_for_ever(r) == "kinds":
+                # This uid keeps as many kinds as it may: the task goes
+                # without one (on its declaration, or unadmitted), not
+                # back to the scheduler, which would bring it back here
+                # until old kinds aged out (days).
+                if kind not in _kinds_refused:
+                    _kinds_refused.add(kind)
+                    log.warning("memtally: kind %s refused (%s); its tasks "
+                                "run %s", kind, r.reason,
+                                "on their memtally_bytes" if nbytes else
+                                "without admission")
+                kind = ""
+                if not nbytes:
+                    return function(*args, **kwargs)
+                r = self._admit(nbytes, group, task, ttl, kind, tid)
             # Room this node may have soon (tasks end, memtallyd's queue
             # keeps the longest waiter's place): asked again for up to
             # `wait` seconds before the task goes back to the scheduler.

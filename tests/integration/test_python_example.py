@@ -1,13 +1,19 @@
 """The Python client (python/memtally/, `python3 -m memtally`) against a
 live memtallyd: GetUsage, ListProcesses, Admit (admitted and denied under
 --fleet-limit), Release and Watch, both as a library and as a command. Its
-protobuf module is generated at build time (MEMTALLY_PB2_DIR).
+protobuf module is generated at build time (MEMTALLY_PB2_DIR). An Admit
+whose answer comes after the client's timeout is released when it comes;
+a denial says the rule that decided (denied_by), and which ones waiting
+cannot change.
 """
+import logging
 import os
+import signal
 import subprocess
 import sys
 
-from harness import MIB, MULT, Server, Worker, check, run, wait_for, worker
+from harness import (MIB, MULT, Server, Worker, check, config_file, run,
+                     wait_for, worker)
 
 PYDIR = os.environ["MEMTALLY_PYTHON"]
 sys.path.insert(0, PYDIR)
@@ -105,6 +111,57 @@ def test_command_line():
           f"no server: {r}")
 
 
+def test_a_late_admit_answer_is_released():
+    """memtallyd stopped (SIGSTOP) while an Admit waits for its answer: the
+    client times out and the caller runs without admission; once memtallyd
+    goes on, it grants the request and the client's thread releases it."""
+    caught = []
+
+    class Catch(logging.Handler):
+        def emit(self, rec):
+            caught.append(rec.getMessage())
+    logging.getLogger("memtally").addHandler(Catch())
+    with Server("--fleet-limit", "64MiB") as s:
+        c = mc.Client(s.socket, timeout=0.5)
+        c.usage()                       # connected, answered
+        s.proc.send_signal(signal.SIGSTOP)
+        try:
+            try:
+                c.admit(16 * MIB, group="late", ttl_seconds=600)
+                check(False, "answered while memtallyd was stopped")
+            except TimeoutError:
+                pass
+            c.close()                   # the caller's: the thread keeps it
+        finally:
+            s.proc.send_signal(signal.SIGCONT)
+        msg = wait_for("the late grant released", lambda: next(
+            (m for m in caught if "released" in m), None), timeout=30)
+        check(s.status()["fleet"]["reserved"] == 0,
+              f"still reserved: {s.status()['fleet']}; {msg}")
+        text = s.logtext()
+        check('msg="admission granted"' in text and
+              'msg="reservation released"' in text,
+              "no grant and release logged: " + text[-1500:])
+
+
+def test_denied_by_names_the_rule():
+    # The server's kinds cap binds root too (a uid's does not).
+    cfg = config_file("[kinds]\nmax_kinds = 1\n")
+    with Server("--fleet-limit", "64MiB", "--config", cfg) as s:
+        with mc.Client(s.socket) as c:
+            no = c.admit(1 << 30)
+            check(no.denied_by == "fleet_limit" and
+                  not mc.denied_for_ever(no), f"fleet: {no}")
+            ok = c.admit(MIB, kind="first", ttl_seconds=60)
+            check(ok.admitted and ok.denied_by == "", f"first kind: {ok}")
+            no = c.admit(MIB, kind="second")
+            check(no.denied_by == "kinds" and
+                  mc.denied_for_ever(no) == "kinds", f"second kind: {no}")
+            # Without the kind, the same request goes.
+            check(c.admit(MIB, ttl_seconds=60).admitted, "without the kind")
+
+
 if __name__ == "__main__":
     run([test_library_admit_deny_release_usage_ps, test_library_watch_sees_over,
-         test_command_line])
+         test_command_line, test_a_late_admit_answer_is_released,
+         test_denied_by_names_the_rule])
