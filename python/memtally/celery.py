@@ -46,7 +46,8 @@ How a denied task goes back, and why this way:
   worker that denied stops consuming (its consumer cancels its queues; the
   tasks it runs go on) for `memtally_pause` seconds (default 2), and
   resumes only once its memtallyd no longer reports the fleet `over` (asked
-  once per pause: one GetUsage). Other nodes' workers take the queue
+  once per pause: one GetUsage, on a thread, never on the worker's event
+  loop). Other nodes' workers take the queue
   meanwhile. `setup(app)` installs this consumer step.
 
 Evicted: when the node nears its edge, memtallyd's guard may evict a
@@ -301,6 +302,7 @@ class _Pauser(bootsteps.StartStopStep):
         self.c = c
         self.paused = []        # the kombu queues we stopped consuming
         self.timer = None
+        self.asking = None      # (thread, its answer) while one asks
 
     def start(self, c):
         self.c = c
@@ -354,7 +356,22 @@ class _Pauser(bootsteps.StartStopStep):
 
     def _maybe_resume(self):
         self.timer = None
-        if self._fleet_over():
+        # Asked on a thread of its own: a stalled memtallyd must not hold
+        # the worker's event loop (heartbeats, acks, the pool's results)
+        # for its timeouts. The loop looks again every 50 ms.
+        if self.asking is None:
+            box = {}
+            t = threading.Thread(
+                target=lambda: box.setdefault("over", self._fleet_over()),
+                name="memtally-resume", daemon=True)
+            t.start()
+            self.asking = (t, box)
+        t, box = self.asking
+        if t.is_alive():
+            self.timer = self.c.timer.call_after(0.05, self._maybe_resume)
+            return
+        self.asking = None
+        if box.get("over"):
             self._arm()
             return
         tc = self.c.task_consumer

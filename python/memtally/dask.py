@@ -597,7 +597,9 @@ class _Gate:
                 log.info("memtally: not taking tasks (%s)",
                          "fleet over" if self.over else "denied")
                 w.status = Status.paused
-            if w.status == Status.paused:
+                # Ours only when we paused it: a pause Dask made for its
+                # own memory stays Dask's to end (its monitor's check),
+                # not ours to lift when memtally no longer wants one.
                 self.holding = True
         elif self.holding:
             self._release_pause()
