@@ -829,8 +829,7 @@ static void on_interval(uv_timer_t *t)
 	uint64_t next = 0;
 	for (struct hook_scope *s = h->scopes, *n; s; s = n) {
 		n = s->next; /* s may be freed */
-		uint64_t left =
-		    s->pending ? wait_left(h, s) : interval_left(h, s);
+		uint64_t left = wait_left(h, s);
 		if (left > 0) {
 			if (!next || left < next)
 				next = left;
@@ -890,7 +889,8 @@ void mts_hooks_event(struct mts_hooks *h, const struct mts_event *ev)
 	maybe_start(h, s);
 }
 
-void mts_hooks_start(struct mts_hooks *h, const struct mts_event *fleet)
+void mts_hooks_start(struct mts_hooks *h, uint32_t state,
+                     const struct mts_figures *fig)
 {
 	if (!h || h->stopping || !h->enabled)
 		return;
@@ -903,8 +903,8 @@ void mts_hooks_start(struct mts_hooks *h, const struct mts_event *fleet)
 	}
 	s->reported = UINT32_MAX; /* "unknown": what a consumer last heard */
 	s->pending = true;
-	s->state = fleet->state;
-	s->fig = fleet->figures ? *fleet->figures : (struct mts_figures){0};
+	s->state = state;
+	s->fig = *fig;
 	snprintf(s->reason, sizeof(s->reason), "%s",
 	         "memtallyd started: the fleet's state as it is");
 	maybe_start(h, s);

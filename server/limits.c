@@ -217,24 +217,6 @@ static void eval_fleet(struct mts_registry *reg)
 	     t->reserved, why, t->growth, fc, &t->fig);
 }
 
-void mts_limits_fleet_event(const struct mts_registry *reg,
-                            struct mts_event *ev)
-{
-	const struct mts_totals *t = &reg->totals;
-	*ev = (struct mts_event){
-	    .scope = "fleet",
-	    .state = t->state,
-	    .previous = t->state,
-	    .bytes = t->bytes,
-	    .rss = t->rss,
-	    .limit = t->limit,
-	    .reserved = t->reserved,
-	    .time_ns = mts_now_realtime(),
-	    .growth = t->growth,
-	    .figures = &t->fig,
-	};
-}
-
 static void eval_group(struct mts_registry *reg, struct mts_group *g)
 {
 	const struct mts_policy *pol = &reg->policy;

@@ -71,11 +71,6 @@ void mts_limits_eval_proc(struct mts_registry *reg, struct mts_proc *p);
  * subscribers hear it is no longer over. */
 void mts_limits_proc_gone(struct mts_registry *reg, const struct mts_proc *p);
 
-/* The fleet's state and figures now, as a state event would carry them
- * (previous = state; `ev` points into the registry until its next tick). */
-void mts_limits_fleet_event(const struct mts_registry *reg,
-                            struct mts_event *ev);
-
 /* Install `pol` (deep copy) and apply it: fleet, group and default process
  * limits, watermarks; runtime SetLimit values for the fleet and groups are
  * replaced by the policy's, per-pid ones are kept. 0 or -ENOMEM. */

@@ -469,9 +469,8 @@ int mts_server_init(struct mts_server *srv, uv_loop_t *loop,
 	}
 	/* Started for good (the loop has not run: no tick came first): the
 	 * fleet's state, for a consumer that missed a change meanwhile. */
-	struct mts_event fleet;
-	mts_limits_fleet_event(&srv->reg, &fleet);
-	mts_hooks_start(srv->hooks, &fleet);
+	mts_hooks_start(srv->hooks, srv->reg.totals.state,
+	                &srv->reg.totals.fig);
 	return 0;
 
 fail_stop_hooks:
