@@ -408,7 +408,11 @@ def test_in_process():
                      timeout=30)
             s1 = os.path.join(tmp, "started-first")
             s2 = os.path.join(tmp, "started-second")
-            with dask.annotate(memtally_bytes="200MiB"):
+            # 160 MiB, not more: with the workers' own memory it must not
+            # take the fleet `over` (which pauses every worker, and the
+            # second task would never reach Q); beside it, the second's
+            # 100 MiB is denied whatever the workers hold.
+            with dask.annotate(memtally_bytes="160MiB"):
                 f1 = client.submit(hold, MiB, gate, s1, key="first-1",
                                    workers=[q])
             wait_for("first started", lambda: os.path.exists(s1), timeout=30)
