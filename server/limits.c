@@ -33,12 +33,18 @@
  *
  * Enforcement is optional (policy.enforce_signal). Once the fleet has been
  * in `over` for policy.grace_ms, the largest process that is over its own
- * limit gets the signal. It goes through the pidfd, so never to a recycled
- * pid. Then the grace period starts again. That makes at most one signal
- * per grace period in all, hence at most one per process. If no process is
- * over its own limit, nothing is signalled. The fleet is then over because
- * of many processes within their limits, and picking one of them would be
- * a guess.
+ * limit gets the signal. "Largest" and "over" are taken on what the
+ * process claims or, for an untrusted one, what the kernel says it holds
+ * if more (enforce_figure): a worker that hides its memory is chosen
+ * before an honest one of another user. The signal goes through the
+ * pidfd, so never to a recycled pid, and never to memtallyd itself. Then
+ * the grace period starts again. That makes at most one signal per grace
+ * period in all, and one per process per grace period or
+ * MTS_ENFORCE_AGAIN_MIN_NS, whichever is longer (a grace of 0 would
+ * otherwise signal the same process every tick until it exits). A signal
+ * that fails spends no grace. If no process is over its own limit,
+ * nothing is signalled. The fleet is then over because of many processes
+ * within their limits, and picking one of them would be a guess.
  */
 #include "mts_limits.h"
 
@@ -48,6 +54,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/pidfd.h>
+#include <unistd.h>
 
 #include "mts_defs.h"
 #include "mts_log.h"
@@ -57,6 +64,9 @@
 #include "mts_state.h"
 #include "mts_vouch.h"
 #include "mtshm.h"
+
+/* The least time before the same process is signalled again. */
+#define MTS_ENFORCE_AGAIN_MIN_NS (UINT64_C(1000) * 1000000u)
 
 /* value >= limit x bp / 10000, compared exactly (128-bit, no rounding:
  * with a limit of 1 byte, 0 is below 95% of it). */
@@ -435,6 +445,21 @@ int mts_limit_set_pid(struct mts_registry *reg, uint32_t pid, uint64_t bytes,
 	return 0;
 }
 
+/* What enforcement ranks a process by. A process's own state is on its
+ * claim, which is the claimant's business; choosing whom to signal for
+ * the fleet is everyone's. An untrusted process counts at least what the
+ * kernel says it holds, so one that understates (a zeroed slot, memory the
+ * client cannot see) cannot leave another user's process to be chosen in
+ * its place. It may overstate: that makes only itself the choice. */
+static uint64_t enforce_figure(const struct mts_registry *reg,
+                               const struct mts_proc *p)
+{
+	uint64_t c = p->bytes;
+	if (p->untrusted && p->vouch.kernel > c)
+		c = p->vouch.kernel;
+	return mts_measured(reg, c, p->rss);
+}
+
 void mts_enforce(struct mts_registry *reg, uint64_t now_ns)
 {
 	const struct mts_policy *pol = &reg->policy;
@@ -470,13 +495,18 @@ void mts_enforce(struct mts_registry *reg, uint64_t now_ns)
 
 	struct mts_proc *best = NULL;
 	uint64_t best_v = 0;
+	uint64_t again =
+	    grace > MTS_ENFORCE_AGAIN_MIN_NS ? grace : MTS_ENFORCE_AGAIN_MIN_NS;
+	uint32_t self = (uint32_t)getpid();
 	for (uint32_t i = 0; i < reg->ndense; i++) {
 		struct mts_proc *p = reg->by_slot[reg->dense[i]];
-		if (p->state != MTSHM_STATE_OVER)
+		if (p->pid == self || p->pidfd < 0)
 			continue;
-		if (p->last_signal_ns && now_ns - p->last_signal_ns < grace)
+		if (p->last_signal_ns && now_ns - p->last_signal_ns < again)
 			continue;
-		uint64_t v = mts_measured(reg, p->bytes, p->rss);
+		uint64_t v = enforce_figure(reg, p);
+		if (p->state != MTSHM_STATE_OVER && !(p->limit && v > p->limit))
+			continue;
 		if (!best || v > best_v ||
 		    (v == best_v && p->pid < best->pid)) {
 			best = p;
@@ -499,16 +529,19 @@ void mts_enforce(struct mts_registry *reg, uint64_t now_ns)
 		return;
 	}
 	char qc[MTS_LOGQ_MAX], qg[MTS_LOGQ_MAX];
+	/* Not chosen again for a while either way. */
 	best->last_signal_ns = now_ns;
-	/* One signal per grace period in all: let this one take effect
-	 * before choosing another process. */
-	reg->lim->fleet_over_since_ns = now_ns;
 	if (pidfd_send_signal(best->pidfd, pol->enforce_signal, NULL, 0) < 0) {
+		/* Nothing was sent (it has just exited, or we may not): the
+		 * grace period is not spent, the next tick chooses another. */
 		mts_log(MTS_LOG_ERROR, "enforcement signal failed",
 		        "pid=%u signal=SIG%s err=%s", best->pid,
 		        sig ? sig : "?", strerror(errno));
 		return;
 	}
+	/* One signal per grace period in all: let this one take effect
+	 * before choosing another process. */
+	reg->lim->fleet_over_since_ns = now_ns;
 	reg->lim->enforcement_signals++;
 	mts_log(MTS_LOG_WARN, "enforcement: signal sent",
 	        "pid=%u comm=%s group=%s signal=SIG%s bytes=%llu rss=%llu "

@@ -23,6 +23,12 @@ test_a_genuine_allocation_is_vouched_for: a nobody worker that really
 allocates and touches 200 MiB is counted in full toward the fleet (its
 kernel figure follows), so vouching never undercounts an honest worker.
 
+test_a_hidden_allocation_is_signalled_not_an_honest_one: a nobody worker
+that really holds 200 MiB zeroes its claim; the second user's honest
+worker holds 150 MiB, over its 100 MiB process limit. The fleet limit is
+lowered under both: enforcement (SIGKILL) chooses the one that hid its
+memory, by what the kernel says it holds, and the honest worker lives.
+
 test_flapping_claim_runs_hooks_at_most_once_per_interval: a claim of
 9 GiB toggled every 15 ms for 4 s. As nobody's, it changes no shared state
 at all; as root's (trusted: counted in full), the fleet flaps, and the
@@ -174,6 +180,76 @@ def test_a_genuine_allocation_is_vouched_for():
             w.kill()
 
 
+def hide(s, pid, nbytes):
+    """Make `pid`'s own slot say it holds `nbytes` less, as the process
+    itself could: its heap bytes, and its allocator's free-memory sample
+    rewritten to match (else the server counts what left the heap as free
+    memory its allocator kept)."""
+    m, o = wait_for(f"slot of {pid}", lambda: find_slot(s.segment, pid))
+    try:
+        cur = struct.unpack_from("<q", m, o + LANE0_BYTES)[0]
+        struct.pack_into("<q", m, o + LANE0_BYTES, cur - nbytes)
+        # Lane 0's free_seq, free_bytes, free_heap (shm/mtshm.h): a new
+        # even sequence, no free memory, at no heap.
+        seq = struct.unpack_from("<Q", m, o + LANE0_BYTES + 24)[0]
+        struct.pack_into("<qq", m, o + LANE0_BYTES + 32, 0, 0)
+        struct.pack_into("<Q", m, o + LANE0_BYTES + 24, (seq | 1) + 1)
+    finally:
+        m.close()
+
+
+def test_a_hidden_allocation_is_signalled_not_an_honest_one():
+    second = second_user()
+    cfg = config("[server]\ngroup = nogroup\n"
+                 "[limits]\nfleet = 2GiB\nprocess = 100MiB\n"
+                 "[enforce]\nsignal = SIGKILL\ngrace = 200\n"
+                 "[trust]\nuntouched_allowance = 16MiB\n"
+                 "untouched_time = 1s\n")
+    preload, hold = world_readable_copy(
+        os.environ["MEMTALLY_PRELOAD_LIB"], worker("hold"))
+    with Server("--config", cfg) as s:
+        open_to_nobody(s)
+        env = s.env()
+        env["LD_PRELOAD"] = preload
+        honest = Worker([*hold, "150"], env, user=(second[0], NOGROUP))
+        hider = Worker([*hold, "200"], env, user=(NOBODY, NOGROUP))
+        try:
+            check(honest.readline().startswith("ready"), "honest not ready")
+            check(hider.readline().startswith("ready"), "hider not ready")
+            wait_for("the honest worker over its own limit", lambda: s.ps()[
+                honest.pid]["state"] == "over")
+
+            def vouched():
+                p = s.ps().get(hider.pid)
+                return p if p and p["bytes"] >= 200 * MIB and \
+                    p["unvouched"] == 0 else None
+            wait_for("the hider's 200 MiB vouched for", vouched)
+            hide(s, hider.pid, 190 * MIB)
+            # Its own figure says little; the fleet still counts what
+            # the kernel says it holds.
+            wait_for("the lie published", lambda: s.ps()[hider.pid][
+                "bytes"] < 40 * MIB)
+            check(s.ps()[hider.pid]["state"] != "over",
+                  "the hider is over by its own figure")
+            check(s.status()["fleet"]["bytes"] >= 330 * MIB,
+                  f"fleet does not count the hidden memory: "
+                  f"{s.status()['fleet']}")
+            s.cli("limit", "set", "fleet", "256MiB")
+            wait_for("someone signalled",
+                     lambda: hider.proc.poll() is not None or
+                     honest.proc.poll() is not None)
+            check(hider.proc.poll() is not None, "the hider lives")
+            check(honest.proc.poll() is None, "the honest worker was killed")
+            check(f"pid={hider.pid} " in s.logtext() and
+                  "enforcement: signal sent" in s.logtext(),
+                  "no enforcement line names the hider")
+            print("  the worker that hid 190 MiB was signalled; the "
+                  "honest one, over its own limit, lives", flush=True)
+        finally:
+            honest.kill()
+            hider.kill()
+
+
 def flap(s, pid, seconds):
     m, o = wait_for(f"slot of {pid}", lambda: find_slot(s.segment, pid))
     base = struct.unpack_from("<q", m, o + LANE0_BYTES)[0]
@@ -237,4 +313,5 @@ def test_flapping_claim_runs_hooks_at_most_once_per_interval():
 if __name__ == "__main__":
     run([test_lies_hurt_only_the_liar,
          test_a_genuine_allocation_is_vouched_for,
+         test_a_hidden_allocation_is_signalled_not_an_honest_one,
          test_flapping_claim_runs_hooks_at_most_once_per_interval])
