@@ -67,6 +67,15 @@ int mt_split_hostport(const char *s, char *host, size_t cap, uint16_t *port);
 size_t mt_utf8_seq(const unsigned char *s, uint32_t *cp);
 
 /*
+ * Make `s` valid UTF-8 in place: each byte that does not start a valid
+ * sequence becomes '?'. For text the server built with a name in it and cut
+ * to a buffer's size (snprintf cuts at a byte, maybe inside a character),
+ * before it goes into a protobuf string, which a peer's decoder refuses
+ * whole when it is not UTF-8.
+ */
+void mt_utf8_scrub(char *s);
+
+/*
  * Code points that change how a terminal or a text view shows what
  * follows: C0 and C1 controls (U+009B is CSI, U+009D OSC), DEL, and the
  * bidirectional marks, embeddings, overrides and isolates. A name another

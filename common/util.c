@@ -79,6 +79,20 @@ size_t mt_utf8_seq(const unsigned char *s, uint32_t *cp)
 	return n;
 }
 
+void mt_utf8_scrub(char *s)
+{
+	unsigned char *u = (unsigned char *)s;
+	while (*u) {
+		uint32_t c;
+		size_t k = mt_utf8_seq(u, &c);
+		if (k == 0) {
+			*u++ = '?';
+			continue;
+		}
+		u += k;
+	}
+}
+
 bool mt_cp_hostile(uint32_t c)
 {
 	return c < 0x20 || (c >= 0x7f && c <= 0x9f) || c == 0x061c ||

@@ -91,8 +91,12 @@ static int append_error(struct mts_buf *out, uint64_t id,
 {
 	Memtally__V1__Response resp = MEMTALLY__V1__RESPONSE__INIT;
 	Memtally__V1__Error e = MEMTALLY__V1__ERROR__INIT;
+	/* A message may quote a name, or a peer's bytes, cut short. */
+	char text[1024];
+	snprintf(text, sizeof(text), "%s", msg);
+	mt_utf8_scrub(text);
 	e.code = code;
-	e.message = (char *)msg;
+	e.message = text;
 	resp.id = id;
 	resp.error = &e;
 	return append_response(out, &resp);
@@ -372,6 +376,13 @@ static int do_get_usage(struct mts_registry *reg, const struct viewer *v,
 	switch (q ? q->scope_case : MEMTALLY__V1__GET_USAGE__SCOPE__NOT_SET) {
 	case MEMTALLY__V1__GET_USAGE__SCOPE_GROUP: {
 		const char *name = q->group[0] ? q->group : "default";
+		/* Echoed in the answer: never bytes a decoder refuses. */
+		if (!mt_name_ok(name))
+			return append_error(
+			    out, id,
+			    MEMTALLY__V1__ERROR_CODE__ERROR_INVALID_REQUEST,
+			    "group: not a valid name (at most 255 bytes of "
+			    "UTF-8, no control or bidi characters)");
 		fill_group(reg, mts_find_group(reg, name), name, &gu);
 		u.group = &gu;
 		break;
@@ -613,6 +624,9 @@ static int do_admit(struct mts_registry *reg, const struct mts_peer *peer,
 	ar_pb.growth_bytes_per_s = res.growth;
 	ar_pb.seconds_to_limit = res.forecast_s;
 	ar_pb.reserved_for_task = res.reserve;
+	/* Both may quote a kind's name cut to their buffer. */
+	mt_utf8_scrub(res.sized_by);
+	mt_utf8_scrub(res.why);
 	ar_pb.sized_by = res.sized_by;
 	ar_pb.declared_bytes = res.declared;
 	if (res.admitted) {
@@ -899,7 +913,11 @@ int mts_event_append(const struct mts_registry *reg, uint64_t id,
 	ev.reserved_bytes = e->reserved;
 	ev.time_ns = e->time_ns;
 	ev.measure = (char *)mts_measure_name(reg->policy.measure);
-	ev.reason = (char *)(e->reason ? e->reason : "");
+	/* The guard's reasons quote a task's name, cut to their buffer. */
+	char reason[1024];
+	snprintf(reason, sizeof(reason), "%s", e->reason ? e->reason : "");
+	mt_utf8_scrub(reason);
+	ev.reason = reason;
 	ev.growth_bytes_per_s = e->growth;
 	ev.seconds_to_limit = e->forecast_s;
 	resp.id = id;

@@ -47,9 +47,9 @@ Test(common, hostport_accepts)
 	for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
 		char host[64] = "unchanged";
 		uint16_t port = 1;
-		cr_assert_eq(mt_split_hostport(ok[i].in, host, sizeof(host),
-		                               &port),
-		             0, "refused \"%s\"", ok[i].in);
+		cr_assert_eq(
+		    mt_split_hostport(ok[i].in, host, sizeof(host), &port), 0,
+		    "refused \"%s\"", ok[i].in);
 		cr_assert_str_eq(host, ok[i].host);
 		cr_assert_eq(port, ok[i].port, "%s", ok[i].in);
 	}
@@ -58,18 +58,17 @@ Test(common, hostport_accepts)
 Test(common, hostport_refuses)
 {
 	static const char *const bad[] = {
-	    "",          ":9464",      "127.0.0.1",       "127.0.0.1:",
-	    "h:x",       "h:65536",    "h:-1",            "h: 1",
-	    "h:+1",      "h:0x10",     "h:123456",        "::1:80",
-	    "[::1]",     "[::1:80",    "::1]:80",         "[]:80",
-	    "[::1]x:80",
+	    "",         ":9464",     "127.0.0.1", "127.0.0.1:", "h:x",
+	    "h:65536",  "h:-1",      "h: 1",      "h:+1",       "h:0x10",
+	    "h:123456", "::1:80",    "[::1]",     "[::1:80",    "::1]:80",
+	    "[]:80",    "[::1]x:80",
 	};
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
 		char host[64];
 		uint16_t port;
-		cr_assert_eq(mt_split_hostport(bad[i], host, sizeof(host),
-		                               &port),
-		             -EINVAL, "accepted \"%s\"", bad[i]);
+		cr_assert_eq(
+		    mt_split_hostport(bad[i], host, sizeof(host), &port),
+		    -EINVAL, "accepted \"%s\"", bad[i]);
 	}
 	char small[4];
 	uint16_t port;
@@ -163,4 +162,17 @@ Test(common, utf8_and_hostile_code_points)
 	cr_assert_not(mt_cp_hostile('a'));
 	cr_assert_not(mt_cp_hostile(0xe9));
 	cr_assert_not(mt_cp_hostile(0x1f600));
+}
+
+Test(common, utf8_scrub_marks_each_byte_outside_a_sequence)
+{
+	char cut[] = "kind \xe3\x83\x87\xe3\x83 has";
+	mt_utf8_scrub(cut);
+	cr_assert_str_eq(cut, "kind \xe3\x83\x87?? has");
+	char bad[] = "\xc0\xaf \xed\xa0\x80 \xf5\x80 ok \xf0\x9f\x98\x80";
+	mt_utf8_scrub(bad);
+	cr_assert_str_eq(bad, "?? ??? ?? ok \xf0\x9f\x98\x80");
+	char whole[] = "caf\xc3\xa9";
+	mt_utf8_scrub(whole);
+	cr_assert_str_eq(whole, "caf\xc3\xa9");
 }

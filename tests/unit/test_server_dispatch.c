@@ -529,6 +529,21 @@ Test(dispatch, bad_names_and_no_credentials)
 	expect_error(fx_call(&peer, &req), 8,
 	             MEMTALLY__V1__ERROR_CODE__ERROR_UNSUPPORTED);
 	cr_assert_eq(srv.reg.nfree, 4);
+
+	/* A group name is echoed in GetUsage's answer: one that is not a
+	 * name (cut UTF-8, a control character) is refused, not echoed. */
+	expect_error(
+	    get_usage(MEMTALLY__V1__GET_USAGE__SCOPE_GROUP, "etl\xe3\x83", 0),
+	    9, MEMTALLY__V1__ERROR_CODE__ERROR_INVALID_REQUEST);
+	expect_error(
+	    get_usage(MEMTALLY__V1__GET_USAGE__SCOPE_GROUP, "a\x1b[2J", 0), 9,
+	    MEMTALLY__V1__ERROR_CODE__ERROR_INVALID_REQUEST);
+	Memtally__V1__Response *r =
+	    get_usage(MEMTALLY__V1__GET_USAGE__SCOPE_GROUP, "not-yet", 0);
+	cr_assert_null(r->error);
+	cr_assert_str_eq(r->usage->group->name, "not-yet");
+	cr_assert_eq(r->usage->group->bytes, 0);
+	memtally__v1__response__free_unpacked(r, NULL);
 }
 
 Test(dispatch, dead_peer_not_registered)

@@ -1512,3 +1512,37 @@ Test(kinds, kinds_age_out_while_a_write_of_the_record_is_stuck)
 	unlink(spath);
 	unlink(kpath);
 }
+
+/* Every byte of `s` in a whole UTF-8 sequence. */
+static bool utf8_whole(const char *s)
+{
+	uint32_t c;
+	for (size_t k; *s; s += k)
+		if ((k = mt_utf8_seq((const unsigned char *)s, &c)) == 0)
+			return false;
+	return true;
+}
+
+Test(kinds, an_answer_quoting_a_long_kind_is_whole_utf8)
+{
+	/* 135 bytes of three-byte characters, a valid name: the answer's
+	 * texts quote it cut to 128 bytes, inside a character. A proto3
+	 * string that is not UTF-8 makes a peer's decoder refuse the whole
+	 * answer, the grant with it. */
+	start_fleet(0);
+	char kind[256] = "";
+	for (int i = 0; i < 9; i++)
+		strcat(kind, "\xe3\x83\x87\xe3\x83\xbc\xe3\x82\xbf"
+		             "\xe5\x87\xa6\xe7\x90\x86");
+	cr_assert_eq(strlen(kind), 135);
+	cr_assert(mt_name_ok(kind));
+	char why[320];
+	reserved_for(1000, 10 * MIB, kind, why, sizeof(why));
+	cr_assert(utf8_whole(why), "not UTF-8: %s", why);
+	cr_assert(strstr(why, "declared"), "%s", why);
+	for (int i = 0; i < 5; i++)
+		note_run(&srv.reg, kind, 1000, 8 * MIB, false);
+	reserved_for(1000, 10 * MIB, kind, why, sizeof(why));
+	cr_assert(utf8_whole(why), "not UTF-8: %s", why);
+	cr_assert(strstr(why, "p95 of 5 runs"), "%s", why);
+}
