@@ -419,8 +419,10 @@ tick_range(struct mts_registry *reg, uint32_t from, uint32_t to, bool rate,
 		tick_proc(reg, p, lanes, now, acc);
 		/* The process's limit state, while its line is in cache. A
 		 * second pass over every process would cost mostly cache
-		 * misses. Without a limit a process stays ok: skip. */
-		if (p->limit || p->state != MTSHM_STATE_OK)
+		 * misses. Without a limit a process stays ok: skip, unless
+		 * its way back to ok is still to be told. */
+		if (p->limit || p->state != MTSHM_STATE_OK ||
+		    p->told_state != MTSHM_STATE_OK)
 			mts_limits_eval_proc(reg, p);
 		/* What counts toward others (all of a trusted process's
 		 * claim): the growth the node guard and the forecasts read is
@@ -460,6 +462,7 @@ void mts_core_tick(struct mts_registry *reg)
 	lo = lo < n ? lo : n;
 	hi = hi < n ? hi : n;
 	t->rate_slice = (t->rate_slice + 1) % MTS_RATE_PROC_SLICES;
+	mts_limits_procs_begin(reg);
 	tick_range(reg, 0, lo, false, started, &acc);
 	tick_range(reg, lo, hi, true, started, &acc);
 	tick_range(reg, hi, n, false, started, &acc);

@@ -25,7 +25,9 @@
  *
  * Every change of the fleet's or a group's state, and every process
  * entering or leaving `over`, is handed to reg->lim->on_event (the Watch
- * broadcast). It is logged within a budget (mts_log.h): the scope's for
+ * broadcast); a process's within its uid's event budget (20 a second,
+ * bursts of 40), past which the change is told when the budget allows,
+ * as it then stands. It is logged within a budget (mts_log.h): the scope's for
  * the fleet and groups, the uid's for a process. A process in `over` has
  * MTSHM_SLOT_OVER_LIMIT set in its slot, so the worker can see it with one
  * load. The flag is cleared when it leaves `over`. Processes can be `high`
@@ -64,6 +66,13 @@
 #include "mts_state.h"
 #include "mts_vouch.h"
 #include "mtshm.h"
+
+/* Each uid's processes' over / back-under Watch events: a flapping figure
+ * of 512 processes would otherwise send every subscriber 50,000 events a
+ * second. Past the budget the change is told later, once, as it then
+ * stands; the slot's flag never waits. */
+#define MTS_PROC_EVENTS_PER_S 20.0
+#define MTS_PROC_EVENTS_BURST 40.0
 
 /* The least time before the same process is signalled again. */
 #define MTS_ENFORCE_AGAIN_MIN_NS (UINT64_C(1000) * 1000000u)
@@ -250,41 +259,94 @@ static void eval_group(struct mts_registry *reg, struct mts_group *g)
 	     g->reserved, why, g->growth, fc, &g->fig);
 }
 
+/* May one more event of `t`'s processes go out now? */
+static bool proc_event_token(struct mts_table *t, uint64_t now_ns)
+{
+	if (t->ev_ns == 0 || now_ns < t->ev_ns) {
+		t->ev_tokens = MTS_PROC_EVENTS_BURST;
+	} else {
+		t->ev_tokens +=
+		    (double)(now_ns - t->ev_ns) * MTS_PROC_EVENTS_PER_S / 1e9;
+		if (t->ev_tokens > MTS_PROC_EVENTS_BURST)
+			t->ev_tokens = MTS_PROC_EVENTS_BURST;
+	}
+	t->ev_ns = now_ns;
+	if (t->ev_tokens < 1)
+		return false;
+	t->ev_tokens -= 1;
+	return true;
+}
+
+/* Tell Watch that `p` went over or back under (from state `from`), within
+ * its uid's budget; past it, at a later evaluation (whatever its state is
+ * by then). */
+static void proc_tell(struct mts_registry *reg, struct mts_proc *p,
+                      uint32_t from)
+{
+	bool is_over = p->state == MTSHM_STATE_OVER;
+	bool told_over = p->told_state == MTSHM_STATE_OVER;
+	if (is_over == told_over)
+		return;
+	if (!proc_event_token(p->table, mts_now_monotonic())) {
+		reg->lim->owed = true;
+		return;
+	}
+	/* The state it left; or, for a change told late, the one its
+	 * subscribers last heard. */
+	uint32_t prev =
+	    (from == MTSHM_STATE_OVER) == told_over ? from : p->told_state;
+	p->told_state = p->state;
+	char scope[24];
+	snprintf(scope, sizeof(scope), "pid:%u", p->pid);
+	emit(reg, p, scope, p->state, prev, p->bytes, p->rss, p->limit, 0,
+	     is_over ? "over its limit" : "back under its limit",
+	     mts_proc_growth(reg, p), 0, NULL);
+}
+
 void mts_limits_eval_proc(struct mts_registry *reg, struct mts_proc *p)
 {
 	const struct mts_policy *pol = &reg->policy;
 	uint64_t value = mts_measured(reg, p->bytes, p->rss);
 	uint32_t next = mts_state_next(p->state, value, p->limit, pol->high_bp,
 	                               pol->hyst_bp, false);
-	if (next == p->state)
+	if (next == p->state) {
+		/* Nothing held back last time: nothing to tell. */
+		if (reg->lim->owed_seen)
+			proc_tell(reg, p, p->told_state);
 		return;
+	}
 	uint32_t prev = p->state;
 	p->state = next;
 	bool was_over = prev == MTSHM_STATE_OVER;
 	bool is_over = next == MTSHM_STATE_OVER;
 	if (was_over == is_over)
 		return; /* ok <-> high of a process is not an event */
-	/* The flags word has one writer, us; the client only reads it. */
+	/* The flags word has one writer, us; the client only reads it. The
+	 * flag follows at once; only the event waits for the budget. */
 	struct mtshm_slot_id *s = reg->slot_at[p->slot];
 	uint32_t flags = mtshm_load_relaxed32(&s->flags);
 	flags = is_over ? flags | MTSHM_SLOT_OVER_LIMIT
 	                : flags & ~MTSHM_SLOT_OVER_LIMIT;
 	mtshm_store_release32(&s->flags, flags);
-	char scope[24];
-	snprintf(scope, sizeof(scope), "pid:%u", p->pid);
-	emit(reg, p, scope, next, prev, p->bytes, p->rss, p->limit, 0,
-	     is_over ? "over its limit" : "back under its limit",
-	     mts_proc_growth(reg, p), 0, NULL);
+	proc_tell(reg, p, prev);
 }
 
 void mts_limits_proc_gone(struct mts_registry *reg, const struct mts_proc *p)
 {
-	if (p->state != MTSHM_STATE_OVER)
+	/* Its end is told only if its over was: outside the budget, as a
+	 * uid's exits are bounded by its registrations. */
+	if (p->told_state != MTSHM_STATE_OVER)
 		return;
 	char scope[24];
 	snprintf(scope, sizeof(scope), "pid:%u", p->pid);
 	emit(reg, p, scope, MTSHM_STATE_OK, MTSHM_STATE_OVER, p->bytes, p->rss,
 	     p->limit, 0, "exited", 0, 0, NULL);
+}
+
+void mts_limits_procs_begin(struct mts_registry *reg)
+{
+	reg->lim->owed_seen = reg->lim->owed;
+	reg->lim->owed = false;
 }
 
 void mts_limits_eval(struct mts_registry *reg, bool procs)
@@ -293,9 +355,11 @@ void mts_limits_eval(struct mts_registry *reg, bool procs)
 	for (uint32_t i = 0; i < reg->groups_used; i++)
 		if (reg->groups[i].name)
 			eval_group(reg, &reg->groups[i]);
-	if (procs)
+	if (procs) {
+		mts_limits_procs_begin(reg);
 		for (uint32_t i = 0; i < reg->ndense; i++)
 			mts_limits_eval_proc(reg, reg->by_slot[reg->dense[i]]);
+	}
 }
 
 /* Evaluate and publish at once: a change made by a request (SetLimit,

@@ -16,6 +16,10 @@ struct mts_limits_state {
 	uint64_t fleet_over_since_ns; /* CLOCK_MONOTONIC; 0 = not over */
 	bool enforce_idle_logged;     /* "nothing to signal" said once */
 	uint64_t enforcement_signals; /* signals sent, for /metrics */
+	/* A process's over/back-under change was held back by its uid's
+	 * event budget this tick (owed), or the last (owed_seen): the next
+	 * evaluation looks at every process for it. */
+	bool owed, owed_seen;
 	/* Called on every state change (Watch). May be NULL. */
 	void (*on_event)(void *ctx, const struct mts_event *ev);
 	void *event_ctx;
@@ -34,6 +38,10 @@ struct mts_limits_state {
  */
 uint32_t mts_state_next(uint32_t cur, uint64_t value, uint64_t limit,
                         uint32_t high_bp, uint32_t hyst_bp, bool forecast);
+
+/* Before an evaluation of every process (the tick's pass): what was held
+ * back by a uid's event budget at the last is looked at again. */
+void mts_limits_procs_begin(struct mts_registry *reg);
 
 /* The figure limits compare, per reg->policy.measure. */
 uint64_t mts_measured(const struct mts_registry *reg, uint64_t accounted,

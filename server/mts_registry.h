@@ -76,6 +76,9 @@ struct mts_proc {
 	/* MTS_CLAMPED_*: parts of its figure clamped at 0 now (logged when
 	 * the clamping starts). Byte 64: the second line, read every tick. */
 	uint8_t clamped;
+	/* The state its last Watch event said (limits.c): it may lag
+	 * `state` while its uid's event budget is spent. */
+	uint8_t told_state;
 	/* Its mapped bytes against the kernel's (mts_mapped_read in rss.c).
 	 * `mapped_seen` is lane 0's figure at the latest tick, and `mapped`
 	 * the part of it that counts. The figure rose last at
@@ -209,6 +212,9 @@ struct mts_table {
 	                           0 while in use */
 	struct mtshm_map map;   /* fd kept: handed to the uid's workers */
 	struct mts_vouch_uid vouch; /* vouch.c */
+	/* Its processes' Watch events: a token bucket (limits.c). */
+	double ev_tokens;
+	uint64_t ev_ns; /* CLOCK_MONOTONIC of the last refill, 0 = full */
 };
 
 struct mts_state;

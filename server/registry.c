@@ -844,7 +844,8 @@ static int proc_reset(struct mts_registry *reg, struct mts_proc *p,
 	p->free_held = (struct mtshm_free_held){0};
 	p->rss_known = false; /* the old image's read says nothing of it */
 	p->corrupt = false;
-	p->state = MTSHM_STATE_OK; /* slot_init clears the flag */
+	p->state = MTSHM_STATE_OK;      /* slot_init clears the flag */
+	p->told_state = MTSHM_STATE_OK; /* `leaving` told its end */
 	p->last_signal_ns = 0;
 	mts_rate_reset(&p->rate); /* a new program: its own growth */
 	p->limit = p->limit_set ? p->limit_set : reg->policy.process_limit;

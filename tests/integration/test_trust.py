@@ -231,9 +231,10 @@ def test_a_hidden_allocation_is_signalled_not_an_honest_one():
                 "bytes"] < 40 * MIB)
             check(s.ps()[hider.pid]["state"] != "over",
                   "the hider is over by its own figure")
-            check(s.status()["fleet"]["bytes"] >= 330 * MIB,
-                  f"fleet does not count the hidden memory: "
-                  f"{s.status()['fleet']}")
+            # 150 MiB + 200 MiB, less what the kernel's figures have not
+            # caught up with yet; by its claims alone, about 160 MiB.
+            wait_for("the fleet counts the hidden memory",
+                     lambda: s.status()["fleet"]["bytes"] >= 300 * MIB)
             s.cli("limit", "set", "fleet", "256MiB")
             wait_for("someone signalled",
                      lambda: hider.proc.poll() is not None or

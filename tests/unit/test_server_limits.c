@@ -298,6 +298,60 @@ Test(limits, process_over_its_limit_flags_slot)
 	cr_assert_eq(events[1].state, HIGH);
 }
 
+Test(limits, a_flapping_process_sends_events_within_its_uids_budget)
+{
+	/* Over and back every tick, 300 times: the slot's flag follows each
+	 * change, the Watch events stay within the uid's budget (a burst of
+	 * 40, 20 a second), and the state it ends in is told once the budget
+	 * allows. */
+	policy_fleet(0, 9000);
+	pol.process_limit = 1000;
+	fx_start_policy(&pol);
+	pid_t a = fx_spawn();
+	uint32_t sa = fx_register(a, "g", "");
+	struct mtshm_slot_id *s = mts_slot(&srv.reg, sa);
+	char scope[32];
+	snprintf(scope, sizeof(scope), "pid:%d", (int)a);
+	uint64_t t0 = mts_now_monotonic();
+	for (int i = 0; i < 150; i++) {
+		fx_write(sa, 1500);
+		mts_core_tick(&srv.reg);
+		cr_assert(s->flags & MTSHM_SLOT_OVER_LIMIT);
+		fx_write(sa, 0);
+		mts_core_tick(&srv.reg);
+		cr_assert_eq(s->flags & MTSHM_SLOT_OVER_LIMIT, 0);
+	}
+	double took = (double)(mts_now_monotonic() - t0) / 1e9;
+	int n = count_events(scope);
+	cr_assert_geq(n, 40, "%d events", n);
+	cr_assert_leq(n, 40 + (int)(20 * took) + 1, "%d events in %.2f s", n,
+	              took);
+	/* It stays over: told within a token's time (50 ms), once. */
+	fx_write(sa, 1500);
+	mts_core_tick(&srv.reg);
+	uint64_t end = mts_now_monotonic() + 2000000000u;
+	while (strcmp(events[nevents - 1].scope, scope) != 0 ||
+	       events[nevents - 1].state != OVER) {
+		cr_assert_lt(mts_now_monotonic(), end, "over never told");
+		usleep(10000);
+		mts_core_tick(&srv.reg);
+	}
+	int told = nevents;
+	for (int i = 0; i < 20; i++) {
+		usleep(10000);
+		mts_core_tick(&srv.reg);
+	}
+	cr_assert_eq(nevents, told, "told again");
+	/* Alternate events: never two overs in a row. */
+	int last = -1;
+	for (int i = 0; i < nevents; i++) {
+		if (strcmp(events[i].scope, scope) != 0)
+			continue;
+		cr_assert_neq((int)events[i].state, last, "event %d", i);
+		last = (int)events[i].state == OVER ? OVER : -2;
+	}
+}
+
 Test(limits, set_limit_needs_authorisation)
 {
 	policy_fleet(0, 9000);
