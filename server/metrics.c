@@ -777,15 +777,20 @@ static void render_kinds(struct out *o, const struct mts_registry *reg)
 	uint32_t shown = (uint32_t)n < reg->policy.metrics_max_groups
 	                     ? (uint32_t)n
 	                     : reg->policy.metrics_max_groups;
-	static const char *const names[] = {"memtally_kind_learned_bytes",
-	                                    "memtally_kind_runs",
-	                                    "memtally_kind_evictions"};
+	/* The per-kind evictions are a counter of their own name: beside
+	 * the unlabelled memtally_kind_evictions_total, one family of the
+	 * same stem would be two families to an OpenMetrics reader. */
+	static const char *const names[] = {
+	    "memtally_kind_learned_bytes", "memtally_kind_runs",
+	    "memtally_kind_guard_evictions_total"};
 	static const char *const helps[] = {
 	    ("The size admission reserves for the kind's next task (0: no "
 	     "history)."),
 	    "Runs the learned size is taken from.",
 	    "Tasks of the kind the node guard ended."};
-	for (int f = 0; f < 3; f++) {
+	for (int f = 0; f < 3 && shown; f++) {
+		/* No kind yet: no family (a HELP and TYPE with no sample
+		 * is a family promtool and some scrapers flag). */
 		family(o, names[f], f == 2 ? "counter" : "gauge", helps[f]);
 		for (uint32_t i = 0; i < shown; i++) {
 			const struct mts_kind *k = list[i];
@@ -1520,8 +1525,12 @@ static int listen_on(const struct sockaddr_storage *ss, socklen_t len)
 		return -errno;
 	/* Restarting memtallyd must not wait out TIME_WAIT. */
 	setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-	if (ss->ss_family == AF_INET6)
-		setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
+	if (ss->ss_family == AF_INET6 &&
+	    setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero)) < 0)
+		/* Still served, over IPv6 only: an IPv4 scraper is not. */
+		mts_log(MTS_LOG_WARN,
+		        "/metrics: cannot listen for IPv4 on an IPv6 address",
+		        "err=%s", strerror(errno));
 	if (bind(fd, (const struct sockaddr *)ss, len) < 0 ||
 	    listen(fd, LISTEN_BACKLOG) < 0) {
 		int err = -errno;

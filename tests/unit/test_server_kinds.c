@@ -729,6 +729,14 @@ static char *render(void)
 Test(kinds, metrics_bounded_and_per_kind_only_when_asked)
 {
 	start_fleet(0);
+	/* No kind yet: no per-kind family at all, not one without samples. */
+	srv.reg.policy.metrics_per_kind = true;
+	char *t0 = render();
+	cr_assert(strstr(t0, "\nmemtally_kinds 0\n"), "%s", t0);
+	cr_assert_null(strstr(t0, "memtally_kind_learned_bytes"), "%s", t0);
+	cr_assert_null(strstr(t0, "memtally_kind_guard_evictions"), "%s", t0);
+	free(t0);
+	srv.reg.policy.metrics_per_kind = false;
 	for (int i = 0; i < 5; i++) {
 		note_run(&srv.reg, "small", 1000, 10 * MIB, false);
 		note_run(&srv.reg, "big", 1001, 100 * MIB, i == 0);
@@ -750,6 +758,11 @@ Test(kinds, metrics_bounded_and_per_kind_only_when_asked)
 	         (unsigned long long)plus10(100 * MIB));
 	cr_assert(strstr(t, want), "%s", t);
 	cr_assert_null(strstr(t, "kind=\"small\""), "%s", t);
+	snprintf(want, sizeof(want),
+	         "\n# TYPE memtally_kind_guard_evictions_total counter\n"
+	         "memtally_kind_guard_evictions_total{kind=\"big\","
+	         "uid=\"1001\"} 1\n");
+	cr_assert(strstr(t, want), "%s", t);
 	free(t);
 }
 
