@@ -874,6 +874,8 @@ static bool uid_admit(struct mts_conn *c, bool admin)
 
 /* A new connection record, linked into the server's list (conn_close()
  * unlinks it), or NULL when out of memory. */
+const size_t mts_conn_record_bytes = sizeof(struct mts_conn);
+
 static struct mts_conn *conn_new(struct mts_conns *net, bool tcp)
 {
 	struct mts_conn *c = calloc(1, sizeof(*c));
@@ -1002,6 +1004,9 @@ static bool conn_is_admin(struct mts_conn *c)
 	       mts_authorise(c->net->reg, &c->peer, NULL) != MTS_AUTH_NONE;
 }
 
+static void refuse_unallocated(struct mts_conns *net, uv_stream_t *listener,
+                               bool tcp);
+
 static void accept_one(uv_stream_t *listener, int status, bool tcp)
 {
 	struct mts_conns *net = listener->data;
@@ -1011,8 +1016,10 @@ static void accept_one(uv_stream_t *listener, int status, bool tcp)
 		return;
 	}
 	struct mts_conn *c = conn_new(net, tcp);
-	if (!c)
+	if (!c) {
+		refuse_unallocated(net, listener, tcp);
 		return;
+	}
 	int err = uv_accept(listener, &c->h.stream);
 	if (err < 0) {
 		mts_log_scope("accept", MTS_LOG_WARN, "accept failed", "err=%s",
@@ -1041,6 +1048,45 @@ static void accept_one(uv_stream_t *listener, int status, bool tcp)
 	            "connection accepted", "%s admin=%d",
 	            mts_peer_who(&c->peer, who, sizeof(who)), admin);
 	resume_reading(c);
+}
+
+static void on_spare_closed(uv_handle_t *h)
+{
+	struct mts_conns *net = h->data;
+	net->spare_busy = false;
+	/* A connection came while the spare was closing: serve it now. */
+	if (net->spare_again && net->listening) {
+		net->spare_again = false;
+		accept_one((uv_stream_t *)&net->listener, 0, false);
+	}
+	if (net->spare_again_tcp && net->tcp_listening) {
+		net->spare_again_tcp = false;
+		accept_one((uv_stream_t *)&net->tcp_listener, 0, true);
+	}
+}
+
+/* No record for a new connection (out of memory): accept it into the
+ * spare handle and close it, so the peer sees EOF (and a worker's client
+ * backs off) and the listener is watched again. */
+static void refuse_unallocated(struct mts_conns *net, uv_stream_t *listener,
+                               bool tcp)
+{
+	if (net->spare_busy) {
+		if (tcp)
+			net->spare_again_tcp = true;
+		else
+			net->spare_again = true;
+		return;
+	}
+	if (tcp)
+		uv_tcp_init(net->loop, &net->spare.tcp);
+	else
+		uv_pipe_init(net->loop, &net->spare.pipe, 0);
+	net->spare.handle.data = net;
+	net->spare_busy = true;
+	if (uv_accept(listener, &net->spare.stream) == 0)
+		net->conn_stats.rejected++;
+	uv_close(&net->spare.handle, on_spare_closed);
 }
 
 static void on_connection(uv_stream_t *listener, int status)

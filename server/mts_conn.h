@@ -126,7 +126,22 @@ struct mts_conns {
 	uv_loop_t *loop;
 	struct mts_registry *reg;
 	const struct mts_config *cfg;
+	/* A connection whose record cannot be allocated is still taken off
+	 * its listener, into this handle, and closed: libuv watches a
+	 * listener again only once its pending connection is accepted, so
+	 * one failed calloc would otherwise stop all accepting for good. */
+	union {
+		uv_handle_t handle;
+		uv_stream_t stream;
+		uv_pipe_t pipe;
+		uv_tcp_t tcp;
+	} spare;
+	bool spare_busy;                   /* closing */
+	bool spare_again, spare_again_tcp; /* a listener to serve after */
 };
+
+/* What a connection's record costs before its buffers (for tests). */
+extern const size_t mts_conn_record_bytes;
 
 /* May `file` (the socket, the restart record) live where it is: is every
  * directory from its own up to / owned by root or us, and not writable by

@@ -873,3 +873,58 @@ Test(peruid, idle_connections_are_closed_watchers_stay, .init = setup_idle,
 	close(w.fd);
 	close(t.fd);
 }
+
+/* calloc is wrapped in this test alone (tests/CMakeLists.txt): it fails
+ * the next `fail_conn_records` allocations of a connection's record. */
+void *__real_calloc(size_t n, size_t size);
+static int fail_conn_records;
+
+void *__wrap_calloc(size_t n, size_t size)
+{
+	if (fail_conn_records > 0 && n == 1 && size == mts_conn_record_bytes) {
+		fail_conn_records--;
+		errno = ENOMEM;
+		return NULL;
+	}
+	return __real_calloc(n, size);
+}
+
+Test(conn, a_connection_without_memory_is_closed_and_the_next_served)
+{
+	/* Out of memory for one connection's record: that peer sees EOF at
+	 * once, and the listener goes on accepting (libuv watches a
+	 * listener again only once its pending connection is accepted).
+	 * Both transports. */
+	struct client a, b;
+	fail_conn_records = 1;
+	client_unix(&a);
+	cr_assert(closed_by_server(&a), "the unix peer stayed open");
+	cr_assert_eq(fail_conn_records, 0);
+	cr_assert_eq(srv.net.conn_stats.rejected, 1);
+	client_unix(&b);
+	get_usage(&b, 1);
+	close(a.fd);
+	close(b.fd);
+
+	fail_conn_records = 1;
+	client_tcp(&a);
+	cr_assert(closed_by_server(&a), "the TCP peer stayed open");
+	cr_assert_eq(fail_conn_records, 0);
+	client_tcp(&b);
+	get_usage(&b, 2);
+	close(a.fd);
+	close(b.fd);
+
+	/* Two at once, both without a record: the second is pending while
+	 * the spare closes, and is accepted again after (its record then
+	 * allocated): served, not stranded. */
+	fail_conn_records = 2;
+	client_unix(&a);
+	client_unix(&b);
+	cr_assert(closed_by_server(&a), "the first stayed open");
+	get_usage(&b, 3);
+	cr_assert_eq(fail_conn_records, 0);
+	cr_assert_eq(srv.net.conn_stats.rejected, 3);
+	close(a.fd);
+	close(b.fd);
+}
