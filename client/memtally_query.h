@@ -261,8 +261,11 @@ MEMTALLY_EXTERN int memtally_query_usage(memtally_query *q,
 /*
  * Figures of one group: (*out)->groups holds exactly that group
  * (n_groups == 1); the fleet fields are as the server reports them
- * alongside. MEMTALLY_ENOTFOUND when the server knows no such group.
- * Free with memtally_usage_free().
+ * alongside. A group the server has not seen yet (no worker, reservation
+ * or [group] section) answers all zero: a scheduler may ask before its
+ * first task starts. MEMTALLY_EBADREQUEST for a name that is not one (over
+ * 255 bytes, not UTF-8, a control character). Free with
+ * memtally_usage_free().
  */
 MEMTALLY_EXTERN int memtally_query_group(memtally_query *q, const char *group,
                                          struct memtally_usage **out);
