@@ -762,7 +762,10 @@ static void render_kinds(struct out *o, const struct mts_registry *reg)
 		return;
 	struct mts_kind **list;
 	int n = mts_kinds_list(reg, &list);
-	if (n < 0) {
+	if (n <= 0) {
+		/* None yet: no list to sort (qsort of NULL is undefined),
+		 * and no family (a HELP and TYPE without a sample is one
+		 * promtool flags). */
 		o->err = n;
 		return;
 	}
@@ -788,9 +791,7 @@ static void render_kinds(struct out *o, const struct mts_registry *reg)
 	     "history)."),
 	    "Runs the learned size is taken from.",
 	    "Tasks of the kind the node guard ended."};
-	for (int f = 0; f < 3 && shown; f++) {
-		/* No kind yet: no family (a HELP and TYPE with no sample
-		 * is a family promtool and some scrapers flag). */
+	for (int f = 0; f < 3; f++) {
 		family(o, names[f], f == 2 ? "counter" : "gauge", helps[f]);
 		for (uint32_t i = 0; i < shown; i++) {
 			const struct mts_kind *k = list[i];
