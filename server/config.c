@@ -55,6 +55,10 @@
 
 /* inih's line buffer (INI_MAX_LINE) less the newline and NUL. */
 #define LINE_MAX_CHARS 198
+/* inih's section buffer (INI_MAX_SECTION, 50) less the NUL: a longer
+ * [section] name is cut there without a word, so a [group NAME] of a long
+ * name would configure another group than its workers name. */
+#define SECTION_MAX_CHARS 49
 /* A config file is small; refuse something that is clearly not one. */
 #define FILE_MAX_BYTES (1u << 20)
 #define TOKEN_MIN      16u
@@ -101,6 +105,13 @@ static bool label_ok(const char *v)
 static bool abs_path_ok(const char *v)
 {
 	return v[0] == '/' && strlen(v) < PATH_MAX;
+}
+
+/* [server] state: an absolute path, or empty for no restart record (NULL
+ * would be the default, SOCKET.state). */
+static bool state_ok(const char *v)
+{
+	return !v[0] || abs_path_ok(v);
 }
 
 /* [trust] trusted_uids: names or numbers separated by commas or blanks;
@@ -253,9 +264,9 @@ const struct mts_key mts_keys[] = {
      .expect = "a name like memtally (1 to 64 bytes, no '/')",
      .flag = "--label", .arg = "NAME",
      .help = "label of the shared objects, as /proc/PID/maps shows them"},
-    {"server", "state", STRING, 0, S(owned[OWNED_STATE]), .ok = abs_path_ok,
-     .expect = "an absolute path", .flag = "--state", .arg = "PATH",
-     .dflt = "SOCKET.state",
+    {"server", "state", STRING, 0, S(owned[OWNED_STATE]), .ok = state_ok,
+     .expect = "an absolute path, or empty for no restart record",
+     .flag = "--state", .arg = "PATH", .dflt = "SOCKET.state",
      .help = "restart record: what a restarted server needs to keep workers"},
     {"server", "slots", COUNT, 0, C(slots), .lo = 1, .hi = MTSHM_MAX_SLOTS,
      .def = MTS_DEFAULT_SLOTS, .flag = "--slots", .help = "worker slots"},
@@ -713,6 +724,26 @@ static int on_ini_key(void *user, const char *section, const char *name,
 	return err == 0;
 }
 
+/* A [section] line that inih would read as another section than it says:
+ * a name longer than its buffer (-ENAMETOOLONG), or blanks at the name's
+ * ends (-EBADMSG: "[group gpu ]" would be a group "gpu "). 0 otherwise,
+ * and for any other line. */
+static int section_check(const char *l, size_t n)
+{
+	if (n == 0 || l[0] != '[')
+		return 0;
+	const char *end = memchr(l, ']', n);
+	if (!end)
+		return 0; /* inih's syntax error, with its line */
+	size_t len = (size_t)(end - l) - 1;
+	if (len > SECTION_MAX_CHARS)
+		return -ENAMETOOLONG;
+	if (len &&
+	    (l[1] == ' ' || l[1] == '\t' || end[-1] == ' ' || end[-1] == '\t'))
+		return -EBADMSG;
+	return 0;
+}
+
 /*
  * Read `path` and normalise it for inih: leading blanks removed from each
  * line (no continuation lines), lines longer than inih's buffer refused.
@@ -721,7 +752,10 @@ static int on_ini_key(void *user, const char *section, const char *name,
 static int read_config(const char *path, char **text, int *bad_line,
                        mode_t *mode)
 {
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	/* O_NONBLOCK: a FIFO put in its place must not hold a start or a
+	 * reload (the loop, the guard with it); only a regular file is
+	 * read. */
+	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
 	if (fd < 0)
 		return -errno;
 	struct stat st;
@@ -776,6 +810,13 @@ static int read_config(const char *path, char **text, int *bad_line,
 			free(out);
 			*bad_line = line;
 			return -EINVAL;
+		}
+		int bad = section_check(raw + start, i - start);
+		if (bad) {
+			free(raw);
+			free(out);
+			*bad_line = line;
+			return bad;
 		}
 		memcpy(out + o, raw + start, i - start);
 		o += i - start;
@@ -970,6 +1011,17 @@ static int load_file(struct load *l, const char *path, char *err, size_t errlen)
 		         "NUL byte",
 		         path, bad_line, LINE_MAX_CHARS);
 		return ret;
+	}
+	if (ret == -ENAMETOOLONG || ret == -EBADMSG) {
+		snprintf(err, errlen,
+		         ret == -ENAMETOOLONG
+		             ? "%s:%d: a [section] name of at most %u "
+		               "characters (a longer group name: set it with "
+		               "MEMTALLY_GROUP only)"
+		             : "%s:%d: a [section] name with blanks at its "
+		               "ends",
+		         path, bad_line, SECTION_MAX_CHARS);
+		return -EINVAL;
 	}
 	if (ret < 0) {
 		snprintf(err, errlen, "%s: cannot read: %s", path,

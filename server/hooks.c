@@ -599,6 +599,26 @@ static bool env_ours(const char *kv)
 /* Our variables besides the figures'. */
 #define OUR_VARS 7
 
+/* A hook is an ordinary process: it does not keep the oom_score_adj that
+ * shields memtallyd (lowered at start, or the unit's OOMScoreAdjust). An
+ * on_over hook runs when memory is short; a runaway one must not be the
+ * last the kernel would kill. Raising a score needs no privilege. Done
+ * as soon as posix_spawn returns: the hook's first instructions may still
+ * run shielded. */
+static void unprotect(pid_t pid)
+{
+	char path[48];
+	snprintf(path, sizeof(path), "/proc/%d/oom_score_adj", (int)pid);
+	int fd = open(path, O_WRONLY | O_CLOEXEC);
+	if (fd < 0)
+		return;
+	if (write(fd, "0", 1) < 0) {
+		/* It has exited already, or a policy forbids it: it
+		 * runs as it is. */
+	}
+	close(fd);
+}
+
 /*
  * Start `/bin/sh -c cmd` for run `r` in its own session. Its stdin and
  * stdout are /dev/null and its stderr a pipe. Every signal is at its
@@ -647,6 +667,7 @@ static int start_process(struct hook_run *r, const char *cmd, char **env)
 	posix_spawnattr_destroy(&at);
 	posix_spawn_file_actions_destroy(&fa);
 	close(pfd[1]);
+	unprotect(pid);
 	r->pid = (int)pid;
 	r->pidfd = pidfd_open(pid, 0);
 	if (r->pidfd < 0) {

@@ -30,8 +30,8 @@ import tempfile
 import time
 
 import pbwire as pb
-from harness import (CLI, MIB, MULT, Server, Worker, check, run, signal_until,
-                     wait_for, worker)
+from harness import (CLI, MIB, MULT, Server, Skip, Worker, check, run,
+                     signal_until, wait_for, worker)
 from harness import config_file as config
 
 # Holders whose frees leave the process at once: jemalloc purges freed
@@ -435,8 +435,42 @@ def test_a_failed_hook_runs_again_while_its_state_holds():
               f"ran on after the state changed: {runs()}")
 
 
+def test_a_hook_is_not_shielded_from_the_oom_killer():
+    """memtallyd lowers its own oom_score_adj; the hooks it starts are
+    ordinary processes (an on_over hook runs when memory is short)."""
+    d = tempfile.mkdtemp(prefix="mt-hooks-")
+    out = os.path.join(d, "scores")
+    cmd = (f"sleep 0.3; echo $(cat /proc/$$/oom_score_adj) "
+           f"$(cat /proc/$PPID/oom_score_adj) > {out}.tmp; "
+           f"mv {out}.tmp {out}")
+    cfg = config(f"[hooks]\non_ok = {cmd}\n")
+    # memtallyd lowers its score where it may (CAP_SYS_RESOURCE, or the
+    # unit's OOMScoreAdjust=); where it may not, it keeps the one it
+    # inherits. Either way not the hook's: here it inherits 300, which
+    # needs no privilege to set.
+    with open("/proc/self/oom_score_adj") as f:
+        mine = f.read().strip()
+    try:
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("300")
+    except OSError as e:
+        raise Skip(f"cannot raise this test's own oom_score_adj: {e}")
+    try:
+        with Server("--config", cfg):
+            # The fleet's state at start runs on_ok.
+            got = wait_for("the start hook's scores", lambda: (
+                open(out).read().split() if os.path.exists(out) else None))
+    finally:
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write(mine)
+    check(got[0] == "0" and got[1] != "0",
+          f"hook and memtallyd oom_score_adj: {got}, want 0 and not 0")
+    print(f"  hook {got[0]}, memtallyd {got[1]}", flush=True)
+
+
 if __name__ == "__main__":
     run([test_environment_fleet_and_group,
+         test_a_hook_is_not_shielded_from_the_oom_killer,
          test_one_at_a_time_latest_state_wins,
          test_hanging_hook_is_killed_and_queries_go_on,
          test_stop_kills_a_running_hook,

@@ -490,6 +490,59 @@ Test(config, long_lines_refused_not_cut)
 	cr_assert_not_null(strstr(err, ":2: line longer than"), "%s", err);
 }
 
+Test(config, section_names_inih_would_cut_are_refused)
+{
+	/* inih keeps 49 characters of a [section] name: a [group] of a
+	 * longer name would configure another group than its workers'. */
+	struct mts_settings s;
+	char err[512];
+	const char *at_most =
+	    "[group abcdefghijklmnopqrstuvwxyzabcdefghijklmnopq]\n"
+	    "limit = 1GiB\n";
+	cr_assert_eq(load(at_most, &s, err, sizeof(err)), 0, "%s", err);
+	mts_settings_free(&s);
+	cr_assert_eq(load("[limits]\nfleet = 2GiB\n"
+	                  "[group abcdefghijklmnopqrstuvwxyzabcdefghijklmnopqr]"
+	                  "\nlimit = 1GiB\n",
+	                  &s, err, sizeof(err)),
+	             -EINVAL);
+	cr_assert_not_null(strstr(err, ":3: a [section] name of at most 49"),
+	                   "%s", err);
+	cr_assert_eq(load("[group gpu ]\nlimit = 1GiB\n", &s, err, sizeof(err)),
+	             -EINVAL);
+	cr_assert_not_null(strstr(err, ":1: a [section] name with blanks"),
+	                   "%s", err);
+	cr_assert_eq(load("[ limits]\n", &s, err, sizeof(err)), -EINVAL);
+}
+
+Test(config, an_empty_state_is_no_restart_record)
+{
+	struct mts_settings s;
+	char err[512];
+	cr_assert_eq(load("[server]\nstate =\n", &s, err, sizeof(err)), 0, "%s",
+	             err);
+	cr_assert_not_null(s.cfg.state_path);
+	cr_assert_str_eq(s.cfg.state_path, "");
+	mts_settings_free(&s);
+	cr_assert_eq(load("[server]\nstate = rel/x\n", &s, err, sizeof(err)),
+	             -EINVAL);
+}
+
+Test(config, a_fifo_in_the_files_place_is_refused_not_waited_on)
+{
+	char fdir[] = "/tmp/mt-cfg-fifo-XXXXXX";
+	cr_assert_not_null(mkdtemp(fdir));
+	char fifo[64];
+	snprintf(fifo, sizeof(fifo), "%s/memtallyd.conf", fdir);
+	cr_assert_eq(mkfifo(fifo, 0600), 0);
+	struct mts_settings s;
+	char err[512];
+	cr_assert_lt(mts_settings_load(&s, fifo, NULL, 0, err, sizeof(err)), 0);
+	cr_assert_not_null(strstr(err, "not a regular file"), "%s", err);
+	unlink(fifo);
+	rmdir(fdir);
+}
+
 Test(config, missing_file)
 {
 	struct mts_settings s;
