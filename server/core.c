@@ -346,9 +346,16 @@ static inline void tick_proc(struct mts_registry *reg, struct mts_proc *p,
 		p->error_bytes = 0;
 		p->mapped = 0;
 		p->allocator_free = 0;
+		/* Its counters say nothing, but what the kernel says it
+		 * holds still counts toward others: an untrusted worker
+		 * must not hide its memory by writing one absurd figure. */
+		if (p->untrusted && p->vouch.kernel) {
+			g->bytes = mt_sat_add(g->bytes, p->vouch.kernel);
+			acc->bytes = mt_sat_add(acc->bytes, p->vouch.kernel);
+		}
 		return;
 	}
-	/* The three parts are below 2^50 here: no overflow. */
+	/* Each part is below 2^51 here (the absurd checks): no overflow. */
 	uint64_t pb = heap + pm + pf;
 	if (p->mapped != pm)
 		p->mapped = pm;
@@ -361,7 +368,8 @@ static inline void tick_proc(struct mts_registry *reg, struct mts_proc *p,
 		pv = mts_vouch_proc(reg, p, pb, &acc->vouch_reads);
 		if (p->unvouched) {
 			group_unvouched(g, p->uid, p->unvouched);
-			acc->unvouched += p->unvouched;
+			acc->unvouched =
+			    mt_sat_add(acc->unvouched, p->unvouched);
 		}
 	}
 	if (pb > p->peak) {

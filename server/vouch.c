@@ -116,7 +116,7 @@ uint64_t mts_vouch_proc(struct mts_registry *reg, struct mts_proc *p,
 	uint64_t vouched = k;
 	if (claim > k) {
 		uint64_t e = claim - k;
-		v->excess += e; /* each claim < 2^51: no overflow */
+		v->excess = mt_sat_add(v->excess, e); /* many liars: no wrap */
 		uint64_t allow =
 		    min64(e, min64(v->allow_left, reg->vouch.allow_left));
 		v->allow_left -= allow;
@@ -128,7 +128,7 @@ uint64_t mts_vouch_proc(struct mts_registry *reg, struct mts_proc *p,
 			*want_read = true;
 	}
 	uint64_t unv = claim > vouched ? claim - vouched : 0;
-	v->unvouched += unv;
+	v->unvouched = mt_sat_add(v->unvouched, unv);
 	if (p->unvouched != unv)
 		p->unvouched = unv;
 	return vouched;

@@ -173,6 +173,24 @@ Test(vouch, a_zeroed_slot_counts_what_the_kernel_holds)
 	fx_stop();
 }
 
+Test(vouch, a_corrupt_slot_still_counts_what_the_kernel_holds)
+{
+	/* One absurd figure quarantines a slot's counters for good; an
+	 * untrusted worker must not hide its memory that way. */
+	start(64 * MIB, 60000);
+	pid_t w = fx_spawn_as_holding((long)LIAR_UID, 64 * MIB);
+	uint32_t s = register_as(w, LIAR_UID, "");
+	fx_write(s, (int64_t)MTSHM_ABSURD_BYTES + 1);
+	tick_with_kernel();
+	struct mts_proc *p = mts_find_pid(&srv.reg, (uint32_t)w);
+	cr_assert(p->corrupt);
+	cr_assert_eq(p->bytes, 0);
+	uint64_t k = kernel_of(w);
+	cr_assert_geq(k, 64 * MIB, "the kernel's figure misses what it holds");
+	cr_assert_eq(srv.reg.totals.bytes, k);
+	fx_stop();
+}
+
 /* Tick until the fleet's bytes are `want`, within 10 s. */
 static void tick_until_bytes(uint64_t want, const char *what)
 {
