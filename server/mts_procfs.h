@@ -60,4 +60,15 @@ ssize_t mts_read_small(const char *dir, const char *name, char *buf,
 /* The same for /proc/PID/NAME. */
 ssize_t mts_read_proc_file(pid_t pid, const char *name, char *buf, size_t cap);
 
+/* The lines of `fd` up to its end, each longer than MTS_PROC_LINE_MAX left
+ * out, into buf (NUL-terminated; lines past cap - 1 left out too). For
+ * /proc/PID/status, whose Groups: line alone can be hundreds of KiB
+ * (setgroups, a directory service's groups) and comes before the memory
+ * lines: read whole, cut at 4 KiB, the figures would be lost. Its length,
+ * or -errno. */
+#define MTS_PROC_LINE_MAX 256u
+ssize_t mts_read_short_lines(int fd, char *buf, size_t cap);
+/* /proc/PID/status through mts_read_short_lines. */
+ssize_t mts_read_proc_status(pid_t pid, char *buf, size_t cap);
+
 #endif /* MTS_PROCFS_H */

@@ -91,6 +91,55 @@ ssize_t mts_read_proc_file(pid_t pid, const char *name, char *buf, size_t cap)
 	return mts_read_small(dir, name, buf, cap);
 }
 
+ssize_t mts_read_short_lines(int fd, char *buf, size_t cap)
+{
+	if (cap == 0)
+		return -EINVAL;
+	char chunk[4096];
+	size_t len = 0, line = 0; /* line: where the current line starts */
+	bool skip = false;        /* in a line left out, to its newline */
+	for (;;) {
+		ssize_t r = read(fd, chunk, sizeof(chunk));
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0)
+			return -errno;
+		if (r == 0)
+			break;
+		for (ssize_t i = 0; i < r; i++) {
+			char c = chunk[i];
+			if (skip) {
+				skip = c != '\n';
+				continue;
+			}
+			if (len + 1 >= cap ||
+			    (c != '\n' && len - line >= MTS_PROC_LINE_MAX)) {
+				len = line; /* this line goes */
+				skip = c != '\n';
+				continue;
+			}
+			buf[len++] = c;
+			if (c == '\n')
+				line = len;
+		}
+	}
+	/* A last line without its newline (cut short) is kept. */
+	buf[len] = '\0';
+	return (ssize_t)len;
+}
+
+ssize_t mts_read_proc_status(pid_t pid, char *buf, size_t cap)
+{
+	char path[32];
+	snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	ssize_t n = mts_read_short_lines(fd, buf, cap);
+	close(fd);
+	return n;
+}
+
 int mts_parse_stat_comm(const char *stat, char *buf, size_t cap)
 {
 	if (cap == 0)
@@ -134,9 +183,8 @@ int mts_read_starttime(pid_t pid, uint64_t *out)
 
 int mts_read_real_uid(pid_t pid, uint32_t *out)
 {
-	/* Uid: is among the first lines; 4 KiB holds the whole file today. */
 	char buf[4096];
-	ssize_t n = mts_read_proc_file(pid, "status", buf, sizeof(buf));
+	ssize_t n = mts_read_proc_status(pid, buf, sizeof(buf));
 	if (n < 0)
 		return (int)n;
 	const char *p = strstr(buf, "\nUid:");

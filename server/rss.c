@@ -200,7 +200,7 @@ void mts_proc_set_rss(struct mts_registry *reg, struct mts_proc *p,
 static int read_own(pid_t pid, uint64_t *rss, uint64_t *anon)
 {
 	char buf[4096];
-	ssize_t n = mts_read_proc_file(pid, "status", buf, sizeof(buf));
+	ssize_t n = mts_read_proc_status(pid, buf, sizeof(buf));
 	if (n < 0)
 		return (int)n;
 	struct mts_kernel_mem km;

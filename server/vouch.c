@@ -260,7 +260,7 @@ int mts_read_kernel_mem(int pid, struct mts_kernel_mem *out)
 		return 0;
 	if (n == -ENOENT || n == -ESRCH)
 		return -ESRCH;
-	n = mts_read_proc_file(pid, "status", buf, sizeof(buf));
+	n = mts_read_proc_status(pid, buf, sizeof(buf));
 	if (n < 0)
 		return n == -ENOENT ? -ESRCH : (int)n;
 	return mts_parse_status_mem(buf, out);

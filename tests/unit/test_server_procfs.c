@@ -4,10 +4,12 @@
  * the logfmt quoting that keeps such names from forging log fields.
  */
 #include "mts_log.h"
+#include "mts_vouch.h"
 #include "server.h"
 
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <grp.h>
 #include <stdio.h>
 #include <string.h>
 #include <signal.h>
@@ -261,4 +263,61 @@ Test(procfs, statm_resident_and_anonymous)
 	             "anon asked, no shared field");
 	cr_assert_eq(mts_parse_statm_rss("10\n", 4096, &rss, NULL), -EINVAL);
 	cr_assert_eq(mts_parse_statm_rss("x 5 6\n", 4096, &rss, NULL), -EINVAL);
+}
+
+Test(procfs, status_lines_past_a_huge_groups_line_are_read)
+{
+	/* A Groups: line of 65536 gids (setgroups; a directory service's
+	 * groups) before the memory lines: read whole and cut at 4 KiB, the
+	 * figures were lost and the process never vouched for. */
+	FILE *f = tmpfile();
+	cr_assert_not_null(f);
+	fprintf(f, "Name:\tw\nUid:\t2000\t2000\t2000\t2000\nGroups:\t");
+	for (int g = 0; g < 65536; g++)
+		fprintf(f, "%d ", 100000 + g);
+	fprintf(f, "\nVmRSS:\t   81920 kB\nRssAnon:\t   65536 kB\n"
+	           "RssShmem:\t    1024 kB\nVmSwap:\t       0 kB\n");
+	fflush(f);
+	rewind(f);
+	char buf[4096];
+	ssize_t n = mts_read_short_lines(fileno(f), buf, sizeof(buf));
+	fclose(f);
+	cr_assert_gt(n, 0);
+	cr_assert_null(strstr(buf, "Groups:"), "the long line kept");
+	cr_assert_not_null(strstr(buf, "\nUid:\t2000"), "%s", buf);
+	struct mts_kernel_mem km;
+	cr_assert_eq(mts_parse_status_mem(buf, &km), 0, "%s", buf);
+	cr_assert_eq(km.anon, 65536u << 10);
+	cr_assert_eq(km.shmem, 1024u << 10);
+
+	/* A real process in 4096 supplementary groups (needs CAP_SETGID). */
+	int go[2];
+	cr_assert_eq(pipe(go), 0);
+	pid_t kid = fork();
+	cr_assert_geq(kid, 0);
+	if (kid == 0) {
+		static gid_t gs[4096];
+		for (int i = 0; i < 4096; i++)
+			gs[i] = (gid_t)(100000 + i);
+		char ok = setgroups(4096, gs) == 0 ? 'y' : 'n';
+		if (write(go[1], &ok, 1) != 1)
+			_exit(1);
+		pause();
+		_exit(0);
+	}
+	char ok = 0;
+	cr_assert_eq(read(go[0], &ok, 1), 1);
+	if (ok == 'y') {
+		n = mts_read_proc_status(kid, buf, sizeof(buf));
+		cr_assert_gt(n, 0);
+		cr_assert_eq(mts_parse_status_mem(buf, &km), 0, "%s", buf);
+		cr_assert_gt(km.anon, 0);
+		uint32_t uid = 99;
+		cr_assert_eq(mts_read_real_uid(kid, &uid), 0);
+		cr_assert_eq(uid, getuid());
+	}
+	kill(kid, SIGKILL);
+	waitpid(kid, NULL, 0);
+	close(go[0]);
+	close(go[1]);
 }
