@@ -181,6 +181,9 @@ int mts_parse_bool(const char *v, bool *out)
 	return -EINVAL;
 }
 
+/* The largest buffer a passwd or group entry is looked up with. */
+#define NSS_BUF_MAX (UINT64_C(4) << 20)
+
 int mts_lookup_uid(const char *v, uint32_t *out)
 {
 	uint64_t n;
@@ -188,12 +191,21 @@ int mts_lookup_uid(const char *v, uint32_t *out)
 		*out = (uint32_t)n;
 		return 0;
 	}
-	char buf[4096];
+	/* An entry larger than the buffer (ERANGE) is tried again in one
+	 * twice as large, up to 4 MiB: a directory service's group of
+	 * thousands of members is a name that exists. */
 	struct passwd pw, *res = NULL;
-	if (getpwnam_r(v, &pw, buf, sizeof(buf), &res) != 0 || !res)
-		return -EINVAL;
-	*out = (uint32_t)res->pw_uid;
-	return 0;
+	int err = ERANGE;
+	for (size_t cap = 4096; err == ERANGE && cap <= NSS_BUF_MAX; cap *= 2) {
+		char *buf = malloc(cap);
+		if (!buf)
+			return -ENOMEM;
+		err = getpwnam_r(v, &pw, buf, cap, &res);
+		if (!err && res)
+			*out = (uint32_t)res->pw_uid;
+		free(buf);
+	}
+	return !err && res ? 0 : -EINVAL;
 }
 
 int mts_lookup_gid(const char *v, uint32_t *out)
@@ -203,12 +215,19 @@ int mts_lookup_gid(const char *v, uint32_t *out)
 		*out = (uint32_t)n;
 		return 0;
 	}
-	char buf[16384];
 	struct group gr, *res = NULL;
-	if (getgrnam_r(v, &gr, buf, sizeof(buf), &res) != 0 || !res)
-		return -EINVAL;
-	*out = (uint32_t)res->gr_gid;
-	return 0;
+	int err = ERANGE;
+	for (size_t cap = 16384; err == ERANGE && cap <= NSS_BUF_MAX;
+	     cap *= 2) {
+		char *buf = malloc(cap);
+		if (!buf)
+			return -ENOMEM;
+		err = getgrnam_r(v, &gr, buf, cap, &res);
+		if (!err && res)
+			*out = (uint32_t)res->gr_gid;
+		free(buf);
+	}
+	return !err && res ? 0 : -EINVAL;
 }
 
 /* "1000, alice, 2000": each a number or a name `lookup` resolves; the
