@@ -107,6 +107,15 @@ static bool abs_path_ok(const char *v)
 	return v[0] == '/' && strlen(v) < PATH_MAX;
 }
 
+/* HOST:PORT as written, not resolved: a name is looked up where it is
+ * used, at start, not on the loop at every reload. */
+static bool hostport_syntax_ok(const char *v)
+{
+	char host[256];
+	uint16_t port;
+	return mt_split_hostport(v, host, sizeof(host), &port) == 0 && host[0];
+}
+
 /* [server] state: an absolute path, or empty for no restart record (NULL
  * would be the default, SOCKET.state). */
 static bool state_ok(const char *v)
@@ -301,7 +310,9 @@ const struct mts_key mts_keys[] = {
      S2(policy.has_admin_uid), .help = "a uid with admin rights"},
     {"server", "admin_gid", MTS_KEY_GID, R, P(admin_gid),
      S2(policy.has_admin_gid), .help = "a gid whose members have admin rights"},
-    {"server", "metrics", STRING, EMPTY, S(owned[OWNED_METRICS]),
+    {"server", "metrics", STRING, EMPTY | NONE, S(owned[OWNED_METRICS]),
+     .ok = hostport_syntax_ok,
+     .expect = "HOST:PORT (IPv4, [IPv6], localhost or a name), or none",
      .flag = "--metrics", .arg = "HOST:PORT",
      .help = "serve Prometheus /metrics on this address"},
     {"server", "group", MTS_KEY_GID, 0, C(gid), S2(cfg.has_gid),

@@ -543,6 +543,27 @@ Test(config, a_fifo_in_the_files_place_is_refused_not_waited_on)
 	rmdir(fdir);
 }
 
+Test(config, a_bad_metrics_address_is_refused_at_parse)
+{
+	/* Not at the listener's start, after the socket is bound and the
+	 * workers adopted: there it exited 1 without file or line. */
+	struct mts_settings s;
+	char err[512];
+	cr_assert_eq(load("[server]\nmetrics = 9464\n", &s, err, sizeof(err)),
+	             -EINVAL);
+	cr_assert_not_null(strstr(err, ":2:"), "%s", err);
+	cr_assert_not_null(strstr(err, "metrics"), "%s", err);
+	cr_assert_eq(load("[server]\nmetrics = none\n", &s, err, sizeof(err)),
+	             0, "%s", err);
+	cr_assert_null(s.cfg.metrics_addr);
+	mts_settings_free(&s);
+	cr_assert_eq(
+	    load("[server]\nmetrics = 127.0.0.1:9464\n", &s, err, sizeof(err)),
+	    0, "%s", err);
+	cr_assert_str_eq(s.cfg.metrics_addr, "127.0.0.1:9464");
+	mts_settings_free(&s);
+}
+
 Test(config, missing_file)
 {
 	struct mts_settings s;
