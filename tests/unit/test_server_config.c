@@ -564,6 +564,21 @@ Test(config, a_bad_metrics_address_is_refused_at_parse)
 	mts_settings_free(&s);
 }
 
+Test(config, a_hook_of_none_is_no_hook)
+{
+	/* As every other key: not /bin/sh -c none at each change. */
+	struct mts_settings s;
+	char err[512];
+	cr_assert_eq(load("[hooks]\non_over = none\non_ok = off\n"
+	                  "on_high = echo high\n",
+	                  &s, err, sizeof(err)),
+	             0, "%s", err);
+	cr_assert_null(s.hooks.cmd[2]);
+	cr_assert_null(s.hooks.cmd[0]);
+	cr_assert_str_eq(s.hooks.cmd[1], "echo high");
+	mts_settings_free(&s);
+}
+
 Test(config, missing_file)
 {
 	struct mts_settings s;
