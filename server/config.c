@@ -658,6 +658,10 @@ struct load {
 	mode_t mode;
 	/* The first error: "[section] key: message". */
 	char msg[512];
+	/* The file's (section, key) pairs so far, "section\nkey": a key given
+	 * twice is an error, not the last one silently winning. */
+	char **seen;
+	size_t nseen, capseen;
 };
 
 static int fail(struct load *l, const char *section, const char *key,
@@ -721,6 +725,35 @@ static int apply_key(struct load *l, const char *section, const char *key,
 	return err;
 }
 
+/* `name` of [section] once more in the file: 0, -EINVAL (a second time:
+ * a config tool's appended line would otherwise win without a word) or
+ * -ENOMEM. */
+static int note_key(struct load *l, const char *section, const char *name)
+{
+	char *k;
+	if (asprintf(&k, "%s\n%s", section, name) < 0)
+		return -ENOMEM;
+	for (size_t i = 0; i < l->nseen; i++)
+		if (strcasecmp(l->seen[i], k) == 0) {
+			free(k);
+			return fail(l, section, name,
+			            "given twice in the file (each key once "
+			            "per section)");
+		}
+	if (l->nseen == l->capseen) {
+		size_t cap = l->capseen ? 2 * l->capseen : 32;
+		char **a = realloc(l->seen, cap * sizeof(*a));
+		if (!a) {
+			free(k);
+			return -ENOMEM;
+		}
+		l->seen = a;
+		l->capseen = cap;
+	}
+	l->seen[l->nseen++] = k;
+	return 0;
+}
+
 static int on_ini_key(void *user, const char *section, const char *name,
                       const char *value)
 {
@@ -729,7 +762,9 @@ static int on_ini_key(void *user, const char *section, const char *name,
 		return 1; /* a bare [section] line, if inih reports those */
 	if (l->msg[0])
 		return 0; /* keep the first error only */
-	int err = apply_key(l, section, name, value);
+	int err = note_key(l, section, name);
+	if (err == 0)
+		err = apply_key(l, section, name, value);
 	if (err == -ENOMEM && !l->msg[0])
 		snprintf(l->msg, sizeof(l->msg), "out of memory");
 	return err == 0;
@@ -810,7 +845,11 @@ static int read_config(const char *path, char **text, int *bad_line,
 	size_t o = 0;
 	int line = 1;
 	for (size_t i = 0; i < len;) {
-		while (i < len && (raw[i] == ' ' || raw[i] == '\t'))
+		/* Every blank: inih takes a line starting with one (\r, \f,
+		 * \v too) as the previous key's continuation. */
+		while (i < len &&
+		       (raw[i] == ' ' || raw[i] == '\t' || raw[i] == '\r' ||
+		        raw[i] == '\f' || raw[i] == '\v'))
 			i++;
 		size_t start = i;
 		while (i < len && raw[i] != '\n')
@@ -1042,6 +1081,11 @@ static int load_file(struct load *l, const char *path, char *err, size_t errlen)
 	}
 	int line = ini_parse_string(text, on_ini_key, l);
 	free(text);
+	for (size_t i = 0; i < l->nseen; i++)
+		free(l->seen[i]);
+	free(l->seen);
+	l->seen = NULL;
+	l->nseen = l->capseen = 0;
 	if (line == 0 && !l->msg[0])
 		return 0;
 	if (l->msg[0])

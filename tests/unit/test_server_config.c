@@ -579,6 +579,34 @@ Test(config, a_hook_of_none_is_no_hook)
 	mts_settings_free(&s);
 }
 
+Test(config, a_key_given_twice_is_refused)
+{
+	/* A config tool's appended "[limits] fleet = none" would otherwise
+	 * turn the limit off without a word. */
+	struct mts_settings s;
+	char err[512];
+	cr_assert_eq(load("[limits]\nfleet = 2GiB\n[server]\ntick = 10\n"
+	                  "[limits]\nFleet = none\n",
+	                  &s, err, sizeof(err)),
+	             -EINVAL);
+	cr_assert_not_null(strstr(err, ":6: [limits] Fleet: given twice"), "%s",
+	                   err);
+	/* The same key in two groups, and a section given twice with other
+	 * keys: fine. */
+	cr_assert_eq(load("[group a]\nlimit = 1GiB\n[group b]\nlimit = 1GiB\n"
+	                  "[limits]\nfleet = 2GiB\n[limits]\nprocess = 1GiB\n",
+	                  &s, err, sizeof(err)),
+	             0, "%s", err);
+	mts_settings_free(&s);
+	/* A line led by a form feed is not the previous key's continuation. */
+	cr_assert_eq(load("[limits]\nfleet = 2GiB\n\fprocess = 1GiB\n", &s, err,
+	                  sizeof(err)),
+	             0, "%s", err);
+	cr_assert_eq(s.policy.process_limit, 1ull << 30);
+	cr_assert_eq(s.policy.fleet_limit, 2ull << 30);
+	mts_settings_free(&s);
+}
+
 Test(config, missing_file)
 {
 	struct mts_settings s;
