@@ -62,6 +62,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include "mts_defs.h"
@@ -166,12 +167,18 @@ static uint64_t memfd_bytes(struct ino_set *seen, uint32_t pid)
 		if (n < (ssize_t)sizeof(prefix) - 1 ||
 		    memcmp(link, prefix, sizeof(prefix) - 1) != 0)
 			continue;
-		struct stat st;
-		if (fstatat(dfd, de->d_name, &st, 0) < 0)
+		/* The descriptor may have been replaced since the readlink
+		 * (dup2 by its owner) by a file of a filesystem that answers
+		 * a stat slowly or never (FUSE, a dead NFS server): cached
+		 * attributes only, so the sweep never waits on one. */
+		struct statx st;
+		if (statx(dfd, de->d_name, AT_STATX_DONT_SYNC,
+		          STATX_INO | STATX_BLOCKS, &st) < 0)
 			continue;
-		if (ino_add(seen, (uint64_t)st.st_dev, (uint64_t)st.st_ino))
+		uint64_t dev = makedev(st.stx_dev_major, st.stx_dev_minor);
+		if (ino_add(seen, dev, (uint64_t)st.stx_ino))
 			bytes =
-			    mt_sat_add(bytes, (uint64_t)st.st_blocks * 512u);
+			    mt_sat_add(bytes, (uint64_t)st.stx_blocks * 512u);
 	}
 	closedir(d);
 	return bytes;
