@@ -377,13 +377,14 @@ static void check_totals(const struct mts_registry *reg)
 			die("a quarantined slot still counts bytes");
 		/* What counts toward the fleet: the vouched part of the
 		 * claim, and never less than the kernel's figure (the
-		 * children's uids are not trusted). */
+		 * children's uids are not trusted), a quarantined slot's
+		 * included. */
 		if (p->unvouched > p->bytes)
 			die("more unvouched than claimed");
 		if (!p->untrusted && p->unvouched)
 			die("a trusted process with unvouched bytes");
 		uint64_t counted = p->bytes - p->unvouched;
-		if (p->untrusted && !p->corrupt && counted < p->vouch.kernel)
+		if (p->untrusted && counted < p->vouch.kernel)
 			counted = p->vouch.kernel;
 		if (p->unvouched && counted != p->bytes - p->unvouched)
 			die("an unvouched claim counted above itself");
