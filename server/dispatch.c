@@ -913,11 +913,7 @@ int mts_event_append(const struct mts_registry *reg, uint64_t id,
 	ev.reserved_bytes = e->reserved;
 	ev.time_ns = e->time_ns;
 	ev.measure = (char *)mts_measure_name(reg->policy.measure);
-	/* The guard's reasons quote a task's name, cut to their buffer. */
-	char reason[1024];
-	snprintf(reason, sizeof(reason), "%s", e->reason ? e->reason : "");
-	mt_utf8_scrub(reason);
-	ev.reason = reason;
+	ev.reason = (char *)(e->reason ? e->reason : "");
 	ev.growth_bytes_per_s = e->growth;
 	ev.seconds_to_limit = e->forecast_s;
 	resp.id = id;

@@ -602,6 +602,10 @@ static void describe(char *buf, size_t len, const char *verb,
 	         mt_format_size(e, sizeof(e), k->used),
 	         mt_format_size(f, sizeof(f), k->reserved),
 	         mts_guard_rule_name(rule), n);
+	/* It quotes a task's name and may be cut inside a character: whole
+	 * UTF-8 before it goes to every Watch subscriber (a decoder refuses
+	 * a string that is not). Once here, not once per subscriber. */
+	mt_utf8_scrub(buf);
 }
 
 /* The most processes an event's workers are said to descend from. */

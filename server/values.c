@@ -184,6 +184,39 @@ int mts_parse_bool(const char *v, bool *out)
 /* The largest buffer a passwd or group entry is looked up with. */
 #define NSS_BUF_MAX (UINT64_C(4) << 20)
 
+/* The id of user (or `group`) `name`. An entry larger than the buffer
+ * (ERANGE) is tried again in one twice as large, up to NSS_BUF_MAX: a
+ * directory service's group of thousands of members is a name that
+ * exists. 0, -EINVAL (no such name) or -ENOMEM. */
+static int nss_id(const char *name, bool group, uint32_t *out)
+{
+	int err = ERANGE;
+	bool found = false;
+	for (size_t cap = 16384; err == ERANGE && cap <= NSS_BUF_MAX;
+	     cap *= 2) {
+		char *buf = malloc(cap);
+		if (!buf)
+			return -ENOMEM;
+		if (group) {
+			struct group gr, *res = NULL;
+			err = getgrnam_r(name, &gr, buf, cap, &res);
+			if (!err && res) {
+				*out = (uint32_t)res->gr_gid;
+				found = true;
+			}
+		} else {
+			struct passwd pw, *res = NULL;
+			err = getpwnam_r(name, &pw, buf, cap, &res);
+			if (!err && res) {
+				*out = (uint32_t)res->pw_uid;
+				found = true;
+			}
+		}
+		free(buf);
+	}
+	return found ? 0 : -EINVAL;
+}
+
 int mts_lookup_uid(const char *v, uint32_t *out)
 {
 	uint64_t n;
@@ -191,21 +224,7 @@ int mts_lookup_uid(const char *v, uint32_t *out)
 		*out = (uint32_t)n;
 		return 0;
 	}
-	/* An entry larger than the buffer (ERANGE) is tried again in one
-	 * twice as large, up to 4 MiB: a directory service's group of
-	 * thousands of members is a name that exists. */
-	struct passwd pw, *res = NULL;
-	int err = ERANGE;
-	for (size_t cap = 4096; err == ERANGE && cap <= NSS_BUF_MAX; cap *= 2) {
-		char *buf = malloc(cap);
-		if (!buf)
-			return -ENOMEM;
-		err = getpwnam_r(v, &pw, buf, cap, &res);
-		if (!err && res)
-			*out = (uint32_t)res->pw_uid;
-		free(buf);
-	}
-	return !err && res ? 0 : -EINVAL;
+	return nss_id(v, false, out);
 }
 
 int mts_lookup_gid(const char *v, uint32_t *out)
@@ -215,19 +234,7 @@ int mts_lookup_gid(const char *v, uint32_t *out)
 		*out = (uint32_t)n;
 		return 0;
 	}
-	struct group gr, *res = NULL;
-	int err = ERANGE;
-	for (size_t cap = 16384; err == ERANGE && cap <= NSS_BUF_MAX;
-	     cap *= 2) {
-		char *buf = malloc(cap);
-		if (!buf)
-			return -ENOMEM;
-		err = getgrnam_r(v, &gr, buf, cap, &res);
-		if (!err && res)
-			*out = (uint32_t)res->gr_gid;
-		free(buf);
-	}
-	return !err && res ? 0 : -EINVAL;
+	return nss_id(v, true, out);
 }
 
 /* "1000, alice, 2000": each a number or a name `lookup` resolves; the
