@@ -123,6 +123,7 @@ void mts_core_free(struct mts_registry *reg)
 		mts_guard_release(reg, "memtallyd is stopping");
 		mts_resv_free_all(reg);
 		mts_kinds_free(reg);
+		mts_rss_free(reg);
 		/* adm is the first member: the allocation's address. */
 		free((struct core_parts *)(void *)reg->adm);
 		reg->adm = NULL;

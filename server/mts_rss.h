@@ -54,19 +54,27 @@ static inline bool mts_mapped_read_due(const struct mts_proc *p, uint64_t now)
  * next mts_rss_sweep_vouch() reads them. */
 void mts_rss_want_vouch(struct mts_registry *reg);
 
-/* Start a sweep of every registered process's RSS on the libuv thread
- * pool (skipped while one is in flight); results are applied on the loop
- * thread, to the processes still registered with the same pid and start
- * time. */
+/* Start a sweep of every registered process's RSS on a thread of its own
+ * (skipped while one is in flight); mts_rss_poll applies the results on
+ * the loop thread, to the processes still registered with the same pid and
+ * start time. */
 void mts_rss_sweep_start(struct mts_registry *reg);
 /* The same for only the untrusted processes whose claims ran ahead of
  * their kernel figures (mts_vouch_want_read), when the latest tick asked
  * for it (mts_rss_want_vouch) and the previous such sweep is at least
  * MTS_VOUCH_SWEEP_MS old. Called by the server after its tick: the tick
- * itself starts no work on the thread pool. */
+ * itself starts no reader. */
 void mts_rss_sweep_vouch(struct mts_registry *reg, uint64_t now_ns);
-/* The same, synchronously on the calling (loop) thread. */
+/* A full sweep, synchronously on the calling (loop) thread (tests). */
 void mts_rss_sweep_sync(struct mts_registry *reg);
+/* Each tick: apply the sweep in flight if it is done, or give it up if
+ * its reader has been stuck on one process past that read's limit (that
+ * process is then read from its status only). */
+void mts_rss_poll(struct mts_registry *reg, uint64_t now_ns);
+/* Let go of the sweep in flight, done or not (memtallyd stops). */
+void mts_rss_free(struct mts_registry *reg);
+/* Readers given up for stuck whose read has not returned yet. */
+int mts_rss_stuck_readers(void);
 /* Set p->rss and keep its group's and the fleet's RSS sums in step. */
 void mts_proc_set_rss(struct mts_registry *reg, struct mts_proc *p,
                       uint64_t rss);

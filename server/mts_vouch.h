@@ -80,8 +80,9 @@ int mts_parse_smaps_rollup(const char *text, struct mts_kernel_mem *out);
 /* From the text of /proc/PID/status: VmRSS, RssAnon + RssShmem + VmSwap,
  * RssAnon, each shared page counted in full. 0 or -EINVAL. */
 int mts_parse_status_mem(const char *status, struct mts_kernel_mem *out);
-/* Read /proc/PID/smaps_rollup, or /proc/PID/status where the kernel has
- * no proportional figures. 0 or -errno. */
-int mts_read_kernel_mem(int pid, struct mts_kernel_mem *out);
+/* Read /proc/PID/smaps_rollup (with `smaps`), or /proc/PID/status where
+ * the kernel has no proportional figures or without `smaps`. 0 or
+ * -errno. */
+int mts_read_kernel_mem(int pid, bool smaps, struct mts_kernel_mem *out);
 
 #endif /* MTS_VOUCH_H */

@@ -42,6 +42,10 @@ struct mts_vouch_proc {
 	uint64_t claim_at_read; /* the process's bytes when it was applied */
 	uint64_t memfd;        /* bytes of the memfds it holds, charged to it */
 	uint64_t next_read_ns; /* no early read before (its reads' cost) */
+	uint64_t read_cost_ns; /* of its last read */
+	/* A read of its smaps_rollup once did not return in time (rss.c):
+	 * its figures come from /proc/PID/status from then on. */
+	bool read_stalled;
 };
 
 #endif /* MTS_VOUCH_TYPES_H */

@@ -14,10 +14,24 @@
  * Reading status is a small open/read/close, but for thousands of workers
  * that is milliseconds of blocking syscalls, which the loop must not spend
  * between two ticks. So a sweep copies (pid, start time) of every
- * registered process and reads their status files on the libuv thread pool.
- * The loop thread applies the results to the processes still registered
- * with the same pid and start time. Only one sweep is in flight at a time.
- * A timer that fires during one is skipped.
+ * registered process and reads their status files on a thread of its own.
+ * The tick (mts_rss_poll) applies the results to the processes still
+ * registered with the same pid and start time. Only one sweep is in
+ * flight at a time. A timer that fires during one is skipped.
+ *
+ * A read may never return. smaps_rollup waits for the process's mmap
+ * lock, and a process can hold that lock for as long as it likes: a
+ * thread faulting on a page of a FUSE file its own daemon never serves,
+ * with a second thread's mmap queued behind it. So the reader is a
+ * detached thread, not the libuv pool's (a pool thread stuck in a read
+ * would hold up every later sweep, and libuv joins its pool at exit, so
+ * memtallyd could not even stop). The tick watches which entry the
+ * reader is on. One that takes longer than its limit (MTS_RSS_STALL_MS,
+ * more for a process whose walk is long) abandons the sweep: the entries
+ * read so far are applied, the process's figures come from
+ * /proc/PID/status from then on (a read that takes no lock of its), and
+ * the stuck thread frees the sweep if it ever returns. Past
+ * MTS_RSS_STUCK_MAX stuck threads, every sweep reads status only.
  *
  * The sweep thread touches nothing but its own array, because the
  * registry is never read off the loop thread. If a process exits and its
@@ -58,6 +72,9 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -75,11 +92,24 @@
  * duration after that one started. */
 #define MTS_RSS_DUTY 4u
 
+/* A read may take this long, and MTS_RSS_STALL_PAGE_NS per resident page
+ * and MTS_RSS_STALL_COST times its last read's cost more, before its
+ * sweep is given up (about 50 ns per page is the walk's cost). */
+#define MTS_RSS_STALL_MS      2000u
+#define MTS_RSS_STALL_PAGE_NS 200u
+#define MTS_RSS_STALL_COST    16u
+/* Readers stuck in a read, at most, before sweeps read status only. */
+#define MTS_RSS_STUCK_MAX 8
+/* The reader's stack: a few pages of buffers. */
+#define MTS_RSS_STACK (256u * 1024u)
+
 struct rss_entry {
 	uint32_t pid;
 	int err;
-	bool kernel; /* an untrusted process: smaps_rollup, for vouch.c */
-	bool memfds; /* and the memfds it holds (full sweeps) */
+	bool kernel;       /* an untrusted process: smaps_rollup, for vouch.c */
+	bool memfds;       /* and the memfds it holds (full sweeps) */
+	bool smaps;        /* with `kernel`: smaps_rollup, not status */
+	uint64_t stall_ns; /* the read's limit (the loop's) */
 	uint64_t start_time;
 	uint64_t rss;
 	uint64_t anon;            /* RssAnon */
@@ -97,15 +127,24 @@ struct ino_set {
 	uint32_t cap, n;
 };
 
+/* Owned by the reader and the loop until both let go (`refs`). The
+ * reader writes the entries and `seen`, and publishes each finished entry
+ * by moving `at` on; the loop reads only entries below `at`. */
 struct mts_rss_sweep {
-	uv_work_t req; /* req.data = this */
-	struct mts_registry *reg;
+	atomic_uint at;        /* the entry being read; n when done */
+	atomic_int refs;       /* the reader's and the loop's */
+	atomic_bool abandoned; /* the loop let go before the end */
 	bool full;
 	uint64_t started_ns;
+	uint32_t seen_at;    /* the loop's: `at` when last seen to move, */
+	uint64_t seen_at_ns; /* and when */
 	struct ino_set seen;
 	uint32_t n;
 	struct rss_entry e[];
 };
+
+/* Readers abandoned in a read that has not returned yet, process-wide. */
+static atomic_int rss_stuck;
 
 static uint32_t ino_hash(uint64_t dev, uint64_t ino)
 {
@@ -229,7 +268,7 @@ static void entry_read(struct rss_entry *e, struct ino_set *seen)
 		e->err = read_own((pid_t)e->pid, &e->rss, &e->anon);
 		return;
 	}
-	e->err = mts_read_kernel_mem((int)e->pid, &e->km);
+	e->err = mts_read_kernel_mem((int)e->pid, e->smaps, &e->km);
 	if (e->err == 0 && e->memfds)
 		e->memfd = memfd_bytes(seen, e->pid);
 	e->cost_ns = mts_now_monotonic() - t0;
@@ -292,6 +331,7 @@ static void entry_apply(struct mts_registry *reg, struct mts_proc *p,
 	v->claim_at_read = p->bytes;
 	v->next_read_ns =
 	    v->kernel_ns + (uint64_t)MTS_VOUCH_READ_DUTY * e->cost_ns;
+	v->read_cost_ns = e->cost_ns;
 }
 
 static void entry_fill(struct rss_entry *e, const struct mts_proc *p, bool full)
@@ -301,6 +341,13 @@ static void entry_fill(struct rss_entry *e, const struct mts_proc *p, bool full)
 	e->start_time = p->start_time;
 	e->kernel = p->untrusted;
 	e->memfds = full && p->untrusted;
+	e->smaps = p->untrusted && !p->vouch.read_stalled &&
+	           atomic_load_explicit(&rss_stuck, memory_order_relaxed) <
+	               MTS_RSS_STUCK_MAX;
+	uint64_t pages = p->rss / 4096u;
+	uint64_t ms = (uint64_t)MTS_RSS_STALL_MS * 1000000u;
+	e->stall_ns = mt_sat_add(mt_sat_add(ms, pages * MTS_RSS_STALL_PAGE_NS),
+	                         p->vouch.read_cost_ns * MTS_RSS_STALL_COST);
 }
 
 /* memtallyd's own memfds, held by every worker: never charged. */
@@ -326,32 +373,137 @@ void mts_rss_sweep_sync(struct mts_registry *reg)
 	free(seen.e);
 }
 
-static void sweep_work(uv_work_t *req)
+static void sweep_free(struct mts_rss_sweep *sw)
 {
-	struct mts_rss_sweep *sw = req->data;
-	for (uint32_t i = 0; i < sw->n; i++)
-		entry_read(&sw->e[i], &sw->seen);
-}
-
-static void sweep_done(uv_work_t *req, int status)
-{
-	struct mts_rss_sweep *sw = req->data;
-	struct mts_registry *reg = sw->reg;
-	reg->rss->sweep = NULL;
-	if (sw->full)
-		reg->rss->full_cost_ns = mts_now_monotonic() - sw->started_ns;
-	if (status == 0 && !reg->closed) {
-		for (uint32_t i = 0; i < sw->n; i++) {
-			const struct rss_entry *e = &sw->e[i];
-			if (e->err < 0)
-				continue; /* gone: its pidfd says so */
-			struct mts_proc *p = mts_find_pid(reg, e->pid);
-			if (p && p->start_time == e->start_time)
-				entry_apply(reg, p, e);
-		}
-	}
 	free(sw->seen.e);
 	free(sw);
+}
+
+static void *reader(void *arg)
+{
+	struct mts_rss_sweep *sw = arg;
+	for (uint32_t i = 0; i < sw->n; i++) {
+		entry_read(&sw->e[i], &sw->seen);
+		atomic_store_explicit(&sw->at, i + 1, memory_order_release);
+	}
+	if (atomic_fetch_sub_explicit(&sw->refs, 1, memory_order_acq_rel) ==
+	    1) {
+		/* The loop let go first: it gave this reader up for stuck. */
+		if (atomic_load_explicit(&sw->abandoned, memory_order_relaxed))
+			atomic_fetch_sub(&rss_stuck, 1);
+		sweep_free(sw);
+	}
+	return NULL;
+}
+
+/* The loop lets go of the sweep in flight; `stuck` if its reader is not
+ * done. */
+static void sweep_drop(struct mts_registry *reg, bool stuck)
+{
+	struct mts_rss_sweep *sw = reg->rss->sweep;
+	reg->rss->sweep = NULL;
+	if (stuck) {
+		/* Counted before the reader can see it let go. */
+		atomic_fetch_add(&rss_stuck, 1);
+		atomic_store_explicit(&sw->abandoned, true,
+		                      memory_order_relaxed);
+	}
+	if (atomic_fetch_sub_explicit(&sw->refs, 1, memory_order_acq_rel) ==
+	    1) {
+		if (stuck) /* it returned meanwhile */
+			atomic_fetch_sub(&rss_stuck, 1);
+		sweep_free(sw);
+	}
+}
+
+/* Apply the entries the reader has finished, below `upto`. */
+static void sweep_apply(struct mts_registry *reg,
+                        const struct mts_rss_sweep *sw, uint32_t upto)
+{
+	for (uint32_t i = 0; i < upto; i++) {
+		const struct rss_entry *e = &sw->e[i];
+		if (e->err < 0)
+			continue; /* gone: its pidfd says so */
+		struct mts_proc *p = mts_find_pid(reg, e->pid);
+		if (p && p->start_time == e->start_time)
+			entry_apply(reg, p, e);
+	}
+}
+
+/* The reader has been on entry `at` past its limit: apply what it read,
+ * read that process's status only from now on, and let the reader go. */
+static void sweep_stalled(struct mts_registry *reg, struct mts_rss_sweep *sw,
+                          uint32_t at, uint64_t now_ns)
+{
+	const struct rss_entry *e = &sw->e[at];
+	sweep_apply(reg, sw, at);
+	struct mts_proc *p = mts_find_pid(reg, e->pid);
+	if (p && p->start_time == e->start_time && !p->vouch.read_stalled) {
+		p->vouch.read_stalled = e->smaps;
+		mts_log(
+		    MTS_LOG_WARN,
+		    e->smaps ? "a read of a worker's memory map did not "
+		               "return; its figures come from its status "
+		               "from now on"
+		             : "a read of a worker's /proc did not return",
+		    "pid=%u uid=%u waited_ms=%llu stuck_readers=%d", e->pid,
+		    p->uid,
+		    (unsigned long long)((now_ns - sw->seen_at_ns) / 1000000u),
+		    atomic_load(&rss_stuck) + 1);
+	}
+	sweep_drop(reg, true);
+}
+
+void mts_rss_poll(struct mts_registry *reg, uint64_t now_ns)
+{
+	struct mts_rss_sweep *sw = reg->rss ? reg->rss->sweep : NULL;
+	if (!sw)
+		return;
+	uint32_t at = atomic_load_explicit(&sw->at, memory_order_acquire);
+	if (at == sw->n) {
+		if (sw->full)
+			reg->rss->full_cost_ns = now_ns - sw->started_ns;
+		if (!reg->closed)
+			sweep_apply(reg, sw, at);
+		sweep_drop(reg, false);
+		return;
+	}
+	if (at != sw->seen_at) {
+		sw->seen_at = at;
+		sw->seen_at_ns = now_ns;
+	} else if (now_ns - sw->seen_at_ns > sw->e[at].stall_ns) {
+		sweep_stalled(reg, sw, at, now_ns);
+	}
+}
+
+int mts_rss_stuck_readers(void)
+{
+	return atomic_load(&rss_stuck);
+}
+
+void mts_rss_free(struct mts_registry *reg)
+{
+	if (reg->rss && reg->rss->sweep)
+		sweep_drop(reg, true);
+}
+
+/* Start the reader: a detached thread that takes no signal. */
+static int reader_start(struct mts_rss_sweep *sw)
+{
+	pthread_attr_t attr;
+	int err = pthread_attr_init(&attr);
+	if (err)
+		return -err;
+	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+	pthread_attr_setstacksize(&attr, MTS_RSS_STACK);
+	sigset_t all, old;
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old);
+	pthread_t t;
+	err = pthread_create(&t, &attr, reader, sw);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	pthread_attr_destroy(&attr);
+	return -err;
 }
 
 /* A sweep of every registered process, or (`early`) only of those whose
@@ -372,10 +524,12 @@ static void sweep_start(struct mts_registry *reg, bool early)
 		return;
 	}
 	memset(sw, 0, sizeof(*sw));
-	sw->reg = reg;
+	atomic_init(&sw->at, 0);
+	atomic_init(&sw->refs, 2);
+	atomic_init(&sw->abandoned, false);
 	sw->full = !early;
 	sw->started_ns = now;
-	sw->req.data = sw;
+	sw->seen_at_ns = now;
 	for (uint32_t i = 0; i < reg->ndense; i++) {
 		const struct mts_proc *p = reg->by_slot[reg->dense[i]];
 		if (!early ||
@@ -391,12 +545,13 @@ static void sweep_start(struct mts_registry *reg, bool early)
 		seen_init(reg, &sw->seen);
 		st->full_started_ns = now;
 	}
-	int err = uv_queue_work(reg->loop, &sw->req, sweep_work, sweep_done);
+	int err = reader_start(sw);
 	if (err < 0) {
-		/* No thread pool: read them here rather than never. */
-		free(sw->seen.e);
-		free(sw);
-		mts_rss_sweep_sync(reg);
+		/* The loop must not wait on a read: the next timer tries
+		 * again. */
+		mts_log(MTS_LOG_WARN, "could not start an RSS sweep", "err=%s",
+		        strerror(-err));
+		sweep_free(sw);
 		return;
 	}
 	st->sweep = sw;

@@ -202,8 +202,11 @@ static void on_tick(uv_timer_t *t)
 {
 	struct mts_server *srv = t->data;
 	mts_core_tick(&srv->reg);
-	/* Kernel figures the tick found claims running ahead of. */
-	mts_rss_sweep_vouch(&srv->reg, mts_now_monotonic());
+	uint64_t now = mts_now_monotonic();
+	/* The kernel figures a sweep read; then those the tick found claims
+	 * running ahead of. */
+	mts_rss_poll(&srv->reg, now);
+	mts_rss_sweep_vouch(&srv->reg, now);
 	/* Held-back log lines are reported within a tick of their second. */
 	mts_log_flush(false);
 	check_files(srv);
@@ -229,6 +232,7 @@ void mts_server_apply_guard(struct mts_server *srv,
 static void on_rss_timer(uv_timer_t *t)
 {
 	struct mts_server *srv = t->data;
+	mts_rss_poll(&srv->reg, mts_now_monotonic());
 	mts_rss_sweep_start(&srv->reg);
 }
 

@@ -249,13 +249,16 @@ int mts_parse_status_mem(const char *status, struct mts_kernel_mem *out)
 	return 0;
 }
 
-int mts_read_kernel_mem(int pid, struct mts_kernel_mem *out)
+int mts_read_kernel_mem(int pid, bool smaps, struct mts_kernel_mem *out)
 {
 	/* smaps_rollup walks the page tables, so its cost grows with what the
-	 * process holds (see bench/results/server.md). status is a fallback
-	 * that counts shared pages in every sharer. */
+	 * process holds (see bench/results/server.md), and it waits for the
+	 * process's mmap lock. status is a fallback that counts shared pages
+	 * in every sharer, and takes no lock of the process's. */
 	char buf[4096];
-	ssize_t n = mts_read_proc_file(pid, "smaps_rollup", buf, sizeof(buf));
+	ssize_t n = -EINVAL;
+	if (smaps)
+		n = mts_read_proc_file(pid, "smaps_rollup", buf, sizeof(buf));
 	if (n >= 0 && mts_parse_smaps_rollup(buf, out) == 0)
 		return 0;
 	if (n == -ENOENT || n == -ESRCH)
