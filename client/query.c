@@ -491,13 +491,47 @@ static int recv_frame(memtally_query *q, int64_t deadline, size_t *body_off,
 	}
 }
 
+/* Every call starts with no reason recorded: one it refuses before
+ * reaching the server must not report an earlier call's. */
+static void query_begin(memtally_query *q)
+{
+	if (q)
+		q->errmsg[0] = '\0';
+}
+
 /* Unpack the frame at q->rbuf[off, off + blen) and consume it. NULL (with
  * the reason recorded) when it does not decode. */
+/* What unpacking one response may allocate: QUERY_UNPACK_RATIO times its
+ * size and QUERY_UNPACK_EXTRA more. A real answer unpacks to a few times
+ * its size (a process entry of ~50-130 bytes to ~260). An entry can be
+ * packed in 2 bytes though, so a peer's 64 MiB of empty entries would
+ * unpack to ~13 GB, and the host would meet the OOM killer instead of an
+ * error. The blocks are malloc's, so free_unpacked(.., NULL) frees them. */
+#define QUERY_UNPACK_RATIO 16u
+#define QUERY_UNPACK_EXTRA (1u << 20)
+
+static void *budget_alloc(void *data, size_t size)
+{
+	size_t *left = data;
+	if (size > *left)
+		return NULL;
+	*left -= size;
+	return malloc(size);
+}
+
+static void budget_free(void *data, void *p)
+{
+	(void)data;
+	free(p);
+}
+
 static Memtally__V1__Response *take_frame(memtally_query *q, size_t off,
                                           size_t blen)
 {
+	size_t left = QUERY_UNPACK_RATIO * blen + QUERY_UNPACK_EXTRA;
+	ProtobufCAllocator budget = {budget_alloc, budget_free, &left};
 	Memtally__V1__Response *r =
-	    memtally__v1__response__unpack(NULL, blen, q->rbuf + off);
+	    memtally__v1__response__unpack(&budget, blen, q->rbuf + off);
 	q->rlen -= off + blen;
 	memmove(q->rbuf, q->rbuf + off + blen, q->rlen);
 	if (!r)
@@ -857,6 +891,7 @@ static int get_usage(memtally_query *q, Memtally__V1__GetUsage *gu,
 int memtally_query_usage_msg(memtally_query *q, struct memtally_usage **out,
                              Memtally__V1__Response **msg)
 {
+	query_begin(q);
 	if (!out)
 		return -EINVAL;
 	*out = NULL;
@@ -888,6 +923,7 @@ int memtally_query_usage(memtally_query *q, struct memtally_usage **out)
 int memtally_query_group(memtally_query *q, const char *group,
                          struct memtally_usage **out)
 {
+	query_begin(q);
 	if (!out)
 		return -EINVAL;
 	*out = NULL;
@@ -918,6 +954,7 @@ void memtally_usage_free(struct memtally_usage *u)
 int memtally_query_process(memtally_query *q, uint32_t pid,
                            struct memtally_process **out)
 {
+	query_begin(q);
 	if (!out)
 		return -EINVAL;
 	*out = NULL;
@@ -950,6 +987,7 @@ void memtally_process_free(struct memtally_process *p)
 int memtally_query_processes(memtally_query *q, const char *group,
                              struct memtally_process **out_array, size_t *n)
 {
+	query_begin(q);
 	if (!out_array || !n)
 		return -EINVAL;
 	*out_array = NULL;
@@ -1040,6 +1078,7 @@ int memtally_query_admit(memtally_query *q,
                          const struct memtally_admit_req *req,
                          struct memtally_admit_result **out)
 {
+	query_begin(q);
 	if (!out)
 		return -EINVAL;
 	*out = NULL;
@@ -1094,6 +1133,7 @@ struct kind_profile {
 int memtally_query_kinds(memtally_query *q, const char *kind,
                          struct memtally_kinds **out)
 {
+	query_begin(q);
 	if (!out)
 		return -EINVAL;
 	*out = NULL;
@@ -1204,6 +1244,7 @@ int memtally_kind_profile(const struct memtally_kinds *k, size_t i,
 int memtally_query_release(memtally_query *q, const char *reservation,
                            uint64_t *bytes_out)
 {
+	query_begin(q);
 	if (bytes_out)
 		*bytes_out = 0;
 	if (!q || !reservation || !reservation[0])
@@ -1233,6 +1274,7 @@ int memtally_query_set_limit(memtally_query *q, enum memtally_scope scope,
                              const char *group, uint32_t pid, uint64_t bytes,
                              uint64_t *previous_out)
 {
+	query_begin(q);
 	if (previous_out)
 		*previous_out = 0;
 	if (!q)
@@ -1299,6 +1341,7 @@ int memtally_query_watch_own(memtally_query *q, int own)
 
 int memtally_query_watch_start(memtally_query *q)
 {
+	query_begin(q);
 	if (!q)
 		return -EINVAL;
 	if (q->watching)
@@ -1411,6 +1454,7 @@ fail_free:
 
 int memtally_query_watch_next(memtally_query *q, struct memtally_event *ev_out)
 {
+	query_begin(q);
 	if (!q || !ev_out)
 		return -EINVAL;
 	drop_event(q);

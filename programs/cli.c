@@ -92,6 +92,8 @@ struct cli {
 	uint64_t limit;
 	char label[96];    /* "fleet", "group:NAME", "pid:N" as events say */
 	double wait_s;     /* run --wait */
+	double interval_s; /* top --interval */
+	long iterations_n; /* top --iterations; 0: until interrupted */
 	const char *poll;  /* run --poll, as given */
 	double poll_s;     /* run --poll; 0: the default */
 	const char *retry; /* run --retry, as given */
@@ -1447,25 +1449,34 @@ static size_t table_rows(bool tty, size_t used)
  * --iterations refreshes. On a terminal the screen is cleared before each
  * refresh and the table cut to fit; piped, refreshes simply follow.
  */
-static int cmd_top(struct cli *c)
+static int check_top(struct cli *c)
 {
-	double interval = 1;
-	long iterations = 0;
+	c->interval_s = 1;
+	c->iterations_n = 0;
 	if (c->interval) {
 		char *end;
-		interval = strtod(c->interval, &end);
-		if (*end || !(interval >= 0.1 && interval <= 3600))
+		errno = 0;
+		c->interval_s = strtod(c->interval, &end);
+		if (*end || !(c->interval_s >= 0.1 && c->interval_s <= 3600))
 			return usage_error("top: --interval wants seconds, "
 			                   "0.1 to 3600");
 	}
 	if (c->iterations) {
 		char *end;
-		iterations = strtol(c->iterations, &end, 10);
-		if (*end || iterations < 1)
+		errno = 0;
+		c->iterations_n = strtol(c->iterations, &end, 10);
+		if (*end || errno || c->iterations_n < 1)
 			return usage_error("top: --iterations wants a count");
 	}
 	if (c->json)
 		return usage_error("top: no --json; use status --json");
+	return 0;
+}
+
+static int cmd_top(struct cli *c)
+{
+	double interval = c->interval_s;
+	long iterations = c->iterations_n;
 	bool tty = isatty(STDOUT_FILENO);
 	for (long i = 0; !iterations || i < iterations; i++) {
 		struct memtally_usage *u = NULL;
@@ -1764,7 +1775,8 @@ static const struct command commands[] = {
     {"release", check_release, cmd_release, 0, 1, 1, false},
     {"limit", check_limit, cmd_limit, 0, 1, 4, false},
     {"watch", NULL, cmd_watch, 0, 0, 0, true},
-    {"top", NULL, cmd_top, TAKES_REFRESH, 0, 0, true},
+    /* Each refresh is a call of its own, with its own deadline. */
+    {"top", check_top, cmd_top, TAKES_REFRESH, 0, 0, false},
     /* Connects by itself (cli_run.c): it fails open. */
     {"run", check_run, cmd_run,
      TAKES_GROUP | TAKES_BYTES | TAKES_TASK | TAKES_TTL | TAKES_WAIT |

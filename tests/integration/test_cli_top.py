@@ -1,5 +1,11 @@
-"""memtally top: refreshes in place (here: twice, piped), largest first."""
+"""memtally top: refreshes in place (here: twice, piped), largest first;
+gives up on a server that does not answer, as every other command does;
+refuses bad options before it connects."""
+import os
+import signal
 import subprocess
+import tempfile
+import time
 
 from harness import CLI, MIB, MULT, Server, Worker, check, run, wait_for, worker
 
@@ -34,5 +40,46 @@ def test_top_refreshes_largest_first():
             small.close()
 
 
+def test_top_gives_up_on_a_stopped_server():
+    with Server() as s:
+        os.kill(s.proc.pid, signal.SIGSTOP)
+        try:
+            for extra in (["--timeout", "1000"], []):
+                t0 = time.monotonic()
+                out = subprocess.run(
+                    [CLI, "--socket", s.socket, *extra, "top",
+                     "--iterations", "1"], capture_output=True, text=True,
+                    timeout=60 * MULT)
+                took = time.monotonic() - t0
+                check(out.returncode == 1,
+                      f"top {extra}: exit {out.returncode}: {out.stderr}")
+                # The default deadline is 5 s.
+                check(took < 20 * MULT, f"top {extra} took {took:.1f} s")
+                print(f"  top {extra or '(default timeout)'} against a "
+                      f"stopped server: exit 1 after {took:.1f} s")
+        finally:
+            os.kill(s.proc.pid, signal.SIGCONT)
+
+
+def test_top_refuses_bad_options_without_a_server():
+    with tempfile.TemporaryDirectory() as d:
+        sock = os.path.join(d, "none.sock")
+        for args in (["--interval", "0"], ["--iterations", "x"],
+                     ["--iterations", "99999999999999999999"]):
+            out = subprocess.run([CLI, "--socket", sock, "top", *args],
+                                 capture_output=True, text=True)
+            check(out.returncode == 2,
+                  f"top {args}: exit {out.returncode}: {out.stderr}")
+        out = subprocess.run([CLI, "--socket", sock, "--json", "top"],
+                             capture_output=True, text=True)
+        check(out.returncode == 2, f"top --json: exit {out.returncode}")
+        out = subprocess.run([CLI, "--socket", sock, "top",
+                              "--iterations", "1"],
+                             capture_output=True, text=True)
+        check(out.returncode == 1, f"no server: exit {out.returncode}")
+
+
 if __name__ == "__main__":
-    run([test_top_refreshes_largest_first])
+    run([test_top_refreshes_largest_first,
+         test_top_gives_up_on_a_stopped_server,
+         test_top_refuses_bad_options_without_a_server])

@@ -635,6 +635,69 @@ FAKE_TEST(query, garbled_answers_are_eproto, answer_garbage)
 	cr_expect_eq(atomic_load(&f->connections), 4);
 }
 
+static size_t put_varint(uint8_t *p, uint64_t v)
+{
+	size_t n = 0;
+	for (; v >= 0x80; v >>= 7)
+		p[n++] = (uint8_t)(v | 0x80);
+	p[n++] = (uint8_t)v;
+	return n;
+}
+
+/* 8 MiB of empty process entries (2 bytes each), then a real answer:
+ * unpacked in full they would be ~900 MB. */
+static bool answer_empty_entries(struct fake *f, int fd,
+                                 const Memtally__V1__Request *req, int n)
+{
+	if (n > 1)
+		return answer_processes(f, fd, req, n);
+	size_t plen = (size_t)8 << 20, cap = plen + 64, off = 0;
+	uint8_t *b = malloc(cap);
+	cr_assert_not_null(b);
+	uint8_t head[32];
+	size_t h = 0;
+	head[h++] = 0x08; /* id */
+	h += put_varint(head + h, req->id);
+	head[h++] = 0x2a; /* process_list */
+	h += put_varint(head + h, plen);
+	off += put_varint(b, h + plen);
+	memcpy(b + off, head, h);
+	off += h;
+	for (size_t i = 0; i < plen; i += 2) {
+		b[off++] = 0x0a; /* processes, empty */
+		b[off++] = 0x00;
+	}
+	write_all(fd, b, off);
+	free(b);
+	return true;
+}
+
+FAKE_TEST(query, an_answer_that_would_unpack_huge_is_eproto,
+          answer_empty_entries)
+{
+	struct memtally_process *p;
+	size_t n;
+	cr_assert_eq(memtally_query_processes(q, NULL, &p, &n),
+	             MEMTALLY_EPROTO);
+	cr_expect(strstr(memtally_query_last_error(q), "undecodable"), "%s",
+	          memtally_query_last_error(q));
+	cr_assert_eq(memtally_query_processes(q, NULL, &p, &n), 0);
+	cr_expect_eq(n, 3);
+	memtally_processes_free(p);
+}
+
+/* A call refused before it reaches the server reports no earlier reason. */
+FAKE_TEST(query, a_refused_call_reports_no_earlier_reason, answer_garbage)
+{
+	struct memtally_usage *u;
+	cr_assert_eq(memtally_query_usage(q, &u), MEMTALLY_EPROTO);
+	cr_assert_neq(memtally_query_last_error(q)[0], '\0');
+	struct memtally_admit_req bad = {0};
+	struct memtally_admit_result *ar;
+	cr_assert_eq(memtally_query_admit(q, &bad, &ar), -EINVAL);
+	cr_expect_str_eq(memtally_query_last_error(q), "");
+}
+
 /* A ProcessList in answer to GetUsage: in step, but not what was asked. */
 static bool answer_wrong_body(struct fake *f, int fd,
                               const Memtally__V1__Request *req, int n)
