@@ -69,6 +69,7 @@
  */
 #define QUERY_MAX_RESPONSE (64u << 20)
 #define QUERY_RBUF_MIN     4096u
+#define QUERY_RBUF_KEEP    (1u << 20) /* kept between answers, at most */
 
 struct memtally_query {
 	int fd;         /* -1 while disconnected */
@@ -534,6 +535,13 @@ static Memtally__V1__Response *take_frame(memtally_query *q, size_t off,
 	    memtally__v1__response__unpack(&budget, blen, q->rbuf + off);
 	q->rlen -= off + blen;
 	memmove(q->rbuf, q->rbuf + off + blen, q->rlen);
+	if (q->rlen == 0 && q->rcap > QUERY_RBUF_KEEP) {
+		/* One large answer does not pin its buffer for the handle's
+		 * life. */
+		free(q->rbuf);
+		q->rbuf = NULL;
+		q->rcap = 0;
+	}
 	if (!r)
 		query_fail(q, MEMTALLY_EPROTO,
 		           "undecodable response (%zu bytes)", blen);
