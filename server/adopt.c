@@ -22,7 +22,22 @@
  * mapped only if it is sealed against resizing and exactly the size the
  * layout says, like any table. A worker could map a table of its own
  * making under that name. It would only be believed for its own uid,
- * whose figures it can write anyway.
+ * whose figures it can write anyway; and a recorded worker whose uid is
+ * no longer the recorded one (it called setuid without exec) is dropped,
+ * so it cannot hand the recorded uid a table of its new uid's making.
+ *
+ * A worker's maps are its own to arrange, and a restart must not wait on
+ * them. A mapping is considered only if its device is the memfds' (the
+ * server's own header's): a regular file named to look like a table, a
+ * file under a read lease (whose open would wait for the lease break) or
+ * on a FUSE mount (whose open waits on its daemon) is not one. The open
+ * is non-blocking, and the file opened is checked to be on that device.
+ * Reading /proc/PID/maps waits for the process's mmap lock, which it can
+ * hold for as long as it likes, and the mapping can be swapped between
+ * the read and the open. So the lookup and open run on a thread of their
+ * own, waited on for MTS_ADOPT_OPEN_MS at most. A uid whose open did not
+ * finish in time is not tried again, and after MTS_ADOPT_STALLS_MAX such
+ * waits no table is reopened: their workers re-register.
  *
  * A recorded worker that cannot be adopted is dropped, not lost. That
  * happens when its table cannot be reopened, for example by a server
@@ -34,10 +49,17 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/pidfd.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include "mts_guard.h"
@@ -47,11 +69,38 @@
 #include "mts_state.h"
 #include "mtshm.h"
 
+/* How long a restart waits for one worker's table to open, and for how
+ * many such waits in all. */
+#define MTS_ADOPT_OPEN_MS    2000
+#define MTS_ADOPT_STALLS_MAX 4u
+
+/* The device of a maps line ("start-end perms offset MAJ:MIN inode ..."),
+ * or 0. */
+static uint64_t maps_line_dev(const char *line)
+{
+	const char *p = line;
+	for (int field = 0; field < 3; field++) {
+		p = strchr(p, ' ');
+		if (!p)
+			return 0;
+		p++;
+	}
+	char *end;
+	unsigned long maj = strtoul(p, &end, 16);
+	if (*end != ':')
+		return 0;
+	unsigned long min = strtoul(end + 1, &end, 16);
+	if (*end != ' ')
+		return 0;
+	return makedev(maj, min);
+}
+
 /*
- * Find the mapping of `label` (a memfd) in /proc/PID/maps and open it
- * through /proc/PID/map_files. Returns the descriptor or -errno.
+ * Find the mapping of `label` (a memfd on device `dev`) in /proc/PID/maps
+ * and open it through /proc/PID/map_files. Returns the descriptor or
+ * -errno.
  */
-static int open_worker_table(uint32_t pid, const char *label)
+static int open_worker_table(uint32_t pid, const char *label, uint64_t dev)
 {
 	char path[64], want[128];
 	snprintf(path, sizeof(path), "/proc/%u/maps", pid);
@@ -66,7 +115,8 @@ static int open_worker_table(uint32_t pid, const char *label)
 		if (n && line[n - 1] == '\n')
 			line[--n] = 0;
 		const char *name = strstr(line, " /memfd:");
-		if (!name || strcmp(name + 1, want) != 0)
+		if (!name || strcmp(name + 1, want) != 0 ||
+		    maps_line_dev(line) != dev)
 			continue;
 		char range[64];
 		const char *sp = strchr(line, ' ');
@@ -77,26 +127,140 @@ static int open_worker_table(uint32_t pid, const char *label)
 		range[rl] = 0;
 		char mf[128];
 		snprintf(mf, sizeof(mf), "/proc/%u/map_files/%s", pid, range);
-		fd = open(mf, O_RDWR | O_CLOEXEC);
-		if (fd < 0)
+		fd = open(mf, O_RDWR | O_NONBLOCK | O_CLOEXEC);
+		if (fd < 0) {
 			fd = -errno;
-		else
+			continue;
+		}
+		/* The mapping may have been replaced since the line was
+		 * read. */
+		struct stat st;
+		if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
+		    (uint64_t)st.st_dev == dev)
 			break;
+		close(fd);
+		fd = -ENOENT;
 	}
 	fclose(f);
 	return fd;
 }
 
+/* One open_worker_table() on a thread of its own. Owned by that thread
+ * and the restart until both let go (`refs`). */
+struct table_open {
+	atomic_int refs;
+	atomic_bool abandoned;
+	int efd; /* written once the open is done */
+	int fd;  /* its result */
+	uint32_t pid;
+	uint64_t dev;
+	char label[96];
+};
+
+static void table_open_drop(struct table_open *t)
+{
+	if (atomic_fetch_sub(&t->refs, 1) != 1)
+		return;
+	if (atomic_load(&t->abandoned) && t->fd >= 0)
+		close(t->fd);
+	close(t->efd);
+	free(t);
+}
+
+static void *table_opener(void *arg)
+{
+	struct table_open *t = arg;
+	t->fd = open_worker_table(t->pid, t->label, t->dev);
+	eventfd_write(t->efd, 1);
+	table_open_drop(t);
+	return NULL;
+}
+
+/* open_worker_table(), given up after MTS_ADOPT_OPEN_MS (-ETIMEDOUT). */
+static int open_worker_table_bounded(uint32_t pid, const char *label,
+                                     uint64_t dev)
+{
+	struct table_open *t = calloc(1, sizeof(*t));
+	if (!t)
+		return -ENOMEM;
+	t->efd = eventfd(0, EFD_CLOEXEC);
+	if (t->efd < 0) {
+		free(t);
+		return -errno;
+	}
+	atomic_init(&t->refs, 2);
+	atomic_init(&t->abandoned, false);
+	t->pid = pid;
+	t->dev = dev;
+	snprintf(t->label, sizeof(t->label), "%s", label);
+	pthread_attr_t attr;
+	pthread_attr_init(&attr);
+	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+	pthread_attr_setstacksize(&attr, 128u * 1024u);
+	sigset_t all, old;
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old);
+	pthread_t th;
+	int err = pthread_create(&th, &attr, table_opener, t);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	pthread_attr_destroy(&attr);
+	if (err) {
+		close(t->efd);
+		free(t);
+		return -err;
+	}
+	uint64_t end =
+	    mts_now_monotonic() + (uint64_t)MTS_ADOPT_OPEN_MS * 1000000u;
+	struct pollfd pfd = {.fd = t->efd, .events = POLLIN};
+	int fd = -ETIMEDOUT;
+	for (;;) {
+		uint64_t now = mts_now_monotonic();
+		if (now >= end)
+			break;
+		int n = poll(&pfd, 1, (int)((end - now) / 1000000u) + 1);
+		if (n > 0) {
+			fd = t->fd; /* written before the eventfd */
+			break;
+		}
+		if (n < 0 && errno != EINTR)
+			break;
+	}
+	if (fd == -ETIMEDOUT)
+		atomic_store(&t->abandoned, true);
+	table_open_drop(t);
+	return fd;
+}
+
+/* uids whose table's open did not finish in time: not tried again. */
+struct stalls {
+	uint32_t uid[MTS_ADOPT_STALLS_MAX];
+	uint32_t n;
+};
+
+static bool stalled(const struct stalls *s, uint32_t uid)
+{
+	if (s->n >= MTS_ADOPT_STALLS_MAX)
+		return true;
+	for (uint32_t i = 0; i < s->n; i++)
+		if (s->uid[i] == uid)
+			return true;
+	return false;
+}
+
 /* The table of `uid`: already adopted, or reopened from worker `pid`. */
 static int table_for(struct mts_registry *reg, uint32_t uid, uint32_t pid,
-                     struct mts_table **out)
+                     struct stalls *stalls, struct mts_table **out)
 {
 	*out = mts_table_find(reg, uid);
 	if (*out)
 		return 0;
+	if (stalled(stalls, uid))
+		return -ETIMEDOUT;
 	char label[96];
 	mts_table_label(reg, uid, label, sizeof(label));
-	int fd = open_worker_table(pid, label);
+	int fd = open_worker_table_bounded(pid, label, reg->map->dev);
+	if (fd == -ETIMEDOUT)
+		stalls->uid[stalls->n++] = uid;
 	if (fd < 0)
 		return fd;
 	struct mtshm_map map;
@@ -118,6 +282,7 @@ static int table_for(struct mts_registry *reg, uint32_t uid, uint32_t pid,
 int mts_adopt(struct mts_registry *reg, uint32_t *kept, uint32_t *dropped)
 {
 	char q[MTS_LOGQ_MAX], qg[MTS_LOGQ_MAX];
+	struct stalls stalls = {.n = 0};
 	*kept = *dropped = 0;
 	for (uint32_t i = 0; i < reg->slot_count; i++) {
 		struct mts_state_rec r;
@@ -126,13 +291,18 @@ int mts_adopt(struct mts_registry *reg, uint32_t *kept, uint32_t *dropped)
 		uint64_t st = 0;
 		char comm[sizeof(((struct mts_adopted *)0)->comm)];
 		int pidfd = -1;
+		uint32_t ruid, euid;
 		/* Open the pidfd first, then check the start time: if the
-		 * pid was reused in between, the start time says so. */
+		 * pid was reused in between, the start time says so. A
+		 * worker that changed its uid since it registered registers
+		 * again, as what it is now. */
 		if (r.pid <= INT32_MAX)
 			pidfd = pidfd_open((pid_t)r.pid, 0);
 		if (pidfd < 0 ||
 		    mts_read_stat((pid_t)r.pid, &st, comm, sizeof(comm)) < 0 ||
-		    st != r.start_time) {
+		    st != r.start_time ||
+		    mts_read_uids((pid_t)r.pid, &ruid, &euid) < 0 ||
+		    euid != r.uid) {
 			if (pidfd >= 0)
 				close(pidfd);
 			mts_state_clear(reg->state, i);
@@ -150,7 +320,7 @@ int mts_adopt(struct mts_registry *reg, uint32_t *kept, uint32_t *dropped)
 			mts_state_put(reg->state, i, &r);
 		}
 		struct mts_table *table;
-		int err = table_for(reg, r.uid, r.pid, &table);
+		int err = table_for(reg, r.uid, r.pid, &stalls, &table);
 		if (err < 0) {
 			close(pidfd);
 			mts_state_clear(reg->state, i);

@@ -30,6 +30,9 @@ int mts_read_stat(pid_t pid, uint64_t *start_time, char *comm, size_t cap);
 /* The real uid of `pid` (first field of Uid: in /proc/PID/status).
  * Returns 0, -ENOENT/-ESRCH (gone), -EINVAL. */
 int mts_read_real_uid(pid_t pid, uint32_t *out);
+/* The real and effective uids of `pid` (effective may be NULL). 0 or
+ * -errno. */
+int mts_read_uids(pid_t pid, uint32_t *real, uint32_t *effective);
 
 /* The state letter and parent pid of `pid` (fields 3 and 4 of
  * /proc/PID/stat). Returns 0, -ENOENT/-ESRCH (gone), -EINVAL. */

@@ -181,7 +181,24 @@ int mts_read_starttime(pid_t pid, uint64_t *out)
 	return mts_read_stat(pid, out, NULL, 0);
 }
 
-int mts_read_real_uid(pid_t pid, uint32_t *out)
+/* One uid of a Uid: line at *p, moved past it. 0 or -EINVAL. */
+static int uid_field(const char **p, uint32_t *out)
+{
+	while (**p == ' ' || **p == '\t')
+		(*p)++;
+	if (**p < '0' || **p > '9')
+		return -EINVAL;
+	char *end;
+	errno = 0;
+	unsigned long v = strtoul(*p, &end, 10);
+	if (errno || v > UINT32_MAX || (*end != '\t' && *end != ' '))
+		return -EINVAL;
+	*out = (uint32_t)v;
+	*p = end;
+	return 0;
+}
+
+int mts_read_uids(pid_t pid, uint32_t *real, uint32_t *effective)
 {
 	char buf[4096];
 	ssize_t n = mts_read_proc_status(pid, buf, sizeof(buf));
@@ -191,17 +208,16 @@ int mts_read_real_uid(pid_t pid, uint32_t *out)
 	if (!p)
 		return -EINVAL;
 	p += 5;
-	while (*p == ' ' || *p == '\t')
-		p++;
-	if (*p < '0' || *p > '9')
-		return -EINVAL;
-	char *end;
-	errno = 0;
-	unsigned long v = strtoul(p, &end, 10);
-	if (errno || v > UINT32_MAX || (*end != '\t' && *end != ' '))
-		return -EINVAL;
-	*out = (uint32_t)v;
-	return 0;
+	uint32_t e;
+	int err = uid_field(&p, real);
+	if (err == 0 && (err = uid_field(&p, &e)) == 0 && effective)
+		*effective = e;
+	return err;
+}
+
+int mts_read_real_uid(pid_t pid, uint32_t *out)
+{
+	return mts_read_uids(pid, out, NULL);
 }
 
 int mts_read_state_ppid(pid_t pid, char *state, uint32_t *ppid)

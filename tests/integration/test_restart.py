@@ -2,9 +2,13 @@
 is listed with the bytes it had, a worker that died meanwhile is gone, and
 the adopted workers go on being counted and reclaimed. --reset starts
 afresh instead. A worker outlives more restarts than it keeps attachments
-for, stays counted, and past them asks memtallyd nothing."""
+for, stays counted, and past them asks memtallyd nothing. A worker's maps
+cannot hold a restart up, nor a worker that changed its uid be adopted as
+what it was."""
 import os
 import subprocess
+import sys
+import time
 
 from harness import (MIB, Server, Worker, check, run, settled_bytes,
                      wait_for, worker)
@@ -233,7 +237,104 @@ def test_a_worker_outlives_more_restarts_than_attachments():
         s.stop()
 
 
+# Registers (its allocations flush), then maps, below its slot table, a
+# regular file whose path reads like the table's memfd, under a read lease
+# it never gives back: an open for writing waits for the lease break
+# (lease-break-time, 45 s by default). With `setuid` instead, it drops from
+# root to nobody without exec, and allocates 1 MiB at each line read.
+DECOY = r"""
+import fcntl, mmap, os, signal, sys, time
+signal.signal(signal.SIGIO, signal.SIG_IGN)
+keep = [bytearray(1 << 20) for _ in range(4)]
+label = None
+for _ in range(3000):
+    for line in open("/proc/self/maps"):
+        if "/memfd:" in line and "-slots:" in line:
+            label = line.split("/memfd:", 1)[1].rsplit(" (deleted)", 1)[0]
+    if label:
+        break
+    keep.append(bytearray(1 << 16))
+    time.sleep(0.01)
+if label is None:
+    sys.exit("never mapped a slot table")
+if sys.argv[2] == "setuid":
+    os.setuid(65534)
+    print("ready", flush=True)
+    for line in sys.stdin:
+        keep.append(bytearray(1 << 20))
+        print("ok", flush=True)
+    sys.exit(0)
+d = os.path.join(sys.argv[1], "x ")
+os.mkdir(d)
+path = os.path.join(d, "memfd:" + label.strip())
+with open(path, "wb") as f:
+    f.write(b"\0" * 65536)
+fd = os.open(path, os.O_RDONLY)
+fcntl.fcntl(fd, 1024, fcntl.F_RDLCK)  # F_SETLEASE
+m = mmap.mmap(fd, 65536, mmap.MAP_SHARED, mmap.PROT_READ)
+os.unlink(path)
+print("ready", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_a_decoy_mapping_does_not_hold_up_a_restart():
+    first = Server()
+    w = Worker([sys.executable, "-c", DECOY, first.dir, "decoy"],
+               first.env(group="decoy"))
+    second = None
+    try:
+        check(w.readline() == "ready", "the decoy was not set")
+        wait_for("registered", lambda: w.pid in first.ps())
+        first.kill9()
+        t0 = time.monotonic()
+        second = Server(after=first)
+        took = time.monotonic() - t0
+        log = second.logtext()
+        print(f"  restart with a leased decoy mapped: serving after "
+              f"{took:.1f} s")
+        check("cannot reopen" not in log, "the decoy was opened: " +
+              second.tail())
+        check(f"pid={w.pid}" in log and "worker adopted" in log,
+              "the worker was not adopted: " + second.tail())
+        check(took < 20, f"the restart waited {took:.1f} s on the decoy")
+        check(w.pid in second.ps(), "the worker is not listed")
+    finally:
+        w.close()
+        (second or first).stop()
+
+
+def test_a_worker_that_changed_uid_is_not_adopted_as_root():
+    first = Server()
+    w = Worker([sys.executable, "-c", DECOY, first.dir, "setuid"],
+               first.env(group="turncoat"))
+    second = None
+    try:
+        check(w.readline() == "ready", "the worker did not start")
+        wait_for("registered as root",
+                 lambda: first.ps().get(w.pid, {}).get("uid") == 0)
+        first.kill9()
+        second = Server(after=first)
+        check("worker adopted" not in second.logtext(),
+              "a worker now of uid 65534 was adopted as root: " +
+              second.tail())
+        # It registers again as what it is now at its next flushes (the
+        # harness's directory is root's alone).
+        os.chmod(second.dir, 0o755)
+        os.chmod(second.socket, 0o666)
+        def now_nobody():
+            w.send("alloc")
+            w.readline()
+            return second.ps().get(w.pid, {}).get("uid") == 65534
+        wait_for("registered again as nobody", now_nobody)
+    finally:
+        w.close()
+        (second or first).stop()
+
+
 if __name__ == "__main__":
     run([test_restart_adopts_live_workers, test_reset_starts_afresh,
          test_kill9_under_load_loses_nothing,
-         test_a_worker_outlives_more_restarts_than_attachments])
+         test_a_worker_outlives_more_restarts_than_attachments,
+         test_a_decoy_mapping_does_not_hold_up_a_restart,
+         test_a_worker_that_changed_uid_is_not_adopted_as_root])
