@@ -18,6 +18,13 @@
  * front end it runs on, so a child python needs no exec of its own and
  * what ps and /proc/PID/environ show is what runs.
  *
+ * The other way round, a program linked to jemalloc (Debian's redis-server
+ * is) that inherits the glibc front end from such a python is switched to
+ * the jemalloc preload: under the glibc front end its malloc would be
+ * glibc's while its malloc_usable_size, mallctl and operator new stay
+ * libjemalloc's, and jemalloc asked the size of a glibc block crashes it.
+ * The jemalloc preload serves the whole of jemalloc's API from one heap.
+ *
  * Fail open: an unknown value, a secure-execution process (set-uid),
  * a library not found beside this one, a preload not named in
  * LD_PRELOAD, no /proc, or a failed exec leave the process running as it
@@ -155,6 +162,10 @@ __attribute__((constructor(103))) static void mtc_choose(void)
 	if ((!want || !*want) && strcmp(MTC_FRONT_ALLOCATOR, "jemalloc") == 0 &&
 	    is_python())
 		want = "glibc";
+	/* The glibc front end exports no mallctl: another library does. */
+	if ((!want || !*want) && strcmp(MTC_FRONT_ALLOCATOR, "glibc") == 0 &&
+	    dlsym(RTLD_DEFAULT, "mallctl"))
+		want = "jemalloc";
 	if (!want || !*want || strcmp(want, MTC_FRONT_ALLOCATOR) == 0)
 		return;
 	const char *other_name;

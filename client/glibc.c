@@ -359,6 +359,18 @@ GL_EXPORT void *pvalloc(size_t n)
 	return counted(__libc_pvalloc(n));
 }
 
+/* Defined here, or a program that links another allocator's
+ * malloc_usable_size would ask it of glibc's blocks: glibc's own answer,
+ * from the same header (an mmapped chunk has a two-word header, others
+ * lend the next chunk's first word). */
+GL_EXPORT size_t malloc_usable_size(void *p)
+{
+	if (!p)
+		return 0;
+	size_t s = ((const size_t *)p)[-1];
+	return (s & ~(size_t)7) - ((s & 2) ? 2 : 1) * sizeof(size_t);
+}
+
 /* C23 sized frees: the size comes from the header anyway. */
 GL_EXPORT void free_sized(void *p, size_t n)
 {

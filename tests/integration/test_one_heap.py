@@ -8,6 +8,10 @@ must have every one of those calls served by the preload's copy: the
 MALLOC-STATS) moves with its data and agrees with memtally's count, while
 libjemalloc.so.2 stays mapped and idle. Were those calls answered by the
 other copy, its Allocated would stay at that copy's ~1 MB.
+
+The same program started under the glibc front end (as a python's
+children are) is switched to the jemalloc preload: under glibc's malloc its
+malloc_usable_size would be libjemalloc's, asked of glibc's blocks.
 """
 import os
 import re
@@ -106,5 +110,40 @@ def test_redis_one_heap():
             proc.wait(timeout=30 * MULT)
 
 
+def test_redis_under_the_glibc_front_end():
+    for exe in (REDIS, REDIS_CLI):
+        if not os.access(exe, os.X_OK):
+            raise Skip(f"{exe} not installed (scripts/deps.sh installs it)")
+    glibc_lib = os.path.join(os.path.dirname(PRELOAD), "libmemtally_glibc.so")
+    with Server() as s:
+        sock = os.path.join(s.dir, "redis.sock")
+        env = s.env(group="redis", LD_PRELOAD=glibc_lib)
+        env.pop("MEMTALLY_ALLOCATOR", None)
+        proc = subprocess.Popen(
+            [REDIS, "--port", "0", "--unixsocket", sock, "--save", "",
+             "--appendonly", "no", "--enable-debug-command", "yes",
+             "--dir", s.dir],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            def up():
+                check(proc.poll() is None,
+                      f"redis-server exited: {proc.returncode}")
+                return os.path.exists(sock) and cli(sock, "PING") == "PONG"
+            wait_for("redis-server up", up)
+            with open(f"/proc/{proc.pid}/maps") as f:
+                maps = f.read()
+            check(os.path.basename(PRELOAD) in maps and
+                  "libmemtally_glibc.so" not in maps,
+                  "not switched to the jemalloc preload")
+            cli(sock, "DEBUG", "POPULATE", str(KEYS), "key", "256")
+            wait_for("its heap counted", lambda: s.ps().get(
+                proc.pid, {}).get("bytes", 0) >= 40 * MIB)
+            print(f"  redis under the glibc front end: switched, "
+                  f"{s.ps()[proc.pid]['bytes'] // MIB} MiB counted")
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30 * MULT)
+
+
 if __name__ == "__main__":
-    run([test_redis_one_heap])
+    run([test_redis_one_heap, test_redis_under_the_glibc_front_end])
