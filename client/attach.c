@@ -68,6 +68,9 @@
 #define MTC_CONNECT_TIMEOUT_MAX_MS 10000
 #define MTC_BACKOFF_MIN_NS         (100 * 1000000ull)
 #define MTC_BACKOFF_MAX_NS         (5000 * 1000000ull)
+/* After an attempt that waited out its timeout: the back-off is at least
+ * this many times the wait (within MTC_BACKOFF_MAX_NS). */
+#define MTC_BACKOFF_WAITED 10u
 /* Attachments a process may make in its life (each server re-creation of
  * the segment costs one); past that it counts locally. */
 #define MTC_MAX_ATTACH 16
@@ -1198,9 +1201,21 @@ void mtc_maybe_attach(enum attach_ask ask)
 			 * was read before this one: no late slot to claim. */
 			mtshm_store_relaxed32(&mtc_proc.answer_lost, 0);
 		}
-		mtshm_store_relaxed64(&mtc_proc.next_try_ns,
-		                      now + mtc_proc.backoff_ns);
-		mtc_proc.backoff_ns *= 2;
+		/* From the end of the attempt, not its start: an attempt
+		 * that waited out its timeout (a server stopped or stuck)
+		 * would otherwise be due again at once. And after such a
+		 * wait, the next one is at least MTC_BACKOFF_WAITED times as
+		 * far off, so the calls that wait spend no more than about a
+		 * tenth of the process's time in them. */
+		uint64_t end = mt_mono_ns();
+		uint64_t backoff = mtc_proc.backoff_ns;
+		if (err == -ETIMEDOUT &&
+		    backoff < MTC_BACKOFF_WAITED * (end - now))
+			backoff = MTC_BACKOFF_WAITED * (end - now);
+		if (backoff > MTC_BACKOFF_MAX_NS)
+			backoff = MTC_BACKOFF_MAX_NS;
+		mtshm_store_relaxed64(&mtc_proc.next_try_ns, end + backoff);
+		mtc_proc.backoff_ns = backoff * 2;
 		if (mtc_proc.backoff_ns > MTC_BACKOFF_MAX_NS)
 			mtc_proc.backoff_ns = MTC_BACKOFF_MAX_NS;
 	} else {

@@ -21,7 +21,10 @@
      it all the same, and the worker, gone quiet, is still counted; with
      no slot free, the refusal of its retry ends its tries;
   h. a program's errno across the allocator: memtally's own calls (a
-     registration's socket, failing with no server) never change it.
+     registration's socket, failing with no server) never change it;
+  i. a server stopped (SIGSTOP: it accepts connections and answers
+     nothing): a busy registered worker's calls wait for its answer at
+     most about a tenth of the time, not back to back.
 """
 import os
 import random
@@ -594,6 +597,53 @@ def test_h_errno_kept():
                     flush=True)
 
 
+# Allocates and frees 1 MiB (one flush each way) for `secs` once told, and
+# says how long its calls waited in pauses over 50 ms.
+BUSY = r"""
+import sys, time
+keep = [bytearray(1 << 20) for _ in range(2)]
+print("ready", flush=True)
+secs = float(sys.stdin.readline())
+end = time.monotonic() + secs
+waited = longest = 0.0
+while time.monotonic() < end:
+    t0 = time.monotonic()
+    b = bytearray(1 << 20)
+    del b
+    dt = time.monotonic() - t0
+    if dt > 0.05:
+        waited += dt
+        longest = max(longest, dt)
+print("waited %.3f longest %.3f" % (waited, longest), flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_i_a_stopped_server_costs_a_busy_worker_little():
+    with Server() as s:
+        w = Worker([sys.executable, "-c", BUSY], s.env(group="busy"))
+        try:
+            check(w.readline() == "ready", "the worker did not start")
+            wait_for("registered", lambda: w.pid in s.ps())
+            os.kill(s.proc.pid, signal.SIGSTOP)
+            try:
+                # The heartbeat is stale after 2 s; each registration it
+                # then tries waits 500 ms for an answer.
+                secs = 12.0
+                w.send(str(secs))
+                line = w.readline(timeout=60)
+            finally:
+                os.kill(s.proc.pid, signal.SIGCONT)
+            waited = float(line.split()[1])
+            print(f"  {secs:.0f} s of malloc and free, server stopped: "
+                  f"{line}", flush=True)
+            # Back to back, the waits were ~5 s of the 10 s past the
+            # heartbeat's 2 s; now two 500 ms waits at most.
+            check(waited < 2.0 * MULT, f"the calls waited {waited:.1f} s")
+        finally:
+            w.close()
+
+
 if __name__ == "__main__":
     run([test_a_sigkill_churn, test_b_more_workers_than_slots,
          test_c_stopped_worker, test_c_fork_loop, test_c_exec_repeatedly,
@@ -601,4 +651,5 @@ if __name__ == "__main__":
          test_d_state_truncated,
          test_e_scribbled_lane, test_f_threads_exit_without_freeing,
          test_g_late_answer_to_a_quiet_worker,
-         test_g_refused_after_a_late_answer, test_h_errno_kept])
+         test_g_refused_after_a_late_answer, test_h_errno_kept,
+         test_i_a_stopped_server_costs_a_busy_worker_little])
