@@ -158,6 +158,10 @@ __attribute__((constructor(103))) static void mtc_choose(void)
 		unsetenv("MEMTALLY_ALLOCATOR_SWITCHED");
 		return;
 	}
+	/* Switched off: the process runs as it was started. */
+	const char *disabled = getenv("MEMTALLY_DISABLE");
+	if (disabled && disabled[0] == '1')
+		return;
 	const char *want = getenv("MEMTALLY_ALLOCATOR");
 	if ((!want || !*want) && strcmp(MTC_FRONT_ALLOCATOR, "jemalloc") == 0 &&
 	    is_python())

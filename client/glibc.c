@@ -335,9 +335,31 @@ GL_EXPORT int posix_memalign(void **out, size_t align, size_t n)
 	return 0;
 }
 
+/* glibc before 2.38 takes any alignment in aligned_alloc (it is memalign
+ * there, which rounds it up); 2.38 refuses what C11 does. As the host's
+ * glibc does, so that a program behaves the same with memtally. */
+static bool aligned_alloc_strict(void)
+{
+	static int strict = -1;
+	int s = __atomic_load_n(&strict, __ATOMIC_RELAXED);
+	if (s < 0) {
+		const char *v = gnu_get_libc_version();
+		unsigned major = 0, minor = 0;
+		while (*v >= '0' && *v <= '9')
+			major = major * 10 + (unsigned)(*v++ - '0');
+		if (*v == '.')
+			v++;
+		while (*v >= '0' && *v <= '9')
+			minor = minor * 10 + (unsigned)(*v++ - '0');
+		s = major > 2 || (major == 2 && minor >= 38);
+		__atomic_store_n(&strict, s, __ATOMIC_RELAXED);
+	}
+	return s;
+}
+
 GL_EXPORT void *aligned_alloc(size_t align, size_t n)
 {
-	if (!align || (align & (align - 1))) {
+	if ((!align || (align & (align - 1))) && aligned_alloc_strict()) {
 		errno = EINVAL;
 		return NULL;
 	}

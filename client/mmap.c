@@ -270,9 +270,12 @@ static void mm_child(void)
 __attribute__((constructor(102))) static void mm_init(void)
 {
 	const char *off = getenv("MEMTALLY_MAPPED");
+	const char *disabled = getenv("MEMTALLY_DISABLE");
 	mm.page = (uintptr_t)sysconf(_SC_PAGESIZE);
-	if (off && off[0] == '0')
-		return; /* counting of mapped memory switched off */
+	/* Counting of mapped memory switched off, or all of memtally: then
+	 * no call takes the table's lock, as without memtally. */
+	if ((off && off[0] == '0') || (disabled && disabled[0] == '1'))
+		return;
 	dl_iterate_phdr(add_excl, (void *)(uintptr_t)mm_init);
 	mm.t.grow = table_grow;
 	mm.r.grow = table_grow;
@@ -659,8 +662,13 @@ static void *do_mmap(void *addr, size_t len, int prot, int flags, int fd,
 	int fixed = flags & MAP_FIXED; /* replaces what was there */
 	if (!(counted || reserved || fixed) || !enter(ret))
 		return sys_mmap(addr, len, prot, flags, fd, off);
+	/* errno as the call leaves it: the table's own failures (no
+	 * memory to grow it) are not the program's. */
+	int e = errno;
 	uint64_t before = figure();
 	void *p = sys_mmap(addr, len, prot, flags, fd, off);
+	if (p == MAP_FAILED)
+		e = errno;
 	if (p != MAP_FAILED) {
 		uintptr_t lo = (uintptr_t)p, hi = page_up(lo + len);
 		if (fixed) {
@@ -691,7 +699,6 @@ static void *do_mmap(void *addr, size_t len, int prot, int flags, int fd,
 				mtc_maptable_add(&mm.r, lo, hi);
 		}
 	}
-	int e = errno;
 	leave(before);
 	errno = e;
 	return p;
@@ -720,6 +727,7 @@ MM_EXPORT int munmap(void *addr, size_t len)
 	     __atomic_load_n(&mm.r.n, __ATOMIC_RELAXED) == 0) ||
 	    !len || (lo & (mm.page - 1)) || !enter(__builtin_return_address(0)))
 		return sys_munmap(addr, len);
+	int e = errno;
 	uint64_t before = figure();
 	struct mtc_range back[16], rback[16];
 	size_t nback = 0, nrback = 0;
@@ -727,8 +735,8 @@ MM_EXPORT int munmap(void *addr, size_t len)
 	mtc_maptable_remove(&mm.t, lo, hi, back, 16, &nback);
 	mtc_maptable_remove(&mm.r, lo, hi, rback, 16, &nrback);
 	int r = sys_munmap(addr, len);
-	int e = errno;
 	if (r != 0) { /* nothing was unmapped: count it again */
+		e = errno;
 		for (size_t i = 0; i < nback; i++)
 			mtc_maptable_add(&mm.t, back[i].lo, back[i].hi);
 		for (size_t i = 0; i < nrback; i++)
@@ -794,6 +802,7 @@ MM_EXPORT void *mremap(void *old, size_t old_len, size_t new_len, int flags,
 	    !old_len || (lo & (mm.page - 1)) ||
 	    !enter(__builtin_return_address(0)))
 		return sys_mremap(old, old_len, new_len, flags, new_addr);
+	int e = errno;
 	uint64_t before = figure();
 	uintptr_t hi = page_up(lo + old_len);
 	/* What moves keeps its state page by page: the counted pieces and the
@@ -811,8 +820,8 @@ MM_EXPORT void *mremap(void *old, size_t old_len, size_t new_len, int flags,
 		young_remove(lo, hi);
 	}
 	void *p = sys_mremap(old, old_len, new_len, flags, new_addr);
-	int e = errno;
 	if (p == MAP_FAILED) {
+		e = errno;
 		if (!keep_old) { /* nothing moved: put them back */
 			move_put(&mm.t, &mt, lo, hi, lo, hi, 1);
 			move_put(&mm.r, &mr, lo, hi, lo, hi, 1);

@@ -28,6 +28,7 @@ a program counted under its own glibc malloc.
   libmemtally_glibc.so the other way round.
 """
 import os
+import subprocess
 
 from harness import MIB, PRELOAD, Server, Worker, check, run, wait_for
 from harness import rss_anon, worker
@@ -483,6 +484,56 @@ def test_python_children_run_on_the_front_end_their_environment_names():
             w.close()
 
 
+ALIGNED = r"""
+import ctypes
+c = ctypes.CDLL(None, use_errno=True)
+c.aligned_alloc.restype = ctypes.c_void_p
+c.aligned_alloc.argtypes = (ctypes.c_size_t, ctypes.c_size_t)
+out = []
+for align in (0, 24, 64):
+    ctypes.set_errno(0)
+    p = c.aligned_alloc(align, 100)
+    out.append("%d:%s:%d" % (align, "ok" if p else "null", ctypes.get_errno()))
+print(" ".join(out))
+"""
+
+
+def test_aligned_alloc_as_the_hosts_glibc():
+    """aligned_alloc with an alignment C11 refuses: what the host's glibc
+    does (before 2.38 it takes any, as memalign), with memtally or not."""
+    import sys
+    with Server() as s:
+        env = s.env(LD_PRELOAD=GLIBC_LIB)
+        plain = dict(env)
+        plain.pop("LD_PRELOAD")
+        got = [subprocess.run([sys.executable, "-c", ALIGNED], env=e,
+                              capture_output=True, text=True, timeout=60)
+               for e in (plain, env)]
+        for g in got:
+            check(g.returncode == 0, f"exit {g.returncode}: {g.stderr}")
+        print(f"  aligned_alloc: glibc {got[0].stdout.strip()}; "
+              f"glibc front end {got[1].stdout.strip()}")
+        check(got[0].stdout == got[1].stdout,
+              f"glibc: {got[0].stdout!r}, front end: {got[1].stdout!r}")
+
+
+def test_disabled_means_no_switch():
+    """MEMTALLY_DISABLE=1: a python under the jemalloc preload runs as it
+    was started, with no exec to the glibc front end."""
+    import sys
+    with Server() as s:
+        env = s.env(LD_PRELOAD=PRELOAD, MEMTALLY_DISABLE="1")
+        env.pop("MEMTALLY_ALLOCATOR", None)
+        out = subprocess.run(
+            [sys.executable, "-c", "import os; print(open('/proc/self/maps')"
+             ".read()); print('pid', os.getpid())"],
+            env=env, capture_output=True, text=True, timeout=60)
+        check(out.returncode == 0, f"exit {out.returncode}: {out.stderr}")
+        check("libmemtally_preload.so" in out.stdout and
+              "libmemtally_glibc.so" not in out.stdout,
+              "switched although disabled")
+
+
 if __name__ == "__main__":
     run([test_counted_as_glibc_counts, test_thread_caches_are_the_only_gap,
          test_gigabyte_through_glibc,
@@ -490,4 +541,6 @@ if __name__ == "__main__":
          test_free_memory_sampled_again_in_a_new_slot,
          test_allocator_variable_switches_the_front_end,
          test_python_defaults_to_glibc,
-         test_python_children_run_on_the_front_end_their_environment_names])
+         test_python_children_run_on_the_front_end_their_environment_names,
+         test_disabled_means_no_switch,
+         test_aligned_alloc_as_the_hosts_glibc])
