@@ -73,6 +73,11 @@
  * stands; the slot's flag never waits. */
 #define MTS_PROC_EVENTS_PER_S 20.0
 #define MTS_PROC_EVENTS_BURST 40.0
+/* The same for each scope (the fleet, a group): an Admit and a Release
+ * move a group across its mark at request rate, so one user could make
+ * every subscriber hear thousands of changes a second. */
+#define MTS_SCOPE_EVENTS_PER_S 10.0
+#define MTS_SCOPE_EVENTS_BURST 20.0
 
 /* The least time before the same process is signalled again. */
 #define MTS_ENFORCE_AGAIN_MIN_NS (UINT64_C(1000) * 1000000u)
@@ -198,6 +203,42 @@ static void emit(struct mts_registry *reg, const struct mts_proc *p,
 		reg->lim->on_event(reg->lim->event_ctx, &ev);
 }
 
+/* May one more event go out now, from a bucket of `burst` tokens refilled
+ * at `per_s`? `ns` 0: a full bucket. */
+static bool event_token(double *tokens, uint64_t *ns, uint64_t now_ns,
+                        double per_s, double burst)
+{
+	if (*ns == 0 || now_ns < *ns) {
+		*tokens = burst;
+	} else {
+		*tokens += (double)(now_ns - *ns) * per_s / 1e9;
+		if (*tokens > burst)
+			*tokens = burst;
+	}
+	*ns = now_ns;
+	if (*tokens < 1)
+		return false;
+	*tokens -= 1;
+	return true;
+}
+
+/* May one more event of `t`'s processes go out now? */
+static bool proc_event_token(struct mts_table *t, uint64_t now_ns)
+{
+	return event_token(&t->ev_tokens, &t->ev_ns, now_ns,
+	                   MTS_PROC_EVENTS_PER_S, MTS_PROC_EVENTS_BURST);
+}
+
+/* Is a scope's state to be told now? Yes if it is not what its last
+ * event said and the scope's budget allows; past the budget, it is told
+ * at a later evaluation, as it then stands. */
+static bool scope_tell(struct mts_scope_told *told, uint32_t state)
+{
+	return told->state != state &&
+	       event_token(&told->tokens, &told->ns, mts_now_monotonic(),
+	                   MTS_SCOPE_EVENTS_PER_S, MTS_SCOPE_EVENTS_BURST);
+}
+
 /* The forecast gate of a scope, stepped once per evaluation. */
 static bool gate_step(const struct mts_registry *reg,
                       struct mts_forecast_gate *g, double forecast_s)
@@ -216,23 +257,27 @@ static void eval_fleet(struct mts_registry *reg)
 	bool gate = gate_step(reg, &t->fgate, fc);
 	uint32_t next = mts_state_next(t->state, value, t->limit, pol->high_bp,
 	                               pol->hyst_bp, gate);
-	if (next == t->state)
-		return;
-	uint32_t prev = t->state;
-	bool by_forecast =
-	    next == MTSHM_STATE_HIGH && gate &&
-	    state_by_value(t->state, value, t->limit, pol->high_bp,
-	                   pol->hyst_bp) == MTSHM_STATE_OK;
-	t->state = next;
-	if (next == MTSHM_STATE_OVER) {
-		reg->lim->fleet_over_since_ns = mts_now_monotonic();
-	} else if (prev == MTSHM_STATE_OVER) {
-		reg->lim->fleet_over_since_ns = 0;
-		reg->lim->enforce_idle_logged = false;
+	if (next != t->state) {
+		uint32_t prev = t->state;
+		t->state = next;
+		if (next == MTSHM_STATE_OVER) {
+			reg->lim->fleet_over_since_ns = mts_now_monotonic();
+		} else if (prev == MTSHM_STATE_OVER) {
+			reg->lim->fleet_over_since_ns = 0;
+			reg->lim->enforce_idle_logged = false;
+		}
 	}
+	if (!scope_tell(&t->told, t->state))
+		return;
+	/* From the state its subscribers last heard. */
+	uint32_t prev = t->told.state;
+	bool by_forecast = t->state == MTSHM_STATE_HIGH && gate &&
+	                   state_by_value(prev, value, t->limit, pol->high_bp,
+	                                  pol->hyst_bp) == MTSHM_STATE_OK;
+	t->told.state = t->state;
 	char why[96];
-	reason_of(why, sizeof(why), next, prev, by_forecast, t->growth, fc);
-	emit(reg, NULL, "fleet", next, prev, t->bytes, t->rss, t->limit,
+	reason_of(why, sizeof(why), t->state, prev, by_forecast, t->growth, fc);
+	emit(reg, NULL, "fleet", t->state, prev, t->bytes, t->rss, t->limit,
 	     t->reserved, why, t->growth, fc, &t->fig);
 }
 
@@ -243,38 +288,20 @@ static void eval_group(struct mts_registry *reg, struct mts_group *g)
 	uint64_t value = mts_group_value(reg, g);
 	double fc = mts_group_forecast(reg, g);
 	bool gate = gate_step(reg, &g->fgate, fc);
-	uint32_t next =
+	g->state =
 	    mts_state_next(g->state, value, g->limit, high, pol->hyst_bp, gate);
-	if (next == g->state)
+	if (!scope_tell(&g->told, g->state))
 		return;
-	uint32_t prev = g->state;
-	bool by_forecast = next == MTSHM_STATE_HIGH && gate &&
-	                   state_by_value(g->state, value, g->limit, high,
+	uint32_t prev = g->told.state;
+	bool by_forecast = g->state == MTSHM_STATE_HIGH && gate &&
+	                   state_by_value(prev, value, g->limit, high,
 	                                  pol->hyst_bp) == MTSHM_STATE_OK;
-	g->state = next;
+	g->told.state = g->state;
 	char scope[MTS_NAME_MAX + 8], why[96];
 	snprintf(scope, sizeof(scope), "group:%s", g->name);
-	reason_of(why, sizeof(why), next, prev, by_forecast, g->growth, fc);
-	emit(reg, NULL, scope, next, prev, g->bytes, g->rss, g->limit,
+	reason_of(why, sizeof(why), g->state, prev, by_forecast, g->growth, fc);
+	emit(reg, NULL, scope, g->state, prev, g->bytes, g->rss, g->limit,
 	     g->reserved, why, g->growth, fc, &g->fig);
-}
-
-/* May one more event of `t`'s processes go out now? */
-static bool proc_event_token(struct mts_table *t, uint64_t now_ns)
-{
-	if (t->ev_ns == 0 || now_ns < t->ev_ns) {
-		t->ev_tokens = MTS_PROC_EVENTS_BURST;
-	} else {
-		t->ev_tokens +=
-		    (double)(now_ns - t->ev_ns) * MTS_PROC_EVENTS_PER_S / 1e9;
-		if (t->ev_tokens > MTS_PROC_EVENTS_BURST)
-			t->ev_tokens = MTS_PROC_EVENTS_BURST;
-	}
-	t->ev_ns = now_ns;
-	if (t->ev_tokens < 1)
-		return false;
-	t->ev_tokens -= 1;
-	return true;
 }
 
 /* Tell Watch that `p` went over or back under (from state `from`), within

@@ -149,6 +149,15 @@ struct mts_proc {
 	struct mts_admin_cache admin; /* admit.c's */
 };
 
+/* What Watch was last told of a scope (the fleet, a group), and the
+ * token bucket of its events (limits.c): Admit and Release move a scope's
+ * state at request rate, and every subscriber hears each change. */
+struct mts_scope_told {
+	uint32_t state; /* the state its latest event said */
+	double tokens;
+	uint64_t ns; /* CLOCK_MONOTONIC of the last refill, 0 = full */
+};
+
 /* A group with at least one registered process, a limit, a watermark of
  * its own or an outstanding reservation. Its index is written to
  * slot->group; the entry is dropped when none of these is left. */
@@ -169,6 +178,7 @@ struct mts_group {
 	/* rate.c: the measured figure's rate, sampled by the tick. */
 	struct mts_wrate rate;
 	struct mts_forecast_gate fgate;
+	struct mts_scope_told told;
 };
 
 /* Fleet figures as of the latest tick (or exit, which subtracts at once):
@@ -183,6 +193,7 @@ struct mts_totals {
 	/* rate.c, as for a group. */
 	struct mts_wrate rate;
 	struct mts_forecast_gate fgate;
+	struct mts_scope_told told;
 	uint64_t rate_ns;    /* CLOCK_MONOTONIC of the latest sample */
 	uint32_t rate_slice; /* processes sampled next: dense[] slice */
 };

@@ -195,16 +195,21 @@ Test(conn, subscriber_that_never_reads_is_dropped)
 	watch(&w, 1);
 	int small = 4096;
 	setsockopt(w.fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
-	/* A reserved figure, and a limit flipped under it: one event per
-	 * flip, and w never reads another byte. */
-	srv.reg.totals.reserved = 100;
-	uint64_t prev, now;
+	/* Fleet events, one per flip, through the registry's event sink
+	 * (the limits' own changes are within a budget: limits.c), and w
+	 * never reads another byte. */
 	uint64_t flips = 0;
 	while (srv.net.conn_stats.watch_disconnects == 0) {
 		cr_assert_lt(flips, 1000000, "never disconnected");
-		cr_assert_eq(mts_limit_set_fleet(&srv.reg, flips % 2 ? 0 : 50,
-		                                 &prev, &now),
-		             0);
+		struct mts_event ev = {
+		    .scope = "fleet",
+		    .state = flips % 2 ? MTSHM_STATE_OK : MTSHM_STATE_OVER,
+		    .previous = flips % 2 ? MTSHM_STATE_OVER : MTSHM_STATE_OK,
+		    .reserved = 100,
+		    .limit = flips % 2 ? 0 : 50,
+		    .reason = "flipped",
+		};
+		srv.reg.lim->on_event(srv.reg.lim->event_ctx, &ev);
 		flips++;
 		if (flips % 256 == 0)
 			uv_run(&loop, UV_RUN_NOWAIT);

@@ -352,6 +352,59 @@ Test(limits, a_flapping_process_sends_events_within_its_uids_budget)
 	}
 }
 
+Test(limits, a_flapping_group_sends_events_within_its_budget)
+{
+	/* A group's limit flipped under its figure 300 times by requests
+	 * (as an Admit and a Release each move it): Watch hears at most a
+	 * burst of 20 and 10 a second, the state it ends in is told once,
+	 * and the group's own state follows every flip. */
+	policy_fleet(0, 9000);
+	fx_start_policy(&pol);
+	pid_t a = fx_spawn();
+	uint32_t sa = fx_register(a, "g", "");
+	fx_write(sa, 1000);
+	mts_core_tick(&srv.reg);
+	nevents = 0;
+	uint64_t prev, now;
+	uint64_t t0 = mts_now_monotonic();
+	for (int i = 0; i < 300; i++) {
+		cr_assert_eq(mts_limit_set_group(&srv.reg, "g", i % 2 ? 0 : 500,
+		                                 &prev, &now),
+		             0);
+		cr_assert_eq(mts_find_group(&srv.reg, "g")->state,
+		             i % 2 ? OK : OVER);
+	}
+	double took = (double)(mts_now_monotonic() - t0) / 1e9;
+	int n = count_events("group:g");
+	cr_assert_geq(n, 20, "%d events", n);
+	cr_assert_leq(n, 20 + (int)(10 * took) + 1, "%d events in %.2f s", n,
+	              took);
+	/* It ends over: told within a token's time (100 ms), once. */
+	cr_assert_eq(mts_limit_set_group(&srv.reg, "g", 500, &prev, &now), 0);
+	uint64_t end = mts_now_monotonic() + 2000000000u;
+	while (strcmp(events[nevents - 1].scope, "group:g") != 0 ||
+	       events[nevents - 1].state != OVER) {
+		cr_assert_lt(mts_now_monotonic(), end, "over never told");
+		usleep(10000);
+		mts_core_tick(&srv.reg);
+	}
+	int told = nevents;
+	for (int i = 0; i < 30; i++) {
+		usleep(10000);
+		mts_core_tick(&srv.reg);
+	}
+	cr_assert_eq(nevents, told, "told again");
+	/* Each event starts from the state the one before it said. */
+	int last = OK;
+	for (int i = 0; i < nevents; i++) {
+		if (strcmp(events[i].scope, "group:g") != 0)
+			continue;
+		cr_assert_eq((int)events[i].previous, last, "event %d", i);
+		cr_assert_neq((int)events[i].state, last, "event %d", i);
+		last = (int)events[i].state;
+	}
+}
+
 Test(limits, set_limit_needs_authorisation)
 {
 	policy_fleet(0, 9000);
