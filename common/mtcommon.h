@@ -77,8 +77,9 @@ void mt_utf8_scrub(char *s);
 
 /*
  * Code points that change how a terminal or a text view shows what
- * follows: C0 and C1 controls (U+009B is CSI, U+009D OSC), DEL, and the
- * bidirectional marks, embeddings, overrides and isolates. A name another
+ * follows: C0 and C1 controls (U+009B is CSI, U+009D OSC), DEL, the line
+ * and paragraph separators, and the bidirectional marks, embeddings,
+ * overrides and isolates. A name another
  * user chose must carry none of them to a log line or a terminal.
  */
 bool mt_cp_hostile(uint32_t c);

@@ -96,8 +96,8 @@ void mt_utf8_scrub(char *s)
 bool mt_cp_hostile(uint32_t c)
 {
 	return c < 0x20 || (c >= 0x7f && c <= 0x9f) || c == 0x061c ||
-	       c == 0x200e || c == 0x200f || (c >= 0x202a && c <= 0x202e) ||
-	       (c >= 0x2066 && c <= 0x2069);
+	       c == 0x200e || c == 0x200f || c == 0x2028 || c == 0x2029 ||
+	       (c >= 0x202a && c <= 0x202e) || (c >= 0x2066 && c <= 0x2069);
 }
 
 bool mt_name_ok(const char *s)

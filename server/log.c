@@ -27,6 +27,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "mtcommon.h"
+
 /* [server] log_budget (mts_log_set_budget). */
 static unsigned peer_burst = MTS_LOG_PEER_BURST;
 static unsigned scope_burst = MTS_LOG_SCOPE_BURST;
@@ -74,14 +76,27 @@ const char *mts_logq(char *buf, size_t cap, const char *s)
 		return buf;
 	}
 	buf[n++] = '"';
-	for (; s && *s; s++) {
+	while (s && *s) {
 		unsigned char c = (unsigned char)*s;
 		char esc[4];
-		size_t k = 0;
-		if (c == '"' || c == '\\') {
+		size_t k = 0, used = 1;
+		uint32_t cp = c;
+		if (c >= 0x80) {
+			/* A whole character, copied whole; a byte of no valid
+			 * sequence, or a control or bidi character (C1's CSI,
+			 * NEL, an override), is escaped. */
+			used = mt_utf8_seq((const unsigned char *)s, &cp);
+			if (used == 0 || mt_cp_hostile(cp))
+				used = 1;
+			else
+				k = used;
+		}
+		if (k) {
+			memcpy(esc, s, k);
+		} else if (c == '"' || c == '\\') {
 			esc[k++] = '\\';
 			esc[k++] = (char)c;
-		} else if (c < 0x20 || c == 0x7f) {
+		} else if (c < 0x20 || c >= 0x7f) {
 			esc[k++] = '\\';
 			esc[k++] = 'x';
 			esc[k++] = hex[c >> 4];
@@ -93,6 +108,7 @@ const char *mts_logq(char *buf, size_t cap, const char *s)
 			break;
 		memcpy(buf + n, esc, k);
 		n += k;
+		s += used;
 	}
 	buf[n++] = '"';
 	buf[n] = '\0';
@@ -163,6 +179,37 @@ void mts_log(enum mts_log_level level, const char *msg, const char *fmt, ...)
 
 static unsigned long long held_by_uid, held_by_scope;
 
+/* Lines held back for a uid or scope whose entry another one took over
+ * within a second in which the entry's budget was spent: reported
+ * together, once a second (mts_log_flush). Reporting them at each
+ * takeover would let two keys that share an entry, taking turns, write a
+ * line each time, past any budget. */
+static struct displaced {
+	unsigned long n;
+	enum mts_log_level top;
+	long long second;
+} peers_displaced, scopes_displaced;
+
+static void displace(struct displaced *d, unsigned long n,
+                     enum mts_log_level top, long long now)
+{
+	d->n += n;
+	if (top > d->top)
+		d->top = top;
+	d->second = now;
+}
+
+static void displaced_report(struct displaced *d, const char *what)
+{
+	if (!d->n)
+		return;
+	mts_log(d->top > MTS_LOG_WARN ? d->top : MTS_LOG_WARN,
+	        "similar lines suppressed", "%s=several suppressed=%lu", what,
+	        d->n);
+	d->n = 0;
+	d->top = MTS_LOG_DEBUG;
+}
+
 static long long mono_second(void)
 {
 	struct timespec ts;
@@ -228,8 +275,19 @@ static struct peer *peer_entry(unsigned uid, long long now)
 	               58) %
 	    PEER_ENTRIES;
 	struct peer *e = &peers[i];
-	if (e->used && e->uid != uid)
-		peer_report(e);
+	if (e->used && e->uid != uid && e->held) {
+		if (e->second == now && e->count[MTS_LOG_WARN] >= peer_burst) {
+			displace(&peers_displaced, e->held, e->top, now);
+			e->held = 0;
+			e->other = 0;
+			e->top = MTS_LOG_DEBUG;
+			memset(e->kinds, 0, sizeof(e->kinds));
+		} else {
+			if (e->second == now)
+				e->count[MTS_LOG_WARN]++;
+			peer_report(e);
+		}
+	}
 	e->used = true;
 	e->uid = uid;
 	if (e->second != now) {
@@ -323,9 +381,19 @@ static struct scope *scope_entry(const char *key, long long now)
 	for (const char *c = key; *c; c++)
 		h = (h ^ (unsigned char)*c) * 1099511628211u;
 	struct scope *e = &scopes[h % SCOPE_ENTRIES];
-	if (e->used && strncmp(e->key, key, sizeof(e->key) - 1) != 0) {
-		/* As for uids: the entry's count goes on. */
-		scope_report(e);
+	if (e->used && e->held &&
+	    strncmp(e->key, key, sizeof(e->key) - 1) != 0) {
+		/* As for uids: the entry's count goes on, and its report
+		 * counts in it. */
+		if (e->second == now && e->count >= scope_burst) {
+			displace(&scopes_displaced, e->held, e->top, now);
+			e->held = 0;
+			e->top = MTS_LOG_DEBUG;
+		} else {
+			if (e->second == now)
+				e->count++;
+			scope_report(e);
+		}
 	}
 	e->used = true;
 	snprintf(e->key, sizeof(e->key), "%s", key);
@@ -370,6 +438,10 @@ void mts_log_flush(bool all)
 	for (unsigned i = 0; i < SCOPE_ENTRIES; i++)
 		if (scopes[i].used && (all || scopes[i].second != now))
 			scope_report(&scopes[i]);
+	if (all || peers_displaced.second != now)
+		displaced_report(&peers_displaced, "uid");
+	if (all || scopes_displaced.second != now)
+		displaced_report(&scopes_displaced, "scope");
 }
 
 void mts_log_suppressed(unsigned long long *by_uid,

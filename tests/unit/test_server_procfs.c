@@ -223,9 +223,93 @@ Test(log, quoting)
 	                 "\"a \\\"b\\\" c\\\\\"");
 	cr_assert_str_eq(mts_logq(b, sizeof(b), "x\nlevel=error"),
 	                 "\"x\\x0alevel=error\"");
+	/* Whole characters pass; a byte of no character, C1 controls (CSI,
+	 * NEL), line separators and bidi overrides are escaped. */
+	cr_assert_str_eq(mts_logq(b, sizeof(b), "caf\xc3\xa9 \xe6\x97\xa5"),
+	                 "\"caf\xc3\xa9 \xe6\x97\xa5\"");
+	cr_assert_str_eq(mts_logq(b, sizeof(b),
+	                          "a\x9b"
+	                          "31m"),
+	                 "\"a\\x9b31m\"");
+	cr_assert_str_eq(mts_logq(b, sizeof(b), "\xc2\x9b\xc2\x85x"),
+	                 "\"\\xc2\\x9b\\xc2\\x85x\"");
+	cr_assert_str_eq(mts_logq(b, sizeof(b), "\xe2\x80\xa8\xe2\x80\xae"),
+	                 "\"\\xe2\\x80\\xa8\\xe2\\x80\\xae\"");
 	char small[6];
 	cr_assert_str_eq(mts_logq(small, sizeof(small), "abcdef"), "\"abc\"");
+	/* A character that does not fit is left out whole. */
+	cr_assert_str_eq(mts_logq(small, sizeof(small), "ab\xe6\x97\xa5"),
+	                 "\"ab\"");
 	cr_assert_str_eq(mts_logq(small, sizeof(small), "a\"bcd"), "\"a\\\"\"");
+}
+
+/* Lines written to stderr while `fn` runs, into buf. */
+static size_t capture_stderr(void (*fn)(void), char *buf, size_t cap)
+{
+	FILE *f = tmpfile();
+	cr_assert_not_null(f);
+	int saved = dup(STDERR_FILENO);
+	dup2(fileno(f), STDERR_FILENO);
+	fn();
+	dup2(saved, STDERR_FILENO);
+	close(saved);
+	rewind(f);
+	size_t n = fread(buf, 1, cap - 1, f);
+	buf[n] = '\0';
+	fclose(f);
+	return n;
+}
+
+static unsigned colliding[2];
+
+static void alternate(void)
+{
+	mts_log_set_budget(4);
+	for (int i = 0; i < 1000; i++)
+		mts_log_uid(colliding[i % 2], MTS_LOG_INFO, "granted", "i=%d",
+		            i);
+	mts_log_flush(true);
+}
+
+Test(log, two_uids_sharing_an_entry_keep_its_budget)
+{
+	/* Two uids of one budget entry (the entry is the top bits of
+	 * uid x 2^64/phi, mod 64), taking turns: each takeover reported the
+	 * other's held lines at once, a line per call past any budget. */
+	unsigned a = 1000, b = 1001;
+	unsigned ea =
+	    (unsigned)(((unsigned long long)a * 0x9e3779b97f4a7c15ull) >> 58) %
+	    64;
+	while (
+	    (unsigned)(((unsigned long long)b * 0x9e3779b97f4a7c15ull) >> 58) %
+	        64 !=
+	    ea)
+		b++;
+	colliding[0] = a;
+	colliding[1] = b;
+	static char buf[1 << 20];
+	capture_stderr(alternate, buf, sizeof(buf));
+	unsigned lines = 0;
+	unsigned long written = 0, suppressed = 0;
+	for (char *l = buf; *l;) {
+		char *nl = strchr(l, '\n');
+		if (nl)
+			*nl = '\0';
+		lines++;
+		char *sup = strstr(l, "suppressed=");
+		if (sup)
+			suppressed += strtoul(sup + 11, NULL, 10);
+		else if (strstr(l, "msg=\"granted\""))
+			written++;
+		if (!nl)
+			break;
+		l = nl + 1;
+	}
+	/* The budget (4 a second, shared) and its reports: a few lines a
+	 * second, whatever the calls. */
+	cr_assert_lt(lines, 40, "%u lines", lines);
+	cr_assert_eq(written + suppressed, 1000, "%lu written, %lu suppressed",
+	             written, suppressed);
 }
 
 Test(log, levels)
