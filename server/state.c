@@ -128,7 +128,9 @@ int mts_state_open(const char *path, bool reset, struct mts_state_info *info,
 	    getrandom(&info->instance, sizeof(info->instance), 0) !=
 	        sizeof(info->instance))
 		info->instance = mts_now_realtime() ^ (uint64_t)getpid();
-	int fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+	/* Non-blocking: a file under another's lease must not hold the
+	 * start for the lease break (45 s). */
+	int fd = open(path, O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
 	bool fresh = false;
 	if (fd >= 0 && !state_file_ok(fd, path)) {
 		close(fd);
@@ -148,18 +150,23 @@ int mts_state_open(const char *path, bool reset, struct mts_state_info *info,
 		}
 	}
 	if (fd < 0) {
+		/* Something in its place that is no file of ours (a
+		 * directory, a socket, a leased file): the record is a
+		 * convenience, memtallyd runs without it. */
 		if (errno != ENOENT && errno != ELOOP && errno != EACCES &&
 		    errno != EPERM) {
-			int err = -errno;
-			mts_log(MTS_LOG_ERROR, "cannot open the state file",
+			mts_log(MTS_LOG_WARN,
+			        "cannot open the state file: running without a "
+			        "restart record",
 			        "path=%s err=%s", mts_logq(q, sizeof(q), path),
-			        strerror(-err));
-			return err;
+			        strerror(errno));
+			return 0;
 		}
 		if (errno == ELOOP)
 			unlink(path); /* a symlink: never followed */
 		fd = open(path,
-		          O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+		          O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_NONBLOCK |
+		              O_CLOEXEC,
 		          0600);
 		if (fd < 0) {
 			mts_log(MTS_LOG_WARN,
@@ -195,11 +202,15 @@ int mts_state_open(const char *path, bool reset, struct mts_state_info *info,
 			        "path=%s", mts_logq(q, sizeof(q), path));
 		int err = state_init(fd, info);
 		if (err < 0) {
+			/* A full disk: as without the file. */
 			close(fd);
-			mts_log(MTS_LOG_ERROR, "cannot write the state file",
-			        "path=%s err=%s", mts_logq(q, sizeof(q), path),
-			        strerror(-err));
-			return err;
+			mts_log(
+			    MTS_LOG_WARN,
+			    "cannot write the state file: running without a "
+			    "restart record",
+			    "path=%s err=%s", mts_logq(q, sizeof(q), path),
+			    strerror(-err));
+			return 0;
 		}
 	}
 	struct mts_state *st = calloc(1, sizeof(*st));
