@@ -140,18 +140,31 @@ bool mts_peer_in_group(const struct mts_peer *peer, uint32_t gid)
 	if (peer->gid == gid)
 		return true;
 	if (peer->fd >= 0) {
-		gid_t groups[MAX_GROUPS];
-		socklen_t len = sizeof(groups);
-		if (getsockopt(peer->fd, SOL_SOCKET, SO_PEERGROUPS, groups,
-		               &len) == 0) {
-			for (size_t i = 0; i < len / sizeof(gid_t); i++)
-				if (groups[i] == gid)
-					return true;
-			return false;
+		gid_t small[MAX_GROUPS], *groups = small;
+		socklen_t len = sizeof(small);
+		int r = getsockopt(peer->fd, SOL_SOCKET, SO_PEERGROUPS, groups,
+		                   &len);
+		if (r < 0 && errno == ERANGE) {
+			/* More groups than MAX_GROUPS: len says how many.
+			 * Never the pid's /proc instead: the peer may have
+			 * exited and its pid be another process's now. */
+			groups = malloc(len);
+			if (!groups)
+				return false;
+			r = getsockopt(peer->fd, SOL_SOCKET, SO_PEERGROUPS,
+			               groups, &len);
 		}
+		bool found = false;
+		for (size_t i = 0; r == 0 && i < len / sizeof(gid_t); i++)
+			found |= groups[i] == gid;
+		int e = errno;
+		if (groups != small)
+			free(groups);
+		if (r == 0 || e != ENOPROTOOPT)
+			return found;
 	}
-	/* No SO_PEERGROUPS (old kernel, or no socket): the process's
-	 * current groups. */
+	/* No SO_PEERGROUPS (a kernel before 4.13, or no socket): the
+	 * process's current groups. */
 	return peer->pid && status_has_group(peer->pid, gid, false);
 }
 

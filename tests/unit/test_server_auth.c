@@ -194,3 +194,27 @@ Test(auth, admin_gid_by_so_peergroups)
 	close(sv[0]);
 	close(sv[1]);
 }
+
+Test(auth, admin_gid_among_thousands_of_groups_by_so_peergroups)
+{
+	/* 2000 supplementary groups, more than the first getsockopt holds
+	 * (ERANGE): the answer is still the socket's, never the pid's
+	 * /proc (its pid may be another process's by then), here made to
+	 * say otherwise. */
+	if (geteuid() != 0)
+		cr_skip_test("needs root to set supplementary groups");
+	static gid_t many[2000];
+	for (int i = 0; i < 2000; i++)
+		many[i] = 100000 + (gid_t)i;
+	cr_assert_eq(setgroups(2000, many), 0);
+	int sv[2];
+	cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+	cr_assert(set_groups(1));
+	struct mts_peer p = unix_peer(1000, 1000);
+	p.fd = sv[0];
+	p.pid = (uint32_t)getpid();
+	cr_assert(mts_peer_in_group(&p, 101999), "the last of 2000");
+	cr_assert_not(mts_peer_in_group(&p, 1), "this process's group now");
+	close(sv[0]);
+	close(sv[1]);
+}
