@@ -33,6 +33,7 @@
 #include <errno.h>
 #include <malloc.h>
 #include <pthread.h>
+#include <threads.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -136,8 +137,48 @@ PL_EXPORT int pthread_create(pthread_t *tid, const pthread_attr_t *attr,
 	return r;
 }
 
+/* C11 threads: glibc starts them without its exported pthread_create,
+ * so they are set up here the same way. */
+struct pl_thrd {
+	int (*fn)(void *);
+	void *arg;
+};
+
+static int pl_thrd_trampoline(void *p)
+{
+	struct pl_thrd s = *(struct pl_thrd *)p;
+	free(p);
+	mtj_thread_start();
+	return s.fn(s.arg);
+}
+
+typedef int (*pl_thrd_create_fn)(thrd_t *, int (*)(void *), void *);
+
+PL_EXPORT int thrd_create(thrd_t *tid, int (*fn)(void *), void *arg)
+{
+	static pl_thrd_create_fn real;
+	pl_thrd_create_fn f = __atomic_load_n(&real, __ATOMIC_RELAXED);
+	if (!f) {
+		*(void **)&f = dlsym(RTLD_NEXT, "thrd_create");
+		if (!f)
+			return thrd_error;
+		__atomic_store_n(&real, f, __ATOMIC_RELAXED);
+	}
+	if (mtj_mode() != MTJ_CALLBACK)
+		return f(tid, fn, arg);
+	struct pl_thrd *s = malloc(sizeof(*s));
+	if (!s)
+		return f(tid, fn, arg);
+	s->fn = fn;
+	s->arg = arg;
+	int r = f(tid, pl_thrd_trampoline, s);
+	if (r != thrd_success)
+		free(s);
+	return r;
+}
+
 /* Public: set up the calling thread (a thread the program made some other
- * way than pthread_create). Idempotent. */
+ * way than pthread_create or thrd_create). Idempotent. */
 PL_EXPORT int memtally_init(void)
 {
 	if (!mtc_init())

@@ -128,8 +128,24 @@ def test_idle_thread_large_free_seen_at_once():
             w.close()
 
 
+def test_c11_thread_counted():
+    """A thread made with thrd_create (glibc starts it without the
+    exported pthread_create) holds 48 MiB: counted, under jemalloc's
+    per-thread callback as under any other thread."""
+    with Server() as s:
+        w = Worker(worker("thrd", 48), s.env())
+        try:
+            check(w.readline().startswith("ready"), "mt_worker thrd")
+            # In the heap, as live blocks: not only as the allocator's
+            # memory the process's figure takes in at its next sample.
+            wait_for("the C11 thread's 48 MiB counted",
+                     lambda: heap(s, w.pid) >= 48 * MIB)
+        finally:
+            w.close()
+
+
 if __name__ == "__main__":
     run([test_malloc_family_matches_jemalloc,
          test_600mb_two_threads_match_jemalloc, test_cxx_new_delete_counted,
          test_threads_counted_and_freed,
-         test_idle_thread_large_free_seen_at_once])
+         test_idle_thread_large_free_seen_at_once, test_c11_thread_counted])
