@@ -1209,11 +1209,13 @@ void mtc_maybe_attach(enum attach_ask ask)
 		 * tenth of the process's time in them. */
 		uint64_t end = mt_mono_ns();
 		uint64_t backoff = mtc_proc.backoff_ns;
+		if (backoff > MTC_BACKOFF_MAX_NS)
+			backoff = MTC_BACKOFF_MAX_NS;
+		/* Past MTC_BACKOFF_MAX_NS too: a timeout of 10 s must not
+		 * be waited two thirds of the time. */
 		if (err == -ETIMEDOUT &&
 		    backoff < MTC_BACKOFF_WAITED * (end - now))
 			backoff = MTC_BACKOFF_WAITED * (end - now);
-		if (backoff > MTC_BACKOFF_MAX_NS)
-			backoff = MTC_BACKOFF_MAX_NS;
 		mtshm_store_relaxed64(&mtc_proc.next_try_ns, end + backoff);
 		mtc_proc.backoff_ns = backoff * 2;
 		if (mtc_proc.backoff_ns > MTC_BACKOFF_MAX_NS)

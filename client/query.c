@@ -500,8 +500,6 @@ static void query_begin(memtally_query *q)
 		q->errmsg[0] = '\0';
 }
 
-/* Unpack the frame at q->rbuf[off, off + blen) and consume it. NULL (with
- * the reason recorded) when it does not decode. */
 /* What unpacking one response may allocate: QUERY_UNPACK_RATIO times its
  * size and QUERY_UNPACK_EXTRA more. A real answer unpacks to a few times
  * its size (a process entry of ~50-130 bytes to ~260). An entry can be
@@ -526,6 +524,8 @@ static void budget_free(void *data, void *p)
 	free(p);
 }
 
+/* Unpack the frame at q->rbuf[off, off + blen) and consume it. NULL (with
+ * the reason recorded) when it does not decode. */
 static Memtally__V1__Response *take_frame(memtally_query *q, size_t off,
                                           size_t blen)
 {

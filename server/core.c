@@ -80,6 +80,7 @@ static const struct mts_registry_watch core_watch = {
     .table_added = on_table,
     .is_admin = mts_peer_is_admin,
     .may_join = mts_may_join_group,
+    .group_gone = mts_limits_group_gone,
 };
 
 /* The state of the modules above the registry, in one allocation; each

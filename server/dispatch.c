@@ -825,9 +825,11 @@ static int do_watch(struct mts_registry *reg, struct mts_peer *peer,
 	peer->watch_id = id;
 	peer->watch_admin = admin;
 	peer->watch_own = own;
+	/* The state the event stream last told: a change its budget holds
+	 * back comes as an event. */
 	ev.scope = "fleet";
-	ev.state = proto_state(t->state);
-	ev.previous = proto_state(t->state);
+	ev.state = proto_state(t->told.state);
+	ev.previous = proto_state(t->told.state);
 	ev.bytes = t->bytes;
 	ev.rss_bytes = t->rss;
 	ev.limit = t->limit;

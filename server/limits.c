@@ -376,6 +376,22 @@ void mts_limits_procs_begin(struct mts_registry *reg)
 	reg->lim->owed = false;
 }
 
+void mts_limits_group_gone(struct mts_registry *reg, struct mts_group *g)
+{
+	/* With no limit left its state is ok; a change its budget held back
+	 * would otherwise never be told, and a subscriber would hear the
+	 * group over for ever. Outside the budget: a group goes once. */
+	g->state = MTSHM_STATE_OK;
+	if (g->told.state == MTSHM_STATE_OK)
+		return;
+	uint32_t prev = g->told.state;
+	g->told.state = MTSHM_STATE_OK;
+	char scope[MTS_NAME_MAX + 8];
+	snprintf(scope, sizeof(scope), "group:%s", g->name);
+	emit(reg, NULL, scope, MTSHM_STATE_OK, prev, g->bytes, g->rss, 0,
+	     g->reserved, "no limit", 0, 0, &g->fig);
+}
+
 void mts_limits_eval(struct mts_registry *reg, bool procs)
 {
 	eval_fleet(reg);

@@ -70,6 +70,9 @@ void mts_rates_sample(struct mts_registry *reg, uint64_t now_ns);
 /* Re-evaluate fleet and group states (and every process's when `procs`),
  * write slot flags, send events. The caller publishes. */
 void mts_limits_eval(struct mts_registry *reg, bool procs);
+/* Group `g` loses its entry: if Watch last heard it in another state than
+ * ok, it hears ok now (the registry's group_gone). */
+void mts_limits_group_gone(struct mts_registry *reg, struct mts_group *g);
 
 /* One process's part of mts_limits_eval(reg, true). The tick calls it
  * while the process's line is in cache instead of a second pass. */

@@ -257,6 +257,9 @@ struct mts_registry_watch {
 	/* May `peer` put a worker in group `name`? */
 	bool (*may_join)(const struct mts_registry *reg,
 	                 const struct mts_peer *peer, const char *name);
+	/* Group `g` loses its entry (no member, limit or reservation
+	 * left). */
+	void (*group_gone)(struct mts_registry *reg, struct mts_group *g);
 };
 
 struct mts_registry {

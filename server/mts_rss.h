@@ -21,6 +21,7 @@ struct mts_rss_state {
 	/* The latest full sweep: when it started, and how long it took. */
 	uint64_t full_started_ns;
 	uint64_t full_cost_ns;
+	bool start_failed; /* the latest sweep's reader did not start */
 };
 
 /*

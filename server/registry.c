@@ -180,6 +180,8 @@ void mts_group_gc(struct mts_registry *reg, uint32_t index)
 	if (!g->name || g->processes > 0 || g->reservations > 0 ||
 	    g->limit != 0 || g->high_bp != 0)
 		return;
+	if (reg->watch->group_gone)
+		reg->watch->group_gone(reg, g);
 	if (g->creator != MTS_UID_TCP)
 		mts_uid_count_sub(&reg->groups_by_uid, g->creator);
 	free(g->name);

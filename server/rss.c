@@ -30,8 +30,10 @@
  * more for a process whose walk is long) abandons the sweep: the entries
  * read so far are applied, the process's figures come from
  * /proc/PID/status from then on (a read that takes no lock of its), and
- * the stuck thread frees the sweep if it ever returns. Past
- * MTS_RSS_STUCK_MAX stuck threads, every sweep reads status only.
+ * the stuck thread frees the sweep if it ever returns. A uid with
+ * MTS_RSS_STUCK_PER_UID readers stuck on its processes has all of them
+ * read from status; past MTS_RSS_STUCK_MAX stuck readers in all, every
+ * sweep reads status only (each costs a thread).
  *
  * The sweep thread touches nothing but its own array, because the
  * registry is never read off the loop thread. If a process exits and its
@@ -61,7 +63,7 @@
  * starts no sooner than MTS_RSS_DUTY times its predecessor's duration
  * after it. A process's early reads wait MTS_VOUCH_READ_DUTY times its
  * last read's cost. The sweeps thus take at most a fraction of one
- * thread-pool thread, whatever the fleet holds.
+ * thread, whatever the fleet holds.
  *
  * The group and fleet RSS sums move with every change of a process's RSS
  * (mts_proc_set_rss). They always equal the sum over registered
@@ -95,16 +97,21 @@
 /* A read may take this long, and MTS_RSS_STALL_PAGE_NS per resident page
  * and MTS_RSS_STALL_COST times its last read's cost more, before its
  * sweep is given up (about 50 ns per page is the walk's cost). */
-#define MTS_RSS_STALL_MS      2000u
-#define MTS_RSS_STALL_PAGE_NS 200u
-#define MTS_RSS_STALL_COST    16u
-/* Readers stuck in a read, at most, before sweeps read status only. */
-#define MTS_RSS_STUCK_MAX 8
+#define MTS_RSS_STALL_MS 2000u
+/* The same for a process whose resident size is not known yet. */
+#define MTS_RSS_STALL_FIRST_MS 10000u
+#define MTS_RSS_STALL_PAGE_NS  200u
+#define MTS_RSS_STALL_COST     16u
+/* Readers stuck in a read on one uid's processes, and in all, before
+ * sweeps read that uid's, and everyone's, status only. */
+#define MTS_RSS_STUCK_PER_UID 2
+#define MTS_RSS_STUCK_MAX     16
 /* The reader's stack: a few pages of buffers. */
 #define MTS_RSS_STACK (256u * 1024u)
 
 struct rss_entry {
 	uint32_t pid;
+	uint32_t uid;
 	int err;
 	bool kernel;       /* an untrusted process: smaps_rollup, for vouch.c */
 	bool memfds;       /* and the memfds it holds (full sweeps) */
@@ -134,6 +141,8 @@ struct mts_rss_sweep {
 	atomic_uint at;        /* the entry being read; n when done */
 	atomic_int refs;       /* the reader's and the loop's */
 	atomic_bool abandoned; /* the loop let go before the end */
+	uint32_t stuck_uid;    /* with `abandoned`: whose process it is on */
+	uint64_t done_ns;      /* the reader's, before `at` reaches n */
 	bool full;
 	uint64_t started_ns;
 	uint32_t seen_at;    /* the loop's: `at` when last seen to move, */
@@ -143,8 +152,53 @@ struct mts_rss_sweep {
 	struct rss_entry e[];
 };
 
-/* Readers abandoned in a read that has not returned yet, process-wide. */
+/* Readers abandoned in a read that has not returned yet, process-wide
+ * (`rss_stuck`, read without the lock for the common case of none), and
+ * by the uid of the process each waits on. */
 static atomic_int rss_stuck;
+static pthread_mutex_t stuck_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+	uint32_t uid, n;
+} stuck_by_uid[MTS_RSS_STUCK_MAX];
+
+static void stuck_add(uint32_t uid, int d)
+{
+	pthread_mutex_lock(&stuck_lock);
+	atomic_fetch_add(&rss_stuck, d);
+	int free_i = -1;
+	for (int i = 0; i < MTS_RSS_STUCK_MAX; i++) {
+		if (stuck_by_uid[i].n && stuck_by_uid[i].uid == uid) {
+			stuck_by_uid[i].n =
+			    (uint32_t)((int)stuck_by_uid[i].n + d);
+			free_i = -2;
+			break;
+		}
+		if (!stuck_by_uid[i].n && free_i == -1)
+			free_i = i;
+	}
+	if (d > 0 && free_i >= 0) { /* past the table: the total counts */
+		stuck_by_uid[free_i].uid = uid;
+		stuck_by_uid[free_i].n = (uint32_t)d;
+	}
+	pthread_mutex_unlock(&stuck_lock);
+}
+
+/* May `uid`'s processes be read through smaps_rollup? */
+static bool smaps_allowed(uint32_t uid)
+{
+	int all = atomic_load_explicit(&rss_stuck, memory_order_relaxed);
+	if (all == 0)
+		return true;
+	if (all >= MTS_RSS_STUCK_MAX)
+		return false;
+	bool ok = true;
+	pthread_mutex_lock(&stuck_lock);
+	for (int i = 0; i < MTS_RSS_STUCK_MAX; i++)
+		if (stuck_by_uid[i].n && stuck_by_uid[i].uid == uid)
+			ok = stuck_by_uid[i].n < MTS_RSS_STUCK_PER_UID;
+	pthread_mutex_unlock(&stuck_lock);
+	return ok;
+}
 
 static uint32_t ino_hash(uint64_t dev, uint64_t ino)
 {
@@ -338,14 +392,18 @@ static void entry_fill(struct rss_entry *e, const struct mts_proc *p, bool full)
 {
 	memset(e, 0, sizeof(*e));
 	e->pid = p->pid;
+	e->uid = p->uid;
 	e->start_time = p->start_time;
 	e->kernel = p->untrusted;
 	e->memfds = full && p->untrusted;
-	e->smaps = p->untrusted && !p->vouch.read_stalled &&
-	           atomic_load_explicit(&rss_stuck, memory_order_relaxed) <
-	               MTS_RSS_STUCK_MAX;
+	e->smaps =
+	    p->untrusted && !p->vouch.read_stalled && smaps_allowed(p->uid);
+	/* Its walk costs what it maps: known from its last read once there
+	 * was one; before, a longer limit. */
 	uint64_t pages = p->rss / 4096u;
-	uint64_t ms = (uint64_t)MTS_RSS_STALL_MS * 1000000u;
+	uint64_t ms = (uint64_t)(p->rss_known ? MTS_RSS_STALL_MS
+	                                      : MTS_RSS_STALL_FIRST_MS) *
+	              1000000u;
 	e->stall_ns = mt_sat_add(mt_sat_add(ms, pages * MTS_RSS_STALL_PAGE_NS),
 	                         p->vouch.read_cost_ns * MTS_RSS_STALL_COST);
 }
@@ -384,13 +442,18 @@ static void *reader(void *arg)
 	struct mts_rss_sweep *sw = arg;
 	for (uint32_t i = 0; i < sw->n; i++) {
 		entry_read(&sw->e[i], &sw->seen);
+		if (i + 1 == sw->n)
+			sw->done_ns = mts_now_monotonic();
 		atomic_store_explicit(&sw->at, i + 1, memory_order_release);
+		/* Given up: the next sweep reads the rest. */
+		if (atomic_load_explicit(&sw->abandoned, memory_order_relaxed))
+			break;
 	}
 	if (atomic_fetch_sub_explicit(&sw->refs, 1, memory_order_acq_rel) ==
 	    1) {
 		/* The loop let go first: it gave this reader up for stuck. */
 		if (atomic_load_explicit(&sw->abandoned, memory_order_relaxed))
-			atomic_fetch_sub(&rss_stuck, 1);
+			stuck_add(sw->stuck_uid, -1);
 		sweep_free(sw);
 	}
 	return NULL;
@@ -404,14 +467,17 @@ static void sweep_drop(struct mts_registry *reg, bool stuck)
 	reg->rss->sweep = NULL;
 	if (stuck) {
 		/* Counted before the reader can see it let go. */
-		atomic_fetch_add(&rss_stuck, 1);
+		uint32_t at =
+		    atomic_load_explicit(&sw->at, memory_order_acquire);
+		sw->stuck_uid = at < sw->n ? sw->e[at].uid : 0;
+		stuck_add(sw->stuck_uid, 1);
 		atomic_store_explicit(&sw->abandoned, true,
 		                      memory_order_relaxed);
 	}
 	if (atomic_fetch_sub_explicit(&sw->refs, 1, memory_order_acq_rel) ==
 	    1) {
 		if (stuck) /* it returned meanwhile */
-			atomic_fetch_sub(&rss_stuck, 1);
+			stuck_add(sw->stuck_uid, -1);
 		sweep_free(sw);
 	}
 }
@@ -462,7 +528,7 @@ void mts_rss_poll(struct mts_registry *reg, uint64_t now_ns)
 	uint32_t at = atomic_load_explicit(&sw->at, memory_order_acquire);
 	if (at == sw->n) {
 		if (sw->full)
-			reg->rss->full_cost_ns = now_ns - sw->started_ns;
+			reg->rss->full_cost_ns = sw->done_ns - sw->started_ns;
 		if (!reg->closed)
 			sweep_apply(reg, sw, at);
 		sweep_drop(reg, false);
@@ -541,19 +607,24 @@ static void sweep_start(struct mts_registry *reg, bool early)
 		free(sw);
 		return;
 	}
-	if (sw->full) {
+	if (sw->full)
 		seen_init(reg, &sw->seen);
-		st->full_started_ns = now;
-	}
 	int err = reader_start(sw);
 	if (err < 0) {
 		/* The loop must not wait on a read: the next timer tries
-		 * again. */
-		mts_log(MTS_LOG_WARN, "could not start an RSS sweep", "err=%s",
-		        strerror(-err));
+		 * again. Said once per streak of failures. */
+		if (!st->start_failed)
+			mts_log(MTS_LOG_WARN,
+			        "could not start an RSS sweep; figures keep "
+			        "their last reads until one starts",
+			        "err=%s", strerror(-err));
+		st->start_failed = true;
 		sweep_free(sw);
 		return;
 	}
+	st->start_failed = false;
+	if (sw->full)
+		st->full_started_ns = now;
 	st->sweep = sw;
 }
 

@@ -405,6 +405,36 @@ Test(limits, a_flapping_group_sends_events_within_its_budget)
 	}
 }
 
+Test(limits, a_group_that_goes_says_ok_whatever_its_budget)
+{
+	/* A group told over, whose way back to ok its spent budget holds
+	 * back, loses its entry (its member gone, its limit removed):
+	 * subscribers hear it ok, not over for ever. */
+	policy_fleet(0, 9000);
+	fx_start_policy(&pol);
+	pid_t a = fx_spawn();
+	uint32_t sa = fx_register(a, "g", "");
+	fx_write(sa, 1000);
+	mts_core_tick(&srv.reg);
+	uint64_t prev, now;
+	cr_assert_eq(mts_limit_set_group(&srv.reg, "g", 500, &prev, &now), 0);
+	cr_assert_eq(events[nevents - 1].state, OVER);
+	struct mts_group *g = mts_find_group(&srv.reg, "g");
+	g->told.tokens = 0; /* its budget spent */
+	g->told.ns = mts_now_monotonic();
+	fx_kill(a);
+	mts_core_tick(&srv.reg);
+	cr_assert_eq(g->state, OK);
+	cr_assert_eq(g->told.state, OVER, "told at once: no budget spent");
+	int before = nevents;
+	cr_assert_eq(mts_limit_set_group(&srv.reg, "g", 0, &prev, &now), 0);
+	cr_assert_null(mts_find_group(&srv.reg, "g"), "the entry stays");
+	cr_assert_eq(nevents, before + 1);
+	cr_assert_str_eq(events[nevents - 1].scope, "group:g");
+	cr_assert_eq(events[nevents - 1].state, OK);
+	cr_assert_eq(events[nevents - 1].previous, OVER);
+}
+
 Test(limits, set_limit_needs_authorisation)
 {
 	policy_fleet(0, 9000);
@@ -673,12 +703,14 @@ Test(limits, rss_is_read_summed_and_measurable)
 	pid_t a = fx_spawn(), b = fx_spawn();
 	fx_register(a, "g", "");
 	fx_register(b, "g", "");
-	/* Nothing until a sweep, which runs on the thread pool. */
+	/* Nothing until a sweep, which reads on a thread of its own. */
 	struct mts_proc *pa = mts_find_pid(&srv.reg, (uint32_t)a);
 	cr_assert_eq(pa->rss, 0);
 	mts_rss_sweep_start(&srv.reg);
 	cr_assert_not_null(srv.reg.rss->sweep);
-	FX_RUN_UNTIL(!srv.reg.rss->sweep);
+	/* Applied by the tick's poll (the rss timer starts the next). */
+	FX_RUN_UNTIL((mts_rss_poll(&srv.reg, mts_now_monotonic()),
+	              !srv.reg.rss->sweep));
 	pa = mts_find_pid(&srv.reg, (uint32_t)a);
 	struct mts_proc *pb = mts_find_pid(&srv.reg, (uint32_t)b);
 	cr_assert_gt(pa->rss, 0);
