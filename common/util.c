@@ -163,8 +163,8 @@ int mt_wait_fd(int fd, short events, uint64_t deadline_ns)
 			if (now >= deadline_ns)
 				return -ETIMEDOUT;
 			/* Round up: never wake just before the deadline. */
-			uint64_t left =
-			    (deadline_ns - now + 999999u) / 1000000u;
+			uint64_t d = deadline_ns - now;
+			uint64_t left = d / 1000000u + (d % 1000000u != 0);
 			ms = left > 1000000u ? 1000000 : (int)left;
 		}
 		struct pollfd p = {.fd = fd, .events = events};

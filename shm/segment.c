@@ -20,6 +20,7 @@
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -66,8 +67,8 @@ static int memfd_new(const char *label, uint64_t size, struct mtshm_map *out)
 		err = -errno;
 		goto fail;
 	}
-	void *base = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE,
-			  MAP_SHARED, fd, 0);
+	void *base =
+	    mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	if (base == MAP_FAILED) {
 		err = -errno;
 		goto fail;
@@ -90,7 +91,7 @@ fail:
 }
 
 int mtshm_header_create(const char *label, const struct mtshm_params *p,
-			struct mtshm_map *out)
+                        struct mtshm_map *out)
 {
 	map_reset(out);
 	if (!label || !p || p->slots < 1 || p->slots > MTSHM_MAX_SLOTS ||
@@ -131,7 +132,7 @@ int mtshm_header_create(const char *label, const struct mtshm_params *p,
 }
 
 int mtshm_table_create(const char *label, const struct mtshm_layout *l,
-		       struct mtshm_map *out)
+                       struct mtshm_map *out)
 {
 	map_reset(out);
 	if (!label || !l || l->slot_count < 1 || l->table_size == 0 ||
@@ -147,8 +148,14 @@ int mtshm_table_create(const char *label, const struct mtshm_layout *l,
 	return err;
 }
 
+/* memfd_create's objects without MFD_HUGETLB are tmpfs files. */
+#define MTSHM_TMPFS_MAGIC 0x01021994
+
 /* Is `fd` an object sealed with at least `seals` and, when `size` is not
- * 0, exactly `size` bytes? Fills *st. */
+ * 0, exactly `size` bytes, of plain pages? Fills *st. A huge-page memfd
+ * is refused: a mapping of it is rounded up to its page size (2 MiB past
+ * a 4 KiB window would cover whatever follows the window's guard), and a
+ * hole punched in it faults with SIGBUS once the pool is empty. */
 static int object_check(int fd, unsigned seals, uint64_t size, struct stat *st)
 {
 	int have = fcntl(fd, F_GET_SEALS);
@@ -161,6 +168,11 @@ static int object_check(int fd, unsigned seals, uint64_t size, struct stat *st)
 	if (!S_ISREG(st->st_mode) || st->st_size <= 0 ||
 	    (size && (uint64_t)st->st_size != size))
 		return MTSHM_ETRUNCATED;
+	struct statfs sf;
+	if (fstatfs(fd, &sf) < 0)
+		return -errno;
+	if ((unsigned long)sf.f_type != MTSHM_TMPFS_MAGIC)
+		return MTSHM_EUNSEALED;
 	return 0;
 }
 
@@ -174,7 +186,7 @@ int mtshm_map_fd(int fd, unsigned seals, uint64_t size, struct mtshm_map *out)
 	bool header = seals & F_SEAL_FUTURE_WRITE;
 	size_t len = (size_t)st.st_size;
 	void *base = mmap(NULL, len, PROT_READ | (header ? 0 : PROT_WRITE),
-			  MAP_SHARED, fd, 0);
+	                  MAP_SHARED, fd, 0);
 	if (base == MAP_FAILED)
 		return -errno;
 	if (header) {
@@ -193,7 +205,7 @@ int mtshm_map_fd(int fd, unsigned seals, uint64_t size, struct mtshm_map *out)
 }
 
 int mtshm_map_window(int fd, uint64_t size, uint64_t off, uint64_t len,
-		     size_t guard, struct mtshm_map *out)
+                     size_t guard, struct mtshm_map *out)
 {
 	map_reset(out);
 	struct stat st;
@@ -214,11 +226,11 @@ int mtshm_map_window(int fd, uint64_t size, uint64_t off, uint64_t len,
 	 * nothing the program maps later can sit right against it. */
 	size_t total = (size_t)span + 2 * guard;
 	char *res = mmap(NULL, total, PROT_NONE,
-			 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
 	if (res == MAP_FAILED)
 		return -errno;
 	void *base = mmap(res + guard, (size_t)span, PROT_READ | PROT_WRITE,
-			  MAP_SHARED | MAP_FIXED, fd, (off_t)first);
+	                  MAP_SHARED | MAP_FIXED, fd, (off_t)first);
 	if (base == MAP_FAILED) {
 		err = -errno;
 		munmap(res, total);
@@ -336,6 +348,7 @@ const char *mtshm_strerror(int err)
 int mtshm_fleet_read(const struct mtshm_header *h, struct mtshm_fleet *out)
 {
 	const struct mtshm_fleet *f = &h->fleet;
+	memset(out, 0, sizeof(*out));
 	for (int i = 0; i < MTSHM_FLEET_READ_TRIES; i++) {
 		uint64_t s = mtshm_load_acquire64(&f->seq);
 		out->bytes = mtshm_load_acquire64(&f->bytes);

@@ -128,16 +128,16 @@ Test(segment, header_is_sealed_and_only_its_creator_writes_it)
 	for (int i = 0; i < 2; i++) {
 		int fd = fds[i];
 		errno = 0;
-		cr_expect_eq(mmap(NULL, 4096, PROT_READ | PROT_WRITE,
-		                  MAP_SHARED, fd, 0),
-		             MAP_FAILED, "writable mapping of fd %d", i);
+		cr_expect_eq(
+		    mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0),
+		    MAP_FAILED, "writable mapping of fd %d", i);
 		cr_expect_eq(ftruncate(fd, 0), -1, "shrink fd %d", i);
 		cr_expect_eq(ftruncate(fd, 1 << 20), -1, "grow fd %d", i);
 		cr_expect_eq(pwrite(fd, "x", 1, 0), -1, "write fd %d", i);
-		cr_expect_eq(fallocate(fd, FALLOC_FL_PUNCH_HOLE |
-		                               FALLOC_FL_KEEP_SIZE,
-		                       0, 4096),
-		             -1, "punch fd %d", i);
+		cr_expect_eq(
+		    fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0,
+		              4096),
+		    -1, "punch fd %d", i);
 		cr_expect_eq(fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE), -1,
 		             "more seals on fd %d", i);
 	}
@@ -146,17 +146,16 @@ Test(segment, header_is_sealed_and_only_its_creator_writes_it)
 	snprintf(path, sizeof(path), "/proc/self/fd/%d", ro);
 	int rw = open(path, O_RDWR);
 	if (rw >= 0) {
-		cr_expect_eq(mmap(NULL, 4096, PROT_READ | PROT_WRITE,
-		                  MAP_SHARED, rw, 0),
-		             MAP_FAILED);
+		cr_expect_eq(
+		    mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, rw, 0),
+		    MAP_FAILED);
 		cr_expect_eq(write(rw, "x", 1), -1);
 		close(rw);
 	}
 	/* A read-only mapping cannot be made writable. */
 	struct mtshm_map r;
-	cr_assert_eq(mtshm_map_fd(ro, MTSHM_SEALS_HEADER, MTSHM_HEADER_SIZE,
-	                          &r),
-	             0);
+	cr_assert_eq(
+	    mtshm_map_fd(ro, MTSHM_SEALS_HEADER, MTSHM_HEADER_SIZE, &r), 0);
 	cr_expect_eq(mprotect(r.base, 4096, PROT_READ | PROT_WRITE), -1);
 	cr_expect_eq(write_faults((uint32_t *)r.base + 100), 1);
 	/* ... and it sees the creator's writes. */
@@ -251,9 +250,8 @@ Test(segment, window_maps_one_slot_between_guards)
 
 	/* A slot across a page boundary gets both pages; a range outside
 	 * the table, or an unsealed object, nothing. */
-	cr_assert_eq(mtshm_map_window(t.fd, l.table_size, 4096 - 128, 512, 0,
-	                              &w),
-	             0);
+	cr_assert_eq(
+	    mtshm_map_window(t.fd, l.table_size, 4096 - 128, 512, 0, &w), 0);
 	cr_expect_eq(w.off, 0);
 	cr_expect_eq(w.size, 8192);
 	mtshm_close(&w);
@@ -301,9 +299,9 @@ Test(segment, map_fd_refuses_what_could_be_resized)
 	struct mtshm_layout l;
 	layout_or_die(&h, &l);
 	cr_assert_eq(mtshm_table_create("t", &l, &t), 0);
-	expect_code(mtshm_map_fd(t.fd, MTSHM_SEALS_TABLE, l.table_size + 128,
-	                         &m),
-	            MTSHM_ETRUNCATED, "table of another size");
+	expect_code(
+	    mtshm_map_fd(t.fd, MTSHM_SEALS_TABLE, l.table_size + 128, &m),
+	    MTSHM_ETRUNCATED, "table of another size");
 	expect_code(mtshm_map_fd(t.fd, MTSHM_SEALS_HEADER, 0, &m),
 	            MTSHM_EUNSEALED, "a table is no header");
 	/* A header is validated as it is mapped. */
@@ -315,6 +313,30 @@ Test(segment, map_fd_refuses_what_could_be_resized)
 	close(file);
 	mtshm_close(&t);
 	mtshm_close(&h);
+}
+
+Test(segment, map_fd_refuses_a_huge_page_memfd)
+{
+	/* Sealed, regular, of the exact size, but of huge pages: a window of
+	 * it would be mapped 2 MiB long, past the window's guard. */
+	int huge =
+	    memfd_create("huge", MFD_CLOEXEC | MFD_ALLOW_SEALING | MFD_HUGETLB);
+	if (huge < 0)
+		cr_skip_test("no huge-page memfd here: %s", strerror(errno));
+	if (ftruncate(huge, 2u << 20) != 0 ||
+	    fcntl(huge, F_ADD_SEALS, MTSHM_SEALS_TABLE) != 0) {
+		int e = errno;
+		close(huge);
+		cr_skip_test("cannot size or seal a huge-page memfd: %s",
+		             strerror(e));
+	}
+	struct mtshm_map m;
+	expect_code(mtshm_map_fd(huge, MTSHM_SEALS_TABLE, 2u << 20, &m),
+	            MTSHM_EUNSEALED, "huge-page memfd");
+	cr_expect_null(m.base);
+	expect_code(mtshm_map_window(huge, 2u << 20, 0, 4096, 1u << 20, &m),
+	            MTSHM_EUNSEALED, "a window of a huge-page memfd");
+	close(huge);
 }
 
 Test(segment, create_rejects_bad_params)
@@ -336,8 +358,8 @@ Test(segment, create_rejects_bad_params)
 	expect_code(mtshm_header_create("x", &p, &m), -EINVAL, "threshold");
 	expect_code(mtshm_header_create(NULL, &default_params, &m), -EINVAL,
 	            "label");
-	struct mtshm_layout l = {.slot_count = 2, .slot_stride = 128,
-	                         .table_size = 300};
+	struct mtshm_layout l = {
+	    .slot_count = 2, .slot_stride = 128, .table_size = 300};
 	expect_code(mtshm_table_create("x", &l, &m), -EINVAL, "table size");
 	cr_expect_null(m.base);
 }
@@ -362,17 +384,37 @@ Test(segment, validate_rejects_garbage_and_impossible_layouts)
 		good_header(&h);
 		int want = MTSHM_ELAYOUT;
 		switch (i) {
-		case 0: h.magic = 1; want = MTSHM_EBADMAGIC; break;
-		case 1: h.magic = MTSHM_MAGIC_SWAPPED; want = MTSHM_EBYTEORDER;
+		case 0:
+			h.magic = 1;
+			want = MTSHM_EBADMAGIC;
 			break;
-		case 2: h.version_major = 1; want = MTSHM_EVERSION; break;
-		case 3: h.compat_minor = MTSHM_VERSION_MINOR + 1;
-			want = MTSHM_EVERSION; break;
-		case 4: h.lane_count = 0; break;
-		case 5: h.lane_count = MTSHM_MAX_LANES + 1; break;
-		case 6: h.slot_stride = 64; break;
-		case 7: h.slot_count = 0; break;
-		case 8: h.table_size++; break;
+		case 1:
+			h.magic = MTSHM_MAGIC_SWAPPED;
+			want = MTSHM_EBYTEORDER;
+			break;
+		case 2:
+			h.version_major = 1;
+			want = MTSHM_EVERSION;
+			break;
+		case 3:
+			h.compat_minor = MTSHM_VERSION_MINOR + 1;
+			want = MTSHM_EVERSION;
+			break;
+		case 4:
+			h.lane_count = 0;
+			break;
+		case 5:
+			h.lane_count = MTSHM_MAX_LANES + 1;
+			break;
+		case 6:
+			h.slot_stride = 64;
+			break;
+		case 7:
+			h.slot_count = 0;
+			break;
+		case 8:
+			h.table_size++;
+			break;
 		}
 		char what[16];
 		snprintf(what, sizeof(what), "case %d", i);
