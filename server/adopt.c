@@ -150,8 +150,9 @@ static int open_worker_table(uint32_t pid, const char *label, uint64_t dev)
 struct table_open {
 	atomic_int refs;
 	atomic_bool abandoned;
-	int efd; /* written once the open is done */
-	int fd;  /* its result */
+	int efd;       /* written once the open is done */
+	atomic_int fd; /* its result: released before the eventfd's write
+	                * (which no sanitizer sees as a hand-over) */
 	uint32_t pid;
 	uint64_t dev;
 	char label[96];
@@ -161,8 +162,9 @@ static void table_open_drop(struct table_open *t)
 {
 	if (atomic_fetch_sub(&t->refs, 1) != 1)
 		return;
-	if (atomic_load(&t->abandoned) && t->fd >= 0)
-		close(t->fd);
+	int fd = atomic_load(&t->fd);
+	if (atomic_load(&t->abandoned) && fd >= 0)
+		close(fd);
 	close(t->efd);
 	free(t);
 }
@@ -170,7 +172,9 @@ static void table_open_drop(struct table_open *t)
 static void *table_opener(void *arg)
 {
 	struct table_open *t = arg;
-	t->fd = open_worker_table(t->pid, t->label, t->dev);
+	atomic_store_explicit(&t->fd,
+	                      open_worker_table(t->pid, t->label, t->dev),
+	                      memory_order_release);
 	eventfd_write(t->efd, 1);
 	table_open_drop(t);
 	return NULL;
@@ -190,6 +194,7 @@ static int open_worker_table_bounded(uint32_t pid, const char *label,
 	}
 	atomic_init(&t->refs, 2);
 	atomic_init(&t->abandoned, false);
+	atomic_init(&t->fd, -ETIMEDOUT);
 	t->pid = pid;
 	t->dev = dev;
 	snprintf(t->label, sizeof(t->label), "%s", label);
@@ -219,7 +224,7 @@ static int open_worker_table_bounded(uint32_t pid, const char *label,
 			break;
 		int n = poll(&pfd, 1, (int)((end - now) / 1000000u) + 1);
 		if (n > 0) {
-			fd = t->fd; /* written before the eventfd */
+			fd = atomic_load_explicit(&t->fd, memory_order_acquire);
 			break;
 		}
 		if (n < 0 && errno != EINTR)
