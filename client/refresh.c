@@ -33,10 +33,10 @@
  */
 #define _GNU_SOURCE
 #include "client_internal.h"
+#include "mtcommon.h"
 
 #include <dlfcn.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdlib.h>
 #include <time.h>
 
@@ -63,9 +63,6 @@ static void *refresh_main(void *arg)
 	return NULL;
 }
 
-typedef int (*create_fn)(pthread_t *, const pthread_attr_t *, void *(*)(void *),
-                         void *);
-
 /* libc's own pthread_create, not the jemalloc preload's wrapper: that one
  * sets the new thread up as a counted thread of the program (its activity
  * callback, a lane, one more in `threads`); this thread allocates nothing
@@ -74,7 +71,7 @@ typedef int (*create_fn)(pthread_t *, const pthread_attr_t *, void *(*)(void *),
  * dlopen holds while a library's constructors run, and that flush runs
  * inside the program's malloc, maybe under a lock of the program's that
  * such a constructor waits for. */
-static create_fn libc_create;
+static mt_thread_create_fn libc_create;
 
 __attribute__((constructor(101))) static void refresh_resolve(void)
 {
@@ -84,23 +81,12 @@ __attribute__((constructor(101))) static void refresh_resolve(void)
 void mtc_refresh_start(void)
 {
 	uint64_t ms;
-	create_fn create = libc_create;
+	mt_thread_create_fn create = libc_create;
 	if (!create || !mtc_refresh_claim(&ms))
 		return;
-	pthread_attr_t attr;
-	if (pthread_attr_init(&attr) != 0)
-		return;
-	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-	pthread_attr_setstacksize(&attr, REFRESH_STACK);
-	/* The thread inherits the mask: all blocked from its first
-	 * instruction. */
-	sigset_t all, old;
-	sigfillset(&all);
-	pthread_sigmask(SIG_SETMASK, &all, &old);
 	pthread_t tid;
-	int err = create(&tid, &attr, refresh_main, (void *)(uintptr_t)ms);
-	pthread_sigmask(SIG_SETMASK, &old, NULL);
-	pthread_attr_destroy(&attr);
+	int err = mt_thread_detached(
+	    create, refresh_main, (void *)(uintptr_t)ms, REFRESH_STACK, &tid);
 	if (err) {
 		mtc_debug("refresh thread not started (%d): figures follow "
 		          "the program's own calls only",

@@ -10,6 +10,7 @@
 #ifndef MTCOMMON_H
 #define MTCOMMON_H
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -83,6 +84,20 @@ void mt_utf8_scrub(char *s);
  * user chose must carry none of them to a log line or a terminal.
  */
 bool mt_cp_hostile(uint32_t c);
+
+/* pthread_create's signature (the preload passes libc's own, past its
+ * wrapper). */
+typedef int (*mt_thread_create_fn)(pthread_t *, const pthread_attr_t *,
+                                   void *(*)(void *), void *);
+
+/*
+ * Start fn(arg) on a detached thread of `stack` bytes that takes none of
+ * the process's signals: all are blocked from its first instruction (it
+ * inherits the mask set around its creation). `create`: NULL for
+ * pthread_create. 0 or -errno; the thread in *tid when tid is not NULL.
+ */
+int mt_thread_detached(mt_thread_create_fn create, void *(*fn)(void *),
+                       void *arg, size_t stack, pthread_t *tid);
 
 /* CLOCK_MONOTONIC in nanoseconds. */
 uint64_t mt_mono_ns(void);

@@ -9,6 +9,7 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -152,6 +153,27 @@ int mt_send_all(int fd, const void *buf, size_t len, uint64_t deadline_ns)
 			return err;
 	}
 	return 0;
+}
+
+int mt_thread_detached(mt_thread_create_fn create, void *(*fn)(void *),
+                       void *arg, size_t stack, pthread_t *tid)
+{
+	pthread_attr_t attr;
+	int err = pthread_attr_init(&attr);
+	if (err)
+		return -err;
+	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+	pthread_attr_setstacksize(&attr, stack);
+	sigset_t all, old;
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old);
+	pthread_t t;
+	err = (create ? create : pthread_create)(&t, &attr, fn, arg);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	pthread_attr_destroy(&attr);
+	if (!err && tid)
+		*tid = t;
+	return -err;
 }
 
 int mt_wait_fd(int fd, short events, uint64_t deadline_ns)

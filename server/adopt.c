@@ -50,8 +50,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
-#include <pthread.h>
-#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -63,6 +61,7 @@
 #include <unistd.h>
 
 #include "mts_guard.h"
+#include "mtcommon.h"
 #include "mts_log.h"
 #include "mts_procfs.h"
 #include "mts_registry.h"
@@ -198,21 +197,11 @@ static int open_worker_table_bounded(uint32_t pid, const char *label,
 	t->pid = pid;
 	t->dev = dev;
 	snprintf(t->label, sizeof(t->label), "%s", label);
-	pthread_attr_t attr;
-	pthread_attr_init(&attr);
-	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-	pthread_attr_setstacksize(&attr, 128u * 1024u);
-	sigset_t all, old;
-	sigfillset(&all);
-	pthread_sigmask(SIG_SETMASK, &all, &old);
-	pthread_t th;
-	int err = pthread_create(&th, &attr, table_opener, t);
-	pthread_sigmask(SIG_SETMASK, &old, NULL);
-	pthread_attr_destroy(&attr);
+	int err = mt_thread_detached(NULL, table_opener, t, 128u * 1024u, NULL);
 	if (err) {
 		close(t->efd);
 		free(t);
-		return -err;
+		return err;
 	}
 	uint64_t end =
 	    mts_now_monotonic() + (uint64_t)MTS_ADOPT_OPEN_MS * 1000000u;

@@ -75,7 +75,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -85,6 +84,7 @@
 #include <unistd.h>
 
 #include "mts_defs.h"
+#include "mtcommon.h"
 #include "mts_log.h"
 #include "mts_procfs.h"
 #include "mts_registry.h"
@@ -553,25 +553,6 @@ void mts_rss_free(struct mts_registry *reg)
 		sweep_drop(reg, true);
 }
 
-/* Start the reader: a detached thread that takes no signal. */
-static int reader_start(struct mts_rss_sweep *sw)
-{
-	pthread_attr_t attr;
-	int err = pthread_attr_init(&attr);
-	if (err)
-		return -err;
-	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-	pthread_attr_setstacksize(&attr, MTS_RSS_STACK);
-	sigset_t all, old;
-	sigfillset(&all);
-	pthread_sigmask(SIG_SETMASK, &all, &old);
-	pthread_t t;
-	err = pthread_create(&t, &attr, reader, sw);
-	pthread_sigmask(SIG_SETMASK, &old, NULL);
-	pthread_attr_destroy(&attr);
-	return -err;
-}
-
 /* A sweep of every registered process, or (`early`) only of those whose
  * kernel figure vouch.c wants read before the next full sweep. */
 static void sweep_start(struct mts_registry *reg, bool early)
@@ -609,7 +590,7 @@ static void sweep_start(struct mts_registry *reg, bool early)
 	}
 	if (sw->full)
 		seen_init(reg, &sw->seen);
-	int err = reader_start(sw);
+	int err = mt_thread_detached(NULL, reader, sw, MTS_RSS_STACK, NULL);
 	if (err < 0) {
 		/* The loop must not wait on a read: the next timer tries
 		 * again. Said once per streak of failures. */

@@ -50,22 +50,40 @@ def cli(sock, *args):
     return out.stdout.strip()
 
 
-def test_redis_one_heap():
+def need_redis():
     for exe in (REDIS, REDIS_CLI):
         if not os.access(exe, os.X_OK):
             raise Skip(f"{exe} not installed (scripts/deps.sh installs it)")
+
+
+def start_redis(s, env):
+    """redis-server on a socket in s.dir, up (PING answered): (process,
+    socket). Fails at once if it exits."""
+    sock = os.path.join(s.dir, "redis.sock")
+    proc = subprocess.Popen(
+        [REDIS, "--port", "0", "--unixsocket", sock, "--save", "",
+         "--appendonly", "no", "--enable-debug-command", "yes",
+         "--dir", s.dir],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def up():
+        check(proc.poll() is None, f"redis-server exited: {proc.returncode}")
+        return os.path.exists(sock) and cli(sock, "PING") == "PONG"
+    try:
+        wait_for("redis-server up", up)
+    except BaseException:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        raise
+    return proc, sock
+
+
+def test_redis_one_heap():
+    need_redis()
     with Server() as s:
-        sock = os.path.join(s.dir, "redis.sock")
-        env = s.env(group="redis")
-        proc = subprocess.Popen(
-            [REDIS, "--port", "0", "--unixsocket", sock, "--save", "",
-             "--appendonly", "no", "--enable-debug-command", "yes",
-             "--dir", s.dir],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc, sock = start_redis(s, s.env(group="redis"))
         try:
-            wait_for("redis-server up",
-                     lambda: os.path.exists(sock) and cli(sock, "PING")
-                     == "PONG")
             with open(f"/proc/{proc.pid}/maps") as f:
                 maps = f.read()
             check("libjemalloc.so.2" in maps, "redis-server does not map "
@@ -111,25 +129,13 @@ def test_redis_one_heap():
 
 
 def test_redis_under_the_glibc_front_end():
-    for exe in (REDIS, REDIS_CLI):
-        if not os.access(exe, os.X_OK):
-            raise Skip(f"{exe} not installed (scripts/deps.sh installs it)")
+    need_redis()
     glibc_lib = os.path.join(os.path.dirname(PRELOAD), "libmemtally_glibc.so")
     with Server() as s:
-        sock = os.path.join(s.dir, "redis.sock")
         env = s.env(group="redis", LD_PRELOAD=glibc_lib)
         env.pop("MEMTALLY_ALLOCATOR", None)
-        proc = subprocess.Popen(
-            [REDIS, "--port", "0", "--unixsocket", sock, "--save", "",
-             "--appendonly", "no", "--enable-debug-command", "yes",
-             "--dir", s.dir],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc, sock = start_redis(s, env)
         try:
-            def up():
-                check(proc.poll() is None,
-                      f"redis-server exited: {proc.returncode}")
-                return os.path.exists(sock) and cli(sock, "PING") == "PONG"
-            wait_for("redis-server up", up)
             with open(f"/proc/{proc.pid}/maps") as f:
                 maps = f.read()
             check(os.path.basename(PRELOAD) in maps and

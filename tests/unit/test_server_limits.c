@@ -298,6 +298,25 @@ Test(limits, process_over_its_limit_flags_slot)
 	cr_assert_eq(events[1].state, HIGH);
 }
 
+/* Tick every 10 ms until the latest event tells `scope` over (within
+ * 2 s), then `settle` ticks more: it is not told again. */
+static void told_over_once(const char *scope, int settle)
+{
+	uint64_t end = mts_now_monotonic() + 2000000000u;
+	while (strcmp(events[nevents - 1].scope, scope) != 0 ||
+	       events[nevents - 1].state != OVER) {
+		cr_assert_lt(mts_now_monotonic(), end, "over never told");
+		usleep(10000);
+		mts_core_tick(&srv.reg);
+	}
+	int told = nevents;
+	for (int i = 0; i < settle; i++) {
+		usleep(10000);
+		mts_core_tick(&srv.reg);
+	}
+	cr_assert_eq(nevents, told, "told again");
+}
+
 Test(limits, a_flapping_process_sends_events_within_its_uids_budget)
 {
 	/* Over and back every tick, 300 times: the slot's flag follows each
@@ -329,19 +348,7 @@ Test(limits, a_flapping_process_sends_events_within_its_uids_budget)
 	/* It stays over: told within a token's time (50 ms), once. */
 	fx_write(sa, 1500);
 	mts_core_tick(&srv.reg);
-	uint64_t end = mts_now_monotonic() + 2000000000u;
-	while (strcmp(events[nevents - 1].scope, scope) != 0 ||
-	       events[nevents - 1].state != OVER) {
-		cr_assert_lt(mts_now_monotonic(), end, "over never told");
-		usleep(10000);
-		mts_core_tick(&srv.reg);
-	}
-	int told = nevents;
-	for (int i = 0; i < 20; i++) {
-		usleep(10000);
-		mts_core_tick(&srv.reg);
-	}
-	cr_assert_eq(nevents, told, "told again");
+	told_over_once(scope, 20);
 	/* Alternate events: never two overs in a row. */
 	int last = -1;
 	for (int i = 0; i < nevents; i++) {
@@ -381,19 +388,7 @@ Test(limits, a_flapping_group_sends_events_within_its_budget)
 	              took);
 	/* It ends over: told within a token's time (100 ms), once. */
 	cr_assert_eq(mts_limit_set_group(&srv.reg, "g", 500, &prev, &now), 0);
-	uint64_t end = mts_now_monotonic() + 2000000000u;
-	while (strcmp(events[nevents - 1].scope, "group:g") != 0 ||
-	       events[nevents - 1].state != OVER) {
-		cr_assert_lt(mts_now_monotonic(), end, "over never told");
-		usleep(10000);
-		mts_core_tick(&srv.reg);
-	}
-	int told = nevents;
-	for (int i = 0; i < 30; i++) {
-		usleep(10000);
-		mts_core_tick(&srv.reg);
-	}
-	cr_assert_eq(nevents, told, "told again");
+	told_over_once("group:g", 30);
 	/* Each event starts from the state the one before it said. */
 	int last = OK;
 	for (int i = 0; i < nevents; i++) {
@@ -709,8 +704,8 @@ Test(limits, rss_is_read_summed_and_measurable)
 	mts_rss_sweep_start(&srv.reg);
 	cr_assert_not_null(srv.reg.rss->sweep);
 	/* Applied by the tick's poll (the rss timer starts the next). */
-	FX_RUN_UNTIL((mts_rss_poll(&srv.reg, mts_now_monotonic()),
-	              !srv.reg.rss->sweep));
+	FX_RUN_UNTIL(
+	    (mts_rss_poll(&srv.reg, mts_now_monotonic()), !srv.reg.rss->sweep));
 	pa = mts_find_pid(&srv.reg, (uint32_t)a);
 	struct mts_proc *pb = mts_find_pid(&srv.reg, (uint32_t)b);
 	cr_assert_gt(pa->rss, 0);
