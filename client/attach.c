@@ -112,8 +112,10 @@ bool mtc_at_load;
  * gate follows, after the epoch a re-claim reads. */
 static void epoch_bump(void)
 {
-	uint64_t e = mtshm_load_relaxed64(&mtc_epoch) + 1;
-	mtshm_store_relaxed64(&mtc_epoch, e);
+	/* One atomic add: a fork's bit (MTC_EPOCH_FORKING), raised and
+	 * lowered by another thread meanwhile, is kept as it is. */
+	uint64_t e = __atomic_add_fetch(&mtc_epoch, 1, __ATOMIC_RELAXED) &
+	             ~MTC_EPOCH_FORKING;
 	uint64_t g = __atomic_load_n(&mtc_gate, __ATOMIC_RELAXED);
 	while (!__atomic_compare_exchange_n(&mtc_gate, &g,
 	                                    GATE_EPOCH(e) | (g & GATE_FLAGS), 1,
@@ -211,17 +213,54 @@ static void reg_fd_close(int i, int fd)
 }
 
 /*
+ * fork() begins (the last prepare handler of those registered after ours,
+ * the first of those before): from here until our parent or child
+ * handler, the forking thread publishes into `pending` (publish.h), and
+ * the slot's total is taken now, while this thread holds still. Its quiet
+ * publishes, which would write its lane directly, are off.
+ */
+static const struct mtc_attachment *fork_att;
+static int64_t fork_total;
+
+static void on_fork_prepare(void)
+{
+	mtc_fork_begin();
+	mtc_front_force_slow();
+	const struct mtc_attachment *a = cur_att();
+	fork_total = a ? slot_total(a) : 0;
+	fork_att = a;
+}
+
+/* The parent goes on: what the handlers around the fork published into
+ * `pending` goes to its slot. */
+static void on_fork_parent(void)
+{
+	mtc_fork_end();
+	fork_att = NULL;
+	const struct mtc_attachment *a = cur_att();
+	if (a) {
+		int64_t p =
+		    __atomic_exchange_n(&mtc_proc.pending, 0, __ATOMIC_SEQ_CST);
+		if (p)
+			mtshm_add_relaxeds64(&a->slot->overflow, p);
+	}
+}
+
+/*
  * fork(): the child is a new process. Its starting total is what the parent
- * had published (its slot, which the child can still read through the
- * inherited mapping, plus pending); it registers at its next flush. The
- * forking thread's unflushed drift travels in its thread-local state.
+ * had published (its slot as the fork began, plus pending, which holds
+ * what the fork's handlers published since); it registers at its next
+ * flush. The forking thread's unflushed drift travels in its thread-local
+ * state.
  */
 static void on_fork_child(void)
 {
 	const struct mtc_attachment *a = cur_att();
 	int64_t total = mtshm_load_relaxeds64(&mtc_proc.pending);
+	/* Read again if another thread re-attached since the prepare. */
 	if (a)
-		total += slot_total(a);
+		total += a == fork_att ? fork_total : slot_total(a);
+	fork_att = NULL;
 	mtshm_store_relaxeds64(&mtc_proc.pending, total);
 	mtshm_store_release64(&mtc_proc.cur, 0);
 	/* The thread registering: a fork on that very thread (from a signal
@@ -238,6 +277,7 @@ static void on_fork_child(void)
 	 * of (a fork from a signal handler) still finds them as they were. */
 	mtc_proc.natts_base = mtc_proc.natts;
 	epoch_bump();
+	mtc_fork_end();
 	mtc_gate &= ~GATE_FLAGS; /* no flags seen in the child */
 	mtc_proc.attaching = 0;
 	/* A registration of the over-limit callback cut short by the fork
@@ -415,7 +455,7 @@ static void init_once(void)
 		mtc_proc.born_ns = mt_mono_ns();
 	mtc_proc.after_exec = -1;
 	mtc_proc.pid = getpid();
-	pthread_atfork(NULL, NULL, on_fork_child);
+	pthread_atfork(on_fork_prepare, on_fork_parent, on_fork_child);
 	if (!mtc_group_copy(group))
 		group[0] = 0;
 	mtc_debug("init: socket=%s group=%s%s", mtc_proc.sock, group,

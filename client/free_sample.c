@@ -56,7 +56,8 @@ static bool free_take_turn(const struct mtc_attachment *a,
 static const struct mtc_attachment *free_ready(uint64_t *now)
 {
 	const struct mtc_attachment *a = cur_att();
-	if (!a || mtc_proc.free_off)
+	/* Inside fork() the slot may be the parent's (publish.h). */
+	if (!a || mtc_proc.free_off || mtc_forking)
 		return NULL;
 	*now = mt_mono_ns();
 	if (*now < mtshm_load_relaxed64(&mtc_proc.free_min_ns))

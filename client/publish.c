@@ -34,6 +34,25 @@
 uint64_t mtc_epoch;
 uint64_t mtc_thresh = MT_DEFAULT_THRESHOLD;
 uint64_t mtc_gate;
+__thread uint8_t mtc_forking MTC_TLS;
+
+void mtc_fork_begin(void)
+{
+	mtc_forking = 1;
+	__atomic_fetch_or(&mtc_epoch, MTC_EPOCH_FORKING, __ATOMIC_SEQ_CST);
+}
+
+void mtc_fork_end(void)
+{
+	__atomic_fetch_and(&mtc_epoch, ~MTC_EPOCH_FORKING, __ATOMIC_SEQ_CST);
+	mtc_forking = 0;
+}
+
+/* The epoch lanes are claimed in, without the fork bit. */
+static inline uint64_t epoch_now(void)
+{
+	return mtshm_load_relaxed64(&mtc_epoch) & ~MTC_EPOCH_FORKING;
+}
 
 /* ---- lanes ----------------------------------------------------------- */
 
@@ -62,7 +81,7 @@ static void claim(struct mtc_thread *th, const struct mtc_attachment *a,
 
 static void release(struct mtc_thread *th)
 {
-	if (th->slot && th->epoch == mtshm_load_relaxed64(&mtc_epoch)) {
+	if (th->slot && th->epoch == epoch_now()) {
 		if (th->counted)
 			mtshm_add_relaxed32(&th->slot->threads, -1);
 		if (th->lane) {
@@ -229,6 +248,12 @@ __attribute__((noinline, cold)) static void
 publish_cold(struct mtc_thread *th, int64_t delta,
              const struct mtc_attachment *a)
 {
+	if (__builtin_expect(mtc_forking, 0)) {
+		/* Inside fork() (publish.h): neither the slot nor an attach. */
+		mtc_quiet_off(th);
+		__atomic_fetch_add(&mtc_proc.pending, delta, __ATOMIC_SEQ_CST);
+		return;
+	}
 	struct mtshm_slot_id *s = a ? a->slot : NULL;
 	if (!s) {
 		mtc_quiet_off(th);
@@ -253,7 +278,7 @@ publish_cold(struct mtc_thread *th, int64_t delta,
 		mtshm_add_relaxeds64(&s->overflow, delta);
 		return;
 	}
-	uint64_t epoch = mtshm_load_relaxed64(&mtc_epoch);
+	uint64_t epoch = epoch_now();
 	if (th->epoch != epoch || th->slot != s) {
 		release(th);
 		claim(th, a, epoch);

@@ -59,6 +59,23 @@ extern uint64_t mtc_thresh MTC_HIDDEN;
 #define MTC_THRESH_MAX (UINT64_C(1) << 30)
 extern uint64_t mtc_gate MTC_HIDDEN;
 
+/*
+ * fork() in progress, from the library's prepare handler to its parent or
+ * child handler (attach.c). Handlers another library registered before
+ * ours run inside that stretch, and in the child before ours: what they
+ * allocate must not reach the slot the child still maps, its parent's.
+ * The prepare handler raises MTC_EPOCH_FORKING in mtc_epoch, so that
+ * every full publish meanwhile takes the cold path (no instruction is
+ * added to the common one), and marks the forking thread (mtc_forking),
+ * whose publishes there go to `pending`: the child's starting total, or
+ * the parent's slot once its handler drains them. Every other thread
+ * publishes as before. Readers of mtc_epoch mask the bit.
+ */
+#define MTC_EPOCH_FORKING (UINT64_C(1) << 63)
+extern __thread uint8_t mtc_forking MTC_TLS MTC_HIDDEN;
+void mtc_fork_begin(void);
+void mtc_fork_end(void);
+
 /* Threshold threads must use now (server's once attached). */
 static inline uint64_t mtc_threshold(void)
 {

@@ -7,8 +7,9 @@
  * The flag is the server's to write; here the test plays the server. A
  * fake listener answers Register with a segment the test created, so the
  * test owns the slot and can raise and clear the flag at will, with no
- * tick racing it. Each test runs in its own process (Criterion), so the
- * library's process-wide state starts fresh every time.
+ * tick racing it; and see what a fork's handlers publish where. Each test
+ * runs in its own process (Criterion), so the library's process-wide
+ * state starts fresh every time.
  */
 #define _GNU_SOURCE
 
@@ -20,6 +21,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define FX_NO_SERVER /* the test plays the server itself */
@@ -86,11 +88,11 @@ static void *fake_server(void *arg)
 				memset(&cm, 0, sizeof(cm));
 				int fds[2] = {fx.hdr_ro, fx.table.fd};
 				struct iovec iov = {out, n};
-				struct msghdr mh = {
-				    .msg_iov = &iov,
-				    .msg_iovlen = 1,
-				    .msg_control = cm.b,
-				    .msg_controllen = sizeof(cm.b)};
+				struct msghdr mh = {.msg_iov = &iov,
+				                    .msg_iovlen = 1,
+				                    .msg_control = cm.b,
+				                    .msg_controllen =
+				                        sizeof(cm.b)};
 				struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
 				c->cmsg_level = SOL_SOCKET;
 				c->cmsg_type = SCM_RIGHTS;
@@ -112,7 +114,8 @@ static void *fake_server(void *arg)
 
 static void setup(void)
 {
-	struct mtshm_params p = {.slots = 4, .lanes = 4, .threshold = THRESHOLD};
+	struct mtshm_params p = {
+	    .slots = 4, .lanes = 4, .threshold = THRESHOLD};
 	cr_assert_eq(mtshm_header_create("mt-ol", &p, &fx.map), 0);
 	struct mtshm_layout l;
 	cr_assert_eq(mtshm_layout_read(fx.map.base, fx.map.size, &l), 0);
@@ -290,4 +293,77 @@ Test(over_limit, one_call_per_edge_across_threads, .init = setup,
 		set_flag(false);
 		flush(); /* re-arm */
 	}
+}
+
+/*
+ * fork() and the handlers another library registered before ours (a
+ * library set up before the process's first count: gRPC, a runtime):
+ * prepare handlers run after ours, child and parent handlers before it.
+ * What they allocate in the child must not be published into the slot
+ * the child still maps (its parent's, and the lane its parent's thread
+ * owns); in the parent it is counted as any allocation.
+ */
+#define FORK_PREP   (3 << 20)
+#define FORK_PARENT (5 << 20)
+#define FORK_CHILD  (7 << 20)
+
+static void other_prepare(void)
+{
+	memtally_account(FORK_PREP);
+}
+
+static void other_parent(void)
+{
+	memtally_account(FORK_PARENT);
+}
+
+static void other_child(void)
+{
+	memtally_account(FORK_CHILD);
+}
+
+static int64_t slot_sum(void)
+{
+	uint64_t flushes;
+	int absurd;
+	return mtshm_slot_sum(fx.slot, 4, &flushes, &absurd);
+}
+
+Test(fork, earlier_handlers_do_not_publish_into_the_parents_slot, .init = setup,
+     .fini = teardown, .timeout = 60)
+{
+	/* Before the library's first call, which registers its own. */
+	cr_assert_eq(pthread_atfork(other_prepare, other_parent, other_child),
+	             0);
+	attach();
+	memtally_account(2 << 20); /* past the threshold: published */
+	int64_t before = slot_sum();
+	cr_assert_eq(before, (2 << 20) + 1, "%lld", (long long)before);
+	int pipefd[2];
+	cr_assert_eq(pipe(pipefd), 0);
+	pid_t pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		/* What the child starts from: the parent's total and what
+		 * was allocated in the fork's handlers, its own included. */
+		int64_t got = memtally_process_bytes();
+		ssize_t w = write(pipefd[1], &got, sizeof(got));
+		_exit(w == sizeof(got) ? 0 : 1);
+	}
+	close(pipefd[1]);
+	int64_t child = -1;
+	cr_assert_eq(read(pipefd[0], &child, sizeof(child)),
+	             (ssize_t)sizeof(child));
+	close(pipefd[0]);
+	int st;
+	cr_assert_eq(waitpid(pid, &st, 0), pid);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	cr_expect_eq(child, before + FORK_PREP + FORK_CHILD, "child: %lld",
+	             (long long)child);
+	/* The parent's slot: its own allocations, none of the child's. */
+	cr_expect_eq(slot_sum(), before + FORK_PREP + FORK_PARENT,
+	             "slot %lld, before %lld", (long long)slot_sum(),
+	             (long long)before);
+	cr_expect_eq(memtally_process_bytes(),
+	             before + FORK_PREP + FORK_PARENT);
 }
