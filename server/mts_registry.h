@@ -113,6 +113,9 @@ struct mts_proc {
 	uint64_t rss_heap;
 	uint64_t rss_heap_peak;
 	bool rss_known;
+	/* Registered as a trusted uid, later seen with an untrusted effective
+	 * uid: untrusted until it registers again (rss.c). */
+	bool uid_left;
 	/* The bound of its mapped bytes by the kernel's figure (rss.c).
 	 * `cap` is its anonymous resident bytes at the latest read made once
 	 * the figure was no longer young; UINT64_MAX after a rise lifts it.

@@ -204,7 +204,12 @@ int mts_read_uids(pid_t pid, uint32_t *real, uint32_t *effective)
 	ssize_t n = mts_read_proc_status(pid, buf, sizeof(buf));
 	if (n < 0)
 		return (int)n;
-	const char *p = strstr(buf, "\nUid:");
+	return mts_parse_uids(buf, real, effective);
+}
+
+int mts_parse_uids(const char *status, uint32_t *real, uint32_t *effective)
+{
+	const char *p = strstr(status, "\nUid:");
 	if (!p)
 		return -EINVAL;
 	p += 5;

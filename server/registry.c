@@ -830,6 +830,7 @@ static int proc_reset(struct mts_registry *reg, struct mts_proc *p,
 	p->uid = p->task_uid = uid;
 	p->task_asker = 0;
 	p->untrusted = false; /* until joined() says (vouch.c) */
+	p->uid_left = false;  /* registered as what it is now */
 	p->unvouched = 0;
 	/* The new image's kernel figure, from its first read. */
 	p->vouch = (struct mts_vouch_proc){0};

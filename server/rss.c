@@ -297,19 +297,13 @@ void mts_proc_set_rss(struct mts_registry *reg, struct mts_proc *p,
 /* The resident figure of a trusted process: RssAnon + RssShmem from
  * /proc/PID/status (statm's `shared` lumps file and shmem pages
  * together), and RssAnon alone in *anon. 0 or -errno. */
-static int read_own(pid_t pid, uint64_t *rss, uint64_t *anon)
+static int read_own(pid_t pid, struct mts_kernel_mem *km)
 {
 	char buf[4096];
 	ssize_t n = mts_read_proc_status(pid, buf, sizeof(buf));
 	if (n < 0)
 		return (int)n;
-	struct mts_kernel_mem km;
-	int err = mts_parse_status_mem(buf, &km);
-	if (err < 0)
-		return err;
-	*rss = mt_sat_add(km.anon, km.shmem);
-	*anon = km.anon;
-	return 0;
+	return mts_parse_status_mem(buf, km);
 }
 
 /* Read one entry: status for most; smaps_rollup (and the descriptors,
@@ -319,7 +313,10 @@ static void entry_read(struct rss_entry *e, struct ino_set *seen)
 	uint64_t t0 = mts_now_monotonic();
 	e->read_ns = t0;
 	if (!e->kernel) {
-		e->err = read_own((pid_t)e->pid, &e->rss, &e->anon);
+		e->err = read_own((pid_t)e->pid, &e->km);
+		e->cost_ns = mts_now_monotonic() - t0;
+		e->rss = mt_sat_add(e->km.anon, e->km.shmem);
+		e->anon = e->km.anon;
 		return;
 	}
 	e->err = mts_read_kernel_mem((int)e->pid, e->smaps, &e->km);
@@ -364,12 +361,37 @@ void mts_mapped_read(struct mts_registry *reg, struct mts_proc *p,
 	}
 }
 
+/*
+ * A process registered as a trusted uid whose effective uid is now an
+ * untrusted one, without an exec (a daemon dropping root to serve
+ * untrusted input): its slot is still in the trusted uid's table, where
+ * its claims counted in full. Whoever controls it now must not make
+ * memtallyd act on a trusted claim: from this read on it is untrusted,
+ * its claims vouched by the kernel, until it registers again (as what it
+ * is then). Its figure counts from this read of status.
+ */
+static bool uid_left(struct mts_registry *reg, struct mts_proc *p,
+                     const struct rss_entry *e)
+{
+	if (p->untrusted || !e->km.has_euid || e->km.euid == p->uid ||
+	    mts_uid_trusted(reg, e->km.euid))
+		return false;
+	p->uid_left = true;
+	mts_vouch_proc_init(reg, p);
+	mts_log_uid(p->uid, MTS_LOG_WARN,
+	            "worker changed its uid without exec: its claims count as "
+	            "the kernel vouches for them",
+	            "pid=%u uid=%u euid=%u", p->pid, p->uid, e->km.euid);
+	return true;
+}
+
 /* Apply a read entry to `p` (same pid and start time). */
 static void entry_apply(struct mts_registry *reg, struct mts_proc *p,
                         const struct rss_entry *e)
 {
 	mts_mapped_read(reg, p, e->anon, e->read_ns);
-	if (!e->kernel || !p->untrusted) {
+	bool left = !e->kernel && uid_left(reg, p, e);
+	if ((!e->kernel && !left) || !p->untrusted) {
 		mts_proc_set_rss(reg, p, e->rss);
 		return;
 	}

@@ -75,7 +75,7 @@ bool mts_vouch_want_read(const struct mts_proc *p)
 
 void mts_vouch_proc_init(const struct mts_registry *reg, struct mts_proc *p)
 {
-	p->untrusted = !mts_uid_trusted(reg, p->uid);
+	p->untrusted = p->uid_left || !mts_uid_trusted(reg, p->uid);
 	p->unvouched = 0;
 	if (!p->untrusted) {
 		p->vouch.kernel = 0;
@@ -246,6 +246,8 @@ int mts_parse_status_mem(const char *status, struct mts_kernel_mem *out)
 	out->held = v[1] + v[2] + v[3];
 	out->anon = v[1];
 	out->pss = false;
+	uint32_t real;
+	out->has_euid = mts_parse_uids(status, &real, &out->euid) == 0;
 	return 0;
 }
 

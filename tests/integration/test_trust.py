@@ -33,6 +33,13 @@ test_flapping_claim_runs_hooks_at_most_once_per_interval: a claim of
 9 GiB toggled every 15 ms for 4 s. As nobody's, it changes no shared state
 at all; as root's (trusted: counted in full), the fleet flaps, and the
 hooks still run at most once per [hooks] min_interval.
+
+test_a_worker_that_dropped_root_claims_as_nobody: a python worker
+registered as root drops to nobody without exec (a daemon that serves
+untrusted input), keeping its slot in root's table, where claims count
+in full; 2^49 bytes are then claimed in it. From memtallyd's next read of
+its status the claim is vouched for by the kernel: the fleet (1 GiB) is
+back under, and a warning names the worker.
 """
 import os
 import struct
@@ -311,8 +318,50 @@ def test_flapping_claim_runs_hooks_at_most_once_per_interval():
             wait_for("gone", lambda: w.pid not in s.ps())
 
 
+DROPS = r"""
+import os, sys, time
+keep = [bytearray(1 << 20) for _ in range(8)]
+for _ in range(3000):
+    if any("-slots:" in line for line in open("/proc/self/maps")):
+        break
+    keep.append(bytearray(1 << 16))
+    time.sleep(0.01)
+else:
+    sys.exit("never mapped a slot table")
+os.setuid(65534)
+print("ready", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_a_worker_that_dropped_root_claims_as_nobody():
+    cfg = config("[limits]\nfleet = 1GiB\n")
+    with Server("--config", cfg) as s:
+        w = Worker([sys.executable, "-c", DROPS], s.env(group="dropped"))
+        try:
+            check(w.readline() == "ready", "the worker did not start")
+            wait_for("registered as root",
+                     lambda: s.ps().get(w.pid, {}).get("uid") == 0)
+            check(os.stat(f"/proc/{w.pid}").st_uid == 65534,
+                  "the worker did not drop to nobody")
+            claim(s, w.pid, 1 << 49)
+            wait_for("the lie vouched for by the kernel", lambda: s.ps()[
+                w.pid]["unvouched"] >= (1 << 49) - 64 * MIB)
+            f = wait_for("the fleet back to what is held", lambda: (
+                lambda f: f if f["bytes"] < GIB else None)(
+                    s.status()["fleet"]))
+            check(f["state"] == "ok", f"fleet {f}")
+            check(f"pid={w.pid} uid=0 euid=65534" in s.logtext(),
+                  "no warning names the worker: " + s.tail())
+            print(f"  root worker now nobody claims 2^49: fleet "
+                  f"{f['bytes'] >> 20} MiB, {f['state']}", flush=True)
+        finally:
+            w.kill()
+
+
 if __name__ == "__main__":
     run([test_lies_hurt_only_the_liar,
          test_a_genuine_allocation_is_vouched_for,
          test_a_hidden_allocation_is_signalled_not_an_honest_one,
-         test_flapping_claim_runs_hooks_at_most_once_per_interval])
+         test_flapping_claim_runs_hooks_at_most_once_per_interval,
+         test_a_worker_that_dropped_root_claims_as_nobody])
