@@ -32,10 +32,13 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <malloc.h>
+#include <mqueue.h>
 #include <pthread.h>
+#include <signal.h>
 #include <threads.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #define PL_EXPORT __attribute__((visibility("default")))
@@ -174,6 +177,221 @@ PL_EXPORT int thrd_create(thrd_t *tid, int (*fn)(void *), void *arg)
 	int r = f(tid, pl_thrd_trampoline, s);
 	if (r != thrd_success)
 		free(s);
+	return r;
+}
+
+/* ---- threads glibc starts for a notification ------------------------------
+ * timer_create and mq_notify with SIGEV_THREAD run each notification in a
+ * thread glibc makes itself, without its exported pthread_create. The
+ * notification's function and value are replaced by a trampoline and a
+ * record of both, which sets the thread up first. A notification thread
+ * already started when timer_delete returns may not have read its record
+ * yet, so records are never freed: a deleted timer's (or a fired or
+ * cancelled mq_notify's) is reused by a later registration once
+ * PL_NOTE_GRACE_NS have passed. They are as many as the registrations
+ * alive at once, and those retired within the grace. */
+#define PL_NOTE_GRACE_NS (UINT64_C(10) * 1000000000u)
+
+enum { PL_NOTE_TIMER = 1, PL_NOTE_MQ = 2 };
+
+struct pl_note {
+	void (*fn)(union sigval);
+	union sigval val;
+	int kind;            /* PL_NOTE_*, 0: free */
+	timer_t timer;       /* PL_NOTE_TIMER */
+	mqd_t mq;            /* PL_NOTE_MQ */
+	uint64_t retired_ns; /* free since then (0: never used) */
+	struct pl_note *next;
+};
+
+static pthread_mutex_t pl_notes_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct pl_note *pl_notes;
+static uint32_t pl_notes_live; /* read without the lock: none to find */
+
+static uint64_t pl_now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* A record for a registration of `kind` about to be made, or NULL. */
+static struct pl_note *note_get(int kind, mqd_t mq, void (*fn)(union sigval),
+                                union sigval val)
+{
+	uint64_t now = pl_now_ns();
+	pthread_mutex_lock(&pl_notes_lock);
+	struct pl_note *n = pl_notes;
+	while (n && (n->kind ||
+	             (n->retired_ns && now - n->retired_ns < PL_NOTE_GRACE_NS)))
+		n = n->next;
+	if (!n && (n = calloc(1, sizeof(*n)))) {
+		n->next = pl_notes;
+		pl_notes = n;
+	}
+	if (n) {
+		__atomic_store_n(&n->fn, fn, __ATOMIC_RELAXED);
+		__atomic_store_n(&n->val.sival_ptr, val.sival_ptr,
+		                 __ATOMIC_RELAXED);
+		n->kind = kind;
+		n->mq = mq;
+		n->timer = 0;
+		pl_notes_live++;
+	}
+	pthread_mutex_unlock(&pl_notes_lock);
+	return n;
+}
+
+static void note_retire_locked(struct pl_note *n)
+{
+	if (!n->kind)
+		return;
+	n->kind = 0;
+	n->retired_ns = pl_now_ns();
+	pl_notes_live--;
+}
+
+static void note_retire(struct pl_note *n)
+{
+	pthread_mutex_lock(&pl_notes_lock);
+	note_retire_locked(n);
+	pthread_mutex_unlock(&pl_notes_lock);
+}
+
+/* A timer's id, known once timer_create returns. */
+static void note_timer(struct pl_note *n, timer_t timer)
+{
+	pthread_mutex_lock(&pl_notes_lock);
+	n->timer = timer;
+	pthread_mutex_unlock(&pl_notes_lock);
+}
+
+/* Retire the records of a timer deleted, or of a queue whose registration
+ * was removed or that was closed (which removes it). */
+static void note_retire_of(int kind, timer_t timer, mqd_t mq)
+{
+	if (!__atomic_load_n(&pl_notes_live, __ATOMIC_RELAXED))
+		return;
+	pthread_mutex_lock(&pl_notes_lock);
+	for (struct pl_note *n = pl_notes; n; n = n->next)
+		if (n->kind == kind &&
+		    (kind == PL_NOTE_TIMER ? n->timer == timer : n->mq == mq))
+			note_retire_locked(n);
+	pthread_mutex_unlock(&pl_notes_lock);
+}
+
+static void pl_note_trampoline(union sigval v)
+{
+	struct pl_note *n = v.sival_ptr;
+	void (*fn)(union sigval) = __atomic_load_n(&n->fn, __ATOMIC_RELAXED);
+	union sigval val;
+	val.sival_ptr = __atomic_load_n(&n->val.sival_ptr, __ATOMIC_RELAXED);
+	/* A queue's registration ends with its notification. */
+	pthread_mutex_lock(&pl_notes_lock);
+	if (n->kind == PL_NOTE_MQ)
+		note_retire_locked(n);
+	pthread_mutex_unlock(&pl_notes_lock);
+	mtj_thread_start();
+	fn(val);
+}
+
+/* The event to hand glibc: `ev` with the trampoline, or `evp` as it is
+ * (not a thread notification, not counting by callback, no record). */
+static const struct sigevent *note_event(int kind, mqd_t mq,
+                                         const struct sigevent *evp,
+                                         struct sigevent *ev,
+                                         struct pl_note **n)
+{
+	*n = NULL;
+	if (!evp || evp->sigev_notify != SIGEV_THREAD ||
+	    !evp->sigev_notify_function || mtj_mode() != MTJ_CALLBACK)
+		return evp;
+	*n = note_get(kind, mq, evp->sigev_notify_function, evp->sigev_value);
+	if (!*n)
+		return evp;
+	*ev = *evp;
+	ev->sigev_notify_function = pl_note_trampoline;
+	ev->sigev_value.sival_ptr = *n;
+	return ev;
+}
+
+/* The next definition of `name` (glibc's), looked up once. */
+#define PL_REAL(name, type)                                                    \
+	static type real_##name;                                               \
+	type f = __atomic_load_n(&real_##name, __ATOMIC_RELAXED);              \
+	if (!f) {                                                              \
+		*(void **)&f = dlsym(RTLD_NEXT, #name);                        \
+		if (!f) {                                                      \
+			errno = ENOSYS;                                        \
+			return -1;                                             \
+		}                                                              \
+		__atomic_store_n(&real_##name, f, __ATOMIC_RELAXED);           \
+	}
+
+typedef int (*pl_timer_create_fn)(clockid_t, struct sigevent *, timer_t *);
+typedef int (*pl_timer_delete_fn)(timer_t);
+typedef int (*pl_mq_notify_fn)(mqd_t, const struct sigevent *);
+typedef int (*pl_mq_close_fn)(mqd_t);
+
+PL_EXPORT int timer_create(clockid_t clk, struct sigevent *evp, timer_t *id)
+{
+	PL_REAL(timer_create, pl_timer_create_fn)
+	struct sigevent ev;
+	struct pl_note *n;
+	const struct sigevent *use = note_event(PL_NOTE_TIMER, 0, evp, &ev, &n);
+	int r = f(clk, (struct sigevent *)use, id);
+	int e = errno;
+	if (n) {
+		if (r == 0)
+			note_timer(n, *id);
+		else
+			note_retire(n);
+	}
+	errno = e;
+	return r;
+}
+
+PL_EXPORT int timer_delete(timer_t id)
+{
+	PL_REAL(timer_delete, pl_timer_delete_fn)
+	int r = f(id);
+	int e = errno;
+	if (r == 0)
+		note_retire_of(PL_NOTE_TIMER, id, 0);
+	errno = e;
+	return r;
+}
+
+PL_EXPORT int mq_notify(mqd_t mq, const struct sigevent *evp)
+{
+	PL_REAL(mq_notify, pl_mq_notify_fn)
+	if (!evp) { /* unregister */
+		int r = f(mq, evp);
+		int e = errno;
+		if (r == 0)
+			note_retire_of(PL_NOTE_MQ, 0, mq);
+		errno = e;
+		return r;
+	}
+	struct sigevent ev;
+	struct pl_note *n;
+	const struct sigevent *use = note_event(PL_NOTE_MQ, mq, evp, &ev, &n);
+	int r = f(mq, use);
+	int e = errno;
+	if (n && r != 0)
+		note_retire(n);
+	errno = e;
+	return r;
+}
+
+PL_EXPORT int mq_close(mqd_t mq)
+{
+	PL_REAL(mq_close, pl_mq_close_fn)
+	int r = f(mq);
+	int e = errno;
+	if (r == 0)
+		note_retire_of(PL_NOTE_MQ, 0, mq);
+	errno = e;
 	return r;
 }
 
