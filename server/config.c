@@ -1017,13 +1017,17 @@ static int finish(struct load *l)
 	}
 	const char *tcp = l->s.owned[OWNED_TCP];
 	if (tcp) {
+		/* Not resolved here, on the loop at a reload: a name is looked
+		 * up and checked where it is used, at start (mts_listen_tcp).
+		 */
 		struct sockaddr_storage ss;
 		socklen_t len;
 		bool lo = false;
-		if (mts_parse_hostport(tcp, &ss, &len, &lo) < 0)
+		int r = mts_parse_hostport_literal(tcp, &ss, &len, &lo);
+		if (r < 0)
 			return fail(l, "server", "tcp", "bad address '%s'",
 			            tcp);
-		if (!lo && !l->s.tcp_allow_remote)
+		if (r == 0 && !lo && !l->s.tcp_allow_remote)
 			return fail(l, "server", "tcp",
 			            "'%s' is not a loopback address; set "
 			            "tcp_allow_remote = true to listen on it",
@@ -1129,6 +1133,7 @@ int mts_settings_load(struct mts_settings *out, const char *path,
 		l.s.cfg.socket_path = l.s.owned[OWNED_SOCKET];
 		l.s.cfg.segment = l.s.owned[OWNED_LABEL];
 		l.s.cfg.tcp_addr = l.s.owned[OWNED_TCP];
+		l.s.cfg.tcp_allow_remote = l.s.tcp_allow_remote;
 		l.s.cfg.metrics_addr = l.s.owned[OWNED_METRICS];
 		l.s.cfg.state_path = l.s.owned[OWNED_STATE];
 		*out = l.s;

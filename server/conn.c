@@ -1591,6 +1591,15 @@ int mts_listen_tcp(struct mts_conns *net)
 	err = mts_parse_hostport(net->cfg->tcp_addr, &ss, &sslen, &loopback);
 	if (err < 0)
 		return err;
+	/* A name, resolved now: the loopback rule the config check could
+	 * apply only to a literal. */
+	if (!loopback && !net->cfg->tcp_allow_remote) {
+		mts_log(MTS_LOG_ERROR,
+		        "tcp resolves to an address that is not loopback; set "
+		        "tcp_allow_remote = true to listen on it",
+		        "addr=%s", mts_logq(q, sizeof(q), net->cfg->tcp_addr));
+		return UV_EADDRNOTAVAIL;
+	}
 	err = uv_tcp_init(net->loop, &net->tcp_listener);
 	if (err < 0)
 		return err;

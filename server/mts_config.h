@@ -42,6 +42,7 @@ struct mts_config {
 	/* Policy and listeners. Zero/NULL is the default for each. */
 	const struct mts_policy *policy; /* NULL: mts_policy_defaults() */
 	const char *tcp_addr;            /* HOST:PORT to listen on, or NULL */
+	bool tcp_allow_remote;    /* tcp_addr may resolve to a remote address */
 	const char *metrics_addr; /* --metrics / [server] metrics, stored */
 	bool has_gid;             /* chown the socket to `gid` */
 	uint32_t gid;

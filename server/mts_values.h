@@ -129,6 +129,11 @@ int mts_parse_signal(const char *s, int *sig);
  */
 int mts_parse_hostport(const char *s, struct sockaddr_storage *ss,
                        socklen_t *len, bool *loopback);
+/* The same without a lookup: 1 (and nothing in *ss) when HOST is a name,
+ * which may take the resolver seconds. For checks made on the loop (a
+ * reload). */
+int mts_parse_hostport_literal(const char *s, struct sockaddr_storage *ss,
+                               socklen_t *len, bool *loopback);
 /* Is v such an address? */
 bool mts_hostport_ok(const char *v);
 

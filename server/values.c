@@ -355,8 +355,8 @@ static bool is_loopback(const struct sockaddr_storage *ss)
 	return (ntohl(a->sin_addr.s_addr) >> 24) == 127;
 }
 
-int mts_parse_hostport(const char *s, struct sockaddr_storage *ss,
-                       socklen_t *len, bool *loopback)
+static int parse_hostport(const char *s, struct sockaddr_storage *ss,
+                          socklen_t *len, bool *loopback, bool resolve)
 {
 	char host[256];
 	uint16_t port;
@@ -383,6 +383,8 @@ int mts_parse_hostport(const char *s, struct sockaddr_storage *ss,
 		/* "1.2.3" is a mistyped address, not a name (getaddrinfo
 		 * would read it as 1.2.0.3). */
 		return -EINVAL;
+	} else if (!resolve) {
+		return 1;
 	} else {
 		struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *res;
 		if (getaddrinfo(host, NULL, &hints, &res) != 0)
@@ -404,6 +406,18 @@ int mts_parse_hostport(const char *s, struct sockaddr_storage *ss,
 	}
 	*loopback = is_loopback(ss);
 	return 0;
+}
+
+int mts_parse_hostport(const char *s, struct sockaddr_storage *ss,
+                       socklen_t *len, bool *loopback)
+{
+	return parse_hostport(s, ss, len, loopback, true);
+}
+
+int mts_parse_hostport_literal(const char *s, struct sockaddr_storage *ss,
+                               socklen_t *len, bool *loopback)
+{
+	return parse_hostport(s, ss, len, loopback, false);
 }
 
 /* What a good value of `k` looks like, for messages and --help. */
@@ -702,5 +716,5 @@ bool mts_hostport_ok(const char *v)
 	struct sockaddr_storage ss;
 	socklen_t len;
 	bool lo;
-	return mts_parse_hostport(v, &ss, &len, &lo) == 0;
+	return mts_parse_hostport_literal(v, &ss, &len, &lo) >= 0;
 }

@@ -394,6 +394,15 @@ Test(config, checks_across_keys)
 	                  &s, err, sizeof(err)),
 	             0, "%s", err);
 	mts_settings_free(&s);
+	/* A name is not looked up by a load (a reload runs on the loop, and
+	 * a resolver may take seconds): one that resolves nowhere loads, and
+	 * is looked up and checked when the listener starts. */
+	cr_assert_eq(load("[server]\ntcp = memtally-test.invalid:7411\n", &s,
+	                  err, sizeof(err)),
+	             0, "%s", err);
+	cr_assert_str_eq(s.cfg.tcp_addr, "memtally-test.invalid:7411");
+	cr_assert_not(s.cfg.tcp_allow_remote);
+	mts_settings_free(&s);
 }
 
 Test(config, token_file_checks)

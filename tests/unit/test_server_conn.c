@@ -933,3 +933,31 @@ Test(conn, a_connection_without_memory_is_closed_and_the_next_served)
 	close(a.fd);
 	close(b.fd);
 }
+
+/* ---- the TCP listener's address ------------------------------------------ */
+
+/* The config check cannot resolve a name (a reload runs on the loop): the
+ * loopback rule is applied again where the address is resolved, at start.
+ * 0.0.0.0 stands for any address that is not loopback. */
+Test(tcp_start, an_address_not_loopback_is_refused_without_allow_remote,
+     .timeout = 60)
+{
+	mts_policy_defaults(&pol);
+	struct mts_config cfg = fx_config("tcp-remote", 8);
+	cfg.socket_path = fx_sockpath("tcp-remote");
+	cfg.policy = &pol;
+	cfg.tcp_addr = "0.0.0.0:0";
+	mts_log_set_level(MTS_LOG_ERROR);
+	cr_assert_eq(fx_server_open(&cfg), UV_EADDRNOTAVAIL);
+	/* As memtallyd's main() does after a failed start. */
+	uv_run(&loop, UV_RUN_DEFAULT);
+	mts_server_free(&srv);
+	cr_assert_eq(uv_loop_close(&loop), 0, "a handle was left open");
+	cr_assert_neq(access(sockpath, F_OK), 0, "socket file left behind");
+
+	cfg.tcp_allow_remote = true;
+	cr_assert_eq(fx_server_open(&cfg), 0);
+	cr_assert_gt(srv.net.tcp_port, 0);
+	fx_stop();
+	mts_policy_free(&pol);
+}
