@@ -369,7 +369,10 @@ static inline void tick_proc(struct mts_registry *reg, struct mts_proc *p,
 	if (p->untrusted) {
 		pv = mts_vouch_proc(reg, p, pb, &acc->vouch_reads);
 		if (p->unvouched) {
-			group_unvouched(g, p->uid, p->unvouched);
+			/* A process that left its trusted uid lies for
+			 * the uid it runs as. */
+			group_unvouched(g, p->uid_left ? p->left_uid : p->uid,
+			                p->unvouched);
 			acc->unvouched =
 			    mt_sat_add(acc->unvouched, p->unvouched);
 		}

@@ -113,9 +113,11 @@ struct mts_proc {
 	uint64_t rss_heap;
 	uint64_t rss_heap_peak;
 	bool rss_known;
-	/* Registered as a trusted uid, later seen with an untrusted effective
-	 * uid: untrusted until it registers again (rss.c). */
+	/* Registered as a trusted uid, later seen with untrusted real,
+	 * effective and saved uids (left_uid, the effective one): untrusted
+	 * until it registers again (rss.c). */
 	bool uid_left;
+	uint32_t left_uid;
 	/* The bound of its mapped bytes by the kernel's figure (rss.c).
 	 * `cap` is its anonymous resident bytes at the latest read made once
 	 * the figure was no longer young; UINT64_MAX after a rise lifts it.

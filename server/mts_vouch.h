@@ -72,16 +72,16 @@ struct mts_kernel_mem {
 	uint64_t anon;  /* anonymous resident, each page in full (RssAnon):
 	                 * what bounds the process's mapped bytes */
 	bool pss;       /* proportional: a shared page counts 1/n */
-	bool has_euid;  /* from status: its effective uid now */
-	uint32_t euid;
+	bool has_uids;  /* from status: its real, effective and saved uids */
+	uint32_t uids[3];
 };
 
 /* From the text of /proc/PID/smaps_rollup: Pss, Pss_Anon + Pss_Shmem +
  * SwapPss, Anonymous. -EINVAL without Pss_Anon (Linux < 5.10). */
 int mts_parse_smaps_rollup(const char *text, struct mts_kernel_mem *out);
 /* From the text of /proc/PID/status: VmRSS, RssAnon + RssShmem + VmSwap,
- * RssAnon, each shared page counted in full, and the effective uid. 0 or
- * -EINVAL. */
+ * RssAnon, each shared page counted in full, and the real, effective and
+ * saved uids. 0 or -EINVAL. */
 int mts_parse_status_mem(const char *status, struct mts_kernel_mem *out);
 /* Read /proc/PID/smaps_rollup (with `smaps`), or /proc/PID/status where
  * the kernel has no proportional figures or without `smaps`. 0 or

@@ -207,16 +207,29 @@ int mts_read_uids(pid_t pid, uint32_t *real, uint32_t *effective)
 	return mts_parse_uids(buf, real, effective);
 }
 
-int mts_parse_uids(const char *status, uint32_t *real, uint32_t *effective)
+int mts_parse_uid_fields(const char *status, uint32_t *uids, unsigned n)
 {
 	const char *p = strstr(status, "\nUid:");
 	if (!p)
 		return -EINVAL;
 	p += 5;
-	uint32_t e;
-	int err = uid_field(&p, real);
-	if (err == 0 && (err = uid_field(&p, &e)) == 0 && effective)
-		*effective = e;
+	for (unsigned i = 0; i < n; i++) {
+		int err = uid_field(&p, &uids[i]);
+		if (err < 0)
+			return err;
+	}
+	return 0;
+}
+
+int mts_parse_uids(const char *status, uint32_t *real, uint32_t *effective)
+{
+	uint32_t u[2];
+	int err = mts_parse_uid_fields(status, u, 2);
+	if (err == 0) {
+		*real = u[0];
+		if (effective)
+			*effective = u[1];
+	}
 	return err;
 }
 

@@ -118,6 +118,7 @@ struct rss_entry {
 	bool smaps;        /* with `kernel`: smaps_rollup, not status */
 	uint64_t stall_ns; /* the read's limit (the loop's) */
 	uint64_t start_time;
+	uint64_t image_id; /* of the image read: an exec registers another */
 	uint64_t rss;
 	uint64_t anon;            /* RssAnon */
 	uint64_t read_ns;         /* CLOCK_MONOTONIC before the read */
@@ -362,26 +363,33 @@ void mts_mapped_read(struct mts_registry *reg, struct mts_proc *p,
 }
 
 /*
- * A process registered as a trusted uid whose effective uid is now an
- * untrusted one, without an exec (a daemon dropping root to serve
- * untrusted input): its slot is still in the trusted uid's table, where
- * its claims counted in full. Whoever controls it now must not make
- * memtallyd act on a trusted claim: from this read on it is untrusted,
- * its claims vouched by the kernel, until it registers again (as what it
- * is then). Its figure counts from this read of status.
+ * A process registered as a trusted uid that dropped it for good without
+ * an exec (a daemon leaving root to serve untrusted input: real,
+ * effective and saved uids all untrusted now): its slot is still in the
+ * trusted uid's table, where its claims counted in full. Whoever controls
+ * it now must not make memtallyd act on a trusted claim: from this read
+ * on it is untrusted, its claims vouched by the kernel, until it registers
+ * again (as what it is then). Its figure counts from this read of status.
+ * One that keeps a trusted uid among the three (seteuid for a moment)
+ * can take it back whenever it likes: nothing is gained by distrusting
+ * it. A read made before the process registered again (an exec) says
+ * nothing of the new image.
  */
 static bool uid_left(struct mts_registry *reg, struct mts_proc *p,
                      const struct rss_entry *e)
 {
-	if (p->untrusted || !e->km.has_euid || e->km.euid == p->uid ||
-	    mts_uid_trusted(reg, e->km.euid))
+	if (p->untrusted || !e->km.has_uids || e->image_id != p->image_id)
 		return false;
+	for (int i = 0; i < 3; i++)
+		if (mts_uid_trusted(reg, e->km.uids[i]))
+			return false;
 	p->uid_left = true;
+	p->left_uid = e->km.uids[1];
 	mts_vouch_proc_init(reg, p);
 	mts_log_uid(p->uid, MTS_LOG_WARN,
-	            "worker changed its uid without exec: its claims count as "
+	            "worker left its uid without exec: its claims count as "
 	            "the kernel vouches for them",
-	            "pid=%u uid=%u euid=%u", p->pid, p->uid, e->km.euid);
+	            "pid=%u uid=%u euid=%u", p->pid, p->uid, e->km.uids[1]);
 	return true;
 }
 
@@ -416,6 +424,7 @@ static void entry_fill(struct rss_entry *e, const struct mts_proc *p, bool full)
 	e->pid = p->pid;
 	e->uid = p->uid;
 	e->start_time = p->start_time;
+	e->image_id = p->image_id;
 	e->kernel = p->untrusted;
 	e->memfds = full && p->untrusted;
 	e->smaps =

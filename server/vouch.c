@@ -246,8 +246,7 @@ int mts_parse_status_mem(const char *status, struct mts_kernel_mem *out)
 	out->held = v[1] + v[2] + v[3];
 	out->anon = v[1];
 	out->pss = false;
-	uint32_t real;
-	out->has_euid = mts_parse_uids(status, &real, &out->euid) == 0;
+	out->has_uids = mts_parse_uid_fields(status, out->uids, 3) == 0;
 	return 0;
 }
 

@@ -36,10 +36,12 @@ hooks still run at most once per [hooks] min_interval.
 
 test_a_worker_that_dropped_root_claims_as_nobody: a python worker
 registered as root drops to nobody without exec (a daemon that serves
-untrusted input), keeping its slot in root's table, where claims count
-in full; 2^49 bytes are then claimed in it. From memtallyd's next read of
-its status the claim is vouched for by the kernel: the fleet (1 GiB) is
-back under, and a warning names the worker.
+untrusted input: real, effective and saved uids), keeping its slot in
+root's table, where claims count in full; 2^49 bytes are then claimed in
+it. From memtallyd's next read of its status the claim is vouched for by
+the kernel: the fleet (1 GiB) is back under, and a warning names the
+worker. One that gives up only its effective uid (root again whenever it
+likes) stays trusted.
 """
 import os
 import struct
@@ -328,16 +330,34 @@ for _ in range(3000):
     time.sleep(0.01)
 else:
     sys.exit("never mapped a slot table")
-os.setuid(65534)
+(os.seteuid if sys.argv[1] == "seteuid" else os.setuid)(65534)
 print("ready", flush=True)
 sys.stdin.readline()
 """
 
 
 def test_a_worker_that_dropped_root_claims_as_nobody():
-    cfg = config("[limits]\nfleet = 1GiB\n")
+    cfg = config("[limits]\nfleet = 1GiB\nrss_interval = 100\n"
+                 "[group dropped]\nlimit = 512MiB\n")
     with Server("--config", cfg) as s:
-        w = Worker([sys.executable, "-c", DROPS], s.env(group="dropped"))
+        # Only its effective uid given up: root again whenever it likes,
+        # so still root's, and trusted.
+        w = Worker([sys.executable, "-c", DROPS, "seteuid"],
+                   s.env(group="dropped"))
+        try:
+            check(w.readline() == "ready", "the worker did not start")
+            wait_for("registered as root",
+                     lambda: s.ps().get(w.pid, {}).get("uid") == 0)
+            claim(s, w.pid, 1 << 40)
+            wait_for("the claim counted", lambda: s.status()["fleet"][
+                "bytes"] >= 1 << 40)
+            time.sleep(1.0 * MULT)  # ten sweeps: none may distrust it
+            check(s.ps()[w.pid]["unvouched"] == 0, f"{s.ps()[w.pid]}")
+            check("left its uid" not in s.logtext(), s.tail())
+        finally:
+            w.kill()
+        w = Worker([sys.executable, "-c", DROPS, "setuid"],
+                   s.env(group="dropped"))
         try:
             check(w.readline() == "ready", "the worker did not start")
             wait_for("registered as root",
@@ -351,6 +371,10 @@ def test_a_worker_that_dropped_root_claims_as_nobody():
                 lambda f: f if f["bytes"] < GIB else None)(
                     s.status()["fleet"]))
             check(f["state"] == "ok", f"fleet {f}")
+            # Its lie is nobody's, not root's: root's own Admit into
+            # the group is granted.
+            s.cli("admit", "--bytes", "1MiB", "--group", "dropped",
+                  "--ttl", "5")
             check(f"pid={w.pid} uid=0 euid=65534" in s.logtext(),
                   "no warning names the worker: " + s.tail())
             print(f"  root worker now nobody claims 2^49: fleet "

@@ -284,18 +284,20 @@ Test(vouch, status_parser)
 	cr_assert_eq(m.shmem, 256 * 1024);
 	cr_assert_eq(m.anon, 1024 * 1024, "RssAnon");
 	cr_assert_not(m.pss);
-	cr_assert_not(m.has_euid, "no Uid: line");
+	cr_assert_not(m.has_uids, "no Uid: line");
 	/* The effective uid: the one a process that dropped root has. */
 	const char *dropped = "Name:\tx\nUid:\t0\t65534\t65534\t65534\n"
 	                      "VmRSS:\t  2048 kB\nRssAnon:\t 1024 kB\n";
 	cr_assert_eq(mts_parse_status_mem(dropped, &m), 0);
-	cr_assert(m.has_euid);
-	cr_assert_eq(m.euid, 65534);
+	cr_assert(m.has_uids);
+	cr_assert_eq(m.uids[0], 0, "real");
+	cr_assert_eq(m.uids[1], 65534, "effective");
+	cr_assert_eq(m.uids[2], 65534, "saved");
 	cr_assert_eq(mts_parse_status_mem("Uid:\t0\tx\nVmRSS:\t1 kB\n"
 	                                  "RssAnon:\t1 kB\n",
 	                                  &m),
 	             0);
-	cr_assert_not(m.has_euid, "a malformed Uid: line is no uid");
+	cr_assert_not(m.has_uids, "a malformed Uid: line is no uid");
 	/* A kernel thread has no memory lines: refused, nothing vouched. */
 	cr_assert_eq(mts_parse_status_mem("Name:\tkthreadd\n", &m), -EINVAL);
 	cr_assert_eq(mts_parse_status_mem("VmRSS:\t99999999999999999999 kB\n"
