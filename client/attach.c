@@ -215,52 +215,72 @@ static void reg_fd_close(int i, int fd)
 /*
  * fork() begins (the last prepare handler of those registered after ours,
  * the first of those before): from here until our parent or child
- * handler, the forking thread publishes into `pending` (publish.h), and
- * the slot's total is taken now, while this thread holds still. Its quiet
+ * handler, the forking thread publishes into `fork_pending` (publish.h),
+ * and the slot's total is taken now, while this thread holds still (other
+ * threads' publishes from here to the fork itself are not in the child's
+ * starting total: an undercount of at most a flush each). Its quiet
  * publishes, which would write its lane directly, are off.
  */
-static const struct mtc_attachment *fork_att;
+static uint64_t fork_att; /* struct mtc_attachment *, as cur */
 static int64_t fork_total;
 
 static void on_fork_prepare(void)
 {
+	if (!mtc_forking) { /* not a fork inside a fork's handlers */
+		const struct mtc_attachment *a = cur_att();
+		mtshm_store_relaxeds64(&fork_total, a ? slot_total(a) : 0);
+		mtshm_store_relaxed64(&fork_att, (uint64_t)(uintptr_t)a);
+	}
 	mtc_fork_begin();
 	mtc_front_force_slow();
-	const struct mtc_attachment *a = cur_att();
-	fork_total = a ? slot_total(a) : 0;
-	fork_att = a;
 }
 
-/* The parent goes on: what the handlers around the fork published into
- * `pending` goes to its slot. */
+/* The parent goes on: what the handlers around the fork published goes
+ * to its slot, or waits in `pending` for one (drained again if an attach
+ * completed meanwhile, as publish_cold does), and its mapped figure is
+ * stored, which a handler may have moved. */
 static void on_fork_parent(void)
 {
-	mtc_fork_end();
-	fork_att = NULL;
+	if (!mtc_fork_end())
+		return; /* a fork inside the handlers of another: that one's */
+	mtshm_store_relaxed64(&fork_att, 0);
+	int64_t p = mtshm_exchange_relaxeds64(&mtc_proc.fork_pending, 0);
 	const struct mtc_attachment *a = cur_att();
 	if (a) {
-		int64_t p =
-		    __atomic_exchange_n(&mtc_proc.pending, 0, __ATOMIC_SEQ_CST);
 		if (p)
 			mtshm_add_relaxeds64(&a->slot->overflow, p);
+		mtc_mapped_store(mtshm_load_relaxed64(&mtc_proc.mapped));
+	} else if (p) {
+		__atomic_fetch_add(&mtc_proc.pending, p, __ATOMIC_SEQ_CST);
+		a = (const struct mtc_attachment *)(uintptr_t)__atomic_load_n(
+		    &mtc_proc.cur, __ATOMIC_SEQ_CST);
+		if (a) {
+			p = mtshm_exchange_relaxeds64(&mtc_proc.pending, 0);
+			if (p)
+				mtshm_add_relaxeds64(&a->slot->overflow, p);
+		}
 	}
 }
 
 /*
  * fork(): the child is a new process. Its starting total is what the parent
- * had published (its slot as the fork began, plus pending, which holds
- * what the fork's handlers published since); it registers at its next
- * flush. The forking thread's unflushed drift travels in its thread-local
- * state.
+ * had published (its slot as the fork began, plus pending), and what the
+ * fork's handlers published since; it registers at its next flush. The
+ * forking thread's unflushed drift travels in its thread-local state.
  */
 static void on_fork_child(void)
 {
 	const struct mtc_attachment *a = cur_att();
-	int64_t total = mtshm_load_relaxeds64(&mtc_proc.pending);
+	int64_t total = mtshm_load_relaxeds64(&mtc_proc.pending) +
+	                mtshm_load_relaxeds64(&mtc_proc.fork_pending);
 	/* Read again if another thread re-attached since the prepare. */
 	if (a)
-		total += a == fork_att ? fork_total : slot_total(a);
-	fork_att = NULL;
+		total +=
+		    (uint64_t)(uintptr_t)a == mtshm_load_relaxed64(&fork_att)
+		        ? mtshm_load_relaxeds64(&fork_total)
+		        : slot_total(a);
+	mtshm_store_relaxed64(&fork_att, 0);
+	mtshm_store_relaxeds64(&mtc_proc.fork_pending, 0);
 	mtshm_store_relaxeds64(&mtc_proc.pending, total);
 	mtshm_store_release64(&mtc_proc.cur, 0);
 	/* The thread registering: a fork on that very thread (from a signal
@@ -277,7 +297,7 @@ static void on_fork_child(void)
 	 * of (a fork from a signal handler) still finds them as they were. */
 	mtc_proc.natts_base = mtc_proc.natts;
 	epoch_bump();
-	mtc_fork_end();
+	mtc_fork_reset();
 	mtc_gate &= ~GATE_FLAGS; /* no flags seen in the child */
 	mtc_proc.attaching = 0;
 	/* A registration of the over-limit callback cut short by the fork
@@ -1020,7 +1040,9 @@ void mtc_mapped_store(uint64_t total)
 {
 	mtshm_store_relaxed64(&mtc_proc.mapped, total);
 	const struct mtc_attachment *a = cur_att();
-	if (a)
+	/* Inside fork() the slot may be the parent's (publish.h): our parent
+	 * handler stores the figure, and a child's registration. */
+	if (a && !mtc_forking)
 		mtshm_store_relaxeds64(&mtshm_lane(a->slot, 0)->mapped,
 		                       (int64_t)total);
 }
@@ -1183,6 +1205,10 @@ void mtc_maybe_attach(enum attach_ask ask)
 	 * protocol"). The bytes wait in `pending` until a flush finds the
 	 * process worth registering. */
 	if (mtc_proc.disabled || mtc_at_load)
+		return;
+	/* Not from inside fork()'s handlers (publish.h): a child would
+	 * register as its parent, whose pid it still has. */
+	if (mtc_forking)
 		return;
 	/* Past its attachments, every path of a registration but a repeat
 	 * of the current one ends refused (take_reply): do not register at

@@ -37,6 +37,7 @@ struct mtc_attachment {
 struct mtc_process {
 	/* Shared between threads: accessed with the mtshm_atomic helpers. */
 	int64_t pending;      /* bytes not yet in any slot */
+	int64_t fork_pending; /* published inside fork()'s handlers */
 	uint64_t cur;         /* struct mtc_attachment *, 0 = none */
 	uint32_t attaching;   /* try-lock of attach() */
 	uint64_t next_try_ns; /* back-off: no attach before this */

@@ -38,14 +38,23 @@ __thread uint8_t mtc_forking MTC_TLS;
 
 void mtc_fork_begin(void)
 {
-	mtc_forking = 1;
-	__atomic_fetch_or(&mtc_epoch, MTC_EPOCH_FORKING, __ATOMIC_SEQ_CST);
+	if (mtc_forking++ == 0)
+		__atomic_fetch_or(&mtc_epoch, MTC_EPOCH_FORKING,
+		                  __ATOMIC_SEQ_CST);
 }
 
-void mtc_fork_end(void)
+bool mtc_fork_end(void)
 {
+	if (!mtc_forking || --mtc_forking)
+		return false;
 	__atomic_fetch_and(&mtc_epoch, ~MTC_EPOCH_FORKING, __ATOMIC_SEQ_CST);
+	return true;
+}
+
+void mtc_fork_reset(void)
+{
 	mtc_forking = 0;
+	__atomic_fetch_and(&mtc_epoch, ~MTC_EPOCH_FORKING, __ATOMIC_SEQ_CST);
 }
 
 /* The epoch lanes are claimed in, without the fork bit. */
@@ -251,7 +260,7 @@ publish_cold(struct mtc_thread *th, int64_t delta,
 	if (__builtin_expect(mtc_forking, 0)) {
 		/* Inside fork() (publish.h): neither the slot nor an attach. */
 		mtc_quiet_off(th);
-		__atomic_fetch_add(&mtc_proc.pending, delta, __ATOMIC_SEQ_CST);
+		mtshm_add_relaxeds64(&mtc_proc.fork_pending, delta);
 		return;
 	}
 	struct mtshm_slot_id *s = a ? a->slot : NULL;

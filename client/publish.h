@@ -66,15 +66,20 @@ extern uint64_t mtc_gate MTC_HIDDEN;
  * allocate must not reach the slot the child still maps, its parent's.
  * The prepare handler raises MTC_EPOCH_FORKING in mtc_epoch, so that
  * every full publish meanwhile takes the cold path (no instruction is
- * added to the common one), and marks the forking thread (mtc_forking),
- * whose publishes there go to `pending`: the child's starting total, or
- * the parent's slot once its handler drains them. Every other thread
+ * added to the common one), and marks the forking thread (mtc_forking,
+ * a depth: a signal handler may fork inside a fork's handlers), whose
+ * publishes there go to `fork_pending`: the child's starting total, or
+ * the parent's slot once its handler drains them. It neither registers
+ * nor samples nor stores its mapped figure meanwhile. Every other thread
  * publishes as before. Readers of mtc_epoch mask the bit.
  */
 #define MTC_EPOCH_FORKING (UINT64_C(1) << 63)
 extern __thread uint8_t mtc_forking MTC_TLS MTC_HIDDEN;
 void mtc_fork_begin(void);
-void mtc_fork_end(void);
+/* True when the outermost fork of this thread ended. */
+bool mtc_fork_end(void);
+/* In the child: no fork in progress. */
+void mtc_fork_reset(void);
 
 /* Threshold threads must use now (server's once attached). */
 static inline uint64_t mtc_threshold(void)

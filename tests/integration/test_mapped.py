@@ -199,7 +199,10 @@ def test_signal_handler_mapping_never_deadlocks():
                 line = w.readline(timeout=60 + seconds)
                 words = line.split()
                 check(words[:1] == ["done"], f"the worker stalled: {line!r}")
-                check(int(words[1]) > 1000 and int(words[2]) > 100,
+                # A flood of signals (300,000 in 3 s on an idle machine)
+                # can leave the loop a few hundred turns: each signal
+                # landed inside it or its handler, which is the point.
+                check(int(words[1]) > 100 and int(words[2]) > 100,
                       f"too few iterations or signals to mean anything: "
                       f"{line}")
                 print(f"  {seconds} s: {words[1]} map/unmap pairs, "
