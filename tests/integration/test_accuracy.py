@@ -144,24 +144,8 @@ def test_c11_thread_counted():
             w.close()
 
 
-def test_timer_notification_thread_counted():
-    """A timer_create(SIGEV_THREAD) notification (glibc runs it in a
-    thread of its own making, without the exported pthread_create) holds
-    48 MiB: counted, under jemalloc's per-thread callback as under any
-    other thread."""
-    with Server() as s:
-        w = Worker(worker("sigev", 48), s.env())
-        try:
-            check(w.readline().startswith("ready"), "mt_worker sigev")
-            wait_for("the notification thread's 48 MiB counted",
-                     lambda: heap(s, w.pid) >= 48 * MIB)
-        finally:
-            w.close()
-
-
 if __name__ == "__main__":
     run([test_malloc_family_matches_jemalloc,
          test_600mb_two_threads_match_jemalloc, test_cxx_new_delete_counted,
          test_threads_counted_and_freed,
-         test_idle_thread_large_free_seen_at_once, test_c11_thread_counted,
-         test_timer_notification_thread_counted])
+         test_idle_thread_large_free_seen_at_once, test_c11_thread_counted])
