@@ -1036,6 +1036,31 @@ static int finish(struct load *l)
 	return 0;
 }
 
+int mts_settings_resolve(struct mts_settings *s, char *err, size_t errlen)
+{
+	const char *tcp = s->cfg.tcp_addr;
+	if (!tcp)
+		return 0;
+	struct sockaddr_storage ss;
+	socklen_t len;
+	bool lo = false;
+	if (mts_parse_hostport(tcp, &ss, &len, &lo) < 0) {
+		snprintf(err, errlen, "[server] tcp: cannot resolve '%s'", tcp);
+		mts_settings_free(s);
+		return -EINVAL;
+	}
+	if (!lo && !s->tcp_allow_remote) {
+		snprintf(
+		    err, errlen,
+		    "[server] tcp: '%s' resolves to an address that is not "
+		    "loopback; set tcp_allow_remote = true to listen on it",
+		    tcp);
+		mts_settings_free(s);
+		return -EINVAL;
+	}
+	return 0;
+}
+
 void mts_settings_free(struct mts_settings *s)
 {
 	if (!s)

@@ -480,7 +480,8 @@ int main(int argc, char **argv)
 	char msg[768];
 	parse_args(argc, argv, &cl);
 	if (mts_settings_load(&settings, cl.config, cl.ov, cl.nov, msg,
-	                      sizeof(msg)) < 0) {
+	                      sizeof(msg)) < 0 ||
+	    mts_settings_resolve(&settings, msg, sizeof(msg)) < 0) {
 		fprintf(stderr, "memtallyd: %s\n", msg);
 		free(cl.ov);
 		return EXIT_USAGE;

@@ -113,6 +113,10 @@ struct mts_override {
 int mts_settings_load(struct mts_settings *out, const char *path,
                       const struct mts_override *ov, size_t nov, char *err,
                       size_t errlen);
+/* At start, not on the loop: resolve [server] tcp when it is a name and
+ * apply the loopback rule to what it resolves to (a load checks literals
+ * only). 0, or -EINVAL with a message in `err` and `s` freed. */
+int mts_settings_resolve(struct mts_settings *s, char *err, size_t errlen);
 void mts_settings_free(struct mts_settings *s);
 
 extern const struct mts_key mts_keys[];
