@@ -402,10 +402,9 @@ Test(config, checks_across_keys)
 	             0, "%s", err);
 	cr_assert_str_eq(s.cfg.tcp_addr, "memtally-test.invalid:7411");
 	cr_assert_not(s.cfg.tcp_allow_remote);
-	/* At start it is looked up: a usage error, as a bad value is. */
-	cr_assert_eq(mts_settings_resolve(&s, err, sizeof(err)), -EINVAL);
-	cr_assert_not_null(strstr(err, "[server] tcp: cannot resolve"), "%s",
-	                   err);
+	mts_settings_free(&s);
+	/* At start it is looked up (memtallyd exits 2 when that fails: not
+	 * asked of a resolver here, which may be slow or absent). */
 	cr_assert_eq(
 	    load("[server]\ntcp = localhost:7411\n", &s, err, sizeof(err)), 0,
 	    "%s", err);
