@@ -86,8 +86,8 @@ from celery import Task, bootsteps
 from celery.exceptions import Reject
 from celery.worker.request import Request
 
-from .client import (DEFAULT_SOCKET, Client, as_bytes, denied_for_ever,
-                     state_name)
+from .client import (DEFAULT_SOCKET, EVICTED_STATUS, Client, as_bytes,
+                     denied_for_ever, never_fits, state_name)
 
 log = logging.getLogger("memtally.celery")
 
@@ -138,29 +138,44 @@ class Evicted(Exception):
 
 def run(args, **kwargs):
     """subprocess.run for a task's command (e.g. `memtally run ...`):
-    raises Evicted when it exits 75 (evicted by the node guard), so that
-    the task is retried; otherwise the CompletedProcess."""
+    raises Evicted when its node ended it (exit 75, `memtally run` evicted
+    by the node guard; or SIGKILL), so that the task is retried, as
+    memtally.dask does; otherwise the CompletedProcess."""
     p = subprocess.run(args, **kwargs)
-    if p.returncode == EX_TEMPFAIL:
-        raise Evicted(f"{args!r} evicted by the node guard (exit "
-                      f"{EX_TEMPFAIL})")
+    if p.returncode in EVICTED_STATUS:
+        raise Evicted(f"{args!r} ended by its node (status "
+                      f"{p.returncode}: evicted or killed)")
     return p
 
 
 class NeverAdmitted(Exception):
     """A task its node's memtallyd can never admit: a group its worker's
-    user may not use. It fails (not requeued to be denied again)."""
+    user may not use, or a size above the limit that denied it (the fleet's,
+    its group's, the node guard's line, what one uid may reserve). It fails
+    (not requeued to be denied again)."""
+
+
+def _task_thread():
+    """The thread Admit names as the task's: none (the whole process's
+    growth is its use) in a process's main thread, where Celery's prefork
+    and solo pools run one task at a time; this thread in a thread pool.
+    Measured by one thread, a task would leave out what its process grows
+    by elsewhere (pymalloc's arenas, helper threads), and its kind would
+    learn too small a size."""
+    if threading.current_thread() is threading.main_thread():
+        return 0
+    return threading.get_native_id()
 
 
 def _evicted(exc):
     """The eviction `exc` stands for, or None: Evicted itself, or a
-    command run with check=True that exited 75."""
+    command run with check=True that its node ended (EVICTED_STATUS)."""
     if isinstance(exc, Evicted):
         return exc
     if (isinstance(exc, subprocess.CalledProcessError)
-            and exc.returncode == EX_TEMPFAIL):
-        return Evicted(f"{exc.cmd!r} evicted by the node guard (exit "
-                       f"{EX_TEMPFAIL})")
+            and exc.returncode in EVICTED_STATUS):
+        return Evicted(f"{exc.cmd!r} ended by its node (status "
+                       f"{exc.returncode}: evicted or killed)")
     return None
 
 
@@ -230,7 +245,10 @@ class AdmittedTask(Task):
                         "it without admission", self.name,
                         self.memtally_bytes, e)
             nbytes = 0
-        if not nbytes:
+        # Called as a function, or run eagerly in the caller's process: no
+        # worker's task to admit (a denial would raise into plain code).
+        if (not nbytes or self.request.called_directly
+                or getattr(self.request, "is_eager", False)):
             return self._body(*args, **kwargs)
         sock = _socket(self.app)
         task_id = self.request.id or ""
@@ -239,13 +257,16 @@ class AdmittedTask(Task):
                                                   "memtally_timeout", 2))) as c:
                 # The task's name is its kind: memtallyd reserves what
                 # this task's recent runs used, nbytes being its ceiling.
-                # It runs here, in this pool process's thread: memtallyd
-                # counts what the thread allocates from now on as its use
-                # (processes it starts with MEMTALLY_TASK, as theirs).
+                # It runs here, in this pool process: memtallyd counts
+                # what it allocates from now on as its use (processes it
+                # starts with MEMTALLY_TASK, as theirs): the whole
+                # process's growth where it runs one task at a time (the
+                # prefork and solo pools run it in the main thread), this
+                # thread's where a thread pool runs several.
                 r = c.admit(nbytes, group=self.memtally_group or "",
                             task=task_id, ttl_seconds=int(self.memtally_ttl),
                             kind=self.name or "", in_process=True,
-                            thread=threading.get_native_id())
+                            thread=_task_thread())
             forever = denied_for_ever(r)
             if forever == "kinds":
                 # This uid keeps as many kinds as it may: admitted on
@@ -261,19 +282,21 @@ class AdmittedTask(Task):
                     r = c.admit(nbytes, group=self.memtally_group or "",
                                 task=task_id,
                                 ttl_seconds=int(self.memtally_ttl),
-                                in_process=True,
-                                thread=threading.get_native_id())
+                                in_process=True, thread=_task_thread())
                 forever = denied_for_ever(r)
         except Exception as e:  # noqa: BLE001 - whatever breaks, fail open
             _fail_open(sock, e)
             return self._body(*args, **kwargs)
         _failing_open.discard(sock)
-        if forever:
+        # Larger than the limit that denied it, which others' use can at
+        # best leave empty: as memtally.dask does, failed at once.
+        fits = "" if forever or r.admitted else never_fits(r)
+        if forever or fits:
             # No room that frees will change it: failed, not requeued.
             raise NeverAdmitted(f"memtally: task {self.name}[{task_id}] "
                                 f"can never be admitted on "
                                 f"{self.request.hostname or sock}: "
-                                f"{r.reason}")
+                                f"{fits + ' ' if fits else ''}{r.reason}")
         if not r.admitted:
             raise Denied(r.reason, self.request.hostname or sock)
         try:

@@ -75,6 +75,37 @@ def denied_for_ever(r):
     return ""
 
 
+def never_fits(r):
+    """Why a denial can never turn into a grant on that node (the figures,
+    in words), or "" when it may once other work is done: what was asked
+    is above the limit of the scope that denied it, whose use by others
+    can at best fall to nothing."""
+    scope = r.limit_scope
+    if denied_for_ever(r) == "group_not_allowed":
+        return f"may not use {scope or 'its group'} ({r.reason}),"
+    if not r.limit or r.requested_bytes <= r.limit:
+        return ""
+    if scope == "fleet":
+        what = "the fleet limit"
+    elif scope.startswith("group:"):
+        what = f"the limit of group {scope[6:]}"
+    elif scope == "node":
+        what = "the node guard's line"
+    elif scope.startswith("uid:") or scope == "tcp":
+        what = f"what one uid may hold reserved ({scope})"
+    else:
+        return ""
+    why = r.sized_by.split(": ", 1)[-1] if r.sized_by else "declared"
+    return (f"needs {human(r.requested_bytes)} ({why}), more than {what}, "
+            f"{human(r.limit)},")
+
+
+# What a command's status is when its node ended it: `memtally run` after
+# memtallyd's guard evicted it (EX_TEMPFAIL, 75), or SIGKILL (the command
+# itself: -9; a shell's child: 128 + 9).
+EVICTED_STATUS = (75, -9, 137)
+
+
 def state_name(state):
     """"ok", "high", "over", or "unknown" for a state a newer server
     sends."""

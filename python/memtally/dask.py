@@ -110,8 +110,8 @@ from concurrent.futures import ThreadPoolExecutor
 from distributed import WorkerPlugin
 from distributed.core import Status
 
-from .client import (DEFAULT_SOCKET, Client, as_bytes, denied_for_ever,
-                     human, state_name)
+from .client import (DEFAULT_SOCKET, EVICTED_STATUS, Client, as_bytes,
+                     denied_for_ever, human, never_fits, state_name)
 
 # Under "distributed": a worker's log shows these beside Dask's own lines,
 # at the levels Dask's logging configuration sets for that tree.
@@ -191,31 +191,6 @@ class Evicted(Exception):
 class NeverAdmitted(Exception):
     """A task larger than its node's memtallyd could ever grant, even with
     nothing else running: rescheduling it would only ask again."""
-
-
-def _never_fits(r):
-    """Why a denial can never turn into a grant on that node (the figures,
-    in words), or "" when it may once other work is done: what was asked
-    is above the limit of the scope that denied it, whose use by others
-    can at best fall to nothing."""
-    scope = r.limit_scope
-    if denied_for_ever(r) == "group_not_allowed":
-        return f"may not use {scope or 'its group'} ({r.reason}),"
-    if not r.limit or r.requested_bytes <= r.limit:
-        return ""
-    if scope == "fleet":
-        what = "the fleet limit"
-    elif scope.startswith("group:"):
-        what = f"the limit of group {scope[6:]}"
-    elif scope == "node":
-        what = "the node guard's line"
-    elif scope.startswith("uid:") or scope == "tcp":
-        what = f"what one uid may hold reserved ({scope})"
-    else:
-        return ""
-    why = r.sized_by.split(": ", 1)[-1] if r.sized_by else "declared"
-    return (f"needs {human(r.requested_bytes)} ({why}), more than {what}, "
-            f"{human(r.limit)},")
 
 
 class Admission(WorkerPlugin):
@@ -446,7 +421,7 @@ class _Gate:
             end = time.monotonic() + self.wait
             delay = 0.05
             while (r is not None and not r.admitted
-                   and r.limit_scope != "host" and not _never_fits(r)
+                   and r.limit_scope != "host" and not never_fits(r)
                    and time.monotonic() < end):
                 time.sleep(min(delay, max(0.0, end - time.monotonic())))
                 delay = min(delay * 2, 0.5)
@@ -467,7 +442,7 @@ class _Gate:
         can admit it, else Reschedule (back to the scheduler, its body
         never ran) after pausing the worker."""
         never = self._never_in_worker(r) if r.limit_scope == "host" \
-            else _never_fits(r)
+            else never_fits(r)
         if never:
             err = NeverAdmitted(f"memtally: task {task} {never} on "
                                 f"{self.worker.address} (memtallyd at "
@@ -651,10 +626,7 @@ def _run_command(command, env):
             "worker": w.address, "host": _socket.gethostname()}
 
 
-# What a command's status is when its node ended it: `memtally run` after
-# memtallyd's guard evicted it (EX_TEMPFAIL), or SIGKILL (the command
-# itself: -9; the shell's child: 128 + 9).
-_EVICTED_STATUS = (75, -9, 137)
+_EVICTED_STATUS = EVICTED_STATUS
 
 
 def run_tasks(commands_with_bytes, n_workers=2, memory_limit="auto",

@@ -28,6 +28,13 @@ def work(i):
     return node
 
 
+@app.task(base=memtally.celery.AdmittedTask, memtally_bytes="1GiB",
+          memtally_ttl=60)
+def too_big():
+    """Declared above any node's fleet limit: never admitted anywhere."""
+    ledger.rpush("mt:ran", "too_big")
+
+
 @app.task(bind=True, base=memtally.celery.AdmittedTask,
           memtally_bytes="8MiB", memtally_ttl=60)
 def evictable(self, argv):

@@ -3,7 +3,8 @@
 pointed at its node's memtallyd, one broker. With node A over budget every
 task completes on node B, each exactly once, and A's worker did take and
 requeue some; then with B over and A back under, A takes every task; and
-with A's memtallyd gone, A's worker runs tasks anyway (fail open).
+with A's memtallyd gone, A's worker runs tasks anyway (fail open). A
+task declared above every node's fleet limit fails at once, once.
 test_evicted_is_retried: a task whose `memtally run` is evicted by the
 node guard (memtallyd in a small memory cgroup, as in
 tests/integration/test_guard.py) is retried by Celery and succeeds.
@@ -161,6 +162,17 @@ def test_two_nodes_one_broker():
             check("taking tasks again" in workers[0].text()
                   and "not taking tasks from mt" in workers[1].text(),
                   "A did not resume, or B did not pause")
+            # Declared above the fleet limit: failed at once with the
+            # figures, not requeued for ever.
+            celery_app.too_big.delay()
+            wait_for("the task larger than any node failed", lambda: any(
+                "can never be admitted" in w.text() for w in workers),
+                timeout=60)
+            text = "".join(w.text() for w in workers)
+            check("more than the fleet limit" in text
+                  and text.count("can never be admitted") == 1
+                  and b"too_big" not in rd.r.lrange("mt:ran", 0, -1),
+                  "not failed once with its figures:\n" + text[-3000:])
 
             # Fail open: with node A's memtallyd gone, A's worker runs
             # tasks without asking (B, still over, takes none), and says so
