@@ -196,11 +196,27 @@ class Client:
         """Send a Request with one body (e.g. admit=pb.Admit(...)), return
         the matching Response's body; raise MemtallyError on an error
         (an answer that does not decode, or has no body, included)."""
+        if self.sock is None:
+            # An Admit timed out and its late answer's thread has the
+            # connection; or a request broke it: the stream is out of step.
+            raise ConnectionError("memtally: this Client's connection was "
+                                  "given up after an earlier request timed "
+                                  "out or failed; open a new Client")
         req = pb.Request(id=self.next_id, token=self.token, **body)
         self.next_id += 1
         self.send(req)
         self.unanswered = req.id    # sent: the server may act on it
-        resp = self.recv()
+        try:
+            resp = self.recv()
+        except BaseException as e:
+            # Half an answer, or none yet: what comes next on the stream
+            # would be taken for the next request's. An Admit's timeout
+            # hands the socket to its late-answer thread instead (admit()).
+            if not ("admit" in body and
+                    isinstance(e, (TimeoutError, socket.timeout))):
+                self.sock.close()
+                self.sock = None
+            raise
         self.unanswered = None
         if resp.HasField("error") and resp.error.code != pb.ERROR_NONE:
             raise MemtallyError(resp.error.code, resp.error.message)

@@ -4,7 +4,8 @@ live memtallyd: GetUsage, ListProcesses, Admit (admitted and denied under
 protobuf module is generated at build time (MEMTALLY_PB2_DIR). An Admit
 whose answer comes after the client's timeout is released when it comes;
 a denial says the rule that decided (denied_by), and which ones waiting
-cannot change.
+cannot change. A Client whose request timed out says so at its next
+call, instead of reading the late answer as that call's.
 """
 import logging
 import os
@@ -136,6 +137,32 @@ def test_a_late_admit_answer_is_released():
             s.proc.send_signal(signal.SIGCONT)
         msg = wait_for("the late grant released", lambda: next(
             (m for m in caught if "released" in m), None), timeout=30)
+        # A Client whose request timed out is out of step with its
+        # stream: it says so, rather than read the stale answer as the
+        # next request's.
+        for first in ("admit", "usage"):
+            c = mc.Client(s.socket, timeout=0.5)
+            s.proc.send_signal(signal.SIGSTOP)
+            try:
+                try:
+                    if first == "admit":
+                        c.admit(1 * MIB, ttl_seconds=600)
+                    else:
+                        c.usage()
+                    check(False, "answered while memtallyd was stopped")
+                except TimeoutError:
+                    pass
+            finally:
+                s.proc.send_signal(signal.SIGCONT)
+            try:
+                c.usage()
+                check(False, f"a {first} that timed out: the next call "
+                      "answered")
+            except ConnectionError as e:
+                check("open a new Client" in str(e), f"{e}")
+            c.close()
+        wait_for("the second late grant released", lambda: sum(
+            "released" in m for m in caught) >= 2, timeout=30)
         check(s.status()["fleet"]["reserved"] == 0,
               f"still reserved: {s.status()['fleet']}; {msg}")
         text = s.logtext()
