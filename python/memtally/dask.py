@@ -101,6 +101,7 @@ denied task asks again before it goes back; 0: at once). Logged as `distributed.
 Dask's own lines.
 """
 import asyncio
+import hashlib
 import logging
 import os
 import threading
@@ -629,6 +630,14 @@ def _run_command(command, env):
 _EVICTED_STATUS = EVICTED_STATUS
 
 
+def _command_kind(cmd, kind):
+    """run_tasks' key prefix for `cmd`: the kind given (its dashes, which
+    would split it, as underscores), else one per distinct command."""
+    if kind and kind[0]:
+        return str(kind[0]).replace("-", "_")
+    return "cmd_" + hashlib.sha1(cmd.encode()).hexdigest()[:8]
+
+
 def run_tasks(commands_with_bytes, n_workers=2, memory_limit="auto",
               use_memtally=True, socket=None, env=None, plugin_args=None,
               retries=3):
@@ -639,7 +648,11 @@ def run_tasks(commands_with_bytes, n_workers=2, memory_limit="auto",
     memtallyd at `socket` (default $MEMTALLY_SOCKET) by the Admission
     plugin (`plugin_args`: its keyword arguments).
 
-    commands_with_bytes: [(shell command, declared bytes or "600MiB"), ...]
+    commands_with_bytes: [(shell command, declared bytes or "600MiB"[,
+    kind]), ...]. A task's key is KIND-N, so its kind (Dask's key prefix)
+    is `kind`, or by default one of its own for each distinct command
+    ("cmd_" and 8 hex digits of its text): the same command run again
+    learns from its earlier runs, and different ones do not share a size.
     env: extra environment for the commands (e.g. LD_PRELOAD).
     Returns one dict per command, in order: command, bytes, returncode
     (negative: killed by that signal), start, end (time.time()), worker,
@@ -661,15 +674,15 @@ def run_tasks(commands_with_bytes, n_workers=2, memory_limit="auto",
             client.register_worker_plugin(
                 Admission(socket=socket, **(plugin_args or {})))
         futs = []
-        for i, (cmd, nbytes) in enumerate(commands_with_bytes):
+        for i, (cmd, nbytes, *kind) in enumerate(commands_with_bytes):
             ann = {"memtally_bytes": nbytes} if use_memtally else {}
             with dask.annotate(**ann):
                 futs.append(client.submit(_run_command, cmd, env,
-                                          key=f"cmd-{i}", pure=False,
-                                          retries=retries))
+                                          key=f"{_command_kind(cmd, kind)}-{i}",
+                                          pure=False, retries=retries))
         wait(futs)
         out = []
-        for (cmd, nbytes), f in zip(commands_with_bytes, futs):
+        for (cmd, nbytes, *_), f in zip(commands_with_bytes, futs):
             r = {"command": cmd, "bytes": nbytes}
             try:
                 r.update(f.result())

@@ -469,7 +469,9 @@ def test_evicted_command_retried():
               "the first attempt did not die, or the rerun did not finish")
         with open(done) as f:
             named = f.read().strip()
-        check(named.startswith("cmd-0"),
+        # Its key: its command's own kind, then its index.
+        check(named.startswith("cmd_") and named.split("-")[1:2] == ["0"]
+              and len(named.split("-")[0]) == 12,
               f"the command ran as task {named!r}, not its Dask key's")
         check("Evicted" in out[1].get("error", ""), f"{out[1]}")
         with open(killed) as f:
