@@ -426,6 +426,10 @@ class _Gate:
                    and time.monotonic() < end):
                 time.sleep(min(delay, max(0.0, end - time.monotonic())))
                 delay = min(delay * 2, 0.5)
+                if not self._wanted(key):
+                    # Cancelled (or the plugin removed) while it waited:
+                    # its body never runs; Dask drops what it returns.
+                    return None
                 r = self._admit(nbytes, group, task, ttl, kind, tid)
             if r is None:
                 return function(*args, **kwargs)
@@ -436,6 +440,20 @@ class _Gate:
             finally:
                 self._release(r.reservation)
         return run
+
+    def _wanted(self, key):
+        """Is the task still to run here? Read from the executor thread: a
+        dict lookup and an attribute of the loop's state, each whole
+        under the GIL; a state read a moment late only waits one more
+        round."""
+        if self.stopped:
+            return False
+        try:
+            ts = self.worker.state.tasks.get(key)
+            return ts is not None and ts.state not in (
+                "cancelled", "released", "forgotten")
+        except Exception:  # noqa: BLE001 - another Dask: as before
+            return True
 
     def _refuse(self, key, task, r):
         """Raise what Dask does with a denied task: NeverAdmitted (it

@@ -484,5 +484,64 @@ def test_evicted_command_retried():
     shutil.rmtree(tmp, ignore_errors=True)
 
 
+def test_cancelled_while_waiting_never_runs():
+    """A denied task waits in its thread for room (`wait`); cancelled
+    meanwhile, it must not run once room appears."""
+    need_distributed()
+    import dask
+    from distributed import Client
+    sys.path.insert(0, os.path.join(SRC, "python"))
+    import memtally.dask
+
+    tmp = tempfile.mkdtemp(prefix="mt-dask-")
+    ledger = os.path.join(tmp, "ledger")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [os.path.join(SRC, "python"), env.get("PYTHONPATH", "")])
+    env.pop("LD_PRELOAD", None)
+    procs, hog, client = [], None, None
+    try:
+        with Server("--fleet-limit", "64MiB") as a:
+            sched_file = start_scheduler(tmp, env, procs)
+            start_worker(tmp, "A", sched_file, dict(
+                env, MT_NODE="A", MEMTALLY_SOCKET=a.socket), procs)
+            client = Client(scheduler_file=sched_file, timeout=30 * MULT)
+            client.wait_for_workers(1, timeout=60 * MULT)
+            client.register_worker_plugin(
+                memtally.dask.Admission(interval=0.1, pause=1.0, wait=60))
+            wait_for("plugin on the worker", lambda: "memtally: admitting"
+                     in procs[1].text(), timeout=30)
+            # 40 MiB held of 64: a 32 MiB task is denied, and waits.
+            hog = Worker([*worker("hold"), "40"], a.env(group="hog"))
+            check(hog.readline().startswith("ready"), "hog not ready")
+            wait_for("A counts its hog",
+                     lambda: a.status()["fleet"]["bytes"] >= 40 << 20)
+            with dask.annotate(memtally_bytes="32MiB"):
+                fut = client.submit(work, 0, ledger, pure=False)
+            wait_for("the task denied", lambda: "admission denied" in
+                     a.logtext() and fut.key in a.logtext(), timeout=30)
+            fut.cancel()
+            wait_for("the task cancelled", lambda: fut.status == "cancelled",
+                     timeout=30)
+            hog.send("free")
+            check(hog.readline() == "freed", "hog did not free")
+            # Room now: the waiting thread asks again within 0.5 s.
+            wait_for("A has room", lambda: a.status()["fleet"]["bytes"]
+                     < 24 << 20)
+            time.sleep(2.0 * MULT)
+            check(ledger_of(ledger) == [], f"a cancelled task ran: "
+                  f"{ledger_of(ledger)}")
+            check(a.status()["fleet"]["reserved"] == 0, "a reservation left")
+    finally:
+        if client is not None:
+            client.close()
+        if hog is not None:
+            hog.kill()
+        for p in reversed(procs):
+            p.stop()
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
 if __name__ == "__main__":
-    run([test_two_nodes, test_in_process, test_evicted_command_retried])
+    run([test_two_nodes, test_in_process, test_evicted_command_retried,
+         test_cancelled_while_waiting_never_runs])
