@@ -236,30 +236,20 @@ static void on_fork_prepare(void)
 }
 
 /* The parent goes on: what the handlers around the fork published goes
- * to its slot, or waits in `pending` for one (drained again if an attach
- * completed meanwhile, as publish_cold does), and its mapped figure is
- * stored, which a handler may have moved. */
+ * to its slot, or waits in `pending` for one, as publish_cold's bytes do;
+ * and its mapped figure is stored, which a handler may have moved. */
 static void on_fork_parent(void)
 {
 	if (!mtc_fork_end())
 		return; /* a fork inside the handlers of another: that one's */
 	mtshm_store_relaxed64(&fork_att, 0);
 	int64_t p = mtshm_exchange_relaxeds64(&mtc_proc.fork_pending, 0);
-	const struct mtc_attachment *a = cur_att();
-	if (a) {
-		if (p)
-			mtshm_add_relaxeds64(&a->slot->overflow, p);
-		mtc_mapped_store(mtshm_load_relaxed64(&mtc_proc.mapped));
-	} else if (p) {
+	if (p) {
 		__atomic_fetch_add(&mtc_proc.pending, p, __ATOMIC_SEQ_CST);
-		a = (const struct mtc_attachment *)(uintptr_t)__atomic_load_n(
-		    &mtc_proc.cur, __ATOMIC_SEQ_CST);
-		if (a) {
-			p = mtshm_exchange_relaxeds64(&mtc_proc.pending, 0);
-			if (p)
-				mtshm_add_relaxeds64(&a->slot->overflow, p);
-		}
+		mtc_pending_redrain();
 	}
+	if (cur_att())
+		mtc_mapped_store(mtshm_load_relaxed64(&mtc_proc.mapped));
 }
 
 /*

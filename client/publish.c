@@ -63,6 +63,18 @@ static inline uint64_t epoch_now(void)
 	return mtshm_load_relaxed64(&mtc_epoch) & ~MTC_EPOCH_FORKING;
 }
 
+void mtc_pending_redrain(void)
+{
+	const struct mtc_attachment *a =
+	    (const struct mtc_attachment *)(uintptr_t)__atomic_load_n(
+	        &mtc_proc.cur, __ATOMIC_SEQ_CST);
+	if (a) {
+		int64_t p = mtshm_exchange_relaxeds64(&mtc_proc.pending, 0);
+		if (p)
+			mtshm_add_relaxeds64(&a->slot->overflow, p);
+	}
+}
+
 /* ---- lanes ----------------------------------------------------------- */
 
 static void claim(struct mtc_thread *th, const struct mtc_attachment *a,
@@ -270,17 +282,7 @@ publish_cold(struct mtc_thread *th, int64_t delta,
 		 * and drain of `pending` are: see there. */
 		__atomic_fetch_add(&mtc_proc.pending, delta, __ATOMIC_SEQ_CST);
 		mtc_maybe_attach(ATTACH_LAZY);
-		/* If an attach completed meanwhile, our add may have landed
-		 * after its drain: drain again (a no-op when empty). */
-		a = (const struct mtc_attachment *)(uintptr_t)__atomic_load_n(
-		    &mtc_proc.cur, __ATOMIC_SEQ_CST);
-		s = a ? a->slot : NULL;
-		if (s) {
-			int64_t p =
-			    mtshm_exchange_relaxeds64(&mtc_proc.pending, 0);
-			if (p)
-				mtshm_add_relaxeds64(&s->overflow, p);
-		}
+		mtc_pending_redrain();
 		return;
 	}
 	if (th->exited) {

@@ -81,6 +81,12 @@ bool mtc_fork_end(void);
 /* In the child: no fork in progress. */
 void mtc_fork_reset(void);
 
+/* After an add to `pending` (sequentially consistent, as attach()'s
+ * publication of `cur` and drain of `pending` are): if an attach
+ * completed meanwhile, the add may have landed after its drain, so drain
+ * again into the current slot (a no-op when empty or not attached). */
+void mtc_pending_redrain(void);
+
 /* Threshold threads must use now (server's once attached). */
 static inline uint64_t mtc_threshold(void)
 {

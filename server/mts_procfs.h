@@ -33,10 +33,8 @@ int mts_read_real_uid(pid_t pid, uint32_t *out);
 /* The real and effective uids of `pid` (effective may be NULL). 0 or
  * -errno. */
 int mts_read_uids(pid_t pid, uint32_t *real, uint32_t *effective);
-/* The same from the text of a status file already read. 0 or -EINVAL. */
-int mts_parse_uids(const char *status, uint32_t *real, uint32_t *effective);
-/* The first `n` uids of its Uid: line (real, effective, saved, fs). 0 or
- * -EINVAL. */
+/* The first `n` uids of the Uid: line of a status file's text (real,
+ * effective, saved, fs). 0 or -EINVAL. */
 int mts_parse_uid_fields(const char *status, uint32_t *uids, unsigned n);
 
 /* The state letter and parent pid of `pid` (fields 3 and 4 of

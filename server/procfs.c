@@ -204,7 +204,14 @@ int mts_read_uids(pid_t pid, uint32_t *real, uint32_t *effective)
 	ssize_t n = mts_read_proc_status(pid, buf, sizeof(buf));
 	if (n < 0)
 		return (int)n;
-	return mts_parse_uids(buf, real, effective);
+	uint32_t u[2];
+	int err = mts_parse_uid_fields(buf, u, 2);
+	if (err == 0) {
+		*real = u[0];
+		if (effective)
+			*effective = u[1];
+	}
+	return err;
 }
 
 int mts_parse_uid_fields(const char *status, uint32_t *uids, unsigned n)
@@ -219,18 +226,6 @@ int mts_parse_uid_fields(const char *status, uint32_t *uids, unsigned n)
 			return err;
 	}
 	return 0;
-}
-
-int mts_parse_uids(const char *status, uint32_t *real, uint32_t *effective)
-{
-	uint32_t u[2];
-	int err = mts_parse_uid_fields(status, u, 2);
-	if (err == 0) {
-		*real = u[0];
-		if (effective)
-			*effective = u[1];
-	}
-	return err;
 }
 
 int mts_read_real_uid(pid_t pid, uint32_t *out)

@@ -636,16 +636,13 @@ def _run_command(command, env):
     e["MEMTALLY_TASK"] = _task_name(key)
     start = time.time()
     rc = subprocess.run(command, shell=True, env=e).returncode
-    if rc in _EVICTED_STATUS:
+    if rc in EVICTED_STATUS:
         # The node's failure, not the command's: Dask runs it again (its
         # retries bound how often).
         raise Evicted(f"memtally: task {key}: command ended with status "
                       f"{rc} (evicted or killed by its node)")
     return {"returncode": rc, "start": start, "end": time.time(),
             "worker": w.address, "host": _socket.gethostname()}
-
-
-_EVICTED_STATUS = EVICTED_STATUS
 
 
 def _command_kind(cmd, kind):

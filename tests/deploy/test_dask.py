@@ -86,6 +86,16 @@ def hold(nbytes, gate, started):
     return len(buf)
 
 
+def plain_env():
+    """The scheduler's and workers' environment: this package on the path,
+    no preload (a test that wants one adds it)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [os.path.join(SRC, "python"), env.get("PYTHONPATH", "")])
+    env.pop("LD_PRELOAD", None)
+    return env
+
+
 def start_scheduler(tmp, env, procs):
     sched_file = os.path.join(tmp, "scheduler.json")
     procs.append(Proc(tmp, "scheduler", [
@@ -146,10 +156,7 @@ def test_two_nodes():
 
     tmp = tempfile.mkdtemp(prefix="mt-dask-")
     ledger = os.path.join(tmp, "ledger")
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [os.path.join(SRC, "python"), env.get("PYTHONPATH", "")])
-    env.pop("LD_PRELOAD", None)
+    env = plain_env()
     procs, hogs, client = [], [], None
     try:
         with Server("--fleet-limit", "64MiB") as a, \
@@ -254,10 +261,7 @@ def test_in_process():
     import memtally.dask
 
     tmp = tempfile.mkdtemp(prefix="mt-dask-")
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [os.path.join(SRC, "python"), env.get("PYTHONPATH", "")])
-    env.pop("LD_PRELOAD", None)
+    env = plain_env()
     procs, client = [], None
     gate = os.path.join(tmp, "gate")
     try:
@@ -495,10 +499,7 @@ def test_cancelled_while_waiting_never_runs():
 
     tmp = tempfile.mkdtemp(prefix="mt-dask-")
     ledger = os.path.join(tmp, "ledger")
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [os.path.join(SRC, "python"), env.get("PYTHONPATH", "")])
-    env.pop("LD_PRELOAD", None)
+    env = plain_env()
     procs, hog, client = [], None, None
     try:
         with Server("--fleet-limit", "64MiB") as a:

@@ -336,18 +336,24 @@ sys.stdin.readline()
 """
 
 
+def dropper(s, how):
+    """A python worker of group dropped, registered as root, that then
+    gave up root by `how` (os.seteuid or os.setuid)."""
+    w = Worker([sys.executable, "-c", DROPS, how], s.env(group="dropped"))
+    check(w.readline() == "ready", "the worker did not start")
+    wait_for("registered as root",
+             lambda: s.ps().get(w.pid, {}).get("uid") == 0)
+    return w
+
+
 def test_a_worker_that_dropped_root_claims_as_nobody():
     cfg = config("[limits]\nfleet = 1GiB\nrss_interval = 100\n"
                  "[group dropped]\nlimit = 512MiB\n")
     with Server("--config", cfg) as s:
         # Only its effective uid given up: root again whenever it likes,
         # so still root's, and trusted.
-        w = Worker([sys.executable, "-c", DROPS, "seteuid"],
-                   s.env(group="dropped"))
+        w = dropper(s, "seteuid")
         try:
-            check(w.readline() == "ready", "the worker did not start")
-            wait_for("registered as root",
-                     lambda: s.ps().get(w.pid, {}).get("uid") == 0)
             claim(s, w.pid, 1 << 40)
             wait_for("the claim counted", lambda: s.status()["fleet"][
                 "bytes"] >= 1 << 40)
@@ -356,12 +362,8 @@ def test_a_worker_that_dropped_root_claims_as_nobody():
             check("left its uid" not in s.logtext(), s.tail())
         finally:
             w.kill()
-        w = Worker([sys.executable, "-c", DROPS, "setuid"],
-                   s.env(group="dropped"))
+        w = dropper(s, "setuid")
         try:
-            check(w.readline() == "ready", "the worker did not start")
-            wait_for("registered as root",
-                     lambda: s.ps().get(w.pid, {}).get("uid") == 0)
             check(os.stat(f"/proc/{w.pid}").st_uid == 65534,
                   "the worker did not drop to nobody")
             claim(s, w.pid, 1 << 49)
