@@ -312,9 +312,14 @@ class AdmittedTask(Task):
 
 
 class _Pauser(bootsteps.StartStopStep):
-    """Consumer step: stop and resume taking tasks after a denial. Runs in
-    the worker's main process, on its event loop (where on_failure runs
-    too), so the consumer is only ever touched from that one thread."""
+    """Consumer step: stop and resume taking tasks after a denial. The
+    consumer is the worker's event loop's: with an event loop (a hub) it
+    is touched only from the loop's thread. The prefork and solo pools
+    run on_failure there; a thread pool runs it on the task's thread,
+    which only asks, and the loop's next tick (at most a second away)
+    pauses. Without a hub (green pools, a transport that cannot poll) the
+    resume timer may run on a thread of its own: `mutex` keeps the list
+    of paused queues whole, so none is left cancelled for good."""
 
     requires = {"celery.worker.consumer.tasks:Tasks"}
     current = None
@@ -326,9 +331,16 @@ class _Pauser(bootsteps.StartStopStep):
         self.paused = []        # the kombu queues we stopped consuming
         self.timer = None
         self.asking = None      # (thread, its answer) while one asks
+        self.mutex = threading.RLock()
+        self.loop = None        # the thread the consumer's loop runs on
+        self.wanted = False     # a pause asked for off that thread
 
     def start(self, c):
         self.c = c
+        self.loop = threading.get_ident()
+        hub = getattr(c, "hub", None)
+        if hub is not None:
+            hub.on_tick.add(self._tick)
         with _Pauser.lock:
             _Pauser.current = self
 
@@ -336,6 +348,9 @@ class _Pauser(bootsteps.StartStopStep):
         with _Pauser.lock:
             if _Pauser.current is self:
                 _Pauser.current = None
+        hub = getattr(c, "hub", None)
+        if hub is not None:
+            hub.on_tick.discard(self._tick)
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
@@ -344,22 +359,34 @@ class _Pauser(bootsteps.StartStopStep):
     def pause_current(cls):
         with cls.lock:
             p = cls.current
-        if p is not None:
-            p.pause()
+        if p is None:
+            return
+        if getattr(p.c, "hub", None) is not None and \
+                threading.get_ident() != p.loop:
+            p.wanted = True
+            return
+        p.pause()
+
+    def _tick(self):
+        if self.wanted:
+            self.wanted = False
+            self.pause()
 
     def pause(self):
         c = self.c
         tc = getattr(c, "task_consumer", None)
         if tc is None:
             return
-        for q in list(tc.queues):
-            if tc.consuming_from(q.name):
-                tc.cancel_by_queue(q.name)
-                self.paused.append(q)
-        if self.paused and self.timer is None:
-            log.info("memtally: not taking tasks from %s for %ss",
-                     ",".join(q.name for q in self.paused), self._delay())
-            self._arm()
+        with self.mutex:
+            for q in list(tc.queues):
+                if tc.consuming_from(q.name):
+                    tc.cancel_by_queue(q.name)
+                    self.paused.append(q)
+            if self.paused and self.timer is None:
+                log.info("memtally: not taking tasks from %s for %ss",
+                         ",".join(q.name for q in self.paused),
+                         self._delay())
+                self._arm()
 
     def _delay(self):
         return float(_conf(self.c.app, "memtally_pause", 2))
@@ -378,32 +405,33 @@ class _Pauser(bootsteps.StartStopStep):
             return False
 
     def _maybe_resume(self):
-        self.timer = None
-        # Asked on a thread of its own: a stalled memtallyd must not hold
-        # the worker's event loop (heartbeats, acks, the pool's results)
-        # for its timeouts. The loop looks again every 50 ms.
-        if self.asking is None:
-            box = {}
-            t = threading.Thread(
-                target=lambda: box.setdefault("over", self._fleet_over()),
-                name="memtally-resume", daemon=True)
-            t.start()
-            self.asking = (t, box)
-        t, box = self.asking
-        if t.is_alive():
-            self.timer = self.c.timer.call_after(0.05, self._maybe_resume)
-            return
-        self.asking = None
-        if box.get("over"):
-            self._arm()
-            return
-        tc = self.c.task_consumer
-        for q in self.paused:
-            if not tc.consuming_from(q.name):
-                tc.add_queue(q)
-        self.paused = []
-        tc.consume()
-        log.info("memtally: taking tasks again")
+        with self.mutex:
+            self.timer = None
+            # Asked on a thread of its own: a stalled memtallyd must not
+            # hold the worker's event loop (heartbeats, acks, the pool's
+            # results) for its timeouts. The loop looks again every 50 ms.
+            if self.asking is None:
+                box = {}
+                t = threading.Thread(
+                    target=lambda: box.setdefault("over", self._fleet_over()),
+                    name="memtally-resume", daemon=True)
+                t.start()
+                self.asking = (t, box)
+            t, box = self.asking
+            if t.is_alive():
+                self.timer = self.c.timer.call_after(0.05, self._maybe_resume)
+                return
+            self.asking = None
+            if box.get("over"):
+                self._arm()
+                return
+            tc = self.c.task_consumer
+            for q in self.paused:
+                if not tc.consuming_from(q.name):
+                    tc.add_queue(q)
+            self.paused = []
+            tc.consume()
+            log.info("memtally: taking tasks again")
 
 
 def setup(app):

@@ -14,6 +14,10 @@ app.conf.update(
     task_default_queue="mt",
     memtally_pause=float(os.environ.get("MT_PAUSE", "1")),
     broker_connection_retry_on_startup=True,
+    # Each line names its thread: the test of a thread pool checks which
+    # thread touched the consumer.
+    worker_log_format="[%(asctime)s: %(levelname)s/%(processName)s "
+                      "%(threadName)s] %(message)s",
 )
 memtally.celery.setup(app)
 ledger = redis.Redis(unix_socket_path=BROKER_SOCKET)

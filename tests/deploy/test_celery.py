@@ -55,14 +55,14 @@ class Redis:
 
 
 class CeleryWorker:
-    def __init__(self, tmp, node, server, env):
+    def __init__(self, tmp, node, server, env, pool=("-c", "1", "-P", "prefork")):
         self.node = node
         self.logpath = os.path.join(tmp, f"worker-{node}.log")
         self.log = open(self.logpath, "w+")
         e = dict(env, MT_NODE=node, MEMTALLY_SOCKET=server.socket)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "celery", "-A", "celery_app", "worker",
-             "-n", f"{node}@%h", "-c", "1", "-P", "prefork", "-Q", "mt",
+             "-n", f"{node}@%h", *pool, "-Q", "mt",
              "--without-gossip", "--without-mingle",
              "-l", "info"], env=e, cwd=tmp, stdout=self.log,
             stderr=subprocess.STDOUT)
@@ -209,6 +209,74 @@ def test_two_nodes_one_broker():
     shutil.rmtree(tmp, ignore_errors=True)
 
 
+def test_thread_pool_pauses_on_the_loop():
+    """Under the threads pool a denied task's on_failure runs on the
+    task's thread; the consumer is the event loop's, so its queues are
+    cancelled and added back on the loop's thread (MainThread) only, and
+    every task runs once the node has room."""
+    need_modules()
+    tmp = tempfile.mkdtemp(prefix="mt-celery-")
+    rd = Redis(tmp)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [os.path.join(SRC, "python"), HERE, env.get("PYTHONPATH", "")])
+    env["MT_REDIS_SOCKET"] = rd.sock
+    os.environ["MT_REDIS_SOCKET"] = rd.sock
+    sys.path[:0] = [os.path.join(SRC, "python"), HERE]
+    sys.modules.pop("celery_app", None)     # bound to this test's broker
+    import celery_app
+    w = hog = None
+    try:
+        with Server("--fleet-limit", "64MiB") as a:
+            hog = Worker([*worker("hold"), "80"], a.env(group="hog"))
+            check(hog.readline().startswith("ready"), "hog not ready")
+            wait_for("node over", lambda: a.status()["fleet"]["state"] == "over")
+            w = CeleryWorker(tmp, "A", a, env, pool=("-c", "4", "-P", "threads"))
+            wait_for("celery worker ready", w.ready, timeout=60)
+            ids = [celery_app.work.delay(i).id for i in range(6)]
+            wait_for("a denial and a pause", lambda: "denied on" in w.text()
+                     and "not taking tasks from mt" in w.text(), timeout=60,
+                     interval=0.1)
+            lines = w.text().splitlines()
+            denials = [x for x in lines if "denied on" in x]
+            check(all("MainThread" not in x for x in denials),
+                  "the denials were not on the pool's threads:\n"
+                  + "\n".join(denials))
+            pauses = [x for x in lines if "not taking tasks from" in x]
+            check(all(" MainThread] " in x for x in pauses),
+                  "the consumer was paused off its loop's thread:\n"
+                  + "\n".join(pauses))
+            check(ledger(rd) == [], f"ran while over: {ledger(rd)}")
+            hog.send("free")
+            check(hog.readline() == "freed", "hog did not free")
+            wait_for("6 tasks ran", lambda: len(ledger(rd)) >= 6,
+                     timeout=60, interval=0.1)
+            wait_for("queue drained", lambda: rd.r.llen("mt") == 0
+                     and rd.r.hlen("unacked") == 0, timeout=20, interval=0.1)
+            ran = ledger(rd)
+            check(sorted(r[0] for r in ran) == sorted(ids),
+                  f"ran {ran}, sent {ids}")
+            resumes = [x for x in w.text().splitlines()
+                       if "taking tasks again" in x]
+            check(resumes and all(" MainThread] " in x for x in resumes),
+                  "not resumed, or resumed off the loop's thread:\n"
+                  + "\n".join(resumes))
+            hog.close()
+            hog = None
+            w.stop()
+    except BaseException:
+        if w is not None:
+            sys.stderr.write("---- celery worker ----\n" + w.text()[-4000:])
+        raise
+    finally:
+        if hog is not None:
+            hog.kill()
+        if w is not None:
+            w.stop()
+        rd.stop()
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
 def test_evicted_is_retried():
     need_modules()
     import test_guard
@@ -275,4 +343,5 @@ def test_evicted_is_retried():
 
 
 if __name__ == "__main__":
-    run([test_two_nodes_one_broker, test_evicted_is_retried])
+    run([test_two_nodes_one_broker, test_thread_pool_pauses_on_the_loop,
+         test_evicted_is_retried])
