@@ -218,17 +218,15 @@ int mts_hooks_new(struct mts_hooks **out, uv_loop_t *loop,
 
 static void scope_gc(struct mts_hooks *h, struct hook_scope *s);
 
-int mts_hooks_configure(struct mts_hooks *h, const struct mts_hook_conf *conf)
+void mts_hooks_configure(struct mts_hooks *h, struct mts_hook_conf *conf)
 {
-	struct mts_hook_conf c;
-	if (mts_hook_conf_copy(&c, conf) < 0)
-		return -ENOMEM;
-	set_conf(h, &c);
+	set_conf(h, conf);
+	*conf = (struct mts_hook_conf){0};
 	if (!h->conf.retry_ms)
 		for (struct hook_scope *s = h->scopes; s; s = s->next)
 			s->failed = false; /* a retry waiting is dropped */
 	if (h->enabled)
-		return 0;
+		return;
 	/* This configuration has no hooks: forget the scopes (a running
 	 * hook's is dropped when it ends), so that hooks configured again
 	 * later start from the next change. */
@@ -238,7 +236,6 @@ int mts_hooks_configure(struct mts_hooks *h, const struct mts_hook_conf *conf)
 		s->reported = MTSHM_STATE_OK;
 		scope_gc(h, s);
 	}
-	return 0;
 }
 
 static void free_hooks(struct mts_hooks *h)

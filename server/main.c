@@ -336,11 +336,20 @@ static void on_hup(uv_signal_t *h, int signum)
 		sd_notify(0, "READY=1");
 		return;
 	}
-	r = mts_server_apply_policy(s->srv, &next.policy);
-	if (r == 0)
+	/* The only steps that can fail (out of memory) come first, the
+	 * policy's all-or-nothing: a reload is applied whole or not at all,
+	 * as its log line says. */
+	struct mts_hook_conf hooks;
+	r = mts_hook_conf_copy(&hooks, &next.hooks) < 0 ? -ENOMEM : 0;
+	if (r == 0) {
+		r = mts_server_apply_policy(s->srv, &next.policy);
+		if (r < 0)
+			mts_hook_conf_free(&hooks);
+	}
+	if (r == 0) {
 		mts_server_apply_guard(s->srv, &src, &fig);
-	if (r == 0)
-		r = mts_server_apply_hooks(s->srv, &next.hooks);
+		mts_server_apply_hooks(s->srv, &hooks);
+	}
 	if (r < 0) {
 		s->srv->reload_stats.rejected++;
 		mts_log(MTS_LOG_ERROR,

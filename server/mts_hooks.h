@@ -63,9 +63,11 @@ int mts_hooks_new(struct mts_hooks **out, uv_loop_t *loop,
                   const struct mts_hook_conf *conf, const char *socket);
 
 /* A reload: the new commands, timeout and node apply to the hooks
- * started from now on; running ones keep theirs. 0 or -ENOMEM (the old
- * configuration is then kept). */
-int mts_hooks_configure(struct mts_hooks *h, const struct mts_hook_conf *conf);
+ * started from now on; running ones keep theirs. `conf` is taken over
+ * (a copy the caller made, mts_hook_conf_copy, before it changed
+ * anything else) and zeroed: nothing can fail here, so a reload is
+ * applied whole or not at all. */
+void mts_hooks_configure(struct mts_hooks *h, struct mts_hook_conf *conf);
 
 /* A state change (the registry's event sink calls it): fleet and group
  * scopes run their hook, processes' changes are ignored. Never blocks:

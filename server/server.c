@@ -252,10 +252,11 @@ static void on_event(void *ctx, const struct mts_event *ev)
 	mts_hooks_event(srv->hooks, ev);
 }
 
-int mts_server_apply_hooks(struct mts_server *srv,
-                           const struct mts_hook_conf *conf)
+void mts_server_apply_hooks(struct mts_server *srv, struct mts_hook_conf *conf)
 {
-	return srv->hooks ? mts_hooks_configure(srv->hooks, conf) : 0;
+	if (srv->hooks)
+		mts_hooks_configure(srv->hooks, conf);
+	mts_hook_conf_free(conf);
 }
 
 int mts_server_apply_policy(struct mts_server *srv,

@@ -150,9 +150,10 @@ int mts_server_apply_policy(struct mts_server *srv,
                             const struct mts_policy *pol);
 
 /* Install a new [hooks] configuration (SIGHUP reload): it applies to the
- * hooks started from now on. 0 or -ENOMEM (the old one is kept). */
-int mts_server_apply_hooks(struct mts_server *srv,
-                           const struct mts_hook_conf *conf);
+ * hooks started from now on. `conf` is taken over (mts_hooks_configure):
+ * the caller copies it before it applies anything, so that a reload that
+ * runs out of memory changes nothing. */
+void mts_server_apply_hooks(struct mts_server *srv, struct mts_hook_conf *conf);
 
 /* Install the node guard's source, found and checked against the policy
  * by mts_guard_setup() (at start and at each reload, before the policy
