@@ -5,9 +5,12 @@ task completes on node B, each exactly once, and A's worker did take and
 requeue some; then with B over and A back under, A takes every task; and
 with A's memtallyd gone, A's worker runs tasks anyway (fail open). A
 task declared above every node's fleet limit fails at once, once.
+test_thread_pool_pauses_on_the_loop: under the threads pool, denials
+pause and resume the consumer on the event loop's thread only.
 test_evicted_is_retried: a task whose `memtally run` is evicted by the
 node guard (memtallyd in a small memory cgroup, as in
-tests/integration/test_guard.py) is retried by Celery and succeeds.
+tests/integration/test_guard.py) is retried by Celery and succeeds;
+test_killed_command_is_retried: so is one whose command died of SIGKILL.
 Environment: as for the integration tests, and MEMTALLY_SOURCE_DIR.
 """
 import os
@@ -277,6 +280,62 @@ def test_thread_pool_pauses_on_the_loop():
     shutil.rmtree(tmp, ignore_errors=True)
 
 
+def test_killed_command_is_retried():
+    """A task whose command died of SIGKILL (the kernel's OOM killer, or a
+    guard that kills without `memtally run`) is retried as an eviction:
+    status -9 from subprocess itself, 137 through a shell."""
+    need_modules()
+    tmp = tempfile.mkdtemp(prefix="mt-celery-")
+    rd = Redis(tmp)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [os.path.join(SRC, "python"), HERE, env.get("PYTHONPATH", "")])
+    env["MT_REDIS_SOCKET"] = rd.sock
+    os.environ["MT_REDIS_SOCKET"] = rd.sock
+    sys.path[:0] = [os.path.join(SRC, "python"), HERE]
+    sys.modules.pop("celery_app", None)     # bound to this test's broker
+    import celery_app
+    w = None
+    try:
+        with Server("--fleet-limit", "64MiB") as a:
+            w = CeleryWorker(tmp, "A", a, env)
+            wait_for("celery worker ready", w.ready, timeout=60)
+            # Killed the first time, exit 0 the next: itself (-9), and a
+            # shell's child (the shell exits 137).
+            self_kill = ["/bin/sh", "-c", 'if [ -e "$0" ]; then exit 0; fi;'
+                         ' touch "$0"; kill -9 $$', os.path.join(tmp, "a")]
+            child_kill = ["/bin/sh", "-c", 'if [ -e "$0" ]; then exit 0; fi;'
+                          ' touch "$0"; sh -c \'kill -9 $$\'; exit $?',
+                          os.path.join(tmp, "b")]
+            ids = [celery_app.evictable.delay(argv).id
+                   for argv in (self_kill, child_kill)]
+            wait_for("both tasks done", lambda: rd.r.llen("mt:done") >= 2,
+                     timeout=60, interval=0.1)
+            done = sorted(x.decode().split()
+                          for x in rd.r.lrange("mt:done", 0, -1))
+            check(done == sorted([i, "0"] for i in ids),
+                  f"not each done once, exit 0: {done}")
+            attempts = sorted(x.decode().split()
+                              for x in rd.r.lrange("mt:attempts", 0, -1))
+            check(attempts == sorted([i, n] for i in ids for n in "01"),
+                  f"attempts: {attempts}")
+            text = w.text()
+            check("status -9" in text and "status 137" in text
+                  and text.count("retry 1 of 3") == 2,
+                  "the worker did not retry both as evictions:\n"
+                  + text[-3000:])
+            w.stop()
+    except BaseException:
+        if w is not None:
+            sys.stderr.write("---- celery worker ----\n" + w.text()[-4000:])
+        raise
+    finally:
+        if w is not None:
+            w.stop()
+        rd.stop()
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
 def test_evicted_is_retried():
     need_modules()
     import test_guard
@@ -344,4 +403,4 @@ def test_evicted_is_retried():
 
 if __name__ == "__main__":
     run([test_two_nodes_one_broker, test_thread_pool_pauses_on_the_loop,
-         test_evicted_is_retried])
+         test_killed_command_is_retried, test_evicted_is_retried])
