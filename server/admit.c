@@ -266,17 +266,34 @@ static uint64_t host_own(const struct mts_registry *reg,
 bool mts_host_allowance(const struct mts_registry *reg,
                         const struct mts_proc *p, uint64_t *allowance)
 {
-	uint64_t granted = 0;
+	uint64_t granted = 0, base = 0;
 	bool hosts = false;
 	for (uint32_t i = 0; reg->adm->nhosted && i < reg->adm->nresv; i++) {
 		const struct mts_resv *r = reg->adm->resv[i];
 		if (hosted_by(r, p->pid)) {
 			hosts = true;
 			granted = mt_sat_add(granted, r->bytes);
+			if (r->host_own_base > base)
+				base = r->host_own_base;
 		}
 	}
-	*allowance = hosts ? mt_sat_add(host_own(reg, p), granted) : 0;
+	/* Not its own memory now: a process could hold any amount, ask
+	 * for one byte in process and have it all counted as reserved, so
+	 * that another uid's task went in its place. */
+	uint64_t own = host_own(reg, p);
+	*allowance = hosts ? mt_sat_add(own < base ? own : base, granted) : 0;
 	return hosts;
+}
+
+uint64_t mts_host_granted(const struct mts_registry *reg, uint32_t pid)
+{
+	uint64_t granted = 0;
+	for (uint32_t i = 0; reg->adm->nhosted && i < reg->adm->nresv; i++) {
+		const struct mts_resv *r = reg->adm->resv[i];
+		if (hosted_by(r, pid))
+			granted = mt_sat_add(granted, r->bytes);
+	}
+	return granted;
 }
 
 void mts_host_evicted(struct mts_registry *reg, uint32_t pid)
@@ -1245,6 +1262,7 @@ static bool hosted_start(struct mts_registry *reg, struct mts_resv *r,
 	struct mts_proc *p = host_of(reg, peer);
 	if (!p)
 		return false;
+	r->host_own_base = host_own(reg, p);
 	r->hosted = true;
 	r->host_pid = p->pid;
 	r->host_gen = p->slot_gen;
@@ -1358,13 +1376,14 @@ void mts_resv_tick(struct mts_registry *reg, uint64_t now_ns)
 			struct mts_task_share *sh = share_of(reg, t, p);
 			sh->live++;
 			sh->measured = mt_sat_add(sh->measured, m);
-			if (t->kinded) {
-				uint64_t c = p->bytes > p->unvouched
-				                 ? p->bytes - p->unvouched
-				                 : 0;
+			/* As the guard and the hosts count it: a claim
+			 * below the kernel's figure does not shrink even its
+			 * own kind. */
+			if (t->kinded)
 				sh->vouched = mt_sat_add(
-				    sh->vouched, mts_measured(reg, c, p->rss));
-			}
+				    sh->vouched,
+				    mts_measured(reg, mts_vouch_counted(p),
+				                 p->rss));
 			t->live++;
 			t->measured = mt_sat_add(t->measured, m);
 		}

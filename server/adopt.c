@@ -273,6 +273,31 @@ static int table_for(struct mts_registry *reg, uint32_t uid, uint32_t pid,
 	return 0;
 }
 
+void mts_adopt_resume_held(struct mts_state *st, uint32_t slots)
+{
+	for (uint32_t i = 0; i < slots; i++) {
+		struct mts_state_rec r;
+		if (mts_state_get(st, i, &r) < 0 || !r.held ||
+		    r.pid > INT32_MAX)
+			continue;
+		uint64_t start = 0;
+		char comm[32];
+		uint32_t ruid, euid;
+		int pidfd = pidfd_open((pid_t)r.pid, 0);
+		if (pidfd < 0)
+			continue;
+		/* As adoption checks it: the pidfd first, then the start
+		 * time, so a reused pid is never signalled. */
+		if (mts_read_stat((pid_t)r.pid, &start, comm, sizeof(comm)) ==
+		        0 &&
+		    start == r.start_time &&
+		    mts_read_uids((pid_t)r.pid, &ruid, &euid) == 0 &&
+		    euid == r.uid)
+			mts_guard_resume_adopted(r.pid, pidfd);
+		close(pidfd);
+	}
+}
+
 int mts_adopt(struct mts_registry *reg, uint32_t *kept, uint32_t *dropped)
 {
 	char q[MTS_LOGQ_MAX], qg[MTS_LOGQ_MAX];

@@ -236,9 +236,10 @@ int mts_guard_candidates(const struct mts_registry *reg,
 			k->pid = p->pid;
 			k->first_ns = p->registered_ns;
 			/* A process with no task of its own may run tasks
-			 * inside it (Admit.in_process): its own memory and
-			 * what they were granted is its reservation, and it
-			 * is a job runner, not a service of the node. */
+			 * inside it (Admit.in_process): its own memory (as
+			 * of their grants) and what they were granted is its
+			 * reservation, and it is a job runner, not a service
+			 * of the node. */
 			bool hosts = false;
 			if (p->task[0])
 				k->reserved = mts_task_reserved(
@@ -254,6 +255,12 @@ int mts_guard_candidates(const struct mts_registry *reg,
 		} else {
 			k = &c[nc - 1];
 		}
+		/* A task's worker may run tasks inside it too (a Dask
+		 * worker started under `memtally run`): their grants are
+		 * room it may hold as well. */
+		if (p->task[0])
+			k->reserved = mt_sat_add(k->reserved,
+			                         mts_host_granted(reg, p->pid));
 		k->workers++;
 		k->used = mt_sat_add(k->used, proc_used(reg, p));
 		k->growth += mts_proc_growth(reg, p);
@@ -411,12 +418,15 @@ static void stop_tree(struct mts_registry *reg, const struct mts_guard_cand *k,
 	uint32_t self = (uint32_t)getpid();
 	t->n = 0;
 	t->cut = false;
-	for (uint32_t i = 0; i < reg->ndense && t->n < MTS_GUARD_TREE_MAX;
-	     i++) {
+	for (uint32_t i = 0; i < reg->ndense; i++) {
 		struct mts_proc *p = reg->by_slot[reg->dense[i]];
 		bool mine = is_of(p, k);
 		if (!mine || p->pid == self || p->pidfd < 0)
 			continue;
+		if (t->n == MTS_GUARD_TREE_MAX) {
+			t->cut = true; /* said after the eviction */
+			break;
+		}
 		/* Our own copy: a held task outlives its worker's entry. */
 		int fd = fcntl(p->pidfd, F_DUPFD_CLOEXEC, 0);
 		if (fd < 0)
@@ -468,10 +478,18 @@ static void close_tree(struct tree *t)
 static void guard_record_eviction(struct mts_registry *reg,
                                   const struct mts_guard_cand *k)
 {
-	if (k->task[0])
-		mts_task_evicted(reg, k->task, k->uid, k->ownerless_ours);
-	else
+	if (!k->task[0]) {
 		mts_host_evicted(reg, k->pid);
+		return;
+	}
+	mts_task_evicted(reg, k->task, k->uid, k->ownerless_ours);
+	/* And the tasks its workers ran inside them, which end with them:
+	 * evicted runs, not runs that finished early. */
+	for (uint32_t i = 0; i < reg->ndense; i++) {
+		const struct mts_proc *p = reg->by_slot[reg->dense[i]];
+		if (is_of(p, k))
+			mts_host_evicted(reg, p->pid);
+	}
 }
 
 /* Candidates for the decision record, furthest beyond first. */

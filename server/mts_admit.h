@@ -154,6 +154,9 @@ struct mts_resv {
 	uint64_t host_gen;
 	uint64_t host_base;
 	uint64_t host_low; /* the host's least vouched figure since then */
+	/* What the host held of its own (all but its other tasks' use) at
+	 * the grant: admitted with it, so the guard counts it reserved. */
+	uint64_t host_own_base;
 	int64_t lane_base;
 	bool lane_known; /* lane_base is the thread's lane's at its start */
 };
@@ -302,11 +305,15 @@ bool mts_task_owned_by(const struct mts_registry *reg, const char *task,
 void mts_task_evicted(struct mts_registry *reg, const char *task, uint32_t uid,
                       bool ownerless);
 /* Whether process `p` runs tasks inside it (Admit.in_process) now, and
- * what it may then hold: its own memory (all but its tasks' use) and what
- * its tasks were granted, as a task's workers may hold its grants.
- * mts_host_evicted: their runs recorded as evicted. */
+ * what it may then hold: its own memory (all but its tasks' use), no more
+ * than it was at the latest of their grants (each grant admitted what the
+ * host held then; what it took since, nobody did), and what its tasks
+ * were granted, as a task's workers may hold its grants.
+ * mts_host_granted: what the tasks run inside `pid` were granted (0: it
+ * runs none). mts_host_evicted: their runs recorded as evicted. */
 bool mts_host_allowance(const struct mts_registry *reg,
                         const struct mts_proc *p, uint64_t *allowance);
+uint64_t mts_host_granted(const struct mts_registry *reg, uint32_t pid);
 void mts_host_evicted(struct mts_registry *reg, uint32_t pid);
 
 /* Free every reservation and task (registry teardown). */

@@ -18,4 +18,12 @@
  */
 int mts_adopt(struct mts_registry *reg, uint32_t *kept, uint32_t *dropped);
 
+/*
+ * A record about to be started afresh (--reset) still names the tasks the
+ * node guard of the memtallyd before held stopped: each that is alive with
+ * its recorded start time is resumed (SIGCONT, its tree), since no
+ * successor would otherwise ever resume it. Nothing else is read from it.
+ */
+void mts_adopt_resume_held(struct mts_state *st, uint32_t slots);
+
 #endif /* MTS_ADOPT_H */

@@ -63,6 +63,10 @@ struct mts_state_info {
  */
 int mts_state_open(const char *path, bool reset, struct mts_state_info *info,
                    bool *adopt, struct mts_state **out);
+/* Start an open record afresh from *info (a new instance id unless it
+ * has one), as `reset` does at open: for a caller that read the valid
+ * record it replaces first. 0 or -errno (the record is then unusable). */
+int mts_state_reset(struct mts_state *st, struct mts_state_info *info);
 /* mts_state_put writes `r` as slot `slot`'s entry, and mts_state_clear
  * frees that entry. The caller zeroes `r`, then fills the pid, uid, start
  * time, image, registration time, slot generation, group and task; the

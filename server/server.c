@@ -302,7 +302,27 @@ static int open_record(struct mts_server *srv, const struct mts_config *cfg,
 	*adopted = false;
 	if (!spath)
 		return 0;
-	int err = mts_state_open(spath, cfg->reset, info, adopted, &srv->state);
+	/* Opened as if to adopt even when told to reset: the record may
+	 * name tasks the guard before held stopped, to resume first. */
+	struct mts_state_info fresh = *info;
+	int err = mts_state_open(spath, false, info, adopted, &srv->state);
+	if (err == 0 && *adopted && cfg->reset) {
+		mts_adopt_resume_held(srv->state, info->slots);
+		*info = fresh;
+		*adopted = false;
+		err = mts_state_reset(srv->state, info);
+		if (err < 0) {
+			/* A full disk: as without the file. */
+			mts_log(MTS_LOG_WARN,
+			        "cannot write the state file: running without "
+			        "a restart record",
+			        "path=%s err=%s", mts_logq(q, sizeof(q), spath),
+			        strerror(-err));
+			mts_state_close(srv->state);
+			srv->state = NULL;
+			err = 0;
+		}
+	}
 	if (err == -EBUSY)
 		mts_log(MTS_LOG_ERROR,
 		        "state file locked by a live memtallyd, refusing "

@@ -118,16 +118,31 @@ static int state_init(int fd, const struct mts_state_info *info)
 	return 0;
 }
 
+/* An instance id for a record made afresh, unless the caller gave one. */
+static void new_instance(struct mts_state_info *info)
+{
+	if (!info->instance &&
+	    getrandom(&info->instance, sizeof(info->instance), 0) !=
+	        sizeof(info->instance))
+		info->instance = mts_now_realtime() ^ (uint64_t)getpid();
+}
+
+int mts_state_reset(struct mts_state *st, struct mts_state_info *info)
+{
+	new_instance(info);
+	int err = state_init(st->fd, info);
+	if (err == 0)
+		st->slots = info->slots;
+	return err;
+}
+
 int mts_state_open(const char *path, bool reset, struct mts_state_info *info,
                    bool *adopt, struct mts_state **out)
 {
 	char q[MTS_LOGQ_MAX];
 	*adopt = false;
 	*out = NULL;
-	if (!info->instance &&
-	    getrandom(&info->instance, sizeof(info->instance), 0) !=
-	        sizeof(info->instance))
-		info->instance = mts_now_realtime() ^ (uint64_t)getpid();
+	new_instance(info);
 	/* Non-blocking: a file under another's lease must not hold the
 	 * start for the lease break (45 s). */
 	int fd = open(path, O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);

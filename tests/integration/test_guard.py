@@ -318,7 +318,17 @@ def test_a_grower_is_paused_then_resumed():
 
 
 def test_a_paused_task_outlives_memtallyds_death():
-    cg = node("pause-kill")
+    paused_task_outlives_death("pause-kill")
+
+
+def test_a_paused_task_outlives_memtallyds_death_and_a_reset():
+    """The successor starts afresh (--reset): it adopts nothing, but
+    still resumes what the record says was held."""
+    paused_task_outlives_death("pause-reset", "--reset")
+
+
+def paused_task_outlives_death(name, *restart_args):
+    cg = node(name)
     join = joining(cg)
     conf = config(PAUSE_CONF)
     other = grow = None
@@ -333,7 +343,8 @@ def test_a_paused_task_outlives_memtallyds_death():
         check(proc_state(pid) == "T", "the grower was not left stopped")
         other.stdin.close()  # the node will have room again
         other.wait(timeout=30 * MULT)
-        with Server("--config", conf, prefix=join, after=s) as s2:
+        with Server("--config", conf, *restart_args, prefix=join,
+                    after=s) as s2:
             wait_for("the restarted server resuming the grower", lambda:
                      "resumed a task the memtallyd before held paused"
                      in s2.logtext(), timeout=30)
@@ -373,7 +384,8 @@ def test_an_eviction_after_memtallyds_restart_is_the_runs():
         except BaseException:
             s.stop()
             raise
-        with Server("--config", conf, prefix=join, after=s) as s2:
+        with Server("--config", conf, *restart_args, prefix=join,
+                    after=s) as s2:
             _, err = leak.communicate(timeout=60 * MULT)
             print(err, flush=True)
             check('msg="node guard: evicting"' in s2.logtext(),
@@ -652,6 +664,7 @@ if __name__ == "__main__":
     run([test_leak_is_evicted, test_retry_runs_it_again,
          test_a_grower_is_paused_then_resumed,
          test_a_paused_task_outlives_memtallyds_death,
+         test_a_paused_task_outlives_memtallyds_death_and_a_reset,
          test_an_eviction_after_memtallyds_restart_is_the_runs,
          test_lie_cannot_evict_another_user, test_understating_cannot_hide,
          test_anothers_eviction_is_not_an_admins,

@@ -551,6 +551,76 @@ static void check_a_full_node(void)
 	mts_guard_check(&srv.reg, mts_now_monotonic());
 }
 
+/* Slot `slot` as a client with two threads publishes it: thread `tid`'s
+ * lane holds `mine`, another thread's `other`. */
+static void two_lanes(uint32_t slot, uint32_t tid, int64_t mine,
+                      int64_t other)
+{
+	struct mtshm_slot_id *s = mts_slot(&srv.reg, slot);
+	mtshm_store_relaxed32(&s->threads, 2);
+	mtshm_store_relaxed32(&s->lanes_used, 2);
+	mtshm_store_relaxed32(&mtshm_lane(s, 0)->owner, tid);
+	mtshm_store_relaxeds64(&mtshm_lane(s, 0)->bytes, mine);
+	mtshm_store_relaxed32(&mtshm_lane(s, 1)->owner, tid + 1);
+	mtshm_store_relaxeds64(&mtshm_lane(s, 1)->bytes, other);
+}
+
+Test(guard, a_hosts_own_growth_after_its_grants_is_beyond)
+{
+	fx_start();
+	reserve(FX_UID, "b", 10 * MIB);
+	task_worker(FX_UID, "b", 40 * MIB); /* 30 beyond its reservation */
+	/* Another uid's process of 20 MiB asks for one byte, to be run on
+	 * its thread 77: it hosts a task now. */
+	pid_t a = fx_spawn();
+	uint32_t slot = fx_register_as(a, 2000, "default", "");
+	two_lanes(slot, 77, 0, 20 * MIB);
+	mts_core_tick(&srv.reg);
+	Memtally__V1__Response *r = fx_admit_hosted(a, 2000, 1, "", 77, 0);
+	cr_assert(r->admit_result->admitted && r->admit_result->in_process);
+	memtally__v1__response__free_unpacked(r, NULL);
+	enum mts_guard_rule rule;
+	const struct mts_guard_cand *k = choose(&rule);
+	cr_assert_str_eq(k->task, "b");
+	/* Then its other thread takes 180 MiB that nobody admitted: not
+	 * its reservation, so it is the one beyond, not b. */
+	two_lanes(slot, 77, 0, 200 * MIB);
+	k = choose(&rule);
+	cr_assert_eq(k->pid, (uint32_t)a, "chose %s (pid %u)", k->task, k->pid);
+	cr_assert_eq(rule, MTS_GUARD_BEYOND);
+	cr_assert_eq(k->used, 200 * MIB);
+	cr_assert_eq(k->reserved, 20 * MIB + 1);
+}
+
+Test(guard, a_task_workers_hosted_runs_are_evicted_with_it)
+{
+	fx_start();
+	/* A worker of task "job" (a Dask worker under `memtally run`) runs
+	 * a 100 MiB task of kind "parse" inside it. */
+	reserve(FX_UID, "job", 20 * MIB);
+	pid_t host = task_worker(FX_UID, "job", 20 * MIB);
+	mts_core_tick(&srv.reg);
+	Memtally__V1__Response *r =
+	    fx_admit_hosted(host, FX_UID, 100 * MIB, "parse", 0, 0);
+	cr_assert(r->admit_result->in_process);
+	memtally__v1__response__free_unpacked(r, NULL);
+	fx_write(mts_find_pid(&srv.reg, (uint32_t)host)->slot, 100 * MIB);
+	/* Its hosted grant is room it may hold, as the task's own is. */
+	enum mts_guard_rule rule;
+	const struct mts_guard_cand *k = choose(&rule);
+	cr_assert_str_eq(k->task, "job");
+	cr_assert_eq(k->reserved, 120 * MIB);
+	cr_assert_neq(rule, MTS_GUARD_BEYOND);
+	/* Past it, evicted: the hosted run is an evicted run of "parse". */
+	fx_write(mts_find_pid(&srv.reg, (uint32_t)host)->slot, 240 * MIB);
+	mts_core_tick(&srv.reg);
+	check_a_full_node();
+	cr_assert_eq(srv.reg.guard->evictions, 1);
+	struct mts_kind *kd = mts_kind_find(&srv.reg, "parse", FX_UID);
+	cr_assert_not_null(kd);
+	cr_assert_eq(kd->evictions, 1);
+}
+
 /* A server whose tcp_token a scheduler holds. */
 static void start_with_token(void)
 {

@@ -295,6 +295,32 @@ Test(kinds, a_tasks_peak_is_recorded_at_its_end)
 	cr_assert_eq(k->nruns, 1);
 }
 
+Test(kinds, a_claim_below_the_kernels_figure_does_not_shrink_its_kind)
+{
+	/* An untrusted worker claims 1 MiB while the kernel sees it hold
+	 * 64: its kind learns 64, as the guard and the fleet count it. */
+	start_fleet(1024 * MIB);
+	Memtally__V1__Response *r = admit_kind(2000, 10 * MIB, "low", "T");
+	cr_assert(r->admit_result->admitted);
+	memtally__v1__response__free_unpacked(r, NULL);
+	pid_t w = fx_spawn();
+	fx_write(fx_register_as(w, 2000, "", "T"), 1 * MIB);
+	struct mts_proc *p = mts_find_pid(&srv.reg, (uint32_t)w);
+	cr_assert(p && p->untrusted);
+	for (int i = 0; i < 3; i++) {
+		p->vouch.kernel = 64 * MIB; /* what a sweep reads */
+		p->vouch.kernel_ns = mts_now_monotonic();
+		mts_core_tick(&srv.reg);
+	}
+	fx_kill(w);
+	mts_core_tick(&srv.reg);
+	struct mts_kind *k = mts_kind_find(&srv.reg, "low", 2000);
+	cr_assert_not_null(k);
+	cr_assert_eq(k->nruns, 1);
+	cr_assert_eq(k->runs[0].peak, 64 * MIB, "%llu",
+	             (unsigned long long)k->runs[0].peak);
+}
+
 Test(kinds, kept_per_uid)
 {
 	start_fleet(1024 * MIB);
