@@ -46,7 +46,10 @@
  *     exit 75 (EX_TEMPFAIL, which job runners take as "try again"), or
  *     with --retry N, admission and the command again, up to N times.
  *     The guard may pause a growing task first (SIGSTOP) and resume it
- *     (SIGCONT); both are said on stderr, and the command goes on.
+ *     (SIGCONT); both are said on stderr, and the command goes on. A
+ *     command told to stop (INT, TERM, HUP, QUIT) before its eviction is
+ *     neither run again nor reported as evicted: we end as the signal
+ *     would have ended it.
  *
  * Fail open: when memtallyd cannot be reached, or does not answer in
  * time, the command runs anyway, after one line on stderr saying so.
@@ -123,6 +126,10 @@ struct run {
 	double wait_s; /* how long this admission may wait for room */
 	bool evicted;  /* the node guard evicted this run's task */
 	int died_of;   /* the signal that ended the command, or 0 */
+	/* INT, TERM, HUP or QUIT came while the command ran (forwarded, or
+	 * the terminal's own): it was told to stop, so an eviction meanwhile
+	 * is not run again nor reported as one to retry. */
+	int told_to_stop;
 	struct sigaction old_chld; /* SIGCHLD as we got it: the command's */
 	char evicted_why[640];     /* its event's reason, the figures */
 	char *added[4]; /* the "NAME=value" strings command_env() made */
@@ -697,6 +704,9 @@ static int supervise(struct run *r, char **envp)
 			continue; /* EINTR */
 		if (si.ssi_signo == SIGCHLD)
 			continue;
+		if (si.ssi_signo == SIGINT || si.ssi_signo == SIGTERM ||
+		    si.ssi_signo == SIGHUP || si.ssi_signo == SIGQUIT)
+			r->told_to_stop = (int)si.ssi_signo;
 		/* The terminal signalled the whole foreground process
 		 * group, the command included; but a hangup goes to the
 		 * session's leader alone, which we are when a shell exec'd
@@ -861,6 +871,7 @@ int mtcli_run(const struct mtcli_run_opts *o)
 		if (rc != 1)
 			break;
 		r.died_of = 0;
+		r.told_to_stop = 0;
 		/* An event of our task's name heard while we waited for room
 		 * was another run's (one of ours from before): this run has
 		 * not started, and is not evicted. */
@@ -891,6 +902,19 @@ int mtcli_run(const struct mtcli_run_opts *o)
 		if (!r.evicted)
 			break;
 		fprintf(stderr, "memtally: %s\n", r.evicted_why);
+		if (r.told_to_stop) {
+			/* A user's ^C or a runner's TERM (a job cancelled)
+			 * before the eviction: not run again, and not 75,
+			 * which a job runner takes as "requeue it". We end as
+			 * the signal would have ended the command. */
+			fprintf(stderr,
+			        "memtally: not running it again: it was told "
+			        "to stop (%s)\n",
+			        strsignal(r.told_to_stop));
+			r.died_of = r.told_to_stop;
+			rc = 128 + r.told_to_stop;
+			break;
+		}
 		rc = MTCLI_RUN_EXIT_EVICTED;
 		if (run >= o->retry)
 			break;

@@ -45,6 +45,7 @@ import json
 import os
 import select
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -219,6 +220,47 @@ def test_retry_runs_it_again():
                   "the kernel OOM-killed %d in the node" % cg.oom_kills())
     finally:
         cg.remove()
+
+
+def test_a_run_told_to_stop_is_not_run_again():
+    """`memtally run --retry 3` gets SIGTERM (a job cancelled); the
+    command, handling it, grows until the guard evicts it. The run is not
+    run again, and ends of SIGTERM, not 75 (which a runner requeues)."""
+    cg = node("told-to-stop")
+    d = tempfile.mkdtemp(prefix="mt-guard-")
+    runs = os.path.join(d, "runs")
+    leak = None
+    try:
+        with guard_server(cg) as s:
+            fl = " ".join(worker("fleet"))
+            leak = mt_run(s, cg, "--retry", "3", "--bytes", "32MiB", "--",
+                          "/bin/sh", "-c",
+                          'echo run >> "$0"; trap "exec %s leak 400 4" TERM;'
+                          ' echo ready; while :; do sleep 0.1; done' % fl,
+                          runs)
+            check(readline(leak, 30).strip() == "ready", "not started")
+            leak.send_signal(signal.SIGTERM)
+            try:
+                _, err = leak.communicate(timeout=60 * MULT)
+            except subprocess.TimeoutExpired:
+                leak.kill()
+                _, err = leak.communicate()
+                raise AssertionError("memtally run did not end (run again?):"
+                                     " %r" % err)
+            print(err, flush=True)
+            with open(runs) as f:
+                n = len(f.read().split())
+            check(n == 1, "the command ran %d times, not once" % n)
+            check("evicted by the node guard" in err and
+                  "not running it again" in err and
+                  "running it again (" not in err,
+                  "stderr does not tell one eviction, not rerun: %r" % err)
+            check(leak.returncode == -signal.SIGTERM,
+                  "exit %s, not death by SIGTERM: %s" % (leak.returncode, err))
+            check(cg.oom_kills() == 0,
+                  "the kernel OOM-killed %d in the node" % cg.oom_kills())
+    finally:
+        end_all(cg, leak)
 
 
 def proc_state(pid):
@@ -662,6 +704,7 @@ def test_understating_cannot_hide():
 
 if __name__ == "__main__":
     run([test_leak_is_evicted, test_retry_runs_it_again,
+         test_a_run_told_to_stop_is_not_run_again,
          test_a_grower_is_paused_then_resumed,
          test_a_paused_task_outlives_memtallyds_death,
          test_a_paused_task_outlives_memtallyds_death_and_a_reset,
