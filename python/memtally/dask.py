@@ -89,7 +89,13 @@ keeps new tasks away from.
 
 Fail open: when the worker's memtallyd cannot be reached, the task runs
 and the worker is not held paused (logged once, and again after memtallyd
-was back); memtally must never stop work because it is missing.
+was back); memtally must never stop work because it is missing. A task
+already waiting for room when memtallyd stops answering (most likely it
+is restarting) asks on until its wait ends, as `memtally run` does, so a
+restart does not start every waiting task at once; one waiting when the
+plugin is removed (or registered again) runs unadmitted. A reservation's
+task name is the key, cut to the 63 bytes a process under the preload
+keeps of MEMTALLY_TASK (a longer key: its first 46 bytes and a hash).
 
 Annotations: `memtally_bytes` (int or "600MiB"; unset: the kind's size;
 0: this task is not admitted), `memtally_group`, `memtally_ttl` (seconds
@@ -111,8 +117,9 @@ from concurrent.futures import ThreadPoolExecutor
 from distributed import WorkerPlugin
 from distributed.core import Status
 
-from .client import (DEFAULT_SOCKET, EVICTED_STATUS, Client, as_bytes,
-                     denied_for_ever, human, never_fits, state_name)
+from .client import (DEFAULT_SOCKET, EVICTED_STATUS, Client, MemtallyError,
+                     as_bytes, denied_for_ever, human, never_fits, pb,
+                     state_name)
 
 # Under "distributed": a worker's log shows these beside Dask's own lines,
 # at the levels Dask's logging configuration sets for that tree.
@@ -122,12 +129,31 @@ _failing_open = set()   # sockets we already said we run without
 _kinds_refused = set()  # kinds memtallyd refused (its kinds cap): said once
 
 
-def _task_name(key):
-    """The Dask key as a reservation's task name: printable, at most the
-    255 bytes memtallyd takes (a key may be a tuple)."""
+def _printable(key, cap):
+    """`key` (a key may be a tuple) as printable text of at most `cap`
+    bytes, cut on a character."""
     s = key if isinstance(key, str) else str(key)
     s = "".join(ch if ch.isprintable() else "?" for ch in s)
-    return s.encode()[:255].decode(errors="ignore")
+    return s.encode()[:cap].decode(errors="ignore")
+
+
+# What a process under the preload keeps of MEMTALLY_TASK: a reservation
+# named longer is never found by the processes run_tasks starts for it.
+TASK_NAME_MAX = 63
+
+
+def _task_name(key):
+    """The Dask key as a reservation's task name, printable and at most
+    TASK_NAME_MAX bytes. A longer key (a function name of 30 characters
+    and Dask's 32-digit token already is) keeps its first 46 bytes and 16
+    hex digits of a hash of the whole, so that keys sharing a long prefix
+    stay apart."""
+    s = _printable(key, 1 << 16)
+    b = s.encode()
+    if len(b) <= TASK_NAME_MAX:
+        return s
+    return "%s~%s" % (b[:46].decode(errors="ignore"),
+                      hashlib.sha1(b).hexdigest()[:16])
 
 
 def _kind(key):
@@ -136,7 +162,7 @@ def _kind(key):
     thing that runs again and again."""
     try:
         from dask.utils import key_split
-        return _task_name(key_split(key))
+        return _printable(key_split(key), 255)  # what memtallyd takes
     except Exception:  # noqa: BLE001 - no kind is no worse than before
         return ""
 
@@ -346,6 +372,13 @@ class _Gate:
         try:
             with self._client() as c:
                 c.release(reservation)
+        except MemtallyError as e:
+            # Ended already (its command's processes took it over and
+            # exited): nothing stays set aside.
+            if e.code != pb.ERROR_NOT_FOUND:
+                log.warning("memtally: releasing %s: %s; its room stays "
+                            "set aside until this worker exits or its TTL",
+                            reservation, e)
         except Exception as e:  # noqa: BLE001 - never the task's outcome
             # Its worker's exit ends it, or its TTL (a day at most).
             log.warning("memtally: releasing %s: %s; its room stays set "
@@ -426,11 +459,24 @@ class _Gate:
                    and time.monotonic() < end):
                 time.sleep(min(delay, max(0.0, end - time.monotonic())))
                 delay = min(delay * 2, 0.5)
+                if self.stopped:
+                    # The plugin was removed (or registered again,
+                    # which removes it first) while it waited: the task
+                    # runs as it would without memtally.
+                    return function(*args, **kwargs)
                 if not self._wanted(key):
-                    # Cancelled (or the plugin removed) while it waited:
-                    # its body never runs; Dask drops what it returns.
+                    # Cancelled while it waited: its body never runs;
+                    # Dask drops what it returns.
                     return None
-                r = self._admit(nbytes, group, task, ttl, kind, tid)
+                got = self._admit(nbytes, group, task, ttl, kind, tid)
+                if got is None and time.monotonic() < end:
+                    # memtallyd said "no room" and now does not answer:
+                    # most likely restarting. Failing open now would
+                    # start every waiting task on the node at once;
+                    # asked again until the wait ends, as `memtally
+                    # run` does.
+                    continue
+                r = got
             if r is None:
                 return function(*args, **kwargs)
             if not r.admitted:

@@ -11,8 +11,11 @@ In-process tasks, one worker under memtally's preload: a task holding
 memory in its worker has its reservation fall as the worker grows (not
 counted twice); a task larger than the fleet limit fails at once, naming
 the figures; a task without `memtally_bytes` is admitted as its key's
-prefix, on that kind's size. Environment: as for the integration tests,
-and MEMTALLY_SOURCE_DIR.
+prefix, on that kind's size. A task waiting for room: cancelled, it
+never runs; the plugin registered again, it runs; memtallyd restarted,
+it waits on. A long key makes a task name a worker's MEMTALLY_TASK
+keeps. Environment: as for the integration tests, and
+MEMTALLY_SOURCE_DIR.
 """
 import json
 import os
@@ -488,9 +491,11 @@ def test_evicted_command_retried():
     shutil.rmtree(tmp, ignore_errors=True)
 
 
-def test_cancelled_while_waiting_never_runs():
-    """A denied task waits in its thread for room (`wait`); cancelled
-    meanwhile, it must not run once room appears."""
+def with_a_waiting_task(test):
+    """Node A (64 MiB fleet limit, 40 held by a hog), one worker with the
+    plugin (asking again for up to 60 s), and a 32 MiB task denied and
+    waiting in its thread for room: then test(a, client, fut, hog, ledger,
+    procs), whose servers (a's successors) it stops itself."""
     need_distributed()
     import dask
     from distributed import Client
@@ -512,7 +517,6 @@ def test_cancelled_while_waiting_never_runs():
                 memtally.dask.Admission(interval=0.1, pause=1.0, wait=60))
             wait_for("plugin on the worker", lambda: "memtally: admitting"
                      in procs[1].text(), timeout=30)
-            # 40 MiB held of 64: a 32 MiB task is denied, and waits.
             hog = Worker([*worker("hold"), "40"], a.env(group="hog"))
             check(hog.readline().startswith("ready"), "hog not ready")
             wait_for("A counts its hog",
@@ -521,18 +525,7 @@ def test_cancelled_while_waiting_never_runs():
                 fut = client.submit(work, 0, ledger, pure=False)
             wait_for("the task denied", lambda: "admission denied" in
                      a.logtext() and fut.key in a.logtext(), timeout=30)
-            fut.cancel()
-            wait_for("the task cancelled", lambda: fut.status == "cancelled",
-                     timeout=30)
-            hog.send("free")
-            check(hog.readline() == "freed", "hog did not free")
-            # Room now: the waiting thread asks again within 0.5 s.
-            wait_for("A has room", lambda: a.status()["fleet"]["bytes"]
-                     < 24 << 20)
-            time.sleep(2.0 * MULT)
-            check(ledger_of(ledger) == [], f"a cancelled task ran: "
-                  f"{ledger_of(ledger)}")
-            check(a.status()["fleet"]["reserved"] == 0, "a reservation left")
+            test(a, client, fut, hog, ledger, procs)
     finally:
         if client is not None:
             client.close()
@@ -543,6 +536,83 @@ def test_cancelled_while_waiting_never_runs():
     shutil.rmtree(tmp, ignore_errors=True)
 
 
+def test_cancelled_while_waiting_never_runs():
+    """A denied task waits in its thread for room (`wait`); cancelled
+    meanwhile, it must not run once room appears."""
+    def test(a, client, fut, hog, ledger, procs):
+        fut.cancel()
+        wait_for("the task cancelled", lambda: fut.status == "cancelled",
+                 timeout=30)
+        hog.send("free")
+        check(hog.readline() == "freed", "hog did not free")
+        # Room now: the waiting thread asks again within 0.5 s.
+        wait_for("A has room", lambda: a.status()["fleet"]["bytes"]
+                 < 24 << 20)
+        time.sleep(2.0 * MULT)
+        check(ledger_of(ledger) == [], f"a cancelled task ran: "
+              f"{ledger_of(ledger)}")
+        check(a.status()["fleet"]["reserved"] == 0, "a reservation left")
+    with_a_waiting_task(test)
+
+
+def test_a_plugin_registered_again_runs_a_waiting_task():
+    """Registering the plugin again (a second client does) removes the
+    one a task waits under: the task runs, unadmitted, and its result is
+    its own, not None."""
+    def test(a, client, fut, hog, ledger, procs):
+        import memtally.dask
+        client.register_worker_plugin(
+            memtally.dask.Admission(interval=0.1, pause=1.0, wait=60))
+        check(fut.result(timeout=30 * MULT) == "A",
+              f"the waiting task's result: {fut.result()!r}")
+        check([r[0] for r in ledger_of(ledger)] == [fut.key],
+              f"ran: {ledger_of(ledger)}")
+    with_a_waiting_task(test)
+
+
+def test_a_waiting_task_outlasts_memtallyds_restart():
+    """memtallyd restarts (stopped, back 2 s later on its record) while a
+    task waits for room: the task does not start unadmitted meanwhile; it
+    waits on, and runs once the restarted server has room."""
+    def test(a, client, fut, hog, ledger, procs):
+        a.stop()
+        time.sleep(2.0 * MULT)
+        check(ledger_of(ledger) == [], "the waiting task ran while "
+              f"memtallyd was away: {ledger_of(ledger)}")
+        with Server("--fleet-limit", "64MiB", after=a) as b:
+            wait_for("B counts the hog", lambda: b.status()["fleet"]["bytes"]
+                     >= 40 << 20, timeout=30)
+            time.sleep(1.0 * MULT)
+            check(ledger_of(ledger) == [], "the waiting task ran beside "
+                  f"the hog: {ledger_of(ledger)}")
+            hog.send("free")
+            check(hog.readline() == "freed", "hog did not free")
+            check(fut.result(timeout=60 * MULT) == "A", "not run on A")
+            check(len(ledger_of(ledger)) == 1, f"ran: {ledger_of(ledger)}")
+            check("admission granted" in b.logtext(),
+                  "not admitted by the restarted server")
+    with_a_waiting_task(test)
+
+
+def test_a_long_key_is_a_task_name_a_worker_keeps():
+    """A worker under the preload keeps 63 bytes of MEMTALLY_TASK: a task
+    name from a longer key is cut to them, keys that differ only past the
+    cut stay apart, and a short key is itself."""
+    sys.path.insert(0, os.path.join(SRC, "python"))
+    need_distributed()
+    from memtally.dask import _task_name
+    base = "preprocess_satellite_imagery_tile-" + "7f3a" * 8
+    names = {_task_name(base + x) for x in ("0", "1", "2")}
+    check(len(names) == 3, f"long keys collide: {names}")
+    check(all(len(n.encode()) <= 63 for n in names), f"too long: {names}")
+    check(all(n.startswith(base[:40]) for n in names), f"unreadable: {names}")
+    check(_task_name("inc-1234") == "inc-1234", "a short key changed")
+    check(len(_task_name(("é" * 60, 3)).encode()) <= 63, "a tuple's")
+
+
 if __name__ == "__main__":
-    run([test_two_nodes, test_in_process, test_evicted_command_retried,
-         test_cancelled_while_waiting_never_runs])
+    run([test_a_long_key_is_a_task_name_a_worker_keeps, test_two_nodes,
+         test_in_process, test_evicted_command_retried,
+         test_cancelled_while_waiting_never_runs,
+         test_a_plugin_registered_again_runs_a_waiting_task,
+         test_a_waiting_task_outlasts_memtallyds_restart])
