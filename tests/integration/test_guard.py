@@ -426,7 +426,7 @@ def test_an_eviction_after_memtallyds_restart_is_the_runs():
         except BaseException:
             s.stop()
             raise
-        with Server("--config", conf, *restart_args, prefix=join,
+        with Server("--config", conf, prefix=join,
                     after=s) as s2:
             _, err = leak.communicate(timeout=60 * MULT)
             print(err, flush=True)
