@@ -77,4 +77,16 @@ ssize_t mts_read_short_lines(int fd, char *buf, size_t cap);
 /* /proc/PID/status through mts_read_short_lines. */
 ssize_t mts_read_proc_status(pid_t pid, char *buf, size_t cap);
 
+/* A main thread that exited (pthread_exit, a bare SYS_exit) leaves its
+ * process a zombie leader: /proc/PID's own memory files show nothing
+ * (smaps_rollup fails, status has no Rss lines) and its old credentials,
+ * while the other threads hold and run it all. These read a thread's
+ * view, /proc/PID/task/TID/NAME (its status through
+ * mts_read_short_lines), which is the process's. mts_live_thread: a
+ * thread of PID other than its leader, or -ESRCH. */
+ssize_t mts_read_thread_file(pid_t pid, pid_t tid, const char *name, char *buf,
+                             size_t cap);
+ssize_t mts_read_thread_status(pid_t pid, pid_t tid, char *buf, size_t cap);
+pid_t mts_live_thread(pid_t pid);
+
 #endif /* MTS_PROCFS_H */

@@ -12,6 +12,7 @@
  */
 #include "mts_procfs.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdint.h>
@@ -128,16 +129,56 @@ ssize_t mts_read_short_lines(int fd, char *buf, size_t cap)
 	return (ssize_t)len;
 }
 
-ssize_t mts_read_proc_status(pid_t pid, char *buf, size_t cap)
+static ssize_t read_status_at(const char *path, char *buf, size_t cap)
 {
-	char path[32];
-	snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
 	int fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
 		return -errno;
 	ssize_t n = mts_read_short_lines(fd, buf, cap);
 	close(fd);
 	return n;
+}
+
+ssize_t mts_read_proc_status(pid_t pid, char *buf, size_t cap)
+{
+	char path[32];
+	snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+	return read_status_at(path, buf, cap);
+}
+
+ssize_t mts_read_thread_file(pid_t pid, pid_t tid, const char *name, char *buf,
+                             size_t cap)
+{
+	char dir[64];
+	snprintf(dir, sizeof(dir), "/proc/%d/task/%d", (int)pid, (int)tid);
+	return mts_read_small(dir, name, buf, cap);
+}
+
+ssize_t mts_read_thread_status(pid_t pid, pid_t tid, char *buf, size_t cap)
+{
+	char path[64];
+	snprintf(path, sizeof(path), "/proc/%d/task/%d/status", (int)pid,
+	         (int)tid);
+	return read_status_at(path, buf, cap);
+}
+
+pid_t mts_live_thread(pid_t pid)
+{
+	char path[48];
+	snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+	DIR *d = opendir(path);
+	if (!d)
+		return -ESRCH;
+	pid_t tid = -ESRCH;
+	struct dirent *e;
+	while (tid < 0 && (e = readdir(d))) {
+		char *end;
+		long t = strtol(e->d_name, &end, 10);
+		if (*end == '\0' && t > 0 && t <= INT32_MAX && t != pid)
+			tid = (pid_t)t;
+	}
+	closedir(d);
+	return tid;
 }
 
 int mts_parse_stat_comm(const char *stat, char *buf, size_t cap)

@@ -832,8 +832,15 @@ static int proc_reset(struct mts_registry *reg, struct mts_proc *p,
 	p->untrusted = false; /* until joined() says (vouch.c) */
 	p->uid_left = false;  /* registered as what it is now */
 	p->unvouched = 0;
-	/* The new image's kernel figure, from its first read. */
-	p->vouch = (struct mts_vouch_proc){0};
+	/* The new image's kernel figure comes from its first read, which
+	 * an early sweep makes (no read yet). Until then the old figure
+	 * stands: an image id is the client's word, and a process that
+	 * registered again without an exec would otherwise wipe what the
+	 * kernel saw it hold, again and again. An exec'd image is counted
+	 * at its old one's figure for that one read at most. The cost of
+	 * its reads, which paces them, stays too. */
+	p->vouch.kernel_ns = 0;
+	p->vouch.claim_at_read = 0;
 	p->image_id = image_id;
 	p->peak = 0;
 	p->threads = 0;

@@ -304,6 +304,14 @@ static int read_own(pid_t pid, struct mts_kernel_mem *km)
 	ssize_t n = mts_read_proc_status(pid, buf, sizeof(buf));
 	if (n < 0)
 		return (int)n;
+	int err = mts_parse_status_mem(buf, km);
+	if (err != -EINVAL)
+		return err;
+	/* A zombie leader (its main thread exited): a live thread's status
+	 * has the memory, and the credentials the process runs as now. */
+	pid_t tid = mts_live_thread(pid);
+	if (tid <= 0 || mts_read_thread_status(pid, tid, buf, sizeof(buf)) < 0)
+		return err;
 	return mts_parse_status_mem(buf, km);
 }
 

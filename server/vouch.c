@@ -68,9 +68,11 @@ bool mts_uid_trusted(const struct mts_registry *reg, uint32_t uid)
 bool mts_vouch_want_read(const struct mts_proc *p)
 {
 	const struct mts_vouch_proc *v = &p->vouch;
-	return p->untrusted && p->bytes > v->kernel &&
-	       (v->kernel_ns == 0 ||
-	        p->bytes > v->claim_at_read + MTS_VOUCH_JUMP);
+	/* No read yet (a new process, or an image registered again): read
+	 * whatever it claims, since a claim of nothing says nothing. */
+	return p->untrusted && (v->kernel_ns == 0 ||
+	                        (p->bytes > v->kernel &&
+	                         p->bytes > v->claim_at_read + MTS_VOUCH_JUMP));
 }
 
 void mts_vouch_proc_init(const struct mts_registry *reg, struct mts_proc *p)
@@ -122,11 +124,11 @@ uint64_t mts_vouch_proc(struct mts_registry *reg, struct mts_proc *p,
 		v->allow_left -= allow;
 		reg->vouch.allow_left -= allow;
 		vouched = k + allow;
-		/* A kernel figure older than the claim's rise: read it again
-		 * soon, so an honest process's figure follows. */
-		if (mts_vouch_want_read(p))
-			*want_read = true;
 	}
+	/* A kernel figure older than the claim's rise, or none yet: read
+	 * it again soon, so an honest process's figure follows. */
+	if (mts_vouch_want_read(p))
+		*want_read = true;
 	uint64_t unv = claim > vouched ? claim - vouched : 0;
 	v->unvouched = mt_sat_add(v->unvouched, unv);
 	if (p->unvouched != unv)
@@ -250,7 +252,9 @@ int mts_parse_status_mem(const char *status, struct mts_kernel_mem *out)
 	return 0;
 }
 
-int mts_read_kernel_mem(int pid, bool smaps, struct mts_kernel_mem *out)
+/* The process's figures as /proc/PID (tid 0) or its thread TID shows
+ * them. */
+static int read_mem(int pid, int tid, bool smaps, struct mts_kernel_mem *out)
 {
 	/* smaps_rollup walks the page tables, so its cost grows with what the
 	 * process holds (see bench/results/server.md), and it waits for the
@@ -259,13 +263,32 @@ int mts_read_kernel_mem(int pid, bool smaps, struct mts_kernel_mem *out)
 	char buf[4096];
 	ssize_t n = -EINVAL;
 	if (smaps)
-		n = mts_read_proc_file(pid, "smaps_rollup", buf, sizeof(buf));
+		n = tid ? mts_read_thread_file(pid, tid, "smaps_rollup", buf,
+		                               sizeof(buf))
+		        : mts_read_proc_file(pid, "smaps_rollup", buf,
+		                             sizeof(buf));
 	if (n >= 0 && mts_parse_smaps_rollup(buf, out) == 0)
 		return 0;
 	if (n == -ENOENT || n == -ESRCH)
 		return -ESRCH;
-	n = mts_read_proc_status(pid, buf, sizeof(buf));
+	n = tid ? mts_read_thread_status(pid, tid, buf, sizeof(buf))
+	        : mts_read_proc_status(pid, buf, sizeof(buf));
 	if (n < 0)
 		return n == -ENOENT ? -ESRCH : (int)n;
 	return mts_parse_status_mem(buf, out);
+}
+
+int mts_read_kernel_mem(int pid, bool smaps, struct mts_kernel_mem *out)
+{
+	int err = read_mem(pid, 0, smaps, out);
+	if (err != -ESRCH && err != -EINVAL)
+		return err;
+	/* Gone, or a zombie leader whose other threads live on holding
+	 * the process's memory (mts_live_thread): then theirs is the
+	 * figure. Without this, such a process kept its last figure for
+	 * good while it grew. */
+	pid_t tid = mts_live_thread(pid);
+	if (tid <= 0)
+		return err;
+	return read_mem(pid, (int)tid, smaps, out) == 0 ? 0 : err;
 }

@@ -5,7 +5,9 @@
  */
 #include "test_server_fixture.h"
 
+#include <pthread.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <time.h>
 
 #define LIAR_UID 2000u
@@ -170,6 +172,105 @@ Test(vouch, a_zeroed_slot_counts_what_the_kernel_holds)
 	uint64_t k = kernel_of(w);
 	cr_assert_geq(k, 64 * MIB, "the kernel's figure misses what it holds");
 	cr_assert_eq(srv.reg.totals.bytes, k);
+	fx_stop();
+}
+
+/* Register again as process `pid` with image id `image` (an exec says
+ * so; the id is the client's word). */
+static void register_image(pid_t pid, uint32_t uid, uint64_t image)
+{
+	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
+	Memtally__V1__Register r = MEMTALLY__V1__REGISTER__INIT;
+	r.group = r.task = (char *)"";
+	r.image_id = image;
+	req.body_case = MEMTALLY__V1__REQUEST__BODY_REGISTER;
+	req.register_ = &r;
+	struct mts_peer peer = fx_peer(pid, uid);
+	Memtally__V1__Response *a = fx_call(&peer, &req);
+	cr_assert_null(a->error, "%s", a->error ? a->error->message : "");
+	memtally__v1__response__free_unpacked(a, NULL);
+}
+
+Test(vouch, registering_again_does_not_wipe_the_kernels_figure)
+{
+	start(64 * MIB, 60000);
+	pid_t w = fx_spawn_as_holding((long)LIAR_UID, 256 * MIB);
+	uint32_t s = register_as(w, LIAR_UID, "");
+	fx_write(s, 0);
+	tick_with_kernel();
+	cr_assert_geq(srv.reg.totals.bytes, 256 * MIB);
+	/* No exec, a new image id: the process holds what it held. Its
+	 * figure stays until a read of the "new image", which is due at
+	 * once, claim of nothing or not. */
+	register_image(w, LIAR_UID, 0x5eed);
+	mts_core_tick(&srv.reg);
+	const struct mts_proc *p = mts_find_pid(&srv.reg, (uint32_t)w);
+	cr_assert_geq(srv.reg.totals.bytes, 256 * MIB, "hidden: %llu",
+	              (unsigned long long)srv.reg.totals.bytes);
+	cr_assert(mts_vouch_want_read(p));
+	tick_with_kernel();
+	cr_assert_geq(srv.reg.totals.bytes, 256 * MIB);
+	cr_assert_neq(mts_find_pid(&srv.reg, (uint32_t)w)->vouch.kernel_ns, 0);
+	fx_stop();
+}
+
+static int zl_go[2], zl_ready[2];
+
+static void *zl_holder(void *arg)
+{
+	(void)arg;
+	char c;
+	if (read(zl_go[0], &c, 1) != 1)
+		_exit(1);
+	char *m = malloc(256 * MIB);
+	if (!m)
+		_exit(1);
+	memset(m, 1, 256 * MIB);
+	__asm__ volatile("" : : "r"(m) : "memory");
+	if (write(zl_ready[1], "y", 1) != 1)
+		_exit(1);
+	for (;;)
+		pause();
+	return NULL;
+}
+
+Test(vouch, a_process_whose_main_thread_exited_is_still_read)
+{
+	start(64 * MIB, 60000);
+	cr_assert_eq(pipe(zl_go), 0);
+	cr_assert_eq(pipe(zl_ready), 0);
+	pid_t parent = getpid();
+	pid_t w = fork();
+	if (w == 0) {
+		if (setresgid(LIAR_UID, LIAR_UID, LIAR_UID) ||
+		    setresuid(LIAR_UID, LIAR_UID, LIAR_UID))
+			_exit(1);
+		fx_die_with(parent);
+		pthread_t t;
+		if (pthread_create(&t, NULL, zl_holder, NULL))
+			_exit(1);
+		char c;
+		if (read(zl_go[0], &c, 1) != 1)
+			_exit(1);
+		syscall(SYS_exit, 0); /* this thread only: a zombie leader */
+	}
+	kids[nkids++] = w;
+	fx_write(register_as(w, LIAR_UID, ""), 0);
+	tick_with_kernel();
+	cr_assert_lt(kernel_of(w), 64 * MIB);
+	cr_assert_eq(write(zl_go[1], "x", 1), 1); /* the main thread exits */
+	char path[64], st[4096];
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)w);
+	FX_RUN_UNTIL(mts_read_small("/proc", path + 6, st, sizeof(st)) > 0 &&
+	             strstr(st, ") Z ") != NULL);
+	cr_assert_eq(write(zl_go[1], "x", 1), 1); /* the other allocates */
+	char c;
+	cr_assert_eq(read(zl_ready[0], &c, 1), 1);
+	tick_with_kernel();
+	const struct mts_proc *p = mts_find_pid(&srv.reg, (uint32_t)w);
+	cr_assert_not_null(p, "dropped while it lives");
+	cr_assert_geq(mts_vouch_counted(p), 256 * MIB, "counted %llu",
+	              (unsigned long long)mts_vouch_counted(p));
 	fx_stop();
 }
 
