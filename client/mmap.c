@@ -58,8 +58,8 @@
  *    the last store is the last state.
  *  - A thread that re-enters (a signal handler mapping memory while its
  *    thread holds the lock) maps uncounted: never a deadlock. fork() takes
- *    the lock around it (pthread_atfork), so the child's table is
- *    consistent and its lock free.
+ *    no lock of ours (mm_child says why); a child that finds the lock
+ *    held starts its table afresh.
  *  - No cost on malloc or free: nothing here is on those paths. The
  *    table's own memory comes from raw system calls.
  *  - Fail open: a table that cannot grow stops counting new regions; the
@@ -232,36 +232,45 @@ static int add_excl(struct dl_phdr_info *info, size_t size, void *self)
 	return 0;
 }
 
-/* Which fork took mm.lock in prepare (2), so that a fork handler run
- * meanwhile (another library's, registered before ours) that maps or
- * unmaps passes the table by as a re-entered call, instead of waiting on
- * the lock this thread holds. */
-static void mm_prepare(void)
+static void table_forget(struct mtc_maptable *t)
 {
-	if (!mm_busy) {
-		mm_busy = 1; /* as in enter(): busy before the lock */
-		pthread_mutex_lock(&mm.lock);
-		mm_busy = 2;
-	}
+	t->n = 0;
+	t->total = 0;
 }
 
-static void mm_parent(void)
-{
-	if (mm_busy == 2) {
-		pthread_mutex_unlock(&mm.lock);
-		mm_busy = 0;
-	}
-}
-
+/*
+ * fork() takes no lock of ours. Taken in a prepare handler, it was held
+ * while the prepare handlers of libraries set up before ours ran (they run
+ * after ours): a thread holding one of their locks and mapping memory
+ * waited for ours while the forking thread waited for theirs, for ever (a
+ * library whose allocator maps under its own lock, forked beside).
+ * The child is one thread. The lock free there means no thread was inside
+ * the table when the kernel copied it (a thread's stores reach the copy
+ * in their order: one that finds its page already copied waits for the
+ * fork to end), so the table is whole, as are the mappings. Held by a
+ * thread the child does not have, the table may be half changed: the
+ * child starts it afresh, and the mappings it inherited go uncounted (an
+ * undercount, in a fork that met another thread's mmap). Held by this
+ * thread (a fork from a signal handler that interrupted it in the table),
+ * that code goes on after the handler and unlocks it.
+ */
 static void mm_child(void)
 {
-	/* The table is the parent's, and so are the mappings: both stay.
-	 * The lock was taken by prepare in this thread: reset it. */
-	pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
-	if (mm_busy == 2) {
-		mm.lock = fresh;
-		mm_busy = 0;
+	if (mm_busy)
+		return;
+	if (pthread_mutex_trylock(&mm.lock) == 0) {
+		pthread_mutex_unlock(&mm.lock);
+		return;
 	}
+	pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
+	mm.lock = fresh;
+	table_forget(&mm.t);
+	table_forget(&mm.r);
+	table_forget(&mm.d);
+	table_forget(&mm.d2);
+	table_forget(&mm.y[0]);
+	table_forget(&mm.y[1]);
+	mtc_mapped_store(0);
 }
 
 /* Early: a constructor of its own, so the allocators' ranges are known
@@ -283,7 +292,7 @@ __attribute__((constructor(102))) static void mm_init(void)
 	mm.d2.grow = table_grow;
 	mm.y[0].grow = table_grow;
 	mm.y[1].grow = table_grow;
-	pthread_atfork(mm_prepare, mm_parent, mm_child);
+	pthread_atfork(NULL, NULL, mm_child);
 	__atomic_store_n(&mm.ready, 1, __ATOMIC_RELEASE);
 }
 
