@@ -92,6 +92,17 @@ static void account_slow_errno(void)
 		mtc_publish(&acc.th, drift);
 	/* Keep whatever was accounted re-entrantly while we published. */
 	uint64_t extra = t->biased - b0;
+	if (acc.th.exited) {
+		/* Past the thread's exit flush (a destructor of a key made
+		 * after ours): no window, every call published at once, for
+		 * no exit flush comes again. What came in re-entrantly goes
+		 * with the next call. */
+		acc.half = 0;
+		t->biased = extra;
+		t->span = 0;
+		acc.th.busy = 0;
+		return;
+	}
 	uint64_t half = mtc_threshold() - 1;
 	acc.half = half;
 	t->biased = half + extra;

@@ -62,6 +62,38 @@ Test(client_account, threads_exit_flush_everything, .init = setup,
 	             (long long)memtally_process_bytes(), (long long)want);
 }
 
+/* A destructor of a key made after the library's runs after the thread's
+ * exit flush: each of its calls is published, none left in a window that
+ * no exit flush comes for again. */
+static pthread_key_t later_key;
+
+static void later_dtor(void *v)
+{
+	(void)v;
+	memtally_account(-300);
+	memtally_account(-300);
+	memtally_account(-300);
+}
+
+static void *account_then_later_key(void *arg)
+{
+	(void)arg;
+	memtally_account(1000); /* the library's key is made here */
+	pthread_key_create(&later_key, later_dtor);
+	pthread_setspecific(later_key, (void *)1);
+	return NULL;
+}
+
+Test(client_account, calls_after_the_exit_flush_are_published, .init = setup)
+{
+	int64_t before = memtally_process_bytes();
+	pthread_t t;
+	pthread_create(&t, NULL, account_then_later_key, NULL);
+	pthread_join(t, NULL);
+	cr_assert_eq(memtally_process_bytes() - before, 100, "got %lld",
+	             (long long)(memtally_process_bytes() - before));
+}
+
 Test(client_account, small_drift_is_not_lost, .init = setup)
 {
 	/* Below the threshold: stays in the thread's drift, still visible. */

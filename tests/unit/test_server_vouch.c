@@ -214,7 +214,9 @@ Test(vouch, registering_again_does_not_wipe_the_kernels_figure)
 	fx_stop();
 }
 
-static int zl_go[2], zl_ready[2];
+/* Separate pipes: the main thread's "exit now" and the other thread's
+ * "allocate now" must not be read by the wrong one. */
+static int zl_exit[2], zl_go[2], zl_ready[2];
 
 static void *zl_holder(void *arg)
 {
@@ -237,6 +239,7 @@ static void *zl_holder(void *arg)
 Test(vouch, a_process_whose_main_thread_exited_is_still_read)
 {
 	start(64 * MIB, 60000);
+	cr_assert_eq(pipe(zl_exit), 0);
 	cr_assert_eq(pipe(zl_go), 0);
 	cr_assert_eq(pipe(zl_ready), 0);
 	pid_t parent = getpid();
@@ -250,7 +253,7 @@ Test(vouch, a_process_whose_main_thread_exited_is_still_read)
 		if (pthread_create(&t, NULL, zl_holder, NULL))
 			_exit(1);
 		char c;
-		if (read(zl_go[0], &c, 1) != 1)
+		if (read(zl_exit[0], &c, 1) != 1)
 			_exit(1);
 		syscall(SYS_exit, 0); /* this thread only: a zombie leader */
 	}
@@ -258,7 +261,7 @@ Test(vouch, a_process_whose_main_thread_exited_is_still_read)
 	fx_write(register_as(w, LIAR_UID, ""), 0);
 	tick_with_kernel();
 	cr_assert_lt(kernel_of(w), 64 * MIB);
-	cr_assert_eq(write(zl_go[1], "x", 1), 1); /* the main thread exits */
+	cr_assert_eq(write(zl_exit[1], "x", 1), 1); /* the main thread exits */
 	char path[64], st[4096];
 	snprintf(path, sizeof(path), "/proc/%d/stat", (int)w);
 	FX_RUN_UNTIL(mts_read_small("/proc", path + 6, st, sizeof(st)) > 0 &&
