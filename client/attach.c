@@ -114,7 +114,7 @@ static void epoch_bump(void)
 {
 	/* One atomic add: a fork's bit (MTC_EPOCH_FORKING), raised and
 	 * lowered by another thread meanwhile, is kept as it is. */
-	uint64_t e = __atomic_add_fetch(&mtc_epoch, 1, __ATOMIC_RELAXED) &
+	uint64_t e = __atomic_add_fetch(&mtc_epoch, 1, __ATOMIC_RELEASE) &
 	             ~MTC_EPOCH_FORKING;
 	uint64_t g = __atomic_load_n(&mtc_gate, __ATOMIC_RELAXED);
 	while (!__atomic_compare_exchange_n(&mtc_gate, &g,
@@ -993,7 +993,6 @@ static int take_reply(struct reg_reply *rep_in, pid_t me)
 	/* A new slot: carry the total published into the old one. */
 	if (old)
 		mtshm_add_relaxeds64(&mtc_proc.pending, slot_total(old));
-	epoch_bump();
 	/* Sequentially consistent, with publish_cold's add to `pending`
 	 * and its read of `cur`: either that thread sees the new slot and
 	 * drains after its add, or this drain takes its add. Release and
@@ -1002,6 +1001,13 @@ static int take_reply(struct reg_reply *rep_in, pid_t me)
 	 * store is one xchg more per attach. */
 	__atomic_store_n(&mtc_proc.cur, (uint64_t)(uintptr_t)na,
 	                 __ATOMIC_SEQ_CST);
+	/* After `cur`, with release: a thread that reads the new epoch
+	 * (publish_cold, with acquire) reads the new attachment after it,
+	 * never the old one. Bumped first, a thread could pair the old
+	 * slot with the new epoch: claim a lane there after its total was
+	 * carried, and go on publishing into it, lost (or, the slot given
+	 * to another process since, into that one's figure). */
+	epoch_bump();
 	mtshm_add_relaxeds64(
 	    &s->overflow,
 	    __atomic_exchange_n(&mtc_proc.pending, 0, __ATOMIC_SEQ_CST));

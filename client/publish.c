@@ -275,6 +275,11 @@ publish_cold(struct mtc_thread *th, int64_t delta,
 		mtshm_add_relaxeds64(&mtc_proc.fork_pending, delta);
 		return;
 	}
+	/* The epoch, then the attachment afresh: one read before the epoch
+	 * may be older than it (take_reply stores `cur`, then bumps the
+	 * epoch with release). */
+	uint64_t epoch = mtshm_load_acquire64(&mtc_epoch) & ~MTC_EPOCH_FORKING;
+	a = cur_att();
 	struct mtshm_slot_id *s = a ? a->slot : NULL;
 	if (!s) {
 		mtc_quiet_off(th);
@@ -289,7 +294,6 @@ publish_cold(struct mtc_thread *th, int64_t delta,
 		mtshm_add_relaxeds64(&s->overflow, delta);
 		return;
 	}
-	uint64_t epoch = epoch_now();
 	if (th->epoch != epoch || th->slot != s) {
 		release(th);
 		claim(th, a, epoch);
