@@ -90,24 +90,12 @@ bool mts_token_equal(const char *secret, const char *given)
 	return diff == 0;
 }
 
-/* Does the list of numbers at `p` hold `gid`? (`skip` numbers first.) */
-static bool list_has(const char *p, unsigned skip, unsigned most, uint32_t gid)
-{
-	for (unsigned i = 0; i < skip + most; i++) {
-		char *end;
-		unsigned long v = strtoul(p, &end, 10);
-		if (end == p)
-			return false;
-		if (i >= skip && v == gid)
-			return true;
-		p = end;
-	}
-	return false;
-}
-
 /* Groups of /proc/PID/status: the Groups: line (supplementary), and with
  * `effective` the Gid: line's effective gid too (the primary group, which
- * Groups: need not list). */
+ * Groups: need not list). Read as a stream, number by number: the Groups:
+ * line of a process in thousands of groups runs to hundreds of KiB, and
+ * a line buffer cut it, once inside a number (10000909 read as 10: an
+ * admin) and leaving the rest unread (an admin not seen). */
 static bool status_has_group(uint32_t pid, uint32_t gid, bool effective)
 {
 	char path[64];
@@ -115,14 +103,55 @@ static bool status_has_group(uint32_t pid, uint32_t gid, bool effective)
 	FILE *f = fopen(path, "re");
 	if (!f)
 		return false;
-	char line[8192];
-	bool found = false;
-	while (!found && fgets(line, sizeof(line), f)) {
-		if (effective && strncmp(line, "Gid:", 4) == 0)
-			found = list_has(line + 4, 1, 1, gid);
-		else if (strncmp(line, "Groups:", 7) == 0)
-			found = list_has(line + 7, 0, UINT32_MAX, gid);
-	}
+	enum { KEY, GID, GROUPS, OTHER } in = KEY;
+	char key[16];
+	size_t klen = 0;
+	unsigned field = 0; /* numbers ended so far on this line */
+	uint64_t v = 0;
+	bool digits = false, found = false;
+	int c;
+	do {
+		c = getc(f);
+		if (in == KEY) {
+			if (c == '\n' || c == EOF) {
+				klen = 0;
+				continue;
+			}
+			if (klen == sizeof(key) - 1) {
+				in = OTHER;
+				continue;
+			}
+			key[klen++] = (char)c;
+			if (c != ':')
+				continue;
+			key[klen] = '\0';
+			in = strcmp(key, "Groups:") == 0             ? GROUPS
+			     : effective && strcmp(key, "Gid:") == 0 ? GID
+			                                             : OTHER;
+			field = 0;
+			digits = false;
+			continue;
+		}
+		if (in != OTHER && c >= '0' && c <= '9') {
+			v = digits ? v * 10 + (uint64_t)(c - '0')
+			           : (uint64_t)(c - '0');
+			if (v > UINT32_MAX)
+				v = (uint64_t)UINT32_MAX + 1; /* no gid */
+			digits = true;
+			continue;
+		}
+		if (digits) {
+			/* Gid: real, effective, saved, filesystem. */
+			if (v == gid && (in == GROUPS || field == 1))
+				found = true;
+			field++;
+			digits = false;
+		}
+		if (c == '\n') {
+			in = KEY;
+			klen = 0;
+		}
+	} while (!found && c != EOF);
 	fclose(f);
 	return found;
 }

@@ -177,6 +177,24 @@ Test(auth, admin_gid_as_supplementary_group_by_proc_status)
 	cr_assert_eq(mts_authorise(&reg, &p, NULL), MTS_AUTH_ADMIN_GID);
 }
 
+Test(auth, admin_gid_among_thousands_of_groups_by_proc_status)
+{
+	/* 1200 supplementary groups: a Groups: line of 10 KiB. Read whole
+	 * and number by number: 10000909 is not 10, and the last is seen. */
+	if (geteuid() != 0)
+		cr_skip_test("needs root to set supplementary groups");
+	static gid_t many[1200];
+	for (int i = 0; i < 1200; i++)
+		many[i] = 10000000 + (gid_t)i;
+	cr_assert_eq(setgroups(1200, many), 0);
+	cr_assert_not(mts_pid_in_group((uint32_t)getpid(), 10));
+	cr_assert_not(mts_pid_in_group((uint32_t)getpid(), 1000090));
+	cr_assert(mts_pid_in_group((uint32_t)getpid(), 10001199), "the last");
+	cr_assert(mts_pid_in_group((uint32_t)getpid(), 10000000), "the first");
+	cr_assert(mts_pid_in_group((uint32_t)getpid(), getegid()), "Gid:");
+	cr_assert(set_groups(1));
+}
+
 Test(auth, admin_gid_by_so_peergroups)
 {
 	if (!set_groups(7654))
