@@ -59,6 +59,7 @@
 #include "mts_rate.h"
 #include "mts_state.h"
 #include "mts_uidcount.h"
+#include "mts_vouch.h"
 #include "mtcommon.h"
 #include "mtshm.h"
 
@@ -608,7 +609,11 @@ static void result_fds(const struct mts_registry *reg, const struct mts_proc *p,
 static void totals_drop(struct mts_registry *reg, struct mts_proc *p)
 {
 	struct mts_group *g = &reg->groups[p->group];
-	uint64_t vouched = sat_sub(p->bytes, p->unvouched);
+	/* What the tick added for it: an untrusted process's claim no lower
+	 * than its kernel figure (mts_vouch_counted). Its claim alone left
+	 * the rest in the totals until the next tick, a dead process's
+	 * memory that another uid's Admit was judged against. */
+	uint64_t vouched = mts_vouch_counted(p);
 	g->bytes = sat_sub(g->bytes, vouched);
 	g->unvouched = sat_sub(g->unvouched, p->unvouched);
 	g->mapped = sat_sub(g->mapped, p->mapped);

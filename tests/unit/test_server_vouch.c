@@ -277,6 +277,20 @@ Test(vouch, a_process_whose_main_thread_exited_is_still_read)
 	fx_stop();
 }
 
+Test(vouch, an_exit_takes_the_kernels_figure_out_at_once)
+{
+	start(64 * MIB, 60000);
+	pid_t w = fx_spawn_as_holding((long)LIAR_UID, 128 * MIB);
+	fx_write(register_as(w, LIAR_UID, ""), 0);
+	tick_with_kernel();
+	cr_assert_geq(srv.reg.totals.bytes, 128 * MIB);
+	fx_kill(w); /* seen gone: no tick since */
+	cr_assert_eq(srv.reg.totals.processes, 0);
+	cr_assert_eq(srv.reg.totals.bytes, 0, "%llu left",
+	             (unsigned long long)srv.reg.totals.bytes);
+	fx_stop();
+}
+
 Test(vouch, a_corrupt_slot_still_counts_what_the_kernel_holds)
 {
 	/* One absurd figure quarantines a slot's counters for good; an
