@@ -1,8 +1,10 @@
 /*
  * procfs.c - the facts memtallyd reads from /proc. At registration it
  * reads a process's start time, its identity across pid reuse, and its
- * comm, for humans. Every rss_interval rss.c reads its resident set from
- * /proc/PID/statm on the thread pool.
+ * comm, for humans. Every rss_interval rss.c reads its memory from
+ * /proc/PID/status (smaps_rollup for an untrusted process) on a thread of
+ * its own, through a live thread's /proc/PID/task/TID when the main
+ * thread has exited.
  *
  * /proc/PID/stat is "pid (comm) state ppid ...", and the process chooses
  * its comm, which may hold spaces, ')' and newlines. The only safe anchor
