@@ -59,7 +59,6 @@
 #include "mts_rate.h"
 #include "mts_state.h"
 #include "mts_uidcount.h"
-#include "mts_vouch.h"
 #include "mtcommon.h"
 #include "mtshm.h"
 
@@ -612,8 +611,11 @@ static void totals_drop(struct mts_registry *reg, struct mts_proc *p)
 	/* What the tick added for it: an untrusted process's claim no lower
 	 * than its kernel figure (mts_vouch_counted). Its claim alone left
 	 * the rest in the totals until the next tick, a dead process's
-	 * memory that another uid's Admit was judged against. */
-	uint64_t vouched = mts_vouch_counted(p);
+	 * memory that another uid's Admit was judged against. (Spelled out:
+	 * vouch.c depends on the registry, not the other way round.) */
+	uint64_t vouched = sat_sub(p->bytes, p->unvouched);
+	if (p->untrusted && p->vouch.kernel > vouched)
+		vouched = p->vouch.kernel;
 	g->bytes = sat_sub(g->bytes, vouched);
 	g->unvouched = sat_sub(g->unvouched, p->unvouched);
 	g->mapped = sat_sub(g->mapped, p->mapped);

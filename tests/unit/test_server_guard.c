@@ -553,8 +553,7 @@ static void check_a_full_node(void)
 
 /* Slot `slot` as a client with two threads publishes it: thread `tid`'s
  * lane holds `mine`, another thread's `other`. */
-static void two_lanes(uint32_t slot, uint32_t tid, int64_t mine,
-                      int64_t other)
+static void two_lanes(uint32_t slot, uint32_t tid, int64_t mine, int64_t other)
 {
 	struct mtshm_slot_id *s = mts_slot(&srv.reg, slot);
 	mtshm_store_relaxed32(&s->threads, 2);
