@@ -248,8 +248,11 @@ static void on_fork_parent(void)
 		__atomic_fetch_add(&mtc_proc.pending, p, __ATOMIC_SEQ_CST);
 		mtc_pending_redrain();
 	}
+	/* The figure as the table holds it, under the table's lock: the
+	 * one read here could be older than another thread's store by the
+	 * time we stored it, and stand until the next change. */
 	if (cur_att())
-		mtc_mapped_store(mtshm_load_relaxed64(&mtc_proc.mapped));
+		mtc_mapped_resync();
 }
 
 /*
