@@ -117,6 +117,10 @@ static struct {
 } mm = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 static __thread int mm_busy MTC_TLS; /* this thread holds mm.lock */
+/* This thread is forking: from our prepare handler to our parent or child
+ * handler, its calls pass the table by, uncounted, as a re-entered call
+ * does (mm_child says why). */
+static __thread int mm_in_fork MTC_TLS;
 
 /* ---- the kernel's calls ------------------------------------------------ */
 
@@ -232,9 +236,14 @@ static int add_excl(struct dl_phdr_info *info, size_t size, void *self)
 	return 0;
 }
 
+/* Its storage too: a fork in the middle of a grow (mremap moved it, `v`
+ * not yet stored) or of the reconcile's swap of d and d2 leaves `v` and
+ * `cap` wrong. The parent's storage is left to the child, unused. */
 static void table_forget(struct mtc_maptable *t)
 {
+	t->v = NULL;
 	t->n = 0;
+	t->cap = 0;
 	t->total = 0;
 }
 
@@ -253,9 +262,24 @@ static void table_forget(struct mtc_maptable *t)
  * undercount, in a fork that met another thread's mmap). Held by this
  * thread (a fork from a signal handler that interrupted it in the table),
  * that code goes on after the handler and unlocks it.
+ * The forking thread is marked from our prepare handler on (mm_in_fork):
+ * the child handlers of libraries set up before ours run before this one,
+ * and a call of theirs that maps would wait for a lock no thread of the
+ * child will ever release; marked, it passes the table by, uncounted.
  */
+static void mm_prepare(void)
+{
+	mm_in_fork = 1;
+}
+
+static void mm_parent(void)
+{
+	mm_in_fork = 0;
+}
+
 static void mm_child(void)
 {
+	mm_in_fork = 0;
 	if (mm_busy)
 		return;
 	if (pthread_mutex_trylock(&mm.lock) == 0) {
@@ -292,7 +316,7 @@ __attribute__((constructor(102))) static void mm_init(void)
 	mm.d2.grow = table_grow;
 	mm.y[0].grow = table_grow;
 	mm.y[1].grow = table_grow;
-	pthread_atfork(NULL, NULL, mm_child);
+	pthread_atfork(mm_prepare, mm_parent, mm_child);
 	__atomic_store_n(&mm.ready, 1, __ATOMIC_RELEASE);
 }
 
@@ -320,7 +344,7 @@ static inline uintptr_t page_up(uintptr_t a)
 static int enter(const void *ret)
 {
 	if (!__atomic_load_n(&mm.ready, __ATOMIC_ACQUIRE) || mm_busy ||
-	    is_excluded(ret))
+	    mm_in_fork || is_excluded(ret))
 		return 0;
 	/* Busy before the lock: a signal landing between the lock's
 	 * acquisition and this store would otherwise find the thread not
@@ -615,7 +639,7 @@ static void leave(uint64_t before)
 static void reconcile_outside(bool now)
 {
 	if (!__atomic_load_n(&mm.ready, __ATOMIC_ACQUIRE) || mm_busy ||
-	    __atomic_load_n(&mm.t.n, __ATOMIC_RELAXED) == 0)
+	    mm_in_fork || __atomic_load_n(&mm.t.n, __ATOMIC_RELAXED) == 0)
 		return;
 	mm_busy = 1; /* as in enter(): busy before the lock */
 	__atomic_signal_fence(__ATOMIC_SEQ_CST);
@@ -646,7 +670,7 @@ void mtc_maps_reconcile_now(void)
 
 void mtc_mapped_resync(void)
 {
-	if (!__atomic_load_n(&mm.ready, __ATOMIC_ACQUIRE))
+	if (!__atomic_load_n(&mm.ready, __ATOMIC_ACQUIRE) || mm_in_fork)
 		return;
 	if (mm_busy) { /* a signal handler of a thread inside the table */
 		mtc_mapped_store(figure());
