@@ -100,9 +100,15 @@ static void claim(struct mtc_thread *th, const struct mtc_attachment *a,
 	th->gate_epoch = GATE_EPOCH(epoch);
 }
 
+/* Its lane goes back, and its count, only in the slot we are attached to
+ * now: an old slot is abandoned (the server may have given it to another
+ * process since), and the parent's, in a forked child, is not ours. Not
+ * by the epoch: a thread can claim a lane in a new slot under the epoch
+ * before it (take_reply stores the slot, then moves the epoch), and that
+ * lane would never be given back. */
 static void release(struct mtc_thread *th)
 {
-	if (th->slot && th->epoch == epoch_now()) {
+	if (th->slot && th->slot == cur_slot()) {
 		if (th->counted)
 			mtshm_add_relaxed32(&th->slot->threads, -1);
 		if (th->lane) {
