@@ -266,15 +266,20 @@ static uint64_t host_own(const struct mts_registry *reg,
 bool mts_host_allowance(const struct mts_registry *reg,
                         const struct mts_proc *p, uint64_t *allowance)
 {
-	uint64_t granted = 0, base = 0;
+	uint64_t granted = 0, base = 0, latest = 0;
 	bool hosts = false;
 	for (uint32_t i = 0; reg->adm->nhosted && i < reg->adm->nresv; i++) {
 		const struct mts_resv *r = reg->adm->resv[i];
 		if (hosted_by(r, p->pid)) {
-			hosts = true;
 			granted = mt_sat_add(granted, r->bytes);
-			if (r->host_own_base > base)
+			/* The latest grant's: an earlier one's base may be
+			 * room the host gave up since and others were
+			 * admitted into. */
+			if (!hosts || r->created_ns >= latest) {
+				latest = r->created_ns;
 				base = r->host_own_base;
+			}
+			hosts = true;
 		}
 	}
 	/* Not its own memory now: a process could hold any amount, ask

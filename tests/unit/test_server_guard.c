@@ -591,6 +591,36 @@ Test(guard, a_hosts_own_growth_after_its_grants_is_beyond)
 	cr_assert_eq(k->reserved, 20 * MIB + 1);
 }
 
+Test(guard, a_hosts_own_memory_counts_as_of_its_latest_grant)
+{
+	fx_start();
+	reserve(FX_UID, "b", 10 * MIB);
+	task_worker(FX_UID, "b", 40 * MIB); /* 30 beyond its reservation */
+	pid_t a = fx_spawn();
+	uint32_t slot = fx_register_as(a, 2000, "default", "");
+	/* Granted while it holds 100 MiB of its own; then it gives 80
+	 * back (room others may be admitted into) and is granted again. */
+	two_lanes(slot, 77, 0, 100 * MIB);
+	mts_core_tick(&srv.reg);
+	Memtally__V1__Response *r = fx_admit_hosted(a, 2000, 1, "", 77, 0);
+	cr_assert(r->admit_result->in_process);
+	memtally__v1__response__free_unpacked(r, NULL);
+	two_lanes(slot, 77, 0, 20 * MIB);
+	mts_core_tick(&srv.reg);
+	struct timespec ts = {0, 2 * 1000 * 1000};
+	nanosleep(&ts, NULL); /* a later grant */
+	r = fx_admit_hosted(a, 2000, 1, "", 77, 0);
+	cr_assert(r->admit_result->in_process);
+	memtally__v1__response__free_unpacked(r, NULL);
+	/* Taking the 80 MiB again is beyond: the first grant's 100 is
+	 * not its to keep. */
+	two_lanes(slot, 77, 0, 100 * MIB);
+	enum mts_guard_rule rule;
+	const struct mts_guard_cand *k = choose(&rule);
+	cr_assert_eq(k->pid, (uint32_t)a, "chose %s (pid %u)", k->task, k->pid);
+	cr_assert_eq(k->reserved, 20 * MIB + 2);
+}
+
 Test(guard, a_task_workers_hosted_runs_are_evicted_with_it)
 {
 	fx_start();
