@@ -527,8 +527,19 @@ static void sweep_apply(struct mts_registry *reg,
 {
 	for (uint32_t i = 0; i < upto; i++) {
 		const struct rss_entry *e = &sw->e[i];
-		if (e->err < 0)
-			continue; /* gone: its pidfd says so */
+		if (e->err < 0) {
+			/* Gone (its pidfd says so), or unreadable: then no
+			 * early read again before the next full sweep, or a
+			 * process with no read yet would be asked for one
+			 * every early sweep. */
+			struct mts_proc *p = mts_find_pid(reg, e->pid);
+			if (p && p->start_time == e->start_time)
+				p->vouch.next_read_ns =
+				    e->read_ns +
+				    (uint64_t)reg->policy.rss_interval_ms *
+				        1000000u;
+			continue;
+		}
 		struct mts_proc *p = mts_find_pid(reg, e->pid);
 		if (p && p->start_time == e->start_time)
 			entry_apply(reg, p, e);
