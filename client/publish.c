@@ -271,9 +271,8 @@ static inline void after_store(struct mtc_thread *th,
  * re-attach (claim a lane), no lane free (overflow). Kept out of line so
  * that the common case below needs few registers
  * (bench/results/alloc_overhead.md). */
-__attribute__((noinline, cold)) static void
-publish_cold(struct mtc_thread *th, int64_t delta,
-             const struct mtc_attachment *a)
+__attribute__((noinline, cold)) static void publish_cold(struct mtc_thread *th,
+                                                         int64_t delta)
 {
 	if (__builtin_expect(mtc_forking, 0)) {
 		/* Inside fork() (publish.h): neither the slot nor an attach. */
@@ -285,7 +284,7 @@ publish_cold(struct mtc_thread *th, int64_t delta,
 	 * may be older than it (take_reply stores `cur`, then bumps the
 	 * epoch with release). */
 	uint64_t epoch = mtshm_load_acquire64(&mtc_epoch) & ~MTC_EPOCH_FORKING;
-	a = cur_att();
+	const struct mtc_attachment *a = cur_att();
 	struct mtshm_slot_id *s = a ? a->slot : NULL;
 	if (!s) {
 		mtc_quiet_off(th);
@@ -321,7 +320,7 @@ void mtc_publish(struct mtc_thread *th, int64_t delta)
 	if (__builtin_expect(!a || !l || th->slot != a->slot ||
 	                         th->epoch != mtshm_load_relaxed64(&mtc_epoch),
 	                     0)) {
-		publish_cold(th, delta, a);
+		publish_cold(th, delta);
 		return;
 	}
 	/* Only this thread writes its lane: no atomic RMW. */

@@ -300,19 +300,9 @@ void mts_proc_set_rss(struct mts_registry *reg, struct mts_proc *p,
  * together), and RssAnon alone in *anon. 0 or -errno. */
 static int read_own(pid_t pid, struct mts_kernel_mem *km)
 {
-	char buf[4096];
-	ssize_t n = mts_read_proc_status(pid, buf, sizeof(buf));
-	if (n < 0)
-		return (int)n;
-	int err = mts_parse_status_mem(buf, km);
-	if (err != -EINVAL)
-		return err;
-	/* A zombie leader (its main thread exited): a live thread's status
-	 * has the memory, and the credentials the process runs as now. */
-	pid_t tid = mts_live_thread(pid);
-	if (tid <= 0 || mts_read_thread_status(pid, tid, buf, sizeof(buf)) < 0)
-		return err;
-	return mts_parse_status_mem(buf, km);
+	/* status alone (no smaps_rollup), through a live thread's when the
+	 * main thread has exited: vouch.c's read. */
+	return mts_read_kernel_mem((int)pid, false, km);
 }
 
 /* Read one entry: status for most; smaps_rollup (and the descriptors,

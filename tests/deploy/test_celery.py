@@ -89,6 +89,23 @@ class CeleryWorker:
                 self.proc.wait()
 
 
+def broker_and_app():
+    """A scratch directory, a redis broker in it, the workers' environment
+    and the test app (celery_app, imported afresh: it binds to the broker
+    its module reads at import)."""
+    tmp = tempfile.mkdtemp(prefix="mt-celery-")
+    rd = Redis(tmp)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [os.path.join(SRC, "python"), HERE, env.get("PYTHONPATH", "")])
+    env["MT_REDIS_SOCKET"] = rd.sock
+    os.environ["MT_REDIS_SOCKET"] = rd.sock
+    sys.path[:0] = [os.path.join(SRC, "python"), HERE]
+    sys.modules.pop("celery_app", None)
+    import celery_app
+    return tmp, rd, env, celery_app
+
+
 def ledger(rd):
     return [x.decode().split() for x in rd.r.lrange("mt:ran", 0, -1)]
 
@@ -106,15 +123,7 @@ def run_batch(rd, app_mod, n, first):
 
 def test_two_nodes_one_broker():
     need_modules()
-    tmp = tempfile.mkdtemp(prefix="mt-celery-")
-    rd = Redis(tmp)
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [os.path.join(SRC, "python"), HERE, env.get("PYTHONPATH", "")])
-    env["MT_REDIS_SOCKET"] = rd.sock
-    os.environ["MT_REDIS_SOCKET"] = rd.sock
-    sys.path[:0] = [os.path.join(SRC, "python"), HERE]
-    import celery_app
+    tmp, rd, env, celery_app = broker_and_app()
     workers = []
     hogs = []
     try:
@@ -218,16 +227,7 @@ def test_thread_pool_pauses_on_the_loop():
     cancelled and added back on the loop's thread (MainThread) only, and
     every task runs once the node has room."""
     need_modules()
-    tmp = tempfile.mkdtemp(prefix="mt-celery-")
-    rd = Redis(tmp)
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [os.path.join(SRC, "python"), HERE, env.get("PYTHONPATH", "")])
-    env["MT_REDIS_SOCKET"] = rd.sock
-    os.environ["MT_REDIS_SOCKET"] = rd.sock
-    sys.path[:0] = [os.path.join(SRC, "python"), HERE]
-    sys.modules.pop("celery_app", None)     # bound to this test's broker
-    import celery_app
+    tmp, rd, env, celery_app = broker_and_app()
     w = hog = None
     try:
         with Server("--fleet-limit", "64MiB") as a:
@@ -285,16 +285,7 @@ def test_killed_command_is_retried():
     guard that kills without `memtally run`) is retried as an eviction:
     status -9 from subprocess itself, 137 through a shell."""
     need_modules()
-    tmp = tempfile.mkdtemp(prefix="mt-celery-")
-    rd = Redis(tmp)
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [os.path.join(SRC, "python"), HERE, env.get("PYTHONPATH", "")])
-    env["MT_REDIS_SOCKET"] = rd.sock
-    os.environ["MT_REDIS_SOCKET"] = rd.sock
-    sys.path[:0] = [os.path.join(SRC, "python"), HERE]
-    sys.modules.pop("celery_app", None)     # bound to this test's broker
-    import celery_app
+    tmp, rd, env, celery_app = broker_and_app()
     w = None
     try:
         with Server("--fleet-limit", "64MiB") as a:
@@ -341,16 +332,7 @@ def test_evicted_is_retried():
     import test_guard
     from harness import CLI
     cg = test_guard.node("celery")
-    tmp = tempfile.mkdtemp(prefix="mt-celery-")
-    rd = Redis(tmp)
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [os.path.join(SRC, "python"), HERE, env.get("PYTHONPATH", "")])
-    env["MT_REDIS_SOCKET"] = rd.sock
-    os.environ["MT_REDIS_SOCKET"] = rd.sock
-    sys.path[:0] = [os.path.join(SRC, "python"), HERE]
-    sys.modules.pop("celery_app", None)     # bound to this test's broker
-    import celery_app
+    tmp, rd, env, celery_app = broker_and_app()
     w = None
     marker = os.path.join(tmp, "leaked-once")
     try:

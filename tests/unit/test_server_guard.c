@@ -564,6 +564,15 @@ static void two_lanes(uint32_t slot, uint32_t tid, int64_t mine, int64_t other)
 	mtshm_store_relaxeds64(&mtshm_lane(s, 1)->bytes, other);
 }
 
+/* Process `a` of uid 2000 asks for one byte, run in it on thread 77: it
+ * hosts a task from now on. */
+static void one_byte_in_process(pid_t a)
+{
+	Memtally__V1__Response *r = fx_admit_hosted(a, 2000, 1, "", 77, 0);
+	cr_assert(r->admit_result->admitted && r->admit_result->in_process);
+	memtally__v1__response__free_unpacked(r, NULL);
+}
+
 Test(guard, a_hosts_own_growth_after_its_grants_is_beyond)
 {
 	fx_start();
@@ -575,9 +584,7 @@ Test(guard, a_hosts_own_growth_after_its_grants_is_beyond)
 	uint32_t slot = fx_register_as(a, 2000, "default", "");
 	two_lanes(slot, 77, 0, 20 * MIB);
 	mts_core_tick(&srv.reg);
-	Memtally__V1__Response *r = fx_admit_hosted(a, 2000, 1, "", 77, 0);
-	cr_assert(r->admit_result->admitted && r->admit_result->in_process);
-	memtally__v1__response__free_unpacked(r, NULL);
+	one_byte_in_process(a);
 	enum mts_guard_rule rule;
 	const struct mts_guard_cand *k = choose(&rule);
 	cr_assert_str_eq(k->task, "b");
@@ -602,16 +609,12 @@ Test(guard, a_hosts_own_memory_counts_as_of_its_latest_grant)
 	 * back (room others may be admitted into) and is granted again. */
 	two_lanes(slot, 77, 0, 100 * MIB);
 	mts_core_tick(&srv.reg);
-	Memtally__V1__Response *r = fx_admit_hosted(a, 2000, 1, "", 77, 0);
-	cr_assert(r->admit_result->in_process);
-	memtally__v1__response__free_unpacked(r, NULL);
+	one_byte_in_process(a);
 	two_lanes(slot, 77, 0, 20 * MIB);
 	mts_core_tick(&srv.reg);
 	struct timespec ts = {0, 2 * 1000 * 1000};
 	nanosleep(&ts, NULL); /* a later grant */
-	r = fx_admit_hosted(a, 2000, 1, "", 77, 0);
-	cr_assert(r->admit_result->in_process);
-	memtally__v1__response__free_unpacked(r, NULL);
+	one_byte_in_process(a);
 	/* Taking the 80 MiB again is beyond: the first grant's 100 is
 	 * not its to keep. */
 	two_lanes(slot, 77, 0, 100 * MIB);
