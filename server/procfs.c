@@ -168,9 +168,19 @@ pid_t mts_live_thread(pid_t pid)
 {
 	char path[48];
 	snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
-	DIR *d = opendir(path);
-	if (!d)
+	/* open, then fdopendir, as rss.c's descriptor walk does: it runs on
+	 * the reader thread while the loop closes and accepts sockets, and
+	 * the descriptor must be known as created here (ThreadSanitizer
+	 * sees opendir's own open as no creation, and the reuse of a number
+	 * the loop closed as a race). */
+	int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd < 0)
 		return -ESRCH;
+	DIR *d = fdopendir(fd);
+	if (!d) {
+		close(fd);
+		return -ESRCH;
+	}
 	pid_t tid = -ESRCH;
 	struct dirent *e;
 	while (tid < 0 && (e = readdir(d))) {
