@@ -403,6 +403,10 @@ static void conn_maybe_finish(struct mts_conn *c)
 static void backlog_add(struct mts_conn *c)
 {
 	struct mts_conns *net = c->net;
+	/* Once only: queued twice, the tail would point at itself (on_idle
+	 * would count for ever) or cut off every connection behind it. */
+	if (c->backlogged)
+		return;
 	c->backlogged = true;
 	c->bnext = NULL;
 	if (net->backlog_tail)
@@ -433,9 +437,12 @@ static void on_write(uv_write_t *req, int status)
 	}
 	if (c->paused && c->out_pending <= MTS_OUT_LOW) {
 		/* Answer what was buffered while paused; conn_process reads
-		 * again once nothing answerable is left. */
+		 * again once nothing answerable is left. One queued for a turn
+		 * (budget_relieved queues the throttled, paused or not) waits
+		 * for that turn: one turn per loop iteration. */
 		c->paused = false;
-		conn_process(c);
+		if (!c->backlogged)
+			conn_process(c);
 	}
 	conn_maybe_finish(c);
 }

@@ -515,6 +515,96 @@ Test(budget, a_throttled_peer_that_reads_again_is_resumed, .init = setup_cap,
 	close(h.c.fd);
 }
 
+/* 10 MiB for all: two pipelining peers reach MTS_OUT_HIGH each (paused:
+ * the server waits for their output to drain), and a third takes the
+ * total past it (throttled). */
+#define PAUSE_CAP (10u << 20)
+
+static void setup_pause_cap(void)
+{
+	setup_budget(0, PAUSE_CAP);
+}
+
+/* A peer both paused and throttled: when the total falls under the low
+ * mark, budget_relieved queues it for a turn, and when its own output
+ * drains, on_write gave it a turn too, which queued it a second time. The
+ * backlog's tail then pointed at itself, and the loop spun in on_idle for
+ * ever (or the list was cut, and the peers behind it were never served
+ * again). Found in review. Each peer must keep being answered. */
+Test(budget, a_paused_peer_relieved_with_the_budget_is_served_once,
+     .init = setup_pause_cap, .fini = teardown, .timeout = 120)
+{
+	enum { N = 3 };
+	static struct hostile h[N];
+	for (int i = 0; i < N; i++)
+		hostile_open(&h[i]);
+	/* One after another: the first two fill their output to
+	 * MTS_OUT_HIGH and are paused, then the third takes the total past
+	 * the budget, and all three are throttled. Side by side they would
+	 * pass the budget before any was paused. */
+	for (int i = 0; i < N; i++) {
+		uint64_t want = i < N - 1 ? (uint64_t)(i + 1) * MTS_OUT_HIGH
+		                          : (uint64_t)PAUSE_CAP + 1;
+		for (int round = 0; srv.net.buffered < want; round++) {
+			cr_assert_lt(round, 400000,
+			             "peer %d: buffered %llu, never %llu", i,
+			             (unsigned long long)srv.net.buffered,
+			             (unsigned long long)want);
+			hostile_push(&h[i]);
+			uv_run(&loop, UV_RUN_NOWAIT);
+		}
+	}
+	cr_assert(srv.net.pressure);
+	cr_assert_eq(srv.net.conn_stats.throttled, N);
+	/* Every peer reads now, and goes on pipelining: each must get well
+	 * past what it held unanswered. */
+	uint64_t got[N] = {0};
+	uint8_t buf[65536];
+	uv_update_time(&loop);
+	uint64_t last = uv_now(&loop), stall = 0;
+	bool done = false;
+	for (int spins = 0; spins < 400000 && !done; spins++) {
+		uv_update_time(&loop);
+		if (uv_now(&loop) - last > stall)
+			stall = uv_now(&loop) - last;
+		last = uv_now(&loop);
+		uv_run(&loop, UV_RUN_NOWAIT);
+		done = !srv.net.pressure;
+		bool any = false;
+		for (int i = 0; i < N; i++) {
+			ssize_t n =
+			    recv(h[i].c.fd, buf, sizeof(buf), MSG_DONTWAIT);
+			if (n > 0) {
+				got[i] += (uint64_t)n;
+				any = true;
+			}
+			if (got[i] < (8u << 20))
+				done = false;
+			if (spins % 8 == 0)
+				hostile_push(&h[i]);
+		}
+		if (!any)
+			poll(NULL, 0, 0);
+	}
+	if (stall < MTS_BUDGET_GRACE_MS / 2) {
+		cr_assert_eq(srv.net.conn_stats.evicted, 0);
+		for (int i = 0; i < N; i++)
+			cr_assert_geq(
+			    got[i], 8u << 20,
+			    "peer %d answered %llu bytes, then nothing", i,
+			    (unsigned long long)got[i]);
+	} else {
+		cr_log_info("the test stalled %llu ms: eviction not checked",
+		            (unsigned long long)stall);
+	}
+	struct client good;
+	client_unix(&good);
+	get_usage(&good, 1);
+	close(good.fd);
+	for (int i = 0; i < N; i++)
+		close(h[i].c.fd);
+}
+
 /* Peers stuck on partial frames hold input that cannot shrink while they
  * are throttled (they are not read, so their frames never complete).
  * Eviction must therefore take the total under the low mark, where
