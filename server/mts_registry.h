@@ -515,7 +515,8 @@ void mts_table_gc(struct mts_registry *reg, struct mts_table *t);
  * (CLOCK_MONOTONIC). The tick calls it. */
 void mts_tables_sweep(struct mts_registry *reg, uint64_t now_ns);
 
-/* Recompute the free-slot stack from by_slot[] (after adoption). */
+/* Recompute the free-slot stack from by_slot[], and start each slot's
+ * generations above what the adopted tables hold (after adoption). */
 void mts_registry_rebuild_free(struct mts_registry *reg);
 
 /* Write `p`'s entry in the restart record (mts_state_put). */

@@ -1288,6 +1288,24 @@ int mts_registry_adopt_slot(struct mts_registry *reg,
 
 void mts_registry_rebuild_free(struct mts_registry *reg)
 {
+	/* A slot the last server gave and this one did not adopt (its
+	 * record entry unwritten, or its table opened through another
+	 * worker of the uid) would be handed out again from generation 1.
+	 * The worker that had it, registering again, would find the same
+	 * table, slot and generation, take it for an adoption and keep its
+	 * lanes, which slot_init has just zeroed: its count lost. Every
+	 * generation starts above what the adopted tables hold. (A value
+	 * past 2^62 is a worker's scribble, not the last server's.) */
+	for (uint32_t t = 0; t < reg->ntables; t++) {
+		const struct mts_table *tb = reg->tables[t];
+		for (uint32_t i = 0; i < reg->slot_count; i++) {
+			uint64_t g = mtshm_load_relaxed64(
+			    &mtshm_slot(&reg->layout, tb->map.base, i)
+			         ->generation);
+			if (g < (UINT64_C(1) << 62) && g > reg->slot_gens[i])
+				reg->slot_gens[i] = g;
+		}
+	}
 	reg->nfree = 0;
 	for (uint32_t i = reg->slot_count; i-- > 0;)
 		if (!reg->by_slot[i])

@@ -1247,6 +1247,28 @@ Test(dispatch, an_adopted_table_with_a_worker_is_never_swept)
 	cr_assert_eq(mts_find_pid(&srv.reg, (uint32_t)b)->bytes, 3 * MIB);
 }
 
+Test(dispatch, a_slot_not_adopted_gets_a_generation_never_given)
+{
+	/* The last server gave slot 0 of this uid's table generation 41;
+	 * its worker was not adopted (its record entry never written) but
+	 * the table was, through another worker. Registering again, that
+	 * worker must not get slot 0 at generation 41 again: it would take
+	 * the answer for an adoption and keep lanes slot_init zeroed. Found
+	 * in review: generations started at 1 in every server. */
+	fx_start();
+	struct mts_table *t = adopted_table(FX_UID);
+	mtshm_store_relaxed64(
+	    &mtshm_slot(&srv.reg.layout, t->map.base, 0)->generation, 41);
+	cr_assert_eq(adopt(t, 4, fx_spawn(), FX_UID, "default"), 0);
+	mts_registry_rebuild_free(&srv.reg);
+	uint32_t slot = fx_register(fx_spawn(), "", "");
+	cr_assert_eq(slot, 0, "the lowest free slot is handed out first");
+	cr_assert_gt(srv.reg.slot_gens[0], 41, "generation %llu given again",
+	             (unsigned long long)srv.reg.slot_gens[0]);
+	cr_assert_eq(mtshm_load_relaxed64(&srv.reg.slot_at[0]->generation),
+	             srv.reg.slot_gens[0]);
+}
+
 Test(dispatch, an_exited_worker_not_yet_reaped_is_not_adopted)
 {
 	/* Its start time still matches and its pidfd opens; its last
