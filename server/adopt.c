@@ -37,7 +37,8 @@
  * the read and the open. So the lookup and open run on a thread of their
  * own, waited on for MTS_ADOPT_OPEN_MS at most. A uid whose open did not
  * finish in time is not tried again, and after MTS_ADOPT_STALLS_MAX such
- * waits no table is reopened: their workers re-register.
+ * waits, or as long in all, no table is reopened: their workers
+ * re-register.
  *
  * A recorded worker that cannot be adopted is dropped, not lost. That
  * happens when its table cannot be reopened, for example by a server
@@ -179,9 +180,9 @@ static void *table_opener(void *arg)
 	return NULL;
 }
 
-/* open_worker_table(), given up after MTS_ADOPT_OPEN_MS (-ETIMEDOUT). */
+/* open_worker_table(), given up after wait_ns (-ETIMEDOUT). */
 static int open_worker_table_bounded(uint32_t pid, const char *label,
-                                     uint64_t dev)
+                                     uint64_t dev, uint64_t wait_ns)
 {
 	struct table_open *t = calloc(1, sizeof(*t));
 	if (!t)
@@ -203,8 +204,7 @@ static int open_worker_table_bounded(uint32_t pid, const char *label,
 		free(t);
 		return err;
 	}
-	uint64_t end =
-	    mts_now_monotonic() + (uint64_t)MTS_ADOPT_OPEN_MS * 1000000u;
+	uint64_t end = mts_now_monotonic() + wait_ns;
 	struct pollfd pfd = {.fd = t->efd, .events = POLLIN};
 	int fd = -ETIMEDOUT;
 	for (;;) {
@@ -225,15 +225,20 @@ static int open_worker_table_bounded(uint32_t pid, const char *label,
 	return fd;
 }
 
-/* uids whose table's open did not finish in time: not tried again. */
+/* uids whose table's open did not finish in time: not tried again; and
+ * the time all opens may still take. A lookup that fails just within its
+ * wait (a worker holding its mmap lock 1.9 s, then no table found) marks
+ * no uid, but spends this: 512 such workers would otherwise hold the
+ * restart for a quarter of an hour. */
 struct stalls {
 	uint32_t uid[MTS_ADOPT_STALLS_MAX];
 	uint32_t n;
+	uint64_t left_ns;
 };
 
 static bool stalled(const struct stalls *s, uint32_t uid)
 {
-	if (s->n >= MTS_ADOPT_STALLS_MAX)
+	if (s->n >= MTS_ADOPT_STALLS_MAX || s->left_ns == 0)
 		return true;
 	for (uint32_t i = 0; i < s->n; i++)
 		if (s->uid[i] == uid)
@@ -252,7 +257,13 @@ static int table_for(struct mts_registry *reg, uint32_t uid, uint32_t pid,
 		return -ETIMEDOUT;
 	char label[96];
 	mts_table_label(reg, uid, label, sizeof(label));
-	int fd = open_worker_table_bounded(pid, label, reg->map->dev);
+	uint64_t wait = (uint64_t)MTS_ADOPT_OPEN_MS * 1000000u;
+	if (wait > stalls->left_ns)
+		wait = stalls->left_ns;
+	uint64_t t0 = mts_now_monotonic();
+	int fd = open_worker_table_bounded(pid, label, reg->map->dev, wait);
+	uint64_t took = mts_now_monotonic() - t0;
+	stalls->left_ns = took < stalls->left_ns ? stalls->left_ns - took : 0;
 	if (fd == -ETIMEDOUT)
 		stalls->uid[stalls->n++] = uid;
 	if (fd < 0)
@@ -301,7 +312,11 @@ void mts_adopt_resume_held(struct mts_state *st, uint32_t slots)
 int mts_adopt(struct mts_registry *reg, uint32_t *kept, uint32_t *dropped)
 {
 	char q[MTS_LOGQ_MAX], qg[MTS_LOGQ_MAX];
-	struct stalls stalls = {.n = 0};
+	struct stalls stalls = {
+	    .n = 0,
+	    .left_ns =
+	        (uint64_t)MTS_ADOPT_STALLS_MAX * MTS_ADOPT_OPEN_MS * 1000000u,
+	};
 	*kept = *dropped = 0;
 	for (uint32_t i = 0; i < reg->slot_count; i++) {
 		struct mts_state_rec r;
