@@ -32,6 +32,7 @@
  */
 #include "mts_config.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ini.h>
@@ -730,11 +731,21 @@ static int apply_key(struct load *l, const char *section, const char *key,
  * -ENOMEM. */
 static int note_key(struct load *l, const char *section, const char *name)
 {
+	/* A key by its own name (an alias is the same key: [server] label
+	 * and segment), in any case; a section as written: group names are
+	 * case-sensitive, [group GPU] is not [group gpu]. */
+	bool known = false;
+	bool grp = strncmp(section, "group", 5) == 0 &&
+	           (section[5] == ' ' || section[5] == '\t');
+	const struct mts_key *key =
+	    find_key(grp ? "group" : section, name, &known);
 	char *k;
-	if (asprintf(&k, "%s\n%s", section, name) < 0)
+	if (asprintf(&k, "%s\n%s", section, key ? key->key : name) < 0)
 		return -ENOMEM;
+	for (char *c = strchr(k, '\n'); *c; c++)
+		*c = (char)tolower((unsigned char)*c);
 	for (size_t i = 0; i < l->nseen; i++)
-		if (strcasecmp(l->seen[i], k) == 0) {
+		if (strcmp(l->seen[i], k) == 0) {
 			free(k);
 			return fail(l, section, name,
 			            "given twice in the file (each key once "

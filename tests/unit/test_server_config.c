@@ -614,6 +614,18 @@ Test(config, a_key_given_twice_is_refused)
 	                  &s, err, sizeof(err)),
 	             0, "%s", err);
 	mts_settings_free(&s);
+	/* Group names are case-sensitive: two groups, not one twice. */
+	cr_assert_eq(load("[group GPU]\nlimit = 8GiB\n[group gpu]\n"
+	                  "limit = 2GiB\n",
+	                  &s, err, sizeof(err)),
+	             0, "%s", err);
+	mts_settings_free(&s);
+	/* An alias is the same key: the last would win without a word. */
+	cr_assert_eq(
+	    load("[server]\nlabel = /a\nsegment = /b\n", &s, err, sizeof(err)),
+	    -EINVAL);
+	cr_assert_not_null(strstr(err, ":3: [server] segment: given twice"),
+	                   "%s", err);
 	/* A line led by a form feed is not the previous key's continuation. */
 	cr_assert_eq(load("[limits]\nfleet = 2GiB\n\fprocess = 1GiB\n", &s, err,
 	                  sizeof(err)),
