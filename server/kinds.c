@@ -41,6 +41,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <libgen.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -742,13 +743,24 @@ int mts_kinds_save(const struct mts_registry *reg, const char *path)
 	return err;
 }
 
-static int refuse(const char *path, const char *why)
+/* A record of ours refused for what it holds (or for a read or an
+ * allocation that failed: a node just out of memory) is moved aside to
+ * PATH.refused, not left for the first save to overwrite: history that a
+ * later server, or its operator, could still read is not destroyed on
+ * one warning. What is not ours (a symlink, a FIFO, another user's file)
+ * stays where it is; a save replaces it. */
+static int refuse(const char *path, const char *why, bool ours)
 {
-	char q[MTS_LOGQ_MAX];
+	char q[MTS_LOGQ_MAX], qa[MTS_LOGQ_MAX], aside[PATH_MAX];
+	const char *moved = "";
+	if (ours && snprintf(aside, sizeof(aside), "%s.refused", path) <
+	                (int)sizeof(aside))
+		moved = rename(path, aside) == 0 ? aside : "";
 	mts_log(MTS_LOG_WARN,
 	        "learned sizes refused, starting without them (the rest of "
 	        "the state is kept)",
-	        "path=%s why=\"%s\"", mts_logq(q, sizeof(q), path), why);
+	        "path=%s why=\"%s\" kept_as=%s", mts_logq(q, sizeof(q), path),
+	        why, mts_logq(qa, sizeof(qa), moved));
 	return -EBADMSG;
 }
 
@@ -903,9 +915,11 @@ int mts_kinds_load(struct mts_registry *reg, const char *path)
 			return -ENOENT;
 		ks->load_refused++;
 		return refuse(path,
-		              errno == ELOOP ? "a symlink" : strerror(errno));
+		              errno == ELOOP ? "a symlink" : strerror(errno),
+		              false);
 	}
 	const char *why = mts_file_not_ours(fd);
+	bool ours = !why;
 	unsigned char *d = NULL;
 	size_t len = 0;
 	/* A full table's record: the most kinds, each of the longest name
@@ -1009,7 +1023,7 @@ int mts_kinds_load(struct mts_registry *reg, const char *path)
 		struct mts_registry tmp = {.kinds = &fresh};
 		mts_kinds_free(&tmp);
 		ks->load_refused++;
-		return refuse(path, why);
+		return refuse(path, why, ours);
 	}
 	uint32_t dropped = trim_to_caps(reg, &fresh);
 	/* Replace what we had (nothing, at start). */

@@ -695,11 +695,19 @@ Test(kinds, corrupt_or_foreign_records_refused_whole)
 	fill();
 	mts_kinds_free(&srv.reg);
 	uint64_t b;
-	/* A flipped byte in a run: the checksum. */
+	/* A flipped byte in a run: the checksum. The record is moved aside,
+	 * not left for the next save to overwrite. */
+	char aside[300];
+	snprintf(aside, sizeof(aside), "%s.refused", path);
+	unlink(aside);
 	poke(200, 0x5a);
 	cr_assert_eq(mts_kinds_load(&srv.reg, path), -EBADMSG);
 	cr_assert_eq(srv.reg.kinds->n, 0);
 	cr_assert_eq(mts_kind_learned(&srv.reg, "gcc", &b, NULL, 0), -ENOENT);
+	cr_assert_neq(access(path, F_OK), 0, "the refused record left");
+	struct stat st;
+	cr_assert_eq(stat(aside, &st), 0, "the refused record not kept");
+	cr_assert_gt(st.st_size, 200);
 	/* Another magic. */
 	fill();
 	mts_kinds_free(&srv.reg);
@@ -711,11 +719,12 @@ Test(kinds, corrupt_or_foreign_records_refused_whole)
 	mts_kinds_free(&srv.reg);
 	cr_assert_eq(truncate(path, 100), 0);
 	cr_assert_eq(mts_kinds_load(&srv.reg, path), -EBADMSG);
-	/* Writable by others: not ours to believe. */
+	/* Writable by others: not ours to believe, nor to keep. */
 	fill();
 	mts_kinds_free(&srv.reg);
 	cr_assert_eq(chmod(path, 0666), 0);
 	cr_assert_eq(mts_kinds_load(&srv.reg, path), -EBADMSG);
+	cr_assert_eq(access(path, F_OK), 0, "a file not ours moved");
 	/* Another user's. */
 	cr_assert_eq(chmod(path, 0600), 0);
 	cr_assert_eq(chown(path, 65534, 65534), 0);
@@ -741,6 +750,7 @@ Test(kinds, corrupt_or_foreign_records_refused_whole)
 	cr_assert_eq(mkfifo(path, 0600), 0);
 	cr_assert_eq(mts_kinds_load(&srv.reg, path), -EBADMSG);
 	unlink(path);
+	unlink(aside);
 }
 
 static char *render(void)
