@@ -22,6 +22,9 @@ struct mts_rss_state {
 	uint64_t full_started_ns;
 	uint64_t full_cost_ns;
 	bool start_failed; /* the latest sweep's reader did not start */
+	/* A read of another uid's process was refused (no ptrace access):
+	 * said once, the first time. */
+	bool refused_said;
 };
 
 /*

@@ -522,6 +522,23 @@ static void sweep_apply(struct mts_registry *reg,
 			 * early read again before the next full sweep, or a
 			 * process with no read yet would be asked for one
 			 * every early sweep. */
+			if ((e->err == -EACCES || e->err == -EPERM) &&
+			    e->kernel && !reg->rss->refused_said) {
+				/* Without ptrace access (a container's root
+				 * without CAP_SYS_PTRACE) no other uid's
+				 * figure is ever the kernel's: an operator
+				 * must hear it once, not find it out. */
+				reg->rss->refused_said = true;
+				mts_log_uid(
+				    e->uid, MTS_LOG_WARN,
+				    "cannot read another user's memory "
+				    "figures: its workers count at their "
+				    "allowance only; memtallyd needs "
+				    "CAP_SYS_PTRACE, or the uid in [trust] "
+				    "trusted_uids",
+				    "pid=%u uid=%u err=%s", e->pid, e->uid,
+				    strerror(-e->err));
+			}
 			struct mts_proc *p = mts_find_pid(reg, e->pid);
 			if (p && p->start_time == e->start_time)
 				p->vouch.next_read_ns =
