@@ -90,14 +90,15 @@ struct cli {
 	enum memtally_scope scope;
 	uint32_t pid;
 	uint64_t limit;
-	char label[96];    /* "fleet", "group:NAME", "pid:N" as events say */
-	double wait_s;     /* run --wait */
-	double interval_s; /* top --interval */
-	long iterations_n; /* top --iterations; 0: until interrupted */
-	const char *poll;  /* run --poll, as given */
-	double poll_s;     /* run --poll; 0: the default */
-	const char *retry; /* run --retry, as given */
-	uint32_t retry_n;  /* run --retry */
+	/* "fleet", "group:NAME", "pid:N" as events say; a whole name */
+	char label[sizeof("group:") + MT_NAME_MAX];
+	double wait_s;           /* run --wait */
+	double interval_s;       /* top --interval */
+	long iterations_n;       /* top --iterations; 0: until interrupted */
+	const char *poll;        /* run --poll, as given */
+	double poll_s;           /* run --poll; 0: the default */
+	const char *retry;       /* run --retry, as given */
+	uint32_t retry_n;        /* run --retry */
 	const char *reservation; /* run --reservation ID */
 	bool socket_given;       /* run: --socket was given */
 };
@@ -1350,7 +1351,7 @@ static int cmd_limit(struct cli *c)
 	int err = memtally_query_set_limit(c->q, c->scope, group, c->pid,
 	                                   c->limit, &previous);
 	if (err) {
-		char what[128];
+		char what[sizeof(c->label) + 32];
 		snprintf(what, sizeof(what), "set the %s limit", c->label);
 		return query_error(c, what, err);
 	}
@@ -1735,11 +1736,13 @@ static int check_run(struct cli *c)
 		if (!c->task)
 			return usage_error("run: --reservation needs --task, "
 			                   "the task it was admitted for");
-		if (c->retry && !c->bytes && !c->kind)
-			return usage_error("run: --retry with --reservation "
-			                   "needs --bytes or --kind, to be "
-			                   "admitted again");
 	}
+	/* A rerun is admitted as the first run is: with neither there is
+	 * nothing to ask, and the evicted command would start again at once
+	 * on the node that just evicted it, the guard's first choice again. */
+	if (c->retry && !c->bytes && !c->kind)
+		return usage_error("run: --retry needs --bytes or --kind, "
+		                   "so that a rerun is admitted");
 	return 0;
 }
 

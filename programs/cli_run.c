@@ -345,8 +345,15 @@ static int wait_for_room(struct run *r, struct memtally_admit_result **denied)
 	int base = RETRY_FIRST_MS < max ? RETRY_FIRST_MS : max;
 	int64_t next = start + base;
 	int64_t last_ask = start;
-	fprintf(stderr, "memtally: waiting up to %g s for room: %s\n",
-	        r->wait_s, (*denied)->reason);
+	if (*denied)
+		fprintf(stderr, "memtally: waiting up to %g s for room: %s\n",
+		        r->wait_s, (*denied)->reason);
+	else
+		fprintf(stderr,
+		        "memtally: memtallyd at %s dropped the connection "
+		        "(its cap on one user's connections, or a restart); "
+		        "asking again for up to %g s\n",
+		        r->where, r->wait_s);
 	watch_open(r);
 	for (;;) {
 		int64_t now = now_ms();
@@ -798,13 +805,28 @@ static int admission(struct run *r)
 		return 1;
 	}
 	struct memtally_admit_result *a = NULL;
-	int got = ask(r, &a, true);
+	int got = ask(r, &a, r->wait_s <= 0);
+	/* Connected, then dropped before an answer: memtallyd is there but
+	 * closed us (the uid's max_connections_per_uid, taken by its other
+	 * runs, or a restart). With --wait that is waited out as no room
+	 * is: failing open at once would start every run past the cap
+	 * unadmitted. (An error memtallyd answered is not waited on.) */
+	bool waited = false;
+	if (got < 0 && r->wait_s > 0) {
+		if (got > MEMTALLY_ENOTATTACHED) {
+			got = wait_for_room(r, &a);
+			waited = true;
+		} else {
+			fail_open(r, "cannot ask for admission at", got,
+			          memtally_query_last_error(r->q));
+		}
+	}
 	/* A group the user may not use, or a kind past their kinds cap: no
 	 * room that frees can change it, so --wait does not wait for it. */
 	bool for_ever = got == 0 && a->denied_by &&
 	                (strcmp(a->denied_by, "group_not_allowed") == 0 ||
 	                 strcmp(a->denied_by, "kinds") == 0);
-	if (got == 0 && r->wait_s > 0 && !for_ever)
+	if (got == 0 && r->wait_s > 0 && !for_ever && !waited)
 		got = wait_for_room(r, &a);
 	if (got == 2) {
 		/* ^C while waiting: we die of it below, as the command

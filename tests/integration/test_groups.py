@@ -311,9 +311,23 @@ def test_hostile_names():
                 p.kill()
 
 
+def test_a_long_group_name_is_named_whole():
+    """`limit set group NAME` names the group it set, whole: a name of 255
+    bytes (the most a name may be) was cut at 89 in the answer, and one
+    cut inside a character was shown as '?'s throughout."""
+    name = "é" * 127 + "x"          # 255 bytes of UTF-8
+    with Server() as s:
+        out = s.cli("limit", "set", "group", name, "1GiB")
+        check(out["scope"] == "group:" + name, f"scope {out['scope']!r}")
+        text = s.cli_text("limit", "set", "group", name, "2GiB")
+        check(text.startswith("group:" + name + " limit: 2 GiB (was 1 GiB)"),
+              f"said {text!r}")
+
+
 if __name__ == "__main__":
     run([test_group_owners,
          test_slot_cap,
          test_max_ttl_after_takeover,
          test_refused_lines_are_budgeted,
-         test_hostile_names])
+         test_hostile_names,
+         test_a_long_group_name_is_named_whole])

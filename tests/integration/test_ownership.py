@@ -33,7 +33,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from harness import (as_user, MEMTALLYD, MIB, MULT, NOBODY, NOGROUP,  # noqa: E402
+from harness import (as_user, CLI, MEMTALLYD, MIB, MULT, NOBODY, NOGROUP,  # noqa: E402
                      Server, Skip, check, open_to_nobody, run, terminate,
                      wait_for, world_readable_copy)
 from harness import config_file as config  # noqa: E402
@@ -406,8 +406,51 @@ def test_open_files_limit():
                    "the raise itself was not shown (the warning was)")
 
 
+def test_a_run_past_its_users_connection_cap_waits():
+    """`memtally run --wait` of a uid whose connections are all taken
+    (its other runs hold two each while they wait) is accepted and
+    dropped at once. It waits for a connection as for room, and is
+    admitted once one frees, instead of running its command unadmitted
+    at once (which every run past the cap did)."""
+    conf = config("[server]\ngroup = 65534\nmax_connections_per_uid = 3\n"
+                  "idle_timeout = 0\n[limits]\nfleet = 1GiB\n")
+    (cli,) = world_readable_copy(CLI)
+    with Server("--config", conf) as s:
+        open_to_nobody(s)
+        hog = Peer(s, (NOBODY, NOGROUP))
+        err = tempfile.TemporaryFile(mode="w+")
+        run_ = None
+        try:
+            check(hog.ask("hold 3") == ["ok"] * 3, "nobody's 3 connections")
+            run_ = subprocess.Popen(
+                [cli, "--socket", s.socket, "run", "--bytes", "16MiB",
+                 "--wait", "60", "--", "true"], stderr=err,
+                preexec_fn=as_user((NOBODY, NOGROUP)))
+
+            def said():
+                err.seek(0)
+                return err.read()
+            wait_for("the run waits for a connection",
+                     lambda: "dropped the connection" in said())
+            check(run_.poll() is None, f"the run ended: {said()}")
+            hog.kill()
+            rc = run_.wait(timeout=60 * MULT)
+            text = said()
+            check(rc == 0 and "without admission" not in text,
+                  f"exit {rc}: {text}")
+            check('msg="admission granted"' in s.logtext() and
+                  "bytes=16777216" in s.logtext(),
+                  "no grant logged: " + s.tail())
+            print(f"  waited, then admitted: {text.strip()}")
+        finally:
+            hog.kill()
+            if run_ and run_.poll() is None:
+                run_.kill()
+
+
 if __name__ == "__main__":
     run([test_another_uids_worker_cannot_end_a_reservation,
+         test_a_run_past_its_users_connection_cap_waits,
          test_per_uid_caps,
          test_idle_connections_are_closed,
          test_open_files_limit])

@@ -406,12 +406,17 @@ def test_runs_under_a_reservation_a_scheduler_holds():
         check(f["reserved"] == 0, f"reserved left: {f}")
         # An id given without its task, or a rerun it could not admit,
         # is a usage error: nothing runs.
-        for bad in (["--reservation", rid],
-                    ["--reservation", rid, "--task", "t", "--retry", "1"],
-                    ["--reservation", "", "--task", "t"]):
+        # A rerun with nothing to be admitted on (no --bytes, no --kind)
+        # would start again at once where it was just evicted.
+        for bad, says in (
+                (["--reservation", rid], b"--reservation"),
+                (["--reservation", rid, "--task", "t", "--retry", "1"],
+                 b"--retry needs --bytes or --kind"),
+                (["--retry", "1"], b"--retry needs --bytes or --kind"),
+                (["--reservation", "", "--task", "t"], b"--reservation")):
             r = subprocess.run(mt_run(s, *bad, "--", "true"), env=run_env(),
                                capture_output=True, timeout=30 * MULT)
-            check(r.returncode == 2 and b"--reservation" in r.stderr,
+            check(r.returncode == 2 and says in r.stderr,
                   f"{bad}: exit {r.returncode}, {r.stderr!r}")
 
 
