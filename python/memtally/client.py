@@ -204,7 +204,14 @@ class Client:
                                   "out or failed; open a new Client")
         req = pb.Request(id=self.next_id, token=self.token, **body)
         self.next_id += 1
-        self.send(req)
+        try:
+            self.send(req)
+        except BaseException:
+            # Part of the frame may be out: memtallyd cannot act on it,
+            # and whatever is written after it would be read as its rest.
+            self.sock.close()
+            self.sock = None
+            raise
         self.unanswered = req.id    # sent: the server may act on it
         try:
             resp = self.recv()

@@ -4,8 +4,9 @@ live memtallyd: GetUsage, ListProcesses, Admit (admitted and denied under
 protobuf module is generated at build time (MEMTALLY_PB2_DIR). An Admit
 whose answer comes after the client's timeout is released when it comes;
 a denial says the rule that decided (denied_by), and which ones waiting
-cannot change. A Client whose request timed out says so at its next
-call, instead of reading the late answer as that call's.
+cannot change. A Client whose request timed out, or could not all be
+sent, says so at its next call, instead of reading the late answer as
+that call's or writing after the broken frame.
 """
 import logging
 import os
@@ -171,6 +172,37 @@ def test_a_late_admit_answer_is_released():
               "no grant and release logged: " + text[-1500:])
 
 
+def test_a_request_not_sent_whole_gives_the_client_up():
+    """A request whose frame could not all be written (memtallyd stopped,
+    the socket's buffer full: the send times out) leaves part of a frame
+    on the stream. The Client says so at its next call instead of writing
+    a request after the broken frame, which memtallyd would read as its
+    rest."""
+    with Server() as s:
+        c = mc.Client(s.socket, timeout=0.5)
+        c.usage()
+        s.proc.send_signal(signal.SIGSTOP)
+        try:
+            try:
+                c.call(get_usage=pb.GetUsage(group="g" * (8 * MIB)))
+                check(False, "8 MiB written to a stopped memtallyd")
+            except (TimeoutError, OSError):
+                pass
+        finally:
+            s.proc.send_signal(signal.SIGCONT)
+        try:
+            got = c.usage()
+            check(False, f"the next call answered: {got}")
+        except ConnectionError as e:
+            check("open a new Client" in str(e), f"{e}")
+        c.close()
+        # memtallyd dropped the broken frame's connection, not itself.
+        with mc.Client(s.socket, timeout=5) as fresh:
+            u = fresh.usage()
+            check(u.fleet_limit == 0 and s.proc.poll() is None,
+                  f"a new Client's answer: {u}")
+
+
 def test_denied_by_names_the_rule():
     # The server's kinds cap binds root too (a uid's does not).
     cfg = config_file("[kinds]\nmax_kinds = 1\n")
@@ -191,4 +223,5 @@ def test_denied_by_names_the_rule():
 if __name__ == "__main__":
     run([test_library_admit_deny_release_usage_ps, test_library_watch_sees_over,
          test_command_line, test_a_late_admit_answer_is_released,
+         test_a_request_not_sent_whole_gives_the_client_up,
          test_denied_by_names_the_rule])
