@@ -86,8 +86,8 @@ from celery import Task, bootsteps
 from celery.exceptions import Reject
 from celery.worker.request import Request
 
-from .client import (DEFAULT_SOCKET, EVICTED_STATUS, Client, as_bytes,
-                     denied_for_ever, never_fits, state_name)
+from .client import (DEFAULT_SOCKET, EVICTED_STATUS, Client, MemtallyError,
+                     as_bytes, denied_for_ever, never_fits, pb, state_name)
 
 log = logging.getLogger("memtally.celery")
 
@@ -306,8 +306,14 @@ class AdmittedTask(Task):
                 with Client(sock, timeout=float(
                         _conf(self.app, "memtally_timeout", 2))) as c:
                     c.release(r.reservation)
+            except MemtallyError as e:
+                # Not found: ended already (its TTL, or a memtallyd that
+                # restarted since, which keeps no grants). Else its TTL
+                # ends it; nothing else to do.
+                if e.code != pb.ERROR_NOT_FOUND:
+                    log.warning("memtally: releasing %s: %s",
+                                r.reservation, e)
             except Exception as e:  # noqa: BLE001 - never the task's outcome
-                # Its TTL ends it; nothing else to do.
                 log.warning("memtally: releasing %s: %s", r.reservation, e)
 
 
