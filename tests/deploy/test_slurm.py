@@ -206,6 +206,45 @@ def test_shipped_config_accepted():
         check(s.status()["fleet"]["limit"] == 200 << 30, "fleet limit")
 
 
+def test_readme_install_step_gives_a_config_memtallyd_starts_with():
+    """The README's step that writes /etc/memtally/memtallyd.conf, run on
+    what the package's postinst leaves there (the example, its socket group
+    set), gives a config memtallyd starts with. memtallyd refuses a key
+    given twice, and the example sets most of the Slurm file's keys: the
+    Slurm file appended to it never started."""
+    with open(os.path.join(SLURM, "README.md")) as f:
+        lines = f.read().replace("\\\n", " ").splitlines()
+    steps = [ln for ln in lines if "/etc/memtally/memtallyd.conf" in ln
+             and ">" in ln and not ln.lstrip().startswith("#")]
+    check(len(steps) == 1, f"one install step writes the config: {steps}")
+    tmp = tempfile.mkdtemp(prefix="mt-slurm-conf-")
+    conf = os.path.join(tmp, "memtallyd.conf")
+    with open(os.path.join(SRC, "deploy", "memtallyd.conf")) as f:
+        example = f.read()
+    with open(conf, "w") as f:
+        f.write(example.replace("\n;group = memtally\n",
+                                "\ngroup = memtally\n"))
+    step = (steps[0]
+            .replace("/usr/share/doc/memtally/examples/slurm/", SLURM + "/")
+            .replace("/etc/memtally/memtallyd.conf", conf))
+    r = subprocess.run(["sh", "-c", step], cwd=SRC, capture_output=True,
+                       text=True, timeout=30 * MULT)
+    check(r.returncode == 0, f"{step}: {r.stderr.strip()}")
+    with open(conf) as f:
+        text = f.read()
+    check("\ngroup = memtally\n" in text,
+          "the step sets the socket's group, as postinst does")
+    # The memtally group may not exist here: the test's own group.
+    with open(conf, "w") as f:
+        f.write(text.replace("\ngroup = memtally\n",
+                             f"\ngroup = {os.getgid()}\n"))
+    try:
+        with Server("--config", conf) as s:
+            check(s.status()["fleet"]["limit"] == 200 << 30, "fleet limit")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def test_slurm_drain_resume_and_task_wrapper():
     need()
     tmp = tempfile.mkdtemp(prefix="mt-slurm-")
@@ -382,6 +421,11 @@ def test_task_wrapper_gives_each_task_its_share_of_the_node():
         ({"SLURM_STEP_TASKS_PER_NODE": "8", "SLURM_NODEID": "0"}, "2048MiB"),
         ({"SLURM_NTASKS_PER_NODE": "4"}, "4096MiB"),
         ({}, "16384MiB"),
+        # --mem=0 is "all of the node's memory": nothing declared, where
+        # --bytes 0MiB would make memtally run refuse the task.
+        ({"SLURM_MEM_PER_NODE": "0"}, None),
+        ({"SLURM_MEM_PER_CPU": "0", "SLURM_CPUS_PER_TASK": "4"}, None),
+        ({"SLURM_MEM_PER_NODE": "3", "SLURM_NTASKS_PER_NODE": "4"}, None),
     ]
     for extra, want in cases:
         env = {"PATH": os.environ["PATH"], "MEMTALLY": stub,
@@ -398,5 +442,6 @@ def test_task_wrapper_gives_each_task_its_share_of_the_node():
 
 if __name__ == "__main__":
     run([test_shipped_config_accepted,
+         test_readme_install_step_gives_a_config_memtallyd_starts_with,
          test_task_wrapper_gives_each_task_its_share_of_the_node,
          test_slurm_drain_resume_and_task_wrapper])
