@@ -578,22 +578,37 @@ static double node_rise(const struct mts_guard_state *g, uint64_t since_ns)
 }
 
 /* Set or clear the restart record's mark on the held task's workers, so
- * that a memtallyd killed while holding it has its successor resume it. */
-static void mark_held(struct mts_registry *reg, const struct mts_guard_cand *k,
+ * that a memtallyd killed while holding it has its successor resume it.
+ * A worker whose entry is missing (its registration's write failed, or a
+ * slot reused) gets one written now. Setting: false unless every worker
+ * is marked, for a worker stopped unmarked would stay stopped after a
+ * crash; the caller then does not pause. */
+static bool mark_held(struct mts_registry *reg, const struct mts_guard_cand *k,
                       bool held)
 {
 	if (!reg->state)
-		return;
+		return !held;
+	bool all = true;
 	for (uint32_t i = 0; i < reg->ndense; i++) {
 		struct mts_proc *p = reg->by_slot[reg->dense[i]];
-		bool mine = is_of(p, k);
+		if (!is_of(p, k))
+			continue;
 		struct mts_state_rec r;
-		if (!mine || mts_state_get(reg->state, p->slot, &r) < 0 ||
-		    r.pid != p->pid || r.held == held)
+		if (held && (mts_state_get(reg->state, p->slot, &r) < 0 ||
+		             r.pid != p->pid))
+			mts_registry_record(reg, p);
+		if (mts_state_get(reg->state, p->slot, &r) < 0 ||
+		    r.pid != p->pid) {
+			all = false;
+			continue;
+		}
+		if (r.held == held)
 			continue;
 		r.held = held;
-		mts_state_put(reg->state, p->slot, &r);
+		if (mts_state_put(reg->state, p->slot, &r) < 0)
+			all = false;
 	}
+	return all;
 }
 
 /* ---- the eviction -------------------------------------------------------- */
@@ -766,7 +781,11 @@ static void pause_task(struct mts_registry *reg, const struct mts_guard_cand *k,
 	/* Marked before the signal: a memtallyd killed in between leaves
 	 * its successor a running task to resume, never a stopped one
 	 * unmarked. */
-	mark_held(reg, &h->k, true);
+	if (!mark_held(reg, &h->k, true)) {
+		mark_held(reg, &h->k, false);
+		free(h);
+		return; /* evicted instead */
+	}
 	stop_tree(reg, &h->k, &h->t);
 	if (h->t.n == 0) {
 		mark_held(reg, &h->k, false);

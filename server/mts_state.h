@@ -70,14 +70,14 @@ int mts_state_reset(struct mts_state *st, struct mts_state_info *info);
 /* mts_state_put writes `r` as slot `slot`'s entry, and mts_state_clear
  * frees that entry. The caller zeroes `r`, then fills the pid, uid, start
  * time, image, registration time, slot generation, group and task; the
- * check is ours. Errors are logged once and otherwise ignored, because the
- * record is a convenience for the next server, never a reason to refuse a
- * worker. An entry is written when a worker registers and not cleared
- * when it exits, which saves a pwrite per worker. A restarted server drops
- * entries whose pid is gone or has another start time, and a reused
- * slot's entry is overwritten. */
-void mts_state_put(struct mts_state *st, uint32_t slot,
-                   struct mts_state_rec *r);
+ * check is ours. 0 or -errno: errors are logged once and otherwise
+ * ignored by registration, because the record is a convenience for the
+ * next server, never a reason to refuse a worker (the guard's pause,
+ * which the next server must undo, needs its marks written). An entry is
+ * written when a worker registers and not cleared when it exits, which saves a
+ * pwrite per worker. A restarted server drops entries whose pid is gone or has
+ * another start time, and a reused slot's entry is overwritten. */
+int mts_state_put(struct mts_state *st, uint32_t slot, struct mts_state_rec *r);
 void mts_state_clear(struct mts_state *st, uint32_t slot);
 /* Read record `slot` into *rec. Returns 0, or -ENOENT for a free or
  * unreadable entry. */

@@ -239,26 +239,29 @@ int mts_state_open(const char *path, bool reset, struct mts_state_info *info,
 	return 0;
 }
 
-static void state_write(struct mts_state *st, uint32_t slot, const void *buf,
-                        size_t len)
+static int state_write(struct mts_state *st, uint32_t slot, const void *buf,
+                       size_t len)
 {
 	off_t off = STATE_HDR + (off_t)slot * MTS_STATE_REC_SIZE;
-	if (pwrite(st->fd, buf, len, off) == (ssize_t)len)
-		return;
+	ssize_t n = pwrite(st->fd, buf, len, off);
+	if (n == (ssize_t)len)
+		return 0;
+	int err = n < 0 ? -errno : -EIO;
 	if (!st->write_failed)
 		mts_log(MTS_LOG_WARN,
 		        "cannot write the state file: a restart may not keep "
 		        "every live worker",
-		        "err=%s", strerror(errno));
+		        "err=%s", strerror(-err));
 	st->write_failed = true;
+	return err;
 }
 
-void mts_state_put(struct mts_state *st, uint32_t slot, struct mts_state_rec *r)
+int mts_state_put(struct mts_state *st, uint32_t slot, struct mts_state_rec *r)
 {
 	if (!st || slot >= st->slots)
-		return;
+		return -EINVAL;
 	r->check = rec_check(r->pid, slot);
-	state_write(st, slot, r, sizeof(*r));
+	return state_write(st, slot, r, sizeof(*r));
 }
 
 void mts_state_clear(struct mts_state *st, uint32_t slot)

@@ -1318,6 +1318,27 @@ Test(guard, a_grower_is_paused_then_resumed_when_the_node_comes_back)
 	cr_assert_eq(srv.reg.guard->pauses, 2);
 }
 
+Test(guard, a_worker_without_its_record_entry_is_marked_then_paused)
+{
+	/* Its registration's write failed (a full /run), or its entry was
+	 * lost: it was stopped unmarked, and a memtallyd killed while
+	 * holding it left it stopped for good. Found in review. */
+	uint64_t t = mts_now_monotonic();
+	pid_t calm;
+	pid_t grow = grower_on_node(600, t, &calm);
+	uint32_t slot = mts_find_pid(&srv.reg, (uint32_t)grow)->slot;
+	struct mts_state_rec r;
+	mts_state_clear(srv.reg.state, slot);
+	cr_assert_eq(mts_state_get(srv.reg.state, slot, &r), -ENOENT);
+	mts_guard_check(&srv.reg, t);
+	cr_assert_not_null(srv.reg.guard->hold, "not paused");
+	cr_assert(stopped_becomes(grow, true), "grow is not stopped");
+	cr_assert_eq(mts_state_get(srv.reg.state, slot, &r), 0,
+	             "paused without an entry");
+	cr_assert_eq(r.pid, (uint32_t)grow);
+	cr_assert(r.held, "paused unmarked");
+}
+
 Test(guard, a_paused_task_goes_when_the_node_still_rises)
 {
 	uint64_t t = mts_now_monotonic();
