@@ -36,9 +36,10 @@
  * Enforcement is optional (policy.enforce_signal). Once the fleet has been
  * in `over` for policy.grace_ms, the largest process that is over its own
  * limit gets the signal. "Largest" and "over" are taken on what the
- * process claims or, for an untrusted one, what the kernel says it holds
- * if more (enforce_figure): a worker that hides its memory is chosen
- * before an honest one of another user. The signal goes through the
+ * process claims or, for an untrusted one, on what it counts toward the
+ * others (enforce_figure): a worker that hides its memory is chosen
+ * before an honest one of another user, and one that overstates ranks by
+ * what the kernel vouches for. The signal goes through the
  * pidfd, so never to a recycled pid, and never to memtallyd itself. Then
  * the grace period starts again. That makes at most one signal per grace
  * period in all, and one per process per grace period or
@@ -346,8 +347,13 @@ void mts_limits_eval_proc(struct mts_registry *reg, struct mts_proc *p)
 	p->state = next;
 	bool was_over = prev == MTSHM_STATE_OVER;
 	bool is_over = next == MTSHM_STATE_OVER;
-	if (was_over == is_over)
-		return; /* ok <-> high of a process is not an event */
+	if (was_over == is_over) {
+		/* ok <-> high of a process is not an event; but one held back
+		 * for the budget (over -> high, then high -> ok) is still
+		 * owed, and would be lost once nothing else is owed. */
+		proc_tell(reg, p, p->told_state);
+		return;
+	}
 	/* The flags word has one writer, us; the client only reads it. The
 	 * flag follows at once; only the event waits for the budget. */
 	struct mtshm_slot_id *s = reg->slot_at[p->slot];
@@ -554,17 +560,17 @@ int mts_limit_set_pid(struct mts_registry *reg, uint32_t pid, uint64_t bytes,
 
 /* What enforcement ranks a process by. A process's own state is on its
  * claim, which is the claimant's business; choosing whom to signal for
- * the fleet is everyone's. An untrusted process counts at least what the
- * kernel says it holds, so one that understates (a zeroed slot, memory the
- * client cannot see) cannot leave another user's process to be chosen in
- * its place. It may overstate: that makes only itself the choice. */
+ * the fleet is everyone's. An untrusted process counts at what it counts
+ * toward the others (mts_vouch_counted): at least what the kernel says it
+ * holds, so one that understates (a zeroed slot, memory the client cannot
+ * see) cannot leave another user's process to be chosen in its place; and
+ * no more than the kernel vouches for, so one that overstates and shrugs
+ * the signal off (SIGTERM caught) is not chosen ahead of the process
+ * really over, every grace period, for ever. */
 static uint64_t enforce_figure(const struct mts_registry *reg,
                                const struct mts_proc *p)
 {
-	uint64_t c = p->bytes;
-	if (p->untrusted && p->vouch.kernel > c)
-		c = p->vouch.kernel;
-	return mts_measured(reg, c, p->rss);
+	return mts_measured(reg, mts_vouch_counted(p), p->rss);
 }
 
 void mts_enforce(struct mts_registry *reg, uint64_t now_ns)

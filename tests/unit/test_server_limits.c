@@ -359,6 +359,51 @@ Test(limits, a_flapping_process_sends_events_within_its_uids_budget)
 	}
 }
 
+Test(limits, a_way_back_held_for_the_budget_is_told_after_a_quiet_change)
+{
+	/* Told over; its budget spent, its way back to high is held back
+	 * (owed), then it goes from high to ok, which is no event of its
+	 * own. That tick must still tell the change owed, or once nothing
+	 * else is owed subscribers see it over until it exits. Found in
+	 * review. */
+	policy_fleet(0, 9000);
+	pol.process_limit = 1000;
+	fx_start_policy(&pol);
+	pid_t a = fx_spawn();
+	uint32_t sa = fx_register(a, "g", "");
+	char scope[32];
+	snprintf(scope, sizeof(scope), "pid:%d", (int)a);
+	fx_write(sa, 1500);
+	mts_core_tick(&srv.reg);
+	cr_assert_eq(count_events(scope), 1);
+	cr_assert_eq(events[nevents - 1].state, OVER);
+	struct mts_proc *p = mts_find_pid(&srv.reg, (uint32_t)a);
+	p->table->ev_tokens = 0; /* its uid's budget spent */
+	p->table->ev_ns = mts_now_monotonic();
+	fx_write(sa, 920); /* high: under its limit, over 90% of it */
+	mts_core_tick(&srv.reg);
+	cr_assert_eq(p->state, MTSHM_STATE_HIGH);
+	cr_assert_eq(count_events(scope), 1, "told with no budget");
+	fx_write(sa, 0);
+	mts_core_tick(&srv.reg);
+	cr_assert_eq(p->state, MTSHM_STATE_OK);
+	/* The budget refills (a token in 50 ms): it is told, once. */
+	uint64_t end = mts_now_monotonic() + 2000000000u;
+	while (count_events(scope) < 2) {
+		cr_assert_lt(mts_now_monotonic(), end,
+		             "the way back never told");
+		usleep(10000);
+		mts_core_tick(&srv.reg);
+	}
+	cr_assert_eq(events[nevents - 1].state, OK);
+	cr_assert_eq(events[nevents - 1].previous, OVER);
+	for (int i = 0; i < 20; i++) {
+		usleep(10000);
+		mts_core_tick(&srv.reg);
+	}
+	cr_assert_eq(count_events(scope), 2, "told again");
+}
+
 Test(limits, a_flapping_group_sends_events_within_its_budget)
 {
 	/* A group's limit flipped under its figure 300 times by requests
