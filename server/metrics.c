@@ -1375,14 +1375,17 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **req_cls,
 static void on_reap(uv_timer_t *t)
 {
 	struct mts_metrics *m = t->data;
-	uint64_t now = mts_now_monotonic();
 	uint64_t late = (uint64_t)HTTP_REQUEST_DEADLINE_S * 1000000000u;
 	uint64_t slow = (uint64_t)HTTP_ANSWER_DEADLINE_S * 1000000000u;
 	uint32_t idle = 0, reading = 0;
 	pthread_mutex_lock(&m->conns_mu);
+	/* Read under the lock: the HTTP thread stamps since_ns under it,
+	 * and a stamp later than `now` would make `now - since` wrap and end
+	 * a connection that had just begun. */
+	uint64_t now = mts_now_monotonic();
 	for (uint32_t i = 0; i < HTTP_TABLE; i++) {
 		struct http_conn *e = &m->conns[i];
-		if (!e->c || e->reaped ||
+		if (!e->c || e->reaped || e->since_ns > now ||
 		    now - e->since_ns <= (e->busy ? slow : late))
 			continue;
 		shutdown(e->fd, SHUT_RDWR);
