@@ -691,6 +691,24 @@ static void sync_dir(const char *path)
 	}
 }
 
+void mts_kinds_keep_refused(struct mts_registry *reg, const char *path)
+{
+	if (!reg->kinds || !reg->kinds->aside)
+		return;
+	reg->kinds->aside = false;
+	char q[MTS_LOGQ_MAX], qa[MTS_LOGQ_MAX], aside[PATH_MAX];
+	if (snprintf(aside, sizeof(aside), "%s.refused", path) >=
+	    (int)sizeof(aside))
+		return;
+	int err = rename(path, aside) < 0 ? -errno : 0;
+	mts_log(err ? MTS_LOG_WARN : MTS_LOG_INFO,
+	        err ? "cannot keep the learned sizes refused at start: the "
+	              "first save replaces them"
+	            : "learned sizes refused at start kept aside",
+	        "path=%s kept_as=%s err=%s", mts_logq(q, sizeof(q), path),
+	        mts_logq(qa, sizeof(qa), aside), err ? strerror(-err) : "none");
+}
+
 int mts_kinds_write(const char *path, const unsigned char *d, size_t len)
 {
 	char tmp[4096];
@@ -731,8 +749,9 @@ int mts_kinds_write(const char *path, const unsigned char *d, size_t len)
 	return err;
 }
 
-int mts_kinds_save(const struct mts_registry *reg, const char *path)
+int mts_kinds_save(struct mts_registry *reg, const char *path)
 {
+	mts_kinds_keep_refused(reg, path);
 	unsigned char *d;
 	size_t len;
 	int err = mts_kinds_encode(reg, &d, &len);
@@ -743,24 +762,13 @@ int mts_kinds_save(const struct mts_registry *reg, const char *path)
 	return err;
 }
 
-/* A record of ours refused for what it holds (or for a read or an
- * allocation that failed: a node just out of memory) is moved aside to
- * PATH.refused, not left for the first save to overwrite: history that a
- * later server, or its operator, could still read is not destroyed on
- * one warning. What is not ours (a symlink, a FIFO, another user's file)
- * stays where it is; a save replaces it. */
-static int refuse(const char *path, const char *why, bool ours)
+static int refuse(const char *path, const char *why)
 {
-	char q[MTS_LOGQ_MAX], qa[MTS_LOGQ_MAX], aside[PATH_MAX];
-	const char *moved = "";
-	if (ours && snprintf(aside, sizeof(aside), "%s.refused", path) <
-	                (int)sizeof(aside))
-		moved = rename(path, aside) == 0 ? aside : "";
+	char q[MTS_LOGQ_MAX];
 	mts_log(MTS_LOG_WARN,
 	        "learned sizes refused, starting without them (the rest of "
 	        "the state is kept)",
-	        "path=%s why=\"%s\" kept_as=%s", mts_logq(q, sizeof(q), path),
-	        why, mts_logq(qa, sizeof(qa), moved));
+	        "path=%s why=\"%s\"", mts_logq(q, sizeof(q), path), why);
 	return -EBADMSG;
 }
 
@@ -915,8 +923,7 @@ int mts_kinds_load(struct mts_registry *reg, const char *path)
 			return -ENOENT;
 		ks->load_refused++;
 		return refuse(path,
-		              errno == ELOOP ? "a symlink" : strerror(errno),
-		              false);
+		              errno == ELOOP ? "a symlink" : strerror(errno));
 	}
 	const char *why = mts_file_not_ours(fd);
 	bool ours = !why;
@@ -1023,7 +1030,12 @@ int mts_kinds_load(struct mts_registry *reg, const char *path)
 		struct mts_registry tmp = {.kinds = &fresh};
 		mts_kinds_free(&tmp);
 		ks->load_refused++;
-		return refuse(path, why, ours);
+		/* Ours, refused for what it holds or for a read or an
+		 * allocation that failed (a node just out of memory): the
+		 * first save moves it aside rather than overwrite it. A
+		 * restart before then reads it again. */
+		ks->aside = ours;
+		return refuse(path, why);
 	}
 	uint32_t dropped = trim_to_caps(reg, &fresh);
 	/* Replace what we had (nothing, at start). */

@@ -90,6 +90,8 @@ struct mts_kinds {
 	uint64_t runs_dropped; /* a kind that could not be kept (caps) */
 	uint64_t evictions;
 	uint64_t load_refused; /* records refused at start (0 or 1) */
+	bool aside; /* the refused record is ours: moved aside at the first
+	               save (mts_kinds_keep_refused) */
 };
 
 /*
@@ -188,7 +190,7 @@ int mts_kinds_list(const struct mts_registry *reg, struct mts_kind ***out);
  * without learned sizes. Returns 0, -ENOENT (no file), -EBADMSG (refused)
  * or -errno.
  */
-int mts_kinds_save(const struct mts_registry *reg, const char *path);
+int mts_kinds_save(struct mts_registry *reg, const char *path);
 int mts_kinds_load(struct mts_registry *reg, const char *path);
 
 /* mts_kinds_save() in two steps: the record's bytes (malloc'd), taken on
@@ -199,6 +201,14 @@ int mts_kinds_load(struct mts_registry *reg, const char *path);
 int mts_kinds_encode(const struct mts_registry *reg, unsigned char **out,
                      size_t *len);
 int mts_kinds_write(const char *path, const unsigned char *d, size_t len);
+
+/* A record of ours refused at start for what it holds, or for a read or
+ * an allocation that failed (a node just out of memory), is renamed to
+ * PATH.refused before the first save would overwrite it: history a later
+ * server or its operator could still read is not destroyed on one
+ * warning, and a restart before that save reads it again. Called before
+ * each save (on the loop: a rename, once per server life). */
+void mts_kinds_keep_refused(struct mts_registry *reg, const char *path);
 
 /* Free every kind. */
 void mts_kinds_free(struct mts_registry *reg);

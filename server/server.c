@@ -168,6 +168,7 @@ static void save_kinds(struct mts_server *srv, bool force)
 	mts_kinds_age(&srv->reg, mts_now_realtime() / 1000000000u);
 	if (!srv->reg.kinds->dirty || (!force && srv->kinds_write))
 		return;
+	mts_kinds_keep_refused(&srv->reg, srv->kinds_path);
 	unsigned char *d;
 	size_t len;
 	int err = mts_kinds_encode(&srv->reg, &d, &len);

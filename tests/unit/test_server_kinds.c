@@ -695,19 +695,29 @@ Test(kinds, corrupt_or_foreign_records_refused_whole)
 	fill();
 	mts_kinds_free(&srv.reg);
 	uint64_t b;
-	/* A flipped byte in a run: the checksum. The record is moved aside,
-	 * not left for the next save to overwrite. */
+	/* A flipped byte in a run: the checksum. The record stays for a
+	 * restart to read again, and the first save moves it aside rather
+	 * than overwrite it. */
 	char aside[300];
 	snprintf(aside, sizeof(aside), "%s.refused", path);
 	unlink(aside);
 	poke(200, 0x5a);
+	struct stat st0, st;
+	cr_assert_eq(stat(path, &st0), 0);
 	cr_assert_eq(mts_kinds_load(&srv.reg, path), -EBADMSG);
 	cr_assert_eq(srv.reg.kinds->n, 0);
 	cr_assert_eq(mts_kind_learned(&srv.reg, "gcc", &b, NULL, 0), -ENOENT);
-	cr_assert_neq(access(path, F_OK), 0, "the refused record left");
-	struct stat st;
+	cr_assert_eq(stat(path, &st), 0, "the refused record moved at load");
+	cr_assert_eq(st.st_ino, st0.st_ino);
+	note_run(&srv.reg, "zstd", 1000, 9 * MIB, false);
+	cr_assert_eq(mts_kinds_save(&srv.reg, path), 0);
 	cr_assert_eq(stat(aside, &st), 0, "the refused record not kept");
-	cr_assert_gt(st.st_size, 200);
+	cr_assert_eq(st.st_ino, st0.st_ino, "another file kept");
+	/* Once: the next save replaces the new record, as always. */
+	cr_assert_eq(mts_kinds_save(&srv.reg, path), 0);
+	cr_assert_eq(stat(aside, &st), 0);
+	cr_assert_eq(st.st_ino, st0.st_ino, "the kept record replaced");
+	mts_kinds_free(&srv.reg);
 	/* Another magic. */
 	fill();
 	mts_kinds_free(&srv.reg);
