@@ -223,6 +223,24 @@ static int ask(struct run *r, struct memtally_admit_result **denied,
 	return 0;
 }
 
+/* Did memtallyd close the connection before any answer, or was it not
+ * there to connect to (a restart)? Then nothing was granted. A timeout
+ * is not one: the server may have granted what it did not answer. */
+static bool dropped(int err)
+{
+	return err == -ECONNRESET || err == -EPIPE || err == -ECONNABORTED ||
+	       err == -ECONNREFUSED || err == -ENOENT;
+}
+
+/* A denial no room that frees can change: a group the user may not use,
+ * or a kind past their kinds cap. --wait does not wait for it. */
+static bool denied_for_good(const struct memtally_admit_result *a)
+{
+	return a && a->denied_by &&
+	       (strcmp(a->denied_by, "group_not_allowed") == 0 ||
+	        strcmp(a->denied_by, "kinds") == 0);
+}
+
 /* Is `ev` about a scope whose change may make room for us? */
 static bool relevant(const struct run *r, const struct memtally_event *ev)
 {
@@ -419,7 +437,9 @@ static int wait_for_room(struct run *r, struct memtally_admit_result **denied)
 			        "again\n",
 			        r->where);
 		r->lost = false;
-		if (last_ask >= end)
+		/* Answered at last (the wait began on a dropped connection)
+		 * with a denial waiting cannot change: said at once. */
+		if (last_ask >= end || denied_for_good(*denied))
 			return 0;
 		if (!r->w)
 			watch_open(r);
@@ -813,7 +833,7 @@ static int admission(struct run *r)
 	 * unadmitted. (An error memtallyd answered is not waited on.) */
 	bool waited = false;
 	if (got < 0 && r->wait_s > 0) {
-		if (got > MEMTALLY_ENOTATTACHED) {
+		if (dropped(got)) {
 			got = wait_for_room(r, &a);
 			waited = true;
 		} else {
@@ -821,11 +841,7 @@ static int admission(struct run *r)
 			          memtally_query_last_error(r->q));
 		}
 	}
-	/* A group the user may not use, or a kind past their kinds cap: no
-	 * room that frees can change it, so --wait does not wait for it. */
-	bool for_ever = got == 0 && a->denied_by &&
-	                (strcmp(a->denied_by, "group_not_allowed") == 0 ||
-	                 strcmp(a->denied_by, "kinds") == 0);
+	bool for_ever = got == 0 && denied_for_good(a);
 	if (got == 0 && r->wait_s > 0 && !for_ever && !waited)
 		got = wait_for_room(r, &a);
 	if (got == 2) {
@@ -835,7 +851,7 @@ static int admission(struct run *r)
 		r->died_of = r->signo;
 		return 128 + r->signo;
 	}
-	if (got < 0 && a) {
+	if (got < 0 && !r->failed_open) {
 		/* The wait itself failed (poll): run, and say so. */
 		fprintf(stderr,
 		        "memtally: waiting for room failed: %s; running the "
