@@ -739,8 +739,13 @@ static int note_key(struct load *l, const char *section, const char *name)
 	           (section[5] == ' ' || section[5] == '\t');
 	const struct mts_key *key =
 	    find_key(grp ? "group" : section, name, &known);
+	/* A group by its name, as apply_key takes it: [group  gpu] is
+	 * [group gpu]. */
+	const char *sec =
+	    grp ? section + 5 + strspn(section + 5, " \t") : section;
 	char *k;
-	if (asprintf(&k, "%s\n%s", section, key ? key->key : name) < 0)
+	if (asprintf(&k, "%s%s\n%s", grp ? "group " : "", sec,
+	             key ? key->key : name) < 0)
 		return -ENOMEM;
 	for (char *c = strchr(k, '\n'); *c; c++)
 		*c = (char)tolower((unsigned char)*c);

@@ -620,6 +620,13 @@ Test(config, a_key_given_twice_is_refused)
 	                  &s, err, sizeof(err)),
 	             0, "%s", err);
 	mts_settings_free(&s);
+	/* The same group, written with other blanks, is the same key. */
+	cr_assert_eq(load("[group gpu]\nlimit = 8GiB\n[group \t gpu]\n"
+	                  "limit = 2GiB\n",
+	                  &s, err, sizeof(err)),
+	             -EINVAL);
+	cr_assert_not_null(strstr(err, ":4: [group \t gpu] limit: given twice"),
+	                   "%s", err);
 	/* An alias is the same key: the last would win without a word. */
 	cr_assert_eq(
 	    load("[server]\nlabel = /a\nsegment = /b\n", &s, err, sizeof(err)),
