@@ -782,9 +782,15 @@ static void pause_task(struct mts_registry *reg, const struct mts_guard_cand *k,
 	 * its successor a running task to resume, never a stopped one
 	 * unmarked. */
 	if (!mark_held(reg, &h->k, true)) {
+		char q[MTS_LOGQ_MAX];
+		mts_log(MTS_LOG_WARN,
+		        "node guard: cannot mark the task held in the restart "
+		        "record; evicting it instead of pausing",
+		        "task=%s uid=%u", mts_logq(q, sizeof(q), h->task),
+		        h->k.uid);
 		mark_held(reg, &h->k, false);
 		free(h);
-		return; /* evicted instead */
+		return;
 	}
 	stop_tree(reg, &h->k, &h->t);
 	if (h->t.n == 0) {
