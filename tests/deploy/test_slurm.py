@@ -20,6 +20,7 @@ memtally-slurm-hook.
 Environment: as for the integration tests, and MEMTALLY_SOURCE_DIR.
 """
 import os
+import re
 import shlex
 import shutil
 import socket
@@ -224,9 +225,22 @@ def test_readme_install_step_gives_a_config_memtallyd_starts_with():
     with open(conf, "w") as f:
         f.write(example.replace("\n;group = memtally\n",
                                 "\ngroup = memtally\n"))
-    step = (steps[0]
+    # The step, after the variables its block sets before it.
+    block = lines[:lines.index(steps[0])]
+    start = max(i for i, ln in enumerate(block) if ln.startswith("```"))
+    sets = [ln for ln in block[start + 1:] if re.match(r"\w+=\S", ln)]
+    step = ("\n".join(sets + steps)
             .replace("/usr/share/doc/memtally/examples/slurm/", SLURM + "/")
             .replace("/etc/memtally/memtallyd.conf", conf))
+    # Without the Slurm file (an image without /usr/share/doc) the
+    # example stays as it was, not emptied.
+    missing = step.replace(SLURM + "/", os.path.join(tmp, "none") + "/")
+    subprocess.run(["sh", "-c", missing], cwd=SRC, capture_output=True,
+                   timeout=30 * MULT)
+    with open(conf) as f:
+        check(f.read() == example.replace("\n;group = memtally\n",
+                                          "\ngroup = memtally\n"),
+              "the config changed without the Slurm file")
     r = subprocess.run(["sh", "-c", step], cwd=SRC, capture_output=True,
                        text=True, timeout=30 * MULT)
     check(r.returncode == 0, f"{step}: {r.stderr.strip()}")
