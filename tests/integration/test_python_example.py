@@ -179,8 +179,9 @@ def test_a_request_not_sent_whole_gives_the_client_up():
     a request after the broken frame, which memtallyd would read as its
     rest."""
     with Server() as s:
-        c = mc.Client(s.socket, timeout=0.5)
-        c.usage()
+        c = mc.Client(s.socket, timeout=10 * MULT)
+        c.usage()                       # connected, answered
+        c.sock.settimeout(0.5)          # the stopped server's wait
         s.proc.send_signal(signal.SIGSTOP)
         try:
             try:
