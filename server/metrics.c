@@ -120,7 +120,14 @@
 #define HTTP_REQUEST_DEADLINE_S 5u
 #define HTTP_ANSWER_DEADLINE_S  15u
 #define HTTP_REAP_MS            1000u
-#define LISTEN_BACKLOG          16
+/* Each answer is a copy of the text, held until it is sent (up to
+ * HTTP_ANSWER_DEADLINE_S). Slow readers holding every connection would
+ * pin HTTP_TABLE copies: of a text of per-process series (tens of MiB),
+ * gigabytes in memtallyd, which the kernel's OOM killer spares and the
+ * workers pay for. Past this many bytes in flight a scrape gets 503 (one
+ * answer always goes, whatever its size). */
+#define HTTP_INFLIGHT_MAX (UINT64_C(64) << 20)
+#define LISTEN_BACKLOG    16
 
 /* ---- rendering ------------------------------------------------------- */
 
@@ -1054,6 +1061,7 @@ struct mts_metrics {
 	int render_err;       /* of the latest attempt */
 	bool serving;         /* the async handle is usable: set after start,
 	                       * cleared by stop */
+	uint64_t inflight;    /* bytes of answers not yet sent */
 
 	/* The connections libmicrohttpd holds, for the reaper (loop thread)
 	 * to end those whose request is late. */
@@ -1130,18 +1138,36 @@ static size_t http_ends_format(const uint64_t *ends, char *buf, size_t cap)
 	return n > 0 && (size_t)n < cap ? (size_t)n : 0;
 }
 
+/* An answer's copy of the text, counted in mts_metrics.inflight until
+ * libmicrohttpd frees it (answer_free). */
+struct answer {
+	struct mts_metrics *m;
+	size_t len;
+	char data[];
+};
+
+static void answer_free(void *cls)
+{
+	struct answer *a = cls;
+	pthread_mutex_lock(&a->m->mu);
+	a->m->inflight -= a->len;
+	pthread_mutex_unlock(&a->m->mu);
+	free(a);
+}
+
 /*
  * HTTP thread: a copy of a text no older than FRESH_NS, rendered on
- * demand. Returns the status to answer: 200 with *body (malloc'd, the
- * caller frees) and *len, 503 (the loop did not answer in time, or we are
- * stopping) or 500 (out of memory).
+ * demand. Returns the status to answer: 200 with *out (the caller hands
+ * it to answer_free), 503 (the loop did not answer in time, we are
+ * stopping, or HTTP_INFLIGHT_MAX is in flight: *busy) or 500 (out of
+ * memory).
  */
-static unsigned snapshot(struct mts_metrics *m, char **body, size_t *len)
+static unsigned snapshot(struct mts_metrics *m, struct answer **out, bool *busy)
 {
 	unsigned status = MHD_HTTP_OK;
 	bool timed_out = false;
-	*body = NULL;
-	*len = 0;
+	*out = NULL;
+	*busy = false;
 	uint64_t ends[HTTP_END_N];
 	pthread_mutex_lock(&m->conns_mu);
 	memcpy(ends, m->ends, sizeof(ends));
@@ -1169,12 +1195,21 @@ static unsigned snapshot(struct mts_metrics *m, char **body, size_t *len)
 			status = MHD_HTTP_INTERNAL_SERVER_ERROR;
 		}
 	}
+	size_t len = m->text.len + own_len;
+	if (status == MHD_HTTP_OK && m->inflight &&
+	    m->inflight + len > HTTP_INFLIGHT_MAX) {
+		status = MHD_HTTP_SERVICE_UNAVAILABLE;
+		*busy = true;
+	}
 	if (status == MHD_HTTP_OK) {
-		*len = m->text.len + own_len;
-		*body = malloc(*len ? *len : 1);
-		if (*body) {
-			memcpy(*body, m->text.data, m->text.len);
-			memcpy(*body + m->text.len, own, own_len);
+		struct answer *a = malloc(sizeof(*a) + len);
+		if (a) {
+			a->m = m;
+			a->len = len;
+			memcpy(a->data, m->text.data, m->text.len);
+			memcpy(a->data + m->text.len, own, own_len);
+			m->inflight += len;
+			*out = a;
 		} else {
 			status = MHD_HTTP_INTERNAL_SERVER_ERROR;
 		}
@@ -1439,19 +1474,22 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c,
 		return reply_text(c, MHD_HTTP_METHOD_NOT_ALLOWED,
 		                  "405 method not allowed: GET or HEAD\n");
 
-	char *body = NULL;
-	size_t len = 0;
-	unsigned status = snapshot(m, &body, &len);
+	struct answer *a = NULL;
+	bool busy = false;
+	unsigned status = snapshot(m, &a, &busy);
 	if (status == MHD_HTTP_SERVICE_UNAVAILABLE)
 		return reply_text(c, status,
-		                  "503 memtallyd did not render its metrics in "
-		                  "time\n");
+		                  busy ? "503 too many answers not yet read; "
+		                         "try again\n"
+		                       : "503 memtallyd did not render its "
+		                         "metrics in time\n");
 	if (status != MHD_HTTP_OK)
 		return reply_text(c, status, "500 out of memory\n");
 	struct MHD_Response *r =
-	    MHD_create_response_from_buffer_with_free_callback(len, body, free);
+	    MHD_create_response_from_buffer_with_free_callback_cls(
+	        a->len, a->data, answer_free, a);
 	if (!r) {
-		free(body);
+		answer_free(a);
 		return MHD_NO;
 	}
 	MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE,
