@@ -127,6 +127,7 @@ struct hook_run {
 	uint32_t state, previous;
 	uint64_t start_ms;
 	bool exited, eof, timed_out, reading;
+	bool killed; /* its group was sent SIGKILL at the deadline */
 	uint64_t spawn_us;
 	int64_t exit_status;
 	int term_signal;
@@ -509,10 +510,30 @@ static void on_exited(uv_poll_t *p, int status, int events)
 	maybe_finish(r);
 }
 
+/* How long a hook killed at its deadline has to die. One in
+ * uninterruptible sleep (scontrol on a dead NFS mount) does not die of
+ * SIGKILL until its call returns: past this its run is given up, so that
+ * its scope's later states and its place among the running hooks are not
+ * held for ever. Its zombie, if it ever exits, stays until memtallyd
+ * does. */
+#define MTS_HOOK_KILL_GRACE_MS 5000u
+
 static void on_deadline(uv_timer_t *t)
 {
 	struct hook_run *r = t->data;
 	char q[MTS_LOGQ_MAX], key[320];
+	if (r->killed) {
+		mts_log_scope(
+		    log_key(key, sizeof(key), r->scope), MTS_LOG_ERROR,
+		    "hook did not die of SIGKILL; given up",
+		    "scope=%s state=%s pid=%d grace_ms=%u",
+		    mts_logq(q, sizeof(q),
+		             r->scope ? r->scope->name : "(stopped)"),
+		    mt_state_name(r->state), r->pid, MTS_HOOK_KILL_GRACE_MS);
+		r->term_signal = SIGKILL;
+		finish(r);
+		return;
+	}
 	r->timed_out = true;
 	if (r->exited) {
 		/* The shell is gone but something of the group still holds
@@ -528,7 +549,9 @@ static void on_deadline(uv_timer_t *t)
 	    mts_logq(q, sizeof(q), r->scope ? r->scope->name : "(stopped)"),
 	    mt_state_name(r->state), r->pid, r->h->conf.timeout_ms);
 	kill_group(r);
-	/* on_exited follows at once and finishes it. */
+	/* on_exited follows at once and finishes it; if not, the grace. */
+	r->killed = true;
+	uv_timer_start(&r->timer, on_deadline, MTS_HOOK_KILL_GRACE_MS, 0);
 }
 
 static void on_alloc(uv_handle_t *handle, size_t hint, uv_buf_t *buf)
