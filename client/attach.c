@@ -368,9 +368,21 @@ bool mtc_group_copy(char out[MTC_GROUP_MAX])
 	return false;
 }
 
+/* The environment, but none of it in a set-uid or file-capability
+ * program (AT_SECURE): there whoever runs it sets the variables, and
+ * must not choose the server it trusts (MEMTALLY_SOCKET,
+ * MEMTALLY_SERVER_UID), how long its malloc may wait
+ * (MEMTALLY_REGISTER_TIMEOUT_MS), or the group and task its memory is
+ * counted in. MEMTALLY_DISABLE alone is read: it only turns memtally
+ * off. */
+static const char *env(const char *name)
+{
+	return secure_getenv(name);
+}
+
 static void copy_env(char *dst, size_t cap, const char *name, const char *def)
 {
-	const char *v = getenv(name);
+	const char *v = env(name);
 	if (!v || !*v)
 		v = def;
 	size_t n = strlen(v);
@@ -384,7 +396,7 @@ static void copy_env(char *dst, size_t cap, const char *name, const char *def)
  * `def` when unset, empty or followed by anything; at most `max`. */
 static uint64_t env_ms(const char *name, uint64_t def, uint64_t max)
 {
-	const char *d = getenv(name);
+	const char *d = env(name);
 	if (!d || !*d)
 		return def;
 	char *end;
@@ -396,19 +408,19 @@ static uint64_t env_ms(const char *name, uint64_t def, uint64_t max)
 
 static void init_once(void)
 {
-	const char *d = getenv("MEMTALLY_DEBUG");
+	const char *d = env("MEMTALLY_DEBUG");
 	mtc_debug_on = d && d[0] == '1';
 	d = getenv("MEMTALLY_DISABLE");
 	mtc_proc.disabled = d && d[0] == '1';
-	d = getenv("MEMTALLY_ALLOCATOR_FREE");
+	d = env("MEMTALLY_ALLOCATOR_FREE");
 	mtc_proc.free_off = d && d[0] == '0';
 	mtc_proc.refresh_ms =
 	    env_ms("MEMTALLY_REFRESH_MS", MTC_REFRESH_MS, MTC_REFRESH_MAX_MS);
-	d = getenv("MEMTALLY_REFRESH_MIN");
+	d = env("MEMTALLY_REFRESH_MIN");
 	uint64_t min;
 	mtc_proc.refresh_min =
 	    d && mt_parse_size(d, &min) == 0 ? min : MTC_REFRESH_MIN;
-	d = getenv("MEMTALLY_REGISTER_MIN");
+	d = env("MEMTALLY_REGISTER_MIN");
 	if (!d || mt_parse_size(d, &min) != 0)
 		min = MTC_REGISTER_MIN;
 	mtc_proc.register_min = min > INT64_MAX ? INT64_MAX : (int64_t)min;
@@ -425,7 +437,7 @@ static void init_once(void)
 	    env_ms("MEMTALLY_REGISTER_TIMEOUT_MS", MTC_CONNECT_TIMEOUT_MS,
 	           MTC_CONNECT_TIMEOUT_MAX_MS) *
 	    1000000u;
-	const char *sock = getenv("MEMTALLY_SOCKET");
+	const char *sock = env("MEMTALLY_SOCKET");
 	if (!sock || !*sock)
 		sock = MT_DEFAULT_SOCKET;
 	if (strlen(sock) >= sizeof(mtc_proc.sock)) {
@@ -441,7 +453,7 @@ static void init_once(void)
 	} else {
 		strcpy(mtc_proc.sock, sock);
 	}
-	const char *su = getenv("MEMTALLY_SERVER_UID");
+	const char *su = env("MEMTALLY_SERVER_UID");
 	if (su && *su >= '0' && *su <= '9') {
 		char *end;
 		unsigned long v = strtoul(su, &end, 10);
@@ -573,7 +585,10 @@ static ssize_t recv_fds(int fd, void *buf, size_t len, struct reg_reply *out)
  * closed by us when refused: the last close of a lingering TCP socket or
  * of a file on a stuck FUSE mount blocks, inside the program's malloc. In
  * a user namespace that maps neither, root and the directory's owner
- * both read as the overflow uid, and still match.
+ * both read as the overflow uid, and still match. The directory's owner
+ * counts only where no one else may write in it: in a shared sticky
+ * directory (/tmp) any user could have bound the path, and in a user
+ * namespace every unmapped user reads as that owner.
  */
 static bool server_trusted(int fd)
 {
@@ -587,7 +602,8 @@ static bool server_trusted(int fd)
 	char dir[sizeof(mtc_proc.sock)];
 	memcpy(dir, mtc_proc.sock, sizeof(dir));
 	struct stat st; /* dirname() works in place: no allocation */
-	return stat(dirname(dir), &st) == 0 && st.st_uid == c.uid;
+	return stat(dirname(dir), &st) == 0 && st.st_uid == c.uid &&
+	       !(st.st_mode & (S_IWGRP | S_IWOTH));
 }
 
 /* SO_PASSRIGHTS (Linux 6.16): a socket that refuses SCM_RIGHTS; the
@@ -1220,7 +1236,12 @@ void mtc_maybe_attach(enum attach_ask ask)
 		return;
 	}
 	uint64_t now = mt_mono_ns();
-	if (ask != ATTACH_NOW &&
+	/* ATTACH_NOW passes the back-off of a refused or failed attempt
+	 * (cheap: no server there), not that of one that waited out its
+	 * timeout (a server stopped or stuck): a program calling
+	 * memtally_flush() per request would otherwise wait that long at
+	 * every call. */
+	if ((ask != ATTACH_NOW || mtshm_load_relaxed32(&mtc_proc.waited)) &&
 	    now < mtshm_load_relaxed64(&mtc_proc.next_try_ns))
 		return;
 	bool if_registered = false;
@@ -1282,11 +1303,13 @@ void mtc_maybe_attach(enum attach_ask ask)
 		    backoff < MTC_BACKOFF_WAITED * (end - now))
 			backoff = MTC_BACKOFF_WAITED * (end - now);
 		mtshm_store_relaxed64(&mtc_proc.next_try_ns, end + backoff);
+		mtshm_store_relaxed32(&mtc_proc.waited, err == -ETIMEDOUT);
 		mtc_proc.backoff_ns = backoff * 2;
 		if (mtc_proc.backoff_ns > MTC_BACKOFF_MAX_NS)
 			mtc_proc.backoff_ns = MTC_BACKOFF_MAX_NS;
 	} else {
 		mtc_proc.backoff_ns = MTC_BACKOFF_MIN_NS;
+		mtshm_store_relaxed32(&mtc_proc.waited, 0);
 		mtshm_store_relaxed64(&mtc_proc.next_try_ns,
 		                      now + MTC_STALE_NS);
 		mtshm_store_relaxed32(&mtc_proc.answer_lost, 0);

@@ -42,20 +42,22 @@ struct mtc_process {
 	uint32_t attaching;   /* try-lock of attach() */
 	uint64_t next_try_ns; /* back-off: no attach before this */
 	uint64_t backoff_ns;
-	uint64_t born_ns;         /* this image's start, or the fork's */
-	int32_t after_exec;       /* image_follows_exec(): -1 not known */
-	uint32_t natts;           /* attachments made by this process and
-	                           * the ancestors it forked from (atts[]
-	                           * is a ring); under `attaching`, raised
-	                           * after the entry is written (release) */
-	uint32_t natts_base;      /* natts when this process forked off */
-	uint64_t mapped;          /* mapped bytes (mmap.c), absolute */
-	uint32_t free_turn;       /* try-lock: one thread samples at a time */
-	uint64_t free_min_ns;     /* no sample before this (its cost) */
-	uint64_t free_next_ns;    /* a sample after this, moved or not */
-	int64_t free_heap;        /* heap bytes at the last sample */
-	uint64_t free_last_ns;    /* when it was stored, 0 = none in this
-	                           * slot (the refresh thread's test) */
+	uint32_t waited;       /* the last attempt waited out its timeout: even
+	                        * memtally_flush() keeps the back-off then */
+	uint64_t born_ns;      /* this image's start, or the fork's */
+	int32_t after_exec;    /* image_follows_exec(): -1 not known */
+	uint32_t natts;        /* attachments made by this process and
+	                        * the ancestors it forked from (atts[]
+	                        * is a ring); under `attaching`, raised
+	                        * after the entry is written (release) */
+	uint32_t natts_base;   /* natts when this process forked off */
+	uint64_t mapped;       /* mapped bytes (mmap.c), absolute */
+	uint32_t free_turn;    /* try-lock: one thread samples at a time */
+	uint64_t free_min_ns;  /* no sample before this (its cost) */
+	uint64_t free_next_ns; /* a sample after this, moved or not */
+	int64_t free_heap;     /* heap bytes at the last sample */
+	uint64_t free_last_ns; /* when it was stored, 0 = none in this
+	                        * slot (the refresh thread's test) */
 	uint32_t refresh_started; /* the refresh thread runs (refresh.c) */
 	/* A registration went unanswered within the timeout, and the
 	 * server may have registered us all the same: the refresh thread

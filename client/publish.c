@@ -132,7 +132,9 @@ static void verify(const struct mtshm_header *h)
 {
 	uint64_t hb = mtshm_load_relaxed64(&h->fleet.heartbeat_ns);
 	uint64_t now = mt_mono_ns();
-	if (now > hb + MTC_STALE_NS &&
+	/* Subtracted, not added: a heartbeat near 2^64 (a server's
+	 * garbage) would wrap hb + MTC_STALE_NS and look stale for ever. */
+	if (hb <= now && now - hb > MTC_STALE_NS &&
 	    now >= mtshm_load_relaxed64(&mtc_proc.next_try_ns)) {
 		mtc_debug("server heartbeat stale; re-registering");
 		mtc_maybe_attach(ATTACH_NOW);

@@ -319,13 +319,13 @@ print(f"conns={conns} requests={requests}", flush=True)
 """
 
 
-def with_nobodys_server(script, owner, argv, env, seconds=4):
+def with_nobodys_server(script, owner, argv, env, seconds=4, mode=0o1777):
     """Run `script` as nobody, listening at s.sock in a fresh directory of
-    `owner`'s, for `seconds` (x MULT) at most, and the program
+    `owner`'s (of `mode`), for `seconds` (x MULT) at most, and the program
     `argv(path)` beside it, its environment os.environ's plus `env` and
     MEMTALLY_SOCKET=path: (its CompletedProcess, the listener's output)."""
     d = tempfile.mkdtemp(prefix="mt-trust-")
-    os.chmod(d, 0o1777)
+    os.chmod(d, mode)
     os.chown(d, owner, NOGROUP)
     path = os.path.join(d, "s.sock")
     lis = subprocess.Popen(
@@ -357,19 +357,25 @@ def test_untrusted_server():
     lingering TCP socket, a file on a stuck FUSE mount). A server run by
     nobody in a directory of root's is connected to, sent nothing, and the
     program behaves as without memtally; in nobody's own directory it is
-    sent the Register, as it is where MEMTALLY_SERVER_UID names nobody."""
-    for owner, named, want in ((0, False, False), (NOBODY, False, True),
-                               (0, True, True)):
+    sent the Register, as it is where MEMTALLY_SERVER_UID names nobody.
+    A directory of nobody's that others may write in (sticky, as /tmp) is
+    not its own: anyone could have bound the path there, and in a user
+    namespace every unmapped user reads as its owner."""
+    for owner, mode, named, want in ((0, 0o1777, False, False),
+                                     (NOBODY, 0o755, False, True),
+                                     (NOBODY, 0o1777, False, False),
+                                     (0, 0o1777, True, True)):
         env = {"LD_PRELOAD": PRELOAD, "MEMTALLY_TASK": "trust"}
         if named:  # the deployment names the server's user
             env["MEMTALLY_SERVER_UID"] = str(NOBODY)
         r, out = with_nobodys_server(
-            LISTENER, owner, lambda path: [*worker("errno"), "3"], env)
+            LISTENER, owner, lambda path: [*worker("errno"), "3"], env,
+            mode=mode)
         check(r.returncode == 0 and "errno kept" in r.stdout,
               f"the program changed: {r.returncode} {r.stdout!r} "
               f"{r.stderr!r}")
         conns, reqs = (int(x.split("=")[1]) for x in out.split())
-        who = "root's" if owner == 0 else "nobody's"
+        who = ("root's" if owner == 0 else "nobody's") + f" {mode:o}"
         how = ", MEMTALLY_SERVER_UID naming nobody" if named else ""
         print(f"  a server of nobody's in {who} directory{how}: {conns} "
               f"connections, {reqs} with a request")
