@@ -16,7 +16,8 @@
  *
  * Reconciliation. Workers that register with MEMTALLY_TASK=T use memory the
  * reservations for T set aside, and counting both would count that memory
- * twice. So each tick the measured bytes of T's live workers are set
+ * twice. So each tick the measured bytes of T's live workers (what they
+ * count toward the others: an untrusted claim as far as vouched) are set
  * against T's reservations, oldest first. Each reservation counts only
  * what is left of it:
  *
@@ -1377,18 +1378,20 @@ void mts_resv_tick(struct mts_registry *reg, uint64_t now_ns)
 				continue;
 			if (!t->seen)
 				task_seen(reg, t);
-			uint64_t m = mts_measured(reg, p->bytes, p->rss);
+			/* What it counts toward the others (vouch.c), as
+			 * the guard and the hosts count it: a claim past
+			 * what the kernel vouches for would empty its task's
+			 * reservations in the totals (others admitted into
+			 * that room) while the guard still shields the task
+			 * by all of it; and a claim below the kernel's
+			 * figure does not shrink even its own kind. */
+			uint64_t m = mts_measured(reg, mts_vouch_counted(p),
+			                          p->rss);
 			struct mts_task_share *sh = share_of(reg, t, p);
 			sh->live++;
 			sh->measured = mt_sat_add(sh->measured, m);
-			/* As the guard and the hosts count it: a claim
-			 * below the kernel's figure does not shrink even its
-			 * own kind. */
 			if (t->kinded)
-				sh->vouched = mt_sat_add(
-				    sh->vouched,
-				    mts_measured(reg, mts_vouch_counted(p),
-				                 p->rss));
+				sh->vouched = mt_sat_add(sh->vouched, m);
 			t->live++;
 			t->measured = mt_sat_add(t->measured, m);
 		}

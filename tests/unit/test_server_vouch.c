@@ -138,6 +138,34 @@ Test(vouch, an_overstating_process_does_not_shield_the_one_really_over)
 	fx_stop();
 }
 
+Test(vouch, a_claim_past_the_vouched_does_not_empty_a_reservation)
+{
+	/* A task's reservation counts what its workers have not used yet.
+	 * Used was the raw claim: a worker of the task claiming 1 TiB took
+	 * its 200 MiB out of the totals (others admitted into that room)
+	 * while the guard still shielded the task by all 200 MiB. Found in
+	 * review. */
+	start(64 * MIB, 60000);
+	Memtally__V1__Response *r =
+	    fx_admit(LIAR_UID, 200 * MIB, "", "liars-task", 0);
+	cr_assert(r->admit_result->admitted, "%s", r->admit_result->reason);
+	memtally__v1__response__free_unpacked(r, NULL);
+	pid_t liar = spawn_as(LIAR_UID);
+	uint32_t ls = fx_register_as(liar, LIAR_UID, "default", "liars-task");
+	fx_write(ls, (int64_t)1 << 40);
+	tick_with_kernel();
+	tick_with_kernel();
+	uint64_t k = kernel_of(liar);
+	cr_assert_lt(k, 64 * MIB);
+	/* Counted: its kernel figure and the allowance; reserved: the rest
+	 * of the 200 MiB. */
+	const struct mts_totals *t = &srv.reg.totals;
+	cr_assert_geq(t->reserved, 200 * MIB - k - 64 * MIB,
+	              "reserved %llu (kernel %llu)",
+	              (unsigned long long)t->reserved, (unsigned long long)k);
+	fx_stop();
+}
+
 Test(vouch, processes_of_one_uid_share_one_allowance)
 {
 	start(64 * MIB, 60000);
