@@ -1385,8 +1385,8 @@ void mts_resv_tick(struct mts_registry *reg, uint64_t now_ns)
 			 * that room) while the guard still shields the task
 			 * by all of it; and a claim below the kernel's
 			 * figure does not shrink even its own kind. */
-			uint64_t m = mts_measured(reg, mts_vouch_counted(p),
-			                          p->rss);
+			uint64_t m =
+			    mts_measured(reg, mts_vouch_counted(p), p->rss);
 			struct mts_task_share *sh = share_of(reg, t, p);
 			sh->live++;
 			sh->measured = mt_sat_add(sh->measured, m);
@@ -1467,7 +1467,7 @@ static bool deny_group(const struct mts_registry *reg,
 	bool allowed = mts_may_join_group(reg, peer, group);
 	bool over = false;
 	uint32_t held = 0;
-	if (allowed && pol->groups_per_uid && peer->has_cred && !peer->tcp &&
+	if (allowed && pol->groups_per_uid && peer->has_cred &&
 	    !mts_find_group(reg, group) && strcmp(group, "default") != 0 &&
 	    !mts_policy_group(pol, group) && !mts_peer_is_admin(reg, peer)) {
 		held = mts_uid_count_get(&reg->groups_by_uid, peer->uid);

@@ -203,9 +203,12 @@ int mts_group_ensure_peer(struct mts_registry *reg, const struct mts_peer *peer,
 	/* Names a uid brings into existence are what it costs the server
 	 * (entries, /metrics series): counted per uid. Configured groups
 	 * and "default" are the operator's; admins are trusted. */
-	bool counted =
-	    peer->has_cred && !peer->tcp && strcmp(name, "default") != 0 &&
-	    !mts_policy_group(&reg->policy, name) && !peer_is_admin(reg, peer);
+	/* A loopback TCP peer sock_diag named is that uid, as on the Unix
+	 * socket (has_cred); an unidentified one is counted nowhere, and
+	 * shows the token for every request. */
+	bool counted = peer->has_cred && strcmp(name, "default") != 0 &&
+	               !mts_policy_group(&reg->policy, name) &&
+	               !peer_is_admin(reg, peer);
 	if (counted && reg->policy.groups_per_uid &&
 	    mts_uid_count_get(&reg->groups_by_uid, peer->uid) >=
 	        reg->policy.groups_per_uid)

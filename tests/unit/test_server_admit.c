@@ -876,6 +876,15 @@ Test(admit, groups_per_uid)
 	expect_admit(2000, 1, "g3", true);
 	cr_assert_eq(mts_uid_count_get(&srv.reg.groups_by_uid, 1000), 2);
 	cr_assert_eq(mts_uid_count_get(&srv.reg.groups_by_uid, 2000), 1);
+	/* Over loopback TCP, where sock_diag names the peer's uid, the same
+	 * uid and the same cap (it passed every cap: found in review). */
+	struct mts_peer tcp = {
+	    .fd = -1, .tcp = true, .has_cred = true, .uid = 1000, .gid = ~0u};
+	struct mts_admit_out out;
+	mts_admit_decide(&srv.reg, &tcp, "g4", 1, &out);
+	cr_assert_not(out.admitted, "a fourth group over TCP");
+	cr_assert(strstr(out.why, "max_groups_per_uid = 2"), "%s", out.why);
+	cr_assert_null(mts_find_group(&srv.reg, "g4"));
 }
 
 /* A worker naming a group it may not join is registered in default, and
