@@ -1158,6 +1158,25 @@ static int register_peer(struct mts_registry *reg, const struct mts_peer *peer,
 	if (err == 0 && !exact)
 		err =
 		    peer_vouch(peer, start_time, "action=registration_refused");
+	/* Its user now, not at connect: a process that changed user since
+	 * (it forked a child to keep the socket, then exec'd a set-uid
+	 * program) is not the peer's to register in its uid's table, where
+	 * the peer's claims would have it signalled or evicted; adoption
+	 * drops such a worker too (adopt.c). A connection of our own making
+	 * (fd < 0: tests, adoption) has no such peer. */
+	if (err == 0 && peer->fd >= 0) {
+		uint32_t ruid, euid;
+		err = mts_read_uids((pid_t)peer->pid, &ruid, &euid);
+		if (err == 0 && euid != peer->uid) {
+			mts_log_uid(peer->uid, MTS_LOG_WARN,
+			            "the peer's process changed user since it "
+			            "connected",
+			            "action=registration_refused pid=%u uid=%u "
+			            "process_euid=%u",
+			            peer->pid, peer->uid, euid);
+			err = -ESTALE;
+		}
+	}
 	if (err == 0 && pidfd_exited(pidfd))
 		err = -ESRCH;
 	if (err < 0) {
