@@ -1768,14 +1768,26 @@ static void waiter_remove(struct mts_registry *reg, uint64_t who)
 }
 
 /* `who` was denied for room (`bytes`, following `prof` or NULL): it joins
- * the queue, or keeps its place (for at most MTS_WAIT_HOLD_NS). */
+ * the queue, or keeps its place (for at most MTS_WAIT_HOLD_NS). A uid
+ * that is not an admin holds MTS_WAITERS_PER_UID places at most; past
+ * them it waits without one. */
 static void waiter_note(struct mts_registry *reg, uint64_t who, uint64_t bytes,
-                        const struct mts_kind_profile *prof, bool in_process)
+                        const struct mts_kind_profile *prof, bool in_process,
+                        bool admin)
 {
 	if (!who)
 		return;
 	uint64_t now = mts_now_monotonic();
 	struct mts_waiter *w = waiter_find(reg, who);
+	if (!w && !admin) {
+		uint32_t held = 0;
+		for (uint32_t i = 0; i < reg->adm->nwaiters; i++)
+			held += reg->adm->waiters[i].who >> 32 == who >> 32 &&
+			        now - reg->adm->waiters[i].last_ns <=
+			            MTS_WAIT_ACTIVE_NS;
+		if (held >= MTS_WAITERS_PER_UID)
+			return;
+	}
 	if (!w) {
 		if (reg->adm->nwaiters < MTS_WAITERS) {
 			w = &reg->adm->waiters[reg->adm->nwaiters++];
@@ -2520,7 +2532,8 @@ int mts_admit(struct mts_registry *reg, const struct mts_peer *peer,
 		if (out->reason == MTS_DENY_FLEET_LIMIT ||
 		    out->reason == MTS_DENY_NODE)
 			waiter_note(reg, waiter_key(key, task), bytes,
-			            profiled ? &prof : NULL, req->in_process);
+			            profiled ? &prof : NULL, req->in_process,
+			            admin);
 		log_denial(reg, peer, group, task, out);
 		return 0;
 	}

@@ -47,6 +47,10 @@ struct mts_admit_stats {
  * room from younger requests.
  */
 #define MTS_WAITERS 64u
+/* Places one uid may hold (admins: any): one user asking for 64 tasks
+ * every few seconds would otherwise hold every place, and the head, so
+ * that nobody else's large request is ever kept room for. */
+#define MTS_WAITERS_PER_UID (MTS_WAITERS / 8u)
 struct mts_waiter {
 	uint64_t who;      /* hash of the uid and the task name */
 	uint64_t first_ns; /* CLOCK_MONOTONIC: its first denial in this wait */

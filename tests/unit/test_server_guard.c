@@ -1089,6 +1089,39 @@ Test(guard, a_full_queue_keeps_the_request_waiting_longest)
 	cr_assert_eq(adm->waiters[0].who, (uint64_t)9999 << 32 | 1);
 }
 
+Test(guard, one_uid_holds_an_eighth_of_the_queue)
+{
+	/* One user asking for 64 tasks held every place of the queue, and
+	 * its head, so that no other user's large request was ever kept
+	 * room for. Found in review. */
+	mts_policy_defaults(&pol);
+	fx_start_policy(&pol);
+	guard_on_node_of_400_line_800();
+	struct mts_admission *adm = srv.reg.adm;
+	for (int i = 0; i < 12; i++) {
+		char task[16];
+		snprintf(task, sizeof(task), "q%d", i);
+		Memtally__V1__Response *r =
+		    fx_admit(3000, 500 * MIB, "", task, 0);
+		cr_assert_not(r->admit_result->admitted);
+		memtally__v1__response__free_unpacked(r, NULL);
+	}
+	cr_assert_eq(adm->nwaiters, MTS_WAITERS_PER_UID);
+	Memtally__V1__Response *r = fx_admit(3001, 500 * MIB, "", "other", 0);
+	cr_assert_not(r->admit_result->admitted);
+	memtally__v1__response__free_unpacked(r, NULL);
+	cr_assert_eq(adm->nwaiters, MTS_WAITERS_PER_UID + 1);
+	cr_assert_eq(adm->waiters[MTS_WAITERS_PER_UID].who >> 32, 3001);
+	/* An admin (root) is not held to it. */
+	for (int i = 0; i < 12; i++) {
+		char task[16];
+		snprintf(task, sizeof(task), "a%d", i);
+		r = fx_admit(0, 500 * MIB, "", task, 0);
+		memtally__v1__response__free_unpacked(r, NULL);
+	}
+	cr_assert_eq(adm->nwaiters, MTS_WAITERS_PER_UID + 1 + 12);
+}
+
 /* /proc/PID/cgroup as each kind of machine writes it. */
 static int cgroup_of(const char *text, const char **base, char *path)
 {
