@@ -197,10 +197,20 @@ bool mts_peer_in_group(const struct mts_peer *peer, uint32_t gid)
 	return peer->pid && status_has_group(peer->pid, gid, false);
 }
 
+/* Root, or the server's own uid, as such: not when root is not the
+ * node's operator ([server] root_admin = false; a memtallyd running as
+ * root is root then). */
+static bool uid_is_root_or_server(const struct mts_registry *reg, uint32_t uid)
+{
+	if (uid == 0)
+		return reg->policy.root_admin;
+	return uid == reg->server_uid;
+}
+
 bool mts_uid_is_admin(const struct mts_registry *reg, uint32_t uid)
 {
 	const struct mts_policy *pol = &reg->policy;
-	return uid == 0 || uid == reg->server_uid ||
+	return uid_is_root_or_server(reg, uid) ||
 	       (pol->has_admin_uid && uid == pol->admin_uid);
 }
 
@@ -208,11 +218,10 @@ enum mts_auth mts_authorise(const struct mts_registry *reg,
                             const struct mts_peer *peer, const char *token)
 {
 	const struct mts_policy *pol = &reg->policy;
+	if (peer->has_cred && uid_is_root_or_server(reg, peer->uid)) {
+		return peer->uid == 0 ? MTS_AUTH_ROOT : MTS_AUTH_SERVER_UID;
+	}
 	if (peer->has_cred) {
-		if (peer->uid == 0)
-			return MTS_AUTH_ROOT;
-		if (peer->uid == reg->server_uid)
-			return MTS_AUTH_SERVER_UID;
 		if (pol->has_admin_uid && peer->uid == pol->admin_uid)
 			return MTS_AUTH_ADMIN_UID;
 		if (pol->has_admin_gid &&

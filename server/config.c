@@ -307,6 +307,9 @@ const struct mts_key mts_keys[] = {
      .help = "the token: admin rights, and the way in for unknown TCP peers"},
     {"server", "tcp_token_file", STRING, R | EMPTY, S(tcp_token_file),
      .help = "a file of mode 0600 or 0640 whose first line is the token"},
+    {"server", "root_admin", BOOL, R, P(root_admin), .def = 1,
+     .help = "root has admin rights (false: only admin_uid, admin_gid "
+             "or the token)"},
     {"server", "admin_uid", MTS_KEY_UID, R, P(admin_uid),
      S2(policy.has_admin_uid), .help = "a uid with admin rights"},
     {"server", "admin_gid", MTS_KEY_GID, R, P(admin_gid),

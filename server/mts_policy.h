@@ -144,6 +144,11 @@ struct mts_policy {
 	uint32_t max_ttl_s;
 	int enforce_signal; /* 0 = enforcement off */
 	uint32_t grace_ms;
+	/* Root (and a memtallyd running as root, its own uid) has admin
+	 * rights: true by default. False where root is not the node's
+	 * operator: a DaemonSet whose socket reaches pods that run as root,
+	 * without user namespaces. */
+	bool root_admin;
 	bool has_admin_uid;
 	uint32_t admin_uid;
 	bool has_admin_gid;

@@ -77,6 +77,41 @@ Test(auth, unix_peers)
 	cr_assert_str_eq(mts_auth_name(MTS_AUTH_ADMIN_GID), "admin_gid");
 }
 
+Test(auth, root_without_admin_rights)
+{
+	/* [server] root_admin = false: a DaemonSet's socket reaches pods
+	 * that run as root, and root in one of them must not set the
+	 * fleet's limit or release everyone's reservations. Root is then
+	 * an admin only as admin_uid, or with the token. */
+	reg.policy.root_admin = false;
+	struct mts_peer p = unix_peer(0, 0);
+	cr_assert_eq(mts_authorise(&reg, &p, NULL), MTS_AUTH_NONE);
+	cr_assert_not(mts_uid_is_admin(&reg, 0));
+	cr_assert_not(mts_peer_is_admin(&reg, &p));
+	/* A memtallyd running as root: its own uid is root, no admin. */
+	reg.server_uid = 0;
+	cr_assert_eq(mts_authorise(&reg, &p, NULL), MTS_AUTH_NONE);
+	/* Another uid of the server's stays its own. */
+	reg.server_uid = 4242;
+	p = unix_peer(4242, 100);
+	cr_assert_eq(mts_authorise(&reg, &p, NULL), MTS_AUTH_SERVER_UID);
+	/* The token still works. */
+	reg.policy.tcp_token = strdup("0123456789abcdef0123");
+	p = unix_peer(0, 0);
+	cr_assert_eq(mts_authorise(&reg, &p, "0123456789abcdef0123"),
+	             MTS_AUTH_TOKEN);
+	/* Named as admin_uid, root is one again. */
+	reg.policy.has_admin_uid = true;
+	reg.policy.admin_uid = 0;
+	cr_assert_eq(mts_authorise(&reg, &p, NULL), MTS_AUTH_ADMIN_UID);
+	cr_assert(mts_uid_is_admin(&reg, 0));
+	/* The default: root is. */
+	struct mts_policy d;
+	mts_policy_defaults(&d);
+	cr_assert(d.root_admin);
+	mts_policy_free(&d);
+}
+
 Test(auth, tcp_needs_the_token)
 {
 	struct mts_peer tcp = {.fd = -1, .tcp = true};
