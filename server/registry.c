@@ -43,7 +43,9 @@
 #include "mts_registry.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1045,10 +1047,29 @@ static int register_new(struct mts_registry *reg, const struct mts_peer *peer,
 		            peer->uid, strerror(-err));
 		goto fail_close_pidfd;
 	}
+	/* The slot's pages, allocated now. A shared memfd's page is charged
+	 * at its first touch, and under strict overcommit at the commit
+	 * limit that touch is a SIGBUS: in memtallyd, at slot_init's stores
+	 * or a tick's loads. Refused here instead (the worker runs
+	 * unregistered, and asks again later). */
+	uint32_t slot = reg->free_slots[reg->nfree - 1];
+	if (fallocate(table->map.fd, 0,
+	              (off_t)((uint64_t)slot * reg->layout.slot_stride),
+	              (off_t)reg->layout.slot_stride) < 0 &&
+	    errno != EOPNOTSUPP) {
+		err = -errno;
+		mts_log_uid(peer->uid, MTS_LOG_WARN,
+		            "cannot allocate a slot's memory; the worker runs "
+		            "unregistered",
+		            "uid=%u slot=%u err=%s", peer->uid, slot,
+		            strerror(-err));
+		mts_table_gc(reg, table);
+		goto fail_close_pidfd;
+	}
 	struct proc_init in = {
 	    .pid = peer->pid,
 	    .uid = peer->uid,
-	    .slot = reg->free_slots[reg->nfree - 1],
+	    .slot = slot,
 	    .pidfd = pidfd,
 	    .start_time = start_time,
 	    .image_id = image_id,
@@ -1308,6 +1329,42 @@ int mts_registry_adopt_slot(struct mts_registry *reg,
 	return 0;
 }
 
+/* Raise slot_gens[] to the generations adopted table `tb` holds (a value
+ * past 2^62 is a worker's scribble, not the last server's). Only the
+ * table's data is read: a read of a hole in a shared memfd mapping
+ * allocates a page, and a scan of every slot would make a sparse table
+ * dense (4 GiB a uid at the largest layout). Without SEEK_DATA nothing is
+ * read: generations then start at 1, as they did. */
+static void gens_from_table(struct mts_registry *reg,
+                            const struct mts_table *tb)
+{
+	const uint64_t stride = reg->layout.slot_stride;
+	const uint64_t at = offsetof(struct mtshm_slot_id, generation);
+	const uint64_t size = (uint64_t)reg->slot_count * stride;
+	off_t off = 0;
+	while ((uint64_t)off < size) {
+		off_t data = lseek(tb->map.fd, off, SEEK_DATA);
+		if (data < 0)
+			return; /* ENXIO: no data past `off` */
+		off_t hole = lseek(tb->map.fd, data, SEEK_HOLE);
+		if (hole < 0 || (uint64_t)hole > size)
+			hole = (off_t)size;
+		uint64_t i = (uint64_t)data <= at
+		                 ? 0
+		                 : ((uint64_t)data - at + stride - 1) / stride;
+		for (; i < reg->slot_count &&
+		       i * stride + at + sizeof(uint64_t) <= (uint64_t)hole;
+		     i++) {
+			uint64_t g = mtshm_load_relaxed64(
+			    &mtshm_slot(&reg->layout, tb->map.base, (uint32_t)i)
+			         ->generation);
+			if (g < (UINT64_C(1) << 62) && g > reg->slot_gens[i])
+				reg->slot_gens[i] = g;
+		}
+		off = hole;
+	}
+}
+
 void mts_registry_rebuild_free(struct mts_registry *reg)
 {
 	/* A slot the last server gave and this one did not adopt (its
@@ -1316,18 +1373,9 @@ void mts_registry_rebuild_free(struct mts_registry *reg)
 	 * The worker that had it, registering again, would find the same
 	 * table, slot and generation, take it for an adoption and keep its
 	 * lanes, which slot_init has just zeroed: its count lost. Every
-	 * generation starts above what the adopted tables hold. (A value
-	 * past 2^62 is a worker's scribble, not the last server's.) */
-	for (uint32_t t = 0; t < reg->ntables; t++) {
-		const struct mts_table *tb = reg->tables[t];
-		for (uint32_t i = 0; i < reg->slot_count; i++) {
-			uint64_t g = mtshm_load_relaxed64(
-			    &mtshm_slot(&reg->layout, tb->map.base, i)
-			         ->generation);
-			if (g < (UINT64_C(1) << 62) && g > reg->slot_gens[i])
-				reg->slot_gens[i] = g;
-		}
-	}
+	 * generation starts above what the adopted tables hold. */
+	for (uint32_t t = 0; t < reg->ntables; t++)
+		gens_from_table(reg, reg->tables[t]);
 	reg->nfree = 0;
 	for (uint32_t i = reg->slot_count; i-- > 0;)
 		if (!reg->by_slot[i])

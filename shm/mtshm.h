@@ -15,7 +15,11 @@
  *  - a slot table per uid: slot_count slots of slot_stride bytes, holding
  *    the slots of that uid's processes only. Sealed against resizing
  *    (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL): its size is fixed for
- *    every mapper, so no access inside it can ever fault with SIGBUS.
+ *    every mapper, so no access inside it faults for its size. (Under
+ *    strict overcommit, a first touch of a page past the commit limit
+ *    still does: the server allocates a slot's pages before it is used,
+ *    and a worker that punches a hole in its own slot and exhausts the
+ *    limit can still make the server's next read of it fault.)
  *    The server maps it whole; a worker of the uid maps read-write only
  *    the page(s) holding its own slot, between inaccessible guards
  *    (mtshm_map_window), so a stray write of its own program faults
@@ -164,45 +168,45 @@ enum mtshm_state {
  */
 #define MTSHM_FLEET_READ_TRIES 10000
 struct mtshm_fleet {
-	uint64_t seq;          /*   0 */
-	uint64_t bytes;        /*   8 accounted live bytes, all slots */
-	uint64_t peak;         /*  16 highest `bytes` seen by the server */
-	uint64_t limit;        /*  24 0 = no limit */
-	uint64_t reserved;     /*  32 outstanding admission reservations */
-	uint64_t error_bytes;  /*  40 +/- threshold x live threads */
-	uint64_t heartbeat_ns; /*  48 CLOCK_MONOTONIC at the last tick */
-	uint64_t ticks;        /*  56 number of ticks so far */
-	uint32_t state;        /*  64 enum mtshm_state */
-	uint32_t processes;    /*  68 registered live processes */
-	uint32_t unregistered; /*  72 workers refused for lack of slots */
-	uint32_t spare0;       /*  76 */
-	uint64_t mapped;       /*  80 mapped bytes, all slots (2.1; part
-				*     of `bytes`) */
+	uint64_t seq;            /*   0 */
+	uint64_t bytes;          /*   8 accounted live bytes, all slots */
+	uint64_t peak;           /*  16 highest `bytes` seen by the server */
+	uint64_t limit;          /*  24 0 = no limit */
+	uint64_t reserved;       /*  32 outstanding admission reservations */
+	uint64_t error_bytes;    /*  40 +/- threshold x live threads */
+	uint64_t heartbeat_ns;   /*  48 CLOCK_MONOTONIC at the last tick */
+	uint64_t ticks;          /*  56 number of ticks so far */
+	uint32_t state;          /*  64 enum mtshm_state */
+	uint32_t processes;      /*  68 registered live processes */
+	uint32_t unregistered;   /*  72 workers refused for lack of slots */
+	uint32_t spare0;         /*  76 */
+	uint64_t mapped;         /*  80 mapped bytes, all slots (2.1; part
+	                          *     of `bytes`) */
 	uint64_t allocator_free; /* 88 allocators' free bytes, all slots
 	                          *    (2.2; part of `bytes`) */
 	uint64_t spare[4];       /*  96 zero */
 };
 
 struct mtshm_header {
-	uint64_t magic;         /*   0 */
-	uint16_t version_major; /*   8 */
-	uint16_t version_minor; /*  10 */
-	uint16_t compat_minor;  /*  12 */
-	uint16_t reserved0;     /*  14 */
-	uint32_t header_size;   /*  16 */
-	uint32_t reserved_off;  /*  20 */
-	uint32_t slot_stride;   /*  24 */
-	uint32_t slot_count;    /*  28 */
-	uint32_t lane_count;    /*  32 */
-	uint32_t line_size;     /*  36 */
-	uint64_t table_size;    /*  40 */
-	uint64_t generation;    /*  48 */
-	uint32_t server_pid;    /*  56 */
-	uint32_t server_uid;    /*  60 */
-	uint64_t created_ns;    /*  64 */
-	uint64_t threshold;     /*  72 */
-	uint64_t reserved1[6];  /*  80 */
-	struct mtshm_fleet fleet;                     /* 128 */
+	uint64_t magic;                             /*   0 */
+	uint16_t version_major;                     /*   8 */
+	uint16_t version_minor;                     /*  10 */
+	uint16_t compat_minor;                      /*  12 */
+	uint16_t reserved0;                         /*  14 */
+	uint32_t header_size;                       /*  16 */
+	uint32_t reserved_off;                      /*  20 */
+	uint32_t slot_stride;                       /*  24 */
+	uint32_t slot_count;                        /*  28 */
+	uint32_t lane_count;                        /*  32 */
+	uint32_t line_size;                         /*  36 */
+	uint64_t table_size;                        /*  40 */
+	uint64_t generation;                        /*  48 */
+	uint32_t server_pid;                        /*  56 */
+	uint32_t server_uid;                        /*  60 */
+	uint64_t created_ns;                        /*  64 */
+	uint64_t threshold;                         /*  72 */
+	uint64_t reserved1[6];                      /*  80 */
+	struct mtshm_fleet fleet;                   /* 128 */
 	uint8_t reserved2[MTSHM_HEADER_SIZE - 256]; /* 256 */
 };
 
@@ -254,12 +258,12 @@ struct mtshm_slot_id {
  * previous value. All zero: nothing sampled (yet, or a 2.1 client).
  */
 struct mtshm_lane {
-	uint32_t owner;    /*  0 client: tid holding the lane, 0 = none */
-	uint32_t spare0;   /*  4 */
-	int64_t bytes;     /*  8 client (owner only) */
-	uint64_t flushes;  /* 16 client (owner only) */
-	int64_t mapped;    /* 24 client, lane 0 only (see above) */
-	uint64_t free_seq; /* 32 client, lane 0 only (2.2, see above) */
+	uint32_t owner;     /*  0 client: tid holding the lane, 0 = none */
+	uint32_t spare0;    /*  4 */
+	int64_t bytes;      /*  8 client (owner only) */
+	uint64_t flushes;   /* 16 client (owner only) */
+	int64_t mapped;     /* 24 client, lane 0 only (see above) */
+	uint64_t free_seq;  /* 32 client, lane 0 only (2.2, see above) */
 	int64_t free_bytes; /* 40 client, lane 0 only (2.2) */
 	int64_t free_heap;  /* 48 client, lane 0 only (2.2) */
 	uint64_t spare;     /* 56 */
@@ -307,16 +311,17 @@ _Static_assert(offsetof(struct mtshm_lane, free_seq) == 32, "lane free_seq");
 _Static_assert(offsetof(struct mtshm_lane, free_bytes) == 40, "lane free");
 _Static_assert(offsetof(struct mtshm_lane, free_heap) == 48, "lane heap");
 _Static_assert(sizeof(struct mtshm_slot_id) + sizeof(struct mtshm_lane) ==
-		       MTSHM_LINE,
-	       "line 0 is identity + lane 0");
+                   MTSHM_LINE,
+               "line 0 is identity + lane 0");
 
 /* Errors of this component: a reserved negative range, apart from -errno. */
 #define MTSHM_EBADMAGIC  (-3001) /* not a memtally segment */
 #define MTSHM_EVERSION   (-3002) /* unknown major or too-new compat minor */
 #define MTSHM_ETRUNCATED (-3003) /* object smaller than its declared slots */
 #define MTSHM_ELAYOUT    (-3004) /* impossible offsets, stride or counts */
-#define MTSHM_EBYTEORDER (-3005) /* written by a machine of other byte order */
-#define MTSHM_EUNSEALED  (-3006) /* an object that could be resized */
+#define MTSHM_EBYTEORDER (-3005) /* written by a machine of other byte order   \
+	                          */
+#define MTSHM_EUNSEALED (-3006)  /* an object that could be resized */
 
 /* memfd seals (linux/fcntl.h), for includers without _GNU_SOURCE. */
 #ifndef F_SEAL_SEAL
@@ -378,7 +383,7 @@ struct mtshm_params {
  * -errno (-EINVAL for bad params).
  */
 int mtshm_header_create(const char *label, const struct mtshm_params *p,
-			struct mtshm_map *out);
+                        struct mtshm_map *out);
 
 /*
  * Create a slot table object (memfd `label`) of l->table_size zero bytes,
@@ -386,7 +391,7 @@ int mtshm_header_create(const char *label, const struct mtshm_params *p,
  * Returns 0 or -errno.
  */
 int mtshm_table_create(const char *label, const struct mtshm_layout *l,
-		       struct mtshm_map *out);
+                       struct mtshm_map *out);
 
 /*
  * Map object `fd` after checking that it carries at least `seals` (so it
@@ -418,7 +423,7 @@ int mtshm_map_fd(int fd, unsigned seals, uint64_t size, struct mtshm_map *out);
  * object).
  */
 int mtshm_map_window(int fd, uint64_t size, uint64_t off, uint64_t len,
-		     size_t guard, struct mtshm_map *out);
+                     size_t guard, struct mtshm_map *out);
 
 /* A read-only descriptor of the same object as `fd` (through
  * /proc/self/fd), close-on-exec. Returns it or -errno. */
@@ -454,18 +459,17 @@ void mtshm_fleet_publish(struct mtshm_header *h, const struct mtshm_fleet *f);
 /* Address of slot `i` in the table mapped at `table`, from a private
  * layout. The caller checked i < l->slot_count. */
 static inline struct mtshm_slot_id *mtshm_slot(const struct mtshm_layout *l,
-					       void *table, uint32_t i)
+                                               void *table, uint32_t i)
 {
 	return (struct mtshm_slot_id *)((char *)table +
-					(size_t)i * l->slot_stride);
+	                                (size_t)i * l->slot_stride);
 }
 
 /* Address of lane `k` of the slot whose identity is `s`. */
-static inline struct mtshm_lane *mtshm_lane(struct mtshm_slot_id *s,
-					    uint32_t k)
+static inline struct mtshm_lane *mtshm_lane(struct mtshm_slot_id *s, uint32_t k)
 {
 	return (struct mtshm_lane *)((char *)s + (size_t)k * MTSHM_LINE +
-				     sizeof(struct mtshm_slot_id));
+	                             sizeof(struct mtshm_slot_id));
 }
 
 /*
@@ -479,8 +483,8 @@ static inline struct mtshm_lane *mtshm_lane(struct mtshm_slot_id *s,
  * (and the sum is then not to be used).
  */
 static inline int64_t mtshm_slot_sum(struct mtshm_slot_id *s,
-				     uint32_t lane_count, uint64_t *flushes,
-				     int *absurd)
+                                     uint32_t lane_count, uint64_t *flushes,
+                                     int *absurd)
 {
 	uint32_t used = mtshm_load_relaxed32(&s->lanes_used);
 	if (used > lane_count)
@@ -494,9 +498,8 @@ static inline int64_t mtshm_slot_sum(struct mtshm_slot_id *s,
 	}
 	/* Two's complement: the wrapped sum read as signed is the exact
 	 * total whenever the true total fits, which a sane one does. */
-	int64_t total = sum <= (uint64_t)INT64_MAX
-				? (int64_t)sum
-				: -(int64_t)(~sum) - 1;
+	int64_t total =
+	    sum <= (uint64_t)INT64_MAX ? (int64_t)sum : -(int64_t)(~sum) - 1;
 	*flushes = nf;
 	*absurd = total > MTSHM_ABSURD_BYTES || total < -MTSHM_ABSURD_BYTES;
 	return total;

@@ -13,6 +13,8 @@
  */
 #include "test_server_fixture.h"
 
+#include <sys/stat.h>
+
 #include "mts_figures.h"
 #include "mts_procfs.h"
 
@@ -1255,12 +1257,24 @@ Test(dispatch, a_slot_not_adopted_gets_a_generation_never_given)
 	 * worker must not get slot 0 at generation 41 again: it would take
 	 * the answer for an adoption and keep lanes slot_init zeroed. Found
 	 * in review: generations started at 1 in every server. */
-	fx_start();
+	fx_start_slots(NULL, 256); /* a table of 32 pages */
 	struct mts_table *t = adopted_table(FX_UID);
 	mtshm_store_relaxed64(
 	    &mtshm_slot(&srv.reg.layout, t->map.base, 0)->generation, 41);
 	cr_assert_eq(adopt(t, 4, fx_spawn(), FX_UID, "default"), 0);
+	struct stat st0, st;
+	cr_assert_eq(fstat(t->map.fd, &st0), 0);
 	mts_registry_rebuild_free(&srv.reg);
+	/* Read where the table has data only: a read of every slot would
+	 * allocate every page of it (4 GiB a uid at the largest layout;
+	 * found in review of this fix). */
+	cr_assert_eq(fstat(t->map.fd, &st), 0);
+	cr_assert_eq(st.st_blocks, st0.st_blocks,
+	             "the scan allocated %lld blocks",
+	             (long long)(st.st_blocks - st0.st_blocks));
+	cr_assert_gt((uint64_t)srv.reg.slot_count * srv.reg.layout.slot_stride,
+	             (uint64_t)st.st_blocks * 512 * 2,
+	             "a table too small to show it");
 	uint32_t slot = fx_register(fx_spawn(), "", "");
 	cr_assert_eq(slot, 0, "the lowest free slot is handed out first");
 	cr_assert_gt(srv.reg.slot_gens[0], 41, "generation %llu given again",
