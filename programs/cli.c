@@ -818,6 +818,13 @@ static json_t *jforecast(double v)
 	return v > 0 && isfinite(v) ? json_real(v) : json_null();
 }
 
+/* A number the server sent: null when it is not one (NaN, infinite),
+ * which json_pack would refuse, failing the whole document. */
+static json_t *jnum(double v)
+{
+	return isfinite(v) ? json_real(v) : json_null();
+}
+
 /* The horizon (or window) in seconds, null when off. */
 static json_t *jms(uint32_t ms)
 {
@@ -1096,7 +1103,9 @@ static int parse_size_arg(const char *what, const char *s, bool allow_none,
 		return 0;
 	}
 	int err = memtally_parse_size(s, out);
-	if (err == -ERANGE)
+	/* Past 2^63 - 1 no count is real, and JSON (jansson's integers)
+	 * could not say it back: refused as too large. */
+	if (err == -ERANGE || (!err && *out > (uint64_t)INT64_MAX))
 		return usage_error("%s '%s' is too large", what, s);
 	if (err)
 		return usage_error(
@@ -1226,11 +1235,30 @@ static bool parse_u32(const char *s, uint32_t *out)
 	return true;
 }
 
+/* A worker keeps 63 bytes of MEMTALLY_TASK: a longer task name would
+ * never match its reservation, nor the guard's events for it. */
+#define RUN_TASK_MAX 63
+
+/* The id of a reservation, as memtallyd makes them: "r-" and 16 hex
+ * digits. */
+static bool reservation_id_ok(const char *id)
+{
+	if (strncmp(id, "r-", 2) != 0 || strlen(id) != 18)
+		return false;
+	return strspn(id + 2, "0123456789abcdef") == 16;
+}
+
 static int check_admit(struct cli *c)
 {
 	if (!c->bytes && !c->kind)
 		return usage_error("admit: --bytes SIZE or --kind K is "
 		                   "required");
+	/* Granted, such a reservation would never be taken over by the
+	 * task's workers: counted besides them until its TTL. */
+	if (c->task && strlen(c->task) > RUN_TASK_MAX)
+		return usage_error("admit: --task is %zu bytes, at most %d "
+		                   "(what a worker keeps of MEMTALLY_TASK)",
+		                   strlen(c->task), RUN_TASK_MAX);
 	if (c->kind && !c->kind[0])
 		return usage_error("admit: --kind is empty");
 	c->admit.group = c->group;
@@ -1590,10 +1618,10 @@ static json_t *json_kinds(const struct memtally_kinds *k)
 		}
 	}
 	/* clang-format off */
-	return json_pack("{s:o, s:f, s:f, s:I, s:I, s:I}",
+	return json_pack("{s:o, s:o, s:o, s:I, s:I, s:I}",
 		"kinds", list,
-		"quantile", k->quantile,
-		"margin", k->margin,
+		"quantile", jnum(k->quantile),
+		"margin", jnum(k->margin),
 		"window", (json_int_t)k->window,
 		"horizon_s", jint(k->horizon_s),
 		"default_size", jint(k->default_size));
@@ -1652,8 +1680,6 @@ static int cmd_kinds(struct cli *c)
 
 /* ---- run ----------------------------------------------------------- */
 
-#define RUN_TASK_MAX 63
-
 static int check_run(struct cli *c)
 {
 	if (!c->run_argv || !c->run_argv[0])
@@ -1710,8 +1736,6 @@ static int check_run(struct cli *c)
 	if ((c->group && !c->group[0]) || (c->task && !c->task[0]))
 		return usage_error("run: --%s is empty",
 		                   c->group && !c->group[0] ? "group" : "task");
-	/* A worker keeps 63 bytes of MEMTALLY_TASK: a longer name would
-	 * never match its reservation, nor the guard's events for it. */
 	if (c->task && strlen(c->task) > RUN_TASK_MAX)
 		return usage_error("run: --task is %zu bytes, at most %d",
 		                   strlen(c->task), RUN_TASK_MAX);
@@ -1729,9 +1753,12 @@ static int check_run(struct cli *c)
 	if (c->reservation) {
 		/* The reservation is taken over by the workers of the task it
 		 * was made for: they must carry that task's name. */
-		if (!c->reservation[0] || strlen(c->reservation) >= 64)
+		/* "null" (jq's word for a denial's missing id) or any
+		 * other word would run the command unadmitted. */
+		if (!reservation_id_ok(c->reservation))
 			return usage_error("invalid --reservation '%s': "
-			                   "expected the id admit printed",
+			                   "expected the id admit printed "
+			                   "(r- and 16 hex digits)",
 			                   c->reservation);
 		if (!c->task)
 			return usage_error("run: --reservation needs --task, "
@@ -2007,8 +2034,20 @@ static int parse_args(struct cli *c, struct cmdline *p, int argc, char **argv)
 	if (!c->run_argv && p->cmd_name && strcmp(p->cmd_name, "run") == 0 &&
 	    optind < argc)
 		c->run_argv = &argv[optind];
-	for (; !c->run_argv && optind < argc; optind++)
+	for (; !c->run_argv && optind < argc; optind++) {
 		add_operand(c, &p->cmd_name, argv[optind], &p->extra);
+		/* "memtally -- run [--] CMD": the command named after the
+		 * "--", what follows is run's command. */
+		if (p->cmd_name == argv[optind] &&
+		    strcmp(p->cmd_name, "run") == 0 && optind + 1 < argc) {
+			optind++;
+			if (strcmp(argv[optind], "--") == 0)
+				optind++;
+			if (optind < argc)
+				c->run_argv = &argv[optind];
+			break;
+		}
+	}
 	return 0;
 }
 

@@ -29,6 +29,16 @@ MISTAKES = [
      "run: --kind is not a name memtallyd takes"),
     (["run", "--bytes", "1G", "--task", "a\u202eb", "--", "true"],
      "run: --task is not a name memtallyd takes"),
+    # A task name a worker cuts (it keeps 63 bytes of MEMTALLY_TASK):
+    # granted, it would never be taken over.
+    (["admit", "--bytes", "1G", "--task", "t" * 64],
+     "admit: --task is 64 bytes, at most 63"),
+    # jq's "null" for a denial's missing id: the command would run
+    # unadmitted.
+    (["run", "--reservation", "null", "--task", "t", "--", "true"],
+     "invalid --reservation 'null'"),
+    # Past 2^63 - 1 no count is real, and JSON could not say it back.
+    (["limit", "set", "fleet", "9000000T"], "'9000000T' is too large"),
 ]
 
 
@@ -61,5 +71,18 @@ def test_help_and_version_need_no_server():
           f"no server: {down.returncode} {down.stderr!r}")
 
 
+def test_run_after_a_double_dash():
+    """Options may come before the command, "--" included: "memtally --
+    run -- CMD" runs CMD (it was "unexpected argument")."""
+    env = {"MEMTALLY_SOCKET": "/nonexistent/sock", "MEMTALLY_DISABLE": "1"}
+    for args in (["--", "run", "--", "sh", "-c", "exit 7"],
+                 ["--", "run", "sh", "-c", "exit 7"]):
+        r = subprocess.run([CLI, *args], capture_output=True, text=True,
+                           env=env)
+        check(r.returncode == 7, f"{args}: exit {r.returncode}, "
+              f"stderr {r.stderr!r}")
+
+
 if __name__ == "__main__":
-    run([test_usage_errors, test_help_and_version_need_no_server])
+    run([test_usage_errors, test_help_and_version_need_no_server,
+         test_run_after_a_double_dash])
