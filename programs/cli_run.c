@@ -172,16 +172,42 @@ static int open_handle(const struct run *r, memtally_query **out)
 }
 
 /* A denial, for people, on stderr. */
+/* Text the server sent, copied into buf so that it cannot drive the
+ * terminal: controls, bidirectional formatting and bytes that are not
+ * UTF-8 become '?' (as the CLI's put_clean shows names). A peer over
+ * plain TCP is not to be believed about what it prints on our stderr. */
+static const char *clean(char *buf, size_t cap, const char *s)
+{
+	size_t o = 0;
+	const unsigned char *u = (const unsigned char *)(s ? s : "");
+	while (*u && o + 4 < cap) {
+		uint32_t c = 0;
+		size_t k = mt_utf8_seq(u, &c);
+		if (k == 0 || mt_cp_hostile(c)) {
+			buf[o++] = '?';
+		} else {
+			memcpy(buf + o, u, k);
+			o += k;
+		}
+		u += k ? k : 1;
+	}
+	buf[o] = '\0';
+	return buf;
+}
+
 static void print_denial(const struct memtally_admit_result *a,
                          const char *lead)
 {
-	char l[16], m[16], rs[16], rq[16];
+	char l[16], m[16], rs[16], rq[16], why[640], scope[300];
 	fprintf(stderr,
 	        "memtally: %s: %s\n"
 	        "  limit %s%s%s, measured %s, reserved %s, requested %s\n",
-	        lead, a->reason[0] ? a->reason : "(no reason given)",
+	        lead,
+	        a->reason[0] ? clean(why, sizeof(why), a->reason)
+	                     : "(no reason given)",
 	        a->limit ? mt_format_size(l, sizeof(l), a->limit) : "none",
-	        a->limit_scope[0] ? " of " : "", a->limit_scope,
+	        a->limit_scope[0] ? " of " : "",
+	        clean(scope, sizeof(scope), a->limit_scope),
 	        mt_format_size(m, sizeof(m), a->fleet_bytes),
 	        mt_format_size(rs, sizeof(rs), a->reserved_bytes),
 	        mt_format_size(rq, sizeof(rq), a->requested_bytes));
@@ -260,18 +286,20 @@ static void note_eviction(struct run *r, const struct memtally_event *ev)
 	if (!r->task[0] || strncmp(ev->scope, "task:", 5) != 0 ||
 	    strcmp(ev->scope + 5, r->task) != 0)
 		return;
+	char why[640];
 	if (ev->state != MEMTALLY_STATE_OVER) {
 		fprintf(stderr, "memtally: %s\n",
-		        ev->reason && ev->reason[0] ? ev->reason
+		        ev->reason && ev->reason[0]
+		            ? clean(why, sizeof(why), ev->reason)
 		        : ev->state == MEMTALLY_STATE_HIGH
 		            ? "paused by memtallyd"
 		            : "resumed by memtallyd");
 		return;
 	}
 	r->evicted = true;
-	snprintf(r->evicted_why, sizeof(r->evicted_why), "%s",
-	         ev->reason && ev->reason[0] ? ev->reason
-	                                     : "evicted by memtallyd");
+	clean(r->evicted_why, sizeof(r->evicted_why),
+	      ev->reason && ev->reason[0] ? ev->reason
+	                                  : "evicted by memtallyd");
 }
 
 /* Subscribe to Watch on a second connection; without one (an old server,
@@ -365,7 +393,8 @@ static int wait_for_room(struct run *r, struct memtally_admit_result **denied)
 	int64_t last_ask = start;
 	if (*denied)
 		fprintf(stderr, "memtally: waiting up to %g s for room: %s\n",
-		        r->wait_s, (*denied)->reason);
+		        r->wait_s,
+		        clean((char[640]){0}, 640, (*denied)->reason));
 	else
 		fprintf(stderr,
 		        "memtally: memtallyd at %s dropped the connection "
