@@ -573,15 +573,23 @@ static void one_byte_in_process(pid_t a)
 	memtally__v1__response__free_unpacked(r, NULL);
 }
 
-Test(guard, a_hosts_own_growth_after_its_grants_is_beyond)
+/* Task "b" of FX_UID 30 MiB beyond its 10 MiB reservation, and a process
+ * of uid 2000 that will host a task: its slot (*pid: its pid). */
+static uint32_t host_beside_b(pid_t *pid)
 {
 	fx_start();
 	reserve(FX_UID, "b", 10 * MIB);
-	task_worker(FX_UID, "b", 40 * MIB); /* 30 beyond its reservation */
+	task_worker(FX_UID, "b", 40 * MIB);
+	*pid = fx_spawn();
+	return fx_register_as(*pid, 2000, "default", "");
+}
+
+Test(guard, a_hosts_own_growth_after_its_grants_is_beyond)
+{
 	/* Another uid's process of 20 MiB asks for one byte, to be run on
 	 * its thread 77: it hosts a task now. */
-	pid_t a = fx_spawn();
-	uint32_t slot = fx_register_as(a, 2000, "default", "");
+	pid_t a;
+	uint32_t slot = host_beside_b(&a);
 	two_lanes(slot, 77, 0, 20 * MIB);
 	mts_core_tick(&srv.reg);
 	one_byte_in_process(a);
@@ -600,11 +608,8 @@ Test(guard, a_hosts_own_growth_after_its_grants_is_beyond)
 
 Test(guard, a_hosts_own_memory_counts_as_of_its_latest_grant)
 {
-	fx_start();
-	reserve(FX_UID, "b", 10 * MIB);
-	task_worker(FX_UID, "b", 40 * MIB); /* 30 beyond its reservation */
-	pid_t a = fx_spawn();
-	uint32_t slot = fx_register_as(a, 2000, "default", "");
+	pid_t a;
+	uint32_t slot = host_beside_b(&a);
 	/* Granted while it holds 100 MiB of its own; then it gives 80
 	 * back (room others may be admitted into) and is granted again. */
 	two_lanes(slot, 77, 0, 100 * MIB);

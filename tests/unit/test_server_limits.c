@@ -250,13 +250,21 @@ Test(limits, group_state_with_own_watermark)
 	cr_assert_eq(g->processes, 0);
 }
 
-Test(limits, process_over_its_limit_flags_slot)
+/* A server with no fleet limit, high at 90%, a process limit of 1000
+ * bytes, and one process of group "g" in it: its slot (*pid: its pid). */
+static uint32_t one_limited_process(pid_t *pid)
 {
 	policy_fleet(0, 9000);
 	pol.process_limit = 1000;
 	fx_start_policy(&pol);
-	pid_t a = fx_spawn();
-	uint32_t sa = fx_register(a, "g", "");
+	*pid = fx_spawn();
+	return fx_register(*pid, "g", "");
+}
+
+Test(limits, process_over_its_limit_flags_slot)
+{
+	pid_t a;
+	uint32_t sa = one_limited_process(&a);
 	struct mtshm_slot_id *s = mts_slot(&srv.reg, sa);
 	cr_assert_eq(s->limit, 1000, "limit published in the slot");
 	fx_write(sa, 950); /* high: not an event for a process */
@@ -323,11 +331,8 @@ Test(limits, a_flapping_process_sends_events_within_its_uids_budget)
 	 * change, the Watch events stay within the uid's budget (a burst of
 	 * 40, 20 a second), and the state it ends in is told once the budget
 	 * allows. */
-	policy_fleet(0, 9000);
-	pol.process_limit = 1000;
-	fx_start_policy(&pol);
-	pid_t a = fx_spawn();
-	uint32_t sa = fx_register(a, "g", "");
+	pid_t a;
+	uint32_t sa = one_limited_process(&a);
 	struct mtshm_slot_id *s = mts_slot(&srv.reg, sa);
 	char scope[32];
 	snprintf(scope, sizeof(scope), "pid:%d", (int)a);
@@ -366,11 +371,8 @@ Test(limits, a_way_back_held_for_the_budget_is_told_after_a_quiet_change)
 	 * own. That tick must still tell the change owed, or once nothing
 	 * else is owed subscribers see it over until it exits. Found in
 	 * review. */
-	policy_fleet(0, 9000);
-	pol.process_limit = 1000;
-	fx_start_policy(&pol);
-	pid_t a = fx_spawn();
-	uint32_t sa = fx_register(a, "g", "");
+	pid_t a;
+	uint32_t sa = one_limited_process(&a);
 	char scope[32];
 	snprintf(scope, sizeof(scope), "pid:%d", (int)a);
 	fx_write(sa, 1500);

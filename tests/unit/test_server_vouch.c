@@ -103,17 +103,10 @@ Test(vouch, an_overstating_process_does_not_shield_the_one_really_over)
 	 * every grace period, and, catching SIGTERM, shielded another
 	 * user's process really over for ever. It ranks by what the kernel
 	 * vouches for now. Found in review. */
-	if (geteuid() != 0)
-		cr_skip_test("needs root: the children run as another uid");
-	struct mts_policy pol;
-	mts_policy_defaults(&pol);
-	pol.fleet_limit = GIB;
-	pol.process_limit = GIB;
-	pol.untouched_allowance = 64 * MIB;
-	pol.untouched_ms = 60000;
-	pol.grace_ms = 60000;
-	pol.enforce_signal = SIGTERM;
-	fx_start_policy(&pol);
+	start(64 * MIB, 60000);
+	srv.reg.policy.process_limit = GIB;
+	srv.reg.policy.grace_ms = 60000;
+	srv.reg.policy.enforce_signal = SIGTERM;
 	pid_t liar = spawn_as(LIAR_UID);
 	pid_t honest = fx_spawn();
 	fx_write(register_as(liar, LIAR_UID, "shared"), (int64_t)1 << 49);
