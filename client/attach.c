@@ -213,6 +213,26 @@ static void reg_fd_close(int i, int fd)
 }
 
 /*
+ * A descriptor of ours moved above the standard three. A daemon that
+ * closed its stdio gets 0-2 for the next files it opens; a registration
+ * holding one of those numbers would take the program's printf() or a
+ * thread's write to stderr into the server's socket, or a file the
+ * program opened meanwhile onto a number it did not expect. The new
+ * number keeps close-on-exec; if there is none to be had, the old one
+ * stays (it is still ours, and only for the registration's moment).
+ */
+static int fd_above_stdio(int fd)
+{
+	if (fd < 0 || fd > 2)
+		return fd;
+	int up = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+	if (up < 0)
+		return fd;
+	close(fd);
+	return up;
+}
+
+/*
  * fork() begins (the last prepare handler of those registered after ours,
  * the first of those before): from here until our parent or child
  * handler, the forking thread publishes into `fork_pending` (publish.h),
@@ -565,6 +585,7 @@ static ssize_t recv_fds(int fd, void *buf, size_t len, struct reg_reply *out)
 			int got;
 			memcpy(&got, CMSG_DATA(c) + i * sizeof(int),
 			       sizeof(int));
+			got = fd_above_stdio(got);
 			if (out->fds[0] < 0)
 				reg_fd_keep(1, out->fds[0] = got);
 			else if (out->fds[1] < 0)
@@ -623,6 +644,7 @@ static int reg_connect(void)
 	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 	if (fd < 0)
 		return -errno;
+	fd = fd_above_stdio(fd);
 	reg_fd_keep(0, fd);
 	/* No descriptor may be queued to us before we know who the server
 	 * is: an untrusted one's would be released by our close() below, and

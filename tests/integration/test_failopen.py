@@ -295,6 +295,45 @@ def test_fork_while_registering():
         fake.close()
 
 
+def test_registration_keeps_off_stdio():
+    """A daemon that closed fds 0-2 registers: while the server holds its
+    Register, none of 0-2 is the registration's socket (a printf would
+    go to the server, a file the program opens would get a number it did
+    not expect). The server looks from outside, in /proc, at the moment
+    it has the request and the client waits for the answer."""
+    seen = []
+
+    def objects(pid):
+        held = []
+        for fd in ("0", "1", "2"):
+            try:
+                held.append((fd, os.readlink(f"/proc/{pid}/fd/{fd}")))
+            except FileNotFoundError:
+                pass
+        seen.append(held)
+        return good(pid)
+
+    fake = FakeServer(objects)
+    try:
+        env = dict(os.environ, LD_PRELOAD=PRELOAD,
+                   MEMTALLY_SOCKET=fake.socket, MEMTALLY_TASK="nostdio")
+        r = subprocess.run([*worker("nostdio")], env=env,
+                           stdin=subprocess.DEVNULL, capture_output=True,
+                           timeout=60 * MULT)
+        check(r.returncode == 0, f"nostdio: exit {r.returncode}")
+        with fake.lock:
+            used = [pid for pid, objs in fake.handed
+                    if len(objs) == 2 and table_written(objs[1][1])]
+        check(seen, "the worker never registered: the case tested nothing")
+        check(used, "the worker did not attach to good objects")
+        print(f"  {len(seen)} registration(s); fds 0-2 held meanwhile: "
+              f"{seen}")
+        check(all(not held for held in seen),
+              f"the registration holds a standard descriptor: {seen}")
+    finally:
+        fake.close()
+
+
 # A listener that counts what it is sent: run as another uid.
 LISTENER = r"""
 import socket, sys, time
@@ -520,5 +559,6 @@ if __name__ == "__main__":
     run([test_no_server, test_socket_dir_missing, test_socket_is_regular_file,
          test_stale_socket, test_fake_server_control,
          test_bad_objects_from_server, test_fork_while_registering,
+         test_registration_keeps_off_stdio,
          test_untrusted_server, test_untrusted_server_queues_no_descriptor,
          test_relative_socket_path, test_malloc_is_no_cancellation_point])

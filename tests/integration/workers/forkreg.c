@@ -10,6 +10,13 @@
  * reported, not aimed at.) Exits 3 if no socket showed up in 10 s.
  *
  * usage: mt_worker forkreg
+ *
+ * nostdio - a daemon that closed its standard descriptors: closes 0, 1 and
+ * 2, then allocates and touches 4 MiB (under MEMTALLY_TASK its first
+ * flush registers), frees it and exits 0. The harness's server looks at
+ * which of 0-2 the process holds while it registers.
+ *
+ * usage: mt_worker nostdio
  */
 #define _GNU_SOURCE
 #include "mt_common.h"
@@ -97,3 +104,20 @@ static int forkreg_main(int argc, char **argv)
 }
 
 const struct mt_sub mt_forkreg = {"forkreg", "", forkreg_main};
+
+static int nostdio_main(int argc, char **argv)
+{
+	(void)argc;
+	(void)argv;
+	for (int fd = 0; fd < 3; fd++)
+		close(fd);
+	char *p = malloc(4 * MIB);
+	if (!p)
+		return 1;
+	mt_touch(p, 4 * MIB);
+	mt_flush();
+	free(p);
+	return 0;
+}
+
+const struct mt_sub mt_nostdio = {"nostdio", "", nostdio_main};
