@@ -95,6 +95,8 @@ const char *mts_denial_name(enum mts_denial d)
 		return "node_line";
 	case MTS_DENY_HOST_LIMIT:
 		return "host_limit";
+	case MTS_DENY_FULL:
+		return "reservations_full";
 	default:
 		return "unknown";
 	}
@@ -2006,14 +2008,17 @@ static void log_denial(const struct mts_registry *reg,
 	char qg[MTS_LOGQ_MAX], qt[MTS_LOGQ_MAX], qs[MTS_LOGQ_MAX];
 	char who[MTS_PEER_WHO_MAX];
 	/* A uid at its cap is a misbehaving client, not a full fleet. */
-	bool cap =
-	    out->reason == MTS_DENY_UID_CAP || out->reason == MTS_DENY_KIND_CAP;
+	bool cap = out->reason == MTS_DENY_UID_CAP ||
+	           out->reason == MTS_DENY_KIND_CAP ||
+	           out->reason == MTS_DENY_FULL;
 	mts_log_uid(
 	    mts_peer_log_uid(peer), cap ? MTS_LOG_WARN : MTS_LOG_INFO,
 	    out->reason == MTS_DENY_UID_CAP
 	        ? "admission denied: per-uid reservation cap"
 	    : out->reason == MTS_DENY_KIND_CAP
 	        ? "admission denied: too many kinds"
+	    : out->reason == MTS_DENY_FULL
+	        ? "admission denied: reservations full"
 	        : "admission denied",
 	    "reason=%s scope=%s measured=%llu reserved=%llu "
 	    "requested=%llu need=%llu kept=%llu limit=%llu measure=%s "
@@ -2476,14 +2481,30 @@ int mts_admit(struct mts_registry *reg, const struct mts_peer *peer,
 		            (unsigned long long)req->bytes);
 		return -EINVAL;
 	}
+	/* The server's table is full (only admins, exempt from the per-uid
+	 * cap, or very many uids can fill it): a denial like the others, for
+	 * room comes back as reservations end, not a failure of the server.
+	 * The figures are the fleet's, as a fleet-limit denial gives them. */
 	if (reg->adm->nresv >= MTS_RESV_MAX) {
+		const struct mts_totals *t = &reg->totals;
+		uint64_t own =
+		    peer->has_cred ? mts_vouch_unvouched_of(reg, peer->uid) : 0;
 		memset(out, 0, sizeof(*out));
+		out->reason = MTS_DENY_FULL;
 		out->requested = req->bytes;
-		mts_log_uid(mts_peer_log_uid(peer), MTS_LOG_WARN,
-		            "admission refused: too many reservations",
-		            "peer_pid=%u outstanding=%u", peer->pid,
-		            reg->adm->nresv);
-		return -ENOSPC;
+		out->declared = req->bytes;
+		out->measured =
+		    mts_measured(reg, mt_sat_add(t->bytes, own), t->rss);
+		out->reserved = t->reserved;
+		out->limit = t->limit;
+		snprintf(out->scope, sizeof(out->scope), "server");
+		snprintf(out->why, sizeof(out->why),
+		         "reservations full: %u are outstanding, the most this "
+		         "server keeps; wait for some to end or release them",
+		         reg->adm->nresv);
+		reg->adm->stats.denials[MTS_DENY_FULL]++;
+		log_denial(reg, peer, group, task, out);
+		return 0;
 	}
 	bool owned;
 	uint32_t key = peer_key(peer, &owned);

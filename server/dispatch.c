@@ -597,13 +597,6 @@ static int do_admit(struct mts_registry *reg, const struct mts_peer *peer,
 		return append_error(
 		    out, id, MEMTALLY__V1__ERROR_CODE__ERROR_INVALID_REQUEST,
 		    msg);
-	case -ENOSPC:
-		snprintf(msg, sizeof(msg),
-		         "%u reservations are outstanding, the most this "
-		         "server keeps; release some",
-		         MTS_RESV_MAX);
-		return append_error(
-		    out, id, MEMTALLY__V1__ERROR_CODE__ERROR_INTERNAL, msg);
 	default:
 		snprintf(msg, sizeof(msg), "admission failed: %s",
 		         strerror(-err));

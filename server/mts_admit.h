@@ -24,6 +24,7 @@ enum mts_denial {
 	MTS_DENY_KIND_CAP, /* a new kind past max_kinds_per_uid/max_kinds */
 	MTS_DENY_NODE, /* node usage + reserved + request > the guard's line */
 	MTS_DENY_HOST_LIMIT, /* in_process: past the asker's own host_limit */
+	MTS_DENY_FULL,       /* the server holds MTS_RESV_MAX reservations */
 	MTS_DENY__COUNT,
 };
 
@@ -235,8 +236,8 @@ struct mts_admit_out {
  * counts it. With a kind, the reservation is sized from the kind's runs
  * by the peer's uid (kinds.c; out->reserve, out->sized_by). Returns 0
  * (see out->admitted), -EINVAL (malformed: bytes 0 without a kind, or
- * a bad name; counted as a denial "invalid"), -ENOSPC (MTS_RESV_MAX
- * outstanding), -ENOMEM. */
+ * a bad name; counted as a denial "invalid"), -ENOMEM. A server holding
+ * MTS_RESV_MAX reservations denies (MTS_DENY_FULL). */
 int mts_admit(struct mts_registry *reg, const struct mts_peer *peer,
               const struct mts_admit_req *req, struct mts_admit_out *out);
 

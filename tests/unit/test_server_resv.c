@@ -236,6 +236,46 @@ Test(resv, many_released_in_random_order)
 	cr_assert_null(mts_find_group(&srv.reg, "b"));
 }
 
+/* A server holding MTS_RESV_MAX reservations denies the next Admit as
+ * any denial is answered (reservations_full, scope "server", the fleet's
+ * figures, counted), not as a failure; a Release makes room again. */
+Test(resv, a_full_table_denies_and_a_release_makes_room)
+{
+	start();
+	struct mts_peer peer = fx_peer(getpid(), 1000);
+	static char first[MTS_RESV_ID_LEN + 1];
+	for (uint32_t i = 0; i < MTS_RESV_MAX; i++) {
+		struct mts_admit_out out;
+		struct mts_admit_req req = {.bytes = 4096, .group = "a"};
+		cr_assert_eq(mts_admit(&srv.reg, &peer, &req, &out), 0);
+		cr_assert(out.admitted, "%u: %s", i, out.why);
+		if (i == 0)
+			memcpy(first, out.id, sizeof(first));
+	}
+	cr_assert_eq(srv.reg.adm->nresv, MTS_RESV_MAX);
+	uint64_t before = srv.reg.adm->stats.denials[MTS_DENY_FULL];
+	Memtally__V1__Response *r = fx_admit(1000, 4096, "a", "", 0);
+	cr_assert_null(r->error, "answered as an error: %s",
+	               r->error ? r->error->message : "");
+	cr_assert_not(r->admit_result->admitted);
+	cr_assert_str_eq(r->admit_result->denied_by, "reservations_full");
+	cr_assert_str_eq(r->admit_result->limit_scope, "server");
+	cr_assert_eq(r->admit_result->reserved_bytes,
+	             (uint64_t)MTS_RESV_MAX * 4096);
+	cr_assert_eq(r->admit_result->requested_bytes, 4096);
+	cr_assert(strstr(r->admit_result->reason, "65536"), "%s",
+	          r->admit_result->reason);
+	memtally__v1__response__free_unpacked(r, NULL);
+	cr_assert_eq(srv.reg.adm->stats.denials[MTS_DENY_FULL], before + 1);
+	cr_assert_eq(srv.reg.adm->nresv, MTS_RESV_MAX);
+	uint64_t b = 0;
+	cr_assert_eq(mts_release(&srv.reg, &peer, first, NULL, &b), 0);
+	r = fx_admit(1000, 4096, "a", "", 0);
+	cr_assert_null(r->error);
+	cr_assert(r->admit_result->admitted, "%s", r->admit_result->reason);
+	memtally__v1__response__free_unpacked(r, NULL);
+}
+
 Test(resv, expiry_in_order_of_deadline_not_of_admission)
 {
 	start();
