@@ -1463,13 +1463,29 @@ static int print_event(const struct memtally_event *ev, void *arg)
 	return 0;
 }
 
-/* Terminal rows for the process table, or SIZE_MAX when not a tty. */
-static size_t table_rows(bool tty, size_t used)
+/*
+ * A frame of `top`, drawn into memory first, then onto the terminal cut to
+ * its size: a line wider than the screen would wrap (each process row is
+ * 137 columns and more), and more lines than it has would scroll the
+ * title away. A column is a character as UTF-8 starts one (the cleaned
+ * names hold no control character); a double-width character counts one,
+ * so a row of them may still wrap.
+ */
+static void put_cut(const char *buf, size_t len, unsigned rows, unsigned cols)
 {
-	struct winsize ws;
-	if (!tty || ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) < 0 || !ws.ws_row)
-		return SIZE_MAX;
-	return ws.ws_row > used + 2 ? ws.ws_row - used - 2 : 1;
+	const char *p = buf, *end = buf + len;
+	/* The last row stays empty: a newline there would scroll. */
+	for (unsigned r = 0; p < end && r + 1 < rows; r++) {
+		const char *nl = memchr(p, '\n', (size_t)(end - p));
+		const char *stop = nl ? nl : end, *q = p;
+		for (unsigned c = 0; q < stop; q++) {
+			if (((unsigned char)*q & 0xc0) != 0x80 && c++ == cols)
+				break;
+		}
+		fwrite(p, 1, (size_t)(q - p), stdout);
+		putchar('\n');
+		p = nl ? nl + 1 : end;
+	}
 }
 
 /*
@@ -1507,6 +1523,7 @@ static int cmd_top(struct cli *c)
 	double interval = c->interval_s;
 	long iterations = c->iterations_n;
 	bool tty = isatty(STDOUT_FILENO);
+	FILE *screen = stdout;
 	for (long i = 0; !iterations || i < iterations; i++) {
 		struct memtally_usage *u = NULL;
 		Memtally__V1__Response *msg = NULL;
@@ -1522,19 +1539,41 @@ static int cmd_top(struct cli *c)
 			return query_error(c, "list processes", err);
 		}
 		sort_processes(p, n);
-		if (tty)
+		/* On a terminal the frame goes to memory (every printer here
+		 * writes to stdout, which glibc lets us point elsewhere), then
+		 * to the screen cut to fit. */
+		struct winsize ws;
+		bool cut = tty && ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 &&
+		           ws.ws_row && ws.ws_col;
+		char *frame = NULL;
+		size_t frame_len = 0;
+		if (cut) {
+			FILE *mem = open_memstream(&frame, &frame_len);
+			if (mem)
+				stdout = mem;
+			else
+				cut = false;
+		}
+		if (tty && !cut)
 			fputs("\033[H\033[2J", stdout);
 		time_t now = time(NULL);
 		char when[32];
 		strftime(when, sizeof(when), "%H:%M:%S", localtime(&now));
 		printf("memtally top - %s - %s, every %gs\n\n", when, c->where,
 		       interval);
-		size_t extras = print_status(u, msg->usage, NULL, 0);
+		print_status(u, msg->usage, NULL, 0);
 		putchar('\n');
-		print_processes(
-		    p, n, table_rows(tty, 12 + extras + (size_t)u->n_groups));
-		if (!tty)
+		print_processes(p, n, SIZE_MAX);
+		if (cut) {
+			bool ok = fclose(stdout) == 0;
+			stdout = screen;
+			fputs("\033[H\033[2J", stdout);
+			if (ok)
+				put_cut(frame, frame_len, ws.ws_row, ws.ws_col);
+			free(frame);
+		} else if (!tty) {
 			putchar('\n');
+		}
 		memtally_processes_free(p);
 		memtally__v1__response__free_unpacked(msg, NULL);
 		memtally_usage_free(u);

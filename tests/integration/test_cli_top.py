@@ -1,7 +1,12 @@
 """memtally top: refreshes in place (here: twice, piped), largest first;
+on a terminal, draws each frame cut to the screen's width and height;
 gives up on a server that does not answer, as every other command does;
 refuses bad options before it connects."""
+import fcntl
 import os
+import pty
+import struct
+import termios
 import signal
 import subprocess
 import tempfile
@@ -38,6 +43,67 @@ def test_top_refreshes_largest_first():
         finally:
             big.close()
             small.close()
+
+
+def on_terminal(argv, rows, cols):
+    """argv's output on a pseudo-terminal of rows x cols, until it exits."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ,
+                struct.pack("HHHH", rows, cols, 0, 0))
+    # No newline translation: the rows are read as the program wrote them.
+    attrs = termios.tcgetattr(slave)
+    attrs[1] &= ~termios.ONLCR
+    termios.tcsetattr(slave, termios.TCSANOW, attrs)
+    proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave)
+    os.close(slave)
+    out = b""
+    try:
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: the program and its terminal are gone
+                break
+            if not chunk:
+                break
+            out += chunk
+    finally:
+        os.close(master)
+        proc.wait(timeout=30 * MULT)
+    return proc.returncode, out.decode("utf-8", "replace")
+
+
+def test_top_fits_a_narrow_terminal():
+    """On a 60 x 14 terminal every line of a frame fits 60 columns (a
+    process row is more than twice that), the frame fits 13 rows, and
+    the title still leads it: nothing wrapped or scrolled it away."""
+    with Server() as s:
+        ws = [Worker([*worker("hold"), "8"], s.env(group=f"g{i}"))
+              for i in range(3)]
+        try:
+            for w in ws:
+                w.readline()
+            wait_for("all counted", lambda: len(s.ps()) == 3)
+            rc, out = on_terminal(
+                [CLI, "--socket", s.socket, "top", "--iterations", "1"],
+                14, 60)
+            check(rc == 0, f"top on a terminal: exit {rc}: {out!r}")
+            frame = out.split("\033[H\033[2J")[-1]
+            lines = frame.split("\n")
+            if lines and lines[-1] == "":
+                lines.pop()
+            print(f"  {len(lines)} lines, widest "
+                  f"{max(len(l) for l in lines)} columns")
+            check(lines and lines[0].startswith("memtally top - "),
+                  f"the title is not first: {lines[:2]}")
+            check(len(lines) <= 13, f"{len(lines)} lines on 14 rows")
+            wide = [l for l in lines if len(l) > 60]
+            check(not wide, f"lines wider than 60 columns: {wide}")
+            check(any(l.lstrip().startswith("PID") for l in lines) or
+                  len(lines) == 13,
+                  f"no table and room left: {lines}")
+        finally:
+            for w in ws:
+                w.close()
 
 
 def test_top_gives_up_on_a_stopped_server():
@@ -80,6 +146,6 @@ def test_top_refuses_bad_options_without_a_server():
 
 
 if __name__ == "__main__":
-    run([test_top_refreshes_largest_first,
+    run([test_top_refreshes_largest_first, test_top_fits_a_narrow_terminal,
          test_top_gives_up_on_a_stopped_server,
          test_top_refuses_bad_options_without_a_server])
