@@ -18,7 +18,7 @@
  *    so the slot always carries the process's whole total.
  *  - An attachment (the server's header, mapped read-only, and our slot,
  *    mapped read-write) is written once, then
- *    published through `mtc_proc.cur` with release order and never changed, so
+ *    published through `mtc_w.cur` with release order and never changed, so
  *    a flushing thread needs no lock; it is never unmapped, since another
  *    thread may be storing into its lane at any moment.
  *  - Both objects arrive as descriptors with the Registered answer. They
@@ -112,15 +112,30 @@ bool mtc_at_load;
  * gate follows, after the epoch a re-claim reads. */
 static void epoch_bump(void)
 {
-	/* One atomic add: a fork's bit (MTC_EPOCH_FORKING), raised and
-	 * lowered by another thread meanwhile, is kept as it is. */
-	uint64_t e = __atomic_add_fetch(&mtc_epoch, 1, __ATOMIC_RELEASE) &
-	             ~MTC_EPOCH_FORKING;
-	uint64_t g = __atomic_load_n(&mtc_gate, __ATOMIC_RELAXED);
-	while (!__atomic_compare_exchange_n(&mtc_gate, &g,
+	/* Counted on from the kept copy, not the epoch itself, which a fork
+	 * zeroes in the child: a child's epochs differ from every one its
+	 * parent's lanes were claimed under. A fork's bit
+	 * (MTC_EPOCH_FORKING), raised and lowered by another thread
+	 * meanwhile, is kept as it is. */
+	uint64_t e = (mtc_proc.epoch_kept + 1) & ~MTC_EPOCH_FORKING;
+	mtc_proc.epoch_kept = e;
+	uint64_t old = __atomic_load_n(&mtc_w.epoch, __ATOMIC_RELAXED);
+	while (!__atomic_compare_exchange_n(&mtc_w.epoch, &old,
+	                                    (old & MTC_EPOCH_FORKING) | e, 1,
+	                                    __ATOMIC_RELEASE, __ATOMIC_RELAXED))
+		;
+	uint64_t g = __atomic_load_n(&mtc_w.gate, __ATOMIC_RELAXED);
+	while (!__atomic_compare_exchange_n(&mtc_w.gate, &g,
 	                                    GATE_EPOCH(e) | (g & GATE_FLAGS), 1,
 	                                    __ATOMIC_RELAXED, __ATOMIC_RELAXED))
 		;
+}
+
+/* The attachment threads publish into, and its kept copy. */
+static void cur_set(const struct mtc_attachment *a, int order)
+{
+	mtc_proc.cur_kept = (uint64_t)(uintptr_t)a;
+	__atomic_store_n(&mtc_w.cur, (uint64_t)(uintptr_t)a, order);
 }
 /* Raised by a registration when the refresh thread should start (read
  * after each full flush: mtc_after_flush). */
@@ -276,43 +291,38 @@ static void on_fork_parent(void)
 }
 
 /*
- * fork(): the child is a new process. Its starting total is what the parent
+ * A fork's child is a new process. Its starting total is what the parent
  * had published (its slot as the fork began, plus pending), and what the
  * fork's handlers published since; it registers at its next flush. The
  * forking thread's unflushed drift travels in its thread-local state.
+ * The child's copy of mtc_w is zero already (publish.h), and so are its
+ * attachment, epoch, gate and `attaching`. `parent`: the parent's slot's
+ * total, added to `pending` (added: in a child that ran no handler of
+ * ours, other threads may be adding too); `mine`: this thread was
+ * registering when it forked (from a signal handler), and goes on with
+ * that registration.
  */
-static void on_fork_child(void)
+static void child_starts(int64_t parent, bool mine)
 {
-	const struct mtc_attachment *a = cur_att();
-	int64_t total = mtshm_load_relaxeds64(&mtc_proc.pending) +
-	                mtshm_load_relaxeds64(&mtc_proc.fork_pending);
-	/* Read again if another thread re-attached since the prepare. */
-	if (a)
-		total +=
-		    (uint64_t)(uintptr_t)a == mtshm_load_relaxed64(&fork_att)
-		        ? mtshm_load_relaxeds64(&fork_total)
-		        : slot_total(a);
 	mtshm_store_relaxed64(&fork_att, 0);
-	mtshm_store_relaxeds64(&mtc_proc.fork_pending, 0);
-	mtshm_store_relaxeds64(&mtc_proc.pending, total);
-	mtshm_store_release64(&mtc_proc.cur, 0);
-	/* The thread registering: a fork on that very thread (from a signal
-	 * handler) returns into the registration in the child. */
-	bool mine = pthread_equal(
-	    __atomic_load_n(&reg_thread, __ATOMIC_RELAXED), pthread_self());
-	fence_inherited(mine);
+	int64_t handlers =
+	    __atomic_exchange_n(&mtc_proc.fork_pending, 0, __ATOMIC_RELAXED);
+	__atomic_fetch_add(&mtc_proc.pending, parent + handlers,
+	                   __ATOMIC_SEQ_CST);
+	cur_set(NULL, __ATOMIC_RELEASE);
 	/* The parent's attachments are not the child's to count against its
 	 * MTC_MAX_ATTACH: a chain of forks that never exec (subshells, a
 	 * daemon forking again) would otherwise run out after 16 levels and
 	 * count locally, unseen. Their entries stay (the ring overwrites
-	 * only older ones), their windows reserved (fenced above) and their
-	 * headers mapped read-only: code this very thread was in the middle
-	 * of (a fork from a signal handler) still finds them as they were. */
+	 * only older ones), their windows reserved and their headers mapped
+	 * read-only: code this very thread was in the middle of (a fork from
+	 * a signal handler) still finds them as they were. */
 	mtc_proc.natts_base = mtc_proc.natts;
 	epoch_bump();
 	mtc_fork_reset();
-	mtc_gate &= ~GATE_FLAGS; /* no flags seen in the child */
-	mtc_proc.attaching = 0;
+	/* No flags seen in the child. */
+	__atomic_and_fetch(&mtc_w.gate, ~GATE_FLAGS, __ATOMIC_RELAXED);
+	__atomic_store_n(&mtc_w.attaching, 0, __ATOMIC_RELAXED);
 	/* A registration of the over-limit callback cut short by the fork
 	 * would leave the sequence odd for ever, and the pair torn: drop it. */
 	if (mtc_proc.cb_seq & 1) {
@@ -348,6 +358,78 @@ static void on_fork_child(void)
 	}
 	mtc_proc.pid = getpid();
 	mtc_front_force_slow();
+	__atomic_store_n(&mtc_w.seen, mtc_wipe_on ? 1u : 0u, __ATOMIC_RELEASE);
+}
+
+/* fork(), in the child (see child_starts). Only the forking thread runs
+ * here. */
+static void on_fork_child(void)
+{
+	const struct mtc_attachment *a =
+	    (const struct mtc_attachment *)(uintptr_t)mtc_proc.cur_kept;
+	int64_t parent = 0;
+	/* Read again if another thread re-attached since the prepare. */
+	if (a)
+		parent =
+		    (uint64_t)(uintptr_t)a == mtshm_load_relaxed64(&fork_att)
+		        ? mtshm_load_relaxeds64(&fork_total)
+		        : slot_total(a);
+	/* The thread registering: a fork on that very thread (from a signal
+	 * handler) returns into the registration in the child. */
+	bool mine = pthread_equal(
+	    __atomic_load_n(&reg_thread, __ATOMIC_RELAXED), pthread_self());
+	fence_inherited(mine);
+	child_starts(parent, mine);
+}
+
+/*
+ * A fork that ran none of our handlers (_Fork(), a raw clone() without
+ * CLONE_VM) leaves the child with its parent's state. Its zeroed mtc_w
+ * keeps it from writing into its parent's slot meanwhile (a full publish
+ * finds no attachment and a stale epoch, a quiet one a gate that differs),
+ * and the first of its threads to want the slot, or an mmap counted, sets
+ * it up here as on_fork_child would. Not fenced: a thread of the child may
+ * still hold a lane in its parent's windows, and its quiet publish reads
+ * that slot's flags before it compares (it then finds the gate changed).
+ * Meanwhile the child's other threads are told false: they count in
+ * `pending`, or leave an mmap uncounted, and neither register nor store.
+ * Inside a fork's handlers (a fork that does run ours) it waits for
+ * on_fork_child, which comes; and a process that never set memtally up
+ * has no slot to write into.
+ */
+bool mtc_fork_seen(void)
+{
+	uint32_t seen = __atomic_load_n(&mtc_w.seen, __ATOMIC_ACQUIRE);
+	if (__builtin_expect(seen == 1, 1) || !mtc_wipe_on)
+		return true;
+	if (mtc_forking)
+		return false;
+	if (!__atomic_load_n(&mtc_proc.pid, __ATOMIC_ACQUIRE)) {
+		/* No attachment was ever made: nothing of the parent's to
+		 * leave. mmap.c's lock may still be held by a thread the
+		 * fork left behind. */
+		if (seen == 0 && __atomic_compare_exchange_n(
+		                     &mtc_w.seen, &seen, 2, 0, __ATOMIC_ACQUIRE,
+		                     __ATOMIC_RELAXED)) {
+			mtc_mapped_forget();
+			__atomic_store_n(&mtc_w.seen, 1, __ATOMIC_RELEASE);
+		}
+		return __atomic_load_n(&mtc_w.seen, __ATOMIC_ACQUIRE) == 1;
+	}
+	if (seen == 2 ||
+	    !__atomic_compare_exchange_n(&mtc_w.seen, &seen, 2, 0,
+	                                 __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+		return __atomic_load_n(&mtc_w.seen, __ATOMIC_ACQUIRE) == 1;
+	const struct mtc_attachment *a =
+	    (const struct mtc_attachment *)(uintptr_t)mtc_proc.cur_kept;
+	mtc_debug("a fork ran no handler of ours (_Fork, clone): this child "
+	          "registers as itself");
+	inflight_set(NULL);
+	mtc_mapped_forget(); /* mmap.c's, as its fork handler would */
+	bool mine = pthread_equal(
+	    __atomic_load_n(&reg_thread, __ATOMIC_RELAXED), pthread_self());
+	child_starts(a ? slot_total(a) : 0, mine);
+	return true;
 }
 
 /* Writers of the group exclude one another by making the sequence odd;
@@ -1026,7 +1108,7 @@ static int take_reply(struct reg_reply *rep_in, pid_t me)
 		/* A restarted server adopted our slot and hands us its new
 		 * header: lanes and counts stay as they are, threads keep
 		 * their lanes (same slot, same epoch). */
-		mtshm_store_release64(&mtc_proc.cur, (uint64_t)(uintptr_t)na);
+		cur_set(na, __ATOMIC_RELEASE);
 		mtc_debug("re-registered: slot %u adopted by a new server",
 		          rep.slot);
 		return 0;
@@ -1040,8 +1122,7 @@ static int take_reply(struct reg_reply *rep_in, pid_t me)
 	 * relaxed would allow neither on a weakly ordered CPU (arm64),
 	 * leaving its bytes in `pending` until the next attach; on x86 the
 	 * store is one xchg more per attach. */
-	__atomic_store_n(&mtc_proc.cur, (uint64_t)(uintptr_t)na,
-	                 __ATOMIC_SEQ_CST);
+	cur_set(na, __ATOMIC_SEQ_CST);
 	/* After `cur`, with release: a thread that reads the new epoch
 	 * (publish_cold, with acquire) reads the new attachment after it,
 	 * never the old one. Bumped first, a thread could pair the old
@@ -1086,6 +1167,11 @@ void mtc_mapped_store(uint64_t total)
 
 /* Where mapped memory is not counted, there is nothing to resync. */
 __attribute__((weak)) void mtc_mapped_resync(void)
+{
+}
+
+/* Nor anything to forget at a fork. */
+__attribute__((weak)) void mtc_mapped_forget(void)
 {
 }
 
@@ -1247,6 +1333,10 @@ void mtc_maybe_attach(enum attach_ask ask)
 	 * register as its parent, whose pid it still has. */
 	if (mtc_forking)
 		return;
+	/* The child of a fork that ran no handler of ours is set up first:
+	 * until then it would register as its parent. */
+	if (!mtc_fork_seen())
+		return;
 	/* Past its attachments, every path of a registration but a repeat
 	 * of the current one ends refused (take_reply): do not register at
 	 * all. Registering anyway cost memtallyd a round trip every back-off
@@ -1273,7 +1363,7 @@ void mtc_maybe_attach(enum attach_ask ask)
 		if_registered = true;
 	}
 	uint32_t zero = 0;
-	if (!__atomic_compare_exchange_n(&mtc_proc.attaching, &zero, 1, 0,
+	if (!__atomic_compare_exchange_n(&mtc_w.attaching, &zero, 1, 0,
 	                                 __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
 		return;
 	/* connect, poll, recvmsg and close are cancellation points; malloc
@@ -1336,7 +1426,7 @@ void mtc_maybe_attach(enum attach_ask ask)
 		                      now + MTC_STALE_NS);
 		mtshm_store_relaxed32(&mtc_proc.answer_lost, 0);
 	}
-	__atomic_store_n(&mtc_proc.attaching, 0, __ATOMIC_RELEASE);
+	__atomic_store_n(&mtc_w.attaching, 0, __ATOMIC_RELEASE);
 }
 
 /* ---- public API shared by both front ends ---------------------------- */

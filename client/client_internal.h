@@ -146,6 +146,11 @@ void mtc_mapped_changed(void);
  * mapped memory is not counted (libmemtally). */
 void mtc_mapped_resync(void);
 
+/* In the child of a fork that ran no handler of ours (mtc_fork_seen): what
+ * mmap.c's own fork handler does, the table's lock freed if a thread left
+ * behind held it. A no-op where mapped memory is not counted. */
+void mtc_mapped_forget(void);
+
 /*
  * Bring the process's mapped figure to the pages of its counted ranges
  * the kernel has resident. The pagemap scan (PAGEMAP_SCAN) is tried

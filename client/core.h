@@ -38,8 +38,13 @@ struct mtc_process {
 	/* Shared between threads: accessed with the mtshm_atomic helpers. */
 	int64_t pending;      /* bytes not yet in any slot */
 	int64_t fork_pending; /* published inside fork()'s handlers */
-	uint64_t cur;         /* struct mtc_attachment *, 0 = none */
-	uint32_t attaching;   /* try-lock of attach() */
+	/* mtc_w.cur and mtc_w.epoch as last set, kept where a fork does not
+	 * wipe them: the child's starting total is its parent's slot's, and
+	 * its epochs must differ from any its parent's lanes were claimed
+	 * under (mtc_fork_seen). Written only by the one thread that holds
+	 * `attaching`, or in a fork's child before it attaches. */
+	uint64_t cur_kept;
+	uint64_t epoch_kept;
 	uint64_t next_try_ns; /* back-off: no attach before this */
 	uint64_t backoff_ns;
 	uint32_t waited;       /* the last attempt waited out its timeout: even
@@ -109,7 +114,7 @@ struct mtc_process {
 };
 extern struct mtc_process mtc_proc MTC_HIDDEN;
 
-/* mtc_gate's halves: the slot's flags below, the epoch's low 32 bits
+/* mtc_w.gate's halves: the slot's flags below, the epoch's low 32 bits
  * above (publish.h). */
 #define GATE_FLAGS    UINT64_C(0xffffffff)
 #define GATE_EPOCH(e) ((uint64_t)(uint32_t)(e) << 32)
@@ -134,7 +139,7 @@ static inline uint32_t mtc_seq_write_begin(uint32_t *seq_p)
 static inline const struct mtc_attachment *cur_att(void)
 {
 	return (const struct mtc_attachment *)(uintptr_t)mtshm_load_acquire64(
-	    &mtc_proc.cur);
+	    &mtc_w.cur);
 }
 
 static inline struct mtshm_slot_id *cur_slot(void)

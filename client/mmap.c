@@ -277,9 +277,8 @@ static void mm_parent(void)
 	mm_in_fork = 0;
 }
 
-static void mm_child(void)
+static void mm_forget(void)
 {
-	mm_in_fork = 0;
 	if (mm_busy)
 		return;
 	if (pthread_mutex_trylock(&mm.lock) == 0) {
@@ -295,6 +294,18 @@ static void mm_child(void)
 	table_forget(&mm.y[0]);
 	table_forget(&mm.y[1]);
 	mtc_mapped_store(0);
+}
+
+static void mm_child(void)
+{
+	mm_in_fork = 0;
+	mm_forget();
+}
+
+void mtc_mapped_forget(void)
+{
+	if (__atomic_load_n(&mm.ready, __ATOMIC_ACQUIRE))
+		mm_forget();
 }
 
 /* Early: a constructor of its own, so the allocators' ranges are known
@@ -345,6 +356,10 @@ static int enter(const void *ret)
 {
 	if (!__atomic_load_n(&mm.ready, __ATOMIC_ACQUIRE) || mm_busy ||
 	    mm_in_fork || is_excluded(ret))
+		return 0;
+	/* In the child of a fork that ran no handler of ours, the lock may
+	 * be held by a thread left behind: set up first (mtc_fork_seen). */
+	if (!mtc_fork_seen())
 		return 0;
 	/* Busy before the lock: a signal landing between the lock's
 	 * acquisition and this store would otherwise find the thread not
@@ -639,7 +654,8 @@ static void leave(uint64_t before)
 static void reconcile_outside(bool now)
 {
 	if (!__atomic_load_n(&mm.ready, __ATOMIC_ACQUIRE) || mm_busy ||
-	    mm_in_fork || __atomic_load_n(&mm.t.n, __ATOMIC_RELAXED) == 0)
+	    mm_in_fork || __atomic_load_n(&mm.t.n, __ATOMIC_RELAXED) == 0 ||
+	    !mtc_fork_seen())
 		return;
 	mm_busy = 1; /* as in enter(): busy before the lock */
 	__atomic_signal_fence(__ATOMIC_SEQ_CST);
@@ -670,7 +686,8 @@ void mtc_maps_reconcile_now(void)
 
 void mtc_mapped_resync(void)
 {
-	if (!__atomic_load_n(&mm.ready, __ATOMIC_ACQUIRE) || mm_in_fork)
+	if (!__atomic_load_n(&mm.ready, __ATOMIC_ACQUIRE) || mm_in_fork ||
+	    !mtc_fork_seen())
 		return;
 	if (mm_busy) { /* a signal handler of a thread inside the table */
 		mtc_mapped_store(figure());

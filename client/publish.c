@@ -14,7 +14,7 @@
  *  - The over-limit callback runs only from mtc_after_flush(), after the
  *    front end finished its flush and dropped its re-entrancy guard. The
  *    flush itself only notes a rising edge of the slot's flag (one relaxed
- *    load of the slot's flags, one of `mtc_gate`, which quiet publishes
+ *    load of the slot's flags, one of `mtc_w.gate`, which quiet publishes
  *    compare too): it neither blocks nor calls out.
  */
 #define _GNU_SOURCE
@@ -22,24 +22,45 @@
 
 #include <sched.h>
 #include <stdint.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include "mtcommon.h"
 
-/* Read by the front ends' fast paths (client_internal.h): bumped whenever
- * the slot changes; the threshold threads use, in bytes; the epoch's low
- * half above the slot's flags as the latest full flush saw them (edge
- * detection, after_store). */
-uint64_t mtc_epoch;
+/* Read by the front ends' fast paths (client_internal.h): the epoch,
+ * bumped whenever the slot changes, and the gate, the epoch's low half
+ * above the slot's flags as the latest full flush saw them (edge
+ * detection, after_store), on the page a fork's child gets zeroed
+ * (publish.h); the threshold threads use, in bytes. */
+_Alignas(MTC_WIPED_SIZE) struct mtc_wiped mtc_w;
+_Static_assert(sizeof(mtc_w) == MTC_WIPED_SIZE, "one page, ours alone");
 uint64_t mtc_thresh = MT_DEFAULT_THRESHOLD;
-uint64_t mtc_gate;
+/* The page is wiped in a fork's child (set once, before main). */
+bool mtc_wipe_on;
+
+/*
+ * Before any fork, and before the program's own constructors run (the
+ * library's run first): ask the kernel to zero mtc_w in every child. The
+ * page is in the anonymous part of .bss (page-aligned, past the file's
+ * data), where MADV_WIPEONFORK applies. Where it does not (before Linux
+ * 4.14, pages larger than 4 KiB), a fork that runs no handler of ours
+ * goes unseen, as it always did.
+ */
+__attribute__((constructor(101))) static void wipe_on_fork(void)
+{
+	if ((long)MTC_WIPED_SIZE % sysconf(_SC_PAGESIZE) == 0 &&
+	    madvise(&mtc_w, sizeof(mtc_w), MADV_WIPEONFORK) == 0) {
+		__atomic_store_n(&mtc_w.seen, 1, __ATOMIC_RELEASE);
+		mtc_wipe_on = true;
+	}
+}
 __thread uint8_t mtc_forking MTC_TLS;
 
 void mtc_fork_begin(void)
 {
 	if (mtc_forking++ == 0)
-		__atomic_fetch_or(&mtc_epoch, MTC_EPOCH_FORKING,
+		__atomic_fetch_or(&mtc_w.epoch, MTC_EPOCH_FORKING,
 		                  __ATOMIC_SEQ_CST);
 }
 
@@ -47,27 +68,27 @@ bool mtc_fork_end(void)
 {
 	if (!mtc_forking || --mtc_forking)
 		return false;
-	__atomic_fetch_and(&mtc_epoch, ~MTC_EPOCH_FORKING, __ATOMIC_SEQ_CST);
+	__atomic_fetch_and(&mtc_w.epoch, ~MTC_EPOCH_FORKING, __ATOMIC_SEQ_CST);
 	return true;
 }
 
 void mtc_fork_reset(void)
 {
 	mtc_forking = 0;
-	__atomic_fetch_and(&mtc_epoch, ~MTC_EPOCH_FORKING, __ATOMIC_SEQ_CST);
+	__atomic_fetch_and(&mtc_w.epoch, ~MTC_EPOCH_FORKING, __ATOMIC_SEQ_CST);
 }
 
 /* The epoch lanes are claimed in, without the fork bit. */
 static inline uint64_t epoch_now(void)
 {
-	return mtshm_load_relaxed64(&mtc_epoch) & ~MTC_EPOCH_FORKING;
+	return mtshm_load_relaxed64(&mtc_w.epoch) & ~MTC_EPOCH_FORKING;
 }
 
 void mtc_pending_redrain(void)
 {
 	const struct mtc_attachment *a =
 	    (const struct mtc_attachment *)(uintptr_t)__atomic_load_n(
-	        &mtc_proc.cur, __ATOMIC_SEQ_CST);
+	        &mtc_w.cur, __ATOMIC_SEQ_CST);
 	if (a) {
 		int64_t p = mtshm_exchange_relaxeds64(&mtc_proc.pending, 0);
 		if (p)
@@ -146,7 +167,7 @@ static void verify(const struct mtshm_header *h)
 #define OVER_CB_TRIES 64
 
 /* The slot's flags changed since a full flush last saw them (the low
- * half of `g`, mtc_gate as read). Each change is made by the one thread
+ * half of `g`, mtc_w.gate as read). Each change is made by the one thread
  * whose CAS wins; on a rise of the over-limit flag that thread owes the
  * callback; a fall re-arms. */
 static __attribute__((noinline)) void flags_edge(struct mtc_thread *th,
@@ -155,7 +176,7 @@ static __attribute__((noinline)) void flags_edge(struct mtc_thread *th,
 	while ((uint32_t)g != flags) {
 		uint32_t seen = (uint32_t)g;
 		if (__atomic_compare_exchange_n(
-		        &mtc_gate, &g, (g & ~GATE_FLAGS) | flags, 0,
+		        &mtc_w.gate, &g, (g & ~GATE_FLAGS) | flags, 0,
 		        __ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) {
 			if ((flags & ~seen) & MTSHM_SLOT_OVER_LIMIT)
 				th->over_due = 1;
@@ -170,7 +191,7 @@ static __attribute__((noinline)) void flags_edge(struct mtc_thread *th,
  * thread, quiet or not) that finds it up is a rise. */
 static void over_rearm(void)
 {
-	__atomic_fetch_and(&mtc_gate, ~(uint64_t)MTSHM_SLOT_OVER_LIMIT,
+	__atomic_fetch_and(&mtc_w.gate, ~(uint64_t)MTSHM_SLOT_OVER_LIMIT,
 	                   __ATOMIC_RELAXED);
 }
 
@@ -247,7 +268,7 @@ static inline void after_store(struct mtc_thread *th,
 	/* The server's verdict as of its latest tick: a change from what the
 	 * previous full flush (of any thread) saw is an edge. */
 	uint32_t flags = mtshm_load_relaxed32(&a->slot->flags);
-	uint64_t g = __atomic_load_n(&mtc_gate, __ATOMIC_RELAXED);
+	uint64_t g = __atomic_load_n(&mtc_w.gate, __ATOMIC_RELAXED);
 	if (__builtin_expect(flags != (uint32_t)g, 0))
 		flags_edge(th, g, flags);
 	uint32_t n = 1 + (uint32_t)(th->quiet_armed - th->quiet_left);
@@ -285,7 +306,8 @@ __attribute__((noinline, cold)) static void publish_cold(struct mtc_thread *th,
 	/* The epoch, then the attachment afresh: one read before the epoch
 	 * may be older than it (take_reply stores `cur`, then bumps the
 	 * epoch with release). */
-	uint64_t epoch = mtshm_load_acquire64(&mtc_epoch) & ~MTC_EPOCH_FORKING;
+	uint64_t epoch =
+	    mtshm_load_acquire64(&mtc_w.epoch) & ~MTC_EPOCH_FORKING;
 	const struct mtc_attachment *a = cur_att();
 	struct mtshm_slot_id *s = a ? a->slot : NULL;
 	if (!s) {
@@ -320,7 +342,8 @@ void mtc_publish(struct mtc_thread *th, int64_t delta)
 	/* A lane is owned only while its thread has not exited (release()
 	 * clears it), so lane + same slot + same epoch is the whole test. */
 	if (__builtin_expect(!a || !l || th->slot != a->slot ||
-	                         th->epoch != mtshm_load_relaxed64(&mtc_epoch),
+	                         th->epoch !=
+	                             mtshm_load_relaxed64(&mtc_w.epoch),
 	                     0)) {
 		publish_cold(th, delta);
 		return;

@@ -20,8 +20,8 @@ struct mtc_thread {
 	struct mtshm_slot_id *slot; /* slot the lane/count belongs to */
 	uint64_t seen_ticks;        /* header's tick counter at the last full
 	                             * flush */
-	uint64_t epoch;             /* mtc_epoch of `slot`; stale = re-claim */
-	uint64_t gate_epoch;   /* its low 32 bits, as mtc_gate holds them */
+	uint64_t epoch;        /* mtc_w.epoch of `slot`; stale = re-claim */
+	uint64_t gate_epoch;   /* its low 32 bits, as mtc_w.gate holds them */
 	uint32_t since_verify; /* flushes since the tick counter moved */
 	int32_t quiet_left;    /* quiet publishes left before a full one;
 	                        * 0: the next one is full */
@@ -45,33 +45,58 @@ struct mtc_thread {
  * back-off). */
 void mtc_publish(struct mtc_thread *th, int64_t delta);
 
-/* publish.c's state that fast paths read.
- * mtc_epoch is bumped whenever the process's slot changes (attach,
+/*
+ * publish.c's state that fast paths read, and what a fork must not carry
+ * into the child: on a page of its own that the kernel gives every child
+ * of a fork zeroed (MADV_WIPEONFORK), so that a child made by a fork that
+ * ran no handler of ours (_Fork(), a raw clone()) finds itself attached to
+ * nothing and its threads' lanes stale, and writes nothing into its
+ * parent's slot (mtc_fork_seen).
+ * epoch is bumped whenever the process's slot changes (attach,
  * re-attach, fork).
- * mtc_thresh is the threshold threads use, in bytes.
- * mtc_gate holds the epoch's low 32 bits above the slot's flags as the
- * latest full flush of any thread saw them, so one comparison tests both.
- * Flags that differ from the gate's are an edge, which mtc_publish()
- * handles. */
-#define MTC_HIDDEN __attribute__((visibility("hidden")))
-extern uint64_t mtc_epoch MTC_HIDDEN;
+ * gate holds the epoch's low 32 bits above the slot's flags as the latest
+ * full flush of any thread saw them, so one comparison tests both. Flags
+ * that differ from the gate's are an edge, which mtc_publish() handles.
+ * cur is the attachment (struct mtc_attachment *, 0 = none); attaching
+ * the try-lock of attach(); seen 1 unless a fork ran none of our handlers
+ * (2: a thread of the child is setting it up).
+ */
+#define MTC_HIDDEN     __attribute__((visibility("hidden")))
+#define MTC_WIPED_SIZE 4096
+struct mtc_wiped {
+	uint64_t epoch;
+	uint64_t gate;
+	uint64_t cur;
+	uint32_t attaching;
+	uint32_t seen;
+	char pad[MTC_WIPED_SIZE - 32];
+};
+extern struct mtc_wiped mtc_w MTC_HIDDEN;
+/* The kernel does wipe it in a fork's child (set before main). */
+extern bool mtc_wipe_on MTC_HIDDEN;
+/* mtc_threshold(): the threshold threads use, in bytes. */
 extern uint64_t mtc_thresh MTC_HIDDEN;
 #define MTC_THRESH_MAX (UINT64_C(1) << 30)
-extern uint64_t mtc_gate MTC_HIDDEN;
+
+/* False when the calling thread must not use the slot or register: the
+ * process is the child of a fork that ran no handler of ours, and another
+ * of its threads is setting it up as one (attach.c). True otherwise, once
+ * that is done. */
+bool mtc_fork_seen(void) MTC_HIDDEN;
 
 /*
  * fork() in progress, from the library's prepare handler to its parent or
  * child handler (attach.c). Handlers another library registered before
  * ours run inside that stretch, and in the child before ours: what they
  * allocate must not reach the slot the child still maps, its parent's.
- * The prepare handler raises MTC_EPOCH_FORKING in mtc_epoch, so that
+ * The prepare handler raises MTC_EPOCH_FORKING in mtc_w.epoch, so that
  * every full publish meanwhile takes the cold path (no instruction is
  * added to the common one), and marks the forking thread (mtc_forking,
  * a depth: a signal handler may fork inside a fork's handlers), whose
  * publishes there go to `fork_pending`: the child's starting total, or
  * the parent's slot once its handler drains them. It neither registers
  * nor samples nor stores its mapped figure meanwhile. Every other thread
- * publishes as before. Readers of mtc_epoch mask the bit.
+ * publishes as before. Readers of mtc_w.epoch mask the bit.
  */
 #define MTC_EPOCH_FORKING (UINT64_C(1) << 63)
 extern __thread uint8_t mtc_forking MTC_TLS MTC_HIDDEN;
@@ -103,7 +128,7 @@ static inline uint64_t mtc_threshold(void)
  * Only a full publish into the thread's own lane arms quiet_left, so a
  * count left means the lane is owned and its slot mapped.
  * A re-attach (the epoch) or a change of the slot's flags breaks the
- * comparison with mtc_gate, and the full publish handles it.
+ * comparison with mtc_w.gate, and the full publish handles it.
  * mtc_publish() arms the count on its way out, and the slow paths
  * allocate nothing before they drop their re-entrancy guard, so no quiet
  * publish runs inside one.
@@ -118,7 +143,7 @@ static inline bool mtc_publish_quiet(struct mtc_thread *th, int64_t delta)
 	}
 	uint64_t flags = mtshm_load_relaxed32(&th->slot->flags);
 	if (__builtin_expect((flags | th->gate_epoch) !=
-	                         mtshm_load_relaxed64(&mtc_gate),
+	                         mtshm_load_relaxed64(&mtc_w.gate),
 	                     0)) {
 		/* Not made: the full one counts itself. The barrier keeps
 		 * the decrement above one instruction to memory. */

@@ -135,6 +135,41 @@ def test_fork_child_starts_with_parent_total():
             w.close()
 
 
+def test_a_fork_without_handlers_leaves_the_parent_alone():
+    """A child made by _Fork() or a raw clone() runs no atfork handler.
+    It used to go on writing into its parent's lanes (the parent's figure
+    took the child's bytes, raced with its own, and the child was never
+    seen). Now the child registers as itself: the parent holds its 16 MiB,
+    the child its parent's 16 plus its own 24."""
+    for how in ("_Fork", "clone"):
+        with Server() as s:
+            env = dict(s.env(group="unseen"), MEMTALLY_REFRESH_MS="0")
+            w = Worker([*worker("unseen"), "16", "24", how], env)
+            try:
+                lines = dict(w.readline().split() for _ in range(2))
+                child = int(lines["child"].split("=")[1])
+                check(set(lines) == {"child", "parent"}, f"got {lines}")
+
+                def child_counted():
+                    ps = s.ps()
+                    c = ps.get(child, {})
+                    return ps if c.get("bytes", 0) >= 40 * MIB else None
+
+                ps = wait_for(f"{how}: the child counted as itself",
+                              child_counted)
+                parent = ps[w.pid]["bytes"]
+                print(f"  {how}: parent {parent / MIB:.1f} MiB, child "
+                      f"{ps[child]['bytes'] / MIB:.1f} MiB")
+                check(16 * MIB <= parent < 20 * MIB,
+                      f"{how}: the parent shows {parent} bytes")
+                check(ps[child]["bytes"] < 44 * MIB,
+                      f"{how}: the child shows {ps[child]['bytes']}")
+                check(ps[child]["group"] == "unseen",
+                      f"{how}: child group {ps[child]['group']}")
+            finally:
+                w.close()
+
+
 def test_a_deep_fork_chain_is_counted():
     """A chain of 40 nested forks, none exec'ing (a shell's subshells, a
     daemon that forks again): each child inherited its parent's count of
@@ -190,4 +225,5 @@ def test_exec_replaces_slot():
 if __name__ == "__main__":
     run([test_python_groups, test_sigkill_leaves_within_one_tick,
          test_fork_child_starts_with_parent_total,
+         test_a_fork_without_handlers_leaves_the_parent_alone,
          test_a_deep_fork_chain_is_counted, test_exec_replaces_slot])

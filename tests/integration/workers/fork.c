@@ -5,8 +5,11 @@
  */
 #include "mt_common.h"
 
+#include <sched.h>
 #include <signal.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 static int fork_main(int argc, char **argv)
 {
@@ -71,3 +74,55 @@ static int chain_main(int argc, char **argv)
 }
 
 const struct mt_sub mt_chain = {"chain", "DEPTH MIB", chain_main};
+
+/*
+ * unseen - hold MIB MiB, then fork in a way that runs no atfork handler:
+ * HOW is "_Fork" (glibc's _Fork()) or "clone" (a raw clone system call
+ * with SIGCHLD, as a sandbox or a runtime of its own makes). The child
+ * holds MORE MiB more, prints "child pid=P" and waits on stdin, as does
+ * the parent ("parent pid=P"). Run it with no refresh thread
+ * (MEMTALLY_REFRESH_MS=0): a fork without handlers is safe only when no
+ * other thread holds a lock the child needs.
+ * usage: mt_worker unseen MIB MORE HOW
+ */
+static int unseen_main(int argc, char **argv)
+{
+	if (argc < 4)
+		return 2;
+	size_t mib = strtoul(argv[1], NULL, 10);
+	size_t more = strtoul(argv[2], NULL, 10);
+	void **b = calloc(mib + more + 1, sizeof(void *));
+	for (size_t i = 0; i < mib; i++) {
+		b[i] = malloc(MIB);
+		mt_touch(b[i], MIB);
+	}
+	mt_flush();
+	fflush(stdout);
+	pid_t pid;
+	if (strcmp(argv[3], "_Fork") == 0)
+		pid = _Fork();
+	else if (strcmp(argv[3], "clone") == 0)
+		pid =
+		    (pid_t)syscall(SYS_clone, SIGCHLD, NULL, NULL, NULL, NULL);
+	else
+		return 2;
+	if (pid < 0)
+		return 1;
+	if (pid == 0) {
+		for (size_t i = mib; i < mib + more; i++) {
+			b[i] = malloc(MIB);
+			mt_touch(b[i], MIB);
+		}
+		mt_flush();
+		mt_say("child pid=%d", (int)getpid());
+		mt_serve(NULL, 0);
+		_exit(0);
+	}
+	mt_say("parent pid=%d", (int)getpid());
+	mt_serve(NULL, 0);
+	kill(pid, SIGKILL);
+	waitpid(pid, NULL, 0);
+	return 0;
+}
+
+const struct mt_sub mt_unseen = {"unseen", "MIB MORE HOW", unseen_main};
