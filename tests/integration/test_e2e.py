@@ -1,6 +1,5 @@
 """End to end: preloaded workers are counted, grouped, dropped at death,
 and fork/exec keep the counts right."""
-import os
 import signal
 import time
 
