@@ -365,6 +365,9 @@ static void child_starts(int64_t parent, bool mine)
  * here. */
 static void on_fork_child(void)
 {
+	/* Being set up: a signal handler that allocates meanwhile must not
+	 * set the child up a second time (mtc_fork_seen). */
+	__atomic_store_n(&mtc_w.seen, 2, __ATOMIC_RELAXED);
 	const struct mtc_attachment *a =
 	    (const struct mtc_attachment *)(uintptr_t)mtc_proc.cur_kept;
 	int64_t parent = 0;
@@ -420,15 +423,41 @@ bool mtc_fork_seen(void)
 	    !__atomic_compare_exchange_n(&mtc_w.seen, &seen, 2, 0,
 	                                 __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
 		return __atomic_load_n(&mtc_w.seen, __ATOMIC_ACQUIRE) == 1;
+	/* As attach() runs: no signal handler may enter here again, and no
+	 * cancel (close() and the debug line's write() are cancellation
+	 * points) may leave `seen` at 2 for ever. */
+	sigset_t block, old;
+	sigfillset(&block);
+	sigdelset(&block, SIGSEGV);
+	sigdelset(&block, SIGBUS);
+	sigdelset(&block, SIGILL);
+	sigdelset(&block, SIGFPE);
+	sigdelset(&block, SIGTRAP);
+	sigdelset(&block, SIGABRT);
+	sigdelset(&block, SIGSYS);
+	pthread_sigmask(SIG_BLOCK, &block, &old);
+	int cancel;
+	pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel);
 	const struct mtc_attachment *a =
 	    (const struct mtc_attachment *)(uintptr_t)mtc_proc.cur_kept;
+	/* The parent's total as its slot holds it now, not at the fork,
+	 * which left no mark: what the parent took or gave back since is
+	 * counted in the child too, until the child's own frees and
+	 * allocations carry it away. A slot given to another process since
+	 * (its generation moved: the parent exited) is not the parent's. */
+	int64_t parent =
+	    a && mtshm_load_acquire64(&a->slot->generation) == a->slot_gen
+	        ? slot_total(a)
+	        : 0;
 	mtc_debug("a fork ran no handler of ours (_Fork, clone): this child "
 	          "registers as itself");
 	inflight_set(NULL);
 	mtc_mapped_forget(); /* mmap.c's, as its fork handler would */
 	bool mine = pthread_equal(
 	    __atomic_load_n(&reg_thread, __ATOMIC_RELAXED), pthread_self());
-	child_starts(a ? slot_total(a) : 0, mine);
+	child_starts(parent, mine);
+	pthread_setcancelstate(cancel, NULL);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
 	return true;
 }
 
@@ -1067,7 +1096,11 @@ static int take_reply(struct reg_reply *rep_in, pid_t me)
 	 * says the slot is this registration's. Its pid is the one memtallyd
 	 * sees, the host's for a worker in a container's pid namespace, not
 	 * getpid(): compared, such a worker would never attach. */
+	/* getpid() too: a fork that ran no handler of ours (_Fork() from a
+	 * signal handler that interrupted this registration) left the pid
+	 * we recorded as it was, and the answer may be read by the child. */
 	if (__atomic_load_n(&mtc_proc.pid, __ATOMIC_RELAXED) != me ||
+	    getpid() != me ||
 	    mtshm_load_acquire64(&s->generation) != rep.slot_gen) {
 		mtc_debug("slot %u is not ours", rep.slot);
 		err = MEMTALLY_EPROTO;

@@ -300,12 +300,28 @@ static void mm_child(void)
 {
 	mm_in_fork = 0;
 	mm_forget();
+	__atomic_store_n(&mtc_w.mm_seen, 1, __ATOMIC_RELEASE);
 }
 
 void mtc_mapped_forget(void)
 {
 	if (__atomic_load_n(&mm.ready, __ATOMIC_ACQUIRE))
 		mm_forget();
+	__atomic_store_n(&mtc_w.mm_seen, 1, __ATOMIC_RELEASE);
+}
+
+/* The table and its lock are this process's own: after mm_child in a
+ * fork that ran our handlers (other libraries' child handlers that map
+ * run before on_fork_child, and are counted as before), else once the
+ * child of a fork that ran none was set up (mtc_fork_seen). */
+static bool mm_fork_seen(void)
+{
+	if (__builtin_expect(
+	        __atomic_load_n(&mtc_w.mm_seen, __ATOMIC_ACQUIRE) != 0, 1) ||
+	    !mtc_wipe_on)
+		return true;
+	return mtc_fork_seen() &&
+	       __atomic_load_n(&mtc_w.mm_seen, __ATOMIC_ACQUIRE) != 0;
 }
 
 /* Early: a constructor of its own, so the allocators' ranges are known
@@ -358,8 +374,8 @@ static int enter(const void *ret)
 	    mm_in_fork || is_excluded(ret))
 		return 0;
 	/* In the child of a fork that ran no handler of ours, the lock may
-	 * be held by a thread left behind: set up first (mtc_fork_seen). */
-	if (!mtc_fork_seen())
+	 * be held by a thread left behind: set up first (mm_fork_seen). */
+	if (!mm_fork_seen())
 		return 0;
 	/* Busy before the lock: a signal landing between the lock's
 	 * acquisition and this store would otherwise find the thread not
@@ -655,7 +671,7 @@ static void reconcile_outside(bool now)
 {
 	if (!__atomic_load_n(&mm.ready, __ATOMIC_ACQUIRE) || mm_busy ||
 	    mm_in_fork || __atomic_load_n(&mm.t.n, __ATOMIC_RELAXED) == 0 ||
-	    !mtc_fork_seen())
+	    !mm_fork_seen())
 		return;
 	mm_busy = 1; /* as in enter(): busy before the lock */
 	__atomic_signal_fence(__ATOMIC_SEQ_CST);
@@ -687,7 +703,7 @@ void mtc_maps_reconcile_now(void)
 void mtc_mapped_resync(void)
 {
 	if (!__atomic_load_n(&mm.ready, __ATOMIC_ACQUIRE) || mm_in_fork ||
-	    !mtc_fork_seen())
+	    !mm_fork_seen())
 		return;
 	if (mm_busy) { /* a signal handler of a thread inside the table */
 		mtc_mapped_store(figure());

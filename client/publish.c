@@ -52,6 +52,7 @@ __attribute__((constructor(101))) static void wipe_on_fork(void)
 	if ((long)MTC_WIPED_SIZE % sysconf(_SC_PAGESIZE) == 0 &&
 	    madvise(&mtc_w, sizeof(mtc_w), MADV_WIPEONFORK) == 0) {
 		__atomic_store_n(&mtc_w.seen, 1, __ATOMIC_RELEASE);
+		__atomic_store_n(&mtc_w.mm_seen, 1, __ATOMIC_RELEASE);
 		mtc_wipe_on = true;
 	}
 }

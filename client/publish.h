@@ -59,7 +59,9 @@ void mtc_publish(struct mtc_thread *th, int64_t delta);
  * that differ from the gate's are an edge, which mtc_publish() handles.
  * cur is the attachment (struct mtc_attachment *, 0 = none); attaching
  * the try-lock of attach(); seen 1 unless a fork ran none of our handlers
- * (2: a thread of the child is setting it up).
+ * (2: a thread of the child is setting it up); mm_seen 1 once mmap.c's
+ * table and lock are the process's own (its own fork handler, which runs
+ * before ours, or mtc_mapped_forget).
  */
 #define MTC_HIDDEN     __attribute__((visibility("hidden")))
 #define MTC_WIPED_SIZE 4096
@@ -69,7 +71,8 @@ struct mtc_wiped {
 	uint64_t cur;
 	uint32_t attaching;
 	uint32_t seen;
-	char pad[MTC_WIPED_SIZE - 32];
+	uint32_t mm_seen; /* mmap.c's lock is sane (set by its fork handler) */
+	char pad[MTC_WIPED_SIZE - 36];
 };
 extern struct mtc_wiped mtc_w MTC_HIDDEN;
 /* The kernel does wipe it in a fork's child (set before main). */
