@@ -1027,6 +1027,7 @@ static void resv_remove(struct mts_registry *reg, struct mts_resv *r,
 	 * owner's workers now count as others') can the newer reservations
 	 * of the task count less without it. */
 	bool shifts = r->task && r->effective < r->want;
+	reg->adm->resv_dirty = true;
 	switched_end(reg, r);
 	resv_count(reg, r, 0);
 	if (r->profiled)
@@ -2094,6 +2095,7 @@ static void resv_link(struct mts_registry *reg, struct mts_resv *r, uint32_t gi,
 	r->expires_ns = resv_deadline(reg, r);
 	r->index = reg->adm->nresv;
 	reg->adm->resv[reg->adm->nresv++] = r;
+	reg->adm->resv_dirty = true;
 	reg->totals.reservations = reg->adm->nresv;
 	ids_put(reg->adm->resv_ids, reg->adm->resv_ids_mask, r);
 	heap_add(reg, r);
@@ -2617,4 +2619,354 @@ int mts_release(struct mts_registry *reg, const struct mts_peer *peer,
 	mts_limits_eval(reg, false);
 	mts_publish(reg);
 	return 0;
+}
+
+/* ---- the reservations' record ----------------------------------------------
+ *
+ * A restarted memtallyd keeps the reservations of the one before: their
+ * grants were promises to schedulers (which hold the ids, and Release
+ * them) and to the tasks running on them. The record is a private file
+ * (the server's uid, 0600, written to a temporary name and renamed, as the
+ * learned sizes' record), rewritten by the server a moment after a
+ * reservation comes or goes and every few seconds while any is held (for
+ * their peaks). Layout: struct resv_hdr, then per reservation struct
+ * resv_rec and its group, task and kind names. The checksum (FNV-1a)
+ * covers the payload; the kernel's boot id ties the monotonic times in it
+ * to this boot. Hosted reservations (Admit.in_process) are not kept: what
+ * their use is measured against lives in the asking process's memory.
+ */
+#define RESV_MAGIC   UINT64_C(0x317673655254544d) /* "MTTResv1" */
+#define RESV_VERSION 1u
+
+struct resv_hdr {
+	uint64_t magic;
+	uint32_t version;
+	uint32_t count;
+	uint64_t payload;
+	uint64_t checksum;
+	unsigned char boot[16];
+};
+
+struct resv_rec {
+	char id[24];
+	uint32_t uid;
+	uint32_t asker_pid;
+	uint64_t asker_start;
+	uint8_t has_owner;
+	uint8_t profiled;
+	uint8_t evicted;
+	uint8_t spare0;
+	uint32_t ttl_s;
+	uint64_t bytes;
+	uint64_t declared;
+	uint64_t peak;
+	uint64_t created_ns;
+	uint64_t created_mono_ns;
+	uint64_t started_mono_ns;
+	uint64_t last_seen_ns;
+	uint32_t slot_ms;
+	uint32_t kind_uid;
+	uint32_t group_len;
+	uint32_t task_len;
+	uint32_t kind_len;
+	uint32_t prof_mean_ms;
+	uint64_t prof_bytes[MTS_KIND_STEPS];
+	uint64_t prof_mean[MTS_KIND_STEPS];
+	uint64_t slots[MTS_RESV_SLOTS];
+};
+/* The record is the structs' native layout: a change is a new version. */
+_Static_assert(sizeof(struct resv_hdr) == 48, "the record's header");
+_Static_assert(sizeof(struct resv_rec) ==
+                   128 + 16 * MTS_KIND_STEPS + 8 * MTS_RESV_SLOTS,
+               "the record's reservation");
+
+static uint64_t resv_fnv(const unsigned char *p, size_t n)
+{
+	uint64_t h = UINT64_C(0xcbf29ce484222325);
+	for (size_t i = 0; i < n; i++) {
+		h ^= p[i];
+		h *= UINT64_C(0x100000001b3);
+	}
+	return h;
+}
+
+/* The kernel's id of this boot (/proc/sys/kernel/random/boot_id, 32 hex
+ * digits), read once; all zero where it cannot be read, which no record
+ * is restored under. */
+static const unsigned char *boot_id(void)
+{
+	static unsigned char id[16];
+	static bool read_once;
+	if (read_once)
+		return id;
+	read_once = true;
+	FILE *f = fopen("/proc/sys/kernel/random/boot_id", "re");
+	char text[64];
+	size_t k = 0;
+	if (f && fgets(text, sizeof(text), f))
+		for (const char *c = text; *c && k < 32; c++) {
+			int v = *c >= '0' && *c <= '9'   ? *c - '0'
+			        : *c >= 'a' && *c <= 'f' ? *c - 'a' + 10
+			                                 : -1;
+			if (v < 0)
+				continue;
+			id[k / 2] = (unsigned char)(id[k / 2] << 4 | v);
+			k++;
+		}
+	if (f)
+		fclose(f);
+	if (k != 32)
+		memset(id, 0, sizeof(id));
+	return id;
+}
+
+struct rbuf {
+	unsigned char *d;
+	size_t len, cap;
+	bool failed;
+};
+
+static void rput(struct rbuf *w, const void *p, size_t n)
+{
+	if (w->failed || !n)
+		return;
+	if (w->cap - w->len < n) {
+		size_t cap = w->cap ? w->cap : 4096;
+		while (cap - w->len < n)
+			cap *= 2;
+		unsigned char *d = realloc(w->d, cap);
+		if (!d) {
+			w->failed = true;
+			return;
+		}
+		w->d = d;
+		w->cap = cap;
+	}
+	memcpy(w->d + w->len, p, n);
+	w->len += n;
+}
+
+int mts_resv_encode(const struct mts_registry *reg, unsigned char **out,
+                    size_t *len)
+{
+	struct rbuf w = {0};
+	struct resv_hdr h = {.magic = RESV_MAGIC, .version = RESV_VERSION};
+	memcpy(h.boot, boot_id(), sizeof(h.boot));
+	rput(&w, &h, sizeof(h));
+	for (uint32_t i = 0; i < reg->adm->nresv; i++) {
+		const struct mts_resv *r = reg->adm->resv[i];
+		if (r->hosted)
+			continue;
+		const char *group = reg->groups[r->group].name;
+		const char *task = r->task ? r->task->name : "";
+		const char *kind = r->kind ? r->kind->name : "";
+		struct resv_rec rr = {
+		    .uid = r->uid,
+		    .asker_pid = r->asker_pid,
+		    .asker_start = r->asker_start,
+		    .has_owner = r->has_owner,
+		    .profiled = r->profiled,
+		    .evicted = r->evicted,
+		    .ttl_s = r->ttl_s,
+		    .bytes = r->bytes,
+		    .declared = r->declared,
+		    .peak = r->peak,
+		    .created_ns = r->created_ns,
+		    .created_mono_ns = r->created_mono_ns,
+		    .started_mono_ns = running(r) ? r->started_mono_ns : 0,
+		    .last_seen_ns = r->last_seen_ns,
+		    .slot_ms = r->slot_ms,
+		    .kind_uid = r->kind ? r->kind->uid : 0,
+		    .group_len = (uint32_t)strlen(group),
+		    .task_len = (uint32_t)strlen(task),
+		    .kind_len = (uint32_t)strlen(kind),
+		    .prof_mean_ms = r->profiled ? r->prof.mean_ms : 0,
+		};
+		memcpy(rr.id, r->id, sizeof(r->id));
+		if (r->profiled) {
+			memcpy(rr.prof_bytes, r->prof.bytes,
+			       sizeof(rr.prof_bytes));
+			memcpy(rr.prof_mean, r->prof.mean,
+			       sizeof(rr.prof_mean));
+		}
+		memcpy(rr.slots, r->slots, sizeof(rr.slots));
+		rput(&w, &rr, sizeof(rr));
+		rput(&w, group, rr.group_len);
+		rput(&w, task, rr.task_len);
+		rput(&w, kind, rr.kind_len);
+		h.count++;
+	}
+	if (w.failed) {
+		free(w.d);
+		return -ENOMEM;
+	}
+	h.payload = w.len - sizeof(h);
+	h.checksum = resv_fnv(w.d + sizeof(h), h.payload);
+	memcpy(w.d, &h, sizeof(h));
+	*out = w.d;
+	*len = w.len;
+	return 0;
+}
+
+/* "r-" and 16 lowercase hex digits, as new_id makes them. */
+static bool resv_id_ok(const char *id)
+{
+	if (strlen(id) != MTS_RESV_ID_LEN || id[0] != 'r' || id[1] != '-')
+		return false;
+	for (size_t i = 2; i < MTS_RESV_ID_LEN; i++)
+		if (!((id[i] >= '0' && id[i] <= '9') ||
+		      (id[i] >= 'a' && id[i] <= 'f')))
+			return false;
+	return true;
+}
+
+/* One record's reservation, linked as resv_grant links a grant, with its
+ * own id, times and run. 0, or -EINVAL (refused: its group may not be
+ * joined now, a name or figure out of range), -EEXIST (its id is taken),
+ * -ENOMEM. */
+static int resv_restore_one(struct mts_registry *reg, const struct resv_rec *rr,
+                            const char *group, const char *task,
+                            const char *kind, uint64_t now)
+{
+	const struct mts_policy *pol = &reg->policy;
+	if (!resv_id_ok(rr->id) || !rr->bytes || !mt_name_ok(group) ||
+	    !mt_name_ok(task) || !mt_name_ok(kind) || !group[0] ||
+	    rr->created_mono_ns > now)
+		return -EINVAL;
+	if (mts_resv_find(reg, rr->id))
+		return -EEXIST;
+	uint32_t ttl = rr->ttl_s > pol->max_ttl_s ? pol->max_ttl_s : rr->ttl_s;
+	/* Past even the longest a task's workers keep it: ended meanwhile. */
+	if (now - rr->created_mono_ns >= (uint64_t)pol->max_ttl_s * 1000000000u)
+		return -EINVAL;
+	uint32_t key = rr->has_owner ? rr->uid : MTS_UID_TCP;
+	struct mts_peer owner = {.fd = -1,
+	                         .has_cred = rr->has_owner,
+	                         .uid = rr->uid,
+	                         .tcp = !rr->has_owner};
+	if (resv_make_room(reg) < 0)
+		return -ENOMEM;
+	struct mts_resv *r = calloc(1, sizeof(*r));
+	if (!r)
+		return -ENOMEM;
+	r->heap_index = UINT32_MAX;
+	memcpy(r->id, rr->id, sizeof(r->id));
+	/* Its kind was there when it was granted; the caps held then. */
+	if (kind[0] &&
+	    mts_kind_ref(reg, kind, rr->kind_uid, true, &r->kind) < 0)
+		goto fail;
+	uint32_t gi;
+	int err = mts_group_ensure_peer(reg, &owner, group, &gi);
+	if (err < 0) {
+		if (r->kind)
+			mts_kind_unref(reg, r->kind);
+		free(r);
+		return err == -ENOMEM ? -ENOMEM : -EINVAL;
+	}
+	if (mts_uid_count_add(&reg->adm->resv_uids, key) < 0) {
+		mts_group_gc(reg, gi);
+		goto fail;
+	}
+	uint64_t *held = mts_uid_count_bytes(&reg->adm->resv_uids, key);
+	*held = mt_sat_add(*held, rr->bytes);
+	r->has_owner = rr->has_owner;
+	r->uid = rr->uid;
+	r->asker_pid = rr->asker_pid;
+	r->asker_start = rr->asker_start;
+	r->declared = rr->declared;
+	if (rr->profiled) {
+		r->profiled = true;
+		r->prof.known = true;
+		r->prof.mean_ms = rr->prof_mean_ms;
+		memcpy(r->prof.bytes, rr->prof_bytes, sizeof(r->prof.bytes));
+		memcpy(r->prof.mean, rr->prof_mean, sizeof(r->prof.mean));
+	}
+	if (task[0] && resv_join_task(reg, r, task, rr->has_owner) < 0) {
+		held = mts_uid_count_bytes(&reg->adm->resv_uids, key);
+		*held = *held > rr->bytes ? *held - rr->bytes : 0;
+		mts_uid_count_sub(&reg->adm->resv_uids, key);
+		mts_group_gc(reg, gi);
+		goto fail;
+	}
+	if (r->task && r->kind)
+		r->task->kinded++;
+	resv_link(reg, r, gi, rr->bytes, ttl);
+	/* Its own times, not the restart's: its TTL counts from its grant. */
+	r->created_ns = rr->created_ns;
+	r->created_mono_ns = rr->created_mono_ns;
+	r->expires_ns = resv_deadline(reg, r);
+	if (r->heap_index != UINT32_MAX)
+		heap_fix(reg, r->heap_index);
+	r->peak = rr->peak;
+	r->evicted = rr->evicted;
+	/* A run under way goes on from where the record left it, if its
+	 * workers came back (adopted, and so taking it over at once). */
+	if (running(r) && rr->started_mono_ns && rr->started_mono_ns <= now &&
+	    rr->slot_ms >= MTS_RESV_SLOT_MS) {
+		r->started_mono_ns = rr->started_mono_ns;
+		r->last_seen_ns = rr->last_seen_ns;
+		r->slot_ms = rr->slot_ms;
+		memcpy(r->slots, rr->slots, sizeof(r->slots));
+	}
+	return 0;
+
+fail:
+	if (r->kind)
+		mts_kind_unref(reg, r->kind);
+	free(r);
+	return -ENOMEM;
+}
+
+int mts_resv_restore(struct mts_registry *reg, const unsigned char *d,
+                     size_t len, uint32_t *kept, uint32_t *dropped)
+{
+	*kept = *dropped = 0;
+	struct resv_hdr h;
+	if (len < sizeof(h))
+		return -EINVAL;
+	memcpy(&h, d, sizeof(h));
+	if (h.magic != RESV_MAGIC || h.version != RESV_VERSION ||
+	    h.payload != len - sizeof(h) ||
+	    h.checksum != resv_fnv(d + sizeof(h), h.payload))
+		return -EINVAL;
+	static const unsigned char none[16];
+	if (memcmp(h.boot, boot_id(), sizeof(h.boot)) != 0 ||
+	    memcmp(h.boot, none, sizeof(none)) == 0) {
+		/* Another boot's: its tasks are gone, its times meaningless. */
+		*dropped = h.count;
+		return 0;
+	}
+	uint64_t now = mts_now_monotonic();
+	size_t off = sizeof(h);
+	for (uint32_t i = 0; i < h.count; i++) {
+		struct resv_rec rr;
+		if (len - off < sizeof(rr))
+			return -EINVAL;
+		memcpy(&rr, d + off, sizeof(rr));
+		off += sizeof(rr);
+		char names[3][MTS_NAME_MAX + 1];
+		const uint32_t lens[3] = {rr.group_len, rr.task_len,
+		                          rr.kind_len};
+		for (int k = 0; k < 3; k++) {
+			if (lens[k] > MTS_NAME_MAX || len - off < lens[k])
+				return -EINVAL;
+			memcpy(names[k], d + off, lens[k]);
+			names[k][lens[k]] = 0;
+			off += lens[k];
+		}
+		rr.id[sizeof(rr.id) - 1] = 0;
+		int err = resv_restore_one(reg, &rr, names[0], names[1],
+		                           names[2], now);
+		if (err == -ENOMEM)
+			return err;
+		if (err < 0)
+			(*dropped)++;
+		else
+			(*kept)++;
+	}
+	if (*kept) {
+		mts_limits_eval(reg, false);
+		mts_publish(reg);
+	}
+	return off == len ? 0 : -EINVAL;
 }

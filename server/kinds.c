@@ -810,6 +810,25 @@ static int read_all(int fd, size_t max, unsigned char **out, size_t *len)
 	return 0;
 }
 
+int mts_record_read(const char *path, size_t max, unsigned char **d,
+                    size_t *len, const char **why)
+{
+	*why = NULL;
+	int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+	if (fd < 0) {
+		int err = -errno;
+		*why = err == -ELOOP ? "a symlink" : strerror(-err);
+		return err;
+	}
+	*why = mts_file_not_ours(fd);
+	int err = *why ? -EPERM : read_all(fd, max, d, len);
+	if (err < 0 && !*why)
+		*why =
+		    err == -EFBIG ? "larger than any record" : strerror(-err);
+	close(fd);
+	return err;
+}
+
 /* The end of `k`'s latest run (at head - 1, as runs are held oldest
  * first at load). */
 static uint64_t last_end(const struct mts_kind *k)

@@ -93,6 +93,9 @@ struct mts_admission {
 	uint32_t admin_epoch;
 	uint32_t admin_seen[5]; /* server uid, has/uid, has/gid */
 	struct mts_admit_stats stats;
+	/* A reservation came or went since the record was last taken
+	 * (mts_resv_encode): the server writes it again soon. */
+	bool resv_dirty;
 };
 
 /* Slots of a run's own profile, and the first slot's length. */
@@ -320,6 +323,23 @@ bool mts_host_allowance(const struct mts_registry *reg,
                         const struct mts_proc *p, uint64_t *allowance);
 uint64_t mts_host_granted(const struct mts_registry *reg, uint32_t pid);
 void mts_host_evicted(struct mts_registry *reg, uint32_t pid);
+
+/*
+ * The reservations' record (admit.c): mts_resv_encode takes every
+ * reservation but those run inside their asker into a buffer the caller
+ * frees (0 or -ENOMEM); mts_resv_restore links those of a record taken in
+ * this boot back in, with their ids, owners, groups, tasks, kinds, times
+ * and runs, after the workers were adopted (a reservation whose task's
+ * workers are back is taken over at once). A record of another boot is
+ * dropped whole; one that is no record, or damaged, is -EINVAL with
+ * nothing of it after the damage restored. *kept and *dropped count the
+ * reservations linked and refused (past max_ttl, an id taken, a group no
+ * longer joinable).
+ */
+int mts_resv_encode(const struct mts_registry *reg, unsigned char **out,
+                    size_t *len);
+int mts_resv_restore(struct mts_registry *reg, const unsigned char *d,
+                     size_t len, uint32_t *kept, uint32_t *dropped);
 
 /* Free every reservation and task (registry teardown). */
 void mts_resv_free_all(struct mts_registry *reg);

@@ -202,6 +202,14 @@ int mts_kinds_encode(const struct mts_registry *reg, unsigned char **out,
                      size_t *len);
 int mts_kinds_write(const char *path, const unsigned char *d, size_t len);
 
+/* Any record of the server's (the reservations' too), read whole: opened
+ * without following a symlink or waiting on a FIFO, refused unless ours
+ * (mts_file_not_ours) and at most `max` bytes. 0 with *d (malloc'd) and
+ * *len; -ENOENT when there is none; otherwise -errno with *why saying
+ * what was wrong. */
+int mts_record_read(const char *path, size_t max, unsigned char **d,
+                    size_t *len, const char **why);
+
 /* A record of ours refused at start for what it holds, or for a read or
  * an allocation that failed (a node just out of memory), is renamed to
  * PATH.refused before the first save would overwrite it: history a later

@@ -95,108 +95,156 @@ static void check_files(struct mts_server *srv)
 	}
 }
 
-/* A write of the learned sizes' record on the thread pool. */
-struct mts_kinds_write {
+/* A write of a record (struct mts_recfile) on the thread pool. */
+struct mts_rec_write {
 	uv_work_t req;
 	struct mts_server *srv;
+	struct mts_recfile *rf;
 	unsigned char *d;
 	size_t len;
 	int err;
 };
 
+/* The record changed meanwhile, or was not written: take it again. */
+static void rec_redo(struct mts_server *srv, struct mts_recfile *rf)
+{
+	if (rf == &srv->kinds && srv->reg.kinds)
+		srv->reg.kinds->dirty = true;
+	else if (rf == &srv->resv && srv->reg.adm)
+		srv->reg.adm->resv_dirty = true;
+}
+
 /* The outcome of a write: logged once while it keeps failing, and the
  * record marked changed, so that it is tried again. */
-static void kinds_written(struct mts_server *srv, int err)
+static void rec_written(struct mts_server *srv, struct mts_recfile *rf, int err)
 {
 	char q[MTS_LOGQ_MAX];
 	if (err < 0) {
-		if (!srv->kinds_save_failed)
+		if (!rf->failed)
 			mts_log(MTS_LOG_WARN,
-			        "cannot write the learned sizes: a restart "
-			        "will start without the latest",
-			        "path=%s err=%s",
-			        mts_logq(q, sizeof(q), srv->kinds_path),
+			        "cannot write a record: a restart will start "
+			        "without the latest",
+			        "record=%s path=%s err=%s", rf->what,
+			        mts_logq(q, sizeof(q), rf->path),
 			        strerror(-err));
-		srv->kinds_save_failed = true;
-		if (srv->reg.kinds)
-			srv->reg.kinds->dirty = true;
+		rf->failed = true;
+		rec_redo(srv, rf);
 		return;
 	}
-	srv->kinds_save_failed = false;
+	rf->failed = false;
 }
 
-static void kinds_write_work(uv_work_t *req)
+static void rec_write_work(uv_work_t *req)
 {
-	struct mts_kinds_write *w = req->data;
-	w->err = mts_kinds_write(w->srv->kinds_path, w->d, w->len);
+	struct mts_rec_write *w = req->data;
+	/* mts_kinds_write: any record, to a temporary name then renamed. */
+	w->err = mts_kinds_write(w->rf->path, w->d, w->len);
 }
 
-static void kinds_write_done(uv_work_t *req, int status)
+static void rec_write_done(uv_work_t *req, int status)
 {
-	struct mts_kinds_write *w = req->data;
+	struct mts_rec_write *w = req->data;
 	struct mts_server *srv = w->srv;
-	srv->kinds_write = NULL;
-	kinds_written(srv, status < 0 ? status : w->err);
+	struct mts_recfile *rf = w->rf;
+	rf->inflight = NULL;
+	rec_written(srv, rf, status < 0 ? status : w->err);
 	free(w->d);
 	free(w);
 	/* The record taken at stop waited for this one. */
-	if (srv->kinds_final) {
-		kinds_written(srv,
-		              mts_kinds_write(srv->kinds_path, srv->kinds_final,
-		                              srv->kinds_final_len));
-		free(srv->kinds_final);
-		srv->kinds_final = NULL;
+	if (rf->final) {
+		rec_written(
+		    srv, rf,
+		    mts_kinds_write(rf->path, rf->final, rf->final_len));
+		free(rf->final);
+		rf->final = NULL;
 	}
 }
 
-/* Write the learned sizes when they changed (and about every
- * MTS_KINDS_SAVE_MS, `force`: now, at stop), forgetting kinds whose runs
- * all aged out. The bytes are taken here; the file is written on the
- * thread pool, one write at a time (at stop, here, after the one in
- * flight). The record is a convenience for the next server: a failure is
- * logged once and changes nothing else. */
-static void save_kinds(struct mts_server *srv, bool force)
+/* Write the record `d` (ours from here): on the thread pool, or at stop
+ * (`force`) here, after the write in flight if there is one. */
+static void rec_put(struct mts_server *srv, struct mts_recfile *rf,
+                    unsigned char *d, size_t len, bool force)
 {
-	uint64_t now = uv_now(srv->loop);
-	if (!srv->kinds_path[0] || !srv->reg.kinds ||
-	    (!force && now - srv->kinds_checked_ms < MTS_KINDS_SAVE_MS))
-		return;
-	srv->kinds_checked_ms = now;
-	/* Kinds age out even while a write is stuck (a state directory on
-	 * a stalled disk): a kind all of whose runs aged out must not hold
-	 * its uid's cap until the disk answers. The write has its bytes. */
-	mts_kinds_age(&srv->reg, mts_now_realtime() / 1000000000u);
-	if (!srv->reg.kinds->dirty || (!force && srv->kinds_write))
-		return;
-	mts_kinds_keep_refused(&srv->reg, srv->kinds_path);
-	unsigned char *d;
-	size_t len;
-	int err = mts_kinds_encode(&srv->reg, &d, &len);
-	if (err < 0) {
-		kinds_written(srv, err);
+	rf->taken_ms = uv_now(srv->loop);
+	if (force && rf->inflight) {
+		free(rf->final);
+		rf->final = d;
+		rf->final_len = len;
 		return;
 	}
-	srv->reg.kinds->dirty = false;
-	if (force && srv->kinds_write) {
-		free(srv->kinds_final);
-		srv->kinds_final = d;
-		srv->kinds_final_len = len;
-		return;
-	}
-	struct mts_kinds_write *w = force ? NULL : malloc(sizeof(*w));
+	struct mts_rec_write *w = force ? NULL : malloc(sizeof(*w));
 	if (w) {
-		*w = (struct mts_kinds_write){.srv = srv, .d = d, .len = len};
+		*w = (struct mts_rec_write){
+		    .srv = srv, .rf = rf, .d = d, .len = len};
 		w->req.data = w;
-		if (uv_queue_work(srv->loop, &w->req, kinds_write_work,
-		                  kinds_write_done) == 0) {
-			srv->kinds_write = w;
+		if (uv_queue_work(srv->loop, &w->req, rec_write_work,
+		                  rec_write_done) == 0) {
+			rf->inflight = w;
 			return;
 		}
 		free(w);
 	}
 	/* At stop, or without a thread pool: here. */
-	kinds_written(srv, mts_kinds_write(srv->kinds_path, d, len));
+	rec_written(srv, rf, mts_kinds_write(rf->path, d, len));
 	free(d);
+}
+
+/* Write the learned sizes when they changed (and about every
+ * MTS_KINDS_SAVE_MS, `force`: now, at stop), forgetting kinds whose runs
+ * all aged out. */
+static void save_kinds(struct mts_server *srv, bool force)
+{
+	struct mts_recfile *rf = &srv->kinds;
+	uint64_t now = uv_now(srv->loop);
+	if (!rf->path[0] || !srv->reg.kinds ||
+	    (!force && now - rf->checked_ms < MTS_KINDS_SAVE_MS))
+		return;
+	rf->checked_ms = now;
+	/* Kinds age out even while a write is stuck (a state directory on
+	 * a stalled disk): a kind all of whose runs aged out must not hold
+	 * its uid's cap until the disk answers. The write has its bytes. */
+	mts_kinds_age(&srv->reg, mts_now_realtime() / 1000000000u);
+	if (!srv->reg.kinds->dirty || (!force && rf->inflight))
+		return;
+	mts_kinds_keep_refused(&srv->reg, rf->path);
+	unsigned char *d;
+	size_t len;
+	int err = mts_kinds_encode(&srv->reg, &d, &len);
+	if (err < 0) {
+		rec_written(srv, rf, err);
+		return;
+	}
+	srv->reg.kinds->dirty = false;
+	rec_put(srv, rf, d, len, force);
+}
+
+/* Write the reservations a moment after one came or went, every
+ * MTS_RESV_REFRESH_MS while any is held (their runs' peaks), and at stop
+ * (`force`). */
+static void save_resv(struct mts_server *srv, bool force)
+{
+	struct mts_recfile *rf = &srv->resv;
+	if (!rf->path[0] || !srv->reg.adm)
+		return;
+	uint64_t now = uv_now(srv->loop);
+	bool due = srv->reg.adm->resv_dirty
+	               ? now - rf->taken_ms >= MTS_RESV_SAVE_MS
+	               : srv->reg.adm->nresv &&
+	                     now - rf->taken_ms >= MTS_RESV_REFRESH_MS;
+	if (!force && (!due || rf->inflight))
+		return;
+	if (force && !srv->reg.adm->resv_dirty && !srv->reg.adm->nresv &&
+	    !rf->inflight)
+		return; /* the record on disk says as much */
+	unsigned char *d;
+	size_t len;
+	int err = mts_resv_encode(&srv->reg, &d, &len);
+	if (err < 0) {
+		rec_written(srv, rf, err);
+		return;
+	}
+	srv->reg.adm->resv_dirty = false;
+	rec_put(srv, rf, d, len, force);
 }
 
 static void on_tick(uv_timer_t *t)
@@ -212,6 +260,7 @@ static void on_tick(uv_timer_t *t)
 	mts_log_flush(false);
 	check_files(srv);
 	save_kinds(srv, false);
+	save_resv(srv, false);
 }
 
 static void on_guard_timer(uv_timer_t *t)
@@ -342,6 +391,58 @@ static int open_record(struct mts_server *srv, const struct mts_config *cfg,
 	return 0;
 }
 
+/* The reservations of the server before, after its workers were adopted
+ * (a reservation whose task's workers are back is taken over at once):
+ * schedulers hold their ids, and tasks run on them. --reset starts
+ * without them, and removes the record so that no later start takes them
+ * up. A record refused leaves the server without them, said once. */
+static void restore_resv(struct mts_server *srv, bool reset)
+{
+	struct mts_recfile *rf = &srv->resv;
+	char q[MTS_LOGQ_MAX], qw[MTS_LOGQ_MAX];
+	if (!rf->path[0])
+		return;
+	if (reset) {
+		if (unlink(rf->path) < 0 && errno != ENOENT)
+			mts_log(MTS_LOG_WARN,
+			        "cannot remove the reservations' record at "
+			        "--reset: the first save replaces it",
+			        "path=%s err=%s",
+			        mts_logq(q, sizeof(q), rf->path),
+			        strerror(errno));
+		return;
+	}
+	unsigned char *d = NULL;
+	size_t len = 0;
+	const char *why;
+	/* The most a server writes: every reservation with the longest
+	 * names. */
+	size_t max = 64 + (size_t)MTS_RESV_MAX * (1024 + 3 * MTS_NAME_MAX);
+	int err = mts_record_read(rf->path, max, &d, &len, &why);
+	if (err == -ENOENT)
+		return;
+	uint32_t kept = 0, dropped = 0;
+	if (err == 0) {
+		err = mts_resv_restore(&srv->reg, d, len, &kept, &dropped);
+		why = err == -EINVAL ? "not a record of reservations, or "
+		                       "damaged"
+		                     : strerror(-err);
+	}
+	free(d);
+	if (err < 0)
+		mts_log(MTS_LOG_WARN,
+		        "restart: reservations' record refused: the "
+		        "reservations before are forgotten",
+		        "path=%s why=%s kept=%u",
+		        mts_logq(q, sizeof(q), rf->path),
+		        mts_logq(qw, sizeof(qw), why), kept);
+	else
+		mts_log(MTS_LOG_INFO, "restart: reservations restored",
+		        "kept=%u dropped=%u", kept, dropped);
+	/* The record again, without what was dropped. */
+	srv->reg.adm->resv_dirty = true;
+}
+
 /* The registry on the new header: policy applied, a previous server's
  * live workers adopted (and ticked once, so the first answers count
  * them). */
@@ -366,8 +467,8 @@ static int start_registry(struct mts_server *srv, const struct mts_config *cfg,
 	}
 	/* Learned sizes are the node's history of its kinds, not of its
 	 * workers: they are kept across --reset too. */
-	if (srv->kinds_path[0])
-		mts_kinds_load(&srv->reg, srv->kinds_path);
+	if (srv->kinds.path[0])
+		mts_kinds_load(&srv->reg, srv->kinds.path);
 	if (adopted) {
 		uint32_t kept, dropped;
 		mts_adopt(&srv->reg, &kept, &dropped);
@@ -375,6 +476,7 @@ static int start_registry(struct mts_server *srv, const struct mts_config *cfg,
 		        "kept=%u reclaimed=%u", kept, dropped);
 		mts_core_tick(&srv->reg);
 	}
+	restore_resv(srv, cfg->reset);
 	return 0;
 }
 
@@ -453,10 +555,16 @@ int mts_server_init(struct mts_server *srv, uv_loop_t *loop,
 	    .threshold = cfg->threshold,
 	};
 	bool adopted;
+	srv->kinds.what = "learned sizes";
+	srv->resv.what = "reservations";
 	if (spath &&
-	    (size_t)snprintf(srv->kinds_path, sizeof(srv->kinds_path),
-	                     "%s.kinds", spath) >= sizeof(srv->kinds_path))
-		srv->kinds_path[0] = 0;
+	    (size_t)snprintf(srv->kinds.path, sizeof(srv->kinds.path),
+	                     "%s.kinds", spath) >= sizeof(srv->kinds.path))
+		srv->kinds.path[0] = 0;
+	if (spath &&
+	    (size_t)snprintf(srv->resv.path, sizeof(srv->resv.path), "%s.resv",
+	                     spath) >= sizeof(srv->resv.path))
+		srv->resv.path[0] = 0;
 	err = open_record(srv, cfg, spath, &info, &adopted);
 	if (err < 0)
 		goto fail_close_listener;
@@ -523,6 +631,7 @@ void mts_server_stop(struct mts_server *srv)
 	/* Before anything else: no worker stays stopped past us. */
 	mts_guard_release(&srv->reg, "memtallyd is stopping");
 	save_kinds(srv, true);
+	save_resv(srv, true);
 	/* First: joins the HTTP thread, so nothing reads reg after this. */
 	mts_metrics_stop(srv->metrics);
 	srv->metrics = NULL;
@@ -550,8 +659,10 @@ void mts_server_free(struct mts_server *srv)
 		unlink(srv->cfg.socket_path);
 	srv->net.socket_bound = false;
 	mts_core_free(&srv->reg);
-	free(srv->kinds_final);
-	srv->kinds_final = NULL;
+	free(srv->kinds.final);
+	srv->kinds.final = NULL;
+	free(srv->resv.final);
+	srv->resv.final = NULL;
 	mtshm_close(&srv->map);
 	mts_state_close(srv->state);
 	srv->state = NULL;

@@ -89,6 +89,23 @@
 struct mts_conn;
 struct mts_metrics;
 
+/* A record the server keeps for the next one, written off the loop (on
+ * the thread pool, one write at a time; one taken at stop is written after
+ * the one in flight). A failure is logged once while it lasts and the
+ * record tried again; it changes nothing else: the record is a
+ * convenience for the next server. */
+struct mts_rec_write;
+struct mts_recfile {
+	char path[4096];                /* "" = none */
+	const char *what;               /* for the log: "the learned sizes" */
+	uint64_t checked_ms;            /* uv_now() of the last look */
+	uint64_t taken_ms;              /* uv_now() of the last record taken */
+	bool failed;                    /* logged once */
+	struct mts_rec_write *inflight; /* on the thread pool, or NULL */
+	unsigned char *final;           /* taken at stop, written after it */
+	size_t final_len;
+};
+
 struct mts_server {
 	uv_loop_t *loop;
 	struct mts_config cfg;
@@ -111,20 +128,23 @@ struct mts_server {
 	struct mts_state *state;              /* the restart record, or NULL */
 	uint64_t files_checked_ms;            /* uv_now() of the last check */
 	struct mts_reload_stats reload_stats; /* main.c's SIGHUP reloads */
-	/* The learned sizes' record (STATE.kinds), "" = none; written from
-	 * the tick timer at most every MTS_KINDS_SAVE_MS while changed, and
-	 * at stop. */
-	char kinds_path[4096];
-	uint64_t kinds_checked_ms;           /* uv_now() of the last look */
-	bool kinds_save_failed;              /* logged once */
-	struct mts_kinds_write *kinds_write; /* on the thread pool, or NULL */
-	unsigned char *kinds_final; /* taken at stop, written after it */
-	size_t kinds_final_len;
+	/* The learned sizes' record (STATE.kinds): written from the tick
+	 * timer at most every MTS_KINDS_SAVE_MS while changed, and at stop. */
+	struct mts_recfile kinds;
+	/* The reservations' record (STATE.resv): written a moment after a
+	 * reservation comes or goes (MTS_RESV_SAVE_MS), every
+	 * MTS_RESV_REFRESH_MS while any is held, and at stop. */
+	struct mts_recfile resv;
 };
 
 /* How often the learned sizes' record is written while runs come: a
  * memtallyd killed with -9 loses at most this much of what it learned. */
 #define MTS_KINDS_SAVE_MS 2000u
+/* A memtallyd killed with -9 forgets the grants and releases of at most
+ * the last MTS_RESV_SAVE_MS, and the peaks of its reservations' runs of
+ * at most the last MTS_RESV_REFRESH_MS. */
+#define MTS_RESV_SAVE_MS    200u
+#define MTS_RESV_REFRESH_MS 5000u
 
 /* Whether the file at cfg.socket_path is still the socket this server
  * bound (true when that is unknown). Another server may have taken the

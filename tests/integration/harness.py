@@ -360,11 +360,13 @@ class Server:
         return self.proc.returncode
 
     def forget(self):
-        """Remove the restart record, so no later server adopts from it."""
-        try:
-            os.unlink(self.socket + ".state")
-        except FileNotFoundError:
-            pass
+        """Remove the restart record (and the reservations'), so no later
+        server adopts from it."""
+        for suffix in (".state", ".state.resv"):
+            try:
+                os.unlink(self.socket + suffix)
+            except FileNotFoundError:
+                pass
 
     def __enter__(self):
         return self

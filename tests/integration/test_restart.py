@@ -4,14 +4,16 @@ the adopted workers go on being counted and reclaimed. --reset starts
 afresh instead. A worker outlives more restarts than it keeps attachments
 for, stays counted, and past them asks memtallyd nothing. A worker's maps
 cannot hold a restart up, nor a worker that changed its uid be adopted as
-what it was."""
+what it was. The reservations granted before a restart are held after it;
+--reset forgets them."""
 import os
+import struct
 import subprocess
 import sys
 import time
 
-from harness import (MIB, Server, Worker, check, run, settled_bytes,
-                     wait_for, worker)
+from harness import (MIB, Server, Worker, check, config_file, run,
+                     settled_bytes, wait_for, worker)
 
 
 def counted(s, pid, at_least):
@@ -332,9 +334,73 @@ def test_a_worker_that_changed_uid_is_not_adopted_as_root():
         (second or first).stop()
 
 
+def recorded(s):
+    """How many reservations the server's record holds (None: none yet)."""
+    try:
+        with open(s.socket + ".state.resv", "rb") as f:
+            head = f.read(16)
+    except FileNotFoundError:
+        return None
+    return struct.unpack_from("<QII", head)[2] if len(head) == 16 else None
+
+
+def test_reservations_survive_a_restart():
+    """A scheduler's grants outlive memtallyd's SIGKILL: the server started
+    again holds both reservations (ids, bytes, owner), the one whose task's
+    worker runs is taken over again and ends with that worker, the other
+    is its owner's to release. A --reset start forgets them."""
+    conf = config_file("[admission]\ndefault_ttl = 600\nmax_ttl = 3600\n")
+    first = Server("--config", conf)
+    second = third = w = None
+    try:
+        keep = first.cli("admit", "--bytes", "64MiB", "--task", "keep")
+        run_ = first.cli("admit", "--bytes", "32MiB", "--task", "run")
+        check(keep["admitted"] and run_["admitted"], f"{keep} {run_}")
+        w = Worker([*worker("hold"), "8"],
+                   first.env(MEMTALLY_TASK="run"))
+        w.readline()
+        wait_for("run taken over", lambda: (
+            f'msg="reservation taken over by its task" '
+            f'reservation={run_["reservation"]}' in first.logtext()))
+        wait_for("both in the record", lambda: recorded(first) == 2)
+        first.kill9()
+
+        second = Server("--config", conf, after=first)
+        st = second.status()["fleet"]
+        print(f"  after the restart: {st['reservations']} reservations, "
+              f"{st['reserved'] / MIB:.0f} MiB reserved")
+        check(st["reservations"] == 2,
+              f"{st['reservations']} reservations after the restart")
+        check(st["reserved"] >= 64 * MIB + 16 * MIB,
+              f"reserved {st['reserved']} after the restart")
+        check('msg="restart: reservations restored" kept=2 dropped=0' in
+              second.logtext(), "no restore line: " + second.tail())
+        rel = second.cli("release", keep["reservation"])
+        check(rel.get("released", True), f"release: {rel}")
+        # The task that runs holds its reservation until its worker ends.
+        check(second.status()["fleet"]["reservations"] == 1, "keep not released")
+        w.close()
+        w = None
+        wait_for("run ended with its worker",
+                 lambda: second.status()["fleet"]["reservations"] == 0)
+
+        again = second.cli("admit", "--bytes", "16MiB", "--task", "later")
+        check(again["admitted"], f"{again}")
+        wait_for("later in the record", lambda: recorded(second) == 1)
+        second.kill9()
+        third = Server("--reset", "--config", conf, after=second)
+        check(third.status()["fleet"]["reservations"] == 0,
+              "--reset kept the reservations")
+    finally:
+        if w:
+            w.close()
+        (third or second or first).stop()
+
+
 if __name__ == "__main__":
     run([test_restart_adopts_live_workers, test_reset_starts_afresh,
          test_kill9_under_load_loses_nothing,
          test_a_worker_outlives_more_restarts_than_attachments,
          test_a_decoy_mapping_does_not_hold_up_a_restart,
-         test_a_worker_that_changed_uid_is_not_adopted_as_root])
+         test_a_worker_that_changed_uid_is_not_adopted_as_root,
+         test_reservations_survive_a_restart])

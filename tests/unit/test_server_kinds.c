@@ -1553,7 +1553,7 @@ Test(kinds, kinds_age_out_while_a_write_of_the_record_is_stuck)
 	cfg.state_path = spath;
 	cfg.tick_ms = 10;
 	fx_start_config(&cfg);
-	cr_assert(srv.kinds_path[0], "no record of learned sizes");
+	cr_assert(srv.kinds.path[0], "no record of learned sizes");
 	note_run(&srv.reg, "k", 1000, 10 * MIB, false);
 	struct mts_kind *k = mts_kind_find(&srv.reg, "k", 1000);
 	cr_assert_not_null(k);
@@ -1562,12 +1562,12 @@ Test(kinds, kinds_age_out_while_a_write_of_the_record_is_stuck)
 		k->runs[i].end_s = now_s - srv.reg.policy.kind_horizon_s - 1;
 	k->est_valid = false;
 	static char stuck;
-	srv.kinds_write = (struct mts_kinds_write *)(void *)&stuck;
+	srv.kinds.inflight = (struct mts_rec_write *)(void *)&stuck;
 	FX_RUN_UNTIL(!mts_kind_find(&srv.reg, "k", 1000));
 	cr_assert_eq(srv.reg.kinds->n, 0);
 	/* The disk answers: the record without it is written. */
-	srv.kinds_write = NULL;
-	FX_RUN_UNTIL(!srv.reg.kinds->dirty && !srv.kinds_write);
+	srv.kinds.inflight = NULL;
+	FX_RUN_UNTIL(!srv.reg.kinds->dirty && !srv.kinds.inflight);
 	unlink(spath);
 	unlink(kpath);
 }

@@ -276,6 +276,99 @@ Test(resv, a_full_table_denies_and_a_release_makes_room)
 	memtally__v1__response__free_unpacked(r, NULL);
 }
 
+/* The reservations' record: taken, then restored into a new server, it
+ * gives back every reservation with its id, owner, group, task, kind,
+ * bytes and TTL, and the same figures; an id already held, a record of
+ * another boot and a damaged one restore nothing. */
+Test(resv, a_record_restores_what_was_granted)
+{
+	start();
+	struct mts_peer p1 = fx_peer(getpid(), 1000);
+	struct mts_peer p2 = fx_peer(getpid(), 2000);
+	struct mts_peer tcp = fx_peer(0, 0);
+	tcp.has_cred = false;
+	tcp.tcp = true;
+	struct {
+		struct mts_peer *peer;
+		struct mts_admit_req req;
+		char id[MTS_RESV_ID_LEN + 1];
+	} g[] = {
+	    {&p1,
+	     {.bytes = 10 * MIB, .group = "a", .task = "t1", .kind = "k"},
+	     ""},
+	    {&p2, {.bytes = 20 * MIB, .group = "b", .ttl_s = 90}, ""},
+	    {&tcp, {.bytes = 5 * MIB, .task = "t2"}, ""},
+	};
+	enum { N = sizeof(g) / sizeof(g[0]) };
+	for (int i = 0; i < N; i++) {
+		struct mts_admit_out out;
+		cr_assert_eq(mts_admit(&srv.reg, g[i].peer, &g[i].req, &out),
+		             0);
+		cr_assert(out.admitted, "%d: %s", i, out.why);
+		memcpy(g[i].id, out.id, sizeof(g[i].id));
+	}
+	cr_assert(srv.reg.adm->resv_dirty, "a grant marks the record stale");
+	uint64_t reserved = srv.reg.totals.reserved;
+	unsigned char *d;
+	size_t len;
+	cr_assert_eq(mts_resv_encode(&srv.reg, &d, &len), 0);
+	fx_stop();
+
+	start();
+	uint32_t kept, dropped;
+	cr_assert_eq(mts_resv_restore(&srv.reg, d, len, &kept, &dropped), 0);
+	cr_assert_eq(kept, N);
+	cr_assert_eq(dropped, 0);
+	cr_assert_eq(srv.reg.totals.reserved, reserved);
+	cr_assert_eq(srv.reg.totals.reservations, N);
+	for (int i = 0; i < N; i++) {
+		const struct mts_resv *r = mts_resv_find(&srv.reg, g[i].id);
+		cr_assert_not_null(r, "%s not restored", g[i].id);
+		cr_assert_eq(r->bytes, g[i].req.bytes);
+		cr_assert_eq(r->has_owner, g[i].peer->has_cred);
+		if (r->has_owner)
+			cr_assert_eq(r->uid, g[i].peer->uid);
+		cr_assert_str_eq(srv.reg.groups[r->group].name,
+		                 g[i].req.group ? g[i].req.group : "default");
+		cr_assert_str_eq(r->task ? r->task->name : "",
+		                 g[i].req.task ? g[i].req.task : "");
+		cr_assert_str_eq(r->kind ? r->kind->name : "",
+		                 g[i].req.kind ? g[i].req.kind : "");
+		cr_assert_eq(r->ttl_s, g[i].req.ttl_s ? g[i].req.ttl_s
+		                                      : pol.default_ttl_s);
+	}
+	check(&srv.reg);
+	cr_assert_eq(mts_uid_count_get(&srv.reg.adm->resv_uids, 1000), 1);
+	cr_assert_eq(mts_uid_count_get(&srv.reg.adm->resv_uids, 2000), 1);
+	/* Its owner may release it, as before the restart. */
+	uint64_t b = 0;
+	cr_assert_eq(mts_release(&srv.reg, &p2, g[1].id, NULL, &b), 0);
+	cr_assert_eq(b, 20 * MIB);
+
+	/* Again: the ids held are refused, the released one comes back. */
+	cr_assert_eq(mts_resv_restore(&srv.reg, d, len, &kept, &dropped), 0);
+	cr_assert_eq(kept, 1);
+	cr_assert_eq(dropped, N - 1);
+	cr_assert_eq(srv.reg.totals.reservations, N);
+
+	/* Another boot's record: nothing restored, and no error. */
+	fx_stop();
+	start();
+	d[32] ^= 0xff; /* the boot id, after magic, version, count, sizes */
+	cr_assert_eq(mts_resv_restore(&srv.reg, d, len, &kept, &dropped), 0);
+	cr_assert_eq(kept, 0);
+	cr_assert_eq(dropped, N);
+	d[32] ^= 0xff;
+	/* A byte of the payload changed: refused whole. */
+	d[len - 1] ^= 1;
+	cr_assert_eq(mts_resv_restore(&srv.reg, d, len, &kept, &dropped),
+	             -EINVAL);
+	cr_assert_eq(srv.reg.totals.reservations, 0);
+	cr_assert_eq(mts_resv_restore(&srv.reg, d, len - 1, &kept, &dropped),
+	             -EINVAL);
+	free(d);
+}
+
 Test(resv, expiry_in_order_of_deadline_not_of_admission)
 {
 	start();
