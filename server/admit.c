@@ -837,6 +837,7 @@ static uint64_t run_want(const struct mts_resv *r, uint64_t now_ns)
 static void take_over(struct mts_registry *reg, struct mts_resv *r)
 {
 	r->taken_over = true;
+	reg->adm->resv_dirty = true; /* its record changes */
 	run_start(r);
 	r->expires_ns = resv_deadline(reg, r);
 	if (r->heap_index != UINT32_MAX)
@@ -2655,7 +2656,7 @@ struct resv_rec {
 	uint8_t has_owner;
 	uint8_t profiled;
 	uint8_t evicted;
-	uint8_t spare0;
+	uint8_t taken_over;
 	uint32_t ttl_s;
 	uint64_t bytes;
 	uint64_t declared;
@@ -2746,15 +2747,36 @@ static void rput(struct rbuf *w, const void *p, size_t n)
 	w->len += n;
 }
 
+/* Granted first, first; the id breaks a tie. */
+static int resv_older(const void *a, const void *b)
+{
+	const struct mts_resv *x = *(const struct mts_resv *const *)a;
+	const struct mts_resv *y = *(const struct mts_resv *const *)b;
+	if (x->created_mono_ns != y->created_mono_ns)
+		return x->created_mono_ns < y->created_mono_ns ? -1 : 1;
+	return strcmp(x->id, y->id);
+}
+
 int mts_resv_encode(const struct mts_registry *reg, unsigned char **out,
                     size_t *len)
 {
+	/* In the order they were granted: a task's use counts against its
+	 * reservations oldest first, and they are restored in record order.
+	 * (resv[] loses that order as reservations end.) */
+	const struct mts_resv **by_age = NULL;
+	uint32_t n = reg->adm->nresv;
+	if (n && !(by_age = malloc(n * sizeof(*by_age))))
+		return -ENOMEM;
+	for (uint32_t i = 0; i < n; i++)
+		by_age[i] = reg->adm->resv[i];
+	if (n)
+		qsort(by_age, n, sizeof(*by_age), resv_older);
 	struct rbuf w = {0};
 	struct resv_hdr h = {.magic = RESV_MAGIC, .version = RESV_VERSION};
 	memcpy(h.boot, boot_id(), sizeof(h.boot));
 	rput(&w, &h, sizeof(h));
-	for (uint32_t i = 0; i < reg->adm->nresv; i++) {
-		const struct mts_resv *r = reg->adm->resv[i];
+	for (uint32_t i = 0; i < n; i++) {
+		const struct mts_resv *r = by_age[i];
 		if (r->hosted)
 			continue;
 		const char *group = reg->groups[r->group].name;
@@ -2767,6 +2789,7 @@ int mts_resv_encode(const struct mts_registry *reg, unsigned char **out,
 		    .has_owner = r->has_owner,
 		    .profiled = r->profiled,
 		    .evicted = r->evicted,
+		    .taken_over = r->taken_over,
 		    .ttl_s = r->ttl_s,
 		    .bytes = r->bytes,
 		    .declared = r->declared,
@@ -2796,6 +2819,7 @@ int mts_resv_encode(const struct mts_registry *reg, unsigned char **out,
 		rput(&w, kind, rr.kind_len);
 		h.count++;
 	}
+	free(by_age);
 	if (w.failed) {
 		free(w.d);
 		return -ENOMEM;
@@ -2821,17 +2845,23 @@ static bool resv_id_ok(const char *id)
 }
 
 /* One record's reservation, linked as resv_grant links a grant, with its
- * own id, times and run. 0, or -EINVAL (refused: its group may not be
- * joined now, a name or figure out of range), -EEXIST (its id is taken),
- * -ENOMEM. */
+ * own id, times and run, and taken over if it was (`workers_back`: its
+ * task is looked at by the first tick, and ends there if none of its
+ * workers was adopted). 0, or -EINVAL (refused: a name or figure out of
+ * range, past max_ttl, the server full), -EEXIST (its id is taken),
+ * -ENOMEM. The group's access is not checked again: the grant passed it,
+ * with the asker's credentials, which the record does not hold. */
 static int resv_restore_one(struct mts_registry *reg, const struct resv_rec *rr,
                             const char *group, const char *task,
-                            const char *kind, uint64_t now)
+                            const char *kind, uint64_t now, bool workers_back)
 {
 	const struct mts_policy *pol = &reg->policy;
+	uint32_t key = rr->has_owner ? rr->uid : MTS_UID_TCP;
 	if (!resv_id_ok(rr->id) || !rr->bytes || !mt_name_ok(group) ||
 	    !mt_name_ok(task) || !mt_name_ok(kind) || !group[0] ||
-	    rr->created_mono_ns > now)
+	    rr->created_mono_ns > now || (kind[0] && rr->kind_uid != key) ||
+	    (rr->profiled && !rr->prof_mean_ms) ||
+	    reg->adm->nresv >= MTS_RESV_MAX)
 		return -EINVAL;
 	if (mts_resv_find(reg, rr->id))
 		return -EEXIST;
@@ -2839,11 +2869,6 @@ static int resv_restore_one(struct mts_registry *reg, const struct resv_rec *rr,
 	/* Past even the longest a task's workers keep it: ended meanwhile. */
 	if (now - rr->created_mono_ns >= (uint64_t)pol->max_ttl_s * 1000000000u)
 		return -EINVAL;
-	uint32_t key = rr->has_owner ? rr->uid : MTS_UID_TCP;
-	struct mts_peer owner = {.fd = -1,
-	                         .has_cred = rr->has_owner,
-	                         .uid = rr->uid,
-	                         .tcp = !rr->has_owner};
 	if (resv_make_room(reg) < 0)
 		return -ENOMEM;
 	struct mts_resv *r = calloc(1, sizeof(*r));
@@ -2851,17 +2876,23 @@ static int resv_restore_one(struct mts_registry *reg, const struct resv_rec *rr,
 		return -ENOMEM;
 	r->heap_index = UINT32_MAX;
 	memcpy(r->id, rr->id, sizeof(r->id));
-	/* Its kind was there when it was granted; the caps held then. */
-	if (kind[0] &&
-	    mts_kind_ref(reg, kind, rr->kind_uid, true, &r->kind) < 0)
+	/* Its kind existed, within the caps, when it was granted: counted
+	 * as then, exempt from nothing it was not exempt from. */
+	if (kind[0] && mts_kind_ref(reg, kind, key, false, &r->kind) < 0)
 		goto fail;
+	/* A group its owner brought into existence counts against the
+	 * owner's max_groups_per_uid, as mts_group_ensure_peer counts it. */
+	bool made = !mts_find_group(reg, group);
 	uint32_t gi;
-	int err = mts_group_ensure_peer(reg, &owner, group, &gi);
-	if (err < 0) {
-		if (r->kind)
-			mts_kind_unref(reg, r->kind);
-		free(r);
-		return err == -ENOMEM ? -ENOMEM : -EINVAL;
+	if (mts_group_ensure(reg, group, &gi) < 0)
+		goto fail;
+	if (made && rr->has_owner && strcmp(group, "default") != 0 &&
+	    !mts_policy_group(pol, group)) {
+		if (mts_uid_count_add(&reg->groups_by_uid, rr->uid) < 0) {
+			mts_group_gc(reg, gi);
+			goto fail;
+		}
+		reg->groups[gi].creator = rr->uid;
 	}
 	if (mts_uid_count_add(&reg->adm->resv_uids, key) < 0) {
 		mts_group_gc(reg, gi);
@@ -2894,20 +2925,29 @@ static int resv_restore_one(struct mts_registry *reg, const struct resv_rec *rr,
 	/* Its own times, not the restart's: its TTL counts from its grant. */
 	r->created_ns = rr->created_ns;
 	r->created_mono_ns = rr->created_mono_ns;
+	r->peak = rr->peak;
+	r->evicted = rr->evicted;
+	/* Taken over: max_ttl from its grant, and its run goes on from where
+	 * the record left it (not started again when its workers are
+	 * adopted). A reservation without a task was never taken over. */
+	if (rr->taken_over && r->task && !r->taken_over) {
+		r->taken_over = true;
+		if (rr->started_mono_ns && rr->started_mono_ns <= now &&
+		    rr->slot_ms >= MTS_RESV_SLOT_MS) {
+			r->started_mono_ns = rr->started_mono_ns;
+			r->last_seen_ns = rr->last_seen_ns;
+			r->slot_ms = rr->slot_ms;
+			memcpy(r->slots, rr->slots, sizeof(r->slots));
+		} else {
+			run_start(r);
+		}
+		if (workers_back && !r->task->seen)
+			task_seen(reg, r->task);
+		r->task->dirty = true;
+	}
 	r->expires_ns = resv_deadline(reg, r);
 	if (r->heap_index != UINT32_MAX)
 		heap_fix(reg, r->heap_index);
-	r->peak = rr->peak;
-	r->evicted = rr->evicted;
-	/* A run under way goes on from where the record left it, if its
-	 * workers came back (adopted, and so taking it over at once). */
-	if (running(r) && rr->started_mono_ns && rr->started_mono_ns <= now &&
-	    rr->slot_ms >= MTS_RESV_SLOT_MS) {
-		r->started_mono_ns = rr->started_mono_ns;
-		r->last_seen_ns = rr->last_seen_ns;
-		r->slot_ms = rr->slot_ms;
-		memcpy(r->slots, rr->slots, sizeof(r->slots));
-	}
 	return 0;
 
 fail:
@@ -2917,8 +2957,19 @@ fail:
 	return -ENOMEM;
 }
 
+/* What was restored counts from now, whatever came after it. */
+static int resv_restored(struct mts_registry *reg, uint32_t kept, int err)
+{
+	if (kept) {
+		mts_limits_eval(reg, false);
+		mts_publish(reg);
+	}
+	return err;
+}
+
 int mts_resv_restore(struct mts_registry *reg, const unsigned char *d,
-                     size_t len, uint32_t *kept, uint32_t *dropped)
+                     size_t len, bool workers_back, uint32_t *kept,
+                     uint32_t *dropped)
 {
 	*kept = *dropped = 0;
 	struct resv_hdr h;
@@ -2941,7 +2992,7 @@ int mts_resv_restore(struct mts_registry *reg, const unsigned char *d,
 	for (uint32_t i = 0; i < h.count; i++) {
 		struct resv_rec rr;
 		if (len - off < sizeof(rr))
-			return -EINVAL;
+			return resv_restored(reg, *kept, -EINVAL);
 		memcpy(&rr, d + off, sizeof(rr));
 		off += sizeof(rr);
 		char names[3][MTS_NAME_MAX + 1];
@@ -2949,24 +3000,20 @@ int mts_resv_restore(struct mts_registry *reg, const unsigned char *d,
 		                          rr.kind_len};
 		for (int k = 0; k < 3; k++) {
 			if (lens[k] > MTS_NAME_MAX || len - off < lens[k])
-				return -EINVAL;
+				return resv_restored(reg, *kept, -EINVAL);
 			memcpy(names[k], d + off, lens[k]);
 			names[k][lens[k]] = 0;
 			off += lens[k];
 		}
 		rr.id[sizeof(rr.id) - 1] = 0;
 		int err = resv_restore_one(reg, &rr, names[0], names[1],
-		                           names[2], now);
+		                           names[2], now, workers_back);
 		if (err == -ENOMEM)
-			return err;
+			return resv_restored(reg, *kept, err);
 		if (err < 0)
 			(*dropped)++;
 		else
 			(*kept)++;
 	}
-	if (*kept) {
-		mts_limits_eval(reg, false);
-		mts_publish(reg);
-	}
-	return off == len ? 0 : -EINVAL;
+	return resv_restored(reg, *kept, off == len ? 0 : -EINVAL);
 }

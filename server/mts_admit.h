@@ -327,19 +327,22 @@ void mts_host_evicted(struct mts_registry *reg, uint32_t pid);
 /*
  * The reservations' record (admit.c): mts_resv_encode takes every
  * reservation but those run inside their asker into a buffer the caller
- * frees (0 or -ENOMEM); mts_resv_restore links those of a record taken in
- * this boot back in, with their ids, owners, groups, tasks, kinds, times
- * and runs, after the workers were adopted (a reservation whose task's
- * workers are back is taken over at once). A record of another boot is
+ * frees (0 or -ENOMEM), in the order they were granted; mts_resv_restore
+ * links those of a record taken in this boot back in, with their ids,
+ * owners, groups, tasks, kinds, times and runs, before the workers are
+ * adopted: one that was taken over stays so, and with `workers_back` (the
+ * workers are about to be adopted) the first tick ends it if none of its
+ * task's workers came back. A record of another boot is
  * dropped whole; one that is no record, or damaged, is -EINVAL with
  * nothing of it after the damage restored. *kept and *dropped count the
- * reservations linked and refused (past max_ttl, an id taken, a group no
- * longer joinable).
+ * reservations linked and refused (past max_ttl, an id taken, out of
+ * range, the server full).
  */
 int mts_resv_encode(const struct mts_registry *reg, unsigned char **out,
                     size_t *len);
 int mts_resv_restore(struct mts_registry *reg, const unsigned char *d,
-                     size_t len, uint32_t *kept, uint32_t *dropped);
+                     size_t len, bool workers_back, uint32_t *kept,
+                     uint32_t *dropped);
 
 /* Free every reservation and task (registry teardown). */
 void mts_resv_free_all(struct mts_registry *reg);

@@ -227,10 +227,16 @@ static void save_resv(struct mts_server *srv, bool force)
 	if (!rf->path[0] || !srv->reg.adm)
 		return;
 	uint64_t now = uv_now(srv->loop);
+	/* Taking the record runs on the loop and grows with the
+	 * reservations (a few hundred bytes each): never more than 1% of
+	 * the loop's time, however many a scheduler holds. */
+	uint64_t gap = rf->cost_ms * 100;
 	bool due = srv->reg.adm->resv_dirty
-	               ? now - rf->taken_ms >= MTS_RESV_SAVE_MS
+	               ? now - rf->taken_ms >= MTS_RESV_SAVE_MS &&
+	                     now - rf->taken_ms >= gap
 	               : srv->reg.adm->nresv &&
-	                     now - rf->taken_ms >= MTS_RESV_REFRESH_MS;
+	                     now - rf->taken_ms >= MTS_RESV_REFRESH_MS &&
+	                     now - rf->taken_ms >= gap;
 	if (!force && (!due || rf->inflight))
 		return;
 	if (force && !srv->reg.adm->resv_dirty && !srv->reg.adm->nresv &&
@@ -238,7 +244,9 @@ static void save_resv(struct mts_server *srv, bool force)
 		return; /* the record on disk says as much */
 	unsigned char *d;
 	size_t len;
+	uint64_t t0 = uv_hrtime();
 	int err = mts_resv_encode(&srv->reg, &d, &len);
+	rf->cost_ms = (uv_hrtime() - t0) / 1000000u;
 	if (err < 0) {
 		rec_written(srv, rf, err);
 		return;
@@ -391,12 +399,13 @@ static int open_record(struct mts_server *srv, const struct mts_config *cfg,
 	return 0;
 }
 
-/* The reservations of the server before, after its workers were adopted
- * (a reservation whose task's workers are back is taken over at once):
- * schedulers hold their ids, and tasks run on them. --reset starts
- * without them, and removes the record so that no later start takes them
- * up. A record refused leaves the server without them, said once. */
-static void restore_resv(struct mts_server *srv, bool reset)
+/* The reservations of the server before, before its workers are adopted
+ * (`adopted`: they will be, and a taken-over reservation none of whose
+ * workers came back ends at the first tick): schedulers hold their ids,
+ * and tasks run on them. --reset starts without them, and removes the
+ * record so that no later start takes them up. A record refused leaves
+ * the server without them, said once. */
+static void restore_resv(struct mts_server *srv, bool reset, bool adopted)
 {
 	struct mts_recfile *rf = &srv->resv;
 	char q[MTS_LOGQ_MAX], qw[MTS_LOGQ_MAX];
@@ -410,6 +419,9 @@ static void restore_resv(struct mts_server *srv, bool reset)
 			        "path=%s err=%s",
 			        mts_logq(q, sizeof(q), rf->path),
 			        strerror(errno));
+		/* And an empty record written in its place soon after: one
+		 * left behind (the unlink failed) is then replaced too. */
+		srv->reg.adm->resv_dirty = true;
 		return;
 	}
 	unsigned char *d = NULL;
@@ -423,7 +435,8 @@ static void restore_resv(struct mts_server *srv, bool reset)
 		return;
 	uint32_t kept = 0, dropped = 0;
 	if (err == 0) {
-		err = mts_resv_restore(&srv->reg, d, len, &kept, &dropped);
+		err = mts_resv_restore(&srv->reg, d, len, adopted, &kept,
+		                       &dropped);
 		why = err == -EINVAL ? "not a record of reservations, or "
 		                       "damaged"
 		                     : strerror(-err);
@@ -431,8 +444,8 @@ static void restore_resv(struct mts_server *srv, bool reset)
 	free(d);
 	if (err < 0)
 		mts_log(MTS_LOG_WARN,
-		        "restart: reservations' record refused: the "
-		        "reservations before are forgotten",
+		        "restart: reservations' record refused: those after "
+		        "what was kept are forgotten",
 		        "path=%s why=%s kept=%u",
 		        mts_logq(q, sizeof(q), rf->path),
 		        mts_logq(qw, sizeof(qw), why), kept);
@@ -469,6 +482,9 @@ static int start_registry(struct mts_server *srv, const struct mts_config *cfg,
 	 * workers: they are kept across --reset too. */
 	if (srv->kinds.path[0])
 		mts_kinds_load(&srv->reg, srv->kinds.path);
+	/* Before the workers: as each is adopted it finds its task's
+	 * reservations, as a worker registering does. */
+	restore_resv(srv, cfg->reset, adopted);
 	if (adopted) {
 		uint32_t kept, dropped;
 		mts_adopt(&srv->reg, &kept, &dropped);
@@ -476,7 +492,6 @@ static int start_registry(struct mts_server *srv, const struct mts_config *cfg,
 		        "kept=%u reclaimed=%u", kept, dropped);
 		mts_core_tick(&srv->reg);
 	}
-	restore_resv(srv, cfg->reset);
 	return 0;
 }
 

@@ -100,6 +100,7 @@ struct mts_recfile {
 	const char *what;               /* for the log: "the learned sizes" */
 	uint64_t checked_ms;            /* uv_now() of the last look */
 	uint64_t taken_ms;              /* uv_now() of the last record taken */
+	uint64_t cost_ms;               /* what taking it cost the loop last */
 	bool failed;                    /* logged once */
 	struct mts_rec_write *inflight; /* on the thread pool, or NULL */
 	unsigned char *final;           /* taken at stop, written after it */

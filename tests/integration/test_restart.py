@@ -335,50 +335,78 @@ def test_a_worker_that_changed_uid_is_not_adopted_as_root():
 
 
 def recorded(s):
-    """How many reservations the server's record holds (None: none yet)."""
+    """(reservations, of them taken over) in the server's record, or None
+    while it has written none. The record: a 48-byte header (its count at
+    12), then per reservation 512 bytes (taken over at 43; the lengths of
+    its group, task and kind names at 112, 116, 120) and those names."""
     try:
         with open(s.socket + ".state.resv", "rb") as f:
-            head = f.read(16)
+            d = f.read()
     except FileNotFoundError:
         return None
-    return struct.unpack_from("<QII", head)[2] if len(head) == 16 else None
+    if len(d) < 48:
+        return None
+    count, off, taken = struct.unpack_from("<I", d, 12)[0], 48, 0
+    for _ in range(count):
+        if len(d) < off + 512:
+            return None
+        taken += d[off + 43]
+        off += 512 + sum(struct.unpack_from("<III", d, off + 112))
+    return count, taken
 
 
 def test_reservations_survive_a_restart():
-    """A scheduler's grants outlive memtallyd's SIGKILL: the server started
-    again holds both reservations (ids, bytes, owner), the one whose task's
-    worker runs is taken over again and ends with that worker, the other
-    is its owner's to release. A --reset start forgets them."""
+    """A scheduler's grants outlive memtallyd's SIGKILL. The server started
+    again holds them (ids, bytes, owner): the one whose task's worker runs
+    stays taken over (its run goes on, not started again) and ends with
+    that worker; the one whose worker died while no server ran ends at
+    once; the one no worker took is its owner's to release. A --reset
+    start forgets them, and its record."""
     conf = config_file("[admission]\ndefault_ttl = 600\nmax_ttl = 3600\n")
     first = Server("--config", conf)
-    second = third = w = None
+    second = third = fourth = w = g = None
     try:
         keep = first.cli("admit", "--bytes", "64MiB", "--task", "keep")
         run_ = first.cli("admit", "--bytes", "32MiB", "--task", "run")
-        check(keep["admitted"] and run_["admitted"], f"{keep} {run_}")
-        w = Worker([*worker("hold"), "8"],
-                   first.env(MEMTALLY_TASK="run"))
+        gone = first.cli("admit", "--bytes", "16MiB", "--task", "gone")
+        check(keep["admitted"] and run_["admitted"] and gone["admitted"],
+              f"{keep} {run_} {gone}")
+        w = Worker([*worker("hold"), "8"], first.env(MEMTALLY_TASK="run"))
+        g = Worker([*worker("hold"), "4"], first.env(MEMTALLY_TASK="gone"))
         w.readline()
-        wait_for("run taken over", lambda: (
-            f'msg="reservation taken over by its task" '
-            f'reservation={run_["reservation"]}' in first.logtext()))
-        wait_for("both in the record", lambda: recorded(first) == 2)
+        g.readline()
+        for r in (run_, gone):
+            wait_for("taken over", lambda r=r: (
+                f'msg="reservation taken over by its task" '
+                f'reservation={r["reservation"]}' in first.logtext()))
+        wait_for("all three in the record, two taken over",
+                 lambda: recorded(first) == (3, 2))
         first.kill9()
+        g.kill()  # its task's worker dies while no server runs
+        g = None
+        seen = len(first.logtext())  # the log goes on in the same file
 
         second = Server("--config", conf, after=first)
         st = second.status()["fleet"]
+        log = second.logtext()[seen:]
         print(f"  after the restart: {st['reservations']} reservations, "
               f"{st['reserved'] / MIB:.0f} MiB reserved")
+        check('msg="restart: reservations restored" kept=3 dropped=0' in
+              log, "no restore line: " + second.tail())
+        check('msg="reservation ended: its task\'s workers exited" '
+              f'reservation={gone["reservation"]}' in log,
+              "the reservation whose worker died was not ended")
+        check("reservation taken over by its task" not in log,
+              "a restored reservation was taken over again (its run "
+              "started afresh)")
         check(st["reservations"] == 2,
               f"{st['reservations']} reservations after the restart")
-        check(st["reserved"] >= 64 * MIB + 16 * MIB,
+        # keep's 64 MiB, and what run's worker has not used of its 32.
+        check(64 * MIB + 20 * MIB <= st["reserved"] <= 64 * MIB + 24 * MIB,
               f"reserved {st['reserved']} after the restart")
-        check('msg="restart: reservations restored" kept=2 dropped=0' in
-              second.logtext(), "no restore line: " + second.tail())
-        rel = second.cli("release", keep["reservation"])
-        check(rel.get("released", True), f"release: {rel}")
-        # The task that runs holds its reservation until its worker ends.
-        check(second.status()["fleet"]["reservations"] == 1, "keep not released")
+        second.cli("release", keep["reservation"])
+        check(second.status()["fleet"]["reservations"] == 1,
+              "keep not released")
         w.close()
         w = None
         wait_for("run ended with its worker",
@@ -386,15 +414,22 @@ def test_reservations_survive_a_restart():
 
         again = second.cli("admit", "--bytes", "16MiB", "--task", "later")
         check(again["admitted"], f"{again}")
-        wait_for("later in the record", lambda: recorded(second) == 1)
+        wait_for("later in the record", lambda: recorded(second) == (1, 0))
         second.kill9()
         third = Server("--reset", "--config", conf, after=second)
         check(third.status()["fleet"]["reservations"] == 0,
               "--reset kept the reservations")
+        wait_for("an empty record in its place",
+                 lambda: recorded(third) in (None, (0, 0)))
+        third.kill9()
+        fourth = Server("--config", conf, after=third)
+        check(fourth.status()["fleet"]["reservations"] == 0,
+              "a start after --reset restored the reservations before it")
     finally:
-        if w:
-            w.close()
-        (third or second or first).stop()
+        for x in (w, g):
+            if x:
+                x.close()
+        (fourth or third or second or first).stop()
 
 
 if __name__ == "__main__":

@@ -316,7 +316,8 @@ Test(resv, a_record_restores_what_was_granted)
 
 	start();
 	uint32_t kept, dropped;
-	cr_assert_eq(mts_resv_restore(&srv.reg, d, len, &kept, &dropped), 0);
+	cr_assert_eq(mts_resv_restore(&srv.reg, d, len, false, &kept, &dropped),
+	             0);
 	cr_assert_eq(kept, N);
 	cr_assert_eq(dropped, 0);
 	cr_assert_eq(srv.reg.totals.reserved, reserved);
@@ -346,7 +347,8 @@ Test(resv, a_record_restores_what_was_granted)
 	cr_assert_eq(b, 20 * MIB);
 
 	/* Again: the ids held are refused, the released one comes back. */
-	cr_assert_eq(mts_resv_restore(&srv.reg, d, len, &kept, &dropped), 0);
+	cr_assert_eq(mts_resv_restore(&srv.reg, d, len, false, &kept, &dropped),
+	             0);
 	cr_assert_eq(kept, 1);
 	cr_assert_eq(dropped, N - 1);
 	cr_assert_eq(srv.reg.totals.reservations, N);
@@ -355,17 +357,56 @@ Test(resv, a_record_restores_what_was_granted)
 	fx_stop();
 	start();
 	d[32] ^= 0xff; /* the boot id, after magic, version, count, sizes */
-	cr_assert_eq(mts_resv_restore(&srv.reg, d, len, &kept, &dropped), 0);
+	cr_assert_eq(mts_resv_restore(&srv.reg, d, len, false, &kept, &dropped),
+	             0);
 	cr_assert_eq(kept, 0);
 	cr_assert_eq(dropped, N);
 	d[32] ^= 0xff;
 	/* A byte of the payload changed: refused whole. */
 	d[len - 1] ^= 1;
-	cr_assert_eq(mts_resv_restore(&srv.reg, d, len, &kept, &dropped),
+	cr_assert_eq(mts_resv_restore(&srv.reg, d, len, false, &kept, &dropped),
 	             -EINVAL);
 	cr_assert_eq(srv.reg.totals.reservations, 0);
-	cr_assert_eq(mts_resv_restore(&srv.reg, d, len - 1, &kept, &dropped),
-	             -EINVAL);
+	cr_assert_eq(
+	    mts_resv_restore(&srv.reg, d, len - 1, false, &kept, &dropped),
+	    -EINVAL);
+	free(d);
+}
+
+/* A task's use counts against its reservations oldest first: restored,
+ * they keep that order, though the table they are kept in lost it when
+ * one before them ended. */
+Test(resv, a_record_keeps_a_tasks_reservations_in_order)
+{
+	start();
+	struct mts_peer p = fx_peer(getpid(), 1000);
+	const char *tasks[] = {"", "t", "t"};
+	char ids[3][MTS_RESV_ID_LEN + 1];
+	for (int i = 0; i < 3; i++) {
+		struct mts_admit_out out;
+		struct mts_admit_req req = {.bytes = (uint64_t)(i + 1) * MIB,
+		                            .task = tasks[i]};
+		cr_assert_eq(mts_admit(&srv.reg, &p, &req, &out), 0);
+		cr_assert(out.admitted);
+		memcpy(ids[i], out.id, sizeof(ids[i]));
+	}
+	/* The first ends: the table moves the newest into its place. */
+	uint64_t b;
+	cr_assert_eq(mts_release(&srv.reg, &p, ids[0], NULL, &b), 0);
+	cr_assert_str_eq(srv.reg.adm->resv[0]->id, ids[2]);
+	unsigned char *d;
+	size_t len;
+	cr_assert_eq(mts_resv_encode(&srv.reg, &d, &len), 0);
+	fx_stop();
+	start();
+	uint32_t kept, dropped;
+	cr_assert_eq(mts_resv_restore(&srv.reg, d, len, false, &kept, &dropped),
+	             0);
+	cr_assert_eq(kept, 2);
+	const struct mts_resv *older = mts_resv_find(&srv.reg, ids[1]);
+	cr_assert_not_null(older);
+	cr_assert_eq(older->task->resv, older, "the older is not first");
+	cr_assert_str_eq(older->tnext->id, ids[2]);
 	free(d);
 }
 
