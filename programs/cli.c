@@ -101,6 +101,9 @@ struct cli {
 	uint32_t retry_n;        /* run --retry */
 	const char *reservation; /* run --reservation ID */
 	bool socket_given;       /* run: --socket was given */
+	const char *reconnect;   /* watch --reconnect ("" when given) */
+	bool lost;               /* watch: the stream was lost, not back */
+	uint64_t events;         /* watch: events printed */
 };
 
 /* Options that belong to some commands only. */
@@ -113,6 +116,7 @@ enum {
 	TAKES_WAIT = 1 << 5,
 	TAKES_KIND = 1 << 6,
 	TAKES_RESERVATION = 1 << 7,
+	TAKES_RECONNECT = 1 << 8,
 };
 
 struct command {
@@ -155,7 +159,10 @@ static void usage(FILE *f)
 	    "                   change a limit; SIZE none or 0 removes it "
 	    "(needs root,\n"
 	    "                   memtallyd's user or an admin uid/gid)\n"
-	    "  watch            print every state change as it happens\n"
+	    "  watch [--reconnect]\n"
+	    "                   print every state change as it happens "
+	    "(--reconnect:\n"
+	    "                   across memtallyd's restarts)\n"
 	    "  top [--interval S] [--iterations N]\n"
 	    "                   status and ps refreshed in place, largest "
 	    "first\n"
@@ -1412,7 +1419,14 @@ static const char *fmt_time(char buf[static 32], uint64_t ns)
 
 static int print_event(const struct memtally_event *ev, void *arg)
 {
-	const struct cli *c = arg;
+	struct cli *c = arg;
+	c->events++;
+	if (c->lost) {
+		/* memtallyd sends each scope's state first: the stream is
+		 * back, and what changed meanwhile is in what follows. */
+		fprintf(stderr, "memtally: watching %s again\n", c->where);
+		c->lost = false;
+	}
 	if (c->json) {
 		/* clang-format off */
 		json_t *doc = json_pack(
@@ -1590,12 +1604,45 @@ static int cmd_top(struct cli *c)
 	return 0;
 }
 
+/* The stream ended the way a restart of memtallyd ends it, or the server
+ * is not (yet) back. */
+static bool watch_lost(int err)
+{
+	return err == -ECONNRESET || err == -EPIPE || err == -ECONNABORTED ||
+	       err == -ECONNREFUSED || err == -ENOENT;
+}
+
+#define WATCH_RETRY_FIRST_MS 200u
+#define WATCH_RETRY_MAX_MS   5000u
+
+/* Print events until our output fails; with --reconnect, a stream lost
+ * (memtallyd restarted, or stopped a while) is said once on stderr and
+ * opened again, every 0.2 s doubling to 5 s, for ever, as tail -F does. */
 static int cmd_watch(struct cli *c)
 {
-	int err = memtally_query_watch(c->q, print_event, c);
-	if (err)
-		return query_error(c, "watch", err);
-	return EXIT_SERVER; /* only a failed write stops a watch */
+	uint32_t wait_ms = WATCH_RETRY_FIRST_MS;
+	for (;;) {
+		uint64_t before = c->events;
+		int err = memtally_query_watch(c->q, print_event, c);
+		if (!err)
+			return EXIT_SERVER; /* only a failed write stops it */
+		if (!c->reconnect || !watch_lost(err))
+			return query_error(c, "watch", err);
+		if (c->events != before)
+			wait_ms = WATCH_RETRY_FIRST_MS;
+		if (!c->lost)
+			fprintf(stderr,
+			        "memtally: the watch on %s was lost (%s); "
+			        "reconnecting\n",
+			        c->where, memtally_strerror(err));
+		c->lost = true;
+		struct timespec ts = {wait_ms / 1000u,
+		                      (long)(wait_ms % 1000u) * 1000000L};
+		while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+			;
+		wait_ms = wait_ms * 2 > WATCH_RETRY_MAX_MS ? WATCH_RETRY_MAX_MS
+		                                           : wait_ms * 2;
+	}
 }
 
 /* ---- kinds --------------------------------------------------------- */
@@ -1843,7 +1890,7 @@ static const struct command commands[] = {
     {"kinds", NULL, cmd_kinds, 0, 0, 1, false},
     {"release", check_release, cmd_release, 0, 1, 1, false},
     {"limit", check_limit, cmd_limit, 0, 1, 4, false},
-    {"watch", NULL, cmd_watch, 0, 0, 0, true},
+    {"watch", NULL, cmd_watch, TAKES_RECONNECT, 0, 0, true},
     /* Each refresh is a call of its own, with its own deadline. */
     {"top", check_top, cmd_top, TAKES_REFRESH, 0, 0, false},
     /* Connects by itself (cli_run.c): it fails open. */
@@ -1881,6 +1928,7 @@ enum {
 	OPT_KIND,
 	OPT_RETRY,
 	OPT_RESERVATION,
+	OPT_RECONNECT,
 	OPT_HELP,
 	OPT_VERSION,
 };
@@ -1903,6 +1951,7 @@ static const struct option long_options[] = {
     {"poll", required_argument, NULL, OPT_POLL},
     {"retry", required_argument, NULL, OPT_RETRY},
     {"reservation", required_argument, NULL, OPT_RESERVATION},
+    {"reconnect", no_argument, NULL, OPT_RECONNECT},
     {"help", no_argument, NULL, OPT_HELP},
     {"version", no_argument, NULL, OPT_VERSION},
     {NULL, 0, NULL, 0},
@@ -2038,6 +2087,9 @@ static int parse_args(struct cli *c, struct cmdline *p, int argc, char **argv)
 		case OPT_RESERVATION:
 			c->reservation = optarg;
 			break;
+		case OPT_RECONNECT:
+			c->reconnect = "";
+			break;
 		case OPT_POLL:
 			c->poll = optarg;
 			break;
@@ -2113,7 +2165,9 @@ static int check_command(struct cli *c, const struct command *cmd,
 	    (rc = check_takes(cmd, TAKES_WAIT, c->poll, "--poll")) ||
 	    (rc = check_takes(cmd, TAKES_WAIT, c->retry, "--retry")) ||
 	    (rc = check_takes(cmd, TAKES_RESERVATION, c->reservation,
-	                      "--reservation")))
+	                      "--reservation")) ||
+	    (rc = check_takes(cmd, TAKES_RECONNECT, c->reconnect,
+	                      "--reconnect")))
 		return rc;
 	if (c->tcp && c->socket)
 		return usage_error("--socket and --tcp exclude each other");

@@ -6,13 +6,15 @@ for, stays counted, and past them asks memtallyd nothing. A worker's maps
 cannot hold a restart up, nor a worker that changed its uid be adopted as
 what it was. The reservations granted before a restart are held after it;
 --reset forgets them."""
+import json
 import os
+import select
 import struct
 import subprocess
 import sys
 import time
 
-from harness import (MIB, Server, Worker, check, config_file, run,
+from harness import (CLI, MIB, MULT, Server, Worker, check, config_file, run,
                      settled_bytes, wait_for, worker)
 
 
@@ -432,10 +434,58 @@ def test_reservations_survive_a_restart():
         (fourth or third or second or first).stop()
 
 
+def line_within(proc, secs):
+    """The next line `proc` writes to stdout within `secs`, or None."""
+    end = time.monotonic() + secs
+    while time.monotonic() < end:
+        r, _, _ = select.select([proc.stdout], [], [], 0.1)
+        if r:
+            return proc.stdout.readline()
+    return None
+
+
+def test_watch_reconnects_across_a_restart():
+    """`memtally watch --reconnect` outlives memtallyd's SIGKILL: it says
+    once on stderr that the stream was lost, and goes on printing the
+    events of the server started again (its first: the fleet's state).
+    Without --reconnect the watch ends with the stream (exit 1)."""
+    first = Server()
+    second = None
+    cmd = [CLI, "--socket", first.socket, "--json", "watch"]
+    follow = subprocess.Popen([*cmd, "--reconnect"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    once = subprocess.Popen(cmd, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        for p in (follow, once):
+            line = line_within(p, 30 * MULT)
+            check(line and json.loads(line)["scope"] == "fleet",
+                  f"no first event: {line!r}")
+        first.kill9()
+        check(once.wait(timeout=30 * MULT) == 1,
+              f"watch without --reconnect: exit {once.returncode}")
+        second = Server(after=first)
+        line = line_within(follow, 30 * MULT)
+        check(line and json.loads(line)["scope"] == "fleet",
+              f"no event after the restart: {line!r}")
+        check(follow.poll() is None, "watch --reconnect ended")
+    finally:
+        for p in (follow, once):
+            if p.poll() is None:
+                p.terminate()
+            p.wait(timeout=30 * MULT)
+        (second or first).stop()
+    err = follow.stderr.read()
+    print("  " + err.strip().replace("\n", "\n  "))
+    check("was lost" in err and "reconnecting" in err and
+          "again" in err, f"stderr: {err!r}")
+
+
 if __name__ == "__main__":
     run([test_restart_adopts_live_workers, test_reset_starts_afresh,
          test_kill9_under_load_loses_nothing,
          test_a_worker_outlives_more_restarts_than_attachments,
          test_a_decoy_mapping_does_not_hold_up_a_restart,
          test_a_worker_that_changed_uid_is_not_adopted_as_root,
-         test_reservations_survive_a_restart])
+         test_reservations_survive_a_restart,
+         test_watch_reconnects_across_a_restart])
