@@ -385,6 +385,22 @@ static void on_fork_child(void)
 	child_starts(parent, mine);
 }
 
+/* Block every signal but the faults (which stay deliverable), keeping
+ * the mask as it was in *old for pthread_sigmask(SIG_SETMASK, old). */
+static void block_signals(sigset_t *old)
+{
+	sigset_t block;
+	sigfillset(&block);
+	sigdelset(&block, SIGSEGV);
+	sigdelset(&block, SIGBUS);
+	sigdelset(&block, SIGILL);
+	sigdelset(&block, SIGFPE);
+	sigdelset(&block, SIGTRAP);
+	sigdelset(&block, SIGABRT);
+	sigdelset(&block, SIGSYS);
+	pthread_sigmask(SIG_BLOCK, &block, old);
+}
+
 /*
  * A fork that ran none of our handlers (_Fork(), a raw clone() without
  * CLONE_VM) leaves the child with its parent's state. Its zeroed mtc_w
@@ -426,16 +442,8 @@ bool mtc_fork_seen(void)
 	/* As attach() runs: no signal handler may enter here again, and no
 	 * cancel (close() and the debug line's write() are cancellation
 	 * points) may leave `seen` at 2 for ever. */
-	sigset_t block, old;
-	sigfillset(&block);
-	sigdelset(&block, SIGSEGV);
-	sigdelset(&block, SIGBUS);
-	sigdelset(&block, SIGILL);
-	sigdelset(&block, SIGFPE);
-	sigdelset(&block, SIGTRAP);
-	sigdelset(&block, SIGABRT);
-	sigdelset(&block, SIGSYS);
-	pthread_sigmask(SIG_BLOCK, &block, &old);
+	sigset_t old;
+	block_signals(&old);
 	int cancel;
 	pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel);
 	const struct mtc_attachment *a =
@@ -1060,16 +1068,8 @@ static int attach(bool if_registered)
 	 * the entry's count would leave the child writing the parent's slot
 	 * or a window its fork fenced. Nothing here waits (the answer is in);
 	 * faults stay deliverable. */
-	sigset_t block, old;
-	sigfillset(&block);
-	sigdelset(&block, SIGSEGV);
-	sigdelset(&block, SIGBUS);
-	sigdelset(&block, SIGILL);
-	sigdelset(&block, SIGFPE);
-	sigdelset(&block, SIGTRAP);
-	sigdelset(&block, SIGABRT);
-	sigdelset(&block, SIGSYS);
-	pthread_sigmask(SIG_BLOCK, &block, &old);
+	sigset_t old;
+	block_signals(&old);
 	err = take_reply(&rep, me);
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
 	return err;

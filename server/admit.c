@@ -2681,16 +2681,6 @@ _Static_assert(sizeof(struct resv_rec) ==
                    128 + 16 * MTS_KIND_STEPS + 8 * MTS_RESV_SLOTS,
                "the record's reservation");
 
-static uint64_t resv_fnv(const unsigned char *p, size_t n)
-{
-	uint64_t h = UINT64_C(0xcbf29ce484222325);
-	for (size_t i = 0; i < n; i++) {
-		h ^= p[i];
-		h *= UINT64_C(0x100000001b3);
-	}
-	return h;
-}
-
 /* The kernel's id of this boot (/proc/sys/kernel/random/boot_id, 32 hex
  * digits), read once; all zero where it cannot be read, which no record
  * is restored under. */
@@ -2721,32 +2711,6 @@ static const unsigned char *boot_id(void)
 	return id;
 }
 
-struct rbuf {
-	unsigned char *d;
-	size_t len, cap;
-	bool failed;
-};
-
-static void rput(struct rbuf *w, const void *p, size_t n)
-{
-	if (w->failed || !n)
-		return;
-	if (w->cap - w->len < n) {
-		size_t cap = w->cap ? w->cap : 4096;
-		while (cap - w->len < n)
-			cap *= 2;
-		unsigned char *d = realloc(w->d, cap);
-		if (!d) {
-			w->failed = true;
-			return;
-		}
-		w->d = d;
-		w->cap = cap;
-	}
-	memcpy(w->d + w->len, p, n);
-	w->len += n;
-}
-
 /* Granted first, first; the id breaks a tie. */
 static int resv_older(const void *a, const void *b)
 {
@@ -2771,10 +2735,10 @@ int mts_resv_encode(const struct mts_registry *reg, unsigned char **out,
 		by_age[i] = reg->adm->resv[i];
 	if (n)
 		qsort(by_age, n, sizeof(*by_age), resv_older);
-	struct rbuf w = {0};
+	struct mts_record_buf w = {0};
 	struct resv_hdr h = {.magic = RESV_MAGIC, .version = RESV_VERSION};
 	memcpy(h.boot, boot_id(), sizeof(h.boot));
-	rput(&w, &h, sizeof(h));
+	mts_record_put(&w, &h, sizeof(h));
 	for (uint32_t i = 0; i < n; i++) {
 		const struct mts_resv *r = by_age[i];
 		if (r->hosted)
@@ -2813,10 +2777,10 @@ int mts_resv_encode(const struct mts_registry *reg, unsigned char **out,
 			       sizeof(rr.prof_mean));
 		}
 		memcpy(rr.slots, r->slots, sizeof(rr.slots));
-		rput(&w, &rr, sizeof(rr));
-		rput(&w, group, rr.group_len);
-		rput(&w, task, rr.task_len);
-		rput(&w, kind, rr.kind_len);
+		mts_record_put(&w, &rr, sizeof(rr));
+		mts_record_put(&w, group, rr.group_len);
+		mts_record_put(&w, task, rr.task_len);
+		mts_record_put(&w, kind, rr.kind_len);
 		h.count++;
 	}
 	free(by_age);
@@ -2825,7 +2789,8 @@ int mts_resv_encode(const struct mts_registry *reg, unsigned char **out,
 		return -ENOMEM;
 	}
 	h.payload = w.len - sizeof(h);
-	h.checksum = resv_fnv(w.d + sizeof(h), h.payload);
+	h.checksum =
+	    mts_record_fnv(MTS_RECORD_FNV0, w.d + sizeof(h), h.payload);
 	memcpy(w.d, &h, sizeof(h));
 	*out = w.d;
 	*len = w.len;
@@ -2978,7 +2943,8 @@ int mts_resv_restore(struct mts_registry *reg, const unsigned char *d,
 	memcpy(&h, d, sizeof(h));
 	if (h.magic != RESV_MAGIC || h.version != RESV_VERSION ||
 	    h.payload != len - sizeof(h) ||
-	    h.checksum != resv_fnv(d + sizeof(h), h.payload))
+	    h.checksum !=
+	        mts_record_fnv(MTS_RECORD_FNV0, d + sizeof(h), h.payload))
 		return -EINVAL;
 	static const unsigned char none[16];
 	if (memcmp(h.boot, boot_id(), sizeof(h.boot)) != 0 ||

@@ -599,7 +599,7 @@ _Static_assert(sizeof(struct rec_kind) == 32, "the record's kind");
 _Static_assert(sizeof(struct mts_kind_run) == 24 + 2 * MTS_KIND_STEPS,
                "the record's run");
 
-static uint64_t fnv(uint64_t h, const void *p, size_t n)
+uint64_t mts_record_fnv(uint64_t h, const void *p, size_t n)
 {
 	const unsigned char *b = p;
 	for (size_t i = 0; i < n; i++) {
@@ -609,15 +609,9 @@ static uint64_t fnv(uint64_t h, const void *p, size_t n)
 	return h;
 }
 
-struct wbuf {
-	unsigned char *d;
-	size_t len, cap;
-	bool failed;
-};
-
-static void put(struct wbuf *w, const void *p, size_t n)
+void mts_record_put(struct mts_record_buf *w, const void *p, size_t n)
 {
-	if (w->failed)
+	if (w->failed || !n)
 		return;
 	if (w->cap - w->len < n) {
 		size_t cap = w->cap ? w->cap : 4096;
@@ -642,9 +636,9 @@ int mts_kinds_encode(const struct mts_registry *reg, unsigned char **out,
 	int n = mts_kinds_list(reg, &list);
 	if (n < 0)
 		return n;
-	struct wbuf w = {0};
+	struct mts_record_buf w = {0};
 	struct rec_hdr h = {.magic = KINDS_MAGIC, .version = KINDS_VERSION};
-	put(&w, &h, sizeof(h));
+	mts_record_put(&w, &h, sizeof(h));
 	for (int i = 0; i < n; i++) {
 		const struct mts_kind *k = list[i];
 		if (!k->nruns)
@@ -655,10 +649,11 @@ int mts_kinds_encode(const struct mts_registry *reg, unsigned char **out,
 		                      .flags = k->capless ? REC_CAPLESS : 0,
 		                      .runs_total = k->runs_total,
 		                      .evictions = k->evictions};
-		put(&w, &rk, sizeof(rk));
-		put(&w, k->name, rk.name_len);
+		mts_record_put(&w, &rk, sizeof(rk));
+		mts_record_put(&w, k->name, rk.name_len);
 		for (uint32_t j = 0; j < k->nruns; j++)
-			put(&w,
+			mts_record_put(
+			    &w,
 			    &k->runs[(k->head + MTS_KIND_RUNS - k->nruns + j) %
 			             MTS_KIND_RUNS],
 			    sizeof(struct mts_kind_run));
@@ -671,7 +666,7 @@ int mts_kinds_encode(const struct mts_registry *reg, unsigned char **out,
 	}
 	h.payload = w.len - sizeof(h);
 	h.checksum =
-	    fnv(UINT64_C(0xcbf29ce484222325), w.d + sizeof(h), h.payload);
+	    mts_record_fnv(MTS_RECORD_FNV0, w.d + sizeof(h), h.payload);
 	memcpy(w.d, &h, sizeof(h));
 	*out = w.d;
 	*len = w.len;
@@ -973,8 +968,8 @@ int mts_kinds_load(struct mts_registry *reg, const char *path)
 		 * trim them. */
 		else if (h.count > MTS_KINDS_MAX_MAX)
 			why = "more kinds than a server keeps";
-		else if (fnv(UINT64_C(0xcbf29ce484222325), d + sizeof(h),
-		             h.payload) != h.checksum)
+		else if (mts_record_fnv(MTS_RECORD_FNV0, d + sizeof(h),
+		                        h.payload) != h.checksum)
 			why = "checksum mismatch";
 	}
 	/* Parse into a table of our own first: a record refused halfway

@@ -202,6 +202,19 @@ int mts_kinds_encode(const struct mts_registry *reg, unsigned char **out,
                      size_t *len);
 int mts_kinds_write(const char *path, const unsigned char *d, size_t len);
 
+/* A record's bytes as they are taken (the learned sizes', the
+ * reservations'): mts_record_put appends, and remembers a failed growth
+ * (the record is then not written). mts_record_fnv: FNV-1a over `n`
+ * bytes, from MTS_RECORD_FNV0, the records' checksum. */
+struct mts_record_buf {
+	unsigned char *d;
+	size_t len, cap;
+	bool failed;
+};
+void mts_record_put(struct mts_record_buf *w, const void *p, size_t n);
+#define MTS_RECORD_FNV0 UINT64_C(0xcbf29ce484222325)
+uint64_t mts_record_fnv(uint64_t h, const void *p, size_t n);
+
 /* Any record of the server's (the reservations' too), read whole: opened
  * without following a symlink or waiting on a FIFO, refused unless ours
  * (mts_file_not_ours) and at most `max` bytes. 0 with *d (malloc'd) and
