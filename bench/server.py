@@ -22,7 +22,9 @@ throughput (server_pipeline.c) for windows of 1..256 requests in flight.
 Then registration cost (server_register.c): a real memtallyd, 2000 workers
 linked with libmemtally registering one after another (their account +
 flush latency, and memtallyd's CPU per registration and exit), with and
-without a long-lived worker of the same uid beside them.
+without a long-lived worker of the same uid beside them. Then the
+reservations' record (server_resv_record.c): what taking it costs the loop
+and restoring it costs a start, at 1024 to 65536 reservations.
 Many connections and Admit rates: bench/loadgen.py.
 
 Side by side with another tree (`--side-by-side --baseline-build B`):
@@ -64,6 +66,7 @@ CORE_ROWS = [(s, 1, False) for s in SLOTS] + [(16384, 1, True),
 RECLAIM_TICKS = [10, 1000]
 RECLAIM_N = 200
 REGISTER_N = 2000
+RECORD_N = [1024, 8192, 65536]
 SBS_SLOTS = [64, 4096, 16384]
 
 
@@ -302,6 +305,25 @@ def side_by_side(args, build, info):
     return 0
 
 
+def record_only(args, build, info):
+    """`--record`: the reservations' record alone, in its own block."""
+    try:
+        record = record_rows(build)
+    except RunFailed:
+        return 1
+    head = report_head(info)
+    head[0] = "## server: the reservations' record\n"
+    text = "\n".join(head + report_record(record) + [
+        "Rerun: `bench/server.py --record`; one size: "
+        "`%s/bench/bench_server_resv_record --resv 65536`." %
+        os.path.relpath(build, SRC_DIR)])
+    print(text)
+    write_section(args.results_md, "server-record", text,
+                  "bench/server.py --record")
+    log("wrote the record block of %s" % args.results_md)
+    return 0
+
+
 def parse_args():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build-dir", default=os.path.join(SRC_DIR, "build"))
@@ -318,6 +340,9 @@ def parse_args():
     ap.add_argument("--side-by-side", action="store_true",
                     help="only registration and tick cost, this build "
                     "against --baseline-build, interleaved")
+    ap.add_argument("--record", action="store_true",
+                    help="only the reservations' record: what taking and "
+                    "restoring it costs at 1024-65536 reservations")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--register-n", type=int, default=REGISTER_N)
     args = ap.parse_args()
@@ -410,6 +435,18 @@ def register_rows(build, cpu):
         log("  register: %s: %s" % ("holder" if holder else "alone",
                                     json.dumps(r["latency_us"])))
     return register
+
+
+def record_rows(build):
+    """What the reservations' record costs (server_resv_record.c) at
+    RECORD_N reservations."""
+    exe = os.path.join(build, "bench", "bench_server_resv_record")
+    rows = []
+    for n in RECORD_N:
+        r = run_must([exe, "--resv", str(n), "--takes", "21"])
+        rows.append(r)
+        log("  record: %s" % json.dumps(r))
+    return rows
 
 
 def query_figures(build):
@@ -659,6 +696,35 @@ def report_query(query, status):
     return lines
 
 
+def report_record(rows):
+    lines = [
+        "The reservations' record (bench_server_resv_record, "
+        "server_resv_record.c: N reservations granted through mts_admit "
+        "by 8 uids, each with a task and one of its uid's 4 kinds). "
+        "memtallyd takes the record on its loop a moment after a "
+        "reservation comes or goes and every 5 s while any is held, no "
+        "sooner than 100 times its last cost; the checksum is computed "
+        "where it is written, on the thread pool. `loop share` is the most "
+        "of the loop's time the record takes at that size; `both on the "
+        "loop` is what the loop paid when the checksum was computed there "
+        "too. Restore: once, at start, before the server serves.\n",
+        "| reservations | record | taking it, on the loop (median, min-max "
+        "of 21) | checksum, off the loop | both on the loop | loop share | "
+        "restore at start |",
+        "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(
+            "| %d | %.1f MB | %.2f ms (%.2f-%.2f) | %.2f ms | %.2f ms | "
+            "%.2f%% | %.1f ms |" % (
+                r["reservations"], r["record_bytes"] / 1e6,
+                r["encode_ms_median"], r["encode_ms_min"],
+                r["encode_ms_max"], r["seal_ms"],
+                r["encode_ms_median"] + r["seal_ms"],
+                100 * r["loop_share"], r["restore_ms"]))
+    lines.append("")
+    return lines
+
+
 def rerun_line(build, cpu, wcpu):
     rel = os.path.relpath(build, SRC_DIR)
     return (
@@ -676,6 +742,8 @@ def main():
     build = os.path.abspath(args.build_dir)
     if args.side_by_side:
         return side_by_side(args, build, machine_info())
+    if args.record:
+        return record_only(args, build, machine_info())
     cpus = sorted(os.sched_getaffinity(0))
     cpu, wcpu = cpus[-1], cpus[0]
     info = machine_info()
@@ -684,20 +752,22 @@ def main():
         core = core_rows(build, args.baseline_build, cpu, wcpu)
         reclaim = reclaim_rows(build)
         register = register_rows(build, cpu)
+        record = record_rows(build)
         query, status = query_figures(build)
     except RunFailed:
         return 1
     lines = (report_head(info) + report_ticks(rows, cpu, wcpu) +
              report_core(core, cpu, args.baseline_build) +
              report_reclaim(reclaim) + report_register(register, cpu) +
-             report_query(query, status) + [rerun_line(build, cpu, wcpu)])
+             report_record(record) + report_query(query, status) +
+             [rerun_line(build, cpu, wcpu)])
     text = "\n".join(lines)
     print(text)
     jpath = args.json or os.path.join(build, "bench", "server.json")
     with open(jpath, "w") as f:
         json.dump({"machine": info, "rows": rows, "full_tick": core,
                    "reclaim": reclaim, "register": register,
-                   "query": query}, f, indent=1)
+                   "record": record, "query": query}, f, indent=1)
     log("JSON: %s" % jpath)
     write_section(args.results_md, "server", text)
     log("wrote the server section of %s" % args.results_md)

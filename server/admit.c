@@ -53,6 +53,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -2677,6 +2678,11 @@ struct resv_rec {
 };
 /* The record is the structs' native layout: a change is a new version. */
 _Static_assert(sizeof(struct resv_hdr) == 48, "the record's header");
+/* mts_record_seal's common head: payload and checksum where every
+ * record of the server's has them. */
+_Static_assert(offsetof(struct resv_hdr, payload) == 16 &&
+                   offsetof(struct resv_hdr, checksum) == 24,
+               "the records' common head");
 _Static_assert(sizeof(struct resv_rec) ==
                    128 + 16 * MTS_KIND_STEPS + 8 * MTS_RESV_SLOTS,
                "the record's reservation");
@@ -2735,7 +2741,13 @@ int mts_resv_encode(const struct mts_registry *reg, unsigned char **out,
 		by_age[i] = reg->adm->resv[i];
 	if (n)
 		qsort(by_age, n, sizeof(*by_age), resv_older);
+	/* Sized once: growing a buffer of tens of MB by doubling copies it
+	 * again and again, on the loop. */
 	struct mts_record_buf w = {0};
+	size_t want = sizeof(struct resv_hdr) +
+	              (size_t)n * (sizeof(struct resv_rec) + 64);
+	if ((w.d = malloc(want)))
+		w.cap = want;
 	struct resv_hdr h = {.magic = RESV_MAGIC, .version = RESV_VERSION};
 	memcpy(h.boot, boot_id(), sizeof(h.boot));
 	mts_record_put(&w, &h, sizeof(h));
@@ -2789,9 +2801,7 @@ int mts_resv_encode(const struct mts_registry *reg, unsigned char **out,
 		return -ENOMEM;
 	}
 	h.payload = w.len - sizeof(h);
-	h.checksum =
-	    mts_record_fnv(MTS_RECORD_FNV0, w.d + sizeof(h), h.payload);
-	memcpy(w.d, &h, sizeof(h));
+	memcpy(w.d, &h, sizeof(h)); /* sealed where it is written */
 	*out = w.d;
 	*len = w.len;
 	return 0;

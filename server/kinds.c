@@ -42,6 +42,7 @@
 #include <inttypes.h>
 #include <libgen.h>
 #include <limits.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -594,7 +595,10 @@ struct rec_kind {
 
 /* The record is the structs' native layout: a change of either is a new
  * format (KINDS_VERSION), never a silent one. */
-_Static_assert(sizeof(struct rec_hdr) == 32, "the record's header");
+_Static_assert(sizeof(struct rec_hdr) == 32 &&
+                   offsetof(struct rec_hdr, payload) == 16 &&
+                   offsetof(struct rec_hdr, checksum) == 24,
+               "the record's header, the records' common head");
 _Static_assert(sizeof(struct rec_kind) == 32, "the record's kind");
 _Static_assert(sizeof(struct mts_kind_run) == 24 + 2 * MTS_KIND_STEPS,
                "the record's run");
@@ -665,12 +669,24 @@ int mts_kinds_encode(const struct mts_registry *reg, unsigned char **out,
 		return -ENOMEM;
 	}
 	h.payload = w.len - sizeof(h);
-	h.checksum =
-	    mts_record_fnv(MTS_RECORD_FNV0, w.d + sizeof(h), h.payload);
-	memcpy(w.d, &h, sizeof(h));
+	memcpy(w.d, &h, sizeof(h)); /* sealed by mts_kinds_write */
 	*out = w.d;
 	*len = w.len;
 	return 0;
+}
+
+void mts_record_seal(unsigned char *d, size_t len)
+{
+	struct rec_hdr h;
+	if (len < sizeof(h))
+		return;
+	memcpy(&h, d, sizeof(h));
+	if (h.payload > len - sizeof(h))
+		return; /* not a record: left for its reader to refuse */
+	h.checksum =
+	    mts_record_fnv(MTS_RECORD_FNV0, d + len - h.payload, h.payload);
+	memcpy(d + offsetof(struct rec_hdr, checksum), &h.checksum,
+	       sizeof(h.checksum));
 }
 
 /* The directory holding `path`, synced so that the rename survives a
@@ -704,8 +720,11 @@ void mts_kinds_keep_refused(struct mts_registry *reg, const char *path)
 	        mts_logq(qa, sizeof(qa), aside), err ? strerror(-err) : "none");
 }
 
-int mts_kinds_write(const char *path, const unsigned char *d, size_t len)
+int mts_kinds_write(const char *path, unsigned char *d, size_t len)
 {
+	/* Here, off the loop: at 65,536 reservations the checksum is more
+	 * than half of what taking their record costs. */
+	mts_record_seal(d, len);
 	char tmp[4096];
 	if ((size_t)snprintf(tmp, sizeof(tmp), "%s.new", path) >= sizeof(tmp))
 		return -ENAMETOOLONG;

@@ -327,7 +327,8 @@ void mts_host_evicted(struct mts_registry *reg, uint32_t pid);
 /*
  * The reservations' record (admit.c): mts_resv_encode takes every
  * reservation but those run inside their asker into a buffer the caller
- * frees (0 or -ENOMEM), in the order they were granted; mts_resv_restore
+ * frees (0 or -ENOMEM), in the order they were granted, not yet sealed
+ * (mts_record_seal, mts_kinds_write: off the loop); mts_resv_restore
  * links those of a record taken in this boot back in, with their ids,
  * owners, groups, tasks, kinds, times and runs, before the workers are
  * adopted: one that was taken over stays so, and with `workers_back` (the

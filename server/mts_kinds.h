@@ -196,22 +196,29 @@ int mts_kinds_load(struct mts_registry *reg, const char *path);
 /* mts_kinds_save() in two steps: the record's bytes (malloc'd), taken on
  * the loop, then their write, which touches nothing of the registry and
  * may run on another thread (server.c): a disk that is slow to take dirty
- * pages stalls that thread, not the server. The write is synced before
- * its rename. */
+ * pages stalls that thread, not the server. mts_kinds_write seals the
+ * record (mts_record_seal) and syncs it before its rename. */
 int mts_kinds_encode(const struct mts_registry *reg, unsigned char **out,
                      size_t *len);
-int mts_kinds_write(const char *path, const unsigned char *d, size_t len);
+int mts_kinds_write(const char *path, unsigned char *d, size_t len);
 
 /* A record's bytes as they are taken (the learned sizes', the
  * reservations'): mts_record_put appends, and remembers a failed growth
  * (the record is then not written). mts_record_fnv: FNV-1a over `n`
- * bytes, from MTS_RECORD_FNV0, the records' checksum. */
+ * bytes, from MTS_RECORD_FNV0, the records' checksum.
+ *
+ * Every record starts with the same 32 bytes: magic (u64), version
+ * (u32), count (u32), payload (u64: the record's last `payload` bytes),
+ * checksum (u64, over the payload). The encoders leave the checksum 0;
+ * mts_record_seal fills it in, where the record is written (off the
+ * loop), or before a record is handed straight to its reader. */
 struct mts_record_buf {
 	unsigned char *d;
 	size_t len, cap;
 	bool failed;
 };
 void mts_record_put(struct mts_record_buf *w, const void *p, size_t n);
+void mts_record_seal(unsigned char *d, size_t len);
 #define MTS_RECORD_FNV0 UINT64_C(0xcbf29ce484222325)
 uint64_t mts_record_fnv(uint64_t h, const void *p, size_t n);
 

@@ -316,6 +316,11 @@ Test(resv, a_record_restores_what_was_granted)
 
 	start();
 	uint32_t kept, dropped;
+	/* Taken on the loop without its checksum: refused until sealed. */
+	cr_assert_eq(mts_resv_restore(&srv.reg, d, len, false, &kept, &dropped),
+	             -EINVAL);
+	cr_assert_eq(kept, 0);
+	mts_record_seal(d, len);
 	cr_assert_eq(mts_resv_restore(&srv.reg, d, len, false, &kept, &dropped),
 	             0);
 	cr_assert_eq(kept, N);
@@ -397,6 +402,7 @@ Test(resv, a_record_keeps_a_tasks_reservations_in_order)
 	unsigned char *d;
 	size_t len;
 	cr_assert_eq(mts_resv_encode(&srv.reg, &d, &len), 0);
+	mts_record_seal(d, len);
 	fx_stop();
 	start();
 	uint32_t kept, dropped;
