@@ -16,6 +16,7 @@ that directory.
     python3 -m memtally admit 100MiB --group etl --task t1
     python3 -m memtally release r-0123456789abcdef
     python3 -m memtally watch --count 3
+    python3 -m memtally watch --reconnect     # outlives memtallyd's restarts
 
 As a library:
 
@@ -38,6 +39,7 @@ import re
 import socket
 import sys
 import threading
+import time
 
 from google.protobuf.internal import decoder, encoder
 
@@ -123,7 +125,8 @@ class MemtallyError(Exception):
 class Client:
     """One connection to memtallyd; blocking calls with a timeout.
 
-    It does not reconnect. The server closes a connection that sends no
+    It does not reconnect (memtally.watch(reconnect=True) does, for a
+    watch). The server closes a connection that sends no
     request for [server] idle_timeout (60 s), and a TCP connection of
     unknown uid (another host) that has not sent one with the token within
     5 s of connecting: open a Client when you are about to ask."""
@@ -334,6 +337,42 @@ class Client:
                 yield resp.event
 
 
+def watch(path=None, tcp=None, own=False, timeout=5.0, token=None,
+          reconnect=False, on_lost=None, on_back=None):
+    """Yield Events from memtallyd's Watch (Client.watch) on a connection
+    of its own. With `reconnect`, a lost stream (memtallyd restarted, or
+    stopped for a while) is opened again every 0.2 s, doubling to 5 s, for
+    ever, as `memtally watch --reconnect` does: on_lost(error) is called
+    once per loss, on_back() before the first event of the new stream
+    (each scope's state, which memtallyd sends first). A server that
+    cannot be reached at the first connection, or an error answer, is
+    raised either way."""
+    first, delay = True, 0.2
+    while True:
+        try:
+            c = Client(path, tcp, timeout, token)
+        except OSError:
+            if first or not reconnect:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+            continue
+        try:
+            for n, ev in enumerate(c.watch(own), 1):
+                if n == 1 and not first and on_back:
+                    on_back()
+                delay = 0.2
+                yield ev
+        except (OSError, ConnectionError) as e:
+            if not reconnect:
+                raise
+            if on_lost:
+                on_lost(e)
+        finally:
+            c.close()
+        first = False
+
+
 # -- command line -------------------------------------------------------------
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "KIB": 1 << 10, "M": 1 << 20,
           "MIB": 1 << 20, "G": 1 << 30, "GIB": 1 << 30, "T": 1 << 40,
@@ -362,6 +401,28 @@ def human(n):
         n /= 1024
 
 
+def _watch_command(a):
+    where = a.tcp or a.socket or os.environ.get("MEMTALLY_SOCKET") or \
+        DEFAULT_SOCKET
+
+    def lost(e):
+        print(f"memtally: the watch on {where} was lost ({e}); "
+              "reconnecting", file=sys.stderr, flush=True)
+
+    def back():
+        print(f"memtally: watching {where} again", file=sys.stderr,
+              flush=True)
+    events = watch(a.socket, a.tcp, timeout=a.timeout,
+                   reconnect=a.reconnect, on_lost=lost, on_back=back)
+    for n, ev in enumerate(events, 1):
+        print(f"{ev.scope} {state_name(ev.previous)} -> "
+              f"{state_name(ev.state)} bytes {human(ev.bytes)} limit "
+              f"{human(ev.limit) if ev.limit else 'none'}", flush=True)
+        if a.count and n >= a.count:
+            break
+    return 0
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python3 -m memtally",
                                  description="memtally scheduler client "
@@ -385,9 +446,14 @@ def main(argv=None):
     p = sub.add_parser("watch", help="print state changes")
     p.add_argument("--count", type=int, default=0,
                    help="stop after N events (0: never)")
+    p.add_argument("--reconnect", action="store_true",
+                   help="outlive memtallyd's restarts: open the stream "
+                   "again when it is lost")
     a = ap.parse_args(argv)
 
     try:
+        if a.cmd == "watch":
+            return _watch_command(a)
         with Client(a.socket, a.tcp, a.timeout) as c:
             if a.cmd == "usage":
                 u = c.usage()
@@ -415,14 +481,6 @@ def main(argv=None):
             elif a.cmd == "release":
                 r = c.release(a.reservation)
                 print(f"released {r.reservation} ({human(r.bytes)})")
-            elif a.cmd == "watch":
-                for n, ev in enumerate(c.watch(), 1):
-                    print(f"{ev.scope} {state_name(ev.previous)} -> "
-                          f"{state_name(ev.state)} bytes {human(ev.bytes)} limit "
-                          f"{human(ev.limit) if ev.limit else 'none'}",
-                          flush=True)
-                    if a.count and n >= a.count:
-                        break
     except (OSError, ConnectionError, MemtallyError) as e:
         print(f"memtally: {e}", file=sys.stderr)
         return 1

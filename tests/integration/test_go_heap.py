@@ -16,7 +16,7 @@ import subprocess
 import tempfile
 
 from harness import MULT, Server, Skip, Worker, run
-from quiet import Sampler, hold_drop_idle, say
+from quiet import Sampler, hold_drop_idle
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

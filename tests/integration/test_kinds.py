@@ -33,7 +33,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from harness import (CLI, MIB, MULT, NOBODY, NOGROUP, Server, Worker,  # noqa: E402
-                     as_user, check, find_slot, open_to_nobody, run,
+                     as_user, check, open_to_nobody, run,
                      second_user, wait_for, worker, world_readable_copy)
 from harness import config_file as config  # noqa: E402
 from test_trust import claim  # noqa: E402

@@ -29,7 +29,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pbwire  # noqa: E402
-from harness import (as_user, MULT, NOBODY, NOGROUP, PRELOAD, Server, Skip,  # noqa: E402
+from harness import (as_user, NOBODY, NOGROUP, PRELOAD, Server, Skip,  # noqa: E402
                      Worker, check, config_file, open_to_nobody, run,
                      second_user, wait_for, worker, world_readable_copy)
 

@@ -10,6 +10,7 @@ that call's or writing after the broken frame.
 """
 import logging
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -111,6 +112,58 @@ def test_command_line():
     r = command("--socket", "/nonexistent/s", "usage")
     check(r.returncode == 1 and r.stderr.startswith("memtally: "),
           f"no server: {r}")
+
+
+def line_within(proc, secs):
+    """The next line `proc` writes to stdout within `secs`, or ""."""
+    r, _, _ = select.select([proc.stdout], [], [], secs)
+    return proc.stdout.readline() if r else ""
+
+
+def test_watch_reconnects_across_a_restart():
+    """memtally.watch(reconnect=True) and `python3 -m memtally watch
+    --reconnect` outlive memtallyd's SIGKILL: the loss is said once, and
+    the events of the server started again follow (the first: the
+    fleet's state). Without reconnect the watch ends with the stream."""
+    first = Server()
+    second = None
+    env = dict(os.environ, PYTHONPATH=PYDIR)
+    follow = subprocess.Popen(
+        [sys.executable, "-m", "memtally", "--socket", first.socket, "watch",
+         "--reconnect"], env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    lost, back = [], []
+    lib = mc.watch(first.socket, reconnect=True, on_lost=lost.append,
+                   on_back=lambda: back.append(1))
+    plain = mc.watch(first.socket)
+    try:
+        check(next(lib).scope == "fleet" and next(plain).scope == "fleet",
+              "no first event")
+        check(line_within(follow, 30 * MULT).startswith("fleet "),
+              "the command's first event")
+        first.kill9()
+        try:
+            ev = next(plain)
+            check(False, f"the plain watch went on: {ev}")
+        except (OSError, ConnectionError):
+            pass
+        second = Server(after=first)
+        ev = next(lib)
+        check(ev.scope == "fleet" and len(lost) == 1 and back == [1],
+              f"after the restart: {ev}, lost {lost}, back {back}")
+        line = line_within(follow, 30 * MULT)
+        check(line.startswith("fleet ") and follow.poll() is None,
+              f"the command after the restart: {line!r}")
+    finally:
+        lib.close()
+        if follow.poll() is None:
+            follow.terminate()
+        follow.wait(timeout=30 * MULT)
+        (second or first).stop()
+    err = follow.stderr.read()
+    print("  " + err.strip().replace("\n", "\n  "))
+    check("was lost" in err and "reconnecting" in err and "again" in err,
+          f"stderr: {err!r}")
 
 
 def test_a_late_admit_answer_is_released():
@@ -223,6 +276,7 @@ def test_denied_by_names_the_rule():
 
 if __name__ == "__main__":
     run([test_library_admit_deny_release_usage_ps, test_library_watch_sees_over,
-         test_command_line, test_a_late_admit_answer_is_released,
+         test_command_line, test_watch_reconnects_across_a_restart,
+         test_a_late_admit_answer_is_released,
          test_a_request_not_sent_whole_gives_the_client_up,
          test_denied_by_names_the_rule])

@@ -117,7 +117,7 @@ def test_reset_starts_afresh():
             held[0] += 4
             return None
 
-        p = wait_for("a re-registered", reattached, timeout=30,
+        wait_for("a re-registered", reattached, timeout=30,
                      interval=0.2)
         wait_for("a's whole total in the new segment",
                  counted(second, a.pid, held[0] * MIB))

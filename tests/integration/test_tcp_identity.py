@@ -18,7 +18,6 @@ rule: its requests need the token.
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,7 +28,6 @@ from harness import (as_user, CLI, MEMTALLYD, MULT, NOBODY, NOGROUP, PRELOAD,  #
                      Server, Skip, Worker, check, config_file, logged,
                      open_to_nobody, run, second_user, signal_until,
                      wait_for, worker, world_readable_copy)
-import pbwire as pb  # noqa: E402
 
 TOKEN = "tcp-identity-token-0123456789"
 GIB = 1 << 30
