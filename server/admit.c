@@ -1277,6 +1277,7 @@ static bool hosted_start(struct mts_registry *reg, struct mts_resv *r,
 	r->hosted = true;
 	r->host_pid = p->pid;
 	r->host_gen = p->slot_gen;
+	r->host_start = p->start_time;
 	r->host_tid = tid;
 	r->host_base = host_vouched(reg, p);
 	r->host_low = r->host_base;
@@ -1287,6 +1288,23 @@ static bool hosted_start(struct mts_registry *reg, struct mts_resv *r,
 	r->expires_ns = resv_deadline(reg, r);
 	heap_fix(reg, r->heap_index);
 	return true;
+}
+
+/* A restored reservation's host, adopted by the restarted server: known
+ * by its new slot from here on. Its thread's lane, if the host gave one,
+ * is taken as it is now less the use the record held: the task's use
+ * goes on from there (the lane may be a new one: a host that registered
+ * afresh publishes from zero). */
+static void host_found(struct mts_registry *reg, struct mts_resv *r,
+                       const struct mts_proc *p)
+{
+	r->host_gen = p->slot_gen;
+	r->host_unbound = false;
+	int64_t l;
+	r->lane_known = r->host_tid && host_lane(reg, p, r->host_tid, &l);
+	if (r->lane_known)
+		r->lane_base =
+		    l - (int64_t)(r->use > INT64_MAX ? INT64_MAX : r->use);
 }
 
 /* Each tick: every hosted task's use from its host's growth, what its
@@ -1301,7 +1319,10 @@ static void hosted_tick(struct mts_registry *reg, uint64_t now_ns)
 		if (!r->hosted || r->taken_over)
 			continue;
 		struct mts_proc *p = mts_find_pid(reg, r->host_pid);
-		if (!p || p->slot_gen != r->host_gen) {
+		if (p && r->host_unbound && p->start_time == r->host_start &&
+		    p->uid == r->uid)
+			host_found(reg, r, p);
+		if (!p || r->host_unbound || p->slot_gen != r->host_gen) {
 			mts_log_uid(resv_key(r), MTS_LOG_INFO,
 			            "reservation ended: the process running "
 			            "its task exited",
@@ -2107,6 +2128,33 @@ static void resv_link(struct mts_registry *reg, struct mts_resv *r, uint32_t gi,
 		resv_count(reg, r, r->want);
 }
 
+/* Link `r`, of group gi (ensured by the caller, its owner and profile
+ * set), into the registry, for a grant and a restore alike: `key`'s
+ * per-uid count and bytes, its task, then resv_link. -ENOMEM leaves
+ * nothing of it linked and collects gi if nothing else holds it. */
+static int resv_attach(struct mts_registry *reg, struct mts_resv *r,
+                       uint32_t gi, uint32_t key, uint64_t bytes,
+                       const char *task, uint32_t ttl)
+{
+	if (mts_uid_count_add(&reg->adm->resv_uids, key) < 0) {
+		mts_group_gc(reg, gi);
+		return -ENOMEM;
+	}
+	uint64_t *held = mts_uid_count_bytes(&reg->adm->resv_uids, key);
+	*held = mt_sat_add(*held, bytes);
+	if (task[0] && resv_join_task(reg, r, task, r->has_owner) < 0) {
+		held = mts_uid_count_bytes(&reg->adm->resv_uids, key);
+		*held = *held > bytes ? *held - bytes : 0;
+		mts_uid_count_sub(&reg->adm->resv_uids, key);
+		mts_group_gc(reg, gi);
+		return -ENOMEM;
+	}
+	if (r->task && r->kind)
+		r->task->kinded++;
+	resv_link(reg, r, gi, bytes, ttl);
+	return 0;
+}
+
 /* Link a granted reservation of `bytes` into the registry (index, heap,
  * task, group, kind, per-uid count) and count it. Nothing is changed
  * when it fails (-ENOMEM). */
@@ -2143,12 +2191,6 @@ static int resv_grant(struct mts_registry *reg, const struct mts_peer *peer,
 	 * cap: only -ENOMEM can fail here. */
 	if (mts_group_ensure_peer(reg, peer, group, &gi) < 0)
 		goto fail_kind;
-	if (mts_uid_count_add(&reg->adm->resv_uids, key) < 0) {
-		mts_group_gc(reg, gi);
-		goto fail_kind;
-	}
-	uint64_t *held = mts_uid_count_bytes(&reg->adm->resv_uids, key);
-	*held = mt_sat_add(*held, bytes);
 	r->has_owner = owned;
 	r->uid = peer->uid;
 	if (owned && !req->in_process &&
@@ -2159,19 +2201,11 @@ static int resv_grant(struct mts_registry *reg, const struct mts_peer *peer,
 		r->profiled = true;
 		r->prof = *prof;
 	}
-	if (task[0] && resv_join_task(reg, r, task, owned) < 0) {
-		held = mts_uid_count_bytes(&reg->adm->resv_uids, key);
-		*held = *held > bytes ? *held - bytes : 0;
-		mts_uid_count_sub(&reg->adm->resv_uids, key);
-		mts_group_gc(reg, gi);
-		goto fail_kind;
-	}
-	if (r->task && r->kind)
-		r->task->kinded++;
 	uint32_t ttl = req->ttl_s ? req->ttl_s : pol->default_ttl_s;
 	if (ttl > pol->max_ttl_s)
 		ttl = pol->max_ttl_s;
-	resv_link(reg, r, gi, bytes, ttl);
+	if (resv_attach(reg, r, gi, key, bytes, task, ttl) < 0)
+		goto fail_kind;
 	out->hosted =
 	    req->in_process && hosted_start(reg, r, peer, req->thread);
 
@@ -2634,11 +2668,13 @@ int mts_release(struct mts_registry *reg, const struct mts_peer *peer,
  * their peaks). Layout: struct resv_hdr, then per reservation struct
  * resv_rec and its group, task and kind names. The checksum (FNV-1a)
  * covers the payload; the kernel's boot id ties the monotonic times in it
- * to this boot. Hosted reservations (Admit.in_process) are not kept: what
- * their use is measured against lives in the asking process's memory.
+ * to this boot. Version 2 adds what a task run inside its asker
+ * (Admit.in_process) is measured against: its host's pid, start time and
+ * thread, and the host's figures at and since its start. Version 1
+ * records (no such reservation in them) are read as they are.
  */
 #define RESV_MAGIC   UINT64_C(0x317673655254544d) /* "MTTResv1" */
-#define RESV_VERSION 1u
+#define RESV_VERSION 2u
 
 struct resv_hdr {
 	uint64_t magic;
@@ -2675,7 +2711,17 @@ struct resv_rec {
 	uint64_t prof_bytes[MTS_KIND_STEPS];
 	uint64_t prof_mean[MTS_KIND_STEPS];
 	uint64_t slots[MTS_RESV_SLOTS];
+	/* Version 2 on: run inside its asker, the host (0: not hosted). */
+	uint32_t host_pid;
+	uint32_t host_tid;
+	uint64_t host_start;
+	uint64_t host_base;
+	uint64_t host_low;
+	uint64_t host_own_base;
+	uint64_t host_use;
 };
+/* A version 1 record's reservation: all before the host. */
+#define RESV_V1_REC offsetof(struct resv_rec, host_pid)
 /* The record is the structs' native layout: a change is a new version. */
 _Static_assert(sizeof(struct resv_hdr) == 48, "the record's header");
 /* mts_record_seal's common head: payload and checksum where every
@@ -2684,8 +2730,10 @@ _Static_assert(offsetof(struct resv_hdr, payload) == 16 &&
                    offsetof(struct resv_hdr, checksum) == 24,
                "the records' common head");
 _Static_assert(sizeof(struct resv_rec) ==
-                   128 + 16 * MTS_KIND_STEPS + 8 * MTS_RESV_SLOTS,
+                   176 + 16 * MTS_KIND_STEPS + 8 * MTS_RESV_SLOTS,
                "the record's reservation");
+_Static_assert(RESV_V1_REC == 128 + 16 * MTS_KIND_STEPS + 8 * MTS_RESV_SLOTS,
+               "a version 1 record's reservation");
 
 /* The kernel's id of this boot (/proc/sys/kernel/random/boot_id, 32 hex
  * digits), read once; all zero where it cannot be read, which no record
@@ -2753,8 +2801,6 @@ int mts_resv_encode(const struct mts_registry *reg, unsigned char **out,
 	mts_record_put(&w, &h, sizeof(h));
 	for (uint32_t i = 0; i < n; i++) {
 		const struct mts_resv *r = by_age[i];
-		if (r->hosted)
-			continue;
 		const char *group = reg->groups[r->group].name;
 		const char *task = r->task ? r->task->name : "";
 		const char *kind = r->kind ? r->kind->name : "";
@@ -2781,6 +2827,15 @@ int mts_resv_encode(const struct mts_registry *reg, unsigned char **out,
 		    .kind_len = (uint32_t)strlen(kind),
 		    .prof_mean_ms = r->profiled ? r->prof.mean_ms : 0,
 		};
+		if (r->hosted) {
+			rr.host_pid = r->host_pid;
+			rr.host_tid = r->host_tid;
+			rr.host_start = r->host_start;
+			rr.host_base = r->host_base;
+			rr.host_low = r->host_low;
+			rr.host_own_base = r->host_own_base;
+			rr.host_use = r->use;
+		}
 		memcpy(rr.id, r->id, sizeof(r->id));
 		if (r->profiled) {
 			memcpy(rr.prof_bytes, r->prof.bytes,
@@ -2836,7 +2891,7 @@ static int resv_restore_one(struct mts_registry *reg, const struct resv_rec *rr,
 	    !mt_name_ok(task) || !mt_name_ok(kind) || !group[0] ||
 	    rr->created_mono_ns > now || (kind[0] && rr->kind_uid != key) ||
 	    (rr->profiled && !rr->prof_mean_ms) ||
-	    reg->adm->nresv >= MTS_RESV_MAX)
+	    (rr->host_pid && !rr->has_owner) || reg->adm->nresv >= MTS_RESV_MAX)
 		return -EINVAL;
 	if (mts_resv_find(reg, rr->id))
 		return -EEXIST;
@@ -2869,12 +2924,6 @@ static int resv_restore_one(struct mts_registry *reg, const struct resv_rec *rr,
 		}
 		reg->groups[gi].creator = rr->uid;
 	}
-	if (mts_uid_count_add(&reg->adm->resv_uids, key) < 0) {
-		mts_group_gc(reg, gi);
-		goto fail;
-	}
-	uint64_t *held = mts_uid_count_bytes(&reg->adm->resv_uids, key);
-	*held = mt_sat_add(*held, rr->bytes);
 	r->has_owner = rr->has_owner;
 	r->uid = rr->uid;
 	r->asker_pid = rr->asker_pid;
@@ -2887,26 +2936,36 @@ static int resv_restore_one(struct mts_registry *reg, const struct resv_rec *rr,
 		memcpy(r->prof.bytes, rr->prof_bytes, sizeof(r->prof.bytes));
 		memcpy(r->prof.mean, rr->prof_mean, sizeof(r->prof.mean));
 	}
-	if (task[0] && resv_join_task(reg, r, task, rr->has_owner) < 0) {
-		held = mts_uid_count_bytes(&reg->adm->resv_uids, key);
-		*held = *held > rr->bytes ? *held - rr->bytes : 0;
-		mts_uid_count_sub(&reg->adm->resv_uids, key);
-		mts_group_gc(reg, gi);
+	if (resv_attach(reg, r, gi, key, rr->bytes, task, ttl) < 0)
 		goto fail;
-	}
-	if (r->task && r->kind)
-		r->task->kinded++;
-	resv_link(reg, r, gi, rr->bytes, ttl);
 	/* Its own times, not the restart's: its TTL counts from its grant. */
 	r->created_ns = rr->created_ns;
 	r->created_mono_ns = rr->created_mono_ns;
 	r->peak = rr->peak;
 	r->evicted = rr->evicted;
-	/* Taken over: max_ttl from its grant, and its run goes on from where
-	 * the record left it (not started again when its workers are
-	 * adopted). A reservation without a task was never taken over. */
-	if (rr->taken_over && r->task && !r->taken_over) {
+	/* Run inside its asker: the host is found again among the adopted
+	 * workers by its pid and start time at the first tick, or the
+	 * reservation ends there (hosted_tick, host_found). */
+	if (rr->host_pid) {
+		r->hosted = true;
+		r->host_unbound = true;
+		r->host_pid = rr->host_pid;
+		r->host_tid = rr->host_tid;
+		r->host_start = rr->host_start;
+		r->host_base = rr->host_base;
+		r->host_low = rr->host_low;
+		r->host_own_base = rr->host_own_base;
+		r->use = rr->host_use;
+		reg->adm->nhosted++;
+	}
+	/* Taken over: max_ttl from its grant. A reservation without a task
+	 * was never taken over. */
+	bool took = rr->taken_over && r->task && !r->taken_over;
+	if (took)
 		r->taken_over = true;
+	/* Its run goes on from where the record left it (not started again
+	 * when its workers are adopted). */
+	if (took || r->hosted) {
 		if (rr->started_mono_ns && rr->started_mono_ns <= now &&
 		    rr->slot_ms >= MTS_RESV_SLOT_MS) {
 			r->started_mono_ns = rr->started_mono_ns;
@@ -2916,6 +2975,8 @@ static int resv_restore_one(struct mts_registry *reg, const struct resv_rec *rr,
 		} else {
 			run_start(r);
 		}
+	}
+	if (took) {
 		if (workers_back && !r->task->seen)
 			task_seen(reg, r->task);
 		r->task->dirty = true;
@@ -2951,8 +3012,8 @@ int mts_resv_restore(struct mts_registry *reg, const unsigned char *d,
 	if (len < sizeof(h))
 		return -EINVAL;
 	memcpy(&h, d, sizeof(h));
-	if (h.magic != RESV_MAGIC || h.version != RESV_VERSION ||
-	    h.payload != len - sizeof(h) ||
+	if (h.magic != RESV_MAGIC || h.version < 1 ||
+	    h.version > RESV_VERSION || h.payload != len - sizeof(h) ||
 	    h.checksum !=
 	        mts_record_fnv(MTS_RECORD_FNV0, d + sizeof(h), h.payload))
 		return -EINVAL;
@@ -2966,11 +3027,12 @@ int mts_resv_restore(struct mts_registry *reg, const unsigned char *d,
 	uint64_t now = mts_now_monotonic();
 	size_t off = sizeof(h);
 	for (uint32_t i = 0; i < h.count; i++) {
-		struct resv_rec rr;
-		if (len - off < sizeof(rr))
+		struct resv_rec rr = {0};
+		size_t rlen = h.version == 1 ? RESV_V1_REC : sizeof(rr);
+		if (len - off < rlen)
 			return resv_restored(reg, *kept, -EINVAL);
-		memcpy(&rr, d + off, sizeof(rr));
-		off += sizeof(rr);
+		memcpy(&rr, d + off, rlen);
+		off += rlen;
 		char names[3][MTS_NAME_MAX + 1];
 		const uint32_t lens[3] = {rr.group_len, rr.task_len,
 		                          rr.kind_len};

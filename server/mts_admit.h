@@ -167,6 +167,11 @@ struct mts_resv {
 	uint64_t host_own_base;
 	int64_t lane_base;
 	bool lane_known; /* lane_base is the thread's lane's at its start */
+	/* The host's start time, and whether a restarted server restored
+	 * the reservation and has not yet found its host again among the
+	 * adopted workers (hosted_tick): its pid and start time must match. */
+	uint64_t host_start;
+	bool host_unbound;
 };
 
 /* What one kind of a task's workers use (admit.c): [0] admins' workers,

@@ -338,9 +338,21 @@ def test_a_worker_that_changed_uid_is_not_adopted_as_root():
 
 def recorded(s):
     """(reservations, of them taken over) in the server's record, or None
-    while it has written none. The record: a 48-byte header (its count at
-    12), then per reservation 512 bytes (taken over at 43; the lengths of
-    its group, task and kind names at 112, 116, 120) and those names."""
+    while it has written none."""
+    r = record_of(s)
+    return None if r is None else (len(r), sum(t for t, _ in r))
+
+
+RESV_REC = 560  # a reservation in the record (version 2), before its names
+
+
+def record_of(s):
+    """[(taken over, the use of a task run inside its asker)] per
+    reservation in the server's record, or None while it has written none.
+    The record: a 48-byte header (its count at 12), then per reservation
+    RESV_REC bytes (taken over at 43; the lengths of its group, task and
+    kind names at 112, 116, 120; a host's pid at 512, the task's use at
+    552) and those names."""
     try:
         with open(s.socket + ".state.resv", "rb") as f:
             d = f.read()
@@ -348,13 +360,13 @@ def recorded(s):
         return None
     if len(d) < 48:
         return None
-    count, off, taken = struct.unpack_from("<I", d, 12)[0], 48, 0
+    count, off, out = struct.unpack_from("<I", d, 12)[0], 48, []
     for _ in range(count):
-        if len(d) < off + 512:
+        if len(d) < off + RESV_REC:
             return None
-        taken += d[off + 43]
-        off += 512 + sum(struct.unpack_from("<III", d, off + 112))
-    return count, taken
+        out.append((d[off + 43], struct.unpack_from("<Q", d, off + 552)[0]))
+        off += RESV_REC + sum(struct.unpack_from("<III", d, off + 112))
+    return out
 
 
 def test_reservations_survive_a_restart():
@@ -434,6 +446,82 @@ def test_reservations_survive_a_restart():
         (fourth or third or second or first).stop()
 
 
+# A Python worker (preloaded) that runs a task inside itself, as a Dask or
+# Celery worker does: "admit" asks memtallyd with in_process (kind
+# "inproc"), "N" holds N MiB more.
+IN_PROCESS = r"""
+import os, sys
+sys.path.insert(0, os.environ["MEMTALLY_PYTHON"])
+import memtally
+held = []
+print("ready", flush=True)
+for line in sys.stdin:
+    if line.strip() == "admit":
+        with memtally.Client(os.environ["MEMTALLY_SOCKET"]) as c:
+            r = c.admit(64 << 20, task="t-inproc", kind="inproc",
+                        in_process=True)
+        print(r.reservation if r.admitted and r.in_process else "no", flush=True)
+    else:
+        held.append(bytearray(b"\x01") * (int(line) << 20))
+        print("held", flush=True)
+"""
+
+
+def test_a_task_inside_its_worker_survives_a_restart():
+    """A reservation run inside its asker (Admit.in_process) outlives
+    memtallyd's SIGKILL: the server started again finds its host among
+    the adopted workers and goes on counting the task's use from where the
+    record left it; the reservation ends with its host, and its kind
+    learns the run."""
+    first = Server()
+    second = w = None
+    try:
+        w = Worker([sys.executable, "-c", IN_PROCESS], first.env())
+        check(w.readline() == "ready", "the worker did not start")
+        wait_for("the worker registered", lambda: w.pid in first.ps())
+        w.send("admit")
+        rid = w.readline()
+        check(rid.startswith("r-"), f"not admitted in process: {rid}")
+        w.send("16")
+        check(w.readline() == "held", "the worker did not allocate")
+        wait_for("its use in the record", lambda: (
+            (record_of(first) or [(0, 0)])[0][1] >= 15 * MIB), timeout=30)
+        first.kill9()
+        seen = len(first.logtext())
+
+        second = Server(after=first)
+        log = second.logtext()[seen:]
+        check('msg="restart: reservations restored" kept=1 dropped=0' in
+              log, "no restore line: " + second.tail())
+        st = second.status()["fleet"]
+        print(f"  after the restart: {st['reservations']} reservation, "
+              f"{st['reserved'] / MIB:.1f} MiB reserved")
+        check(st["reservations"] == 1,
+              f"{st['reservations']} reservations after the restart")
+        # 64 MiB less the 16 the task holds (and what Python added; less
+        # what the worker's threads have not flushed, 64 KiB each).
+        wait_for("what the task holds set against it", lambda: (
+            40 * MIB <= second.status()["fleet"]["reserved"] <= 49 * MIB))
+        w.send("16")
+        check(w.readline() == "held", "the worker did not allocate")
+        wait_for("the task's use counted on after the restart", lambda: (
+            24 * MIB <= second.status()["fleet"]["reserved"] <= 33 * MIB))
+        w.close()
+        w = None
+        wait_for("the reservation ended with its host",
+                 lambda: second.status()["fleet"]["reservations"] == 0)
+        check('msg="reservation ended: the process running its task '
+              f'exited" reservation={rid}' in second.logtext()[seen:],
+              "no end line")
+        kinds = {k["kind"]: k for k in second.cli("kinds")["kinds"]}
+        check("inproc" in kinds and kinds["inproc"]["runs"] == 1,
+              f"the kind did not learn the run: {kinds}")
+    finally:
+        if w:
+            w.close()
+        (second or first).stop()
+
+
 def line_within(proc, secs):
     """The next line `proc` writes to stdout within `secs`, or None."""
     end = time.monotonic() + secs
@@ -488,4 +576,5 @@ if __name__ == "__main__":
          test_a_decoy_mapping_does_not_hold_up_a_restart,
          test_a_worker_that_changed_uid_is_not_adopted_as_root,
          test_reservations_survive_a_restart,
+         test_a_task_inside_its_worker_survives_a_restart,
          test_watch_reconnects_across_a_restart])

@@ -1345,6 +1345,81 @@ Test(kinds, a_hosted_task_on_a_thread_is_what_its_thread_grew_by)
 	cr_assert_eq(k->runs[0].peak, 70 * MIB);
 }
 
+/* A restarted server keeps a task run inside its asker: the record holds
+ * the host's pid, start time and thread, and the first tick finds the
+ * host again (here registered afresh, as a worker the restarted server
+ * did not adopt: its thread's lane starts from nothing) and counts the
+ * task's use on from where the record left it. A host that died while no
+ * server ran ends its reservation at that tick. */
+Test(kinds, a_hosted_task_survives_a_restart_of_the_server)
+{
+	start_fleet(1024 * MIB);
+	pid_t h = fx_spawn();
+	uint32_t slot = fx_register_as(h, 1000, "", "");
+	lane_write(slot, 1, 4242, 8 * MIB);
+	mts_core_tick(&srv.reg);
+	Memtally__V1__Response *r =
+	    fx_admit_hosted(h, 1000, 100 * MIB, "parse", 4242, 0);
+	cr_assert(r->admit_result->in_process);
+	char id[MTS_RESV_ID_LEN + 1];
+	snprintf(id, sizeof(id), "%s", r->admit_result->reservation);
+	memtally__v1__response__free_unpacked(r, NULL);
+	lane_write(slot, 1, 4242, 28 * MIB);
+	mts_core_tick(&srv.reg);
+	cr_assert_eq(srv.reg.totals.reserved, 80 * MIB);
+	unsigned char *d;
+	size_t len;
+	cr_assert_eq(mts_resv_encode(&srv.reg, &d, &len), 0);
+	mts_record_seal(d, len);
+	/* The host outlives the server. */
+	for (int i = 0; i < nkids; i++)
+		if (kids[i] == h)
+			kids[i] = kids[--nkids];
+	fx_stop();
+	mts_policy_free(&pol);
+
+	start_fleet(1024 * MIB);
+	kids[nkids++] = h;
+	uint32_t kept, dropped;
+	cr_assert_eq(mts_resv_restore(&srv.reg, d, len, true, &kept, &dropped),
+	             0);
+	cr_assert_eq(kept, 1, "kept %u, dropped %u", kept, dropped);
+	const struct mts_resv *rv = mts_resv_find(&srv.reg, id);
+	cr_assert_not_null(rv, "the hosted reservation was not restored");
+	cr_assert(rv->hosted && rv->host_unbound);
+	cr_assert_eq(rv->host_pid, (uint32_t)h);
+	cr_assert_eq(srv.reg.adm->nhosted, 1);
+	slot = fx_register_as(h, 1000, "", "");
+	lane_write(slot, 0, 4242, 5 * MIB);
+	mts_core_tick(&srv.reg);
+	cr_assert_not(rv->host_unbound, "the host was not found again");
+	cr_assert_eq(srv.reg.totals.reserved, 80 * MIB, "reserved %llu",
+	             (unsigned long long)srv.reg.totals.reserved);
+	lane_write(slot, 0, 4242, 55 * MIB);
+	mts_core_tick(&srv.reg);
+	cr_assert_eq(srv.reg.totals.reserved, 30 * MIB);
+	fx_kill(h);
+	mts_core_tick(&srv.reg);
+	cr_assert_eq(srv.reg.adm->nresv, 0);
+	struct mts_kind *k = mts_kind_find(&srv.reg, "parse", 1000);
+	cr_assert_not_null(k);
+	cr_assert_eq(k->nruns, 1);
+	cr_assert_eq(k->runs[0].peak, 70 * MIB);
+
+	/* Its host gone while no server ran: ended at the first tick. */
+	fx_stop();
+	mts_policy_free(&pol);
+	start_fleet(1024 * MIB);
+	cr_assert_eq(mts_resv_restore(&srv.reg, d, len, true, &kept, &dropped),
+	             0);
+	cr_assert_eq(kept, 1);
+	mts_core_tick(&srv.reg);
+	cr_assert_eq(srv.reg.adm->nresv, 0);
+	cr_assert_eq(srv.reg.adm->nhosted, 0);
+	cr_assert_eq(srv.reg.totals.reserved, 0);
+	free(d);
+}
+
 Test(kinds, an_untrusted_hosts_thread_counts_no_more_than_the_kernel_vouches)
 {
 	/* An untrusted worker (no allowance for claims ahead of the kernel)

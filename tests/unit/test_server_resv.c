@@ -378,6 +378,48 @@ Test(resv, a_record_restores_what_was_granted)
 	free(d);
 }
 
+/* A record of the first version (no hosts: each reservation 48 bytes
+ * shorter, before its names) restores as it did. */
+Test(resv, a_version_1_record_still_restores)
+{
+	start();
+	struct mts_peer p = fx_peer(getpid(), 1000);
+	struct mts_admit_req req = {.bytes = 10 * MIB};
+	struct mts_admit_out out;
+	cr_assert_eq(mts_admit(&srv.reg, &p, &req, &out), 0);
+	cr_assert(out.admitted, "%s", out.why);
+	unsigned char *d;
+	size_t len;
+	cr_assert_eq(mts_resv_encode(&srv.reg, &d, &len), 0);
+	/* Header (48 bytes), one reservation, its group "default". */
+	enum { HDR = 48, HOST = 48, NAME = 7 };
+	size_t rec = len - HDR - NAME;
+	cr_assert_gt(rec, HOST);
+	unsigned char *v1 = malloc(len - HOST);
+	cr_assert_not_null(v1);
+	memcpy(v1, d, HDR + rec - HOST);
+	memcpy(v1 + HDR + rec - HOST, d + HDR + rec, NAME);
+	uint32_t version = 1;
+	uint64_t payload = rec - HOST + NAME;
+	memcpy(v1 + 8, &version, sizeof(version));
+	memcpy(v1 + 16, &payload, sizeof(payload));
+	mts_record_seal(v1, len - HOST);
+	fx_stop();
+	start();
+	uint32_t kept, dropped;
+	cr_assert_eq(
+	    mts_resv_restore(&srv.reg, v1, len - HOST, false, &kept, &dropped),
+	    0);
+	cr_assert_eq(kept, 1);
+	const struct mts_resv *r = mts_resv_find(&srv.reg, out.id);
+	cr_assert_not_null(r);
+	cr_assert_eq(r->bytes, 10 * MIB);
+	cr_assert_not(r->hosted);
+	cr_assert_str_eq(srv.reg.groups[r->group].name, "default");
+	free(v1);
+	free(d);
+}
+
 /* A task's use counts against its reservations oldest first: restored,
  * they keep that order, though the table they are kept in lost it when
  * one before them ended. */
