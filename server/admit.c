@@ -252,7 +252,8 @@ void mts_task_evicted(struct mts_registry *reg, const char *task, uint32_t uid,
 /* A hosted reservation's task still runs inside `pid`. */
 static bool hosted_by(const struct mts_resv *r, uint32_t pid)
 {
-	return r->hosted && !r->taken_over && r->host_pid == pid;
+	return r->hosted && !r->taken_over && !r->host_unbound &&
+	       r->host_pid == pid;
 }
 
 /* How many hosted tasks run inside `pid` now (at least 1). */
@@ -1278,6 +1279,7 @@ static bool hosted_start(struct mts_registry *reg, struct mts_resv *r,
 	r->host_pid = p->pid;
 	r->host_gen = p->slot_gen;
 	r->host_start = p->start_time;
+	r->host_slot = p->slot;
 	r->host_tid = tid;
 	r->host_base = host_vouched(reg, p);
 	r->host_low = r->host_base;
@@ -1290,21 +1292,49 @@ static bool hosted_start(struct mts_registry *reg, struct mts_resv *r,
 	return true;
 }
 
-/* A restored reservation's host, adopted by the restarted server: known
- * by its new slot from here on. Its thread's lane, if the host gave one,
- * is taken as it is now less the use the record held: the task's use
- * goes on from there (the lane may be a new one: a host that registered
- * afresh publishes from zero). */
-static void host_found(struct mts_registry *reg, struct mts_resv *r,
-                       const struct mts_proc *p)
+/* A restored reservation's host, found again: known by its slot from
+ * here on. Adopted in the slot the record names, its lanes went on, and
+ * so do the recorded bases; registered afresh, its thread's lane is
+ * taken as it is when next seen, less the use the record held
+ * (hosted_tick). Its process figure went on either way: a
+ * worker registering again carries its whole count. */
+static void host_found(struct mts_resv *r, const struct mts_proc *p)
 {
+	if (!(p->adopted && p->slot == r->host_slot &&
+	      p->slot_gen == r->host_gen)) {
+		r->lane_known = false;
+		r->lane_carry = r->use;
+	}
 	r->host_gen = p->slot_gen;
+	r->host_slot = p->slot;
 	r->host_unbound = false;
-	int64_t l;
-	r->lane_known = r->host_tid && host_lane(reg, p, r->host_tid, &l);
-	if (r->lane_known)
-		r->lane_base =
-		    l - (int64_t)(r->use > INT64_MAX ? INT64_MAX : r->use);
+	r->host_settling = true;
+}
+
+/* Whether a found host's figures are read: until then its vouched figure
+ * is 0 (no kernel read yet for an untrusted one, no resident figure when
+ * that is what is measured), and taking its growth from that would make
+ * all it holds the task's. */
+static bool host_settled(const struct mts_registry *reg, struct mts_resv *r,
+                         const struct mts_proc *p)
+{
+	if ((p->untrusted && !p->vouch.kernel_ns) ||
+	    (reg->policy.measure != MTS_MEASURE_ACCOUNTED && !p->rss_known))
+		return false;
+	r->host_settling = false;
+	return true;
+}
+
+/* A restored host not registered again: is it alive, the same process?
+ * Its /proc entry is read once a second at most. */
+static bool host_alive(struct mts_resv *r, uint64_t now_ns)
+{
+	if (now_ns < r->host_check_ns)
+		return true;
+	r->host_check_ns = now_ns + 1000000000u;
+	uint64_t st;
+	return mts_read_starttime((pid_t)r->host_pid, &st) == 0 &&
+	       st == r->host_start;
 }
 
 /* Each tick: every hosted task's use from its host's growth, what its
@@ -1319,10 +1349,18 @@ static void hosted_tick(struct mts_registry *reg, uint64_t now_ns)
 		if (!r->hosted || r->taken_over)
 			continue;
 		struct mts_proc *p = mts_find_pid(reg, r->host_pid);
-		if (p && r->host_unbound && p->start_time == r->host_start &&
-		    p->uid == r->uid)
-			host_found(reg, r, p);
+		if (r->host_unbound) {
+			if (p && p->start_time == r->host_start &&
+			    p->uid == r->uid)
+				host_found(r, p);
+			else if (!p && host_alive(r, now_ns))
+				continue; /* not registered again yet */
+		}
 		if (!p || r->host_unbound || p->slot_gen != r->host_gen) {
+			/* Ended while no server watched: when, and at what,
+			 * is not known, so its kind learns nothing of it. */
+			if (r->host_unbound)
+				r->peak = 0;
 			mts_log_uid(resv_key(r), MTS_LOG_INFO,
 			            "reservation ended: the process running "
 			            "its task exited",
@@ -1334,6 +1372,8 @@ static void hosted_tick(struct mts_registry *reg, uint64_t now_ns)
 			resv_remove(reg, r, true);
 			continue;
 		}
+		if (r->host_settling && !host_settled(reg, r, p))
+			continue; /* its figures unread: its use as recorded */
 		uint64_t v = host_vouched(reg, p);
 		/* Growth from the host's lowest point since the task began:
 		 * what other tasks in it freed meanwhile is not taken out of
@@ -1343,14 +1383,19 @@ static void hosted_tick(struct mts_registry *reg, uint64_t now_ns)
 		uint64_t use = v - r->host_low;
 		int64_t l;
 		if (r->host_tid && !r->lane_known &&
-		    host_lane(reg, p, r->host_tid, &r->lane_base)) {
+		    host_lane(reg, p, r->host_tid, &l)) {
 			/* Its first flush since the task began claimed a
-			 * lane: at most that flush is missed. */
+			 * lane: at most that flush is missed. Restored, its
+			 * use goes on from what the record held. (The lane
+			 * is the worker's to write: unsigned, no overflow.) */
 			r->lane_known = true;
+			r->lane_base = (int64_t)((uint64_t)l - r->lane_carry);
 		} else if (r->lane_known &&
 		           host_lane(reg, p, r->host_tid, &l)) {
 			uint64_t grew =
-			    l > r->lane_base ? (uint64_t)(l - r->lane_base) : 0;
+			    l > r->lane_base
+			        ? (uint64_t)l - (uint64_t)r->lane_base
+			        : 0;
 			/* A trusted host's lane is as good as its slot's
 			 * total, which is the sum of its lanes. An untrusted
 			 * one's is a claim: no more than the kernel vouches
@@ -2715,6 +2760,10 @@ struct resv_rec {
 	uint32_t host_pid;
 	uint32_t host_tid;
 	uint64_t host_start;
+	uint64_t host_gen;
+	uint32_t host_slot;
+	uint32_t lane_known;
+	int64_t lane_base;
 	uint64_t host_base;
 	uint64_t host_low;
 	uint64_t host_own_base;
@@ -2730,7 +2779,7 @@ _Static_assert(offsetof(struct resv_hdr, payload) == 16 &&
                    offsetof(struct resv_hdr, checksum) == 24,
                "the records' common head");
 _Static_assert(sizeof(struct resv_rec) ==
-                   176 + 16 * MTS_KIND_STEPS + 8 * MTS_RESV_SLOTS,
+                   200 + 16 * MTS_KIND_STEPS + 8 * MTS_RESV_SLOTS,
                "the record's reservation");
 _Static_assert(RESV_V1_REC == 128 + 16 * MTS_KIND_STEPS + 8 * MTS_RESV_SLOTS,
                "a version 1 record's reservation");
@@ -2831,6 +2880,10 @@ int mts_resv_encode(const struct mts_registry *reg, unsigned char **out,
 			rr.host_pid = r->host_pid;
 			rr.host_tid = r->host_tid;
 			rr.host_start = r->host_start;
+			rr.host_gen = r->host_gen;
+			rr.host_slot = r->host_slot;
+			rr.lane_known = r->lane_known;
+			rr.lane_base = r->lane_base;
 			rr.host_base = r->host_base;
 			rr.host_low = r->host_low;
 			rr.host_own_base = r->host_own_base;
@@ -2952,6 +3005,10 @@ static int resv_restore_one(struct mts_registry *reg, const struct resv_rec *rr,
 		r->host_pid = rr->host_pid;
 		r->host_tid = rr->host_tid;
 		r->host_start = rr->host_start;
+		r->host_gen = rr->host_gen;
+		r->host_slot = rr->host_slot;
+		r->lane_known = rr->lane_known != 0;
+		r->lane_base = rr->lane_base;
 		r->host_base = rr->host_base;
 		r->host_low = rr->host_low;
 		r->host_own_base = rr->host_own_base;

@@ -166,12 +166,18 @@ struct mts_resv {
 	 * the grant: admitted with it, so the guard counts it reserved. */
 	uint64_t host_own_base;
 	int64_t lane_base;
-	bool lane_known; /* lane_base is the thread's lane's at its start */
-	/* The host's start time, and whether a restarted server restored
-	 * the reservation and has not yet found its host again among the
-	 * adopted workers (hosted_tick): its pid and start time must match. */
+	bool lane_known;     /* lane_base is the thread's lane's at its start */
+	uint64_t lane_carry; /* restored: the use the lane's base carries */
+	/* The host's start time and slot. A restarted server restores the
+	 * reservation `host_unbound` until it finds its host again by pid,
+	 * start time and uid (hosted_tick; its /proc entry is looked at once
+	 * a second, `host_check_ns`, while it has not registered), then
+	 * `host_settling` until the host's figures have been read. */
 	uint64_t host_start;
+	uint32_t host_slot;
 	bool host_unbound;
+	bool host_settling;
+	uint64_t host_check_ns;
 };
 
 /* What one kind of a task's workers use (admit.c): [0] admins' workers,
@@ -331,7 +337,7 @@ void mts_host_evicted(struct mts_registry *reg, uint32_t pid);
 
 /*
  * The reservations' record (admit.c): mts_resv_encode takes every
- * reservation but those run inside their asker into a buffer the caller
+ * reservation (those run inside their asker too) into a buffer the caller
  * frees (0 or -ENOMEM), in the order they were granted, not yet sealed
  * (mts_record_seal, mts_kinds_write: off the loop); mts_resv_restore
  * links those of a record taken in this boot back in, with their ids,

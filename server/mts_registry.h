@@ -118,6 +118,16 @@ struct mts_proc {
 	 * until it registers again (rss.c). */
 	bool uid_left;
 	uint32_t left_uid;
+	/* A worker that left its trusted uid (above) still maps the page of
+	 * the table its slot is on: the other slots on that page are in
+	 * reach of whoever controls it now. Their processes are untrusted
+	 * while it lives, their claims' excess that uid's (vouch.c,
+	 * mts_vouch_expose); `exposed_by` is its pid. */
+	bool exposed;
+	uint32_t exposed_by;
+	/* Taken over after a restart with its slot, counters and lanes, and
+	 * not registered again since (an exec). */
+	bool adopted;
 	/* The bound of its mapped bytes by the kernel's figure (rss.c).
 	 * `cap` is its anonymous resident bytes at the latest read made once
 	 * the figure was no longer young; UINT64_MAX after a rise lifts it.
@@ -295,6 +305,7 @@ struct mts_registry {
 	uint32_t nfree;
 	uint32_t *dense; /* registered slots, dense: the tick walks these */
 	uint32_t ndense;
+	uint32_t nuid_left;     /* of them, uid_left: their pages are exposed */
 	struct mts_proc **hash; /* pid -> proc, chained */
 	uint32_t hash_mask;
 

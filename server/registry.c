@@ -667,6 +667,8 @@ static void proc_release(struct mts_registry *reg, struct mts_proc *p,
 		reg->watch->leaving(reg, p);
 	totals_drop(reg, p);
 	group_unref(reg, p->group);
+	if (p->uid_left)
+		reg->nuid_left--;
 
 	struct mtshm_slot_id *s = reg->slot_at[p->slot];
 	/* The over-limit flag belongs to this process, not the slot. */
@@ -842,7 +844,10 @@ static int proc_reset(struct mts_registry *reg, struct mts_proc *p,
 	p->uid = p->task_uid = uid;
 	p->task_asker = 0;
 	p->untrusted = false; /* until joined() says (vouch.c) */
-	p->uid_left = false;  /* registered as what it is now */
+	if (p->uid_left)
+		reg->nuid_left--;
+	p->uid_left = false; /* registered as what it is now */
+	p->adopted = false;
 	p->unvouched = 0;
 	/* The new image's kernel figure comes from its first read, which
 	 * an early sweep makes (no read yet). Until then the old figure
@@ -1313,6 +1318,7 @@ int mts_registry_adopt_slot(struct mts_registry *reg,
 	 * Identity is rewritten from our record (the table is writable by
 	 * the uid's workers: what it says is not evidence). */
 	p->slot_gen = a->slot_gen;
+	p->adopted = true;
 	/* A limit set on it (SetLimit) outlives the server, as a reload. */
 	if (a->limit_set)
 		p->limit = p->limit_set = a->limit_set;

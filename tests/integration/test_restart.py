@@ -343,7 +343,7 @@ def recorded(s):
     return None if r is None else (len(r), sum(t for t, _ in r))
 
 
-RESV_REC = 560  # a reservation in the record (version 2), before its names
+RESV_REC = 584  # a reservation in the record (version 2), before its names
 
 
 def record_of(s):
@@ -352,7 +352,7 @@ def record_of(s):
     The record: a 48-byte header (its count at 12), then per reservation
     RESV_REC bytes (taken over at 43; the lengths of its group, task and
     kind names at 112, 116, 120; a host's pid at 512, the task's use at
-    552) and those names."""
+    576) and those names."""
     try:
         with open(s.socket + ".state.resv", "rb") as f:
             d = f.read()
@@ -364,7 +364,7 @@ def record_of(s):
     for _ in range(count):
         if len(d) < off + RESV_REC:
             return None
-        out.append((d[off + 43], struct.unpack_from("<Q", d, off + 552)[0]))
+        out.append((d[off + 43], struct.unpack_from("<Q", d, off + 576)[0]))
         off += RESV_REC + sum(struct.unpack_from("<III", d, off + 112))
     return out
 

@@ -1346,11 +1346,33 @@ Test(kinds, a_hosted_task_on_a_thread_is_what_its_thread_grew_by)
 }
 
 /* A restarted server keeps a task run inside its asker: the record holds
- * the host's pid, start time and thread, and the first tick finds the
- * host again (here registered afresh, as a worker the restarted server
- * did not adopt: its thread's lane starts from nothing) and counts the
- * task's use on from where the record left it. A host that died while no
- * server ran ends its reservation at that tick. */
+ * the host's pid, start time, uid and thread. The host, alive but not yet
+ * registered with the new server, keeps the reservation; registered
+ * (afresh, as a worker the restarted server did not adopt: its count
+ * whole in its thread's lane), the task's use goes on from where the
+ * record left it. A host that died while no server ran, one that is
+ * another process at the recorded pid (another start time), and one of
+ * another uid end the reservation at the next tick, teaching its kind
+ * nothing. */
+static void host_outlives_server(pid_t h)
+{
+	for (int i = 0; i < nkids; i++)
+		if (kids[i] == h)
+			kids[i] = kids[--nkids];
+	fx_stop();
+	mts_policy_free(&pol);
+	start_fleet(1024 * MIB);
+	kids[nkids++] = h;
+}
+
+static void restore_one(unsigned char *d, size_t len)
+{
+	uint32_t kept, dropped;
+	cr_assert_eq(mts_resv_restore(&srv.reg, d, len, true, &kept, &dropped),
+	             0);
+	cr_assert_eq(kept, 1, "kept %u, dropped %u", kept, dropped);
+}
+
 Test(kinds, a_hosted_task_survives_a_restart_of_the_server)
 {
 	start_fleet(1024 * MIB);
@@ -1371,52 +1393,62 @@ Test(kinds, a_hosted_task_survives_a_restart_of_the_server)
 	size_t len;
 	cr_assert_eq(mts_resv_encode(&srv.reg, &d, &len), 0);
 	mts_record_seal(d, len);
-	/* The host outlives the server. */
-	for (int i = 0; i < nkids; i++)
-		if (kids[i] == h)
-			kids[i] = kids[--nkids];
-	fx_stop();
-	mts_policy_free(&pol);
 
-	start_fleet(1024 * MIB);
-	kids[nkids++] = h;
-	uint32_t kept, dropped;
-	cr_assert_eq(mts_resv_restore(&srv.reg, d, len, true, &kept, &dropped),
-	             0);
-	cr_assert_eq(kept, 1, "kept %u, dropped %u", kept, dropped);
+	host_outlives_server(h);
+	restore_one(d, len);
 	const struct mts_resv *rv = mts_resv_find(&srv.reg, id);
 	cr_assert_not_null(rv, "the hosted reservation was not restored");
 	cr_assert(rv->hosted && rv->host_unbound);
 	cr_assert_eq(rv->host_pid, (uint32_t)h);
 	cr_assert_eq(srv.reg.adm->nhosted, 1);
+	/* Alive, not registered yet: kept. */
+	mts_core_tick(&srv.reg);
+	cr_assert_eq(srv.reg.adm->nresv, 1, "ended while its host lives");
+	cr_assert(rv->host_unbound);
 	slot = fx_register_as(h, 1000, "", "");
-	lane_write(slot, 0, 4242, 5 * MIB);
+	lane_write(slot, 0, 4242, 28 * MIB);
 	mts_core_tick(&srv.reg);
 	cr_assert_not(rv->host_unbound, "the host was not found again");
 	cr_assert_eq(srv.reg.totals.reserved, 80 * MIB, "reserved %llu",
 	             (unsigned long long)srv.reg.totals.reserved);
-	lane_write(slot, 0, 4242, 55 * MIB);
+	lane_write(slot, 0, 4242, 78 * MIB);
 	mts_core_tick(&srv.reg);
-	cr_assert_eq(srv.reg.totals.reserved, 30 * MIB);
-	fx_kill(h);
+	cr_assert_eq(srv.reg.totals.reserved, 30 * MIB, "reserved %llu",
+	             (unsigned long long)srv.reg.totals.reserved);
+
+	/* Another process at the recorded pid (another start time), and
+	 * the host registered as another uid: not the host. */
+	uint64_t start;
+	memcpy(&start, d + 48 + 520, sizeof(start)); /* the host's start */
+	start++;
+	memcpy(d + 48 + 520, &start, sizeof(start));
+	mts_record_seal(d, len);
+	host_outlives_server(h);
+	restore_one(d, len);
+	fx_register_as(h, 1000, "", "");
 	mts_core_tick(&srv.reg);
-	cr_assert_eq(srv.reg.adm->nresv, 0);
-	struct mts_kind *k = mts_kind_find(&srv.reg, "parse", 1000);
-	cr_assert_not_null(k);
-	cr_assert_eq(k->nruns, 1);
-	cr_assert_eq(k->runs[0].peak, 70 * MIB);
+	cr_assert_eq(srv.reg.adm->nresv, 0, "another process taken as host");
+	start--;
+	memcpy(d + 48 + 520, &start, sizeof(start));
+	mts_record_seal(d, len);
+	host_outlives_server(h);
+	restore_one(d, len);
+	fx_register_as(h, 2000, "", "");
+	mts_core_tick(&srv.reg);
+	cr_assert_eq(srv.reg.adm->nresv, 0, "a host of another uid");
 
 	/* Its host gone while no server ran: ended at the first tick. */
+	fx_kill(h);
 	fx_stop();
 	mts_policy_free(&pol);
 	start_fleet(1024 * MIB);
-	cr_assert_eq(mts_resv_restore(&srv.reg, d, len, true, &kept, &dropped),
-	             0);
-	cr_assert_eq(kept, 1);
+	restore_one(d, len);
 	mts_core_tick(&srv.reg);
 	cr_assert_eq(srv.reg.adm->nresv, 0);
 	cr_assert_eq(srv.reg.adm->nhosted, 0);
 	cr_assert_eq(srv.reg.totals.reserved, 0);
+	struct mts_kind *k = mts_kind_find(&srv.reg, "parse", 1000);
+	cr_assert(!k || !k->nruns, "a run ended unseen was learned");
 	free(d);
 }
 
