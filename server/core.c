@@ -59,6 +59,7 @@ static uint64_t sat_mul(uint64_t a, uint64_t b)
 
 static void on_joined(struct mts_registry *reg, struct mts_proc *p)
 {
+	mts_vouch_exposed_check(reg, p);
 	mts_vouch_proc_init(reg, p);
 	if (p->task[0])
 		mts_resv_worker_registered(reg, p);
@@ -370,9 +371,11 @@ static inline void tick_proc(struct mts_registry *reg, struct mts_proc *p,
 		pv = mts_vouch_proc(reg, p, pb, &acc->vouch_reads);
 		if (p->unvouched) {
 			/* A process that left its trusted uid lies for
-			 * the uid it runs as. */
-			group_unvouched(g, p->uid_left ? p->left_uid : p->uid,
-			                p->unvouched);
+			 * the uid it runs as, and so does a slot in its
+			 * reach. */
+			group_unvouched(
+			    g, p->uid_left || p->exposed ? p->left_uid : p->uid,
+			    p->unvouched);
 			acc->unvouched =
 			    mt_sat_add(acc->unvouched, p->unvouched);
 		}

@@ -331,10 +331,17 @@ static void proc_tell(struct mts_registry *reg, struct mts_proc *p,
 	     mts_proc_growth(reg, p), 0, NULL);
 }
 
+/* What a process's own limit sees: its claim, or, in reach of a worker
+ * that left its uid (vouch.c), what the kernel vouches for. */
+static uint64_t own_claim(const struct mts_proc *p)
+{
+	return p->exposed ? mts_vouch_counted(p) : p->bytes;
+}
+
 void mts_limits_eval_proc(struct mts_registry *reg, struct mts_proc *p)
 {
 	const struct mts_policy *pol = &reg->policy;
-	uint64_t value = mts_measured(reg, p->bytes, p->rss);
+	uint64_t value = mts_measured(reg, own_claim(p), p->rss);
 	uint32_t next = mts_state_next(p->state, value, p->limit, pol->high_bp,
 	                               pol->hyst_bp, false);
 	if (next == p->state) {

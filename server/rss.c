@@ -383,11 +383,13 @@ static bool uid_left(struct mts_registry *reg, struct mts_proc *p,
 			return false;
 	p->uid_left = true;
 	p->left_uid = e->km.uids[1];
+	reg->nuid_left++;
 	mts_vouch_proc_init(reg, p);
 	mts_log_uid(p->uid, MTS_LOG_WARN,
 	            "worker left its uid without exec: its claims count as "
 	            "the kernel vouches for them",
 	            "pid=%u uid=%u euid=%u", p->pid, p->uid, e->km.uids[1]);
+	mts_vouch_expose(reg, p);
 	return true;
 }
 

@@ -44,8 +44,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "mts_defs.h"
+#include "mts_log.h"
 #include "mts_procfs.h"
 #include "mts_registry.h"
 
@@ -77,11 +79,86 @@ bool mts_vouch_want_read(const struct mts_proc *p)
 
 void mts_vouch_proc_init(const struct mts_registry *reg, struct mts_proc *p)
 {
-	p->untrusted = p->uid_left || !mts_uid_trusted(reg, p->uid);
+	p->untrusted =
+	    p->uid_left || p->exposed || !mts_uid_trusted(reg, p->uid);
 	p->unvouched = 0;
 	if (!p->untrusted) {
 		p->vouch.kernel = 0;
 		p->vouch.kernel_ns = 0;
+	}
+}
+
+/*
+ * A worker maps only the page(s) of its table that hold its own slot
+ * (mtshm_map_window), but slots are smaller than pages: its neighbours on
+ * those pages are in its reach. Among processes of one uid that is
+ * nothing: each could write its own slot anyway. A worker that left a
+ * trusted uid without exec keeps its mapping, though, and whoever controls
+ * it now could write a trusted neighbour's claim, counted in full. So while
+ * it lives, a process whose slot shares a page with it is untrusted: its
+ * claims count as the kernel vouches for them, toward others and toward
+ * its own limit (limits.c), and their excess is the leaver's new uid's.
+ * It stays so until it registers again (an exec), when its page is looked
+ * at again. The leaver's exit does not restore it: a child it forked may
+ * hold the same mapping.
+ */
+static void slot_pages(const struct mts_registry *reg, uint32_t slot,
+                       uint64_t *first, uint64_t *last)
+{
+	static uint64_t page;
+	if (!page) {
+		long ps = sysconf(_SC_PAGESIZE);
+		page = ps > 0 ? (uint64_t)ps : 4096;
+	}
+	uint64_t off = (uint64_t)slot * reg->layout.slot_stride;
+	*first = off / page;
+	*last = (off + reg->layout.slot_stride - 1) / page;
+}
+
+static bool pages_meet(const struct mts_registry *reg, const struct mts_proc *a,
+                       const struct mts_proc *b)
+{
+	uint64_t af, al, bf, bl;
+	slot_pages(reg, a->slot, &af, &al);
+	slot_pages(reg, b->slot, &bf, &bl);
+	return a->table == b->table && af <= bl && bf <= al;
+}
+
+static void expose(const struct mts_registry *reg, struct mts_proc *q,
+                   const struct mts_proc *by)
+{
+	bool was = q->untrusted;
+	q->exposed = true;
+	q->exposed_by = by->pid;
+	q->left_uid = by->left_uid;
+	mts_vouch_proc_init(reg, q);
+	if (!was)
+		mts_log_uid(q->uid, MTS_LOG_WARN,
+		            "worker's slot shares a page with a worker that "
+		            "left its uid: its claims count as the kernel "
+		            "vouches for them",
+		            "pid=%u uid=%u beside_pid=%u beside_euid=%u",
+		            q->pid, q->uid, by->pid, by->left_uid);
+}
+
+void mts_vouch_expose(struct mts_registry *reg, const struct mts_proc *p)
+{
+	for (uint32_t i = 0; i < reg->ndense; i++) {
+		struct mts_proc *q = reg->by_slot[reg->dense[i]];
+		if (q != p && !q->uid_left && pages_meet(reg, p, q))
+			expose(reg, q, p);
+	}
+}
+
+void mts_vouch_exposed_check(const struct mts_registry *reg, struct mts_proc *p)
+{
+	p->exposed = false;
+	for (uint32_t i = 0; reg->nuid_left && i < reg->ndense; i++) {
+		const struct mts_proc *d = reg->by_slot[reg->dense[i]];
+		if (d != p && d->uid_left && pages_meet(reg, d, p)) {
+			expose(reg, p, d);
+			return;
+		}
 	}
 }
 

@@ -42,6 +42,13 @@ it. From memtallyd's next read of its status the claim is vouched for by
 the kernel: the fleet (1 GiB) is back under, and a warning names the
 worker. One that gives up only its effective uid (root again whenever it
 likes) stays trusted.
+
+test_a_dropped_workers_neighbours_are_vouched_for: the dropped worker
+still maps the page of root's table its slot is on, where other root
+workers' slots are too. A root neighbour on that page is distrusted with
+a warning naming both; 2^49 bytes written into its slot (as the dropped
+worker could) are vouched for by the kernel, the fleet stays ok and the
+neighbour is not signalled.
 """
 import os
 import struct
@@ -390,9 +397,53 @@ def test_a_worker_that_dropped_root_claims_as_nobody():
             w.kill()
 
 
+def page_of(s, pid):
+    """The page of its table that `pid`'s slot starts on."""
+    m, o = wait_for(f"slot of {pid}", lambda: find_slot(s.segment, pid))
+    m.close()
+    return o // os.sysconf("SC_PAGESIZE")
+
+
+def test_a_dropped_workers_neighbours_are_vouched_for():
+    cfg = config("[limits]\nfleet = 1GiB\nrss_interval = 100\n")
+    with Server("--config", cfg) as s:
+        near = [Worker([*worker("hold"), "4"], s.env())]
+        near[0].readline()
+        w = dropper(s, "setuid")
+        try:
+            page = page_of(s, w.pid)
+            # A root worker on the page the dropped one still maps: the
+            # first one most likely (slots are smaller than pages); else
+            # the next ones, as they come, until one is.
+            while page_of(s, near[-1].pid) != page:
+                check(len(near) < 16, "no root worker on its page")
+                near.append(Worker([*worker("hold"), "4"], s.env()))
+                near[-1].readline()
+            n = near[-1]
+            wait_for("the neighbour distrusted", lambda: (
+                f"beside_pid={w.pid}" in s.logtext() and
+                f"pid={n.pid} uid=0" in s.logtext()))
+            # What whoever controls the dropped worker could write.
+            claim(s, n.pid, 1 << 49)
+            wait_for("the lie vouched for by the kernel", lambda: s.ps()[
+                n.pid]["unvouched"] >= (1 << 49) - 64 * MIB)
+            f = wait_for("the fleet back to what is held", lambda: (
+                lambda f: f if f["bytes"] < GIB else None)(
+                    s.status()["fleet"]))
+            check(f["state"] == "ok", f"fleet {f}")
+            check(n.proc.poll() is None, "the neighbour was signalled")
+            print(f"  root neighbour of a dropped worker claims 2^49: "
+                  f"fleet {f['bytes'] >> 20} MiB, {f['state']}", flush=True)
+        finally:
+            w.kill()
+            for x in near:
+                x.close()
+
+
 if __name__ == "__main__":
     run([test_lies_hurt_only_the_liar,
          test_a_genuine_allocation_is_vouched_for,
          test_a_hidden_allocation_is_signalled_not_an_honest_one,
          test_flapping_claim_runs_hooks_at_most_once_per_interval,
-         test_a_worker_that_dropped_root_claims_as_nobody])
+         test_a_worker_that_dropped_root_claims_as_nobody,
+         test_a_dropped_workers_neighbours_are_vouched_for])
