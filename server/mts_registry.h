@@ -118,13 +118,10 @@ struct mts_proc {
 	 * until it registers again (rss.c). */
 	bool uid_left;
 	uint32_t left_uid;
-	/* A worker that left its trusted uid (above) still maps the page of
-	 * the table its slot is on: the other slots on that page are in
-	 * reach of whoever controls it now. Their processes are untrusted
-	 * while it lives, their claims' excess that uid's (vouch.c,
-	 * mts_vouch_expose); `exposed_by` is its pid. */
+	/* Its slot is in reach of a worker that left its table's uid
+	 * (mts_table.tainted): untrusted until it registers again, its
+	 * claims' excess that worker's uid's (left_uid; vouch.c). */
 	bool exposed;
-	uint32_t exposed_by;
 	/* Taken over after a restart with its slot, counters and lanes, and
 	 * not registered again since (an exec). */
 	bool adopted;
@@ -238,6 +235,15 @@ struct mts_table {
 	                           0 while in use */
 	struct mtshm_map map;   /* fd kept: handed to the uid's workers */
 	struct mts_vouch_uid vouch; /* vouch.c */
+	/* A worker that left this table's uid without exec still maps its
+	 * window on it, and can grow that mapping (mremap) to the table's
+	 * end: every slot from `tainted_from` (a page's offset) on is in
+	 * reach of whoever controls it now, for the table's life. Set by
+	 * mts_table_taint; `taint_new` until vouch.c has looked at the
+	 * table's processes; `tainted_uid` is the leaver's uid now. */
+	bool tainted, taint_new;
+	uint64_t tainted_from;
+	uint32_t tainted_uid;
 	/* Its processes' Watch events: a token bucket (limits.c). */
 	double ev_tokens;
 	uint64_t ev_ns; /* CLOCK_MONOTONIC of the last refill, 0 = full */
@@ -305,7 +311,6 @@ struct mts_registry {
 	uint32_t nfree;
 	uint32_t *dense; /* registered slots, dense: the tick walks these */
 	uint32_t ndense;
-	uint32_t nuid_left;     /* of them, uid_left: their pages are exposed */
 	struct mts_proc **hash; /* pid -> proc, chained */
 	uint32_t hash_mask;
 
@@ -504,6 +509,11 @@ struct mts_table *mts_table_find(const struct mts_registry *reg, uint32_t uid);
  * the server that creates it, looked for by one that adopts it. */
 void mts_table_label(const struct mts_registry *reg, uint32_t uid, char *buf,
                      size_t cap);
+
+/* `slot` of table `t` was a process's that left `t`'s uid (now `uid`)
+ * without exec: taint `t` from that slot's first page on. */
+void mts_table_taint(struct mts_registry *reg, struct mts_table *t,
+                     uint32_t slot, uint32_t uid);
 
 /* Take over `map` (a table reopened from a worker, fd kept) as uid's
  * table. 0 or -ENOMEM (the caller still owns map). */

@@ -40,12 +40,11 @@ void mts_vouch_refresh(struct mts_registry *reg);
 /* The flags of one process (at registration, exec, adoption). */
 void mts_vouch_proc_init(const struct mts_registry *reg, struct mts_proc *p);
 
-/* `p` left its trusted uid (rss.c): every other process whose slot is on
- * a page `p` maps of their table becomes untrusted (exposed). And at a
- * registration: is `p`'s slot on such a page? Sets p->exposed. */
-void mts_vouch_expose(struct mts_registry *reg, const struct mts_proc *p);
-void mts_vouch_exposed_check(const struct mts_registry *reg,
-                             struct mts_proc *p);
+/* Tables newly tainted (mts_table_taint): every process whose slot is in
+ * reach of the worker that left becomes untrusted (p->exposed). And at a
+ * registration: is `p`'s slot in such a reach? */
+void mts_vouch_taint_apply(struct mts_registry *reg);
+void mts_vouch_exposed_check(struct mts_registry *reg, struct mts_proc *p);
 
 /* Start of a tick: clear the sums, hand out each untrusted uid's stale
  * excess and allowance afresh. */

@@ -667,8 +667,6 @@ static void proc_release(struct mts_registry *reg, struct mts_proc *p,
 		reg->watch->leaving(reg, p);
 	totals_drop(reg, p);
 	group_unref(reg, p->group);
-	if (p->uid_left)
-		reg->nuid_left--;
 
 	struct mtshm_slot_id *s = reg->slot_at[p->slot];
 	/* The over-limit flag belongs to this process, not the slot. */
@@ -803,6 +801,20 @@ static void comm_copy(char *dst, size_t cap, const char *src)
 	dst[o] = 0;
 }
 
+void mts_table_taint(struct mts_registry *reg, struct mts_table *t,
+                     uint32_t slot, uint32_t uid)
+{
+	long ps = sysconf(_SC_PAGESIZE);
+	uint64_t page = ps > 0 ? (uint64_t)ps : 4096;
+	uint64_t from = (uint64_t)slot * reg->layout.slot_stride / page * page;
+	if (!t->tainted || from < t->tainted_from) {
+		t->tainted = true;
+		t->taint_new = true;
+		t->tainted_from = from;
+		t->tainted_uid = uid;
+	}
+}
+
 /* The exec case: the same process, a new program image. Reset its slot to
  * the new image's figures in place; the pidfd and poll stay. */
 static int proc_reset(struct mts_registry *reg, struct mts_proc *p,
@@ -829,6 +841,10 @@ static int proc_reset(struct mts_registry *reg, struct mts_proc *p,
 	}
 	if (nt != p->table) {
 		struct mts_table *old = p->table;
+		/* Registered again as another uid: an exec drops its window on
+		 * the old table, but a process that only says it exec'd keeps
+		 * it. */
+		mts_table_taint(reg, old, p->slot, uid);
 		mtshm_store_release32(&reg->slot_at[p->slot]->pid, 0);
 		old->procs--;
 		mts_table_gc(reg, old);
@@ -844,9 +860,7 @@ static int proc_reset(struct mts_registry *reg, struct mts_proc *p,
 	p->uid = p->task_uid = uid;
 	p->task_asker = 0;
 	p->untrusted = false; /* until joined() says (vouch.c) */
-	if (p->uid_left)
-		reg->nuid_left--;
-	p->uid_left = false; /* registered as what it is now */
+	p->uid_left = false;  /* registered as what it is now */
 	p->adopted = false;
 	p->unvouched = 0;
 	/* The new image's kernel figure comes from its first read, which

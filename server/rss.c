@@ -376,20 +376,22 @@ void mts_mapped_read(struct mts_registry *reg, struct mts_proc *p,
 static bool uid_left(struct mts_registry *reg, struct mts_proc *p,
                      const struct rss_entry *e)
 {
-	if (p->untrusted || !e->km.has_uids || e->image_id != p->image_id)
+	/* (One made untrusted by another's leaving is still looked at.) */
+	if (p->uid_left || !mts_uid_trusted(reg, p->uid) || !e->km.has_uids ||
+	    e->image_id != p->image_id)
 		return false;
 	for (int i = 0; i < 3; i++)
 		if (mts_uid_trusted(reg, e->km.uids[i]))
 			return false;
 	p->uid_left = true;
 	p->left_uid = e->km.uids[1];
-	reg->nuid_left++;
 	mts_vouch_proc_init(reg, p);
 	mts_log_uid(p->uid, MTS_LOG_WARN,
 	            "worker left its uid without exec: its claims count as "
 	            "the kernel vouches for them",
 	            "pid=%u uid=%u euid=%u", p->pid, p->uid, e->km.uids[1]);
-	mts_vouch_expose(reg, p);
+	mts_table_taint(reg, p->table, p->slot, p->left_uid);
+	mts_vouch_taint_apply(reg);
 	return true;
 }
 

@@ -89,77 +89,77 @@ void mts_vouch_proc_init(const struct mts_registry *reg, struct mts_proc *p)
 }
 
 /*
- * A worker maps only the page(s) of its table that hold its own slot
- * (mtshm_map_window), but slots are smaller than pages: its neighbours on
- * those pages are in its reach. Among processes of one uid that is
- * nothing: each could write its own slot anyway. A worker that left a
- * trusted uid without exec keeps its mapping, though, and whoever controls
- * it now could write a trusted neighbour's claim, counted in full. So while
- * it lives, a process whose slot shares a page with it is untrusted: its
- * claims count as the kernel vouches for them, toward others and toward
- * its own limit (limits.c), and their excess is the leaver's new uid's.
- * It stays so until it registers again (an exec), when its page is looked
- * at again. The leaver's exit does not restore it: a child it forked may
- * hold the same mapping.
+ * A worker maps only the page(s) of its uid's table that hold its own
+ * slot (mtshm_map_window). Among processes of one uid that is no
+ * boundary anyway: each could write its own slot. A worker that leaves a
+ * trusted uid without exec keeps that mapping, though, and can grow it
+ * (mremap) over the rest of the table: whoever controls it now can write
+ * every slot from its page to the table's end, claims counted in full.
+ * So the table is tainted from that page (mts_table_taint: at the read
+ * that sees the uid left, rss.c, or when the process registers again as
+ * another uid, registry.c), for the table's life: every process whose
+ * slot is in that range is untrusted from then, or from its registration,
+ * until it registers again. Its claims count as the kernel vouches for
+ * them, toward others and toward its own limit (limits.c), and their
+ * excess is the leaver's uid's, so the table's own uid is not denied
+ * admission for it. The leaver's exit changes nothing: a child it forked
+ * may hold the same mapping.
  */
-static void slot_pages(const struct mts_registry *reg, uint32_t slot,
-                       uint64_t *first, uint64_t *last)
+static bool in_reach(const struct mts_registry *reg, const struct mts_proc *q)
 {
-	static uint64_t page;
-	if (!page) {
-		long ps = sysconf(_SC_PAGESIZE);
-		page = ps > 0 ? (uint64_t)ps : 4096;
-	}
-	uint64_t off = (uint64_t)slot * reg->layout.slot_stride;
-	*first = off / page;
-	*last = (off + reg->layout.slot_stride - 1) / page;
+	const struct mts_table *t = q->table;
+	return t && t->tainted &&
+	       (uint64_t)(q->slot + 1) * reg->layout.slot_stride >
+	           t->tainted_from;
 }
 
-static bool pages_meet(const struct mts_registry *reg, const struct mts_proc *a,
-                       const struct mts_proc *b)
-{
-	uint64_t af, al, bf, bl;
-	slot_pages(reg, a->slot, &af, &al);
-	slot_pages(reg, b->slot, &bf, &bl);
-	return a->table == b->table && af <= bl && bf <= al;
-}
-
-static void expose(const struct mts_registry *reg, struct mts_proc *q,
-                   const struct mts_proc *by)
+static void expose(const struct mts_registry *reg, struct mts_proc *q)
 {
 	bool was = q->untrusted;
 	q->exposed = true;
-	q->exposed_by = by->pid;
-	q->left_uid = by->left_uid;
+	q->left_uid = q->table->tainted_uid;
+	/* Until its first kernel read (soon: vouch.c wants one), what it
+	 * holds by the latest resident figure stands. */
+	if (!q->vouch.kernel_ns && q->rss_known)
+		q->vouch.kernel = q->rss;
 	mts_vouch_proc_init(reg, q);
 	if (!was)
 		mts_log_uid(q->uid, MTS_LOG_WARN,
-		            "worker's slot shares a page with a worker that "
-		            "left its uid: its claims count as the kernel "
-		            "vouches for them",
-		            "pid=%u uid=%u beside_pid=%u beside_euid=%u",
-		            q->pid, q->uid, by->pid, by->left_uid);
+		            "worker's slot is in reach of a worker that left "
+		            "its uid: its claims count as the kernel vouches "
+		            "for them",
+		            "pid=%u uid=%u leaver_uid=%u", q->pid, q->uid,
+		            q->left_uid);
 }
 
-void mts_vouch_expose(struct mts_registry *reg, const struct mts_proc *p)
+void mts_vouch_taint_apply(struct mts_registry *reg)
 {
-	for (uint32_t i = 0; i < reg->ndense; i++) {
-		struct mts_proc *q = reg->by_slot[reg->dense[i]];
-		if (q != p && !q->uid_left && pages_meet(reg, p, q))
-			expose(reg, q, p);
-	}
-}
-
-void mts_vouch_exposed_check(const struct mts_registry *reg, struct mts_proc *p)
-{
-	p->exposed = false;
-	for (uint32_t i = 0; reg->nuid_left && i < reg->ndense; i++) {
-		const struct mts_proc *d = reg->by_slot[reg->dense[i]];
-		if (d != p && d->uid_left && pages_meet(reg, d, p)) {
-			expose(reg, p, d);
-			return;
+	for (uint32_t k = 0; k < reg->ntables; k++) {
+		struct mts_table *t = reg->tables[k];
+		if (!t->taint_new)
+			continue;
+		t->taint_new = false;
+		mts_log_uid(t->uid, MTS_LOG_WARN,
+		            "a worker left this uid without exec: the slots in "
+		            "its reach count as the kernel vouches for them",
+		            "uid=%u leaver_uid=%u from_offset=%llu", t->uid,
+		            t->tainted_uid,
+		            (unsigned long long)t->tainted_from);
+		for (uint32_t i = 0; i < reg->ndense; i++) {
+			struct mts_proc *q = reg->by_slot[reg->dense[i]];
+			if (q->table == t && !q->uid_left && !q->exposed &&
+			    in_reach(reg, q))
+				expose(reg, q);
 		}
 	}
+}
+
+void mts_vouch_exposed_check(struct mts_registry *reg, struct mts_proc *p)
+{
+	mts_vouch_taint_apply(reg);
+	p->exposed = false;
+	if (in_reach(reg, p))
+		expose(reg, p);
 }
 
 void mts_vouch_refresh(struct mts_registry *reg)

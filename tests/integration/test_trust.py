@@ -44,11 +44,12 @@ worker. One that gives up only its effective uid (root again whenever it
 likes) stays trusted.
 
 test_a_dropped_workers_neighbours_are_vouched_for: the dropped worker
-still maps the page of root's table its slot is on, where other root
-workers' slots are too. A root neighbour on that page is distrusted with
-a warning naming both; 2^49 bytes written into its slot (as the dropped
-worker could) are vouched for by the kernel, the fleet stays ok and the
-neighbour is not signalled.
+still maps its window on root's table, and can grow it over the rest of
+the table. A root worker registering later in the table is distrusted
+with a warning; 2^49 bytes written into its slot (as the dropped worker
+could) are vouched for by the kernel: the fleet stays ok, root's Admit is
+granted, and its own process limit (SIGKILL) does not fire. A root worker
+on the table's first page, out of reach, still counts its claim in full.
 """
 import os
 import struct
@@ -405,39 +406,65 @@ def page_of(s, pid):
 
 
 def test_a_dropped_workers_neighbours_are_vouched_for():
-    cfg = config("[limits]\nfleet = 1GiB\nrss_interval = 100\n")
+    cfg = config("[limits]\nfleet = 1GiB\nprocess = 100MiB\n"
+                 "rss_interval = 100\n"
+                 "[enforce]\nsignal = SIGKILL\ngrace = 200\n")
     with Server("--config", cfg) as s:
-        near = [Worker([*worker("hold"), "4"], s.env())]
-        near[0].readline()
+        def root_worker():
+            x = Worker([*worker("hold"), "4"], s.env())
+            x.readline()
+            return x
+        # Root workers up to the first one on the table's second page:
+        # the first page's are out of the dropped worker's reach.
+        near = [root_worker()]
+        while page_of(s, near[-1].pid) == page_of(s, near[0].pid):
+            check(len(near) < 64, "64 slots on one page")
+            near.append(root_worker())
+        control, late = near[0], None
         w = dropper(s, "setuid")
         try:
-            page = page_of(s, w.pid)
-            # A root worker on the page the dropped one still maps: the
-            # first one most likely (slots are smaller than pages); else
-            # the next ones, as they come, until one is.
-            while page_of(s, near[-1].pid) != page:
-                check(len(near) < 16, "no root worker on its page")
-                near.append(Worker([*worker("hold"), "4"], s.env()))
-                near[-1].readline()
-            n = near[-1]
-            wait_for("the neighbour distrusted", lambda: (
-                f"beside_pid={w.pid}" in s.logtext() and
-                f"pid={n.pid} uid=0" in s.logtext()))
-            # What whoever controls the dropped worker could write.
-            claim(s, n.pid, 1 << 49)
+            check(page_of(s, w.pid) > page_of(s, control.pid),
+                  "the dropped worker is on the first page")
+            wait_for("its leaving seen", lambda: (
+                f"pid={w.pid} uid=0 euid=65534" in s.logtext()))
+            # A root worker registering after it, later in the table.
+            late = root_worker()
+            check(page_of(s, late.pid) >= page_of(s, w.pid),
+                  "the late worker is before the dropped one")
+            wait_for("the late worker distrusted", lambda: (
+                f"pid={late.pid} uid=0 leaver_uid=65534" in s.logtext()))
+            # What whoever controls the dropped worker could write (it
+            # can grow its window over the rest of the table).
+            claim(s, late.pid, 1 << 49)
             wait_for("the lie vouched for by the kernel", lambda: s.ps()[
-                n.pid]["unvouched"] >= (1 << 49) - 64 * MIB)
+                late.pid]["unvouched"] >= (1 << 49) - 64 * MIB)
             f = wait_for("the fleet back to what is held", lambda: (
                 lambda f: f if f["bytes"] < GIB else None)(
                     s.status()["fleet"]))
             check(f["state"] == "ok", f"fleet {f}")
-            check(n.proc.poll() is None, "the neighbour was signalled")
-            print(f"  root neighbour of a dropped worker claims 2^49: "
-                  f"fleet {f['bytes'] >> 20} MiB, {f['state']}", flush=True)
+            # Root's own Admit is not denied for it.
+            a = s.cli("admit", "--bytes", "1MiB", "--ttl", "5")
+            check(a["admitted"], f"root's Admit: {a}")
+            # Its own limit (100 MiB) sees what the kernel vouches for:
+            # not signalled past the grace.
+            time.sleep(1.0 * MULT)
+            check(late.proc.poll() is None, "the late worker was signalled")
+            # Out of reach, a root worker's claim still counts in full.
+            claim(s, control.pid, 50 * MIB)
+            wait_for("the control's claim counted", lambda: s.ps()[
+                control.pid]["bytes"] >= 50 * MIB)
+            check(s.ps()[control.pid]["unvouched"] == 0,
+                  f"{s.ps()[control.pid]}")
+            check(f"pid={control.pid} uid=0 leaver_uid" not in s.logtext(),
+                  "a root worker out of reach was distrusted")
+            print(f"  root worker in a dropped worker's reach claims "
+                  f"2^49: fleet {f['bytes'] >> 20} MiB, {f['state']}",
+                  flush=True)
         finally:
             w.kill()
-            for x in near:
-                x.close()
+            for x in near + [late]:
+                if x:
+                    x.close()
 
 
 if __name__ == "__main__":
