@@ -365,7 +365,8 @@ static inline void tick_proc(struct mts_registry *reg, struct mts_proc *p,
 	if (p->bytes != pb)
 		p->bytes = pb;
 	/* What counts toward others: all of it, but for an untrusted uid
-	 * (vouch.c). Its own limit (below) sees the claim. */
+	 * (vouch.c). Its own limit sees the claim (limits.c), but for a
+	 * process in reach of a worker that left its uid. */
 	uint64_t pv = pb;
 	if (p->untrusted) {
 		pv = mts_vouch_proc(reg, p, pb, &acc->vouch_reads);
