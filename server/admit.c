@@ -1179,6 +1179,8 @@ static void task_settle(struct mts_registry *reg, struct mts_task *t)
 	for (struct mts_resv *r = t->resv; r; r = next) {
 		next = r->tnext;
 		bool live = resv_matched_live(t, r);
+		if (live)
+			r->restored_unseen = false;
 		if (live && !r->taken_over) {
 			take_over(reg, r);
 		} else if (!live && r->taken_over) {
@@ -1191,6 +1193,8 @@ static void task_settle(struct mts_registry *reg, struct mts_task *t)
 			    r->id, mts_logq(q, sizeof(q), t->name),
 			    (unsigned long long)r->bytes, r->uid);
 			reg->adm->stats.fulfilled++;
+			if (r->restored_unseen)
+				r->peak = 0; /* when, and at what, unknown */
 			resv_remove(reg, r, false);
 			if (last)
 				return; /* `t` went with it */
@@ -3034,6 +3038,7 @@ static int resv_restore_one(struct mts_registry *reg, const struct resv_rec *rr,
 		}
 	}
 	if (took) {
+		r->restored_unseen = true;
 		if (workers_back && !r->task->seen)
 			task_seen(reg, r->task);
 		r->task->dirty = true;

@@ -175,6 +175,10 @@ struct mts_resv {
 	 * `host_settling` until the host's figures have been read. */
 	uint64_t host_start;
 	uint32_t host_slot;
+	/* Restored taken over, and none of its task's workers seen live by
+	 * this server yet: ended so, it ended while no server watched, and
+	 * its kind learns nothing of it. */
+	bool restored_unseen;
 	bool host_unbound;
 	bool host_settling;
 	uint64_t host_check_ns;

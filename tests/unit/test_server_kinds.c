@@ -295,6 +295,57 @@ Test(kinds, a_tasks_peak_is_recorded_at_its_end)
 	cr_assert_eq(k->nruns, 1);
 }
 
+/* A restored reservation that a worker had taken over, whose task's
+ * workers died while no server ran, ends at the first tick and teaches
+ * its kind nothing: when it ended, and at what, is unknown. One whose
+ * worker is there is a run as any other. */
+Test(kinds, a_run_ended_while_no_server_watched_teaches_nothing)
+{
+	start_fleet(1024 * MIB);
+	Memtally__V1__Response *r = admit_kind(1000, 0, "etl", "T1");
+	cr_assert(r->admit_result->admitted);
+	memtally__v1__response__free_unpacked(r, NULL);
+	uint32_t sa = fx_register(fx_spawn(), "", "T1");
+	fx_write(sa, 30 * MIB);
+	mts_core_tick(&srv.reg);
+	cr_assert(srv.reg.adm->resv[0]->taken_over);
+	unsigned char *d;
+	size_t len;
+	cr_assert_eq(mts_resv_encode(&srv.reg, &d, &len), 0);
+	mts_record_seal(d, len);
+	fx_stop(); /* its worker with it */
+	mts_policy_free(&pol);
+
+	start_fleet(1024 * MIB);
+	uint32_t kept, dropped;
+	cr_assert_eq(mts_resv_restore(&srv.reg, d, len, true, &kept, &dropped),
+	             0);
+	cr_assert_eq(kept, 1);
+	mts_core_tick(&srv.reg);
+	cr_assert_eq(srv.reg.adm->nresv, 0);
+	struct mts_kind *k = mts_kind_find(&srv.reg, "etl", 1000);
+	cr_assert(!k || !k->nruns, "a run that ended unseen was learned");
+	fx_stop();
+	mts_policy_free(&pol);
+
+	start_fleet(1024 * MIB);
+	cr_assert_eq(mts_resv_restore(&srv.reg, d, len, true, &kept, &dropped),
+	             0);
+	pid_t b = fx_spawn();
+	uint32_t sb = fx_register(b, "", "T1");
+	fx_write(sb, 40 * MIB);
+	mts_core_tick(&srv.reg);
+	cr_assert_eq(srv.reg.adm->nresv, 1);
+	fx_kill(b);
+	mts_core_tick(&srv.reg);
+	cr_assert_eq(srv.reg.adm->nresv, 0);
+	k = mts_kind_find(&srv.reg, "etl", 1000);
+	cr_assert_not_null(k);
+	cr_assert_eq(k->nruns, 1);
+	cr_assert_eq(k->runs[0].peak, 40 * MIB);
+	free(d);
+}
+
 Test(kinds, a_claim_below_the_kernels_figure_does_not_shrink_its_kind)
 {
 	/* An untrusted worker claims 1 MiB while the kernel sees it hold
