@@ -79,6 +79,19 @@ enum memtally_state {
 	MEMTALLY_STATE_OVER = 2, /* over the limit (until below hysteresis) */
 };
 
+/* Why a process's claims count as they do (memtally_process.trust): in
+ * full (a trusted uid), or as the kernel vouches for them: its uid is not
+ * trusted; it left a trusted uid without exec (trust_uid: its uid now);
+ * its slot is in reach of a worker that did (trust_uid: that worker's uid
+ * now). UNKNOWN: a server from before. */
+enum memtally_trust {
+	MEMTALLY_TRUST_UNKNOWN = 0,
+	MEMTALLY_TRUST_FULL = 1,
+	MEMTALLY_TRUST_UID = 2,
+	MEMTALLY_TRUST_LEFT = 3,
+	MEMTALLY_TRUST_IN_REACH = 4,
+};
+
 /* Figures of one group. A limit of 0 means no limit. */
 struct memtally_group_usage {
 	const char *name;
@@ -185,9 +198,11 @@ struct memtally_process {
 	uint64_t unvouched;        /* the part of `bytes` the kernel does not
 	                            * vouch for: not added to its group or the
 	                            * fleet (see memtally_usage) */
+	uint32_t trust;            /* enum memtally_trust: why `unvouched` */
+	uint32_t trust_uid; /* MEMTALLY_TRUST_LEFT, _IN_REACH: see there */
 	/* Zero. Elements of an array (memtally_query_processes(),
 	 * memtally_admit_result.top): later fields take these words. */
-	uint64_t reserved_words[2];
+	uint64_t reserved_words[1];
 };
 
 /*

@@ -958,15 +958,33 @@ fail_put_groups:
 	return NULL;
 }
 
+/* Why its claims count as they do (memtally_process.trust); null from a
+ * server that does not say. */
+static json_t *jtrust(uint32_t trust)
+{
+	static const char *const names[] = {
+	    [MEMTALLY_TRUST_FULL] = "full",
+	    [MEMTALLY_TRUST_UID] = "untrusted uid",
+	    [MEMTALLY_TRUST_LEFT] = "left its uid",
+	    [MEMTALLY_TRUST_IN_REACH] =
+	        "in reach of a worker that left its uid",
+	};
+	return trust && trust < sizeof(names) / sizeof(names[0])
+	           ? json_string(names[trust])
+	           : json_null();
+}
+
 /* One process, as in `ps --json` and the `top` of a denial. Names the
  * server withheld are null, and `names_withheld` says why. */
 static json_t *json_process(const struct memtally_process *p)
 {
 	bool hidden = names_withheld(p);
+	bool by_uid = p->trust == MEMTALLY_TRUST_LEFT ||
+	              p->trust == MEMTALLY_TRUST_IN_REACH;
 	/* clang-format off */
 	return json_pack(
 		"{s:I, s:o, s:I, s:I, s:o, s:b, s:I, s:o, s:b, s:I, s:I, s:I,"
-		" s:s, s:o, s:o, s:o, s:I, s:I, s:I, s:b}",
+		" s:s, s:o, s:o, s:o, s:I, s:I, s:I, s:o, s:o, s:b}",
 		"pid", (json_int_t)p->pid,
 		"group", hidden ? json_null() : jstr(p->group),
 		"bytes", jint(p->bytes),
@@ -986,6 +1004,8 @@ static json_t *json_process(const struct memtally_process *p)
 		"mapped", jint(p->mapped),
 		"allocator_free", jint(p->allocator_free),
 		"unvouched", jint(p->unvouched),
+		"trust", jtrust(p->trust),
+		"trust_uid", by_uid ? json_integer(p->trust_uid) : json_null(),
 		"names_withheld", (int)hidden);
 	/* clang-format on */
 }

@@ -269,6 +269,11 @@ static void fill_process(const struct mts_registry *reg,
 	pi->mapped_bytes = p->mapped;
 	pi->allocator_free_bytes = p->allocator_free;
 	pi->unvouched_bytes = p->unvouched;
+	pi->trust = p->uid_left    ? MEMTALLY__V1__TRUST__TRUST_LEFT
+	            : p->exposed   ? MEMTALLY__V1__TRUST__TRUST_IN_REACH
+	            : p->untrusted ? MEMTALLY__V1__TRUST__TRUST_UID
+	                           : MEMTALLY__V1__TRUST__TRUST_FULL;
+	pi->trust_uid = p->uid_left || p->exposed ? p->left_uid : 0;
 	pi->task = names ? p->task : "";
 	pi->start_time = p->start_time;
 	pi->comm = names ? (char *)p->comm : "";

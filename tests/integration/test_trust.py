@@ -442,6 +442,13 @@ def test_a_dropped_workers_neighbours_are_vouched_for():
                 lambda f: f if f["bytes"] < GIB else None)(
                     s.status()["fleet"]))
             check(f["state"] == "ok", f"fleet {f}")
+            ps = s.ps()
+            check(ps[late.pid]["trust"] ==
+                  "in reach of a worker that left its uid" and
+                  ps[late.pid]["trust_uid"] == 65534 and
+                  ps[w.pid]["trust"] == "left its uid" and
+                  ps[control.pid]["trust"] == "full",
+                  f"ps: {ps[late.pid]} {ps[w.pid]} {ps[control.pid]}")
             # Root's own Admit is not denied for it.
             a = s.cli("admit", "--bytes", "1MiB", "--ttl", "5")
             check(a["admitted"], f"root's Admit: {a}")
