@@ -67,6 +67,7 @@
 #include "mts_procfs.h"
 #include "mts_registry.h"
 #include "mts_state.h"
+#include "mts_vouch.h"
 #include "mtshm.h"
 
 /* How long a restart waits for one worker's table to open, and for how
@@ -309,8 +310,30 @@ void mts_adopt_resume_held(struct mts_state *st, uint32_t slots)
 	}
 }
 
+/* A live worker not adopted because it left its trusted uid without
+ * exec: it still maps its window on that uid's table (vouch.c). */
+struct leaver {
+	uint32_t uid, slot, now_uid;
+};
+
+/* Taint the tables the leavers left, once adopted: the processes adopted
+ * in their reach are untrusted (a table not adopted is a new one, out of
+ * their reach). */
+static void taint_left(struct mts_registry *reg, const struct leaver *l,
+                       uint32_t n)
+{
+	for (uint32_t i = 0; i < n; i++) {
+		struct mts_table *t = mts_table_find(reg, l[i].uid);
+		if (t)
+			mts_table_taint(reg, t, l[i].slot, l[i].now_uid);
+	}
+	mts_vouch_taint_apply(reg);
+}
+
 int mts_adopt(struct mts_registry *reg, uint32_t *kept, uint32_t *dropped)
 {
+	struct leaver *left = NULL;
+	uint32_t nleft = 0, left_cap = 0;
 	char q[MTS_LOGQ_MAX], qg[MTS_LOGQ_MAX];
 	struct stalls stalls = {
 	    .n = 0,
@@ -337,6 +360,26 @@ int mts_adopt(struct mts_registry *reg, uint32_t *kept, uint32_t *dropped)
 		    st != r.start_time ||
 		    mts_read_uids((pid_t)r.pid, &ruid, &euid) < 0 ||
 		    euid != r.uid) {
+			/* Alive, the same process, no longer its trusted
+			 * uid: it registers again as what it is now. */
+			if (pidfd >= 0 && st == r.start_time &&
+			    mts_uid_trusted(reg, r.uid) &&
+			    !mts_uid_trusted(reg, euid) &&
+			    !mts_uid_trusted(reg, ruid)) {
+				if (nleft == left_cap) {
+					uint32_t cap =
+					    left_cap ? 2 * left_cap : 8;
+					struct leaver *g =
+					    realloc(left, cap * sizeof(*left));
+					if (g) {
+						left = g;
+						left_cap = cap;
+					}
+				}
+				if (nleft < left_cap)
+					left[nleft++] =
+					    (struct leaver){r.uid, i, euid};
+			}
 			if (pidfd >= 0)
 				close(pidfd);
 			mts_state_clear(reg->state, i);
@@ -405,5 +448,7 @@ int mts_adopt(struct mts_registry *reg, uint32_t *kept, uint32_t *dropped)
 		    mts_logq(qg, sizeof(qg), a.task));
 	}
 	mts_registry_rebuild_free(reg);
+	taint_left(reg, left, nleft);
+	free(left);
 	return 0;
 }

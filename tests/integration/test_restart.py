@@ -14,8 +14,8 @@ import subprocess
 import sys
 import time
 
-from harness import (CLI, MIB, MULT, Server, Worker, check, config_file, run,
-                     settled_bytes, wait_for, worker)
+from harness import (CLI, MIB, MULT, Server, Worker, check, claim,
+                     config_file, run, settled_bytes, wait_for, worker)
 
 
 def counted(s, pid, at_least):
@@ -309,19 +309,42 @@ def test_a_decoy_mapping_does_not_hold_up_a_restart():
 
 
 def test_a_worker_that_changed_uid_is_not_adopted_as_root():
+    """A worker that left root without exec while no server ran is not
+    adopted as root; it still maps its window on root's table, so the
+    root worker registered after it, adopted, counts as the kernel vouches
+    for it: 2^49 bytes written into its slot leave the fleet ok. It
+    registers again as what it is now."""
     first = Server()
     w = Worker([sys.executable, "-c", DECOY, first.dir, "setuid"],
                first.env(group="turncoat"))
-    second = None
+    second = n = None
     try:
         check(w.readline() == "ready", "the worker did not start")
         wait_for("registered as root",
                  lambda: first.ps().get(w.pid, {}).get("uid") == 0)
+        n = Worker([*worker("hold"), "4"], first.env())
+        n.readline()
+        wait_for("the root worker registered", lambda: n.pid in first.ps())
         first.kill9()
+        seen = len(first.logtext())
         second = Server(after=first)
-        check("worker adopted" not in second.logtext(),
+        log = second.logtext()[seen:]
+        check(f'msg="worker adopted" pid={w.pid} ' not in log,
               "a worker now of uid 65534 was adopted as root: " +
               second.tail())
+        check(f'msg="worker adopted" pid={n.pid} uid=0' in log,
+              "the root worker was not adopted: " + second.tail())
+        t = second.ps()[n.pid]
+        check(t["trust"] == "in reach of a worker that left its uid" and
+              t["trust_uid"] == 65534, f"after the restart: {t}")
+        claim(second, n.pid, 1 << 49)
+        # What it holds, as the kernel vouches for it: not 2^49, not 0.
+        f = wait_for("the fleet at what is held", lambda: (
+            lambda f: f if 4 * MIB <= f["bytes"] < 1 << 30 else None)(
+                second.status()["fleet"]))
+        print(f"  root worker in reach of one that left root while no "
+              f"server ran claims 2^49: fleet {f['bytes'] >> 20} MiB",
+              flush=True)
         # It registers again as what it is now at its next flushes (the
         # harness's directory is root's alone).
         os.chmod(second.dir, 0o755)
@@ -333,6 +356,8 @@ def test_a_worker_that_changed_uid_is_not_adopted_as_root():
         wait_for("registered again as nobody", now_nobody)
     finally:
         w.close()
+        if n:
+            n.close()
         (second or first).stop()
 
 
