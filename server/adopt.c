@@ -310,30 +310,58 @@ void mts_adopt_resume_held(struct mts_state *st, uint32_t slots)
 	}
 }
 
-/* A live worker not adopted because it left its trusted uid without
- * exec: it still maps its window on that uid's table (vouch.c). */
-struct leaver {
-	uint32_t uid, slot, now_uid;
+/* The trusted uids live workers left without exec while no server ran,
+ * each with its uid now: those workers still map their windows on the
+ * uids' tables (vouch.c). */
+struct leavers {
+	uint32_t *uid, *now_uid;
+	uint32_t n, cap;
+	bool lost; /* one not remembered (no memory): taint every table */
 };
 
-/* Taint the tables the leavers left, once adopted: the processes adopted
- * in their reach are untrusted (a table not adopted is a new one, out of
- * their reach). */
-static void taint_left(struct mts_registry *reg, const struct leaver *l,
-                       uint32_t n)
+static void leaver_add(struct leavers *l, uint32_t uid, uint32_t now_uid)
 {
-	for (uint32_t i = 0; i < n; i++) {
-		struct mts_table *t = mts_table_find(reg, l[i].uid);
-		if (t)
-			mts_table_taint(reg, t, l[i].slot, l[i].now_uid);
+	for (uint32_t i = 0; i < l->n; i++)
+		if (l->uid[i] == uid)
+			return;
+	if (l->n == l->cap) {
+		uint32_t cap = l->cap ? 2 * l->cap : 8;
+		uint32_t *u = realloc(l->uid, cap * sizeof(*u));
+		if (u)
+			l->uid = u;
+		uint32_t *v = u ? realloc(l->now_uid, cap * sizeof(*v)) : NULL;
+		if (v)
+			l->now_uid = v;
+		if (!u || !v) {
+			l->lost = true;
+			return;
+		}
+		l->cap = cap;
+	}
+	l->uid[l->n] = uid;
+	l->now_uid[l->n++] = now_uid;
+}
+
+/* Taint the tables they left, once adopted: the processes adopted in them
+ * are untrusted (a table not adopted is a new one, out of their reach). */
+static void leavers_taint(struct mts_registry *reg, struct leavers *l)
+{
+	for (uint32_t i = 0; i < reg->ntables; i++) {
+		struct mts_table *t = reg->tables[i];
+		for (uint32_t k = 0; k < l->n; k++)
+			if (l->uid[k] == t->uid)
+				mts_table_taint(t, l->now_uid[k]);
+		if (l->lost && t->vouch.trusted)
+			mts_table_taint(t, t->uid);
 	}
 	mts_vouch_taint_apply(reg);
+	free(l->uid);
+	free(l->now_uid);
 }
 
 int mts_adopt(struct mts_registry *reg, uint32_t *kept, uint32_t *dropped)
 {
-	struct leaver *left = NULL;
-	uint32_t nleft = 0, left_cap = 0;
+	struct leavers left = {0};
 	char q[MTS_LOGQ_MAX], qg[MTS_LOGQ_MAX];
 	struct stalls stalls = {
 	    .n = 0,
@@ -348,38 +376,27 @@ int mts_adopt(struct mts_registry *reg, uint32_t *kept, uint32_t *dropped)
 		uint64_t st = 0;
 		char comm[sizeof(((struct mts_adopted *)0)->comm)];
 		int pidfd = -1;
-		uint32_t ruid, euid;
+		uint32_t ruid = 0, euid = 0;
 		/* Open the pidfd first, then check the start time: if the
 		 * pid was reused in between, the start time says so. A
 		 * worker that changed its uid since it registered registers
 		 * again, as what it is now. */
 		if (r.pid <= INT32_MAX)
 			pidfd = pidfd_open((pid_t)r.pid, 0);
-		if (pidfd < 0 ||
-		    mts_read_stat((pid_t)r.pid, &st, comm, sizeof(comm)) < 0 ||
-		    st != r.start_time ||
-		    mts_read_uids((pid_t)r.pid, &ruid, &euid) < 0 ||
-		    euid != r.uid) {
+		bool same =
+		    pidfd >= 0 &&
+		    mts_read_stat((pid_t)r.pid, &st, comm, sizeof(comm)) == 0 &&
+		    st == r.start_time;
+		bool uids =
+		    same && mts_read_uids((pid_t)r.pid, &ruid, &euid) == 0;
+		if (!uids || euid != r.uid) {
 			/* Alive, the same process, no longer its trusted
-			 * uid: it registers again as what it is now. */
-			if (pidfd >= 0 && st == r.start_time &&
-			    mts_uid_trusted(reg, r.uid) &&
+			 * uid (real and effective): it registers again as
+			 * what it is now. */
+			if (uids && mts_uid_trusted(reg, r.uid) &&
 			    !mts_uid_trusted(reg, euid) &&
-			    !mts_uid_trusted(reg, ruid)) {
-				if (nleft == left_cap) {
-					uint32_t cap =
-					    left_cap ? 2 * left_cap : 8;
-					struct leaver *g =
-					    realloc(left, cap * sizeof(*left));
-					if (g) {
-						left = g;
-						left_cap = cap;
-					}
-				}
-				if (nleft < left_cap)
-					left[nleft++] =
-					    (struct leaver){r.uid, i, euid};
-			}
+			    !mts_uid_trusted(reg, ruid))
+				leaver_add(&left, r.uid, euid);
 			if (pidfd >= 0)
 				close(pidfd);
 			mts_state_clear(reg->state, i);
@@ -448,7 +465,6 @@ int mts_adopt(struct mts_registry *reg, uint32_t *kept, uint32_t *dropped)
 		    mts_logq(qg, sizeof(qg), a.task));
 	}
 	mts_registry_rebuild_free(reg);
-	taint_left(reg, left, nleft);
-	free(left);
+	leavers_taint(reg, &left);
 	return 0;
 }

@@ -235,14 +235,13 @@ struct mts_table {
 	                           0 while in use */
 	struct mtshm_map map;   /* fd kept: handed to the uid's workers */
 	struct mts_vouch_uid vouch; /* vouch.c */
-	/* A worker that left this table's uid without exec still maps its
-	 * window on it, and can grow that mapping (mremap) to the table's
-	 * end: every slot from `tainted_from` (a page's offset) on is in
+	/* A worker that left this table's (trusted) uid without exec still
+	 * maps its window on it, and can move that mapping over any page of
+	 * the table (remap_file_pages) or grow it (mremap): every slot is in
 	 * reach of whoever controls it now, for the table's life. Set by
 	 * mts_table_taint; `taint_new` until vouch.c has looked at the
-	 * table's processes; `tainted_uid` is the leaver's uid now. */
+	 * table's processes; `tainted_uid` is the first leaver's uid now. */
 	bool tainted, taint_new;
-	uint64_t tainted_from;
 	uint32_t tainted_uid;
 	/* Its processes' Watch events: a token bucket (limits.c). */
 	double ev_tokens;
@@ -510,10 +509,9 @@ struct mts_table *mts_table_find(const struct mts_registry *reg, uint32_t uid);
 void mts_table_label(const struct mts_registry *reg, uint32_t uid, char *buf,
                      size_t cap);
 
-/* `slot` of table `t` was a process's that left `t`'s uid (now `uid`)
- * without exec: taint `t` from that slot's first page on. */
-void mts_table_taint(struct mts_registry *reg, struct mts_table *t,
-                     uint32_t slot, uint32_t uid);
+/* A process of table `t` left `t`'s uid (now `uid`) without exec: taint
+ * `t` (see mts_table.tainted). */
+void mts_table_taint(struct mts_table *t, uint32_t uid);
 
 /* Take over `map` (a table reopened from a worker, fd kept) as uid's
  * table. 0 or -ENOMEM (the caller still owns map). */

@@ -801,18 +801,13 @@ static void comm_copy(char *dst, size_t cap, const char *src)
 	dst[o] = 0;
 }
 
-void mts_table_taint(struct mts_registry *reg, struct mts_table *t,
-                     uint32_t slot, uint32_t uid)
+void mts_table_taint(struct mts_table *t, uint32_t uid)
 {
-	long ps = sysconf(_SC_PAGESIZE);
-	uint64_t page = ps > 0 ? (uint64_t)ps : 4096;
-	uint64_t from = (uint64_t)slot * reg->layout.slot_stride / page * page;
-	if (!t->tainted || from < t->tainted_from) {
-		t->tainted = true;
-		t->taint_new = true;
-		t->tainted_from = from;
-		t->tainted_uid = uid;
-	}
+	if (t->tainted)
+		return;
+	t->tainted = true;
+	t->taint_new = true;
+	t->tainted_uid = uid;
 }
 
 /* The exec case: the same process, a new program image. Reset its slot to
@@ -841,10 +836,11 @@ static int proc_reset(struct mts_registry *reg, struct mts_proc *p,
 	}
 	if (nt != p->table) {
 		struct mts_table *old = p->table;
-		/* Registered again as another uid: an exec drops its window on
-		 * the old table, but a process that only says it exec'd keeps
-		 * it. */
-		mts_table_taint(reg, old, p->slot, uid);
+		/* Registered again as an untrusted uid, having been a trusted
+		 * one: an exec drops its window on the old table, but a
+		 * process that only says it exec'd keeps it. */
+		if (old->vouch.trusted && !nt->vouch.trusted)
+			mts_table_taint(old, uid);
 		mtshm_store_release32(&reg->slot_at[p->slot]->pid, 0);
 		old->procs--;
 		mts_table_gc(reg, old);

@@ -92,30 +92,28 @@ void mts_vouch_proc_init(const struct mts_registry *reg, struct mts_proc *p)
  * A worker maps only the page(s) of its uid's table that hold its own
  * slot (mtshm_map_window). Among processes of one uid that is no
  * boundary anyway: each could write its own slot. A worker that leaves a
- * trusted uid without exec keeps that mapping, though, and can grow it
- * (mremap) over the rest of the table: whoever controls it now can write
- * every slot from its page to the table's end, claims counted in full.
- * So the table is tainted from that page (mts_table_taint: at the read
- * that sees the uid left, rss.c, or when the process registers again as
- * another uid, registry.c), for the table's life: every process whose
- * slot is in that range is untrusted from then, or from its registration,
- * until it registers again. Its claims count as the kernel vouches for
- * them, toward others and toward its own limit (limits.c), and their
- * excess is the leaver's uid's, so the table's own uid is not denied
- * admission for it. The leaver's exit changes nothing: a child it forked
- * may hold the same mapping.
+ * trusted uid without exec keeps that mapping, though, and can point it
+ * at any page of the table (remap_file_pages) or grow it (mremap): the
+ * table has no write seal, since memtallyd writes it too. Whoever
+ * controls it now can write every slot of the table, claims counted in
+ * full. So the table is tainted (mts_table_taint: at the read that sees
+ * the uid left, rss.c; when the process registers again as an untrusted
+ * uid, registry.c; after a restart, adopt.c), for its life: every
+ * process in it is untrusted from then, or from its registration, until
+ * it registers again. Its claims count as the kernel vouches for them,
+ * toward others and toward its own limit (limits.c), and their excess is
+ * the leaver's uid's, so the table's own uid is not denied admission for
+ * it. The leaver's exit changes nothing: a child it forked may hold the
+ * same mapping. A table is new (untainted, a new memfd) once its uid's
+ * processes have been gone for its idle time.
  */
-static bool in_reach(const struct mts_registry *reg, const struct mts_proc *q)
+static bool in_reach(const struct mts_proc *q)
 {
-	const struct mts_table *t = q->table;
-	return t && t->tainted &&
-	       (uint64_t)(q->slot + 1) * reg->layout.slot_stride >
-	           t->tainted_from;
+	return q->table && q->table->tainted;
 }
 
-static void expose(const struct mts_registry *reg, struct mts_proc *q)
+static void expose(const struct mts_registry *reg, struct mts_proc *q, bool was)
 {
-	bool was = q->untrusted;
 	q->exposed = true;
 	q->left_uid = q->table->tainted_uid;
 	/* Until its first kernel read (soon: vouch.c wants one), what it
@@ -140,16 +138,13 @@ void mts_vouch_taint_apply(struct mts_registry *reg)
 			continue;
 		t->taint_new = false;
 		mts_log_uid(t->uid, MTS_LOG_WARN,
-		            "a worker left this uid without exec: the slots in "
-		            "its reach count as the kernel vouches for them",
-		            "uid=%u leaver_uid=%u from_offset=%llu", t->uid,
-		            t->tainted_uid,
-		            (unsigned long long)t->tainted_from);
+		            "a worker left this uid without exec: the uid's "
+		            "workers count as the kernel vouches for them",
+		            "uid=%u leaver_uid=%u", t->uid, t->tainted_uid);
 		for (uint32_t i = 0; i < reg->ndense; i++) {
 			struct mts_proc *q = reg->by_slot[reg->dense[i]];
-			if (q->table == t && !q->uid_left && !q->exposed &&
-			    in_reach(reg, q))
-				expose(reg, q);
+			if (q->table == t && !q->uid_left && !q->exposed)
+				expose(reg, q, q->untrusted);
 		}
 	}
 }
@@ -157,9 +152,10 @@ void mts_vouch_taint_apply(struct mts_registry *reg)
 void mts_vouch_exposed_check(struct mts_registry *reg, struct mts_proc *p)
 {
 	mts_vouch_taint_apply(reg);
+	bool was = p->exposed; /* an exec in a tainted table: said before */
 	p->exposed = false;
-	if (in_reach(reg, p))
-		expose(reg, p);
+	if (in_reach(p))
+		expose(reg, p, was);
 }
 
 void mts_vouch_refresh(struct mts_registry *reg)

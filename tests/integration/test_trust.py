@@ -44,12 +44,13 @@ worker. One that gives up only its effective uid (root again whenever it
 likes) stays trusted.
 
 test_a_dropped_workers_neighbours_are_vouched_for: the dropped worker
-still maps its window on root's table, and can grow it over the rest of
-the table. A root worker registering later in the table is distrusted
-with a warning; 2^49 bytes written into its slot (as the dropped worker
-could) are vouched for by the kernel: the fleet stays ok, root's Admit is
-granted, and its own process limit (SIGKILL) does not fire. A root worker
-on the table's first page, out of reach, still counts its claim in full.
+still maps its window on root's table, and can point it at any page of
+the table. Root workers registered before and after it are distrusted
+with a warning; 2^49 bytes written into their slots (as the dropped
+worker could) are vouched for by the kernel: the fleet stays ok, root's
+Admit is granted, and their own process limit (SIGKILL) does not fire. A
+worker of another trusted uid, in its own table, still counts its claim
+in full.
 """
 import os
 import struct
@@ -398,78 +399,77 @@ def test_a_worker_that_dropped_root_claims_as_nobody():
             w.kill()
 
 
-def page_of(s, pid):
-    """The page of its table that `pid`'s slot starts on."""
-    m, o = wait_for(f"slot of {pid}", lambda: find_slot(s.segment, pid))
-    m.close()
-    return o // os.sysconf("SC_PAGESIZE")
-
-
 def test_a_dropped_workers_neighbours_are_vouched_for():
-    cfg = config("[limits]\nfleet = 1GiB\nprocess = 100MiB\n"
+    second = second_user()
+    cfg = config("[server]\ngroup = nogroup\n"
+                 "[limits]\nfleet = 1GiB\nprocess = 100MiB\n"
                  "rss_interval = 100\n"
-                 "[enforce]\nsignal = SIGKILL\ngrace = 200\n")
+                 "[enforce]\nsignal = SIGKILL\ngrace = 200\n"
+                 f"[trust]\ntrusted_uids = {second[0]}\n")
+    preload, hold = world_readable_copy(
+        os.environ["MEMTALLY_PRELOAD_LIB"], worker("hold"))
     with Server("--config", cfg) as s:
+        open_to_nobody(s)
+        env = s.env()
+        env["LD_PRELOAD"] = preload
+
         def root_worker():
-            x = Worker([*worker("hold"), "4"], s.env())
+            x = Worker([*hold, "4"], env)
             x.readline()
             return x
-        # Root workers up to the first one on the table's second page:
-        # the first page's are out of the dropped worker's reach.
-        near = [root_worker()]
-        while page_of(s, near[-1].pid) == page_of(s, near[0].pid):
-            check(len(near) < 64, "64 slots on one page")
-            near.append(root_worker())
-        control, late = near[0], None
+        early, late = root_worker(), None
+        # Trusted too, in a table of its own: out of reach.
+        other = Worker([*hold, "4"], env, user=(second[0], NOGROUP))
+        other.readline()
         w = dropper(s, "setuid")
         try:
-            check(page_of(s, w.pid) > page_of(s, control.pid),
-                  "the dropped worker is on the first page")
             wait_for("its leaving seen", lambda: (
                 f"pid={w.pid} uid=0 euid=65534" in s.logtext()))
-            # A root worker registering after it, later in the table.
             late = root_worker()
-            check(page_of(s, late.pid) >= page_of(s, w.pid),
-                  "the late worker is before the dropped one")
-            wait_for("the late worker distrusted", lambda: (
-                f"pid={late.pid} uid=0 leaver_uid=65534" in s.logtext()))
-            # What whoever controls the dropped worker could write (it
-            # can grow its window over the rest of the table).
+            for x in (early, late):
+                wait_for("a root worker distrusted", lambda x=x: (
+                    f"pid={x.pid} uid=0 leaver_uid=65534" in s.logtext()))
+            ps = s.ps()
+            reach = "in reach of a worker that left its uid"
+            check(ps[early.pid]["trust"] == reach and
+                  ps[late.pid]["trust"] == reach and
+                  ps[late.pid]["trust_uid"] == 65534 and
+                  ps[w.pid]["trust"] == "left its uid" and
+                  ps[other.pid]["trust"] == "full",
+                  f"ps: {ps[early.pid]} {ps[late.pid]} {ps[w.pid]} "
+                  f"{ps[other.pid]}")
+            # What whoever controls the dropped worker could write, in
+            # any slot of root's table.
+            claim(s, early.pid, 1 << 49)
             claim(s, late.pid, 1 << 49)
-            wait_for("the lie vouched for by the kernel", lambda: s.ps()[
-                late.pid]["unvouched"] >= (1 << 49) - 64 * MIB)
+            for x in (early, late):
+                wait_for("the lie vouched for by the kernel",
+                         lambda x=x: s.ps()[x.pid]["unvouched"] >=
+                         (1 << 49) - 64 * MIB)
             f = wait_for("the fleet back to what is held", lambda: (
                 lambda f: f if f["bytes"] < GIB else None)(
                     s.status()["fleet"]))
             check(f["state"] == "ok", f"fleet {f}")
-            ps = s.ps()
-            check(ps[late.pid]["trust"] ==
-                  "in reach of a worker that left its uid" and
-                  ps[late.pid]["trust_uid"] == 65534 and
-                  ps[w.pid]["trust"] == "left its uid" and
-                  ps[control.pid]["trust"] == "full",
-                  f"ps: {ps[late.pid]} {ps[w.pid]} {ps[control.pid]}")
             # Root's own Admit is not denied for it.
             a = s.cli("admit", "--bytes", "1MiB", "--ttl", "5")
             check(a["admitted"], f"root's Admit: {a}")
-            # Its own limit (100 MiB) sees what the kernel vouches for:
-            # not signalled past the grace.
+            # Their own limit (100 MiB) sees what the kernel vouches
+            # for: not signalled past the grace.
             time.sleep(1.0 * MULT)
-            check(late.proc.poll() is None, "the late worker was signalled")
-            # Out of reach, a root worker's claim still counts in full.
-            claim(s, control.pid, 50 * MIB)
-            wait_for("the control's claim counted", lambda: s.ps()[
-                control.pid]["bytes"] >= 50 * MIB)
-            check(s.ps()[control.pid]["unvouched"] == 0,
-                  f"{s.ps()[control.pid]}")
-            check(f"pid={control.pid} uid=0 leaver_uid" not in s.logtext(),
-                  "a root worker out of reach was distrusted")
-            print(f"  root worker in a dropped worker's reach claims "
-                  f"2^49: fleet {f['bytes'] >> 20} MiB, {f['state']}",
-                  flush=True)
+            check(early.proc.poll() is None and late.proc.poll() is None,
+                  "a root worker was signalled")
+            # Out of reach, a trusted worker's claim counts in full.
+            claim(s, other.pid, 50 * MIB)
+            wait_for("the trusted claim counted", lambda: s.ps()[
+                other.pid]["bytes"] >= 50 * MIB)
+            check(s.ps()[other.pid]["unvouched"] == 0,
+                  f"{s.ps()[other.pid]}")
+            print(f"  root workers in reach of a dropped worker claim "
+                  f"2^49 each: fleet {f['bytes'] >> 20} MiB, "
+                  f"{f['state']}", flush=True)
         finally:
             w.kill()
-            for x in near + [late]:
+            for x in (early, late, other):
                 if x:
                     x.close()
 
