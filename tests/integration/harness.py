@@ -482,6 +482,19 @@ def maps_of(pid, label):
     return out
 
 
+def line_within(proc, secs):
+    """The next line a subprocess.Popen `proc` (text mode) writes to its
+    stdout within `secs`, or "" (none came; the pipe's own buffer is
+    empty first, as after each readline)."""
+    import select
+    end = time.monotonic() + secs
+    while time.monotonic() < end:
+        r, _, _ = select.select([proc.stdout], [], [], 0.1)
+        if r:
+            return proc.stdout.readline()
+    return ""
+
+
 def find_slot(segment, pid):
     """(mmap, offset of the slot of `pid`) in the slot table that `pid`
     itself maps, reopened (as root) through /proc/PID/map_files; the

@@ -10,13 +10,12 @@ that call's or writing after the broken frame.
 """
 import logging
 import os
-import select
 import signal
 import subprocess
 import sys
 
-from harness import (MIB, MULT, Server, Worker, check, config_file, run,
-                     wait_for, worker)
+from harness import (MIB, MULT, Server, Worker, check, config_file,
+                     line_within, run, wait_for, worker)
 
 PYDIR = os.environ["MEMTALLY_PYTHON"]
 sys.path.insert(0, PYDIR)
@@ -112,12 +111,6 @@ def test_command_line():
     r = command("--socket", "/nonexistent/s", "usage")
     check(r.returncode == 1 and r.stderr.startswith("memtally: "),
           f"no server: {r}")
-
-
-def line_within(proc, secs):
-    """The next line `proc` writes to stdout within `secs`, or ""."""
-    r, _, _ = select.select([proc.stdout], [], [], secs)
-    return proc.stdout.readline() if r else ""
 
 
 def test_watch_reconnects_across_a_restart():

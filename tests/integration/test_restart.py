@@ -8,14 +8,14 @@ what it was. The reservations granted before a restart are held after it;
 --reset forgets them."""
 import json
 import os
-import select
 import struct
 import subprocess
 import sys
 import time
 
 from harness import (CLI, MIB, MULT, Server, Worker, check, claim,
-                     config_file, run, settled_bytes, wait_for, worker)
+                     config_file, line_within, run, settled_bytes, wait_for,
+                     worker)
 
 
 def counted(s, pid, at_least):
@@ -545,16 +545,6 @@ def test_a_task_inside_its_worker_survives_a_restart():
         if w:
             w.close()
         (second or first).stop()
-
-
-def line_within(proc, secs):
-    """The next line `proc` writes to stdout within `secs`, or None."""
-    end = time.monotonic() + secs
-    while time.monotonic() < end:
-        r, _, _ = select.select([proc.stdout], [], [], 0.1)
-        if r:
-            return proc.stdout.readline()
-    return None
 
 
 def test_watch_reconnects_across_a_restart():

@@ -1424,6 +1424,28 @@ static void restore_one(unsigned char *d, size_t len)
 	cr_assert_eq(kept, 1, "kept %u, dropped %u", kept, dropped);
 }
 
+/* The record `d` with the host's start time moved by `shift`, restored
+ * into a new server where `h` registers as `uid`: ended at the first
+ * tick, `h` not taken for the host. */
+static void not_the_host(pid_t h, unsigned char *d, size_t len, uint64_t shift,
+                         uint32_t uid, const char *why)
+{
+	unsigned char *e = malloc(len);
+	cr_assert_not_null(e);
+	memcpy(e, d, len);
+	uint64_t start;
+	memcpy(&start, e + 48 + 520, sizeof(start)); /* the host's start */
+	start += shift;
+	memcpy(e + 48 + 520, &start, sizeof(start));
+	mts_record_seal(e, len);
+	host_outlives_server(h);
+	restore_one(e, len);
+	fx_register_as(h, uid, "", "");
+	mts_core_tick(&srv.reg);
+	cr_assert_eq(srv.reg.adm->nresv, 0, "%s", why);
+	free(e);
+}
+
 Test(kinds, a_hosted_task_survives_a_restart_of_the_server)
 {
 	start_fleet(1024 * MIB);
@@ -1469,24 +1491,8 @@ Test(kinds, a_hosted_task_survives_a_restart_of_the_server)
 
 	/* Another process at the recorded pid (another start time), and
 	 * the host registered as another uid: not the host. */
-	uint64_t start;
-	memcpy(&start, d + 48 + 520, sizeof(start)); /* the host's start */
-	start++;
-	memcpy(d + 48 + 520, &start, sizeof(start));
-	mts_record_seal(d, len);
-	host_outlives_server(h);
-	restore_one(d, len);
-	fx_register_as(h, 1000, "", "");
-	mts_core_tick(&srv.reg);
-	cr_assert_eq(srv.reg.adm->nresv, 0, "another process taken as host");
-	start--;
-	memcpy(d + 48 + 520, &start, sizeof(start));
-	mts_record_seal(d, len);
-	host_outlives_server(h);
-	restore_one(d, len);
-	fx_register_as(h, 2000, "", "");
-	mts_core_tick(&srv.reg);
-	cr_assert_eq(srv.reg.adm->nresv, 0, "a host of another uid");
+	not_the_host(h, d, len, 1, 1000, "another process taken as host");
+	not_the_host(h, d, len, 0, 2000, "a host of another uid");
 
 	/* Its host gone while no server ran: ended at the first tick. */
 	fx_kill(h);
