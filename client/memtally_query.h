@@ -83,13 +83,15 @@ enum memtally_state {
  * full (a trusted uid), or as the kernel vouches for them: its uid is not
  * trusted; it left a trusted uid without exec (trust_uid: its uid now);
  * its slot is in reach of a worker that did (trust_uid: that worker's uid
- * now). UNKNOWN: a server from before. */
+ * now); the server cannot read its slot (a hole punched in it that no
+ * memory could fill). UNKNOWN: a server from before. */
 enum memtally_trust {
 	MEMTALLY_TRUST_UNKNOWN = 0,
 	MEMTALLY_TRUST_FULL = 1,
 	MEMTALLY_TRUST_UID = 2,
 	MEMTALLY_TRUST_LEFT = 3,
 	MEMTALLY_TRUST_IN_REACH = 4,
+	MEMTALLY_TRUST_SLOT_UNREADABLE = 5,
 };
 
 /* Figures of one group. A limit of 0 means no limit. */

@@ -869,9 +869,10 @@ static void processes_fill(struct memtally_process *r, char **pool,
 		    .mapped = p->mapped_bytes,
 		    .allocator_free = p->allocator_free_bytes,
 		    .unvouched = p->unvouched_bytes,
-		    .trust = (uint32_t)p->trust <= MEMTALLY_TRUST_IN_REACH
-		                 ? (uint32_t)p->trust
-		                 : MEMTALLY_TRUST_UNKNOWN,
+		    .trust =
+		        (uint32_t)p->trust <= MEMTALLY_TRUST_SLOT_UNREADABLE
+		            ? (uint32_t)p->trust
+		            : MEMTALLY_TRUST_UNKNOWN,
 		    .trust_uid = p->trust_uid,
 		};
 	}

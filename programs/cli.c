@@ -968,6 +968,7 @@ static json_t *jtrust(uint32_t trust)
 	    [MEMTALLY_TRUST_LEFT] = "left its uid",
 	    [MEMTALLY_TRUST_IN_REACH] =
 	        "in reach of a worker that left its uid",
+	    [MEMTALLY_TRUST_SLOT_UNREADABLE] = "slot unreadable",
 	};
 	return trust && trust < sizeof(names) / sizeof(names[0])
 	           ? json_string(names[trust])

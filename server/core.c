@@ -60,6 +60,7 @@ static uint64_t sat_mul(uint64_t a, uint64_t b)
 static void on_joined(struct mts_registry *reg, struct mts_proc *p)
 {
 	mts_vouch_exposed_check(reg, p);
+	mts_vouch_lost_check(reg, p);
 	mts_vouch_proc_init(reg, p);
 	if (p->task[0])
 		mts_resv_worker_registered(reg, p);
@@ -467,6 +468,10 @@ void mts_core_tick(struct mts_registry *reg)
 		reg->groups[i].rss = 0;
 		reg->groups[i].unvouched = 0;
 	}
+	/* A page memtallyd could not read since the last tick (fault.c):
+	 * its slots count as the kernel vouches for them from this tick. */
+	mts_tables_faults(reg);
+	mts_vouch_lost_apply(reg);
 	mts_vouch_begin(reg);
 	/* Processes' rates: one slice of dense[] per tick, so each is
 	 * sampled every MTS_RATE_PROC_SLICES ticks and no tick pays for all

@@ -271,6 +271,7 @@ static void fill_process(const struct mts_registry *reg,
 	pi->unvouched_bytes = p->unvouched;
 	pi->trust = p->uid_left    ? MEMTALLY__V1__TRUST__TRUST_LEFT
 	            : p->exposed   ? MEMTALLY__V1__TRUST__TRUST_IN_REACH
+	            : p->slot_lost ? MEMTALLY__V1__TRUST__TRUST_SLOT_UNREADABLE
 	            : p->untrusted ? MEMTALLY__V1__TRUST__TRUST_UID
 	                           : MEMTALLY__V1__TRUST__TRUST_FULL;
 	pi->trust_uid = p->uid_left || p->exposed ? p->left_uid : 0;

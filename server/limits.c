@@ -335,7 +335,7 @@ static void proc_tell(struct mts_registry *reg, struct mts_proc *p,
  * that left its uid (vouch.c), what the kernel vouches for. */
 static uint64_t own_claim(const struct mts_proc *p)
 {
-	return p->exposed ? mts_vouch_counted(p) : p->bytes;
+	return p->exposed || p->slot_lost ? mts_vouch_counted(p) : p->bytes;
 }
 
 void mts_limits_eval_proc(struct mts_registry *reg, struct mts_proc *p)

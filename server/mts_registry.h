@@ -122,6 +122,10 @@ struct mts_proc {
 	 * (mts_table.tainted): untrusted until it registers again, its
 	 * claims' excess that worker's uid's (left_uid; vouch.c). */
 	bool exposed;
+	/* memtallyd could not read its slot's page (a hole punched in it,
+	 * under strict overcommit; fault.c): untrusted until it registers
+	 * again on a page it can read. */
+	bool slot_lost;
 	/* Taken over after a restart with its slot, counters and lanes, and
 	 * not registered again since (an exec). */
 	bool adopted;
@@ -243,6 +247,13 @@ struct mts_table {
 	 * table's processes; `tainted_uid` is the first leaver's uid now. */
 	bool tainted, taint_new;
 	uint32_t tainted_uid;
+	/* Pages memtallyd could not read (fault.c): a spare stands in for
+	 * each since. Page-aligned byte offsets in the table, as of the
+	 * latest scan (mts_tables_faults). */
+	uint64_t *lost;
+	uint32_t nlost, lost_cap;
+	bool lost_new;   /* grew; vouch.c has not looked at its processes */
+	bool lost_short; /* a scan found no memory to keep them in */
 	/* Its processes' Watch events: a token bucket (limits.c). */
 	double ev_tokens;
 	uint64_t ev_ns; /* CLOCK_MONOTONIC of the last refill, 0 = full */
@@ -300,6 +311,7 @@ struct mts_registry {
 	struct mts_table **tables; /* one per uid with a registered process */
 	uint32_t ntables;
 	uint32_t tables_cap;
+	uint64_t faults_seen; /* mts_fault_count() at the latest scan */
 	struct mtshm_slot_id **slot_at; /* slot_count: slot s in its table,
 	                                   NULL = free */
 	uint64_t *slot_gens;            /* slot_count: latest generation */
@@ -533,6 +545,15 @@ void mts_table_gc(struct mts_registry *reg, struct mts_table *t);
 /* Free the tables idle for MTS_TABLE_IDLE_MS or more at `now_ns`
  * (CLOCK_MONOTONIC). The tick calls it. */
 void mts_tables_sweep(struct mts_registry *reg, uint64_t now_ns);
+
+/* Pages of the tables memtallyd could not read since the latest scan
+ * (fault.c): each table's `lost` again (`lost_new` where it grew, for
+ * vouch.c). Costs one atomic load unless a fault happened. The tick
+ * calls it first. */
+void mts_tables_faults(struct mts_registry *reg);
+/* Is slot `slot` of `t` on a page memtallyd could not read? */
+bool mts_table_slot_lost(const struct mts_registry *reg,
+                         const struct mts_table *t, uint32_t slot);
 
 /* Recompute the free-slot stack from by_slot[], and start each slot's
  * generations above what the adopted tables hold (after adoption). */

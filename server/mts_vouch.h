@@ -46,6 +46,12 @@ void mts_vouch_proc_init(const struct mts_registry *reg, struct mts_proc *p);
 void mts_vouch_taint_apply(struct mts_registry *reg);
 void mts_vouch_exposed_check(struct mts_registry *reg, struct mts_proc *p);
 
+/* Tables with pages memtallyd could not read (mts_tables_faults): every
+ * process whose slot is on one becomes untrusted (p->slot_lost). And at a
+ * registration: is `p`'s slot on one? */
+void mts_vouch_lost_apply(struct mts_registry *reg);
+void mts_vouch_lost_check(struct mts_registry *reg, struct mts_proc *p);
+
 /* Start of a tick: clear the sums, hand out each untrusted uid's stale
  * excess and allowance afresh. */
 void mts_vouch_begin(struct mts_registry *reg);

@@ -55,6 +55,7 @@
 #include <unistd.h>
 
 #include "mts_defs.h"
+#include "mts_fault.h"
 #include "mts_log.h"
 #include "mts_policy.h"
 #include "mts_procfs.h"
@@ -387,7 +388,9 @@ void mts_registry_free(struct mts_registry *reg)
 	free(reg->slot_at);
 	free(reg->slot_gens);
 	for (uint32_t i = 0; i < reg->ntables; i++) {
+		mts_fault_unwatch(reg->tables[i]->map.base);
 		mtshm_close(&reg->tables[i]->map);
+		free(reg->tables[i]->lost);
 		free(reg->tables[i]);
 	}
 	free(reg->tables);
@@ -466,6 +469,12 @@ int mts_table_adopt(struct mts_registry *reg, uint32_t uid,
 	}
 	t->uid = uid;
 	t->map = *map;
+	/* A page of it that faults is answered, not fatal (fault.c). */
+	if (mts_fault_watch(map->base, map->size) < 0)
+		mts_log_uid(uid, MTS_LOG_WARN,
+		            "slot table not guarded against faults: too many "
+		            "tables",
+		            "uid=%u", uid);
 	if (reg->watch->table_added)
 		reg->watch->table_added(reg, t);
 	return 0;
@@ -503,7 +512,9 @@ static void table_free(struct mts_registry *reg, uint32_t i)
 	reg->tables[i] = reg->tables[--reg->ntables];
 	mts_log_uid(t->uid, MTS_LOG_DEBUG, "slot table released", "uid=%u",
 	            t->uid);
+	mts_fault_unwatch(t->map.base);
 	mtshm_close(&t->map);
+	free(t->lost);
 	free(t);
 }
 
@@ -537,6 +548,96 @@ void mts_tables_sweep(struct mts_registry *reg, uint64_t now_ns)
 		        (uint64_t)MTS_TABLE_IDLE_MS * 1000000u)
 			table_free(reg, i);
 	}
+}
+
+/* One part of a table a spare stands in for (mts_fault_scan): its pages
+ * in `lost`, made room for the first time (every page of the table).
+ * Without that room, `lost_short`: the scan is made again. */
+static void lost_add(void *arg, void *addr, size_t bytes)
+{
+	struct mts_table *t = arg;
+	uintptr_t base = (uintptr_t)t->map.base;
+	long ps = sysconf(_SC_PAGESIZE);
+	size_t page = ps > 0 ? (size_t)ps : 4096u;
+	if (!t->lost) {
+		uint32_t pages = (uint32_t)((t->map.size + page - 1) / page);
+		if (!(t->lost = calloc(pages, sizeof(*t->lost)))) {
+			t->lost_short = true;
+			return;
+		}
+		t->lost_cap = pages;
+	}
+	for (size_t o = 0; o < bytes && t->nlost < t->lost_cap; o += page)
+		t->lost[t->nlost++] = (uintptr_t)addr + o - base;
+}
+
+bool mts_table_slot_lost(const struct mts_registry *reg,
+                         const struct mts_table *t, uint32_t slot)
+{
+	if (!t || !t->nlost)
+		return false;
+	long ps = sysconf(_SC_PAGESIZE);
+	uint64_t page = ps > 0 ? (uint64_t)ps : 4096u;
+	uint64_t lo = (uint64_t)slot * reg->layout.slot_stride;
+	uint64_t hi = lo + reg->layout.slot_stride;
+	for (uint32_t i = 0; i < t->nlost; i++)
+		if (t->lost[i] < hi && t->lost[i] + page > lo)
+			return true;
+	return false;
+}
+
+void mts_tables_faults(struct mts_registry *reg)
+{
+	uint64_t n = mts_fault_count();
+	if (n == reg->faults_seen)
+		return;
+	reg->faults_seen = n;
+	for (uint32_t k = 0; k < reg->ntables; k++) {
+		struct mts_table *t = reg->tables[k];
+		uint32_t had = t->nlost;
+		t->nlost = 0;
+		t->lost_short = false;
+		if (mts_fault_scan(t->map.base, t->map.size, lost_add, t) < 0 ||
+		    t->lost_short) {
+			/* No memory to read the maps or keep the pages:
+			 * as it was, and again at the next call. */
+			t->nlost = had;
+			reg->faults_seen = 0;
+			continue;
+		}
+		t->lost_new = t->lost_new || t->nlost > 0;
+		if (t->nlost > had) {
+			mts_log_uid(t->uid, MTS_LOG_WARN,
+			            "slot table page unreadable (a hole in it, "
+			            "and no memory to fill it)",
+			            "uid=%u pages=%u", t->uid, t->nlost);
+		}
+	}
+}
+
+/* Slot `slot` of `t` is being handed out, its pages allocated: the
+ * pages of it a spare stood in for are the table's again. */
+static int slot_restore(struct mts_registry *reg, struct mts_table *t,
+                        uint32_t slot)
+{
+	mts_tables_faults(reg); /* one since the latest tick */
+	long ps = sysconf(_SC_PAGESIZE);
+	uint64_t page = ps > 0 ? (uint64_t)ps : 4096u;
+	uint64_t lo = (uint64_t)slot * reg->layout.slot_stride;
+	uint64_t hi = lo + reg->layout.slot_stride;
+	for (uint32_t i = 0; i < t->nlost;) {
+		uint64_t off = t->lost[i];
+		if (!(off < hi && off + page > lo)) {
+			i++;
+			continue;
+		}
+		int err = mts_fault_restore((char *)t->map.base + off,
+		                            t->map.fd, off);
+		if (err < 0)
+			return err;
+		t->lost[i] = t->lost[--t->nlost];
+	}
+	return 0;
 }
 
 /* Put slot `slot` of `p` in `t`: its address, the table's count. */
@@ -1075,6 +1176,16 @@ static int register_new(struct mts_registry *reg, const struct mts_peer *peer,
 		err = -errno;
 		mts_log_uid(peer->uid, MTS_LOG_WARN,
 		            "cannot allocate a slot's memory; the worker runs "
+		            "unregistered",
+		            "uid=%u slot=%u err=%s", peer->uid, slot,
+		            strerror(-err));
+		mts_table_gc(reg, table);
+		goto fail_close_pidfd;
+	}
+	/* Allocated again, a page a spare stood in for is the table's. */
+	if ((err = slot_restore(reg, table, slot)) < 0) {
+		mts_log_uid(peer->uid, MTS_LOG_WARN,
+		            "cannot map a slot's page back; the worker runs "
 		            "unregistered",
 		            "uid=%u slot=%u err=%s", peer->uid, slot,
 		            strerror(-err));

@@ -36,6 +36,7 @@
 #include "mts_config.h"
 #include "mts_conn.h"
 #include "mts_core.h"
+#include "mts_fault.h"
 #include "mts_guard.h"
 #include "mts_hooks.h"
 #include "mts_kinds.h"
@@ -467,6 +468,16 @@ static int start_registry(struct mts_server *srv, const struct mts_config *cfg,
 	    mts_core_init(&srv->reg, srv->loop, &srv->map, label, srv->state);
 	if (err < 0)
 		return err;
+	/* Before any table is mapped: a page of one that faults is then
+	 * answered (fault.c), not the end of the server. */
+	int ferr =
+	    mts_fault_init(srv->reg.slot_count + MTS_TABLES_IDLE_MAX + 1);
+	if (ferr < 0)
+		mts_log(MTS_LOG_WARN,
+		        "slot tables not guarded against faults: a worker "
+		        "that punches a hole in its slot under strict "
+		        "overcommit can stop the server",
+		        "err=%s", strerror(-ferr));
 	srv->reg.instance = info->instance;
 	srv->reg.lim->on_event = on_event;
 	srv->reg.lim->event_ctx = srv;

@@ -13,6 +13,8 @@
  *    registry's notifications to the modules above it.
  *  - mts_registry.h: registry.c: registered workers, slot tables, groups,
  *    totals, counters, the header's fleet snapshot; a connection's peer.
+ *  - mts_fault.h: fault.c: a slot-table page that faults (SIGBUS) when
+ *    memtallyd touches it is answered with a spare page, not a crash.
  *  - mts_figures.h: figures.c: the figures the fleet and each group
  *    share, and the table /metrics, GetUsage and the hooks show them by.
  *  - mts_policy.h: policy.c: what config.c produces and limits.c
@@ -77,6 +79,7 @@
 #include "memtally.pb-c.h"
 #include "mtframe.h"
 #include "mtshm.h"
+#include "mts_fault.h"
 #include "mts_policy.h"
 #include "mts_procfs.h"
 #include "mts_rate.h"

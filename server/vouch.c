@@ -79,8 +79,8 @@ bool mts_vouch_want_read(const struct mts_proc *p)
 
 void mts_vouch_proc_init(const struct mts_registry *reg, struct mts_proc *p)
 {
-	p->untrusted =
-	    p->uid_left || p->exposed || !mts_uid_trusted(reg, p->uid);
+	p->untrusted = p->uid_left || p->exposed || p->slot_lost ||
+	               !mts_uid_trusted(reg, p->uid);
 	p->unvouched = 0;
 	if (!p->untrusted) {
 		p->vouch.kernel = 0;
@@ -364,4 +364,52 @@ int mts_read_kernel_mem(int pid, bool smaps, struct mts_kernel_mem *out)
 	if (tid <= 0)
 		return err;
 	return read_mem(pid, (int)tid, smaps, out) == 0 ? 0 : err;
+}
+
+/*
+ * A page of a table memtallyd could not read (fault.c: a hole punched in
+ * it, and no memory to fill it under strict overcommit) has a spare
+ * standing in for it: memtallyd no longer sees what the slots on it
+ * claim. Their processes count as the kernel vouches for them, toward
+ * others and toward their own limits, as if their slots were zeroed,
+ * until they register again on a page it can read. Their excess is
+ * their own uid's: only that uid's processes map the table.
+ */
+static void lose(struct mts_registry *reg, struct mts_proc *q, bool was)
+{
+	q->slot_lost = true;
+	if (!q->vouch.kernel_ns && q->rss_known)
+		q->vouch.kernel = q->rss;
+	mts_vouch_proc_init(reg, q);
+	if (!was)
+		mts_log_uid(q->uid, MTS_LOG_WARN,
+		            "worker's slot cannot be read: it counts as the "
+		            "kernel vouches for it",
+		            "pid=%u uid=%u slot=%u", q->pid, q->uid, q->slot);
+}
+
+void mts_vouch_lost_apply(struct mts_registry *reg)
+{
+	for (uint32_t k = 0; k < reg->ntables; k++) {
+		struct mts_table *t = reg->tables[k];
+		if (!t->lost_new)
+			continue;
+		t->lost_new = false;
+		for (uint32_t i = 0; i < reg->ndense; i++) {
+			struct mts_proc *q = reg->by_slot[reg->dense[i]];
+			if (q->table == t && !q->slot_lost &&
+			    mts_table_slot_lost(reg, t, q->slot))
+				lose(reg, q, false);
+		}
+	}
+}
+
+void mts_vouch_lost_check(struct mts_registry *reg, struct mts_proc *p)
+{
+	mts_tables_faults(reg);
+	mts_vouch_lost_apply(reg);
+	bool was = p->slot_lost; /* an exec on a lost page: said before */
+	p->slot_lost = false;
+	if (mts_table_slot_lost(reg, p->table, p->slot))
+		lose(reg, p, was);
 }
