@@ -115,17 +115,36 @@ const char *mts_logq(char *buf, size_t cap, const char *s)
 	return buf;
 }
 
-static void write_all(const char *p, size_t len)
+/* A line cut short by a failed write (a full disk, or no memory for a
+ * tmpfs page): the next write ends it first, so that the line after it
+ * does not run on from the middle of this one. */
+static bool cut;
+
+/* 0: all of it written; else how it failed: 1 nothing written, 2 a part
+ * (nowhere to complain to, either way). */
+static int write_some(const char *p, size_t len)
 {
-	while (len > 0) {
-		ssize_t w = write(STDERR_FILENO, p, len);
+	size_t done = 0;
+	while (done < len) {
+		ssize_t w = write(STDERR_FILENO, p + done, len - done);
 		if (w < 0 && errno == EINTR)
 			continue;
 		if (w <= 0)
-			return; /* nowhere to complain to */
-		p += w;
-		len -= (size_t)w;
+			return done ? 2 : 1;
+		done += (size_t)w;
 	}
+	return 0;
+}
+
+static void write_all(const char *p, size_t len)
+{
+	if (cut) {
+		if (write_some("\n", 1) != 0)
+			return; /* this line is lost too */
+		cut = false;
+	}
+	if (write_some(p, len) == 2)
+		cut = true;
 }
 
 static void vlog(enum mts_log_level level, const char *msg, const char *fmt,
