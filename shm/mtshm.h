@@ -18,8 +18,8 @@
  *    every mapper, so no access inside it faults for its size. (Under
  *    strict overcommit, a first touch of a page past the commit limit
  *    still does: the server allocates a slot's pages before it is used,
- *    and a worker that punches a hole in its own slot and exhausts the
- *    limit can still make the server's next read of it fault.)
+ *    and a worker that punches a hole in its own slot at that limit makes
+ *    the server's next read of it fault, which the server answers.)
  *    The server maps it whole; a worker of the uid maps read-write only
  *    the page(s) holding its own slot, between inaccessible guards
  *    (mtshm_map_window), so a stray write of its own program faults
