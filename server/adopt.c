@@ -350,9 +350,9 @@ static void leavers_taint(struct mts_registry *reg, struct leavers *l)
 		struct mts_table *t = reg->tables[i];
 		for (uint32_t k = 0; k < l->n; k++)
 			if (l->uid[k] == t->uid)
-				mts_table_taint(t, l->now_uid[k]);
+				mts_table_taint(reg, t, l->now_uid[k]);
 		if (l->lost && t->vouch.trusted)
-			mts_table_taint(t, t->uid);
+			mts_table_taint(reg, t, t->uid);
 	}
 	mts_vouch_taint_apply(reg);
 	free(l->uid);
@@ -458,6 +458,11 @@ int mts_adopt(struct mts_registry *reg, uint32_t *kept, uint32_t *dropped)
 			continue;
 		}
 		++*kept;
+		/* Its table was tainted under the server before: it is
+		 * again, whether the leaver is still there or not (gone, or
+		 * registered again as what it is now). */
+		if (r.tainted)
+			leaver_add(&left, r.uid, r.taint_uid);
 		mts_log_uid(
 		    r.uid, MTS_LOG_INFO, "worker adopted",
 		    "pid=%u uid=%u slot=%u group=%s task=%s", r.pid, r.uid, i,

@@ -522,8 +522,9 @@ void mts_table_label(const struct mts_registry *reg, uint32_t uid, char *buf,
                      size_t cap);
 
 /* A process of table `t` left `t`'s uid (now `uid`) without exec: taint
- * `t` (see mts_table.tainted). */
-void mts_table_taint(struct mts_table *t, uint32_t uid);
+ * `t` (see mts_table.tainted), in its processes' restart entries too. */
+void mts_table_taint(struct mts_registry *reg, struct mts_table *t,
+                     uint32_t uid);
 
 /* Take over `map` (a table reopened from a worker, fd kept) as uid's
  * table. 0 or -ENOMEM (the caller still owns map). */

@@ -33,10 +33,15 @@ struct mts_state_rec {
 	/* Whole names (MT_NAME_MAX, 255 bytes, and the NUL): a name cut
 	 * here would adopt the worker into another group or task, or, cut
 	 * inside a UTF-8 sequence, not at all. */
-	char group[256];    /*  48 */
-	char task[256];     /* 304 */
-	uint8_t held;       /* 560 stopped by the node guard */
-	uint8_t spare0[7];  /* 561 */
+	char group[256]; /*  48 */
+	char task[256];  /* 304 */
+	uint8_t held;    /* 560 stopped by the node guard */
+	/* Its table is tainted (mts_table.tainted), by a worker now of
+	 * taint_uid: the next server taints it again. 0 in a record of a
+	 * server from before. */
+	uint8_t tainted;    /* 561 */
+	uint8_t spare0[2];  /* 562 */
+	uint32_t taint_uid; /* 564 */
 	uint64_t limit_set; /* 568 SetLimit{pid}; 0: the default */
 	uint8_t spare[448]; /* 576 */
 };

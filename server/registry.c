@@ -699,6 +699,8 @@ void mts_registry_record(const struct mts_registry *reg,
 	snprintf(r.group, sizeof(r.group), "%s", reg->groups[p->group].name);
 	snprintf(r.task, sizeof(r.task), "%s", p->task);
 	r.limit_set = p->limit_set;
+	r.tainted = p->table && p->table->tainted;
+	r.taint_uid = r.tainted ? p->table->tainted_uid : 0;
 	mts_state_put(reg->state, p->slot, &r);
 }
 
@@ -902,13 +904,31 @@ static void comm_copy(char *dst, size_t cap, const char *src)
 	dst[o] = 0;
 }
 
-void mts_table_taint(struct mts_table *t, uint32_t uid)
+void mts_table_taint(struct mts_registry *reg, struct mts_table *t,
+                     uint32_t uid)
 {
 	if (t->tainted)
 		return;
 	t->tainted = true;
 	t->taint_new = true;
 	t->tainted_uid = uid;
+	/* In each of its processes' restart entries, so that a server
+	 * started after this one taints the table again, whether the leaver
+	 * is still there to be seen or not. */
+	for (uint32_t i = 0; i < reg->ndense; i++) {
+		struct mts_proc *q = reg->by_slot[reg->dense[i]];
+		if (q->table != t)
+			continue;
+		struct mts_state_rec r;
+		if (mts_state_get(reg->state, q->slot, &r) < 0 ||
+		    r.pid != q->pid) {
+			mts_registry_record(reg, q);
+			continue;
+		}
+		r.tainted = 1;
+		r.taint_uid = uid;
+		mts_state_put(reg->state, q->slot, &r);
+	}
 }
 
 /* The exec case: the same process, a new program image. Reset its slot to
@@ -941,7 +961,7 @@ static int proc_reset(struct mts_registry *reg, struct mts_proc *p,
 		 * one: an exec drops its window on the old table, but a
 		 * process that only says it exec'd keeps it. */
 		if (old->vouch.trusted && !nt->vouch.trusted)
-			mts_table_taint(old, uid);
+			mts_table_taint(reg, old, uid);
 		mtshm_store_release32(&reg->slot_at[p->slot]->pid, 0);
 		old->procs--;
 		mts_table_gc(reg, old);

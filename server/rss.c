@@ -390,7 +390,7 @@ static bool uid_left(struct mts_registry *reg, struct mts_proc *p,
 	            "worker left its uid without exec: its claims count as "
 	            "the kernel vouches for them",
 	            "pid=%u uid=%u euid=%u", p->pid, p->uid, e->km.uids[1]);
-	mts_table_taint(p->table, p->left_uid);
+	mts_table_taint(reg, p->table, p->left_uid);
 	mts_vouch_taint_apply(reg);
 	return true;
 }

@@ -361,6 +361,50 @@ def test_a_worker_that_changed_uid_is_not_adopted_as_root():
         (second or first).stop()
 
 
+def test_a_taint_outlives_a_restart():
+    """A root worker left root without exec under the first server, which
+    tainted root's table, and has exited since. The server started after
+    it has no leaver to see, and taints the table again from the restart
+    entries: the root worker adopted there counts as the kernel vouches
+    for it (2^49 written into its slot leave the fleet ok), where it
+    would count in full."""
+    cfg = config_file("[limits]\nrss_interval = 100\n")
+    first = Server("--config", cfg)
+    w = Worker([sys.executable, "-c", DECOY, first.dir, "setuid"],
+               first.env(group="turncoat"))
+    n = second = None
+    reach = "in reach of a worker that left its uid"
+    try:
+        check(w.readline() == "ready", "the worker did not start")
+        n = Worker([*worker("hold"), "4"], first.env())
+        n.readline()
+        wait_for("root's table tainted under the first server", lambda: (
+            first.ps().get(n.pid, {}).get("trust") == reach))
+        check(w.close() == 0, "the leaver did not exit")
+        wait_for("the leaver gone", lambda: w.pid not in first.ps())
+        first.kill9()
+        seen = len(first.logtext())
+        second = Server("--config", cfg, after=first)
+        log = second.logtext()[seen:]
+        check(f'msg="worker adopted" pid={n.pid} uid=0' in log,
+              "the root worker was not adopted: " + second.tail())
+        t = second.ps()[n.pid]
+        check(t["trust"] == reach and t["trust_uid"] == 65534,
+              f"after the restart, with the leaver gone: {t}")
+        claim(second, n.pid, 1 << 49)
+        f = wait_for("the fleet at what is held", lambda: (
+            lambda f: f if 4 * MIB <= f["bytes"] < 1 << 30 else None)(
+                second.status()["fleet"]))
+        print(f"  root worker beside one that left root and exited, "
+              f"claims 2^49 after a restart: fleet {f['bytes'] >> 20} MiB",
+              flush=True)
+    finally:
+        w.close()
+        if n:
+            n.close()
+        (second or first).stop()
+
+
 def recorded(s):
     """(reservations, of them taken over) in the server's record, or None
     while it has written none."""
@@ -590,6 +634,7 @@ if __name__ == "__main__":
          test_a_worker_outlives_more_restarts_than_attachments,
          test_a_decoy_mapping_does_not_hold_up_a_restart,
          test_a_worker_that_changed_uid_is_not_adopted_as_root,
+         test_a_taint_outlives_a_restart,
          test_reservations_survive_a_restart,
          test_a_task_inside_its_worker_survives_a_restart,
          test_watch_reconnects_across_a_restart])
