@@ -7,6 +7,7 @@
 #define MTS_STATE_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 /*
@@ -48,6 +49,9 @@ struct mts_state_rec {
 /* Four to a page: a record is never split across two. */
 #define MTS_STATE_REC_SIZE 1024u
 _Static_assert(sizeof(struct mts_state_rec) == MTS_STATE_REC_SIZE, "rec");
+_Static_assert(offsetof(struct mts_state_rec, taint_uid) == 564 &&
+                   offsetof(struct mts_state_rec, limit_set) == 568,
+               "a record's layout is on disk");
 
 /* Geometry and identity a state file records (and a restart adopts). */
 struct mts_state_info {
