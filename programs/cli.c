@@ -33,6 +33,7 @@
 #include <getopt.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <locale.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -42,6 +43,7 @@
 #include <sys/ioctl.h>
 #include <time.h>
 #include <unistd.h>
+#include <wchar.h>
 
 #include <jansson.h>
 
@@ -315,30 +317,72 @@ static void put_right(const char *s, int width)
  * it cannot drive the terminal: C0 and C1 controls (U+009B is CSI), DEL,
  * bidirectional formatting characters and bytes that are not UTF-8 show
  * as '?'. An older server passes such names through. */
+/* The columns code point `c` takes on a terminal: 2 for a wide one (CJK,
+ * most emoji), 0 for a combining mark, else 1. wcwidth() knows only in a
+ * UTF-8 locale, whatever the user's is: the one glibc always has. */
+static int cp_cols(uint32_t c)
+{
+	static locale_t utf8;
+	static bool tried;
+	if (c < 0x80)
+		return 1;
+	if (!tried) {
+		tried = true;
+		utf8 = newlocale(LC_CTYPE_MASK, "C.UTF-8", (locale_t)0);
+	}
+	if (!utf8)
+		return 1;
+	locale_t was = uselocale(utf8);
+	int w = wcwidth((wchar_t)c);
+	uselocale(was);
+	return w < 0 ? 1 : w;
+}
+
+/* What put_clean prints of the character at `u`: its length (0: not
+ * UTF-8, printed as '?') and its columns. */
+static size_t clean_char(const unsigned char *u, int *cols)
+{
+	uint32_t c = 0;
+	size_t k = mt_utf8_seq(u, &c);
+	if (k == 0 || mt_cp_hostile(c)) {
+		*cols = 1;
+		return 0;
+	}
+	*cols = cp_cols(c);
+	return k;
+}
+
 static void put_clean(const char *s, int width)
 {
 	int n = 0;
 	const unsigned char *u = (const unsigned char *)s;
 	while (*u) {
-		uint32_t c = 0;
-		size_t k = mt_utf8_seq(u, &c);
-		if (k == 0 || mt_cp_hostile(c))
+		int w;
+		size_t k = clean_char(u, &w);
+		if (k == 0)
 			putchar('?');
 		else
 			fwrite(u, 1, k, stdout);
 		u += k ? k : 1;
-		n++;
+		n += w;
 	}
 	for (; n < width; n++)
 		putchar(' ');
 }
 
-/* Widen a column to fit `s`, up to 64 columns: a longer name only pushes
- * its own row out of line rather than every row. */
+/* Widen a column to fit `s` as put_clean prints it, up to 64 columns: a
+ * longer name only pushes its own row out of line rather than every
+ * row. */
 static int max_width(int w, const char *s)
 {
-	size_t n = strlen(s);
-	return n > (size_t)w ? (n > 64 ? 64 : (int)n) : w;
+	int n = 0;
+	for (const unsigned char *u = (const unsigned char *)s; *u;) {
+		int c;
+		size_t k = clean_char(u, &c);
+		u += k ? k : 1;
+		n += c;
+	}
+	return n > w ? (n > 64 ? 64 : n) : w;
 }
 
 /* The server withholds another user's names (its show_others) and says
@@ -1502,9 +1546,10 @@ static int print_event(const struct memtally_event *ev, void *arg)
  * A frame of `top`, drawn into memory first, then onto the terminal cut to
  * its size: a line wider than the screen would wrap (each process row is
  * 137 columns and more), and more lines than it has would scroll the
- * title away. A column is a character as UTF-8 starts one (the cleaned
- * names hold no control character); a double-width character counts one,
- * so a row of them may still wrap.
+ * title away. The frame's names were cleaned (valid UTF-8, no control
+ * character), so each character takes the columns wcwidth() says: a row
+ * of double-width names is cut at the screen's edge, not a character
+ * past it.
  */
 static void put_cut(const char *buf, size_t len, unsigned rows, unsigned cols)
 {
@@ -1513,9 +1558,15 @@ static void put_cut(const char *buf, size_t len, unsigned rows, unsigned cols)
 	for (unsigned r = 0; p < end && r + 1 < rows; r++) {
 		const char *nl = memchr(p, '\n', (size_t)(end - p));
 		const char *stop = nl ? nl : end, *q = p;
-		for (unsigned c = 0; q < stop; q++) {
-			if (((unsigned char)*q & 0xc0) != 0x80 && c++ == cols)
+		for (unsigned c = 0; q < stop;) {
+			int w;
+			size_t k = clean_char((const unsigned char *)q, &w);
+			if (k == 0 || k > (size_t)(stop - q))
+				k = 1; /* not a name's: as it is */
+			if (c + (unsigned)w > cols)
 				break;
+			c += (unsigned)w;
+			q += k;
 		}
 		fwrite(p, 1, (size_t)(q - p), stdout);
 		putchar('\n');

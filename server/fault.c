@@ -17,8 +17,15 @@
  * The loop learns of it by the count (mts_fault_count) and finds which
  * pages are spares by /proc/self/maps (mts_fault_scan), so the handler
  * keeps no list. A page is mapped back onto its table when a slot on it
- * is handed out again (mts_fault_restore), after the registry allocated
+ * is handed out again, or its process starts a new image, or once a
+ * second until then (mts_fault_restore), after the registry allocated
  * it.
+ *
+ * Only the loop thread touches the tables (the RSS thread reads /proc,
+ * the thread pool writes records), so the handler answers a fault of the
+ * loop thread, never while that thread watches, unwatches or restores a
+ * range. A thread that read a table while the loop unmapped it could
+ * have a spare mapped over an address already reused.
  */
 
 #include "mts_fault.h"
@@ -113,8 +120,16 @@ static void on_bus(int sig, siginfo_t *si, void *ctx)
 {
 	(void)ctx;
 	int saved = errno;
-	if (replace((uintptr_t)si->si_addr) < 0)
+	/* A fault the kernel raised has a positive si_code and the address
+	 * in si_addr; one sent with kill() or sigqueue() has neither, and
+	 * is not made again on return: it meets the disposition we found,
+	 * now (for the default one, the end of the process, as before). */
+	if (si->si_code <= 0) {
+		sigaction(sig, &old_bus, NULL);
+		raise(sig);
+	} else if (replace((uintptr_t)si->si_addr) < 0) {
 		sigaction(sig, &old_bus, NULL); /* not ours: as before us */
+	}
 	errno = saved;
 }
 
@@ -215,32 +230,78 @@ uint64_t mts_fault_count(void)
 	return atomic_load_explicit(&faults, memory_order_relaxed);
 }
 
+/* One line of /proc/self/maps: a part of [lo, hi) a spare stands in for,
+ * clipped to it (the kernel merges the spares of two tables that meet,
+ * their offsets running on), to fn. Our own view of the spares is not a
+ * table's. */
+static void scan_line(const char *line, uintptr_t lo, uintptr_t hi,
+                      void (*fn)(void *, void *, size_t), void *arg)
+{
+	unsigned long start, end, off, ino;
+	unsigned maj, mnr;
+	if (sscanf(line, "%lx-%lx %*s %lx %x:%x %lu", &start, &end, &off, &maj,
+	           &mnr, &ino) != 6)
+		return;
+	uintptr_t own = (uintptr_t)spare_map;
+	size_t bytes = (size_t)MTS_FAULT_SPARES * page_size;
+	if (ino != spare_ino || makedev(maj, mnr) != spare_dev ||
+	    off >= bytes || (start >= own && start < own + bytes) ||
+	    !strstr(line, "memtallyd-spares"))
+		return;
+	if (start < lo)
+		start = lo;
+	if (end > hi)
+		end = hi;
+	if (start < end)
+		fn(arg, (void *)start, (size_t)(end - start));
+}
+
 int mts_fault_scan(void *base, size_t len,
                    void (*fn)(void *arg, void *addr, size_t bytes), void *arg)
 {
 	if (!atomic_load(&installed))
 		return 0;
-	FILE *f = fopen("/proc/self/maps", "re");
-	if (!f)
+	/* read(2) into the stack, not stdio: this runs when the machine
+	 * had no page to spare a moment ago. */
+	int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
 		return -errno;
 	/* A mapping covers whole pages, the table's size or not. */
 	uintptr_t lo = (uintptr_t)base;
 	uintptr_t hi = (lo + len + page_size - 1) & ~(page_size - 1);
-	char line[512];
-	while (fgets(line, sizeof(line), f)) {
-		unsigned long start, end, ino;
-		unsigned maj, mnr;
-		if (sscanf(line, "%lx-%lx %*s %*x %x:%x %lu", &start, &end,
-		           &maj, &mnr, &ino) != 5)
+	char buf[4096];
+	size_t have = 0;
+	int err = 0;
+	for (;;) {
+		ssize_t n = read(fd, buf + have, sizeof(buf) - 1 - have);
+		if (n < 0 && errno == EINTR)
 			continue;
-		if (ino != spare_ino || makedev(maj, mnr) != spare_dev)
-			continue;
-		if (start < lo || end > hi)
-			continue; /* our own view of the spares, or elsewhere */
-		fn(arg, (void *)start, (size_t)(end - start));
+		if (n < 0) {
+			err = -errno;
+			break;
+		}
+		have += (size_t)n;
+		buf[have] = 0;
+		char *p = buf, *nl;
+		while ((nl = strchr(p, '\n'))) {
+			*nl = 0;
+			scan_line(p, lo, hi, fn, arg);
+			p = nl + 1;
+		}
+		have = (size_t)(buf + have - p);
+		memmove(buf, p, have);
+		if (n == 0 || have == sizeof(buf) - 1) {
+			if (have) { /* a last line without its newline */
+				buf[have] = 0;
+				scan_line(buf, lo, hi, fn, arg);
+			}
+			if (n == 0)
+				break;
+			have = 0; /* a line longer than the buffer: a path */
+		}
 	}
-	fclose(f);
-	return 0;
+	close(fd);
+	return err;
 }
 
 int mts_fault_restore(void *addr, int fd, uint64_t off)

@@ -232,6 +232,8 @@ struct mts_stats {
  */
 #define MTS_TABLE_IDLE_MS   10000u
 #define MTS_TABLES_IDLE_MAX 16u
+#define MTS_TABLE_LOST_MAX  16u
+
 struct mts_table {
 	uint32_t uid;
 	uint32_t procs;         /* registered processes whose slot is in it */
@@ -249,11 +251,13 @@ struct mts_table {
 	uint32_t tainted_uid;
 	/* Pages memtallyd could not read (fault.c): a spare stands in for
 	 * each since. Page-aligned byte offsets in the table, as of the
-	 * latest scan (mts_tables_faults). */
-	uint64_t *lost;
-	uint32_t nlost, lost_cap;
-	bool lost_new;   /* grew; vouch.c has not looked at its processes */
-	bool lost_short; /* a scan found no memory to keep them in */
+	 * latest scan (mts_tables_faults); kept here, not allocated, since
+	 * they are found when the machine has no memory to spare. More than
+	 * fit: `lost_all`, every slot of the table counts as on one. */
+	uint64_t lost[MTS_TABLE_LOST_MAX];
+	uint32_t nlost;
+	bool lost_all;
+	bool lost_new; /* grew; vouch.c has not looked at its processes */
 	/* Its processes' Watch events: a token bucket (limits.c). */
 	double ev_tokens;
 	uint64_t ev_ns; /* CLOCK_MONOTONIC of the last refill, 0 = full */
@@ -312,6 +316,8 @@ struct mts_registry {
 	uint32_t ntables;
 	uint32_t tables_cap;
 	uint64_t faults_seen; /* mts_fault_count() at the latest scan */
+	bool lost_any;        /* a table has pages a spare stands in for */
+	uint64_t lost_try_ns; /* CLOCK_MONOTONIC of the latest try to mend */
 	struct mtshm_slot_id **slot_at; /* slot_count: slot s in its table,
 	                                   NULL = free */
 	uint64_t *slot_gens;            /* slot_count: latest generation */
@@ -549,8 +555,9 @@ void mts_tables_sweep(struct mts_registry *reg, uint64_t now_ns);
 
 /* Pages of the tables memtallyd could not read since the latest scan
  * (fault.c): each table's `lost` again (`lost_new` where it grew, for
- * vouch.c). Costs one atomic load unless a fault happened. The tick
- * calls it first. */
+ * vouch.c). Once a second while there are some, each is given its memory
+ * again if the machine has it, and mapped back. Costs one atomic load
+ * and a flag otherwise. The tick calls it first. */
 void mts_tables_faults(struct mts_registry *reg);
 /* Is slot `slot` of `t` on a page memtallyd could not read? */
 bool mts_table_slot_lost(const struct mts_registry *reg,

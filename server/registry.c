@@ -390,7 +390,6 @@ void mts_registry_free(struct mts_registry *reg)
 	for (uint32_t i = 0; i < reg->ntables; i++) {
 		mts_fault_unwatch(reg->tables[i]->map.base);
 		mtshm_close(&reg->tables[i]->map);
-		free(reg->tables[i]->lost);
 		free(reg->tables[i]);
 	}
 	free(reg->tables);
@@ -514,7 +513,6 @@ static void table_free(struct mts_registry *reg, uint32_t i)
 	            t->uid);
 	mts_fault_unwatch(t->map.base);
 	mtshm_close(&t->map);
-	free(t->lost);
 	free(t);
 }
 
@@ -550,34 +548,35 @@ void mts_tables_sweep(struct mts_registry *reg, uint64_t now_ns)
 	}
 }
 
-/* One part of a table a spare stands in for (mts_fault_scan): its pages
- * in `lost`, made room for the first time (every page of the table).
- * Without that room, `lost_short`: the scan is made again. */
+static uint64_t page_bytes(void)
+{
+	long ps = sysconf(_SC_PAGESIZE);
+	return ps > 0 ? (uint64_t)ps : 4096u;
+}
+
+/* One part of a table a spare stands in for (mts_fault_scan). */
 static void lost_add(void *arg, void *addr, size_t bytes)
 {
 	struct mts_table *t = arg;
 	uintptr_t base = (uintptr_t)t->map.base;
-	long ps = sysconf(_SC_PAGESIZE);
-	size_t page = ps > 0 ? (size_t)ps : 4096u;
-	if (!t->lost) {
-		uint32_t pages = (uint32_t)((t->map.size + page - 1) / page);
-		if (!(t->lost = calloc(pages, sizeof(*t->lost)))) {
-			t->lost_short = true;
+	uint64_t page = page_bytes();
+	for (size_t o = 0; o < bytes; o += page) {
+		if (t->nlost == MTS_TABLE_LOST_MAX) {
+			t->lost_all = true;
 			return;
 		}
-		t->lost_cap = pages;
-	}
-	for (size_t o = 0; o < bytes && t->nlost < t->lost_cap; o += page)
 		t->lost[t->nlost++] = (uintptr_t)addr + o - base;
+	}
 }
 
 bool mts_table_slot_lost(const struct mts_registry *reg,
                          const struct mts_table *t, uint32_t slot)
 {
-	if (!t || !t->nlost)
+	if (!t || (!t->nlost && !t->lost_all))
 		return false;
-	long ps = sysconf(_SC_PAGESIZE);
-	uint64_t page = ps > 0 ? (uint64_t)ps : 4096u;
+	if (t->lost_all)
+		return true;
+	uint64_t page = page_bytes();
 	uint64_t lo = (uint64_t)slot * reg->layout.slot_stride;
 	uint64_t hi = lo + reg->layout.slot_stride;
 	for (uint32_t i = 0; i < t->nlost; i++)
@@ -586,45 +585,106 @@ bool mts_table_slot_lost(const struct mts_registry *reg,
 	return false;
 }
 
+/* Map back page `i` of t's list if the machine has its memory now (a
+ * punched page is allocated again); drop it from the list. */
+static bool lost_mend(struct mts_table *t, uint32_t i)
+{
+	uint64_t off = t->lost[i];
+	/* Within the table: it is sealed against growing, and may end
+	 * inside its last page. */
+	uint64_t len = page_bytes();
+	if (len > t->map.size - off)
+		len = t->map.size - off;
+	if (fallocate(t->map.fd, 0, (off_t)off, (off_t)len) < 0 &&
+	    errno != EOPNOTSUPP)
+		return false;
+	if (mts_fault_restore((char *)t->map.base + off, t->map.fd, off) < 0)
+		return false;
+	t->lost[i] = t->lost[--t->nlost];
+	return true;
+}
+
+static void tables_mend(struct mts_registry *reg, uint64_t now)
+{
+	if (now - reg->lost_try_ns < UINT64_C(1000000000))
+		return;
+	reg->lost_try_ns = now;
+	bool any = false;
+	for (uint32_t k = 0; k < reg->ntables; k++) {
+		struct mts_table *t = reg->tables[k];
+		for (uint32_t i = 0; i < t->nlost;)
+			if (!lost_mend(t, i))
+				i++;
+		if (t->lost_all)
+			reg->faults_seen = ~mts_fault_count(); /* scan again */
+		any |= t->nlost || t->lost_all;
+	}
+	reg->lost_any = any;
+}
+
 void mts_tables_faults(struct mts_registry *reg)
 {
 	uint64_t n = mts_fault_count();
+	if (reg->lost_any)
+		tables_mend(reg, mts_now_monotonic());
 	if (n == reg->faults_seen)
 		return;
 	reg->faults_seen = n;
 	for (uint32_t k = 0; k < reg->ntables; k++) {
 		struct mts_table *t = reg->tables[k];
+		uint64_t was[MTS_TABLE_LOST_MAX];
 		uint32_t had = t->nlost;
+		bool all = t->lost_all;
+		memcpy(was, t->lost, sizeof(was));
 		t->nlost = 0;
-		t->lost_short = false;
-		if (mts_fault_scan(t->map.base, t->map.size, lost_add, t) < 0 ||
-		    t->lost_short) {
-			/* No memory to read the maps or keep the pages:
-			 * as it was, and again at the next call. */
+		t->lost_all = false;
+		if (mts_fault_scan(t->map.base, t->map.size, lost_add, t) < 0) {
+			/* The maps could not be read (it needs no memory of
+			 * ours, only a descriptor): as it was, and again at
+			 * the next call. */
+			memcpy(t->lost, was, sizeof(was));
 			t->nlost = had;
-			reg->faults_seen = 0;
+			t->lost_all = all;
+			reg->faults_seen = ~n;
 			continue;
 		}
-		t->lost_new = t->lost_new || t->nlost > 0;
-		if (t->nlost > had) {
+		t->lost_new = t->lost_new || t->nlost || t->lost_all;
+		reg->lost_any |= t->nlost || t->lost_all;
+		if (t->nlost > had || (t->lost_all && !all))
 			mts_log_uid(t->uid, MTS_LOG_WARN,
 			            "slot table page unreadable (a hole in it, "
 			            "and no memory to fill it)",
-			            "uid=%u pages=%u", t->uid, t->nlost);
-		}
+			            "uid=%u pages=%u%s", t->uid, t->nlost,
+			            t->lost_all ? "+" : "");
 	}
 }
 
-/* Slot `slot` of `t` is being handed out, its pages allocated: the
- * pages of it a spare stood in for are the table's again. */
-static int slot_restore(struct mts_registry *reg, struct mts_table *t,
-                        uint32_t slot)
+/* Slot `slot` of `t` is handed out, or its process starts a new image:
+ * its pages allocated (a shared memfd's page is charged at its first
+ * touch, and under strict overcommit at the commit limit that touch is a
+ * SIGBUS: in memtallyd, at slot_init's stores or a tick's loads), and
+ * those a spare stood in for mapped back. 0 or -errno. */
+static int slot_ready(struct mts_registry *reg, struct mts_table *t,
+                      uint32_t slot)
 {
-	mts_tables_faults(reg); /* one since the latest tick */
-	long ps = sysconf(_SC_PAGESIZE);
-	uint64_t page = ps > 0 ? (uint64_t)ps : 4096u;
 	uint64_t lo = (uint64_t)slot * reg->layout.slot_stride;
+	if (fallocate(t->map.fd, 0, (off_t)lo, (off_t)reg->layout.slot_stride) <
+	        0 &&
+	    errno != EOPNOTSUPP)
+		return -errno;
+	mts_tables_faults(reg); /* one since the latest tick */
+	uint64_t page = page_bytes();
 	uint64_t hi = lo + reg->layout.slot_stride;
+	if (t->lost_all) {
+		/* Which of its pages is not known: each, whatever it is. */
+		for (uint64_t off = lo & ~(page - 1); off < hi; off += page) {
+			int err = mts_fault_restore((char *)t->map.base + off,
+			                            t->map.fd, off);
+			if (err < 0)
+				return err;
+		}
+		return 0;
+	}
 	for (uint32_t i = 0; i < t->nlost;) {
 		uint64_t off = t->lost[i];
 		if (!(off < hi && off + page > lo)) {
@@ -1141,6 +1201,10 @@ static int register_known(struct mts_registry *reg, struct mts_proc *p,
 	int err = proc_reset(reg, p, group, task, image_id, peer->uid, comm);
 	if (err < 0)
 		return err;
+	/* Best effort: at the commit limit its page stays a spare, its
+	 * client cannot attach to it and runs as without memtally until a
+	 * later try (tables_mend) maps it back. */
+	slot_ready(reg, p->table, p->slot);
 	result_fill(reg, p, slot_init(reg, p), res);
 	tell_joined(reg, p);
 	char qg[MTS_LOGQ_MAX], qc[MTS_LOGQ_MAX];
@@ -1183,29 +1247,14 @@ static int register_new(struct mts_registry *reg, const struct mts_peer *peer,
 		            peer->uid, strerror(-err));
 		goto fail_close_pidfd;
 	}
-	/* The slot's pages, allocated now. A shared memfd's page is charged
-	 * at its first touch, and under strict overcommit at the commit
-	 * limit that touch is a SIGBUS: in memtallyd, at slot_init's stores
-	 * or a tick's loads. Refused here instead (the worker runs
-	 * unregistered, and asks again later). */
+	/* The slot's pages, allocated now, and its memory memtallyd's
+	 * own again where a spare stood in for it. Refused at the commit
+	 * limit instead of faulting later: the worker runs unregistered, and
+	 * asks again later. */
 	uint32_t slot = reg->free_slots[reg->nfree - 1];
-	if (fallocate(table->map.fd, 0,
-	              (off_t)((uint64_t)slot * reg->layout.slot_stride),
-	              (off_t)reg->layout.slot_stride) < 0 &&
-	    errno != EOPNOTSUPP) {
-		err = -errno;
+	if ((err = slot_ready(reg, table, slot)) < 0) {
 		mts_log_uid(peer->uid, MTS_LOG_WARN,
 		            "cannot allocate a slot's memory; the worker runs "
-		            "unregistered",
-		            "uid=%u slot=%u err=%s", peer->uid, slot,
-		            strerror(-err));
-		mts_table_gc(reg, table);
-		goto fail_close_pidfd;
-	}
-	/* Allocated again, a page a spare stood in for is the table's. */
-	if ((err = slot_restore(reg, table, slot)) < 0) {
-		mts_log_uid(peer->uid, MTS_LOG_WARN,
-		            "cannot map a slot's page back; the worker runs "
 		            "unregistered",
 		            "uid=%u slot=%u err=%s", peer->uid, slot,
 		            strerror(-err));

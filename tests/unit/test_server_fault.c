@@ -147,7 +147,95 @@ Test(fault, a_sigbus_outside_the_tables_is_not_answered)
 	          "status %#x", st);
 }
 
+Test(fault, two_tables_that_meet_each_find_their_own_page)
+{
+	cr_assert_eq(mts_fault_init(8), 0);
+	/* Two objects mapped end to end, as the kernel often places two
+	 * tables: the spares of A's last page and B's first, faulted in
+	 * that order, run on in offset and merge into one mapping. */
+	int fa, fb;
+	volatile uint64_t *a = object(2, &fa);
+	volatile uint64_t *b = object(2, &fb);
+	char *room = mmap(NULL, 4 * page(), PROT_NONE,
+	                  MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	cr_assert_neq(room, MAP_FAILED);
+	munmap((void *)a, 2 * page());
+	munmap((void *)b, 2 * page());
+	a = mmap(room, 2 * page(), PROT_READ | PROT_WRITE,
+	         MAP_SHARED | MAP_FIXED, fa, 0);
+	b = mmap(room + 2 * page(), 2 * page(), PROT_READ | PROT_WRITE,
+	         MAP_SHARED | MAP_FIXED, fb, 0);
+	cr_assert_eq(mts_fault_watch((void *)a, 2 * page()), 0);
+	cr_assert_eq(mts_fault_watch((void *)b, 2 * page()), 0);
+	cr_assert_eq(ftruncate(fa, (off_t)page()), 0);
+	cr_assert_eq(ftruncate(fb, 0), 0);
+	cr_assert_eq(*at(a, 1), 0);
+	cr_assert_eq(*at(b, 0), 0);
+	struct parts pa = scan(a, 2), pb = scan(b, 2);
+	cr_assert_eq(pa.bytes, page(), "A found %zu bytes", pa.bytes);
+	cr_assert_eq(pa.first, page());
+	cr_assert_eq(pb.bytes, page(), "B found %zu bytes", pb.bytes);
+	cr_assert_eq(pb.first, 0);
+	mts_fault_unwatch((void *)a);
+	mts_fault_unwatch((void *)b);
+	munmap(room, 4 * page());
+	close(fa);
+	close(fb);
+}
+
+Test(fault, an_unwatched_mappings_spares_are_free_again)
+{
+	cr_assert_eq(mts_fault_init(8), 0);
+	unsigned n = MTS_FAULT_SPARES - 1; /* every spare of its own */
+	for (int round = 0; round < 2; round++) {
+		int fd;
+		volatile uint64_t *m = object(n, &fd);
+		cr_assert_eq(mts_fault_watch((void *)m, n * page()), 0);
+		cr_assert_eq(ftruncate(fd, 0), 0);
+		for (unsigned i = 0; i < n; i++)
+			*at(m, i) = 0x100 + i;
+		/* Shared spares would show the last page's value. */
+		for (unsigned i = 0; i < n; i++)
+			cr_assert_eq(*at(m, i), 0x100 + i,
+			             "round %d, page %u shares a spare", round,
+			             i);
+		mts_fault_unwatch((void *)m);
+		munmap((void *)m, n * page());
+		close(fd);
+	}
+}
+
+Test(fault, a_sigbus_sent_by_kill_is_not_swallowed)
+{
+	cr_assert_eq(mts_fault_init(8), 0);
+	pid_t pid = fx_fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		kill(getpid(), SIGBUS);
+		_exit(0);
+	}
+	int st;
+	cr_assert_eq(waitpid(pid, &st, 0), pid);
+	cr_assert(!(WIFEXITED(st) && WEXITSTATUS(st) == 0),
+	          "a SIGBUS from kill() was swallowed");
+}
+
 #define ROOT_CLAIM (UINT64_C(1) << 40)
+
+/* Register again as `pid` with image id `image` (an exec says so). */
+static void register_image(pid_t pid, uint32_t uid, uint64_t image)
+{
+	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
+	Memtally__V1__Register r = MEMTALLY__V1__REGISTER__INIT;
+	r.group = r.task = (char *)"";
+	r.image_id = image;
+	req.body_case = MEMTALLY__V1__REQUEST__BODY_REGISTER;
+	req.register_ = &r;
+	struct mts_peer peer = fx_peer(pid, uid);
+	Memtally__V1__Response *a = fx_call(&peer, &req);
+	cr_assert_null(a->error, "%s", a->error ? a->error->message : "");
+	memtally__v1__response__free_unpacked(a, NULL);
+}
 
 Test(fault, a_worker_whose_slot_page_cannot_be_read_counts_as_the_kernel_holds)
 {
@@ -180,6 +268,32 @@ Test(fault, a_worker_whose_slot_page_cannot_be_read_counts_as_the_kernel_holds)
 	cr_assert_eq(srv.reg.totals.bytes, p->vouch.kernel, "counted %llu",
 	             (unsigned long long)srv.reg.totals.bytes);
 	cr_assert_eq(srv.reg.totals.bytes, mts_vouch_counted(p));
+
+	/* A new image on the page (an exec): its slot is the table's again,
+	 * so its client finds the generation memtallyd gave it. */
+	struct mtshm_slot_id *real = sl;
+	off_t gen_off =
+	    (off_t)((char *)&real->generation - (char *)p->table->map.base);
+	cr_assert_eq(mts_fault_replace(sl), 0);
+	mts_core_tick(&srv.reg);
+	cr_assert(p->slot_lost);
+	register_image(w, 0, 0x5eed);
+	uint64_t gen = 0;
+	cr_assert_eq(pread(p->table->map.fd, &gen, sizeof(gen), gen_off),
+	             sizeof(gen));
+	cr_assert_eq(gen, p->slot_gen, "the exec's generation went to a spare");
+
+	/* Left as it is, a spare is mended within a second or so. */
+	cr_assert_eq(mts_fault_replace(sl), 0);
+	mts_core_tick(&srv.reg);
+	cr_assert(p->slot_lost && p->table->nlost == 1);
+	uint64_t end = fx_deadline_ms(5000);
+	while (p->table->nlost && fx_ms() < end) {
+		usleep(20000);
+		mts_core_tick(&srv.reg);
+	}
+	cr_assert_eq(p->table->nlost, 0, "the page was never mapped back");
+	cr_assert(p->slot_lost, "trusted again without registering again");
 
 	/* Its slot handed out again, the page is the table's: a worker's
 	 * write through the table's descriptor is what the tick reads. */
