@@ -72,13 +72,27 @@ def on_terminal(argv, rows, cols):
     return proc.returncode, out.decode("utf-8", "replace")
 
 
+def cols(text):
+    """The columns `text` takes on a terminal: 2 for a wide character
+    (East Asian wide or fullwidth), 0 for a combining mark, else 1."""
+    import unicodedata
+    return sum(0 if unicodedata.combining(c) else
+               2 if unicodedata.east_asian_width(c) in "WF" else 1
+               for c in text)
+
+
+WIDE = "数据处理数据处理"  # 8 characters, 24 bytes, 16 columns
+
+
 def test_top_fits_a_narrow_terminal():
     """On a 60 x 14 terminal every line of a frame fits 60 columns (a
     process row is more than twice that), the frame fits 13 rows, and
-    the title still leads it: nothing wrapped or scrolled it away."""
+    the title still leads it: nothing wrapped or scrolled it away. A
+    group named in double-width characters keeps its column in line with
+    the others' and its row within the 60 columns."""
     with Server() as s:
-        ws = [Worker([*worker("hold"), "8"], s.env(group=f"g{i}"))
-              for i in range(3)]
+        ws = [Worker([*worker("hold"), "8"], s.env(group=g))
+              for g in ("g0", "g1", WIDE)]
         try:
             for w in ws:
                 w.readline()
@@ -92,15 +106,34 @@ def test_top_fits_a_narrow_terminal():
             if lines and lines[-1] == "":
                 lines.pop()
             print(f"  {len(lines)} lines, widest "
-                  f"{max(len(l) for l in lines)} columns")
+                  f"{max(cols(l) for l in lines)} columns")
             check(lines and lines[0].startswith("memtally top - "),
                   f"the title is not first: {lines[:2]}")
             check(len(lines) <= 13, f"{len(lines)} lines on 14 rows")
-            wide = [l for l in lines if len(l) > 60]
+            wide = [l for l in lines if cols(l) > 60]
             check(not wide, f"lines wider than 60 columns: {wide}")
-            check(any(l.lstrip().startswith("PID") for l in lines) or
-                  len(lines) == 13,
-                  f"no table and room left: {lines}")
+            # Taller: the table. The BYTES column ends where its heading
+            # does, in each row.
+            rc, out = on_terminal(
+                [CLI, "--socket", s.socket, "top", "--iterations", "1"],
+                30, 60)
+            check(rc == 0, f"top on a terminal: exit {rc}: {out!r}")
+            lines = out.split("\033[H\033[2J")[-1].split("\n")
+            wide = [l for l in lines if cols(l) > 60]
+            check(not wide, f"lines wider than 60 columns: {wide}")
+            def ends(head, rows):
+                end = cols(head[:head.index("BYTES") + 5])
+                at = [cols(r[:r.index("MiB") + 3]) for r in rows]
+                check(len(rows) == 3 and all(e == end for e in at) and
+                      any(WIDE in r for r in rows),
+                      f"BYTES ends at column {end}, in the rows at {at}: "
+                      f"{[head] + rows}")
+            heads = [l for l in lines if "BYTES" in l]
+            check(len(heads) == 2, f"not two tables: {lines}")
+            groups = ("g0", "g1", WIDE)
+            ends(heads[0], [l for l in lines if l.split(" ")[0] in groups])
+            ends(heads[1], [l for l in lines if "MiB" in l and
+                            l.split()[0] in {str(w.pid) for w in ws}])
         finally:
             for w in ws:
                 w.close()
