@@ -87,6 +87,7 @@
 #include "mts_core.h"
 #include "mts_defs.h"
 #include "mts_dispatch.h"
+#include "mts_fault.h"
 #include "mts_figures.h"
 #include "mts_kinds.h"
 #include "mts_guard.h"
@@ -828,6 +829,11 @@ static void render_counters(struct out *o, const struct mts_registry *reg,
 	        "Successful worker registrations.", s->registrations);
 	counter(o, "memtally_reclaims_total",
 	        "Slots reclaimed when their worker exited.", s->reclaims);
+	counter(o, "memtally_slot_page_faults_total",
+	        "Slot-table pages memtallyd could not read (a hole punched "
+	        "in them under strict overcommit), answered with a spare "
+	        "page; their workers count as the kernel vouches for them.",
+	        mts_fault_count());
 	counter(o, "memtally_admissions_total", "Admit requests granted.",
 	        a->admissions);
 	family(o, "memtally_denials_total", "counter",

@@ -9,6 +9,7 @@
 #include <sys/mman.h>
 
 #include "mts_fault.h"
+#include "mts_metrics.h"
 #include "mts_registry.h"
 #include "mts_rss.h"
 #include "mts_vouch.h"
@@ -268,6 +269,19 @@ Test(fault, a_worker_whose_slot_page_cannot_be_read_counts_as_the_kernel_holds)
 	cr_assert_eq(srv.reg.totals.bytes, p->vouch.kernel, "counted %llu",
 	             (unsigned long long)srv.reg.totals.bytes);
 	cr_assert_eq(srv.reg.totals.bytes, mts_vouch_counted(p));
+	/* And /metrics says how many pages were answered so. */
+	struct mts_buf mb = {0};
+	cr_assert_eq(mts_metrics_render(&srv.reg, &srv.net.conn_stats,
+	                                &srv.reload_stats, &mb),
+	             0);
+	cr_assert_eq(mts_buf_reserve(&mb, 1), 0);
+	mb.data[mb.len] = '\0';
+	char want[64];
+	snprintf(want, sizeof(want), "\nmemtally_slot_page_faults_total %llu\n",
+	         (unsigned long long)mts_fault_count());
+	cr_assert(mts_fault_count() >= 1 && strstr((char *)mb.data, want),
+	          "no %s", want + 1);
+	mts_buf_free(&mb);
 
 	/* A new image on the page (an exec): its slot is the table's again,
 	 * so its client finds the generation memtallyd gave it. */
