@@ -116,6 +116,8 @@ struct rss_entry {
 	bool kernel;       /* an untrusted process: smaps_rollup, for vouch.c */
 	bool memfds;       /* and the memfds it holds (full sweeps) */
 	bool smaps;        /* with `kernel`: smaps_rollup, not status */
+	bool uids;         /* and its uids (in reach of a leaver: it may
+	                      leave too) */
 	uint64_t stall_ns; /* the read's limit (the loop's) */
 	uint64_t start_time;
 	uint64_t image_id; /* of the image read: an exec registers another */
@@ -319,6 +321,15 @@ static void entry_read(struct rss_entry *e, struct ino_set *seen)
 		return;
 	}
 	e->err = mts_read_kernel_mem((int)e->pid, e->smaps, &e->km);
+	if (e->err == 0 && e->uids && !e->km.has_uids) {
+		/* smaps_rollup has no Uid line: status's, as for a
+		 * trusted process. */
+		struct mts_kernel_mem st;
+		if (read_own((pid_t)e->pid, &st) == 0 && st.has_uids) {
+			e->km.has_uids = true;
+			memcpy(e->km.uids, st.uids, sizeof(e->km.uids));
+		}
+	}
 	if (e->err == 0 && e->memfds)
 		e->memfd = memfd_bytes(seen, e->pid);
 	e->cost_ns = mts_now_monotonic() - t0;
@@ -400,7 +411,9 @@ static void entry_apply(struct mts_registry *reg, struct mts_proc *p,
                         const struct rss_entry *e)
 {
 	mts_mapped_read(reg, p, e->anon, e->read_ns);
-	bool left = !e->kernel && uid_left(reg, p, e);
+	/* A process in reach of a leaver is read as untrusted, and may
+	 * leave its uid too: then its excess is its own new uid's. */
+	bool left = (!e->kernel || e->uids) && uid_left(reg, p, e);
 	if ((!e->kernel && !left) || !p->untrusted) {
 		mts_proc_set_rss(reg, p, e->rss);
 		return;
@@ -431,6 +444,7 @@ static void entry_fill(struct rss_entry *e, const struct mts_proc *p, bool full)
 	e->memfds = full && p->untrusted;
 	e->smaps =
 	    p->untrusted && !p->vouch.read_stalled && smaps_allowed(p->uid);
+	e->uids = p->exposed && !p->uid_left;
 	/* Its walk costs what it maps: known from its last read once there
 	 * was one; before, a longer limit. */
 	uint64_t pages = p->rss / 4096u;

@@ -344,6 +344,13 @@ for _ in range(3000):
     time.sleep(0.01)
 else:
     sys.exit("never mapped a slot table")
+if sys.argv[1] == "later":  # as root until told, then to uid argv[2]
+    print("ready", flush=True)
+    sys.stdin.readline()
+    os.setuid(int(sys.argv[2]))
+    print("dropped", flush=True)
+    sys.stdin.readline()
+    sys.exit(0)
 (os.seteuid if sys.argv[1] == "seteuid" else os.setuid)(65534)
 print("ready", flush=True)
 sys.stdin.readline()
@@ -474,10 +481,44 @@ def test_a_dropped_workers_neighbours_are_vouched_for():
                     x.close()
 
 
+def test_a_neighbour_that_leaves_too_is_its_new_uids():
+    """A root worker already in reach of one that left root (for nobody)
+    leaves root itself, for a second user: from memtallyd's next read it
+    has left its uid, and what it claims beyond the kernel's figure is
+    that user's, not nobody's (trust_uid)."""
+    second = second_user()
+    cfg = config("[limits]\nfleet = 1GiB\nrss_interval = 100\n")
+    reach = "in reach of a worker that left its uid"
+    with Server("--config", cfg) as s:
+        n = Worker([sys.executable, "-c", DROPS, "later", str(second[0])],
+                   s.env(group="later"))
+        check(n.readline() == "ready", "the worker did not start")
+        w = dropper(s, "setuid")
+        try:
+            p = wait_for("in reach of the first leaver", lambda: (
+                lambda q: q if q.get("trust") == reach else None)(
+                    s.ps().get(n.pid, {})))
+            check(p["trust_uid"] == 65534, f"{p}")
+            n.send("go")
+            check(n.readline() == "dropped", "it did not leave root")
+            p = wait_for("seen leaving itself", lambda: (
+                lambda q: q if q.get("trust") == "left its uid" else None)(
+                    s.ps().get(n.pid, {})))
+            check(p["trust_uid"] == second[0],
+                  f"its excess is uid {p['trust_uid']}'s, not its own "
+                  f"new uid {second[0]}'s: {p}")
+            check(f"pid={n.pid} uid=0 euid={second[0]}" in s.logtext(),
+                  s.tail())
+        finally:
+            w.kill()
+            n.kill()
+
+
 if __name__ == "__main__":
     run([test_lies_hurt_only_the_liar,
          test_a_genuine_allocation_is_vouched_for,
          test_a_hidden_allocation_is_signalled_not_an_honest_one,
          test_flapping_claim_runs_hooks_at_most_once_per_interval,
          test_a_worker_that_dropped_root_claims_as_nobody,
-         test_a_dropped_workers_neighbours_are_vouched_for])
+         test_a_dropped_workers_neighbours_are_vouched_for,
+         test_a_neighbour_that_leaves_too_is_its_new_uids])
