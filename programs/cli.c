@@ -330,8 +330,19 @@ static int cp_cols(uint32_t c)
 		tried = true;
 		utf8 = newlocale(LC_CTYPE_MASK, "C.UTF-8", (locale_t)0);
 	}
-	if (!utf8)
-		return 1;
+	if (!utf8) /* no C.UTF-8: the wide blocks, so a cut is never late */
+		return (c >= 0x1100 && c <= 0x115f) ||
+		               (c >= 0x2e80 && c <= 0xa4cf) ||
+		               (c >= 0xac00 && c <= 0xd7a3) ||
+		               (c >= 0xf900 && c <= 0xfaff) ||
+		               (c >= 0xfe30 && c <= 0xfe4f) ||
+		               (c >= 0xff00 && c <= 0xff60) ||
+		               (c >= 0xffe0 && c <= 0xffe6) ||
+		               (c >= 0x1f300 && c <= 0x1f64f) ||
+		               (c >= 0x1f900 && c <= 0x1f9ff) ||
+		               (c >= 0x20000 && c <= 0x3fffd)
+		           ? 2
+		           : 1;
 	locale_t was = uselocale(utf8);
 	int w = wcwidth((wchar_t)c);
 	uselocale(was);

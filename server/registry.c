@@ -972,6 +972,8 @@ void mts_table_taint(struct mts_registry *reg, struct mts_table *t,
 	t->tainted = true;
 	t->taint_new = true;
 	t->tainted_uid = uid;
+	if (!reg->state)
+		return;
 	/* In each of its processes' restart entries, so that a server
 	 * started after this one taints the table again, whether the leaver
 	 * is still there to be seen or not. */

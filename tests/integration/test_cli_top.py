@@ -96,7 +96,8 @@ def test_top_fits_a_narrow_terminal():
         try:
             for w in ws:
                 w.readline()
-            wait_for("all counted", lambda: len(s.ps()) == 3)
+            wait_for("all counted", lambda: len(s.ps()) == 3 and all(
+                p["bytes"] >= 8 * MIB for p in s.ps().values()))
             rc, out = on_terminal(
                 [CLI, "--socket", s.socket, "top", "--iterations", "1"],
                 14, 60)
@@ -134,6 +135,17 @@ def test_top_fits_a_narrow_terminal():
             ends(heads[0], [l for l in lines if l.split(" ")[0] in groups])
             ends(heads[1], [l for l in lines if "MiB" in l and
                             l.split()[0] in {str(w.pid) for w in ws}])
+            # 11 columns: the group table's wide row is cut before the
+            # character that would straddle the edge, never inside one.
+            rc, out = on_terminal(
+                [CLI, "--socket", s.socket, "top", "--iterations", "1"],
+                30, 11)
+            check(rc == 0 and "\ufffd" not in out,
+                  f"top on 11 columns: exit {rc}: {out!r}")
+            lines = out.split("\033[H\033[2J")[-1].split("\n")
+            wide = [l for l in lines if cols(l) > 11]
+            check(not wide and WIDE[:5] in lines,
+                  f"on 11 columns: {lines}")
         finally:
             for w in ws:
                 w.close()

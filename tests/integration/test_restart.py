@@ -392,6 +392,8 @@ def test_a_taint_outlives_a_restart():
         check(t["trust"] == reach and t["trust_uid"] == 65534,
               f"after the restart, with the leaver gone: {t}")
         claim(second, n.pid, 1 << 49)
+        wait_for("the lie seen, and vouched for by the kernel", lambda: (
+            second.ps()[n.pid]["unvouched"] >= (1 << 49) - 64 * MIB))
         f = wait_for("the fleet at what is held", lambda: (
             lambda f: f if 4 * MIB <= f["bytes"] < 1 << 30 else None)(
                 second.status()["fleet"]))
