@@ -569,6 +569,14 @@ static void lost_add(void *arg, void *addr, size_t bytes)
 	}
 }
 
+/* Does the page at table offset `off` hold part of slot `slot`? */
+static bool page_in_slot(const struct mts_registry *reg, uint64_t off,
+                         uint32_t slot)
+{
+	uint64_t lo = (uint64_t)slot * reg->layout.slot_stride;
+	return off < lo + reg->layout.slot_stride && off + page_bytes() > lo;
+}
+
 bool mts_table_slot_lost(const struct mts_registry *reg,
                          const struct mts_table *t, uint32_t slot)
 {
@@ -576,18 +584,15 @@ bool mts_table_slot_lost(const struct mts_registry *reg,
 		return false;
 	if (t->lost_all)
 		return true;
-	uint64_t page = page_bytes();
-	uint64_t lo = (uint64_t)slot * reg->layout.slot_stride;
-	uint64_t hi = lo + reg->layout.slot_stride;
 	for (uint32_t i = 0; i < t->nlost; i++)
-		if (t->lost[i] < hi && t->lost[i] + page > lo)
+		if (page_in_slot(reg, t->lost[i], slot))
 			return true;
 	return false;
 }
 
 /* Map back page `i` of t's list if the machine has its memory now (a
  * punched page is allocated again); drop it from the list. */
-static bool lost_mend(struct mts_table *t, uint32_t i)
+static int lost_mend(struct mts_table *t, uint32_t i)
 {
 	uint64_t off = t->lost[i];
 	/* Within the table: it is sealed against growing, and may end
@@ -597,11 +602,12 @@ static bool lost_mend(struct mts_table *t, uint32_t i)
 		len = t->map.size - off;
 	if (fallocate(t->map.fd, 0, (off_t)off, (off_t)len) < 0 &&
 	    errno != EOPNOTSUPP)
-		return false;
-	if (mts_fault_restore((char *)t->map.base + off, t->map.fd, off) < 0)
-		return false;
+		return -errno;
+	int err = mts_fault_restore((char *)t->map.base + off, t->map.fd, off);
+	if (err < 0)
+		return err;
 	t->lost[i] = t->lost[--t->nlost];
-	return true;
+	return 0;
 }
 
 static void tables_mend(struct mts_registry *reg, uint64_t now)
@@ -613,7 +619,7 @@ static void tables_mend(struct mts_registry *reg, uint64_t now)
 	for (uint32_t k = 0; k < reg->ntables; k++) {
 		struct mts_table *t = reg->tables[k];
 		for (uint32_t i = 0; i < t->nlost;)
-			if (!lost_mend(t, i))
+			if (lost_mend(t, i) < 0)
 				i++;
 		if (t->lost_all)
 			reg->faults_seen = ~mts_fault_count(); /* scan again */
@@ -686,16 +692,13 @@ static int slot_ready(struct mts_registry *reg, struct mts_table *t,
 		return 0;
 	}
 	for (uint32_t i = 0; i < t->nlost;) {
-		uint64_t off = t->lost[i];
-		if (!(off < hi && off + page > lo)) {
+		if (!page_in_slot(reg, t->lost[i], slot)) {
 			i++;
 			continue;
 		}
-		int err = mts_fault_restore((char *)t->map.base + off,
-		                            t->map.fd, off);
+		int err = lost_mend(t, i); /* drops entry i */
 		if (err < 0)
 			return err;
-		t->lost[i] = t->lost[--t->nlost];
 	}
 	return 0;
 }

@@ -107,6 +107,16 @@ void mts_vouch_proc_init(const struct mts_registry *reg, struct mts_proc *p)
  * same mapping. A table is new (untainted, a new memfd) once its uid's
  * processes have been gone for its idle time.
  */
+/* `q` has just become untrusted (its flag set): until its first kernel
+ * read (soon: vouch.c wants one), what it holds by the latest resident
+ * figure stands. */
+static void distrust(const struct mts_registry *reg, struct mts_proc *q)
+{
+	if (!q->vouch.kernel_ns && q->rss_known)
+		q->vouch.kernel = q->rss;
+	mts_vouch_proc_init(reg, q);
+}
+
 static bool in_reach(const struct mts_proc *q)
 {
 	return q->table && q->table->tainted;
@@ -116,11 +126,7 @@ static void expose(const struct mts_registry *reg, struct mts_proc *q, bool was)
 {
 	q->exposed = true;
 	q->left_uid = q->table->tainted_uid;
-	/* Until its first kernel read (soon: vouch.c wants one), what it
-	 * holds by the latest resident figure stands. */
-	if (!q->vouch.kernel_ns && q->rss_known)
-		q->vouch.kernel = q->rss;
-	mts_vouch_proc_init(reg, q);
+	distrust(reg, q);
 	if (!was)
 		mts_log_uid(q->uid, MTS_LOG_WARN,
 		            "worker's slot is in reach of a worker that left "
@@ -378,9 +384,7 @@ int mts_read_kernel_mem(int pid, bool smaps, struct mts_kernel_mem *out)
 static void lose(struct mts_registry *reg, struct mts_proc *q, bool was)
 {
 	q->slot_lost = true;
-	if (!q->vouch.kernel_ns && q->rss_known)
-		q->vouch.kernel = q->rss;
-	mts_vouch_proc_init(reg, q);
+	distrust(reg, q);
 	if (!was)
 		mts_log_uid(q->uid, MTS_LOG_WARN,
 		            "worker's slot cannot be read: it counts as the "

@@ -308,6 +308,18 @@ def test_a_decoy_mapping_does_not_hold_up_a_restart():
         (second or first).stop()
 
 
+def lie_vouched_for(s, pid):
+    """Write 2^49 into `pid`'s slot (as a worker that left root could) and
+    wait until it is seen and counts as the kernel vouches for it: the
+    fleet at what is held (4 MiB), not 2^49, not 0. The fleet."""
+    claim(s, pid, 1 << 49)
+    wait_for("the lie seen, and vouched for by the kernel", lambda: (
+        s.ps()[pid]["unvouched"] >= (1 << 49) - 64 * MIB))
+    return wait_for("the fleet at what is held", lambda: (
+        lambda f: f if 4 * MIB <= f["bytes"] < 1 << 30 else None)(
+            s.status()["fleet"]))
+
+
 def test_a_worker_that_changed_uid_is_not_adopted_as_root():
     """A worker that left root without exec while no server ran is not
     adopted as root; it still maps its window on root's table, so the
@@ -337,11 +349,7 @@ def test_a_worker_that_changed_uid_is_not_adopted_as_root():
         t = second.ps()[n.pid]
         check(t["trust"] == "in reach of a worker that left its uid" and
               t["trust_uid"] == 65534, f"after the restart: {t}")
-        claim(second, n.pid, 1 << 49)
-        # What it holds, as the kernel vouches for it: not 2^49, not 0.
-        f = wait_for("the fleet at what is held", lambda: (
-            lambda f: f if 4 * MIB <= f["bytes"] < 1 << 30 else None)(
-                second.status()["fleet"]))
+        f = lie_vouched_for(second, n.pid)
         print(f"  root worker in reach of one that left root while no "
               f"server ran claims 2^49: fleet {f['bytes'] >> 20} MiB",
               flush=True)
@@ -391,12 +399,7 @@ def test_a_taint_outlives_a_restart():
         t = second.ps()[n.pid]
         check(t["trust"] == reach and t["trust_uid"] == 65534,
               f"after the restart, with the leaver gone: {t}")
-        claim(second, n.pid, 1 << 49)
-        wait_for("the lie seen, and vouched for by the kernel", lambda: (
-            second.ps()[n.pid]["unvouched"] >= (1 << 49) - 64 * MIB))
-        f = wait_for("the fleet at what is held", lambda: (
-            lambda f: f if 4 * MIB <= f["bytes"] < 1 << 30 else None)(
-                second.status()["fleet"]))
+        f = lie_vouched_for(second, n.pid)
         print(f"  root worker beside one that left root and exited, "
               f"claims 2^49 after a restart: fleet {f['bytes'] >> 20} MiB",
               flush=True)

@@ -124,21 +124,35 @@ Test(fault, more_faulting_pages_than_spares_share_the_last)
 	close(fd);
 }
 
-Test(fault, a_sigbus_outside_the_tables_is_not_answered)
+/* The wait status of a child of ours (the handler installed) that runs
+ * `body` and then exits 0. */
+static int child_status(void (*body)(void))
 {
 	cr_assert_eq(mts_fault_init(8), 0);
 	pid_t pid = fx_fork();
 	cr_assert_geq(pid, 0);
 	if (pid == 0) {
-		int fd;
-		volatile uint64_t *m = object(2, &fd);
-		if (ftruncate(fd, 0) < 0)
-			_exit(2);
-		uint64_t v = *at(m, 1); /* not watched: this must kill us */
-		_exit(v == 0 ? 0 : 3);
+		body();
+		_exit(0);
 	}
 	int st;
 	cr_assert_eq(waitpid(pid, &st, 0), pid);
+	return st;
+}
+
+static void read_unwatched(void)
+{
+	int fd;
+	volatile uint64_t *m = object(2, &fd);
+	if (ftruncate(fd, 0) < 0)
+		_exit(2);
+	uint64_t v = *at(m, 1); /* not watched: this must kill us */
+	_exit(v == 0 ? 0 : 3);
+}
+
+Test(fault, a_sigbus_outside_the_tables_is_not_answered)
+{
+	int st = child_status(read_unwatched);
 	/* The default action (SIGBUS), or a sanitizer's report of it. */
 	cr_assert(!(WIFEXITED(st) && WEXITSTATUS(st) == 0),
 	          "a SIGBUS in memory that is not a table was answered");
@@ -206,37 +220,19 @@ Test(fault, an_unwatched_mappings_spares_are_free_again)
 	}
 }
 
+static void bus_by_kill(void)
+{
+	kill(getpid(), SIGBUS);
+}
+
 Test(fault, a_sigbus_sent_by_kill_is_not_swallowed)
 {
-	cr_assert_eq(mts_fault_init(8), 0);
-	pid_t pid = fx_fork();
-	cr_assert_geq(pid, 0);
-	if (pid == 0) {
-		kill(getpid(), SIGBUS);
-		_exit(0);
-	}
-	int st;
-	cr_assert_eq(waitpid(pid, &st, 0), pid);
+	int st = child_status(bus_by_kill);
 	cr_assert(!(WIFEXITED(st) && WEXITSTATUS(st) == 0),
 	          "a SIGBUS from kill() was swallowed");
 }
 
 #define ROOT_CLAIM (UINT64_C(1) << 40)
-
-/* Register again as `pid` with image id `image` (an exec says so). */
-static void register_image(pid_t pid, uint32_t uid, uint64_t image)
-{
-	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
-	Memtally__V1__Register r = MEMTALLY__V1__REGISTER__INIT;
-	r.group = r.task = (char *)"";
-	r.image_id = image;
-	req.body_case = MEMTALLY__V1__REQUEST__BODY_REGISTER;
-	req.register_ = &r;
-	struct mts_peer peer = fx_peer(pid, uid);
-	Memtally__V1__Response *a = fx_call(&peer, &req);
-	cr_assert_null(a->error, "%s", a->error ? a->error->message : "");
-	memtally__v1__response__free_unpacked(a, NULL);
-}
 
 Test(fault, a_worker_whose_slot_page_cannot_be_read_counts_as_the_kernel_holds)
 {
@@ -270,18 +266,13 @@ Test(fault, a_worker_whose_slot_page_cannot_be_read_counts_as_the_kernel_holds)
 	             (unsigned long long)srv.reg.totals.bytes);
 	cr_assert_eq(srv.reg.totals.bytes, mts_vouch_counted(p));
 	/* And /metrics says how many pages were answered so. */
-	struct mts_buf mb = {0};
-	cr_assert_eq(mts_metrics_render(&srv.reg, &srv.net.conn_stats,
-	                                &srv.reload_stats, &mb),
-	             0);
-	cr_assert_eq(mts_buf_reserve(&mb, 1), 0);
-	mb.data[mb.len] = '\0';
+	char *text = fx_metrics_text();
 	char want[64];
 	snprintf(want, sizeof(want), "\nmemtally_slot_page_faults_total %llu\n",
 	         (unsigned long long)mts_fault_count());
-	cr_assert(mts_fault_count() >= 1 && strstr((char *)mb.data, want),
-	          "no %s", want + 1);
-	mts_buf_free(&mb);
+	cr_assert(mts_fault_count() >= 1 && strstr(text, want), "no %s",
+	          want + 1);
+	free(text);
 
 	/* A new image on the page (an exec): its slot is the table's again,
 	 * so its client finds the generation memtallyd gave it. */
@@ -291,7 +282,7 @@ Test(fault, a_worker_whose_slot_page_cannot_be_read_counts_as_the_kernel_holds)
 	cr_assert_eq(mts_fault_replace(sl), 0);
 	mts_core_tick(&srv.reg);
 	cr_assert(p->slot_lost);
-	register_image(w, 0, 0x5eed);
+	fx_register_image(w, 0, 0x5eed);
 	uint64_t gen = 0;
 	cr_assert_eq(pread(p->table->map.fd, &gen, sizeof(gen), gen_off),
 	             sizeof(gen));

@@ -120,6 +120,7 @@ static inline __attribute__((unused)) int fx_listen_unix(const char *path)
 #include "server.h"
 
 #include "mts_log.h"
+#include "mts_metrics.h"
 
 static __attribute__((unused)) uv_loop_t loop;
 static __attribute__((unused)) struct mts_server srv;
@@ -432,6 +433,37 @@ static inline uint32_t fx_register(pid_t pid, const char *group,
                                    const char *task)
 {
 	return fx_register_as(pid, FX_UID, group, task);
+}
+
+/* Register again as `pid` of `uid` with image id `image` (an exec says
+ * so; the id is the client's word). */
+static inline __attribute__((unused)) void
+fx_register_image(pid_t pid, uint32_t uid, uint64_t image)
+{
+	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
+	Memtally__V1__Register r = MEMTALLY__V1__REGISTER__INIT;
+	r.group = r.task = (char *)"";
+	r.image_id = image;
+	req.body_case = MEMTALLY__V1__REQUEST__BODY_REGISTER;
+	req.register_ = &r;
+	struct mts_peer peer = fx_peer(pid, uid);
+	Memtally__V1__Response *a = fx_call(&peer, &req);
+	cr_assert_null(a->error, "%s", a->error ? a->error->message : "");
+	memtally__v1__response__free_unpacked(a, NULL);
+}
+
+/* The /metrics exposition as a NUL-terminated string; the caller frees
+ * it. */
+static inline __attribute__((unused)) char *fx_metrics_text(void)
+{
+	struct mts_buf b = {0};
+	cr_assert_eq(mts_metrics_render(&srv.reg, &srv.net.conn_stats,
+	                                &srv.reload_stats, &b),
+	             0);
+	cr_assert_eq(mts_buf_reserve(&b, 1), 0);
+	b.data[b.len] = '\0';
+	cr_assert_eq(strlen((char *)b.data), b.len, "a NUL in the text");
+	return (char *)b.data;
 }
 
 /* What a worker's client would do: lane 0 holds `bytes`. */

@@ -69,19 +69,6 @@ static struct mts_proc *worker(const char *group, int64_t bytes,
 	return p;
 }
 
-/* The exposition as a NUL-terminated string; the caller frees it. */
-static char *render(void)
-{
-	struct mts_buf b = {0};
-	cr_assert_eq(mts_metrics_render(&srv.reg, &srv.net.conn_stats,
-	                                &srv.reload_stats, &b),
-	             0);
-	cr_assert_eq(mts_buf_reserve(&b, 1), 0);
-	b.data[b.len] = '\0';
-	cr_assert_eq(strlen((char *)b.data), b.len, "a NUL in the text");
-	return (char *)b.data;
-}
-
 /* Does `text` hold `line` as a whole line? */
 static bool has_line(const char *text, const char *line)
 {
@@ -138,7 +125,7 @@ static void rename_group(struct mts_proc *p, const char *name)
 
 Test(render, empty_fleet)
 {
-	char *t = render();
+	char *t = fx_metrics_text();
 	assert_line(t, "# TYPE memtally_build_info gauge");
 	assert_line(t, "memtally_build_info{version=\"%s\"} 1", MTS_VERSION);
 	assert_line(t, "memtally_fleet_accounted_bytes 0");
@@ -183,7 +170,7 @@ Test(render, figures)
 	a->limit = 4000;
 	a->state = MTSHM_STATE_OVER;
 
-	char *t = render();
+	char *t = fx_metrics_text();
 	assert_line(t, "memtally_fleet_accounted_bytes 12000");
 	assert_line(t, "memtally_fleet_error_bytes 3000"); /* 1000 x 3 */
 	assert_line(t, "memtally_fleet_peak_bytes 12000");
@@ -236,7 +223,7 @@ Test(render, escaping)
 	         "gr\xc3\xbc\xc3\x9f"
 	         "e\xc0\xaf|\xed\xa0\x80|\xe2\x82");
 
-	char *t = render();
+	char *t = fx_metrics_text();
 	assert_line(t, "memtally_group_processes{group=\"a\\\"b\\\\c\\nd\"} 1");
 	assert_line(
 	    t, "memtally_group_state{group=\"a\\\"b\\\\c\\nd\",state=\"ok\"}"
@@ -291,7 +278,7 @@ Test(render, state_one_hot)
 	srv.reg.groups[b->group].state = MTSHM_STATE_HIGH;
 	srv.reg.groups[c->group].state = MTSHM_STATE_OVER;
 
-	char *t = render();
+	char *t = fx_metrics_text();
 	assert_one_hot(t, "memtally_fleet_state", "", "high");
 	assert_one_hot(t, "memtally_group_state", "group=\"calm\",", "ok");
 	assert_one_hot(t, "memtally_group_state", "group=\"busy\",", "high");
@@ -335,7 +322,7 @@ Test(render, groups_bounded_per_process_opt_in)
 		if (i < 500 - 49)
 			other_sum += 1000 + i;
 	}
-	char *t = render();
+	char *t = fx_metrics_text();
 	unsigned n = count_prefixed(t, "memtally_group_accounted_bytes{");
 	cr_assert_eq(n, 51, "%u group series", n); /* 50 + _other */
 	cr_assert_lt(strlen(t), 64 * 1024, "%zu bytes", strlen(t));
@@ -355,7 +342,7 @@ Test(render, groups_bounded_per_process_opt_in)
 	free(t);
 
 	srv.reg.policy.metrics_per_process = true;
-	t = render();
+	t = fx_metrics_text();
 	cr_assert_eq(count_prefixed(t, "memtally_process_accounted_bytes{"), 1);
 	free(t);
 	srv.reg.policy.groups = NULL;
@@ -387,7 +374,7 @@ Test(render, other_sums_every_figure)
 		g->state = i == 1 ? MTSHM_STATE_HIGH : MTSHM_STATE_OK;
 		g->growth = 1.5 * (i + 1);
 	}
-	char *t = render();
+	char *t = fx_metrics_text();
 	/* a + b */
 	assert_line(t, "memtally_group_accounted_bytes{group=\"_other\"} 3000");
 	assert_line(t, "memtally_group_mapped_bytes{group=\"_other\"} 30");
@@ -450,7 +437,7 @@ Test(render, counters_and_tick)
 	for (unsigned i = 0; i < MTS_LOG_SCOPE_BURST + 28; i++)
 		mts_log_scope("fleet", MTS_LOG_INFO, "state changed", NULL);
 
-	char *t = render();
+	char *t = fx_metrics_text();
 	assert_line(t, "# TYPE memtally_registrations_total counter");
 	assert_line(t, "memtally_registrations_total 11");
 	assert_line(t, "memtally_reclaims_total 12");
@@ -503,7 +490,7 @@ Test(render, structure)
 	a->limit = 1;
 	srv.reg.totals.limit = 10;
 
-	char *t = render();
+	char *t = fx_metrics_text();
 	cr_assert(t[strlen(t) - 1] == '\n', "no final newline");
 	static char names[128][128];
 	int families = 0, samples = 0;
@@ -563,7 +550,7 @@ Test(render, promtool_is_happy)
 	srv.reg.groups[a->group].limit = 1 << 19;
 	srv.reg.tick->count = 3;
 	srv.reg.tick->sum_ns = 30000;
-	char *t = render();
+	char *t = fx_metrics_text();
 
 	if (access(PROMTOOL, X_OK) != 0) {
 		cr_log_warn(PROMTOOL " is not installed (Debian package "

@@ -242,22 +242,6 @@ Test(vouch, a_zeroed_slot_counts_what_the_kernel_holds)
 	fx_stop();
 }
 
-/* Register again as process `pid` with image id `image` (an exec says
- * so; the id is the client's word). */
-static void register_image(pid_t pid, uint32_t uid, uint64_t image)
-{
-	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
-	Memtally__V1__Register r = MEMTALLY__V1__REGISTER__INIT;
-	r.group = r.task = (char *)"";
-	r.image_id = image;
-	req.body_case = MEMTALLY__V1__REQUEST__BODY_REGISTER;
-	req.register_ = &r;
-	struct mts_peer peer = fx_peer(pid, uid);
-	Memtally__V1__Response *a = fx_call(&peer, &req);
-	cr_assert_null(a->error, "%s", a->error ? a->error->message : "");
-	memtally__v1__response__free_unpacked(a, NULL);
-}
-
 Test(vouch, registering_again_does_not_wipe_the_kernels_figure)
 {
 	start(64 * MIB, 60000);
@@ -269,7 +253,7 @@ Test(vouch, registering_again_does_not_wipe_the_kernels_figure)
 	/* No exec, a new image id: the process holds what it held. Its
 	 * figure stays until a read of the "new image", which is due at
 	 * once, claim of nothing or not. */
-	register_image(w, LIAR_UID, 0x5eed);
+	fx_register_image(w, LIAR_UID, 0x5eed);
 	mts_core_tick(&srv.reg);
 	const struct mts_proc *p = mts_find_pid(&srv.reg, (uint32_t)w);
 	cr_assert_geq(srv.reg.totals.bytes, 256 * MIB, "hidden: %llu",
