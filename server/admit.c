@@ -1654,15 +1654,20 @@ static uint64_t held_now(const struct mts_resv *r)
 	return alone && r->use > r->want ? r->use : r->want;
 }
 
-static bool projected(const struct mts_resv *r, uint32_t gi, uint64_t now_ns)
+/* Is `r` in the projection of group `gi` (UINT32_MAX: all) and, with
+ * `host` not 0, one of the tasks run inside process `host`? */
+static bool projected(const struct mts_resv *r, uint32_t gi, uint32_t host,
+                      uint64_t now_ns)
 {
 	return r->profiled && (gi == UINT32_MAX || r->group == gi) &&
+	       (!host || hosted_by(r, host)) &&
 	       (!running(r) || run_age_ms(r, now_ns) < r->prof.mean_ms);
 }
 
 /*
  * What a request of `bytes` (following `prof`, or NULL) needs beyond the
- * counted figures, for the reservations of group `gi` (UINT32_MAX: all).
+ * counted figures, for the reservations of group `gi` (UINT32_MAX: all)
+ * and, with `host` not 0, only those of the tasks run inside `host`.
  * Tasks are pooled. In an interval, each profiled task is expected to
  * hold its runs' mean, and may hold up to its quantile step. The pool is
  * given the sum of the means plus the root of the sum of the squared
@@ -1672,7 +1677,7 @@ static bool projected(const struct mts_resv *r, uint32_t gi, uint64_t now_ns)
  * guard's to handle.
  */
 static uint64_t project_need(const struct mts_registry *reg, uint32_t gi,
-                             uint64_t bytes,
+                             uint32_t host, uint64_t bytes,
                              const struct mts_kind_profile *prof,
                              bool in_process, const struct mts_waiter *also)
 {
@@ -1686,7 +1691,7 @@ static uint64_t project_need(const struct mts_registry *reg, uint32_t gi,
 		h = also->prof.mean_ms;
 	for (uint32_t i = 0; !prof && i < reg->adm->nresv; i++) {
 		const struct mts_resv *r = reg->adm->resv[i];
-		if (!projected(r, gi, now))
+		if (!projected(r, gi, host, now))
 			continue;
 		uint64_t age = running(r) ? run_age_ms(r, now) : 0;
 		if (r->prof.mean_ms - age > h)
@@ -1728,7 +1733,7 @@ static uint64_t project_need(const struct mts_registry *reg, uint32_t gi,
 		}
 		for (uint32_t i = 0; i < reg->adm->nresv; i++) {
 			const struct mts_resv *r = reg->adm->resv[i];
-			if (!projected(r, gi, now))
+			if (!projected(r, gi, host, now))
 				continue;
 			uint64_t age = running(r) ? run_age_ms(r, now) : 0;
 			double q =
@@ -1990,7 +1995,7 @@ void mts_admit_decide_profile(const struct mts_registry *reg,
 	out->limit = t->limit;
 	const struct mts_group *g = mts_find_group(reg, group);
 	uint64_t need =
-	    project_need(reg, UINT32_MAX, bytes, prof, in_process, NULL);
+	    project_need(reg, UINT32_MAX, 0, bytes, prof, in_process, NULL);
 	out->need = need;
 	uint64_t now = mts_now_monotonic();
 	const struct mts_waiter *head =
@@ -1998,9 +2003,9 @@ void mts_admit_decide_profile(const struct mts_registry *reg,
 	        ? waiter_head(reg, who, now,
 	                      (uint64_t)pol->admit_queue_ms * 1000000u)
 	        : NULL;
-	uint64_t with =
-	    head ? project_need(reg, UINT32_MAX, bytes, prof, in_process, head)
-	         : need;
+	uint64_t with = head ? project_need(reg, UINT32_MAX, 0, bytes, prof,
+	                                    in_process, head)
+	                     : need;
 	uint64_t kept = with > need ? with - need : 0;
 	out->kept = kept;
 	if (t->limit && mt_sat_add(mt_sat_add(fm, t->reserved),
@@ -2022,7 +2027,7 @@ void mts_admit_decide_profile(const struct mts_registry *reg,
 			gb = mt_sat_add(gb, g->unvouched);
 		uint64_t gm = mts_measured(reg, gb, g->rss);
 		uint64_t gneed = project_need(reg, (uint32_t)(g - reg->groups),
-		                              bytes, prof, in_process, NULL);
+		                              0, bytes, prof, in_process, NULL);
 		if (mt_sat_add(mt_sat_add(gm, g->reserved), gneed) > g->limit) {
 			char what[MTS_NAME_MAX + 16];
 			out->reason = MTS_DENY_GROUP_LIMIT;
@@ -2479,14 +2484,19 @@ static uint64_t host_room(const struct mts_registry *reg,
  * A task run inside a worker that has a memory limit of its own (Dask's
  * memory_limit, past which Dask ends the worker and every task in it;
  * memtallyd does not know it): denied unless the worker's figure, what
- * its running tasks may still use of their grants, and the request fit
- * under Admit.host_limit. The asker limits only itself. The answer's
- * limit is all the worker can ever give a task, its limit less its own
- * memory: a request above it can never run there.
+ * its running tasks are set aside and what the request needs beside them
+ * fit under Admit.host_limit. The worker's tasks are projected as the
+ * fleet's are (project_need over that worker's alone: their means plus
+ * `host_gap` of the root of their squared gaps), not summed at their full
+ * grants: summed so, a worker of 16 threads was held to a few tasks the
+ * fleet had room for. The asker limits only itself. The answer's limit is
+ * all the worker can ever give a task, its limit less its own memory: a
+ * request above it can never run there.
  */
 static void deny_host(const struct mts_registry *reg,
                       const struct mts_peer *peer,
                       const struct mts_admit_req *req, uint64_t bytes,
+                      const struct mts_kind_profile *prof,
                       struct mts_admit_out *out)
 {
 	if (!req->in_process || !req->host_limit)
@@ -2497,10 +2507,12 @@ static void deny_host(const struct mts_registry *reg,
 	uint64_t held = host_vouched(reg, p), pend = 0;
 	for (uint32_t i = 0; reg->adm->nhosted && i < reg->adm->nresv; i++) {
 		const struct mts_resv *r = reg->adm->resv[i];
-		if (hosted_by(r, p->pid) && r->bytes > r->use)
-			pend = mt_sat_add(pend, r->bytes - r->use);
+		if (hosted_by(r, p->pid))
+			pend = mt_sat_add(pend, r->effective);
 	}
-	if (mt_sat_add(mt_sat_add(held, pend), bytes) <= req->host_limit)
+	uint64_t need =
+	    project_need(reg, UINT32_MAX, p->pid, bytes, prof, true, NULL);
+	if (mt_sat_add(mt_sat_add(held, pend), need) <= req->host_limit)
 		return;
 	uint64_t room = host_room(reg, p, req->host_limit);
 	char a[32], b[32], c[32], d[32], e[32];
@@ -2509,16 +2521,18 @@ static void deny_host(const struct mts_registry *reg,
 	snprintf(out->scope, sizeof(out->scope), "host");
 	out->measured = held;
 	out->reserved = pend;
+	out->need = need;
 	out->limit = room;
 	snprintf(out->why, sizeof(out->why),
-	         "host limit: %s held by the worker + %s its running tasks "
-	         "may still use + %s requested > %s (its own limit; at most "
+	         "host limit: %s held by the worker + %s reserved for its "
+	         "running tasks + %s requested > %s (its own limit; at most "
 	         "%s beside its own memory)",
 	         mt_format_size(a, sizeof(a), held),
 	         mt_format_size(b, sizeof(b), pend),
-	         mt_format_size(c, sizeof(c), bytes),
+	         mt_format_size(c, sizeof(c), need),
 	         mt_format_size(d, sizeof(d), req->host_limit),
 	         mt_format_size(e, sizeof(e), room));
+	why_projected(out, bytes, need);
 }
 
 /*
@@ -2629,7 +2643,8 @@ int mts_admit(struct mts_registry *reg, const struct mts_peer *peer,
 		    reg, peer, group, bytes, profiled ? &prof : NULL,
 		    req->in_process, waiter_key(key, task), out);
 		if (out->admitted)
-			deny_host(reg, peer, req, bytes, out);
+			deny_host(reg, peer, req, bytes,
+			          profiled ? &prof : NULL, out);
 	}
 	out->requested = bytes;
 	out->reserve = bytes;

@@ -46,7 +46,8 @@ the client: `dask worker --preload memtally.dask SCHEDULER`.
   places that task, and the next ones, on other workers.
 - The worker's own limit: with Dask's memory_limit set, the task is also
   denied (`host_limit`) unless the worker's figure, what its running tasks
-  may still use of their grants, and the task's size stay under the
+  are set aside, and what the task needs beside them (memtallyd pools a
+  worker's tasks as it pools the fleet's) stay under the
   fraction where Dask's nanny ends the worker with every task in it
   (`terminate`), a limit memtallyd does not know, less what Dask's
   monitor sees of the idle worker beyond memtallyd's figure (its resident

@@ -1307,9 +1307,11 @@ Test(kinds, a_task_run_inside_its_asker_is_what_the_asker_grew_by)
 }
 
 /* An Admit of task `task` of kind "leak" run inside `pid`, following the
- * kind's profile (a task name is needed for that). */
-static bool admit_hosted_leak(pid_t pid, const char *task, char *reason,
-                              size_t len)
+ * kind's profile (a task name is needed for that), within `host_limit`
+ * (0: none). */
+static bool admit_hosted_leak_within(pid_t pid, const char *task,
+                                     uint64_t host_limit, char *reason,
+                                     size_t len)
 {
 	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
 	Memtally__V1__Admit a = MEMTALLY__V1__ADMIT__INIT;
@@ -1317,6 +1319,7 @@ static bool admit_hosted_leak(pid_t pid, const char *task, char *reason,
 	a.task = (char *)task;
 	a.kind = (char *)"leak";
 	a.in_process = true;
+	a.host_limit = host_limit;
 	req.id = 62;
 	req.body_case = MEMTALLY__V1__REQUEST__BODY_ADMIT;
 	req.admit = &a;
@@ -1328,6 +1331,12 @@ static bool admit_hosted_leak(pid_t pid, const char *task, char *reason,
 	snprintf(reason, len, "%s", r->admit_result->reason);
 	memtally__v1__response__free_unpacked(r, NULL);
 	return ok;
+}
+
+static bool admit_hosted_leak(pid_t pid, const char *task, char *reason,
+                              size_t len)
+{
+	return admit_hosted_leak_within(pid, task, 0, reason, len);
 }
 
 /* Tasks run inside a shared host are pooled with host_gap (100% by
@@ -1679,6 +1688,39 @@ Test(kinds, a_hosted_task_stays_within_its_workers_own_limit)
 	r = fx_admit_hosted(h, 1000, 30 * MIB, "c", 0, 0);
 	cr_assert(r->admit_result->admitted);
 	memtally__v1__response__free_unpacked(r, NULL);
+}
+
+Test(kinds, a_workers_own_limit_pools_its_tasks_as_the_fleet_does)
+{
+	/* Leaks to 100 MiB over 2 s (mean 100 MiB at the end, quantile
+	 * 110). A worker holding 10 MiB, its own limit 335 MiB, runs two
+	 * and is asked for a third. At their full grants the three would
+	 * be 10 + 2 x 110 + 110 = 340 MiB: denied. Pooled as the fleet
+	 * pools them (three means plus host_gap of sqrt(3) gaps): 10 + 300
+	 * + 17.3 = 327.3 MiB, admitted. A fourth, 10 + 400 + 20, is not:
+	 * the worker's own limit still holds. */
+	start_fleet(1024 * MIB);
+	srv.reg.policy.admit_queue = false;
+	for (int i = 0; i < 10; i++)
+		note_leak("leak", 100 * MIB, 2000, false);
+	uint32_t slot;
+	pid_t h = host_holding(10 * MIB, &slot);
+	char why[512];
+	const char *task[] = {"H1", "H2", "H3"};
+	for (int i = 0; i < 3; i++)
+		cr_assert(admit_hosted_leak_within(h, task[i], 335 * MIB, why,
+		                                   sizeof(why)),
+		          "%s: %s", task[i], why);
+	cr_assert_not(
+	    admit_hosted_leak_within(h, "H4", 335 * MIB, why, sizeof(why)));
+	cr_assert(strstr(why, "host limit"), "%s", why);
+	cr_assert(strstr(why, "profiles grow into"), "%s", why);
+	/* With host_gap at 0 the gaps are not pooled at all: four means,
+	 * 410 MiB, still past 335. The fleet has room for all of them. */
+	srv.reg.policy.kind_host_gap_bp = 0;
+	cr_assert_not(
+	    admit_hosted_leak_within(h, "H4", 335 * MIB, why, sizeof(why)));
+	cr_assert(admit_hosted_leak(h, "H4", why, sizeof(why)), "%s", why);
 }
 
 Test(kinds, a_first_run_above_what_its_worker_may_hold_is_sized_to_fit)
