@@ -940,9 +940,11 @@ def start_memtallyd(ctx, policy, headroom, learned=None, state=None):
     conf = os.path.join(ctx.tmp, "mt-%s.conf" % run)
     fleet = int(ctx.node.limit * (1 - headroom))
     with open(conf, "w") as f:
-        # A lane for each thread a Dask worker allocates on, so that each
-        # task run inside a worker is counted by its own thread's.
-        f.write("[server]\nlanes = 16\n")
+        # A lane for each thread a Dask worker allocates on (the
+        # memtally-dask rows' worker: 16 task threads and about six of
+        # Dask's own), so that each task run inside it is counted by its
+        # own thread's.
+        f.write("[server]\nlanes = 24\n")
         f.write("[limits]\nfleet = %d\nmeasure = max\nrss_interval = 100\n"
                 "growth_window = 4s\nforecast_horizon = 5s\n" % fleet)
         if learned is not None:
@@ -1286,12 +1288,19 @@ class MemtallyDaskPolicy(DaskPolicy):
     with memtally: memtallyd admits on the whole node, so Dask's static
     split of it (node / n_workers, the dask row's) would only strand
     memory in the worker that has no use for it. Dask's pause (80%) and
-    terminate (95%) thresholds stay, above the guard's line."""
+    terminate (95%) thresholds stay, above the guard's line.
+
+    One worker process of 16 threads, not the dask row's two of 8: with
+    the node as its memory_limit a second process buys no room, and costs
+    the node ~45 MiB of its own (the idle cluster: ~100 MiB against
+    ~145)."""
 
     name = "memtally-dask"
     slug = "memtally-dask"
     memtally = True
     warm = False
+    n_workers = 1
+    threads = 16
 
     def memory_limit(self, ctx):
         """The node's: memtallyd, not a static split, shares it out."""
