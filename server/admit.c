@@ -1699,6 +1699,14 @@ static uint64_t project_need(const struct mts_registry *reg, uint32_t gi,
 	}
 	if (!h)
 		return mt_sat_add(bytes, also ? also->bytes : 0);
+	/* Against one worker's own limit, the whole gap (100%) whatever
+	 * `host_gap` the fleet's admission runs on: past that limit Dask
+	 * ends the worker with every task in it, and no guard of ours
+	 * stands between (the node guard's line is below a worker's limit
+	 * only when the worker has the node's). One task alone then needs
+	 * its quantile, so a request above all a worker can give is never
+	 * admitted there, as the plugin's NeverAdmitted takes it. */
+	uint32_t host_gap = host ? MTS_BP_ONE : reg->policy.kind_host_gap_bp;
 	double need = 0;
 	for (uint32_t k = 0; k < MTS_PROJECT_STEPS; k++) {
 		uint64_t lo = h * k / MTS_PROJECT_STEPS;
@@ -1757,7 +1765,7 @@ static uint64_t project_need(const struct mts_registry *reg, uint32_t gi,
 		double tot =
 		    sum +
 		    sqrt(var[0]) * reg->policy.kind_pool_gap_bp / MTS_BP_ONE +
-		    sqrt(var[1]) * reg->policy.kind_host_gap_bp / MTS_BP_ONE;
+		    sqrt(var[1]) * host_gap / MTS_BP_ONE;
 		if (k == 0 || tot > need)
 			need = tot;
 	}
@@ -2487,9 +2495,12 @@ static uint64_t host_room(const struct mts_registry *reg,
  * its running tasks are set aside and what the request needs beside them
  * fit under Admit.host_limit. The worker's tasks are projected as the
  * fleet's are (project_need over that worker's alone: their means plus
- * `host_gap` of the root of their squared gaps), not summed at their full
+ * the root of their squared gaps, whole), not summed at their full
  * grants: summed so, a worker of 16 threads was held to a few tasks the
- * fleet had room for. The asker limits only itself. The answer's limit is
+ * fleet had room for. That is a bet that its tasks do not all reach
+ * their high quantile at once; where the worker's limit is below the
+ * node guard's line (Dask's default share of the node), nothing of ours
+ * backs it. The asker limits only itself. The answer's limit is
  * all the worker can ever give a task, its limit less its own memory: a
  * request above it can never run there.
  */

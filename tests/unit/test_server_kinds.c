@@ -1696,16 +1696,22 @@ Test(kinds, a_workers_own_limit_pools_its_tasks_as_the_fleet_does)
 	 * 110). A worker holding 10 MiB, its own limit 335 MiB, runs two
 	 * and is asked for a third. At their full grants the three would
 	 * be 10 + 2 x 110 + 110 = 340 MiB: denied. Pooled as the fleet
-	 * pools them (three means plus host_gap of sqrt(3) gaps): 10 + 300
-	 * + 17.3 = 327.3 MiB, admitted. A fourth, 10 + 400 + 20, is not:
-	 * the worker's own limit still holds. */
+	 * pools them (three means plus sqrt(3) gaps): 10 + 300 + 17.3 =
+	 * 327.3 MiB, admitted. Another worker's two tasks are not its:
+	 * counted with them it would be denied. A fourth needs 10 + 400 +
+	 * 20 = 430 MiB: denied at 335, and at 420 too, since against a
+	 * worker's own limit the gap stays whole whatever `host_gap` the
+	 * fleet runs on (at 0 it would be 410); the fleet admits it. */
 	start_fleet(1024 * MIB);
 	srv.reg.policy.admit_queue = false;
 	for (int i = 0; i < 10; i++)
 		note_leak("leak", 100 * MIB, 2000, false);
-	uint32_t slot;
-	pid_t h = host_holding(10 * MIB, &slot);
+	uint32_t slot, slot2;
+	pid_t other = host_holding(10 * MIB, &slot2);
 	char why[512];
+	cr_assert(admit_hosted_leak(other, "G1", why, sizeof(why)), "%s", why);
+	cr_assert(admit_hosted_leak(other, "G2", why, sizeof(why)), "%s", why);
+	pid_t h = host_holding(10 * MIB, &slot);
 	const char *task[] = {"H1", "H2", "H3"};
 	for (int i = 0; i < 3; i++)
 		cr_assert(admit_hosted_leak_within(h, task[i], 335 * MIB, why,
@@ -1715,11 +1721,10 @@ Test(kinds, a_workers_own_limit_pools_its_tasks_as_the_fleet_does)
 	    admit_hosted_leak_within(h, "H4", 335 * MIB, why, sizeof(why)));
 	cr_assert(strstr(why, "host limit"), "%s", why);
 	cr_assert(strstr(why, "profiles grow into"), "%s", why);
-	/* With host_gap at 0 the gaps are not pooled at all: four means,
-	 * 410 MiB, still past 335. The fleet has room for all of them. */
 	srv.reg.policy.kind_host_gap_bp = 0;
 	cr_assert_not(
-	    admit_hosted_leak_within(h, "H4", 335 * MIB, why, sizeof(why)));
+	    admit_hosted_leak_within(h, "H4", 420 * MIB, why, sizeof(why)));
+	cr_assert(strstr(why, "host limit"), "%s", why);
 	cr_assert(admit_hosted_leak(h, "H4", why, sizeof(why)), "%s", why);
 }
 
