@@ -1329,6 +1329,29 @@ static bool host_settled(const struct mts_registry *reg, struct mts_resv *r,
 	return true;
 }
 
+/* A task's thread in host `p` has no lane: an equal share of the host's
+ * growth stands for its use. While the thread has not flushed yet that is
+ * a moment's; with every lane of the slot taken it lasts, and the tasks
+ * on that worker teach their kinds each other's sizes. The operator can
+ * mend it ([server] lanes), so it is said, once per process. */
+static void lanes_short(const struct mts_registry *reg, struct mts_proc *p)
+{
+	if (p->lanes_short)
+		return;
+	struct mtshm_slot_id *s = mts_slot(reg, p->slot);
+	if (!s || mtshm_load_relaxed32(&s->lanes_used) < reg->layout.lane_count)
+		return;
+	p->lanes_short = true;
+	mts_log_uid(p->uid, MTS_LOG_WARN,
+	            "worker runs tasks on more threads than its slot has "
+	            "lanes; tasks on a thread without one are counted as "
+	            "equal shares of its growth",
+	            "pid=%u uid=%u lanes=%u tasks=%u hint=\"raise [server] "
+	            "lanes to the worker's threads plus about six\"",
+	            p->pid, p->uid, reg->layout.lane_count,
+	            hosted_count(reg, p->pid));
+}
+
 /* A restored host not registered again: is it alive, the same process?
  * Its /proc entry is read once a second at most. */
 static bool host_alive(struct mts_resv *r, uint64_t now_ns)
@@ -1410,6 +1433,7 @@ static void hosted_tick(struct mts_registry *reg, uint64_t now_ns)
 			/* No lane of the thread's (every lane taken, or the
 			 * thread gave its up): an equal share. */
 			use /= hosted_count(reg, r->host_pid);
+			lanes_short(reg, p);
 		}
 		r->use = use;
 		if (use > r->peak)

@@ -129,6 +129,9 @@ struct mts_proc {
 	/* Taken over after a restart with its slot, counters and lanes, and
 	 * not registered again since (an exec). */
 	bool adopted;
+	/* Told once that it runs tasks (Admit.in_process) on more threads
+	 * than its slot has lanes (admit.c, lanes_short). */
+	bool lanes_short;
 	/* The bound of its mapped bytes by the kernel's figure (rss.c).
 	 * `cap` is its anonymous resident bytes at the latest read made once
 	 * the figure was no longer young; UINT64_MAX after a rise lifts it.

@@ -938,28 +938,6 @@ Test(dispatch, corrupt_slot_quarantined)
 	cr_assert_eq(srv.reg.totals.bytes, 1000);
 }
 
-/* Run one tick with the server's log (stderr) captured; returns what it
- * wrote (static buffer). */
-static const char *tick_logged(void)
-{
-	static char buf[4096];
-	FILE *f = tmpfile();
-	cr_assert_not_null(f);
-	int saved = dup(STDERR_FILENO);
-	cr_assert_geq(saved, 0);
-	dup2(fileno(f), STDERR_FILENO);
-	mts_log_set_level(MTS_LOG_WARN);
-	mts_core_tick(&srv.reg);
-	mts_log_set_level(MTS_LOG_ERROR);
-	dup2(saved, STDERR_FILENO);
-	close(saved);
-	rewind(f);
-	size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-	buf[n] = 0;
-	fclose(f);
-	return buf;
-}
-
 /* A figure below zero is clamped at 0 and logged once when it starts,
  * never published: a mapped figure below 0 (the process would have
  * unmapped more than it mapped since it started) leaves the process's
@@ -974,7 +952,7 @@ Test(dispatch, figure_below_zero_clamped_and_logged)
 	struct mtshm_slot_id *s = mts_slot(&srv.reg, sb);
 	/* 64 MiB unmapped more than mapped: the unsigned total wrapped. */
 	mtshm_store_relaxeds64(&mtshm_lane(s, 0)->mapped, -(INT64_C(64) << 20));
-	const char *log = tick_logged();
+	const char *log = fx_tick_logged();
 	cr_assert_eq(srv.reg.totals.bytes, 6000, "heap kept, mapped 0: %llu",
 	             (unsigned long long)srv.reg.totals.bytes);
 	cr_assert_eq(srv.reg.totals.mapped, 0);
@@ -985,19 +963,19 @@ Test(dispatch, figure_below_zero_clamped_and_logged)
 	cr_assert_not_null(strstr(log, "figure below zero"), "log: %s", log);
 	cr_assert_not_null(strstr(log, "part=mapped"), "log: %s", log);
 	/* Logged when it starts, not at every tick. */
-	log = tick_logged();
+	log = fx_tick_logged();
 	cr_assert_null(strstr(log, "figure below zero"), "log: %s", log);
 	cr_assert_eq(srv.reg.totals.bytes, 6000);
 
 	/* The heap: a dip within threshold x threads is drift, silent. */
 	mtshm_store_relaxeds64(&mtshm_lane(s, 0)->mapped, 0);
 	write_lane(sb, -(int64_t)srv.reg.threshold / 2, 1);
-	log = tick_logged();
+	log = fx_tick_logged();
 	cr_assert_eq(srv.reg.totals.bytes, 1000);
 	cr_assert_null(strstr(log, "figure below zero"), "log: %s", log);
 	/* Past it: clamped and logged. */
 	write_lane(sb, -(INT64_C(100) << 20), 1);
-	log = tick_logged();
+	log = fx_tick_logged();
 	cr_assert_eq(srv.reg.totals.bytes, 1000);
 	cr_assert_eq(pb->bytes, 0);
 	cr_assert_not_null(strstr(log, "part=heap"), "log: %s", log);

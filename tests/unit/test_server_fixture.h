@@ -519,6 +519,28 @@ fx_admit_hosted(pid_t pid, uint32_t uid, uint64_t bytes, const char *kind,
 	return fx_call(&peer, &req);
 }
 
+/* Run one tick with the server's log (stderr) captured; returns what it
+ * wrote (static buffer). */
+static inline __attribute__((unused)) const char *fx_tick_logged(void)
+{
+	static char buf[4096];
+	FILE *f = tmpfile();
+	cr_assert_not_null(f);
+	int saved = dup(STDERR_FILENO);
+	cr_assert_geq(saved, 0);
+	dup2(fileno(f), STDERR_FILENO);
+	mts_log_set_level(MTS_LOG_WARN);
+	mts_core_tick(&srv.reg);
+	mts_log_set_level(MTS_LOG_ERROR);
+	dup2(saved, STDERR_FILENO);
+	close(saved);
+	rewind(f);
+	size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+	buf[n] = 0;
+	fclose(f);
+	return buf;
+}
+
 static inline Memtally__V1__Response *fx_set_limit(struct mts_peer *peer,
                                                    int scope, const char *group,
                                                    uint32_t pid, uint64_t bytes,

@@ -1583,8 +1583,36 @@ Test(kinds, a_hosted_task_whose_thread_has_no_lane_gets_an_equal_share)
 	}
 	struct mtshm_slot_id *s = mts_slot(&srv.reg, slot);
 	mtshm_store_relaxeds64(&s->overflow, 60 * MIB);
-	mts_core_tick(&srv.reg);
+	/* Said once, with what to raise, since it lasts: */
+	const char *log = fx_tick_logged();
 	cr_assert_eq(srv.reg.totals.reserved, 2 * (100 - 30) * MIB);
+	char want[96];
+	snprintf(want, sizeof(want), "pid=%d uid=1000 lanes=%u tasks=2", h,
+	         lanes);
+	cr_assert(strstr(log, "more threads than its slot has lanes"), "%s",
+	          log);
+	cr_assert(strstr(log, want), "%s", log);
+	cr_assert(strstr(log, "raise [server] lanes"), "%s", log);
+	log = fx_tick_logged();
+	cr_assert_null(strstr(log, "lanes"), "%s", log);
+}
+
+Test(kinds, a_hosted_task_whose_thread_has_not_flushed_yet_is_not_a_lane_short)
+{
+	/* A lane free, the task's thread not in one yet (it has not
+	 * flushed): an equal share for the moment, and nothing said. */
+	start_fleet(1024 * MIB);
+	pid_t h = fx_spawn();
+	uint32_t slot = fx_register_as(h, 1000, "", "");
+	lane_write(slot, 0, 100, 50 * MIB);
+	mts_core_tick(&srv.reg);
+	Memtally__V1__Response *r =
+	    fx_admit_hosted(h, 1000, 100 * MIB, "a", 7000, 0);
+	cr_assert(r->admit_result->in_process);
+	memtally__v1__response__free_unpacked(r, NULL);
+	const char *log = fx_tick_logged();
+	cr_assert_null(strstr(log, "lanes"), "%s", log);
+	cr_assert_not(mts_find_pid(&srv.reg, (uint32_t)h)->lanes_short);
 }
 
 Test(kinds, only_the_asker_itself_hosts_a_task)
