@@ -1261,6 +1261,17 @@ static void lane_write(uint32_t slot, uint32_t k, uint32_t tid, int64_t bytes)
 
 /* A registered worker of FX_UID that holds `bytes` (lane 0), counted: a
  * host for tasks run inside it. */
+/* An Admit by `pid` (of `uid`) of a 100 MiB task of `kind` run inside it
+ * on thread `thread`, granted as a hosted task. */
+static void admitted_hosted(pid_t pid, uint32_t uid, const char *kind,
+                            uint32_t thread)
+{
+	Memtally__V1__Response *r =
+	    fx_admit_hosted(pid, uid, 100 * MIB, kind, thread, 0);
+	cr_assert(r->admit_result->in_process);
+	memtally__v1__response__free_unpacked(r, NULL);
+}
+
 static pid_t host_holding(uint64_t bytes, uint32_t *slot)
 {
 	pid_t h = fx_spawn();
@@ -1374,10 +1385,7 @@ Test(kinds, a_hosted_task_on_a_thread_is_what_its_thread_grew_by)
 	lane_write(slot, 0, 100, 50 * MIB);
 	lane_write(slot, 1, 4242, 8 * MIB);
 	mts_core_tick(&srv.reg);
-	Memtally__V1__Response *r =
-	    fx_admit_hosted(h, 1000, 100 * MIB, "parse", 4242, 0);
-	cr_assert(r->admit_result->in_process);
-	memtally__v1__response__free_unpacked(r, NULL);
+	admitted_hosted(h, 1000, "parse", 4242);
 
 	/* Another thread's task grows the worker by 30 MiB, this one's by
 	 * 20: the reservation sets aside 100 - 20. */
@@ -1531,10 +1539,7 @@ Test(kinds, an_untrusted_hosts_thread_counts_no_more_than_the_kernel_vouches)
 	uint32_t slot = fx_register_as(h, 1001, "", "");
 	lane_write(slot, 0, 4242, 0);
 	mts_core_tick(&srv.reg);
-	Memtally__V1__Response *r =
-	    fx_admit_hosted(h, 1001, 100 * MIB, "parse", 4242, 0);
-	cr_assert(r->admit_result->in_process);
-	memtally__v1__response__free_unpacked(r, NULL);
+	admitted_hosted(h, 1001, "parse", 4242);
 	lane_write(slot, 0, 4242, 90 * MIB);
 	mts_core_tick(&srv.reg);
 	struct mts_proc *p = mts_find_pid(&srv.reg, (uint32_t)h);
@@ -1551,10 +1556,7 @@ Test(kinds, a_host_that_shrank_counts_its_growth_from_its_lowest_figure)
 	start_fleet(1024 * MIB);
 	uint32_t slot;
 	pid_t h = host_holding(58 * MIB, &slot);
-	Memtally__V1__Response *r =
-	    fx_admit_hosted(h, FX_UID, 100 * MIB, "parse", 0, 0);
-	cr_assert(r->admit_result->in_process);
-	memtally__v1__response__free_unpacked(r, NULL);
+	admitted_hosted(h, FX_UID, "parse", 0);
 	fx_write(slot, 18 * MIB);
 	mts_core_tick(&srv.reg);
 	cr_assert_eq(srv.reg.totals.reserved, 100 * MIB);
@@ -1576,10 +1578,7 @@ Test(kinds, a_hosted_task_whose_thread_has_no_lane_gets_an_equal_share)
 		lane_write(slot, k, 100 + k, k ? 0 : 50 * MIB);
 	mts_core_tick(&srv.reg);
 	for (uint32_t t = 0; t < 2; t++) {
-		Memtally__V1__Response *r = fx_admit_hosted(
-		    h, 1000, 100 * MIB, t ? "b" : "a", 7000 + t, 0);
-		cr_assert(r->admit_result->in_process);
-		memtally__v1__response__free_unpacked(r, NULL);
+		admitted_hosted(h, 1000, t ? "b" : "a", 7000 + t);
 	}
 	struct mtshm_slot_id *s = mts_slot(&srv.reg, slot);
 	mtshm_store_relaxeds64(&s->overflow, 60 * MIB);
@@ -1606,10 +1605,7 @@ Test(kinds, a_hosted_task_whose_thread_has_not_flushed_yet_is_not_a_lane_short)
 	uint32_t slot = fx_register_as(h, 1000, "", "");
 	lane_write(slot, 0, 100, 50 * MIB);
 	mts_core_tick(&srv.reg);
-	Memtally__V1__Response *r =
-	    fx_admit_hosted(h, 1000, 100 * MIB, "a", 7000, 0);
-	cr_assert(r->admit_result->in_process);
-	memtally__v1__response__free_unpacked(r, NULL);
+	admitted_hosted(h, 1000, "a", 7000);
 	const char *log = fx_tick_logged();
 	cr_assert_null(strstr(log, "lanes"), "%s", log);
 	cr_assert_not(mts_find_pid(&srv.reg, (uint32_t)h)->lanes_short);
