@@ -135,6 +135,9 @@ struct ino_set {
 		uint64_t dev, ino;
 	} * e; /* ino 0 = empty */
 	uint32_t cap, n;
+	/* The device every memfd is on (the kernel's one internal shmem
+	 * mount): that of memtallyd's own segment. */
+	uint64_t memfd_dev;
 };
 
 /* Owned by the reader and the loop until both let go (`refs`). The
@@ -217,7 +220,8 @@ static bool ino_add(struct ino_set *s, uint64_t dev, uint64_t ino)
 		return true;
 	if (2 * (s->n + 1) > s->cap) {
 		uint32_t cap = s->cap ? 2 * s->cap : 64;
-		struct ino_set t = {calloc(cap, sizeof(*t.e)), cap, 0};
+		struct ino_set t = {calloc(cap, sizeof(*t.e)), cap, 0,
+		                    s->memfd_dev};
 		if (!t.e)
 			return true;
 		for (uint32_t i = 0; i < s->cap; i++)
@@ -272,6 +276,14 @@ static uint64_t memfd_bytes(struct ino_set *seen, uint32_t pid)
 		          STATX_INO | STATX_BLOCKS, &st) < 0)
 			continue;
 		uint64_t dev = makedev(st.stx_dev_major, st.stx_dev_minor);
+		/* A link's text is the path as its holder's mount namespace
+		 * has it, and any user can make one of their own (unshare
+		 * -Urm) with a file of a disk at "/memfd:x": only the memfd
+		 * device says it is one. A hugetlb memfd is not charged
+		 * either: its pages come from the huge page pool, which no
+		 * process's resident figure holds. */
+		if (dev != seen->memfd_dev)
+			continue;
 		if (ino_add(seen, dev, (uint64_t)st.stx_ino))
 			bytes =
 			    mt_sat_add(bytes, (uint64_t)st.stx_blocks * 512u);
@@ -458,6 +470,7 @@ static void entry_fill(struct rss_entry *e, const struct mts_proc *p, bool full)
 /* memtallyd's own memfds, held by every worker: never charged. */
 static void seen_init(struct mts_registry *reg, struct ino_set *seen)
 {
+	seen->memfd_dev = reg->map->dev;
 	ino_add(seen, reg->map->dev, reg->map->ino);
 	for (uint32_t i = 0; i < reg->ntables; i++)
 		ino_add(seen, reg->tables[i]->map.dev, reg->tables[i]->map.ino);

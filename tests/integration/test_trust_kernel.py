@@ -31,6 +31,15 @@ test_understating_is_refereed: a nobody process holding 500 MiB zeroes
 its own slot, and another hides 500 MiB in a memfd it never maps (under
 `measure = max`): within one RSS sweep the fleet counts >= 500 MiB, and
 the second user's 1,900 MiB Admit against 2 GiB is denied.
+
+test_a_file_named_like_a_memfd_is_not_one: a nobody process holds a 300
+MiB file on disk open at "/memfd:disguised" in a mount namespace of its
+own (its link reads as an unmapped memfd's), beside a nobody process that
+really holds 300 MiB in an unmapped memfd: once the sweep counts the
+memfd, the disguised file is not counted (the process's rss stays under
+64 MiB and the fleet under 400 MiB).
+
+Skipped (77) with the reason where a mount namespace cannot be made.
 """
 import os
 import struct
@@ -41,7 +50,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from harness import (CLI, LANE0_BYTES, MIB, MULT, NOBODY, NOGROUP,  # noqa: E402
-                     Server, Worker, check, claim, cli_as, find_slot,
+                     Server, Skip, Worker, check, claim, cli_as, find_slot,
                      hook_runs, hooks_conf, open_to_nobody, proc_kib,
                      rss_anon, run, second_user, test_user, wait_for, worker,
                      world_readable_copy)
@@ -324,9 +333,57 @@ def test_understating_is_refereed():
                 w.kill()
 
 
+def test_a_file_named_like_a_memfd_is_not_one():
+    preload, share, hold = world_readable_copy(
+        os.environ["MEMTALLY_PRELOAD_LIB"], worker("share"), worker("hold"))
+    cfg = config("[server]\ngroup = nogroup\n"
+                 "[limits]\nfleet = 2GiB\nmeasure = max\n"
+                 "rss_interval = 1000\n")
+    with Server("--config", cfg) as s, \
+            tempfile.TemporaryDirectory(prefix="mt-disguise-",
+                                        dir="/var/tmp") as d:
+        open_to_nobody(s)
+        env = s.env()
+        env.pop("LD_PRELOAD", None)
+        env["MT_EXEC_PRELOAD"] = preload
+        env["MEMTALLY_ALLOCATOR_FREE"] = "0"
+        fake = Worker(worker("disguise", 300, NOBODY, NOGROUP, d, *hold, 1),
+                      env)
+        line = fake.readline(timeout=60)
+        if line.startswith("error "):
+            fake.kill()
+            raise Skip(f"no mount namespace of its own: {line}")
+        check(line.startswith("ready"), f"disguised worker said {line!r}")
+        link = os.readlink(f"/proc/{fake.pid}/fd/3") if os.path.exists(
+            f"/proc/{fake.pid}/fd/3") else ""
+        env["LD_PRELOAD"] = preload
+        real = Worker([*share, "memfd", "300"], env, user=(NOBODY, NOGROUP))
+        try:
+            pid = ready_pids(real)[0]
+            wait_for("both registered",
+                     lambda: pid in s.ps() and fake.pid in s.ps())
+            wait_for("the real memfd counted", lambda: s.ps()[pid][
+                "rss"] >= 300 * MIB, timeout=10 * MULT)
+            # The sweep that counted the memfd read the disguised file's
+            # holder too (it registered first); one more to be sure.
+            time.sleep(1.5)
+            ps = s.ps()
+            fleet = s.status()["fleet"]
+            print(f"  {link!r} held open: rss {ps[fake.pid]['rss'] >> 20} "
+                  f"MiB; the real memfd's holder {ps[pid]['rss'] >> 20} "
+                  f"MiB; fleet {fleet['bytes'] >> 20} MiB", flush=True)
+            check(ps[fake.pid]["rss"] < 64 * MIB,
+                  f"a file on disk counted as memory: {ps[fake.pid]}")
+            check(fleet["bytes"] < 400 * MIB, f"fleet {fleet}")
+        finally:
+            real.kill()
+            fake.kill()
+
+
 if __name__ == "__main__":
     run([test_pages_shared_after_fork_count_once,
          test_a_shared_mapping_counts_once_under_max,
          test_dips_renew_no_allowance,
          test_an_allowance_signals_no_one,
-         test_understating_is_refereed])
+         test_understating_is_refereed,
+         test_a_file_named_like_a_memfd_is_not_one])
