@@ -454,8 +454,70 @@ def test_task_wrapper_gives_each_task_its_share_of_the_node():
         print(f"  {extra or 'no task count'}: --bytes {got}")
 
 
+def test_task_wrapper_without_memtally_runs_the_command():
+    """memtally not installed: the wrapper runs the command itself, past
+    the options memtally run would have taken, with or without "--" (a
+    "--" among the command's own arguments stays theirs). No Slurm
+    needed."""
+    env = {"PATH": os.environ["PATH"], "MEMTALLY": "/nonexistent/memtally"}
+    wrapper = os.path.join(SLURM, "memtally-slurm-task")
+    cases = [
+        (["--wait", "5", "printf", "%s,", "a", "b"], 0, "a,b,"),
+        (["--wait", "5", "--", "printf", "%s,", "--", "x"], 0, "--,x,"),
+        (["--bytes=1G", "--retry", "2", "printf", "y"], 0, "y"),
+        (["printf", "%s", "--"], 0, "--"),
+        (["--wait"], 2, ""),
+        (["--bogus", "printf", "z"], 2, ""),
+    ]
+    for argv, rc, out in cases:
+        r = subprocess.run(["sh", wrapper, *argv], env=env,
+                           capture_output=True, text=True, timeout=30 * MULT)
+        check(r.returncode == rc and r.stdout == out,
+              f"{argv}: exit {r.returncode} {r.stdout!r}, want {rc} "
+              f"{out!r} ({r.stderr.strip()})")
+        print(f"  {shlex.join(argv)}: exit {r.returncode} {r.stdout!r}")
+
+
+def test_hook_resumes_its_drain_after_a_restart_while_high():
+    """A memtallyd restarted while the fleet is high (its start hook:
+    MEMTALLY_PREVIOUS=unknown) resumes the node its predecessor drained,
+    as from over -> high; it leaves one an administrator drained, and
+    does nothing on ok -> high. The hook's arguments to a stand-in
+    `scontrol`: no Slurm needed."""
+    tmp = tempfile.mkdtemp(prefix="mt-slurm-hook-")
+    stub, calls = os.path.join(tmp, "scontrol"), os.path.join(tmp, "calls")
+    with open(stub, "w") as f:
+        f.write('#!/bin/sh\nif [ "$1" = -o ]; then\n'
+                '  echo "NodeName=n1 State=IDLE+DRAIN Reason=$NODE_REASON '
+                '[root@2026-12-07T01:00:00]"\nelse\n'
+                f'  echo "$*" >> {calls}\nfi\n')
+    os.chmod(stub, 0o755)
+    cases = [("unknown", REASON, True), ("unknown", "maintenance", False),
+             ("ok", REASON, False), ("over", REASON, True)]
+    for previous, reason, resumed in cases:
+        if os.path.exists(calls):
+            os.unlink(calls)
+        env = {"PATH": os.environ["PATH"], "SCONTROL": stub,
+               "NODE_REASON": reason, "MEMTALLY_SCOPE": "fleet",
+               "MEMTALLY_STATE": "high", "MEMTALLY_PREVIOUS": previous,
+               "MEMTALLY_BYTES": "60 MiB", "MEMTALLY_RESERVED": "0 B",
+               "MEMTALLY_LIMIT": "64 MiB"}
+        r = subprocess.run(["sh", HOOK, "n1"], env=env, capture_output=True,
+                           text=True, timeout=30 * MULT)
+        got = read(calls) if os.path.exists(calls) else ""
+        check(r.returncode == 0 and
+              (got == "update nodename=n1 state=resume\n") == resumed and
+              (got == "") == (not resumed),
+              f"{previous} -> high, reason {reason!r}: exit "
+              f"{r.returncode}, scontrol {got!r} ({r.stderr.strip()})")
+        print(f"  {previous} -> high, reason {reason!r}: "
+              f"{'resumed' if resumed else 'left as it is'}")
+
+
 if __name__ == "__main__":
     run([test_shipped_config_accepted,
          test_readme_install_step_gives_a_config_memtallyd_starts_with,
          test_task_wrapper_gives_each_task_its_share_of_the_node,
+         test_task_wrapper_without_memtally_runs_the_command,
+         test_hook_resumes_its_drain_after_a_restart_while_high,
          test_slurm_drain_resume_and_task_wrapper])
