@@ -83,16 +83,22 @@ import subprocess
 import threading
 
 from celery import Task, bootsteps
-from celery.exceptions import Reject
+from celery.exceptions import (Reject, SoftTimeLimitExceeded, Terminated,
+                               TimeLimitExceeded)
 from celery.worker.request import Request
 
 from .client import (DEFAULT_SOCKET, EVICTED_STATUS, Client, MemtallyError,
-                     as_bytes, denied_for_ever, never_fits, pb, state_name)
+                     denied_for_ever, never_fits, pb, refused, state_name,
+                     task_settings)
 
 log = logging.getLogger("memtally.celery")
 
 _failing_open = set()   # sockets we already said we run without
 _kinds_refused = set()  # kinds memtallyd refused (its kinds cap): said once
+# What the pool raises into a running task to stop it (its time limits, a
+# revoke with terminate): never mistaken for memtallyd failing, even while
+# the task waits on memtallyd's answer.
+_STOPS = (SoftTimeLimitExceeded, TimeLimitExceeded, Terminated)
 
 
 class Denied(Reject):
@@ -239,11 +245,11 @@ class AdmittedTask(Task):
 
     def _admitted_call(self, *args, **kwargs):
         try:
-            nbytes = as_bytes(self.memtally_bytes)
-        except Exception as e:  # noqa: BLE001 - a bad size must not fail the task
-            log.warning("memtally: task %s: memtally_bytes %r: %s; running "
-                        "it without admission", self.name,
-                        self.memtally_bytes, e)
+            nbytes, group, ttl = task_settings(
+                self.memtally_bytes, self.memtally_group, self.memtally_ttl)
+        except ValueError as e:  # a bad setting must not fail the task
+            log.warning("memtally: task %s: %s; running it without "
+                        "admission", self.name, e)
             nbytes = 0
         # Called as a function, or run eagerly in the caller's process: no
         # worker's task to admit (a denial would raise into plain code).
@@ -263,8 +269,8 @@ class AdmittedTask(Task):
                 # process's growth where it runs one task at a time (the
                 # prefork and solo pools run it in the main thread), this
                 # thread's where a thread pool runs several.
-                r = c.admit(nbytes, group=self.memtally_group or "",
-                            task=task_id, ttl_seconds=int(self.memtally_ttl),
+                r = c.admit(nbytes, group=group, task=task_id,
+                            ttl_seconds=ttl,
                             kind=self.name or "", in_process=True,
                             thread=_task_thread())
             forever = denied_for_ever(r)
@@ -279,13 +285,21 @@ class AdmittedTask(Task):
                                 self.name, r.reason)
                 with Client(sock, timeout=float(
                         _conf(self.app, "memtally_timeout", 2))) as c:
-                    r = c.admit(nbytes, group=self.memtally_group or "",
-                                task=task_id,
-                                ttl_seconds=int(self.memtally_ttl),
+                    r = c.admit(nbytes, group=group, task=task_id,
+                                ttl_seconds=ttl,
                                 in_process=True, thread=_task_thread())
                 forever = denied_for_ever(r)
+        except _STOPS:
+            raise
         except Exception as e:  # noqa: BLE001 - whatever breaks, fail open
-            _fail_open(sock, e)
+            if refused(e):
+                # memtallyd answers, and refuses what this task asks
+                # (a group name it does not take): the task's settings.
+                log.warning("memtally: task %s: memtallyd refused its "
+                            "request (%s); running it without admission",
+                            self.name, e)
+            else:
+                _fail_open(sock, e)
             return self._body(*args, **kwargs)
         _failing_open.discard(sock)
         # Larger than the limit that denied it, which others' use can at

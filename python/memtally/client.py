@@ -52,6 +52,8 @@ except ImportError:             # a build tree: build/python/memtally_pb2.py
     import memtally_pb2 as pb  # noqa: E402
 
 DEFAULT_SOCKET = "/run/memtally/memtally.sock"
+# The largest answer taken, as the C client's: a length past it is garbage.
+MAX_RESPONSE = 64 << 20
 STATES = {pb.STATE_OK: "ok", pb.STATE_HIGH: "high", pb.STATE_OVER: "over"}
 
 
@@ -139,6 +141,8 @@ class Client:
             os.environ.get("MEMTALLY_TOKEN", "")
         if tcp:
             host, _, port = tcp.rpartition(":")
+            if not host or not port.isdigit():
+                raise ValueError(f"not HOST:PORT: {tcp!r}")
             self.sock = socket.create_connection((host.strip("[]"), int(port)),
                                                  timeout=timeout)
         else:
@@ -150,6 +154,7 @@ class Client:
             except BaseException:
                 self.sock.close()
                 raise
+        self.timeout = timeout      # for each request's whole answer
         self.buf = b""
         self.next_id = 1
         self.unanswered = None      # id of a request sent, not answered
@@ -169,23 +174,40 @@ class Client:
         data = req.SerializeToString()
         self.sock.sendall(encoder._VarintBytes(len(data)) + data)
 
-    def _fill(self):
+    def _fill(self, deadline=None):
+        if deadline is not None:
+            # The timeout bounds the whole answer, not each read: a peer
+            # that trickles a byte at a time must not hold us for ever.
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("memtallyd did not answer in time")
+            self.sock.settimeout(left)
         chunk = self.sock.recv(65536)
         if not chunk:
             raise ConnectionError("memtallyd closed the connection")
         self.buf += chunk
 
-    def recv(self):
-        """Read one delimited Response."""
+    def recv(self, deadline=None):
+        """Read one delimited Response, by `deadline` (time.monotonic())
+        if one is given."""
         while True:
             try:
                 size, pos = decoder._DecodeVarint(self.buf, 0)
             except IndexError:       # the varint itself is incomplete
-                self._fill()
+                self._fill(deadline)
                 continue
+            except Exception as e:  # noqa: BLE001 - protobuf's DecodeError
+                raise MemtallyError(pb.ERROR_UNDECODABLE,
+                                    f"memtallyd's answer has no length "
+                                    f"({e})")
+            if size > MAX_RESPONSE:
+                raise MemtallyError(pb.ERROR_UNDECODABLE,
+                                    f"memtallyd's answer says it is "
+                                    f"{size} bytes, more than any it "
+                                    f"sends ({MAX_RESPONSE})")
             if len(self.buf) - pos >= size:
                 break
-            self._fill()
+            self._fill(deadline)
         resp = pb.Response()
         try:
             resp.ParseFromString(self.buf[pos:pos + size])
@@ -216,14 +238,19 @@ class Client:
             self.sock = None
             raise
         self.unanswered = req.id    # sent: the server may act on it
+        deadline = (time.monotonic() + self.timeout
+                    if self.timeout is not None else None)
         try:
-            resp = self.recv()
+            resp = self.recv(deadline)
         except BaseException as e:
             # Half an answer, or none yet: what comes next on the stream
-            # would be taken for the next request's. An Admit's timeout
-            # hands the socket to its late-answer thread instead (admit()).
-            if not ("admit" in body and
-                    isinstance(e, (TimeoutError, socket.timeout))):
+            # would be taken for the next request's. An Admit's wait cut
+            # short (its timeout, or an exception a signal handler raised
+            # meanwhile: a task's time limit) hands the socket to its
+            # late-answer thread instead (admit()), unless the stream broke.
+            broken = isinstance(e, (MemtallyError, ConnectionError)) or (
+                isinstance(e, OSError) and not isinstance(e, TimeoutError))
+            if "admit" not in body or broken:
                 self.sock.close()
                 self.sock = None
             raise
@@ -269,14 +296,15 @@ class Client:
                 bytes=nbytes, group=group, task=task, ttl_seconds=ttl_seconds,
                 kind=kind, in_process=in_process, thread=thread,
                 host_limit=host_limit))
-        except (TimeoutError, socket.timeout):
-            # Sent and not answered in time: memtallyd may grant it
-            # still, and the caller will never know the reservation's
-            # name. The connection is handed to a thread that reads the
-            # late answer and releases what it granted; else the room
-            # stays set aside until the reservation's TTL (an in-process
-            # one: its worker's exit, or a day).
-            if self.unanswered is not None:
+        except BaseException:
+            # Sent and not answered in time (or the wait was cut short):
+            # memtallyd may grant it still, and the caller will never
+            # know the reservation's name. The connection is handed to a
+            # thread that reads the late answer and releases what it
+            # granted; else the room stays set aside until the
+            # reservation's TTL (an in-process one: its worker's exit, or
+            # a day).
+            if self.unanswered is not None and self.sock is not None:
                 self._release_late()
             raise
 
@@ -284,13 +312,14 @@ class Client:
         late = Client.__new__(Client)
         late.sock, late.buf, late.token = self.sock, self.buf, self.token
         late.next_id, rid = self.next_id, self.unanswered
+        late.timeout = wait
         self.sock = None            # the thread's now: close() leaves it
 
         def reap():
             try:
-                late.sock.settimeout(wait)
+                deadline = time.monotonic() + wait
                 while True:
-                    resp = late.recv()
+                    resp = late.recv(deadline)
                     if resp.id == rid:
                         break
                 if (resp.WhichOneof("body") == "admit_result" and
@@ -374,16 +403,34 @@ def watch(path=None, tcp=None, own=False, timeout=5.0, token=None,
 
 
 # -- command line -------------------------------------------------------------
-_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KIB": 1 << 10, "M": 1 << 20,
-          "MIB": 1 << 20, "G": 1 << 30, "GIB": 1 << 30, "T": 1 << 40,
-          "TIB": 1 << 40, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+# As the project's one size parser (common/size.c), so that a size means the
+# same here as in memtallyd's config and the CLI: K, M, G, T and their IEC
+# forms Ki/KiB... are powers of 1024, only KB, MB, GB, TB powers of 1000;
+# units are case-insensitive; a fraction needs a unit and rounds down; no
+# sign, spaces or hex; exact arithmetic, nothing past 2^64 - 1.
+_UNITS = {"": 1, "b": 1}
+for _i, _u in enumerate("kmgt", 1):
+    _UNITS.update({_u: 1 << 10 * _i, _u + "i": 1 << 10 * _i,
+                   _u + "ib": 1 << 10 * _i, _u + "b": 1000 ** _i})
+_SIZE_FRAC_DIGITS = 18      # past these, checked but ignored (as in C)
 
 
 def parse_size(text):
-    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", text)
-    if not m or m.group(2).upper() not in _UNITS:
+    m = re.fullmatch(r"([0-9]+)(?:\.([0-9]+))?([A-Za-z]*)", text)
+    unit = m.group(3).lower() if m else None
+    if unit not in _UNITS:
         raise argparse.ArgumentTypeError(f"bad size: {text!r}")
-    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+    mult, frac = _UNITS[unit], m.group(2)
+    if frac is not None and mult == 1:
+        raise argparse.ArgumentTypeError(
+            f"bad size: {text!r} (a fraction needs a unit)")
+    v = int(m.group(1)) * mult
+    if frac:
+        frac = frac[:_SIZE_FRAC_DIGITS]
+        v += int(frac) * mult // 10 ** len(frac)
+    if v >= 1 << 64:
+        raise argparse.ArgumentTypeError(f"size too large: {text!r}")
+    return v
 
 
 def as_bytes(v):
@@ -391,7 +438,41 @@ def as_bytes(v):
     size as text ("600MiB"); unset (None, "", 0) is 0, no admission."""
     if v in (None, "", 0):
         return 0
-    return v if isinstance(v, int) else parse_size(str(v))
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    if isinstance(v, int) and not isinstance(v, bool):
+        if not 0 <= v < 1 << 64:
+            raise ValueError(f"bad size: {v} (0 to 2^64 - 1 bytes)")
+        return v
+    return parse_size(str(v))
+
+
+def task_settings(nbytes, group, ttl):
+    """An integration's settings of a task (memtally_bytes, memtally_group,
+    memtally_ttl) as an Admit takes them: (bytes, group, ttl seconds).
+    ValueError naming the setting that is wrong: the task then runs
+    without admission, and says why, rather than failing."""
+    try:
+        b = as_bytes(nbytes)
+    except Exception as e:  # noqa: BLE001 - ArgumentTypeError, ValueError
+        raise ValueError(f"memtally_bytes {nbytes!r}: {e}") from None
+    try:
+        t = int(ttl or 0)
+    except (TypeError, ValueError):
+        t = -1
+    if not 0 <= t < 1 << 32 or isinstance(ttl, bool):
+        raise ValueError(f"memtally_ttl {ttl!r}: not a number of seconds "
+                         f"from 0 to 2^32 - 1")
+    return b, str(group or ""), t
+
+
+def refused(err):
+    """Is `err` memtallyd refusing the request itself (a group or kind name
+    it does not take, a field out of range), rather than failing to
+    answer? The task then runs without admission as when memtallyd is
+    unreachable, but the log says it is the request."""
+    return isinstance(err, MemtallyError) and \
+        err.code == pb.ERROR_INVALID_REQUEST
 
 
 def human(n):
@@ -399,6 +480,16 @@ def human(n):
         if n < 1024 or unit == "TiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
+
+
+def _seconds(text):
+    try:
+        v = int(text)
+    except ValueError:
+        v = -1
+    if not 0 <= v < 1 << 32:
+        raise argparse.ArgumentTypeError(f"bad seconds: {text!r}")
+    return v
 
 
 def _watch_command(a):
@@ -440,7 +531,7 @@ def main(argv=None):
     p.add_argument("bytes", type=parse_size)
     p.add_argument("--group", default="")
     p.add_argument("--task", default="")
-    p.add_argument("--ttl", type=int, default=0)
+    p.add_argument("--ttl", type=_seconds, default=0)
     p = sub.add_parser("release", help="end a reservation")
     p.add_argument("reservation")
     p = sub.add_parser("watch", help="print state changes")
@@ -484,4 +575,7 @@ def main(argv=None):
     except (OSError, ConnectionError, MemtallyError) as e:
         print(f"memtally: {e}", file=sys.stderr)
         return 1
+    except ValueError as e:     # --tcp without a port, a field out of range
+        print(f"memtally: {e}", file=sys.stderr)
+        return 2
     return 0

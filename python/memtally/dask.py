@@ -119,8 +119,8 @@ from distributed import WorkerPlugin
 from distributed.core import Status
 
 from .client import (DEFAULT_SOCKET, EVICTED_STATUS, Client, MemtallyError,
-                     as_bytes, denied_for_ever, human, never_fits, pb,
-                     state_name)
+                     denied_for_ever, human, never_fits, pb, refused,
+                     state_name, task_settings)
 
 # Under "distributed": a worker's log shows these beside Dask's own lines,
 # at the levels Dask's logging configuration sets for that tree.
@@ -364,7 +364,14 @@ class _Gate:
                             host_limit=max(1, self.host_limit - self.gap)
                             if self.host_limit else 0)
         except Exception as e:  # noqa: BLE001 - whatever breaks, fail open
-            self._failed(e)
+            if refused(e):
+                # memtallyd answers, and refuses what the task asks (a
+                # group name it does not take): the task's annotations.
+                log.warning("memtally: task %s: memtallyd refused its "
+                            "request (%s); running it without admission",
+                            task, e)
+            else:
+                self._failed(e)
             return None
         _failing_open.discard(self.sock)
         return r
@@ -403,12 +410,12 @@ class _Gate:
         ts = self.worker.state.tasks.get(key)
         ann = (ts.annotations or {}) if ts is not None else {}
         try:
-            nbytes = as_bytes(ann.get("memtally_bytes"))
-            group = str(ann.get("memtally_group") or "")
-            ttl = int(ann.get("memtally_ttl") or 0)
-        except Exception as e:  # noqa: BLE001 - a bad annotation must not fail the task
-            log.warning("memtally: task %s: annotations %r: %s; running it "
-                        "without admission", key, ann, e)
+            nbytes, group, ttl = task_settings(ann.get("memtally_bytes"),
+                                               ann.get("memtally_group"),
+                                               ann.get("memtally_ttl"))
+        except ValueError as e:  # a bad annotation must not fail the task
+            log.warning("memtally: task %s: %s; running it without "
+                        "admission", key, e)
             return None
         # The key's prefix is its kind: memtallyd reserves what the
         # prefix's recent tasks used, nbytes (if any) being their ceiling,

@@ -13,6 +13,7 @@ app = Celery("mtjobs", broker="redis+socket://" + BROKER_SOCKET)
 app.conf.update(
     task_default_queue="mt",
     memtally_pause=float(os.environ.get("MT_PAUSE", "1")),
+    memtally_timeout=float(os.environ.get("MT_TIMEOUT", "2")),
     broker_connection_retry_on_startup=True,
     # Each line names its thread: the test of a thread pool checks which
     # thread touched the consumer.
@@ -49,3 +50,10 @@ def evictable(self, argv):
     rc = subprocess.run(argv, check=True).returncode
     ledger.rpush("mt:done", f"{self.request.id} {rc}")
     return rc
+
+
+@app.task(base=memtally.celery.AdmittedTask, memtally_bytes="16MiB",
+          memtally_ttl=600, soft_time_limit=0.5)
+def limited():
+    """Its soft time limit is shorter than memtallyd's answer may take."""
+    ledger.rpush("mt:ran", "limited")

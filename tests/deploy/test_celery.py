@@ -11,10 +11,14 @@ test_evicted_is_retried: a task whose `memtally run` is evicted by the
 node guard (memtallyd in a small memory cgroup, as in
 tests/integration/test_guard.py) is retried by Celery and succeeds;
 test_killed_command_is_retried: so is one whose command died of SIGKILL.
+test_soft_time_limit_while_admitted: a task's soft time limit that comes
+while its Admit waits on memtallyd (stopped) ends the task (its body never
+runs), and the grant memtallyd makes once it goes on is released.
 Environment: as for the integration tests, and MEMTALLY_SOURCE_DIR.
 """
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -383,6 +387,42 @@ def test_evicted_is_retried():
     shutil.rmtree(tmp, ignore_errors=True)
 
 
+def test_soft_time_limit_while_admitted():
+    need_modules()
+    tmp, rd, env, celery_app = broker_and_app()
+    w = None
+    try:
+        with Server("--fleet-limit", "64MiB") as a:
+            w = CeleryWorker(tmp, "A", a, dict(env, MT_TIMEOUT="5"))
+            wait_for("celery worker ready", w.ready, timeout=60)
+            a.proc.send_signal(signal.SIGSTOP)
+            try:
+                celery_app.limited.delay()
+                wait_for("the soft time limit", lambda: "SoftTimeLimit"
+                         in w.text(), timeout=30, interval=0.1)
+            finally:
+                a.proc.send_signal(signal.SIGCONT)
+            wait_for("the late grant released", lambda: "granted" in
+                     w.text() and "released" in w.text(), timeout=30,
+                     interval=0.1)
+            check(ledger(rd) == [], f"the body ran: {ledger(rd)}")
+            check("not reachable" not in w.text(),
+                  "the time limit taken for memtallyd failing")
+            wait_for("nothing reserved",
+                     lambda: a.status()["fleet"]["reserved"] == 0)
+            w.stop()
+    except BaseException:
+        if w is not None:
+            sys.stderr.write("---- celery worker ----\n" + w.text()[-4000:])
+        raise
+    finally:
+        if w is not None:
+            w.stop()
+        rd.stop()
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
 if __name__ == "__main__":
     run([test_two_nodes_one_broker, test_thread_pool_pauses_on_the_loop,
-         test_killed_command_is_retried, test_evicted_is_retried])
+         test_killed_command_is_retried, test_evicted_is_retried,
+         test_soft_time_limit_while_admitted])

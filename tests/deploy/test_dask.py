@@ -14,7 +14,9 @@ the figures; a task without `memtally_bytes` is admitted as its key's
 prefix, on that kind's size. A task waiting for room: cancelled, it
 never runs; the plugin registered again, it runs; memtallyd restarted,
 it waits on. A long key makes a task name a worker's MEMTALLY_TASK
-keeps. Environment: as for the integration tests, and
+keeps. A task whose settings memtally does not take (a bad group name,
+size or TTL) runs without admission and the worker's log says which.
+Environment: as for the integration tests, and
 MEMTALLY_SOURCE_DIR.
 """
 import json
@@ -437,6 +439,33 @@ def test_in_process():
                   "went back to the scheduler:\n" + w2.text()[-3000:])
             print("a denied task waited in its thread and ran once room "
                   "freed")
+
+            # Settings memtally does not take: each task runs without
+            # admission and the log names the setting (or memtallyd's
+            # refusal), never "memtallyd not reachable".
+            bad = {"bad-group": {"memtally_bytes": "1MiB",
+                                 "memtally_group": "a\tb"},
+                   "bad-bytes": {"memtally_bytes": -1},
+                   "bad-ttl": {"memtally_bytes": "1MiB",
+                               "memtally_ttl": -5},
+                   "bad-size": {"memtally_bytes": "1.5"}}
+            futs = []
+            for key, ann in bad.items():
+                with dask.annotate(**ann):
+                    futs.append(client.submit(int, 7, key=f"{key}-1",
+                                              workers=[q]))
+            check([f.result(timeout=30) for f in futs] == [7] * len(bad),
+                  "a task with a bad setting did not run")
+            text = w2.text()
+            for words in ("refused its request", "memtally_bytes -1",
+                          "memtally_ttl -5", "memtally_bytes '1.5'"):
+                check(words in text, f"no {words!r} in the worker's log:\n"
+                      + text[-3000:])
+            check("not reachable" not in text,
+                  "bad settings taken for memtallyd failing:\n"
+                  + text[-3000:])
+            print("tasks with bad settings ran without admission, each "
+                  "said why")
             client.close()
             client = None
     except BaseException:

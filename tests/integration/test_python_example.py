@@ -6,8 +6,12 @@ whose answer comes after the client's timeout is released when it comes;
 a denial says the rule that decided (denied_by), and which ones waiting
 cannot change. A Client whose request timed out, or could not all be
 sent, says so at its next call, instead of reading the late answer as
-that call's or writing after the broken frame.
+that call's or writing after the broken frame. An answer that trickles
+in is bounded by the timeout as a whole; a length that is garbage is an
+error at once. Sizes read as memtally's one size parser reads them, and
+bad input on the command line is a usage error (2), not a traceback.
 """
+import argparse
 import logging
 import os
 import signal
@@ -267,9 +271,101 @@ def test_denied_by_names_the_rule():
             check(c.admit(MIB, ttl_seconds=60).admitted, "without the kind")
 
 
+def fake_memtallyd(path, answer, pace):
+    """A socket that answers every request with `answer`, a byte every
+    `pace` seconds."""
+    import socket
+    import threading
+    import time
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(4)
+
+    def serve():
+        while True:
+            try:
+                c, _ = srv.accept()
+            except OSError:
+                return
+            try:
+                c.recv(4096)
+                for b in answer:
+                    c.sendall(bytes([b]))
+                    time.sleep(pace)
+            except OSError:
+                pass
+    threading.Thread(target=serve, daemon=True).start()
+    return srv
+
+
+def test_an_answer_is_bounded_by_the_timeout():
+    import tempfile
+    import time
+    d = tempfile.mkdtemp(prefix="mt-pyfake-")
+    # A frame of 64 bytes, a byte every 0.2 s: 13 s to read it whole.
+    slow = fake_memtallyd(os.path.join(d, "slow"), b"\x40" + b"\x08" * 64,
+                          0.2)
+    c = mc.Client(os.path.join(d, "slow"), timeout=1.0)
+    t0 = time.monotonic()
+    try:
+        c.usage()
+        check(False, "a trickled answer was taken")
+    except TimeoutError:
+        pass
+    took = time.monotonic() - t0
+    check(took < 3 * MULT, f"a 1 s timeout took {took:.1f} s")
+    print(f"  a trickling answer: TimeoutError after {took:.1f} s",
+          flush=True)
+    slow.close()
+    for name, answer in (("ff", b"\xff" * 12),
+                         ("huge", b"\x80\x80\x80\x80\x80\x20")):
+        fake = fake_memtallyd(os.path.join(d, name), answer, 0)
+        c = mc.Client(os.path.join(d, name), timeout=5.0)
+        t0 = time.monotonic()
+        try:
+            c.usage()
+            check(False, f"{answer!r} taken for an answer")
+        except mc.MemtallyError as e:
+            check(e.code == pb.ERROR_UNDECODABLE, f"{answer!r}: {e}")
+            took = time.monotonic() - t0
+            check(took < 2.5 * MULT, f"{answer!r}: {took:.1f} s")
+            print(f"  {answer!r}: {e}", flush=True)
+        fake.close()
+
+
+def test_sizes_and_bad_input():
+    cases = {"20Mi": 20 << 20, "2Gi": 2 << 30, "1.001KB": 1001,
+             "1.5G": 3 << 29, "512MB": 512 * 10**6, "64KiB": 64 << 10,
+             "4096": 4096, "0.5k": 512,
+             "18446744073709551615": (1 << 64) - 1}
+    for text, want in cases.items():
+        got = mc.parse_size(text)
+        check(got == want, f"{text}: {got}, want {want}")
+    for text in ("1.5", "1 MiB", " 1", "1.", ".5", "-1", "0x10", "1Q",
+                 "18446744073709551616", "99999999TB"):
+        try:
+            got = mc.parse_size(text)
+            check(False, f"{text!r} read as {got}")
+        except argparse.ArgumentTypeError:
+            pass
+    with Server() as s:
+        for args in (["admit", "99999999TB"], ["admit", "1MiB", "--ttl",
+                                                "-1"],
+                     ["admit", "1.5"]):
+            r = example(s, *args)
+            check(r.returncode == 2 and "Traceback" not in r.stderr,
+                  f"{args}: exit {r.returncode}: {r.stderr}")
+        r = command("--tcp", "localhost", "usage")
+        check(r.returncode == 2 and "Traceback" not in r.stderr and
+              "HOST:PORT" in r.stderr, f"--tcp localhost: exit "
+              f"{r.returncode}: {r.stderr}")
+
+
 if __name__ == "__main__":
     run([test_library_admit_deny_release_usage_ps, test_library_watch_sees_over,
          test_command_line, test_watch_reconnects_across_a_restart,
          test_a_late_admit_answer_is_released,
          test_a_request_not_sent_whole_gives_the_client_up,
-         test_denied_by_names_the_rule])
+         test_denied_by_names_the_rule,
+         test_an_answer_is_bounded_by_the_timeout,
+         test_sizes_and_bad_input])
