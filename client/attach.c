@@ -213,6 +213,10 @@ static int reg_fds[3] = {-1, -1, -1};
  * handler) returns into the registration in the child, which closes its
  * descriptors itself. */
 static pthread_t reg_thread;
+/* This thread is in attach(): a fork from a signal handler on it returns
+ * into that attach in the child, which must finish it before another
+ * starts (the registration's buffers are static: reg_send()). */
+static __thread int attach_mine MTC_TLS;
 
 static void reg_fd_keep(int i, int fd)
 {
@@ -322,7 +326,10 @@ static void child_starts(int64_t parent, bool mine)
 	mtc_fork_reset();
 	/* No flags seen in the child. */
 	__atomic_and_fetch(&mtc_w.gate, ~GATE_FLAGS, __ATOMIC_RELAXED);
-	__atomic_store_n(&mtc_w.attaching, 0, __ATOMIC_RELAXED);
+	/* Held on for the attach this thread returns into, which lets it go
+	 * at its end (mtc_maybe_attach). */
+	__atomic_store_n(&mtc_w.attaching, attach_mine ? 1u : 0u,
+	                 __ATOMIC_RELAXED);
 	/* A registration of the over-limit callback cut short by the fork
 	 * would leave the sequence odd for ever, and the pair torn: drop it. */
 	if (mtc_proc.cb_seq & 1) {
@@ -816,7 +823,10 @@ static int reg_send(int fd, const char *group, bool if_registered,
 	req.id = 1;
 	req.body_case = MEMTALLY__V1__REQUEST__BODY_REGISTER;
 	req.register_ = &reg;
-	uint8_t buf[512];
+	/* Static, as the registration's other buffers: registrations are one
+	 * at a time (`attaching`), and this may run on whatever stack the
+	 * program gave the thread (16 KiB, a signal handler's). */
+	static uint8_t buf[512];
 	size_t len = mtframe_pack(&req.base, buf, sizeof(buf));
 	if (!len)
 		return -EMSGSIZE;
@@ -859,7 +869,7 @@ static int reg_recv(int fd, uint8_t *buf, size_t cap, uint64_t deadline,
  * keep what the worker needs of it. */
 static int reg_decode(const uint8_t *body, size_t len, struct reg_reply *out)
 {
-	uint8_t arena_buf[4096];
+	static uint8_t arena_buf[4096]; /* one at a time: reg_send() */
 	struct arena ar = {arena_buf, sizeof(arena_buf), 0};
 	ProtobufCAllocator alloc = {arena_alloc, arena_free, &ar};
 	Memtally__V1__Response *resp =
@@ -908,7 +918,7 @@ static int do_register(struct reg_reply *out, bool if_registered)
 	int fd = reg_connect();
 	if (fd < 0)
 		return fd;
-	uint8_t in[2048];
+	static uint8_t in[2048]; /* one at a time: reg_send() */
 	int pre;
 	uint64_t body;
 	int err = reg_send(fd, group, if_registered, deadline);
@@ -1395,6 +1405,12 @@ void mtc_maybe_attach(enum attach_ask ask)
 			return;
 		if_registered = true;
 	}
+	/* Not on a signal handler's alternate stack (SIGSTKSZ is 8 KiB): a
+	 * registration may need more than it has left. A later call off it
+	 * registers. One system call, made only while not attached. */
+	stack_t alt;
+	if (sigaltstack(NULL, &alt) == 0 && (alt.ss_flags & SS_ONSTACK))
+		return;
 	uint32_t zero = 0;
 	if (!__atomic_compare_exchange_n(&mtc_w.attaching, &zero, 1, 0,
 	                                 __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
@@ -1406,7 +1422,9 @@ void mtc_maybe_attach(enum attach_ask ask)
 	 * and the socket leaked. */
 	int cancel;
 	pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel);
+	attach_mine = 1;
 	int err = attach(if_registered);
+	attach_mine = 0;
 	pthread_setcancelstate(cancel, NULL);
 	if (err == MEMTALLY_ENOTFOUND && if_registered) {
 		/* No older image registered: wait for the bounds, as any

@@ -28,6 +28,9 @@
  *    allocator's locks
  *    only as a sample at a flush would (same turn, same spacing, so the
  *    same bound on their cost).
+ *  - It does not keep the process alive: once the program's last thread
+ *    has ended (its main thread by pthread_exit), it ends the process as
+ *    glibc would have, exit(0), within a round.
  *  - pthread_create failing (thread limits) leaves the process as it was
  *    before: figures refreshed by its own calls only; no retry.
  */
@@ -36,13 +39,74 @@
 #include "mtcommon.h"
 
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 
 /* Enough for mallinfo2() or jemalloc's mallctl and for /proc reads into
  * small buffers; only what is touched is resident. */
 #define REFRESH_STACK (256u << 10)
+
+/* The state letter of /proc/self/<path>/stat ('R', 'S', 'Z', ...), or 0.
+ * Read into the stack: this thread never allocates. */
+static char task_state(const char *path)
+{
+	char buf[512];
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return 0;
+	ssize_t n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n <= 0)
+		return 0;
+	buf[n] = 0;
+	/* "pid (comm) S ...": the comm may hold spaces and parentheses. */
+	const char *c = strrchr(buf, ')');
+	return c && c[1] == ' ' ? c[2] : 0;
+}
+
+/* Is this thread the process's last one alive? Its main thread has
+ * exited (pthread_exit: the leader is a zombie until the last thread
+ * ends) and no other but this one is in /proc/self/task alive. */
+static bool last_alive(void)
+{
+	if (task_state("/proc/self/stat") != 'Z')
+		return false;
+	int fd = open("/proc/self/task", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd < 0)
+		return false;
+	long self = syscall(SYS_gettid);
+	bool alone = true;
+	char buf[4096], path[64];
+	long n;
+	while (alone && (n = syscall(SYS_getdents64, fd, buf, sizeof(buf))) > 0)
+		for (long off = 0; off < n;) {
+			/* struct linux_dirent64: ino, off, reclen, type, name
+			 */
+			unsigned short reclen;
+			memcpy(&reclen, buf + off + 16, sizeof(reclen));
+			const char *name = buf + off + 19;
+			off += reclen;
+			long tid = strtol(name, NULL, 10);
+			if (tid <= 0 || tid == self)
+				continue;
+			snprintf(path, sizeof(path), "/proc/self/task/%ld/stat",
+			         tid);
+			char st = task_state(path);
+			if (st && st != 'Z' && st != 'X' && st != 'x') {
+				alone = false;
+				break;
+			}
+		}
+	close(fd);
+	return alone;
+}
 
 static void *refresh_main(void *arg)
 {
@@ -58,6 +122,12 @@ static void *refresh_main(void *arg)
 		/* EINTR cannot happen (every signal blocked); a short sleep
 		 * would only refresh early. */
 		nanosleep(&ts, NULL);
+		/* Every thread of the program's has ended: glibc ends the
+		 * process with exit(0) as the last of them does, and this
+		 * thread, one more, would keep it from ever doing so (its
+		 * signals blocked, not even SIGTERM could end it). */
+		if (last_alive())
+			exit(0);
 		mtc_refresh_once();
 	}
 	return NULL;

@@ -2,7 +2,11 @@
 server that hands out shared objects a client must refuse (a header of an
 unknown major layout version, objects without their seals, a table of the
 wrong size, no descriptors at all), a preloaded program's stdout, stderr
-and exit status are exactly what they are without the preload."""
+and exit status are exactly what they are without the preload. So are
+they on the small stacks a program may give the code that allocates or
+maps (a thread of PTHREAD_STACK_MIN, a signal handler's alternate stack
+of SIGSTKSZ), with a server and without; and a process whose main thread
+calls pthread_exit() ends as its last thread does."""
 import fcntl
 import mmap
 import os
@@ -14,7 +18,8 @@ import threading
 import time
 
 import pbwire as pb
-from harness import MULT, NOBODY, NOGROUP, PRELOAD, as_user, check, run, worker
+from harness import (MULT, NOBODY, NOGROUP, PRELOAD, Server, as_user, check,
+                     run, worker)
 
 PROGRAMS = [
     ["python3", "-c",
@@ -555,10 +560,70 @@ def test_malloc_is_no_cancellation_point():
         print(f"  {os.path.basename(lib)}: {r.stdout.strip()}")
 
 
+def test_small_stacks():
+    """A thread of PTHREAD_STACK_MIN (16 KiB) that allocates, and a signal
+    handler on an alternate stack of 8 KiB that maps memory, each the
+    process's first call that may register: a registration took about
+    8 KiB of the caller's stack (its buffers, the dynamic linker's first
+    resolution of socket() and connect()), and both died of SIGSEGV,
+    with a server and without. The process still registers (from the
+    thread, the handler leaving it to a later call)."""
+    glibc = os.path.join(os.path.dirname(PRELOAD), "libmemtally_glibc.so")
+    with Server() as s:
+        pids = []
+        for lib in (PRELOAD, glibc):
+            for sock in (s.socket, "/nonexistent/memtally.sock"):
+                env = dict(os.environ, LD_PRELOAD=lib, MEMTALLY_SOCKET=sock)
+                p = subprocess.Popen(worker("stacks"), env=env,
+                                     stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+                out, err = p.communicate(timeout=60 * MULT)
+                check(p.returncode == 0 and out == "ok\n",
+                      f"{os.path.basename(lib)}, socket {sock}: exit "
+                      f"{p.returncode} {out!r} {err!r}")
+                if sock == s.socket:
+                    pids.append(p.pid)
+                print(f"  {os.path.basename(lib)}, "
+                      f"{'a server' if sock == s.socket else 'no server'}:"
+                      f" exit 0", flush=True)
+        text = s.logtext()
+        for pid in pids:
+            check(f'msg="worker registered" pid={pid} ' in text,
+                  f"{pid} never registered")
+
+
+def test_the_last_thread_ends_the_process():
+    """The main thread calls pthread_exit(); the other allocates, frees,
+    and returns. glibc ends the process (status 0) as its last thread
+    ends; memtally's refresh thread was one more, with every signal
+    blocked: the process lived on, and not even SIGTERM ended it."""
+    glibc = os.path.join(os.path.dirname(PRELOAD), "libmemtally_glibc.so")
+    with Server() as s:
+        for lib in (PRELOAD, glibc):
+            env = dict(os.environ, LD_PRELOAD=lib, MEMTALLY_SOCKET=s.socket,
+                       MEMTALLY_REFRESH_MS="200")
+            p = subprocess.Popen(worker("lastthread"), env=env,
+                                 stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.PIPE, text=True)
+            try:
+                out, _ = p.communicate(timeout=30 * MULT)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                out, _ = p.communicate()
+            check(p.returncode == 0 and out == "done\n",
+                  f"{os.path.basename(lib)}: exit {p.returncode} {out!r}")
+            check(f'msg="worker registered" pid={p.pid} ' in s.logtext(),
+                  f"{os.path.basename(lib)}: never registered")
+            print(f"  {os.path.basename(lib)}: ended, status 0",
+                  flush=True)
+
+
 if __name__ == "__main__":
     run([test_no_server, test_socket_dir_missing, test_socket_is_regular_file,
          test_stale_socket, test_fake_server_control,
          test_bad_objects_from_server, test_fork_while_registering,
          test_registration_keeps_off_stdio,
          test_untrusted_server, test_untrusted_server_queues_no_descriptor,
-         test_relative_socket_path, test_malloc_is_no_cancellation_point])
+         test_relative_socket_path, test_malloc_is_no_cancellation_point,
+         test_small_stacks, test_the_last_thread_ends_the_process])
