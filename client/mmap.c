@@ -102,6 +102,9 @@ static struct {
 	 * y[0] is the generation begun at `y_at`. */
 	struct mtc_maptable y[2];
 	uint64_t y_at;
+	/* Ranges advised MADV_DONTFORK: a fork's child does not have them
+	 * (mm_child drops them from its tables). */
+	struct mtc_maptable f;
 	/* Reconcile (mincore over `t`): when the last one ran and how long
 	 * it took, both CLOCK_MONOTONIC ns. */
 	uint64_t rec_at, rec_cost;
@@ -293,13 +296,17 @@ static void mm_forget(void)
 	table_forget(&mm.d2);
 	table_forget(&mm.y[0]);
 	table_forget(&mm.y[1]);
+	table_forget(&mm.f);
 	mtc_mapped_store(0);
 }
+
+static void dontfork_drop(void);
 
 static void mm_child(void)
 {
 	mm_in_fork = 0;
 	mm_forget();
+	dontfork_drop();
 	__atomic_store_n(&mtc_w.mm_seen, 1, __ATOMIC_RELEASE);
 }
 
@@ -343,6 +350,7 @@ __attribute__((constructor(102))) static void mm_init(void)
 	mm.d2.grow = table_grow;
 	mm.y[0].grow = table_grow;
 	mm.y[1].grow = table_grow;
+	mm.f.grow = table_grow;
 	pthread_atfork(mm_prepare, mm_parent, mm_child);
 	__atomic_store_n(&mm.ready, 1, __ATOMIC_RELEASE);
 }
@@ -452,6 +460,26 @@ static void young_remove(uintptr_t lo, uintptr_t hi)
 {
 	mtc_maptable_remove(&mm.y[0], lo, hi, NULL, 0, NULL);
 	mtc_maptable_remove(&mm.y[1], lo, hi, NULL, 0, NULL);
+}
+
+/* In a fork's child, whose table is whole (the lock free): the ranges
+ * advised MADV_DONTFORK are not in it, and stop being counted. */
+static void dontfork_drop(void)
+{
+	if (mm_busy || __atomic_load_n(&mm.f.n, __ATOMIC_RELAXED) == 0 ||
+	    pthread_mutex_trylock(&mm.lock) != 0)
+		return;
+	for (size_t i = 0; i < mm.f.n; i++) {
+		uintptr_t lo = mm.f.v[i].lo, hi = mm.f.v[i].hi;
+		mtc_maptable_remove(&mm.t, lo, hi, NULL, 0, NULL);
+		mtc_maptable_remove(&mm.r, lo, hi, NULL, 0, NULL);
+		mtc_maptable_remove(&mm.d, lo, hi, NULL, 0, NULL);
+		young_remove(lo, hi);
+	}
+	mm.f.n = 0;
+	mm.f.total = 0;
+	mtc_mapped_store(figure());
+	pthread_mutex_unlock(&mm.lock);
 }
 
 /* Pages [p, q) of vec[0..n) up to the next resident page: skip eight
@@ -747,8 +775,10 @@ static void *do_mmap(void *addr, size_t len, int prot, int flags, int fd,
 		 * Any other new mapping counts in full for a while. */
 		int commit = counted && fixed &&
 		             mtc_maptable_counted(&mm.r, lo, hi) != 0;
-		/* Whatever the kernel handed out is no older reservation. */
+		/* Whatever the kernel handed out is no older reservation,
+		 * and is copied into a fork's child. */
 		mtc_maptable_remove(&mm.r, lo, hi, NULL, 0, NULL);
+		mtc_maptable_remove(&mm.f, lo, hi, NULL, 0, NULL);
 		if (counted) {
 			mtc_maptable_add(&mm.t, lo, hi);
 			if (commit) {
@@ -811,9 +841,11 @@ MM_EXPORT int munmap(void *addr, size_t len)
 	/* Pages not counted (not resident) leave with their range; on a
 	 * failure they are counted again until the next reconcile. */
 	mtc_maptable_remove(&mm.d, lo, hi, NULL, 0, NULL);
-	if (r == 0) /* keeps `y` to what is mapped: pymalloc maps and unmaps
-	             * thousands of arenas a second */
+	if (r == 0) { /* keeps `y` to what is mapped: pymalloc maps and
+		       * unmaps thousands of arenas a second */
 		young_remove(lo, hi);
+		mtc_maptable_remove(&mm.f, lo, hi, NULL, 0, NULL);
+	}
 	leave(before);
 	errno = e;
 	return r;
@@ -874,15 +906,17 @@ MM_EXPORT void *mremap(void *old, size_t old_len, size_t new_len, int flags,
 	/* What moves keeps its state page by page: the counted pieces and the
 	 * reservation's pieces of [lo, hi) (a committed reservation is both;
 	 * the kernel moves several mappings at once since Linux 6.17). */
-	struct move mt = {0}, mr = {0}, md = {0};
+	struct move mt = {0}, mr = {0}, md = {0}, mf = {0};
 	move_take(&mm.t, lo, hi, &mt);
 	move_take(&mm.r, lo, hi, &mr);
 	move_take(&mm.d, lo, hi, &md);
+	move_take(&mm.f, lo, hi, &mf); /* the advice moves with the mapping */
 	int keep_old = flags & MREMAP_DONTUNMAP;
 	if (!keep_old) {
 		mtc_maptable_remove(&mm.t, lo, hi, NULL, 0, NULL);
 		mtc_maptable_remove(&mm.r, lo, hi, NULL, 0, NULL);
 		mtc_maptable_remove(&mm.d, lo, hi, NULL, 0, NULL);
+		mtc_maptable_remove(&mm.f, lo, hi, NULL, 0, NULL);
 		young_remove(lo, hi);
 	}
 	void *p = sys_mremap(old, old_len, new_len, flags, new_addr);
@@ -892,6 +926,7 @@ MM_EXPORT void *mremap(void *old, size_t old_len, size_t new_len, int flags,
 			move_put(&mm.t, &mt, lo, hi, lo, hi, 1);
 			move_put(&mm.r, &mr, lo, hi, lo, hi, 1);
 			move_put(&mm.d, &md, lo, hi, lo, hi, 0);
+			move_put(&mm.f, &mf, lo, hi, lo, hi, 1);
 		}
 	} else {
 		uintptr_t nlo = (uintptr_t)p, nhi = page_up(nlo + new_len);
@@ -899,9 +934,11 @@ MM_EXPORT void *mremap(void *old, size_t old_len, size_t new_len, int flags,
 		mtc_maptable_remove(&mm.t, nlo, nhi, NULL, 0, NULL);
 		mtc_maptable_remove(&mm.r, nlo, nhi, NULL, 0, NULL);
 		mtc_maptable_remove(&mm.d, nlo, nhi, NULL, 0, NULL);
+		mtc_maptable_remove(&mm.f, nlo, nhi, NULL, 0, NULL);
 		move_put(&mm.t, &mt, lo, hi, nlo, nhi, 1);
 		move_put(&mm.r, &mr, lo, hi, nlo, nhi, 1);
 		move_put(&mm.d, &md, lo, hi, nlo, nhi, 0);
+		move_put(&mm.f, &mf, lo, hi, nlo, nhi, 1);
 		if (nhi > nlo + (hi - lo)) /* grown: new pages, counted */
 			young_add(nlo + (hi - lo), nhi);
 		/* The moved pieces of `d` stay inside those of `t`, unless
@@ -1040,9 +1077,33 @@ static void mark_absent(uintptr_t lo, uintptr_t hi)
 	} while (n == 16);
 }
 
+/* MADV_DONTFORK and MADV_DOFORK: which ranges a fork's child lacks. */
+static int dontfork_advice(uintptr_t lo, size_t len, int advice,
+                           const void *ret)
+{
+	if ((__atomic_load_n(&mm.t.n, __ATOMIC_RELAXED) == 0 &&
+	     __atomic_load_n(&mm.r.n, __ATOMIC_RELAXED) == 0) ||
+	    !len || (lo & (mm.page - 1)) || !enter(ret))
+		return sys_madvise((void *)lo, len, advice);
+	uint64_t before = figure();
+	int r = sys_madvise((void *)lo, len, advice);
+	int e = errno;
+	if (r == 0 && advice == MADV_DONTFORK)
+		mtc_maptable_add(&mm.f, lo, page_up(lo + len));
+	else if (r == 0)
+		mtc_maptable_remove(&mm.f, lo, page_up(lo + len), NULL, 0,
+		                    NULL);
+	leave(before);
+	errno = e;
+	return r;
+}
+
 MM_EXPORT int madvise(void *addr, size_t len, int advice)
 {
 	uintptr_t lo = (uintptr_t)addr;
+	if (advice == MADV_DONTFORK || advice == MADV_DOFORK)
+		return dontfork_advice(lo, len, advice,
+		                       __builtin_return_address(0));
 	if (!gives_back(advice) ||
 	    __atomic_load_n(&mm.t.n, __ATOMIC_RELAXED) == 0 || !len ||
 	    (lo & (mm.page - 1)) || !enter(__builtin_return_address(0)))

@@ -7,6 +7,8 @@
   limits compare) carries it; `status`, `ps` and /metrics show it.
 - fork: the child, which inherits the mappings, is counted for them as a
   process of its own; its exit takes nothing from the parent's figure.
+  A region advised MADV_DONTFORK is not in a fork's child, nor in its
+  figure; advised MADV_DOFORK again, it is.
 - the allocator's own mappings are never counted twice: the same worker
   holding 1 GiB through malloc (16 MiB blocks, which the allocator maps
   for itself) on two threads keeps `mapped` where it was, its heap bytes
@@ -17,6 +19,7 @@
 import os
 import signal
 import subprocess
+import time
 
 from harness import (CLI, MIB, MULT, PRELOAD, WORKERS, Server, Worker, check,
                      config_file, run, wait_for, worker)
@@ -103,6 +106,29 @@ def test_own_mappings_counted_exactly():
             p = s.ps()[w.pid]
             check(p["mapped"] == 384 * MIB, f"parent unchanged: {p}, "
                   f"child was {c}")
+            for advice, want in (("dontfork", 0), ("dofork", 384 * MIB)):
+                say(w, f"fork_advice {advice}")
+                w.send("fork 8")    # 8 MiB of heap: its figure published
+                lines = [w.readline(), w.readline()]
+                child = int(next(x for x in lines if x.startswith("child"))
+                            .split("=")[1])
+                try:
+                    settled(s, child, lambda p: p["bytes"] >= 8 * MIB,
+                            "the child's figure published")
+                    # Before memtallyd's own bound (RssAnon, after a
+                    # while) could hide a figure the child got wrong.
+                    for _ in range(10):
+                        c = s.ps()[child]
+                        check(c["mapped"] == want and
+                              c["bytes"] < want + 24 * MIB,
+                              f"the child of a fork after {advice}: {c}, "
+                              f"want {want >> 20} MiB mapped")
+                        time.sleep(0.1)
+                finally:
+                    os.kill(child, signal.SIGTERM)
+                wait_for("child gone", lambda: child not in s.ps())
+            p = s.ps()[w.pid]
+            check(p["mapped"] == 384 * MIB, f"parent unchanged: {p}")
             say(w, "shared 64")
             say(w, "reserve 64")
             w.send("map 0")  # EINVAL from the kernel: nothing counted

@@ -38,8 +38,11 @@
  *                  cover more than the region, or memory already gone)
  *   "flush", "malloc N T", "free": mt_worker.c's (every command flushes
  *                  first)
- *   "fork"         fork a child that keeps every mapping, registers and
- *                  prints "child pid=N", then waits for SIGTERM
+ *   "fork [H]"     fork a child that keeps every mapping (and allocates H
+ *                  MiB of heap), registers and prints "child pid=N", then
+ *                  waits for SIGTERM
+ *   "fork_advice A"  madvise the whole region with A: dontfork (a fork's
+ *                  child does not get it) or dofork: "ok fork_advice R"
  * usage: mt_worker map
  */
 #include "mt_common.h"
@@ -325,15 +328,30 @@ static void cmd_unmap_wide(const char *arg)
 
 static void cmd_fork(const char *arg)
 {
-	(void)arg;
+	unsigned long heap = strtoul(arg, NULL, 10);
 	pid_t c = fork();
 	if (c == 0) {
+		if (heap)
+			mt_touch(malloc(heap * MIB), heap * MIB);
 		mt_flush(); /* registers as a process of its own */
 		mt_say("child pid=%d", (int)getpid());
 		for (;;)
 			pause();
 	}
 	mt_say("ok forked %d", (int)c);
+}
+
+static void cmd_fork_advice(const char *arg)
+{
+	int advice = strcmp(arg, "dontfork") == 0 ? MADV_DONTFORK
+	             : strcmp(arg, "dofork") == 0 ? MADV_DOFORK
+	                                          : -1;
+	if (advice < 0 || !mt_region) {
+		mt_say("error usage");
+		return;
+	}
+	int r = madvise(mt_region, mt_region_len, advice);
+	mt_say("ok fork_advice %d", r);
 }
 
 static int map_main(int argc, char **argv)
@@ -363,6 +381,7 @@ static int map_main(int argc, char **argv)
 	    {"advise", cmd_advise},
 	    {"unmap_wide", cmd_unmap_wide},
 	    {"fork", cmd_fork},
+	    {"fork_advice", cmd_fork_advice},
 	    {NULL, NULL},
 	};
 	/* The first flush of each command: stdio's buffers, now allocated. */
