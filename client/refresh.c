@@ -29,8 +29,9 @@
  *    only as a sample at a flush would (same turn, same spacing, so the
  *    same bound on their cost).
  *  - It does not keep the process alive: once the program's last thread
- *    has ended (its main thread by pthread_exit), it ends the process as
- *    glibc would have, exit(0), within a round.
+ *    has ended (its main thread by pthread_exit, which the preloads
+ *    interpose to note it: nothing is read before), it ends the process
+ *    as glibc would have, exit(0), within a round.
  *  - pthread_create failing (thread limits) leaves the process as it was
  *    before: figures refreshed by its own calls only; no retry.
  */
@@ -71,12 +72,47 @@ static char task_state(const char *path)
 	return c && c[1] == ' ' ? c[2] : 0;
 }
 
+/* Set once the program's main thread called pthread_exit() or
+ * thrd_exit(): only then can every thread of the program's be gone while
+ * the process goes on (returning from main, exit() and a fatal signal
+ * end it whole). Until then the rounds look for nothing. */
+static int main_exited;
+static void (*libc_pthread_exit)(void *);
+static void (*libc_thrd_exit)(int);
+
+static void note_exit(void)
+{
+	if (getpid() == (pid_t)syscall(SYS_gettid))
+		__atomic_store_n(&main_exited, 1, __ATOMIC_RELAXED);
+}
+
+__attribute__((visibility("default"), noreturn)) void pthread_exit(void *ret)
+{
+	note_exit();
+	void (*f)(void *) = libc_pthread_exit;
+	if (!f)
+		*(void **)&f = dlsym(RTLD_NEXT, "pthread_exit");
+	f(ret);
+	__builtin_unreachable();
+}
+
+__attribute__((visibility("default"), noreturn)) void thrd_exit(int res)
+{
+	note_exit();
+	void (*f)(int) = libc_thrd_exit;
+	if (!f)
+		*(void **)&f = dlsym(RTLD_NEXT, "thrd_exit");
+	f(res);
+	__builtin_unreachable();
+}
+
 /* Is this thread the process's last one alive? Its main thread has
- * exited (pthread_exit: the leader is a zombie until the last thread
- * ends) and no other but this one is in /proc/self/task alive. */
+ * exited (the leader is a zombie until the last thread ends) and no
+ * other but this one is in /proc/self/task alive. */
 static bool last_alive(void)
 {
-	if (task_state("/proc/self/stat") != 'Z')
+	if (!__atomic_load_n(&main_exited, __ATOMIC_RELAXED) ||
+	    task_state("/proc/self/stat") != 'Z')
 		return false;
 	int fd = open("/proc/self/task", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (fd < 0)
@@ -146,6 +182,8 @@ static mt_thread_create_fn libc_create;
 __attribute__((constructor(101))) static void refresh_resolve(void)
 {
 	*(void **)&libc_create = dlsym(RTLD_NEXT, "pthread_create");
+	*(void **)&libc_pthread_exit = dlsym(RTLD_NEXT, "pthread_exit");
+	*(void **)&libc_thrd_exit = dlsym(RTLD_NEXT, "thrd_exit");
 }
 
 void mtc_refresh_start(void)

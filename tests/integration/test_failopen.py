@@ -611,7 +611,7 @@ def test_the_last_thread_ends_the_process():
             except subprocess.TimeoutExpired:
                 p.kill()
                 out, _ = p.communicate()
-            check(p.returncode == 0 and out == "done\n",
+            check(p.returncode == 0 and out == "cleanup ok\ndone\n",
                   f"{os.path.basename(lib)}: exit {p.returncode} {out!r}")
             check(f'msg="worker registered" pid={p.pid} ' in s.logtext(),
                   f"{os.path.basename(lib)}: never registered")
