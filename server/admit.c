@@ -265,6 +265,22 @@ static uint32_t hosted_count(const struct mts_registry *reg, uint32_t pid)
 	return n ? n : 1;
 }
 
+/* The hosted reservations of `pid` on thread `tid` (0: no thread, the
+ * whole process's growth): more than one where a pool runs several tasks
+ * at once on one thread (gevent's and eventlet's green threads), each of
+ * which can only be counted as an equal share of what that thread, or
+ * the process, grew by. */
+static uint32_t hosted_on(const struct mts_registry *reg, uint32_t pid,
+                          uint32_t tid)
+{
+	uint32_t n = 0;
+	for (uint32_t i = 0; i < reg->adm->nresv; i++) {
+		const struct mts_resv *q = reg->adm->resv[i];
+		n += hosted_by(q, pid) && q->host_tid == tid;
+	}
+	return n ? n : 1;
+}
+
 static uint64_t host_own(const struct mts_registry *reg,
                          const struct mts_proc *p);
 
@@ -1408,6 +1424,7 @@ static void hosted_tick(struct mts_registry *reg, uint64_t now_ns)
 		if (v < r->host_low)
 			r->host_low = v;
 		uint64_t use = v - r->host_low;
+		bool shared = true;
 		int64_t l;
 		if (r->host_tid && !r->lane_known &&
 		    host_lane(reg, p, r->host_tid, &l)) {
@@ -1434,7 +1451,12 @@ static void hosted_tick(struct mts_registry *reg, uint64_t now_ns)
 			 * thread gave its up): an equal share. */
 			use /= hosted_count(reg, r->host_pid);
 			lanes_short(reg, p);
+			shared = false;
 		}
+		/* Its thread's (or the process's) growth, shared with the
+		 * tasks running on the same one. */
+		if (shared && reg->adm->nhosted > 1)
+			use /= hosted_on(reg, r->host_pid, r->host_tid);
 		r->use = use;
 		if (use > r->peak)
 			r->peak = use;

@@ -167,7 +167,9 @@ def _task_thread():
     and solo pools run one task at a time; this thread in a thread pool.
     Measured by one thread, a task would leave out what its process grows
     by elsewhere (pymalloc's arenas, helper threads), and its kind would
-    learn too small a size."""
+    learn too small a size. The gevent and eventlet pools run several
+    tasks at once on one thread: memtallyd counts each an equal share of
+    what that thread grew by."""
     if threading.current_thread() is threading.main_thread():
         return 0
     return threading.get_native_id()

@@ -1565,6 +1565,44 @@ Test(kinds, a_host_that_shrank_counts_its_growth_from_its_lowest_figure)
 	cr_assert_eq(srv.reg.totals.reserved, 70 * MIB);
 }
 
+Test(kinds, hosted_tasks_on_one_thread_share_what_it_grew_by)
+{
+	/* A pool of green threads (gevent, eventlet) runs two tasks at once
+	 * on the worker's one thread: each is counted half of what that
+	 * thread grew by, not all of it (its kind would learn twice its
+	 * size). A task on a thread of its own is not. Two tasks with no
+	 * thread (the whole process) share the process's growth. */
+	start_fleet(1024 * MIB);
+	pid_t h = fx_spawn();
+	uint32_t slot = fx_register_as(h, 1000, "", "");
+	lane_write(slot, 0, 100, 10 * MIB);
+	lane_write(slot, 1, 4242, 8 * MIB);
+	mts_core_tick(&srv.reg);
+	admitted_hosted(h, 1000, "a", 100);
+	admitted_hosted(h, 1000, "b", 100);
+	admitted_hosted(h, 1000, "c", 4242);
+	lane_write(slot, 0, 100, 70 * MIB);  /* +60: 30 each */
+	lane_write(slot, 1, 4242, 28 * MIB); /* +20: c's alone */
+	mts_core_tick(&srv.reg);
+	uint64_t use[3] = {0};
+	for (uint32_t i = 0; i < srv.reg.adm->nresv; i++) {
+		const struct mts_resv *r = srv.reg.adm->resv[i];
+		use[r->host_tid == 4242 ? 2 : use[0] ? 1 : 0] = r->use;
+	}
+	cr_assert_eq(use[0], 30 * MIB, "%llu", (unsigned long long)use[0]);
+	cr_assert_eq(use[1], 30 * MIB, "%llu", (unsigned long long)use[1]);
+	cr_assert_eq(use[2], 20 * MIB, "%llu", (unsigned long long)use[2]);
+	cr_assert_eq(srv.reg.totals.reserved, (70 + 70 + 80) * MIB);
+
+	uint32_t slot2;
+	pid_t h2 = host_holding(10 * MIB, &slot2);
+	admitted_hosted(h2, FX_UID, "d", 0);
+	admitted_hosted(h2, FX_UID, "e", 0);
+	fx_write(slot2, 50 * MIB); /* +40: 20 each */
+	mts_core_tick(&srv.reg);
+	cr_assert_eq(srv.reg.totals.reserved, (70 + 70 + 80 + 80 + 80) * MIB);
+}
+
 Test(kinds, a_hosted_task_whose_thread_has_no_lane_gets_an_equal_share)
 {
 	/* Every lane is taken by other threads: the tasks' threads publish
