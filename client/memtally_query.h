@@ -327,7 +327,7 @@ struct memtally_admit_req {
 	const char *task;     /* NULL or "": none; else the MEMTALLY_TASK its
 	                       * workers will register with */
 	uint32_t ttl_seconds; /* 0: the server's default */
-	uint32_t reserved32;  /* zero */
+	uint32_t flags;       /* MEMTALLY_ADMIT_*, or 0 */
 	union {
 		/* NULL or "": none. With a kind (what runs again and
 		 * again: a job name), the server sizes the reservation
@@ -339,6 +339,13 @@ struct memtally_admit_req {
 	};
 	uint64_t reserved[3]; /* zero */
 };
+
+/* memtally_admit_req.flags: this Admit repeats one of the same task that
+ * went unanswered (a timeout). If the server granted that one, to this
+ * process, and no worker of the task took it over, its grant is the
+ * answer, and no second one is made. A server from before the flag
+ * decides it as any Admit. */
+#define MEMTALLY_ADMIT_AGAIN 1u
 
 /*
  * The server's answer. Granted: `reservation` names it and the figures are

@@ -1096,7 +1096,8 @@ int memtally_query_admit(memtally_query *q,
 		return -EINVAL;
 	*out = NULL;
 	bool kind = req && req->kind && req->kind[0];
-	if (!q || !req || (req->bytes == 0 && !kind) || req->reserved32)
+	if (!q || !req || (req->bytes == 0 && !kind) ||
+	    (req->flags & ~MEMTALLY_ADMIT_AGAIN))
 		return -EINVAL;
 	for (size_t i = 0; i < sizeof(req->reserved) / sizeof(req->reserved[0]);
 	     i++)
@@ -1112,6 +1113,7 @@ int memtally_query_admit(memtally_query *q,
 	ad.ttl_seconds = req->ttl_seconds;
 	if (kind)
 		ad.kind = (char *)req->kind;
+	ad.again = (req->flags & MEMTALLY_ADMIT_AGAIN) != 0;
 	Memtally__V1__Request rq = MEMTALLY__V1__REQUEST__INIT;
 	rq.body_case = MEMTALLY__V1__REQUEST__BODY_ADMIT;
 	rq.admit = &ad;

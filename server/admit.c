@@ -2620,6 +2620,61 @@ static uint64_t first_run_in_host(const struct mts_registry *reg,
 	return room;
 }
 
+/*
+ * An Admit that says it repeats an unanswered one of its task
+ * (Admit.again): that one's grant, if memtallyd made it, to this very
+ * process, and no worker of the task took it over. A stalled memtallyd
+ * reads every ask it missed once it goes on (`memtally run --wait` asks
+ * again after each timeout) and granted each: the room set aside two and
+ * three times, all but one grant lost to its asker until the TTL. A task
+ * may hold several reservations on purpose (Admits without `again`).
+ */
+static const struct mts_resv *granted_before(const struct mts_registry *reg,
+                                             const struct mts_peer *peer,
+                                             const char *task,
+                                             const struct mts_admit_req *req)
+{
+	uint64_t start;
+	if (!req->again || !task[0] || req->in_process || !peer->has_cred ||
+	    mts_peer_start_time(reg, peer, &start) != 0)
+		return NULL;
+	const struct mts_task *t = task_find(reg, task, hash_str(task));
+	for (const struct mts_resv *r = t ? t->resv : NULL; r; r = r->tnext)
+		if (r->has_owner && r->uid == peer->uid &&
+		    r->asker_pid == peer->pid && r->asker_start == start &&
+		    !r->taken_over && !r->hosted && !r->evicted)
+			return r;
+	return NULL;
+}
+
+static void answer_again(const struct mts_registry *reg,
+                         const struct mts_peer *peer, const char *task,
+                         const struct mts_resv *r, struct mts_admit_out *out)
+{
+	const struct mts_totals *t = &reg->totals;
+	char qt[MTS_LOGQ_MAX], who[MTS_PEER_WHO_MAX];
+	memset(out, 0, sizeof(*out));
+	out->admitted = true;
+	memcpy(out->id, r->id, sizeof(out->id));
+	out->ttl_s = r->ttl_s;
+	out->requested = out->reserve = r->bytes;
+	out->declared = r->declared;
+	out->measured = mts_measured(reg, t->bytes, t->rss);
+	out->reserved = t->reserved;
+	out->limit = t->limit;
+	snprintf(out->scope, sizeof(out->scope), "fleet");
+	snprintf(out->sized_by, sizeof(out->sized_by),
+	         "granted before: the answer to an earlier Admit of the task "
+	         "that went unanswered");
+	mts_log_uid(mts_peer_log_uid(peer), MTS_LOG_INFO,
+	            "admission granted again: an unanswered Admit of the task "
+	            "was granted",
+	            "reservation=%s bytes=%llu task=%s %s", r->id,
+	            (unsigned long long)r->bytes,
+	            mts_logq(qt, sizeof(qt), task),
+	            mts_peer_who(peer, who, sizeof(who)));
+}
+
 int mts_admit(struct mts_registry *reg, const struct mts_peer *peer,
               const struct mts_admit_req *req, struct mts_admit_out *out)
 {
@@ -2638,6 +2693,11 @@ int mts_admit(struct mts_registry *reg, const struct mts_peer *peer,
 		            "peer_pid=%u bytes=%llu", peer->pid,
 		            (unsigned long long)req->bytes);
 		return -EINVAL;
+	}
+	const struct mts_resv *prev = granted_before(reg, peer, task, req);
+	if (prev) {
+		answer_again(reg, peer, task, prev, out);
+		return 0;
 	}
 	/* The server's table is full (only admins, exempt from the per-uid
 	 * cap, or very many uids can fill it): a denial like the others, for

@@ -587,6 +587,7 @@ static int do_admit(struct mts_registry *reg, const struct mts_peer *peer,
 	    .in_process = q->in_process,
 	    .thread = q->thread,
 	    .host_limit = q->host_limit,
+	    .again = q->again,
 	};
 	struct mts_admit_out res;
 	char msg[160];

@@ -225,6 +225,8 @@ struct mts_admit_req {
 	bool in_process;     /* the task runs inside the asking process */
 	uint32_t thread;     /* with in_process: its tid; 0 = the process */
 	uint64_t host_limit; /* with in_process: the asker's own limit */
+	bool again; /* repeats an unanswered Admit of the same task: that
+	               one's grant, if it was made, answers it */
 };
 
 struct mts_admit_out {

@@ -939,7 +939,8 @@ FAKE_TEST(admit, granted_and_denied_copy_every_field, answer_admin)
 	 * refuses a request that means more than it knows. */
 	rq = (struct memtally_admit_req){.bytes = 10, .reserved = {0, 0, 1}};
 	cr_expect_eq(memtally_query_admit(q, &rq, &a), -EINVAL);
-	rq = (struct memtally_admit_req){.bytes = 10, .reserved32 = 1};
+	/* Flags it does not know, likewise. */
+	rq = (struct memtally_admit_req){.bytes = 10, .flags = 2};
 	cr_expect_eq(memtally_query_admit(q, &rq, &a), -EINVAL);
 	memtally_admit_result_free(NULL);
 }

@@ -586,6 +586,56 @@ Test(admit, a_worker_of_another_uid_under_its_asker_is_the_owners)
 	cr_assert_eq(srv.reg.adm->stats.fulfilled, 1);
 }
 
+/* An Admit of task T, 100 MiB, by the test's process, `again` or not:
+ * its reservation's id. */
+static const char *admit_t(bool again, pid_t asker)
+{
+	static char id[64];
+	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
+	Memtally__V1__Admit a = MEMTALLY__V1__ADMIT__INIT;
+	a.bytes = 100 * MIB;
+	a.group = (char *)"";
+	a.task = (char *)"T";
+	a.again = again;
+	req.id = 23;
+	req.body_case = MEMTALLY__V1__REQUEST__BODY_ADMIT;
+	req.admit = &a;
+	struct mts_peer peer = fx_peer(asker, 1000);
+	Memtally__V1__Response *r = fx_call(&peer, &req);
+	cr_assert_null(r->error);
+	cr_assert(r->admit_result->admitted, "%s", r->admit_result->reason);
+	snprintf(id, sizeof(id), "%s", r->admit_result->reservation);
+	memtally__v1__response__free_unpacked(r, NULL);
+	return id;
+}
+
+Test(admit, an_ask_again_is_answered_with_its_earlier_grant)
+{
+	/* A repeat of an ask that went unanswered (Admit.again) gets the
+	 * grant that one got, from the same process only; without the mark a
+	 * task gets another reservation, as before. */
+	start_fleet(1024 * MIB);
+	char first[64];
+	snprintf(first, sizeof(first), "%s", admit_t(false, getpid()));
+	cr_assert_str_eq(admit_t(true, getpid()), first);
+	cr_assert_str_eq(admit_t(true, getpid()), first);
+	cr_assert_eq(srv.reg.adm->nresv, 1);
+	cr_assert_eq(srv.reg.totals.reserved, 100 * MIB);
+	/* Another process's repeat is its own ask. */
+	pid_t other = fx_spawn();
+	cr_assert_str_neq(admit_t(true, other), first);
+	cr_assert_eq(srv.reg.adm->nresv, 2);
+	/* Not marked: a second reservation of the task, on purpose. */
+	cr_assert_str_neq(admit_t(false, getpid()), first);
+	cr_assert_eq(srv.reg.adm->nresv, 3);
+	/* Taken over by a worker of the task: no longer answered again. */
+	pid_t w = fx_spawn();
+	fx_register_as(w, 1000, "", "T");
+	mts_core_tick(&srv.reg);
+	cr_assert_str_neq(admit_t(true, getpid()), first);
+	cr_assert_eq(srv.reg.adm->nresv, 4);
+}
+
 Test(admit, a_switched_worker_stays_the_owners_while_one_of_its_grants_lasts)
 {
 	/* Two grants of one task by one asker, whose command runs as uid
