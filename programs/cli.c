@@ -30,6 +30,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <limits.h>
@@ -2323,8 +2324,26 @@ static int read_token(struct cli *c)
 	return 0;
 }
 
+/* A standard descriptor closed by whoever started us would be the number
+ * of the next one we open (a socket): our messages to stderr would go to
+ * memtallyd. /dev/null there, close-on-exec, so that a command `run`
+ * starts still finds it closed. */
+static void stdio_held(void)
+{
+	for (int fd = 0; fd <= 2; fd++) {
+		if (fcntl(fd, F_GETFD) >= 0 || errno != EBADF)
+			continue;
+		int n = open("/dev/null", O_RDWR | O_CLOEXEC);
+		if (n >= 0 && n != fd) {
+			dup3(n, fd, O_CLOEXEC);
+			close(n);
+		}
+	}
+}
+
 int main(int argc, char **argv)
 {
+	stdio_held();
 	struct cli c = {0};
 	struct cmdline p = {0};
 	int rc = parse_args(&c, &p, argc, argv);

@@ -21,7 +21,8 @@
  *     because room can appear without any state change (a task ends while
  *     the fleet stays `high`): the protocol has no event for "bytes went
  *     down". A signal while waiting ends the wait: 128 + N, nothing
- *     started, nothing reserved.
+ *     started, nothing reserved; it is looked for before every ask, since
+ *     a stalled memtallyd makes each ask wait out its whole timeout.
  *  3. The command runs under the preload (LD_PRELOAD of
  *     libmemtally_preload.so, found by find_preload()) with MEMTALLY_TASK
  *     set to the reservation's task, so its workers take the reservation
@@ -38,13 +39,16 @@
  *     workers or at its TTL.
  *  5. When the command ends: Release (a reservation its workers already
  *     ended is not an error), and exit with its status, 128 + N for a
- *     signal N.
+ *     signal N. As a PID namespace's first process (a container's
+ *     command) we reap every orphan that becomes ours meanwhile.
  *  6. While it runs, a Watch subscription listens for memtallyd's node
  *     guard evicting its task (an event for "task:TASK", written before
  *     the guard's SIGKILL, so it is in our socket by the time the
  *     command's death is). Evicted: the event's reason on stderr and
  *     exit 75 (EX_TEMPFAIL, which job runners take as "try again"), or
- *     with --retry N, admission and the command again, up to N times.
+ *     with --retry N, admission and the command again, up to N times,
+ *     its standard input rewound to where the first run began when it is
+ *     a file (a pipe's bytes the first run read are gone: said).
  *     The guard may pause a growing task first (SIGSTOP) and resume it
  *     (SIGCONT); both are said on stderr, and the command goes on. A
  *     command told to stop (INT, TERM, HUP, QUIT) before its eviction is
@@ -71,6 +75,7 @@
 #include <sys/prctl.h>
 #include <sys/random.h>
 #include <sys/signalfd.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -117,6 +122,7 @@ struct run {
 	char reservation[64];
 	bool failed_open; /* the fail-open line was printed */
 	bool lost;        /* memtallyd stopped answering while we waited */
+	bool asked;       /* this run asked Admit once already */
 	bool no_watch;    /* memtallyd refused our Watch: not asked again */
 	bool watch_lost;  /* our Watch's connection ended: open it again */
 	int sfd;          /* signalfd */
@@ -134,6 +140,10 @@ struct run {
 	char evicted_why[640];     /* its event's reason, the figures */
 	char *added[4]; /* the "NAME=value" strings command_env() made */
 	size_t nadded;
+	/* stdin as the first run got it: where a seekable one started (else
+	 * -1), or a stream (pipe, socket) the first run may have read. */
+	off_t stdin_at;
+	bool stdin_stream;
 };
 
 static int64_t now_ms(void)
@@ -215,6 +225,15 @@ static void print_denial(const struct memtally_admit_result *a,
 		fprintf(stderr, "  requested as %s\n", a->sized_by);
 }
 
+/* Did memtallyd close the connection before any answer, or was it not
+ * there to connect to (a restart)? Then nothing was granted. A timeout
+ * is not one: the server may have granted what it did not answer. */
+static bool dropped(int err)
+{
+	return err == -ECONNRESET || err == -EPIPE || err == -ECONNABORTED ||
+	       err == -ECONNREFUSED || err == -ENOENT;
+}
+
 /*
  * One Admit. 1 granted (r->reservation set), 0 denied (*denied holds the
  * answer, the caller frees it), < 0 no answer: the caller fails open
@@ -229,10 +248,16 @@ static int ask(struct run *r, struct memtally_admit_result **denied,
 	    .group = r->group,
 	    .task = r->task,
 	    .ttl_seconds = o->ttl_s ? o->ttl_s : MTCLI_RUN_DEFAULT_TTL_S,
+	    /* Every ask after this run's first repeats it: one that went
+	     * unanswered (a stalled memtallyd reads it later, with the
+	     * others, in any order) may have been granted since, and that
+	     * grant is the answer, not a second one. */
+	    .flags = r->asked ? MEMTALLY_ADMIT_AGAIN : 0,
 	    .kind = o->kind,
 	};
 	struct memtally_admit_result *a = NULL;
 	int err = memtally_query_admit(r->q, &rq, &a);
+	r->asked = true;
 	if (err) {
 		if (say_open)
 			fail_open(r, "cannot ask for admission at", err,
@@ -247,15 +272,6 @@ static int ask(struct run *r, struct memtally_admit_result **denied,
 	}
 	*denied = a;
 	return 0;
-}
-
-/* Did memtallyd close the connection before any answer, or was it not
- * there to connect to (a restart)? Then nothing was granted. A timeout
- * is not one: the server may have granted what it did not answer. */
-static bool dropped(int err)
-{
-	return err == -ECONNRESET || err == -EPIPE || err == -ECONNABORTED ||
-	       err == -ECONNREFUSED || err == -ENOENT;
 }
 
 /* A denial no room that frees can change: a group the user may not use,
@@ -374,6 +390,20 @@ static int next_interval(int *base, int max)
 	return *base * 3 / 4 + (int)(rnd % (uint32_t)(*base / 2 + 1));
 }
 
+/* A signal (other than SIGCHLD) waiting on the signalfd: r->signo set. */
+static bool signalled(struct run *r)
+{
+	struct pollfd p = {.fd = r->sfd, .events = POLLIN};
+	struct signalfd_siginfo si;
+	while (poll(&p, 1, 0) == 1 &&
+	       read(r->sfd, &si, sizeof(si)) == (ssize_t)sizeof(si))
+		if (si.ssi_signo != SIGCHLD) {
+			r->signo = (int)si.ssi_signo;
+			return true;
+		}
+	return false;
+}
+
 /*
  * Wait until Admit grants, the deadline passes or a signal comes.
  * Returns 1 granted, 0 still denied at the deadline (*denied: the last
@@ -433,6 +463,11 @@ static int wait_for_room(struct run *r, struct memtally_admit_result **denied)
 			}
 			continue;
 		}
+		/* A signal that came meanwhile ends the wait before another
+		 * ask: with memtallyd stalled, each ask takes its whole
+		 * timeout and the next is due at once. */
+		if (signalled(r))
+			return 2;
 		memtally_admit_result_free(*denied);
 		*denied = NULL;
 		last_ask = now_ms();
@@ -457,7 +492,9 @@ static int wait_for_room(struct run *r, struct memtally_admit_result **denied)
 				        "the wait ends\n",
 				        r->where, memtally_strerror(got));
 			r->lost = true;
-			next = last_ask + next_interval(&base, max);
+			/* From the end of the ask: it waited out its timeout,
+			 * and the next one is not due before the interval. */
+			next = now_ms() + next_interval(&base, max);
 			continue;
 		}
 		if (r->lost)
@@ -704,9 +741,15 @@ static int supervise(struct run *r, char **envp)
 	 * opened again, so that an eviction after the restart is still
 	 * told apart from the command's own death. */
 	int reopen_ms = WATCH_REOPEN_FIRST_MS;
+	/* As a container's first process (a pod's command), the orphans of
+	 * the whole container become ours: reaped as they come, as a shell
+	 * or an init there would, or each stays a zombie. */
+	bool init = getpid() == 1;
 	for (;;) {
 		int status;
-		pid_t w = waitpid(pid, &status, WNOHANG);
+		pid_t w = waitpid(init ? -1 : pid, &status, WNOHANG);
+		if (w > 0 && w != pid)
+			continue;
 		if (w == pid) {
 			if (WIFEXITED(status)) {
 				/* A worker of it evicted, the command (a
@@ -926,6 +969,13 @@ int mtcli_run(const struct mtcli_run_opts *o)
 		return EXIT_LOCAL;
 	}
 	r.wait_s = o->wait_s;
+	struct stat in;
+	r.stdin_at = -1;
+	if (fstat(STDIN_FILENO, &in) == 0) {
+		if (S_ISREG(in.st_mode) || S_ISBLK(in.st_mode))
+			r.stdin_at = lseek(STDIN_FILENO, 0, SEEK_CUR);
+		r.stdin_stream = S_ISFIFO(in.st_mode) || S_ISSOCK(in.st_mode);
+	}
 	int rc;
 	for (uint32_t run = 0;; run++) {
 		rc = run == 0 && o->reservation ? adopt(&r) : admission(&r);
@@ -985,9 +1035,29 @@ int mtcli_run(const struct mtcli_run_opts *o)
 		rc = MTCLI_RUN_EXIT_EVICTED;
 		if (run >= o->retry)
 			break;
-		fprintf(stderr, "memtally: running it again (%u of %u)\n",
-		        run + 1, o->retry);
+		/* The rerun reads what the first run read: a file from where
+		 * it started (else the first run's reads left it at their
+		 * end, and the rerun did other work, exiting 0). A pipe's
+		 * bytes the first run took are gone: said, since most pipes
+		 * a job runner hands a command carry nothing (srun's), and
+		 * not rerunning would end every such retry. */
+		if (r.stdin_at >= 0 &&
+		    lseek(STDIN_FILENO, r.stdin_at, SEEK_SET) != r.stdin_at) {
+			fprintf(stderr,
+			        "memtally: not running it again: its standard "
+			        "input is a file that cannot be rewound to "
+			        "where the first run began reading\n");
+			break;
+		}
+		fprintf(stderr, "memtally: running it again (%u of %u)%s\n",
+		        run + 1, o->retry,
+		        r.stdin_stream
+		            ? "; its standard input is a pipe or "
+		              "socket: what the first run read of it "
+		              "is not read again"
+		            : "");
 		r.evicted = false;
+		r.asked = false;
 		r.reservation[0] = '\0';
 		if (r.wait_s < RETRY_WAIT_S)
 			r.wait_s = RETRY_WAIT_S;

@@ -7,7 +7,8 @@ kernel's OOM killer has to choose.
   the test, kills the leak; its `memtally run` exits 75 with the figures
   on stderr; the steady task runs to its end; the kernel kills nothing.
 - test_retry_runs_it_again: `memtally run --retry 1` of the same leak runs
-  it twice, evicted twice, and exits 75.
+  it twice, evicted twice, and exits 75; each run reads the first line of
+  its standard input, a file (the rerun's is rewound).
 - test_a_grower_is_paused_then_resumed: a task within its reservation
   grows while memory memtally does not count (a plain process) takes the
   node past its line. memtallyd pauses the grower (SIGSTOP: the kernel
@@ -93,9 +94,10 @@ def run_env(s, **extra):
     return e
 
 
-def mt_run(s, cg, *args, user=None, cli=CLI, env=None):
+def mt_run(s, cg, *args, user=None, cli=CLI, env=None, stdin=None):
     return subprocess.Popen([cli, "--socket", s.socket, "run", *args],
-                            env=env or run_env(s), stdin=subprocess.PIPE,
+                            env=env or run_env(s),
+                            stdin=stdin or subprocess.PIPE,
                             stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True,
                             preexec_fn=in_node(cg, user))
@@ -200,19 +202,25 @@ def test_retry_runs_it_again():
     fl = worker("fleet")
     d = tempfile.mkdtemp(prefix="mt-guard-")
     runs = os.path.join(d, "runs")
+    lines = os.path.join(d, "stdin")
+    with open(lines, "w") as f:
+        f.write("first\nsecond\n")
     try:
-        with guard_server(cg) as s:
+        with guard_server(cg) as s, open(lines) as stdin:
+            # Each run reads a line of its standard input, a file: the
+            # rerun reads the first run's line again, not the next.
             leak = mt_run(s, cg, "--retry", "1", "--bytes", "32MiB", "--",
                           "/bin/sh", "-c",
-                          'echo run >> "$0" && exec "$@"', runs,
-                          *fl, "leak", "400", "40")
+                          'read l && echo "$l" >> "$0" && exec "$@"', runs,
+                          *fl, "leak", "400", "40", stdin=stdin)
             _, err = leak.communicate(timeout=120 * MULT)
             print(err, flush=True)
             check(leak.returncode == 75,
                   "exit %s, not 75: %s" % (leak.returncode, err))
             with open(runs) as f:
-                n = len(f.read().split())
-            check(n == 2, "the command ran %d times, not 2" % n)
+                got = f.read().split()
+            check(got == ["first", "first"],
+                  "the runs read %s, not the first line twice" % got)
             check(err.count("evicted by the node guard") == 2 and
                   "running it again (1 of 1)" in err,
                   "stderr does not tell two evictions and one rerun: %r" % err)

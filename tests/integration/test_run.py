@@ -22,7 +22,14 @@
   status, after exactly one line on stderr;
 - memtallyd restarted while a run waits for room: the run keeps asking,
   the command does not start while the restarted server has no room, and
-  starts once it has.
+  starts once it has;
+- memtallyd stalled (SIGSTOP) while a run waits for room, each ask timing
+  out: a SIGINT still ends the wait at once; and once it goes on, the asks
+  it missed make one grant, not one each;
+- started with its standard descriptors closed, `memtally run` writes
+  nothing of its own into its connection to memtallyd;
+- as a PID namespace's first process (a container's command), it reaps
+  the orphans that become its children.
 """
 import os
 import signal
@@ -501,6 +508,122 @@ def test_fail_open_without_server():
         check(took < 5 * MULT, f"{extra}: took {took:.1f} s")
 
 
+def test_a_signal_ends_the_wait_while_memtallyd_is_stalled():
+    """Each ask took its whole timeout and the next was due at once, so
+    the wait never looked at its signals: a SIGINT ended it only at the
+    --wait deadline (30 s)."""
+    import select
+    with limited("1MiB") as s:
+        p = subprocess.Popen([CLI, "--socket", s.socket, "--timeout", "500",
+                              "run", "--bytes", "10MiB", "--wait", "30",
+                              "--poll", "0.2",
+                              "--", "true"], env=run_env(),
+                             stderr=subprocess.PIPE, text=True)
+        try:
+            r, _, _ = select.select([p.stderr], [], [], 20 * MULT)
+            check(r and "waiting up to" in p.stderr.readline(),
+                  "the run is not waiting for room")
+            s.proc.send_signal(signal.SIGSTOP)
+            try:
+                time.sleep(1.5)     # asks timing out, one after another
+                t0 = time.monotonic()
+                p.send_signal(signal.SIGINT)
+                p.wait(timeout=30 * MULT)
+                took = time.monotonic() - t0
+            finally:
+                s.proc.send_signal(signal.SIGCONT)
+            print(f"  SIGINT with memtallyd stopped: ended after "
+                  f"{took:.1f} s, status {p.returncode}", flush=True)
+            check(p.returncode in (-signal.SIGINT, 128 + signal.SIGINT),
+                  f"status {p.returncode}")
+            check(took < 2 * MULT, f"the wait went on {took:.1f} s")
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def test_closed_stdio_keeps_off_the_connection():
+    """Its standard descriptors closed, the run's first socket took fd 2,
+    and its own "waiting for room" line went to memtallyd, which closed
+    the connection on the garbage."""
+    with limited("1MiB") as s:
+        r = subprocess.run(["/bin/sh", "-c", 'exec "$@" 0<&- 1>&- 2>&-',
+                            "sh", CLI, "--socket", s.socket, "run",
+                            "--bytes", "2MiB", "--wait", "1.5", "--",
+                            "true"], env=run_env(), timeout=60 * MULT)
+        check(r.returncode == 3, f"status {r.returncode}, not 3 (denied)")
+        text = s.logtext()
+        check("malformed" not in text and "undecodable" not in text,
+              "memtallyd read garbage: " + text[-2000:])
+
+
+def test_as_a_containers_first_process_it_reaps_orphans():
+    """A container's first process inherits every orphan in it: waiting
+    for its command alone, `memtally run` left them zombies."""
+    import shutil
+    from harness import Skip
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        raise Skip("needs root and unshare(1) for a PID namespace")
+    script = ('sh -c "sleep 0.2 & exit 0"; sleep 1; '
+              'for f in /proc/[0-9]*/stat; do cut -d" " -f2,3 "$f"; done')
+    r = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", CLI,
+                        "--socket", "/nonexistent/memtally.sock", "run",
+                        "--", "sh", "-c", script], env=run_env(),
+                       capture_output=True, text=True, timeout=60 * MULT)
+    if r.returncode != 0 and "unshare" in r.stderr:
+        raise Skip(f"no PID namespace here: {r.stderr.strip()}")
+    states = [line.split() for line in r.stdout.splitlines()]
+    check(r.returncode == 0 and any(c == "(memtally)" for c, _ in states),
+          f"exit {r.returncode}: {r.stdout!r} {r.stderr!r}")
+    check(all(st != "Z" for _, st in states),
+          f"zombies under memtally run as PID 1: {states}")
+
+
+def test_asks_a_stalled_memtallyd_missed_make_one_grant():
+    """A run waits for room; memtallyd stalls (SIGSTOP) while the room
+    comes free (a reservation's TTL), so each ask times out and the run
+    asks again on a new connection. Going on, memtallyd read every ask it
+    missed and granted each that fit: reservations the run never knew of,
+    held until their TTL. Every ask after a run's first says it repeats
+    it (Admit.again): one grant, the run's."""
+    import select
+    with limited("64MiB") as s:
+        r = subprocess.run([CLI, "--socket", s.socket, "admit", "--bytes",
+                            "60MiB", "--ttl", "2"], env=run_env(),
+                           capture_output=True, text=True,
+                           timeout=30 * MULT)
+        check(r.returncode == 0, f"the blocker: {r.stdout} {r.stderr}")
+        p = subprocess.Popen([CLI, "--socket", s.socket, "--timeout", "300",
+                              "run", "--bytes", "24MiB", "--wait", "60",
+                              "--poll", "0.2", "--ttl", "300", "--",
+                              "sleep", "0.5"], env=run_env(),
+                             stderr=subprocess.PIPE, text=True)
+        try:
+            got, _, _ = select.select([p.stderr], [], [], 20 * MULT)
+            check(got and "waiting up to" in p.stderr.readline(),
+                  "the run is not waiting for room")
+            s.proc.send_signal(signal.SIGSTOP)
+            try:
+                time.sleep(3)   # the blocker's TTL passes; asks time out
+            finally:
+                s.proc.send_signal(signal.SIGCONT)
+            _, err = p.communicate(timeout=60 * MULT)
+            check(p.returncode == 0, f"exit {p.returncode}: {err}")
+            text = s.logtext()
+            grants = text.count('msg="admission granted" ')
+            again = text.count('msg="admission granted again')
+            print(f"  grants {grants} (the blocker's and the run's), "
+                  f"answered again {again}", flush=True)
+            wait_for("nothing left reserved",
+                     lambda: fleet(s)["reserved"] == 0, timeout=10)
+            check(grants == 2, f"{grants} grants, not 2")
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
 if __name__ == "__main__":
     run([test_denied_never_starts,
          test_exit_status_and_signal_pass_through,
@@ -511,4 +634,8 @@ if __name__ == "__main__":
          test_command_is_the_reservations_task,
          test_runs_under_a_reservation_a_scheduler_holds,
          test_sigkilled_run_leaves_no_reservation_after_its_ttl,
-         test_fail_open_without_server])
+         test_fail_open_without_server,
+         test_a_signal_ends_the_wait_while_memtallyd_is_stalled,
+         test_asks_a_stalled_memtallyd_missed_make_one_grant,
+         test_closed_stdio_keeps_off_the_connection,
+         test_as_a_containers_first_process_it_reaps_orphans])
