@@ -2634,16 +2634,20 @@ static const struct mts_resv *granted_before(const struct mts_registry *reg,
                                              const char *task,
                                              const struct mts_admit_req *req)
 {
-	uint64_t start;
-	if (!req->again || !task[0] || req->in_process || !peer->has_cred ||
-	    mts_peer_start_time(reg, peer, &start) != 0)
+	if (!req->again || !task[0] || req->in_process || !peer->has_cred)
 		return NULL;
 	const struct mts_task *t = task_find(reg, task, hash_str(task));
-	for (const struct mts_resv *r = t ? t->resv : NULL; r; r = r->tnext)
+	for (const struct mts_resv *r = t ? t->resv : NULL; r; r = r->tnext) {
+		uint64_t start;
+		/* The start time (a pidfd and a /proc read) only for a
+		 * candidate: most repeats find no grant. */
 		if (r->has_owner && r->uid == peer->uid &&
-		    r->asker_pid == peer->pid && r->asker_start == start &&
-		    !r->taken_over && !r->hosted && !r->evicted)
+		    r->asker_pid == peer->pid && !r->taken_over && !r->hosted &&
+		    !r->evicted &&
+		    mts_peer_start_time(reg, peer, &start) == 0 &&
+		    r->asker_start == start)
 			return r;
+	}
 	return NULL;
 }
 
