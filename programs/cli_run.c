@@ -4,7 +4,8 @@
  *
  * The sequence, and why each step is shaped so:
  *
- *  1. The forwarded signals (INT, TERM, HUP, QUIT, USR1, USR2) and SIGCHLD
+ *  1. The forwarded signals (INT, TERM, HUP, QUIT, USR1, USR2, ALRM,
+ *     VTALRM, PROF, PWR, XCPU, XFSZ) and SIGCHLD
  *     are blocked at once and read from a signalfd, so one poll() loop
  *     serves the wait for room, the command's life and its end, with no
  *     asynchronous handler and no race between a signal and a fork.
@@ -109,8 +110,14 @@
  * say: the node is coming back, and a denial now is not the job's fault. */
 #define RETRY_WAIT_S 60.0
 
-static const int forwarded[] = {SIGINT,  SIGTERM, SIGHUP,
-                                SIGQUIT, SIGUSR1, SIGUSR2};
+/* Every signal whose default ends a process and that a job runner may
+ * send a command (timeout -s, Slurm's --signal, a UPS daemon's PWR): one
+ * not forwarded would end us instead, and the command with SIGKILL
+ * (PR_SET_PDEATHSIG) rather than the signal, its reservation left to its
+ * TTL. */
+static const int forwarded[] = {SIGINT,  SIGTERM, SIGHUP,  SIGQUIT,
+                                SIGUSR1, SIGUSR2, SIGALRM, SIGVTALRM,
+                                SIGPROF, SIGPWR,  SIGXCPU, SIGXFSZ};
 
 struct run {
 	const struct mtcli_run_opts *o;

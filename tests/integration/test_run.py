@@ -4,8 +4,8 @@
   create is never there), exit status 3, nothing reserved;
 - the command's exit status passes through, and a signal that ends it
   comes back as 128 + N;
-- a signal sent to `memtally run` reaches the command (USR1 handled, TERM
-  ending it with its own status), and SIGINT ends a plain command and
+- a signal sent to `memtally run` reaches the command (USR1 and ALRM
+  handled, TERM ending it with its own status), and SIGINT ends a plain command and
   then `memtally run` itself, of SIGINT (a shell's loop stops on it);
 - --wait waits (the command not started) and runs the command once
   another task's memory is freed; without room it gives up at the
@@ -116,6 +116,7 @@ def test_signals_reach_the_command():
     d = tempfile.mkdtemp(prefix="mt-run-")
     log = os.path.join(d, "log")
     script = (f"trap 'echo usr1 >> {log}' USR1; "
+              f"trap 'echo alrm >> {log}' ALRM; "
               f"trap 'echo term >> {log}; exit 42' TERM; "
               f"echo ready >> {log}; "
               "while :; do sleep 0.05; done")
@@ -163,10 +164,14 @@ def signals_to(p, log):
     p.send_signal(signal.SIGUSR1)
     wait_for("USR1 handled", lambda: "usr1" in lines())
     check(p.poll() is None, "USR1 ended memtally run")
+    # ALRM too (timeout -s ALRM): it ended memtally run, not the command.
+    p.send_signal(signal.SIGALRM)
+    wait_for("ALRM handled", lambda: "alrm" in lines())
+    check(p.poll() is None, "ALRM ended memtally run")
     p.send_signal(signal.SIGTERM)
     rc = p.wait(timeout=20 * MULT)
     check(rc == 42, f"TERM: exit {rc}, want the command's 42")
-    check(lines() == ["ready", "usr1", "term"], f"log {lines()}")
+    check(lines() == ["ready", "usr1", "alrm", "term"], f"log {lines()}")
 
 
 def children(pid):
