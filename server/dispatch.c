@@ -102,6 +102,18 @@ static int append_error(struct mts_buf *out, uint64_t id,
 	return append_response(out, &resp);
 }
 
+/* A name field that is not a name: which one, and the rule. */
+static int bad_name(struct mts_buf *out, uint64_t id, const char *field)
+{
+	char msg[128];
+	snprintf(msg, sizeof(msg),
+	         "%s: not a valid name (at most %u bytes of UTF-8, no "
+	         "control or bidi characters)",
+	         field, MTS_NAME_MAX);
+	return append_error(
+	    out, id, MEMTALLY__V1__ERROR_CODE__ERROR_INVALID_REQUEST, msg);
+}
+
 /* ---- Register ---------------------------------------------------------- */
 
 static int do_register(struct mts_registry *reg, struct mts_peer *peer,
@@ -384,11 +396,7 @@ static int do_get_usage(struct mts_registry *reg, const struct viewer *v,
 		const char *name = q->group[0] ? q->group : "default";
 		/* Echoed in the answer: never bytes a decoder refuses. */
 		if (!mt_name_ok(name))
-			return append_error(
-			    out, id,
-			    MEMTALLY__V1__ERROR_CODE__ERROR_INVALID_REQUEST,
-			    "group: not a valid name (at most 255 bytes of "
-			    "UTF-8, no control or bidi characters)");
+			return bad_name(out, id, "group");
 		fill_group(reg, mts_find_group(reg, name), name, &gu);
 		u.group = &gu;
 		break;
@@ -540,6 +548,9 @@ static int do_list(struct mts_registry *reg, const struct viewer *v,
                    struct mts_buf *out)
 {
 	const char *filter = q && q->group && q->group[0] ? q->group : NULL;
+	/* A filter no group can bear would answer an empty list. */
+	if (filter && !mt_name_ok(filter))
+		return bad_name(out, id, "group");
 	size_t cap = reg->ndense ? reg->ndense : 1;
 	const struct mts_proc **procs = calloc(cap, sizeof(*procs));
 	Memtally__V1__ProcessInfo *infos = calloc(cap, sizeof(*infos));
@@ -596,14 +607,15 @@ static int do_admit(struct mts_registry *reg, const struct mts_peer *peer,
 	case 0:
 		break;
 	case -EINVAL:
-		snprintf(msg, sizeof(msg),
-		         "bytes must be above 0 (or a kind given); group, "
-		         "task and kind at most %u bytes without control "
-		         "characters",
-		         MTS_NAME_MAX);
+		if (q->group && q->group[0] && !mt_name_ok(q->group))
+			return bad_name(out, id, "group");
+		if (q->task && !mt_name_ok(q->task))
+			return bad_name(out, id, "task");
+		if (q->kind && !mt_name_ok(q->kind))
+			return bad_name(out, id, "kind");
 		return append_error(
 		    out, id, MEMTALLY__V1__ERROR_CODE__ERROR_INVALID_REQUEST,
-		    msg);
+		    "bytes must be above 0, or a kind given");
 	default:
 		snprintf(msg, sizeof(msg), "admission failed: %s",
 		         strerror(-err));
@@ -747,13 +759,7 @@ static int do_set_limit(struct mts_registry *reg, const struct mts_peer *peer,
 		return append_error(
 		    out, id, MEMTALLY__V1__ERROR_CODE__ERROR_NOT_FOUND, msg);
 	case -EINVAL:
-		snprintf(msg, sizeof(msg),
-		         "a group name is at most %u bytes without control "
-		         "characters",
-		         MTS_NAME_MAX);
-		return append_error(
-		    out, id, MEMTALLY__V1__ERROR_CODE__ERROR_INVALID_REQUEST,
-		    msg);
+		return bad_name(out, id, "group");
 	default:
 		return append_error(out, id,
 		                    MEMTALLY__V1__ERROR_CODE__ERROR_INTERNAL,
@@ -936,6 +942,8 @@ static int do_kinds(struct mts_registry *reg, const struct viewer *v,
                     struct mts_buf *out)
 {
 	const char *only = q && q->kind && q->kind[0] ? q->kind : NULL;
+	if (only && !mt_name_ok(only))
+		return bad_name(out, id, "kind");
 	struct mts_kind **list;
 	int n = mts_kinds_list(reg, &list);
 	if (n < 0)
@@ -1092,21 +1100,27 @@ static bool unidentified_refused(struct mts_registry *reg,
  * parses repeated copies of a field one by one, so a 1 MiB frame of
  * 2-byte fields held the loop, which every peer shares, for ~150 ms. A
  * request has at most a dozen fields. Length-delimited payloads are
- * skipped in one step, so this costs the number of fields, not the bytes.
- * Only the body (fields 3-10, the oneof of messages) is walked into: no
- * body holds a message.
+ * skipped in one step, so this costs the number of fields, not the bytes
+ * (a string's payload is searched once for a 0 byte). Only the body (the
+ * Request's message fields) is walked into: no body holds a message.
  */
-static bool fields_within(const uint8_t *p, size_t len, bool top,
-                          uint32_t *left)
+struct walk {
+	uint32_t left;         /* fields still allowed */
+	const char *nul_field; /* a string field holding a 0 byte */
+};
+
+static bool fields_within(const uint8_t *p, size_t len,
+                          const ProtobufCMessageDescriptor *d, bool top,
+                          struct walk *w)
 {
 	size_t off = 0;
 	while (off < len) {
 		uint64_t key, v;
 		int n =
 		    mtframe_decode_len(p + off, len - off, UINT64_MAX, &key);
-		if (n <= 0 || *left == 0)
+		if (n <= 0 || w->left == 0)
 			return false;
-		(*left)--;
+		w->left--;
 		off += (size_t)n;
 		switch (key & 7) {
 		case 0: /* varint */
@@ -1132,8 +1146,20 @@ static bool fields_within(const uint8_t *p, size_t len, bool top,
 			if (n <= 0 || v > len - off - (size_t)n)
 				return false;
 			off += (size_t)n;
-			if (top && (key >> 3) >= 3 && (key >> 3) <= 10 &&
-			    !fields_within(p + off, (size_t)v, false, left))
+			const ProtobufCFieldDescriptor *f =
+			    key >> 3 <= UINT32_MAX
+			        ? protobuf_c_message_descriptor_get_field(
+			              d, (unsigned)(key >> 3))
+			        : NULL;
+			/* protobuf-c ends a string at its first 0 byte, so
+			 * a name's checks would see only what comes before
+			 * it: such a string is refused, not cut short. */
+			if (f && f->type == PROTOBUF_C_TYPE_STRING &&
+			    memchr(p + off, 0, (size_t)v) && !w->nul_field)
+				w->nul_field = f->name;
+			if (top && f && f->type == PROTOBUF_C_TYPE_MESSAGE &&
+			    !fields_within(p + off, (size_t)v, f->descriptor,
+			                   false, w))
 				return false;
 			off += (size_t)v;
 			break;
@@ -1147,8 +1173,9 @@ static bool fields_within(const uint8_t *p, size_t len, bool top,
 int mts_dispatch(struct mts_registry *reg, struct mts_peer *peer,
                  const uint8_t *body, size_t len, struct mts_buf *out)
 {
-	uint32_t left = MTS_REQUEST_FIELDS_MAX;
-	if (!fields_within(body, len, true, &left)) {
+	struct walk w = {.left = MTS_REQUEST_FIELDS_MAX};
+	if (!fields_within(body, len, &memtally__v1__request__descriptor, true,
+	                   &w)) {
 		reg->req->protocol_errors++;
 		mts_log_uid(mts_peer_log_uid(peer), MTS_LOG_WARN,
 		            "request malformed or of too many fields, closing",
@@ -1181,6 +1208,15 @@ int mts_dispatch(struct mts_registry *reg, struct mts_peer *peer,
 	if (unidentified_refused(reg, peer, req, out, &err)) {
 		memtally__v1__request__free_unpacked(req, NULL);
 		return err;
+	}
+	if (w.nul_field) {
+		char msg[96];
+		snprintf(msg, sizeof(msg), "%s: a string holds a 0 byte",
+		         w.nul_field);
+		memtally__v1__request__free_unpacked(req, NULL);
+		return append_error(
+		    out, id, MEMTALLY__V1__ERROR_CODE__ERROR_INVALID_REQUEST,
+		    msg);
 	}
 	const char *token = request_token(req);
 	peer->token_ok = mts_token_equal(reg->policy.tcp_token, token);

@@ -96,6 +96,20 @@ static int read_u64(const char *dir, const char *name, uint64_t *out)
 	return 0;
 }
 
+/* Whether `key` starts a line of a "key value" list. */
+static bool stat_has(const char *text, const char *key)
+{
+	size_t kl = strlen(key);
+	for (const char *p = text; p && *p;) {
+		if (strncmp(p, key, kl) == 0 && (p[kl] == ' ' || p[kl] == ':'))
+			return true;
+		p = strchr(p, '\n');
+		if (p)
+			p++;
+	}
+	return false;
+}
+
 /* The value of `key` in a "key value" list (memory.stat, meminfo), times
  * `unit`; 0 when it is not there. */
 static uint64_t stat_value(const char *text, const char *key, uint64_t unit)
@@ -162,6 +176,11 @@ int mts_node_read(const struct mts_node_src *src, struct mts_node_fig *fig)
 	case MTS_NODE_MEMINFO: {
 		if (mts_read_small(proc_dir(src), "meminfo", stat,
 		                   sizeof(stat)) < 0)
+			return -EIO;
+		/* Without MemAvailable (a virtualised /proc that leaves it
+		 * out) the node would read as full, and the guard would
+		 * evict a task every interval: a read error instead. */
+		if (!stat_has(stat, "MemAvailable"))
 			return -EIO;
 		meminfo = true;
 		limit = stat_value(stat, "MemTotal", 1024);

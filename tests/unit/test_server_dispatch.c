@@ -264,6 +264,92 @@ Test(dispatch, a_request_of_too_many_fields_is_not_decoded)
 	}
 }
 
+/* The error's message must start with `prefix`. */
+static void expect_invalid(Memtally__V1__Response *r, uint64_t id,
+                           const char *prefix)
+{
+	cr_assert_not_null(r->error);
+	cr_assert(strncmp(r->error->message, prefix, strlen(prefix)) == 0,
+	          "message \"%s\", want \"%s...\"", r->error->message, prefix);
+	expect_error(r, id, MEMTALLY__V1__ERROR_CODE__ERROR_INVALID_REQUEST);
+}
+
+Test(dispatch, a_bad_name_is_named_wherever_it_comes)
+{
+	struct mts_peer peer = peer_of(getpid());
+	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
+	req.id = 11;
+
+	/* Filters no group or kind can bear: refused, not an empty list. */
+	Memtally__V1__ListProcesses lp = MEMTALLY__V1__LIST_PROCESSES__INIT;
+	lp.group = "\xff\xfe";
+	req.body_case = MEMTALLY__V1__REQUEST__BODY_LIST_PROCESSES;
+	req.list_processes = &lp;
+	expect_invalid(fx_call(&peer, &req), 11, "group:");
+	Memtally__V1__Kinds kq = MEMTALLY__V1__KINDS__INIT;
+	kq.kind = "a\x01";
+	req.body_case = MEMTALLY__V1__REQUEST__BODY_KINDS;
+	req.kinds = &kq;
+	expect_invalid(fx_call(&peer, &req), 11, "kind:");
+
+	/* Admit says which of its names is wrong. */
+	Memtally__V1__Admit ad = MEMTALLY__V1__ADMIT__INIT;
+	ad.bytes = 100;
+	ad.kind = "k\xff";
+	req.body_case = MEMTALLY__V1__REQUEST__BODY_ADMIT;
+	req.admit = &ad;
+	expect_invalid(fx_call(&peer, &req), 11, "kind:");
+	ad.kind = "";
+	ad.task = "t\xe2\x80\xae";
+	expect_invalid(fx_call(&peer, &req), 11, "task:");
+	ad.task = "";
+	ad.group = "g\xed\xa0\x80";
+	expect_invalid(fx_call(&peer, &req), 11, "group:");
+	ad.group = "";
+	ad.bytes = 0;
+	expect_invalid(fx_call(&peer, &req), 11, "bytes must be above 0");
+	cr_assert_eq(srv.reg.adm->stats.denials[MTS_DENY_INVALID], 4);
+	cr_assert_eq(srv.reg.adm->stats.admissions, 0);
+}
+
+Test(dispatch, a_name_holding_a_zero_byte_is_refused_not_cut)
+{
+	/* Request{id 12, admit{bytes 100, kind "nul\0\x1b[31m"}}: protobuf-c
+	 * would hand over "nul", and its checks would pass. */
+	const uint8_t frame[] = {0x08, 12,   0x32, 14,  0x08, 100,
+	                         0x3a, 0x00, 'n',  'u', 'l',  0x00,
+	                         0x1b, '[',  '3',  '1', 'm'};
+	uint8_t b[sizeof(frame)];
+	memcpy(b, frame, sizeof(b));
+	/* The kind's field number: looked up, not assumed. */
+	const ProtobufCFieldDescriptor *f =
+	    protobuf_c_message_descriptor_get_field_by_name(
+	        &memtally__v1__admit__descriptor, "kind");
+	cr_assert_not_null(f);
+	b[6] = (uint8_t)(f->id << 3 | 2);
+	b[7] = 9;
+	b[3] = (uint8_t)(sizeof(b) - 4);
+	struct mts_peer peer = peer_of(getpid());
+	struct mts_buf out = {0};
+	size_t pos = 0;
+	cr_assert_eq(mts_dispatch(&srv.reg, &peer, b, sizeof(b), &out), 0);
+	expect_invalid(next_response(&out, &pos), 12, "kind:");
+	cr_assert_eq(srv.reg.adm->stats.admissions, 0);
+	mts_buf_free(&out);
+
+	/* The same kind without the 0 byte and what follows: granted. */
+	b[7] = 3;
+	b[3] = 4 + 3;
+	struct mts_buf out2 = {0};
+	pos = 0;
+	cr_assert_eq(mts_dispatch(&srv.reg, &peer, b, 4 + 4 + 3, &out2), 0);
+	Memtally__V1__Response *r = next_response(&out2, &pos);
+	cr_assert_null(r->error, "%s", r->error ? r->error->message : "");
+	cr_assert(r->admit_result->admitted);
+	memtally__v1__response__free_unpacked(r, NULL);
+	mts_buf_free(&out2);
+}
+
 Test(dispatch, frame_too_large)
 {
 	uint8_t in[MTFRAME_MAX_VARINT];

@@ -334,6 +334,25 @@ Test(guard_config, strict_overcommit_guards_the_commit_charge)
 	cr_assert(fig.by_commit);
 }
 
+Test(guard_config, a_meminfo_without_memavailable_is_a_read_error)
+{
+	struct mts_node_src mi = {.kind = MTS_NODE_MEMINFO};
+	struct mts_node_fig fig;
+	fake_proc("0\n", 1000, 500);
+	snprintf(mi.proc, sizeof(mi.proc), "%s", proc);
+	cr_assert_eq(mts_node_read(&mi, &fig), 0);
+	cr_assert_eq(fig.usage, 624 * MIB);
+
+	/* A /proc that leaves MemAvailable out: not a node 100% full. */
+	char p[128];
+	snprintf(p, sizeof(p), "%s/meminfo", proc);
+	FILE *f = fopen(p, "w");
+	cr_assert_not_null(f);
+	fputs("MemTotal:        1048576 kB\nMemFree:          100000 kB\n", f);
+	fclose(f);
+	cr_assert_eq(mts_node_read(&mi, &fig), -EIO);
+}
+
 Test(guard_config, a_limit_lowered_to_a_line_below_it_keeps_a_line)
 {
 	/* line = limit - 256MiB, and the cgroup resized at run time. */
