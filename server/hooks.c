@@ -103,6 +103,7 @@ struct hook_scope {
 	uint32_t state;
 	struct mts_figures fig;
 	char reason[96];
+	char measure[16];       /* the event's: "accounted", "rss" or "max" */
 	struct hook_run *run;   /* running, or NULL */
 	bool queued;            /* waiting for a free place */
 	bool started;           /* a hook was started: last_start_ms is set */
@@ -617,7 +618,7 @@ static bool env_ours(const char *kv)
 }
 
 /* Our variables besides the figures'. */
-#define OUR_VARS 7
+#define OUR_VARS 8
 
 /* A hook is an ordinary process: it does not keep the oom_score_adj that
  * shields memtallyd (lowered at start, or the unit's OOMScoreAdjust). An
@@ -766,6 +767,7 @@ static int spawn(struct mts_hooks *h, struct hook_scope *s, const char *cmd,
 			env_add(env, &n, buf, cap, &pos, f->env, "%" PRIu64,
 			        mts_figure_u64(&s->fig, f));
 	}
+	env_add(env, &n, buf, cap, &pos, "MEMTALLY_MEASURE", "%s", s->measure);
 	env_add(env, &n, buf, cap, &pos, "MEMTALLY_REASON", "%s", s->reason);
 	env_add(env, &n, buf, cap, &pos, "MEMTALLY_NODE", "%s", h->node);
 	if (h->socket)
@@ -927,11 +929,13 @@ void mts_hooks_event(struct mts_hooks *h, const struct mts_event *ev)
 	s->fig = ev->figures ? *ev->figures : (struct mts_figures){0};
 	snprintf(s->reason, sizeof(s->reason), "%s",
 	         ev->reason ? ev->reason : "");
+	snprintf(s->measure, sizeof(s->measure), "%s",
+	         ev->measure ? ev->measure : "accounted");
 	maybe_start(h, s);
 }
 
 void mts_hooks_start(struct mts_hooks *h, uint32_t state,
-                     const struct mts_figures *fig)
+                     const struct mts_figures *fig, const char *measure)
 {
 	if (!h || h->stopping || !h->enabled)
 		return;
@@ -948,6 +952,7 @@ void mts_hooks_start(struct mts_hooks *h, uint32_t state,
 	s->fig = *fig;
 	snprintf(s->reason, sizeof(s->reason), "%s",
 	         "memtallyd started: the fleet's state as it is");
+	snprintf(s->measure, sizeof(s->measure), "%s", measure);
 	maybe_start(h, s);
 }
 

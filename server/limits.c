@@ -180,22 +180,25 @@ static void emit(struct mts_registry *reg, const struct mts_proc *p,
 	    .reason = reason,
 	    .growth = growth,
 	    .forecast_s = forecast_s,
+	    .measure = mts_measure_name(reg->policy.measure),
 	    .has_uid = p != NULL,
 	    .uid = p ? p->uid : 0,
 	    .figures = figures,
 	};
 	enum mts_log_level level =
 	    state == MTSHM_STATE_OVER ? MTS_LOG_WARN : MTS_LOG_INFO;
-	char fields[640];
+	char fields[640], eta[32] = "none"; /* 0 is no forecast, not now */
+	if (forecast_s > 0)
+		snprintf(eta, sizeof(eta), "%.1f", forecast_s);
 	snprintf(fields, sizeof(fields),
 	         "scope=%s state=%s previous=%s bytes=%llu rss=%llu "
 	         "measure=%s reserved=%llu limit=%llu growth_bytes_per_s=%.0f "
-	         "seconds_to_limit=%.1f reason=%s",
+	         "seconds_to_limit=%s reason=%s",
 	         mts_logq(q, sizeof(q), scope), mt_state_name(state),
 	         mt_state_name(previous), (unsigned long long)bytes,
 	         (unsigned long long)rss, mts_measure_name(reg->policy.measure),
 	         (unsigned long long)reserved, (unsigned long long)limit,
-	         growth, forecast_s, mts_logq(qr, sizeof(qr), reason));
+	         growth, eta, mts_logq(qr, sizeof(qr), reason));
 	if (p)
 		mts_log_uid(p->uid, level, "state changed", "%s", fields);
 	else

@@ -78,13 +78,14 @@ struct mts_figures;
 
 /*
  * The server has started: run the fleet's hook once for its `state` and
- * figures `fig` now, with MEMTALLY_PREVIOUS=unknown, so
- * a consumer that missed a change while memtallyd was down (a node left
- * drained) catches up. Nothing when a fleet hook already ran or waits (an
- * event during the start) or no hook is configured. Accepts h NULL.
+ * figures `fig` (limits comparing `measure`, mts_measure_name()) now, with
+ * MEMTALLY_PREVIOUS=unknown, so a consumer that missed a change while memtallyd
+ * was down (a node left drained) catches up. Nothing when a fleet hook already
+ * ran or waits (an event during the start) or no hook is configured. Accepts h
+ * NULL.
  */
 void mts_hooks_start(struct mts_hooks *h, uint32_t state,
-                     const struct mts_figures *fig);
+                     const struct mts_figures *fig, const char *measure);
 
 /* Stop: kill the hooks still running (their process groups, SIGKILL, each
  * logged), close every handle; the object is freed once their close

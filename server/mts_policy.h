@@ -245,7 +245,9 @@ struct mts_event {
 	const char *reason; /* why, in words: "forecast: limit in 12 s ..." */
 	double growth;      /* bytes per second of the measured figure */
 	double forecast_s;  /* seconds to the limit, 0 = no forecast */
-	bool has_uid;       /* a process's event: whose (show_others) */
+	const char
+	    *measure; /* what limits compare: "accounted", ...; or NULL */
+	bool has_uid; /* a process's event: whose (show_others) */
 	uint32_t uid;
 	/* The node guard's event of a task: the processes its workers
 	 * descend from (whose run they are), sorted. */

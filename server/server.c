@@ -629,8 +629,8 @@ int mts_server_init(struct mts_server *srv, uv_loop_t *loop,
 	}
 	/* Started for good (the loop has not run: no tick came first): the
 	 * fleet's state, for a consumer that missed a change meanwhile. */
-	mts_hooks_start(srv->hooks, srv->reg.totals.state,
-	                &srv->reg.totals.fig);
+	mts_hooks_start(srv->hooks, srv->reg.totals.state, &srv->reg.totals.fig,
+	                mts_measure_name(srv->reg.policy.measure));
 	return 0;
 
 fail_stop_hooks:

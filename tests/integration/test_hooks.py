@@ -84,6 +84,7 @@ def test_environment_fleet_and_group():
                     "MEMTALLY_STATE": state, "MEMTALLY_PREVIOUS": previous,
                     "MEMTALLY_LIMIT": str(limit), "MEMTALLY_RESERVED": "0",
                     "MEMTALLY_NODE": "node-a",
+                    "MEMTALLY_MEASURE": "accounted",
                     "MEMTALLY_SOCKET": s.socket}
             for k, v in want.items():
                 check(e.get(k) == v, f"{scope} {state}: {k}={e.get(k)!r}, "
