@@ -64,7 +64,9 @@
 
 #include "cli_run.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <math.h>
@@ -106,6 +108,8 @@
 /* How long a command killed by SIGKILL waits for the node guard's event
  * that would say it was evicted. */
 #define EVICTION_WAIT_MS 1000
+/* How long an evicted run's leftovers get to die of SIGKILL. */
+#define LEFTOVER_WAIT_MS 5000
 /* A rerun after an eviction waits this long for room when --wait does not
  * say: the node is coming back, and a denial now is not the job's fault. */
 #define RETRY_WAIT_S 60.0
@@ -718,6 +722,74 @@ static void await_eviction(struct run *r)
 	}
 }
 
+/* The processes whose parent we are, up to `cap`: the command's leftovers,
+ * re-parented to us (a subreaper) as their parents ended. */
+static size_t our_children(pid_t *out, size_t cap)
+{
+	DIR *d = opendir("/proc");
+	if (!d)
+		return 0;
+	pid_t me = getpid();
+	size_t n = 0;
+	struct dirent *e;
+	while (n < cap && (e = readdir(d))) {
+		char *end;
+		long pid = strtol(e->d_name, &end, 10);
+		if (*end || pid <= 0)
+			continue;
+		char path[64], buf[512];
+		snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
+		int fd = open(path, O_RDONLY | O_CLOEXEC);
+		if (fd < 0)
+			continue;
+		ssize_t len = read(fd, buf, sizeof(buf) - 1);
+		close(fd);
+		if (len <= 0)
+			continue;
+		buf[len] = '\0';
+		/* "pid (comm) S ppid": the comm may hold spaces and ')'. */
+		const char *rp = strrchr(buf, ')');
+		char state;
+		int ppid;
+		if (rp && sscanf(rp + 1, " %c %d", &state, &ppid) == 2 &&
+		    ppid == me)
+			out[n++] = (pid_t)pid;
+	}
+	closedir(d);
+	return n;
+}
+
+/*
+ * An evicted run ends whole. What its command left running (a shell's
+ * background job, a daemon it started, a child that never registered)
+ * would hold its memory beside the rerun, or beside the runner's requeue
+ * of it, outside any reservation. We are their subreaper: they are our
+ * children now, killed and reaped round after round (a killed one's own
+ * children become ours in turn) until none is left, for at most
+ * LEFTOVER_WAIT_MS (one in uninterruptible sleep may outlast it).
+ */
+static void end_leftovers(void)
+{
+	int64_t end = now_ms() + LEFTOVER_WAIT_MS;
+	size_t killed = 0;
+	for (;;) {
+		pid_t kids[256];
+		size_t n = our_children(kids, sizeof(kids) / sizeof(kids[0]));
+		for (size_t i = 0; i < n; i++)
+			if (kill(kids[i], SIGKILL) == 0)
+				killed++;
+		pid_t w;
+		while ((w = waitpid(-1, NULL, WNOHANG)) > 0)
+			;
+		if (w < 0 || now_ms() >= end)
+			break; /* ECHILD: nothing of the run is left */
+		poll(NULL, 0, 5);
+	}
+	if (killed)
+		fprintf(stderr, "memtally: ended what the evicted command left "
+		                "running\n");
+}
+
 /* Run the command to its end, forwarding signals. Its exit status, as a
  * shell reports it. */
 static int supervise(struct run *r, char **envp)
@@ -736,6 +808,10 @@ static int supervise(struct run *r, char **envp)
 		}
 	}
 	pid_t parent = getpid();
+	/* What the command leaves behind as it ends becomes ours, not
+	 * init's: an eviction can then end it too (end_leftovers()). Not
+	 * inherited by the command. */
+	(void)prctl(PR_SET_CHILD_SUBREAPER, 1);
 	fflush(NULL);
 	pid_t pid = fork();
 	if (pid < 0) {
@@ -748,13 +824,12 @@ static int supervise(struct run *r, char **envp)
 	 * opened again, so that an eviction after the restart is still
 	 * told apart from the command's own death. */
 	int reopen_ms = WATCH_REOPEN_FIRST_MS;
-	/* As a container's first process (a pod's command), the orphans of
-	 * the whole container become ours: reaped as they come, as a shell
-	 * or an init there would, or each stays a zombie. */
-	bool init = getpid() == 1;
+	/* The command's orphans are ours (a subreaper; as a container's
+	 * first process, the whole container's): reaped as they come, as a
+	 * shell or an init would, or each stays a zombie. */
 	for (;;) {
 		int status;
-		pid_t w = waitpid(init ? -1 : pid, &status, WNOHANG);
+		pid_t w = waitpid(-1, &status, WNOHANG);
 		if (w > 0 && w != pid)
 			continue;
 		if (w == pid) {
@@ -1026,6 +1101,7 @@ int mtcli_run(const struct mtcli_run_opts *o)
 		if (!r.evicted)
 			break;
 		fprintf(stderr, "memtally: %s\n", r.evicted_why);
+		end_leftovers();
 		if (r.told_to_stop) {
 			/* A user's ^C or a runner's TERM (a job cancelled)
 			 * before the eviction: not run again, and not 75,

@@ -9,6 +9,9 @@ kernel's OOM killer has to choose.
 - test_retry_runs_it_again: `memtally run --retry 1` of the same leak runs
   it twice, evicted twice, and exits 75; each run reads the first line of
   its standard input, a file (the rerun's is rewound).
+- test_an_evicted_run_leaves_nothing_behind: the leak's shell also
+  started a background process and a daemon that never register; once
+  its `memtally run` exits 75, neither is left running.
 - test_a_grower_is_paused_then_resumed: a task within its reservation
   grows while memory memtally does not count (a plain process) takes the
   node past its line. memtallyd pauses the grower (SIGSTOP: the kernel
@@ -227,6 +230,51 @@ def test_retry_runs_it_again():
             check(cg.oom_kills() == 0,
                   "the kernel OOM-killed %d in the node" % cg.oom_kills())
     finally:
+        cg.remove()
+
+
+def test_an_evicted_run_leaves_nothing_behind():
+    """The leak runs under a shell that also started two processes that
+    never register (no preload): one in the background, one a daemon
+    (setsid -f: its parent ends at once). The guard evicts the leak;
+    `memtally run` exits 75 only once neither is left running, holding
+    its memory beside a requeued run."""
+    cg = node("leftovers")
+    fl = worker("fleet")
+    d = tempfile.mkdtemp(prefix="mt-guard-")
+    pids = os.path.join(d, "pids")
+    open(pids, "w").close()
+    hold = ("import os,sys,time; b=bytearray(16<<20); "
+            "open(sys.argv[1],'a').write('%d\\n' % os.getpid()); "
+            "time.sleep(1000)")
+    try:
+        with guard_server(cg) as s:
+            leak = mt_run(
+                s, cg, "--bytes", "32MiB", "--", "/bin/sh", "-c",
+                'env -u LD_PRELOAD python3 -c "$1" "$2" & '
+                'setsid -f env -u LD_PRELOAD python3 -c "$1" "$2"; '
+                'while [ "$(wc -l < "$2" 2>/dev/null)" != 2 ]; do '
+                'sleep 0.05; done; shift 2; "$@"', "sh", hold, pids,
+                *fl, "leak", "400", "40")
+            _, err = leak.communicate(timeout=60 * MULT)
+            print(err, flush=True)
+            check(leak.returncode == 75,
+                  "exit %s, not 75: %s" % (leak.returncode, err))
+            with open(pids) as f:
+                left = [int(x) for x in f.read().split()]
+            check(len(left) == 2, "the holders wrote %s" % left)
+            alive = [p for p in left if os.path.exists("/proc/%d" % p)]
+            check(not alive, "still running after the eviction: %s" % alive)
+            check("ended what the evicted command left running" in err,
+                  "stderr does not say so: %r" % err)
+            check(cg.oom_kills() == 0,
+                  "the kernel OOM-killed %d in the node" % cg.oom_kills())
+    finally:
+        for p in open(pids).read().split() if os.path.exists(pids) else []:
+            try:
+                os.kill(int(p), signal.SIGKILL)
+            except OSError:
+                pass
         cg.remove()
 
 
@@ -712,6 +760,7 @@ def test_understating_cannot_hide():
 
 if __name__ == "__main__":
     run([test_leak_is_evicted, test_retry_runs_it_again,
+         test_an_evicted_run_leaves_nothing_behind,
          test_a_run_told_to_stop_is_not_run_again,
          test_a_grower_is_paused_then_resumed,
          test_a_paused_task_outlives_memtallyds_death,
