@@ -183,6 +183,8 @@ static __attribute__((noinline)) void flags_edge(struct mtc_thread *th,
 				th->over_due = 1;
 			if ((flags & ~seen) & MTSHM_SLOT_RECONCILE)
 				th->maps_due = 1;
+			if ((flags & ~seen) & MTSHM_SLOT_REATTACH)
+				th->reattach_due = 1;
 			return;
 		}
 	}
@@ -270,8 +272,17 @@ static inline void after_store(struct mtc_thread *th,
 	 * previous full flush (of any thread) saw is an edge. */
 	uint32_t flags = mtshm_load_relaxed32(&a->slot->flags);
 	uint64_t g = __atomic_load_n(&mtc_w.gate, __ATOMIC_RELAXED);
-	if (__builtin_expect(flags != (uint32_t)g, 0))
+	if (__builtin_expect(flags != (uint32_t)g, 0)) {
 		flags_edge(th, g, flags);
+		/* A restarted server holds our slot for us but could not
+		 * adopt it: register again now, carrying its total into
+		 * the new slot, as at a stale heartbeat. */
+		if (th->reattach_due) {
+			th->reattach_due = 0;
+			mtc_debug("the server asks us to register again");
+			mtc_maybe_attach(ATTACH_NOW);
+		}
+	}
 	uint32_t n = 1 + (uint32_t)(th->quiet_armed - th->quiet_left);
 	if (l)
 		mtshm_store_relaxed64(&l->flushes,

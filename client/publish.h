@@ -38,6 +38,8 @@ struct mtc_thread {
 	uint8_t maps_due;      /* this thread saw the server ask for a
 	                        * reconcile of the mapped bytes: run it
 	                        * after the flush */
+	uint8_t reattach_due;  /* this thread saw the server ask the
+	                        * process to register again */
 };
 
 /* Publish `delta` bytes on behalf of the calling thread. Never blocks for

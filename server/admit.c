@@ -1173,6 +1173,42 @@ static void task_peaks(struct mts_task *t, uint64_t now_ns)
 
 /* Has anything that decides what `t`'s reservations count, or whether
  * they are taken over or end, changed since its last recount? */
+void mts_task_awaited(struct mts_registry *reg, const char *task, uint32_t pid,
+                      uint64_t start_time)
+{
+	struct mts_task *t =
+	    task && task[0] ? task_find(reg, task, hash_str(task)) : NULL;
+	if (!t || t->nawait >= MTS_TASK_AWAIT_MAX)
+		return;
+	t->await[t->nawait].pid = pid;
+	t->await[t->nawait].start_time = start_time;
+	t->nawait++;
+}
+
+/* Drop the awaited workers that registered again or are gone, once a
+ * second; true when one was dropped (the task settles again). */
+static bool await_prune(struct mts_registry *reg, struct mts_task *t,
+                        uint64_t now_ns)
+{
+	if (now_ns - t->await_check_ns < 1000000000u)
+		return false;
+	t->await_check_ns = now_ns;
+	bool dropped = false;
+	for (uint32_t i = t->nawait; i-- > 0;) {
+		uint32_t pid = t->await[i].pid;
+		const struct mts_proc *p = mts_find_pid(reg, pid);
+		uint64_t st;
+		bool back = p && p->start_time == t->await[i].start_time;
+		bool gone = mts_read_starttime((pid_t)pid, &st) < 0 ||
+		            st != t->await[i].start_time;
+		if (back || gone) {
+			t->await[i] = t->await[--t->nawait];
+			dropped = true;
+		}
+	}
+	return dropped;
+}
+
 static bool task_changed(const struct mts_task *t)
 {
 	if (t->dirty)
@@ -1199,7 +1235,8 @@ static void task_settle(struct mts_registry *reg, struct mts_task *t)
 			r->restored_unseen = false;
 		if (live && !r->taken_over) {
 			take_over(reg, r);
-		} else if (!live && r->taken_over) {
+		} else if (!live && r->taken_over &&
+		           !(r->restored_unseen && t->nawait)) {
 			bool last = t->resv == r && !r->tnext;
 			char q[MTS_LOGQ_MAX];
 			mts_log_uid(
@@ -1521,6 +1558,8 @@ void mts_resv_tick(struct mts_registry *reg, uint64_t now_ns)
 			next = t->snext;
 			if (t->kinded)
 				task_peaks(t, now_ns);
+			if (t->nawait && await_prune(reg, t, now_ns))
+				t->dirty = true;
 			if (task_changed(t))
 				task_settle(reg, t);
 		}

@@ -61,6 +61,7 @@
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
+#include "mts_admit.h"
 #include "mts_guard.h"
 #include "mtcommon.h"
 #include "mts_log.h"
@@ -419,6 +420,8 @@ int mts_adopt(struct mts_registry *reg, uint32_t *kept, uint32_t *dropped)
 			close(pidfd);
 			mts_state_clear(reg->state, i);
 			++*dropped;
+			/* Its task's reservations wait for it. */
+			mts_task_awaited(reg, r.task, r.pid, r.start_time);
 			mts_log_uid(
 			    r.uid, MTS_LOG_WARN,
 			    "cannot reopen a live worker's slot table; it "
@@ -452,6 +455,7 @@ int mts_adopt(struct mts_registry *reg, uint32_t *kept, uint32_t *dropped)
 			mts_state_clear(reg->state, i);
 			mts_table_gc(reg, table);
 			++*dropped;
+			mts_task_awaited(reg, r.task, r.pid, r.start_time);
 			mts_log_uid(r.uid, MTS_LOG_WARN, "cannot adopt worker",
 			            "slot=%u pid=%u err=%s", i, r.pid,
 			            strerror(-err));

@@ -198,6 +198,8 @@ struct mts_task_share {
 	bool was_live;     /* live > 0 at the last recount */
 };
 
+#define MTS_TASK_AWAIT_MAX 8
+
 struct mts_task {
 	struct mts_task *hnext;
 	char *name;
@@ -213,6 +215,16 @@ struct mts_task {
 	bool dirty;      /* reservations came or went since the last recount */
 	uint32_t kinded; /* its reservations that name a kind: their
 	                    peaks are followed each tick */
+	/* Live workers of the task a restart found but could not adopt
+	 * (mts_task_awaited): its reservations restored taken over wait for
+	 * them to register again, or to be gone, before they end. Looked
+	 * at once a second (`await_check_ns`). */
+	struct {
+		uint32_t pid;
+		uint64_t start_time;
+	} await[MTS_TASK_AWAIT_MAX];
+	uint32_t nawait;
+	uint64_t await_check_ns;
 };
 
 struct mts_admit_req {
@@ -311,6 +323,14 @@ void mts_resv_sums(struct mts_registry *reg);
  * take over (its owner's uid or an admin's: docs/ARCHITECTURE.md,
  * ownership) are taken over. */
 void mts_resv_worker_registered(struct mts_registry *reg, struct mts_proc *p);
+
+/* A restart found worker `pid` (started at `start_time`) of `task` alive
+ * but could not adopt it (its slot table not reopened): it registers again
+ * later. Until it has, or is gone, the task's reservations restored taken
+ * over are not ended for want of a live worker (at most
+ * MTS_TASK_AWAIT_MAX such workers a task are waited for). */
+void mts_task_awaited(struct mts_registry *reg, const char *task, uint32_t pid,
+                      uint64_t start_time);
 
 /* The bytes granted to the reservations of `task` that `uid` owns; in
  * *ownerless, those granted to its reservations without an owner (TCP),

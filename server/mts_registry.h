@@ -240,6 +240,8 @@ struct mts_stats {
 struct mts_table {
 	uint32_t uid;
 	uint32_t procs;         /* registered processes whose slot is in it */
+	uint32_t held;          /* its slots held for a live process the
+	                           restart did not adopt (mts_held_slot) */
 	uint64_t idle_since_ns; /* CLOCK_MONOTONIC when procs fell to 0;
 	                           0 while in use */
 	struct mtshm_map map;   /* fd kept: handed to the uid's workers */
@@ -325,6 +327,21 @@ struct mts_registry {
 	                                   NULL = free */
 	uint64_t *slot_gens;            /* slot_count: latest generation */
 	struct mts_state *state;        /* restart record, or NULL */
+
+	/* Slots of adopted tables that name a live process of the table's
+	 * uid the restart did not adopt (its record entry unwritten or
+	 * damaged, its adoption failed). It still publishes into them, so
+	 * they stay out of the free stack, neither zeroed nor handed to
+	 * another worker, until it registers again (its client then
+	 * carries their total into its new slot) or is gone
+	 * (mts_registry_rebuild_free, mts_tables_sweep). */
+	struct mts_held_slot {
+		uint32_t slot, pid, uid;
+		uint64_t start_time;
+		uint64_t done_ns; /* CLOCK_MONOTONIC it re-registered, or 0 */
+	} * held;
+	uint32_t nheld;
+	uint64_t held_check_ns;
 
 	struct mts_proc **by_slot; /* slot_count entries, NULL = free */
 	uint32_t *free_slots;      /* stack of free slot indices */

@@ -384,6 +384,7 @@ void mts_registry_free(struct mts_registry *reg)
 	free(reg->hash);
 	free(reg->by_slot);
 	free(reg->free_slots);
+	free(reg->held);
 	free(reg->dense);
 	free(reg->slot_at);
 	free(reg->slot_gens);
@@ -505,9 +506,103 @@ static int table_get(struct mts_registry *reg, uint32_t uid,
 	return 0;
 }
 
+/* A slot of adopted table `tb` the restart did not adopt, whose identity
+ * names a live process of the table's uid: held for it (struct
+ * mts_held_slot). The table's uid can write those fields, so they are
+ * believed only for a process of that uid (effective, as registration
+ * checks) started at the time they say, and a uid's holds count against
+ * its slot cap, so they take no more slots than its workers could. */
+static void hold_if_named(struct mts_registry *reg, struct mts_table *tb,
+                          uint32_t i)
+{
+	const struct mtshm_slot_id *s =
+	    mtshm_slot(&reg->layout, tb->map.base, i);
+	uint32_t pid = mtshm_load_acquire32(&s->pid);
+	uint32_t uid = mtshm_load_relaxed32(&s->uid);
+	uint64_t start = mtshm_load_relaxed64(&s->start_time);
+	uint32_t cap = mts_slots_per_uid(reg);
+	if (!pid || pid > INT32_MAX || uid != tb->uid ||
+	    (cap != MTS_CAP_NONE && tb->procs + tb->held >= cap))
+		return;
+	for (uint32_t k = 0; k < reg->nheld; k++)
+		if (reg->held[k].pid == pid)
+			return; /* one slot a process */
+	uint64_t st;
+	uint32_t real, eff;
+	if (mts_read_starttime((pid_t)pid, &st) < 0 || st != start ||
+	    mts_read_uids((pid_t)pid, &real, &eff) < 0 || eff != uid)
+		return;
+	if (!reg->held &&
+	    !(reg->held = calloc(reg->slot_count, sizeof(*reg->held))))
+		return;
+	reg->held[reg->nheld++] = (struct mts_held_slot){
+	    .slot = i, .pid = pid, .uid = uid, .start_time = start};
+	tb->held++;
+	/* It would never register again on its own: the header it reads
+	 * goes on ticking. */
+	struct mtshm_slot_id *w = mtshm_slot(&reg->layout, tb->map.base, i);
+	mtshm_store_relaxed32(&w->flags, mtshm_load_relaxed32(&w->flags) |
+	                                     MTSHM_SLOT_REATTACH);
+	mts_log_uid(uid, MTS_LOG_WARN,
+	            "slot held for a live worker not adopted",
+	            "pid=%u uid=%u slot=%u", pid, uid, i);
+}
+
+static bool slot_is_held(const struct mts_registry *reg, uint32_t slot)
+{
+	for (uint32_t k = 0; k < reg->nheld; k++)
+		if (reg->held[k].slot == slot)
+			return true;
+	return false;
+}
+
+/* Hold `k` ends: its slot is free again. */
+static void held_end(struct mts_registry *reg, uint32_t k)
+{
+	struct mts_held_slot h = reg->held[k];
+	reg->held[k] = reg->held[--reg->nheld];
+	struct mts_table *t = mts_table_find(reg, h.uid);
+	if (t && t->held)
+		t->held--;
+	if (!reg->by_slot[h.slot])
+		reg->free_slots[reg->nfree++] = h.slot;
+}
+
+/* The held process registered again (now its client carries the slot's
+ * total into its new one, on reading the answer), or a sweep: holds
+ * whose process is gone, or that registered a second ago or more, end. */
+static void held_registered(struct mts_registry *reg, uint32_t pid,
+                            uint32_t uid, uint64_t start_time)
+{
+	for (uint32_t k = 0; k < reg->nheld; k++)
+		if (reg->held[k].pid == pid && reg->held[k].uid == uid &&
+		    reg->held[k].start_time == start_time &&
+		    !reg->held[k].done_ns)
+			reg->held[k].done_ns = mts_now_monotonic();
+}
+
+static void held_sweep(struct mts_registry *reg, uint64_t now_ns)
+{
+	if (!reg->nheld || now_ns - reg->held_check_ns < 1000000000u)
+		return;
+	reg->held_check_ns = now_ns;
+	for (uint32_t k = reg->nheld; k-- > 0;) {
+		const struct mts_held_slot *h = &reg->held[k];
+		uint64_t st;
+		bool gone = mts_read_starttime((pid_t)h->pid, &st) < 0 ||
+		            st != h->start_time;
+		if (gone || (h->done_ns && now_ns - h->done_ns >= 1000000000u))
+			held_end(reg, k);
+	}
+}
+
 static void table_free(struct mts_registry *reg, uint32_t i)
 {
 	struct mts_table *t = reg->tables[i];
+	/* Its slots' memory goes with it: no hold of it means anything. */
+	for (uint32_t k = reg->nheld; k-- > 0;)
+		if (reg->held[k].uid == t->uid)
+			held_end(reg, k);
 	reg->tables[i] = reg->tables[--reg->ntables];
 	mts_log_uid(t->uid, MTS_LOG_DEBUG, "slot table released", "uid=%u",
 	            t->uid);
@@ -537,6 +632,7 @@ void mts_table_gc(struct mts_registry *reg, struct mts_table *t)
 
 void mts_tables_sweep(struct mts_registry *reg, uint64_t now_ns)
 {
+	held_sweep(reg, now_ns);
 	for (uint32_t i = reg->ntables; i-- > 0;) {
 		const struct mts_table *t = reg->tables[i];
 		/* Never one with a worker in it, whatever its mark says. */
@@ -1239,7 +1335,7 @@ static int register_new(struct mts_registry *reg, const struct mts_peer *peer,
 	 * answer of a full segment. */
 	uint32_t cap = mts_slots_per_uid(reg);
 	const struct mts_table *own = mts_table_find(reg, peer->uid);
-	if (cap != MTS_CAP_NONE && own && own->procs >= cap &&
+	if (cap != MTS_CAP_NONE && own && own->procs + own->held >= cap &&
 	    !peer_is_admin(reg, peer)) {
 		note_refused(reg, peer->pid, start_time, peer->uid, true);
 		err = -ENOSPC;
@@ -1290,6 +1386,7 @@ static int register_new(struct mts_registry *reg, const struct mts_peer *peer,
 	reg->nfree--;
 	reg->stats.registrations++;
 	result_fill(reg, p, slot_init(reg, p), res);
+	held_registered(reg, p->pid, p->uid, p->start_time);
 	char qg[MTS_LOGQ_MAX], qc[MTS_LOGQ_MAX], qt[MTS_LOGQ_MAX];
 	mts_log_uid(p->uid, MTS_LOG_INFO, "worker registered",
 	            "pid=%u uid=%u slot=%u group=%s task=%s comm=%s", p->pid,
@@ -1536,8 +1633,7 @@ int mts_registry_adopt_slot(struct mts_registry *reg,
  * allocates a page, and a scan of every slot would make a sparse table
  * dense (4 GiB a uid at the largest layout). Without SEEK_DATA nothing is
  * read: generations then start at 1, as they did. */
-static void gens_from_table(struct mts_registry *reg,
-                            const struct mts_table *tb)
+static void gens_from_table(struct mts_registry *reg, struct mts_table *tb)
 {
 	const uint64_t stride = reg->layout.slot_stride;
 	const uint64_t at = offsetof(struct mtshm_slot_id, generation);
@@ -1561,6 +1657,8 @@ static void gens_from_table(struct mts_registry *reg,
 			         ->generation);
 			if (g < (UINT64_C(1) << 62) && g > reg->slot_gens[i])
 				reg->slot_gens[i] = g;
+			if (!reg->by_slot[i])
+				hold_if_named(reg, tb, (uint32_t)i);
 		}
 		off = hole;
 	}
@@ -1579,6 +1677,6 @@ void mts_registry_rebuild_free(struct mts_registry *reg)
 		gens_from_table(reg, reg->tables[t]);
 	reg->nfree = 0;
 	for (uint32_t i = reg->slot_count; i-- > 0;)
-		if (!reg->by_slot[i])
+		if (!reg->by_slot[i] && !slot_is_held(reg, i))
 			reg->free_slots[reg->nfree++] = i;
 }

@@ -149,6 +149,11 @@ enum mtshm_state {
  * reconcile them at the next publish (client/mmap.c). A client that does
  * not know the flag publishes fully once at its rise, as at any change. */
 #define MTSHM_SLOT_RECONCILE 0x4u
+/* Register again: a restarted server found this slot naming the
+ * process, which it could not adopt (no record of it), and holds it, lanes
+ * untouched, until the process has a new slot and has carried its total
+ * there. A client that does not know the flag stays uncounted. */
+#define MTSHM_SLOT_REATTACH 0x8u
 
 /*
  * Fleet figures the server publishes every tick, under a seqlock so a

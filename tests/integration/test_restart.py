@@ -8,6 +8,7 @@ what it was. The reservations granted before a restart are held after it;
 --reset forgets them."""
 import json
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -187,6 +188,137 @@ def test_kill9_under_load_loses_nothing():
             c.wait()
         for h in holders:
             h.close()
+        (second or first).stop()
+
+
+def slot_of(s, pid):
+    """The slot memtallyd's log last gave `pid`."""
+    got = re.findall(r'msg="worker registered" pid=%d uid=\d+ slot=(\d+)'
+                     % pid, s.logtext())
+    check(got, f"no registration of {pid} in the log")
+    return int(got[-1])
+
+
+def test_a_worker_left_out_of_the_record_keeps_its_count():
+    """The record lost b's entry (a disk full when it registered, a record
+    cut short); a is adopted, and with it their uid's table, in which b
+    still publishes. A worker c that registers before b does must not get
+    b's slot (c would be counted b's bytes, and b, registering again,
+    would carry c's), nor b get its own slot zeroed: b, registering again
+    once its client sees the restart, carries its whole total."""
+    heap = {"MEMTALLY_ALLOCATOR_FREE": "0"}
+    first = Server()
+    a = Worker([*worker("hold"), "64"], first.env(group="alpha", **heap))
+    a.readline()
+    wait_for("a counted", counted(first, a.pid, 64 * MIB))
+    b = Worker([*worker("hold"), "32"], first.env(group="beta", **heap))
+    b.readline()
+    second = c = None
+    try:
+        wait_for("b counted", counted(first, b.pid, 32 * MIB))
+        before = settled(first, (a.pid, b.pid))
+        slots = {p: slot_of(first, p) for p in (a.pid, b.pid)}
+        check(slots[a.pid] < slots[b.pid], f"slots {slots}")
+        first.kill9()
+        path = first.socket + ".state"
+        # The header's page, then one 1024-byte entry a slot: cut after
+        # a's, as a write that never landed leaves it.
+        os.truncate(path, 4096 + 1024 * (slots[a.pid] + 1))
+        second = Server(after=first)
+        wait_for("a adopted", lambda: a.pid in second.ps())
+        check(b.pid not in second.ps(), "b was adopted without an entry")
+        c = Worker([*worker("hold"), "16"], second.env(group="gamma", **heap))
+        c.readline()
+        wait_for("c counted", counted(second, c.pid, 16 * MIB))
+        # b's client learns of the restart as it allocates, once the
+        # heartbeat it reads (its first server's) is 2 s stale.
+        more, end = 0, time.monotonic() + 30 * MULT
+        while b.pid not in second.ps():
+            check(more < 60 * 4 and time.monotonic() < end,
+                  "b never registered again")
+            b.send("more 4")
+            check(b.readline() == "ready", "b did not allocate")
+            more += 4
+            time.sleep(0.2)
+        want = before[b.pid]["bytes"] + more * MIB
+        ps = wait_for("b's whole total counted", lambda: (
+            lambda p: p if p.get(b.pid, {}).get("bytes", 0) >= want - MIB
+            else None)(second.ps()))
+        check(ps[b.pid]["bytes"] <= want + MIB,
+              f"b: {ps[b.pid]['bytes'] >> 20} MiB, holds {want >> 20}")
+        check(ps[c.pid]["bytes"] <= 17 * MIB,
+              f"c: {ps[c.pid]['bytes'] >> 20} MiB, holds 16 (b's counted "
+              f"in it?)")
+        check(slot_of(second, c.pid) != slots[b.pid],
+              f"c was given b's slot {slots[b.pid]}")
+        print(f"  b registered again after {more} MiB more: counted "
+              f"{ps[b.pid]['bytes'] >> 20} MiB of {want >> 20}; c "
+              f"{ps[c.pid]['bytes'] >> 20} MiB")
+    finally:
+        for w in (a, b, c):
+            if w:
+                w.close()
+        (second or first).stop()
+
+
+def test_a_reservation_waits_for_its_worker_not_adopted():
+    """A task's worker took its reservation over; memtallyd is SIGKILLed
+    and started again without the capability to reopen the worker's slot
+    table, so the live worker is not adopted: it registers again later.
+    Its reservation is kept for it meanwhile (before, the first tick ended
+    it, 'its task's workers exited', and its room went to other Admits),
+    and ends once that worker has exited."""
+    conf = config_file("[admission]\ndefault_ttl = 600\nmax_ttl = 3600\n")
+    heap = {"MEMTALLY_ALLOCATOR_FREE": "0"}
+    first = Server("--config", conf)
+    w = second = None
+    try:
+        first.cli("admit", "--bytes", "100MiB", "--task", "job")
+        w = Worker([*worker("hold"), "8"],
+                   first.env(MEMTALLY_TASK="job", **heap))
+        w.readline()
+        wait_for("taken over", lambda:
+                 "reservation taken over by its task" in first.logtext())
+        # The take-over reaches the reservations' record within 200 ms.
+        resv = first.socket + ".state.resv"
+        t_over = time.time()
+        wait_for("the take-over recorded", lambda: os.path.exists(resv) and
+                 os.stat(resv).st_mtime > t_over + 0.05)
+        first.kill9()
+        second = Server("--config", conf, after=first, prefix=[
+            "setpriv", "--bounding-set=-sys_admin,-checkpoint_restore",
+            "--inh-caps=-sys_admin,-checkpoint_restore"])
+        check("cannot reopen a live worker's slot table" in
+              second.logtext(), "the worker was adopted: the test needs "
+              "a memtallyd that cannot reopen its table")
+        t0 = second.status()["ticks"]
+        wait_for("ticks", lambda: second.status()["ticks"] >= t0 + 20)
+        st = second.status()["fleet"]
+        check(st["reservations"] == 1,
+              f"the reservation ended at the restart: {st}")
+        # The worker learns of the restart as it allocates, once the
+        # heartbeat it reads (its first server's) is 2 s stale.
+        end = time.monotonic() + 30 * MULT
+        sent = 0
+        while w.pid not in second.ps():
+            check(sent < 60 and time.monotonic() < end,
+                  "the worker never registered again")
+            w.send("more 8")
+            check(w.readline() == "ready", "the worker did not allocate")
+            sent += 1
+            time.sleep(0.1)
+        check(second.ps()[w.pid]["task"] == "job", "not in its task")
+        st = second.status()["fleet"]
+        check(st["reservations"] == 1, f"reservation lost: {st}")
+        w.close()
+        w = None
+        wait_for("the reservation ends with its worker", lambda:
+                 second.status()["fleet"]["reservations"] == 0)
+        check("reservation ended: its task's workers exited" in
+              second.logtext(), "not ended by its worker's exit")
+    finally:
+        if w:
+            w.close()
         (second or first).stop()
 
 
@@ -636,6 +768,8 @@ def test_watch_reconnects_across_a_restart():
 if __name__ == "__main__":
     run([test_restart_adopts_live_workers, test_reset_starts_afresh,
          test_kill9_under_load_loses_nothing,
+         test_a_worker_left_out_of_the_record_keeps_its_count,
+         test_a_reservation_waits_for_its_worker_not_adopted,
          test_a_worker_outlives_more_restarts_than_attachments,
          test_a_decoy_mapping_does_not_hold_up_a_restart,
          test_a_worker_that_changed_uid_is_not_adopted_as_root,
