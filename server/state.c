@@ -177,8 +177,15 @@ int mts_state_open(const char *path, bool reset, struct mts_state_info *info,
 			        strerror(errno));
 			return 0;
 		}
-		if (errno == ELOOP)
-			unlink(path); /* a symlink: never followed */
+		if (errno == ELOOP) {
+			/* A symlink: never followed, and said, as every
+			 * other file of someone else's making is. */
+			mts_log(MTS_LOG_WARN,
+			        "state file refused, not adopting it",
+			        "path=%s why=\"a symlink\"",
+			        mts_logq(q, sizeof(q), path));
+			unlink(path);
+		}
 		fd = open(path,
 		          O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_NONBLOCK |
 		              O_CLOEXEC,

@@ -389,6 +389,34 @@ def find_own_slot(pid):
     return None
 
 
+def test_a_symlinked_state_file_is_refused_and_said():
+    """A symlink where the record goes (to a record naming a live process
+    that never registered) is never followed: it is replaced, and the log
+    says why, as for every other file memtallyd did not make."""
+    victim = bystander()
+    d = tempfile.mkdtemp(prefix="mt-iso-")
+    target = os.path.join(d, "elsewhere")
+    with open(target, "wb") as f:
+        f.write(forged_state(victim.pid))
+    os.chmod(target, 0o600)
+    state = os.path.join(d, "memtally.state")
+    os.symlink(target, state)
+    s = None
+    try:
+        s = Server("--state", state)
+        log = s.logtext()
+        check('state file refused, not adopting it' in log and
+              'why="a symlink"' in log, "no refusal logged:\n" + log)
+        check(victim.pid not in s.ps(), "the symlinked record was adopted")
+        check(not os.path.islink(state) and os.path.isfile(state),
+              "the symlink is still there")
+    finally:
+        if s:
+            s.stop()
+        victim.kill()
+        victim.wait()
+
+
 def test_forged_slot_is_not_adopted():
     victim = bystander()
     conf = config("[server]\ngroup = 65534\n")
@@ -490,5 +518,6 @@ if __name__ == "__main__":
     run([test_scribbling_worker_harms_nobody,
          test_another_uid_cannot_reach_roots_figures,
          test_precreated_state_file_is_refused,
+         test_a_symlinked_state_file_is_refused_and_said,
          test_forged_slot_is_not_adopted,
          test_many_workers_under_default_fd_limit])
