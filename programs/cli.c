@@ -1332,6 +1332,21 @@ static bool reservation_id_ok(const char *id)
 	return strspn(id + 2, "0123456789abcdef") == 16;
 }
 
+/* --group, --task and --kind: names memtallyd takes, or a usage error of
+ * `cmd` naming the flag. */
+static int names_ok(const struct cli *c, const char *cmd)
+{
+	const char *names[] = {c->group, c->task, c->kind};
+	const char *flags[] = {"group", "task", "kind"};
+	for (int i = 0; i < 3; i++)
+		if (names[i] && !mt_name_ok(names[i]))
+			return usage_error("%s: --%s is not a name memtallyd "
+			                   "takes (at most %u bytes of UTF-8, "
+			                   "no control or bidi characters)",
+			                   cmd, flags[i], MT_NAME_MAX);
+	return 0;
+}
+
 static int check_admit(struct cli *c)
 {
 	if (!c->bytes && !c->kind)
@@ -1345,11 +1360,14 @@ static int check_admit(struct cli *c)
 		                   strlen(c->task), RUN_TASK_MAX);
 	if (c->kind && !c->kind[0])
 		return usage_error("admit: --kind is empty");
+	int rc = names_ok(c, "admit");
+	if (rc)
+		return rc;
 	c->admit.group = c->group;
 	c->admit.task = c->task;
 	c->admit.kind = c->kind;
 	if (c->bytes) {
-		int rc =
+		rc =
 		    parse_size_arg("--bytes", c->bytes, false, &c->admit.bytes);
 		if (rc)
 			return rc;
@@ -1358,8 +1376,9 @@ static int check_admit(struct cli *c)
 			    "admit: --bytes must be more than 0");
 	}
 	if (c->ttl && !parse_u32(c->ttl, &c->admit.ttl_seconds))
-		return usage_error("invalid --ttl '%s': expected seconds > 0",
-		                   c->ttl);
+		return usage_error("invalid --ttl '%s': expected seconds from "
+		                   "1 to %u",
+		                   c->ttl, UINT32_MAX);
 	return 0;
 }
 
@@ -1872,8 +1891,9 @@ static int check_run(struct cli *c)
 	if (c->kind && !c->kind[0])
 		return usage_error("run: --kind is empty");
 	if (c->ttl && !parse_u32(c->ttl, &c->admit.ttl_seconds))
-		return usage_error("invalid --ttl '%s': expected seconds > 0",
-		                   c->ttl);
+		return usage_error("invalid --ttl '%s': expected seconds from "
+		                   "1 to %u",
+		                   c->ttl, UINT32_MAX);
 	if (c->wait) {
 		char *end;
 		errno = 0;
@@ -1912,14 +1932,9 @@ static int check_run(struct cli *c)
 	/* What memtallyd would refuse: said here, with exit 2, rather
 	 * than taken for a server that does not answer (the command would
 	 * then run unadmitted). */
-	const char *names[] = {c->group, c->task, c->kind};
-	const char *flags[] = {"group", "task", "kind"};
-	for (int i = 0; i < 3; i++)
-		if (names[i] && !mt_name_ok(names[i]))
-			return usage_error("run: --%s is not a name memtallyd "
-			                   "takes (at most %u bytes of UTF-8, "
-			                   "no control characters)",
-			                   flags[i], MT_NAME_MAX);
+	int rc = names_ok(c, "run");
+	if (rc)
+		return rc;
 	if (c->reservation) {
 		/* The reservation is taken over by the workers of the task it
 		 * was made for: they must carry that task's name. */

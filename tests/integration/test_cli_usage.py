@@ -33,6 +33,14 @@ MISTAKES = [
     # granted, it would never be taken over.
     (["admit", "--bytes", "1G", "--task", "t" * 64],
      "admit: --task is 64 bytes, at most 63"),
+    # Said here with exit 2, naming the flag, not sent for memtallyd's
+    # refusal (exit 1).
+    (["admit", "--bytes", "1M", "--group", "a\tb"],
+     "admit: --group is not a name memtallyd takes"),
+    (["admit", "--kind", "k\u202ex"],
+     "admit: --kind is not a name memtallyd takes"),
+    (["admit", "--bytes", "1M", "--ttl", "4294967296"],
+     "expected seconds from 1 to 4294967295"),
     # jq's "null" for a denial's missing id: the command would run
     # unadmitted.
     (["run", "--reservation", "null", "--task", "t", "--", "true"],
