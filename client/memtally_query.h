@@ -411,6 +411,24 @@ MEMTALLY_EXTERN int memtally_query_release(memtally_query *q,
                                            const char *reservation,
                                            uint64_t *bytes_out);
 
+/* A reservation as memtallyd holds it (memtally_query_reservation). Names
+ * are at most 255 bytes. */
+struct memtally_reservation {
+	uint64_t bytes; /* granted */
+	int taken_over; /* a worker of its task took it over */
+	char task[256]; /* "" = none */
+	char group[256];
+};
+
+/*
+ * Look at a reservation without ending it: whether memtallyd holds it, for
+ * which task. Errors as memtally_query_release()'s; a server from before
+ * this call answers MEMTALLY_EUNSUPPORTED.
+ */
+MEMTALLY_EXTERN int
+memtally_query_reservation(memtally_query *q, const char *reservation,
+                           struct memtally_reservation *out);
+
 /* ---- kinds ---------------------------------------------------------- */
 
 /* One finished task of a kind. */

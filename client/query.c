@@ -1283,6 +1283,36 @@ int memtally_query_release(memtally_query *q, const char *reservation,
 	return 0;
 }
 
+int memtally_query_reservation(memtally_query *q, const char *reservation,
+                               struct memtally_reservation *out)
+{
+	query_begin(q);
+	if (out)
+		memset(out, 0, sizeof(*out));
+	if (!q || !out || !reservation || !reservation[0])
+		return -EINVAL;
+	Memtally__V1__Reservation rv = MEMTALLY__V1__RESERVATION__INIT;
+	rv.reservation = (char *)reservation; /* only read */
+	Memtally__V1__Request rq = MEMTALLY__V1__REQUEST__INIT;
+	rq.body_case = MEMTALLY__V1__REQUEST__BODY_RESERVATION;
+	rq.reservation = &rv;
+	if (q->token)
+		rq.token = q->token;
+	Memtally__V1__Response *resp;
+	int err = query_call(
+	    q, &rq, MEMTALLY__V1__RESPONSE__BODY_RESERVATION_INFO, true, &resp);
+	if (err)
+		return err;
+	const Memtally__V1__ReservationInfo *ri = resp->reservation_info;
+	out->bytes = ri->bytes;
+	out->taken_over = ri->taken_over;
+	snprintf(out->task, sizeof(out->task), "%s", ri->task ? ri->task : "");
+	snprintf(out->group, sizeof(out->group), "%s",
+	         ri->group ? ri->group : "");
+	memtally__v1__response__free_unpacked(resp, NULL);
+	return 0;
+}
+
 /* ---- limits -------------------------------------------------------- */
 
 int memtally_query_set_limit(memtally_query *q, enum memtally_scope scope,

@@ -944,8 +944,12 @@ static int block_signals(struct run *r)
 
 /* A scheduler admitted the task already (--reservation): no Admit, one
  * connection for the eviction watch's sake and the Release at the end.
- * Always 1: the command runs; unreachable, its reservation ends with its
- * workers or at its TTL. */
+ * 1, the command runs, unless memtallyd says it holds no such reservation
+ * (a stale or mistyped id: run, the command would hold memory no one set
+ * aside; EXIT_DENIED) or holds it for another task (its workers would
+ * never take it over, and its Release at the end would free another
+ * task's room: 2). Unreachable, or a server that cannot say, the command
+ * runs (fail open); its reservation ends with its workers or at its TTL. */
 static int adopt(struct run *r)
 {
 	snprintf(r->reservation, sizeof(r->reservation), "%s",
@@ -957,6 +961,29 @@ static int adopt(struct run *r)
 		        "the command, reservation %s ends at its TTL\n",
 		        r->where, memtally_strerror(err), r->reservation);
 		r->failed_open = true;
+		return 1;
+	}
+	struct memtally_reservation info;
+	err = memtally_query_reservation(r->q, r->reservation, &info);
+	if (err == MEMTALLY_ENOTFOUND) {
+		fprintf(stderr,
+		        "memtally: memtallyd at %s holds no reservation %s "
+		        "(released, expired or never granted); not running "
+		        "the command\n",
+		        r->where, r->reservation);
+		r->reservation[0] = '\0';
+		return EXIT_DENIED;
+	}
+	if (err == 0 && info.task[0] && strcmp(info.task, r->task) != 0) {
+		char want[160], have[160];
+		fprintf(stderr,
+		        "memtally: reservation %s was granted for task \"%s\", "
+		        "not \"%s\": give --task the task it was admitted "
+		        "for\n",
+		        r->reservation, clean(have, sizeof(have), info.task),
+		        clean(want, sizeof(want), r->task));
+		r->reservation[0] = '\0';
+		return 2;
 	}
 	return 1;
 }

@@ -707,6 +707,43 @@ static int do_release(struct mts_registry *reg, const struct mts_peer *peer,
 	return append_response(out, &resp);
 }
 
+/* A reservation, looked at (Reservation): who may, as for Release. */
+static int do_reservation(struct mts_registry *reg, const struct mts_peer *peer,
+                          uint64_t id, const Memtally__V1__Reservation *q,
+                          const char *token, struct mts_buf *out)
+{
+	const struct mts_resv *r = q->reservation && q->reservation[0]
+	                               ? mts_resv_find(reg, q->reservation)
+	                               : NULL;
+	if (r && mts_authorise_release(reg, peer, token, r->has_owner,
+	                               r->uid) == MTS_AUTH_NONE)
+		return append_error(
+		    out, id, MEMTALLY__V1__ERROR_CODE__ERROR_PERMISSION_DENIED,
+		    "the reservation belongs to another user; looking at it "
+		    "needs what releasing it does");
+	if (!r) {
+		char msg[160];
+		snprintf(msg, sizeof(msg),
+		         "no outstanding reservation '%.*s' (released, expired "
+		         "or never granted)",
+		         (int)MTS_RESV_ID_LEN + 2,
+		         q->reservation ? q->reservation : "");
+		return append_error(
+		    out, id, MEMTALLY__V1__ERROR_CODE__ERROR_NOT_FOUND, msg);
+	}
+	Memtally__V1__Response resp = MEMTALLY__V1__RESPONSE__INIT;
+	Memtally__V1__ReservationInfo ri = MEMTALLY__V1__RESERVATION_INFO__INIT;
+	ri.reservation = (char *)r->id;
+	ri.bytes = r->bytes;
+	ri.task = r->task ? r->task->name : "";
+	ri.group = reg->groups[r->group].name;
+	ri.taken_over = r->taken_over;
+	resp.id = id;
+	resp.body_case = MEMTALLY__V1__RESPONSE__BODY_RESERVATION_INFO;
+	resp.reservation_info = &ri;
+	return append_response(out, &resp);
+}
+
 /* ---- SetLimit ------------------------------------------------------------ */
 
 static int do_set_limit(struct mts_registry *reg, const struct mts_peer *peer,
@@ -1252,6 +1289,10 @@ int mts_dispatch(struct mts_registry *reg, struct mts_peer *peer,
 		break;
 	case MEMTALLY__V1__REQUEST__BODY_KINDS:
 		err = do_kinds(reg, &v, id, req->kinds, out);
+		break;
+	case MEMTALLY__V1__REQUEST__BODY_RESERVATION:
+		err =
+		    do_reservation(reg, peer, id, req->reservation, token, out);
 		break;
 	default:
 		/* An unknown field number is a body from a newer protocol;

@@ -13,7 +13,9 @@
 - the command runs under the preload as the reservation's task and group:
   its worker registers with them and the reservation counts only what the
   worker does not use yet; the reservation is released at the end;
-- under a reservation a scheduler holds (--reservation ID --task T): no
+- under a reservation a scheduler holds (--reservation ID --task T): an id
+  memtallyd does not hold is not run on (3), one of another task is a
+  usage error (2); no
   Admit of its own, the worker takes ID over, ID ends with the command;
 - a SIGKILLed `memtally run`: its command dies with it, and the
   reservation is gone after its TTL (not before); one its worker had taken
@@ -430,6 +432,30 @@ def test_runs_under_a_reservation_a_scheduler_holds():
                                capture_output=True, timeout=30 * MULT)
             check(r.returncode == 2 and says in r.stderr,
                   f"{bad}: exit {r.returncode}, {r.stderr!r}")
+        # An id memtallyd does not hold (stale, mistyped) is not run on:
+        # the command would hold memory no one set aside (exit 3, as a
+        # denial). One held for another task is a usage error (its
+        # workers would never take it over, and its Release at the end
+        # would free that task's room), and stays held.
+        b = s.cli("admit", "--bytes", "8MiB", "--task", "sched-2",
+                  "--ttl", "600")
+        d = tempfile.mkdtemp(prefix="mt-run-")
+        ran = os.path.join(d, "ran")
+        for rid2, task, rc, says in (
+                ("r-0123456789abcdef", "sched-2", 3,
+                 b"holds no reservation r-0123456789abcdef"),
+                (b["reservation"], "other", 2,
+                 b'was granted for task "sched-2", not "other"')):
+            r = subprocess.run(mt_run(s, "--reservation", rid2, "--task",
+                                      task, "--", "touch", ran),
+                               env=run_env(), capture_output=True,
+                               timeout=30 * MULT)
+            check(r.returncode == rc and says in r.stderr,
+                  f"{rid2} {task}: exit {r.returncode}, {r.stderr!r}")
+            check(not os.path.exists(ran), f"{rid2} {task}: it ran")
+        f = fleet(s)
+        check(f["reservations"] == 1 and f["reserved"] == 8 * MIB,
+              f"sched-2's reservation is not held as it was: {f}")
 
 
 def test_sigkilled_run_leaves_no_reservation_after_its_ttl():
