@@ -603,6 +603,13 @@ static void log_section(const char *section, const void *base, bool group)
 		    (!group && strcmp(k->section, section) != 0))
 			continue;
 		mts_key_show(k, base, false, v, sizeof(v));
+		/* Unset, a key whose default is derived (SOCKET.state,
+		 * max_connections/8) reads as its rule, not as a raw 0 or
+		 * none the key itself would refuse. */
+		if (k->dflt &&
+		    (strcmp(v, "0") == 0 ||
+		     (strcmp(v, "none") == 0 && !(k->opts & MTS_KEY_NONE))))
+			snprintf(v, sizeof(v), "default (%s)", k->dflt);
 		log_value(q, sizeof(q), v);
 		if (o && o + strlen(k->key) + strlen(q) + 2 >= sizeof(line)) {
 			mts_log(MTS_LOG_INFO, "config", "section=%s%s",
