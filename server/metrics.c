@@ -788,11 +788,13 @@ static void render_kinds(struct out *o, const struct mts_registry *reg)
 	uint32_t shown = (uint32_t)n < reg->policy.metrics_max_groups
 	                     ? (uint32_t)n
 	                     : reg->policy.metrics_max_groups;
-	/* The per-kind evictions are a counter of their own name: beside
-	 * the unlabelled memtally_kind_evictions_total, one family of the
-	 * same stem would be two families to an OpenMetrics reader. */
+	/* The per-kind evictions and runs have names of their own: beside
+	 * the unlabelled memtally_kind_evictions_total and
+	 * memtally_kind_runs_total, one family of the same stem would be two
+	 * families to an OpenMetrics reader (a counter's family is its name
+	 * less _total). */
 	static const char *const names[] = {
-	    "memtally_kind_learned_bytes", "memtally_kind_runs",
+	    "memtally_kind_learned_bytes", "memtally_kind_learned_runs",
 	    "memtally_kind_guard_evictions_total"};
 	static const char *const helps[] = {
 	    ("The size admission reserves for the kind's next task (0: no "

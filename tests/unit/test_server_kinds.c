@@ -855,6 +855,12 @@ Test(kinds, metrics_bounded_and_per_kind_only_when_asked)
 	         (unsigned long long)plus10(100 * MIB));
 	cr_assert(strstr(t, want), "%s", t);
 	cr_assert_null(strstr(t, "kind=\"small\""), "%s", t);
+	/* Not the family of memtally_kind_runs_total (an OpenMetrics
+	 * reader would read one family twice). */
+	cr_assert(strstr(t, "\n# TYPE memtally_kind_learned_runs gauge\n"
+	                    "memtally_kind_learned_runs{kind=\"big\","),
+	          "%s", t);
+	cr_assert_null(strstr(t, "# TYPE memtally_kind_runs gauge"), "%s", t);
 	snprintf(want, sizeof(want),
 	         "\n# TYPE memtally_kind_guard_evictions_total counter\n"
 	         "memtally_kind_guard_evictions_total{kind=\"big\","
