@@ -749,6 +749,22 @@ static uint64_t resv_deadline(const struct mts_registry *reg,
 	return r->created_mono_ns + (uint64_t)s * 1000000000u;
 }
 
+void mts_resv_policy_changed(struct mts_registry *reg)
+{
+	uint32_t max = reg->policy.max_ttl_s;
+	for (uint32_t i = 0; i < reg->adm->nresv; i++) {
+		struct mts_resv *r = reg->adm->resv[i];
+		if (r->ttl_s > max)
+			r->ttl_s = max;
+		uint64_t end = resv_deadline(reg, r);
+		if (end != r->expires_ns) {
+			r->expires_ns = end;
+			if (r->heap_index != UINT32_MAX)
+				heap_fix(reg, r->heap_index);
+		}
+	}
+}
+
 /* Whose reservation `r` is, for the per-uid cap and its log lines: its owner's
  * uid, or MTS_UID_TCP for every reservation made over TCP. */
 static uint32_t resv_key(const struct mts_resv *r)
@@ -2545,6 +2561,17 @@ static uint64_t size_request(const struct mts_registry *reg, uint32_t key,
 		return declared;
 	}
 	uint64_t d = mts_kind_default_size(pol);
+	/* Bounded as a learned size is: a default above all one request is
+	 * ever granted (a uid's max_reserved_bytes_per_uid below it) would
+	 * be denied for ever, and the kind would never run to learn. */
+	uint64_t most = grantable(reg, admin);
+	if (most && d > most) {
+		snprintf(why, whylen,
+		         "%s: kind %.*s has no history ([kinds] default_size, "
+		         "cut to all this fleet ever grants one request)",
+		         mt_format_size(a, sizeof(a), most), 128, kind);
+		return most;
+	}
 	snprintf(why, whylen,
 	         "%s: kind %.*s has no history ([kinds] default_size)",
 	         mt_format_size(a, sizeof(a), d), 128, kind);

@@ -314,6 +314,11 @@ struct mts_resv *mts_resv_find(const struct mts_registry *reg, const char *id);
  * and the reserved sums. */
 void mts_resv_tick(struct mts_registry *reg, uint64_t now_ns);
 
+/* The policy changed (a reload): every reservation's TTL is cut to a
+ * lowered max_ttl and its end recomputed, as a restart would; those past
+ * their new end end at the next tick. */
+void mts_resv_policy_changed(struct mts_registry *reg);
+
 /* Recompute every reservation's count and the reserved sums from scratch,
  * from the latest task figures. Admit, Release and the tick keep them up
  * to date incrementally; this is the reference they agree with. */

@@ -326,6 +326,9 @@ int mts_server_apply_policy(struct mts_server *srv,
 	if (err < 0)
 		return err;
 	rss_timer_set(srv, now->rss_interval_ms);
+	/* A lowered max_ttl holds for the reservations held, as it would
+	 * after a restart. */
+	mts_resv_policy_changed(&srv->reg);
 	/* The caps hold from now, not from the next start: a lowered cap, or
 	 * the per-uid one for a uid no longer admin_uid (exempt until now, it
 	 * may hold more unmarked kinds than the cap). Admit keeps the table

@@ -291,6 +291,35 @@ Test(admit, ttl_default_cap_and_expiry)
 	               "an empty group entry was kept");
 }
 
+Test(admit, a_max_ttl_lowered_by_a_reload_holds_for_reservations_held)
+{
+	mts_policy_defaults(&pol);
+	pol.default_ttl_s = 600;
+	pol.max_ttl_s = 86400;
+	fx_start_policy(&pol);
+	grant(10, "", "", 600);
+	grant(20, "", "T", 600);
+	pid_t w = fx_spawn();
+	uint32_t s = fx_register_as(w, 1000, "g", "T");
+	fx_write(s, 5);
+	mts_core_tick(&srv.reg);
+	cr_assert(srv.reg.adm->resv[1]->taken_over ||
+	          srv.reg.adm->resv[0]->taken_over);
+	/* Lowered to 5 s: both end 5 s after their grant, as a restart
+	 * with it would have them (before, they kept 600 s and a day). */
+	pol.max_ttl_s = 5;
+	pol.default_ttl_s = 5;
+	cr_assert_eq(mts_server_apply_policy(&srv, &pol), 0);
+	uint64_t now = mts_now_monotonic();
+	mts_resv_tick(&srv.reg, now + 2000000000ull);
+	cr_assert_eq(srv.reg.adm->nresv, 2);
+	mts_resv_tick(&srv.reg, now + 6000000000ull);
+	cr_assert_eq(srv.reg.adm->nresv, 0, "%u held past the new max_ttl",
+	             srv.reg.adm->nresv);
+	cr_assert_eq(srv.reg.totals.reserved, 0);
+	fx_kill(w);
+}
+
 Test(admit, expiry_in_a_real_tick)
 {
 	start_fleet(100);

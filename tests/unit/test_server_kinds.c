@@ -204,6 +204,24 @@ Test(kinds, a_size_learned_past_all_ever_granted_is_reserved_at_that)
 	cr_assert_eq(reserved_for(0, 0, "big", NULL, 0), 400 * MIB);
 }
 
+Test(kinds, a_default_size_past_a_uids_share_is_cut_to_it)
+{
+	/* default_size is 12.5% of the fleet, 128 MiB; the uid's share of
+	 * reserved bytes 64 MiB. Sized at 128 MiB, a kind with no history
+	 * was denied for ever and never ran to learn. */
+	mts_policy_defaults(&pol);
+	pol.fleet_limit = 1024 * MIB;
+	pol.resv_bytes_per_uid = 64 * MIB;
+	fx_start_policy(&pol);
+	char why[320];
+	cr_assert_eq(reserved_for(1000, 0, "fresh", why, sizeof(why)),
+	             64 * MIB, "%s", why);
+	cr_assert(strstr(why, "cut to all this fleet ever grants one request"),
+	          "%s", why);
+	/* Root has no share: the default as it is. */
+	cr_assert_eq(reserved_for(0, 0, "fresh", NULL, 0), 128 * MIB);
+}
+
 Test(kinds, a_task_evicted_before_it_ran_teaches_nothing)
 {
 	start_fleet(400 * MIB);
