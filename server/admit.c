@@ -3241,7 +3241,18 @@ static int resv_restore_one(struct mts_registry *reg, const struct resv_rec *rr,
 	}
 	if (took) {
 		r->restored_unseen = true;
-		if (workers_back && !r->task->seen)
+		/* No workers adopted (no restart record of them: removed,
+		 * of another version): they register afresh, or are gone.
+		 * Judged by its asker meanwhile (`memtally run`, alive
+		 * while its command runs): before, it was never judged and
+		 * held its bytes until max_ttl, a day by default. */
+		bool judge = workers_back;
+		if (!workers_back && r->asker_pid) {
+			judge = true;
+			mts_task_awaited(reg, r->task->name, r->asker_pid,
+			                 r->asker_start);
+		}
+		if (judge && !r->task->seen)
 			task_seen(reg, r->task);
 		r->task->dirty = true;
 	}

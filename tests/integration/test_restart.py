@@ -322,6 +322,48 @@ def test_a_reservation_waits_for_its_worker_not_adopted():
         (second or first).stop()
 
 
+def test_a_taken_over_reservation_restored_without_its_workers_ends():
+    """The reservations' record survives but the workers' does not (it
+    was removed, or is of another version): no worker is adopted, and a
+    reservation its task's workers had taken over was never judged again,
+    holding its bytes for max_ttl (a day). Now it is judged by its asker:
+    once `memtally run` and its command are gone, it ends."""
+    conf = config_file("[admission]\nmax_ttl = 86400\n")
+    first = Server("--config", conf)
+    second = None
+    run_ = subprocess.Popen(
+        [CLI, "--socket", first.socket, "run", "--bytes", "20MiB",
+         "--task", "T", "--ttl", "5", "--", *worker("hold"), "2"],
+        env=first.env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL)
+    try:
+        check(run_.stdout.readline().startswith(b"ready"), "no worker")
+        wait_for("taken over", lambda:
+                 "reservation taken over by its task" in first.logtext())
+        resv = first.socket + ".state.resv"
+        t_over = time.time()
+        wait_for("the take-over recorded", lambda: os.path.exists(resv) and
+                 os.stat(resv).st_mtime > t_over + 0.05)
+        first.kill9()
+        os.unlink(first.socket + ".state")
+        second = Server("--config", conf, after=first)
+        check('"restart: reservations restored" kept=1' in second.logtext(),
+              "the reservation was not restored")
+        check(second.status()["fleet"]["reservations"] == 1,
+              "ended while its asker runs")
+        run_.kill()  # its command dies with it (PDEATHSIG)
+        run_.wait()
+        wait_for("the reservation ends with its asker", lambda:
+                 second.status()["fleet"]["reservations"] == 0,
+                 timeout=20)
+        check(second.status()["fleet"]["reserved"] == 0, "bytes held")
+    finally:
+        if run_.poll() is None:
+            run_.kill()
+            run_.wait()
+        (second or first).stop()
+
+
 def read(path):
     with open(path) as f:
         return f.read()
@@ -770,6 +812,7 @@ if __name__ == "__main__":
          test_kill9_under_load_loses_nothing,
          test_a_worker_left_out_of_the_record_keeps_its_count,
          test_a_reservation_waits_for_its_worker_not_adopted,
+         test_a_taken_over_reservation_restored_without_its_workers_ends,
          test_a_worker_outlives_more_restarts_than_attachments,
          test_a_decoy_mapping_does_not_hold_up_a_restart,
          test_a_worker_that_changed_uid_is_not_adopted_as_root,
