@@ -286,12 +286,22 @@ static int ask(struct run *r, struct memtally_admit_result **denied,
 }
 
 /* A denial no room that frees can change: a group the user may not use,
- * or a kind past their kinds cap. --wait does not wait for it. */
+ * a kind past their kinds cap, or more asked than the limit that denied
+ * it (the fleet's, a group's, the node guard's line, what one uid may
+ * hold reserved), whose use by others can at best fall to nothing, as
+ * the Python client's never_fits says. --wait does not wait for it. */
 static bool denied_for_good(const struct memtally_admit_result *a)
 {
-	return a && a->denied_by &&
-	       (strcmp(a->denied_by, "group_not_allowed") == 0 ||
-	        strcmp(a->denied_by, "kinds") == 0);
+	if (!a || !a->denied_by)
+		return false;
+	if (strcmp(a->denied_by, "group_not_allowed") == 0 ||
+	    strcmp(a->denied_by, "kinds") == 0)
+		return true;
+	const char *s = a->limit_scope ? a->limit_scope : "";
+	return a->limit && a->requested_bytes > a->limit &&
+	       (strcmp(s, "fleet") == 0 || strncmp(s, "group:", 6) == 0 ||
+	        strcmp(s, "node") == 0 || strncmp(s, "uid:", 4) == 0 ||
+	        strcmp(s, "tcp") == 0);
 }
 
 /* Is `ev` about a scope whose change may make room for us? */

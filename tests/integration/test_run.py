@@ -90,6 +90,18 @@ def test_denied_never_starts():
         f = fleet(s)
         check(f["reserved"] == 0 and f["reservations"] == 0,
               f"a denial left a reservation: {f}")
+        # More than the fleet limit (100 MiB) can never fit, however
+        # long it waits: --wait 60 does not wait.
+        t0 = time.monotonic()
+        r = subprocess.run(mt_run(s, "--bytes", "200MiB", "--wait", "60",
+                                  "--", "sh", "-c", f"touch {marker}"),
+                           env=run_env(), capture_output=True,
+                           timeout=90 * MULT)
+        took = time.monotonic() - t0
+        check(r.returncode == 3 and took < 30,
+              f"exit {r.returncode} after {took:.1f} s: {r.stderr!r}")
+        check(b"denied, not run" in r.stderr, f"stderr {r.stderr!r}")
+        check(not os.path.exists(marker), "the command was started")
 
 
 def test_exit_status_and_signal_pass_through():
@@ -544,7 +556,11 @@ def test_a_signal_ends_the_wait_while_memtallyd_is_stalled():
     the wait never looked at its signals: a SIGINT ended it only at the
     --wait deadline (30 s)."""
     import select
-    with limited("1MiB") as s:
+    with limited("100MiB") as s:
+        # Room that may free (a reservation held), not a request past
+        # the limit, which is not waited for.
+        check(s.cli("admit", "--bytes", "95MiB", "--ttl", "600")["admitted"],
+              "the blocker was denied")
         p = subprocess.Popen([CLI, "--socket", s.socket, "--timeout", "500",
                               "run", "--bytes", "10MiB", "--wait", "30",
                               "--poll", "0.2",
