@@ -47,6 +47,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/un.h>
@@ -283,6 +284,11 @@ static int tcp_connect(memtally_query *q, int64_t deadline)
 	struct addrinfo hints = {.ai_socktype = SOCK_STREAM,
 	                         .ai_flags = AI_NUMERICSERV};
 	struct addrinfo *res;
+	/* "localhost" is 127.0.0.1, as memtallyd reads it for its own
+	 * address: /etc/hosts lists ::1 first, where any user may listen on
+	 * the same port and take the token every request carries. */
+	if (strcasecmp(host, "localhost") == 0)
+		snprintf(host, sizeof(host), "127.0.0.1");
 	int gai = getaddrinfo(host, port, &hints, &res);
 	if (gai)
 		return query_fail(q, gai == EAI_SYSTEM ? -errno : -EHOSTUNREACH,

@@ -932,7 +932,12 @@ static int read_token_file(struct load *l, const char *section, const char *key,
 	while (n < 0 && errno == EINTR);
 	int e = errno;
 	struct stat st;
-	bool world = fstat(fd, &st) == 0 && (st.st_mode & 0004);
+	bool statted = fstat(fd, &st) == 0;
+	bool world = statted && (st.st_mode & 0004);
+	/* Whoever can write it, or owns it, chooses the token at the next
+	 * reload: it grants admin rights. */
+	bool writable = !statted || (st.st_mode & 0022) ||
+	                (st.st_uid != 0 && st.st_uid != geteuid());
 	close(fd);
 	if (n < 0)
 		return fail(l, section, key, "cannot read '%s': %s", path,
@@ -950,6 +955,14 @@ static int read_token_file(struct load *l, const char *section, const char *key,
 		return fail(l, section, key,
 		            "'%s' is readable by everyone: use a token file of "
 		            "mode 0600 or 0640 (chmod o-r it)",
+		            path);
+	}
+	if (writable) {
+		explicit_bzero(buf, sizeof(buf));
+		return fail(l, section, key,
+		            "'%s' may be written by others (group or other "
+		            "write, or not owned by root or memtallyd's uid): "
+		            "use a token file of mode 0600 or 0640 of root's",
 		            path);
 	}
 	int err = mts_str_set(dst, buf);

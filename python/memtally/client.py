@@ -143,7 +143,13 @@ class Client:
             host, _, port = tcp.rpartition(":")
             if not host or not port.isdigit():
                 raise ValueError(f"not HOST:PORT: {tcp!r}")
-            self.sock = socket.create_connection((host.strip("[]"), int(port)),
+            host = host.strip("[]")
+            # "localhost" is 127.0.0.1, as memtallyd reads it for its own
+            # address: /etc/hosts lists ::1 first, where any user may
+            # listen on the same port and take the token.
+            if host.lower() == "localhost":
+                host = "127.0.0.1"
+            self.sock = socket.create_connection((host, int(port)),
                                                  timeout=timeout)
         else:
             path = path or os.environ.get("MEMTALLY_SOCKET") or DEFAULT_SOCKET

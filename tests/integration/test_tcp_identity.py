@@ -568,6 +568,64 @@ def test_a_worker_in_a_pid_namespace_of_its_own_is_counted():
         s.stop()
 
 
+def test_localhost_is_the_servers_loopback_not_a_squatters():
+    """memtallyd reads "localhost" as 127.0.0.1. Debian's /etc/hosts lists
+    ::1 first, where any user may listen on the same port: a client that
+    resolved the name itself connected there and sent the token (admin
+    rights) to that user. The C and Python clients now read it as the
+    server does."""
+    import socket
+    require_root()
+    try:
+        probe = socket.socket(socket.AF_INET6)
+        probe.bind(("::1", 0))
+        probe.close()
+    except OSError as e:
+        raise Skip(f"no IPv6 loopback here: {e}")
+    hosts = os.path.join(tempfile.mkdtemp(prefix="mt-hosts-"), "hosts")
+    with open(hosts, "w") as f:  # Debian 12's own order
+        f.write("::1\tlocalhost ip6-localhost ip6-loopback\n"
+                "127.0.0.1\tlocalhost\n")
+    cfg = private_config(f"[server]\ntcp_token = {TOKEN}\n")
+    with Server("--config", cfg, "--tcp", "127.0.0.1:0") as s:
+        port = tcp_port(s)
+        squat = subprocess.Popen(
+            [sys.executable, "-c",
+             "import socket,sys\n"
+             "s=socket.socket(socket.AF_INET6)\n"
+             "s.setsockopt(socket.IPPROTO_IPV6,socket.IPV6_V6ONLY,1)\n"
+             f"s.bind(('::1',{port}));s.listen();print('up',flush=True)\n"
+             "s.settimeout(60)\n"
+             "c,_=s.accept();c.settimeout(5)\n"
+             "print('got',len(c.recv(4096)),flush=True)\n"],
+            stdout=subprocess.PIPE, text=True,
+            preexec_fn=as_user((NOBODY, NOGROUP)))
+        try:
+            check(squat.stdout.readline().strip() == "up", "no squatter")
+            env = dict(os.environ, MEMTALLY_TOKEN=TOKEN,
+                       PYTHONPATH=os.environ["MEMTALLY_PYTHON"])
+            py = (f"from memtally.client import Client\n"
+                  f"print(Client(tcp='localhost:{port}').usage() is not "
+                  f"None)\n")
+            for what, argv in (
+                    ("the CLI", [CLI, "--tcp", f"localhost:{port}",
+                                 "--json", "status"]),
+                    ("the Python client", [sys.executable, "-c", py])):
+                r = subprocess.run(
+                    ["unshare", "-m", "sh", "-c",
+                     'mount --bind "$0" /etc/hosts && exec "$@"', hosts,
+                     *argv], capture_output=True, text=True, env=env,
+                    timeout=60 * MULT)
+                check(r.returncode == 0, f"{what}: {r.returncode} "
+                      f"{r.stdout}{r.stderr}")
+        finally:
+            squat.kill()
+            squat.wait()
+        said = squat.stdout.read()
+        check("got" not in said,
+              f"the squatter on [::1]:{port} was reached: {said}")
+
+
 if __name__ == "__main__":
     run([test_inline_token_needs_a_private_config,
          test_cli_takes_the_token_from_env_or_file_only,
@@ -576,4 +634,5 @@ if __name__ == "__main__":
          test_peer_closed_before_accept_is_not_root,
          test_a_peer_in_a_pid_namespace_memtallyd_cannot_see_needs_the_token,
          test_one_remote_host_gets_an_eighth_of_the_unidentified_places,
-         test_a_worker_in_a_pid_namespace_of_its_own_is_counted])
+         test_a_worker_in_a_pid_namespace_of_its_own_is_counted,
+         test_localhost_is_the_servers_loopback_not_a_squatters])

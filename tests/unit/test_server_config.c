@@ -430,6 +430,27 @@ Test(config, token_file_checks)
 	write_file(tok, "has blank inside\n", 0600);
 	snprintf(text, sizeof(text), "[server]\ntcp_token_file = %s\n", tok);
 	cr_assert_eq(load(text, &s, err, sizeof(err)), -EINVAL);
+	/* Whoever may write it chooses the next reload's token: admin
+	 * rights. Group or other write, or another owner, is refused. */
+	const mode_t bad[] = {0602, 0620, 0660, 0622};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		write_file(tok, "0123456789abcdef\n", 0600);
+		cr_assert_eq(chmod(tok, bad[i]), 0);
+		cr_assert_eq(load(text, &s, err, sizeof(err)), -EINVAL,
+		             "mode %o", (unsigned)bad[i]);
+		cr_assert_not_null(strstr(err, "may be written by others"),
+		                   "mode %o: %s", (unsigned)bad[i], err);
+	}
+	write_file(tok, "0123456789abcdef\n", 0640);
+	cr_assert_eq(chmod(tok, 0640), 0);
+	cr_assert_eq(load(text, &s, err, sizeof(err)), 0, "%s", err);
+	mts_settings_free(&s);
+	if (geteuid() == 0) {
+		cr_assert_eq(chown(tok, 65534, 65534), 0);
+		cr_assert_eq(load(text, &s, err, sizeof(err)), -EINVAL);
+		cr_assert_not_null(strstr(err, "may be written by others"),
+		                   "%s", err);
+	}
 }
 
 /* [metrics] token_file: the same checks, its own key in the message, and
