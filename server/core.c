@@ -180,8 +180,13 @@ static void group_unvouched(struct mts_group *g, uint32_t uid, uint64_t n)
  * pages the read could not see, which the allocator may keep after a free). So
  * the figure never falls below what the kernel could see resident, nor below
  * the heap and mapped bytes. The peak since the read is followed at the ticks
- * that read a sample of its free memory. An untrusted process's resident
- * figure is proportional (rss.c): vouch.c bounds its claims instead.
+ * that read a sample of its free memory. An untrusted process's too:
+ * its resident figure is proportional (rss.c), and bounding its free
+ * bytes by it only lowers its claim toward what the kernel sees, so a
+ * liar gains nothing (vouch.c still counts the larger of the two toward
+ * others); without it, an honest glibc worker that called malloc_trim()
+ * (pages given back, glibc's own figures unmoved) kept its phantom free
+ * memory until its untouched time, over its own limit meanwhile.
  */
 static inline uint64_t free_resident(struct mts_proc *p, uint64_t hm,
                                      uint64_t pf)
@@ -197,7 +202,7 @@ static inline uint64_t free_resident(struct mts_proc *p, uint64_t hm,
 
 /* The allocator's free bytes of `p` this tick (layout 2.2), `heap` and
  * `mapped` being its heap and mapped bytes: the sample's, bounded by the
- * kernel's read for a trusted process (free_resident). A process that never
+ * kernel's read (free_resident). A process that never
  * published a sample (a linked worker, or a preload with the refresh off and
  * nothing freed) costs only a read of lane 0's line, which the sum just
  * read. A sample being written is skipped: the last value stands. */
@@ -212,7 +217,7 @@ static inline uint64_t tick_free(struct mts_proc *p, struct mtshm_slot_id *s,
 	uint64_t f;
 	if (!mtshm_free_now(s, heap, &p->free_held, &f, absurd))
 		return p->allocator_free;
-	if (p->rss_known && !p->untrusted)
+	if (p->rss_known)
 		f = free_resident(p, heap + mapped, f);
 	if (p->allocator_free != f)
 		p->allocator_free = f;

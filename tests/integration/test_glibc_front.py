@@ -242,6 +242,50 @@ def test_free_memory_glibc_keeps_is_counted():
             w.close()
 
 
+def test_an_untrusted_workers_trim_is_followed():
+    """As nobody (its claims not trusted), a glibc worker with a heap of
+    holes calls malloc_trim(): glibc gives the holes' pages back to the
+    kernel, but its own figures (mallinfo2) do not move, so the sample
+    does not either. The kernel's read bounds the free part, as for a
+    trusted worker; before, the figure kept the phantom until the
+    worker's untouched time, over its own limit meanwhile."""
+    from harness import NOBODY, NOGROUP, config_file, open_to_nobody
+    from harness import world_readable_copy
+    lib, frag = world_readable_copy(GLIBC_LIB, worker("frag"))
+    cfg = config_file("[server]\ngroup = 65534\n"
+                      "[trust]\nuntouched_time = 1h\n")
+    with Server("--config", cfg) as s:
+        open_to_nobody(s)
+        w = Worker([*frag, "128", "100"],
+                   s.env(LD_PRELOAD=lib, MEMTALLY_REGISTER_MIN="0"),
+                   user=(NOBODY, NOGROUP))
+        try:
+            check(w.readline().startswith("ready"), "worker ready")
+            wait_for("registered", lambda: s.ps().get(w.pid))
+            w.send("thin")
+            check(w.readline() == "thinned", "thinned")
+            w.send("report")
+            check(w.readline().startswith("report"), "report")
+            p = wait_for("the holes counted as glibc's", lambda: (
+                lambda p: p if p and p["allocator_free"] >= 50 * MIB
+                else None)(s.ps().get(w.pid)))
+            before = p["bytes"]
+            w.send("trim")
+            check(w.readline() == "trimmed", "trimmed")
+            anon = rss_anon(w.pid)
+            check(anon <= before - 40 * MIB,
+                  f"glibc gave nothing back: RssAnon {anon >> 20} MiB, "
+                  f"figure {before >> 20} MiB")
+            p = wait_for("the figure follows the kernel", lambda: (
+                lambda p: p if p and p["bytes"] <= anon + 8 * MIB
+                else None)(s.ps().get(w.pid)), timeout=30)
+            print(f"  trimmed: figure {before >> 20} -> {p['bytes'] >> 20} "
+                  f"MiB, RssAnon {anon >> 20} MiB", flush=True)
+            w.send("exit")
+        finally:
+            w.close()
+
+
 def test_free_memory_sampled_again_in_a_new_slot():
     """A server restarted without adoption (--reset) gives a worker a new
     slot, whose free-memory words are empty: the worker samples at its
@@ -538,6 +582,7 @@ if __name__ == "__main__":
     run([test_counted_as_glibc_counts, test_thread_caches_are_the_only_gap,
          test_gigabyte_through_glibc,
          test_free_memory_glibc_keeps_is_counted,
+         test_an_untrusted_workers_trim_is_followed,
          test_free_memory_sampled_again_in_a_new_slot,
          test_allocator_variable_switches_the_front_end,
          test_python_defaults_to_glibc,

@@ -11,7 +11,10 @@
  * from the system (arena + hblkhd) and how long that mallinfo2() took.
  * "frag" and "free" answer "fragmented" and "freed" when done; "churn"
  * allocates and frees 128 KiB 200 times (activity that flushes, and so
- * notices a server that went away) and answers "churned". First it
+ * notices a server that went away) and answers "churned"; "trim" calls
+ * malloc_trim(0) (glibc gives the holes' pages back, its own figures
+ * unmoved) and answers "trimmed"; "thin" is "frag" keeping one block in 64
+ * and answers "thinned". First it
  * prints "ready pid=P".
  * usage: mt_worker frag MIB [BLOCK]
  */
@@ -74,6 +77,30 @@ static void cmd_churn(const char *arg)
 	mt_say("churned");
 }
 
+/* As "frag", but every 64th block is kept, the rest freed: long runs of
+ * free memory between them, whole pages malloc_trim can give back. */
+static void cmd_thin(const char *arg)
+{
+	(void)arg;
+	for (size_t i = 0; i < n; i++) {
+		blocks[i] = malloc(block);
+		mt_touch(blocks[i], block);
+	}
+	for (size_t i = 0; i < n; i++)
+		if (i % 64) {
+			free(blocks[i]);
+			blocks[i] = NULL;
+		}
+	mt_say("thinned");
+}
+
+static void cmd_trim(const char *arg)
+{
+	(void)arg;
+	malloc_trim(0);
+	mt_say("trimmed");
+}
+
 static void cmd_report(const char *arg)
 {
 	(void)arg;
@@ -93,7 +120,8 @@ static int frag_main(int argc, char **argv)
 	mt_ready();
 	static const struct mt_cmd cmds[] = {
 	    {"frag", cmd_frag},     {"free", cmd_free}, {"churn", cmd_churn},
-	    {"report", cmd_report}, {NULL, NULL},
+	    {"report", cmd_report}, {"trim", cmd_trim}, {"thin", cmd_thin},
+	    {NULL, NULL},
 	};
 	int r = mt_serve(cmds, 0);
 	free(blocks);
