@@ -164,11 +164,27 @@ int mts_sockdiag_answer(const struct inet_diag_msg *m,
 	struct addr p, l;
 	if (addr_of(peer, &p) < 0 || addr_of(local, &l) < 0)
 		return -EAFNOSUPPORT;
-	/* The peer's socket is the one from its address:port to ours. */
-	if (m->idiag_family != p.family || l.family != p.family ||
-	    m->id.idiag_sport != p.port || m->id.idiag_dport != l.port ||
-	    memcmp(m->id.idiag_src, p.a, addr_len(&p)) != 0 ||
-	    memcmp(m->id.idiag_dst, l.a, addr_len(&l)) != 0)
+	/* The peer's socket is the one from its address:port to ours. An
+	 * IPv4 peer's own socket may be a dual-stack AF_INET6 one (Java's
+	 * default, Python's AF_INET6, `[::ffff:127.0.0.1]:PORT`): the kernel
+	 * answers with its family and the IPv4-mapped forms of the same
+	 * addresses, which are that socket all the same. */
+	static const uint8_t mapped[12] = {0, 0, 0, 0, 0,    0,
+	                                   0, 0, 0, 0, 0xff, 0xff};
+	const uint8_t *src = (const uint8_t *)m->id.idiag_src;
+	const uint8_t *dst = (const uint8_t *)m->id.idiag_dst;
+	bool v4_on_v6 = p.family == AF_INET && m->idiag_family == AF_INET6 &&
+	                memcmp(src, mapped, 12) == 0 &&
+	                memcmp(dst, mapped, 12) == 0;
+	if (v4_on_v6) {
+		src += 12;
+		dst += 12;
+	}
+	if ((m->idiag_family != p.family && !v4_on_v6) ||
+	    l.family != p.family || m->id.idiag_sport != p.port ||
+	    m->id.idiag_dport != l.port ||
+	    memcmp(src, p.a, addr_len(&p)) != 0 ||
+	    memcmp(dst, l.a, addr_len(&l)) != 0)
 		return -ENOENT;
 	/* The lookup by 4-tuple ignores idiag_states: it answers with a
 	 * peer's leftover too. A timewait or request socket reports uid 0

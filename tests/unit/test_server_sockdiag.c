@@ -156,6 +156,32 @@ Test(sockdiag, mapped_and_v6_addresses)
 	             -ENOTCONN);
 }
 
+Test(sockdiag, an_ipv4_peer_on_a_dual_stack_socket_is_its_uid)
+{
+	/* The peer connected to 127.0.0.2 from an AF_INET6 socket
+	 * ([::ffff:127.0.0.2]:PORT, Java's default): the kernel answers
+	 * with that socket, its family and the mapped addresses. It was
+	 * refused, and the peer, root included, taken for a stranger. */
+	struct inet_diag_msg m = live_v4();
+	m.idiag_family = AF_INET6;
+	memset(m.id.idiag_src, 0, sizeof(m.id.idiag_src));
+	memset(m.id.idiag_dst, 0, sizeof(m.id.idiag_dst));
+	inet_pton(AF_INET6, "::ffff:127.0.0.1", m.id.idiag_src);
+	inet_pton(AF_INET6, "::ffff:127.0.0.2", m.id.idiag_dst);
+	uint32_t uid = 7;
+	cr_assert_eq(answer(&m, &uid), 0);
+	cr_assert_eq(uid, 1000);
+	/* Mapped, but another address: another socket. */
+	inet_pton(AF_INET6, "::ffff:127.0.0.3", m.id.idiag_src);
+	uid = 7;
+	cr_assert_eq(answer(&m, &uid), -ENOENT);
+	/* Not mapped: an IPv6 socket is not the IPv4 peer's. */
+	inet_pton(AF_INET6, "::1", m.id.idiag_src);
+	inet_pton(AF_INET6, "::1", m.id.idiag_dst);
+	cr_assert_eq(answer(&m, &uid), -ENOENT);
+	cr_assert_eq(uid, 7);
+}
+
 /* ---- real loopback sockets ---------------------------------------------- */
 
 struct pair {
