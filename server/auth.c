@@ -279,6 +279,10 @@ bool mts_may_join_group(const struct mts_registry *reg,
 	    mts_policy_group(&reg->policy, group);
 	if (!g || (g->nuids == 0 && g->ngids == 0))
 		return true;
+	/* The token is admin rights (a remote scheduler's), and admins may
+	 * join any group. */
+	if (peer->token_ok)
+		return true;
 	/* Only a peer the kernel vouches for can be in a list; a TCP peer
 	 * (sock_diag: a uid, no process) by its uid only. */
 	if (!peer->has_cred)

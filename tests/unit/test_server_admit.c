@@ -894,6 +894,34 @@ Test(admit, group_not_allowed)
 	expect_admit(2000, MIB, "etl", true);
 	expect_admit(0, MIB, "etl", true);
 	cr_assert_eq(mts_find_group(&srv.reg, "etl")->reservations, 2);
+
+	/* A TCP peer: denied, unless its request carries the token (admin
+	 * rights: admins may join any group). */
+	free(pol.tcp_token);
+	pol.tcp_token = strdup("a-long-enough-secret");
+	pol.groups = &gp;
+	pol.ngroups = 1;
+	cr_assert_eq(mts_server_apply_policy(&srv, &pol), 0);
+	pol.groups = NULL;
+	pol.ngroups = 0;
+	struct mts_peer tcp = {.fd = -1, .tcp = true};
+	Memtally__V1__Request env = MEMTALLY__V1__REQUEST__INIT;
+	Memtally__V1__Admit body = MEMTALLY__V1__ADMIT__INIT;
+	body.bytes = MIB;
+	body.group = (char *)"etl";
+	env.body_case = MEMTALLY__V1__REQUEST__BODY_ADMIT;
+	env.admit = &body;
+	env.token = (char *)"wrong-but-long-enough";
+	r = fx_call(&tcp, &env);
+	cr_assert(r->error || !r->admit_result->admitted,
+	          "a TCP peer with a wrong token joined etl");
+	memtally__v1__response__free_unpacked(r, NULL);
+	env.token = (char *)"a-long-enough-secret";
+	r = fx_call(&tcp, &env);
+	cr_assert_null(r->error, "%s", r->error ? r->error->message : "");
+	cr_assert(r->admit_result->admitted, "%s", r->admit_result->reason);
+	memtally__v1__response__free_unpacked(r, NULL);
+	cr_assert_eq(mts_find_group(&srv.reg, "etl")->reservations, 3);
 }
 
 /* Outstanding reserved bytes per uid: past the cap Admit is denied
