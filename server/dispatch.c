@@ -766,11 +766,17 @@ static int do_set_limit(struct mts_registry *reg, const struct mts_peer *peer,
 			             ? ""
 			             : " (none is configured)");
 		else
-			snprintf(msg, sizeof(msg),
-			         "SetLimit needs root, the server's uid (%u), "
-			         "the admin uid or gid, or the server's "
-			         "tcp_token; uid %u is none of them",
-			         reg->server_uid, peer->uid);
+			snprintf(
+			    msg, sizeof(msg),
+			    "SetLimit needs root%s, the server's uid (%u), "
+			    "the admin uid or gid, or the server's "
+			    "tcp_token; uid %u is none of them%s",
+			    reg->policy.root_admin ? ""
+			                           : " (root_admin = false)",
+			    reg->server_uid, peer->uid,
+			    token && token[0] ? ", and the token sent is "
+			                        "not the server's"
+			                      : "");
 		return append_error(
 		    out, id, MEMTALLY__V1__ERROR_CODE__ERROR_PERMISSION_DENIED,
 		    msg);
@@ -1108,16 +1114,20 @@ static bool unidentified_refused(struct mts_registry *reg,
 	mts_log_uid(mts_peer_log_uid(peer), MTS_LOG_DEBUG,
 	            "request refused: unknown uid and no token", "%s",
 	            mts_peer_who(peer, who, sizeof(who)));
-	char msg[200];
+	char msg[240];
+	const char *sent = request_token(req);
 	snprintf(msg, sizeof(msg),
 	         "a token is needed: this %s could not be tied to a local "
-	         "uid, %s",
+	         "uid, %s%s",
 	         peer->tcp ? "TCP connection"
 	                   : "peer (in a pid namespace memtallyd cannot see)",
 	         reg->policy.tcp_token ? "so every request on it needs the "
 	                                 "server's tcp_token"
 	                               : "and the server has no tcp_token "
-	                                 "configured");
+	                                 "configured",
+	         sent && sent[0] ? "; the token this request carries is not "
+	                           "it"
+	                         : "");
 	*err = append_error(out, req->id,
 	                    MEMTALLY__V1__ERROR_CODE__ERROR_PERMISSION_DENIED,
 	                    msg);

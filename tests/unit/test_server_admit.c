@@ -913,8 +913,10 @@ Test(admit, group_not_allowed)
 	env.admit = &body;
 	env.token = (char *)"wrong-but-long-enough";
 	r = fx_call(&tcp, &env);
-	cr_assert(r->error || !r->admit_result->admitted,
-	          "a TCP peer with a wrong token joined etl");
+	cr_assert_not_null(r->error, "a TCP peer with a wrong token joined etl");
+	cr_assert(strstr(r->error->message,
+	                 "the token this request carries is not it"),
+	          "%s", r->error->message);
 	memtally__v1__response__free_unpacked(r, NULL);
 	env.token = (char *)"a-long-enough-secret";
 	r = fx_call(&tcp, &env);
