@@ -807,15 +807,9 @@ static int supervise(struct run *r, char **envp)
 	/* A signal that came while we asked for room or started the watch
 	 * (^C, a runner's TERM): the command is not started only to be
 	 * killed, or worse, started after the user gave up on it. */
-	struct pollfd ps = {.fd = r->sfd, .events = POLLIN};
-	while (poll(&ps, 1, 0) == 1) {
-		struct signalfd_siginfo si;
-		if (read(r->sfd, &si, sizeof(si)) != (ssize_t)sizeof(si))
-			break;
-		if (si.ssi_signo != SIGCHLD) {
-			r->died_of = (int)si.ssi_signo;
-			return 128 + (int)si.ssi_signo;
-		}
+	if (signalled(r)) {
+		r->died_of = r->signo;
+		return 128 + r->signo;
 	}
 	pid_t parent = getpid();
 	/* What the command leaves behind as it ends becomes ours, not

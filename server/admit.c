@@ -1187,18 +1187,24 @@ static void task_peaks(struct mts_task *t, uint64_t now_ns)
 	}
 }
 
-/* Has anything that decides what `t`'s reservations count, or whether
- * they are taken over or end, changed since its last recount? */
+/* Wait for worker `pid` (started at `start_time`) of `t`, within the
+ * bound. */
+static void await_add(struct mts_task *t, uint32_t pid, uint64_t start_time)
+{
+	if (t->nawait >= MTS_TASK_AWAIT_MAX)
+		return;
+	t->await[t->nawait].pid = pid;
+	t->await[t->nawait].start_time = start_time;
+	t->nawait++;
+}
+
 void mts_task_awaited(struct mts_registry *reg, const char *task, uint32_t pid,
                       uint64_t start_time)
 {
 	struct mts_task *t =
 	    task && task[0] ? task_find(reg, task, hash_str(task)) : NULL;
-	if (!t || t->nawait >= MTS_TASK_AWAIT_MAX)
-		return;
-	t->await[t->nawait].pid = pid;
-	t->await[t->nawait].start_time = start_time;
-	t->nawait++;
+	if (t)
+		await_add(t, pid, start_time);
 }
 
 /* Drop the awaited workers that registered again or are gone, once a
@@ -1225,6 +1231,8 @@ static bool await_prune(struct mts_registry *reg, struct mts_task *t,
 	return dropped;
 }
 
+/* Has anything that decides what `t`'s reservations count, or whether
+ * they are taken over or end, changed since its last recount? */
 static bool task_changed(const struct mts_task *t)
 {
 	if (t->dirty)
@@ -3249,8 +3257,7 @@ static int resv_restore_one(struct mts_registry *reg, const struct resv_rec *rr,
 		bool judge = workers_back;
 		if (!workers_back && r->asker_pid) {
 			judge = true;
-			mts_task_awaited(reg, r->task->name, r->asker_pid,
-			                 r->asker_start);
+			await_add(r->task, r->asker_pid, r->asker_start);
 		}
 		if (judge && !r->task->seen)
 			task_seen(reg, r->task);

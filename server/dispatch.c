@@ -666,23 +666,29 @@ static int do_admit(struct mts_registry *reg, const struct mts_peer *peer,
 	return append_response(out, &resp);
 }
 
+/* Release's and Reservation's answer for an id the server does not hold. */
+static int not_held(struct mts_buf *out, uint64_t id, const char *resv)
+{
+	char msg[160];
+	snprintf(msg, sizeof(msg),
+	         "no outstanding reservation '%.*s' (released, expired or "
+	         "never granted)",
+	         (int)MTS_RESV_ID_LEN + 2, resv ? resv : "");
+	return append_error(out, id, MEMTALLY__V1__ERROR_CODE__ERROR_NOT_FOUND,
+	                    msg);
+}
+
 static int do_release(struct mts_registry *reg, const struct mts_peer *peer,
                       uint64_t id, const Memtally__V1__Release *q,
                       const char *token, struct mts_buf *out)
 {
 	uint64_t bytes = 0;
-	char msg[200];
 	int err = mts_release(reg, peer, q->reservation, token, &bytes);
 	switch (err) {
 	case 0:
 		break;
 	case -ENOENT:
-		snprintf(msg, sizeof(msg),
-		         "no outstanding reservation '%.*s' (released, expired "
-		         "or never granted)",
-		         (int)MTS_RESV_ID_LEN + 2, q->reservation);
-		return append_error(
-		    out, id, MEMTALLY__V1__ERROR_CODE__ERROR_NOT_FOUND, msg);
+		return not_held(out, id, q->reservation);
 	case -EPERM:
 		return append_error(
 		    out, id, MEMTALLY__V1__ERROR_CODE__ERROR_PERMISSION_DENIED,
@@ -721,16 +727,8 @@ static int do_reservation(struct mts_registry *reg, const struct mts_peer *peer,
 		    out, id, MEMTALLY__V1__ERROR_CODE__ERROR_PERMISSION_DENIED,
 		    "the reservation belongs to another user; looking at it "
 		    "needs what releasing it does");
-	if (!r) {
-		char msg[160];
-		snprintf(msg, sizeof(msg),
-		         "no outstanding reservation '%.*s' (released, expired "
-		         "or never granted)",
-		         (int)MTS_RESV_ID_LEN + 2,
-		         q->reservation ? q->reservation : "");
-		return append_error(
-		    out, id, MEMTALLY__V1__ERROR_CODE__ERROR_NOT_FOUND, msg);
-	}
+	if (!r)
+		return not_held(out, id, q->reservation);
 	Memtally__V1__Response resp = MEMTALLY__V1__RESPONSE__INIT;
 	Memtally__V1__ReservationInfo ri = MEMTALLY__V1__RESERVATION_INFO__INIT;
 	ri.reservation = (char *)r->id;

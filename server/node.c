@@ -96,35 +96,27 @@ static int read_u64(const char *dir, const char *name, uint64_t *out)
 	return 0;
 }
 
-/* Whether `key` starts a line of a "key value" list. */
-static bool stat_has(const char *text, const char *key)
+/* Where the value of `key` begins in a "key value" list (memory.stat,
+ * meminfo), or NULL when no line starts with it. */
+static const char *stat_find(const char *text, const char *key)
 {
 	size_t kl = strlen(key);
 	for (const char *p = text; p && *p;) {
 		if (strncmp(p, key, kl) == 0 && (p[kl] == ' ' || p[kl] == ':'))
-			return true;
+			return p + kl + 1 + strspn(p + kl + 1, " :");
 		p = strchr(p, '\n');
 		if (p)
 			p++;
 	}
-	return false;
+	return NULL;
 }
 
 /* The value of `key` in a "key value" list (memory.stat, meminfo), times
  * `unit`; 0 when it is not there. */
 static uint64_t stat_value(const char *text, const char *key, uint64_t unit)
 {
-	size_t kl = strlen(key);
-	for (const char *p = text; p && *p;) {
-		if (strncmp(p, key, kl) == 0 && (p[kl] == ' ' || p[kl] == ':'))
-			return strtoull(p + kl + 1 + strspn(p + kl + 1, " :"),
-			                NULL, 10) *
-			       unit;
-		p = strchr(p, '\n');
-		if (p)
-			p++;
-	}
-	return 0;
+	const char *v = stat_find(text, key);
+	return v ? strtoull(v, NULL, 10) * unit : 0;
 }
 
 static const char *proc_dir(const struct mts_node_src *src)
@@ -180,7 +172,7 @@ int mts_node_read(const struct mts_node_src *src, struct mts_node_fig *fig)
 		/* Without MemAvailable (a virtualised /proc that leaves it
 		 * out) the node would read as full, and the guard would
 		 * evict a task every interval: a read error instead. */
-		if (!stat_has(stat, "MemAvailable"))
+		if (!stat_find(stat, "MemAvailable"))
 			return -EIO;
 		meminfo = true;
 		limit = stat_value(stat, "MemTotal", 1024);

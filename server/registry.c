@@ -515,8 +515,7 @@ static int table_get(struct mts_registry *reg, uint32_t uid,
 static void hold_if_named(struct mts_registry *reg, struct mts_table *tb,
                           uint32_t i)
 {
-	const struct mtshm_slot_id *s =
-	    mtshm_slot(&reg->layout, tb->map.base, i);
+	struct mtshm_slot_id *s = mtshm_slot(&reg->layout, tb->map.base, i);
 	uint32_t pid = mtshm_load_acquire32(&s->pid);
 	uint32_t uid = mtshm_load_relaxed32(&s->uid);
 	uint64_t start = mtshm_load_relaxed64(&s->start_time);
@@ -540,8 +539,7 @@ static void hold_if_named(struct mts_registry *reg, struct mts_table *tb,
 	tb->held++;
 	/* It would never register again on its own: the header it reads
 	 * goes on ticking. */
-	struct mtshm_slot_id *w = mtshm_slot(&reg->layout, tb->map.base, i);
-	mtshm_store_relaxed32(&w->flags, mtshm_load_relaxed32(&w->flags) |
+	mtshm_store_relaxed32(&s->flags, mtshm_load_relaxed32(&s->flags) |
 	                                     MTSHM_SLOT_REATTACH);
 	mts_log_uid(uid, MTS_LOG_WARN,
 	            "slot held for a live worker not adopted",

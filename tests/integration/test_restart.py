@@ -261,6 +261,18 @@ def test_a_worker_left_out_of_the_record_keeps_its_count():
         (second or first).stop()
 
 
+def taken_over_and_recorded(s):
+    """Wait until a reservation of `s` is taken over by its task's worker
+    and the take-over is in the reservations' record (saved within
+    200 ms, else at the 5 s refresh)."""
+    wait_for("taken over", lambda:
+             "reservation taken over by its task" in s.logtext())
+    resv = s.socket + ".state.resv"
+    t_over = time.time()
+    wait_for("the take-over recorded", lambda: os.path.exists(resv) and
+             os.stat(resv).st_mtime > t_over + 0.05)
+
+
 def test_a_reservation_waits_for_its_worker_not_adopted():
     """A task's worker took its reservation over; memtallyd is SIGKILLed
     and started again without the capability to reopen the worker's slot
@@ -277,13 +289,7 @@ def test_a_reservation_waits_for_its_worker_not_adopted():
         w = Worker([*worker("hold"), "8"],
                    first.env(MEMTALLY_TASK="job", **heap))
         w.readline()
-        wait_for("taken over", lambda:
-                 "reservation taken over by its task" in first.logtext())
-        # The take-over reaches the reservations' record within 200 ms.
-        resv = first.socket + ".state.resv"
-        t_over = time.time()
-        wait_for("the take-over recorded", lambda: os.path.exists(resv) and
-                 os.stat(resv).st_mtime > t_over + 0.05)
+        taken_over_and_recorded(first)
         first.kill9()
         second = Server("--config", conf, after=first, prefix=[
             "setpriv", "--bounding-set=-sys_admin,-checkpoint_restore",
@@ -341,12 +347,7 @@ def test_a_taken_over_reservation_restored_without_its_workers_ends():
         stderr=subprocess.DEVNULL)
     try:
         check(run_.stdout.readline().startswith(b"ready"), "no worker")
-        wait_for("taken over", lambda:
-                 "reservation taken over by its task" in first.logtext())
-        resv = first.socket + ".state.resv"
-        t_over = time.time()
-        wait_for("the take-over recorded", lambda: os.path.exists(resv) and
-                 os.stat(resv).st_mtime > t_over + 0.05)
+        taken_over_and_recorded(first)
         first.kill9()
         os.unlink(first.socket + ".state")
         second = Server("--config", conf, after=first)

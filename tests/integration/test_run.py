@@ -551,25 +551,33 @@ def test_fail_open_without_server():
         check(took < 5 * MULT, f"{extra}: took {took:.1f} s")
 
 
+def waiting_run(s, timeout_ms, *args):
+    """`memtally --timeout TIMEOUT_MS run ARGS`, once it says it waits
+    for room (its stderr a pipe of text)."""
+    import select
+    p = subprocess.Popen([CLI, "--socket", s.socket, "--timeout", timeout_ms,
+                          "run", *args], env=run_env(),
+                         stderr=subprocess.PIPE, text=True)
+    got, _, _ = select.select([p.stderr], [], [], 20 * MULT)
+    if not (got and "waiting up to" in p.stderr.readline()):
+        p.kill()
+        p.wait()
+        check(False, "the run is not waiting for room")
+    return p
+
+
 def test_a_signal_ends_the_wait_while_memtallyd_is_stalled():
     """Each ask took its whole timeout and the next was due at once, so
     the wait never looked at its signals: a SIGINT ended it only at the
     --wait deadline (30 s)."""
-    import select
     with limited("100MiB") as s:
         # Room that may free (a reservation held), not a request past
         # the limit, which is not waited for.
         check(s.cli("admit", "--bytes", "95MiB", "--ttl", "600")["admitted"],
               "the blocker was denied")
-        p = subprocess.Popen([CLI, "--socket", s.socket, "--timeout", "500",
-                              "run", "--bytes", "10MiB", "--wait", "30",
-                              "--poll", "0.2",
-                              "--", "true"], env=run_env(),
-                             stderr=subprocess.PIPE, text=True)
+        p = waiting_run(s, "500", "--bytes", "10MiB", "--wait", "30",
+                        "--poll", "0.2", "--", "true")
         try:
-            r, _, _ = select.select([p.stderr], [], [], 20 * MULT)
-            check(r and "waiting up to" in p.stderr.readline(),
-                  "the run is not waiting for room")
             s.proc.send_signal(signal.SIGSTOP)
             try:
                 time.sleep(1.5)     # asks timing out, one after another
@@ -634,22 +642,15 @@ def test_asks_a_stalled_memtallyd_missed_make_one_grant():
     missed and granted each that fit: reservations the run never knew of,
     held until their TTL. Every ask after a run's first says it repeats
     it (Admit.again): one grant, the run's."""
-    import select
     with limited("64MiB") as s:
         r = subprocess.run([CLI, "--socket", s.socket, "admit", "--bytes",
                             "60MiB", "--ttl", "2"], env=run_env(),
                            capture_output=True, text=True,
                            timeout=30 * MULT)
         check(r.returncode == 0, f"the blocker: {r.stdout} {r.stderr}")
-        p = subprocess.Popen([CLI, "--socket", s.socket, "--timeout", "300",
-                              "run", "--bytes", "24MiB", "--wait", "60",
-                              "--poll", "0.2", "--ttl", "300", "--",
-                              "sleep", "0.5"], env=run_env(),
-                             stderr=subprocess.PIPE, text=True)
+        p = waiting_run(s, "300", "--bytes", "24MiB", "--wait", "60",
+                        "--poll", "0.2", "--ttl", "300", "--", "sleep", "0.5")
         try:
-            got, _, _ = select.select([p.stderr], [], [], 20 * MULT)
-            check(got and "waiting up to" in p.stderr.readline(),
-                  "the run is not waiting for room")
             s.proc.send_signal(signal.SIGSTOP)
             try:
                 time.sleep(3)   # the blocker's TTL passes; asks time out
