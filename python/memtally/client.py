@@ -351,6 +351,14 @@ class Client:
         return self.call(release=pb.Release(reservation=reservation,
                                             token=token))
 
+    def reservation(self, reservation):
+        """Look at a reservation without ending it (a ReservationInfo:
+        its granted bytes, task, group, and whether a worker of its task
+        took it over). Who may: as for release(). MemtallyError with
+        ERROR_NOT_FOUND when memtallyd holds no such reservation
+        (released, expired, or never granted)."""
+        return self.call(reservation=pb.Reservation(reservation=reservation))
+
     def watch(self, own=False):
         """Subscribe; yield Events for ever (the first is the fleet's
         current state). The connection is a stream from then on. `own`:

@@ -64,12 +64,22 @@ def test_library_admit_deny_release_usage_ps():
                   f"denial figures: {no}")
             check("fleet" in no.limit_scope and no.reason, f"reason: {no}")
             check(c.usage().reserved_bytes >= 16 * MIB, "reservation counted")
+            info = c.reservation(ok.reservation)
+            check(info.reservation == ok.reservation and
+                  info.bytes == 16 * MIB and info.task == "t1" and
+                  info.group == "py" and not info.taken_over,
+                  f"reservation info: {info}")
             rel = c.release(ok.reservation)
             check(rel.reservation == ok.reservation and rel.bytes == 16 * MIB,
                   f"released: {rel}")
             try:
                 c.release(ok.reservation)
                 check(False, "second release succeeded")
+            except mc.MemtallyError as e:
+                check(e.code == pb.ERROR_NOT_FOUND, f"code {e.code}")
+            try:
+                c.reservation(ok.reservation)
+                check(False, "a released reservation was found")
             except mc.MemtallyError as e:
                 check(e.code == pb.ERROR_NOT_FOUND, f"code {e.code}")
             check(c.admit(40 * MIB).admitted, "room after release")
