@@ -520,7 +520,13 @@ static void hold_if_named(struct mts_registry *reg, struct mts_table *tb,
 	uint32_t uid = mtshm_load_relaxed32(&s->uid);
 	uint64_t start = mtshm_load_relaxed64(&s->start_time);
 	uint32_t cap = mts_slots_per_uid(reg);
+	/* Slot indices are the fleet's, the tables each uid's: another
+	 * uid's table may name a process of its own at the same index. Each
+	 * such hold is kept (the index is free again when the last ends:
+	 * held_end), so no uid's claim can keep another's worker from being
+	 * told to register again, and there are never more than the slots. */
 	if (!pid || pid > INT32_MAX || uid != tb->uid ||
+	    reg->nheld >= reg->slot_count ||
 	    (cap != MTS_CAP_NONE && tb->procs + tb->held >= cap))
 		return;
 	for (uint32_t k = 0; k < reg->nheld; k++)
@@ -554,7 +560,9 @@ static bool slot_is_held(const struct mts_registry *reg, uint32_t slot)
 	return false;
 }
 
-/* Hold `k` ends: its slot is free again. */
+/* Hold `k` ends: its slot is free again, once no other table's hold of
+ * the same index remains (pushed twice, one index would be handed to two
+ * workers, and the stack would outgrow its slot_count entries). */
 static void held_end(struct mts_registry *reg, uint32_t k)
 {
 	struct mts_held_slot h = reg->held[k];
@@ -562,8 +570,10 @@ static void held_end(struct mts_registry *reg, uint32_t k)
 	struct mts_table *t = mts_table_find(reg, h.uid);
 	if (t && t->held)
 		t->held--;
-	if (!reg->by_slot[h.slot])
+	if (!reg->by_slot[h.slot] && !slot_is_held(reg, h.slot))
 		reg->free_slots[reg->nfree++] = h.slot;
+	mts_log_uid(h.uid, MTS_LOG_DEBUG, "slot hold ended",
+	            "pid=%u uid=%u slot=%u", h.pid, h.uid, h.slot);
 }
 
 /* The held process registered again (now its client carries the slot's

@@ -21,6 +21,7 @@ open-files limit.
 """
 import json
 import os
+import re
 import resource
 import signal
 import struct
@@ -466,6 +467,84 @@ def test_forged_slot_is_not_adopted():
         victim.wait()
 
 
+def test_two_uids_naming_one_slot_index_free_it_once():
+    """Slot indices are the fleet's, the tables each uid's. After a
+    restart, two uids' tables each name, at the same index, a live process
+    of their own the restart did not adopt (each uid may write its own
+    table). Both are held; the index goes back on the free stack once,
+    when the last hold ends. Pushed twice, it was handed to two workers at
+    once, and memtallyd crashed when one of them exited."""
+    conf = config("[server]\ngroup = 65534\n")
+    first = Server("--config", conf)
+    open_to_nobody(first)
+    users = [(NOBODY, NOGROUP), (1, NOGROUP)]  # nobody, daemon
+    ws, xs, fresh = [], [], []
+    second = None
+    try:
+        for u in users:
+            w = Worker([*worker("hold"), "4"], wenv(first, "iso"), user=u)
+            check(w.readline().startswith("ready"), "worker did not start")
+            ws.append(w)
+            wait_for("worker counted", lambda: first.ps().get(
+                w.pid, {}).get("bytes", 0) >= 4 * MIB)
+            xs.append(subprocess.Popen(["sleep", "600"],
+                                       preexec_fn=as_user(u)))
+        used = set()
+        maps = []
+        for w in ws:
+            m, off = wait_for("its slot", lambda: find_own_slot(w.pid))
+            used.add(off // 512)
+            maps.append(m)
+        j = max(used) + 3  # in the same page: a free index in both tables
+        for m, x, u in zip(maps, xs, users):
+            struct.pack_into("<Q", m, j * 512 + 16, starttime(x.pid))
+            struct.pack_into("<II", m, j * 512, x.pid, u[0])
+            m.close()
+        first.stop()
+        second = Server("--config", conf, after=first)
+        held = wait_for("both holds", lambda: (
+            lambda t: t if t.count(f'msg="slot held for a live worker not '
+                                   f'adopted"') >= 2 else None)(
+                second.logtext()))
+        check(held.count(f" slot={j}") >= 2, f"holds not at slot {j}")
+        for x in xs:
+            x.kill()
+            x.wait()
+        # Gone: both holds end at the next look (once a second).
+        wait_for("both holds ended", lambda: second.logtext().count(
+            'msg="slot hold ended"') >= 2)
+        st = second.status()
+        check(st["slots_free"] == st["slots"] - st["processes"],
+              f"{st['slots_free']} slots free of {st['slots']} with "
+              f"{st['processes']} workers: an index on the stack twice")
+        for u in users:
+            w = Worker([*worker("hold"), "2"], wenv(second, "new"), user=u)
+            check(w.readline().startswith("ready"), "new worker")
+            fresh.append(w)
+        wait_for("the new workers registered", lambda: all(
+            w.pid in second.ps() for w in fresh))
+        got = re.findall(r'msg="worker registered" pid=(\d+) uid=\d+ '
+                         r'slot=(\d+)', second.logtext())
+        slots = {int(p): int(sl) for p, sl in got
+                 if int(p) in (fresh[0].pid, fresh[1].pid)}
+        check(len(set(slots.values())) == 2,
+              f"two workers given one slot: {slots}")
+        fresh[0].close()
+        wait_for("the first gone", lambda: fresh[0].pid not in second.ps())
+        ps = second.ps()
+        check(second.proc.poll() is None, "memtallyd died")
+        check(fresh[1].pid in ps and ps[fresh[1].pid]["bytes"] >= 2 * MIB,
+              f"the other not counted: {ps.get(fresh[1].pid)}")
+    finally:
+        for w in ws + fresh:
+            w.close()
+        for x in xs:
+            if x.poll() is None:
+                x.kill()
+                x.wait()
+        (second or first).stop()
+
+
 # ---- many workers under the default open-files limit -------------------
 
 def test_many_workers_under_default_fd_limit():
@@ -520,4 +599,5 @@ if __name__ == "__main__":
          test_precreated_state_file_is_refused,
          test_a_symlinked_state_file_is_refused_and_said,
          test_forged_slot_is_not_adopted,
+         test_two_uids_naming_one_slot_index_free_it_once,
          test_many_workers_under_default_fd_limit])
