@@ -1677,13 +1677,17 @@ static bool deny_group(const struct mts_registry *reg,
 	return true;
 }
 
-/* The per-uid cap on outstanding reserved bytes in force, 0 = none. */
-static uint64_t uid_bytes_cap(const struct mts_policy *pol)
+/* The per-uid cap on outstanding reserved bytes in force, 0 = none. A
+ * percentage is of the fleet limit in force (a SetLimit's), not the
+ * config file's: with `fleet = none` in the file and a limit set at run
+ * time, one uid could otherwise reserve the whole fleet. */
+static uint64_t uid_bytes_cap(const struct mts_registry *reg)
 {
+	const struct mts_policy *pol = &reg->policy;
 	if (pol->resv_bytes_per_uid)
 		return pol->resv_bytes_per_uid;
-	if (pol->resv_bytes_bp && pol->fleet_limit)
-		return (uint64_t)((unsigned __int128)pol->fleet_limit *
+	if (pol->resv_bytes_bp && reg->totals.limit)
+		return (uint64_t)((unsigned __int128)reg->totals.limit *
 		                  pol->resv_bytes_bp / MTS_BP_ONE);
 	return 0;
 }
@@ -1695,7 +1699,7 @@ static bool deny_uid_bytes(const struct mts_registry *reg,
                            const struct mts_peer *peer, uint64_t bytes,
                            struct mts_admit_out *out)
 {
-	uint64_t cap = uid_bytes_cap(&reg->policy);
+	uint64_t cap = uid_bytes_cap(reg);
 	if (!cap)
 		return false;
 	bool owned;
@@ -2489,7 +2493,7 @@ static uint64_t grantable(const struct mts_registry *reg, bool admin)
 	uint64_t most = first_run_room(reg);
 	if (!most)
 		most = bare_limit(reg);
-	uint64_t cap = admin ? 0 : uid_bytes_cap(&reg->policy);
+	uint64_t cap = admin ? 0 : uid_bytes_cap(reg);
 	if (cap && (!most || cap < most))
 		most = cap;
 	return most;
@@ -2568,7 +2572,7 @@ static uint64_t size_request(const struct mts_registry *reg, uint32_t key,
 		         mt_format_size(a, sizeof(a), declared), 128, kind);
 		return declared;
 	}
-	uint64_t d = mts_kind_default_size(pol);
+	uint64_t d = mts_kind_default_size(reg);
 	/* Bounded as a learned size is: a default above all one request is
 	 * ever granted (a uid's max_reserved_bytes_per_uid below it) would
 	 * be denied for ever, and the kind would never run to learn. */

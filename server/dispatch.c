@@ -1056,7 +1056,7 @@ static int do_kinds(struct mts_registry *reg, const struct viewer *v,
 	kr.margin = pol->kind_margin_bp / 100.0;
 	kr.window = pol->kind_window;
 	kr.horizon_s = pol->kind_horizon_s;
-	kr.default_size = mts_kind_default_size(pol);
+	kr.default_size = mts_kind_default_size(reg);
 	resp.id = id;
 	resp.body_case = MEMTALLY__V1__RESPONSE__BODY_KINDS_RESULT;
 	resp.kinds_result = &kr;

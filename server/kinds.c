@@ -493,12 +493,13 @@ int mts_kind_learned(const struct mts_registry *reg, const char *kind,
 	return 0;
 }
 
-uint64_t mts_kind_default_size(const struct mts_policy *pol)
+uint64_t mts_kind_default_size(const struct mts_registry *reg)
 {
+	const struct mts_policy *pol = &reg->policy;
 	if (pol->kind_default_size)
 		return pol->kind_default_size;
-	if (pol->kind_default_bp && pol->fleet_limit) {
-		uint64_t v = (uint64_t)((unsigned __int128)pol->fleet_limit *
+	if (pol->kind_default_bp && reg->totals.limit) {
+		uint64_t v = (uint64_t)((unsigned __int128)reg->totals.limit *
 		                        pol->kind_default_bp / MTS_BP_ONE);
 		return v ? v : 1;
 	}

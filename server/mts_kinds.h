@@ -142,8 +142,9 @@ int mts_kind_profile_for(const struct mts_registry *reg, const char *kind,
 void mts_kind_method(const struct mts_policy *pol, uint32_t runs, char *buf,
                      size_t len);
 
-/* What a kind with no history reserves ([kinds] default_size). */
-uint64_t mts_kind_default_size(const struct mts_policy *pol);
+/* What a kind with no history reserves ([kinds] default_size; a
+ * percentage is of the fleet limit in force). */
+uint64_t mts_kind_default_size(const struct mts_registry *reg);
 
 /*
  * May `uid` bring a new kind into existence? 0, or -EDQUOT (it keeps

@@ -913,7 +913,8 @@ Test(admit, group_not_allowed)
 	env.admit = &body;
 	env.token = (char *)"wrong-but-long-enough";
 	r = fx_call(&tcp, &env);
-	cr_assert_not_null(r->error, "a TCP peer with a wrong token joined etl");
+	cr_assert_not_null(r->error,
+	                   "a TCP peer with a wrong token joined etl");
 	cr_assert(strstr(r->error->message,
 	                 "the token this request carries is not it"),
 	          "%s", r->error->message);
@@ -954,14 +955,27 @@ Test(admit, reserved_bytes_per_uid)
 	memtally__v1__response__free_unpacked(r, NULL);
 	grant(60 * MIB, "", "", 0);
 
-	/* 25% of a 1 GiB fleet: 256 MiB. */
+	/* 25% of a 1 GiB fleet: 256 MiB. Of the limit in force (a
+	 * SetLimit's), not the file's: with `fleet = none` in the file and
+	 * 1 GiB set at run time, one uid reserved 1000 MiB of it (found in
+	 * review), and the kinds' default was the no-limit one. */
 	srv.reg.policy.resv_bytes_per_uid = 0;
 	srv.reg.policy.resv_bytes_bp = 2500;
-	srv.reg.policy.fleet_limit = 1024 * MIB;
+	srv.reg.policy.fleet_limit = 0;
+	srv.reg.totals.limit = 1024 * MIB;
 	r = fx_admit(3000, 257 * MIB, "", "", 0);
 	cr_assert_not(r->admit_result->admitted);
+	cr_assert_str_eq(r->admit_result->limit_scope, "uid:3000");
 	cr_assert_eq(r->admit_result->limit, 256 * MIB);
 	memtally__v1__response__free_unpacked(r, NULL);
+	srv.reg.policy.kind_default_size = 0;
+	srv.reg.policy.kind_default_bp = 1000;
+	cr_assert_eq(mts_kind_default_size(&srv.reg), 1024 * MIB / 10);
+	/* And the other way: 100 GiB set over the file's 1 GiB. */
+	srv.reg.policy.fleet_limit = 1024 * MIB;
+	srv.reg.totals.limit = 100 * 1024 * MIB;
+	expect_admit(3000, 2048 * MIB, "", true);
+	cr_assert_eq(mts_kind_default_size(&srv.reg), 10 * 1024 * MIB);
 }
 
 /* One uid brings at most max_groups_per_uid new group names into
