@@ -17,7 +17,12 @@
  *  - time: a turn answers at most MTS_FRAMES_PER_TURN frames. A connection
  *    with more complete frames stops reading and joins the backlog. An
  *    idle handle serves the backlog one turn per connection per loop
- *    iteration, so every other connection's events run in between.
+ *    iteration, so every other connection's events run in between. And a
+ *    peer uid has at most MTS_FRAMES_PER_UID_ITER frames answered per
+ *    iteration over all its connections (the count kept beside its
+ *    connection count, net->conn_uids): a connection of a uid that spent
+ *    them waits in the backlog for the next iteration, so one uid's many
+ *    connections take one uid's share of the loop, not one each.
  * A connection reads only while it is in none of these states and not
  * closing. `reading` mirrors uv_read_start/stop.
  *
@@ -164,21 +169,30 @@ static void on_conn_closed(uv_handle_t *h)
 	free(c);
 }
 
-static void backlog_remove(struct mts_conns *net, struct mts_conn *c)
+static bool list_remove(struct mts_conn **head, struct mts_conn **tail,
+                        struct mts_conn *c)
 {
 	struct mts_conn *prev = NULL;
-	for (struct mts_conn *x = net->backlog_head; x; x = x->bnext) {
+	for (struct mts_conn *x = *head; x; x = x->bnext) {
 		if (x == c) {
 			if (prev)
 				prev->bnext = c->bnext;
 			else
-				net->backlog_head = c->bnext;
-			if (net->backlog_tail == c)
-				net->backlog_tail = prev;
-			break;
+				*head = c->bnext;
+			if (*tail == c)
+				*tail = prev;
+			return true;
 		}
 		prev = x;
 	}
+	return false;
+}
+
+static void backlog_remove(struct mts_conns *net, struct mts_conn *c)
+{
+	/* In the backlog, or set aside by on_idle while it runs. */
+	if (!list_remove(&net->backlog_head, &net->backlog_tail, c))
+		(void)list_remove(&net->skip_head, &net->skip_tail, c);
 	c->bnext = NULL;
 	c->backlogged = false;
 }
@@ -623,6 +637,42 @@ static int conn_append(struct mts_conn *c, const uint8_t *data, size_t n)
 	return 0;
 }
 
+/* The word kept beside c's uid's connection count: the iteration it
+ * last had frames answered in (high half) and how many (low half). NULL
+ * for a connection left uncounted (out of memory): it is not held to it. */
+static uint64_t *uid_frames(struct mts_conn *c)
+{
+	return c->uid_counted
+	           ? mts_uid_count_bytes(&c->net->conn_uids, c->uid_key)
+	           : NULL;
+}
+
+/* Frames c's uid may still have answered in this loop iteration. */
+static unsigned uid_frames_left(struct mts_conn *c)
+{
+	const uint64_t *w = uid_frames(c);
+	if (!w || (uint32_t)(*w >> 32) != c->net->iter)
+		return MTS_FRAMES_PER_UID_ITER;
+	uint32_t used = (uint32_t)*w;
+	return used >= MTS_FRAMES_PER_UID_ITER ? 0
+	                                       : MTS_FRAMES_PER_UID_ITER - used;
+}
+
+static void uid_frames_spend(struct mts_conn *c, unsigned n)
+{
+	uint64_t *w = uid_frames(c);
+	if (!w || !n)
+		return;
+	uint32_t used = (uint32_t)(*w >> 32) == c->net->iter ? (uint32_t)*w : 0;
+	*w = (uint64_t)c->net->iter << 32 | (used + n);
+}
+
+static void on_iteration(uv_prepare_t *h)
+{
+	struct mts_conns *net = h->data;
+	net->iter++;
+}
+
 /* One turn: answer buffered frames within the budgets, then decide
  * whether to read more, wait for the output to drain, or come back on the
  * next loop iteration. */
@@ -635,12 +685,21 @@ static void conn_process(struct mts_conn *c)
 		stop_reading(c);
 		return;
 	}
+	unsigned left = uid_frames_left(c);
+	if (!left) {
+		/* Its uid's share of this iteration is spent: the next. */
+		stop_reading(c);
+		backlog_add(c);
+		return;
+	}
 	struct mts_buf out = {0};
+	unsigned answered = 0;
 	struct mts_budget budget = {
 	    .out_bytes = c->out_pending >= MTS_OUT_HIGH
 	                     ? 0
 	                     : MTS_OUT_HIGH - c->out_pending,
-	    .frames = MTS_FRAMES_PER_TURN,
+	    .frames = left < MTS_FRAMES_PER_TURN ? left : MTS_FRAMES_PER_TURN,
+	    .answered = &answered,
 	};
 	/* Over budget, a turn of a connection still under its share adds at
 	 * most about that share (one answer at least), not MTS_OUT_HIGH. */
@@ -653,6 +712,7 @@ static void conn_process(struct mts_conn *c)
 	int r = mts_input(c->net->reg, &c->peer, in, c->in_len - c->in_off,
 	                  &out, budget, &used);
 	c->turn_out = NULL;
+	uid_frames_spend(c, answered);
 	if (c->closing) {
 		/* An event pushed during the turn found us not reading. */
 		mts_buf_free(&out);
@@ -726,8 +786,27 @@ static void on_idle(uv_idle_t *h)
 		if (!net->backlog_head)
 			net->backlog_tail = NULL;
 		c->bnext = NULL;
+		if (!uid_frames_left(c)) {
+			/* Its uid's share is spent: set aside, still
+			 * backlogged, and put back in front of those served
+			 * (which went to the tail), so that a uid's
+			 * connections take their turns round by round. */
+			if (net->skip_tail)
+				net->skip_tail->bnext = c;
+			else
+				net->skip_head = c;
+			net->skip_tail = c;
+			continue;
+		}
 		c->backlogged = false;
 		conn_process(c); /* may queue c again, at the tail */
+	}
+	if (net->skip_head) {
+		net->skip_tail->bnext = net->backlog_head;
+		if (!net->backlog_head)
+			net->backlog_tail = net->skip_tail;
+		net->backlog_head = net->skip_head;
+		net->skip_head = net->skip_tail = NULL;
 	}
 	if (!net->backlog_head)
 		uv_idle_stop(h);
@@ -1465,6 +1544,13 @@ static int conns_init(struct mts_conns *net)
 		return err;
 	net->idle.data = net;
 	net->idle_open = true;
+	err = uv_prepare_init(net->loop, &net->iter_prep);
+	if (err < 0)
+		return err;
+	net->iter_prep.data = net;
+	net->iter_prep_open = true;
+	uv_prepare_start(&net->iter_prep, on_iteration);
+	uv_unref((uv_handle_t *)&net->iter_prep);
 	err = uv_timer_init(net->loop, &net->idle_timer);
 	if (err < 0)
 		return err;
@@ -1690,6 +1776,10 @@ void mts_conns_close(struct mts_conns *net)
 	if (net->idle_open) {
 		uv_close((uv_handle_t *)&net->idle, NULL);
 		net->idle_open = false;
+	}
+	if (net->iter_prep_open) {
+		uv_close((uv_handle_t *)&net->iter_prep, NULL);
+		net->iter_prep_open = false;
 	}
 	if (net->budget_timer_open) {
 		uv_close((uv_handle_t *)&net->budget_timer, NULL);

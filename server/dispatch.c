@@ -1371,5 +1371,7 @@ int mts_input(struct mts_registry *reg, struct mts_peer *peer,
 			break;
 	}
 	*consumed = pos;
+	if (budget.answered)
+		*budget.answered = frames;
 	return ret;
 }

@@ -18,6 +18,11 @@
  * get theirs: a peer pipelining thousands of requests must not stall the
  * loop. */
 #define MTS_FRAMES_PER_TURN 64u
+/* Frames one peer uid may have answered per loop iteration over all its
+ * connections (max_connections_per_uid of them): one uid's 128 busy
+ * connections took 128 turns an iteration, and the tick, the timers and
+ * every other peer waited behind them (3 ticks a second instead of 100). */
+#define MTS_FRAMES_PER_UID_ITER 64u
 
 /*
  * The server-wide budget: at most max_connections open, and at most
@@ -89,8 +94,15 @@ struct mts_conns {
 	/* Connections with answerable input left after their turn, served
 	 * one turn each per loop iteration from `idle`. */
 	struct mts_conn *backlog_head, *backlog_tail;
+	/* on_idle's: those whose uid's share was spent, put back in front. */
+	struct mts_conn *skip_head, *skip_tail;
 	uv_idle_t idle;
 	bool idle_open;
+	/* Loop iterations, counted before each poll: the per-uid frame
+	 * budget (MTS_FRAMES_PER_UID_ITER) is renewed at each. */
+	uv_prepare_t iter_prep;
+	bool iter_prep_open;
+	uint32_t iter;
 	/* The server-wide connection budget. */
 	uint32_t max_conns;      /* cfg.max_conns or the default */
 	uint64_t max_buffered;   /* cfg.max_buffered or the default */

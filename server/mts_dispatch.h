@@ -66,8 +66,9 @@ bool mts_event_visible(const struct mts_registry *reg,
 
 /* How much one mts_input() call may do. */
 struct mts_budget {
-	size_t out_bytes; /* stop once out->len reaches this */
-	unsigned frames;  /* stop after answering this many frames */
+	size_t out_bytes;   /* stop once out->len reaches this */
+	unsigned frames;    /* stop after answering this many frames */
+	unsigned *answered; /* if not NULL: set to the frames answered */
 };
 
 /*

@@ -26,7 +26,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import MIB, MULT, Server, check, run, wait_for  # noqa: E402
+from harness import (MIB, MULT, NOBODY, NOGROUP, Server, check,  # noqa: E402
+                     run, wait_for)
 import pbwire as pb  # noqa: E402
 
 LONG = os.environ.get("MEMTALLY_LONG") == "1"
@@ -635,6 +636,136 @@ def test_connection_limit():
                         "after one closed", 0))
 
 
+# One uid's many connections, each pipelining and reading its answers (so
+# that no output bound holds it back), against the loop's other work: the
+# tick, and another uid's requests. Each connection got 64 frames a loop
+# iteration, so one uid's 120 took 7,680 answers an iteration: the tick
+# fell from ~100 to ~5 a second and another user's GetUsage took ~300 ms.
+GREEDY_CONNS = 120  # under max_connections_per_uid (1024 / 8)
+GREEDY_GROUPS = 200  # each answer the size a busy fleet's is
+
+
+def _greedy(path, nconn, seconds, tx):
+    import selectors
+    got = 0
+    try:
+        os.setgroups([])
+        os.setgid(NOGROUP)
+        os.setuid(NOBODY)
+        batch = b"".join(pb.get_usage(i) for i in range(1, 65))
+        sel = selectors.DefaultSelector()
+        todo = {}
+        for _ in range(nconn):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(path)
+            s.setblocking(False)
+            todo[s] = b""
+            sel.register(s, selectors.EVENT_READ | selectors.EVENT_WRITE)
+        tx.send(("ready", 0))
+        end = time.monotonic() + seconds
+        while time.monotonic() < end and todo:
+            for key, ev in sel.select(0.1):
+                s = key.fileobj
+                if s not in todo:
+                    continue
+                try:
+                    if ev & selectors.EVENT_READ:
+                        d = s.recv(1 << 20)
+                        if not d:
+                            raise ConnectionError("closed")
+                        got += len(d)
+                    if ev & selectors.EVENT_WRITE:
+                        if not todo[s]:
+                            todo[s] = batch
+                        todo[s] = todo[s][s.send(todo[s]):]
+                except BlockingIOError:
+                    pass
+                except OSError:
+                    sel.unregister(s)
+                    del todo[s]
+        tx.send(("done", got))
+    except Exception as e:  # noqa: BLE001
+        tx.send(("failed", repr(e)))
+
+
+def _loop_figures(srv, seconds):
+    """(ticks a second, median GetUsage round trip) seen by root, one
+    request every 20 ms on a connection of its own."""
+    s = connect(srv)
+    r = pb.Reader(s)
+    lat, ticks = [], []
+    end = time.monotonic() + seconds
+    i = 0
+    while time.monotonic() < end:
+        i += 1
+        t0 = time.monotonic()
+        s.sendall(pb.get_usage(i))
+        resp = r.frame(T)
+        lat.append(time.monotonic() - t0)
+        check(resp is not None and 4 in resp, f"no usage answer: {resp!r}")
+        ticks.append((time.monotonic(), pb.parse(resp[4][0]).get(12, [0])[0]))
+        time.sleep(0.02)
+    s.close()
+    rate = (ticks[-1][1] - ticks[0][1]) / (ticks[-1][0] - ticks[0][0])
+    lat.sort()
+    return rate, lat[len(lat) // 2]
+
+
+def test_one_uid_cannot_take_the_loop():
+    import multiprocessing as mp
+    from harness import config_file, open_to_nobody
+    conf = config_file("[server]\ngroup = 65534\n")
+    with Server("--config", conf) as srv:
+        open_to_nobody(srv)
+        s = connect(srv)
+        r = pb.Reader(s)
+        for i in range(GREEDY_GROUPS):
+            s.sendall(pb.request(i + 1, pb.SET_LIMIT, pb.field(
+                2, 2, b"g%d" % i) + pb.field(4, 0, 1 << 30)))
+        for i in range(GREEDY_GROUPS):
+            resp = r.frame(T)
+            check(resp is not None and not pb.error_code(resp),
+                  f"SetLimit of a group: {resp!r}")
+        s.close()
+        rate0, lat0 = _loop_figures(srv, 2 * MULT)
+        ctx = mp.get_context("fork")
+        rx, tx = ctx.Pipe(duplex=False)
+        seconds = 8 * MULT
+        p = ctx.Process(target=_greedy, daemon=True,
+                        args=(srv.socket, GREEDY_CONNS, seconds, tx))
+        p.start()
+        try:
+            check(rx.poll(30 * MULT), "the greedy peer did not start")
+            what, _ = rx.recv()
+            check(what == "ready", f"greedy peer: {what} {_}")
+            time.sleep(0.5 * MULT)  # its batches in flight
+            rate1, lat1 = _loop_figures(srv, 3 * MULT)
+            check(rx.poll(seconds + 30 * MULT), "the greedy peer hung")
+            what, got = rx.recv()
+        finally:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+        check(what == "done", f"greedy peer: {what} {got}")
+        alive(srv)
+        print(f"  {GREEDY_CONNS} connections of nobody pipelining GetUsage "
+              f"({GREEDY_GROUPS} groups) and reading {got / MIB:.0f} MiB of "
+              f"answers: ticks {rate0:.0f}/s -> {rate1:.0f}/s, root's "
+              f"GetUsage median {lat0 * 1e3:.2f} -> {lat1 * 1e3:.2f} ms",
+              flush=True)
+        check(got > 0, "the greedy peer was never answered")
+        check(rate1 >= rate0 / 4,
+              f"the tick ran {rate1:.1f} times a second under one uid's "
+              f"connections, {rate0:.1f} before")
+        if not sanitized():
+            check(lat1 < 0.05 * MULT,
+                  f"root's GetUsage took {lat1 * 1e3:.0f} ms (median) "
+                  f"under one uid's connections")
+        results.append(("one_uid_cannot_take_the_loop",
+                        f"{GREEDY_CONNS} conns of one uid: ticks "
+                        f"{rate0:.0f}/s -> {rate1:.0f}/s", 0))
+
+
 def _served(srv):
     """A connection that got an answer (kept open), or None."""
     s = connect(srv)
@@ -698,4 +829,5 @@ def test_a_hostile_comm():
 
 if __name__ == "__main__":
     run([test_hostile_peers, test_global_buffer_cap, test_connection_limit,
+         test_one_uid_cannot_take_the_loop,
          test_a_hostile_comm])
