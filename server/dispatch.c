@@ -831,6 +831,62 @@ static int do_set_limit(struct mts_registry *reg, const struct mts_peer *peer,
 
 /* ---- Watch --------------------------------------------------------------- */
 
+/* After the fleet's: each group and process whose state, as its last event
+ * told it, is not ok, as the peer may see it ("current state"). A
+ * subscriber that reconnects (after a drop or a restart) would otherwise
+ * never learn of a group that went over meanwhile; a scope not named is
+ * ok. */
+static int watch_catch_up(struct mts_registry *reg, struct mts_peer *peer,
+                          uint64_t id, uint64_t now_ns, struct mts_buf *out)
+{
+	int err = 0;
+	for (uint32_t i = 0; err == 0 && i < reg->groups_used; i++) {
+		const struct mts_group *g = &reg->groups[i];
+		if (!g->name || g->told.state == MTSHM_STATE_OK)
+			continue;
+		char scope[MTS_NAME_MAX + 8];
+		snprintf(scope, sizeof(scope), "group:%s", g->name);
+		struct mts_event ev = {
+		    .scope = scope,
+		    .state = g->told.state,
+		    .previous = g->told.state,
+		    .bytes = g->bytes,
+		    .rss = g->rss,
+		    .limit = g->limit,
+		    .reserved = g->reserved,
+		    .time_ns = now_ns,
+		    .reason = "current state",
+		    .growth = g->growth,
+		    .forecast_s = mts_group_forecast(reg, g),
+		};
+		if (mts_event_visible(reg, peer, &ev))
+			err = mts_event_append(reg, id, &ev, out);
+	}
+	for (uint32_t i = 0; err == 0 && i < reg->ndense; i++) {
+		struct mts_proc *p = reg->by_slot[reg->dense[i]];
+		if (p->told_state != MTSHM_STATE_OVER)
+			continue;
+		char scope[24];
+		snprintf(scope, sizeof(scope), "pid:%u", p->pid);
+		struct mts_event ev = {
+		    .scope = scope,
+		    .state = p->told_state,
+		    .previous = p->told_state,
+		    .bytes = p->bytes,
+		    .rss = p->rss,
+		    .limit = p->limit,
+		    .time_ns = now_ns,
+		    .reason = "current state",
+		    .growth = mts_proc_growth(reg, p),
+		    .has_uid = true,
+		    .uid = p->uid,
+		};
+		if (mts_event_visible(reg, peer, &ev))
+			err = mts_event_append(reg, id, &ev, out);
+	}
+	return err;
+}
+
 static int do_watch(struct mts_registry *reg, struct mts_peer *peer,
                     const char *token, bool own, uint64_t id,
                     struct mts_buf *out)
@@ -890,6 +946,8 @@ static int do_watch(struct mts_registry *reg, struct mts_peer *peer,
 	resp.body_case = MEMTALLY__V1__RESPONSE__BODY_EVENT;
 	resp.event = &ev;
 	int err = append_response(out, &resp);
+	if (err == 0)
+		err = watch_catch_up(reg, peer, id, ev.time_ns, out);
 	if (err == 0) {
 		reg->req->events++;
 		mts_log_uid(mts_peer_log_uid(peer), MTS_LOG_DEBUG,

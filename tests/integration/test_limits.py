@@ -246,6 +246,51 @@ def test_states_seen_by_watch():
             watch.close()
 
 
+def test_a_new_watch_hears_what_is_not_ok():
+    """A subscriber that starts (or reconnects, after a drop or a restart)
+    while a group and a process are over their limits hears of both
+    first, after the fleet's state, as the docs promise. It heard only the
+    fleet's: a group that went over while it was away stayed unknown until
+    its next change."""
+    with Server() as s:
+        w = Worker([*worker("hold"), "24"], s.env(group="g1"))
+        watch = None
+        try:
+            w.readline()
+            wait_for("counted", lambda: s.ps().get(w.pid, {}).get(
+                "bytes", 0) >= 24 * MIB)
+            for args in (("group", "g1", "8MiB"), ("pid", str(w.pid),
+                                                   "8MiB")):
+                check(cli(s, "limit", "set", *args)[0] == 0,
+                      f"limit set {args}")
+            wait_for("g1 over", lambda: next(
+                (g for g in s.status()["groups"] if g["name"] == "g1"
+                 and g["state"] == "over"), None))
+            wait_for("the worker over", lambda: s.ps()[w.pid].get(
+                "state") == "over")
+            watch = Watcher(s)
+            g = watch.wait("g1's current state",
+                           lambda e: e["scope"] == "group:g1")
+            p = watch.wait("the worker's current state",
+                           lambda e: e["scope"] == f"pid:{w.pid}")
+            f = watch.wait("the fleet's", lambda e: e["scope"] == "fleet")
+            for ev in (g, p):
+                check(ev["state"] == "over" and ev["previous"] == "over" and
+                      ev["reason"] == "current state" and
+                      ev["limit"] == 8 * MIB and ev["bytes"] >= 24 * MIB,
+                      f"current state event {ev}")
+            check(watch.events.index(f) == 0,
+                  f"the fleet's first: {watch.events}")
+            watch.drain()
+            scopes = [e["scope"] for e in watch.events]
+            check(len(scopes) == len(set(scopes)),
+                  f"a scope told twice: {scopes}")
+        finally:
+            w.close()
+            if watch:
+                watch.close()
+
+
 def test_oscillation_does_not_flap():
     """A level moved across the limit and back ten times (every level
     seen by the server) gives one transition into `over` and none out."""
@@ -549,6 +594,7 @@ def test_over_limit_seen_by_large_blocks_at_once():
 
 if __name__ == "__main__":
     run([test_admit_release_and_ttl, test_states_seen_by_watch,
+         test_a_new_watch_hears_what_is_not_ok,
          test_oscillation_does_not_flap,
          test_task_counts_the_larger_not_the_sum,
          test_unprivileged_may_query_not_set_limits,
