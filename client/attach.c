@@ -1044,6 +1044,27 @@ void mtc_refresh_once(void)
 		mtc_maybe_attach(ATTACH_LAZY);
 	const struct mtc_attachment *a = cur_att();
 	if (a) {
+		/* What a flush looks at, for a process that makes none: a
+		 * server restarted without adopting it (no capability, no
+		 * record), or one that holds its slot for it and asks it to
+		 * register again. Its count comes back within a round, not
+		 * at its 128th flush, or never while it stays quiet. */
+		if (mtshm_load_relaxed32(&a->slot->flags) &
+		    MTSHM_SLOT_REATTACH) {
+			/* Once a back-off: a refusal is not asked again
+			 * every round. */
+			if (mt_mono_ns() >=
+			    mtshm_load_relaxed64(&mtc_proc.next_try_ns)) {
+				mtc_debug("the server asks us to register "
+				          "again");
+				mtc_maybe_attach(ATTACH_NOW);
+			}
+		} else {
+			mtc_heartbeat_check(a->hdr);
+		}
+		a = cur_att();
+	}
+	if (a) {
 		uint64_t flushes;
 		int absurd;
 		int64_t bytes = mtshm_slot_sum(a->slot, a->layout.lane_count,

@@ -67,6 +67,8 @@ extern uint32_t mtc_refresh_want;
 void mtc_refresh_start(void) __attribute__((weak, visibility("hidden")));
 bool mtc_refresh_claim(uint64_t *period_ms);
 void mtc_refresh_once(void);
+/* The server's heartbeat stale: register again (publish.c). */
+void mtc_heartbeat_check(const struct mtshm_header *h);
 void mtc_front_refresh(bool busy);
 
 void mtc_maps_reconcile(void); /* mmap.c, below */

@@ -149,8 +149,11 @@ static void release(struct mtc_thread *th)
 	th->counted = 0;
 }
 
-/* Is the server still ticking the segment our slot lives in? */
-static void verify(const struct mtshm_header *h)
+/* Is the server still ticking the segment our slot lives in? Also from
+ * the refresh thread's rounds (mtc_refresh_once): a quiet worker makes no
+ * flush that would look, and a restarted server that could not adopt it
+ * would count nothing of it until it did. */
+void mtc_heartbeat_check(const struct mtshm_header *h)
 {
 	uint64_t hb = mtshm_load_relaxed64(&h->fleet.heartbeat_ns);
 	uint64_t now = mt_mono_ns();
@@ -294,7 +297,7 @@ static inline void after_store(struct mtc_thread *th,
 	} else if (__builtin_expect((th->since_verify += n) >= MTC_VERIFY_EVERY,
 	                            0)) {
 		th->since_verify = 0;
-		verify(a->hdr);
+		mtc_heartbeat_check(a->hdr);
 	}
 	int32_t left =
 	    l ? (int32_t)(MTC_VERIFY_EVERY - 1 - th->since_verify) : 0;

@@ -43,8 +43,8 @@
  * A recorded worker that cannot be adopted is dropped, not lost. That
  * happens when its table cannot be reopened, for example by a server
  * without the capability. Its client sees the heartbeat of the header it
- * mapped stop, re-registers at its next flush and carries the total it
- * had published into its new slot.
+ * mapped stop (at a flush, or its refresh thread's round), re-registers
+ * and carries the total it had published into its new slot.
  */
 #include "mts_adopt.h"
 
@@ -425,7 +425,8 @@ int mts_adopt(struct mts_registry *reg, uint32_t *kept, uint32_t *dropped)
 			mts_log_uid(
 			    r.uid, MTS_LOG_WARN,
 			    "cannot reopen a live worker's slot table; it "
-			    "re-registers at its next flush, keeping its count",
+			    "re-registers once it sees the restart, keeping "
+			    "its count",
 			    "slot=%u pid=%u uid=%u err=%s", i, r.pid, r.uid,
 			    mtshm_strerror(err));
 			continue;

@@ -199,6 +199,40 @@ def slot_of(s, pid):
     return int(got[-1])
 
 
+def test_a_quiet_worker_is_counted_after_a_restart_without_adoption():
+    """A restart that adopts nothing (--reset here; likewise a server
+    without the capability to reopen tables, or one that lost its record):
+    a worker that allocates nothing meanwhile is counted again within a
+    few seconds, its whole total carried. It looked at the heartbeat only
+    at its flushes, after 128 with the ticks stalled: a quiet worker
+    stayed out of the figure for as long as it stayed quiet, and an Admit
+    was granted into the 96 MiB it held."""
+    heap = {"MEMTALLY_ALLOCATOR_FREE": "0"}
+    first = Server("--fleet-limit", "150MiB")
+    w = Worker([*worker("hold"), "96"], first.env(group="quiet", **heap))
+    second = None
+    try:
+        w.readline()
+        wait_for("counted", counted(first, w.pid, 96 * MIB))
+        first.stop()
+        second = Server("--fleet-limit", "150MiB", "--reset", after=first)
+        check(w.pid not in second.ps(), "adopted despite --reset")
+        # Its refresh thread's round (every second) sees the heartbeat
+        # stale (2 s) and registers again: a few seconds, no allocation.
+        wait_for("the quiet worker counted again",
+                 counted(second, w.pid, 96 * MIB), timeout=20)
+        ps = second.ps()
+        check(ps[w.pid]["bytes"] < 98 * MIB,
+              f"counted {ps[w.pid]['bytes'] >> 20} MiB, holds 96")
+        rc = subprocess.run([CLI, "--socket", second.socket, "admit",
+                             "--bytes", "100MiB"], capture_output=True,
+                            text=True, timeout=30 * MULT).returncode
+        check(rc == 3, f"admit of 100 MiB beside 96 held of 150: exit {rc}")
+    finally:
+        w.close()
+        (second or first).stop()
+
+
 def test_a_worker_left_out_of_the_record_keeps_its_count():
     """The record lost b's entry (a disk full when it registered, a record
     cut short); a is adopted, and with it their uid's table, in which b
@@ -813,6 +847,7 @@ def test_watch_reconnects_across_a_restart():
 
 if __name__ == "__main__":
     run([test_restart_adopts_live_workers, test_reset_starts_afresh,
+         test_a_quiet_worker_is_counted_after_a_restart_without_adoption,
          test_kill9_under_load_loses_nothing,
          test_a_worker_left_out_of_the_record_keeps_its_count,
          test_a_reservation_waits_for_its_worker_not_adopted,
