@@ -13,7 +13,19 @@ if(NOT MEMTALLY_TOP_LEVEL)  # a subproject of someone else's build
 endif()
 
 set(_deploy ${PROJECT_SOURCE_DIR}/deploy)
-install(FILES ${_deploy}/memtallyd.service DESTINATION lib/systemd/system)
+# The unit names the daemon where this install puts it: the prefix is
+# known only when the install runs (cmake --install --prefix), so the
+# file is written then. Under /usr/local, systemd finds the unit in
+# /usr/local/lib/systemd/system, which ran /usr/bin/memtallyd: not there.
+set(_unit ${PROJECT_BINARY_DIR}/deploy/memtallyd.service)
+install(CODE "
+  file(READ \"${_deploy}/memtallyd.service\" _u)
+  string(REPLACE \"ExecStart=/usr/bin/memtallyd \"
+         \"ExecStart=\${CMAKE_INSTALL_PREFIX}/${CMAKE_INSTALL_BINDIR}/memtallyd \"
+         _u \"\${_u}\")
+  file(WRITE \"${_unit}\" \"\${_u}\")
+")
+install(FILES ${_unit} DESTINATION lib/systemd/system)
 install(FILES ${_deploy}/memtally.sysusers DESTINATION lib/sysusers.d
         RENAME memtally.conf)
 install(FILES ${_deploy}/memtally.tmpfiles DESTINATION lib/tmpfiles.d

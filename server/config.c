@@ -271,7 +271,8 @@ const struct mts_key mts_keys[] = {
      .help = "Unix socket to listen on; its directory is created if missing"},
     {"server", "label", STRING, 0, S(owned[OWNED_LABEL]),
      .sdef = MTS_DEFAULT_SEGMENT, .ok = label_ok, .alias = "segment",
-     .expect = "a name like memtally (1 to 64 bytes, no '/')",
+     .expect = "a name like memtally (1 to 64 bytes, no '/' but a "
+               "leading one, which is dropped)",
      .flag = "--label", .arg = "NAME",
      .help = "label of the shared objects, as /proc/PID/maps shows them"},
     {"server", "state", STRING, 0, S(owned[OWNED_STATE]), .ok = state_ok,

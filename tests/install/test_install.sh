@@ -13,6 +13,11 @@ for f in bin/memtallyd bin/memtally lib/libmemtally.so lib/libmemtally.a \
          lib/pkgconfig/memtally-query.pc lib/cmake/memtally/memtallyConfig.cmake; do
   [ -e "$tmp/prefix/$f" ] || { echo "missing after install: $f"; exit 1; }
 done
+# The unit runs the daemon this install put in place, not /usr/bin's.
+grep -qx "ExecStart=$tmp/prefix/bin/memtallyd --config /etc/memtally/memtallyd.conf" \
+  "$tmp/prefix/lib/systemd/system/memtallyd.service" \
+  || { echo "the installed unit does not run $tmp/prefix/bin/memtallyd:"; \
+       grep ExecStart "$tmp/prefix/lib/systemd/system/memtallyd.service"; exit 1; }
 export MEMTALLY_SOCKET=/nonexistent/memtally.sock
 PKG_CONFIG_PATH=$tmp/prefix/lib/pkgconfig
 cc "$src/../../examples/c/main.c" -o "$tmp/pc" \

@@ -1271,7 +1271,8 @@ Test(config, label_and_its_old_name)
 	cr_assert_eq(mts_settings_load(&s, NULL, &ov, 1, err, sizeof(err)),
 	             -EINVAL);
 	cr_assert_str_eq(err, "--segment: expected a name like memtally (1 to "
-	                      "64 bytes, no '/'), got 'a/b'");
+	                      "64 bytes, no '/' but a leading one, which is "
+	                      "dropped), got 'a/b'");
 }
 
 /* A reload names the keys whose value changed, apart by whether a reload
