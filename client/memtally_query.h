@@ -520,6 +520,17 @@ MEMTALLY_EXTERN int memtally_query_set_limit(memtally_query *q,
                                              uint64_t bytes,
                                              uint64_t *previous_out);
 
+/*
+ * memtally_query_set_limit(), and *now_out (may be NULL) the limit in
+ * force after it, as memtallyd answers: for a pid, 0 removes its own
+ * limit and the default per-process limit ([limits] process) applies
+ * again, which *now_out then is (0: none).
+ */
+MEMTALLY_EXTERN int
+memtally_query_set_limit2(memtally_query *q, enum memtally_scope scope,
+                          const char *group, uint32_t pid, uint64_t bytes,
+                          uint64_t *previous_out, uint64_t *now_out);
+
 /* ---- watching state changes ------------------------------------------ */
 
 /* One state change (fleet, group or process), with the figures. */

@@ -1325,6 +1325,14 @@ int memtally_query_set_limit(memtally_query *q, enum memtally_scope scope,
                              const char *group, uint32_t pid, uint64_t bytes,
                              uint64_t *previous_out)
 {
+	return memtally_query_set_limit2(q, scope, group, pid, bytes,
+	                                 previous_out, NULL);
+}
+
+int memtally_query_set_limit2(memtally_query *q, enum memtally_scope scope,
+                              const char *group, uint32_t pid, uint64_t bytes,
+                              uint64_t *previous_out, uint64_t *now_out)
+{
 	query_begin(q);
 	if (previous_out)
 		*previous_out = 0;
@@ -1364,6 +1372,8 @@ int memtally_query_set_limit(memtally_query *q, enum memtally_scope scope,
 		return err;
 	if (previous_out)
 		*previous_out = resp->limit_set->previous;
+	if (now_out)
+		*now_out = resp->limit_set->bytes;
 	memtally__v1__response__free_unpacked(resp, NULL);
 	return 0;
 }

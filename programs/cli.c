@@ -160,7 +160,9 @@ static void usage(FILE *f)
 	    "  release ID       end a reservation before its TTL\n"
 	    "  limit set fleet SIZE | group NAME SIZE | pid PID SIZE\n"
 	    "                   change a limit; SIZE none or 0 removes it "
-	    "(needs root,\n"
+	    "(a pid's: the\n"
+	    "                   default per-process limit applies again; "
+	    "needs root,\n"
 	    "                   memtallyd's user or an admin uid/gid)\n"
 	    "  watch [--reconnect]\n"
 	    "                   print every state change as it happens "
@@ -1481,20 +1483,30 @@ static int cmd_limit(struct cli *c)
 	const char *group =
 	    c->scope == MEMTALLY_SCOPE_GROUP ? c->args[2] : NULL;
 	uint64_t previous;
-	int err = memtally_query_set_limit(c->q, c->scope, group, c->pid,
-	                                   c->limit, &previous);
+	/* What memtallyd says is in force now, not what was asked: a pid's
+	 * none puts the default per-process limit back. A server from
+	 * before the answer carried it sends 0 for any limit: take the
+	 * request's then. */
+	uint64_t now = 0;
+	int err = memtally_query_set_limit2(c->q, c->scope, group, c->pid,
+	                                    c->limit, &previous, &now);
 	if (err) {
 		char what[sizeof(c->label) + 32];
 		snprintf(what, sizeof(what), "set the %s limit", c->label);
 		return query_error(c, what, err);
 	}
+	if (!now)
+		now = c->limit;
+	bool dflt = c->scope == MEMTALLY_SCOPE_PID && !c->limit && now;
 	if (c->json)
-		return print_json(json_pack(
-		    "{s:o, s:o, s:o}", "scope", jstr(c->label), "limit",
-		    jlimit(c->limit), "previous", jlimit(previous)));
+		return print_json(json_pack("{s:o, s:o, s:o, s:b}", "scope",
+		                            jstr(c->label), "limit",
+		                            jlimit(now), "previous",
+		                            jlimit(previous), "default", dflt));
 	char l[16], p[16];
 	put_clean(c->label, 0);
-	printf(" limit: %s (was %s)\n", fmt_limit(l, c->limit),
+	printf(" limit: %s%s (was %s)\n", fmt_limit(l, now),
+	       dflt ? ", the default per-process limit" : "",
 	       fmt_limit(p, previous));
 	return 0;
 }

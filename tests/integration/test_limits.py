@@ -19,6 +19,7 @@ from harness import (as_user, CLI, MIB, MULT, PRELOAD, Server, Skip, Worker,  # 
                      check, deadline, run, signal_until, wait_for, worker,
                      world_readable_copy)
 from harness import NOBODY as NOBODY_UID, NOGROUP  # noqa: E402
+from harness import config_file as config_file_text  # noqa: E402
 
 GIB = 1 << 30
 NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
@@ -505,6 +506,37 @@ def test_tcp_needs_the_token_for_limits():
         check(fleet(s)["limit"] == 2 * GIB, "limit over TCP not applied")
 
 
+def test_a_pids_limit_removed_says_the_default_in_force():
+    """`limit set pid P none` removes P's own limit; the default
+    per-process limit applies to it again, and the CLI says so with the
+    figure memtallyd answers. It printed "none" while 64 MiB stayed in
+    force, and P could still be flagged and signalled."""
+    with Server("--config", config_file_text("[limits]\nprocess = 64MiB\n")
+                ) as s:
+        w = Worker([*worker("hold"), "4"], s.env(group="own"))
+        try:
+            w.readline()
+            wait_for("counted", lambda: s.ps().get(w.pid))
+            rc, doc, out, err = cli(s, "limit", "set", "pid", str(w.pid),
+                                    "10MiB")
+            check(rc == 0 and doc["limit"] == 10 * MIB and
+                  doc["previous"] == 64 * MIB and not doc["default"],
+                  f"set 10MiB: {rc} {out}{err}")
+            rc, doc, out, err = cli(s, "limit", "set", "pid", str(w.pid),
+                                    "none")
+            check(rc == 0 and doc["limit"] == 64 * MIB and doc["default"]
+                  and doc["previous"] == 10 * MIB,
+                  f"set none: {rc} {out}{err}")
+            check(s.ps()[w.pid]["limit"] == 64 * MIB,
+                  f"in force: {s.ps()[w.pid]}")
+            rc, _, out, err = cli(s, "limit", "set", "pid", str(w.pid),
+                                  "none", json_out=False)
+            check(rc == 0 and "limit: 64 MiB, the default per-process "
+                  "limit (was 64 MiB)" in out, f"text: {out!r}{err}")
+        finally:
+            w.close()
+
+
 # ---- the worker's over-limit callback -------------------------------------
 
 def until(w, line, lines):
@@ -600,5 +632,6 @@ if __name__ == "__main__":
          test_unprivileged_may_query_not_set_limits,
          test_sighup_reloads_the_fleet_limit,
          test_tcp_needs_the_token_for_limits,
+         test_a_pids_limit_removed_says_the_default_in_force,
          test_over_limit_callback_runs_in_the_worker,
          test_over_limit_seen_by_large_blocks_at_once])
