@@ -602,12 +602,20 @@ void mts_enforce(struct mts_registry *reg, uint64_t now_ns)
 	uint64_t held =
 	    mt_sat_add(mts_measured(reg, touched, t->rss), t->reserved);
 	if (t->limit && held <= t->limit) {
+		/* Which: its state stays over down to the lower mark
+		 * (hysteresis), where the figure itself is under the
+		 * limit; or only allowances take it over. */
+		bool band = mt_sat_add(mts_measured(reg, t->bytes, t->rss),
+		                       t->reserved) <= t->limit;
 		if (!reg->lim->enforce_idle_logged)
 			mts_log_scope(
 			    "enforce", MTS_LOG_WARN,
-			    "fleet over its limit past the grace period "
-			    "only by untouched allowances, nothing "
-			    "signalled",
+			    band ? "fleet state over past the grace period but "
+			           "back under its limit (over until below "
+			           "its lower mark), nothing signalled"
+			         : "fleet over its limit past the grace period "
+			           "only by untouched allowances, nothing "
+			           "signalled",
 			    "bytes=%llu allowance=%llu limit=%llu",
 			    (unsigned long long)t->bytes,
 			    (unsigned long long)t->allowance,

@@ -537,6 +537,38 @@ def test_a_pids_limit_removed_says_the_default_in_force():
             w.close()
 
 
+def test_enforcement_waits_in_the_hysteresis_band_and_says_why():
+    """The fleet went over, then its limit was raised above the figure but
+    not past the hysteresis: its state stays over. Enforcement signals
+    only above the limit, so nothing is signalled, and the log says why.
+    It blamed untrusted uids' allowances, which were none here."""
+    conf = config_file_text("[enforce]\nsignal = SIGCONT\ngrace = 2000\n")
+    with Server("--config", conf) as s:
+        w = Worker([*worker("hold"), "20"],
+                   s.env(group="band", MEMTALLY_ALLOCATOR_FREE="0"))
+        try:
+            w.readline()
+            wait_for("counted", lambda: s.ps().get(w.pid, {}).get(
+                "bytes", 0) >= 20 * MIB)
+            for args in (("pid", str(w.pid), "10MiB"), ("fleet", "16MiB"),
+                         ("fleet", "21MiB")):
+                check(cli(s, "limit", "set", *args)[0] == 0,
+                      f"limit set {args}")
+            check(fleet(s)["state"] == "over",
+                  f"fleet not over in the band: {fleet(s)}")
+            log = wait_for("enforcement's word", lambda: (
+                lambda t: t if "past the grace period" in t else None)(
+                    s.logtext()), timeout=30)
+            check("back under its limit (over until below its lower mark)"
+                  in log and "untouched allowances" not in log,
+                  "the log does not say the fleet is in its band: " +
+                  "\n".join(x for x in log.splitlines() if "enforce" in x))
+            check("signal sent" not in log, "signalled in the band")
+            check(fleet(s)["state"] == "over", "left the band meanwhile")
+        finally:
+            w.close()
+
+
 # ---- the worker's over-limit callback -------------------------------------
 
 def until(w, line, lines):
@@ -633,5 +665,6 @@ if __name__ == "__main__":
          test_sighup_reloads_the_fleet_limit,
          test_tcp_needs_the_token_for_limits,
          test_a_pids_limit_removed_says_the_default_in_force,
+         test_enforcement_waits_in_the_hysteresis_band_and_says_why,
          test_over_limit_callback_runs_in_the_worker,
          test_over_limit_seen_by_large_blocks_at_once])
