@@ -623,8 +623,10 @@ MEMTALLY_EXTERN int memtally_query_fd(const memtally_query *q);
  * optional fraction, then an optional unit, case-insensitive. K, M, G, T
  * and KiB, MiB, GiB, TiB (and Ki, Mi, ...) are powers of 1024; KB, MB,
  * GB, TB powers of 1000; B or nothing is bytes. A fraction needs a unit
- * ("1.5G"); the result is rounded down. No sign, spaces or hex. Returns 0,
- * -EINVAL (not a size) or -ERANGE (over UINT64_MAX).
+ * ("1.5G"); the result is rounded down, but a size that is not 0 never
+ * to 0 (for a limit, 0 is none). No sign, spaces or hex. Returns 0,
+ * -EINVAL (not a size), -ERANGE (over UINT64_MAX) or -EDOM (not 0, but
+ * less than a byte: "0.0000001K").
  */
 MEMTALLY_EXTERN int memtally_parse_size(const char *s, uint64_t *out);
 

@@ -8,7 +8,9 @@
  * IEC forms Ki/KiB, ... are powers of 1024, because "64K" of memory means
  * that; only the explicit KB, MB, GB, TB are powers of 1000. Units are
  * case-insensitive. A fraction needs a unit (a fractional byte count is a
- * typo) and the result is rounded down. No sign, spaces or hex: something
+ * typo) and the result is rounded down, but never to 0 from a size that
+ * is not 0 ("0.0000001K" is -EDOM: for a limit, 0 means none, and a
+ * typo must not remove one). No sign, spaces or hex: something
  * that looks odd is refused, not guessed. The arithmetic is exact in 128
  * bits, and a value past UINT64_MAX is -ERANGE, never a wrapped one.
  */
@@ -49,9 +51,10 @@ int mt_parse_size(const char *s, uint64_t *out)
 	if (!s || !out)
 		return -EINVAL;
 	unsigned __int128 whole = 0;
-	bool too_big = false;
+	bool too_big = false, nonzero = false;
 	const char *p = s;
 	for (; *p >= '0' && *p <= '9'; p++) {
+		nonzero |= *p != '0';
 		whole = whole * 10 + (unsigned)(*p - '0');
 		if (whole > UINT64_MAX) {
 			too_big = true;
@@ -65,6 +68,7 @@ int mt_parse_size(const char *s, uint64_t *out)
 	if (has_frac) {
 		const char *f = ++p;
 		for (; *p >= '0' && *p <= '9'; p++) {
+			nonzero |= *p != '0';
 			if (p - f < SIZE_FRAC_DIGITS) {
 				frac = frac * 10 + (unsigned)(*p - '0');
 				scale *= 10;
@@ -87,6 +91,8 @@ int mt_parse_size(const char *s, uint64_t *out)
 	unsigned __int128 v = whole * mult + frac * mult / scale;
 	if (v > UINT64_MAX)
 		return -ERANGE;
+	if (v == 0 && nonzero)
+		return -EDOM;
 	*out = (uint64_t)v;
 	return 0;
 }

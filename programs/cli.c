@@ -1195,6 +1195,10 @@ static int parse_size_arg(const char *what, const char *s, bool allow_none,
 	 * could not say it back: refused as too large. */
 	if (err == -ERANGE || (!err && *out > (uint64_t)INT64_MAX))
 		return usage_error("%s '%s' is too large", what, s);
+	if (err == -EDOM)
+		return usage_error("%s '%s' is less than a byte (0 is written "
+		                   "0%s)",
+		                   what, s, allow_none ? " or none" : "");
 	if (err)
 		return usage_error(
 		    "invalid %s '%s': expected bytes or a number "

@@ -444,6 +444,9 @@ def parse_size(text):
         v += int(frac) * mult // 10 ** len(frac)
     if v >= 1 << 64:
         raise argparse.ArgumentTypeError(f"size too large: {text!r}")
+    if v == 0 and (m.group(1) + (m.group(2) or "")).strip("0"):
+        # Not 0, but under a byte: never 0 (none, for a limit), as in C.
+        raise argparse.ArgumentTypeError(f"size less than a byte: {text!r}")
     return v
 
 

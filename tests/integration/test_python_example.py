@@ -352,7 +352,7 @@ def test_sizes_and_bad_input():
         got = mc.parse_size(text)
         check(got == want, f"{text}: {got}, want {want}")
     for text in ("1.5", "1 MiB", " 1", "1.", ".5", "-1", "0x10", "1Q",
-                 "18446744073709551616", "99999999TB"):
+                 "18446744073709551616", "99999999TB", "0.0000001K"):
         try:
             got = mc.parse_size(text)
             check(False, f"{text!r} read as {got}")

@@ -1322,7 +1322,12 @@ Test(size, parses_like_the_server)
 	    {"64GiB", 0, 64ull << 30},
 	    {"2T", 0, 2ull << 40},
 	    {"1TB", 0, 1000000000000ull},
-	    {"0.0001K", 0, 0},
+	    /* Not 0, but under a byte: refused, never 0 (none, for a
+	     * limit). A zero written with a fraction is 0. */
+	    {"0.0001K", -EDOM, 0},
+	    {"0.00000000000000000000001K", -EDOM, 0},
+	    {"0.0K", 0, 0},
+	    {"0.001K", 0, 1},
 	    {"1.9999999999999999999999K", 0, 2047},
 	    {"18446744073709551615", 0, UINT64_MAX},
 	    {"18446744073709551616", -ERANGE, 0},

@@ -71,7 +71,13 @@ Test(size, fractions_round_down)
 	cr_assert_eq(ok("0.5K"), 512);
 	cr_assert_eq(ok("1.3K"), 1331); /* 1331.2 */
 	cr_assert_eq(ok("2.25MB"), 2250000);
-	cr_assert_eq(ok("0.000000000000000000001T"), 0);
+	/* Not 0, but under a byte: refused, never rounded to 0 (for a
+	 * limit, none). */
+	uint64_t v = 7;
+	cr_assert_eq(mt_parse_size("0.000000000000000000001T", &v), -EDOM);
+	cr_assert_eq(mt_parse_size("0.0000001K", &v), -EDOM);
+	cr_assert_eq(v, 7);
+	cr_assert_eq(ok("0.000T"), 0);
 	/* Digits past the 18th are ignored, not an error. */
 	cr_assert_eq(ok("1.0000000000000000000000001K"), 1024);
 }
