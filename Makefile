@@ -52,13 +52,12 @@ demo: build
 # the preload or the workers): every unit test, and memtallyd under every
 # integration and deploy test but those labelled "timing" (their point is
 # a duration, a rate or an instruction count), "slow" (long scenarios on a
-# whole node or on the clock, or a race tried 200 times, four times longer
-# under a sanitizer, whose server code shorter tests run there too) or
+# whole node or on the clock) or
 # "preload" (what the preload counts in a runtime's heap or of a program's
 # own mappings: memtallyd only relays it); no bench proofs (allocator and
 # configuration proofs of the plain build). The fuzz targets run under
 # ASan+UBSan in their own tree.
-# So plain runs 128 tests, ASan 72, TSan 71 (see check-tsan), fuzz 6.
+# So plain runs 128 tests, ASan 73, TSan 72 (see check-tsan), fuzz 6.
 CTEST_JOBS ?= 6
 SAN_EXCLUDE = fuzz|bench-proof|timing|slow|preload
 

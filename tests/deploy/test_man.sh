@@ -6,16 +6,15 @@ set -euo pipefail
 src=$1 memtallyd=$2 memtally=$3
 fail() { echo "FAIL: $*"; exit 1; }
 command -v groff >/dev/null || { echo "SKIPPED: groff not installed (apt-get install groff-base)"; exit 77; }
+command -v man >/dev/null || { echo "SKIPPED: man not installed (apt-get install man-db)"; exit 77; }
 n=0
 check_page() { # page binary [commands...]
   local page=$1 bin=$2; shift 2
   local err
   err=$(groff -man -ww -z "$page" 2>&1) || fail "groff $page: $err"
   [ -z "$err" ] || fail "groff warns on $page: $err"
-  if command -v man >/dev/null; then
-    err=$(MANWIDTH=80 man --warnings -l "$page" 2>&1 >/dev/null) || fail "man -l $page: $err"
-    [ -z "$err" ] || fail "man warns on $page: $err"
-  fi
+  err=$(MANWIDTH=80 man --warnings -l "$page" 2>&1 >/dev/null) || fail "man -l $page: $err"
+  [ -z "$err" ] || fail "man warns on $page: $err"
   local text opts version
   text=$(sed 's/\\-/-/g' "$page")
   # The page's header names the release the binary reports.
