@@ -670,7 +670,10 @@ class MemtallyRunner(Runner):
     learned size when it has one and reservations are learned, else the
     declaration), for the slack."""
 
-    retry_kernel_kills = True   # as a batch system requeues a failed job
+    # A task the kernel killed is lost, as under none and static: only
+    # `memtally run --retry` reruns (what memtallyd's guard evicted), so
+    # no row of memtally's is kept whole by the bench.
+    retry_kernel_kills = False
     retry_policy_kills = False  # `memtally run --retry` reran it already
     reserves = True
     monitor_interval = 0.1
@@ -835,6 +838,11 @@ class MemtallyPolicy:
             if ballast is not None:
                 ballast.kill()
                 ballast.wait()
+        probe.require_counted(self.name)
+        if self.learned and not runner.mc.Client(
+                server.socket).kinds().kinds:
+            raise benchlib.BenchError("fleet: %s: memtallyd learned no kind"
+                                      % self.name)
         r.daemon = probe.summary(server.proc)
         r.forecast = probe.forecast_summary(r.oom_times)
         server.stop()
@@ -986,6 +994,7 @@ class DaemonProbe:
         self.lat = []
         self.errors = 0
         self.rss_max = 0
+        self.counted_max = 0  # the fleet's measured bytes, from the denials
         self.events = []
         self.halt = threading.Event()
 
@@ -1013,8 +1022,9 @@ class DaemonProbe:
                 if c is None:
                     c = self.mc.Client(self.sock, timeout=2.0)
                 t = time.monotonic()
-                c.admit(1 << 50)        # always denied: nothing reserved
+                res = c.admit(1 << 50)  # always denied: nothing reserved
                 self.lat.append(time.monotonic() - t)
+                self.counted_max = max(self.counted_max, res.fleet_bytes)
             except (OSError, self.mc.MemtallyError):
                 self.errors += 1
                 c = None
@@ -1027,6 +1037,16 @@ class DaemonProbe:
                     self.events.append((self.ctx.now(), ev.state, ev.reason))
         except Exception:  # noqa: BLE001 - the daemon stopped: done
             return
+
+    def require_counted(self, name):
+        """Proof of what ran: memtallyd counted the tasks (its fleet's
+        measured bytes, read from the probe's denials, moved). A run whose
+        tasks were never counted (the preload not loaded, MEMTALLY_DISABLE,
+        another socket) would still fill a row."""
+        if self.counted_max < MIB:
+            raise benchlib.BenchError(
+                "fleet: %s: memtallyd counted %d bytes at most over the "
+                "run: its tasks were not counted" % (name, self.counted_max))
 
     def summary(self, daemon):
         lat = sorted(self.lat)
@@ -1119,6 +1139,7 @@ class DaskPolicy:
             if probe is not None:
                 if hasattr(probe, "threads"):   # started with the clock
                     probe.stop()
+                probe.require_counted(self.name)
                 r.daemon = probe.summary(server.proc)
                 r.forecast = probe.forecast_summary(r.oom_times)
                 server.stop()
@@ -1679,6 +1700,12 @@ def main(argv=None):
         print("fleet: skipped: %s" % e, file=sys.stderr)
         return SKIP
     env = dict(os.environ)
+    # Every policy's tasks as their users run them: none of a caller's
+    # settings that would switch memtally off or change the allocators.
+    for k in ("MEMTALLY_DISABLE", "MEMTALLY_ALLOCATOR",
+              "MEMTALLY_ALLOCATOR_SWITCHED", "MALLOC_CONF", "GLIBC_TUNABLES",
+              "PYTHONMALLOC"):
+        env.pop(k, None)
     env["LD_PRELOAD"] = preload
     env["MEMTALLY_SOCKET"] = "/nonexistent/memtally.sock"  # counted, no server
     info = benchlib.machine_info()
@@ -1728,8 +1755,8 @@ def section_text(info, args, tasks, tab):
         "profile, typical peak and time; a task's peak is its kind's within "
         "+-%d%%, its time within +-20%%), %d%% C / %d%% Python, profiles "
         "steady/ramp/spike/leak, true peak median %d MiB, p90 %d MiB, max "
-        "%d MiB; 1.5-4 s each at 10%% CPU; declared per kind, ~2x the "
-        "typical peak, %d tasks under their peak. %d runner slots for every "
+        "%d MiB; a kind's time 1.5-4 s, at 10%% CPU; declared per kind, "
+        "~2x the typical peak, %d tasks under their peak. %d runner slots for every "
         "policy; arrivals: all at once (batch) or Poisson at 4/s "
         "(over-time). Kernel OOM kills: attempts ended by SIGKILL that the "
         "policy did not send (the cgroups' own `oom_kill` counters beside "

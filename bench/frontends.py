@@ -99,7 +99,7 @@ PROGRAMS = [RealPy(), Small(), programs.Gxx()]
 def env_of(variant, paths, server):
     env = dict(os.environ)
     for k in ("LD_PRELOAD", "MALLOC_CONF", "PYTHONMALLOC",
-              "GLIBC_TUNABLES"):
+              "GLIBC_TUNABLES", "MEMTALLY_DISABLE"):
         env.pop(k, None)
     env["MEMTALLY_SOCKET"] = server.socket
     if variant != "plain":
@@ -179,8 +179,15 @@ def held(prog, variant, paths, server, tmp):
             if line.startswith("MT-HELD"):
                 break
         e = memtally_settled(paths["cli"], server.socket, p.pid)
+        if not e:
+            raise BenchError("%s under %s: never registered with memtallyd"
+                             % (prog.name, variant))
         anon = anon_or_none(paths, p.pid)
         alloc = allocator_of(p.pid)
+        front = alloc[2] if variant == "preload" else alloc[1]
+        if not front:
+            raise BenchError("%s under %s: the front end's library is not "
+                             "mapped" % (prog.name, variant))
         return {"bytes": e["bytes"], "mapped": e["mapped"],
                 "free": e.get("allocator_free", 0), "anon": anon,
                 "allocator": alloc[0]}
@@ -197,10 +204,20 @@ def watched(prog, variant, paths, server, tmp):
                          stderr=subprocess.DEVNULL,
                          env=env_of(variant, paths, server))
     peak_b = peak_m = peak_f = peak_a = 0
+    # cc1plus's allocator, from its maps while it ran: read until the
+    # front end's library is seen (just after its exec, the loader has
+    # mapped nothing yet).
+    seen = None
+    lib = 2 if variant == "preload" else 1
     while p.poll() is None:
         for pid in programs.descendants(p.pid):
             if programs.comm_of(pid) != "cc1plus":
                 continue
+            try:
+                if seen is None or not seen[lib]:
+                    seen = allocator_of(pid)
+            except OSError:
+                pass  # gone meanwhile: the next one is read
             a = anon_or_none(paths, pid) or 0
             peak_a = max(peak_a, a)
             e = memtally_ps(paths["cli"], server.socket,
@@ -210,9 +227,19 @@ def watched(prog, variant, paths, server, tmp):
                 peak_m = max(peak_m, e["mapped"])
                 peak_f = max(peak_f, e.get("allocator_free", 0))
         time.sleep(0.005)
+    # Proof of what ran: cc1plus seen with the front end's library mapped
+    # (its allocator read from its maps, not assumed from the variant),
+    # and memtally's figure moved.
+    if seen is None:
+        raise BenchError("g++ under %s: cc1plus never seen" % variant)
+    if not seen[lib]:
+        raise BenchError("g++ under %s: cc1plus without the front end's "
+                         "library" % variant)
+    if peak_b <= 0:
+        raise BenchError("g++ under %s: memtally never counted cc1plus"
+                         % variant)
     return {"bytes": peak_b, "mapped": peak_m, "free": peak_f,
-            "anon": peak_a,
-            "allocator": "jemalloc" if variant == "preload" else "glibc"}
+            "anon": peak_a, "allocator": seen[0]}
 
 
 def mib(x):

@@ -7,11 +7,13 @@ glibc front end and under the jemalloc preload, C++, sqlite3 :memory:,
 python3 on glibc and on jemalloc), all at once under one memtallyd: each
 builds ~300 MiB of small objects, holds them, drops them, then stays
 idle. Growth since start of memtally's `bytes` against RssAnon's: held,
-5 s and 10 s after the drop. Cost: the CPU time of each process's
+5 s and 15 s after the drop. Cost: the CPU time of each process's
 "memtally" thread (/proc/PID/task/TID/schedstat) over 10 idle seconds
-after the drop, and callgrind's instructions per idle second of a whole
-quiet process (mt_worker quiet, 30 MiB built and dropped): (Ir(idle 12 s) -
-Ir(idle 2 s)) / 10, with MEMTALLY_REFRESH_MS=0 (no thread) and the default.
+after the drop, and callgrind's instructions inside the thread's rounds
+(mtc_refresh_once) per idle second of a quiet process (mt_worker quiet,
+30 MiB built and dropped, MEMTALLY_REFRESH_MIN=0 so that it has the
+thread at that size): (Ir(idle 12 s) - Ir(idle 2 s)) / 10; a run whose
+rounds measure nothing fails.
 
 Run:  /usr/bin/python3 bench/quiet.py --build-dir BUILD [--no-callgrind]
 Writes its section of bench/results/quiet.md unless --no-results.
@@ -29,8 +31,8 @@ sys.dont_write_bytecode = True
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from benchlib import (  # noqa: E402
-    SRC_DIR, harness, log, machine_info, results_path, start_server,
-    write_section)
+    BenchError, SRC_DIR, harness, log, machine_info, results_path,
+    start_server, write_section)
 
 MIB = 1 << 20
 
@@ -97,6 +99,11 @@ def callgrind_idle(build, tmp, idle_s, toggle, front):
         "jemalloc": "libmemtally_preload.so"}[front])
     env["MEMTALLY_SOCKET"] = os.path.join(tmp, "memtally.sock")
     env["MEMTALLY_ALLOCATOR"] = front
+    # The worker holds 30 MiB, under the size at which a single-threaded
+    # process gets the refresh thread (MTC_REFRESH_MIN, 64 MiB): without
+    # this it has none, and its rounds would measure 0.
+    env["MEMTALLY_REFRESH_MIN"] = "0"
+    env.pop("MEMTALLY_DISABLE", None)
     p = subprocess.Popen(
         ["valgrind", "--tool=callgrind", "--callgrind-out-file=" + out] +
         (["--toggle-collect=" + toggle] if toggle else []) + [
@@ -159,6 +166,13 @@ def main():
                                            front)
                     long_ = callgrind_idle(build, tmp, 12,
                                            "mtc_refresh_once", front)
+                    # No instruction in the rounds: no thread ran them
+                    # (not started, or not this build's), not a free one.
+                    if short <= 0 or long_ <= short:
+                        raise BenchError(
+                            "quiet: the refresh thread's rounds measured "
+                            "%d Ir (2 s idle) and %d (12 s), %s: the "
+                            "thread did not run" % (short, long_, front))
                     res[front] = ((long_ - short) / 10.0, short)
                     log("refresh, %s: %.0f Ir per idle second"
                         % (front, res[front][0]))
