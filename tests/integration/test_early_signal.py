@@ -52,7 +52,7 @@ def test_hup_at_once():
                 # No --config: the reload says there is nothing to read.
                 wait_for("the SIGHUP logged",
                          lambda: p.poll() is not None or
-                         "SIGHUP" in open(logpath).read(), timeout=20 * MULT)
+                         "SIGHUP" in open(logpath).read(), timeout=20)
                 check(p.poll() is None,
                       "try %d: memtallyd died of a SIGHUP sent as its socket "
                       "appeared (exit %s)" % (i, p.returncode))
