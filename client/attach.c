@@ -1034,6 +1034,27 @@ bool mtc_refresh_claim(uint64_t *period_ms)
  * first quiet round samples, so a burst of frees is followed one period
  * after it ends. Only the refresh thread calls this.
  */
+/* The server's tick period from one look at its header: the time from
+ * the header's creation (CLOCK_REALTIME) to its last tick, the heartbeat's
+ * age bridging the two clocks, over its ticks. For a worker that has not
+ * yet seen the ticks move (one that registered just before its server
+ * stopped); a guess past a minute (the longest tick) is none. */
+static void tick_period_guess(const struct mtshm_header *h, uint64_t ticks,
+                              uint64_t hb)
+{
+	struct timespec ts;
+	if (ticks < 2 || clock_gettime(CLOCK_REALTIME, &ts) != 0)
+		return;
+	uint64_t rt = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+	uint64_t mono = mt_mono_ns();
+	uint64_t created = h->created_ns;
+	if (hb > mono || created > rt || rt - created <= mono - hb)
+		return;
+	uint64_t est = (rt - created - (mono - hb)) / ticks;
+	if (est > 0 && est <= UINT64_C(60) * 1000000000u)
+		mtshm_store_relaxed64(&mtc_proc.tick_period_ns, est);
+}
+
 void mtc_refresh_once(void)
 {
 	static int64_t last_bytes;
@@ -1049,6 +1070,25 @@ void mtc_refresh_once(void)
 		 * record), or one that holds its slot for it and asks it to
 		 * register again. Its count comes back within a round, not
 		 * at its 128th flush, or never while it stays quiet. */
+		/* Only a heartbeat that has not moved since the last round
+		 * is looked at; one that moves gives the server's tick
+		 * period (the heartbeat's move over the ticks'). */
+		static const void *last_hdr;
+		static uint64_t last_ticks, last_hb;
+		uint64_t ticks = mtshm_load_relaxed64(&a->hdr->fleet.ticks);
+		uint64_t hb = mtshm_load_relaxed64(&a->hdr->fleet.heartbeat_ns);
+		bool moved =
+		    (const void *)a->hdr != last_hdr || ticks != last_ticks;
+		if (moved && (const void *)a->hdr == last_hdr &&
+		    ticks > last_ticks && hb > last_hb)
+			mtshm_store_relaxed64(&mtc_proc.tick_period_ns,
+			                      (hb - last_hb) /
+			                          (ticks - last_ticks));
+		else if (!mtshm_load_relaxed64(&mtc_proc.tick_period_ns))
+			tick_period_guess(a->hdr, ticks, hb);
+		last_hdr = a->hdr;
+		last_ticks = ticks;
+		last_hb = hb;
 		if (mtshm_load_relaxed32(&a->slot->flags) &
 		    MTSHM_SLOT_REATTACH) {
 			/* Once a back-off: a refusal is not asked again
@@ -1059,7 +1099,11 @@ void mtc_refresh_once(void)
 				          "again");
 				mtc_maybe_attach(ATTACH_NOW);
 			}
-		} else {
+		} else if (!moved &&
+		           mtshm_load_relaxed64(&mtc_proc.tick_period_ns)) {
+			/* Not before the period is known: a server with a
+			 * tick of seconds would be taken for gone at every
+			 * round until then. */
 			mtc_heartbeat_check(a->hdr);
 		}
 		a = cur_att();

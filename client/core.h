@@ -64,6 +64,11 @@ struct mtc_process {
 	uint64_t free_last_ns; /* when it was stored, 0 = none in this
 	                        * slot (the refresh thread's test) */
 	uint32_t refresh_started; /* the refresh thread runs (refresh.c) */
+	/* The server's tick period as the refresh thread saw its heartbeat
+	 * move (0: not seen yet): a heartbeat is stale past three of them,
+	 * at least MTC_STALE_NS (mtc_heartbeat_check), so a server run with
+	 * a tick of seconds is not taken for a gone one. */
+	uint64_t tick_period_ns;
 	/* A registration went unanswered within the timeout, and the
 	 * server may have registered us all the same: the refresh thread
 	 * tries again, whatever the process's size (mtc_refresh_once). */

@@ -157,9 +157,13 @@ void mtc_heartbeat_check(const struct mtshm_header *h)
 {
 	uint64_t hb = mtshm_load_relaxed64(&h->fleet.heartbeat_ns);
 	uint64_t now = mt_mono_ns();
+	uint64_t period = mtshm_load_relaxed64(&mtc_proc.tick_period_ns);
+	uint64_t stale = MTC_STALE_NS;
+	if (period < UINT64_MAX / 3 && 3 * period > stale)
+		stale = 3 * period;
 	/* Subtracted, not added: a heartbeat near 2^64 (a server's
 	 * garbage) would wrap hb + MTC_STALE_NS and look stale for ever. */
-	if (hb <= now && now - hb > MTC_STALE_NS &&
+	if (hb <= now && now - hb > stale &&
 	    now >= mtshm_load_relaxed64(&mtc_proc.next_try_ns)) {
 		mtc_debug("server heartbeat stale; re-registering");
 		mtc_maybe_attach(ATTACH_NOW);

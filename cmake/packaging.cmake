@@ -18,10 +18,15 @@ set(_deploy ${PROJECT_SOURCE_DIR}/deploy)
 # file is written then. Under /usr/local, systemd finds the unit in
 # /usr/local/lib/systemd/system, which ran /usr/bin/memtallyd: not there.
 set(_unit ${PROJECT_BINARY_DIR}/deploy/memtallyd.service)
+if(IS_ABSOLUTE "${CMAKE_INSTALL_BINDIR}")
+  set(_bindir "${CMAKE_INSTALL_BINDIR}")
+else()
+  set(_bindir "\${CMAKE_INSTALL_PREFIX}/${CMAKE_INSTALL_BINDIR}")
+endif()
 install(CODE "
   file(READ \"${_deploy}/memtallyd.service\" _u)
   string(REPLACE \"ExecStart=/usr/bin/memtallyd \"
-         \"ExecStart=\${CMAKE_INSTALL_PREFIX}/${CMAKE_INSTALL_BINDIR}/memtallyd \"
+         \"ExecStart=${_bindir}/memtallyd \"
          _u \"\${_u}\")
   file(WRITE \"${_unit}\" \"\${_u}\")
 ")
