@@ -19,10 +19,11 @@
  *    idle handle serves the backlog one turn per connection per loop
  *    iteration, so every other connection's events run in between. And a
  *    peer uid has at most MTS_FRAMES_PER_UID_ITER frames answered per
- *    iteration over all its connections (the count kept beside its
- *    connection count, net->conn_uids): a connection of a uid that spent
- *    them waits in the backlog for the next iteration, so one uid's many
- *    connections take one uid's share of the loop, not one each.
+ *    iteration over all its connections, taking at most
+ *    MTS_NS_PER_UID_ITER of the loop (a frame at least; both kept beside
+ *    its connection count, net->conn_uids): a connection of a uid that
+ *    spent them waits in the backlog for the next iteration, so one uid's
+ *    many connections take one uid's share of the loop, not one each.
  * A connection reads only while it is in none of these states and not
  * closing. `reading` mirrors uv_read_start/stop.
  *
@@ -637,9 +638,10 @@ static int conn_append(struct mts_conn *c, const uint8_t *data, size_t n)
 	return 0;
 }
 
-/* The word kept beside c's uid's connection count: the iteration it
- * last had frames answered in (high half) and how many (low half). NULL
- * for a connection left uncounted (out of memory): it is not held to it. */
+/* The word kept beside c's uid's connection count: the iteration it last
+ * had frames answered in (its low 24 bits, in bits 40-63), how many (bits
+ * 32-39) and the loop's microseconds they took (bits 0-31). NULL for a
+ * connection left uncounted (out of memory): it is not held to it. */
 static uint64_t *uid_frames(struct mts_conn *c)
 {
 	return c->uid_counted
@@ -647,24 +649,50 @@ static uint64_t *uid_frames(struct mts_conn *c)
 	           : NULL;
 }
 
-/* Frames c's uid may still have answered in this loop iteration. */
-static unsigned uid_frames_left(struct mts_conn *c)
+#define ITER_OF(w)    ((uint32_t)((w) >> 40))
+#define ITER_NOW(net) ((net)->iter & 0xffffffu)
+
+/* What c's uid has used of this loop iteration's share: frames and ns. */
+static void uid_share_used(struct mts_conn *c, uint32_t *frames, uint64_t *ns)
 {
 	const uint64_t *w = uid_frames(c);
-	if (!w || (uint32_t)(*w >> 32) != c->net->iter)
-		return MTS_FRAMES_PER_UID_ITER;
-	uint32_t used = (uint32_t)*w;
-	return used >= MTS_FRAMES_PER_UID_ITER ? 0
-	                                       : MTS_FRAMES_PER_UID_ITER - used;
+	*frames = 0;
+	*ns = 0;
+	if (w && ITER_OF(*w) == ITER_NOW(c->net)) {
+		*frames = (uint32_t)(*w >> 32) & 0xffu;
+		*ns = (uint64_t)(uint32_t)*w * 1000u;
+	}
 }
 
-static void uid_frames_spend(struct mts_conn *c, unsigned n)
+/* Frames c's uid may still have answered in this loop iteration (0 once
+ * its frames or its time are spent), and the time left in *ns. */
+static unsigned uid_frames_left(struct mts_conn *c, uint64_t *ns)
+{
+	uint32_t frames;
+	uint64_t used;
+	uid_share_used(c, &frames, &used);
+	if (frames >= MTS_FRAMES_PER_UID_ITER || used >= MTS_NS_PER_UID_ITER)
+		return 0;
+	if (ns)
+		*ns = MTS_NS_PER_UID_ITER - used;
+	return MTS_FRAMES_PER_UID_ITER - frames;
+}
+
+static void uid_frames_spend(struct mts_conn *c, unsigned n, uint64_t ns)
 {
 	uint64_t *w = uid_frames(c);
-	if (!w || !n)
+	if (!w || (!n && !ns))
 		return;
-	uint32_t used = (uint32_t)(*w >> 32) == c->net->iter ? (uint32_t)*w : 0;
-	*w = (uint64_t)c->net->iter << 32 | (used + n);
+	uint32_t frames;
+	uint64_t used;
+	uid_share_used(c, &frames, &used);
+	frames += n;
+	if (frames > 0xffu)
+		frames = 0xffu;
+	uint64_t us = (used + ns) / 1000u;
+	if (us > UINT32_MAX)
+		us = UINT32_MAX;
+	*w = (uint64_t)ITER_NOW(c->net) << 40 | (uint64_t)frames << 32 | us;
 }
 
 static void on_iteration(uv_prepare_t *h)
@@ -685,7 +713,8 @@ static void conn_process(struct mts_conn *c)
 		stop_reading(c);
 		return;
 	}
-	unsigned left = uid_frames_left(c);
+	uint64_t ns_left = 0;
+	unsigned left = uid_frames_left(c, &ns_left);
 	if (!left) {
 		/* Its uid's share of this iteration is spent: the next. */
 		stop_reading(c);
@@ -701,6 +730,8 @@ static void conn_process(struct mts_conn *c)
 	    .frames = left < MTS_FRAMES_PER_TURN ? left : MTS_FRAMES_PER_TURN,
 	    .answered = &answered,
 	};
+	uint64_t t0 = mts_now_monotonic();
+	budget.until_ns = t0 + ns_left;
 	/* Over budget, a turn of a connection still under its share adds at
 	 * most about that share (one answer at least), not MTS_OUT_HIGH. */
 	if (c->net->pressure && budget.out_bytes > MTS_CONN_FLOOR)
@@ -712,7 +743,7 @@ static void conn_process(struct mts_conn *c)
 	int r = mts_input(c->net->reg, &c->peer, in, c->in_len - c->in_off,
 	                  &out, budget, &used);
 	c->turn_out = NULL;
-	uid_frames_spend(c, answered);
+	uid_frames_spend(c, answered, mts_now_monotonic() - t0);
 	if (c->closing) {
 		/* An event pushed during the turn found us not reading. */
 		mts_buf_free(&out);
@@ -786,7 +817,7 @@ static void on_idle(uv_idle_t *h)
 		if (!net->backlog_head)
 			net->backlog_tail = NULL;
 		c->bnext = NULL;
-		if (!uid_frames_left(c)) {
+		if (!uid_frames_left(c, NULL)) {
 			/* Its uid's share is spent: set aside, still
 			 * backlogged, and put back in front of those served
 			 * (which went to the tail), so that a uid's

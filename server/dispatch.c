@@ -1388,7 +1388,9 @@ int mts_input(struct mts_registry *reg, struct mts_peer *peer,
 	unsigned frames = 0;
 	int ret = 0;
 	while (pos < len && !peer->gone) {
-		if (out->len >= budget.out_bytes || frames >= budget.frames) {
+		if (out->len >= budget.out_bytes || frames >= budget.frames ||
+		    (budget.until_ns && frames &&
+		     mts_now_monotonic() >= budget.until_ns)) {
 			ret = MTS_MORE;
 			break;
 		}

@@ -19,10 +19,14 @@
  * loop. */
 #define MTS_FRAMES_PER_TURN 64u
 /* Frames one peer uid may have answered per loop iteration over all its
- * connections (max_connections_per_uid of them): one uid's 128 busy
- * connections took 128 turns an iteration, and the tick, the timers and
- * every other peer waited behind them (3 ticks a second instead of 100). */
+ * connections (max_connections_per_uid of them), and the loop's time they
+ * may take (a frame at least): one uid's 128 busy connections took 128
+ * turns an iteration, and the tick, the timers and every other peer
+ * waited behind them (3 ticks a second instead of 100). The time bounds
+ * requests that cost more than most (a list of thousands of processes,
+ * a build under a sanitizer), where 64 of them would still be long. */
 #define MTS_FRAMES_PER_UID_ITER 64u
+#define MTS_NS_PER_UID_ITER     (2u * 1000u * 1000u)
 
 /*
  * The server-wide budget: at most max_connections open, and at most

@@ -69,6 +69,8 @@ struct mts_budget {
 	size_t out_bytes;   /* stop once out->len reaches this */
 	unsigned frames;    /* stop after answering this many frames */
 	unsigned *answered; /* if not NULL: set to the frames answered */
+	uint64_t until_ns;  /* if not 0: stop once CLOCK_MONOTONIC passes it,
+	                     * a frame answered at least */
 };
 
 /*
