@@ -1023,17 +1023,6 @@ bool mtc_refresh_claim(uint64_t *period_ms)
 	return true;
 }
 
-/*
- * One round of the refresh thread, whose work is for a process gone
- * quiet. A process is busy while its slot's bytes or flush count move.
- * A busy process's own calls run its allocator's decay, and its full
- * flushes sample the free memory (mtc_free_due). So the round leaves a
- * busy process's allocator alone, but for a sample its front end owes
- * it (mtc_free_refresh_due). Its cost thus does not grow with the time a
- * busy process runs (docs/ARCHITECTURE.md, "The refresh thread"). The
- * first quiet round samples, so a burst of frees is followed one period
- * after it ends. Only the refresh thread calls this.
- */
 /* The server's tick period from one look at its header: the time from
  * the header's creation (CLOCK_REALTIME) to its last tick, the heartbeat's
  * age bridging the two clocks, over its ticks. For a worker that has not
@@ -1055,6 +1044,56 @@ static void tick_period_guess(const struct mtshm_header *h, uint64_t ticks,
 		mtshm_store_relaxed64(&mtc_proc.tick_period_ns, est);
 }
 
+/*
+ * What a flush looks at, for a process that makes none: a server restarted
+ * without adopting it (no capability, no record), or one that holds its
+ * slot for it and asks it to register again (MTSHM_SLOT_REATTACH). Its
+ * count comes back within a round, not at its 128th flush, or never while
+ * it stays quiet. Only a heartbeat that has not moved since the last round
+ * is judged, and not before the server's tick period is known (the
+ * heartbeat's moves over the ticks', or tick_period_guess): a server with
+ * a tick of seconds would be taken for gone at every round until then.
+ */
+static void refresh_look(const struct mtc_attachment *a)
+{
+	static const void *last_hdr;
+	static uint64_t last_ticks, last_hb;
+	uint64_t ticks = mtshm_load_relaxed64(&a->hdr->fleet.ticks);
+	uint64_t hb = mtshm_load_relaxed64(&a->hdr->fleet.heartbeat_ns);
+	bool same = (const void *)a->hdr == last_hdr;
+	bool moved = !same || ticks != last_ticks;
+	if (same && ticks > last_ticks && hb > last_hb)
+		mtshm_store_relaxed64(&mtc_proc.tick_period_ns,
+		                      (hb - last_hb) / (ticks - last_ticks));
+	else if (!mtshm_load_relaxed64(&mtc_proc.tick_period_ns))
+		tick_period_guess(a->hdr, ticks, hb);
+	last_hdr = a->hdr;
+	last_ticks = ticks;
+	last_hb = hb;
+	if (mtshm_load_relaxed32(&a->slot->flags) & MTSHM_SLOT_REATTACH) {
+		/* Once a back-off: a refusal is not asked again every
+		 * round. */
+		if (mt_mono_ns() >=
+		    mtshm_load_relaxed64(&mtc_proc.next_try_ns)) {
+			mtc_debug("the server asks us to register again");
+			mtc_maybe_attach(ATTACH_NOW);
+		}
+	} else if (!moved && mtshm_load_relaxed64(&mtc_proc.tick_period_ns)) {
+		mtc_heartbeat_check(a->hdr);
+	}
+}
+
+/*
+ * One round of the refresh thread, whose work is for a process gone
+ * quiet. A process is busy while its slot's bytes or flush count move.
+ * A busy process's own calls run its allocator's decay, and its full
+ * flushes sample the free memory (mtc_free_due). So the round leaves a
+ * busy process's allocator alone, but for a sample its front end owes
+ * it (mtc_free_refresh_due). Its cost thus does not grow with the time a
+ * busy process runs (docs/ARCHITECTURE.md, "The refresh thread"). The
+ * first quiet round samples, so a burst of frees is followed one period
+ * after it ends. Only the refresh thread calls this.
+ */
 void mtc_refresh_once(void)
 {
 	static int64_t last_bytes;
@@ -1065,47 +1104,7 @@ void mtc_refresh_once(void)
 		mtc_maybe_attach(ATTACH_LAZY);
 	const struct mtc_attachment *a = cur_att();
 	if (a) {
-		/* What a flush looks at, for a process that makes none: a
-		 * server restarted without adopting it (no capability, no
-		 * record), or one that holds its slot for it and asks it to
-		 * register again. Its count comes back within a round, not
-		 * at its 128th flush, or never while it stays quiet. */
-		/* Only a heartbeat that has not moved since the last round
-		 * is looked at; one that moves gives the server's tick
-		 * period (the heartbeat's move over the ticks'). */
-		static const void *last_hdr;
-		static uint64_t last_ticks, last_hb;
-		uint64_t ticks = mtshm_load_relaxed64(&a->hdr->fleet.ticks);
-		uint64_t hb = mtshm_load_relaxed64(&a->hdr->fleet.heartbeat_ns);
-		bool moved =
-		    (const void *)a->hdr != last_hdr || ticks != last_ticks;
-		if (moved && (const void *)a->hdr == last_hdr &&
-		    ticks > last_ticks && hb > last_hb)
-			mtshm_store_relaxed64(&mtc_proc.tick_period_ns,
-			                      (hb - last_hb) /
-			                          (ticks - last_ticks));
-		else if (!mtshm_load_relaxed64(&mtc_proc.tick_period_ns))
-			tick_period_guess(a->hdr, ticks, hb);
-		last_hdr = a->hdr;
-		last_ticks = ticks;
-		last_hb = hb;
-		if (mtshm_load_relaxed32(&a->slot->flags) &
-		    MTSHM_SLOT_REATTACH) {
-			/* Once a back-off: a refusal is not asked again
-			 * every round. */
-			if (mt_mono_ns() >=
-			    mtshm_load_relaxed64(&mtc_proc.next_try_ns)) {
-				mtc_debug("the server asks us to register "
-				          "again");
-				mtc_maybe_attach(ATTACH_NOW);
-			}
-		} else if (!moved &&
-		           mtshm_load_relaxed64(&mtc_proc.tick_period_ns)) {
-			/* Not before the period is known: a server with a
-			 * tick of seconds would be taken for gone at every
-			 * round until then. */
-			mtc_heartbeat_check(a->hdr);
-		}
+		refresh_look(a);
 		a = cur_att();
 	}
 	if (a) {

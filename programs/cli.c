@@ -1488,9 +1488,7 @@ static int cmd_limit(struct cli *c)
 	    c->scope == MEMTALLY_SCOPE_GROUP ? c->args[2] : NULL;
 	uint64_t previous;
 	/* What memtallyd says is in force now, not what was asked: a pid's
-	 * none puts the default per-process limit back. A server from
-	 * before the answer carried it sends 0 for any limit: take the
-	 * request's then. */
+	 * none puts the default per-process limit back. */
 	uint64_t now = 0;
 	int err = memtally_query_set_limit2(c->q, c->scope, group, c->pid,
 	                                    c->limit, &previous, &now);
@@ -1499,8 +1497,6 @@ static int cmd_limit(struct cli *c)
 		snprintf(what, sizeof(what), "set the %s limit", c->label);
 		return query_error(c, what, err);
 	}
-	if (!now)
-		now = c->limit;
 	bool dflt = c->scope == MEMTALLY_SCOPE_PID && !c->limit && now;
 	if (c->json)
 		return print_json(json_pack("{s:o, s:o, s:o, s:b}", "scope",

@@ -102,8 +102,8 @@ struct mts_conns {
 	struct mts_conn *skip_head, *skip_tail;
 	uv_idle_t idle;
 	bool idle_open;
-	/* Loop iterations, counted before each poll: the per-uid frame
-	 * budget (MTS_FRAMES_PER_UID_ITER) is renewed at each. */
+	/* Loop iterations, counted before each poll: each uid's share
+	 * (MTS_FRAMES_PER_UID_ITER, MTS_NS_PER_UID_ITER) is renewed at each. */
 	uv_prepare_t iter_prep;
 	bool iter_prep_open;
 	uint32_t iter;
