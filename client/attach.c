@@ -171,29 +171,38 @@ void mtc_debug_print(const char *fmt, ...)
  * they compare epochs) by mtc_front_force_slow(), so nothing here still
  * points into them.
  */
-static void fence(void *base, size_t size)
+static void fence(void *base, size_t size, int prot)
 {
 	if (base)
-		(void)mmap(base, size, PROT_NONE,
+		(void)mmap(base, size, prot,
 		           MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED |
 		               MAP_NORESERVE,
 		           -1, 0);
 }
 
-static void fence_inherited(bool mine)
+/* `prot`: PROT_NONE in fork()'s handler; PROT_READ (zero pages) in a
+ * child that ran no handler of ours, where a thread may still read its
+ * lane's slot flags before it finds the gate changed (mtc_fork_seen). */
+static void fence_inherited(bool mine, int prot)
 {
-	/* The parent's own (those of ancestors further back were fenced
-	 * when it was forked, and the fork copied that). */
+	/* The parent's own, and those of ancestors further back that a fork
+	 * without our handlers left as they were (fenced_to: a fork that ran
+	 * them fenced the rest, and the fork copied that). The ring holds the
+	 * last MTC_ATT_RING. */
 	uint32_t n = __atomic_load_n(&mtc_proc.natts, __ATOMIC_ACQUIRE);
-	for (uint32_t i = mtc_proc.natts_base; i < n; i++)
+	uint32_t i = mtc_proc.fenced_to;
+	if (n - i > MTC_ATT_RING)
+		i = n - MTC_ATT_RING;
+	for (; i < n; i++)
 		fence(atts[i % MTC_ATT_RING].table.base,
-		      atts[i % MTC_ATT_RING].table.size);
+		      atts[i % MTC_ATT_RING].table.size, prot);
+	mtc_proc.fenced_to = n;
 	/* The attach in flight, if any, unless it is this thread's (a fork
 	 * from a signal handler): that goes on in the child, finds its pid
 	 * changed since it asked, and unmaps the slot. */
 	if (!mine)
 		fence(__atomic_load_n(&inflight.base, __ATOMIC_ACQUIRE),
-		      inflight.size);
+		      inflight.size, prot);
 	inflight_set(NULL);
 }
 
@@ -388,7 +397,7 @@ static void on_fork_child(void)
 	 * handler) returns into the registration in the child. */
 	bool mine = pthread_equal(
 	    __atomic_load_n(&reg_thread, __ATOMIC_RELAXED), pthread_self());
-	fence_inherited(mine);
+	fence_inherited(mine, PROT_NONE);
 	child_starts(parent, mine);
 }
 
@@ -414,8 +423,9 @@ static void block_signals(sigset_t *old)
  * keeps it from writing into its parent's slot meanwhile (a full publish
  * finds no attachment and a stale epoch, a quiet one a gate that differs),
  * and the first of its threads to want the slot, or an mmap counted, sets
- * it up here as on_fork_child would. Not fenced: a thread of the child may
- * still hold a lane in its parent's windows, and its quiet publish reads
+ * it up here as on_fork_child would, or its first set-uid call
+ * (preload.c). The parent's windows become zero pages, readable: a thread
+ * of the child may still hold a lane there, and its quiet publish reads
  * that slot's flags before it compares (it then finds the gate changed).
  * Meanwhile the child's other threads are told false: they count in
  * `pending`, or leave an mmap uncounted, and neither register nor store.
@@ -466,10 +476,15 @@ bool mtc_fork_seen(void)
 	        : 0;
 	mtc_debug("a fork ran no handler of ours (_Fork, clone): this child "
 	          "registers as itself");
-	inflight_set(NULL);
-	mtc_mapped_forget(); /* mmap.c's, as its fork handler would */
 	bool mine = pthread_equal(
 	    __atomic_load_n(&reg_thread, __ATOMIC_RELAXED), pthread_self());
+	/* The parent's windows, writable still: a child that goes on to
+	 * give up its uid (preload.c's set-uid family calls here first) must
+	 * not hand them to what it runs then. Zero pages, readable, not
+	 * PROT_NONE: a thread's quiet publish may yet read its lane's flags
+	 * there (above). */
+	fence_inherited(mine, PROT_READ);
+	mtc_mapped_forget(); /* mmap.c's, as its fork handler would */
 	child_starts(parent, mine);
 	pthread_setcancelstate(cancel, NULL);
 	pthread_sigmask(SIG_SETMASK, &old, NULL);

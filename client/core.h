@@ -56,6 +56,8 @@ struct mtc_process {
 	                        * is a ring); under `attaching`, raised
 	                        * after the entry is written (release) */
 	uint32_t natts_base;   /* natts when this process forked off */
+	uint32_t fenced_to;    /* atts[] below this are fenced here, or
+	                        * this process's own (fence_inherited) */
 	uint64_t mapped;       /* mapped bytes (mmap.c), absolute */
 	uint32_t free_turn;    /* try-lock: one thread samples at a time */
 	uint64_t free_min_ns;  /* no sample before this (its cost) */

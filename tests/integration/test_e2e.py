@@ -169,6 +169,53 @@ def test_a_fork_without_handlers_leaves_the_parent_alone():
                 w.close()
 
 
+def test_a_fork_without_handlers_that_drops_its_uid_keeps_no_window():
+    """A root worker's child made by _Fork() or a raw clone() that gives up
+    its uid for nobody's with setuid(), before its first allocation (a
+    launcher about to run untrusted code) or after it. Its windows on
+    root's slot table stayed writable: whatever ran as nobody there could
+    write the claim of every root worker whose slot shared the page, and
+    nothing told memtallyd. Now the set-uid call, or the child's first
+    allocation, turns them into zero pages, and the parent still shows its
+    16 MiB. Dropping early, the child keeps no writable mapping of root's
+    table; dropping late, only its own slot's, where it registered as root
+    before the drop, and memtallyd sees it leave (from then root's table
+    counts as the kernel vouches for it: test_trust.py)."""
+    for how in ("_Fork", "clone"):
+        for when in ("early", "late"):
+            with Server() as s:
+                env = dict(s.env(group="dropped"), MEMTALLY_REFRESH_MS="0")
+                w = Worker([*worker("unseen"), "16", "8", how, "65534",
+                            when], env)
+                try:
+                    lines = {}
+                    for _ in range(2):
+                        k, *rest = w.readline().split()
+                        lines[k] = dict(x.split("=") for x in rest)
+                    check(set(lines) == {"child", "parent"}, f"got {lines}")
+                    left = int(lines["child"]["writable"])
+                    print(f"  {how}, setuid {when}: {left} writable "
+                          f"mapping(s) of root's table left in the child",
+                          flush=True)
+                    own = 0 if when == "early" else 1
+                    check(left == own, f"{how}, {when}: the child keeps "
+                          f"{left} writable window(s) on root's table, "
+                          f"{own} of them its own")
+                    if own:
+                        child = int(lines["child"]["pid"])
+                        wait_for(f"{how}: the child seen leaving root",
+                                 lambda: f"pid={child} uid=0 euid=65534"
+                                 in s.logtext())
+                    ps = wait_for(f"{how}: the parent counted", lambda: (
+                        lambda p: p if p.get(w.pid, {}).get(
+                            "bytes", 0) >= 16 * MIB else None)(s.ps()))
+                    check(ps[w.pid]["bytes"] < 20 * MIB,
+                          f"{how}, {when}: the parent shows "
+                          f"{ps[w.pid]['bytes']} bytes")
+                finally:
+                    w.close()
+
+
 def test_a_deep_fork_chain_is_counted():
     """A chain of 40 nested forks, none exec'ing (a shell's subshells, a
     daemon that forks again): each child inherited its parent's count of
@@ -225,4 +272,5 @@ if __name__ == "__main__":
     run([test_python_groups, test_sigkill_leaves_within_one_tick,
          test_fork_child_starts_with_parent_total,
          test_a_fork_without_handlers_leaves_the_parent_alone,
+         test_a_fork_without_handlers_that_drops_its_uid_keeps_no_window,
          test_a_deep_fork_chain_is_counted, test_exec_replaces_slot])

@@ -7,6 +7,8 @@
 
 #include <sched.h>
 #include <signal.h>
+#include <stdbool.h>
+#include <string.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -82,15 +84,49 @@ const struct mt_sub mt_chain = {"chain", "DEPTH MIB", chain_main};
  * holds MORE MiB more, prints "child pid=P" and waits on stdin, as does
  * the parent ("parent pid=P"). Run it with no refresh thread
  * (MEMTALLY_REFRESH_MS=0): a fork without handlers is safe only when no
- * other thread holds a lock the child needs.
- * usage: mt_worker unseen MIB MORE HOW
+ * other thread holds a lock the child needs. With UID, the child gives
+ * its uids up for UID with setuid(), before its first allocation
+ * ("early", as a launcher that drops to run untrusted code) or after it
+ * ("late"), and its line says how many writable mappings of its parent's
+ * slot table it still has ("child pid=P writable=N"): whatever runs as
+ * UID could write every claim there.
+ * usage: mt_worker unseen MIB MORE HOW [UID early|late]
  */
+
+/* Writable mappings of uid `uid`'s slot table ("<label>-slots:<i>:<uid>"). */
+static int table_writable(uid_t uid)
+{
+	FILE *f = fopen("/proc/self/maps", "r");
+	if (!f)
+		return -1;
+	char line[512], end[32];
+	int n = 0;
+	snprintf(end, sizeof(end), ":%u", (unsigned)uid);
+	while (fgets(line, sizeof(line), f)) {
+		line[strcspn(line, "\n")] = 0;
+		char *del = strstr(line, " (deleted)");
+		if (del)
+			*del = 0;
+		char *perms = strchr(line, ' ');
+		size_t len = strlen(line), el = strlen(end);
+		if (perms && perms[2] == 'w' && strstr(line, "-slots:") &&
+		    len > el && strcmp(line + len - el, end) == 0)
+			n++;
+	}
+	fclose(f);
+	return n;
+}
+
 static int unseen_main(int argc, char **argv)
 {
 	if (argc < 4)
 		return 2;
 	size_t mib = strtoul(argv[1], NULL, 10);
 	size_t more = strtoul(argv[2], NULL, 10);
+	bool drop = argc > 5;
+	uid_t to = drop ? (uid_t)strtoul(argv[4], NULL, 10) : 0;
+	bool early = drop && strcmp(argv[5], "early") == 0;
+	uid_t parent_uid = getuid();
 	void **b = calloc(mib + more + 1, sizeof(void *));
 	for (size_t i = 0; i < mib; i++) {
 		b[i] = malloc(MIB);
@@ -109,12 +145,20 @@ static int unseen_main(int argc, char **argv)
 	if (pid < 0)
 		return 1;
 	if (pid == 0) {
+		if (early && setuid(to) != 0)
+			_exit(3);
 		for (size_t i = mib; i < mib + more; i++) {
 			b[i] = malloc(MIB);
 			mt_touch(b[i], MIB);
 		}
 		mt_flush();
-		mt_say("child pid=%d", (int)getpid());
+		if (drop && !early && setuid(to) != 0)
+			_exit(3);
+		if (drop)
+			mt_say("child pid=%d writable=%d", (int)getpid(),
+			       table_writable(parent_uid));
+		else
+			mt_say("child pid=%d", (int)getpid());
 		mt_serve(NULL, 0);
 		_exit(0);
 	}
@@ -125,4 +169,5 @@ static int unseen_main(int argc, char **argv)
 	return 0;
 }
 
-const struct mt_sub mt_unseen = {"unseen", "MIB MORE HOW", unseen_main};
+const struct mt_sub mt_unseen = {"unseen", "MIB MORE HOW [UID early|late]",
+                                 unseen_main};
