@@ -305,8 +305,14 @@ bool mts_host_allowance(const struct mts_registry *reg,
 	}
 	/* Not its own memory now: a process could hold any amount, ask
 	 * for one byte in process and have it all counted as reserved, so
-	 * that another uid's task went in its place. */
-	uint64_t own = host_own(reg, p);
+	 * that another uid's task went in its place. Nor, for an untrusted
+	 * host, what it held at a grant: that was never admitted (only the
+	 * grant was, and nothing of it counts in the uid's reserved bytes),
+	 * so a process of any size that asked for one byte took the same
+	 * shield. An untrusted host's own memory is unreserved, as any
+	 * process's without a task; a worker run under `memtally run
+	 * --bytes` has its own reservation for it. */
+	uint64_t own = p->untrusted ? 0 : host_own(reg, p);
 	*allowance = hosts ? mt_sat_add(own < base ? own : base, granted) : 0;
 	return hosts;
 }

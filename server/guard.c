@@ -12,7 +12,10 @@
  * task. A task's candidate is the workers of one task of one uid, whatever
  * their process tree. The guard chooses the candidate furthest beyond its
  * reservation by what its workers hold as vouched for (vouch.c), which is
- * what it took that nobody granted it. When none is beyond, it chooses the
+ * what it took that nobody granted it, of the uid furthest beyond
+ * together: a user that splits what it took across many processes each a
+ * little beyond goes before another user's one task further beyond than
+ * any of them (uid_beyond). When none is beyond, it chooses the
  * one growing fastest. That one is what pushes the node to its edge, and
  * evicting anything else only buys time until it gets there. When none
  * grows, it chooses the youngest, which has done the least work, so its
@@ -115,6 +118,11 @@ static bool better(const struct mts_guard_cand *a,
                    const struct mts_guard_cand *b, enum mts_guard_rule rule)
 {
 	if (rule == MTS_GUARD_BEYOND) {
+		/* The uid first: one that split what it took across many
+		 * processes or tasks, each a little beyond, took it all the
+		 * same, and another user's task must not go in its place. */
+		if (a->uid_beyond != b->uid_beyond)
+			return a->uid_beyond > b->uid_beyond;
 		uint64_t ea = a->used - a->reserved, eb = b->used - b->reserved;
 		if (ea != eb)
 			return ea > eb;
@@ -202,6 +210,54 @@ static void share_ownerless(struct mts_guard_cand *c, uint32_t n)
 	}
 }
 
+/* Each candidate's uid_beyond: the sum over its uid's candidates that may
+ * be chosen of what each holds beyond its reservation. */
+struct uid_sum {
+	uint32_t uid;
+	uint64_t sum;
+};
+
+static int cmp_uid_sum(const void *a, const void *b)
+{
+	uint32_t x = ((const struct uid_sum *)a)->uid;
+	uint32_t y = ((const struct uid_sum *)b)->uid;
+	return x < y ? -1 : x > y;
+}
+
+static void uid_beyond(struct mts_guard_cand *c, uint32_t n)
+{
+	struct uid_sum *u = malloc(n * sizeof(*u));
+	if (!u) {
+		/* Each candidate as its uid's only one, as before. */
+		for (uint32_t i = 0; i < n; i++)
+			c[i].uid_beyond = fits(&c[i], MTS_GUARD_BEYOND)
+			                      ? c[i].used - c[i].reserved
+			                      : 0;
+		return;
+	}
+	for (uint32_t i = 0; i < n; i++) {
+		u[i].uid = c[i].uid;
+		u[i].sum = fits(&c[i], MTS_GUARD_BEYOND)
+		               ? c[i].used - c[i].reserved
+		               : 0;
+	}
+	qsort(u, n, sizeof(*u), cmp_uid_sum);
+	uint32_t m = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		if (m && u[m - 1].uid == u[i].uid)
+			u[m - 1].sum = mt_sat_add(u[m - 1].sum, u[i].sum);
+		else
+			u[m++] = u[i];
+	}
+	for (uint32_t i = 0; i < n; i++) {
+		struct uid_sum key = {.uid = c[i].uid};
+		const struct uid_sum *f =
+		    bsearch(&key, u, m, sizeof(*u), cmp_uid_sum);
+		c[i].uid_beyond = f ? f->sum : 0;
+	}
+	free(u);
+}
+
 int mts_guard_candidates(const struct mts_registry *reg,
                          struct mts_guard_cand **out, uint32_t *n, int *chosen,
                          enum mts_guard_rule *rule)
@@ -273,6 +329,7 @@ int mts_guard_candidates(const struct mts_registry *reg,
 	}
 	free(ps);
 	share_ownerless(c, nc);
+	uid_beyond(c, nc);
 	for (enum mts_guard_rule r = MTS_GUARD_BEYOND; r <= MTS_GUARD_YOUNGEST;
 	     r++) {
 		for (uint32_t i = 0; i < nc; i++)
@@ -512,10 +569,11 @@ static void log_candidates(struct mts_guard_cand *c, uint32_t n)
 		char q[MTS_LOGQ_MAX];
 		mts_log(MTS_LOG_WARN, "node guard: candidate",
 		        "task=%s uid=%u pid=%u workers=%u reserved=%llu "
-		        "used=%llu growth_bps=%.0f eligible=%d",
+		        "used=%llu uid_beyond=%llu growth_bps=%.0f eligible=%d",
 		        mts_logq(q, sizeof(q), c[i].task), c[i].uid, c[i].pid,
 		        c[i].workers, (unsigned long long)c[i].reserved,
-		        (unsigned long long)c[i].used, c[i].growth,
+		        (unsigned long long)c[i].used,
+		        (unsigned long long)c[i].uid_beyond, c[i].growth,
 		        c[i].eligible);
 	}
 	if (n > MTS_GUARD_LOG_CANDIDATES)
@@ -711,12 +769,13 @@ static void log_decision(const char *msg, const struct mts_guard_state *g,
 	char q[MTS_LOGQ_MAX], qr[2 * MTS_LOGQ_MAX];
 	mts_log(MTS_LOG_WARN, msg,
 	        "task=%s uid=%u pid=%u workers=%u reserved=%llu used=%llu "
-	        "growth_bps=%.0f node_usage=%llu node_line=%llu "
-	        "node_limit=%llu node_rise_bps=%.0f source=%s edge=%s "
-	        "rule=%s candidates=%u why=%s",
+	        "uid_beyond=%llu growth_bps=%.0f node_usage=%llu "
+	        "node_line=%llu node_limit=%llu node_rise_bps=%.0f source=%s "
+	        "edge=%s rule=%s candidates=%u why=%s",
 	        mts_logq(q, sizeof(q), k->task), k->uid, k->pid, k->workers,
 	        (unsigned long long)k->reserved, (unsigned long long)k->used,
-	        k->growth, (unsigned long long)g->node.usage,
+	        (unsigned long long)k->uid_beyond, k->growth,
+	        (unsigned long long)g->node.usage,
 	        (unsigned long long)g->node.line,
 	        (unsigned long long)g->node.limit, rise,
 	        mts_node_kind_name(g->src.kind), mts_node_edge_name(&g->node),

@@ -300,7 +300,10 @@ static void on_hup(uv_signal_t *h, int signum)
 {
 	struct signals *s = h->data;
 	struct mts_registry *reg = &s->srv->reg;
-	char err[768], q[MTS_LOGQ_MAX];
+	/* The whole error, quoted: a rejected reload's reason is the one
+	 * line an operator gets (at start it goes to stderr whole). A
+	 * field's usual MTS_LOGQ_MAX cut the guard's figures off. */
+	char err[768], q[800];
 	if (!s->cl->config) {
 		mts_log(MTS_LOG_INFO,
 		        "SIGHUP: no --config file, nothing to "

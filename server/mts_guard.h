@@ -44,6 +44,8 @@ struct mts_guard_cand {
 	double growth;       /* bytes per second, its workers' sum */
 	uint64_t first_ns;   /* its oldest worker's registration (realtime) */
 	bool eligible;       /* may be chosen (trust rules) */
+	uint64_t uid_beyond; /* what its uid's eligible candidates hold
+	                      * beyond their reservations, together */
 };
 
 /* Why a candidate was chosen: the rule that decided. */

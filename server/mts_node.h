@@ -129,9 +129,9 @@ void mts_guard_apply(struct mts_registry *reg, const struct mts_node_src *src,
 int mts_node_cgroup_path(char *text, const char **base, char *path, size_t len);
 
 /*
- * The nearest cgroup with a memory limit around the process whose
- * /proc/PID/cgroup is `text` (changed in place): its path, then each
- * parent, then the hierarchy's root, under `root` ("": the machine's
+ * The cgroup with the smallest memory limit around the process whose
+ * /proc/PID/cgroup is `text` (changed in place): its path, each parent,
+ * and the hierarchy's root, under `root` ("": the machine's
  * /sys/fs/cgroup; a test's tree). Sets src's kind and dir. 0, or -ENOENT
  * when none has a limit.
  */

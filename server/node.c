@@ -11,10 +11,11 @@
  * memory.usage_in_bytes) less its inactive file pages (memory.stat). Those
  * pages are the part the kernel reclaims before it kills anyone, so the
  * rest is the working set kubelet evicts on. Elsewhere the figure is
- * /proc/meminfo's MemTotal less MemAvailable. The nearest ancestor of
- * memtallyd's cgroup that has a limit is the node, because a Slurm step
- * inside its job, or a container inside its pod, is limited by the
- * enclosing one.
+ * /proc/meminfo's MemTotal less MemAvailable. Of memtallyd's cgroup and
+ * its ancestors, the one with the smallest limit is the node, because a
+ * Slurm step inside its job, or a container inside its pod, is limited by
+ * the enclosing one (and a larger limit inside a smaller one binds
+ * nothing).
  *
  * Under strict overcommit (vm.overcommit_memory = 2) the kernel's first
  * edge may be another: it refuses an allocation that would take the
@@ -284,14 +285,23 @@ int mts_node_find_cgroup(char *text, const char *root, struct mts_node_src *src)
 	const char *base;
 	if (mts_node_cgroup_path(text, &base, path, sizeof(path)) < 0)
 		return -ENOENT;
+	/* The smallest limit up the tree, not the nearest: an ancestor's
+	 * smaller limit binds the cgroups under it (the kernel's OOM killer
+	 * acts at the ancestor), and a guard on the nearest one's larger
+	 * limit would never act. */
+	struct mts_node_src best = {.kind = MTS_NODE_NONE};
+	uint64_t best_limit = 0;
 	for (;;) {
-		snprintf(src->dir, sizeof(src->dir), "%s%s%s", root, base,
+		struct mts_node_src at = {.kind = MTS_NODE_NONE};
+		snprintf(at.dir, sizeof(at.dir), "%s%s%s", root, base,
 		         strcmp(path, "/") == 0 ? "" : path);
-		src->kind = cgroup_kind(src->dir);
+		at.kind = cgroup_kind(at.dir);
 		struct mts_node_fig f;
-		if (src->kind != MTS_NODE_NONE && mts_node_read(src, &f) == 0 &&
-		    f.limit)
-			return 0;
+		if (at.kind != MTS_NODE_NONE && mts_node_read(&at, &f) == 0 &&
+		    f.limit && (!best_limit || f.limit < best_limit)) {
+			best = at;
+			best_limit = f.limit;
+		}
 		/* Up to the hierarchy's root, tried last: in a container on
 		 * cgroup v1 without a cgroup namespace, the path is the
 		 * host's and the container's own cgroup is mounted there. */
@@ -303,13 +313,12 @@ int mts_node_find_cgroup(char *text, const char *root, struct mts_node_src *src)
 		else
 			*slash = '\0';
 	}
-	src->kind = MTS_NODE_NONE;
-	src->dir[0] = '\0';
-	return -ENOENT;
+	*src = best;
+	return best_limit ? 0 : -ENOENT;
 }
 
-/* The nearest cgroup around memtallyd that has a memory limit. 0, or
- * -ENOENT when none has a limit. */
+/* The cgroup around memtallyd (itself or an ancestor) with the smallest
+ * memory limit. 0, or -ENOENT when none has a limit. */
 static int own_cgroup(struct mts_node_src *src)
 {
 	char text[4096];
@@ -371,6 +380,11 @@ int mts_guard_setup(const struct mts_policy *pol, uint64_t reserve,
 			return 0;
 		src->kind = MTS_NODE_MEMINFO;
 	} else if (cg) {
+		/* cgroup = none: the whole machine, which auto leaves off as
+		 * it does where no cgroup limits memtallyd (killing tasks
+		 * there is a choice an operator makes: enabled = true). */
+		if (pol->guard_mode == MTS_GUARD_AUTO)
+			return 0;
 		src->kind = MTS_NODE_MEMINFO;
 	}
 	int r = mts_node_read(src, fig);

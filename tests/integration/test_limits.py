@@ -433,9 +433,10 @@ def test_sighup_reloads_the_fleet_limit():
     cfgdir = tempfile.mkdtemp(prefix="mt-it-cfg-")
     cfg = os.path.join(cfgdir, "memtallyd.conf")
 
-    def write(limit):
+    def write(limit, extra=""):
         with open(cfg + ".new", "w") as f:
-            f.write(f"[limits]\nfleet = {limit}\nhigh_watermark = 80\n")
+            f.write(f"[limits]\nfleet = {limit}\nhigh_watermark = 80\n"
+                    + extra)
         os.replace(cfg + ".new", cfg)
 
     write("1GiB")
@@ -449,6 +450,21 @@ def test_sighup_reloads_the_fleet_limit():
         signal_until(s.proc, signal.SIGHUP, "the rejection logged",
                      lambda: "lots" in s.logtext(), timeout=10)
         check(fleet(s)["limit"] == 3 * GIB // 2, "bad reload applied")
+        # So is a guard line below what memtallyd needs, its whole reason
+        # in the log: the figures to the node's limit (a quoted field's
+        # usual bound cut it at "of a").
+        write("1.5G", "[guard]\nenabled = true\ncgroup = none\n"
+              "line = 1MiB\n")
+        signal_until(s.proc, signal.SIGHUP, "the guard's rejection logged",
+                     lambda: "is below what memtallyd needs" in s.logtext(),
+                     timeout=10)
+        why = [x for x in s.logtext().splitlines()
+               if "is below what memtallyd needs" in x][-1]
+        check("of a node limited to" in why and "max_buffered" in why,
+              f"the rejection's reason is cut short: {why}")
+        check(s.status().get("node") in (None, {}) or
+              not s.status()["node"].get("line"),
+              f"the rejected guard applied: {s.status().get('node')}")
         check(s.proc.poll() is None, "a bad reload stopped the server")
 
 

@@ -156,6 +156,24 @@ Test(guard_config, keys_and_their_forms)
 	cr_assert_str_eq(s.policy.guard_cgroup, "");
 	mts_settings_free(&s);
 
+	/* cgroup = none is the whole machine: auto leaves the guard off
+	 * there, as it does where no cgroup limits memtallyd; true turns it
+	 * on, on /proc/meminfo. */
+	cr_assert_eq(load_guard("cgroup = none", &s, err), 0, "%s", err);
+	cr_assert_eq(s.policy.guard_mode, MTS_GUARD_AUTO);
+	struct mts_node_src src;
+	struct mts_node_fig fig;
+	cr_assert_eq(
+	    mts_guard_setup(&s.policy, 64 * MIB, &src, &fig, err, sizeof(err)),
+	    0, "%s", err);
+	cr_assert_eq(src.kind, MTS_NODE_NONE);
+	s.policy.guard_mode = MTS_GUARD_ON;
+	cr_assert_eq(
+	    mts_guard_setup(&s.policy, 64 * MIB, &src, &fig, err, sizeof(err)),
+	    0, "%s", err);
+	cr_assert_eq(src.kind, MTS_NODE_MEMINFO);
+	mts_settings_free(&s);
+
 	cr_assert_eq(load_guard("line = limit - 256MiB", &s, err), 0, "%s",
 	             err);
 	cr_assert_eq(s.policy.guard_line_below, 256 * MIB);
@@ -622,30 +640,85 @@ Test(guard, a_hosts_own_growth_after_its_grants_is_beyond)
 	cr_assert_eq(k->pid, (uint32_t)a, "chose %s (pid %u)", k->task, k->pid);
 	cr_assert_eq(rule, MTS_GUARD_BEYOND);
 	cr_assert_eq(k->used, 200 * MIB);
-	cr_assert_eq(k->reserved, 20 * MIB + 1);
+	/* Untrusted: its own memory was never admitted, only the byte. */
+	cr_assert_eq(k->reserved, 1);
+}
+
+Test(guard, an_untrusted_hosts_own_memory_is_not_its_reservation)
+{
+	/* Another uid's process holds 110 MiB, then asks for one byte in
+	 * process. What it held was never admitted: counted as reserved, it
+	 * shielded all of it, and b (30 MiB beyond its 10) went in its
+	 * place. */
+	pid_t a;
+	uint32_t slot = host_beside_b(&a);
+	two_lanes(slot, 77, 0, 110 * MIB);
+	mts_core_tick(&srv.reg);
+	one_byte_in_process(a);
+	enum mts_guard_rule rule;
+	const struct mts_guard_cand *k = choose(&rule);
+	cr_assert_eq(k->pid, (uint32_t)a, "chose %s (pid %u)", k->task, k->pid);
+	cr_assert_eq(rule, MTS_GUARD_BEYOND);
+	cr_assert_eq(k->reserved, 1);
+	cr_assert_eq(k->used, 110 * MIB);
 }
 
 Test(guard, a_hosts_own_memory_counts_as_of_its_latest_grant)
 {
-	pid_t a;
-	uint32_t slot = host_beside_b(&a);
+	/* A trusted host (a Dask worker of root's): its own memory at its
+	 * latest grant is its reservation too. */
+	fx_start();
+	reserve(FX_UID, "b", 10 * MIB);
+	task_worker(FX_UID, "b", 40 * MIB); /* 30 MiB beyond */
+	pid_t a = fx_spawn();
+	uint32_t slot = fx_register_as(a, FX_UID, "default", "");
 	/* Granted while it holds 100 MiB of its own; then it gives 80
 	 * back (room others may be admitted into) and is granted again. */
 	two_lanes(slot, 77, 0, 100 * MIB);
 	mts_core_tick(&srv.reg);
-	one_byte_in_process(a);
+	Memtally__V1__Response *r = fx_admit_hosted(a, FX_UID, 1, "", 77, 0);
+	cr_assert(r->admit_result->admitted && r->admit_result->in_process);
+	memtally__v1__response__free_unpacked(r, NULL);
+	enum mts_guard_rule rule;
+	const struct mts_guard_cand *k = choose(&rule);
+	cr_assert_str_eq(k->task, "b",
+	                 "a trusted host's own memory at its "
+	                 "grant is beyond by nothing");
 	two_lanes(slot, 77, 0, 20 * MIB);
 	mts_core_tick(&srv.reg);
 	struct timespec ts = {0, 2 * 1000 * 1000};
 	nanosleep(&ts, NULL); /* a later grant */
-	one_byte_in_process(a);
+	r = fx_admit_hosted(a, FX_UID, 1, "", 77, 0);
+	cr_assert(r->admit_result->admitted && r->admit_result->in_process);
+	memtally__v1__response__free_unpacked(r, NULL);
 	/* Taking the 80 MiB again is beyond: the first grant's 100 is
 	 * not its to keep. */
 	two_lanes(slot, 77, 0, 100 * MIB);
-	enum mts_guard_rule rule;
-	const struct mts_guard_cand *k = choose(&rule);
+	k = choose(&rule);
 	cr_assert_eq(k->pid, (uint32_t)a, "chose %s (pid %u)", k->task, k->pid);
 	cr_assert_eq(k->reserved, 20 * MIB + 2);
+}
+
+Test(guard, a_uid_beyond_across_many_processes_goes_first)
+{
+	/* Task b of FX_UID is 30 MiB beyond its 10. Uid 2000 runs five
+	 * processes without a task, 14 MiB each (one 15): none as far
+	 * beyond as b, together 71. Its largest goes, not b. */
+	fx_start();
+	reserve(FX_UID, "b", 10 * MIB);
+	task_worker(FX_UID, "b", 40 * MIB);
+	pid_t big = 0;
+	for (int i = 0; i < 5; i++) {
+		pid_t p = task_worker(2000, "", (14 + (i == 4)) * MIB);
+		if (i == 4)
+			big = p;
+	}
+	enum mts_guard_rule rule;
+	const struct mts_guard_cand *k = choose(&rule);
+	cr_assert_eq(k->uid, 2000, "chose %s of uid %u", k->task, k->uid);
+	cr_assert_eq(k->pid, (uint32_t)big);
+	cr_assert_eq(k->uid_beyond, 71 * MIB);
+	cr_assert_eq(rule, MTS_GUARD_BEYOND);
 }
 
 Test(guard, a_task_workers_hosted_runs_are_evicted_with_it)
@@ -1214,13 +1287,20 @@ Test(guard_config, a_v1_container_without_a_cgroup_namespace_finds_its_own)
 	cr_assert_eq(src.kind, MTS_NODE_CGROUP_V1);
 	snprintf(want, sizeof(want), "%s/sys/fs/cgroup/memory", root);
 	cr_assert_str_eq(src.dir, want);
-	/* Where the path is there (a namespace, or the host), the nearest
-	 * limit wins. */
+	/* Where the path is there (a namespace, or the host), its own
+	 * smaller limit wins. */
 	fake_v1(root, "/sys/fs/cgroup/memory/docker/abc", "134217728\n");
 	snprintf(text, sizeof(text), "5:memory:/docker/abc\n");
 	cr_assert_eq(mts_node_find_cgroup(text, root, &src), 0);
 	snprintf(want, sizeof(want), "%s/sys/fs/cgroup/memory/docker/abc",
 	         root);
+	cr_assert_str_eq(src.dir, want);
+	/* A nested cgroup of 1 GiB inside that 128 MiB one: the smaller
+	 * limit up the tree binds (the kernel acts there), not the
+	 * nearest. */
+	fake_v1(root, "/sys/fs/cgroup/memory/docker/abc/inner", "1073741824\n");
+	snprintf(text, sizeof(text), "5:memory:/docker/abc/inner\n");
+	cr_assert_eq(mts_node_find_cgroup(text, root, &src), 0);
 	cr_assert_str_eq(src.dir, want);
 	/* An unlimited root (the kernel's "unlimited") is no limit. */
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", root);
