@@ -91,8 +91,10 @@ __attribute__((constructor(101))) static void pl_constructor(void)
 	mtc_at_load = false;
 }
 
-/* The library's one front end, as the core asks it (attach.c). */
-const struct mtc_front *const mtc_fronts[] = {&mtj_front, NULL};
+/* The library's front ends, as the core asks them (attach.c): jemalloc's,
+ * and memtally_account()'s for what a program counts of its own (memory
+ * that is not malloc's), as in libmemtally (linked.c). */
+const struct mtc_front *const mtc_fronts[] = {&mtj_front, &mta_front, NULL};
 
 /* ---- threads ------------------------------------------------------------
  * jemalloc's activity callback is per thread: a new thread sets it before
