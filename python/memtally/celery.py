@@ -87,8 +87,9 @@ from celery.exceptions import (Reject, SoftTimeLimitExceeded, Terminated,
                                TimeLimitExceeded)
 from celery.worker.request import Request
 
-from .client import (DEFAULT_SOCKET, EVICTED_STATUS, Client, MemtallyError,
-                     denied_for_ever, never_fits, pb, refused, state_name,
+from .client import (DEFAULT_SOCKET, EVICTED_STATUS, NAME_MAX, Client,
+                     MemtallyError, denied_for_ever, never_fits, pb,
+                     positive, printable, refused, state_name, task_name,
                      task_settings)
 
 log = logging.getLogger("memtally.celery")
@@ -118,6 +119,22 @@ class Denied(Reject):
 def _conf(app, key, default):
     v = app.conf.get(key)
     return default if v is None else v
+
+
+_bad_conf = set()  # settings already said to be wrong
+
+
+def _seconds(app, key, default):
+    """Setting `key` as seconds above 0; its default, said once, when it
+    is not (0 or less polled memtallyd in a tight loop, or timed every
+    request out at once)."""
+    try:
+        return positive(_conf(app, key, default), key)
+    except ValueError as e:
+        if key not in _bad_conf:
+            _bad_conf.add(key)
+            log.warning("memtally: %s; %ss used", e, default)
+        return float(default)
 
 
 def _socket(app):
@@ -259,10 +276,14 @@ class AdmittedTask(Task):
                 or getattr(self.request, "is_eager", False)):
             return self._body(*args, **kwargs)
         sock = _socket(self.app)
-        task_id = self.request.id or ""
+        # As memtallyd takes them: a name with a control or bidi
+        # character, or past its length, was refused, and every run of
+        # the task went unadmitted.
+        task_id = task_name(self.request.id or "")
+        kind = printable(self.name or "", NAME_MAX)
         try:
-            with Client(sock, timeout=float(_conf(self.app,
-                                                  "memtally_timeout", 2))) as c:
+            with Client(sock, timeout=_seconds(self.app,
+                                            "memtally_timeout", 2)) as c:
                 # The task's name is its kind: memtallyd reserves what
                 # this task's recent runs used, nbytes being its ceiling.
                 # It runs here, in this pool process: memtallyd counts
@@ -273,7 +294,7 @@ class AdmittedTask(Task):
                 # thread's where a thread pool runs several.
                 r = c.admit(nbytes, group=group, task=task_id,
                             ttl_seconds=ttl,
-                            kind=self.name or "", in_process=True,
+                            kind=kind, in_process=True,
                             thread=_task_thread())
             forever = denied_for_ever(r)
             if forever == "kinds":
@@ -285,8 +306,8 @@ class AdmittedTask(Task):
                     log.warning("memtally: kind %s refused (%s); its tasks "
                                 "are admitted on memtally_bytes",
                                 self.name, r.reason)
-                with Client(sock, timeout=float(
-                        _conf(self.app, "memtally_timeout", 2))) as c:
+                with Client(sock, timeout=_seconds(
+                        self.app, "memtally_timeout", 2)) as c:
                     r = c.admit(nbytes, group=group, task=task_id,
                                 ttl_seconds=ttl,
                                 in_process=True, thread=_task_thread())
@@ -319,8 +340,8 @@ class AdmittedTask(Task):
             return self._body(*args, **kwargs)
         finally:
             try:
-                with Client(sock, timeout=float(
-                        _conf(self.app, "memtally_timeout", 2))) as c:
+                with Client(sock, timeout=_seconds(
+                        self.app, "memtally_timeout", 2)) as c:
                     c.release(r.reservation)
             except MemtallyError as e:
                 # Not found: ended already (its TTL, or a memtallyd that
@@ -411,7 +432,7 @@ class _Pauser(bootsteps.StartStopStep):
                 self._arm()
 
     def _delay(self):
-        return float(_conf(self.c.app, "memtally_pause", 2))
+        return _seconds(self.c.app, "memtally_pause", 2)
 
     def _arm(self):
         self.timer = self.c.timer.call_after(self._delay(), self._maybe_resume)
@@ -419,8 +440,8 @@ class _Pauser(bootsteps.StartStopStep):
     def _fleet_over(self):
         sock = _socket(self.c.app)
         try:
-            with Client(sock, timeout=float(
-                    _conf(self.c.app, "memtally_timeout", 2))) as cl:
+            with Client(sock, timeout=_seconds(
+                    self.c.app, "memtally_timeout", 2)) as cl:
                 return state_name(cl.usage().state) == "over"
         except Exception as e:  # noqa: BLE001 - fail open: resume
             _fail_open(sock, e)

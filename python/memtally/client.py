@@ -33,6 +33,8 @@ Exit status: 0 ok, 1 error talking to the server, 2 usage error,
 3 admission denied (as `memtally admit`).
 """
 import argparse
+import atexit
+import hashlib
 import logging
 import os
 import re
@@ -122,6 +124,30 @@ class MemtallyError(Exception):
     def __init__(self, code, message):
         super().__init__(f"{pb.ErrorCode.Name(code)}: {message}")
         self.code = code
+
+
+# Late Admit answers still being read (Client._release_late): a process
+# that exits meanwhile (a script, `python3 -m memtally admit` timing out)
+# would kill the reading thread, and a grant that came late would stay set
+# aside, unnamed, until its TTL. At exit each is waited for, up to its
+# own wait and LATE_AT_EXIT seconds in all.
+LATE_AT_EXIT = 10.0
+_late = []
+
+
+def _join_late():
+    end = time.monotonic() + LATE_AT_EXIT
+    for t, until in _late:
+        left = min(until, end) - time.monotonic()
+        if t.is_alive() and left > 0:
+            t.join(left)
+        if t.is_alive():
+            log.warning("memtally: an Admit unanswered in time: exiting "
+                        "before its late answer came; a grant it makes "
+                        "lasts until its TTL")
+
+
+atexit.register(_join_late)
 
 
 class Client:
@@ -340,8 +366,10 @@ class Client:
                             "made lasts until its TTL", e)
             finally:
                 late.close()
-        threading.Thread(target=reap, name="memtally-late-admit",
-                         daemon=True).start()
+        t = threading.Thread(target=reap, name="memtally-late-admit",
+                             daemon=True)
+        t.start()
+        _late.append((t, time.monotonic() + wait))
 
     def kinds(self, kind=""):
         """The learned sizes of the kinds this peer may see."""
@@ -400,20 +428,29 @@ def watch(path=None, tcp=None, own=False, timeout=5.0, token=None,
             time.sleep(delay)
             delay = min(delay * 2, 5.0)
             continue
+        ran = False
         try:
             for n, ev in enumerate(c.watch(own), 1):
-                if n == 1 and not first and on_back:
-                    on_back()
-                delay = 0.2
+                if n == 1:
+                    ran = True
+                    delay = 0.2
+                    if not first and on_back:
+                        on_back()
                 yield ev
         except (OSError, ConnectionError) as e:
             if not reconnect:
                 raise
-            if on_lost:
+            # A loss is a stream that ran (or the first): one closed
+            # before its first event (memtallyd at its connection caps
+            # closes new ones at once) is a try that failed, as a
+            # refused connection is, and waits as long.
+            if (ran or first) and on_lost:
                 on_lost(e)
         finally:
             c.close()
         first = False
+        time.sleep(delay)
+        delay = min(delay * 2, 5.0)
 
 
 # -- command line -------------------------------------------------------------
@@ -480,7 +517,60 @@ def task_settings(nbytes, group, ttl):
     if not 0 <= t < 1 << 32 or isinstance(ttl, bool):
         raise ValueError(f"memtally_ttl {ttl!r}: not a number of seconds "
                          f"from 0 to 2^32 - 1")
-    return b, str(group or ""), t
+    g = str(group or "")
+    # Checked here, not left to memtallyd: a name past a frame's size is
+    # not refused, it breaks the connection, and the log then blamed
+    # memtallyd rather than the setting.
+    if len(g.encode()) > NAME_MAX or not g.isprintable():
+        raise ValueError(f"memtally_group {printable(g, 40)!r}...: more "
+                         f"than {NAME_MAX} bytes or not printable"
+                         if len(g.encode()) > NAME_MAX else
+                         f"memtally_group {printable(g, 80)!r}: not "
+                         f"printable (a control or bidi character)")
+    return b, g, t
+
+
+def printable(key, cap):
+    """`key` (a key may be a tuple) as printable text of at most `cap`
+    bytes, cut on a character: memtallyd refuses a name with a control or
+    bidi character, or longer than it takes."""
+    s = key if isinstance(key, str) else str(key)
+    s = "".join(ch if ch.isprintable() else "?" for ch in s)
+    return s.encode()[:cap].decode(errors="ignore")
+
+
+# What a process under the preload keeps of MEMTALLY_TASK: a reservation
+# named longer is never found by the processes a task starts for it.
+TASK_NAME_MAX = 63
+# The longest kind or group name memtallyd takes.
+NAME_MAX = 255
+
+
+def task_name(key):
+    """`key` (a Dask key, a Celery task id) as a reservation's task name,
+    printable and at most TASK_NAME_MAX bytes. A longer key keeps its
+    first 46 bytes and 16 hex digits of a hash of the whole, so that keys
+    sharing a long prefix stay apart."""
+    s = printable(key, 1 << 16)
+    b = s.encode()
+    if len(b) <= TASK_NAME_MAX:
+        return s
+    return "%s~%s" % (b[:46].decode(errors="ignore"),
+                      hashlib.sha1(b).hexdigest()[:16])
+
+
+def positive(value, name):
+    """`value` as seconds above 0, or ValueError naming the setting: 0 or
+    less would poll memtallyd in a tight loop, or time every request out
+    at once."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        v = float("nan")
+    if not v > 0 or v == float("inf"):
+        raise ValueError(f"{name} {value!r}: not a number of seconds "
+                         f"above 0")
+    return v
 
 
 def refused(err):

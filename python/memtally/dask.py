@@ -94,7 +94,9 @@ was back); memtally must never stop work because it is missing. A task
 already waiting for room when memtallyd stops answering (most likely it
 is restarting) asks on until its wait ends, as `memtally run` does, so a
 restart does not start every waiting task at once; one waiting when the
-plugin is removed (or registered again) runs unadmitted. A reservation's
+plugin is removed (or registered again) runs unadmitted, and one waiting
+when its worker closes never runs (Dask drops what a closing worker
+returns). A reservation's
 task name is the key, cut to the 63 bytes a process under the preload
 keeps of MEMTALLY_TASK (a longer key: its first 46 bytes and a hash).
 
@@ -118,9 +120,10 @@ from concurrent.futures import ThreadPoolExecutor
 from distributed import WorkerPlugin
 from distributed.core import Status
 
-from .client import (DEFAULT_SOCKET, EVICTED_STATUS, Client, MemtallyError,
-                     denied_for_ever, human, never_fits, pb, refused,
-                     state_name, task_settings)
+from .client import (DEFAULT_SOCKET, EVICTED_STATUS, TASK_NAME_MAX,  # noqa: F401
+                     Client, MemtallyError, denied_for_ever, human,
+                     never_fits, pb, positive, printable, refused,
+                     state_name, task_name, task_settings)
 
 # Under "distributed": a worker's log shows these beside Dask's own lines,
 # at the levels Dask's logging configuration sets for that tree.
@@ -130,31 +133,9 @@ _failing_open = set()   # sockets we already said we run without
 _kinds_refused = set()  # kinds memtallyd refused (its kinds cap): said once
 
 
-def _printable(key, cap):
-    """`key` (a key may be a tuple) as printable text of at most `cap`
-    bytes, cut on a character."""
-    s = key if isinstance(key, str) else str(key)
-    s = "".join(ch if ch.isprintable() else "?" for ch in s)
-    return s.encode()[:cap].decode(errors="ignore")
-
-
-# What a process under the preload keeps of MEMTALLY_TASK: a reservation
-# named longer is never found by the processes run_tasks starts for it.
-TASK_NAME_MAX = 63
-
-
-def _task_name(key):
-    """The Dask key as a reservation's task name, printable and at most
-    TASK_NAME_MAX bytes. A longer key (a function name of 30 characters
-    and Dask's 32-digit token already is) keeps its first 46 bytes and 16
-    hex digits of a hash of the whole, so that keys sharing a long prefix
-    stay apart."""
-    s = _printable(key, 1 << 16)
-    b = s.encode()
-    if len(b) <= TASK_NAME_MAX:
-        return s
-    return "%s~%s" % (b[:46].decode(errors="ignore"),
-                      hashlib.sha1(b).hexdigest()[:16])
+# The names as memtallyd takes them (client.py: Celery's too).
+_printable = printable
+_task_name = task_name
 
 
 def _kind(key):
@@ -231,10 +212,15 @@ class Admission(WorkerPlugin):
                  kinds=True, wait=30.0):
         self.socket = socket
         self.kinds = bool(kinds)
-        self.interval = float(interval)
+        # 0 or less: memtallyd polled in a tight loop, or every request
+        # timed out at once and every task run unadmitted.
+        self.interval = positive(interval, "interval")
+        self.timeout = positive(timeout, "timeout")
         self.pause = float(pause)
-        self.timeout = float(timeout)
         self.wait = float(wait)
+        if not (self.pause >= 0 and self.wait >= 0):
+            raise ValueError(f"pause {pause!r}, wait {wait!r}: seconds, "
+                             f"0 or more")
         self._gate = None
 
     def __getstate__(self):
@@ -468,6 +454,12 @@ class _Gate:
                 time.sleep(min(delay, max(0.0, end - time.monotonic())))
                 delay = min(delay * 2, 0.5)
                 if self.stopped:
+                    if self._closing():
+                        # The worker closes (cluster.close(),
+                        # retire_workers, a restart): its body never
+                        # runs on a node memtallyd said is full; Dask
+                        # drops what a closing worker returns.
+                        return None
                     # The plugin was removed (or registered again,
                     # which removes it first) while it waited: the task
                     # runs as it would without memtally.
@@ -494,6 +486,12 @@ class _Gate:
             finally:
                 self._release(r.reservation)
         return run
+
+    def _closing(self):
+        """Is the worker closing or closed (its teardown stopped us)?"""
+        st = getattr(self.worker, "status", None)
+        return getattr(st, "name", str(st)) in (
+            "closing", "closed", "closing_gracefully", "failed")
 
     def _wanted(self, key):
         """Is the task still to run here? Read from the executor thread: a

@@ -457,7 +457,8 @@ def test_in_process():
             check([f.result(timeout=30) for f in futs] == [7] * len(bad),
                   "a task with a bad setting did not run")
             text = w2.text()
-            for words in ("refused its request", "memtally_bytes -1",
+            for words in ("memtally_group 'a?b': not printable",
+                          "memtally_bytes -1",
                           "memtally_ttl -5", "memtally_bytes '1.5'"):
                 check(words in text, f"no {words!r} in the worker's log:\n"
                       + text[-3000:])
@@ -599,6 +600,22 @@ def test_a_plugin_registered_again_runs_a_waiting_task():
     with_a_waiting_task(test)
 
 
+def test_a_closing_worker_never_runs_a_waiting_task():
+    """The worker closes (SIGTERM: as cluster.close(), retire_workers or a
+    restart close it) while a denied task waits in its thread for room.
+    Its teardown stops the plugin, and the task used to run then,
+    unadmitted, on the node memtallyd had just said was full, for a result
+    Dask throws away. Its body must never run."""
+    def test(a, client, fut, hog, ledger, procs):
+        procs[1].stop()
+        check(procs[1].proc.returncode is not None, "the worker lives")
+        time.sleep(1.0 * MULT)
+        check(ledger_of(ledger) == [], "the waiting task ran as its worker "
+              f"closed: {ledger_of(ledger)}")
+        check(a.status()["fleet"]["reserved"] == 0, "a reservation left")
+    with_a_waiting_task(test)
+
+
 def test_a_waiting_task_outlasts_memtallyds_restart():
     """memtallyd restarts (stopped, back 2 s later on its record) while a
     task waits for room: the task does not start unadmitted meanwhile; it
@@ -637,6 +654,18 @@ def test_a_long_key_is_a_task_name_a_worker_keeps():
     check(all(n.startswith(base[:40]) for n in names), f"unreadable: {names}")
     check(_task_name("inc-1234") == "inc-1234", "a short key changed")
     check(len(_task_name(("é" * 60, 3)).encode()) <= 63, "a tuple's")
+    # Bad settings are refused where they are made: an interval of 0
+    # polled memtallyd in a tight loop (22% of a core for one idle
+    # worker), a timeout of 0 ran every task unadmitted.
+    from memtally.dask import Admission
+    for bad in ({"interval": 0}, {"interval": -1}, {"timeout": 0},
+                {"timeout": "x"}, {"pause": -1}, {"wait": -5}):
+        try:
+            Admission(**bad)
+            check(False, f"Admission({bad}) taken")
+        except ValueError as e:
+            check(list(bad)[0] in str(e), f"{bad}: {e}")
+    Admission(interval=0.1, timeout=1, pause=0, wait=0)
 
 
 if __name__ == "__main__":
@@ -644,4 +673,5 @@ if __name__ == "__main__":
          test_in_process, test_evicted_command_retried,
          test_cancelled_while_waiting_never_runs,
          test_a_plugin_registered_again_runs_a_waiting_task,
+         test_a_closing_worker_never_runs_a_waiting_task,
          test_a_waiting_task_outlasts_memtallyds_restart])

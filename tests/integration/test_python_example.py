@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 from harness import (MIB, MULT, Server, Worker, check, config_file,
                      line_within, run, wait_for, worker)
@@ -171,6 +172,74 @@ def test_watch_reconnects_across_a_restart():
     print("  " + err.strip().replace("\n", "\n  "))
     check("was lost" in err and "reconnecting" in err and "again" in err,
           f"stderr: {err!r}")
+
+
+def test_watch_reconnect_waits_when_closed_at_once():
+    """memtallyd at its connection cap accepts new connections and closes
+    them at once. `python3 -m memtally watch --reconnect` reconnected with
+    no wait each time: 45,000 "lost, reconnecting" lines in 3 s, and
+    memtallyd busy refusing it. Now a stream closed before its first
+    event waits as a refused connection does (0.2 s, doubling) and the
+    loss is said once; when a place frees, the stream runs."""
+    with Server("--max-connections", "4") as s:
+        held = []
+        for _ in range(8):              # until one is closed at once
+            c = mc.Client(s.socket)
+            try:
+                c.usage()
+            except (OSError, ConnectionError):
+                c.close()
+                break
+            held.append(c)
+        check(0 < len(held) <= 4, f"{len(held)} connections held")
+        env = dict(os.environ, PYTHONPATH=PYDIR)
+        follow = subprocess.Popen(
+            [sys.executable, "-m", "memtally", "--socket", s.socket, "watch",
+             "--reconnect"], env=env, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True)
+        try:
+            time.sleep(3.0)
+            for c in held:
+                c.close()
+            line = line_within(follow, 30 * MULT)
+            check(line.startswith("fleet "), f"no event once a place "
+                  f"freed: {line!r}")
+        finally:
+            follow.terminate()
+            follow.wait(timeout=30 * MULT)
+        err = follow.stderr.read()
+        n = err.count("reconnecting")
+        print(f"  3 s at the cap: {n} loss line(s), "
+              f"{s.logtext().count('max_connections reached')} refusal "
+              f"line(s) in memtallyd's log", flush=True)
+        check(1 <= n <= 2, f"{n} loss lines: {err[:500]!r}")
+
+
+def test_a_late_admit_answer_is_released_at_exit():
+    """`python3 -m memtally --timeout 1 admit` with memtallyd stopped: the
+    command times out and exits 1. Its late-answer thread died with it,
+    and memtallyd's grant then stayed set aside, unnamed, for its TTL (an
+    hour here). Now the command waits for that answer at exit (at most
+    10 s) and releases the grant."""
+    with Server("--fleet-limit", "1GiB") as s:
+        s.proc.send_signal(signal.SIGSTOP)
+        env = dict(os.environ, PYTHONPATH=PYDIR)
+        p = subprocess.Popen(
+            [sys.executable, "-m", "memtally", "--socket", s.socket,
+             "--timeout", "1", "admit", "100MiB", "--task", "orphan",
+             "--ttl", "3600"], env=env, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True)
+        try:
+            time.sleep(2.0 * MULT)
+        finally:
+            s.proc.send_signal(signal.SIGCONT)
+        out, err = p.communicate(timeout=30 * MULT)
+        check(p.returncode == 1 and "timed out" in err,
+              f"exit {p.returncode}: {err!r}")
+        wait_for("nothing reserved", lambda: s.status()["fleet"][
+            "reserved"] == 0, timeout=10)
+        check('msg="reservation released"' in s.logtext(),
+              "the late grant was not released: " + s.tail())
 
 
 def test_a_late_admit_answer_is_released():
@@ -365,6 +434,20 @@ def test_sizes_and_bad_input():
             r = example(s, *args)
             check(r.returncode == 2 and "Traceback" not in r.stderr,
                   f"{args}: exit {r.returncode}: {r.stderr}")
+        # An integration's settings: a group memtallyd would refuse, or
+        # one past a frame's size (which broke the connection, and the
+        # log blamed memtallyd), is the setting's error, named.
+        from memtally.client import task_settings
+        for group, why in (("g" * 70000, "more than 255 bytes"),
+                           ("a\u202eb", "not printable")):
+            try:
+                task_settings("1MiB", group, 0)
+                check(False, f"group {group[:10]!r}... taken")
+            except ValueError as e:
+                check("memtally_group" in str(e) and why in str(e),
+                      f"{e}")
+        check(task_settings("1MiB", "etl", 5) == (1 << 20, "etl", 5),
+              "a good group")
         r = command("--tcp", "localhost", "usage")
         check(r.returncode == 2 and "Traceback" not in r.stderr and
               "HOST:PORT" in r.stderr, f"--tcp localhost: exit "
@@ -374,7 +457,9 @@ def test_sizes_and_bad_input():
 if __name__ == "__main__":
     run([test_library_admit_deny_release_usage_ps, test_library_watch_sees_over,
          test_command_line, test_watch_reconnects_across_a_restart,
+         test_watch_reconnect_waits_when_closed_at_once,
          test_a_late_admit_answer_is_released,
+         test_a_late_admit_answer_is_released_at_exit,
          test_a_request_not_sent_whole_gives_the_client_up,
          test_denied_by_names_the_rule,
          test_an_answer_is_bounded_by_the_timeout,
