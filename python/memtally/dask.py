@@ -120,10 +120,10 @@ from concurrent.futures import ThreadPoolExecutor
 from distributed import WorkerPlugin
 from distributed.core import Status
 
-from .client import (DEFAULT_SOCKET, EVICTED_STATUS, TASK_NAME_MAX,  # noqa: F401
-                     Client, MemtallyError, denied_for_ever, human,
-                     never_fits, pb, positive, printable, refused,
-                     state_name, task_name, task_settings)
+from .client import (DEFAULT_SOCKET, EVICTED_STATUS, Client, MemtallyError,
+                     denied_for_ever, human, never_fits, pb, positive,
+                     printable, refused, state_name, task_name,
+                     task_settings)
 
 # Under "distributed": a worker's log shows these beside Dask's own lines,
 # at the levels Dask's logging configuration sets for that tree.
