@@ -57,3 +57,11 @@ def evictable(self, argv):
 def limited():
     """Its soft time limit is shorter than memtallyd's answer may take."""
     ledger.rpush("mt:ran", "limited")
+
+
+@app.task(base=memtally.celery.AdmittedTask, memtally_bytes="16MiB",
+          memtally_ttl=60, name="mtjobs.\u202e" + "x" * 300)
+def oddly_named():
+    """A name memtallyd takes as no kind (a bidi character, 300 bytes
+    past the 255 it takes): the task is admitted all the same."""
+    ledger.rpush("mt:ran", "oddly_named")

@@ -422,7 +422,43 @@ def test_soft_time_limit_while_admitted():
     shutil.rmtree(tmp, ignore_errors=True)
 
 
+def test_a_name_memtallyd_refuses_is_still_admitted():
+    """A task whose name (its kind) has a bidi character and is 306 bytes
+    long: memtallyd refused the request ("kind: not a valid name"), and
+    every run of the task went unadmitted. The name is made printable and
+    cut to what memtallyd takes, and the task is admitted."""
+    need_modules()
+    tmp, rd, env, celery_app = broker_and_app()
+    w = None
+    try:
+        with Server("--fleet-limit", "64MiB") as a:
+            w = CeleryWorker(tmp, "A", a, env)
+            wait_for("celery worker ready", w.ready, timeout=60)
+            celery_app.oddly_named.delay()
+            wait_for("the task ran", lambda: ledger(rd) != [], timeout=30,
+                     interval=0.1)
+            check("refused its request" not in w.text() and
+                  "without admission" not in w.text(),
+                  "the task ran unadmitted:\n" + w.text()[-3000:])
+            check('msg="admission granted"' in a.logtext() and
+                  "mtjobs.?xxx" in a.logtext(),
+                  "not admitted under its cleaned kind: " + a.tail())
+            wait_for("nothing reserved",
+                     lambda: a.status()["fleet"]["reserved"] == 0)
+            w.stop()
+    except BaseException:
+        if w is not None:
+            sys.stderr.write("---- celery worker ----\n" + w.text()[-4000:])
+        raise
+    finally:
+        if w is not None:
+            w.stop()
+        rd.stop()
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
 if __name__ == "__main__":
     run([test_two_nodes_one_broker, test_thread_pool_pauses_on_the_loop,
          test_killed_command_is_retried, test_evicted_is_retried,
-         test_soft_time_limit_while_admitted])
+         test_soft_time_limit_while_admitted,
+         test_a_name_memtallyd_refuses_is_still_admitted])
