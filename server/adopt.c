@@ -295,17 +295,16 @@ void mts_adopt_resume_held(struct mts_state *st, uint32_t slots)
 			continue;
 		uint64_t start = 0;
 		char comm[32];
-		uint32_t ruid, euid;
 		int pidfd = pidfd_open((pid_t)r.pid, 0);
 		if (pidfd < 0)
 			continue;
 		/* As adoption checks it: the pidfd first, then the start
 		 * time, so a reused pid is never signalled. */
+		/* Whatever its uid now: a worker that left its uid since is
+		 * the same process, and stays stopped for ever otherwise. */
 		if (mts_read_stat((pid_t)r.pid, &start, comm, sizeof(comm)) ==
 		        0 &&
-		    start == r.start_time &&
-		    mts_read_uids((pid_t)r.pid, &ruid, &euid) == 0 &&
-		    euid == r.uid)
+		    start == r.start_time)
 			mts_guard_resume_adopted(r.pid, pidfd);
 		close(pidfd);
 	}
@@ -398,13 +397,29 @@ int mts_adopt(struct mts_registry *reg, uint32_t *kept, uint32_t *dropped)
 			    !mts_uid_trusted(reg, euid) &&
 			    !mts_uid_trusted(reg, ruid))
 				leaver_add(&left, r.uid, euid);
+			/* Paused by the guard of the memtallyd before: it
+			 * goes on, whatever its uid now (it would stay
+			 * stopped for ever). Its task's reservations wait
+			 * for its registration as what it is now. */
+			if (same && r.held)
+				mts_guard_resume_adopted(r.pid, pidfd);
+			if (same)
+				mts_task_awaited(reg, r.task, r.pid,
+				                 r.start_time);
 			if (pidfd >= 0)
 				close(pidfd);
 			mts_state_clear(reg->state, i);
 			++*dropped;
-			mts_log_uid(r.uid, MTS_LOG_INFO,
-			            "slot of a dead worker reclaimed",
-			            "slot=%u pid=%u", i, r.pid);
+			if (same)
+				mts_log_uid(r.uid, MTS_LOG_INFO,
+				            "a live worker changed its uid: it "
+				            "registers again as what it is now",
+				            "slot=%u pid=%u euid=%u", i, r.pid,
+				            euid);
+			else
+				mts_log_uid(r.uid, MTS_LOG_INFO,
+				            "slot of a dead worker reclaimed",
+				            "slot=%u pid=%u", i, r.pid);
 			continue;
 		}
 		/* Paused by the node guard of a memtallyd that died

@@ -21,7 +21,8 @@ kernel's OOM killer has to choose.
   both on stderr; nothing is evicted, the kernel kills nothing.
 - test_a_paused_task_outlives_memtallyds_death: memtallyd is SIGKILLed
   while it holds the grower stopped; the next one, started on the same
-  restart record, resumes it as it adopts it, and it ends 0.
+  restart record, resumes it as it adopts it, and it ends 0 (also after
+  --reset, and for a grower that gave up its uid, which is not adopted).
 - test_lie_cannot_evict_another_user: as nobody, a worker naming another
   user's task claims 2^49 bytes and holds real memory that takes the node
   past its line. The guard evicts the liar, not the other user's task
@@ -334,13 +335,25 @@ UNCOUNTED = ("import sys; b = bytes([1]) * (90 << 20); "
              "print('ready', flush=True); sys.stdin.read()")
 
 
-def grower_paused(s, cg):
-    """Start the grower and the uncounted process in the node of `s`;
-    return both once memtallyd has paused the grower, with its pid."""
+# A grower that gives up root for nobody's uid (a daemon dropping its
+# privileges without exec) 1.5 s in, then grows 5 MiB/s: 20 MiB to 100.
+GROW_AND_DROP = ("import os, time\n"
+                 "keep = [bytearray(b'\\1' * (20 << 20))]\n"
+                 "time.sleep(1.5)\n"
+                 "os.setuid(65534)\n"
+                 "for i in range(80):\n"
+                 "    keep.append(bytearray(b'\\1' * (1 << 20)))\n"
+                 "    time.sleep(0.2)\n")
+
+
+def grower_paused(s, cg, cmd=None):
+    """Start the grower (`cmd`, or the fleet worker's leak) and the
+    uncounted process in the node of `s`; return both once memtallyd has
+    paused the grower, with its pid."""
     # 20 MiB growing to 100 over 15 s (5 MiB/s), within its 128 MiB,
     # admitted on an empty node.
     grow = mt_run(s, cg, "--task", "grow", "--bytes", "128MiB", "--",
-                  *worker("fleet"), "leak", "100", "15")
+                  *(cmd or [*worker("fleet"), "leak", "100", "15"]))
     wait_for("the grower registered", lambda: "grow" in tasks_of(s),
              timeout=20)
 
@@ -425,7 +438,16 @@ def test_a_paused_task_outlives_memtallyds_death_and_a_reset():
     paused_task_outlives_death("pause-reset", "--reset")
 
 
-def paused_task_outlives_death(name, *restart_args):
+def test_a_paused_task_that_left_its_uid_outlives_memtallyds_death():
+    """The paused grower had given up root for nobody's uid: the next
+    memtallyd did not adopt it (its uid changed) and never resumed it,
+    though the record said it was held, logging it as a dead worker's
+    slot; it stayed stopped for ever. Now it is resumed, and ends 0."""
+    paused_task_outlives_death("pause-drop", cmd=[
+        sys.executable, "-c", GROW_AND_DROP])
+
+
+def paused_task_outlives_death(name, *restart_args, cmd=None):
     cg = node(name)
     join = joining(cg)
     conf = config(PAUSE_CONF)
@@ -433,7 +455,7 @@ def paused_task_outlives_death(name, *restart_args):
     try:
         s = Server("--config", conf, prefix=join)
         try:
-            grow, other, pid = grower_paused(s, cg)
+            grow, other, pid = grower_paused(s, cg, cmd)
             s.kill9()  # while it holds the grower stopped
         except BaseException:
             s.stop()
@@ -765,6 +787,7 @@ if __name__ == "__main__":
          test_a_grower_is_paused_then_resumed,
          test_a_paused_task_outlives_memtallyds_death,
          test_a_paused_task_outlives_memtallyds_death_and_a_reset,
+         test_a_paused_task_that_left_its_uid_outlives_memtallyds_death,
          test_an_eviction_after_memtallyds_restart_is_the_runs,
          test_lie_cannot_evict_another_user, test_understating_cannot_hide,
          test_anothers_eviction_is_not_an_admins,
