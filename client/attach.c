@@ -1113,9 +1113,10 @@ void mtc_refresh_once(void)
 {
 	static int64_t last_bytes;
 	static uint64_t last_flushes;
-	/* The thread was started for a lost answer: try again here, since
-	 * a quiet process makes no flush that would (back-off permitting). */
-	if (mtshm_load_relaxed32(&mtc_proc.answer_lost) && !cur_att())
+	/* Not attached (an answer lost, no server yet, a refusal): try
+	 * again here, since a quiet process makes no flush that would
+	 * (back-off permitting). */
+	if (!cur_att())
 		mtc_maybe_attach(ATTACH_LAZY);
 	const struct mtc_attachment *a = cur_att();
 	if (a) {
@@ -1529,6 +1530,14 @@ void mtc_maybe_attach(enum attach_ask ask)
 			 * was read before this one: no late slot to claim. */
 			mtshm_store_relaxed32(&mtc_proc.answer_lost, 0);
 		}
+		/* Not attached (no server yet, a refusal): a quiet process
+		 * makes no flush that would try again, so its refresh
+		 * thread does, past the back-off (a process that started
+		 * or exec'd while memtallyd was down was never counted
+		 * while it stayed quiet). Within the thread's minimum, as
+		 * any arming. */
+		if (!cur_att())
+			refresh_arm();
 		/* From the end of the attempt, not its start: an attempt
 		 * that waited out its timeout (a server stopped or stuck)
 		 * would otherwise be due again at once. And after such a

@@ -532,6 +532,12 @@ static void hold_if_named(struct mts_registry *reg, struct mts_table *tb,
 	for (uint32_t k = 0; k < reg->nheld; k++)
 		if (reg->held[k].pid == pid)
 			return; /* one slot a process */
+	/* Adopted at another slot: this one is a slot it had before a
+	 * re-registration, which still names it. Held, the index was lost
+	 * until the worker's exit, and counted against its uid's cap. */
+	const struct mts_proc *adopted = mts_find_pid(reg, pid);
+	if (adopted && adopted->start_time == start)
+		return;
 	uint64_t st;
 	uint32_t real, eff;
 	if (mts_read_starttime((pid_t)pid, &st) < 0 || st != start ||
@@ -1340,11 +1346,20 @@ static int register_new(struct mts_registry *reg, const struct mts_peer *peer,
 		goto fail_close_pidfd;
 	}
 	/* One uid cannot take every slot: past its cap a worker gets the
-	 * answer of a full segment. */
+	 * answer of a full segment. A worker whose own old slot is held
+	 * for it is not counted twice: refused, its hold (and with it its
+	 * count) would never end. */
 	uint32_t cap = mts_slots_per_uid(reg);
 	const struct mts_table *own = mts_table_find(reg, peer->uid);
-	if (cap != MTS_CAP_NONE && own && own->procs + own->held >= cap &&
-	    !peer_is_admin(reg, peer)) {
+	uint32_t mine = 0;
+	for (uint32_t k = 0; own && k < reg->nheld; k++)
+		if (reg->held[k].pid == peer->pid &&
+		    reg->held[k].uid == peer->uid &&
+		    reg->held[k].start_time == start_time &&
+		    !reg->held[k].done_ns)
+			mine = 1;
+	if (cap != MTS_CAP_NONE && own &&
+	    own->procs + own->held - mine >= cap && !peer_is_admin(reg, peer)) {
 		note_refused(reg, peer->pid, start_time, peer->uid, true);
 		err = -ENOSPC;
 		goto fail_close_pidfd;

@@ -14,9 +14,9 @@ import subprocess
 import sys
 import time
 
-from harness import (CLI, MIB, MULT, Server, Worker, check, claim,
-                     config_file, line_within, run, settled_bytes, wait_for,
-                     worker)
+from harness import (CLI, MIB, MULT, NOBODY, NOGROUP, Server, Worker, check,
+                     claim, config_file, line_within, open_to_nobody, run,
+                     settled_bytes, wait_for, worker, world_readable_copy)
 
 
 def counted(s, pid, at_least):
@@ -233,13 +233,43 @@ def test_a_quiet_worker_is_counted_after_a_restart_without_adoption():
         (second or first).stop()
 
 
+def test_a_worker_started_while_memtallyd_was_down_is_counted():
+    """A worker that starts (or execs) while no memtallyd runs holds 100
+    MiB and goes quiet. Its registration found no server, and nothing
+    tried again: a quiet process makes no flush, and its refresh thread,
+    armed only by a registration or a lost answer, never started. It
+    stayed out of the figure for as long as it stayed quiet (25 s and
+    more). Now the failed registration arms the thread (within its
+    minimum, as any), whose rounds try again past the back-off (5 s at
+    most): it is counted within seconds of memtallyd's return."""
+    heap = {"MEMTALLY_ALLOCATOR_FREE": "0"}
+    first = Server()
+    env = first.env(group="late", **heap)
+    first.stop()
+    w = Worker([*worker("hold"), "100"], env)
+    second = None
+    try:
+        w.readline()
+        time.sleep(1.0)
+        second = Server(after=first)
+        wait_for("the worker started meanwhile counted",
+                 counted(second, w.pid, 100 * MIB), timeout=20)
+        check(second.ps()[w.pid]["group"] == "late",
+              f"{second.ps()[w.pid]}")
+    finally:
+        w.close()
+        (second or first).stop()
+
+
 def test_a_worker_left_out_of_the_record_keeps_its_count():
     """The record lost b's entry (a disk full when it registered, a record
     cut short); a is adopted, and with it their uid's table, in which b
     still publishes. A worker c that registers before b does must not get
     b's slot (c would be counted b's bytes, and b, registering again,
     would carry c's), nor b get its own slot zeroed: b, registering again
-    once its client sees the restart, carries its whole total."""
+    once its client sees the restart, carries its whole total. At the
+    next restart, b's first slot, which still names it, is not held for
+    it as well."""
     heap = {"MEMTALLY_ALLOCATOR_FREE": "0"}
     first = Server()
     a = Worker([*worker("hold"), "64"], first.env(group="alpha", **heap))
@@ -288,10 +318,63 @@ def test_a_worker_left_out_of_the_record_keeps_its_count():
         print(f"  b registered again after {more} MiB more: counted "
               f"{ps[b.pid]['bytes'] >> 20} MiB of {want >> 20}; c "
               f"{ps[c.pid]['bytes'] >> 20} MiB")
+        # b's first slot still names it. At the next restart, which
+        # adopts b at its new slot, that old one was held for b as well,
+        # until b's exit: an index lost, counted against the uid's cap.
+        second.kill9()
+        seen = len(second.logtext())
+        third = Server(after=second)
+        second = third
+        wait_for("b adopted again", lambda: b.pid in third.ps())
+        time.sleep(0.5)
+        held = [x for x in third.logtext()[seen:].splitlines()
+                if "slot held for a live worker" in x]
+        check(held == [], f"a slot held for an adopted worker: {held}")
     finally:
         for w in (a, b, c):
             if w:
                 w.close()
+        (second or first).stop()
+
+
+def test_a_held_worker_at_its_uids_cap_gets_its_count_back():
+    """nobody may have two slots; its two workers have them. The record
+    lost the first's entry: the restart holds that worker's slot for it
+    and asks it to register again. Its registration was refused, since
+    its own hold counted against the cap ("uid at max_slots_per_uid"),
+    the hold never ended, and its 20 MiB were out of the figure for good.
+    Its own hold no longer counts against it."""
+    cfg = config_file("[server]\ngroup = nogroup\n"
+                      "[limits]\nmax_slots_per_uid = 2\n")
+    hold = world_readable_copy(worker("hold"))[0]
+    heap = {"MEMTALLY_ALLOCATOR_FREE": "0"}
+    nob = (NOBODY, NOGROUP)
+    first = Server("--config", cfg)
+    open_to_nobody(first)
+    w1 = Worker([*hold, "20", "2"], first.env(group="a", **heap), user=nob)
+    w2 = Worker([*hold, "10", "2"], first.env(group="b", **heap), user=nob)
+    second = None
+    try:
+        for w in (w1, w2):
+            w.readline()
+        wait_for("both counted", lambda: counted(first, w1.pid, 20 * MIB)()
+                 and counted(first, w2.pid, 10 * MIB)())
+        slot = slot_of(first, w1.pid)
+        first.kill9()
+        path = first.socket + ".state"
+        with open(path, "r+b") as f:
+            f.seek(4096 + 1024 * slot)
+            f.write(bytes(1024))
+        second = Server("--config", cfg, after=first)
+        open_to_nobody(second)
+        wait_for("w2 adopted", lambda: w2.pid in second.ps())
+        wait_for("w1 counted again, whole",
+                 counted(second, w1.pid, 20 * MIB), timeout=30)
+        check("uid at max_slots_per_uid" not in second.logtext(),
+              "w1 refused at its uid's cap: " + second.tail())
+    finally:
+        for w in (w1, w2):
+            w.close()
         (second or first).stop()
 
 
@@ -852,6 +935,8 @@ if __name__ == "__main__":
          test_a_worker_left_out_of_the_record_keeps_its_count,
          test_a_reservation_waits_for_its_worker_not_adopted,
          test_a_taken_over_reservation_restored_without_its_workers_ends,
+         test_a_worker_started_while_memtallyd_was_down_is_counted,
+         test_a_held_worker_at_its_uids_cap_gets_its_count_back,
          test_a_worker_outlives_more_restarts_than_attachments,
          test_a_decoy_mapping_does_not_hold_up_a_restart,
          test_a_worker_that_changed_uid_is_not_adopted_as_root,
