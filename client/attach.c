@@ -547,8 +547,15 @@ static void copy_env(char *dst, size_t cap, const char *name, const char *def)
 	if (!v || !*v)
 		v = def;
 	size_t n = strlen(v);
-	if (n >= cap)
+	if (n >= cap) {
+		/* Cut on a character: cut inside one, the name is not UTF-8,
+		 * memtallyd refuses the registration, and the worker is not
+		 * counted at all (memtally run and admit refuse such a group
+		 * or task; a program may still set one). */
 		n = cap - 1;
+		while (n > 0 && ((unsigned char)v[n] & 0xC0) == 0x80)
+			n--;
+	}
 	memcpy(dst, v, n);
 	dst[n] = 0;
 }

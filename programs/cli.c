@@ -42,6 +42,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 #include <wchar.h>
@@ -246,10 +247,14 @@ __attribute__((format(printf, 1, 2))) static int usage_error(const char *fmt,
 	return EXIT_USAGE;
 }
 
+static const char *clean_text(char *buf, size_t cap, const char *s);
+
 /* A failed query: name the server, the error and the server's words. */
 static int query_error(const struct cli *c, const char *what, int err)
 {
-	const char *msg = memtally_query_last_error(c->q);
+	char said[512];
+	const char *msg =
+	    clean_text(said, sizeof(said), memtally_query_last_error(c->q));
 	const char *hint = "";
 	if (err == MEMTALLY_EPERM && !msg[0])
 		hint = c->tcp
@@ -384,6 +389,28 @@ static void put_clean(const char *s, int width)
 	}
 	for (; n < width; n++)
 		putchar(' ');
+}
+
+/* `s` as put_clean prints it, into `buf`: for text the server sent that
+ * goes inside a line (an error's words, a measure, an id). Whoever answers
+ * on the socket or the TCP port must not drive the terminal. */
+static const char *clean_text(char *buf, size_t cap, const char *s)
+{
+	size_t o = 0;
+	const unsigned char *u = (const unsigned char *)(s ? s : "");
+	while (*u && o + 5 < cap) {
+		int w;
+		size_t k = clean_char(u, &w);
+		if (k == 0) {
+			buf[o++] = '?';
+		} else {
+			memcpy(buf + o, u, k);
+			o += k;
+		}
+		u += k ? k : 1;
+	}
+	buf[o] = '\0';
+	return buf;
 }
 
 /* Widen a column to fit `s` as put_clean prints it, up to 64 columns: a
@@ -784,11 +811,12 @@ static void print_node(const Memtally__V1__Usage *raw)
 	if (!raw || !raw->node_limit)
 		return;
 	bool commit = raw->node_edge && strcmp(raw->node_edge, "commit") == 0;
+	char src[64];
 	printf("node        %s  (%s, %s; guard's line %s of %s %s)\n",
 	       fmt_size(b, raw->node_bytes),
 	       commit ? "committed: Committed_AS, overcommit strict"
 	              : "the kernel's figure",
-	       raw->node_source ? raw->node_source : "",
+	       clean_text(src, sizeof(src), raw->node_source),
 	       fmt_size(ln, raw->node_line), commit ? "CommitLimit" : "limit",
 	       fmt_size(lim, raw->node_limit));
 }
@@ -816,11 +844,13 @@ static size_t print_status(const struct memtally_usage *u,
 	printf("rss         %s\n", fmt_size(rss, u->rss));
 	print_node(raw);
 	printf("limit       %s", fmt_limit(l, u->limit));
+	char ms[64];
+	clean_text(ms, sizeof(ms), u->measure);
 	if (u->limit && u->high_watermark)
 		printf("  (high from %s%s%s)", fmt_size(hw, u->high_watermark),
-		       u->measure[0] ? ", measure " : "", u->measure);
-	else if (u->measure[0])
-		printf("  (measure %s)", u->measure);
+		       ms[0] ? ", measure " : "", ms);
+	else if (ms[0])
+		printf("  (measure %s)", ms);
 	putchar('\n');
 	if (u->process_limit)
 		printf("per process %s\n", fmt_size(pl, u->process_limit));
@@ -1223,7 +1253,8 @@ static void print_admitted(const struct cli *c,
                            const struct memtally_admit_result *a)
 {
 	char b[16];
-	printf("admitted: %s (%s", a->reservation,
+	char id[80];
+	printf("admitted: %s (%s", clean_text(id, sizeof(id), a->reservation),
 	       fmt_size(b, a->requested_bytes));
 	if (c->group && c->group[0]) {
 		printf(", group ");
@@ -1253,8 +1284,9 @@ static void print_denied(const struct memtally_admit_result *a)
 	if (a->limit_scope[0]) {
 		printf(" (");
 		put_clean(a->limit_scope, 0);
+		char ms[64];
 		if (a->measure[0])
-			printf(", %s", a->measure);
+			printf(", %s", clean_text(ms, sizeof(ms), a->measure));
 		putchar(')');
 	}
 	printf("\n  measured    %s\n", fmt_size(b, a->fleet_bytes));
@@ -1355,11 +1387,27 @@ static int names_ok(const struct cli *c, const char *cmd)
 	return 0;
 }
 
+/* A group its workers can carry: a worker keeps 63 bytes of
+ * MEMTALLY_GROUP (and memtally_set_group() takes no more). Longer, its
+ * workers were counted in a group cut short (outside the group's limit),
+ * or, cut inside a character, refused registration and not counted. */
+#define RUN_GROUP_MAX 63
+static int group_kept(const struct cli *c, const char *cmd)
+{
+	if (c->group && strlen(c->group) > RUN_GROUP_MAX)
+		return usage_error("%s: the group is %zu bytes, at most %d "
+		                   "(what a worker keeps of MEMTALLY_GROUP)",
+		                   cmd, strlen(c->group), RUN_GROUP_MAX);
+	return 0;
+}
+
 static int check_admit(struct cli *c)
 {
 	if (!c->bytes && !c->kind)
 		return usage_error("admit: --bytes SIZE or --kind K is "
 		                   "required");
+	if (group_kept(c, "admit"))
+		return 2;
 	/* Granted, such a reservation would never be taken over by the
 	 * task's workers: counted besides them until its TTL. */
 	if (c->task && strlen(c->task) > RUN_TASK_MAX)
@@ -1943,6 +1991,20 @@ static int check_run(struct cli *c)
 	if (c->task && strlen(c->task) > RUN_TASK_MAX)
 		return usage_error("run: --task is %zu bytes, at most %d",
 		                   strlen(c->task), RUN_TASK_MAX);
+	/* Without --group, the group the environment names is the run's
+	 * (its command's workers carry it), and is checked as --group is. */
+	if (!c->group) {
+		const char *g = getenv("MEMTALLY_GROUP");
+		if (g && g[0] && (strlen(g) > RUN_GROUP_MAX || !mt_name_ok(g)))
+			return usage_error("run: MEMTALLY_GROUP is not a group "
+			                   "a worker can carry (at most %d "
+			                   "bytes of UTF-8, no control or bidi "
+			                   "characters)",
+			                   RUN_GROUP_MAX);
+		c->group = g && g[0] ? g : NULL;
+	}
+	if (group_kept(c, "run"))
+		return 2;
 	/* What memtallyd would refuse: said here, with exit 2, rather
 	 * than taken for a server that does not answer (the command would
 	 * then run unadmitted). */
@@ -2284,6 +2346,24 @@ static int check_command(struct cli *c, const struct command *cmd,
 		return rc;
 	if (c->tcp && c->socket)
 		return usage_error("--socket and --tcp exclude each other");
+	/* Said here, as bad input: taken for a server that cannot be
+	 * reached, `run` would run its command unadmitted. */
+	char host[256];
+	uint16_t port = 0;
+	if (c->tcp &&
+	    (mt_split_hostport(c->tcp, host, sizeof(host), &port) < 0 ||
+	     !host[0] || port == 0))
+		return usage_error("invalid --tcp '%s': expected HOST:PORT "
+		                   "(an IPv6 address in brackets), a port of "
+		                   "1 to 65535",
+		                   c->tcp);
+	if (c->socket &&
+	    strlen(c->socket) >= sizeof(((struct sockaddr_un *)0)->sun_path))
+		return usage_error("--socket: a path of %zu bytes; a socket's "
+		                   "is at most %zu",
+		                   strlen(c->socket),
+		                   sizeof(((struct sockaddr_un *)0)->sun_path) -
+		                       1);
 	if (cmd->check && (rc = cmd->check(c)))
 		return rc;
 	return 0;

@@ -164,10 +164,14 @@ static int64_t now_ms(void)
 	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+static const char *clean(char *buf, size_t cap, const char *s);
+
 /* Say once, on stderr, that the command runs without memtally. */
 static void fail_open(struct run *r, const char *what, int err,
                       const char *detail)
 {
+	char said[512];
+	detail = detail ? clean(said, sizeof(said), detail) : NULL;
 	if (!r->failed_open)
 		fprintf(stderr,
 		        "memtally: %s %s: %s%s%s%s; running the command "
@@ -233,7 +237,8 @@ static void print_denial(const struct memtally_admit_result *a,
 	        mt_format_size(rs, sizeof(rs), a->reserved_bytes),
 	        mt_format_size(rq, sizeof(rq), a->requested_bytes));
 	if (a->sized_by[0] && strcmp(a->sized_by, "declared") != 0)
-		fprintf(stderr, "  requested as %s\n", a->sized_by);
+		fprintf(stderr, "  requested as %s\n",
+		        clean(why, sizeof(why), a->sized_by));
 }
 
 /* Did memtallyd close the connection before any answer, or was it not
@@ -269,12 +274,17 @@ static int ask(struct run *r, struct memtally_admit_result **denied,
 	struct memtally_admit_result *a = NULL;
 	int err = memtally_query_admit(r->q, &rq, &a);
 	r->asked = true;
-	if (err) {
+	/* memtallyd answered that the request is not one it takes: not a
+	 * server that cannot be reached, so not a reason to run unadmitted
+	 * (admission() says it and exits 2). */
+	if (err && err != MEMTALLY_EBADREQUEST) {
 		if (say_open)
 			fail_open(r, "cannot ask for admission at", err,
 			          memtally_query_last_error(r->q));
 		return err;
 	}
+	if (err)
+		return err;
 	if (a->admitted) {
 		snprintf(r->reservation, sizeof(r->reservation), "%s",
 		         a->reservation);
@@ -1011,6 +1021,14 @@ static int admission(struct run *r)
 	}
 	struct memtally_admit_result *a = NULL;
 	int got = ask(r, &a, r->wait_s <= 0);
+	if (got == MEMTALLY_EBADREQUEST) {
+		char why[640];
+		fprintf(
+		    stderr,
+		    "memtally: memtallyd refused the request: %s; not run\n",
+		    clean(why, sizeof(why), memtally_query_last_error(r->q)));
+		return 2;
+	}
 	/* Connected, then dropped before an answer: memtallyd is there but
 	 * closed us (the uid's max_connections_per_uid, taken by its other
 	 * runs, or a restart). With --wait that is waited out as no room

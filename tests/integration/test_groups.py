@@ -324,10 +324,30 @@ def test_a_long_group_name_is_named_whole():
               f"said {text!r}")
 
 
+def test_a_group_past_what_a_worker_keeps_is_cut_on_a_character():
+    """MEMTALLY_GROUP of 40 'ü' (80 bytes): a worker keeps 63 bytes, and
+    cut inside a character the name was not UTF-8, memtallyd refused the
+    registration, and the worker's 64 MiB were never counted. It is cut
+    on a character (31 'ü', 62 bytes) and counted."""
+    from harness import MIB, Worker, worker
+    with Server() as s:
+        w = Worker([*worker("hold"), "64"],
+                   s.env(group="\u00fc" * 40))
+        try:
+            w.readline()
+            p = wait_for("the worker counted", lambda: (
+                lambda q: q if q and q["bytes"] >= 64 * MIB else None)(
+                    s.ps().get(w.pid)))
+            check(p["group"] == "\u00fc" * 31, f"{p}")
+        finally:
+            w.close()
+
+
 if __name__ == "__main__":
     run([test_group_owners,
          test_slot_cap,
          test_max_ttl_after_takeover,
          test_refused_lines_are_budgeted,
          test_hostile_names,
-         test_a_long_group_name_is_named_whole])
+         test_a_long_group_name_is_named_whole,
+         test_a_group_past_what_a_worker_keeps_is_cut_on_a_character])
