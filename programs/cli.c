@@ -1882,7 +1882,9 @@ static json_t *json_kinds(const struct memtally_kinds *k)
 static void print_kinds(const struct memtally_kinds *k)
 {
 	char b[16];
-	printf("%-24s %10s %6s %10s %9s %-24s  %s\n", "KIND", "UID", "RUNS",
+	/* The profile's column as wide as its header: its figures are
+	 * that wide too ("12.5s: 100.5 MiB..200.3 MiB"). */
+	printf("%-24s %10s %6s %10s %9s %-29s  %s\n", "KIND", "UID", "RUNS",
 	       "LEARNED", "EVICTIONS", "PROFILE (length: first..most)",
 	       "LAST PEAKS (newest first)");
 	for (size_t i = 0; i < k->n_kinds; i++) {
@@ -1900,7 +1902,7 @@ static void print_kinds(const struct memtally_kinds *k)
 			snprintf(pr, sizeof(pr), "%.1fs: %s..%s", len / 1000.0,
 			         fmt_size(f, steps[0]), fmt_size(m, most));
 		}
-		printf("%-24s ", pr);
+		printf("%-29s ", pr);
 		for (size_t j = 0; j < e->n_last && j < 4; j++)
 			printf(" %s%s", fmt_size(b, e->last[j].peak),
 			       e->last[j].evicted ? "!" : "");
