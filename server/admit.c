@@ -1213,6 +1213,17 @@ void mts_task_awaited(struct mts_registry *reg, const char *task, uint32_t pid,
 		await_add(t, pid, start_time);
 }
 
+void mts_task_awaited_held(struct mts_registry *reg, uint32_t uid, uint32_t pid,
+                           uint64_t start_time)
+{
+	for (uint32_t i = 0; i < reg->adm->nresv; i++) {
+		struct mts_resv *r = reg->adm->resv[i];
+		if (r->task && r->taken_over && r->restored_unseen &&
+		    (!r->has_owner || r->uid == uid || r->switched_uid == uid))
+			await_add(r->task, pid, start_time);
+	}
+}
+
 /* Drop the awaited workers that registered again or are gone, once a
  * second; true when one was dropped (the task settles again). */
 static bool await_prune(struct mts_registry *reg, struct mts_task *t,

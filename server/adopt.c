@@ -403,9 +403,12 @@ int mts_adopt(struct mts_registry *reg, uint32_t *kept, uint32_t *dropped)
 			 * for its registration as what it is now. */
 			if (same && r.held)
 				mts_guard_resume_adopted(r.pid, pidfd);
-			if (same)
+			if (same) {
 				mts_task_awaited(reg, r.task, r.pid,
 				                 r.start_time);
+				mts_registry_keep_limit(
+				    reg, r.pid, r.start_time, r.limit_set);
+			}
 			if (pidfd >= 0)
 				close(pidfd);
 			mts_state_clear(reg->state, i);
@@ -435,8 +438,11 @@ int mts_adopt(struct mts_registry *reg, uint32_t *kept, uint32_t *dropped)
 			close(pidfd);
 			mts_state_clear(reg->state, i);
 			++*dropped;
-			/* Its task's reservations wait for it. */
+			/* Its task's reservations wait for it, and its
+			 * per-pid limit is its own again when it does. */
 			mts_task_awaited(reg, r.task, r.pid, r.start_time);
+			mts_registry_keep_limit(reg, r.pid, r.start_time,
+			                        r.limit_set);
 			mts_log_uid(
 			    r.uid, MTS_LOG_WARN,
 			    "cannot reopen a live worker's slot table; it "
@@ -472,6 +478,8 @@ int mts_adopt(struct mts_registry *reg, uint32_t *kept, uint32_t *dropped)
 			mts_table_gc(reg, table);
 			++*dropped;
 			mts_task_awaited(reg, r.task, r.pid, r.start_time);
+			mts_registry_keep_limit(reg, r.pid, r.start_time,
+			                        r.limit_set);
 			mts_log_uid(r.uid, MTS_LOG_WARN, "cannot adopt worker",
 			            "slot=%u pid=%u err=%s", i, r.pid,
 			            strerror(-err));
@@ -490,6 +498,11 @@ int mts_adopt(struct mts_registry *reg, uint32_t *kept, uint32_t *dropped)
 		    mts_logq(qg, sizeof(qg), a.task));
 	}
 	mts_registry_rebuild_free(reg);
+	/* A held slot's worker (its record entry lost) may run a task whose
+	 * reservation was restored taken over: it waits for the worker. */
+	for (uint32_t k = 0; k < reg->nheld; k++)
+		mts_task_awaited_held(reg, reg->held[k].uid, reg->held[k].pid,
+		                      reg->held[k].start_time);
 	leavers_taint(reg, &left);
 	return 0;
 }

@@ -25,6 +25,9 @@
 #include "mts_admit_types.h"
 #include "mts_vouch_types.h"
 
+/* Per-pid limits a restart keeps for workers it could not adopt. */
+#define MTS_KEPT_LIMITS 64
+
 struct mts_resv;
 struct mts_task;
 struct mts_admission;
@@ -342,6 +345,14 @@ struct mts_registry {
 	} * held;
 	uint32_t nheld;
 	uint64_t held_check_ns;
+	/* Per-pid limits of live workers a restart could not adopt (they
+	 * register again): applied at that registration, the process known
+	 * by its start time (mts_registry_keep_limit). */
+	struct mts_kept_limit {
+		uint32_t pid;
+		uint64_t start_time, limit;
+	} kept_limits[MTS_KEPT_LIMITS];
+	uint32_t nkept_limits;
 
 	struct mts_proc **by_slot; /* slot_count entries, NULL = free */
 	uint32_t *free_slots;      /* stack of free slot indices */
@@ -586,6 +597,12 @@ bool mts_table_slot_lost(const struct mts_registry *reg,
 /* Recompute the free-slot stack from by_slot[], and start each slot's
  * generations above what the adopted tables hold (after adoption). */
 void mts_registry_rebuild_free(struct mts_registry *reg);
+
+/* A restart could not adopt live worker `pid` (started at `start_time`),
+ * whose per-pid limit was `limit`: it is its own again when the worker
+ * registers again. The last MTS_KEPT_LIMITS are kept. */
+void mts_registry_keep_limit(struct mts_registry *reg, uint32_t pid,
+                             uint64_t start_time, uint64_t limit);
 
 /* Write `p`'s entry in the restart record (mts_state_put). */
 void mts_registry_record(const struct mts_registry *reg,

@@ -1231,6 +1231,14 @@ static int proc_insert(struct mts_registry *reg, const struct proc_init *in,
 	p->image_id = in->image_id;
 	p->registered_ns = in->registered_ns;
 	p->limit = reg->policy.process_limit;
+	for (uint32_t k = 0; k < reg->nkept_limits; k++) {
+		struct mts_kept_limit *kl = &reg->kept_limits[k];
+		if (kl->pid == in->pid && kl->start_time == in->start_time) {
+			p->limit = p->limit_set = kl->limit;
+			*kl = reg->kept_limits[--reg->nkept_limits];
+			break;
+		}
+	}
 	comm_copy(p->comm, sizeof(p->comm), in->comm);
 	err = uv_poll_init(reg->loop, &p->poll, in->pidfd);
 	if (err < 0)
@@ -1685,6 +1693,20 @@ static void gens_from_table(struct mts_registry *reg, struct mts_table *tb)
 		}
 		off = hole;
 	}
+}
+
+void mts_registry_keep_limit(struct mts_registry *reg, uint32_t pid,
+                             uint64_t start_time, uint64_t limit)
+{
+	if (!limit)
+		return;
+	if (reg->nkept_limits == MTS_KEPT_LIMITS)
+		memmove(&reg->kept_limits[0], &reg->kept_limits[1],
+		        (MTS_KEPT_LIMITS - 1) * sizeof(reg->kept_limits[0]));
+	else
+		reg->nkept_limits++;
+	reg->kept_limits[reg->nkept_limits - 1] = (struct mts_kept_limit){
+	    .pid = pid, .start_time = start_time, .limit = limit};
 }
 
 void mts_registry_rebuild_free(struct mts_registry *reg)

@@ -390,6 +390,73 @@ def taken_over_and_recorded(s):
              os.stat(resv).st_mtime > t_over + 0.05)
 
 
+def test_a_reservation_waits_for_its_held_worker():
+    """A task's worker took its reservation over; the record lost the
+    worker's entry (a full disk), so the restart holds its slot instead of
+    adopting it. The reservation, restored taken over, was judged at the
+    first tick: "its task's workers exited", and its 100 MiB given to
+    others while the worker ran. It now waits for the held worker, which
+    registers again in its task."""
+    conf = config_file("[admission]\ndefault_ttl = 600\nmax_ttl = 3600\n")
+    heap = {"MEMTALLY_ALLOCATOR_FREE": "0"}
+    first = Server("--config", conf)
+    a = Worker([*worker("hold"), "8"], first.env(group="alpha", **heap))
+    w = second = None
+    try:
+        a.readline()
+        wait_for("a registered", lambda: a.pid in first.ps())
+        first.cli("admit", "--bytes", "100MiB", "--task", "job")
+        w = Worker([*worker("hold"), "30", "2"],
+                   first.env(MEMTALLY_TASK="job", **heap))
+        w.readline()
+        taken_over_and_recorded(first)
+        sa, sw = slot_of(first, a.pid), slot_of(first, w.pid)
+        check(sa < sw, f"slots {sa} {sw}")
+        first.kill9()
+        # w's entry never landed: the record ends after a's.
+        os.truncate(first.socket + ".state", 4096 + 1024 * (sa + 1))
+        second = Server("--config", conf, after=first)
+        wait_for("w registered again in its task", lambda: second.ps().get(
+            w.pid, {}).get("task") == "job", timeout=30)
+        check(second.status()["fleet"]["reservations"] == 1,
+              f"the reservation ended: {second.tail()}")
+        check("its task's workers exited" not in second.logtext(),
+              second.tail())
+    finally:
+        for x in (a, w):
+            if x:
+                x.close()
+        (second or first).stop()
+
+
+def test_a_pids_limit_outlives_a_restart_that_cannot_adopt():
+    """memtally limit set pid P 100M, then a restart that cannot reopen
+    the worker's table (a server without the capability): the worker
+    registers again, and its limit was gone, though memtallyd.8 says
+    per-pid limits are kept across a restart. It is its own again."""
+    heap = {"MEMTALLY_ALLOCATOR_FREE": "0"}
+    first = Server()
+    w = Worker([*worker("hold"), "70", "2"], first.env(group="g", **heap))
+    second = None
+    try:
+        w.readline()
+        wait_for("w registered", lambda: w.pid in first.ps())
+        first.cli("limit", "set", "pid", str(w.pid), "100MiB")
+        check(first.ps()[w.pid]["limit"] == 100 * MIB, f"{first.ps()}")
+        first.kill9()
+        second = Server(after=first, prefix=[
+            "setpriv", "--bounding-set=-sys_admin,-checkpoint_restore",
+            "--inh-caps=-sys_admin,-checkpoint_restore"])
+        check("cannot reopen a live worker's slot table" in
+              second.logtext(), "the worker was adopted: " + second.tail())
+        p = wait_for("w registered again", lambda: second.ps().get(w.pid),
+                     timeout=30)
+        check(p["limit"] == 100 * MIB, f"its limit after the restart: {p}")
+    finally:
+        w.close()
+        (second or first).stop()
+
+
 def test_a_reservation_waits_for_its_worker_not_adopted():
     """A task's worker took its reservation over; memtallyd is SIGKILLed
     and started again without the capability to reopen the worker's slot
@@ -937,6 +1004,8 @@ if __name__ == "__main__":
          test_a_taken_over_reservation_restored_without_its_workers_ends,
          test_a_worker_started_while_memtallyd_was_down_is_counted,
          test_a_held_worker_at_its_uids_cap_gets_its_count_back,
+         test_a_reservation_waits_for_its_held_worker,
+         test_a_pids_limit_outlives_a_restart_that_cannot_adopt,
          test_a_worker_outlives_more_restarts_than_attachments,
          test_a_decoy_mapping_does_not_hold_up_a_restart,
          test_a_worker_that_changed_uid_is_not_adopted_as_root,
