@@ -1408,6 +1408,9 @@ static int check_admit(struct cli *c)
 		                   "required");
 	if (group_kept(c, "admit"))
 		return 2;
+	if ((c->group && !c->group[0]) || (c->task && !c->task[0]))
+		return usage_error("admit: --%s is empty",
+		                   c->group && !c->group[0] ? "group" : "task");
 	/* Granted, such a reservation would never be taken over by the
 	 * task's workers: counted besides them until its TTL. */
 	if (c->task && strlen(c->task) > RUN_TASK_MAX)
@@ -1488,6 +1491,27 @@ static int cmd_release(struct cli *c)
 
 /* ---- limit set ----------------------------------------------------- */
 
+/* ps --group G and kinds K: a name memtallyd would refuse, or none,
+ * is said here with exit 2 (empty, it listed everything). */
+static int check_ps(struct cli *c)
+{
+	if (c->group && (!c->group[0] || !mt_name_ok(c->group)))
+		return usage_error("ps: --group is %s", c->group[0]
+		                                            ? "not a name "
+		                                              "memtallyd takes"
+		                                            : "empty");
+	return 0;
+}
+
+static int check_kinds(struct cli *c)
+{
+	if (c->nargs && (!c->args[0][0] || !mt_name_ok(c->args[0])))
+		return usage_error("kinds: the kind is %s",
+		                   c->args[0][0] ? "not a name memtallyd takes"
+		                                 : "empty");
+	return 0;
+}
+
 static int check_limit(struct cli *c)
 {
 	if (strcmp(c->args[0], "set") != 0)
@@ -1520,6 +1544,12 @@ static int check_limit(struct cli *c)
 	} else if (c->scope == MEMTALLY_SCOPE_GROUP) {
 		if (!c->args[2][0])
 			return usage_error("limit set group: empty name");
+		if (!mt_name_ok(c->args[2]))
+			return usage_error("limit set group: not a name "
+			                   "memtallyd takes (at most %u bytes "
+			                   "of UTF-8, no control or bidi "
+			                   "characters)",
+			                   MT_NAME_MAX);
 		snprintf(c->label, sizeof(c->label), "group:%s", c->args[2]);
 	} else {
 		if (!parse_u32(c->args[2], &c->pid))
@@ -2060,11 +2090,11 @@ static int cmd_run(struct cli *c)
 
 static const struct command commands[] = {
     {"status", NULL, cmd_status, 0, 0, 0, false},
-    {"ps", NULL, cmd_ps, TAKES_GROUP, 0, 0, false},
+    {"ps", check_ps, cmd_ps, TAKES_GROUP, 0, 0, false},
     {"admit", check_admit, cmd_admit,
      TAKES_GROUP | TAKES_BYTES | TAKES_TASK | TAKES_TTL | TAKES_KIND, 0, 0,
      false},
-    {"kinds", NULL, cmd_kinds, 0, 0, 1, false},
+    {"kinds", check_kinds, cmd_kinds, 0, 0, 1, false},
     {"release", check_release, cmd_release, 0, 1, 1, false},
     {"limit", check_limit, cmd_limit, 0, 1, 4, false},
     {"watch", NULL, cmd_watch, TAKES_RECONNECT, 0, 0, true},

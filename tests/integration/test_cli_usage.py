@@ -34,6 +34,16 @@ MISTAKES = [
      "run: the group is 70 bytes, at most 63"),
     (["admit", "--bytes", "1M", "--group", "\u00fc" * 40],
      "admit: the group is 80 bytes, at most 63"),
+    # Empty, these listed (or admitted) as if the flag were absent; a
+    # name memtallyd would refuse was its refusal (exit 1).
+    (["ps", "--group", ""], "ps: --group is empty"),
+    (["ps", "--group", "a\x1bb"], "ps: --group is not a name"),
+    (["kinds", ""], "kinds: the kind is empty"),
+    (["kinds", "k\x1b"], "kinds: the kind is not a name"),
+    (["admit", "--bytes", "1M", "--group", ""], "admit: --group is empty"),
+    (["admit", "--bytes", "1M", "--task", ""], "admit: --task is empty"),
+    (["limit", "set", "group", "a\x1b", "1M"],
+     "limit set group: not a name memtallyd takes"),
     # Not a server that cannot be reached (run would run unadmitted).
     (["--tcp", "nohost", "status"], "invalid --tcp 'nohost'"),
     (["--tcp", "127.0.0.1:0", "status"], "invalid --tcp '127.0.0.1:0'"),
