@@ -366,6 +366,7 @@ static void child_starts(int64_t parent, bool mine)
 	mtc_proc.refresh_started = 0;
 	mtc_refresh_want = 0;
 	mtc_proc.answer_lost = 0; /* the parent's registration, not ours */
+	mtc_proc.unreached = 0;
 	for (int i = 0; !mine && i < 3; i++) {
 		int fd = reg_fds[i];
 		reg_fds[i] = -1;
@@ -1120,10 +1121,12 @@ void mtc_refresh_once(void)
 {
 	static int64_t last_bytes;
 	static uint64_t last_flushes;
-	/* Not attached (an answer lost, no server yet, a refusal): try
-	 * again here, since a quiet process makes no flush that would
-	 * (back-off permitting). */
-	if (!cur_att())
+	/* Not attached, its answer lost or no server reached: try again
+	 * here, since a quiet process makes no flush that would (back-off
+	 * permitting). */
+	if ((mtshm_load_relaxed32(&mtc_proc.answer_lost) ||
+	     mtshm_load_relaxed32(&mtc_proc.unreached)) &&
+	    !cur_att())
 		mtc_maybe_attach(ATTACH_LAZY);
 	const struct mtc_attachment *a = cur_att();
 	if (a) {
@@ -1537,13 +1540,18 @@ void mtc_maybe_attach(enum attach_ask ask)
 			 * was read before this one: no late slot to claim. */
 			mtshm_store_relaxed32(&mtc_proc.answer_lost, 0);
 		}
-		/* Not attached (no server yet, a refusal): a quiet process
+		/* No server reached (none yet, or gone): a quiet process
 		 * makes no flush that would try again, so its refresh
 		 * thread does, past the back-off (a process that started
 		 * or exec'd while memtallyd was down was never counted
 		 * while it stayed quiet). Within the thread's minimum, as
-		 * any arming. */
-		if (!cur_att())
+		 * any arming. A refusal is an answer: no asking every 5 s
+		 * for ever. */
+		bool answered = err <= MEMTALLY_EPROTO &&
+		                err >= MEMTALLY_EBADREQUEST; /* the server's */
+		mtshm_store_relaxed32(&mtc_proc.unreached,
+		                      !answered && err != -ETIMEDOUT);
+		if (!answered && !cur_att())
 			refresh_arm();
 		/* From the end of the attempt, not its start: an attempt
 		 * that waited out its timeout (a server stopped or stuck)
@@ -1567,6 +1575,7 @@ void mtc_maybe_attach(enum attach_ask ask)
 			mtc_proc.backoff_ns = MTC_BACKOFF_MAX_NS;
 	} else {
 		mtc_proc.backoff_ns = MTC_BACKOFF_MIN_NS;
+		mtshm_store_relaxed32(&mtc_proc.unreached, 0);
 		mtshm_store_relaxed32(&mtc_proc.waited, 0);
 		mtshm_store_relaxed64(&mtc_proc.next_try_ns,
 		                      now + MTC_STALE_NS);

@@ -75,6 +75,11 @@ struct mtc_process {
 	 * server may have registered us all the same: the refresh thread
 	 * tries again, whatever the process's size (mtc_refresh_once). */
 	uint32_t answer_lost;
+	/* The last registration reached no server (none yet, or gone): the
+	 * refresh thread tries again, within its minimum, for a quiet
+	 * process that makes no flush. Not after a refusal (no slot free):
+	 * that one stops asking until its own flushes ask again. */
+	uint32_t unreached;
 
 	/*
 	 * The over-limit callback and its argument, read as one snapshot

@@ -33,7 +33,6 @@
 #include <errno.h>
 #include <malloc.h>
 #include <pthread.h>
-#include <sched.h>
 #include <threads.h>
 #include <stdlib.h>
 #include <string.h>
@@ -179,43 +178,6 @@ PL_EXPORT int thrd_create(thrd_t *tid, int (*fn)(void *), void *arg)
 		free(s);
 	return r;
 }
-
-/* ---- the set-uid family ------------------------------------------------
- * A child forked without our handlers (_Fork(), a raw clone()) keeps its
- * parent's slot windows, writable, until it sets itself up at its first
- * allocation. One that gives up its uid before then (a launcher that
- * drops to run untrusted code) would hand them to that code: the claims
- * of every worker whose slot shares the table. So each of these sets the
- * child up first, which fences them (mtc_fork_seen; at once everywhere
- * else). While another thread of the child is setting it up, it waits
- * for that, a bounded while. A raw set-uid system call is not seen. */
-static void pl_uid_changing(void)
-{
-	for (int i = 0; !mtc_fork_seen() && i < 1000; i++)
-		sched_yield();
-}
-
-#define PL_SETID(name, params, args)                                           \
-	PL_EXPORT int name params                                              \
-	{                                                                      \
-		static int(*real) params;                                      \
-		int(*f) params = __atomic_load_n(&real, __ATOMIC_RELAXED);     \
-		if (!f) {                                                      \
-			*(void **)&f = dlsym(RTLD_NEXT, #name);                \
-			if (!f) {                                              \
-				errno = ENOSYS;                                \
-				return -1;                                     \
-			}                                                      \
-			__atomic_store_n(&real, f, __ATOMIC_RELAXED);          \
-		}                                                              \
-		pl_uid_changing();                                             \
-		return f args;                                                 \
-	}
-
-PL_SETID(setuid, (uid_t u), (u))
-PL_SETID(seteuid, (uid_t u), (u))
-PL_SETID(setreuid, (uid_t r, uid_t e), (r, e))
-PL_SETID(setresuid, (uid_t r, uid_t e, uid_t s), (r, e, s))
 
 /* Public: set up the calling thread (a thread the program made some other
  * way than pthread_create or thrd_create). Idempotent. */

@@ -1218,8 +1218,12 @@ void mts_task_awaited_held(struct mts_registry *reg, uint32_t uid, uint32_t pid,
 {
 	for (uint32_t i = 0; i < reg->adm->nresv; i++) {
 		struct mts_resv *r = reg->adm->resv[i];
+		/* Its uid's own (or those whose command switched to it):
+		 * a held slot's identity is the uid's to write, so a user
+		 * naming any process of its own there holds up only its own
+		 * reservations, never a scheduler's without an owner. */
 		if (r->task && r->taken_over && r->restored_unseen &&
-		    (!r->has_owner || r->uid == uid || r->switched_uid == uid))
+		    r->has_owner && (r->uid == uid || r->switched_uid == uid))
 			await_add(r->task, pid, start_time);
 	}
 }

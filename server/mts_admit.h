@@ -335,8 +335,9 @@ void mts_resv_worker_registered(struct mts_registry *reg, struct mts_proc *p);
  * over are not ended for want of a live worker (at most
  * MTS_TASK_AWAIT_MAX such workers a task are waited for). */
 /* A live worker whose slot a restart holds (its record entry lost): it
- * may be a worker of any restored, taken-over reservation of its uid (or
- * of one without an owner), whose task it does not say; each waits for it
+ * may be a worker of any restored, taken-over reservation of its uid (not
+ * one without an owner: the slot's identity is the uid's to write), whose
+ * task it does not say; each waits for it
  * as for an awaited worker, until it registers again or is gone. Ended at
  * the first tick instead ("its task's workers exited"), their room was
  * given to others while the worker ran. */

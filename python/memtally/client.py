@@ -369,6 +369,9 @@ class Client:
         t = threading.Thread(target=reap, name="memtally-late-admit",
                              daemon=True)
         t.start()
+        # Those done are dropped: a long-lived worker whose memtallyd is
+        # slow would add one for every Admit that timed out.
+        _late[:] = [(x, u) for x, u in _late if x.is_alive()]
         _late.append((t, time.monotonic() + wait))
 
     def kinds(self, kind=""):

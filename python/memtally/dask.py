@@ -95,8 +95,8 @@ already waiting for room when memtallyd stops answering (most likely it
 is restarting) asks on until its wait ends, as `memtally run` does, so a
 restart does not start every waiting task at once; one waiting when the
 plugin is removed (or registered again) runs unadmitted, and one waiting
-when its worker closes never runs (Dask drops what a closing worker
-returns). A reservation's
+when its worker closes never runs there (it goes back to the
+scheduler). A reservation's
 task name is the key, cut to the 63 bytes a process under the preload
 keeps of MEMTALLY_TASK (a longer key: its first 46 bytes and a hash).
 
@@ -457,9 +457,12 @@ class _Gate:
                     if self._closing():
                         # The worker closes (cluster.close(),
                         # retire_workers, a restart): its body never
-                        # runs on a node memtallyd said is full; Dask
-                        # drops what a closing worker returns.
-                        return None
+                        # runs on a node memtallyd said is full, and the
+                        # task goes back to the scheduler (a None
+                        # returned could still reach it as the task's
+                        # result while the worker closes gracefully).
+                        from distributed import Reschedule
+                        raise Reschedule()
                     # The plugin was removed (or registered again,
                     # which removes it first) while it waited: the task
                     # runs as it would without memtally.

@@ -1,9 +1,12 @@
 """End to end: preloaded workers are counted, grouped, dropped at death,
 and fork/exec keep the counts right."""
+import itertools
+import os
 import signal
 import time
 
-from harness import (KIB, MIB, Server, Worker, check, run, wait_for, worker)
+from harness import (KIB, MIB, PRELOAD, Server, Worker, check, run, wait_for,
+                     worker)
 
 HOLD_PY = ("import sys\n"
            "blocks = [bytearray((1 << 20) - 1) for _ in range({mib})]\n"
@@ -177,43 +180,46 @@ def test_a_fork_without_handlers_that_drops_its_uid_keeps_no_window():
     write the claim of every root worker whose slot shared the page, and
     nothing told memtallyd. Now the set-uid call, or the child's first
     allocation, turns them into zero pages, and the parent still shows its
-    16 MiB. Dropping early, the child keeps no writable mapping of root's
-    table; dropping late, only its own slot's, where it registered as root
-    before the drop, and memtallyd sees it leave (from then root's table
-    counts as the kernel vouches for it: test_trust.py)."""
-    for how in ("_Fork", "clone"):
-        for when in ("early", "late"):
-            with Server() as s:
-                env = dict(s.env(group="dropped"), MEMTALLY_REFRESH_MS="0")
-                w = Worker([*worker("unseen"), "16", "8", how, "65534",
-                            when], env)
-                try:
-                    lines = {}
-                    for _ in range(2):
-                        k, *rest = w.readline().split()
-                        lines[k] = dict(x.split("=") for x in rest)
-                    check(set(lines) == {"child", "parent"}, f"got {lines}")
-                    left = int(lines["child"]["writable"])
-                    print(f"  {how}, setuid {when}: {left} writable "
-                          f"mapping(s) of root's table left in the child",
-                          flush=True)
-                    own = 0 if when == "early" else 1
-                    check(left == own, f"{how}, {when}: the child keeps "
-                          f"{left} writable window(s) on root's table, "
-                          f"{own} of them its own")
-                    if own:
-                        child = int(lines["child"]["pid"])
-                        wait_for(f"{how}: the child seen leaving root",
-                                 lambda: f"pid={child} uid=0 euid=65534"
-                                 in s.logtext())
-                    ps = wait_for(f"{how}: the parent counted", lambda: (
-                        lambda p: p if p.get(w.pid, {}).get(
-                            "bytes", 0) >= 16 * MIB else None)(s.ps()))
-                    check(ps[w.pid]["bytes"] < 20 * MIB,
-                          f"{how}, {when}: the parent shows "
-                          f"{ps[w.pid]['bytes']} bytes")
-                finally:
-                    w.close()
+    16 MiB. Dropping early (counted right after the set-uid call, before
+    any allocation), the child keeps no writable mapping of root's table;
+    dropping late, only its own slot's, where it registered as root before
+    the drop, and memtallyd sees it leave (from then root's table counts
+    as the kernel vouches for it: test_trust.py). Under both preloads."""
+    glibc = os.path.join(os.path.dirname(PRELOAD), "libmemtally_glibc.so")
+    for lib, how, when in itertools.product(
+            (PRELOAD, glibc), ("_Fork", "clone"), ("early", "late")):
+        with Server() as s:
+            env = dict(s.env(group="dropped"), MEMTALLY_REFRESH_MS="0",
+                       LD_PRELOAD=lib)
+            w = Worker([*worker("unseen"), "16", "8", how, "65534",
+                        when], env)
+            try:
+                lines = {}
+                for _ in range(2):
+                    k, *rest = w.readline().split()
+                    lines[k] = dict(x.split("=") for x in rest)
+                check(set(lines) == {"child", "parent"}, f"got {lines}")
+                left = int(lines["child"]["writable"])
+                print(f"  {os.path.basename(lib)}, {how}, setuid "
+                      f"{when}: {left} writable mapping(s) of root's "
+                      f"table left in the child", flush=True)
+                own = 0 if when == "early" else 1
+                check(left == own, f"{how}, {when}: the child keeps "
+                      f"{left} writable window(s) on root's table, "
+                      f"{own} of them its own")
+                if own:
+                    child = int(lines["child"]["pid"])
+                    wait_for(f"{how}: the child seen leaving root",
+                             lambda: f"pid={child} uid=0 euid=65534"
+                             in s.logtext())
+                ps = wait_for(f"{how}: the parent counted", lambda: (
+                    lambda p: p if p.get(w.pid, {}).get(
+                        "bytes", 0) >= 16 * MIB else None)(s.ps()))
+                check(ps[w.pid]["bytes"] < 20 * MIB,
+                      f"{how}, {when}: the parent shows "
+                      f"{ps[w.pid]['bytes']} bytes")
+            finally:
+                w.close()
 
 
 def test_a_deep_fork_chain_is_counted():

@@ -5,6 +5,7 @@
  */
 #include "mt_common.h"
 
+#include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdbool.h>
@@ -93,27 +94,42 @@ const struct mt_sub mt_chain = {"chain", "DEPTH MIB", chain_main};
  * usage: mt_worker unseen MIB MORE HOW [UID early|late]
  */
 
-/* Writable mappings of uid `uid`'s slot table ("<label>-slots:<i>:<uid>"). */
+/* Writable mappings of uid `uid`'s slot table ("<label>-slots:<i>:<uid>"),
+ * read with open() and read() into static memory: no allocation, which
+ * would set a child forked without our handlers up, and fence its
+ * parent's windows, before they are counted. */
 static int table_writable(uid_t uid)
 {
-	FILE *f = fopen("/proc/self/maps", "r");
-	if (!f)
+	static char buf[1 << 20];
+	int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
 		return -1;
-	char line[512], end[32];
-	int n = 0;
+	size_t len = 0;
+	ssize_t r;
+	while (len < sizeof(buf) - 1 &&
+	       (r = read(fd, buf + len, sizeof(buf) - 1 - len)) > 0)
+		len += (size_t)r;
+	close(fd);
+	buf[len] = 0;
+	char end[32];
 	snprintf(end, sizeof(end), ":%u", (unsigned)uid);
-	while (fgets(line, sizeof(line), f)) {
-		line[strcspn(line, "\n")] = 0;
+	size_t el = strlen(end);
+	int n = 0;
+	for (char *line = buf; *line;) {
+		char *nl = strchr(line, '\n');
+		char *next = nl ? nl + 1 : line + strlen(line);
+		if (nl)
+			*nl = 0;
 		char *del = strstr(line, " (deleted)");
 		if (del)
 			*del = 0;
 		char *perms = strchr(line, ' ');
-		size_t len = strlen(line), el = strlen(end);
+		size_t ll = strlen(line);
 		if (perms && perms[2] == 'w' && strstr(line, "-slots:") &&
-		    len > el && strcmp(line + len - el, end) == 0)
+		    ll > el && strcmp(line + ll - el, end) == 0)
 			n++;
+		line = next;
 	}
-	fclose(f);
 	return n;
 }
 
@@ -145,18 +161,26 @@ static int unseen_main(int argc, char **argv)
 	if (pid < 0)
 		return 1;
 	if (pid == 0) {
-		if (early && setuid(to) != 0)
-			_exit(3);
+		int left = -1;
+		if (early) {
+			/* Counted before any allocation: its own would fence
+			 * the windows whatever the set-uid call did. */
+			if (setuid(to) != 0)
+				_exit(3);
+			left = table_writable(parent_uid);
+		}
 		for (size_t i = mib; i < mib + more; i++) {
 			b[i] = malloc(MIB);
 			mt_touch(b[i], MIB);
 		}
 		mt_flush();
-		if (drop && !early && setuid(to) != 0)
-			_exit(3);
+		if (drop && !early) {
+			if (setuid(to) != 0)
+				_exit(3);
+			left = table_writable(parent_uid);
+		}
 		if (drop)
-			mt_say("child pid=%d writable=%d", (int)getpid(),
-			       table_writable(parent_uid));
+			mt_say("child pid=%d writable=%d", (int)getpid(), left);
 		else
 			mt_say("child pid=%d", (int)getpid());
 		mt_serve(NULL, 0);
