@@ -57,7 +57,7 @@ demo: build
 # own mappings: memtallyd only relays it); no bench proofs (allocator and
 # configuration proofs of the plain build). The fuzz targets run under
 # ASan+UBSan in their own tree.
-# So plain runs 128 tests, ASan 73, TSan 72 (see check-tsan), fuzz 6.
+# So plain runs 128 tests, ASan 73, TSan 72 (see check-tsan), fuzz 7.
 CTEST_JOBS ?= 6
 SAN_EXCLUDE = fuzz|bench-proof|timing|slow|preload
 
@@ -150,7 +150,7 @@ check-fuzz: build-fuzz
 
 build-fuzz:
 	CC=clang CXX=clang++ cmake -S . -B build-fuzz -DMEMTALLY_FUZZ_SECONDS=$(FUZZ_SECONDS) $(CMAKE_FLAGS)
-	cmake --build build-fuzz -j$(JOBS) --target fuzz_frame fuzz_segment fuzz_dispatch fuzz_size fuzz_config fuzz_slots
+	cmake --build build-fuzz -j$(JOBS) --target fuzz_frame fuzz_segment fuzz_dispatch fuzz_size fuzz_config fuzz_slots fuzz_procfs
 
 test-fuzz:
 	cd build-fuzz && ctest -j$(JOBS) --output-on-failure -L fuzz

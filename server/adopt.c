@@ -97,10 +97,48 @@ static uint64_t maps_line_dev(const char *line)
 	return makedev(maj, min);
 }
 
+/* "start-end" of a maps line, hex digits only: anything else is not the
+ * kernel's range (a path the worker chose, a line read in parts). */
+static bool range_ok(const char *r, size_t len)
+{
+	size_t dash = 0;
+	for (size_t i = 0; i < len; i++) {
+		char c = r[i];
+		if (c == '-' && !dash && i > 0)
+			dash = i;
+		else if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f')))
+			return false;
+	}
+	return dash && dash + 1 < len;
+}
+
+/* The inode of a maps line (its fifth field), or 0. */
+static uint64_t maps_line_ino(const char *line)
+{
+	const char *p = line;
+	for (int field = 0; field < 4; field++) {
+		p = strchr(p, ' ');
+		if (!p)
+			return 0;
+		p++;
+	}
+	char *end;
+	unsigned long long ino = strtoull(p, &end, 10);
+	return end != p && *end == ' ' ? ino : 0;
+}
+
 /*
  * Find the mapping of `label` (a memfd on device `dev`) in /proc/PID/maps
  * and open it through /proc/PID/map_files. Returns the descriptor or
  * -errno.
+ *
+ * The worker chooses the paths in its maps, so a line is believed only
+ * whole (read to its newline: a line read in parts once let a path's tail
+ * pass for a line, whose "range" ../root/proc/self/fd/N opened one of
+ * memtallyd's own descriptors, another uid's table, for the worker's
+ * uid), its range only the kernel's form, and what opened only if it is
+ * that very memfd: the inode the line names, and the name the kernel
+ * gives the descriptor.
  */
 static int open_worker_table(uint32_t pid, const char *label, uint64_t dev)
 {
@@ -110,20 +148,24 @@ static int open_worker_table(uint32_t pid, const char *label, uint64_t dev)
 	FILE *f = fopen(path, "re");
 	if (!f)
 		return -errno;
-	char line[512];
+	char *line = NULL;
+	size_t cap = 0;
+	ssize_t got;
 	int fd = -ENOENT;
-	while (fgets(line, sizeof(line), f)) {
-		size_t n = strlen(line);
-		if (n && line[n - 1] == '\n')
-			line[--n] = 0;
+	while ((got = getline(&line, &cap, f)) > 0) {
+		size_t n = (size_t)got;
+		if (line[n - 1] != '\n')
+			continue; /* not a whole line */
+		line[--n] = 0;
 		const char *name = strstr(line, " /memfd:");
 		if (!name || strcmp(name + 1, want) != 0 ||
 		    maps_line_dev(line) != dev)
 			continue;
-		char range[64];
 		const char *sp = strchr(line, ' ');
 		size_t rl = (size_t)(sp - line);
-		if (rl >= sizeof(range))
+		uint64_t ino = maps_line_ino(line);
+		char range[64];
+		if (rl >= sizeof(range) || !range_ok(line, rl) || !ino)
 			continue;
 		memcpy(range, line, rl);
 		range[rl] = 0;
@@ -135,14 +177,21 @@ static int open_worker_table(uint32_t pid, const char *label, uint64_t dev)
 			continue;
 		}
 		/* The mapping may have been replaced since the line was
-		 * read. */
+		 * read; and it must be the memfd the line names. */
 		struct stat st;
+		char self[64], is[160];
+		snprintf(self, sizeof(self), "/proc/self/fd/%d", fd);
+		ssize_t il = readlink(self, is, sizeof(is) - 1);
+		if (il > 0)
+			is[il] = 0;
 		if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
-		    (uint64_t)st.st_dev == dev)
+		    (uint64_t)st.st_dev == dev && (uint64_t)st.st_ino == ino &&
+		    il > 0 && strcmp(is, want) == 0)
 			break;
 		close(fd);
 		fd = -ENOENT;
 	}
+	free(line);
 	fclose(f);
 	return fd;
 }

@@ -462,6 +462,12 @@ static int table_insert(struct mts_registry *reg, struct mts_table *t)
 int mts_table_adopt(struct mts_registry *reg, uint32_t uid,
                     struct mtshm_map *map)
 {
+	/* One table, one uid: a memfd already a table of ours (another
+	 * uid's, reached some other way) is never a second one's. */
+	for (uint32_t i = 0; i < reg->ntables; i++)
+		if (reg->tables[i]->map.ino == map->ino &&
+		    reg->tables[i]->map.dev == map->dev)
+			return -EEXIST;
 	struct mts_table *t = calloc(1, sizeof(*t));
 	if (!t || table_insert(reg, t) < 0) {
 		free(t);

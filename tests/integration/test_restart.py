@@ -12,11 +12,13 @@ import re
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 
 from harness import (CLI, MIB, MULT, NOBODY, NOGROUP, Server, Worker, check,
                      claim, config_file, line_within, open_to_nobody, run,
-                     settled_bytes, wait_for, worker, world_readable_copy)
+                     second_user, settled_bytes, wait_for, worker,
+                     world_readable_copy)
 
 
 def counted(s, pid, at_least):
@@ -376,6 +378,115 @@ def test_a_held_worker_at_its_uids_cap_gets_its_count_back():
         for w in (w1, w2):
             w.close()
         (second or first).stop()
+
+
+# A worker of nobody's that maps deleted files whose /proc/PID/maps lines
+# are longer than 511 bytes, placed so that a reader of 512-byte pieces
+# takes each line's tail for a line of its own:
+#   "../root/proc/self/fd/N x 0 0:1 1 /memfd:<its own table's label> (deleted)"
+# with the ".." at byte 511, for N from 3 to 40.
+FORGE_MAPS = r"""
+import mmap, os, re, sys, time
+buf = bytearray(1 << 20)
+label = None
+for _ in range(200):
+    m = re.search(r'/memfd:(\S+-slots:[0-9a-f]+:%d) \(deleted\)' % os.getuid(),
+                  open('/proc/self/maps').read())
+    if m:
+        label = m.group(1)
+        break
+    time.sleep(0.05)
+if not label:
+    sys.exit("no table of my own")
+base = os.path.join(sys.argv[1], "a%d" % os.getpid())
+keep = []
+for n in range(3, 41):
+    tail = ["root", "proc", "self", "fd", "%d x 0 0:1 1 " % n]
+    pad = 1
+    for attempt in range(3):
+        d = base + "/n%d/" % n + "p" * 200 + "/" + "q" * pad + ".."
+        full = d + "/" + "/".join(tail)
+        os.makedirs(full, exist_ok=True)
+        f = full + "/memfd:" + label
+        fd = os.open(f, os.O_RDWR | os.O_CREAT, 0o600)
+        os.ftruncate(fd, 4096)
+        mm = mmap.mmap(fd, 4096, mmap.MAP_SHARED)
+        os.close(fd)
+        os.unlink(f)
+        line = [x for x in open("/proc/self/maps")
+                if x.rstrip("\n").endswith(f + " (deleted)")][0]
+        want = 511 - (line.index(d) + len(d) - 2)
+        if want == 0:
+            keep.append(mm)
+            break
+        mm.close()
+        pad += want
+    else:
+        sys.exit("could not place the split")
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+# A fresh worker of nobody's after the restart: the table it is handed.
+WHICH_TABLE = r"""
+import re, sys, time
+buf = bytearray(1 << 20)
+for _ in range(200):
+    m = re.search(r' rw-s .* /memfd:\S+-slots:[0-9a-f]+:(\d+) \(deleted\)$',
+                  open('/proc/self/maps').read(), re.M)
+    if m:
+        break
+    time.sleep(0.05)
+print("table", m.group(1) if m else "none", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_forged_maps_line_gets_no_other_uids_table():
+    """A restart reopens each recorded worker's table through its
+    /proc/PID/maps. It read that file in 512-byte pieces: nobody's worker
+    mapped files whose paths made a line's tail read as a line of its own,
+    naming ../root/proc/self/fd/N as the mapping's range, and memtallyd
+    opened its own descriptor N, the second user's table, and took it for
+    nobody's. nobody's next worker was handed the other user's table,
+    read-write: every claim there its to write. Lines are read whole now,
+    a range must be the kernel's, and the opened memfd must be the one the
+    line names, by inode and name."""
+    second = second_user()
+    cfg = config_file("[server]\ngroup = nogroup\n")
+    hold = world_readable_copy(worker("hold"))[0]
+    heap = {"MEMTALLY_ALLOCATOR_FREE": "0"}
+    nob = (NOBODY, NOGROUP)
+    scratch = tempfile.mkdtemp(prefix="mt-it-forge-")
+    os.chmod(scratch, 0o777)
+    first = Server("--config", cfg)
+    open_to_nobody(first)
+    victim = forger = fresh = second_srv = None
+    try:
+        victim = Worker([*hold, "40"], first.env(**heap),
+                        user=(second[0], NOGROUP))
+        victim.readline()
+        wait_for("the victim counted", counted(first, victim.pid, 40 * MIB))
+        forger = Worker([sys.executable, "-c", FORGE_MAPS, scratch],
+                        first.env(**heap), user=nob)
+        check(forger.readline(timeout=60) == "ready", "the forger failed")
+        wait_for("the forger registered", lambda: forger.pid in first.ps())
+        first.kill9()
+        second_srv = Server("--config", cfg, after=first)
+        open_to_nobody(second_srv)
+        wait_for("the victim adopted", lambda: victim.pid in second_srv.ps())
+        fresh = Worker([sys.executable, "-c", WHICH_TABLE],
+                       second_srv.env(**heap), user=nob)
+        line = fresh.readline(timeout=60)
+        check(line == f"table {NOBODY}",
+              f"nobody's new worker was handed {line!r} (the second user "
+              f"is {second[0]})")
+    finally:
+        for w in (victim, forger, fresh):
+            if w:
+                w.close()
+        (second_srv or first).stop()
+        subprocess.run(["rm", "-rf", scratch])
 
 
 def taken_over_and_recorded(s):
@@ -1006,6 +1117,7 @@ if __name__ == "__main__":
          test_a_held_worker_at_its_uids_cap_gets_its_count_back,
          test_a_reservation_waits_for_its_held_worker,
          test_a_pids_limit_outlives_a_restart_that_cannot_adopt,
+         test_a_forged_maps_line_gets_no_other_uids_table,
          test_a_worker_outlives_more_restarts_than_attachments,
          test_a_decoy_mapping_does_not_hold_up_a_restart,
          test_a_worker_that_changed_uid_is_not_adopted_as_root,
