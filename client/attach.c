@@ -453,15 +453,21 @@ bool mtc_fork_seen(void)
 		}
 		return __atomic_load_n(&mtc_w.seen, __ATOMIC_ACQUIRE) == 1;
 	}
-	if (seen == 2 ||
-	    !__atomic_compare_exchange_n(&mtc_w.seen, &seen, 2, 0,
-	                                 __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+	if (seen == 2)
 		return __atomic_load_n(&mtc_w.seen, __ATOMIC_ACQUIRE) == 1;
 	/* As attach() runs: no signal handler may enter here again, and no
 	 * cancel (close() and the debug line's write() are cancellation
-	 * points) may leave `seen` at 2 for ever. */
+	 * points) may leave `seen` at 2 for ever. Blocked before `seen`
+	 * says 2: a handler on this thread in between (one that calls
+	 * setuid, which waits for the set-up) would wait for this very
+	 * set-up, then give up and drop its uid with the windows open. */
 	sigset_t old;
 	block_signals(&old);
+	if (!__atomic_compare_exchange_n(&mtc_w.seen, &seen, 2, 0,
+	                                 __ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) {
+		pthread_sigmask(SIG_SETMASK, &old, NULL);
+		return __atomic_load_n(&mtc_w.seen, __ATOMIC_ACQUIRE) == 1;
+	}
 	int cancel;
 	pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel);
 	const struct mtc_attachment *a =
