@@ -2006,9 +2006,12 @@ static int check_run(struct cli *c)
 		double v = strtod(c->poll, &end);
 		if (!c->wait)
 			return usage_error("run: --poll applies to --wait");
-		if (errno || end == c->poll || *end || !(v >= 0.05) || v > 60)
+		/* At most 2 s (the retries' jitter takes it to 2.5): a
+		 * waiter silent for 3 s has left memtallyd's queue, and
+		 * asking every 6 s, it never kept its place. */
+		if (errno || end == c->poll || *end || !(v >= 0.05) || v > 2)
 			return usage_error("invalid --poll '%s': expected "
-			                   "seconds, 0.05 to 60",
+			                   "seconds, 0.05 to 2",
 			                   c->poll);
 		c->poll_s = v;
 	}

@@ -988,6 +988,18 @@ static int adopt(struct run *r)
 		r->reservation[0] = '\0';
 		return EXIT_DENIED;
 	}
+	if (err == MEMTALLY_EPERM) {
+		/* Another user's: its workers could not take it over, and
+		 * would be counted beside it, twice. */
+		fprintf(
+		    stderr,
+		    "memtally: reservation %s is not yours (memtallyd at %s "
+		    "will not show it): the command's workers could not take "
+		    "it over; not running the command\n",
+		    r->reservation, r->where);
+		r->reservation[0] = '\0';
+		return 2;
+	}
 	if (err == 0 && info.task[0] && strcmp(info.task, r->task) != 0) {
 		char want[160], have[160];
 		fprintf(stderr,

@@ -2872,11 +2872,20 @@ int mts_admit(struct mts_registry *reg, const struct mts_peer *peer,
 	memcpy(out->sized_by, sized_by, sizeof(sized_by));
 	if (!out->admitted) {
 		reg->adm->stats.denials[out->reason]++;
-		if (out->reason == MTS_DENY_FLEET_LIMIT ||
-		    out->reason == MTS_DENY_NODE)
+		/* Only a request room can free waits in the queue: one
+		 * larger than its own group's limit (the fleet's check,
+		 * made first, denied it while the fleet was tight) would
+		 * hold the fleet's last room for a grant that never comes,
+		 * and one denied for anything but room gives its place up. */
+		const struct mts_group *g = mts_find_group(reg, group);
+		bool room = out->reason == MTS_DENY_FLEET_LIMIT ||
+		            out->reason == MTS_DENY_NODE;
+		if (room && !(g && g->limit && bytes > g->limit))
 			waiter_note(reg, waiter_key(key, task), bytes,
 			            profiled ? &prof : NULL, req->in_process,
 			            admin);
+		else
+			waiter_remove(reg, waiter_key(key, task));
 		log_denial(reg, peer, group, task, out);
 		return 0;
 	}

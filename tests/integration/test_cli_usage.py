@@ -44,6 +44,10 @@ MISTAKES = [
     (["admit", "--bytes", "1M", "--task", ""], "admit: --task is empty"),
     (["limit", "set", "group", "a\x1b", "1M"],
      "limit set group: not a name memtallyd takes"),
+    # Asked every 6 s, a waiter lost its place in memtallyd's queue
+    # (silent for 3 s, it has left).
+    (["run", "--bytes", "1M", "--wait", "9", "--poll", "6", "--", "true"],
+     "invalid --poll '6'"),
     # Not a server that cannot be reached (run would run unadmitted).
     (["--tcp", "nohost", "status"], "invalid --tcp 'nohost'"),
     (["--tcp", "127.0.0.1:0", "status"], "invalid --tcp '127.0.0.1:0'"),

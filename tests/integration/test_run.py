@@ -470,6 +470,37 @@ def test_runs_under_a_reservation_a_scheduler_holds():
               f"sched-2's reservation is not held as it was: {f}")
 
 
+def test_another_users_reservation_is_not_run_under():
+    """nobody runs `memtally run --reservation ID` with root's ID. memtallyd
+    will not show nobody another user's reservation, and run took that
+    refusal for "cannot say": the command ran, its workers could not take
+    the reservation over, and they were counted beside it, twice. It is a
+    usage error now (exit 2), and nothing runs."""
+    from harness import NOBODY, NOGROUP, open_to_nobody, world_readable_copy
+    cli = world_readable_copy(CLI)[0]
+    with Server("--config", config("[server]\ngroup = nogroup\n")) as s:
+        open_to_nobody(s)
+        a = s.cli("admit", "--bytes", "50MiB", "--task", "tS", "--ttl", "600")
+        check(a["admitted"], f"admit: {a}")
+        d = tempfile.mkdtemp(prefix="mt-run-")
+        os.chmod(d, 0o777)
+        ran = os.path.join(d, "ran")
+
+        def as_nobody():
+            os.setgroups([])
+            os.setgid(NOGROUP)
+            os.setuid(NOBODY)
+        r = subprocess.run([cli, "--socket", s.socket, "run",
+                            "--reservation", a["reservation"], "--task",
+                            "tS", "--", "touch", ran], env=run_env(),
+                           capture_output=True, timeout=30 * MULT,
+                           preexec_fn=as_nobody)
+        check(r.returncode == 2 and b"is not yours" in r.stderr,
+              f"exit {r.returncode}, {r.stderr!r}")
+        check(not os.path.exists(ran), "the command ran")
+        check(fleet(s)["reserved"] == 50 * MIB, f"{fleet(s)}")
+
+
 def test_sigkilled_run_leaves_no_reservation_after_its_ttl():
     d = tempfile.mkdtemp(prefix="mt-run-")
     pidfile = os.path.join(d, "pid")
@@ -681,6 +712,7 @@ if __name__ == "__main__":
          test_poll_bounds_the_wait_without_a_state_change,
          test_command_is_the_reservations_task,
          test_runs_under_a_reservation_a_scheduler_holds,
+         test_another_users_reservation_is_not_run_under,
          test_sigkilled_run_leaves_no_reservation_after_its_ttl,
          test_fail_open_without_server,
          test_a_signal_ends_the_wait_while_memtallyd_is_stalled,

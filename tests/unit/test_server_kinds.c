@@ -214,8 +214,8 @@ Test(kinds, a_default_size_past_a_uids_share_is_cut_to_it)
 	pol.resv_bytes_per_uid = 64 * MIB;
 	fx_start_policy(&pol);
 	char why[320];
-	cr_assert_eq(reserved_for(1000, 0, "fresh", why, sizeof(why)),
-	             64 * MIB, "%s", why);
+	cr_assert_eq(reserved_for(1000, 0, "fresh", why, sizeof(why)), 64 * MIB,
+	             "%s", why);
 	cr_assert(strstr(why, "cut to all this fleet ever grants one request"),
 	          "%s", why);
 	/* Root has no share: the default as it is. */
@@ -1197,6 +1197,35 @@ Test(kinds, a_task_is_expected_to_last_its_runs_mean_length)
 
 /* ---- the queue -------------------------------------------------------------
  */
+
+Test(kinds, a_request_past_its_groups_limit_keeps_no_room)
+{
+	/* Group g may hold 10 MiB. A request of 120 MiB in it, denied by the
+	 * fleet's check (made first) while the fleet was tight, waited in
+	 * the queue and, once it led, kept 120 MiB from everyone: a grant
+	 * that can never come, since its group's limit denies it whenever
+	 * the fleet has room. */
+	mts_policy_defaults(&pol);
+	pol.fleet_limit = 1000 * MIB;
+	struct mts_group_policy gp = {.name = "g", .limit = 10 * MIB};
+	pol.groups = &gp;
+	pol.ngroups = 1;
+	fx_start_policy(&pol);
+	pol.groups = NULL;
+	pol.ngroups = 0;
+	srv.reg.policy.admit_queue_ms = 0;
+	Memtally__V1__Response *r = fx_admit(1000, 900 * MIB, "", "fill", 0);
+	cr_assert(r->admit_result->admitted, "%s", r->admit_result->reason);
+	memtally__v1__response__free_unpacked(r, NULL);
+	r = fx_admit(1001, 120 * MIB, "g", "never", 0);
+	cr_assert_not(r->admit_result->admitted);
+	memtally__v1__response__free_unpacked(r, NULL);
+	cr_assert_eq(srv.reg.adm->nwaiters, 0, "it waits in the queue");
+	/* Another user's 50 MiB fits beside the filler: granted. */
+	r = fx_admit(1002, 50 * MIB, "", "honest", 0);
+	cr_assert(r->admit_result->admitted, "%s", r->admit_result->reason);
+	memtally__v1__response__free_unpacked(r, NULL);
+}
 
 Test(kinds, the_request_waiting_longest_keeps_its_room)
 {
