@@ -148,6 +148,11 @@ struct mts_hooks {
 	uint32_t running;
 	uint32_t live_runs; /* runs not yet freed (their handles closing) */
 	bool stopping;
+	/* mts_hooks_start ran: before it (a restart's adoption and first
+	 * evaluation), what a consumer last heard is not known, and a
+	 * scope's first hook says PREVIOUS=unknown, not ok (told ok, the
+	 * Slurm hook left a node its predecessor drained, drained). */
+	bool started_up;
 	/* Wakes scopes held back by min_interval (see the top). Closed at
 	 * stop; the hooks are freed once it and every run are closed. */
 	uv_timer_t interval;
@@ -923,6 +928,8 @@ void mts_hooks_event(struct mts_hooks *h, const struct mts_event *ev)
 			        NULL);
 			return;
 		}
+		if (!h->started_up)
+			s->reported = UINT32_MAX; /* "unknown" */
 	}
 	s->pending = true;
 	s->state = ev->state;
@@ -937,7 +944,10 @@ void mts_hooks_event(struct mts_hooks *h, const struct mts_event *ev)
 void mts_hooks_start(struct mts_hooks *h, uint32_t state,
                      const struct mts_figures *fig, const char *measure)
 {
-	if (!h || h->stopping || !h->enabled)
+	if (!h)
+		return;
+	h->started_up = true;
+	if (h->stopping || !h->enabled)
 		return;
 	struct hook_scope *s = scope_find(h, "fleet", false);
 	if (s && (s->run || s->pending || s->started))

@@ -594,13 +594,16 @@ void mts_enforce(struct mts_registry *reg, uint64_t now_ns)
 	    now_ns - reg->lim->fleet_over_since_ns < grace)
 		return;
 	/* Over on what the kernel holds, not on an allowance for memory
-	 * not touched yet: one user's claim never gets another user's
-	 * process signalled (vouch.c). */
+	 * not touched yet, nor on reservations (a promise: nothing is
+	 * resident): one user's claim or Admit never gets another user's
+	 * process signalled (vouch.c). With the reservations counted, a
+	 * user with no process at all tipped the fleet over with an Admit
+	 * of 12 MiB, and another user's worker over its own limit was
+	 * killed while the node held less than the limit. */
 	const struct mts_totals *t = &reg->totals;
 	uint64_t touched =
 	    t->bytes > t->allowance ? t->bytes - t->allowance : 0;
-	uint64_t held =
-	    mt_sat_add(mts_measured(reg, touched, t->rss), t->reserved);
+	uint64_t held = mts_measured(reg, touched, t->rss);
 	if (t->limit && held <= t->limit) {
 		/* Which: its state stays over down to the lower mark
 		 * (hysteresis), where the figure itself is under the
@@ -614,11 +617,14 @@ void mts_enforce(struct mts_registry *reg, uint64_t now_ns)
 			           "back under its limit (over until below "
 			           "its lower mark), nothing signalled"
 			         : "fleet over its limit past the grace period "
-			           "only by untouched allowances, nothing "
-			           "signalled",
-			    "bytes=%llu allowance=%llu limit=%llu",
+			           "only by untouched allowances or "
+			           "reservations, memory no process holds, "
+			           "nothing signalled",
+			    "bytes=%llu allowance=%llu reserved=%llu "
+			    "limit=%llu",
 			    (unsigned long long)t->bytes,
 			    (unsigned long long)t->allowance,
+			    (unsigned long long)t->reserved,
 			    (unsigned long long)t->limit);
 		reg->lim->enforce_idle_logged = true;
 		return;

@@ -327,7 +327,10 @@ int mts_parse_signal(const char *s, int *sig)
 		char *end;
 		errno = 0;
 		long v = strtol(s, &end, 10);
-		if (errno || *end || v < 1 || v >= NSIG)
+		/* Not glibc's own two below SIGRTMIN (its threads' and
+		 * cancellation's): signalled, they would be taken as that. */
+		if (errno || *end || v < 1 || v >= NSIG ||
+		    (v >= 32 && v < SIGRTMIN))
 			return -EINVAL;
 		*sig = (int)v;
 		return 0;
@@ -683,8 +686,10 @@ void mts_key_show(const struct mts_key *k, const void *base, bool reveal,
 		return;
 	}
 	case MTS_KEY_SIGNAL:
-		if (x)
+		if (x && sigabbrev_np((int)x))
 			snprintf(buf, n, "SIG%s", sigabbrev_np((int)x));
+		else if (x) /* a real-time signal: no name of its own */
+			snprintf(buf, n, "SIGRTMIN+%d", (int)x - SIGRTMIN);
 		else
 			snprintf(buf, n, "off");
 		return;

@@ -436,6 +436,44 @@ def test_a_failed_hook_runs_again_while_its_state_holds():
               f"ran on after the state changed: {runs()}")
 
 
+def test_a_restart_says_it_does_not_know_what_was_heard():
+    """memtallyd is SIGKILLed with the fleet over (its hook told "over"),
+    and comes back on its record to a fleet in the high band. The first
+    hook after the restart was told PREVIOUS=ok, from the adoption's
+    events, and the start's own hook (PREVIOUS=unknown) never ran: the
+    Slurm hook, told ok -> high, leaves alone a node its predecessor
+    drained. It is told PREVIOUS=unknown now."""
+    d = tempfile.mkdtemp(prefix="mt-it-hooks-")
+    log = os.path.join(d, "h.log")
+    cmd = f'echo "$MEMTALLY_STATE prev=$MEMTALLY_PREVIOUS" >> {log}'
+    cfg = config(f"[limits]\nfleet = 40MiB\n[hooks]\non_ok = {cmd}\n"
+                 f"on_high = {cmd}\non_over = {cmd}\n")
+    heap = {"MEMTALLY_ALLOCATOR_FREE": "0"}
+    first = Server("--config", cfg)
+    w1 = Worker([*worker("hold"), "37"], first.env(**heap))
+    w2 = Worker([*worker("hold"), "10"], first.env(**heap))
+    second = None
+    try:
+        for w in (w1, w2):
+            w.readline()
+        wait_for("the over hook", lambda: os.path.exists(log) and
+                 "over prev=" in open(log).read())
+        first.kill9()
+        w2.close()
+        with open(log, "a") as f:
+            f.write("--- restart\n")
+        second = Server("--config", cfg, after=first)
+        wait_for("a hook after the restart", lambda: open(log).read()
+                 .split("--- restart\n")[1].strip())
+        after = open(log).read().split("--- restart\n")[1].split("\n")
+        check(after[0] == "high prev=unknown",
+              f"after the restart: {after}")
+    finally:
+        w1.close()
+        w2.close()
+        (second or first).stop()
+
+
 def test_a_hook_is_not_shielded_from_the_oom_killer():
     """memtallyd lowers its own oom_score_adj; the hooks it starts are
     ordinary processes (an on_over hook runs when memory is short)."""
@@ -471,6 +509,7 @@ def test_a_hook_is_not_shielded_from_the_oom_killer():
 
 if __name__ == "__main__":
     run([test_environment_fleet_and_group,
+         test_a_restart_says_it_does_not_know_what_was_heard,
          test_a_hook_is_not_shielded_from_the_oom_killer,
          test_one_at_a_time_latest_state_wins,
          test_hanging_hook_is_killed_and_queries_go_on,

@@ -45,6 +45,7 @@ import os
 import struct
 import sys
 import tempfile
+import subprocess
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -286,6 +287,56 @@ def test_an_allowance_signals_no_one():
             liar.kill()
 
 
+def test_a_reservation_signals_no_one():
+    """A reservation is a promise: nothing is resident. nobody, with no
+    process at all, admits 12 MiB (within its share of reserved bytes);
+    then the second user's worker, over its own 30 MiB limit, grows from
+    80 to 89 MiB, and the fleet is over its 100 MiB limit with the
+    reservation: that worker was killed though the node held less than
+    the limit. Nothing is signalled now, and a line says
+    why."""
+    second = second_user()
+    cfg = config("[server]\ngroup = nogroup\n"
+                 "[limits]\nfleet = 100MiB\nprocess = 30MiB\n"
+                 "[enforce]\nsignal = SIGKILL\ngrace = 500\n")
+    preload, hold, cli = world_readable_copy(
+        os.environ["MEMTALLY_PRELOAD_LIB"], worker("hold"), CLI)
+    with Server("--config", cfg) as s:
+        open_to_nobody(s)
+        env = s.env()
+        env["LD_PRELOAD"] = preload
+        victim = Worker([*hold, "80"], env, user=(second[0], NOGROUP))
+        try:
+            check(victim.readline().startswith("ready"), "not ready")
+            wait_for("the victim over its own limit", lambda: s.ps().get(
+                victim.pid, {}).get("state") == "over")
+
+            def as_nobody():
+                os.setgroups([])
+                os.setgid(NOGROUP)
+                os.setuid(NOBODY)
+            r = subprocess.run([cli, "--socket", s.socket, "admit",
+                                "--bytes", "12MiB", "--ttl", "600"],
+                               capture_output=True, text=True,
+                               timeout=30 * MULT, preexec_fn=as_nobody)
+            check(r.returncode == 0, f"admit: {r.returncode} {r.stderr}")
+            # Then the victim grows by 9 MiB: 89 held, 101 with the
+            # reservation.
+            victim.send("more 9")
+            check(victim.readline().startswith("ready"), "did not grow")
+            wait_for("the fleet over", lambda: s.status()["fleet"][
+                "state"] == "over")
+            t0 = time.monotonic()
+            wait_for("2 s", lambda: time.monotonic() > t0 + 2.0)
+            check(victim.proc.poll() is None, "the victim was killed")
+            check("enforcement: signal sent" not in s.logtext(),
+                  "memtallyd signalled someone")
+            check("untouched allowances or reservations" in s.logtext(),
+                  "no line says why nothing was signalled")
+        finally:
+            victim.kill()
+
+
 def test_understating_is_refereed():
     second = second_user()
     preload, cli, hold, share = world_readable_copy(
@@ -385,5 +436,6 @@ if __name__ == "__main__":
          test_a_shared_mapping_counts_once_under_max,
          test_dips_renew_no_allowance,
          test_an_allowance_signals_no_one,
+         test_a_reservation_signals_no_one,
          test_understating_is_refereed,
          test_a_file_named_like_a_memfd_is_not_one])
