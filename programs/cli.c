@@ -247,14 +247,12 @@ __attribute__((format(printf, 1, 2))) static int usage_error(const char *fmt,
 	return EXIT_USAGE;
 }
 
-static const char *clean_text(char *buf, size_t cap, const char *s);
-
 /* A failed query: name the server, the error and the server's words. */
 static int query_error(const struct cli *c, const char *what, int err)
 {
 	char said[512];
 	const char *msg =
-	    clean_text(said, sizeof(said), memtally_query_last_error(c->q));
+	    mtcli_clean(said, sizeof(said), memtally_query_last_error(c->q));
 	const char *hint = "";
 	if (err == MEMTALLY_EPERM && !msg[0])
 		hint = c->tcp
@@ -389,28 +387,6 @@ static void put_clean(const char *s, int width)
 	}
 	for (; n < width; n++)
 		putchar(' ');
-}
-
-/* `s` as put_clean prints it, into `buf`: for text the server sent that
- * goes inside a line (an error's words, a measure, an id). Whoever answers
- * on the socket or the TCP port must not drive the terminal. */
-static const char *clean_text(char *buf, size_t cap, const char *s)
-{
-	size_t o = 0;
-	const unsigned char *u = (const unsigned char *)(s ? s : "");
-	while (*u && o + 5 < cap) {
-		int w;
-		size_t k = clean_char(u, &w);
-		if (k == 0) {
-			buf[o++] = '?';
-		} else {
-			memcpy(buf + o, u, k);
-			o += k;
-		}
-		u += k ? k : 1;
-	}
-	buf[o] = '\0';
-	return buf;
 }
 
 /* Widen a column to fit `s` as put_clean prints it, up to 64 columns: a
@@ -816,7 +792,7 @@ static void print_node(const Memtally__V1__Usage *raw)
 	       fmt_size(b, raw->node_bytes),
 	       commit ? "committed: Committed_AS, overcommit strict"
 	              : "the kernel's figure",
-	       clean_text(src, sizeof(src), raw->node_source),
+	       mtcli_clean(src, sizeof(src), raw->node_source),
 	       fmt_size(ln, raw->node_line), commit ? "CommitLimit" : "limit",
 	       fmt_size(lim, raw->node_limit));
 }
@@ -845,7 +821,7 @@ static size_t print_status(const struct memtally_usage *u,
 	print_node(raw);
 	printf("limit       %s", fmt_limit(l, u->limit));
 	char ms[64];
-	clean_text(ms, sizeof(ms), u->measure);
+	mtcli_clean(ms, sizeof(ms), u->measure);
 	if (u->limit && u->high_watermark)
 		printf("  (high from %s%s%s)", fmt_size(hw, u->high_watermark),
 		       ms[0] ? ", measure " : "", ms);
@@ -1254,7 +1230,7 @@ static void print_admitted(const struct cli *c,
 {
 	char b[16];
 	char id[80];
-	printf("admitted: %s (%s", clean_text(id, sizeof(id), a->reservation),
+	printf("admitted: %s (%s", mtcli_clean(id, sizeof(id), a->reservation),
 	       fmt_size(b, a->requested_bytes));
 	if (c->group && c->group[0]) {
 		printf(", group ");
@@ -1286,7 +1262,7 @@ static void print_denied(const struct memtally_admit_result *a)
 		put_clean(a->limit_scope, 0);
 		char ms[64];
 		if (a->measure[0])
-			printf(", %s", clean_text(ms, sizeof(ms), a->measure));
+			printf(", %s", mtcli_clean(ms, sizeof(ms), a->measure));
 		putchar(')');
 	}
 	printf("\n  measured    %s\n", fmt_size(b, a->fleet_bytes));

@@ -164,14 +164,12 @@ static int64_t now_ms(void)
 	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-static const char *clean(char *buf, size_t cap, const char *s);
-
 /* Say once, on stderr, that the command runs without memtally. */
 static void fail_open(struct run *r, const char *what, int err,
                       const char *detail)
 {
 	char said[512];
-	detail = detail ? clean(said, sizeof(said), detail) : NULL;
+	detail = detail ? mtcli_clean(said, sizeof(said), detail) : NULL;
 	if (!r->failed_open)
 		fprintf(stderr,
 		        "memtally: %s %s: %s%s%s%s; running the command "
@@ -201,7 +199,7 @@ static int open_handle(const struct run *r, memtally_query **out)
  * terminal: controls, bidirectional formatting and bytes that are not
  * UTF-8 become '?' (as the CLI's put_clean shows names). A peer over
  * plain TCP is not to be believed about what it prints on our stderr. */
-static const char *clean(char *buf, size_t cap, const char *s)
+const char *mtcli_clean(char *buf, size_t cap, const char *s)
 {
 	size_t o = 0;
 	const unsigned char *u = (const unsigned char *)(s ? s : "");
@@ -228,17 +226,17 @@ static void print_denial(const struct memtally_admit_result *a,
 	        "memtally: %s: %s\n"
 	        "  limit %s%s%s, measured %s, reserved %s, requested %s\n",
 	        lead,
-	        a->reason[0] ? clean(why, sizeof(why), a->reason)
+	        a->reason[0] ? mtcli_clean(why, sizeof(why), a->reason)
 	                     : "(no reason given)",
 	        a->limit ? mt_format_size(l, sizeof(l), a->limit) : "none",
 	        a->limit_scope[0] ? " of " : "",
-	        clean(scope, sizeof(scope), a->limit_scope),
+	        mtcli_clean(scope, sizeof(scope), a->limit_scope),
 	        mt_format_size(m, sizeof(m), a->fleet_bytes),
 	        mt_format_size(rs, sizeof(rs), a->reserved_bytes),
 	        mt_format_size(rq, sizeof(rq), a->requested_bytes));
 	if (a->sized_by[0] && strcmp(a->sized_by, "declared") != 0)
 		fprintf(stderr, "  requested as %s\n",
-		        clean(why, sizeof(why), a->sized_by));
+		        mtcli_clean(why, sizeof(why), a->sized_by));
 }
 
 /* Did memtallyd close the connection before any answer, or was it not
@@ -337,16 +335,16 @@ static void note_eviction(struct run *r, const struct memtally_event *ev)
 	if (ev->state != MEMTALLY_STATE_OVER) {
 		fprintf(stderr, "memtally: %s\n",
 		        ev->reason && ev->reason[0]
-		            ? clean(why, sizeof(why), ev->reason)
+		            ? mtcli_clean(why, sizeof(why), ev->reason)
 		        : ev->state == MEMTALLY_STATE_HIGH
 		            ? "paused by memtallyd"
 		            : "resumed by memtallyd");
 		return;
 	}
 	r->evicted = true;
-	clean(r->evicted_why, sizeof(r->evicted_why),
-	      ev->reason && ev->reason[0] ? ev->reason
-	                                  : "evicted by memtallyd");
+	mtcli_clean(r->evicted_why, sizeof(r->evicted_why),
+	            ev->reason && ev->reason[0] ? ev->reason
+	                                        : "evicted by memtallyd");
 }
 
 /* Subscribe to Watch on a second connection; without one (an old server,
@@ -455,7 +453,7 @@ static int wait_for_room(struct run *r, struct memtally_admit_result **denied)
 	if (*denied)
 		fprintf(stderr, "memtally: waiting up to %g s for room: %s\n",
 		        r->wait_s,
-		        clean((char[640]){0}, 640, (*denied)->reason));
+		        mtcli_clean((char[640]){0}, 640, (*denied)->reason));
 	else
 		fprintf(stderr,
 		        "memtally: memtallyd at %s dropped the connection "
@@ -1006,8 +1004,9 @@ static int adopt(struct run *r)
 		        "memtally: reservation %s was granted for task \"%s\", "
 		        "not \"%s\": give --task the task it was admitted "
 		        "for\n",
-		        r->reservation, clean(have, sizeof(have), info.task),
-		        clean(want, sizeof(want), r->task));
+		        r->reservation,
+		        mtcli_clean(have, sizeof(have), info.task),
+		        mtcli_clean(want, sizeof(want), r->task));
 		r->reservation[0] = '\0';
 		return 2;
 	}
@@ -1038,7 +1037,8 @@ static int admission(struct run *r)
 		fprintf(
 		    stderr,
 		    "memtally: memtallyd refused the request: %s; not run\n",
-		    clean(why, sizeof(why), memtally_query_last_error(r->q)));
+		    mtcli_clean(why, sizeof(why),
+		                memtally_query_last_error(r->q)));
 		return 2;
 	}
 	/* Connected, then dropped before an answer: memtallyd is there but

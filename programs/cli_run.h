@@ -7,6 +7,7 @@
 #define MEMTALLY_CLI_RUN_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 /* The reservation's TTL when --ttl is not given: how long an admission
@@ -59,5 +60,10 @@ struct mtcli_run_opts {
  * stderr.
  */
 int mtcli_run(const struct mtcli_run_opts *o);
+
+/* Text a server sent, copied into `buf` (at most `cap` bytes) so that it
+ * cannot drive the terminal: controls, bidirectional formatting and bytes
+ * that are not UTF-8 become '?'. Returns `buf`. */
+const char *mtcli_clean(char *buf, size_t cap, const char *s);
 
 #endif /* MEMTALLY_CLI_RUN_H */

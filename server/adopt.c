@@ -76,17 +76,26 @@
 #define MTS_ADOPT_OPEN_MS    2000
 #define MTS_ADOPT_STALLS_MAX 4u
 
-/* The device of a maps line ("start-end perms offset MAJ:MIN inode ..."),
- * or 0. */
-static uint64_t maps_line_dev(const char *line)
+/* Field `n` (from 0) of a maps line ("start-end perms offset MAJ:MIN
+ * inode path"), or NULL. */
+static const char *maps_field(const char *line, int n)
 {
 	const char *p = line;
-	for (int field = 0; field < 3; field++) {
+	for (int field = 0; field < n; field++) {
 		p = strchr(p, ' ');
 		if (!p)
-			return 0;
+			return NULL;
 		p++;
 	}
+	return p;
+}
+
+/* The device of a maps line, or 0. */
+static uint64_t maps_line_dev(const char *line)
+{
+	const char *p = maps_field(line, 3);
+	if (!p)
+		return 0;
 	char *end;
 	unsigned long maj = strtoul(p, &end, 16);
 	if (*end != ':')
@@ -115,13 +124,9 @@ static bool range_ok(const char *r, size_t len)
 /* The inode of a maps line (its fifth field), or 0. */
 static uint64_t maps_line_ino(const char *line)
 {
-	const char *p = line;
-	for (int field = 0; field < 4; field++) {
-		p = strchr(p, ' ');
-		if (!p)
-			return 0;
-		p++;
-	}
+	const char *p = maps_field(line, 4);
+	if (!p)
+		return 0;
 	char *end;
 	unsigned long long ino = strtoull(p, &end, 10);
 	return end != p && *end == ' ' ? ino : 0;

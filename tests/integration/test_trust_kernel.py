@@ -45,7 +45,6 @@ import os
 import struct
 import sys
 import tempfile
-import subprocess
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -310,16 +309,9 @@ def test_a_reservation_signals_no_one():
             check(victim.readline().startswith("ready"), "not ready")
             wait_for("the victim over its own limit", lambda: s.ps().get(
                 victim.pid, {}).get("state") == "over")
-
-            def as_nobody():
-                os.setgroups([])
-                os.setgid(NOGROUP)
-                os.setuid(NOBODY)
-            r = subprocess.run([cli, "--socket", s.socket, "admit",
-                                "--bytes", "12MiB", "--ttl", "600"],
-                               capture_output=True, text=True,
-                               timeout=30 * MULT, preexec_fn=as_nobody)
-            check(r.returncode == 0, f"admit: {r.returncode} {r.stderr}")
+            rc, out = cli_as(s, (NOBODY, NOGROUP), cli, "admit", "--bytes",
+                             "12MiB", "--ttl", "600")
+            check(rc == 0, f"admit: {rc} {out}")
             # Then the victim grows by 9 MiB: 89 held, 101 with the
             # reservation.
             victim.send("more 9")
