@@ -219,9 +219,11 @@ def test_what_a_server_says_cannot_drive_the_terminal():
     try:
         for args in (["status"], ["admit", "--bytes", "1M"],
                      ["run", "--bytes", "1M", "--", "true"]):
-            r = subprocess.run([CLI, "--socket", path, "--timeout", "5",
-                                *args], capture_output=True, text=True,
-                               timeout=60)
+            # --timeout is in milliseconds: 30 s, for a loaded machine
+            # (at 5 ms the fake server's answer came late under CI).
+            r = subprocess.run([CLI, "--socket", path, "--timeout",
+                                "30000", *args], capture_output=True,
+                               text=True, timeout=120)
             out = r.stdout + r.stderr
             check("\x1b" not in out and "\x07" not in out,
                   f"{args}: the server's escapes reached the terminal: "
