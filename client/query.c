@@ -38,6 +38,7 @@
 #define _GNU_SOURCE
 
 #include <errno.h>
+#include <libgen.h>
 #include <math.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -49,6 +50,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/time.h>
 #include <sys/un.h>
 #include <time.h>
@@ -57,6 +59,7 @@
 #include "memtally.pb-c.h"
 #include "memtally_query.h"
 #include "query_msg.h"
+#include "mt_sockdiag.h"
 #include "mtcommon.h"
 #include "mtframe.h"
 
@@ -81,10 +84,11 @@ struct memtally_query {
 	size_t rcap;
 	char *path; /* socket path, or HOST:PORT when `tcp` */
 	bool tcp;
-	char *token;       /* sent with every request; NULL = none */
-	bool watching;     /* a Watch was sent: only events arrive now */
-	bool watch_own;    /* memtally_query_watch_own(): Watch.own */
-	uint64_t watch_id; /* its request id */
+	char *token;        /* sent with every request; NULL = none */
+	bool token_vouched; /* the server on `fd` may be given it */
+	bool watching;      /* a Watch was sent: only events arrive now */
+	bool watch_own;     /* memtally_query_watch_own(): Watch.own */
+	uint64_t watch_id;  /* its request id */
 	Memtally__V1__Response *event; /* the last event of watch_next() */
 	char errmsg[256];
 };
@@ -166,6 +170,7 @@ static void query_disconnect(memtally_query *q)
 	q->fd = -1;
 	q->rlen = 0;
 	q->watching = false;
+	q->token_vouched = false;
 }
 
 /*
@@ -554,15 +559,116 @@ static Memtally__V1__Response *take_frame(memtally_query *q, size_t off,
 	return r;
 }
 
+/* Root, this user, or $MEMTALLY_SERVER_UID (a service user of its own):
+ * the uids a server we give the token to may run as. */
+static bool uid_trusted(uint32_t uid)
+{
+	if (uid == 0 || uid == geteuid())
+		return true;
+	const char *su = getenv("MEMTALLY_SERVER_UID");
+	char *end;
+	if (!su || *su < '0' || *su > '9')
+		return false;
+	unsigned long v = strtoul(su, &end, 10);
+	return *end == '\0' && v == uid;
+}
+
+/*
+ * May the server on q->fd be given the token? The token is admin rights,
+ * and it goes to whoever listens where we connect: on a TCP port any user
+ * may bind while memtallyd is down (a restart, boot order), or a socket
+ * in a directory any user may write. So the listener must be a uid we
+ * trust (uid_trusted), as the worker library checks before it registers:
+ *  - Unix: its SO_PEERCRED uid, or the owner of the socket's directory
+ *    when only that owner may write there (a service user's /run dir);
+ *  - TCP to an address of this host: the uid of its end of the
+ *    connection, from the kernel (sock_diag), once the server has
+ *    accepted it (within the deadline). No such socket here means
+ *    the port is forwarded to another network namespace, where no user
+ *    of this one can listen. A remote server cannot be checked from
+ *    here; there the token is what the network between is trusted with.
+ * 0, or MEMTALLY_EPERM with the reason in q->errmsg.
+ */
+static int token_vouch(memtally_query *q, int64_t deadline)
+{
+	if (q->tcp) {
+		struct sockaddr_storage peer, local;
+		socklen_t pl = sizeof(peer), ll = sizeof(local);
+		if (getpeername(q->fd, (struct sockaddr *)&peer, &pl) < 0 ||
+		    getsockname(q->fd, (struct sockaddr *)&local, &ll) < 0)
+			return -errno;
+		if (!mt_addr_is_local((struct sockaddr *)&peer,
+		                      (struct sockaddr *)&local))
+			return 0;
+		uint32_t uid;
+		int err;
+		/* Until the server accept()s, its end has no inode and names
+		 * no one (-ENOTCONN): a busy memtallyd takes a moment. Two
+		 * seconds at most, deadline or none (a server that closed
+		 * says the same, for ever). */
+		int waited = 0;
+		for (int nap = 1;; nap = nap < 64 ? nap * 2 : 64) {
+			err = mt_sockdiag_uid(q->fd, (struct sockaddr *)&peer,
+			                      (struct sockaddr *)&local, &uid);
+			int left = remaining_ms(deadline);
+			if (err != -ENOTCONN || left == 0 || waited >= 2000)
+				break;
+			if (left > 0 && left < nap)
+				nap = left;
+			poll(NULL, 0, nap);
+			waited += nap;
+		}
+		if (err == -ENOENT)
+			return 0;
+		if (err)
+			return query_fail(q, MEMTALLY_EPERM,
+			                  "not sending the token to %s: cannot "
+			                  "tell which user listens there (%s)",
+			                  q->path, strerror(-err));
+		if (uid_trusted(uid))
+			return 0;
+		return query_fail(q, MEMTALLY_EPERM,
+		                  "not sending the token to %s: uid %u listens "
+		                  "there, not root, this user or "
+		                  "$MEMTALLY_SERVER_UID",
+		                  q->path, uid);
+	}
+	struct ucred c;
+	socklen_t len = sizeof(c);
+	if (getsockopt(q->fd, SOL_SOCKET, SO_PEERCRED, &c, &len) < 0)
+		return -errno;
+	if (uid_trusted(c.uid))
+		return 0;
+	char dir[sizeof(((struct sockaddr_un *)0)->sun_path)];
+	snprintf(dir, sizeof(dir), "%s", q->path);
+	struct stat st;
+	if (stat(dirname(dir), &st) == 0 && st.st_uid == c.uid &&
+	    !(st.st_mode & (S_IWGRP | S_IWOTH)))
+		return 0;
+	return query_fail(q, MEMTALLY_EPERM,
+	                  "not sending the token to %s: uid %u listens there, "
+	                  "not root, this user, $MEMTALLY_SERVER_UID or the "
+	                  "sole owner of its directory",
+	                  q->path, c.uid);
+}
+
 /* Give `req` the next id and write it whole. */
 static int send_request(memtally_query *q, Memtally__V1__Request *req,
                         int64_t deadline)
 {
 	req->id = q->next_id++;
 	/* With every request: a TCP connection the server cannot tie to a
-	 * local uid needs it on each one. */
-	if (q->token)
+	 * local uid needs it on each one. But only to a server that may
+	 * have it (token_vouch), asked once per connection. */
+	if (q->token) {
+		if (!q->token_vouched) {
+			int err = token_vouch(q, deadline);
+			if (err)
+				return err;
+			q->token_vouched = true;
+		}
 		req->token = q->token;
+	}
 	size_t len = mtframe_packed_size(&req->base);
 	uint8_t *wbuf = malloc(len);
 	if (!wbuf)

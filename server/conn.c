@@ -111,7 +111,7 @@
 #include "mts_log.h"
 #include "mts_policy.h"
 #include "mts_registry.h"
-#include "mts_sockdiag.h"
+#include "mt_sockdiag.h"
 
 #define READ_CHUNK (64u * 1024u)
 
@@ -1088,20 +1088,20 @@ static void conn_tcp_setup(struct mts_conn *c)
 	if (uv_tcp_getpeername(&c->h.tcp, (struct sockaddr *)&peer, &plen) ||
 	    uv_tcp_getsockname(&c->h.tcp, (struct sockaddr *)&local, &llen))
 		return;
-	mts_addr_format((struct sockaddr *)&peer, c->peer.addr,
-	                sizeof(c->peer.addr));
-	if (!mts_addr_is_local((struct sockaddr *)&peer,
-	                       (struct sockaddr *)&local)) {
+	mt_addr_format((struct sockaddr *)&peer, c->peer.addr,
+	               sizeof(c->peer.addr));
+	if (!mt_addr_is_local((struct sockaddr *)&peer,
+	                      (struct sockaddr *)&local)) {
 		c->remote = true;
-		c->addr_key = mts_addr_key((struct sockaddr *)&peer);
+		c->addr_key = mt_addr_key((struct sockaddr *)&peer);
 		return;
 	}
 	uv_os_fd_t fd;
 	if (uv_fileno((uv_handle_t *)&c->h.tcp, &fd) != 0)
 		return;
 	uint32_t uid;
-	int err = mts_sockdiag_uid(fd, (struct sockaddr *)&peer,
-	                           (struct sockaddr *)&local, &uid);
+	int err = mt_sockdiag_uid(fd, (struct sockaddr *)&peer,
+	                          (struct sockaddr *)&local, &uid);
 	if (err < 0) {
 		mts_log_uid(mts_peer_log_uid(&c->peer), MTS_LOG_DEBUG,
 		            "tcp peer's uid not found", "peer=%s err=%s",

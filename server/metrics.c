@@ -95,7 +95,7 @@
 #include "mts_auth.h"
 #include "mts_policy.h"
 #include "mts_log.h"
-#include "mts_sockdiag.h"
+#include "mt_sockdiag.h"
 #include "mtshm.h"
 
 #define FRESH_NS ((uint64_t)MTS_METRICS_FRESH_MS * 1000000u)
@@ -1084,7 +1084,7 @@ struct mts_metrics {
 		bool busy;         /* a request's headers are in */
 		bool reaped;       /* shut down: going */
 		bool tokened;      /* a request showed the token */
-		uint32_t addr_key; /* mts_addr_key() of its peer */
+		uint32_t addr_key; /* mt_addr_key() of its peer */
 	} conns[HTTP_TABLE];
 	/* [metrics] token_file's token ("": none), under conns_mu: set by
 	 * the loop at start and reload, read by the HTTP thread. */
@@ -1283,7 +1283,7 @@ static void on_connection(void *cls, struct MHD_Connection *c,
 			    .opened_ns = mts_now_monotonic(),
 			    .since_ns = mts_now_monotonic(),
 			    .addr_key = addr && addr->client_addr
-			                    ? mts_addr_key(addr->client_addr)
+			                    ? mt_addr_key(addr->client_addr)
 			                    : 0};
 	} else {
 		struct http_conn *e = conn_find(m, c);
@@ -1312,7 +1312,7 @@ static enum MHD_Result on_accept(void *cls, const struct sockaddr *addr,
 	struct mts_metrics *m = cls;
 	if (!addr || len < (socklen_t)sizeof(addr->sa_family))
 		return MHD_YES;
-	uint32_t key = mts_addr_key(addr);
+	uint32_t key = mt_addr_key(addr);
 	uint32_t here = 0, open = 0; /* not shut down: going */
 	struct http_conn *oldest = NULL, *oldest_here = NULL;
 	pthread_mutex_lock(&m->conns_mu);
@@ -1357,7 +1357,7 @@ static enum MHD_Result on_accept(void *cls, const struct sockaddr *addr,
 		return MHD_YES;
 	/* Said as libmicrohttpd's own refusals were, under their budget. */
 	char who[INET6_ADDRSTRLEN + 8];
-	mts_addr_format(addr, who, sizeof(who));
+	mt_addr_format(addr, who, sizeof(who));
 	if (here >= HTTP_PER_IP_LIMIT)
 		http_logf("connection from %s refused: %u open from its "
 		          "address (an IPv6 /64 counts as one), the most one "
@@ -1716,7 +1716,7 @@ int mts_metrics_start(struct mts_metrics **out, const char *host_port,
 		((struct sockaddr_in6 *)&ss)->sin6_port = htons(m->port);
 	else
 		((struct sockaddr_in *)&ss)->sin_port = htons(m->port);
-	mts_addr_format((struct sockaddr *)&ss, addr, sizeof(addr));
+	mt_addr_format((struct sockaddr *)&ss, addr, sizeof(addr));
 	mts_log(MTS_LOG_INFO, "metrics listening", "addr=%s", addr);
 	*out = m;
 	return 0;

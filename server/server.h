@@ -34,7 +34,7 @@
  *  - mts_uidcount.h: uidcount.c: counts and bytes kept per uid.
  *  - mts_dispatch.h: dispatch.c: request frames in, response frames out.
  *  - mts_conn.h: conn.c: listeners, connections, back-pressure, Watch.
- *  - mts_sockdiag.h: sockdiag.c: the uid behind a local TCP connection.
+ *  - mt_sockdiag.h (common/): the uid behind a local TCP connection.
  *  - mts_state.h: state.c: the restart record.
  *  - mts_adopt.h: adopt.c: adoption of live workers after a restart.
  *  - mts_rss.h: rss.c: resident sets, the kernel's figures for vouching

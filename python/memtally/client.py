@@ -150,6 +150,106 @@ def _join_late():
 atexit.register(_join_late)
 
 
+def _uid_trusted(uid):
+    """Root, this user, or $MEMTALLY_SERVER_UID: the uids a server we give
+    the token to may run as (as the C library checks)."""
+    su = os.environ.get("MEMTALLY_SERVER_UID", "")
+    return uid in (0, os.geteuid()) or (su.isdigit() and int(su) == uid)
+
+
+def _net_addr(text):
+    """(address bytes, port) of a /proc/net/tcp{,6} "HEX:PORT" field: each
+    32-bit word is printed in host order; IPv4-mapped IPv6 becomes IPv4."""
+    ip, port = text.split(":")
+    raw = b"".join(int(ip[i:i + 8], 16).to_bytes(4, sys.byteorder)
+                   for i in range(0, len(ip), 8))
+    if len(raw) == 16 and raw[:12] == b"\0" * 10 + b"\xff\xff":
+        raw = raw[12:]
+    return raw, int(port, 16)
+
+
+def _sock_addr(sa):
+    """The same form for a getpeername()/getsockname() tuple."""
+    host, port = sa[0], sa[1]
+    try:
+        raw = socket.inet_pton(socket.AF_INET, host)
+    except OSError:
+        raw = socket.inet_pton(socket.AF_INET6, host.split("%")[0])
+        if raw[:12] == b"\0" * 10 + b"\xff\xff":
+            raw = raw[12:]
+    return raw, port
+
+
+def _tcp_listener_uid(sock, timeout):
+    """The uid of the server's end of our TCP connection when it is a
+    socket of this host's network namespace, or None when there is none
+    here: the server is remote, or behind a port forwarded to another
+    namespace. Until the server accepts, its end is held by no process
+    (inode 0) and names no one: asked again for up to `timeout` (2 s at
+    most), then PermissionError."""
+    server = _sock_addr(sock.getpeername())
+    ours = _sock_addr(sock.getsockname())
+    end = time.monotonic() + min(timeout or 2.0, 2.0)
+    nap = 0.001
+    while True:
+        found = None
+        for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+            try:
+                with open(table) as f:
+                    next(f, None)
+                    for line in f:
+                        x = line.split()
+                        if len(x) < 10 or _net_addr(x[1]) != server or \
+                                _net_addr(x[2]) != ours:
+                            continue
+                        found = (x[3], x[9], int(x[7]))
+                        break
+            except (OSError, ValueError):
+                continue
+            if found:
+                break
+        if found is None:
+            return None
+        state, inode, uid = found
+        if state == "01" and inode != "0":
+            return uid
+        if time.monotonic() >= end:
+            raise PermissionError("cannot tell which user listens there "
+                                  "(its end is not an accepted connection)")
+        time.sleep(nap)
+        nap = min(nap * 2, 0.064)
+
+
+def _vouch_for_token(sock, path):
+    """Refuse (PermissionError) to send the token, which is admin rights,
+    to a server that runs as a uid we do not trust: a TCP port any user
+    may bind while memtallyd is down, or a socket in a directory any user
+    may write. Unix: its SO_PEERCRED uid, or the sole owner of the
+    socket's directory; TCP on this host: its end's uid (/proc/net/tcp).
+    A remote server cannot be checked from here."""
+    if sock.family == socket.AF_UNIX:
+        import struct
+        _, uid, _ = struct.unpack("3i", sock.getsockopt(
+            socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+        if _uid_trusted(uid):
+            return
+        st = os.stat(os.path.dirname(path) or ".")
+        if st.st_uid == uid and not st.st_mode & 0o022:
+            return
+        raise PermissionError(
+            f"not sending the token to {path}: uid {uid} listens there, "
+            f"not root, this user, $MEMTALLY_SERVER_UID or the sole owner "
+            f"of its directory")
+    try:
+        uid = _tcp_listener_uid(sock, sock.gettimeout())
+    except PermissionError as e:
+        raise PermissionError(f"not sending the token to {path}: {e}")
+    if uid is not None and not _uid_trusted(uid):
+        raise PermissionError(
+            f"not sending the token to {path}: uid {uid} listens there, "
+            f"not root, this user or $MEMTALLY_SERVER_UID")
+
+
 class Client:
     """One connection to memtallyd; blocking calls with a timeout.
 
@@ -183,6 +283,12 @@ class Client:
             try:
                 self.sock.settimeout(timeout)
                 self.sock.connect(path)
+            except BaseException:
+                self.sock.close()
+                raise
+        if self.token:
+            try:
+                _vouch_for_token(self.sock, path if not tcp else tcp)
             except BaseException:
                 self.sock.close()
                 raise

@@ -631,6 +631,78 @@ def test_localhost_is_the_servers_loopback_not_a_squatters():
               f"the squatter on [::1]:{port} was reached: {said}")
 
 
+SQUATTER = """
+import os, socket, sys, threading
+tcp = socket.socket(); tcp.bind(("127.0.0.1", 0)); tcp.listen()
+unix = socket.socket(socket.AF_UNIX); unix.bind(sys.argv[1]); unix.listen()
+os.chmod(sys.argv[1], 0o666)
+got = []
+def serve(l):
+    while True:
+        c, _ = l.accept(); c.settimeout(2)
+        try:
+            got.append(c.recv(4096))
+        except OSError:
+            pass
+        c.close()
+for l in (tcp, unix):
+    threading.Thread(target=serve, args=(l,), daemon=True).start()
+print(tcp.getsockname()[1], flush=True)
+sys.stdin.read()
+print(repr(b"".join(got)), flush=True)
+"""
+
+
+def test_the_token_goes_to_no_other_users_server():
+    """The token is admin rights. A client sent it with every request to
+    whoever listened where it connected: nobody, bound on memtallyd's TCP
+    port while memtallyd was down (a restart) or on a socket in a
+    directory any user may write, got it and set the fleet's limit with
+    it. The C library and the Python client now give it only to a server
+    that runs as root, the user itself or $MEMTALLY_SERVER_UID (over Unix
+    also the sole owner of the socket's directory)."""
+    require_root()
+    d = tempfile.mkdtemp(prefix="mt-squat-")
+    os.chmod(d, 0o1777)  # /tmp's mode: anyone may bind a socket here
+    path = os.path.join(d, "memtally.sock")
+    squat = subprocess.Popen([sys.executable, "-c", SQUATTER, path],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True, preexec_fn=as_user((NOBODY, NOGROUP)))
+    try:
+        port = int(squat.stdout.readline())
+        env = dict(os.environ, MEMTALLY_TOKEN=TOKEN,
+                   PYTHONPATH=os.environ["MEMTALLY_PYTHON"])
+        env.pop("MEMTALLY_SERVER_UID", None)
+        for where, cli_args, py_args in (
+                (f"127.0.0.1:{port}", ["--tcp", f"127.0.0.1:{port}"],
+                 f"tcp='127.0.0.1:{port}'"),
+                (path, ["--socket", path], f"path={path!r}")):
+            r = subprocess.run([CLI, *cli_args, "--timeout", "5000",
+                                "status"], capture_output=True, text=True,
+                               env=env, timeout=60 * MULT)
+            check(r.returncode != 0 and "not sending the token" in r.stderr
+                  and f"uid {NOBODY} listens there" in r.stderr,
+                  f"the CLI to {where}: {r.returncode} {r.stderr}")
+            py = (f"from memtally.client import Client\n"
+                  f"try:\n    Client({py_args}).usage()\n"
+                  f"except PermissionError as e:\n    print('refused', e)\n")
+            r = subprocess.run([sys.executable, "-c", py],
+                               capture_output=True, text=True, env=env,
+                               timeout=60 * MULT)
+            check(r.stdout.startswith("refused not sending the token"),
+                  f"the Python client to {where}: {r.stdout}{r.stderr}")
+        # Without a token both still ask (nothing to keep from anyone):
+        # the squatter is reached, so the check above is what kept it out.
+        env.pop("MEMTALLY_TOKEN")
+        subprocess.run([CLI, "--tcp", f"127.0.0.1:{port}", "--timeout",
+                        "2000", "status"], capture_output=True, env=env,
+                       timeout=60 * MULT)
+    finally:
+        out, _ = squat.communicate("", timeout=30 * MULT)
+    check(TOKEN not in out and out.strip() != "b''",
+          f"what the squatter got: {out.strip()}")
+
+
 if __name__ == "__main__":
     run([test_inline_token_needs_a_private_config,
          test_cli_takes_the_token_from_env_or_file_only,
@@ -640,4 +712,5 @@ if __name__ == "__main__":
          test_a_peer_in_a_pid_namespace_memtallyd_cannot_see_needs_the_token,
          test_one_remote_host_gets_an_eighth_of_the_unidentified_places,
          test_a_worker_in_a_pid_namespace_of_its_own_is_counted,
-         test_localhost_is_the_servers_loopback_not_a_squatters])
+         test_localhost_is_the_servers_loopback_not_a_squatters,
+         test_the_token_goes_to_no_other_users_server])

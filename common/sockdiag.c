@@ -12,17 +12,20 @@
  *
  * The peer's socket is the one whose source is the peer's address:port
  * and whose destination is ours. A remote peer has no such socket. We ask
- * only when the peer's address is one of this host's (mts_addr_is_local),
+ * only when the peer's address is one of this host's (mt_addr_is_local),
  * so that a socket of another network namespace or host cannot be
  * confused with one here.
  *
  * The lookup finds whatever socket holds the 4-tuple, in any state. A peer
  * that connected, sent and closed before we accepted has left a closing
  * or timewait socket, which reports uid 0. So only a live, established
- * socket with an inode names the peer (mts_sockdiag_answer), and only if
+ * socket with an inode names the peer (mt_sockdiag_answer), and only if
  * our own end is still established after the answer.
  */
-#include "mts_sockdiag.h"
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* struct tcp_info, TCP_ESTABLISHED */
+#endif
+#include "mt_sockdiag.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -103,7 +106,7 @@ static bool addr_on_host(const struct addr *a)
 	return found;
 }
 
-void mts_addr_format(const struct sockaddr *addr, char *buf, size_t cap)
+void mt_addr_format(const struct sockaddr *addr, char *buf, size_t cap)
 {
 	char host[INET6_ADDRSTRLEN] = "?";
 	if (addr->sa_family == AF_INET6) {
@@ -119,7 +122,7 @@ void mts_addr_format(const struct sockaddr *addr, char *buf, size_t cap)
 	}
 }
 
-uint32_t mts_addr_key(const struct sockaddr *addr)
+uint32_t mt_addr_key(const struct sockaddr *addr)
 {
 	const uint8_t *b = NULL;
 	size_t n = 0;
@@ -143,8 +146,7 @@ uint32_t mts_addr_key(const struct sockaddr *addr)
 	return h;
 }
 
-bool mts_addr_is_local(const struct sockaddr *peer,
-                       const struct sockaddr *local)
+bool mt_addr_is_local(const struct sockaddr *peer, const struct sockaddr *local)
 {
 	struct addr p, l;
 	if (addr_of(peer, &p) < 0)
@@ -157,9 +159,9 @@ bool mts_addr_is_local(const struct sockaddr *peer,
 	return addr_on_host(&p);
 }
 
-int mts_sockdiag_answer(const struct inet_diag_msg *m,
-                        const struct sockaddr *peer,
-                        const struct sockaddr *local, uint32_t *uid)
+int mt_sockdiag_answer(const struct inet_diag_msg *m,
+                       const struct sockaddr *peer,
+                       const struct sockaddr *local, uint32_t *uid)
 {
 	struct addr p, l;
 	if (addr_of(peer, &p) < 0 || addr_of(local, &l) < 0)
@@ -224,7 +226,7 @@ static int read_answer(int fd, const struct sockaddr *peer,
 		if (h->nlmsg_type != SOCK_DIAG_BY_FAMILY ||
 		    h->nlmsg_len < NLMSG_LENGTH(sizeof(struct inet_diag_msg)))
 			continue;
-		err = mts_sockdiag_answer(NLMSG_DATA(h), peer, local, uid);
+		err = mt_sockdiag_answer(NLMSG_DATA(h), peer, local, uid);
 		if (err != -ENOENT)
 			return err;
 	}
@@ -242,8 +244,8 @@ static int still_established(int fd)
 	return ti.tcpi_state == TCP_ESTABLISHED ? 0 : -ENOTCONN;
 }
 
-int mts_sockdiag_uid(int fd, const struct sockaddr *peer,
-                     const struct sockaddr *local, uint32_t *uid)
+int mt_sockdiag_uid(int fd, const struct sockaddr *peer,
+                    const struct sockaddr *local, uint32_t *uid)
 {
 	struct addr p, l;
 	if (addr_of(peer, &p) < 0 || addr_of(local, &l) < 0)
@@ -260,7 +262,7 @@ int mts_sockdiag_uid(int fd, const struct sockaddr *peer,
 	req.nlh.nlmsg_flags = NLM_F_REQUEST; /* one socket, not a dump */
 	req.r.sdiag_family = (uint8_t)p.family;
 	req.r.sdiag_protocol = IPPROTO_TCP;
-	/* Ignored by the lookup of one socket: mts_sockdiag_answer()
+	/* Ignored by the lookup of one socket: mt_sockdiag_answer()
 	 * checks the state of what comes back. */
 	req.r.idiag_states = 1u << TCP_ESTABLISHED;
 	req.r.id.idiag_sport = p.port;
@@ -269,6 +271,16 @@ int mts_sockdiag_uid(int fd, const struct sockaddr *peer,
 	memcpy(req.r.id.idiag_dst, l.a, addr_len(&l));
 	req.r.id.idiag_cookie[0] = INET_DIAG_NOCOOKIE;
 	req.r.id.idiag_cookie[1] = INET_DIAG_NOCOOKIE;
+	/* A link-local (fe80::/10) connection is bound to its interface, and
+	 * the kernel's lookup matches that too: without it no socket is
+	 * found, and a peer on this host is taken for a stranger. Both ends
+	 * are on the same link, so ours names the interface. */
+	if (local->sa_family == AF_INET6 && p.family == AF_INET6) {
+		const struct sockaddr_in6 *s6 =
+		    (const struct sockaddr_in6 *)local;
+		if (IN6_IS_ADDR_LINKLOCAL(&s6->sin6_addr))
+			req.r.id.idiag_if = s6->sin6_scope_id;
+	}
 
 	int nl =
 	    socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);

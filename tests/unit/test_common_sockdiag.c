@@ -1,16 +1,21 @@
 /*
- * test_server_sockdiag.c - which sock_diag answers name a TCP peer: only
+ * test_common_sockdiag.c - which sock_diag answers name a TCP peer: only
  * the peer's own live socket (exact 4-tuple, ESTABLISHED, an inode), never
  * the timewait or closing socket a peer leaves behind when it closes
  * before we accept (a timewait socket reports uid 0); and, on real
  * loopback sockets, a live peer is its uid while one that has closed is
  * nobody.
  */
-#include "mts_sockdiag.h"
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* accept4, struct tcp_info */
+#endif
+#include "mt_sockdiag.h"
 
 #include <arpa/inet.h>
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <linux/inet_diag.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -58,8 +63,8 @@ static int answer(const struct inet_diag_msg *m, uint32_t *uid)
 {
 	struct sockaddr_in p = v4("127.0.0.1", PEER_PORT);
 	struct sockaddr_in l = v4("127.0.0.2", OUR_PORT);
-	return mts_sockdiag_answer(m, (struct sockaddr *)&p,
-	                           (struct sockaddr *)&l, uid);
+	return mt_sockdiag_answer(m, (struct sockaddr *)&p,
+	                          (struct sockaddr *)&l, uid);
 }
 
 Test(sockdiag, live_peer_is_its_uid)
@@ -133,8 +138,8 @@ Test(sockdiag, mapped_and_v6_addresses)
 	struct sockaddr_in6 l = v6("::ffff:127.0.0.2", OUR_PORT);
 	struct inet_diag_msg m = live_v4();
 	uint32_t uid = 7;
-	cr_assert_eq(mts_sockdiag_answer(&m, (struct sockaddr *)&p,
-	                                 (struct sockaddr *)&l, &uid),
+	cr_assert_eq(mt_sockdiag_answer(&m, (struct sockaddr *)&p,
+	                                (struct sockaddr *)&l, &uid),
 	             0);
 	cr_assert_eq(uid, 1000);
 
@@ -146,13 +151,13 @@ Test(sockdiag, mapped_and_v6_addresses)
 	inet_pton(AF_INET6, "::1", m.id.idiag_src);
 	inet_pton(AF_INET6, "::1", m.id.idiag_dst);
 	m.idiag_uid = 1001;
-	cr_assert_eq(mts_sockdiag_answer(&m, (struct sockaddr *)&p,
-	                                 (struct sockaddr *)&l, &uid),
+	cr_assert_eq(mt_sockdiag_answer(&m, (struct sockaddr *)&p,
+	                                (struct sockaddr *)&l, &uid),
 	             0);
 	cr_assert_eq(uid, 1001);
 	m.idiag_state = TCP_TIME_WAIT;
-	cr_assert_eq(mts_sockdiag_answer(&m, (struct sockaddr *)&p,
-	                                 (struct sockaddr *)&l, &uid),
+	cr_assert_eq(mt_sockdiag_answer(&m, (struct sockaddr *)&p,
+	                                (struct sockaddr *)&l, &uid),
 	             -ENOTCONN);
 }
 
@@ -211,8 +216,8 @@ static void connect_pair(struct pair *x)
 
 static int lookup(struct pair *x, uint32_t *uid)
 {
-	return mts_sockdiag_uid(x->srv, (struct sockaddr *)&x->peer,
-	                        (struct sockaddr *)&x->local, uid);
+	return mt_sockdiag_uid(x->srv, (struct sockaddr *)&x->peer,
+	                       (struct sockaddr *)&x->local, uid);
 }
 
 static int tcp_state(int fd)
@@ -253,4 +258,68 @@ Test(sockdiag, loopback_peer_live_then_closed)
 	cr_assert_eq(uid, 7);
 	close(x.srv);
 	close(x.lst);
+}
+
+/* A link-local IPv6 address of this host's, with its interface, or false
+ * when it has none (no IPv6, or none configured). */
+static bool link_local(struct sockaddr_in6 *out)
+{
+	struct ifaddrs *ifs;
+	if (getifaddrs(&ifs) < 0)
+		return false;
+	bool found = false;
+	for (struct ifaddrs *i = ifs; i && !found; i = i->ifa_next) {
+		if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET6 ||
+		    !(i->ifa_flags & IFF_UP))
+			continue;
+		const struct sockaddr_in6 *s6 =
+		    (const struct sockaddr_in6 *)i->ifa_addr;
+		if (IN6_IS_ADDR_LINKLOCAL(&s6->sin6_addr)) {
+			*out = *s6;
+			found = true;
+		}
+	}
+	freeifaddrs(ifs);
+	return found;
+}
+
+Test(sockdiag, a_link_local_peer_on_this_host_is_its_uid)
+{
+	/* A connection to fe80::...%eth0 is bound to eth0, and the kernel
+	 * finds its sockets only with that interface in the query: without
+	 * it a local peer was "not found" and taken for a stranger. */
+	struct sockaddr_in6 a;
+	if (!link_local(&a))
+		cr_skip_test("no link-local IPv6 address on this host");
+	a.sin6_port = 0;
+	socklen_t len = sizeof(a);
+	int lst = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	cr_assert_geq(lst, 0);
+	if (bind(lst, (struct sockaddr *)&a, sizeof(a)) < 0)
+		cr_skip_test("cannot bind the link-local address (%s): "
+		             "tentative or IPv6 off",
+		             strerror(errno));
+	cr_assert_eq(listen(lst, 4), 0);
+	cr_assert_eq(getsockname(lst, (struct sockaddr *)&a, &len), 0);
+	int cli = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	cr_assert_eq(connect(cli, (struct sockaddr *)&a, sizeof(a)), 0);
+	int srv = accept4(lst, NULL, NULL, SOCK_CLOEXEC);
+	cr_assert_geq(srv, 0);
+	struct sockaddr_in6 peer, local;
+	len = sizeof(peer);
+	cr_assert_eq(getpeername(srv, (struct sockaddr *)&peer, &len), 0);
+	len = sizeof(local);
+	cr_assert_eq(getsockname(srv, (struct sockaddr *)&local, &len), 0);
+	cr_assert(mt_addr_is_local((struct sockaddr *)&peer,
+	                           (struct sockaddr *)&local));
+	uint32_t uid = 7;
+	int err = mt_sockdiag_uid(srv, (struct sockaddr *)&peer,
+	                          (struct sockaddr *)&local, &uid);
+	if (err == -EPROTONOSUPPORT)
+		cr_skip_test("no sock_diag for TCP here");
+	cr_assert_eq(err, 0, "link-local peer: %s", strerror(-err));
+	cr_assert_eq(uid, geteuid());
+	close(cli);
+	close(srv);
+	close(lst);
 }

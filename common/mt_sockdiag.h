@@ -1,10 +1,10 @@
 /*
- * mts_sockdiag.h - the uid behind a local TCP connection, from the kernel
+ * mt_sockdiag.h - the uid behind a local TCP connection, from the kernel
  * (NETLINK_SOCK_DIAG, inet_diag), so that a loopback TCP peer is a uid
  * like a Unix-socket peer (sockdiag.c).
  */
-#ifndef MTS_SOCKDIAG_H
-#define MTS_SOCKDIAG_H
+#ifndef MT_SOCKDIAG_H
+#define MT_SOCKDIAG_H
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -13,18 +13,18 @@
 /* Could a socket with address `peer` live on this host: loopback, the
  * same address as our end `local`, or an address of one of its
  * interfaces? */
-bool mts_addr_is_local(const struct sockaddr *peer,
-                       const struct sockaddr *local);
+bool mt_addr_is_local(const struct sockaddr *peer,
+                      const struct sockaddr *local);
 
 /* The key a remote peer's connections are counted under, one host's
  * share: a hash of its IPv4 address, or of an IPv6 one's /64 (a host
  * there has the whole prefix to pick addresses from; an IPv4-mapped one
  * is its IPv4). */
-uint32_t mts_addr_key(const struct sockaddr *addr);
+uint32_t mt_addr_key(const struct sockaddr *addr);
 
 /* "ADDR:PORT" ("[ADDR]:PORT" for IPv6) of an AF_INET or AF_INET6 address
  * into buf[0..cap), for the logs; "?" for any other. */
-void mts_addr_format(const struct sockaddr *addr, char *buf, size_t cap);
+void mt_addr_format(const struct sockaddr *addr, char *buf, size_t cap);
 
 struct inet_diag_msg;
 
@@ -39,8 +39,8 @@ struct inet_diag_msg;
  *   end is not established any more;
  *  -EAFNOSUPPORT, or another -errno when sock_diag is missing.
  */
-int mts_sockdiag_uid(int fd, const struct sockaddr *peer,
-                     const struct sockaddr *local, uint32_t *uid);
+int mt_sockdiag_uid(int fd, const struct sockaddr *peer,
+                    const struct sockaddr *local, uint32_t *uid);
 
 /*
  * Does the kernel's answer `m` name the peer's live end of the connection
@@ -50,8 +50,8 @@ int mts_sockdiag_uid(int fd, const struct sockaddr *peer,
  * orphan). 0 and *uid = its idiag_uid, or -ENOENT (another socket),
  * -ENOTCONN (not live), -EAFNOSUPPORT.
  */
-int mts_sockdiag_answer(const struct inet_diag_msg *m,
-                        const struct sockaddr *peer,
-                        const struct sockaddr *local, uint32_t *uid);
+int mt_sockdiag_answer(const struct inet_diag_msg *m,
+                       const struct sockaddr *peer,
+                       const struct sockaddr *local, uint32_t *uid);
 
-#endif /* MTS_SOCKDIAG_H */
+#endif /* MT_SOCKDIAG_H */
