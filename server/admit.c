@@ -509,6 +509,13 @@ static void resv_count(struct mts_registry *reg, struct mts_resv *r, uint64_t e)
 	r->effective = e;
 }
 
+/* Is `r` an admin's own (root's, an admin_uid's)? Its task's admin
+ * workers count against it before anyone else's reservation. */
+static bool resv_admins(struct mts_registry *reg, const struct mts_resv *r)
+{
+	return r->has_owner && mts_uid_is_admin(reg, r->uid);
+}
+
 /*
  * Set what `t`'s workers use against its reservations, oldest first. Each
  * reservation takes only from the shares of the workers that may count
@@ -516,29 +523,46 @@ static void resv_count(struct mts_registry *reg, struct mts_resv *r, uint64_t e)
  * has no owner and takes from every worker of the task: others', owners',
  * then admins' last, which leaves the most for the owned ones. Calls
  * set(r, e) with what each reservation counts.
+ *
+ * Admins' own reservations go first, whatever their age: anyone may name
+ * any task, and nobody's older reservation for root's task took root's
+ * workers' use for itself, so that root's own reservation counted in full
+ * beside them and root was denied in its own group.
  */
+typedef void resv_set_fn(struct mts_registry *, struct mts_resv *, uint64_t);
+
+/* Set against `r` what is left of the use of the workers that may count
+ * against it. */
+static void resv_alloc(struct mts_registry *reg, struct mts_task *t,
+                       struct mts_resv *r, resv_set_fn *set)
+{
+	uint64_t want = r->want;
+	uint64_t h = hosted_use(r);
+	want -= h < want ? h : want;
+	if (r->has_owner) {
+		struct mts_task_share *o = share_find(t, r->uid);
+		if (o)
+			want -= share_take(o, want);
+	} else {
+		want -= share_take(&t->shares[SHARE_OTHERS], want);
+		for (uint32_t i = SHARE_OWNERS; i < t->nshares; i++)
+			want -= share_take(&t->shares[i], want);
+	}
+	want -= share_take(&t->shares[SHARE_ADMINS], want);
+	set(reg, r, want);
+}
+
 static void task_alloc(struct mts_registry *reg, struct mts_task *t,
-                       void (*set)(struct mts_registry *, struct mts_resv *,
-                                   uint64_t))
+                       resv_set_fn *set)
 {
 	for (uint32_t i = 0; i < t->nshares; i++)
 		t->shares[i].left = t->shares[i].measured;
-	for (struct mts_resv *r = t->resv; r; r = r->tnext) {
-		uint64_t want = r->want;
-		uint64_t h = hosted_use(r);
-		want -= h < want ? h : want;
-		if (r->has_owner) {
-			struct mts_task_share *o = share_find(t, r->uid);
-			if (o)
-				want -= share_take(o, want);
-		} else {
-			want -= share_take(&t->shares[SHARE_OTHERS], want);
-			for (uint32_t i = SHARE_OWNERS; i < t->nshares; i++)
-				want -= share_take(&t->shares[i], want);
-		}
-		want -= share_take(&t->shares[SHARE_ADMINS], want);
-		set(reg, r, want);
-	}
+	for (struct mts_resv *r = t->resv; r; r = r->tnext)
+		if (resv_admins(reg, r))
+			resv_alloc(reg, t, r, set);
+	for (struct mts_resv *r = t->resv; r; r = r->tnext)
+		if (!resv_admins(reg, r))
+			resv_alloc(reg, t, r, set);
 }
 
 static void set_counted(struct mts_registry *reg, struct mts_resv *r,

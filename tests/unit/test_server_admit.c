@@ -767,6 +767,49 @@ Test(admit, admins_workers_take_over_anyones)
 	cr_assert_eq(srv.reg.adm->resv[0]->taken_over, false);
 }
 
+/* Admit `bytes` for task T as `uid` in `group`, which must be granted;
+ * its reservation. */
+static const struct mts_resv *grant_as(uint32_t uid, uint64_t bytes,
+                                       const char *group)
+{
+	Memtally__V1__Response *r = fx_admit(uid, bytes, group, "T", 60);
+	cr_assert_null(r->error);
+	cr_assert(r->admit_result->admitted, "uid %u denied: %s", uid,
+	          r->admit_result->reason);
+	const struct mts_resv *v =
+	    mts_resv_find(&srv.reg, r->admit_result->reservation);
+	memtally__v1__response__free_unpacked(r, NULL);
+	cr_assert_not_null(v);
+	return v;
+}
+
+Test(admit, admins_workers_count_against_admins_reservations_first)
+{
+	/* Anyone may name any task. nobody's reservation for root's task,
+	 * made first, took root's worker's 80 MiB for itself, so root's own
+	 * reservation counted in full beside them and root was denied in
+	 * its own group. */
+	start_fleet(0);
+	srv.reg.server_uid = 4242;
+	const struct mts_resv *theirs = grant_as(65534, 100 * MIB, "gb");
+	const struct mts_resv *roots = grant_as(0, 100 * MIB, "ga");
+	pid_t w = fx_spawn();
+	uint32_t s = fx_register_as(w, 0, "ga", "T");
+	fx_write(s, 80 * MIB);
+	mts_core_tick(&srv.reg);
+	cr_assert_eq(roots->effective, 20 * MIB);
+	cr_assert_eq(theirs->effective, 100 * MIB);
+	cr_assert_eq(srv.reg.totals.reserved, 120 * MIB);
+	/* What root's worker uses past root's reservation is still set
+	 * against the others' (an admin's worker may act on any). */
+	fx_write(s, 150 * MIB);
+	mts_core_tick(&srv.reg);
+	cr_assert_eq(roots->effective, 0);
+	cr_assert_eq(theirs->effective, 50 * MIB);
+	fx_kill(w);
+	mts_core_tick(&srv.reg);
+}
+
 Test(admit, a_reservation_made_over_tcp_is_matched_by_any_worker)
 {
 	start_fleet(0);
