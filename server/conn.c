@@ -1752,6 +1752,25 @@ int mts_listen_tcp(struct mts_conns *net)
 	return 0;
 }
 
+void mts_conns_reauthorise(struct mts_conns *net, bool token_changed)
+{
+	for (struct mts_conn *c = net->conns; c; c = c->next) {
+		struct mts_peer *p = &c->peer;
+		if (!p->watching || !p->watch_admin)
+			continue;
+		if (mts_authorise(net->reg, p, NULL) != MTS_AUTH_NONE)
+			continue;
+		if (p->watch_by_token && !token_changed)
+			continue;
+		p->watch_admin = false;
+		p->watch_by_token = false;
+		mts_log_uid(mts_peer_log_uid(p), MTS_LOG_INFO,
+		            "watch subscriber no longer an admin after the "
+		            "reload: it sees what show_others lets it",
+		            "peer_pid=%u tcp=%d", p->pid, p->tcp);
+	}
+}
+
 void mts_watch_broadcast(void *ctx, const struct mts_event *ev)
 {
 	struct mts_conns *net = ctx;

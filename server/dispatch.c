@@ -895,7 +895,8 @@ static int do_watch(struct mts_registry *reg, struct mts_peer *peer,
 	Memtally__V1__Response resp = MEMTALLY__V1__RESPONSE__INIT;
 	Memtally__V1__Event ev = MEMTALLY__V1__EVENT__INIT;
 	/* Asked once: events are pushed without a request to ask with. */
-	bool admin = mts_authorise(reg, peer, token) != MTS_AUTH_NONE;
+	enum mts_auth auth = mts_authorise(reg, peer, token);
+	bool admin = auth != MTS_AUTH_NONE;
 	/* A subscriber never idles out: one uid may hold only a few
 	 * subscriptions to everything it may see. One to its own tasks'
 	 * events (Watch.own: each `memtally run` holds one) is bounded by
@@ -927,6 +928,7 @@ static int do_watch(struct mts_registry *reg, struct mts_peer *peer,
 	peer->watching = true;
 	peer->watch_id = id;
 	peer->watch_admin = admin;
+	peer->watch_by_token = auth == MTS_AUTH_TOKEN;
 	peer->watch_own = own;
 	/* The state the event stream last told: a change its budget holds
 	 * back comes as an event. */

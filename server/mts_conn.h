@@ -191,4 +191,12 @@ void mts_conns_close(struct mts_conns *net);
  */
 void mts_watch_broadcast(void *ctx, const struct mts_event *ev);
 
+/*
+ * After a reload: a Watch subscriber made an admin by its uid or gid
+ * (admin_uid, admin_gid, root_admin) or by the token keeps every uid's
+ * events only while the new policy still makes it one; one that had the
+ * token loses them when `token_changed` (a leaked token is rotated).
+ */
+void mts_conns_reauthorise(struct mts_conns *net, bool token_changed);
+
 #endif /* MTS_CONN_H */

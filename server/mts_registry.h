@@ -428,19 +428,21 @@ struct mts_peer {
 	/* CLOCK_BOOTTIME (ns) when the connection was accepted: a process
 	 * started after it cannot be the one that connected. */
 	uint64_t accept_boot_ns;
-	bool tcp;           /* a TCP peer */
-	bool token_ok;      /* the request being answered carries the
-	                     * server's tcp_token (set by mts_dispatch) */
-	bool token_seen;    /* some request on it carried it */
-	bool token_refused; /* of unknown uid, it asked without it: the
-	                     * connection is closed after the answer */
-	char addr[64];      /* a TCP peer's address:port, for the logs */
-	bool watching;      /* set by a Watch request: events are pushed */
-	uint64_t watch_id;  /* the Watch request's id, echoed on events */
-	bool watch_admin;   /* an admin when it sent the Watch: every uid's
-	                     * events reach it (show_others) */
-	bool watch_own;     /* Watch.own: only its own uid's events */
-	bool watch_counted; /* counted in reg->watch_uids under `uid` */
+	bool tcp;            /* a TCP peer */
+	bool token_ok;       /* the request being answered carries the
+	                      * server's tcp_token (set by mts_dispatch) */
+	bool token_seen;     /* some request on it carried it */
+	bool token_refused;  /* of unknown uid, it asked without it: the
+	                      * connection is closed after the answer */
+	char addr[64];       /* a TCP peer's address:port, for the logs */
+	bool watching;       /* set by a Watch request: events are pushed */
+	uint64_t watch_id;   /* the Watch request's id, echoed on events */
+	bool watch_admin;    /* an admin when it sent the Watch: every uid's
+	                      * events reach it (show_others); asked again
+	                      * at each reload (mts_conns_reauthorise) */
+	bool watch_by_token; /* it was the token that made it one */
+	bool watch_own;      /* Watch.own: only its own uid's events */
+	bool watch_counted;  /* counted in reg->watch_uids under `uid` */
 	bool gone; /* closed by the server during a turn (an event that could
 	            * not be written to it): mts_input() stops, fd is -1 */
 	/* Descriptors to pass with the next answer written (a Registered):

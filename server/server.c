@@ -322,9 +322,14 @@ int mts_server_apply_policy(struct mts_server *srv,
                             const struct mts_policy *pol)
 {
 	const struct mts_policy *now = &srv->reg.policy;
+	bool token_changed =
+	    !now->tcp_token != !pol->tcp_token ||
+	    (now->tcp_token && strcmp(now->tcp_token, pol->tcp_token) != 0);
 	int err = mts_limits_apply_policy(&srv->reg, pol);
 	if (err < 0)
 		return err;
+	/* Rights revoked hold for open Watch streams too. */
+	mts_conns_reauthorise(&srv->net, token_changed);
 	rss_timer_set(srv, now->rss_interval_ms);
 	/* A lowered max_ttl holds for the reservations held, as it would
 	 * after a restart. */

@@ -29,7 +29,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from harness import (CLI, MULT, NOBODY, NOGROUP, Server, Worker,  # noqa: E402
                      as_user, check, connections_as, open_to_nobody, run,
-                     second_user,
+                     second_user, signal_until,
                      wait_for, worker, world_readable_copy)
 from harness import config_file as config  # noqa: E402
 import pbwire as pb  # noqa: E402
@@ -219,5 +219,46 @@ def test_none_hides_them():
             mine.close()
 
 
+def test_a_reload_that_revokes_an_admin_reaches_its_watch():
+    """nobody, an admin by admin_uid when it sent its Watch, kept every
+    uid's events after a reload took admin_uid away (a Watch never idles
+    out): a revoked admin, or a rotated token, went on seeing what
+    show_others = none hides. A reload now asks each subscriber again."""
+    import signal
+    second = second_user()
+    base = "[server]\ngroup = nogroup\nshow_others = none\n"
+    cfg = config(base + f"admin_uid = {NOBODY}\n"
+                 "[limits]\nprocess = 64MiB\n")
+    preload, cli, hold = world_readable_copy(
+        os.environ["MEMTALLY_PRELOAD_LIB"], CLI, worker("hold"))
+    with Server("--config", cfg) as s:
+        open_to_nobody(s)
+        nobody = (NOBODY, NOGROUP)
+        nconn = connections_as(s, nobody, 1)[0]
+        rconn = connections_as(s, (0, 0), 1)[0]
+        nwatch, rwatch = watch(nconn, 1), watch(rconn, 1)
+        with open(cfg, "w") as f:
+            f.write(base + "[limits]\nprocess = 64MiB\n")
+        signal_until(s.proc, signal.SIGHUP, "the reload",
+                     lambda: "config reloaded" in s.logtext())
+        check("watch subscriber no longer an admin" in s.logtext(),
+              "the revoked subscriber is not logged")
+        theirs, mine = start(s, hold, preload, second)
+        try:
+            scope = f"pid:{theirs.pid}"
+            check(scope in scopes_until(rconn, rwatch, 2),
+                  "root's Watch missed the process's event")
+            seen = scopes_until(nconn, nwatch, 2)
+            check(scope not in seen,
+                  f"a revoked admin's Watch got another user's event: "
+                  f"{seen}")
+        finally:
+            for c in (nconn, rconn):
+                c.close()
+            theirs.close()
+            mine.close()
+
+
 if __name__ == "__main__":
-    run([test_counts_by_default, test_none_hides_them])
+    run([test_counts_by_default, test_none_hides_them,
+         test_a_reload_that_revokes_an_admin_reaches_its_watch])
