@@ -148,6 +148,7 @@ struct run {
 	 * is not run again nor reported as one to retry. */
 	int told_to_stop;
 	struct sigaction old_chld; /* SIGCHLD as we got it: the command's */
+	struct sigaction old_pipe; /* SIGPIPE as we got it: the command's */
 	char evicted_why[640];     /* its event's reason, the figures */
 	char *added[4]; /* the "NAME=value" strings command_env() made */
 	size_t nadded;
@@ -192,6 +193,15 @@ static int open_handle(const struct run *r, memtally_query **out)
 		*out = NULL;
 	}
 	return err;
+}
+
+/* Is `err` a request refused as it stands, by memtallyd (a field it does
+ * not take, a token it needs) or by the query library (a token it will
+ * not send to whoever listens there)? Not a server that cannot be
+ * reached: the command is not run unadmitted on it (exit 2). */
+static bool refused(int err)
+{
+	return err == MEMTALLY_EBADREQUEST || err == MEMTALLY_EPERM;
 }
 
 /* A denial, for people, on stderr. */
@@ -275,7 +285,7 @@ static int ask(struct run *r, struct memtally_admit_result **denied,
 	/* memtallyd answered that the request is not one it takes: not a
 	 * server that cannot be reached, so not a reason to run unadmitted
 	 * (admission() says it and exits 2). */
-	if (err && err != MEMTALLY_EBADREQUEST) {
+	if (err && !refused(err)) {
 		if (say_open)
 			fail_open(r, "cannot ask for admission at", err,
 			          memtally_query_last_error(r->q));
@@ -349,25 +359,39 @@ static void note_eviction(struct run *r, const struct memtally_event *ev)
 
 /* Subscribe to Watch on a second connection; without one (an old server,
  * a refusal) the periodic retries still run. */
-static void watch_open(struct run *r)
-{
-	if (r->no_watch || open_handle(r, &r->w) != 0)
-		return;
-	/* Run by root (a container's jobs often are), it would see every
-	 * uid's "task:NAME": another's task of our name is not ours. */
-	memtally_query_watch_own(r->w, 1);
-	if (memtally_query_watch_start(r->w) != 0) {
-		memtally_query_close(r->w);
-		r->w = NULL;
-	}
-}
-
 /* Is `err` the server's error answer (not a lost connection)? */
 static bool server_answer(int err)
 {
 	return err == MEMTALLY_ESERVER || err == MEMTALLY_ENOTFOUND ||
 	       err == MEMTALLY_EPERM || err == MEMTALLY_ENOSLOTS ||
 	       err == MEMTALLY_EUNSUPPORTED || err == MEMTALLY_EBADREQUEST;
+}
+
+static void watch_open(struct run *r)
+{
+	if (r->no_watch)
+		return;
+	int err = open_handle(r, &r->w);
+	if (err == 0) {
+		/* Run by root (a container's jobs often are), it would see
+		 * every uid's "task:NAME": another's task of our name is not
+		 * ours. */
+		memtally_query_watch_own(r->w, 1);
+		err = memtally_query_watch_start(r->w);
+		if (err) {
+			memtally_query_close(r->w);
+			r->w = NULL;
+		}
+	}
+	/* Refused: asking again would be refused again. Unreachable (a
+	 * run started while memtallyd restarts, failing open): its workers
+	 * register once it is back, and its guard may evict them, so
+	 * supervise() asks again with back-off, or the eviction would go
+	 * unheard (no message, no --retry). */
+	if (err && server_answer(err))
+		r->no_watch = true;
+	else if (err)
+		r->watch_lost = true;
 }
 
 /* Read what the watch holds: true if an event worth a retry came. Ends
@@ -706,6 +730,7 @@ static _Noreturn void exec_command(struct run *r, char **envp, pid_t parent)
 	/* Dispositions are left as we got them: a command started by a
 	 * shell with SIGINT ignored (`memtally run ... &`) keeps it so. */
 	sigaction(SIGCHLD, &r->old_chld, NULL);
+	sigaction(SIGPIPE, &r->old_pipe, NULL);
 	sigprocmask(SIG_SETMASK, &r->old_mask, NULL);
 	/* If we are killed with SIGKILL, which cannot be forwarded, the
 	 * command goes too. Our parent may have died before the prctl: then
@@ -950,6 +975,13 @@ static int block_signals(struct run *r)
 	struct sigaction dfl = {.sa_handler = SIG_DFL};
 	if (sigaction(SIGCHLD, &dfl, &r->old_chld) < 0)
 		return -errno;
+	/* A stderr whose reader has gone (a closed pipe) must not end us on
+	 * a line we print (fail open, paused by the guard): our death would
+	 * end the command (PDEATHSIG), a pause would become a kill. The
+	 * write fails with EPIPE instead; the command gets what we got. */
+	struct sigaction ign = {.sa_handler = SIG_IGN};
+	if (sigaction(SIGPIPE, &ign, &r->old_pipe) < 0)
+		return -errno;
 	r->sfd = signalfd(-1, &r->mask, SFD_CLOEXEC);
 	return r->sfd < 0 ? -errno : 0;
 }
@@ -1032,13 +1064,14 @@ static int admission(struct run *r)
 	}
 	struct memtally_admit_result *a = NULL;
 	int got = ask(r, &a, r->wait_s <= 0);
-	if (got == MEMTALLY_EBADREQUEST) {
+	if (refused(got)) {
 		char why[640];
-		fprintf(
-		    stderr,
-		    "memtally: memtallyd refused the request: %s; not run\n",
-		    mtcli_clean(why, sizeof(why),
-		                memtally_query_last_error(r->q)));
+		fprintf(stderr,
+		        "memtally: the request to memtallyd at %s was refused: "
+		        "%s; not run\n",
+		        r->where,
+		        mtcli_clean(why, sizeof(why),
+		                    memtally_query_last_error(r->q)));
 		return 2;
 	}
 	/* Connected, then dropped before an answer: memtallyd is there but

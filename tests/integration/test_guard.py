@@ -520,6 +520,42 @@ def test_an_eviction_after_memtallyds_restart_is_the_runs():
         end_all(cg, leak)
 
 
+
+def test_a_run_started_while_memtallyd_is_down_hears_its_eviction():
+    """A run started while memtallyd is down (a restart) fails open. Its
+    command registers once memtallyd is back, and the guard evicts the
+    leak; the run, whose first watch reached no one, never opened one
+    again: it exited 137 with no message and no rerun. It now asks again
+    with back-off: the eviction is reported, --retry 1 reruns it, 75."""
+    cg = node("down-evict")
+    fl = worker("fleet")
+    d = tempfile.mkdtemp(prefix="mt-it-down-")
+    sock = os.path.join(d, "memtally.sock")
+    leak = None
+    try:
+        env = dict(run_env(type("S", (), {"socket": sock})))
+        leak = subprocess.Popen(
+            [CLI, "--socket", sock, "run", "--task", "leak", "--bytes",
+             "32MiB", "--retry", "1", "--", *fl, "leak", "400", "40"],
+            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True, preexec_fn=in_node(cg))
+        kids = "/proc/%d/task/%d/children" % (leak.pid, leak.pid)
+        wait_for("the command started (run failed open)",
+                 lambda: open(kids).read().strip(), timeout=30)
+        with Server("--config", config(GUARD), prefix=joining(cg),
+                    socket=sock, directory=d) as s:
+            _, err = leak.communicate(timeout=120 * MULT)
+            print(err, flush=True)
+            check(s.logtext().count('msg="node guard: evicting"') >= 1,
+                  "memtallyd did not evict the leak")
+            check(leak.returncode == 75 and
+                  "evicted by the node guard" in err and
+                  "running it again" in err,
+                  "the run exited %s, not 75 after one rerun: %s" % (
+                      leak.returncode, err))
+    finally:
+        end_all(cg, leak)
+
 def test_lie_cannot_evict_another_user():
     second = second_user()
     cg = node("trust")
@@ -789,6 +825,7 @@ if __name__ == "__main__":
          test_a_paused_task_outlives_memtallyds_death_and_a_reset,
          test_a_paused_task_that_left_its_uid_outlives_memtallyds_death,
          test_an_eviction_after_memtallyds_restart_is_the_runs,
+         test_a_run_started_while_memtallyd_is_down_hears_its_eviction,
          test_lie_cannot_evict_another_user, test_understating_cannot_hide,
          test_anothers_eviction_is_not_an_admins,
          test_a_command_that_switches_user_is_evicted_as_the_runs,

@@ -39,7 +39,7 @@ import subprocess
 import tempfile
 import time
 
-from harness import (CLI, MIB, MULT, Server, Worker, check, run,
+from harness import (CLI, MIB, MULT, Server, Skip, Worker, check, run,
                      wait_for, worker)
 from harness import config_file as config
 
@@ -703,8 +703,68 @@ def test_asks_a_stalled_memtallyd_missed_make_one_grant():
                 p.wait()
 
 
+def test_a_closed_stderr_ends_neither_run_nor_command():
+    """run's stderr a pipe nobody reads any more (a runner's log reader
+    gone): its fail-open line killed it with SIGPIPE before the command
+    started, and a later line (a guard's pause) would have killed the
+    command with it. The line is lost; the command runs and passes its
+    status."""
+    d = tempfile.mkdtemp(prefix="mt-it-pipe-")
+    made = os.path.join(d, "ran")
+    rd, wr = os.pipe()
+    os.close(rd)
+    try:
+        r = subprocess.run([CLI, "--socket", os.path.join(d, "none.sock"),
+                            "run", "--bytes", "1MiB", "--", "sh", "-c",
+                            'echo x > "$0"; exit 4', made],
+                           stderr=wr, stdout=subprocess.DEVNULL,
+                           timeout=60 * MULT)
+    finally:
+        os.close(wr)
+    check(r.returncode == 4 and os.path.exists(made),
+          f"run with a closed stderr: {r.returncode}, command "
+          f"{'ran' if os.path.exists(made) else 'never ran'}")
+
+
+def test_a_token_it_will_not_send_is_exit_2():
+    """With MEMTALLY_TOKEN set, a socket another user listens on (bound
+    in a directory anyone may write, while memtallyd is down) gets no
+    token, and the run does not go on unadmitted as if no memtallyd
+    were there: the request was refused, exit 2, nothing run."""
+    from harness import NOBODY, NOGROUP, as_user
+    if os.geteuid() != 0:
+        raise Skip("needs root, to listen as nobody")
+    d = tempfile.mkdtemp(prefix="mt-it-squat-")
+    os.chmod(d, 0o1777)
+    sock = os.path.join(d, "memtally.sock")
+    made = os.path.join(d, "ran")
+    squat = subprocess.Popen(
+        ["python3", "-c",
+         "import os,socket,sys\n"
+         "s=socket.socket(socket.AF_UNIX);s.bind(sys.argv[1]);s.listen()\n"
+         "os.chmod(sys.argv[1],0o666);print('up',flush=True)\n"
+         "sys.stdin.read()\n", sock],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        preexec_fn=as_user((NOBODY, NOGROUP)))
+    try:
+        check(squat.stdout.readline().strip() == "up", "no listener")
+        env = dict(os.environ, MEMTALLY_TOKEN="run-token-0123456789")
+        env.pop("MEMTALLY_SERVER_UID", None)
+        r = subprocess.run([CLI, "--socket", sock, "run", "--bytes", "1MiB",
+                            "--", "touch", made], capture_output=True,
+                           text=True, env=env, timeout=60 * MULT)
+    finally:
+        squat.communicate("", timeout=30 * MULT)
+    check(r.returncode == 2 and not os.path.exists(made) and
+          "not sending the token" in r.stderr,
+          f"run to another user's socket with a token: {r.returncode} "
+          f"{'ran' if os.path.exists(made) else 'not run'} {r.stderr}")
+
+
 if __name__ == "__main__":
     run([test_denied_never_starts,
+         test_a_closed_stderr_ends_neither_run_nor_command,
+         test_a_token_it_will_not_send_is_exit_2,
          test_exit_status_and_signal_pass_through,
          test_signals_reach_the_command,
          test_wait_then_runs_when_room_appears,
