@@ -364,6 +364,8 @@ struct tree {
 	uint32_t workers; /* pid[0..workers): the task's registered workers */
 	bool cut;         /* a descendant was left out: the tree was full, or no
 	                   * descriptor was left for its pidfd */
+	uint32_t denied;  /* processes we may not signal (EPERM: no CAP_KILL
+	                   * for another uid's), left out */
 };
 
 static bool in_tree(const struct tree *t, uint32_t pid)
@@ -436,6 +438,8 @@ static void add_children(struct tree *t, uint32_t i, uint32_t self, int sig)
 			if (ppid_of(pid) != t->pid[i] ||
 			    pidfd_send_signal(t->fd[i], 0, NULL, 0) < 0 ||
 			    (sig && pidfd_send_signal(fd, sig, NULL, 0) < 0)) {
+				if (errno == EPERM)
+					t->denied++;
 				close(fd);
 				continue;
 			}
@@ -475,6 +479,7 @@ static void stop_tree(struct mts_registry *reg, const struct mts_guard_cand *k,
 	uint32_t self = (uint32_t)getpid();
 	t->n = 0;
 	t->cut = false;
+	t->denied = 0;
 	for (uint32_t i = 0; i < reg->ndense; i++) {
 		struct mts_proc *p = reg->by_slot[reg->dense[i]];
 		bool mine = is_of(p, k);
@@ -489,7 +494,10 @@ static void stop_tree(struct mts_registry *reg, const struct mts_guard_cand *k,
 		if (fd < 0)
 			continue;
 		if (pidfd_send_signal(fd, SIGSTOP, NULL, 0) < 0) {
-			close(fd); /* gone already */
+			/* Gone already, or not ours to signal. */
+			if (errno == EPERM)
+				t->denied++;
+			close(fd);
 			continue;
 		}
 		t->fd[t->n] = fd;
@@ -793,11 +801,24 @@ static void kill_held(struct mts_registry *reg, const struct mts_guard_cand *k,
 	char q[MTS_LOGQ_MAX];
 	if (signal_tree(t, 0) == 0) {
 		/* Its processes ended on their own meanwhile: nothing to
-		 * evict, and nothing learned against its kind. */
+		 * evict, and nothing learned against its kind. Or memtallyd
+		 * may not signal them (a non-root memtallyd, a container
+		 * without CAP_KILL): the kernel's OOM killer will choose,
+		 * which an operator must hear, not "ended". */
 		close_tree(t);
-		mts_log(MTS_LOG_INFO, "node guard: its choice had ended",
-		        "task=%s uid=%u", mts_logq(q, sizeof(q), k->task),
-		        k->uid);
+		if (t->denied)
+			mts_log(MTS_LOG_ERROR,
+			        "node guard: may not signal the task's "
+			        "processes; nothing evicted (memtallyd needs "
+			        "CAP_KILL to signal another uid's)",
+			        "task=%s uid=%u denied=%u",
+			        mts_logq(q, sizeof(q), k->task), k->uid,
+			        t->denied);
+		else
+			mts_log(MTS_LOG_INFO,
+			        "node guard: its choice had ended",
+			        "task=%s uid=%u",
+			        mts_logq(q, sizeof(q), k->task), k->uid);
 		return;
 	}
 	send_event(reg, k, t, MTSHM_STATE_OVER, MTSHM_STATE_OVER, reason);

@@ -514,10 +514,41 @@ def test_hook_resumes_its_drain_after_a_restart_while_high():
               f"{'resumed' if resumed else 'left as it is'}")
 
 
+def test_task_wrapper_runs_a_job_whose_name_memtally_refuses():
+    """Slurm takes job names memtally run refuses as a kind (a tab, a
+    bidi mark, 200 "é": over 255 bytes) and account names longer than a
+    group's 63 bytes: memtally run exited 2 and every task of the job
+    failed before it started. The wrapper leaves such a name out (said
+    once) and the task runs. The real CLI, memtallyd absent (fail open).
+    No Slurm needed."""
+    cli = os.environ["MEMTALLY_CLI"]
+    wrapper = os.path.join(SLURM, "memtally-slurm-task")
+    tmp = tempfile.mkdtemp(prefix="mt-slurm-names-")
+    cases = [({"SLURM_JOB_NAME": "sim\tx"}, "kind"),
+             ({"SLURM_JOB_NAME": "sim\u200f"}, "kind"),
+             ({"SLURM_JOB_NAME": "\u00e9" * 200}, "kind"),
+             ({"SLURM_JOB_ACCOUNT": "a" * 70}, "group"),
+             ({"SLURM_JOB_NAME": "a plain name"}, None)]
+    for i, (extra, dropped) in enumerate(cases):
+        made = os.path.join(tmp, str(i))
+        env = {"PATH": os.environ["PATH"], "MEMTALLY": cli,
+               "MEMTALLY_SOCKET": os.path.join(tmp, "none.sock"),
+               "MEMTALLY_PRELOAD_LIB": "", **extra}
+        r = subprocess.run(["sh", wrapper, "touch", made], env=env,
+                           capture_output=True, text=True, timeout=30 * MULT)
+        said = f"running without a {dropped}" in r.stderr if dropped \
+            else "running without a" not in r.stderr
+        check(r.returncode == 0 and os.path.exists(made) and said,
+              f"{extra!r}: exit {r.returncode}, "
+              f"{'ran' if os.path.exists(made) else 'not run'}: {r.stderr}")
+        print(f"  {list(extra)[0]} {dropped or 'kept'}: ran")
+
+
 if __name__ == "__main__":
     run([test_shipped_config_accepted,
          test_readme_install_step_gives_a_config_memtallyd_starts_with,
          test_task_wrapper_gives_each_task_its_share_of_the_node,
          test_task_wrapper_without_memtally_runs_the_command,
+         test_task_wrapper_runs_a_job_whose_name_memtally_refuses,
          test_hook_resumes_its_drain_after_a_restart_while_high,
          test_slurm_drain_resume_and_task_wrapper])

@@ -556,6 +556,38 @@ def test_a_run_started_while_memtallyd_is_down_hears_its_eviction():
     finally:
         end_all(cg, leak)
 
+
+def test_a_guard_that_may_not_signal_says_so():
+    """memtallyd without CAP_KILL (a container that dropped it, as the
+    DaemonSet's capabilities did not list it) cannot signal nobody's
+    leak. The guard read the refusal as "the task had ended", said
+    nothing else each interval, and left the node to the kernel's OOM
+    killer. It now logs an error naming CAP_KILL."""
+    cg = node("nokill")
+    preload, cli, fl = world_readable_copy(
+        os.environ["MEMTALLY_PRELOAD_LIB"], CLI, worker("fleet"))
+    leak = None
+    try:
+        prefix = ["setpriv", "--bounding-set",
+                  "-all,+sys_ptrace,+dac_read_search,+chown"] + joining(cg)
+        with Server("--config", config(GUARD + "[server]\ngroup = nogroup\n"),
+                    prefix=prefix) as s:
+            open_to_nobody(s)
+            leak = mt_run(s, cg, "--task", "leak", "--bytes", "32MiB", "--",
+                          *fl, "leak", "400", "40", user=(NOBODY, NOGROUP),
+                          cli=cli, env=run_env(s, MEMTALLY_PRELOAD_LIB=preload))
+            wait_for("the guard's refusal logged", lambda:
+                     "may not signal the task's processes" in s.logtext(),
+                     timeout=60)
+            line = [x for x in s.logtext().splitlines()
+                    if "may not signal" in x][0]
+            check("CAP_KILL" in line and 'task="leak"' in line and
+                  "level=error" in line, "the refusal's line: " + line)
+            check("its choice had ended" not in s.logtext(),
+                  "a refused signal still logged as an ended task")
+    finally:
+        end_all(cg, leak)
+
 def test_lie_cannot_evict_another_user():
     second = second_user()
     cg = node("trust")
@@ -826,6 +858,7 @@ if __name__ == "__main__":
          test_a_paused_task_that_left_its_uid_outlives_memtallyds_death,
          test_an_eviction_after_memtallyds_restart_is_the_runs,
          test_a_run_started_while_memtallyd_is_down_hears_its_eviction,
+         test_a_guard_that_may_not_signal_says_so,
          test_lie_cannot_evict_another_user, test_understating_cannot_hide,
          test_anothers_eviction_is_not_an_admins,
          test_a_command_that_switches_user_is_evicted_as_the_runs,
