@@ -15,7 +15,7 @@ import sys
 import tempfile
 import time
 
-from harness import (CLI, MIB, MULT, NOBODY, NOGROUP, Server, Worker, check,
+from harness import (CLI, MIB, MULT, NOBODY, NOGROUP, PRELOAD, Server, Worker, check,
                      claim, config_file, line_within, open_to_nobody, run,
                      second_user, settled_bytes, wait_for, worker,
                      world_readable_copy)
@@ -348,8 +348,10 @@ def test_a_held_worker_at_its_uids_cap_gets_its_count_back():
     Its own hold no longer counts against it."""
     cfg = config_file("[server]\ngroup = nogroup\n"
                       "[limits]\nmax_slots_per_uid = 2\n")
-    hold = world_readable_copy(worker("hold"))[0]
-    heap = {"MEMTALLY_ALLOCATOR_FREE": "0"}
+    # nobody's workers cannot count on reaching the build tree (a fresh
+    # clone in a 0700 directory): copies of the worker and the preload.
+    hold, preload = world_readable_copy(worker("hold"), PRELOAD)
+    heap = {"MEMTALLY_ALLOCATOR_FREE": "0", "LD_PRELOAD": preload}
     nob = (NOBODY, NOGROUP)
     first = Server("--config", cfg)
     open_to_nobody(first)
@@ -454,8 +456,8 @@ def test_a_forged_maps_line_gets_no_other_uids_table():
     line names, by inode and name."""
     second = second_user()
     cfg = config_file("[server]\ngroup = nogroup\n")
-    hold = world_readable_copy(worker("hold"))[0]
-    heap = {"MEMTALLY_ALLOCATOR_FREE": "0"}
+    hold, preload = world_readable_copy(worker("hold"), PRELOAD)
+    heap = {"MEMTALLY_ALLOCATOR_FREE": "0", "LD_PRELOAD": preload}
     nob = (NOBODY, NOGROUP)
     scratch = tempfile.mkdtemp(prefix="mt-it-forge-")
     os.chmod(scratch, 0o777)
