@@ -377,8 +377,7 @@ Test(kinds, a_claim_below_the_kernels_figure_does_not_shrink_its_kind)
 	struct mts_proc *p = mts_find_pid(&srv.reg, (uint32_t)w);
 	cr_assert(p && p->untrusted);
 	for (int i = 0; i < 3; i++) {
-		/* What a sweep reads (rss.c, entry_apply). */
-		p->vouch.kernel = p->vouch.read_held = 64 * MIB;
+		p->vouch.kernel = 64 * MIB; /* what a sweep reads */
 		p->vouch.kernel_ns = mts_now_monotonic();
 		mts_core_tick(&srv.reg);
 	}
