@@ -83,18 +83,13 @@ struct mts_kernel_mem {
 	uint64_t shmem; /* the shared part of `held` */
 	uint64_t anon;  /* anonymous resident, each page in full (RssAnon):
 	                 * what bounds the process's mapped bytes */
-	/* Of `held`, the proportional share of the anonymous and shared
-	 * pages it shares with others (Pss_Anon + Pss_Shmem - Private_Dirty,
-	 * at least 0); 0 where not `pss`. vouch.c's floor subtracts it. */
-	uint64_t shared_anon;
-	bool pss;      /* proportional: a shared page counts 1/n */
-	bool has_uids; /* from status: its real, effective and saved uids */
+	bool pss;       /* proportional: a shared page counts 1/n */
+	bool has_uids;  /* from status: its real, effective and saved uids */
 	uint32_t uids[3];
 };
 
 /* From the text of /proc/PID/smaps_rollup: Pss, Pss_Anon + Pss_Shmem +
- * SwapPss, Anonymous, and the shared share (Private_Dirty subtracted).
- * -EINVAL without Pss_Anon (Linux < 5.10). */
+ * SwapPss, Anonymous. -EINVAL without Pss_Anon (Linux < 5.10). */
 int mts_parse_smaps_rollup(const char *text, struct mts_kernel_mem *out);
 /* From the text of /proc/PID/status: VmRSS, RssAnon + RssShmem + VmSwap,
  * RssAnon, each shared page counted in full, and the real, effective and

@@ -24,9 +24,6 @@ struct mts_vouch_uid {
 	uint64_t run_since_ns;  /* 0 = no excess now */
 	uint64_t rest_since_ns; /* 0 = an excess now */
 	bool spent;
-	/* During a tick: the shared shares (`shared` below) of its
-	 * untrusted processes with a kernel read, summed (the floor). */
-	uint64_t shared_sum;
 };
 
 /* The fleet's share of the allowances during a tick (registry). */
@@ -39,12 +36,8 @@ struct mts_vouch_fleet {
  * was read. */
 struct mts_vouch_proc {
 	/* Proportional anonymous + swapped + shared memory: a page shared
-	 * by n processes counts 1/n in each, raised to the floor each tick
-	 * (vouch.c, mts_vouch_floor) from `read_held`, the read's own. */
+	 * by n processes counts 1/n in each. */
 	uint64_t kernel;
-	uint64_t read_held;
-	uint64_t anon;          /* anonymous resident, each page in full */
-	uint64_t shared;        /* the read's shared_anon (mts_vouch.h) */
 	uint64_t kernel_ns;     /* CLOCK_MONOTONIC of the read; 0 = none yet */
 	uint64_t claim_at_read; /* the process's bytes when it was applied */
 	uint64_t memfd;        /* bytes of the memfds it holds, charged to it */

@@ -437,11 +437,7 @@ static void entry_apply(struct mts_registry *reg, struct mts_proc *p,
 	 * of the two, never both. */
 	uint64_t unmapped = v->memfd > e->km.shmem ? v->memfd - e->km.shmem : 0;
 	mts_proc_set_rss(reg, p, mt_sat_add(e->km.rss, unmapped));
-	v->kernel = v->read_held = mt_sat_add(e->km.held, unmapped);
-	/* The floor's figures (vouch.c): only a proportional read has a
-	 * share to subtract; status's counts every page in full already. */
-	v->anon = e->km.pss ? e->km.anon : 0;
-	v->shared = e->km.shared_anon;
+	v->kernel = mt_sat_add(e->km.held, unmapped);
 	v->kernel_ns = mts_now_monotonic();
 	v->claim_at_read = p->bytes;
 	v->next_read_ns =

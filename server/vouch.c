@@ -174,45 +174,8 @@ void mts_vouch_refresh(struct mts_registry *reg)
 		mts_vouch_proc_init(reg, reg->by_slot[reg->dense[i]]);
 }
 
-/*
- * The floor under an untrusted process's proportional figure. A page it
- * shares with n others counts 1/(n+1) in each, which sums right only when
- * every sharer is counted. Its fork children that never register (no
- * allocator call: pause(), a blocked read) are in no total: nobody holding
- * 400 MiB with nine of them counted 40 MiB, and another user's honest
- * process was signalled in its place. So each counts at least its
- * anonymous pages in full less what its uid's other untrusted processes
- * count of shared pages (their `shared`). With every sharer registered
- * that is at most its proportional figure (a page shared with k of them
- * is 1 - k/(k+1) = 1/(k+1) of it); with m unregistered sharers beside,
- * it takes their shares too, so each page counts once in the uid's sum.
- * Pages the others share among themselves only lower it (never above
- * what the process holds). Two passes over the processes, each tick.
- */
-static void vouch_floor(struct mts_registry *reg)
-{
-	for (uint32_t i = 0; i < reg->ntables; i++)
-		reg->tables[i]->vouch.shared_sum = 0;
-	for (uint32_t i = 0; i < reg->ndense; i++) {
-		struct mts_proc *p = reg->by_slot[reg->dense[i]];
-		if (p->untrusted && p->vouch.kernel_ns && p->table)
-			p->table->vouch.shared_sum = mt_sat_add(
-			    p->table->vouch.shared_sum, p->vouch.shared);
-	}
-	for (uint32_t i = 0; i < reg->ndense; i++) {
-		struct mts_proc *p = reg->by_slot[reg->dense[i]];
-		struct mts_vouch_proc *v = &p->vouch;
-		if (!p->untrusted || !v->kernel_ns || !p->table)
-			continue;
-		uint64_t others = p->table->vouch.shared_sum - v->shared;
-		uint64_t floor = v->anon > others ? v->anon - others : 0;
-		v->kernel = floor > v->read_held ? floor : v->read_held;
-	}
-}
-
 void mts_vouch_begin(struct mts_registry *reg)
 {
-	vouch_floor(reg);
 	const struct mts_policy *pol = &reg->policy;
 	bool on = pol->untouched_ms != 0;
 	reg->vouch.allow_left = on ? pol->untouched_total : 0;
@@ -337,20 +300,15 @@ static unsigned kb_lines(const char *text, const char *const *keys,
 int mts_parse_smaps_rollup(const char *text, struct mts_kernel_mem *out)
 {
 	static const char *const keys[] = {
-	    "Pss:",     "Pss_Anon:",  "Pss_Shmem:",
-	    "SwapPss:", "Anonymous:", "Private_Dirty:"};
-	uint64_t v[6] = {0};
-	unsigned seen = kb_lines(text, keys, 6, v);
+	    "Pss:", "Pss_Anon:", "Pss_Shmem:", "SwapPss:", "Anonymous:"};
+	uint64_t v[5] = {0};
+	unsigned seen = kb_lines(text, keys, 5, v);
 	if ((seen & 3) != 3)
 		return -EINVAL;
 	out->rss = v[0];
 	out->shmem = v[2];
 	out->held = v[1] + v[2] + v[3];
 	out->anon = v[4];
-	/* A private page is in Pss in full and in Private_Dirty (an
-	 * anonymous or shmem page it alone maps is dirty): what is left is
-	 * its share of the pages it shares. */
-	out->shared_anon = v[1] + v[2] > v[5] ? v[1] + v[2] - v[5] : 0;
 	out->pss = true;
 	return 0;
 }
@@ -368,7 +326,6 @@ int mts_parse_status_mem(const char *status, struct mts_kernel_mem *out)
 	out->shmem = v[2];
 	out->held = v[1] + v[2] + v[3];
 	out->anon = v[1];
-	out->shared_anon = 0;
 	out->pss = false;
 	out->has_uids = mts_parse_uid_fields(status, out->uids, 3) == 0;
 	return 0;

@@ -376,52 +376,6 @@ def test_understating_is_refereed():
                 w.kill()
 
 
-def test_children_that_never_register_hide_nothing():
-    """A page shared by n processes counts 1/n in each: right when every
-    sharer is counted. nobody's worker wrote 400 MiB and forked nine
-    children that make no allocator call, so never register: it counted
-    40 MiB, and the other 360 MiB were in no total (with no allowance,
-    at once; with one, once it was spent). Under a fleet limit, another
-    user's honest process was signalled in its place. Its anonymous pages
-    count in full now, less what its uid's counted processes count of
-    pages shared (none here)."""
-    second = second_user()
-    preload, cli, share = world_readable_copy(
-        os.environ["MEMTALLY_PRELOAD_LIB"], CLI, worker("share"))
-    cfg = config("[server]\ngroup = nogroup\n"
-                 "[limits]\nfleet = 2GiB\nrss_interval = 500\n"
-                 "[trust]\nuntouched_allowance = 0\n"
-                 "untouched_allowance_total = 0\n")
-    with Server("--config", cfg) as s:
-        open_to_nobody(s)
-        env = s.env()
-        env["LD_PRELOAD"] = preload
-        env["MEMTALLY_ALLOCATOR_FREE"] = "0"
-        sharer = Worker([*share, "private", "400", "9", "silent"], env,
-                        user=(NOBODY, NOGROUP))
-        try:
-            pids = ready_pids(sharer)
-            check(len(pids) == 10, f"pids {pids}")
-            wait_for("the parent registered", lambda: pids[0] in s.ps())
-            pss = proc_kib(pids[0], "smaps_rollup", "Pss")
-            check(pss < 100 * MIB, f"the parent's Pss is {pss >> 20} MiB: "
-                  "its children do not share its pages here")
-            # Two sweeps, then what counts must hold the 400 MiB.
-            t0 = time.monotonic()
-            wait_for("1.2 s", lambda: time.monotonic() > t0 + 1.2)
-            nb, f = nobody_bytes(s, [])
-            check(nb >= 380 * MIB and nb <= 400 * MIB + 64 * MIB,
-                  f"nobody's sharer counts {nb >> 20} MiB of the 400 MiB "
-                  f"it wrote (its Pss {pss >> 20} MiB; {s.ps()[pids[0]]})")
-            rc, out = cli_as(s, (second[0], NOGROUP), cli, "admit",
-                             "--bytes", "1700MiB", "--ttl", "60")
-            check(rc == 3, f"1,700 MiB admitted beside 400: {rc} {out}")
-            print(f"  400 MiB shared with 9 silent children: counted "
-                  f"{nb >> 20} MiB (Pss {pss >> 20} MiB)", flush=True)
-        finally:
-            sharer.kill()
-
-
 def test_a_file_named_like_a_memfd_is_not_one():
     preload, share, hold = world_readable_copy(
         os.environ["MEMTALLY_PRELOAD_LIB"], worker("share"), worker("hold"))
@@ -471,7 +425,6 @@ def test_a_file_named_like_a_memfd_is_not_one():
 
 if __name__ == "__main__":
     run([test_pages_shared_after_fork_count_once,
-         test_children_that_never_register_hide_nothing,
          test_a_shared_mapping_counts_once_under_max,
          test_dips_renew_no_allowance,
          test_an_allowance_signals_no_one,

@@ -491,18 +491,7 @@ Test(vouch, smaps_rollup_parser)
 	cr_assert_eq(m.held, (36000 + 3000 + 100) * 1024);
 	cr_assert_eq(m.shmem, 3000 * 1024);
 	cr_assert_eq(m.anon, 72000 * 1024, "Anonymous: each page in full");
-	cr_assert_eq(m.shared_anon, (36000 + 3000) * 1024,
-	             "no Private_Dirty line: all of it shared");
 	cr_assert(m.pss);
-	/* Its private pages are in Pss_Anon in full and in Private_Dirty:
-	 * what is left is its share of the pages it shares. */
-	char more[1024];
-	snprintf(more, sizeof(more), "%sPrivate_Dirty:      30000 kB\n", sr);
-	cr_assert_eq(mts_parse_smaps_rollup(more, &m), 0);
-	cr_assert_eq(m.shared_anon, (36000 + 3000 - 30000) * 1024);
-	snprintf(more, sizeof(more), "%sPrivate_Dirty:      90000 kB\n", sr);
-	cr_assert_eq(mts_parse_smaps_rollup(more, &m), 0);
-	cr_assert_eq(m.shared_anon, 0, "dirty file pages: floored at 0");
 	/* Linux < 5.10 has Pss but no Pss_Anon: refused (status is read). */
 	cr_assert_eq(mts_parse_smaps_rollup("Rss: 8 kB\nPss: 4 kB\n", &m),
 	             -EINVAL);

@@ -6,28 +6,24 @@
  *   shared   a MAP_SHARED anonymous mapping of MIB MiB, written by the
  *            parent and read by every child
  *   memfd    MIB MiB written into a memfd that is never mapped
- * Each child makes an allocator call (so that it registers) and pauses;
- * with SILENT (any fourth argument) it makes none, so never registers.
- * usage: mt_worker share MODE MIB [CHILDREN [SILENT]]
+ * Each child makes an allocator call (so that it registers) and pauses.
+ * usage: mt_worker share MODE MIB [CHILDREN]
  */
 #include "mt_common.h"
 
 #include <signal.h>
-#include <stdbool.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 
-static void child(const volatile char *shared, size_t len, bool silent)
+static void child(const volatile char *shared, size_t len)
 {
 	prctl(PR_SET_PDEATHSIG, SIGKILL);
 	unsigned sum = 0;
 	for (size_t i = 0; shared && i < len; i += 4096)
 		sum += (unsigned char)shared[i];
-	if (!silent) {
-		free(malloc(100 + (sum & 1)));
-		mt_flush();
-	}
+	free(malloc(100 + (sum & 1)));
+	mt_flush();
 	for (;;)
 		pause();
 }
@@ -39,7 +35,6 @@ static int share_main(int argc, char **argv)
 	const char *mode = argv[1];
 	size_t len = strtoul(argv[2], NULL, 10) * MIB;
 	unsigned nkids = argc > 3 ? (unsigned)strtoul(argv[3], NULL, 10) : 0;
-	bool silent = argc > 4;
 	char *shared = NULL;
 	if (strcmp(mode, "private") == 0) {
 		char *b = malloc(len);
@@ -74,7 +69,7 @@ static int share_main(int argc, char **argv)
 		if (pid < 0)
 			return 1;
 		if (pid == 0)
-			child(shared, shared ? len : 0, silent);
+			child(shared, shared ? len : 0);
 		if (n < (int)sizeof(pids) - 16)
 			n += snprintf(pids + n, sizeof(pids) - (size_t)n, ",%d",
 			              (int)pid);
@@ -84,5 +79,4 @@ static int share_main(int argc, char **argv)
 	return 0;
 }
 
-const struct mt_sub mt_share = {"share", "MODE MIB [CHILDREN [SILENT]]",
-                                share_main};
+const struct mt_sub mt_share = {"share", "MODE MIB [CHILDREN]", share_main};
