@@ -587,7 +587,8 @@ static bool uid_trusted(uint32_t uid)
  *    the port is forwarded to another network namespace, where no user
  *    of this one can listen. A remote server cannot be checked from
  *    here; there the token is what the network between is trusted with.
- * 0, or MEMTALLY_EPERM with the reason in q->errmsg.
+ * 0, or -EACCES (ours, not the server's refusal) with the reason in
+ * q->errmsg; -ECONNRESET or -ETIMEDOUT when the connection itself fails.
  */
 static int token_vouch(memtally_query *q, int64_t deadline)
 {
@@ -602,32 +603,38 @@ static int token_vouch(memtally_query *q, int64_t deadline)
 			return 0;
 		uint32_t uid;
 		int err;
-		/* Until the server accept()s, its end has no inode and names
-		 * no one (-ENOTCONN): a busy memtallyd takes a moment. Two
-		 * seconds at most, deadline or none (a server that closed
-		 * says the same, for ever). */
-		int waited = 0;
+		/* Until the server accept()s, its end is held by no process
+		 * and names no one (-EAGAIN): a busy memtallyd takes a
+		 * moment, within the deadline. */
 		for (int nap = 1;; nap = nap < 64 ? nap * 2 : 64) {
 			err = mt_sockdiag_uid(q->fd, (struct sockaddr *)&peer,
 			                      (struct sockaddr *)&local, &uid);
 			int left = remaining_ms(deadline);
-			if (err != -ENOTCONN || left == 0 || waited >= 2000)
+			if (err != -EAGAIN || left == 0)
 				break;
-			if (left > 0 && left < nap)
-				nap = left;
-			poll(NULL, 0, nap);
-			waited += nap;
+			poll(NULL, 0, left > 0 && left < nap ? left : nap);
 		}
 		if (err == -ENOENT)
 			return 0;
+		/* Closed on us (memtallyd at its connection caps, or
+		 * stopping), or never accepted in time: the connection's
+		 * fault, as the request's answer would have been, not a
+		 * refusal. */
+		if (err == -ENOTCONN)
+			return query_fail(q, -ECONNRESET,
+			                  "the server closed the connection");
+		if (err == -EAGAIN)
+			return query_fail(q, -ETIMEDOUT,
+			                  "the server did not accept the "
+			                  "connection in time");
 		if (err)
-			return query_fail(q, MEMTALLY_EPERM,
+			return query_fail(q, -EACCES,
 			                  "not sending the token to %s: cannot "
 			                  "tell which user listens there (%s)",
 			                  q->path, strerror(-err));
 		if (uid_trusted(uid))
 			return 0;
-		return query_fail(q, MEMTALLY_EPERM,
+		return query_fail(q, -EACCES,
 		                  "not sending the token to %s: uid %u listens "
 		                  "there, not root, this user or "
 		                  "$MEMTALLY_SERVER_UID",
@@ -645,7 +652,7 @@ static int token_vouch(memtally_query *q, int64_t deadline)
 	if (stat(dirname(dir), &st) == 0 && st.st_uid == c.uid &&
 	    !(st.st_mode & (S_IWGRP | S_IWOTH)))
 		return 0;
-	return query_fail(q, MEMTALLY_EPERM,
+	return query_fail(q, -EACCES,
 	                  "not sending the token to %s: uid %u listens there, "
 	                  "not root, this user, $MEMTALLY_SERVER_UID or the "
 	                  "sole owner of its directory",

@@ -37,6 +37,8 @@ struct inet_diag_msg;
  *  -ENOENT: no such socket here, because the peer is remote or gone;
  *  -ENOTCONN: the peer has closed, so what answered is a leftover, or our
  *   end is not established any more;
+ *  -EAGAIN: the peer's end is established but no process holds it yet
+ *   (its listener has not accepted it);
  *  -EAFNOSUPPORT, or another -errno when sock_diag is missing.
  */
 int mt_sockdiag_uid(int fd, const struct sockaddr *peer,
@@ -48,7 +50,8 @@ int mt_sockdiag_uid(int fd, const struct sockaddr *peer,
  * TCP_ESTABLISHED and its inode non-zero (a socket a process holds, not a
  * timewait or request socket, which report uid 0, nor a closed peer's
  * orphan). 0 and *uid = its idiag_uid, or -ENOENT (another socket),
- * -ENOTCONN (not live), -EAFNOSUPPORT.
+ * -ENOTCONN (not live), -EAGAIN (held by no process: not accepted yet),
+ * -EAFNOSUPPORT.
  */
 int mt_sockdiag_answer(const struct inet_diag_msg *m,
                        const struct sockaddr *peer,

@@ -193,8 +193,12 @@ int mt_sockdiag_answer(const struct inet_diag_msg *m,
 	 * (root) and inode 0; a closed peer's orphaned socket keeps its
 	 * owner's uid but has no inode and has left ESTABLISHED. None of
 	 * them says who sends on the connection now. */
-	if (m->idiag_state != TCP_ESTABLISHED || m->idiag_inode == 0)
+	if (m->idiag_state != TCP_ESTABLISHED)
 		return -ENOTCONN;
+	/* Established, held by no process: a connection its listener has
+	 * not accepted yet (or an orphan): no one to name, for now. */
+	if (m->idiag_inode == 0)
+		return -EAGAIN;
 	*uid = m->idiag_uid;
 	return 0;
 }

@@ -201,7 +201,8 @@ static int open_handle(const struct run *r, memtally_query **out)
  * reached: the command is not run unadmitted on it (exit 2). */
 static bool refused(int err)
 {
-	return err == MEMTALLY_EBADREQUEST || err == MEMTALLY_EPERM;
+	return err == MEMTALLY_EBADREQUEST || err == MEMTALLY_EPERM ||
+	       err == -EACCES;
 }
 
 /* A denial, for people, on stderr. */
@@ -388,7 +389,7 @@ static void watch_open(struct run *r)
 	 * register once it is back, and its guard may evict them, so
 	 * supervise() asks again with back-off, or the eviction would go
 	 * unheard (no message, no --retry). */
-	if (err && server_answer(err))
+	if (err && (server_answer(err) || err == -EACCES))
 		r->no_watch = true;
 	else if (err)
 		r->watch_lost = true;

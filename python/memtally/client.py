@@ -185,11 +185,13 @@ def _tcp_listener_uid(sock, timeout):
     socket of this host's network namespace, or None when there is none
     here: the server is remote, or behind a port forwarded to another
     namespace. Until the server accepts, its end is held by no process
-    (inode 0) and names no one: asked again for up to `timeout` (2 s at
-    most), then PermissionError."""
+    (inode 0) and names no one: asked again for up to `timeout` (2 s
+    without one), then TimeoutError; a server that closed the connection
+    (its end no longer established) is ConnectionResetError, as the
+    request's answer would have been."""
     server = _sock_addr(sock.getpeername())
     ours = _sock_addr(sock.getsockname())
-    end = time.monotonic() + min(timeout or 2.0, 2.0)
+    end = time.monotonic() + (timeout or 2.0)
     nap = 0.001
     while True:
         found = None
@@ -211,11 +213,13 @@ def _tcp_listener_uid(sock, timeout):
         if found is None:
             return None
         state, inode, uid = found
-        if state == "01" and inode != "0":
+        if state != "01":
+            raise ConnectionResetError("memtallyd closed the connection")
+        if inode != "0":
             return uid
         if time.monotonic() >= end:
-            raise PermissionError("cannot tell which user listens there "
-                                  "(its end is not an accepted connection)")
+            raise TimeoutError("memtallyd did not accept the connection "
+                               "in time")
         time.sleep(nap)
         nap = min(nap * 2, 0.064)
 
@@ -240,10 +244,7 @@ def _vouch_for_token(sock, path):
             f"not sending the token to {path}: uid {uid} listens there, "
             f"not root, this user, $MEMTALLY_SERVER_UID or the sole owner "
             f"of its directory")
-    try:
-        uid = _tcp_listener_uid(sock, sock.gettimeout())
-    except PermissionError as e:
-        raise PermissionError(f"not sending the token to {path}: {e}")
+    uid = _tcp_listener_uid(sock, sock.gettimeout())
     if uid is not None and not _uid_trusted(uid):
         raise PermissionError(
             f"not sending the token to {path}: uid {uid} listens there, "

@@ -703,6 +703,67 @@ def test_the_token_goes_to_no_other_users_server():
           f"what the squatter got: {out.strip()}")
 
 
+def test_a_dropped_connection_with_the_token_still_fails_open():
+    """The token check asks the kernel who holds the server's end. When
+    memtallyd closed the connection at once (the uid at its connection
+    cap, as a job array's runs reach), that end was a leftover, and the
+    check refused "cannot tell which user listens there": memtally run
+    exited 2 and never ran the command, where without the token it
+    failed open. A connection closed on us is the connection's fault
+    again: the run fails open, the Python client raises
+    ConnectionResetError."""
+    require_root()
+    cfg = private_config(f"[server]\ngroup = 65534\ntcp_token = {TOKEN}\n"
+                         "max_connections_per_uid = 2\nidle_timeout = 0\n")
+    procs = []
+    with Server("--config", cfg, "--tcp", "127.0.0.1:0") as s:
+        try:
+            open_to_nobody(s)
+            port = tcp_port(s)
+            p, got = hold(s, port, (NOBODY, NOGROUP), ["tcp", "tcp"])
+            procs.append(p)
+            check(got == [True, True], f"nobody's connections: {got}")
+            env = dict(os.environ, MEMTALLY_TOKEN=TOKEN,
+                       MEMTALLY_PRELOAD_LIB="")
+            r = subprocess.run([pub_cli(), "--tcp", f"127.0.0.1:{port}",
+                                "run", "--bytes", "1MiB", "--", "echo",
+                                "RAN"], capture_output=True, text=True,
+                               env=env, preexec_fn=as_user((NOBODY, NOGROUP)),
+                               cwd="/", timeout=60 * MULT)
+            check(r.returncode == 0 and "RAN" in r.stdout and
+                  "not sending the token" not in r.stderr,
+                  f"a dropped run with the token: {r.returncode} "
+                  f"{r.stdout!r} {r.stderr}")
+            # The Python client and its generated module, where nobody
+            # may read them (a fresh clone may sit in a 0700 directory).
+            import shutil
+            pub = tempfile.mkdtemp(prefix="mt-pub-py-")
+            os.chmod(pub, 0o755)
+            shutil.copytree(os.path.join(os.environ["MEMTALLY_PYTHON"],
+                                         "memtally"),
+                            os.path.join(pub, "memtally"))
+            for f in os.listdir(os.environ["MEMTALLY_PB2_DIR"]):
+                if f.endswith(".py"):
+                    shutil.copy(os.path.join(os.environ["MEMTALLY_PB2_DIR"],
+                                             f), pub)
+            subprocess.run(["chmod", "-R", "a+rX", pub], check=True)
+            py = ("import sys\nfrom memtally.client import Client\n"
+                  "try:\n"
+                  f"    Client(tcp='127.0.0.1:{port}').usage()\n"
+                  "except ConnectionError as e:\n    print('dropped', e)\n")
+            env = dict(os.environ, MEMTALLY_TOKEN=TOKEN, PYTHONPATH=pub)
+            r = subprocess.run([sys.executable, "-c", py],
+                               capture_output=True, text=True, env=env,
+                               preexec_fn=as_user((NOBODY, NOGROUP)),
+                               cwd="/", timeout=60 * MULT)
+            check(r.stdout.startswith("dropped"),
+                  f"the Python client, dropped: {r.stdout}{r.stderr}")
+        finally:
+            for p in procs:
+                p.stdin.close()
+                p.wait(timeout=20 * MULT)
+
+
 if __name__ == "__main__":
     run([test_inline_token_needs_a_private_config,
          test_cli_takes_the_token_from_env_or_file_only,
@@ -713,4 +774,5 @@ if __name__ == "__main__":
          test_one_remote_host_gets_an_eighth_of_the_unidentified_places,
          test_a_worker_in_a_pid_namespace_of_its_own_is_counted,
          test_localhost_is_the_servers_loopback_not_a_squatters,
-         test_the_token_goes_to_no_other_users_server])
+         test_the_token_goes_to_no_other_users_server,
+         test_a_dropped_connection_with_the_token_still_fails_open])
