@@ -513,7 +513,8 @@ static void resv_count(struct mts_registry *reg, struct mts_resv *r, uint64_t e)
  * workers count against it before anyone else's reservation. */
 static bool resv_admins(struct mts_registry *reg, const struct mts_resv *r)
 {
-	return r->has_owner && mts_uid_is_admin(reg, r->uid);
+	return r->has_owner &&
+	       (r->admin_asked || mts_uid_is_admin(reg, r->uid));
 }
 
 /*
@@ -2413,6 +2414,10 @@ static int resv_grant(struct mts_registry *reg, const struct mts_peer *peer,
 		goto fail_kind;
 	r->has_owner = owned;
 	r->uid = peer->uid;
+	/* An admin by admin_gid is one by its peer's groups, which a uid
+	 * alone does not say (resv_admins). */
+	r->admin_asked = owned && peer->has_cred && reg->policy.has_admin_gid &&
+	                 mts_peer_in_group(peer, reg->policy.admin_gid);
 	if (owned && !req->in_process &&
 	    mts_peer_start_time(reg, peer, &r->asker_start) == 0)
 		r->asker_pid = peer->pid;

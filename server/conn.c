@@ -1764,6 +1764,13 @@ void mts_conns_reauthorise(struct mts_conns *net, bool token_changed)
 			continue;
 		p->watch_admin = false;
 		p->watch_by_token = false;
+		/* An admin's subscription was never counted against its
+		 * uid's max_watch_per_uid: it is now (past the cap maybe, so
+		 * that the uid opens no more). */
+		if (!p->watch_own && !p->watch_counted)
+			p->watch_counted =
+			    mts_uid_count_add(&net->reg->watch_uids,
+			                      c->uid_key) == 0;
 		mts_log_uid(mts_peer_log_uid(p), MTS_LOG_INFO,
 		            "watch subscriber no longer an admin after the "
 		            "reload: it sees what show_others lets it",

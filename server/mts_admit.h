@@ -104,8 +104,10 @@ struct mts_admission {
 
 struct mts_resv {
 	char id[MTS_RESV_ID_LEN + 1];
-	bool has_owner; /* false: made over TCP (no credentials) */
-	uint32_t uid;   /* owner */
+	bool has_owner;   /* false: made over TCP (no credentials) */
+	uint32_t uid;     /* owner */
+	bool admin_asked; /* its asker was an admin by admin_gid (not kept
+	                     across a restart: then by uid only) */
 	/* The process that asked (a local peer's), by pid and start time:
 	 * workers of another uid that descend from it are its command's, of
 	 * the first such uid only (`switched_uid`). */

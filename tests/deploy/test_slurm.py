@@ -528,6 +528,7 @@ def test_task_wrapper_runs_a_job_whose_name_memtally_refuses():
              ({"SLURM_JOB_NAME": "sim\u200f"}, "kind"),
              ({"SLURM_JOB_NAME": "\u00e9" * 200}, "kind"),
              ({"SLURM_JOB_ACCOUNT": "a" * 70}, "group"),
+             ({"MEMTALLY_GROUP": "g" * 70}, "group"),
              ({"SLURM_JOB_NAME": "a plain name"}, None)]
     for i, (extra, dropped) in enumerate(cases):
         made = os.path.join(tmp, str(i))

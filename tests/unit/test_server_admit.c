@@ -810,6 +810,43 @@ Test(admit, admins_workers_count_against_admins_reservations_first)
 	mts_core_tick(&srv.reg);
 }
 
+Test(admit, a_gid_admins_workers_count_against_its_reservations_first)
+{
+	/* The same, with an admin by admin_gid: its uid (1002) says
+	 * nothing, its asker's groups do. */
+	mts_policy_defaults(&pol);
+	pol.has_admin_gid = true;
+	pol.admin_gid = (uint32_t)getegid(); /* the workers' group */
+	fx_start_policy(&pol);
+	srv.reg.server_uid = 4242;
+	const struct mts_resv *theirs = grant_as(65534, 100 * MIB, "gb");
+	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
+	Memtally__V1__Admit a = MEMTALLY__V1__ADMIT__INIT;
+	a.bytes = 100 * MIB;
+	a.group = "ga";
+	a.task = "T";
+	a.ttl_seconds = 60;
+	req.id = 22;
+	req.body_case = MEMTALLY__V1__REQUEST__BODY_ADMIT;
+	req.admit = &a;
+	struct mts_peer peer = fx_peer(0, 1002);
+	peer.gid = (uint32_t)getegid();
+	Memtally__V1__Response *r = fx_call(&peer, &req);
+	cr_assert(r->admit_result && r->admit_result->admitted);
+	const struct mts_resv *mine =
+	    mts_resv_find(&srv.reg, r->admit_result->reservation);
+	memtally__v1__response__free_unpacked(r, NULL);
+	cr_assert_not_null(mine);
+	pid_t w = fx_spawn();
+	uint32_t s = fx_register_as(w, 1002, "ga", "T");
+	fx_write(s, 80 * MIB);
+	mts_core_tick(&srv.reg);
+	cr_assert_eq(mine->effective, 20 * MIB);
+	cr_assert_eq(theirs->effective, 100 * MIB);
+	fx_kill(w);
+	mts_core_tick(&srv.reg);
+}
+
 Test(admit, a_reservation_made_over_tcp_is_matched_by_any_worker)
 {
 	start_fleet(0);
