@@ -20,6 +20,15 @@ int mts_parse_stat_starttime(const char *stat, uint64_t *out);
  * to cap - 1 bytes. Returns 0 or -EINVAL (buf then ""). */
 int mts_parse_stat_comm(const char *stat, char *buf, size_t cap);
 
+/* Field `field` (>= 3, numbered as proc(5) does) of a stat file's text,
+ * a decimal number. 0 or -EINVAL. */
+int mts_parse_stat_field(const char *stat, int field, uint64_t *out);
+
+/* The start time and arg_start (field 48) of `pid`: arg_start is placed
+ * anew by each exec, so a change says the process runs another image. It
+ * reads 0 to a reader without ptrace access. 0 or -errno. */
+int mts_read_exec_mark(pid_t pid, uint64_t *start_time, uint64_t *mark);
+
 /* Read the start time of `pid`. Returns 0, -ENOENT/-ESRCH (gone), -EINVAL. */
 int mts_read_starttime(pid_t pid, uint64_t *out);
 

@@ -121,6 +121,13 @@ struct mts_proc {
 	 * until it registers again (rss.c). */
 	bool uid_left;
 	uint32_t left_uid;
+	/* It exec'd an image that has not registered (rss.c, exec_seen):
+	 * its slot holds the old image's claim, which no one updates now.
+	 * Untrusted, counted as the kernel vouches, until an image of it
+	 * registers. `exec_mark` is its arg_start when it registered (0:
+	 * unreadable, no detection). */
+	bool image_stale;
+	uint64_t exec_mark;
 	/* Its slot is in reach of a worker that left its table's uid
 	 * (mts_table.tainted): untrusted until it registers again, its
 	 * claims' excess that worker's uid's (left_uid; vouch.c). */

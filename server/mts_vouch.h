@@ -86,6 +86,7 @@ struct mts_kernel_mem {
 	bool pss;       /* proportional: a shared page counts 1/n */
 	bool has_uids;  /* from status: its real, effective and saved uids */
 	uint32_t uids[3];
+	char name[16]; /* from status: Name (its comm, escaped), or "" */
 };
 
 /* From the text of /proc/PID/smaps_rollup: Pss, Pss_Anon + Pss_Shmem +

@@ -27,21 +27,29 @@
 #define STARTTIME_FIELD        22
 #define FIRST_FIELD_AFTER_COMM 3
 
+/* arg_start: where the program's arguments begin, placed anew (and
+ * randomised) by each exec. */
+#define ARG_START_FIELD 48
+
 int mts_parse_stat_starttime(const char *stat, uint64_t *out)
 {
+	return mts_parse_stat_field(stat, STARTTIME_FIELD, out);
+}
+
+int mts_parse_stat_field(const char *stat, int want, uint64_t *out)
+{
 	const char *p = strrchr(stat, ')');
-	if (!p)
+	if (!p || want < FIRST_FIELD_AFTER_COMM)
 		return -EINVAL;
 	p++;
-	for (int field = FIRST_FIELD_AFTER_COMM; field <= STARTTIME_FIELD;
-	     field++) {
+	for (int field = FIRST_FIELD_AFTER_COMM; field <= want; field++) {
 		if (*p != ' ')
 			return -EINVAL;
 		while (*p == ' ')
 			p++;
 		if (*p == '\0')
 			return -EINVAL;
-		if (field == STARTTIME_FIELD) {
+		if (field == want) {
 			if (*p < '0' || *p > '9')
 				return -EINVAL;
 			char *end;
@@ -226,6 +234,20 @@ int mts_read_stat(pid_t pid, uint64_t *start_time, char *comm, size_t cap)
 	int err = mts_parse_stat_starttime(buf, start_time);
 	if (err == 0 && comm)
 		mts_parse_stat_comm(buf, comm, cap);
+	return err;
+}
+
+int mts_read_exec_mark(pid_t pid, uint64_t *start_time, uint64_t *mark)
+{
+	char buf[2048];
+	ssize_t n = mts_read_proc_file(pid, "stat", buf, sizeof(buf));
+	if (n < 0)
+		return (int)n;
+	if (strlen(buf) != (size_t)n)
+		return -EINVAL;
+	int err = mts_parse_stat_starttime(buf, start_time);
+	if (err == 0)
+		err = mts_parse_stat_field(buf, ARG_START_FIELD, mark);
 	return err;
 }
 

@@ -1065,6 +1065,18 @@ static bool pidfd_exited(int pidfd)
  * Java, Python's upb) refuse whole when it is not UTF-8, and to
  * terminals: each byte that is not part of a valid, harmless UTF-8
  * sequence is kept as '?'. */
+/* Where an exec would move its arguments (rss.c, exec_seen): read at each
+ * registration, of the image that registers. */
+static void exec_mark_read(struct mts_proc *p)
+{
+	uint64_t st = 0, mark = 0;
+	p->image_stale = false;
+	p->exec_mark = mts_read_exec_mark((pid_t)p->pid, &st, &mark) == 0 &&
+	                       st == p->start_time
+	                   ? mark
+	                   : 0;
+}
+
 static void comm_copy(char *dst, size_t cap, const char *src)
 {
 	size_t o = 0;
@@ -1190,6 +1202,7 @@ static int proc_reset(struct mts_registry *reg, struct mts_proc *p,
 	p->limit = p->limit_set ? p->limit_set : reg->policy.process_limit;
 	p->registered_ns = mts_now_realtime();
 	comm_copy(p->comm, sizeof(p->comm), comm);
+	exec_mark_read(p);
 	/* Its RSS is the new image's from the next sweep on. */
 	return 0;
 }
@@ -1246,6 +1259,7 @@ static int proc_insert(struct mts_registry *reg, const struct proc_init *in,
 		}
 	}
 	comm_copy(p->comm, sizeof(p->comm), in->comm);
+	exec_mark_read(p);
 	err = uv_poll_init(reg->loop, &p->poll, in->pidfd);
 	if (err < 0)
 		goto fail_unref_group;

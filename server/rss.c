@@ -418,11 +418,61 @@ static bool uid_left(struct mts_registry *reg, struct mts_proc *p,
 	return true;
 }
 
+/*
+ * Did `p` exec an image that has not registered? An image registers at
+ * its first flush (COUNTING.md), but one that never flushes (under the
+ * jemalloc preload, less than 64 KiB of allocator activity: sleep, an
+ * idle shell) or runs without the preload (an exec with a cleared
+ * environment, a static or set-uid program) never does, and its slot
+ * keeps the old image's claim, counted in full for a trusted uid: 300
+ * MiB for a sleep holding 92 KiB, over its limit. The status read of the
+ * sweep names its comm: when that changed, /proc/PID/stat says whether
+ * arg_start moved, which only an exec does (a prctl renaming does not).
+ * Then it counts as the kernel vouches for it (untrusted) until an image
+ * of it registers. A reader without ptrace access sees arg_start 0 and
+ * never decides so.
+ */
+static void exec_seen(struct mts_registry *reg, struct mts_proc *p,
+                      const struct rss_entry *e)
+{
+	if (p->image_stale || !p->exec_mark || !e->km.name[0] ||
+	    e->image_id != p->image_id ||
+	    strncmp(e->km.name, p->comm, sizeof(e->km.name) - 1) == 0)
+		return;
+	uint64_t st, mark;
+	if (mts_read_exec_mark((pid_t)p->pid, &st, &mark) < 0 ||
+	    st != p->start_time || !mark)
+		return;
+	if (mark == p->exec_mark) {
+		/* Renamed (prctl), not exec'd: its name as it is now, so
+		 * that the next sweeps do not ask again. */
+		snprintf(p->comm, sizeof(p->comm), "%s", e->km.name);
+		return;
+	}
+	p->image_stale = true;
+	/* Until its first kernel read (soon: vouch.c wants one), what it
+	 * holds by the latest resident figure stands. */
+	if (p->rss_known)
+		p->vouch.kernel = p->rss;
+	mts_vouch_proc_init(reg, p);
+	char qo[MTS_LOGQ_MAX], qn[MTS_LOGQ_MAX];
+	mts_log_uid(
+	    p->uid, MTS_LOG_INFO,
+	    "worker exec'd an image that has not registered: its slot's "
+	    "claim is the old image's; it counts as the kernel vouches "
+	    "until one registers",
+	    "pid=%u uid=%u comm=%s now=%s bytes=%llu", p->pid, p->uid,
+	    mts_logq(qo, sizeof(qo), p->comm),
+	    mts_logq(qn, sizeof(qn), e->km.name), (unsigned long long)p->bytes);
+}
+
 /* Apply a read entry to `p` (same pid and start time). */
 static void entry_apply(struct mts_registry *reg, struct mts_proc *p,
                         const struct rss_entry *e)
 {
 	mts_mapped_read(reg, p, e->anon, e->read_ns);
+	if (!e->kernel && e->err == 0)
+		exec_seen(reg, p, e);
 	/* A process in reach of a leaver is read as untrusted, and may
 	 * leave its uid too: then its excess is its own new uid's. */
 	bool left = (!e->kernel || e->uids) && uid_left(reg, p, e);

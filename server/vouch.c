@@ -80,7 +80,7 @@ bool mts_vouch_want_read(const struct mts_proc *p)
 void mts_vouch_proc_init(const struct mts_registry *reg, struct mts_proc *p)
 {
 	p->untrusted = p->uid_left || p->exposed || p->slot_lost ||
-	               !mts_uid_trusted(reg, p->uid);
+	               p->image_stale || !mts_uid_trusted(reg, p->uid);
 	p->unvouched = 0;
 	if (!p->untrusted) {
 		p->vouch.kernel = 0;
@@ -328,6 +328,14 @@ int mts_parse_status_mem(const char *status, struct mts_kernel_mem *out)
 	out->anon = v[1];
 	out->pss = false;
 	out->has_uids = mts_parse_uid_fields(status, out->uids, 3) == 0;
+	/* Name: is the first line: its comm, which an exec changes. */
+	out->name[0] = '\0';
+	if (strncmp(status, "Name:\t", 6) == 0) {
+		size_t n = strcspn(status + 6, "\n");
+		n = n < sizeof(out->name) - 1 ? n : sizeof(out->name) - 1;
+		memcpy(out->name, status + 6, n);
+		out->name[n] = '\0';
+	}
 	return 0;
 }
 

@@ -3,10 +3,11 @@ and fork/exec keep the counts right."""
 import itertools
 import os
 import signal
+import sys
 import time
 
-from harness import (KIB, MIB, PRELOAD, Server, Worker, check, run, wait_for,
-                     worker)
+from harness import (KIB, MIB, PRELOAD, Server, Skip, Worker, check, run,
+                     wait_for, worker)
 
 HOLD_PY = ("import sys\n"
            "blocks = [bytearray((1 << 20) - 1) for _ in range({mib})]\n"
@@ -274,9 +275,54 @@ def test_exec_replaces_slot():
             w.close()
 
 
+EXEC_QUIET = r"""
+import os, sys
+b = bytearray(300 << 20)
+for i in range(0, len(b), 4096):
+    b[i] = 1
+print("held", flush=True)
+sys.stdin.readline()
+# A cleared environment: no preload, so the new image never registers.
+os.execve("/bin/sleep", ["sleep", "120"], {})
+"""
+
+
+def test_an_exec_into_an_image_that_never_registers_drops_the_old_claim():
+    """A worker (root's: claims count in full) held 300 MiB, then exec'd
+    a program that never registers (here without the preload; a sleep
+    under the jemalloc preload is another). Its slot kept the old claim:
+    the fleet counted 300 MiB for a sleep holding a few hundred KiB, for
+    the rest of its life. memtallyd sees the exec (its comm changed and
+    /proc/PID/stat's arg_start moved) and counts it as the kernel
+    vouches until an image of it registers."""
+    with Server() as s:
+        w = Worker([sys.executable, "-c", EXEC_QUIET], s.env(group="ex"))
+        try:
+            check(w.readline().startswith("held"), "no held line")
+            wait_for("300 MiB counted", lambda: s.status()["fleet"][
+                "bytes"] >= 300 * MIB)
+            mark = open(f"/proc/{w.pid}/stat").read().rsplit(")", 1)[1]
+            if mark.split()[45] == "0":
+                raise Skip("arg_start reads 0 here (no ptrace access)")
+            w.send("")
+            wait_for("the exec", lambda: open(
+                f"/proc/{w.pid}/comm").read().strip() == "sleep")
+            f = wait_for("the old claim no longer counted", lambda: (
+                lambda f: f if f["bytes"] < 32 * MIB else None)(
+                    s.status()["fleet"]), timeout=20)
+            check("exec'd an image that has not registered" in s.logtext(),
+                  "the exec is not logged")
+            print(f"  exec into a quiet image: fleet {f['bytes'] >> 20} "
+                  f"MiB (the slot claims {s.ps()[w.pid]['bytes'] >> 20} "
+                  f"MiB)", flush=True)
+        finally:
+            w.kill()  # a sleep: stdin's end does not stop it
+
+
 if __name__ == "__main__":
     run([test_python_groups, test_sigkill_leaves_within_one_tick,
          test_fork_child_starts_with_parent_total,
          test_a_fork_without_handlers_leaves_the_parent_alone,
          test_a_fork_without_handlers_that_drops_its_uid_keeps_no_window,
-         test_a_deep_fork_chain_is_counted, test_exec_replaces_slot])
+         test_a_deep_fork_chain_is_counted, test_exec_replaces_slot,
+         test_an_exec_into_an_image_that_never_registers_drops_the_old_claim])

@@ -100,6 +100,22 @@ Test(procfs, self)
 	fclose(cf);
 	from_comm[strcspn(from_comm, "\n")] = '\0';
 	cr_assert_str_eq(comm, from_comm);
+
+	/* arg_start (field 48): where our arguments are, as exec left
+	 * them; read beside the start time. A renaming changes neither. */
+	uint64_t st3 = 0, mark = 0;
+	cr_assert_eq(mts_read_exec_mark(getpid(), &st3, &mark), 0);
+	cr_assert_eq(st3, st);
+	extern char **environ;
+	if (mark) /* 0 without ptrace access to ourselves: never here */
+		cr_assert_lt(mark, (uint64_t)(uintptr_t)environ[0] + 1,
+		             "arg_start %llx above the environment",
+		             (unsigned long long)mark);
+	uint64_t field = 0;
+	cr_assert_eq(mts_parse_stat_field(line, 48, &field), 0);
+	cr_assert_eq(field, mark);
+	cr_assert_eq(mts_parse_stat_field(line, 2, &field), -EINVAL);
+	cr_assert_eq(mts_parse_stat_field("1 (x) S 1", 48, &field), -EINVAL);
 }
 
 Test(procfs, comm_from_stat)
