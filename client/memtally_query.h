@@ -84,7 +84,8 @@ enum memtally_state {
  * trusted; it left a trusted uid without exec (trust_uid: its uid now);
  * its slot is in reach of a worker that did (trust_uid: that worker's uid
  * now); the server cannot read its slot (a hole punched in it that no
- * memory could fill). UNKNOWN: a server from before. */
+ * memory could fill); it exec'd an image that has not registered (its
+ * slot holds the old image's claim). UNKNOWN: a server from before. */
 enum memtally_trust {
 	MEMTALLY_TRUST_UNKNOWN = 0,
 	MEMTALLY_TRUST_FULL = 1,
@@ -92,6 +93,7 @@ enum memtally_trust {
 	MEMTALLY_TRUST_LEFT = 3,
 	MEMTALLY_TRUST_IN_REACH = 4,
 	MEMTALLY_TRUST_SLOT_UNREADABLE = 5,
+	MEMTALLY_TRUST_EXEC_UNREGISTERED = 6,
 };
 
 /* Figures of one group. A limit of 0 means no limit. */

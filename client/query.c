@@ -989,7 +989,7 @@ static void processes_fill(struct memtally_process *r, char **pool,
 		    .allocator_free = p->allocator_free_bytes,
 		    .unvouched = p->unvouched_bytes,
 		    .trust =
-		        (uint32_t)p->trust <= MEMTALLY_TRUST_SLOT_UNREADABLE
+		        (uint32_t)p->trust <= MEMTALLY_TRUST_EXEC_UNREGISTERED
 		            ? (uint32_t)p->trust
 		            : MEMTALLY_TRUST_UNKNOWN,
 		    .trust_uid = p->trust_uid,

@@ -1035,6 +1035,8 @@ static json_t *jtrust(uint32_t trust)
 	    [MEMTALLY_TRUST_IN_REACH] =
 	        "in reach of a worker that left its uid",
 	    [MEMTALLY_TRUST_SLOT_UNREADABLE] = "slot unreadable",
+	    [MEMTALLY_TRUST_EXEC_UNREGISTERED] =
+	        "exec'd an image that has not registered",
 	};
 	return trust && trust < sizeof(names) / sizeof(names[0])
 	           ? json_string(names[trust])

@@ -45,6 +45,7 @@
 #include "mts_policy.h"
 #include "mts_procfs.h"
 #include "mts_registry.h"
+#include "mts_vouch.h"
 #include "mtshm.h"
 
 int mts_buf_reserve(struct mts_buf *b, size_t more)
@@ -281,11 +282,14 @@ static void fill_process(const struct mts_registry *reg,
 	pi->mapped_bytes = p->mapped;
 	pi->allocator_free_bytes = p->allocator_free;
 	pi->unvouched_bytes = p->unvouched;
-	pi->trust = p->uid_left    ? MEMTALLY__V1__TRUST__TRUST_LEFT
-	            : p->exposed   ? MEMTALLY__V1__TRUST__TRUST_IN_REACH
-	            : p->slot_lost ? MEMTALLY__V1__TRUST__TRUST_SLOT_UNREADABLE
-	            : p->untrusted ? MEMTALLY__V1__TRUST__TRUST_UID
-	                           : MEMTALLY__V1__TRUST__TRUST_FULL;
+	pi->trust =
+	    p->uid_left    ? MEMTALLY__V1__TRUST__TRUST_LEFT
+	    : p->exposed   ? MEMTALLY__V1__TRUST__TRUST_IN_REACH
+	    : p->slot_lost ? MEMTALLY__V1__TRUST__TRUST_SLOT_UNREADABLE
+	    : !mts_uid_trusted(reg, p->uid) ? MEMTALLY__V1__TRUST__TRUST_UID
+	    : p->image_stale ? MEMTALLY__V1__TRUST__TRUST_EXEC_UNREGISTERED
+	    : p->untrusted   ? MEMTALLY__V1__TRUST__TRUST_UID
+	                     : MEMTALLY__V1__TRUST__TRUST_FULL;
 	pi->trust_uid = p->uid_left || p->exposed ? p->left_uid : 0;
 	pi->task = names ? p->task : "";
 	pi->start_time = p->start_time;

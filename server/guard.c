@@ -305,8 +305,11 @@ int mts_guard_candidates(const struct mts_registry *reg,
 				hosts =
 				    mts_host_allowance(reg, p, &k->reserved);
 			/* A trusted process without a task is a service of
-			 * the node, not a job. */
-			k->eligible = p->task[0] || hosts || p->untrusted ||
+			 * the node, not a job: a root service that exec'd an
+			 * image that never registered (image_stale: counted
+			 * as the kernel vouches) is still one. */
+			k->eligible = p->task[0] || hosts ||
+			              mts_vouch_distrusted(reg, p) ||
 			              evict_trusted;
 		} else {
 			k = &c[nc - 1];

@@ -335,10 +335,13 @@ static void proc_tell(struct mts_registry *reg, struct mts_proc *p,
 }
 
 /* What a process's own limit sees: its claim, or, in reach of a worker
- * that left its uid (vouch.c), what the kernel vouches for. */
+ * that left its uid (vouch.c), or holding an old image's claim (rss.c,
+ * image_stale), what the kernel vouches for. */
 static uint64_t own_claim(const struct mts_proc *p)
 {
-	return p->exposed || p->slot_lost ? mts_vouch_counted(p) : p->bytes;
+	return p->exposed || p->slot_lost || p->image_stale
+	           ? mts_vouch_counted(p)
+	           : p->bytes;
 }
 
 void mts_limits_eval_proc(struct mts_registry *reg, struct mts_proc *p)

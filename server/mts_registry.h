@@ -559,6 +559,10 @@ struct mts_adopted {
 	uint64_t limit_set; /* its SetLimit{pid}; 0: none */
 };
 
+/* A command name as answers carry it: UTF-8 without hostile code points,
+ * each byte that is not one a '?', cut to cap - 1 bytes (registry.c). */
+void mts_comm_copy(char *dst, size_t cap, const char *src);
+
 /* The table of `uid`, or NULL. */
 struct mts_table *mts_table_find(const struct mts_registry *reg, uint32_t uid);
 

@@ -39,6 +39,13 @@ bool mts_uid_trusted(const struct mts_registry *reg, uint32_t uid);
 void mts_vouch_refresh(struct mts_registry *reg);
 /* The flags of one process (at registration, exec, adoption). */
 void mts_vouch_proc_init(const struct mts_registry *reg, struct mts_proc *p);
+/* Is `p`'s user (not only its figure) untrusted: its uid, or it left a
+ * trusted uid, or its slot is in reach of one that did or unreadable? An
+ * exec'd image that has not registered (image_stale) is counted as the
+ * kernel vouches, yet its user is what it was: a root service stays one
+ * for the guard. */
+bool mts_vouch_distrusted(const struct mts_registry *reg,
+                          const struct mts_proc *p);
 
 /* Tables newly tainted (mts_table_taint): every process whose slot is in
  * reach of the worker that left becomes untrusted (p->exposed). And at a

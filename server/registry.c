@@ -1077,7 +1077,7 @@ static void exec_mark_read(struct mts_proc *p)
 	                   : 0;
 }
 
-static void comm_copy(char *dst, size_t cap, const char *src)
+void mts_comm_copy(char *dst, size_t cap, const char *src)
 {
 	size_t o = 0;
 	for (size_t i = 0; src[i] && o + 1 < cap;) {
@@ -1201,7 +1201,7 @@ static int proc_reset(struct mts_registry *reg, struct mts_proc *p,
 	mts_rate_reset(&p->rate); /* a new program: its own growth */
 	p->limit = p->limit_set ? p->limit_set : reg->policy.process_limit;
 	p->registered_ns = mts_now_realtime();
-	comm_copy(p->comm, sizeof(p->comm), comm);
+	mts_comm_copy(p->comm, sizeof(p->comm), comm);
 	exec_mark_read(p);
 	/* Its RSS is the new image's from the next sweep on. */
 	return 0;
@@ -1258,7 +1258,7 @@ static int proc_insert(struct mts_registry *reg, const struct proc_init *in,
 			break;
 		}
 	}
-	comm_copy(p->comm, sizeof(p->comm), in->comm);
+	mts_comm_copy(p->comm, sizeof(p->comm), in->comm);
 	exec_mark_read(p);
 	err = uv_poll_init(reg->loop, &p->poll, in->pidfd);
 	if (err < 0)

@@ -435,9 +435,13 @@ static bool uid_left(struct mts_registry *reg, struct mts_proc *p,
 static void exec_seen(struct mts_registry *reg, struct mts_proc *p,
                       const struct rss_entry *e)
 {
+	/* Compared as answers show it (a comm cut mid-character, or bytes
+	 * that are not UTF-8, reads '?' there). */
+	char name[sizeof(p->comm)];
+	mts_comm_copy(name, sizeof(name), e->km.name);
 	if (p->image_stale || !p->exec_mark || !e->km.name[0] ||
 	    e->image_id != p->image_id ||
-	    strncmp(e->km.name, p->comm, sizeof(e->km.name) - 1) == 0)
+	    strncmp(name, p->comm, sizeof(e->km.name) - 1) == 0)
 		return;
 	uint64_t st, mark;
 	if (mts_read_exec_mark((pid_t)p->pid, &st, &mark) < 0 ||
@@ -446,14 +450,13 @@ static void exec_seen(struct mts_registry *reg, struct mts_proc *p,
 	if (mark == p->exec_mark) {
 		/* Renamed (prctl), not exec'd: its name as it is now, so
 		 * that the next sweeps do not ask again. */
-		snprintf(p->comm, sizeof(p->comm), "%s", e->km.name);
+		memcpy(p->comm, name, sizeof(p->comm));
 		return;
 	}
 	p->image_stale = true;
-	/* Until its first kernel read (soon: vouch.c wants one), what it
-	 * holds by the latest resident figure stands. */
-	if (p->rss_known)
-		p->vouch.kernel = p->rss;
+	/* Until its first kernel read (soon: vouch.c wants one), what this
+	 * read of the new image says it holds stands. */
+	p->vouch.kernel = e->rss;
 	mts_vouch_proc_init(reg, p);
 	char qo[MTS_LOGQ_MAX], qn[MTS_LOGQ_MAX];
 	mts_log_uid(

@@ -77,10 +77,16 @@ bool mts_vouch_want_read(const struct mts_proc *p)
 	                         p->bytes > v->claim_at_read + MTS_VOUCH_JUMP));
 }
 
+bool mts_vouch_distrusted(const struct mts_registry *reg,
+                          const struct mts_proc *p)
+{
+	return p->uid_left || p->exposed || p->slot_lost ||
+	       !mts_uid_trusted(reg, p->uid);
+}
+
 void mts_vouch_proc_init(const struct mts_registry *reg, struct mts_proc *p)
 {
-	p->untrusted = p->uid_left || p->exposed || p->slot_lost ||
-	               p->image_stale || !mts_uid_trusted(reg, p->uid);
+	p->untrusted = mts_vouch_distrusted(reg, p) || p->image_stale;
 	p->unvouched = 0;
 	if (!p->untrusted) {
 		p->vouch.kernel = 0;

@@ -6,8 +6,8 @@ import signal
 import sys
 import time
 
-from harness import (KIB, MIB, PRELOAD, Server, Skip, Worker, check, run,
-                     wait_for, worker)
+from harness import (KIB, MIB, PRELOAD, Server, Skip, Worker, check,
+                     config_file, run, wait_for, worker)
 
 HOLD_PY = ("import sys\n"
            "blocks = [bytearray((1 << 20) - 1) for _ in range({mib})]\n"
@@ -295,12 +295,14 @@ def test_an_exec_into_an_image_that_never_registers_drops_the_old_claim():
     the rest of its life. memtallyd sees the exec (its comm changed and
     /proc/PID/stat's arg_start moved) and counts it as the kernel
     vouches until an image of it registers."""
-    with Server() as s:
+    cfg = config_file("[limits]\nprocess = 200MiB\n")
+    with Server("--config", cfg) as s:
         w = Worker([sys.executable, "-c", EXEC_QUIET], s.env(group="ex"))
         try:
             check(w.readline().startswith("held"), "no held line")
-            wait_for("300 MiB counted", lambda: s.status()["fleet"][
-                "bytes"] >= 300 * MIB)
+            wait_for("300 MiB counted, over its limit", lambda: s.status()[
+                "fleet"]["bytes"] >= 300 * MIB and s.ps()[w.pid]["state"]
+                == "over")
             mark = open(f"/proc/{w.pid}/stat").read().rsplit(")", 1)[1]
             if mark.split()[45] == "0":
                 raise Skip("arg_start reads 0 here (no ptrace access)")
@@ -312,6 +314,13 @@ def test_an_exec_into_an_image_that_never_registers_drops_the_old_claim():
                     s.status()["fleet"]), timeout=20)
             check("exec'd an image that has not registered" in s.logtext(),
                   "the exec is not logged")
+            # Its own limit sees the same figure (a sleep holding
+            # nothing is not over), and ps says why it counts so.
+            p = wait_for("no longer over its own limit", lambda: (
+                lambda p: p if p["state"] == "ok" else None)(
+                    {x["pid"]: x for x in s.cli("ps")["processes"]}[w.pid]))
+            check(p["trust"] == "exec'd an image that has not registered",
+                  f"ps says {p['trust']!r}")
             print(f"  exec into a quiet image: fleet {f['bytes'] >> 20} "
                   f"MiB (the slot claims {s.ps()[w.pid]['bytes'] >> 20} "
                   f"MiB)", flush=True)

@@ -588,6 +588,62 @@ def test_a_guard_that_may_not_signal_says_so():
     finally:
         end_all(cg, leak)
 
+STALE_SERVICE = r"""
+import os, sys
+b = bytearray(20 << 20)
+for i in range(0, len(b), 4096):
+    b[i] = 1
+print("held", flush=True)
+sys.stdin.readline()
+os.execve("/bin/sleep", ["sleep", "120"], {})
+"""
+
+UNCOUNTED_190 = r"""
+import sys
+b = bytearray(190 << 20)
+for i in range(0, len(b), 4096):
+    b[i] = 1
+print("hog", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_a_root_service_that_exec_d_is_still_no_job():
+    """A root service (no task: never the guard's while evict_trusted is
+    off) exec'd a program that never registers. memtallyd counts it as
+    the kernel vouches from then on, and the guard took that for an
+    untrusted user's job: past the line it SIGKILLed the service holding
+    96 KiB. Its user is what it was: the node past its line has no task
+    to evict, and the service lives."""
+    cg = node("stale")
+    svc = hog = None
+    try:
+        with guard_server(cg) as s:
+            svc = subprocess.Popen(
+                [sys.executable, "-c", STALE_SERVICE], env=s.env(group="svc"),
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                preexec_fn=in_node(cg))
+            check(svc.stdout.readline().startswith("held"), "no service")
+            wait_for("the service registered", lambda: svc.pid in s.ps())
+            svc.stdin.write("\n")
+            svc.stdin.flush()
+            wait_for("its exec seen", lambda: "exec'd an image that has "
+                     "not registered" in s.logtext(), timeout=30)
+            env = dict(os.environ)
+            env.pop("LD_PRELOAD", None)
+            hog = subprocess.Popen(
+                [sys.executable, "-c", UNCOUNTED_190], env=env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, text=True, preexec_fn=in_node(cg))
+            check(hog.stdout.readline().startswith("hog"), "no hog")
+            wait_for("the guard past its line, choosing no one", lambda:
+                     "no task may be evicted" in s.logtext(), timeout=30)
+            check("node guard: evicting" not in s.logtext(),
+                  "the guard chose: " + s.tail())
+            check(svc.poll() is None, "the service died: %s" % svc.poll())
+    finally:
+        end_all(cg, svc, hog)
+
 def test_lie_cannot_evict_another_user():
     second = second_user()
     cg = node("trust")
@@ -859,6 +915,7 @@ if __name__ == "__main__":
          test_an_eviction_after_memtallyds_restart_is_the_runs,
          test_a_run_started_while_memtallyd_is_down_hears_its_eviction,
          test_a_guard_that_may_not_signal_says_so,
+         test_a_root_service_that_exec_d_is_still_no_job,
          test_lie_cannot_evict_another_user, test_understating_cannot_hide,
          test_anothers_eviction_is_not_an_admins,
          test_a_command_that_switches_user_is_evicted_as_the_runs,
