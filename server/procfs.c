@@ -218,20 +218,27 @@ int mts_parse_stat_comm(const char *stat, char *buf, size_t cap)
 	return 0;
 }
 
-int mts_read_stat(pid_t pid, uint64_t *start_time, char *comm, size_t cap)
+/* /proc/PID/stat's text into buf[cap], and its start time. comm is at
+ * most 64 bytes on current kernels; 52 numeric fields follow: 2 KiB holds
+ * it all with room to spare. 0 or -errno. */
+#define STAT_TEXT_MAX 2048
+static int read_stat_text(pid_t pid, char *buf, uint64_t *start_time)
 {
-	if (comm && cap)
-		comm[0] = '\0';
-	/* comm is at most 64 bytes on current kernels; 52 numeric fields
-	 * follow. 2 KiB holds it all with room to spare. */
-	char buf[2048];
-	ssize_t n = mts_read_proc_file(pid, "stat", buf, sizeof(buf));
+	ssize_t n = mts_read_proc_file(pid, "stat", buf, STAT_TEXT_MAX);
 	if (n < 0)
 		return (int)n;
 	/* An embedded NUL would hide the tail from strrchr: refuse. */
 	if (strlen(buf) != (size_t)n)
 		return -EINVAL;
-	int err = mts_parse_stat_starttime(buf, start_time);
+	return mts_parse_stat_starttime(buf, start_time);
+}
+
+int mts_read_stat(pid_t pid, uint64_t *start_time, char *comm, size_t cap)
+{
+	if (comm && cap)
+		comm[0] = '\0';
+	char buf[STAT_TEXT_MAX];
+	int err = read_stat_text(pid, buf, start_time);
 	if (err == 0 && comm)
 		mts_parse_stat_comm(buf, comm, cap);
 	return err;
@@ -239,13 +246,8 @@ int mts_read_stat(pid_t pid, uint64_t *start_time, char *comm, size_t cap)
 
 int mts_read_exec_mark(pid_t pid, uint64_t *start_time, uint64_t *mark)
 {
-	char buf[2048];
-	ssize_t n = mts_read_proc_file(pid, "stat", buf, sizeof(buf));
-	if (n < 0)
-		return (int)n;
-	if (strlen(buf) != (size_t)n)
-		return -EINVAL;
-	int err = mts_parse_stat_starttime(buf, start_time);
+	char buf[STAT_TEXT_MAX];
+	int err = read_stat_text(pid, buf, start_time);
 	if (err == 0)
 		err = mts_parse_stat_field(buf, ARG_START_FIELD, mark);
 	return err;

@@ -767,12 +767,23 @@ Test(admit, admins_workers_take_over_anyones)
 	cr_assert_eq(srv.reg.adm->resv[0]->taken_over, false);
 }
 
-/* Admit `bytes` for task T as `uid` in `group`, which must be granted;
- * its reservation. */
-static const struct mts_resv *grant_as(uint32_t uid, uint64_t bytes,
-                                       const char *group)
+/* Admit `bytes` for task T as `uid` (its peer in group `gid`) in `group`,
+ * which must be granted; its reservation. */
+static const struct mts_resv *grant_gid(uint32_t uid, uint32_t gid,
+                                        uint64_t bytes, const char *group)
 {
-	Memtally__V1__Response *r = fx_admit(uid, bytes, group, "T", 60);
+	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
+	Memtally__V1__Admit a = MEMTALLY__V1__ADMIT__INIT;
+	a.bytes = bytes;
+	a.group = (char *)group;
+	a.task = "T";
+	a.ttl_seconds = 60;
+	req.id = 22;
+	req.body_case = MEMTALLY__V1__REQUEST__BODY_ADMIT;
+	req.admit = &a;
+	struct mts_peer peer = fx_peer(fx_asker, uid);
+	peer.gid = gid;
+	Memtally__V1__Response *r = fx_call(&peer, &req);
 	cr_assert_null(r->error);
 	cr_assert(r->admit_result->admitted, "uid %u denied: %s", uid,
 	          r->admit_result->reason);
@@ -781,6 +792,12 @@ static const struct mts_resv *grant_as(uint32_t uid, uint64_t bytes,
 	memtally__v1__response__free_unpacked(r, NULL);
 	cr_assert_not_null(v);
 	return v;
+}
+
+static const struct mts_resv *grant_as(uint32_t uid, uint64_t bytes,
+                                       const char *group)
+{
+	return grant_gid(uid, uid, bytes, group);
 }
 
 Test(admit, admins_workers_count_against_admins_reservations_first)
@@ -820,23 +837,8 @@ Test(admit, a_gid_admins_workers_count_against_its_reservations_first)
 	fx_start_policy(&pol);
 	srv.reg.server_uid = 4242;
 	const struct mts_resv *theirs = grant_as(65534, 100 * MIB, "gb");
-	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
-	Memtally__V1__Admit a = MEMTALLY__V1__ADMIT__INIT;
-	a.bytes = 100 * MIB;
-	a.group = "ga";
-	a.task = "T";
-	a.ttl_seconds = 60;
-	req.id = 22;
-	req.body_case = MEMTALLY__V1__REQUEST__BODY_ADMIT;
-	req.admit = &a;
-	struct mts_peer peer = fx_peer(0, 1002);
-	peer.gid = (uint32_t)getegid();
-	Memtally__V1__Response *r = fx_call(&peer, &req);
-	cr_assert(r->admit_result && r->admit_result->admitted);
 	const struct mts_resv *mine =
-	    mts_resv_find(&srv.reg, r->admit_result->reservation);
-	memtally__v1__response__free_unpacked(r, NULL);
-	cr_assert_not_null(mine);
+	    grant_gid(1002, (uint32_t)getegid(), 100 * MIB, "ga");
 	pid_t w = fx_spawn();
 	uint32_t s = fx_register_as(w, 1002, "ga", "T");
 	fx_write(s, 80 * MIB);
