@@ -204,9 +204,10 @@ struct memtally_process {
 	                            * fleet (see memtally_usage) */
 	uint32_t trust;            /* enum memtally_trust: why `unvouched` */
 	uint32_t trust_uid; /* MEMTALLY_TRUST_LEFT, _IN_REACH: see there */
-	/* Zero. Elements of an array (memtally_query_processes(),
-	 * memtally_admit_result.top): later fields take these words. */
-	uint64_t reserved_words[1];
+	/* Of an untrusted process's counted figure and `rss`: what the
+	 * processes it started that never registered hold (0 for a trusted
+	 * one). It took the last reserved word, so the size is unchanged. */
+	uint64_t descendant_bytes;
 };
 
 /*

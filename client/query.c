@@ -993,6 +993,7 @@ static void processes_fill(struct memtally_process *r, char **pool,
 		            ? (uint32_t)p->trust
 		            : MEMTALLY_TRUST_UNKNOWN,
 		    .trust_uid = p->trust_uid,
+		    .descendant_bytes = p->descendant_bytes,
 		};
 	}
 }

@@ -1053,7 +1053,7 @@ static json_t *json_process(const struct memtally_process *p)
 	/* clang-format off */
 	return json_pack(
 		"{s:I, s:o, s:I, s:I, s:o, s:b, s:I, s:o, s:b, s:I, s:I, s:I,"
-		" s:s, s:o, s:o, s:o, s:I, s:I, s:I, s:o, s:o, s:b}",
+		" s:s, s:o, s:o, s:o, s:I, s:I, s:I, s:o, s:o, s:I, s:b}",
 		"pid", (json_int_t)p->pid,
 		"group", hidden ? json_null() : jstr(p->group),
 		"bytes", jint(p->bytes),
@@ -1075,6 +1075,7 @@ static json_t *json_process(const struct memtally_process *p)
 		"unvouched", jint(p->unvouched),
 		"trust", jtrust(p->trust),
 		"trust_uid", by_uid ? json_integer(p->trust_uid) : json_null(),
+		"descendant_bytes", jint(p->descendant_bytes),
 		"names_withheld", (int)hidden);
 	/* clang-format on */
 }

@@ -291,6 +291,7 @@ static void fill_process(const struct mts_registry *reg,
 	    : p->untrusted   ? MEMTALLY__V1__TRUST__TRUST_UID
 	                     : MEMTALLY__V1__TRUST__TRUST_FULL;
 	pi->trust_uid = p->uid_left || p->exposed ? p->left_uid : 0;
+	pi->descendant_bytes = p->untrusted ? p->vouch.family_held : 0;
 	pi->task = names ? p->task : "";
 	pi->start_time = p->start_time;
 	pi->comm = names ? (char *)p->comm : "";

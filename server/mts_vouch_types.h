@@ -40,7 +40,13 @@ struct mts_vouch_proc {
 	uint64_t kernel;
 	uint64_t kernel_ns;     /* CLOCK_MONOTONIC of the read; 0 = none yet */
 	uint64_t claim_at_read; /* the process's bytes when it was applied */
-	uint64_t memfd;        /* bytes of the memfds it holds, charged to it */
+	uint64_t memfd; /* bytes of the memfds it holds, charged to it */
+	/* Part of `kernel` and of its resident figure: what its descendants
+	 * that never registered hold (rss.c, family_read), as of the last
+	 * full sweep, and how many they were. */
+	uint64_t family_held;
+	uint64_t family_rss;
+	uint32_t family_n;
 	uint64_t next_read_ns; /* no early read before (its reads' cost) */
 	uint64_t read_cost_ns; /* of its last read */
 	/* A read of its smaps_rollup once did not return in time (rss.c):

@@ -54,7 +54,9 @@
  * that nothing maps is in no one's resident set, and would otherwise be
  * invisible. Each memfd is charged once per sweep, to the first holder
  * read. memtallyd's own memfds (the header and the slot tables every
- * worker holds) are never charged. Between two full sweeps,
+ * worker holds) are never charged. A full sweep also charges what an
+ * untrusted process's descendants that never registered hold to it
+ * (family_read). Between two full sweeps,
  * mts_rss_sweep_vouch() reads just the processes whose claims ran ahead of
  * their figures.
  *
@@ -127,6 +129,12 @@ struct rss_entry {
 	struct mts_kernel_mem km; /* with `kernel` */
 	uint64_t memfd;           /* with `memfds` */
 	uint64_t cost_ns;         /* of the read, with `kernel` */
+	/* With `family`: what its descendants that never registered hold
+	 * (see family_read) and how many were read. */
+	bool family;
+	uint64_t family_held;
+	uint64_t family_rss;
+	uint32_t family_n;
 };
 
 /* memfd inodes charged in this sweep, or never to be charged. */
@@ -145,14 +153,16 @@ struct ino_set {
  * by moving `at` on; the loop reads only entries below `at`. */
 struct mts_rss_sweep {
 	atomic_uint at;        /* the entry being read; n when done */
+	atomic_uint progress;  /* moved by every descendant read, too */
 	atomic_int refs;       /* the reader's and the loop's */
 	atomic_bool abandoned; /* the loop let go before the end */
 	uint32_t stuck_uid;    /* with `abandoned`: whose process it is on */
 	uint64_t done_ns;      /* the reader's, before `at` reaches n */
 	bool full;
 	uint64_t started_ns;
-	uint32_t seen_at;    /* the loop's: `at` when last seen to move, */
-	uint64_t seen_at_ns; /* and when */
+	uint32_t seen_at;       /* the loop's: `at` when last seen to move, */
+	uint32_t seen_progress; /* or `progress`, */
+	uint64_t seen_at_ns;    /* and when */
 	struct ino_set seen;
 	uint32_t n;
 	struct rss_entry e[];
@@ -319,9 +329,209 @@ static int read_own(pid_t pid, struct mts_kernel_mem *km)
 	return mts_read_kernel_mem((int)pid, false, km);
 }
 
+/*
+ * A worker's descendants that never registered: fork children making no
+ * allocator call (pause(), a blocked read), a program exec'd without the
+ * preload (a static binary, a Go program). They hold memory that no slot
+ * claims. Worse, for an untrusted worker they share its pages, so its
+ * proportional figure is 1/(n+1) of what they hold together: nobody
+ * holding 400 MiB with nine such children counted 40 MiB, past its
+ * allowance, and another user's honest process was signalled in its
+ * place. So a full sweep charges each untrusted worker's unregistered
+ * descendants' figures (read as its own: Pss, or status) to it. The walk
+ * stops at a registered descendant, which counts itself and its own.
+ *
+ * The kernel has no list of a process's children without
+ * CONFIG_PROC_CHILDREN (Debian's kernel lacks it), so a sweep that has
+ * an untrusted worker reads every /proc/PID/stat once for its parent
+ * (a read that takes no lock of the process's). A process whose parent
+ * exited is re-parented out of the tree (to init or a subreaper): a
+ * double fork leaves. Only MTS_RSS_FAMILY_SMAPS descendants per uid are
+ * read through smaps_rollup in one sweep, so that a uid forking
+ * thousands of processes cannot stretch everyone's sweep; the others'
+ * status is read, which counts each page they share in full: more than
+ * they hold, against their own uid only.
+ */
+#define MTS_RSS_FAMILY_SMAPS 256u
+#define MTS_RSS_FAMILY_UIDS  64u
+
+struct family {
+	struct fam_pp {
+		uint32_t ppid, pid;
+		bool walked;
+	} * pp; /* every process, by parent */
+	uint32_t npp;
+	uint32_t *reg; /* the registered pids, sorted */
+	uint32_t nreg;
+	uint32_t *queue; /* npp + 1 */
+	struct {
+		uint32_t uid, n;
+	} budget[MTS_RSS_FAMILY_UIDS];
+	uint32_t nbudget;
+};
+
+static int cmp_pp(const void *a, const void *b)
+{
+	const struct fam_pp *x = a, *y = b;
+	return x->ppid < y->ppid ? -1 : x->ppid > y->ppid;
+}
+
+static int cmp_u32(const void *a, const void *b)
+{
+	uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+	return x < y ? -1 : x > y;
+}
+
+static void family_free(struct family *f)
+{
+	if (!f)
+		return;
+	free(f->pp);
+	free(f->reg);
+	free(f->queue);
+	free(f);
+}
+
+/* Every process's parent, and the pids of `e`. NULL when none of the
+ * entries wants its family read, or out of memory (then no family is
+ * charged: the figures are what they were without). */
+static struct family *family_scan(const struct rss_entry *e, uint32_t n,
+                                  atomic_uint *progress)
+{
+	bool want = false;
+	for (uint32_t i = 0; i < n && !want; i++)
+		want = e[i].family;
+	if (!want)
+		return NULL;
+	struct family *f = calloc(1, sizeof(*f));
+	DIR *d = f ? opendir("/proc") : NULL;
+	if (!d)
+		goto fail;
+	f->reg = malloc((size_t)n * sizeof(*f->reg));
+	if (!f->reg)
+		goto fail;
+	for (uint32_t i = 0; i < n; i++)
+		f->reg[i] = e[i].pid;
+	f->nreg = n;
+	qsort(f->reg, n, sizeof(*f->reg), cmp_u32);
+	uint32_t cap = 0;
+	uint32_t self = (uint32_t)getpid();
+	for (struct dirent *de; (de = readdir(d));) {
+		char *end;
+		unsigned long pid = strtoul(de->d_name, &end, 10);
+		if (de->d_name[0] < '1' || de->d_name[0] > '9' || *end ||
+		    pid > UINT32_MAX || pid == self)
+			continue;
+		char state;
+		uint32_t ppid;
+		if (mts_read_state_ppid((pid_t)pid, &state, &ppid) < 0 ||
+		    ppid == 0)
+			continue;
+		if (f->npp == cap) {
+			cap = cap ? 2 * cap : 1024;
+			struct fam_pp *pp = realloc(f->pp, cap * sizeof(*pp));
+			if (!pp)
+				goto fail;
+			f->pp = pp;
+		}
+		f->pp[f->npp++] = (struct fam_pp){ppid, (uint32_t)pid, false};
+		if ((f->npp & 63) == 0)
+			atomic_fetch_add_explicit(progress, 1,
+			                          memory_order_release);
+	}
+	closedir(d);
+	d = NULL;
+	qsort(f->pp, f->npp, sizeof(*f->pp), cmp_pp);
+	f->queue = malloc(((size_t)f->npp + 1) * sizeof(*f->queue));
+	if (!f->queue)
+		goto fail;
+	return f;
+fail:
+	if (d)
+		closedir(d);
+	family_free(f);
+	return NULL;
+}
+
+static bool family_registered(const struct family *f, uint32_t pid)
+{
+	return bsearch(&pid, f->reg, f->nreg, sizeof(pid), cmp_u32) != NULL;
+}
+
+/* The first of `ppid`'s children in f->pp (npp if none). */
+static uint32_t family_children(const struct family *f, uint32_t ppid)
+{
+	uint32_t lo = 0, hi = f->npp;
+	while (lo < hi) {
+		uint32_t mid = lo + (hi - lo) / 2;
+		if (f->pp[mid].ppid < ppid)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
+/* The smaps_rollup reads `uid`'s descendants have had in this sweep
+ * (NULL: past the table, none more). */
+static uint32_t *family_budget(struct family *f, uint32_t uid)
+{
+	for (uint32_t i = 0; i < f->nbudget; i++)
+		if (f->budget[i].uid == uid)
+			return &f->budget[i].n;
+	if (f->nbudget == MTS_RSS_FAMILY_UIDS)
+		return NULL;
+	f->budget[f->nbudget].uid = uid;
+	f->budget[f->nbudget].n = 0;
+	return &f->budget[f->nbudget++].n;
+}
+
+/* Read what `e`'s unregistered descendants hold, breadth first. */
+static void family_read(struct family *f, struct rss_entry *e,
+                        struct ino_set *seen, atomic_uint *progress)
+{
+	uint32_t *budget = family_budget(f, e->uid);
+	uint32_t head = 0, tail = 0;
+	f->queue[tail++] = e->pid;
+	while (head < tail) {
+		uint32_t parent = f->queue[head++];
+		for (uint32_t i = family_children(f, parent);
+		     i < f->npp && f->pp[i].ppid == parent; i++) {
+			/* Each process once: a pid reused during the scan
+			 * could close a loop. */
+			if (f->pp[i].walked)
+				continue;
+			f->pp[i].walked = true;
+			uint32_t c = f->pp[i].pid;
+			if (family_registered(f, c))
+				continue;
+			f->queue[tail++] = c;
+			bool smaps = e->smaps && budget &&
+			             *budget < MTS_RSS_FAMILY_SMAPS;
+			struct mts_kernel_mem km;
+			int err = mts_read_kernel_mem((int)c, smaps, &km);
+			atomic_fetch_add_explicit(progress, 1,
+			                          memory_order_release);
+			if (err < 0)
+				continue;
+			if (smaps)
+				(*budget)++;
+			uint64_t memfd = e->memfds ? memfd_bytes(seen, c) : 0;
+			uint64_t unmapped =
+			    memfd > km.shmem ? memfd - km.shmem : 0;
+			e->family_held = mt_sat_add(
+			    e->family_held, mt_sat_add(km.held, unmapped));
+			e->family_rss = mt_sat_add(
+			    e->family_rss, mt_sat_add(km.rss, unmapped));
+			e->family_n++;
+		}
+	}
+}
+
 /* Read one entry: status for most; smaps_rollup (and the descriptors,
  * in a full sweep) for untrusted processes. */
-static void entry_read(struct rss_entry *e, struct ino_set *seen)
+static void entry_read(struct rss_entry *e, struct ino_set *seen,
+                       struct family *fam, atomic_uint *progress)
 {
 	uint64_t t0 = mts_now_monotonic();
 	e->read_ns = t0;
@@ -344,7 +554,13 @@ static void entry_read(struct rss_entry *e, struct ino_set *seen)
 	}
 	if (e->err == 0 && e->memfds)
 		e->memfd = memfd_bytes(seen, e->pid);
+	/* The cost of its own read: an early read does not walk the
+	 * family. */
 	e->cost_ns = mts_now_monotonic() - t0;
+	if (e->err == 0 && e->family && fam)
+		family_read(fam, e, seen, progress);
+	else
+		e->family = false; /* nothing read: the last figures stand */
 	e->rss = e->km.rss;
 	e->anon = e->km.anon;
 }
@@ -469,6 +685,34 @@ static void exec_seen(struct mts_registry *reg, struct mts_proc *p,
 	    mts_logq(qn, sizeof(qn), e->km.name), (unsigned long long)p->bytes);
 }
 
+/* What a full sweep read of `p`'s unregistered descendants: kept until
+ * the next full sweep (an early read does not walk them). Said when
+ * they first hold something, and when they hold nothing again. */
+static void family_apply(struct mts_registry *reg, struct mts_proc *p,
+                         const struct rss_entry *e)
+{
+	struct mts_vouch_proc *v = &p->vouch;
+	bool had = v->family_held != 0;
+	v->family_held = e->family_held;
+	v->family_rss = e->family_rss;
+	v->family_n = e->family_n;
+	if (had == (e->family_held != 0))
+		return;
+	if (had) {
+		mts_log_uid(p->uid, MTS_LOG_INFO,
+		            "worker's unregistered descendants hold nothing "
+		            "now",
+		            "pid=%u uid=%u", p->pid, p->uid);
+		return;
+	}
+	mts_log_uid(p->uid, MTS_LOG_INFO,
+	            "worker's descendants that never registered hold memory: "
+	            "it counts toward others with theirs",
+	            "pid=%u uid=%u descendants=%u descendant_bytes=%llu",
+	            p->pid, p->uid, e->family_n,
+	            (unsigned long long)e->family_held);
+}
+
 /* Apply a read entry to `p` (same pid and start time). */
 static void entry_apply(struct mts_registry *reg, struct mts_proc *p,
                         const struct rss_entry *e)
@@ -486,11 +730,15 @@ static void entry_apply(struct mts_registry *reg, struct mts_proc *p,
 	struct mts_vouch_proc *v = &p->vouch;
 	if (e->memfds)
 		v->memfd = e->memfd;
+	if (e->family)
+		family_apply(reg, p, e);
 	/* A memfd it maps is in its shared figure already: count the larger
 	 * of the two, never both. */
 	uint64_t unmapped = v->memfd > e->km.shmem ? v->memfd - e->km.shmem : 0;
-	mts_proc_set_rss(reg, p, mt_sat_add(e->km.rss, unmapped));
-	v->kernel = mt_sat_add(e->km.held, unmapped);
+	mts_proc_set_rss(
+	    reg, p, mt_sat_add(mt_sat_add(e->km.rss, unmapped), v->family_rss));
+	v->kernel =
+	    mt_sat_add(mt_sat_add(e->km.held, unmapped), v->family_held);
 	v->kernel_ns = mts_now_monotonic();
 	v->claim_at_read = p->bytes;
 	v->next_read_ns =
@@ -507,6 +755,7 @@ static void entry_fill(struct rss_entry *e, const struct mts_proc *p, bool full)
 	e->image_id = p->image_id;
 	e->kernel = p->untrusted;
 	e->memfds = full && p->untrusted;
+	e->family = full && p->untrusted;
 	e->smaps =
 	    p->untrusted && !p->vouch.read_stalled && smaps_allowed(p->uid);
 	e->uids = p->exposed && !p->uid_left;
@@ -533,14 +782,22 @@ void mts_rss_sweep_sync(struct mts_registry *reg)
 {
 	struct ino_set seen = {0};
 	seen_init(reg, &seen);
-	for (uint32_t i = 0; i < reg->ndense; i++) {
-		struct mts_proc *p = reg->by_slot[reg->dense[i]];
-		struct rss_entry e;
-		entry_fill(&e, p, true);
-		entry_read(&e, &seen);
-		if (e.err == 0)
-			entry_apply(reg, p, &e);
+	struct rss_entry *e = calloc(reg->ndense ? reg->ndense : 1, sizeof(*e));
+	if (!e) {
+		free(seen.e);
+		return;
 	}
+	for (uint32_t i = 0; i < reg->ndense; i++)
+		entry_fill(&e[i], reg->by_slot[reg->dense[i]], true);
+	atomic_uint progress = 0;
+	struct family *fam = family_scan(e, reg->ndense, &progress);
+	for (uint32_t i = 0; i < reg->ndense; i++) {
+		entry_read(&e[i], &seen, fam, &progress);
+		if (e[i].err == 0)
+			entry_apply(reg, reg->by_slot[reg->dense[i]], &e[i]);
+	}
+	family_free(fam);
+	free(e);
 	free(seen.e);
 }
 
@@ -553,8 +810,10 @@ static void sweep_free(struct mts_rss_sweep *sw)
 static void *reader(void *arg)
 {
 	struct mts_rss_sweep *sw = arg;
+	struct family *fam =
+	    sw->full ? family_scan(sw->e, sw->n, &sw->progress) : NULL;
 	for (uint32_t i = 0; i < sw->n; i++) {
-		entry_read(&sw->e[i], &sw->seen);
+		entry_read(&sw->e[i], &sw->seen, fam, &sw->progress);
 		if (i + 1 == sw->n)
 			sw->done_ns = mts_now_monotonic();
 		atomic_store_explicit(&sw->at, i + 1, memory_order_release);
@@ -562,6 +821,7 @@ static void *reader(void *arg)
 		if (atomic_load_explicit(&sw->abandoned, memory_order_relaxed))
 			break;
 	}
+	family_free(fam);
 	if (atomic_fetch_sub_explicit(&sw->refs, 1, memory_order_acq_rel) ==
 	    1) {
 		/* The loop let go first: it gave this reader up for stuck. */
@@ -675,8 +935,13 @@ void mts_rss_poll(struct mts_registry *reg, uint64_t now_ns)
 		sweep_drop(reg, false);
 		return;
 	}
-	if (at != sw->seen_at) {
+	/* A read of a worker's descendants moves `progress`: each of them
+	 * gets the entry's limit, not all of them together. */
+	uint32_t progress =
+	    atomic_load_explicit(&sw->progress, memory_order_acquire);
+	if (at != sw->seen_at || progress != sw->seen_progress) {
 		sw->seen_at = at;
+		sw->seen_progress = progress;
 		sw->seen_at_ns = now_ns;
 	} else if (now_ns - sw->seen_at_ns > sw->e[at].stall_ns) {
 		sweep_stalled(reg, sw, at, now_ns);
@@ -713,6 +978,7 @@ static void sweep_start(struct mts_registry *reg, bool early)
 	}
 	memset(sw, 0, sizeof(*sw));
 	atomic_init(&sw->at, 0);
+	atomic_init(&sw->progress, 0);
 	atomic_init(&sw->refs, 2);
 	atomic_init(&sw->abandoned, false);
 	sw->full = !early;

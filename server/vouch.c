@@ -91,6 +91,10 @@ void mts_vouch_proc_init(const struct mts_registry *reg, struct mts_proc *p)
 	if (!p->untrusted) {
 		p->vouch.kernel = 0;
 		p->vouch.kernel_ns = 0;
+		/* Its resident figure is its own again at the next read. */
+		p->vouch.family_held = 0;
+		p->vouch.family_rss = 0;
+		p->vouch.family_n = 0;
 	}
 }
 

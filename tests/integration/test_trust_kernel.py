@@ -27,6 +27,13 @@ test_an_allowance_signals_no_one: a 1 MiB nobody process claiming
 the grace period memtallyd signals no one, though the other user's
 process is over its own limit.
 
+test_children_that_never_register_count_with_their_parent: a nobody
+process writes 400 MiB and forks nine children that make no allocator
+call (they never register); past its allowance the fleet counts the
+400 MiB (>= 380 MiB, at most what the ten hold together + 32 MiB), not
+the parent's tenth, and `ps` shows the children's part as
+descendant_bytes.
+
 test_understating_is_refereed: a nobody process holding 500 MiB zeroes
 its own slot, and another hides 500 MiB in a memfd it never maps (under
 `measure = max`): within one RSS sweep the fleet counts >= 500 MiB, and
@@ -159,6 +166,70 @@ def test_pages_shared_after_fork_count_once():
 
 def test_a_shared_mapping_counts_once_under_max():
     shared_run("shared", "max")
+
+
+def test_children_that_never_register_count_with_their_parent():
+    """A nobody worker writes 400 MiB and forks nine children that never
+    register (no allocator call): their proportional figures are the
+    parent's, so the fleet counts the 400 MiB once, not the parent's
+    tenth of it, once its allowance is spent."""
+    cfg = config("[server]\ngroup = nogroup\n"
+                 "[limits]\nfleet = 2GiB\nrss_interval = 500\n"
+                 "[trust]\nuntouched_time = 1s\n")
+    preload, share = world_readable_copy(
+        os.environ["MEMTALLY_PRELOAD_LIB"], worker("share"))
+    with Server("--config", cfg) as s:
+        open_to_nobody(s)
+        env = s.env()
+        env["LD_PRELOAD"] = preload
+        sharer = Worker([*share, "private", "400", "9", "quiet"], env,
+                        user=(NOBODY, NOGROUP))
+        try:
+            pids = ready_pids(sharer)
+            check(len(pids) == 10, f"pids {pids}")
+            parent = pids[0]
+            wait_for("the parent registered", lambda: parent in s.ps())
+            # Its own proportional figure is about a tenth of the 400 MiB
+            # (a page shared by ten counts 1/10 in each).
+            own = proc_kib(parent, "smaps_rollup", "Pss_Anon")
+            check(own < 100 * MIB, f"the parent's own Pss_Anon "
+                  f"{own >> 20} MiB: the children do not share its pages")
+            # Past its allowance (untouched_time: then what it claims
+            # beyond what counts is unvouched) and a full sweep or two,
+            # the fleet counts what the family holds.
+            def counted():
+                f = s.status()["fleet"]
+                return f["unvouched"] > 0 and f["bytes"] >= 380 * MIB
+            wait_for("the family counted", counted, timeout=15 * MULT)
+            ps = s.ps()
+            check(not any(p in ps for p in pids[1:]),
+                  f"a quiet child registered: {sorted(ps)}")
+            fam = ps[parent]["descendant_bytes"]
+            check(fam >= 300 * MIB and ps[parent]["rss"] >= 380 * MIB,
+                  f"descendant_bytes {fam >> 20} MiB, rss "
+                  f"{ps[parent]['rss'] >> 20} MiB")
+            # Once, not ten times: at most what the ten hold together
+            # (their proportional sets) and a little for the sweeps'
+            # timing.
+            held = sum(proc_kib(p, "smaps_rollup", "Pss") for p in pids)
+            end = time.monotonic() + 2 * MULT
+            worst = 0
+            while time.monotonic() < end:
+                f = s.status()["fleet"]
+                worst = max(worst, f["bytes"], f["rss"])
+                time.sleep(0.05)
+            check(worst <= held + 32 * MIB,
+                  f"the family counted {worst >> 20} MiB, more than the "
+                  f"{held >> 20} MiB it holds: {s.ps()[parent]} "
+                  f"{s.status()['fleet']}")
+            check("descendants that never registered hold memory"
+                  in s.logtext(), "no log line names the descendants")
+            print(f"  nobody with 9 quiet children: parent's own Pss "
+                  f"{own >> 20} MiB; counted {worst >> 20} MiB of "
+                  f"{held >> 20} MiB held (descendants {fam >> 20} MiB)",
+                  flush=True)
+        finally:
+            sharer.kill()
 
 
 def dip_run(users, seconds):
@@ -426,6 +497,7 @@ def test_a_file_named_like_a_memfd_is_not_one():
 if __name__ == "__main__":
     run([test_pages_shared_after_fork_count_once,
          test_a_shared_mapping_counts_once_under_max,
+         test_children_that_never_register_count_with_their_parent,
          test_dips_renew_no_allowance,
          test_an_allowance_signals_no_one,
          test_a_reservation_signals_no_one,

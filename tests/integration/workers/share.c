@@ -6,24 +6,28 @@
  *   shared   a MAP_SHARED anonymous mapping of MIB MiB, written by the
  *            parent and read by every child
  *   memfd    MIB MiB written into a memfd that is never mapped
- * Each child makes an allocator call (so that it registers) and pauses.
- * usage: mt_worker share MODE MIB [CHILDREN]
+ * Each child makes an allocator call (so that it registers) and pauses;
+ * with QUIET, it makes none and never registers.
+ * usage: mt_worker share MODE MIB [CHILDREN [quiet]]
  */
 #include "mt_common.h"
 
 #include <signal.h>
+#include <stdbool.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 
-static void child(const volatile char *shared, size_t len)
+static void child(const volatile char *shared, size_t len, bool quiet)
 {
 	prctl(PR_SET_PDEATHSIG, SIGKILL);
 	unsigned sum = 0;
 	for (size_t i = 0; shared && i < len; i += 4096)
 		sum += (unsigned char)shared[i];
-	free(malloc(100 + (sum & 1)));
-	mt_flush();
+	if (!quiet) {
+		free(malloc(100 + (sum & 1)));
+		mt_flush();
+	}
 	for (;;)
 		pause();
 }
@@ -35,6 +39,7 @@ static int share_main(int argc, char **argv)
 	const char *mode = argv[1];
 	size_t len = strtoul(argv[2], NULL, 10) * MIB;
 	unsigned nkids = argc > 3 ? (unsigned)strtoul(argv[3], NULL, 10) : 0;
+	bool quiet = argc > 4 && strcmp(argv[4], "quiet") == 0;
 	char *shared = NULL;
 	if (strcmp(mode, "private") == 0) {
 		char *b = malloc(len);
@@ -69,7 +74,7 @@ static int share_main(int argc, char **argv)
 		if (pid < 0)
 			return 1;
 		if (pid == 0)
-			child(shared, shared ? len : 0);
+			child(shared, shared ? len : 0, quiet);
 		if (n < (int)sizeof(pids) - 16)
 			n += snprintf(pids + n, sizeof(pids) - (size_t)n, ",%d",
 			              (int)pid);
@@ -79,4 +84,5 @@ static int share_main(int argc, char **argv)
 	return 0;
 }
 
-const struct mt_sub mt_share = {"share", "MODE MIB [CHILDREN]", share_main};
+const struct mt_sub mt_share = {"share", "MODE MIB [CHILDREN [quiet]]",
+                                share_main};
