@@ -520,6 +520,10 @@ int mts_adopt(struct mts_registry *reg, uint32_t *kept, uint32_t *dropped)
 		snprintf(a.task, sizeof(a.task), "%s", r.task);
 		a.limit_set = r.limit_set;
 		snprintf(a.comm, sizeof(a.comm), "%s", comm);
+		a.exec_mark = r.exec_mark;
+		snprintf(a.registered_comm, sizeof(a.registered_comm), "%.*s",
+		         (int)sizeof(r.comm) - 1, r.comm);
+		a.image_stale = r.image_stale != 0;
 		err = mts_registry_adopt_slot(reg, &a, table);
 		if (err < 0) {
 			/* -EAGAIN: the poll could not start and the registry

@@ -557,6 +557,12 @@ struct mts_adopted {
 	char task[MT_NAME_MAX + 1];
 	char comm[64];      /* from the same /proc/PID/stat as start_time */
 	uint64_t limit_set; /* its SetLimit{pid}; 0: none */
+	/* The restart record's: the registered image's arg_start (0:
+	 * unknown), its name, and whether it exec'd one that has not
+	 * registered. */
+	uint64_t exec_mark;
+	char registered_comm[64];
+	bool image_stale;
 };
 
 /* A command name as answers carry it: UTF-8 without hostile code points,

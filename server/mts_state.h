@@ -40,17 +40,28 @@ struct mts_state_rec {
 	/* Its table is tainted (mts_table.tainted), by a worker now of
 	 * taint_uid: the next server taints it again. 0 in a record of a
 	 * server from before. */
-	uint8_t tainted;    /* 561 */
-	uint8_t spare0[2];  /* 562 */
-	uint32_t taint_uid; /* 564 */
-	uint64_t limit_set; /* 568 SetLimit{pid}; 0: the default */
-	uint8_t spare[448]; /* 576 */
+	uint8_t tainted; /* 561 */
+	/* It exec'd an image that has not registered (rss.c, exec_seen):
+	 * its slot's claim is the old image's. */
+	uint8_t image_stale; /* 562 */
+	uint8_t spare0;      /* 563 */
+	uint32_t taint_uid;  /* 564 */
+	uint64_t limit_set;  /* 568 SetLimit{pid}; 0: the default */
+	/* Of the image that registered: where its arguments are
+	 * (/proc/PID/stat arg_start: only an exec moves it; 0 unknown, as in
+	 * a record of a server from before) and its name as answers show it,
+	 * so that a successor sees an exec made before it started. */
+	uint64_t exec_mark; /* 576 */
+	char comm[64];      /* 584 */
+	uint8_t spare[376]; /* 648 */
 };
 /* Four to a page: a record is never split across two. */
 #define MTS_STATE_REC_SIZE 1024u
 _Static_assert(sizeof(struct mts_state_rec) == MTS_STATE_REC_SIZE, "rec");
 _Static_assert(offsetof(struct mts_state_rec, taint_uid) == 564 &&
-                   offsetof(struct mts_state_rec, limit_set) == 568,
+                   offsetof(struct mts_state_rec, limit_set) == 568 &&
+                   offsetof(struct mts_state_rec, exec_mark) == 576 &&
+                   offsetof(struct mts_state_rec, comm) == 584,
                "a record's layout is on disk");
 
 /* Geometry and identity a state file records (and a restart adopts). */

@@ -878,6 +878,10 @@ void mts_registry_record(const struct mts_registry *reg,
 	snprintf(r.group, sizeof(r.group), "%s", reg->groups[p->group].name);
 	snprintf(r.task, sizeof(r.task), "%s", p->task);
 	r.limit_set = p->limit_set;
+	r.image_stale = p->image_stale;
+	r.exec_mark = p->exec_mark;
+	memcpy(r.comm, p->comm, sizeof(r.comm));
+	r.comm[sizeof(r.comm) - 1] = '\0';
 	r.tainted = p->table && p->table->tainted;
 	r.taint_uid = r.tainted ? p->table->tainted_uid : 0;
 	mts_state_put(reg->state, p->slot, &r);
@@ -1665,6 +1669,17 @@ int mts_registry_adopt_slot(struct mts_registry *reg,
 	/* A limit set on it (SetLimit) outlives the server, as a reload. */
 	if (a->limit_set)
 		p->limit = p->limit_set = a->limit_set;
+	/* The image that registered, as the server before read it: an exec
+	 * it saw, or one made since, is seen again (rss.c, exec_seen).
+	 * Without it (a record from before), the image found now stands for
+	 * the one that registered. */
+	if (a->exec_mark) {
+		p->exec_mark = a->exec_mark;
+		if (a->registered_comm[0])
+			mts_comm_copy(p->comm, sizeof(p->comm),
+			              a->registered_comm);
+		p->image_stale = a->image_stale;
+	}
 	struct mtshm_slot_id *s = reg->slot_at[p->slot];
 	if (a->slot_gen > reg->slot_gens[p->slot])
 		reg->slot_gens[p->slot] = a->slot_gen;

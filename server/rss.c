@@ -670,6 +670,7 @@ static void exec_seen(struct mts_registry *reg, struct mts_proc *p,
 		return;
 	}
 	p->image_stale = true;
+	mts_registry_record(reg, p); /* a successor counts it so too */
 	/* Until its first kernel read (soon: vouch.c wants one), what this
 	 * read of the new image says it holds stands. */
 	p->vouch.kernel = e->rss;

@@ -15,7 +15,8 @@ import sys
 import tempfile
 import time
 
-from harness import (CLI, MIB, MULT, NOBODY, NOGROUP, PRELOAD, Server, Worker, check,
+from harness import (CLI, MIB, MULT, NOBODY, NOGROUP, PRELOAD, Server, Skip,
+                     Worker, check,
                      claim, config_file, line_within, open_to_nobody, run,
                      second_user, settled_bytes, wait_for, worker,
                      world_readable_copy)
@@ -885,6 +886,66 @@ def test_a_taint_outlives_a_restart():
         (second or first).stop()
 
 
+def test_an_exec_into_an_unregistered_image_is_seen_across_a_restart():
+    """Two root workers held 300 MiB each, then exec'd a program that
+    never registers: one under the first server, which saw it, and one
+    while memtallyd was down. The server started after them knows from
+    the restart record which image registered (its name and arg_start),
+    so both count as the kernel vouches, not at the old images' 600 MiB
+    (which it counted for the sleeps' whole lives)."""
+    from test_e2e import EXEC_QUIET
+    cfg = config_file("[limits]\nrss_interval = 100\n")
+    first = Server("--config", cfg)
+    # A registered image mapping root's slot table, through which the
+    # second server reopens it (the sleeps map none): the first slot, so
+    # that the table is open when theirs are adopted.
+    keeper = Worker([*worker("hold"), "4"], first.env())
+    keeper.readline()
+    wait_for("the keeper registered", lambda: keeper.pid in first.ps())
+    ws = [Worker([sys.executable, "-c", EXEC_QUIET], first.env(group="ex"))
+          for _ in range(2)]
+    second = None
+    stale = "exec'd an image that has not registered"
+    try:
+        for w in ws:
+            check(w.readline().startswith("held"), "no held line")
+        wait_for("600 MiB counted", lambda: first.status()["fleet"][
+            "bytes"] >= 600 * MIB)
+        mark = open(f"/proc/{ws[0].pid}/stat").read().rsplit(")", 1)[1]
+        if mark.split()[45] == "0":
+            raise Skip("arg_start reads 0 here (no ptrace access)")
+        ws[0].send("")
+        wait_for("the first server saw the exec", lambda: first.ps()[
+            ws[0].pid]["trust"] == stale, timeout=20 * MULT)
+        first.kill9()
+        ws[1].send("")
+        wait_for("the exec while memtallyd is down", lambda: open(
+            f"/proc/{ws[1].pid}/comm").read().strip() == "sleep")
+        seen = len(first.logtext())
+        second = Server("--config", cfg, after=first)
+        log = second.logtext()[seen:]
+        for w in ws:
+            check(f'msg="worker adopted" pid={w.pid} uid=0' in log,
+                  f"{w.pid} was not adopted: " + second.tail())
+        f = wait_for("the old claims no longer counted", lambda: (
+            lambda f: f if f["bytes"] < 40 * MIB else None)(
+                second.status()["fleet"]), timeout=20 * MULT)
+        ps = second.ps()
+        for w in ws:
+            check(ps[w.pid]["trust"] == stale,
+                  f"after the restart: {ps[w.pid]}")
+        print(f"  two sleeps exec'd from 300 MiB workers, one before and "
+              f"one during a restart: fleet {f['bytes'] >> 20} MiB after "
+              f"it (their slots claim "
+              f"{sum(ps[w.pid]['bytes'] for w in ws) >> 20} MiB)",
+              flush=True)
+    finally:
+        for w in ws:
+            w.kill()
+        keeper.close()
+        (second or first).stop()
+
+
 def recorded(s):
     """(reservations, of them taken over) in the server's record, or None
     while it has written none."""
@@ -1124,6 +1185,7 @@ if __name__ == "__main__":
          test_a_decoy_mapping_does_not_hold_up_a_restart,
          test_a_worker_that_changed_uid_is_not_adopted_as_root,
          test_a_taint_outlives_a_restart,
+         test_an_exec_into_an_unregistered_image_is_seen_across_a_restart,
          test_reservations_survive_a_restart,
          test_a_task_inside_its_worker_survives_a_restart,
          test_watch_reconnects_across_a_restart])
