@@ -102,6 +102,10 @@
  * two). */
 #define WATCH_REOPEN_FIRST_MS 250
 #define WATCH_REOPEN_MAX_MS   4000
+/* What a reopen may wait for a stalled memtallyd (one that accepts and
+ * does not answer): the signals run forwards to the command wait as long
+ * (SIGTERM from a job manager, with its kill coming after a grace). */
+#define WATCH_REOPEN_TIMEOUT_MS 500
 
 #define PRELOAD_NAME "libmemtally_preload.so"
 
@@ -181,11 +185,14 @@ static void fail_open(struct run *r, const char *what, int err,
 	r->failed_open = true;
 }
 
-static int open_handle(const struct run *r, memtally_query **out)
+/* A handle whose calls wait at most `timeout_ms` (the library's
+ * convention: 0 its default, < 0 for ever). */
+static int open_handle_within(const struct run *r, memtally_query **out,
+                              int timeout_ms)
 {
 	const struct mtcli_run_opts *o = r->o;
-	int err = o->tcp ? memtally_query_open_tcp(out, o->tcp, o->timeout_ms)
-	                 : memtally_query_open(out, o->socket, o->timeout_ms);
+	int err = o->tcp ? memtally_query_open_tcp(out, o->tcp, timeout_ms)
+	                 : memtally_query_open(out, o->socket, timeout_ms);
 	if (err == 0 && o->token && o->token[0])
 		err = memtally_query_set_token(*out, o->token);
 	if (err) {
@@ -193,6 +200,11 @@ static int open_handle(const struct run *r, memtally_query **out)
 		*out = NULL;
 	}
 	return err;
+}
+
+static int open_handle(const struct run *r, memtally_query **out)
+{
+	return open_handle_within(r, out, r->o->timeout_ms);
 }
 
 /* Is `err` a request refused as it stands, by memtallyd (a field it does
@@ -368,11 +380,14 @@ static bool server_answer(int err)
 	       err == MEMTALLY_EUNSUPPORTED || err == MEMTALLY_EBADREQUEST;
 }
 
-static void watch_open(struct run *r)
+static void watch_open(struct run *r, bool brief)
 {
 	if (r->no_watch)
 		return;
-	int err = open_handle(r, &r->w);
+	int timeout = r->o->timeout_ms;
+	if (brief && (timeout <= 0 || timeout > WATCH_REOPEN_TIMEOUT_MS))
+		timeout = WATCH_REOPEN_TIMEOUT_MS;
+	int err = open_handle_within(r, &r->w, timeout);
 	if (err == 0) {
 		/* Run by root (a container's jobs often are), it would see
 		 * every uid's "task:NAME": another's task of our name is not
@@ -485,7 +500,7 @@ static int wait_for_room(struct run *r, struct memtally_admit_result **denied)
 		        "(its cap on one user's connections, or a restart); "
 		        "asking again for up to %g s\n",
 		        r->where, r->wait_s);
-	watch_open(r);
+	watch_open(r, false);
 	for (;;) {
 		int64_t now = now_ms();
 		bool retry = now >= next || now >= end;
@@ -562,7 +577,7 @@ static int wait_for_room(struct run *r, struct memtally_admit_result **denied)
 		if (last_ask >= end || denied_for_good(*denied))
 			return 0;
 		if (!r->w)
-			watch_open(r);
+			watch_open(r, false);
 		next = last_ask + next_interval(&base, max);
 	}
 }
@@ -902,7 +917,7 @@ static int supervise(struct run *r, char **envp)
 		bool reopen = !r->w && r->watch_lost && !r->no_watch;
 		int ready = poll(p, 2, reopen ? reopen_ms : -1);
 		if (ready == 0 && reopen) {
-			watch_open(r);
+			watch_open(r, true);
 			if (r->w) {
 				r->watch_lost = false;
 				reopen_ms = WATCH_REOPEN_FIRST_MS;
@@ -1172,7 +1187,7 @@ int mtcli_run(const struct mtcli_run_opts *o)
 		r.evicted = false;
 		/* Our task's events, for the node guard's: opened before the
 		 * command starts, so none is missed. */
-		watch_open(&r);
+		watch_open(&r, false);
 		char **envp = command_env(&r);
 		if (!envp) {
 			fprintf(stderr, "memtally: out of memory\n");

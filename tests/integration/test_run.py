@@ -629,6 +629,76 @@ def test_a_signal_ends_the_wait_while_memtallyd_is_stalled():
                 p.wait()
 
 
+def test_a_stalled_memtallyd_holds_no_signal_up():
+    """While its command runs, `memtally run` opens a lost watch again. A
+    memtallyd that does not accept (stopped, or wedged, its backlog full)
+    held each reopen's connect for the whole --timeout, and the signals
+    run forwards waited as long: a job manager's SIGTERM reached the
+    command two minutes late, after its grace. A reopen now waits half a
+    second."""
+    import socket
+    d = tempfile.mkdtemp(prefix="mt-run-")
+    log = os.path.join(d, "log")
+    script = (f"trap 'echo term >> {log}; exit 42' TERM; "
+              f"echo ready >> {log}; "
+              "while :; do sleep 0.05; done")
+
+    def lines():
+        try:
+            with open(log) as f:
+                return f.read().split()
+        except FileNotFoundError:
+            return []
+    s = limited()
+    try:
+        p = subprocess.Popen([CLI, "--socket", s.socket, "--timeout",
+                              "120000", "run", "--bytes", "10MiB", "--",
+                              "sh", "-c", script],
+                             env=run_env(), start_new_session=True,
+                             stderr=subprocess.DEVNULL)
+        hung = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        fillers = []
+        try:
+            wait_for("command started", lambda: "ready" in lines())
+            # The watch is lost with memtallyd; in its place a listener
+            # that never accepts, its backlog full (a memtallyd stopped
+            # under a crowd of clients): a connect waits.
+            s.kill9()
+            os.unlink(s.socket)
+            hung.bind(s.socket)
+            hung.listen(0)
+            for _ in range(16):
+                f = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                f.setblocking(False)
+                fillers.append(f)
+                try:
+                    f.connect(s.socket)
+                except BlockingIOError:
+                    break
+            else:
+                raise Skip("a listener's backlog does not fill here")
+            time.sleep(1.0)  # reopens under way, each stuck on it
+            t0 = time.monotonic()
+            p.send_signal(signal.SIGTERM)
+            wait_for("TERM reached the command", lambda: "term" in lines(),
+                     timeout=60 * MULT)
+            took = time.monotonic() - t0
+            print(f"  SIGTERM with the watch reopening on a memtallyd that "
+                  f"does not accept: at the command after {took:.1f} s",
+                  flush=True)
+            check(took < 8 * MULT, f"TERM reached it after {took:.1f} s")
+        finally:
+            for f in fillers:
+                f.close()
+            hung.close()
+            if p.poll() is None:
+                # Its release waits out --timeout on the listener.
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    finally:
+        s.stop()  # killed above: its status is not judged
+
+
 def test_closed_stdio_keeps_off_the_connection():
     """Its standard descriptors closed, the run's first socket took fd 2,
     and its own "waiting for room" line went to memtallyd, which closed
@@ -776,6 +846,7 @@ if __name__ == "__main__":
          test_sigkilled_run_leaves_no_reservation_after_its_ttl,
          test_fail_open_without_server,
          test_a_signal_ends_the_wait_while_memtallyd_is_stalled,
+         test_a_stalled_memtallyd_holds_no_signal_up,
          test_asks_a_stalled_memtallyd_missed_make_one_grant,
          test_closed_stdio_keeps_off_the_connection,
          test_as_a_containers_first_process_it_reaps_orphans])
