@@ -353,7 +353,6 @@ static int read_own(pid_t pid, struct mts_kernel_mem *km)
  * they hold, against their own uid only.
  */
 #define MTS_RSS_FAMILY_SMAPS 256u
-#define MTS_RSS_FAMILY_UIDS  64u
 
 struct family {
 	struct fam_pp {
@@ -366,7 +365,7 @@ struct family {
 	uint32_t *queue; /* npp + 1 */
 	struct {
 		uint32_t uid, n;
-	} budget[MTS_RSS_FAMILY_UIDS];
+	} * budget; /* one per uid at most: as many as the entries */
 	uint32_t nbudget;
 };
 
@@ -389,6 +388,7 @@ static void family_free(struct family *f)
 	free(f->pp);
 	free(f->reg);
 	free(f->queue);
+	free(f->budget);
 	free(f);
 }
 
@@ -408,7 +408,8 @@ static struct family *family_scan(const struct rss_entry *e, uint32_t n,
 	if (!d)
 		goto fail;
 	f->reg = malloc((size_t)n * sizeof(*f->reg));
-	if (!f->reg)
+	f->budget = calloc(n, sizeof(*f->budget));
+	if (!f->reg || !f->budget)
 		goto fail;
 	for (uint32_t i = 0; i < n; i++)
 		f->reg[i] = e[i].pid;
@@ -472,15 +473,13 @@ static uint32_t family_children(const struct family *f, uint32_t ppid)
 	return lo;
 }
 
-/* The smaps_rollup reads `uid`'s descendants have had in this sweep
- * (NULL: past the table, none more). */
+/* The smaps_rollup reads `uid`'s descendants have had in this sweep. A
+ * linear search, made for the workers that have descendants only. */
 static uint32_t *family_budget(struct family *f, uint32_t uid)
 {
 	for (uint32_t i = 0; i < f->nbudget; i++)
 		if (f->budget[i].uid == uid)
 			return &f->budget[i].n;
-	if (f->nbudget == MTS_RSS_FAMILY_UIDS)
-		return NULL;
 	f->budget[f->nbudget].uid = uid;
 	f->budget[f->nbudget].n = 0;
 	return &f->budget[f->nbudget++].n;
@@ -490,7 +489,7 @@ static uint32_t *family_budget(struct family *f, uint32_t uid)
 static void family_read(struct family *f, struct rss_entry *e,
                         struct ino_set *seen, atomic_uint *progress)
 {
-	uint32_t *budget = family_budget(f, e->uid);
+	uint32_t *budget = NULL; /* looked up at its first descendant */
 	uint32_t head = 0, tail = 0;
 	f->queue[tail++] = e->pid;
 	while (head < tail) {
@@ -506,8 +505,9 @@ static void family_read(struct family *f, struct rss_entry *e,
 			if (family_registered(f, c))
 				continue;
 			f->queue[tail++] = c;
-			bool smaps = e->smaps && budget &&
-			             *budget < MTS_RSS_FAMILY_SMAPS;
+			if (!budget)
+				budget = family_budget(f, e->uid);
+			bool smaps = e->smaps && *budget < MTS_RSS_FAMILY_SMAPS;
 			struct mts_kernel_mem km;
 			int err = mts_read_kernel_mem((int)c, smaps, &km);
 			atomic_fetch_add_explicit(progress, 1,
