@@ -693,3 +693,67 @@ Test(vouch, a_trusted_workers_resident_figure_leaves_its_file_pages_out)
 	cr_assert_lt(srv.reg.totals.rss, 2 * a + 24 * MIB);
 	fx_stop();
 }
+
+/* The worker: of LIAR_UID, holding 64 MiB it wrote, with a child that
+ * shares them and never registers (its pid goes down `fd`). */
+struct fx_family {
+	pid_t parent;
+	int fd;
+};
+
+static void family_body(void *arg)
+{
+	const struct fx_family *f = arg;
+	struct fx_holding h = {
+	    .parent = f->parent, .uid = LIAR_UID, .hold = 64 * MIB};
+	fx_hold_body(&h);
+	pid_t me = getpid();
+	pid_t c = fork();
+	if (c == 0) {
+		fx_die_with(me);
+		for (;;)
+			pause();
+	}
+	if (c < 0 || write(f->fd, &c, sizeof(c)) != (ssize_t)sizeof(c))
+		_exit(1);
+}
+
+Test(vouch, descendants_that_never_registered_count_with_their_parent)
+{
+	/* Its proportional figure was half the 64 MiB (a page shared by two
+	 * counts 1/2 in each) and the child was in no total: what the two
+	 * hold together counted 32 MiB. */
+	start(0, 60000);
+	int p[2];
+	cr_assert_eq(pipe(p), 0);
+	struct fx_family f = {.parent = getpid(), .fd = p[1]};
+	pid_t w = fx_spawn_ready(family_body, &f);
+	pid_t child;
+	cr_assert_eq(read(p[0], &child, sizeof(child)), (ssize_t)sizeof(child));
+	close(p[0]);
+	close(p[1]);
+	register_as(w, LIAR_UID, "fam");
+	tick_with_kernel();
+	const struct mts_proc *wp = mts_find_pid(&srv.reg, (uint32_t)w);
+	cr_assert_eq(wp->vouch.family_n, 1);
+	cr_assert_geq(wp->vouch.family_held, 28 * MIB, "%llu",
+	              (unsigned long long)wp->vouch.family_held);
+	cr_assert_geq(kernel_of(w), 60 * MIB);
+	cr_assert_lt(kernel_of(w), 80 * MIB, "counted more than once");
+	cr_assert_geq(wp->rss, 60 * MIB);
+	cr_assert_geq(srv.reg.totals.bytes, 60 * MIB);
+
+	/* Once the child registers it counts itself, and its parent no
+	 * longer counts it: the 64 MiB once in all. */
+	register_as(child, LIAR_UID, "fam");
+	tick_with_kernel();
+	wp = mts_find_pid(&srv.reg, (uint32_t)w);
+	cr_assert_eq(wp->vouch.family_n, 0);
+	cr_assert_eq(wp->vouch.family_held, 0);
+	cr_assert_lt(kernel_of(w), 40 * MIB);
+	uint64_t both = kernel_of(w) + kernel_of(child);
+	cr_assert_geq(both, 60 * MIB);
+	cr_assert_lt(both, 80 * MIB);
+	cr_assert_lt(srv.reg.totals.bytes, 80 * MIB);
+	fx_stop();
+}
