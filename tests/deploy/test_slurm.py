@@ -454,6 +454,40 @@ def test_task_wrapper_gives_each_task_its_share_of_the_node():
         print(f"  {extra or 'no task count'}: --bytes {got}")
 
 
+def test_task_wrapper_names_a_wrap_jobs_kind_by_its_command():
+    """Slurm names every `sbatch --wrap` job "wrap": one kind for every
+    such command, learned as the largest of them. Its task's kind is
+    "wrap:" and the command's name, past memtally run's options; a job
+    name of its own, or MEMTALLY_KIND, is kept as it is. No Slurm
+    needed: the wrapper's arguments to a stand-in `memtally`."""
+    tmp = tempfile.mkdtemp(prefix="mt-slurm-wrap-")
+    stub = os.path.join(tmp, "memtally")
+    with open(stub, "w") as f:
+        f.write('#!/bin/sh\n[ "$1" = run ] && shift\nprintf "%s\\n" "$@"\n')
+    os.chmod(stub, 0o755)
+    cases = [
+        ({"SLURM_JOB_NAME": "wrap"}, ["./bin/simulate", "in.dat"],
+         "wrap:simulate"),
+        ({"SLURM_JOB_NAME": "wrap"}, ["--wait", "5", "--", "python3", "a.py"],
+         "wrap:python3"),
+        ({"SLURM_JOB_NAME": "wrap"}, ["--retry=1", "xz", "-9"], "wrap:xz"),
+        ({"SLURM_JOB_NAME": "wrap", "MEMTALLY_KIND": "mine"}, ["xz"],
+         "mine"),
+        ({"SLURM_JOB_NAME": "nightly"}, ["xz"], "nightly"),
+    ]
+    for extra, argv, want in cases:
+        env = {"PATH": os.environ["PATH"], "MEMTALLY": stub, **extra}
+        r = subprocess.run(["sh", os.path.join(SLURM, "memtally-slurm-task"),
+                            *argv], env=env, capture_output=True, text=True,
+                           timeout=30 * MULT)
+        args = r.stdout.split("\n")
+        got = args[args.index("--kind") + 1] if "--kind" in args else None
+        check(r.returncode == 0 and got == want,
+              f"{extra} {argv}: --kind {got}, want {want} "
+              f"({r.stderr.strip()})")
+        print(f"  {extra['SLURM_JOB_NAME']} {shlex.join(argv)}: --kind {got}")
+
+
 def test_task_wrapper_without_memtally_runs_the_command():
     """memtally not installed: the wrapper runs the command itself, past
     the options memtally run would have taken, with or without "--" (a
@@ -550,6 +584,7 @@ if __name__ == "__main__":
          test_readme_install_step_gives_a_config_memtallyd_starts_with,
          test_task_wrapper_gives_each_task_its_share_of_the_node,
          test_task_wrapper_without_memtally_runs_the_command,
+         test_task_wrapper_names_a_wrap_jobs_kind_by_its_command,
          test_task_wrapper_runs_a_job_whose_name_memtally_refuses,
          test_hook_resumes_its_drain_after_a_restart_while_high,
          test_slurm_drain_resume_and_task_wrapper])
