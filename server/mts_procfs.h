@@ -50,6 +50,10 @@ int mts_parse_uid_fields(const char *status, uint32_t *uids, unsigned n);
  * /proc/PID/stat). Returns 0, -ENOENT/-ESRCH (gone), -EINVAL. */
 int mts_read_state_ppid(pid_t pid, char *state, uint32_t *ppid);
 
+/* The parent pid and start time of `pid`, from one read of
+ * /proc/PID/stat. Returns 0, -ENOENT/-ESRCH (gone), -EINVAL. */
+int mts_read_parent(pid_t pid, uint32_t *ppid, uint64_t *start_time);
+
 /* The most parents mts_add_ancestors() walks up from one process. */
 #define MTS_ANCESTRY_MAX 64u
 

@@ -47,6 +47,7 @@ struct mts_vouch_proc {
 	uint64_t family_held;
 	uint64_t family_rss;
 	uint32_t family_n;
+	bool family_cut_said;  /* that its uid's budget left some out */
 	uint64_t next_read_ns; /* no early read before (its reads' cost) */
 	uint64_t read_cost_ns; /* of its last read */
 	/* A read of its smaps_rollup once did not return in time (rss.c):

@@ -23,7 +23,8 @@
 #include <string.h>
 #include <unistd.h>
 
-/* starttime is field 22; fields after ')' start at 3. */
+/* ppid is field 4, starttime 22; fields after ')' start at 3. */
+#define PPID_FIELD             4
 #define STARTTIME_FIELD        22
 #define FIRST_FIELD_AFTER_COMM 3
 
@@ -250,6 +251,20 @@ int mts_read_exec_mark(pid_t pid, uint64_t *start_time, uint64_t *mark)
 	int err = read_stat_text(pid, buf, start_time);
 	if (err == 0)
 		err = mts_parse_stat_field(buf, ARG_START_FIELD, mark);
+	return err;
+}
+
+int mts_read_parent(pid_t pid, uint32_t *ppid, uint64_t *start_time)
+{
+	char buf[STAT_TEXT_MAX];
+	uint64_t pp;
+	int err = read_stat_text(pid, buf, start_time);
+	if (err == 0)
+		err = mts_parse_stat_field(buf, PPID_FIELD, &pp);
+	if (err == 0 && pp > UINT32_MAX)
+		err = -EINVAL;
+	if (err == 0)
+		*ppid = (uint32_t)pp;
 	return err;
 }
 

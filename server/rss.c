@@ -81,7 +81,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/kcmp.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
@@ -132,6 +134,7 @@ struct rss_entry {
 	/* With `family`: what its descendants that never registered hold
 	 * (see family_read) and how many were read. */
 	bool family;
+	bool family_cut; /* its uid's budget ran out before its walk ended */
 	uint64_t family_held;
 	uint64_t family_rss;
 	uint32_t family_n;
@@ -338,31 +341,47 @@ static int read_own(pid_t pid, struct mts_kernel_mem *km)
  * holding 400 MiB with nine such children counted 40 MiB, past its
  * allowance, and another user's honest process was signalled in its
  * place. So a full sweep charges each untrusted worker's unregistered
- * descendants' figures (read as its own: Pss, or status) to it. The walk
- * stops at a registered descendant, which counts itself and its own.
+ * descendants' proportional figures (smaps_rollup) to it. The walk stops
+ * at a registered descendant, which counts itself and its own.
  *
- * The kernel has no list of a process's children without
- * CONFIG_PROC_CHILDREN (Debian's kernel lacks it), so a sweep that has
- * an untrusted worker reads every /proc/PID/stat once for its parent
- * (a read that takes no lock of the process's). A process whose parent
- * exited is re-parented out of the tree (to init or a subreaper): a
- * double fork leaves. Only MTS_RSS_FAMILY_SMAPS descendants per uid are
- * read through smaps_rollup in one sweep, so that a uid forking
- * thousands of processes cannot stretch everyone's sweep; the others'
- * status is read, which counts each page they share in full: more than
- * they hold, against their own uid only.
+ * What counts toward others must never be more than the memory is, or
+ * one user's descendants could take the fleet over and deny everyone:
+ *  - only proportional figures: a descendant is never read through
+ *    status, which counts each page it shares in full (a thousand
+ *    children of a 1 GiB mapping made 130 GiB of it). A worker whose own
+ *    reads fall back to status charges none.
+ *  - one address space once: a child made with CLONE_VM (vfork, and
+ *    posix_spawn before its exec; a clone helper) shows the whole shared
+ *    memory as its own. Each descendant is compared (kcmp KCMP_VM) with
+ *    the worker and those already charged; without kcmp none is charged.
+ *  - the process read is the one scanned: its start time is checked
+ *    again after the read (a pid reused meanwhile is someone else's).
+ * And bounded: MTS_RSS_FAMILY_MAX descendants per uid per sweep, past
+ * which the walk stops (said once per worker); no descriptor walk for
+ * them (a memfd they hold is most often their parent's too); each read
+ * moves the sweep's progress and its own page walk gets the stall limit,
+ * and a given-up sweep stops the walk.
+ *
+ * The parents come from one read of every /proc/PID/stat per full sweep
+ * that has an untrusted worker (no lock of the process's is taken): the
+ * children files (/proc/PID/task/TID/children) would take a read per
+ * thread of every untrusted worker, and exist only with
+ * CONFIG_PROC_CHILDREN. A process whose parent exited is re-parented out
+ * of the tree (to init or a subreaper): a double fork leaves.
  */
-#define MTS_RSS_FAMILY_SMAPS 256u
+#define MTS_RSS_FAMILY_MAX 256u
 
 struct family {
 	struct fam_pp {
 		uint32_t ppid, pid;
+		uint64_t start_time;
 		bool walked;
 	} * pp; /* every process, by parent */
 	uint32_t npp;
 	uint32_t *reg; /* the registered pids, sorted */
 	uint32_t nreg;
-	uint32_t *queue; /* npp + 1 */
+	uint32_t *queue;                      /* npp + 1 */
+	uint32_t charged[MTS_RSS_FAMILY_MAX]; /* of the entry being walked */
 	struct {
 		uint32_t uid, n;
 	} * budget; /* one per uid at most: as many as the entries */
@@ -392,16 +411,24 @@ static void family_free(struct family *f)
 	free(f);
 }
 
+/* Do `a` and `b` share one address space? -errno when kcmp cannot say. */
+static int same_vm(uint32_t a, uint32_t b)
+{
+	long r = syscall(SYS_kcmp, (pid_t)a, (pid_t)b, KCMP_VM, 0, 0);
+	return r < 0 ? -errno : r == 0;
+}
+
 /* Every process's parent, and the pids of `e`. NULL when none of the
- * entries wants its family read, or out of memory (then no family is
- * charged: the figures are what they were without). */
+ * entries wants its family read, without kcmp, or out of memory (then no
+ * family is charged: the figures are what they were without). */
 static struct family *family_scan(const struct rss_entry *e, uint32_t n,
                                   atomic_uint *progress)
 {
 	bool want = false;
 	for (uint32_t i = 0; i < n && !want; i++)
 		want = e[i].family;
-	if (!want)
+	uint32_t self = (uint32_t)getpid();
+	if (!want || same_vm(self, self) != 1)
 		return NULL;
 	struct family *f = calloc(1, sizeof(*f));
 	DIR *d = f ? opendir("/proc") : NULL;
@@ -416,17 +443,15 @@ static struct family *family_scan(const struct rss_entry *e, uint32_t n,
 	f->nreg = n;
 	qsort(f->reg, n, sizeof(*f->reg), cmp_u32);
 	uint32_t cap = 0;
-	uint32_t self = (uint32_t)getpid();
 	for (struct dirent *de; (de = readdir(d));) {
 		char *end;
 		unsigned long pid = strtoul(de->d_name, &end, 10);
 		if (de->d_name[0] < '1' || de->d_name[0] > '9' || *end ||
 		    pid > UINT32_MAX || pid == self)
 			continue;
-		char state;
 		uint32_t ppid;
-		if (mts_read_state_ppid((pid_t)pid, &state, &ppid) < 0 ||
-		    ppid == 0)
+		uint64_t st;
+		if (mts_read_parent((pid_t)pid, &ppid, &st) < 0 || ppid == 0)
 			continue;
 		if (f->npp == cap) {
 			cap = cap ? 2 * cap : 1024;
@@ -435,7 +460,8 @@ static struct family *family_scan(const struct rss_entry *e, uint32_t n,
 				goto fail;
 			f->pp = pp;
 		}
-		f->pp[f->npp++] = (struct fam_pp){ppid, (uint32_t)pid, false};
+		f->pp[f->npp++] =
+		    (struct fam_pp){ppid, (uint32_t)pid, st, false};
 		if ((f->npp & 63) == 0)
 			atomic_fetch_add_explicit(progress, 1,
 			                          memory_order_release);
@@ -473,8 +499,8 @@ static uint32_t family_children(const struct family *f, uint32_t ppid)
 	return lo;
 }
 
-/* The smaps_rollup reads `uid`'s descendants have had in this sweep. A
- * linear search, made for the workers that have descendants only. */
+/* The descendants `uid`'s workers have had read in this sweep. A linear
+ * search, made for the workers that have descendants only. */
 static uint32_t *family_budget(struct family *f, uint32_t uid)
 {
 	for (uint32_t i = 0; i < f->nbudget; i++)
@@ -485,12 +511,26 @@ static uint32_t *family_budget(struct family *f, uint32_t uid)
 	return &f->budget[f->nbudget++].n;
 }
 
-/* Read what `e`'s unregistered descendants hold, breadth first. */
+/* Does `c` share the address space of `e`'s worker or of a descendant
+ * charged already (or can kcmp not say)? */
+static bool family_shares(const struct family *f, const struct rss_entry *e,
+                          uint32_t ncharged, uint32_t c)
+{
+	if (same_vm(e->pid, c) != 0)
+		return true;
+	for (uint32_t i = 0; i < ncharged; i++)
+		if (same_vm(f->charged[i], c) != 0)
+			return true;
+	return false;
+}
+
+/* Read what `e`'s unregistered descendants hold, breadth first, until
+ * its uid's budget is spent or the sweep is given up (`abandoned`). */
 static void family_read(struct family *f, struct rss_entry *e,
-                        struct ino_set *seen, atomic_uint *progress)
+                        atomic_uint *progress, const atomic_bool *abandoned)
 {
 	uint32_t *budget = NULL; /* looked up at its first descendant */
-	uint32_t head = 0, tail = 0;
+	uint32_t head = 0, tail = 0, ncharged = 0;
 	f->queue[tail++] = e->pid;
 	while (head < tail) {
 		uint32_t parent = f->queue[head++];
@@ -504,25 +544,32 @@ static void family_read(struct family *f, struct rss_entry *e,
 			uint32_t c = f->pp[i].pid;
 			if (family_registered(f, c))
 				continue;
-			f->queue[tail++] = c;
 			if (!budget)
 				budget = family_budget(f, e->uid);
-			bool smaps = e->smaps && *budget < MTS_RSS_FAMILY_SMAPS;
+			if (*budget >= MTS_RSS_FAMILY_MAX ||
+			    (abandoned &&
+			     atomic_load_explicit(abandoned,
+			                          memory_order_relaxed))) {
+				e->family_cut = true;
+				return;
+			}
+			f->queue[tail++] = c;
+			(*budget)++;
 			struct mts_kernel_mem km;
-			int err = mts_read_kernel_mem((int)c, smaps, &km);
+			uint64_t st;
+			uint32_t pp;
+			bool ok = !family_shares(f, e, ncharged, c) &&
+			          mts_read_kernel_mem((int)c, true, &km) == 0 &&
+			          km.pss &&
+			          mts_read_parent((pid_t)c, &pp, &st) == 0 &&
+			          st == f->pp[i].start_time;
 			atomic_fetch_add_explicit(progress, 1,
 			                          memory_order_release);
-			if (err < 0)
+			if (!ok)
 				continue;
-			if (smaps)
-				(*budget)++;
-			uint64_t memfd = e->memfds ? memfd_bytes(seen, c) : 0;
-			uint64_t unmapped =
-			    memfd > km.shmem ? memfd - km.shmem : 0;
-			e->family_held = mt_sat_add(
-			    e->family_held, mt_sat_add(km.held, unmapped));
-			e->family_rss = mt_sat_add(
-			    e->family_rss, mt_sat_add(km.rss, unmapped));
+			f->charged[ncharged++] = c;
+			e->family_held = mt_sat_add(e->family_held, km.held);
+			e->family_rss = mt_sat_add(e->family_rss, km.rss);
 			e->family_n++;
 		}
 	}
@@ -531,7 +578,8 @@ static void family_read(struct family *f, struct rss_entry *e,
 /* Read one entry: status for most; smaps_rollup (and the descriptors,
  * in a full sweep) for untrusted processes. */
 static void entry_read(struct rss_entry *e, struct ino_set *seen,
-                       struct family *fam, atomic_uint *progress)
+                       struct family *fam, atomic_uint *progress,
+                       const atomic_bool *abandoned)
 {
 	uint64_t t0 = mts_now_monotonic();
 	e->read_ns = t0;
@@ -557,10 +605,12 @@ static void entry_read(struct rss_entry *e, struct ino_set *seen,
 	/* The cost of its own read: an early read does not walk the
 	 * family. */
 	e->cost_ns = mts_now_monotonic() - t0;
-	if (e->err == 0 && e->family && fam)
-		family_read(fam, e, seen, progress);
-	else
+	if (e->err == 0 && e->family && fam && e->smaps && e->km.pss)
+		family_read(fam, e, progress, abandoned);
+	else if (e->err != 0 || !fam)
 		e->family = false; /* nothing read: the last figures stand */
+	/* Else (its reads through status) it charges none: status counts
+	 * the pages they share with it in full. */
 	e->rss = e->km.rss;
 	e->anon = e->km.anon;
 }
@@ -688,11 +738,22 @@ static void exec_seen(struct mts_registry *reg, struct mts_proc *p,
 
 /* What a full sweep read of `p`'s unregistered descendants: kept until
  * the next full sweep (an early read does not walk them). Said when
- * they first hold something, and when they hold nothing again. */
+ * they first hold something, when they hold nothing again, and the
+ * first time its uid's budget left some of them out. */
 static void family_apply(struct mts_registry *reg, struct mts_proc *p,
                          const struct rss_entry *e)
 {
 	struct mts_vouch_proc *v = &p->vouch;
+	if (e->family_cut && !v->family_cut_said) {
+		v->family_cut_said = true;
+		mts_log_uid(
+		    p->uid, MTS_LOG_WARN,
+		    "a uid's workers have more unregistered descendants "
+		    "than a sweep reads: those past them are not "
+		    "counted",
+		    "pid=%u uid=%u read=%u", p->pid, p->uid,
+		    MTS_RSS_FAMILY_MAX);
+	}
 	bool had = v->family_held != 0;
 	v->family_held = e->family_held;
 	v->family_rss = e->family_rss;
@@ -762,7 +823,9 @@ static void entry_fill(struct rss_entry *e, const struct mts_proc *p, bool full)
 	e->uids = p->exposed && !p->uid_left;
 	/* Its walk costs what it maps: known from its last read once there
 	 * was one; before, a longer limit. */
-	uint64_t pages = p->rss / 4096u;
+	/* Its own resident pages: each descendant read has the limit to
+	 * itself (the sweep's progress moves between them). */
+	uint64_t pages = sat_sub(p->rss, p->vouch.family_rss) / 4096u;
 	uint64_t ms = (uint64_t)(p->rss_known ? MTS_RSS_STALL_MS
 	                                      : MTS_RSS_STALL_FIRST_MS) *
 	              1000000u;
@@ -793,7 +856,7 @@ void mts_rss_sweep_sync(struct mts_registry *reg)
 	atomic_uint progress = 0;
 	struct family *fam = family_scan(e, reg->ndense, &progress);
 	for (uint32_t i = 0; i < reg->ndense; i++) {
-		entry_read(&e[i], &seen, fam, &progress);
+		entry_read(&e[i], &seen, fam, &progress, NULL);
 		if (e[i].err == 0)
 			entry_apply(reg, reg->by_slot[reg->dense[i]], &e[i]);
 	}
@@ -814,7 +877,8 @@ static void *reader(void *arg)
 	struct family *fam =
 	    sw->full ? family_scan(sw->e, sw->n, &sw->progress) : NULL;
 	for (uint32_t i = 0; i < sw->n; i++) {
-		entry_read(&sw->e[i], &sw->seen, fam, &sw->progress);
+		entry_read(&sw->e[i], &sw->seen, fam, &sw->progress,
+		           &sw->abandoned);
 		if (i + 1 == sw->n)
 			sw->done_ns = mts_now_monotonic();
 		atomic_store_explicit(&sw->at, i + 1, memory_order_release);

@@ -34,6 +34,15 @@ call (they never register); past its allowance the fleet counts the
 the parent's tenth, and `ps` shows the children's part as
 descendant_bytes.
 
+test_a_child_sharing_the_address_space_counts_once: a nobody process
+holding 400 MiB makes two children with clone(CLONE_VM): the fleet counts
+its memory once (at most its own figure + 32 MiB), none of it as theirs.
+
+test_many_quiet_children_count_no_more_than_they_hold: a nobody process
+writes 64 MiB and forks 300 quiet children: the fleet counts at most what
+the 301 hold together + 32 MiB (a status read of those past the budget
+counted 2.8 GiB), the children's share is counted, and the cut is logged.
+
 test_understating_is_refereed: a nobody process holding 500 MiB zeroes
 its own slot, and another hides 500 MiB in a memfd it never maps (under
 `measure = max`): within one RSS sweep the fleet counts >= 500 MiB, and
@@ -230,6 +239,89 @@ def test_children_that_never_register_count_with_their_parent():
                   flush=True)
         finally:
             sharer.kill()
+
+
+def family_run(args, settled):
+    """A nobody sharer (`share` ARGS), once settled(s, pid) and two full
+    sweeps more: the fleet's worst figure over 2 s, what its processes
+    hold (their Pss), the sharer's ps entry, the log and how many they
+    are."""
+    cfg = config("[server]\ngroup = nogroup\n"
+                 "[limits]\nfleet = 2GiB\nrss_interval = 500\n"
+                 "[trust]\nuntouched_time = 1s\n")
+    preload, share = world_readable_copy(
+        os.environ["MEMTALLY_PRELOAD_LIB"], worker("share"))
+    with Server("--config", cfg) as s:
+        open_to_nobody(s)
+        env = s.env()
+        env["LD_PRELOAD"] = preload
+        sharer = Worker([*share, *args], env, user=(NOBODY, NOGROUP))
+        try:
+            pids = ready_pids(sharer)
+            parent = pids[0]
+            wait_for("the sharer registered", lambda: parent in s.ps())
+            wait_for("its figures settled", lambda: settled(s, parent),
+                     timeout=15 * MULT)
+            t0 = time.monotonic()
+            wait_for("1.2 s", lambda: time.monotonic() > t0 + 1.2 * MULT)
+            end = time.monotonic() + 2 * MULT
+            worst = 0
+            while time.monotonic() < end:
+                f = s.status()["fleet"]
+                check(f["state"] == "ok", f"fleet {f['state']}: {f}")
+                worst = max(worst, f["bytes"], f["rss"])
+                time.sleep(0.05)
+            held = 0
+            for p in pids:
+                try:
+                    held += proc_kib(p, "smaps_rollup", "Pss")
+                except FileNotFoundError:
+                    pass
+            return worst, held, s.ps()[parent], s.logtext(), len(pids)
+        finally:
+            sharer.kill()
+
+
+def test_a_child_sharing_the_address_space_counts_once():
+    """A nobody worker holds 400 MiB and makes two children with
+    clone(CLONE_VM), as vfork and posix_spawn do before their exec: each
+    shows the whole address space as its own. Charged to the worker, they
+    made it 1.2 GiB; the same memory counts once."""
+    # Its allowance spent: what it claims beyond what counts is
+    # unvouched.
+    worst, _, p, _, _ = family_run(
+        ["private", "400", "2", "clonevm"],
+        lambda s, pid: s.status()["fleet"]["unvouched"] > 0)
+    own = p["rss"] - p["descendant_bytes"]
+    check(p["descendant_bytes"] == 0,
+          f"descendants sharing its address space charged: {p}")
+    check(worst <= own + 32 * MIB,
+          f"counted {worst >> 20} MiB of the {own >> 20} MiB it holds")
+    print(f"  400 MiB worker with 2 CLONE_VM children: counted "
+          f"{worst >> 20} MiB (its own {own >> 20} MiB)", flush=True)
+
+
+def test_many_quiet_children_count_no_more_than_they_hold():
+    """A nobody worker writes 64 MiB and forks 300 children that never
+    register. Past a sweep's reads through smaps_rollup, the rest were
+    read through status, which counts every page they share in full: 44
+    children made 2.8 GiB of the 64 MiB and took a 2 GiB fleet over.
+    Only proportional figures are charged, and the walk stops at the
+    budget (said in the log)."""
+    worst, held, p, log, n = family_run(
+        ["private", "64", "300", "quiet"],
+        lambda s, pid: s.ps()[pid]["descendant_bytes"] > 0)
+    check(n == 301, f"{n} processes")
+    check(worst <= held + 32 * MIB,
+          f"counted {worst >> 20} MiB, more than the {held >> 20} MiB "
+          f"the 301 processes hold")
+    check(p["descendant_bytes"] >= 32 * MIB,
+          f"its children's share not counted: {p}")
+    check("more unregistered descendants than a sweep reads" in log,
+          "the budget's cut is not logged")
+    print(f"  64 MiB worker with 300 quiet children: counted "
+          f"{worst >> 20} MiB of {held >> 20} MiB held (descendants "
+          f"{p['descendant_bytes'] >> 20} MiB)", flush=True)
 
 
 def dip_run(users, seconds):
@@ -498,6 +590,8 @@ if __name__ == "__main__":
     run([test_pages_shared_after_fork_count_once,
          test_a_shared_mapping_counts_once_under_max,
          test_children_that_never_register_count_with_their_parent,
+         test_a_child_sharing_the_address_space_counts_once,
+         test_many_quiet_children_count_no_more_than_they_hold,
          test_dips_renew_no_allowance,
          test_an_allowance_signals_no_one,
          test_a_reservation_signals_no_one,

@@ -116,6 +116,14 @@ Test(procfs, self)
 	cr_assert_eq(field, mark);
 	cr_assert_eq(mts_parse_stat_field(line, 2, &field), -EINVAL);
 	cr_assert_eq(mts_parse_stat_field("1 (x) S 1", 48, &field), -EINVAL);
+
+	/* Our parent and start time from the same line, the comm still
+	 * "a) b (c". */
+	uint32_t ppid = 0;
+	uint64_t st4 = 0;
+	cr_assert_eq(mts_read_parent(getpid(), &ppid, &st4), 0);
+	cr_assert_eq(ppid, (uint32_t)getppid());
+	cr_assert_eq(st4, st);
 }
 
 Test(procfs, comm_from_stat)

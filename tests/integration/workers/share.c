@@ -7,13 +7,17 @@
  *            parent and read by every child
  *   memfd    MIB MiB written into a memfd that is never mapped
  * Each child makes an allocator call (so that it registers) and pauses;
- * with QUIET, it makes none and never registers.
- * usage: mt_worker share MODE MIB [CHILDREN [quiet]]
+ * with `quiet`, it makes none and never registers; with `clonevm`, it is
+ * made by clone(CLONE_VM) (it shares the parent's address space, as a
+ * vfork child does) and never registers either.
+ * usage: mt_worker share MODE MIB [CHILDREN [quiet|clonevm]]
  */
 #include "mt_common.h"
 
+#include <sched.h>
 #include <signal.h>
 #include <stdbool.h>
+#include <sys/syscall.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
@@ -32,6 +36,17 @@ static void child(const volatile char *shared, size_t len, bool quiet)
 		pause();
 }
 
+/* A CLONE_VM child: the parent's memory is its own, no libc state of
+ * its own (raw syscalls only). */
+static int vm_child(void *arg)
+{
+	(void)arg;
+	syscall(SYS_prctl, PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+	for (;;)
+		syscall(SYS_pause);
+	return 0;
+}
+
 static int share_main(int argc, char **argv)
 {
 	if (argc < 3)
@@ -40,6 +55,7 @@ static int share_main(int argc, char **argv)
 	size_t len = strtoul(argv[2], NULL, 10) * MIB;
 	unsigned nkids = argc > 3 ? (unsigned)strtoul(argv[3], NULL, 10) : 0;
 	bool quiet = argc > 4 && strcmp(argv[4], "quiet") == 0;
+	bool vm = argc > 4 && strcmp(argv[4], "clonevm") == 0;
 	char *shared = NULL;
 	if (strcmp(mode, "private") == 0) {
 		char *b = malloc(len);
@@ -70,6 +86,22 @@ static int share_main(int argc, char **argv)
 	char pids[4096];
 	int n = snprintf(pids, sizeof(pids), "%d", (int)getpid());
 	for (unsigned i = 0; i < nkids; i++) {
+		if (vm) {
+			size_t stack = 64 * 1024;
+			char *st = mmap(NULL, stack, PROT_READ | PROT_WRITE,
+			                MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+			pid_t pid = st == MAP_FAILED
+			                ? -1
+			                : clone(vm_child, st + stack,
+			                        CLONE_VM | SIGCHLD, NULL);
+			if (pid < 0)
+				return 1;
+			if (n < (int)sizeof(pids) - 16)
+				n +=
+				    snprintf(pids + n, sizeof(pids) - (size_t)n,
+				             ",%d", (int)pid);
+			continue;
+		}
 		pid_t pid = fork();
 		if (pid < 0)
 			return 1;
