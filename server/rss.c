@@ -353,7 +353,8 @@ static int read_own(pid_t pid, struct mts_kernel_mem *km)
  *  - one address space once: a child made with CLONE_VM (vfork, and
  *    posix_spawn before its exec; a clone helper) shows the whole shared
  *    memory as its own. Each descendant is compared (kcmp KCMP_VM) with
- *    the worker and those already charged; without kcmp none is charged.
+ *    the worker and, by a binary search in kcmp's order, with those
+ *    already charged; without kcmp none is charged.
  *  - the process read is the one scanned: its start time is checked
  *    again after the read (a pid reused meanwhile is someone else's).
  * And bounded: MTS_RSS_FAMILY_MAX descendants per uid per sweep, past
@@ -380,8 +381,10 @@ struct family {
 	uint32_t npp;
 	uint32_t *reg; /* the registered pids, sorted */
 	uint32_t nreg;
-	uint32_t *queue;                      /* npp + 1 */
-	uint32_t charged[MTS_RSS_FAMILY_MAX]; /* of the entry being walked */
+	uint32_t *queue; /* npp + 1 */
+	/* Those charged for the entry being walked, by address space (the
+	 * order kcmp gives): a binary search, not a kcmp with each. */
+	uint32_t charged[MTS_RSS_FAMILY_MAX];
 	struct {
 		uint32_t uid, n;
 	} * budget; /* one per uid at most: as many as the entries */
@@ -411,11 +414,12 @@ static void family_free(struct family *f)
 	free(f);
 }
 
-/* Do `a` and `b` share one address space? -errno when kcmp cannot say. */
-static int same_vm(uint32_t a, uint32_t b)
+/* How `a`'s address space orders against `b`'s, as kcmp(2) says: 0 the
+ * same, 1 before, 2 after (3: unordered), -errno when it cannot say. */
+static int vm_order(uint32_t a, uint32_t b)
 {
 	long r = syscall(SYS_kcmp, (pid_t)a, (pid_t)b, KCMP_VM, 0, 0);
-	return r < 0 ? -errno : r == 0;
+	return r < 0 ? -errno : (int)r;
 }
 
 /* Every process's parent, and the pids of `e`. NULL when none of the
@@ -428,7 +432,7 @@ static struct family *family_scan(const struct rss_entry *e, uint32_t n,
 	for (uint32_t i = 0; i < n && !want; i++)
 		want = e[i].family;
 	uint32_t self = (uint32_t)getpid();
-	if (!want || same_vm(self, self) != 1)
+	if (!want || vm_order(self, self) != 0)
 		return NULL;
 	struct family *f = calloc(1, sizeof(*f));
 	DIR *d = f ? opendir("/proc") : NULL;
@@ -511,17 +515,26 @@ static uint32_t *family_budget(struct family *f, uint32_t uid)
 	return &f->budget[f->nbudget++].n;
 }
 
-/* Does `c` share the address space of `e`'s worker or of a descendant
- * charged already (or can kcmp not say)? */
-static bool family_shares(const struct family *f, const struct rss_entry *e,
-                          uint32_t ncharged, uint32_t c)
+/* Where `c` goes among the charged, by address space; -1 if it shares
+ * that of `e`'s worker or of one charged already, or kcmp cannot say. */
+static int family_place(const struct family *f, const struct rss_entry *e,
+                        uint32_t ncharged, uint32_t c)
 {
-	if (same_vm(e->pid, c) != 0)
-		return true;
-	for (uint32_t i = 0; i < ncharged; i++)
-		if (same_vm(f->charged[i], c) != 0)
-			return true;
-	return false;
+	int root = vm_order(e->pid, c);
+	if (root != 1 && root != 2)
+		return -1;
+	uint32_t lo = 0, hi = ncharged;
+	while (lo < hi) {
+		uint32_t mid = lo + (hi - lo) / 2;
+		int o = vm_order(c, f->charged[mid]);
+		if (o == 1)
+			hi = mid;
+		else if (o == 2)
+			lo = mid + 1;
+		else
+			return -1;
+	}
+	return (int)lo;
 }
 
 /* Read what `e`'s unregistered descendants hold, breadth first, until
@@ -558,7 +571,8 @@ static void family_read(struct family *f, struct rss_entry *e,
 			struct mts_kernel_mem km;
 			uint64_t st;
 			uint32_t pp;
-			bool ok = !family_shares(f, e, ncharged, c) &&
+			int at = family_place(f, e, ncharged, c);
+			bool ok = at >= 0 &&
 			          mts_read_kernel_mem((int)c, true, &km) == 0 &&
 			          km.pss &&
 			          mts_read_parent((pid_t)c, &pp, &st) == 0 &&
@@ -567,7 +581,11 @@ static void family_read(struct family *f, struct rss_entry *e,
 			                          memory_order_release);
 			if (!ok)
 				continue;
-			f->charged[ncharged++] = c;
+			memmove(&f->charged[at + 1], &f->charged[at],
+			        (ncharged - (uint32_t)at) *
+			            sizeof(f->charged[0]));
+			f->charged[at] = c;
+			ncharged++;
 			e->family_held = mt_sat_add(e->family_held, km.held);
 			e->family_rss = mt_sat_add(e->family_rss, km.rss);
 			e->family_n++;

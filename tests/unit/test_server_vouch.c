@@ -6,7 +6,9 @@
 #include "test_server_fixture.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <time.h>
 
@@ -699,7 +701,36 @@ Test(vouch, a_trusted_workers_resident_figure_leaves_its_file_pages_out)
 struct fx_family {
 	pid_t parent;
 	int fd;
+	/* The child writes 32 MiB of its own and makes this many children
+	 * that share its address space (clone CLONE_VM). */
+	int vm_kids;
 };
+
+static int vm_kid(void *arg)
+{
+	(void)arg;
+	syscall(SYS_prctl, PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+	for (;;)
+		syscall(SYS_pause);
+	return 0;
+}
+
+static void vm_kids(int n)
+{
+	char *own = malloc(32 * MIB);
+	if (!own)
+		_exit(1);
+	memset(own, 2, 32 * MIB);
+	__asm__ volatile("" : : "r"(own) : "memory");
+	for (int i = 0; i < n; i++) {
+		size_t len = 64 * 1024;
+		char *st = mmap(NULL, len, PROT_READ | PROT_WRITE,
+		                MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		if (st == MAP_FAILED ||
+		    clone(vm_kid, st + len, CLONE_VM | SIGCHLD, NULL) < 0)
+			_exit(1);
+	}
+}
 
 static void family_body(void *arg)
 {
@@ -711,6 +742,8 @@ static void family_body(void *arg)
 	pid_t c = fork();
 	if (c == 0) {
 		fx_die_with(me);
+		if (f->vm_kids)
+			vm_kids(f->vm_kids);
 		for (;;)
 			pause();
 	}
@@ -756,5 +789,54 @@ Test(vouch, descendants_that_never_registered_count_with_their_parent)
 	cr_assert_lt(kw + kc, k1 + 8 * MIB, "counted twice: %llu + %llu",
 	             (unsigned long long)kw, (unsigned long long)kc);
 	cr_assert_geq(kw + kc + 8 * MIB, k1);
+	fx_stop();
+}
+
+Test(vouch, descendants_sharing_an_address_space_count_once)
+{
+	/* The child holds 32 MiB of its own besides its half of the 64, and
+	 * three children of its made with CLONE_VM show all of its memory
+	 * as theirs: charged, they counted it four times. */
+	start(0, 60000);
+	int p[2];
+	cr_assert_eq(pipe(p), 0);
+	struct fx_family f = {.parent = getpid(), .fd = p[1], .vm_kids = 3};
+	pid_t w = fx_spawn_ready(family_body, &f);
+	pid_t child;
+	cr_assert_eq(read(p[0], &child, sizeof(child)), (ssize_t)sizeof(child));
+	close(p[0]);
+	close(p[1]);
+	register_as(w, LIAR_UID, "fam");
+	/* Its children made (the pipe said only that it was forked). */
+	for (int i = 0; i < 500; i++) {
+		char path[64], buf[256] = "";
+		snprintf(path, sizeof(path), "/proc/%d/task/%d/children",
+		         (int)child, (int)child);
+		FILE *cf = fopen(path, "r");
+		if (!cf)
+			break; /* no children files: the read below waits */
+		size_t n = fread(buf, 1, sizeof(buf) - 1, cf);
+		fclose(cf);
+		buf[n] = '\0';
+		int k = 0;
+		for (char *t = strtok(buf, " "); t; t = strtok(NULL, " "))
+			k++;
+		if (k == 3)
+			break;
+		usleep(10000);
+	}
+	usleep(100000);
+	tick_with_kernel();
+	const struct mts_proc *wp = mts_find_pid(&srv.reg, (uint32_t)w);
+	cr_assert_eq(wp->vouch.family_n, 1, "%u", wp->vouch.family_n);
+	cr_assert_geq(wp->vouch.family_held, 60 * MIB, "%llu",
+	              (unsigned long long)wp->vouch.family_held);
+	/* Its own figure, once. */
+	struct mts_kernel_mem km;
+	cr_assert_eq(mts_read_kernel_mem((int)child, true, &km), 0);
+	cr_assert_lt(wp->vouch.family_held, km.held + 8 * MIB,
+	             "%llu of a child holding %llu",
+	             (unsigned long long)wp->vouch.family_held,
+	             (unsigned long long)km.held);
 	fx_stop();
 }
