@@ -92,6 +92,7 @@
 #include "mts_log.h"
 #include "mts_procfs.h"
 #include "mts_registry.h"
+#include "mts_state.h"
 #include "mts_vouch.h"
 
 /* A full sweep starts at least this many times its predecessor's
@@ -702,6 +703,24 @@ static bool uid_left(struct mts_registry *reg, struct mts_proc *p,
 	return true;
 }
 
+/* Mark `p`'s restart entry: read, changed and written back, so that
+ * what others wrote there stays (the guard's pause, which a successor
+ * must undo: rewritten whole, a worker paused before its exec was seen
+ * stayed stopped for good after a crash). */
+static void stale_record(struct mts_registry *reg, const struct mts_proc *p)
+{
+	struct mts_state_rec r;
+	if (!reg->state)
+		return;
+	if (mts_state_get(reg->state, p->slot, &r) < 0 || r.pid != p->pid ||
+	    r.start_time != p->start_time) {
+		mts_registry_record(reg, p);
+		return;
+	}
+	r.image_stale = 1;
+	mts_state_put(reg->state, p->slot, &r);
+}
+
 /*
  * Did `p` exec an image that has not registered? An image registers at
  * its first flush (COUNTING.md), but one that never flushes (under the
@@ -738,7 +757,7 @@ static void exec_seen(struct mts_registry *reg, struct mts_proc *p,
 		return;
 	}
 	p->image_stale = true;
-	mts_registry_record(reg, p); /* a successor counts it so too */
+	stale_record(reg, p); /* a successor counts it so too */
 	/* Until its first kernel read (soon: vouch.c wants one), what this
 	 * read of the new image says it holds stands. */
 	p->vouch.kernel = e->rss;

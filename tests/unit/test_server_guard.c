@@ -6,6 +6,9 @@
  */
 #include "test_server_fixture.h"
 
+#include "mts_rss.h"
+#include "mts_state.h"
+
 #include <sched.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
@@ -1612,4 +1615,56 @@ Test(guard, under_strict_overcommit_the_commit_charge_evicts_and_denies)
 	mts_guard_check(&srv.reg, mts_now_monotonic());
 	cr_assert(!srv.reg.guard->node.by_commit);
 	reserve(FX_UID, "b", 60 * MIB);
+}
+
+Test(guard, a_pause_mark_outlives_an_exec_seen_after_it)
+{
+	/* The exec detection rewrote the worker's restart entry whole from
+	 * the process, which has no pause mark: a worker paused before its
+	 * exec was seen lost it, and after a crash the memtallyd that came
+	 * next left it stopped for good. */
+	fx_start_with_record("pausexec");
+	int go[2];
+	cr_assert_eq(pipe(go), 0);
+	pid_t c = fx_fork();
+	cr_assert_geq(c, 0);
+	if (c == 0) {
+		char x;
+		close(go[1]);
+		if (read(go[0], &x, 1) == 1)
+			execl("/bin/sleep", "sleep", "60", (char *)NULL);
+		_exit(1);
+	}
+	close(go[0]);
+	kids[nkids++] = c;
+	uint32_t slot = fx_register_as(c, FX_UID, "default", "");
+	struct mts_proc *p = srv.reg.by_slot[slot];
+	if (!p->exec_mark)
+		cr_skip_test("arg_start reads 0 here (no ptrace access)");
+	/* Paused by the guard: its mark, as guard.c writes it. */
+	struct mts_state_rec r;
+	cr_assert_eq(mts_state_get(srv.reg.state, slot, &r), 0);
+	r.held = 1;
+	cr_assert_eq(mts_state_put(srv.reg.state, slot, &r), 0);
+	cr_assert_eq(write(go[1], "x", 1), 1);
+	close(go[1]);
+	char comm[32] = "";
+	for (int i = 0; i < 500 && strcmp(comm, "sleep\n") != 0; i++) {
+		char path[64];
+		snprintf(path, sizeof(path), "/proc/%d/comm", (int)c);
+		FILE *f = fopen(path, "r");
+		if (f) {
+			if (!fgets(comm, sizeof(comm), f))
+				comm[0] = '\0';
+			fclose(f);
+		}
+		usleep(10000);
+	}
+	cr_assert_str_eq(comm, "sleep\n", "no exec");
+	mts_rss_sweep_sync(&srv.reg);
+	cr_assert(p->image_stale, "the exec was not seen");
+	cr_assert_eq(mts_state_get(srv.reg.state, slot, &r), 0);
+	cr_assert_eq(r.image_stale, 1);
+	cr_assert_eq(r.held, 1, "the pause mark was lost");
+	fx_stop();
 }
