@@ -875,8 +875,12 @@ static int supervise(struct run *r, char **envp)
 		exec_command(r, envp, parent);
 	/* A watch lost while the command runs (memtallyd restarted) is
 	 * opened again, so that an eviction after the restart is still
-	 * told apart from the command's own death. */
+	 * told apart from the command's own death. At a time of its own
+	 * (`reopen_at`): a poll's timeout starts again at each wake-up, and
+	 * signals coming more often than it (SIGCHLD of orphans we reap)
+	 * put a reopen off for ever. */
 	int reopen_ms = WATCH_REOPEN_FIRST_MS;
+	int64_t reopen_at = -1; /* when the lost watch is opened again */
 	/* The command's orphans are ours (a subreaper; as a container's
 	 * first process, the whole container's): reaped as they come, as a
 	 * shell or an init would, or each stays a zombie. */
@@ -915,8 +919,12 @@ static int supervise(struct run *r, char **envp)
 		     .events = POLLIN},
 		};
 		bool reopen = !r->w && r->watch_lost && !r->no_watch;
-		int ready = poll(p, 2, reopen ? reopen_ms : -1);
-		if (ready == 0 && reopen) {
+		int64_t now = now_ms();
+		if (!reopen)
+			reopen_at = -1;
+		else if (reopen_at < 0)
+			reopen_at = now + reopen_ms;
+		if (reopen && now >= reopen_at) {
 			watch_open(r, true);
 			if (r->w) {
 				r->watch_lost = false;
@@ -924,8 +932,10 @@ static int supervise(struct run *r, char **envp)
 			} else if (reopen_ms < WATCH_REOPEN_MAX_MS) {
 				reopen_ms *= 2;
 			}
+			reopen_at = -1;
 			continue;
 		}
+		int ready = poll(p, 2, reopen ? (int)(reopen_at - now) : -1);
 		if (ready <= 0)
 			continue; /* EINTR */
 		if (p[1].revents && r->w)

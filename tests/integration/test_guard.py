@@ -486,7 +486,23 @@ def test_an_eviction_after_memtallyds_restart_is_the_runs():
     """memtallyd restarts while a run's command runs: the run's watch,
     lost with the first server, is opened again on the second, which
     adopts the workers and evicts the leak; the run exits 75, not 137."""
-    cg = node("restart-evict")
+    evicted_after_restart("restart-evict", [])
+
+
+def test_orphans_put_off_no_reopen_of_the_watch():
+    """The same with a command that leaves an orphan every 100 ms (run
+    is their subreaper: a SIGCHLD each). Each signal woke the run's poll
+    before the reopen's timeout, which then began again: the watch was
+    never opened on the second memtallyd, and the eviction looked like
+    the command's own SIGKILL, 137 and no message."""
+    evicted_after_restart(
+        "orphans-evict",
+        ["sh", "-c", 'while :; do (sleep 0.01 &); sleep 0.1; done & '
+         'exec "$@"', "sh"])
+
+
+def evicted_after_restart(name, prefix):
+    cg = node(name)
     join = joining(cg)
     conf = config(GUARD)
     fl = worker("fleet")
@@ -497,7 +513,7 @@ def test_an_eviction_after_memtallyds_restart_is_the_runs():
             # 80 MiB at once, then 8 MiB/s: past the line (179 MiB) some
             # 12 s after it starts.
             leak = mt_run(s, cg, "--task", "leak", "--bytes", "32MiB",
-                          "--", *fl, "leak", "400", "40")
+                          "--", *prefix, *fl, "leak", "400", "40")
             wait_for("the leak registered", lambda: "leak" in tasks_of(s),
                      timeout=20)
             s.kill9()
@@ -913,6 +929,7 @@ if __name__ == "__main__":
          test_a_paused_task_outlives_memtallyds_death_and_a_reset,
          test_a_paused_task_that_left_its_uid_outlives_memtallyds_death,
          test_an_eviction_after_memtallyds_restart_is_the_runs,
+         test_orphans_put_off_no_reopen_of_the_watch,
          test_a_run_started_while_memtallyd_is_down_hears_its_eviction,
          test_a_guard_that_may_not_signal_says_so,
          test_a_root_service_that_exec_d_is_still_no_job,
