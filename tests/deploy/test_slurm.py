@@ -457,9 +457,10 @@ def test_task_wrapper_gives_each_task_its_share_of_the_node():
 def test_task_wrapper_names_a_wrap_jobs_kind_by_its_command():
     """Slurm names every `sbatch --wrap` job "wrap": one kind for every
     such command, learned as the largest of them. Its task's kind is
-    "wrap:" and the command's name, past memtally run's options; a job
-    name of its own, or MEMTALLY_KIND, is kept as it is. No Slurm
-    needed: the wrapper's arguments to a stand-in `memtally`."""
+    "wrap:" and the command's name, past memtally run's options ("wrap"
+    when that is not plainly a name); a job name of its own, or
+    MEMTALLY_KIND, is kept as it is. No Slurm needed: the wrapper's
+    arguments to a stand-in `memtally`."""
     tmp = tempfile.mkdtemp(prefix="mt-slurm-wrap-")
     stub = os.path.join(tmp, "memtally")
     with open(stub, "w") as f:
@@ -473,6 +474,11 @@ def test_task_wrapper_names_a_wrap_jobs_kind_by_its_command():
         ({"SLURM_JOB_NAME": "wrap"}, ["--retry=1", "xz", "-9"], "wrap:xz"),
         ({"SLURM_JOB_NAME": "wrap", "MEMTALLY_KIND": "mine"}, ["xz"],
          "mine"),
+        # Not plainly a name, or none: "wrap", as before.
+        ({"SLURM_JOB_NAME": "wrap"}, ["caf\u00e9"], "wrap"),
+        ({"SLURM_JOB_NAME": "wrap"}, ["x" * 300], "wrap"),
+        ({"SLURM_JOB_NAME": "wrap"}, ["./dir/"], "wrap"),
+        ({"SLURM_JOB_NAME": "wrap"}, [""], "wrap"),
         ({"SLURM_JOB_NAME": "nightly"}, ["xz"], "nightly"),
     ]
     for extra, argv, want in cases:
@@ -485,7 +491,9 @@ def test_task_wrapper_names_a_wrap_jobs_kind_by_its_command():
         check(r.returncode == 0 and got == want,
               f"{extra} {argv}: --kind {got}, want {want} "
               f"({r.stderr.strip()})")
-        print(f"  {extra['SLURM_JOB_NAME']} {shlex.join(argv)}: --kind {got}")
+        check("not a kind" not in r.stderr, f"{argv}: {r.stderr}")
+        print(f"  {extra['SLURM_JOB_NAME']} {shlex.join(argv)[:40]}: "
+              f"--kind {got}")
 
 
 def test_task_wrapper_without_memtally_runs_the_command():
