@@ -46,6 +46,7 @@ struct mts_vouch_proc {
 	 * full sweep, and how many they were. */
 	uint64_t family_held;
 	uint64_t family_rss;
+	uint64_t family_shmem; /* the shared part of family_held */
 	uint32_t family_n;
 	bool family_cut_said;  /* that its uid's budget left some out */
 	uint64_t next_read_ns; /* no early read before (its reads' cost) */

@@ -138,6 +138,7 @@ struct rss_entry {
 	bool family_cut; /* its uid's budget ran out before its walk ended */
 	uint64_t family_held;
 	uint64_t family_rss;
+	uint64_t family_shmem; /* of family_held */
 	uint32_t family_n;
 };
 
@@ -353,16 +354,25 @@ static int read_own(pid_t pid, struct mts_kernel_mem *km)
  *    reads fall back to status charges none.
  *  - one address space once: a child made with CLONE_VM (vfork, and
  *    posix_spawn before its exec; a clone helper) shows the whole shared
- *    memory as its own. Each descendant is compared (kcmp KCMP_VM) with
- *    the worker and, by a binary search in kcmp's order, with those
- *    already charged; without kcmp none is charged.
+ *    memory as its own. Each descendant is compared (kcmp KCMP_VM, by a
+ *    binary search in kcmp's order) with the worker, those already
+ *    read, and the registered children met (a CLONE_VM|CLONE_PARENT
+ *    clone of one is a child of its parent); through a live thread
+ *    where the main one exited (its task has no address space: all
+ *    such would compare equal); a compared process that exited since is
+ *    dropped from the search, not taken for an equal. Without kcmp none
+ *    is charged.
  *  - the process read is the one scanned: its start time is checked
  *    again after the read (a pid reused meanwhile is someone else's).
+ *  - a memfd the worker holds and a descendant maps counts once (the
+ *    family's shared figure is subtracted from it as the worker's is).
  * And bounded: MTS_RSS_FAMILY_MAX descendants per uid per sweep, past
  * which the walk stops (said once per worker); no descriptor walk for
  * them (a memfd they hold is most often their parent's too); each read
  * moves the sweep's progress and its own page walk gets the stall limit,
- * and a given-up sweep stops the walk.
+ * and a given-up sweep stops the walk. Left: a compared process that
+ * exits during the walk while a CLONE_VM sibling lives on lets that
+ * sibling be read too, for that sweep.
  *
  * The parents come from one read of every /proc/PID/stat per full sweep
  * that has an untrusted worker (no lock of the process's is taken): the
@@ -383,9 +393,12 @@ struct family {
 	uint32_t *reg; /* the registered pids, sorted */
 	uint32_t nreg;
 	uint32_t *queue; /* npp + 1 */
-	/* Those charged for the entry being walked, by address space (the
-	 * order kcmp gives): a binary search, not a kcmp with each. */
-	uint32_t charged[MTS_RSS_FAMILY_MAX];
+	/* For the entry being walked, a live thread of each address space
+	 * met so far (the worker's, the charged descendants', the
+	 * registered children's), in the order kcmp gives: a binary search
+	 * finds whether one is new, not a kcmp with each. npp + 1. */
+	uint32_t *keys;
+	uint32_t nkeys;
 	struct {
 		uint32_t uid, n;
 	} * budget; /* one per uid at most: as many as the entries */
@@ -411,6 +424,7 @@ static void family_free(struct family *f)
 	free(f->pp);
 	free(f->reg);
 	free(f->queue);
+	free(f->keys);
 	free(f->budget);
 	free(f);
 }
@@ -475,7 +489,8 @@ static struct family *family_scan(const struct rss_entry *e, uint32_t n,
 	d = NULL;
 	qsort(f->pp, f->npp, sizeof(*f->pp), cmp_pp);
 	f->queue = malloc(((size_t)f->npp + 1) * sizeof(*f->queue));
-	if (!f->queue)
+	f->keys = malloc(((size_t)f->npp + 1) * sizeof(*f->keys));
+	if (!f->queue || !f->keys)
 		goto fail;
 	return f;
 fail:
@@ -516,26 +531,53 @@ static uint32_t *family_budget(struct family *f, uint32_t uid)
 	return &f->budget[f->nbudget++].n;
 }
 
-/* Where `c` goes among the charged, by address space; -1 if it shares
- * that of `e`'s worker or of one charged already, or kcmp cannot say. */
-static int family_place(const struct family *f, const struct rss_entry *e,
-                        uint32_t ncharged, uint32_t c)
+/* The task kcmp is to be given for `pid`'s address space: a live
+ * thread's once its main thread has exited (whose task has none: every
+ * such leader would compare equal, and none with its threads'), or 0
+ * when it has none or is gone. One read of its stat. */
+static uint32_t vm_key(uint32_t pid)
 {
-	int root = vm_order(e->pid, c);
-	if (root != 1 && root != 2)
-		return -1;
-	uint32_t lo = 0, hi = ncharged;
+	char state;
+	uint32_t ppid;
+	if (mts_read_state_ppid((pid_t)pid, &state, &ppid) < 0)
+		return 0;
+	if (state != 'Z')
+		return pid;
+	pid_t t = mts_live_thread((pid_t)pid);
+	return t > 0 ? (uint32_t)t : 0;
+}
+
+/* Add the address space of `key` to f->keys: true if it was not there.
+ * A key that can no longer be compared (its task exited meanwhile) is
+ * dropped and the search made again, or one exit would hide every
+ * later descendant whose search met it; false if `key` itself cannot. */
+static bool family_key_add(struct family *f, uint32_t key)
+{
+	if (!key || vm_order(key, key) != 0)
+		return false;
+	uint32_t lo = 0, hi = f->nkeys;
 	while (lo < hi) {
 		uint32_t mid = lo + (hi - lo) / 2;
-		int o = vm_order(c, f->charged[mid]);
-		if (o == 1)
+		int o = vm_order(key, f->keys[mid]);
+		if (o == 1) {
 			hi = mid;
-		else if (o == 2)
+		} else if (o == 2) {
 			lo = mid + 1;
-		else
-			return -1;
+		} else if (o == 0) {
+			return false;
+		} else {
+			memmove(&f->keys[mid], &f->keys[mid + 1],
+			        (f->nkeys - mid - 1) * sizeof(f->keys[0]));
+			f->nkeys--;
+			lo = 0;
+			hi = f->nkeys;
+		}
 	}
-	return (int)lo;
+	memmove(&f->keys[lo + 1], &f->keys[lo],
+	        (f->nkeys - lo) * sizeof(f->keys[0]));
+	f->keys[lo] = key;
+	f->nkeys++;
+	return true;
 }
 
 /* Read what `e`'s unregistered descendants hold, breadth first, until
@@ -544,7 +586,10 @@ static void family_read(struct family *f, struct rss_entry *e,
                         atomic_uint *progress, const atomic_bool *abandoned)
 {
 	uint32_t *budget = NULL; /* looked up at its first descendant */
-	uint32_t head = 0, tail = 0, ncharged = 0;
+	uint32_t head = 0, tail = 0;
+	f->nkeys = 0;
+	if (!family_key_add(f, vm_key(e->pid)))
+		return; /* gone, or kcmp cannot say: none charged */
 	f->queue[tail++] = e->pid;
 	while (head < tail) {
 		uint32_t parent = f->queue[head++];
@@ -556,8 +601,13 @@ static void family_read(struct family *f, struct rss_entry *e,
 				continue;
 			f->pp[i].walked = true;
 			uint32_t c = f->pp[i].pid;
-			if (family_registered(f, c))
+			if (family_registered(f, c)) {
+				/* It counts itself, and so a clone of it
+				 * (CLONE_VM|CLONE_PARENT) made our child
+				 * must not count again. */
+				family_key_add(f, vm_key(c));
 				continue;
+			}
 			if (!budget)
 				budget = family_budget(f, e->uid);
 			if (*budget >= MTS_RSS_FAMILY_MAX ||
@@ -572,8 +622,11 @@ static void family_read(struct family *f, struct rss_entry *e,
 			struct mts_kernel_mem km;
 			uint64_t st;
 			uint32_t pp;
-			int at = family_place(f, e, ncharged, c);
-			bool ok = at >= 0 &&
+			/* A new address space (the key added: a process
+			 * read and then dropped still holds its place, so
+			 * that what shares it is not read again), read,
+			 * and still the process scanned. */
+			bool ok = family_key_add(f, vm_key(c)) &&
 			          mts_read_kernel_mem((int)c, true, &km) == 0 &&
 			          km.pss &&
 			          mts_read_parent((pid_t)c, &pp, &st) == 0 &&
@@ -582,13 +635,9 @@ static void family_read(struct family *f, struct rss_entry *e,
 			                          memory_order_release);
 			if (!ok)
 				continue;
-			memmove(&f->charged[at + 1], &f->charged[at],
-			        (ncharged - (uint32_t)at) *
-			            sizeof(f->charged[0]));
-			f->charged[at] = c;
-			ncharged++;
 			e->family_held = mt_sat_add(e->family_held, km.held);
 			e->family_rss = mt_sat_add(e->family_rss, km.rss);
+			e->family_shmem = mt_sat_add(e->family_shmem, km.shmem);
 			e->family_n++;
 		}
 	}
@@ -794,6 +843,7 @@ static void family_apply(struct mts_registry *reg, struct mts_proc *p,
 	bool had = v->family_held != 0;
 	v->family_held = e->family_held;
 	v->family_rss = e->family_rss;
+	v->family_shmem = e->family_shmem;
 	v->family_n = e->family_n;
 	if (had == (e->family_held != 0))
 		return;
@@ -831,9 +881,10 @@ static void entry_apply(struct mts_registry *reg, struct mts_proc *p,
 		v->memfd = e->memfd;
 	if (e->family)
 		family_apply(reg, p, e);
-	/* A memfd it maps is in its shared figure already: count the larger
-	 * of the two, never both. */
-	uint64_t unmapped = v->memfd > e->km.shmem ? v->memfd - e->km.shmem : 0;
+	/* A memfd it maps, or a descendant charged to it maps, is in a
+	 * shared figure already: count the larger of the two, never both. */
+	uint64_t mapped = mt_sat_add(e->km.shmem, v->family_shmem);
+	uint64_t unmapped = v->memfd > mapped ? v->memfd - mapped : 0;
 	mts_proc_set_rss(
 	    reg, p, mt_sat_add(mt_sat_add(e->km.rss, unmapped), v->family_rss));
 	v->kernel =

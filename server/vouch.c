@@ -94,6 +94,7 @@ void mts_vouch_proc_init(const struct mts_registry *reg, struct mts_proc *p)
 		/* Its resident figure is its own again at the next read. */
 		p->vouch.family_held = 0;
 		p->vouch.family_rss = 0;
+		p->vouch.family_shmem = 0;
 		p->vouch.family_n = 0;
 	}
 }

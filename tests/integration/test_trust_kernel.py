@@ -43,6 +43,16 @@ writes 64 MiB and forks 300 quiet children: the fleet counts at most what
 the 301 hold together + 32 MiB (a status read of those past the budget
 counted 2.8 GiB), the children's share is counted, and the cut is logged.
 
+test_a_descendant_whose_main_thread_ended_is_still_compared,
+test_children_whose_main_threads_ended_are_all_counted,
+test_a_clone_of_a_registered_child_counts_once,
+test_a_memfd_a_descendant_maps_counts_once,
+test_short_lived_children_hide_no_one: descendants made the ways that
+could fool the family walk (`kin` worker: a CLONE_VM child living on in
+a thread, children living on in threads, a CLONE_VM|CLONE_PARENT clone of
+a registered child, a memfd the worker holds and a child maps, a stream
+of children living 3 ms): each memory counts once, none is hidden.
+
 test_understating_is_refereed: a nobody process holding 500 MiB zeroes
 its own slot, and another hides 500 MiB in a memfd it never maps (under
 `measure = max`): within one RSS sweep the fleet counts >= 500 MiB, and
@@ -241,8 +251,8 @@ def test_children_that_never_register_count_with_their_parent():
             sharer.kill()
 
 
-def family_run(args, settled):
-    """A nobody sharer (`share` ARGS), once settled(s, pid) and two full
+def family_run(args, settled, sub="share", watch=None):
+    """A nobody sharer (`share` ARGS), once settled(s, pids) and two full
     sweeps more: the fleet's worst figure over 2 s, what its processes
     hold (their Pss), the sharer's ps entry, the log and how many they
     are."""
@@ -250,7 +260,7 @@ def family_run(args, settled):
                  "[limits]\nfleet = 2GiB\nrss_interval = 500\n"
                  "[trust]\nuntouched_time = 1s\n")
     preload, share = world_readable_copy(
-        os.environ["MEMTALLY_PRELOAD_LIB"], worker("share"))
+        os.environ["MEMTALLY_PRELOAD_LIB"], worker(sub))
     with Server("--config", cfg) as s:
         open_to_nobody(s)
         env = s.env()
@@ -259,8 +269,9 @@ def family_run(args, settled):
         try:
             pids = ready_pids(sharer)
             parent = pids[0]
+            seen = []
             wait_for("the sharer registered", lambda: parent in s.ps())
-            wait_for("its figures settled", lambda: settled(s, parent),
+            wait_for("its figures settled", lambda: settled(s, pids),
                      timeout=15 * MULT)
             t0 = time.monotonic()
             wait_for("1.2 s", lambda: time.monotonic() > t0 + 1.2 * MULT)
@@ -270,13 +281,17 @@ def family_run(args, settled):
                 f = s.status()["fleet"]
                 check(f["state"] == "ok", f"fleet {f['state']}: {f}")
                 worst = max(worst, f["bytes"], f["rss"])
+                if watch:
+                    seen.append(watch(s, parent))
                 time.sleep(0.05)
             held = 0
             for p in pids:
                 try:
                     held += proc_kib(p, "smaps_rollup", "Pss")
-                except FileNotFoundError:
-                    pass
+                except (OSError, AssertionError):
+                    pass  # gone, or a leader whose main thread ended
+            if watch:
+                return worst, held, s.ps()[parent], seen, pids
             return worst, held, s.ps()[parent], s.logtext(), len(pids)
         finally:
             sharer.kill()
@@ -291,7 +306,7 @@ def test_a_child_sharing_the_address_space_counts_once():
     # unvouched.
     worst, _, p, _, _ = family_run(
         ["private", "400", "2", "clonevm"],
-        lambda s, pid: s.status()["fleet"]["unvouched"] > 0)
+        lambda s, pids: s.status()["fleet"]["unvouched"] > 0)
     own = p["rss"] - p["descendant_bytes"]
     check(p["descendant_bytes"] == 0,
           f"descendants sharing its address space charged: {p}")
@@ -310,7 +325,7 @@ def test_many_quiet_children_count_no_more_than_they_hold():
     budget (said in the log)."""
     worst, held, p, log, n = family_run(
         ["private", "64", "300", "quiet"],
-        lambda s, pid: s.ps()[pid]["descendant_bytes"] > 0)
+        lambda s, pids: s.ps()[pids[0]]["descendant_bytes"] > 0)
     check(n == 301, f"{n} processes")
     check(worst <= held + 32 * MIB,
           f"counted {worst >> 20} MiB, more than the {held >> 20} MiB "
@@ -322,6 +337,85 @@ def test_many_quiet_children_count_no_more_than_they_hold():
     print(f"  64 MiB worker with 300 quiet children: counted "
           f"{worst >> 20} MiB of {held >> 20} MiB held (descendants "
           f"{p['descendant_bytes'] >> 20} MiB)", flush=True)
+
+
+def kin_run(mode, mib, settled=None, watch=None):
+    """family_run of `kin MODE MIB`: what the node holds of anonymous and
+    shared memory is read beside, the referee of what the fleet counts."""
+    return family_run(
+        [mode, str(mib)],
+        settled or (lambda s, pids: s.ps()[pids[0]]["descendant_bytes"]
+                    > 0),
+        sub="kin", watch=watch)
+
+
+def test_a_descendant_whose_main_thread_ended_is_still_compared():
+    """A CLONE_VM child of a 400 MiB worker ends its main thread and
+    lives on in another: its task has no address space, so it compared
+    as no one's and was charged the worker's 400 MiB again. It is
+    compared through a live thread."""
+    worst, _, p, _, _ = kin_run(
+        "zombievm", 400,
+        lambda s, pids: s.status()["fleet"]["unvouched"] > 0)
+    own = p["rss"] - p["descendant_bytes"]
+    check(p["descendant_bytes"] < 32 * MIB, f"charged twice: {p}")
+    check(worst <= own + 32 * MIB,
+          f"counted {worst >> 20} MiB of the {own >> 20} MiB it holds")
+    print(f"  CLONE_VM child living on in a thread: counted "
+          f"{worst >> 20} MiB (the worker's {own >> 20} MiB)", flush=True)
+
+
+def test_children_whose_main_threads_ended_are_all_counted():
+    """Three children write 100 MiB each and end their main threads:
+    every such task compared equal to every other (none has an address
+    space), and only the first was counted. All three are."""
+    _, _, p, _, _ = kin_run("zombiefork", 100)
+    check(p["descendant_bytes"] >= 280 * MIB,
+          f"descendants counted {p['descendant_bytes'] >> 20} MiB of "
+          f"300: {p}")
+    print(f"  3 children of 100 MiB living on in threads: descendants "
+          f"{p['descendant_bytes'] >> 20} MiB", flush=True)
+
+
+def test_a_clone_of_a_registered_child_counts_once():
+    """A registered child holds 300 MiB and makes a clone of itself with
+    CLONE_VM|CLONE_PARENT: a child of the worker sharing the registered
+    child's memory. Charged to the worker, the 300 MiB counted twice."""
+    # The registered child (the second pid) listed, and a full sweep.
+    worst, _, p, _, _ = kin_run(
+        "clonepar", 300, lambda s, pids: pids[1] in s.ps())
+    check(p["descendant_bytes"] < 32 * MIB, f"charged twice: {p}")
+    check(worst < 300 * MIB + 64 * MIB,
+          f"counted {worst >> 20} MiB of 300 MiB")
+    print(f"  clone of a registered 300 MiB child: counted "
+          f"{worst >> 20} MiB", flush=True)
+
+
+def test_a_memfd_a_descendant_maps_counts_once():
+    """The worker writes 300 MiB into a memfd it never maps, and a child
+    maps all of it: the worker was charged the memfd as unmapped and the
+    child its mapping, 600 MiB."""
+    worst, _, p, _, _ = kin_run("memfdmap", 300)
+    check(worst < 300 * MIB + 48 * MIB,
+          f"counted {worst >> 20} MiB of a 300 MiB memfd: {p}")
+    print(f"  a 300 MiB memfd a child maps: counted {worst >> 20} MiB",
+          flush=True)
+
+
+def test_short_lived_children_hide_no_one():
+    """A child with 100 children of 4 MiB each, beside a stream of
+    children that live 3 ms: one of those read and gone before a later
+    comparison made every comparison meeting it fail, and most of the
+    400 MiB went uncounted (30 MiB at times)."""
+    _, _, p, seen, _ = kin_run(
+        "churn", 4,
+        lambda s, pids: s.ps()[pids[0]]["descendant_bytes"] >= 300 * MIB,
+        watch=lambda s, pid: s.ps()[pid]["descendant_bytes"])
+    check(min(seen) >= 380 * MIB,
+          f"descendants counted as little as {min(seen) >> 20} MiB of "
+          f"400")
+    print(f"  100 children of 4 MiB beside a churn: descendants "
+          f"{min(seen) >> 20}-{max(seen) >> 20} MiB", flush=True)
 
 
 def dip_run(users, seconds):
@@ -592,6 +686,11 @@ if __name__ == "__main__":
          test_children_that_never_register_count_with_their_parent,
          test_a_child_sharing_the_address_space_counts_once,
          test_many_quiet_children_count_no_more_than_they_hold,
+         test_a_descendant_whose_main_thread_ended_is_still_compared,
+         test_children_whose_main_threads_ended_are_all_counted,
+         test_a_clone_of_a_registered_child_counts_once,
+         test_a_memfd_a_descendant_maps_counts_once,
+         test_short_lived_children_hide_no_one,
          test_dips_renew_no_allowance,
          test_an_allowance_signals_no_one,
          test_a_reservation_signals_no_one,

@@ -26,17 +26,18 @@
 
 extern const struct mt_sub mt_cancel, mt_chain, mt_churn, mt_commit,
     mt_disguise, mt_errno, mt_exec, mt_family, mt_fleet, mt_fork, mt_forkreg,
-    mt_frag, mt_glibc, mt_hold, mt_idle, mt_lastthread, mt_level, mt_map,
-    mt_nostdio, mt_punch, mt_quiet, mt_ramp, mt_share, mt_sigmap, mt_stacks,
-    mt_sparse, mt_thrd, mt_unseen, mt_wild, mt_young;
+    mt_frag, mt_glibc, mt_hold, mt_idle, mt_kin, mt_lastthread, mt_level,
+    mt_map, mt_nostdio, mt_punch, mt_quiet, mt_ramp, mt_share, mt_sigmap,
+    mt_stacks, mt_sparse, mt_thrd, mt_unseen, mt_wild, mt_young;
 
 static const struct mt_sub *const subs[] = {
-    &mt_cancel, &mt_chain,      &mt_churn,  &mt_commit, &mt_disguise,
-    &mt_errno,  &mt_exec,       &mt_punch,  &mt_family, &mt_fleet,
-    &mt_fork,   &mt_forkreg,    &mt_frag,   &mt_glibc,  &mt_hold,
-    &mt_idle,   &mt_lastthread, &mt_level,  &mt_map,    &mt_nostdio,
-    &mt_quiet,  &mt_ramp,       &mt_share,  &mt_sigmap, &mt_sparse,
-    &mt_stacks, &mt_thrd,       &mt_unseen, &mt_wild,   &mt_young,
+    &mt_cancel,  &mt_chain,   &mt_churn,      &mt_commit, &mt_disguise,
+    &mt_errno,   &mt_exec,    &mt_punch,      &mt_family, &mt_fleet,
+    &mt_fork,    &mt_forkreg, &mt_frag,       &mt_glibc,  &mt_hold,
+    &mt_idle,    &mt_kin,     &mt_lastthread, &mt_level,  &mt_map,
+    &mt_nostdio, &mt_quiet,   &mt_ramp,       &mt_share,  &mt_sigmap,
+    &mt_sparse,  &mt_stacks,  &mt_thrd,       &mt_unseen, &mt_wild,
+    &mt_young,
 };
 
 /* argv[0] of this program, for mt_exec_self. */
