@@ -1666,5 +1666,4 @@ Test(guard, a_pause_mark_outlives_an_exec_seen_after_it)
 	cr_assert_eq(mts_state_get(srv.reg.state, slot, &r), 0);
 	cr_assert_eq(r.image_stale, 1);
 	cr_assert_eq(r.held, 1, "the pause mark was lost");
-	fx_stop();
 }
