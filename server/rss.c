@@ -364,8 +364,13 @@ static int read_own(pid_t pid, struct mts_kernel_mem *km)
  *    is charged.
  *  - the process read is the one scanned: its start time is checked
  *    again after the read (a pid reused meanwhile is someone else's).
- *  - a memfd the worker holds and a descendant maps counts once (the
- *    family's shared figure is subtracted from it as the worker's is).
+ *  - a memfd the worker holds and a descendant maps counts once: the
+ *    memfds it holds count as the larger of their size and the shared
+ *    memory it and its descendants map (the rule for the worker alone
+ *    before), which cannot tell a memfd's mapping from other shared
+ *    memory: what they map of another kind hides as much of an
+ *    unmapped memfd, never more than it maps itself. Counted once in
+ *    all rather than twice, which would let one user deny others.
  * And bounded: MTS_RSS_FAMILY_MAX descendants per uid per sweep, past
  * which the walk stops (said once per worker); no descriptor walk for
  * them (a memfd they hold is most often their parent's too); each read
@@ -593,21 +598,26 @@ static void family_read(struct family *f, struct rss_entry *e,
 	f->queue[tail++] = e->pid;
 	while (head < tail) {
 		uint32_t parent = f->queue[head++];
-		for (uint32_t i = family_children(f, parent);
-		     i < f->npp && f->pp[i].ppid == parent; i++) {
+		uint32_t first = family_children(f, parent);
+		/* A registered child counts itself, and so a clone of it
+		 * (CLONE_VM|CLONE_PARENT: its sibling) must not count again,
+		 * whichever of the two has the lower pid: their address
+		 * spaces first. */
+		for (uint32_t i = first; i < f->npp && f->pp[i].ppid == parent;
+		     i++)
+			if (!f->pp[i].walked &&
+			    family_registered(f, f->pp[i].pid))
+				family_key_add(f, vm_key(f->pp[i].pid));
+		for (uint32_t i = first; i < f->npp && f->pp[i].ppid == parent;
+		     i++) {
 			/* Each process once: a pid reused during the scan
 			 * could close a loop. */
 			if (f->pp[i].walked)
 				continue;
 			f->pp[i].walked = true;
 			uint32_t c = f->pp[i].pid;
-			if (family_registered(f, c)) {
-				/* It counts itself, and so a clone of it
-				 * (CLONE_VM|CLONE_PARENT) made our child
-				 * must not count again. */
-				family_key_add(f, vm_key(c));
+			if (family_registered(f, c))
 				continue;
-			}
 			if (!budget)
 				budget = family_budget(f, e->uid);
 			if (*budget >= MTS_RSS_FAMILY_MAX ||

@@ -11,6 +11,8 @@
  *   clonepar    a registered fork child writes MIB MiB and makes a
  *               clone(CLONE_VM|CLONE_PARENT) of itself: a child of the
  *               worker sharing the registered child's memory
+ *   clonewrap   the same, the clone's pid below the registered child's
+ *               (pids used up until they wrap: for a small pid_max)
  *   memfdmap    the worker writes MIB MiB into a memfd it never maps; a
  *               fork child maps and reads all of it
  *   churn       a fork child with 100 children writing MIB MiB each,
@@ -25,6 +27,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
@@ -133,7 +136,9 @@ static int kin_main(int argc, char **argv)
 			}
 			n = append(pids, sizeof(pids), n, c);
 		}
-	} else if (strcmp(mode, "clonepar") == 0) {
+	} else if (strcmp(mode, "clonepar") == 0 ||
+	           strcmp(mode, "clonewrap") == 0) {
+		bool wrap = strcmp(mode, "clonewrap") == 0;
 		int fd[2];
 		if (pipe(fd))
 			return 1;
@@ -142,6 +147,16 @@ static int kin_main(int argc, char **argv)
 			return 1;
 		if (c == 0) {
 			prctl(PR_SET_PDEATHSIG, SIGKILL);
+			/* Small still, so each fork is quick. */
+			pid_t me = getpid();
+			for (long q = me; wrap && q >= me;) {
+				q = syscall(SYS_clone, SIGCHLD, 0, 0, 0, 0);
+				if (q == 0)
+					syscall(SYS_exit_group, 0);
+				if (q < 0)
+					_exit(1);
+				syscall(SYS_wait4, (pid_t)q, NULL, 0, NULL);
+			}
 			char *b = malloc(len);
 			if (!b)
 				_exit(1);
