@@ -455,9 +455,17 @@ static struct family *family_scan(const struct rss_entry *e, uint32_t n,
 	if (!want || vm_order(self, self) != 0)
 		return NULL;
 	struct family *f = calloc(1, sizeof(*f));
-	DIR *d = f ? opendir("/proc") : NULL;
-	if (!d)
+	/* open() and fdopendir(), not opendir(): ThreadSanitizer sees the
+	 * descriptor made by open() (not by opendir()), and took the
+	 * closedir() of a number the loop's thread had used before for a
+	 * race. */
+	int dfd = f ? open("/proc", O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
+	DIR *d = dfd >= 0 ? fdopendir(dfd) : NULL;
+	if (!d) {
+		if (dfd >= 0)
+			close(dfd);
 		goto fail;
+	}
 	f->reg = malloc((size_t)n * sizeof(*f->reg));
 	f->budget = calloc(n, sizeof(*f->budget));
 	if (!f->reg || !f->budget)
