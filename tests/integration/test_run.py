@@ -165,15 +165,20 @@ def test_signals_reach_the_command():
               f"INT: {rc}, want death by SIGINT ({-signal.SIGINT})")
 
 
+def words_of(log):
+    """The words the command wrote to `log` so far."""
+    try:
+        with open(log) as f:
+            return f.read().split()
+    except FileNotFoundError:
+        return []
+
+
 def signals_to(p, log):
     """USR1 handled by the command, then TERM ending it with its status."""
 
     def lines():
-        try:
-            with open(log) as f:
-                return f.read().split()
-        except FileNotFoundError:
-            return []
+        return words_of(log)
     wait_for("command started", lambda: "ready" in lines())
     p.send_signal(signal.SIGUSR1)
     wait_for("USR1 handled", lambda: "usr1" in lines())
@@ -644,11 +649,7 @@ def test_a_stalled_memtallyd_holds_no_signal_up():
               "while :; do sleep 0.05; done")
 
     def lines():
-        try:
-            with open(log) as f:
-                return f.read().split()
-        except FileNotFoundError:
-            return []
+        return words_of(log)
     s = limited()
     try:
         p = subprocess.Popen([CLI, "--socket", s.socket, "--timeout",

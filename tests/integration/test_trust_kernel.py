@@ -382,13 +382,18 @@ def test_a_clone_of_a_registered_child_counts_once():
     """A registered child holds 300 MiB and makes a clone of itself with
     CLONE_VM|CLONE_PARENT: a child of the worker sharing the registered
     child's memory. Charged to the worker, the 300 MiB counted twice."""
-    # The registered child (the second pid) listed, and a full sweep.
+    clone_counted_once("clonepar", "")
+
+
+def clone_counted_once(mode, how):
+    """kin MODE 300, once the registered child (the second pid) is
+    listed: its clone is charged to no one, the 300 MiB count once."""
     worst, _, p, _, _ = kin_run(
-        "clonepar", 300, lambda s, pids: pids[1] in s.ps())
+        mode, 300, lambda s, pids: pids[1] in s.ps())
     check(p["descendant_bytes"] < 32 * MIB, f"charged twice: {p}")
     check(worst < 300 * MIB + 64 * MIB,
           f"counted {worst >> 20} MiB of 300 MiB")
-    print(f"  clone of a registered 300 MiB child: counted "
+    print(f"  clone of a registered 300 MiB child{how}: counted "
           f"{worst >> 20} MiB", flush=True)
 
 
@@ -401,13 +406,7 @@ def test_a_clone_with_a_lower_pid_than_its_original_counts_once():
         if int(f.read()) > 65536:
             raise Skip("pid_max over 65536: wrapping the pids takes too "
                        "long")
-    worst, _, p, _, _ = kin_run(
-        "clonewrap", 300, lambda s, pids: pids[1] in s.ps())
-    check(p["descendant_bytes"] < 32 * MIB, f"charged twice: {p}")
-    check(worst < 300 * MIB + 64 * MIB,
-          f"counted {worst >> 20} MiB of 300 MiB")
-    print(f"  clone of a registered 300 MiB child, a lower pid: counted "
-          f"{worst >> 20} MiB", flush=True)
+    clone_counted_once("clonewrap", ", a lower pid")
 
 
 def test_a_memfd_a_descendant_maps_counts_once():
