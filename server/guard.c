@@ -258,14 +258,12 @@ static void uid_beyond(struct mts_guard_cand *c, uint32_t n)
 	free(u);
 }
 
-int mts_guard_candidates(const struct mts_registry *reg,
-                         struct mts_guard_cand **out, uint32_t *n, int *chosen,
-                         enum mts_guard_rule *rule)
+/* The registered workers' candidates (malloc'd, *n of them). */
+static int build(const struct mts_registry *reg, struct mts_guard_cand **out,
+                 uint32_t *n)
 {
 	*out = NULL;
 	*n = 0;
-	*chosen = -1;
-	*rule = MTS_GUARD_BEYOND;
 	uint32_t np = reg->ndense;
 	if (!np)
 		return 0;
@@ -332,21 +330,442 @@ int mts_guard_candidates(const struct mts_registry *reg,
 	}
 	free(ps);
 	share_ownerless(c, nc);
-	uid_beyond(c, nc);
+	*out = c;
+	*n = nc;
+	return 0;
+}
+
+/* The candidate the rules choose, or -1. */
+static int choose(struct mts_guard_cand *c, uint32_t n,
+                  enum mts_guard_rule *rule)
+{
+	int chosen = -1;
+	*rule = MTS_GUARD_BEYOND;
+	uid_beyond(c, n);
 	for (enum mts_guard_rule r = MTS_GUARD_BEYOND; r <= MTS_GUARD_YOUNGEST;
 	     r++) {
-		for (uint32_t i = 0; i < nc; i++)
+		for (uint32_t i = 0; i < n; i++)
 			if (fits(&c[i], r) &&
-			    (*chosen < 0 || better(&c[i], &c[*chosen], r)))
-				*chosen = (int)i;
-		if (*chosen >= 0) {
+			    (chosen < 0 || better(&c[i], &c[chosen], r)))
+				chosen = (int)i;
+		if (chosen >= 0) {
 			*rule = r;
 			break;
 		}
 	}
-	*out = c;
-	*n = nc;
+	return chosen;
+}
+
+int mts_guard_candidates(const struct mts_registry *reg,
+                         struct mts_guard_cand **out, uint32_t *n, int *chosen,
+                         enum mts_guard_rule *rule)
+{
+	*chosen = -1;
+	*rule = MTS_GUARD_BEYOND;
+	int err = build(reg, out, n);
+	if (err == 0 && *n)
+		*chosen = choose(*out, *n, rule);
+	return err;
+}
+
+/* ---- processes nobody registered ------------------------------------------
+ */
+
+/*
+ * The node's figure holds every process in it, and the candidates above
+ * only those that registered. A process started without the preload (a
+ * static binary, a program run with the environment cleared) holds memory
+ * the guard sees and could charge to no one: with nothing registered
+ * beyond its reservation, the guard chose the youngest task, however far
+ * within its grant, and the process that pushed the node there stayed,
+ * ready to have the next task evicted at the next interval. Any user
+ * could turn the guard on the others that way.
+ *
+ * So at a decision (past the line, at most once per interval) the guard
+ * reads every process in its scope: the cgroup it guards and those below
+ * it (their cgroup.procs), or every process where it guards the machine's
+ * MemAvailable. A process not registered and not below a registered one
+ * (whose family its worker's figure holds, vouch.c) is a "stray":
+ *  - below a `memtally run` (the asker of a live reservation of a task),
+ *    it is that task's: its figure adds to the task's candidate (made if
+ *    none of its workers registered), and it is a root of the task's
+ *    tree, so that an eviction takes it too. A command that drops the
+ *    preload does not leave its task's reservation behind.
+ *  - otherwise it is a candidate of its own uid's, with nothing reserved,
+ *    when it holds at least 1/MTS_GUARD_STRAY_MIN_DIV of the limit (a
+ *    shell or an editor is not what fills a node, and killing it frees
+ *    nothing) and its uid is not trusted (a node's service; unless
+ *    [guard] evict_trusted). It then ranks with the others by what it
+ *    holds that nobody granted: all of it.
+ * Measured as vouch.c measures an untrusted worker: its proportional
+ * figure (smaps_rollup: Pss_Anon + Pss_Shmem + SwapPss), so that the
+ * children a process forked, sharing its pages, are not each counted at
+ * the whole; status (every shared page in full) only to pass over the
+ * small ones cheaply. memtallyd, its descendants (hooks) and its
+ * ancestors, pid 1 and kernel threads are never strays.
+ *
+ * Cost: a stat read per process in scope (~9 us) and a status read per
+ * unregistered one, plus a page walk per stray large enough or under a
+ * `memtally run`, on the loop, at a decision only. A test's procfs tree
+ * (src.proc) has no processes: no strays there.
+ */
+struct stray_pp {
+	uint32_t pid, ppid;
+	uint64_t start;
+};
+
+static int cmp_stray_pp(const void *a, const void *b)
+{
+	uint32_t x = ((const struct stray_pp *)a)->pid;
+	uint32_t y = ((const struct stray_pp *)b)->pid;
+	return x < y ? -1 : x > y;
+}
+
+struct u32_set {
+	uint32_t *v;
+	uint32_t n, cap;
+};
+
+static int set_add(struct u32_set *s, uint32_t x)
+{
+	if (s->n == s->cap) {
+		uint32_t cap = s->cap ? 2 * s->cap : 256;
+		uint32_t *v = realloc(s->v, (size_t)cap * sizeof(*v));
+		if (!v)
+			return -ENOMEM;
+		s->v = v;
+		s->cap = cap;
+	}
+	s->v[s->n++] = x;
 	return 0;
+}
+
+/* The pids of a cgroup.procs under `dfd`, and of those below it (a cgroup
+ * path is at most a few levels deep; MTS_GUARD_SCOPE_DEPTH bounds it). */
+#define MTS_GUARD_SCOPE_DEPTH 16
+static int scope_read(int dfd, struct u32_set *s, int depth)
+{
+	int fd = openat(dfd, "cgroup.procs", O_RDONLY | O_CLOEXEC);
+	if (fd >= 0) {
+		char buf[4096];
+		size_t have = 0;
+		for (;;) {
+			ssize_t r =
+			    read(fd, buf + have, sizeof(buf) - 1 - have);
+			if (r < 0 && errno == EINTR)
+				continue;
+			if (r <= 0)
+				break;
+			have += (size_t)r;
+			buf[have] = '\0';
+			/* Whole lines only; the rest waits for more. */
+			char *last = strrchr(buf, '\n');
+			if (!last)
+				continue;
+			for (char *p = buf, *end; p < last; p = end + 1) {
+				unsigned long v = strtoul(p, &end, 10);
+				if (end == p || *end != '\n')
+					break;
+				if (v && v <= UINT32_MAX &&
+				    set_add(s, (uint32_t)v) < 0) {
+					close(fd);
+					return -ENOMEM;
+				}
+			}
+			have = (size_t)(buf + have - (last + 1));
+			memmove(buf, last + 1, have);
+		}
+		close(fd);
+	}
+	if (depth >= MTS_GUARD_SCOPE_DEPTH)
+		return 0;
+	int dup = fcntl(dfd, F_DUPFD_CLOEXEC, 0);
+	DIR *d = dup >= 0 ? fdopendir(dup) : NULL;
+	if (!d) {
+		if (dup >= 0)
+			close(dup);
+		return 0;
+	}
+	int err = 0;
+	for (struct dirent *e; err == 0 && (e = readdir(d));) {
+		if (e->d_type != DT_DIR || e->d_name[0] == '.')
+			continue;
+		int sub =
+		    openat(dfd, e->d_name,
+		           O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+		if (sub < 0)
+			continue;
+		err = scope_read(sub, s, depth + 1);
+		close(sub);
+	}
+	closedir(d);
+	return err;
+}
+
+/* Every process in the /proc directory `dfd`, by pid. */
+static int procs_read(struct stray_pp **out, uint32_t *n)
+{
+	*out = NULL;
+	*n = 0;
+	int dfd = open("/proc", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	DIR *d = dfd >= 0 ? fdopendir(dfd) : NULL;
+	if (!d) {
+		if (dfd >= 0)
+			close(dfd);
+		return -errno;
+	}
+	struct stray_pp *v = NULL;
+	uint32_t cap = 0, k = 0;
+	int err = 0;
+	for (struct dirent *e; (e = readdir(d));) {
+		char *end;
+		unsigned long pid = strtoul(e->d_name, &end, 10);
+		if (e->d_name[0] < '1' || e->d_name[0] > '9' || *end ||
+		    pid > UINT32_MAX)
+			continue;
+		uint32_t ppid;
+		uint64_t st;
+		if (mts_read_parent((pid_t)pid, &ppid, &st) < 0)
+			continue;
+		if (k == cap) {
+			cap = cap ? 2 * cap : 1024;
+			struct stray_pp *w =
+			    realloc(v, (size_t)cap * sizeof(*w));
+			if (!w) {
+				err = -ENOMEM;
+				break;
+			}
+			v = w;
+		}
+		v[k++] = (struct stray_pp){(uint32_t)pid, ppid, st};
+	}
+	closedir(d);
+	if (err < 0) {
+		free(v);
+		return err;
+	}
+	qsort(v, k, sizeof(*v), cmp_stray_pp);
+	*out = v;
+	*n = k;
+	return 0;
+}
+
+static const struct stray_pp *pp_find(const struct stray_pp *v, uint32_t n,
+                                      uint32_t pid)
+{
+	struct stray_pp key = {.pid = pid};
+	return bsearch(&key, v, n, sizeof(*v), cmp_stray_pp);
+}
+
+/* Is `pid` (started at `start`) a registered worker? */
+static bool registered(const struct mts_registry *reg, uint32_t pid,
+                       uint64_t start)
+{
+	const struct mts_proc *p = mts_find_pid(reg, pid);
+	return p && p->start_time == start;
+}
+
+/* The live reservation of a task whose asker is `pid` (started at
+ * `start`), or NULL. A linear search: few reservations have a local
+ * asker, and this runs at a decision only. */
+static const struct mts_resv *asked_by(const struct mts_registry *reg,
+                                       uint32_t pid, uint64_t start)
+{
+	const struct mts_admission *adm = reg->adm;
+	for (uint32_t i = 0; i < adm->nresv; i++) {
+		const struct mts_resv *r = adm->resv[i];
+		if (r->task && r->has_owner && !r->hosted &&
+		    r->asker_pid == pid && r->asker_start == start)
+			return r;
+	}
+	return NULL;
+}
+
+enum stray_kind { STRAY_NONE, STRAY_FREE, STRAY_TASK };
+
+/* What `p` is: a stray of its own, one of the task `*r` asked for, or
+ * neither (registered, below a registered worker or memtallyd, an asker
+ * itself, pid 1, a kernel thread, memtallyd's ancestor). */
+static enum stray_kind stray_of(const struct mts_registry *reg,
+                                const struct stray_pp *v, uint32_t n,
+                                const struct stray_pp *p,
+                                const struct u32_set *self_up,
+                                const struct mts_resv **r)
+{
+	*r = NULL;
+	if (p->pid <= 2 || p->ppid == 2 || registered(reg, p->pid, p->start) ||
+	    asked_by(reg, p->pid, p->start) ||
+	    bsearch(&p->pid, self_up->v, self_up->n, sizeof(uint32_t),
+	            mt_cmp_u32))
+		return STRAY_NONE;
+	uint32_t self = (uint32_t)getpid();
+	const struct stray_pp *a = p;
+	for (uint32_t up = 0; up < MTS_ANCESTRY_MAX; up++) {
+		a = pp_find(v, n, a->ppid);
+		if (!a)
+			break; /* init's child, or a parent gone since */
+		if (a->pid == self || registered(reg, a->pid, a->start))
+			return STRAY_NONE;
+		const struct mts_resv *q = asked_by(reg, a->pid, a->start);
+		if (q) {
+			*r = q;
+			return STRAY_TASK;
+		}
+		if (a->pid == 2)
+			return STRAY_NONE; /* a kernel thread */
+	}
+	return STRAY_FREE;
+}
+
+/* The proportional figure of `pid` (started at `start`); false if it is
+ * gone, or a pid reused meanwhile (whose status, read before, may have
+ * been another's). */
+static bool stray_read(uint32_t pid, uint64_t start, uint64_t *held)
+{
+	struct mts_kernel_mem km;
+	uint32_t pp;
+	uint64_t st;
+	if (mts_read_kernel_mem((int)pid, true, &km) < 0 ||
+	    mts_read_parent((pid_t)pid, &pp, &st) < 0 || st != start)
+		return false;
+	if (!km.pss) {
+		/* No proportional figures (smaps_rollup unreadable, or a
+		 * kernel without them): status counts shared pages in
+		 * full. Its anonymous pages alone, then. */
+		km.held = km.anon;
+	}
+	*held = km.held;
+	return true;
+}
+
+/* Candidate `task` of `uid` in c[0..*n), appended (reserving what the
+ * task's reservations of `uid` grant) if none of its workers registered. */
+static struct mts_guard_cand *task_cand(const struct mts_registry *reg,
+                                        struct mts_guard_cand **c, uint32_t *n,
+                                        uint32_t *cap, const struct mts_resv *r)
+{
+	for (uint32_t i = 0; i < *n; i++)
+		if ((*c)[i].task[0] && (*c)[i].uid == r->uid &&
+		    strcmp((*c)[i].task, r->task->name) == 0)
+			return &(*c)[i];
+	if (*n == *cap) {
+		uint32_t nc = *cap ? 2 * *cap : 16;
+		struct mts_guard_cand *w = realloc(*c, (size_t)nc * sizeof(*w));
+		if (!w)
+			return NULL;
+		*c = w;
+		*cap = nc;
+	}
+	struct mts_guard_cand *k = &(*c)[(*n)++];
+	memset(k, 0, sizeof(*k));
+	k->task = r->task->name;
+	k->uid = r->uid;
+	k->reserved = mts_task_reserved(reg, r->task->name, r->uid,
+	                                &k->ownerless, &k->ownerless_since);
+	k->first_ns = r->created_ns;
+	k->eligible = true;
+	k->pid = r->asker_pid; /* no worker: the run that asked */
+	return k;
+}
+
+/* Add the strays in the guard's scope to the candidates c[0..*n) (whose
+ * array may move). Out of memory or unreadable: none, as before. */
+static void strays_add(const struct mts_registry *reg,
+                       struct mts_guard_cand **c, uint32_t *n)
+{
+	const struct mts_guard_state *g = reg->guard;
+	if (g->src.proc[0])
+		return; /* a test's procfs tree */
+	bool cgroup = g->src.kind == MTS_NODE_CGROUP_V2 ||
+	              g->src.kind == MTS_NODE_CGROUP_V1;
+	struct u32_set scope = {0}, self_up = {0};
+	if (cgroup) {
+		int dfd = open(g->src.dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		if (dfd < 0)
+			return;
+		int err = scope_read(dfd, &scope, 0);
+		close(dfd);
+		if (err < 0 || !scope.n) {
+			free(scope.v);
+			return;
+		}
+		qsort(scope.v, scope.n, sizeof(uint32_t), mt_cmp_u32);
+	}
+	struct stray_pp *v;
+	uint32_t nv;
+	if (procs_read(&v, &nv) < 0) {
+		free(scope.v);
+		return;
+	}
+	/* memtallyd and its ancestors: its own unit, shell, supervisor. */
+	for (const struct stray_pp *a = pp_find(v, nv, (uint32_t)getpid());
+	     a && self_up.n < MTS_ANCESTRY_MAX; a = pp_find(v, nv, a->ppid))
+		if (set_add(&self_up, a->pid) < 0)
+			goto out;
+	qsort(self_up.v, self_up.n, sizeof(uint32_t), mt_cmp_u32);
+	uint32_t cap = *n;
+	uint64_t min = g->node.limit / MTS_GUARD_STRAY_MIN_DIV;
+	for (uint32_t i = 0; i < nv; i++) {
+		const struct stray_pp *p = &v[i];
+		if (cgroup && !bsearch(&p->pid, scope.v, scope.n,
+		                       sizeof(uint32_t), mt_cmp_u32))
+			continue;
+		const struct mts_resv *r;
+		enum stray_kind kind = stray_of(reg, v, nv, p, &self_up, &r);
+		if (kind == STRAY_NONE)
+			continue;
+		/* Status first: cheap, and the most it may be. */
+		struct mts_kernel_mem st;
+		if (mts_read_kernel_mem((int)p->pid, false, &st) < 0 ||
+		    !st.has_uids || st.held == 0)
+			continue;
+		if (kind == STRAY_FREE &&
+		    (st.held < min ||
+		     (mts_uid_trusted(reg, st.uids[0]) && !g->evict_trusted)))
+			continue;
+		uint64_t held;
+		uint32_t uid = st.uids[0]; /* real: smaps_rollup has none */
+		if (!stray_read(p->pid, p->start, &held) || held == 0)
+			continue;
+		struct mts_guard_cand *k;
+		if (kind == STRAY_TASK) {
+			k = task_cand(reg, c, n, &cap, r);
+			if (!k)
+				break;
+			k->used = mt_sat_add(k->used, held);
+			if (k->nroots < MTS_GUARD_ROOTS_MAX) {
+				k->root_pid[k->nroots] = p->pid;
+				k->root_start[k->nroots++] = p->start;
+			}
+			continue;
+		}
+		if (held < min)
+			continue;
+		if (*n == cap) {
+			uint32_t nc = cap ? 2 * cap : 16;
+			struct mts_guard_cand *w =
+			    realloc(*c, (size_t)nc * sizeof(*w));
+			if (!w)
+				break;
+			*c = w;
+			cap = nc;
+		}
+		k = &(*c)[(*n)++];
+		memset(k, 0, sizeof(*k));
+		k->task = "";
+		k->uid = uid;
+		k->pid = p->pid;
+		k->used = held;
+		k->eligible = true;
+		k->stray = true;
+		k->root_pid[0] = p->pid;
+		k->root_start[0] = p->start;
+		k->nroots = 1;
+	}
+out:
+	free(v);
+	free(scope.v);
+	free(self_up.v);
 }
 
 /* ---- the eviction -------------------------------------------------------- */
@@ -507,6 +926,30 @@ static void stop_tree(struct mts_registry *reg, const struct mts_guard_cand *k,
 		t->pid[t->n] = p->pid;
 		t->n++;
 	}
+	/* The processes of the candidate that never registered (strays,
+	 * strays_add), each checked to be the process found: its start
+	 * time read again once its pidfd pins the pid. */
+	for (uint32_t r = 0; r < k->nroots && t->n < MTS_GUARD_TREE_MAX; r++) {
+		uint32_t pid = k->root_pid[r], pp;
+		uint64_t st;
+		if (pid == self || in_tree(t, pid))
+			continue;
+		int fd = (int)pidfd_open((pid_t)pid, 0);
+		if (fd < 0)
+			continue;
+		if (mts_read_parent((pid_t)pid, &pp, &st) < 0 ||
+		    st != k->root_start[r] ||
+		    pidfd_send_signal(fd, SIGSTOP, NULL, 0) < 0) {
+			if (errno == EPERM)
+				t->denied++;
+			close(fd);
+			continue;
+		}
+		t->fd[t->n] = fd;
+		t->pid[t->n] = pid;
+		t->n++;
+	}
+	/* The roots too: what they descend from says whose run it is. */
 	t->workers = t->n;
 	/* Breadth first: the list grows as it is walked. */
 	for (uint32_t i = 0; i < t->n; i++)
@@ -546,6 +989,8 @@ static void close_tree(struct tree *t)
 static void guard_record_eviction(struct mts_registry *reg,
                                   const struct mts_guard_cand *k)
 {
+	if (k->stray)
+		return; /* no task, no kind, hosts nothing */
 	if (!k->task[0]) {
 		mts_host_evicted(reg, k->pid);
 		return;
@@ -579,10 +1024,12 @@ static void log_candidates(struct mts_guard_cand *c, uint32_t n)
 	for (uint32_t i = 0; i < n && i < MTS_GUARD_LOG_CANDIDATES; i++) {
 		char q[MTS_LOGQ_MAX];
 		mts_log(MTS_LOG_WARN, "node guard: candidate",
-		        "task=%s uid=%u pid=%u workers=%u reserved=%llu "
-		        "used=%llu uid_beyond=%llu growth_bps=%.0f eligible=%d",
+		        "task=%s uid=%u pid=%u workers=%u unregistered=%u "
+		        "reserved=%llu used=%llu uid_beyond=%llu "
+		        "growth_bps=%.0f eligible=%d",
 		        mts_logq(q, sizeof(q), c[i].task), c[i].uid, c[i].pid,
-		        c[i].workers, (unsigned long long)c[i].reserved,
+		        c[i].workers, c[i].nroots,
+		        (unsigned long long)c[i].reserved,
 		        (unsigned long long)c[i].used,
 		        (unsigned long long)c[i].uid_beyond, c[i].growth,
 		        c[i].eligible);
@@ -689,18 +1136,21 @@ static void describe(char *buf, size_t len, const char *verb,
                      const struct mts_guard_cand *k, enum mts_guard_rule rule,
                      uint32_t n)
 {
-	char a[32], b[32], d[32], e[32], f[32];
+	char a[32], b[32], d[32], e[32], f[32], who[48];
 	bool c = g->node.by_commit;
+	if (!k->task[0])
+		snprintf(who, sizeof(who), "%s %u",
+		         k->stray ? "unregistered process" : "process", k->pid);
 	snprintf(buf, len,
 	         "%s by the node guard: %s at %s, past its line %s "
-	         "(%s %s); %s %s used %s against %s reserved, %s of %u "
+	         "(%s %s); %s%s used %s against %s reserved, %s of %u "
 	         "candidates",
 	         verb, c ? "node's commit charge" : "node",
 	         mt_format_size(a, sizeof(a), g->node.usage),
 	         mt_format_size(b, sizeof(b), g->node.line),
 	         c ? "CommitLimit" : "limit",
 	         mt_format_size(d, sizeof(d), g->node.limit),
-	         k->task[0] ? "task" : "process", k->task[0] ? k->task : "",
+	         k->task[0] ? "task " : who, k->task[0] ? k->task : "",
 	         mt_format_size(e, sizeof(e), k->used),
 	         mt_format_size(f, sizeof(f), k->reserved),
 	         mts_guard_rule_name(rule), n);
@@ -779,14 +1229,15 @@ static void log_decision(const char *msg, const struct mts_guard_state *g,
 {
 	char q[MTS_LOGQ_MAX], qr[2 * MTS_LOGQ_MAX];
 	mts_log(MTS_LOG_WARN, msg,
-	        "task=%s uid=%u pid=%u workers=%u reserved=%llu used=%llu "
+	        "task=%s uid=%u pid=%u workers=%u unregistered=%u "
+	        "reserved=%llu used=%llu "
 	        "uid_beyond=%llu growth_bps=%.0f node_usage=%llu "
 	        "node_line=%llu node_limit=%llu node_rise_bps=%.0f source=%s "
 	        "edge=%s rule=%s candidates=%u why=%s",
 	        mts_logq(q, sizeof(q), k->task), k->uid, k->pid, k->workers,
-	        (unsigned long long)k->reserved, (unsigned long long)k->used,
-	        (unsigned long long)k->uid_beyond, k->growth,
-	        (unsigned long long)g->node.usage,
+	        k->nroots, (unsigned long long)k->reserved,
+	        (unsigned long long)k->used, (unsigned long long)k->uid_beyond,
+	        k->growth, (unsigned long long)g->node.usage,
 	        (unsigned long long)g->node.line,
 	        (unsigned long long)g->node.limit, rise,
 	        mts_node_kind_name(g->src.kind), mts_node_edge_name(&g->node),
@@ -998,8 +1449,10 @@ static void evict(struct mts_registry *reg, uint64_t now_ns)
 	enum mts_guard_rule rule;
 	uint64_t last = g->last_eviction_ns;
 	g->last_eviction_ns = now_ns; /* one choice per interval either way */
-	if (mts_guard_candidates(reg, &c, &n, &ci, &rule) < 0)
+	if (build(reg, &c, &n) < 0)
 		return;
+	strays_add(reg, &c, &n);
+	ci = n ? choose(c, n, &rule) : -1;
 	if (ci < 0) {
 		if (!g->idle_logged)
 			mts_log(MTS_LOG_WARN,
@@ -1024,7 +1477,10 @@ static void evict(struct mts_registry *reg, uint64_t now_ns)
 	 * while the node's room holds what it may still add meanwhile: a
 	 * pause frees nothing. One beyond its reservation took what nobody
 	 * granted it, and goes at once. */
-	if (g->pause && reg->state && rule == MTS_GUARD_GROWTH &&
+	/* Never a task with processes that never registered: the restart
+	 * record could not mark them, and a successor would leave them
+	 * stopped. */
+	if (g->pause && reg->state && rule == MTS_GUARD_GROWTH && !k.nroots &&
 	    mts_guard_hold_safe(g->node.usage, g->node.line, g->node.limit,
 	                        rise)) {
 		pause_task(reg, &k, rule, n, now_ns, rise);

@@ -920,6 +920,92 @@ def test_understating_cannot_hide():
     finally:
         end_all(cg, victim, liar, hog)
 
+
+# A plain python3 (no preload: it never registers) holding 150 MiB of the
+# 256 MiB node, which takes the node past its 70% line on its own.
+BIG_HOG = ("import sys; b = bytes([1]) * (150 << 20); "
+       "print('ready', flush=True); sys.stdin.read()")
+
+
+def stray_beside_a_task(name, start_hog):
+    """Another user's task within its reservation (40 MiB of 64), then
+    nobody's unregistered hog, started by `start_hog(s, env, cli)`: the
+    guard must evict the hog (or its run), never the task within its
+    grant. Returns the hog's process and the server's log."""
+    second = second_user()
+    cg = node(name)
+    preload, cli, hold = world_readable_copy(
+        os.environ["MEMTALLY_PRELOAD_LIB"], CLI, worker("hold"))
+    victim = hog = None
+    try:
+        with guard_server(cg, "[server]\ngroup = nogroup\n") as s:
+            open_to_nobody(s)
+            env = run_env(s, MEMTALLY_PRELOAD_LIB=preload)
+            victim = mt_run(s, cg, "--task", "victim", "--bytes", "64MiB",
+                            "--", *hold, "40", user=(second[0], NOGROUP),
+                            cli=cli, env=env)
+            check(readline(victim, 30).startswith("ready"),
+                  "the victim is not ready")
+            wait_for("the victim registered",
+                     lambda: "victim" in tasks_of(s), timeout=20)
+            # Evicted as soon as it takes the node past its line: maybe
+            # before it says it is ready.
+            hog = start_hog(s, cg, env, cli)
+            try:
+                rc = hog.wait(timeout=30 * MULT)
+            except subprocess.TimeoutExpired:
+                check(False, "the hog was not evicted; log:\n%s" %
+                      s.logtext()[-3000:])
+            log = s.logtext()
+            time.sleep(1.5)  # past the interval: no second choice
+            check(victim.poll() is None,
+                  "the task within its reservation was evicted: exit %s; "
+                  "log:\n%s" % (victim.poll(), log[-3000:]))
+            check(s.logtext().count('msg="node guard: evicting"') == 1,
+                  "more than one eviction")
+            victim.stdin.close()
+            check(victim.wait(timeout=30 * MULT) == 0,
+                  "the task did not end well: %s" % victim.returncode)
+            check(cg.oom_kills() == 0,
+                  "the kernel OOM-killed %d in the node" % cg.oom_kills())
+            return rc, hog.stderr.read() if hog.stderr else "", log
+    finally:
+        end_all(cg, victim, hog)
+
+
+def test_an_unregistered_process_goes_not_a_task_within_its_grant():
+    """Before, the guard knew only registered workers: none beyond its
+    reservation, it chose the youngest, the other user's task within its
+    grant, and the hog stayed."""
+    def start(s, cg, env, cli):
+        return subprocess.Popen(["/usr/bin/python3", "-c", BIG_HOG],
+                                env=run_env(s), stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True,
+                                preexec_fn=in_node(cg, (NOBODY, NOGROUP)))
+    rc, _, log = stray_beside_a_task("stray", start)
+    check(rc == -9, "the hog was not evicted: exit %s" % rc)
+    decision = log.split('msg="node guard: evicting"')[1].split("\n")[0]
+    check("uid=%d" % NOBODY in decision and "unregistered process" in
+          decision and "workers=0" in decision,
+          "the eviction was not the hog's: %s" % decision)
+
+
+def test_a_command_that_drops_the_preload_is_its_runs():
+    """nobody's `memtally run --bytes 1MiB` whose command runs the hog
+    without the preload: the hog is that run's task (its figure, beyond
+    the 1 MiB granted), so the run is evicted (exit 75) and says so."""
+    def start(s, cg, env, cli):
+        return mt_run(s, cg, "--task", "dropper", "--bytes", "1MiB", "--",
+                      "/usr/bin/env", "-u", "LD_PRELOAD", "/usr/bin/python3",
+                      "-c", BIG_HOG, user=(NOBODY, NOGROUP), cli=cli, env=env)
+    rc, err, log = stray_beside_a_task("dropper", start)
+    check(rc == 75, "the run was not evicted: exit %s: %s" % (rc, err))
+    check("evicted by the node guard" in err and "task dropper" in err,
+          "the run did not say it was evicted: %r" % err)
+    decision = log.split('msg="node guard: evicting"')[1].split("\n")[0]
+    check('task="dropper"' in decision and "unregistered=1" in decision,
+          "the eviction was not the run's: %s" % decision)
+
 if __name__ == "__main__":
     run([test_leak_is_evicted, test_retry_runs_it_again,
          test_an_evicted_run_leaves_nothing_behind,
@@ -936,4 +1022,6 @@ if __name__ == "__main__":
          test_lie_cannot_evict_another_user, test_understating_cannot_hide,
          test_anothers_eviction_is_not_an_admins,
          test_a_command_that_switches_user_is_evicted_as_the_runs,
-         test_a_name_taken_without_a_reservation_is_not_an_admins_run])
+         test_a_name_taken_without_a_reservation_is_not_an_admins_run,
+         test_an_unregistered_process_goes_not_a_task_within_its_grant,
+         test_a_command_that_drops_the_preload_is_its_runs])
