@@ -4,8 +4,10 @@
  *
  * The sequence, and why each step is shaped so:
  *
- *  1. The forwarded signals (INT, TERM, HUP, QUIT, USR1, USR2, ALRM,
- *     VTALRM, PROF, PWR, XCPU, XFSZ) and SIGCHLD
+ *  1. The forwarded signals (every one whose default ends a process but
+ *     KILL, STOP and the faults: INT, TERM, HUP, QUIT, USR1, USR2, ALRM,
+ *     VTALRM, PROF, PWR, XCPU, XFSZ, IO, STKFLT, SYS, TRAP, the real-time
+ *     ones) and SIGCHLD
  *     are blocked at once and read from a signalfd, so one poll() loop
  *     serves the wait for room, the command's life and its end, with no
  *     asynchronous handler and no race between a signal and a fork.
@@ -123,9 +125,11 @@
  * not forwarded would end us instead, and the command with SIGKILL
  * (PR_SET_PDEATHSIG) rather than the signal, its reservation left to its
  * TTL. */
-static const int forwarded[] = {SIGINT,  SIGTERM, SIGHUP,  SIGQUIT,
-                                SIGUSR1, SIGUSR2, SIGALRM, SIGVTALRM,
-                                SIGPROF, SIGPWR,  SIGXCPU, SIGXFSZ};
+static const int forwarded[] = {SIGINT,  SIGTERM, SIGHUP,    SIGQUIT,   SIGUSR1,
+                                SIGUSR2, SIGALRM, SIGVTALRM, SIGPROF,   SIGPWR,
+                                SIGXCPU, SIGXFSZ, SIGIO,     SIGSTKFLT, SIGSYS,
+                                SIGTRAP}; /* and SIGRTMIN..SIGRTMAX (not
+                                             constants) */
 
 struct run {
 	const struct mtcli_run_opts *o;
@@ -671,8 +675,8 @@ static int env_set(struct run *r, char ***envp, size_t *n, const char *name,
 
 /*
  * The command's environment: ours, with the preload added in front of
- * LD_PRELOAD and MEMTALLY_TASK / GROUP / SOCKET set. The array is
- * malloc'd; the strings added are in r->added (free_env()).
+ * LD_PRELOAD and MEMTALLY_TASK / GROUP / SOCKET set, MEMTALLY_TOKEN gone. The
+ * array is malloc'd; the strings added are in r->added (free_env()).
  */
 static char **command_env(struct run *r)
 {
@@ -683,7 +687,15 @@ static char **command_env(struct run *r)
 	char **e = malloc((n + 1) * sizeof(*e));
 	if (!e)
 		return NULL;
-	memcpy(e, environ, (n + 1) * sizeof(*e));
+	/* Without MEMTALLY_TOKEN: it gives admin rights (release or limit
+	 * anyone's), and whoever set it for us did not hand them to the job
+	 * we wrap, which may be anyone's code. */
+	size_t k = 0;
+	for (size_t i = 0; i < n; i++)
+		if (strncmp(environ[i], "MEMTALLY_TOKEN=", 15) != 0)
+			e[k++] = environ[i];
+	e[k] = NULL;
+	n = k;
 	char buf[PATH_MAX];
 	const char *lib = find_preload(buf, sizeof(buf));
 	if (!lib)
@@ -978,20 +990,25 @@ static void release(struct run *r)
 		        memtally_query_last_error(r->q));
 }
 
+/* One the caller ignores (nohup's SIGHUP, SIGINT for a job a shell
+ * started with &) stays ignored, by us and the command: blocked, it would
+ * reach the signalfd and end the wait, or the run before the command
+ * starts. */
+static void forward(struct run *r, int sig)
+{
+	struct sigaction cur;
+	if (sigaction(sig, NULL, &cur) == 0 && cur.sa_handler == SIG_IGN)
+		return;
+	sigaddset(&r->mask, sig);
+}
+
 static int block_signals(struct run *r)
 {
 	sigemptyset(&r->mask);
-	for (size_t i = 0; i < sizeof(forwarded) / sizeof(forwarded[0]); i++) {
-		/* One the caller ignores (nohup's SIGHUP, SIGINT for a job a
-		 * shell started with &) stays ignored, by us and the command:
-		 * blocked, it would reach the signalfd and end the wait, or
-		 * the run before the command starts. */
-		struct sigaction cur;
-		if (sigaction(forwarded[i], NULL, &cur) == 0 &&
-		    cur.sa_handler == SIG_IGN)
-			continue;
-		sigaddset(&r->mask, forwarded[i]);
-	}
+	for (size_t i = 0; i < sizeof(forwarded) / sizeof(forwarded[0]); i++)
+		forward(r, forwarded[i]);
+	for (int sig = SIGRTMIN; sig <= SIGRTMAX; sig++)
+		forward(r, sig);
 	sigaddset(&r->mask, SIGCHLD);
 	if (sigprocmask(SIG_BLOCK, &r->mask, &r->old_mask) < 0)
 		return -errno;

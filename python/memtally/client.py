@@ -321,7 +321,13 @@ class Client:
             if left <= 0:
                 raise TimeoutError("memtallyd did not answer in time")
             self.sock.settimeout(left)
-        chunk = self.sock.recv(65536)
+        try:
+            chunk = self.sock.recv(65536)
+        except socket.timeout:
+            # TimeoutError's alias since Python 3.10; before, an OSError
+            # of its own, which the callers took for a broken stream (and
+            # a late Admit's grant was never released).
+            raise TimeoutError("memtallyd did not answer in time") from None
         if not chunk:
             raise ConnectionError("memtallyd closed the connection")
         self.buf += chunk
@@ -388,7 +394,8 @@ class Client:
             # meanwhile: a task's time limit) hands the socket to its
             # late-answer thread instead (admit()), unless the stream broke.
             broken = isinstance(e, (MemtallyError, ConnectionError)) or (
-                isinstance(e, OSError) and not isinstance(e, TimeoutError))
+                isinstance(e, OSError) and
+                not isinstance(e, (TimeoutError, socket.timeout)))
             if "admit" not in body or broken:
                 self.sock.close()
                 self.sock = None

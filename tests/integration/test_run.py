@@ -4,8 +4,9 @@
   create is never there), exit status 3, nothing reserved;
 - the command's exit status passes through, and a signal that ends it
   comes back as 128 + N;
-- a signal sent to `memtally run` reaches the command (USR1 and ALRM
-  handled, TERM ending it with its own status), and SIGINT ends a plain command and
+- a signal sent to `memtally run` reaches the command (USR1, ALRM, IO,
+  RTMIN+1 handled, TERM ending it with its own status), and SIGINT ends
+  a plain command and
   then `memtally run` itself, of SIGINT (a shell's loop stops on it);
 - --wait waits (the command not started) and runs the command once
   another task's memory is freed; without room it gives up at the
@@ -131,6 +132,8 @@ def test_signals_reach_the_command():
     log = os.path.join(d, "log")
     script = (f"trap 'echo usr1 >> {log}' USR1; "
               f"trap 'echo alrm >> {log}' ALRM; "
+              f"trap 'echo io >> {log}' {int(signal.SIGIO)}; "
+              f"trap 'echo rt >> {log}' {int(signal.SIGRTMIN) + 1}; "
               f"trap 'echo term >> {log}; exit 42' TERM; "
               f"echo ready >> {log}; "
               "while :; do sleep 0.05; done")
@@ -187,10 +190,18 @@ def signals_to(p, log):
     p.send_signal(signal.SIGALRM)
     wait_for("ALRM handled", lambda: "alrm" in lines())
     check(p.poll() is None, "ALRM ended memtally run")
+    # IO and the real-time ones too (kill -s IO, scancel -s RTMIN+1):
+    # they ended memtally run, the command with SIGKILL.
+    p.send_signal(signal.SIGIO)
+    wait_for("IO handled", lambda: "io" in lines())
+    p.send_signal(signal.SIGRTMIN + 1)
+    wait_for("RTMIN+1 handled", lambda: "rt" in lines())
+    check(p.poll() is None, "IO or RTMIN+1 ended memtally run")
     p.send_signal(signal.SIGTERM)
     rc = p.wait(timeout=20 * MULT)
     check(rc == 42, f"TERM: exit {rc}, want the command's 42")
-    check(lines() == ["ready", "usr1", "alrm", "term"], f"log {lines()}")
+    check(lines() == ["ready", "usr1", "alrm", "io", "rt", "term"],
+          f"log {lines()}")
 
 
 def children(pid):
@@ -832,6 +843,22 @@ def test_a_token_it_will_not_send_is_exit_2():
           f"{'ran' if os.path.exists(made) else 'not run'} {r.stderr}")
 
 
+def test_the_token_is_not_the_commands():
+    """MEMTALLY_TOKEN gives admin rights: whoever set it for `memtally
+    run` did not give them to the job it wraps. Before, the command
+    inherited it."""
+    with limited() as s:
+        r = subprocess.run(
+            mt_run(s, "--", "sh", "-c",
+                   'printf "%s %s" "${MEMTALLY_TOKEN-unset}" '
+                   '"${MEMTALLY_TASK:+task}"'),
+            env=dict(run_env(), MEMTALLY_TOKEN="sekrit"),
+            capture_output=True, text=True, timeout=30 * MULT)
+        check(r.returncode == 0, f"exit {r.returncode}: {r.stderr}")
+        check(r.stdout == "unset task",
+              f"the command's environment: {r.stdout!r}")
+
+
 if __name__ == "__main__":
     run([test_denied_never_starts,
          test_a_closed_stderr_ends_neither_run_nor_command,
@@ -850,4 +877,5 @@ if __name__ == "__main__":
          test_a_stalled_memtallyd_holds_no_signal_up,
          test_asks_a_stalled_memtallyd_missed_make_one_grant,
          test_closed_stdio_keeps_off_the_connection,
-         test_as_a_containers_first_process_it_reaps_orphans])
+         test_as_a_containers_first_process_it_reaps_orphans,
+         test_the_token_is_not_the_commands])
