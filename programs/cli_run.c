@@ -974,12 +974,22 @@ static int supervise(struct run *r, char **envp)
 	}
 }
 
-/* Release the reservation the command ran under. */
+/* Release the reservation the command ran under, on a connection of its
+ * own (see the loop in mtcli_run). */
 static void release(struct run *r)
 {
-	if (!r->reservation[0] || !r->q)
+	if (!r->reservation[0])
 		return;
-	int err = memtally_query_release(r->q, r->reservation, NULL);
+	int err = r->q ? 0 : open_handle(r, &r->q);
+	if (err) {
+		fprintf(stderr,
+		        "memtally: cannot release reservation %s: cannot reach "
+		        "memtallyd at %s: %s (it ends at its TTL, or with its "
+		        "workers)\n",
+		        r->reservation, r->where, memtally_strerror(err));
+		return;
+	}
+	err = memtally_query_release(r->q, r->reservation, NULL);
 	/* Its workers' exit may have ended it already. */
 	if (err && err != MEMTALLY_ENOTFOUND)
 		fprintf(stderr,
@@ -1200,6 +1210,13 @@ int mtcli_run(const struct mtcli_run_opts *o)
 		rc = run == 0 && o->reservation ? adopt(&r) : admission(&r);
 		memtally_query_close(r.w);
 		r.w = NULL;
+		/* Admission's connection is not kept while the command runs:
+		 * with the watch, each run held two of its uid's
+		 * max_connections_per_uid, and 64 runs of one user at once
+		 * (xargs -P, srun -n) had the next ones run unadmitted and
+		 * their workers unregistered. The release opens its own. */
+		memtally_query_close(r.q);
+		r.q = NULL;
 		/* A rerun the node has no room for in time is still an
 		 * evicted task: job runners requeue on 75, not on 3. */
 		if (run > 0 && rc == EXIT_DENIED)

@@ -40,8 +40,9 @@ import subprocess
 import tempfile
 import time
 
-from harness import (CLI, MIB, MULT, Server, Skip, Worker, check, run,
-                     wait_for, worker)
+from harness import (CLI, MIB, MULT, NOBODY, NOGROUP, Server, Skip, Worker,
+                     check, open_to_nobody, run, wait_for, worker,
+                     world_readable_copy)
 from harness import config_file as config
 
 # Holders whose frees leave the process at once: jemalloc purges freed
@@ -859,6 +860,54 @@ def test_the_token_is_not_the_commands():
               f"the command's environment: {r.stdout!r}")
 
 
+def test_runs_of_one_user_keep_one_connection_each():
+    """A run keeps only its watch open while its command runs. Before, it
+    kept admission's connection too: with max_connections_per_uid = 4,
+    nobody's third run at once was refused its Admit and ran unadmitted
+    (as 64 runs of one user were under the default 128)."""
+    preload, cli, hold = world_readable_copy(
+        os.environ["MEMTALLY_PRELOAD_LIB"], CLI, worker("hold"))
+
+    def nobody():
+        os.setgroups([])
+        os.setgid(NOGROUP)
+        os.setuid(NOBODY)
+    with Server("--config", config("[server]\ngroup = nogroup\n"
+                                   "max_connections_per_uid = 4\n")) as s:
+        open_to_nobody(s)
+        runs = []
+        try:
+            for i in range(3):
+                p = subprocess.Popen(
+                    [cli, "--socket", s.socket, "run", "--bytes", "4MiB",
+                     "--task", "t%d" % i, "--", *hold, "1"],
+                    env=run_env(MEMTALLY_PRELOAD_LIB=preload),
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE, text=True, preexec_fn=nobody)
+                runs.append(p)
+                check(p.stdout.readline().startswith("ready"),
+                      "run %d's command is not ready" % i)
+                wait_for("run %d's worker registered" % i, lambda: {
+                    "t%d" % j for j in range(i + 1)} <= {
+                    v.get("task") for v in s.ps().values()}, timeout=20)
+            check(fleet(s)["reservations"] == 3,
+                  "reservations: %s" % fleet(s))
+            for p in runs:
+                p.stdin.close()
+            for i, p in enumerate(runs):
+                err = p.stderr.read()
+                check(p.wait(timeout=30 * MULT) == 0 and
+                      "without admission" not in err,
+                      "run %d: exit %s: %s" % (i, p.returncode, err))
+            wait_for("released", lambda: fleet(s)["reservations"] == 0,
+                     timeout=20)
+        finally:
+            for p in runs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+
+
 if __name__ == "__main__":
     run([test_denied_never_starts,
          test_a_closed_stderr_ends_neither_run_nor_command,
@@ -878,4 +927,5 @@ if __name__ == "__main__":
          test_asks_a_stalled_memtallyd_missed_make_one_grant,
          test_closed_stdio_keeps_off_the_connection,
          test_as_a_containers_first_process_it_reaps_orphans,
-         test_the_token_is_not_the_commands])
+         test_the_token_is_not_the_commands,
+         test_runs_of_one_user_keep_one_connection_each])
