@@ -28,6 +28,7 @@
 #include "mts_dispatch.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -590,6 +591,23 @@ out_free:
 
 #define TOP_N 5
 
+/*
+ * Has the peer on this Unix socket closed it (not only shut its writing
+ * down)? Then nobody will read the answer: an Admit it sent and gave up
+ * on (its timeout past while memtallyd was stopped or slow; `memtally
+ * run` then runs its command unadmitted) would be granted a reservation
+ * nobody releases until its TTL. Over TCP a closed peer shows only as
+ * the end of its input, which a peer that merely shut its writing down
+ * shows too: not looked at.
+ */
+static bool peer_hung_up(const struct mts_peer *peer)
+{
+	if (peer->tcp || peer->fd < 0)
+		return false;
+	struct pollfd p = {.fd = peer->fd, .events = POLLIN};
+	return poll(&p, 1, 0) == 1 && (p.revents & POLLHUP);
+}
+
 static int do_admit(struct mts_registry *reg, const struct mts_peer *peer,
                     const struct viewer *v, uint64_t id,
                     const Memtally__V1__Admit *q, struct mts_buf *out)
@@ -607,6 +625,16 @@ static int do_admit(struct mts_registry *reg, const struct mts_peer *peer,
 	};
 	struct mts_admit_out res;
 	char msg[160];
+	if (peer_hung_up(peer)) {
+		mts_log_uid(peer->uid, MTS_LOG_INFO,
+		            "an Admit whose asker has closed its connection is "
+		            "not decided (nobody would read the answer)",
+		            "peer_pid=%u uid=%u bytes=%llu", peer->pid,
+		            peer->uid, (unsigned long long)q->bytes);
+		return append_error(
+		    out, id, MEMTALLY__V1__ERROR_CODE__ERROR_INVALID_REQUEST,
+		    "the connection was closed before the answer");
+	}
 	int err = mts_admit(reg, peer, &ar, &res);
 	switch (err) {
 	case 0:

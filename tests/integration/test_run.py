@@ -786,6 +786,29 @@ def test_asks_a_stalled_memtallyd_missed_make_one_grant():
                 p.wait()
 
 
+def test_an_admit_given_up_on_is_not_granted():
+    """memtallyd stalls (SIGSTOP) past a run's --timeout: the run fails
+    open and runs its command. Going on, memtallyd read the Admit and
+    granted it, a reservation nobody released until its TTL (120 s)."""
+    with limited("1GiB") as s:
+        s.proc.send_signal(signal.SIGSTOP)
+        try:
+            r = subprocess.run([CLI, "--socket", s.socket, "--timeout",
+                                "500", "run", "--bytes", "300MiB", "--",
+                                "true"], env=run_env(), capture_output=True,
+                               text=True, timeout=30 * MULT)
+        finally:
+            s.proc.send_signal(signal.SIGCONT)
+        check(r.returncode == 0 and "without admission" in r.stderr,
+              f"exit {r.returncode}: {r.stderr}")
+        wait_for("the Admit read", lambda: any(
+            w in s.logtext() for w in ("closed its connection",
+                                       'msg="admission granted"')),
+                 timeout=20)
+        check(fleet(s)["reservations"] == 0,
+              f"a grant nobody will release: {fleet(s)}")
+
+
 def test_a_closed_stderr_ends_neither_run_nor_command():
     """run's stderr a pipe nobody reads any more (a runner's log reader
     gone): its fail-open line killed it with SIGPIPE before the command
@@ -928,4 +951,5 @@ if __name__ == "__main__":
          test_closed_stdio_keeps_off_the_connection,
          test_as_a_containers_first_process_it_reaps_orphans,
          test_the_token_is_not_the_commands,
-         test_runs_of_one_user_keep_one_connection_each])
+         test_runs_of_one_user_keep_one_connection_each,
+         test_an_admit_given_up_on_is_not_granted])
