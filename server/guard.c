@@ -368,50 +368,59 @@ int mts_guard_candidates(const struct mts_registry *reg,
 	return err;
 }
 
-/* ---- processes nobody registered ------------------------------------------
- */
+/* ---- processes a run started that never registered ----------------------- */
 
 /*
  * The node's figure holds every process in it, and the candidates above
- * only those that registered. A process started without the preload (a
- * static binary, a program run with the environment cleared) holds memory
- * the guard sees and could charge to no one: with nothing registered
- * beyond its reservation, the guard chose the youngest task, however far
- * within its grant, and the process that pushed the node there stayed,
- * ready to have the next task evicted at the next interval. Any user
- * could turn the guard on the others that way.
+ * only those that registered. A command run by `memtally run` that drops
+ * the preload (a static binary, `env -u LD_PRELOAD`, a program that
+ * clears its environment) held memory the guard saw and could charge to
+ * no one: its task, within its grant by what registered, was never
+ * chosen, and with nothing registered beyond its reservation the guard
+ * evicted the youngest task, however far within its own grant.
  *
- * So at a decision (past the line, at most once per interval) the guard
- * reads every process in its scope: the cgroup it guards and those below
- * it (their cgroup.procs), or every process where it guards the machine's
- * MemAvailable. A process not registered and not below a registered one
- * (whose family its worker's figure holds, vouch.c) is a "stray":
- *  - below a `memtally run` (the asker of a live reservation of a task),
- *    it is that task's: its figure adds to the task's candidate (made if
- *    none of its workers registered), and it is a root of the task's
- *    tree, so that an eviction takes it too. A command that drops the
- *    preload does not leave its task's reservation behind.
- *  - otherwise it is a candidate of its own uid's, with nothing reserved,
- *    when it holds at least 1/MTS_GUARD_STRAY_MIN_DIV of the limit (a
- *    shell or an editor is not what fills a node, and killing it frees
- *    nothing) and its uid is not trusted (a node's service; unless
- *    [guard] evict_trusted). It then ranks with the others by what it
- *    holds that nobody granted: all of it.
+ * So at a decision (past the line, at most once per interval), while
+ * some live reservation of a task has a local asker (its `memtally
+ * run`), the guard reads the processes in its scope: the cgroup it
+ * guards and those below it (their cgroup.procs), or every process where
+ * it guards the machine's MemAvailable. A process below such an asker,
+ * neither registered nor below a registered worker (whose family its
+ * worker's figure holds, vouch.c), is the task's: its figure adds to the
+ * task's candidate (made if none of its workers registered), and the
+ * topmost of them (the asker's children) are roots of the task's tree,
+ * which an eviction kills (the run kills what is left of its own after
+ * that). It counts only against its own run's task: a user cannot make
+ * another's task look bigger so.
+ *
  * Measured as vouch.c measures an untrusted worker: its proportional
- * figure (smaps_rollup: Pss_Anon + Pss_Shmem + SwapPss), so that the
- * children a process forked, sharing its pages, are not each counted at
- * the whole; status (every shared page in full) only to pass over the
- * small ones cheaply. memtallyd, its descendants (hooks) and its
- * ancestors, pid 1 and kernel threads are never strays.
+ * figure (smaps_rollup), so that the children a command forked, sharing
+ * its pages, are not each counted at the whole; past
+ * MTS_GUARD_STRAY_READS page walks in a decision, its status figure (each
+ * shared page in full: more, never less, and only against its own task).
  *
- * Cost: a stat read per process in scope (~9 us) and a status read per
- * unregistered one, plus a page walk per stray large enough or under a
- * `memtally run`, on the loop, at a decision only. A test's procfs tree
- * (src.proc) has no processes: no strays there.
+ * Cost: nothing while no reservation has a local asker. Else a stat read
+ * per process in scope (~9 us), each process's ancestry resolved once
+ * (remembered along the way) against the askers sorted once, a status
+ * read per process under a run (at most MTS_GUARD_TREE_MAX of them), and
+ * at most MTS_GUARD_STRAY_READS page walks, on the loop, at a decision
+ * only. A test's procfs tree
+ * (src.proc) has no processes: none there.
+ *
+ * Not here: processes no run started. Taken as candidates of their own
+ * (one holding 1/32 of the limit, of an untrusted uid), a review showed
+ * that nobody's memory split across small processes escaped the cut
+ * while a service account's process (www-data: untrusted by default) was
+ * killed in its place, and that many forked children cost a page walk
+ * each on the loop. They stay uncounted, as the guard's section of
+ * docs/ARCHITECTURE.md says.
  */
+#define MTS_GUARD_STRAY_READS 64u
+
 struct stray_pp {
 	uint32_t pid, ppid;
 	uint64_t start;
+	/* Resolved: 0 not yet, 1 not a run's, else 2 + the asker's index. */
+	uint32_t of;
 };
 
 static int cmp_stray_pp(const void *a, const void *b)
@@ -460,8 +469,11 @@ static int scope_read(int dfd, struct u32_set *s, int depth)
 			buf[have] = '\0';
 			/* Whole lines only; the rest waits for more. */
 			char *last = strrchr(buf, '\n');
-			if (!last)
+			if (!last) {
+				if (have == sizeof(buf) - 1)
+					have = 0; /* no pid is this long */
 				continue;
+			}
 			for (char *p = buf, *end; p < last; p = end + 1) {
 				unsigned long v = strtoul(p, &end, 10);
 				if (end == p || *end != '\n')
@@ -502,7 +514,7 @@ static int scope_read(int dfd, struct u32_set *s, int depth)
 	return err;
 }
 
-/* Every process in the /proc directory `dfd`, by pid. */
+/* Every process, by pid. */
 static int procs_read(struct stray_pp **out, uint32_t *n)
 {
 	*out = NULL;
@@ -510,9 +522,10 @@ static int procs_read(struct stray_pp **out, uint32_t *n)
 	int dfd = open("/proc", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	DIR *d = dfd >= 0 ? fdopendir(dfd) : NULL;
 	if (!d) {
+		int err = -errno;
 		if (dfd >= 0)
 			close(dfd);
-		return -errno;
+		return err;
 	}
 	struct stray_pp *v = NULL;
 	uint32_t cap = 0, k = 0;
@@ -537,7 +550,7 @@ static int procs_read(struct stray_pp **out, uint32_t *n)
 			}
 			v = w;
 		}
-		v[k++] = (struct stray_pp){(uint32_t)pid, ppid, st};
+		v[k++] = (struct stray_pp){(uint32_t)pid, ppid, st, 0};
 	}
 	closedir(d);
 	if (err < 0) {
@@ -550,11 +563,35 @@ static int procs_read(struct stray_pp **out, uint32_t *n)
 	return 0;
 }
 
-static const struct stray_pp *pp_find(const struct stray_pp *v, uint32_t n,
-                                      uint32_t pid)
+static struct stray_pp *pp_find(struct stray_pp *v, uint32_t n, uint32_t pid)
 {
 	struct stray_pp key = {.pid = pid};
 	return bsearch(&key, v, n, sizeof(*v), cmp_stray_pp);
+}
+
+/* The live reservations of a task asked for by a local process (a
+ * `memtally run`), by the asker's pid. */
+struct asker {
+	uint32_t pid;
+	uint64_t start;
+	const struct mts_resv *r;
+};
+
+static int cmp_asker(const void *a, const void *b)
+{
+	uint32_t x = ((const struct asker *)a)->pid;
+	uint32_t y = ((const struct asker *)b)->pid;
+	return x < y ? -1 : x > y;
+}
+
+/* The index of asker `pid` (started at `start`) in k[0..n), or -1. One
+ * asker may hold several reservations: any of its task's will do. */
+static int asker_index(const struct asker *k, uint32_t n, uint32_t pid,
+                       uint64_t start)
+{
+	struct asker key = {.pid = pid};
+	const struct asker *a = bsearch(&key, k, n, sizeof(*k), cmp_asker);
+	return a && a->start == start ? (int)(a - k) : -1;
 }
 
 /* Is `pid` (started at `start`) a registered worker? */
@@ -565,61 +602,49 @@ static bool registered(const struct mts_registry *reg, uint32_t pid,
 	return p && p->start_time == start;
 }
 
-/* The live reservation of a task whose asker is `pid` (started at
- * `start`), or NULL. A linear search: few reservations have a local
- * asker, and this runs at a decision only. */
-static const struct mts_resv *asked_by(const struct mts_registry *reg,
-                                       uint32_t pid, uint64_t start)
+/* Resolve whose run `p` is below (p->of), and that of each process on its
+ * way up to the first one resolved or that decides: each process once. */
+static void resolve(const struct mts_registry *reg, struct stray_pp *v,
+                    uint32_t n, struct stray_pp *p, const struct asker *ak,
+                    uint32_t nak)
 {
-	const struct mts_admission *adm = reg->adm;
-	for (uint32_t i = 0; i < adm->nresv; i++) {
-		const struct mts_resv *r = adm->resv[i];
-		if (r->task && r->has_owner && !r->hosted &&
-		    r->asker_pid == pid && r->asker_start == start)
-			return r;
-	}
-	return NULL;
-}
-
-enum stray_kind { STRAY_NONE, STRAY_FREE, STRAY_TASK };
-
-/* What `p` is: a stray of its own, one of the task `*r` asked for, or
- * neither (registered, below a registered worker or memtallyd, an asker
- * itself, pid 1, a kernel thread, memtallyd's ancestor). */
-static enum stray_kind stray_of(const struct mts_registry *reg,
-                                const struct stray_pp *v, uint32_t n,
-                                const struct stray_pp *p,
-                                const struct u32_set *self_up,
-                                const struct mts_resv **r)
-{
-	*r = NULL;
-	if (p->pid <= 2 || p->ppid == 2 || registered(reg, p->pid, p->start) ||
-	    asked_by(reg, p->pid, p->start) ||
-	    bsearch(&p->pid, self_up->v, self_up->n, sizeof(uint32_t),
-	            mt_cmp_u32))
-		return STRAY_NONE;
+	struct stray_pp *chain[MTS_ANCESTRY_MAX];
+	uint32_t len = 0, of = 1;
 	uint32_t self = (uint32_t)getpid();
-	const struct stray_pp *a = p;
-	for (uint32_t up = 0; up < MTS_ANCESTRY_MAX; up++) {
-		a = pp_find(v, n, a->ppid);
-		if (!a)
-			break; /* init's child, or a parent gone since */
-		if (a->pid == self || registered(reg, a->pid, a->start))
-			return STRAY_NONE;
-		const struct mts_resv *q = asked_by(reg, a->pid, a->start);
-		if (q) {
-			*r = q;
-			return STRAY_TASK;
+	for (struct stray_pp *a = p; a; a = pp_find(v, n, a->ppid)) {
+		/* A run's own process is not its task's (its figure is
+		 * memtally's), what is below it is: the run first, whatever
+		 * was remembered of it. */
+		int i = asker_index(ak, nak, a->pid, a->start);
+		if (i >= 0) {
+			if (a == p)
+				p->of = 1;
+			else
+				of = 2 + (uint32_t)i;
+			break;
 		}
-		if (a->pid == 2)
-			return STRAY_NONE; /* a kernel thread */
+		if (a->of) {
+			of = a->of;
+			break;
+		}
+		/* memtallyd (and its hooks below it), a registered worker
+		 * (and its family, counted with it), pid 1 and the kernel's
+		 * threads are no run's, nor is anything below them. */
+		if (a->pid <= 2 || a->pid == self ||
+		    registered(reg, a->pid, a->start)) {
+			a->of = 1;
+			break;
+		}
+		if (len == MTS_ANCESTRY_MAX)
+			break; /* deeper than an ancestry is walked: none */
+		chain[len++] = a;
 	}
-	return STRAY_FREE;
+	for (uint32_t i = 0; i < len; i++)
+		chain[i]->of = of;
 }
 
 /* The proportional figure of `pid` (started at `start`); false if it is
- * gone, or a pid reused meanwhile (whose status, read before, may have
- * been another's). */
+ * gone, or a pid reused meanwhile. */
 static bool stray_read(uint32_t pid, uint64_t start, uint64_t *held)
 {
 	struct mts_kernel_mem km;
@@ -628,12 +653,8 @@ static bool stray_read(uint32_t pid, uint64_t start, uint64_t *held)
 	if (mts_read_kernel_mem((int)pid, true, &km) < 0 ||
 	    mts_read_parent((pid_t)pid, &pp, &st) < 0 || st != start)
 		return false;
-	if (!km.pss) {
-		/* No proportional figures (smaps_rollup unreadable, or a
-		 * kernel without them): status counts shared pages in
-		 * full. Its anonymous pages alone, then. */
-		km.held = km.anon;
-	}
+	/* No proportional figures (smaps_rollup unreadable, or a kernel
+	 * without them): status's, each shared page in full. */
 	*held = km.held;
 	return true;
 }
@@ -668,104 +689,101 @@ static struct mts_guard_cand *task_cand(const struct mts_registry *reg,
 	return k;
 }
 
-/* Add the strays in the guard's scope to the candidates c[0..*n) (whose
- * array may move). Out of memory or unreadable: none, as before. */
+/* The live reservations of a task with a local asker, sorted by it. */
+static struct asker *askers(const struct mts_registry *reg, uint32_t *n)
+{
+	const struct mts_admission *adm = reg->adm;
+	*n = 0;
+	struct asker *ak =
+	    adm->nresv ? malloc((size_t)adm->nresv * sizeof(*ak)) : NULL;
+	if (!ak)
+		return NULL;
+	for (uint32_t i = 0; i < adm->nresv; i++) {
+		const struct mts_resv *r = adm->resv[i];
+		if (r->task && r->has_owner && !r->hosted && r->asker_pid)
+			ak[(*n)++] =
+			    (struct asker){r->asker_pid, r->asker_start, r};
+	}
+	qsort(ak, *n, sizeof(*ak), cmp_asker);
+	return ak;
+}
+
+/* Add what runs started and never registered to their tasks' candidates
+ * in c[0..*n) (whose array may move). Out of memory or unreadable: none,
+ * as before. */
 static void strays_add(const struct mts_registry *reg,
                        struct mts_guard_cand **c, uint32_t *n)
 {
 	const struct mts_guard_state *g = reg->guard;
 	if (g->src.proc[0])
 		return; /* a test's procfs tree */
+	uint32_t nak;
+	struct asker *ak = askers(reg, &nak);
+	struct u32_set scope = {0};
+	struct stray_pp *v = NULL;
+	uint32_t nv = 0;
+	if (!nak)
+		goto out;
 	bool cgroup = g->src.kind == MTS_NODE_CGROUP_V2 ||
 	              g->src.kind == MTS_NODE_CGROUP_V1;
-	struct u32_set scope = {0}, self_up = {0};
 	if (cgroup) {
 		int dfd = open(g->src.dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 		if (dfd < 0)
-			return;
+			goto out;
 		int err = scope_read(dfd, &scope, 0);
 		close(dfd);
-		if (err < 0 || !scope.n) {
-			free(scope.v);
-			return;
-		}
+		if (err < 0 || !scope.n)
+			goto out;
 		qsort(scope.v, scope.n, sizeof(uint32_t), mt_cmp_u32);
 	}
-	struct stray_pp *v;
-	uint32_t nv;
-	if (procs_read(&v, &nv) < 0) {
-		free(scope.v);
-		return;
-	}
-	/* memtallyd and its ancestors: its own unit, shell, supervisor. */
-	for (const struct stray_pp *a = pp_find(v, nv, (uint32_t)getpid());
-	     a && self_up.n < MTS_ANCESTRY_MAX; a = pp_find(v, nv, a->ppid))
-		if (set_add(&self_up, a->pid) < 0)
-			goto out;
-	qsort(self_up.v, self_up.n, sizeof(uint32_t), mt_cmp_u32);
-	uint32_t cap = *n;
-	uint64_t min = g->node.limit / MTS_GUARD_STRAY_MIN_DIV;
-	for (uint32_t i = 0; i < nv; i++) {
-		const struct stray_pp *p = &v[i];
+	if (procs_read(&v, &nv) < 0)
+		goto out;
+	uint32_t cap = *n, reads = 0, seen = 0;
+	for (uint32_t i = 0; i < nv && seen < MTS_GUARD_TREE_MAX; i++) {
+		struct stray_pp *p = &v[i];
 		if (cgroup && !bsearch(&p->pid, scope.v, scope.n,
 		                       sizeof(uint32_t), mt_cmp_u32))
 			continue;
-		const struct mts_resv *r;
-		enum stray_kind kind = stray_of(reg, v, nv, p, &self_up, &r);
-		if (kind == STRAY_NONE)
+		if (!p->of)
+			resolve(reg, v, nv, p, ak, nak);
+		if (p->of < 2)
 			continue;
-		/* Status first: cheap, and the most it may be. */
+		const struct mts_resv *r = ak[p->of - 2].r;
+		seen++; /* as many as an eviction would signal, at most */
 		struct mts_kernel_mem st;
 		if (mts_read_kernel_mem((int)p->pid, false, &st) < 0 ||
-		    !st.has_uids || st.held == 0)
+		    st.held == 0)
 			continue;
-		if (kind == STRAY_FREE &&
-		    (st.held < min ||
-		     (mts_uid_trusted(reg, st.uids[0]) && !g->evict_trusted)))
-			continue;
-		uint64_t held;
-		uint32_t uid = st.uids[0]; /* real: smaps_rollup has none */
-		if (!stray_read(p->pid, p->start, &held) || held == 0)
-			continue;
-		struct mts_guard_cand *k;
-		if (kind == STRAY_TASK) {
-			k = task_cand(reg, c, n, &cap, r);
-			if (!k)
-				break;
-			k->used = mt_sat_add(k->used, held);
-			if (k->nroots < MTS_GUARD_ROOTS_MAX) {
-				k->root_pid[k->nroots] = p->pid;
-				k->root_start[k->nroots++] = p->start;
-			}
+		uint64_t held = st.held;
+		uint32_t pp;
+		uint64_t start;
+		if (reads < MTS_GUARD_STRAY_READS) {
+			reads++;
+			if (!stray_read(p->pid, p->start, &held))
+				continue;
+		} else if (mts_read_parent((pid_t)p->pid, &pp, &start) < 0 ||
+		           start != p->start) {
 			continue;
 		}
-		if (held < min)
+		if (!held)
 			continue;
-		if (*n == cap) {
-			uint32_t nc = cap ? 2 * cap : 16;
-			struct mts_guard_cand *w =
-			    realloc(*c, (size_t)nc * sizeof(*w));
-			if (!w)
-				break;
-			*c = w;
-			cap = nc;
+		struct mts_guard_cand *k = task_cand(reg, c, n, &cap, r);
+		if (!k)
+			break;
+		k->used = mt_sat_add(k->used, held);
+		/* The topmost (the run's children): their descendants are
+		 * walked at the eviction. */
+		const struct stray_pp *up = pp_find(v, nv, p->ppid);
+		if ((!up || up->of != p->of) &&
+		    k->nroots < MTS_GUARD_ROOTS_MAX) {
+			k->root_pid[k->nroots] = p->pid;
+			k->root_start[k->nroots++] = p->start;
 		}
-		k = &(*c)[(*n)++];
-		memset(k, 0, sizeof(*k));
-		k->task = "";
-		k->uid = uid;
-		k->pid = p->pid;
-		k->used = held;
-		k->eligible = true;
-		k->stray = true;
-		k->root_pid[0] = p->pid;
-		k->root_start[0] = p->start;
-		k->nroots = 1;
 	}
 out:
+	free(ak);
 	free(v);
 	free(scope.v);
-	free(self_up.v);
 }
 
 /* ---- the eviction -------------------------------------------------------- */
@@ -989,8 +1007,6 @@ static void close_tree(struct tree *t)
 static void guard_record_eviction(struct mts_registry *reg,
                                   const struct mts_guard_cand *k)
 {
-	if (k->stray)
-		return; /* no task, no kind, hosts nothing */
 	if (!k->task[0]) {
 		mts_host_evicted(reg, k->pid);
 		return;
@@ -1139,8 +1155,7 @@ static void describe(char *buf, size_t len, const char *verb,
 	char a[32], b[32], d[32], e[32], f[32], who[48];
 	bool c = g->node.by_commit;
 	if (!k->task[0])
-		snprintf(who, sizeof(who), "%s %u",
-		         k->stray ? "unregistered process" : "process", k->pid);
+		snprintf(who, sizeof(who), "process %u", k->pid);
 	snprintf(buf, len,
 	         "%s by the node guard: %s at %s, past its line %s "
 	         "(%s %s); %s%s used %s against %s reserved, %s of %u "

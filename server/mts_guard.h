@@ -19,12 +19,11 @@
 #define MTS_GUARD_LOG_CANDIDATES 8u
 /* Descendants of one eviction's workers looked for and killed. */
 #define MTS_GUARD_TREE_MAX 4096u
-/* Processes nobody registered ("strays", guard.c): one holding at least
- * 1/MTS_GUARD_STRAY_MIN_DIV of the node's limit is a candidate of its own;
- * one under a `memtally run` is its task's, which keeps at most this many
- * of them as roots of its tree (their descendants are walked anyway). */
-#define MTS_GUARD_STRAY_MIN_DIV 32u
-#define MTS_GUARD_ROOTS_MAX     16u
+/* Processes a `memtally run` started that never registered (guard.c):
+ * its task keeps at most this many of the topmost as roots of its tree
+ * (their descendants are walked anyway, and the run kills what is left of
+ * its own after an eviction). */
+#define MTS_GUARD_ROOTS_MAX 16u
 /* A task stays paused while the node's room (limit - usage) holds a
  * quarter of the gap between its line and its limit plus what the node
  * rises in this long at its latest rate: three checks, time to see the
@@ -52,10 +51,8 @@ struct mts_guard_cand {
 	bool eligible;       /* may be chosen (trust rules) */
 	uint64_t uid_beyond; /* what its uid's eligible candidates hold
 	                      * beyond their reservations, together */
-	/* Processes that never registered: `stray` is one with no task
-	 * (pid, uid: its own); a task's are those its `memtally run`
-	 * started, their figures in `used`, roots of its tree. */
-	bool stray;
+	/* Processes its `memtally run` started that never registered:
+	 * their figures are in `used`, the topmost roots of its tree. */
 	uint32_t nroots;
 	uint32_t root_pid[MTS_GUARD_ROOTS_MAX];
 	uint64_t root_start[MTS_GUARD_ROOTS_MAX];

@@ -929,9 +929,9 @@ BIG_HOG = ("import sys; b = bytes([1]) * (150 << 20); "
 
 def stray_beside_a_task(name, start_hog):
     """Another user's task within its reservation (40 MiB of 64), then
-    nobody's unregistered hog, started by `start_hog(s, env, cli)`: the
-    guard must evict the hog (or its run), never the task within its
-    grant. Returns the hog's process and the server's log."""
+    nobody's hog that never registers, started by `start_hog(s, cg, env,
+    cli)`: the guard must evict the hog's run, never the task within its
+    grant. Returns the hog's exit status, stderr and the server's log."""
     second = second_user()
     cg = node(name)
     preload, cli, hold = world_readable_copy(
@@ -973,27 +973,13 @@ def stray_beside_a_task(name, start_hog):
         end_all(cg, victim, hog)
 
 
-def test_an_unregistered_process_goes_not_a_task_within_its_grant():
-    """Before, the guard knew only registered workers: none beyond its
-    reservation, it chose the youngest, the other user's task within its
-    grant, and the hog stayed."""
-    def start(s, cg, env, cli):
-        return subprocess.Popen(["/usr/bin/python3", "-c", BIG_HOG],
-                                env=run_env(s), stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, text=True,
-                                preexec_fn=in_node(cg, (NOBODY, NOGROUP)))
-    rc, _, log = stray_beside_a_task("stray", start)
-    check(rc == -9, "the hog was not evicted: exit %s" % rc)
-    decision = log.split('msg="node guard: evicting"')[1].split("\n")[0]
-    check("uid=%d" % NOBODY in decision and "unregistered process" in
-          decision and "workers=0" in decision,
-          "the eviction was not the hog's: %s" % decision)
-
-
 def test_a_command_that_drops_the_preload_is_its_runs():
     """nobody's `memtally run --bytes 1MiB` whose command runs the hog
     without the preload: the hog is that run's task (its figure, beyond
-    the 1 MiB granted), so the run is evicted (exit 75) and says so."""
+    the 1 MiB granted), so the run is evicted (exit 75) and says so.
+    Before, the guard knew only registered workers: none beyond its
+    reservation, it evicted the other user's task within its grant as the
+    youngest, and the hog stayed."""
     def start(s, cg, env, cli):
         return mt_run(s, cg, "--task", "dropper", "--bytes", "1MiB", "--",
                       "/usr/bin/env", "-u", "LD_PRELOAD", "/usr/bin/python3",
@@ -1023,5 +1009,4 @@ if __name__ == "__main__":
          test_anothers_eviction_is_not_an_admins,
          test_a_command_that_switches_user_is_evicted_as_the_runs,
          test_a_name_taken_without_a_reservation_is_not_an_admins_run,
-         test_an_unregistered_process_goes_not_a_task_within_its_grant,
          test_a_command_that_drops_the_preload_is_its_runs])
