@@ -323,11 +323,13 @@ class Client:
             self.sock.settimeout(left)
         try:
             chunk = self.sock.recv(65536)
-        except socket.timeout:
+        except socket.timeout as e:
             # TimeoutError's alias since Python 3.10; before, an OSError
             # of its own, which the callers took for a broken stream (and
             # a late Admit's grant was never released).
-            raise TimeoutError("memtallyd did not answer in time") from None
+            if isinstance(e, TimeoutError):
+                raise
+            raise TimeoutError(*e.args) from None
         if not chunk:
             raise ConnectionError("memtallyd closed the connection")
         self.buf += chunk
