@@ -137,9 +137,16 @@ def shared_run(mode, measure):
             # Under `measure = max` the mapping, resident in all 11, is
             # the claim: each one's resident set holds it.
             # Two sweeps for the kernel's figures to follow, then 3 s in
-            # which nothing shared may move.
+            # which nothing shared may move. A full sweep that read the
+            # children before they registered charged them to their
+            # parent too, until the next one (a named gap: at most one
+            # full sweep, which a loaded machine spaces further apart
+            # than rss_interval): that one first.
             t0 = time.monotonic()
             wait_for("1.2 s", lambda: time.monotonic() > t0 + 1.2)
+            wait_for("no child charged to the parent", lambda: s.ps()[
+                pids[0]].get("descendant_bytes", 0) == 0,
+                timeout=30 * MULT)
             end = time.monotonic() + 3 * MULT
             worst = worst_rss = 0
             while time.monotonic() < end:
