@@ -184,7 +184,9 @@ def test_watch_reconnect_waits_when_closed_at_once():
     with Server("--max-connections", "4") as s:
         held = []
         for _ in range(8):              # until one is closed at once
-            c = mc.Client(s.socket)
+            # A slow (sanitized, loaded) server must not pass for a
+            # refusing one: a timeout is an OSError too.
+            c = mc.Client(s.socket, timeout=20 * MULT)
             try:
                 c.usage()
             except (OSError, ConnectionError):

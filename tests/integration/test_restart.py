@@ -49,7 +49,11 @@ def test_restart_adopts_live_workers():
     # between the two readings compared here on a busy machine.
     heap = {"MEMTALLY_ALLOCATOR_FREE": "0"}
     a = Worker([*worker("hold"), "64", "2"], first.env(group="alpha", **heap))
-    b = Worker([*worker("hold"), "32"], first.env(group="beta", **heap))
+    # b without its refresh thread: that would register it again on its
+    # own once the heartbeat is 2 s stale, before the check below on a
+    # slow (sanitized) restart; b learns of the restart as it allocates.
+    b = Worker([*worker("hold"), "32"],
+               first.env(group="beta", MEMTALLY_REFRESH_MS="0", **heap))
     c = Worker([*worker("hold"), "16"], first.env(group="gamma", **heap))
     second = None
     try:
@@ -278,7 +282,11 @@ def test_a_worker_left_out_of_the_record_keeps_its_count():
     a = Worker([*worker("hold"), "64"], first.env(group="alpha", **heap))
     a.readline()
     wait_for("a counted", counted(first, a.pid, 64 * MIB))
-    b = Worker([*worker("hold"), "32"], first.env(group="beta", **heap))
+    # b without its refresh thread: that would register it again on its
+    # own once the heartbeat is 2 s stale, before the check below on a
+    # slow (sanitized) restart; b learns of the restart as it allocates.
+    b = Worker([*worker("hold"), "32"],
+               first.env(group="beta", MEMTALLY_REFRESH_MS="0", **heap))
     b.readline()
     second = c = None
     try:
