@@ -416,19 +416,13 @@ int mts_guard_candidates(const struct mts_registry *reg,
  */
 #define MTS_GUARD_STRAY_READS 64u
 
+/* By pid, their first member: sorted and searched with mt_cmp_u32. */
 struct stray_pp {
 	uint32_t pid, ppid;
 	uint64_t start;
 	/* Resolved: 0 not yet, 1 not a run's, else 2 + the asker's index. */
 	uint32_t of;
 };
-
-static int cmp_stray_pp(const void *a, const void *b)
-{
-	uint32_t x = ((const struct stray_pp *)a)->pid;
-	uint32_t y = ((const struct stray_pp *)b)->pid;
-	return x < y ? -1 : x > y;
-}
 
 struct u32_set {
 	uint32_t *v;
@@ -557,7 +551,7 @@ static int procs_read(struct stray_pp **out, uint32_t *n)
 		free(v);
 		return err;
 	}
-	qsort(v, k, sizeof(*v), cmp_stray_pp);
+	qsort(v, k, sizeof(*v), mt_cmp_u32);
 	*out = v;
 	*n = k;
 	return 0;
@@ -566,23 +560,16 @@ static int procs_read(struct stray_pp **out, uint32_t *n)
 static struct stray_pp *pp_find(struct stray_pp *v, uint32_t n, uint32_t pid)
 {
 	struct stray_pp key = {.pid = pid};
-	return bsearch(&key, v, n, sizeof(*v), cmp_stray_pp);
+	return bsearch(&key, v, n, sizeof(*v), mt_cmp_u32);
 }
 
 /* The live reservations of a task asked for by a local process (a
  * `memtally run`), by the asker's pid. */
 struct asker {
-	uint32_t pid;
+	uint32_t pid; /* first: sorted and searched with mt_cmp_u32 */
 	uint64_t start;
 	const struct mts_resv *r;
 };
-
-static int cmp_asker(const void *a, const void *b)
-{
-	uint32_t x = ((const struct asker *)a)->pid;
-	uint32_t y = ((const struct asker *)b)->pid;
-	return x < y ? -1 : x > y;
-}
 
 /* The index of asker `pid` (started at `start`) in k[0..n), or -1. One
  * asker may hold several reservations: any of its task's will do. */
@@ -590,7 +577,7 @@ static int asker_index(const struct asker *k, uint32_t n, uint32_t pid,
                        uint64_t start)
 {
 	struct asker key = {.pid = pid};
-	const struct asker *a = bsearch(&key, k, n, sizeof(*k), cmp_asker);
+	const struct asker *a = bsearch(&key, k, n, sizeof(*k), mt_cmp_u32);
 	return a && a->start == start ? (int)(a - k) : -1;
 }
 
@@ -704,7 +691,7 @@ static struct asker *askers(const struct mts_registry *reg, uint32_t *n)
 			ak[(*n)++] =
 			    (struct asker){r->asker_pid, r->asker_start, r};
 	}
-	qsort(ak, *n, sizeof(*ak), cmp_asker);
+	qsort(ak, *n, sizeof(*ak), mt_cmp_u32);
 	return ak;
 }
 
