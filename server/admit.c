@@ -468,7 +468,7 @@ static bool resv_matched_live(struct mts_task *t, const struct mts_resv *r)
  * inside its asker (hosted) from the grant on? */
 static bool running(const struct mts_resv *r)
 {
-	return r->taken_over || r->hosted;
+	return r->taken_over || r->hosted || r->tree_run;
 }
 
 /* What a hosted task uses now and the reservation no longer needs to set
@@ -775,8 +775,9 @@ static void task_seen(struct mts_registry *reg, struct mts_task *t)
 static uint64_t resv_deadline(const struct mts_registry *reg,
                               const struct mts_resv *r)
 {
-	uint32_t s =
-	    r->taken_over || r->hosted ? reg->policy.max_ttl_s : r->ttl_s;
+	uint32_t s = r->taken_over || r->hosted || r->tree_run
+	                 ? reg->policy.max_ttl_s
+	                 : r->ttl_s;
 	return r->created_mono_ns + (uint64_t)s * 1000000000u;
 }
 
@@ -903,7 +904,8 @@ static void take_over(struct mts_registry *reg, struct mts_resv *r)
 {
 	r->taken_over = true;
 	reg->adm->resv_dirty = true; /* its record changes */
-	run_start(r);
+	if (!r->tree_run) /* else its run began with its command's memory */
+		run_start(r);
 	r->expires_ns = resv_deadline(reg, r);
 	if (r->heap_index != UINT32_MAX)
 		heap_fix(reg, r->heap_index);
@@ -1200,14 +1202,17 @@ static uint64_t resv_vouched(struct mts_task *t, const struct mts_resv *r)
 static void task_peaks(struct mts_task *t, uint64_t now_ns)
 {
 	for (struct mts_resv *r = t->resv; r; r = r->tnext) {
-		/* A hosted task's use is its asker's growth (hosted_tick). */
-		if (!r->kind || (r->hosted && !r->taken_over))
+		/* A hosted task's use is its asker's growth (hosted_tick);
+		 * with no worker registered, a run's is its command's, read
+		 * by the resident sweep (mts_resv_run_read). */
+		if (!r->kind || (r->hosted && !r->taken_over) ||
+		    (!t->live && r->tree_run))
 			continue;
 		uint64_t v = resv_vouched(t, r);
 		r->use = v;
 		if (v > r->peak)
 			r->peak = v;
-		if (!r->taken_over)
+		if (!r->taken_over && !r->tree_run)
 			continue;
 		run_sample(r, now_ns, v);
 		uint64_t w = run_want(r, now_ns);
@@ -2923,6 +2928,152 @@ int mts_admit(struct mts_registry *reg, const struct mts_peer *peer,
 	                  profiled ? &prof : NULL, req, out);
 }
 
+/* ---- runs: what a `memtally run` started ----------------------------------
+ */
+
+static int cmp_run(const void *a, const void *b)
+{
+	const struct mts_run_ref *x = a, *y = b;
+	if (x->pid != y->pid)
+		return x->pid < y->pid ? -1 : 1;
+	if (x->start != y->start)
+		return x->start < y->start ? -1 : 1;
+	/* The oldest reservation first: the one a run's tree counts in. */
+	return x->r->created_mono_ns < y->r->created_mono_ns   ? -1
+	       : x->r->created_mono_ns > y->r->created_mono_ns ? 1
+	                                                       : 0;
+}
+
+struct mts_run_ref *mts_resv_runs(const struct mts_registry *reg, uint32_t *n)
+{
+	const struct mts_admission *adm = reg->adm;
+	*n = 0;
+	struct mts_run_ref *v =
+	    adm && adm->nresv ? malloc((size_t)adm->nresv * sizeof(*v)) : NULL;
+	if (!v)
+		return NULL;
+	uint32_t m = 0;
+	for (uint32_t i = 0; i < adm->nresv; i++) {
+		struct mts_resv *r = adm->resv[i];
+		/* One asked for over TCP has no asker here. */
+		if (r->has_owner && r->asker_pid)
+			v[m++] = (struct mts_run_ref){
+			    r->asker_pid, r->asker_start, r->uid, r};
+	}
+	qsort(v, m, sizeof(*v), cmp_run);
+	/* One entry per asker, and none for an asker of two tasks, nor of
+	 * a task run inside it (its growth is that task's: a Dask or
+	 * Celery worker) or without a task. */
+	uint32_t out = 0;
+	for (uint32_t i = 0; i < m;) {
+		const struct mts_resv *r = v[i].r;
+		bool one = r->task && !r->hosted;
+		uint32_t j = i + 1;
+		for (;
+		     j < m && v[j].pid == v[i].pid && v[j].start == v[i].start;
+		     j++)
+			one = one && v[j].r->task == r->task &&
+			      !v[j].r->hosted && v[j].uid == v[i].uid;
+		if (one)
+			v[out++] = v[i];
+		i = j;
+	}
+	*n = out;
+	if (!out) {
+		free(v);
+		return NULL;
+	}
+	return v;
+}
+
+const struct mts_run_ref *mts_run_find(const struct mts_run_ref *runs,
+                                       uint32_t n, uint32_t pid, uint64_t start)
+{
+	struct mts_run_ref key = {.pid = pid};
+	const struct mts_run_ref *a =
+	    runs ? bsearch(&key, runs, n, sizeof(*runs), mt_cmp_u32) : NULL;
+	if (!a)
+		return NULL;
+	/* bsearch found one of those of `pid`: a reused pid's older run may
+	 * stand beside it, each once. */
+	while (a > runs && a[-1].pid == pid)
+		a--;
+	for (; a < runs + n && a->pid == pid; a++)
+		if (a->start == start)
+			return a;
+	return NULL;
+}
+
+void mts_resv_run_read(struct mts_registry *reg, struct mts_resv *r, bool gone,
+                       uint64_t held, uint32_t nproc)
+{
+	char q[MTS_LOGQ_MAX];
+	if (gone) {
+		/* Killed (SIGKILL cannot be forwarded; its command went
+		 * with it, PR_SET_PDEATHSIG) before its release. One whose
+		 * command never held memory is a scheduler's grant, perhaps,
+		 * that a worker takes over later: its TTL ends it. */
+		if (!r->tree_run || r->taken_over)
+			return;
+		mts_log_uid(resv_key(r), MTS_LOG_INFO,
+		            "reservation ended: the run that asked for it is "
+		            "gone",
+		            "reservation=%s task=%s asker_pid=%u bytes=%llu "
+		            "owner_uid=%u",
+		            r->id, mts_logq(q, sizeof(q), r->task->name),
+		            r->asker_pid, (unsigned long long)r->bytes, r->uid);
+		reg->adm->stats.fulfilled++;
+		resv_remove(reg, r, true);
+		return;
+	}
+	uint64_t now = mts_now_monotonic();
+	bool changed = false;
+	/* Only while none of its task's workers is registered: a young
+	 * worker read before it registered would count twice until the
+	 * next sweep (its kind's peak with it), and a command that
+	 * registers is counted by its workers. */
+	if (r->task->live) {
+		held = 0;
+		nproc = 0;
+	}
+	r->tree = held;
+	r->tree_n = nproc;
+	if (held && !r->tree_run) {
+		/* Running now, as a worker's taking it over makes it: its
+		 * kind learns from it and it lives while its command does. */
+		r->tree_run = true;
+		reg->adm->resv_dirty = true;
+		if (!r->taken_over)
+			run_start(r);
+		r->expires_ns = resv_deadline(reg, r);
+		if (r->heap_index != UINT32_MAX)
+			heap_fix(reg, r->heap_index);
+		else
+			heap_add(reg, r);
+		mts_log_uid(resv_key(r), MTS_LOG_INFO,
+		            "a run's command holds memory no worker of it "
+		            "registered for: counted with its reservation",
+		            "reservation=%s task=%s asker_pid=%u processes=%u "
+		            "bytes=%llu owner_uid=%u",
+		            r->id, mts_logq(q, sizeof(q), r->task->name),
+		            r->asker_pid, nproc, (unsigned long long)held,
+		            r->uid);
+	}
+	/* A task with no worker registered has no tick of its own
+	 * (task_peaks): its use, peak and run are the sweep's. */
+	if (r->kind && !r->task->live && r->tree_run) {
+		r->use = held;
+		if (held > r->peak)
+			r->peak = held;
+		run_sample(r, now, held);
+		uint64_t w = run_want(r, now);
+		changed = changed || w != r->want;
+		r->want = w;
+	}
+	if (changed)
+		task_recount(reg, r->task);
+}
+
 /* ---- the node guard's side ------------------------------------------------
  */
 
@@ -2997,6 +3148,10 @@ int mts_release(struct mts_registry *reg, const struct mts_peer *peer,
  */
 #define RESV_MAGIC   UINT64_C(0x317673655254544d) /* "MTTResv1" */
 #define RESV_VERSION 2u
+/* In resv_rec.taken_over: its run's command held memory (tree_run). A
+ * server before it reads the byte as taken over, which ends the
+ * reservation with its asker, as this one does. */
+#define RESV_TREE_RUN 2u
 
 struct resv_hdr {
 	uint64_t magic;
@@ -3015,7 +3170,7 @@ struct resv_rec {
 	uint8_t has_owner;
 	uint8_t profiled;
 	uint8_t evicted;
-	uint8_t taken_over;
+	uint8_t taken_over; /* bit 0 taken_over; RESV_TREE_RUN: tree_run */
 	uint32_t ttl_s;
 	uint64_t bytes;
 	uint64_t declared;
@@ -3137,7 +3292,8 @@ int mts_resv_encode(const struct mts_registry *reg, unsigned char **out,
 		    .has_owner = r->has_owner,
 		    .profiled = r->profiled,
 		    .evicted = r->evicted,
-		    .taken_over = r->taken_over,
+		    .taken_over = (uint8_t)((r->taken_over ? 1u : 0u) |
+		                            (r->tree_run ? RESV_TREE_RUN : 0u)),
 		    .ttl_s = r->ttl_s,
 		    .bytes = r->bytes,
 		    .declared = r->declared,
@@ -3294,12 +3450,16 @@ static int resv_restore_one(struct mts_registry *reg, const struct resv_rec *rr,
 	}
 	/* Taken over: max_ttl from its grant. A reservation without a task
 	 * was never taken over. */
-	bool took = rr->taken_over && r->task && !r->taken_over;
+	bool took = (rr->taken_over & 1u) && r->task && !r->taken_over;
 	if (took)
 		r->taken_over = true;
+	/* Its command's memory is read again by the next full sweep; its
+	 * asker gone by then, it ends (mts_resv_run_read). */
+	if ((rr->taken_over & RESV_TREE_RUN) && r->task && r->asker_pid)
+		r->tree_run = true;
 	/* Its run goes on from where the record left it (not started again
 	 * when its workers are adopted). */
-	if (took || r->hosted) {
+	if (took || r->hosted || r->tree_run) {
 		if (rr->started_mono_ns && rr->started_mono_ns <= now &&
 		    rr->slot_ms >= MTS_RESV_SLOT_MS) {
 			r->started_mono_ns = rr->started_mono_ns;

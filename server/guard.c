@@ -380,14 +380,14 @@ int mts_guard_candidates(const struct mts_registry *reg,
  * evicted the youngest task, however far within its own grant.
  *
  * So at a decision (past the line, at most once per interval), while
- * some live reservation of a task has a local asker (its `memtally
- * run`), the guard reads the processes in its scope: the cgroup it
- * guards and those below it (their cgroup.procs), or every process where
- * it guards the machine's MemAvailable. A process below such an asker,
- * neither registered nor below a registered worker (whose family its
- * worker's figure holds, vouch.c), is the task's: its figure adds to the
- * task's candidate (made if none of its workers registered), and the
- * topmost of them (the asker's children) are roots of the task's tree,
+ * a run is live (mts_resv_runs: a local process that asked for
+ * reservations of one task only, its `memtally run`), the guard reads the
+ * processes in its scope: the cgroup it guards and those below it (their
+ * cgroup.procs), or every process where it guards the machine's MemAvailable. A
+ * process below such an asker, neither registered nor below a registered worker
+ * (whose family its worker's figure holds, vouch.c), is the task's: its figure
+ * adds to the task's candidate (made if none of its workers registered), and
+ * the topmost of them (the asker's children) are roots of the task's tree,
  * which an eviction kills (the run kills what is left of its own after
  * that). It counts only against its own run's task: a user cannot make
  * another's task look bigger so.
@@ -563,22 +563,12 @@ static struct stray_pp *pp_find(struct stray_pp *v, uint32_t n, uint32_t pid)
 	return bsearch(&key, v, n, sizeof(*v), mt_cmp_u32);
 }
 
-/* The live reservations of a task asked for by a local process (a
- * `memtally run`), by the asker's pid. */
-struct asker {
-	uint32_t pid; /* first: sorted and searched with mt_cmp_u32 */
-	uint64_t start;
-	const struct mts_resv *r;
-};
-
-/* The index of asker `pid` (started at `start`) in k[0..n), or -1. One
- * asker may hold several reservations: any of its task's will do. */
-static int asker_index(const struct asker *k, uint32_t n, uint32_t pid,
+/* The index of run `pid` (started at `start`) in k[0..n), or -1. */
+static int asker_index(const struct mts_run_ref *k, uint32_t n, uint32_t pid,
                        uint64_t start)
 {
-	struct asker key = {.pid = pid};
-	const struct asker *a = bsearch(&key, k, n, sizeof(*k), mt_cmp_u32);
-	return a && a->start == start ? (int)(a - k) : -1;
+	const struct mts_run_ref *a = mts_run_find(k, n, pid, start);
+	return a ? (int)(a - k) : -1;
 }
 
 /* Is `pid` (started at `start`) a registered worker? */
@@ -592,8 +582,8 @@ static bool registered(const struct mts_registry *reg, uint32_t pid,
 /* Resolve whose run `p` is below (p->of), and that of each process on its
  * way up to the first one resolved or that decides: each process once. */
 static void resolve(const struct mts_registry *reg, struct stray_pp *v,
-                    uint32_t n, struct stray_pp *p, const struct asker *ak,
-                    uint32_t nak)
+                    uint32_t n, struct stray_pp *p,
+                    const struct mts_run_ref *ak, uint32_t nak)
 {
 	struct stray_pp *chain[MTS_ANCESTRY_MAX];
 	uint32_t len = 0, of = 1;
@@ -676,25 +666,6 @@ static struct mts_guard_cand *task_cand(const struct mts_registry *reg,
 	return k;
 }
 
-/* The live reservations of a task with a local asker, sorted by it. */
-static struct asker *askers(const struct mts_registry *reg, uint32_t *n)
-{
-	const struct mts_admission *adm = reg->adm;
-	*n = 0;
-	struct asker *ak =
-	    adm->nresv ? malloc((size_t)adm->nresv * sizeof(*ak)) : NULL;
-	if (!ak)
-		return NULL;
-	for (uint32_t i = 0; i < adm->nresv; i++) {
-		const struct mts_resv *r = adm->resv[i];
-		if (r->task && r->has_owner && !r->hosted && r->asker_pid)
-			ak[(*n)++] =
-			    (struct asker){r->asker_pid, r->asker_start, r};
-	}
-	qsort(ak, *n, sizeof(*ak), mt_cmp_u32);
-	return ak;
-}
-
 /* Add what runs started and never registered to their tasks' candidates
  * in c[0..*n) (whose array may move). Out of memory or unreadable: none,
  * as before. */
@@ -705,7 +676,7 @@ static void strays_add(const struct mts_registry *reg,
 	if (g->src.proc[0])
 		return; /* a test's procfs tree */
 	uint32_t nak;
-	struct asker *ak = askers(reg, &nak);
+	struct mts_run_ref *ak = mts_resv_runs(reg, &nak);
 	struct u32_set scope = {0};
 	struct stray_pp *v = NULL;
 	uint32_t nv = 0;

@@ -184,6 +184,17 @@ struct mts_resv {
 	bool host_unbound;
 	bool host_settling;
 	uint64_t host_check_ns;
+	/* What its run's command holds that no worker registered for (a
+	 * static binary, a program that drops the preload): the
+	 * proportional figure of the processes below its asker, read by a
+	 * full resident sweep (rss.c, mts_resv_run_read). It is in its
+	 * use and peak (its kind learns it), not in the counted figures
+	 * (the node's figure holds it). `tree_run`: once they held memory
+	 * the run counts as running, as a worker's taking it over makes it
+	 * (kept in the record; `tree` is read again by the next sweep). */
+	uint64_t tree;
+	uint32_t tree_n;
+	bool tree_run;
 };
 
 /* What one kind of a task's workers use (admit.c): [0] admins' workers,
@@ -347,6 +358,34 @@ void mts_task_awaited_held(struct mts_registry *reg, uint32_t uid, uint32_t pid,
                            uint64_t start_time);
 void mts_task_awaited(struct mts_registry *reg, const char *task, uint32_t pid,
                       uint64_t start_time);
+
+/*
+ * The runs: local processes (a `memtally run`) that asked for live
+ * reservations of one task only, by pid and start time, each with the
+ * oldest of those reservations, sorted by pid. A process holding
+ * reservations of two tasks (a scheduler) is none: what it started could
+ * be either's. NULL with *n = 0 when there are none or out of memory;
+ * the caller frees the array. What is below a run and never registered
+ * is its task's (the node guard, the resident sweep).
+ */
+struct mts_run_ref {
+	uint32_t pid; /* first: sorted and searched with mt_cmp_u32 */
+	uint64_t start;
+	uint32_t uid;
+	struct mts_resv *r;
+};
+struct mts_run_ref *mts_resv_runs(const struct mts_registry *reg, uint32_t *n);
+/* The run of `pid` (started at `start`) in runs[0..n), or NULL. */
+const struct mts_run_ref *mts_run_find(const struct mts_run_ref *runs,
+                                       uint32_t n, uint32_t pid,
+                                       uint64_t start);
+/* A resident sweep read the run of `r` (mts_run_ref.r, of a list taken
+ * since the last change to the reservations): its unregistered
+ * descendants hold `held` bytes in `nproc` processes; `gone`, the run
+ * itself is (then `r` ends if its command was seen holding memory: the
+ * run died without its release). */
+void mts_resv_run_read(struct mts_registry *reg, struct mts_resv *r, bool gone,
+                       uint64_t held, uint32_t nproc);
 
 /* The bytes granted to the reservations of `task` that `uid` owns; in
  * *ownerless, those granted to its reservations without an owner (TCP),

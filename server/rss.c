@@ -56,7 +56,10 @@
  * read. memtallyd's own memfds (the header and the slot tables every
  * worker holds) are never charged. A full sweep also charges what an
  * untrusted process's descendants that never registered hold to it
- * (family_read). Between two full sweeps,
+ * (family_read), and reads what is below each run (mts_resv_runs: a
+ * `memtally run`) and never registered, by the same rules, for its
+ * reservation (admit.c, mts_resv_run_read: a static binary's kind
+ * learns its size). Between two full sweeps,
  * mts_rss_sweep_vouch() reads just the processes whose claims ran ahead of
  * their figures.
  *
@@ -87,6 +90,7 @@
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
+#include "mts_admit.h"
 #include "mts_defs.h"
 #include "mtcommon.h"
 #include "mts_log.h"
@@ -135,6 +139,9 @@ struct rss_entry {
 	/* With `family`: what its descendants that never registered hold
 	 * (see family_read) and how many were read. */
 	bool family;
+	/* A run's (mts_resv_runs): only its unregistered descendants are
+	 * read, for its reservation; err -ESRCH when it is gone. */
+	bool run;
 	bool family_cut; /* its uid's budget ran out before its walk ended */
 	uint64_t family_held;
 	uint64_t family_rss;
@@ -380,11 +387,11 @@ static int read_own(pid_t pid, struct mts_kernel_mem *km)
  * sibling be read too, for that sweep.
  *
  * The parents come from one read of every /proc/PID/stat per full sweep
- * that has an untrusted worker (no lock of the process's is taken): the
- * children files (/proc/PID/task/TID/children) would take a read per
- * thread of every untrusted worker, and exist only with
- * CONFIG_PROC_CHILDREN. A process whose parent exited is re-parented out
- * of the tree (to init or a subreaper): a double fork leaves.
+ * that has an untrusted worker or a run (no lock of the process's is taken):
+ * the children files (/proc/PID/task/TID/children) would take a read per thread
+ * of every untrusted worker, and exist only with CONFIG_PROC_CHILDREN. A
+ * process whose parent exited is re-parented out of the tree (to init or a
+ * subreaper): a double fork leaves.
  */
 #define MTS_RSS_FAMILY_MAX 256u
 
@@ -661,6 +668,26 @@ static void family_read(struct family *f, struct rss_entry *e,
 	}
 }
 
+/* A run's entry: whether it is still there, and what is below it. Its
+ * own figure is memtally's, not its command's. */
+static void run_read(struct rss_entry *e, struct family *fam,
+                     atomic_uint *progress, const atomic_bool *abandoned)
+{
+	uint32_t pp;
+	uint64_t st;
+	int err = mts_read_parent((pid_t)e->pid, &pp, &st);
+	if (err == -ENOENT || err == -ESRCH ||
+	    (err == 0 && st != e->start_time)) {
+		e->err = -ESRCH;
+		return;
+	}
+	e->err = err;
+	if (err == 0 && fam && e->family)
+		family_read(fam, e, progress, abandoned);
+	else
+		e->family = false; /* nothing read: the last figure stands */
+}
+
 /* Read one entry: status for most; smaps_rollup (and the descriptors,
  * in a full sweep) for untrusted processes. */
 static void entry_read(struct rss_entry *e, struct ino_set *seen,
@@ -669,6 +696,11 @@ static void entry_read(struct rss_entry *e, struct ino_set *seen,
 {
 	uint64_t t0 = mts_now_monotonic();
 	e->read_ns = t0;
+	if (e->run) {
+		run_read(e, fam, progress, abandoned);
+		e->cost_ns = mts_now_monotonic() - t0;
+		return;
+	}
 	if (!e->kernel) {
 		e->err = read_own((pid_t)e->pid, &e->km);
 		e->cost_ns = mts_now_monotonic() - t0;
@@ -939,6 +971,35 @@ static void entry_fill(struct rss_entry *e, const struct mts_proc *p, bool full)
 	                         p->vouch.read_cost_ns * MTS_RSS_STALL_COST);
 }
 
+/* The entry of run `k`: its descendants, read as an untrusted worker's. */
+static void run_fill(struct rss_entry *e, const struct mts_run_ref *k)
+{
+	memset(e, 0, sizeof(*e));
+	e->pid = k->pid;
+	e->uid = k->uid;
+	e->start_time = k->start;
+	e->run = true;
+	/* Its descendants' page walks, as an untrusted worker's are made:
+	 * not for a uid whose reads are stuck. */
+	e->family = smaps_allowed(k->uid);
+	e->stall_ns = (uint64_t)MTS_RSS_STALL_MS * 1000000u;
+}
+
+/* What a sweep read of a run, to its reservation (`runs`: taken now). */
+static void run_apply(struct mts_registry *reg, const struct mts_run_ref *runs,
+                      uint32_t n, const struct rss_entry *e)
+{
+	const struct mts_run_ref *k =
+	    mts_run_find(runs, n, e->pid, e->start_time);
+	if (!k)
+		return; /* released meanwhile */
+	if (e->err == -ESRCH)
+		mts_resv_run_read(reg, k->r, true, 0, 0);
+	else if (e->err == 0 && e->family)
+		mts_resv_run_read(reg, k->r, false, e->family_held,
+		                  e->family_n);
+}
+
 /* memtallyd's own memfds, held by every worker: never charged. */
 static void seen_init(struct mts_registry *reg, struct ino_set *seen)
 {
@@ -1030,8 +1091,20 @@ static void sweep_drop(struct mts_registry *reg, bool stuck)
 static void sweep_apply(struct mts_registry *reg,
                         const struct mts_rss_sweep *sw, uint32_t upto)
 {
+	struct mts_run_ref *runs = NULL;
+	uint32_t nruns = 0;
+	bool runs_taken = false;
 	for (uint32_t i = 0; i < upto; i++) {
 		const struct rss_entry *e = &sw->e[i];
+		if (e->run) {
+			/* Taken once, when the first run's entry is: a run
+			 * read may end its reservation, no other. */
+			if (!runs_taken && reg->adm)
+				runs = mts_resv_runs(reg, &nruns);
+			runs_taken = true;
+			run_apply(reg, runs, nruns, e);
+			continue;
+		}
 		if (e->err < 0) {
 			/* Gone (its pidfd says so), or unreadable: then no
 			 * early read again before the next full sweep, or a
@@ -1066,6 +1139,7 @@ static void sweep_apply(struct mts_registry *reg,
 		if (p && p->start_time == e->start_time)
 			entry_apply(reg, p, e);
 	}
+	free(runs);
 }
 
 /* The reader has been on entry `at` past its limit: apply what it read,
@@ -1134,17 +1208,26 @@ void mts_rss_free(struct mts_registry *reg)
  * kernel figure vouch.c wants read before the next full sweep. */
 static void sweep_start(struct mts_registry *reg, bool early)
 {
-	if (reg->rss->sweep || reg->closed || reg->ndense == 0)
+	if (reg->rss->sweep || reg->closed ||
+	    (reg->ndense == 0 && (early || !reg->adm || !reg->adm->nresv)))
 		return;
 	uint64_t now = mts_now_monotonic();
 	struct mts_rss_state *st = reg->rss;
 	if (!early && st->full_started_ns &&
 	    now - st->full_started_ns < MTS_RSS_DUTY * st->full_cost_ns)
 		return;
-	struct mts_rss_sweep *sw =
-	    malloc(sizeof(*sw) + (size_t)reg->ndense * sizeof(sw->e[0]));
+	/* A full sweep reads what each run started that never registered
+	 * too: its kind learns it (admit.c). */
+	uint32_t nruns = 0;
+	struct mts_run_ref *runs =
+	    early || !reg->adm ? NULL : mts_resv_runs(reg, &nruns);
+	if (reg->ndense == 0 && nruns == 0)
+		return;
+	struct mts_rss_sweep *sw = malloc(
+	    sizeof(*sw) + ((size_t)reg->ndense + nruns) * sizeof(sw->e[0]));
 	if (!sw) {
 		mts_log(MTS_LOG_WARN, "out of memory for an RSS sweep", NULL);
+		free(runs);
 		return;
 	}
 	memset(sw, 0, sizeof(*sw));
@@ -1162,6 +1245,14 @@ static void sweep_start(struct mts_registry *reg, bool early)
 		    mts_mapped_read_due(p, now))
 			entry_fill(&sw->e[sw->n++], p, !early);
 	}
+	for (uint32_t i = 0; i < nruns; i++) {
+		/* A run that registered itself (a preload in memtally's own
+		 * environment) has its family read as its worker's. */
+		const struct mts_proc *p = mts_find_pid(reg, runs[i].pid);
+		if (!p || p->start_time != runs[i].start)
+			run_fill(&sw->e[sw->n++], &runs[i]);
+	}
+	free(runs);
 	if (sw->n == 0) {
 		free(sw);
 		return;

@@ -18,6 +18,15 @@ max_kinds_per_uid = 3 gets three kinds, the fourth Admit is denied (exit
 3) naming the key; its existing kinds still admit; root still gets a new
 kind.
 
+test_a_command_that_never_registers_teaches_its_kind: `memtally run
+--kind static -- env -u LD_PRELOAD python3` holding 60 MiB, three times:
+nothing of it registers (as a static binary would not), and its kind
+learned nothing (0 runs). Now memtallyd reads what is below the run in
+its resident sweeps: three runs, each peak the command's 60 MiB and
+python's own. A fourth run with --ttl 2 outlives its TTL while its
+command holds memory, across a restart of memtallyd too, and ends once
+the run is killed (SIGKILL), its run learned.
+
 test_restart_keeps_learned_sizes: SIGTERM, start on the same --state:
 `memtally kinds --json` is the same before and after, and a live worker
 is adopted. Then a corrupt record: refused with a log line, the server
@@ -223,6 +232,82 @@ def test_kinds_past_the_cap_are_refused():
               "too many kinds" in s.logtext(), "no log line")
 
 
+# Holds `mib` MiB of its own (written: resident), says so, and waits.
+HOLD = ("import sys, time; b = b'\\x01' * ({mib} << 20); "
+        "print('ready', flush=True); time.sleep({secs})")
+
+
+def reservations(s):
+    return s.cli("status")["fleet"]["reservations"]
+
+
+def test_a_command_that_never_registers_teaches_its_kind():
+    # Sweeps ten times a second: each run is read many times while it
+    # holds its memory, however loaded the machine.
+    conf = config("[limits]\nfleet = 2GiB\nrss_interval = 100\n")
+    mib = 60
+
+    def static_run(*extra, secs):
+        return [CLI, "--socket", s.socket, "run", "--kind", "static",
+                *extra, "--", "env", "-u", "LD_PRELOAD", sys.executable,
+                "-c", HOLD.format(mib=mib, secs=secs)]
+
+    s = Server("--config", conf)
+    run = None
+    try:
+        for i in range(3):
+            r = subprocess.run(static_run(secs=1.5 * MULT), env=run_env(),
+                               capture_output=True, text=True,
+                               timeout=60 * MULT)
+            check(r.returncode == 0 and r.stdout.startswith("ready"),
+                  f"run {i}: {r.returncode} {r.stderr}")
+        k = kind_of(kinds(s), "static", 0)
+        check(k is not None and k["runs"] == 3,
+              f"kind static: {k} (a command that never registers taught "
+              f"its kind nothing)")
+        real = mib * MIB
+        # Its 60 MiB, and what python3 holds of its own (~7 MiB).
+        check(all(real <= p <= real + 24 * MIB for p in k["last_peaks"]),
+              f"peaks {k['last_peaks']} for {mib} MiB held")
+        print(f"  3 runs that never registered: peaks "
+              f"{[round(p / MIB, 1) for p in k['last_peaks']]} MiB, "
+              f"learned {k['learned'] / MIB:.1f} MiB", flush=True)
+
+        # Past its TTL while its command holds memory.
+        run = subprocess.Popen(static_run("--ttl", "2", secs=600),
+                               env=run_env(), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+        check(run.stdout.readline().startswith("ready"), "not ready")
+        said = "a run's command holds memory no worker of it registered"
+        wait_for("the run's command seen",
+                 lambda: s.logtext().count(said) == 4, timeout=30 * MULT)
+        time.sleep(3.0)
+        check(reservations(s) == 1, "the run's reservation expired at its "
+              "TTL while its command held memory")
+        # A restart keeps it so: the record says the run was seen.
+        check(s.stop() == 0, "memtallyd did not stop cleanly")
+        s = Server("--config", conf, after=s)
+        time.sleep(1.0)
+        check(reservations(s) == 1, "the run's reservation ended at the "
+              "restart")
+        # Killed: its command goes with it (PR_SET_PDEATHSIG), the next
+        # sweep finds the run gone, and its reservation ends, learned.
+        run.kill()
+        run.wait(timeout=30 * MULT)
+        wait_for("the reservation ended", lambda: reservations(s) == 0,
+                 timeout=30 * MULT)
+        check("reservation ended: the run that asked for it is gone" in
+              s.logtext(), "ended, but not for its run's end")
+        k = kind_of(kinds(s), "static", 0)
+        check(k["runs"] == 4 and real <= k["last_peaks"][0],
+              f"the killed run: {k}")
+    finally:
+        if run and run.poll() is None:
+            run.kill()
+            run.wait()
+        s.stop()
+
+
 def comparable(doc):
     """A kinds document without what changes by itself across a
     restart (reservations outstanding)."""
@@ -277,4 +362,5 @@ if __name__ == "__main__":
     run([test_learned_from_real_runs,
          test_a_liar_cannot_size_another_users_kind,
          test_kinds_past_the_cap_are_refused,
+         test_a_command_that_never_registers_teaches_its_kind,
          test_restart_keeps_learned_sizes])
