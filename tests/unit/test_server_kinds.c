@@ -1931,3 +1931,72 @@ Test(kinds, an_answer_quoting_a_long_kind_is_whole_utf8)
 	cr_assert(utf8_whole(why), "not UTF-8: %s", why);
 	cr_assert(strstr(why, "p95 of 5 runs"), "%s", why);
 }
+
+/* Granted `bytes` for `task` of `kind`, asked by this process as `uid`. */
+static void grant(uint32_t uid, uint64_t bytes, const char *kind,
+                  const char *task)
+{
+	Memtally__V1__Response *r = admit_kind(uid, bytes, kind, task);
+	cr_assert_null(r->error, "%s", r->error ? r->error->message : "");
+	cr_assert(r->admit_result->admitted, "denied: %s",
+	          r->admit_result->reason);
+	memtally__v1__response__free_unpacked(r, NULL);
+}
+
+Test(kinds, a_run_is_a_process_that_asked_for_one_task)
+{
+	start_fleet(0);
+	grant(1000, 10 * MIB, "k", "t1");
+	grant(1000, 20 * MIB, "k", "t1");
+	uint32_t n;
+	struct mts_run_ref *runs = mts_resv_runs(&srv.reg, &n);
+	cr_assert_eq(n, 1);
+	cr_assert_eq(runs[0].pid, (uint32_t)getpid());
+	/* Its tree counts in the oldest of its reservations, once. */
+	cr_assert_eq(runs[0].r->bytes, 10 * MIB);
+	cr_assert_eq(mts_run_find(runs, n, (uint32_t)getpid(), runs[0].start),
+	             &runs[0]);
+	cr_assert_null(
+	    mts_run_find(runs, n, (uint32_t)getpid(), runs[0].start + 1));
+	free(runs);
+	/* Asking for a second task, it is a scheduler: what it starts could
+	 * be either task's, so it is no run. */
+	grant(1000, 10 * MIB, "k", "t2");
+	runs = mts_resv_runs(&srv.reg, &n);
+	cr_assert_eq(n, 0);
+	cr_assert_null(runs);
+}
+
+Test(kinds, a_runs_command_that_never_registers_teaches_its_kind)
+{
+	start_fleet(0);
+	grant(1000, 10 * MIB, "static", "t");
+	struct mts_resv *r = resv_of_task("t");
+	cr_assert(!r->tree_run && !r->taken_over);
+	uint64_t ttl_end = r->expires_ns;
+	/* Gone before its command held anything: a scheduler's grant a
+	 * worker may take over later; its TTL ends it, not this. */
+	mts_resv_run_read(&srv.reg, r, true, 0, 0);
+	cr_assert_eq(resv_of_task("t"), r);
+
+	mts_resv_run_read(&srv.reg, r, false, 30 * MIB, 2);
+	cr_assert(r->tree_run);
+	cr_assert_eq(r->use, 30 * MIB);
+	cr_assert_eq(r->tree_n, 2);
+	/* Running: max_ttl from its grant, as a task's workers keep it. */
+	cr_assert_gt(r->expires_ns, ttl_end);
+	mts_resv_run_read(&srv.reg, r, false, 50 * MIB, 2);
+	mts_resv_run_read(&srv.reg, r, false, 5 * MIB, 1);
+	cr_assert_eq(r->peak, 50 * MIB);
+	/* Not in the counted figures: the node's figure holds it. */
+	cr_assert_eq(srv.reg.totals.reserved, 10 * MIB);
+
+	/* Killed without its release: it ends, and its kind learns. */
+	mts_resv_run_read(&srv.reg, r, true, 0, 0);
+	cr_assert_null(resv_of_task("t"));
+	uint64_t b;
+	cr_assert_eq(
+	    mts_kind_learned_for(&srv.reg, "static", 1000, &b, NULL, 0), 0);
+	cr_assert_eq(b, plus10(50 * MIB), "learned %llu",
+	             (unsigned long long)b);
+}
