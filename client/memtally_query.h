@@ -349,6 +349,12 @@ struct memtally_admit_req {
  * answer, and no second one is made. A server from before the flag
  * decides it as any Admit. */
 #define MEMTALLY_ADMIT_AGAIN 1u
+/* memtally_admit_req.flags: the asking process runs the task's command
+ * and releases the reservation when it ends (as `memtally run` does): its
+ * workers exiting between two steps of the command does not end it; the
+ * asker's own exit does, once none of them is left. A server from before
+ * the flag ends it with its workers. */
+#define MEMTALLY_ADMIT_UNTIL_RELEASE 2u
 
 /*
  * The server's answer. Granted: `reservation` names it and the figures are

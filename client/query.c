@@ -1217,7 +1217,8 @@ int memtally_query_admit(memtally_query *q,
 	*out = NULL;
 	bool kind = req && req->kind && req->kind[0];
 	if (!q || !req || (req->bytes == 0 && !kind) ||
-	    (req->flags & ~MEMTALLY_ADMIT_AGAIN))
+	    (req->flags &
+	     ~(MEMTALLY_ADMIT_AGAIN | MEMTALLY_ADMIT_UNTIL_RELEASE)))
 		return -EINVAL;
 	for (size_t i = 0; i < sizeof(req->reserved) / sizeof(req->reserved[0]);
 	     i++)
@@ -1234,6 +1235,7 @@ int memtally_query_admit(memtally_query *q,
 	if (kind)
 		ad.kind = (char *)req->kind;
 	ad.again = (req->flags & MEMTALLY_ADMIT_AGAIN) != 0;
+	ad.until_release = (req->flags & MEMTALLY_ADMIT_UNTIL_RELEASE) != 0;
 	Memtally__V1__Request rq = MEMTALLY__V1__REQUEST__INIT;
 	rq.body_case = MEMTALLY__V1__REQUEST__BODY_ADMIT;
 	rq.admit = &ad;

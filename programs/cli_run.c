@@ -293,7 +293,8 @@ static int ask(struct run *r, struct memtally_admit_result **denied,
 	     * unanswered (a stalled memtallyd reads it later, with the
 	     * others, in any order) may have been granted since, and that
 	     * grant is the answer, not a second one. */
-	    .flags = r->asked ? MEMTALLY_ADMIT_AGAIN : 0,
+	    .flags = (r->asked ? MEMTALLY_ADMIT_AGAIN : 0) |
+	             MEMTALLY_ADMIT_UNTIL_RELEASE,
 	    .kind = o->kind,
 	};
 	struct memtally_admit_result *a = NULL;

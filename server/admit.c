@@ -900,12 +900,18 @@ static uint64_t run_want(const struct mts_resv *r, uint64_t now_ns)
 	return r->prof.mean[step < MTS_KIND_STEPS ? step : MTS_KIND_STEPS - 1];
 }
 
+static void await_add(struct mts_task *t, uint32_t pid, uint64_t start_time);
+
 static void take_over(struct mts_registry *reg, struct mts_resv *r)
 {
 	r->taken_over = true;
 	reg->adm->resv_dirty = true; /* its record changes */
 	if (!r->tree_run) /* else its run began with its command's memory */
 		run_start(r);
+	/* Its workers may all exit between two steps of its command: the
+	 * run's exit ends it, not theirs. */
+	if (r->until_release)
+		await_add(r->task, r->asker_pid, r->asker_start);
 	r->expires_ns = resv_deadline(reg, r);
 	if (r->heap_index != UINT32_MAX)
 		heap_fix(reg, r->heap_index);
@@ -1258,6 +1264,16 @@ void mts_task_awaited_held(struct mts_registry *reg, uint32_t uid, uint32_t pid,
 	}
 }
 
+/* Is `pid` (started at `start_time`) still awaited by `t`? */
+static bool awaited(const struct mts_task *t, uint32_t pid, uint64_t start_time)
+{
+	for (uint32_t i = 0; i < t->nawait; i++)
+		if (t->await[i].pid == pid &&
+		    t->await[i].start_time == start_time)
+			return true;
+	return false;
+}
+
 /* Drop the awaited workers that registered again or are gone, once a
  * second; true when one was dropped (the task settles again). */
 static bool await_prune(struct mts_registry *reg, struct mts_task *t,
@@ -1311,7 +1327,9 @@ static void task_settle(struct mts_registry *reg, struct mts_task *t)
 		if (live && !r->taken_over) {
 			take_over(reg, r);
 		} else if (!live && r->taken_over &&
-		           !(r->restored_unseen && t->nawait)) {
+		           !(r->restored_unseen && t->nawait) &&
+		           !(r->until_release &&
+		             awaited(t, r->asker_pid, r->asker_start))) {
 			bool last = t->resv == r && !r->tnext;
 			char q[MTS_LOGQ_MAX];
 			mts_log_uid(
@@ -2426,6 +2444,7 @@ static int resv_grant(struct mts_registry *reg, const struct mts_peer *peer,
 	if (owned && !req->in_process &&
 	    mts_peer_start_time(reg, peer, &r->asker_start) == 0)
 		r->asker_pid = peer->pid;
+	r->until_release = req->until_release && r->asker_pid && task[0];
 	r->declared = req->bytes;
 	if (prof) {
 		r->profiled = true;
@@ -3152,6 +3171,8 @@ int mts_release(struct mts_registry *reg, const struct mts_peer *peer,
  * server before it reads the byte as taken over, which ends the
  * reservation with its asker, as this one does. */
 #define RESV_TREE_RUN 2u
+/* And: Admit.until_release (until_release). Read as taken over before. */
+#define RESV_UNTIL_RELEASE 4u
 
 struct resv_hdr {
 	uint64_t magic;
@@ -3170,7 +3191,8 @@ struct resv_rec {
 	uint8_t has_owner;
 	uint8_t profiled;
 	uint8_t evicted;
-	uint8_t taken_over; /* bit 0 taken_over; RESV_TREE_RUN: tree_run */
+	uint8_t taken_over; /* bit 0 taken_over; RESV_TREE_RUN: tree_run;
+	                       RESV_UNTIL_RELEASE: until_release */
 	uint32_t ttl_s;
 	uint64_t bytes;
 	uint64_t declared;
@@ -3292,8 +3314,10 @@ int mts_resv_encode(const struct mts_registry *reg, unsigned char **out,
 		    .has_owner = r->has_owner,
 		    .profiled = r->profiled,
 		    .evicted = r->evicted,
-		    .taken_over = (uint8_t)((r->taken_over ? 1u : 0u) |
-		                            (r->tree_run ? RESV_TREE_RUN : 0u)),
+		    .taken_over =
+		        (uint8_t)((r->taken_over ? 1u : 0u) |
+		                  (r->tree_run ? RESV_TREE_RUN : 0u) |
+		                  (r->until_release ? RESV_UNTIL_RELEASE : 0u)),
 		    .ttl_s = r->ttl_s,
 		    .bytes = r->bytes,
 		    .declared = r->declared,
@@ -3457,6 +3481,8 @@ static int resv_restore_one(struct mts_registry *reg, const struct resv_rec *rr,
 	 * asker gone by then, it ends (mts_resv_run_read). */
 	if ((rr->taken_over & RESV_TREE_RUN) && r->task && r->asker_pid)
 		r->tree_run = true;
+	if ((rr->taken_over & RESV_UNTIL_RELEASE) && r->task && r->asker_pid)
+		r->until_release = true;
 	/* Its run goes on from where the record left it (not started again
 	 * when its workers are adopted). */
 	if (took || r->hosted || r->tree_run) {
@@ -3478,7 +3504,7 @@ static int resv_restore_one(struct mts_registry *reg, const struct resv_rec *rr,
 		 * while its command runs): before, it was never judged and
 		 * held its bytes until max_ttl, a day by default. */
 		bool judge = workers_back;
-		if (!workers_back && r->asker_pid) {
+		if ((!workers_back || r->until_release) && r->asker_pid) {
 			judge = true;
 			await_add(r->task, r->asker_pid, r->asker_start);
 		}

@@ -622,6 +622,7 @@ static int do_admit(struct mts_registry *reg, const struct mts_peer *peer,
 	    .thread = q->thread,
 	    .host_limit = q->host_limit,
 	    .again = q->again,
+	    .until_release = q->until_release,
 	};
 	struct mts_admit_out res;
 	char msg[160];

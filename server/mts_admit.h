@@ -195,6 +195,11 @@ struct mts_resv {
 	uint64_t tree;
 	uint32_t tree_n;
 	bool tree_run;
+	/* Admit.until_release: its asker (a run) releases it at its
+	 * command's end. Its workers' exit does not end it while the asker
+	 * lives (awaited as a worker a restart waits for is); the asker's
+	 * exit does once no worker is left. */
+	bool until_release;
 };
 
 /* What one kind of a task's workers use (admit.c): [0] admins' workers,
@@ -252,6 +257,7 @@ struct mts_admit_req {
 	uint64_t host_limit; /* with in_process: the asker's own limit */
 	bool again; /* repeats an unanswered Admit of the same task: that
 	               one's grant, if it was made, answers it */
+	bool until_release; /* the asker runs the command and releases it */
 };
 
 struct mts_admit_out {

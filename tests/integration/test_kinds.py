@@ -27,6 +27,13 @@ python's own. A fourth run with --ttl 2 outlives its TTL while its
 command holds memory, across a restart of memtallyd too, and ends once
 the run is killed (SIGKILL), its run learned.
 
+test_a_command_of_several_steps_is_one_run: `memtally run --kind steps
+-- sh -c 'python3 (30 MiB); sleep; python3 (60 MiB)'`: the reservation
+ended when the first step's worker exited ("its task's workers
+exited"), the second step ran unreserved, and the kind learned the first
+step's 30 MiB. Now it lasts until the run releases it, and the kind's
+peak is the second step's.
+
 test_restart_keeps_learned_sizes: SIGTERM, start on the same --state:
 `memtally kinds --json` is the same before and after, and a live worker
 is adopted. Then a corrupt record: refused with a log line, the server
@@ -308,6 +315,33 @@ def test_a_command_that_never_registers_teaches_its_kind():
         s.stop()
 
 
+def test_a_command_of_several_steps_is_one_run():
+    step = ("import time; b = b'\\x01' * ({mib} << 20); "
+            "time.sleep({secs})")
+    script = (f"{shlex.quote(sys.executable)} -c "
+              f"{shlex.quote(step.format(mib=30, secs=0.5 * MULT))}; "
+              f"sleep {1.5 * MULT}; "
+              f"{shlex.quote(sys.executable)} -c "
+              f"{shlex.quote(step.format(mib=60, secs=1.5 * MULT))}")
+    with Server("--config", config("[limits]\nfleet = 2GiB\n")) as s:
+        r = subprocess.run([CLI, "--socket", s.socket, "run", "--kind",
+                            "steps", "--", "sh", "-c", script],
+                           env=run_env(), capture_output=True, text=True,
+                           timeout=60 * MULT)
+        check(r.returncode == 0, f"run: {r.returncode} {r.stderr}")
+        log = s.logtext()
+        check("its task's workers exited" not in log,
+              "the reservation ended with the first step")
+        check("reservation released" in log, "not released by the run")
+        k = kind_of(kinds(s), "steps", 0)
+        check(k is not None and k["runs"] == 1, f"kind steps: {k}")
+        check(60 * MIB <= k["last_peaks"][0] <= 80 * MIB,
+              f"the run's peak {k['last_peaks'][0]}: not the second "
+              f"step's 60 MiB")
+        print(f"  two steps, 30 and 60 MiB: one run, peak "
+              f"{k['last_peaks'][0] / MIB:.1f} MiB", flush=True)
+
+
 def comparable(doc):
     """A kinds document without what changes by itself across a
     restart (reservations outstanding)."""
@@ -363,4 +397,5 @@ if __name__ == "__main__":
          test_a_liar_cannot_size_another_users_kind,
          test_kinds_past_the_cap_are_refused,
          test_a_command_that_never_registers_teaches_its_kind,
+         test_a_command_of_several_steps_is_one_run,
          test_restart_keeps_learned_sizes])

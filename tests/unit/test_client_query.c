@@ -940,7 +940,7 @@ FAKE_TEST(admit, granted_and_denied_copy_every_field, answer_admin)
 	rq = (struct memtally_admit_req){.bytes = 10, .reserved = {0, 0, 1}};
 	cr_expect_eq(memtally_query_admit(q, &rq, &a), -EINVAL);
 	/* Flags it does not know, likewise. */
-	rq = (struct memtally_admit_req){.bytes = 10, .flags = 2};
+	rq = (struct memtally_admit_req){.bytes = 10, .flags = 4};
 	cr_expect_eq(memtally_query_admit(q, &rq, &a), -EINVAL);
 	memtally_admit_result_free(NULL);
 }
