@@ -2000,3 +2000,72 @@ Test(kinds, a_runs_command_that_never_registers_teaches_its_kind)
 	cr_assert_eq(b, plus10(50 * MIB), "learned %llu",
 	             (unsigned long long)b);
 }
+
+Test(kinds, a_run_until_its_release_outlives_its_steps)
+{
+	start_fleet(1024 * MIB);
+	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
+	Memtally__V1__Admit a = MEMTALLY__V1__ADMIT__INIT;
+	a.bytes = 20 * MIB;
+	a.group = (char *)"";
+	a.task = (char *)"steps";
+	a.kind = (char *)"steps";
+	a.until_release = true;
+	req.id = 52;
+	req.body_case = MEMTALLY__V1__REQUEST__BODY_ADMIT;
+	req.admit = &a;
+	struct mts_peer peer = fx_peer(getpid(), FX_UID);
+	Memtally__V1__Response *resp = fx_call(&peer, &req);
+	cr_assert(resp->admit_result->admitted, "%s",
+	          resp->admit_result->reason);
+	memtally__v1__response__free_unpacked(resp, NULL);
+
+	/* The first step: its worker takes the reservation over, exits. */
+	pid_t w = fx_spawn();
+	fx_write(fx_register(w, "", "steps"), 30 * MIB);
+	mts_core_tick(&srv.reg);
+	struct mts_resv *r = resv_of_task("steps");
+	cr_assert(r->taken_over && r->until_release);
+	fx_kill(w);
+	mts_core_tick(&srv.reg);
+	cr_assert_eq(resv_of_task("steps"), r,
+	             "it ended with its command's first step");
+	/* The second, larger: the same run. */
+	w = fx_spawn();
+	fx_write(fx_register(w, "", "steps"), 60 * MIB);
+	mts_core_tick(&srv.reg);
+	fx_kill(w);
+	mts_core_tick(&srv.reg);
+	cr_assert_eq(resv_of_task("steps"), r);
+	cr_assert_geq(r->peak, 60 * MIB);
+
+	/* Kept across a restart. */
+	unsigned char *d;
+	size_t len;
+	cr_assert_eq(mts_resv_encode(&srv.reg, &d, &len), 0);
+	mts_record_seal(d, len);
+	fx_stop();
+	mts_policy_free(&pol);
+	start_fleet(1024 * MIB);
+	uint32_t kept, dropped;
+	cr_assert_eq(mts_resv_restore(&srv.reg, d, len, false, &kept, &dropped),
+	             0);
+	free(d);
+	cr_assert_eq(kept, 1);
+	r = resv_of_task("steps");
+	cr_assert(r && r->until_release && r->taken_over);
+	mts_core_tick(&srv.reg);
+	cr_assert_eq(resv_of_task("steps"), r, "ended while its run lives");
+
+	/* Its run's release ends it, and its kind learns the larger step. */
+	struct mts_peer root = fx_peer(getpid(), 0);
+	uint64_t freed;
+	char id[MTS_RESV_ID_LEN + 1];
+	memcpy(id, r->id, sizeof(id));
+	cr_assert_eq(mts_release(&srv.reg, &root, id, "", &freed), 0);
+	uint64_t b;
+	cr_assert_eq(
+	    mts_kind_learned_for(&srv.reg, "steps", FX_UID, &b, NULL, 0), 0);
+	cr_assert_geq(b, plus10(60 * MIB), "learned %llu",
+	              (unsigned long long)b);
+}
