@@ -900,18 +900,12 @@ static uint64_t run_want(const struct mts_resv *r, uint64_t now_ns)
 	return r->prof.mean[step < MTS_KIND_STEPS ? step : MTS_KIND_STEPS - 1];
 }
 
-static void await_add(struct mts_task *t, uint32_t pid, uint64_t start_time);
-
 static void take_over(struct mts_registry *reg, struct mts_resv *r)
 {
 	r->taken_over = true;
 	reg->adm->resv_dirty = true; /* its record changes */
 	if (!r->tree_run) /* else its run began with its command's memory */
 		run_start(r);
-	/* Its workers may all exit between two steps of its command: the
-	 * run's exit ends it, not theirs. */
-	if (r->until_release)
-		await_add(r->task, r->asker_pid, r->asker_start);
 	r->expires_ns = resv_deadline(reg, r);
 	if (r->heap_index != UINT32_MAX)
 		heap_fix(reg, r->heap_index);
@@ -1212,7 +1206,7 @@ static void task_peaks(struct mts_task *t, uint64_t now_ns)
 		 * with no worker registered, a run's is its command's, read
 		 * by the resident sweep (mts_resv_run_read). */
 		if (!r->kind || (r->hosted && !r->taken_over) ||
-		    (!t->live && r->tree_run))
+		    (r->tree_run && !resv_matched_live(t, r)))
 			continue;
 		uint64_t v = resv_vouched(t, r);
 		r->use = v;
@@ -1264,14 +1258,33 @@ void mts_task_awaited_held(struct mts_registry *reg, uint32_t uid, uint32_t pid,
 	}
 }
 
-/* Is `pid` (started at `start_time`) still awaited by `t`? */
-static bool awaited(const struct mts_task *t, uint32_t pid, uint64_t start_time)
+/* Is the run that asked for `r` (Admit.until_release) still there? Its
+ * /proc entry is read once a second at most; gone stays gone. */
+static bool asker_alive(struct mts_resv *r, uint64_t now_ns)
 {
-	for (uint32_t i = 0; i < t->nawait; i++)
-		if (t->await[i].pid == pid &&
-		    t->await[i].start_time == start_time)
-			return true;
+	if (r->asker_gone)
+		return false;
+	if (now_ns < r->asker_check_ns)
+		return true;
+	r->asker_check_ns = now_ns + 1000000000u;
+	uint64_t st;
+	if (mts_read_starttime((pid_t)r->asker_pid, &st) == 0 &&
+	    st == r->asker_start)
+		return true;
+	r->asker_gone = true;
 	return false;
+}
+
+/* Has a reservation of `t` that outlives its workers while its run lives
+ * lost its run since the last look? (The task settles again.) */
+static bool runs_gone(struct mts_task *t, uint64_t now_ns)
+{
+	bool gone = false;
+	for (struct mts_resv *r = t->resv; r; r = r->tnext)
+		if (r->until_release && r->taken_over && !r->asker_gone &&
+		    !resv_matched_live(t, r) && !asker_alive(r, now_ns))
+			gone = true;
+	return gone;
 }
 
 /* Drop the awaited workers that registered again or are gone, once a
@@ -1329,7 +1342,7 @@ static void task_settle(struct mts_registry *reg, struct mts_task *t)
 		} else if (!live && r->taken_over &&
 		           !(r->restored_unseen && t->nawait) &&
 		           !(r->until_release &&
-		             awaited(t, r->asker_pid, r->asker_start))) {
+		             asker_alive(r, mts_now_monotonic()))) {
 			bool last = t->resv == r && !r->tnext;
 			char q[MTS_LOGQ_MAX];
 			mts_log_uid(
@@ -1652,6 +1665,8 @@ void mts_resv_tick(struct mts_registry *reg, uint64_t now_ns)
 			if (t->kinded)
 				task_peaks(t, now_ns);
 			if (t->nawait && await_prune(reg, t, now_ns))
+				t->dirty = true;
+			if (runs_gone(t, now_ns))
 				t->dirty = true;
 			if (task_changed(t))
 				task_settle(reg, t);
@@ -3024,7 +3039,7 @@ const struct mts_run_ref *mts_run_find(const struct mts_run_ref *runs,
 }
 
 void mts_resv_run_read(struct mts_registry *reg, struct mts_resv *r, bool gone,
-                       uint64_t held, uint32_t nproc)
+                       bool cut, uint64_t held, uint32_t nproc)
 {
 	char q[MTS_LOGQ_MAX];
 	if (gone) {
@@ -3051,9 +3066,23 @@ void mts_resv_run_read(struct mts_registry *reg, struct mts_resv *r, bool gone,
 	 * worker read before it registered would count twice until the
 	 * next sweep (its kind's peak with it), and a command that
 	 * registers is counted by its workers. */
-	if (r->task->live) {
+	bool workers = resv_matched_live(r->task, r);
+	if (workers) {
 		held = 0;
 		nproc = 0;
+	} else if (cut && !r->tree_cut) {
+		/* More processes than a sweep reads (MTS_RSS_FAMILY_MAX a
+		 * uid): what was read is less than it holds, and a kind
+		 * sized on it would be too small. Its run teaches nothing. */
+		r->tree_cut = true;
+		r->peak = 0;
+		mts_log_uid(resv_key(r), MTS_LOG_WARN,
+		            "a run's command has more processes than a sweep "
+		            "reads: its run teaches its kind nothing",
+		            "reservation=%s task=%s asker_pid=%u read=%u "
+		            "owner_uid=%u",
+		            r->id, mts_logq(q, sizeof(q), r->task->name),
+		            r->asker_pid, nproc, r->uid);
 	}
 	r->tree = held;
 	r->tree_n = nproc;
@@ -3080,7 +3109,7 @@ void mts_resv_run_read(struct mts_registry *reg, struct mts_resv *r, bool gone,
 	}
 	/* A task with no worker registered has no tick of its own
 	 * (task_peaks): its use, peak and run are the sweep's. */
-	if (r->kind && !r->task->live && r->tree_run) {
+	if (r->kind && !workers && r->tree_run && !r->tree_cut) {
 		r->use = held;
 		if (held > r->peak)
 			r->peak = held;
@@ -3504,7 +3533,7 @@ static int resv_restore_one(struct mts_registry *reg, const struct resv_rec *rr,
 		 * while its command runs): before, it was never judged and
 		 * held its bytes until max_ttl, a day by default. */
 		bool judge = workers_back;
-		if ((!workers_back || r->until_release) && r->asker_pid) {
+		if (!workers_back && r->asker_pid) {
 			judge = true;
 			await_add(r->task, r->asker_pid, r->asker_start);
 		}

@@ -195,11 +195,15 @@ struct mts_resv {
 	uint64_t tree;
 	uint32_t tree_n;
 	bool tree_run;
+	bool tree_cut; /* a read of it stopped at the budget: teaches nothing */
 	/* Admit.until_release: its asker (a run) releases it at its
 	 * command's end. Its workers' exit does not end it while the asker
-	 * lives (awaited as a worker a restart waits for is); the asker's
+	 * lives (its /proc entry read once a second at most,
+	 * `asker_check_ns`, while no worker of it is left); the asker's
 	 * exit does once no worker is left. */
 	bool until_release;
+	bool asker_gone;
+	uint64_t asker_check_ns;
 };
 
 /* What one kind of a task's workers use (admit.c): [0] admins' workers,
@@ -389,9 +393,10 @@ const struct mts_run_ref *mts_run_find(const struct mts_run_ref *runs,
  * since the last change to the reservations): its unregistered
  * descendants hold `held` bytes in `nproc` processes; `gone`, the run
  * itself is (then `r` ends if its command was seen holding memory: the
- * run died without its release). */
+ * run died without its release); `cut`, the read stopped at its uid's
+ * budget before the end (then its run teaches its kind nothing). */
 void mts_resv_run_read(struct mts_registry *reg, struct mts_resv *r, bool gone,
-                       uint64_t held, uint32_t nproc);
+                       bool cut, uint64_t held, uint32_t nproc);
 
 /* The bytes granted to the reservations of `task` that `uid` owns; in
  * *ownerless, those granted to its reservations without an owner (TCP),

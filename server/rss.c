@@ -413,7 +413,9 @@ struct family {
 	uint32_t nkeys;
 	struct {
 		uint32_t uid, n;
-	} * budget; /* one per uid at most: as many as the entries */
+		bool run;
+	} * budget; /* one per uid (and per uid's runs) at most: as many as
+	               the entries */
 	uint32_t nbudget;
 };
 
@@ -477,10 +479,14 @@ static struct family *family_scan(const struct rss_entry *e, uint32_t n,
 	f->budget = calloc(n, sizeof(*f->budget));
 	if (!f->reg || !f->budget)
 		goto fail;
+	/* The registered processes, whose walks stop at one another: not
+	 * the runs, whose trees are read for their reservations and,
+	 * below an untrusted worker, are its family too (a run's reading
+	 * is in no counted figure). */
 	for (uint32_t i = 0; i < n; i++)
-		f->reg[i] = e[i].pid;
-	f->nreg = n;
-	qsort(f->reg, n, sizeof(*f->reg), cmp_u32);
+		if (!e[i].run)
+			f->reg[f->nreg++] = e[i].pid;
+	qsort(f->reg, f->nreg, sizeof(*f->reg), cmp_u32);
 	uint32_t cap = 0;
 	for (struct dirent *de; (de = readdir(d));) {
 		char *end;
@@ -539,14 +545,17 @@ static uint32_t family_children(const struct family *f, uint32_t ppid)
 	return lo;
 }
 
-/* The descendants `uid`'s workers have had read in this sweep. A linear
- * search, made for the workers that have descendants only. */
-static uint32_t *family_budget(struct family *f, uint32_t uid)
+/* The descendants `uid`'s workers (or, `run`, its runs) have had read
+ * in this sweep: a budget of its own for the runs, so that a uid's
+ * workers' families do not leave its runs unread. A linear search, made
+ * for the entries that have descendants only. */
+static uint32_t *family_budget(struct family *f, uint32_t uid, bool run)
 {
 	for (uint32_t i = 0; i < f->nbudget; i++)
-		if (f->budget[i].uid == uid)
+		if (f->budget[i].uid == uid && f->budget[i].run == run)
 			return &f->budget[i].n;
 	f->budget[f->nbudget].uid = uid;
+	f->budget[f->nbudget].run = run;
 	f->budget[f->nbudget].n = 0;
 	return &f->budget[f->nbudget++].n;
 }
@@ -634,7 +643,7 @@ static void family_read(struct family *f, struct rss_entry *e,
 			if (family_registered(f, c))
 				continue;
 			if (!budget)
-				budget = family_budget(f, e->uid);
+				budget = family_budget(f, e->uid, e->run);
 			if (*budget >= MTS_RSS_FAMILY_MAX ||
 			    (abandoned &&
 			     atomic_load_explicit(abandoned,
@@ -994,10 +1003,10 @@ static void run_apply(struct mts_registry *reg, const struct mts_run_ref *runs,
 	if (!k)
 		return; /* released meanwhile */
 	if (e->err == -ESRCH)
-		mts_resv_run_read(reg, k->r, true, 0, 0);
+		mts_resv_run_read(reg, k->r, true, false, 0, 0);
 	else if (e->err == 0 && e->family)
-		mts_resv_run_read(reg, k->r, false, e->family_held,
-		                  e->family_n);
+		mts_resv_run_read(reg, k->r, false, e->family_cut,
+		                  e->family_held, e->family_n);
 }
 
 /* memtallyd's own memfds, held by every worker: never charged. */

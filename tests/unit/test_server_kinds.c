@@ -1970,29 +1970,47 @@ Test(kinds, a_run_is_a_process_that_asked_for_one_task)
 Test(kinds, a_runs_command_that_never_registers_teaches_its_kind)
 {
 	start_fleet(0);
-	grant(1000, 10 * MIB, "static", "t");
+	/* Asked by a process of its own (the run), so that the other
+	 * user's worker below is not below it (its command's). */
+	Memtally__V1__Request req = MEMTALLY__V1__REQUEST__INIT;
+	Memtally__V1__Admit a = MEMTALLY__V1__ADMIT__INIT;
+	a.bytes = 10 * MIB;
+	a.group = (char *)"";
+	a.task = (char *)"t";
+	a.kind = (char *)"static";
+	req.id = 53;
+	req.body_case = MEMTALLY__V1__REQUEST__BODY_ADMIT;
+	req.admit = &a;
+	struct mts_peer run = fx_peer(fx_spawn(), 1000);
+	Memtally__V1__Response *resp = fx_call(&run, &req);
+	cr_assert(resp->admit_result->admitted);
+	memtally__v1__response__free_unpacked(resp, NULL);
 	struct mts_resv *r = resv_of_task("t");
 	cr_assert(!r->tree_run && !r->taken_over);
 	uint64_t ttl_end = r->expires_ns;
 	/* Gone before its command held anything: a scheduler's grant a
 	 * worker may take over later; its TTL ends it, not this. */
-	mts_resv_run_read(&srv.reg, r, true, 0, 0);
+	mts_resv_run_read(&srv.reg, r, true, false, 0, 0);
 	cr_assert_eq(resv_of_task("t"), r);
+	/* Another user's worker naming the task is not the run's: it
+	 * neither hides the command's memory nor stands in for it. */
+	fx_write(fx_register_as(fx_spawn(), 2000, "", "t"), 1 * MIB);
+	mts_core_tick(&srv.reg);
 
-	mts_resv_run_read(&srv.reg, r, false, 30 * MIB, 2);
+	mts_resv_run_read(&srv.reg, r, false, false, 30 * MIB, 2);
 	cr_assert(r->tree_run);
 	cr_assert_eq(r->use, 30 * MIB);
 	cr_assert_eq(r->tree_n, 2);
 	/* Running: max_ttl from its grant, as a task's workers keep it. */
 	cr_assert_gt(r->expires_ns, ttl_end);
-	mts_resv_run_read(&srv.reg, r, false, 50 * MIB, 2);
-	mts_resv_run_read(&srv.reg, r, false, 5 * MIB, 1);
+	mts_resv_run_read(&srv.reg, r, false, false, 50 * MIB, 2);
+	mts_resv_run_read(&srv.reg, r, false, false, 5 * MIB, 1);
 	cr_assert_eq(r->peak, 50 * MIB);
 	/* Not in the counted figures: the node's figure holds it. */
 	cr_assert_eq(srv.reg.totals.reserved, 10 * MIB);
 
 	/* Killed without its release: it ends, and its kind learns. */
-	mts_resv_run_read(&srv.reg, r, true, 0, 0);
+	mts_resv_run_read(&srv.reg, r, true, false, 0, 0);
 	cr_assert_null(resv_of_task("t"));
 	uint64_t b;
 	cr_assert_eq(
@@ -2068,4 +2086,22 @@ Test(kinds, a_run_until_its_release_outlives_its_steps)
 	    mts_kind_learned_for(&srv.reg, "steps", FX_UID, &b, NULL, 0), 0);
 	cr_assert_geq(b, plus10(60 * MIB), "learned %llu",
 	              (unsigned long long)b);
+}
+
+Test(kinds, a_run_read_only_in_part_teaches_nothing)
+{
+	start_fleet(0);
+	grant(1000, 10 * MIB, "many", "t");
+	struct mts_resv *r = resv_of_task("t");
+	mts_resv_run_read(&srv.reg, r, false, false, 20 * MIB, 3);
+	cr_assert_eq(r->peak, 20 * MIB);
+	/* Its uid's budget ran out before the walk's end: what was read
+	 * is less than it holds. */
+	mts_resv_run_read(&srv.reg, r, false, true, 30 * MIB, 256);
+	mts_resv_run_read(&srv.reg, r, false, false, 40 * MIB, 3);
+	cr_assert(r->tree_run && r->tree_cut);
+	cr_assert_eq(r->peak, 0);
+	mts_resv_run_read(&srv.reg, r, true, false, 0, 0);
+	cr_assert_null(resv_of_task("t"));
+	cr_assert_null(mts_kind_find(&srv.reg, "many", 1000));
 }
