@@ -66,6 +66,11 @@ really holds 300 MiB in an unmapped memfd: once the sweep counts the
 memfd, the disguised file is not counted (the process's rss stays under
 64 MiB and the fleet under 400 MiB).
 
+test_a_run_below_a_worker_stays_in_its_family: a nobody worker starts
+`memtally run -- env -u LD_PRELOAD python3` holding 200 MiB: the worker's
+descendants and the fleet count it (they counted 6.8 MiB when the run's
+own reading stopped the worker's walk).
+
 Skipped (77) with the reason where a mount namespace cannot be made.
 """
 import os
@@ -710,6 +715,56 @@ def test_a_file_named_like_a_memfd_is_not_one():
             fake.kill()
 
 
+def test_a_run_below_a_worker_stays_in_its_family():
+    """A nobody worker (preloaded python3, registered) starts `memtally
+    run --bytes 1MiB -- env -u LD_PRELOAD python3` holding 200 MiB. The
+    run's command never registers and is below the worker: the worker's
+    family holds it, so the fleet counts it, as it counts any child that
+    never registered. (The run's own reading of it is its reservation's
+    use, in no counted figure.) A first version of those readings stopped
+    the worker's walk at the run: the fleet counted 6.8 MiB."""
+    cfg = config("[server]\ngroup = nogroup\n"
+                 "[limits]\nfleet = 2GiB\nrss_interval = 200\n"
+                 "[trust]\nuntouched_time = 1s\n")
+    preload, cli = world_readable_copy(os.environ["MEMTALLY_PRELOAD_LIB"],
+                                       CLI)
+    # Holds until its stdin (the test's pipe, through the worker and the
+    # run) ends: nothing is left behind.
+    hold = ("import sys; b = b'\\x01' * (200 << 20); "
+            "print('held', flush=True); sys.stdin.read()")
+    with Server("--config", cfg) as s:
+        open_to_nobody(s)
+        env = s.env()
+        env["LD_PRELOAD"] = preload
+        code = ("import subprocess, sys\n"
+                "x = [bytearray(1000) for _ in range(2000)]\n"
+                "print('ready', flush=True)\n"
+                "subprocess.run(['env', '-u', 'LD_PRELOAD', sys.argv[1], "
+                "'--socket', sys.argv[2], 'run', '--bytes', '1MiB', '--', "
+                "'env', '-u', 'LD_PRELOAD', sys.executable, '-c', "
+                "sys.argv[3]])\n")
+        w = Worker([sys.executable, "-c", code, cli, s.socket, hold], env,
+                   user=(NOBODY, NOGROUP))
+        try:
+            check(w.readline(timeout=30 * MULT).startswith("ready"),
+                  "the worker did not start")
+            check(w.readline(timeout=30 * MULT).startswith("held"),
+                  "the run's command does not hold its memory")
+            wait_for("the worker registered", lambda: w.pid in s.ps(),
+                     timeout=15 * MULT)
+            wait_for("the run's command counted with the worker",
+                     lambda: s.ps().get(w.pid, {}).get(
+                         "descendant_bytes", 0) >= 190 * MIB and
+                     s.status()["fleet"]["bytes"] >= 190 * MIB,
+                     timeout=20 * MULT)
+            f = s.status()["fleet"]
+            print(f"  fleet {f['bytes'] / MIB:.1f} MiB, the worker's "
+                  f"descendants {s.ps()[w.pid]['descendant_bytes'] / MIB:.1f}"
+                  f" MiB", flush=True)
+        finally:
+            w.close()
+
+
 if __name__ == "__main__":
     run([test_pages_shared_after_fork_count_once,
          test_a_shared_mapping_counts_once_under_max,
@@ -726,4 +781,5 @@ if __name__ == "__main__":
          test_an_allowance_signals_no_one,
          test_a_reservation_signals_no_one,
          test_understating_is_refereed,
-         test_a_file_named_like_a_memfd_is_not_one])
+         test_a_file_named_like_a_memfd_is_not_one,
+         test_a_run_below_a_worker_stays_in_its_family])
