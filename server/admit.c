@@ -900,17 +900,24 @@ static uint64_t run_want(const struct mts_resv *r, uint64_t now_ns)
 	return r->prof.mean[step < MTS_KIND_STEPS ? step : MTS_KIND_STEPS - 1];
 }
 
+/* `r`'s task began (a worker took it over, or its command held memory):
+ * max_ttl from its grant replaces its TTL in the expiry heap. */
+static void resv_rearm(struct mts_registry *reg, struct mts_resv *r)
+{
+	r->expires_ns = resv_deadline(reg, r);
+	if (r->heap_index != UINT32_MAX)
+		heap_fix(reg, r->heap_index);
+	else
+		heap_add(reg, r);
+}
+
 static void take_over(struct mts_registry *reg, struct mts_resv *r)
 {
 	r->taken_over = true;
 	reg->adm->resv_dirty = true; /* its record changes */
 	if (!r->tree_run) /* else its run began with its command's memory */
 		run_start(r);
-	r->expires_ns = resv_deadline(reg, r);
-	if (r->heap_index != UINT32_MAX)
-		heap_fix(reg, r->heap_index);
-	else
-		heap_add(reg, r);
+	resv_rearm(reg, r);
 	mts_log_uid(resv_key(r), MTS_LOG_INFO,
 	            "reservation taken over by its task",
 	            "reservation=%s bytes=%llu owner_uid=%u", r->id,
@@ -3060,8 +3067,6 @@ void mts_resv_run_read(struct mts_registry *reg, struct mts_resv *r, bool gone,
 		resv_remove(reg, r, true);
 		return;
 	}
-	uint64_t now = mts_now_monotonic();
-	bool changed = false;
 	/* Only while none of its task's workers is registered: a young
 	 * worker read before it registered would count twice until the
 	 * next sweep (its kind's peak with it), and a command that
@@ -3084,8 +3089,6 @@ void mts_resv_run_read(struct mts_registry *reg, struct mts_resv *r, bool gone,
 		            r->id, mts_logq(q, sizeof(q), r->task->name),
 		            r->asker_pid, nproc, r->uid);
 	}
-	r->tree = held;
-	r->tree_n = nproc;
 	if (held && !r->tree_run) {
 		/* Running now, as a worker's taking it over makes it: its
 		 * kind learns from it and it lives while its command does. */
@@ -3093,11 +3096,7 @@ void mts_resv_run_read(struct mts_registry *reg, struct mts_resv *r, bool gone,
 		reg->adm->resv_dirty = true;
 		if (!r->taken_over)
 			run_start(r);
-		r->expires_ns = resv_deadline(reg, r);
-		if (r->heap_index != UINT32_MAX)
-			heap_fix(reg, r->heap_index);
-		else
-			heap_add(reg, r);
+		resv_rearm(reg, r);
 		mts_log_uid(resv_key(r), MTS_LOG_INFO,
 		            "a run's command holds memory no worker of it "
 		            "registered for: counted with its reservation",
@@ -3109,17 +3108,18 @@ void mts_resv_run_read(struct mts_registry *reg, struct mts_resv *r, bool gone,
 	}
 	/* A task with no worker registered has no tick of its own
 	 * (task_peaks): its use, peak and run are the sweep's. */
-	if (r->kind && !workers && r->tree_run && !r->tree_cut) {
-		r->use = held;
-		if (held > r->peak)
-			r->peak = held;
-		run_sample(r, now, held);
-		uint64_t w = run_want(r, now);
-		changed = changed || w != r->want;
+	if (!r->kind || workers || !r->tree_run || r->tree_cut)
+		return;
+	uint64_t now = mts_now_monotonic();
+	r->use = held;
+	if (held > r->peak)
+		r->peak = held;
+	run_sample(r, now, held);
+	uint64_t w = run_want(r, now);
+	if (w != r->want) {
 		r->want = w;
-	}
-	if (changed)
 		task_recount(reg, r->task);
+	}
 }
 
 /* ---- the node guard's side ------------------------------------------------

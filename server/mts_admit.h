@@ -185,15 +185,13 @@ struct mts_resv {
 	bool host_settling;
 	uint64_t host_check_ns;
 	/* What its run's command holds that no worker registered for (a
-	 * static binary, a program that drops the preload): the
-	 * proportional figure of the processes below its asker, read by a
-	 * full resident sweep (rss.c, mts_resv_run_read). It is in its
-	 * use and peak (its kind learns it), not in the counted figures
-	 * (the node's figure holds it). `tree_run`: once they held memory
-	 * the run counts as running, as a worker's taking it over makes it
-	 * (kept in the record; `tree` is read again by the next sweep). */
-	uint64_t tree;
-	uint32_t tree_n;
+	 * static binary, a program that drops the preload) is read by a
+	 * full resident sweep (rss.c, mts_resv_run_read): the proportional
+	 * figure of the processes below its asker is its `use` and `peak`
+	 * (its kind learns it), not in the counted figures (the node's
+	 * figure holds it). `tree_run`: once they held memory the run
+	 * counts as running, as a worker's taking it over makes it (kept in
+	 * the record). */
 	bool tree_run;
 	bool tree_cut; /* a read of it stopped at the budget: teaches nothing */
 	/* Admit.until_release: its asker (a run) releases it at its

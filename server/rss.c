@@ -1217,8 +1217,7 @@ void mts_rss_free(struct mts_registry *reg)
  * kernel figure vouch.c wants read before the next full sweep. */
 static void sweep_start(struct mts_registry *reg, bool early)
 {
-	if (reg->rss->sweep || reg->closed ||
-	    (reg->ndense == 0 && (early || !reg->adm || !reg->adm->nresv)))
+	if (reg->rss->sweep || reg->closed)
 		return;
 	uint64_t now = mts_now_monotonic();
 	struct mts_rss_state *st = reg->rss;
@@ -1231,7 +1230,7 @@ static void sweep_start(struct mts_registry *reg, bool early)
 	struct mts_run_ref *runs =
 	    early || !reg->adm ? NULL : mts_resv_runs(reg, &nruns);
 	if (reg->ndense == 0 && nruns == 0)
-		return;
+		return; /* nothing to read */
 	struct mts_rss_sweep *sw = malloc(
 	    sizeof(*sw) + ((size_t)reg->ndense + nruns) * sizeof(sw->e[0]));
 	if (!sw) {
